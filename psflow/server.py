@@ -21,6 +21,7 @@ from typing import Any
 
 from psflow.cluster import ClusterSpec, TaskId
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
+from psflow.ps.global_step import StepJournal
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE
 from psflow.rpc.framing import Frame
@@ -28,7 +29,10 @@ from psflow.rpc.grpc_server import Handler, Reply, build_grpc_server
 from psflow.rpc.tcp import TcpServer
 from psflow.rpc.tls import TlsConfig
 
-__all__ = ["Server"]
+__all__ = ["Server", "STEP_JOURNAL_FILE"]
+
+#: The file in a ps task's ``state_dir`` that keeps global_step's bound.
+STEP_JOURNAL_FILE = "global_step.json"
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,7 @@ class Server:
         max_workers: int = 64,
         worker_handlers: Mapping[str, Handler] | None = None,
         tls: TlsConfig | None = None,
+        state_dir: str | None = None,
     ) -> None:
         """Builds the server of task ``/job:<job_name>/task:<task_index>``.
 
@@ -72,10 +77,16 @@ class Server:
                 in-graph replication).
             tls: serve over TLS (:class:`~psflow.rpc.tls.TlsConfig` with this
                 task's certificate and key); ``None``: plain text.
+            state_dir: where the ps task holding global_step keeps its bound
+                (``global_step.json``) so that, restarted, it never hands out a
+                step value twice; put it on storage that outlives the process.
+                ``None``: not kept (after a restart of ps task 0, step values
+                since the restored checkpoint repeat).
 
         Raises:
             ClusterError: the job or task is not in the cluster.
             RuntimeError: the address cannot be bound.
+            StepJournalError: the global_step journal in ``state_dir`` is damaged.
         """
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)
         self.task = TaskId(job_name, task_index)
@@ -84,8 +95,10 @@ class Server:
         self.parameter_service: ParameterService | None = None
         services: dict[str, Mapping[str, Handler]] = {}
         if job_name == "ps":
+            holds_step = task_index == min(self.cluster.task_indices("ps"))
+            journal = StepJournal(os.path.join(state_dir, STEP_JOURNAL_FILE)) if state_dir and holds_step else None
             self.parameter_service = ParameterService(
-                task_index, holds_global_step=task_index == min(self.cluster.task_indices("ps")), on_shutdown=self.stop
+                task_index, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal
             )
             services[PARAMETER_SERVICE] = {**self.parameter_service.handlers(), "Transport": self._transport}
             if task_index == min(self.cluster.task_indices("ps")):  # the embedded coordination backend's leases

@@ -28,6 +28,7 @@ from psflow.launch.local import LaunchError, run_local
 from psflow.launch.report import ReportError
 from psflow.launch.resilience import add_resilience_arguments, resilience_config
 from psflow.launch.task import TOKEN_ENV, configure_logging, run_task
+from psflow.ps.global_step import StepJournalError
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError
 from psflow.rpc.api import RpcError
 from psflow.train.checkpoint import CheckpointError
@@ -100,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--cluster", help="cluster JSON file (else TF_CONFIG)")
     server.add_argument("--job", help="job name (else TF_CONFIG)")
     server.add_argument("--task", type=int, help="task index (else TF_CONFIG)")
+    server.add_argument("--state-dir", help="ps task 0 keeps global_step's bound here (global_step.json), so that "
+                        "restarted it never hands out a step value twice; use storage that outlives the process")
     _add_training_arguments(server)
     try:
         from psflow.data.convert import add_convert_arguments
@@ -178,7 +181,7 @@ def _server(args: argparse.Namespace) -> int:
             raise ConfigError(f"/job:{job}/task:{index} trains: --train is required")
         config = _config(args, num_ps=cluster.num_tasks("ps"), num_workers=cluster.num_tasks("worker"))
     configure_logging()
-    return run_task(cluster, job, index, config, token=os.environ.get(TOKEN_ENV) or None)
+    return run_task(cluster, job, index, config, token=os.environ.get(TOKEN_ENV) or None, state_dir=args.state_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(run_convert(args))
     except (ConfigError, ClusterError, OptimizerError, DataError, LaunchError, RpcError, OSError, CheckpointError,
-            ReportError) as e:
+            ReportError, StepJournalError) as e:
         print(f"psflow {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -112,6 +112,8 @@ class LocalCluster:
             "--job", job, "--task", str(index), "--config", config_path,
             "--result", os.path.join(self.output_dir, f"result-{job}-{index}.json"),
         ]
+        if job == "ps":  # global_step's bound outlives a restart of ps task 0 (psflow.ps.global_step)
+            cmd += ["--state-dir", os.path.join(self.output_dir, "state", f"{job}-{index}")]
         popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         task = TaskProcess(job, index, popen, log_path, log_file)
         self.tasks.append(task)

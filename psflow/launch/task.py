@@ -36,8 +36,10 @@ def configure_logging() -> None:
 
 
 def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | None, *,
-             token: str | None, result_path: str | None = None) -> int:
+             token: str | None, result_path: str | None = None, state_dir: str | None = None) -> int:
     """Runs one task until it is done; returns the process exit status.
+
+    ``state_dir`` (ps tasks): see :class:`psflow.server.Server`.
 
     ``job == "client"`` is the in-graph client (not a task of the cluster):
     it reads the data and drives every worker. A worker of an in-graph run
@@ -59,7 +61,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
         from psflow.train.in_graph import StepService
 
         handlers = StepService(config, cluster, index, token=token).handlers()
-    server = Server(cluster, job, index, token=token, worker_handlers=handlers)
+    server = Server(cluster, job, index, token=token, worker_handlers=handlers, state_dir=state_dir)
 
     def _terminate(signum: int, frame: FrameType | None) -> None:
         server.stop(grace=0.0)
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", type=int, required=True)
     parser.add_argument("--config", help="TrainConfig JSON file")
     parser.add_argument("--result", help="where a worker writes its result JSON")
+    parser.add_argument("--state-dir", help="ps task: where global_step's bound survives a restart")
     args = parser.parse_args(argv)
     configure_logging()
     with open(args.cluster) as f:
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.config) as f:
             config = TrainConfig.from_json(f.read())
     return run_task(cluster, args.job, args.task, config, token=os.environ.get(TOKEN_ENV) or None,
-                    result_path=args.result)
+                    result_path=args.result, state_dir=args.state_dir)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
     is about to restore every ps task (a ps task died). Fenced by ``epoch``
     like ``SaveShard``; marks this task not ready at generation ``g`` (pushes
     of other generations are refused from now on) and waits (at most 10 s)
-    for pushes in flight. Replies ``{global_step, registered, drained}``.
+    for pushes in flight. Replies ``{global_step, step_floor, registered, drained}``.
 ``ReaderPositions``
     ``{"positions": {client: ReaderPosition JSON}}``, the newest position each
     worker reported with its pushes (only on the task holding global_step).
@@ -256,8 +256,9 @@ class CheckpointHandlers:
         if not drained:
             log.warning("%s: pushes still in flight after %.0f s; restoring anyway", svc.task_name, _DRAIN_TIMEOUT)
         step = svc.global_step.value if svc.global_step is not None else None
+        floor = svc.global_step.floor if svc.global_step is not None else None
         log.info("%s: restore to generation %d begins (global_step %s)", svc.task_name, generation, step)
-        return {"global_step": step, "registered": registered, "drained": drained}, {}
+        return {"global_step": step, "step_floor": floor, "registered": registered, "drained": drained}, {}
 
     def reader_positions(self, frame: Frame) -> Reply:
         return {"positions": self._svc.reader_positions()}, {}

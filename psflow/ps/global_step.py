@@ -1,24 +1,111 @@
-"""The cluster's one global_step counter (it lives on ps task 0).
+"""The cluster's one global_step counter (it lives on ps task 0), and its durable bound.
 
 Guarantee: :meth:`GlobalStep.increment` is atomic; every value it returns is
 returned exactly once, so across all workers each step value belongs to
 exactly one push. Values start at 1 for the first push (the counter starts at
 0, or at the value restored from a checkpoint).
+
+Across a restart of ps task 0 (with a :class:`StepJournal`): before the
+counter hands out a value above the bound recorded in the journal file, it
+records a new bound one block higher (temp file, fsync, rename). A restarted
+process reads that bound as its :attr:`GlobalStep.floor`: every value any
+earlier process handed out is at most the floor, so a restore that sets the
+counter to ``max(checkpoint step, floor)`` never hands out a value twice. The
+cost is one small synchronous file write per ``block`` steps; the price is a
+gap of up to ``block`` step values that no push takes after a crash.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 
-__all__ = ["GlobalStep"]
+__all__ = ["GlobalStep", "StepJournal", "StepJournalError", "DEFAULT_JOURNAL_BLOCK"]
+
+#: Step values reserved per journal write. Larger: fewer fsyncs (one per block of pushes);
+#: smaller: fewer step values skipped after ps task 0 is killed (at most one block).
+DEFAULT_JOURNAL_BLOCK = 1000
+
+
+class StepJournalError(RuntimeError):
+    """The journal file cannot be read or written; names the file."""
+
+
+class StepJournal:
+    """A file holding an upper bound on every global_step value handed out.
+
+    Not thread-safe by itself; :class:`GlobalStep` calls it under its lock.
+    """
+
+    def __init__(self, path: str, *, block: int = DEFAULT_JOURNAL_BLOCK) -> None:
+        """Args:
+            path: the journal file (its directory is created on the first write).
+            block: step values reserved per write (> 0).
+
+        Raises:
+            ValueError: ``block`` is not positive.
+        """
+        if block <= 0:
+            raise ValueError(f"journal block must be a positive number of steps, got {block}")
+        self.path = path
+        self.block = block
+
+    def load(self) -> int:
+        """The recorded bound (0 when the file does not exist yet).
+
+        Raises:
+            StepJournalError: the file exists but is not a journal (it is left as it is).
+        """
+        try:
+            with open(self.path, "rb") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return 0
+        except OSError as e:
+            raise StepJournalError(f"cannot read the global_step journal {self.path}: {e}") from e
+        try:
+            bound = json.loads(text)["bound"]
+        except (ValueError, TypeError, KeyError) as e:
+            raise StepJournalError(f"the global_step journal {self.path} is damaged ({text[:60]!r}); "
+                                   f"move it away to start over (step values may then repeat)") from e
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
+            raise StepJournalError(f"the global_step journal {self.path} holds bound {bound!r:.40}, "
+                                   f"not a non-negative integer")
+        return bound
+
+    def record(self, bound: int) -> None:
+        """Records ``bound`` durably (complete file or the previous one, never a partial one).
+
+        Raises:
+            StepJournalError: the file cannot be written.
+        """
+        from psflow.ps.checkpointing import write_file_atomically  # (checkpointing imports the service)
+
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            write_file_atomically(self.path, json.dumps({"bound": bound}).encode())
+        except OSError as e:
+            raise StepJournalError(f"cannot write the global_step journal {self.path}: {e}") from e
 
 
 class GlobalStep:
-    """A thread-safe monotonically increasing counter."""
+    """A thread-safe monotonically increasing counter, optionally bounded by a :class:`StepJournal`."""
 
-    def __init__(self, value: int = 0) -> None:
+    def __init__(self, value: int = 0, *, journal: StepJournal | None = None) -> None:
+        """Args:
+            value: the starting value.
+            journal: where the bound on handed-out values is kept across restarts.
+
+        Raises:
+            StepJournalError: the journal file is damaged.
+        """
         self._value = value
         self._lock = threading.Lock()
+        self._journal = journal
+        #: Every value an earlier process with this journal handed out is at most this (0: none).
+        self.floor = journal.load() if journal is not None else 0
+        self._bound = self.floor
 
     @property
     def value(self) -> int:
@@ -26,12 +113,28 @@ class GlobalStep:
         return self._value
 
     def increment(self) -> int:
-        """Adds one and returns the new value; the caller owns that value alone."""
+        """Adds one and returns the new value; the caller owns that value alone.
+
+        Raises:
+            StepJournalError: the new bound could not be recorded (no value is handed out).
+        """
         with self._lock:
-            self._value += 1
-            return self._value
+            value = self._value + 1
+            if self._journal is not None and value > self._bound:
+                bound = value + self._journal.block - 1
+                self._journal.record(bound)
+                self._bound = bound
+            self._value = value
+            return value
 
     def set(self, value: int) -> None:
-        """Sets the counter (restore from a checkpoint)."""
+        """Sets the counter (restore from a checkpoint); the recorded bound never goes down.
+
+        Raises:
+            StepJournalError: a higher bound could not be recorded.
+        """
         with self._lock:
+            if self._journal is not None and value > self._bound:
+                self._journal.record(value)
+                self._bound = value
             self._value = value

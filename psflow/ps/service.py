@@ -31,7 +31,8 @@ Methods (all take and return :mod:`psflow.rpc.framing` frames):
     accepting pushes of the old *generation* and waits for the ones in flight.
 ``Stats``
     counters for progress lines and metrics (``ready``, ``registered``,
-    ``generation``, ``global_step`` tell a worker whether a restore happened).
+    ``generation``, ``global_step`` tell a worker whether a restore happened;
+    ``step_floor`` bounds every step an earlier process of this task handed out).
 
 Generations: every restore from a checkpoint after a ps death gives the
 cluster a new generation number (``SetReady`` carries it). A push that
@@ -59,7 +60,7 @@ import numpy as np
 from psflow.coord.fence import FenceGuard
 from psflow.placement import VariablePlacement, layout_mismatch
 from psflow.ps.checkpointing import CheckpointHandlers
-from psflow.ps.global_step import GlobalStep
+from psflow.ps.global_step import GlobalStep, StepJournal
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.ps.sync import Contribution, StalenessClock, SyncAggregator, SyncConfig
@@ -84,18 +85,24 @@ def _meta_list(frame: Frame, key: str) -> list[Any]:
 class ParameterService:
     """State and handlers of one ps task."""
 
-    def __init__(self, task_index: int, *, holds_global_step: bool, on_shutdown: Callable[[], None] | None = None) -> None:
+    def __init__(self, task_index: int, *, holds_global_step: bool, on_shutdown: Callable[[], None] | None = None,
+                 step_journal: StepJournal | None = None) -> None:
         """Creates an empty service.
 
         Args:
             task_index: this ps task's index (partitions with this ``task`` are created here).
             holds_global_step: whether global_step lives here (ps task 0).
             on_shutdown: called (once) when a Shutdown request arrives.
+            step_journal: where global_step's bound survives a restart of this
+                task (see :mod:`psflow.ps.global_step`); ignored unless it holds global_step.
+
+        Raises:
+            StepJournalError: the journal file is damaged.
         """
         self.task_index = task_index
         self.task_name = f"/job:ps/task:{task_index}"
         self.store = ParameterStore()
-        self.global_step = GlobalStep() if holds_global_step else None
+        self.global_step = GlobalStep(journal=step_journal) if holds_global_step else None
         self._layout: list[VariablePlacement] | None = None
         self._optimizer: OptimizerSpec | None = None
         self.sync_config = SyncConfig()
@@ -378,6 +385,7 @@ class ParameterService:
         stats.update(
             task=self.task_name,
             global_step=self.global_step.value if self.global_step is not None else None,
+            step_floor=self.global_step.floor if self.global_step is not None else None,
             init_count=self.init_count,
             registered=self._layout is not None,
             ready=self.ready,

@@ -30,8 +30,12 @@ A ps task that died is restarted empty by the supervisor. Then, in order:
    twice relative to the model state, none skipped.
 
 global_step never goes back: after a restore it continues from the value
-surviving ps task 0 held (or the checkpoint's, if ps task 0 itself died), so
-every logged ``step=`` value stays unique; redone work takes new step numbers.
+surviving ps task 0 held; if ps task 0 itself died, from the bound its
+journal recorded (``--state-dir``, :class:`psflow.ps.global_step.StepJournal`:
+at most one block of step values is skipped), or, without a journal, from the
+checkpoint's (then values handed out since that checkpoint are handed out
+again). So every logged ``step=`` value stays unique; redone work takes new
+step numbers.
 """
 
 from __future__ import annotations
@@ -295,9 +299,11 @@ class ClusterRecovery:
         calls = {t: ch.call_async("BeginRestore", fence, timeout=30.0) for t, ch in client.channels.items()}
         replies = {t: call.result().meta for t, call in calls.items()}
         manifest = read_manifest(latest)
-        step = manifest.global_step
+        step_reply = replies[client.step_task]
+        # Past every value handed out: the surviving counter's, or the restarted task's journal floor.
+        step = max(manifest.global_step, int(step_reply.get("step_floor") or 0))
         if step_survived:
-            step = max(step, int(replies[client.step_task].get("global_step") or 0))
+            step = max(step, int(step_reply.get("global_step") or 0))
         restore(client, latest, global_step=step)
         for task in sorted(client.channels, key=lambda t: t == client.step_task):
             client.channels[task].call("SetReady", {"client": client.client_name, "generation": generation})

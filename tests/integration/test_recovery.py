@@ -1,7 +1,7 @@
 """Recovery acceptance (issue 6), lean: kill -9 one task of a 3-epoch a9a run with frequent
 checkpoints and --restart-policy on-failure; the run must end as an undisturbed one would.
 
-One random point per role here (non-chief worker, ps task, chief); all 15 of the issue
+One random point per role here (non-chief worker, ps task 1, ps task 0, chief); all of the issue
 (5 per role) run in ``benchmarks/drill_recovery.py``, results in benchmarks/results/recovery_drill.md.
 """
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
 A9A_RECORDS = 32561
 EPOCHS = 3
 #: (--chaos target, the steps a fault may be placed at); a run has ~3,050 steps.
-ROLES = {"worker": "worker:1", "ps": "ps:1", "chief": "chief"}
+ROLES = {"worker": "worker:1", "ps": "ps:1", "ps0": "ps:0", "chief": "chief"}
 
 
 def train(out: Path, *extra: str, timeout: float = 150) -> subprocess.CompletedProcess[str]:
@@ -73,7 +73,7 @@ def test_kill_at_a_random_point_recovers(role: str, tmp_path: Path, baseline_auc
     assert [e["task"] for e in metrics["restarts"]] == [fault["task"]]
     assert [p["init_count"] for p in metrics["ps"]] == [1, 1]  # per process: nothing initialized twice
     logs = {p.stem: p.read_text() for p in (out / "logs").glob("*.log")}
-    if role == "ps":
+    if role.startswith("ps"):
         assert re.search(r"restored checkpoint \S+ \(step \d+\) onto every ps task", logs["worker-0"] + logs["worker-1"])
         for w in ("worker-0", "worker-1"):
             assert "resuming data at the checkpoint's position" in logs[w], logs[w][-2000:]
@@ -83,6 +83,14 @@ def test_kill_at_a_random_point_recovers(role: str, tmp_path: Path, baseline_auc
         assert len(lives) == 3, logs[victim][-2000:]  # started twice
         if "step=" in lives[1]:  # it had pushed before it died, so a reader position was recorded for it
             assert "resuming data at epoch" in lives[2], lives[2][:2000]
+    if role == "ps0":
+        # global_step (on the killed task) went on past every value handed out before the kill,
+        # from the bound its journal recorded, not back to the checkpoint's step.
+        bound = json.loads((out / "state" / "ps-0" / "global_step.json").read_text())["bound"]
+        assert metrics["global_step"] <= bound
+        restored = re.search(r"restored checkpoint \S+ \(step (\d+)\) onto every ps task; generation \d+, global_step (\d+)",
+                             logs["worker-0"] + logs["worker-1"])
+        assert restored and int(restored.group(2)) >= fault["at_step"] > int(restored.group(1)), restored
     if role == "chief":
         # The duties moved by election (to worker 1, or to worker 0's new process, whichever
         # campaigned first once the dead chief's lease expired), and checkpoints went on.

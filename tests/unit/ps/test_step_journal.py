@@ -1,0 +1,96 @@
+"""global_step's durable bound: a restarted ps task 0 never hands out a value twice."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from psflow.ps.global_step import GlobalStep, StepJournal, StepJournalError
+
+
+def test_every_value_handed_out_stays_below_the_recorded_bound(tmp_path: Path) -> None:
+    journal = StepJournal(str(tmp_path / "global_step.json"), block=10)
+    step = GlobalStep(journal=journal)
+    assert step.floor == 0
+    for _ in range(25):
+        value = step.increment()
+        assert value <= journal.load()  # recorded before it was handed out
+    assert journal.load() == 30  # three blocks of 10, not one write per step
+
+
+def test_a_restarted_counter_starts_its_floor_past_everything_handed_out(tmp_path: Path) -> None:
+    path = str(tmp_path / "global_step.json")
+    first = GlobalStep(journal=StepJournal(path, block=100))
+    issued = [first.increment() for _ in range(250)]
+    # "kill -9": the process is gone, the file is what survives.
+    second = GlobalStep(journal=StepJournal(path, block=100))
+    assert second.floor >= max(issued)
+    second.set(max(second.floor, 120))  # a restore from a checkpoint at step 120
+    fresh = [second.increment() for _ in range(150)]
+    assert not set(fresh) & set(issued)
+    third = GlobalStep(journal=StepJournal(path, block=100))
+    assert third.floor >= max(fresh)
+
+
+def test_set_below_the_bound_keeps_the_bound(tmp_path: Path) -> None:
+    journal = StepJournal(str(tmp_path / "global_step.json"), block=50)
+    step = GlobalStep(journal=journal)
+    for _ in range(60):
+        step.increment()
+    step.set(5)  # a start-up restore of an older checkpoint
+    assert journal.load() == 100
+    assert step.increment() == 6
+
+
+def test_concurrent_increments_are_unique_and_bounded(tmp_path: Path) -> None:
+    journal = StepJournal(str(tmp_path / "global_step.json"), block=7)
+    step = GlobalStep(journal=journal)
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        mine = [step.increment() for _ in range(200)]
+        with lock:
+            seen.extend(mine)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seen) == list(range(1, 801))
+    assert journal.load() >= 800
+
+
+def test_a_missing_file_is_a_floor_of_zero_and_the_directory_is_created(tmp_path: Path) -> None:
+    journal = StepJournal(str(tmp_path / "state" / "ps-0" / "global_step.json"), block=3)
+    assert journal.load() == 0
+    step = GlobalStep(journal=journal)
+    step.increment()
+    assert json.loads((tmp_path / "state" / "ps-0" / "global_step.json").read_text())["bound"] == 3
+
+
+@pytest.mark.parametrize("content", ["", "{not json", '{"bound": -4}', '{"bound": "12"}', "[]"])
+def test_a_damaged_file_is_refused_naming_it(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "global_step.json"
+    path.write_text(content)
+    with pytest.raises(StepJournalError, match="global_step.json"):
+        GlobalStep(journal=StepJournal(str(path)))
+    assert path.read_text() == content  # nothing overwritten
+
+
+def test_a_bad_block_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="block"):
+        StepJournal(str(tmp_path / "g.json"), block=0)
+
+
+def test_an_unwritable_bound_fails_the_increment_without_handing_out_a_value(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    step = GlobalStep(journal=StepJournal(str(state / "global_step.json"), block=5))
+    state.write_text("a file where the journal's directory should be")
+    with pytest.raises(StepJournalError, match="global_step.json"):
+        step.increment()
+    assert step.value == 0
