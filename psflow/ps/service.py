@@ -32,7 +32,11 @@ Methods (all take and return :mod:`psflow.rpc.framing` frames):
 ``Stats``
     counters for progress lines and metrics (``ready``, ``registered``,
     ``generation``, ``global_step`` tell a worker whether a restore happened;
-    ``step_floor`` bounds every step an earlier process of this task handed out).
+    ``step_floor`` bounds every step an earlier process of this task handed out;
+    ``finished`` lists the workers whose ``Leave`` arrived since the last restore).
+``Leave``
+    ``meta = {"worker": task}``: that worker finished its data (sync and ssp
+    stop waiting for it).
 
 Generations: every restore from a checkpoint after a ps death gives the
 cluster a new generation number (``SetReady`` carries it). A push that
@@ -128,6 +132,9 @@ class ParameterService:
         self._inflight = 0
         # client task -> newest ReaderPosition JSON it pushed with (task holding global_step).
         self._positions: dict[str, str] = {}
+        # Workers that told this task (the one holding global_step) they finished their data, since
+        # the last restore; a restore clears it, as it rewinds every worker to the checkpoint.
+        self._finished: set[str] = set()
         self.stats: dict[str, float] = {
             "pulls": 0, "pushes": 0, "rows_pulled": 0, "rows_pushed": 0,
             "examples": 0, "loss_ema": float("nan"), "bytes_in": 0, "bytes_out": 0,
@@ -272,6 +279,8 @@ class ParameterService:
         with self._gate:
             self.ready = False
             self.generation = generation
+            with self._stats_lock:
+                self._finished.clear()
             return self._gate.wait_for(lambda: self._inflight == 0, timeout=drain_timeout)
 
     def _push(self, frame: Frame) -> Reply:
@@ -356,6 +365,9 @@ class ParameterService:
 
     def leave(self, frame: Frame) -> Reply:
         worker = self._worker(frame)
+        if self.global_step is not None:
+            with self._stats_lock:
+                self._finished.add(worker)
         if self.aggregator is not None:
             self.aggregator.leave(worker)
         if self.staleness_clock is not None:
@@ -381,6 +393,7 @@ class ParameterService:
     def get_stats(self, frame: Frame) -> Reply:
         with self._stats_lock:
             stats: dict[str, Any] = dict(self.stats)
+            finished = sorted(self._finished)
         stats["loss_ema"] = None if np.isnan(stats["loss_ema"]) else stats["loss_ema"]
         stats.update(
             task=self.task_name,
@@ -396,6 +409,7 @@ class ParameterService:
             cpu_seconds=time.process_time(),  # of the whole ps process
             cpu_seconds_since_init=time.process_time() - self._cpu_at_init if self.init_count else None,
             mode=self.sync_config.mode,
+            finished=finished if self.global_step is not None else None,
             staleness_histogram={str(k): v for k, v in sorted(self.staleness_histogram.items())},
         )
         if self.aggregator is not None:

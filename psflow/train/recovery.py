@@ -8,7 +8,8 @@ summary and eval hooks), so when it dies or stops, another worker takes them
 over within the lease time while training goes on. Its checkpoint writes
 carry its lease epoch, which the ps tasks fence: a deposed chief's save is
 refused (:meth:`psflow.train.checkpoint.CheckpointManager.save`). A worker
-that finishes its data resigns, so the last one running ends as chief.
+that finishes its data resigns, so the last one running ends as chief and
+writes the final checkpoint.
 
 A ps task that died is restarted empty by the supervisor. Then, in order:
 
@@ -27,7 +28,10 @@ A ps task that died is restarted empty by the supervisor. Then, in order:
    new generation (ps task 0 last);
 4. each worker re-reads its reader position (the checkpoint's) and re-opens
    its data there: the records since the checkpoint are trained again, none
-   twice relative to the model state, none skipped.
+   twice relative to the model state, none skipped. This includes workers
+   that had already finished their data: in asynchronous mode a finished
+   worker does not exit but resigns the chief lease and waits for the others
+   (:meth:`ClusterRecovery.linger`), so a later restore can rewind it too.
 
 global_step never goes back: after a restore it continues from the value
 surviving ps task 0 held; if ps task 0 itself died, from the bound its
@@ -89,6 +93,8 @@ class Leadership:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        #: Set by :meth:`resign`, cleared by :meth:`start`.
+        self.resigned = False
 
     def campaign(self, timeout: float) -> Lease | None:
         """Campaigns now, in the caller's thread, for at most ``timeout`` s; the lease or None."""
@@ -103,10 +109,28 @@ class Leadership:
         return lease
 
     def start(self) -> None:
-        """Starts the background campaign; idempotent."""
-        if self._thread is None:
+        """Starts the background campaign (again, after :meth:`resign`); idempotent."""
+        if self._thread is None or not self._thread.is_alive():
+            self._closed.clear()
+            self.resigned = False
             self._thread = threading.Thread(target=self._run, name="psflow-leadership", daemon=True)
             self._thread.start()
+
+    def resign(self) -> None:
+        """Stops campaigning and gives up the lease if held, keeping the backend open
+        (:meth:`start` campaigns again); idempotent. Blocks for at most one poll and one RPC."""
+        self.resigned = True
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        with self._lock:
+            lease, self._lease = self._lease, None
+        if lease is not None:
+            try:
+                self.backend.resign(lease)
+                log.info("%s: resigned as chief (epoch %d)", self.candidate, lease.epoch)
+            except CoordinationError as e:
+                log.warning("%s: resigning the chief lease (epoch %d): %s", self.candidate, lease.epoch, e)
 
     def lease(self) -> Lease | None:
         """The lease if this worker leads now, else None."""
@@ -276,6 +300,55 @@ class ClusterRecovery:
         log.warning("%s: cluster restored (generation %d) after %.1f s; resuming data at the checkpoint's position",
                     self.client.client_name, generation, time.monotonic() - started)
         return True, position if isinstance(position, str) else None
+
+    def linger(self, num_workers: int, *, before_waiting: Callable[[], None] | None = None,
+               poll: float = 0.2) -> tuple[bool, str | None]:
+        """(A worker that finished its data and sent ``Leave``) waits for the others to finish,
+        ready to be rewound: a restore after a ps death sets every worker back to the
+        checkpoint, this one included, so it must train its records since then again.
+
+        Blocks until every worker has finished (per ps task 0's ``Stats``), or until
+        global_step has not moved for ``timeout`` s with the cluster settled (the others
+        are gone; logged), or until a restore happened. ``before_waiting`` runs once,
+        when another worker is found still training (e.g. resign the chief lease).
+
+        Returns:
+            ``(False, None)`` when done; ``(True, position)`` after a restore, with
+            this worker's reader position (JSON) to resume from (None: its start).
+
+        Raises:
+            RecoveryError: a restore did not complete in time.
+            RpcError: ps task 0 failed for another reason than a restore.
+        """
+        client = self.client
+        last_step, last_move = None, time.monotonic()
+        while True:
+            try:
+                stats = client.stats()
+            except RpcError:
+                if not self.needed():
+                    raise
+                stats = {}
+            if stats.get("ready") and stats.get("generation") == client.generation:
+                if len(stats.get("finished") or ()) >= num_workers:
+                    return False, None
+                if before_waiting is not None:
+                    before_waiting()
+                    before_waiting = None
+                if stats.get("global_step") != last_step:
+                    last_step, last_move = stats.get("global_step"), time.monotonic()
+                elif time.monotonic() - last_move > self.timeout:
+                    log.warning("%s: global_step stayed at %s for %.0f s while waiting for the other workers "
+                                "(finished: %s); leaving", client.client_name, last_step, self.timeout,
+                                ", ".join(stats.get("finished") or ()) or "none")
+                    return False, None
+                time.sleep(poll)
+                continue
+            if self.needed():
+                restored, position = self.wait()
+                if restored:
+                    return True, position
+            time.sleep(poll)
 
     def restore(self, lease: Lease, states: dict[int, dict[str, Any] | None]) -> None:
         """(Chief) restores every ps task from the newest checkpoint at a new generation.

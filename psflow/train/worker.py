@@ -185,9 +185,19 @@ def run_worker(
                                        timeout=config.connect_timeout)
             resume = resume_position(session, data_config)
             while True:
+            # Async runs that can be restored keep a finished worker until every worker finished,
+            # so a restore after a later ps death rewinds its records too (ClusterRecovery.linger).
+            linger = leadership is not None and config.mode == "async" and cluster.num_tasks("worker") > 1
                 try:
                     reason = _train(config, session, model, data_config, resume, task_index, progress)
-                    break
+                    client.leave()  # sync/ssp: the others stop waiting for this worker
+                    if not linger or leadership is None:
+                        break
+                    # The chief duties go to a worker that still trains, if any.
+                    restored, text = recovery.linger(cluster.num_tasks("worker"), before_waiting=functools.partial(
+                        _resign, leadership, task_index, reason))
+                    if not restored and not leadership.resigned and leadership.lease() is None:
+                        leadership.campaign(timeout=1.0)  # the last to finish writes the final checkpoint
                 except RpcError:
                     if leadership is None or not recovery.needed():
                         raise
@@ -195,8 +205,11 @@ def run_worker(
                     restored, text = recovery.wait()
                     if not restored:
                         raise
-                    resume = fit_position(text, data_config, task)
-        client.leave()  # sync/ssp: the others stop waiting for this worker
+                if not restored:
+                    break
+                if leadership is not None:
+                    leadership.start()
+                resume = fit_position(text, data_config, task)
     finally:
         if leadership is not None:
             leadership.close()
@@ -226,6 +239,11 @@ class _Progress:
 
 
 def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None) -> Leadership:
+def _resign(leadership: Leadership, task_index: int, reason: str) -> None:
+    log.info("worker %d: finished its data (%s); waiting for the other workers", task_index, reason)
+    leadership.resign()
+
+
     address = config.zookeeper if config.coordination == "zookeeper" else cluster.task_address("ps", min(cluster.task_indices("ps")))
     coord = CoordinationConfig(config.coordination, address or "", lease_ttl=config.lease_ttl, token=token,
                                rpc_timeout=min(5.0, config.rpc_timeout))

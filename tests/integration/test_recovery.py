@@ -8,14 +8,18 @@ One random point per role here (non-chief worker, ps task 1, ps task 0, chief); 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import A9A, A9A_T, TOKEN, run_cli
+from support import A9A, A9A_T, REPO, TOKEN, run_cli
 
 from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest, read_variables
 
@@ -130,3 +134,41 @@ def test_a_deposed_chiefs_checkpoint_is_refused(local_cluster, tmp_path: Path) -
     assert latest_checkpoint(str(tmp_path / "ckpt")) == new.path != old.path
     assert read_manifest(new.path).global_step == 0
     client.close()
+
+
+def test_a_worker_that_finished_its_data_is_rewound_by_a_later_restore(tmp_path: Path) -> None:
+    """Worker 1 reads a small file and finishes long before worker 0; a ps task dies after that.
+    The restore sets every worker back to the checkpoint, so worker 1 (still waiting for the
+    others, not exited) must train its records since then again: the example count is exact."""
+    full, small = tmp_path / "a_full", tmp_path / "b_small"  # sorted: worker 0 reads a_full, worker 1 b_small
+    lines = A9A.read_text().splitlines(keepends=True)
+    full.write_text("".join(lines))
+    small.write_text("".join(lines[:3000]))
+    out = tmp_path / "run"
+    args = ["train", "--train", str(full), "--train", str(small), "--eval", str(A9A_T), "--num-features", "124",
+            "--ps", "2", "--workers", "2", "--batch-size", "32", "--epochs", str(EPOCHS), "--log-every", "10",
+            "--quiet", "--output", str(out), "--checkpoint-dir", str(out / "ckpt"), "--save-checkpoints-steps", "400",
+            "--lease-ttl", "2", "--restart-policy", "on-failure"]
+    proc = subprocess.Popen([sys.executable, "-m", "psflow", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=str(REPO), stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        worker1 = out / "logs" / "worker-1.log"
+        while not (worker1.exists() and "finished its data" in worker1.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, "worker 1 never finished its data"
+            time.sleep(0.02)
+        pid = int(re.findall(r"serving at \S+ \(pid (\d+)\)", (out / "logs" / "ps-1.log").read_text())[-1])
+        os.kill(pid, signal.SIGKILL)  # a task of the run this test started
+        _, stderr = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    log1 = worker1.read_text()
+    after = log1[log1.index("finished its data"):]
+    assert "cluster restored" in after, log1[-3000:]  # it waited, and went through the restore
+    assert metrics["ps"][0]["examples"] == EPOCHS * (A9A_RECORDS + 3000), metrics["ps"][0]
+    steps = [int(s) for log in sorted((out / "logs").glob("worker-*.log")) for s in re.findall(r"\bstep=(\d+)", log.read_text())]
+    assert len(steps) == len(set(steps))
