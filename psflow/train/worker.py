@@ -184,10 +184,10 @@ def run_worker(
                                        leader=leadership.lease if leadership is not None else lambda: None,
                                        timeout=config.connect_timeout)
             resume = resume_position(session, data_config)
-            while True:
             # Async runs that can be restored keep a finished worker until every worker finished,
             # so a restore after a later ps death rewinds its records too (ClusterRecovery.linger).
             linger = leadership is not None and config.mode == "async" and cluster.num_tasks("worker") > 1
+            while True:
                 try:
                     reason = _train(config, session, model, data_config, resume, task_index, progress)
                     client.leave()  # sync/ssp: the others stop waiting for this worker
@@ -238,12 +238,12 @@ class _Progress:
     step: int | None = None
 
 
-def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None) -> Leadership:
 def _resign(leadership: Leadership, task_index: int, reason: str) -> None:
     log.info("worker %d: finished its data (%s); waiting for the other workers", task_index, reason)
     leadership.resign()
 
 
+def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None) -> Leadership:
     address = config.zookeeper if config.coordination == "zookeeper" else cluster.task_address("ps", min(cluster.task_indices("ps")))
     coord = CoordinationConfig(config.coordination, address or "", lease_ttl=config.lease_ttl, token=token,
                                rpc_timeout=min(5.0, config.rpc_timeout))
