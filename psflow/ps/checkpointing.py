@@ -25,7 +25,9 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
 ``SetReady``
     marks this task ready: the chief finished initializing or restoring it,
     so non-chief clients' ``Register`` calls stop answering "not ready".
-    ``meta.generation`` (after a restore) becomes the task's generation.
+    ``meta.generation`` (after a restore) becomes the task's generation, and
+    ``meta.global_step`` the step a sync run starts over at (see
+    :meth:`psflow.ps.sync.SyncAggregator.reset`).
 ``BeginRestore``
     ``meta = {"generation": g, "epoch": e | null, "holder": str}``: the chief
     is about to restore every ps task (a ps task died). Fenced by ``epoch``
@@ -235,11 +237,13 @@ class CheckpointHandlers:
         svc = self._svc
         if not svc.registered:
             raise InvalidRequest(f"{svc.task_name}: cannot become ready before the chief registered the variables")
-        generation = frame.meta.get("generation")
+        generation, step = frame.meta.get("generation"), frame.meta.get("global_step")
+        if step is not None and (type(step) is not int or step < 0):
+            raise InvalidRequest(f"global_step must be a non-negative integer, got {step!r:.40}")
         if generation is not None:
             if type(generation) is not int or generation < 0:
                 raise InvalidRequest(f"generation must be a non-negative integer, got {generation!r:.40}")
-            svc.generation = generation
+            svc.finish_restore(generation, step)
         svc.ready = True
         log.info("%s: ready (initialized by %s, generation %d)", svc.task_name, frame.meta.get("client", "the chief"),
                  svc.generation)

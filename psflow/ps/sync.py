@@ -41,6 +41,9 @@ run's :class:`SyncConfig` (recorded at registration, identical on every task).
        later push (the run stops with that error).
     5. A worker that runs out of data calls ``leave``; it no longer counts as
        live, so the others are never left waiting for it.
+    6. A restore after a ps task died (:mod:`psflow.train.recovery`):
+       ``abort`` at its start fails the waiting pushes (their workers wait for
+       the restore), ``reset`` at its end starts over at the restored step.
 
 :class:`StalenessClock` (``mode="ssp"``, on the task holding global_step)
     Pushes are applied on arrival (as in async mode). Each push carries the
@@ -232,6 +235,24 @@ class SyncAggregator:
                      self.config.total_num_replicas - len(self._left))
             if self._contributors and len(self._contributors) >= self.needed():
                 self._apply()
+
+    def abort(self, reason: str) -> None:
+        """Abandons the step being collected: every waiting and later push fails with
+        PreconditionFailed(``reason``) until :meth:`reset` (a restore after a ps death)."""
+        with self._cond:
+            self._failure = reason
+            self._sums, self._contributors, self._first_at = _Sums(), [], None
+            self._cond.notify_all()
+
+    def reset(self) -> None:
+        """Starts over at this task's current step (after a restore): no contributions, no
+        failure, every worker live again (a rewound worker trains and leaves again)."""
+        with self._cond:
+            self._failure = None
+            self._sums, self._contributors, self._first_at = _Sums(), [], None
+            self._left.clear()
+            now = self._clock()
+            self._last_seen = dict.fromkeys(self._last_seen, now)
 
     def stats(self) -> dict[str, Any]:
         with self._cond:

@@ -379,7 +379,8 @@ class ClusterRecovery:
             step = max(step, int(step_reply.get("global_step") or 0))
         restore(client, latest, global_step=step)
         for task in sorted(client.channels, key=lambda t: t == client.step_task):
-            client.channels[task].call("SetReady", {"client": client.client_name, "generation": generation})
+            client.channels[task].call("SetReady", {"client": client.client_name, "generation": generation,
+                                                    "global_step": step})
         self.restores += 1
         log.warning("%s: restored checkpoint %s (step %d) onto every ps task; generation %d, global_step %d",
                     client.client_name, latest, manifest.global_step, generation, step)

@@ -184,9 +184,9 @@ def run_worker(
                                        leader=leadership.lease if leadership is not None else lambda: None,
                                        timeout=config.connect_timeout)
             resume = resume_position(session, data_config)
-            # Async runs that can be restored keep a finished worker until every worker finished,
+            # Async and sync runs that can be restored keep a finished worker until every worker finished,
             # so a restore after a later ps death rewinds its records too (ClusterRecovery.linger).
-            linger = leadership is not None and config.mode == "async" and cluster.num_tasks("worker") > 1
+            linger = leadership is not None and config.mode != "ssp" and cluster.num_tasks("worker") > 1
             while True:
                 try:
                     reason = _train(config, session, model, data_config, resume, task_index, progress)

@@ -172,3 +172,20 @@ def test_a_worker_that_finished_its_data_is_rewound_by_a_later_restore(tmp_path:
     assert metrics["ps"][0]["examples"] == EPOCHS * (A9A_RECORDS + 3000), metrics["ps"][0]
     steps = [int(s) for log in sorted((out / "logs").glob("worker-*.log")) for s in re.findall(r"\bstep=(\d+)", log.read_text())]
     assert len(steps) == len(set(steps))
+
+
+def test_a_sync_run_recovers_from_a_dead_ps_task_0(tmp_path: Path) -> None:
+    """Sync mode: the restore abandons the step being collected, every ps task's sync step
+    starts over at the restored global_step (past every value handed out), and the run ends
+    with the model an undisturbed sync run gives."""
+    base = tmp_path / "base"
+    r = train(base, "--mode", "sync")
+    assert r.returncode == 0, r.stderr[-3000:]
+    sync_auc = float(json.loads((base / "metrics.json").read_text())["eval"]["auc"])
+    out = tmp_path / "run"
+    r = train(out, "--mode", "sync", "--restart-policy", "on-failure", "--chaos", "kill:ps:0@step=700")
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = check_run(out, sync_auc)
+    assert abs(metrics["eval"]["auc"] - sync_auc) <= 0.001, (metrics["eval"], sync_auc)
+    (fault,) = metrics["faults"]
+    assert fault["task"] == "/job:ps/task:0" and fault["recovery_seconds"] is not None, fault

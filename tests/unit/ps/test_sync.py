@@ -177,3 +177,30 @@ def test_sync_config_validation() -> None:
     with pytest.raises(ValueError, match="unknown sync setting"):
         SyncConfig.from_json({"mode": "sync", "bogus": 1})
     assert SyncConfig.from_json(SyncConfig(mode="ssp", staleness=3).to_json()).staleness == 3
+
+
+def test_abort_fails_the_waiting_push_and_reset_starts_over_at_the_restored_step() -> None:
+    agg, part, step = setup(2, 2)
+    agg.leave(W[1])  # finished before the ps death; rewound by the restore, it trains again
+    agg.leave(W[1])
+    assert agg.contribute(0, sparse(part, W[0], [0], [2.0])) == SyncResult(1, accepted=True, completed=True)
+    agg.reset()  # W[1] is live again
+    t, out = in_thread(agg.contribute, 1, sparse(part, W[0], [1], [4.0]))
+    time.sleep(0.1)
+    assert t.is_alive()  # waits for W[1] again
+    agg.abort("/job:ps/task:0: the cluster is being restored")
+    t.join(5)
+    assert isinstance(out["error"], PreconditionFailed) and "being restored" in str(out["error"])
+    with pytest.raises(PreconditionFailed, match="being restored"):
+        agg.contribute(1, sparse(part, W[1], [1], [4.0]))
+    before = part.value.copy()
+    step.set(7)  # the restored global_step
+    agg.reset()
+    with pytest.raises(InvalidRequest, match="ahead of step 7"):
+        agg.contribute(8, sparse(part, W[0], [1], [4.0]))
+    t, out = in_thread(agg.contribute, 7, sparse(part, W[0], [1], [4.0]))
+    done = agg.contribute(7, sparse(part, W[1], [2], [6.0]))
+    t.join(5)
+    assert done == SyncResult(8, accepted=True, completed=True)
+    # the abandoned contribution (row 1, 4.0 before the abort) was not applied; only step 7's sums
+    np.testing.assert_allclose(part.value[:, 0] - before[:, 0], [0.0, -2.0, -3.0])
