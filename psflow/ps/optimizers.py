@@ -311,6 +311,13 @@ def _sum_duplicates(rows: IndexArray, values: FloatArray, num_rows: int) -> tupl
     """
     if rows.size == 0:
         return rows, values
+    if rows.size == 1 or bool(np.all(rows[1:] > rows[:-1])):
+        # Strictly increasing (what clients send: sorted unique ids): no duplicates, and
+        # the ends bound the range. An O(n) check instead of an O(n log n) sort.
+        if rows[0] < 0 or rows[-1] >= num_rows:
+            bad = rows[0] if rows[0] < 0 else rows[-1]
+            raise ValueError(f"sparse update has row {int(bad)}; the variable has rows 0-{num_rows - 1}")
+        return rows, values
     # np.sort is several times faster than argsort and is enough to find
     # duplicates. argsort is needed only to sum them.
     sorted_rows = np.sort(rows)

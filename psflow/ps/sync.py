@@ -349,10 +349,29 @@ class SyncAggregator:
 
 
 def _sum_rows(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Sums sparse gradients; returns sorted unique rows and float64 sums."""
+    """Sums sparse gradients; returns sorted unique rows and float64 sums.
+
+    Each row's sum adds its values in the order of ``pieces`` (and within a
+    piece, in row order), starting from 0.0, in float64: the same result as
+    ``np.add.at`` over the concatenation. A stable argsort merges the pieces
+    (each usually sorted already: a linear merge of sorted runs), and one-column
+    values (embedding rows of width 1, e.g. a weight table) are summed by
+    ``np.bincount``, several times faster than ``np.add.at``.
+    """
     rows = np.concatenate([r for r, _ in pieces])
     values = np.concatenate([v for _, v in pieces]).astype(np.float64)
-    uniq, inverse = np.unique(rows, return_inverse=True)
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    first = np.empty(ordered.size, dtype=bool)
+    first[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+    uniq = ordered[first]
+    inverse = np.empty(rows.size, dtype=np.intp)
+    inverse[order] = np.cumsum(first) - 1
+    if values.ndim == 1:
+        return uniq, np.bincount(inverse, weights=values, minlength=uniq.size)
+    if values.ndim == 2 and values.shape[1] == 1:
+        return uniq, np.bincount(inverse, weights=values[:, 0], minlength=uniq.size)[:, None]
     out = np.zeros((uniq.size, *values.shape[1:]), dtype=np.float64)
     np.add.at(out, inverse, values)
     return uniq, out

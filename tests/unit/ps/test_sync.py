@@ -204,3 +204,26 @@ def test_abort_fails_the_waiting_push_and_reset_starts_over_at_the_restored_step
     assert done == SyncResult(8, accepted=True, completed=True)
     # the abandoned contribution (row 1, 4.0 before the abort) was not applied; only step 7's sums
     np.testing.assert_allclose(part.value[:, 0] - before[:, 0], [0.0, -2.0, -3.0])
+
+
+@pytest.mark.parametrize("width", [None, 1, 3])
+def test_sum_rows_equals_add_at_bit_for_bit(width: int | None) -> None:
+    from psflow.ps.sync import _sum_rows
+
+    rng = np.random.default_rng(7)
+    shape = () if width is None else (width,)
+    for _ in range(30):
+        pieces = []
+        for _ in range(int(rng.integers(1, 4))):
+            k = int(rng.integers(1, 60))
+            rows = rng.integers(0, 40, k).astype(np.int64)  # unsorted, with repeats
+            if rng.random() < 0.5:
+                rows = np.unique(rows)  # what clients send: sorted, unique
+            pieces.append((rows, rng.standard_normal((rows.size, *shape)).astype(np.float32)))
+        uniq, sums = _sum_rows(pieces)
+        all_rows = np.concatenate([r for r, _ in pieces])
+        want_rows, inverse = np.unique(all_rows, return_inverse=True)
+        want = np.zeros((want_rows.size, *shape))
+        np.add.at(want, inverse.reshape(-1), np.concatenate([v for _, v in pieces]).astype(np.float64))
+        assert uniq.tobytes() == want_rows.tobytes()
+        assert sums.dtype == np.float64 and sums.tobytes() == want.tobytes()
