@@ -132,6 +132,11 @@ class DatasetConfig:
         prefetch: batches prepared ahead by a background thread; 0 parses in
             the consumer's thread.  Memory is bounded by ``prefetch + 2``
             batches plus the shuffle buffer and one read block.
+        reader_process: with ``prefetch > 0``, read and parse in a forked child
+            process instead of a thread, handing batches over through shared
+            memory (:mod:`~psflow.data.reader_process`), so parsing runs on
+            another core instead of competing for the GIL. Same batches, order
+            and positions. Pays off when a core is idle (one worker per host).
         compression: ``"auto"`` (gzip if the name ends in ``.gz`` or the file
             starts with the gzip magic and is not a valid TFRecord), ``"none"``
             or ``"gzip"``; applies to every format.
@@ -157,6 +162,7 @@ class DatasetConfig:
     skip_bad_records: bool = False
     max_bad_records: int = 100
     prefetch: int = 2
+    reader_process: bool = False
     compression: str = "auto"
     check_crc: bool = True
     block_size: int = 1 << 20

@@ -11,7 +11,9 @@ The pipeline, in the order data flows:
 4. **Batcher** -- cuts ``batch_size`` rows; a batch never spans two epochs;
    the last one of an epoch may be short or dropped (``drop_remainder``).
 5. **Prefetch** -- steps 1-4 run in one background thread, at most
-   ``prefetch`` batches ahead (:mod:`~psflow.data.prefetch`).
+   ``prefetch`` batches ahead (:mod:`~psflow.data.prefetch`), or with
+   ``reader_process`` in a child process (:mod:`~psflow.data.reader_process`),
+   which also sends the reader's counters along with each batch.
 
 Each batch travels with the :class:`ReaderPosition` just after it, so
 :meth:`Dataset.position` is exact however far the thread has run ahead.
@@ -41,6 +43,7 @@ from psflow.data.api import (
 )
 from psflow.data.batch import SparseBatch
 from psflow.data.prefetch import Prefetcher
+from psflow.data.reader_process import ReaderProcess
 from psflow.data.readers import iter_file
 from psflow.data.sharding import WorkerShard, epoch_file_order, expand_paths, shard_plan
 from psflow.data.shuffle import OutPiece, ReadPiece, Rows, sequential_pieces, shuffle_rows
@@ -50,6 +53,26 @@ __all__ = ["Dataset", "open_dataset", "read_all"]
 logger = logging.getLogger("psflow.data")
 
 _Item = tuple[SparseBatch, ReaderPosition]
+
+#: Batches a reader process may run ahead. Parsing comes in bursts (a whole read block, ~20 batches
+#: of 512 at a time), so a shallow ring would stall the consumer at every block; 64 slots of
+#: PROCESS_SLOT_BYTES reserve 64 MiB of address space, of which only the pages used are committed.
+PROCESS_DEPTH = 64
+#: One slot: a 512-example batch of 39 ids needs ~250 KB; a batch that does not fit goes through a pipe.
+PROCESS_SLOT_BYTES = 1 << 20
+_CountedItem = tuple[SparseBatch, ReaderPosition, DatasetStats]  # from a reader process: its counters too
+
+
+def _take_apart(item: _CountedItem) -> tuple[list[np.ndarray], Any]:
+    batch, position, stats = item
+    names = sorted(batch.dense)
+    return [batch.labels, batch.indptr, batch.ids, batch.values, *(batch.dense[k] for k in names)], (names, position, stats)
+
+
+def _rebuild(arrays: list[np.ndarray], rest: Any) -> _CountedItem:
+    names, position, stats = rest
+    labels, indptr, ids, values, *dense = arrays
+    return SparseBatch(labels, indptr, ids, values, dict(zip(names, dense, strict=True))), position, stats
 
 
 class _Counters:
@@ -267,18 +290,33 @@ class Dataset:
         self._position = first
         self._closed = False
         self._failure: BaseException | None = None
-        self._source: Prefetcher[_Item] | Iterator[_Item]
-        if config.prefetch > 0:
+        self._child_stats: DatasetStats | None = None  # the reader process's counters, as of the last batch
+        self._source: Prefetcher[_Item] | ReaderProcess[_CountedItem] | Iterator[_Item]
+        if config.prefetch > 0 and config.reader_process:
+            self._source = ReaderProcess(lambda: self._counted(first), max(config.prefetch, PROCESS_DEPTH),
+                                         (_take_apart, _rebuild), name=f"psflow-reader-w{config.worker_index}",
+                                         start=start, slot_bytes=PROCESS_SLOT_BYTES)
+        elif config.prefetch > 0:
             self._source = Prefetcher(lambda: self._pipeline(first), config.prefetch, name=f"psflow-data-w{config.worker_index}")
             if start:
                 self._source.start()
         else:
             self._source = self._pipeline(first)
 
+    def _counted(self, first: ReaderPosition) -> Iterator[_CountedItem]:
+        """The pipeline's items with the counters after each (runs in the reader process)."""
+        for batch, position in self._pipeline(first):
+            yield batch, position, self._counters.snapshot()
+
     def start(self) -> None:
-        """Starts the prefetch thread if not yet started (iteration starts it too).  Idempotent."""
-        if isinstance(self._source, Prefetcher):
+        """Starts the prefetch thread or reader process if not yet started (iteration starts it too).  Idempotent."""
+        if isinstance(self._source, (Prefetcher, ReaderProcess)):
             self._source.start()
+
+    @property
+    def reader_pid(self) -> int | None:
+        """The reader process's pid (``reader_process`` only, once started); None otherwise."""
+        return self._source.pid if isinstance(self._source, ReaderProcess) else None
 
     def __iter__(self) -> Dataset:
         return self
@@ -294,7 +332,9 @@ class Dataset:
         """
         if self._closed:
             raise DataError("the dataset is closed")
-        if isinstance(self._source, Prefetcher):
+        if isinstance(self._source, ReaderProcess):
+            batch, position, self._child_stats = self._source.get()  # re-raises a failure on every later call too
+        elif isinstance(self._source, Prefetcher):
             batch, position = self._source.get()  # re-raises a failure on every later call too
         else:
             if self._failure is not None:
@@ -316,7 +356,10 @@ class Dataset:
 
     @property
     def stats(self) -> DatasetStats:
-        """Counters since open (the reader may be ahead of the batches handed out)."""
+        """Counters since open (the reader may be ahead of the batches handed out; with a
+        reader process, as of the last batch handed out)."""
+        if self._child_stats is not None:
+            return replace(self._child_stats, batches=self._counters.batches)
         return self._counters.snapshot()
 
     def close(self) -> None:
@@ -324,7 +367,7 @@ class Dataset:
         if self._closed:
             return
         self._closed = True
-        if isinstance(self._source, Prefetcher):
+        if isinstance(self._source, (Prefetcher, ReaderProcess)):
             self._source.close()
         else:
             close = getattr(self._source, "close", None)

@@ -4,8 +4,9 @@ The ps tasks' :class:`~psflow.ps.service.ParameterService` objects live in
 this process and the worker's :class:`~psflow.train.client.ParameterClient`
 reaches them through :class:`~psflow.rpc.inprocess.InProcessChannel`: the same
 placement, optimizers, step accounting, hooks and checkpoints as a cluster,
-without sockets, framing or copies. One worker; its input pipeline prefetches
-in a background thread as usual.
+without sockets, framing or copies. One worker; its input is read and parsed
+in a child process (``reader_process``, see :mod:`psflow.data.reader_process`)
+so that parsing runs on another core while this one trains.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
     if config.replication != "between-graph":
         raise ConfigError("--in-process has no in-graph replication")
     config = replace(config, mode="async") if config.mode == "ssp" else config
+    config = replace(config, reader_process=True)
     # Placeholder addresses: nothing listens or connects; the channels below replace them.
     cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(config.num_ps)], "worker": ["127.0.0.1:65535"]})
     services = [ParameterService(i, holds_global_step=i == 0) for i in range(config.num_ps)]

@@ -136,6 +136,7 @@ def _dataset_config(config: TrainConfig, task_index: int, num_workers: int) -> D
         batch_size=config.batch_size,
         num_epochs=config.epochs,
         shuffle_buffer=config.shuffle_buffer,
+        reader_process=config.reader_process,
         seed=config.seed,
         worker_index=task_index,
         num_workers=num_workers,
@@ -184,9 +185,9 @@ def run_worker(
                                        leader=leadership.lease if leadership is not None else lambda: None,
                                        timeout=config.connect_timeout)
             resume = resume_position(session, data_config)
-            # Async and sync runs that can be restored keep a finished worker until every worker finished,
-            # so a restore after a later ps death rewinds its records too (ClusterRecovery.linger).
-            linger = leadership is not None and config.mode != "ssp" and cluster.num_tasks("worker") > 1
+            # Runs that can be restored keep a finished worker until every worker finished, so a
+            # restore after a later ps death rewinds its records too (ClusterRecovery.linger).
+            linger = leadership is not None and cluster.num_tasks("worker") > 1
             while True:
                 try:
                     reason = _train(config, session, model, data_config, resume, task_index, progress)
