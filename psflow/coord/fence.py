@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from psflow.coord.api import DEFAULT_ELECTION, CoordinationBackend, FencedError, Lease, LeaseLostError
-from psflow.rpc.api import FailedPreconditionError, InvalidRequest, PreconditionFailed
+from psflow.rpc.api import FailedPreconditionError, InvalidRequest, PreconditionFailed, RpcError
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.grpc_server import Reply
@@ -125,11 +125,15 @@ class FencedWriter:
                                  f"(epoch {self.lease.epoch}) is no longer held")
         meta = {"token": self.lease.epoch, "scope": self.lease.election, "holder": self.lease.holder}
         pending = [ch.call_async("Fence", meta, timeout=self._timeout) for ch in self._channels.values()]
-        refusals = []
-        for call in pending:
+        refusals, error = [], None
+        for call in pending:  # every call collected, even after a failure
             try:
                 call.result()
             except FailedPreconditionError as e:
                 refusals.append(str(e))
+            except RpcError as e:
+                error = error or e
         if refusals:
             raise FencedError("; ".join(refusals))
+        if error is not None:
+            raise error

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from psflow.rpc.tls import TlsConfig
 __all__ = [
     "Channel",
     "PendingReply",
+    "gather",
     "PARAMETER_SERVICE",
     "WORKER_SERVICE",
     "TOKEN_METADATA_KEY",
@@ -33,6 +34,8 @@ __all__ = [
     "InvalidRequest",
     "PreconditionFailed",
 ]
+
+K = TypeVar("K")
 
 PARAMETER_SERVICE = "psflow.ParameterService"
 WORKER_SERVICE = "psflow.WorkerService"
@@ -71,6 +74,25 @@ class PendingReply(Protocol):
     """A call in flight; ``result()`` blocks until the reply (or raises RpcError)."""
 
     def result(self) -> Frame: ...
+
+
+def gather(calls: Mapping[K, PendingReply]) -> dict[K, Frame]:
+    """Waits for every call in ``calls``; raises the first RpcError only after all have finished.
+
+    Collect concurrent calls this way rather than one by one: a call left
+    uncollected after another one failed keeps its connection busy (the TCP
+    carrier serves one call per connection at a time).
+    """
+    replies: dict[K, Frame] = {}
+    error: RpcError | None = None
+    for key, call in calls.items():
+        try:
+            replies[key] = call.result()
+        except RpcError as e:
+            error = error or e
+    if error is not None:
+        raise error
+    return replies
 
 
 class Channel(Protocol):

@@ -250,7 +250,11 @@ class TcpChannel:
         limit = self._config.rpc_timeout if timeout is None else timeout
         frame = encode(meta, arrays)
         name = method.encode()
-        self._busy.acquire()
+        # Bounded like every call: a caller that never collected its previous call (a bug) or
+        # another thread's long call fails this one after its deadline instead of hanging it.
+        if not self._busy.acquire(timeout=limit):
+            return _Pending(self, method, DeadlineExceededError(
+                f"{self.task}: {method}: the connection stayed busy with an earlier call for {limit:.1f} s"))
         try:
             sock = self._connect(limit)
             sock.settimeout(limit)

@@ -280,11 +280,14 @@ class CheckpointManager:
             return
         meta = {"token": self._fence["epoch"], "holder": self._fence["holder"]}
         calls = {t: ch.call_async("Fence", meta) for t, ch in client.channels.items()}
-        for t, call in calls.items():
+        refusals = []
+        for t, call in calls.items():  # every call collected, even after a refusal
             try:
                 call.result()
             except RpcError as e:
-                raise CheckpointError(f"checkpoint {path} not made current: /job:ps/task:{t} refused: {e}") from e
+                refusals.append(f"/job:ps/task:{t} refused: {e}")
+        if refusals:
+            raise CheckpointError(f"checkpoint {path} not made current: {'; '.join(refusals)}")
 
     def _phase(self, phase: str) -> None:
         if self._fault is not None:

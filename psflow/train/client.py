@@ -35,7 +35,7 @@ from psflow.placement import VariablePlacement
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.store import partition_key
 from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import PARAMETER_SERVICE, Channel, ConnectConfig, PendingReply, RpcError, TaskUnavailableError
+from psflow.rpc.api import PARAMETER_SERVICE, Channel, ConnectConfig, RpcError, TaskUnavailableError, gather
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tcp import TcpChannel
@@ -207,7 +207,7 @@ class ParameterClient:
             first = self.channels[self.step_task].call("Register", meta)
             others = {i: ch.call_async("Register", meta) for i, ch in self.channels.items() if i != self.step_task}
             ready = {self.step_task: bool(first.meta.get("ready", True))}
-            ready.update({i: bool(call.result().meta.get("ready", True)) for i, call in others.items()})
+            ready.update({i: bool(reply.meta.get("ready", True)) for i, reply in gather(others).items()})
             if chief or all(ready.values()):
                 return bool(first.meta.get("created"))
             waiting = [self.channels[i].task for i, ok in sorted(ready.items()) if not ok]
@@ -244,7 +244,7 @@ class ParameterClient:
         """
         plan = self._pull_plan(requests)
         calls = {t: self.channels[t].call_async("Pull", {"vars": m}, a) for t, (m, a) in plan.per_task.items()}
-        return self._assemble(plan, self._gather(calls))
+        return self._assemble(plan, gather(calls))
 
     def push(
         self,
@@ -293,7 +293,7 @@ class ParameterClient:
         per_task = self._push_plan(grads, examples, loss, read_step, clock)
         calls = {t: self.channels[t].call_async("Push", meta, arrays, timeout=self._push_timeout())
                  for t, (meta, arrays) in per_task.items()}
-        return self._push_result(self._gather(calls))
+        return self._push_result(gather(calls))
 
     def push_pull(
         self,
@@ -324,7 +324,7 @@ class ParameterClient:
             entries, rows = plan.per_task.get(task, ([], {}))
             calls[task] = self.channels[task].call_async("PushPull", {**meta, "vars": entries}, {**arrays, **rows},
                                                          timeout=self._push_timeout())
-        replies = self._gather(calls)
+        replies = gather(calls)
         return self._push_result({t: r for t, r in replies.items() if t in pushes}), self._assemble(plan, replies)
 
     # ---- request building --------------------------------------------------
@@ -433,20 +433,7 @@ class ParameterClient:
     def leave(self) -> None:
         """Tells every ps task this worker is done (sync/ssp stop waiting for it)."""
         calls = {t: ch.call_async("Leave", {"worker": self.client_name}) for t, ch in self.channels.items()}
-        self._gather(calls)
-
-    def _gather(self, calls: Mapping[int, PendingReply]) -> dict[int, Frame]:
-        """Waits for every call; raises the first error after all have finished."""
-        replies: dict[int, Frame] = {}
-        error: RpcError | None = None
-        for task, call in calls.items():
-            try:
-                replies[task] = call.result()
-            except RpcError as e:
-                error = error or e
-        if error is not None:
-            raise error
-        return replies
+        gather(calls)
 
     # ---- control -----------------------------------------------------------
     def stats(self, task: int | None = None) -> dict[str, Any]:

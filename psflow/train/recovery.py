@@ -58,7 +58,7 @@ from psflow.coord.api import (
     Lease,
 )
 from psflow.ps.optimizers import OptimizerSpec
-from psflow.rpc.api import RpcError
+from psflow.rpc.api import RpcError, gather
 from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest, restore
 from psflow.train.client import ParameterClient
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
@@ -370,7 +370,7 @@ class ClusterRecovery:
         client.register(self.optimizer, chief=True, defer_ready=True)
         fence = {"generation": generation, "epoch": lease.epoch, "holder": lease.holder}
         calls = {t: ch.call_async("BeginRestore", fence, timeout=30.0) for t, ch in client.channels.items()}
-        replies = {t: call.result().meta for t, call in calls.items()}
+        replies = {t: reply.meta for t, reply in gather(calls).items()}
         manifest = read_manifest(latest)
         step_reply = replies[client.step_task]
         # Past every value handed out: the surviving counter's, or the restarted task's journal floor.

@@ -102,3 +102,18 @@ def test_a_restarted_ps_is_found_on_its_new_tcp_port(local_cluster) -> None:  # 
             time.sleep(0.2)
     assert stats["registered"] is False and client.channels[0].address != old
     client.close()
+
+
+def test_a_call_behind_an_uncollected_one_fails_at_its_deadline_not_never(ps) -> None:  # type: ignore[no-untyped-def]
+    """The carrier holds a connection from a call to its result(): a second call waits for it at
+    most its own deadline, then fails (a caller that forgot to collect a call cannot hang others)."""
+    _, client = ps
+    channel = client.channels[0]
+    first = channel.call_async("Stats")  # sent, not collected yet
+    started = time.monotonic()
+    second = channel.call_async("Stats", timeout=0.3)
+    with pytest.raises(DeadlineExceededError, match="busy with an earlier call"):
+        second.result()
+    assert time.monotonic() - started < 5
+    assert first.result().meta["task"] == "/job:ps/task:0"  # the first one is still answered
+    assert channel.call("Stats").meta["task"] == "/job:ps/task:0"  # and the connection is free again
