@@ -72,6 +72,22 @@ class ClusterHandle:
 
 
 def run_cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
-    """Runs the ``psflow`` command in a child process (bounded by ``timeout``) and captures its output."""
-    return subprocess.run([sys.executable, "-m", "psflow", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=str(REPO), stdin=subprocess.DEVNULL)
+    """Runs the ``psflow`` command in a child process (bounded by ``timeout``) and captures its output.
+
+    The command runs in a process group of its own: past ``timeout`` the whole group (the
+    launcher and every task it started) is SIGKILLed by its id, then TimeoutExpired is raised.
+    """
+    cmd = [sys.executable, "-m", "psflow", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)

@@ -8,11 +8,20 @@ run's :class:`SyncConfig` (recorded at registration, identical on every task).
 
     1. A worker pushes a gradient tagged with the step ``T`` whose parameters
        it read. ``T < S``: the gradient is stale; it is dropped and counted
-       (``stale_dropped``), and the push returns at once. ``T > S`` cannot
+       (``stale_dropped``), and the push returns at once. ``T > S + 1`` cannot
        happen in a healthy cluster and is refused.
     2. ``T == S``: the gradient is added to step ``S``'s sums (one
        contribution per worker per step; a second one from the same worker is
        refused). The push then blocks until step ``S`` is applied.
+       ``T == S + 1`` from a worker that has not contributed to ``S`` here: it
+       read ``S + 1`` from ps task 0, so its gradient for ``S`` reached the tasks
+       that completed ``S`` but will never reach this one (it was killed between
+       two pushes and restarted; its last batch then updates only the tasks it
+       reached), or the others' gradients for ``S`` are still on their way
+       (backups): ``S`` is completed without it, then its gradient counts for
+       ``S + 1``. A second gradient of one worker for one step (a restarted
+       worker redoing the batch its killed process contributed) waits for the
+       step and is dropped as stale.
     3. When ``needed = min(replicas_to_aggregate, live workers)`` contributions
        are in, the sums are averaged (``averaging="replicas"``: divided by the
        number of contributions, for every row, so N workers of batch b equal
@@ -57,6 +66,7 @@ Thread-safety: every method may be called from concurrent RPC threads.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -188,6 +198,8 @@ class SyncAggregator:
         self._contributors: list[str] = []
         self._first_at: float | None = None
         self._left: set[str] = set()
+        # Workers already at the next step, not waited for in the current one (see contribute).
+        self._absent: set[str] = set()
         # worker -> when it last contributed (start: when this aggregator was made)
         self._last_seen: dict[str, float] = {f"/job:worker/task:{i}": clock() for i in range(config.total_num_replicas)}
         self._failure: str | None = None
@@ -197,7 +209,7 @@ class SyncAggregator:
 
     # ---- public ------------------------------------------------------------
     def needed(self) -> int:
-        live = self.config.total_num_replicas - len(self._left)
+        live = self.config.total_num_replicas - len(self._left | self._absent)
         return max(1, min(self.config.replicas_to_aggregate, live))
 
     def contribute(self, tag: int, contribution: Contribution) -> SyncResult:
@@ -211,15 +223,32 @@ class SyncAggregator:
         with self._cond:
             self._raise_if_failed()
             step = self._current()
+            worker = contribution.worker
+            if tag == step + 1 and worker not in self._contributors:
+                # The worker read step + 1 from ps task 0, so its gradient for `step` reached the
+                # tasks that completed it but will never reach this one (it was killed between its
+                # pushes and restarted), or this task is still collecting `step` from the others
+                # (backups). Either way `step` goes on without it.
+                self._absent.add(worker)
+                log.info("%s: %s is at step %d; step %d goes on without it", self.task_name, worker, tag, step)
+                if self._contributors and len(self._contributors) >= self.needed():
+                    self._apply()
+                else:
+                    self._wait_for(step)
+                step = self._current()
             if tag < step:
                 self.stale_dropped += 1
-                log.info("%s: dropped stale gradient of %s (step %d, now %d)", self.task_name,
-                         contribution.worker, tag, step)
+                log.info("%s: dropped stale gradient of %s (step %d, now %d)", self.task_name, worker, tag, step)
                 return SyncResult(step, accepted=False, completed=False)
             if tag > step:
-                raise InvalidRequest(f"gradient of {contribution.worker} is tagged step {tag}, ahead of step {step}")
-            if contribution.worker in self._contributors:
-                raise PreconditionFailed(f"{contribution.worker} already contributed to step {step}")
+                raise InvalidRequest(f"gradient of {worker} is tagged step {tag}, ahead of step {step}")
+            if worker in self._contributors:
+                # A restarted worker redoing the batch its killed process already contributed
+                # (that one is applied and counted): wait for the step, then drop this one.
+                self.stale_dropped += 1
+                log.info("%s: %s contributed to step %d already; dropping its second gradient", self.task_name,
+                         worker, step)
+                return dataclasses.replace(self._wait_for(step), accepted=False)
             self._add(contribution)
             if len(self._contributors) >= self.needed():
                 return SyncResult(self._apply(), accepted=True, completed=True)
@@ -251,6 +280,7 @@ class SyncAggregator:
             self._failure = None
             self._sums, self._contributors, self._first_at = _Sums(), [], None
             self._left.clear()
+            self._absent.clear()
             now = self._clock()
             self._last_seen = dict.fromkeys(self._last_seen, now)
 
@@ -298,7 +328,7 @@ class SyncAggregator:
 
     def _missing(self) -> list[str]:
         expected = [f"/job:worker/task:{i}" for i in range(self.config.total_num_replicas)]
-        return [w for w in expected if w not in self._contributors and w not in self._left]
+        return [w for w in expected if w not in self._contributors and w not in self._left and w not in self._absent]
 
     def _on_timeout(self, step: int) -> None:
         self.timeouts += 1
@@ -329,6 +359,7 @@ class SyncAggregator:
         count = len(self._contributors)
         sums, self._sums = self._sums, _Sums()
         self._contributors, self._first_at = [], None
+        self._absent.clear()
         for key, total in sums.dense.items():
             self.store.apply_dense(sums.parts[key], (total / count).astype(sums.parts[key].value.dtype))
         for key, pieces in sums.sparse.items():

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from psflow.rpc.api import RpcError
-from psflow.train.checkpoint import CheckpointManager
+from psflow.train.checkpoint import CheckpointManager, latest_checkpoint
 from psflow.train.client import ParameterClient
 from psflow.train.summary import SummaryWriter
 
@@ -148,7 +148,8 @@ class _Timer:
 
 
 class CheckpointSaverHook(SessionRunHook):
-    """Saves a checkpoint every N seconds (default 600) or N global steps, and at the end.
+    """Saves a checkpoint when the session starts (if the directory has none yet), every
+    N seconds (default 600) or N global steps, and at the end.
 
     Chief only. A save blocks this worker's loop while the ps tasks write
     their shards (other workers keep training).
@@ -175,6 +176,9 @@ class CheckpointSaverHook(SessionRunHook):
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         self._session = session
         self._timer.mark(session.global_step)
+        if latest_checkpoint(self.manager.directory) is None:
+            # As TF's saver does at step 0: from now on a ps task that dies can always be restored.
+            self._save(session)
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         if self._timer.due(values.step):

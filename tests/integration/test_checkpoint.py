@@ -117,7 +117,8 @@ def test_crash_during_save_leaves_previous_checkpoint_restorable(tmp_path: Path)
         after = read_variables(first, slots=True)
         for name in before:
             np.testing.assert_array_equal(after[name], before[name])
-        assert len(list(ckpt.glob("ckpt-*"))) == 2  # the interrupted one sits beside it, never restored
+        # the first run's initial (step 0) and final checkpoints, and the interrupted one beside them, never restored
+        assert len(list(ckpt.glob("ckpt-*"))) == 3
     r = run_cli("train", *common, "--max-steps", "20", "--checkpoint-dir", str(ckpt), "--output", str(tmp_path / "c"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"restored checkpoint {first} at step 10" in (tmp_path / "c" / "logs" / "worker-0.log").read_text()

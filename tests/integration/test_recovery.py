@@ -189,3 +189,15 @@ def test_a_sync_run_recovers_from_a_dead_ps_task_0(tmp_path: Path) -> None:
     assert abs(metrics["eval"]["auc"] - sync_auc) <= 0.001, (metrics["eval"], sync_auc)
     (fault,) = metrics["faults"]
     assert fault["task"] == "/job:ps/task:0" and fault["recovery_seconds"] is not None, fault
+
+
+def test_a_ps_task_dying_before_the_first_periodic_checkpoint_restores_the_initial_one(tmp_path: Path,
+                                                                                       baseline_auc: float) -> None:
+    """The chief saves the initial state when the session starts (as TF's saver does at step 0),
+    so a ps task that dies before the first periodic checkpoint (every 250 steps) is restored too."""
+    out = tmp_path / "run"
+    r = train(out, "--restart-policy", "on-failure", "--chaos", "kill:ps:1@step=100")
+    assert r.returncode == 0, r.stderr[-3000:]
+    check_run(out, baseline_auc)
+    logs = (out / "logs" / "worker-0.log").read_text() + (out / "logs" / "worker-1.log").read_text()
+    assert re.search(r"restored checkpoint \S+ckpt-000000000 \(step 0\) onto every ps task", logs), logs[-3000:]

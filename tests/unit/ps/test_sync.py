@@ -92,15 +92,55 @@ def test_stale_gradients_dropped_and_counted_backups_absorb() -> None:
     np.testing.assert_allclose(part.value[0, 0], -1.0)
 
 
-def test_tag_ahead_and_double_contribution_refused() -> None:
-    agg, part, _ = setup(2, 2, timeout=0.3, on_timeout="proceed")
+def test_tag_far_ahead_refused_and_a_second_gradient_of_a_worker_dropped_after_the_step() -> None:
+    agg, part, step = setup(2, 2)
     with pytest.raises(InvalidRequest, match="ahead of step 0"):
         agg.contribute(5, sparse(part, W[0], [0], [1.0]))
-    t, _ = in_thread(agg.contribute, 0, sparse(part, W[0], [0], [1.0]))
+    t, out = in_thread(agg.contribute, 0, sparse(part, W[0], [0], [1.0]))
     time.sleep(0.05)
-    with pytest.raises(PreconditionFailed, match="already contributed"):
-        agg.contribute(0, sparse(part, W[0], [0], [1.0]))
+    # W[0] killed after this push and restarted: its new process redoes the batch for step 0
+    t2, out2 = in_thread(agg.contribute, 0, sparse(part, W[0], [0], [1.0]))
+    time.sleep(0.05)
+    assert t2.is_alive()  # waits for the step like any contribution
+    assert agg.contribute(0, sparse(part, W[1], [1], [2.0])) == SyncResult(1, accepted=True, completed=True)
     t.join(5)
+    t2.join(5)
+    assert out2["result"] == SyncResult(1, accepted=False, completed=False)  # dropped, not applied twice
+    np.testing.assert_allclose(part.value[:, 0], [-0.5, -1.0, 0.0])
+    assert agg.stale_dropped == 1 and step.value == 1
+
+
+def test_a_worker_already_at_the_next_step_is_not_waited_for() -> None:
+    """W[0]'s gradient for step 0 reached another ps task (which completed step 0) but not this
+    one: it was killed between its pushes. Its restarted process pushes step 1 here."""
+    agg, part, step = setup(2, 2)
+    t, out = in_thread(agg.contribute, 0, sparse(part, W[1], [1], [2.0]))
+    time.sleep(0.05)
+    t2, out2 = in_thread(agg.contribute, 1, sparse(part, W[0], [0], [4.0]))
+    t.join(5)
+    assert out["result"] == SyncResult(1, accepted=True, completed=False)  # step 0 applied with W[1] alone, by W[0]
+    np.testing.assert_allclose(part.value[:, 0], [0.0, -2.0, 0.0])  # 2.0 / 1 contribution
+    assert t2.is_alive()  # now an ordinary contribution to step 1, waiting for W[1]
+    assert agg.contribute(1, sparse(part, W[1], [2], [6.0])) == SyncResult(2, accepted=True, completed=True)
+    t2.join(5)
+    assert out2["result"] == SyncResult(2, accepted=True, completed=False)
+    np.testing.assert_allclose(part.value[:, 0], [-2.0, -2.0, -3.0])
+
+
+def test_with_backups_a_worker_ahead_waits_for_the_others_of_the_step() -> None:
+    agg, part, step = setup(2, 3)
+    t, out = in_thread(agg.contribute, 1, sparse(part, W[2], [2], [1.0]))  # the backup, one step ahead here
+    time.sleep(0.05)
+    assert t.is_alive() and step.value == 0  # still needs 2 of W[0], W[1] for step 0
+    t0, _ = in_thread(agg.contribute, 0, sparse(part, W[0], [0], [2.0]))
+    assert agg.contribute(0, sparse(part, W[1], [1], [4.0])).completed
+    t0.join(5)
+    time.sleep(0.05)
+    assert step.value == 1 and t.is_alive()  # W[2] now waits in step 1
+    t1, _ = in_thread(agg.contribute, 1, sparse(part, W[0], [0], [2.0]))
+    t.join(5)
+    t1.join(5)
+    assert step.value == 2 and out["result"].accepted
 
 
 def test_timeout_fail_names_missing_worker_and_stops_later_pushes() -> None:
@@ -197,7 +237,7 @@ def test_abort_fails_the_waiting_push_and_reset_starts_over_at_the_restored_step
     step.set(7)  # the restored global_step
     agg.reset()
     with pytest.raises(InvalidRequest, match="ahead of step 7"):
-        agg.contribute(8, sparse(part, W[0], [1], [4.0]))
+        agg.contribute(9, sparse(part, W[0], [1], [4.0]))
     t, out = in_thread(agg.contribute, 7, sparse(part, W[0], [1], [4.0]))
     done = agg.contribute(7, sparse(part, W[1], [2], [6.0]))
     t.join(5)
