@@ -38,6 +38,9 @@ Non-guarantees: the generator runs in the child, so side effects it has on
 objects (counters, caches) stay there; callers pass what they need through
 the items. Linux/Unix only (``fork``); the caller's threads are not copied,
 so the generator must not rely on locks another thread may hold at the fork.
+Not for a process with live gRPC channels or servers: gRPC is not fork-safe
+(a cluster worker's reader child died with SIGSEGV), so psflow uses it only
+in the in-process fast path, and a cluster worker refuses ``reader_process``.
 
 :meth:`get` is for one consumer thread; :meth:`close` may be called from any thread.
 """

@@ -53,7 +53,7 @@ class TrainConfig:
     partitions: int = 1                  # of the weight table, over the ps tasks
     log_every: int = 100                 # a worker logs step=S when S % log_every == 0
     shuffle_buffer: int = 0
-    reader_process: bool = False         # parse input in a child process (shared memory); --in-process turns it on
+    reader_process: bool = False         # parse input in a forked child process (shared memory); --in-process only, which turns it on
     skip_bad_records: bool = False
     max_bad_records: int = 100           # with skip_bad_records: stop once more are skipped (per epoch)
     schema: str | None = None            # tfrecord schema file

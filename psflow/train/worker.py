@@ -47,7 +47,7 @@ from psflow.placement import (
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.train.chief import is_chief
 from psflow.train.client import ParameterClient
-from psflow.train.config import TrainConfig
+from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import epochs_completed, fit_position, make_session, resume_position
 from psflow.train.metrics import auc, binary_metrics
 from psflow.train.recovery import ClusterRecovery, Leadership
@@ -169,6 +169,10 @@ def run_worker(
     model, variables = build_model(config, cluster)
     leadership = None
     if client is None:
+        if config.reader_process:
+            # fork() with live gRPC channels is unsafe (the child crashed with SIGSEGV in a cluster worker).
+            raise ConfigError("reader_process is for the in-process fast path only: a worker with gRPC "
+                              "channels cannot fork its reader")
         client = connect_client(config, cluster, variables, task, token, register=False)
         if config.checkpoint_dir or config.summary_dir or config.eval_every_steps:
             leadership = _leadership(config, cluster, task, token)
