@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterSpec
-from psflow.placement import VariablePlacement
+from psflow.placement import RoutedRows, VariablePlacement
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.store import partition_key
 from psflow.ps.sync import SyncConfig
@@ -56,12 +56,22 @@ class DenseGradient:
     values: np.ndarray
 
 
+#: Scatter marker: the partition's answer holds every requested id, in request order.
+_IN_ORDER = slice(None)
+
+
+def _covers(routes: Sequence[RoutedRows], ids: np.ndarray) -> bool:
+    """True if one partition holds all of ``ids`` (its positions are then 0..n-1, ascending)."""
+    return len(routes) == 1 and routes[0].positions.size == ids.shape[0]
+
+
 @dataclass
 class _PullPlan:
     """One pull, split by ps task: what to ask each task and how to put the answers back."""
 
     per_task: dict[int, tuple[list[list[Any]], dict[str, np.ndarray]]]
-    scatter: list[tuple[str, str, np.ndarray | None]] = field(default_factory=list)
+    # (name, partition key, positions): None = a whole variable, IN_ORDER = every id, in order, from this partition
+    scatter: list[tuple[str, str, np.ndarray | slice | None]] = field(default_factory=list)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
@@ -344,12 +354,13 @@ class ParameterClient:
                 continue
             ids = np.asarray(ids, dtype=np.int64)
             plan.shapes[name] = (ids.shape[0], *var.shape[1:])
-            for routed in placement.route(ids):
+            routes = placement.route(ids)
+            for routed in routes:
                 key = partition_key(name, routed.partition)
                 entries, arrays = plan.per_task.setdefault(routed.task, ([], {}))
                 arrays[f"r/{key}"] = routed.local_rows
                 entries.append([key, f"r/{key}"])
-                plan.scatter.append((name, key, routed.positions))
+                plan.scatter.append((name, key, _IN_ORDER if _covers(routes, ids) else routed.positions))
         return plan
 
     def _assemble(self, plan: _PullPlan, replies: Mapping[int, Frame]) -> dict[str, np.ndarray]:
@@ -366,6 +377,10 @@ class ParameterClient:
         for name, key, positions in plan.scatter:
             if positions is None:
                 whole.setdefault(name, []).append(parts[key])
+                continue
+            if isinstance(positions, slice) and parts[key].shape == plan.shapes[name]:
+                # One partition answered for every id, in order: a plain copy, no scatter.
+                out[name] = np.array(parts[key], dtype=self.layout[name].var.dtype, copy=True)
                 continue
             if name not in out:
                 out[name] = np.empty(plan.shapes[name], dtype=self.layout[name].var.dtype)
@@ -399,11 +414,12 @@ class ParameterClient:
                 continue
             rows = np.asarray(grad.rows, dtype=np.int64)
             values = np.asarray(grad.values, dtype=placement.var.dtype)
-            for routed in placement.route(rows):
+            routes = placement.route(rows)
+            for routed in routes:
                 key = partition_key(name, routed.partition)
                 entries, arrays = per_task.setdefault(routed.task, ([], {}))
                 arrays[f"i/{key}"] = routed.local_rows
-                arrays[f"g/{key}"] = values[routed.positions]
+                arrays[f"g/{key}"] = values if _covers(routes, rows) else values[routed.positions]
                 entries.append([key, "sparse"])
         out = {}
         for task, (grad_list, arrays) in per_task.items():
