@@ -142,11 +142,12 @@ class LogisticRegression:
         if self.num_features > _TABLE_LIMIT or ids.size == 0:
             uniq, inverse = np.unique(ids, return_inverse=True)
             return uniq, inverse.reshape(-1)
-        s = np.sort(ids)
+        # Folded ids fit int32 here (the table limit is far below 2^31), and numpy sorts int32 ~2x faster.
+        s = np.sort(ids.astype(np.int32))
         keep = np.empty(s.size, dtype=bool)
         keep[0] = True
         np.not_equal(s[1:], s[:-1], out=keep[1:])
-        uniq = s[keep]
+        uniq = s[keep].astype(np.int64)
         if self._table is None:
             self._table = np.empty(self.num_features, dtype=np.int32)
         # Only entries written here are read back below, so the table never needs clearing.
