@@ -144,6 +144,26 @@ class Leadership:
             return None
         return lease
 
+    def confirmed_lease(self) -> Lease | None:
+        """Like :meth:`lease`, confirmed by a round trip to the service (a renewal).
+
+        Use it before acting on the lease after a failure: a restarted ps task 0
+        forgets every embedded lease, so a chief's local view can outlive its
+        lease while a successor is already elected. Blocks for one RPC at most.
+        """
+        lease = self.lease()
+        if lease is None:
+            return None
+        try:
+            self.backend.renew(lease)
+        except CoordinationError as e:
+            with self._lock:
+                if self._lease is lease:
+                    self._lease = None
+            log.warning("%s: not acting as chief: lease epoch %d not confirmed: %s", self.candidate, lease.epoch, e)
+            return None
+        return lease
+
     def _run(self) -> None:
         while not self._closed.is_set():
             if self.lease() is None:

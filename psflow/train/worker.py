@@ -186,7 +186,7 @@ def run_worker(
                 leadership.start()
             client.generation = int(client.stats().get("generation") or 0)
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint_dir,
-                                       leader=leadership.lease if leadership is not None else lambda: None,
+                                       leader=leadership.confirmed_lease if leadership is not None else lambda: None,
                                        timeout=config.connect_timeout)
             resume = resume_position(session, data_config)
             # Runs that can be restored keep a finished worker until every worker finished, so a

@@ -194,10 +194,16 @@ def test_a_sync_run_recovers_from_a_dead_ps_task_0(tmp_path: Path) -> None:
 def test_a_ps_task_dying_before_the_first_periodic_checkpoint_restores_the_initial_one(tmp_path: Path,
                                                                                        baseline_auc: float) -> None:
     """The chief saves the initial state when the session starts (as TF's saver does at step 0),
-    so a ps task that dies before the first periodic checkpoint (every 250 steps) is restored too."""
+    so a ps task that dies before the first periodic checkpoint is restored too."""
     out = tmp_path / "run"
-    r = train(out, "--restart-policy", "on-failure", "--chaos", "kill:ps:1@step=100")
+    # Periodic checkpoints every 2,000 steps (the later flag wins), so the kill lands before the
+    # first one even when a loaded machine delays it by hundreds of steps.
+    r = train(out, "--restart-policy", "on-failure", "--chaos", "kill:ps:1@step=100", "--save-checkpoints-steps", "2000")
     assert r.returncode == 0, r.stderr[-3000:]
     check_run(out, baseline_auc)
     logs = (out / "logs" / "worker-0.log").read_text() + (out / "logs" / "worker-1.log").read_text()
-    assert re.search(r"restored checkpoint \S+ckpt-000000000 \(step 0\) onto every ps task", logs), logs[-3000:]
+    restored = re.search(r"restored checkpoint \S+ \(step (\d+)\) onto every ps task", logs)
+    assert restored, logs[-3000:]
+    assert int(restored.group(1)) < 100  # the one saved when the session started (step 0, or a few steps on)
+    (fault,) = json.loads((out / "metrics.json").read_text())["faults"]
+    assert fault["at_step"] < 2000, fault
