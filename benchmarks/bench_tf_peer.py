@@ -89,6 +89,9 @@ def snapshot_psflow(rev: str, workdir: str) -> tuple[str, str]:
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
     sys.path.insert(0, dest)
     os.environ["PYTHONPATH"] = dest + os.pathsep + os.environ.get("PYTHONPATH", "")
+    # Task processes run ``python -m psflow...``, which puts their working directory first on
+    # sys.path: from the repository root they would import the working tree, not the snapshot.
+    os.chdir(dest)
     return commit, f"{commit[:10]} (git archive snapshot)"
 
 
@@ -436,6 +439,8 @@ def main() -> None:
                                                       os.path.join(REPO, "shared", "bench", "tf_peer")] if os.path.isdir(h)), None)
     if args.harness is None:
         p.error("the shared harness (shared/bench/tf_peer) was not found; pass --harness")
+    args.workdir, args.harness = os.path.abspath(args.workdir), os.path.abspath(args.harness)
+    args.tf_venv = os.path.abspath(args.tf_venv) if args.tf_venv else None
     args.tf_python = os.path.join(args.tf_venv, "bin", "python") if args.tf_venv else None
     if args.tf_python and not os.path.exists(args.tf_python):
         p.error(f"--tf-venv {args.tf_venv}: no bin/python there")
