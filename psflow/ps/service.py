@@ -287,14 +287,13 @@ class ParameterService:
             return self._gate.wait_for(lambda: self._inflight == 0, timeout=drain_timeout)
 
     def finish_restore(self, generation: int, step: int | None) -> None:
-        """Marks this task ready at ``generation`` after a restore; in sync mode, the
-        sync step starts over at the restored global_step ``step``."""
+        """Takes the restore's ``generation`` (the caller then marks the task ready); in sync
+        mode, the sync step starts over at the restored global_step ``step``."""
         if step is not None and self.aggregator is not None:
             if self.global_step is None:  # ps task 0's counter is global_step itself, set by LoadShard
                 self._sync_step.set(step)
             self.aggregator.reset()
         self.generation = generation
-        self.ready = True
 
     def _push(self, frame: Frame) -> Reply:
         plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]] = []

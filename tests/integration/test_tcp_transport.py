@@ -110,10 +110,8 @@ def test_a_call_behind_an_uncollected_one_fails_at_its_deadline_not_never(ps) ->
     _, client = ps
     channel = client.channels[0]
     first = channel.call_async("Stats")  # sent, not collected yet
-    started = time.monotonic()
-    second = channel.call_async("Stats", timeout=0.3)
-    with pytest.raises(DeadlineExceededError, match="busy with an earlier call"):
+    second = channel.call_async("Stats", timeout=0.3)  # a hang here is caught by the test's timeout
+    with pytest.raises(DeadlineExceededError, match="busy with an earlier call for 0.3 s"):
         second.result()
-    assert time.monotonic() - started < 5
     assert first.result().meta["task"] == "/job:ps/task:0"  # the first one is still answered
     assert channel.call("Stats").meta["task"] == "/job:ps/task:0"  # and the connection is free again
