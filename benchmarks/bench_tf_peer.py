@@ -85,8 +85,14 @@ def snapshot_psflow(rev: str, workdir: str) -> tuple[str, str]:
     dest = os.path.join(workdir, "psflow-src", commit[:12])
     if not os.path.isdir(os.path.join(dest, "psflow")):
         os.makedirs(dest, exist_ok=True)
-        archive = subprocess.run(["git", "-C", REPO, "archive", commit, "psflow"], capture_output=True, check=True).stdout
+        # setup.py (with the files it reads) builds the C input kernels, at commits that have them.
+        extra = [p for p in ("setup.py", "pyproject.toml", "README.md")
+                 if subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{commit}:{p}"], capture_output=True).returncode == 0]
+        archive = subprocess.run(["git", "-C", REPO, "archive", commit, "psflow", *extra], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+        if "setup.py" in extra:
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest, check=True,
+                           capture_output=True)
     sys.path.insert(0, dest)
     os.environ["PYTHONPATH"] = dest + os.pathsep + os.environ.get("PYTHONPATH", "")
     # Task processes run ``python -m psflow...``, which puts their working directory first on
@@ -446,6 +452,11 @@ def main() -> None:
         p.error(f"--tf-venv {args.tf_venv}: no bin/python there")
     os.makedirs(os.path.join(args.workdir, "runs"), exist_ok=True)
     commit, label = snapshot_psflow(args.psflow_rev, args.workdir)
+    try:
+        from psflow.data.native import implementation  # the measured snapshot's, imported after snapshot_psflow
+        label += f"; input loops: {implementation()}"
+    except ImportError:
+        label += "; input loops: numpy"
     data, formats = prepare_data(args)
     runs = measure(args, data, formats)
     meta = {"command": "benchmarks/bench_tf_peer.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

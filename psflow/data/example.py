@@ -34,6 +34,7 @@ import numpy.typing as npt
 
 from psflow.data import example_pb
 from psflow.data.batch import SparseBatch, gather_ranges
+from psflow.data.native import NATIVE
 from psflow.data.schema import FixedLenFeature, Schema, SparseFeature, VarLenFeature
 
 __all__ = [
@@ -190,6 +191,18 @@ def _decode_varints(
     raw: npt.NDArray[np.uint8], p0: npt.NDArray[np.int64], p1: npt.NDArray[np.int64]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
     """Decodes packed varints in each byte range; returns (int64 values, count per range) or None if malformed."""
+    if NATIVE is not None:
+        values = np.empty(int((p1 - p0).sum()), dtype=np.int64)
+        counts = np.empty(len(p0), dtype=np.int64)
+        total = NATIVE.decode_varints(raw, p0, p1, values, counts)
+        return None if total < 0 else (values[:total], counts)
+    return _decode_varints_numpy(raw, p0, p1)
+
+
+def _decode_varints_numpy(
+    raw: npt.NDArray[np.uint8], p0: npt.NDArray[np.int64], p1: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+    """:func:`_decode_varints` in numpy (no extension)."""
     lengths = p1 - p0
     b = raw[gather_ranges(p0, lengths)]
     term = b < 0x80
@@ -275,6 +288,10 @@ def _decode_lists(
         nbytes = b1 - p0
         if np.any(nbytes % 4):
             return None
+        if NATIVE is not None:
+            out = np.empty(int(nbytes.sum()) // 4, dtype=np.float32)  # the extension is little-endian only, like "<f4"
+            NATIVE.copy_ranges(raw, p0, nbytes, out)
+            return out, nbytes // 4
         floats = np.ndarray((len(raw) - 3,), dtype="<f4", buffer=raw.data, strides=(1,))
         return floats[gather_ranges(p0, nbytes // 4, step=4)].astype(np.float32), nbytes // 4
     return _decode_varints(raw, p0, b1)

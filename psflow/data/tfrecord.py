@@ -34,6 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.data.api import BadRecordError, DataError
+from psflow.data.native import NATIVE
 from psflow.data.source import BLOCK_SIZE, iter_blocks, resolve_compression
 
 __all__ = [
@@ -113,8 +114,17 @@ class RecordChunk:
     eof: bool
 
 
-def _frame(buf: bytes) -> tuple[list[int], int]:
+def _frame(buf: bytes) -> tuple[npt.NDArray[np.int64], int]:
     """Walks record headers; returns header positions of complete records and the end of the last."""
+    if NATIVE is not None:
+        heads = np.empty(len(buf) // _OVERHEAD + 1, dtype=np.int64)
+        n, end = NATIVE.frame(buf, heads)
+        return heads[:n], int(end)
+    return _frame_numpy(buf)
+
+
+def _frame_numpy(buf: bytes) -> tuple[npt.NDArray[np.int64], int]:
+    """:func:`_frame` in Python (no extension)."""
     unpack = _U64.unpack_from
     heads: list[int] = []
     append = heads.append
@@ -126,7 +136,7 @@ def _frame(buf: bytes) -> tuple[list[int], int]:
             break
         append(pos)
         pos = end
-    return heads, pos
+    return np.asarray(heads, dtype=np.int64), pos
 
 
 def iter_record_chunks(
@@ -161,7 +171,7 @@ def iter_record_chunks(
         heads, end = _frame(buf)
         n, end, damage = _check_headers(path, buf, heads, end, eof, base, record)
         if n or (eof and damage is None):
-            starts = np.asarray(heads[:n], dtype=np.int64)
+            starts = heads[:n]
             lengths = _gather_u64(buf, starts)
             yield RecordChunk(
                 buf=buf,
@@ -191,23 +201,22 @@ def _gather_u64(buf: bytes, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int
 
 
 def _check_headers(
-    path: str, buf: bytes, heads: list[int], end: int, eof: bool, base: int, record: int
+    path: str, buf: bytes, heads: npt.NDArray[np.int64], end: int, eof: bool, base: int, record: int
 ) -> tuple[int, int, BadRecordError | None]:
     """Finds the first framing damage in ``buf``: bad length checksum or truncation.
 
     Returns:
         (number of good records, end of the last good one in ``buf``, the damage or None).
     """
-    if heads:
-        starts = np.asarray(heads, dtype=np.int64)
+    if heads.size:
         raw = np.frombuffer(buf, dtype=np.uint8)
-        header_bytes = raw[starts[:, None] + np.arange(_HEADER, dtype=np.int64)]
+        header_bytes = raw[heads[:, None] + np.arange(_HEADER, dtype=np.int64)]
         want = header_bytes[:, 8:12].copy().view("<u4")[:, 0].astype(np.uint64)
         bad = np.flatnonzero(_masked_crc_of_u64s(header_bytes[:, :8]) != want)
         if bad.size:
             k = int(bad[0])
-            damage = BadRecordError(path, "length checksum mismatch (corrupt framing)", record=record + k, offset=base + heads[k])
-            return k, heads[k], damage
+            damage = BadRecordError(path, "length checksum mismatch (corrupt framing)", record=record + k, offset=base + int(heads[k]))
+            return k, int(heads[k]), damage
     left = len(buf) - end
     if left >= _HEADER and not looks_like_tfrecord(buf[end : end + _HEADER]):
         # Checked before reading on, so a corrupt huge length never makes us buffer the file.
@@ -229,16 +238,27 @@ def check_data_crcs(chunk: RecordChunk, rows: npt.NDArray[np.int64]) -> npt.NDAr
     """Returns the subset of ``rows`` whose data checksum does not match (usually empty)."""
     if rows.size == 0:
         return rows
-    buf = memoryview(chunk.buf)
     starts = chunk.data_starts[rows]
-    ends = starts + chunk.lengths[rows]
+    lengths = chunk.lengths[rows]
+    ends = starts + lengths
+    raw = np.frombuffer(chunk.buf, dtype=np.uint8)
+    want = raw[ends[:, None] + np.arange(4)].copy().view("<u4")[:, 0]
+    if NATIVE is not None:
+        got = np.empty(len(rows), dtype=np.uint32)
+        NATIVE.masked_crc32c_ranges(chunk.buf, starts, lengths, got)
+    else:
+        got = _masked_crcs_numpy(chunk.buf, starts, ends)
+    bad: npt.NDArray[np.int64] = rows[got != want]
+    return bad
+
+
+def _masked_crcs_numpy(buf: bytes, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> npt.NDArray[np.uint32]:
+    """Masked CRC32C of each ``buf[starts[i]:ends[i]]`` through the crc32c package (no extension)."""
+    view = memoryview(buf)
     # map() keeps the per-record loop in C: slice objects -> memoryview slices -> crc32c.
     slices = map(slice, starts.tolist(), ends.tolist())
-    got = np.array(list(map(_crc32c.crc32c, map(buf.__getitem__, slices))), dtype=np.uint64)
-    raw = np.frombuffer(chunk.buf, dtype=np.uint8)
-    want = raw[ends[:, None] + np.arange(4)].copy().view("<u4")[:, 0].astype(np.uint64)
-    bad: npt.NDArray[np.int64] = rows[_mask(got) != want]
-    return bad
+    got = np.array(list(map(_crc32c.crc32c, map(view.__getitem__, slices))), dtype=np.uint64)
+    return _mask(got).astype(np.uint32)
 
 
 def read_records(path: str, *, compression: str = "auto", check_crc: bool = True) -> Iterator[bytes]:

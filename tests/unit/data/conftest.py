@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from psflow.data import SparseBatch, TFRecordWriter
+from psflow.data import SparseBatch, TFRecordWriter, native
+from psflow.data import example as example_module
+from psflow.data import tfrecord as tfrecord_module
 from psflow.data.example import encode_sparse_examples
 
 REPO = Path(__file__).resolve().parents[3]
@@ -18,6 +21,26 @@ FIXTURES = REPO / "tests" / "data" / "tfrecord_fixtures"
 A9A = REPO / "data" / "a9a" / "a9a"
 A9A_T = REPO / "data" / "a9a" / "a9a.t"
 CRITEO_SAMPLE = REPO.parent / "shared" / "data" / "criteo" / "criteo_1tb_day0_10k.txt"
+
+
+def require_native() -> None:
+    """Skips the test when the C extension was not built, or fails it under ``PSFLOW_REQUIRE_NATIVE=1``."""
+    if native.NATIVE is None:
+        if os.environ.get("PSFLOW_REQUIRE_NATIVE") == "1":
+            pytest.fail("PSFLOW_REQUIRE_NATIVE=1 but psflow.data._native is not importable (not built?)")
+        pytest.skip(f"psflow.data._native not built or disabled by {native.ENV}=0")
+
+
+@pytest.fixture(scope="module", params=["c", "numpy"])
+def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Runs a module's tests once with the C loops and once with the numpy loops (see psflow.data.native)."""
+    if request.param == "c":
+        require_native()
+    with pytest.MonkeyPatch.context() as patch:
+        loops = native.NATIVE if request.param == "c" else None
+        patch.setattr(tfrecord_module, "NATIVE", loops)
+        patch.setattr(example_module, "NATIVE", loops)
+        yield str(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,9 @@ from hypothesis import strategies as st
 from psflow.data import FixedLenFeature, Ragged, Schema, SparseFeature, VarLenFeature, encode_example, parse_examples
 from psflow.data.example_pb import descriptor_proto, example_class
 
+# Every test runs with the C loops and with the numpy loops (psflow.data.native).
+pytestmark = pytest.mark.usefixtures("implementation")
+
 REPO = Path(__file__).resolve().parents[3]
 
 # proto2 rules parse the same wire format without insisting on UTF-8 map keys,

@@ -40,6 +40,9 @@ MIXED = Schema(
 FILES = {"sparse_lr.tfrecord": SPARSE, "sparse_lr.tfrecord.gz": SPARSE, "mixed.tfrecord": MIXED}
 
 
+# Every test runs with the C loops and with the numpy loops (psflow.data.native).
+pytestmark = pytest.mark.usefixtures("implementation")
+
 def test_fixture_files_are_intact(fixtures_dir: Path, fixtures_json: dict[str, Any]) -> None:
     for name, info in fixtures_json["files"].items():
         data = (fixtures_dir / name).read_bytes()

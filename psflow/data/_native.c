@@ -1,0 +1,392 @@
+/*
+ * psflow.data._native: the input pipeline's per-byte loops, in C.
+ *
+ * Kernels that numpy can only vectorize with many passes over the data
+ * (or not at all: walking a chain of TFRecord headers is sequential):
+ *
+ *   frame(buf, heads)                          TFRecord header walk
+ *   masked_crc32c_ranges(buf, starts, lengths, out)   one masked CRC32C per record
+ *   decode_varints(buf, p0, p1, values, counts)       packed varint lists
+ *   copy_ranges(buf, starts, lengths, out)     byte ranges, concatenated (packed floats)
+ *   crc32c(data, software=False)               one CRC32C (for tests)
+ *
+ * Each has a pure-numpy twin in psflow/data (tfrecord.py, example.py) that
+ * gives the same results; psflow/data/native.py picks this module when it
+ * was built and the twin otherwise.  The tests compare the two on random
+ * and malformed input.
+ *
+ * Guarantees: arguments are checked before any byte is read (types, sizes,
+ * every range inside the buffer), so a wrong call raises ValueError or
+ * TypeError instead of reading or writing out of bounds.  The loops run with
+ * the GIL released: other threads (the trainer, RPCs) run meanwhile.  The
+ * caller must not resize the buffers concurrently (numpy arrays and bytes
+ * cannot be resized while a buffer view is held).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- CRC32C (Castagnoli), software: slicing by 8 ------------------------- */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t crc_software(uint32_t crc, const uint8_t *p, size_t n) {
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) { crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF]; n--; }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        w ^= crc; /* little-endian hosts; see the check in the module init */
+        crc = crc_table[7][w & 0xFF] ^ crc_table[6][(w >> 8) & 0xFF] ^ crc_table[5][(w >> 16) & 0xFF] ^
+              crc_table[4][(w >> 24) & 0xFF] ^ crc_table[3][(w >> 32) & 0xFF] ^ crc_table[2][(w >> 40) & 0xFF] ^
+              crc_table[1][(w >> 48) & 0xFF] ^ crc_table[0][w >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
+    return ~crc;
+}
+
+/* ---- CRC32C, hardware (SSE 4.2 on x86-64), chosen at import ------------- */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <nmmintrin.h>
+__attribute__((target("sse4.2"))) static uint32_t crc_sse42(uint32_t crc, const uint8_t *p, size_t n) {
+    uint64_t c = ~crc;
+    while (n && ((uintptr_t)p & 7)) { c = _mm_crc32_u8((uint32_t)c, *p++); n--; }
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        c = _mm_crc32_u64(c, w);
+        p += 8;
+        n -= 8;
+    }
+    while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
+    return ~(uint32_t)c;
+}
+#define HAVE_SSE42_PATH 1
+#else
+#define HAVE_SSE42_PATH 0
+#endif
+
+typedef uint32_t (*crc_fn)(uint32_t, const uint8_t *, size_t);
+static crc_fn crc_best = crc_software;
+static int crc_hardware = 0;
+
+static inline uint32_t mask_crc(uint32_t c) { return ((c >> 15) | (c << 17)) + 0xA282EAD8u; }
+
+/* ---- argument helpers --------------------------------------------------- */
+
+/* A contiguous buffer of 8-byte signed integers (numpy int64). */
+static int get_i64(PyObject *obj, Py_buffer *view, int writable, const char *name) {
+    if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (view->itemsize != 8 || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int64 array, got format %s", name, view->format);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static int get_u32(PyObject *obj, Py_buffer *view, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    const char *f = view->format ? view->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (view->itemsize != 4 || (strcmp(f, "I") != 0 && strcmp(f, "L") != 0)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a uint32 array, got format %s", name, view->format);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every [start, start + length) inside [0, size)?  Sets ValueError naming the first that is not. */
+static int check_ranges(const int64_t *start, const int64_t *length, Py_ssize_t n, Py_ssize_t size, const char *what) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (start[i] < 0 || length[i] < 0 || start[i] > (int64_t)size || length[i] > (int64_t)size - start[i]) {
+            PyErr_Format(PyExc_ValueError, "%s %zd: [%lld, +%lld) is outside the %zd-byte buffer", what, i,
+                         (long long)start[i], (long long)length[i], size);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- frame -------------------------------------------------------------- */
+
+PyDoc_STRVAR(frame_doc,
+"frame(buf, heads) -> (n, end)\n\n"
+"Walks TFRecord headers from offset 0 of buf: writes the header offset of each complete record\n"
+"(length + 16 bytes fit in buf) to heads (int64, len(buf) // 16 + 1 slots suffice) and returns\n"
+"their count and the offset just after the last one.  Checksums are not looked at.");
+
+static PyObject *native_frame(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *heads_obj;
+    if (!PyArg_ParseTuple(args, "OO:frame", &buf_obj, &heads_obj)) return NULL;
+    Py_buffer buf, heads;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_i64(heads_obj, &heads, 1, "heads") < 0) { PyBuffer_Release(&buf); return NULL; }
+    const uint8_t *p = buf.buf;
+    uint64_t size = (uint64_t)buf.len, pos = 0;
+    Py_ssize_t cap = heads.len / 8, n = 0;
+    int64_t *out = heads.buf;
+    int full = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (size - pos >= 12) {
+        uint64_t length;
+        memcpy(&length, p + pos, 8);
+        if (length > size - pos - 12 || 4 > size - pos - 12 - length) break; /* incomplete record */
+        if (n == cap) { full = 1; break; }
+        out[n++] = (int64_t)pos;
+        pos += 16 + length;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&heads);
+    if (full) {
+        PyErr_SetString(PyExc_ValueError, "frame: heads is too small (give it len(buf) // 16 + 1 slots)");
+        return NULL;
+    }
+    return Py_BuildValue("nK", n, (unsigned long long)pos);
+}
+
+/* ---- masked_crc32c_ranges ----------------------------------------------- */
+
+PyDoc_STRVAR(ranges_doc,
+"masked_crc32c_ranges(buf, starts, lengths, out)\n\n"
+"out[i] = TFRecord's masked CRC32C of buf[starts[i]:starts[i] + lengths[i]] (out: uint32).");
+
+static PyObject *native_masked_crc32c_ranges(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:masked_crc32c_ranges", &buf_obj, &s_obj, &l_obj, &o_obj)) return NULL;
+    Py_buffer buf, s, l, o;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_i64(s_obj, &s, 0, "starts") < 0) goto fail_buf;
+    if (get_i64(l_obj, &l, 0, "lengths") < 0) goto fail_s;
+    if (get_u32(o_obj, &o, "out") < 0) goto fail_l;
+    Py_ssize_t n = s.len / 8;
+    if (l.len / 8 != n || o.len / 4 != n) {
+        PyErr_SetString(PyExc_ValueError, "masked_crc32c_ranges: starts, lengths and out differ in length");
+        goto fail_o;
+    }
+    if (check_ranges(s.buf, l.buf, n, buf.len, "record") < 0) goto fail_o;
+    {
+        const uint8_t *p = buf.buf;
+        const int64_t *st = s.buf, *ln = l.buf;
+        uint32_t *out = o.buf;
+        crc_fn crc = crc_best;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = mask_crc(crc(0, p + st[i], (size_t)ln[i]));
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&l);
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&buf);
+    Py_RETURN_NONE;
+fail_o:
+    PyBuffer_Release(&o);
+fail_l:
+    PyBuffer_Release(&l);
+fail_s:
+    PyBuffer_Release(&s);
+fail_buf:
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
+/* ---- decode_varints ----------------------------------------------------- */
+
+PyDoc_STRVAR(varints_doc,
+"decode_varints(buf, p0, p1, values, counts) -> total\n\n"
+"Decodes the packed varints in each byte range buf[p0[i]:p1[i]] into values (int64, the low 64\n"
+"bits of each varint, in order; sum(p1 - p0) slots suffice) and counts[i] (int64).  Returns the\n"
+"number of values, or -1 if a range ends inside a varint or a varint is longer than 10 bytes.");
+
+static PyObject *native_decode_varints(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *a_obj, *b_obj, *v_obj, *c_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO:decode_varints", &buf_obj, &a_obj, &b_obj, &v_obj, &c_obj)) return NULL;
+    Py_buffer buf, a, b, v, c;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_i64(a_obj, &a, 0, "p0") < 0) goto fail_buf;
+    if (get_i64(b_obj, &b, 0, "p1") < 0) goto fail_a;
+    if (get_i64(v_obj, &v, 1, "values") < 0) goto fail_b;
+    if (get_i64(c_obj, &c, 1, "counts") < 0) goto fail_v;
+    Py_ssize_t n = a.len / 8;
+    if (b.len / 8 != n || c.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "decode_varints: p0, p1 and counts differ in length");
+        goto fail_c;
+    }
+    {
+        const int64_t *p0 = a.buf, *p1 = b.buf;
+        int64_t need = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (p0[i] < 0 || p1[i] < p0[i] || p1[i] > (int64_t)buf.len) {
+                PyErr_Format(PyExc_ValueError, "decode_varints: range %zd [%lld, %lld) is outside the %zd-byte buffer",
+                             i, (long long)p0[i], (long long)p1[i], buf.len);
+                goto fail_c;
+            }
+            need += p1[i] - p0[i];
+        }
+        if (need > v.len / 8) {
+            PyErr_SetString(PyExc_ValueError, "decode_varints: values is too small (give it sum(p1 - p0) slots)");
+            goto fail_c;
+        }
+        const uint8_t *p = buf.buf;
+        uint64_t *out = v.buf;
+        int64_t *counts = c.buf;
+        int64_t total = 0;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            int64_t pos = p0[i], end = p1[i], before = total;
+            while (pos < end) {
+                uint64_t value = 0;
+                int shift = 0;
+                for (;;) {
+                    uint8_t byte = p[pos++];
+                    value |= (uint64_t)(byte & 0x7F) << shift;
+                    if (byte < 0x80) break;
+                    shift += 7;
+                    if (shift >= 70 || pos >= end) { bad = 1; break; } /* overlong, or cut by the range's end */
+                }
+                if (bad) break;
+                out[total++] = value;
+            }
+            counts[i] = total - before;
+        }
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromLongLong(bad ? -1 : total);
+    }
+fail_c:
+    PyBuffer_Release(&c);
+fail_v:
+    PyBuffer_Release(&v);
+fail_b:
+    PyBuffer_Release(&b);
+fail_a:
+    PyBuffer_Release(&a);
+fail_buf:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* ---- copy_ranges ------------------------------------------------------- */
+
+PyDoc_STRVAR(copy_doc,
+"copy_ranges(buf, starts, lengths, out) -> total\n\n"
+"Copies buf[starts[i]:starts[i] + lengths[i]] for each i, one after the other, to the start of\n"
+"out (a writable buffer of at least sum(lengths) bytes); returns the number of bytes copied.");
+
+static PyObject *native_copy_ranges(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:copy_ranges", &buf_obj, &s_obj, &l_obj, &o_obj)) return NULL;
+    Py_buffer buf, s, l, o;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_i64(s_obj, &s, 0, "starts") < 0) goto fail_buf;
+    if (get_i64(l_obj, &l, 0, "lengths") < 0) goto fail_s;
+    if (PyObject_GetBuffer(o_obj, &o, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto fail_l;
+    Py_ssize_t n = s.len / 8;
+    if (l.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "copy_ranges: starts and lengths differ in length");
+        goto fail_o;
+    }
+    if (check_ranges(s.buf, l.buf, n, buf.len, "range") < 0) goto fail_o;
+    {
+        const int64_t *st = s.buf, *ln = l.buf;
+        int64_t total = 0;
+        for (Py_ssize_t i = 0; i < n; i++) total += ln[i];
+        if (total > (int64_t)o.len) {
+            PyErr_Format(PyExc_ValueError, "copy_ranges: out has %zd bytes, the ranges %lld", o.len, (long long)total);
+            goto fail_o;
+        }
+        const uint8_t *p = buf.buf;
+        uint8_t *out = o.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            memcpy(out, p + st[i], (size_t)ln[i]);
+            out += ln[i];
+        }
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromLongLong(total);
+    }
+fail_o:
+    PyBuffer_Release(&o);
+fail_l:
+    PyBuffer_Release(&l);
+fail_s:
+    PyBuffer_Release(&s);
+fail_buf:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* ---- crc32c (tests) ----------------------------------------------------- */
+
+PyDoc_STRVAR(crc_doc,
+"crc32c(data, software=False) -> int\n\n"
+"The (unmasked) CRC32C of data, by the fastest path or, with software=True, the table path.");
+
+static PyObject *native_crc32c(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"data", "software", NULL};
+    Py_buffer data;
+    int software = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|p:crc32c", kwlist, &data, &software)) return NULL;
+    uint32_t crc = (software ? crc_software : crc_best)(0, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef methods[] = {
+    {"frame", native_frame, METH_VARARGS, frame_doc},
+    {"masked_crc32c_ranges", native_masked_crc32c_ranges, METH_VARARGS, ranges_doc},
+    {"decode_varints", native_decode_varints, METH_VARARGS, varints_doc},
+    {"copy_ranges", native_copy_ranges, METH_VARARGS, copy_doc},
+    {"crc32c", (PyCFunction)(void (*)(void))native_crc32c, METH_VARARGS | METH_KEYWORDS, crc_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "psflow.data._native",
+    "The input pipeline's per-byte loops in C (see psflow/data/native.py).", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    const uint16_t probe = 1;
+    if (*(const uint8_t *)&probe != 1) {
+        PyErr_SetString(PyExc_ImportError, "psflow.data._native supports little-endian hosts only");
+        return NULL;
+    }
+    crc_init();
+#if HAVE_SSE42_PATH
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("sse4.2")) {
+        crc_best = crc_sse42;
+        crc_hardware = 1;
+    }
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "CRC_HARDWARE", crc_hardware) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

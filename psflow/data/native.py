@@ -1,0 +1,49 @@
+"""Which implementation runs the input pipeline's per-byte loops: C or numpy.
+
+Three loops dominate reading TFRecord: walking the record headers, the data
+CRC32C of every record, and decoding packed varints (the ids).  Each exists
+twice, with the same results:
+
+* in C, in the extension ``psflow.data._native`` (``psflow/data/_native.c``),
+  built by ``pip install`` when a C compiler is available; its loops run with
+  the GIL released, so a prefetch thread's parsing overlaps the training
+  step's Python code;
+* in numpy, next to their callers (:mod:`~psflow.data.tfrecord`,
+  :mod:`~psflow.data.example`): used when the extension was not built, or
+  when the environment variable ``PSFLOW_NATIVE=0`` is set at import (to
+  compare the two, or to rule the C code out).
+
+The tests compare both on the same random and malformed input.
+``PSFLOW_REQUIRE_NATIVE=1`` makes the test suite fail instead of skipping the
+C side when the extension is missing (``scripts/test.sh`` sets it wherever a
+C compiler exists).
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+__all__ = ["NATIVE", "ENV", "implementation"]
+
+#: Set to ``0`` to use the numpy loops even when the extension is built.
+ENV = "PSFLOW_NATIVE"
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    try:
+        import psflow.data._native as _native
+    except ImportError:
+        return None
+    return _native
+
+
+#: The extension module, or None when the numpy loops are in use.
+NATIVE: ModuleType | None = _load()
+
+
+def implementation() -> str:
+    """``"c"`` or ``"numpy"``: which loops this process uses (for logs and benchmark reports)."""
+    return "numpy" if NATIVE is None else "c"

@@ -1,0 +1,19 @@
+"""Build step for psflow's optional C kernels (everything else is in pyproject.toml).
+
+``psflow.data._native`` holds the input pipeline's per-byte loops (TFRecord framing, CRC32C,
+packed varints).  It is optional: when no C compiler is available the install goes on and
+psflow uses the numpy versions of the same loops (see ``psflow/data/native.py``).
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "psflow.data._native",
+            ["psflow/data/_native.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        )
+    ]
+)

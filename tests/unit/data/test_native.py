@@ -1,0 +1,221 @@
+"""The C loops (psflow.data._native) against their numpy twins, on random and malformed input."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import crc32c
+import numpy as np
+import pytest
+from conftest import require_native
+from hypothesis import given
+from hypothesis import strategies as st
+
+from psflow.data import BadRecordError, DatasetConfig, SparseBatch, TFRecordWriter, native, open_dataset
+from psflow.data import example as example_module
+from psflow.data import tfrecord as tfrecord_module
+from psflow.data.batch import gather_ranges
+from psflow.data.example import encode_sparse_examples
+
+
+@pytest.fixture(autouse=True)
+def _native() -> None:
+    require_native()
+
+
+def _c() -> Any:
+    assert native.NATIVE is not None
+    return native.NATIVE
+
+
+def _record(data: bytes) -> bytes:
+    header = struct.pack("<Q", len(data))
+    return header + struct.pack("<I", tfrecord_module.masked_crc32c(header)) + data + struct.pack("<I", tfrecord_module.masked_crc32c(data))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value &= (1 << 64) - 1
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+@given(st.lists(st.binary(max_size=300), max_size=20), st.binary(max_size=40))
+def test_frame_matches_the_python_walk(records: list[bytes], tail: bytes) -> None:
+    buf = b"".join(_record(r) for r in records) + tail
+    heads, end = tfrecord_module._frame(buf)
+    want_heads, want_end = tfrecord_module._frame_numpy(buf)
+    assert heads.tolist() == want_heads.tolist()
+    assert end == want_end
+    assert len(heads) >= len(records)  # the tail may happen to frame as more records; never fewer
+
+
+def test_frame_stops_at_a_huge_length_without_reading_past_the_buffer() -> None:
+    buf = _record(b"abc") + struct.pack("<Q", 2**64 - 1) + b"\0" * 20
+    heads, end = tfrecord_module._frame(buf)
+    assert heads.tolist() == [0] and end == 3 + 16
+
+
+def test_frame_refuses_a_too_small_output() -> None:
+    buf = _record(b"x") * 4
+    with pytest.raises(ValueError, match="heads is too small"):
+        _c().frame(buf, np.empty(2, dtype=np.int64))
+
+
+@given(st.binary(max_size=2000))
+def test_crc32c_matches_the_crc32c_package_on_both_paths(data: bytes) -> None:
+    want = crc32c.crc32c(data)
+    assert _c().crc32c(data) == want
+    assert _c().crc32c(data, software=True) == want
+
+
+@given(st.lists(st.binary(max_size=200), min_size=1, max_size=30), st.data())
+def test_masked_crc_ranges_match_the_package(parts: list[bytes], data: st.DataObject) -> None:
+    pad = data.draw(st.binary(max_size=7))  # unaligned starts
+    buf = pad + b"".join(parts)
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    starts = len(pad) + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    got = np.empty(len(parts), dtype=np.uint32)
+    _c().masked_crc32c_ranges(buf, starts, lengths, got)
+    assert got.tolist() == [tfrecord_module.masked_crc32c(p) for p in parts]
+    assert got.tolist() == tfrecord_module._masked_crcs_numpy(buf, starts, starts + lengths).tolist()
+
+
+varint_values = st.one_of(st.integers(0, 127), st.integers(0, 2**21), st.integers(-(2**63), 2**64 - 1))
+
+
+@given(st.lists(st.lists(varint_values, max_size=12), min_size=1, max_size=10), st.binary(max_size=5))
+def test_decode_varints_matches_numpy(lists: list[list[int]], pad: bytes) -> None:
+    bodies = [b"".join(_varint(v) for v in values) for values in lists]
+    buf = np.frombuffer(pad + b"".join(bodies) + b"\x00" * 3, dtype=np.uint8)
+    lengths = np.array([len(b) for b in bodies], dtype=np.int64)
+    p0 = len(pad) + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    p1 = p0 + lengths
+    got = example_module._decode_varints(buf, p0, p1)
+    want = example_module._decode_varints_numpy(buf, p0, p1)
+    assert got is not None and want is not None
+    assert got[0].tolist() == want[0].tolist() == [np.int64(np.uint64(v % 2**64).view(np.int64)) for vs in lists for v in vs]
+    assert got[1].tolist() == want[1].tolist() == [len(v) for v in lists]
+
+
+@given(st.binary(min_size=1, max_size=40), st.integers(0, 39), st.integers(0, 40))
+def test_malformed_varints_are_refused_like_numpy(data: bytes, a: int, b: int) -> None:
+    a, b = min(a, len(data)), min(max(a, b), len(data))
+    buf = np.frombuffer(data, dtype=np.uint8)
+    p0, p1 = np.array([a], dtype=np.int64), np.array([b], dtype=np.int64)
+    got = example_module._decode_varints(buf, p0, p1)
+    want = example_module._decode_varints_numpy(buf, p0, p1)
+    assert (got is None) == (want is None)
+    if got is not None and want is not None:
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
+
+
+def test_an_eleven_byte_varint_and_a_cut_varint_are_refused() -> None:
+    buf = np.frombuffer(b"\x80" * 10 + b"\x01" + b"\x96\x01", dtype=np.uint8)
+    assert example_module._decode_varints(buf, np.array([0]), np.array([11])) is None  # 11 bytes
+    assert example_module._decode_varints(buf, np.array([11]), np.array([12])) is None  # ends inside
+    values, counts = example_module._decode_varints(buf, np.array([11]), np.array([13])) or (None, None)
+    assert values is not None and counts is not None and values.tolist() == [150] and counts.tolist() == [1]
+
+
+@given(st.lists(st.binary(max_size=64), min_size=1, max_size=20))
+def test_copy_ranges_concatenates_like_a_gather(parts: list[bytes]) -> None:
+    buf = np.frombuffer(b"".join(parts) + b"!", dtype=np.uint8)
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    assert _c().copy_ranges(buf, starts, lengths, out) == lengths.sum()
+    assert out.tobytes() == b"".join(parts) == buf[gather_ranges(starts, lengths)].tobytes()
+
+
+@pytest.mark.parametrize("start,length", [(-1, 1), (0, 11), (10, 1), (5, -1), (2**62, 2**62)])
+def test_ranges_outside_the_buffer_raise_before_reading(start: int, length: int) -> None:
+    buf = bytes(10)
+    starts, lengths = np.array([start], dtype=np.int64), np.array([length], dtype=np.int64)
+    with pytest.raises(ValueError, match="outside the 10-byte buffer"):
+        _c().masked_crc32c_ranges(buf, starts, lengths, np.empty(1, dtype=np.uint32))
+    with pytest.raises(ValueError, match="outside the 10-byte buffer"):
+        _c().copy_ranges(buf, starts, lengths, np.empty(64, dtype=np.uint8))
+    if length >= 0:
+        with pytest.raises(ValueError, match="outside the 10-byte buffer"):
+            _c().decode_varints(buf, starts, starts + lengths, np.empty(64, dtype=np.int64), np.empty(1, dtype=np.int64))
+
+
+def test_wrong_dtypes_and_short_outputs_raise() -> None:
+    buf = bytes(16)
+    one = np.array([0], dtype=np.int64)
+    with pytest.raises(TypeError, match="starts must be an int64 array"):
+        _c().masked_crc32c_ranges(buf, one.astype(np.int32), one, np.empty(1, dtype=np.uint32))
+    with pytest.raises(TypeError, match="out must be a uint32 array"):
+        _c().masked_crc32c_ranges(buf, one, one, np.empty(1, dtype=np.int64))
+    with pytest.raises(ValueError, match="differ in length"):
+        _c().masked_crc32c_ranges(buf, one, one, np.empty(2, dtype=np.uint32))
+    with pytest.raises(ValueError, match="values is too small"):
+        _c().decode_varints(buf, one, one + 16, np.empty(15, dtype=np.int64), np.empty(1, dtype=np.int64))
+    with pytest.raises(ValueError, match="out has 3 bytes"):
+        _c().copy_ranges(buf, one, one + 4, np.empty(3, dtype=np.uint8))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _c().frame(buf, np.empty(4, dtype=np.int64)[::2])
+
+
+def _write_sparse(path: Path, n: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 40, n)
+    indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ids = rng.integers(0, 2**40, int(indptr[-1])).astype(np.int64)
+    values = rng.standard_normal(int(indptr[-1])).astype(np.float32)
+    labels = rng.integers(0, 2, n).astype(np.float32)
+    with TFRecordWriter(str(path)) as writer:
+        for record in encode_sparse_examples(labels, indptr, ids, values):
+            writer.write(record)
+
+
+def _read(path: Path, monkeypatch: pytest.MonkeyPatch, loops: Any) -> tuple[list[SparseBatch], str | None]:
+    monkeypatch.setattr(tfrecord_module, "NATIVE", loops)
+    monkeypatch.setattr(example_module, "NATIVE", loops)
+    config = DatasetConfig((str(path),), "tfrecord", batch_size=300, prefetch=0, num_epochs=1, block_size=4096)
+    batches: list[SparseBatch] = []
+    try:
+        with open_dataset(config, start=False) as dataset:
+            batches.extend(dataset)
+    except BadRecordError as e:
+        return batches, str(e)
+    return batches, None
+
+
+@pytest.mark.parametrize("damage", [None, "data", "length"])
+def test_a_file_reads_the_same_through_both_implementations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str | None) -> None:
+    path = tmp_path / "part.tfrecord"
+    _write_sparse(path, 2000, seed=7)
+    if damage is not None:
+        raw = bytearray(path.read_bytes())
+        heads, _ = tfrecord_module._frame_numpy(bytes(raw))
+        at = int(heads[1234]) + (20 if damage == "data" else 2)
+        raw[at] ^= 0x40
+        path.write_bytes(bytes(raw))
+    c_batches, c_error = _read(path, monkeypatch, native.NATIVE)
+    np_batches, np_error = _read(path, monkeypatch, None)
+    assert c_error == np_error
+    assert (c_error is None) == (damage is None)
+    if damage is not None:
+        assert c_error is not None and "record 1234" in c_error
+    assert len(c_batches) == len(np_batches) > 0
+    for a, b in zip(c_batches, np_batches, strict=True):
+        for name in ("labels", "indptr", "ids", "values"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_the_environment_switch_picks_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.ENV, "0")
+    assert native._load() is None
+    monkeypatch.setenv(native.ENV, "1")
+    assert native._load() is not None
+    assert native.implementation() == "c"
