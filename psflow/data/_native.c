@@ -8,6 +8,7 @@
  *   masked_crc32c_ranges(buf, starts, lengths, out)   one masked CRC32C per record
  *   decode_varints(buf, p0, p1, values, counts)       packed varint lists
  *   copy_ranges(buf, starts, lengths, out)     byte ranges, concatenated (packed floats)
+ *   walk_examples(buf, starts, lengths, out)   the map entries of serialized tf.train.Examples
  *   crc32c(data, software=False)               one CRC32C (for tests)
  *
  * Each has a pure-numpy twin in psflow/data (tfrecord.py, example.py) that
@@ -338,6 +339,115 @@ fail_buf:
     return result;
 }
 
+/* ---- walk_examples ------------------------------------------------------ */
+
+/* The varint at p[pos] if it ends before limit and has at most 5 bytes; *nbytes = 0 otherwise. */
+static inline int64_t varint5(const uint8_t *p, int64_t pos, int64_t limit, int *nbytes) {
+    int64_t value = 0;
+    for (int j = 0; j < 5; j++) {
+        if (pos + j >= limit) break;
+        uint8_t byte = p[pos + j];
+        value |= (int64_t)(byte & 0x7F) << (7 * j);
+        if (byte < 0x80) { *nbytes = j + 1; return value; }
+    }
+    *nbytes = 0;
+    return 0;
+}
+
+PyDoc_STRVAR(walk_doc,
+"walk_examples(buf, starts, lengths, out) -> count\n\n"
+"Finds the feature-map entries of the serialized Examples buf[starts[i]:starts[i] + lengths[i]],\n"
+"in the canonical layout (example.py's _walk): Example{1: Features{1: entry}*}, entry{1: key,\n"
+"2: Feature{tag list}}.  out is int64 [6, cap] (cap >= sum(lengths) // 6 + 1); column j of the\n"
+"count entries found, record by record, is: record index, key start, key length, list kind\n"
+"(1 bytes, 2 float, 3 int64, 0 unset), list body start, list body end.  Returns -1 if a record\n"
+"is not in that layout (the caller then uses the protobuf runtime).");
+
+static PyObject *native_walk_examples(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:walk_examples", &buf_obj, &s_obj, &l_obj, &o_obj)) return NULL;
+    Py_buffer buf, s, l, o;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_i64(s_obj, &s, 0, "starts") < 0) goto fail_buf;
+    if (get_i64(l_obj, &l, 0, "lengths") < 0) goto fail_s;
+    if (get_i64(o_obj, &o, 1, "out") < 0) goto fail_l;
+    Py_ssize_t n = s.len / 8;
+    if (l.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "walk_examples: starts and lengths differ in length");
+        goto fail_o;
+    }
+    if (check_ranges(s.buf, l.buf, n, buf.len, "record") < 0) goto fail_o;
+    {
+        const int64_t *st = s.buf, *ln = l.buf;
+        int64_t total = 0;
+        for (Py_ssize_t i = 0; i < n; i++) total += ln[i];
+        Py_ssize_t cap = o.len / 8 / 6;
+        if (o.len % 48 != 0 || cap < total / 6 + 1) {
+            PyErr_SetString(PyExc_ValueError, "walk_examples: out must be int64 [6, cap] with cap >= sum(lengths) // 6 + 1");
+            goto fail_o;
+        }
+        const uint8_t *p = buf.buf;
+        int64_t *rec_o = (int64_t *)o.buf, *ks_o = rec_o + cap, *kl_o = ks_o + cap, *kind_o = kl_o + cap,
+                *b0_o = kind_o + cap, *b1_o = b0_o + cap;
+        Py_ssize_t count = 0;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            int64_t pos = st[i], end = st[i] + ln[i];
+            if (ln[i] == 0) continue; /* an empty Example */
+            int nb;
+            if (p[pos] != 0x0A) { bad = 1; break; }
+            int64_t size = varint5(p, pos + 1, end, &nb);
+            if (nb == 0 || pos + 1 + nb + size != end) { bad = 1; break; }
+            int64_t cur = pos + 1 + nb;
+            while (cur < end) {
+                /* entry: 0x0A le { 0x0A lk key  0x12 lf { tag ll list } } */
+                int nb1, nb2, nb3, nb4 = 1;
+                if (p[cur] != 0x0A) { bad = 1; break; }
+                int64_t le = varint5(p, cur + 1, end, &nb1);
+                int64_t e0 = cur + 1 + nb1, e1 = e0 + le;
+                if (nb1 == 0 || e1 > end || e0 >= end || p[e0] != 0x0A) { bad = 1; break; }
+                int64_t lk = varint5(p, e0 + 1, end, &nb2);
+                int64_t k0 = e0 + 1 + nb2, k1 = k0 + lk;
+                if (nb2 == 0 || k1 >= end || p[k1] != 0x12) { bad = 1; break; }
+                int64_t lf = varint5(p, k1 + 1, end, &nb3);
+                int64_t f0 = k1 + 1 + nb3;
+                if (nb3 == 0 || f0 + lf != e1) { bad = 1; break; }
+                int64_t kind = 0, b0 = e1;
+                if (lf > 0) {
+                    int64_t tag = p[f0];
+                    int64_t ll = varint5(p, f0 + 1, end, &nb4);
+                    int64_t l0 = f0 + 1 + nb4;
+                    if ((tag & 7) != 2 || tag < 0x08 || tag > 0x1F || nb4 == 0 || l0 + ll != e1) { bad = 1; break; }
+                    kind = tag >> 3;
+                    b0 = l0;
+                }
+                if (count == cap) { bad = 1; break; } /* cannot happen: every entry has >= 6 bytes */
+                rec_o[count] = i;
+                ks_o[count] = k0;
+                kl_o[count] = lk;
+                kind_o[count] = kind;
+                b0_o[count] = b0;
+                b1_o[count] = e1;
+                count++;
+                cur = e1;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromSsize_t(bad ? -1 : count);
+    }
+fail_o:
+    PyBuffer_Release(&o);
+fail_l:
+    PyBuffer_Release(&l);
+fail_s:
+    PyBuffer_Release(&s);
+fail_buf:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 /* ---- crc32c (tests) ----------------------------------------------------- */
 
 PyDoc_STRVAR(crc_doc,
@@ -359,6 +469,7 @@ static PyMethodDef methods[] = {
     {"masked_crc32c_ranges", native_masked_crc32c_ranges, METH_VARARGS, ranges_doc},
     {"decode_varints", native_decode_varints, METH_VARARGS, varints_doc},
     {"copy_ranges", native_copy_ranges, METH_VARARGS, copy_doc},
+    {"walk_examples", native_walk_examples, METH_VARARGS, walk_doc},
     {"crc32c", (PyCFunction)(void (*)(void))native_crc32c, METH_VARARGS | METH_KEYWORDS, crc_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -49,6 +49,10 @@ class SparseBatch:
             shifted to 0-based; Criteo ids are the hashed ids).
         values: float32 ``[nnz]``.
         dense: fixed-length features by name, each with first axis ``n``.
+        extras: arrays derived from the whole batch by the input pipeline's
+            ``prepare`` step (:func:`~psflow.data.dataset.open_dataset`), e.g. a
+            model's unique ids computed in the reader process; not features.
+            :meth:`slice`, :meth:`take` and :meth:`concat` drop them.
 
     Instances are plain containers; methods never modify ``self``.
     """
@@ -58,6 +62,7 @@ class SparseBatch:
     ids: npt.NDArray[np.int64]
     values: npt.NDArray[np.float32]
     dense: dict[str, npt.NDArray[np.generic]] = field(default_factory=dict)
+    extras: dict[str, npt.NDArray[np.generic]] = field(default_factory=dict)
 
     @property
     def num_examples(self) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
@@ -53,6 +53,8 @@ __all__ = ["Dataset", "open_dataset", "read_all"]
 logger = logging.getLogger("psflow.data")
 
 _Item = tuple[SparseBatch, ReaderPosition]
+#: A per-batch step run by the reader (see :func:`open_dataset`).
+Prepare = Callable[[SparseBatch], SparseBatch]
 
 #: Batches a reader process may run ahead. Parsing comes in bursts (a whole read block, ~20 batches
 #: of 512 at a time), so a shallow ring would stall the consumer at every block; 64 slots of
@@ -65,14 +67,18 @@ _CountedItem = tuple[SparseBatch, ReaderPosition, DatasetStats]  # from a reader
 
 def _take_apart(item: _CountedItem) -> tuple[list[np.ndarray], Any]:
     batch, position, stats = item
-    names = sorted(batch.dense)
-    return [batch.labels, batch.indptr, batch.ids, batch.values, *(batch.dense[k] for k in names)], (names, position, stats)
+    names, extra_names = sorted(batch.dense), sorted(batch.extras)
+    arrays: list[np.ndarray] = [batch.labels, batch.indptr, batch.ids, batch.values, *(batch.dense[k] for k in names),
+              *(batch.extras[k] for k in extra_names)]
+    return arrays, (names, extra_names, position, stats)
 
 
 def _rebuild(arrays: list[np.ndarray], rest: Any) -> _CountedItem:
-    names, position, stats = rest
-    labels, indptr, ids, values, *dense = arrays
-    return SparseBatch(labels, indptr, ids, values, dict(zip(names, dense, strict=True))), position, stats
+    names, extra_names, position, stats = rest
+    labels, indptr, ids, values, *more = arrays
+    dense = dict(zip(names, more[: len(names)], strict=True))
+    extras = dict(zip(extra_names, more[len(names) :], strict=True))
+    return SparseBatch(labels, indptr, ids, values, dense, extras), position, stats
 
 
 class _Counters:
@@ -278,12 +284,14 @@ class Dataset:
     be called from any thread.  Create with :func:`open_dataset`.
     """
 
-    def __init__(self, config: DatasetConfig, *, start: bool, resume_from: ReaderPosition | None = None) -> None:
+    def __init__(self, config: DatasetConfig, *, start: bool, resume_from: ReaderPosition | None = None,
+                 prepare: Prepare | None = None) -> None:
         files = expand_paths(config.paths)
         self.config = config
         self.shard = shard_plan(files, config.num_workers)[config.worker_index]
         self._counters = _Counters(config)
         self._pipeline = _Pipeline(config, self.shard, self._counters)
+        self._prepare = prepare
         first = resume_from if resume_from is not None else self._pipeline.start_position()
         if resume_from is not None:
             self._pipeline.check(resume_from)
@@ -297,15 +305,22 @@ class Dataset:
                                          (_take_apart, _rebuild), name=f"psflow-reader-w{config.worker_index}",
                                          start=start, slot_bytes=PROCESS_SLOT_BYTES)
         elif config.prefetch > 0:
-            self._source = Prefetcher(lambda: self._pipeline(first), config.prefetch, name=f"psflow-data-w{config.worker_index}")
+            self._source = Prefetcher(lambda: self._prepared(first), config.prefetch, name=f"psflow-data-w{config.worker_index}")
             if start:
                 self._source.start()
         else:
-            self._source = self._pipeline(first)
+            self._source = self._prepared(first)
+
+    def _prepared(self, first: ReaderPosition) -> Iterator[_Item]:
+        """The pipeline's items, each batch passed through ``prepare`` (if given)."""
+        prepare = self._prepare
+        if prepare is None:
+            return self._pipeline(first)
+        return ((prepare(batch), position) for batch, position in self._pipeline(first))
 
     def _counted(self, first: ReaderPosition) -> Iterator[_CountedItem]:
         """The pipeline's items with the counters after each (runs in the reader process)."""
-        for batch, position in self._pipeline(first):
+        for batch, position in self._prepared(first):
             yield batch, position, self._counters.snapshot()
 
     def start(self) -> None:
@@ -381,7 +396,8 @@ class Dataset:
         self.close()
 
 
-def open_dataset(config: DatasetConfig, *, start: bool, resume_from: ReaderPosition | None = None) -> Dataset:
+def open_dataset(config: DatasetConfig, *, start: bool, resume_from: ReaderPosition | None = None,
+                 prepare: Prepare | None = None) -> Dataset:
     """Opens a worker's dataset.
 
     Args:
@@ -390,11 +406,17 @@ def open_dataset(config: DatasetConfig, *, start: bool, resume_from: ReaderPosit
         resume_from: a position from :meth:`Dataset.position` of a run with
             the same config; the dataset then yields exactly the records that
             run had not yet handed out, in the same order.
+        prepare: applied to every batch where it is made (the prefetch thread,
+            the reader process, or the consumer's thread), before it is handed
+            out: work moved off the training loop.  It must return a batch
+            with the same rows (it may add :attr:`SparseBatch.extras`); with a
+            reader process it runs in the child, so it must not rely on side
+            effects in the parent.
 
     Raises:
         DataError: no file matches, or ``resume_from`` does not fit the config.
     """
-    return Dataset(config, start=start, resume_from=resume_from)
+    return Dataset(config, start=start, resume_from=resume_from, prepare=prepare)
 
 
 def read_all(paths: Sequence[str] | str, format: str, **options: Any) -> SparseBatch:

@@ -134,7 +134,23 @@ class _Entries:
 
 
 def _walk(raw: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> _Entries | None:
-    """Finds every map entry of every record; None if any record is not in the canonical layout."""
+    """Finds every map entry of every record; None if any record is not in the canonical layout.
+
+    Entries come record by record (C) or entry round by entry round (numpy); callers only rely on
+    the order of entries within a record, which both keep.
+    """
+    if NATIVE is not None:
+        cap = int(lengths.sum()) // 6 + 1  # every entry takes at least 6 bytes
+        out = np.empty((6, cap), dtype=np.int64)
+        count = NATIVE.walk_examples(raw, starts, lengths, out)
+        if count < 0:
+            return None
+        return _Entries(*(out[j, :count] for j in range(6)))
+    return _walk_numpy(raw, starts, lengths)
+
+
+def _walk_numpy(raw: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> _Entries | None:
+    """:func:`_walk` in numpy (no extension)."""
     ends = starts + lengths
     nonempty = np.flatnonzero(lengths > 0)
     p = starts[nonempty]

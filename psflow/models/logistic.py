@@ -14,13 +14,17 @@ One training step (:meth:`LogisticRegression.train_step`):
     3. forward and backward in numpy,
     4. one push per ps task: a sparse gradient of the unique rows, a dense
        one for the bias; returns the global_step this push produced.
+
+Step 1 can run ahead in the input pipeline: :meth:`LogisticRegression.prepare`
+stores the unique ids in the batch's ``extras`` (the in-process fast path runs
+it in the reader process), and the step then uses them as they are.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +52,18 @@ def fold_ids(ids: np.ndarray, num_features: int) -> np.ndarray:
     folded = ids.copy()
     folded[out_of_range] = (h % np.uint64(num_features)).astype(np.int64)
     return folded
+
+
+def _row_sums(batch: SparseBatch, x: np.ndarray) -> np.ndarray:
+    """Per-row sums of ``x`` (one value per non-zero of ``batch``), as float64."""
+    n = batch.num_examples
+    counts = np.diff(batch.indptr)
+    if n and counts.all():
+        # Rows are contiguous runs of the non-zeros: reduceat sums them in order, ~4x faster than
+        # bincount. It needs every row non-empty (an empty row would read its neighbour's first value).
+        sums: np.ndarray = np.add.reduceat(x, batch.indptr[:-1], dtype=np.float64)
+        return sums
+    return np.bincount(np.repeat(np.arange(n), counts), weights=x, minlength=n)
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -92,6 +108,7 @@ class LogisticRegression:
         self.num_features = num_features
         self.partitioner = partitioner
         self._table: np.ndarray | None = None
+        self._extra_keys = (f"logistic.unique_ids.{num_features}", f"logistic.unique_inverse.{num_features}")
         # (next batch, its uniq, inverse, pulled rows, step they were read at), from a push_pull
         self._carry: tuple[SparseBatch, np.ndarray, np.ndarray, dict[str, np.ndarray], int | None] | None = None
 
@@ -102,10 +119,8 @@ class LogisticRegression:
 
     def logits(self, batch: SparseBatch, weights: np.ndarray, bias: float, inverse: np.ndarray | None = None) -> np.ndarray:
         """Logits of a batch given pulled weights (``weights[inverse]`` per non-zero)."""
-        n = batch.num_examples
-        row_of = np.repeat(np.arange(n), np.diff(batch.indptr))
         w = weights[inverse] if inverse is not None else weights
-        return np.bincount(row_of, weights=batch.values * w, minlength=n) + bias
+        return _row_sums(batch, batch.values * w) + bias
 
     def compute(self, batch: SparseBatch, pulled: dict[str, np.ndarray], uniq: np.ndarray,
                 inverse: np.ndarray) -> tuple[dict[str, DenseGradient | SparseGradient], float, np.ndarray]:
@@ -122,13 +137,30 @@ class LogisticRegression:
         probs = sigmoid(z)
         loss = float(np.mean(sigmoid_cross_entropy(z, labels))) if n else 0.0
         d = (probs - labels) / max(n, 1)
-        row_of = np.repeat(np.arange(n), np.diff(batch.indptr))
-        grad_w = np.bincount(inverse, weights=batch.values * d[row_of], minlength=uniq.size)
+        grad_w = np.bincount(inverse, weights=batch.values * np.repeat(d, np.diff(batch.indptr)), minlength=uniq.size)
         grads: dict[str, DenseGradient | SparseGradient] = {
             "weights": SparseGradient(uniq, grad_w.astype(np.float32)[:, None]),
             "bias": DenseGradient(np.array([d.sum()], dtype=np.float32)),
         }
         return grads, loss, probs
+
+    def prepare(self, batch: SparseBatch) -> SparseBatch:
+        """``batch`` with its :meth:`unique_ids` in ``extras``, which :meth:`train_step` then uses.
+
+        For the input pipeline (``open_dataset(prepare=...)``): the work moves
+        off the training loop.  The ids are tagged with ``num_features``, so a
+        model with another id space recomputes them.
+        """
+        uniq, inverse = self.unique_ids(batch)
+        return replace(batch, extras={**batch.extras, self._extra_keys[0]: uniq, self._extra_keys[1]: inverse})
+
+    def _unique(self, batch: SparseBatch) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`unique_ids`, from ``batch.extras`` if :meth:`prepare` put them there."""
+        uniq_key, inverse_key = self._extra_keys
+        uniq = batch.extras.get(uniq_key)
+        if uniq is not None:
+            return uniq, batch.extras[inverse_key]
+        return self.unique_ids(batch)
 
     def unique_ids(self, batch: SparseBatch) -> tuple[np.ndarray, np.ndarray]:
         """``(uniq, inverse)`` of the batch's folded ids: sorted unique ids and, per
@@ -175,7 +207,7 @@ class LogisticRegression:
         if carry is not None and carry[0] is batch:
             _, uniq, inverse, pulled, read_step = carry
         else:
-            uniq, inverse = self.unique_ids(batch)
+            uniq, inverse = self._unique(batch)
             pulled = client.pull({"weights": uniq, "bias": None})
             read_step = client.last_pull_step
         grads, loss, probs = self.compute(batch, pulled, uniq, inverse)
@@ -184,7 +216,7 @@ class LogisticRegression:
         if next_batch is None:
             r = client.push_detailed(grads, examples=batch.num_examples, loss=loss, clock=clock, read_step=read_step)
         else:
-            next_uniq, next_inverse = self.unique_ids(next_batch)
+            next_uniq, next_inverse = self._unique(next_batch)
             r, next_pulled = client.push_pull(grads, {"weights": next_uniq, "bias": None}, examples=batch.num_examples,
                                               loss=loss, clock=clock, read_step=read_step)
             self._carry = (next_batch, next_uniq, next_inverse, next_pulled, client.last_pull_step)

@@ -263,7 +263,10 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Logist
     delay = float(dict(config.extra.get("step_delay", {})).get(str(task_index), 0.0))
     window_start, window_examples = time.monotonic(), 0
     reason = "end of data"
-    with open_dataset(data_config, start=True, resume_from=resume) as dataset:
+    # With a reader process (the in-process fast path) its core has time to spare: the batch's unique
+    # ids are computed there. In a cluster the prefetch thread would contend for this process's GIL.
+    prepare = model.prepare if data_config.reader_process else None
+    with open_dataset(data_config, start=True, resume_from=resume, prepare=prepare) as dataset:
         # One batch of lookahead: the push of a step and the pull of the next share one RPC per ps task.
         batches = iter(dataset)
         batch = next(batches, None)

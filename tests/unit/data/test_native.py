@@ -10,7 +10,7 @@ import crc32c
 import numpy as np
 import pytest
 from conftest import require_native
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from psflow.data import BadRecordError, DatasetConfig, SparseBatch, TFRecordWriter, native, open_dataset
@@ -219,3 +219,42 @@ def test_the_environment_switch_picks_numpy(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(native.ENV, "1")
     assert native._load() is not None
     assert native.implementation() == "c"
+
+
+def _entries(found: Any) -> list[tuple[int, ...]] | None:
+    if found is None:
+        return None
+    columns = [found.rec, found.key_start, found.key_len, found.kind, found.body_start, found.body_end]
+    return sorted(zip(*(c.tolist() for c in columns), strict=True))
+
+
+feature_maps = st.dictionaries(
+    st.text(max_size=6),
+    st.one_of(
+        st.tuples(st.just("int64"), st.lists(st.integers(-(2**63), 2**63 - 1), max_size=5)),
+        st.tuples(st.just("float32"), st.lists(st.floats(width=32, allow_nan=False), max_size=5)),
+        st.tuples(st.just("bytes"), st.lists(st.binary(max_size=4), max_size=3)),
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(feature_maps, min_size=1, max_size=5), st.data())
+def test_walk_matches_numpy_on_valid_and_damaged_records(maps: list[dict[str, tuple[str, list[Any]]]], data: st.DataObject) -> None:
+    records = [bytearray(example_module.encode_example(m)) for m in maps]
+    for record in records:  # damage some bytes of some records
+        for _ in range(data.draw(st.integers(0, 2))):
+            if record:
+                record[data.draw(st.integers(0, len(record) - 1))] = data.draw(st.integers(0, 255))
+    blob = b"".join(bytes(r) for r in records)
+    raw = np.frombuffer(blob + bytes(16), dtype=np.uint8)
+    lengths = np.array([len(r) for r in records], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    assert _entries(example_module._walk(raw, starts, lengths)) == _entries(example_module._walk_numpy(raw, starts, lengths))
+
+
+def test_walk_refuses_a_too_small_output() -> None:
+    record = example_module.encode_example({"a": ("int64", [1])})
+    with pytest.raises(ValueError, match=r"out must be int64 \[6, cap\]"):
+        _c().walk_examples(record, np.array([0]), np.array([len(record)]), np.empty((6, 1), dtype=np.int64))

@@ -200,6 +200,23 @@ def test_dataset_with_a_reader_process_matches_the_thread(numbered_files: Callab
         assert all(getattr(a, f).tobytes() == getattr(b, f).tobytes() for f in fields)
 
 
+def _prepare(batch: SparseBatch) -> SparseBatch:
+    return replace(batch, extras={"row_sums": np.add.reduceat(batch.ids, batch.indptr[:-1]), "n": np.array([batch.num_examples])})
+
+
+def test_prepare_runs_in_the_reader_process_and_its_extras_arrive(numbered_files: Callable[..., list[str]]) -> None:
+    paths = numbered_files("tfrecord", [30, 11])
+    config = DatasetConfig(tuple(paths), "tfrecord", batch_size=7, num_epochs=1, prefetch=2, reader_process=True)
+    with open_dataset(config, start=True, prepare=_prepare) as dataset:
+        batches = list(dataset)
+    assert sum(b.num_examples for b in batches) == 41
+    for batch in batches:
+        want = _prepare(replace(batch, extras={}))
+        assert sorted(batch.extras) == ["n", "row_sums"]
+        assert batch.extras["row_sums"].tolist() == want.extras["row_sums"].tolist()
+        assert batch.extras["n"].tolist() == [batch.num_examples]
+
+
 def test_dataset_reader_process_error_and_close(tmp_path: Path) -> None:
     path = tmp_path / "bad.txt"
     path.write_text("1 1:1\n" * 50 + "1 oops\n")
