@@ -13,8 +13,10 @@ Measured, each in this one thread (prefetch off), best of --repeats runs:
                 into SparseBatch pieces -- the parse throughput
     dataset     open_dataset(...) end to end: reader + batching (batch 512)
     + shuffle   the same with a 10,000-record shuffle buffer
+TFRecord rows are measured twice, with the C loops (psflow/data/_native.c) and
+with their numpy versions ("numpy loops", as with PSFLOW_NATIVE=0), alternated.
 For TFRecord also, on the first 20,000 records:
-    vectorized decoder psflow's numpy decoder alone (no file, framing or CRC)
+    vectorized decoder psflow's vectorized decoder alone (no file, framing or CRC)
     general decoder    psflow's fallback for unusual encodings: protobuf's
                        Example.FromString per record, then schema assembly
     protobuf loop      Example.FromString per record + numpy conversion of
@@ -41,7 +43,9 @@ from bench_async import psflow_run  # noqa: E402
 from results_md import replace_section  # noqa: E402
 from workload import generate  # noqa: E402
 
-from psflow.data import DatasetConfig, TFRecordWriter, open_dataset, read_records  # noqa: E402
+from psflow.data import DatasetConfig, TFRecordWriter, native, open_dataset, read_records  # noqa: E402
+from psflow.data import example as example_module  # noqa: E402
+from psflow.data import tfrecord as tfrecord_module  # noqa: E402
 from psflow.data.example import encode_sparse_examples, parse_examples  # noqa: E402
 from psflow.data.example_pb import example_class  # noqa: E402
 from psflow.data.readers import iter_file  # noqa: E402
@@ -82,6 +86,21 @@ def write_files(root: str, n: int) -> dict[str, str]:
                 rows.append("\t".join(fields) + "\n")
             f.write("".join(rows))
     return paths
+
+
+def with_loops(impl: str, run: Callable[[], int]) -> Callable[[], int]:
+    """``run`` with the C loops (``"c"``) or their numpy versions (``"numpy"``) in the TFRecord reader."""
+    loops = native.NATIVE if impl == "c" else None
+
+    def wrapped() -> int:
+        saved = tfrecord_module.NATIVE, example_module.NATIVE
+        tfrecord_module.NATIVE = example_module.NATIVE = loops
+        try:
+            return run()
+        finally:
+            tfrecord_module.NATIVE, example_module.NATIVE = saved
+
+    return wrapped
 
 
 def best_rate(count: Callable[[], int], repeats: int) -> tuple[float, int]:
@@ -144,6 +163,7 @@ def main() -> int:
         t0 = time.perf_counter()
         paths = write_files(root, args.examples)
         print(f"wrote {args.examples:,} examples per format in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        impls = ["c", "numpy"] if native.NATIVE is not None else ["numpy"]
         cases = [("libsvm", "sparse.libsvm", "libsvm"), ("tfrecord", "sparse.tfrecord", "tfrecord")]
         cases += [("tfrecord gzip", "sparse.tfrecord.gz", "tfrecord"), ("criteo", "day.tsv", "criteo")]
         for label, name, fmt in cases:
@@ -155,19 +175,21 @@ def main() -> int:
                 ("dataset", dataset_count(base)),
                 ("dataset + shuffle", dataset_count(DatasetConfig((path,), fmt, batch_size=512, prefetch=0, shuffle_buffer=10_000))),
             ):
-                rate, records = best_rate(run, args.repeats)
-                rows.append({"format": label, "stage": stage, "records": records, "records_per_s": rate, "file_mb": size / 1e6})
-                print(f"{label:14s} {stage:18s} {rate:12,.0f} records/s", file=sys.stderr)
+                for impl in impls if fmt == "tfrecord" else ["-"]:
+                    rate, records = best_rate(with_loops(impl, run) if impl != "-" else run, args.repeats)
+                    rows.append({"format": label, "stage": stage, "loops": impl, "records": records, "records_per_s": rate,
+                                 "file_mb": size / 1e6})
+                    print(f"{label:14s} {stage:18s} {impl:6s} {rate:12,.0f} records/s", file=sys.stderr)
         records = [r for _, r in zip(range(SMALL), read_records(paths["sparse.tfrecord"]), strict=False)]
         schema = default_sparse_schema()
-        for stage, run in (
-            ("general decoder", lambda: parse_examples(records, schema, fast=False).num_examples),
-            ("vectorized decoder", lambda: parse_examples(records, schema).num_examples),
-            ("protobuf loop", protobuf_loop(records)),
+        for stage, impl, run in (
+            ("general decoder", "-", lambda: parse_examples(records, schema, fast=False).num_examples),
+            *(("vectorized decoder", impl, with_loops(impl, lambda: parse_examples(records, schema).num_examples)) for impl in impls),
+            ("protobuf loop", "-", protobuf_loop(records)),
         ):
             rate, count = best_rate(run, args.repeats)
-            rows.append({"format": "tfrecord", "stage": stage, "records": count, "records_per_s": rate, "file_mb": None})
-            print(f"{'tfrecord':14s} {stage:18s} {rate:12,.0f} records/s", file=sys.stderr)
+            rows.append({"format": "tfrecord", "stage": stage, "loops": impl, "records": count, "records_per_s": rate, "file_mb": None})
+            print(f"{'tfrecord':14s} {stage:18s} {impl:6s} {rate:12,.0f} records/s", file=sys.stderr)
         training = []
         for label, name, fmt in (("libsvm", "sparse.libsvm", "libsvm"), ("tfrecord", "sparse.tfrecord", "tfrecord")):
             run = psflow_run([paths[name]], paths[name], 1, root, format=fmt)
@@ -194,19 +216,23 @@ def markdown(result: dict[str, Any]) -> str:
         f"Input parsing, one core ({result['machine']['cpu']}), {result['examples']:,} sparse-LR examples "
         f"(39 ids each), best of {result['repeats']}; `benchmarks/bench_input.py`.",
         "",
-        "| format | stage | records/s | file MB |",
-        "|---|---|---:|---:|",
+        "TFRecord stages are measured with psflow's C loops (`c`) and with their numpy versions (`numpy`, as with "
+        "`PSFLOW_NATIVE=0`), one after the other.",
+        "",
+        "| format | stage | loops | records/s | file MB |",
+        "|---|---|---|---:|---:|",
     ]
     for row in result["rows"]:
         size = f"{row['file_mb']:.0f}" if row["file_mb"] else ""
-        lines.append(f"| {row['format']} | {row['stage']} | {row['records_per_s']:,.0f} | {size} |")
+        lines.append(f"| {row['format']} | {row['stage']} | {row.get('loops', '-')} | {row['records_per_s']:,.0f} | {size} |")
     if result.get("training"):
         lines += ["", "Input-only vs training, same file, same run (training: `psflow train`, 1 ps + 2 workers, "
                   "FTRL, batch 512, whole cluster; input: one core, `dataset` stage):", "",
                   "| format | input records/s (1 core) | training examples/s (cluster) | input / training |",
                   "|---|---:|---:|---:|"]
         for t in result["training"]:
-            inp = next(r["records_per_s"] for r in result["rows"] if r["format"] == t["format"] and r["stage"] == "dataset")
+            inp = next(r["records_per_s"] for r in result["rows"]
+                       if r["format"] == t["format"] and r["stage"] == "dataset" and r.get("loops") in ("-", "c", None))
             lines.append(f"| {t['format']} | {inp:,.0f} | {t['examples_per_s']:,.0f} | {inp / t['examples_per_s']:.1f}× |")
     return "\n".join(lines)
 
