@@ -14,6 +14,8 @@ Classes and functions, by file:
 * ``prefetch.py`` -- the background thread (:class:`Prefetcher`).
 * ``readers.py`` -- per-format file readers; ``source.py`` -- plain/gzip bytes.
 * ``tfrecord.py`` -- :class:`TFRecordWriter`, :func:`read_records`, framing and CRCs.
+* ``native.py`` -- which implementation runs the per-byte loops of TFRecord
+  parsing: the optional C extension ``_native`` (``_native.c``) or numpy.
 * ``example.py`` + ``example.proto`` -- ``tf.train.Example`` decoding by
   schema (:func:`parse_examples`) and encoding (:func:`encode_example`);
   ``example_pb.py`` -- the same messages as protobuf classes, built at run

@@ -90,30 +90,29 @@ static inline uint32_t mask_crc(uint32_t c) { return ((c >> 15) | (c << 17)) + 0
 
 /* ---- argument helpers --------------------------------------------------- */
 
-/* A contiguous buffer of 8-byte signed integers (numpy int64). */
-static int get_i64(PyObject *obj, Py_buffer *view, int writable, const char *name) {
+/* A contiguous buffer of itemsize-byte integers whose struct format (after any byte-order mark) is
+ * one of the two codes in codes, e.g. "ql" for int64; TypeError naming the argument otherwise. */
+static int get_ints(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *codes,
+                    const char *name, const char *type) {
     if (PyObject_GetBuffer(obj, view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
         return -1;
     const char *f = view->format ? view->format : "B";
     if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (view->itemsize != 8 || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int64 array, got format %s", name, view->format);
+    if (view->itemsize != itemsize || f[0] == 0 || f[1] != 0 || (f[0] != codes[0] && f[0] != codes[1])) {
+        PyErr_Format(PyExc_TypeError, "%s must be a%s %s array, got format %s", name, type[0] == 'i' ? "n" : "", type,
+                     view->format);
         PyBuffer_Release(view);
         return -1;
     }
     return 0;
 }
 
+static int get_i64(PyObject *obj, Py_buffer *view, int writable, const char *name) {
+    return get_ints(obj, view, writable, 8, "ql", name, "int64");
+}
+
 static int get_u32(PyObject *obj, Py_buffer *view, const char *name) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (view->itemsize != 4 || (strcmp(f, "I") != 0 && strcmp(f, "L") != 0)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a uint32 array, got format %s", name, view->format);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
+    return get_ints(obj, view, 1, 4, "IL", name, "uint32");
 }
 
 /* Every [start, start + length) inside [0, size)?  Sets ValueError naming the first that is not. */
@@ -126,6 +125,55 @@ static int check_ranges(const int64_t *start, const int64_t *length, Py_ssize_t 
         }
     }
     return 0;
+}
+
+/* The arguments (buf, starts, lengths, out) shared by three kernels: buf any contiguous buffer,
+ * starts and lengths int64 of one length n with every range inside buf, out writable (its element
+ * type checked by the caller's out_kind); total is sum(lengths).  ranges_release() undoes a
+ * successful ranges_get(). */
+typedef struct {
+    Py_buffer buf, starts, lengths, out;
+    Py_ssize_t n;
+    int64_t total;
+} Ranges;
+
+enum { OUT_BYTES, OUT_U32, OUT_I64 };
+
+static int ranges_get(PyObject *args, const char *format, int out_kind, Ranges *r) {
+    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
+    if (!PyArg_ParseTuple(args, format, &buf_obj, &s_obj, &l_obj, &o_obj)) return -1;
+    if (PyObject_GetBuffer(buf_obj, &r->buf, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (get_i64(s_obj, &r->starts, 0, "starts") < 0) goto fail_buf;
+    if (get_i64(l_obj, &r->lengths, 0, "lengths") < 0) goto fail_s;
+    int got = out_kind == OUT_U32   ? get_u32(o_obj, &r->out, "out")
+              : out_kind == OUT_I64 ? get_i64(o_obj, &r->out, 1, "out")
+                                    : PyObject_GetBuffer(o_obj, &r->out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS);
+    if (got < 0) goto fail_l;
+    r->n = r->starts.len / 8;
+    if (r->lengths.len / 8 != r->n) {
+        PyErr_SetString(PyExc_ValueError, "starts and lengths differ in length");
+        goto fail_o;
+    }
+    if (check_ranges(r->starts.buf, r->lengths.buf, r->n, r->buf.len, "range") < 0) goto fail_o;
+    r->total = 0;
+    for (Py_ssize_t i = 0; i < r->n; i++) r->total += ((const int64_t *)r->lengths.buf)[i];
+    return 0;
+fail_o:
+    PyBuffer_Release(&r->out);
+fail_l:
+    PyBuffer_Release(&r->lengths);
+fail_s:
+    PyBuffer_Release(&r->starts);
+fail_buf:
+    PyBuffer_Release(&r->buf);
+    return -1;
+}
+
+static void ranges_release(Ranges *r) {
+    PyBuffer_Release(&r->out);
+    PyBuffer_Release(&r->lengths);
+    PyBuffer_Release(&r->starts);
+    PyBuffer_Release(&r->buf);
 }
 
 /* ---- frame -------------------------------------------------------------- */
@@ -173,42 +221,23 @@ PyDoc_STRVAR(ranges_doc,
 "out[i] = TFRecord's masked CRC32C of buf[starts[i]:starts[i] + lengths[i]] (out: uint32).");
 
 static PyObject *native_masked_crc32c_ranges(PyObject *self, PyObject *args) {
-    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
-    if (!PyArg_ParseTuple(args, "OOOO:masked_crc32c_ranges", &buf_obj, &s_obj, &l_obj, &o_obj)) return NULL;
-    Py_buffer buf, s, l, o;
-    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (get_i64(s_obj, &s, 0, "starts") < 0) goto fail_buf;
-    if (get_i64(l_obj, &l, 0, "lengths") < 0) goto fail_s;
-    if (get_u32(o_obj, &o, "out") < 0) goto fail_l;
-    Py_ssize_t n = s.len / 8;
-    if (l.len / 8 != n || o.len / 4 != n) {
-        PyErr_SetString(PyExc_ValueError, "masked_crc32c_ranges: starts, lengths and out differ in length");
-        goto fail_o;
+    Ranges r;
+    if (ranges_get(args, "OOOO:masked_crc32c_ranges", OUT_U32, &r) < 0) return NULL;
+    if (r.out.len / 4 != r.n) {
+        PyErr_SetString(PyExc_ValueError, "masked_crc32c_ranges: out and starts differ in length");
+        ranges_release(&r);
+        return NULL;
     }
-    if (check_ranges(s.buf, l.buf, n, buf.len, "record") < 0) goto fail_o;
-    {
-        const uint8_t *p = buf.buf;
-        const int64_t *st = s.buf, *ln = l.buf;
-        uint32_t *out = o.buf;
-        crc_fn crc = crc_best;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) out[i] = mask_crc(crc(0, p + st[i], (size_t)ln[i]));
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&o);
-    PyBuffer_Release(&l);
-    PyBuffer_Release(&s);
-    PyBuffer_Release(&buf);
+    const uint8_t *p = r.buf.buf;
+    const int64_t *st = r.starts.buf, *ln = r.lengths.buf;
+    uint32_t *out = r.out.buf;
+    crc_fn crc = crc_best;
+    Py_ssize_t n = r.n;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = mask_crc(crc(0, p + st[i], (size_t)ln[i]));
+    Py_END_ALLOW_THREADS
+    ranges_release(&r);
     Py_RETURN_NONE;
-fail_o:
-    PyBuffer_Release(&o);
-fail_l:
-    PyBuffer_Release(&l);
-fail_s:
-    PyBuffer_Release(&s);
-fail_buf:
-    PyBuffer_Release(&buf);
-    return NULL;
 }
 
 /* ---- decode_varints ----------------------------------------------------- */
@@ -296,47 +325,25 @@ PyDoc_STRVAR(copy_doc,
 "out (a writable buffer of at least sum(lengths) bytes); returns the number of bytes copied.");
 
 static PyObject *native_copy_ranges(PyObject *self, PyObject *args) {
-    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
-    if (!PyArg_ParseTuple(args, "OOOO:copy_ranges", &buf_obj, &s_obj, &l_obj, &o_obj)) return NULL;
-    Py_buffer buf, s, l, o;
-    PyObject *result = NULL;
-    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (get_i64(s_obj, &s, 0, "starts") < 0) goto fail_buf;
-    if (get_i64(l_obj, &l, 0, "lengths") < 0) goto fail_s;
-    if (PyObject_GetBuffer(o_obj, &o, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto fail_l;
-    Py_ssize_t n = s.len / 8;
-    if (l.len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "copy_ranges: starts and lengths differ in length");
-        goto fail_o;
+    Ranges r;
+    if (ranges_get(args, "OOOO:copy_ranges", OUT_BYTES, &r) < 0) return NULL;
+    const int64_t *st = r.starts.buf, *ln = r.lengths.buf, total = r.total;
+    if (total > (int64_t)r.out.len) {
+        PyErr_Format(PyExc_ValueError, "copy_ranges: out has %zd bytes, the ranges %lld", r.out.len, (long long)total);
+        ranges_release(&r);
+        return NULL;
     }
-    if (check_ranges(s.buf, l.buf, n, buf.len, "range") < 0) goto fail_o;
-    {
-        const int64_t *st = s.buf, *ln = l.buf;
-        int64_t total = 0;
-        for (Py_ssize_t i = 0; i < n; i++) total += ln[i];
-        if (total > (int64_t)o.len) {
-            PyErr_Format(PyExc_ValueError, "copy_ranges: out has %zd bytes, the ranges %lld", o.len, (long long)total);
-            goto fail_o;
-        }
-        const uint8_t *p = buf.buf;
-        uint8_t *out = o.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            memcpy(out, p + st[i], (size_t)ln[i]);
-            out += ln[i];
-        }
-        Py_END_ALLOW_THREADS
-        result = PyLong_FromLongLong(total);
+    const uint8_t *p = r.buf.buf;
+    uint8_t *out = r.out.buf;
+    Py_ssize_t n = r.n;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        memcpy(out, p + st[i], (size_t)ln[i]);
+        out += ln[i];
     }
-fail_o:
-    PyBuffer_Release(&o);
-fail_l:
-    PyBuffer_Release(&l);
-fail_s:
-    PyBuffer_Release(&s);
-fail_buf:
-    PyBuffer_Release(&buf);
-    return result;
+    Py_END_ALLOW_THREADS
+    ranges_release(&r);
+    return PyLong_FromLongLong(total);
 }
 
 /* ---- walk_examples ------------------------------------------------------ */
@@ -364,88 +371,66 @@ PyDoc_STRVAR(walk_doc,
 "is not in that layout (the caller then uses the protobuf runtime).");
 
 static PyObject *native_walk_examples(PyObject *self, PyObject *args) {
-    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
-    if (!PyArg_ParseTuple(args, "OOOO:walk_examples", &buf_obj, &s_obj, &l_obj, &o_obj)) return NULL;
-    Py_buffer buf, s, l, o;
-    PyObject *result = NULL;
-    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    if (get_i64(s_obj, &s, 0, "starts") < 0) goto fail_buf;
-    if (get_i64(l_obj, &l, 0, "lengths") < 0) goto fail_s;
-    if (get_i64(o_obj, &o, 1, "out") < 0) goto fail_l;
-    Py_ssize_t n = s.len / 8;
-    if (l.len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "walk_examples: starts and lengths differ in length");
-        goto fail_o;
+    Ranges r;
+    if (ranges_get(args, "OOOO:walk_examples", OUT_I64, &r) < 0) return NULL;
+    const int64_t *st = r.starts.buf, *ln = r.lengths.buf;
+    Py_ssize_t cap = r.out.len / 8 / 6;
+    if (r.out.len % 48 != 0 || cap < r.total / 6 + 1) {
+        PyErr_SetString(PyExc_ValueError, "walk_examples: out must be int64 [6, cap] with cap >= sum(lengths) // 6 + 1");
+        ranges_release(&r);
+        return NULL;
     }
-    if (check_ranges(s.buf, l.buf, n, buf.len, "record") < 0) goto fail_o;
-    {
-        const int64_t *st = s.buf, *ln = l.buf;
-        int64_t total = 0;
-        for (Py_ssize_t i = 0; i < n; i++) total += ln[i];
-        Py_ssize_t cap = o.len / 8 / 6;
-        if (o.len % 48 != 0 || cap < total / 6 + 1) {
-            PyErr_SetString(PyExc_ValueError, "walk_examples: out must be int64 [6, cap] with cap >= sum(lengths) // 6 + 1");
-            goto fail_o;
-        }
-        const uint8_t *p = buf.buf;
-        int64_t *rec_o = (int64_t *)o.buf, *ks_o = rec_o + cap, *kl_o = ks_o + cap, *kind_o = kl_o + cap,
-                *b0_o = kind_o + cap, *b1_o = b0_o + cap;
-        Py_ssize_t count = 0;
-        int bad = 0;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n && !bad; i++) {
-            int64_t pos = st[i], end = st[i] + ln[i];
-            if (ln[i] == 0) continue; /* an empty Example */
-            int nb;
-            if (p[pos] != 0x0A) { bad = 1; break; }
-            int64_t size = varint5(p, pos + 1, end, &nb);
-            if (nb == 0 || pos + 1 + nb + size != end) { bad = 1; break; }
-            int64_t cur = pos + 1 + nb;
-            while (cur < end) {
-                /* entry: 0x0A le { 0x0A lk key  0x12 lf { tag ll list } } */
-                int nb1, nb2, nb3, nb4 = 1;
-                if (p[cur] != 0x0A) { bad = 1; break; }
-                int64_t le = varint5(p, cur + 1, end, &nb1);
-                int64_t e0 = cur + 1 + nb1, e1 = e0 + le;
-                if (nb1 == 0 || e1 > end || e0 >= end || p[e0] != 0x0A) { bad = 1; break; }
-                int64_t lk = varint5(p, e0 + 1, end, &nb2);
-                int64_t k0 = e0 + 1 + nb2, k1 = k0 + lk;
-                if (nb2 == 0 || k1 >= end || p[k1] != 0x12) { bad = 1; break; }
-                int64_t lf = varint5(p, k1 + 1, end, &nb3);
-                int64_t f0 = k1 + 1 + nb3;
-                if (nb3 == 0 || f0 + lf != e1) { bad = 1; break; }
-                int64_t kind = 0, b0 = e1;
-                if (lf > 0) {
-                    int64_t tag = p[f0];
-                    int64_t ll = varint5(p, f0 + 1, end, &nb4);
-                    int64_t l0 = f0 + 1 + nb4;
-                    if ((tag & 7) != 2 || tag < 0x08 || tag > 0x1F || nb4 == 0 || l0 + ll != e1) { bad = 1; break; }
-                    kind = tag >> 3;
-                    b0 = l0;
-                }
-                if (count == cap) { bad = 1; break; } /* cannot happen: every entry has >= 6 bytes */
-                rec_o[count] = i;
-                ks_o[count] = k0;
-                kl_o[count] = lk;
-                kind_o[count] = kind;
-                b0_o[count] = b0;
-                b1_o[count] = e1;
-                count++;
-                cur = e1;
+    const uint8_t *p = r.buf.buf;
+    Py_ssize_t n = r.n;
+    int64_t *rec_o = (int64_t *)r.out.buf, *ks_o = rec_o + cap, *kl_o = ks_o + cap, *kind_o = kl_o + cap,
+            *b0_o = kind_o + cap, *b1_o = b0_o + cap;
+    Py_ssize_t count = 0;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n && !bad; i++) {
+        int64_t pos = st[i], end = st[i] + ln[i];
+        if (ln[i] == 0) continue; /* an empty Example */
+        int nb;
+        if (p[pos] != 0x0A) { bad = 1; break; }
+        int64_t size = varint5(p, pos + 1, end, &nb);
+        if (nb == 0 || pos + 1 + nb + size != end) { bad = 1; break; }
+        int64_t cur = pos + 1 + nb;
+        while (cur < end) {
+            /* entry: 0x0A le { 0x0A lk key  0x12 lf { tag ll list } } */
+            int nb1, nb2, nb3, nb4 = 1;
+            if (p[cur] != 0x0A) { bad = 1; break; }
+            int64_t le = varint5(p, cur + 1, end, &nb1);
+            int64_t e0 = cur + 1 + nb1, e1 = e0 + le;
+            if (nb1 == 0 || e1 > end || e0 >= end || p[e0] != 0x0A) { bad = 1; break; }
+            int64_t lk = varint5(p, e0 + 1, end, &nb2);
+            int64_t k0 = e0 + 1 + nb2, k1 = k0 + lk;
+            if (nb2 == 0 || k1 >= end || p[k1] != 0x12) { bad = 1; break; }
+            int64_t lf = varint5(p, k1 + 1, end, &nb3);
+            int64_t f0 = k1 + 1 + nb3;
+            if (nb3 == 0 || f0 + lf != e1) { bad = 1; break; }
+            int64_t kind = 0, b0 = e1;
+            if (lf > 0) {
+                int64_t tag = p[f0];
+                int64_t ll = varint5(p, f0 + 1, end, &nb4);
+                int64_t l0 = f0 + 1 + nb4;
+                if ((tag & 7) != 2 || tag < 0x08 || tag > 0x1F || nb4 == 0 || l0 + ll != e1) { bad = 1; break; }
+                kind = tag >> 3;
+                b0 = l0;
             }
+            if (count == cap) { bad = 1; break; } /* cannot happen: every entry has >= 6 bytes */
+            rec_o[count] = i;
+            ks_o[count] = k0;
+            kl_o[count] = lk;
+            kind_o[count] = kind;
+            b0_o[count] = b0;
+            b1_o[count] = e1;
+            count++;
+            cur = e1;
         }
-        Py_END_ALLOW_THREADS
-        result = PyLong_FromSsize_t(bad ? -1 : count);
     }
-fail_o:
-    PyBuffer_Release(&o);
-fail_l:
-    PyBuffer_Release(&l);
-fail_s:
-    PyBuffer_Release(&s);
-fail_buf:
-    PyBuffer_Release(&buf);
-    return result;
+    Py_END_ALLOW_THREADS
+    ranges_release(&r);
+    return PyLong_FromSsize_t(bad ? -1 : count);
 }
 
 /* ---- crc32c (tests) ----------------------------------------------------- */
