@@ -11,9 +11,11 @@ if [ ! -e /usr/share/java/zookeeper.jar ] && [ "$(id -u)" = 0 ] && command -v ap
 fi
 python3 -m venv .venv
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
-# The C input kernels (psflow/data/_native.c) are optional for users, but where a compiler exists
-# the install must have built them: the tests then fail instead of skipping their C side.
-if command -v cc >/dev/null || command -v gcc >/dev/null; then
+# The C input kernels (psflow/data/_native.c) are optional for users, but where they can be built
+# (a C compiler and Python's headers) the install must have built them: the tests then fail
+# instead of skipping their C side.
+if { command -v cc >/dev/null || command -v gcc >/dev/null; } && .venv/bin/python -c \
+    "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
     export PSFLOW_REQUIRE_NATIVE=1
 fi
 .venv/bin/ruff check psflow tests benchmarks examples
