@@ -68,8 +68,8 @@ _CountedItem = tuple[SparseBatch, ReaderPosition, DatasetStats]  # from a reader
 def _take_apart(item: _CountedItem) -> tuple[list[np.ndarray], Any]:
     batch, position, stats = item
     names, extra_names = sorted(batch.dense), sorted(batch.extras)
-    arrays: list[np.ndarray] = [batch.labels, batch.indptr, batch.ids, batch.values, *(batch.dense[k] for k in names),
-              *(batch.extras[k] for k in extra_names)]
+    arrays: list[np.ndarray] = [batch.labels, batch.indptr, batch.ids, batch.values,
+                                *(batch.dense[k] for k in names), *(batch.extras[k] for k in extra_names)]
     return arrays, (names, extra_names, position, stats)
 
 

@@ -1,8 +1,9 @@
 """Which implementation runs the input pipeline's per-byte loops: C or numpy.
 
-Three loops dominate reading TFRecord: walking the record headers, the data
-CRC32C of every record, and decoding packed varints (the ids).  Each exists
-twice, with the same results:
+A handful of loops dominate reading TFRecord: walking the record headers, the
+data CRC32C of every record, walking each Example's feature map, decoding
+packed varints (the ids) and gathering packed floats.  Each exists twice,
+with the same results:
 
 * in C, in the extension ``psflow.data._native`` (``psflow/data/_native.c``),
   built by ``pip install`` when a C compiler is available; its loops run with
@@ -16,7 +17,7 @@ twice, with the same results:
 The tests compare both on the same random and malformed input.
 ``PSFLOW_REQUIRE_NATIVE=1`` makes the test suite fail instead of skipping the
 C side when the extension is missing (``scripts/test.sh`` sets it wherever a
-C compiler exists).
+C compiler and Python's headers exist).
 """
 
 from __future__ import annotations

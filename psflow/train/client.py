@@ -355,12 +355,13 @@ class ParameterClient:
             ids = np.asarray(ids, dtype=np.int64)
             plan.shapes[name] = (ids.shape[0], *var.shape[1:])
             routes = placement.route(ids)
+            whole = _covers(routes, ids)
             for routed in routes:
                 key = partition_key(name, routed.partition)
                 entries, arrays = plan.per_task.setdefault(routed.task, ([], {}))
                 arrays[f"r/{key}"] = routed.local_rows
                 entries.append([key, f"r/{key}"])
-                plan.scatter.append((name, key, _IN_ORDER if _covers(routes, ids) else routed.positions))
+                plan.scatter.append((name, key, _IN_ORDER if whole else routed.positions))
         return plan
 
     def _assemble(self, plan: _PullPlan, replies: Mapping[int, Frame]) -> dict[str, np.ndarray]:
@@ -415,11 +416,12 @@ class ParameterClient:
             rows = np.asarray(grad.rows, dtype=np.int64)
             values = np.asarray(grad.values, dtype=placement.var.dtype)
             routes = placement.route(rows)
+            whole = _covers(routes, rows)
             for routed in routes:
                 key = partition_key(name, routed.partition)
                 entries, arrays = per_task.setdefault(routed.task, ([], {}))
                 arrays[f"i/{key}"] = routed.local_rows
-                arrays[f"g/{key}"] = values if _covers(routes, rows) else values[routed.positions]
+                arrays[f"g/{key}"] = values if whole else values[routed.positions]
                 entries.append([key, "sparse"])
         out = {}
         for task, (grad_list, arrays) in per_task.items():

@@ -167,6 +167,7 @@ time.sleep(600)
 def test_child_exits_when_its_parent_is_killed() -> None:
     script = _ORPHAN.format(tests=str(Path(__file__).parent))
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    child: int | None = None
     try:
         line = parent.stdout.readline() if parent.stdout else ""
         child = int(line)
@@ -174,7 +175,11 @@ def test_child_exits_when_its_parent_is_killed() -> None:
     finally:
         parent.kill()  # by its pid, SIGKILL: no clean-up runs in the parent
         parent.wait()
-    assert _wait_gone(child)
+    try:
+        assert _wait_gone(child)
+    finally:
+        if _alive(child):  # the test failed: do not leave the reader running
+            os.kill(child, signal.SIGKILL)
 
 
 def _dataset_run(config: DatasetConfig) -> tuple[list[SparseBatch], list[str], int]:
