@@ -94,7 +94,7 @@ def bad_push(draw: st.DrawFn) -> bytes:
     elif defect == "rows":
         if kind == "dense":
             meta["grads"][0][1] = "sparse"  # a dense variable pushed as sparse with bad rows
-        bad = draw(st.one_of(st.integers(max_value=-1), st.integers(min_value=ROWS[key], max_value=2**62)))
+        bad = draw(st.one_of(st.integers(min_value=-(2**63), max_value=-1), st.integers(min_value=ROWS[key], max_value=2**62)))
         arrs[f"i/{key}"] = np.array([bad], dtype=np.int64)
         arrs[f"g/{key}"] = np.zeros((1, width), np.float32) if key != "bias" else np.zeros((1,), np.float32)
     elif defect == "kind":
