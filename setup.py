@@ -1,8 +1,9 @@
 """Build step for psflow's optional C kernels (everything else is in pyproject.toml).
 
 ``psflow.data._native`` holds the input pipeline's per-byte loops (TFRecord framing, CRC32C,
-packed varints).  It is optional: when no C compiler is available the install goes on and
-psflow uses the numpy versions of the same loops (see ``psflow/data/native.py``).
+walking Examples, matching their keys, packed varints and floats, string lists).  It is optional:
+when no C compiler is available the install goes on and psflow uses the numpy versions of the
+same loops (see ``psflow/data/native.py``).
 """
 
 from setuptools import Extension, setup

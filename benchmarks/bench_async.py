@@ -35,15 +35,16 @@ from workload import NUM_IDS, ensure_workload  # noqa: E402
 
 from psflow.data import read_all  # noqa: E402
 from psflow.launch.local import run_local  # noqa: E402
+from psflow.models.metrics import auc  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
-from psflow.train.metrics import auc  # noqa: E402
 
 LR, POWER, INIT_ACC, BATCH = 0.1, -0.5, 0.1, 512
 
 
 def numpy_reference(train: list[str], eval_path: str) -> dict[str, float]:
     t0 = time.perf_counter()
-    data = read_all(train, "libsvm")
+    batch = read_all(train, "libsvm")
+    data = batch.column()  # LIBSVM: one sparse feature (CSR rows)
     parse_s = time.perf_counter() - t0
     w = np.zeros(NUM_IDS)
     z = np.zeros(NUM_IDS)
@@ -51,14 +52,14 @@ def numpy_reference(train: list[str], eval_path: str) -> dict[str, float]:
     wb = zb = 0.0
     nb = INIT_ACC
     t1 = time.perf_counter()
-    for s in range(0, data.num_examples, BATCH):
-        e = min(s + BATCH, data.num_examples)
+    for s in range(0, batch.num_examples, BATCH):
+        e = min(s + BATCH, batch.num_examples)
         lo, hi = data.indptr[s], data.indptr[e]
         ids, vals = data.ids[lo:hi], data.values[lo:hi]
         rows = np.repeat(np.arange(e - s), np.diff(data.indptr[s:e + 1]))
         uniq, inv = np.unique(ids, return_inverse=True)
         logit = np.bincount(rows, vals * w[uniq][inv], minlength=e - s) + wb
-        d = (1.0 / (1.0 + np.exp(-logit)) - data.labels[s:e]) / (e - s)
+        d = (1.0 / (1.0 + np.exp(-logit)) - batch.labels[s:e]) / (e - s)
         g = np.bincount(inv, vals * d[rows], minlength=uniq.size)
         n_new = n[uniq] + g * g  # FTRL-Proximal, l1 = l2 = 0, power -0.5 (TF's formula)
         z[uniq] += g - (np.sqrt(n_new) - np.sqrt(n[uniq])) / LR * w[uniq]
@@ -71,11 +72,12 @@ def numpy_reference(train: list[str], eval_path: str) -> dict[str, float]:
         wb = -zb * LR / np.sqrt(nb)
     train_s = time.perf_counter() - t1
     ev = read_all([eval_path], "libsvm")
-    rows = np.repeat(np.arange(ev.num_examples), np.diff(ev.indptr))
-    score = np.bincount(rows, ev.values * w[ev.ids], minlength=ev.num_examples) + wb
+    col = ev.column()
+    rows = np.repeat(np.arange(ev.num_examples), np.diff(col.indptr))
+    score = np.bincount(rows, col.values * w[col.ids], minlength=ev.num_examples) + wb
     return {
-        "examples_per_sec": data.num_examples / train_s,
-        "examples_per_sec_with_parse": data.num_examples / (train_s + parse_s),
+        "examples_per_sec": batch.num_examples / train_s,
+        "examples_per_sec_with_parse": batch.num_examples / (train_s + parse_s),
         "eval_auc": auc(ev.labels, score),
     }
 

@@ -6,7 +6,10 @@ Workload: the sparse-LR examples of benchmarks/workload.py (200,000 by
 default, 39 sorted ids in 2^20 per example, value 1.0), written to a temporary
 directory as LIBSVM text, TFRecord (plain and GZIP, default sparse schema), and
 a Criteo-like TSV (label, 13 integer columns with negatives and ~10% missing,
-26 8-hex-digit categorical columns with ~10% missing).
+26 8-hex-digit categorical columns with ~10% missing), and that TSV converted
+by ``psflow convert`` to multi-feature TFRecord ("tfrecord criteo": 41 keys
+per Example -- label, 13 float features I1..I13, 26 int64 id features
+C1..C26 -- read with the schema file convert writes).
 
 Measured, each in this one thread (prefetch off), best of --repeats runs:
     reader      the file reader alone: read, frame/split, check CRCs, parse
@@ -15,13 +18,15 @@ Measured, each in this one thread (prefetch off), best of --repeats runs:
     + shuffle   the same with a 10,000-record shuffle buffer
 TFRecord rows are measured twice, with the C loops (psflow/data/_native.c) and
 with their numpy versions ("numpy loops", as with PSFLOW_NATIVE=0), alternated.
-For TFRecord also, on the first 20,000 records:
+For both TFRecord layouts also, on the first 20,000 records:
     vectorized decoder psflow's vectorized decoder alone (no file, framing or CRC)
     general decoder    psflow's fallback for unusual encodings: protobuf's
                        Example.FromString per record, then schema assembly
     protobuf loop      Example.FromString per record + numpy conversion of
                        label/ids/values: the usual Python way, for reference
-Writes benchmarks/results/input.json and prints a markdown table.
+Writes benchmarks/results/input.json (``--out``) and prints a markdown table,
+which it also puts in benchmarks/RESULTS.md unless ``--no-results-md``;
+``--skip-training`` leaves out the training comparison.
 """
 
 from __future__ import annotations
@@ -44,12 +49,13 @@ from results_md import replace_section  # noqa: E402
 from workload import generate  # noqa: E402
 
 from psflow.data import DatasetConfig, TFRecordWriter, native, open_dataset, read_records  # noqa: E402
-from psflow.data import example as example_module  # noqa: E402
+from psflow.data import example_wire as wire_module  # noqa: E402
 from psflow.data import tfrecord as tfrecord_module  # noqa: E402
+from psflow.data.convert import convert, schema_path  # noqa: E402
 from psflow.data.example import encode_sparse_examples, parse_examples  # noqa: E402
 from psflow.data.example_pb import example_class  # noqa: E402
 from psflow.data.readers import iter_file  # noqa: E402
-from psflow.data.schema import default_sparse_schema  # noqa: E402
+from psflow.data.schema import Schema, default_sparse_schema  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "input.json")
 SMALL = 20_000  # records for the slow per-record decoders
@@ -85,6 +91,8 @@ def write_files(root: str, n: int) -> dict[str, str]:
                 fields += ["" if missing[i, 13 + j] else f"{v:08x}" for j, v in enumerate(cats[i].tolist())]
                 rows.append("\t".join(fields) + "\n")
             f.write("".join(rows))
+    (paths["criteo.tfrecord"],) = convert([paths["day.tsv"]], "criteo", os.path.join(root, "criteo"))
+    paths["criteo.schema"] = schema_path(os.path.join(root, "criteo"))
     return paths
 
 
@@ -93,12 +101,12 @@ def with_loops(impl: str, run: Callable[[], int]) -> Callable[[], int]:
     loops = native.NATIVE if impl == "c" else None
 
     def wrapped() -> int:
-        saved = tfrecord_module.NATIVE, example_module.NATIVE
-        tfrecord_module.NATIVE = example_module.NATIVE = loops
+        saved = tfrecord_module.NATIVE, wire_module.NATIVE
+        tfrecord_module.NATIVE = wire_module.NATIVE = loops
         try:
             return run()
         finally:
-            tfrecord_module.NATIVE, example_module.NATIVE = saved
+            tfrecord_module.NATIVE, wire_module.NATIVE = saved
 
     return wrapped
 
@@ -157,6 +165,8 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=RESULTS)
+    parser.add_argument("--skip-training", action="store_true", help="leave out the training comparison")
+    parser.add_argument("--no-results-md", action="store_true", help="do not update benchmarks/RESULTS.md")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="psflow-bench-input-") as root:
@@ -164,35 +174,23 @@ def main() -> int:
         paths = write_files(root, args.examples)
         print(f"wrote {args.examples:,} examples per format in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         impls = ["c", "numpy"] if native.NATIVE is not None else ["numpy"]
-        cases = [("libsvm", "sparse.libsvm", "libsvm"), ("tfrecord", "sparse.tfrecord", "tfrecord")]
-        cases += [("tfrecord gzip", "sparse.tfrecord.gz", "tfrecord"), ("criteo", "day.tsv", "criteo")]
-        for label, name, fmt in cases:
-            path = paths[name]
-            size = os.path.getsize(path)
-            base = DatasetConfig((path,), fmt, batch_size=512, prefetch=0)
-            for stage, run in (
-                ("reader", reader_count(base, path)),
-                ("dataset", dataset_count(base)),
-                ("dataset + shuffle", dataset_count(DatasetConfig((path,), fmt, batch_size=512, prefetch=0, shuffle_buffer=10_000))),
-            ):
-                for impl in impls if fmt == "tfrecord" else ["-"]:
-                    rate, records = best_rate(with_loops(impl, run) if impl != "-" else run, args.repeats)
-                    rows.append({"format": label, "stage": stage, "loops": impl, "records": records, "records_per_s": rate,
-                                 "file_mb": size / 1e6})
-                    print(f"{label:14s} {stage:18s} {impl:6s} {rate:12,.0f} records/s", file=sys.stderr)
-        records = [r for _, r in zip(range(SMALL), read_records(paths["sparse.tfrecord"]), strict=False)]
-        schema = default_sparse_schema()
-        for stage, impl, run in (
-            ("general decoder", "-", lambda: parse_examples(records, schema, fast=False).num_examples),
-            *(("vectorized decoder", impl, with_loops(impl, lambda: parse_examples(records, schema).num_examples)) for impl in impls),
-            ("protobuf loop", "-", protobuf_loop(records)),
-        ):
-            rate, count = best_rate(run, args.repeats)
-            rows.append({"format": "tfrecord", "stage": stage, "loops": impl, "records": count, "records_per_s": rate, "file_mb": None})
-            print(f"{'tfrecord':14s} {stage:18s} {impl:6s} {rate:12,.0f} records/s", file=sys.stderr)
+        criteo_schema = Schema.from_file(paths["criteo.schema"])
+        cases = [("libsvm", "sparse.libsvm", "libsvm", None), ("tfrecord", "sparse.tfrecord", "tfrecord", None)]
+        cases += [("tfrecord gzip", "sparse.tfrecord.gz", "tfrecord", None), ("criteo", "day.tsv", "criteo", None)]
+        cases += [("tfrecord criteo", "criteo.tfrecord", "tfrecord", criteo_schema)]
+        for label, name, fmt, schema in cases:
+            rows += file_rows(label, paths[name], fmt, schema, impls, args.repeats)
+        for label, name, schema in (("tfrecord", "sparse.tfrecord", default_sparse_schema()),
+                                    ("tfrecord criteo", "criteo.tfrecord", criteo_schema)):
+            rows += decoder_rows(label, paths[name], schema, impls, args.repeats)
         training = []
-        for label, name, fmt in (("libsvm", "sparse.libsvm", "libsvm"), ("tfrecord", "sparse.tfrecord", "tfrecord")):
-            run = psflow_run([paths[name]], paths[name], 1, root, format=fmt)
+        training_cases: list[tuple[str, str, dict[str, Any]]] = [
+            ("libsvm", "sparse.libsvm", {"format": "libsvm"}),
+            ("tfrecord", "sparse.tfrecord", {"format": "tfrecord"}),
+            ("tfrecord criteo", "criteo.tfrecord", {"format": "tfrecord", "schema": paths["criteo.schema"]}),
+        ]
+        for label, name, extra in [] if args.skip_training else training_cases:
+            run = psflow_run([paths[name]], paths[name], 1, root, **extra)
             training.append({"format": label, "examples_per_s": run["examples_per_sec"]})
             print(f"{label:14s} {'training 1ps+2w':18s} {run['examples_per_sec']:12,.0f} examples/s", file=sys.stderr)
     result = {
@@ -207,14 +205,51 @@ def main() -> int:
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(markdown(result))
-    replace_section("input", markdown(result))
+    if not args.no_results_md:
+        replace_section("input", markdown(result))
     return 0
+
+
+def file_rows(label: str, path: str, fmt: str, schema: Schema | None, impls: list[str], repeats: int) -> list[dict[str, Any]]:
+    """The reader, dataset and dataset + shuffle stages on one file (TFRecord: once per loop implementation)."""
+    rows = []
+    size = os.path.getsize(path)
+    base = DatasetConfig((path,), fmt, batch_size=512, prefetch=0, schema=schema)
+    for stage, run in (
+        ("reader", reader_count(base, path)),
+        ("dataset", dataset_count(base)),
+        ("dataset + shuffle", dataset_count(DatasetConfig((path,), fmt, batch_size=512, prefetch=0, shuffle_buffer=10_000,
+                                                          schema=schema))),
+    ):
+        for impl in impls if fmt == "tfrecord" else ["-"]:
+            rate, records = best_rate(with_loops(impl, run) if impl != "-" else run, repeats)
+            rows.append({"format": label, "stage": stage, "loops": impl, "records": records, "records_per_s": rate, "file_mb": size / 1e6})
+            print(f"{label:16s} {stage:18s} {impl:6s} {rate:12,.0f} records/s", file=sys.stderr)
+    return rows
+
+
+def decoder_rows(label: str, path: str, schema: Schema, impls: list[str], repeats: int) -> list[dict[str, Any]]:
+    """The decoders alone on the first SMALL records of a file (the protobuf loop for sparse-LR records only)."""
+    records = [r for _, r in zip(range(SMALL), read_records(path), strict=False)]
+    runs: list[tuple[str, str, Callable[[], int]]] = [
+        ("general decoder", "-", lambda: parse_examples(records, schema, fast=False).num_examples),
+        *(("vectorized decoder", impl, with_loops(impl, lambda: parse_examples(records, schema).num_examples)) for impl in impls),
+    ]
+    if schema == default_sparse_schema():
+        runs.append(("protobuf loop", "-", protobuf_loop(records)))
+    rows = []
+    for stage, impl, run in runs:
+        rate, count = best_rate(run, repeats)
+        rows.append({"format": label, "stage": stage, "loops": impl, "records": count, "records_per_s": rate, "file_mb": None})
+        print(f"{label:16s} {stage:18s} {impl:6s} {rate:12,.0f} records/s", file=sys.stderr)
+    return rows
 
 
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Input parsing, one core ({result['machine']['cpu']}), {result['examples']:,} sparse-LR examples "
-        f"(39 ids each), best of {result['repeats']}; `benchmarks/bench_input.py`.",
+        f"(39 ids each) and the same number of Criteo-like ones (text, and converted to TFRecord with 41 keys per "
+        f"Example), best of {result['repeats']}; `benchmarks/bench_input.py`.",
         "",
         "TFRecord stages are measured with psflow's C loops (`c`) and with their numpy versions (`numpy`, as with "
         "`PSFLOW_NATIVE=0`), one after the other.",
@@ -227,7 +262,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {row['format']} | {row['stage']} | {row.get('loops', '-')} | {row['records_per_s']:,.0f} | {size} |")
     if result.get("training"):
         lines += ["", "Input-only vs training, same file, same run (training: `psflow train`, 1 ps + 2 workers, "
-                  "FTRL, batch 512, whole cluster; input: one core, `dataset` stage):", "",
+                  "FTRL, batch 512, whole cluster, logistic regression over every feature; input: one core, "
+                  "`dataset` stage):", "",
                   "| format | input records/s (1 core) | training examples/s (cluster) | input / training |",
                   "|---|---:|---:|---:|"]
         for t in result["training"]:

@@ -24,10 +24,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_md import replace_section  # noqa: E402
 
+from psflow.gradients import DenseGradient, SparseGradient  # noqa: E402
 from psflow.launch.local import LocalCluster  # noqa: E402
-from psflow.train.client import DenseGradient, SparseGradient  # noqa: E402
+from psflow.train.build import build_model  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
-from psflow.train.worker import build_model, connect_client  # noqa: E402
+from psflow.train.worker import connect_client  # noqa: E402
 
 
 def rss(pid: int) -> int:

@@ -6,14 +6,16 @@ Starts the ps tasks as real processes (gRPC on 127.0.0.1), runs one worker's
 loop in this process on the sparse-LR workload (benchmarks/workload.py,
 batch 512, FTRL) and times each phase of every step with perf_counter:
     input      next batch from the dataset (parse + batch; prefetch on)
-    unique     fold and unique the batch's ids
+    unique     the model's prepare step (fold and unique the batch's ids)
     pull       the pull RPCs (client encode + wire + ps read + decode)
     compute    forward and backward in numpy
     push       the push RPCs (client encode + wire + ps optimizer apply)
 Two variants, alternated in blocks of 50 steps in the same run:
-    before     np.unique, then a Pull RPC and a Push RPC per step
-    after      a sort + lookup-table unique, and one PushPull RPC per step that
-               pushes this step's gradient and pulls the next step's rows
+    before     a Pull RPC and a Push RPC per step
+    after      one PushPull RPC per step that pushes this step's gradient and
+               pulls the next step's rows (the lookahead TrainStep uses)
+(Results recorded before the model seam compared np.unique with the lookup-table
+unique as well; the model's prepare step now always uses the latter.)
 Prints a table (ms per step) and writes benchmarks/results/profile_step.json.
 """
 
@@ -26,17 +28,15 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results_md import replace_section  # noqa: E402
 from workload import NUM_IDS, ensure_workload  # noqa: E402
 
 from psflow.data import DatasetConfig, open_dataset  # noqa: E402
 from psflow.launch.local import LocalCluster  # noqa: E402
-from psflow.models.logistic import fold_ids  # noqa: E402
+from psflow.train.build import build_model  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
-from psflow.train.worker import build_model, connect_client  # noqa: E402
+from psflow.train.worker import connect_client  # noqa: E402
 
 PHASES = ("input", "unique", "pull", "compute", "push")
 
@@ -74,25 +74,25 @@ def main() -> None:
                 batch = next(it) if pending is None else pending
                 t1 = time.perf_counter()
                 if name == "before":
-                    uniq, inverse = np.unique(fold_ids(batch.ids, NUM_IDS), return_inverse=True)
+                    prepared = model.prepare(batch)
                     t2 = time.perf_counter()
-                    pulled = client.pull({"weights": uniq, "bias": None})
+                    pulled = client.pull(model.lookups(prepared))
                     t3 = time.perf_counter()
-                    grads, loss, _ = model.compute(batch, pulled, uniq, inverse)
+                    out = model.compute(prepared, pulled)
                     t4 = time.perf_counter()
-                    client.push(grads, examples=batch.num_examples, loss=loss)
+                    client.push(out.gradients, examples=batch.num_examples, loss=out.loss)
                 else:
                     if pulled is None:
-                        uniq, inverse = model.unique_ids(batch)
-                        pulled = client.pull({"weights": uniq, "bias": None})
+                        prepared = model.prepare(batch)
+                        pulled = client.pull(model.lookups(prepared))
                     t2 = t3 = time.perf_counter()
-                    grads, loss, _ = model.compute(batch, pulled, uniq, inverse)
+                    out = model.compute(prepared, pulled)
                     t4 = time.perf_counter()
                     pending = next(it)  # the lookahead batch (its read time counts as unique here; ~0.02 ms)
-                    uniq, inverse = model.unique_ids(pending)
+                    prepared = model.prepare(pending)
                     t3b = time.perf_counter()
-                    _, pulled = client.push_pull(grads, {"weights": uniq, "bias": None}, examples=batch.num_examples,
-                                                 loss=loss)
+                    _, pulled = client.push_pull(out.gradients, model.lookups(prepared), examples=batch.num_examples,
+                                                 loss=out.loss)
                     ph["unique"] += t3b - t4
                     t4 = t3b
                 t5 = time.perf_counter()
@@ -121,7 +121,7 @@ def main() -> None:
         f"Command: `.venv/bin/python benchmarks/profile_step.py --ps {args.ps} --steps {args.steps}` "
         f"({time.strftime('%Y-%m-%d')}). One worker in this process against a real ps process over gRPC, "
         "sparse-LR batch 512 (19,968 ids), FTRL; blocks of 50 steps of each variant alternated. "
-        "before = np.unique, then a Pull RPC and a Push RPC; after = sort + lookup-table unique and one PushPull RPC.",
+        "before = a Pull RPC and a Push RPC; after = one PushPull RPC (push + the next step's pull).",
         "",
         "| phase (ms per step) | before | after |",
         "|---|---:|---:|",

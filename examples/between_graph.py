@@ -24,7 +24,7 @@ import numpy as np
 
 import psflow
 from psflow.data import DatasetConfig, open_dataset, read_all
-from psflow.train.metrics import accuracy, auc, binary_metrics
+from psflow.models.metrics import accuracy, auc, binary_metrics
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -76,15 +76,16 @@ def main() -> None:
     started = time.time()
     with data:
         for batch in data:
-            ids, inverse = np.unique(batch.ids, return_inverse=True)
+            features = batch.column()  # LIBSVM: one sparse feature, as CSR rows (indptr, ids, values)
+            ids, inverse = np.unique(features.ids, return_inverse=True)
             pulled = client.pull({"weights": ids, "bias": None})
-            rows = np.repeat(np.arange(batch.num_examples), np.diff(batch.indptr))
-            logits = np.bincount(rows, batch.values * pulled["weights"][inverse, 0],
+            rows = np.repeat(np.arange(batch.num_examples), np.diff(features.indptr))
+            logits = np.bincount(rows, features.values * pulled["weights"][inverse, 0],
                                  minlength=batch.num_examples) + pulled["bias"][0]
             probs = sigmoid(logits)
             loss = float(np.mean(np.maximum(logits, 0) - logits * batch.labels + np.log1p(np.exp(-np.abs(logits)))))
             d = (probs - batch.labels) / batch.num_examples
-            grad_w = np.bincount(inverse, batch.values * d[rows], minlength=ids.size).astype(np.float32)
+            grad_w = np.bincount(inverse, features.values * d[rows], minlength=ids.size).astype(np.float32)
             step = client.push({"weights": psflow.SparseGradient(ids, grad_w[:, None]),
                                 "bias": psflow.DenseGradient(np.array([d.sum()], np.float32))},
                                examples=batch.num_examples, loss=loss)
@@ -96,9 +97,10 @@ def main() -> None:
     # 5. The chief evaluates the model as it is on the ps tasks.
     if flags.task_index == 0 and flags.eval:
         test = read_all([flags.eval], "libsvm")
+        features = test.column()
         model = client.pull({"weights": None, "bias": None})
-        rows = np.repeat(np.arange(test.num_examples), np.diff(test.indptr))
-        logits = np.bincount(rows, test.values * model["weights"][test.ids, 0], minlength=test.num_examples)
+        rows = np.repeat(np.arange(test.num_examples), np.diff(features.indptr))
+        logits = np.bincount(rows, features.values * model["weights"][features.ids, 0], minlength=test.num_examples)
         print("eval:", binary_metrics(test.labels, sigmoid(logits + model["bias"][0])), flush=True)
     if flags.task_index == 0 and flags.shutdown_ps:
         client.shutdown_servers()

@@ -8,9 +8,15 @@ The public API, by concept (each name's module says more):
 ``replica_device_setter``,          :mod:`psflow.placement` (where variables live;
 ``VariableSet``, partitioners,      partitions along axis 0)
 strategies
-``ParameterClient``,                :mod:`psflow.train.client` (pull rows, push
-``DenseGradient``,                  gradients; one RPC per ps task)
+``ParameterClient``                 :mod:`psflow.train.client` (pull rows, push
+                                    gradients; one RPC per ps task)
+``DenseGradient``,                  :mod:`psflow.gradients` (what a push carries)
 ``SparseGradient``
+``Model``, ``ModelConfig``,         :mod:`psflow.models` (the model seam: declare
+``VariableSpec``, ``ModelOutput``,  variables, say which rows a batch needs,
+``create_model``                    compute loss and gradients; the registry)
+``Batch``                           :mod:`psflow.data` (labels, named sparse and
+                                    dense features)
 ``OptimizerSpec``                   :mod:`psflow.ps.optimizers` (applied on the ps)
 ``ConnectConfig``                   :mod:`psflow.rpc.api` (timeouts, token)
 =================================  ==========================================
@@ -21,6 +27,9 @@ the wire) are in the README.
 """
 
 from psflow.cluster import ClusterSpec, TaskId, parse_tf_config
+from psflow.data import Batch
+from psflow.gradients import DenseGradient, SparseGradient
+from psflow.models import Model, ModelConfig, ModelOutput, VariableSpec, create_model
 from psflow.placement import (
     GreedyLoadBalancingStrategy,
     RoundRobinStrategy,
@@ -34,7 +43,7 @@ from psflow.placement import (
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig
 from psflow.server import Server
-from psflow.train.client import DenseGradient, ParameterClient, SparseGradient
+from psflow.train.client import ParameterClient
 
 __version__ = "0.1.0"
 
@@ -56,5 +65,11 @@ __all__ = [
     "SparseGradient",
     "OptimizerSpec",
     "ConnectConfig",
+    "Batch",
+    "Model",
+    "ModelConfig",
+    "ModelOutput",
+    "VariableSpec",
+    "create_model",
     "__version__",
 ]

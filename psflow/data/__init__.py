@@ -1,5 +1,13 @@
 """psflow.data: input pipeline -- TFRecord, LIBSVM and Criteo readers, sharding, batching.
 
+Every format gives :class:`Batch` objects: float32 labels, named sparse
+features (:class:`SparseColumn`, CSR rows of int64 ids and float32 values) and
+named dense features.  LIBSVM gives one sparse feature
+(:data:`DEFAULT_SPARSE_FEATURE`); Criteo TSV 13 dense (``I1``..``I13``) and 26
+sparse (``C1``..``C26``) ones; TFRecord what its :class:`Schema` names.
+:func:`batch_spec` says which features and sizes a dataset's batches have,
+without reading it.
+
 Classes and functions, by file:
 
 * ``api.py`` -- :class:`DataError`, :class:`BadRecordError`,
@@ -7,24 +15,33 @@ Classes and functions, by file:
   :class:`ReaderPosition`, :class:`ShuffleState`, :class:`DatasetStats`,
   :class:`FileStats`.
 * ``dataset.py`` -- :class:`Dataset`, :func:`open_dataset`, :func:`read_all`.
-* ``batch.py`` -- :class:`SparseBatch` (CSR rows + labels + dense features).
+* ``batch.py`` -- :class:`Batch` (labels, named sparse features as :class:`SparseColumn`,
+  named dense features), :class:`BatchSpec` (feature names and sizes).
+* ``hashing.py`` -- stable 64-bit hashing of ids and strings (splitmix64,
+  per-feature salts, the string hash of string features and Criteo).
 * ``sharding.py`` -- :func:`shard_plan`, :class:`WorkerShard`,
   :func:`expand_paths`, :func:`epoch_file_order`.
 * ``shuffle.py`` -- the deterministic, resumable shuffle buffer.
-* ``prefetch.py`` -- the background thread (:class:`Prefetcher`).
+* ``prefetch.py`` -- the background thread (:class:`Prefetcher`);
+  ``reader_process.py`` -- the forked reader (:class:`ReaderProcess`).
 * ``readers.py`` -- per-format file readers; ``source.py`` -- plain/gzip bytes.
 * ``tfrecord.py`` -- :class:`TFRecordWriter`, :func:`read_records`, framing and CRCs.
 * ``native.py`` -- which implementation runs the per-byte loops of TFRecord
   parsing: the optional C extension ``_native`` (``_native.c``) or numpy.
+* ``schema.py`` -- :class:`Schema` (from YAML/JSON or ``--feature`` flags),
+  :func:`default_sparse_schema`, :func:`batch_spec`; ``features.py`` -- the
+  feature kinds :class:`FixedLenFeature`, :class:`VarLenFeature`,
+  :class:`SparseFeature` and their YAML/JSON and flag forms.
 * ``example.py`` + ``example.proto`` -- ``tf.train.Example`` decoding by
-  schema (:func:`parse_examples`) and encoding (:func:`encode_example`);
+  schema (:func:`parse_examples`) into batches; ``example_wire.py`` -- the
+  vectorized decoder's loops over the wire format (C or numpy);
+  ``example_encode.py`` -- encoding (:func:`encode_example`, many at once);
   ``example_pb.py`` -- the same messages as protobuf classes, built at run
   time (the general decoding path; no generated code).
-* ``schema.py`` -- :class:`Schema`, :class:`FixedLenFeature`,
-  :class:`VarLenFeature`, :class:`SparseFeature`, :func:`default_sparse_schema`.
 * ``libsvm.py``, ``criteo.py``, ``text.py`` -- vectorized text parsing.
-* ``convert.py`` -- :func:`convert` (LIBSVM/Criteo -> sharded TFRecord) and
-  the ``psflow convert`` command-line hooks.
+* ``convert.py`` -- :func:`convert` (LIBSVM/Criteo -> sharded TFRecord plus
+  the schema file that reads them back) and the ``psflow convert``
+  command-line hooks.
 
 Guarantees:
 
@@ -35,11 +52,17 @@ Guarantees:
   the same config) yields exactly the remaining records in the same order --
   none skipped, none repeated -- with or without shuffling, across epochs.
 * **Determinism.** Output depends only on the files and the config (seed
-  included), never on timing, block sizes or prefetch depth.
+  included), never on timing, block sizes, prefetch depth, the reader process
+  or which loops (C or numpy) run.
+* **Stable ids.** Hashed ids (Criteo, string features) are defined by the
+  arithmetic in ``hashing.py``: the same on every run, machine and numpy version.
+* **Same features in every batch.** Every batch of a dataset has the same
+  sparse and dense feature names, in the same order (:func:`batch_spec`).
 * **Bad input is named.** Errors give the file and the 1-based line (text) or
-  the 0-based record index and byte offset (TFRecord).  With
-  ``skip_bad_records`` bad records are skipped and counted, up to
-  ``max_bad_records`` per epoch.
+  the 0-based record index and byte offset (TFRecord), and the feature when
+  one is at fault.  With ``skip_bad_records`` bad records are skipped and
+  counted, up to ``max_bad_records`` per epoch.  A schema feature that no
+  record of a file's first chunk has is a :class:`DataError` naming it.
 * **Bounded memory.** Files are read in blocks of ``block_size`` (1 MiB);
   at most ``prefetch`` batches wait in the queue; the shuffle buffer holds at
   most ``shuffle_buffer`` records.
@@ -47,8 +70,10 @@ Guarantees:
 
 Not guaranteed: balanced shards in file mode (a worker gets whole files);
 resuming with a different ``num_workers``, ``shuffle_buffer``,
-``min_after_dequeue`` or seed (refused with :class:`DataError`).
-The library reads no environment variables.
+``min_after_dequeue`` or seed (refused with :class:`DataError`); that a
+rare schema feature is caught as missing (the check looks at the first chunk
+of each file only, so it depends on ``block_size``; mark such features
+``optional``).  The library reads no environment variables.
 """
 
 from psflow.data.api import (
@@ -62,17 +87,20 @@ from psflow.data.api import (
     ShuffleState,
     TooManyBadRecordsError,
 )
-from psflow.data.batch import SparseBatch
+from psflow.data.batch import DEFAULT_SPARSE_FEATURE, Batch, BatchSpec, SparseColumn
 from psflow.data.convert import add_convert_arguments, convert, run_convert
 from psflow.data.dataset import Dataset, open_dataset, read_all
 from psflow.data.example import ParsedExamples, Ragged, encode_example, parse_examples
-from psflow.data.schema import FixedLenFeature, Schema, SparseFeature, VarLenFeature, default_sparse_schema
+from psflow.data.schema import FixedLenFeature, Schema, SparseFeature, VarLenFeature, batch_spec, default_sparse_schema
 from psflow.data.sharding import WorkerShard, epoch_file_order, expand_paths, shard_plan
 from psflow.data.tfrecord import TFRecordWriter, read_records
 
 __all__ = [
     "FORMATS",
     "BadRecordError",
+    "Batch",
+    "BatchSpec",
+    "DEFAULT_SPARSE_FEATURE",
     "DataError",
     "Dataset",
     "DatasetConfig",
@@ -84,13 +112,14 @@ __all__ = [
     "ReaderPosition",
     "Schema",
     "ShuffleState",
-    "SparseBatch",
+    "SparseColumn",
     "SparseFeature",
     "TFRecordWriter",
     "TooManyBadRecordsError",
     "VarLenFeature",
     "WorkerShard",
     "add_convert_arguments",
+    "batch_spec",
     "convert",
     "default_sparse_schema",
     "encode_example",

@@ -9,9 +9,12 @@
  *   decode_varints(buf, p0, p1, values, counts)       packed varint lists
  *   copy_ranges(buf, starts, lengths, out)     byte ranges, concatenated (packed floats)
  *   walk_examples(buf, starts, lengths, out)   the map entries of serialized tf.train.Examples
+ *   match_keys(buf, starts, lengths, out, keys, key_offsets)   which wanted key each entry has
+ *   place_entries(buf, entries, count, match, want, n, kind, p0, p1, decoded)   entries onto a key x record grid
+ *   split_bytes_lists(buf, b0, b1, starts, lengths, counts)    the items of BytesList bodies
  *   crc32c(data, software=False)               one CRC32C (for tests)
  *
- * Each has a pure-numpy twin in psflow/data (tfrecord.py, example.py) that
+ * Each has a pure-numpy twin in psflow/data (tfrecord.py, example_wire.py) that
  * gives the same results; psflow/data/native.py picks this module when it
  * was built and the twin otherwise.  The tests compare the two on random
  * and malformed input.
@@ -139,9 +142,7 @@ typedef struct {
 
 enum { OUT_BYTES, OUT_U32, OUT_I64 };
 
-static int ranges_get(PyObject *args, const char *format, int out_kind, Ranges *r) {
-    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
-    if (!PyArg_ParseTuple(args, format, &buf_obj, &s_obj, &l_obj, &o_obj)) return -1;
+static int ranges_acquire(PyObject *buf_obj, PyObject *s_obj, PyObject *l_obj, PyObject *o_obj, int out_kind, Ranges *r) {
     if (PyObject_GetBuffer(buf_obj, &r->buf, PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (get_i64(s_obj, &r->starts, 0, "starts") < 0) goto fail_buf;
     if (get_i64(l_obj, &r->lengths, 0, "lengths") < 0) goto fail_s;
@@ -167,6 +168,26 @@ fail_s:
 fail_buf:
     PyBuffer_Release(&r->buf);
     return -1;
+}
+
+static int ranges_get(PyObject *args, const char *format, int out_kind, Ranges *r) {
+    PyObject *buf_obj, *s_obj, *l_obj, *o_obj;
+    if (!PyArg_ParseTuple(args, format, &buf_obj, &s_obj, &l_obj, &o_obj)) return -1;
+    return ranges_acquire(buf_obj, s_obj, l_obj, o_obj, out_kind, r);
+}
+
+/* Every [p0[i], p1[i]) inside [0, size)?  Sets ValueError naming the first that is not; returns sum(p1 - p0). */
+static int64_t check_pairs(const int64_t *p0, const int64_t *p1, Py_ssize_t n, Py_ssize_t size, const char *what) {
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p0[i] < 0 || p1[i] < p0[i] || p1[i] > (int64_t)size) {
+            PyErr_Format(PyExc_ValueError, "%s: range %zd [%lld, %lld) is outside the %zd-byte buffer", what, i,
+                         (long long)p0[i], (long long)p1[i], size);
+            return -1;
+        }
+        total += p1[i] - p0[i];
+    }
+    return total;
 }
 
 static void ranges_release(Ranges *r) {
@@ -265,15 +286,8 @@ static PyObject *native_decode_varints(PyObject *self, PyObject *args) {
     }
     {
         const int64_t *p0 = a.buf, *p1 = b.buf;
-        int64_t need = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (p0[i] < 0 || p1[i] < p0[i] || p1[i] > (int64_t)buf.len) {
-                PyErr_Format(PyExc_ValueError, "decode_varints: range %zd [%lld, %lld) is outside the %zd-byte buffer",
-                             i, (long long)p0[i], (long long)p1[i], buf.len);
-                goto fail_c;
-            }
-            need += p1[i] - p0[i];
-        }
+        int64_t need = check_pairs(p0, p1, n, buf.len, "decode_varints");
+        if (need < 0) goto fail_c;
         if (need > v.len / 8) {
             PyErr_SetString(PyExc_ValueError, "decode_varints: values is too small (give it sum(p1 - p0) slots)");
             goto fail_c;
@@ -433,6 +447,292 @@ static PyObject *native_walk_examples(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(bad ? -1 : count);
 }
 
+/* ---- match_keys ------------------------------------------------------- */
+
+static inline uint64_t fnv1a(const uint8_t *p, int64_t n) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (int64_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001B3ull;
+    return h;
+}
+
+PyDoc_STRVAR(match_doc,
+"match_keys(buf, starts, lengths, out, keys, key_offsets)\n\n"
+"out[i] = the index j of the wanted key equal to buf[starts[i]:starts[i] + lengths[i]], or -1 if\n"
+"none is (out: int64, one slot per range).  The wanted keys are keys[key_offsets[j]:key_offsets[j + 1]]\n"
+"(key_offsets: int64 [k + 1], non-decreasing, inside keys); when two are equal the first wins.\n"
+"One hash-table probe per range: the entries of a chunk are matched in one pass, whatever k.");
+
+static PyObject *native_match_keys(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *s_obj, *l_obj, *o_obj, *keys_obj, *ko_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOO:match_keys", &buf_obj, &s_obj, &l_obj, &o_obj, &keys_obj, &ko_obj)) return NULL;
+    Ranges r;
+    if (ranges_acquire(buf_obj, s_obj, l_obj, o_obj, OUT_I64, &r) < 0) return NULL;
+    Py_buffer keys, ko;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(keys_obj, &keys, PyBUF_C_CONTIGUOUS) < 0) goto fail_r;
+    if (get_i64(ko_obj, &ko, 0, "key_offsets") < 0) goto fail_keys;
+    Py_ssize_t k = ko.len / 8 - 1;
+    const int64_t *kof = ko.buf;
+    if (r.out.len / 8 != r.n) {
+        PyErr_SetString(PyExc_ValueError, "match_keys: out and starts differ in length");
+        goto fail_ko;
+    }
+    if (k < 0 || k > (1 << 28)) {
+        PyErr_SetString(PyExc_ValueError, "match_keys: key_offsets must have 1 to 2**28 + 1 entries");
+        goto fail_ko;
+    }
+    if (check_pairs(kof, kof + 1, k, keys.len, "match_keys: key") < 0 || kof[0] < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "match_keys: key_offsets[0] is negative");
+        goto fail_ko;
+    }
+    {
+        Py_ssize_t size = 16;
+        while (size < 2 * k) size *= 2;
+        int32_t *table = PyMem_RawMalloc((size_t)(size + k + 1) * sizeof(int32_t)); /* hash table, then next_of */
+        if (table == NULL) {
+            PyErr_NoMemory();
+            goto fail_ko;
+        }
+        const uint8_t *p = r.buf.buf, *kp = keys.buf;
+        const int64_t *st = r.starts.buf, *ln = r.lengths.buf;
+        int64_t *out = r.out.buf;
+        Py_ssize_t n = r.n, mask = size - 1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < size; j++) table[j] = -1;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            int64_t len = kof[j + 1] - kof[j];
+            Py_ssize_t slot = (Py_ssize_t)(fnv1a(kp + kof[j], len) & (uint64_t)mask);
+            for (;; slot = (slot + 1) & mask) {
+                int32_t t = table[slot];
+                if (t < 0) { table[slot] = (int32_t)j; break; }
+                if (kof[t + 1] - kof[t] == len && memcmp(kp + kof[t], kp + kof[j], (size_t)len) == 0) break; /* first wins */
+            }
+        }
+        /* Records of one writer list their keys in one order: guess that a key follows the key that
+         * followed it last time (next_of[k]: after an unwanted key), and probe only when wrong. */
+        int32_t *next_of = table + size, prev = (int32_t)k;
+        for (Py_ssize_t j = 0; j <= k; j++) next_of[j] = -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int32_t guess = next_of[prev], found = -1;
+            if (guess >= 0 && kof[guess + 1] - kof[guess] == ln[i] && memcmp(kp + kof[guess], p + st[i], (size_t)ln[i]) == 0) {
+                found = guess;
+            } else {
+                Py_ssize_t slot = (Py_ssize_t)(fnv1a(p + st[i], ln[i]) & (uint64_t)mask);
+                for (;; slot = (slot + 1) & mask) {
+                    int32_t t = table[slot];
+                    if (t < 0) break;
+                    if (kof[t + 1] - kof[t] == ln[i] && memcmp(kp + kof[t], p + st[i], (size_t)ln[i]) == 0) { found = t; break; }
+                }
+                next_of[prev] = found;
+            }
+            out[i] = found;
+            prev = found >= 0 ? found : (int32_t)k;
+        }
+        Py_END_ALLOW_THREADS
+        PyMem_RawFree(table);
+        result = Py_None;
+        Py_INCREF(result);
+    }
+fail_ko:
+    PyBuffer_Release(&ko);
+fail_keys:
+    PyBuffer_Release(&keys);
+fail_r:
+    ranges_release(&r);
+    return result;
+}
+
+/* ---- place_entries ------------------------------------------------------ */
+
+/* place_entries' loop (restrict: the int8 and uint8 outputs alias nothing, so the compiler keeps the
+ * inputs in registers).  Returns 0, 1 (the general decoder must decode the chunk) or 2 (entry *at is
+ * outside the grid or the buffer). */
+static int place_loop(const uint8_t *restrict p, Py_ssize_t size, const int64_t *restrict rec, const int64_t *restrict kind_in,
+                      const int64_t *restrict b0, const int64_t *restrict b1, const int64_t *restrict match,
+                      const int64_t *restrict want, Py_ssize_t count, Py_ssize_t k, Py_ssize_t n, int8_t *restrict kind,
+                      int64_t *restrict p0, int64_t *restrict p1, uint8_t *restrict decoded, Py_ssize_t *at) {
+    memset(kind, 0xFF, (size_t)(k * n)); /* -1: no entry yet */
+    memset(p0, 0, (size_t)(k * n) * 8);
+    memset(p1, 0, (size_t)(k * n) * 8);
+    int bad = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int64_t j = match[i], r = rec[i], s0 = b0[i], s1 = b1[i], got = kind_in[i];
+        if (j < -1 || j >= k || r < 0 || r >= n || s0 < 0 || s1 < s0 || s1 > (int64_t)size) {
+            *at = i; /* checked before any use of the entry */
+            return 2;
+        }
+        decoded[i] = 0;
+        if (j < 0) continue;
+        Py_ssize_t slot = (Py_ssize_t)(j * n + r);
+        if (kind[slot] >= 0) { bad = 1; break; } /* a repeated map key: protobuf's last-wins */
+        kind[slot] = (int8_t)got;
+        if (got != want[j]) continue;
+        if (got != 1 && s1 > s0) { /* one packed field: 0x0A, length, payload up to the body's end */
+            int nb = 0;
+            int64_t len = 0;
+            if (p[s0] == 0x0A) len = varint5(p, s0 + 1, s1, &nb);
+            if (nb == 0 || s0 + 1 + nb + len != s1 || (got == 2 && len % 4 != 0)) { bad = 1; break; }
+            s0 += 1 + nb;
+        }
+        p0[slot] = s0;
+        p1[slot] = s1;
+        decoded[i] = 1;
+    }
+    for (Py_ssize_t s = 0; s < k * n; s++)
+        if (kind[s] < 0) kind[s] = 0;
+    return bad;
+}
+
+PyDoc_STRVAR(place_doc,
+"place_entries(buf, entries, count, match, want, n, kind, p0, p1, decoded) -> status\n\n"
+"Lays the first count entries found by walk_examples (entries: its int64 [6, cap] out) onto a grid\n"
+"of k wanted keys x n records, slot j * n + r for wanted key j = match[i] (match_keys' output,\n"
+"int64 [count], -1: not wanted) and record r: each key's values come out in record order.  want (int64 [k], each 1 to 3) is the list kind\n"
+"wanted for each key.  Writes kind (int8 [k * n]: the entry's list kind, 0 where no entry), and\n"
+"where the entry has the wanted kind the range of its values: p0, p1 (int64 [k * n]) are the\n"
+"packed payload of an int64 or float list (after its one 0x0A field header; empty for an empty\n"
+"list) or the whole body of a bytes list; elsewhere p0 = p1 = 0.  decoded[i] (uint8 [count]) is\n"
+"1 for the entries placed with their values, 0 for the others (which the caller still checks).\n"
+"Returns 0, or -1 when the chunk needs the general decoder: a key repeated in a record, a\n"
+"numeric list that is not one packed field, a float payload that is not whole floats.");
+
+static PyObject *native_place_entries(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *e_obj, *m_obj, *w_obj, *k_obj, *p0_obj, *p1_obj, *d_obj;
+    Py_ssize_t count, n;
+    if (!PyArg_ParseTuple(args, "OOnOOnOOOO:place_entries", &buf_obj, &e_obj, &count, &m_obj, &w_obj, &n, &k_obj, &p0_obj,
+                          &p1_obj, &d_obj))
+        return NULL;
+    Py_buffer buf, e, m, w, kv, a, b, d;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_i64(e_obj, &e, 0, "entries") < 0) goto fail_buf;
+    if (get_i64(m_obj, &m, 0, "match") < 0) goto fail_e;
+    if (get_i64(w_obj, &w, 0, "want") < 0) goto fail_m;
+    if (get_ints(k_obj, &kv, 1, 1, "bb", "kind", "int8") < 0) goto fail_w;
+    if (get_i64(p0_obj, &a, 1, "p0") < 0) goto fail_k;
+    if (get_i64(p1_obj, &b, 1, "p1") < 0) goto fail_a;
+    if (get_ints(d_obj, &d, 1, 1, "BB", "decoded", "uint8") < 0) goto fail_b;
+    Py_ssize_t cap = e.len / 48, k = w.len / 8;
+    if (e.len % 48 != 0 || count < 0 || count > cap || m.len / 8 != count || d.len != count) {
+        PyErr_SetString(PyExc_ValueError, "place_entries: want entries int64 [6, cap] with count <= cap, match and decoded [count]");
+        goto fail_d;
+    }
+    if (n < 0 || (k > 0 && n > PY_SSIZE_T_MAX / 8 / k) || kv.len != k * n || a.len / 8 != k * n || b.len / 8 != k * n) {
+        PyErr_SetString(PyExc_ValueError, "place_entries: kind, p0 and p1 must have k * n slots (k = len(want))");
+        goto fail_d;
+    }
+    {
+        const int64_t *rec = e.buf, *kind_in = rec + 3 * cap, *b0 = rec + 4 * cap, *b1 = rec + 5 * cap, *match = m.buf,
+                      *want = w.buf;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (want[j] < 1 || want[j] > 3) {
+                PyErr_Format(PyExc_ValueError, "place_entries: want[%zd] = %lld is not a list kind (1 to 3)", j, (long long)want[j]);
+                goto fail_d;
+            }
+        }
+        Py_ssize_t i = count;
+        int bad;
+        Py_BEGIN_ALLOW_THREADS
+        bad = place_loop(buf.buf, buf.len, rec, kind_in, b0, b1, match, want, count, k, n, kv.buf, a.buf, b.buf, d.buf, &i);
+        Py_END_ALLOW_THREADS
+        if (bad == 2) {
+            PyErr_Format(PyExc_ValueError, "place_entries: entry %zd (match %lld, record %lld, body [%lld, %lld)) is "
+                         "outside the grid or the %zd-byte buffer", i, (long long)match[i], (long long)rec[i],
+                         (long long)b0[i], (long long)b1[i], buf.len);
+            goto fail_d;
+        }
+        result = PyLong_FromLong(bad ? -1 : 0);
+    }
+fail_d:
+    PyBuffer_Release(&d);
+fail_b:
+    PyBuffer_Release(&b);
+fail_a:
+    PyBuffer_Release(&a);
+fail_k:
+    PyBuffer_Release(&kv);
+fail_w:
+    PyBuffer_Release(&w);
+fail_m:
+    PyBuffer_Release(&m);
+fail_e:
+    PyBuffer_Release(&e);
+fail_buf:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/* ---- split_bytes_lists ------------------------------------------------- */
+
+PyDoc_STRVAR(split_doc,
+"split_bytes_lists(buf, b0, b1, starts, lengths, counts) -> total\n\n"
+"Finds the items of the BytesList bodies buf[b0[i]:b1[i]], each canonically encoded as\n"
+"0x0A, a varint length of at most 5 bytes, the bytes: writes each item's start and length, in\n"
+"order, to starts and lengths (int64; sum(b1 - b0) // 2 slots suffice) and their number per body\n"
+"to counts[i] (int64).  Returns the number of items, or -1 if a body is not in that form.");
+
+static PyObject *native_split_bytes_lists(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *a_obj, *b_obj, *s_obj, *l_obj, *c_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOO:split_bytes_lists", &buf_obj, &a_obj, &b_obj, &s_obj, &l_obj, &c_obj)) return NULL;
+    Py_buffer buf, a, b, so, lo, c;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (get_i64(a_obj, &a, 0, "b0") < 0) goto fail_buf;
+    if (get_i64(b_obj, &b, 0, "b1") < 0) goto fail_a;
+    if (get_i64(s_obj, &so, 1, "starts") < 0) goto fail_b;
+    if (get_i64(l_obj, &lo, 1, "lengths") < 0) goto fail_s;
+    if (get_i64(c_obj, &c, 1, "counts") < 0) goto fail_l;
+    Py_ssize_t n = a.len / 8;
+    if (b.len / 8 != n || c.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "split_bytes_lists: b0, b1 and counts differ in length");
+        goto fail_c;
+    }
+    {
+        const int64_t *p0 = a.buf, *p1 = b.buf;
+        int64_t need = check_pairs(p0, p1, n, buf.len, "split_bytes_lists");
+        if (need < 0) goto fail_c;
+        if (need / 2 > so.len / 8 || need / 2 > lo.len / 8) {
+            PyErr_SetString(PyExc_ValueError, "split_bytes_lists: starts or lengths is too small (give each sum(b1 - b0) // 2 slots)");
+            goto fail_c;
+        }
+        const uint8_t *p = buf.buf;
+        int64_t *starts = so.buf, *lengths = lo.buf, *counts = c.buf;
+        int64_t total = 0;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            int64_t pos = p0[i], end = p1[i], before = total;
+            while (pos < end) {
+                int nb;
+                if (p[pos] != 0x0A) { bad = 1; break; }
+                int64_t size = varint5(p, pos + 1, end, &nb);
+                int64_t item = pos + 1 + nb;
+                if (nb == 0 || size > end - item) { bad = 1; break; }
+                starts[total] = item; /* total < need / 2: every item took >= 2 bytes of its body */
+                lengths[total] = size;
+                total++;
+                pos = item + size;
+            }
+            counts[i] = total - before;
+        }
+        Py_END_ALLOW_THREADS
+        result = PyLong_FromLongLong(bad ? -1 : total);
+    }
+fail_c:
+    PyBuffer_Release(&c);
+fail_l:
+    PyBuffer_Release(&lo);
+fail_s:
+    PyBuffer_Release(&so);
+fail_b:
+    PyBuffer_Release(&b);
+fail_a:
+    PyBuffer_Release(&a);
+fail_buf:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 /* ---- crc32c (tests) ----------------------------------------------------- */
 
 PyDoc_STRVAR(crc_doc,
@@ -455,6 +755,9 @@ static PyMethodDef methods[] = {
     {"decode_varints", native_decode_varints, METH_VARARGS, varints_doc},
     {"copy_ranges", native_copy_ranges, METH_VARARGS, copy_doc},
     {"walk_examples", native_walk_examples, METH_VARARGS, walk_doc},
+    {"match_keys", native_match_keys, METH_VARARGS, match_doc},
+    {"place_entries", native_place_entries, METH_VARARGS, place_doc},
+    {"split_bytes_lists", native_split_bytes_lists, METH_VARARGS, split_doc},
     {"crc32c", (PyCFunction)(void (*)(void))native_crc32c, METH_VARARGS | METH_KEYWORDS, crc_doc},
     {NULL, NULL, 0, NULL},
 };

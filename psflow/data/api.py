@@ -124,8 +124,11 @@ class DatasetConfig:
         drop_remainder: drop the last, partial batch of each epoch.
         worker_index: this worker, in ``[0, num_workers)``.
         num_workers: workers sharing the files (see ``sharding.py``).
-        schema: TFRecord only; ``None`` is :func:`default_sparse_schema`.
-        num_features: Criteo only: size of the hashed id space.
+        schema: TFRecord only; ``None`` is :func:`default_sparse_schema`.  It
+            must fit a batch (:meth:`Schema.batch_layout`).
+        num_features: Criteo: each categorical column's hashed id space;
+            also the id space :func:`~psflow.data.schema.batch_spec` gives
+            sparse features without their own size.
         skip_bad_records: skip (and count) bad records instead of raising.
         max_bad_records: with skipping, the most bad records allowed in one
             epoch; one more raises :class:`TooManyBadRecordsError`.
@@ -201,6 +204,11 @@ class DatasetConfig:
             problems.append(f"compression {self.compression!r} is not one of {', '.join(_COMPRESSIONS)}")
         if self.schema is not None and self.format != "tfrecord":
             problems.append(f"schema applies to tfrecord only, format is {self.format!r}")
+        elif self.schema is not None:
+            try:
+                self.schema.batch_layout()
+            except ValueError as e:
+                problems.append(f"schema: {e}")
         if problems:
             raise ValueError("invalid DatasetConfig: " + "; ".join(problems))
 

@@ -41,10 +41,10 @@ from psflow.data.api import (
     ShuffleState,
     TooManyBadRecordsError,
 )
-from psflow.data.batch import SparseBatch
+from psflow.data.batch import Batch, SparseColumn
 from psflow.data.prefetch import Prefetcher
 from psflow.data.reader_process import ReaderProcess
-from psflow.data.readers import iter_file
+from psflow.data.readers import empty_batch, iter_file
 from psflow.data.sharding import WorkerShard, epoch_file_order, expand_paths, shard_plan
 from psflow.data.shuffle import OutPiece, ReadPiece, Rows, sequential_pieces, shuffle_rows
 
@@ -52,9 +52,9 @@ __all__ = ["Dataset", "open_dataset", "read_all"]
 
 logger = logging.getLogger("psflow.data")
 
-_Item = tuple[SparseBatch, ReaderPosition]
+_Item = tuple[Batch, ReaderPosition]
 #: A per-batch step run by the reader (see :func:`open_dataset`).
-Prepare = Callable[[SparseBatch], SparseBatch]
+Prepare = Callable[[Batch], Batch]
 
 #: Batches a reader process may run ahead. Parsing comes in bursts (a whole read block, ~20 batches
 #: of 512 at a time), so a shallow ring would stall the consumer at every block; 64 slots of
@@ -62,23 +62,30 @@ Prepare = Callable[[SparseBatch], SparseBatch]
 PROCESS_DEPTH = 64
 #: One slot: a 512-example batch of 39 ids needs ~250 KB; a batch that does not fit goes through a pipe.
 PROCESS_SLOT_BYTES = 1 << 20
-_CountedItem = tuple[SparseBatch, ReaderPosition, DatasetStats]  # from a reader process: its counters too
+_CountedItem = tuple[Batch, ReaderPosition, DatasetStats]  # from a reader process: its counters too
 
 
 def _take_apart(item: _CountedItem) -> tuple[list[np.ndarray], Any]:
+    """Every array of the batch (labels, each sparse column's three, dense, extras) and a picklable rest
+    naming them, in order."""
     batch, position, stats = item
-    names, extra_names = sorted(batch.dense), sorted(batch.extras)
-    arrays: list[np.ndarray] = [batch.labels, batch.indptr, batch.ids, batch.values,
-                                *(batch.dense[k] for k in names), *(batch.extras[k] for k in extra_names)]
-    return arrays, (names, extra_names, position, stats)
+    sparse, dense, extras = list(batch.sparse), list(batch.dense), list(batch.extras)
+    arrays: list[np.ndarray] = [batch.labels]
+    for name in sparse:
+        column = batch.sparse[name]
+        arrays += [column.indptr, column.ids, column.values]
+    arrays += [batch.dense[k] for k in dense] + [batch.extras[k] for k in extras]
+    return arrays, (sparse, dense, extras, position, stats)
 
 
 def _rebuild(arrays: list[np.ndarray], rest: Any) -> _CountedItem:
-    names, extra_names, position, stats = rest
-    labels, indptr, ids, values, *more = arrays
-    dense = dict(zip(names, more[: len(names)], strict=True))
-    extras = dict(zip(extra_names, more[len(names) :], strict=True))
-    return SparseBatch(labels, indptr, ids, values, dense, extras), position, stats
+    sparse_names, dense_names, extra_names, position, stats = rest
+    labels, *more = arrays
+    sparse = {name: SparseColumn(*more[3 * i : 3 * i + 3]) for i, name in enumerate(sparse_names)}
+    more = more[3 * len(sparse_names) :]
+    dense = dict(zip(dense_names, more[: len(dense_names)], strict=True))
+    extras = dict(zip(extra_names, more[len(dense_names) :], strict=True))
+    return Batch(labels, sparse, dense, extras), position, stats
 
 
 class _Counters:
@@ -263,12 +270,13 @@ def _batch(pieces: Iterator[OutPiece], batch_size: int, drop_remainder: bool, co
             last = queue[0]
             piece, start = last
             take = min(want, piece.batch.num_examples - start)
-            parts.append(piece.batch.slice(start, start + take))
+            if take:
+                parts.append(piece.batch.slice(start, start + take))
             last[1] = start + take
             want -= take
             if last[1] == piece.batch.num_examples:
                 queue.popleft()
-        batch = SparseBatch.concat(parts)
+        batch = Batch.concat(parts)
         ready -= batch.num_examples
         consumed += batch.num_examples
         position = last[0].position_after(last[1])
@@ -276,7 +284,7 @@ def _batch(pieces: Iterator[OutPiece], batch_size: int, drop_remainder: bool, co
 
 
 class Dataset:
-    """A worker's stream of :class:`SparseBatch`, over epochs.
+    """A worker's stream of :class:`Batch`, over epochs.
 
     An iterator and a context manager.  Iteration (``next``) blocks until the
     next batch is ready and ends with ``StopIteration`` after the last epoch.
@@ -336,7 +344,7 @@ class Dataset:
     def __iter__(self) -> Dataset:
         return self
 
-    def __next__(self) -> SparseBatch:
+    def __next__(self) -> Batch:
         """Returns the next batch.
 
         Raises:
@@ -409,7 +417,7 @@ def open_dataset(config: DatasetConfig, *, start: bool, resume_from: ReaderPosit
         prepare: applied to every batch where it is made (the prefetch thread,
             the reader process, or the consumer's thread), before it is handed
             out: work moved off the training loop.  It must return a batch
-            with the same rows (it may add :attr:`SparseBatch.extras`); with a
+            with the same rows (it may add :attr:`Batch.extras`); with a
             reader process it runs in the child, so it must not rely on side
             effects in the parent.
 
@@ -419,7 +427,7 @@ def open_dataset(config: DatasetConfig, *, start: bool, resume_from: ReaderPosit
     return Dataset(config, start=start, resume_from=resume_from, prepare=prepare)
 
 
-def read_all(paths: Sequence[str] | str, format: str, **options: Any) -> SparseBatch:
+def read_all(paths: Sequence[str] | str, format: str, **options: Any) -> Batch:
     """Reads whole files into one batch, in sorted file order (for evaluation).
 
     Args:
@@ -437,4 +445,4 @@ def read_all(paths: Sequence[str] | str, format: str, **options: Any) -> SparseB
     config = DatasetConfig(tuple(paths), format, **options)
     with open_dataset(config, start=False) as dataset:
         batches = list(dataset)
-    return SparseBatch.concat(batches) if batches else SparseBatch.empty()
+    return Batch.concat(batches) if batches else empty_batch(config)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from psflow.data.batch import SparseBatch
+from psflow.data.batch import Batch
 from psflow.data.text import Buffer, parse_float_token, parse_floats, parse_uints
 
 __all__ = ["TextParse", "parse_libsvm"]
@@ -42,7 +42,7 @@ class TextParse:
         errors: ``(line index among the given lines, message)`` for each malformed line.
     """
 
-    batch: SparseBatch
+    batch: Batch
     rows: npt.NDArray[np.int64]
     errors: list[tuple[int, str]]
 
@@ -105,7 +105,7 @@ def _parse_fast(data: bytes, newlines: npt.NDArray[np.int64] | None = None) -> T
         values = parsed.astype(np.float32)
     indptr = np.zeros(nonblank.size + 1, dtype=np.int64)
     np.cumsum(per_line, out=indptr[1:])
-    batch = SparseBatch((labels > 0).astype(np.float32), indptr, ids, values)
+    batch = Batch.from_csr((labels > 0).astype(np.float32), indptr, ids, values)
     return TextParse(batch, nonblank.astype(np.int64), [])
 
 
@@ -162,10 +162,5 @@ def _parse_slow(data: bytes) -> TextParse:
         rows.append(i)
     indptr = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    batch = SparseBatch(
-        labels=(np.asarray(labels, dtype=np.float64) > 0).astype(np.float32),
-        indptr=indptr,
-        ids=np.asarray(ids, dtype=np.int64),
-        values=np.asarray(values, dtype=np.float32),
-    )
+    batch = Batch.from_csr((np.asarray(labels, dtype=np.float64) > 0).astype(np.float32), indptr, ids, values)
     return TextParse(batch, np.asarray(rows, dtype=np.int64), errors)

@@ -1,6 +1,6 @@
 """Per-format file readers: one file, from a given record, in parsed pieces.
 
-A reader yields :class:`Piece` objects: a SparseBatch of this worker's good
+A reader yields :class:`Piece` objects: a :class:`Batch` of this worker's good
 records from one stretch of the file, with each row's record index and byte
 offset, and where the stretch ends.  Bad records are handed to the
 ``on_bad`` callback, which raises (stop) or returns (skip); after framing
@@ -16,16 +16,16 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from psflow.data.api import BadRecordError, DatasetConfig
-from psflow.data.batch import SparseBatch, gather_ranges
+from psflow.data.api import BadRecordError, DataError, DatasetConfig
+from psflow.data.batch import Batch, gather_ranges
 from psflow.data.criteo import parse_criteo
-from psflow.data.example import decode_chunk, to_sparse_batch
+from psflow.data.example import ParsedExamples, decode_chunk, to_batch
 from psflow.data.libsvm import TextParse, parse_libsvm
 from psflow.data.schema import Schema, default_sparse_schema
 from psflow.data.source import iter_blocks, resolve_compression
 from psflow.data.tfrecord import check_data_crcs, iter_record_chunks
 
-__all__ = ["Piece", "OnBad", "iter_file"]
+__all__ = ["Piece", "OnBad", "iter_file", "empty_batch"]
 
 OnBad = Callable[[BadRecordError], None]
 
@@ -43,7 +43,7 @@ class Piece:
         eof: nothing of the file follows the stretch.
     """
 
-    batch: SparseBatch
+    batch: Batch
     record_index: npt.NDArray[np.int64]
     offsets: npt.NDArray[np.int64]
     end_record: int
@@ -68,7 +68,9 @@ def iter_file(
 
     Raises:
         BadRecordError, TooManyBadRecordsError: whatever ``on_bad`` raises.
-        DataError: the file cannot be opened or read.
+        DataError: the file cannot be opened or read; or (TFRecord) none of
+            the first chunk's records has a non-optional VarLen or Sparse feature
+            of the schema.
     """
     if config.format == "tfrecord":
         schema = config.schema or default_sparse_schema()
@@ -82,9 +84,20 @@ def iter_file(
     return _iter_text(config, parse, path, start_record, start_offset, stride, first, on_bad, config.block_size)
 
 
-def _end_piece(record: int, offset: int) -> Piece:
+def empty_batch(config: DatasetConfig) -> Batch:
+    """A batch with no examples and every feature the config's batches have (same dtypes and shapes)."""
+    none = np.zeros(0, dtype=np.int64)
+    if config.format == "tfrecord":
+        schema = config.schema or default_sparse_schema()
+        return to_batch(decode_chunk(b"", none, none, schema), schema)
+    if config.format == "libsvm":
+        return parse_libsvm(b"").batch
+    return parse_criteo(b"", config.num_features).batch
+
+
+def _end_piece(config: DatasetConfig, record: int, offset: int) -> Piece:
     empty = np.zeros(0, dtype=np.int64)
-    return Piece(SparseBatch.empty(), empty, empty, record, offset, True)
+    return Piece(empty_batch(config), empty, empty, record, offset, True)
 
 
 def _blocks_then_damage(path: str, compression: str, base: int, block_size: int) -> Iterator[bytes | BadRecordError]:
@@ -180,6 +193,7 @@ def _iter_tfrecord(
     block_size: int,
 ) -> Iterator[Piece]:
     chunks = iter_record_chunks(path, config.compression, offset, record, block_size)
+    checked = False
     while True:
         try:
             chunk = next(chunks)
@@ -187,7 +201,7 @@ def _iter_tfrecord(
             return
         except BadRecordError as e:  # framing damage or corrupt gzip: the rest of the file is unreadable
             on_bad(e)
-            yield _end_piece(e.record if e.record is not None else record, e.offset if e.offset is not None else offset)
+            yield _end_piece(config, e.record if e.record is not None else record, e.offset if e.offset is not None else offset)
             return
         rows = np.arange(len(chunk.lengths), dtype=np.int64)
         if stride > 1:
@@ -199,13 +213,18 @@ def _iter_tfrecord(
             if corrupt.size:
                 rows = np.setdiff1d(rows, corrupt)
         parsed = decode_chunk(chunk.buf, chunk.data_starts[rows], chunk.lengths[rows], schema)
+        # A key the data lacks can make every record look bad (ids without values): name it first, unless
+        # the chunk shows no wanted key at all and bad records (garbage, or another kind of data).
+        if not checked and len(rows) and (parsed.present or not parsed.errors):
+            _check_presence(path, schema, parsed, len(rows))
+            checked = True
         keep = np.ones(len(rows), dtype=bool)
         for i, message in parsed.errors:
             on_bad(_tf_error(path, chunk.record_index, chunk.offsets, int(rows[i]), message))
             keep[i] = False
         good = rows[keep]
         yield Piece(
-            batch=to_sparse_batch(parsed, schema, None if keep.all() else np.flatnonzero(keep)),
+            batch=to_batch(parsed, schema, None if keep.all() else np.flatnonzero(keep)),
             record_index=chunk.record_index[good],
             offsets=chunk.offsets[good],
             end_record=chunk.end_record,
@@ -213,6 +232,19 @@ def _iter_tfrecord(
             eof=chunk.eof,
         )
         record, offset = chunk.end_record, chunk.end_offset
+
+
+def _check_presence(path: str, schema: Schema, parsed: ParsedExamples, count: int) -> None:
+    """Raises DataError for a non-optional VarLen/Sparse feature that none of the ``count`` records of a file's
+    first chunk has (the first chunk read from it, after a resume the chunk at the resume point)."""
+    for name, keys in schema.presence_keys().items():
+        missing = [key for key in keys if key not in parsed.present]
+        if missing:
+            shown = f"Example key {missing[0]!r}" if missing != [name] else "it"
+            raise DataError(
+                f"{path}: the schema names feature {name!r}, but none of the {count} records of the file's first "
+                f"chunk has {shown}; fix the schema, or mark the feature optional (optional: true) if it is rare"
+            )
 
 
 def _tf_error(path: str, record_index: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64], row: int, message: str) -> BadRecordError:

@@ -1,43 +1,79 @@
-"""Schema: which features of a ``tf.train.Example`` to parse, and how.
+"""Schema: which features of a ``tf.train.Example`` to parse, and how they become a batch.
 
 The three feature kinds mirror ``tf.io.parse_example``:
 
 * :class:`FixedLenFeature` -- exactly ``prod(shape)`` values per example; a
-  missing (or empty) feature takes ``default``, or is an error when there is
-  no default.
-* :class:`VarLenFeature` -- any number of values, kept in stored order; a
-  missing feature has no values.
+  missing (or empty) feature takes ``default``, or makes the record bad when
+  there is no default.  Numeric ones are *dense* batch features (the label is
+  a scalar one).
+* :class:`VarLenFeature` -- any number of values, kept in stored order:
+  ``int64``, an id list (a *sparse* batch feature, values 1.0; with
+  ``vocabulary_size`` every id must lie in ``[0, vocabulary_size)``, else the
+  record is bad); ``string`` (``bytes``), a categorical feature whose strings
+  are hashed into ``[0, hash_buckets)``, each feature into its own id space,
+  as TensorFlow's ``categorical_column_with_hash_bucket`` does (a sparse batch
+  feature; see :func:`~psflow.data.hashing.hash_strings` -- the ids differ from
+  TensorFlow's FarmHash ones); ``float32`` is no batch feature by itself (pair
+  the values with their ids in a SparseFeature).
 * :class:`SparseFeature` -- two Example keys read together: ``ids_key``
-  (int64 list) and ``values_key`` (float list) of equal length per example;
-  ``values_key=None`` means every value is 1.0.
+  (int64 list) and ``values_key`` (float list, the ids' weights) of equal
+  length per example; ``values_key=None`` means every value is 1.0.  A sparse
+  batch feature.
 
 Dtypes are ``"int64"``, ``"float32"`` and ``"bytes"`` (``"string"``,
 ``"float"`` and ``"int"`` are accepted as spellings of the same).
 
-When a schema feeds a :class:`~psflow.data.batch.SparseBatch`, the label is
-the feature named ``label_key`` (a scalar FixedLenFeature), the CSR part is the
-schema's one SparseFeature (or, if there is none, its one int64
-VarLenFeature, with values 1.0), and every other FixedLenFeature goes into
-``SparseBatch.dense``.
+A batch (:class:`~psflow.data.batch.Batch`) gets the label (``label_key``),
+every sparse feature in ``Batch.sparse`` and every dense one in
+``Batch.dense``, in schema order (:meth:`Schema.batch_layout`);
+:meth:`Schema.batch_spec` gives the id space of each sparse feature
+(``vocabulary_size``, ``hash_buckets`` or the run's ``--num-features``) and
+the width of each dense one.
 
-On disk a schema is JSON or YAML::
+A VarLen or Sparse feature that no record of a file's first chunk (its first
+``block_size`` bytes of records) has is taken as a schema error, not as data:
+reading stops with a :class:`~psflow.data.api.DataError` naming the feature and
+the file.  Mark features that may be absent from many records in a row
+``optional``.
+
+On disk a schema is JSON or YAML, e.g. Criteo-like data::
 
     label: label
     features:
-      label:  {kind: fixed, shape: [], dtype: float32}
-      sparse: {kind: sparse, ids_key: ids, values_key: values}
-      dense:  {kind: fixed, shape: [13], dtype: float32, default: 0.0}
+      label: {kind: fixed, dtype: float32}                  # a scalar
+      I1:    {kind: fixed, dtype: float32, default: 0.0}    # ... I13: dense, [n]
+      C1:    {kind: varlen, dtype: int64, vocabulary_size: 1048576}   # ... C26: ids
+      site:  {kind: varlen, dtype: string, hash_buckets: 100000, optional: true}
+      query: {kind: sparse, ids_key: query_ids, values_key: query_weights, vocabulary_size: 50000}
+      emb:   {kind: fixed, shape: [4, 8], dtype: float32, default: 0.0}
+
+or, on the command line (:meth:`Schema.from_flags`)::
+
+    --feature I1:float --feature C1:int64:1048576 --feature site:string:100000
+    --feature query:sparse:query_ids:query_weights:50000 --feature emb:float:4x8
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from psflow.data.batch import DEFAULT_SPARSE_FEATURE, BatchSpec
+from psflow.data.criteo import CAT_FEATURES, INT_FEATURES
+from psflow.data.features import (
+    FeatureSpec,
+    FixedLenFeature,
+    SparseFeature,
+    VarLenFeature,
+    canonical_dtype,
+    parse_feature_flag,
+    spec_from_dict,
+    spec_to_dict,
+)
 
 # PyYAML ships no type information; it is used for two calls, typed Any here.
 yaml: Any = importlib.import_module("yaml")
@@ -50,82 +86,8 @@ __all__ = [
     "Schema",
     "default_sparse_schema",
     "canonical_dtype",
+    "batch_spec",
 ]
-
-_DTYPES = {
-    "int64": "int64",
-    "int": "int64",
-    "float32": "float32",
-    "float": "float32",
-    "bytes": "bytes",
-    "string": "bytes",
-}
-
-
-def canonical_dtype(dtype: str) -> str:
-    """Returns ``"int64"``, ``"float32"`` or ``"bytes"`` for an accepted spelling.
-
-    Raises:
-        ValueError: unknown dtype.
-    """
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown feature dtype {dtype!r}; use one of int64, float32, bytes") from None
-
-
-@dataclass(frozen=True)
-class FixedLenFeature:
-    """Exactly ``prod(shape)`` values per example.
-
-    Attributes:
-        shape: shape of one example's value; ``()`` for a scalar.
-        dtype: ``"int64"``, ``"float32"`` or ``"bytes"``.
-        default: used when the feature is missing or has no values: a scalar
-            (broadcast to ``shape``) or a flat sequence of ``prod(shape)``
-            values.  ``None`` makes the feature required.
-    """
-
-    shape: tuple[int, ...] = ()
-    dtype: str = "float32"
-    default: Any = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
-        if any(d < 0 for d in self.shape):
-            raise ValueError(f"FixedLenFeature shape must be non-negative, got {self.shape}")
-
-    @property
-    def size(self) -> int:
-        """Number of values per example."""
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class VarLenFeature:
-    """Any number of values per example, in stored order."""
-
-    dtype: str = "int64"
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
-
-
-@dataclass(frozen=True)
-class SparseFeature:
-    """An id list and a value list of equal length, read as one sparse feature.
-
-    Attributes:
-        ids_key: Example key of an int64 list.
-        values_key: Example key of a float list, or ``None`` for all-1.0 values.
-    """
-
-    ids_key: str = "ids"
-    values_key: str | None = "values"
-
-
-FeatureSpec = FixedLenFeature | VarLenFeature | SparseFeature
 
 
 @dataclass(frozen=True)
@@ -171,41 +133,99 @@ class Schema:
                 want(name, spec.dtype)
         return keys
 
-    def batch_layout(self) -> tuple[str | None, list[str]]:
-        """Returns (name of the feature that becomes the CSR part, names going to ``dense``).
+    def batch_layout(self) -> tuple[list[str], list[str]]:
+        """Returns (sparse feature names, dense feature names), in schema order, the label excluded.
+
+        Sparse: every SparseFeature, int64 VarLenFeature and hashed string
+        VarLenFeature.  Dense: every numeric FixedLenFeature.
 
         Raises:
-            ValueError: the schema has more than one sparse candidate, or a
-                VarLenFeature that a SparseBatch has no place for.
+            ValueError: naming a feature a :class:`~psflow.data.batch.Batch` has no
+                place for (a float32 VarLenFeature, a string one without
+                ``hash_buckets``, a bytes FixedLenFeature).
         """
-        sparse = [n for n, s in self.features.items() if isinstance(s, SparseFeature)]
-        varlen = {n: s for n, s in self.features.items() if isinstance(s, VarLenFeature)}
-        if not sparse and len(varlen) == 1 and next(iter(varlen.values())).dtype == "int64":
-            sparse, varlen = list(varlen), {}
-        if len(sparse) > 1:
-            raise ValueError(f"a SparseBatch holds one sparse feature; schema has {sparse}")
-        if varlen:
-            raise ValueError(
-                f"a SparseBatch has no place for VarLenFeature {sorted(varlen)} next to sparse feature {sparse}; "
-                "use a SparseFeature, or parse with decode_examples()"
-            )
-        dense = [n for n, s in self.features.items() if isinstance(s, FixedLenFeature) and n != self.label_key]
-        return (sparse[0] if sparse else None), dense
+        sparse: list[str] = []
+        dense: list[str] = []
+        for name, spec in self.features.items():
+            if name == self.label_key:
+                continue
+            if isinstance(spec, SparseFeature):
+                sparse.append(name)
+            elif isinstance(spec, VarLenFeature):
+                if spec.dtype == "float32":
+                    raise ValueError(f"feature {name!r}: a float32 VarLenFeature is not a batch feature by itself; "
+                                     "pair the values with their ids in a SparseFeature (kind: sparse)")
+                if spec.dtype == "bytes" and spec.hash_buckets is None:
+                    raise ValueError(f"feature {name!r}: a string VarLenFeature needs hash_buckets to be a batch feature")
+                sparse.append(name)
+            elif spec.dtype == "bytes":
+                raise ValueError(f"feature {name!r}: a bytes FixedLenFeature is not a batch feature (batches hold "
+                                 "numbers); read it as a string VarLenFeature with hash_buckets")
+            else:
+                dense.append(name)
+        return sparse, dense
+
+    def batch_spec(self, num_features: int) -> BatchSpec:
+        """The batches' features and sizes (see the module docstring).
+
+        Args:
+            num_features: id space of sparse features without ``vocabulary_size``.
+
+        Raises:
+            ValueError: as :meth:`batch_layout`.
+        """
+        sparse_names, dense_names = self.batch_layout()
+        sparse = {name: _id_space(self.features[name]) or num_features for name in sparse_names}
+        dense = {name: _fixed(self.features[name]).size for name in dense_names}
+        return BatchSpec(sparse, dense)
+
+    def presence_keys(self) -> dict[str, list[str]]:
+        """Non-optional VarLen and Sparse features -> the Example keys a file must show (see the module docstring)."""
+        out: dict[str, list[str]] = {}
+        for name, spec in self.features.items():
+            if isinstance(spec, VarLenFeature) and not spec.optional:
+                out[name] = [name]
+            elif isinstance(spec, SparseFeature) and not spec.optional:
+                out[name] = [spec.ids_key] + ([spec.values_key] if spec.values_key is not None else [])
+        return out
+
+    @staticmethod
+    def from_flags(specs: Sequence[str], label: str | None = "label") -> Schema:
+        """Builds a schema from ``--feature SPEC`` flags, in order, plus the label.
+
+        Each SPEC is one of::
+
+            NAME:int64[:VOCAB]                            ids (VarLen), vocabulary_size VOCAB
+            NAME:string:BUCKETS                           strings hashed into BUCKETS ids
+            NAME:float[:D1[xD2...]]                       dense (FixedLen, required), scalar by default
+            NAME:sparse:IDS_KEY[:VALUES_KEY[:VOCAB]]      SparseFeature (VALUES_KEY empty: all 1.0)
+
+        Args:
+            specs: the flags' values.
+            label: name of the label, added as a required float32 scalar
+                FixedLenFeature unless a SPEC names it; ``None`` for no label.
+
+        Raises:
+            ValueError: naming the bad SPEC.
+        """
+        features: dict[str, FeatureSpec] = {}
+        if label is not None:
+            features[label] = FixedLenFeature((), "float32")
+        named: set[str] = set()
+        for spec in specs:
+            try:
+                name, feature = parse_feature_flag(spec)
+            except ValueError as e:
+                raise ValueError(f"--feature {spec!r}: {e}") from None
+            if name in named:
+                raise ValueError(f"--feature {spec!r}: feature {name!r} is named twice")
+            named.add(name)
+            features[name] = feature
+        return Schema(features, label)
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns the JSON/YAML form read by :meth:`from_dict`."""
-        out: dict[str, Any] = {}
-        for name, spec in self.features.items():
-            if isinstance(spec, FixedLenFeature):
-                entry: dict[str, Any] = {"kind": "fixed", "shape": list(spec.shape), "dtype": spec.dtype}
-                if spec.default is not None:
-                    entry["default"] = spec.default
-            elif isinstance(spec, VarLenFeature):
-                entry = {"kind": "varlen", "dtype": spec.dtype}
-            else:
-                entry = {"kind": "sparse", "ids_key": spec.ids_key, "values_key": spec.values_key}
-            out[name] = entry
-        return {"label": self.label_key, "features": out}
+        """Returns the JSON/YAML form read by :meth:`from_dict` (options left at their default are left out)."""
+        return {"label": self.label_key, "features": {name: spec_to_dict(spec) for name, spec in self.features.items()}}
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Schema:
@@ -221,16 +241,8 @@ class Schema:
         for name, entry in raw.items():
             if not isinstance(entry, Mapping):
                 raise ValueError(f"schema feature {name!r}: expected a mapping, got {entry!r}")
-            kind = entry.get("kind")
             try:
-                if kind == "fixed":
-                    features[name] = FixedLenFeature(tuple(entry.get("shape", ())), entry.get("dtype", "float32"), entry.get("default"))
-                elif kind == "varlen":
-                    features[name] = VarLenFeature(entry.get("dtype", "int64"))
-                elif kind == "sparse":
-                    features[name] = SparseFeature(entry.get("ids_key", "ids"), entry.get("values_key", "values"))
-                else:
-                    raise ValueError(f"kind must be fixed, varlen or sparse, got {kind!r}")
+                features[str(name)] = spec_from_dict(entry)
             except (TypeError, ValueError) as e:
                 raise ValueError(f"schema feature {name!r}: {e}") from e
         return Schema(features, data.get("label", "label"))
@@ -257,7 +269,9 @@ class Schema:
 
 
 def default_sparse_schema() -> Schema:
-    """The sparse-LR schema: ``label`` float scalar, ``ids`` int64 + ``values`` float32.
+    """The sparse-LR schema: ``label`` float scalar; the sparse feature
+    :data:`~psflow.data.batch.DEFAULT_SPARSE_FEATURE` read from the Example keys
+    ``ids`` (int64) and ``values`` (float32).
 
     This is what :func:`psflow.data.convert.convert` writes and what TFRecord
     datasets use when the config names no schema.
@@ -265,7 +279,42 @@ def default_sparse_schema() -> Schema:
     return Schema(
         {
             "label": FixedLenFeature((), "float32"),
-            "sparse": SparseFeature("ids", "values"),
+            DEFAULT_SPARSE_FEATURE: SparseFeature("ids", "values"),
         },
         label_key="label",
     )
+
+
+def _id_space(spec: FeatureSpec) -> int | None:
+    """A sparse feature's own id space (hash buckets or vocabulary), if it declares one."""
+    if isinstance(spec, VarLenFeature) and spec.hash_buckets is not None:
+        return spec.hash_buckets
+    return None if isinstance(spec, FixedLenFeature) else spec.vocabulary_size
+
+
+def _fixed(spec: FeatureSpec) -> FixedLenFeature:
+    if not isinstance(spec, FixedLenFeature):
+        raise TypeError(f"not a FixedLenFeature: {spec!r}")
+    return spec
+
+
+def batch_spec(format: str, schema: Schema | None, num_features: int) -> BatchSpec:
+    """The features and sizes of a dataset's batches, without reading it.
+
+    Args:
+        format: ``"libsvm"`` (one sparse feature :data:`~psflow.data.batch.DEFAULT_SPARSE_FEATURE`),
+            ``"criteo"`` (dense ``I1``..``I13`` of width 1, sparse ``C1``..``C26``)
+            or ``"tfrecord"`` (``schema``, default :func:`default_sparse_schema`).
+        schema: the TFRecord schema (ignored for the text formats).
+        num_features: id space of sparse features without their own size.
+
+    Raises:
+        ValueError: unknown format, or a schema that does not fit a batch.
+    """
+    if format == "libsvm":
+        return BatchSpec({DEFAULT_SPARSE_FEATURE: num_features}, {})
+    if format == "criteo":
+        return BatchSpec(dict.fromkeys(CAT_FEATURES, num_features), dict.fromkeys(INT_FEATURES, 1))
+    if format == "tfrecord":
+        return (schema or default_sparse_schema()).batch_spec(num_features)
+    raise ValueError(f"unknown format {format!r}; use libsvm, tfrecord or criteo")

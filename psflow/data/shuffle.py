@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.data.api import DataError, ReaderPosition, ShuffleState
-from psflow.data.batch import SparseBatch
+from psflow.data.batch import Batch
 
 __all__ = ["Rows", "ReadPiece", "OutPiece", "shuffle_rows", "sequential_pieces"]
 
@@ -49,7 +49,7 @@ class Rows:
         seq: int64 per row: sequence number among the epoch's records.
     """
 
-    batch: SparseBatch
+    batch: Batch
     file_index: npt.NDArray[np.int64]
     record: npt.NDArray[np.int64]
     offset: npt.NDArray[np.int64]
@@ -78,7 +78,7 @@ class Rows:
         if len(parts) == 1:
             return parts[0]
         return Rows(
-            SparseBatch.concat([p.batch for p in parts]),
+            Batch.concat([p.batch for p in parts]),
             np.concatenate([p.file_index for p in parts]),
             np.concatenate([p.record for p in parts]),
             np.concatenate([p.offset for p in parts]),
@@ -94,7 +94,7 @@ class OutPiece:
     handed out (``records_consumed`` is left for the batcher to fill in).
     """
 
-    batch: SparseBatch
+    batch: Batch
     position_after: Callable[[int], ReaderPosition]
 
 

@@ -63,8 +63,9 @@ def add_tool_parsers(sub: Any) -> None:
     predict = sub.add_parser("predict", help="score a data file with an exported model")
     predict.add_argument("model", metavar="MODEL", help="directory written by psflow export")
     predict.add_argument("data", metavar="DATA", nargs="+", help="data file(s)")
-    predict.add_argument("--format", default="libsvm", choices=["libsvm", "tfrecord", "criteo"])
-    predict.add_argument("--output", help="write probabilities here (default: stdout), one per line")
+    predict.add_argument("--format", choices=["libsvm", "tfrecord", "criteo"],
+                         help="input format (default: the one the model was trained on)")
+    predict.add_argument("--output", help="write predictions here (default: stdout), one line per example")
     report = sub.add_parser("report", help="PNG plots of loss, eval AUC and throughput from a run's summaries")
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.add_argument("--out", help="output directory (default RUN_DIR/report)")

@@ -20,6 +20,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 
 from psflow.cluster import ClusterError, ClusterSpec, parse_tf_config
 from psflow.data import DataError
@@ -28,9 +29,12 @@ from psflow.launch.local import LaunchError, run_local
 from psflow.launch.report import ReportError
 from psflow.launch.resilience import add_resilience_arguments, resilience_config
 from psflow.launch.task import TOKEN_ENV, configure_logging, run_task
+from psflow.models.api import ModelError
+from psflow.models.registry import model_class, model_names
 from psflow.ps.global_step import StepJournalError
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError
 from psflow.rpc.api import RpcError
+from psflow.train.build import model_config
 from psflow.train.checkpoint import CheckpointError
 from psflow.train.config import ConfigError, TrainConfig
 
@@ -43,13 +47,25 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval", action="append", default=[], metavar="PATH", help="evaluation file(s)")
     g.add_argument("--format", default="libsvm", choices=["libsvm", "tfrecord", "criteo"])
     g.add_argument("--schema", help="TFRecord schema file (JSON/YAML); default: label/ids/values")
+    g.add_argument("--feature", action="append", default=[], metavar="SPEC",
+                   help="TFRecord feature, instead of --schema (repeatable): NAME:int64[:VOCAB], NAME:string:BUCKETS, "
+                        "NAME:float[:SHAPE], NAME:sparse:IDS_KEY[:VALUES_KEY[:VOCAB]]")
+    g.add_argument("--label", default="label", help="with --feature: the label's Example key (label)")
     g.add_argument("--shuffle-buffer", type=int, default=0, help="records in the shuffle buffer (0: no shuffle)")
     g.add_argument("--skip-bad-records", action="store_true", help="skip and count malformed records")
     g.add_argument("--max-bad-records", type=int, default=100,
                    help="with --skip-bad-records: stop once more than N are skipped in an epoch (100)")
     g = p.add_argument_group("model and optimizer")
-    g.add_argument("--model", default="logistic", choices=["logistic"])
-    g.add_argument("--num-features", type=int, default=1 << 20, help="rows of the weight table (ids >= N are hashed in)")
+    g.add_argument("--model", default="logistic", metavar="NAME",
+                   help=f"a built-in model ({', '.join(model_names())}) or package.module:Class for your own, imported "
+                        "from the directory psflow is started in (logistic)")
+    g.add_argument("--model-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a model-specific setting (repeatable); VALUE is read as JSON when it parses, else as a string")
+    g.add_argument("--num-features", type=int, default=1 << 20,
+                   help="rows of the shared hashed table (logistic, fm) and hash buckets of each hashed feature (2^20)")
+    g.add_argument("--embedding-dim", type=int, default=8, help="width of embedding tables (8)")
+    g.add_argument("--warm-start", metavar="PATH", help="when the chief initializes (not when it restores), load these "
+                   "variables: a .safetensors file, an exported model or a checkpoint (directory)")
     g.add_argument("--optimizer", default="ftrl", choices=list(OPTIMIZER_NAMES))
     g.add_argument("--learning-rate", type=float, help="default depends on the optimizer")
     g.add_argument("--l1", type=float, default=0.0, help="FTRL l1 regularization strength")
@@ -64,7 +80,7 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--in-process", action="store_true",
                    help="no processes, no RPC: the ps services and one worker in this process (the fast path)")
     g.add_argument("--placement", default="round-robin", choices=["round-robin", "greedy"])
-    g.add_argument("--partitions", type=int, default=1, help="partitions of the weight table")
+    g.add_argument("--partitions", type=int, default=1, help="partitions of each large table along axis 0 (1)")
     g.add_argument("--replication", default="between-graph", choices=["between-graph", "in-graph"],
                    help="a client per worker, or one client driving every worker")
     g.add_argument("--transport", choices=["grpc", "tcp"],
@@ -114,15 +130,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _model_params(pairs: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--model-param {pair!r}: want KEY=VALUE")
+        try:
+            params[key] = json.loads(text)
+        except ValueError:
+            params[key] = text
+    return params
+
+
 def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers: int | None = None) -> TrainConfig:
-    return TrainConfig(
+    config = TrainConfig(
         train=tuple(args.train), eval=tuple(args.eval), format=args.format, num_features=args.num_features,
-        model=args.model, optimizer=args.optimizer, learning_rate=args.learning_rate, l1=args.l1, l2=args.l2,
+        model=args.model, model_path=os.getcwd() if ":" in args.model else None,
+        model_params=_model_params(args.model_param), embedding_dim=args.embedding_dim, warm_start=args.warm_start,
+        optimizer=args.optimizer, learning_rate=args.learning_rate, l1=args.l1, l2=args.l2,
         batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
         num_ps=num_ps if num_ps is not None else args.ps,
         num_workers=num_workers if num_workers is not None else (args.workers or (1 if args.in_process else 2)),
         placement=args.placement, partitions=args.partitions, log_every=args.log_every,
         shuffle_buffer=args.shuffle_buffer, skip_bad_records=args.skip_bad_records, schema=args.schema,
+        features=tuple(args.feature), label=args.label,
         max_bad_records=args.max_bad_records,
         connect_timeout=args.connect_timeout, rpc_timeout=args.rpc_timeout,
         mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness,
@@ -131,6 +163,10 @@ def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers:
         transport=args.transport or ("tcp" if args.command == "train" else "grpc"),
         **chief_config_fields(args),
     )
+    # Fail here, before any process starts: an unknown model, a module that does not import, a bad schema.
+    model_class(config.model, search_path=config.model_path)
+    model_config(config)
+    return config
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -198,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(run_convert(args))
     except (ConfigError, ClusterError, OptimizerError, DataError, LaunchError, RpcError, OSError, CheckpointError,
-            ReportError, StepJournalError) as e:
+            ReportError, StepJournalError, ModelError) as e:
         print(f"psflow {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

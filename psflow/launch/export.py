@@ -3,14 +3,29 @@
 An exported model is a directory::
 
     model.safetensors   every variable, whole (partitions joined; no optimizer slots)
-    model.json          {"format": "psflow-model", "model": "logistic", "num_features": N,
+    model.json          {"format": "psflow-model", "format_version": 2,
+                         "model": NAME,                 the registry name or package.module:Class
+                         "model_config": {...},         its ModelConfig (features, table sizes, params)
+                         "data": {"format", "schema", "num_features"},   how its data is read
                          "variables": {name: {"shape", "dtype"}}, "global_step": S,
                          "checkpoint": path, "psflow_version": ...}
 
-Both files are written atomically (temp file, fsync, rename). Scoring needs
-only numpy, safetensors and this module: ``psflow predict MODEL DATA``
-computes the same probabilities the cluster's evaluation computes (same
-float32 weights, same float64 arithmetic).
+Both files are written atomically (temp file, fsync, rename). The model's
+name, config and data settings come from the checkpoint's manifest (the chief
+records them with every save). ``psflow predict MODEL DATA`` rebuilds the
+model through the registry (a user's ``package.module:Class`` is imported
+from the current directory), reads the data as training read it (the
+recorded format and schema, unless ``--format`` says otherwise) and scores it
+with :func:`psflow.train.evaluation.predict`: the same code and the same float32
+values as the cluster's evaluation, so the same outputs.
+
+Ids a model never saw in training are scored as the model scores them: a
+hashed feature always lands on a row of its table; an id outside a table's
+vocabulary is refused, naming the feature, the table and the id.
+
+Checkpoints and exports written before models were recorded (format version 1:
+sparse logistic regression only) are still read
+(:func:`psflow.models.logistic.legacy_config` recognizes them).
 """
 
 from __future__ import annotations
@@ -19,36 +34,54 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 from safetensors.numpy import load_file
 from safetensors.numpy import save as safetensors_save
 
+from psflow.data import Batch, Schema
+from psflow.models.api import Model, ModelConfig, ModelError
+from psflow.models.logistic import legacy_config
+from psflow.models.registry import create_model
 from psflow.ps.checkpointing import write_file_atomically
-from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest, read_variables
+from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, read_manifest, read_variables
+from psflow.train.evaluation import ArrayParameters
+from psflow.train.evaluation import predict as predict_outputs
 
 __all__ = ["ExportedModel", "export_model", "load_model", "predict_file", "MODEL_FORMAT"]
 
 MODEL_FORMAT = "psflow-model"
+FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
 class ExportedModel:
-    """A loaded exported model: logistic regression weights and bias."""
+    """A loaded exported model: the model, its variables, and how its data is read."""
 
-    num_features: int
-    weights: np.ndarray
-    bias: float
+    model: Model
+    values: dict[str, np.ndarray]
     global_step: int
+    data: dict[str, Any]
 
-    def predict(self, path: str | list[str], format: str = "libsvm") -> np.ndarray:
-        """Probabilities for every example of ``path`` (file(s) in ``format``), in file order."""
+    def outputs(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The model's outputs for ``batch`` (``predictions``, and e.g. ``logits``)."""
+        return predict_outputs(self.model, ArrayParameters(self.values, what="the exported model"), batch)
+
+    def read(self, path: str | list[str], format: str | None = None) -> Batch:
+        """Every example of ``path`` (file(s)), read as the model's training data was (or in ``format``)."""
         from psflow.data import read_all
-        from psflow.models.logistic import LogisticRegression
 
-        batch = read_all(path if isinstance(path, list) else [path], format)
-        return LogisticRegression(self.num_features).predict(batch, self.weights, self.bias)
+        fmt = format or self.data.get("format") or "libsvm"
+        schema = self.data.get("schema")
+        options: dict[str, Any] = {"num_features": int(self.data.get("num_features") or self.model.config.num_features)}
+        if fmt == "tfrecord" and schema:
+            options["schema"] = Schema.from_dict(schema)
+        return read_all(path if isinstance(path, list) else [path], fmt, **options)
+
+    def predict(self, path: str | list[str], format: str | None = None) -> np.ndarray:
+        """``predictions`` for every example of ``path`` (file(s)), in file order."""
+        return self.outputs(self.read(path, format))["predictions"]
 
 
 def _resolve_checkpoint(path: str) -> str:
@@ -60,6 +93,17 @@ def _resolve_checkpoint(path: str) -> str:
     return latest
 
 
+def _model_record(path: str, manifest: Manifest, variables: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The checkpoint's model record; for a checkpoint written before models were recorded, logistic regression."""
+    if manifest.model is not None:
+        return manifest.model
+    config = legacy_config({name: tuple(v.shape) for name, v in variables.items()})
+    if config is None:
+        raise CheckpointError(f"checkpoint {path} does not say which model wrote it (variables: {', '.join(variables)})")
+    return {"name": "logistic", "config": config.to_dict(),
+            "data": {"format": None, "schema": None, "num_features": config.num_features}}
+
+
 def export_model(checkpoint: str, out_dir: str) -> str:
     """Writes the model of ``checkpoint`` (a checkpoint, or a checkpoint directory: its newest) to ``out_dir``.
 
@@ -67,20 +111,20 @@ def export_model(checkpoint: str, out_dir: str) -> str:
         The checkpoint exported.
 
     Raises:
-        CheckpointError: no complete checkpoint, or one without ``weights``/``bias``.
+        CheckpointError: no complete checkpoint, or one that does not say which model wrote it.
     """
     path = _resolve_checkpoint(checkpoint)
     manifest = read_manifest(path)
     variables = read_variables(path)
-    for name in ("weights", "bias"):
-        if name not in variables:
-            raise CheckpointError(f"checkpoint {path} has no variable {name!r}: not a logistic regression model")
+    record = _model_record(path, manifest, variables)
     os.makedirs(out_dir, exist_ok=True)
     write_file_atomically(os.path.join(out_dir, "model.safetensors"), safetensors_save(variables))
     meta = {
         "format": MODEL_FORMAT,
-        "model": "logistic",
-        "num_features": int(variables["weights"].shape[0]),
+        "format_version": FORMAT_VERSION,
+        "model": record["name"],
+        "model_config": record["config"],
+        "data": record.get("data") or {},
         "variables": {n: {"shape": list(v.shape), "dtype": str(v.dtype)} for n, v in variables.items()},
         "global_step": manifest.global_step,
         "checkpoint": os.path.abspath(path),
@@ -90,11 +134,18 @@ def export_model(checkpoint: str, out_dir: str) -> str:
     return path
 
 
-def load_model(model_dir: str) -> ExportedModel:
-    """Loads an exported model.
+def load_model(model_dir: str, *, search_path: str | None = None) -> ExportedModel:
+    """Loads an exported model and rebuilds it through the registry.
+
+    Args:
+        model_dir: a directory written by :func:`export_model`.
+        search_path: where a user's ``package.module:Class`` is imported from
+            (default: the current directory).
 
     Raises:
         CheckpointError: missing files or not a psflow model (names the file).
+        ModelError: the model cannot be rebuilt (unknown name, module not found),
+            or its variables differ from the exported ones.
     """
     meta_path = os.path.join(model_dir, "model.json")
     try:
@@ -103,16 +154,29 @@ def load_model(model_dir: str) -> ExportedModel:
         tensors = load_file(os.path.join(model_dir, "model.safetensors"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{model_dir}: not an exported psflow model: {e}") from e
-    if meta.get("format") != MODEL_FORMAT or meta.get("model") != "logistic":
-        raise CheckpointError(f"{meta_path}: format {meta.get('format')!r} model {meta.get('model')!r}; "
-                              f"expected {MODEL_FORMAT!r} logistic")
-    return ExportedModel(int(meta["num_features"]), tensors["weights"], float(tensors["bias"][0]), int(meta["global_step"]))
+    if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
+        raise CheckpointError(f"{meta_path}: format {meta.get('format') if isinstance(meta, dict) else meta!r}; "
+                              f"expected {MODEL_FORMAT!r}")
+    if "model_config" in meta:
+        config, data = ModelConfig.from_dict(meta["model_config"]), dict(meta.get("data") or {})
+    else:  # format version 1: logistic regression only
+        legacy = legacy_config({name: tuple(t.shape) for name, t in tensors.items()})
+        if legacy is None:
+            raise CheckpointError(f"{meta_path}: a version 1 export of something other than logistic regression")
+        config, data = legacy, {"num_features": legacy.num_features}
+    model = create_model(str(meta.get("model")), config, search_path=search_path or os.getcwd())
+    want = {spec.name: tuple(spec.shape) for spec in model.variables()}
+    have = {name: tuple(t.shape) for name, t in tensors.items()}
+    if want != have:
+        raise ModelError(f"{model_dir}: model {model.name!r} has variables {want}; the export holds {have}")
+    return ExportedModel(model, dict(tensors), int(meta["global_step"]), data)
 
 
-def predict_file(model_dir: str, data: list[str], *, format: str = "libsvm", out: TextIO | None = None) -> np.ndarray:
-    """Scores ``data`` with the exported model; writes one probability per line to ``out`` (default stdout)."""
+def predict_file(model_dir: str, data: list[str], *, format: str | None = None, out: TextIO | None = None) -> np.ndarray:
+    """Scores ``data`` with the exported model; writes one line of predictions per example to ``out`` (default stdout)."""
     probs = load_model(model_dir).predict(data, format)
     stream = out if out is not None else sys.stdout
-    stream.write("".join(f"{p:.17g}\n" for p in probs))
+    rows = probs.reshape(probs.shape[0], -1)
+    stream.write("".join(" ".join(f"{p:.17g}" for p in row) + "\n" for row in rows.tolist()))
     stream.flush()
     return probs

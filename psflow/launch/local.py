@@ -37,9 +37,11 @@ from psflow.launch.resilience import Resilience, ResilienceConfig
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
 from psflow.rpc.api import ConnectConfig, RpcError
+from psflow.train.build import build_model
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
-from psflow.train.worker import build_model, evaluate, load_eval
+from psflow.train.evaluation import evaluate
+from psflow.train.worker import load_eval
 
 __all__ = ["LaunchError", "LocalCluster", "TaskProcess", "free_ports", "run_local", "TOKEN_ENV"]
 
@@ -288,7 +290,7 @@ def _finish(config: TrainConfig, lc: LocalCluster, client: Any, model: Any, trai
     }
     eval_batch = load_eval(config)
     if eval_batch is not None:
-        metrics["eval"] = evaluate(client, model, eval_batch)
+        metrics["eval"] = evaluate(model, client, eval_batch)
     tmp = os.path.join(output_dir, "metrics.json.tmp")
     with open(tmp, "w") as f:
         json.dump(metrics, f, indent=1, default=float)

@@ -22,6 +22,8 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
     is checked against the partition's shape and dtype and every slot name
     against the partition's slots before anything changes; then each
     partition is overwritten under its lock. Used by the chief to restore.
+    With ``"values_only": true`` (a warm start) only the values are loaded:
+    slots keep their initial values and no slot array may be sent.
 ``SetReady``
     marks this task ready: the chief finished initializing or restoring it,
     so non-chief clients' ``Register`` calls stop answering "not ready".
@@ -186,20 +188,16 @@ class CheckpointHandlers:
         keys = frame.meta.get("parts")
         if not isinstance(keys, list):
             raise InvalidRequest("field 'parts' must be a list")
+        values_only = frame.meta.get("values_only") is True
+        if values_only and any(n.startswith("s/") for n in frame.arrays):
+            raise InvalidRequest("a values-only load carries no optimizer slots")
         plan: list[tuple[PartitionState, np.ndarray, dict[str, np.ndarray]]] = []
         for key in keys:
             if not isinstance(key, str) or key not in svc.store:
                 raise InvalidRequest(f"unknown variable partition {key!r:.80}")
             part = svc.store.get(key)
             value = self._checked(frame, f"v/{key}", part.value, part.describe)
-            slots = {}
-            for slot, current in part.slots.items():
-                slots[slot] = self._checked(frame, f"s/{key}/{slot}", current, f"{part.describe} slot {slot!r}")
-            extra = sorted(n[len(f"s/{key}/"):] for n in frame.arrays if n.startswith(f"s/{key}/")
-                           and n[len(f"s/{key}/"):] not in part.slots)
-            if extra:
-                raise InvalidRequest(f"{part.describe}: the checkpoint has slots {extra} this optimizer does not have "
-                                     f"({sorted(part.slots) or 'none'})")
+            slots = {} if values_only else self._slots(frame, key, part)
             plan.append((part, value, slots))
         step = frame.meta.get("global_step")
         if step is not None and (svc.global_step is None or isinstance(step, bool) or not isinstance(step, int) or step < 0):
@@ -221,6 +219,18 @@ class CheckpointHandlers:
             svc.set_reader_positions(positions, examples)
         log.info("%s: loaded %d partitions%s", svc.task_name, len(plan), f", global_step {step}" if step is not None else "")
         return {"loaded": len(plan)}, {}
+
+    def _slots(self, frame: Frame, key: str, part: PartitionState) -> dict[str, np.ndarray]:
+        """The slot arrays of partition ``key`` in ``frame``: exactly the partition's slots, checked."""
+        slots = {}
+        for slot, current in part.slots.items():
+            slots[slot] = self._checked(frame, f"s/{key}/{slot}", current, f"{part.describe} slot {slot!r}")
+        extra = sorted(n[len(f"s/{key}/"):] for n in frame.arrays if n.startswith(f"s/{key}/")
+                       and n[len(f"s/{key}/"):] not in part.slots)
+        if extra:
+            raise InvalidRequest(f"{part.describe}: the checkpoint has slots {extra} this optimizer does not have "
+                                 f"({sorted(part.slots) or 'none'})")
+        return slots
 
     @staticmethod
     def _checked(frame: Frame, name: str, current: np.ndarray, what: str) -> np.ndarray:

@@ -64,6 +64,8 @@ __all__ = [
     "Manifest",
     "SavedCheckpoint",
     "restore",
+    "warm_start",
+    "read_warm_start",
     "read_manifest",
     "read_variables",
     "latest_checkpoint",
@@ -98,6 +100,10 @@ class Manifest:
             them), so a resumed run can be checked to consume each record once.
         cluster: the cluster that wrote it (ClusterSpec dict).
         optimizer: the model's optimizer spec (JSON) or None.
+        model: the model that wrote it: ``{"name", "config", "data"}`` (its
+            registry name or import path, its ModelConfig dict, and how its
+            data was read: format, schema, num_features), or None (older
+            checkpoints).
         psflow_version: the writer's version.
         created: Unix time of the save.
     """
@@ -109,6 +115,7 @@ class Manifest:
     examples: int = 0
     cluster: dict[str, Any] = field(default_factory=dict)
     optimizer: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
     psflow_version: str = ""
     created: float = 0.0
 
@@ -237,7 +244,7 @@ class CheckpointManager:
         return latest_checkpoint(self.directory)
 
     def save(self, client: ParameterClient, *, optimizer: Mapping[str, Any] | None = None,
-             epoch: int | None = None, holder: str = "") -> SavedCheckpoint:
+             model: Mapping[str, Any] | None = None, epoch: int | None = None, holder: str = "") -> SavedCheckpoint:
         """Saves every ps task's variables and slots; see the module docstring for the order.
 
         Blocks until the checkpoint is complete and the pointer names it.
@@ -246,6 +253,7 @@ class CheckpointManager:
         Args:
             client: connected to every ps task.
             optimizer: recorded in the manifest.
+            model: the model's name, config and data settings, recorded in the manifest.
             epoch: the saving chief's lease epoch (fences the save); None: unfenced.
             holder: the lease holder, for the ps tasks' refusal messages.
 
@@ -265,7 +273,7 @@ class CheckpointManager:
         os.makedirs(path)
         replies = self._write_shards(client, path)
         self._phase("shards_written")
-        manifest = self._manifest(client, replies, optimizer)
+        manifest = self._manifest(client, replies, optimizer, model)
         write_file_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
         self._phase("manifest_written")
         self._check_fence(client, path)
@@ -322,7 +330,7 @@ class CheckpointManager:
         return dict(reply.meta)
 
     def _manifest(self, client: ParameterClient, replies: dict[int, dict[str, Any]],
-                  optimizer: Mapping[str, Any] | None) -> Manifest:
+                  optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None) -> Manifest:
         located = {p["key"]: (replies[t]["file"], p["slots"]) for t in replies for p in replies[t]["partitions"]}
         variables: dict[str, dict[str, Any]] = {}
         for name, placement in client.layout.items():
@@ -346,6 +354,7 @@ class CheckpointManager:
             examples=int(step_reply.get("examples") or 0),
             cluster=json.loads(client.cluster.to_json()),
             optimizer=dict(optimizer) if optimizer is not None else None,
+            model=dict(model) if model is not None else None,
             psflow_version=_version(),
             created=time.time(),
         )
@@ -507,3 +516,75 @@ def read_variables(path: str, *, slots: bool = False) -> dict[str, np.ndarray]:
             for slot in parts[0]["slots"]:
                 out[f"{name}:{slot}"] = _rows(shards, name, parts, 0, rows, slot)
     return out
+
+
+def read_warm_start(path: str) -> dict[str, np.ndarray]:
+    """Whole variables to warm-start from, by name.
+
+    ``path`` is a ``.safetensors`` file of whole variables, a directory
+    written by ``psflow export``, a checkpoint, or a checkpoint directory (its
+    newest checkpoint); optimizer slots are never read.
+
+    Raises:
+        CheckpointError: nothing readable at ``path`` (names it).
+    """
+    from safetensors.numpy import load_file
+
+    if os.path.isdir(path):
+        exported = os.path.join(path, "model.safetensors")
+        if os.path.exists(exported):
+            path = exported
+        else:
+            checkpoint = path if os.path.exists(os.path.join(path, MANIFEST_NAME)) else latest_checkpoint(path)
+            if checkpoint is None:
+                raise CheckpointError(f"warm start: {path} holds no checkpoint, exported model or safetensors file")
+            return read_variables(checkpoint)
+    try:
+        return dict(load_file(path))
+    except Exception as e:  # safetensors raises its own error types
+        raise CheckpointError(f"warm start: cannot read {path}: {e}") from e
+
+
+def warm_start(client: ParameterClient, path: str) -> list[str]:
+    """Overwrites the values of the variables found at ``path`` on the ps tasks (slots and global_step untouched).
+
+    TensorFlow's warm start: the chief calls it right after it initialized the
+    variables (never after restoring a checkpoint, which holds newer values).
+    Variables not found at ``path`` keep their initializer's values. Every
+    variable found there is checked before anything is sent.
+
+    Returns:
+        The names of the variables warm-started.
+
+    Raises:
+        CheckpointError: ``path`` is unreadable, or holds a variable the model
+            did not declare or one of another shape or dtype (names it).
+    """
+    values = read_warm_start(path)
+    for name, array in values.items():
+        placement = client.layout.get(name)
+        if placement is None:
+            raise CheckpointError(f"warm start {path}: variable {name!r} is not a variable of the model "
+                                  f"(it has {', '.join(client.layout)})")
+        var = placement.var
+        if tuple(array.shape) != tuple(var.shape) or str(array.dtype) != var.dtype:
+            raise CheckpointError(f"warm start {path}: variable {name!r} has shape {tuple(array.shape)} ({array.dtype}); "
+                                  f"the model's has {tuple(var.shape)} ({var.dtype})")
+    per_task: dict[int, tuple[list[str], dict[str, np.ndarray]]] = {}
+    for name, array in values.items():
+        for part in client.layout[name].partitions:
+            keys, arrays = per_task.setdefault(part.task, ([], {}))
+            key = partition_key(name, part.index)
+            keys.append(key)
+            arrays[f"v/{key}"] = np.ascontiguousarray(array[part.row_start:part.row_stop] if array.ndim else array)
+    calls = {task: client.channels[task].call_async("LoadShard", {"parts": keys, "values_only": True}, arrays)
+             for task, (keys, arrays) in per_task.items()}
+    errors = []
+    for task, call in calls.items():
+        try:
+            call.result()
+        except RpcError as e:
+            errors.append(f"/job:ps/task:{task}: {e}")
+    if errors:
+        raise CheckpointError(f"warm start from {path} failed: " + "; ".join(errors))
+    return sorted(values)

@@ -12,7 +12,10 @@ Chief, in order:
        ``defer_ready=True``, restores the checkpoint into the tasks
        (:func:`psflow.train.checkpoint.restore`), logs
        ``restored checkpoint <path> at step <S>`` and then marks every task
-       ready (ps task 0, which non-chiefs ask first, last);
+       ready (ps task 0, which non-chiefs ask first, last). Without a
+       checkpoint but with ``warm_start``, it registers the same way and
+       loads the warm-start values instead (:func:`psflow.train.checkpoint.warm_start`:
+       variables only; slots and global_step keep their initial values);
     3. if the tasks were already ready (the chief was restarted), nothing is
        created or restored: the ps tasks hold newer state than any checkpoint.
 
@@ -36,7 +39,7 @@ from typing import Any
 
 from psflow.cluster import ClusterSpec, TaskId
 from psflow.ps.optimizers import OptimizerSpec
-from psflow.train.checkpoint import latest_checkpoint, restore
+from psflow.train.checkpoint import latest_checkpoint, restore, warm_start
 from psflow.train.client import ParameterClient
 
 __all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster"]
@@ -84,6 +87,7 @@ def join_cluster(
     chief: bool,
     checkpoint_dir: str | None = None,
     ready_timeout: float | None = None,
+    warm_start_from: str | None = None,
 ) -> JoinResult:
     """Initializes (chief) or waits for (others) the cluster's variables.
 
@@ -95,22 +99,30 @@ def join_cluster(
         chief: whether this client is the chief.
         checkpoint_dir: where the chief looks for a checkpoint to restore.
         ready_timeout: seconds a non-chief waits for the chief.
+        warm_start_from: (chief) variables to load when it initializes a fresh
+            cluster (see :func:`psflow.train.checkpoint.read_warm_start`).
 
     Raises:
-        CheckpointError: the newest checkpoint cannot be restored.
+        CheckpointError: the newest checkpoint (or the warm start) cannot be read or loaded.
         FailedPreconditionError: this client's layout differs from the registered one.
         TaskUnavailableError: (non-chief) the chief did not make the cluster ready in time.
     """
     restored = None
     if chief:
         latest = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
-        created = client.register(optimizer, chief=True, defer_ready=latest is not None)
+        created = client.register(optimizer, chief=True, defer_ready=latest is not None or warm_start_from is not None)
         if created and latest is not None:
             manifest = restore(client, latest)
-            for task in sorted(client.channels, key=lambda t: t == client.step_task):
-                client.channels[task].call("SetReady", {"client": client.client_name})
+            _set_ready(client)
             restored = latest
             log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
+        elif created and warm_start_from is not None:
+            names = warm_start(client, warm_start_from)
+            _set_ready(client)
+            kept = [n for n in client.layout if n not in names]
+            log.info("%s: initialized the variables on %d ps tasks, warm-started %s from %s%s", client.client_name,
+                     len(client.channels), ", ".join(names) or "none", warm_start_from,
+                     f" (initializers kept for {', '.join(kept)})" if kept else "")
         elif created:
             log.info("%s: initialized the variables on %d ps tasks", client.client_name, len(client.channels))
     else:
@@ -119,3 +131,9 @@ def join_cluster(
     positions = meta.get("positions") or {}
     position = positions.get(client.client_name)
     return JoinResult(created, restored, client.global_step(), position if isinstance(position, str) else None)
+
+
+def _set_ready(client: ParameterClient) -> None:
+    """Marks every ps task ready, ps task 0 (which non-chiefs ask first) last."""
+    for task in sorted(client.channels, key=lambda t: t == client.step_task):
+        client.channels[task].call("SetReady", {"client": client.client_name})

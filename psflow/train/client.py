@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterSpec
+from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import RoutedRows, VariablePlacement
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.store import partition_key
@@ -40,20 +41,13 @@ from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tcp import TcpChannel
 
-__all__ = ["DenseGradient", "SparseGradient", "ParameterClient", "ClientError", "PushResult"]
+__all__ = ["ParameterClient", "ClientError", "PushResult"]
 
 log = logging.getLogger(__name__)
 
 
 class ClientError(ValueError):
     """A call names an unknown variable or passes arrays of the wrong shape."""
-
-
-@dataclass(frozen=True)
-class DenseGradient:
-    """A gradient for the whole variable."""
-
-    values: np.ndarray
 
 
 #: Scatter marker: the partition's answer holds every requested id, in request order.
@@ -92,14 +86,6 @@ class PushResult:
     accepted: bool = True
     completed: bool = True
     min_clock: int | None = None
-
-
-@dataclass(frozen=True)
-class SparseGradient:
-    """A gradient for some rows: ``values[k]`` belongs to row ``rows[k]`` (rows unique)."""
-
-    rows: np.ndarray
-    values: np.ndarray
 
 
 class ParameterClient:

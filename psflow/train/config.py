@@ -37,8 +37,12 @@ class TrainConfig:
     train: tuple[str, ...] = ()
     eval: tuple[str, ...] = ()
     format: str = "libsvm"
-    num_features: int = 1 << 20          # rows of the weight table; larger ids are hashed in
-    model: str = "logistic"
+    num_features: int = 1 << 20          # rows of a shared hashed table; the id space of each hashed feature
+    model: str = "logistic"              # a registered name (psflow.models.registry) or package.module:Class
+    model_path: str | None = None        # directory put first on sys.path to import a user's model (the launch dir)
+    model_params: dict[str, Any] = field(default_factory=dict)  # model-specific settings (--model-param KEY=VALUE)
+    embedding_dim: int = 8               # width of embedding tables
+    warm_start: str | None = None        # the chief loads these variable values when it initializes (not on restore)
     optimizer: str = "ftrl"
     learning_rate: float | None = None   # None: DEFAULT_LEARNING_RATES[optimizer]
     l1: float = 0.0                      # FTRL only
@@ -57,6 +61,8 @@ class TrainConfig:
     skip_bad_records: bool = False
     max_bad_records: int = 100           # with skip_bad_records: stop once more are skipped (per epoch)
     schema: str | None = None            # tfrecord schema file
+    features: tuple[str, ...] = ()       # tfrecord schema from flags: --feature NAME:KIND[:...] (instead of --schema)
+    label: str = "label"                 # with --feature: the label's Example key
     mode: str = "async"                  # async | sync (SyncReplicas semantics) | ssp (bounded staleness)
     replicas_to_aggregate: int | None = None   # sync: None = every worker
     staleness: int = 2                   # ssp: steps a worker may run ahead of the slowest
@@ -108,7 +114,11 @@ class TrainConfig:
             (self.eval_every_steps is None or self.eval_every_steps >= 1,
              f"--eval-every-steps must be >= 1, got {self.eval_every_steps}"),
             (self.placement in ("round-robin", "greedy"), f"--placement must be round-robin or greedy, got {self.placement!r}"),
-            (self.model == "logistic", f"unknown --model {self.model!r} (known: logistic)"),
+            (bool(self.model), "--model must name a model"),
+            (self.embedding_dim >= 1, f"--embedding-dim must be >= 1, got {self.embedding_dim}"),
+            (not (self.schema and self.features), "give --schema FILE or --feature flags, not both"),
+            (self.format == "tfrecord" or not (self.schema or self.features),
+             f"--schema and --feature describe TFRecord data; --format is {self.format!r}"),
             (self.partitions <= self.num_features, f"--partitions ({self.partitions}) exceeds --num-features ({self.num_features})"),
         ]
         for ok, message in checks:
@@ -163,6 +173,6 @@ class TrainConfig:
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
         data = json.loads(text)
-        for key in ("train", "eval"):
+        for key in ("train", "eval", "features"):
             data[key] = tuple(data.get(key, ()))
         return cls(**data)

@@ -11,17 +11,20 @@ The chief also gets, when configured: :class:`CheckpointSaverHook`
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
 
 from psflow.cluster import ClusterSpec
-from psflow.data import DatasetConfig, ReaderPosition
-from psflow.models.logistic import LogisticRegression
+from psflow.data import DatasetConfig, ReaderPosition, read_all
+from psflow.models.api import Model
+from psflow.train.build import data_options, model_record
 from psflow.train.checkpoint import CheckpointManager
 from psflow.train.chief import is_chief
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
+from psflow.train.evaluation import evaluate
 from psflow.train.hooks import (
     CheckpointSaverHook,
     EvalHook,
@@ -31,7 +34,6 @@ from psflow.train.hooks import (
     StopAtStepHook,
     SummarySaverHook,
 )
-from psflow.train.metrics import binary_metrics
 from psflow.train.recovery import LeaderOnlyHook, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
@@ -58,7 +60,7 @@ def fault_exit(point: str | None) -> Callable[[str], None] | None:
     return hook
 
 
-def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient, model: LogisticRegression,
+def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient, model: Model,
                  job: str, task_index: int, *, leadership: Leadership | None = None) -> MonitoredTrainingSession:
     """The session of worker ``/job:<job>/task:<task_index>`` (not yet entered).
 
@@ -84,26 +86,20 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
                 return (lease.epoch, lease.holder) if lease is not None else None
         chief_hooks.append(CheckpointSaverHook(manager, save_secs=config.save_checkpoints_secs,
                                                save_steps=config.save_checkpoints_steps,
-                                               optimizer=optimizer.to_json(), fence=fence))
+                                               optimizer=optimizer.to_json(), model=model_record(config), fence=fence))
     writer = SummaryWriter(config.summary_dir) if duties and config.summary_dir else None
     if writer is not None:
         chief_hooks.append(SummarySaverHook(writer, save_steps=config.save_summaries_steps))
     if duties and config.eval and config.eval_every_steps:
-        from psflow.data import read_all
-        from psflow.train.worker import data_options
-
         eval_batch = read_all(list(config.eval), config.format, **data_options(config))
-
-        def evaluate() -> dict[str, float]:
-            pulled = client.pull({"weights": None, "bias": None})
-            return binary_metrics(eval_batch.labels, model.predict(eval_batch, pulled["weights"], float(pulled["bias"][0])))
-
-        chief_hooks.append(EvalHook(evaluate, every_steps=config.eval_every_steps, writer=writer))
+        chief_hooks.append(EvalHook(functools.partial(evaluate, model, client, eval_batch),
+                                    every_steps=config.eval_every_steps, writer=writer))
     if leadership is not None:
         hooks += [LeaderOnlyHook(h, leadership) for h in chief_hooks]
         chief_hooks = []
     return MonitoredTrainingSession(client, optimizer, is_chief=chief, checkpoint_dir=config.checkpoint_dir,
-                                    hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.connect_timeout)
+                                    hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.connect_timeout,
+                                    warm_start=config.warm_start)
 
 
 def resume_position(session: MonitoredTrainingSession, dataset: DatasetConfig) -> ReaderPosition | None:

@@ -34,10 +34,8 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from psflow.rpc.api import RpcError
 from psflow.train.checkpoint import CheckpointManager, latest_checkpoint
@@ -59,9 +57,15 @@ __all__ = [
     "NanLossHook",
     "NanLossError",
     "EvalHook",
+    "format_metrics",
 ]
 
 log = logging.getLogger("psflow.hooks")
+
+
+def format_metrics(metrics: Mapping[str, float]) -> str:
+    """``"auc=0.9012 logloss=0.3210 accuracy=0.8490"``: every metric but the example count, for log lines."""
+    return " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "examples")
 
 
 class NanLossError(RuntimeError):
@@ -94,8 +98,8 @@ class RunValues:
         step: the global_step this step's push produced.
         loss: the batch's mean loss.
         examples: examples in the batch.
-        labels: the batch's labels.
-        probs: the predicted probabilities (before the update).
+        metrics: the model's metrics of the batch (e.g. ``auc``, ``accuracy``;
+            see :meth:`psflow.models.Model.metrics`), computed on first access.
         epochs_completed: epochs of this worker's data finished after this
             step, or None if unknown.
     """
@@ -103,8 +107,7 @@ class RunValues:
     step: int
     loss: float
     examples: int
-    labels: np.ndarray
-    probs: np.ndarray
+    metrics: Mapping[str, float] = field(default_factory=dict)
     epochs_completed: int | None = None
 
 
@@ -156,12 +159,14 @@ class CheckpointSaverHook(SessionRunHook):
     """
 
     def __init__(self, manager: CheckpointManager, *, save_secs: float | None = None, save_steps: int | None = None,
-                 optimizer: Mapping[str, Any] | None = None,
+                 optimizer: Mapping[str, Any] | None = None, model: Mapping[str, Any] | None = None,
                  fence: Callable[[], tuple[int, str] | None] | None = None) -> None:
         """Args:
             manager: writes the checkpoints.
             save_secs, save_steps: the period (one of them; default 600 s).
             optimizer: recorded in each manifest.
+            model: the model's name, config and data settings, recorded in each
+                manifest (``psflow export`` reads them).
             fence: the elected chief's ``(lease epoch, holder)``, or None once
                 it lost the lease; its saves are fenced with that epoch (and
                 skipped without a lease). None: saves are not fenced.
@@ -170,6 +175,7 @@ class CheckpointSaverHook(SessionRunHook):
         self._fence = fence
         self._timer = _Timer(600.0 if save_secs is None and save_steps is None else save_secs, save_steps, "checkpoint saver")
         self._optimizer = optimizer
+        self._model = model
         self._session: MonitoredTrainingSession | None = None
         self.saved: list[tuple[str, int]] = []
 
@@ -196,7 +202,8 @@ class CheckpointSaverHook(SessionRunHook):
                 log.warning("%s: checkpoint skipped: no longer the chief", session.client.client_name)
                 return
             epoch, holder = lease
-        saved = self.manager.save(session.client, optimizer=self._optimizer, epoch=epoch, holder=holder)
+        saved = self.manager.save(session.client, optimizer=self._optimizer, model=self._model, epoch=epoch,
+                                  holder=holder)
         self.saved.append((saved.path, saved.global_step))
         self._timer.mark(saved.global_step)
 
@@ -344,10 +351,12 @@ class NanLossHook(SessionRunHook):
 
 
 class EvalHook(SessionRunHook):
-    """Evaluates the current parameters every N global steps and at the end (AUC, log-loss, accuracy).
+    """Evaluates the current parameters every N global steps and at the end (the model's metrics).
 
     Args:
-        evaluate: returns ``{"auc", "logloss", "accuracy", ...}`` of the current parameters.
+        evaluate: returns the model's metrics of the current parameters
+            (e.g. ``{"auc", "logloss", "accuracy", "examples"}``); see
+            :func:`psflow.train.evaluation.evaluate`.
         every_steps: period in global steps.
         writer: where ``eval/<metric>`` summaries go (optional).
     """
@@ -374,8 +383,7 @@ class EvalHook(SessionRunHook):
     def _run(self, step: int) -> None:
         metrics = self._evaluate()
         self.history.append((step, metrics))
-        log.info("eval step=%d auc=%.4f logloss=%.4f accuracy=%.4f", step, metrics["auc"], metrics["logloss"],
-                 metrics["accuracy"])
+        log.info("eval step=%d %s", step, format_metrics(metrics))
         if self.writer is not None:
             self.writer.scalars({f"eval/{k}": v for k, v in metrics.items() if k != "examples"}, step)
             self.writer.flush()

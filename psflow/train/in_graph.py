@@ -2,15 +2,18 @@
 
 The client (one process, which also reads all the data) splits each batch
 into one slice per worker and asks each worker task, over gRPC, to run a step
-on its slice (:class:`Session`). The step's code is named by an import path
+on its slice (:class:`Session`). Every worker builds the run's model from its
+own config (:func:`psflow.train.build.build_model`), so only the batch's
+arrays travel. The step's code is named by an import path
 (``module:function``) that the worker resolves only from its allowlist
-(:data:`BUILTIN_STEPS` plus what its own config adds); no code or pickle ever
-crosses the wire.
+(:data:`BUILTIN_STEPS`: :func:`model_step`, the model's own step, plus what
+its config adds); no code or pickle ever crosses the wire.
 
 Modes (``TrainConfig.mode``):
     ``async``  each worker pulls, computes and pushes its own gradient; the
                client gets back the global_step each push produced.
-    ``sync``   each worker pulls and computes, and returns its gradient; the
+    ``sync``   each worker pulls and computes, and returns its gradient
+               (:func:`psflow.train.step.compute_gradients`); the
                client averages the W gradients and pushes once: one step per
                client iteration (N workers of batch b = one process with
                batch N·b, as in between-graph sync mode).
@@ -33,21 +36,22 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterSpec
-from psflow.data import DatasetConfig, SparseBatch, open_dataset
-from psflow.models.logistic import LogisticRegression
+from psflow.data import Batch, DatasetConfig, SparseColumn, open_dataset
+from psflow.gradients import DenseGradient, Gradients, SparseGradient
+from psflow.models.api import Model
 from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, InvalidRequest
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.grpc_server import Reply
-from psflow.train.client import DenseGradient, ParameterClient, SparseGradient
+from psflow.train.build import build_model, data_options
+from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
-from psflow.train.metrics import auc
+from psflow.train.hooks import format_metrics
+from psflow.train.step import compute_gradients
 
-__all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepOutput", "logistic_step", "run_in_graph_client"]
+__all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepOutput", "model_step", "run_in_graph_client"]
 
 log = logging.getLogger("psflow.in_graph")
-
-Gradients = dict[str, DenseGradient | SparseGradient]
 
 
 @dataclass
@@ -55,23 +59,21 @@ class StepOutput:
     """What a step function returns on the worker."""
 
     loss: float
-    probs: np.ndarray
+    outputs: Mapping[str, np.ndarray]
     grads: Gradients
     read_step: int | None
 
 
-def logistic_step(model: LogisticRegression, client: ParameterClient, batch: SparseBatch) -> StepOutput:
-    """The built-in step: sparse logistic regression (pull, forward, backward)."""
-    uniq, inverse = model.unique_ids(batch)
-    pulled = client.pull({"weights": uniq, "bias": None})
-    grads, loss, probs = model.compute(batch, pulled, uniq, inverse)
-    return StepOutput(loss, probs, grads, client.last_pull_step)
+def model_step(model: Model, client: ParameterClient, batch: Batch) -> StepOutput:
+    """The built-in step: the run's model on ``batch`` (prepare, pull, compute; no push)."""
+    output, read_step = compute_gradients(model, client, batch)
+    return StepOutput(output.loss, output.outputs, output.gradients, read_step)
 
 
-StepFn = Callable[[LogisticRegression, ParameterClient, SparseBatch], StepOutput]
+StepFn = Callable[[Model, ParameterClient, Batch], StepOutput]
 
 #: Step functions every worker accepts, by import path.
-BUILTIN_STEPS = ("psflow.train.in_graph:logistic_step",)
+BUILTIN_STEPS = ("psflow.train.in_graph:model_step",)
 
 
 def _resolve(path: str, allowed: Sequence[str]) -> StepFn:
@@ -84,15 +86,23 @@ def _resolve(path: str, allowed: Sequence[str]) -> StepFn:
     return fn  # type: ignore[no-any-return]
 
 
-def _batch_arrays(batch: SparseBatch) -> dict[str, np.ndarray]:
-    return {"labels": batch.labels, "indptr": batch.indptr, "ids": batch.ids, "values": batch.values}
+def _batch_arrays(batch: Batch) -> dict[str, np.ndarray]:
+    """A batch as named arrays for the wire: ``labels``, ``s/<name>/{indptr,ids,values}``, ``d/<name>``."""
+    arrays: dict[str, np.ndarray] = {"labels": batch.labels}
+    for name, column in batch.sparse.items():
+        arrays.update({f"s/{name}/indptr": column.indptr, f"s/{name}/ids": column.ids, f"s/{name}/values": column.values})
+    arrays.update({f"d/{name}": value for name, value in batch.dense.items()})
+    return arrays
 
 
-def _batch_from(frame: Frame) -> SparseBatch:
+def _batch_from(frame: Frame, sparse: Sequence[str], dense: Sequence[str]) -> Batch:
+    """The batch of a RunStep request, with the features ``sparse`` and ``dense`` (names from the meta)."""
     try:
         a = frame.arrays
-        batch = SparseBatch(labels=np.asarray(a["labels"], np.float32), indptr=np.asarray(a["indptr"], np.int64),
-                            ids=np.asarray(a["ids"], np.int64), values=np.asarray(a["values"], np.float32))
+        batch = Batch(np.asarray(a["labels"], np.float32),
+                      {n: SparseColumn(np.asarray(a[f"s/{n}/indptr"], np.int64), np.asarray(a[f"s/{n}/ids"], np.int64),
+                                       np.asarray(a[f"s/{n}/values"], np.float32)) for n in sparse},
+                      {n: np.asarray(a[f"d/{n}"]) for n in dense})
         batch.validate()
     except (KeyError, ValueError) as e:
         raise InvalidRequest(f"bad batch: {e}") from e
@@ -109,7 +119,7 @@ def _encode_grads(grads: Gradients) -> dict[str, np.ndarray]:
 
 
 def _decode_grads(frame: Frame) -> Gradients:
-    grads: Gradients = {}
+    grads: dict[str, DenseGradient | SparseGradient] = {}
     for key, values in frame.arrays.items():
         if key.startswith("g/"):
             name = key[2:]
@@ -125,13 +135,11 @@ class StepService:
         self.config, self.cluster, self.task_index, self.token = config, cluster, task_index, token
         self.allowed = tuple(BUILTIN_STEPS) + tuple(config.extra.get("allowed_steps", ()))
         self._lock = threading.Lock()
-        self._state: tuple[LogisticRegression, ParameterClient] | None = None
+        self._state: tuple[Model, ParameterClient] | None = None
 
-    def _connected(self) -> tuple[LogisticRegression, ParameterClient]:
+    def _connected(self) -> tuple[Model, ParameterClient]:
         with self._lock:
             if self._state is None:
-                from psflow.train.worker import build_model
-
                 model, variables = build_model(self.config, self.cluster)
                 client = ParameterClient(
                     self.cluster, variables.placements(), client_name=f"/job:worker/task:{self.task_index}",
@@ -145,11 +153,14 @@ class StepService:
     def run_step(self, frame: Frame) -> Reply:
         fn = _resolve(str(frame.meta.get("step_fn")), self.allowed)
         push = frame.meta.get("push") is True
-        batch = _batch_from(frame)
+        sparse, dense = frame.meta.get("sparse"), frame.meta.get("dense")
+        if not (isinstance(sparse, list) and isinstance(dense, list) and all(isinstance(n, str) for n in sparse + dense)):
+            raise InvalidRequest("RunStep needs the batch's feature names: 'sparse' and 'dense' lists of strings")
+        batch = _batch_from(frame, sparse, dense)
         model, client = self._connected()
         out = fn(model, client, batch)
         meta: dict[str, Any] = {"loss": out.loss, "read_step": out.read_step}
-        arrays: dict[str, np.ndarray] = {"probs": out.probs}
+        arrays: dict[str, np.ndarray] = {f"o/{k}": np.asarray(v) for k, v in out.outputs.items()}
         if push:
             result = client.push_detailed(out.grads, examples=batch.num_examples, loss=out.loss, read_step=out.read_step)
             meta["step"] = result.step
@@ -176,8 +187,9 @@ class Session:
     def connect(self, timeout: float | None = None) -> None:
         self._channel.wait_ready(timeout)
 
-    def run_async(self, step_fn: str, batch: SparseBatch, *, push: bool) -> Callable[[], tuple[Frame, Gradients]]:
-        call = self._channel.call_async("RunStep", {"step_fn": step_fn, "push": push}, _batch_arrays(batch))
+    def run_async(self, step_fn: str, batch: Batch, *, push: bool) -> Callable[[], tuple[Frame, Gradients]]:
+        meta = {"step_fn": step_fn, "push": push, "sparse": list(batch.sparse), "dense": list(batch.dense)}
+        call = self._channel.call_async("RunStep", meta, _batch_arrays(batch))
 
         def result() -> tuple[Frame, Gradients]:
             frame = call.result()
@@ -185,7 +197,7 @@ class Session:
 
         return result
 
-    def run(self, step_fn: str, batch: SparseBatch, *, push: bool) -> tuple[Frame, Gradients]:
+    def run(self, step_fn: str, batch: Batch, *, push: bool) -> tuple[Frame, Gradients]:
         """Runs ``step_fn`` on ``batch`` on this worker; see :class:`StepService`."""
         return self.run_async(step_fn, batch, push=push)()
 
@@ -193,10 +205,10 @@ class Session:
         self._channel.close()
 
 
-def average_gradients(all_grads: Sequence[Mapping[str, DenseGradient | SparseGradient]]) -> Gradients:
+def average_gradients(all_grads: Sequence[Gradients]) -> Gradients:
     """Mean of the workers' gradients; sparse rows summed over workers, then divided by their number."""
     n = len(all_grads)
-    out: Gradients = {}
+    out: dict[str, DenseGradient | SparseGradient] = {}
     for name in all_grads[0]:
         parts = [g[name] for g in all_grads]
         if isinstance(parts[0], DenseGradient):
@@ -219,8 +231,6 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
     """
     if config.mode == "ssp":
         raise ValueError("--mode ssp needs between-graph replication")
-    from psflow.train.worker import build_model, data_options
-
     connect = ConnectConfig(connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=token,
                             transport=config.transport)
     workers = cluster.task_indices("worker")
@@ -258,10 +268,11 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
             steps += len(new_steps)
             for new_step in new_steps:
                 if new_step % config.log_every == 0:
-                    labels = big.labels
-                    probs = np.concatenate([np.asarray(f.arrays["probs"]) for _, (f, _) in results])
-                    log.info("in-graph client: step=%d loss=%.4f auc=%.4f workers=%d", new_step, float(np.mean(losses)),
-                             auc(labels, probs), len(results))
+                    frames = [f for _, (f, _) in results]
+                    outputs = {k[2:]: np.concatenate([np.asarray(f.arrays[k]) for f in frames])
+                               for k in frames[0].arrays if k.startswith("o/")}
+                    log.info("in-graph client: step=%d loss=%.4f %s workers=%d", new_step, float(np.mean(losses)),
+                             format_metrics(model.metrics(big.labels, outputs)), len(results))
             if config.max_steps is not None and max(new_steps) >= config.max_steps:
                 break
     for s in sessions:

@@ -11,27 +11,50 @@ so that parsing runs on another core while this one trains.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import Any
 
 from psflow.cluster import ClusterSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.build import build_model
 from psflow.train.client import ParameterClient
 from psflow.train.config import ConfigError, TrainConfig
-from psflow.train.worker import build_model, evaluate, load_eval, run_worker
+from psflow.train.evaluation import evaluate
+from psflow.train.worker import load_eval, run_worker
 
 __all__ = ["run_in_process"]
+
+
+@contextlib.contextmanager
+def _log_to(path: str) -> Iterator[None]:
+    """Sends psflow's INFO log lines to ``path`` while the block runs (the task log of a cluster run)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("psflow")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        handler.close()
 
 
 def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
     """Trains with ``config.num_ps`` in-process ps services and one worker; returns the metrics.
 
     Blocks for the whole run; writes ``output_dir/metrics.json`` (the same
-    fields as a cluster run).
+    fields as a cluster run) and, as a cluster run does, the worker's log to
+    ``output_dir/logs/worker-0.log`` (the ps services' lines too).
 
     Raises:
         ConfigError: more than one worker asked for.
@@ -50,9 +73,10 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
     model, variables = build_model(config, cluster)
     client = ParameterClient(cluster, variables.placements(), client_name="/job:worker/task:0",
                              sync=config.sync_config(), channels=channels)
-    os.makedirs(output_dir, exist_ok=True)
+    os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
     started = time.monotonic()
-    result = run_worker(config, cluster, 0, client=client)
+    with _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
+        result = run_worker(config, cluster, 0, client=client)
     wall = time.monotonic() - started
     metrics: dict[str, Any] = {
         "global_step": client.global_step(),
@@ -66,7 +90,7 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
     }
     eval_batch = load_eval(config)
     if eval_batch is not None:
-        metrics["eval"] = evaluate(client, model, eval_batch)
+        metrics["eval"] = evaluate(model, client, eval_batch)
     with open(os.path.join(output_dir, "metrics.json"), "w") as f:
         json.dump(metrics, f, indent=1, default=float)
     return metrics

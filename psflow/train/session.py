@@ -6,7 +6,7 @@ Use as a context manager::
                                   hooks=[...]) as session:
         while not session.should_stop():
             batch = next(batches)
-            session.run(functools.partial(model.train_step, client, batch), examples=batch.num_examples)
+            session.run(functools.partial(step, batch))   # step = TrainStep(model, client)
 
 In order:
     1. ``__enter__``: every hook's ``begin()``; then the session joins the
@@ -29,11 +29,9 @@ training thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Protocol, TypeVar
-
-import numpy as np
 
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.train.chief import JoinResult, join_cluster
@@ -46,16 +44,16 @@ log = logging.getLogger("psflow.session")
 
 
 class StepOutput(Protocol):
-    """What a step function returns (e.g. :class:`psflow.models.logistic.StepResult`)."""
+    """What a step function returns (e.g. :class:`psflow.train.step.StepResult`)."""
 
     @property
     def step(self) -> int: ...
     @property
     def loss(self) -> float: ...
     @property
-    def labels(self) -> np.ndarray: ...
+    def examples(self) -> int: ...
     @property
-    def probs(self) -> np.ndarray: ...
+    def metrics(self) -> Mapping[str, float]: ...
 
 
 R = TypeVar("R", bound=StepOutput)
@@ -74,6 +72,7 @@ class MonitoredTrainingSession:
         hooks: Sequence[SessionRunHook] = (),
         chief_only_hooks: Sequence[SessionRunHook] = (),
         ready_timeout: float | None = None,
+        warm_start: str | None = None,
     ) -> None:
         """Args:
             client: a connected client (not yet registered).
@@ -83,6 +82,8 @@ class MonitoredTrainingSession:
             hooks: hooks run on every worker.
             chief_only_hooks: hooks run only on the chief.
             ready_timeout: seconds a non-chief waits for the chief to initialize.
+            warm_start: (chief) variables loaded when it initializes a fresh cluster
+                (see :func:`psflow.train.chief.join_cluster`).
         """
         self.client = client
         self.is_chief = is_chief
@@ -90,6 +91,7 @@ class MonitoredTrainingSession:
         self.hooks: list[SessionRunHook] = [*hooks, *(chief_only_hooks if is_chief else ())]
         self._optimizer = optimizer
         self._ready_timeout = ready_timeout
+        self._warm_start = warm_start
         self._stop = False
         self._local_step = 0
         self.global_step = 0
@@ -104,7 +106,8 @@ class MonitoredTrainingSession:
         for hook in self.hooks:
             hook.begin()
         self.join_result = join_cluster(self.client, self._optimizer, chief=self.is_chief,
-                                        checkpoint_dir=self.checkpoint_dir, ready_timeout=self._ready_timeout)
+                                        checkpoint_dir=self.checkpoint_dir, ready_timeout=self._ready_timeout,
+                                        warm_start_from=self._warm_start)
         self.global_step = self.join_result.global_step
         for hook in self.hooks:
             hook.after_create_session(self)
@@ -118,12 +121,11 @@ class MonitoredTrainingSession:
         """Ends the loop before the next step."""
         self._stop = True
 
-    def run(self, step_fn: Callable[[], R], *, examples: int = 0, epochs_completed: int | None = None) -> R | None:
+    def run(self, step_fn: Callable[[], R], *, epochs_completed: int | None = None) -> R | None:
         """Runs one step between the hooks.
 
         Args:
             step_fn: runs the step (pull, compute, push) and returns its result.
-            examples: examples in the step's batch (for rates).
             epochs_completed: epochs of this worker's data done after this batch
                 (for :class:`~psflow.train.hooks.StopAfterEpochsHook`).
 
@@ -137,7 +139,7 @@ class MonitoredTrainingSession:
             self._stop = True
             return None
         result = step_fn()
-        values = RunValues(result.step, result.loss, examples, result.labels, result.probs, epochs_completed)
+        values = RunValues(result.step, result.loss, result.examples, result.metrics, epochs_completed)
         self._local_step += 1
         self.global_step = max(self.global_step, values.step)
         for hook in self.hooks:

@@ -1,8 +1,9 @@
 """The between-graph training loop of one worker task.
 
 Order of a worker's life (asynchronous mode):
-    1. build the model's variable definitions and their placement (the same
-       pure computation on every worker);
+    1. build the model (``--model``, through :mod:`psflow.models.registry`)
+       and its variables' placement (:mod:`psflow.train.build`: the same pure
+       computation on every worker);
     2. connect to every ps task (bounded wait) and enter its
        :class:`~psflow.train.session.MonitoredTrainingSession`: the chief
        initializes the variables or restores the newest checkpoint, the
@@ -11,9 +12,11 @@ Order of a worker's life (asynchronous mode):
     3. open its own shard of the training data (see :mod:`psflow.data`),
        resuming at the reader position it last reported (or the restored
        checkpoint recorded);
-    4. per batch: pull, compute, push; the push returns the global_step that
-       this worker's update produced; log ``step=S`` when ``S % log_every == 0``
-       (so every multiple is logged exactly once across the cluster);
+    4. per batch: the model's step (:class:`~psflow.train.step.TrainStep`:
+       pull, compute, push); the push returns the global_step that this
+       worker's update produced; log ``step=S`` with the loss and the batch's
+       metrics when ``S % log_every == 0`` (so every multiple is logged
+       exactly once across the cluster);
     5. stop at the end of its data or once global_step reaches ``max_steps``.
 
 Only the chief initializes; no worker ever
@@ -30,30 +33,23 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from psflow.cluster import ClusterSpec
 from psflow.coord import CoordinationConfig, create_backend
-from psflow.data import DatasetConfig, ReaderPosition, Schema, SparseBatch, open_dataset, read_all
-from psflow.models.logistic import LogisticRegression
-from psflow.placement import (
-    GreedyLoadBalancingStrategy,
-    RoundRobinStrategy,
-    VariableSet,
-    byte_size_load_fn,
-    fixed_size_partitioner,
-    replica_device_setter,
-)
+from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
+from psflow.models.api import Model
+from psflow.placement import VariableSet
 from psflow.rpc.api import ConnectConfig, RpcError
+from psflow.train.build import build_model, data_options
 from psflow.train.chief import is_chief
 from psflow.train.client import ParameterClient
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import epochs_completed, fit_position, make_session, resume_position
-from psflow.train.metrics import auc, binary_metrics
+from psflow.train.hooks import format_metrics
 from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
+from psflow.train.step import TrainStep
 
-__all__ = ["build_model", "connect_client", "run_worker", "evaluate", "WorkerResult"]
+__all__ = ["connect_client", "run_worker", "WorkerResult", "load_eval"]
 
 log = logging.getLogger("psflow.worker")
 
@@ -75,22 +71,6 @@ class WorkerResult:
     train_cpu_seconds: float = 0.0    # the part of it spent after start-up (connect, training, leave)
 
 
-def build_model(config: TrainConfig, cluster: ClusterSpec) -> tuple[LogisticRegression, VariableSet]:
-    """The model and its placed variables, as every client computes them."""
-    num_ps = cluster.num_tasks("ps")
-    strategy = (
-        GreedyLoadBalancingStrategy(num_ps, byte_size_load_fn)
-        if config.placement == "greedy"
-        else RoundRobinStrategy(num_ps)
-    )
-    setter = replica_device_setter(cluster=cluster, ps_strategy=strategy)
-    partitioner = fixed_size_partitioner(config.partitions) if config.partitions > 1 else None
-    model = LogisticRegression(config.num_features, partitioner=partitioner)
-    variables = VariableSet(setter)
-    model.build(variables)
-    return model, variables
-
-
 def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: VariableSet, client_name: str,
                    token: str | None = None, *, register: bool = True) -> ParameterClient:
     """A connected client; with ``register``, its layout is registered on every ps task as the chief.
@@ -110,23 +90,6 @@ def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: Variabl
     if register:
         client.register(config.optimizer_spec(), chief=True)
     return client
-
-
-def evaluate(client: ParameterClient, model: LogisticRegression, batch: SparseBatch) -> dict[str, float]:
-    """AUC, log-loss and accuracy of the current parameters on ``batch``."""
-    pulled = client.pull({"weights": None, "bias": None})
-    probs = model.predict(batch, pulled["weights"], float(pulled["bias"][0]))
-    return binary_metrics(batch.labels, probs)
-
-
-def data_options(config: TrainConfig) -> dict[str, Any]:
-    """Reader settings shared by training and evaluation (schema, hashing space, bad-record policy)."""
-    return {
-        "schema": Schema.from_file(config.schema) if config.schema else None,
-        "num_features": config.num_features,
-        "skip_bad_records": config.skip_bad_records,
-        "max_bad_records": config.max_bad_records,
-    }
 
 
 def _dataset_config(config: TrainConfig, task_index: int, num_workers: int) -> DatasetConfig:
@@ -167,6 +130,7 @@ def run_worker(
     """
     task = f"/job:worker/task:{task_index}"
     model, variables = build_model(config, cluster)
+    log.info("worker %d: %s", task_index, model.describe())
     leadership = None
     if client is None:
         if config.reader_process:
@@ -255,7 +219,7 @@ def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str
     return Leadership(create_backend(coord), task)
 
 
-def _train(config: TrainConfig, session: MonitoredTrainingSession, model: LogisticRegression,
+def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
            data_config: DatasetConfig, resume: ReaderPosition | None, task_index: int, progress: _Progress) -> str:
     """Trains on this worker's data from ``resume`` to its end (or a stop); returns why it stopped."""
     client = session.client
@@ -263,9 +227,11 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Logist
     delay = float(dict(config.extra.get("step_delay", {})).get(str(task_index), 0.0))
     window_start, window_examples = time.monotonic(), 0
     reason = "end of data"
-    # With a reader process (the in-process fast path) its core has time to spare: the batch's unique
-    # ids are computed there. In a cluster the prefetch thread would contend for this process's GIL.
+    # With a reader process (the in-process fast path) its core has time to spare: the model's prepare step
+    # (e.g. each batch's unique ids) runs there. In a cluster the prefetch thread would contend for this
+    # process's GIL, so the step prepares each batch itself.
     prepare = model.prepare if data_config.reader_process else None
+    train_step = TrainStep(model, client, prepared=prepare is not None)
     with open_dataset(data_config, start=True, resume_from=resume, prepare=prepare) as dataset:
         # One batch of lookahead: the push of a step and the pull of the next share one RPC per ps task.
         batches = iter(dataset)
@@ -275,9 +241,9 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Logist
             following = next(batches, None)
             following_position = dataset.position()
             client.reader_position = position.to_json()  # recorded with the push, for checkpoints
-            step_fn = functools.partial(model.train_step, client, batch, clock=progress.local_steps + 1, pause=delay,
+            step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay,
                                         next_batch=following)
-            ran = session.run(step_fn, examples=batch.num_examples, epochs_completed=epochs_completed(position))
+            ran = session.run(step_fn, epochs_completed=epochs_completed(position))
             if ran is None:
                 reason = f"stopped at global_step {session.global_step} (max_steps={config.max_steps})"
                 break
@@ -297,11 +263,8 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Logist
             if result.completed and step % config.log_every == 0:
                 now = time.monotonic()
                 rate = window_examples / max(now - window_start, 1e-9)
-                acc = float(np.mean((result.probs > 0.5) == (result.labels > 0.5)))
-                log.info(
-                    "worker %d: step=%d loss=%.4f accuracy=%.4f auc=%.4f examples/s=%.0f",
-                    task_index, step, result.loss, acc, auc(result.labels, result.probs), rate,
-                )
+                log.info("worker %d: step=%d loss=%.4f %s examples/s=%.0f", task_index, step, result.loss,
+                         format_metrics(result.metrics), rate)
                 window_start, window_examples = now, 0
             if config.max_steps is not None and step >= config.max_steps:
                 reason = f"global_step reached max_steps={config.max_steps}"
@@ -324,7 +287,7 @@ def _write_json(path: str, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def load_eval(config: TrainConfig) -> SparseBatch | None:
+def load_eval(config: TrainConfig) -> Batch | None:
     """The whole eval set as one batch, or None without ``--eval``."""
     if not config.eval:
         return None

@@ -14,10 +14,11 @@ import sys
 import numpy as np
 
 from psflow.cluster import ClusterSpec
+from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig
-from psflow.train.client import DenseGradient, ParameterClient, SparseGradient
+from psflow.train.client import ParameterClient
 
 
 def small_model(cluster: ClusterSpec) -> VariableSet:

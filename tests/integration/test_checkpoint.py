@@ -15,11 +15,13 @@ from support import A9A, A9A_T, TOKEN, run_cli
 
 from psflow.data import read_all
 from psflow.rpc.api import ConnectConfig
+from psflow.train.build import build_model
 from psflow.train.checkpoint import latest_checkpoint, read_manifest, read_variables
 from psflow.train.chief import join_cluster
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
-from psflow.train.worker import build_model, evaluate
+from psflow.train.evaluation import evaluate
+from psflow.train.step import TrainStep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -42,9 +44,10 @@ def _client(config: TrainConfig, handle, name: str = "/job:worker/task:0") -> Pa
 def _train_in_process(client: ParameterClient, config: TrainConfig, steps: int) -> None:
     model, _ = build_model(config, client.cluster)
     batch = read_all([str(A9A)], "libsvm")
+    step = TrainStep(model, client)
     for k in range(steps):
         lo = (k * 256) % 30000
-        model.train_step(client, batch.slice(lo, lo + 256))
+        step(batch.slice(lo, lo + 256))
 
 
 @pytest.mark.parametrize("transport", ["local", "rpc"])
@@ -158,7 +161,7 @@ def test_kill_whole_cluster_then_resume_matches_uninterrupted_run(local_cluster,
     assert re.search(rf"restored checkpoint {re.escape(saved)} at step {step}\b", handle2.log("worker", 0))
     client = _client(resumed_config, handle2, "test")
     model, _ = build_model(resumed_config, handle2.cluster)
-    metrics = evaluate(client, model, read_all([str(A9A_T)], "libsvm"))
+    metrics = evaluate(model, client, read_all([str(A9A_T)], "libsvm"))
     # Each worker's data resumed where the checkpoint recorded it: the same number of steps in all.
     assert abs(client.global_step() - whole["global_step"]) <= 2
     assert abs(metrics["auc"] - whole["eval"]["auc"]) <= 0.002, (metrics, whole["eval"])

@@ -151,7 +151,7 @@ def huge_frame(draw: st.DrawFn) -> bytes:
 
 wrong_payload = st.one_of(
     st.dictionaries(st.sampled_from(["layout", "optimizer", "vars", "grads", "token", "chief", "sync", "step"]),
-                    st.one_of(st.none(), st.integers(), st.text(max_size=6), st.lists(st.integers(), max_size=3),
+                    st.one_of(st.none(), st.integers(), st.text(max_size=6), st.lists(st.integers(), min_size=1, max_size=3),
                               st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2)),
                     min_size=1, max_size=4),
 )

@@ -23,7 +23,7 @@ def test_session_runs_named_steps_and_refuses_others(local_cluster, tmp_path: Pa
     path = tmp_path / "config.json"
     path.write_text(config.to_json())
     handle.start("worker", 0, "--config", str(path))
-    from psflow.train.worker import build_model
+    from psflow.train.build import build_model
 
     _, variables = build_model(config, handle.cluster)
     client = connect_client(config, handle.cluster, variables, "test client", handle.token)  # registers (chief)
@@ -32,7 +32,7 @@ def test_session_runs_named_steps_and_refuses_others(local_cluster, tmp_path: Pa
     session.connect()
     batch = read_all([str(A9A)], "libsvm").slice(0, 32)
     frame, grads = session.run(BUILTIN_STEPS[0], batch, push=False)
-    assert set(grads) == {"weights", "bias"} and np.asarray(frame.arrays["probs"]).shape == (32,)
+    assert set(grads) == {"weights", "bias"} and np.asarray(frame.arrays["o/predictions"]).shape == (32,)
     assert client.global_step() == 0  # returned, not pushed
     frame, _ = session.run(BUILTIN_STEPS[0], batch, push=True)
     assert frame.meta["step"] == 1 and client.global_step() == 1

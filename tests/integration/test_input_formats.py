@@ -67,12 +67,13 @@ def test_custom_schema_file_names_the_features(tmp_path: Path) -> None:
     from psflow.data import TFRecordWriter, encode_example, read_all
 
     data = read_all([str(A9A)], "libsvm")
+    features = data.column()
     with TFRecordWriter(str(tmp_path / "custom.tfrecord")) as writer:
         for i in range(data.num_examples):
-            lo, hi = data.indptr[i], data.indptr[i + 1]
+            lo, hi = features.indptr[i], features.indptr[i + 1]
             writer.write(encode_example({"click": ("float32", [float(data.labels[i])]),
-                                         "fid": ("int64", data.ids[lo:hi].tolist()),
-                                         "fval": ("float32", data.values[lo:hi].tolist())}))
+                                         "fid": ("int64", features.ids[lo:hi].tolist()),
+                                         "fval": ("float32", features.values[lo:hi].tolist())}))
     schema = tmp_path / "schema.yaml"
     schema.write_text("label: click\nfeatures:\n  click: {kind: fixed, shape: [], dtype: float32}\n"
                       "  feat: {kind: sparse, ids_key: fid, values_key: fval}\n")

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from psflow.cluster import ClusterSpec
+from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import (
@@ -26,7 +27,7 @@ from psflow.rpc.api import (
     UnauthenticatedError,
 )
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.train.client import DenseGradient, ParameterClient, SparseGradient
+from psflow.train.client import ParameterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

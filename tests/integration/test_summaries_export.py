@@ -11,7 +11,7 @@ from support import A9A, A9A_T, run_cli
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from psflow.data import read_all
-from psflow.train.metrics import binary_metrics
+from psflow.models.metrics import binary_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -18,12 +18,14 @@ import pytest
 from support import A9A, ClusterHandle
 
 from psflow.data import read_all
-from psflow.models.logistic import fold_ids
-from psflow.ps.optimizers import make_optimizer
+from psflow.gradients import SparseGradient
+from psflow.ps.initializers import initial_value
+from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.rpc.api import ConnectConfig
+from psflow.train.build import build_model
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
-from psflow.train.worker import build_model
+from psflow.train.evaluation import ArrayParameters
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -51,55 +53,69 @@ def run_workers(handle: ClusterHandle, config_path: Path, n: int, timeout: float
     return [json.loads((handle.workdir / f"r{i}.json").read_text()) for i in range(n)]
 
 
-def pull_model(handle: ClusterHandle, config: TrainConfig) -> dict[str, np.ndarray]:
+def pull_model(handle: ClusterHandle, config: TrainConfig) -> dict[str, Any]:
     _, variables = build_model(config, handle.cluster)
     client = ParameterClient(handle.cluster, variables.placements(), client_name="test",
                              config=ConnectConfig(token=handle.token, connect_timeout=20))
     try:
         client.connect()
-        model = client.pull({"weights": None, "bias": None})
-        model["stats"] = client.stats()  # type: ignore[assignment]
+        model: dict[str, Any] = client.pull(dict.fromkeys(p.var.name for p in variables.placements()))
+        model["stats"] = client.stats()
         return model
     finally:
         client.close()
 
 
 def single_process(config: TrainConfig, path: Path, workers: int) -> dict[str, np.ndarray]:
-    """Trains in one process on the combined batch of all workers (the reference)."""
-    from psflow.models.logistic import LogisticRegression
+    """Trains the run's model in one process on the combined batch of all workers (the reference).
 
+    Same initial values (the ps tasks' initializers), same optimizers (each variable's, else the run's).
+    """
+    model, variables = build_model(config, _one_ps())
     data = read_all([str(path)], "libsvm")
-    model = LogisticRegression(config.num_features)
-    spec = config.optimizer_spec()
-    w = np.zeros((config.num_features, 1), np.float32)
-    b = np.zeros((1,), np.float32)
-    opt_w, opt_b = make_optimizer(spec), make_optimizer(spec)
-    slots_w, slots_b = opt_w.create_slots(w), opt_b.create_slots(b)
+    values, optimizers, slots = {}, {}, {}
+    for p in variables.placements():
+        values[p.var.name] = initial_value(dict(p.var.initializer), p.var.shape, 0, p.num_rows, p.var.dtype)
+        spec = OptimizerSpec.from_json(p.var.optimizer) if p.var.optimizer else config.optimizer_spec()
+        optimizers[p.var.name] = make_optimizer(spec)
+        slots[p.var.name] = optimizers[p.var.name].create_slots(values[p.var.name])
     big = config.batch_size * workers
     for start in range(0, data.num_examples, big):
-        batch = data.slice(start, min(start + big, data.num_examples))
-        uniq, inverse = np.unique(fold_ids(batch.ids, config.num_features), return_inverse=True)
-        grads, _, _ = model.compute(batch, {"weights": w[uniq], "bias": b}, uniq, inverse)
-        opt_w.apply_sparse(w, slots_w, grads["weights"].rows, grads["weights"].values)  # type: ignore[union-attr]
-        opt_b.apply_dense(b, slots_b, grads["bias"].values)
-    return {"weights": w, "bias": b}
+        batch = model.prepare(data.slice(start, min(start + big, data.num_examples)))
+        out = model.compute(batch, ArrayParameters(values).pull(model.lookups(batch)))
+        for name, grad in out.gradients.items():
+            if isinstance(grad, SparseGradient):
+                optimizers[name].apply_sparse(values[name], slots[name], grad.rows, grad.values)
+            else:
+                optimizers[name].apply_dense(values[name], slots[name], grad.values)
+    return values
 
 
-@pytest.mark.parametrize("workers", [2, 3])
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "ftrl"])
-def test_sync_equals_single_process_with_the_combined_batch(local_cluster, tmp_path: Path, workers: int,  # type: ignore[no-untyped-def]
+def _one_ps() -> Any:
+    from psflow.cluster import ClusterSpec
+
+    return ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]})
+
+
+@pytest.mark.parametrize(("model", "workers", "optimizer"), [
+    ("logistic", 2, "sgd"), ("logistic", 3, "sgd"), ("logistic", 2, "adagrad"), ("logistic", 3, "adagrad"),
+    ("logistic", 2, "ftrl"), ("logistic", 3, "ftrl"), ("fm", 2, "adagrad"), ("fm", 3, "ftrl"),
+])
+def test_sync_equals_single_process_with_the_combined_batch(local_cluster, tmp_path: Path, model: str, workers: int,  # type: ignore[no-untyped-def]
                                                             optimizer: str) -> None:
     data = small_a9a(tmp_path)
     handle = local_cluster(2, workers)
     config, path = write_config(tmp_path, train=(str(data),), num_features=124, optimizer=optimizer, batch_size=64,
-                                epochs=1, num_ps=2, num_workers=workers, mode="sync", partitions=2, log_every=10**6)
+                                epochs=1, num_ps=2, num_workers=workers, mode="sync", partitions=2, log_every=10**6,
+                                model=model, embedding_dim=4)
     results = run_workers(handle, path, workers)
     trained = pull_model(handle, config)
     reference = single_process(config, data, workers)
-    assert trained["stats"]["global_step"] == ROWS // (64 * workers)  # type: ignore[index]
+    assert trained["stats"]["global_step"] == ROWS // (64 * workers)
     assert sum(r["stale_dropped"] for r in results) == 0
-    np.testing.assert_allclose(trained["weights"], reference["weights"], rtol=0, atol=1e-6)
-    np.testing.assert_allclose(trained["bias"], reference["bias"], rtol=0, atol=1e-6)
+    assert set(reference) == set(trained) - {"stats"}
+    for name, value in reference.items():
+        np.testing.assert_allclose(trained[name], value, rtol=0, atol=1e-6, err_msg=name)
 
 
 def test_backup_worker_stale_gradients_dropped_and_fast_pair_not_held(local_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

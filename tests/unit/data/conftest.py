@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from psflow.data import SparseBatch, TFRecordWriter, native
-from psflow.data import example as example_module
+from psflow.data import Batch, TFRecordWriter, native
+from psflow.data import example_wire as wire_module
 from psflow.data import tfrecord as tfrecord_module
-from psflow.data.example import encode_sparse_examples
+from psflow.data.example_encode import encode_sparse_examples
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "data" / "tfrecord_fixtures"
@@ -39,7 +39,7 @@ def implementation(request: pytest.FixtureRequest) -> Iterator[str]:
     with pytest.MonkeyPatch.context() as patch:
         loops = native.NATIVE if request.param == "c" else None
         patch.setattr(tfrecord_module, "NATIVE", loops)
-        patch.setattr(example_module, "NATIVE", loops)
+        patch.setattr(wire_module, "NATIVE", loops)
         yield str(request.param)
 
 
@@ -67,27 +67,39 @@ def criteo_sample() -> Path:
     return CRITEO_SAMPLE
 
 
-def numbered_batch(start: int, count: int, width: int = 3) -> SparseBatch:
+def same_batch(a: Batch, b: Batch) -> bool:
+    """True when two batches hold the same features with bit-identical arrays (extras ignored)."""
+    if list(a.sparse) != list(b.sparse) or list(a.dense) != list(b.dense) or a.labels.tobytes() != b.labels.tobytes():
+        return False
+    for name, column in a.sparse.items():
+        other = b.sparse[name]
+        if any(getattr(column, f).tobytes() != getattr(other, f).tobytes() for f in ("indptr", "ids", "values")):
+            return False
+    return all(v.dtype == b.dense[k].dtype and v.shape == b.dense[k].shape and v.tobytes() == b.dense[k].tobytes()
+               for k, v in a.dense.items())
+
+
+def same_batches(a: list[Batch], b: list[Batch]) -> bool:
+    return len(a) == len(b) and all(same_batch(x, y) for x, y in zip(a, b, strict=True))
+
+
+def numbered_batch(start: int, count: int, width: int = 3) -> Batch:
     """Examples whose ids identify them: example k has ids [k*10, k*10+1, ...] (k from ``start``)."""
     k = np.arange(start, start + count, dtype=np.int64)
     lengths = (k % width) + 1
     indptr = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(lengths, out=indptr[1:])
     ids = np.concatenate([np.zeros(0, dtype=np.int64)] + [np.arange(n) + 10 * i for i, n in zip(k, lengths, strict=True)])
-    return SparseBatch(
-        labels=(k % 2).astype(np.float32),
-        indptr=indptr,
-        ids=ids.astype(np.int64),
-        values=np.full(ids.size, 1.0, dtype=np.float32),
-    )
+    return Batch.from_csr((k % 2).astype(np.float32), indptr, ids, np.full(ids.size, 1.0, dtype=np.float32))
 
 
-def _example_keys(batch: SparseBatch) -> list[int]:
-    return [int(batch.ids[batch.indptr[i]]) // 10 for i in range(batch.num_examples)]
+def _example_keys(batch: Batch) -> list[int]:
+    column = batch.column()
+    return [int(column.ids[column.indptr[i]]) // 10 for i in range(batch.num_examples)]
 
 
 @pytest.fixture(scope="session")
-def example_keys() -> Callable[[SparseBatch], list[int]]:
+def example_keys() -> Callable[[Batch], list[int]]:
     """Recovers the number ``k`` of each row of a batch read from ``numbered_files``."""
     return _example_keys
 
@@ -95,15 +107,16 @@ def example_keys() -> Callable[[SparseBatch], list[int]]:
 def write_numbered(path: Path, fmt: str, start: int, count: int, *, blank_every: int = 0) -> None:
     """Writes examples ``start .. start+count-1`` of :func:`numbered_batch` as libsvm or tfrecord."""
     batch = numbered_batch(start, count)
+    column = batch.column()
     if fmt == "tfrecord":
         with TFRecordWriter(str(path)) as writer:
-            for record in encode_sparse_examples(batch.labels, batch.indptr, batch.ids, batch.values):
+            for record in encode_sparse_examples(batch.labels, column.indptr, column.ids, column.values):
                 writer.write(record)
         return
     lines = []
     for i in range(count):
-        a, b = batch.indptr[i], batch.indptr[i + 1]
-        tokens = " ".join(f"{j}:1" for j in batch.ids[a:b])
+        a, b = column.indptr[i], column.indptr[i + 1]
+        tokens = " ".join(f"{j}:1" for j in column.ids[a:b])
         lines.append(f"{int(batch.labels[i])} {tokens}")
         if blank_every and i % blank_every == 0:
             lines.append("")

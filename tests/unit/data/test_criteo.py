@@ -1,4 +1,4 @@
-"""Criteo TSV: stable hashing, missing and negative values, malformed lines, a learnability check."""
+"""Criteo TSV: per-column features, pinned stable hashing, missing and negative values, malformed lines, learnability."""
 
 from __future__ import annotations
 
@@ -6,37 +6,90 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from psflow.data import BadRecordError, SparseBatch, read_all
-from psflow.data.criteo import hash_categorical, hash_integer, parse_criteo, splitmix64
-from psflow.data.text import Buffer
+from psflow.data import BadRecordError, Batch, batch_spec, read_all
+from psflow.data.criteo import CAT_FEATURES, INT_FEATURES, missing_ids, parse_criteo
+from psflow.data.hashing import STRING_PAD, bucket_strings, hash_strings, name_salt, splitmix64
 
 LINE = "1\t5\t-2\t\t0\t3\t1000000\t\t\t\t\t\t\t\t68fd1e64\t\tabc\t0123456789abcdef01\t" + "\t".join(["deadbeef"] * 22) + "\n"
+_M = (1 << 64) - 1
+
+
+def _ref_splitmix64(x: int) -> int:
+    """The documented arithmetic, in Python integers (independent of the numpy code)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M
+    return x ^ (x >> 31)
+
+
+def _ref_salt(name: str) -> int:
+    h = 0xCBF29CE484222325
+    for byte in name.encode("utf-8"):
+        h = ((h ^ byte) * 0x100000001B3) & _M
+    return _ref_splitmix64(h)
+
+
+def _ref_hash(value: bytes, salt: int) -> int:
+    h = salt
+    for k in range(0, len(value), 8):
+        h = _ref_splitmix64(h ^ int.from_bytes(value[k : k + 8].ljust(8, b"\0"), "little"))
+    return _ref_splitmix64(h ^ len(value))
 
 
 def test_hash_is_pinned() -> None:
     """The documented hash, pinned: changing it would silently change every model's feature ids."""
     assert int(splitmix64(np.array([0], dtype=np.uint64))[0]) == 0xE220A8397B1DCDAF
-    buf = Buffer.of(b"68fd1e64|0123456789abcdef01")
-    cat = hash_categorical(buf, np.array([0, 9]), np.array([8, 27]), np.array([14, 16]))
-    assert [int(h) for h in cat] == [0x5FD4CC319D2944D9, 0xABB2B38C6F5B1068]
-    ints = hash_integer(np.array([-2, 0, 1, 2, 3, 1000000]), np.full(6, 2))
-    assert len(set(ints.tolist())) == 6
-    same_bucket = hash_integer(np.array([21, 22, 20]), np.array([1, 1, 1]))  # floor(ln(v)^2): 9, 9, 8
-    assert same_bucket[0] == same_bucket[1] != same_bucket[2]
+    assert int(name_salt("C1")) == 0x220BFBAAFBB2EB69
+    data = np.frombuffer(b"68fd1e64" + b"0123456789abcdef01" + bytes(STRING_PAD), dtype=np.uint8)
+    salts = np.array([name_salt("C1"), name_salt("C4"), name_salt("site")], dtype=np.uint64)
+    got = hash_strings(data, np.array([0, 8, 0]), np.array([8, 18, 0]), salts)
+    assert [int(h) for h in got] == [0x5F15BC2242BDE82B, 0x0AD90465FD38F470, 0xFB4000C70B3394AA]
+    assert int(missing_ids(1 << 62)[1]) == 0x31E03A226E41A007 % (1 << 62)  # C2's "missing": splitmix64(~salt)
+
+
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=20), st.text(max_size=5))
+def test_vectorized_hash_follows_the_documented_arithmetic(values: list[bytes], name: str) -> None:
+    assert int(name_salt(name)) == _ref_salt(name)
+    ids = bucket_strings(values, name, 1000003)
+    assert ids.tolist() == [_ref_hash(v, _ref_salt(name)) % 1000003 for v in values]
+
+
+def test_hash_refuses_ranges_without_padding() -> None:
+    data = np.frombuffer(b"abcdefgh", dtype=np.uint8)
+    with pytest.raises(ValueError, match="outside the 8-byte buffer"):
+        hash_strings(data, np.array([0]), np.array([3]), np.uint64(1))
 
 
 def test_one_line_by_hand() -> None:
     parsed = parse_criteo(LINE.encode(), 1 << 20)
     batch = parsed.batch
+    batch.validate()
     assert parsed.errors == [] and batch.num_examples == 1 and batch.labels.tolist() == [1.0]
-    assert batch.nnz == 39 and np.all(batch.values == 1.0)
-    assert batch.ids.min() >= 0 and batch.ids.max() < 1 << 20
-    # Missing fields of different columns get different ids; the same value in different columns too.
-    assert batch.ids[2] != batch.ids[6]  # I3 and I7 are both missing
-    assert len(set(batch.ids[-22:].tolist())) == 22  # "deadbeef" in 22 columns
+    assert list(batch.dense) == list(INT_FEATURES) and list(batch.sparse) == list(CAT_FEATURES)
+    ints = [5, -2, None, 0, 3, 1000000] + [None] * 7
+    for name, v in zip(INT_FEATURES, ints, strict=True):
+        want = 0.0 if v is None else float(np.float32(np.sign(v) * np.log1p(abs(v))))
+        assert batch.dense[name].dtype == np.float32 and batch.dense[name].tolist() == [want], name
+    for column in batch.sparse.values():
+        assert column.indptr.tolist() == [0, 1] and column.values.tolist() == [1.0]
+    ids = {name: int(batch.sparse[name].ids[0]) for name in CAT_FEATURES}
+    assert ids["C1"] == _ref_hash(b"68fd1e64", _ref_salt("C1")) % (1 << 20)
+    assert ids["C1"] == int(bucket_strings([b"68fd1e64"], "C1", 1 << 20)[0])  # = a TFRecord string feature "C1"
+    assert ids["C2"] == int(missing_ids(1 << 20)[1])
+    assert ids["C4"] == _ref_hash(b"0123456789abcdef01", _ref_salt("C4")) % (1 << 20)
+    assert len({ids[name] for name in CAT_FEATURES[4:]}) == 22  # "deadbeef" in 22 columns: 22 ids
     small = parse_criteo(LINE.encode(), 1000).batch
-    assert small.ids.max() < 1000
+    assert all(int(c.ids[0]) < 1000 for c in small.sparse.values())
+
+
+def test_batch_spec_matches_the_batches() -> None:
+    spec = batch_spec("criteo", None, 1 << 10)
+    batch = parse_criteo(LINE.encode(), 1 << 10).batch
+    assert list(spec.sparse) == list(batch.sparse) and set(spec.sparse.values()) == {1 << 10}
+    assert list(spec.dense) == list(batch.dense) and set(spec.dense.values()) == {1}
 
 
 def test_malformed_lines_are_named(tmp_path: Path) -> None:
@@ -55,13 +108,15 @@ def test_malformed_lines_are_named(tmp_path: Path) -> None:
         assert str(info.value) == f"{path}:3: {message}"
         skipped = read_all(str(path), "criteo", skip_bad_records=True)
         assert skipped.num_examples == 2
+        skipped.validate()
 
 
 def test_sample_file(criteo_sample: Path) -> None:
     batch = read_all(str(criteo_sample), "criteo")
     assert batch.num_examples == 10_000
     assert int(batch.labels.sum()) == 265
-    assert batch.nnz == 39 * 10_000
+    assert batch.nnz == 26 * 10_000
+    assert all(batch.dense[name].shape == (10_000,) for name in INT_FEATURES)
 
 
 def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -74,30 +129,47 @@ def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return float((ranks[labels == 1].sum() - positives * (positives + 1) / 2) / (positives * (len(labels) - positives)))
 
 
-def _logits(batch: SparseBatch, w: np.ndarray, bias: float) -> np.ndarray:
-    rows = np.repeat(np.arange(batch.num_examples), np.diff(batch.indptr))
-    return np.bincount(rows, weights=w[batch.ids] * batch.values, minlength=batch.num_examples) + bias
+def _design(batch: Batch, num_features: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(row, weight index, value) of every entry: each column's ids offset into its own block, dense features last."""
+    rows, cols, vals = [], [], []
+    n = batch.num_examples
+    for j, name in enumerate(CAT_FEATURES):
+        column = batch.sparse[name]
+        rows.append(np.repeat(np.arange(n), np.diff(column.indptr)))
+        cols.append(column.ids + j * num_features)
+        vals.append(column.values.astype(np.float64))
+    for j, name in enumerate(INT_FEATURES):
+        rows.append(np.arange(n))
+        cols.append(np.full(n, len(CAT_FEATURES) * num_features + j))
+        vals.append(batch.dense[name].astype(np.float64) / 10)
+    return np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+
+
+def _logits(batch: Batch, w: np.ndarray, bias: float, num_features: int) -> np.ndarray:
+    rows, cols, vals = _design(batch, num_features)
+    return np.bincount(rows, weights=w[cols] * vals, minlength=batch.num_examples) + bias
 
 
 def test_hashed_features_are_learnable(criteo_sample: Path) -> None:
     """Adagrad logistic regression on the first 8,000 rows scores AUC >= 0.70 on the last 2,000."""
-    num_features = 1 << 18
+    num_features = 1 << 14
     batch = read_all(str(criteo_sample), "criteo", num_features=num_features)
     train, test = batch.slice(0, 8000), batch.slice(8000, 10_000)
-    w = np.zeros(num_features)
-    accum = np.full(num_features, 0.1)
+    size_w = len(CAT_FEATURES) * num_features + len(INT_FEATURES)
+    w = np.zeros(size_w)
+    accum = np.full(size_w, 0.1)
     bias, bias_accum = 0.0, 0.1
     lr, l2, size = 0.02, 0.05, 32
     for _ in range(5):
         for start in range(0, train.num_examples, size):
             mb = train.slice(start, start + size)
-            grad = 1 / (1 + np.exp(-_logits(mb, w, bias))) - mb.labels
-            rows = np.repeat(np.arange(mb.num_examples), np.diff(mb.indptr))
-            touched, inverse = np.unique(mb.ids, return_inverse=True)
-            g = np.bincount(inverse, weights=grad[rows] * mb.values, minlength=touched.size) + l2 * w[touched]
+            grad = 1 / (1 + np.exp(-_logits(mb, w, bias, num_features))) - mb.labels
+            rows, cols, vals = _design(mb, num_features)
+            touched, inverse = np.unique(cols, return_inverse=True)
+            g = np.bincount(inverse, weights=grad[rows] * vals, minlength=touched.size) + l2 * w[touched]
             accum[touched] += g * g
             w[touched] -= lr * g / np.sqrt(accum[touched])
             bias_accum += grad.sum() ** 2
             bias -= lr * grad.sum() / np.sqrt(bias_accum)
-    auc = _auc(test.labels, _logits(test, w, bias))
+    auc = _auc(test.labels, _logits(test, w, bias, num_features))
     assert auc >= 0.70, auc

@@ -14,33 +14,33 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import same_batches
 
 from psflow.data import (
     BadRecordError,
+    Batch,
     DataError,
     DatasetConfig,
     ReaderPosition,
-    SparseBatch,
     TooManyBadRecordsError,
     open_dataset,
     read_all,
 )
 
-Keys = Callable[[SparseBatch], list[int]]
+Keys = Callable[[Batch], list[int]]
 
 
 def _config(paths: list[str], fmt: str, **kw: Any) -> DatasetConfig:
     return DatasetConfig(tuple(paths), fmt, **kw)
 
 
-def _run(config: DatasetConfig, **kw: Any) -> list[SparseBatch]:
+def _run(config: DatasetConfig, **kw: Any) -> list[Batch]:
     with open_dataset(config, start=True, **kw) as dataset:
         return list(dataset)
 
 
-def _same_batches(a: list[SparseBatch], b: list[SparseBatch]) -> bool:
-    fields = ("labels", "indptr", "ids", "values")
-    return len(a) == len(b) and all(getattr(x, f).tobytes() == getattr(y, f).tobytes() for x, y in zip(a, b, strict=True) for f in fields)
+def _same_batches(a: list[Batch], b: list[Batch]) -> bool:
+    return same_batches(a, b)
 
 
 def test_batches_epochs_and_remainder(numbered_files: Callable[..., list[str]], example_keys: Keys) -> None:
@@ -233,7 +233,7 @@ def test_missing_required_feature_is_a_bad_record(tmp_path: Path) -> None:
         writer.write(encode_example({"ids": ("int64", [2]), "values": ("float32", [1.0])}))
     with pytest.raises(BadRecordError, match=r"x.tfrecord: record 1 at byte \d+: missing required feature 'label'"):
         read_all(str(path), "tfrecord")
-    assert read_all(str(path), "tfrecord", skip_bad_records=True).ids.tolist() == [1]
+    assert read_all(str(path), "tfrecord", skip_bad_records=True).column().ids.tolist() == [1]
 
 
 def test_config_validation() -> None:
@@ -253,3 +253,82 @@ def test_stats_count_records_per_file(numbered_files: Callable[..., list[str]]) 
         stats = dataset.stats
     assert stats.records_read == 20
     assert Counter({p: s.records for p, s in stats.per_file.items()}) == Counter({paths[0]: 8, paths[1]: 12})
+
+
+def _write_examples(path: Path, features: list[dict[str, tuple[str, Any]]]) -> None:
+    from psflow.data import TFRecordWriter, encode_example
+
+    with TFRecordWriter(str(path)) as writer:
+        for f in features:
+            writer.write(encode_example(f))
+
+
+def test_a_schema_feature_the_data_lacks_is_named(tmp_path: Path) -> None:
+    from psflow.data import Schema
+
+    path = tmp_path / "x.tfrecord"
+    _write_examples(path, [{"label": ("float32", [1.0]), "ids": ("int64", [k])} for k in range(5)])
+    schema = Schema.from_flags(["ids:int64", "site:string:10"])
+    with pytest.raises(DataError, match=r"x.tfrecord: the schema names feature 'site', but none of the 5 records of "
+                                        r"the file's first chunk has it; .*optional: true"):
+        read_all(str(path), "tfrecord", schema=schema)
+    with pytest.raises(DataError, match="names feature 'q', but none .* has Example key 'qv'"):
+        read_all(str(path), "tfrecord", schema=Schema.from_flags(["q:sparse:ids:qv"]))
+    optional = Schema.from_dict({"features": {"label": {"kind": "fixed"}, "ids": {"kind": "varlen"},
+                                              "site": {"kind": "varlen", "dtype": "string", "hash_buckets": 10, "optional": True}}})
+    batch = read_all(str(path), "tfrecord", schema=optional)
+    assert batch.sparse["site"].nnz == 0 and batch.sparse["ids"].ids.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_multi_feature_tfrecord_dataset_resumes_exactly(tmp_path: Path) -> None:
+    from psflow.data import Schema
+
+    rng = np.random.default_rng(5)
+    path = tmp_path / "m.tfrecord"
+    _write_examples(path, [{"label": ("float32", [k % 2]), "d": ("float32", rng.standard_normal(2)),
+                            "a": ("int64", rng.integers(0, 50, k % 3)), "s": ("bytes", [b"x%d" % (k % 7)])} for k in range(60)])
+    schema = Schema.from_flags(["d:float:2", "a:int64:50", "s:string:11"])
+    config = _config([str(path)], "tfrecord", batch_size=7, num_epochs=2, shuffle_buffer=9, seed=2, block_size=200, schema=schema)
+    full = _run(config)
+    assert list(full[0].sparse) == ["a", "s"] and full[0].dense["d"].shape == (7, 2)
+    for stop in (1, 5, 9, len(full) - 1):
+        with open_dataset(config, start=True) as dataset:
+            head = [next(dataset) for _ in range(stop)]
+            position = dataset.position()
+        assert _same_batches(head + _run(config, resume_from=position), full)
+    assert _same_batches(_run(replace(config, reader_process=True, prefetch=2)), full)
+
+
+@pytest.mark.parametrize("fmt", ["libsvm", "criteo", "tfrecord"])
+def test_an_empty_file_reads_as_an_empty_batch_with_every_feature(tmp_path: Path, fmt: str) -> None:
+    from psflow.data import BatchSpec, Schema, batch_spec
+
+    path = tmp_path / "empty"
+    path.write_bytes(b"")
+    schema = Schema.from_flags(["d:float:2", "a:int64", "s:string:5"]) if fmt == "tfrecord" else None
+    batch = read_all(str(path), fmt, schema=schema, num_features=64) if schema else read_all(str(path), fmt, num_features=64)
+    spec = batch_spec(fmt, schema, 64)
+    assert batch.num_examples == 0 and list(batch.sparse) == list(spec.sparse) and list(batch.dense) == list(spec.dense)
+    assert spec != BatchSpec()
+    if schema is not None:
+        assert batch.dense["d"].shape == (0, 2) and batch.dense["d"].dtype == np.float32
+    batch.validate()
+
+
+def test_a_schema_that_does_not_fit_a_batch_is_refused_by_the_config() -> None:
+    from psflow.data import FixedLenFeature, Schema, VarLenFeature
+
+    schema = Schema({"label": FixedLenFeature(), "w": VarLenFeature("float32")})
+    with pytest.raises(ValueError, match="invalid DatasetConfig: schema: feature 'w': a float32 VarLenFeature"):
+        DatasetConfig(("a",), "tfrecord", schema=schema)
+
+
+def test_garbage_records_are_bad_records_not_a_missing_feature(tmp_path: Path) -> None:
+    from psflow.data import TFRecordWriter
+
+    path = tmp_path / "g.tfrecord"
+    with TFRecordWriter(str(path)) as writer:
+        for _ in range(3):
+            writer.write(b"\xff\xfe not an Example")
+    with pytest.raises(BadRecordError, match=r"g.tfrecord: record 0 at byte 0: malformed Example"):
+        read_all(str(path), "tfrecord")

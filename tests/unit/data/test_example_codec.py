@@ -10,12 +10,26 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import same_batch
 from google.protobuf import descriptor_pb2, message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from psflow.data import FixedLenFeature, Ragged, Schema, SparseFeature, VarLenFeature, encode_example, parse_examples
+from psflow.data import (
+    Batch,
+    FixedLenFeature,
+    Ragged,
+    Schema,
+    SparseColumn,
+    SparseFeature,
+    VarLenFeature,
+    encode_example,
+    parse_examples,
+)
+from psflow.data.example import to_batch
+from psflow.data.example_encode import encode_batch_examples, encode_examples
 from psflow.data.example_pb import descriptor_proto, example_class
+from psflow.data.hashing import bucket_strings
 
 # Every test runs with the C loops and with the numpy loops (psflow.data.native).
 pytestmark = pytest.mark.usefixtures("implementation")
@@ -268,3 +282,130 @@ def test_per_record_schema_errors_name_the_problem() -> None:
 def test_ragged_is_exported() -> None:
     parsed = parse_examples([encode_example({"v": ("int64", [3, 4])})], Schema({"v": VarLenFeature("int64")}, label_key=None))
     assert isinstance(parsed.features["v"], Ragged)
+
+
+# ---- many features per Example: the fast decoder against the general one ----
+
+MULTI = Schema(
+    {
+        "label": FixedLenFeature((), "float32"),
+        "dense": FixedLenFeature((3,), "float32", default=0.5),
+        "ids": VarLenFeature("int64", vocabulary_size=1000),
+        "site": VarLenFeature("string", hash_buckets=97),
+        "weighted": SparseFeature("w_ids", "w_vals"),
+        "unweighted": SparseFeature("u_ids", None, vocabulary_size=50),
+        **{f"C{k}": VarLenFeature("int64") for k in range(1, 27)},
+    }
+)
+_MULTI_KINDS = {"label": "float_list", "dense": "float_list", "ids": "int64_list", "site": "bytes_list", "w_ids": "int64_list",
+                "w_vals": "float_list", "u_ids": "int64_list", **{f"C{k}": "int64_list" for k in range(1, 27)}}
+
+
+@st.composite
+def multi_examples(draw: st.DrawFn) -> dict[str, tuple[str, list[Any]]]:
+    """Examples with most of MULTI's keys: missing, empty, out-of-vocabulary, wrong-kind and unknown features mixed in."""
+    features: dict[str, tuple[str, list[Any]]] = {}
+    for key, kind in _MULTI_KINDS.items():
+        if draw(st.integers(0, 9)) == 0:
+            continue  # missing
+        if draw(st.integers(0, 49)) == 0:
+            kind = draw(st.sampled_from(["int64_list", "float_list", "bytes_list"]))  # wrong kind, now and then
+        size = {"label": st.just(1), "dense": st.sampled_from([0, 3, 3, 3, 2])}.get(key, st.integers(0, 4))
+        n = draw(size)
+        if kind == "float_list":
+            values: list[Any] = draw(st.lists(float32s, min_size=n, max_size=n))
+        elif kind == "bytes_list":
+            values = draw(st.lists(st.binary(max_size=20), min_size=n, max_size=n))
+        else:
+            values = draw(st.lists(st.integers(-3, 1100), min_size=n, max_size=n))
+        features[key] = (kind, values)
+    if key_values := draw(st.one_of(st.none(), feature_values)):
+        features["unread"] = key_values
+    return features
+
+
+def _same_parsed(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple):
+        return all(_same_parsed(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Ragged):
+        return a.indptr.tolist() == b.indptr.tolist() and _same_parsed(a.values, b.values)
+    return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(multi_examples(), min_size=1, max_size=8), st.booleans())
+def test_multi_feature_fast_decoder_agrees_with_protobuf(maps: list[dict[str, tuple[str, list[Any]]]], deterministic: bool) -> None:
+    records = [_build(m).SerializeToString(deterministic=deterministic) for m in maps]
+    fast, general = parse_examples(records, MULTI), parse_examples(records, MULTI, fast=False)
+    assert fast.errors == general.errors
+    assert fast.present == general.present
+    for name in MULTI.features:
+        assert _same_parsed(fast.features[name], general.features[name]), name
+    good = np.array(sorted(set(range(len(records))) - {row for row, _ in fast.errors}), dtype=np.int64)
+    assert same_batch(to_batch(fast, MULTI, good), to_batch(general, MULTI, good))
+    for i in good.tolist():  # the strings hashed as documented, whatever the decoder
+        strings = _protobuf_view(EXAMPLE.FromString(records[i])).get(b"site", (None, []))[1]
+        site = fast.features["site"]
+        assert site.values[site.indptr[i] : site.indptr[i + 1]].tolist() == bucket_strings(strings, "site", 97).tolist()
+
+
+def test_multi_feature_errors_name_the_feature() -> None:
+    base = {"label": ("float32", [1.0]), "w_ids": ("int64", [1]), "w_vals": ("float32", [2.0]), "u_ids": ("int64", [3])}
+    records = [
+        encode_example(base),
+        encode_example({**base, "ids": ("int64", [5, 1000, -1])}),
+        encode_example({**base, "u_ids": ("int64", [50])}),
+        encode_example({**base, "site": ("int64", [1])}),
+    ]
+    schema = Schema({k: v for k, v in MULTI.features.items() if not k.startswith("C")})
+    for fast in (True, False):
+        errors = dict(parse_examples(records, schema, fast=fast).errors)
+        assert errors == {
+            1: "feature 'ids': id 1000 is outside [0, 1000) (vocabulary_size)",
+            2: "feature 'unweighted': id 50 is outside [0, 50) (vocabulary_size)",
+            3: "feature 'site' is a int64_list, schema wants bytes",
+        }
+
+
+def test_strings_without_buckets_decode_as_bytes() -> None:
+    records = [encode_example({"s": ("bytes", [b"a", b"", b"\xff\x00"])}), encode_example({})]
+    for fast in (True, False):
+        column = parse_examples(records, Schema({"s": VarLenFeature("string")}, label_key=None), fast=fast).features["s"]
+        assert column.indptr.tolist() == [0, 3, 3] and column.values.tolist() == [b"a", b"", b"\xff\x00"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 6), st.integers(0, 2**32))
+def test_vectorized_encoder_writes_what_encode_example_writes(n: int, seed: int) -> None:
+    keys = {"a": "int64", "b": "float32", "ab": "int64", "C1": "int64"}
+    rng = np.random.default_rng(seed)
+    lists = {k: [rng.integers(-(2**62), 2**62, rng.integers(0, 4)) >> rng.integers(0, 62) for _ in range(n)] for k in keys}
+    features = {}
+    for key, dtype in keys.items():
+        counts = [len(v) for v in lists[key]]
+        indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        values = np.concatenate([np.zeros(0, dtype=np.int64), *lists[key]])
+        features[key] = (dtype, values.astype(np.float32) if dtype == "float32" else values, indptr)
+    got = encode_examples(n, features)
+    want = [encode_example({k: (keys[k], lists[k][i].astype(np.float32) if keys[k] == "float32" else lists[k][i]) for k in keys})
+            for i in range(n)]
+    assert got == want
+
+
+def test_batch_examples_read_back_as_the_batch() -> None:
+    schema = Schema({"label": FixedLenFeature(), "d": FixedLenFeature((2,), "int64"), "x": VarLenFeature("int64"),
+                     "y": SparseFeature("yi", "yv"), "z": SparseFeature("zi", None)})
+    batch = Batch(
+        np.array([1, 0, 1], dtype=np.float32),
+        {"x": SparseColumn(np.array([0, 2, 2, 3]), np.array([5, -6, 2**62]), np.ones(3, dtype=np.float32)),
+         "y": SparseColumn(np.array([0, 1, 1, 2]), np.array([1, 2]), np.array([0.5, -0.0], dtype=np.float32)),
+         "z": SparseColumn(np.array([0, 0, 0, 1]), np.array([9]), np.ones(1, dtype=np.float32))},
+        {"d": np.array([[1, 2], [3, 4], [5, -6]], dtype=np.int64)},
+    )
+    records = encode_batch_examples(batch, schema)
+    assert same_batch(to_batch(parse_examples(records, schema), schema), batch)
+    assert records[0] == encode_example({"label": ("float32", [1.0]), "d": ("int64", [1, 2]), "x": ("int64", [5, -6]),
+                                         "yi": ("int64", [1]), "yv": ("float32", [0.5]), "zi": ("int64", [])})
+    batch.sparse["x"].values[0] = 2.0
+    with pytest.raises(ValueError, match="'x': the schema reads its values as 1.0"):
+        encode_batch_examples(batch, schema)

@@ -7,29 +7,30 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import same_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psflow.data import BadRecordError, DatasetConfig, SparseBatch, open_dataset, read_all
+from psflow.data import DEFAULT_SPARSE_FEATURE, BadRecordError, DatasetConfig, open_dataset, read_all
 from psflow.data.libsvm import _parse_fast, _parse_slow, parse_libsvm
 
-
-def _same(a: SparseBatch, b: SparseBatch) -> bool:
-    return all(getattr(a, f).tobytes() == getattr(b, f).tobytes() for f in ("labels", "indptr", "ids", "values"))
+_same = same_batch
 
 
 def test_a9a_statistics(a9a_paths: tuple[Path, Path]) -> None:
     train, test = a9a_paths
     batch = read_all(str(train), "libsvm")
+    assert list(batch.sparse) == [DEFAULT_SPARSE_FEATURE] and batch.dense == {}
+    column = batch.column()
     assert batch.num_examples == 32_561
     assert int(batch.labels.sum()) == 7_841  # +1 -> 1.0, -1 -> 0.0
-    assert batch.ids.min() == 1 and batch.ids.max() == 123  # ids not shifted
+    assert column.ids.min() == 1 and column.ids.max() == 123  # ids not shifted
     assert abs(batch.nnz / batch.num_examples - 13.87) < 0.01
-    assert np.all(batch.values == 1.0)
+    assert np.all(column.values == 1.0)
     batch.validate()
     held_out = read_all(str(test), "libsvm")
     assert held_out.num_examples == 16_281 and int(held_out.labels.sum()) == 3_846
-    first = held_out.slice(0, 1)
+    first = held_out.slice(0, 1).column()
     assert first.ids[-1] == 123 and first.values[-1] == 0.0  # the explicit zero is kept as an entry
 
 
@@ -58,10 +59,11 @@ def test_tricky_but_valid_lines() -> None:
     assert parsed.rows.tolist() == [0, 2, 3, 4, 6]
     batch = parsed.batch
     assert batch.labels.tolist() == [1.0, 0.0, 0.0, 1.0, 1.0]
-    assert batch.indptr.tolist() == [0, 2, 4, 4, 10, 11]
-    assert batch.ids.tolist() == [3, 11, 7, 8, 2**63 - 1, 5, 6, 7, 8, 9, 12]
-    assert batch.values.tolist() == pytest.approx([1, 0.5, -2.5e-3, 0, 1, 1000, 0.5, 5, 2, 0, 3])
-    assert np.signbit(batch.values[9])  # "-0" is -0.0
+    column = batch.column(DEFAULT_SPARSE_FEATURE)
+    assert column.indptr.tolist() == [0, 2, 4, 4, 10, 11]
+    assert column.ids.tolist() == [3, 11, 7, 8, 2**63 - 1, 5, 6, 7, 8, 9, 12]
+    assert column.values.tolist() == pytest.approx([1, 0.5, -2.5e-3, 0, 1, 1000, 0.5, 5, 2, 0, 3])
+    assert np.signbit(column.values[9])  # "-0" is -0.0
     assert _same(batch, _parse_slow(TRICKY).batch)
 
 
@@ -104,7 +106,7 @@ def test_skipping_malformed_lines_counts_them(tmp_path: Path) -> None:
     with open_dataset(config, start=False) as dataset:
         (batch,) = list(dataset)
         stats = dataset.stats
-    assert batch.ids.tolist() == [1, 2, 4]
+    assert batch.column().ids.tolist() == [1, 2, 4]
     assert stats.bad_records == 2 and stats.records_read == 3
     assert stats.last_bad is not None and stats.last_bad.startswith(f"{path}:4: ")
 
@@ -118,7 +120,7 @@ def test_gzip_input(a9a_paths: tuple[Path, Path], tmp_path: Path) -> None:
 def test_last_line_without_newline(tmp_path: Path) -> None:
     path = tmp_path / "a.txt"
     path.write_bytes(b"1 1:1\n0 2:1")
-    assert read_all(str(path), "libsvm").ids.tolist() == [1, 2]
+    assert read_all(str(path), "libsvm").column().ids.tolist() == [1, 2]
 
 
 numbers = st.one_of(

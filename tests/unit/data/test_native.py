@@ -9,12 +9,24 @@ from typing import Any
 import crc32c
 import numpy as np
 import pytest
-from conftest import require_native
+from conftest import require_native, same_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psflow.data import BadRecordError, DatasetConfig, SparseBatch, TFRecordWriter, native, open_dataset
-from psflow.data import example as example_module
+from psflow.data import (
+    BadRecordError,
+    Batch,
+    DatasetConfig,
+    FixedLenFeature,
+    Schema,
+    SparseFeature,
+    TFRecordWriter,
+    VarLenFeature,
+    example_encode,
+    native,
+    open_dataset,
+)
+from psflow.data import example_wire as wire_module
 from psflow.data import tfrecord as tfrecord_module
 from psflow.data.batch import gather_ranges
 from psflow.data.example import encode_sparse_examples
@@ -99,8 +111,8 @@ def test_decode_varints_matches_numpy(lists: list[list[int]], pad: bytes) -> Non
     lengths = np.array([len(b) for b in bodies], dtype=np.int64)
     p0 = len(pad) + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     p1 = p0 + lengths
-    got = example_module._decode_varints(buf, p0, p1)
-    want = example_module._decode_varints_numpy(buf, p0, p1)
+    got = wire_module.decode_varints(buf, p0, p1)
+    want = wire_module.decode_varints_numpy(buf, p0, p1)
     assert got is not None and want is not None
     assert got[0].tolist() == want[0].tolist() == [np.int64(np.uint64(v % 2**64).view(np.int64)) for vs in lists for v in vs]
     assert got[1].tolist() == want[1].tolist() == [len(v) for v in lists]
@@ -111,8 +123,8 @@ def test_malformed_varints_are_refused_like_numpy(data: bytes, a: int, b: int) -
     a, b = min(a, len(data)), min(max(a, b), len(data))
     buf = np.frombuffer(data, dtype=np.uint8)
     p0, p1 = np.array([a], dtype=np.int64), np.array([b], dtype=np.int64)
-    got = example_module._decode_varints(buf, p0, p1)
-    want = example_module._decode_varints_numpy(buf, p0, p1)
+    got = wire_module.decode_varints(buf, p0, p1)
+    want = wire_module.decode_varints_numpy(buf, p0, p1)
     assert (got is None) == (want is None)
     if got is not None and want is not None:
         assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
@@ -120,9 +132,9 @@ def test_malformed_varints_are_refused_like_numpy(data: bytes, a: int, b: int) -
 
 def test_an_eleven_byte_varint_and_a_cut_varint_are_refused() -> None:
     buf = np.frombuffer(b"\x80" * 10 + b"\x01" + b"\x96\x01", dtype=np.uint8)
-    assert example_module._decode_varints(buf, np.array([0]), np.array([11])) is None  # 11 bytes
-    assert example_module._decode_varints(buf, np.array([11]), np.array([12])) is None  # ends inside
-    values, counts = example_module._decode_varints(buf, np.array([11]), np.array([13])) or (None, None)
+    assert wire_module.decode_varints(buf, np.array([0]), np.array([11])) is None  # 11 bytes
+    assert wire_module.decode_varints(buf, np.array([11]), np.array([12])) is None  # ends inside
+    values, counts = wire_module.decode_varints(buf, np.array([11]), np.array([13])) or (None, None)
     assert values is not None and counts is not None and values.tolist() == [150] and counts.tolist() == [1]
 
 
@@ -178,11 +190,11 @@ def _write_sparse(path: Path, n: int, seed: int) -> None:
             writer.write(record)
 
 
-def _read(path: Path, monkeypatch: pytest.MonkeyPatch, loops: Any) -> tuple[list[SparseBatch], str | None]:
+def _read(path: Path, monkeypatch: pytest.MonkeyPatch, loops: Any, schema: Schema | None = None) -> tuple[list[Batch], str | None]:
     monkeypatch.setattr(tfrecord_module, "NATIVE", loops)
-    monkeypatch.setattr(example_module, "NATIVE", loops)
-    config = DatasetConfig((str(path),), "tfrecord", batch_size=300, prefetch=0, num_epochs=1, block_size=4096)
-    batches: list[SparseBatch] = []
+    monkeypatch.setattr(wire_module, "NATIVE", loops)
+    config = DatasetConfig((str(path),), "tfrecord", batch_size=300, prefetch=0, num_epochs=1, block_size=4096, schema=schema)
+    batches: list[Batch] = []
     try:
         with open_dataset(config, start=False) as dataset:
             batches.extend(dataset)
@@ -208,9 +220,7 @@ def test_a_file_reads_the_same_through_both_implementations(tmp_path: Path, monk
     if damage is not None:
         assert c_error is not None and "record 1234" in c_error
     assert len(c_batches) == len(np_batches) > 0
-    for a, b in zip(c_batches, np_batches, strict=True):
-        for name in ("labels", "indptr", "ids", "values"):
-            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert same_batches(c_batches, np_batches)
 
 
 def test_the_environment_switch_picks_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,7 +252,7 @@ feature_maps = st.dictionaries(
 @settings(max_examples=300)
 @given(st.lists(feature_maps, min_size=1, max_size=5), st.data())
 def test_walk_matches_numpy_on_valid_and_damaged_records(maps: list[dict[str, tuple[str, list[Any]]]], data: st.DataObject) -> None:
-    records = [bytearray(example_module.encode_example(m)) for m in maps]
+    records = [bytearray(example_encode.encode_example(m)) for m in maps]
     for record in records:  # damage some bytes of some records
         for _ in range(data.draw(st.integers(0, 2))):
             if record:
@@ -251,10 +261,183 @@ def test_walk_matches_numpy_on_valid_and_damaged_records(maps: list[dict[str, tu
     raw = np.frombuffer(blob + bytes(16), dtype=np.uint8)
     lengths = np.array([len(r) for r in records], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-    assert _entries(example_module._walk(raw, starts, lengths)) == _entries(example_module._walk_numpy(raw, starts, lengths))
+    assert _entries(wire_module.walk(raw, starts, lengths)) == _entries(wire_module.walk_numpy(raw, starts, lengths))
 
 
 def test_walk_refuses_a_too_small_output() -> None:
-    record = example_module.encode_example({"a": ("int64", [1])})
+    record = example_encode.encode_example({"a": ("int64", [1])})
     with pytest.raises(ValueError, match=r"out must be int64 \[6, cap\]"):
         _c().walk_examples(record, np.array([0]), np.array([len(record)]), np.empty((6, 1), dtype=np.int64))
+
+
+# ---- match_keys and split_bytes_lists ----
+
+key_texts = st.sampled_from([b"", b"a", b"ab", b"abc", b"label", b"C1", b"C10", b"C2", b"ids", b"x" * 9, b"x" * 17, b"\xff\x00"])
+
+
+@settings(max_examples=300)
+@given(st.lists(key_texts, max_size=12), st.lists(key_texts, max_size=30), st.binary(max_size=5))
+def test_match_keys_matches_numpy(wanted: list[bytes], seen: list[bytes], pad: bytes) -> None:
+    blob = pad + b"".join(seen)
+    raw = np.frombuffer(blob + bytes(16), dtype=np.uint8)
+    lengths = np.array([len(k) for k in seen], dtype=np.int64)
+    starts = len(pad) + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)[: len(seen)]
+    got = wire_module.match_keys(raw, starts, lengths, wanted)
+    want = wire_module.match_keys_numpy(raw, starts, lengths, wanted)
+    assert got.tolist() == want.tolist() == [wanted.index(k) if k in wanted else -1 for k in seen]  # first index wins
+
+
+def test_match_keys_numpy_survives_a_hash_collision(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = np.frombuffer(b"abcd" + bytes(16), dtype=np.uint8)
+    starts, lengths = np.array([0, 2, 0]), np.array([2, 2, 4])
+    monkeypatch.setattr(wire_module, "hash_strings", lambda data, s, n, salt: np.zeros(len(s), dtype=np.uint64))
+    assert wire_module.match_keys_numpy(raw, starts, lengths, [b"cd", b"ab", b"zz"]).tolist() == [1, 0, -1]
+
+
+def test_match_keys_checks_its_arguments() -> None:
+    buf = bytes(8)
+    one = np.array([0], dtype=np.int64)
+    out = np.empty(1, dtype=np.int64)
+    with pytest.raises(ValueError, match="outside the 8-byte buffer"):
+        _c().match_keys(buf, one, one + 9, out, b"k", np.array([0, 1]))
+    with pytest.raises(ValueError, match="match_keys: key: range 0 .* outside the 1-byte buffer"):
+        _c().match_keys(buf, one, one, out, b"k", np.array([0, 2]))
+    with pytest.raises(ValueError, match="key: range 1"):
+        _c().match_keys(buf, one, one, out, b"kk", np.array([0, 2, 1]))  # decreasing
+    with pytest.raises(ValueError, match="key_offsets must have 1"):
+        _c().match_keys(buf, one, one, out, b"", np.zeros(0, dtype=np.int64))
+    with pytest.raises(ValueError, match="out and starts differ in length"):
+        _c().match_keys(buf, one, one, np.empty(2, dtype=np.int64), b"k", np.array([0, 1]))
+    with pytest.raises(TypeError, match="key_offsets must be an int64 array"):
+        _c().match_keys(buf, one, one, out, b"k", np.array([0, 1], dtype=np.int32))
+    _c().match_keys(buf, one, one, out, b"", np.array([0]))  # no wanted key
+    assert out.tolist() == [-1]
+
+
+def _bytes_body(items: list[bytes]) -> bytes:
+    return b"".join(b"\x0a" + _varint(len(item)) + item for item in items)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.lists(st.binary(max_size=140), max_size=5), min_size=1, max_size=8), st.data())
+def test_split_bytes_lists_matches_numpy_on_valid_and_damaged_bodies(lists: list[list[bytes]], data: st.DataObject) -> None:
+    bodies = [bytearray(_bytes_body(items)) for items in lists]
+    damaged = data.draw(st.booleans())
+    if damaged:
+        for body in bodies:
+            if body and data.draw(st.booleans()):
+                body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
+    blob = b"".join(bytes(b) for b in bodies)
+    raw = np.frombuffer(blob + bytes(16), dtype=np.uint8)
+    lengths = np.array([len(b) for b in bodies], dtype=np.int64)
+    b0 = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    got = wire_module.split_bytes_lists(raw, b0, b0 + lengths)
+    want = wire_module.split_bytes_lists_numpy(raw, b0, b0 + lengths)
+    assert (got is None) == (want is None)
+    if got is not None and want is not None:
+        assert [a.tolist() for a in got] == [a.tolist() for a in want]
+    if not damaged:
+        assert got is not None
+        starts, sizes, counts = got
+        assert [blob[s : s + n] for s, n in zip(starts.tolist(), sizes.tolist(), strict=True)] == [i for items in lists for i in items]
+        assert counts.tolist() == [len(items) for items in lists]
+
+
+def test_split_bytes_lists_refuses_non_canonical_bodies_and_bad_arguments() -> None:
+    raw = np.frombuffer(b"\x0a\x02ab" + b"\x12\x00" + b"\x0a\x05ab" + b"\x0a\x80\x80\x80\x80\x80\x01" + bytes(16), dtype=np.uint8)
+    for lo, hi in ((4, 6), (6, 10), (10, 17)):  # wrong tag, item past the body, six-byte varint
+        for split in (wire_module.split_bytes_lists, wire_module.split_bytes_lists_numpy):
+            assert split(raw, np.array([lo]), np.array([hi])) is None, (lo, hi)
+    one = np.array([0], dtype=np.int64)
+    n = np.empty(1, dtype=np.int64)
+    with pytest.raises(ValueError, match="split_bytes_lists: range 0 .* outside"):
+        _c().split_bytes_lists(bytes(4), one, one + 5, n, n, n)
+    with pytest.raises(ValueError, match="starts or lengths is too small"):
+        _c().split_bytes_lists(bytes(4), one, one + 4, np.empty(1, dtype=np.int64), n, n)
+    with pytest.raises(ValueError, match="b0, b1 and counts differ in length"):
+        two = np.empty(2, dtype=np.int64)
+        _c().split_bytes_lists(bytes(4), one, one + 4, two, two, two)
+
+
+def _write_criteo_like(path: Path, n: int, seed: int) -> Schema:
+    """Examples with 13 float and 26 int64 features, a string feature and a weighted sparse one; returns their schema."""
+    rng = np.random.default_rng(seed)
+    schema = Schema({"label": FixedLenFeature(), **{f"I{k}": FixedLenFeature() for k in range(1, 14)},
+                     **{f"C{k}": VarLenFeature("int64") for k in range(1, 27)},
+                     "site": VarLenFeature("string", hash_buckets=1000), "q": SparseFeature("qi", "qv")})
+    with TFRecordWriter(str(path)) as writer:
+        for i in range(n):
+            features: dict[str, tuple[str, Any]] = {"label": ("float32", [i % 2])}
+            features.update((f"I{k}", ("float32", rng.standard_normal(1))) for k in range(1, 14))
+            features.update((f"C{k}", ("int64", rng.integers(0, 2**40, rng.integers(0, 3)))) for k in range(1, 27))
+            features["site"] = ("bytes", [bytes(rng.integers(0, 256, rng.integers(0, 30)).astype(np.uint8)) for _ in range(i % 3)])
+            q = rng.integers(0, 4)
+            features["qi"], features["qv"] = ("int64", rng.integers(0, 100, q)), ("float32", rng.standard_normal(q))
+            writer.write(example_encode.encode_example(features))
+    return schema
+
+
+def test_a_multi_feature_file_reads_the_same_through_both_implementations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "multi.tfrecord"
+    schema = _write_criteo_like(path, 1500, seed=3)
+    c_batches, c_error = _read(path, monkeypatch, native.NATIVE, schema)
+    np_batches, np_error = _read(path, monkeypatch, None, schema)
+    assert c_error is None and np_error is None
+    assert sum(b.num_examples for b in c_batches) == 1500
+    assert list(c_batches[0].sparse) == [*(f"C{k}" for k in range(1, 27)), "site", "q"]
+    assert list(c_batches[0].dense) == [f"I{k}" for k in range(1, 14)]
+    assert same_batches(c_batches, np_batches)
+
+
+def _grid(found: Any) -> Any:
+    return None if found is None else (found.kind.tolist(), found.p0.tolist(), found.p1.tolist(), found.decoded.tolist())
+
+
+@settings(max_examples=300)
+@given(st.lists(feature_maps, min_size=1, max_size=5), st.lists(st.text(max_size=6), max_size=4), st.data())
+def test_place_entries_matches_numpy(maps: list[dict[str, tuple[str, list[Any]]]], wanted: list[str], data: st.DataObject) -> None:
+    records = [bytearray(example_encode.encode_example(m)) for m in maps]
+    for record in records:  # damage some bytes of some records
+        for _ in range(data.draw(st.integers(0, 1))):
+            if record:
+                record[data.draw(st.integers(0, len(record) - 1))] = data.draw(st.integers(0, 255))
+    if data.draw(st.booleans()) and records[0]:  # now and then an unpacked list: still well formed, not canonical
+        records.append(bytearray(example_encode.encode_example({"u": ("int64", [1, 2])}).replace(b"\x0a\x02\x01\x02", b"\x08\x01\x08\x02")))
+    blob = b"".join(bytes(r) for r in records)
+    raw = np.frombuffer(blob + bytes(16), dtype=np.uint8)
+    lengths = np.array([len(r) for r in records], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    keys = [k.encode("utf-8") for k in dict.fromkeys([*wanted, *(k for m in maps for k in m), "u"])]
+    want = np.array([data.draw(st.integers(1, 3)) for _ in keys], dtype=np.int64)
+    for walk in (wire_module.walk, wire_module.walk_numpy):
+        entries = walk(raw, starts, lengths)
+        if entries is None:
+            continue
+        match = wire_module.match_keys(raw, entries.key_start, entries.key_len, keys)
+        got = wire_module.place_entries(raw, entries, match, want, len(records))
+        assert _grid(got) == _grid(wire_module.place_entries_numpy(raw, entries, match, want, len(records)))
+
+
+def test_place_entries_refuses_repeated_keys_and_checks_its_arguments() -> None:
+    record = example_encode.encode_example({"a": ("int64", [1])})
+    twice = record[:1] + bytes([record[1] * 2]) + record[2:] * 2  # the map entry of "a" twice in one Example
+    raw = np.frombuffer(twice + bytes(16), dtype=np.uint8)
+    starts, lengths = np.array([0]), np.array([len(twice)])
+    entries = wire_module.walk(raw, starts, lengths)
+    assert entries is not None and len(entries.rec) == 2
+    match = wire_module.match_keys(raw, entries.key_start, entries.key_len, [b"a"])
+    for place in (wire_module.place_entries, wire_module.place_entries_numpy):
+        assert place(raw, entries, match, np.array([3]), 1) is None
+    table = np.zeros((6, 2), dtype=np.int64)
+    out = (np.empty(2, dtype=np.int8), np.empty(2, dtype=np.int64), np.empty(2, dtype=np.int64), np.empty(2, dtype=np.uint8))
+    with pytest.raises(ValueError, match="want entries int64 \\[6, cap\\]"):
+        _c().place_entries(raw, table, 3, np.zeros(3, dtype=np.int64), np.array([3]), 2, *out)
+    with pytest.raises(ValueError, match="k \\* n slots"):
+        _c().place_entries(raw, table, 2, np.zeros(2, dtype=np.int64), np.array([3]), 3, *out)
+    with pytest.raises(ValueError, match="want\\[0\\] = 4 is not a list kind"):
+        _c().place_entries(raw, table, 2, np.zeros(2, dtype=np.int64), np.array([4]), 2, *out)
+    table[5, 1] = 10**9  # a body end past the buffer
+    with pytest.raises(ValueError, match="entry 1 .* outside the grid or the"):
+        _c().place_entries(raw, table, 2, np.zeros(2, dtype=np.int64), np.array([3]), 2, *out)
+    with pytest.raises(TypeError, match="kind must be an int8 array"):
+        _c().place_entries(raw, table, 2, np.zeros(2, dtype=np.int64), np.array([3]), 2, np.empty(2, dtype=np.uint8), *out[1:])

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import same_batches
 
-from psflow.data import BadRecordError, DataError, DatasetConfig, SparseBatch, open_dataset
+from psflow.data import BadRecordError, Batch, DataError, DatasetConfig, open_dataset
 from psflow.data.reader_process import ReaderProcess, Split
 
 Item = tuple[int, np.ndarray, np.ndarray]
@@ -182,7 +183,7 @@ def test_child_exits_when_its_parent_is_killed() -> None:
             os.kill(child, signal.SIGKILL)
 
 
-def _dataset_run(config: DatasetConfig) -> tuple[list[SparseBatch], list[str], int]:
+def _dataset_run(config: DatasetConfig) -> tuple[list[Batch], list[str], int]:
     with open_dataset(config, start=True) as dataset:
         batches, positions = [], []
         for batch in dataset:
@@ -199,14 +200,12 @@ def test_dataset_with_a_reader_process_matches_the_thread(numbered_files: Callab
     forked = _dataset_run(replace(config, reader_process=True))
     assert forked[1] == threaded[1]
     assert forked[2] == threaded[2] == 82
-    fields = ("labels", "indptr", "ids", "values")
-    assert len(forked[0]) == len(threaded[0])
-    for a, b in zip(forked[0], threaded[0], strict=True):
-        assert all(getattr(a, f).tobytes() == getattr(b, f).tobytes() for f in fields)
+    assert same_batches(forked[0], threaded[0])
 
 
-def _prepare(batch: SparseBatch) -> SparseBatch:
-    return replace(batch, extras={"row_sums": np.add.reduceat(batch.ids, batch.indptr[:-1]), "n": np.array([batch.num_examples])})
+def _prepare(batch: Batch) -> Batch:
+    column = batch.column()
+    return replace(batch, extras={"row_sums": np.add.reduceat(column.ids, column.indptr[:-1]), "n": np.array([batch.num_examples])})
 
 
 def test_prepare_runs_in_the_reader_process_and_its_extras_arrive(numbered_files: Callable[..., list[str]]) -> None:

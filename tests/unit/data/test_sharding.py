@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from psflow.data import DataError, DatasetConfig, SparseBatch, WorkerShard, expand_paths, open_dataset, shard_plan
+from psflow.data import Batch, DataError, DatasetConfig, WorkerShard, expand_paths, open_dataset, shard_plan
 from psflow.data.sharding import epoch_file_order
 
 SIZES = {1: [23], 2: [17, 0], 7: [5, 9, 1, 0, 12, 7, 3]}  # some files empty or shorter than the worker count
@@ -20,7 +20,7 @@ SIZES = {1: [23], 2: [17, 0], 7: [5, 9, 1, 0, 12, 7, 3]}  # some files empty or 
 @pytest.mark.parametrize("shuffle", [0, 4])
 def test_every_record_read_exactly_once_per_epoch(
     numbered_files: Callable[..., list[str]],
-    example_keys: Callable[[SparseBatch], list[int]],
+    example_keys: Callable[[Batch], list[int]],
     fmt: str,
     num_files: int,
     num_workers: int,

@@ -10,8 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import same_batch
 
 from psflow.data import (
+    DEFAULT_SPARSE_FEATURE,
     BadRecordError,
     DatasetConfig,
     FixedLenFeature,
@@ -102,19 +104,21 @@ def test_sparse_schema_batches_and_gzip_agree(fixtures_dir: Path) -> None:
     plain = read_all(str(fixtures_dir / "sparse_lr.tfrecord"), "tfrecord")
     packed = read_all(str(fixtures_dir / "sparse_lr.tfrecord.gz"), "tfrecord")
     assert plain.num_examples == packed.num_examples == 200
-    for field in ("labels", "indptr", "ids", "values"):
-        assert getattr(plain, field).tobytes() == getattr(packed, field).tobytes()
-    assert plain.indptr[151] - plain.indptr[150] == 0  # record 150: present but empty lists
+    assert same_batch(plain, packed)
+    assert list(plain.sparse) == [DEFAULT_SPARSE_FEATURE] and plain.dense == {}
+    column = plain.column()
+    assert column.indptr[151] - column.indptr[150] == 0  # record 150: present but empty lists
     plain.validate()
 
 
 def test_mixed_schema_to_batch(fixtures_dir: Path) -> None:
-    schema = Schema({**MIXED.features, "ids": VarLenFeature("int64")}, label_key=None)
+    with pytest.raises(ValueError, match="'name': a bytes FixedLenFeature is not a batch feature"):
+        MIXED.batch_layout()
+    schema = Schema({"dense": MIXED.features["dense"], "ids": VarLenFeature("int64")}, label_key=None)
     batch = read_all(str(fixtures_dir / "mixed.tfrecord"), "tfrecord", schema=schema)
-    assert batch.num_examples == 50
+    assert batch.num_examples == 50 and list(batch.sparse) == ["ids"] and list(batch.dense) == ["dense"]
     assert batch.dense["dense"].shape == (50, 13) and batch.dense["dense"].dtype == np.float32
-    assert batch.dense["name"][0] == b"alpha"
-    assert np.all(batch.values == 1.0)  # the lone int64 VarLen becomes the CSR part with values 1.0
+    assert np.all(batch.column("ids").values == 1.0)  # an int64 VarLen is a sparse feature with values 1.0
 
 
 def test_writer_reproduces_tensorflow_bytes(fixtures_dir: Path, tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psflow.train.metrics import accuracy, auc, binary_metrics, logloss
+from psflow.models.metrics import accuracy, auc, binary_metrics, logloss
 
 
 def _auc_brute(y: np.ndarray, s: np.ndarray) -> float:

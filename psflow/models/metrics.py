@@ -1,4 +1,4 @@
-"""Evaluation metrics for binary classifiers: AUC, log-loss, accuracy.
+"""Evaluation metrics for binary classifiers: AUC, log-loss, accuracy (a model's default metrics).
 
 All are exact (no binning): AUC is the rank statistic (Mann-Whitney U) with
 tied scores given their average rank, so it equals the area under the ROC

@@ -1,0 +1,243 @@
+"""The model seam: what a model tells the runtime, and what the runtime gives it back.
+
+A model is a Python class that holds no parameters (they live on the ps
+tasks). The runtime (:mod:`psflow.train.step`) drives it through one step, in
+this order, the same in every path (between-graph, in-process, in-graph, sync
+and ssp workers, evaluation, export and predict):
+
+1. :meth:`Model.variables` -- once: every variable the model has, in a fixed
+   order (name, shape, dtype, initializer, partitioner, optimizer). The
+   runtime places them (:mod:`psflow.placement`) and registers them on the
+   ps tasks; every process computes the same layout from the same config.
+2. :meth:`Model.prepare` -- per batch, in the input pipeline where it can
+   (a prefetch thread or the reader process): work that depends on the batch
+   alone, e.g. each table's unique ids. Must be a pure function of the batch
+   (it may run in another process); what it derives goes into
+   :attr:`Batch.extras <psflow.data.Batch.extras>`.
+3. :meth:`Model.lookups` -- per batch: which rows of which variables the
+   step needs (``{name: ids}``; ``None`` for a whole variable). The runtime
+   pulls each requested row from the partition holding it, one RPC per ps
+   task, and may pull them while the previous step's push travels.
+4. :meth:`Model.compute` -- the loss, the gradients (:class:`DenseGradient`
+   for whole variables, :class:`SparseGradient` for rows) and the outputs the
+   metrics need, from the batch and the pulled values. The runtime pushes the
+   gradients (one RPC per ps task) and the ps tasks apply each variable's
+   optimizer.
+5. :meth:`Model.predict` -- evaluation and serving: outputs only.
+6. :meth:`Model.metrics` -- a metrics dict from labels and outputs (default:
+   AUC, log-loss and accuracy of ``outputs["predictions"]``).
+
+Guarantees the runtime gives a model:
+    * ``values[name]`` in :meth:`compute` / :meth:`predict` holds the rows of
+      exactly the ids :meth:`lookups` returned for ``name``, in that order (the
+      whole variable for ``None``), as float arrays of the variable's dtype.
+    * A lookup or gradient naming a variable the model did not declare, or a
+      gradient for a non-trainable one, is refused before anything is sent
+      (:class:`ModelError` naming the model and the variable).
+    * Ids outside a variable's rows are refused before anything is sent
+      (naming the variable and the id); nothing stored changes.
+
+What the runtime asks of a model: the same config gives the same variables
+on every process; :meth:`prepare` is pure; :meth:`compute` and
+:meth:`predict` do not keep state between calls (two batches may be in
+flight: the lookahead pulls the next batch's rows before the current one is
+pushed).
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from psflow.data import Batch, BatchSpec
+from psflow.gradients import DenseGradient, Gradients, SparseGradient
+from psflow.placement import DTYPE_SIZES, Partitioner
+from psflow.ps.optimizers import OptimizerSpec
+
+__all__ = [
+    "Model",
+    "ModelConfig",
+    "ModelError",
+    "ModelOutput",
+    "VariableSpec",
+    "Lookups",
+    "Values",
+    "DenseGradient",
+    "SparseGradient",
+]
+
+#: Variable name -> the ids whose rows a step needs (int64, 1-d), or None for the whole variable.
+Lookups = dict[str, np.ndarray | None]
+#: Variable name -> the pulled rows (for ids) or the whole variable (for None).
+Values = Mapping[str, np.ndarray]
+
+
+class ModelError(ValueError):
+    """A model is unknown, misconfigured, or asked for something it did not declare (names it)."""
+
+
+@dataclass(frozen=True)
+class VariableSpec:
+    """One variable a model declares.
+
+    Attributes:
+        name: TensorFlow-style name, ``"deep/emb_C1"``.
+        shape: its shape; tables are ``[vocabulary, dim]``.
+        dtype: one of :data:`psflow.placement.DTYPE_SIZES` (float32 for trainable ones).
+        initializer: JSON-able initializer spec (:mod:`psflow.ps.initializers`):
+            ``{"name": "random_normal", "stddev": 0.01, "seed": 1}``; default zeros.
+        partitioner: splits the variable along axis 0 over ps tasks (tables);
+            e.g. :func:`psflow.fixed_size_partitioner`.
+        optimizer: the optimizer applied to this variable on its ps tasks;
+            None: the run's optimizer (``--optimizer``).
+        trainable: whether gradients are pushed for it.
+        device: pins it to a ps task (``"/job:ps/task:1"``); None: the run's
+            placement strategy chooses.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    initializer: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({"name": "zeros"}))
+    partitioner: Partitioner | None = None
+    optimizer: OptimizerSpec | None = None
+    trainable: bool = True
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What a model is built from: the data's features and the run's model settings.
+
+    Recorded with checkpoints and exported models, so ``psflow predict``
+    rebuilds the same model. JSON-able (see :meth:`to_dict`).
+
+    Attributes:
+        features: the batch's features (names and sizes), from the data format
+            and schema; a model sizes its tables from them.
+        num_features: size of the shared hashed id space of models with one
+            table for every sparse feature (``logistic``, ``fm``).
+        partitions: partitions of each large table along axis 0 (1: none).
+        embedding_dim: width of embedding tables.
+        params: model-specific settings (``--model-param KEY=VALUE``).
+        seed: seed of random initializers.
+    """
+
+    features: BatchSpec = field(default_factory=BatchSpec)
+    num_features: int = 1 << 20
+    partitions: int = 1
+    embedding_dim: int = 8
+    params: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.num_features >= 1, f"num_features must be >= 1, got {self.num_features}"),
+            (self.partitions >= 1, f"partitions must be >= 1, got {self.partitions}"),
+            (self.embedding_dim >= 1, f"embedding_dim must be >= 1, got {self.embedding_dim}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ModelError(f"model config: {message}")
+        try:
+            object.__setattr__(self, "params", MappingProxyType(json.loads(json.dumps(dict(self.params)))))
+        except (TypeError, ValueError) as e:
+            raise ModelError(f"model config: params must be JSON-able: {e}") from e
+
+    def param(self, key: str, default: Any) -> Any:
+        """``params[key]``, or ``default`` when it is not set."""
+        return self.params.get(key, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict; :meth:`from_dict` inverts it."""
+        return {"features": self.features.to_dict(), "num_features": self.num_features, "partitions": self.partitions,
+                "embedding_dim": self.embedding_dim, "params": dict(self.params), "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+        """Raises ModelError on a malformed dict."""
+        try:
+            return cls(BatchSpec.from_dict(data.get("features") or {}), int(data.get("num_features", 1 << 20)),
+                       int(data.get("partitions", 1)), int(data.get("embedding_dim", 8)), dict(data.get("params") or {}),
+                       int(data.get("seed", 0)))
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ModelError(f"bad model config {dict(data)!r:.200}: {e}") from e
+
+
+@dataclass(frozen=True)
+class ModelOutput:
+    """What :meth:`Model.compute` returns for one batch.
+
+    Attributes:
+        loss: the batch's mean loss.
+        gradients: variable name -> gradient of ``loss`` (variables without
+            one this step are left out).
+        outputs: per-example arrays the metrics need (first axis: examples).
+            ``"predictions"`` is what evaluation scores and ``psflow predict``
+            writes (for a binary classifier: the probability of the positive
+            class); models may add others (``"logits"``).
+    """
+
+    loss: float
+    gradients: Gradients
+    outputs: Mapping[str, np.ndarray]
+
+
+class Model(ABC):
+    """Base class of every model; see the module docstring for the step's order.
+
+    Subclasses are built with ``cls(config)`` (override :meth:`__init__` to
+    read ``config``) and found by name through :mod:`psflow.models.registry`.
+    """
+
+    #: Written into logs and errors; the registry sets it to the name a model was created by.
+    name: str = "model"
+
+    def __init__(self, config: ModelConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def variables(self) -> Sequence[VariableSpec]:
+        """Every variable, in a fixed order (the same on every process for the same config)."""
+
+    def prepare(self, batch: Batch) -> Batch:
+        """``batch`` with what the step derives from it alone in ``extras`` (default: unchanged).
+
+        Runs in the input pipeline when it can (possibly another process):
+        a pure function of the batch, with the same rows.
+        """
+        return batch
+
+    @abstractmethod
+    def lookups(self, batch: Batch) -> Lookups:
+        """Variable name -> the ids whose rows this batch needs, or None for the whole variable."""
+
+    @abstractmethod
+    def compute(self, batch: Batch, values: Values) -> ModelOutput:
+        """Loss, gradients and outputs of ``batch`` given the pulled ``values`` (see :data:`Values`)."""
+
+    @abstractmethod
+    def predict(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
+        """The outputs of ``batch`` (as in :attr:`ModelOutput.outputs`), without gradients."""
+
+    def metrics(self, labels: np.ndarray, outputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Metrics of one set of outputs (default: a binary classifier's AUC, log-loss, accuracy)."""
+        from psflow.models.metrics import binary_metrics
+
+        return binary_metrics(labels, outputs["predictions"])
+
+    def describe(self) -> str:
+        """One line for logs: the model, its variables and their size."""
+        specs = list(self.variables())
+        total = sum(int(np.prod(s.shape, dtype=np.int64)) * DTYPE_SIZES[s.dtype] for s in specs)
+        size = f"{total / 2**20:.1f} MiB" if total >= 2**20 else f"{total / 2**10:.1f} KiB"
+        return f"model {self.name!r}: {len(specs)} variables, {size} (before optimizer slots)"

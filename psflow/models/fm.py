@@ -1,0 +1,147 @@
+"""Factorization machine (``--model fm``): a linear part plus pairwise interactions (Rendle, 2010).
+
+For an example with features ``x_i`` (sparse ids with their values, and every
+dense value), each with a weight ``w_i`` and an embedding ``v_i`` of
+``--embedding-dim`` values:
+
+    logit = bias + sum_i w_i x_i + sum_{i<j} <v_i, v_j> x_i x_j
+          = bias + sum_i w_i x_i + 1/2 sum_f ((sum_i v_if x_i)^2 - sum_i v_if^2 x_i^2)
+
+loss = mean sigmoid cross-entropy. Variables, in this order:
+
+* ``linear`` ``[num_features, 1]`` and ``embedding`` ``[num_features, dim]``:
+  one row per hashed id of every sparse feature, as
+  :func:`psflow.models.features.shared_rows` maps them (one feature: its ids;
+  several: salted per feature); both partitioned with ``--partitions``;
+* ``bias`` ``[1]``;
+* ``dense_linear`` ``[width, 1]`` and ``dense_embedding`` ``[width, dim]``,
+  one row per dense value, when the data has dense features.
+
+Embeddings start at ``random_normal(stddev=init_stddev)`` (model parameter
+``init_stddev``, 0.01; seeded by ``--seed``), the rest at zero. Every variable
+takes the run's optimizer (``--optimizer``) but the embeddings, which take
+Adagrad with learning rate 0.05 (model parameter ``embedding_optimizer``, an
+OptimizerSpec JSON), as TensorFlow's canned CTR models do. A step pulls each unique row of
+``linear`` and ``embedding`` once and pushes sparse gradients for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from psflow.data import Batch, SparseColumn
+from psflow.gradients import DenseGradient, SparseGradient
+from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
+from psflow.models.features import UniqueIds, dense_matrix, segment_sum, shared_rows, sum_by_index
+from psflow.models.losses import binary_outputs, sigmoid, sigmoid_cross_entropy
+from psflow.placement import fixed_size_partitioner
+from psflow.ps.optimizers import OptimizerSpec
+
+__all__ = ["FactorizationMachine"]
+
+#: The embeddings' default optimizer (TF's canned CTR models: FTRL on the linear part, Adagrad on embeddings).
+#: Measured on the Criteo sample (8,000 rows train, 2,000 eval, 3 epochs): the run's FTRL 0.5 on the
+#: embeddings too gives eval AUC 0.65; Adagrad 0.05 0.71; Adagrad 0.01 0.72 (the interactions then add ~nothing).
+_EMBEDDING_OPTIMIZER = {"name": "adagrad", "hyperparameters": {"learning_rate": 0.05, "initial_accumulator_value": 0.1}}
+
+
+class FactorizationMachine(Model):
+    """A second-order factorization machine for binary labels; parameters live on the ps tasks."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.num_features = config.num_features
+        self.dim = config.embedding_dim
+        self.init_stddev = float(config.param("init_stddev", 0.01))
+        if not self.init_stddev > 0:
+            raise ModelError(f"fm: init_stddev must be > 0, got {self.init_stddev}")
+        self.embedding_optimizer = OptimizerSpec.from_json(config.param("embedding_optimizer", _EMBEDDING_OPTIMIZER))
+        self._dense = list(config.features.dense)
+        self._dense_width = config.features.dense_width
+        self._unique = UniqueIds(config.num_features)
+        tag = f"fm.{config.num_features}"
+        self._keys = (f"{tag}.uniq", f"{tag}.inverse", f"{tag}.indptr", f"{tag}.values")
+
+    def variables(self) -> list[VariableSpec]:
+        partitions = self.config.partitions
+        partitioner = fixed_size_partitioner(partitions) if partitions > 1 else None
+        init = {"name": "random_normal", "stddev": self.init_stddev, "seed": self.config.seed}
+        emb_opt = self.embedding_optimizer
+        specs = [VariableSpec("linear", (self.num_features, 1), partitioner=partitioner),
+                 VariableSpec("embedding", (self.num_features, self.dim), initializer=init, partitioner=partitioner,
+                              optimizer=emb_opt),
+                 VariableSpec("bias", (1,))]
+        if self._dense_width:
+            dense_init = {**init, "seed": self.config.seed + 1}
+            specs += [VariableSpec("dense_linear", (self._dense_width, 1)),
+                      VariableSpec("dense_embedding", (self._dense_width, self.dim), initializer=dense_init,
+                                   optimizer=emb_opt)]
+        return specs
+
+    def prepare(self, batch: Batch) -> Batch:
+        """``batch`` with its table rows (merged over features) and their unique ids in ``extras``."""
+        rows = shared_rows(batch, self.num_features)
+        uniq, inverse = self._unique(rows.ids)
+        extras = {**batch.extras, self._keys[0]: uniq, self._keys[1]: inverse, self._keys[2]: rows.indptr,
+                  self._keys[3]: rows.values}
+        return replace(batch, extras=extras)
+
+    def _prepared(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, SparseColumn]:
+        if self._keys[0] not in batch.extras:
+            batch = self.prepare(batch)
+        e = batch.extras
+        return e[self._keys[0]], e[self._keys[1]], SparseColumn(e[self._keys[2]], np.zeros(0, np.int64), e[self._keys[3]])
+
+    def lookups(self, batch: Batch) -> Lookups:
+        uniq = self._prepared(batch)[0]
+        requests: Lookups = {"linear": uniq, "embedding": uniq, "bias": None}
+        if self._dense_width:
+            requests.update(dense_linear=None, dense_embedding=None)
+        return requests
+
+    def _forward(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
+        """Logits and what the backward pass reuses."""
+        uniq, inverse, rows = self._prepared(batch)
+        x = rows.values.astype(np.float64)
+        xv = values["embedding"].astype(np.float64)[inverse] * x[:, None]              # [nnz, dim]
+        s = segment_sum(xv, rows.indptr)                                               # [n, dim]: sum_i v_i x_i
+        q = segment_sum(np.einsum("ij,ij->i", xv, xv), rows.indptr)                    # [n]: sum_i |v_i x_i|^2
+        z = segment_sum(values["linear"][:, 0].astype(np.float64)[inverse] * x, rows.indptr) + float(values["bias"][0])
+        xd = dense_matrix(batch, self._dense)
+        if self._dense_width:
+            vd = values["dense_embedding"].astype(np.float64)
+            z += xd @ values["dense_linear"][:, 0].astype(np.float64)
+            s += xd @ vd
+            q += (xd * xd) @ np.einsum("ij,ij->i", vd, vd)
+        z += 0.5 * (np.einsum("ij,ij->i", s, s) - q)
+        return {"logits": z, "s": s, "x": x, "xv": xv, "xd": xd, "uniq": uniq, "inverse": inverse,
+                "indptr": rows.indptr}
+
+    def compute(self, batch: Batch, values: Values) -> ModelOutput:
+        f = self._forward(batch, values)
+        z, s, x, xv, xd, uniq, inverse = (f[k] for k in ("logits", "s", "x", "xv", "xd", "uniq", "inverse"))
+        n = batch.num_examples
+        labels = batch.labels.astype(np.float64)
+        probs = sigmoid(z)
+        loss = float(np.mean(sigmoid_cross_entropy(z, labels))) if n else 0.0
+        d = (probs - labels) / max(n, 1)                                                # dL/dz per example
+        d_entry = np.repeat(d, np.diff(f["indptr"]))
+        # d z / d v_i = x_i (s - v_i x_i): the sum over the example's other features.
+        grad_v = sum_by_index(d_entry[:, None] * x[:, None] * (np.repeat(s, np.diff(f["indptr"]), axis=0) - xv),
+                              inverse, uniq.size)
+        grads: dict[str, DenseGradient | SparseGradient] = {
+            "linear": SparseGradient(uniq, sum_by_index(d_entry * x, inverse, uniq.size).astype(np.float32)[:, None]),
+            "embedding": SparseGradient(uniq, grad_v.astype(np.float32)),
+            "bias": DenseGradient(np.array([d.sum()], dtype=np.float32)),
+        }
+        if self._dense_width:
+            vd = values["dense_embedding"].astype(np.float64)
+            grads["dense_linear"] = DenseGradient((xd.T @ d).astype(np.float32)[:, None])
+            grad_vd = xd.T @ (d[:, None] * s) - vd * ((xd * xd).T @ d)[:, None]
+            grads["dense_embedding"] = DenseGradient(grad_vd.astype(np.float32))
+        return ModelOutput(loss, grads, {"predictions": probs, "logits": z})
+
+    def predict(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
+        return binary_outputs(self._forward(batch, values)["logits"])

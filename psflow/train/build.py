@@ -1,0 +1,119 @@
+"""From a run's settings to its model, data schema and placed variables.
+
+Every process of a run (workers, the in-graph client, the launcher, the chief
+tools) calls :func:`build_model` with the same :class:`TrainConfig`, so all
+compute the same :class:`~psflow.models.ModelConfig`, the same variables and
+the same placement (a layout that differs is refused at registration).
+
+The data side: :func:`data_schema` is the TFRecord schema of the run (a file,
+``--feature`` flags, or the default), :func:`data_options` the reader
+settings shared by training, evaluation and prediction, and the model's
+features come from :func:`psflow.data.batch_spec` of the format and schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psflow.cluster import ClusterSpec
+from psflow.data import Schema, batch_spec
+from psflow.models.api import Model, ModelConfig, ModelError
+from psflow.models.registry import create_model
+from psflow.placement import (
+    DeviceSetter,
+    GreedyLoadBalancingStrategy,
+    PlacementError,
+    RoundRobinStrategy,
+    VariableSet,
+    byte_size_load_fn,
+    replica_device_setter,
+)
+from psflow.train.config import ConfigError, TrainConfig
+
+__all__ = ["data_schema", "data_options", "model_config", "build_model", "declare_variables", "model_record"]
+
+
+def data_schema(config: TrainConfig) -> Schema | None:
+    """The run's TFRecord schema: ``--schema FILE``, ``--feature`` flags, or None (the default schema).
+
+    Raises:
+        ConfigError: the schema file or flags are malformed (names them).
+    """
+    try:
+        if config.schema:
+            return Schema.from_file(config.schema)
+        if config.features:
+            return Schema.from_flags(config.features, config.label)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"schema: {e}") from e
+    return None
+
+
+def data_options(config: TrainConfig) -> dict[str, Any]:
+    """Reader settings shared by training, evaluation and prediction (schema, hashing space, bad-record policy)."""
+    return {
+        "schema": data_schema(config),
+        "num_features": config.num_features,
+        "skip_bad_records": config.skip_bad_records,
+        "max_bad_records": config.max_bad_records,
+    }
+
+
+def model_config(config: TrainConfig) -> ModelConfig:
+    """The model's config: the data's features (from the format and schema) and the run's model settings."""
+    features = batch_spec(config.format, data_schema(config), config.num_features)
+    return ModelConfig(features=features, num_features=config.num_features, partitions=config.partitions,
+                       embedding_dim=config.embedding_dim, params=dict(config.model_params), seed=config.seed)
+
+
+def declare_variables(model: Model, setter: DeviceSetter) -> VariableSet:
+    """The model's variables, declared in its order and placed by ``setter``.
+
+    Raises:
+        ModelError: a variable the placement refuses (names the model and the variable).
+    """
+    variables = VariableSet(setter)
+    for spec in model.variables():
+        try:
+            optimizer = spec.optimizer.to_json() if spec.optimizer is not None else None
+            if spec.device is not None:
+                with variables.device(spec.device):
+                    variables.get_variable(spec.name, spec.shape, dtype=spec.dtype, initializer=dict(spec.initializer),
+                                           partitioner=spec.partitioner, optimizer=optimizer, trainable=spec.trainable)
+            else:
+                variables.get_variable(spec.name, spec.shape, dtype=spec.dtype, initializer=dict(spec.initializer),
+                                       partitioner=spec.partitioner, optimizer=optimizer, trainable=spec.trainable)
+        except PlacementError as e:
+            raise ModelError(f"model {model.name!r}: {e}") from e
+    return variables
+
+
+def build_model(config: TrainConfig, cluster: ClusterSpec) -> tuple[Model, VariableSet]:
+    """The run's model and its placed variables, as every process computes them.
+
+    Raises:
+        ModelError: unknown model, or one its config or the placement refuses.
+        ConfigError: a malformed schema.
+    """
+    num_ps = cluster.num_tasks("ps")
+    strategy = (
+        GreedyLoadBalancingStrategy(num_ps, byte_size_load_fn)
+        if config.placement == "greedy"
+        else RoundRobinStrategy(num_ps)
+    )
+    model = create_model(config.model, model_config(config), search_path=config.model_path)
+    return model, declare_variables(model, replica_device_setter(cluster=cluster, ps_strategy=strategy))
+
+
+def model_record(config: TrainConfig) -> dict[str, Any]:
+    """What checkpoints and exported models record of the model, so ``psflow predict`` can rebuild it.
+
+    ``{"name", "config": ModelConfig dict, "data": {"format", "schema", "num_features"}}``.
+    """
+    schema = data_schema(config)
+    return {
+        "name": config.model,
+        "config": model_config(config).to_dict(),
+        "data": {"format": config.format, "schema": schema.to_dict() if schema is not None else None,
+                 "num_features": config.num_features},
+    }

@@ -1,0 +1,195 @@
+"""One training step of any model: pull, compute, push. Every path runs this step.
+
+:class:`TrainStep` drives a :class:`~psflow.models.Model` through one batch, in
+this order:
+
+1. ``model.prepare(batch)``, unless the input pipeline already ran it
+   (``prepared=True``: the reader process ran it);
+2. ``model.lookups(batch)``, checked against the declared variables;
+3. the pull of those rows (one RPC per ps task) -- skipped when the previous
+   step already pulled them (the lookahead below);
+4. ``model.compute(batch, values)``: loss, gradients, outputs;
+5. the push of the gradients (one RPC per ps task). With ``next_batch``, the
+   push and the next batch's pull travel together (``PushPull``): the ps
+   tasks apply the push first and then read the rows, so the values are
+   exactly those of a push followed by a pull, with half the round trips.
+
+The push returns the global_step its own update produced (async and ssp: one
+value per push, unique in the cluster; sync: the aggregated step, owned by
+the one push that completed it). Used by between-graph workers, the
+in-process fast path, in-graph workers (:func:`compute_gradients` when the
+client averages) and sync and ssp modes.
+
+Not thread-safe: one TrainStep per training thread (it keeps the lookahead).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from psflow.data import Batch
+from psflow.gradients import Gradients, SparseGradient
+from psflow.models.api import Lookups, Model, ModelError, ModelOutput
+from psflow.placement import VariablePlacement
+from psflow.train.client import ParameterClient
+
+__all__ = ["TrainStep", "StepResult", "LazyMetrics", "compute_gradients", "check_lookups", "check_gradients"]
+
+
+class LazyMetrics(Mapping[str, float]):
+    """A metrics dict computed on first access (AUC sorts the batch: a step whose metrics nobody reads skips it)."""
+
+    def __init__(self, compute: Callable[[], Mapping[str, float]]) -> None:
+        self._compute = compute
+        self._values: Mapping[str, float] | None = None
+
+    def _get(self) -> Mapping[str, float]:
+        if self._values is None:
+            self._values = dict(self._compute())
+        return self._values
+
+    def __getitem__(self, key: str) -> float:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one training step produced.
+
+    Attributes:
+        step: the global_step this push produced (see :class:`~psflow.train.client.PushResult`).
+        loss: the batch's mean loss (before the update).
+        examples: examples in the batch.
+        labels: the batch's labels.
+        outputs: the model's per-example outputs (metric inputs) for the batch.
+        metrics: the model's metrics of this batch, computed on first access.
+        completed: this push owns ``step`` (sync: it completed the aggregation).
+        accepted: False when the gradient was stale and dropped (sync).
+        min_clock: ssp: the slowest live worker's clock when this one was let go.
+    """
+
+    step: int
+    loss: float
+    examples: int
+    labels: np.ndarray
+    outputs: Mapping[str, np.ndarray]
+    metrics: Mapping[str, float]
+    completed: bool = True
+    accepted: bool = True
+    min_clock: int | None = None
+
+
+def check_lookups(model: Model, layout: Mapping[str, VariablePlacement], lookups: Lookups) -> None:
+    """Raises ModelError if ``lookups`` names a variable the model did not declare."""
+    unknown = [name for name in lookups if name not in layout]
+    if unknown:
+        raise ModelError(f"model {model.name!r} looks up variable {unknown[0]!r}, which it did not declare "
+                         f"(declared: {', '.join(layout)})")
+
+
+def check_gradients(model: Model, layout: Mapping[str, VariablePlacement], gradients: Gradients) -> None:
+    """Raises ModelError if a gradient is for an undeclared or non-trainable variable, or has the wrong width."""
+    for name, grad in gradients.items():
+        placement = layout.get(name)
+        if placement is None:
+            raise ModelError(f"model {model.name!r} returned a gradient for variable {name!r}, which it did not declare "
+                             f"(declared: {', '.join(layout)})")
+        if not placement.var.trainable:
+            raise ModelError(f"model {model.name!r} returned a gradient for variable {name!r}, which is not trainable")
+        if isinstance(grad, SparseGradient) and grad.values.shape[1:] != tuple(placement.var.shape[1:]):
+            raise ModelError(f"model {model.name!r}: sparse gradient of {name!r} has rows of shape {grad.values.shape[1:]}; "
+                             f"the variable's rows have {tuple(placement.var.shape[1:])}")
+
+
+def compute_gradients(model: Model, client: ParameterClient, batch: Batch) -> tuple[ModelOutput, int | None]:
+    """Prepares ``batch``, pulls its rows and computes its gradients without pushing them.
+
+    Returns the model's output and the global_step the values were read at
+    (for a sync push of averaged gradients). Used by in-graph workers.
+    """
+    batch = model.prepare(batch)
+    lookups = model.lookups(batch)
+    check_lookups(model, client.layout, lookups)
+    values = client.pull(lookups)
+    output = model.compute(batch, values)
+    check_gradients(model, client.layout, output.gradients)
+    return output, client.last_pull_step
+
+
+class TrainStep:
+    """The step of ``model`` on the ps tasks ``client`` reaches (see the module docstring).
+
+    Args:
+        model: the model.
+        client: a connected, registered client whose layout is the model's.
+        prepared: the input pipeline runs ``model.prepare`` (the reader
+            process); otherwise this step runs it.
+    """
+
+    def __init__(self, model: Model, client: ParameterClient, *, prepared: bool = False) -> None:
+        self.model = model
+        self.client = client
+        self.prepared = prepared
+        # (the next batch as given, prepared, its pulled values, the step they were read at), from a push_pull
+        self._carry: tuple[Batch, Batch, dict[str, np.ndarray], int | None] | None = None
+
+    def _requests(self, batch: Batch) -> tuple[Batch, Lookups]:
+        if not self.prepared:
+            batch = self.model.prepare(batch)
+        lookups = self.model.lookups(batch)
+        check_lookups(self.model, self.client.layout, lookups)
+        return batch, lookups
+
+    def __call__(self, batch: Batch, *, clock: int | None = None, pause: float = 0.0,
+                 next_batch: Batch | None = None) -> StepResult:
+        """Runs one step on ``batch``; blocks until the push returns.
+
+        With ``next_batch``, the push and the next batch's pull travel in one
+        RPC per ps task; the next call must then be for ``next_batch``
+        (otherwise the pulled rows are dropped and pulled again).
+
+        Args:
+            batch: the examples of this step.
+            clock: this worker's iteration count, including this one (ssp).
+            pause: fault injection: seconds between pull and push (a slow worker
+                whose gradient is computed from older parameters).
+            next_batch: the batch of the next step, if any.
+
+        Raises:
+            ModelError: the model asked for a variable it did not declare.
+            RpcError: a ps task refused or failed (nothing is retried).
+        """
+        client = self.client
+        carry, self._carry = self._carry, None
+        if carry is not None and carry[0] is batch:
+            _, batch, values, read_step = carry
+        else:
+            batch, lookups = self._requests(batch)
+            values = client.pull(lookups)
+            read_step = client.last_pull_step
+        output = self.model.compute(batch, values)
+        check_gradients(self.model, client.layout, output.gradients)
+        if pause:
+            time.sleep(pause)
+        n = batch.num_examples
+        if next_batch is None:
+            r = client.push_detailed(output.gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step)
+        else:
+            prepared_next, next_lookups = self._requests(next_batch)
+            r, next_values = client.push_pull(output.gradients, next_lookups, examples=n, loss=output.loss, clock=clock,
+                                              read_step=read_step)
+            self._carry = (next_batch, prepared_next, next_values, client.last_pull_step)
+        metrics = LazyMetrics(functools.partial(self.model.metrics, batch.labels, output.outputs))
+        return StepResult(r.step, output.loss, n, batch.labels, output.outputs, metrics, r.completed, r.accepted,
+                          r.min_clock)
