@@ -74,13 +74,8 @@ Run = dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- set-up
-def snapshot_psflow(rev: str, workdir: str) -> tuple[str, str]:
-    """Puts psflow at ``rev`` first on sys.path (and PYTHONPATH, for task processes); returns (commit, label)."""
-    head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    if rev == "worktree":
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "psflow"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return head, f"{head[:10]} working tree" + (" (uncommitted changes in psflow/)" if dirty else "")
+def extract_psflow(rev: str, workdir: str) -> tuple[str, str]:
+    """psflow at ``rev`` extracted (``git archive``) and built under ``workdir``; returns (commit, its folder)."""
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", rev], capture_output=True, text=True, check=True).stdout.strip()
     dest = os.path.join(workdir, "psflow-src", commit[:12])
     if not os.path.isdir(os.path.join(dest, "psflow")):
@@ -93,6 +88,17 @@ def snapshot_psflow(rev: str, workdir: str) -> tuple[str, str]:
         if "setup.py" in extra:
             subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest, check=True,
                            capture_output=True)
+    return commit, dest
+
+
+def snapshot_psflow(rev: str, workdir: str) -> tuple[str, str]:
+    """Puts psflow at ``rev`` first on sys.path (and PYTHONPATH, for task processes); returns (commit, label)."""
+    head = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    if rev == "worktree":
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--", "psflow"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head, f"{head[:10]} working tree" + (" (uncommitted changes in psflow/)" if dirty else "")
+    commit, dest = extract_psflow(rev, workdir)
     sys.path.insert(0, dest)
     os.environ["PYTHONPATH"] = dest + os.pathsep + os.environ.get("PYTHONPATH", "")
     # Task processes run ``python -m psflow...``, which puts their working directory first on
@@ -267,6 +273,34 @@ def fast_path_run(args: argparse.Namespace, data: str, fmt: str) -> Run:
             "run_dir": run_dir}
 
 
+def child_run(args: argparse.Namespace, src: str, kind: str, *spec: Any) -> Run:
+    """One psflow run (``psflow_run`` or ``fast_path_run``) in a child process importing psflow from ``src``.
+
+    With ``--baseline-rev`` every psflow run goes through here, both revisions alike, so neither
+    runs warm in this process: the two are measured the same way, alternately, in one benchmark run.
+    """
+    request = {"kind": kind, "spec": list(spec), "workdir": args.workdir, "sync_averaging": args.sync_averaging,
+               "psflow_transport": args.psflow_transport}
+    env = dict(os.environ, PYTHONPATH=src)
+    cmd = [sys.executable, os.path.join(HERE, "bench_tf_peer.py"), "--child", json.dumps(request)]
+    try:
+        p = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=args.run_timeout)
+    except subprocess.TimeoutExpired:
+        return {"failed": True, "tail": [f"timed out after {args.run_timeout} s"]}
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines:
+        return {"failed": True, "tail": (p.stdout + p.stderr).strip().splitlines()[-3:]}
+    return dict(json.loads(lines[-1]))
+
+
+def run_child(request: dict[str, Any]) -> None:
+    """The child side of :func:`child_run`: one run with the psflow this process imports; its JSON on the last line."""
+    args = argparse.Namespace(workdir=request["workdir"], sync_averaging=request["sync_averaging"],
+                              psflow_transport=request["psflow_transport"])
+    run = psflow_run(args, *request["spec"]) if request["kind"] == "cluster" else fast_path_run(args, *request["spec"])
+    print(json.dumps(run, default=float))
+
+
 # ------------------------------------------------------------------------------ schedule and report
 # Cluster shapes: (key, TF launch arguments, psflow ps count, mode, what, goal for psflow / TF).
 SHAPES = [
@@ -280,21 +314,34 @@ Item = tuple[str, str, Callable[[], Run]]  # (row, side, run)
 
 
 def schedule(args: argparse.Namespace, data: str, formats: list[str]) -> list[list[Item]]:
-    """Groups run in this order in every repetition; inside a group (TF and psflow on one shape) the order alternates."""
+    """Groups run in this order in every repetition; inside a group (TF and psflow on one shape) the order alternates.
+
+    With ``--baseline-rev``, each group also holds the baseline's psflow runs (``psflow-<format>@<rev>``).
+    """
     window = None if args.tf_window == "0" else (float(args.tf_window.split(",")[0]), float(args.tf_window.split(",")[1]))
     fast_fmt = formats[0]
+    revs: list[tuple[str, str | None]] = [("", args.measured_src)]
+    if args.baseline_src:
+        revs.append((f"@{args.baseline_rev}", args.baseline_src))
+
+    def run(suffix: str, src: str | None, kind: str, *spec: Any) -> Callable[[], Run]:
+        if src is None:
+            return _bind(psflow_run if kind == "cluster" else fast_path_run, args, *spec)
+        return _bind(child_run, args, src, kind, *spec)
+
     plan: list[list[Item]] = [[("numpy-ref", "numpy", lambda: numpy_run(args, data))]]
     single: list[Item] = []
     if args.tf_python:
         single.append(("single", "tf", lambda: tf_run(args, data, ["--single"], False, window)))
-    single.append(("single", f"psflow-{fast_fmt}", lambda: fast_path_run(args, data, fast_fmt)))
+    single += [("single", f"psflow-{fast_fmt}{suffix}", run(suffix, src, "fast", data, fast_fmt)) for suffix, src in revs]
     plan.append(single)
     for key, launch, num_ps, mode, _, _ in SHAPES:
         pair: list[Item] = []
         if args.tf_python:
             pair.append((key, "tf", _bind(tf_run, args, data, launch, mode == "sync", window)))
-        for fmt in formats:
-            pair.append((key, f"psflow-{fmt}", _bind(psflow_run, args, data, fmt, num_ps, mode)))
+        for suffix, src in revs:
+            for fmt in formats:
+                pair.append((key, f"psflow-{fmt}{suffix}", run(suffix, src, "cluster", data, fmt, num_ps, mode)))
         plan.append(pair)
     return plan
 
@@ -411,7 +458,10 @@ def notes(meta: Run, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
         "Duplicate global_step values: TF = values `sess.run([train_op, global_step])` returned to 2+ workers; psflow = step "
         "values logged by 2+ workers with `--log-every 1` (every push logs the step it produced; \"missing\" = steps no worker logged).",
         "",
-        (f"1-minute load average before each run (2 cores; other jobs share the machine): {_med(load, '{:.1f}')}. " if load else "")
+        (f"Baseline: psflow at {meta['baseline']} (rows `@...`), measured in the same run, alternately with the measured "
+         "revision; with a baseline every psflow run is a fresh child process for both revisions alike.\n\n"
+         if meta.get("baseline") else "")
+        + (f"1-minute load average before each run (2 cores; other jobs share the machine): {_med(load, '{:.1f}')}. " if load else "")
         + "Raw runs: `benchmarks/results/tf_peer.json`.",
     ]
 
@@ -427,12 +477,18 @@ def main() -> None:
     p.add_argument("--formats", default="tfrecord", help="what psflow reads, comma-separated: tfrecord, libsvm")
     p.add_argument("--tf-window", default="10,40", help="TF steady-state run: warm-up,measure seconds; 0 = skip")
     p.add_argument("--psflow-rev", default="HEAD", help="git revision of psflow to measure, or 'worktree'")
+    p.add_argument("--baseline-rev", help="also measure psflow at this git revision, alternately in the same run "
+                   "(rows psflow-<format>@<rev>): before/after figures side by side")
+    p.add_argument("--child", help=argparse.SUPPRESS)  # one psflow run in a child process (see child_run)
     p.add_argument("--harness", default=None, help="the shared tf_peer harness folder")
     p.add_argument("--workdir", default=os.environ.get("TF_PEER_WORKDIR", "/tmp/tf_peer"), help="data and run scratch")
     p.add_argument("--run-timeout", type=float, default=600.0, help="seconds one harness run may take")
     p.add_argument("--no-write", action="store_true", help="print the table only (no RESULTS.md / JSON)")
     p.add_argument("--report-only", action="store_true", help="rewrite the RESULTS.md section from benchmarks/results/tf_peer.json")
     args = p.parse_args()
+    if args.child:
+        run_child(json.loads(args.child))
+        return
     if args.report_only:
         with open(os.path.join(HERE, "results", "tf_peer.json")) as f:
             saved = json.load(f)
@@ -451,6 +507,12 @@ def main() -> None:
     if args.tf_python and not os.path.exists(args.tf_python):
         p.error(f"--tf-venv {args.tf_venv}: no bin/python there")
     os.makedirs(os.path.join(args.workdir, "runs"), exist_ok=True)
+    args.measured_src = args.baseline_src = None
+    if args.baseline_rev:
+        if args.psflow_rev == "worktree":
+            p.error("--baseline-rev compares two git revisions; commit the working tree first")
+        _, args.measured_src = extract_psflow(args.psflow_rev, args.workdir)
+        baseline_commit, args.baseline_src = extract_psflow(args.baseline_rev, args.workdir)
     commit, label = snapshot_psflow(args.psflow_rev, args.workdir)
     try:
         from psflow.data.native import implementation  # the measured snapshot's, imported after snapshot_psflow
@@ -463,6 +525,7 @@ def main() -> None:
             "machine": machine(), "psflow": label, "psflow_commit": commit, "repeats": args.repeats, "data": data,
             "formats": formats, "tf_window": args.tf_window, "sync_averaging": args.sync_averaging,
             "psflow_transport": args.psflow_transport,
+            "baseline": f"{args.baseline_rev} = {baseline_commit[:10]}" if args.baseline_rev else None,
             "tf_version": next((r.get("tf_version") for k in runs for r in _ok(runs[k].get("tf", []))), None)}
     body = notes(meta, runs) + [""] + table(runs)
     print("\n".join(table(runs)))
