@@ -16,6 +16,7 @@ Dense features become one float64 matrix (:func:`dense_matrix`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,7 +25,7 @@ import numpy.typing as npt
 from psflow.data import Batch, SparseColumn
 from psflow.data.hashing import name_salt, salted_ids
 
-__all__ = ["fold_ids", "shared_rows", "dense_matrix", "segment_sum", "sum_by_index", "UniqueIds"]
+__all__ = ["fold_ids", "shared_rows", "dense_matrix", "segment_sum", "sum_by_index", "UniqueIds", "SharedTableRows"]
 
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
 #: Largest id space for which UniqueIds keeps a lookup table (2^26 rows: 256 MiB of int32).
@@ -135,3 +136,47 @@ class UniqueIds:
         # Only entries written here are read back below, so the table never needs clearing.
         self._table[uniq] = np.arange(uniq.size, dtype=np.int32)
         return uniq, self._table[ids].astype(np.intp)
+
+
+class SharedTableRows:
+    """A batch's sparse features as rows of one shared table, prepared once per batch and read back.
+
+    :meth:`prepare` stores in ``batch.extras`` (under keys tagged with the
+    model and the table size, so a batch prepared for another id space is
+    prepared again) the sorted unique rows, each entry's index in them, and,
+    when several features were merged, the merged layout; :meth:`get` reads
+    them back (preparing the batch first if nobody did).
+
+    Args:
+        tag: the model's name in the keys (``"logistic"``).
+        num_rows: rows of the shared table.
+    """
+
+    def __init__(self, tag: str, num_rows: int) -> None:
+        self.num_rows = num_rows
+        self._unique = UniqueIds(num_rows)
+        prefix = f"{tag}.{num_rows}"
+        self._keys = (f"{prefix}.uniq", f"{prefix}.inverse", f"{prefix}.indptr", f"{prefix}.values")
+
+    def prepare(self, batch: Batch) -> Batch:
+        """``batch`` with its shared rows in ``extras``."""
+        rows = shared_rows(batch, self.num_rows)
+        uniq, inverse = self._unique(rows.ids)
+        extras = {**batch.extras, self._keys[0]: uniq, self._keys[1]: inverse}
+        if len(batch.sparse) != 1:  # merged features: keep their example-major layout too
+            extras.update({self._keys[2]: rows.indptr, self._keys[3]: rows.values})
+        return dataclasses.replace(batch, extras=extras)
+
+    def get(self, batch: Batch) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp], SparseColumn]:
+        """``(uniq, inverse, entries)``: the unique rows, each entry's index in them, and the entries' CSR
+        layout and values (its ``ids`` are not kept: ``uniq[inverse]`` are the rows)."""
+        if self._keys[0] not in batch.extras:
+            batch = self.prepare(batch)
+        uniq, inverse = batch.extras[self._keys[0]], batch.extras[self._keys[1]]
+        if len(batch.sparse) == 1:
+            column = next(iter(batch.sparse.values()))
+        elif self._keys[2] in batch.extras:
+            column = SparseColumn(batch.extras[self._keys[2]], np.zeros(0, np.int64), batch.extras[self._keys[3]])
+        else:
+            column = SparseColumn.empty(batch.num_examples)
+        return uniq, inverse, column

@@ -27,14 +27,12 @@ OptimizerSpec JSON), as TensorFlow's canned CTR models do. A step pulls each uni
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
-from psflow.data import Batch, SparseColumn
+from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
-from psflow.models.features import UniqueIds, dense_matrix, segment_sum, shared_rows, sum_by_index
+from psflow.models.features import SharedTableRows, dense_matrix, segment_sum, sum_by_index
 from psflow.models.losses import binary_outputs, sigmoid, sigmoid_cross_entropy
 from psflow.placement import fixed_size_partitioner
 from psflow.ps.optimizers import OptimizerSpec
@@ -60,9 +58,7 @@ class FactorizationMachine(Model):
         self.embedding_optimizer = OptimizerSpec.from_json(config.param("embedding_optimizer", _EMBEDDING_OPTIMIZER))
         self._dense = list(config.features.dense)
         self._dense_width = config.features.dense_width
-        self._unique = UniqueIds(config.num_features)
-        tag = f"fm.{config.num_features}"
-        self._keys = (f"{tag}.uniq", f"{tag}.inverse", f"{tag}.indptr", f"{tag}.values")
+        self._rows = SharedTableRows("fm", config.num_features)
 
     def variables(self) -> list[VariableSpec]:
         partitions = self.config.partitions
@@ -82,20 +78,10 @@ class FactorizationMachine(Model):
 
     def prepare(self, batch: Batch) -> Batch:
         """``batch`` with its table rows (merged over features) and their unique ids in ``extras``."""
-        rows = shared_rows(batch, self.num_features)
-        uniq, inverse = self._unique(rows.ids)
-        extras = {**batch.extras, self._keys[0]: uniq, self._keys[1]: inverse, self._keys[2]: rows.indptr,
-                  self._keys[3]: rows.values}
-        return replace(batch, extras=extras)
-
-    def _prepared(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, SparseColumn]:
-        if self._keys[0] not in batch.extras:
-            batch = self.prepare(batch)
-        e = batch.extras
-        return e[self._keys[0]], e[self._keys[1]], SparseColumn(e[self._keys[2]], np.zeros(0, np.int64), e[self._keys[3]])
+        return self._rows.prepare(batch)
 
     def lookups(self, batch: Batch) -> Lookups:
-        uniq = self._prepared(batch)[0]
+        uniq = self._rows.get(batch)[0]
         requests: Lookups = {"linear": uniq, "embedding": uniq, "bias": None}
         if self._dense_width:
             requests.update(dense_linear=None, dense_embedding=None)
@@ -103,7 +89,7 @@ class FactorizationMachine(Model):
 
     def _forward(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
         """Logits and what the backward pass reuses."""
-        uniq, inverse, rows = self._prepared(batch)
+        uniq, inverse, rows = self._rows.get(batch)
         x = rows.values.astype(np.float64)
         xv = values["embedding"].astype(np.float64)[inverse] * x[:, None]              # [nnz, dim]
         s = segment_sum(xv, rows.indptr)                                               # [n, dim]: sum_i v_i x_i

@@ -21,14 +21,13 @@ unique row once and pushes a sparse gradient for them and dense ones for
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 import numpy as np
 
 from psflow.data import Batch, SparseColumn
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelOutput, Values, VariableSpec
-from psflow.models.features import UniqueIds, dense_matrix, fold_ids, shared_rows
+from psflow.models.features import SharedTableRows, dense_matrix, fold_ids
 from psflow.models.losses import sigmoid, sigmoid_cross_entropy
 from psflow.placement import fixed_size_partitioner
 
@@ -66,10 +65,7 @@ class LogisticRegression(Model):
         self.num_features = config.num_features
         self._dense = list(config.features.dense)
         self._dense_width = config.features.dense_width
-        self._unique = UniqueIds(config.num_features)
-        # Tagged with the table size, so a batch prepared for another id space is prepared again.
-        tag = f"logistic.{config.num_features}"
-        self._keys = (f"{tag}.uniq", f"{tag}.inverse", f"{tag}.indptr", f"{tag}.values")
+        self._rows = SharedTableRows("logistic", config.num_features)
 
     def variables(self) -> list[VariableSpec]:
         partitions = self.config.partitions
@@ -82,37 +78,17 @@ class LogisticRegression(Model):
 
     def prepare(self, batch: Batch) -> Batch:
         """``batch`` with its table rows and their unique ids in ``extras``."""
-        rows = shared_rows(batch, self.num_features)
-        uniq, inverse = self._unique(rows.ids)
-        extras = {**batch.extras, self._keys[0]: uniq, self._keys[1]: inverse}
-        if len(batch.sparse) != 1:  # merged features: keep their example-major layout too
-            extras.update({self._keys[2]: rows.indptr, self._keys[3]: rows.values})
-        return replace(batch, extras=extras)
-
-    def _prepared(self, batch: Batch) -> tuple[np.ndarray, np.ndarray, SparseColumn]:
-        """(uniq, inverse, rows as CSR) of ``batch``, from ``extras`` if :meth:`prepare` put them there."""
-        uniq = batch.extras.get(self._keys[0])
-        if uniq is None:
-            batch = self.prepare(batch)
-            uniq = batch.extras[self._keys[0]]
-        inverse = batch.extras[self._keys[1]]
-        if len(batch.sparse) == 1:
-            column = next(iter(batch.sparse.values()))
-        elif self._keys[2] in batch.extras:
-            column = SparseColumn(batch.extras[self._keys[2]], np.zeros(0, np.int64), batch.extras[self._keys[3]])
-        else:
-            column = SparseColumn.empty(batch.num_examples)
-        return uniq, inverse, column
+        return self._rows.prepare(batch)
 
     def lookups(self, batch: Batch) -> Lookups:
-        uniq, _, _ = self._prepared(batch)
+        uniq, _, _ = self._rows.get(batch)
         requests: Lookups = {"weights": uniq, "bias": None}
         if self._dense_width:
             requests["dense_weights"] = None
         return requests
 
     def _logits(self, batch: Batch, values: Values) -> tuple[np.ndarray, np.ndarray, SparseColumn, np.ndarray, np.ndarray]:
-        uniq, inverse, column = self._prepared(batch)
+        uniq, inverse, column = self._rows.get(batch)
         w = values["weights"][:, 0].astype(np.float64)
         z = _row_sums(column, column.values * w[inverse]) + float(values["bias"][0])
         x = dense_matrix(batch, self._dense)

@@ -477,22 +477,33 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
             arrays[f"v/{key}"] = _rows(shards, name, saved_parts, part.row_start, part.row_stop, None)
             for slot in slots:
                 arrays[f"s/{key}/{slot}"] = _rows(shards, name, saved_parts, part.row_start, part.row_stop, slot)
-    calls = {}
+    calls: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
     for task, (keys, arrays) in per_task.items():
         meta: dict[str, Any] = {"parts": keys}
         if task == client.step_task:
             meta.update(global_step=manifest.global_step if global_step is None else global_step,
                         positions=manifest.reader_positions, examples=manifest.examples)
-        calls[task] = client.channels[task].call_async("LoadShard", meta, arrays)
+        calls[task] = (meta, arrays)
+    _load_shards(client, calls, f"restoring {path}")
+    return manifest
+
+
+def _load_shards(client: ParameterClient, requests: Mapping[int, tuple[dict[str, Any], dict[str, np.ndarray]]],
+                 what: str) -> None:
+    """Sends each ps task its ``LoadShard`` (all in flight at once) and waits for every reply.
+
+    Raises:
+        CheckpointError: naming every task that refused, after all replied.
+    """
+    calls = {task: client.channels[task].call_async("LoadShard", meta, arrays) for task, (meta, arrays) in requests.items()}
     errors = []
-    for task, call in calls.items():
+    for task, call in calls.items():  # every call collected, even after a refusal
         try:
             call.result()
         except RpcError as e:
             errors.append(f"/job:ps/task:{task}: {e}")
     if errors:
-        raise CheckpointError(f"restoring {path} failed: " + "; ".join(errors))
-    return manifest
+        raise CheckpointError(f"{what} failed: " + "; ".join(errors))
 
 
 def read_variables(path: str, *, slots: bool = False) -> dict[str, np.ndarray]:
@@ -577,14 +588,6 @@ def warm_start(client: ParameterClient, path: str) -> list[str]:
             key = partition_key(name, part.index)
             keys.append(key)
             arrays[f"v/{key}"] = np.ascontiguousarray(array[part.row_start:part.row_stop] if array.ndim else array)
-    calls = {task: client.channels[task].call_async("LoadShard", {"parts": keys, "values_only": True}, arrays)
-             for task, (keys, arrays) in per_task.items()}
-    errors = []
-    for task, call in calls.items():
-        try:
-            call.result()
-        except RpcError as e:
-            errors.append(f"/job:ps/task:{task}: {e}")
-    if errors:
-        raise CheckpointError(f"warm start from {path} failed: " + "; ".join(errors))
+    _load_shards(client, {task: ({"parts": keys, "values_only": True}, arrays) for task, (keys, arrays) in per_task.items()},
+                 f"warm start from {path}")
     return sorted(values)
