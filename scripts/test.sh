@@ -10,7 +10,7 @@ if [ ! -e /usr/share/java/zookeeper.jar ] && [ "$(id -u)" = 0 ] && command -v ap
         </dev/null >/dev/null 2>&1 || echo "scripts/test.sh: zookeeper not installed; its tests will be skipped" >&2
 fi
 python3 -m venv .venv
-.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]' -c constraints.txt
 # The C input kernels (psflow/data/_native.c) are optional for users, but where they can be built
 # (a C compiler and Python's headers) the install must have built them: the tests then fail
 # instead of skipping their C side.
