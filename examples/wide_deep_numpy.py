@@ -44,6 +44,7 @@ import numpy as np
 from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models import EmbeddingLookup, Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
+from psflow.models.features import dense_matrix
 from psflow.models.losses import binary_outputs, sigmoid_cross_entropy
 from psflow.placement import fixed_size_partitioner
 from psflow.ps.optimizers import OptimizerSpec
@@ -136,14 +137,9 @@ class WideDeep(Model):
         requests.update(dict.fromkeys(whole))
         return requests
 
-    def _dense_input(self, batch: Batch) -> np.ndarray:
-        n = batch.num_examples
-        parts = [np.asarray(batch.dense[name], dtype=np.float64).reshape(n, -1) for name in self.dense]
-        return np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
-
     def _forward(self, batch: Batch, values: Values) -> dict[str, Any]:
         wide, deep = self._lookups(batch)
-        x = self._dense_input(batch)
+        x = dense_matrix(batch, self.dense)
         logit = np.full(batch.num_examples, float(values["wide/bias"][0]))
         for field, lookup in wide.items():
             logit += lookup.forward(values[f"wide/{field}"])[:, 0]

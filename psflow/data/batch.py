@@ -230,14 +230,6 @@ class Batch:
         except KeyError:
             raise KeyError(f"the batch has no sparse feature {name!r} (it has {', '.join(self.sparse) or 'none'})") from None
 
-    @staticmethod
-    def empty(like: Batch | None = None) -> Batch:
-        """A batch with no examples, with the features of ``like`` (if given)."""
-        if like is None:
-            return Batch(np.zeros(0, dtype=np.float32))
-        return Batch(np.zeros(0, dtype=np.float32), {k: SparseColumn.empty() for k in like.sparse},
-                     {k: v[:0].copy() for k, v in like.dense.items()})
-
     def slice(self, start: int, stop: int) -> Batch:
         """Examples ``[start, stop)`` as a new batch (Python slice rules for bounds)."""
         start, stop, _ = slice(start, stop).indices(self.num_examples)

@@ -87,35 +87,13 @@ def _varint_bytes(values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.uint8],
 def encode_sparse_examples(
     labels: npt.NDArray[Any], indptr: npt.NDArray[np.int64], ids: npt.NDArray[np.int64], values: npt.NDArray[Any]
 ) -> list[bytes]:
-    """Serializes sparse-LR Examples (``label``, ``ids``, ``values``), like :func:`encode_example`.
-
-    Vectorized varint encoding; one short Python step per example.
-    """
-    id_bytes, id_nbytes = _varint_bytes(np.asarray(ids, dtype=np.int64))
-    id_ends = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(id_nbytes, out=id_ends[1:])
-    id_blob = id_bytes.tobytes()
-    value_blob = np.asarray(values, dtype="<f4").tobytes()
-    label_blob = np.asarray(labels, dtype="<f4").tobytes()
-    k_ids = _len_field(1, b"ids")
-    k_label = _len_field(1, b"label")
-    k_values = _len_field(1, b"values")
-    out = []
-    bounds = indptr.tolist()
-    byte_bounds = id_ends[indptr].tolist()
-    for i in range(len(bounds) - 1):
-        a, b = bounds[i], bounds[i + 1]
-        packed_ids = id_blob[byte_bounds[i] : byte_bounds[i + 1]]
-        packed_values = value_blob[4 * a : 4 * b]
-        ids_list = _len_field(1, packed_ids) if packed_ids else b""
-        values_list = _len_field(1, packed_values) if packed_values else b""
-        body = (
-            _len_field(1, k_ids + _len_field(2, _len_field(3, ids_list)))
-            + _len_field(1, k_label + _len_field(2, _len_field(2, _len_field(1, label_blob[4 * i : 4 * i + 4]))))
-            + _len_field(1, k_values + _len_field(2, _len_field(2, values_list)))
-        )
-        out.append(_len_field(1, body))
-    return out
+    """Serializes sparse-LR Examples (``label``, ``ids``, ``values``), like :func:`encode_example`
+    (:func:`encode_examples` with those three keys)."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    rows = np.arange(len(indptr), dtype=np.int64)
+    return encode_examples(len(indptr) - 1, {"label": ("float32", np.asarray(labels), rows),
+                                             "ids": ("int64", np.asarray(ids), indptr),
+                                             "values": ("float32", np.asarray(values), indptr)})
 
 
 # --------------------------------------------------------------------------

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.data.batch import gather_ranges
-from psflow.data.hashing import STRING_PAD, hash_strings
+from psflow.data.hashing import BYTE_MASK, STRING_PAD, hash_strings
 from psflow.data.native import NATIVE
 
 __all__ = [
@@ -55,7 +55,6 @@ __all__ = [
 
 #: Zero bytes after a chunk's data: lets the loops read a few bytes past a record without checks.
 PAD = 16
-_BYTE_MASK = np.array([(1 << (8 * n)) - 1 if n < 8 else (1 << 64) - 1 for n in range(9)], dtype=np.uint64)
 
 Ints = npt.NDArray[np.int64]
 
@@ -215,7 +214,7 @@ def _same_bytes(
     words_a = np.ndarray((len(a) - 7,), dtype="<u8", buffer=a.data, strides=(1,))
     words_b = np.ndarray((len(b) - 7,), dtype="<u8", buffer=b.data, strides=(1,))
     for k in range(int((a_len.max() + 7) // 8) if a_len.size else 0):
-        mask = _BYTE_MASK[np.clip(a_len - 8 * k, 0, 8)]
+        mask = BYTE_MASK[np.clip(a_len - 8 * k, 0, 8)]
         pos_a = np.minimum(a_start + 8 * k, len(words_a) - 1)
         pos_b = np.minimum(b_start + 8 * k, len(words_b) - 1)
         same &= (words_a[pos_a] & mask) == (words_b[pos_b] & mask)

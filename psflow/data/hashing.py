@@ -25,17 +25,19 @@ with TensorFlow's ids cannot be served with these.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["splitmix64", "name_salt", "salted_ids", "hash_strings", "bucket_strings", "STRING_PAD"]
+__all__ = ["splitmix64", "name_salt", "salted_ids", "hash_strings", "bucket_strings", "STRING_PAD", "BYTE_MASK"]
 
 _U = np.uint64
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
-_BYTE_MASK = np.array([(1 << (8 * n)) - 1 if n < 8 else (1 << 64) - 1 for n in range(9)], dtype=np.uint64)
+#: ``BYTE_MASK[k]``: the low ``k`` bytes of a 64-bit word (k = 0..8).
+BYTE_MASK = np.array([(1 << (8 * n)) - 1 if n < 8 else (1 << 64) - 1 for n in range(9)], dtype=np.uint64)
 
 #: Bytes that must follow the last string in the buffer given to :func:`hash_strings`.
 STRING_PAD = 8
@@ -51,8 +53,9 @@ def splitmix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     return result
 
 
+@functools.lru_cache(maxsize=4096)
 def name_salt(name: str) -> np.uint64:
-    """The salt of the feature ``name`` (see the module docstring)."""
+    """The salt of the feature ``name`` (see the module docstring); cached, as models salt every batch."""
     h = _FNV_OFFSET
     for byte in name.encode("utf-8"):
         h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
@@ -96,7 +99,7 @@ def hash_strings(
         rest = lengths - 8 * k
         use = rest > 0
         at = starts + 8 * k if k == 0 else np.where(use, starts + 8 * k, 0)  # word 0 always lies in the buffer
-        mixed = splitmix64(h ^ (words[at] & _BYTE_MASK[np.clip(rest, 0, 8)]))
+        mixed = splitmix64(h ^ (words[at] & BYTE_MASK[np.clip(rest, 0, 8)]))
         h = mixed if use.all() else np.where(use, mixed, h)
     return splitmix64(h ^ lengths.astype(np.uint64))
 

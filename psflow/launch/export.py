@@ -40,7 +40,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from safetensors.numpy import save as safetensors_save
 
-from psflow.data import Batch, Schema
+from psflow.data import Batch, Schema, read_all
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
 from psflow.models.registry import create_model
@@ -70,8 +70,6 @@ class ExportedModel:
 
     def read(self, path: str | list[str], format: str | None = None) -> Batch:
         """Every example of ``path`` (file(s)), read as the model's training data was (or in ``format``)."""
-        from psflow.data import read_all
-
         fmt = format or self.data.get("format") or "libsvm"
         schema = self.data.get("schema")
         options: dict[str, Any] = {"num_features": int(self.data.get("num_features") or self.model.config.num_features)}

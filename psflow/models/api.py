@@ -57,6 +57,7 @@ import numpy as np
 
 from psflow.data import Batch, BatchSpec
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
+from psflow.models.metrics import binary_metrics
 from psflow.placement import DTYPE_SIZES, Partitioner
 from psflow.ps.optimizers import OptimizerSpec
 
@@ -231,8 +232,6 @@ class Model(ABC):
 
     def metrics(self, labels: np.ndarray, outputs: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Metrics of one set of outputs (default: a binary classifier's AUC, log-loss, accuracy)."""
-        from psflow.models.metrics import binary_metrics
-
         return binary_metrics(labels, outputs["predictions"])
 
     def describe(self) -> str:

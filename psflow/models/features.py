@@ -25,7 +25,8 @@ import numpy.typing as npt
 from psflow.data import Batch, SparseColumn
 from psflow.data.hashing import name_salt, salted_ids
 
-__all__ = ["fold_ids", "shared_rows", "dense_matrix", "segment_sum", "sum_by_index", "UniqueIds", "SharedTableRows"]
+__all__ = ["fold_ids", "shared_rows", "dense_matrix", "segment_sum", "sum_by_index", "UniqueIds", "SharedRows",
+           "SharedTableRows"]
 
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
 #: Largest id space for which UniqueIds keeps a lookup table (2^26 rows: 256 MiB of int32).
@@ -138,14 +139,26 @@ class UniqueIds:
         return uniq, self._table[ids].astype(np.intp)
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedRows:
+    """A batch's entries as rows of one shared table: entry ``j`` of example ``e``
+    (``indptr[e] <= j < indptr[e + 1]``) is row ``uniq[inverse[j]]`` with value ``values[j]``."""
+
+    uniq: npt.NDArray[np.int64]
+    inverse: npt.NDArray[np.intp]
+    indptr: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float32]
+
+
 class SharedTableRows:
     """A batch's sparse features as rows of one shared table, prepared once per batch and read back.
 
     :meth:`prepare` stores in ``batch.extras`` (under keys tagged with the
     model and the table size, so a batch prepared for another id space is
     prepared again) the sorted unique rows, each entry's index in them, and,
-    when several features were merged, the merged layout; :meth:`get` reads
-    them back (preparing the batch first if nobody did).
+    unless the batch has exactly one sparse feature (whose layout and values
+    are used in place), the merged layout and values; :meth:`get` reads them
+    back (preparing the batch first if nobody did).
 
     Args:
         tag: the model's name in the keys (``"logistic"``).
@@ -163,20 +176,18 @@ class SharedTableRows:
         rows = shared_rows(batch, self.num_rows)
         uniq, inverse = self._unique(rows.ids)
         extras = {**batch.extras, self._keys[0]: uniq, self._keys[1]: inverse}
-        if len(batch.sparse) != 1:  # merged features: keep their example-major layout too
+        if len(batch.sparse) != 1:  # merged (or no) features: keep their example-major layout too
             extras.update({self._keys[2]: rows.indptr, self._keys[3]: rows.values})
         return dataclasses.replace(batch, extras=extras)
 
-    def get(self, batch: Batch) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp], SparseColumn]:
-        """``(uniq, inverse, entries)``: the unique rows, each entry's index in them, and the entries' CSR
-        layout and values (its ``ids`` are not kept: ``uniq[inverse]`` are the rows)."""
+    def get(self, batch: Batch) -> SharedRows:
+        """The batch's entries as shared-table rows (see :class:`SharedRows`)."""
         if self._keys[0] not in batch.extras:
             batch = self.prepare(batch)
-        uniq, inverse = batch.extras[self._keys[0]], batch.extras[self._keys[1]]
+        extras = batch.extras
         if len(batch.sparse) == 1:
             column = next(iter(batch.sparse.values()))
-        elif self._keys[2] in batch.extras:
-            column = SparseColumn(batch.extras[self._keys[2]], np.zeros(0, np.int64), batch.extras[self._keys[3]])
+            indptr, values = column.indptr, column.values
         else:
-            column = SparseColumn.empty(batch.num_examples)
-        return uniq, inverse, column
+            indptr, values = extras[self._keys[2]], extras[self._keys[3]]
+        return SharedRows(extras[self._keys[0]], extras[self._keys[1]], indptr, values)

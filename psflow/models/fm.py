@@ -27,12 +27,14 @@ OptimizerSpec JSON), as TensorFlow's canned CTR models do. A step pulls each uni
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
-from psflow.models.features import SharedTableRows, dense_matrix, segment_sum, sum_by_index
+from psflow.models.features import SharedRows, SharedTableRows, dense_matrix, segment_sum, sum_by_index
 from psflow.models.losses import binary_outputs, sigmoid, sigmoid_cross_entropy
 from psflow.placement import fixed_size_partitioner
 from psflow.ps.optimizers import OptimizerSpec
@@ -43,6 +45,17 @@ __all__ = ["FactorizationMachine"]
 #: Measured on the Criteo sample (8,000 rows train, 2,000 eval, 3 epochs): the run's FTRL 0.5 on the
 #: embeddings too gives eval AUC 0.65; Adagrad 0.05 0.71; Adagrad 0.01 0.72 (the interactions then add ~nothing).
 _EMBEDDING_OPTIMIZER = {"name": "adagrad", "hyperparameters": {"learning_rate": 0.05, "initial_accumulator_value": 0.1}}
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """A forward pass: logits, per example ``s = sum_i v_i x_i``, per entry ``v_i x_i``, the dense values, the rows."""
+
+    logits: np.ndarray
+    s: np.ndarray
+    xv: np.ndarray
+    xd: np.ndarray
+    rows: SharedRows
 
 
 class FactorizationMachine(Model):
@@ -81,20 +94,21 @@ class FactorizationMachine(Model):
         return self._rows.prepare(batch)
 
     def lookups(self, batch: Batch) -> Lookups:
-        uniq = self._rows.get(batch)[0]
+        uniq = self._rows.get(batch).uniq
         requests: Lookups = {"linear": uniq, "embedding": uniq, "bias": None}
         if self._dense_width:
             requests.update(dense_linear=None, dense_embedding=None)
         return requests
 
-    def _forward(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
+    def _forward(self, batch: Batch, values: Values) -> _Forward:
         """Logits and what the backward pass reuses."""
-        uniq, inverse, rows = self._rows.get(batch)
+        rows = self._rows.get(batch)
         x = rows.values.astype(np.float64)
-        xv = values["embedding"].astype(np.float64)[inverse] * x[:, None]              # [nnz, dim]
+        xv = values["embedding"].astype(np.float64)[rows.inverse] * x[:, None]         # [nnz, dim]
         s = segment_sum(xv, rows.indptr)                                               # [n, dim]: sum_i v_i x_i
         q = segment_sum(np.einsum("ij,ij->i", xv, xv), rows.indptr)                    # [n]: sum_i |v_i x_i|^2
-        z = segment_sum(values["linear"][:, 0].astype(np.float64)[inverse] * x, rows.indptr) + float(values["bias"][0])
+        z = segment_sum(values["linear"][:, 0].astype(np.float64)[rows.inverse] * x, rows.indptr)
+        z += float(values["bias"][0])
         xd = dense_matrix(batch, self._dense)
         if self._dense_width:
             vd = values["dense_embedding"].astype(np.float64)
@@ -102,32 +116,32 @@ class FactorizationMachine(Model):
             s += xd @ vd
             q += (xd * xd) @ np.einsum("ij,ij->i", vd, vd)
         z += 0.5 * (np.einsum("ij,ij->i", s, s) - q)
-        return {"logits": z, "s": s, "x": x, "xv": xv, "xd": xd, "uniq": uniq, "inverse": inverse,
-                "indptr": rows.indptr}
+        return _Forward(z, s, xv, xd, rows)
 
     def compute(self, batch: Batch, values: Values) -> ModelOutput:
         f = self._forward(batch, values)
-        z, s, x, xv, xd, uniq, inverse = (f[k] for k in ("logits", "s", "x", "xv", "xd", "uniq", "inverse"))
-        n = batch.num_examples
+        rows, n = f.rows, batch.num_examples
+        x = rows.values.astype(np.float64)
         labels = batch.labels.astype(np.float64)
-        probs = sigmoid(z)
-        loss = float(np.mean(sigmoid_cross_entropy(z, labels))) if n else 0.0
+        probs = sigmoid(f.logits)
+        loss = float(np.mean(sigmoid_cross_entropy(f.logits, labels))) if n else 0.0
         d = (probs - labels) / max(n, 1)                                                # dL/dz per example
-        d_entry = np.repeat(d, np.diff(f["indptr"]))
+        per_example = np.diff(rows.indptr)
+        d_entry = np.repeat(d, per_example)
         # d z / d v_i = x_i (s - v_i x_i): the sum over the example's other features.
-        grad_v = sum_by_index(d_entry[:, None] * x[:, None] * (np.repeat(s, np.diff(f["indptr"]), axis=0) - xv),
-                              inverse, uniq.size)
+        grad_v = sum_by_index(d_entry[:, None] * x[:, None] * (np.repeat(f.s, per_example, axis=0) - f.xv),
+                              rows.inverse, rows.uniq.size)
         grads: dict[str, DenseGradient | SparseGradient] = {
-            "linear": SparseGradient(uniq, sum_by_index(d_entry * x, inverse, uniq.size).astype(np.float32)[:, None]),
-            "embedding": SparseGradient(uniq, grad_v.astype(np.float32)),
+            "linear": SparseGradient(rows.uniq, sum_by_index(d_entry * x, rows.inverse, rows.uniq.size).astype(np.float32)[:, None]),
+            "embedding": SparseGradient(rows.uniq, grad_v.astype(np.float32)),
             "bias": DenseGradient(np.array([d.sum()], dtype=np.float32)),
         }
         if self._dense_width:
             vd = values["dense_embedding"].astype(np.float64)
-            grads["dense_linear"] = DenseGradient((xd.T @ d).astype(np.float32)[:, None])
-            grad_vd = xd.T @ (d[:, None] * s) - vd * ((xd * xd).T @ d)[:, None]
+            grads["dense_linear"] = DenseGradient((f.xd.T @ d).astype(np.float32)[:, None])
+            grad_vd = f.xd.T @ (d[:, None] * f.s) - vd * ((f.xd * f.xd).T @ d)[:, None]
             grads["dense_embedding"] = DenseGradient(grad_vd.astype(np.float32))
-        return ModelOutput(loss, grads, {"predictions": probs, "logits": z})
+        return ModelOutput(loss, grads, {"predictions": probs, "logits": f.logits})
 
     def predict(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
-        return binary_outputs(self._forward(batch, values)["logits"])
+        return binary_outputs(self._forward(batch, values).logits)

@@ -24,10 +24,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from psflow.data import Batch, SparseColumn
+from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelOutput, Values, VariableSpec
-from psflow.models.features import SharedTableRows, dense_matrix, fold_ids
+from psflow.models.features import SharedRows, SharedTableRows, dense_matrix, fold_ids
 from psflow.models.losses import sigmoid, sigmoid_cross_entropy
 from psflow.placement import fixed_size_partitioner
 
@@ -45,14 +45,14 @@ def legacy_config(shapes: Mapping[str, tuple[int, ...]]) -> ModelConfig | None:
     return ModelConfig(num_features=int(shapes["weights"][0]))
 
 
-def _row_sums(column: SparseColumn, x: np.ndarray) -> np.ndarray:
-    """Per-example sums of ``x`` (one value per entry of ``column``), as float64."""
-    n = column.num_examples
-    counts = np.diff(column.indptr)
+def _row_sums(indptr: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Per-example sums of ``x`` (one value per entry of the CSR rows ``indptr``), as float64."""
+    n = len(indptr) - 1
+    counts = np.diff(indptr)
     if n and counts.all():
         # Examples are contiguous runs of the entries: reduceat sums them in order, ~4x faster than
         # bincount. It needs every example non-empty (an empty one would read its neighbour's first value).
-        sums: np.ndarray = np.add.reduceat(x, column.indptr[:-1], dtype=np.float64)
+        sums: np.ndarray = np.add.reduceat(x, indptr[:-1], dtype=np.float64)
         return sums
     return np.bincount(np.repeat(np.arange(n), counts), weights=x, minlength=n)
 
@@ -81,31 +81,32 @@ class LogisticRegression(Model):
         return self._rows.prepare(batch)
 
     def lookups(self, batch: Batch) -> Lookups:
-        uniq, _, _ = self._rows.get(batch)
-        requests: Lookups = {"weights": uniq, "bias": None}
+        requests: Lookups = {"weights": self._rows.get(batch).uniq, "bias": None}
         if self._dense_width:
             requests["dense_weights"] = None
         return requests
 
-    def _logits(self, batch: Batch, values: Values) -> tuple[np.ndarray, np.ndarray, SparseColumn, np.ndarray, np.ndarray]:
-        uniq, inverse, column = self._rows.get(batch)
+    def _logits(self, batch: Batch, values: Values) -> tuple[np.ndarray, SharedRows, np.ndarray]:
+        """(logits, the batch's shared rows, its dense features)."""
+        rows = self._rows.get(batch)
         w = values["weights"][:, 0].astype(np.float64)
-        z = _row_sums(column, column.values * w[inverse]) + float(values["bias"][0])
+        z = _row_sums(rows.indptr, rows.values * w[rows.inverse]) + float(values["bias"][0])
         x = dense_matrix(batch, self._dense)
         if self._dense_width:
             z += x @ values["dense_weights"][:, 0].astype(np.float64)
-        return z, uniq, column, inverse, x
+        return z, rows, x
 
     def compute(self, batch: Batch, values: Values) -> ModelOutput:
-        z, uniq, column, inverse, x = self._logits(batch, values)
+        z, rows, x = self._logits(batch, values)
         n = batch.num_examples
         labels = batch.labels.astype(np.float64)
         probs = sigmoid(z)
         loss = float(np.mean(sigmoid_cross_entropy(z, labels))) if n else 0.0
         d = (probs - labels) / max(n, 1)
-        grad_w = np.bincount(inverse, weights=column.values * np.repeat(d, np.diff(column.indptr)), minlength=uniq.size)
+        grad_w = np.bincount(rows.inverse, weights=rows.values * np.repeat(d, np.diff(rows.indptr)),
+                             minlength=rows.uniq.size)
         grads: dict[str, DenseGradient | SparseGradient] = {
-            "weights": SparseGradient(uniq, grad_w.astype(np.float32)[:, None]),
+            "weights": SparseGradient(rows.uniq, grad_w.astype(np.float32)[:, None]),
             "bias": DenseGradient(np.array([d.sum()], dtype=np.float32)),
         }
         if self._dense_width:

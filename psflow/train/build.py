@@ -13,6 +13,7 @@ features come from :func:`psflow.data.batch_spec` of the format and schema.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from psflow.cluster import ClusterSpec
@@ -37,16 +38,25 @@ def data_schema(config: TrainConfig) -> Schema | None:
     """The run's TFRecord schema: ``--schema FILE``, ``--feature`` flags, or None (the default schema).
 
     Raises:
-        ConfigError: the schema file or flags are malformed (names them).
+        ConfigError: the schema file or flags are malformed, or describe features
+            a batch cannot hold (names the file or flag and the feature).
     """
     try:
         if config.schema:
-            return Schema.from_file(config.schema)
-        if config.features:
-            return Schema.from_flags(config.features, config.label)
+            schema = Schema.from_file(config.schema)
+            where = config.schema
+        elif config.features:
+            schema = Schema.from_flags(config.features, config.label)
+            where = "--feature"
+        else:
+            return None
     except (OSError, ValueError) as e:
         raise ConfigError(f"schema: {e}") from e
-    return None
+    try:
+        schema.batch_layout()
+    except ValueError as e:
+        raise ConfigError(f"schema {where}: {e}") from e
+    return schema
 
 
 def data_options(config: TrainConfig) -> dict[str, Any]:
@@ -59,9 +69,10 @@ def data_options(config: TrainConfig) -> dict[str, Any]:
     }
 
 
-def model_config(config: TrainConfig) -> ModelConfig:
-    """The model's config: the data's features (from the format and schema) and the run's model settings."""
-    features = batch_spec(config.format, data_schema(config), config.num_features)
+def model_config(config: TrainConfig, schema: Schema | None = None) -> ModelConfig:
+    """The model's config: the data's features (from the format and ``schema``, default
+    :func:`data_schema`) and the run's model settings."""
+    features = batch_spec(config.format, schema if schema is not None else data_schema(config), config.num_features)
     return ModelConfig(features=features, num_features=config.num_features, partitions=config.partitions,
                        embedding_dim=config.embedding_dim, params=dict(config.model_params), seed=config.seed)
 
@@ -76,11 +87,7 @@ def declare_variables(model: Model, setter: DeviceSetter) -> VariableSet:
     for spec in model.variables():
         try:
             optimizer = spec.optimizer.to_json() if spec.optimizer is not None else None
-            if spec.device is not None:
-                with variables.device(spec.device):
-                    variables.get_variable(spec.name, spec.shape, dtype=spec.dtype, initializer=dict(spec.initializer),
-                                           partitioner=spec.partitioner, optimizer=optimizer, trainable=spec.trainable)
-            else:
+            with variables.device(spec.device) if spec.device is not None else contextlib.nullcontext():
                 variables.get_variable(spec.name, spec.shape, dtype=spec.dtype, initializer=dict(spec.initializer),
                                        partitioner=spec.partitioner, optimizer=optimizer, trainable=spec.trainable)
         except PlacementError as e:
@@ -113,7 +120,7 @@ def model_record(config: TrainConfig) -> dict[str, Any]:
     schema = data_schema(config)
     return {
         "name": config.model,
-        "config": model_config(config).to_dict(),
+        "config": model_config(config, schema).to_dict(),
         "data": {"format": config.format, "schema": schema.to_dict() if schema is not None else None,
                  "num_features": config.num_features},
     }

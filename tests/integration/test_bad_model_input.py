@@ -92,3 +92,13 @@ def test_a_schema_naming_a_feature_the_data_lacks(tmp_path: Path) -> None:
     assert code == 1
     assert "'C9'" in err and str(data) in err, err[-3000:]
     assert stored(tmp_path / "ckpt") == before
+
+
+def test_a_schema_a_batch_cannot_hold_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    schema = tmp_path / "schema.yaml"
+    schema.write_text("label: label\nfeatures:\n  label: {kind: fixed, dtype: float32}\n  w: {kind: varlen, dtype: float32}\n")
+    r = run_cli("train", "--format", "tfrecord", "--schema", str(schema), "--train", str(tmp_path / "none.tfrecord"),
+                "--output", str(tmp_path / "run"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"schema {schema}: feature 'w': a float32 VarLenFeature is not a batch feature" in r.stderr
+    assert not (tmp_path / "run").exists()  # refused before a process or a file was made

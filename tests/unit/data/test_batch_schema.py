@@ -51,7 +51,7 @@ def test_slice_take_concat() -> None:
     assert c.num_examples == 3 and c.nnz == 8
     with pytest.raises(ValueError, match="at least one"):
         Batch.concat([])
-    empty = Batch.empty(b)
+    empty = b.slice(3, 3)
     assert empty.dense["d"].shape == (0, 2) and list(empty.sparse) == ["a", "b"]
 
 
