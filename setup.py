@@ -1,6 +1,7 @@
 """Build step for psflow's optional C kernels (everything else is in pyproject.toml).
 
-``psflow.data._native`` holds the input pipeline's per-byte loops (TFRecord framing, CRC32C,
+``psflow.ps._kernels`` holds the ps tasks' fused Adagrad and FTRL updates (numpy twins in
+``psflow/ps/optimizers.py``).  ``psflow.data._native`` holds the input pipeline's per-byte loops (TFRecord framing, CRC32C,
 walking Examples, matching their keys, packed varints and floats, string lists).  It is optional:
 when no C compiler is available the install goes on and psflow uses the numpy versions of the
 same loops (see ``psflow/data/native.py``).
@@ -15,6 +16,14 @@ setup(
             ["psflow/data/_native.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
-        )
+        ),
+        Extension(
+            "psflow.ps._kernels",
+            ["psflow/ps/_kernels.c"],
+            # No fused multiply-adds (the updates must round exactly as numpy's twins do); sqrt without errno, so
+            # the loops vectorize (IEEE sqrt and division are exact in vector registers too).
+            extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
     ]
 )

@@ -23,27 +23,29 @@ C compiler and Python's headers exist).
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
-__all__ = ["NATIVE", "ENV", "implementation"]
+__all__ = ["NATIVE", "ENV", "implementation", "load_extension"]
 
 #: Set to ``0`` to use the numpy loops even when the extension is built.
 ENV = "PSFLOW_NATIVE"
 
 
-def _load() -> ModuleType | None:
+def load_extension(name: str) -> ModuleType | None:
+    """Imports psflow's C extension ``name`` (e.g. ``"psflow.ps._kernels"``), or returns None
+    when it was not built or ``PSFLOW_NATIVE=0`` is set: the caller then uses its numpy twin."""
     if os.environ.get(ENV, "1") == "0":
         return None
     try:
-        import psflow.data._native as _native
+        return importlib.import_module(name)
     except ImportError:
         return None
-    return _native
 
 
 #: The extension module, or None when the numpy loops are in use.
-NATIVE: ModuleType | None = _load()
+NATIVE: ModuleType | None = load_extension("psflow.data._native")
 
 
 def implementation() -> str:

@@ -396,14 +396,14 @@ class VariablePlacement:
             raise PlacementError(f"{what}: ids must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
         if arr.size == 0:
             return []
-        bad = (arr < 0) | (arr >= self.num_rows)
-        if bad.any():
-            pos = int(np.flatnonzero(bad)[0])
-            raise PlacementError(f"{what}: id {int(arr[pos])} at position {pos} is out of range [0, {self.num_rows})")
         rows = arr.astype(np.int64, copy=False)
+        # One comparison finds both ends: negative ids are huge as unsigned.
+        if bool((rows.view(np.uint64) >= self.num_rows).any()):
+            pos = int(np.flatnonzero((rows < 0) | (rows >= self.num_rows))[0])
+            raise PlacementError(f"{what}: id {int(arr[pos])} at position {pos} is out of range [0, {self.num_rows})")
         if not self.is_partitioned:
-            part = self.partitions[0]
-            return [_routed(part, np.arange(rows.size, dtype=np.intp), rows.copy())]
+            # Every id, in order: read-only views, no copies (this runs per variable per step).
+            return [_routed(self.partitions[0], _positions(rows.size), rows.view())]
         owner = np.searchsorted(self._starts, rows, side="right") - 1
         # 16-bit keys make numpy's stable sort a radix sort.
         key = owner.astype(np.uint16) if len(self.partitions) <= 1 << 16 else owner
@@ -465,6 +465,15 @@ class VariablePlacement:
             PlacementError: If the text is not JSON or is malformed.
         """
         return cls.from_dict(_loads(text, "variable placement"))
+
+
+_ARANGE = np.arange(1 << 16, dtype=np.intp)
+_ARANGE.flags.writeable = False
+
+
+def _positions(n: int) -> npt.NDArray[np.intp]:
+    """``arange(n)``, read-only; a view of a shared array up to 65,536."""
+    return _ARANGE[:n] if n <= _ARANGE.size else np.arange(n, dtype=np.intp)
 
 
 def _routed(part: Partition, positions: npt.NDArray[np.intp], local: npt.NDArray[np.int64]) -> RoutedRows:

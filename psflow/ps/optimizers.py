@@ -94,6 +94,12 @@ for bit. The dense results (vectorized in TF) differ in the last bits. For
 Adagrad that is under 1e-8 absolute. For FTRL with power -0.7 it is up to
 1e-6 absolute, because the update subtracts two nearly equal powers.
 
+C kernels: Adagrad and FTRL (learning_rate_power -0.5) run as one fused pass in
+the extension ``psflow.ps._kernels`` where it was built (and ``PSFLOW_NATIVE`` is
+not ``0``), with the GIL released. They do the numpy code's float32 operations
+in the same order, so the results are the same bit for bit; the tests compare
+the two.
+
 Thread safety: none of these methods lock. Callers must hold a per-variable (or
 per-partition) lock around every apply and around reads of var and slots that
 must see a whole update. Optimizer objects hold only constants, so one
@@ -113,6 +119,8 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
+from psflow.data.native import load_extension
+
 __all__ = [
     "OPTIMIZER_NAMES",
     "parse_optimizer",
@@ -126,6 +134,9 @@ __all__ = [
     "SgdOptimizer",
     "make_optimizer",
 ]
+
+#: The fused updates in C, or None: the numpy code below is then used (see "C kernels").
+_KERNELS = load_extension("psflow.ps._kernels")
 
 FloatArray = npt.NDArray[np.float32]
 IndexArray = npt.NDArray[np.int64]
@@ -494,9 +505,12 @@ class Optimizer(ABC):
                 raise ValueError(f"{self.name}: slot {name!r} has shape {slot.shape}; expected {want}")
 
     def _apply_dense(self, var: FloatArray, slots: dict[str, FloatArray], grad: FloatArray) -> None:
-        self._update(var, slots, grad)
+        if not self._fused(var, slots, grad, None):
+            self._update(var, slots, grad)
 
     def _apply_sparse(self, var: FloatArray, slots: dict[str, FloatArray], rows: IndexArray, grad: FloatArray) -> None:
+        if self._fused(var, slots, grad, rows):
+            return
         # Gather the k rows, update the copies, scatter them back: O(k) work and memory.
         if var.ndim == 2 and var.shape[1] == 1 and _all_contiguous(var, *(slots[n] for n in self.slot_names)):
             # [n, 1] tables (one weight per row): index 1-d views, ~30 % cheaper
@@ -515,8 +529,13 @@ class Optimizer(ABC):
     def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
         """The elementwise update of TF's kernel, in place on same-shaped arrays."""
 
+    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None) -> bool:
+        """Applies the update with the C kernel, all of ``var`` (``rows`` None) or the given
+        distinct rows, and returns True; returns False (nothing changed) where there is none."""
+        return False
 
-def _all_contiguous(*arrays: FloatArray) -> bool:
+
+def _all_contiguous(*arrays: np.ndarray) -> bool:
     """True if every array is C-contiguous (so ``reshape(-1)`` is a view, and writes to it land)."""
     return all(a.flags.c_contiguous for a in arrays)
 
@@ -568,6 +587,13 @@ class AdagradOptimizer(Optimizer):
 
     def _slot_initial_values(self) -> Mapping[str, float]:
         return {"accumulator": float(self.hyperparameters["initial_accumulator_value"])}
+
+    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None) -> bool:
+        accum = slots["accumulator"]
+        if _KERNELS is None or not _all_contiguous(var, accum, grad, *(() if rows is None else (rows,))):
+            return False
+        _KERNELS.adagrad(var, accum, grad, rows, var.shape[0], self._lr)
+        return True
 
     def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
         accum = slots["accumulator"]
@@ -689,6 +715,15 @@ class FtrlOptimizer(Optimizer):
         if self._power == np.float32(-0.5):
             return np.sqrt(accum)
         return np.power(accum, -np.float64(self._power)).astype(np.float32)
+
+    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None) -> bool:
+        accum, linear = slots["accum"], slots["linear"]
+        if (_KERNELS is None or self._power != np.float32(-0.5)
+                or not _all_contiguous(var, accum, linear, grad, *(() if rows is None else (rows,)))):
+            return False
+        _KERNELS.ftrl(var, accum, linear, grad, rows, var.shape[0], self._lr, self._l1, self._two_l2,
+                      self._two_shrinkage)
+        return True
 
     def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
         accum, linear = slots["accum"], slots["linear"]

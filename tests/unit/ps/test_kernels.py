@@ -1,0 +1,110 @@
+"""The C optimizer kernels (psflow.ps._kernels) against their numpy twins: same bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from psflow.ps import optimizers
+from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+
+kernels = pytest.importorskip("psflow.ps._kernels") if optimizers._KERNELS is None else optimizers._KERNELS
+
+SPECS = [
+    OptimizerSpec("adagrad", {"learning_rate": 0.05}),
+    OptimizerSpec("adagrad", {"learning_rate": 0.3, "initial_accumulator_value": 0.01}),
+    OptimizerSpec("ftrl", {"learning_rate": 0.1}),
+    OptimizerSpec("ftrl", {"learning_rate": 0.2, "l1_regularization_strength": 0.01,
+                           "l2_regularization_strength": 0.3}),
+    OptimizerSpec("ftrl", {"learning_rate": 0.05, "l1_regularization_strength": 0.001,
+                           "l2_shrinkage_regularization_strength": 0.1}),
+]
+
+
+def _state(opt: optimizers.Optimizer, shape: tuple[int, ...], seed: int):
+    rng = np.random.default_rng(seed)
+    var = rng.normal(size=shape).astype(np.float32)
+    slots = opt.create_slots(var)
+    for name in opt.slot_names:
+        slots[name] += np.abs(rng.normal(size=shape)).astype(np.float32)
+    return var, slots
+
+
+def _run(spec: OptimizerSpec, shape, steps, monkeypatch: pytest.MonkeyPatch, native: bool):
+    """Applies the same updates with the C kernel or with numpy; returns var and slots."""
+    monkeypatch.setattr(optimizers, "_KERNELS", kernels if native else None)
+    opt = make_optimizer(spec)
+    var, slots = _state(opt, shape, 0)
+    rng = np.random.default_rng(1)
+    for i in range(steps):
+        grad = (rng.normal(size=shape) * 10.0 ** rng.integers(-4, 2)).astype(np.float32)
+        if i % 2 == 0:
+            opt.apply_dense(var, slots, grad)
+        else:
+            rows = rng.choice(shape[0], size=max(1, shape[0] // 3), replace=False)
+            if i % 4 == 1:
+                rows = np.sort(rows)
+            opt.apply_sparse(var, slots, rows, grad[rows])
+    return var, slots
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.name}-{sorted(s.hyperparameters.items())}")
+@pytest.mark.parametrize("shape", [(50, 8), (40, 1), (30,), (7, 3, 2)])
+def test_kernel_matches_numpy_bit_for_bit(spec, shape, monkeypatch):
+    var_c, slots_c = _run(spec, shape, 12, monkeypatch, native=True)
+    var_np, slots_np = _run(spec, shape, 12, monkeypatch, native=False)
+    assert var_c.tobytes() == var_np.tobytes()
+    for name in slots_np:
+        assert slots_c[name].tobytes() == slots_np[name].tobytes(), name
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def adagrad(self, *args: object) -> None:
+        self.calls.append("adagrad")
+
+    def ftrl(self, *args: object) -> None:
+        self.calls.append("ftrl")
+
+
+@pytest.mark.parametrize(("spec", "used"), [
+    (OptimizerSpec("adagrad", {"learning_rate": 0.1}), ["adagrad", "adagrad"]),
+    (OptimizerSpec("ftrl", {"learning_rate": 0.1}), ["ftrl", "ftrl"]),
+    (OptimizerSpec("ftrl", {"learning_rate": 0.1, "learning_rate_power": -0.7}), []),
+    (OptimizerSpec("sgd", {"learning_rate": 0.1}), []),
+])
+def test_which_updates_use_the_kernel(spec, used, monkeypatch):
+    recorder = _Recorder()
+    monkeypatch.setattr(optimizers, "_KERNELS", recorder)
+    opt = make_optimizer(spec)
+    var, slots = _state(opt, (4, 2), 0)
+    opt.apply_sparse(var, slots, np.array([3, 1]), np.ones((2, 2), np.float32))
+    opt.apply_dense(var, slots, np.ones((4, 2), np.float32))
+    opt.apply_dense(var[:, :1], {k: v[:, :1] for k, v in slots.items()}, np.ones((4, 1), np.float32))  # strided
+    assert recorder.calls == used
+
+
+def test_bad_calls_raise_and_change_nothing():
+    var = np.ones((4, 2), np.float32)
+    accum = np.full((4, 2), 0.1, np.float32)
+    before = var.copy(), accum.copy()
+    grad = np.ones((2, 2), np.float32)
+    with pytest.raises(ValueError, match="row 4 is outside 0-3"):
+        kernels.adagrad(var, accum, grad, np.array([1, 4], np.int64), 4, 0.1)
+    with pytest.raises(ValueError, match="row -1"):
+        kernels.adagrad(var, accum, grad, np.array([-1, 0], np.int64), 4, 0.1)
+    with pytest.raises(ValueError, match="one row of var per index"):
+        kernels.adagrad(var, accum, grad, np.array([1], np.int64), 4, 0.1)
+    with pytest.raises(ValueError, match="float32"):
+        kernels.adagrad(var.astype(np.float64), accum, grad, np.array([1, 2], np.int64), 4, 0.1)
+    with pytest.raises(ValueError, match="int64"):
+        kernels.adagrad(var, accum, grad, np.array([1, 2], np.int32), 4, 0.1)
+    with pytest.raises(ValueError, match="differ in size"):
+        kernels.ftrl(var, accum, np.zeros(3, np.float32), grad, np.array([1, 2], np.int64), 4, 0.1, 0, 0, 0)
+    with pytest.raises(ValueError, match="dense gradient"):
+        kernels.adagrad(var, accum, grad, None, 4, 0.1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.adagrad(var[:, :1], accum[:, :1], grad[:, :1], None, 4, 0.1)
+    assert var.tobytes() == before[0].tobytes() and accum.tobytes() == before[1].tobytes()
