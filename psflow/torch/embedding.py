@@ -7,12 +7,13 @@ up by one sparse feature of the batch, with TensorFlow's
 optional per-id weights (the feature's values), and a zero vector for an
 example without ids. An :class:`EmbeddingCollection` looks up several such
 tables at once and concatenates (``pooling="concat"``) or sums
-(``pooling="sum"``) their results: one ``embedding_bag`` kernel for every
+(``pooling="sum"``) their results: one gather and one segment sum for every
 table, forward and backward.
 
 The modules hold no rows. Per batch, :class:`~psflow.torch.TorchModel`
 prepares each lookup in numpy (unique ids, per-entry scale, bags; in the
-input pipeline where it can), pulls only the rows of those ids from the
+input pipeline where it can; groups over the same features, as Wide & Deep's
+wide and deep tables, find their unique ids once), pulls only the rows of those ids from the
 partitions holding them, runs the module on them, and pushes the gradient of
 exactly those rows (a sparse gradient, each row once).
 """
@@ -164,8 +165,13 @@ class LookupPlan:
         return m if bool(np.all(self.bags.reshape(bags, m) == np.arange(bags)[:, None])) else 0
 
     @classmethod
-    def build(cls, batch: Batch, embeddings: Sequence[tuple[str, Embedding]], *, concat: bool) -> LookupPlan:
+    def build(cls, batch: Batch, embeddings: Sequence[tuple[str, Embedding]], *, concat: bool,
+              cache: dict[Any, Any] | None = None) -> LookupPlan:
         """Prepares the lookup of ``embeddings`` (variable name, module) for ``batch``.
+
+        ``cache``: a dict shared by the plans of one batch; groups over the same
+        features and vocabularies (Wide & Deep's wide and deep tables) then find
+        their unique ids once.
 
         Raises:
             ModelError: a feature the batch does not have, or an id outside a
@@ -183,7 +189,9 @@ class LookupPlan:
         counts = np.array([c.ids.size for c in columns], dtype=np.int64)
         table = np.repeat(np.arange(k, dtype=np.int64), counts)
         ids = np.concatenate([c.ids for c in columns]).astype(np.int64, copy=False)
-        example = np.concatenate([_examples(c.indptr, n) for c in columns])
+        one_each = _one_per_example([c.indptr for c in columns], n)
+        example = (np.tile(np.arange(n, dtype=np.int64), k) if one_each
+                   else np.concatenate([np.repeat(np.arange(n, dtype=np.int64), np.diff(c.indptr)) for c in columns]))
         vocab = np.array([e.num_embeddings for _, e in embeddings], dtype=np.int64)
         bad = (ids < 0) | (ids >= vocab[table])
         if bad.any():
@@ -193,12 +201,14 @@ class LookupPlan:
                              f"outside the vocabulary of table {name!r} ({bad_emb.num_embeddings} rows)")
         weighted = np.array([e.weighted for _, e in embeddings])
         w = np.ones(ids.size, dtype=np.float64)
+        pruned = False
         if weighted.any():
             values = np.concatenate([c.values for c in columns]).astype(np.float64, copy=False)
             w = np.where(weighted[table], values, 1.0)
             keep = w > 0  # TF prunes ids of weight <= 0 from a weighted lookup
             if not keep.all():
                 table, ids, example, w = table[keep], ids[keep], example[keep], w[keep]
+                pruned = True
         # Combiner scales: sum -> w, mean -> w / sum(w), sqrtn -> w / sqrt(sum(w^2)), sums per (table, example).
         combiner = np.array([COMBINERS.index(e.combiner) for _, e in embeddings], dtype=np.int64)[table]
         scale = w
@@ -208,14 +218,25 @@ class LookupPlan:
             norms = np.sqrt(np.bincount(cell, weights=w * w, minlength=k * n))
             scale = np.where(combiner == 0, w, w / np.where(combiner == 1, sums[cell], norms[cell]))
         # Unique (table, id) pairs, sorted by table then id: the stacked rows, and each entry's row among them.
-        offsets = np.concatenate([[0], np.cumsum(vocab)]).astype(np.int64)
-        uniq, index = np.unique(offsets[table] + ids, return_inverse=True)
-        bounds = np.searchsorted(uniq, offsets)
-        per_table = tuple((uniq[bounds[t]:bounds[t + 1]] - offsets[t]).astype(np.int64) for t in range(k))
+        key = None if pruned or cache is None else (tuple(e.feature for _, e in embeddings), tuple(vocab.tolist()))
+        found = None if key is None else cache.get(key)
+        if found is None:
+            offsets = np.concatenate([[0], np.cumsum(vocab)]).astype(np.int64)
+            uniq, index = np.unique(offsets[table] + ids, return_inverse=True)
+            bounds = np.searchsorted(uniq, offsets)
+            per_table = tuple((uniq[bounds[t]:bounds[t + 1]] - offsets[t]).astype(np.int64) for t in range(k))
+            found = (per_table, index.reshape(-1).astype(np.int64, copy=False))
+            if key is not None:
+                cache[key] = found
+        per_table, index = found
         bag = example * k + table if concat else example
-        order = np.argsort(bag, kind="stable")
-        return cls(tuple(t for t, _ in embeddings), per_table, index.reshape(-1).astype(np.int64)[order],
-                   scale[order].astype(np.float32), bag[order], n, concat)
+        if one_each and not pruned:
+            # Entries are table-major and every bag is (example[, table]): the order by bag is a transpose.
+            order = np.arange(k * n, dtype=np.int64).reshape(k, n).T.reshape(-1)
+        else:
+            order = np.argsort(bag, kind="stable")
+        return cls(tuple(t for t, _ in embeddings), per_table, index[order], scale[order].astype(np.float32), bag[order],
+                   n, concat)
 
     def to_extras(self, key: str) -> dict[str, npt.NDArray[np.generic]]:
         """The plan as arrays named ``<key>.<part>`` (for :attr:`Batch.extras`: it may be built in another process)."""
@@ -234,8 +255,14 @@ class LookupPlan:
                    extras[f"{key}.bags"].astype(np.int64, copy=False), int(shape[0]), bool(shape[1]))
 
 
-def _examples(indptr: npt.NDArray[np.int64], n: int) -> npt.NDArray[np.int64]:
-    """Per entry of a CSR column, its example."""
-    if indptr[-1] == n and np.array_equal(indptr, np.arange(n + 1)):
-        return np.arange(n, dtype=np.int64)  # one id per example (Criteo's fields)
-    return np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+def _one_per_example(indptrs: Sequence[npt.NDArray[np.int64]], n: int) -> bool:
+    """True when every CSR column holds exactly one entry per example (Criteo's fields); columns
+    sharing one ``indptr`` array (as parsed batches do) are checked once."""
+    checked: set[int] = set()
+    for indptr in indptrs:
+        if id(indptr) in checked:
+            continue
+        if indptr.shape[0] != n + 1 or indptr[-1] != n or not np.array_equal(indptr, np.arange(n + 1)):
+            return False
+        checked.add(id(indptr))
+    return True

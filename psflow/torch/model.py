@@ -266,8 +266,9 @@ class TorchModel(Model):
     def prepare(self, batch: Batch) -> Batch:
         """Every embedding module's :class:`~psflow.torch.embedding.LookupPlan`, into ``extras`` (numpy only)."""
         extras = dict(batch.extras)
+        cache: dict[Any, Any] = {}
         for g in self._groups:
-            plan = LookupPlan.build(batch, [(t.name, t.module) for t in g.tables], concat=g.concat)
+            plan = LookupPlan.build(batch, [(t.name, t.module) for t in g.tables], concat=g.concat, cache=cache)
             extras.update(plan.to_extras(g.key))
         return replace(batch, extras=extras)
 

@@ -73,6 +73,24 @@ def test_collection_is_tfs_lookup_per_table_forward_and_backward(pooling: str, o
         np.testing.assert_allclose(rows[name].grad.numpy(), grads[name], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("one_id", [False, True], ids=["ragged-pruned", "one-id-each"])
+def test_groups_over_the_same_features_share_unique_ids_and_get_the_same_plans(one_id: bool) -> None:
+    # Wide & Deep: a weighted sum-pooled group and a mean concat group over the same fields.
+    batch = random_batch(np.random.default_rng(5), 30, one_id=one_id)
+    wide = [(f"w/{f}", Embedding(f, v, 1, combiner="sum", weighted=True)) for f, v in VOCAB.items()]
+    deep = [(f"d/{f}", Embedding(f, v, 4, combiner="mean")) for f, v in VOCAB.items()]
+    cache: dict[object, object] = {}
+    shared = [LookupPlan.build(batch, wide, concat=False, cache=cache), LookupPlan.build(batch, deep, concat=True, cache=cache)]
+    alone = [LookupPlan.build(batch, wide, concat=False), LookupPlan.build(batch, deep, concat=True)]
+    # One id each: found once, shared. Ragged: the weighted group pruned ids, so the groups differ and share nothing.
+    assert all((x is y) == one_id for x, y in zip(shared[0].ids, shared[1].ids, strict=True))
+    for a, b in zip(shared, alone, strict=True):
+        for x, y in zip(a.ids, b.ids, strict=True):
+            np.testing.assert_array_equal(x, y)
+        for field in ("index", "weights", "bags"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+
+
 def test_an_id_outside_the_table_names_feature_table_and_id() -> None:
     batch = Batch(np.zeros(2, np.float32), {"a": SparseColumn(np.array([0, 1, 2]), np.array([3, 9]), np.ones(2, np.float32))}, {})
     with pytest.raises(ModelError, match=r"feature 'a': id 9 \(example 1 of the batch\) is outside the vocabulary of table 't/a'"):
