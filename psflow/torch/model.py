@@ -300,7 +300,8 @@ class TorchModel(Model):
 
     def compute(self, batch: Batch, values: Values) -> ModelOutput:
         inputs, plans, rows = self._inputs(batch, values, grad=True)
-        self.module.train()
+        if not self.module.training:  # train() walks every submodule: ~0.3 ms a step otherwise
+            self.module.train()
         for _, p in self._params:
             p.grad = None
         logits = self.module(inputs)
@@ -319,7 +320,8 @@ class TorchModel(Model):
 
     def predict(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
         inputs, _, _ = self._inputs(batch, values, grad=False)
-        self.module.eval()
+        if self.module.training:
+            self.module.eval()
         with torch.no_grad():
             return self.outputs(self.module(inputs))
 
