@@ -388,19 +388,20 @@ class VariablePlacement:
                 ``< 0`` or ``>= shape[0]``; the message names the variable,
                 the id and its position.
         """
-        what = f"variable {self.var.name!r}"
         if not self.var.shape:
-            raise PlacementError(f"{what} is a scalar and has no rows to route")
+            raise PlacementError(f"variable {self.var.name!r} is a scalar and has no rows to route")
         arr = np.asarray(ids)
         if arr.ndim != 1 or (arr.dtype.kind not in "iu" and arr.size):
-            raise PlacementError(f"{what}: ids must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
+            raise PlacementError(f"variable {self.var.name!r}: ids must be a 1-D integer array, got shape {arr.shape} "
+                                 f"dtype {arr.dtype}")
         if arr.size == 0:
             return []
         rows = arr.astype(np.int64, copy=False)
         # One comparison finds both ends: negative ids are huge as unsigned.
         if bool((rows.view(np.uint64) >= self.num_rows).any()):
             pos = int(np.flatnonzero((rows < 0) | (rows >= self.num_rows))[0])
-            raise PlacementError(f"{what}: id {int(arr[pos])} at position {pos} is out of range [0, {self.num_rows})")
+            raise PlacementError(f"variable {self.var.name!r}: id {int(arr[pos])} at position {pos} is out of range "
+                                 f"[0, {self.num_rows})")
         if not self.is_partitioned:
             # Every id, in order: read-only views, no copies (this runs per variable per step).
             return [_routed(self.partitions[0], _positions(rows.size), rows.view())]

@@ -102,7 +102,7 @@ class ParameterStore:
         if rows.dtype != np.int64 or rows.ndim != 1:
             raise StoreError(f"{part.describe}: {what} must be a 1-D int64 array, got {rows.dtype} of shape {rows.shape}")
         n = part.value.shape[0]
-        if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= n):
+        if rows.size and bool((rows.view(np.uint64) >= n).any()):  # negative rows are huge as unsigned
             bad = rows[(rows < 0) | (rows >= n)][0]
             raise StoreError(f"{part.describe}: {what} {int(bad)} out of range (partition has {n} rows)")
 
