@@ -100,17 +100,38 @@ def initial_value(
         return np.ones(shape, dtype=dtype)
     if name == "constant":
         return np.full(shape, p["value"], dtype=dtype)
+    # Random values are computed _CHUNK elements at a time into the result: the float64 and uint64
+    # temporaries (about ten live at once) then take a few MiB instead of ~10x the variable's float32
+    # bytes, which a ps task's heap kept after initialization. Every element is a function of (seed, k)
+    # alone, so the values do not depend on the chunking (tests/unit/ps/test_initializer_memory.py).
+    out = np.empty(count, dtype=dtype)
+    for lo in range(0, count, _CHUNK):
+        n = min(_CHUNK, count - lo)
+        out[lo:lo + n] = _random_values(p, full_shape, start + lo, n).astype(dtype)
+    return out.reshape(shape)
+
+
+#: Elements of a random initializer computed at a time: its temporaries are 256 KiB arrays (a
+#: multiple of every SIMD width, so vector loops split a partition's elements as without chunks).
+_CHUNK = 1 << 15
+
+
+def _random_values(p: Mapping[str, Any], full_shape: tuple[int, ...], start: int, count: int) -> np.ndarray:
+    """float64 values of a validated random initializer ``p`` at flat indices ``start .. start+count``."""
+    name = p["name"]
     seed = int(p["seed"])
     if name == "random_uniform":
         u = _unit_uniform(seed, start, count)
         lo, hi = float(p["minval"]), float(p["maxval"])
-        return (lo + (hi - lo) * u).astype(dtype).reshape(shape)
+        out: np.ndarray = lo + (hi - lo) * u
+        return out
     if name == "glorot_uniform":
         fan_in = full_shape[0]
         fan_out = full_shape[1] if len(full_shape) > 1 else full_shape[0]
         limit = float(np.sqrt(6.0 / max(1, fan_in + fan_out)))
         u = _unit_uniform(seed, start, count)
-        return (-limit + 2 * limit * u).astype(dtype).reshape(shape)
+        out = -limit + 2 * limit * u
+        return out
     z = _standard_normal(seed, np.arange(start, start + count, dtype=np.uint64))
     if name == "truncated_normal":
         # TF's truncated_normal: a draw more than 2 stddev from the mean is drawn again. Here the
@@ -122,7 +143,8 @@ def initial_value(
                 break
             z[outside] = _standard_normal(seed + redraw * 0x632BE5AB, outside.astype(np.uint64) + np.uint64(start))
         z = np.clip(z, -2.0, 2.0)
-    return (float(p["mean"]) + float(p["stddev"]) * z).astype(dtype).reshape(shape)
+    out = float(p["mean"]) + float(p["stddev"]) * z
+    return out
 
 
 def _standard_normal(seed: int, k: np.ndarray) -> np.ndarray:
