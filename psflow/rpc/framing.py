@@ -6,7 +6,8 @@ A frame is a small JSON header followed by raw little-endian array buffers::
     | array 0 bytes | pad to 8 | array 1 bytes | ...
 
 The header is ``{"meta": {...}, "arrays": [[name, dtype, shape, offset, nbytes], ...]}``
-with offsets relative to the start of the frame. ``meta`` carries the call's
+with offsets relative to the start of the frame (the writer may pad it with
+spaces so that the first array starts right after it). ``meta`` carries the call's
 small fields (names, flags, scalars); arrays carry everything numeric.
 
 Guarantees:
@@ -86,35 +87,30 @@ def encode(meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarra
         FrameError: an array has a dtype outside :data:`ALLOWED_DTYPES`.
     """
     wire = [(name, _wire_array(name, a)) for name, a in (arrays or {}).items()]
-    # Offsets depend on the header length, which depends on the offsets' digits:
-    # lay the data out relative to the data start, then fix up once.
-    rel: list[list[Any]] = []
-    pos = 0
-    for name, arr in wire:
-        rel.append([name, arr.dtype.str, list(arr.shape), pos, arr.nbytes])
+    # The offsets depend on where the data starts, which depends on the header's length. The header
+    # is written once: its length is bounded first (every offset given as many digits as the largest
+    # possible one), the data laid out after that bound, and the header padded with spaces up to it
+    # (JSON allows trailing whitespace), so the data needs no padding of its own.
+    meta_json = json.dumps(meta or {}, separators=(",", ":"))
+    heads = [f"[{json.dumps(name)},\"{arr.dtype.str}\",[{','.join(map(str, arr.shape))}]," for name, arr in wire]
+    payload = sum(arr.nbytes + _pad(arr.nbytes) for _, arr in wire)
+    fixed = _PREFIX.size + len(meta_json) + sum(len(h) + 2 + len(str(arr.nbytes)) for h, (_, arr) in zip(heads, wire, strict=True)) + 32
+    digits = len(str(fixed + len(wire) * 20 + payload))
+    data_start = fixed + len(wire) * (digits + 1)
+    data_start += _pad(data_start)
+    entries, pos = [], data_start
+    for head, (_, arr) in zip(heads, wire, strict=True):
+        entries.append(f"{head}{pos},{arr.nbytes}]")
         pos += arr.nbytes + _pad(arr.nbytes)
-    header = _header_bytes(meta or {}, rel, 0)
-    for _ in range(3):
-        data_start = _PREFIX.size + len(header) + _pad(_PREFIX.size + len(header))
-        new_header = _header_bytes(meta or {}, rel, data_start)
-        if len(new_header) == len(header):
-            header = new_header
-            break
-        header = new_header
-    data_start = _PREFIX.size + len(header) + _pad(_PREFIX.size + len(header))
-    parts: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, len(header)), header, b"\0" * _pad(_PREFIX.size + len(header))]
+    header = f'{{"meta":{meta_json},"arrays":[{",".join(entries)}]}}'.encode()
+    header_len = data_start - _PREFIX.size
+    if len(header) > header_len:  # pragma: no cover - the bound above holds
+        raise FrameError("internal framing error")
+    parts: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, header_len), header, b" " * (header_len - len(header))]
     for _, arr in wire:
         parts.append(arr.data.cast("B") if arr.nbytes else b"")
         parts.append(b"\0" * _pad(arr.nbytes))
-    out = b"".join(parts)
-    if len(out) < data_start:  # pragma: no cover - internal consistency
-        raise FrameError("internal framing error")
-    return out
-
-
-def _header_bytes(meta: Mapping[str, Any], rel: list[list[Any]], data_start: int) -> bytes:
-    arrays = [[n, d, s, o + data_start, b] for n, d, s, o, b in rel]
-    return json.dumps({"meta": meta, "arrays": arrays}, separators=(",", ":")).encode("utf-8")
+    return b"".join(parts)
 
 
 def decode(buf: bytes | memoryview) -> Frame:

@@ -77,7 +77,17 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 
 def _send(sock: socket.socket, *parts: bytes | memoryview) -> None:
-    sock.sendall(b"".join(parts))
+    """Sends ``parts`` back to back: gathered by the kernel (``sendmsg``), not joined into a copy first."""
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent and views:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0], sent = views[0][sent:], 0
+        while views and not len(views[0]):
+            views.pop(0)
 
 
 class TcpServer:
