@@ -218,16 +218,16 @@ class LookupPlan:
             norms = np.sqrt(np.bincount(cell, weights=w * w, minlength=k * n))
             scale = np.where(combiner == 0, w, w / np.where(combiner == 1, sums[cell], norms[cell]))
         # Unique (table, id) pairs, sorted by table then id: the stacked rows, and each entry's row among them.
-        key = None if pruned or cache is None else (tuple(e.feature for _, e in embeddings), tuple(vocab.tolist()))
-        found = None if key is None else cache.get(key)
+        if pruned or cache is None:
+            cache = {}  # nothing to share: the ids of this group are its own
+        key = (tuple(e.feature for _, e in embeddings), tuple(vocab.tolist()))
+        found = cache.get(key)
         if found is None:
             offsets = np.concatenate([[0], np.cumsum(vocab)]).astype(np.int64)
             uniq, index = np.unique(offsets[table] + ids, return_inverse=True)
             bounds = np.searchsorted(uniq, offsets)
             per_table = tuple((uniq[bounds[t]:bounds[t + 1]] - offsets[t]).astype(np.int64) for t in range(k))
-            found = (per_table, index.reshape(-1).astype(np.int64, copy=False))
-            if key is not None:
-                cache[key] = found
+            found = cache[key] = (per_table, index.reshape(-1).astype(np.int64, copy=False))
         per_table, index = found
         bag = example * k + table if concat else example
         if one_each and not pruned:
