@@ -12,9 +12,12 @@
  *   match_keys(buf, starts, lengths, out, keys, key_offsets)   which wanted key each entry has
  *   place_entries(buf, entries, count, match, want, n, kind, p0, p1, decoded)   entries onto a key x record grid
  *   split_bytes_lists(buf, b0, b1, starts, lengths, counts)    the items of BytesList bodies
+ *   count_newlines(buf)                        the number of lines of a text buffer (bytes.count)
+ *   criteo_lines(buf, newlines, salts, num_features, labels, ints, ids, status)   Criteo TSV lines: labels,
+ *                                              integers and hashed categorical ids, one pass per line
  *   crc32c(data, software=False)               one CRC32C (for tests)
  *
- * Each has a pure-numpy twin in psflow/data (tfrecord.py, example_wire.py) that
+ * Each has a pure-numpy twin in psflow/data (tfrecord.py, example_wire.py, criteo.py) that
  * gives the same results; psflow/data/native.py picks this module when it
  * was built and the twin otherwise.  The tests compare the two on random
  * and malformed input.
@@ -733,6 +736,231 @@ fail_buf:
     return result;
 }
 
+/* ---- criteo_lines ------------------------------------------------------- */
+
+/* The layout of a Criteo line (psflow/data/criteo.py): label, I1..I13, C1..C26, separated by tabs. */
+enum { CRITEO_INTS = 13, CRITEO_CATS = 26 };
+
+/* criteo_lines' per-line status codes (criteo.py names them too). */
+enum { CRITEO_OK = 0, CRITEO_BLANK = 1, CRITEO_BAD_FIELDS = 2, CRITEO_BAD_LABEL = 3, CRITEO_BAD_INT = 4 /* + column */ };
+
+/* psflow/data/hashing.py's splitmix64, on one word. */
+static inline uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* The index of the lowest byte of m with its high bit set (m != 0, only high bits set). */
+static inline int64_t first_marked_byte(uint64_t m) {
+#if defined(__GNUC__)
+    return __builtin_ctzll(m) >> 3;
+#else
+    int64_t i = 0;
+    for (; !(m & 0x80); m >>= 8) i++;
+    return i;
+#endif
+}
+
+/* The field starting at p[pos] ends at the first tab before end, or at end.  hash_field returns its
+ * hash_strings(field, salt) (words of 8 bytes, the last one zero-padded, then the length) and sets
+ * *stop to the field's end: each word is loaded once, both to look for the tab and to be mixed in.
+ * Reads stay below size (bytes after end, up to size, may be loaded and are masked off). */
+static inline uint64_t hash_field(const uint8_t *p, int64_t pos, int64_t end, int64_t size, uint64_t salt, int64_t *stop) {
+    const uint64_t ones = 0x0101010101010101ull, tabs = 0x0909090909090909ull, highs = 0x8080808080808080ull;
+    uint64_t h = salt;
+    int64_t q = pos;
+    for (;;) {
+        uint64_t w = 0; /* little-endian: byte i is bits 8i.. */
+        if (size - q >= 8)
+            memcpy(&w, p + q, 8); /* one load */
+        else
+            memcpy(&w, p + q, (size_t)(size - q)); /* the buffer's last bytes */
+        uint64_t x = w ^ tabs;
+        uint64_t zero = (x - ones) & ~x & highs; /* its lowest set bit marks the first tab byte exactly */
+        int64_t n = zero ? first_marked_byte(zero) : 8;
+        if (n > end - q) n = end - q;
+        if (n < 8) {
+            if (n > 0) h = splitmix64(h ^ (w & ((1ull << (8 * n)) - 1)));
+            q += n;
+            break;
+        }
+        h = splitmix64(h ^ w);
+        q += 8;
+    }
+    *stop = q;
+    return splitmix64(h ^ (uint64_t)(q - pos));
+}
+
+/* Parses the integer field starting at p[pos] (ending at the first tab before end, or at end; *stop
+ * is set to its end) as text.py's parse_ints does: [+-]? then 1 to 16 decimal digits.  Returns 1 and
+ * sets *value when it is one, 0 for an empty field (*value = 0: missing), -1 otherwise. */
+static inline int parse_int_field(const uint8_t *p, int64_t pos, int64_t end, int64_t *value, int64_t *stop) {
+    int64_t q = pos;
+    int negative = 0, bad = 0;
+    if (q < end && (p[q] == '-' || p[q] == '+')) negative = p[q++] == '-';
+    int64_t digits_at = q;
+    uint64_t v = 0; /* wraps past 19 digits: such a field is bad anyway */
+    for (; q < end && p[q] != '\t'; q++) {
+        unsigned d = (unsigned)p[q] - '0';
+        if (d > 9) bad = 1;
+        v = v * 10 + d;
+    }
+    *stop = q;
+    *value = 0;
+    if (q == pos) return 0;
+    if (bad || q - digits_at < 1 || q - digits_at > 16) return -1;
+    *value = negative ? -(int64_t)v : (int64_t)v; /* < 10**16: no overflow */
+    return 1;
+}
+
+/* One non-blank line p[pos:end]: writes its label, integers and ids to slot k of the outputs (whatever
+ * its status: the slot is only kept when the line is good) and returns its status. */
+static int criteo_line(const uint8_t *p, int64_t pos, int64_t end, int64_t size, const uint64_t *salts,
+                       const uint64_t *missing, uint64_t num_features, float *labels, int64_t *ints, int64_t *ids,
+                       Py_ssize_t cap, Py_ssize_t k) {
+    int status = CRITEO_OK;
+    int64_t stop = pos;
+    while (stop < end && p[stop] != '\t') stop++;
+    if (stop - pos != 1 || (p[pos] != '0' && p[pos] != '1')) status = CRITEO_BAD_LABEL;
+    labels[k] = p[pos] == '1' ? 1.0f : 0.0f;
+    for (int c = 0; c < CRITEO_INTS; c++) {
+        if (stop == end) return CRITEO_BAD_FIELDS; /* fewer than 40 fields */
+        int64_t value;
+        if (parse_int_field(p, stop + 1, end, &value, &stop) < 0 && status == CRITEO_OK) status = CRITEO_BAD_INT + c;
+        ints[c * cap + k] = value;
+    }
+    for (int c = 0; c < CRITEO_CATS; c++) {
+        if (stop == end) return CRITEO_BAD_FIELDS;
+        int64_t start = stop + 1;
+        uint64_t h = hash_field(p, start, end, size, salts[c], &stop);
+        ids[c * cap + k] = (int64_t)((stop > start ? h : missing[c]) % num_features);
+    }
+    return stop == end ? status : CRITEO_BAD_FIELDS; /* a tab after the 40th field: more than 40 */
+}
+
+static Py_ssize_t count_newlines(const uint8_t *p, Py_ssize_t size) {
+    Py_ssize_t lines = 0;
+    for (const uint8_t *q = p; size > 0 && (q = memchr(q, '\n', (size_t)(p + size - q))) != NULL; q++) lines++;
+    return lines;
+}
+
+PyDoc_STRVAR(count_newlines_doc,
+"count_newlines(buf) -> int\n\n"
+"The number of newline bytes in buf: the number of lines criteo_lines(buf, None, ...) walks.");
+
+static PyObject *native_count_newlines(PyObject *self, PyObject *arg) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t lines;
+    Py_BEGIN_ALLOW_THREADS
+    lines = count_newlines(buf.buf, buf.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(lines);
+}
+
+PyDoc_STRVAR(criteo_doc,
+"criteo_lines(buf, newlines, salts, num_features, labels, ints, ids, status) -> good\n\n"
+"Parses the Criteo lines of buf (label, I1..I13, C1..C26, tab-separated; see psflow/data/criteo.py)\n"
+"in one pass per line.  Line i ends at newlines[i] (int64, strictly increasing, inside buf) and\n"
+"starts after newlines[i - 1]; with newlines None, every newline byte of buf ends a line (the bytes\n"
+"after the last one are ignored).  status (int8, one slot per line) gets each line's status: 0 good,\n"
+"1 blank, 2 not 40 fields, 3 bad label, 4 + c a bad integer in column I(c + 1) (the first one; a\n"
+"wrong field count wins over a bad label, which wins over a bad integer).  The good lines, in order,\n"
+"fill the first `good` slots of labels (float32 [n]: 0.0 or 1.0), ints (int64 [13, n]: the\n"
+"integers as text.py's parse_ints reads them, 0 where missing) and ids (int64 [26, n]: column c's\n"
+"hash_strings(field, salts[c]), or splitmix64(~salts[c]) for an empty field, % num_features),\n"
+"where n = len(status); salts is uint64 [26].  Returns the number of good lines.");
+
+static PyObject *native_criteo_lines(PyObject *self, PyObject *args) {
+    PyObject *buf_obj, *nl_obj, *salts_obj, *nf_obj, *lab_obj, *ints_obj, *ids_obj, *st_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO:criteo_lines", &buf_obj, &nl_obj, &salts_obj, &nf_obj, &lab_obj, &ints_obj,
+                          &ids_obj, &st_obj))
+        return NULL;
+    unsigned long long num_features = PyLong_AsUnsignedLongLong(nf_obj);
+    if (num_features == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (num_features == 0) {
+        PyErr_SetString(PyExc_ValueError, "criteo_lines: num_features must be positive");
+        return NULL;
+    }
+    Py_buffer buf, nl = {0}, salts, lab, iv, idv, st;
+    PyObject *result = NULL;
+    int have_nl = nl_obj != Py_None;
+    if (PyObject_GetBuffer(buf_obj, &buf, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (have_nl && get_i64(nl_obj, &nl, 0, "newlines") < 0) goto fail_buf;
+    if (get_ints(salts_obj, &salts, 0, 8, "QL", "salts", "uint64") < 0) goto fail_nl;
+    if (get_ints(lab_obj, &lab, 1, 4, "ff", "labels", "float32") < 0) goto fail_salts;
+    if (get_i64(ints_obj, &iv, 1, "ints") < 0) goto fail_lab;
+    if (get_i64(ids_obj, &idv, 1, "ids") < 0) goto fail_ints;
+    if (get_ints(st_obj, &st, 1, 1, "bb", "status", "int8") < 0) goto fail_ids;
+    Py_ssize_t n = st.len;
+    if (salts.len != 8 * CRITEO_CATS || lab.len != 4 * n || iv.len != 8 * CRITEO_INTS * n || idv.len != 8 * CRITEO_CATS * n) {
+        PyErr_Format(PyExc_ValueError, "criteo_lines: want salts [%d] and, for n = len(status) = %zd, labels [n], "
+                     "ints [%d, n], ids [%d, n]", CRITEO_CATS, n, CRITEO_INTS, CRITEO_CATS);
+        goto fail_st;
+    }
+    const uint8_t *p = buf.buf;
+    const int64_t *newlines = nl.buf;
+    const int64_t size = (int64_t)buf.len;
+    if (have_nl) {
+        if (nl.len / 8 != n) {
+            PyErr_Format(PyExc_ValueError, "criteo_lines: %zd newlines but %zd status slots", nl.len / 8, n);
+            goto fail_st;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (newlines[i] <= (i ? newlines[i - 1] : -1) || newlines[i] >= size) {
+                PyErr_Format(PyExc_ValueError, "criteo_lines: newlines[%zd] = %lld is out of order or outside the "
+                             "%zd-byte buffer", i, (long long)newlines[i], buf.len);
+                goto fail_st;
+            }
+        }
+    }
+    {
+        uint64_t missing[CRITEO_CATS];
+        const uint64_t *salt = salts.buf;
+        for (int c = 0; c < CRITEO_CATS; c++) missing[c] = splitmix64(~salt[c]);
+        float *labels = lab.buf;
+        int64_t *ints = iv.buf, *ids = idv.buf;
+        int8_t *status = st.buf;
+        Py_ssize_t lines = 0, good = 0;
+        Py_BEGIN_ALLOW_THREADS
+        if (!have_nl) lines = count_newlines(p, size); /* first: more lines than status slots must not write past them */
+        if (have_nl || lines == n) {
+            int64_t start = 0;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                int64_t end = have_nl ? newlines[i] : (int64_t)((const uint8_t *)memchr(p + start, '\n', (size_t)(size - start)) - p);
+                int s = end == start ? CRITEO_BLANK
+                                     : criteo_line(p, start, end, size, salt, missing, num_features, labels, ints, ids, n, good);
+                status[i] = (int8_t)s;
+                good += s == CRITEO_OK;
+                start = end + 1;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (have_nl || lines == n)
+            result = PyLong_FromSsize_t(good);
+        else
+            PyErr_Format(PyExc_ValueError, "criteo_lines: buf has %zd lines but status has %zd slots", lines, n);
+    }
+fail_st:
+    PyBuffer_Release(&st);
+fail_ids:
+    PyBuffer_Release(&idv);
+fail_ints:
+    PyBuffer_Release(&iv);
+fail_lab:
+    PyBuffer_Release(&lab);
+fail_salts:
+    PyBuffer_Release(&salts);
+fail_nl:
+    if (have_nl) PyBuffer_Release(&nl);
+fail_buf:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
 /* ---- crc32c (tests) ----------------------------------------------------- */
 
 PyDoc_STRVAR(crc_doc,
@@ -758,6 +986,8 @@ static PyMethodDef methods[] = {
     {"match_keys", native_match_keys, METH_VARARGS, match_doc},
     {"place_entries", native_place_entries, METH_VARARGS, place_doc},
     {"split_bytes_lists", native_split_bytes_lists, METH_VARARGS, split_doc},
+    {"count_newlines", native_count_newlines, METH_O, count_newlines_doc},
+    {"criteo_lines", native_criteo_lines, METH_VARARGS, criteo_doc},
     {"crc32c", (PyCFunction)(void (*)(void))native_crc32c, METH_VARARGS | METH_KEYWORDS, crc_doc},
     {NULL, NULL, 0, NULL},
 };

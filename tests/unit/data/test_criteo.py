@@ -6,15 +6,26 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_native
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psflow.data import BadRecordError, Batch, batch_spec, read_all
+from psflow.data import BadRecordError, Batch, batch_spec, native, read_all
+from psflow.data import criteo as criteo_module
 from psflow.data.criteo import CAT_FEATURES, INT_FEATURES, missing_ids, parse_criteo
 from psflow.data.hashing import STRING_PAD, bucket_strings, hash_strings, name_salt, splitmix64
 
 LINE = "1\t5\t-2\t\t0\t3\t1000000\t\t\t\t\t\t\t\t68fd1e64\t\tabc\t0123456789abcdef01\t" + "\t".join(["deadbeef"] * 22) + "\n"
 _M = (1 << 64) - 1
+
+
+@pytest.fixture(params=["c", "numpy"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test with the C kernel, then with the numpy parser (see psflow.data.native)."""
+    if request.param == "c":
+        require_native()
+    monkeypatch.setattr(criteo_module, "NATIVE", native.NATIVE if request.param == "c" else None)
+    return str(request.param)
 
 
 def _ref_splitmix64(x: int) -> int:
@@ -63,7 +74,7 @@ def test_hash_refuses_ranges_without_padding() -> None:
         hash_strings(data, np.array([0]), np.array([3]), np.uint64(1))
 
 
-def test_one_line_by_hand() -> None:
+def test_one_line_by_hand(parser: str) -> None:
     parsed = parse_criteo(LINE.encode(), 1 << 20)
     batch = parsed.batch
     batch.validate()
@@ -85,14 +96,14 @@ def test_one_line_by_hand() -> None:
     assert all(int(c.ids[0]) < 1000 for c in small.sparse.values())
 
 
-def test_batch_spec_matches_the_batches() -> None:
+def test_batch_spec_matches_the_batches(parser: str) -> None:
     spec = batch_spec("criteo", None, 1 << 10)
     batch = parse_criteo(LINE.encode(), 1 << 10).batch
     assert list(spec.sparse) == list(batch.sparse) and set(spec.sparse.values()) == {1 << 10}
     assert list(spec.dense) == list(batch.dense) and set(spec.dense.values()) == {1}
 
 
-def test_malformed_lines_are_named(tmp_path: Path) -> None:
+def test_malformed_lines_are_named(tmp_path: Path, parser: str) -> None:
     good = LINE.encode()
     cases = [
         (good.replace(b"\t", b"", 1), "has 39 tab-separated fields, want 40"),
@@ -111,7 +122,7 @@ def test_malformed_lines_are_named(tmp_path: Path) -> None:
         skipped.validate()
 
 
-def test_sample_file(criteo_sample: Path) -> None:
+def test_sample_file(criteo_sample: Path, parser: str) -> None:
     batch = read_all(str(criteo_sample), "criteo")
     assert batch.num_examples == 10_000
     assert int(batch.labels.sum()) == 265

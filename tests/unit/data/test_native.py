@@ -9,7 +9,7 @@ from typing import Any
 import crc32c
 import numpy as np
 import pytest
-from conftest import require_native, same_batches
+from conftest import require_native, same_batch, same_batches
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +26,7 @@ from psflow.data import (
     native,
     open_dataset,
 )
+from psflow.data import criteo as criteo_module
 from psflow.data import example_wire as wire_module
 from psflow.data import tfrecord as tfrecord_module
 from psflow.data.batch import gather_ranges
@@ -225,9 +226,9 @@ def test_a_file_reads_the_same_through_both_implementations(tmp_path: Path, monk
 
 def test_the_environment_switch_picks_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(native.ENV, "0")
-    assert native._load() is None
+    assert native.load_extension("psflow.data._native") is None
     monkeypatch.setenv(native.ENV, "1")
-    assert native._load() is not None
+    assert native.load_extension("psflow.data._native") is not None
     assert native.implementation() == "c"
 
 
@@ -441,3 +442,196 @@ def test_place_entries_refuses_repeated_keys_and_checks_its_arguments() -> None:
         _c().place_entries(raw, table, 2, np.zeros(2, dtype=np.int64), np.array([3]), 2, *out)
     with pytest.raises(TypeError, match="kind must be an int8 array"):
         _c().place_entries(raw, table, 2, np.zeros(2, dtype=np.int64), np.array([3]), 2, np.empty(2, dtype=np.uint8), *out[1:])
+
+
+# ---- Criteo TSV lines: criteo_lines against the numpy parser ----------------------------------------------------
+
+_CRITEO_NUM_FEATURES = [1, 2, 1000, 1 << 20, 1_000_003, 2**63 + 5, 2**64 - 1]
+_INT_JUNK = ["-", "+", "--2", "+-3", "5x", " 5", "5 ", "1.5", "0x10", "\r", "1e3", "\xff", "17" * 9, "-" + "9" * 17, "+" + "0" * 17]
+_LABELS = ["0", "1"] * 6 + ["", "2", "01", "1 ", "x", "-1", "\r"]
+
+
+def _random_criteo_lines(rng: np.random.Generator, count: int) -> list[bytes]:
+    """Lines, mostly well formed: missing, negative, signed, zero-padded and too long integers, empty and odd
+    categorical bytes; now and then a bad label or integer, a field too many or too few, a CR ending, a blank line."""
+    lines = []
+    for _ in range(count):
+        if rng.random() < 0.05:
+            lines.append([b"\n", b"\r\n", b"\t\n", b" \n"][rng.integers(4)])
+            continue
+        dirty = rng.random() < 0.3
+        fields = [(_LABELS[rng.integers(len(_LABELS))] if dirty else _LABELS[rng.integers(2)]).encode()]
+        for _ in range(13):
+            r = rng.random()
+            if r < 0.2:
+                text = ""
+            elif r < 0.9 or not dirty:  # up to 16 digits in clean lines, up to 18 (too many) in dirty ones
+                most = 18 if dirty else 16
+                digits = int(rng.integers(0, 2**17) if r < 0.7 else rng.integers(0, 10 ** int(rng.integers(1, most + 1))))
+                text = ["", "-", "+"][rng.integers(3)] + str(digits).rjust(int(rng.integers(1, most + 1)) if rng.random() < 0.1 else 1, "0")
+            else:
+                text = _INT_JUNK[rng.integers(len(_INT_JUNK))]
+            fields.append(text.encode("latin-1"))
+        for _ in range(26):
+            r = rng.random()
+            if r < 0.1:
+                fields.append(b"")
+            elif r < 0.8:
+                fields.append(f"{int(rng.integers(0, 2**32)):08x}".encode())
+            else:
+                odd = rng.integers(0, 256, int(rng.integers(0, 25)), dtype=np.uint8).tobytes().replace(b"\n", b"n")
+                fields.append(odd if dirty else odd.replace(b"\t", b"t"))
+        damage = int(rng.integers(8)) if dirty else 0  # 1: a field too few, 2: one too many, 3: a trailing tab, 4: CR LF
+        if damage == 1:
+            del fields[rng.integers(len(fields))]
+        elif damage == 2:
+            fields.insert(int(rng.integers(len(fields) + 1)), b"extra")
+        lines.append(b"\t".join(fields) + {3: b"\t", 4: b"\r"}.get(damage, b"") + b"\n")
+    return lines
+
+
+def _same_parse(got: Any, want: Any) -> None:
+    assert same_batch(got.batch, want.batch)
+    assert got.rows.dtype == want.rows.dtype == np.int64 and got.rows.tolist() == want.rows.tolist()
+    assert got.errors == want.errors
+    got.batch.validate()
+
+
+def _check_both_parsers(blob: bytes, num_features: int) -> Any:
+    newlines = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == 10)
+    want = criteo_module._parse_numpy(blob, num_features, None)
+    _same_parse(criteo_module._parse_native(blob, num_features, None), want)
+    _same_parse(criteo_module._parse_native(blob, num_features, newlines), want)
+    _same_parse(criteo_module._parse_numpy(blob, num_features, newlines), want)
+    return want
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_criteo_lines_match_numpy_on_random_lines(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    lines = _random_criteo_lines(rng, 400)
+    want = _check_both_parsers(b"".join(lines), _CRITEO_NUM_FEATURES[seed % len(_CRITEO_NUM_FEATURES)])
+    assert want.batch.num_examples > 200 and len(want.errors) > 20  # both kinds of lines are there
+    for at in range(0, 40, 3):  # short buffers: hashing the last field reads up to the buffer's end, not past it
+        _check_both_parsers(b"".join(lines[at : at + 2]), 1 << 20)
+
+
+_GOOD_INT = st.one_of(st.just(""), st.integers(-(10**16) + 1, 10**16 - 1).map(str))
+_ANY_INT = st.one_of(_GOOD_INT, st.integers(-(10**18), 10**18).map(lambda v: f"{v:+}"), st.sampled_from(_INT_JUNK))
+_CAT = st.one_of(st.just(b""), st.binary(max_size=20).map(lambda b: b.replace(b"\n", b"n")))
+_HYPOTHESIS_LINE = st.one_of(
+    st.tuples(st.sampled_from(["0", "1"]), st.lists(_GOOD_INT, min_size=13, max_size=13), st.lists(_CAT, min_size=26, max_size=26)),
+    st.tuples(st.sampled_from(_LABELS), st.lists(_ANY_INT, min_size=12, max_size=14), st.lists(_CAT, min_size=25, max_size=27)),
+).map(lambda line: b"\t".join([line[0].encode(), *(i.encode() for i in line[1]), *line[2]]))
+
+
+@given(
+    st.lists(st.tuples(st.one_of(_HYPOTHESIS_LINE, st.just(b"")), st.sampled_from([b"\n", b"\n", b"\r\n", b"\t\n"])), max_size=6),
+    st.sampled_from(_CRITEO_NUM_FEATURES),
+)
+def test_criteo_lines_match_numpy_on_hypothesis_lines(lines: list[tuple[bytes, bytes]], num_features: int) -> None:
+    _check_both_parsers(b"".join(line + end for line, end in lines), num_features)
+
+
+def test_criteo_lines_match_numpy_on_a_real_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few thousand lines (of the bundled sample when present, else generated), each damaged here and there."""
+    from conftest import CRITEO_SAMPLE
+
+    rng = np.random.default_rng(5)
+    if CRITEO_SAMPLE.is_file():
+        lines = CRITEO_SAMPLE.read_bytes().splitlines(keepends=True)[:3000]
+    else:
+        cats = [rng.integers(0, 2**32, 26) for _ in range(3000)]
+        lines = [("\t".join([str(rng.integers(0, 2)), *(str(v) if v >= 0 else "" for v in rng.integers(-3, 5000, 13)),
+                             *(f"{c:08x}" if c % 7 else "" for c in cs)]) + "\n").encode() for cs in cats]
+    for at in rng.choice(len(lines), 40, replace=False).tolist():  # bad labels, integers, field counts, blank lines
+        line = lines[at]
+        lines[at] = [b"7" + line[1:], line.replace(b"\t", b"\tx", 1), line.replace(b"\t", b"", 1), b"\n", b"\t" + line][at % 5]
+    blob = b"".join(lines)
+    for num_features in (1 << 20, 1_000_003):
+        want = criteo_module._parse_numpy(blob, num_features, None)
+        assert want.batch.num_examples > 2900 and len(want.errors) >= 20
+        _same_parse(criteo_module._parse_native(blob, num_features, None), want)
+        monkeypatch.setattr(criteo_module, "NATIVE", None)  # parse_criteo follows the switch
+        _same_parse(criteo_module.parse_criteo(blob, num_features), want)
+        monkeypatch.setattr(criteo_module, "NATIVE", native.NATIVE)
+        _same_parse(criteo_module.parse_criteo(blob, num_features), want)
+
+
+@pytest.mark.parametrize(
+    "line,status",
+    [
+        (b"", 1),
+        (b"1" + b"\t" * 38, 2),
+        (b"1" + b"\t" * 40, 2),
+        (b"2" + b"\t" * 39, 3),
+        (b"\t" * 39, 3),
+        (b"10" + b"\t" * 39, 3),
+        (b"1\t+" + b"\t" * 38, 4),
+        (b"1\t\t\t-9999999999999999\t\t12345678901234567" + b"\t" * 34, 8),
+        (b"2\t\tx" + b"\t" * 38, 2),  # 41 fields: the field count wins
+        (b"0\t+0\t-0\t9999999999999999\t0000000000000001" + b"\t" * 35, 0),
+    ],
+)
+def test_criteo_lines_status_codes(line: bytes, status: int) -> None:
+    blob = line + b"\n"
+    got = np.empty(1, dtype=np.int8)
+    ints = np.empty((13, 1), dtype=np.int64)
+    good = _c().criteo_lines(blob, None, criteo_module._CAT_SALTS, 10, np.empty(1, dtype=np.float32), ints,
+                             np.empty((26, 1), dtype=np.int64), got)
+    assert got.tolist() == [status] and good == (status == 0)
+    if status == 0:
+        assert ints[:4, 0].tolist() == [0, 0, 9999999999999999, 1]
+    want = criteo_module._parse_numpy(blob, 10, None)
+    assert [len(want.rows), len(want.errors)] == [int(status == 0), int(status >= 2)]
+
+
+def test_criteo_dense_table_gives_the_formula_bits() -> None:
+    """The C path's table lookup of sign(v) * log1p(|v|) equals the formula's bits, wherever a value sits in the array."""
+    reach = criteo_module._DENSE_REACH
+    values = np.concatenate([np.arange(-reach - 3, reach + 4), [-(10**16) + 1, 10**16 - 1, 2**40, -(2**40)]]).astype(np.int64)
+    values = np.random.default_rng(0).permutation(values)
+    got = criteo_module._dense_by_table(values.reshape(1, -1))
+    assert got.dtype == np.float32 and got.shape == (1, values.size)
+    assert got[0].view(np.uint32).tolist() == criteo_module._dense(values).view(np.uint32).tolist()
+    assert criteo_module._dense_by_table(np.zeros((13, 2), dtype=np.int64)).tolist() == [[0.0, 0.0]] * 13
+
+
+def test_criteo_lines_checks_its_arguments() -> None:
+    blob = b"1" + b"\t" * 39 + b"\n\n"
+    salts = criteo_module._CAT_SALTS
+
+    def out(n: int) -> tuple[Any, ...]:
+        labels, status = np.empty(n, dtype=np.float32), np.empty(n, dtype=np.int8)
+        return labels, np.empty((13, n), dtype=np.int64), np.empty((26, n), dtype=np.int64), status
+
+    assert _c().count_newlines(blob) == 2 and _c().count_newlines(b"") == 0 and _c().count_newlines(b"ab") == 0
+    assert _c().criteo_lines(blob, None, salts, 7, *out(2)) == 1
+    assert _c().criteo_lines(blob, np.array([40, 41]), salts, 7, *out(2)) == 1
+    assert _c().criteo_lines(b"", None, salts, 7, *out(0)) == 0
+    with pytest.raises(ValueError, match="buf has 2 lines but status has 3 slots"):
+        _c().criteo_lines(blob, None, salts, 7, *out(3))
+    with pytest.raises(ValueError, match="buf has 2 lines but status has 1 slots"):
+        _c().criteo_lines(blob, None, salts, 7, *out(1))
+    with pytest.raises(ValueError, match="2 newlines but 1 status slots"):
+        _c().criteo_lines(blob, np.array([40, 41]), salts, 7, *out(1))
+    for bad in ([41, 40], [40, 40], [-1, 40], [40, 42], [40, 2**62]):
+        with pytest.raises(ValueError, match="out of order or outside the 42-byte buffer"):
+            _c().criteo_lines(blob, np.array(bad), salts, 7, *out(2))
+    with pytest.raises(ValueError, match="num_features must be positive"):
+        _c().criteo_lines(blob, None, salts, 0, *out(2))
+    with pytest.raises(OverflowError):
+        _c().criteo_lines(blob, None, salts, -1, *out(2))
+    with pytest.raises(ValueError, match="want salts \\[26\\]"):
+        _c().criteo_lines(blob, None, salts[:25], 7, *out(2))
+    labels, ints, ids, status = out(2)
+    with pytest.raises(ValueError, match="ints \\[13, n\\]"):
+        _c().criteo_lines(blob, None, salts, 7, labels, ints[:12], ids, status)
+    with pytest.raises(TypeError, match="salts must be a uint64 array"):
+        _c().criteo_lines(blob, None, salts.view(np.int64), 7, labels, ints, ids, status)
+    with pytest.raises(TypeError, match="labels must be a float32 array"):
+        _c().criteo_lines(blob, None, salts, 7, labels.astype(np.float64), ints, ids, status)
+    with pytest.raises(TypeError, match="newlines must be an int64 array"):
+        _c().criteo_lines(blob, np.array([40, 41], dtype=np.int32), salts, 7, labels, ints, ids, status)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _c().criteo_lines(blob, None, salts, 7, labels, np.empty((13, 4), dtype=np.int64)[:, ::2], ids, status)
