@@ -31,7 +31,10 @@ Classes and functions, by file:
 * ``schema.py`` -- :class:`Schema` (from YAML/JSON or ``--feature`` flags),
   :func:`default_sparse_schema`, :func:`batch_spec`; ``features.py`` -- the
   feature kinds :class:`FixedLenFeature`, :class:`VarLenFeature`,
-  :class:`SparseFeature` and their YAML/JSON and flag forms.
+  :class:`SparseFeature` (dense ones with a ``normalizer``, e.g. ``log1p``)
+  and their YAML/JSON and flag forms; ``infer.py`` -- :func:`infer_schema`, a
+  schema guessed from a TFRecord file's first records (what ``--format
+  tfrecord`` uses without a schema), and ``psflow schema infer``.
 * ``example.py`` + ``example.proto`` -- ``tf.train.Example`` decoding by
   schema (:func:`parse_examples`) into batches; ``example_wire.py`` -- the
   vectorized decoder's loops over the wire format (C or numpy);
@@ -91,6 +94,7 @@ from psflow.data.batch import DEFAULT_SPARSE_FEATURE, Batch, BatchSpec, SparseCo
 from psflow.data.convert import add_convert_arguments, convert, run_convert
 from psflow.data.dataset import Dataset, open_dataset, read_all
 from psflow.data.example import ParsedExamples, Ragged, encode_example, parse_examples
+from psflow.data.infer import InferredSchema, infer_schema
 from psflow.data.schema import FixedLenFeature, Schema, SparseFeature, VarLenFeature, batch_spec, default_sparse_schema
 from psflow.data.sharding import WorkerShard, epoch_file_order, expand_paths, shard_plan
 from psflow.data.tfrecord import TFRecordWriter, read_records
@@ -107,6 +111,7 @@ __all__ = [
     "DatasetStats",
     "FileStats",
     "FixedLenFeature",
+    "InferredSchema",
     "ParsedExamples",
     "Ragged",
     "ReaderPosition",
@@ -125,6 +130,7 @@ __all__ = [
     "encode_example",
     "epoch_file_order",
     "expand_paths",
+    "infer_schema",
     "open_dataset",
     "parse_examples",
     "read_all",

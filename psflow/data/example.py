@@ -22,7 +22,8 @@ decoder and the encoder (:mod:`~psflow.data.example_encode`) against protobuf.
 
 Per-record problems (malformed bytes, a feature of the wrong kind, a missing
 required feature, a wrong value count, ids and values of unequal length, an
-id outside its ``vocabulary_size``) are returned as ``(row, message)`` pairs
+id outside its ``vocabulary_size``, a value outside the domain of a dense
+feature's ``log1p`` normalizer) are returned as ``(row, message)`` pairs
 naming the feature; the records around them decode normally.
 
 Strings of a VarLenFeature with ``hash_buckets`` are hashed where they lie in
@@ -316,6 +317,28 @@ class _Key:
 
 
 def _fixed(name: str, spec: FixedLenFeature, col: _Key, bad: dict[int, str]) -> npt.NDArray[Any]:
+    out = _fixed_values(name, spec, col, bad)
+    return out if spec.normalizer is None else _normalize(name, spec.normalizer, out, bad)
+
+
+def _normalize(name: str, normalizer: str, values: npt.NDArray[Any], bad: dict[int, str]) -> npt.NDArray[np.float32]:
+    """Applies a dense feature's normalizer (see :data:`~psflow.data.features.NORMALIZERS`) to ``values``
+    ``[n, *shape]``, in float64 rounded to float32; with ``log1p`` a row holding a value ``<= -1`` is bad."""
+    wide = values.astype(np.float64)
+    if normalizer == "signed_log1p":
+        return (np.sign(wide) * np.log1p(np.abs(wide))).astype(np.float32)
+    low = wide <= -1.0  # log1p is -inf there, NaN below (NaN itself compares False and stays NaN)
+    if low.any():
+        flat = low.reshape(len(low), -1)
+        for row in np.flatnonzero(flat.any(axis=1)).tolist():
+            value = float(wide.reshape(len(low), -1)[row][flat[row]][0])
+            bad.setdefault(row, f"feature {name!r}: value {value:g} is <= -1, outside the domain of its normalizer log1p "
+                                "(use normalizer signed_log1p or none for values that may be negative)")
+        wide[low] = 0.0
+    return np.log1p(wide).astype(np.float32)
+
+
+def _fixed_values(name: str, spec: FixedLenFeature, col: _Key, bad: dict[int, str]) -> npt.NDArray[Any]:
     n, size = len(col.counts), spec.size
     values = col.values.objects() if isinstance(col.values, _Strings) else col.values
     present = col.counts == size

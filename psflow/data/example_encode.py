@@ -195,7 +195,8 @@ def encode_batch_examples(batch: Batch, schema: Schema) -> list[bytes]:
     Raises:
         ValueError: the batch does not have the schema's features, or holds
             what the schema cannot give back (values other than 1.0 for a
-            feature read with values 1.0; a hashed string feature).
+            feature read with values 1.0; a hashed string feature; a dense
+            feature with a normalizer).
     """
     n = batch.num_examples
     rows = np.arange(n + 1, dtype=np.int64)
@@ -231,4 +232,7 @@ def _fixed_spec(schema: Schema, name: str) -> FixedLenFeature:
     spec = schema.features[name]
     if not isinstance(spec, FixedLenFeature):
         raise ValueError(f"feature {name!r}: want a FixedLenFeature, the schema has {spec!r}")
+    if spec.normalizer is not None:
+        raise ValueError(f"feature {name!r}: the schema normalizes it ({spec.normalizer}), so its batch values "
+                         "cannot be written back as the stored ones")
     return spec

@@ -1,7 +1,8 @@
 """The feature kinds of a schema, as in ``tf.io.parse_example``, and their text forms.
 
 :class:`FixedLenFeature`, :class:`VarLenFeature` and :class:`SparseFeature`
-(what each means in a batch: :mod:`~psflow.data.schema`);
+(what each means in a batch: :mod:`~psflow.data.schema`); :data:`NORMALIZERS`
+-- the transforms a dense feature may apply at parse time;
 :func:`spec_from_dict` / :func:`spec_to_dict` -- one feature's YAML/JSON
 entry; :func:`parse_feature_flag` -- one ``--feature NAME:KIND[:...]`` flag.
 """
@@ -18,7 +19,9 @@ __all__ = [
     "VarLenFeature",
     "SparseFeature",
     "FeatureSpec",
+    "NORMALIZERS",
     "canonical_dtype",
+    "canonical_normalizer",
     "spec_from_dict",
     "spec_to_dict",
     "parse_feature_flag",
@@ -32,6 +35,32 @@ _DTYPES = {
     "bytes": "bytes",
     "string": "bytes",
 }
+
+
+#: Normalizers of a float32 FixedLenFeature (``normalizer:`` in a schema), as TF's
+#: ``numeric_column(normalizer_fn=...)``, applied to the parsed values (defaults included), each
+#: computed in float64 and rounded to float32:
+#:
+#: * ``log1p`` -- ``log(1 + v)`` (``tf.math.log1p``), for counts.  A value ``<= -1`` (where log1p
+#:   is -inf or NaN) makes the record bad, naming the feature; NaN stays NaN.
+#: * ``signed_log1p`` -- ``sign(v) * log(1 + |v|)``, what ``--format criteo`` applies to its
+#:   integer columns; defined for every value (counts that may be negative).
+#:
+#: ``none`` (or no ``normalizer``) keeps the values as they are.
+NORMALIZERS = ("log1p", "signed_log1p")
+
+
+def canonical_normalizer(name: Any) -> str | None:
+    """Returns a normalizer of :data:`NORMALIZERS`, or None for ``None``/``"none"``.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name is None or name == "none":
+        return None
+    if name not in NORMALIZERS:
+        raise ValueError(f"unknown normalizer {name!r}; use {', '.join(NORMALIZERS)} or none")
+    return str(name)
 
 
 def canonical_dtype(dtype: str) -> str:
@@ -56,17 +85,24 @@ class FixedLenFeature:
         default: used when the feature is missing or has no values: a scalar
             (broadcast to ``shape``) or a flat sequence of ``prod(shape)``
             values.  ``None`` makes the feature required.
+        normalizer: float32 only: one of :data:`NORMALIZERS`, applied to the
+            values (the default included) as they are parsed; ``None`` (or
+            ``"none"``): the values as stored.
     """
 
     shape: tuple[int, ...] = ()
     dtype: str = "float32"
     default: Any = None
+    normalizer: str | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        object.__setattr__(self, "normalizer", canonical_normalizer(self.normalizer))
         if any(d < 0 for d in self.shape):
             raise ValueError(f"FixedLenFeature shape must be non-negative, got {self.shape}")
+        if self.normalizer is not None and self.dtype != "float32":
+            raise ValueError(f"normalizer {self.normalizer} applies to float32 features, this one is {self.dtype}")
 
     @property
     def size(self) -> int:
@@ -141,7 +177,7 @@ FeatureSpec = FixedLenFeature | VarLenFeature | SparseFeature
 
 
 _KEYS = {
-    "fixed": {"kind", "shape", "dtype", "default"},
+    "fixed": {"kind", "shape", "dtype", "default", "normalizer"},
     "varlen": {"kind", "dtype", "vocabulary_size", "hash_buckets", "optional"},
     "sparse": {"kind", "ids_key", "values_key", "vocabulary_size", "optional"},
 }
@@ -160,7 +196,8 @@ def spec_from_dict(entry: Mapping[str, Any]) -> FeatureSpec:
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for kind {kind} (known: {sorted(_KEYS[kind] - {'kind'})})")
     if kind == "fixed":
-        return FixedLenFeature(tuple(entry.get("shape", ())), entry.get("dtype", "float32"), entry.get("default"))
+        return FixedLenFeature(tuple(entry.get("shape", ())), entry.get("dtype", "float32"), entry.get("default"),
+                               normalizer=entry.get("normalizer"))
     optional = entry.get("optional", False)
     if not isinstance(optional, bool):
         raise ValueError(f"optional must be true or false, got {optional!r}")
@@ -178,6 +215,8 @@ def spec_to_dict(spec: FeatureSpec) -> dict[str, Any]:
         entry = {"kind": "fixed", "shape": list(spec.shape), "dtype": spec.dtype}
         if spec.default is not None:
             entry["default"] = spec.default
+        if spec.normalizer is not None:
+            entry["normalizer"] = spec.normalizer
         return entry
     if isinstance(spec, VarLenFeature):
         entry = {"kind": "varlen", "dtype": spec.dtype}
@@ -208,7 +247,7 @@ def parse_feature_flag(spec: str) -> tuple[str, FeatureSpec]:
     if len(parts) < 2 or not parts[0]:
         raise ValueError("want NAME:KIND[:...] with KIND int64, string, float or sparse")
     name, kind, args = parts[0], parts[1], parts[2:]
-    limits = {"int64": 1, "int": 1, "string": 1, "bytes": 1, "float": 1, "float32": 1, "sparse": 3}
+    limits = {"int64": 1, "int": 1, "string": 1, "bytes": 1, "float": 2, "float32": 2, "sparse": 3}
     if kind not in limits:
         raise ValueError(f"unknown kind {kind!r} (want int64, string, float or sparse)")
     if len(args) > limits[kind]:
@@ -220,8 +259,10 @@ def parse_feature_flag(spec: str) -> tuple[str, FeatureSpec]:
             raise ValueError("a string feature needs its hash bucket count: NAME:string:BUCKETS")
         return name, VarLenFeature("bytes", hash_buckets=_int(args[0], "BUCKETS"))
     if kind in ("float", "float32"):
+        if len(args) == 1 and args[0][:1].isalpha():
+            args = ["", args[0]]  # NAME:float:NORMALIZER
         shape = tuple(_int(d, "a dimension") for d in args[0].split("x")) if args and args[0] else ()
-        return name, FixedLenFeature(shape, "float32")
+        return name, FixedLenFeature(shape, "float32", normalizer=args[1] if len(args) > 1 and args[1] else None)
     if not args or not args[0]:
         raise ValueError("a sparse feature needs its ids key: NAME:sparse:IDS_KEY[:VALUES_KEY[:VOCAB]]")
     values_key = args[1] if len(args) > 1 and args[1] else None

@@ -5,7 +5,17 @@ The three feature kinds mirror ``tf.io.parse_example``:
 * :class:`FixedLenFeature` -- exactly ``prod(shape)`` values per example; a
   missing (or empty) feature takes ``default``, or makes the record bad when
   there is no default.  Numeric ones are *dense* batch features (the label is
-  a scalar one).
+  a scalar one).  A float32 one may name a ``normalizer``, as TF's
+  ``numeric_column(normalizer_fn=...)``, applied to its values (the default
+  included) at parse time, in float64 rounded to float32:
+  ``log1p`` (``log(1 + v)``, for counts: TF's ``tf.math.log1p``; where TF
+  gives -inf or NaN, for a value ``<= -1``, psflow makes the record bad,
+  naming the feature, so with ``--skip-bad-records`` it is skipped and
+  otherwise the run stops naming file, record and feature; NaN stays NaN),
+  ``signed_log1p`` (``sign(v) * log(1 + |v|)``, what ``--format criteo``
+  applies to its integer columns, for counts that may be negative) or
+  ``none`` (the default).  An unknown name is a schema error naming the
+  feature; the label takes no normalizer.
 * :class:`VarLenFeature` -- any number of values, kept in stored order:
   ``int64``, an id list (a *sparse* batch feature, values 1.0; with
   ``vocabulary_size`` every id must lie in ``[0, vocabulary_size)``, else the
@@ -41,7 +51,7 @@ On disk a schema is JSON or YAML, e.g. Criteo-like data::
     label: label
     features:
       label: {kind: fixed, dtype: float32}                  # a scalar
-      I1:    {kind: fixed, dtype: float32, default: 0.0}    # ... I13: dense, [n]
+      I1:    {kind: fixed, dtype: float32, default: 0.0, normalizer: log1p}   # ... I13: dense, [n]
       C1:    {kind: varlen, dtype: int64, vocabulary_size: 1048576}   # ... C26: ids
       site:  {kind: varlen, dtype: string, hash_buckets: 100000, optional: true}
       query: {kind: sparse, ids_key: query_ids, values_key: query_weights, vocabulary_size: 50000}
@@ -49,8 +59,17 @@ On disk a schema is JSON or YAML, e.g. Criteo-like data::
 
 or, on the command line (:meth:`Schema.from_flags`)::
 
-    --feature I1:float --feature C1:int64:1048576 --feature site:string:100000
+    --feature I1:float:log1p --feature C1:int64:1048576 --feature site:string:100000
     --feature query:sparse:query_ids:query_weights:50000 --feature emb:float:4x8
+
+Without either, ``--format tfrecord`` infers the schema from the first
+records of the first training file (:mod:`~psflow.data.infer`; rules there):
+the label (``--label``, default ``label``), float features with a fixed
+value count as dense (counts -- integral, >= 0, some > 1 -- with
+``normalizer: log1p``), int64 ones as id lists in ``--num-features`` ids,
+strings hashed into ``--num-features`` buckets; files with ``ids`` and
+``values`` keys get :func:`default_sparse_schema`.  ``psflow schema infer
+FILE > schema.yaml`` writes the inferred schema out for editing.
 """
 
 from __future__ import annotations
@@ -111,6 +130,8 @@ class Schema:
             spec = self.features.get(self.label_key)
             if not isinstance(spec, FixedLenFeature) or spec.size != 1 or spec.dtype == "bytes":
                 raise ValueError(f"schema label {self.label_key!r} must be a scalar int64 or float32 FixedLenFeature, got {spec!r}")
+            if spec.normalizer is not None:
+                raise ValueError(f"schema label {self.label_key!r} takes no normalizer, got {spec.normalizer!r}")
 
     def example_keys(self) -> dict[str, str]:
         """Returns Example key -> wanted dtype for every key the schema reads.
@@ -197,7 +218,8 @@ class Schema:
 
             NAME:int64[:VOCAB]                            ids (VarLen), vocabulary_size VOCAB
             NAME:string:BUCKETS                           strings hashed into BUCKETS ids
-            NAME:float[:D1[xD2...]]                       dense (FixedLen, required), scalar by default
+            NAME:float[:D1[xD2...]][:NORMALIZER]          dense (FixedLen, required), scalar by default;
+                                                          NORMALIZER log1p, signed_log1p or none
             NAME:sparse:IDS_KEY[:VALUES_KEY[:VOCAB]]      SparseFeature (VALUES_KEY empty: all 1.0)
 
         Args:

@@ -3,6 +3,7 @@
 ``psflow train``   launch a local cluster of real processes and train
 ``psflow server``  run one task of a cluster that spans machines
 ``psflow convert`` convert LIBSVM / Criteo TSV to TFRecord shards
+``psflow schema infer FILE``  print the schema inferred from a TFRecord file (YAML, for --schema)
 ``psflow export``  write a checkpoint's model as safetensors + JSON
 ``psflow predict`` score a data file with an exported model
 ``psflow report``  PNG plots of a run's loss, eval AUC and throughput
@@ -24,6 +25,7 @@ from typing import Any
 
 from psflow.cluster import ClusterError, ClusterSpec, parse_tf_config
 from psflow.data import DataError
+from psflow.data.infer import add_schema_arguments, run_schema, schema_yaml
 from psflow.launch.chief_cli import TOOL_COMMANDS, add_chief_arguments, add_tool_parsers, chief_config_fields, run_tool
 from psflow.launch.local import LaunchError, run_local
 from psflow.launch.report import ReportError
@@ -34,7 +36,7 @@ from psflow.models.registry import create_model, model_names
 from psflow.ps.global_step import StepJournalError
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.rpc.api import RpcError
-from psflow.train.build import model_config
+from psflow.train.build import inferred_schema, model_config
 from psflow.train.checkpoint import CheckpointError
 from psflow.train.config import ConfigError, TrainConfig
 
@@ -46,11 +48,13 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--train", action="append", default=[], metavar="PATH_OR_GLOB", help="training files (repeatable)")
     g.add_argument("--eval", action="append", default=[], metavar="PATH", help="evaluation file(s)")
     g.add_argument("--format", default="libsvm", choices=["libsvm", "tfrecord", "criteo"])
-    g.add_argument("--schema", help="TFRecord schema file (JSON/YAML); default: label/ids/values")
+    g.add_argument("--schema", help="TFRecord schema file (JSON/YAML); default: inferred from the first records of the "
+                   "first --train file (label/ids/values files: the sparse-LR schema; see psflow schema infer)")
     g.add_argument("--feature", action="append", default=[], metavar="SPEC",
                    help="TFRecord feature, instead of --schema (repeatable): NAME:int64[:VOCAB], NAME:string:BUCKETS, "
-                        "NAME:float[:SHAPE], NAME:sparse:IDS_KEY[:VALUES_KEY[:VOCAB]]")
-    g.add_argument("--label", default="label", help="with --feature: the label's Example key (label)")
+                        "NAME:float[:SHAPE][:log1p|signed_log1p], NAME:sparse:IDS_KEY[:VALUES_KEY[:VOCAB]]")
+    g.add_argument("--label", default="label",
+                   help="with --feature, or when the TFRecord schema is inferred: the label's Example key (label)")
     g.add_argument("--shuffle-buffer", type=int, default=0, help="records in the shuffle buffer (0: no shuffle)")
     g.add_argument("--skip-bad-records", action="store_true", help="skip and count malformed records")
     g.add_argument("--max-bad-records", type=int, default=100,
@@ -131,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_convert_arguments(sub.add_parser("convert", help="convert LIBSVM / Criteo TSV to TFRecord"))
+    add_schema_arguments(sub.add_parser("schema", help="TFRecord schemas: psflow schema infer FILE > schema.yaml"))
     add_tool_parsers(sub)
     return parser
 
@@ -200,6 +205,7 @@ def _train(args: argparse.Namespace) -> int:
     output = args.output or tempfile.mkdtemp(prefix=f"psflow-{time.strftime('%Y%m%d-%H%M%S')}-")
     if config.summary_dir is None:  # the chief's TensorBoard summaries go into the run directory
         config = dataclasses.replace(config, summary_dir=os.path.abspath(output))
+    _show_inferred_schema(config, output)
     if args.in_process:
         from psflow.train.in_process import run_in_process
 
@@ -217,6 +223,20 @@ def _train(args: argparse.Namespace) -> int:
         summary["eval"] = metrics["eval"]
     print(json.dumps(summary, indent=1))
     return 0
+
+
+def _show_inferred_schema(config: TrainConfig, output: str) -> None:
+    """Without --schema or --feature: prints the TFRecord schema inferred and writes it to the run directory."""
+    inferred = inferred_schema(config)  # cached: _config inferred it already
+    if inferred is None or inferred.is_default:
+        return
+    os.makedirs(output, exist_ok=True)
+    path = os.path.join(output, "schema.inferred.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(schema_yaml(inferred))
+    print("psflow: " + inferred.describe(), file=sys.stderr)
+    print(f"psflow: no --schema given; the schema above is in {path}: edit it and pass --schema to change it",
+          file=sys.stderr)
 
 
 def _server(args: argparse.Namespace) -> int:
@@ -254,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             return _server(args)
         if args.command in TOOL_COMMANDS:
             return run_tool(args)
+        if args.command == "schema":
+            return run_schema(args)
         from psflow.data.convert import run_convert
 
         return int(run_convert(args))

@@ -6,7 +6,9 @@ compute the same :class:`~psflow.models.ModelConfig`, the same variables and
 the same placement (a layout that differs is refused at registration).
 
 The data side: :func:`data_schema` is the TFRecord schema of the run (a file,
-``--feature`` flags, or the default), :func:`data_options` the reader
+``--feature`` flags, or one inferred from the first training file --
+:func:`inferred_schema`, :mod:`psflow.data.infer` -- which for sparse-LR
+files is the default), :func:`data_options` the reader
 settings shared by training, evaluation and prediction, and the model's
 features come from :func:`psflow.data.batch_spec` of the format and schema.
 """
@@ -17,7 +19,8 @@ import contextlib
 from typing import Any
 
 from psflow.cluster import ClusterSpec
-from psflow.data import Schema, batch_spec
+from psflow.data import DataError, Schema, batch_spec
+from psflow.data.infer import InferredSchema, infer_first_file
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.registry import create_model
 from psflow.placement import (
@@ -31,25 +34,50 @@ from psflow.placement import (
 )
 from psflow.train.config import ConfigError, TrainConfig
 
-__all__ = ["data_schema", "data_options", "model_config", "build_model", "declare_variables", "model_record"]
+__all__ = ["data_schema", "inferred_schema", "data_options", "model_config", "build_model", "declare_variables", "model_record"]
+
+
+def inferred_schema(config: TrainConfig) -> InferredSchema | None:
+    """The schema inferred from the run's first training file (else evaluation file) when ``--format
+    tfrecord`` has neither ``--schema`` nor ``--feature`` (see :mod:`psflow.data.infer`); None otherwise.
+
+    Cached per file and settings, so every call of a process reads the file once.
+
+    Raises:
+        ConfigError: the file cannot be inferred from (names the file and the feature).
+    """
+    if config.format != "tfrecord" or config.schema or config.features:
+        return None
+    paths = config.train or config.eval
+    if not paths:
+        return None
+    try:
+        return infer_first_file(paths, num_features=config.num_features, label=config.label)
+    except DataError as e:
+        raise ConfigError(f"schema inference (no --schema given): {e}") from e
 
 
 def data_schema(config: TrainConfig) -> Schema | None:
-    """The run's TFRecord schema: ``--schema FILE``, ``--feature`` flags, or None (the default schema).
+    """The run's TFRecord schema: ``--schema FILE``, ``--feature`` flags, the schema inferred from the
+    first training file, or None (the default schema: the text formats, and sparse-LR files).
 
     Raises:
         ConfigError: the schema file or flags are malformed, or describe features
-            a batch cannot hold (names the file or flag and the feature).
+            a batch cannot hold (names the file or flag and the feature); or no
+            schema is given and none can be inferred.
     """
+    if not (config.schema or config.features):
+        inferred = inferred_schema(config)
+        if inferred is None or inferred.is_default:
+            return None
+        return inferred.schema  # fits a batch by construction
     try:
         if config.schema:
             schema = Schema.from_file(config.schema)
             where = config.schema
-        elif config.features:
+        else:
             schema = Schema.from_flags(config.features, config.label)
             where = "--feature"
-        else:
-            return None
     except (OSError, ValueError) as e:
         raise ConfigError(f"schema: {e}") from e
     try:

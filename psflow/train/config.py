@@ -65,9 +65,9 @@ class TrainConfig:
     reader_process: bool = False         # parse input in a forked child process (shared memory); --in-process only, which turns it on
     skip_bad_records: bool = False
     max_bad_records: int = 100           # with skip_bad_records: stop once more are skipped (per epoch)
-    schema: str | None = None            # tfrecord schema file
+    schema: str | None = None            # tfrecord schema file (none, no --feature: inferred from the first train file)
     features: tuple[str, ...] = ()       # tfrecord schema from flags: --feature NAME:KIND[:...] (instead of --schema)
-    label: str = "label"                 # with --feature: the label's Example key
+    label: str = "label"                 # with --feature, or when the schema is inferred: the label's Example key
     mode: str = "async"                  # async | sync (SyncReplicas semantics) | ssp (bounded staleness)
     replicas_to_aggregate: int | None = None   # sync: None = every worker
     staleness: int = 2                   # ssp: steps a worker may run ahead of the slowest

@@ -81,3 +81,27 @@ def test_custom_schema_file_names_the_features(tmp_path: Path) -> None:
                         str(tmp_path / "custom.tfrecord"), "--eval", str(tmp_path / "custom.tfrecord"))
     assert metrics["examples"] == 3 * 32561
     assert metrics["eval"]["auc"] >= 0.895  # type: ignore[index]
+
+
+def test_tfrecord_without_a_schema_trains_on_the_inferred_one(tmp_path: Path) -> None:
+    from psflow.data import Schema, TFRecordWriter, encode_example, read_all
+
+    data = read_all([str(A9A)], "libsvm")
+    features = data.column()
+    path = tmp_path / "a9a.tfrecord"
+    with TFRecordWriter(str(path)) as writer:
+        for i in range(data.num_examples):
+            lo, hi = features.indptr[i], features.indptr[i + 1]
+            writer.write(encode_example({"label": ("float32", [float(data.labels[i])]),
+                                         "fid": ("int64", features.ids[lo:hi].tolist()),
+                                         "active": ("float32", [float(hi - lo)])}))
+    out = tmp_path / "run"
+    r = run_cli("train", "--format", "tfrecord", "--train", str(path), "--eval", str(path), "--num-features", "124",
+                "--ps", "1", "--workers", "1", "--quiet", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"inferred TFRecord schema from {path} (first 1000 records)" in r.stderr
+    assert "dense float32, normalizer log1p (1): active" in r.stderr and "ids int64, id space 124 (1): fid" in r.stderr
+    schema = Schema.from_file(out / "schema.inferred.yaml")
+    assert list(schema.features) == ["label", "active", "fid"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["examples"] == 32561 and metrics["eval"]["auc"] >= 0.89, metrics
