@@ -19,9 +19,9 @@ same contents. psflow reads the TSV (``--format criteo``, the default: I as
 sign*log1p = TF's log1p(I), C hashed into ``--num-features`` ids per field, so 26 x
 262,144 table rows against TF's 569,302 exact ones) and/or the TFRecord files
 (``--format tfrecord`` with a schema written from the manifest: C the exact ids
-with each field's vocabulary size, as TF reads them, but I the raw counts, which
-psflow's wide_deep feeds as they are: not TF's log1p(I), so those rows are not the
-same model until psflow can transform a dense feature); ``--formats`` picks.
+with each field's vocabulary size and I with ``normalizer: log1p``, as TF reads
+and transforms them: TF's model exactly; without ``--schema`` psflow infers one
+that differs only in the id space, ``--num-features`` rows per field); ``--formats`` picks.
 
 Configurations, alternated in each repetition (TF/psflow pairs, the pair order
 flipped every other repetition; the psflow command of each: :func:`psflow_command`):
@@ -124,9 +124,11 @@ def prepare_data(args: argparse.Namespace) -> str:
         subprocess.run([args.tf_python, "gen_ctr_data.py", "--out", data], cwd=args.harness, check=True, env=harness_env(args))
     with open(os.path.join(data, "manifest.json")) as f:
         vocabs = [int(c["vocab"]) for c in json.load(f)["categorical_fields"]]
-    # psflow's schema for the instrument's Examples: label, I1..I13 (raw counts, float), C1..C26 (exact ids, int64).
+    # psflow's schema for the instrument's Examples: label, I1..I13 (counts, float, log1p as TF's model takes it),
+    # C1..C26 (exact ids, int64, each field's vocabulary).
     features: dict[str, Any] = {"label": {"kind": "fixed", "dtype": "float32"}}
-    features.update({f"I{i}": {"kind": "fixed", "dtype": "float32", "default": 0.0} for i in range(1, 14)})
+    features.update({f"I{i}": {"kind": "fixed", "dtype": "float32", "default": 0.0, "normalizer": "log1p"}
+                     for i in range(1, 14)})
     features.update({f"C{f + 1}": {"kind": "varlen", "dtype": "int64", "vocabulary_size": v} for f, v in enumerate(vocabs)})
     with open(schema_path(args), "w") as f:
         json.dump({"label": "label", "features": features}, f, indent=1)
