@@ -366,8 +366,11 @@ class ParameterClient:
                 whole.setdefault(name, []).append(parts[key])
                 continue
             if isinstance(positions, slice) and parts[key].shape == plan.shapes[name]:
-                # One partition answered for every id, in order: a plain copy, no scatter.
-                out[name] = np.array(parts[key], dtype=self.layout[name].var.dtype, copy=True)
+                # One partition answered for every id, in order: no scatter. A read-only array (a view of a
+                # received frame) is copied; a writable one is the ps task's own fresh copy (in-process).
+                part = parts[key]
+                dtype = self.layout[name].var.dtype
+                out[name] = part if part.flags.writeable and part.dtype == dtype else np.array(part, dtype=dtype)
                 continue
             if name not in out:
                 out[name] = np.empty(plan.shapes[name], dtype=self.layout[name].var.dtype)
