@@ -24,6 +24,7 @@ Guarantees:
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -92,7 +93,7 @@ def encode(meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarra
     # possible one), the data laid out after that bound, and the header padded with spaces up to it
     # (JSON allows trailing whitespace), so the data needs no padding of its own.
     meta_json = json.dumps(meta or {}, separators=(",", ":"))
-    heads = [f"[{json.dumps(name)},\"{arr.dtype.str}\",[{','.join(map(str, arr.shape))}]," for name, arr in wire]
+    heads = [f"[{_json_string(name)},\"{arr.dtype.str}\",[{','.join(map(str, arr.shape))}]," for name, arr in wire]
     payload = sum(arr.nbytes + _pad(arr.nbytes) for _, arr in wire)
     fixed = _PREFIX.size + len(meta_json) + sum(len(h) + 2 + len(str(arr.nbytes)) for h, (_, arr) in zip(heads, wire, strict=True)) + 32
     digits = len(str(fixed + len(wire) * 20 + payload))
@@ -111,6 +112,14 @@ def encode(meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarra
         parts.append(arr.data.cast("B") if arr.nbytes else b"")
         parts.append(b"\0" * _pad(arr.nbytes))
     return b"".join(parts)
+
+
+_PLAIN = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII but '"' and '\\': JSON strings as they are
+
+
+def _json_string(name: str) -> str:
+    """``json.dumps(name)``; array names are plain ASCII (``g/deep/emb_C1/part_0``): quoted as they are."""
+    return f'"{name}"' if _PLAIN.fullmatch(name) else json.dumps(name)
 
 
 def decode(buf: bytes | memoryview) -> Frame:
