@@ -103,7 +103,8 @@ SHAPES = [
     ("single", "1 process", ["--single"], ["--in-process", "--ps", "1"], 1),
     ("p1w2-async", "1 ps + 2 workers, async", ["--ps", "1", "--workers", "2"], ["--ps", "1", "--workers", "2"], 1),
     ("p2w2-async", "2 ps + 2 workers, async (large tables split in 2)", ["--ps", "2", "--workers", "2"],
-     ["--ps", "2", "--workers", "2", "--partitions", "2"], 1),
+     # the instrument splits the tables of >= 10,000 rows (common.PARTITION_MIN_VOCAB); so does psflow (TSV: all of them)
+     ["--ps", "2", "--workers", "2", "--partitions", "2", "--model-param", "partition_min_rows=10000"], 1),
     ("p1w2-sync", "1 ps + 2 workers, sync (2 aggregated)", ["--ps", "1", "--workers", "2", "--sync"],
      ["--ps", "1", "--workers", "2", "--mode", "sync", "--averaging", "{averaging}"], 2),
 ]

@@ -33,7 +33,9 @@ Model parameters (``--model-param KEY=VALUE`` with a JSON value, or the flags):
     ``combiners``       ``{feature: "sum"|"mean"|"sqrtn"}`` of the deep lookups (default ``mean``);
     ``weighted``        features whose values weight their deep lookup (default none; the
                         wide lookups are always weighted by the values, as TF's
-                        ``weighted_categorical_column``).
+                        ``weighted_categorical_column``);
+    ``partition_min_rows``  tables of fewer rows stay whole under ``--partitions`` (default 0:
+                        every table is split; TF's W&D benchmark splits those of >= 10,000).
 """
 
 from __future__ import annotations
@@ -92,15 +94,21 @@ class _Deep(nn.Module):
         return h.reshape(-1)
 
 
+def _unsplit(rows: int, min_rows: int) -> int | None:
+    """A table's ``partitions``: 1 (whole) below ``min_rows`` rows, else None (the run's ``--partitions``)."""
+    return 1 if rows < min_rows else None
+
+
 class _Linear(nn.Module):
     """``sum_f lookup(<prefix>/<f>, "sum", weighted) + dense @ <prefix>/dense + <prefix>/bias``."""
 
-    def __init__(self, prefix: str, fields: Mapping[str, int], dense_width: int) -> None:
+    def __init__(self, prefix: str, fields: Mapping[str, int], dense_width: int, partition_min_rows: int = 0) -> None:
         super().__init__()
         self.prefix = prefix
         zeros = {"name": "zeros"}
         self.tables = (EmbeddingCollection([Embedding(f, v, 1, combiner="sum", weighted=True, initializer=zeros,
-                                                      name=f"{prefix}/{f}") for f, v in fields.items()], pooling="sum")
+                                                      name=f"{prefix}/{f}", partitions=_unsplit(v, partition_min_rows))
+                                            for f, v in fields.items()], pooling="sum")
                        if fields else None)
         self.dense = nn.Parameter(torch.zeros(dense_width, 1)) if dense_width else None
         self.bias = nn.Parameter(torch.zeros(1))
@@ -127,6 +135,9 @@ class _CtrModel(TorchModel):
             raise ModelError(f"--hidden: layer sizes must be >= 1, got {self.hidden}")
         self.combiners = {f: str(c) for f, c in dict(config.param("combiners", {})).items()}
         self.weighted = {str(f) for f in config.param("weighted", [])}
+        self.partition_min_rows = int(config.param("partition_min_rows", 0))
+        if self.partition_min_rows < 0:
+            raise ModelError(f"partition_min_rows must be >= 0, got {self.partition_min_rows}")
         unknown = (set(self.combiners) | self.weighted) - set(self.fields)
         if unknown:
             raise ModelError(f"model parameters name features {sorted(unknown)} the data does not have "
@@ -150,7 +161,8 @@ class _CtrModel(TorchModel):
         stddev = float(self.config.param("init_stddev", self.init_stddev or 1.0 / math.sqrt(dim)))
         return EmbeddingCollection([
             Embedding(f, v, dim, combiner=self.combiners.get(f, "mean"), weighted=f in self.weighted, name=f"deep/emb_{f}",
-                      initializer={"name": "truncated_normal", "stddev": stddev, "seed": self.config.seed + i})
+                      initializer={"name": "truncated_normal", "stddev": stddev, "seed": self.config.seed + i},
+                      partitions=_unsplit(v, self.partition_min_rows))
             for i, (f, v) in enumerate(self.fields.items())], pooling="concat")
 
     #: The linear part's name (``wide``, ``linear``: its variables' prefix), or None for none.
@@ -160,7 +172,7 @@ class _CtrModel(TorchModel):
 
     def build(self) -> nn.Module:
         deep = _Deep(self._embeddings(), self.dense_width, self.hidden, self.config.seed)
-        linear = _Linear(self.linear, self.fields, self.dense_width) if self.linear else None
+        linear = _Linear(self.linear, self.fields, self.dense_width, self.partition_min_rows) if self.linear else None
         return _CtrNet(linear, deep, self.dense_width, self.fm)
 
     def param_groups(self) -> Sequence[ParamGroup]:

@@ -224,6 +224,20 @@ def test_builtin_models_default_optimizers_are_tfs_dnn_linear_combined() -> None
     assert ftrl.hyperparameters["initial_accumulator_value"] == 0.1  # the default's, kept
 
 
+def test_partition_min_rows_keeps_small_tables_whole() -> None:
+    features = BatchSpec({"small": 50, "large": 20_000}, {"I1": 1})
+    def parts(params: dict[str, object]) -> dict[str, object]:
+        specs = create_model("wide_deep", ModelConfig(features, partitions=3, params=params)).variables()
+        return {s.name: s.partitioner for s in specs if s.name.endswith(("small", "large"))}
+    split = parts({})
+    assert all(p is not None for p in split.values())  # default: every table split by --partitions
+    kept = parts({"partition_min_rows": 10_000})
+    assert kept["wide/small"] is None and kept["deep/emb_small"] is None
+    assert kept["wide/large"] is not None and kept["deep/emb_large"] is not None
+    with pytest.raises(ModelError, match="partition_min_rows must be >= 0"):
+        parts({"partition_min_rows": -1})
+
+
 def test_without_pytorch_a_torch_model_says_which_extra_to_install() -> None:
     code = ("import sys; sys.modules['torch'] = None\n"
             "from psflow.models import create_model, ModelConfig\n"
