@@ -138,6 +138,8 @@ class ParameterService:
         self.stats: dict[str, float] = {
             "pulls": 0, "pushes": 0, "rows_pulled": 0, "rows_pushed": 0,
             "examples": 0, "loss_ema": float("nan"), "bytes_in": 0, "bytes_out": 0,
+            # time this task spent gathering pulled rows and applying async pushes (for profiles)
+            "read_seconds": 0.0, "apply_seconds": 0.0,
         }
         self.started = time.time()
 
@@ -246,9 +248,11 @@ class ParameterService:
     def _read(self, wanted: list[tuple[PartitionState, np.ndarray | None]]) -> tuple[int | None, dict[str, np.ndarray]]:
         """The step the values belong to (read first) and the values."""
         step = self.global_step.value if self.global_step is not None else None
+        started = time.perf_counter()
         out = {part.key: self.store.read(part, rows) for part, rows in wanted}
         if wanted:
             with self._stats_lock:
+                self.stats["read_seconds"] += time.perf_counter() - started
                 self.stats["pulls"] += 1
                 self.stats["rows_pulled"] += sum(v.shape[0] for v in out.values())
                 self.stats["bytes_out"] += sum(v.nbytes for v in out.values())
@@ -328,11 +332,15 @@ class ParameterService:
         if mode == "sync":
             return self._push_sync(frame, plan, examples, loss)
         read_step = _optional_int(frame.meta, "read_step")
+        started = time.perf_counter()
         for part, rows, grad in plan:
             if rows is None:
                 self.store.apply_dense(part, grad)
             else:
                 self.store.apply_sparse(part, rows, grad)
+        applied = time.perf_counter() - started
+        with self._stats_lock:
+            self.stats["apply_seconds"] += applied
         step = self.global_step.increment() if want_step and self.global_step is not None else None
         self._count_push(frame, plan, examples, loss)
         reply: dict[str, Any] = {"step": step}
