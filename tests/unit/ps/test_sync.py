@@ -246,20 +246,23 @@ def test_abort_fails_the_waiting_push_and_reset_starts_over_at_the_restored_step
     np.testing.assert_allclose(part.value[:, 0] - before[:, 0], [0.0, -2.0, -3.0])
 
 
-@pytest.mark.parametrize("width", [None, 1, 3])
-def test_sum_rows_equals_add_at_bit_for_bit(width: int | None) -> None:
+@pytest.mark.parametrize("width", [None, 1, 3, 8])
+@pytest.mark.parametrize("most_pieces, row_space", [(4, 40), (30, 5)], ids=["few", "long-runs"])
+def test_sum_rows_equals_add_at_bit_for_bit(width: int | None, most_pieces: int, row_space: int) -> None:
     from psflow.ps.sync import _sum_rows
 
     rng = np.random.default_rng(7)
     shape = () if width is None else (width,)
     for _ in range(30):
         pieces = []
-        for _ in range(int(rng.integers(1, 4))):
+        for _ in range(int(rng.integers(1, most_pieces))):
             k = int(rng.integers(1, 60))
-            rows = rng.integers(0, 40, k).astype(np.int64)  # unsorted, with repeats
+            rows = rng.integers(0, row_space, k).astype(np.int64)  # unsorted, with repeats
             if rng.random() < 0.5:
                 rows = np.unique(rows)  # what clients send: sorted, unique
-            pieces.append((rows, rng.standard_normal((rows.size, *shape)).astype(np.float32)))
+            # magnitudes 1e-8..1e8: float64 sums then round, so the order of the additions shows
+            scale = 10.0 ** rng.integers(-8, 9, (rows.size,) + (1,) * len(shape))
+            pieces.append((rows, (rng.standard_normal((rows.size, *shape)) * scale).astype(np.float32)))
         uniq, sums = _sum_rows(pieces)
         all_rows = np.concatenate([r for r, _ in pieces])
         want_rows, inverse = np.unique(all_rows, return_inverse=True)
