@@ -17,6 +17,7 @@ Dense features become one float64 matrix (:func:`dense_matrix`).
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -114,12 +115,15 @@ class UniqueIds:
 
     ~3x faster than ``np.unique(..., return_inverse=True)`` on 20,000 ids. The
     table (4 bytes a row) is kept between calls; above 2^26 rows ``np.unique``
-    is used. Not thread-safe (each process -- e.g. the reader process -- has its own).
+    is used. Thread-safe: calls share the table one at a time (a worker's
+    prefetch thread prepares training batches while the chief's evaluation
+    prepares its own; numpy releases the GIL inside large fancy indexing).
     """
 
     def __init__(self, num_rows: int) -> None:
         self.num_rows = num_rows
         self._table: npt.NDArray[np.int32] | None = None
+        self._lock = threading.Lock()
 
     def __call__(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
         """Sorted unique ids and, per id, its index in them (as ``np.unique(..., return_inverse=True)``)."""
@@ -132,11 +136,13 @@ class UniqueIds:
         keep[0] = True
         np.not_equal(s[1:], s[:-1], out=keep[1:])
         uniq = s[keep].astype(np.int64)
-        if self._table is None:
-            self._table = np.empty(self.num_rows, dtype=np.int32)
-        # Only entries written here are read back below, so the table never needs clearing.
-        self._table[uniq] = np.arange(uniq.size, dtype=np.int32)
-        return uniq, self._table[ids].astype(np.intp)
+        with self._lock:
+            if self._table is None:
+                self._table = np.empty(self.num_rows, dtype=np.int32)
+            # Only entries written here are read back below, so the table never needs clearing.
+            self._table[uniq] = np.arange(uniq.size, dtype=np.int32)
+            inverse = self._table[ids].astype(np.intp)
+        return uniq, inverse
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,3 +131,40 @@ def test_unknown_model_and_bad_config() -> None:
         create_model("psflow.models.features:UniqueIds", ModelConfig())
     with pytest.raises(ModelError, match="init_stddev"):
         create_model("fm", ModelConfig(params={"init_stddev": -1}))
+
+
+def test_unique_ids_is_safe_across_threads() -> None:
+    # A worker's prefetch thread prepares training batches while the chief's evaluation prepares its own,
+    # with the same model's table; numpy releases the GIL inside large fancy indexing, so unguarded calls
+    # interleave and return wrong indices (this failed within a few hundred calls without the lock).
+    import sys
+    import threading
+
+    from psflow.models.features import UniqueIds
+
+    unique = UniqueIds(50_000)
+    wrong: list[int] = []
+
+    def run(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(800):
+            ids = rng.integers(0, 50_000, 20_000)
+            try:
+                uniq, inverse = unique(ids)
+                ok = uniq[inverse].tolist() == ids.tolist()
+            except IndexError:  # an inverse from the other thread's table can point past this uniq
+                ok = False
+            if not ok:
+                wrong.append(seed)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=run, args=(seed,)) for seed in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not wrong
