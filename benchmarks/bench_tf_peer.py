@@ -125,7 +125,7 @@ def prepare_data(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 def harness_env(args: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ, TF_PEER_WORKDIR=args.workdir)
-    env.pop("PYTHONPATH", None)  # the TF venv must not see the psflow snapshot
+    env.pop("PYTHONPATH", None)  # the TF (and PyTorch) venvs must not see the psflow snapshot
     return env
 
 
@@ -134,12 +134,13 @@ def data_files(data: str, fmt: str) -> tuple[list[str], str]:
 
 
 # ------------------------------------------------------------------------ the NumPy and TF sides
-def run_harness(args: argparse.Namespace, script: str, argv: list[str], tag: str) -> Run:
-    """Runs one harness script with ``--json-out``; returns its JSON (or a failure record)."""
-    out = os.path.join(args.workdir, "bench_tf_peer", f"{tag}-{time.strftime('%H%M%S')}-{os.getpid()}.json")
+def run_harness(args: argparse.Namespace, argv: list[str], tag: str, *, python: str | None = None,
+                folder: str = "bench_tf_peer") -> Run:
+    """Runs one harness script (``argv[0]``, from the harness folder) with ``--json-out`` under
+    ``<workdir>/<folder>``, by ``python`` (default: the TF venv's); returns its JSON (or a failure record)."""
+    out = os.path.join(args.workdir, folder, f"{tag}-{time.strftime('%H%M%S')}-{os.getpid()}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    python = args.tf_python or sys.executable
-    cmd = [python, script, *argv, "--json-out", out]
+    cmd = [python or args.tf_python or sys.executable, *argv, "--json-out", out]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, cwd=args.harness, env=harness_env(args), capture_output=True, text=True, timeout=args.run_timeout)
@@ -150,11 +151,11 @@ def run_harness(args: argparse.Namespace, script: str, argv: list[str], tag: str
     if not ok:
         return {"failed": True, "tail": tail, "wall_s": time.perf_counter() - t0}
     with open(out) as f:
-        return dict(json.load(f), wall_s=time.perf_counter() - t0)
+        return dict(json.load(f), wall_s=time.perf_counter() - t0, summary_json=out)
 
 
 def numpy_run(args: argparse.Namespace, data: str) -> Run:
-    r = run_harness(args, "numpy_ref.py", ["--epochs", "1", "--data-dir", data], "numpy-ref")
+    r = run_harness(args, ["numpy_ref.py", "--epochs", "1", "--data-dir", data], "numpy-ref")
     if r.get("failed"):
         return r
     n = r["examples"]
@@ -166,7 +167,7 @@ def tf_run(args: argparse.Namespace, data: str, launch: list[str], sync: bool, w
     """One fixed-work run (one epoch), plus one steady-state window run when ``window`` is given."""
     steps = (EPOCH_STEPS + 1) // 2 if sync else EPOCH_STEPS
     tag = "tf-" + "-".join(a.strip("-") for a in launch)
-    r = run_harness(args, "tf1_ps.py", ["launch", *launch, "--data-dir", data, "--runs-dir", os.path.join(args.workdir, "runs"),
+    r = run_harness(args, ["tf1_ps.py", "launch", *launch, "--data-dir", data, "--runs-dir", os.path.join(args.workdir, "runs"),
                                         "--max-global-steps", str(steps)], tag)
     if r.get("failed"):
         return r
@@ -176,7 +177,7 @@ def tf_run(args: argparse.Namespace, data: str, launch: list[str], sync: bool, w
            "step_values_returned_by_2plus_workers": r["global_step_values_returned_by_2plus_workers"],
            "startup_seconds": r["startup_seconds_to_go"], "wall_s": r["wall_s"], "tf_version": r.get("tf_version")}
     if window:
-        w = run_harness(args, "tf1_ps.py", ["launch", *launch, "--data-dir", data, "--runs-dir", os.path.join(args.workdir, "runs"),
+        w = run_harness(args, ["tf1_ps.py", "launch", *launch, "--data-dir", data, "--runs-dir", os.path.join(args.workdir, "runs"),
                                             "--warmup", str(window[0]), "--measure", str(window[1])], tag + "-window")
         out["window"] = w if w.get("failed") else {
             "examples_per_sec": w["examples_per_sec_from_global_step"], "eval_auc": w["eval_auc"],

@@ -85,7 +85,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import results_md  # noqa: E402
-from bench_tf_peer import bind, extract_psflow, machine, median_range, ok_runs, ratio_of_medians, snapshot_psflow  # noqa: E402
+from bench_tf_peer import (  # noqa: E402
+    bind,
+    extract_psflow,
+    harness_env,
+    machine,
+    median_range,
+    ok_runs,
+    ratio_of_medians,
+    run_harness,
+    snapshot_psflow,
+)
 
 BATCH = 512
 EPOCH_STEPS = 391  # ceil(200,000 / 512): one epoch async
@@ -140,37 +150,17 @@ def schema_path(args: argparse.Namespace) -> str:
     return os.path.join(args.workdir, "ctr_wd_schema.json")
 
 
-def harness_env(args: argparse.Namespace) -> dict[str, str]:
-    env = dict(os.environ, TF_PEER_WORKDIR=args.workdir)
-    env.pop("PYTHONPATH", None)  # the TF / torch venvs must not see the psflow snapshot
-    return env
-
-
 # ------------------------------------------------------------------------ the TF and PyTorch sides
-def run_harness(args: argparse.Namespace, python: str, argv: list[str], tag: str) -> Run:
-    """Runs one instrument script with ``--json-out``; returns its JSON (or a failure record)."""
-    out = os.path.join(args.workdir, "bench_tf_peer_wd", f"{tag}-{time.strftime('%H%M%S')}-{os.getpid()}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run([python, *argv, "--json-out", out], cwd=args.harness, env=harness_env(args), capture_output=True,
-                           text=True, timeout=args.run_timeout)
-        tail = (p.stdout + p.stderr).strip().splitlines()[-3:]
-        ok = p.returncode == 0 and os.path.exists(out)
-    except subprocess.TimeoutExpired:
-        ok, tail = False, [f"timed out after {args.run_timeout} s"]
-    if not ok:
-        return {"failed": True, "tail": tail, "wall_s": time.perf_counter() - t0}
-    with open(out) as f:
-        return dict(json.load(f), wall_s=time.perf_counter() - t0, summary_json=out)
+#: Where the instrument's JSON summaries go, under --workdir.
+FOLDER = "bench_tf_peer_wd"
 
 
 def tf_run(args: argparse.Namespace, data: str, launch: list[str], sync: bool) -> Run:
     """One fixed-work run of tf1_wd.py (one epoch)."""
     steps = SYNC_STEPS if sync else EPOCH_STEPS
     tag = "tf-" + "-".join(a.strip("-") for a in launch)
-    r = run_harness(args, args.tf_python, ["tf1_wd.py", "launch", *launch, "--data-dir", data, "--max-global-steps", str(steps),
-                                           "--runs-dir", os.path.join(args.workdir, "runs_wd")], tag)
+    r = run_harness(args, ["tf1_wd.py", "launch", *launch, "--data-dir", data, "--max-global-steps", str(steps),
+                           "--runs-dir", os.path.join(args.workdir, "runs_wd")], tag, folder=FOLDER)
     if r.get("failed"):
         return r
     return {"examples_per_sec": r["examples_per_sec_fixed_work"], "seconds": r["fixed_work_seconds_from_go"],
@@ -183,7 +173,7 @@ def tf_run(args: argparse.Namespace, data: str, launch: list[str], sync: bool) -
 
 def torch_run(args: argparse.Namespace, data: str) -> Run:
     """One epoch of torch_ref.py (one process; the training loop is timed, parsing is not)."""
-    r = run_harness(args, args.torch_python, ["torch_ref.py", "--data-dir", data], "torch-ref")
+    r = run_harness(args, ["torch_ref.py", "--data-dir", data], "torch-ref", python=args.torch_python, folder=FOLDER)
     if r.get("failed"):
         return r
     return {"examples_per_sec": r["examples_per_sec_all_steps"], "examples_per_sec_after_warmup": r["examples_per_sec"],
