@@ -138,7 +138,7 @@ class ParameterService:
         self.stats: dict[str, float] = {
             "pulls": 0, "pushes": 0, "rows_pulled": 0, "rows_pushed": 0,
             "examples": 0, "loss_ema": float("nan"), "bytes_in": 0, "bytes_out": 0,
-            # time this task spent gathering pulled rows and applying async pushes (for profiles)
+            # time this task spent gathering pulled rows and applying async pushes (profile_wd_step.py)
             "read_seconds": 0.0, "apply_seconds": 0.0,
         }
         self.started = time.time()
@@ -339,10 +339,8 @@ class ParameterService:
             else:
                 self.store.apply_sparse(part, rows, grad)
         applied = time.perf_counter() - started
-        with self._stats_lock:
-            self.stats["apply_seconds"] += applied
         step = self.global_step.increment() if want_step and self.global_step is not None else None
-        self._count_push(frame, plan, examples, loss)
+        self._count_push(frame, plan, examples, loss, apply_seconds=applied)
         reply: dict[str, Any] = {"step": step}
         if step is not None and read_step is not None:
             self._record_staleness(step - 1 - read_step)
@@ -395,10 +393,11 @@ class ParameterService:
         return {"ok": True}, {}
 
     def _count_push(self, frame: Frame, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]],
-                    examples: int, loss: Any) -> None:
+                    examples: int, loss: Any, *, apply_seconds: float = 0.0) -> None:
         with self._stats_lock:
             s = self.stats
             s["pushes"] += 1
+            s["apply_seconds"] += apply_seconds
             s["rows_pushed"] += sum(g.shape[0] if r is not None else 0 for _, r, g in plan)
             s["bytes_in"] += sum(a.nbytes for a in frame.arrays.values())
             s["examples"] += examples

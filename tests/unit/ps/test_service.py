@@ -58,6 +58,7 @@ def test_push_applies_and_takes_one_step() -> None:
     np.testing.assert_array_equal(out["w/part_0"], [[0.5, 0.5], [1.0, 1.0]])
     stats, _ = svc.get_stats(Frame())
     assert stats["global_step"] == 1 and stats["examples"] == 4 and stats["loss_ema"] == 0.5
+    assert stats["apply_seconds"] > 0 and stats["read_seconds"] > 0  # the time spent in the update and the gather
 
 
 @pytest.mark.parametrize(
