@@ -535,9 +535,14 @@ class Optimizer(ABC):
         return False
 
 
-def _all_contiguous(*arrays: np.ndarray) -> bool:
+def _all_contiguous(*arrays: FloatArray) -> bool:
     """True if every array is C-contiguous (so ``reshape(-1)`` is a view, and writes to it land)."""
     return all(a.flags.c_contiguous for a in arrays)
+
+
+def _fusable(rows: IndexArray | None, *arrays: FloatArray) -> bool:
+    """True if the C kernel can take these arrays as they are (it reads and writes C-contiguous buffers)."""
+    return _all_contiguous(*arrays) and (rows is None or rows.flags.c_contiguous)
 
 
 def _check_float32(what: str, array: object) -> None:
@@ -590,7 +595,7 @@ class AdagradOptimizer(Optimizer):
 
     def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None) -> bool:
         accum = slots["accumulator"]
-        if _KERNELS is None or not _all_contiguous(var, accum, grad, *(() if rows is None else (rows,))):
+        if _KERNELS is None or not _fusable(rows, var, accum, grad):
             return False
         _KERNELS.adagrad(var, accum, grad, rows, var.shape[0], self._lr)
         return True
@@ -718,8 +723,7 @@ class FtrlOptimizer(Optimizer):
 
     def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None) -> bool:
         accum, linear = slots["accum"], slots["linear"]
-        if (_KERNELS is None or self._power != np.float32(-0.5)
-                or not _all_contiguous(var, accum, linear, grad, *(() if rows is None else (rows,)))):
+        if _KERNELS is None or self._power != np.float32(-0.5) or not _fusable(rows, var, accum, linear, grad):
             return False
         _KERNELS.ftrl(var, accum, linear, grad, rows, var.shape[0], self._lr, self._l1, self._two_l2,
                       self._two_shrinkage)
