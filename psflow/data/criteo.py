@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.data.batch import Batch, SparseColumn
+from psflow.data.features import signed_log1p
 from psflow.data.hashing import hash_strings, name_salt, splitmix64
 from psflow.data.libsvm import TextParse
 from psflow.data.native import NATIVE
@@ -122,31 +123,24 @@ def _name_bad_lines(
     return [(int(bad[i]), message) for i, message in parsed.errors]
 
 
-def _dense(values: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-    """The dense features of integers: ``float32(sign(v) * log1p(|v|))``, computed in float64."""
-    v = values.astype(np.float64)
-    dense: npt.NDArray[np.float32] = (np.sign(v) * np.log1p(np.abs(v))).astype(np.float32)
-    return dense
-
-
 @functools.cache
 def _dense_table() -> npt.NDArray[np.float32]:
-    """``_dense(v)`` at ``v + _DENSE_REACH`` for ``|v| < _DENSE_REACH``; NaN at both ends (look those up by the formula)."""
+    """``signed_log1p(v)`` at ``v + _DENSE_REACH`` for ``|v| < _DENSE_REACH``; NaN at both ends (look those up by the formula)."""
     table = np.full(2 * _DENSE_REACH + 1, np.nan, dtype=np.float32)
-    table[1:-1] = _dense(np.arange(1 - _DENSE_REACH, _DENSE_REACH, dtype=np.int64))
+    table[1:-1] = signed_log1p(np.arange(1 - _DENSE_REACH, _DENSE_REACH, dtype=np.int64))
     return table
 
 
 def _dense_by_table(ints: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
-    """``_dense(ints)``, bit for bit, by one table lookup per value instead of a log1p: the table holds
-    _dense's own results.  Values out of the table's reach go through _dense.  (A missing value, 0 here,
+    """``signed_log1p(ints)``, bit for bit, by one table lookup per value instead of a log1p: the table holds
+    signed_log1p's own results.  Values out of the table's reach go through signed_log1p.  (A missing value, 0 here,
     gets 0.0, as in the twin.)"""
     index = np.clip(ints, -_DENSE_REACH, _DENSE_REACH)
     index += _DENSE_REACH
     dense = _dense_table()[index]
     far = np.isnan(dense)
     if far.any():
-        dense[far] = _dense(ints[far])
+        dense[far] = signed_log1p(ints[far])
     return dense
 
 
@@ -212,7 +206,7 @@ def _parse_int_columns(
     for row, col in zip(*np.nonzero(~ok_matrix), strict=True):
         reasons.setdefault(int(row), f"column I{col + 1}: bad integer {_field(data, s[row, col], e[row, col])!r}")
     dense = np.zeros(present.shape, dtype=np.float32)
-    dense[present] = _dense(values)
+    dense[present] = signed_log1p(values)
     valid: npt.NDArray[np.bool_] = np.all(ok_matrix, axis=1)
     return dense, valid
 

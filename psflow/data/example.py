@@ -44,6 +44,7 @@ import numpy.typing as npt
 from psflow.data import example_pb, example_wire
 from psflow.data.batch import Batch, SparseColumn, gather_ranges
 from psflow.data.example_encode import encode_example, encode_sparse_examples
+from psflow.data.features import signed_log1p
 from psflow.data.hashing import STRING_PAD, hash_strings, name_salt
 from psflow.data.schema import FixedLenFeature, Schema, SparseFeature, VarLenFeature
 
@@ -324,9 +325,9 @@ def _fixed(name: str, spec: FixedLenFeature, col: _Key, bad: dict[int, str]) -> 
 def _normalize(name: str, normalizer: str, values: npt.NDArray[Any], bad: dict[int, str]) -> npt.NDArray[np.float32]:
     """Applies a dense feature's normalizer (see :data:`~psflow.data.features.NORMALIZERS`) to ``values``
     ``[n, *shape]``, in float64 rounded to float32; with ``log1p`` a row holding a value ``<= -1`` is bad."""
-    wide = values.astype(np.float64)
     if normalizer == "signed_log1p":
-        return (np.sign(wide) * np.log1p(np.abs(wide))).astype(np.float32)
+        return signed_log1p(values)
+    wide = values.astype(np.float64)
     low = wide <= -1.0  # log1p is -inf there, NaN below (NaN itself compares False and stays NaN)
     if low.any():
         flat = low.reshape(len(low), -1)

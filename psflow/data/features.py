@@ -14,6 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 __all__ = [
     "FixedLenFeature",
     "VarLenFeature",
@@ -22,6 +25,7 @@ __all__ = [
     "NORMALIZERS",
     "canonical_dtype",
     "canonical_normalizer",
+    "signed_log1p",
     "spec_from_dict",
     "spec_to_dict",
     "parse_feature_flag",
@@ -48,6 +52,14 @@ _DTYPES = {
 #:
 #: ``none`` (or no ``normalizer``) keeps the values as they are.
 NORMALIZERS = ("log1p", "signed_log1p")
+
+
+def signed_log1p(values: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """``float32(sign(v) * log1p(|v|))``, computed in float64: the ``signed_log1p`` normalizer, and what
+    ``--format criteo`` makes of its integer columns (one function, so the two agree bit for bit)."""
+    wide = np.asarray(values).astype(np.float64)
+    out: npt.NDArray[np.float32] = (np.sign(wide) * np.log1p(np.abs(wide))).astype(np.float32)
+    return out
 
 
 def canonical_normalizer(name: Any) -> str | None:
