@@ -14,7 +14,7 @@ Classes and functions, by file:
   :class:`TooManyBadRecordsError`, :class:`DatasetConfig`,
   :class:`ReaderPosition`, :class:`ShuffleState`, :class:`DatasetStats`,
   :class:`FileStats`.
-* ``dataset.py`` -- :class:`Dataset`, :func:`open_dataset`, :func:`read_all`.
+* ``dataset.py`` -- :class:`Dataset`, :func:`open_dataset`, :func:`read_all`, :func:`require_records`.
 * ``batch.py`` -- :class:`Batch` (labels, named sparse features as :class:`SparseColumn`,
   named dense features), :class:`BatchSpec` (feature names and sizes).
 * ``hashing.py`` -- stable 64-bit hashing of ids and strings (splitmix64,
@@ -92,7 +92,7 @@ from psflow.data.api import (
 )
 from psflow.data.batch import DEFAULT_SPARSE_FEATURE, Batch, BatchSpec, SparseColumn
 from psflow.data.convert import add_convert_arguments, convert, run_convert
-from psflow.data.dataset import Dataset, open_dataset, read_all
+from psflow.data.dataset import Dataset, open_dataset, read_all, require_records
 from psflow.data.example import ParsedExamples, Ragged, encode_example, parse_examples
 from psflow.data.infer import InferredSchema, infer_schema
 from psflow.data.schema import FixedLenFeature, Schema, SparseFeature, VarLenFeature, batch_spec, default_sparse_schema
@@ -134,6 +134,7 @@ __all__ = [
     "open_dataset",
     "parse_examples",
     "read_all",
+    "require_records",
     "read_records",
     "run_convert",
     "shard_plan",

@@ -44,11 +44,11 @@ from psflow.data.api import (
 from psflow.data.batch import Batch, SparseColumn
 from psflow.data.prefetch import Prefetcher
 from psflow.data.reader_process import ReaderProcess
-from psflow.data.readers import empty_batch, iter_file
+from psflow.data.readers import empty_batch, holds_records, iter_file
 from psflow.data.sharding import WorkerShard, epoch_file_order, expand_paths, shard_plan
 from psflow.data.shuffle import OutPiece, ReadPiece, Rows, sequential_pieces, shuffle_rows
 
-__all__ = ["Dataset", "open_dataset", "read_all"]
+__all__ = ["Dataset", "open_dataset", "read_all", "require_records"]
 
 logger = logging.getLogger("psflow.data")
 
@@ -446,3 +446,31 @@ def read_all(paths: Sequence[str] | str, format: str, **options: Any) -> Batch:
     with open_dataset(config, start=False) as dataset:
         batches = list(dataset)
     return Batch.concat(batches) if batches else empty_batch(config)
+
+
+def require_records(paths: Sequence[str] | str, format: str, *, what: str, **options: Any) -> None:
+    """Refuses an input with nothing in it: none of the files ``paths`` match holds a record.
+
+    Reads each file only up to its first record (blank lines are not records; a malformed record is
+    one, left for the reading itself to report), stopping at the first file that has one, so it costs
+    about one block for an input that is not empty. Blocking; no side effects.
+
+    Args:
+        paths: files or glob patterns (as for :func:`read_all`).
+        format: ``"libsvm"``, ``"tfrecord"`` or ``"criteo"``.
+        what: names the input in the error (a flag: ``"--train"``, ``"--eval"``).
+        **options: other :class:`DatasetConfig` fields (``schema``, ``num_features``, ...).
+
+    Raises:
+        DataError: no record in any file (names the files), or a pattern matches no file, or a file cannot be read.
+    """
+    if isinstance(paths, str):
+        paths = (paths,)
+    config = DatasetConfig(tuple(paths), format, **{"batch_size": 1, "prefetch": 0, **options})
+    files = expand_paths(config.paths)
+    if any(holds_records(config, path) for path in files):
+        return
+    if len(files) == 1:
+        raise DataError(f"{what} {files[0]}: the file holds no {format} records (it is empty, or only blank lines)")
+    shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+    raise DataError(f"{what}: none of the {len(files)} files holds a {format} record ({shown}): the input is empty")

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
 import logging
 import math
 import os
@@ -52,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from psflow import jsonio
 from psflow.data.api import BadRecordError, DataError
 from psflow.data.batch import DEFAULT_SPARSE_FEATURE
 from psflow.data.example_pb import example_class
@@ -337,7 +337,7 @@ def run_schema(args: argparse.Namespace) -> int:
         return 1
     print(inferred.describe(), file=sys.stderr)
     if args.json:
-        print(json.dumps(inferred.schema.to_dict(), indent=1))
+        print(jsonio.dumps(inferred.schema.to_dict(), nonfinite="error", what="the schema", indent=1))
     else:
         sys.stdout.write(schema_yaml(inferred))
     return 0

@@ -8,8 +8,10 @@ Rules (the fast vectorized parser and the line-by-line fallback agree on them):
 * The label is any finite number; it becomes 1.0 if ``> 0`` and 0.0
   otherwise, so ``+1/-1`` and ``1/0`` files read the same.
 * ``id`` is a non-negative decimal integer below 2**63, kept as is (LIBSVM's
-  1-based ids are *not* shifted); ``value`` is a finite number.  Explicit
-  zeros are kept as entries with value 0.  Ids need not be sorted or unique.
+  1-based ids are *not* shifted); ``value`` is a finite number within
+  float32's range (values are stored as float32: ``3:1e39`` would become
+  infinity, so it is malformed).  Explicit zeros are kept as entries with
+  value 0.  Ids need not be sorted or unique.
 * ``qid:<n>`` tokens (ranking files) and comments are rejected as malformed:
   this reader is for classification data.
 
@@ -24,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.data.batch import Batch
-from psflow.data.text import Buffer, parse_float_token, parse_floats, parse_uints
+from psflow.data.text import FLOAT32_OVERFLOW, Buffer, overflows_float32, parse_float_token, parse_floats, parse_uints
 
 __all__ = ["TextParse", "parse_libsvm"]
 
@@ -100,8 +102,8 @@ def _parse_fast(data: bytes, newlines: npt.NDArray[np.int64] | None = None) -> T
         values = np.ones(vs.size, dtype=np.float32)
     else:
         parsed = parse_floats(buf, vs, ve)
-        if parsed is None:
-            return None
+        if parsed is None or overflows_float32(parsed).any():
+            return None  # the line-by-line parser names the line
         values = parsed.astype(np.float32)
     indptr = np.zeros(nonblank.size + 1, dtype=np.int64)
     np.cumsum(per_line, out=indptr[1:])
@@ -132,6 +134,9 @@ def _parse_line(line: bytes) -> tuple[float, list[int], list[float]] | None:
         value = parse_float_token(value_text)
         if value is None:
             raise ValueError(f"bad value in token {shown!r} (want a finite number)")
+        if abs(value) >= FLOAT32_OVERFLOW:
+            raise ValueError(f"value in token {shown!r} overflows float32 (feature values are stored as float32; "
+                             f"largest finite: {float(np.finfo(np.float32).max):.8g})")
         ids.append(feature_id)
         values.append(value)
     return label, ids, values

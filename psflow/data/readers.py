@@ -25,7 +25,7 @@ from psflow.data.schema import Schema, default_sparse_schema
 from psflow.data.source import iter_blocks, resolve_compression
 from psflow.data.tfrecord import check_data_crcs, iter_record_chunks
 
-__all__ = ["Piece", "OnBad", "iter_file", "empty_batch"]
+__all__ = ["Piece", "OnBad", "iter_file", "empty_batch", "holds_records"]
 
 OnBad = Callable[[BadRecordError], None]
 
@@ -82,6 +82,34 @@ def iter_file(
         return parse_criteo(data, config.num_features, newlines)
 
     return _iter_text(config, parse, path, start_record, start_offset, stride, first, on_bad, config.block_size)
+
+
+class _RecordSeen(Exception):
+    """Stops :func:`holds_records` at the first bad record (a record all the same)."""
+
+
+def holds_records(config: DatasetConfig, path: str) -> bool:
+    """Whether ``path`` holds at least one record, good or malformed (blank lines are not records).
+
+    Reads the file only up to its first record (one block, for a file that has one); whatever is wrong
+    with that record is left for the reading itself to report, under the config's bad-record policy.
+    Blocking; no side effects.
+
+    Raises:
+        DataError: the file cannot be opened or read, or (TFRecord) its first chunk lacks a feature
+            the schema requires (as :func:`iter_file`).
+    """
+
+    def on_bad(error: BadRecordError) -> None:
+        raise _RecordSeen
+
+    try:
+        for piece in iter_file(config, path, start_record=0, start_offset=0, stride=1, first=0, on_bad=on_bad):
+            if piece.batch.num_examples:
+                return True
+    except _RecordSeen:
+        return True
+    return False
 
 
 def empty_batch(config: DatasetConfig) -> Batch:

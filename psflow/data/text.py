@@ -8,7 +8,10 @@ syntax accepted everywhere (fast and slow paths alike) is::
     integer:  [+-]? digits
     float:    [+-]? (digits [. digits?] | . digits) ([eE] [+-]? digits)?
 
-and the value must be finite.
+and the value must be finite.  A value stored as float32 (a feature value,
+not a label) must also be within float32's range: a value that rounds to
+infinity in float32 (``|v| >= FLOAT32_OVERFLOW``, e.g. ``1e39``) is refused
+by its parser, naming the line, rather than surfacing later as a NaN loss.
 """
 
 from __future__ import annotations
@@ -20,9 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Buffer", "parse_uints", "parse_ints", "parse_floats", "parse_float_token", "FLOAT_RE"]
+__all__ = ["Buffer", "parse_uints", "parse_ints", "parse_floats", "parse_float_token", "FLOAT_RE", "FLOAT32_OVERFLOW",
+           "overflows_float32"]
 
 FLOAT_RE = re.compile(rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+#: The smallest magnitude that rounds to infinity in float32 (round to nearest even): float32's largest
+#: finite value (2**128 - 2**104) plus half its ulp. Exact in float64.
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 
 _U = np.uint64
 _ZEROS_FILL = np.array([int.from_bytes(b"0" * (8 - n) + b"\0" * n, "little") for n in range(9)], dtype=np.uint64)
@@ -93,6 +101,12 @@ def parse_ints(
     value, ok = parse_uints(buf, starts + signed, ends)
     value = np.where(first == ord("-"), -value, value)
     return value, ok
+
+
+def overflows_float32(values: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+    """Whether each (float64) value becomes infinite when stored as float32 (NaN: False)."""
+    out: npt.NDArray[np.bool_] = np.abs(np.asarray(values, dtype=np.float64)) >= FLOAT32_OVERFLOW
+    return out
 
 
 def parse_float_token(token: bytes) -> float | None:

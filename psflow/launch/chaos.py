@@ -10,11 +10,36 @@ Grammar (one fault per spec)::
 
 e.g. ``kill:ps:1@step=200``, ``kill:chief@step=50``, ``stop:worker:1@step=30``.
 
-:meth:`ChaosInjector.poll` is called by the launcher's watch loop with the
-current global_step; each fault fires once, at the first poll that sees
-``global_step >= N`` (so it fires at step N or a little later: the
-launcher polls every 5 ms). Every fired fault is recorded (task, pid, signal, the
-step seen, wall time) for metrics.json.
+Schedule: faults fire in the order of their steps, in *rounds*: the faults
+with the same ``N`` form one round and fire together; the next round waits
+until every fault of this one has recovered (the launcher records that:
+global_step advancing again after the task's replacement started, see
+:mod:`psflow.launch.resilience`) and then keeps the spacing the specs give,
+counted from the global_step seen at that recovery. So with rounds at steps
+``N1 < N2 < ...``:
+
+* round 1 fires at the first poll that sees ``global_step >= N1``;
+* round k fires at the first poll, after every fault of round k-1 recovered,
+  that sees ``global_step >= R + (Nk - N(k-1))``, where ``R`` is the largest
+  ``recovered_at_step`` of round k-1.
+
+A step jump does not collapse the schedule: killing ps task 0 makes
+global_step jump past its durable bound (up to 1,000 values, see
+:mod:`psflow.ps.global_step`), and without this rule every later ``@step=``
+fault would fire at once. A fault whose task is not running when its round
+fires (being restarted) fires as soon as the task is back. A round that never
+recovers (a task that is not restarted) holds every later fault back: they
+are reported as ``faults_not_fired``. :meth:`ChaosInjector.poll` is called
+every few ms (5 ms in the launcher), so a fault fires at its step or a little
+later. Every fired fault is recorded (task, pid, signal, the step seen, wall
+time, and the launcher adds when it recovered) for metrics.json.
+
+One process, one fault at a time: two specs of the same round that name the
+same task -- also through ``chief``, which is worker 0 when the cluster has no
+``chief`` job -- are refused before anything starts, with an error naming
+both specs (one signal would be lost, or a SIGKILL would hit a process just
+SIGSTOPped). The same task in different rounds is allowed: the later fault
+waits for the earlier one's recovery, so it hits the replacement process.
 """
 
 from __future__ import annotations
@@ -105,18 +130,27 @@ class ChaosPlan:
         return cls(tuple(Fault.parse(s) for s in specs))
 
     def resolve(self, cluster: ClusterSpec) -> list[tuple[Fault, str, int]]:
-        """Each fault with the (job, index) it targets in ``cluster``.
+        """Each fault with the (job, index) it targets in ``cluster``, in the order given.
 
         Raises:
-            ChaosError: a fault names a job or task that is not in the cluster.
+            ChaosError: a fault names a job or task that is not in the cluster; or two faults of
+                the same step (one round, see the module docstring) name the same task (names both
+                specs and the task).
         """
         out = []
+        seen: dict[tuple[int, str, int], Fault] = {}
         for f in self.faults:
             job, index = chief_task(cluster) if f.job is None else (f.job, f.index if f.index is not None else 0)
             try:
                 cluster.task_address(job, index)
             except ClusterError as e:
                 raise ChaosError(f"--chaos {f.spec!r}: {e}") from e
+            other = seen.setdefault((f.step, job, index), f)
+            if other is not f:
+                alias = " (the chief is worker 0 in a cluster without a 'chief' job)" if (other.job is None) != (f.job is None) else ""
+                raise ChaosError(f"--chaos {other.spec!r} and --chaos {f.spec!r} both name /job:{job}/task:{index} at "
+                                 f"step {f.step}{alias}: one process takes one fault at a time; drop one, or give it "
+                                 f"a later step (it then hits the task's replacement, after the first fault recovered)")
             out.append((f, job, index))
         return out
 
@@ -142,7 +176,8 @@ class InjectedFault:
 
 
 class ChaosInjector:
-    """Fires a plan's faults as global_step passes their steps; not thread-safe."""
+    """Fires a plan's faults round by round as global_step passes their steps (see the module
+    docstring); not thread-safe: one thread polls, and records recoveries under the caller's lock."""
 
     def __init__(self, plan: ChaosPlan, cluster: ClusterSpec, find: Callable[[str, int], Any],
                  *, send: Callable[[int, int], None] = os.kill) -> None:
@@ -156,28 +191,60 @@ class ChaosInjector:
             send: how to signal a pid (tests pass a fake).
 
         Raises:
-            ChaosError: a fault names a task that is not in the cluster.
+            ChaosError: a fault names a task that is not in the cluster, or two faults of one
+                round name the same task.
         """
-        self._pending = plan.resolve(cluster)
+        resolved = plan.resolve(cluster)
+        steps = sorted({f.step for f, _, _ in resolved})
+        # Rounds in step order; inside a round, the order given.
+        self._rounds = [[entry for entry in resolved if entry[0].step == step] for step in steps]
         self._find = find
         self._send = send
         self.injected: list[InjectedFault] = []
+        self._begun = False                    # the first round has fired (some of) its faults
+        self._last: list[InjectedFault] = []   # the faults fired by the last round begun
+        self._last_step = 0                    # that round's step (N(k-1))
 
     def pending(self) -> int:
         """Faults not fired yet."""
-        return len(self._pending)
+        return sum(len(r) for r in self._rounds)
+
+    def due_at(self) -> int | None:
+        """The global_step at which the next round fires; None while a round is firing or the last one
+        has not recovered yet, and when no fault is left. Reads ``recovered_at_step`` of the last
+        round's faults (set by the launcher)."""
+        if not self._rounds or self._begun:
+            return None
+        step = self._rounds[0][0][0].step
+        if not self._last:  # the first round (or one whose every task was already gone): its own step
+            return step
+        recovered = [f.recovered_at_step for f in self._last]
+        if any(r is None for r in recovered):
+            return None
+        return max(r for r in recovered if r is not None) + step - self._last_step
 
     def poll(self, global_step: int) -> list[InjectedFault]:
-        """Fires every pending fault with ``step <= global_step`` whose task is running."""
+        """Fires the faults of the next round whose task is running, once the round is due (see the
+        module docstring); a fault of a begun round whose task is not running fires when it is back.
+
+        Returns:
+            The faults fired by this call, in the order given.
+        """
+        if not self._rounds:
+            return []
+        if not self._begun:
+            due = self.due_at()
+            if due is None or global_step < due:
+                return []
+            self._begun, self._last, self._last_step = True, [], self._rounds[0][0][0].step
+        head = self._rounds[0]
         fired = []
-        for entry in list(self._pending):
+        for entry in list(head):
             fault, job, index = entry
-            if global_step < fault.step:
-                continue
             task = self._find(job, index)
             if task is None:
                 continue  # not running now (e.g. being restarted): fire when it is back
-            self._pending.remove(entry)
+            head.remove(entry)
             try:
                 self._send(task.pid, fault.signal)
             except ProcessLookupError:
@@ -187,5 +254,9 @@ class ChaosInjector:
             log.warning("chaos: %s: sent %s to %s (pid %d) at global_step %d",
                         fault.spec, event.signal, task.name, task.pid, global_step)
             self.injected.append(event)
+            self._last.append(event)
             fired.append(event)
+        if not head:
+            self._rounds.pop(0)
+            self._begun = False
         return fired

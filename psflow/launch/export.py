@@ -40,6 +40,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from safetensors.numpy import save as safetensors_save
 
+from psflow import jsonio
 from psflow.data import Batch, Schema, read_all
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
@@ -109,7 +110,8 @@ def export_model(checkpoint: str, out_dir: str) -> str:
         The checkpoint exported.
 
     Raises:
-        CheckpointError: no complete checkpoint, or one that does not say which model wrote it.
+        CheckpointError: no complete checkpoint, one that does not say which model wrote it, or one whose
+            model record holds a NaN or infinite setting (JSON cannot hold it).
     """
     path = _resolve_checkpoint(checkpoint)
     manifest = read_manifest(path)
@@ -128,7 +130,12 @@ def export_model(checkpoint: str, out_dir: str) -> str:
         "checkpoint": os.path.abspath(path),
         "psflow_version": manifest.psflow_version,
     }
-    write_file_atomically(os.path.join(out_dir, "model.json"), json.dumps(meta, indent=1).encode())
+    meta_path = os.path.join(out_dir, "model.json")
+    try:
+        text = jsonio.dumps(meta, nonfinite="error", what=meta_path, indent=1)
+    except ValueError as e:  # a NaN or infinite setting in the checkpoint's model record
+        raise CheckpointError(f"checkpoint {path}: {e}") from e
+    write_file_atomically(meta_path, text.encode())
     return path
 
 

@@ -21,7 +21,10 @@ even before the launcher's client is connected). The same thread then records
 each fault's recovery time (``recovery_seconds`` in metrics.json): from the
 fault until global_step advances after the task's replacement started (for a
 ps task: after the chief restored the cluster). A fault whose task was not
-restarted has none.
+restarted has none. That recovery is also what lets the next round of faults
+fire (their spacing is counted from the step it was seen at; see
+:mod:`psflow.launch.chaos`), so a step jump after a restore of ps task 0
+does not fire every later fault at once.
 
 Hang detection runs on its own thread (:meth:`Resilience.start`, stopped by
 :meth:`Resilience.close`, which ``LocalCluster.stop_all`` calls), so a watch
@@ -37,7 +40,6 @@ hang detection: restart policy ``never``, no chaos.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -46,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from psflow import jsonio
 from psflow.launch.chaos import ChaosError, ChaosInjector, ChaosPlan
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
@@ -194,7 +197,7 @@ class Resilience:
         returns lines for the failure report: injected faults, hang kills, restarts (empty if none)."""
         try:
             with open(os.path.join(self.lc.output_dir, "faults.json"), "w") as f:
-                json.dump(self.metrics(), f, indent=1)
+                jsonio.dump(self.metrics(), f, indent=1)
         except OSError as e:
             log.warning("could not write faults.json: %s", e)
         lines = []

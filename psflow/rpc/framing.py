@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from psflow import jsonio
+
 __all__ = ["ALLOWED_DTYPES", "FrameError", "Frame", "encode", "decode"]
 
 MAGIC = b"PSF1"
@@ -78,7 +80,7 @@ def encode(meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarra
     """Encodes ``meta`` and ``arrays`` into one frame.
 
     Args:
-        meta: JSON-serializable small fields.
+        meta: JSON-serializable small fields; a NaN or infinite float is sent as null.
         arrays: named numpy arrays; non-contiguous ones are copied once.
 
     Returns:
@@ -92,7 +94,7 @@ def encode(meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarra
     # is written once: its length is bounded first (every offset given as many digits as the largest
     # possible one), the data laid out after that bound, and the header padded with spaces up to it
     # (JSON allows trailing whitespace), so the data needs no padding of its own.
-    meta_json = json.dumps(meta or {}, separators=(",", ":"))
+    meta_json = _meta_json(meta or {})
     heads = [f"[{_json_string(name)},\"{arr.dtype.str}\",[{','.join(map(str, arr.shape))}]," for name, arr in wire]
     payload = sum(arr.nbytes + _pad(arr.nbytes) for _, arr in wire)
     fixed = _PREFIX.size + len(meta_json) + sum(len(h) + 2 + len(str(arr.nbytes)) for h, (_, arr) in zip(heads, wire, strict=True)) + 32
@@ -112,6 +114,15 @@ def encode(meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarra
         parts.append(arr.data.cast("B") if arr.nbytes else b"")
         parts.append(b"\0" * _pad(arr.nbytes))
     return b"".join(parts)
+
+
+def _meta_json(meta: Mapping[str, Any]) -> str:
+    """The header's meta as standard JSON: a NaN or infinite float (a diverged loss) travels as null
+    (:mod:`psflow.jsonio`); the common all-finite meta costs one :func:`json.dumps`, as before."""
+    try:
+        return json.dumps(meta, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return jsonio.dumps(meta, separators=(",", ":"))
 
 
 _PLAIN = re.compile(r"[ !#-\[\]-~]*")  # printable ASCII but '"' and '\\': JSON strings as they are

@@ -225,6 +225,12 @@ def average_gradients(all_grads: Sequence[Gradients]) -> Gradients:
     return out
 
 
+def _loss(frame: Frame) -> float:
+    """A worker's loss from its RunStep reply; NaN where it was not finite (the frame header carries it as null)."""
+    loss = frame.meta.get("loss")
+    return float(loss) if isinstance(loss, (int, float)) else float("nan")
+
+
 def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str | None = None) -> dict[str, Any]:
     """The in-graph client: reads all the data and drives every worker until it ends.
 
@@ -260,7 +266,7 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
                       if b > a]
             pending = [(batch, s.run_async(step_fn, batch, push=not sync)) for s, batch in slices]
             results = [(batch, fn()) for batch, fn in pending]
-            losses = [float(frame.meta["loss"]) for _, (frame, _) in results]
+            losses = [_loss(frame) for _, (frame, _) in results]
             if sync:
                 grads = average_gradients([g for _, (_, g) in results])
                 read = min(int(f.meta["read_step"]) for _, (f, _) in results if f.meta.get("read_step") is not None)

@@ -2,9 +2,13 @@
 
 ``python candidate.py BACKEND ADDRESS TTL NAME PS_ADDRESS`` (token in PSFLOW_TOKEN):
 campaigns, prints ``leader NAME epoch E``, then every 0.1 s asks the ps task
-to accept a fenced write with its epoch, printing ``write ok E`` or
-``fenced: ...`` (then exits 3). The fenced check deliberately does not ask the
-backend first: it shows that the ps itself refuses a deposed leader.
+to accept a fenced write with its epoch, printing ``write ok E sent T`` or
+``fenced: ...`` (then exits 3). ``T`` is ``time.monotonic()`` taken just
+before the write was sent (CLOCK_MONOTONIC: one clock for every process of
+the machine), so a test that pauses this process can tell a write sent after
+it resumed from one sent before the pause whose reply is printed after it.
+The fenced check deliberately does not ask the backend first: it shows that
+the ps itself refuses a deposed leader.
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ def main() -> int:
     channel.wait_ready()  # with ZooKeeper the lease can come before the ps task is listening
     writer = FencedWriter({0: channel}, lease)
     while True:
+        sent = time.monotonic()
         try:
             writer.check()
         except FencedError as e:
             print(f"fenced: {e}", flush=True)
             return 3
-        print(f"write ok {lease.epoch}", flush=True)
+        print(f"write ok {lease.epoch} sent {sent!r}", flush=True)
         time.sleep(0.1)
 
 

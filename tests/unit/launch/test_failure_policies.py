@@ -128,8 +128,70 @@ def test_injector_fires_each_fault_once_when_the_step_is_reached() -> None:
     assert injector.poll(9) == [] and sent == []
     (fired,) = injector.poll(11)
     assert (fired.task, fired.pid, fired.signal, fired.at_step) == ("/job:ps/task:1", 41, "SIGKILL", 11)
-    assert injector.poll(13) == []               # worker 0 not running: waits for it
+    assert injector.poll(13) == []               # the next round waits for the first fault's recovery
+    fired.recovered_at_step = 20                 # (the launcher records it)
+    assert injector.due_at() == 22               # the spacing, 12 - 10, counted from the recovery
+    assert injector.poll(22) == []               # worker 0 not running: waits for it
     running[("worker", 0)] = True
-    assert [f.signal for f in injector.poll(14)] == ["SIGSTOP"]
+    assert [f.signal for f in injector.poll(22)] == ["SIGSTOP"]
     assert injector.poll(100) == [] and injector.pending() == 0
     assert sent == [(41, signal.SIGKILL), (42, signal.SIGSTOP)]
+
+
+def _injector(specs: list[str], sent: list[tuple[int, int]], cluster: ClusterSpec = CLUSTER) -> ChaosInjector:
+    pids = {("ps", 0): 40, ("ps", 1): 41, ("worker", 0): 42, ("worker", 1): 43, ("chief", 0): 44}
+    names = {key: f"/job:{key[0]}/task:{key[1]}" for key in pids}
+    return ChaosInjector(ChaosPlan.parse(specs), cluster, lambda job, i: FakeTask(names[(job, i)], pids[(job, i)]),
+                         send=lambda pid, sig: sent.append((pid, sig)))
+
+
+def test_a_step_jump_after_a_ps_0_restore_does_not_fire_the_later_faults_at_once() -> None:
+    """Killing ps 0 at step 100 makes global_step jump (here to 1,100): the worker kill 200 steps
+    later fires 200 steps after the recovery, and the chief kill 100 steps after that one's."""
+    sent: list[tuple[int, int]] = []
+    injector = _injector(["kill:chief@step=400", "kill:ps:0@step=100", "kill:worker:1@step=300"], sent)
+    (ps0,) = injector.poll(100)
+    assert ps0.task == "/job:ps/task:0" and injector.pending() == 2
+    assert injector.poll(1_100) == [] and injector.poll(5_000) == []   # the jump: nothing fires before the recovery
+    ps0.recovered_at_step = 1_105
+    assert injector.due_at() == 1_305 and injector.poll(1_304) == []
+    (w1,) = injector.poll(1_306)
+    assert (w1.task, w1.at_step) == ("/job:worker/task:1", 1_306)
+    w1.recovered_at_step = 1_350
+    assert injector.poll(1_449) == []
+    (chief,) = injector.poll(1_450)
+    assert chief.task == "/job:worker/task:0" and injector.pending() == 0
+    assert sent == [(40, signal.SIGKILL), (43, signal.SIGKILL), (42, signal.SIGKILL)]
+
+
+def test_faults_of_one_step_fire_together_and_the_next_round_waits_for_all_of_them() -> None:
+    sent: list[tuple[int, int]] = []
+    injector = _injector(["kill:ps:1@step=50", "stop:worker:1@step=50", "kill:ps:1@step=60"], sent)
+    first = injector.poll(50)
+    assert [f.task for f in first] == ["/job:ps/task:1", "/job:worker/task:1"]
+    first[0].recovered_at_step = 70
+    assert injector.due_at() is None and injector.poll(1_000) == []   # worker 1 has not recovered yet
+    first[1].recovered_at_step = 90
+    assert injector.due_at() == 100   # the later of the two recoveries, plus 60 - 50
+    (again,) = injector.poll(100)
+    assert again.spec == "kill:ps:1@step=60"   # the same task in a later round: allowed, hits its replacement
+    assert sent == [(41, signal.SIGKILL), (43, signal.SIGSTOP), (41, signal.SIGKILL)]
+
+
+@pytest.mark.parametrize(("specs", "named"), [
+    (["kill:worker:0@step=100", "kill:chief@step=100"], "both name /job:worker/task:0 at step 100 (the chief is worker 0"),
+    (["stop:ps:1@step=7", "kill:ps:1@step=7"], "both name /job:ps/task:1 at step 7: one process"),
+    (["kill:ps:0@step=5", "kill:ps:0@step=5"], "both name /job:ps/task:0"),
+])
+def test_two_faults_naming_one_process_in_one_round_are_refused_naming_both_specs(specs: list[str], named: str) -> None:
+    with pytest.raises(ChaosError) as e:
+        _injector(specs, [])
+    message = str(e.value)
+    assert named in message and all(repr(s) in message for s in specs), message
+
+
+def test_the_chief_job_is_not_worker_0_where_there_is_one() -> None:
+    with_chief = ClusterSpec({"chief": ["127.0.0.1:9"], "ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:3"]})
+    injector = _injector(["kill:worker:0@step=100", "kill:chief@step=100"], sent := [], with_chief)
+    assert [f.task for f in injector.poll(100)] == ["/job:worker/task:0", "/job:chief/task:0"]
+    assert sent == [(42, signal.SIGKILL), (44, signal.SIGKILL)]
