@@ -8,6 +8,14 @@ task of a cluster can be reached at its address.
 Lifecycle: built and started by the constructor (``start=True``, as TF does);
 :meth:`Server.join` blocks until the server stops, which happens on
 :meth:`Server.stop` or on a ``Shutdown`` request from a client of the cluster.
+
+Security: with a ``token`` every call (gRPC and the TCP carrier) must carry
+it, ``Shutdown`` included; without one the server logs a WARNING when it
+starts and reports ``"authentication": "off"`` in its ``Ping`` and ``Stats``
+replies (``psflow server`` refuses to run so unless given ``--insecure``).
+A ps task writes checkpoint shards (``SaveShard`` with a path) only under its
+``checkpoint_root``; without one it writes none (shards then travel in the
+reply: ``--checkpoint-transport rpc``).
 """
 
 from __future__ import annotations
@@ -23,10 +31,10 @@ from psflow.cluster import ClusterSpec, TaskId
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
 from psflow.ps.service import ParameterService
-from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE
+from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, InvalidRequest
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_server import Handler, Reply, build_grpc_server
-from psflow.rpc.tcp import TcpServer
+from psflow.rpc.tcp_server import TcpLimits, TcpServer
 from psflow.rpc.tls import TlsConfig
 
 __all__ = ["Server", "STEP_JOURNAL_FILE"]
@@ -60,6 +68,8 @@ class Server:
         worker_handlers: Mapping[str, Handler] | None = None,
         tls: TlsConfig | None = None,
         state_dir: str | None = None,
+        checkpoint_root: str | None = None,
+        tcp_limits: TcpLimits | None = None,
     ) -> None:
         """Builds the server of task ``/job:<job_name>/task:<task_index>``.
 
@@ -82,6 +92,11 @@ class Server:
                 step value twice; put it on storage that outlives the process.
                 ``None``: not kept (after a restart of ps task 0, step values
                 since the restored checkpoint repeat).
+            checkpoint_root: (ps tasks) the only directory under which
+                ``SaveShard`` writes shard files (symlinks resolved; ``..`` and
+                other directories refused); ``None``: no shard files at all.
+            tcp_limits: timeouts and connection limits of the ps task's TCP
+                carrier (default :class:`~psflow.rpc.tcp_server.TcpLimits`).
 
         Raises:
             ClusterError: the job or task is not in the cluster.
@@ -94,13 +109,17 @@ class Server:
         self._stopped = threading.Event()
         self.parameter_service: ParameterService | None = None
         services: dict[str, Mapping[str, Handler]] = {}
+        self._ps_handlers: dict[str, Handler] = {}
         if job_name == "ps":
             holds_step = task_index == min(self.cluster.task_indices("ps"))
             journal = StepJournal(os.path.join(state_dir, STEP_JOURNAL_FILE)) if state_dir and holds_step else None
             self.parameter_service = ParameterService(
-                task_index, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal
+                task_index, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal,
+                checkpoint_root=checkpoint_root, confine_shards=True,
             )
-            services[PARAMETER_SERVICE] = {**self.parameter_service.handlers(), "Transport": self._transport}
+            # One table for both carriers, so that Stats says the same over gRPC and TCP.
+            self._ps_handlers = {**self.parameter_service.handlers(), "Stats": self._stats}
+            services[PARAMETER_SERVICE] = {**self._ps_handlers, "Transport": self._transport}
             if task_index == min(self.cluster.task_indices("ps")):  # the embedded coordination backend's leases
                 services[COORDINATION_SERVICE] = LeaseTable(self.task.name).handlers()
         services[WORKER_SERVICE] = {"Ping": self._ping, "Shutdown": self._shutdown, **(worker_handlers or {})}
@@ -110,7 +129,7 @@ class Server:
         )
         host = address.rsplit(":", 1)[0]
         self.address = f"{host}:{port}"
-        self._token, self._tls = token, tls
+        self._token, self._tls, self._tcp_limits = token, tls, tcp_limits
         self._bind_host = (bind_address or address).rsplit(":", 1)[0].strip("[]")
         self._tcp: TcpServer | None = None
         self._started = False
@@ -127,10 +146,13 @@ class Server:
         if not self._started:
             self._grpc.start()
             if self.parameter_service is not None and self._tls is None:  # the lean data-path carrier (no TLS)
-                self._tcp = TcpServer(self._bind_host, self.parameter_service.handlers(), task_name=self.task.name,
-                                      token=self._token)
+                self._tcp = TcpServer(self._bind_host, self._ps_handlers, task_name=self.task.name,
+                                      token=self._token, limits=self._tcp_limits)
             self._started = True
             log.info("%s: serving at %s (pid %d)", self.task.name, self.address, os.getpid())
+            if self._token is None:
+                log.warning("%s: authentication is OFF (no cluster token): any peer that reaches %s can call "
+                            "every method, Shutdown included", self.task.name, self.address)
 
     def join(self, timeout: float | None = None) -> bool:
         """Blocks until the server stops (or ``timeout`` seconds pass).
@@ -154,9 +176,24 @@ class Server:
         """Where this ps task's TCP carrier listens (``tcp_port`` None: not offered, e.g. under TLS)."""
         return {"tcp_port": self._tcp.port if self._tcp is not None else None}, {}
 
+    @property
+    def authentication(self) -> str:
+        """``"token"`` (every call must carry the cluster token) or ``"off"``."""
+        return "off" if self._token is None else "token"
+
     def _ping(self, frame: Frame) -> Reply:
-        meta: dict[str, Any] = {"task": self.task.name, "pid": os.getpid(), "time": time.time()}
+        meta: dict[str, Any] = {"task": self.task.name, "pid": os.getpid(), "time": time.time(),
+                                "authentication": self.authentication}
         return meta, {}
+
+    def _stats(self, frame: Frame) -> Reply:
+        """The ParameterService's Stats, plus how calls are authenticated and the TCP carrier's counters."""
+        service = self.parameter_service
+        if service is None:  # not reached: only ps tasks serve Stats
+            raise InvalidRequest(f"{self.task.name} is not a ps task")
+        meta, arrays = service.get_stats(frame)
+        tcp = self._tcp.stats() if self._tcp is not None else None
+        return {**meta, "authentication": self.authentication, "tcp": tcp}, arrays
 
     def _shutdown(self, frame: Frame) -> Reply:
         threading.Thread(target=self.stop, name="psflow-shutdown", daemon=True).start()

@@ -43,6 +43,8 @@ class ClusterHandle:
         cluster_file.write_text(self.cluster.to_json())
         out = open(self.workdir / f"{job}-{index}.log", "ab")
         env = dict(os.environ, PSFLOW_TOKEN=self.token, PYTHONUNBUFFERED="1")
+        if job == "ps" and "--checkpoint-root" not in extra:  # tests save checkpoints under their tmp_path
+            extra = (*extra, "--checkpoint-root", str(self.workdir))
         proc = subprocess.Popen(
             [sys.executable, "-m", "psflow.launch.task", "--cluster", str(cluster_file), "--job", job,
              "--task", str(index), *extra],

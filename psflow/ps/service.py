@@ -90,7 +90,8 @@ class ParameterService:
     """State and handlers of one ps task."""
 
     def __init__(self, task_index: int, *, holds_global_step: bool, on_shutdown: Callable[[], None] | None = None,
-                 step_journal: StepJournal | None = None) -> None:
+                 step_journal: StepJournal | None = None, checkpoint_root: str | None = None,
+                 confine_shards: bool = False) -> None:
         """Creates an empty service.
 
         Args:
@@ -99,6 +100,11 @@ class ParameterService:
             on_shutdown: called (once) when a Shutdown request arrives.
             step_journal: where global_step's bound survives a restart of this
                 task (see :mod:`psflow.ps.global_step`); ignored unless it holds global_step.
+            checkpoint_root: with ``confine_shards``, the only directory under
+                which ``SaveShard`` writes (``None``: it writes no file).
+            confine_shards: enforce ``checkpoint_root`` (a served task, see
+                :class:`psflow.server.Server`); False (an in-process service no
+                peer can reach): ``SaveShard`` writes where its caller says.
 
         Raises:
             StepJournalError: the journal file is damaged.
@@ -119,6 +125,7 @@ class ParameterService:
         self._register_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._on_shutdown = on_shutdown
+        self._checkpoint_root, self._confine_shards = checkpoint_root, confine_shards
         # Highest chief epoch seen; fenced writes (checkpoints) check it (psflow.coord.fence).
         self.fence = FenceGuard(self.task_name)
         self.init_count = 0
@@ -154,7 +161,8 @@ class ParameterService:
             "Leave": self.leave,
             "Shutdown": self.shutdown,
             "Fence": self.fence.handle,
-            **CheckpointHandlers(self).handlers(),
+            **CheckpointHandlers(self, checkpoint_root=self._checkpoint_root,
+                                 confine=self._confine_shards).handlers(),
         }
 
     # ---- Register ----------------------------------------------------------

@@ -1,4 +1,4 @@
-"""A lean TCP carrier for the data path (``--transport tcp``).
+"""A lean TCP carrier for the data path (``--transport tcp``): the wire and the client side.
 
 gRPC's Python stack costs most of a millisecond of CPU per call; a pull or
 push of 20,000 rows takes a tenth of that to frame. This transport carries
@@ -6,65 +6,83 @@ the same frames (:mod:`psflow.rpc.framing`) to the same handlers over one
 plain TCP connection per (client, task), so a ParameterClient can use it
 instead of gRPC for every call. The ps task still serves gRPC (control,
 discovery, TLS); it advertises this carrier's port in its ``Transport`` reply.
+The server side (timeouts, connection limits, the accept loop) is
+:mod:`psflow.rpc.tcp_server`.
 
 Wire format (all integers little-endian):
 
     connection start   client: b"PSFT" | u16 n | token (n bytes, UTF-8)
-                       server: u8 status (0 ok, 3 unauthenticated, then close)
+                       server: u8 status (0 ok; 3 unauthenticated or 5 unavailable
+                               (connection limit reached), then close)
     request            u32 length | u8 m | method (m bytes) | frame
     reply              u32 length | u8 status | frame (status 0) or UTF-8 error text
 
 Status codes map to the same :class:`~psflow.rpc.api.RpcError` subclasses as
 gRPC's: 1 INVALID_ARGUMENT, 2 FAILED_PRECONDITION, 3 UNAUTHENTICATED,
-4 INTERNAL. Guarantees: as for gRPC — every call has a deadline, a refused
-request changes nothing and the server keeps serving, no pickle; calls are
-never retried. No TLS: use gRPC where the network is not trusted.
+4 INTERNAL, 5 UNAVAILABLE. Guarantees: as for gRPC — every call has a
+deadline, a refused request changes nothing and the server keeps serving, no
+pickle; calls are never retried. A connection the server closed while it was
+idle (its idle timeout) is noticed before the next call is sent and opened
+again, as a gRPC channel reconnects. No TLS: use gRPC where the network is not
+trusted.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from psflow.rpc.api import (
-    MAX_MESSAGE_BYTES,
     ConnectConfig,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
-    InvalidRequest,
-    PreconditionFailed,
     RemoteError,
     RpcError,
     TaskUnavailableError,
     UnauthenticatedError,
 )
-from psflow.rpc.framing import Frame, FrameError, decode, encode
-from psflow.rpc.grpc_server import Handler
+from psflow.rpc.framing import Frame, decode, encode
 
-__all__ = ["TcpServer", "TcpChannel"]
+__all__ = ["TcpChannel", "DEFAULT_IDLE_TIMEOUT"]
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"PSFT"
-_U32 = struct.Struct("<I")
-_OK, _INVALID, _PRECONDITION, _UNAUTHENTICATED, _INTERNAL = 0, 1, 2, 3, 4
-_ERRORS: dict[int, type[RpcError]] = {
-    _INVALID: InvalidArgumentError,
-    _PRECONDITION: FailedPreconditionError,
-    _UNAUTHENTICATED: UnauthenticatedError,
-    _INTERNAL: RemoteError,
+# The wire, shared with psflow.rpc.tcp_server (public names, not part of __all__).
+HANDSHAKE_MAGIC = b"PSFT"
+U32 = struct.Struct("<I")
+U16 = struct.Struct("<H")
+STATUS_OK, STATUS_INVALID, STATUS_PRECONDITION, STATUS_UNAUTHENTICATED, STATUS_INTERNAL = 0, 1, 2, 3, 4
+STATUS_UNAVAILABLE = 5
+STATUS_ERRORS: dict[int, type[RpcError]] = {
+    STATUS_INVALID: InvalidArgumentError,
+    STATUS_PRECONDITION: FailedPreconditionError,
+    STATUS_UNAUTHENTICATED: UnauthenticatedError,
+    STATUS_INTERNAL: RemoteError,
 }
 
+#: Seconds a server keeps an authenticated connection that sends nothing (psflow.rpc.tcp_server.TcpLimits).
+DEFAULT_IDLE_TIMEOUT = 600.0
+#: A client opens a new connection rather than reuse one idle this long, well inside the server's default
+#: idle timeout, so that a call never races the server's idle close (see TcpChannel.call_async).
+_REUSE_IDLE_LIMIT = DEFAULT_IDLE_TIMEOUT / 2
+#: Idle longer than this (seconds), a connection is checked (one non-blocking peek) before it is reused:
+#: a server with a shorter idle timeout than the default may have closed it. Below MIN_IDLE_TIMEOUT, so
+#: that a connection the server closed for idleness is always checked.
+_CHECK_IDLE_AFTER = 0.25
+#: The shortest idle timeout a server may have (seconds; see _CHECK_IDLE_AFTER).
+MIN_IDLE_TIMEOUT = 1.0
 
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """Reads exactly ``n`` bytes (blocking, under the socket's timeout); ConnectionError at EOF."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -76,7 +94,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def _send(sock: socket.socket, *parts: bytes | memoryview) -> None:
+def send_parts(sock: socket.socket, *parts: bytes | memoryview) -> None:
     """Sends ``parts`` back to back: gathered by the kernel (``sendmsg``), not joined into a copy first."""
     views = [memoryview(p).cast("B") for p in parts]
     while views:
@@ -88,94 +106,6 @@ def _send(sock: socket.socket, *parts: bytes | memoryview) -> None:
                 views[0], sent = views[0][sent:], 0
         while views and not len(views[0]):
             views.pop(0)
-
-
-class TcpServer:
-    """Serves ``handlers`` over plain TCP, one thread per connection."""
-
-    def __init__(self, host: str, handlers: Mapping[str, Handler], *, task_name: str, token: str | None) -> None:
-        """Binds ``host:0`` (a free port) and starts accepting; see :attr:`port`."""
-        self._handlers, self._task, self._token = handlers, task_name, token
-        self._listener = socket.create_server((host, 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._closed = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, name=f"psflow-tcp-accept {task_name}", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), name=f"psflow-tcp {self._task}", daemon=True).start()
-
-    def _handshake(self, conn: socket.socket) -> bool:
-        head = _recv_exact(conn, 6)
-        if bytes(head[:4]) != _MAGIC:
-            return False
-        token = bytes(_recv_exact(conn, struct.unpack_from("<H", head, 4)[0]))
-        ok = self._token is None or hmac.compare_digest(token, self._token.encode())
-        conn.sendall(bytes([_OK if ok else _UNAUTHENTICATED]))
-        return ok
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            if not self._handshake(conn):
-                return
-            while True:
-                length = _U32.unpack(_recv_exact(conn, 4))[0]
-                if length > MAX_MESSAGE_BYTES:
-                    self._reply_error(conn, _INVALID, f"request of {length} bytes exceeds {MAX_MESSAGE_BYTES}")
-                    return
-                body = memoryview(_recv_exact(conn, length))
-                status, payload = self._dispatch(body)
-                _send(conn, _U32.pack(len(payload) + 1), bytes([status]), payload)
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
-
-    def _dispatch(self, body: memoryview) -> tuple[int, bytes]:
-        method = "?"
-        try:
-            if len(body) < 1 or len(body) < 1 + body[0]:
-                raise FrameError("request too short")
-            method = bytes(body[1 : 1 + body[0]]).decode("utf-8", errors="replace")
-            handler = self._handlers.get(method)
-            if handler is None:
-                raise InvalidRequest(f"unknown method {method!r}")
-            meta, arrays = handler(decode(body[1 + body[0] :]))
-            return _OK, encode(meta, arrays)
-        except (FrameError, InvalidRequest) as e:
-            return _INVALID, f"{self._task}: {method}: {e}".encode()
-        except PreconditionFailed as e:
-            return _PRECONDITION, f"{self._task}: {method}: {e}".encode()
-        except Exception as e:  # noqa: BLE001 - a bad request must never kill the server
-            log.exception("%s: %s failed", self._task, method)
-            return _INTERNAL, f"{self._task}: {method}: internal error: {type(e).__name__}: {e}".encode()
-
-    @staticmethod
-    def _reply_error(conn: socket.socket, status: int, text: str) -> None:
-        data = text.encode()
-        _send(conn, _U32.pack(len(data) + 1), bytes([status]), data)
-
-    def close(self) -> None:
-        """Stops accepting and closes every connection; idempotent."""
-        self._closed.set()
-        self._listener.close()
-        with self._lock:
-            for conn in list(self._conns):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 class _Pending:
@@ -191,11 +121,14 @@ class _Pending:
 
 
 class TcpChannel:
-    """A client's connection to one task's :class:`TcpServer` (same surface as TaskChannel).
+    """A client's connection to one task's TCP carrier (same surface as TaskChannel).
 
     A call is sent by :meth:`call_async` and its reply read by ``result()``;
     the channel is held from one to the other, so calls on one channel are
-    serialized while calls on different channels overlap.
+    serialized while calls on different channels overlap. The connection is
+    opened on first use and again after it failed or the server closed it
+    while idle (checked before a call is sent, so no call is lost to it).
+    Thread-safe; :meth:`close` never blocks.
     """
 
     def __init__(self, task: str, host: str, port: int, config: ConnectConfig,
@@ -215,9 +148,16 @@ class TcpChannel:
         self._rediscover = rediscover
         self._sock: socket.socket | None = None
         self._busy = threading.Lock()
+        self._closed = False
+        self._last_reply = 0.0  # time.monotonic() when the connection last finished a call
+
+    def _closed_error(self, what: str) -> TaskUnavailableError:
+        return TaskUnavailableError(f"{self.task}: {what}: the channel to {self.address} is closed")
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Connects (once) and authenticates; raises TaskUnavailableError or UnauthenticatedError."""
+        if self._closed:
+            raise self._closed_error("connect")
         with self._busy:
             self._connect(self._config.connect_timeout if timeout is None else timeout)
 
@@ -243,17 +183,46 @@ class TcpChannel:
     def _open(self, timeout: float) -> socket.socket:
         try:
             sock = socket.create_connection((self._host, self._port), timeout=timeout)
+        except OSError as e:
+            raise TaskUnavailableError(f"{self.task}: cannot reach its tcp transport at {self.address}: {e}") from e
+        try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             token = (self._config.token or "").encode()
-            sock.sendall(_MAGIC + struct.pack("<H", len(token)) + token)
-            status = _recv_exact(sock, 1)[0]
+            sock.sendall(HANDSHAKE_MAGIC + U16.pack(len(token)) + token)
+            status = recv_exact(sock, 1)[0]
         except (OSError, ConnectionError) as e:
+            sock.close()
             raise TaskUnavailableError(f"{self.task}: cannot reach its tcp transport at {self.address}: {e}") from e
-        if status != _OK:
+        if status == STATUS_UNAVAILABLE:
+            sock.close()
+            raise TaskUnavailableError(f"{self.task}: its tcp transport at {self.address} refused the connection: "
+                                       "it serves as many connections as its limit allows (--tcp-max-connections)")
+        if status != STATUS_OK:
             sock.close()
             raise UnauthenticatedError(f"{self.task}: missing or wrong cluster token")
-        self._sock = sock
+        self._sock, self._last_reply = sock, time.monotonic()
         return sock
+
+    def _reusable(self, sock: socket.socket) -> bool:
+        """Whether an open connection may carry the next call (False: the server closed it, or it idled too long).
+
+        A request/reply stream has nothing to read between calls, so anything
+        readable then (end of stream, a reset, stray bytes) means the server
+        let go of it; one non-blocking peek, only after a quarter second of idleness.
+        """
+        idle = time.monotonic() - self._last_reply
+        if idle < _CHECK_IDLE_AFTER:
+            return True
+        if idle > _REUSE_IDLE_LIMIT:
+            return False
+        try:
+            sock.settimeout(0.0)
+            sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
                    arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Pending:
@@ -262,13 +231,19 @@ class TcpChannel:
         name = method.encode()
         # Bounded like every call: a caller that never collected its previous call (a bug) or
         # another thread's long call fails this one after its deadline instead of hanging it.
+        if self._closed:
+            return _Pending(self, method, self._closed_error(method))
         if not self._busy.acquire(timeout=limit):
             return _Pending(self, method, DeadlineExceededError(
                 f"{self.task}: {method}: the connection stayed busy with an earlier call for {limit:.1f} s"))
         try:
+            if self._closed:
+                raise self._closed_error(method)
+            if self._sock is not None and not self._reusable(self._sock):
+                self._drop()
             sock = self._connect(limit)
             sock.settimeout(limit)
-            _send(sock, _U32.pack(1 + len(name) + len(frame)), bytes([len(name)]), name, frame)
+            send_parts(sock, U32.pack(1 + len(name) + len(frame)), bytes([len(name)]), name, frame)
         except (RpcError, OSError, ConnectionError) as e:
             # Like a gRPC future, a call that cannot be sent fails at result(), never here:
             # a caller may have other calls in flight that it still has to collect.
@@ -286,15 +261,16 @@ class TcpChannel:
             sock = self._sock
             if sock is None:
                 raise ConnectionError("connection closed")
-            length = _U32.unpack(_recv_exact(sock, 4))[0]
-            body = _recv_exact(sock, length)
+            length = U32.unpack(recv_exact(sock, 4))[0]
+            body = recv_exact(sock, length)
+            self._last_reply = time.monotonic()
         except (OSError, ConnectionError) as e:
             self._drop()
             raise self._error(method, e) from e
         finally:
             self._busy.release()
-        if body[0] != _OK:
-            raise _ERRORS.get(body[0], RemoteError)(bytes(body[1:]).decode("utf-8", errors="replace"))
+        if body[0] != STATUS_OK:
+            raise STATUS_ERRORS.get(body[0], RemoteError)(bytes(body[1:]).decode("utf-8", errors="replace"))
         return decode(memoryview(body)[1:])
 
     def _error(self, method: str, e: BaseException) -> RpcError:
@@ -312,5 +288,26 @@ class TcpChannel:
         return self.call_async(method, meta, arrays, timeout=timeout).result()
 
     def close(self) -> None:
-        with self._busy:
-            self._drop()
+        """Closes the channel; idempotent; never blocks, never waits for the busy lock.
+
+        Safe from a shutdown path or a signal handler, even while a call holds
+        the channel (in another thread, or in this one, interrupted between
+        :meth:`call_async` and ``result()``): that call's connection is shut
+        down, so its ``result()`` fails promptly, and its file descriptor is
+        closed by that call's error path (or with the channel's socket object
+        when the call is never collected). Every later call fails with
+        TaskUnavailableError.
+        """
+        self._closed = True
+        if self._busy.acquire(blocking=False):
+            try:
+                self._drop()
+            finally:
+                self._busy.release()
+            return
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed by the call holding the channel
+                pass
