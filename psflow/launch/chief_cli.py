@@ -8,9 +8,10 @@ flags into :class:`~psflow.train.config.TrainConfig` fields and runs the tools.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from psflow import jsonio
 
 __all__ = ["add_chief_arguments", "chief_config_fields", "add_tool_parsers", "run_tool", "TOOL_COMMANDS"]
 
@@ -24,6 +25,8 @@ def add_chief_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-checkpoints-secs", type=float, help="save every N seconds (default 600 unless --save-checkpoints-steps)")
     g.add_argument("--save-checkpoints-steps", type=int, help="save every N global steps")
     g.add_argument("--max-to-keep", type=int, default=5, help="complete checkpoints kept (5)")
+    g.add_argument("--max-failed-saves", type=int, default=3, metavar="N",
+                   help="fail the run once N checkpoint saves in a row failed (3; 0: never, each is still reported)")
     g.add_argument("--checkpoint-transport", default="local", choices=["local", "rpc"],
                    help="local: each ps task writes its shard (shared filesystem); rpc: shards streamed to the chief")
     g.add_argument("--summary-dir", help="TensorBoard event files (train: default the run directory)")
@@ -44,6 +47,7 @@ def chief_config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "save_checkpoints_secs": args.save_checkpoints_secs,
         "save_checkpoints_steps": args.save_checkpoints_steps,
         "max_to_keep": args.max_to_keep,
+        "max_failed_saves": args.max_failed_saves,
         "checkpoint_transport": args.checkpoint_transport,
         "summary_dir": args.summary_dir,
         "save_summaries_steps": args.save_summaries_steps,
@@ -81,7 +85,7 @@ def run_tool(args: argparse.Namespace) -> int:
         from psflow.launch.export import export_model
 
         path = export_model(args.checkpoint, args.out)
-        print(json.dumps({"exported": path, "out": args.out}))
+        print(jsonio.dumps({"exported": path, "out": args.out}))
         return 0
     if args.command == "predict":
         from psflow.launch.export import predict_file
@@ -94,5 +98,5 @@ def run_tool(args: argparse.Namespace) -> int:
         return 0
     from psflow.launch.report import render_report
 
-    print(json.dumps(render_report(args.run_dir, args.out), indent=1))
+    print(jsonio.dumps(render_report(args.run_dir, args.out), indent=1))
     return 0

@@ -10,7 +10,11 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
     safetensors file. With ``path`` the task writes the file itself (temp
     file, fsync, rename; the directory must be reachable from this task);
     without it the bytes come back in the reply (array ``shard``, uint8) and
-    the caller writes them, so no shared filesystem is needed. The reply's
+    the caller writes them, so no shared filesystem is needed. A served ps
+    task writes only under its checkpoint root (``psflow server
+    --checkpoint-root``; symlinks resolved): a path elsewhere (absolute,
+    ``..``, a symlink out) is refused with INVALID_ARGUMENT naming the path,
+    before anything is written. The reply's
     meta describes the shard (partitions, slot names, sha256, byte size), and
     on the task holding global_step the reader positions with the count of
     examples pushed with them (read together). With ``epoch`` (the chief's
@@ -22,6 +26,8 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
     is checked against the partition's shape and dtype and every slot name
     against the partition's slots before anything changes; then each
     partition is overwritten under its lock. Used by the chief to restore.
+    ``"lineage": str`` (the task holding global_step) sets the ledger's
+    lineage (see ``CheckpointStatus``).
     With ``"values_only": true`` (a warm start) only the values are loaded:
     slots keep their initial values and no slot array may be sent.
 ``SetReady``
@@ -39,6 +45,19 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
 ``ReaderPositions``
     ``{"positions": {client: ReaderPosition JSON}}``, the newest position each
     worker reported with its pushes (only on the task holding global_step).
+``CheckpointStatus``
+    the cluster's checkpoint ledger (kept on the task holding global_step, so
+    every chief of the run, the launcher and the tools see one): the
+    *lineage* of the model state (born at the first save of a freshly
+    initialized cluster, carried through checkpoints: ``LoadShard``'s
+    ``lineage`` sets it on a restore) and the save outcomes. ``meta =
+    {"lineage_if_unset": str}`` sets the lineage only if none is set;
+    ``{"outcome": {"saved": bool, "global_step": S, "path": str, "error": str,
+    "writer": str}}`` counts one save. Replies ``{lineage, saved, failed,
+    failed_in_a_row, last_saved_step, last_saved_path, failures: [{seq,
+    global_step, error, writer, time}]}`` (the newest 20 failures, ``seq``
+    counting from 1). The ledger lives in the process's memory: a restarted
+    task starts from zero (the restore sets the lineage again).
 
 Guarantees: a refused ``LoadShard`` (INVALID_ARGUMENT naming the task, the
 partition and the array) changes nothing; ``SaveShard`` never leaves a
@@ -52,6 +71,9 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -119,8 +141,17 @@ def _snapshot(part: PartitionState) -> tuple[np.ndarray, dict[str, np.ndarray]]:
 class CheckpointHandlers:
     """SaveShard / LoadShard / SetReady / ReaderPositions of one ps task."""
 
-    def __init__(self, service: ParameterService) -> None:
+    def __init__(self, service: ParameterService, *, checkpoint_root: str | None = None,
+                 confine: bool = False) -> None:
+        """Args:
+            service: the ps task's state.
+            checkpoint_root: with ``confine``, the only directory under which
+                SaveShard writes (``None``: no file at all).
+            confine: enforce ``checkpoint_root`` (False: an in-process service
+                no peer can reach; SaveShard writes where its caller says).
+        """
         self._svc = service
+        self._root, self._confine = checkpoint_root, confine
 
     def handlers(self) -> dict[str, Handler]:
         """Method name -> handler."""
@@ -130,6 +161,7 @@ class CheckpointHandlers:
             "SetReady": self.set_ready,
             "ReaderPositions": self.reader_positions,
             "BeginRestore": self.begin_restore,
+            "CheckpointStatus": self.checkpoint_status,
         }
 
     def _fenced(self, frame: Frame) -> Any:
@@ -151,8 +183,26 @@ class CheckpointHandlers:
         path = frame.meta.get("path")
         if path is not None and not isinstance(path, str):
             raise InvalidRequest(f"path must be a string or null, got {path!r:.60}")
+        if path is not None and self._confine:
+            path = self._confined(path)
         with self._fenced(frame):
             return self._save_shard(path)
+
+    def _confined(self, path: str) -> str:
+        """``path`` with symlinks resolved, if it lies under the checkpoint root; else InvalidRequest."""
+        if self._root is None:
+            raise InvalidRequest(f"refused to write checkpoint shard {path!r:.300}: this ps task has no checkpoint "
+                                 "root (start it with --checkpoint-root DIR, or save with --checkpoint-transport rpc)")
+        try:
+            root = os.path.realpath(self._root)
+            directory = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        except (ValueError, OSError) as e:  # e.g. a NUL byte
+            raise InvalidRequest(f"checkpoint shard path {path!r:.300}: {e}") from e
+        name = os.path.basename(path)
+        if name in ("", ".", "..") or os.path.commonpath([root, directory]) != root:
+            raise InvalidRequest(f"refused to write checkpoint shard {path!r:.300}: it is outside this task's "
+                                 f"checkpoint root {root}")
+        return os.path.join(directory, name)
 
     def _save_shard(self, path: str | None) -> Reply:
         svc = self._svc
@@ -208,6 +258,7 @@ class CheckpointHandlers:
         examples = frame.meta.get("examples")
         if examples is not None and (type(examples) is not int or examples < 0):
             raise InvalidRequest(f"examples must be a non-negative integer, got {examples!r:.40}")
+        lineage = _lineage_arg(frame.meta.get("lineage"))
         for part, value, slots in plan:
             with part.lock:
                 np.copyto(part.value, value)
@@ -217,6 +268,8 @@ class CheckpointHandlers:
             svc.global_step.set(step)
         if positions is not None:
             svc.set_reader_positions(positions, examples)
+        if lineage is not None:
+            _ledger(svc).set_lineage(lineage, only_if_unset=False)
         log.info("%s: loaded %d partitions%s", svc.task_name, len(plan), f", global_step {step}" if step is not None else "")
         return {"loaded": len(plan)}, {}
 
@@ -276,3 +329,77 @@ class CheckpointHandlers:
 
     def reader_positions(self, frame: Frame) -> Reply:
         return {"positions": self._svc.reader_positions()}, {}
+
+    # ---- CheckpointStatus --------------------------------------------------
+    def checkpoint_status(self, frame: Frame) -> Reply:
+        ledger = _ledger(self._svc)
+        lineage = _lineage_arg(frame.meta.get("lineage_if_unset"))
+        if lineage is not None:
+            ledger.set_lineage(lineage, only_if_unset=True)
+        outcome = frame.meta.get("outcome")
+        if outcome is not None:
+            if not isinstance(outcome, dict) or type(outcome.get("saved")) is not bool:
+                raise InvalidRequest("outcome must be {saved: bool, global_step, path, error, writer}")
+            ledger.record(outcome)
+        return ledger.status(), {}
+
+
+def _lineage_arg(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value or len(value) > 200):
+        raise InvalidRequest(f"lineage must be a non-empty string of at most 200 characters, got {value!r:.60}")
+    return value
+
+
+class _SaveLedger:
+    """The lineage and save outcomes of one ps task (see ``CheckpointStatus``); thread-safe."""
+
+    _KEEP = 20  # failures kept for the status reply
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.lineage: str | None = None
+        self.saved = 0
+        self.failed = 0
+        self.failed_in_a_row = 0
+        self.last_saved_step: int | None = None
+        self.last_saved_path: str | None = None
+        self.failures: list[dict[str, Any]] = []
+
+    def set_lineage(self, lineage: str, *, only_if_unset: bool) -> None:
+        with self._lock:
+            if self.lineage is None or not only_if_unset:
+                self.lineage = lineage
+
+    def record(self, outcome: dict[str, Any]) -> None:
+        step = outcome.get("global_step")
+        step = step if type(step) is int else None
+        with self._lock:
+            if outcome["saved"]:
+                self.saved += 1
+                self.failed_in_a_row = 0
+                self.last_saved_step, self.last_saved_path = step, str(outcome.get("path", ""))[:1000]
+                return
+            self.failed += 1
+            self.failed_in_a_row += 1
+            self.failures.append({"seq": self.failed, "global_step": step, "error": str(outcome.get("error", ""))[:2000],
+                                  "writer": str(outcome.get("writer", ""))[:200], "time": time.time()})
+            del self.failures[:-self._KEEP]
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {"lineage": self.lineage, "saved": self.saved, "failed": self.failed,
+                    "failed_in_a_row": self.failed_in_a_row, "last_saved_step": self.last_saved_step,
+                    "last_saved_path": self.last_saved_path, "failures": [dict(f) for f in self.failures]}
+
+
+# One ledger per service: handlers() is built more than once (gRPC and the TCP carrier serve the same state).
+_LEDGERS: weakref.WeakKeyDictionary[ParameterService, _SaveLedger] = weakref.WeakKeyDictionary()
+_LEDGERS_LOCK = threading.Lock()
+
+
+def _ledger(service: ParameterService) -> _SaveLedger:
+    with _LEDGERS_LOCK:
+        ledger = _LEDGERS.get(service)
+        if ledger is None:
+            ledger = _LEDGERS[service] = _SaveLedger()
+        return ledger

@@ -2,29 +2,66 @@
 
 On disk (``checkpoint_dir``)::
 
-    checkpoint                        pointer: {"latest": "ckpt-000000120", "all": [...], "global_step": 120}
+    checkpoint.lock                   the run writing here (psflow.train.checkpoint_lock)
+    checkpoint                        pointer: {"latest": "ckpt-000000120", "all": [...], "global_step": 120,
+                                                "lineage": L, "run_id": R, "epoch": E, "holder": H}
     ckpt-000000120/
+        writer.json                        written first: run id, lineage, epoch of the writer
         shard-00000-of-00002.safetensors   ps task 0's partitions and optimizer slots
         shard-00001-of-00002.safetensors   ps task 1's
         manifest.json                      written last (see :class:`Manifest`)
 
+*Lineage*: the model state a checkpoint belongs to. A freshly initialized
+cluster starts one at its first save (the saving run's id); a cluster
+restored from a checkpoint continues the checkpoint's (``LoadShard`` carries
+it to the ps task holding global_step, whose ``CheckpointStatus`` ledger
+every chief of the run reads). Rotation only ever deletes checkpoints of the
+saving cluster's own lineage.
+
 Save (:meth:`CheckpointManager.save`, run by the chief), in order (with an
-``epoch``, the chief's lease epoch, steps 1 and 3 are fenced: a ps task that
-has seen a newer chief's epoch refuses, and the save fails with
-:class:`CheckpointError` before the pointer moves):
-    1. every ps task snapshots its partitions (each under its own lock) and
+``epoch``, the chief's lease epoch, steps 2, 4 and 6 are fenced: a ps task
+that has seen a newer chief's epoch refuses, and the save fails with
+:class:`CheckpointFencedError`):
+    1. the run lock is confirmed (:class:`~psflow.train.checkpoint_lock.CheckpointDirLock`:
+       another live run holding the directory fails the save); the lineage is
+       read from the ledger; leftovers of crashed saves of this lineage are
+       deleted; ``ckpt-<step>/writer.json`` is written;
+    2. every ps task snapshots its partitions (each under its own lock) and
        writes its shard, all tasks in parallel (``SaveShard``). With
        ``transport="rpc"`` the tasks stream their shard bytes back and the
        chief writes them, so the ps tasks need no shared filesystem;
-    2. the chief writes ``manifest.json`` (variables, shapes, dtypes,
+    3. the chief writes ``manifest.json`` (variables, shapes, dtypes,
        partitioning, slots, global_step, each worker's reader position, the
-       cluster, the psflow version, each shard's size and sha256);
-    3. the chief switches the pointer ``checkpoint`` by atomic rename;
-    4. only then are checkpoints beyond ``max_to_keep`` (and leftovers of
-       crashed saves) deleted.
+       cluster, the model, the lineage and the writing run, the psflow
+       version, each shard's size and sha256);
+    4. every ps task confirms the chief's epoch (``Fence``);
+    5. the chief switches the pointer ``checkpoint`` by atomic rename, as a
+       compare-and-swap under the directory's ``flock``: a pointer written by
+       a newer epoch of the same run is never replaced (the save fails), and
+       the checkpoint must still be complete;
+    6. the fence is checked again: refused (a successor was elected
+       meanwhile), the previous pointer is put back if the pointer is still
+       this save's, and the save fails;
+    7. only then are checkpoints of this lineage beyond ``max_to_keep`` (and
+       leftovers of crashed saves) deleted, under the same ``flock``; a save
+       in progress of a newer epoch is never touched.
 Every file is written to a temp name, fsynced and renamed, so a crash at any
 moment leaves the previous checkpoint (the one the pointer names) intact and
 restorable; a checkpoint directory without a manifest is never restored.
+
+A failed save (a full or read-only disk, a ps task that cannot write, the
+lock lost to another run) removes its partial directory, is logged as an
+error, counted in the ledger (``checkpoints_failed``; the launcher prints a
+line for each) and raises :class:`CheckpointError`; the chief duties go on.
+The ``max_failed_saves``-th failure in a row raises
+:class:`CheckpointSavesFailedError`, which ends the run: training on without
+a checkpoint is not silently allowed. A save refused by a newer chief's epoch
+(:class:`CheckpointFencedError`) is not a failure: the newer chief saves.
+
+Readers: :func:`latest_checkpoint` follows the pointer; a pointer that names
+a missing or incomplete directory (or cannot be read) falls back to the
+newest complete checkpoint the pointer lists, then to the newest complete
+one in the directory.
 
 Restore (:func:`restore`) reads the manifest and, for each partition of the
 *current* layout, assembles its rows (and its optimizer slots' rows) from the
@@ -44,8 +81,9 @@ import json
 import logging
 import os
 import shutil
+import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,14 +91,20 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
+from psflow import jsonio
 from psflow.ps.checkpointing import shard_tensor_names, write_file_atomically
 from psflow.ps.store import partition_key
-from psflow.rpc.api import RpcError
+from psflow.rpc.api import FailedPreconditionError, RpcError
+from psflow.train.checkpoint_lock import CheckpointDirLock, CheckpointError, directory_mutex, new_run_id
 from psflow.train.client import ParameterClient
 
 __all__ = [
     "CheckpointError",
+    "CheckpointFencedError",
+    "CheckpointSavesFailedError",
     "CheckpointManager",
+    "SaveStatusWatcher",
+    "checkpoint_status",
     "Manifest",
     "SavedCheckpoint",
     "restore",
@@ -71,19 +115,29 @@ __all__ = [
     "latest_checkpoint",
     "MANIFEST_NAME",
     "POINTER_NAME",
+    "WRITER_NAME",
 ]
 
 log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "manifest.json"
 POINTER_NAME = "checkpoint"
+WRITER_NAME = "writer.json"
 FORMAT = "psflow-checkpoint"
 FORMAT_VERSION = 1
 _PREFIX = "ckpt-"
 
 
-class CheckpointError(Exception):
-    """A checkpoint cannot be written, found, read or restored (names the file or variable)."""
+class CheckpointFencedError(CheckpointError):
+    """A newer chief's epoch fenced this save off; the pointer does not name it (not a failed save)."""
+
+
+class CheckpointSavesFailedError(RuntimeError):
+    """``max_failed_saves`` saves failed in a row: the run stops rather than train without checkpoints.
+
+    Deliberately not a :class:`CheckpointError`: the guards that let the chief
+    duties go on after one failed save (``LeaderOnlyHook``) let it through.
+    """
 
 
 @dataclass(frozen=True)
@@ -106,6 +160,8 @@ class Manifest:
             checkpoints).
         psflow_version: the writer's version.
         created: Unix time of the save.
+        lineage: the model state's lineage (see the module docstring), or None (older checkpoints).
+        run: the writing run: ``{"run_id", "epoch", "holder", "writer", "host", "pid"}``, or None.
     """
 
     global_step: int
@@ -118,10 +174,12 @@ class Manifest:
     model: dict[str, Any] | None = None
     psflow_version: str = ""
     created: float = 0.0
+    lineage: str | None = None
+    run: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         data = {"format": FORMAT, "format_version": FORMAT_VERSION, **self.__dict__}
-        return json.dumps(data, indent=1, sort_keys=True)
+        return jsonio.dumps(data, nonfinite="error", what="checkpoint manifest", indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:
@@ -173,23 +231,44 @@ def read_manifest(path: str) -> Manifest:
 def latest_checkpoint(directory: str) -> str | None:
     """The newest complete checkpoint in ``directory``, or None.
 
-    The pointer file decides; if it is missing or names a checkpoint without
-    a manifest, the newest directory that has one is used.
+    The pointer file decides; if it is missing, unreadable, or names a
+    checkpoint that is gone or has no manifest, the newest complete one the
+    pointer lists (``all``) is used, else the newest complete directory.
     """
     pointer = os.path.join(directory, POINTER_NAME)
+    listed: list[str] = []
     try:
         with open(pointer) as f:
-            name = json.load(f)["latest"]
+            data = json.load(f)
+        name = data["latest"]
+        listed = [str(n) for n in data.get("all") or [] if isinstance(n, str)]
         path = os.path.join(directory, str(name))
-        if os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        if _complete(path):
             return path
-        log.warning("checkpoint pointer %s names %s, which has no manifest; scanning", pointer, path)
+        log.warning("checkpoint pointer %s names %s, which is gone or has no manifest; falling back", pointer, path)
     except FileNotFoundError:
         pass
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         log.warning("unreadable checkpoint pointer %s (%s); scanning", pointer, e)
-    complete = [p for p in _checkpoint_dirs(directory) if os.path.exists(os.path.join(p, MANIFEST_NAME))]
+    for name in reversed(listed):
+        if os.path.basename(name) == name and name.startswith(_PREFIX) and _complete(os.path.join(directory, name)):
+            return os.path.join(directory, name)
+    complete = [p for p in _checkpoint_dirs(directory) if _complete(p)]
     return complete[-1] if complete else None
+
+
+def _complete(path: str) -> bool:
+    return os.path.exists(os.path.join(path, MANIFEST_NAME))
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    """A small JSON object file, or None (missing, unreadable, not an object)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _checkpoint_dirs(directory: str) -> list[str]:
@@ -209,35 +288,56 @@ def _fsync_dir(path: str) -> None:
 
 
 class CheckpointManager:
-    """Saves checkpoints of a cluster into one directory and keeps the newest few.
+    """Saves checkpoints of a cluster into one directory and keeps the newest few of its lineage.
 
     Only the chief uses it; it is not thread-safe (one save at a time).
+    Counters: ``saves_failed`` (in all) and ``failed_in_a_row`` (reset by a
+    completed save); ``last_error``.
     """
 
     def __init__(self, directory: str, *, max_to_keep: int = 5, transport: str = "local",
-                 fault: Callable[[str], None] | None = None) -> None:
+                 fault: Callable[[str], None] | None = None, lock: CheckpointDirLock | None = None,
+                 run_id: str | None = None, max_failed_saves: int = 0) -> None:
         """Args:
             directory: the checkpoint directory (created if missing).
-            max_to_keep: complete checkpoints kept (>= 1); older ones are deleted
-                after a newer one is complete.
+            max_to_keep: complete checkpoints of this lineage kept (>= 1); older
+                ones are deleted after a newer one is complete.
             transport: ``"local"``: each ps task writes its shard into
                 ``directory`` itself (a filesystem shared with the chief);
                 ``"rpc"``: shards are streamed to the chief, which writes them.
             fault: test hook, called with the name of each phase
-                (``"shards_written"``, ``"manifest_written"``); it may end the process.
+                (``"shards_written"``, ``"manifest_written"``; with an epoch also
+                ``"fence_checked"`` and ``"pointer_switched"``); it may end the process.
+            lock: the run's lock of ``directory``, confirmed before every save
+                (None: not locked; a library user's own arrangement).
+            run_id: this run's id (default: the lock's, else a fresh one): pointers
+                of the same run are compared by epoch, and a fresh cluster's
+                lineage is named after it.
+            max_failed_saves: the failure in a row that raises
+                :class:`CheckpointSavesFailedError` (0: never).
 
         Raises:
-            CheckpointError: a bad ``max_to_keep`` or ``transport``.
+            CheckpointError: a bad ``max_to_keep``, ``transport`` or ``max_failed_saves``.
         """
         if max_to_keep < 1:
             raise CheckpointError(f"max_to_keep must be >= 1, got {max_to_keep}")
         if transport not in ("local", "rpc"):
             raise CheckpointError(f"checkpoint transport must be 'local' or 'rpc', got {transport!r}")
+        if max_failed_saves < 0:
+            raise CheckpointError(f"max_failed_saves must be >= 0, got {max_failed_saves}")
         self.directory = directory
         self.max_to_keep = max_to_keep
         self.transport = transport
         self._fault = fault
         self._fence: dict[str, Any] = {}
+        self._lock = lock
+        self.run_id = run_id or (lock.run_id if lock is not None else new_run_id())
+        self.max_failed_saves = max_failed_saves
+        self.saves_failed = 0
+        self.failed_in_a_row = 0
+        self.last_error: str | None = None
+        self._current: str | None = None
+        self._step: int | None = None
 
     def latest(self) -> str | None:
         """See :func:`latest_checkpoint`."""
@@ -249,6 +349,8 @@ class CheckpointManager:
 
         Blocks until the checkpoint is complete and the pointer names it.
         Training may continue meanwhile; each partition is snapshotted whole.
+        Never retried here; a failed save leaves no directory behind (a crash
+        of the process may: the next save of this lineage deletes it).
 
         Args:
             client: connected to every ps task.
@@ -258,44 +360,133 @@ class CheckpointManager:
             holder: the lease holder, for the ps tasks' refusal messages.
 
         Raises:
-            CheckpointError: a ps task failed to save or refused a deposed chief's
-                epoch, or a file could not be written.
+            CheckpointFencedError: a newer chief's epoch refused the save (not counted as failed).
+            CheckpointError: the save failed (a ps task failed to save, a file
+                could not be written, the directory is locked by another run);
+                counted, logged, reported to the ledger.
+            RpcError: the ps tasks could not be reached (counted as above).
+            CheckpointSavesFailedError: that was the ``max_failed_saves``-th failure in a row.
         """
         self._fence = {} if epoch is None else {"epoch": epoch, "holder": holder}
+        self._current, self._step = None, None
+        try:
+            saved = self._save(client, optimizer, model, epoch, holder)
+        except CheckpointFencedError as e:
+            self._remove_current()
+            log.warning("%s: checkpoint not made current: %s", client.client_name, e)
+            raise
+        except (CheckpointError, OSError, RpcError) as e:
+            self._remove_current()
+            self._count_failure(client, e)
+            if isinstance(e, OSError):
+                raise CheckpointError(f"checkpoint of global_step {self._step} into {self.directory} failed: {e}") from e
+            raise
+        self.failed_in_a_row = 0
+        self._report(client, {"saved": True, "global_step": saved.global_step, "path": saved.path,
+                              "writer": client.client_name})
+        return saved
+
+    def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
+              epoch: int | None, holder: str) -> SavedCheckpoint:
+        if self._lock is not None:
+            self._lock.acquire()
         os.makedirs(self.directory, exist_ok=True)
-        step_hint = client.global_step()
-        name = f"{_PREFIX}{step_hint:09d}"
-        path = os.path.join(self.directory, name)
-        if os.path.exists(os.path.join(path, MANIFEST_NAME)):
-            name = f"{_PREFIX}{step_hint:09d}-{time.time_ns()}"
+        self._step = step_hint = client.global_step()
+        lineage = self._lineage(client)
+        with directory_mutex(self.directory):
+            for stale in self._deletable(lineage, epoch, keep=()):
+                if not _complete(stale):  # leftovers of crashed saves of this lineage
+                    shutil.rmtree(stale, ignore_errors=True)
+            name = f"{_PREFIX}{step_hint:09d}"
+            if os.path.exists(os.path.join(self.directory, name)):
+                name = f"{name}-{time.time_ns()}"
             path = os.path.join(self.directory, name)
-        shutil.rmtree(path, ignore_errors=True)
-        os.makedirs(path)
+            os.makedirs(path)
+        self._current = path
+        writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
+                  "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
+        write_file_atomically(os.path.join(path, WRITER_NAME), jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
         replies = self._write_shards(client, path)
         self._phase("shards_written")
-        manifest = self._manifest(client, replies, optimizer, model)
+        manifest = self._manifest(client, replies, optimizer, model, lineage, writer)
         write_file_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
         self._phase("manifest_written")
         self._check_fence(client, path)
-        kept = self._switch_pointer(name, manifest.global_step)
-        self._delete_old(kept)
+        if epoch is not None:
+            self._phase("fence_checked")
+        kept, previous = self._switch_pointer(name, manifest.global_step, lineage, epoch, holder)
+        if epoch is not None:
+            self._phase("pointer_switched")
+            try:
+                self._check_fence(client, path)
+            except CheckpointFencedError:
+                self._undo_pointer(name, previous)
+                raise
+            except CheckpointError as e:  # a ps task unreachable: the checkpoint is complete and current
+                log.warning("%s: could not re-check the fence after making %s current: %s", client.client_name, path, e)
+        self._current = None
+        self._delete_old(kept, lineage, epoch)
         log.info("%s: saved checkpoint %s at step %d", client.client_name, path, manifest.global_step)
         return SavedCheckpoint(path, manifest.global_step)
 
+    def _lineage(self, client: ParameterClient) -> str:
+        """The cluster's lineage from the ledger; a fresh cluster's becomes this run's id."""
+        reply = client.channels[client.step_task].call("CheckpointStatus", {"lineage_if_unset": self.run_id})
+        lineage = reply.meta.get("lineage")
+        return lineage if isinstance(lineage, str) and lineage else self.run_id
+
+    def _count_failure(self, client: ParameterClient, error: BaseException) -> None:
+        self.saves_failed += 1
+        self.failed_in_a_row += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+        limit = self.max_failed_saves
+        log.error("%s: checkpoint of global_step %s into %s FAILED (%d in a row, %d in all%s): %s",
+                  client.client_name, self._step, self.directory, self.failed_in_a_row, self.saves_failed,
+                  f"; the run stops after {limit} in a row" if limit else "", self.last_error)
+        self._report(client, {"saved": False, "global_step": self._step, "error": self.last_error,
+                              "writer": client.client_name})
+        if limit and self.failed_in_a_row >= limit:
+            raise CheckpointSavesFailedError(
+                f"{client.client_name}: {self.failed_in_a_row} checkpoint saves in a row into {self.directory} failed "
+                f"(--max-failed-saves {limit}): stopping rather than training without checkpoints; "
+                f"last: {self.last_error}") from error
+
+    @staticmethod
+    def _report(client: ParameterClient, outcome: dict[str, Any]) -> None:
+        """Counts a save in the cluster's ledger (best effort: a ps task down loses the count, logged)."""
+        try:
+            client.channels[client.step_task].call("CheckpointStatus", {"outcome": outcome}, timeout=5.0)
+        except RpcError as e:
+            log.warning("%s: could not report the checkpoint outcome to the ledger: %s", client.client_name, e)
+
+    def _remove_current(self) -> None:
+        """Deletes the directory of the save that failed, unless the pointer names it."""
+        path, self._current = self._current, None
+        if path is None or not os.path.exists(path):
+            return
+        pointer = _read_json(os.path.join(self.directory, POINTER_NAME)) or {}
+        if pointer.get("latest") == os.path.basename(path):
+            return
+        shutil.rmtree(path, ignore_errors=True)
+        if os.path.exists(path):
+            log.error("could not remove the partial checkpoint %s", path)
+
     def _check_fence(self, client: ParameterClient, path: str) -> None:
-        """Right before the pointer moves: every ps task still accepts this chief's epoch."""
+        """Every ps task still accepts this chief's epoch (before and after the pointer moves)."""
         if not self._fence:
             return
         meta = {"token": self._fence["epoch"], "holder": self._fence["holder"]}
         calls = {t: ch.call_async("Fence", meta) for t, ch in client.channels.items()}
-        refusals = []
+        refusals, fenced = [], True
         for t, call in calls.items():  # every call collected, even after a refusal
             try:
                 call.result()
             except RpcError as e:
                 refusals.append(f"/job:ps/task:{t} refused: {e}")
+                fenced = fenced and isinstance(e, FailedPreconditionError)
         if refusals:
-            raise CheckpointError(f"checkpoint {path} not made current: {'; '.join(refusals)}")
+            error = CheckpointFencedError if fenced else CheckpointError
+            raise error(f"checkpoint {path} not made current: {'; '.join(refusals)}")
 
     def _phase(self, phase: str) -> None:
         if self._fault is not None:
@@ -321,7 +512,8 @@ class CheckpointManager:
         try:
             reply = call.result()
         except RpcError as e:
-            raise CheckpointError(f"saving shard {file} failed: {e}") from e
+            error = CheckpointFencedError if self._fence and isinstance(e, FailedPreconditionError) else CheckpointError
+            raise error(f"saving shard {file} failed: {e}") from e
         if "shard" in reply.arrays:
             data = reply.arrays["shard"]
             if hashlib.sha256(data).hexdigest() != reply.meta["sha256"]:
@@ -330,7 +522,8 @@ class CheckpointManager:
         return dict(reply.meta)
 
     def _manifest(self, client: ParameterClient, replies: dict[int, dict[str, Any]],
-                  optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None) -> Manifest:
+                  optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
+                  writer: Mapping[str, Any]) -> Manifest:
         located = {p["key"]: (replies[t]["file"], p["slots"]) for t in replies for p in replies[t]["partitions"]}
         variables: dict[str, dict[str, Any]] = {}
         for name, placement in client.layout.items():
@@ -357,26 +550,178 @@ class CheckpointManager:
             model=dict(model) if model is not None else None,
             psflow_version=_version(),
             created=time.time(),
+            lineage=lineage,
+            run={k: writer[k] for k in ("run_id", "epoch", "holder", "writer", "host", "pid")},
         )
 
-    def _switch_pointer(self, name: str, step: int) -> list[str]:
-        pointer = os.path.join(self.directory, POINTER_NAME)
-        previous: list[str] = []
-        try:
-            with open(pointer) as f:
-                previous = [str(n) for n in json.load(f).get("all", [])]
-        except (OSError, ValueError, AttributeError):
-            pass
-        complete = [n for n in previous if n != name and os.path.exists(os.path.join(self.directory, n, MANIFEST_NAME))]
-        kept = [*complete, name][-self.max_to_keep:]
-        data = json.dumps({"latest": name, "all": kept, "global_step": step}, indent=1).encode()
-        write_file_atomically(pointer, data)
-        return kept
+    def _switch_pointer(self, name: str, step: int, lineage: str, epoch: int | None,
+                        holder: str) -> tuple[list[str], bytes | None]:
+        """Compare-and-swap of the pointer (see the module docstring); returns (kept, the previous pointer's bytes).
 
-    def _delete_old(self, kept: list[str]) -> None:
+        Raises:
+            CheckpointFencedError: the pointer was written by a newer epoch of this run.
+            CheckpointError: the new checkpoint is no longer complete.
+        """
+        pointer = os.path.join(self.directory, POINTER_NAME)
+        with directory_mutex(self.directory):
+            try:
+                with open(pointer, "rb") as f:
+                    previous_bytes: bytes | None = f.read()
+            except FileNotFoundError:
+                previous_bytes = None
+            previous = _parse_pointer(previous_bytes)
+            theirs = previous.get("epoch")
+            if previous.get("run_id") == self.run_id and type(theirs) is int and (epoch is None or epoch < theirs):
+                raise CheckpointFencedError(
+                    f"checkpoint {name} not made current: the pointer {pointer} was written at epoch {theirs} "
+                    f"(by {previous.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
+            if not _complete(os.path.join(self.directory, name)):
+                raise CheckpointError(f"checkpoint {os.path.join(self.directory, name)} was deleted before it was made "
+                                      "current")
+            listed = [str(n) for n in previous.get("all") or [] if isinstance(n, str)]
+            complete = [n for n in listed if n != name and os.path.basename(n) == n
+                        and _lineage_of(os.path.join(self.directory, n)) == lineage]
+            kept = [*complete, name][-self.max_to_keep:]
+            data = jsonio.dumps({"latest": name, "all": kept, "global_step": step, "lineage": lineage,
+                                 "run_id": self.run_id, "epoch": epoch, "holder": holder},
+                                nonfinite="error", what=pointer, indent=1).encode()
+            write_file_atomically(pointer, data)
+        return kept, previous_bytes
+
+    def _undo_pointer(self, name: str, previous: bytes | None) -> None:
+        """Puts the previous pointer back if the pointer still names ``name`` (this save's)."""
+        pointer = os.path.join(self.directory, POINTER_NAME)
+        with directory_mutex(self.directory):
+            current = _read_json(pointer) or {}
+            if current.get("latest") != name or current.get("run_id") != self.run_id:
+                return  # a newer chief's pointer replaced it already
+            if previous is None:
+                os.unlink(pointer)
+            else:
+                write_file_atomically(pointer, previous)
+        log.warning("checkpoint %s: pointer %s put back to the previous checkpoint (this chief was fenced off)",
+                    os.path.join(self.directory, name), pointer)
+
+    def _deletable(self, lineage: str, epoch: int | None, keep: Collection[str]) -> list[str]:
+        """Checkpoint directories this save may delete: of ``lineage``, not in ``keep``, not a newer epoch's save.
+
+        A directory whose writer or manifest is unreadable, or of another lineage, is never listed.
+        """
+        out = []
         for path in _checkpoint_dirs(self.directory):
-            if os.path.basename(path) not in kept:
+            if os.path.basename(path) in keep:
+                continue
+            writer = _read_json(os.path.join(path, WRITER_NAME))
+            theirs = writer.get("epoch") if writer is not None else None
+            if (writer is not None and writer.get("run_id") == self.run_id and type(theirs) is int
+                    and epoch is not None and theirs > epoch):
+                continue  # a newer chief of this run is saving there
+            if _complete(path):
+                ours = _lineage_of(path) == lineage
+            else:
+                ours = writer is not None and (writer.get("lineage") == lineage or writer.get("run_id") == self.run_id)
+            if ours:
+                out.append(path)
+        return out
+
+    def _delete_old(self, kept: list[str], lineage: str, epoch: int | None) -> None:
+        with directory_mutex(self.directory):
+            for path in self._deletable(lineage, epoch, keep=kept):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _parse_pointer(data: bytes | None) -> dict[str, Any]:
+    if data is None:
+        return {}
+    try:
+        parsed = json.loads(data)
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _lineage_of(path: str) -> str | None:
+    """The lineage a complete checkpoint's manifest records (None: incomplete, unreadable or older)."""
+    manifest = _read_json(os.path.join(path, MANIFEST_NAME))
+    lineage = manifest.get("lineage") if manifest is not None else None
+    return lineage if isinstance(lineage, str) else None
+
+
+def checkpoint_status(client: ParameterClient, *, timeout: float = 5.0) -> dict[str, Any]:
+    """The cluster's checkpoint ledger (``CheckpointStatus`` of the ps task holding global_step).
+
+    ``{lineage, saved, failed, failed_in_a_row, last_saved_step, last_saved_path, failures}``;
+    see :mod:`psflow.ps.checkpointing`. Blocks for one RPC.
+
+    Raises:
+        RpcError: the task could not be reached.
+    """
+    return dict(client.channels[client.step_task].call("CheckpointStatus", {}, timeout=timeout).meta)
+
+
+class SaveStatusWatcher:
+    """The launcher's view of the ledger: a console line for every failed save, and the counts.
+
+    :meth:`poll` asks the ledger at most every ``every`` seconds. Counts go on
+    across a restart of the ps task holding the ledger (which starts it from
+    zero); failures in its last moments before such a restart can be missed.
+    Not thread-safe.
+    """
+
+    def __init__(self, *, max_failed_saves: int, every: float = 2.0) -> None:
+        self.max_failed_saves = max_failed_saves
+        self.every = every
+        self._last_poll = float("-inf")
+        self._seen = 0       # failures of the current ledger already reported
+        self._saved = 0      # saves of the current ledger
+        self._earlier = (0, 0)  # (failed, saved) of ledgers before a restart of their task
+
+    @property
+    def failed(self) -> int:
+        """Failed saves seen in all."""
+        return self._earlier[0] + self._seen
+
+    @property
+    def saved(self) -> int:
+        """Completed saves seen in all."""
+        return self._earlier[1] + self._saved
+
+    def poll(self, client: ParameterClient, *, force: bool = False) -> list[str]:
+        """Console lines for the failures since the last poll (none if polled less than ``every`` s ago).
+
+        Never raises: a ledger that cannot be read now is read at a later poll.
+        """
+        now = time.monotonic()
+        if not force and now - self._last_poll < self.every:
+            return []
+        self._last_poll = now
+        try:
+            status = checkpoint_status(client, timeout=2.0)
+        except RpcError:
+            return []
+        failed, saved = int(status.get("failed") or 0), int(status.get("saved") or 0)
+        if failed < self._seen or saved < self._saved:  # the ledger's task restarted: a new ledger
+            self._earlier = (self.failed, self.saved)
+            self._seen = self._saved = 0
+        lines = []
+        failures = [f for f in status.get("failures") or [] if isinstance(f, dict) and int(f.get("seq") or 0) > self._seen]
+        missed = failed - self._seen - len(failures)
+        if missed > 0:
+            lines.append(f"psflow: {missed} checkpoint saves FAILED (details in the chief's log)")
+        for f in failures:
+            lines.append(f"psflow: checkpoint at global_step {f.get('global_step')} FAILED ({f.get('writer')}): "
+                         f"{f.get('error')}")
+        self._seen, self._saved = failed, saved
+        if lines:
+            limit = (f"the run stops after {self.max_failed_saves} in a row (--max-failed-saves)"
+                     if self.max_failed_saves else "--max-failed-saves 0: the run goes on without checkpoints")
+            lines.append(f"psflow: {status.get('failed_in_a_row')} checkpoint saves failed in a row, {self.failed} in all; "
+                         f"{limit}")
+        return lines
+
+    def metrics(self) -> dict[str, int]:
+        """``checkpoints_saved`` and ``checkpoints_failed`` for metrics.json."""
+        return {"checkpoints_saved": self.saved, "checkpoints_failed": self.failed}
 
 
 # ---- reading ----------------------------------------------------------------
@@ -455,7 +800,8 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     partitions (see the module docstring), then sends each ps task its
     partitions in one ``LoadShard`` call (tasks in parallel); the task
     holding global_step also gets global_step (``global_step`` if given,
-    else the checkpoint's), the reader positions and the example count.
+    else the checkpoint's), the reader positions, the example count and the
+    checkpoint's lineage (which the restored cluster continues).
     Does not mark the tasks ready (the chief does that afterwards).
 
     Raises:
@@ -483,6 +829,8 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
         if task == client.step_task:
             meta.update(global_step=manifest.global_step if global_step is None else global_step,
                         positions=manifest.reader_positions, examples=manifest.examples)
+            if manifest.lineage:  # the restored cluster continues the checkpoint's lineage
+                meta["lineage"] = manifest.lineage
         calls[task] = (meta, arrays)
     _load_shards(client, calls, f"restoring {path}")
     return manifest

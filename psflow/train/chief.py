@@ -28,10 +28,21 @@ fails with :class:`~psflow.rpc.api.TaskUnavailableError` after
 Every client then reads its reader position (the one its pushes last
 reported, or the one the restored checkpoint recorded) so its data resumes
 where it stopped.
+
+Before the chief restores at start, :func:`check_restorable` compares the
+checkpoint's manifest with the run's model: a checkpoint written by another
+model (name, model parameters, embedding width), or from data read another
+way (format, schema, hashed id space), is refused with
+:class:`~psflow.train.checkpoint.CheckpointError` naming every difference;
+one written with another ``--seed`` is restored with a warning (resuming
+with a new seed is legitimate: the variables and optimizer state continue,
+the data order follows the new seed). A checkpoint of another format
+version is refused by :func:`~psflow.train.checkpoint.read_manifest`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,10 +52,10 @@ import numpy as np
 
 from psflow.cluster import ClusterSpec, TaskId
 from psflow.ps.optimizers import OptimizerSpec
-from psflow.train.checkpoint import latest_checkpoint, load_values, restore, warm_start
+from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, load_values, restore, warm_start
 from psflow.train.client import ParameterClient
 
-__all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster"]
+__all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable"]
 
 log = logging.getLogger("psflow.chief")
 
@@ -147,3 +158,49 @@ def _set_ready(client: ParameterClient) -> None:
     """Marks every ps task ready, ps task 0 (which non-chiefs ask first) last."""
     for task in sorted(client.channels, key=lambda t: t == client.step_task):
         client.channels[task].call("SetReady", {"client": client.client_name})
+
+
+#: Model-record fields that must agree for a checkpoint to be restored: (part, key, what the user changes).
+_MUST_AGREE = (
+    ("data", "format", "--format"),
+    ("data", "num_features", "--num-features"),
+    ("data", "schema", "the data schema (--schema / --feature, or the one inferred)"),
+    ("config", "features", "the model's input features"),
+    ("config", "embedding_dim", "--embedding-dim"),
+    ("config", "params", "the model's parameters (--model-param, --hidden, --wide-optimizer, --deep-optimizer)"),
+)
+
+
+def check_restorable(path: str, manifest: Manifest, model: Mapping[str, Any]) -> list[str]:
+    """Whether checkpoint ``path`` may be restored into a run of model record ``model``.
+
+    ``model`` is :func:`psflow.train.build.model_record` of the run. Pure: reads nothing.
+
+    Returns:
+        Warnings to show: another seed, or a checkpoint that does not record its model.
+
+    Raises:
+        CheckpointError: it was written by another model, or for data read
+            another way (names each difference and the flag that sets it).
+    """
+    saved = manifest.model
+    if saved is None:
+        writer = f"psflow {manifest.psflow_version}" if manifest.psflow_version else "an older psflow"
+        return [f"checkpoint {path} does not record the model that wrote it ({writer}); restoring it without checking"]
+    ours = json.loads(json.dumps(dict(model)))  # as the manifest holds it: lists, not tuples
+    differences = []
+    if saved.get("name") != ours.get("name"):
+        differences.append(f"--model {saved.get('name')!r} (this run: {ours.get('name')!r})")
+    for part, key, what in _MUST_AGREE:
+        theirs, mine = (saved.get(part) or {}).get(key), (ours.get(part) or {}).get(key)
+        if theirs != mine:
+            shown = f" {theirs!r:.80} (this run: {mine!r:.80})" if not isinstance(theirs, (dict, list)) else ""
+            differences.append(f"{what}{shown}")
+    if differences:
+        raise CheckpointError(f"checkpoint {path} was written with another model: {'; '.join(differences)}. Refusing to "
+                              "restore it: give this run another --checkpoint-dir, or the settings it was written with")
+    seed, our_seed = (saved.get("config") or {}).get("seed"), (ours.get("config") or {}).get("seed")
+    if seed != our_seed:
+        return [f"checkpoint {path} was written by a run with --seed {seed}; this run has --seed {our_seed}: resuming "
+                f"it (the restored variables and optimizer state continue; the data order follows --seed {our_seed})"]
+    return []

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from psflow import jsonio
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.ps.sync import SyncConfig
 
@@ -88,6 +89,8 @@ class TrainConfig:
     save_summaries_steps: int = 100
     eval_every_steps: int | None = None  # chief evaluates on --eval every N global steps
     fault_point: str | None = None       # tests only: the chief exits at this checkpoint phase
+    max_failed_saves: int = 3            # checkpoint saves failing in a row that fail the run (0: never; each is logged and counted)
+    run_id: str | None = None            # the run (owner of --checkpoint-dir's lock); set by the launcher, else derived from the cluster
     # Chief election (psflow.coord): the lease holder does the chief duties and ps restores.
     coordination: str = "embedded"       # embedded (leases on ps task 0) | zookeeper
     zookeeper: str | None = None         # ZooKeeper connection string h1:2181,h2:2181 (zookeeper only)
@@ -113,6 +116,7 @@ class TrainConfig:
             (self.save_checkpoints_secs is None or self.save_checkpoints_steps is None,
              "give --save-checkpoints-secs or --save-checkpoints-steps, not both"),
             (self.max_to_keep >= 1, f"--max-to-keep must be >= 1, got {self.max_to_keep}"),
+            (self.max_failed_saves >= 0, f"--max-failed-saves must be >= 0, got {self.max_failed_saves}"),
             (self.checkpoint_transport in ("local", "rpc"),
              f"--checkpoint-transport must be local or rpc, got {self.checkpoint_transport!r}"),
             (self.save_summaries_steps >= 1, f"--save-summaries-steps must be >= 1, got {self.save_summaries_steps}"),
@@ -173,7 +177,15 @@ class TrainConfig:
         return spec
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1)
+        """The config as JSON (config.json).
+
+        Raises:
+            ConfigError: a float setting is NaN or infinite (names it): JSON cannot hold it.
+        """
+        try:
+            return jsonio.dumps(dataclasses.asdict(self), nonfinite="error", what="the training config", indent=1)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
 
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:

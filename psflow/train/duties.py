@@ -7,21 +7,35 @@ The chief also gets, when configured: :class:`CheckpointSaverHook`
 ``save_checkpoints_secs`` seconds, default 600 s), :class:`SummarySaverHook`
 (``summary_dir``, every ``save_summaries_steps``) and :class:`EvalHook`
 (``eval_every_steps`` on the ``--eval`` set; also at the end).
+
+Checkpoint safety (see :mod:`psflow.train.checkpoint_lock` and
+:mod:`psflow.train.checkpoint`): every worker that may save (the chief, and
+with chief election every worker) takes the run's lock of
+``checkpoint_dir`` before it joins the cluster, so a second live run is
+refused before it restores anything; the chief checks that the newest
+checkpoint was written by this run's model (:func:`psflow.train.chief.check_restorable`)
+before it restores it. A failed save is logged, counted and skipped; the
+``max_failed_saves``-th in a row ends the run
+(:class:`~psflow.train.checkpoint.CheckpointSavesFailedError`). Launchers
+call :func:`claim_checkpoint_dir` before they start any task.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 from collections.abc import Callable
+from typing import TextIO
 
 from psflow.cluster import ClusterSpec
 from psflow.data import DatasetConfig, ReaderPosition, read_all
 from psflow.models.api import Model
 from psflow.train.build import data_options, model_record
-from psflow.train.checkpoint import CheckpointManager
-from psflow.train.chief import is_chief
+from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest
+from psflow.train.checkpoint_lock import CheckpointDirLock, cluster_run_id, new_run_id
+from psflow.train.chief import check_restorable, is_chief
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import evaluate
@@ -29,6 +43,8 @@ from psflow.train.hooks import (
     CheckpointSaverHook,
     EvalHook,
     NanLossHook,
+    RunContext,
+    RunValues,
     SessionRunHook,
     StepCounterHook,
     StopAtStepHook,
@@ -38,7 +54,8 @@ from psflow.train.recovery import LeaderOnlyHook, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
 
-__all__ = ["make_session", "resume_position", "fit_position", "epochs_completed", "fault_exit"]
+__all__ = ["make_session", "resume_position", "fit_position", "epochs_completed", "fault_exit", "run_id",
+           "checkpoint_dir_lock", "claim_checkpoint_dir"]
 
 log = logging.getLogger("psflow.worker")
 
@@ -77,16 +94,25 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     chief_hooks: list[SessionRunHook] = []
     optimizer = config.optimizer_spec()
     if config.checkpoint_dir:
+        lock = checkpoint_dir_lock(config, cluster)
+        if duties:  # before joining: a directory another live run holds is refused before anything is restored
+            lock.acquire()
+            hooks.append(_ReleaseLockAtEnd(lock))
+        if chief:
+            _check_newest_checkpoint(config, client.client_name)
         manager = CheckpointManager(config.checkpoint_dir, max_to_keep=config.max_to_keep,
-                                    transport=config.checkpoint_transport, fault=fault_exit(config.fault_point))
+                                    transport=config.checkpoint_transport, fault=fault_exit(config.fault_point),
+                                    lock=lock, max_failed_saves=config.max_failed_saves)
         fence = None
         if leadership is not None:
             def fence() -> tuple[int, str] | None:
                 lease = leadership.lease()
                 return (lease.epoch, lease.holder) if lease is not None else None
-        chief_hooks.append(CheckpointSaverHook(manager, save_secs=config.save_checkpoints_secs,
-                                               save_steps=config.save_checkpoints_steps,
-                                               optimizer=optimizer.to_json(), model=model_record(config), fence=fence))
+        saver = CheckpointSaverHook(manager, save_secs=config.save_checkpoints_secs,
+                                    save_steps=config.save_checkpoints_steps,
+                                    optimizer=optimizer.to_json(), model=model_record(config), fence=fence)
+        # With election, LeaderOnlyHook lets the duties go on after a failed save; without, this does.
+        chief_hooks.append(saver if leadership is not None else _FailedSaveTolerant(saver, client.client_name))
     writer = SummaryWriter(config.summary_dir) if duties and config.summary_dir else None
     if writer is not None:
         chief_hooks.append(SummarySaverHook(writer, save_steps=config.save_summaries_steps))
@@ -129,3 +155,113 @@ def fit_position(text: str | None, dataset: DatasetConfig, name: str) -> ReaderP
 def epochs_completed(position: ReaderPosition) -> int:
     """Epochs finished at ``position`` (a position past the last file closes its epoch)."""
     return position.epoch + (1 if position.path == "" and position.file_index > 0 else 0)
+
+
+def run_id(config: TrainConfig, cluster: ClusterSpec) -> str:
+    """The run's id: the launcher's (``config.run_id``), else derived from the cluster and the
+    checkpoint directory, alike in every task (see :func:`psflow.train.checkpoint_lock.cluster_run_id`)."""
+    return config.run_id or cluster_run_id(cluster.to_json(), config.checkpoint_dir or "")
+
+
+def checkpoint_dir_lock(config: TrainConfig, cluster: ClusterSpec) -> CheckpointDirLock:
+    """The run's lock of ``config.checkpoint_dir`` (not acquired).
+
+    Raises:
+        CheckpointError: the run has no checkpoint directory.
+    """
+    if not config.checkpoint_dir:
+        raise CheckpointError("this run has no --checkpoint-dir to lock")
+    return CheckpointDirLock(config.checkpoint_dir, run_id(config, cluster))
+
+
+def claim_checkpoint_dir(config: TrainConfig, *, run_dir: str | None = None,
+                         out: TextIO | None = None) -> tuple[TrainConfig, CheckpointDirLock | None]:
+    """(Launchers, before any task starts) Names the run and takes its checkpoint directory.
+
+    Gives the config a fresh ``run_id`` if it has none (every task, and every
+    restarted one, reads it from the config), takes the directory's lock for
+    the run, and checks the newest checkpoint there against the run's model,
+    printing its warnings (another seed) to ``out``. Blocks for a few file
+    operations. The caller releases the lock when the run ends
+    (:meth:`~psflow.train.checkpoint_lock.CheckpointDirLock.release`, or
+    ``with lock:``); a launcher that dies leaves a stale lock the next run
+    takes over.
+
+    Returns:
+        The config with its run id, and the lock (None without a checkpoint directory).
+
+    Raises:
+        CheckpointLockedError: another live run holds the directory (names it).
+        CheckpointError: the newest checkpoint was written by another model, or cannot be read.
+    """
+    run = config.run_id or new_run_id()
+    config = dataclasses.replace(config, run_id=run)
+    if not config.checkpoint_dir:
+        return config, None
+    lock = CheckpointDirLock(config.checkpoint_dir, run, run_dir=run_dir)
+    lock.acquire()
+    try:
+        for warning in _newest_checkpoint_warnings(config):
+            if out is not None:
+                print(f"psflow: warning: {warning}", file=out, flush=True)
+            else:
+                log.warning("%s", warning)
+    except BaseException:
+        lock.release()
+        raise
+    return config, lock
+
+
+def _newest_checkpoint_warnings(config: TrainConfig) -> list[str]:
+    latest = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+    if latest is None:
+        return []
+    return check_restorable(latest, read_manifest(latest), model_record(config))
+
+
+def _check_newest_checkpoint(config: TrainConfig, name: str) -> None:
+    """(The chief, before it restores) raises if the newest checkpoint is another model's; logs its warnings."""
+    for warning in _newest_checkpoint_warnings(config):
+        log.warning("%s: %s", name, warning)
+
+
+class _ReleaseLockAtEnd(SessionRunHook):
+    """Releases the run's checkpoint-directory lock when the session ends, if this process holds it
+    (without a launcher; a launcher's lock is the launcher's to release)."""
+
+    def __init__(self, lock: CheckpointDirLock) -> None:
+        self.lock = lock
+
+    def end(self, session: MonitoredTrainingSession) -> None:
+        self.lock.release()
+
+
+class _FailedSaveTolerant(SessionRunHook):
+    """Runs a :class:`CheckpointSaverHook` so that one failed save (logged and counted by the
+    manager) does not end the session; :class:`~psflow.train.checkpoint.CheckpointSavesFailedError`
+    (the limit) and RPC failures do."""
+
+    def __init__(self, inner: SessionRunHook, name: str) -> None:
+        self.inner = inner
+        self.name = name
+
+    def begin(self) -> None:
+        self.inner.begin()
+
+    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+        self._guard(lambda: self.inner.after_create_session(session))
+
+    def before_run(self, context: RunContext) -> None:
+        self.inner.before_run(context)
+
+    def after_run(self, context: RunContext, values: RunValues) -> None:
+        self._guard(lambda: self.inner.after_run(context, values))
+
+    def end(self, session: MonitoredTrainingSession) -> None:
+        self._guard(lambda: self.inner.end(session))
+
+    def _guard(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except CheckpointError as e:
+            log.error("%s: checkpoint skipped: %s", self.name, e)

@@ -12,21 +12,25 @@ so that parsing runs on another core while this one trains.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import Any
 
+from psflow import jsonio
 from psflow.cluster import ClusterSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.build import build_model
+from psflow.train.checkpoint import checkpoint_status
 from psflow.train.client import ParameterClient
 from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
+from psflow.train.duties import claim_checkpoint_dir
 from psflow.train.evaluation import evaluate
+from psflow.train.inputs import check_inputs
 from psflow.train.worker import load_eval, run_worker
 
 __all__ = ["run_in_process"]
@@ -58,14 +62,17 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
 
     Raises:
         ConfigError: more than one worker asked for.
-        DataError: malformed input.
+        DataError: malformed input, or an empty ``--train`` or ``--eval`` (before anything starts).
     """
     if config.num_workers != 1:
         raise ConfigError(f"--in-process runs one worker, got --workers {config.num_workers}")
     if config.replication != "between-graph":
         raise ConfigError("--in-process has no in-graph replication")
+    check_inputs(config)
     config = replace(config, mode="async") if config.mode == "ssp" else config
     config = replace(config, reader_process=True)
+    # The run's id, and its checkpoint directory taken up front (another live run's is refused).
+    config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=output_dir, out=sys.stderr)
     # PyTorch models: the reader process parses on one core; this process's intra-op threads take the rest
     # (psflow.torch.configure_threads; OpenMP's spinning threads degrade badly on oversubscribed cores).
     os.environ.setdefault(TORCH_THREADS_ENV, str(max(1, (os.cpu_count() or 1) - 1)))
@@ -78,22 +85,31 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
                              sync=config.sync_config(), channels=channels)
     os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
     started = time.monotonic()
-    with _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
+    with checkpoint_lock or contextlib.nullcontext(), _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
         result = run_worker(config, cluster, 0, client=client)
     wall = time.monotonic() - started
+    ps_stats = [client.stats(i) for i in sorted(channels)]
+    examples = int(ps_stats[0]["examples"])  # ps service 0 holds global_step: the exactly-once count, as a cluster's
     metrics: dict[str, Any] = {
         "global_step": client.global_step(),
-        "examples": result.examples,
+        "examples": examples,
+        "examples_processed": result.examples,
         "wall_seconds": wall,
-        "examples_per_sec": result.examples / max(result.wall_seconds, 1e-9),
+        "examples_per_sec": examples / max(result.wall_seconds, 1e-9),
         "mode": config.mode,
         "replication": "in-process",
         "workers": [asdict(result)],
-        "ps": [client.stats(i) for i in sorted(channels)],
+        "ps": ps_stats,
     }
+    if config.checkpoint_dir:  # the ledger on ps service 0, which never restarts here
+        ledger = checkpoint_status(client)
+        metrics.update(checkpoints_saved=ledger["saved"], checkpoints_failed=ledger["failed"])
+        if ledger["failed"]:
+            print(f"psflow: {ledger['failed']} checkpoint saves FAILED (see {output_dir}/logs/worker-0.log)",
+                  file=sys.stderr, flush=True)
     eval_batch = load_eval(config)
     if eval_batch is not None:
         metrics["eval"] = evaluate(model, client, eval_batch)
     with open(os.path.join(output_dir, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=1, default=float)
+        jsonio.dump(metrics, f, indent=1)
     return metrics

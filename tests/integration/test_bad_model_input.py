@@ -43,8 +43,14 @@ def test_a_model_asking_for_a_variable_it_did_not_declare(tmp_path: Path) -> Non
     code, err = train(tmp_path, "good", *common, "--max-steps", "5")
     assert code == 0, err[-3000:]
     before = stored(tmp_path / "ckpt")
-    code, err = train(tmp_path, "bad", *common, "--max-steps", "20",
-                      "--model", "tests.integration.models_for_tests:AsksUndeclared")
+    bad = ("--max-steps", "20", "--model", "tests.integration.models_for_tests:AsksUndeclared")
+    # On the good run's checkpoints: another model's checkpoint is refused before any task starts.
+    code, err = train(tmp_path, "bad", *common, *bad)
+    assert code == 1
+    assert "was written with another model: --model 'logistic'" in err, err[-3000:]
+    assert stored(tmp_path / "ckpt") == before
+    # On a directory of its own: the lookup of the undeclared variable fails the run, naming it.
+    code, err = train(tmp_path, "bad2", *common, *bad, "--checkpoint-dir", str(tmp_path / "ckpt2"))
     assert code == 1
     assert "model 'tests.integration.models_for_tests:AsksUndeclared' looks up variable 'embedding/nope', " \
            "which it did not declare (declared: weights, bias)" in err, err[-3000:]
