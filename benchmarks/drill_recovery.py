@@ -13,14 +13,35 @@ markdown table::
     .venv/bin/python benchmarks/drill_recovery.py --mode sync     # -> benchmarks/results/recovery_drill_sync.md
 
 About 20 x 10 s on 2 cores per mode. The default test suite runs one point per role.
+
+Launcher drills (issue 17): ``--launcher-drills N`` (2) runs of each of SIGTERM and SIGKILL to
+``psflow train`` itself, at a random moment of a run with checkpoints; after each, no psflow process
+of the run is left (checked by pid: the launcher's tasks, and any process naming the run directory),
+SIGTERM exits 143 with ``interrupted`` in metrics.json, SIGKILL leaves the tasks to their lifeline,
+and every checkpoint the pointer names is readable. ``--points 0`` runs only these::
+
+    .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 5
+
+Storage drills (issue 17): ``--storage-drills N`` (1) runs of each of: a disk that fills up under
+the checkpoints (a nearly full 200 KiB tmpfs as root, else the directory made read-only mid-run),
+which must fail the run (exit 1, ``--max-failed-saves 3``) with a console line per failed save and no
+partial checkpoint left; and two runs of other seeds sharing one ``--checkpoint-dir``, the second
+started a random 0-0.5 s after the first, of which exactly one trains and the other is refused naming
+it. After each: no psflow process of the runs left (checked by pid), every checkpoint the pointer
+names readable and of the run that trained, the lock released::
+
+    .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +51,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 
+from test_checkpoint_safety import (  # noqa: E402
+    all_listed_readable,
+    background_run,
+    no_partial_directories,
+    read_only,
+    small_tmpfs,
+    task_pids,
+    wait_for,
+)
+from test_launcher_signals import Launcher, alive, cmdline, wait_until  # noqa: E402
 from test_recovery import ROLES, check_run, train  # noqa: E402
+
+from psflow.train.checkpoint import read_variables  # noqa: E402
 
 
 def main() -> int:
@@ -40,18 +73,26 @@ def main() -> int:
     parser.add_argument("--mode", default="async", choices=["async", "sync", "ssp"], help="update mode (async)")
     parser.add_argument("--out", help="markdown file (benchmarks/results/recovery_drill[_MODE].md)")
     parser.add_argument("--keep-failed", help="copy the run directory of every failed run here")
+    parser.add_argument("--launcher-drills", type=int, default=2,
+                        help="runs of each of SIGTERM and SIGKILL to psflow train itself (2)")
+    parser.add_argument("--storage-drills", type=int, default=1,
+                        help="runs of each of a full checkpoint disk and two runs sharing a checkpoint directory (1)")
     args = parser.parse_args()
-    args.out = args.out or f"benchmarks/results/recovery_drill{'' if args.mode == 'async' else '_' + args.mode}.md"
+    suffix = "" if args.mode == "async" else "_" + args.mode
+    kind = "recovery" if args.points else "launcher" if args.launcher_drills else "storage"
+    args.out = args.out or f"benchmarks/results/{kind}_drill{suffix}.md"
     mode = ["--mode", args.mode]
     rng = random.Random(args.seed)
     rows, failures = [], 0
     with tempfile.TemporaryDirectory(prefix="psflow-drill-") as tmp:
-        base = Path(tmp) / "baseline"
-        r = train(base, *mode)
-        if r.returncode != 0:
-            print(r.stderr[-3000:], file=sys.stderr)
-            return 1
-        baseline = float(json.loads((base / "metrics.json").read_text())["eval"]["auc"])
+        baseline = float("nan")
+        if args.points > 0:
+            base = Path(tmp) / "baseline"
+            r = train(base, *mode)
+            if r.returncode != 0:
+                print(r.stderr[-3000:], file=sys.stderr)
+                return 1
+            baseline = float(json.loads((base / "metrics.json").read_text())["eval"]["auc"])
         for role, target in ROLES.items():
             for n in range(args.points):
                 # A run has ~3,050 global steps; ~1,530 in sync mode (one step aggregates both workers' batches).
@@ -74,7 +115,22 @@ def main() -> int:
                         shutil.copytree(out, Path(args.keep_failed) / out.name, dirs_exist_ok=True)
                 rows.append(f"| {role} | {target} | {step} | {code} | {auc} | {recovery} | {wall} | {verdict} |")
                 print(rows[-1], flush=True)
-    text = "\n".join([
+        launcher_rows, launcher_failures = launcher_drills(Path(tmp), args.launcher_drills, mode, rng,
+                                                           args.keep_failed)
+        storage_rows, storage_failures = storage_drills(Path(tmp), args.storage_drills, rng, args.keep_failed)
+    sections = [role_section(args, baseline, rows, failures)] if args.points else []
+    if launcher_rows:
+        sections.append(launcher_section(args, launcher_rows, launcher_failures))
+    if storage_rows:
+        sections.append(storage_section(args, storage_rows, storage_failures))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(sections))
+    print(f"wrote {args.out}")
+    return 1 if failures or launcher_failures or storage_failures else 0
+
+
+def role_section(args: argparse.Namespace, baseline: float, rows: list[str], failures: int) -> str:
+    return "\n".join([
         "# Recovery drill (issue 6)",
         "",
         f"`benchmarks/drill_recovery.py --points {args.points} --seed {args.seed} --mode {args.mode}` "
@@ -90,10 +146,195 @@ def main() -> int:
         f"{len(rows) - failures} of {len(rows)} runs passed.",
         "",
     ])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(f"wrote {args.out}")
-    return 1 if failures else 0
+
+
+#: Signals sent to ``psflow train`` itself by the launcher drills, and the exit status each must give.
+LAUNCHER_SIGNALS = {"SIGTERM": (signal.SIGTERM, 128 + signal.SIGTERM), "SIGKILL": (signal.SIGKILL, -signal.SIGKILL)}
+
+
+def launcher_drills(tmp: Path, runs: int, mode: list[str], rng: random.Random,
+                    keep_failed: str | None) -> tuple[list[str], int]:
+    """``runs`` runs of each of :data:`LAUNCHER_SIGNALS`; returns the table rows and the failures."""
+    rows, failures = [], 0
+    for name in LAUNCHER_SIGNALS:
+        for n in range(runs):
+            out = tmp / f"launcher-{name}-{n}"
+            delay = round(rng.uniform(0.0, 3.0), 2)
+            code, tasks, gone, checkpoints, verdict = "-", "-", "-", "-", "ok"
+            try:
+                code, tasks, gone, checkpoints = launcher_drill(out, name, mode, delay)
+            except (AssertionError, OSError, KeyError, ValueError, subprocess.TimeoutExpired) as e:
+                verdict, failures = f"FAIL: {e}"[:120], failures + 1
+                if keep_failed:
+                    shutil.copytree(out, Path(keep_failed) / out.name, dirs_exist_ok=True)
+            rows.append(f"| {name} | {delay:.2f} | {code} | {tasks} | {gone} | {checkpoints} | {verdict} |")
+            print(rows[-1], flush=True)
+    return rows, failures
+
+
+def launcher_drill(out: Path, name: str, mode: list[str], delay: float) -> tuple[str, str, str, str]:
+    """Signals ``psflow train`` ``delay`` s into training and checks what it left.
+
+    Returns:
+        (exit status, task count, seconds from the signal until the last task was gone, checkpoints read).
+
+    Raises:
+        AssertionError: a check failed (names it).
+    """
+    sig, expected = LAUNCHER_SIGNALS[name]
+    run = Launcher(out, *mode, "--checkpoint-dir", str(out / "ckpt"), "--save-checkpoints-steps", "250",
+                   "--lease-ttl", "2")
+    try:
+        run.wait_training()
+        pointer = out / "ckpt" / "checkpoint"
+        wait_until(pointer.exists, 120.0, f"{pointer} written (the chief saves the initial state)")
+        time.sleep(delay)
+        run.tasks()  # every task pid seen so far is checked below
+        signalled = time.monotonic()
+        os.kill(run.pid, sig)
+        code = run.wait()
+        assert code == expected, f"{name}: exit {code}, want {expected}: {run.stderr()[-500:]}"
+        wait_until(lambda: not [p for p, s in run.seen.items() if alive(p, s)], 60.0, "every task gone")
+        gone = time.monotonic() - signalled
+        leftovers = [int(p) for p in os.listdir("/proc") if p.isdigit() and str(out) in cmdline(int(p))]
+        assert not leftovers, f"processes of the run left: {[(p, cmdline(p)) for p in leftovers]}"
+        if sig == signal.SIGTERM:
+            metrics = run.metrics()
+            assert metrics["interrupted"] == name, metrics
+        names = json.loads(pointer.read_text())["all"]
+        assert names, f"{pointer} names no checkpoint"
+        for checkpoint in names:  # none a later run would restore from is gone or damaged
+            read_variables(str(out / "ckpt" / checkpoint), slots=True)
+        return str(code), str(len(run.seen)), f"{gone:.1f}", str(len(names))
+    finally:
+        run.close()
+
+
+def launcher_section(args: argparse.Namespace, rows: list[str], failures: int) -> str:
+    return "\n".join([
+        "# Launcher drill (issue 17)",
+        "",
+        f"`benchmarks/drill_recovery.py --launcher-drills {args.launcher_drills} --seed {args.seed} --mode {args.mode}` "
+        f"({time.strftime('%Y-%m-%d')}): a9a, {args.mode} mode, 2 ps + 2 workers, batch 32, checkpoints every 250 "
+        "steps; `psflow train` itself gets the signal a random 0-3 s after its first logged step.",
+        "Checks per run: exit 143 (SIGTERM: every task stopped, `interrupted` in metrics.json) or -9 (SIGKILL: "
+        "the tasks stop on their lifeline); every task pid gone; no process naming the run directory left; "
+        "every checkpoint the pointer names readable. Gone s: from the signal until the last task was gone.",
+        "",
+        "| signal | after s | exit | tasks | gone s | checkpoints | verdict |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"{len(rows) - failures} of {len(rows)} runs passed.",
+        "",
+    ])
+
+
+def storage_drills(tmp: Path, runs: int, rng: random.Random, keep_failed: str | None) -> tuple[list[str], int]:
+    """``runs`` runs of each of :func:`disk_full_drill` and :func:`collision_drill`; returns the rows and the failures."""
+    rows, failures = [], 0
+    for n in range(runs):
+        for name, drill in (("disk full", disk_full_drill), ("two runs, one directory", collision_drill)):
+            out = tmp / f"storage-{name.split()[0]}-{n}"
+            out.mkdir(parents=True)
+            detail, verdict = "-", "ok"
+            try:
+                detail = drill(out, rng)
+            except (AssertionError, OSError, KeyError, ValueError, subprocess.TimeoutExpired) as e:
+                verdict, failures = f"FAIL: {e}"[:160], failures + 1
+                if keep_failed:
+                    shutil.copytree(out, Path(keep_failed) / out.name, dirs_exist_ok=True)
+            rows.append(f"| {name} | {detail} | {verdict} |")
+            print(rows[-1], flush=True)
+    return rows, failures
+
+
+def _no_process_left(*outs: Path) -> None:
+    """Every task pid the runs' logs name is gone, and no process names a run directory."""
+    live = [p for out in outs for p in task_pids(out) if cmdline(p) and "psflow.launch.task" in cmdline(p)]
+    assert not live, f"task processes left: {live}"
+    leftovers = [int(p) for p in os.listdir("/proc") if p.isdigit() and any(str(o) in cmdline(int(p)) for o in outs)]
+    assert not leftovers, f"processes of the runs left: {[(p, cmdline(p)) for p in leftovers]}"
+
+
+def disk_full_drill(out: Path, rng: random.Random) -> str:
+    """A run whose checkpoint disk fills up (tmpfs as root, else made read-only mid-run) must fail loudly.
+
+    Returns:
+        The row's detail: variant, exit, failed saves reported, checkpoints left readable.
+    """
+    ckpt = out / "ckpt"
+    args = ("--epochs", "2", "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "20",
+            "--seed", str(rng.randrange(100)))
+    if os.geteuid() == 0:
+        variant = "200 KiB tmpfs, 150 KiB used"
+        storage = small_tmpfs(ckpt, 200, 150)
+    else:
+        variant = "read-only mid-run"
+        ckpt.mkdir()
+        storage = contextlib.nullcontext()
+    with storage, background_run(out / "run", *args) as run:
+        if variant.startswith("read-only"):
+            wait_for("the initial checkpoint", lambda: (ckpt / "checkpoint").exists(), run)
+            with read_only(ckpt):
+                _, stderr = run.communicate(timeout=250)
+        else:
+            _, stderr = run.communicate(timeout=250)
+        assert run.returncode == 1, f"exit {run.returncode}, want 1: {stderr[-500:]}"
+        failed = stderr.count(" FAILED (/job:")
+        assert failed >= 3, f"{failed} failed saves reported on the console: {stderr[-500:]}"
+        assert "(--max-failed-saves 3): stopping" in stderr, stderr[-500:]
+        no_partial_directories(ckpt)
+        names = all_listed_readable(ckpt)
+    _no_process_left(out / "run")
+    return f"{variant}: exit {run.returncode}, {failed} failed saves reported, {len(names)} checkpoints readable"
+
+
+def collision_drill(out: Path, rng: random.Random) -> str:
+    """Two runs of other seeds on one --checkpoint-dir, the second 0-0.5 s after the first: one trains.
+
+    Returns:
+        The row's detail: the delay, which run trained, the checkpoints left.
+    """
+    ckpt = out / "ckpt"
+    delay = round(rng.uniform(0.0, 0.5), 2)
+    outs = [out / "first", out / "second"]
+    args = ("--epochs", "3", "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "20")
+    with background_run(outs[0], *args, "--seed", "1") as first:
+        time.sleep(delay)
+        with background_run(outs[1], *args, "--seed", "2") as second:
+            results = [p.communicate(timeout=250) for p in (first, second)]
+    codes = [first.returncode, second.returncode]
+    assert sorted(codes) == [0, 1], f"exits {codes}: {[r[1][-300:] for r in results]}"
+    loser = codes.index(1)
+    assert "is in use by run" in results[loser][1] and "Traceback" not in results[loser][1], results[loser][1][-500:]
+    assert not (outs[loser] / "logs").exists(), "the refused run started tasks"
+    names = all_listed_readable(ckpt)
+    seeds = {json.loads((ckpt / n / "manifest.json").read_text())["model"]["config"]["seed"] for n in names}
+    assert seeds == {2 - loser}, f"checkpoints of seeds {seeds}; only run {2 - loser} trained"
+    assert not (ckpt / "checkpoint.lock").exists(), "the lock was not released"
+    no_partial_directories(ckpt)
+    _no_process_left(*outs)
+    return f"second after {delay:.2f} s: {'first' if loser else 'second'} trained, the other refused; {len(names)} checkpoints readable"
+
+
+def storage_section(args: argparse.Namespace, rows: list[str], failures: int) -> str:
+    return "\n".join([
+        "# Storage drill (issue 17)",
+        "",
+        f"`benchmarks/drill_recovery.py --storage-drills {args.storage_drills} --seed {args.seed}` "
+        f"({time.strftime('%Y-%m-%d')}): a9a, 2 ps + 2 workers, batch 512, checkpoints every 20 steps.",
+        "Disk full: exit 1 after 3 failed saves in a row, a console line per failed save, no partial checkpoint. "
+        "Two runs: exactly one trains, the other is refused before it starts a task. After each: no psflow "
+        "process left (by pid), every checkpoint the pointer names readable and of the run that trained.",
+        "",
+        "| drill | detail | verdict |",
+        "|---|---|---|",
+        *rows,
+        "",
+        f"{len(rows) - failures} of {len(rows)} runs passed.",
+        "",
+    ])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@
 
 Settings are parsed here, once, into a :class:`~psflow.train.config.TrainConfig`;
 ``TF_CONFIG`` and ``PSFLOW_TOKEN`` are read here and nowhere else.
+
+Exit status: 0 done; 1 an error (named); ``128 + n`` after signal n:
+``psflow train`` stops every task on SIGTERM, SIGHUP or SIGINT and reports
+(143, 129, 130; see :mod:`psflow.launch.lifeline`); ``psflow server`` stops
+its task in order on the same signals.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ import tempfile
 import time
 from typing import Any
 
+from psflow import jsonio
 from psflow.cluster import ClusterError, ClusterSpec, parse_tf_config
 from psflow.data import DataError
 from psflow.data.infer import add_schema_arguments, run_schema, schema_yaml
 from psflow.launch.chief_cli import TOOL_COMMANDS, add_chief_arguments, add_tool_parsers, chief_config_fields, run_tool
+from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.local import LaunchError, run_local
 from psflow.launch.report import ReportError
 from psflow.launch.resilience import add_resilience_arguments, resilience_config
@@ -36,9 +43,11 @@ from psflow.models.registry import create_model, model_names
 from psflow.ps.global_step import StepJournalError
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.rpc.api import RpcError
+from psflow.rpc.tcp_server import TcpLimits
 from psflow.train.build import inferred_schema, model_config
-from psflow.train.checkpoint import CheckpointError
+from psflow.train.checkpoint import CheckpointError, CheckpointSavesFailedError
 from psflow.train.config import ConfigError, TrainConfig
+from psflow.train.inputs import check_inputs
 
 __all__ = ["main", "build_parser"]
 
@@ -116,6 +125,22 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     add_chief_arguments(p)
 
 
+def _add_server_security_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("security and limits (psflow server)")
+    g.add_argument("--insecure", action="store_true",
+                   help=f"run without a cluster token ({TOKEN_ENV} unset): any peer that reaches the task can call it, "
+                        "Shutdown included; refused without this flag")
+    g.add_argument("--checkpoint-root", metavar="DIR",
+                   help="ps task: write checkpoint shards only under DIR (default: --checkpoint-dir; neither: no shard "
+                        "files, use --checkpoint-transport rpc)")
+    g.add_argument("--tcp-handshake-timeout", type=float, default=TcpLimits.handshake_timeout, metavar="S",
+                   help="ps task: seconds a TCP data-path connection has to authenticate (%(default)s)")
+    g.add_argument("--tcp-idle-timeout", type=float, default=TcpLimits.idle_timeout, metavar="S",
+                   help="ps task: seconds an idle TCP data-path connection is kept; clients reconnect (%(default)s)")
+    g.add_argument("--tcp-max-connections", type=int, default=TcpLimits.max_connections, metavar="N",
+                   help="ps task: authenticated TCP data-path connections served at once (%(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="psflow", description="Parameter-server training in Python.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--task", type=int, help="task index (else TF_CONFIG)")
     server.add_argument("--state-dir", help="ps task 0 keeps global_step's bound here (global_step.json), so that "
                         "restarted it never hands out a step value twice; use storage that outlives the process")
+    _add_server_security_arguments(server)
     _add_training_arguments(server)
     try:
         from psflow.data.convert import add_convert_arguments
@@ -221,7 +247,7 @@ def _train(args: argparse.Namespace) -> int:
         print(f"psflow: skipped {metrics['bad_records_skipped']} bad records (see the worker logs)", file=sys.stderr)
     if "eval" in metrics:
         summary["eval"] = metrics["eval"]
-    print(json.dumps(summary, indent=1))
+    print(jsonio.dumps(summary, indent=1))
     return 0
 
 
@@ -239,7 +265,22 @@ def _show_inferred_schema(config: TrainConfig, output: str) -> None:
           file=sys.stderr)
 
 
+def _tcp_limits(args: argparse.Namespace) -> TcpLimits:
+    flags = {"handshake_timeout": "--tcp-handshake-timeout", "idle_timeout": "--tcp-idle-timeout",
+             "max_connections": "--tcp-max-connections"}
+    try:
+        return TcpLimits(**{field: getattr(args, f"tcp_{field}") for field in flags})
+    except ValueError as e:
+        field = next((f for f in flags if f"TcpLimits.{f} " in str(e)), "")
+        raise ConfigError(f"{flags.get(field, '--tcp-*')}: {e}") from None
+
+
 def _server(args: argparse.Namespace) -> int:
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is None and not args.insecure:
+        raise ConfigError(f"no cluster token: set {TOKEN_ENV} (the same secret on every task), "
+                          "or pass --insecure to run without authentication")
+    limits = _tcp_limits(args)
     tf_config = os.environ.get("TF_CONFIG")
     if args.cluster:
         with open(args.cluster) as f:
@@ -260,8 +301,11 @@ def _server(args: argparse.Namespace) -> int:
         if not args.train:
             raise ConfigError(f"/job:{job}/task:{index} trains: --train is required")
         config = _config(args, num_ps=cluster.num_tasks("ps"), num_workers=cluster.num_tasks("worker"))
+        if job == "client" or config.replication == "between-graph":  # this task reads the data
+            check_inputs(config)
     configure_logging()
-    return run_task(cluster, job, index, config, token=os.environ.get(TOKEN_ENV) or None, state_dir=args.state_dir)
+    return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
+                    checkpoint_root=args.checkpoint_root or args.checkpoint_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,9 +324,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return int(run_convert(args))
     except (ConfigError, ClusterError, OptimizerError, DataError, LaunchError, RpcError, OSError, CheckpointError,
-            ReportError, StepJournalError, ModelError) as e:
+            ReportError, StepJournalError, ModelError, CheckpointSavesFailedError) as e:
         print(f"psflow {args.command}: error: {e}", file=sys.stderr)
         return 1
+    except LaunchInterrupted as e:  # SIGTERM, SIGHUP or SIGINT to psflow train: every task stopped, reported
+        print(f"psflow {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"psflow {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -14,12 +14,23 @@
        :class:`LaunchError` naming each failed task (pid, exit code or signal),
        the first one as the root cause.
 
-Every process started here is ended here, by pid (SIGTERM, then SIGKILL),
-whatever happens (including KeyboardInterrupt).
+Every process started here is ended here, by pid (SIGTERM, then SIGKILL, to
+the task's own process group), whatever happens (including KeyboardInterrupt).
+
+Tasks never outlive the launcher (:mod:`psflow.launch.lifeline`): each gets
+the read end of a pipe whose write end only the launcher holds, and, on
+Linux, a parent-death signal; when the launcher dies, SIGKILL included, every
+task stops itself within a few seconds. SIGTERM, SIGHUP and SIGINT to the
+launcher (``LocalCluster`` used as a context manager on the main thread)
+raise :class:`~psflow.launch.lifeline.LaunchInterrupted`: every task is
+stopped, ``metrics.json`` records the interruption (``interrupted``: the
+signal, ``global_step``, ``tasks``: how each one ended, plus ``faults``,
+``restarts``, ``hangs``), and ``psflow train`` exits with ``128 + n``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,20 +38,27 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from psflow import jsonio
 from psflow.cluster import ClusterSpec
+from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, signal_name
 from psflow.launch.ports import free_ports
 from psflow.launch.resilience import Resilience, ResilienceConfig
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
-from psflow.rpc.api import ConnectConfig, RpcError
+from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
+from psflow.rpc.grpc_client import TaskChannel
 from psflow.train.build import build_model
+from psflow.train.checkpoint import SaveStatusWatcher
 from psflow.train.client import ParameterClient
 from psflow.train.config import TORCH_THREADS_ENV, TrainConfig
+from psflow.train.duties import claim_checkpoint_dir
 from psflow.train.evaluation import evaluate
+from psflow.train.inputs import check_inputs
 from psflow.train.worker import load_eval
 
 __all__ = ["LaunchError", "LocalCluster", "TaskProcess", "free_ports", "run_local", "TOKEN_ENV"]
@@ -83,13 +101,20 @@ class TaskProcess:
 
 @dataclass
 class LocalCluster:
-    """Processes of one local cluster; use as a context manager."""
+    """Processes of one local cluster; use as a context manager.
+
+    As a context manager on the main thread it also handles SIGTERM, SIGHUP
+    and SIGINT (see the module docstring); leaving it stops every task.
+    """
 
     cluster: ClusterSpec
     output_dir: str
     token: str
     tasks: list[TaskProcess] = field(default_factory=list)
     resilience: Resilience | None = None  # restarts, hang detection, chaos (psflow.launch.resilience)
+    signals: LauncherSignals = field(default_factory=LauncherSignals, repr=False)
+    started: float = field(default_factory=time.monotonic, repr=False)
+    _lifeline: Lifeline | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, num_ps: int, num_workers: int, output_dir: str) -> LocalCluster:
@@ -120,9 +145,18 @@ class LocalCluster:
         ]
         if job == "ps":  # global_step's bound outlives a restart of ps task 0 (psflow.ps.global_step)
             cmd += ["--state-dir", os.path.join(self.output_dir, "state", f"{job}-{index}")]
-        popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-        task = TaskProcess(job, index, popen, log_path, log_file)
-        self.tasks.append(task)
+        if self._lifeline is None:
+            self._lifeline = Lifeline()
+        cmd += ["--lifeline", str(self._lifeline.task_fd)]
+        if threading.current_thread() is threading.main_thread():
+            # PR_SET_PDEATHSIG fires when the *thread* that started the task exits: only the main
+            # thread lives as long as this process. From another thread, the pipe alone watches.
+            cmd.append("--exit-with-parent")
+        with self.signals.deferring():  # started and recorded, or neither: a signal waits for both
+            popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, pass_fds=(self._lifeline.task_fd,), process_group=0)
+            task = TaskProcess(job, index, popen, log_path, log_file)
+            self.tasks.append(task)
         log.debug("started %s as pid %d", task.name, popen.pid)
         return task
 
@@ -138,33 +172,90 @@ class LocalCluster:
         return newly
 
     def stop_all(self, grace: float = 3.0) -> None:
-        """Ends every task still running: SIGTERM, then SIGKILL after ``grace`` s."""
+        """Ends every task still running: SIGTERM, then SIGKILL after ``grace`` s, each to the task's
+        process group (the task and what it started); then closes the lifeline. Blocks until every
+        task is reaped; idempotent."""
         if self.resilience is not None:
             self.resilience.close()
         running = [t for t in self.tasks if t.popen.poll() is None]
         for t in running:
-            try:
-                os.kill(t.popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            _signal_group(t, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for t in running:
             try:
                 t.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                try:
-                    os.kill(t.popen.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _signal_group(t, signal.SIGKILL)
                 t.popen.wait()
         for t in self.tasks:
             t.log_file.close()
+        if self._lifeline is not None:
+            self._lifeline.close()
+            self._lifeline = None
+
+    def report_interrupt(self, signum: int) -> str:
+        """After ``signum`` reached the launcher: stops every task, writes ``metrics.json`` (and
+        ``faults.json``) saying so, and returns the report for the user. Blocks ~``grace`` s at most."""
+        step = self._global_step()  # before the ps tasks go
+        running = {id(t) for t in self.tasks if t.popen.poll() is None}
+        self.stop_all()
+        tasks = [{"task": t.name, "pid": t.pid, "exit": describe_exit(t.popen.returncode or 0),
+                  "stopped_by_launcher": id(t) in running} for t in self.tasks]
+        metrics: dict[str, Any] = {
+            "interrupted": signal_name(signum), "exit_code": 128 + signum, "global_step": step,
+            "wall_seconds": time.monotonic() - self.started, "tasks": tasks,
+            **(self.resilience.metrics() if self.resilience is not None else {}),
+        }
+        path = os.path.join(self.output_dir, "metrics.json")
+        lines = [f"interrupted by {signal_name(signum)} at global_step {step} after "
+                 f"{metrics['wall_seconds']:.1f} s; every task stopped:"]
+        lines += [f"  {t['task']} (pid {t['pid']}) {t['exit']}" for t in tasks]
+        try:
+            with open(path + ".tmp", "w") as f:
+                jsonio.dump(metrics, f, indent=1)
+            os.replace(path + ".tmp", path)
+            lines.append(f"metrics: {path}")
+        except OSError as e:
+            lines.append(f"could not write {path}: {e}")
+        return "\n".join(lines) + (self.resilience.on_failure() if self.resilience is not None else "")
+
+    def _global_step(self) -> int | None:
+        """global_step read from the ps tasks (1 s deadline each), None if none answers."""
+        connect = ConnectConfig(connect_timeout=1.0, rpc_timeout=1.0, token=self.token)
+        for i in self.cluster.task_indices("ps"):
+            channel = TaskChannel(f"/job:ps/task:{i}", self.cluster.task_address("ps", i), PARAMETER_SERVICE, connect)
+            try:
+                step = channel.call("Stats").meta.get("global_step")
+            except RpcError:
+                continue
+            finally:
+                channel.close()
+            if isinstance(step, int):
+                return step
+        return None
 
     def __enter__(self) -> LocalCluster:
+        self.signals.install()  # main thread only (else a no-op)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.stop_all()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            with self.signals.deferring(check=False):  # no signal cuts the cleanup
+                if isinstance(exc, LaunchInterrupted):
+                    exc.report = self.report_interrupt(exc.signum)
+                self.stop_all()
+        finally:
+            self.signals.restore()
+
+
+def _signal_group(task: TaskProcess, sig: int) -> None:
+    """Sends ``sig`` to the process group of ``task`` (its own: started with ``process_group=0``).
+
+    Called only while ``task`` is not reaped, so its pid, the group's id, is not reused."""
+    try:
+        os.killpg(task.popen.pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _failure_report(failed: list[TaskProcess], stopped: list[TaskProcess]) -> str:
@@ -203,13 +294,20 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
 
     Raises:
         LaunchError: a task failed (every other task has been stopped).
+        DataError: ``--train`` or ``--eval`` holds no record (checked before anything starts).
     """
+    check_inputs(config)
+    # The run's id, and its checkpoint directory taken before any task starts (another live run's is refused).
+    config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=output_dir, out=progress or sys.stderr)
+    checkpoints = SaveStatusWatcher(max_failed_saves=config.max_failed_saves, every=progress_every) \
+        if config.checkpoint_dir else None
     os.makedirs(output_dir, exist_ok=True)
     config_path = os.path.join(output_dir, "config.json")
     with open(config_path, "w") as f:
         f.write(config.to_json())
     started = time.monotonic()
-    with LocalCluster.create(config.num_ps, config.num_workers, output_dir) as lc:
+    with checkpoint_lock or contextlib.nullcontext(), LocalCluster.create(config.num_ps, config.num_workers,
+                                                                         output_dir) as lc:
         lc.resilience = Resilience(lc, resilience or ResilienceConfig())
         lc.resilience.start()
         for i in range(config.num_ps):
@@ -225,29 +323,40 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
         client = ParameterClient(lc.cluster, variables.placements(), client_name="launcher", config=ConnectConfig(
             connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=lc.token))
         try:
-            _watch(lc, client, progress, progress_every, started, driver)
+            _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints)
             train_seconds = time.monotonic() - started
             client.connect()
-            metrics = _finish(config, lc, client, model, train_seconds, output_dir, driver)
-            client.shutdown_servers()
-            deadline = time.monotonic() + 5.0
-            for t in lc.tasks:
-                try:
-                    t.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
+            metrics = _finish(config, lc, client, model, train_seconds, output_dir, driver, checkpoints=checkpoints)
+            with lc.signals.deferring(check=False):  # metrics.json is written: a signal now is ignored (tasks end below)
+                client.shutdown_servers()
+                deadline = time.monotonic() + 5.0
+                for t in lc.tasks:
+                    try:
+                        t.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        pass
         finally:
             client.close()
     return metrics
 
 
 def _watch(lc: LocalCluster, client: Any, progress: TextIO | None, every: float, started: float,
-           driver: str = "worker") -> None:
-    """Waits until every ``driver`` task (workers, or the in-graph client) exited 0."""
+           driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None) -> None:
+    """Waits until every ``driver`` task (workers, or the in-graph client) exited 0.
+
+    With ``checkpoints``, prints a line for every failed checkpoint save (even without ``progress``).
+    """
+    with lc.signals.deferring():  # a signal is raised at the next check below, never inside a step of the loop
+        _watch_loop(lc, client, progress, every, started, driver, checkpoints)
+
+
+def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: float, started: float,
+                driver: str, checkpoints: SaveStatusWatcher | None = None) -> None:
     last_print = time.monotonic()
     last = (started, 0)
     failed: list[TaskProcess] = []
     while True:
+        lc.signals.check()
         for t in lc.poll():
             if t.exit_code != 0 and not (lc.resilience is not None and lc.resilience.on_exit(t)):
                 failed.append(t)
@@ -256,10 +365,12 @@ def _watch(lc: LocalCluster, client: Any, progress: TextIO | None, every: float,
         if failed:
             time.sleep(0.2)  # let simultaneous failures land so the report lists them in order
             failed += [t for t in lc.poll() if t.exit_code != 0]
+            _report_checkpoints(checkpoints, client, progress, force=True)  # before the ps tasks stop
             stopped = [t for t in lc.tasks if t.exit_code is None]
             lc.stop_all()
             raise LaunchError(_failure_report(failed, stopped) + (lc.resilience.on_failure() if lc.resilience else ""))
         done = all(t.exit_code == 0 for t in lc.tasks if t.job == driver)
+        _report_checkpoints(checkpoints, client, progress, force=done)
         if progress is not None and (done or time.monotonic() - last_print >= every):
             try:
                 line, last = _progress_line(client.stats(), last, started)
@@ -272,16 +383,26 @@ def _watch(lc: LocalCluster, client: Any, progress: TextIO | None, every: float,
         time.sleep(0.05)
 
 
+def _report_checkpoints(checkpoints: SaveStatusWatcher | None, client: Any, progress: TextIO | None, *,
+                        force: bool) -> None:
+    """Failed checkpoint saves are loud: a console line each (on stderr without ``progress``)."""
+    if checkpoints is not None:
+        for line in checkpoints.poll(client, force=force):
+            print(line, file=progress or sys.stderr, flush=True)
+
+
 def _finish(config: TrainConfig, lc: LocalCluster, client: Any, model: Any, train_seconds: float,
-            output_dir: str, driver: str = "worker") -> dict[str, Any]:
+            output_dir: str, driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None) -> dict[str, Any]:
     results = []
     for i in range(config.num_workers if driver == "worker" else 1):
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
             results.append(json.load(f))
-    examples = sum(int(r["examples"]) for r in results)
+    ps_stats = [client.stats(i) for i in sorted(client.channels)]
+    examples = exactly_once_examples(ps_stats)
     metrics: dict[str, Any] = {
         "global_step": client.global_step(),
         "examples": examples,
+        "examples_processed": sum(int(r["examples"]) for r in results),
         "wall_seconds": train_seconds,
         "examples_per_sec": examples / max(train_seconds, 1e-9),
         "mode": config.mode,
@@ -289,14 +410,31 @@ def _finish(config: TrainConfig, lc: LocalCluster, client: Any, model: Any, trai
         "stale_dropped": sum(int(r.get("stale_dropped", 0)) for r in results),
         "bad_records_skipped": sum(int(r.get("bad_records_skipped", 0)) for r in results),
         "workers" if driver == "worker" else "client": results,
-        "ps": [client.stats(i) for i in sorted(client.channels)],
+        "ps": ps_stats,
         **(lc.resilience.metrics() if lc.resilience is not None else {}),
+        **(checkpoints.metrics() if checkpoints is not None else {}),  # checkpoints_saved, checkpoints_failed
     }
     eval_batch = load_eval(config)
     if eval_batch is not None:
         metrics["eval"] = evaluate(model, client, eval_batch)
     tmp = os.path.join(output_dir, "metrics.json.tmp")
     with open(tmp, "w") as f:
-        json.dump(metrics, f, indent=1, default=float)
+        jsonio.dump(metrics, f, indent=1)
     os.replace(tmp, os.path.join(output_dir, "metrics.json"))
     return metrics
+
+
+def exactly_once_examples(ps_stats: list[dict[str, Any]]) -> int:
+    """The examples in the model's history, each record counted once per epoch: the count of the ps task
+    holding global_step (its ``Stats``), which every push adds its examples to and every restore sets back
+    to the checkpoint's count, so work redone after a restore and pushes lost with a killed worker are
+    neither counted twice nor missing.
+
+    Raises:
+        LaunchError: no ps task reports holding global_step (names the tasks asked).
+    """
+    for stats in ps_stats:
+        if stats.get("global_step") is not None:
+            return int(stats.get("examples") or 0)
+    raise LaunchError("no ps task reports holding global_step (asked " +
+                      ", ".join(str(s.get("task")) for s in ps_stats) + "): cannot count the examples trained")

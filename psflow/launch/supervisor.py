@@ -79,12 +79,16 @@ class Decision:
 
 
 def describe_exit(code: int) -> str:
-    """``exited with code 3`` or ``was killed by signal SIGKILL`` (for a negative Popen code)."""
+    """``exited with code 3``, ``was killed by signal SIGKILL`` (for a negative Popen code), or
+    ``exited on SIGTERM (code 143)``: a task stops in order on SIGTERM, SIGHUP or SIGINT and exits
+    with ``128 + n`` (psflow.launch.lifeline)."""
     if code < 0:
         try:
             return f"was killed by signal {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
+    if code - 128 in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        return f"exited on {signal.Signals(code - 128).name} (code {code})"
     return f"exited with code {code}"
 
 
@@ -158,7 +162,12 @@ class Supervisor:
         return len(self._due)
 
     def restart_due(self) -> list[Any]:
-        """Restarts every task whose backoff has passed; returns the new task objects."""
+        """Restarts every task whose backoff has passed; returns the new task objects.
+
+        The restart callback runs on the calling thread (the local launcher's main thread), so a
+        restarted task's parent-death signal is tied to a thread that lives as long as the launcher
+        (psflow.launch.lifeline); a task started from another thread relies on its lifeline pipe only.
+        """
         now, started = self._clock(), []
         for entry in sorted((e for e in self._due if e[0] <= now), key=lambda e: e[0]):
             self._due.remove(entry)

@@ -5,19 +5,29 @@ Started by the local launcher (or by hand / a cluster manager through
 serves its WorkerService and runs the training loop, then exits 0.
 The cluster token comes from the ``PSFLOW_TOKEN`` environment variable,
 read here, at the edge.
+
+Stopping (see :mod:`psflow.launch.lifeline`): SIGTERM, SIGHUP or SIGINT,
+or the launcher's death (``--lifeline FD``, ``--exit-with-parent``), ends a
+task in order, without a lock taken or an exception raised in a signal
+handler: a ps task stops serving, a worker leaves its loop before its next
+step (a call blocked in a sync barrier is failed by closing its channels),
+and the process exits with ``128 + n`` (143 on SIGTERM; 129 when the
+launcher died) within the stop's grace (2 s), by force if it must.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import logging
 import os
 import signal
 import sys
-from types import FrameType
 
+from psflow import jsonio
 from psflow.cluster import ClusterSpec
+from psflow.launch.lifeline import StopRequest, set_parent_death_signal
+from psflow.rpc.tcp_server import TcpLimits
 from psflow.server import Server
 from psflow.train.config import TrainConfig
 
@@ -25,6 +35,8 @@ __all__ = ["main", "run_task"]
 
 #: Environment variable carrying the cluster token to task processes (read here, at the edge).
 TOKEN_ENV = "PSFLOW_TOKEN"
+
+log = logging.getLogger("psflow.launch")
 
 
 def configure_logging() -> None:
@@ -36,24 +48,39 @@ def configure_logging() -> None:
 
 
 def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | None, *,
-             token: str | None, result_path: str | None = None, state_dir: str | None = None) -> int:
-    """Runs one task until it is done; returns the process exit status.
+             token: str | None, result_path: str | None = None, state_dir: str | None = None,
+             checkpoint_root: str | None = None, tcp_limits: TcpLimits | None = None,
+             stop: StopRequest | None = None) -> int:
+    """Runs one task until it is done or stopped; returns the process exit status.
 
-    ``state_dir`` (ps tasks): see :class:`psflow.server.Server`.
+    Blocks. Returns 0 when the task finished (a ps task: asked to shut down),
+    ``stop.exit_code`` (``128 + n``) when it was stopped (see the module docstring).
+
+    ``stop``: the task's started :class:`~psflow.launch.lifeline.StopRequest`
+    (:func:`main` starts one on the launcher's lifeline); None: one is made
+    here, its signal handlers installed (main thread only) and its watcher started.
+
+    ``state_dir``, ``checkpoint_root``, ``tcp_limits`` (ps tasks): see
+    :class:`psflow.server.Server`; ``checkpoint_root`` defaults to the
+    config's ``checkpoint_dir`` (what the local launcher passes).
 
     ``job == "client"`` is the in-graph client (not a task of the cluster):
     it reads the data and drives every worker. A worker of an in-graph run
     serves ``RunStep`` until it is shut down.
     """
+    if stop is None:
+        stop = StopRequest(f"/job:{job}/task:{index}")
+        stop.install_handlers()
+        stop.start()
     if job == "client":
         if config is None:
             raise SystemExit("the in-graph client needs a training config")
         from psflow.train.in_graph import run_in_graph_client
 
-        result = run_in_graph_client(config, cluster, token=token)
+        result = run_in_graph_client(config, cluster, token=token)  # a stop ends it by the stop's deadline
         if result_path:
             with open(result_path, "w") as f:
-                json.dump(result, f)
+                jsonio.dump(result, f)
         return 0
     in_graph = config is not None and config.replication == "in-graph" and job != "ps"
     handlers = None
@@ -61,25 +88,35 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
         from psflow.train.in_graph import StepService
 
         handlers = StepService(config, cluster, index, token=token).handlers()
-    server = Server(cluster, job, index, token=token, worker_handlers=handlers, state_dir=state_dir)
-
-    def _terminate(signum: int, frame: FrameType | None) -> None:
-        server.stop(grace=0.0)
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _terminate)
+    if checkpoint_root is None and config is not None:
+        checkpoint_root = config.checkpoint_dir
+    server = Server(cluster, job, index, token=token, worker_handlers=handlers, state_dir=state_dir,
+                    checkpoint_root=checkpoint_root, tcp_limits=tcp_limits)
     try:
         if job == "ps" or in_graph:
+            stop.on_stop(functools.partial(server.stop, grace=0.0))  # ends join() below
             server.join()
-            return 0
+            return _stopped(server.task.name, stop) if stop.requested() else 0
         if config is None:
             raise SystemExit(f"{server.task.name}: a worker task needs a training config")
         from psflow.train.worker import run_worker  # ps tasks never import the data stack
 
-        run_worker(config, cluster, index, token=token, result_path=result_path)
+        try:
+            run_worker(config, cluster, index, token=token, result_path=result_path, stop=stop)
+        except Exception as e:
+            if stop.requested() is None:
+                raise
+            # WorkerStopped, or a call failed by the stop closing the channels: either way, stopped.
+            log.info("%s: left training: %s", server.task.name, e)
+            return _stopped(server.task.name, stop)
         return 0
     finally:
-        server.stop(grace=0.5)
+        server.stop(grace=0.0 if stop.requested() else 0.5)
+
+
+def _stopped(task: str, stop: StopRequest) -> int:
+    log.warning("%s: stopped (%s); exit status %d", task, stop.requested(), stop.exit_code)
+    return stop.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,16 +127,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", help="TrainConfig JSON file")
     parser.add_argument("--result", help="where a worker writes its result JSON")
     parser.add_argument("--state-dir", help="ps task: where global_step's bound survives a restart")
+    parser.add_argument("--checkpoint-root", help="ps task: write checkpoint shards only under this directory "
+                        "(default: the config's checkpoint_dir)")
+    parser.add_argument("--lifeline", type=int, metavar="FD",
+                        help="read end of the launcher's lifeline pipe: EOF (the launcher died) stops the task")
+    parser.add_argument("--exit-with-parent", action="store_true",
+                        help="Linux: SIGHUP when the thread that started this task exits (prctl PR_SET_PDEATHSIG)")
     args = parser.parse_args(argv)
     configure_logging()
+    # First, before anything slow: from here on a signal or the launcher's death stops the task in order.
+    stop = StopRequest(f"/job:{args.job}/task:{args.task}")
+    stop.install_handlers()
+    if args.exit_with_parent:
+        set_parent_death_signal(signal.SIGHUP)
+    stop.start(args.lifeline)  # after prctl: a launcher that died before it is seen on the pipe
     with open(args.cluster) as f:
         cluster = ClusterSpec.from_json(f.read())
     config = None
     if args.config:
         with open(args.config) as f:
             config = TrainConfig.from_json(f.read())
-    return run_task(cluster, args.job, args.task, config, token=os.environ.get(TOKEN_ENV) or None,
-                    result_path=args.result, state_dir=args.state_dir)
+    code = run_task(cluster, args.job, args.task, config, token=os.environ.get(TOKEN_ENV) or None,
+                    result_path=args.result, state_dir=args.state_dir, stop=stop,
+                    checkpoint_root=args.checkpoint_root)
+    if stop.requested() is not None:
+        # Stopped in order: the server is stopped and the channels closed. The interpreter's teardown
+        # adds nothing but time (a worker's final garbage collection took seconds), so skip it.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -19,6 +19,15 @@ Order of a worker's life (asynchronous mode):
        exactly once across the cluster);
     5. stop at the end of its data or once global_step reaches ``max_steps``.
 
+Stopping early (``run_worker(..., stop=...)``, a SIGTERM to the task, see
+:mod:`psflow.launch.lifeline`): the request is checked before every step and
+before waiting for the other workers; once it is seen, the worker raises
+:class:`WorkerStopped` without another push, without ``Leave`` (a restarted
+worker rejoins) and without its result file, its session ends without the
+hooks' ``end()`` (no final checkpoint), and its channels are closed. A call
+blocked at the request (a sync barrier) fails when the stop closes the
+channels (``StopSource.on_interrupt``).
+
 Only the chief initializes; no worker ever
 waits a fixed time: all waits are bounded retries on the ps tasks.
 """
@@ -26,13 +35,14 @@ waits a fixed time: all waits are bounded retries on the ps tasks.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from psflow import jsonio
 from psflow.cluster import ClusterSpec
 from psflow.coord import CoordinationConfig, create_backend
 from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
@@ -49,9 +59,29 @@ from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.step import TrainStep
 
-__all__ = ["connect_client", "run_worker", "WorkerResult", "load_eval"]
+__all__ = ["connect_client", "run_worker", "WorkerResult", "WorkerStopped", "StopSource", "load_eval"]
 
 log = logging.getLogger("psflow.worker")
+
+
+class WorkerStopped(Exception):
+    """The worker was asked to stop (a signal to its task, its launcher's death) and left its loop."""
+
+
+class StopSource(Protocol):
+    """Where a worker learns that it is to stop (:class:`psflow.launch.lifeline.StopRequest` is one)."""
+
+    def requested(self) -> str | None:
+        """Why the worker is to stop, or None; never blocks (read before every step)."""
+
+    def on_interrupt(self, callback: Callable[[], object]) -> None:
+        """Runs ``callback`` (another thread) when a stop needs a blocked call failed."""
+
+
+def _check_stop(stop: StopSource | None, task: str, where: str) -> None:
+    why = stop.requested() if stop is not None else None
+    if why is not None:
+        raise WorkerStopped(f"{task}: stopped {where} ({why})")
 
 
 @dataclass
@@ -115,6 +145,7 @@ def run_worker(
     token: str | None = None,
     result_path: str | None = None,
     client: ParameterClient | None = None,
+    stop: StopSource | None = None,
 ) -> WorkerResult:
     """Trains worker ``task_index`` until its data ends or ``max_steps`` is reached.
 
@@ -122,8 +153,10 @@ def run_worker(
     ``client`` replaces the gRPC client (e.g. one on in-process channels).
     With a gRPC client and chief duties configured, the worker joins the
     chief election and survives ps task restarts (:mod:`psflow.train.recovery`).
+    ``stop``: checked before every step; see the module docstring.
 
     Raises:
+        WorkerStopped: ``stop`` was requested (no result file is written).
         DataError: malformed input (names file and record).
         RpcError: a ps task refused or could not be reached in time.
         RecoveryError: the cluster was not restored in time after a ps task died.
@@ -140,6 +173,8 @@ def run_worker(
         client = connect_client(config, cluster, variables, task, token, register=False)
         if config.checkpoint_dir or config.summary_dir or config.eval_every_steps:
             leadership = _leadership(config, cluster, task, token)
+    if stop is not None:
+        stop.on_interrupt(client.close)  # fails a call blocked when a stop comes (a sync barrier)
     data_config = _dataset_config(config, task_index, cluster.num_tasks("worker"))
     progress = _Progress(time.monotonic())
     try:
@@ -158,16 +193,19 @@ def run_worker(
             linger = leadership is not None and cluster.num_tasks("worker") > 1
             while True:
                 try:
-                    reason = _train(config, session, model, data_config, resume, task_index, progress)
+                    reason = _train(config, session, model, data_config, resume, task_index, progress, stop)
                     client.leave()  # sync/ssp: the others stop waiting for this worker
                     if not linger or leadership is None:
                         break
+                    _check_stop(stop, task, f"after its data ended ({reason})")
                     # The chief duties go to a worker that still trains, if any.
                     restored, text = recovery.linger(cluster.num_tasks("worker"), before_waiting=functools.partial(
                         _resign, leadership, task_index, reason))
                     if not restored and not leadership.resigned and leadership.lease() is None:
                         leadership.campaign(timeout=1.0)  # the last to finish writes the final checkpoint
-                except RpcError:
+                except RpcError as e:
+                    if stop is not None and stop.requested() is not None:  # the stop closed the channels
+                        raise WorkerStopped(f"{task}: stopped ({stop.requested()}): {e}") from e
                     if leadership is None or not recovery.needed():
                         raise
                     log.warning("worker %d: a ps task failed; waiting for the chief to restore the cluster", task_index)
@@ -220,8 +258,13 @@ def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str
 
 
 def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
-           data_config: DatasetConfig, resume: ReaderPosition | None, task_index: int, progress: _Progress) -> str:
-    """Trains on this worker's data from ``resume`` to its end (or a stop); returns why it stopped."""
+           data_config: DatasetConfig, resume: ReaderPosition | None, task_index: int, progress: _Progress,
+           stop: StopSource | None = None) -> str:
+    """Trains on this worker's data from ``resume`` to its end (or a stop); returns why it stopped.
+
+    Raises:
+        WorkerStopped: ``stop`` was requested (checked before every step).
+    """
     client = session.client
     # Fault injection for tests and drills: a slow worker (seconds between its pull and push).
     delay = float(dict(config.extra.get("step_delay", {})).get(str(task_index), 0.0))
@@ -240,6 +283,7 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
         while batch is not None:
             following = next(batches, None)
             following_position = dataset.position()
+            _check_stop(stop, session.client.client_name, f"at global_step {session.global_step}")
             client.reader_position = position.to_json()  # recorded with the push, for checkpoints
             step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay,
                                         next_batch=following)
@@ -283,7 +327,7 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
 def _write_json(path: str, data: Any) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
+        jsonio.dump(data, f, indent=1)
     os.replace(tmp, path)
 
 

@@ -1,0 +1,342 @@
+"""Tasks never outlive their launcher; signals stop a task or a launcher without taking a lock.
+
+Three pieces, one per side of a local cluster:
+
+:class:`Lifeline` (launcher side)
+    One pipe per launcher. The launcher alone holds its write end (the fd is
+    not inheritable, and tasks are started with ``close_fds``); every task
+    gets the read end (``--lifeline FD``). When the launcher dies, however it
+    dies (SIGKILL included), the kernel closes the write end, and every task
+    reads EOF. Each task also runs in a process group of its own, so the
+    launcher ends a task together with anything that task started
+    (``os.killpg``), and a terminal's Ctrl-C reaches the launcher only, which
+    then stops the tasks in order.
+
+:class:`StopRequest` (task side)
+    Installs handlers for SIGTERM, SIGHUP and SIGINT that only record the
+    signal and write one byte to a self-pipe: no lock is taken and nothing is
+    raised into the code the signal interrupted (a handler that raised while
+    a push held the TCP channel's lock deadlocked the ``finally`` that closed
+    the channel). A daemon thread (``psflow-stop``) watches the self-pipe and
+    the lifeline; on a signal or on the lifeline's EOF it, in order:
+
+        1. marks the request (:meth:`StopRequest.requested` turns non-None);
+           the worker loop checks it before every step and unwinds cleanly;
+        2. runs the ``on_stop`` callbacks at once (a ps task: stop serving,
+           which ends its ``join``);
+        3. after ``drain`` seconds, if the task still runs, the ``on_interrupt``
+           callbacks (a worker: close its channels, which fails a call blocked
+           in a sync barrier);
+        4. after ``grace`` seconds, if the process is still alive,
+           ``os._exit(exit_code)``: a task asked to stop always exits, within
+           ``grace`` seconds, with the same status as a clean stop.
+
+    Callbacks run on threads of their own, so one that blocks never delays
+    the next step or the deadline. Exit status: ``128 + signal number`` (143
+    for SIGTERM, 129 for SIGHUP, 130 for SIGINT); a task whose launcher died
+    exits as on SIGHUP (129), the signal a process gets when what controls it
+    goes away.
+
+:func:`set_parent_death_signal` (task side)
+    Linux ``prctl(PR_SET_PDEATHSIG)``: the kernel sends the task a signal when
+    the *thread* that started it exits. The launcher asks for it
+    (``--exit-with-parent``) only for tasks it starts from its main thread,
+    which lives as long as the launcher; the pipe is the part that holds
+    everywhere (other systems, tasks restarted from another thread, a parent
+    that died before the task called prctl).
+
+:class:`LauncherSignals` (launcher side)
+    SIGTERM, SIGHUP and SIGINT to the launcher all become
+    :class:`LaunchInterrupted` (a ``KeyboardInterrupt``, as SIGINT always was):
+    raised at once, or, while the launcher is inside a section that must not
+    be cut (starting a task, its watch loop, stopping every task), recorded
+    and raised at the next check. Only the first signal counts: the cleanup it
+    starts is never interrupted by a second one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+__all__ = [
+    "STOP_SIGNALS", "Lifeline", "StopRequest", "LaunchInterrupted", "LauncherSignals", "set_parent_death_signal",
+    "signal_name",
+]
+
+log = logging.getLogger("psflow.launch")
+
+#: The signals that stop a task or the launcher in order (the first one wins).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+#: PR_SET_PDEATHSIG from <linux/prctl.h>.
+_PR_SET_PDEATHSIG = 1
+
+
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15; ``signal 99`` for a number that names no signal."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def set_parent_death_signal(signum: int) -> bool:
+    """Asks the kernel to send ``signum`` to this process when the thread that started it exits.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)`` through ctypes); elsewhere, or if
+    the call fails, returns False and changes nothing. Idempotent.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+class Lifeline:
+    """The launcher's end of the tasks' lifeline (see the module docstring); not thread-safe.
+
+    The pipe is created at construction. :attr:`task_fd` is what a task is
+    given (``pass_fds``); the write end stays in this process only, until
+    :meth:`close` (or the process's death) closes it and every task reads EOF.
+    """
+
+    def __init__(self) -> None:
+        self.task_fd, self._write_fd = os.pipe()  # both not inheritable (PEP 446): passed on purpose only
+        self.closed = False
+
+    def close(self) -> None:
+        """Closes both ends; every task still watching reads EOF and stops. Idempotent."""
+        if not self.closed:
+            self.closed = True
+            os.close(self._write_fd)
+            os.close(self.task_fd)
+
+
+class StopRequest:
+    """A task's stop: by a signal or by its launcher's death; see the module docstring.
+
+    Thread-safety: :meth:`requested` may be read from any thread, and from
+    a signal handler; callbacks may be added from any thread.
+    """
+
+    def __init__(self, name: str, *, grace: float = 2.0, drain: float = 0.5) -> None:
+        """Creates the request; installs nothing and starts no thread (see :meth:`start`).
+
+        Args:
+            name: the task's name, for logs (``/job:worker/task:1``).
+            grace: seconds from the request to the forced exit. Shorter than
+                the launcher's stop grace (3 s), so a task it stops exits
+                with its own status rather than by SIGKILL.
+            drain: seconds the task may take to stop on its own before the
+                ``on_interrupt`` callbacks run (a step in flight finishes).
+        """
+        if not 0 <= drain <= grace:
+            raise ValueError(f"stop timings must satisfy 0 <= drain ({drain}) <= grace ({grace})")
+        self.name, self.grace, self.drain = name, grace, drain
+        self.signum: int | None = None        # written by the signal handler only (first signal wins)
+        self.launcher_gone = False            # written by the watcher thread only
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._lock = threading.Lock()        # guards the callback lists; never taken in a signal handler
+        self._stopping = False
+        self._on_stop: list[Callable[[], object]] = []
+        self._on_interrupt: list[Callable[[], object]] = []
+        self._thread: threading.Thread | None = None
+
+    # ---- state -------------------------------------------------------------
+    def requested(self) -> str | None:
+        """Why the task is to stop (``SIGTERM``, ``the launcher is gone``), or None. Never blocks."""
+        if self.signum is not None:
+            return signal_name(self.signum)
+        if self.launcher_gone:
+            return "the launcher is gone"
+        return None
+
+    @property
+    def exit_code(self) -> int:
+        """``128 + n`` for signal n; 129 (as SIGHUP) when the launcher died first."""
+        return 128 + (self.signum if self.signum is not None else int(signal.SIGHUP))
+
+    # ---- set-up ------------------------------------------------------------
+    def install_handlers(self) -> bool:
+        """Handles :data:`STOP_SIGNALS` from now on; False (nothing installed) off the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._handle)
+        return True
+
+    def start(self, lifeline_fd: int | None = None) -> None:
+        """Starts the watcher thread (daemon); idempotent.
+
+        Args:
+            lifeline_fd: the read end of the launcher's :class:`Lifeline`
+                (None: a task started by hand; only signals stop it).
+        """
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, args=(lifeline_fd,), name="psflow-stop",
+                                            daemon=True)
+            self._thread.start()
+
+    def on_stop(self, callback: Callable[[], object]) -> None:
+        """Runs ``callback`` (on a thread of its own) when the stop is requested, or now if it was."""
+        self._add(self._on_stop, callback, 0.0)
+
+    def on_interrupt(self, callback: Callable[[], object]) -> None:
+        """Runs ``callback`` ``drain`` seconds after the request (or then, if the request is older)."""
+        self._add(self._on_interrupt, callback, self.drain)
+
+    def _add(self, callbacks: list[Callable[[], object]], callback: Callable[[], object], delay: float) -> None:
+        with self._lock:
+            if not self._stopping:
+                callbacks.append(callback)
+                return
+        timer = threading.Timer(delay, callback)  # the request is already under way
+        timer.daemon = True
+        timer.start()
+
+    # ---- the two halves ----------------------------------------------------
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # Async-signal context in Python terms: it may run between any two bytecodes of the main
+        # thread, which may hold any lock. So: no lock, no logging, no raise; one write() wakes the watcher.
+        if self.signum is None:
+            self.signum = signum
+        try:
+            os.write(self._wake_write, b"\0")
+        except OSError:  # the pipe is full: the watcher has bytes to read, it is awake anyway
+            pass
+
+    def _watch(self, lifeline_fd: int | None) -> None:
+        poller = select.poll()
+        poller.register(self._wake_read, select.POLLIN)
+        if lifeline_fd is not None:
+            poller.register(lifeline_fd, select.POLLIN | select.POLLHUP)
+        parent = os.getppid()
+        while self.requested() is None:
+            for fd, events in poller.poll():
+                if fd == self._wake_read:
+                    os.read(self._wake_read, 64)
+                    continue
+                try:
+                    if events & select.POLLNVAL:
+                        raise OSError("not an open file descriptor")
+                    data = os.read(fd, 64)
+                except OSError as e:
+                    log.warning("%s: lifeline fd %d: %s; only signals stop this task", self.name, fd, e)
+                    poller.unregister(fd)
+                    continue
+                if not data:  # EOF: the launcher is gone (nobody ever writes to the pipe)
+                    self.launcher_gone = True
+        reason = self.requested()
+        if self.signum is not None and os.getppid() != parent:
+            reason = f"{reason}; the launcher (pid {parent}) is gone"
+        log.warning("%s: stopping (%s); exiting with status %d within %.1f s", self.name, reason, self.exit_code,
+                    self.grace)
+        self._run_down()
+
+    def _run_down(self) -> None:
+        with self._lock:
+            self._stopping = True
+            on_stop, on_interrupt = list(self._on_stop), list(self._on_interrupt)
+        for callback in on_stop:
+            threading.Thread(target=callback, name="psflow-stop-callback", daemon=True).start()
+        stopped = threading.Event()  # never set: a plain timed wait that no signal shortens
+        stopped.wait(self.drain)
+        for callback in on_interrupt:
+            threading.Thread(target=callback, name="psflow-stop-interrupt", daemon=True).start()
+        stopped.wait(self.grace - self.drain)
+        # Still alive: the main thread is stuck (a wait no callback could end) or the interpreter's
+        # shutdown waits on a thread. The status is the one a clean stop would have given.
+        log.error("%s: still running %.1f s after the stop request; exiting now with status %d", self.name,
+                  self.grace, self.exit_code)
+        for handler in logging.getLogger().handlers:
+            with contextlib.suppress(Exception):
+                handler.flush()
+        os._exit(self.exit_code)
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """The launcher was sent SIGTERM, SIGHUP or SIGINT; every task has been (or is being) stopped.
+
+    Attributes:
+        signum: the signal.
+        exit_code: ``128 + signum``, the launcher's exit status.
+        report: lines for the user (set once the tasks are stopped).
+    """
+
+    def __init__(self, signum: int, report: str = "") -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.report = report
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return self.report or f"interrupted by {signal_name(self.signum)}"
+
+
+class LauncherSignals:
+    """SIGTERM, SIGHUP and SIGINT to the launcher as :class:`LaunchInterrupted`; see the module docstring.
+
+    Use from the main thread: :meth:`install` ... :meth:`restore`, with
+    :meth:`deferring` around sections that must not be cut and :meth:`check`
+    at the points where a deferred signal may be raised.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None   # the first signal (written by the handler only)
+        self._deferred = False
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> bool:
+        """Installs the handlers; False (nothing installed) off the main thread. Idempotent."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        for sig in STOP_SIGNALS:
+            if sig not in self._previous:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return True
+
+    def restore(self) -> None:
+        """Puts the previous handlers back (main thread); idempotent."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)  # type: ignore[arg-type]  # what signal.signal returned
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:
+            return  # a cleanup is under way: a second signal must not cut it
+        self.received = signum
+        if not self._deferred:
+            raise LaunchInterrupted(signum)
+
+    def check(self) -> None:
+        """Raises :class:`LaunchInterrupted` if a signal was received; never blocks."""
+        if self.received is not None:
+            raise LaunchInterrupted(self.received)
+
+    @contextlib.contextmanager
+    def deferring(self, *, check: bool = True) -> Iterator[None]:
+        """A section no signal cuts: a signal received inside is raised by :meth:`check` inside, or
+        on leaving the outermost such section (with ``check``, unless another exception leaves it)."""
+        previous, self._deferred = self._deferred, True
+        try:
+            yield
+        finally:
+            self._deferred = previous
+        if check and not previous:
+            self.check()

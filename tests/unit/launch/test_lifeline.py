@@ -1,0 +1,179 @@
+"""psflow.launch.lifeline: stop requests in real child processes, launcher signals in this one.
+
+Each child is a real ``python -c`` process, ended by pid (SIGKILL) if a test leaves it; every wait
+is bounded (a safety net, never an assertion on speed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from support import REPO
+
+from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, StopRequest, signal_name
+from psflow.launch.supervisor import describe_exit
+
+pytestmark = pytest.mark.timeout(120)
+
+LIMIT = 60.0  # safety net, seconds
+
+Starter = Callable[..., subprocess.Popen[str]]
+
+# A child that starts a StopRequest (lifeline fd in argv[1], or -1), says "ready", then runs BODY.
+CHILD = """
+import logging, sys, threading, time
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+from psflow.launch.lifeline import StopRequest
+stop = StopRequest("/job:test/task:0", grace=GRACE, drain=DRAIN)
+stop.install_handlers()
+stop.start(int(sys.argv[1]) if int(sys.argv[1]) >= 0 else None)
+print("ready", flush=True)
+BODY
+"""
+
+
+@pytest.fixture
+def child() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+
+    def start(body: str, *, fd: int = -1, grace: float = 2.0, drain: float = 0.5) -> subprocess.Popen[str]:
+        code = CHILD.replace("GRACE", str(grace)).replace("DRAIN", str(drain)).replace("BODY", textwrap.dedent(body))
+        proc = subprocess.Popen([sys.executable, "-c", code, str(fd)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, cwd=str(REPO), pass_fds=(fd,) if fd >= 0 else ())
+        started.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the child is ready (or dies: then not "ready")
+        assert line.strip() == "ready", line + proc.stdout.read()
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=LIMIT)
+    return proc.returncode, out
+
+
+# A main loop that checks the request between steps, as the worker loop does.
+LOOP = """
+while stop.requested() is None:
+    time.sleep(0.01)
+print("left the loop:", stop.requested(), flush=True)
+sys.exit(stop.exit_code)
+"""
+
+
+def test_sigterm_stops_the_loop_cleanly_with_143(child: Starter) -> None:
+    proc = child(LOOP)
+    os.kill(proc.pid, signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == 143, out
+    assert "left the loop: SIGTERM" in out and "exiting now" not in out, out
+
+
+def test_lifeline_eof_stops_the_task_with_129(child: Starter) -> None:
+    lifeline = Lifeline()
+    try:
+        proc = child(LOOP, fd=lifeline.task_fd)
+    finally:
+        lifeline.close()  # as the launcher's death would: the child holds the only read end left
+    code, out = finish(proc)
+    assert code == 129, out
+    assert "left the loop: the launcher is gone" in out, out
+
+
+def test_a_blocked_wait_is_ended_by_the_interrupt_callbacks(child: Starter) -> None:
+    """A main thread blocked in a wait no signal ends (a sync barrier) is released by on_interrupt."""
+    body = """
+    barrier = threading.Event()
+    stop.on_interrupt(barrier.set)
+    barrier.wait()
+    print("released:", stop.requested(), flush=True)
+    sys.exit(stop.exit_code)
+    """
+    proc = child(body, grace=30.0, drain=0.2)
+    os.kill(proc.pid, signal.SIGHUP)
+    code, out = finish(proc)
+    assert code == 129 and "released: SIGHUP" in out, out
+
+
+def test_a_stuck_main_thread_is_ended_by_the_deadline_with_the_same_status(child: Starter) -> None:
+    """The deadlock of issue 17 (a non-reentrant lock taken again): the handler takes no lock and
+    raises nothing, so the task cannot hang; the stop's deadline exits with 143."""
+    body = """
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()  # never returns
+    """
+    proc = child(body, grace=0.5, drain=0.1)
+    os.kill(proc.pid, signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == 143, out
+    assert "exiting now with status 143" in out, out
+
+
+def test_stop_timings_are_checked() -> None:
+    with pytest.raises(ValueError, match="drain"):
+        StopRequest("/job:ps/task:0", grace=1.0, drain=2.0)
+
+
+def test_describe_exit_names_the_stop_signal() -> None:
+    assert describe_exit(143) == "exited on SIGTERM (code 143)"
+    assert describe_exit(129) == "exited on SIGHUP (code 129)"
+    assert describe_exit(130) == "exited on SIGINT (code 130)"
+    assert describe_exit(137) == "exited with code 137"  # 128 + SIGKILL is not a stop: a process cannot exit "on" it
+    assert describe_exit(-signal.SIGKILL) == "was killed by signal SIGKILL"
+    assert signal_name(15) == "SIGTERM" and signal_name(99) == "signal 99"
+
+
+def _deliver(sig: int) -> None:
+    os.kill(os.getpid(), sig)
+    deadline = time.monotonic() + LIMIT
+    while time.monotonic() < deadline:  # the handler runs on this thread between two bytecodes
+        time.sleep(0.01)
+
+
+def test_launcher_signal_in_a_deferred_section_waits_for_the_check() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    signals = LauncherSignals()
+    assert signals.install()
+    try:
+        with signals.deferring(check=False):
+            os.kill(os.getpid(), signal.SIGTERM)
+            while signals.received is None:  # recorded, not raised
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGHUP)  # a second signal changes nothing: a cleanup is never cut
+            time.sleep(0.05)
+            with pytest.raises(LaunchInterrupted) as caught:
+                signals.check()
+        assert caught.value.signum == signal.SIGTERM and caught.value.exit_code == 143
+        assert isinstance(caught.value, KeyboardInterrupt)  # what SIGINT always raised
+        with pytest.raises(LaunchInterrupted), signals.deferring():  # leaving the section checks
+            pass
+    finally:
+        signals.restore()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_launcher_signal_outside_a_deferred_section_raises_at_once() -> None:
+    signals = LauncherSignals()
+    assert signals.install()
+    try:
+        with pytest.raises(LaunchInterrupted) as caught:
+            _deliver(signal.SIGHUP)
+        assert caught.value.exit_code == 129 and "SIGHUP" in str(caught.value)
+    finally:
+        signals.restore()
