@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
@@ -46,7 +47,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
@@ -160,13 +163,9 @@ def launcher_drills(tmp: Path, runs: int, mode: list[str], rng: random.Random,
         for n in range(runs):
             out = tmp / f"launcher-{name}-{n}"
             delay = round(rng.uniform(0.0, 3.0), 2)
-            code, tasks, gone, checkpoints, verdict = "-", "-", "-", "-", "ok"
-            try:
-                code, tasks, gone, checkpoints = launcher_drill(out, name, mode, delay)
-            except (AssertionError, OSError, KeyError, ValueError, subprocess.TimeoutExpired) as e:
-                verdict, failures = f"FAIL: {e}"[:120], failures + 1
-                if keep_failed:
-                    shutil.copytree(out, Path(keep_failed) / out.name, dirs_exist_ok=True)
+            result, verdict = _attempt(out, functools.partial(launcher_drill, out, name, mode, delay), keep_failed, 120)
+            code, tasks, gone, checkpoints = result or ("-", "-", "-", "-")
+            failures += verdict != "ok"
             rows.append(f"| {name} | {delay:.2f} | {code} | {tasks} | {gone} | {checkpoints} | {verdict} |")
             print(rows[-1], flush=True)
     return rows, failures
@@ -237,16 +236,24 @@ def storage_drills(tmp: Path, runs: int, rng: random.Random, keep_failed: str | 
         for name, drill in (("disk full", disk_full_drill), ("two runs, one directory", collision_drill)):
             out = tmp / f"storage-{name.split()[0]}-{n}"
             out.mkdir(parents=True)
-            detail, verdict = "-", "ok"
-            try:
-                detail = drill(out, rng)
-            except (AssertionError, OSError, KeyError, ValueError, subprocess.TimeoutExpired) as e:
-                verdict, failures = f"FAIL: {e}"[:160], failures + 1
-                if keep_failed:
-                    shutil.copytree(out, Path(keep_failed) / out.name, dirs_exist_ok=True)
-            rows.append(f"| {name} | {detail} | {verdict} |")
+            detail, verdict = _attempt(out, functools.partial(drill, out, rng), keep_failed, 160)
+            failures += verdict != "ok"
+            rows.append(f"| {name} | {detail or '-'} | {verdict} |")
             print(rows[-1], flush=True)
     return rows, failures
+
+
+T = TypeVar("T")
+
+
+def _attempt(out: Path, drill: Callable[[], T], keep_failed: str | None, width: int) -> tuple[T | None, str]:
+    """Runs one drill: (its result, "ok"), or (None, "FAIL: ...") with its run directory kept under ``keep_failed``."""
+    try:
+        return drill(), "ok"
+    except (AssertionError, OSError, KeyError, ValueError, subprocess.TimeoutExpired) as e:
+        if keep_failed:
+            shutil.copytree(out, Path(keep_failed) / out.name, dirs_exist_ok=True)
+        return None, f"FAIL: {e}"[:width]
 
 
 def _no_process_left(*outs: Path) -> None:
