@@ -280,10 +280,10 @@ class TcpServer:
         if len(self._pending) >= self.limits.max_handshakes:
             oldest = next(iter(self._pending))
             dropped = self._forget(oldest)
-            oldest.close()
             self._events.add("handshakes_dropped", logging.WARNING,
                              f"closed the oldest connection in its handshake ({dropped.peer}) to admit {peer}: "
                              f"{self.limits.max_handshakes} handshakes in progress (max_handshakes)")
+            oldest.close()
         hs = _Handshake(peer, time.monotonic() + self.limits.handshake_timeout)
         self._pending[conn] = hs
         self._selector.register(conn, selectors.EVENT_READ, hs)
@@ -298,10 +298,10 @@ class TcpServer:
             if hs.deadline > now:
                 return
             self._forget(conn)
-            conn.close()
             self._events.add("handshake_timeouts", logging.WARNING,
                              f"closed a connection from {hs.peer} that did not finish its handshake within "
                              f"{self.limits.handshake_timeout:g} s")
+            conn.close()
 
     def _read_handshake(self, conn: socket.socket, hs: _Handshake) -> None:
         try:
@@ -319,9 +319,9 @@ class TcpServer:
             size = U16.unpack_from(hs.buf, len(HANDSHAKE_MAGIC))[0]
             if bytes(hs.buf[: len(HANDSHAKE_MAGIC)]) != HANDSHAKE_MAGIC or size > _MAX_TOKEN_BYTES:
                 self._forget(conn)
-                conn.close()
                 self._events.add("refused_bad_handshake", logging.WARNING,
                                  f"closed a connection from {hs.peer} that did not start with a psflow handshake")
+                conn.close()
                 return
             hs.need = _HEADER + size
         if len(hs.buf) == hs.need:
@@ -330,19 +330,20 @@ class TcpServer:
 
     def _authenticate(self, conn: socket.socket, peer: str, token: bytes) -> None:
         if self._token is not None and not hmac.compare_digest(token, self._token.encode()):
-            _send_status(conn, STATUS_UNAUTHENTICATED)
+            # Counted and logged before the refusal is sent: a peer that sees the refusal sees it counted.
             self._events.add("refused_unauthenticated", logging.WARNING,
                              f"refused a connection from {peer}: missing or wrong cluster token")
+            _send_status(conn, STATUS_UNAUTHENTICATED)
             return
         with self._lock:
             full = len(self._serving) >= self.limits.max_connections
             if not full:
                 self._serving.add(conn)
         if full:
-            _send_status(conn, STATUS_UNAVAILABLE)
             self._events.add("refused_over_limit", logging.WARNING,
                              f"refused a connection from {peer}: {self.limits.max_connections} connections are "
                              "served already (max_connections)")
+            _send_status(conn, STATUS_UNAVAILABLE)
             return
         self._events.add("authenticated")
         try:
