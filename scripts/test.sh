@@ -3,17 +3,22 @@
 # test suite (unit + integration with real processes). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# ZooKeeper (Debian package) for the coordination-backend tests; they skip when it is missing,
-# so a failed install (not root, no apt, no network) must not fail the run.
-if [ ! -e /usr/share/java/zookeeper.jar ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 600 apt-get install -y -qq zookeeper; } \
-        </dev/null >/dev/null 2>&1 || echo "scripts/test.sh: zookeeper not installed; its tests will be skipped" >&2
+# Debian packages some tests need: ZooKeeper (coordination backends) and Chromium (the status page,
+# driven headless). Those tests skip when a package is missing, so a failed install (not root, no apt,
+# no network) must not fail the run.
+missing=()
+[ -e /usr/share/java/zookeeper.jar ] || missing+=(zookeeper)
+command -v chromium >/dev/null || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    { timeout 300 apt-get update -qq && DEBIAN_FRONTEND=noninteractive timeout 900 apt-get install -y -qq "${missing[@]}"; } \
+        </dev/null >/dev/null 2>&1 || echo "scripts/test.sh: not installed: ${missing[*]}; their tests will be skipped" >&2
 fi
 python3 -m venv .venv
+# Every extra (all: plots, tensorboard, zookeeper, torch), so no test skips for a missing one.
 # torch==2.13.0+cpu (constraints.txt) is PyTorch's CPU build: from PyTorch's CPU index where pip's own
 # configuration does not already find it (a local wheel directory, a mirror).
-.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,torch,examples]' -c constraints.txt \
-    || .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,torch,examples]' -c constraints.txt \
+.venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,all,examples]' -c constraints.txt \
+    || .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,all,examples]' -c constraints.txt \
         --extra-index-url https://download.pytorch.org/whl/cpu
 # The C kernels (psflow/data/_native.c: input; psflow/ps/_kernels.c: optimizer updates) are optional for users, but where they can be built
 # (a C compiler and Python's headers) the install must have built them: the tests then fail

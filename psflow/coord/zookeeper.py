@@ -18,7 +18,8 @@ effect) and re-checks when it disappears.
   server may expire it at any moment; a later :meth:`renew` that finds the
   node still there restores it.
 
-kazoo is imported when this backend is created, never at ``import psflow``.
+kazoo (the extra ``psflow[zookeeper]``) is imported when this backend is
+created, never at ``import psflow``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from psflow.coord.api import (
     LeaseLostError,
     check_name,
 )
+from psflow.extras import MissingExtraError, require
 
 __all__ = ["ZooKeeperBackend"]
 
@@ -64,13 +66,14 @@ class ZooKeeperBackend(CoordinationBackend):
         """Connects to ``config.address`` (blocks up to ``config.rpc_timeout``).
 
         Raises:
-            BackendUnavailableError: kazoo is not installed or the ensemble is unreachable.
+            BackendUnavailableError: kazoo is not installed (the message names the extra,
+                ``psflow[zookeeper]``) or the ensemble is unreachable.
         """
         try:
-            from kazoo.client import KazooClient
-            from kazoo.protocol.states import KazooState
-        except ImportError as e:
-            raise BackendUnavailableError("the zookeeper backend needs kazoo (pip install kazoo)") from e
+            KazooClient = require("kazoo.client", "zookeeper", "--coordination zookeeper").KazooClient
+            KazooState = require("kazoo.protocol.states", "zookeeper", "--coordination zookeeper").KazooState
+        except MissingExtraError as e:
+            raise BackendUnavailableError(str(e)) from e
         self._config = config
         self._states = KazooState
         self._client: Any = KazooClient(hosts=config.address, timeout=config.lease_ttl)

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from psflow import jsonio
+from psflow.extras import require
 
 __all__ = ["add_chief_arguments", "chief_config_fields", "add_tool_parsers", "run_tool", "TOOL_COMMANDS"]
 
@@ -41,7 +42,14 @@ def add_chief_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def chief_config_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The TrainConfig fields set by :func:`add_chief_arguments`."""
+    """The TrainConfig fields set by :func:`add_chief_arguments`.
+
+    Raises:
+        MissingExtraError: ``psflow train --coordination zookeeper`` without kazoo
+            (``psflow[zookeeper]``): refused here, before any task process starts.
+    """
+    if args.coordination == "zookeeper" and args.command == "train":
+        require("kazoo", "zookeeper", "--coordination zookeeper")
     return {
         "checkpoint_dir": args.checkpoint_dir,
         "save_checkpoints_secs": args.save_checkpoints_secs,

@@ -8,14 +8,18 @@ Writes into ``RUN_DIR/report/`` (or ``--out``):
 ``ps_rates.png``    each ps task's pulls/s and pushes/s, and bytes in/s
 
 A plot whose series are all missing is skipped (named in the return value).
-Uses matplotlib's non-interactive Agg backend; no display is needed.
+Uses matplotlib's non-interactive Agg backend; no display is needed. matplotlib
+is the extra ``psflow[plots]``; without it :func:`render_report` raises
+:class:`~psflow.extras.MissingExtraError` before reading anything.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from types import ModuleType
 
+from psflow.extras import require
 from psflow.train.summary import read_scalars
 
 __all__ = ["ReportError", "render_report"]
@@ -25,13 +29,20 @@ class ReportError(Exception):
     """The run directory holds no summaries to plot."""
 
 
+def _pyplot() -> ModuleType:
+    """matplotlib.pyplot on the Agg backend.
+
+    Raises:
+        MissingExtraError: matplotlib is not installed (``psflow[plots]``).
+    """
+    matplotlib = require("matplotlib", "plots", "plots", plural=True)
+    matplotlib.use("Agg")
+    return require("matplotlib.pyplot", "plots", "plots", plural=True)
+
+
 def _plot(path: str, title: str, series: Sequence[tuple[str, list[tuple[int, float]]]], ylabel: str,
           right: Sequence[tuple[str, list[tuple[int, float]]]] = (), right_label: str = "") -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     for label, points in series:
         ax.plot([s for s, _ in points], [v for _, v in points], label=label, marker="." if len(points) < 30 else None)
@@ -57,8 +68,10 @@ def render_report(run_dir: str, out_dir: str | None = None) -> dict[str, str]:
     """Renders the PNGs; returns plot name -> file (written plots only).
 
     Raises:
+        MissingExtraError: matplotlib is not installed (``pip install 'psflow[plots]'``).
         ReportError: no scalar summaries under ``run_dir``.
     """
+    _pyplot()  # fails before any work when the extra is missing
     scalars = read_scalars(run_dir)
     if not scalars:
         raise ReportError(f"{run_dir}: no TensorBoard summaries found (was the run started with summaries on?)")

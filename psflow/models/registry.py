@@ -70,9 +70,11 @@ def model_class(name: str, *, search_path: str | None = None) -> type[Model]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        if isinstance(e, ModuleNotFoundError) and e.name == "torch":
-            raise ModelError(f"model {name!r} needs PyTorch, which is not installed: pip install 'psflow[torch]' "
-                             "(the CPU build: pip install torch==2.13.0+cpu)") from e
+        from psflow.extras import extra_for, missing_extra_message  # here: psflow.extras imports psflow.train
+
+        extra = extra_for(e)
+        if extra is not None:  # e.g. "model 'wide_deep' needs torch: pip install 'psflow[torch]'"
+            raise ModelError(missing_extra_message(f"model {name!r}", str(e.name).split(".")[0], extra)) from e
         where = f" (searched {search_path} first)" if search_path else ""
         raise ModelError(f"model {name!r}: cannot import module {module_name!r}{where}: {e}") from e
     cls = getattr(module, class_name, None)

@@ -18,11 +18,15 @@ group; autograd runs on the workers. A :class:`TorchModel` is a
 See ``docs/torch.md``.
 """
 
+from psflow.extras import MissingExtraError, missing_extra_message
+
 try:
     import torch as _torch  # noqa: F401
 except ModuleNotFoundError as e:  # pragma: no cover - depends on the install
-    raise ModuleNotFoundError("psflow.torch needs PyTorch: pip install 'psflow[torch]' "
-                              "(the CPU build: pip install torch==2.13.0+cpu)", name="torch") from e
+    if e.name != "torch":
+        raise  # PyTorch is installed, one of its own imports failed
+    # One line the CLI prints: "psflow.torch needs torch: pip install 'psflow[torch]'" (an ImportError too).
+    raise MissingExtraError(missing_extra_message("psflow.torch", "torch", "torch"), module="torch", extra="torch") from e
 
 from psflow.torch.embedding import Embedding, EmbeddingCollection
 from psflow.torch.inputs import Inputs

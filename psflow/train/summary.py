@@ -16,16 +16,46 @@ format TensorBoard reads (``events.out.tfevents.*``). Tags psflow writes:
 ``eval/accuracy``
 =================================  =============================================
 
-Reading (:func:`read_scalars`) uses TensorBoard's own event reader.
+Reading needs no TensorBoard: :func:`read_scalars` (everything, once) and
+:class:`ScalarTail` (what was appended since the last poll, for a live status
+page) frame event files with psflow's TFRecord reader (length and data CRC32C
+checks, :mod:`psflow.data.tfrecord`) and decode them with the scalar part of
+TensorFlow's ``Event`` proto, built at run time (importing neither TensorBoard
+nor tensorboardX, which imports PyTorch where it is installed). Both read the
+scalars TensorBoard shows as scalars (``simple_value``).
+
+Guarantees of both readers:
+    * Every ``events.out.tfevents*`` file under the directory is read
+      (recursively), including files that appear later (:class:`ScalarTail`).
+    * Newest write wins: when several events hold the same tag and step (a
+      restarted run), the one with the latest wall time is kept (on a tie, the
+      one read last; files are read in path order).
+    * A record still being written (the file ends inside it) is not an error:
+      it is read on a later poll once complete (:func:`read_scalars` ignores it).
+      A record whose data checksum is wrong is skipped; a file whose framing is
+      damaged (a bad length checksum) is read up to the damage. Both are logged.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SummaryWriter", "read_scalars"]
+import numpy as np
+
+from psflow.data.api import BadRecordError, DataError
+from psflow.data.tfrecord import check_data_crcs, iter_record_chunks, looks_like_tfrecord
+
+__all__ = ["ScalarTail", "SummaryWriter", "read_scalars"]
+
+log = logging.getLogger(__name__)
+
+_EVENTS_PREFIX = "events.out.tfevents"
+_HEADER = 12  # a TFRecord header: uint64 length + masked CRC32C of it
 
 
 class SummaryWriter:
@@ -51,24 +81,155 @@ class SummaryWriter:
         self._writer.close()
 
 
+@dataclass
+class _EventsFile:
+    """How far one events file has been read: the next record's header offset and index."""
+
+    offset: int = 0
+    record: int = 0
+    damaged: bool = False  # bad framing at ``offset``: nothing after it can be read
+
+
+class ScalarTail:
+    """Reads the scalars appended under ``logdir`` since the last :meth:`poll`.
+
+    Keeps, per events file, the byte offset of the next unread record, so each
+    poll reads only what was appended; new files (a restarted chief, a new
+    subdirectory) are picked up by the next poll. Remembers the wall time of
+    each (tag, step) it has returned, O(points) memory, so that merging the
+    polls in order, a later value replacing an earlier one at the same step,
+    gives exactly :func:`read_scalars` (newest write wins).
+
+    Not thread-safe: poll from one thread at a time. Blocking file reads only.
+    """
+
+    def __init__(self, logdir: str) -> None:
+        self.logdir = logdir
+        self._files: dict[str, _EventsFile] = {}
+        self._latest: dict[str, dict[int, float]] = {}  # tag -> step -> wall time of the value returned
+        self._event_type: Any = None
+
+    def poll(self) -> dict[str, list[tuple[int, float]]]:
+        """Scalars written since the last poll: tag -> [(step, value)], by step.
+
+        A step appears once per poll (its newest write); a step returned by an
+        earlier poll appears again only when a newer write of it was read (a
+        restarted run writing the same steps again). Tags with nothing new are
+        absent; the first poll returns everything written so far.
+
+        Never raises for a file that vanished, cannot be read or is damaged:
+        those are logged and skipped (see the module's guarantees).
+        """
+        fresh: dict[str, dict[int, tuple[float, float]]] = {}
+        for path in self._find_files():
+            state = self._files.setdefault(path, _EventsFile())
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                continue  # gone since it was listed
+            if size < state.offset:  # replaced by a shorter file: read the new one from its start
+                log.warning("%s: shrank below byte %d; reading it again from the start", path, state.offset)
+                state.offset, state.record, state.damaged = 0, 0, False
+            if state.damaged or size == state.offset:
+                continue
+            for wall, step, tag, value in self._read_new(path, state):
+                newest = self._latest.setdefault(tag, {})
+                if step not in newest or wall >= newest[step]:
+                    newest[step] = wall
+                    fresh.setdefault(tag, {})[step] = (wall, value)
+        return {tag: [(step, v) for step, (_, v) in sorted(series.items())] for tag, series in fresh.items()}
+
+    def _find_files(self) -> list[str]:
+        found = [os.path.join(root, f) for root, _dirs, files in os.walk(self.logdir)
+                 for f in files if f.startswith(_EVENTS_PREFIX)]
+        return sorted(found)
+
+    def _read_new(self, path: str, state: _EventsFile) -> list[tuple[float, int, str, float]]:
+        """(wall time, step, tag, value) of each scalar in the complete records after ``state``; advances it."""
+        out: list[tuple[float, int, str, float]] = []
+        try:
+            for chunk in iter_record_chunks(path, "none", start_offset=state.offset, start_record=state.record):
+                rows = np.arange(len(chunk.lengths), dtype=np.int64)
+                bad = set(check_data_crcs(chunk, rows).tolist())
+                for i in rows.tolist():
+                    if i in bad:
+                        log.warning("%s: record %d at byte %d: data checksum mismatch; skipped", path,
+                                    int(chunk.record_index[i]), int(chunk.offsets[i]))
+                        continue
+                    s = int(chunk.data_starts[i])
+                    out.extend(self._scalars_of(path, chunk.buf[s : s + int(chunk.lengths[i])]))
+                state.offset, state.record = chunk.end_offset, chunk.end_record
+        except BadRecordError as e:
+            # The file ends inside a record (a writer mid-append: read it next poll) or its framing is damaged.
+            if e.offset is not None and _framing_damaged(path, e.offset):
+                log.warning("%s; the rest of this file is not read", e)
+                state.damaged = True
+        except DataError as e:
+            log.warning("%s", e)  # cannot be opened or read now: the next poll tries again
+        return out
+
+    def _scalars_of(self, path: str, data: bytes) -> list[tuple[float, int, str, float]]:
+        if self._event_type is None:
+            self._event_type = _event_class()
+        event = self._event_type()
+        try:
+            event.ParseFromString(data)
+        except Exception as e:  # protobuf's DecodeError: the checksum was right, so a writer's bug; skip the event
+            log.warning("%s: an event that does not decode (%s); skipped", path, e)
+            return []
+        if not event.HasField("summary"):
+            return []  # file_version, session logs, ...
+        wall, step = float(event.wall_time), int(event.step)
+        return [(wall, step, v.tag, float(v.simple_value)) for v in event.summary.value if v.HasField("simple_value")]
+
+
+# The part of TensorFlow's ``Event`` (tensorflow/core/util/event.proto) that scalars live in, built at run time
+# as psflow.data.example_pb builds ``Example``: importing tensorboardX's generated Event imports the whole package,
+# and with it PyTorch where that is installed (seconds, in the launcher, for every run). proto2, so that
+# ``HasField`` tells a scalar from the value kinds left out here (images, histograms: unknown fields).
+_EVENT_DESCRIPTOR_TEXT = """
+name: "psflow/train/event_scalars.proto" package: "psflow.summary" syntax: "proto2"
+message_type { name: "Value"
+  field { name: "tag" number: 1 label: LABEL_OPTIONAL type: TYPE_STRING }
+  field { name: "simple_value" number: 2 label: LABEL_OPTIONAL type: TYPE_FLOAT } }
+message_type { name: "Summary"
+  field { name: "value" number: 1 label: LABEL_REPEATED type: TYPE_MESSAGE type_name: ".psflow.summary.Value" } }
+message_type { name: "Event"
+  field { name: "wall_time" number: 1 label: LABEL_OPTIONAL type: TYPE_DOUBLE }
+  field { name: "step" number: 2 label: LABEL_OPTIONAL type: TYPE_INT64 }
+  field { name: "summary" number: 5 label: LABEL_OPTIONAL type: TYPE_MESSAGE type_name: ".psflow.summary.Summary" } }
+"""
+
+
+@functools.cache
+def _event_class() -> Any:
+    """The ``Event`` message class (scalars only), in a private descriptor pool; cached, thread-safe."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(text_format.Parse(_EVENT_DESCRIPTOR_TEXT, descriptor_pb2.FileDescriptorProto()))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("psflow.summary.Event"))
+
+
+def _framing_damaged(path: str, offset: int) -> bool:
+    """True if the record header at ``offset`` is complete and its length checksum is wrong.
+
+    False for a header the file ends inside, or a good header whose record the file
+    ends inside: a record still being appended.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            head = f.read(_HEADER)
+    except OSError:
+        return False
+    return len(head) >= _HEADER and not looks_like_tfrecord(head)
+
+
 def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     """Every scalar under ``logdir`` (searched recursively): tag -> [(step, value)], by step.
 
     When several event files hold the same tag and step (a restarted run), the
-    newest write wins.
+    newest write wins. Blocking; needs no TensorBoard (see the module's guarantees).
     """
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    out: dict[str, dict[int, tuple[float, float]]] = {}
-    for root, _dirs, files in os.walk(logdir):
-        if not any(f.startswith("events.out.tfevents") for f in files):
-            continue
-        acc = EventAccumulator(root, size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in acc.Tags().get("scalars", []):
-            series = out.setdefault(tag, {})
-            for event in acc.Scalars(tag):
-                old = series.get(event.step)
-                if old is None or event.wall_time >= old[0]:
-                    series[event.step] = (event.wall_time, event.value)
-    return {tag: [(step, v) for step, (_, v) in sorted(series.items())] for tag, series in out.items()}
+    return ScalarTail(logdir).poll()
