@@ -328,6 +328,14 @@ class TFRecordWriter:
         self._out.write(header + _U32.pack(masked_crc32c(header)) + data + _U32.pack(masked_crc32c(data)))
         self.records_written += 1
 
+    def flush(self) -> None:
+        """Hands every record written so far to the operating system (a reader then sees them; a GZIP
+        file's records become readable only once the stream is closed)."""
+        if not self._closed:
+            self._out.flush()
+            if self._out is not self._raw:
+                self._raw.flush()
+
     def close(self) -> None:
         """Flushes and closes the file.  Idempotent."""
         if self._closed:

@@ -1,7 +1,8 @@
 """TensorBoard summaries: writing scalars (chief) and reading them back (report).
 
-Event files are written with tensorboardX's ``SummaryWriter``, in the
-format TensorBoard reads (``events.out.tfevents.*``). Tags psflow writes:
+Event files are written by :class:`SummaryWriter` (TFRecord-framed ``Event``
+messages, as TensorFlow writes them; no TensorBoard or tensorboardX needed), in
+the format TensorBoard reads (``events.out.tfevents.*``). Tags psflow writes:
 
 =================================  =============================================
 ``train/loss``                     the chief's batch loss
@@ -21,7 +22,8 @@ Reading needs no TensorBoard: :func:`read_scalars` (everything, once) and
 page) frame event files with psflow's TFRecord reader (length and data CRC32C
 checks, :mod:`psflow.data.tfrecord`) and decode them with the scalar part of
 TensorFlow's ``Event`` proto, built at run time (importing neither TensorBoard
-nor tensorboardX, which imports PyTorch where it is installed). Both read the
+nor tensorboardX, which imports PyTorch where it is installed: seconds, in every
+chief and launcher). Both read the
 scalars TensorBoard shows as scalars (``simple_value``).
 
 Guarantees of both readers:
@@ -39,8 +41,12 @@ Guarantees of both readers:
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
+import socket
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from psflow.data.api import BadRecordError, DataError
-from psflow.data.tfrecord import check_data_crcs, iter_record_chunks, looks_like_tfrecord
+from psflow.data.tfrecord import TFRecordWriter, check_data_crcs, iter_record_chunks, looks_like_tfrecord
 
 __all__ = ["ScalarTail", "SummaryWriter", "read_scalars"]
 
@@ -56,29 +62,52 @@ log = logging.getLogger(__name__)
 
 _EVENTS_PREFIX = "events.out.tfevents"
 _HEADER = 12  # a TFRecord header: uint64 length + masked CRC32C of it
+_WRITERS = itertools.count()  # writers made by this process: part of each file's name
 
 
 class SummaryWriter:
-    """Writes scalar summaries into ``logdir`` (thread-safe; flushes on :meth:`flush`/:meth:`close`)."""
+    """Writes scalar summaries into a new event file in ``logdir``, in the format TensorBoard reads.
+
+    The file (``events.out.tfevents.<time>.<host>.<pid>.<n>``, unique per writer) is
+    TFRecord-framed ``Event`` messages, the first holding the file version
+    (``brain.Event:2``), as TensorFlow's own writer makes them. Thread-safe; each
+    :meth:`scalars` call is flushed to the file before it returns, so a reader
+    (a live status page) sees it at once.
+
+    Raises:
+        DataError: the file cannot be created (names it).
+    """
 
     def __init__(self, logdir: str) -> None:
-        from tensorboardX import SummaryWriter as _Writer
-
         os.makedirs(logdir, exist_ok=True)
         self.logdir = logdir
-        self._writer: Any = _Writer(logdir=logdir)
+        name = f"{_EVENTS_PREFIX}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_WRITERS)}"
+        self.path = os.path.join(logdir, name)
+        self._lock = threading.Lock()
+        self._file = TFRecordWriter(self.path)
+        self._event = _event_class()
+        self._append(self._event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
-        """Writes each ``tag: value`` at ``step`` (non-finite values are written as they are)."""
+        """Writes each ``tag: value`` at ``step`` (one event; non-finite values are written as they are)."""
+        event = self._event(wall_time=time.time(), step=int(step))
         for tag, value in values.items():
-            self._writer.add_scalar(tag, float(value), int(step))
+            event.summary.value.add(tag=tag, simple_value=float(value))
+        self._append(event)
+
+    def _append(self, event: Any) -> None:
+        with self._lock:
+            self._file.write(event.SerializeToString())
+            self._file.flush()
 
     def flush(self) -> None:
-        self._writer.flush()
+        with self._lock:
+            self._file.flush()
 
     def close(self) -> None:
         """Flushes and closes; idempotent."""
-        self._writer.close()
+        with self._lock:
+            self._file.close()
 
 
 @dataclass
@@ -197,6 +226,7 @@ message_type { name: "Summary"
 message_type { name: "Event"
   field { name: "wall_time" number: 1 label: LABEL_OPTIONAL type: TYPE_DOUBLE }
   field { name: "step" number: 2 label: LABEL_OPTIONAL type: TYPE_INT64 }
+  field { name: "file_version" number: 3 label: LABEL_OPTIONAL type: TYPE_STRING }
   field { name: "summary" number: 5 label: LABEL_OPTIONAL type: TYPE_MESSAGE type_name: ".psflow.summary.Summary" } }
 """
 

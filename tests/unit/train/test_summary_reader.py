@@ -1,6 +1,7 @@
 """Reading TensorBoard summaries without TensorBoard: read_scalars and ScalarTail (psflow/train/summary.py).
 
-The event files are written by tensorboardX's SummaryWriter (through psflow's wrapper), as the chief writes them.
+The event files are written by psflow's SummaryWriter, as the chief writes them; one test checks TensorBoard's own
+reader agrees, another reads a file written by tensorboardX where it is installed.
 """
 
 from __future__ import annotations
@@ -69,6 +70,31 @@ def test_read_scalars_agrees_with_tensorboards_reader(tmp_path: Path) -> None:
     acc.Reload()
     theirs = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
     assert read_scalars(str(tmp_path)) == theirs
+
+
+def test_a_file_tensorboardx_wrote_reads_the_same(tmp_path: Path) -> None:
+    tensorboardx = pytest.importorskip("tensorboardX")
+    writer = tensorboardx.SummaryWriter(logdir=str(tmp_path))
+    for step, values in POINTS.items():
+        for tag, value in values.items():
+            writer.add_scalar(tag, value, step)
+    writer.close()
+    assert read_scalars(str(tmp_path)) == _expected(POINTS)
+
+
+def test_each_write_is_readable_before_the_writer_closes(tmp_path: Path) -> None:
+    writer = SummaryWriter(str(tmp_path))
+    tail = ScalarTail(str(tmp_path))
+    try:
+        writer.scalars({"train/loss": 0.5}, 10)
+        assert tail.poll() == {"train/loss": [(10, 0.5)]}
+        writer.scalars({"train/loss": 0.25, "eval/auc": 0.75}, 20)
+        assert tail.poll() == {"train/loss": [(20, 0.25)], "eval/auc": [(20, 0.75)]}
+    finally:
+        writer.close()
+    second = SummaryWriter(str(tmp_path))  # another writer in the same second: a file of its own
+    second.close()
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("events.out.tfevents")]) == 2
 
 
 def test_newest_write_wins_across_event_files(tmp_path: Path) -> None:
