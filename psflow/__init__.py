@@ -26,6 +26,8 @@ Guarantees are stated in each package's docstring; the cluster-wide ones
 the wire) are in the README.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from psflow.cluster import ClusterSpec, TaskId, parse_tf_config
 from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
@@ -42,10 +44,26 @@ from psflow.placement import (
 )
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig
-from psflow.server import Server
-from psflow.train.client import ParameterClient
+
+if TYPE_CHECKING:
+    from psflow.server import Server
+    from psflow.train.client import ParameterClient
 
 __version__ = "0.1.0"
+
+#: Loaded on first use: they import ``grpc``, which reads its settings (GRPC_VERBOSITY) once, when imported,
+#: so ``import psflow.<module>`` leaves the ``psflow`` command time to set them (psflow.launch.console).
+_LAZY = {"Server": "psflow.server", "ParameterClient": "psflow.train.client"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'psflow' has no attribute {name!r}")
 
 __all__ = [
     "ClusterSpec",

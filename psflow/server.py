@@ -100,7 +100,7 @@ class Server:
 
         Raises:
             ClusterError: the job or task is not in the cluster.
-            RuntimeError: the address cannot be bound.
+            ListenError: the address cannot be bound (a RuntimeError; names the port and why).
             StepJournalError: the global_step journal in ``state_dir`` is damaged.
         """
         self.cluster = cluster if isinstance(cluster, ClusterSpec) else ClusterSpec(cluster)

@@ -14,7 +14,8 @@ Classes and functions, by file:
   :class:`TooManyBadRecordsError`, :class:`DatasetConfig`,
   :class:`ReaderPosition`, :class:`ShuffleState`, :class:`DatasetStats`,
   :class:`FileStats`.
-* ``dataset.py`` -- :class:`Dataset`, :func:`open_dataset`, :func:`read_all`, :func:`require_records`.
+* ``dataset.py`` -- :class:`Dataset`, :func:`open_dataset`, :func:`read_all`, :func:`require_records`,
+  :func:`check_records` (the checks made before a run starts).
 * ``batch.py`` -- :class:`Batch` (labels, named sparse features as :class:`SparseColumn`,
   named dense features), :class:`BatchSpec` (feature names and sizes).
 * ``hashing.py`` -- stable 64-bit hashing of ids and strings (splitmix64,
@@ -92,7 +93,7 @@ from psflow.data.api import (
 )
 from psflow.data.batch import DEFAULT_SPARSE_FEATURE, Batch, BatchSpec, SparseColumn
 from psflow.data.convert import add_convert_arguments, convert, run_convert
-from psflow.data.dataset import Dataset, open_dataset, read_all, require_records
+from psflow.data.dataset import Dataset, check_records, open_dataset, read_all, require_records
 from psflow.data.example import ParsedExamples, Ragged, encode_example, parse_examples
 from psflow.data.infer import InferredSchema, infer_schema
 from psflow.data.schema import FixedLenFeature, Schema, SparseFeature, VarLenFeature, batch_spec, default_sparse_schema
@@ -125,6 +126,7 @@ __all__ = [
     "WorkerShard",
     "add_convert_arguments",
     "batch_spec",
+    "check_records",
     "convert",
     "default_sparse_schema",
     "encode_example",

@@ -280,14 +280,27 @@ class Schema:
         text = Path(path).read_text(encoding="utf-8")
         try:
             data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as e:
-            raise ValueError(f"{path}: cannot parse schema: {e}") from e
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: cannot parse schema: line {e.lineno}, column {e.colno}: {e.msg}") from e
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: cannot parse schema: {_yaml_problem(e)}") from e
         if not isinstance(data, Mapping):
             raise ValueError(f"{path}: schema must be a mapping, got {type(data).__name__}")
         try:
             return Schema.from_dict(data)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from e
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error on one line, ``line L, column C: problem (context)`` (PyYAML's own message spans
+    several, with a snippet of the text)."""
+    problem, context = getattr(error, "problem", None), getattr(error, "context", None)
+    if not problem:
+        return " ".join(str(error).split())
+    mark = getattr(error, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + (f"{problem} ({context})" if context else str(problem))
 
 
 def default_sparse_schema() -> Schema:

@@ -7,11 +7,20 @@
 ``psflow export``  write a checkpoint's model as safetensors + JSON
 ``psflow predict`` score a data file with an exported model
 ``psflow report``  PNG plots of a run's loss, eval AUC and throughput
+``psflow status RUN_DIR_OR_URL``  the live status page's picture of a run, in the terminal
 
 Settings are parsed here, once, into a :class:`~psflow.train.config.TrainConfig`;
 ``TF_CONFIG`` and ``PSFLOW_TOKEN`` are read here and nowhere else.
 
-Exit status: 0 done; 1 an error (named); ``128 + n`` after signal n:
+Errors a user can fix (a bad flag, input file, record or schema, a port in
+use; :func:`psflow.launch.console.expected_errors`) print one line naming the
+flag, file, record or port, and no traceback; a task that fails of one is
+reported by that line. ``--verbose`` adds the tracebacks and gRPC's own log
+lines, which are otherwise off: :func:`main` sets that before anything imports
+``grpc``, so this module imports the modules that import it (the launcher,
+the task, the status page, checkpoints) in the functions that use them.
+
+Exit status: 0 done; 1 an error (named; a usage error too); ``128 + n`` after signal n:
 ``psflow train`` stops every task on SIGTERM, SIGHUP or SIGINT and reports
 (143, 129, 130; see :mod:`psflow.launch.lifeline`); ``psflow server`` stops
 its task in order on the same signals.
@@ -22,32 +31,30 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import tempfile
 import time
-from typing import Any
+import traceback
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from psflow import jsonio
-from psflow.cluster import ClusterError, ClusterSpec, parse_tf_config
-from psflow.data import DataError
+from psflow.cluster import ClusterSpec, parse_tf_config
 from psflow.data.infer import add_schema_arguments, run_schema, schema_yaml
 from psflow.launch.chief_cli import TOOL_COMMANDS, add_chief_arguments, add_tool_parsers, chief_config_fields, run_tool
+from psflow.launch.console import expected_errors, quiet_grpc, wants_verbose
 from psflow.launch.lifeline import LaunchInterrupted
-from psflow.launch.local import LaunchError, run_local
 from psflow.launch.report import ReportError
-from psflow.launch.resilience import add_resilience_arguments, resilience_config
-from psflow.launch.task import TOKEN_ENV, configure_logging, run_task
-from psflow.models.api import ModelError
 from psflow.models.registry import create_model, model_names
-from psflow.ps.global_step import StepJournalError
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.rpc.api import RpcError
-from psflow.rpc.tcp_server import TcpLimits
 from psflow.train.build import inferred_schema, model_config
-from psflow.train.checkpoint import CheckpointError, CheckpointSavesFailedError
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.inputs import check_inputs
+
+if TYPE_CHECKING:  # these import grpc: imported where used, after main() set gRPC's logging (see above)
+    from psflow.rpc.tcp_server import TcpLimits
 
 __all__ = ["main", "build_parser"]
 
@@ -121,11 +128,23 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--log-every", type=int, default=100, help="a worker logs step=S when S %% N == 0")
     g.add_argument("--output", help="run directory: logs/, metrics.json (default: a new temp dir)")
-    g.add_argument("--quiet", action="store_true", help="no progress lines")
+    g.add_argument("--quiet", action="store_true", help="no progress bar or lines")
+    g.add_argument("--verbose", action="store_true",
+                   help="gRPC's own log lines (its defaults, or GRPC_VERBOSITY / GRPC_TRACE as set; otherwise off), "
+                        "psflow's DEBUG lines and the tracebacks of expected errors, here and in every task")
+    g = p.add_argument_group("status page")
+    g.add_argument("--status-host", default="127.0.0.1", metavar="ADDRESS",
+                   help="address of the live status page and /metrics (127.0.0.1; any other requires the cluster token)")
+    g.add_argument("--status-port", type=int, default=0, metavar="PORT",
+                   help="port of the status page (0: a free one, printed at start); psflow server: the chief's")
+    g.add_argument("--no-status", action="store_true", help="serve no status page")
     add_chief_arguments(p)
 
 
 def _add_server_security_arguments(p: argparse.ArgumentParser) -> None:
+    from psflow.launch.task import TOKEN_ENV
+    from psflow.rpc.tcp_server import TcpLimits
+
     g = p.add_argument_group("security and limits (psflow server)")
     g.add_argument("--insecure", action="store_true",
                    help=f"run without a cluster token ({TOKEN_ENV} unset): any peer that reaches the task can call it, "
@@ -141,8 +160,18 @@ def _add_server_security_arguments(p: argparse.ArgumentParser) -> None:
                    help="ps task: authenticated TCP data-path connections served at once (%(default)s)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the flag, exit status 1 (as every other error); ``--help`` has the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(1, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="psflow", description="Parameter-server training in Python.")
+    from psflow.launch.resilience import add_resilience_arguments
+    from psflow.launch.status_cli import add_status_parser
+
+    parser = _Parser(prog="psflow", description="Parameter-server training in Python.")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train on a local cluster of real processes")
     _add_training_arguments(train)
@@ -163,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_convert_arguments(sub.add_parser("convert", help="convert LIBSVM / Criteo TSV to TFRecord"))
     add_schema_arguments(sub.add_parser("schema", help="TFRecord schemas: psflow schema infer FILE > schema.yaml"))
     add_tool_parsers(sub)
+    add_status_parser(sub)
     return parser
 
 
@@ -176,7 +206,19 @@ def _model_params(pairs: list[str]) -> dict[str, Any]:
             params[key] = json.loads(text)
         except ValueError:
             params[key] = text
+        if not _finite(params[key]):
+            raise ConfigError(f"--model-param {pair!r}: want a finite value (a setting cannot be NaN or infinite)")
     return params
+
+
+def _finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
 
 
 def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -207,7 +249,8 @@ def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers:
         optimizer=args.optimizer, learning_rate=args.learning_rate, l1=args.l1, l2=args.l2,
         batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
         num_ps=num_ps if num_ps is not None else args.ps,
-        num_workers=num_workers if num_workers is not None else (args.workers or (1 if args.in_process else 2)),
+        num_workers=num_workers if num_workers is not None else (
+            args.workers if args.workers is not None else (1 if args.in_process else 2)),
         placement=args.placement, partitions=args.partitions, log_every=args.log_every,
         shuffle_buffer=args.shuffle_buffer, skip_bad_records=args.skip_bad_records, schema=args.schema,
         features=tuple(args.feature), label=args.label,
@@ -225,8 +268,15 @@ def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from psflow.launch.local import run_local
+    from psflow.launch.resilience import resilience_config
+    from psflow.launch.status_cli import status_config
+    from psflow.launch.task import configure_logging
+
     if not args.train:
         raise ConfigError("--train is required")
+    if args.verbose:
+        configure_logging(verbose=True)
     config = _config(args)
     output = args.output or tempfile.mkdtemp(prefix=f"psflow-{time.strftime('%Y%m%d-%H%M%S')}-")
     if config.summary_dir is None:  # the chief's TensorBoard summaries go into the run directory
@@ -240,7 +290,7 @@ def _train(args: argparse.Namespace) -> int:
     else:
         print(f"psflow: {config.num_ps} ps + {config.num_workers} workers, run directory {output}", file=sys.stderr)
         metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
-                            resilience=resilience_config(args))
+                            resilience=resilience_config(args), status=status_config(args), verbose=args.verbose)
     summary = {k: metrics[k] for k in ("global_step", "examples", "wall_seconds", "examples_per_sec")}
     if metrics.get("bad_records_skipped"):
         summary["bad_records_skipped"] = metrics["bad_records_skipped"]
@@ -266,6 +316,8 @@ def _show_inferred_schema(config: TrainConfig, output: str) -> None:
 
 
 def _tcp_limits(args: argparse.Namespace) -> TcpLimits:
+    from psflow.rpc.tcp_server import TcpLimits
+
     flags = {"handshake_timeout": "--tcp-handshake-timeout", "idle_timeout": "--tcp-idle-timeout",
              "max_connections": "--tcp-max-connections"}
     try:
@@ -276,6 +328,10 @@ def _tcp_limits(args: argparse.Namespace) -> TcpLimits:
 
 
 def _server(args: argparse.Namespace) -> int:
+    from psflow.launch.run_status import chief_status_page
+    from psflow.launch.status_cli import status_config
+    from psflow.launch.task import TOKEN_ENV, configure_logging, run_task
+
     token = os.environ.get(TOKEN_ENV) or None
     if token is None and not args.insecure:
         raise ConfigError(f"no cluster token: set {TOKEN_ENV} (the same secret on every task), "
@@ -303,14 +359,31 @@ def _server(args: argparse.Namespace) -> int:
         config = _config(args, num_ps=cluster.num_tasks("ps"), num_workers=cluster.num_tasks("worker"))
         if job == "client" or config.replication == "between-graph":  # this task reads the data
             check_inputs(config)
-    configure_logging()
-    return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
-                    checkpoint_root=args.checkpoint_root or args.checkpoint_dir)
+    configure_logging(verbose=args.verbose)
+    status = status_config(args)
+    page = chief_status_page(cluster, job, index, config, token=token, status=status) \
+        if config is not None and status.enabled else None
+    try:
+        return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
+                        checkpoint_root=args.checkpoint_root or args.checkpoint_dir)
+    finally:
+        if page is not None:
+            page.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the CLI; returns the exit status (0 on success)."""
+    """Runs the CLI; returns the exit status (0 on success).
+
+    First, unless ``--verbose``: gRPC's C-core logs off (``GRPC_VERBOSITY=NONE`` in this process's
+    environment, before anything imports ``grpc``, so for the tasks it starts too; a value set wins).
+    """
+    quiet_grpc(os.environ, verbose=wants_verbose(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
+    from psflow.launch.local import LaunchError
+    from psflow.launch.status_cli import StatusError, run_status
+
+    expected: tuple[type[Exception], ...] = (*expected_errors(), LaunchError, RpcError, OSError, ReportError,
+                                             StatusError)
     try:
         if args.command == "train":
             return _train(args)
@@ -320,11 +393,14 @@ def main(argv: list[str] | None = None) -> int:
             return run_tool(args)
         if args.command == "schema":
             return run_schema(args)
+        if args.command == "status":
+            return run_status(args)
         from psflow.data.convert import run_convert
 
         return int(run_convert(args))
-    except (ConfigError, ClusterError, OptimizerError, DataError, LaunchError, RpcError, OSError, CheckpointError,
-            ReportError, StepJournalError, ModelError, CheckpointSavesFailedError) as e:
+    except expected as e:
+        if getattr(args, "verbose", False):
+            traceback.print_exc()
         print(f"psflow {args.command}: error: {e}", file=sys.stderr)
         return 1
     except LaunchInterrupted as e:  # SIGTERM, SIGHUP or SIGINT to psflow train: every task stopped, reported

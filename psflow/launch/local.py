@@ -45,9 +45,13 @@ from typing import Any, TextIO
 
 from psflow import jsonio
 from psflow.cluster import ClusterSpec
+from psflow.launch.console import quiet_grpc
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, signal_name
 from psflow.launch.ports import free_ports
+from psflow.launch.progress import Progress, progress_total
 from psflow.launch.resilience import Resilience, ResilienceConfig
+from psflow.launch.run_status import LauncherStatus
+from psflow.launch.status_http import StatusConfig
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
@@ -82,6 +86,7 @@ class TaskProcess:
     log_file: TextIO
     exit_code: int | None = None
     exited_at: float | None = None
+    error_path: str | None = None  # where the task writes an expected error's one line (--error-file)
 
     @property
     def name(self) -> str:
@@ -90,6 +95,17 @@ class TaskProcess:
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    def error_line(self) -> str | None:
+        """The one line the task wrote for an expected error (a bad record, a bad flag), or None."""
+        if self.error_path is None:
+            return None
+        try:
+            with open(self.error_path, encoding="utf-8") as f:
+                message = json.load(f).get("message")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return message if isinstance(message, str) and message else None
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -112,6 +128,7 @@ class LocalCluster:
     token: str
     tasks: list[TaskProcess] = field(default_factory=list)
     resilience: Resilience | None = None  # restarts, hang detection, chaos (psflow.launch.resilience)
+    verbose: bool = False  # tasks: gRPC's C-core logs, tracebacks of expected errors (psflow.launch.console)
     signals: LauncherSignals = field(default_factory=LauncherSignals, repr=False)
     started: float = field(default_factory=time.monotonic, repr=False)
     _lifeline: Lifeline | None = field(default=None, repr=False)
@@ -137,12 +154,16 @@ class LocalCluster:
         # large as the machine would oversubscribe it (psflow.torch.configure_threads). A value the user set wins.
         workers = max(1, self.cluster.num_tasks("worker"))
         env.setdefault(TORCH_THREADS_ENV, str(max(1, (os.cpu_count() or 1) // workers)))
+        quiet_grpc(env, verbose=self.verbose)
+        error_path = os.path.join(self.output_dir, f"error-{job}-{index}.json")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(error_path)  # a restarted task's previous error is not this one's
         cmd = [
             sys.executable, "-m", "psflow.launch.task",
             "--cluster", os.path.join(self.output_dir, "cluster.json"),
             "--job", job, "--task", str(index), "--config", config_path,
-            "--result", os.path.join(self.output_dir, f"result-{job}-{index}.json"),
-        ]
+            "--result", os.path.join(self.output_dir, f"result-{job}-{index}.json"), "--error-file", error_path,
+        ] + (["--verbose"] if self.verbose else [])
         if job == "ps":  # global_step's bound outlives a restart of ps task 0 (psflow.ps.global_step)
             cmd += ["--state-dir", os.path.join(self.output_dir, "state", f"{job}-{index}")]
         if self._lifeline is None:
@@ -155,7 +176,7 @@ class LocalCluster:
         with self.signals.deferring():  # started and recorded, or neither: a signal waits for both
             popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, pass_fds=(self._lifeline.task_fd,), process_group=0)
-            task = TaskProcess(job, index, popen, log_path, log_file)
+            task = TaskProcess(job, index, popen, log_path, log_file, error_path=error_path)
             self.tasks.append(task)
         log.debug("started %s as pid %d", task.name, popen.pid)
         return task
@@ -259,44 +280,51 @@ def _signal_group(task: TaskProcess, sig: int) -> None:
 
 
 def _failure_report(failed: list[TaskProcess], stopped: list[TaskProcess]) -> str:
+    """Each failed task (the first as the root cause) with its one-line error, or, where it wrote none
+    (an unexpected error), the first one's log tail; then the tasks stopped after the failure."""
     first = failed[0]
-    lines = [
-        f"{first.name} (pid {first.popen.pid}) {describe_exit(first.exit_code or 0)}: root cause; log: {first.log_path}",
-        "  last lines of its log:",
-        *("    " + line for line in first.tail().rstrip().splitlines()),
-    ]
+    lines = [f"{first.name} (pid {first.popen.pid}) {describe_exit(first.exit_code or 0)}: root cause; log: {first.log_path}"]
+    error = first.error_line()
+    if error is not None:
+        lines.append(f"  {error}")
+    else:
+        lines += ["  last lines of its log:", *("    " + line for line in first.tail().rstrip().splitlines())]
     for t in failed[1:]:
         lines.append(f"then {t.name} (pid {t.popen.pid}) {describe_exit(t.exit_code or 0)}; log: {t.log_path}")
+        error = t.error_line()
+        if error is not None:
+            lines.append(f"  {error}")
     for t in stopped:
         lines.append(f"stopped {t.name} (pid {t.popen.pid}) after the failure")
     return "\n".join(lines)
 
 
-def _progress_line(stats: dict[str, Any], last: tuple[float, int], started: float) -> tuple[str, tuple[float, int]]:
-    now = time.monotonic()
-    examples = int(stats.get("examples", 0))
-    rate = (examples - last[1]) / max(now - last[0], 1e-9)
-    loss = stats.get("loss_ema")
-    loss_text = f"{loss:.4f}" if isinstance(loss, (int, float)) else "n/a"
-    text = f"psflow: global_step {stats.get('global_step')} | {rate:,.0f} examples/s | loss {loss_text}"
-    return f"{text} | {now - started:.1f} s", (now, examples)
-
-
 def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None = sys.stderr,
-              progress_every: float = 2.0, resilience: ResilienceConfig | None = None) -> dict[str, Any]:
+              progress_every: float = 2.0, resilience: ResilienceConfig | None = None,
+              status: StatusConfig | None = None, verbose: bool = False) -> dict[str, Any]:
     """Trains on a local cluster of real processes; returns the metrics.
 
     Blocks until training and evaluation are done. Writes
-    ``output_dir/{cluster.json,config.json,metrics.json,logs/}``.
+    ``output_dir/{cluster.json,config.json,metrics.json,status.json,metrics.prom,logs/}``.
+
+    ``status`` (default: on, 127.0.0.1, a free port) says where the live status
+    page and ``/metrics`` are served while the run lasts; its address is printed
+    first (:mod:`psflow.launch.run_status`).
 
     ``resilience`` (default: fail fast, hang detection after 30 s, no chaos)
     says what happens when a task dies or hangs; see :mod:`psflow.launch.resilience`.
 
+    ``progress``: a bar or lines, then a last line with the run's examples/s
+    (:mod:`psflow.launch.progress`). ``verbose``: the tasks log gRPC's C-core
+    lines and the tracebacks of expected errors (:mod:`psflow.launch.console`).
+
     Raises:
-        LaunchError: a task failed (every other task has been stopped).
-        DataError: ``--train`` or ``--eval`` holds no record (checked before anything starts).
+        LaunchError: a task failed (every other task has been stopped); an expected error of the
+            task is its one line (a bad record: the file and line), anything else its log's tail.
+        DataError: ``--train`` or ``--eval`` holds no record, cannot be read, or has a malformed
+            record among the first of a file (checked before anything starts).
     """
-    check_inputs(config)
+    train_records = check_inputs(config)
     # The run's id, and its checkpoint directory taken before any task starts (another live run's is refused).
     config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=output_dir, out=progress or sys.stderr)
     checkpoints = SaveStatusWatcher(max_failed_saves=config.max_failed_saves, every=progress_every) \
@@ -308,8 +336,11 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     started = time.monotonic()
     with checkpoint_lock or contextlib.nullcontext(), LocalCluster.create(config.num_ps, config.num_workers,
                                                                          output_dir) as lc:
+        lc.verbose = verbose
         lc.resilience = Resilience(lc, resilience or ResilienceConfig())
         lc.resilience.start()
+        status = status or StatusConfig()
+        page = LauncherStatus(config, lc, output_dir, status, progress or sys.stderr) if status.enabled else None
         for i in range(config.num_ps):
             lc.start_task("ps", i, config_path)
         for i in range(config.num_workers):
@@ -322,11 +353,22 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
         # that dies early is reported at once rather than after the connect timeout.
         client = ParameterClient(lc.cluster, variables.placements(), client_name="launcher", config=ConnectConfig(
             connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=lc.token))
+        ended = "failed"
+        bar = None if progress is None else Progress(progress, progress_total(
+            max_steps=config.max_steps, epochs=config.epochs, records=train_records), started=started)
         try:
-            _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints)
+            if page is not None:
+                page.set_phase("training")
+            _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints, bar=bar)
             train_seconds = time.monotonic() - started
             client.connect()
-            metrics = _finish(config, lc, client, model, train_seconds, output_dir, driver, checkpoints=checkpoints)
+            if page is not None:
+                page.set_phase("evaluating")
+            metrics = _finish(config, lc, client, model, train_seconds, output_dir, driver, checkpoints=checkpoints,
+                              page=page)
+            ended = "finished"
+            if bar is not None:
+                bar.close(metrics)  # the last line: the run's examples/s (metrics.json's)
             with lc.signals.deferring(check=False):  # metrics.json is written: a signal now is ignored (tasks end below)
                 client.shutdown_servers()
                 deadline = time.monotonic() + 5.0
@@ -335,25 +377,32 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
                         t.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
                     except subprocess.TimeoutExpired:
                         pass
+        except LaunchInterrupted:
+            ended = "interrupted"
+            raise
         finally:
+            if bar is not None:
+                bar.close(None)  # ends the bar of a failed run (no-op after the line above)
             client.close()
+            if page is not None:
+                page.close(None if ended == "finished" else ended)
     return metrics
 
 
 def _watch(lc: LocalCluster, client: Any, progress: TextIO | None, every: float, started: float,
-           driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None) -> None:
+           driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None, bar: Progress | None = None) -> None:
     """Waits until every ``driver`` task (workers, or the in-graph client) exited 0.
 
+    Feeds ``bar`` the cluster's counters every ``every`` s (the caller closes it, with the run's metrics).
     With ``checkpoints``, prints a line for every failed checkpoint save (even without ``progress``).
     """
     with lc.signals.deferring():  # a signal is raised at the next check below, never inside a step of the loop
-        _watch_loop(lc, client, progress, every, started, driver, checkpoints)
+        _watch_loop(lc, client, progress, every, started, driver, checkpoints, bar)
 
 
 def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: float, started: float,
-                driver: str, checkpoints: SaveStatusWatcher | None = None) -> None:
+                driver: str, checkpoints: SaveStatusWatcher | None = None, bar: Progress | None = None) -> None:
     last_print = time.monotonic()
-    last = (started, 0)
     failed: list[TaskProcess] = []
     while True:
         lc.signals.check()
@@ -371,12 +420,11 @@ def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: f
             raise LaunchError(_failure_report(failed, stopped) + (lc.resilience.on_failure() if lc.resilience else ""))
         done = all(t.exit_code == 0 for t in lc.tasks if t.job == driver)
         _report_checkpoints(checkpoints, client, progress, force=done)
-        if progress is not None and (done or time.monotonic() - last_print >= every):
+        if bar is not None and not done and time.monotonic() - last_print >= every:  # done: the caller's last line
             try:
-                line, last = _progress_line(client.stats(), last, started)
-                print(line, file=progress, flush=True)
+                bar.update(client.stats())
             except RpcError as e:
-                print(f"psflow: progress unavailable: {e}", file=progress, flush=True)
+                bar.unavailable(e)
             last_print = time.monotonic()
         if done:
             return
@@ -392,7 +440,8 @@ def _report_checkpoints(checkpoints: SaveStatusWatcher | None, client: Any, prog
 
 
 def _finish(config: TrainConfig, lc: LocalCluster, client: Any, model: Any, train_seconds: float,
-            output_dir: str, driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None) -> dict[str, Any]:
+            output_dir: str, driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None,
+            page: LauncherStatus | None = None) -> dict[str, Any]:
     results = []
     for i in range(config.num_workers if driver == "worker" else 1):
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
@@ -417,6 +466,8 @@ def _finish(config: TrainConfig, lc: LocalCluster, client: Any, model: Any, trai
     eval_batch = load_eval(config)
     if eval_batch is not None:
         metrics["eval"] = evaluate(model, client, eval_batch)
+    if page is not None:  # the page's final numbers are metrics.json's (same Stats)
+        page.finish(ps_stats, metrics)
     tmp = os.path.join(output_dir, "metrics.json.tmp")
     with open(tmp, "w") as f:
         jsonio.dump(metrics, f, indent=1)

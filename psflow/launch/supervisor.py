@@ -118,6 +118,7 @@ class RestartEvent:
     restarted: bool
     time: float = field(default_factory=time.time)
     new_pid: int | None = None
+    restarted_at: float | None = None    # wall-clock time of the restart
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -161,6 +162,10 @@ class Supervisor:
         """Restarts scheduled and not yet done."""
         return len(self._due)
 
+    def scheduled(self, name: str) -> bool:
+        """Whether a restart of task ``name`` is scheduled and not yet done (safe from another thread)."""
+        return any(task.name == name for _, task, _ in list(self._due))
+
     def restart_due(self) -> list[Any]:
         """Restarts every task whose backoff has passed; returns the new task objects.
 
@@ -173,7 +178,7 @@ class Supervisor:
             self._due.remove(entry)
             _, task, event = entry
             new = self._restart(task)
-            event.new_pid = new.pid
+            event.new_pid, event.restarted_at = new.pid, time.time()
             log.warning("restarted %s as pid %d (%s)", task.name, new.pid, event.decision)
             started.append(new)
         return started

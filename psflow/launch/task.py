@@ -13,6 +13,13 @@ handler: a ps task stops serving, a worker leaves its loop before its next
 step (a call blocked in a sync barrier is failed by closing its channels),
 and the process exits with ``128 + n`` (143 on SIGTERM; 129 when the
 launcher died) within the stop's grace (2 s), by force if it must.
+
+Errors: an expected one (:func:`psflow.launch.console.expected_errors`: a
+malformed record, a bad setting, a port in use) ends the task with exit
+status 1 and one ERROR line in its log, no traceback (``--verbose`` adds it);
+with ``--error-file`` the line is also written there as JSON (``task``,
+``type``, ``message``) for the launcher's failure report. Anything else is a
+bug: its traceback goes to the log.
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from psflow import jsonio
 from psflow.cluster import ClusterSpec
+from psflow.launch.console import expected_errors
 from psflow.launch.lifeline import StopRequest, set_parent_death_signal
 from psflow.rpc.tcp_server import TcpLimits
 from psflow.server import Server
@@ -39,12 +48,15 @@ TOKEN_ENV = "PSFLOW_TOKEN"
 log = logging.getLogger("psflow.launch")
 
 
-def configure_logging() -> None:
+def configure_logging(*, verbose: bool = False) -> None:
+    """INFO lines to stderr (a task's log); ``verbose``: psflow's DEBUG lines too."""
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if verbose:
+        logging.getLogger("psflow").setLevel(logging.DEBUG)
 
 
 def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | None, *,
@@ -119,6 +131,21 @@ def _stopped(task: str, stop: StopRequest) -> int:
     return stop.exit_code
 
 
+def expected_failure(task: str, error: Exception, *, error_file: str | None, verbose: bool) -> int:
+    """An expected error ended ``task``: logs it as one ERROR line (with its traceback if ``verbose``),
+    writes it to ``error_file`` (JSON: ``task``, ``type``, ``message``; best effort) and returns 1."""
+    log.error("%s: %s", task, error, exc_info=error if verbose else None)
+    if error_file:
+        record: dict[str, Any] = {"task": task, "type": type(error).__name__, "message": str(error)}
+        try:
+            with open(error_file + ".tmp", "w", encoding="utf-8") as f:
+                jsonio.dump(record, f)
+            os.replace(error_file + ".tmp", error_file)
+        except OSError as e:
+            log.warning("%s: could not write %s: %s", task, error_file, e)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m psflow.launch.task")
     parser.add_argument("--cluster", required=True, help="cluster JSON file")
@@ -133,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="read end of the launcher's lifeline pipe: EOF (the launcher died) stops the task")
     parser.add_argument("--exit-with-parent", action="store_true",
                         help="Linux: SIGHUP when the thread that started this task exits (prctl PR_SET_PDEATHSIG)")
+    parser.add_argument("--error-file", help="where an expected error's one line is written (JSON), for the launcher")
+    parser.add_argument("--verbose", action="store_true", help="DEBUG lines; tracebacks of expected errors too")
     args = parser.parse_args(argv)
-    configure_logging()
+    configure_logging(verbose=args.verbose)
     # First, before anything slow: from here on a signal or the launcher's death stops the task in order.
     stop = StopRequest(f"/job:{args.job}/task:{args.task}")
     stop.install_handlers()
@@ -147,9 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.config:
         with open(args.config) as f:
             config = TrainConfig.from_json(f.read())
-    code = run_task(cluster, args.job, args.task, config, token=os.environ.get(TOKEN_ENV) or None,
-                    result_path=args.result, state_dir=args.state_dir, stop=stop,
-                    checkpoint_root=args.checkpoint_root)
+    try:
+        code = run_task(cluster, args.job, args.task, config, token=os.environ.get(TOKEN_ENV) or None,
+                        result_path=args.result, state_dir=args.state_dir, stop=stop,
+                        checkpoint_root=args.checkpoint_root)
+    except expected_errors() as e:
+        return expected_failure(f"/job:{args.job}/task:{args.task}", e, error_file=args.error_file,
+                                verbose=args.verbose)
     if stop.requested() is not None:
         # Stopped in order: the server is stopped and the channels closed. The interpreter's teardown
         # adds nothing but time (a worker's final garbage collection took seconds), so skip it.

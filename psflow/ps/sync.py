@@ -291,6 +291,12 @@ class SyncAggregator:
                 "sync_steps_applied": self.steps_applied,
                 "sync_timeouts": self.timeouts,
                 "live_replicas": self.config.total_num_replicas - len(self._left),
+                # The step being collected: who contributed, the live workers it may still wait for
+                # (any ``needed() - contributed`` of them complete it), and for how long.
+                "sync_contributed": list(self._contributors),
+                "sync_waiting_for": [w for w in self._last_seen if w not in self._contributors
+                                     and w not in self._left and w not in self._absent] if self._contributors else [],
+                "sync_waiting_seconds": self._clock() - self._first_at if self._first_at is not None else None,
             }
 
     # ---- internals (hold self._cond) ---------------------------------------

@@ -31,6 +31,7 @@ __all__ = [
     "DeadlineExceededError",
     "UnauthenticatedError",
     "RemoteError",
+    "ListenError",
     "InvalidRequest",
     "PreconditionFailed",
 ]
@@ -138,6 +139,11 @@ class UnauthenticatedError(RpcError):
 
 class RemoteError(RpcError):
     """Any other failure reported by the remote task."""
+
+
+class ListenError(RpcError, RuntimeError):
+    """A server cannot listen on its task's address (the port is in use, or the host is not this
+    machine's); the message names the task, the address and why. A RuntimeError too, as it was."""
 
 
 class InvalidRequest(ValueError):

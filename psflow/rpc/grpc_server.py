@@ -13,8 +13,10 @@ Error mapping (the server never dies of a bad request):
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
+import socket
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from psflow.rpc.api import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, InvalidRequest, PreconditionFailed
+from psflow.rpc.api import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, InvalidRequest, ListenError, PreconditionFailed
 from psflow.rpc.framing import Frame, FrameError, decode, encode
 from psflow.rpc.tls import TlsConfig, server_credentials
 
@@ -84,7 +86,7 @@ def build_grpc_server(
         The server and the port it is bound to.
 
     Raises:
-        RuntimeError: the address could not be bound (names the address).
+        ListenError: the address could not be bound (names the task, the address and why).
     """
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="psflow-rpc"), options=GRPC_OPTIONS)
     for service, methods in services.items():
@@ -99,7 +101,27 @@ def build_grpc_server(
         else:
             port = server.add_secure_port(bind_address, server_credentials(tls))
     except RuntimeError as e:
-        raise RuntimeError(f"{task_name}: cannot listen on {bind_address}: {e}") from e
+        raise ListenError(f"{task_name}: cannot listen on {bind_address}: {_why_not_bound(bind_address)}") from e
     if port == 0:
-        raise RuntimeError(f"{task_name}: cannot listen on {bind_address} (address in use?)")
+        raise ListenError(f"{task_name}: cannot listen on {bind_address}: {_why_not_bound(bind_address)}")
     return server, port
+
+
+def _why_not_bound(address: str) -> str:
+    """Why gRPC could not bind ``host:port`` (its own message only says to set GRPC_VERBOSITY): a plain
+    socket's bind says (without SO_REUSEPORT, as gRPC here)."""
+    host, _, port_text = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return f"port {port} is already in use (another process listens on it)"
+        if e.errno == errno.EADDRNOTAVAIL:
+            return f"{host} is not an address of this machine"
+        return e.strerror or str(e)
+    except ValueError:
+        return f"{port_text!r} is not a port"
+    return "gRPC refused it"

@@ -78,7 +78,9 @@ def data_schema(config: TrainConfig) -> Schema | None:
         else:
             schema = Schema.from_flags(config.features, config.label)
             where = "--feature"
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        raise ConfigError(f"--schema {config.schema}: cannot read it: {e.strerror or e}") from e
+    except ValueError as e:
         raise ConfigError(f"schema: {e}") from e
     try:
         schema.batch_layout()

@@ -41,6 +41,7 @@ Guarantees of both readers:
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import logging
 import os
@@ -234,8 +235,10 @@ message_type { name: "Event"
 @functools.cache
 def _event_class() -> Any:
     """The ``Event`` message class (scalars only), in a private descriptor pool; cached, thread-safe."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
-
+    descriptor_pb2 = importlib.import_module("google.protobuf.descriptor_pb2")
+    descriptor_pool = importlib.import_module("google.protobuf.descriptor_pool")
+    message_factory = importlib.import_module("google.protobuf.message_factory")
+    text_format = importlib.import_module("google.protobuf.text_format")
     pool = descriptor_pool.DescriptorPool()
     pool.Add(text_format.Parse(_EVENT_DESCRIPTOR_TEXT, descriptor_pb2.FileDescriptorProto()))
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("psflow.summary.Event"))

@@ -79,7 +79,8 @@ def _check_contents(wheel: Path, native: bool) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"psflow", "psflow-0.1.0.dist-info"}, names  # no tests, no data
     for name in ("psflow/py.typed", "psflow/data/_native.c", "psflow/data/_native.pyi", "psflow/data/example.proto",
-                 "psflow/ps/_kernels.c", "psflow/launch/cli.py"):
+                 "psflow/ps/_kernels.c", "psflow/launch/cli.py", "psflow/launch/status_page/index.html",
+                 "psflow/launch/status_page/status.js", "psflow/launch/status_page/status.css"):
         assert name in names, name
     if native:
         for module in EXTENSIONS:
@@ -89,7 +90,7 @@ def _check_contents(wheel: Path, native: bool) -> None:
     metadata = zipfile.ZipFile(wheel).read("psflow-0.1.0.dist-info/METADATA").decode()
     core = {re.split(r"[^A-Za-z0-9_.-]", line.split(":", 1)[1].strip())[0].lower()
             for line in metadata.splitlines() if line.startswith("Requires-Dist:") and "extra ==" not in line}
-    assert "numpy" in core and core.isdisjoint({"matplotlib", "tensorboard", "kazoo", "torch"}), core
+    assert "numpy" in core and core.isdisjoint({"matplotlib", "tensorboard", "tensorboardx", "kazoo", "torch"}), core
 
 
 def test_wheel_installs_without_extras_and_trains_a9a(tmp_path: Path) -> None:
@@ -110,8 +111,8 @@ def test_wheel_installs_without_extras_and_trains_a9a(tmp_path: Path) -> None:
 
     # The venv's psflow, not the source tree's; no extra came with it; the C extensions where they can be built.
     probe = ("import importlib.util, json, psflow\n"
-             "print(json.dumps({'file': psflow.__file__, 'extras': [m for m in ('matplotlib', 'tensorboard', 'kazoo', 'torch')"
-             " if importlib.util.find_spec(m)]}))\n")
+             "extras = ('matplotlib', 'tensorboard', 'tensorboardX', 'kazoo', 'torch')\n"
+             "print(json.dumps({'file': psflow.__file__, 'extras': [m for m in extras if importlib.util.find_spec(m)]}))\n")
     if native:
         probe += "".join(f"import {m}\n" for m in EXTENSIONS)
     r = _run([str(python), "-c", probe], cwd=tmp_path, timeout=120)
@@ -125,6 +126,10 @@ def test_wheel_installs_without_extras_and_trains_a9a(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["eval"]["auc"] > 0.85, metrics
+    assert "psflow: status http://127.0.0.1:" in r.stderr  # the live page (prometheus-client is core)
+    assert "psflow_examples_total" in (run / "metrics.prom").read_text()
+    r = _run([str(psflow), "status", str(run)], cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and "/job:worker/task:0" in r.stdout, r
 
     r = _run([str(psflow), "report", str(run)], cwd=tmp_path, timeout=120)
     assert r.returncode == 1, r

@@ -207,7 +207,7 @@ def odd_examples(draw: st.DrawFn) -> bytes:
     return b"".join(chunks)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(odd_examples(), min_size=1, max_size=4))
 def test_unusual_encodings_decode_as_protobuf_does(records: list[bytes]) -> None:
     for key in (b"a", b"b", b"ids", b""):
@@ -332,7 +332,7 @@ def _same_parsed(a: Any, b: Any) -> bool:
     return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(multi_examples(), min_size=1, max_size=8), st.booleans())
 def test_multi_feature_fast_decoder_agrees_with_protobuf(maps: list[dict[str, tuple[str, list[Any]]]], deterministic: bool) -> None:
     records = [_build(m).SerializeToString(deterministic=deterministic) for m in maps]

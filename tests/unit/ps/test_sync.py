@@ -270,3 +270,23 @@ def test_sum_rows_equals_add_at_bit_for_bit(width: int | None, most_pieces: int,
         np.add.at(want, inverse.reshape(-1), np.concatenate([v for _, v in pieces]).astype(np.float64))
         assert uniq.tobytes() == want_rows.tobytes()
         assert sums.dtype == np.float64 and sums.tobytes() == want.tobytes()
+
+
+def test_stats_name_the_workers_the_step_waits_for() -> None:
+    # The status page shows why a sync step is waiting: who contributed, who it still waits for, since when.
+    agg, part, step = setup(2, 3)
+    idle = agg.stats()
+    assert idle["sync_contributed"] == [] and idle["sync_waiting_for"] == [] and idle["sync_waiting_seconds"] is None
+    t, _ = in_thread(agg.contribute, 0, sparse(part, W[0], [0], [2.0]))
+    deadline = time.monotonic() + 10
+    while agg.stats()["sync_contributed"] != [W[0]] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    waiting = agg.stats()
+    assert waiting["sync_contributed"] == [W[0]]
+    assert waiting["sync_waiting_for"] == [W[1], W[2]]  # any one of them completes the step (2 of 3)
+    assert waiting["sync_waiting_seconds"] >= 0
+    agg.leave(W[2])
+    assert agg.stats()["sync_waiting_for"] == [W[1]]
+    agg.contribute(0, sparse(part, W[1], [0], [2.0]))
+    t.join(5)
+    assert agg.stats()["sync_contributed"] == [] and step.value == 1

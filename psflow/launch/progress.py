@@ -1,0 +1,188 @@
+"""A training run's progress on the console: a bar on a terminal, plain lines otherwise.
+
+The launcher feeds :class:`Progress` the cluster's counters every few seconds
+(the ``Stats`` of the ps task holding global_step: ``global_step``,
+``examples``, ``loss_ema``) and, at the end, the run's metrics:
+
+1. ``Progress(out, total)``: ``total`` (:func:`progress_total`) is the run's
+   end in global steps (``--max-steps``) or in examples (``--epochs`` x the
+   training records, when the launcher counted them; see
+   :func:`psflow.train.inputs.check_inputs`), or None (not known).
+2. :meth:`Progress.update` for each reading. On a terminal (``out.isatty()``)
+   a tqdm bar: count, rate and, with a total, percentage and ETA. Otherwise
+   one line each::
+
+       psflow: global_step 150 | 37,578 examples/s | loss 0.3272 | 10.2 s | 77% | ETA 3 s
+
+   The rate is the interval's since the last reading; the ETA uses the
+   average rate since training began (the last reading that saw nothing done).
+3. :meth:`Progress.close` with the run's metrics (``metrics.json``): the last
+   line gives the run's own ``examples_per_sec`` (exactly-once examples / wall
+   seconds), never the rate of an interval that may be empty. With None (the
+   run failed) the bar is ended and nothing more is printed. Idempotent.
+
+Not thread-safe: one thread (the launcher's watch loop) calls it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TextIO
+
+__all__ = ["Progress", "ProgressTotal", "progress_total"]
+
+
+@dataclass(frozen=True)
+class ProgressTotal:
+    """Where a run ends: ``count`` global steps, or ``count`` examples (exactly-once, all epochs)."""
+
+    count: int
+    unit: Literal["steps", "examples"]
+
+
+def progress_total(*, max_steps: int | None, epochs: int | None, records: int | None) -> ProgressTotal | None:
+    """The run's end for the bar: ``max_steps`` global steps when set, else ``epochs`` x ``records``
+    examples when both are known, else None."""
+    if max_steps is not None and max_steps > 0:
+        return ProgressTotal(max_steps, "steps")
+    if records is not None and records > 0 and epochs is not None:
+        return ProgressTotal(records * epochs, "examples")
+    return None
+
+
+class Progress:
+    """Prints a run's progress to ``out``; see the module docstring.
+
+    Args:
+        out: the console stream (stderr).
+        total: the run's end, or None.
+        bar: a tqdm bar (True) or plain lines (False); default: a bar when ``out`` is a terminal.
+        started: the run's start on ``clock`` (default: now), for elapsed times.
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, out: TextIO, total: ProgressTotal | None = None, *, bar: bool | None = None,
+                 started: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.out = out
+        self.total = total
+        self._clock = clock
+        self._started = clock() if started is None else started
+        self._last = (self._started, 0)  # (time, examples) of the last reading: the interval's rate
+        self._origin = (self._started, 0)  # (time, value) when training began: the ETA's rate
+        self._last_value = 0
+        self._loss: float | None = None
+        self._step: int | None = None
+        self._answered = False
+        self._closed = False
+        self._bar: Any = None
+        if bar if bar is not None else _is_terminal(out):
+            from tqdm import tqdm
+
+            unit = total.unit if total is not None else "examples"
+            self._bar = tqdm(total=total.count if total is not None else None, unit=" " + unit, unit_scale=True,
+                             file=out, desc="psflow", dynamic_ncols=True, leave=True, mininterval=0.0,
+                             smoothing=0.3)
+
+    def update(self, stats: Mapping[str, Any]) -> None:
+        """One reading of the cluster's counters (``global_step``, ``examples``, ``loss_ema``)."""
+        if self._closed:
+            return
+        now = self._clock()
+        self._answered = True
+        step, examples = stats.get("global_step"), int(stats.get("examples") or 0)
+        self._step = step if isinstance(step, int) else self._step
+        loss = stats.get("loss_ema")
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            self._loss = float(loss)
+        value = self._value(examples)
+        if value <= self._last_value:
+            self._origin = (now, value)  # nothing done since the last reading (starting, restoring): not yet
+        self._last_value = value
+        rate = (examples - self._last[1]) / max(now - self._last[0], 1e-9)
+        self._last = (now, examples)
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"global_step {self._step} | loss {self._loss_text()}", refresh=False)
+            self._bar.update(self._bar_value(value) - self._bar.n)
+            return
+        text = f"psflow: global_step {self._step} | {rate:,.0f} examples/s" if examples else \
+            f"psflow: global_step {self._step} | starting"
+        text += f" | loss {self._loss_text()} | {now - self._started:.1f} s"
+        if self.total is not None:
+            text += f" | {min(100.0, 100.0 * value / self.total.count):.0f}%{self._eta(now, value, self.total)}"
+        self.write(text)
+
+    def unavailable(self, error: Exception) -> None:
+        """A reading failed. Before the first answer the ps tasks are still starting: nothing is printed."""
+        if self._answered and not self._closed:
+            self.write(f"psflow: progress unavailable: {error}")
+
+    def write(self, line: str) -> None:
+        """Prints ``line`` above the bar (or as a plain line)."""
+        if self._bar is not None:
+            self._bar.write(line, file=self.out)
+        else:
+            print(line, file=self.out, flush=True)
+
+    def close(self, metrics: Mapping[str, Any] | None) -> None:
+        """Ends the bar; with ``metrics`` (a finished run's), prints the last line from them. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._bar is not None:
+            if metrics is not None:
+                step = metrics.get("global_step")
+                self._step = step if isinstance(step, int) else self._step
+                self._bar.set_postfix_str(f"global_step {self._step} | loss {self._loss_text()}", refresh=False)
+                self._bar.update(self._bar_value(self._value(int(metrics.get("examples") or 0))) - self._bar.n)
+            self._bar.close()
+        if metrics is not None:
+            print(self.final_line(metrics), file=self.out, flush=True)
+
+    def final_line(self, metrics: Mapping[str, Any]) -> str:
+        """``psflow: done: global_step S | N examples in T s | R examples/s | loss L`` from ``metrics``."""
+        examples = int(metrics.get("examples") or 0)
+        wall = float(metrics.get("wall_seconds") or 0.0)
+        rate = metrics.get("examples_per_sec")
+        rate = float(rate) if isinstance(rate, (int, float)) else examples / max(wall, 1e-9)
+        return (f"psflow: done: global_step {metrics.get('global_step')} | {examples:,} examples in {wall:.1f} s | "
+                f"{rate:,.0f} examples/s | loss {self._loss_text()}")
+
+    def _value(self, examples: int) -> int:
+        """The reading in the total's unit (examples without a total)."""
+        if self.total is not None and self.total.unit == "steps":
+            return self._step if self._step is not None else 0
+        return examples
+
+    def _bar_value(self, value: int) -> int:
+        return min(value, self.total.count) if self.total is not None else value
+
+    def _eta(self, now: float, value: int, total: ProgressTotal) -> str:
+        done = value - self._origin[1]
+        if done <= 0 or now <= self._origin[0] or value >= total.count:
+            return ""
+        seconds = (total.count - value) / (done / (now - self._origin[0]))
+        return f" | ETA {_duration(seconds)}"
+
+    def _loss_text(self) -> str:
+        return f"{self._loss:.4f}" if self._loss is not None else "n/a"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _is_terminal(out: TextIO) -> bool:
+    """A terminal with a width (a pseudo-terminal of 0 columns gets plain lines: a bar would not show)."""
+    try:
+        return out.isatty() and os.get_terminal_size(out.fileno()).columns > 0
+    except (AttributeError, ValueError, OSError):  # a closed or minimal stream
+        return False

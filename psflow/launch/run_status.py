@@ -1,0 +1,157 @@
+"""Who serves the status page: the local launcher, or the chief under ``psflow server``.
+
+The chief under ``psflow server`` (:func:`chief_status_page`) knows no
+processes: its page shows what pings, ``Stats`` and the chief's own summaries
+say (a task's pid changing counts as a restart), served from the chief's
+process on ``--status-host``/``--status-port`` for as long as it runs.
+
+
+:class:`LauncherStatus` is what ``run_local`` holds for one run: it starts the
+collector and the HTTP server (printing ``psflow: status http://127.0.0.1:PORT/``)
+before any task starts, tells the collector each task process's pid, exit and
+restarts (with a death-and-restart history per task), and the faults, restarts
+and hangs of :mod:`psflow.launch.resilience`. At the end it takes the final
+counters from the same ``Stats`` metrics.json is written from, writes
+``status.json`` and ``metrics.prom`` (the final ``/metrics``, in the text
+format Prometheus' node-exporter textfile collector reads) into the run
+directory, and stops serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from psflow.cluster import ClusterSpec
+from psflow.launch.status import ProcessInfo, StatusCollector
+from psflow.launch.status_http import StatusConfig, StatusServer, prometheus_text
+from psflow.launch.supervisor import describe_exit
+from psflow.train.chief import is_chief
+from psflow.train.config import TrainConfig
+
+__all__ = ["ChiefStatusPage", "LauncherStatus", "METRICS_FILE", "chief_status_page"]
+
+log = logging.getLogger("psflow.launch.status")
+
+METRICS_FILE = "metrics.prom"
+
+
+class LauncherStatus:
+    """The status page of one local run (``lc``: a :class:`~psflow.launch.local.LocalCluster`)."""
+
+    def __init__(self, config: TrainConfig, lc: Any, output_dir: str, status: StatusConfig,
+                 out: TextIO | None) -> None:
+        """Starts sampling and serving at once (the tasks may not be up yet: they show as starting).
+
+        Raises:
+            ConfigError: the page's address cannot be bound, or needs a token it would not have.
+        """
+        self._lc = lc
+        self._output_dir = output_dir
+        run = {"run_dir": os.path.abspath(output_dir), "run_id": config.run_id, "mode": config.mode,
+               "replication": config.replication, "model": config.model, "num_ps": config.num_ps,
+               "num_workers": config.num_workers}
+        self.collector = StatusCollector(lc.cluster, token=lc.token, run=run, interval=status.interval,
+                                         run_dir=output_dir, summary_dir=config.summary_dir,
+                                         checkpoints=bool(config.checkpoint_dir), processes=self._processes,
+                                         events=self._events)
+        try:
+            self.server = StatusServer(self.collector, host=status.host, port=status.port, token=lc.token)
+        except BaseException:
+            self.collector.stop()
+            raise
+        self.collector.start()
+        self.server.start()
+        print(f"psflow: status {self.server.url}", file=out, flush=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def _processes(self) -> dict[str, ProcessInfo]:
+        resilience = self._lc.resilience
+        supervisor = resilience.supervisor if resilience is not None else None
+        events = list(supervisor.events) if supervisor is not None else []
+        out: dict[str, ProcessInfo] = {}
+        for t in list(self._lc.tasks):  # a restarted task's process replaces the old one in the list
+            history: list[dict[str, Any]] = []
+            for e in events:
+                if e.task != t.name:
+                    continue
+                history.append({"time": e.time, "event": "dead", "detail": f"pid {e.pid} {e.exit}"})
+                if e.new_pid is not None:
+                    history.append({"time": e.restarted_at, "event": "restarted", "detail": f"pid {e.new_pid}"})
+            code = t.exit_code
+            if code is None:
+                state, exit_ = "running", None
+            elif code == 0:
+                state, exit_ = "finished", "exited 0"
+            else:
+                exit_ = describe_exit(code)
+                state = "restarting" if supervisor is not None and supervisor.scheduled(t.name) else "dead"
+            restarts = supervisor.restarts.get(t.name, 0) if supervisor is not None else 0
+            out[t.name] = ProcessInfo(t.pid, state, exit_, restarts, history)
+        return out
+
+    def _events(self) -> Mapping[str, Any]:
+        resilience = self._lc.resilience
+        return resilience.metrics() if resilience is not None else {}
+
+    def set_phase(self, phase: str) -> None:
+        self.collector.set_phase(phase)
+
+    def finish(self, ps_stats: list[dict[str, Any]], metrics: Mapping[str, Any]) -> None:
+        """The run trained and evaluated: final numbers (those of metrics.json) and ``metrics.prom``."""
+        self.collector.finish(ps_stats, metrics)
+        path = os.path.join(self._output_dir, METRICS_FILE)
+        try:
+            with open(path + ".tmp", "wb") as f:
+                f.write(prometheus_text(self.collector))
+            os.replace(path + ".tmp", path)
+        except OSError as e:
+            log.warning("could not write %s: %s", path, e)
+
+    def close(self, phase: str | None = None) -> None:
+        """Stops serving and sampling (``phase``: failed, interrupted ... if the run did not finish)."""
+        if phase is not None:
+            self.collector.set_phase(phase)
+        self.server.close()
+        self.collector.stop()
+
+
+class ChiefStatusPage:
+    """The status page served by the chief's process under ``psflow server``."""
+
+    def __init__(self, collector: StatusCollector, server: StatusServer) -> None:
+        self.collector, self.server = collector, server
+
+    def close(self) -> None:
+        self.server.close()
+        self.collector.stop()
+
+
+def chief_status_page(cluster: ClusterSpec, job: str, index: int, config: TrainConfig, *, token: str | None,
+                      status: StatusConfig) -> ChiefStatusPage | None:
+    """Starts the page if ``/job:<job>/task:<index>`` is the cluster's chief (None otherwise).
+
+    Logs ``psflow: status URL`` on stderr. Raises ConfigError as :class:`StatusServer`.
+    """
+    if not is_chief(cluster, job, index):
+        return None
+    run = {"mode": config.mode, "replication": config.replication, "model": config.model, "run_id": config.run_id,
+           "num_ps": cluster.num_tasks("ps"), "num_workers": cluster.num_tasks("worker"), "phase": "training",
+           "served_by": f"/job:{job}/task:{index}"}
+    collector = StatusCollector(cluster, token=token, run=run, interval=status.interval,
+                                summary_dir=config.summary_dir, checkpoints=bool(config.checkpoint_dir))
+    try:
+        server = StatusServer(collector, host=status.host, port=status.port, token=token)
+    except BaseException:
+        collector.stop()
+        raise
+    collector.start()
+    server.start()
+    print(f"psflow: status {server.url}", file=sys.stderr, flush=True)
+    return ChiefStatusPage(collector, server)

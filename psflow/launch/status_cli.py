@@ -1,0 +1,185 @@
+"""``psflow status RUN_DIR_OR_URL``: the status page's picture of a run, in a terminal.
+
+A URL (``http://127.0.0.1:PORT/``, as ``psflow train`` prints it) is asked for
+``api/status`` (with ``PSFLOW_TOKEN`` as a bearer token when it is set); a run
+directory is read from its ``status.json``, which the launcher keeps current
+while the run lasts and leaves behind when it ends. ``--watch S`` redraws every
+S seconds until Ctrl-C. Reads only; never changes the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any, TextIO
+
+from psflow.launch.status import STATUS_FILE
+from psflow.launch.status_http import StatusConfig
+
+__all__ = ["StatusError", "add_status_parser", "fetch_status", "render_status", "run_status", "status_config"]
+
+_TOKEN_ENV = "PSFLOW_TOKEN"
+
+
+class StatusError(Exception):
+    """The run's status could not be read (names the directory or URL and why)."""
+
+
+def add_status_parser(sub: Any) -> None:
+    p = sub.add_parser("status", help="show a run's status (its run directory, or the URL psflow train printed)")
+    p.add_argument("target", metavar="RUN_DIR_OR_URL")
+    p.add_argument("--watch", type=float, metavar="S", help="redraw every S seconds until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="print the snapshot as JSON instead")
+
+
+def status_config(args: argparse.Namespace) -> StatusConfig:
+    """The status page settings of ``psflow train`` / ``psflow server`` flags."""
+    return StatusConfig(enabled=not args.no_status, host=args.status_host, port=args.status_port)
+
+
+def fetch_status(target: str, *, timeout: float = 5.0) -> dict[str, Any]:
+    """The snapshot of a run directory or a status URL.
+
+    Raises:
+        StatusError: nothing readable there (names it and why).
+    """
+    if target.startswith(("http://", "https://")):
+        url = target.rstrip("/") + "/api/status"
+        request = urllib.request.Request(url)
+        token = os.environ.get(_TOKEN_ENV)
+        if token:
+            request.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310 - the user's own URL
+                data = json.loads(reply.read())
+        except urllib.error.HTTPError as e:
+            hint = f" (set {_TOKEN_ENV})" if e.code == 401 else ""
+            raise StatusError(f"{url}: HTTP {e.code} {e.reason}{hint}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise StatusError(f"{url}: cannot reach the status page ({reason}); has the run ended? "
+                              "Its run directory keeps status.json") from None
+        except ValueError as e:
+            raise StatusError(f"{url}: not a psflow status reply ({e})") from None
+    else:
+        path = os.path.join(target, STATUS_FILE) if os.path.isdir(target) else target
+        if not os.path.exists(path):
+            raise StatusError(f"{target}: no {STATUS_FILE} (not a psflow run directory, or a run started "
+                              "with --no-status or --in-process)")
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as e:
+            raise StatusError(f"{path}: unreadable ({e})") from None
+    if not isinstance(data, dict) or "tasks" not in data:
+        raise StatusError(f"{target}: not a psflow status snapshot")
+    return data
+
+
+def _num(x: Any, digits: int | None = None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and digits is not None:
+        return f"{x:.{digits}f}"
+    if isinstance(x, (int, float)):
+        return f"{x:,.0f}"
+    return str(x)
+
+
+def _bytes(x: Any) -> str:
+    if not isinstance(x, (int, float)):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(x) < 1024 or unit == "GiB":
+            return f"{x:.0f} {unit}" if unit == "B" else f"{x:.1f} {unit}"
+        x /= 1024
+    return str(x)
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def render_status(s: dict[str, Any]) -> str:
+    """The snapshot as text: headline, tasks, ps tasks, sync/staleness, faults, checkpoints."""
+    run = s.get("run", {})
+    auc = (s.get("eval") or {}).get("auc")
+    if auc is None and s.get("scalars", {}).get("eval/auc"):
+        auc = s["scalars"]["eval/auc"][-1][1]
+    lines = [
+        f"run {run.get('run_dir', '')}: {run.get('phase', '?')} after {_num(run.get('elapsed'), 1)} s "
+        f"({run.get('mode', '?')}, {run.get('replication', '?')}, model {run.get('model', '?')})",
+        f"global_step {_num(s.get('global_step'))} | examples {_num(s.get('examples'))} | "
+        f"{_num(s.get('examples_per_sec'))} examples/s | loss {_num(s.get('loss'), 4)} | eval AUC {_num(auc, 4)}",
+        "",
+    ]
+    now = s.get("time") or time.time()
+    rows = [["task", "host", "pid", "state", "heartbeat", "restarts", "generation", "deaths and restarts"]]
+    for t in s.get("tasks", []):
+        state = t["state"] + (f" ({t['exit']})" if t.get("exit") and t["state"] != "up" else "")
+        beat = "never" if t.get("last_heartbeat") is None else f"{now - t['last_heartbeat']:.1f} s ago"
+        history = " -> ".join(f"{h['event']} ({h.get('detail', '')})" for h in t.get("history", []))
+        rows.append([t["task"], t.get("host", ""), _num(t.get("pid")), state, beat, _num(t.get("restarts")),
+                     _num(t.get("generation")), history])
+    lines += _table(rows)
+    if s.get("ps"):
+        lines.append("")
+        rows = [["ps task", "pushes/s", "pulls/s", "bytes in/s", "bytes out/s", "apply s/s", "pushes", "variables"]]
+        for p in s["ps"]:
+            r = p.get("rates", {})
+            rows.append([p["task"], _num(r.get("pushes_per_sec")), _num(r.get("pulls_per_sec")),
+                         _bytes(r.get("bytes_in_per_sec")), _bytes(r.get("bytes_out_per_sec")),
+                         _num(r.get("apply_seconds_per_sec"), 3), _num(p.get("pushes")), _bytes(p.get("parameter_bytes"))])
+        lines += _table(rows)
+    lines.append("")
+    sync = s.get("sync")
+    if sync is not None:
+        if sync.get("waiting_for"):
+            lines.append(f"sync: step has gradients from {', '.join(sync['contributed']) or 'nobody'}; waiting "
+                         f"{_num(sync.get('waiting_seconds'), 1)} s for {', '.join(sync['waiting_for'])}")
+        else:
+            lines.append(f"sync: no step waiting; {_num(sync.get('steps_applied'))} steps applied, "
+                         f"{_num(sync.get('stale_dropped'))} stale gradients dropped")
+    histogram = s.get("staleness_histogram") or {}
+    if histogram:
+        lines.append("staleness (steps: pushes): " + ", ".join(f"{k}: {v}" for k, v in
+                                                               sorted(histogram.items(), key=lambda kv: int(kv[0]))))
+    for f in s.get("faults", []):
+        recovery = "not recovered" if f.get("recovery_seconds") is None else f"recovered in {f['recovery_seconds']:.2f} s"
+        lines.append(f"fault: {f['spec']}: {f['signal']} to {f['task']} (pid {f['pid']}) at step {f['at_step']}; "
+                     f"{recovery}")
+    for r in s.get("restarts", []):
+        lines.append(f"death: {r['task']} (pid {r['pid']}) {r['exit']}: {r['decision']}")
+    for h in s.get("hangs", []):
+        lines.append(f"hang: {h}")
+    c = s.get("checkpoints")
+    if c is not None:
+        newest = f"; newest at step {c['last_saved_step']}: {c['last_saved_path']}" \
+            if c.get("last_saved_step") is not None else ""
+        lines.append(f"checkpoints: {_num(c.get('saved'))} saved, {_num(c.get('failed'))} failed{newest}")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``psflow status``; returns the exit status.
+
+    Raises:
+        StatusError: the target holds no readable status.
+    """
+    out = out or sys.stdout
+    while True:
+        snapshot = fetch_status(args.target)
+        text = json.dumps(snapshot, indent=1) + "\n" if args.json else render_status(snapshot)
+        if args.watch and out.isatty():
+            out.write("\x1b[H\x1b[2J")
+        out.write(text)
+        out.flush()
+        if not args.watch:
+            return 0
+        time.sleep(args.watch)

@@ -1,0 +1,305 @@
+"""The status page's HTTP server: the page, its JSON, and ``/metrics`` for Prometheus.
+
+Routes (GET and HEAD only; anything else is answered 405):
+
+``/``             the status page (plain HTML, a little JavaScript and CSS, served
+                  from the package: nothing is loaded from elsewhere)
+``/api/status``   the newest snapshot (:mod:`psflow.launch.status`) as JSON
+``/metrics``      the same numbers in Prometheus' text format, written by the
+                  Prometheus client library; labels ``job`` and ``task``
+
+Read-only: nothing served changes the run. Bound to 127.0.0.1 by default; bound
+to any other address it requires the cluster token, as ``Authorization: Bearer
+TOKEN`` (what a Prometheus scrape config sends) or, for a browser, once as
+``/?token=TOKEN``, which sets a cookie for the page's own requests. A request
+without it gets 401 and nothing else.
+
+Metrics (counters end in ``_total``; all values from the same snapshot):
+
+==========================================  ===========================================
+``psflow_global_step``                      global_step (gauge)
+``psflow_examples_total``                   examples trained, each record once per epoch
+``psflow_examples_per_second``              over the last sample
+``psflow_loss``                             the cluster's moving-average loss
+``psflow_eval_auc``                         newest ``eval/auc`` summary (or the final eval)
+``psflow_task_up{job,task}``                1 if the task answered its last ping
+``psflow_task_restarts_total{job,task}``
+``psflow_ps_pushes_total{job,task}``        and ``_pulls_total``, ``_received_bytes_total``,
+                                            ``_sent_bytes_total``, ``_apply_seconds_total``,
+                                            ``_rows_pulled_total``, ``_rows_pushed_total``
+``psflow_ps_parameter_bytes{job,task}``
+``psflow_gradient_staleness``               histogram of async pushes' staleness (steps)
+``psflow_sync_waiting_workers``             workers the sync step being collected waits for
+``psflow_faults_total``, ``psflow_checkpoints_saved_total``, ``psflow_checkpoints_failed_total``
+==========================================  ===========================================
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.server
+import importlib.resources
+import ipaddress
+import logging
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from psflow import jsonio
+from psflow.launch.status import StatusCollector
+from psflow.train.config import ConfigError
+
+__all__ = ["StatusConfig", "StatusServer", "prometheus_text", "is_loopback"]
+
+log = logging.getLogger("psflow.launch.status")
+
+_PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/index.html": ("index.html", "text/html; charset=utf-8"),
+               "/status.js": ("status.js", "text/javascript; charset=utf-8"),
+               "/status.css": ("status.css", "text/css; charset=utf-8")}
+_COOKIE = "psflow_token"
+
+
+@dataclass(frozen=True)
+class StatusConfig:
+    """Where a launcher (or the chief under ``psflow server``) serves the status page.
+
+    Attributes:
+        enabled: serve it at all (``--no-status`` turns it off).
+        host: address to bind (127.0.0.1; any other requires the cluster token).
+        port: port to bind (0: a free one, printed at start).
+        interval: seconds between samples of the cluster.
+    """
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 0
+    interval: float = 1.0
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is reachable only from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _page(name: str) -> bytes:
+    return importlib.resources.files("psflow.launch").joinpath("status_page", name).read_bytes()
+
+
+class _Metrics:
+    """A Prometheus collector over the newest snapshot (registered in a registry of its own)."""
+
+    def __init__(self, collector: StatusCollector) -> None:
+        self._collector = collector
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        s = self._collector.snapshot()
+
+        def gauge(name: str, doc: str, value: Any) -> Iterator[Any]:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield GaugeMetricFamily(name, doc, value=float(value))
+
+        yield from gauge("psflow_global_step", "global_step of the run (ps task 0)", s.get("global_step"))
+        if isinstance(s.get("examples"), int):
+            yield CounterMetricFamily("psflow_examples", "examples trained, each record counted once per epoch",
+                                      value=float(s["examples"]))
+        yield from gauge("psflow_examples_per_second", "examples per second over the last sample",
+                         s.get("examples_per_sec"))
+        yield from gauge("psflow_loss", "the cluster's moving-average training loss", s.get("loss"))
+        auc = _newest(s.get("scalars", {}).get("eval/auc"))
+        if isinstance(s.get("eval"), dict) and s["eval"].get("auc") is not None:
+            auc = s["eval"]["auc"]
+        yield from gauge("psflow_eval_auc", "newest eval AUC", auc)
+        up = GaugeMetricFamily("psflow_task_up", "1 if the task answered its last ping", labels=["job", "task"])
+        restarts = CounterMetricFamily("psflow_task_restarts", "restarts of the task's process", labels=["job", "task"])
+        for t in s.get("tasks", []):
+            labels = [t["job"], str(t["index"])]
+            up.add_metric(labels, 1.0 if t.get("state") == "up" else 0.0)
+            restarts.add_metric(labels, float(t.get("restarts") or 0))
+        yield up
+        yield restarts
+        counters = (("pushes", "pushes", "push requests"), ("pulls", "pulls", "pull requests"),
+                    ("received_bytes", "bytes_in", "bytes of pushed gradients received"),
+                    ("sent_bytes", "bytes_out", "bytes of pulled rows sent"),
+                    ("apply_seconds", "apply_seconds", "seconds spent applying async pushes"),
+                    ("rows_pulled", "rows_pulled", "rows pulled"), ("rows_pushed", "rows_pushed", "rows pushed"))
+        for name, key, doc in counters:
+            family = CounterMetricFamily(f"psflow_ps_{name}", f"{doc}, per ps task", labels=["job", "task"])
+            for row in s.get("ps", []):
+                if isinstance(row.get(key), (int, float)):
+                    family.add_metric(["ps", str(row["index"])], float(row[key]))
+            yield family
+        params = GaugeMetricFamily("psflow_ps_parameter_bytes", "bytes of variables and slots held",
+                                   labels=["job", "task"])
+        for row in s.get("ps", []):
+            if isinstance(row.get("parameter_bytes"), (int, float)):
+                params.add_metric(["ps", str(row["index"])], float(row["parameter_bytes"]))
+        yield params
+        histogram = {int(k): int(v) for k, v in (s.get("staleness_histogram") or {}).items()}
+        if histogram:
+            buckets, running = [], 0
+            for staleness in sorted(histogram):
+                running += histogram[staleness]
+                buckets.append((str(float(staleness)), float(running)))
+            buckets.append(("+Inf", float(running)))
+            yield HistogramMetricFamily("psflow_gradient_staleness", "staleness (steps) of applied async pushes",
+                                        buckets=buckets, sum_value=float(sum(k * v for k, v in histogram.items())))
+        if s.get("sync") is not None:
+            yield GaugeMetricFamily("psflow_sync_waiting_workers", "workers the sync step being collected waits for",
+                                    value=float(len(s["sync"].get("waiting_for") or [])))
+        yield CounterMetricFamily("psflow_faults", "faults injected (--chaos)", value=float(len(s.get("faults", []))))
+        ledger = s.get("checkpoints")
+        if ledger is not None:
+            yield CounterMetricFamily("psflow_checkpoints_saved", "checkpoints saved",
+                                      value=float(ledger.get("saved") or 0))
+            yield CounterMetricFamily("psflow_checkpoints_failed", "checkpoint saves that failed",
+                                      value=float(ledger.get("failed") or 0))
+
+
+def _newest(points: Any) -> float | None:
+    return float(points[-1][1]) if points else None
+
+
+def prometheus_text(collector: StatusCollector) -> bytes:
+    """The newest snapshot in Prometheus' text exposition format."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Metrics(collector))
+    return bytes(generate_latest(registry))
+
+
+class StatusServer:
+    """Serves the status page of one :class:`StatusCollector` on its own daemon threads."""
+
+    def __init__(self, collector: StatusCollector, *, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None) -> None:
+        """Binds ``host:port`` (0: a free port); serves nothing until :meth:`start`.
+
+        Raises:
+            ConfigError: ``host`` is not a loopback address and there is no token to require,
+                or the address cannot be bound (names it).
+        """
+        if not is_loopback(host) and not token:
+            raise ConfigError(f"--status-host {host}: a status page on an address other than loopback requires the "
+                              "cluster token (PSFLOW_TOKEN); without one, keep it on 127.0.0.1")
+        self.collector = collector
+        self._token = token if not is_loopback(host) else None
+        handler = _handler(self)
+        try:
+            self._httpd = http.server.ThreadingHTTPServer((host, port), handler)
+        except OSError as e:
+            raise ConfigError(f"--status-port {port}: cannot serve the status page on {host}:{port}: "
+                              f"{e.strerror or e}") from None
+        self._httpd.daemon_threads = True
+        self.host, self.port = host, int(self._httpd.server_address[1])
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    def start(self) -> StatusServer:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                            name="psflow-status-http", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stops serving and closes the socket; idempotent."""
+        if self._thread is not None:
+            self._httpd.shutdown()
+            self._thread.join(timeout=5)
+            self._thread = None
+        self._httpd.server_close()
+
+    def authorized(self, headers: Any, query: dict[str, list[str]]) -> tuple[bool, str | None]:
+        """(allowed, token to set as a cookie)."""
+        if self._token is None:
+            return True, None
+        offered = []
+        auth = headers.get("Authorization") or ""
+        if auth.startswith("Bearer "):
+            offered.append(auth[len("Bearer "):].strip())
+        for part in (headers.get("Cookie") or "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == _COOKIE:
+                offered.append(value)
+        from_query = query.get("token", [])
+        offered += from_query
+        ok = any(hmac.compare_digest(o.encode(), self._token.encode()) for o in offered)
+        return ok, (self._token if ok and from_query else None)
+
+    def __enter__(self) -> StatusServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _handler(server: StatusServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version = "psflow-status"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+            log.debug("status http: " + format, *args)
+
+        def do_HEAD(self) -> None:  # noqa: N802 - the base class's naming
+            self._serve(head=True)
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._serve(head=False)
+
+        def _refuse(self) -> None:
+            self._reply(405, b"read-only: GET and HEAD only\n", "text/plain; charset=utf-8", extra={"Allow": "GET, HEAD"})
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+
+        def _serve(self, head: bool) -> None:
+            url = urllib.parse.urlsplit(self.path)
+            ok, cookie = server.authorized(self.headers, urllib.parse.parse_qs(url.query))
+            if not ok:
+                self._reply(401, b"the cluster token is required (Authorization: Bearer TOKEN, or ?token=TOKEN)\n",
+                            "text/plain; charset=utf-8", head=head, extra={"WWW-Authenticate": "Bearer"})
+                return
+            extra = {"Set-Cookie": f"{_COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path=/"} if cookie else {}
+            try:
+                if url.path in _PAGE_FILES:
+                    name, ctype = _PAGE_FILES[url.path]
+                    self._reply(200, _page(name), ctype, head=head, extra=extra)
+                elif url.path == "/api/status":
+                    body = jsonio.dumps(server.collector.snapshot()).encode()
+                    self._reply(200, body, "application/json", head=head, extra=extra)
+                elif url.path == "/metrics":
+                    from prometheus_client import CONTENT_TYPE_LATEST
+
+                    self._reply(200, prometheus_text(server.collector), CONTENT_TYPE_LATEST, head=head)
+                else:
+                    self._reply(404, b"not found\n", "text/plain; charset=utf-8", head=head)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def _reply(self, code: int, body: bytes, ctype: str, *, head: bool = False,
+                   extra: dict[str, str] | None = None) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+    return Handler

@@ -1,0 +1,176 @@
+"""Bad input gets one clear line and exit status 1: no traceback, no gRPC C-core log line (issue 16).
+
+Each case is a row of the README's "When something is wrong" table: the
+command, and the line it must print. Most are refused before any process
+starts; two are found by a worker (past the launcher's pre-check), and the
+launcher's failure report then shows the worker's one line. Nothing here
+depends on machine speed: every run is bounded by a timeout (the whole process
+group is killed past it), and none waits on a rate.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from support import run_cli
+
+from psflow.data import TFRecordWriter, encode_example
+from psflow.data.dataset import COUNT_BYTES
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+#: An absl/gRPC C-core log line: severity letter, MMDD, time (``E1125 03:25:25.220134 12509 add_port.cc:83]``,
+#: ``I0000 00:00:...`` before absl is initialized).
+GRPC_LOG_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
+GOOD = "1 3:1 11:1 14:1\n0 5:1 7:1 14:1\n" * 50  # 100 LIBSVM records
+TRAIN = ("--num-features", "124", "--ps", "1", "--workers", "1", "--quiet", "--no-status")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: ``args(tmp_path)`` is the command line after ``psflow``; ``line(tmp_path)`` what it prints."""
+
+    args: Callable[[Path], list[str]]
+    line: Callable[[Path], str]
+    worker: bool = False  # found by a worker: the failure report names it, its log holds the line
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def good(tmp: Path) -> str:
+    return write(tmp / "good.libsvm", GOOD)
+
+
+def train(tmp: Path, *args: str) -> list[str]:
+    return ["train", *TRAIN, "--output", str(tmp / "run"), *args]
+
+
+#: Wide records (~7 KB) for a malformed line past what the launcher reads before it starts tasks
+#: (COUNT_BYTES), with few records, and training steps, before it.
+WIDE = " ".join(f"{i}:1" for i in range(1, 1200))
+LATE_LINE = COUNT_BYTES // len(WIDE) + 150  # about 1 MB past COUNT_BYTES
+
+
+def late_bad_record(tmp: Path) -> str:
+    return write(tmp / "late.libsvm", "".join(f"{k % 2} {WIDE}\n" for k in range(LATE_LINE - 1)) + "1 x:2\n")
+
+
+def bad_crc_tfrecord(tmp: Path) -> str:
+    path = tmp / "bad.tfrecord"
+    with TFRecordWriter(str(path)) as writer:
+        for k in range(20):
+            writer.write(encode_example({"label": ("float32", [float(k % 2)]), "C1": ("int64", [k])}))
+    data = bytearray(path.read_bytes())
+    data[20] ^= 0xFF  # a byte of the first record's data: its CRC no longer matches
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
+CASES = {
+    "missing train file": Case(
+        lambda t: train(t, "--train", str(t / "nope.libsvm")),
+        lambda t: f"psflow train: error: --train: {t / 'nope.libsvm'}: no such file"),
+    "empty train file": Case(
+        lambda t: train(t, "--train", write(t / "empty.libsvm", "")),
+        lambda t: f"psflow train: error: --train {t / 'empty.libsvm'}: the file holds no libsvm records"),
+    "missing eval file": Case(
+        lambda t: train(t, "--train", good(t), "--eval", str(t / "nope.t")),
+        lambda t: f"psflow train: error: --eval: {t / 'nope.t'}: no such file"),
+    "malformed LIBSVM token, first record": Case(
+        lambda t: train(t, "--train", write(t / "bad.libsvm", "1 x:2\n" + GOOD)),
+        lambda t: f"psflow train: error: --train: {t / 'bad.libsvm'}:1: malformed token 'x:2' (want <id>:<value>)"),
+    "malformed LIBSVM token found by a worker": Case(
+        lambda t: train(t, "--train", late_bad_record(t), "--num-features", "2048", "--batch-size", "256"),
+        lambda t: f"{t / 'late.libsvm'}:{LATE_LINE}: malformed token 'x:2' (want <id>:<value>)",
+        worker=True),
+    "more bad records than --max-bad-records": Case(
+        lambda t: train(t, "--train", write(t / "bad2.libsvm", GOOD + "1 x:2\n1 y:3\n"), "--skip-bad-records",
+                        "--max-bad-records", "1"),
+        lambda t: f"2 bad records in one epoch exceeds max_bad_records=1; last: {t / 'bad2.libsvm'}:102: "
+                  "malformed token 'y:3' (want <id>:<value>)",
+        worker=True),
+    "TFRecord with a bad CRC": Case(
+        lambda t: train(t, "--train", bad_crc_tfrecord(t), "--format", "tfrecord", "--feature", "C1:int64:100"),
+        lambda t: f"psflow train: error: --train: {t / 'bad.tfrecord'}: record 0 at byte 0: data checksum mismatch"),
+    "negative --batch-size": Case(
+        lambda t: train(t, "--train", good(t), "--batch-size", "-5"),
+        lambda t: "psflow train: error: --batch-size must be >= 1, got -5"),
+    "--workers 0": Case(
+        lambda t: train(t, "--train", good(t), "--workers", "0"),
+        lambda t: "psflow train: error: --workers must be >= 1, got 0"),
+    "--ps 0": Case(
+        lambda t: train(t, "--train", good(t), "--ps", "0"),
+        lambda t: "psflow train: error: --ps must be >= 1, got 0"),
+    "unknown --model": Case(
+        lambda t: train(t, "--train", good(t), "--model", "nosuch"),
+        lambda t: "psflow train: error: unknown model 'nosuch': use one of"),
+    "unknown --optimizer": Case(
+        lambda t: train(t, "--train", good(t), "--optimizer", "nosuch"),
+        lambda t: "psflow train: error: argument --optimizer: invalid choice: 'nosuch'"),
+    "bad --feature spec": Case(
+        lambda t: train(t, "--train", good(t), "--format", "tfrecord", "--feature", "C1:int65"),
+        lambda t: "psflow train: error: schema: --feature 'C1:int65': unknown kind 'int65'"),
+    "schema file that does not parse": Case(
+        lambda t: train(t, "--train", good(t), "--format", "tfrecord", "--schema", write(t / "s.yaml", "label: [\n")),
+        lambda t: f"psflow train: error: schema: {t / 's.yaml'}: cannot parse schema: line 2, column 1: "
+                  "expected the node content, but found '<stream end>'"),
+    "missing schema file": Case(
+        lambda t: train(t, "--train", good(t), "--format", "tfrecord", "--schema", str(t / "nope.yaml")),
+        lambda t: f"psflow train: error: --schema {t / 'nope.yaml'}: cannot read it: No such file or directory"),
+    "--model-param NaN": Case(
+        lambda t: train(t, "--train", good(t), "--model-param", "dropout=NaN"),
+        lambda t: "psflow train: error: --model-param 'dropout=NaN': want a finite value"),
+}
+
+
+def check_one_line(stderr: str) -> None:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "GOAWAY" not in stderr and not GRPC_LOG_LINE.search(stderr), stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_gets_one_line(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    r = run_cli(*case.args(tmp_path), timeout=240)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert case.line(tmp_path) in r.stderr, r.stderr[-3000:]
+    check_one_line(r.stderr)
+    logs = tmp_path / "run" / "logs"
+    if not case.worker:
+        assert not list(logs.glob("*.log")), "a task was started"
+        return
+    # The report keeps its shape: the failed task (pid, exit status) as the root cause, its one line, the
+    # tasks stopped after it; the worker's log holds the line as an ERROR, without a traceback.
+    assert re.search(r"/job:worker/task:0 \(pid \d+\) exited with code 1: root cause; log: ", r.stderr), r.stderr
+    assert re.search(r"stopped /job:ps/task:0 \(pid \d+\) after the failure", r.stderr), r.stderr
+    assert "last lines of its log" not in r.stderr
+    worker_log = (logs / "worker-0.log").read_text()
+    assert "Traceback" not in worker_log and case.line(tmp_path) in worker_log, worker_log[-3000:]
+
+
+def test_a_port_in_use_for_psflow_server(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        cluster = tmp_path / "cluster.json"
+        cluster.write_text(f'{{"ps": ["127.0.0.1:{port}"], "worker": ["127.0.0.1:1"]}}')
+        r = run_cli("server", "--cluster", str(cluster), "--job", "ps", "--task", "0", "--insecure", timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert (f"psflow server: error: /job:ps/task:0: cannot listen on 127.0.0.1:{port}: port {port} is already in use"
+            in r.stderr), r.stderr[-3000:]
+    check_one_line(r.stderr)
+
+
+def test_verbose_shows_the_traceback_too(tmp_path: Path) -> None:
+    r = run_cli(*train(tmp_path, "--train", good(tmp_path), "--batch-size", "-5", "--verbose"), timeout=120)
+    assert r.returncode == 1
+    assert "Traceback" in r.stderr and r.stderr.rstrip().endswith("--batch-size must be >= 1, got -5"), r.stderr

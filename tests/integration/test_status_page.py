@@ -1,0 +1,289 @@
+"""The live status page, /metrics and ``psflow status`` during a real ``psflow train`` (issue 16, items 1-3).
+
+Real launcher and tasks on a9a; the page is read by headless Chromium (Debian's ``chromium``, started
+here, skipped where absent), ``/metrics`` by the Prometheus client's own parser. Waits are safety nets:
+every condition is polled, nothing depends on the machine's speed. Whatever a test started is ended by
+pid (the launcher, then any task process it left).
+"""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import A9A, A9A_T, REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+LIMIT = 120.0  # safety net, seconds
+
+
+def wait_until(condition: Callable[[], Any], what: str, limit: float = LIMIT) -> Any:
+    deadline = time.monotonic() + limit
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {limit:.0f} s (safety net): {what}")
+        time.sleep(0.1)
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return bytes(reply.read())
+
+
+class Run:
+    """One ``psflow train`` on a9a whose stderr goes to a file; knows its status URL."""
+
+    def __init__(self, out: Path, *extra: str) -> None:
+        self.out = out
+        self.stderr_path = out.parent / f"{out.name}.stderr"
+        cmd = [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--eval", str(A9A_T),
+               "--num-features", "124", "--ps", "2", "--workers", "2", "--output", str(out), *extra]
+        with open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                         cwd=str(REPO), start_new_session=True)
+        self.task_pids: set[int] = set()
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    def url(self) -> str:
+        found = wait_until(lambda: re.search(r"psflow: status (http://127\.0\.0\.1:\d+/)", self.stderr())
+                           or self.proc.poll() is not None, "the status URL printed")
+        assert found is not True, f"psflow train ended before printing its status URL:\n{self.stderr()}"
+        return str(found.group(1))
+
+    def status(self, url: str) -> dict[str, Any]:
+        snapshot: dict[str, Any] = json.loads(get(url + "api/status"))
+        self.task_pids.update(t["pid"] for t in snapshot["tasks"] if t.get("pid"))
+        return snapshot
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        for pid in self.task_pids:  # tasks follow a dead launcher within seconds; this only tidies up
+            try:
+                if b"psflow.launch.task" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+            except (OSError, ProcessLookupError):
+                pass
+
+
+@pytest.fixture
+def run_factory(tmp_path: Path) -> Iterator[Callable[..., Run]]:
+    runs: list[Run] = []
+
+    def start(name: str, *extra: str) -> Run:
+        runs.append(Run(tmp_path / name, *extra))
+        return runs[-1]
+
+    yield start
+    for r in runs:
+        r.close()
+
+
+# ---- the page in Chromium -----------------------------------------------------------------------
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def chromium(*args: str, cwd: Path) -> str:
+    """Runs headless Chromium once (its own process group, killed by pid past the limit); returns stdout."""
+    cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--no-first-run", "--disable-extensions", f"--user-data-dir={cwd / 'chromium-profile'}",
+           "--virtual-time-budget=4000", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            cwd=str(cwd), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return out.decode(errors="replace")
+
+
+class PageView(html.parser.HTMLParser):
+    """What the rendered page shows: the tiles by id, and each task row's data attributes and cells."""
+
+    def __init__(self, dom: str) -> None:
+        super().__init__()
+        self.values: dict[str, str] = {}
+        self.rows: dict[str, dict[str, Any]] = {}
+        self._id: str | None = None
+        self._row: dict[str, Any] | None = None
+        self._table: str | None = None
+        self.feed(dom)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "table":
+            self._table = a.get("id")
+        if a.get("id") in ("global-step", "examples", "phase"):
+            self._id = a["id"]
+            self.values[self._id] = ""
+        if tag == "tr" and self._table == "tasks" and a.get("data-task"):
+            self._row = {k: v for k, v in a.items()}
+            self._row["cells"] = []
+            self.rows[str(a["data-task"])] = self._row
+        if tag == "td" and self._row is not None:
+            self._row["cells"].append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("div", "span"):
+            self._id = None
+        if tag == "tr":
+            self._row = None
+
+    def handle_data(self, data: str) -> None:
+        if self._id is not None:
+            self.values[self._id] += data
+        if self._row is not None and self._row["cells"]:
+            self._row["cells"][-1] += data
+
+
+def step_shown(view: PageView) -> int:
+    return int(view.values["global-step"].replace(",", ""))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
+def test_the_live_page_in_chromium_lists_tasks_advances_and_shows_a_death_and_restart(
+        run_factory: Callable[..., Run], tmp_path: Path) -> None:
+    run = run_factory("run", "--batch-size", "32", "--epochs", "500", "--quiet", "--restart-policy", "on-failure")
+    url = run.url()
+    wait_until(lambda: (run.status(url).get("global_step") or 0) > 0, "training started")
+
+    first = PageView(chromium("--dump-dom", url, cwd=tmp_path))
+    tasks = {f"/job:{job}/task:{i}" for job in ("ps", "worker") for i in range(2)}
+    assert set(first.rows) == tasks, first.rows.keys()
+    assert all(r["data-state"] == "up" for r in first.rows.values()), first.rows
+    assert first.values["phase"] == "training"
+    shown = step_shown(first)
+    assert shown > 0
+
+    victim = next(t for t in run.status(url)["tasks"] if t["task"] == "/job:worker/task:1")
+    os.kill(victim["pid"], signal.SIGKILL)  # a task of the launcher this test started
+    wait_until(lambda: any(t["task"] == victim["task"] and t["restarts"] == 1 and t["state"] == "up"
+                           for t in run.status(url)["tasks"]), "the killed worker restarted and up again")
+    before = run.status(url)["global_step"]
+    wait_until(lambda: run.status(url)["global_step"] > before, "training goes on after the restart")
+
+    shot = tmp_path / "status_page.png"
+    chromium(f"--screenshot={shot}", "--window-size=1400,1800", url, cwd=tmp_path)
+    assert shot.exists() and shot.stat().st_size > 10_000
+    keep = os.environ.get("PSFLOW_SCREENSHOT_DIR")
+    if keep:
+        shutil.copy(shot, Path(keep) / shot.name)
+
+    second = PageView(chromium("--dump-dom", url, cwd=tmp_path))
+    assert step_shown(second) > shown  # the counter advanced
+    row = second.rows[victim["task"]]
+    assert row["data-restarts"] == "1" and row["data-state"] == "up", row
+    history = row["cells"][-1]
+    # The row's history: the death (the old pid, how it ended), then the restart (the new pid).
+    assert re.search(rf"dead \(pid {victim['pid']} was killed by signal SIGKILL\).*restarted \(pid \d+\)", history), history
+    assert str(victim["pid"]) not in row["cells"][2]  # the pid column shows the new process
+    assert set(second.rows) == tasks
+
+
+# ---- /metrics and psflow status -----------------------------------------------------------------
+def parse_metrics(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_metrics_parse_during_the_run_and_agree_with_metrics_json_at_the_end(
+        run_factory: Callable[..., Run]) -> None:
+    pytest.importorskip("prometheus_client")
+    run = run_factory("run", "--batch-size", "64", "--epochs", "3", "--quiet")
+    url = run.url()
+    scraped = wait_until(lambda: (m := parse_metrics(get(url + "metrics").decode())).get("psflow_global_step")
+                         and m["psflow_global_step"][()] > 0 and m, "a scrape during training")
+    labels = {dict(k)["job"] + dict(k)["task"] for k in scraped["psflow_task_up"]}
+    assert labels == {"ps0", "ps1", "worker0", "worker1"}
+    assert set(scraped["psflow_ps_pushes_total"]) == {(("job", "ps"), ("task", "0")), (("job", "ps"), ("task", "1"))}
+    assert run.proc.wait(timeout=LIMIT) == 0, run.stderr()
+    metrics = json.loads((run.out / "metrics.json").read_text())
+    final = parse_metrics((run.out / "metrics.prom").read_text())  # the last /metrics of the run
+    assert final["psflow_global_step"][()] == metrics["global_step"]
+    assert final["psflow_examples_total"][()] == metrics["examples"] == 3 * 32_561
+    assert final["psflow_eval_auc"][()] == pytest.approx(metrics["eval"]["auc"])
+    for ps in metrics["ps"]:
+        key = (("job", "ps"), ("task", ps["task"].rsplit(":", 1)[1]))
+        assert final["psflow_ps_pushes_total"][key] == ps["pushes"]
+        assert final["psflow_ps_pulls_total"][key] == ps["pulls"]
+        assert final["psflow_ps_received_bytes_total"][key] == ps["bytes_in"]
+        assert final["psflow_ps_sent_bytes_total"][key] == ps["bytes_out"]
+    staleness = final["psflow_gradient_staleness_count"][()]
+    assert staleness == sum(metrics["ps"][0]["staleness_histogram"].values())
+
+    # psflow status on the finished run's directory: the same picture, from status.json.
+    shown = subprocess.run([sys.executable, "-m", "psflow", "status", str(run.out)], capture_output=True, text=True,
+                           timeout=60, cwd=str(REPO))
+    assert shown.returncode == 0, shown.stderr
+    assert f"global_step {metrics['global_step']:,}" in shown.stdout and "finished" in shown.stdout
+    for task in ("/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0", "/job:worker/task:1"):
+        assert task in shown.stdout
+
+
+def test_the_chief_under_psflow_server_serves_the_page(tmp_path: Path) -> None:
+    from psflow.launch.ports import free_ports
+
+    ports = free_ports(3)
+    cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}", f"127.0.0.1:{ports[2]}"]}
+    base = dict(os.environ, PSFLOW_TOKEN="status-server-token")
+    train = ["--train", str(A9A), "--num-features", "124", "--batch-size", "32", "--epochs", "500"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for job, index, extra in [("ps", 0, []), ("worker", 0, train), ("worker", 1, train)]:
+            env = dict(base, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
+            with open(tmp_path / f"{job}{index}.log", "wb") as log:
+                procs.append(subprocess.Popen([sys.executable, "-m", "psflow", "server", *extra], stdout=log,
+                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                              cwd=str(REPO)))
+        chief_log = tmp_path / "worker0.log"
+        found = wait_until(lambda: re.search(r"psflow: status (http://127\.0\.0\.1:\d+/)", chief_log.read_text()),
+                           "the chief printed its status URL")
+        url = found.group(1)
+        assert "psflow: status" not in (tmp_path / "worker1.log").read_text()  # only the chief serves it
+
+        def training() -> dict[str, Any] | None:
+            s: dict[str, Any] = json.loads(get(url + "api/status"))
+            up = all(t["state"] == "up" for t in s["tasks"])
+            return s if up and (s.get("global_step") or 0) > 0 else None
+
+        snapshot = wait_until(training, "every task up and training on the chief's page")
+        assert [t["task"] for t in snapshot["tasks"]] == ["/job:ps/task:0", "/job:worker/task:0", "/job:worker/task:1"]
+        assert snapshot["run"]["served_by"] == "/job:worker/task:0"
+        assert {t["pid"] for t in snapshot["tasks"]} == {p.pid for p in procs}
+        scraped = parse_metrics(get(url + "metrics").decode())
+        assert scraped["psflow_ps_pushes_total"][(("job", "ps"), ("task", "0"))] > 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)

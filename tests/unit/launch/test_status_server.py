@@ -1,0 +1,133 @@
+"""The status page's server: read-only, loopback by default, the cluster token elsewhere; ``psflow status``.
+
+The collector here watches a cluster whose ports nobody serves (free ports, closed again): every task
+shows as never answered, which is all these tests need; the page over a real run is
+tests/integration/test_status_page.py.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from psflow.cluster import ClusterSpec
+from psflow.launch.cli import main
+from psflow.launch.ports import free_ports
+from psflow.launch.status import StatusCollector
+from psflow.launch.status_cli import StatusError, fetch_status, render_status
+from psflow.launch.status_http import StatusServer, is_loopback, prometheus_text
+from psflow.train.config import ConfigError
+
+TOKEN = "status-token-0123"
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Iterator[StatusCollector]:
+    ports = free_ports(3)
+    cluster = ClusterSpec({"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{p}" for p in ports[1:]]})
+    c = StatusCollector(cluster, token=TOKEN, run={"mode": "async", "run_dir": str(tmp_path)}, timeout=0.5,
+                        run_dir=str(tmp_path))
+    c.sample()
+    yield c
+    c.stop()
+
+
+def fetch(url: str, *, method: str = "GET", headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_loopback_page_serves_html_json_and_metrics_and_refuses_writes(collector: StatusCollector) -> None:
+    with StatusServer(collector) as server:
+        assert server.url.startswith("http://127.0.0.1:")
+        code, headers, body = fetch(server.url)
+        assert code == 200 and headers["Content-Type"].startswith("text/html") and b"status.js" in body
+        assert b"//" not in body.split(b"<body>")[1].replace(b"http://www.w3.org", b"")  # nothing from elsewhere
+        code, _, body = fetch(server.url + "status.js")
+        assert code == 200 and b"api/status" in body
+        code, headers, body = fetch(server.url + "api/status")
+        snapshot = json.loads(body)
+        assert code == 200 and [t["task"] for t in snapshot["tasks"]] == [
+            "/job:ps/task:0", "/job:worker/task:0", "/job:worker/task:1"]
+        assert {t["state"] for t in snapshot["tasks"]} == {"unknown"}  # never answered
+        code, headers, body = fetch(server.url + "metrics")
+        assert code == 200 and headers["Content-Type"].startswith("text/plain")
+        assert b'psflow_task_up{job="worker",task="1"} 0.0' in body
+        for method in ("POST", "PUT", "DELETE"):
+            code, headers, _ = fetch(server.url + "api/status", method=method)
+            assert code == 405 and headers["Allow"] == "GET, HEAD"
+        assert fetch(server.url + "nothing-here")[0] == 404
+
+
+def test_another_address_requires_the_token(collector: StatusCollector) -> None:
+    with pytest.raises(ConfigError, match="requires the cluster token"):
+        StatusServer(collector, host="0.0.0.0", token=None)
+    with StatusServer(collector, host="0.0.0.0", token=TOKEN) as server:
+        local = f"http://127.0.0.1:{server.port}/"
+        for path in ("", "api/status", "metrics", "status.js"):
+            code, _, body = fetch(local + path)
+            assert code == 401 and b"token" in body and b"psflow_" not in body, path
+        assert fetch(local + "metrics", headers={"Authorization": "Bearer wrong"})[0] == 401
+        code, _, body = fetch(local + "metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert code == 200 and b"psflow_task_up" in body
+        # A browser: ?token= once, then the cookie it set.
+        code, headers, _ = fetch(local + f"?token={TOKEN}")
+        assert code == 200 and "HttpOnly" in headers["Set-Cookie"]
+        cookie = headers["Set-Cookie"].split(";")[0]
+        assert fetch(local + "api/status", headers={"Cookie": cookie})[0] == 200
+
+
+def test_loopback_addresses() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.0.0.2")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("example.org")
+
+
+def test_a_port_in_use_is_named(collector: StatusCollector) -> None:
+    with StatusServer(collector) as first, pytest.raises(ConfigError, match=f"--status-port {first.port}"):
+        StatusServer(collector, port=first.port)
+
+
+def test_psflow_status_reads_a_run_directory_and_a_url(collector: StatusCollector, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    collector.stop()  # writes status.json
+    assert main(["status", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "/job:worker/task:1" in out and "never" in out
+    with StatusServer(collector) as server:
+        assert fetch_status(server.url)["tasks"][0]["task"] == "/job:ps/task:0"
+        assert main(["status", server.url, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["run"]["mode"] == "async"
+    with pytest.raises(StatusError, match="cannot reach the status page"):
+        fetch_status(server.url)
+    assert main(["status", str(tmp_path / "nope")]) == 1
+    assert "no status.json" in capsys.readouterr().err
+
+
+def test_prometheus_text_parses(collector: StatusCollector) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {f.name for f in text_string_to_metric_families(prometheus_text(collector).decode())}
+    assert {"psflow_task_up", "psflow_task_restarts", "psflow_faults"} <= names
+
+
+def test_render_status_of_a_sync_run_names_who_the_step_waits_for() -> None:
+    snapshot: dict[str, Any] = {
+        "time": 100.0, "run": {"phase": "training", "mode": "sync"}, "global_step": 7, "examples": 900,
+        "tasks": [{"task": "/job:worker/task:0", "host": "127.0.0.1", "pid": 12, "state": "up",
+                   "last_heartbeat": 99.5, "restarts": 0, "history": []}],
+        "sync": {"contributed": ["/job:worker/task:0"], "waiting_for": ["/job:worker/task:1"],
+                 "waiting_seconds": 2.5},
+        "ps": [], "faults": [], "restarts": [], "hangs": [], "checkpoints": None,
+    }
+    text = render_status(snapshot)
+    assert "waiting 2.5 s for /job:worker/task:1" in text and "0.5 s ago" in text
