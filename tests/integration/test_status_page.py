@@ -287,3 +287,28 @@ def test_the_chief_under_psflow_server_serves_the_page(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
             p.wait(timeout=30)
+
+
+def test_a_sync_step_names_the_worker_it_waits_for(run_factory: Callable[..., Run]) -> None:
+    run = run_factory("run", "--mode", "sync", "--batch-size", "32", "--epochs", "500", "--quiet",
+                      "--sync-timeout", "300", "--liveness-timeout", "300")
+    url = run.url()
+    wait_until(lambda: (run.status(url).get("global_step") or 0) > 0, "sync training started")
+    slow = next(t for t in run.status(url)["tasks"] if t["task"] == "/job:worker/task:1")
+    os.kill(slow["pid"], signal.SIGSTOP)  # a task of the launcher this test started; resumed below
+    try:
+        def waiting() -> dict[str, Any] | None:
+            sync = run.status(url)["sync"]
+            return sync if sync["waiting_for"] == ["/job:worker/task:1"] and sync["waiting_seconds"] > 1 else None
+
+        sync = wait_until(waiting, "the sync step waiting for the stopped worker")
+        assert sync["contributed"] == ["/job:worker/task:0"]
+        text = subprocess.run([sys.executable, "-m", "psflow", "status", url], capture_output=True, text=True,
+                              timeout=60, cwd=str(REPO)).stdout
+        assert "for /job:worker/task:1" in text and "gradients from /job:worker/task:0" in text, text
+        metrics = parse_metrics(get(url + "metrics").decode())
+        assert metrics["psflow_sync_waiting_workers"][()] == 1
+    finally:
+        os.kill(slow["pid"], signal.SIGCONT)
+    step = run.status(url)["global_step"]
+    wait_until(lambda: run.status(url)["global_step"] > step, "sync steps go on once the worker resumes")
