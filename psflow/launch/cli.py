@@ -8,6 +8,7 @@
 ``psflow predict`` score a data file with an exported model
 ``psflow report``  PNG plots of a run's loss, eval AUC and throughput
 ``psflow status RUN_DIR_OR_URL``  the live status page's picture of a run, in the terminal
+``psflow k8s render``  Kubernetes manifests (Services, StatefulSet, Jobs, a TFJob) for a cluster (docs/deploying.md)
 
 Settings are parsed here, once, into a :class:`~psflow.train.config.TrainConfig`;
 ``TF_CONFIG`` and ``PSFLOW_TOKEN`` are read here and nowhere else.
@@ -168,6 +169,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from psflow.launch.k8s import add_k8s_parser
     from psflow.launch.resilience import add_resilience_arguments
     from psflow.launch.status_cli import add_status_parser
 
@@ -176,14 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train on a local cluster of real processes")
     _add_training_arguments(train)
     add_resilience_arguments(train)
-    server = sub.add_parser("server", help="run one task of a cluster (ps tasks serve; workers train)")
-    server.add_argument("--cluster", help="cluster JSON file (else TF_CONFIG)")
-    server.add_argument("--job", help="job name (else TF_CONFIG)")
-    server.add_argument("--task", type=int, help="task index (else TF_CONFIG)")
-    server.add_argument("--state-dir", help="ps task 0 keeps global_step's bound here (global_step.json), so that "
-                        "restarted it never hands out a step value twice; use storage that outlives the process")
-    _add_server_security_arguments(server)
-    _add_training_arguments(server)
+    _add_server_arguments(sub.add_parser("server", help="run one task of a cluster (ps tasks serve; workers train)"))
     try:
         from psflow.data.convert import add_convert_arguments
     except ImportError:  # pragma: no cover - convert ships with psflow.data
@@ -193,7 +188,41 @@ def build_parser() -> argparse.ArgumentParser:
     add_schema_arguments(sub.add_parser("schema", help="TFRecord schemas: psflow schema infer FILE > schema.yaml"))
     add_tool_parsers(sub)
     add_status_parser(sub)
+    add_k8s_parser(sub)
     return parser
+
+
+def _add_server_arguments(server: argparse.ArgumentParser) -> None:
+    server.add_argument("--cluster", help="cluster JSON file (else TF_CONFIG)")
+    server.add_argument("--job", help="job name (else TF_CONFIG)")
+    server.add_argument("--task", type=int, help="task index (else PSFLOW_TASK_INDEX, else TF_CONFIG)")
+    server.add_argument("--state-dir", help="ps task 0 keeps global_step's bound here (global_step.json), so that "
+                        "restarted it never hands out a step value twice; use storage that outlives the process")
+    server.add_argument("--bind-host", metavar="ADDRESS", help="listen on ADDRESS (e.g. 0.0.0.0) at the task's port "
+                        "instead of on its cluster address's host (in a container, where that is a Service name)")
+    _add_server_security_arguments(server)
+    _add_training_arguments(server)
+
+
+class _TrainingArgsParser(_Parser):
+    """``psflow server``'s flags, checked for ``psflow k8s render``: an error raises ConfigError (one line)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"the training arguments after --: {message}")
+
+
+def _k8s(args: argparse.Namespace) -> int:
+    """``psflow k8s render``: checks the training arguments as ``psflow server`` will parse them, then renders."""
+    from psflow.launch.k8s import run_k8s
+
+    check = _TrainingArgsParser(prog="psflow server", add_help=False)
+    _add_server_arguments(check)
+    given = check.parse_args(args.train_args)
+    for flag in ("cluster", "job", "task", "bind_host"):
+        if getattr(given, flag) is not None:
+            raise ConfigError(f"the training arguments after --: --{flag.replace('_', '-')}: the manifests set it "
+                              "for each task")
+    return run_k8s(args)
 
 
 def _model_params(pairs: list[str]) -> dict[str, Any]:
@@ -328,6 +357,7 @@ def _tcp_limits(args: argparse.Namespace) -> TcpLimits:
 
 
 def _server(args: argparse.Namespace) -> int:
+    from psflow.launch.k8s import TASK_INDEX_ENV, task_index_from_env
     from psflow.launch.run_status import chief_status_page
     from psflow.launch.status_cli import status_config
     from psflow.launch.task import TOKEN_ENV, configure_logging, run_task
@@ -337,21 +367,24 @@ def _server(args: argparse.Namespace) -> int:
         raise ConfigError(f"no cluster token: set {TOKEN_ENV} (the same secret on every task), "
                           "or pass --insecure to run without authentication")
     limits = _tcp_limits(args)
+    task = args.task if args.task is not None else task_index_from_env(os.environ.get(TASK_INDEX_ENV))
     tf_config = os.environ.get("TF_CONFIG")
     if args.cluster:
         with open(args.cluster) as f:
             cluster = ClusterSpec.from_json(f.read())
-        job, index = args.job, args.task
+        job, index = args.job, task
     elif tf_config:
         parsed = parse_tf_config(tf_config)
         cluster = parsed.cluster
         job = args.job or (parsed.task.job if parsed.task else None)
-        index = args.task if args.task is not None else (parsed.task.index if parsed.task else None)
+        index = task if task is not None else (parsed.task.index if parsed.task else None)
     else:
         raise ConfigError("psflow server needs --cluster FILE (or TF_CONFIG in the environment)")
     if job is None or index is None:
         raise ConfigError("psflow server needs --job and --task (or a 'task' in TF_CONFIG)")
-    cluster.task_address(job, index)  # names the job/task if it is not in the cluster
+    port = cluster.task_address(job, index).rsplit(":", 1)[1]  # names the job/task if it is not in the cluster
+    bind = None if args.bind_host is None else (
+        f"[{args.bind_host}]:{port}" if ":" in args.bind_host else f"{args.bind_host}:{port}")
     config = None
     if job != "ps":
         if not args.train:
@@ -365,7 +398,7 @@ def _server(args: argparse.Namespace) -> int:
         if config is not None and status.enabled else None
     try:
         return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
-                        checkpoint_root=args.checkpoint_root or args.checkpoint_dir)
+                        checkpoint_root=args.checkpoint_root or args.checkpoint_dir, bind_address=bind)
     finally:
         if page is not None:
             page.close()
@@ -395,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_schema(args)
         if args.command == "status":
             return run_status(args)
+        if args.command == "k8s":
+            return _k8s(args)
         from psflow.data.convert import run_convert
 
         return int(run_convert(args))

@@ -62,7 +62,7 @@ def configure_logging(*, verbose: bool = False) -> None:
 def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | None, *,
              token: str | None, result_path: str | None = None, state_dir: str | None = None,
              checkpoint_root: str | None = None, tcp_limits: TcpLimits | None = None,
-             stop: StopRequest | None = None) -> int:
+             stop: StopRequest | None = None, bind_address: str | None = None) -> int:
     """Runs one task until it is done or stopped; returns the process exit status.
 
     Blocks. Returns 0 when the task finished (a ps task: asked to shut down),
@@ -72,7 +72,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     (:func:`main` starts one on the launcher's lifeline); None: one is made
     here, its signal handlers installed (main thread only) and its watcher started.
 
-    ``state_dir``, ``checkpoint_root``, ``tcp_limits`` (ps tasks): see
+    ``state_dir``, ``checkpoint_root``, ``tcp_limits`` (ps tasks), ``bind_address``: see
     :class:`psflow.server.Server`; ``checkpoint_root`` defaults to the
     config's ``checkpoint_dir`` (what the local launcher passes).
 
@@ -103,7 +103,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     if checkpoint_root is None and config is not None:
         checkpoint_root = config.checkpoint_dir
     server = Server(cluster, job, index, token=token, worker_handlers=handlers, state_dir=state_dir,
-                    checkpoint_root=checkpoint_root, tcp_limits=tcp_limits)
+                    checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, bind_address=bind_address)
     try:
         if job == "ps" or in_graph:
             stop.on_stop(functools.partial(server.stop, grace=0.0))  # ends join() below

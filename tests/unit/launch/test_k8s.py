@@ -1,0 +1,292 @@
+"""psflow k8s render: schema-valid manifests whose pods, and a TFJob's, run the cluster that was rendered."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (psflow[test]) is not installed")
+
+from psflow.cluster import ClusterSpec, TaskId, parse_tf_config  # noqa: E402
+from psflow.launch import task as task_module  # noqa: E402
+from psflow.launch.cli import main  # noqa: E402
+from psflow.launch.k8s import (  # noqa: E402
+    RenderConfig,
+    RenderError,
+    load_cluster,
+    render_manifests,
+    task_index_from_env,
+    write_manifests,
+)
+from psflow.train.config import ConfigError  # noqa: E402
+
+# The newest Kubernetes whose API schemas kubernetes-validate ships (constraints.txt pins the package).
+K8S_VERSION = "1.37"
+CLUSTERS = {
+    "ps-workers": {"ps": ["a:1", "b:1"], "worker": ["c:1", "d:1", "e:1"]},
+    "chief": {"chief": ["h:9"], "ps": ["i:9"], "worker": ["j:9", "k:9"]},
+}
+TOKEN = "test-token"
+
+
+@pytest.fixture(params=sorted(CLUSTERS))
+def rendered(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[ClusterSpec, Path, dict[str, Any]]:
+    """Renders through the CLI; returns the input cluster, the output directory and the files' documents."""
+    cluster_file = tmp_path / "cluster.json"
+    cluster_file.write_text(json.dumps(CLUSTERS[request.param]))
+    data = tmp_path / "train.libsvm"
+    data.write_text("1 1:1 2:0.5\n0 3:1\n1 2:1\n")
+    out = tmp_path / "out"
+    rc = main(["k8s", "render", "--cluster", str(cluster_file), "--image", "registry.example.com/psflow:0.1.0",
+               "--output", str(out), "--name", "ctr", "--namespace", "training", "--data-pvc", "a9a",
+               "--", "--train", str(data), "--num-features", "8", "--no-status"])
+    assert rc == 0
+    docs = {name: [d for d in yaml.safe_load_all((out / name).read_text()) if d is not None]
+            for name in ("storage.yaml", "cluster.yaml", "tfjob.yaml")}
+    return ClusterSpec(CLUSTERS[request.param]), out, docs
+
+
+def _validate(doc: dict[str, Any]) -> None:
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as e:  # a jsonschema.ValidationError
+        where = "/".join(str(p) for p in e.absolute_path)
+        pytest.fail(f"{doc['kind']} {doc['metadata'].get('name')}: {where}: {e.message}")
+
+
+def _pod(template: dict[str, Any], name: str) -> dict[str, Any]:
+    """A PodTemplateSpec as the Pod it makes, for the built-in schema."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name},
+            "spec": template["spec"]}
+
+
+def _kubelet_env(env: list[dict[str, Any]], fields: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it: downward API fields, the Secret, then
+    ``$(VAR)`` references to variables defined earlier in the list expanded (``$$`` is a literal ``$``)."""
+    out: dict[str, str] = {}
+    for var in env:
+        if "value" in var:
+            out[var["name"]] = re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                                      lambda m: "$" if m.group(0) == "$$" else out.get(m.group(1), m.group(0)),
+                                      var["value"])
+        elif "fieldRef" in var["valueFrom"]:
+            out[var["name"]] = fields.get(var["valueFrom"]["fieldRef"]["fieldPath"], "")
+        else:
+            assert var["valueFrom"]["secretKeyRef"]["key"] == "token"
+            out[var["name"]] = TOKEN
+    return out
+
+
+def _run_server(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """``psflow <args>`` in the environment ``env`` up to the point where it would run the task."""
+    for name in ("TF_CONFIG", "PSFLOW_TASK_INDEX", "PSFLOW_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    seen: dict[str, Any] = {}
+
+    def run_task(cluster: ClusterSpec, job: str, index: int, config: Any, **kwargs: Any) -> int:
+        seen.update(cluster=cluster, task=TaskId(job, index), **kwargs)
+        return 0
+
+    monkeypatch.setattr(task_module, "run_task", run_task)
+    monkeypatch.setattr(task_module, "configure_logging", lambda **kwargs: None)
+    assert main(args) == 0
+    return seen
+
+
+def test_every_manifest_passes_the_kubernetes_schema(rendered: tuple[ClusterSpec, Path, dict[str, Any]]) -> None:
+    cluster, _, docs = rendered
+    kinds = [d["kind"] for d in docs["storage.yaml"] + docs["cluster.yaml"]]
+    assert kinds.count("Service") == len(cluster.tasks()) + 1  # one per task, and the StatefulSet's
+    assert kinds.count("StatefulSet") == 1 and kinds.count("Job") == len(cluster.jobs) - 1
+    assert kinds.count("PersistentVolumeClaim") == 1
+    for doc in docs["storage.yaml"] + docs["cluster.yaml"]:
+        _validate(doc)
+
+
+def test_the_schema_check_catches_a_bad_manifest(rendered: tuple[ClusterSpec, Path, dict[str, Any]]) -> None:
+    [statefulset] = [d for d in rendered[2]["cluster.yaml"] if d["kind"] == "StatefulSet"]
+    statefulset["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["tcpSocket"]["prot"] = 2222
+    with pytest.raises(pytest.fail.Exception, match="containers/0/readinessProbe/tcpSocket: .*'prot' was unexpected"):
+        _validate(statefulset)
+
+
+def test_the_tfjob_is_a_tfjob_of_valid_pod_templates(rendered: tuple[ClusterSpec, Path, dict[str, Any]]) -> None:
+    cluster, _, docs = rendered
+    [tfjob] = docs["tfjob.yaml"]
+    assert (tfjob["apiVersion"], tfjob["kind"]) == ("kubeflow.org/v1", "TFJob")
+    assert tfjob["metadata"] == {**tfjob["metadata"], "name": "ctr", "namespace": "training"}
+    assert tfjob["spec"]["runPolicy"]["cleanPodPolicy"] in ("None", "Running", "All")
+    specs = tfjob["spec"]["tfReplicaSpecs"]
+    types = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
+    assert set(specs) == {types[job] for job in cluster.jobs}
+    for job in cluster.jobs:
+        spec = specs[types[job]]
+        assert set(spec) == {"replicas", "restartPolicy", "template"}
+        assert spec["replicas"] == cluster.num_tasks(job)
+        assert spec["restartPolicy"] in ("Always", "OnFailure", "Never", "ExitCode")
+        _validate(_pod(spec["template"], f"ctr-{job}-0"))
+        [container] = spec["template"]["spec"]["containers"]
+        assert container["name"] == "tensorflow"  # the operator finds the port here: tfjob-port
+        assert {"name": "tfjob-port", "containerPort": 2222, "protocol": "TCP"} in container["ports"]
+
+
+def _operator_tf_config(tfjob: dict[str, Any], rtype: str, index: int) -> str:
+    """TF_CONFIG as Kubeflow's training operator writes it (genTFConfigJSONStr / genClusterSpec): per replica
+    type, lowercased, ``<job>-<type>-<i>.<namespace>.svc:<tfjob-port>``; the task; environment "cloud"."""
+    meta = tfjob["metadata"]
+    cluster = {}
+    for replica_type, spec in tfjob["spec"]["tfReplicaSpecs"].items():
+        [container] = [c for c in spec["template"]["spec"]["containers"] if c["name"] == "tensorflow"]
+        [port] = [p["containerPort"] for p in container["ports"] if p["name"] == "tfjob-port"]
+        rt = replica_type.lower()
+        cluster[rt] = [f"{meta['name']}-{rt}-{i}.{meta['namespace']}.svc:{port}" for i in range(spec["replicas"])]
+    return json.dumps({"cluster": cluster, "task": {"type": rtype.lower(), "index": index}, "environment": "cloud"})
+
+
+def test_the_operators_tf_config_is_the_rendered_cluster(rendered: tuple[ClusterSpec, Path, dict[str, Any]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster, out, docs = rendered
+    [tfjob] = docs["tfjob.yaml"]
+    manifests = render_manifests(cluster, RenderConfig(name="ctr", image="i", namespace="training"))
+    assert manifests.tfjob_cluster.as_dict() == {
+        job: [f"ctr-{job}-{i}.training.svc:2222" for i in range(n)] for job, n in
+        ((job, cluster.num_tasks(job)) for job in cluster.jobs)}
+    for rtype, spec in tfjob["spec"]["tfReplicaSpecs"].items():
+        for index in range(spec["replicas"]):
+            tf_config = _operator_tf_config(tfjob, rtype, index)
+            parsed = parse_tf_config(tf_config)
+            assert parsed.cluster == manifests.tfjob_cluster
+            assert parsed.task == TaskId(rtype.lower(), index)
+            [container] = spec["template"]["spec"]["containers"]
+            env = _kubelet_env(container["env"], {}) | {"TF_CONFIG": tf_config}
+            seen = _run_server(monkeypatch, container["args"], env)  # psflow unchanged: the operator's TF_CONFIG
+            assert (seen["cluster"], seen["task"]) == (manifests.tfjob_cluster, TaskId(rtype.lower(), index))
+            assert seen["bind_address"] == "0.0.0.0:2222"
+
+
+def test_each_pod_computes_its_own_tf_config(rendered: tuple[ClusterSpec, Path, dict[str, Any]],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster, out, docs = rendered
+    services = ClusterSpec.from_json((out / "cluster.json").read_text())
+    assert services.as_dict() == {job: [f"ctr-{job}-{i}.training.svc.cluster.local:2222"
+                                        for i in range(cluster.num_tasks(job))] for job in cluster.jobs}
+    for doc in docs["cluster.yaml"]:
+        if doc["kind"] not in ("StatefulSet", "Job"):
+            continue
+        job = doc["metadata"]["name"].removeprefix("ctr-")
+        tasks = doc["spec"]["replicas"] if doc["kind"] == "StatefulSet" else doc["spec"]["completions"]
+        assert tasks == cluster.num_tasks(job)
+        [container] = doc["spec"]["template"]["spec"]["containers"]
+        for index in range(tasks):
+            fields = ({"metadata.labels['apps.kubernetes.io/pod-index']": str(index)} if doc["kind"] == "StatefulSet"
+                      else {"metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index)})
+            env = _kubelet_env(container["env"], fields)
+            parsed = parse_tf_config(env["TF_CONFIG"])
+            assert (parsed.cluster, parsed.task) == (services, TaskId(job, index))
+            seen = _run_server(monkeypatch, container["args"], env)
+            assert (seen["cluster"], seen["task"]) == (services, TaskId(job, index))
+            assert seen["bind_address"] == "0.0.0.0:2222"
+            assert seen["state_dir"] == ("/var/lib/psflow/state" if job == "ps" else None)
+            assert seen["checkpoint_root"] == "/var/lib/psflow/checkpoints"
+
+
+def test_each_task_has_a_service_that_selects_only_its_pod(rendered: tuple[ClusterSpec, Path, dict[str, Any]]) -> None:
+    cluster, _, docs = rendered
+    services = {d["metadata"]["name"]: d["spec"] for d in docs["cluster.yaml"] if d["kind"] == "Service"}
+    for task in cluster.tasks():
+        spec = services[f"ctr-{task.job}-{task.index}"]
+        assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+        if task.job == "ps":
+            assert spec["selector"] == {"statefulset.kubernetes.io/pod-name": f"ctr-ps-{task.index}"}
+        else:
+            assert spec["selector"] == {"batch.kubernetes.io/job-name": f"ctr-{task.job}",
+                                        "batch.kubernetes.io/job-completion-index": str(task.index)}
+        status = [p for p in spec["ports"] if p["name"] == "status"]
+        assert status == ([{"name": "status", "port": 8080, "targetPort": 8080}] if task == cluster.chief() else [])
+
+
+def test_psflow_server_takes_its_task_index_from_the_environment(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster_file = tmp_path / "c.json"
+    cluster_file.write_text(json.dumps({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3"]}))
+    args = ["server", "--cluster", str(cluster_file), "--job", "ps"]
+    env = {"PSFLOW_TOKEN": TOKEN, "PSFLOW_TASK_INDEX": "1"}
+    assert _run_server(monkeypatch, args, env)["task"] == TaskId("ps", 1)
+    assert _run_server(monkeypatch, [*args, "--task", "0"], env)["task"] == TaskId("ps", 0)  # the flag wins
+    seen = _run_server(monkeypatch, [*args, "--bind-host", "::"], env)
+    assert (seen["task"], seen["bind_address"]) == (TaskId("ps", 1), "[::]:2")
+    assert task_index_from_env(None) is None and task_index_from_env("12") == 12
+    for bad in ("", "-1", "ps-1", "1.0"):
+        with pytest.raises(ConfigError, match="PSFLOW_TASK_INDEX"):
+            task_index_from_env(bad)
+    with pytest.raises(ConfigError, match="apps.kubernetes.io/pod-index"):
+        task_index_from_env("")
+
+
+def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(("cluster", "extra", "named"), [
+    (None, [], "missing.json: cannot read it"),
+    ({"worker": ["a:1"]}, [], "no 'ps' job"),
+    ({"ps": ["a:1"], "worker": ["b:1"], "evaluator": ["c:1"]}, [], "job 'evaluator'"),
+    ({"ps": {"1": "a:1"}, "worker": ["b:1"]}, [], "job 'ps' is sparse"),
+    ({"ps": ["a:1"]}, [], "no 'worker' or 'chief' job"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--name", "My_Job"], "--name 'My_Job': not a valid Kubernetes name"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--name", "x" * 60], "longer than 63 characters"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--namespace", "Team A"], "--namespace 'Team A'"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--worker-memory", "4 GB"], "--worker-memory '4 GB'"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--epocs", "3"], "after --: unrecognized arguments: --epocs"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--task", "1"], "after --: --task: the manifests set it"),
+])
+def test_bad_input_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: Any,
+                                         extra: list[str], named: str) -> None:
+    path = tmp_path / ("missing.json" if cluster is None else "c.json")
+    if cluster is not None:
+        path.write_text(json.dumps(cluster))
+    flags = {"--name": "demo", "--image": "psflow:0.1.0", "--output": str(tmp_path / "out")}
+    head = extra[:extra.index("--")] if "--" in extra else extra
+    argv = ["k8s", "render", "--cluster", str(path)]
+    for flag, value in flags.items():
+        if flag not in head:
+            argv += [flag, value]
+    err = _one_line_error(capsys, argv + extra)
+    assert err.startswith("psflow k8s: error: ") and named in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_render_errors_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(RenderError, match="no such file|cannot read"):
+        load_cluster(str(tmp_path / "none.json"))
+    assert issubclass(RenderError, ConfigError)
+    with pytest.raises(RenderError, match="--status-port 2222: the same as --port"):
+        RenderConfig(name="a", image="i", status_port=2222)
+
+
+def test_the_render_is_deterministic_and_writes_no_token(tmp_path: Path) -> None:
+    cluster = ClusterSpec(CLUSTERS["chief"])
+    config = RenderConfig(name="demo", image="psflow:1", train_args=("--epochs", "2"))
+    first = write_manifests(render_manifests(cluster, config), config, str(tmp_path / "a"))
+    second = write_manifests(render_manifests(cluster, config), config, str(tmp_path / "b"))
+    for a, b in zip(first, second, strict=True):
+        assert Path(a).read_text() == Path(b).read_text()
+    text = "".join(Path(p).read_text() for p in first)
+    assert "kind: Secret" not in text and "secretKeyRef" in text and "create secret generic demo-token" in text
+
+
+def test_the_module_does_not_import_grpc() -> None:
+    code = "import sys, psflow.launch.k8s; sys.exit('grpc' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
