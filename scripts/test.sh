@@ -29,4 +29,5 @@ if { command -v cc >/dev/null || command -v gcc >/dev/null; } && .venv/bin/pytho
 fi
 .venv/bin/ruff check psflow tests benchmarks examples
 .venv/bin/mypy --strict psflow
-exec .venv/bin/python -m pytest -q "$@"
+# The 25 slowest tests close the log: where the suite's time goes (keep the whole run near 10 minutes).
+exec .venv/bin/python -m pytest -q --durations=25 "$@"
