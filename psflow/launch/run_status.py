@@ -59,7 +59,8 @@ class LauncherStatus:
                                          checkpoints=bool(config.checkpoint_dir), processes=self._processes,
                                          events=self._events)
         try:
-            self.server = StatusServer(self.collector, host=status.host, port=status.port, token=lc.token)
+            # The run's own cluster token is known to no one: off loopback the page requires PSFLOW_TOKEN.
+            self.server = StatusServer(self.collector, host=status.host, port=status.port, token=status.token)
         except BaseException:
             self.collector.stop()
             raise

@@ -39,7 +39,8 @@ def add_status_parser(sub: Any) -> None:
 
 def status_config(args: argparse.Namespace) -> StatusConfig:
     """The status page settings of ``psflow train`` / ``psflow server`` flags."""
-    return StatusConfig(enabled=not args.no_status, host=args.status_host, port=args.status_port)
+    return StatusConfig(enabled=not args.no_status, host=args.status_host, port=args.status_port,
+                        token=os.environ.get(_TOKEN_ENV) or None)
 
 
 def fetch_status(target: str, *, timeout: float = 5.0) -> dict[str, Any]:

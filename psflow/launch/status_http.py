@@ -44,7 +44,7 @@ import logging
 import threading
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from psflow import jsonio
@@ -70,12 +70,16 @@ class StatusConfig:
         host: address to bind (127.0.0.1; any other requires the cluster token).
         port: port to bind (0: a free one, printed at start).
         interval: seconds between samples of the cluster.
+        token: the secret the page requires off loopback (``PSFLOW_TOKEN``). ``psflow train``'s
+            cluster token is made fresh for each run and known to no one, so a page it serves
+            elsewhere requires this one; under ``psflow server`` it is the cluster's token.
     """
 
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = 0
     interval: float = 1.0
+    token: str | None = field(default=None, repr=False)
 
 
 def is_loopback(host: str) -> bool:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,35 +42,35 @@ def wait_until(condition: Callable[[], Any], what: str, limit: float = LIMIT) ->
         time.sleep(0.1)
 
 
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as reply:
+def get(url: str, headers: dict[str, str] | None = None) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as reply:
         return bytes(reply.read())
 
 
 class Run:
     """One ``psflow train`` on a9a whose stderr goes to a file; knows its status URL."""
 
-    def __init__(self, out: Path, *extra: str) -> None:
+    def __init__(self, out: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.out = out
         self.stderr_path = out.parent / f"{out.name}.stderr"
         cmd = [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--eval", str(A9A_T),
                "--num-features", "124", "--ps", "2", "--workers", "2", "--output", str(out), *extra]
         with open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                         cwd=str(REPO), start_new_session=True)
+                                         cwd=str(REPO), start_new_session=True, env=env)
         self.task_pids: set[int] = set()
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
 
     def url(self) -> str:
-        found = wait_until(lambda: re.search(r"psflow: status (http://127\.0\.0\.1:\d+/)", self.stderr())
+        found = wait_until(lambda: re.search(r"psflow: status (http://[0-9.]+:\d+/)", self.stderr())
                            or self.proc.poll() is not None, "the status URL printed")
         assert found is not True, f"psflow train ended before printing its status URL:\n{self.stderr()}"
         return str(found.group(1))
 
-    def status(self, url: str) -> dict[str, Any]:
-        snapshot: dict[str, Any] = json.loads(get(url + "api/status"))
+    def status(self, url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        snapshot: dict[str, Any] = json.loads(get(url + "api/status", headers))
         self.task_pids.update(t["pid"] for t in snapshot["tasks"] if t.get("pid"))
         return snapshot
 
@@ -89,8 +90,8 @@ class Run:
 def run_factory(tmp_path: Path) -> Iterator[Callable[..., Run]]:
     runs: list[Run] = []
 
-    def start(name: str, *extra: str) -> Run:
-        runs.append(Run(tmp_path / name, *extra))
+    def start(name: str, *extra: str, env: dict[str, str] | None = None) -> Run:
+        runs.append(Run(tmp_path / name, *extra, env=env))
         return runs[-1]
 
     yield start
@@ -312,3 +313,19 @@ def test_a_sync_step_names_the_worker_it_waits_for(run_factory: Callable[..., Ru
         os.kill(slow["pid"], signal.SIGCONT)
     step = run.status(url)["global_step"]
     wait_until(lambda: run.status(url)["global_step"] > step, "sync steps go on once the worker resumes")
+
+
+def test_off_loopback_the_page_requires_psflow_token(run_factory: Callable[..., Run], tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PSFLOW_TOKEN"}
+    refused = run_factory("refused", "--status-host", "0.0.0.0", "--quiet", env=env)
+    assert refused.proc.wait(timeout=LIMIT) == 1
+    assert "requires the cluster token (PSFLOW_TOKEN)" in refused.stderr() and "Traceback" not in refused.stderr()
+
+    run = run_factory("run", "--status-host", "0.0.0.0", "--batch-size", "32", "--epochs", "500", "--quiet",
+                      env=dict(env, PSFLOW_TOKEN="page-token-42"))
+    url = run.url().replace("0.0.0.0", "127.0.0.1")  # bound to every address; asked on loopback
+    with pytest.raises(urllib.error.HTTPError) as refused_call:
+        get(url + "api/status")
+    assert refused_call.value.code == 401
+    snapshot = wait_until(lambda: run.status(url, {"Authorization": "Bearer page-token-42"}), "the page with the token")
+    assert len(snapshot["tasks"]) == 4
