@@ -689,6 +689,10 @@ class SaveStatusWatcher:
     def poll(self, client: ParameterClient, *, force: bool = False) -> list[str]:
         """Console lines for the failures since the last poll (none if polled less than ``every`` s ago).
 
+        ``force``: poll now, whatever the time since the last one, and wait longer for the answer
+        (10 s instead of 2): a forced poll is the last one before the ps tasks stop (the run ended or
+        failed), so a busy ps task must not cost the user the lines of its last failures.
+
         Never raises: a ledger that cannot be read now is read at a later poll.
         """
         now = time.monotonic()
@@ -696,7 +700,7 @@ class SaveStatusWatcher:
             return []
         self._last_poll = now
         try:
-            status = checkpoint_status(client, timeout=2.0)
+            status = checkpoint_status(client, timeout=10.0 if force else 2.0)
         except RpcError:
             return []
         failed, saved = int(status.get("failed") or 0), int(status.get("saved") or 0)
