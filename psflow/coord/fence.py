@@ -26,18 +26,20 @@ Guarantees:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from psflow.coord.api import DEFAULT_ELECTION, CoordinationBackend, FencedError, Lease, LeaseLostError
-from psflow.rpc.api import FailedPreconditionError, InvalidRequest, PreconditionFailed, RpcError
+from psflow.rpc.api import Channel, FailedPreconditionError, InvalidRequest, PreconditionFailed, RpcError
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.grpc_server import Reply
 
 __all__ = ["FenceGuard", "FencedWriter"]
+
+log = logging.getLogger("psflow.coord")
 
 
 class FenceGuard:
@@ -54,7 +56,8 @@ class FenceGuard:
             return self._highest.get(scope, (0, ""))[0]
 
     def check(self, token: int, *, scope: str = DEFAULT_ELECTION, holder: str = "") -> None:
-        """Accepts ``token`` if no higher one was seen for ``scope``, and records it.
+        """Accepts ``token`` if no higher one was seen for ``scope``, and records it; a refusal is logged
+        (WARNING, logger ``psflow.coord``).
 
         Raises:
             FencedError: a higher token was seen (names both tokens and holders).
@@ -62,9 +65,10 @@ class FenceGuard:
         with self._lock:
             best, best_holder = self._highest.get(scope, (0, ""))
             if token < best:
-                raise FencedError(
-                    f"{self.task_name}: write from {holder or 'a writer'} with epoch {token} refused: "
-                    f"{scope!r} is fenced at epoch {best} (by {best_holder or 'another writer'})")
+                message = (f"{self.task_name}: write from {holder or 'a writer'} with epoch {token} refused: "
+                           f"{scope!r} is fenced at epoch {best} (by {best_holder or 'another writer'})")
+                log.warning("%s", message)  # a deposed leader tried to write: visible in the ps task's log
+                raise FencedError(message)
             self._highest[scope] = (token, holder)
 
     @contextmanager
@@ -97,7 +101,7 @@ class FenceGuard:
 class FencedWriter:
     """Checks, before each write, that a leader's epoch is still the highest on every ps task."""
 
-    def __init__(self, channels: Mapping[Any, TaskChannel], lease: Lease, *,
+    def __init__(self, channels: Mapping[Any, Channel], lease: Lease, *,
                  backend: CoordinationBackend | None = None, timeout: float = 10.0) -> None:
         """Wraps channels to the ps tasks' ParameterService.
 

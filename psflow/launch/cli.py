@@ -389,7 +389,8 @@ def _server(args: argparse.Namespace) -> int:
     if job != "ps":
         if not args.train:
             raise ConfigError(f"/job:{job}/task:{index} trains: --train is required")
-        config = _config(args, num_ps=cluster.num_tasks("ps"), num_workers=cluster.num_tasks("worker"))
+        trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)  # a chief trains too
+        config = _config(args, num_ps=cluster.num_tasks("ps"), num_workers=trainers)
         if job == "client" or config.replication == "between-graph":  # this task reads the data
             check_inputs(config)
     configure_logging(verbose=args.verbose)

@@ -40,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -65,7 +66,7 @@ from psflow.train.evaluation import evaluate
 from psflow.train.inputs import check_inputs
 from psflow.train.worker import load_eval
 
-__all__ = ["LaunchError", "LocalCluster", "TaskProcess", "free_ports", "run_local", "TOKEN_ENV"]
+__all__ = ["LaunchError", "LocalCluster", "TaskHosts", "TaskProcess", "free_ports", "run_local", "TOKEN_ENV"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -73,6 +74,31 @@ log = logging.getLogger("psflow.launch")
 
 class LaunchError(RuntimeError):
     """A task of a local cluster failed; the message names the root cause."""
+
+
+@dataclass(frozen=True)
+class TaskHosts:
+    """Where the tasks of a local cluster run; the default is every task on 127.0.0.1.
+
+    A seam for harnesses that put each task on its own address, e.g. in its
+    own network namespace (tests/netns.py): ``hosts[(job, index)]`` is the
+    host part of the task's cluster address (the task listens there, so it
+    must be one of the addresses the task's process sees), and
+    ``prefixes[(job, index)]`` goes before the task's command (e.g.
+    ``("ip", "netns", "exec", "ns1")``; it must exec the command, keeping its
+    pid and open file descriptors, as ``ip netns exec`` does). Ports are still
+    picked free on this machine. The launcher reaches every task at its
+    cluster address, so each must be reachable from here.
+    """
+
+    hosts: Mapping[tuple[str, int], str] = field(default_factory=dict)
+    prefixes: Mapping[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
+
+    def host(self, job: str, index: int) -> str:
+        return self.hosts.get((job, index), "127.0.0.1")
+
+    def prefix(self, job: str, index: int) -> list[str]:
+        return list(self.prefixes.get((job, index), ()))
 
 
 @dataclass
@@ -132,18 +158,21 @@ class LocalCluster:
     signals: LauncherSignals = field(default_factory=LauncherSignals, repr=False)
     started: float = field(default_factory=time.monotonic, repr=False)
     _lifeline: Lifeline | None = field(default=None, repr=False)
+    placement: TaskHosts = field(default_factory=TaskHosts)  # each task's address host and command prefix
 
     @classmethod
-    def create(cls, num_ps: int, num_workers: int, output_dir: str) -> LocalCluster:
+    def create(cls, num_ps: int, num_workers: int, output_dir: str, *,
+               placement: TaskHosts | None = None) -> LocalCluster:
+        placement = placement or TaskHosts()
         ports = free_ports(num_ps + num_workers)
         spec = ClusterSpec({
-            "ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
-            "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]],
+            "ps": [f"{placement.host('ps', i)}:{p}" for i, p in enumerate(ports[:num_ps])],
+            "worker": [f"{placement.host('worker', i)}:{p}" for i, p in enumerate(ports[num_ps:])],
         })
         os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
         with open(os.path.join(output_dir, "cluster.json"), "w") as f:
             f.write(spec.to_json())
-        return cls(spec, output_dir, secrets.token_hex(16))
+        return cls(spec, output_dir, secrets.token_hex(16), placement=placement)
 
     def start_task(self, job: str, index: int, config_path: str) -> TaskProcess:
         """Starts ``python -m psflow.launch.task`` for one task."""
@@ -159,7 +188,7 @@ class LocalCluster:
         with contextlib.suppress(FileNotFoundError):
             os.remove(error_path)  # a restarted task's previous error is not this one's
         cmd = [
-            sys.executable, "-m", "psflow.launch.task",
+            *self.placement.prefix(job, index), sys.executable, "-m", "psflow.launch.task",
             "--cluster", os.path.join(self.output_dir, "cluster.json"),
             "--job", job, "--task", str(index), "--config", config_path,
             "--result", os.path.join(self.output_dir, f"result-{job}-{index}.json"), "--error-file", error_path,
@@ -301,7 +330,8 @@ def _failure_report(failed: list[TaskProcess], stopped: list[TaskProcess]) -> st
 
 def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None = sys.stderr,
               progress_every: float = 2.0, resilience: ResilienceConfig | None = None,
-              status: StatusConfig | None = None, verbose: bool = False) -> dict[str, Any]:
+              status: StatusConfig | None = None, verbose: bool = False,
+              placement: TaskHosts | None = None) -> dict[str, Any]:
     """Trains on a local cluster of real processes; returns the metrics.
 
     Blocks until training and evaluation are done. Writes
@@ -317,6 +347,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     ``progress``: a bar or lines, then a last line with the run's examples/s
     (:mod:`psflow.launch.progress`). ``verbose``: the tasks log gRPC's C-core
     lines and the tracebacks of expected errors (:mod:`psflow.launch.console`).
+    ``placement``: where each task runs (:class:`TaskHosts`; default: every task on 127.0.0.1).
 
     Raises:
         LaunchError: a task failed (every other task has been stopped); an expected error of the
@@ -335,7 +366,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
         f.write(config.to_json())
     started = time.monotonic()
     with checkpoint_lock or contextlib.nullcontext(), LocalCluster.create(config.num_ps, config.num_workers,
-                                                                         output_dir) as lc:
+                                                                         output_dir, placement=placement) as lc:
         lc.verbose = verbose
         lc.resilience = Resilience(lc, resilience or ResilienceConfig())
         lc.resilience.start()

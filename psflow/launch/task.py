@@ -78,7 +78,8 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
 
     ``job == "client"`` is the in-graph client (not a task of the cluster):
     it reads the data and drives every worker. A worker of an in-graph run
-    serves ``RunStep`` until it is shut down.
+    serves ``RunStep`` until it is shut down. A ``chief`` task trains as the
+    first of the training workers (:func:`psflow.train.chief.training_view`).
     """
     if stop is None:
         stop = StopRequest(f"/job:{job}/task:{index}")
@@ -111,10 +112,12 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
             return _stopped(server.task.name, stop) if stop.requested() else 0
         if config is None:
             raise SystemExit(f"{server.task.name}: a worker task needs a training config")
+        from psflow.train.chief import training_view
         from psflow.train.worker import run_worker  # ps tasks never import the data stack
 
+        trainers, trainer_index = training_view(cluster, job, index)  # a chief job trains too, as worker 0
         try:
-            run_worker(config, cluster, index, token=token, result_path=result_path, stop=stop)
+            run_worker(config, trainers, trainer_index, token=token, result_path=result_path, stop=stop)
         except Exception as e:
             if stop.requested() is None:
                 raise

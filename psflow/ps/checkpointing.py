@@ -328,6 +328,8 @@ class CheckpointHandlers:
         return {"global_step": step, "step_floor": floor, "registered": registered, "drained": drained}, {}
 
     def reader_positions(self, frame: Frame) -> Reply:
+        if frame.meta.get("incarnation") is not None:  # a worker process reads its position: see psflow.ps.service
+            self._svc.claim_worker(frame.meta.get("worker"), frame.meta.get("incarnation"))
         return {"positions": self._svc.reader_positions()}, {}
 
     # ---- CheckpointStatus --------------------------------------------------

@@ -44,6 +44,17 @@ carries ``generation`` is refused with FAILED_PRECONDITION, before anything
 is applied, when the task is not ready (being restored) or holds another
 generation: the worker's data position belongs to a model state that was
 rewound, so it must re-read its position first (see :mod:`psflow.train.recovery`).
+
+Incarnations: each worker process picks one (``time.time_ns()`` at start, so a
+restarted worker's is higher) and sends it with every push and with its
+``ReaderPositions`` request (``meta = {"worker": task, "incarnation": n}``).
+A task refuses, with FAILED_PRECONDITION and before anything is applied, a
+push carrying a lower incarnation than the highest it saw for that worker; a
+``ReaderPositions`` request with an incarnation records it and first waits
+(at most 5 s) for that worker's pushes in flight. So a push of a replaced worker
+process that the network delivers late (its socket's data sent after a link
+heals) is never applied after the new process read its position: each record
+stays counted once.
 ``Shutdown``
     asks the task to stop serving (its ``Server.join()`` returns).
 
@@ -137,6 +148,9 @@ class ParameterService:
         # Pushes being applied, so a restore can wait for them (BeginRestore); guarded by _gate.
         self._gate = threading.Condition(threading.Lock())
         self._inflight = 0
+        self._inflight_of: dict[str, int] = {}  # worker task -> its pushes being applied (or waiting, in sync)
+        # worker task -> highest incarnation (process) seen; pushes of an earlier one are refused. Guarded by _gate.
+        self._incarnations: dict[str, int] = {}
         # client task -> newest ReaderPosition JSON it pushed with (task holding global_step).
         self._positions: dict[str, str] = {}
         # Workers that told this task (the one holding global_step) they finished their data, since
@@ -270,6 +284,7 @@ class ParameterService:
     def push(self, frame: Frame) -> Reply:
         generation = frame.meta.get("generation")
         with self._gate:
+            self._check_incarnation(frame.meta.get("worker"), frame.meta.get("incarnation"))
             if generation is not None:
                 if not self.ready:
                     raise PreconditionFailed(f"{self.task_name} is not ready (being restored from a checkpoint)")
@@ -277,13 +292,44 @@ class ParameterService:
                     raise PreconditionFailed(f"{self.task_name}: push of generation {generation!r:.20} refused: "
                                              f"the cluster was restored (generation {self.generation})")
             self._inflight += 1
+            worker = frame.meta.get("worker")
+            worker = worker if isinstance(worker, str) else ""
+            self._inflight_of[worker] = self._inflight_of.get(worker, 0) + 1
         try:
             return self._push(frame)
         finally:
             with self._gate:
                 self._inflight -= 1
+                self._inflight_of[worker] -= 1
+                if not self._inflight_of[worker]:
+                    del self._inflight_of[worker]
+                    self._gate.notify_all()
                 if not self._inflight:
                     self._gate.notify_all()
+
+    def _check_incarnation(self, worker: Any, incarnation: Any) -> None:
+        """Records ``worker``'s incarnation, refusing an earlier one (caller holds _gate)."""
+        if incarnation is None:
+            return
+        if type(incarnation) is not int or incarnation < 0 or not isinstance(worker, str):
+            raise InvalidRequest(f"'incarnation' must be a non-negative integer sent with 'worker', got "
+                                 f"{incarnation!r:.40} for {worker!r:.100}")
+        highest = self._incarnations.get(worker, 0)
+        if incarnation < highest:
+            log.warning("%s: push from an earlier process of %s (incarnation %d < %d) refused: the worker "
+                        "was restarted", self.task_name, worker, incarnation, highest)
+            raise PreconditionFailed(f"{self.task_name}: push from an earlier process of {worker} (incarnation "
+                                     f"{incarnation} < {highest}) refused: the worker was restarted")
+        self._incarnations[worker] = incarnation
+
+    def claim_worker(self, worker: Any, incarnation: Any, drain_timeout: float = 5.0) -> None:
+        """A (re)started worker process: records its incarnation (earlier ones are refused from now
+        on) and waits up to ``drain_timeout`` s for that worker's pushes in flight (only its own: in
+        sync mode the others' wait for this one), so that the reader position read next is not
+        changed by a push of an earlier process."""
+        with self._gate:
+            self._check_incarnation(worker, incarnation)
+            self._gate.wait_for(lambda: worker not in self._inflight_of, timeout=drain_timeout)
 
     def begin_restore(self, generation: int, drain_timeout: float) -> bool:
         """Marks this task not ready at ``generation`` (pushes of any other are refused from now on)

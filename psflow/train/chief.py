@@ -50,12 +50,12 @@ from typing import Any
 
 import numpy as np
 
-from psflow.cluster import ClusterSpec, TaskId
+from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, load_values, restore, warm_start
 from psflow.train.client import ParameterClient
 
-__all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable"]
+__all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable", "training_view"]
 
 log = logging.getLogger("psflow.chief")
 
@@ -74,6 +74,34 @@ def is_chief(cluster: ClusterSpec, job: str, index: int) -> bool:
     if job not in ("chief", "worker") or job not in cluster.jobs:
         return False
     return chief_task(cluster) == TaskId(job, index)
+
+
+def training_view(cluster: ClusterSpec, job: str, index: int) -> tuple[ClusterSpec, int]:
+    """The cluster as the training code sees it, and this task's index among the training workers.
+
+    With a ``chief`` job (TF2 / TFJob), the chief trains too, as in TensorFlow:
+    the training workers are ``[chief 0, worker 0, worker 1, ...]`` and this
+    returns a cluster whose ``worker`` job lists them in that order (the chief
+    job dropped, the others kept), with the chief at index 0 (so it stays the
+    chief) and ``/job:worker/task:i`` at ``i + 1``; data shards, reader
+    positions, sync replicas and lease holders all count them that way.
+    Without a chief job: ``(cluster, index)`` unchanged.
+
+    Raises:
+        ClusterError: ``job`` is neither ``chief`` nor ``worker``, or the chief job has more than one task.
+    """
+    if job not in ("chief", "worker"):
+        raise ClusterError(f"/job:{job}/task:{index} does not train (only chief and worker tasks do)")
+    if "chief" not in cluster.jobs:
+        return cluster, index
+    if cluster.num_tasks("chief") != 1:
+        raise ClusterError(f"job 'chief' has {cluster.num_tasks('chief')} tasks; a chief job has one")
+    chief_address = cluster.task_address("chief", min(cluster.task_indices("chief")))
+    workers = list(cluster.job_tasks("worker")) if "worker" in cluster.jobs else []
+    jobs: dict[str, list[str] | dict[int, str]] = {
+        name: tasks for name, tasks in cluster.as_dict().items() if name not in ("chief", "worker")}
+    jobs["worker"] = [chief_address, *workers]
+    return ClusterSpec(jobs), 0 if job == "chief" else index + 1
 
 
 @dataclass(frozen=True)
@@ -148,9 +176,7 @@ def join_cluster(
             log.info("%s: initialized the variables on %d ps tasks", client.client_name, len(client.channels))
     else:
         created = client.register(optimizer, ready_timeout=ready_timeout)
-    meta: Mapping[str, Any] = client.channels[client.step_task].call("ReaderPositions").meta
-    positions = meta.get("positions") or {}
-    position = positions.get(client.client_name)
+    position = client.reader_positions().get(client.client_name)
     return JoinResult(created, restored, client.global_step(), position if isinstance(position, str) else None)
 
 

@@ -122,6 +122,9 @@ class ParameterClient:
         #: The cluster's restore generation this client trains in (sent with each push; a ps task
         #: refuses pushes of another generation, see psflow.ps.service). None: not sent.
         self.generation: int | None = None
+        #: This client's process, sent with every push and ReaderPositions request: a ps task refuses
+        #: pushes of an earlier process of the same client (psflow.ps.service, Incarnations).
+        self.incarnation = time.time_ns()
         self.cluster = cluster
         self.layout = {p.var.name: p for p in layout}
         self.client_name = client_name
@@ -414,7 +417,7 @@ class ParameterClient:
                 entries.append([key, "sparse"])
         out = {}
         for task, (grad_list, arrays) in per_task.items():
-            request: dict[str, Any] = {"grads": grad_list, "worker": self.client_name}
+            request: dict[str, Any] = {"grads": grad_list, "worker": self.client_name, "incarnation": self.incarnation}
             if self.generation is not None:
                 request["generation"] = self.generation
             if mode == "sync":
@@ -436,6 +439,14 @@ class ParameterClient:
         min_clock = reply.get("min_clock")
         return PushResult(int(reply["step"]), bool(reply.get("accepted", True)), bool(reply.get("completed", True)),
                           int(min_clock) if isinstance(min_clock, int) else None)
+
+    def reader_positions(self) -> dict[str, str]:
+        """Every client's recorded reader position (JSON), from the task holding global_step; claims
+        this client's incarnation there first (pushes of an earlier process are refused from then on)."""
+        meta = self.channels[self.step_task].call(
+            "ReaderPositions", {"worker": self.client_name, "incarnation": self.incarnation}).meta
+        positions = meta.get("positions") or {}
+        return {k: v for k, v in positions.items() if isinstance(k, str) and isinstance(v, str)}
 
     def leave(self) -> None:
         """Tells every ps task this worker is done (sync/ssp stop waiting for it)."""

@@ -80,15 +80,21 @@ class Leadership:
     than the service's).
     """
 
-    def __init__(self, backend: CoordinationBackend, candidate: str, *, poll: float = 0.2) -> None:
+    def __init__(self, backend: CoordinationBackend, candidate: str, *, poll: float = 0.2,
+                 on_elected: Callable[[Lease], None] | None = None) -> None:
         """Args:
             backend: the coordination backend (closed by :meth:`close`).
             candidate: this worker's task name.
             poll: seconds between two checks that the lease is still held.
+            on_elected: called with each new lease, on the electing thread, before :meth:`lease`
+                returns it: the worker fences every ps task at the new epoch there, so a deposed
+                chief's writes are refused from the take-over on, even if the new chief never
+                writes. A :class:`CoordinationError` or :class:`RpcError` it raises is logged.
         """
         self.backend = backend
         self.candidate = candidate
         self._poll = poll
+        self._on_elected = on_elected
         self._lease: Lease | None = None
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -103,10 +109,19 @@ class Leadership:
         except (CampaignTimeoutError, BackendUnavailableError) as e:
             log.info("%s: not elected chief now: %s", self.candidate, e)
             return None
+        self._elected(lease)
         with self._lock:
             self._lease = lease
         log.info("%s: elected chief (epoch %d)", self.candidate, lease.epoch)
         return lease
+
+    def _elected(self, lease: Lease) -> None:
+        if self._on_elected is None:
+            return
+        try:
+            self._on_elected(lease)
+        except (CoordinationError, RpcError) as e:  # the first fenced write fences them instead
+            log.warning("%s: fencing the ps tasks at epoch %d on election: %s", self.candidate, lease.epoch, e)
 
     def start(self) -> None:
         """Starts the background campaign (again, after :meth:`resign`); idempotent."""
@@ -175,6 +190,7 @@ class Leadership:
                     log.info("%s: campaign failed: %s; retrying", self.candidate, e)
                     self._closed.wait(0.5)
                     continue
+                self._elected(lease)
                 with self._lock:
                     self._lease = lease
                 if self._closed.is_set():
@@ -315,8 +331,7 @@ class ClusterRecovery:
             time.sleep(wait)
             wait = min(wait * 2, 1.0)
         self.client.generation = generation
-        meta = self.client.channels[self.client.step_task].call("ReaderPositions").meta
-        position = (meta.get("positions") or {}).get(self.client.client_name)
+        position = self.client.reader_positions().get(self.client.client_name)
         log.warning("%s: cluster restored (generation %d) after %.1f s; resuming data at the checkpoint's position",
                     self.client.client_name, generation, time.monotonic() - started)
         return True, position if isinstance(position, str) else None

@@ -44,7 +44,8 @@ from typing import Any, Protocol
 
 from psflow import jsonio
 from psflow.cluster import ClusterSpec
-from psflow.coord import CoordinationConfig, create_backend
+from psflow.coord import CoordinationConfig, Lease, create_backend
+from psflow.coord.fence import FencedWriter
 from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
 from psflow.models.api import Model
 from psflow.placement import VariableSet
@@ -172,7 +173,7 @@ def run_worker(
                               "channels cannot fork its reader")
         client = connect_client(config, cluster, variables, task, token, register=False)
         if config.checkpoint_dir or config.summary_dir or config.eval_every_steps:
-            leadership = _leadership(config, cluster, task, token)
+            leadership = _leadership(config, cluster, task, token, client)
     if stop is not None:
         stop.on_interrupt(client.close)  # fails a call blocked when a stop comes (a sync barrier)
     data_config = _dataset_config(config, task_index, cluster.num_tasks("worker"))
@@ -250,11 +251,16 @@ def _resign(leadership: Leadership, task_index: int, reason: str) -> None:
     leadership.resign()
 
 
-def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None) -> Leadership:
+def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None,
+                client: ParameterClient) -> Leadership:
     address = config.zookeeper if config.coordination == "zookeeper" else cluster.task_address("ps", min(cluster.task_indices("ps")))
     coord = CoordinationConfig(config.coordination, address or "", lease_ttl=config.lease_ttl, token=token,
                                rpc_timeout=min(5.0, config.rpc_timeout))
-    return Leadership(create_backend(coord), task)
+
+    def fence(lease: Lease) -> None:  # a new chief fences every ps task at once: no write of its predecessor after
+        FencedWriter(client.channels, lease, timeout=min(5.0, config.rpc_timeout)).check()
+
+    return Leadership(create_backend(coord), task, on_elected=fence)
 
 
 def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,

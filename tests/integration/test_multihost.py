@@ -1,0 +1,463 @@
+"""Clusters of tasks on several hosts: each task in its own network namespace (tests/netns.py).
+
+Each task is ``psflow server`` with the ``TF_CONFIG`` a TFJob gives it (roles
+chief, worker, ps), on its own address; the cluster's addresses are the
+delaying relay's front addresses (about 2 ms more per round trip), so every
+call crosses a namespace boundary and the relay. Needs root (skips otherwise).
+The test process (root namespace) evaluates the model and shuts the ps tasks
+down over the same addresses. Every namespace, veth and the bridge are removed
+after each test, and the test checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from netns import NetnsLab, netns_available
+from support import A9A, A9A_T, TOKEN
+
+from psflow.cluster import ClusterSpec
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+A9A_RECORDS = 32_561
+PORT = 2222  # every task listens on its own address, so one port serves them all
+RELAY_DELAY = 0.001  # s, each way: ~2 ms more per round trip
+
+
+@pytest.fixture
+def make_lab() -> Iterator[Callable[[list[str]], NetnsLab]]:
+    """Factory: ``make_lab(host_names)`` builds a :class:`NetnsLab`; every lab is closed after the test
+    (passed or failed) and checked to have left no namespace, veth or bridge behind. Skips without root."""
+    why = netns_available()
+    if why is not None:
+        pytest.skip(why)
+    labs: list[NetnsLab] = []
+
+    def make(host_names: list[str]) -> NetnsLab:
+        lab = NetnsLab(host_names)
+        labs.append(lab)  # before building: a half-built lab is cleaned up too
+        return lab.__enter__()
+
+    try:
+        yield make
+    finally:
+        for lab in labs:
+            lab.close()
+        left = [name for lab in labs for name in lab.leftovers()]
+        assert not left, f"left behind: {left}"
+
+
+_ECHO = """
+import socket, sys, threading
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+def serve(c):
+    with c:
+        while data := c.recv(65536):
+            c.sendall(data)
+while True:
+    threading.Thread(target=serve, args=(server.accept()[0],), daemon=True).start()
+"""
+
+
+def _round_trip_ms(address: str, port: int, count: int = 50) -> float:
+    """Median round trip of a 1-byte echo, ms."""
+    import socket
+    import statistics
+
+    with socket.create_connection((address, port), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            s.sendall(b"x")
+            assert s.recv(1) == b"x"
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def test_the_harness_delays_cuts_and_cleans_up(make_lab: Callable[[list[str]], NetnsLab], tmp_path: Path) -> None:
+    """The relay adds 2 x delay per round trip; a cut link passes nothing until healed; tbf applies;
+    close() ends what runs in the namespaces (the fixture checks nothing is left behind)."""
+    import socket
+
+    lab = make_lab(["a", "b"])
+    b = lab.hosts["b"]
+    echo = lab.spawn("b", [sys.executable, "-c", _ECHO, b.address, str(PORT)], log=tmp_path / "echo.log")
+    lab.start_relay({"b": PORT}, delay=RELAY_DELAY)
+
+    def answers() -> bool:
+        try:
+            return _round_trip_ms(b.address, PORT, count=1) >= 0
+        except OSError:
+            return False
+
+    _wait_for("the echo server", answers, timeout=60)
+    direct, relayed = _round_trip_ms(b.address, PORT), _round_trip_ms(b.front, PORT)
+    assert relayed >= 2 * RELAY_DELAY * 1000 and relayed > direct, (direct, relayed)
+    lab.cut("b")
+    with pytest.raises(OSError):
+        socket.create_connection((b.address, PORT), timeout=1.0).close()
+    lab.heal("b")
+    _wait_for("the echo server after the heal", answers, timeout=60)
+    lab.limit_rate("b", "100mbit")
+    assert _round_trip_ms(b.address, PORT, count=5) > 0
+    lab.netem("b", "delay", "1ms")  # True where the kernel has netem; either way the link still works
+    _wait_for("the echo server under netem", answers, timeout=60)
+    lab.close()
+    assert echo.poll() is not None
+
+
+def _tf_config(cluster: ClusterSpec, job: str, index: int) -> str:
+    return json.dumps({"cluster": cluster.as_dict(), "task": {"type": job, "index": index}})
+
+
+def _start(lab: NetnsLab, cluster: ClusterSpec, host: str, job: str, index: int, workdir: Path,
+           *args: str) -> None:
+    env = dict(os.environ, PSFLOW_TOKEN=TOKEN, PYTHONUNBUFFERED="1", TF_CONFIG=_tf_config(cluster, job, index))
+    lab.spawn(host, [sys.executable, "-m", "psflow", "server", "--bind-host", lab.hosts[host].address, *args],
+              env=env, log=workdir / f"{job}-{index}.log")
+
+
+def _wait_all(procs: dict[str, subprocess.Popen[bytes]], workdir: Path, timeout: float) -> None:
+    """Waits until every process exits 0 (fails at once, with its log, on the first that does not)."""
+    deadline = time.monotonic() + timeout
+    pending = dict(procs)
+    while pending and time.monotonic() < deadline:
+        for name, proc in list(pending.items()):
+            code = proc.poll()
+            if code is not None:
+                log = (workdir / f"{name}.log").read_text(errors="replace")
+                assert code == 0, f"{name} exited {code}:\n{log[-3000:]}"
+                del pending[name]
+        time.sleep(0.2)
+    assert not pending, f"still running after {timeout} s: {sorted(pending)}"
+
+
+def _six_host_cluster(lab: NetnsLab) -> ClusterSpec:
+    front = {name: f"{h.front}:{PORT}" for name, h in lab.hosts.items()}
+    return ClusterSpec({"chief": [front["chief"]], "worker": [front["w0"], front["w1"], front["w2"]],
+                        "ps": [front["ps0"], front["ps1"]]})
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path: Path, mode: str) -> None:
+    """2 ps + 3 workers + a chief, each ``psflow server`` in its own namespace with a TFJob's TF_CONFIG,
+    every call through the delaying relay: a9a reaches eval AUC >= 0.895, each record counted once per
+    epoch (the chief trains too), checkpoints streamed to the chief."""
+    from psflow.data import read_all
+    from psflow.rpc.api import ConnectConfig
+    from psflow.train.build import build_model
+    from psflow.train.client import ParameterClient
+    from psflow.train.config import TrainConfig
+    from psflow.train.evaluation import evaluate
+
+    lab = make_lab(["ps0", "ps1", "chief", "w0", "w1", "w2"])
+    cluster = _six_host_cluster(lab)
+    lab.start_relay({name: PORT for name in lab.hosts}, delay=RELAY_DELAY, log=tmp_path / "relay.log")
+    epochs = 3
+    for i in range(2):
+        _start(lab, cluster, f"ps{i}", "ps", i, tmp_path, *(["--state-dir", str(tmp_path / "state")] if i == 0 else []))
+    train = ["--train", str(A9A), "--num-features", "124", "--epochs", str(epochs), "--batch-size", "512",
+             "--mode", mode, "--no-status", "--connect-timeout", "120",
+             # the chief streams every ps task's shard to itself over the relay (no shared filesystem assumed)
+             "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-transport", "rpc", "--save-checkpoints-steps", "50"]
+    trainers = {"chief-0": ("chief", "chief", 0)} | {f"worker-{i}": (f"w{i}", "worker", i) for i in range(3)}
+    for host, job, index in trainers.values():
+        _start(lab, cluster, host, job, index, tmp_path, *train)
+    procs = {name: lab.procs[-len(trainers) + k] for k, name in enumerate(trainers)}
+    _wait_all(procs, tmp_path, timeout=300)
+
+    for name in trainers:  # every call went to the front (relay) addresses, never to loopback
+        assert "127.0.0.1" not in (tmp_path / f"{name}.log").read_text(errors="replace")
+    config = TrainConfig(train=(str(A9A),), num_features=124, num_ps=2, num_workers=4)
+    model, variables = build_model(config, cluster)
+    client = ParameterClient(cluster, variables.placements(), client_name="test",
+                             config=ConnectConfig(connect_timeout=60, token=TOKEN))
+    try:
+        client.connect()
+        stats = [client.stats(i) for i in sorted(client.channels)]
+        examples = next(int(s.get("examples") or 0) for s in stats if s.get("global_step") is not None)
+        assert examples == epochs * A9A_RECORDS
+        metrics = evaluate(model, client, read_all([str(A9A_T)], "libsvm"))
+        assert metrics["auc"] >= 0.895, metrics
+        client.shutdown_servers()
+        latest = json.loads((tmp_path / "ckpt" / "checkpoint").read_text())["latest"]
+        assert len(list((tmp_path / "ckpt" / latest).glob("shard-*-of-00002.safetensors"))) == 2
+    finally:
+        client.close()
+
+
+def _wait_for(what: str, condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not seen within {timeout} s: {what}")
+        time.sleep(0.05)
+
+
+def _log_has(path: Path, text: str) -> Callable[[], bool]:
+    return lambda: path.exists() and text in path.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("victim", [("worker", 1), ("ps", 1)], ids=["worker", "ps"])
+def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]], NetnsLab], tmp_path: Path,
+                                                 victim: tuple[str, int]) -> None:
+    """The local launcher (this process, root namespace) runs 2 ps + 3 workers, each task in its own
+    namespace (LocalCluster's TaskHosts seam) over the TCP carrier, with --restart-policy on-failure and
+    checkpoints; the victim's link is cut for twice the liveness bound, then restored: the victim is killed
+    as unresponsive within the bound and restarted (a worker rejoins; a ps task is restored as a dead one
+    is), and every record is read exactly once per epoch."""
+    from psflow.launch.health import HealthConfig
+    from psflow.launch.local import TaskHosts, run_local
+    from psflow.launch.resilience import ResilienceConfig
+    from psflow.launch.status_http import StatusConfig
+    from psflow.launch.supervisor import RestartConfig
+    from psflow.train.config import TrainConfig
+
+    tasks = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2)]
+    lab = make_lab([f"{job}{i}" for job, i in tasks])
+    placement = TaskHosts(
+        hosts={(job, i): lab.hosts[f"{job}{i}"].address for job, i in tasks},
+        prefixes={(job, i): ("ip", "netns", "exec", lab.hosts[f"{job}{i}"].netns) for job, i in tasks})
+    liveness = 3.0  # s
+    health = HealthConfig(unresponsive_after=liveness)  # start_timeout: the default (60 s)
+    resilience = ResilienceConfig(RestartConfig(policy="on-failure", max_restarts=5), health)
+    epochs, out = 3, tmp_path / "run"
+    config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=3,
+                         epochs=epochs, batch_size=512, log_every=1, transport="tcp", connect_timeout=120.0,
+                         checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
+    host, name = f"{victim[0]}{victim[1]}", f"/job:{victim[0]}/task:{victim[1]}"
+    worker_log = out / "logs" / "worker-1.log"
+    cut_error: list[BaseException] = []
+    cut_at: list[float] = []
+
+    def cut_victim() -> None:
+        try:
+            _wait_for("worker 1's first step", _log_has(worker_log, "step="), timeout=120)
+            cut_at.append(time.time())
+            lab.cut(host)
+            time.sleep(2 * health.detection_bound)
+            lab.heal(host)
+        except BaseException as e:  # reported by the test below
+            cut_error.append(e)
+            lab.heal(host)
+
+    cutter = threading.Thread(target=cut_victim, daemon=True)
+    cutter.start()
+    metrics = run_local(config, str(out), progress=None, resilience=resilience, status=StatusConfig(enabled=False),
+                        placement=placement)
+    cutter.join(timeout=60)
+    assert not cut_error, cut_error
+    assert any(name in h for h in metrics["hangs"]), metrics["hangs"]
+    killed = next(r for r in metrics["restarts"] if r["task"] == name)
+    assert killed["restarted"], metrics["restarts"]
+    assert killed["time"] - cut_at[0] <= health.detection_bound + 2.0, (killed, cut_at)  # + the 1 s poll and slack
+    assert metrics["examples"] == epochs * A9A_RECORDS
+    assert metrics["eval"]["auc"] >= 0.895, metrics["eval"]
+    cluster = json.loads((out / "cluster.json").read_text())
+    assert all(not a.startswith("127.") for addrs in cluster.values() for a in addrs), cluster
+    # The TCP carrier's port was found over gRPC and reached at the task's own address (no loopback).
+    assert all((s.get("tcp") or {}).get("authenticated", 0) >= 3 for s in metrics["ps"]), metrics["ps"]
+
+
+def _elections(log: Path) -> list[int]:
+    """Epochs at which the task of ``log`` was granted the chief lease, in order (a worker that finished its
+    data may resign at once: it held the duties all the same)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return [int(e) for e in re.findall(r"leads election 'chief' at epoch (\d+)", text)]
+
+
+def _start_zookeeper(lab: NetnsLab, host: str, workdir: Path, timeout: float = 60.0) -> str:
+    """A standalone ZooKeeper server in ``host``'s namespace, on its own address; ``ADDRESS:2181``.
+    Skips where ZooKeeper, java or kazoo is missing (as the ``zookeeper`` fixture does)."""
+    import socket
+
+    from zookeeper_server import _classpath
+
+    classpath = _classpath()
+    if classpath is None:
+        pytest.skip("ZooKeeper is not installed (apt-get install zookeeper) or java is missing")
+    pytest.importorskip("kazoo")
+    address = lab.hosts[host].address
+    cfg = workdir / "zoo.cfg"
+    cfg.write_text("\n".join([
+        "tickTime=200", f"dataDir={workdir / 'zk-data'}", "clientPort=2181", f"clientPortAddress={address}",
+        "admin.enableServer=false", "4lw.commands.whitelist=ruok", "maxClientCnxns=200", ""]))
+    lab.spawn(host, ["java", "-Xmx256m", "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain",
+                     str(cfg)], log=workdir / "zookeeper.log")
+
+    def ruok() -> bool:
+        try:
+            with socket.create_connection((address, 2181), timeout=1.0) as s:
+                s.sendall(b"ruok")
+                return s.recv(4) == b"imok"
+        except OSError:
+            return False
+
+    _wait_for("ZooKeeper answering ruok", ruok, timeout=timeout)
+    return f"{address}:2181"
+
+
+@pytest.mark.parametrize("coordination", ["embedded", "zookeeper"])
+def test_a_cut_off_chief_is_replaced_and_fenced(make_lab: Callable[[list[str]], NetnsLab], tmp_path: Path, coordination: str) -> None:
+    """chief, 2 workers, 2 ps (psflow server, TF_CONFIG) in 5 namespaces (and ZooKeeper in a sixth), leases
+    on ps 0 or in ZooKeeper; the chief's link is cut: a worker holds the duties within the lease time; after
+    the heal no checkpoint carries the old epoch, and a write carrying it is refused (the ps logs the
+    refusal); the run completes."""
+    from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, FailedPreconditionError
+    from psflow.rpc.grpc_client import TaskChannel
+
+    lab = make_lab(["ps0", "ps1", "chief", "w0", "w1", "zk"])
+    addr = {name: f"{h.address}:{PORT}" for name, h in lab.hosts.items()}
+    cluster = ClusterSpec({"chief": [addr["chief"]], "worker": [addr["w0"], addr["w1"]],
+                           "ps": [addr["ps0"], addr["ps1"]]})
+    ckpt, lease_ttl = tmp_path / "ckpt", 3.0
+    coord = ["--coordination", coordination]
+    if coordination == "zookeeper":
+        coord += ["--zookeeper", _start_zookeeper(lab, "zk", tmp_path)]
+    for i in range(2):
+        _start(lab, cluster, f"ps{i}", "ps", i, tmp_path, "--checkpoint-dir", str(ckpt))
+    train = ["--train", str(A9A), "--num-features", "124", "--epochs", "3", "--batch-size", "128", "--no-status",
+             "--connect-timeout", "120", "--log-every", "1", "--checkpoint-dir", str(ckpt),
+             "--save-checkpoints-steps", "25", "--max-to-keep", "1000", "--lease-ttl", str(lease_ttl), *coord]
+    trainers = {"chief-0": ("chief", "chief", 0), "worker-0": ("w0", "worker", 0), "worker-1": ("w1", "worker", 1)}
+    for host, job, index in trainers.values():
+        _start(lab, cluster, host, job, index, tmp_path, *train)
+    procs = {name: lab.procs[-len(trainers) + k] for k, name in enumerate(trainers)}
+    chief_log = tmp_path / "chief-0.log"
+
+    _wait_for("the chief's first step", _log_has(chief_log, "step="), timeout=120)
+    (old_epoch,) = _elections(chief_log)[:1]
+    cut_at = time.monotonic()
+    lab.cut("chief")
+    try:
+        _wait_for("a worker elected chief", lambda: any(
+            _elections(tmp_path / f"worker-{i}.log") for i in range(2)), timeout=60)
+        took_over = time.monotonic() - cut_at
+        takeover_wall = time.time()
+    finally:
+        lab.heal("chief")
+    # Fail-over bound (psflow.coord): lease_ttl, plus up to lease_ttl / 3 of renewal period; + polling slack.
+    assert took_over <= lease_ttl * 4 / 3 + 3.0, took_over
+    new_epoch = min(e for i in range(2) for e in _elections(tmp_path / f"worker-{i}.log"))
+    assert new_epoch > old_epoch
+    _wait_for("the old chief sees it lost the lease", _log_has(chief_log, f"no longer chief (lease epoch {old_epoch}"),
+              timeout=60)
+
+    # A write carrying the old epoch is refused by every ps task, which logs it.
+    connect = ConnectConfig(connect_timeout=30, rpc_timeout=10, token=TOKEN)
+    for i in range(2):
+        channel = TaskChannel(f"/job:ps/task:{i}", cluster.task_address("ps", i), PARAMETER_SERVICE, connect)
+        try:
+            with pytest.raises(FailedPreconditionError, match=f"epoch {old_epoch} refused"):
+                channel.call("Fence", {"token": old_epoch, "scope": "chief", "holder": "the old chief"})
+        finally:
+            channel.close()
+        assert f"epoch {old_epoch} refused" in (tmp_path / f"ps-{i}.log").read_text(errors="replace")
+
+    _wait_all(procs, tmp_path, timeout=300)
+    # No split brain: no checkpoint written after the take-over carries the old chief's epoch.
+    late = [json.loads(w.read_text()) for w in ckpt.glob("ckpt-*/writer.json") if w.stat().st_mtime > takeover_wall]
+    assert late and all(int(w["epoch"]) > old_epoch for w in late), (old_epoch, late)
+    pointer = json.loads((ckpt / "checkpoint").read_text())
+    assert int(pointer["epoch"]) > old_epoch, pointer
+
+
+_TLS_PS = """
+import sys
+from psflow.cluster import ClusterSpec
+from psflow.rpc.tls import TlsConfig
+from psflow.server import Server
+
+cluster, index, cert, key = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+with open(cert, "rb") as c, open(key, "rb") as k:
+    tls = TlsConfig(cert_chain=c.read(), private_key=k.read())
+server = Server(ClusterSpec.from_json(cluster), "ps", index, token=sys.argv[5], tls=tls)
+print("serving", flush=True)
+server.join()
+"""
+
+
+def _ca_and_host_certs(hosts: dict[str, str]) -> tuple[bytes, dict[str, tuple[bytes, bytes]]]:
+    """A CA certificate, and for each name a (certificate, key) PEM pair signed by it whose only
+    subject alternative name is that host's IP address."""
+    import datetime
+    import ipaddress
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def build(subject: str, public: object, issuer: str, signer: object, extensions: list[tuple[object, bool]]) -> object:
+        b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+             .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)])).public_key(public)
+             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+             .not_valid_after(now + datetime.timedelta(days=1)))
+        for ext, critical in extensions:
+            b = b.add_extension(ext, critical=critical)
+        return b.sign(signer, hashes.SHA256())
+
+    def pem_key(key: object) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,  # type: ignore[attr-defined]
+                                 serialization.NoEncryption())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = build("psflow-test-ca", ca_key.public_key(), "psflow-test-ca", ca_key,
+               [(x509.BasicConstraints(ca=True, path_length=None), True)])
+    out = {}
+    for name, ip in hosts.items():
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = build(name, key.public_key(), "psflow-test-ca", ca_key,
+                     [(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), False),
+                      (x509.BasicConstraints(ca=False, path_length=None), True)])
+        out[name] = (cert.public_bytes(serialization.Encoding.PEM), pem_key(key))  # type: ignore[attr-defined]
+    return ca.public_bytes(serialization.Encoding.PEM), out  # type: ignore[attr-defined]
+
+
+def test_tls_with_a_certificate_per_host(make_lab: Callable[[list[str]], NetnsLab], tmp_path: Path) -> None:
+    """Each ps task serves TLS with its own certificate, whose only SAN is its IP address; a client
+    elsewhere checks it against the CA and the address it dialed: ps 1 presenting ps 0's certificate
+    is refused."""
+    from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, TaskUnavailableError
+    from psflow.rpc.grpc_client import TaskChannel
+    from psflow.rpc.tls import TlsConfig
+
+    lab = make_lab(["ps0", "ps1"])
+    ca, certs = _ca_and_host_certs({name: h.address for name, h in lab.hosts.items()})
+    cluster = ClusterSpec({"ps": [f"{lab.hosts[f'ps{i}'].address}:{PORT}" for i in range(2)]})
+    script = tmp_path / "tls_ps.py"
+    script.write_text(_TLS_PS)
+    served = {0: "ps0", 1: "ps0"}  # ps 1 presents ps 0's certificate: a mismatch the client must refuse
+    for index, cert_of in served.items():
+        (tmp_path / f"{index}.crt").write_bytes(certs[cert_of][0])
+        (tmp_path / f"{index}.key").write_bytes(certs[cert_of][1])
+        lab.spawn(f"ps{index}", [sys.executable, str(script), cluster.to_json(), str(index), str(tmp_path / f"{index}.crt"),
+                                 str(tmp_path / f"{index}.key"), TOKEN], log=tmp_path / f"ps-{index}.log")
+    _wait_for("both ps tasks serving", lambda: all(_log_has(tmp_path / f"ps-{i}.log", "serving")() for i in range(2)),
+              timeout=120)
+    connect = ConnectConfig(connect_timeout=30, rpc_timeout=10, token=TOKEN, tls=TlsConfig(root_certificates=ca))
+    good = TaskChannel("/job:ps/task:0", cluster.task_address("ps", 0), PARAMETER_SERVICE, connect)
+    try:
+        assert good.call("Stats").meta["task"] == "/job:ps/task:0"
+    finally:
+        good.close()
+    short = ConnectConfig(connect_timeout=3, rpc_timeout=3, token=TOKEN, tls=TlsConfig(root_certificates=ca))
+    wrong = TaskChannel("/job:ps/task:1", cluster.task_address("ps", 1), PARAMETER_SERVICE, short)
+    try:
+        with pytest.raises(TaskUnavailableError):
+            wrong.call("Stats")
+    finally:
+        wrong.close()

@@ -1,0 +1,77 @@
+"""A push of an earlier process of a worker, delivered late (after a link heals), is never applied
+once the new process has read its reader position (psflow.ps.service, Incarnations)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from psflow.cluster import ClusterSpec
+from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
+from psflow.ps.optimizers import OptimizerSpec
+from psflow.ps.service import ParameterService
+from psflow.rpc.api import InvalidRequest, PreconditionFailed
+from psflow.rpc.framing import Frame
+
+
+def registered() -> ParameterService:
+    """ps task 0 of two, holding global_step, with ``w`` (10 x 2, partitioned in 2) registered."""
+    vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["10.231.0.1:1", "10.231.0.2:1"]})))
+    vs.get_variable("w", (10, 2), partitioner=fixed_size_partitioner(2), initializer={"name": "constant", "value": 1.0})
+    svc = ParameterService(0, holds_global_step=True)
+    svc.register(Frame({"layout": [p.to_json() for p in vs.placements()],
+                        "optimizer": OptimizerSpec("sgd", {"learning_rate": 0.5}).to_json(), "client": "w0",
+                        "chief": True}))
+    return svc
+
+
+def push(svc: ParameterService, incarnation: int | None, position: str) -> dict[str, object]:
+    meta: dict[str, object] = {"grads": [["w/part_0", "sparse"]], "step": True, "examples": 4, "worker": "w1",
+                               "position": position}
+    if incarnation is not None:
+        meta["incarnation"] = incarnation
+    reply, _ = svc.push(Frame(meta, {"g/w/part_0": np.ones((1, 2), np.float32), "i/w/part_0": np.array([3])}))
+    return reply
+
+
+def positions(svc: ParameterService, incarnation: int) -> dict[str, str]:
+    reply, _ = svc.handlers()["ReaderPositions"](Frame({"worker": "w1", "incarnation": incarnation}))
+    return dict(reply["positions"])
+
+
+def test_a_late_push_of_a_replaced_worker_process_is_refused_and_counts_nothing() -> None:
+    svc = registered()
+    push(svc, 100, "p1")
+    assert positions(svc, 200) == {"w1": "p1"}  # the restarted process (incarnation 200) resumes at p1
+    with pytest.raises(PreconditionFailed, match=r"earlier process of w1 \(incarnation 100 < 200\)"):
+        push(svc, 100, "p2")  # the old process's push, delivered late
+    stats, _ = svc.get_stats(Frame())
+    assert stats["examples"] == 4 and stats["global_step"] == 1 and positions(svc, 200) == {"w1": "p1"}
+    push(svc, 200, "p2")  # the new process goes on
+    assert positions(svc, 200) == {"w1": "p2"}
+    push(svc, None, "p3")  # a client that sends no incarnation is not fenced (older clients, tools)
+
+
+def test_reading_positions_waits_for_the_workers_own_pushes_in_flight() -> None:
+    svc = registered()
+    with svc._gate:
+        svc._inflight_of["w2"] = 1  # another worker's push (sync: it may wait for this one): not waited for
+    assert positions(svc, 7) == {}
+    with svc._gate:
+        svc._inflight_of["w1"] = 1  # a push of w1's old process being applied
+    done = threading.Event()
+    threading.Thread(target=lambda: (positions(svc, 8), done.set()), daemon=True).start()
+    time.sleep(0.2)
+    assert not done.is_set()
+    with svc._gate:
+        del svc._inflight_of["w1"]
+        svc._gate.notify_all()
+    assert done.wait(10)
+
+
+def test_a_malformed_incarnation_is_refused() -> None:
+    with pytest.raises(InvalidRequest, match="incarnation"):
+        push(registered(), -1, "p")
