@@ -16,7 +16,8 @@
 ``scalars``         the chief's TensorBoard scalars so far (``train/loss``,
                     ``eval/auc``, ...), read incrementally from the summary directory
 ``staleness_histogram`` (staleness -> pushes, ps task 0), ``sync`` (the step being
-                    collected: who contributed, who it waits for, for how long), ``ssp``
+                    collected, over every ps task: who contributed, who it waits for, for how
+                    long; ``per_ps``: each task's own part), ``ssp``
 ``faults``, ``restarts``, ``hangs``  (the launcher's; as metrics.json), ``checkpoints``
                     (the ledger of ps task 0: saved, failed, newest step and path)
 
@@ -348,7 +349,7 @@ class StatusCollector:
             "series": {k: list(v) for k, v in self._series.items()},
             "scalars": {tag: [list(p) for p in points] for tag, points in sorted(self._scalars.items())},
             "staleness_histogram": dict(head.get("staleness_histogram") or {}),
-            "sync": _sync_view(head),
+            "sync": _sync_view(head, [self._ps_stats[i] for i in sorted(self._ps_stats)]),
             "ssp": _ssp_view(head),
             "faults": list(events.get("faults", [])),
             "restarts": list(events.get("restarts", [])),
@@ -416,13 +417,27 @@ def _ps_index(stats: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _sync_view(head: Mapping[str, Any]) -> dict[str, Any] | None:
+def _sync_view(head: Mapping[str, Any], every_ps: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The step being collected, over every ps task: each aggregates its own part of a sync step, so a
+    worker stopped between its pushes to two ps tasks holds up only the one it has not reached yet
+    (``per_ps``); ``contributed`` and ``waiting_for`` are the unions, ``waiting_seconds`` the longest wait."""
     if head.get("mode") != "sync":
         return None
-    return {"contributed": head.get("sync_contributed") or [], "waiting_for": head.get("sync_waiting_for") or [],
-            "waiting_seconds": head.get("sync_waiting_seconds"), "live_replicas": head.get("live_replicas"),
-            "steps_applied": head.get("sync_steps_applied"), "timeouts": head.get("sync_timeouts"),
-            "stale_dropped": head.get("stale_dropped")}
+    contributed: list[str] = []
+    waiting: list[str] = []
+    longest: float | None = None
+    per_ps = {}
+    for stats in every_ps:
+        mine, missing = stats.get("sync_contributed") or [], stats.get("sync_waiting_for") or []
+        contributed += [w for w in mine if w not in contributed]
+        waiting += [w for w in missing if w not in waiting]
+        seconds = stats.get("sync_waiting_seconds")
+        if isinstance(seconds, (int, float)) and missing:
+            longest = max(longest or 0.0, float(seconds))
+        per_ps[str(stats.get("task"))] = {"contributed": mine, "waiting_for": missing, "waiting_seconds": seconds}
+    return {"contributed": contributed, "waiting_for": waiting, "waiting_seconds": longest, "per_ps": per_ps,
+            "live_replicas": head.get("live_replicas"), "steps_applied": head.get("sync_steps_applied"),
+            "timeouts": head.get("sync_timeouts"), "stale_dropped": head.get("stale_dropped")}
 
 
 def _ssp_view(head: Mapping[str, Any]) -> dict[str, Any] | None:
