@@ -12,8 +12,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from psflow.cluster import ClusterSpec
 
@@ -22,6 +24,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 A9A = REPO / "data" / "a9a" / "a9a"
 A9A_T = REPO / "data" / "a9a" / "a9a.t"
 TOKEN = "test-token-0123456789"
+T = TypeVar("T")
 
 
 @dataclass
@@ -73,14 +76,14 @@ class ClusterHandle:
                 proc.wait()
 
 
-def run_cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
-    """Runs the ``psflow`` command in a child process (bounded by ``timeout``) and captures its output.
+def run_bounded(cmd: list[str], *, timeout: float, cwd: Path = REPO,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Runs ``cmd`` in a process group of its own and captures its output (text).
 
-    The command runs in a process group of its own: past ``timeout`` the whole group (the
-    launcher and every task it started) is SIGKILLed by its id, then TimeoutExpired is raised.
+    Past ``timeout`` the whole group (the command and every process it started) is SIGKILLed by
+    its id, then TimeoutExpired is raised; whatever happens, nothing of the group outlives the call.
     """
-    cmd = [sys.executable, "-m", "psflow", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(REPO),
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(cwd), env=env,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -93,3 +96,23 @@ def run_cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def run_cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+    """Runs the ``psflow`` command in a child process (bounded by ``timeout``, as :func:`run_bounded`)."""
+    return run_bounded([sys.executable, "-m", "psflow", *args], timeout=timeout)
+
+
+def wait_until(condition: Callable[[], T | None], what: str, limit: float = 120.0) -> T:
+    """Polls ``condition`` every 0.1 s until it returns a true value (returned); fails naming ``what``.
+
+    ``limit`` is a safety net, never reached by a passing run: no test depends on how fast the machine is.
+    """
+    deadline = time.monotonic() + limit
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {limit:.0f} s (safety net): {what}")
+        time.sleep(0.1)

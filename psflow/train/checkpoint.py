@@ -689,9 +689,11 @@ class SaveStatusWatcher:
     def poll(self, client: ParameterClient, *, force: bool = False) -> list[str]:
         """Console lines for the failures since the last poll (none if polled less than ``every`` s ago).
 
-        ``force``: poll now, whatever the time since the last one, and wait longer for the answer
-        (10 s instead of 2): a forced poll is the last one before the ps tasks stop (the run ended or
-        failed), so a busy ps task must not cost the user the lines of its last failures.
+        ``force``: poll now, whatever the time since the last one, wait for the channel to be
+        connected (a channel whose first calls failed, before the ps tasks listened, backs off its
+        reconnects) and longer for the answer (10 s instead of 2): a forced poll is the last one
+        before the ps tasks stop (the run ended or failed), so a busy ps task or a short run must not
+        cost the user the lines of its last failures.
 
         Never raises: a ledger that cannot be read now is read at a later poll.
         """
@@ -700,6 +702,8 @@ class SaveStatusWatcher:
             return []
         self._last_poll = now
         try:
+            if force:  # the channel may be backing off its reconnects (it was made before the ps tasks listened)
+                client.channels[client.step_task].wait_ready(timeout=10.0)
             status = checkpoint_status(client, timeout=10.0 if force else 2.0)
         except RpcError:
             return []

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import A9A, REPO
+from support import A9A, REPO, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -63,21 +63,9 @@ def alive(pid: int, start: int) -> bool:
     return stat is not None and stat[2] == start
 
 
-def wait_until(condition: Callable[[], Any], limit: float, what: str) -> Any:
-    """Polls ``condition`` every 0.1 s until it returns a true value (returned); fails naming ``what``."""
-    deadline = time.monotonic() + limit
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {limit:.0f} s (safety net): {what}")
-        time.sleep(0.1)
-
-
 def wait_gone(pids: dict[int, int], limit: float = GONE_LIMIT) -> None:
-    wait_until(lambda: not [p for p, s in pids.items() if alive(p, s)], limit,
-               f"every task gone; alive: {[(p, cmdline(p)) for p, s in pids.items() if alive(p, s)]}")
+    wait_until(lambda: not [p for p, s in pids.items() if alive(p, s)],
+               f"every task gone; alive: {[(p, cmdline(p)) for p, s in pids.items() if alive(p, s)]}", limit)
 
 
 def kill_by_pid(pids: dict[int, int]) -> None:
@@ -124,7 +112,7 @@ class Launcher:
         """Waits until the four tasks run and a worker logged a step; returns their pids."""
         logs = [self.out / "logs" / f"worker-{i}.log" for i in range(2)]
         wait_until(lambda: self.proc.poll() is None and len(self.tasks()) == 4 and any(map(steps_logged, logs)),
-                   START_LIMIT, f"training started (launcher: {self.proc.poll()}, {self.stderr()[-2000:]})")
+                   "training started (the launcher's stderr is in the run's .stderr file)", START_LIMIT)
         return self.tasks()
 
     def wait(self) -> int:
@@ -202,15 +190,15 @@ def test_worker_sigterm_mid_training_exits_143_every_time(launch: Callable[..., 
     log = run.out / "logs" / "worker-1.log"
     killed: dict[int, int] = {}
     for _ in range(3):
-        pid = wait_until(lambda: (p := run.task_pid("worker", 1)) not in killed and p, START_LIMIT,
-                         "worker 1 (re)started")
+        pid = wait_until(lambda: (p := run.task_pid("worker", 1)) not in killed and p, "worker 1 (re)started",
+                         START_LIMIT)
         steps = steps_logged(log)
-        wait_until(lambda steps=steps: steps_logged(log) > steps, START_LIMIT, f"worker 1 (pid {pid}) training")
+        wait_until(lambda steps=steps: steps_logged(log) > steps, f"worker 1 (pid {pid}) training", START_LIMIT)
         killed[pid] = run.seen[pid]
         os.kill(pid, signal.SIGTERM)
         wait_gone({pid: killed[pid]})
-        wait_until(lambda pid=pid: f"(pid {pid}) exited on SIGTERM (code 143)" in run.stderr(), START_LIMIT,
-                   f"the launcher reported worker 1 (pid {pid})")
+        wait_until(lambda pid=pid: f"(pid {pid}) exited on SIGTERM (code 143)" in run.stderr(),
+                   f"the launcher reported worker 1 (pid {pid})", START_LIMIT)
     os.kill(run.pid, signal.SIGTERM)
     assert run.wait() == 128 + signal.SIGTERM, run.stderr()[-3000:]
     metrics = run.metrics()

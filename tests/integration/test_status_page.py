@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,22 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import A9A, A9A_T, REPO
+from support import A9A, A9A_T, REPO, run_bounded, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 LIMIT = 120.0  # safety net, seconds
-
-
-def wait_until(condition: Callable[[], Any], what: str, limit: float = LIMIT) -> Any:
-    deadline = time.monotonic() + limit
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {limit:.0f} s (safety net): {what}")
-        time.sleep(0.1)
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> bytes:
@@ -104,23 +92,11 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def chromium(*args: str, cwd: Path) -> str:
-    """Runs headless Chromium once (its own process group, killed by pid past the limit); returns stdout."""
+    """Runs headless Chromium once (its own process group, killed by id past the limit); returns stdout."""
     cmd = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
            "--no-first-run", "--disable-extensions", f"--user-data-dir={cwd / 'chromium-profile'}",
            "--virtual-time-budget=4000", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                            cwd=str(cwd), start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return out.decode(errors="replace")
+    return run_bounded(cmd, cwd=cwd, timeout=90).stdout
 
 
 class PageView(html.parser.HTMLParser):

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -21,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from support import A9A, A9A_T, REPO
+from support import A9A, A9A_T, REPO, run_bounded
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -43,20 +42,8 @@ def _env() -> dict[str, str]:
 
 
 def _run(cmd: list[str], *, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Runs ``cmd`` in its own process group; past ``timeout`` the whole group is SIGKILLed (by its id) and TimeoutExpired raised."""
-    proc = subprocess.Popen(cmd, cwd=str(cwd), env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    """Runs ``cmd`` outside this venv's environment, bounded as :func:`support.run_bounded`."""
+    return run_bounded(cmd, cwd=cwd, env=_env(), timeout=timeout)
 
 
 def _copy_sources(dest: Path) -> None:
