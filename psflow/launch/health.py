@@ -159,8 +159,7 @@ class HealthMonitor:
                     continue
                 h.last_error = error
                 # A failed channel backs off its reconnects (up to minutes): use a fresh one next round.
-                self._channels[name].close()
-                self._channels[name] = TaskChannel(name, h.address, WORKER_SERVICE, self._connect)
+                self._channels[name].reconnect()
                 limit = self.config.unresponsive_after if h.answered else max(self.config.unresponsive_after,
                                                                                self.config.start_timeout)
                 if not h.reported and h.silent_for(now) >= limit:

@@ -129,7 +129,7 @@ class Resilience:
         try:
             while (self.injector is not None and (self.injector.pending() or waiting)
                    and not self._closed.wait(_CHAOS_POLL)):
-                step = _global_step(channels, connect)
+                step = _global_step(channels)
                 if step is None:
                     continue
                 if step > 0 and self.monitor is not None:  # training advanced: every ps task is serving
@@ -227,17 +227,16 @@ class Resilience:
             return list(self.hang_kills)
 
 
-def _global_step(channels: list[TaskChannel], connect: ConnectConfig) -> int | None:
+def _global_step(channels: list[TaskChannel]) -> int | None:
     """global_step from the first ps task that answers (None if none does). A channel whose call
-    failed is replaced by a fresh one in ``channels``: a failed gRPC channel backs off its
+    failed reconnects (:meth:`TaskChannel.reconnect`): a failed gRPC channel backs off its
     reconnects (up to minutes), and the ps tasks are not listening yet when this starts, so the
     first calls fail; a backed-off channel would see the steps only long after they passed."""
-    for i, ch in enumerate(channels):
+    for ch in channels:
         try:
             step = ch.call("Stats").meta.get("global_step")
         except RpcError:
-            ch.close()
-            channels[i] = TaskChannel(ch.task, ch.address, PARAMETER_SERVICE, connect)
+            ch.reconnect()
             continue
         if isinstance(step, int):
             return step

@@ -127,7 +127,6 @@ class StatusCollector:
         self._started_wall = time.time()
         self._started = time.monotonic()
         connect = ConnectConfig(connect_timeout=timeout, rpc_timeout=timeout, token=token)
-        self._connect = connect
         self._tasks: list[_Task] = []
         for job in cluster.jobs:
             for index in cluster.task_indices(job):
@@ -232,8 +231,7 @@ class StatusCollector:
                 meta = calls[t.name].result().meta
             except RpcError as e:
                 t.last_error = str(e).splitlines()[0][:200]
-                t.channel.close()  # a failed channel backs off its reconnects: a fresh one next round
-                t.channel = TaskChannel(t.name, t.address, WORKER_SERVICE, self._connect)
+                t.channel.reconnect()  # a failed channel backs off its reconnects: a fresh one next round
                 continue
             pid = meta.get("pid")
             if isinstance(pid, int):
@@ -248,10 +246,7 @@ class StatusCollector:
             try:
                 self._ps_stats[index] = dict(call.result().meta)
             except RpcError:
-                ch = self._ps[index]
-                ch.close()
-                self._ps[index] = TaskChannel(ch.task, self.cluster.task_address("ps", index), PARAMETER_SERVICE,
-                                              self._connect)
+                self._ps[index].reconnect()
         step_task = self._step_task()
         if self._checkpoints and step_task is not None:
             try:

@@ -91,6 +91,10 @@ class TaskChannel:
         self.address = address
         self._service = service
         self._config = config
+        self._open()
+
+    def _open(self) -> None:
+        config, address = self._config, self.address
         options: list[tuple[str, Any]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -175,3 +179,11 @@ class TaskChannel:
     def close(self) -> None:
         """Closes the channel; idempotent."""
         self._channel.close()
+
+    def reconnect(self) -> None:
+        """Replaces the gRPC channel by a fresh one (same task, address and settings), for pollers
+        whose call failed: a failed gRPC channel backs its reconnects off (up to minutes), so a task
+        that came up meanwhile would stay unseen; a fresh channel tries at the next call. Calls in
+        flight on the old channel fail. Not thread-safe against calls on this object."""
+        self._channel.close()
+        self._open()
