@@ -92,7 +92,6 @@ class _Task:
     last_heartbeat: float | None = None   # wall-clock time of the last answer
     last_error: str = ""
     pid_changes: int = 0                  # restarts seen from outside (no launcher)
-    generation: int | None = None
 
 
 class StatusCollector:
