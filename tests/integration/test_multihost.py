@@ -197,11 +197,15 @@ def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path
         client.close()
 
 
-def _wait_for(what: str, condition: Callable[[], bool], timeout: float) -> None:
+def _wait_for(what: str, condition: Callable[[], bool], timeout: float,
+              logs: tuple[Path, ...] = ()) -> None:
+    """Polls ``condition`` until true; fails after ``timeout`` s with the last lines of ``logs``."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not seen within {timeout} s: {what}")
+            tails = "".join(f"\n--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+                            for log in logs if log.exists())
+            raise AssertionError(f"not seen within {timeout} s: {what}{tails}")
         time.sleep(0.05)
 
 
@@ -321,15 +325,18 @@ def test_a_cut_off_chief_is_replaced_and_fenced(make_lab: Callable[[list[str]], 
     addr = {name: f"{h.address}:{PORT}" for name, h in lab.hosts.items()}
     cluster = ClusterSpec({"chief": [addr["chief"]], "worker": [addr["w0"], addr["w1"]],
                            "ps": [addr["ps0"], addr["ps1"]]})
-    ckpt, lease_ttl = tmp_path / "ckpt", 3.0
+    ckpt, lease_ttl = tmp_path / "ckpt", 2.0
     coord = ["--coordination", coordination]
     if coordination == "zookeeper":
         coord += ["--zookeeper", _start_zookeeper(lab, "zk", tmp_path)]
     for i in range(2):
         _start(lab, cluster, f"ps{i}", "ps", i, tmp_path, "--checkpoint-dir", str(ckpt))
-    train = ["--train", str(A9A), "--num-features", "124", "--epochs", "3", "--batch-size", "128", "--no-status",
-             "--connect-timeout", "120", "--log-every", "1", "--checkpoint-dir", str(ckpt),
-             "--save-checkpoints-steps", "25", "--max-to-keep", "1000", "--lease-ttl", str(lease_ttl), *coord]
+    # The duties go to a worker that still trains (a finished one resigns and lingers), so the workers must
+    # outlast the take-over bound (~3 s here) on a fast, idle machine: 30 epochs are ~2,500 steps each, at
+    # most ~500 steps/s. (With 3 epochs they finished within 2 s of the cut and nobody took over.)
+    train = ["--train", str(A9A), "--num-features", "124", "--epochs", "30", "--batch-size", "128", "--no-status",
+             "--connect-timeout", "120", "--log-every", "10", "--checkpoint-dir", str(ckpt),
+             "--save-checkpoints-steps", "250", "--max-to-keep", "1000", "--lease-ttl", str(lease_ttl), *coord]
     trainers = {"chief-0": ("chief", "chief", 0), "worker-0": ("w0", "worker", 0), "worker-1": ("w1", "worker", 1)}
     for host, job, index in trainers.values():
         _start(lab, cluster, host, job, index, tmp_path, *train)
@@ -342,7 +349,8 @@ def test_a_cut_off_chief_is_replaced_and_fenced(make_lab: Callable[[list[str]], 
     lab.cut("chief")
     try:
         _wait_for("a worker elected chief", lambda: any(
-            _elections(tmp_path / f"worker-{i}.log") for i in range(2)), timeout=60)
+            _elections(tmp_path / f"worker-{i}.log") for i in range(2)), timeout=60,
+            logs=(chief_log, tmp_path / "worker-0.log", tmp_path / "worker-1.log"))
         took_over = time.monotonic() - cut_at
         takeover_wall = time.time()
     finally:
