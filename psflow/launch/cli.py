@@ -36,6 +36,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -198,6 +199,9 @@ def _add_server_arguments(server: argparse.ArgumentParser) -> None:
     server.add_argument("--task", type=int, help="task index (else PSFLOW_TASK_INDEX, else TF_CONFIG)")
     server.add_argument("--state-dir", help="ps task 0 keeps global_step's bound here (global_step.json), so that "
                         "restarted it never hands out a step value twice; use storage that outlives the process")
+    server.add_argument("--eval-poll-secs", type=float, default=5.0, metavar="S",
+                        help="evaluator task (TF_CONFIG type 'evaluator'): look for a new checkpoint in "
+                             "--checkpoint-dir every S seconds (%(default)s)")
     server.add_argument("--bind-host", metavar="ADDRESS", help="listen on ADDRESS (e.g. 0.0.0.0) at the task's port "
                         "instead of on its cluster address's host (in a container, where that is a Service name)")
     _add_server_security_arguments(server)
@@ -382,6 +386,8 @@ def _server(args: argparse.Namespace) -> int:
         raise ConfigError("psflow server needs --cluster FILE (or TF_CONFIG in the environment)")
     if job is None or index is None:
         raise ConfigError("psflow server needs --job and --task (or a 'task' in TF_CONFIG)")
+    if job == "evaluator" and "evaluator" not in cluster.jobs:  # outside the cluster, as TensorFlow runs it
+        return _evaluator(args, cluster, index)
     port = cluster.task_address(job, index).rsplit(":", 1)[1]  # names the job/task if it is not in the cluster
     bind = None if args.bind_host is None else (
         f"[{args.bind_host}]:{port}" if ":" in args.bind_host else f"{args.bind_host}:{port}")
@@ -403,6 +409,24 @@ def _server(args: argparse.Namespace) -> int:
     finally:
         if page is not None:
             page.close()
+
+
+def _evaluator(args: argparse.Namespace, cluster: ClusterSpec, index: int) -> int:
+    """``psflow server`` as TensorFlow's evaluator task (:mod:`psflow.launch.evaluator`)."""
+    from psflow.launch.evaluator import run_evaluator
+    from psflow.launch.lifeline import StopRequest
+    from psflow.launch.task import configure_logging
+
+    trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)
+    config = _config(args, num_ps=cluster.num_tasks("ps"), num_workers=max(trainers, 1))
+    configure_logging(verbose=args.verbose)  # run_evaluator reads --eval first: a bad file is one clear line
+    stop = StopRequest(f"/job:evaluator/task:{index}")
+    stop.install_handlers()
+    stop.start()
+    stopped = threading.Event()
+    stop.on_stop(stopped.set)
+    run_evaluator(config, poll_secs=args.eval_poll_secs, stop=stopped)
+    return stop.exit_code if stop.requested() is not None else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -50,7 +51,7 @@ from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint
 from psflow.train.evaluation import ArrayParameters
 from psflow.train.evaluation import predict as predict_outputs
 
-__all__ = ["ExportedModel", "export_model", "load_model", "predict_file", "MODEL_FORMAT"]
+__all__ = ["ExportedModel", "export_model", "load_checkpoint_model", "load_model", "predict_file", "MODEL_FORMAT"]
 
 MODEL_FORMAT = "psflow-model"
 FORMAT_VERSION = 2
@@ -169,12 +170,35 @@ def load_model(model_dir: str, *, search_path: str | None = None) -> ExportedMod
         if legacy is None:
             raise CheckpointError(f"{meta_path}: a version 1 export of something other than logistic regression")
         config, data = legacy, {"num_features": legacy.num_features}
-    model = create_model(str(meta.get("model")), config, search_path=search_path or os.getcwd())
-    want = {spec.name: tuple(spec.shape) for spec in model.variables()}
-    have = {name: tuple(t.shape) for name, t in tensors.items()}
-    if want != have:
-        raise ModelError(f"{model_dir}: model {model.name!r} has variables {want}; the export holds {have}")
+    model = _rebuild(str(meta.get("model")), config, tensors, model_dir, search_path)
     return ExportedModel(model, dict(tensors), int(meta["global_step"]), data)
+
+
+def _rebuild(name: str, config: ModelConfig, values: Mapping[str, np.ndarray], where: str,
+             search_path: str | None) -> Model:
+    model = create_model(name, config, search_path=search_path or os.getcwd())
+    want = {spec.name: tuple(spec.shape) for spec in model.variables()}
+    have = {name: tuple(t.shape) for name, t in values.items()}
+    if want != have:
+        raise ModelError(f"{where}: model {model.name!r} has variables {want}; it holds {have}")
+    return model
+
+
+def load_checkpoint_model(checkpoint: str, *, search_path: str | None = None) -> ExportedModel:
+    """The model of a checkpoint (or of a checkpoint directory: its newest), as :func:`load_model` loads an
+    export: rebuilt through the registry from the manifest's model record, with the checkpoint's variables
+    (partitions joined; no optimizer slots). Reads files only: no ps task is involved.
+
+    Raises:
+        CheckpointError: no complete checkpoint, or one that does not say which model wrote it.
+        ModelError: the model cannot be rebuilt, or its variables differ from the checkpoint's.
+    """
+    path = _resolve_checkpoint(checkpoint)
+    manifest = read_manifest(path)
+    variables = read_variables(path)
+    record = _model_record(path, manifest, variables)
+    model = _rebuild(str(record["name"]), ModelConfig.from_dict(record["config"]), variables, path, search_path)
+    return ExportedModel(model, variables, manifest.global_step, dict(record.get("data") or {}))
 
 
 def predict_file(model_dir: str, data: list[str], *, format: str | None = None, out: TextIO | None = None) -> np.ndarray:

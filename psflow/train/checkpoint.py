@@ -85,7 +85,7 @@ import socket
 import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -162,6 +162,8 @@ class Manifest:
         created: Unix time of the save.
         lineage: the model state's lineage (see the module docstring), or None (older checkpoints).
         run: the writing run: ``{"run_id", "epoch", "holder", "writer", "host", "pid"}``, or None.
+        final: written when training ended (every worker finished its data, or ``--max-steps`` was
+            reached): no newer checkpoint of this run follows. An evaluator stops after it.
     """
 
     global_step: int
@@ -176,6 +178,7 @@ class Manifest:
     created: float = 0.0
     lineage: str | None = None
     run: dict[str, Any] | None = None
+    final: bool = False
 
     def to_json(self) -> str:
         data = {"format": FORMAT, "format_version": FORMAT_VERSION, **self.__dict__}
@@ -344,7 +347,8 @@ class CheckpointManager:
         return latest_checkpoint(self.directory)
 
     def save(self, client: ParameterClient, *, optimizer: Mapping[str, Any] | None = None,
-             model: Mapping[str, Any] | None = None, epoch: int | None = None, holder: str = "") -> SavedCheckpoint:
+             model: Mapping[str, Any] | None = None, epoch: int | None = None, holder: str = "",
+             final: bool = False) -> SavedCheckpoint:
         """Saves every ps task's variables and slots; see the module docstring for the order.
 
         Blocks until the checkpoint is complete and the pointer names it.
@@ -358,6 +362,7 @@ class CheckpointManager:
             model: the model's name, config and data settings, recorded in the manifest.
             epoch: the saving chief's lease epoch (fences the save); None: unfenced.
             holder: the lease holder, for the ps tasks' refusal messages.
+            final: training ended; recorded in the manifest (:attr:`Manifest.final`).
 
         Raises:
             CheckpointFencedError: a newer chief's epoch refused the save (not counted as failed).
@@ -370,7 +375,7 @@ class CheckpointManager:
         self._fence = {} if epoch is None else {"epoch": epoch, "holder": holder}
         self._current, self._step = None, None
         try:
-            saved = self._save(client, optimizer, model, epoch, holder)
+            saved = self._save(client, optimizer, model, epoch, holder, final)
         except CheckpointFencedError as e:
             self._remove_current()
             log.warning("%s: checkpoint not made current: %s", client.client_name, e)
@@ -386,8 +391,21 @@ class CheckpointManager:
                               "writer": client.client_name})
         return saved
 
+    def mark_final(self, path: str) -> None:
+        """Records in the manifest of checkpoint ``path`` that training ended there (:attr:`Manifest.final`).
+
+        For a run whose last periodic save fell on its last step. The manifest is replaced whole
+        (write, fsync, rename): a reader sees the old or the new one, both valid.
+
+        Raises:
+            CheckpointError: ``path`` has no readable manifest (it was deleted meanwhile).
+        """
+        manifest = read_manifest(path)
+        if not manifest.final:
+            write_file_atomically(os.path.join(path, MANIFEST_NAME), replace(manifest, final=True).to_json().encode())
+
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
-              epoch: int | None, holder: str) -> SavedCheckpoint:
+              epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
         if self._lock is not None:
             self._lock.acquire()
         os.makedirs(self.directory, exist_ok=True)
@@ -408,7 +426,7 @@ class CheckpointManager:
         write_file_atomically(os.path.join(path, WRITER_NAME), jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
         replies = self._write_shards(client, path)
         self._phase("shards_written")
-        manifest = self._manifest(client, replies, optimizer, model, lineage, writer)
+        manifest = self._manifest(client, replies, optimizer, model, lineage, writer, final)
         write_file_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
         self._phase("manifest_written")
         self._check_fence(client, path)
@@ -523,7 +541,7 @@ class CheckpointManager:
 
     def _manifest(self, client: ParameterClient, replies: dict[int, dict[str, Any]],
                   optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
-                  writer: Mapping[str, Any]) -> Manifest:
+                  writer: Mapping[str, Any], final: bool) -> Manifest:
         located = {p["key"]: (replies[t]["file"], p["slots"]) for t in replies for p in replies[t]["partitions"]}
         variables: dict[str, dict[str, Any]] = {}
         for name, placement in client.layout.items():
@@ -552,6 +570,7 @@ class CheckpointManager:
             created=time.time(),
             lineage=lineage,
             run={k: writer[k] for k in ("run_id", "epoch", "holder", "writer", "host", "pid")},
+            final=final,
         )
 
     def _switch_pointer(self, name: str, step: int, lineage: str, epoch: int | None,

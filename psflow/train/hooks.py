@@ -191,10 +191,14 @@ class CheckpointSaverHook(SessionRunHook):
             self._save(context.session)
 
     def end(self, session: MonitoredTrainingSession) -> None:
+        # end() runs only when training ended normally (see SessionRunHook): the last checkpoint says so
+        # (Manifest.final; an evaluator stops after it), whether saved now or already at this step.
         if session.client.global_step() != self._timer.last_step or not self.saved:
-            self._save(session)
+            self._save(session, final=True)
+        elif self._fence is None or self._fence() is not None:
+            self.manager.mark_final(self.saved[-1][0])
 
-    def _save(self, session: MonitoredTrainingSession) -> None:
+    def _save(self, session: MonitoredTrainingSession, *, final: bool = False) -> None:
         epoch, holder = None, ""
         if self._fence is not None:
             lease = self._fence()
@@ -203,7 +207,7 @@ class CheckpointSaverHook(SessionRunHook):
                 return
             epoch, holder = lease
         saved = self.manager.save(session.client, optimizer=self._optimizer, model=self._model, epoch=epoch,
-                                  holder=holder)
+                                  holder=holder, final=final)
         self.saved.append((saved.path, saved.global_step))
         self._timer.mark(saved.global_step)
 

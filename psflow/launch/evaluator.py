@@ -1,0 +1,140 @@
+"""The evaluator task: TensorFlow's ``evaluator``, which evaluates each new checkpoint on held-out data.
+
+A TFJob, or a ``TF_CONFIG`` written by hand, may give one task the type
+``evaluator``. As in TensorFlow, that task is not part of the training
+cluster (the cluster has no ``evaluator`` job; no ps task or worker ever
+calls it). ``psflow server`` runs it as follows:
+
+1. Every ``--eval-poll-secs`` (default 5 s) it looks for the newest complete
+   checkpoint in ``--checkpoint-dir``
+   (:func:`psflow.train.checkpoint.latest_checkpoint`).
+2. When that checkpoint is newer than the last one evaluated, the evaluator
+   reads it from the files (variables only, partitions joined), rebuilds the
+   model from the checkpoint's manifest, and evaluates it on ``--eval``. The
+   eval data is read once, as the chief's in-training evaluation reads it. Checkpoints written during an evaluation are
+   skipped, and the next evaluation takes the newest, as TensorFlow's
+   evaluator does.
+3. It logs one line per evaluation (``evaluator: step=S auc=... (ckpt-...)``).
+   With ``--summary-dir`` it also writes ``eval/<metric>`` scalars at the
+   checkpoint's global_step into ``SUMMARY_DIR/eval``, so TensorBoard shows
+   them beside the training curves.
+4. It exits with status 0 once it has evaluated the run's final checkpoint
+   (:attr:`psflow.train.checkpoint.Manifest.final`, written when training
+   ends normally), or a checkpoint at or past ``--max-steps``. A stop
+   (SIGTERM, SIGINT) ends it sooner, with ``128 + n``.
+
+The evaluator reads files and opens no channel to any task, so it cannot slow
+training. It does need to see the checkpoint directory: a shared file system,
+or on Kubernetes a volume that the chief writes to. If rotation deletes a
+checkpoint while it is being read, the evaluator logs that and moves on to the
+next newest; it never evaluates a partial checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, replace
+
+from psflow.data import Batch, read_all
+from psflow.launch.export import load_checkpoint_model
+from psflow.train.build import data_options
+from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest
+from psflow.train.config import ConfigError, TrainConfig
+from psflow.train.evaluation import ArrayParameters, evaluate
+from psflow.train.hooks import format_metrics
+from psflow.train.summary import SummaryWriter
+
+__all__ = ["EVALUATOR_JOB", "Evaluation", "run_evaluator"]
+
+log = logging.getLogger("psflow.evaluator")
+
+#: The task type TensorFlow (and a TFJob) gives the evaluator.
+EVALUATOR_JOB = "evaluator"
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluated checkpoint."""
+
+    checkpoint: str
+    global_step: int
+    metrics: dict[str, float]
+    final: bool
+
+
+def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threading.Event | None = None,
+                  search_path: str | None = None) -> list[Evaluation]:
+    """Evaluates each new checkpoint of ``config.checkpoint_dir`` on ``config.eval`` until training ended.
+
+    Blocks until the final checkpoint (or one at or past ``config.max_steps``) has been evaluated,
+    or ``stop`` is set (then it returns what it evaluated so far). See the module docstring.
+
+    Raises:
+        ConfigError: no ``checkpoint_dir`` or no ``eval`` data.
+        DataError: the eval data cannot be read (names the file and record).
+        ModelError: a checkpoint's model cannot be rebuilt (names the checkpoint).
+    """
+    if not config.checkpoint_dir:
+        raise ConfigError("the evaluator needs --checkpoint-dir (the directory the chief checkpoints into)")
+    if not config.eval:
+        raise ConfigError("the evaluator needs --eval (the data it evaluates each checkpoint on)")
+    if poll_secs <= 0:
+        raise ConfigError(f"--eval-poll-secs must be > 0, got {poll_secs}")
+    stop = stop if stop is not None else threading.Event()
+    batch = read_all(list(config.eval), config.format, **data_options(config))  # as the chief's EvalHook reads it
+    writer = SummaryWriter(os.path.join(config.summary_dir, "eval")) if config.summary_dir else None
+    done: list[Evaluation] = []
+    log.info("evaluator: watching %s every %.1f s; evaluating on %s", config.checkpoint_dir, poll_secs,
+             ", ".join(config.eval))
+    try:
+        while not stop.is_set():
+            newest = _newest(config.checkpoint_dir)
+            if newest is None or (done and newest[:2] == (done[-1].checkpoint, done[-1].global_step)):
+                if newest is not None and newest[2]:  # marked final after it was evaluated (the last
+                    log.info("evaluator: %s is the final checkpoint", os.path.basename(newest[0]))  # save's step)
+                    done[-1] = replace(done[-1], final=True)
+                    break
+                stop.wait(poll_secs)
+                continue
+            result = _evaluate(newest[0], batch, search_path)
+            if result is None:  # deleted by rotation while read: the next poll takes the newest
+                continue
+            done.append(result)
+            log.info("evaluator: step=%d %s (%s%s)", result.global_step, format_metrics(result.metrics),
+                     os.path.basename(result.checkpoint), ", final" if result.final else "")
+            if writer is not None:
+                writer.scalars({f"eval/{k}": v for k, v in result.metrics.items() if k != "examples"},
+                               result.global_step)
+            if result.final or (config.max_steps is not None and result.global_step >= config.max_steps):
+                break
+    finally:
+        if writer is not None:
+            writer.close()
+    if done and not stop.is_set():  # the loop ended by its break: the final checkpoint or --max-steps
+        log.info("evaluator: training ended at step %d; done after %d evaluations", done[-1].global_step, len(done))
+    return done
+
+
+def _newest(directory: str) -> tuple[str, int, bool] | None:
+    """(path, global_step, final) of the newest complete checkpoint in ``directory``, or None."""
+    path = latest_checkpoint(directory)
+    if path is None:
+        return None
+    try:
+        manifest = read_manifest(path)
+    except CheckpointError:  # deleted by rotation since
+        return None
+    return path, manifest.global_step, manifest.final
+
+
+def _evaluate(path: str, batch: Batch, search_path: str | None) -> Evaluation | None:
+    try:
+        final = read_manifest(path).final
+        loaded = load_checkpoint_model(path, search_path=search_path)
+    except (CheckpointError, OSError) as e:
+        log.info("evaluator: skipped %s (%s)", path, e)
+        return None
+    metrics = evaluate(loaded.model, ArrayParameters(loaded.values, what=path), batch)
+    return Evaluation(path, loaded.global_step, metrics, final)

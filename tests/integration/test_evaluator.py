@@ -1,0 +1,132 @@
+"""TensorFlow's evaluator task under ``psflow server``: every new checkpoint evaluated, the final one last.
+
+Real processes: a ps task, a chief and a worker (``psflow server`` with TF_CONFIG, gRPC on 127.0.0.1) train
+a9a with checkpoints; a fourth process, whose TF_CONFIG names it ``evaluator`` (a task outside the cluster,
+as a TFJob's Evaluator replica is), watches the checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from support import A9A, A9A_T, REPO, TOKEN, run_bounded, wait_until
+
+from psflow.data import read_all
+from psflow.launch.evaluator import run_evaluator
+from psflow.launch.export import load_checkpoint_model
+from psflow.launch.ports import free_ports
+from psflow.train.checkpoint import latest_checkpoint, read_manifest
+from psflow.train.config import ConfigError, TrainConfig
+from psflow.train.evaluation import ArrayParameters, evaluate
+from psflow.train.summary import read_scalars
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def _spawn(job: str, index: int, cluster: dict[str, list[str]], args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PSFLOW_TOKEN=TOKEN, PYTHONUNBUFFERED="1",
+               TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "psflow", "server", *args], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env, cwd=str(REPO))
+
+
+def _kill(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def test_the_evaluator_evaluates_each_new_checkpoint_and_ends_after_the_final_one(tmp_path: Path) -> None:
+    ports = free_ports(3)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"], "ps": [f"127.0.0.1:{ports[2]}"]}
+    ckpt, summaries = tmp_path / "ckpt", tmp_path / "summaries"
+    # The same arguments for every task, as a TFJob gives them.
+    args = ["--train", str(A9A), "--eval", str(A9A_T), "--num-features", "124", "--epochs", "2", "--batch-size", "256",
+            "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "40", "--max-to-keep", "100",
+            "--summary-dir", str(summaries), "--no-status", "--eval-poll-secs", "0.2"]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        # The evaluator first: it waits for the first checkpoint.
+        evaluator = _spawn("evaluator", 0, cluster, args, tmp_path / "evaluator.log")
+        procs.append(evaluator)
+        wait_until(lambda: "evaluator: watching" in (tmp_path / "evaluator.log").read_text(), "the evaluator started")
+        procs.append(_spawn("ps", 0, cluster, ["--checkpoint-root", str(ckpt)], tmp_path / "ps.log"))
+        trainers = [_spawn("chief", 0, cluster, args, tmp_path / "chief.log"),
+                    _spawn("worker", 0, cluster, args, tmp_path / "worker.log")]
+        procs += trainers
+        for proc, name in zip(trainers, ["chief", "worker"], strict=True):
+            assert proc.wait(timeout=180) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+        assert evaluator.wait(timeout=120) == 0, (tmp_path / "evaluator.log").read_text()[-3000:]
+    finally:
+        _kill(procs)
+
+    final = latest_checkpoint(str(ckpt))
+    assert final is not None
+    manifest = read_manifest(final)
+    assert manifest.final
+    assert not any(read_manifest(str(p)).final for p in ckpt.glob("ckpt-*") if str(p) != final)
+    log = (tmp_path / "evaluator.log").read_text()
+    evaluated = [(int(step), name, bool(last)) for step, name, last in
+                 re.findall(r"evaluator: step=(\d+) .*\((ckpt-[0-9-]+)(, final)?\)", log)]
+    assert evaluated, log
+    steps = [step for step, _, _ in evaluated]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps), evaluated  # each checkpoint once, in order
+    assert evaluated[-1] == (manifest.global_step, os.path.basename(final), True), (evaluated, final)
+    assert "training ended" in log
+
+    # The metrics are those of the checkpoint's own parameters on --eval, and TensorBoard has them.
+    model = load_checkpoint_model(final)
+    expected = evaluate(model.model, ArrayParameters(model.values), read_all([str(A9A_T)], "libsvm", num_features=124))
+    assert expected["auc"] >= 0.89, expected
+    scalars = read_scalars(str(summaries / "eval"))
+    assert [s for s, _ in scalars["eval/auc"]] == steps
+    last_auc = scalars["eval/auc"][-1][1]
+    assert math.isclose(last_auc, expected["auc"], rel_tol=1e-6), (last_auc, expected)
+
+
+def test_the_evaluator_ends_on_a_stop_and_refuses_a_run_without_its_inputs(tmp_path: Path) -> None:
+    config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(tmp_path / "none"))
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    assert run_evaluator(config, poll_secs=0.05, stop=stop) == []  # no checkpoint yet: it waited, then stopped
+    with pytest.raises(ConfigError, match="--checkpoint-dir"):
+        run_evaluator(TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124))
+    with pytest.raises(ConfigError, match="--eval"):
+        run_evaluator(TrainConfig(train=(str(A9A),), num_features=124, checkpoint_dir=str(tmp_path)))
+
+    # Under psflow server: one line naming the flag, exit status 1, no traceback.
+    port = free_ports(1)[0]
+    env = dict(os.environ, PSFLOW_TOKEN=TOKEN, TF_CONFIG=json.dumps(
+        {"cluster": {"ps": [f"127.0.0.1:{port}"]}, "task": {"type": "evaluator", "index": 0}}))
+    done = run_bounded([sys.executable, "-m", "psflow", "server", "--train", str(A9A), "--eval", str(A9A_T),
+                        "--num-features", "124"], timeout=60, env=env)
+    assert done.returncode == 1, done
+    assert "--checkpoint-dir" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_run_whose_last_periodic_save_falls_on_its_last_step_still_marks_it_final(tmp_path: Path) -> None:
+    """One worker, --max-steps 20, a save every 10 steps: the save at step 20 is the last; the session's
+    end marks it final instead of saving twice; the evaluator (in this process) ends on it."""
+    from support import run_cli
+
+    ckpt = tmp_path / "ckpt"
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "1", "--quiet",
+                "--max-steps", "20", "--save-checkpoints-steps", "10", "--checkpoint-dir", str(ckpt),
+                "--output", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    saved = sorted((read_manifest(str(p)).global_step, read_manifest(str(p)).final) for p in ckpt.glob("ckpt-*"))
+    assert saved == [(0, False), (10, False), (20, True)], saved
+    config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    done = run_evaluator(config, poll_secs=0.05)
+    assert [(e.global_step, e.final) for e in done] == [(20, True)]
