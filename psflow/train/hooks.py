@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from psflow.rpc.api import RpcError
-from psflow.train.checkpoint import CheckpointManager, latest_checkpoint
+from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest
 from psflow.train.client import ParameterClient
 from psflow.train.summary import SummaryWriter
 
@@ -192,11 +192,13 @@ class CheckpointSaverHook(SessionRunHook):
 
     def end(self, session: MonitoredTrainingSession) -> None:
         # end() runs only when training ended normally (see SessionRunHook): the last checkpoint says so
-        # (Manifest.final; an evaluator stops after it), whether saved now or already at this step.
-        if session.client.global_step() != self._timer.last_step or not self.saved:
+        # (Manifest.final; an evaluator stops after it). One already at this step (this chief's periodic
+        # save, or the final save of a chief that finished before this one) is marked, not saved again.
+        latest = latest_checkpoint(self.manager.directory)
+        if latest is None or _global_step_of(latest) != session.client.global_step():
             self._save(session, final=True)
         elif self._fence is None or self._fence() is not None:
-            self.manager.mark_final(self.saved[-1][0])
+            self.manager.mark_final(latest)
 
     def _save(self, session: MonitoredTrainingSession, *, final: bool = False) -> None:
         epoch, holder = None, ""
@@ -210,6 +212,13 @@ class CheckpointSaverHook(SessionRunHook):
                                   holder=holder, final=final)
         self.saved.append((saved.path, saved.global_step))
         self._timer.mark(saved.global_step)
+
+
+def _global_step_of(checkpoint: str) -> int | None:
+    try:
+        return read_manifest(checkpoint).global_step
+    except CheckpointError:  # deleted since (rotation)
+        return None
 
 
 class SummarySaverHook(SessionRunHook):

@@ -153,7 +153,8 @@ def _six_host_cluster(lab: NetnsLab) -> ClusterSpec:
 def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path: Path, mode: str) -> None:
     """2 ps + 3 workers + a chief, each ``psflow server`` in its own namespace with a TFJob's TF_CONFIG,
     every call through the delaying relay: a9a reaches eval AUC >= 0.895, each record counted once per
-    epoch (the chief trains too), checkpoints streamed to the chief."""
+    epoch (the chief trains too), checkpoints streamed to the chief. An evaluator (TF_CONFIG type
+    ``evaluator``, outside the cluster) in a seventh namespace evaluates them and ends after the final one."""
     from psflow.data import read_all
     from psflow.rpc.api import ConnectConfig
     from psflow.train.build import build_model
@@ -161,7 +162,7 @@ def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path
     from psflow.train.config import TrainConfig
     from psflow.train.evaluation import evaluate
 
-    lab = make_lab(["ps0", "ps1", "chief", "w0", "w1", "w2"])
+    lab = make_lab(["ps0", "ps1", "chief", "w0", "w1", "w2", "ev"])
     cluster = _six_host_cluster(lab)
     lab.start_relay({name: PORT for name in lab.hosts}, delay=RELAY_DELAY, log=tmp_path / "relay.log")
     epochs = 3
@@ -172,10 +173,16 @@ def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path
              # the chief streams every ps task's shard to itself over the relay (no shared filesystem assumed)
              "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-transport", "rpc", "--save-checkpoints-steps", "50"]
     trainers = {"chief-0": ("chief", "chief", 0)} | {f"worker-{i}": (f"w{i}", "worker", i) for i in range(3)}
+    trainers["evaluator-0"] = ("ev", "evaluator", 0)
     for host, job, index in trainers.values():
-        _start(lab, cluster, host, job, index, tmp_path, *train)
+        _start(lab, cluster, host, job, index, tmp_path, *train,
+               *(["--eval", str(A9A_T), "--eval-poll-secs", "0.5"] if job == "evaluator" else []))
     procs = {name: lab.procs[-len(trainers) + k] for k, name in enumerate(trainers)}
     _wait_all(procs, tmp_path, timeout=300)
+    latest = json.loads((tmp_path / "ckpt" / "checkpoint").read_text())["latest"]
+    evaluated = re.findall(r"evaluator: step=\d+ auc=([0-9.]+) .*\((ckpt-[0-9-]+), final\)",
+                           (tmp_path / "evaluator-0.log").read_text())
+    assert len(evaluated) == 1 and evaluated[0][1] == latest and float(evaluated[0][0]) >= 0.895, evaluated
 
     for name in trainers:  # every call went to the front (relay) addresses, never to loopback
         assert "127.0.0.1" not in (tmp_path / f"{name}.log").read_text(errors="replace")
@@ -191,7 +198,6 @@ def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path
         metrics = evaluate(model, client, read_all([str(A9A_T)], "libsvm"))
         assert metrics["auc"] >= 0.895, metrics
         client.shutdown_servers()
-        latest = json.loads((tmp_path / "ckpt" / "checkpoint").read_text())["latest"]
         assert len(list((tmp_path / "ckpt" / latest).glob("shard-*-of-00002.safetensors"))) == 2
     finally:
         client.close()
