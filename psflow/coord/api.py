@@ -30,6 +30,8 @@ import abc
 import time
 from dataclasses import dataclass
 
+from psflow.rpc.tls import TlsConfig
+
 __all__ = [
     "DEFAULT_ELECTION",
     "CoordinationConfig",
@@ -83,6 +85,8 @@ class CoordinationConfig:
         token: cluster token for the embedded backend's RPCs.
         rpc_timeout: deadline of one coordination call, seconds.
         root: ZooKeeper path under which elections live.
+        tls: the embedded backend's channel to ps task 0 uses it, as every other call of the
+            cluster does (``None``: plain text); ZooKeeper's connection does not (kazoo's own).
     """
 
     backend: str = "embedded"
@@ -91,6 +95,7 @@ class CoordinationConfig:
     token: str | None = None
     rpc_timeout: float = 5.0
     root: str = "/psflow/elections"
+    tls: TlsConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.address:

@@ -59,7 +59,8 @@ class EmbeddedBackend(CoordinationBackend):
         self._config = config
         self._channel = TaskChannel(
             "/job:ps/task:0 (coordination)", config.address, COORDINATION_SERVICE,
-            ConnectConfig(connect_timeout=config.rpc_timeout, rpc_timeout=config.rpc_timeout, token=config.token),
+            ConnectConfig(connect_timeout=config.rpc_timeout, rpc_timeout=config.rpc_timeout, token=config.token,
+                          tls=config.tls),
         )
         self._lock = threading.Lock()
         self._held: dict[str, Lease] = {}  # election -> latest lease

@@ -48,6 +48,7 @@ from psflow.launch.chief_cli import TOOL_COMMANDS, add_chief_arguments, add_tool
 from psflow.launch.console import expected_errors, quiet_grpc, wants_verbose
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.report import ReportError
+from psflow.launch.tls_flags import add_tls_arguments, tls_config
 from psflow.models.registry import create_model, model_names
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.rpc.api import RpcError
@@ -160,6 +161,7 @@ def _add_server_security_arguments(p: argparse.ArgumentParser) -> None:
                    help="ps task: seconds an idle TCP data-path connection is kept; clients reconnect (%(default)s)")
     g.add_argument("--tcp-max-connections", type=int, default=TcpLimits.max_connections, metavar="N",
                    help="ps task: authenticated TCP data-path connections served at once (%(default)s)")
+    add_tls_arguments(p)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -386,6 +388,7 @@ def _server(args: argparse.Namespace) -> int:
         raise ConfigError("psflow server needs --cluster FILE (or TF_CONFIG in the environment)")
     if job is None or index is None:
         raise ConfigError("psflow server needs --job and --task (or a 'task' in TF_CONFIG)")
+    tls = tls_config(args, task=f"/job:{job}/task:{index}", serves=job != "client")  # files read once, here
     if job == "evaluator" and "evaluator" not in cluster.jobs:  # outside the cluster, as TensorFlow runs it
         return _evaluator(args, cluster, index)
     port = cluster.task_address(job, index).rsplit(":", 1)[1]  # names the job/task if it is not in the cluster
@@ -401,11 +404,11 @@ def _server(args: argparse.Namespace) -> int:
             check_inputs(config)
     configure_logging(verbose=args.verbose)
     status = status_config(args)
-    page = chief_status_page(cluster, job, index, config, token=token, status=status) \
+    page = chief_status_page(cluster, job, index, config, token=token, tls=tls, status=status) \
         if config is not None and status.enabled else None
     try:
         return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
-                        checkpoint_root=args.checkpoint_root or args.checkpoint_dir, bind_address=bind)
+                        checkpoint_root=args.checkpoint_root or args.checkpoint_dir, bind_address=bind, tls=tls)
     finally:
         if page is not None:
             page.close()

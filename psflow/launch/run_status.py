@@ -29,6 +29,7 @@ from psflow.cluster import ClusterSpec
 from psflow.launch.status import ProcessInfo, StatusCollector
 from psflow.launch.status_http import StatusConfig, StatusServer, prometheus_text
 from psflow.launch.supervisor import describe_exit
+from psflow.rpc.tls import TlsConfig
 from psflow.train.chief import is_chief
 from psflow.train.config import TrainConfig
 
@@ -135,8 +136,11 @@ class ChiefStatusPage:
 
 
 def chief_status_page(cluster: ClusterSpec, job: str, index: int, config: TrainConfig, *, token: str | None,
-                      status: StatusConfig) -> ChiefStatusPage | None:
+                      status: StatusConfig, tls: TlsConfig | None = None) -> ChiefStatusPage | None:
     """Starts the page if ``/job:<job>/task:<index>`` is the cluster's chief (None otherwise).
+
+    The collector's channels to every task use ``tls`` (the task's own; ``None``: plain text); the
+    page itself is plain HTTP (see :mod:`psflow.launch.status_http` for who may read it).
 
     Logs ``psflow: status URL`` on stderr. Raises ConfigError as :class:`StatusServer`.
     """
@@ -146,7 +150,7 @@ def chief_status_page(cluster: ClusterSpec, job: str, index: int, config: TrainC
            "num_ps": cluster.num_tasks("ps"), "num_workers": cluster.num_tasks("worker"), "phase": "training",
            "served_by": f"/job:{job}/task:{index}"}
     collector = StatusCollector(cluster, token=token, run=run, interval=status.interval,
-                                summary_dir=config.summary_dir, checkpoints=bool(config.checkpoint_dir))
+                                summary_dir=config.summary_dir, checkpoints=bool(config.checkpoint_dir), tls=tls)
     try:
         server = StatusServer(collector, host=status.host, port=status.port, token=token)
     except BaseException:

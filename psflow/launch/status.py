@@ -53,6 +53,7 @@ from psflow import jsonio
 from psflow.cluster import ClusterSpec
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
+from psflow.rpc.tls import TlsConfig
 
 __all__ = ["HISTORY", "ProcessInfo", "StatusCollector", "STATUS_FILE"]
 
@@ -101,7 +102,7 @@ class StatusCollector:
                  interval: float = 1.0, timeout: float = 1.0, run_dir: str | None = None,
                  summary_dir: str | None = None, checkpoints: bool = False,
                  processes: Callable[[], Mapping[str, ProcessInfo]] | None = None,
-                 events: Callable[[], Mapping[str, Any]] | None = None) -> None:
+                 events: Callable[[], Mapping[str, Any]] | None = None, tls: TlsConfig | None = None) -> None:
         """Opens (lazily connected) channels to every task; starts no thread (:meth:`start`).
 
         Args:
@@ -115,6 +116,7 @@ class StatusCollector:
             checkpoints: ask ps task 0 for its checkpoint ledger.
             processes: (launcher) task name -> :class:`ProcessInfo`.
             events: (launcher) ``faults``, ``restarts``, ``hangs`` as in metrics.json.
+            tls: the channels use it (``None``: plain text); ``psflow server``'s chief passes its own.
         """
         self.cluster = cluster
         self.interval = interval
@@ -125,7 +127,7 @@ class StatusCollector:
         self._checkpoints = checkpoints
         self._started_wall = time.time()
         self._started = time.monotonic()
-        connect = ConnectConfig(connect_timeout=timeout, rpc_timeout=timeout, token=token)
+        connect = ConnectConfig(connect_timeout=timeout, rpc_timeout=timeout, token=token, tls=tls)
         self._tasks: list[_Task] = []
         for job in cluster.jobs:
             for index in cluster.task_indices(job):

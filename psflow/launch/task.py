@@ -37,6 +37,7 @@ from psflow.cluster import ClusterSpec
 from psflow.launch.console import expected_errors
 from psflow.launch.lifeline import StopRequest, set_parent_death_signal
 from psflow.rpc.tcp_server import TcpLimits
+from psflow.rpc.tls import TlsConfig
 from psflow.server import Server
 from psflow.train.config import TrainConfig
 
@@ -62,7 +63,7 @@ def configure_logging(*, verbose: bool = False) -> None:
 def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | None, *,
              token: str | None, result_path: str | None = None, state_dir: str | None = None,
              checkpoint_root: str | None = None, tcp_limits: TcpLimits | None = None,
-             stop: StopRequest | None = None, bind_address: str | None = None) -> int:
+             stop: StopRequest | None = None, bind_address: str | None = None, tls: TlsConfig | None = None) -> int:
     """Runs one task until it is done or stopped; returns the process exit status.
 
     Blocks. Returns 0 when the task finished (a ps task: asked to shut down),
@@ -75,6 +76,10 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     ``state_dir``, ``checkpoint_root``, ``tcp_limits`` (ps tasks), ``bind_address``: see
     :class:`psflow.server.Server`; ``checkpoint_root`` defaults to the
     config's ``checkpoint_dir`` (what the local launcher passes).
+
+    ``tls``: the task's server serves TLS with it, and every gRPC channel the task opens uses it
+    (to the ps tasks, including checkpoint streaming, the embedded coordination backend, and an
+    in-graph run's workers); ``None``: plain text, as every task of the local launcher runs.
 
     ``job == "client"`` is the in-graph client (not a task of the cluster):
     it reads the data and drives every worker. A worker of an in-graph run
@@ -90,7 +95,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
             raise SystemExit("the in-graph client needs a training config")
         from psflow.train.in_graph import run_in_graph_client
 
-        result = run_in_graph_client(config, cluster, token=token)  # a stop ends it by the stop's deadline
+        result = run_in_graph_client(config, cluster, token=token, tls=tls)  # a stop ends it by the stop's deadline
         if result_path:
             with open(result_path, "w") as f:
                 jsonio.dump(result, f)
@@ -100,11 +105,11 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     if in_graph and config is not None:
         from psflow.train.in_graph import StepService
 
-        handlers = StepService(config, cluster, index, token=token).handlers()
+        handlers = StepService(config, cluster, index, token=token, tls=tls).handlers()
     if checkpoint_root is None and config is not None:
         checkpoint_root = config.checkpoint_dir
     server = Server(cluster, job, index, token=token, worker_handlers=handlers, state_dir=state_dir,
-                    checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, bind_address=bind_address)
+                    checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, bind_address=bind_address, tls=tls)
     try:
         if job == "ps" or in_graph:
             stop.on_stop(functools.partial(server.stop, grace=0.0))  # ends join() below
@@ -117,7 +122,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
 
         trainers, trainer_index = training_view(cluster, job, index)  # a chief job trains too, as worker 0
         try:
-            run_worker(config, trainers, trainer_index, token=token, result_path=result_path, stop=stop)
+            run_worker(config, trainers, trainer_index, token=token, tls=tls, result_path=result_path, stop=stop)
         except Exception as e:
             if stop.requested() is None:
                 raise

@@ -43,6 +43,7 @@ from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, InvalidRequest
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.grpc_server import Reply
+from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.chief import join_cluster
 from psflow.train.client import ParameterClient
@@ -130,10 +131,14 @@ def _decode_grads(frame: Frame) -> Gradients:
 
 
 class StepService:
-    """``RunStep`` on a worker task: runs a named step on a batch slice."""
+    """``RunStep`` on a worker task: runs a named step on a batch slice.
 
-    def __init__(self, config: TrainConfig, cluster: ClusterSpec, task_index: int, *, token: str | None) -> None:
-        self.config, self.cluster, self.task_index, self.token = config, cluster, task_index, token
+    Its client's channels to the ps tasks carry ``token`` and use ``tls`` (``None``: plain text).
+    """
+
+    def __init__(self, config: TrainConfig, cluster: ClusterSpec, task_index: int, *, token: str | None,
+                 tls: TlsConfig | None = None) -> None:
+        self.config, self.cluster, self.task_index, self.token, self.tls = config, cluster, task_index, token, tls
         self.allowed = tuple(BUILTIN_STEPS) + tuple(config.extra.get("allowed_steps", ()))
         self._lock = threading.Lock()
         self._state: tuple[Model, ParameterClient] | None = None
@@ -145,7 +150,7 @@ class StepService:
                 client = ParameterClient(
                     self.cluster, variables.placements(), client_name=f"/job:worker/task:{self.task_index}",
                     config=ConnectConfig(connect_timeout=self.config.connect_timeout,
-                                         rpc_timeout=self.config.rpc_timeout, token=self.token,
+                                         rpc_timeout=self.config.rpc_timeout, token=self.token, tls=self.tls,
                                          transport=self.config.transport))
                 client.connect()
                 self._state = (model, client)
@@ -231,15 +236,17 @@ def _loss(frame: Frame) -> float:
     return float(loss) if isinstance(loss, (int, float)) else float("nan")
 
 
-def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str | None = None) -> dict[str, Any]:
+def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str | None = None,
+                        tls: TlsConfig | None = None) -> dict[str, Any]:
     """The in-graph client: reads all the data and drives every worker until it ends.
 
-    Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds"}``.
+    Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds"}``. Its channels (to
+    every worker's StepService and every ps task) use ``tls`` (``None``: plain text).
     """
     if config.mode == "ssp":
         raise ValueError("--mode ssp needs between-graph replication")
     connect = ConnectConfig(connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=token,
-                            transport=config.transport)
+                            tls=tls, transport=config.transport)
     workers = cluster.task_indices("worker")
     sessions = [Session(f"grpc://{cluster.task_address('worker', i)}", task=f"/job:worker/task:{i}", config=connect)
                 for i in workers]

@@ -50,6 +50,7 @@ from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read
 from psflow.models.api import Model
 from psflow.placement import VariableSet
 from psflow.rpc.api import ConnectConfig, RpcError
+from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.chief import is_chief
 from psflow.train.client import ParameterClient
@@ -103,8 +104,10 @@ class WorkerResult:
 
 
 def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: VariableSet, client_name: str,
-                   token: str | None = None, *, register: bool = True) -> ParameterClient:
+                   token: str | None = None, *, register: bool = True, tls: TlsConfig | None = None) -> ParameterClient:
     """A connected client; with ``register``, its layout is registered on every ps task as the chief.
+
+    ``tls``: every channel to the ps tasks uses it (``None``: plain text).
 
     Workers pass ``register=False`` (their session joins the cluster, see
     :mod:`psflow.train.chief`); so does the launcher, which never initializes.
@@ -114,7 +117,7 @@ def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: Variabl
         variables.placements(),
         client_name=client_name,
         config=ConnectConfig(connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=token,
-                             transport=config.transport),
+                             tls=tls, transport=config.transport),
         sync=config.sync_config(),
     )
     client.connect()
@@ -144,6 +147,7 @@ def run_worker(
     task_index: int,
     *,
     token: str | None = None,
+    tls: TlsConfig | None = None,
     result_path: str | None = None,
     client: ParameterClient | None = None,
     stop: StopSource | None = None,
@@ -155,6 +159,8 @@ def run_worker(
     With a gRPC client and chief duties configured, the worker joins the
     chief election and survives ps task restarts (:mod:`psflow.train.recovery`).
     ``stop``: checked before every step; see the module docstring.
+    ``tls``: the gRPC client's channels (to the ps tasks, checkpoints included, and to the
+    embedded coordination backend) use it; ``None``: plain text.
 
     Raises:
         WorkerStopped: ``stop`` was requested (no result file is written).
@@ -171,9 +177,9 @@ def run_worker(
             # fork() with live gRPC channels is unsafe (the child crashed with SIGSEGV in a cluster worker).
             raise ConfigError("reader_process is for the in-process fast path only: a worker with gRPC "
                               "channels cannot fork its reader")
-        client = connect_client(config, cluster, variables, task, token, register=False)
+        client = connect_client(config, cluster, variables, task, token, register=False, tls=tls)
         if config.checkpoint_dir or config.summary_dir or config.eval_every_steps:
-            leadership = _leadership(config, cluster, task, token, client)
+            leadership = _leadership(config, cluster, task, token, client, tls)
     if stop is not None:
         stop.on_interrupt(client.close)  # fails a call blocked when a stop comes (a sync barrier)
     data_config = _dataset_config(config, task_index, cluster.num_tasks("worker"))
@@ -252,10 +258,10 @@ def _resign(leadership: Leadership, task_index: int, reason: str) -> None:
 
 
 def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None,
-                client: ParameterClient) -> Leadership:
+                client: ParameterClient, tls: TlsConfig | None = None) -> Leadership:
     address = config.zookeeper if config.coordination == "zookeeper" else cluster.task_address("ps", min(cluster.task_indices("ps")))
     coord = CoordinationConfig(config.coordination, address or "", lease_ttl=config.lease_ttl, token=token,
-                               rpc_timeout=min(5.0, config.rpc_timeout))
+                               tls=tls, rpc_timeout=min(5.0, config.rpc_timeout))
 
     def fence(lease: Lease) -> None:  # a new chief fences every ps task at once: no write of its predecessor after
         FencedWriter(client.channels, lease, timeout=min(5.0, config.rpc_timeout)).check()
