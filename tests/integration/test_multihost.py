@@ -280,6 +280,41 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     assert all((s.get("tcp") or {}).get("authenticated", 0) >= 3 for s in metrics["ps"]), metrics["ps"]
 
 
+def test_chaos_kills_tasks_on_their_own_hosts_and_the_run_recovers(make_lab: Callable[[list[str]], NetnsLab],
+                                                                    tmp_path: Path) -> None:
+    """The local launcher's --chaos with every task in its own namespace: it reads global_step at ps task
+    0's own address and kills ps task 0, then a worker, by pid; both are restarted and restored, and every
+    record is read exactly once per epoch."""
+    from psflow.launch.chaos import ChaosPlan
+    from psflow.launch.local import TaskHosts, run_local
+    from psflow.launch.resilience import ResilienceConfig
+    from psflow.launch.status_http import StatusConfig
+    from psflow.launch.supervisor import RestartConfig
+    from psflow.train.config import TrainConfig
+
+    tasks = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
+    lab = make_lab([f"{job}{i}" for job, i in tasks])
+    placement = TaskHosts(
+        hosts={(job, i): lab.hosts[f"{job}{i}"].address for job, i in tasks},
+        prefixes={(job, i): ("ip", "netns", "exec", lab.hosts[f"{job}{i}"].netns) for job, i in tasks})
+    resilience = ResilienceConfig(RestartConfig(policy="on-failure", max_restarts=3),
+                                  chaos=ChaosPlan.parse(["kill:ps:0@step=60", "kill:worker:1@step=200"]))
+    epochs = 3
+    config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=2,
+                         epochs=epochs, batch_size=256, transport="tcp", connect_timeout=120.0,
+                         checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
+    metrics = run_local(config, str(tmp_path / "run"), progress=None, resilience=resilience,
+                        status=StatusConfig(enabled=False), placement=placement)
+    fired = {f["task"]: f for f in metrics["faults"]}
+    assert set(fired) == {"/job:ps/task:0", "/job:worker/task:1"}, metrics["faults"]
+    assert all(f.get("recovered_at_step") is not None for f in fired.values()), metrics["faults"]
+    assert not metrics.get("faults_not_fired"), metrics
+    assert metrics["examples"] == epochs * A9A_RECORDS
+    assert metrics["eval"]["auc"] >= 0.895, metrics["eval"]
+    cluster = json.loads((tmp_path / "run" / "cluster.json").read_text())
+    assert all(not a.startswith("127.") for addrs in cluster.values() for a in addrs), cluster
+
+
 def _elections(log: Path) -> list[int]:
     """Epochs at which the task of ``log`` was granted the chief lease, in order (a worker that finished its
     data may resign at once: it held the duties all the same)."""
