@@ -29,5 +29,6 @@ if { command -v cc >/dev/null || command -v gcc >/dev/null; } && .venv/bin/pytho
 fi
 .venv/bin/ruff check psflow tests benchmarks examples
 .venv/bin/mypy --strict psflow
-# The 25 slowest tests close the log: where the suite's time goes (keep the whole run near 10 minutes).
-exec .venv/bin/python -m pytest -q --durations=25 "$@"
+# The 25 slowest tests close the log: where the suite's time goes (keep the whole run near 10 minutes);
+# -rfEs: the summary names each failure, error and skip (with its reason: a skip on CI is a question).
+exec .venv/bin/python -m pytest -q -rfEs --durations=25 "$@"
