@@ -55,7 +55,10 @@ class ConnectConfig:
             so this covers a slow start of a whole cluster).
         rpc_timeout: deadline of one call, in seconds.
         backoff_initial: first wait between connection attempts, seconds.
-        backoff_max: cap of the exponentially growing wait, seconds.
+        backoff_max: cap of the exponentially growing wait, seconds. Both also bound
+            gRPC's own reconnect backoff of a channel (whose default grows to 120 s):
+            a task that comes up, or comes back, is connected within ``backoff_max``
+            of accepting connections, whenever its channel was made.
         token: cluster token sent with every call (``None``: no token).
         tls: encrypt calls and check the server's certificate (``None``: plain text).
         transport: ``grpc`` for every call, or ``tcp``: the ps data path over

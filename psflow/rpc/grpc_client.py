@@ -75,6 +75,10 @@ class PendingCall:
             raise _translate(self._task, self._method, e) from e
 
 
+def _ms(seconds: float) -> int:
+    return max(100, int(seconds * 1000))  # gRPC's floor for a sane retry loop: 0.1 s
+
+
 class TaskChannel:
     """The connection to one remote task's service."""
 
@@ -99,6 +103,10 @@ class TaskChannel:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.enable_retries", 0),
+            # gRPC backs a failing channel's reconnects off up to 120 s by default: a channel made before
+            # its task listened (or while it was down) then saw it come up minutes late.
+            ("grpc.initial_reconnect_backoff_ms", _ms(min(config.backoff_initial, config.backoff_max))),
+            ("grpc.max_reconnect_backoff_ms", _ms(config.backoff_max)),
         ]
         if config.tls is None:
             self._channel = grpc.insecure_channel(address, options=options)
