@@ -95,7 +95,8 @@ class TrainConfig:
     coordination: str = "embedded"       # embedded (leases on ps task 0) | zookeeper
     zookeeper: str | None = None         # ZooKeeper connection string h1:2181,h2:2181 (zookeeper only)
     lease_ttl: float = 10.0              # seconds a dead or stopped chief keeps the lease (fail-over bound)
-    # Fault injection for tests and drills: {"step_delay": {"<worker index>": seconds between pull and push}}.
+    # Fault injection for tests and drills: {"step_delay": {"<worker index>": seconds between pull and push}},
+    # {"step_lag": {"<worker index>": N}}: before each push, wait until global_step is N past the step read.
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

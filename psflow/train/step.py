@@ -40,6 +40,9 @@ from psflow.train.client import ParameterClient
 
 __all__ = ["TrainStep", "StepResult", "LazyMetrics", "compute_gradients", "check_lookups", "check_gradients"]
 
+#: Seconds a ``lag`` straggler (fault injection) waits at most for global_step to move on.
+LAG_WAIT_LIMIT = 5.0
+
 
 class LazyMetrics(Mapping[str, float]):
     """A metrics dict computed on first access (AUC sorts the batch: a step whose metrics nobody reads skips it)."""
@@ -151,7 +154,14 @@ class TrainStep:
         check_lookups(self.model, self.client.layout, lookups)
         return batch, lookups
 
-    def __call__(self, batch: Batch, *, clock: int | None = None, pause: float = 0.0,
+    def _wait_for_step(self, step: int) -> None:
+        """Polls global_step until it reaches ``step`` (or :data:`LAG_WAIT_LIMIT` s passed: the run may
+        have ended, and nobody advances it any more)."""
+        deadline = time.monotonic() + LAG_WAIT_LIMIT
+        while self.client.global_step() < step and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def __call__(self, batch: Batch, *, clock: int | None = None, pause: float = 0.0, lag: int = 0,
                  next_batch: Batch | None = None) -> StepResult:
         """Runs one step on ``batch``; blocks until the push returns.
 
@@ -164,6 +174,9 @@ class TrainStep:
             clock: this worker's iteration count, including this one (ssp).
             pause: fault injection: seconds between pull and push (a slow worker
                 whose gradient is computed from older parameters).
+            lag: fault injection: before its push, wait until global_step is ``lag``
+                past the step its parameters were read at (a straggler whose gradient
+                is stale however fast the machine is); at most :data:`LAG_WAIT_LIMIT` s.
             next_batch: the batch of the next step, if any.
 
         Raises:
@@ -182,6 +195,8 @@ class TrainStep:
         check_gradients(self.model, client.layout, output.gradients)
         if pause:
             time.sleep(pause)
+        if lag and read_step is not None:
+            self._wait_for_step(read_step + lag)
         n = batch.num_examples
         if next_batch is None:
             r = client.push_detailed(output.gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step)

@@ -280,6 +280,8 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
     client = session.client
     # Fault injection for tests and drills: a slow worker (seconds between its pull and push).
     delay = float(dict(config.extra.get("step_delay", {})).get(str(task_index), 0.0))
+    # ... and a straggler: before each push, wait until global_step moved "lag" steps past its read.
+    lag = int(dict(config.extra.get("step_lag", {})).get(str(task_index), 0))
     window_start, window_examples = time.monotonic(), 0
     reason = "end of data"
     # The model's prepare step (e.g. each batch's unique ids) runs where the batch is made: the reader
@@ -297,7 +299,7 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
             following_position = dataset.position()
             _check_stop(stop, session.client.client_name, f"at global_step {session.global_step}")
             client.reader_position = position.to_json()  # recorded with the push, for checkpoints
-            step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay,
+            step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay, lag=lag,
                                         next_batch=following)
             ran = session.run(step_fn, epochs_completed=epochs_completed(position))
             if ran is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import A9A, ClusterHandle
+from support import A9A, ClusterHandle, wait_until
 
 from psflow.data import read_all
 from psflow.gradients import SparseGradient
@@ -119,17 +119,28 @@ def test_sync_equals_single_process_with_the_combined_batch(local_cluster, tmp_p
 
 
 def test_backup_worker_stale_gradients_dropped_and_fast_pair_not_held(local_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """3 workers, 2 replicas to aggregate; worker 2 is a straggler whatever the machine's speed (it pushes
+    only once global_step moved 4 past its read, so every push of it is stale): each of its pushes is
+    dropped and counted, the fast pair is never held nor dropped, and every step value belongs to one push."""
     handle = local_cluster(1, 3)
     config, path = write_config(tmp_path, train=(str(A9A),), num_features=124, batch_size=64, epochs=1, num_ps=1,
                                 num_workers=3, mode="sync", replicas_to_aggregate=2, log_every=1, max_steps=60,
-                                extra={"step_delay": {"0": 0.01, "1": 0.01, "2": 0.1}})
-    results = run_workers(handle, path, 3)
+                                extra={"step_delay": {"0": 0.05, "1": 0.05}, "step_lag": {"2": 4}})
+    # The straggler first, so it is up before the fast pair's 60 steps (>= 3 s) are over.
+    straggler = handle.start("worker", 2, "--config", str(path), "--result", str(handle.workdir / "r2.json"))
+    wait_until(lambda: "model 'logistic'" in handle.log("worker", 2), "worker 2 started")
+    fast = [handle.start("worker", i, "--config", str(path), "--result", str(handle.workdir / f"r{i}.json"))
+            for i in range(2)]
+    for i, proc in [(0, fast[0]), (1, fast[1]), (2, straggler)]:
+        assert proc.wait(timeout=120) == 0, handle.log("worker", i)[-3000:]
+    results = [json.loads((handle.workdir / f"r{i}.json").read_text()) for i in range(3)]
     stats = pull_model(handle, config)["stats"]
-    assert stats["stale_dropped"] >= 3, stats  # type: ignore[index]
-    assert results[2]["stale_dropped"] >= 3 and results[0]["stale_dropped"] + results[1]["stale_dropped"] <= 1
-    # The fast pair made the steps: 60 aggregated steps while the slow worker managed a handful of iterations.
     assert stats["global_step"] >= 60  # type: ignore[index]
-    assert results[2]["local_steps"] * 3 < stats["global_step"]  # type: ignore[index]
+    slow = results[2]
+    assert slow["local_steps"] >= 3 and slow["stale_dropped"] == slow["local_steps"], slow
+    assert results[0]["stale_dropped"] == results[1]["stale_dropped"] == 0, results
+    assert stats["stale_dropped"] == slow["stale_dropped"], stats  # type: ignore[index]
+    assert slow["local_steps"] * 3 < stats["global_step"]  # type: ignore[index]
     logs = handle.log("worker", 0) + handle.log("worker", 1) + handle.log("worker", 2)
     steps = [int(s) for s in re.findall(r"\bstep=(\d+)", logs)]
     assert sorted(steps) == list(range(1, stats["global_step"] + 1))  # type: ignore[index]
