@@ -15,12 +15,20 @@ the file's addresses were. :func:`render_manifests` builds, and
   wants), a StatefulSet for the ``ps`` job (it serves until deleted; a
   ReadWriteOnce claim per pod from ``volumeClaimTemplates`` holds ps task 0's
   ``--state-dir``), and an Indexed Job for ``worker`` and for ``chief``
-  (they run to completion; a failed container restarts in place).
+  (they run to completion; a failed container restarts in place). With
+  ``evaluator``, also the Indexed Job ``<name>-evaluator`` of one pod:
+  TensorFlow's evaluator task (:mod:`psflow.launch.evaluator`), outside the
+  cluster (no Service, no port, no probes; ``TF_CONFIG`` has the cluster,
+  without an ``evaluator`` job, and the task ``evaluator:0``); it reads the
+  checkpoints, read-only unless the training arguments have ``--summary-dir``.
 * ``tfjob.yaml``: the same cluster as one Kubeflow ``TFJob`` (kubeflow.org/v1)
   instead of ``cluster.yaml``: the operator creates the Services and sets
   ``TF_CONFIG`` itself; its addresses end in ``.svc`` (see
   :attr:`Manifests.tfjob_cluster`). ps task 0's state goes on the checkpoint
-  claim (``state/``), as a TFJob has no per-pod claims.
+  claim (``state/``), as a TFJob has no per-pod claims. With ``evaluator``,
+  an ``Evaluator`` replica (the operator leaves it out of every ``TF_CONFIG``'s
+  cluster) and ``cleanPodPolicy: None``, so that the operator does not stop it
+  when the chief finishes, before it has evaluated the final checkpoint.
 * ``cluster.json``: the cluster with the Service addresses; ``README.md``: how
   to create the token Secret, apply, watch and clean up.
 
@@ -72,7 +80,9 @@ TASK_INDEX_ENV = "PSFLOW_TASK_INDEX"
 _STS_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 _JOB_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _JOBS = ("chief", "worker", "ps")  # what psflow server runs; TFJob's replica types Chief, Worker, PS
-_TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
+# TensorFlow's evaluator task (psflow.launch.evaluator.EVALUATOR_JOB, not imported: it pulls in the training code).
+_EVALUATOR = "evaluator"
+_TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", _EVALUATOR: "Evaluator"}
 _UID = 10001  # the Dockerfile's user
 _CHECKPOINTS, _STATE, _DATA = "/var/lib/psflow/checkpoints", "/var/lib/psflow/state", "/data"
 _DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")  # RFC 1035 label: Service names
@@ -115,7 +125,8 @@ class RenderConfig:
     """What the manifests are rendered with (the flags of ``psflow k8s render``).
 
     Raises:
-        RenderError: on construction, for a name Kubernetes refuses, a bad port or quantity (names the flag).
+        RenderError: on construction, for a name Kubernetes refuses, a bad port or quantity (names the flag),
+            or ``evaluator`` without ``--eval`` in ``train_args``.
     """
 
     name: str
@@ -131,6 +142,8 @@ class RenderConfig:
     state_size: str = "1Gi"
     ps_resources: Resources = field(default_factory=lambda: Resources("1", "2Gi"))
     worker_resources: Resources = field(default_factory=lambda: Resources("2", "4Gi"))
+    evaluator: bool = False  # TensorFlow's evaluator task too; needs --eval in train_args
+    evaluator_resources: Resources | None = None  # None: worker_resources
 
     def __post_init__(self) -> None:
         _check(_DNS_LABEL, self.name, "--name", "an RFC 1035 label: lowercase letters, digits and '-', "
@@ -152,14 +165,33 @@ class RenderConfig:
         for flag, value in (("--checkpoint-size", self.checkpoint_size), ("--state-size", self.state_size),
                             ("--ps-cpu", self.ps_resources.cpu), ("--ps-memory", self.ps_resources.memory),
                             ("--worker-cpu", self.worker_resources.cpu),
-                            ("--worker-memory", self.worker_resources.memory)):
+                            ("--worker-memory", self.worker_resources.memory),
+                            ("--evaluator-cpu", self.resources(_EVALUATOR).cpu),
+                            ("--evaluator-memory", self.resources(_EVALUATOR).memory)):
             if not _QUANTITY.match(value):
                 raise RenderError(f"{flag} {value!r}: want a Kubernetes quantity such as 500m, 2, 512Mi or 4Gi")
+        if self.evaluator and not _has_flag(self.train_args, "--eval"):
+            raise RenderError("--evaluator: the training arguments after -- have no --eval, the data it evaluates "
+                              "each checkpoint on")
 
     @property
     def secret(self) -> str:
         """The Secret holding the cluster token (key ``token``)."""
         return f"{self.name}-token"
+
+    def resources(self, job: str) -> Resources:
+        """The requests of a ``job`` task's container (the evaluator's default to a worker's)."""
+        if job == "ps":
+            return self.ps_resources
+        return (self.evaluator_resources or self.worker_resources) if job == _EVALUATOR else self.worker_resources
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    """Whether ``args`` give ``flag``: ``--flag VALUE``, ``--flag=VALUE`` or an abbreviation of it, as argparse
+    reads them (``psflow k8s render`` has checked them with ``psflow server``'s parser, which refuses an
+    ambiguous abbreviation)."""
+    return any(len(given) > 2 and flag.startswith(given) for given in (arg.partition("=")[0] for arg in args
+                                                                        if arg.startswith("--")))
 
 
 def _check(pattern: re.Pattern[str], value: str, flag: str, rule: str, *, max_len: int = 63) -> None:
@@ -229,13 +261,15 @@ def render_manifests(cluster: ClusterSpec, config: RenderConfig, *, source: str 
     """Builds every manifest for ``cluster``'s task counts (its addresses are replaced by Service names).
 
     Raises:
-        RenderError: the cluster has a job other than chief, worker and ps, a sparse job, no ps job, no
-            worker or chief, more than one chief, or a name that would exceed Kubernetes' limits.
+        RenderError: the cluster has a job other than chief, worker and ps (an evaluator is
+            ``config.evaluator``, outside the cluster), a sparse job, no ps job, no worker or chief, more
+            than one chief, or a name that would exceed Kubernetes' limits.
     """
     counts = _task_counts(cluster, source)
-    longest = max((f"{config.name}-{job}-{n - 1}" for job, n in counts.items()), key=len)
+    pods = counts | ({_EVALUATOR: 1} if config.evaluator else {})  # the evaluator: a pod, not in the cluster
+    longest = max((f"{config.name}-{job}-{n - 1}" for job, n in pods.items()), key=len)
     if len(longest) > 63:
-        raise RenderError(f"--name {config.name!r}: the Service {longest!r} would be longer than 63 characters")
+        raise RenderError(f"--name {config.name!r}: the pod hostname {longest!r} would be longer than 63 characters")
     if len(f"{config.name}-ps") > _MAX_STATEFULSET_NAME:
         raise RenderError(f"--name {config.name!r}: the StatefulSet {config.name}-ps would be longer than "
                           f"{_MAX_STATEFULSET_NAME} characters")
@@ -244,9 +278,9 @@ def render_manifests(cluster: ClusterSpec, config: RenderConfig, *, source: str 
     workloads: list[dict[str, Any]] = [_service(config, job, i, chief=TaskId(job, i) == chief)
                                        for job, n in counts.items() for i in range(n)]
     workloads.append(_governing_service(config))
-    workloads += [_workload(config, services, job, n) for job, n in counts.items()]
+    workloads += [_workload(config, services, job, n) for job, n in pods.items()]
     return Manifests(cluster=services, tfjob_cluster=_service_cluster(counts, config, "svc"),
-                     storage=(_checkpoint_claim(config),), workloads=tuple(workloads), tfjob=_tfjob(config, counts))
+                     storage=(_checkpoint_claim(config),), workloads=tuple(workloads), tfjob=_tfjob(config, pods))
 
 
 def _meta(config: RenderConfig, name: str, job: str | None = None) -> dict[str, Any]:
@@ -292,6 +326,8 @@ def _claim_spec(config: RenderConfig, mode: str, size: str) -> dict[str, Any]:
 
 
 def _args(config: RenderConfig, job: str) -> list[str]:
+    if job == _EVALUATOR:  # serves nothing: no --bind-host, no status page
+        return ["server", "--checkpoint-dir", _CHECKPOINTS, *config.train_args]
     args = ["server", "--bind-host", "0.0.0.0", "--checkpoint-dir", _CHECKPOINTS]
     if job == "ps":
         args += ["--state-dir", _STATE]
@@ -300,33 +336,45 @@ def _args(config: RenderConfig, job: str) -> list[str]:
     return args + list(config.train_args)
 
 
-def _container(config: RenderConfig, job: str, env: list[dict[str, Any]], *, tfjob: bool) -> dict[str, Any]:
-    resources = config.ps_resources if job == "ps" else config.worker_resources
-    port_name = "tfjob-port" if tfjob else "grpc"  # the TFJob operator reads the port named tfjob-port
-    mounts: list[dict[str, Any]] = [{"name": "checkpoints", "mountPath": _CHECKPOINTS, "subPath": "checkpoints"}]
+def _mounts(config: RenderConfig, job: str, *, tfjob: bool) -> list[dict[str, Any]]:
+    checkpoints: dict[str, Any] = {"name": "checkpoints", "mountPath": _CHECKPOINTS, "subPath": "checkpoints"}
+    if job == _EVALUATOR and not _has_flag(config.train_args, "--summary-dir"):
+        checkpoints["readOnly"] = True  # it only reads them; with --summary-dir it may write eval/ on the claim
+    mounts = [checkpoints]
     if job == "ps":
         # A StatefulSet pod's own claim; a TFJob's ps pods share the checkpoint claim (only ps task 0 writes).
         mounts.append({"name": "checkpoints", "mountPath": _STATE, "subPath": "state"} if tfjob else
                       {"name": "state", "mountPath": _STATE})
     elif config.data_pvc is not None:
         mounts.append({"name": "data", "mountPath": _DATA, "readOnly": True})
+    return mounts
 
+
+def _probes(port_name: str) -> dict[str, Any]:
     def probe(period: int, failures: int) -> dict[str, Any]:
         return {"tcpSocket": {"port": port_name}, "periodSeconds": period, "timeoutSeconds": 5,
                 "failureThreshold": failures}
 
+    # A worker reads its inputs' first records and builds its model before it listens: up to 5 min to start.
+    return {"startupProbe": probe(5, 60), "readinessProbe": probe(10, 3),
+            "livenessProbe": probe(20, 3)}  # 60 s without accepting a connection: restarted
+
+
+def _container(config: RenderConfig, job: str, env: list[dict[str, Any]], *, tfjob: bool) -> dict[str, Any]:
+    resources = config.resources(job)
+    port_name = "tfjob-port" if tfjob else "grpc"  # the TFJob operator reads the port named tfjob-port
+    listens = job != _EVALUATOR
+    # The operator makes a Service for every replica, the evaluator's too; some releases fail without this port.
+    ports = [{"name": port_name, "containerPort": config.port, "protocol": "TCP"}] if listens or tfjob else []
     return {
         "name": "tensorflow" if tfjob else "psflow",  # TFJob's operator looks for the container named tensorflow
         "image": config.image, "imagePullPolicy": "IfNotPresent", "args": _args(config, job),
-        "ports": [{"name": port_name, "containerPort": config.port, "protocol": "TCP"}],
+        **({"ports": ports} if ports else {}),
         "env": env + [{"name": "PSFLOW_TOKEN", "valueFrom": {"secretKeyRef": {"name": config.secret, "key": "token"}}}],
         "resources": {"requests": {"cpu": resources.cpu, "memory": resources.memory},
                       "limits": {"memory": resources.memory}},
-        # A worker reads its inputs' first records and builds its model before it listens: up to 5 min to start.
-        "startupProbe": probe(5, 60),
-        "readinessProbe": probe(10, 3),
-        "livenessProbe": probe(20, 3),  # 60 s without accepting a connection: restarted
-        "volumeMounts": mounts,
+        **(_probes(port_name) if listens else {}),
+        "volumeMounts": _mounts(config, job, tfjob=tfjob),
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
 
@@ -371,13 +419,15 @@ def _workload(config: RenderConfig, services: ClusterSpec, job: str, tasks: int)
         "template": template}}
 
 
-def _tfjob(config: RenderConfig, counts: dict[str, int]) -> dict[str, Any]:
+def _tfjob(config: RenderConfig, pods: dict[str, int]) -> dict[str, Any]:
     replicas = {_TFJOB_TYPES[job]: {"replicas": n, "restartPolicy": "OnFailure", "template": {
         "metadata": {"labels": _labels(config, job)}, "spec": _pod_spec(config, job, [], tfjob=True)}}
-        for job, n in counts.items()}
+        for job, n in pods.items()}
+    # Running: the ps pods are deleted once the chief (worker 0 without a chief job) has finished. So would the
+    # evaluator be, before it evaluated the final checkpoint: with one, None (the TFJob is deleted by hand).
+    clean = "None" if _EVALUATOR in pods else "Running"
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _meta(config, config.name),
-            # Running: the ps pods are deleted once the chief (worker 0 without a chief job) has finished.
-            "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": replicas}}
+            "spec": {"runPolicy": {"cleanPodPolicy": clean}, "tfReplicaSpecs": replicas}}
 
 
 def _yaml(header: str, docs: Sequence[dict[str, Any]]) -> str:
@@ -419,9 +469,21 @@ def write_manifests(manifests: Manifests, config: RenderConfig, output: str) -> 
 
 def _readme(manifests: Manifests, config: RenderConfig, ns: str) -> str:
     chief = manifests.cluster.chief()
+    tasks = ", ".join(f"{j} x{manifests.cluster.num_tasks(j)}" for j in manifests.cluster.jobs)
+    evaluator, jobs, tfjob_end = "", "worker Jobs", "a TFJob deletes them itself"
+    if config.evaluator:
+        evaluator = f"""
+   The evaluator's log, a line per evaluated checkpoint (it completes after the final one):
+
+       kubectl {ns} logs -f job/{config.name}-{_EVALUATOR}
+       kubectl {ns} logs -f pod/{config.name}-{_EVALUATOR}-0   # the TFJob's pod
+"""
+        tasks += ", and an evaluator"
+        jobs = "worker and evaluator Jobs"
+        tfjob_end = f"the TFJob, with an evaluator, keeps them too: `kubectl {ns} delete -f tfjob.yaml`"
     return f"""# psflow cluster {config.name} (namespace {config.namespace})
 
-Rendered by `psflow k8s render`. Tasks: {', '.join(f'{j} x{manifests.cluster.num_tasks(j)}' for j in manifests.cluster.jobs)}.
+Rendered by `psflow k8s render`. Tasks: {tasks}.
 
 1. The cluster token, once (never commit it):
 
@@ -440,9 +502,9 @@ Rendered by `psflow k8s render`. Tasks: {', '.join(f'{j} x{manifests.cluster.num
 
        kubectl {ns} port-forward svc/{config.name}-{chief.job}-{chief.index} {config.status_port}
        kubectl {ns} port-forward pod/{config.name}-{chief.job}-{chief.index} {config.status_port}   # the TFJob's pod
-
-5. When the worker Jobs have completed, the ps tasks still serve: `kubectl {ns} delete -f cluster.yaml`
-   (a TFJob deletes them itself). The checkpoints stay on the claim `{config.name}-checkpoints`.
+{evaluator}
+5. When the {jobs} have completed, the ps tasks still serve: `kubectl {ns} delete -f cluster.yaml`
+   ({tfjob_end}). The checkpoints stay on the claim `{config.name}-checkpoints`.
 
 See docs/deploying.md in psflow's source tree.
 """
@@ -463,7 +525,7 @@ def add_k8s_parser(sub: Any) -> None:
     p.add_argument("--port", type=int, default=2222, help="every task's port (%(default)s)")
     p.add_argument("--status-port", type=int, default=8080, help="the chief's status page, in its pod (%(default)s)")
     p.add_argument("--data-pvc", metavar="NAME", help="an existing claim with the training data, read-only at /data "
-                   "in the workers' pods (-- --train /data/...)")
+                   "in the workers' and the evaluator's pods (-- --train /data/...)")
     p.add_argument("--cluster-domain", default="cluster.local", help="the cluster's DNS domain (%(default)s)")
     p.add_argument("--storage-class", metavar="NAME", help="of the claims (default: the cluster's); the checkpoint "
                    "claim needs ReadWriteMany")
@@ -474,17 +536,33 @@ def add_k8s_parser(sub: Any) -> None:
     p.add_argument("--worker-cpu", default="2", help="requested by each worker and the chief (%(default)s)")
     p.add_argument("--worker-memory", default="4Gi", help="requested by each worker and the chief, and its limit "
                    "(%(default)s)")
+    p.add_argument("--evaluator", action="store_true", help="also TensorFlow's evaluator task: a Job (and a TFJob "
+                   "replica) that evaluates each new checkpoint on the training arguments' --eval")
+    p.add_argument("--evaluator-cpu", help="requested by the evaluator (default: --worker-cpu)")
+    p.add_argument("--evaluator-memory", help="requested by the evaluator, and its limit (default: --worker-memory)")
     p.add_argument("train_args", nargs="*", metavar="-- TRAINING_ARGS",
                    help="psflow server flags for every task, after a --, e.g. -- --train /data/a9a --epochs 3")
 
 
 def render_config(args: argparse.Namespace) -> RenderConfig:
-    """The :class:`RenderConfig` of ``psflow k8s render``'s flags."""
+    """The :class:`RenderConfig` of ``psflow k8s render``'s flags.
+
+    Raises:
+        RenderError: a flag is invalid (see :class:`RenderConfig`), or ``--evaluator-cpu`` or
+            ``--evaluator-memory`` is given without ``--evaluator``.
+    """
+    evaluator_resources = None
+    if args.evaluator_cpu is not None or args.evaluator_memory is not None:
+        if not args.evaluator:
+            flag = "--evaluator-cpu" if args.evaluator_cpu is not None else "--evaluator-memory"
+            raise RenderError(f"{flag}: only with --evaluator (there is no evaluator to request it for)")
+        evaluator_resources = Resources(args.evaluator_cpu or args.worker_cpu, args.evaluator_memory or args.worker_memory)
     return RenderConfig(
         name=args.name, image=args.image, namespace=args.namespace, port=args.port, train_args=tuple(args.train_args),
         data_pvc=args.data_pvc, status_port=args.status_port, cluster_domain=args.cluster_domain,
         storage_class=args.storage_class, checkpoint_size=args.checkpoint_size, state_size=args.state_size,
-        ps_resources=Resources(args.ps_cpu, args.ps_memory), worker_resources=Resources(args.worker_cpu, args.worker_memory))
+        ps_resources=Resources(args.ps_cpu, args.ps_memory), worker_resources=Resources(args.worker_cpu, args.worker_memory),
+        evaluator=args.evaluator, evaluator_resources=evaluator_resources)
 
 
 def run_k8s(args: argparse.Namespace) -> int:

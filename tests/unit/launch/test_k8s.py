@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -15,12 +15,16 @@ import yaml
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (psflow[test]) is not installed")
 
 from psflow.cluster import ClusterSpec, TaskId, parse_tf_config  # noqa: E402
+from psflow.launch import evaluator as evaluator_module  # noqa: E402
+from psflow.launch import lifeline  # noqa: E402
 from psflow.launch import task as task_module  # noqa: E402
-from psflow.launch.cli import main  # noqa: E402
+from psflow.launch.cli import build_parser, main  # noqa: E402
 from psflow.launch.k8s import (  # noqa: E402
     RenderConfig,
     RenderError,
+    Resources,
     load_cluster,
+    render_config,
     render_manifests,
     task_index_from_env,
     write_manifests,
@@ -34,23 +38,43 @@ CLUSTERS = {
     "chief": {"chief": ["h:9"], "ps": ["i:9"], "worker": ["j:9", "k:9"]},
 }
 TOKEN = "test-token"
+TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+CHECKPOINTS = "/var/lib/psflow/checkpoints"
+PROBES = {"startupProbe", "readinessProbe", "livenessProbe"}
 
 
-@pytest.fixture(params=sorted(CLUSTERS))
-def rendered(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[ClusterSpec, Path, dict[str, Any]]:
-    """Renders through the CLI; returns the input cluster, the output directory and the files' documents."""
+class Rendered(NamedTuple):
+    """The input cluster, the output directory, each YAML file's documents, and whether --evaluator was given."""
+
+    cluster: ClusterSpec
+    out: Path
+    docs: dict[str, Any]
+    evaluator: bool
+
+    @property
+    def pods(self) -> dict[str, int]:
+        """Pods per job: the cluster's tasks, and the evaluator's one pod outside it."""
+        return {job: self.cluster.num_tasks(job) for job in self.cluster.jobs} | ({"evaluator": 1} if self.evaluator else {})
+
+
+@pytest.fixture(params=[(name, evaluator) for name in sorted(CLUSTERS) for evaluator in (False, True)],
+                ids=lambda param: param[0] + ("+evaluator" if param[1] else ""))
+def rendered(request: pytest.FixtureRequest, tmp_path: Path) -> Rendered:
+    """Renders through the CLI, with and without --evaluator."""
+    name, evaluator = request.param
     cluster_file = tmp_path / "cluster.json"
-    cluster_file.write_text(json.dumps(CLUSTERS[request.param]))
+    cluster_file.write_text(json.dumps(CLUSTERS[name]))
     data = tmp_path / "train.libsvm"
     data.write_text("1 1:1 2:0.5\n0 3:1\n1 2:1\n")
     out = tmp_path / "out"
     rc = main(["k8s", "render", "--cluster", str(cluster_file), "--image", "registry.example.com/psflow:0.1.0",
                "--output", str(out), "--name", "ctr", "--namespace", "training", "--data-pvc", "a9a",
-               "--", "--train", str(data), "--num-features", "8", "--no-status"])
+               *(["--evaluator"] if evaluator else []),
+               "--", "--train", str(data), "--eval", str(data), "--num-features", "8", "--no-status"])
     assert rc == 0
     docs = {name: [d for d in yaml.safe_load_all((out / name).read_text()) if d is not None]
             for name in ("storage.yaml", "cluster.yaml", "tfjob.yaml")}
-    return ClusterSpec(CLUSTERS[request.param]), out, docs
+    return Rendered(ClusterSpec(CLUSTERS[name]), out, docs, evaluator)
 
 
 def _validate(doc: dict[str, Any]) -> None:
@@ -85,7 +109,8 @@ def _kubelet_env(env: list[dict[str, Any]], fields: dict[str, str]) -> dict[str,
 
 
 def _run_server(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """``psflow <args>`` in the environment ``env`` up to the point where it would run the task."""
+    """``psflow <args>`` in the environment ``env`` up to the point where it would run the task (``task``,
+    ``cluster``, run_task's keywords) or the evaluator (``evaluator``: its TrainConfig; ``stop``: its task name)."""
     for name in ("TF_CONFIG", "PSFLOW_TASK_INDEX", "PSFLOW_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
@@ -96,55 +121,94 @@ def _run_server(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str,
         seen.update(cluster=cluster, task=TaskId(job, index), **kwargs)
         return 0
 
+    class Stop:
+        """StopRequest without signal handlers or a thread."""
+
+        exit_code = 0
+
+        def __init__(self, name: str) -> None:
+            seen["stop"] = name
+
+        def install_handlers(self) -> bool:
+            return True
+
+        def start(self) -> None:
+            pass
+
+        def on_stop(self, callback: Any) -> None:
+            pass
+
+        def requested(self) -> None:
+            return None
+
     monkeypatch.setattr(task_module, "run_task", run_task)
     monkeypatch.setattr(task_module, "configure_logging", lambda **kwargs: None)
+    monkeypatch.setattr(evaluator_module, "run_evaluator", lambda config, **kwargs: seen.update(evaluator=config))
+    monkeypatch.setattr(lifeline, "StopRequest", Stop)
     assert main(args) == 0
     return seen
 
 
-def test_every_manifest_passes_the_kubernetes_schema(rendered: tuple[ClusterSpec, Path, dict[str, Any]]) -> None:
-    cluster, _, docs = rendered
+def _check_started(seen: dict[str, Any], cluster: ClusterSpec, task: TaskId) -> None:
+    """``psflow server`` started ``task`` of ``cluster``: listening at its port, or as the evaluator (no port)
+    watching the claim's checkpoints."""
+    if task.job != "evaluator":
+        assert (seen["cluster"], seen["task"]) == (cluster, task)
+        assert seen["bind_address"] == "0.0.0.0:2222"
+        return
+    assert "task" not in seen and seen["stop"] == f"/job:evaluator/task:{task.index}"  # not run_task: no server
+    config = seen["evaluator"]
+    assert config.checkpoint_dir == CHECKPOINTS and len(config.eval) == 1
+    assert config.num_ps == cluster.num_tasks("ps")
+
+
+def test_every_manifest_passes_the_kubernetes_schema(rendered: Rendered) -> None:
+    cluster, _, docs, evaluator = rendered
     kinds = [d["kind"] for d in docs["storage.yaml"] + docs["cluster.yaml"]]
-    assert kinds.count("Service") == len(cluster.tasks()) + 1  # one per task, and the StatefulSet's
-    assert kinds.count("StatefulSet") == 1 and kinds.count("Job") == len(cluster.jobs) - 1
+    assert kinds.count("Service") == len(cluster.tasks()) + 1  # one per task, and the StatefulSet's; none: evaluator
+    assert kinds.count("StatefulSet") == 1 and kinds.count("Job") == len(cluster.jobs) - 1 + evaluator
     assert kinds.count("PersistentVolumeClaim") == 1
     for doc in docs["storage.yaml"] + docs["cluster.yaml"]:
         _validate(doc)
 
 
-def test_the_schema_check_catches_a_bad_manifest(rendered: tuple[ClusterSpec, Path, dict[str, Any]]) -> None:
-    [statefulset] = [d for d in rendered[2]["cluster.yaml"] if d["kind"] == "StatefulSet"]
+def test_the_schema_check_catches_a_bad_manifest(rendered: Rendered) -> None:
+    [statefulset] = [d for d in rendered.docs["cluster.yaml"] if d["kind"] == "StatefulSet"]
     statefulset["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["tcpSocket"]["prot"] = 2222
     with pytest.raises(pytest.fail.Exception, match="containers/0/readinessProbe/tcpSocket: .*'prot' was unexpected"):
         _validate(statefulset)
 
 
-def test_the_tfjob_is_a_tfjob_of_valid_pod_templates(rendered: tuple[ClusterSpec, Path, dict[str, Any]]) -> None:
-    cluster, _, docs = rendered
+def test_the_tfjob_is_a_tfjob_of_valid_pod_templates(rendered: Rendered) -> None:
+    docs = rendered.docs
     [tfjob] = docs["tfjob.yaml"]
     assert (tfjob["apiVersion"], tfjob["kind"]) == ("kubeflow.org/v1", "TFJob")
     assert tfjob["metadata"] == {**tfjob["metadata"], "name": "ctr", "namespace": "training"}
-    assert tfjob["spec"]["runPolicy"]["cleanPodPolicy"] in ("None", "Running", "All")
+    clean = tfjob["spec"]["runPolicy"]["cleanPodPolicy"]
+    assert clean in ("None", "Running", "All")
+    assert clean == ("None" if rendered.evaluator else "Running")  # Running would stop the evaluator with the chief
     specs = tfjob["spec"]["tfReplicaSpecs"]
-    types = {"chief": "Chief", "worker": "Worker", "ps": "PS"}
-    assert set(specs) == {types[job] for job in cluster.jobs}
-    for job in cluster.jobs:
-        spec = specs[types[job]]
+    assert set(specs) == {TFJOB_TYPES[job] for job in rendered.pods}
+    for job, replicas in rendered.pods.items():
+        spec = specs[TFJOB_TYPES[job]]
         assert set(spec) == {"replicas", "restartPolicy", "template"}
-        assert spec["replicas"] == cluster.num_tasks(job)
+        assert spec["replicas"] == replicas
         assert spec["restartPolicy"] in ("Always", "OnFailure", "Never", "ExitCode")
         _validate(_pod(spec["template"], f"ctr-{job}-0"))
         [container] = spec["template"]["spec"]["containers"]
-        assert container["name"] == "tensorflow"  # the operator finds the port here: tfjob-port
+        assert container["name"] == "tensorflow"  # the operator finds the port here: tfjob-port (the evaluator's too)
         assert {"name": "tfjob-port", "containerPort": 2222, "protocol": "TCP"} in container["ports"]
 
 
 def _operator_tf_config(tfjob: dict[str, Any], rtype: str, index: int) -> str:
     """TF_CONFIG as Kubeflow's training operator writes it (genTFConfigJSONStr / genClusterSpec): per replica
-    type, lowercased, ``<job>-<type>-<i>.<namespace>.svc:<tfjob-port>``; the task; environment "cloud"."""
+    type but Evaluator ("evaluator is not part of training cluster"), lowercased,
+    ``<job>-<type>-<i>.<namespace>.svc:<tfjob-port>``; the task; environment "cloud"."""
     meta = tfjob["metadata"]
     cluster = {}
     for replica_type, spec in tfjob["spec"]["tfReplicaSpecs"].items():
+        if replica_type == "Evaluator":
+            continue
         [container] = [c for c in spec["template"]["spec"]["containers"] if c["name"] == "tensorflow"]
         [port] = [p["containerPort"] for p in container["ports"] if p["name"] == "tfjob-port"]
         rt = replica_type.lower()
@@ -152,9 +216,8 @@ def _operator_tf_config(tfjob: dict[str, Any], rtype: str, index: int) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": rtype.lower(), "index": index}, "environment": "cloud"})
 
 
-def test_the_operators_tf_config_is_the_rendered_cluster(rendered: tuple[ClusterSpec, Path, dict[str, Any]],
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster, out, docs = rendered
+def test_the_operators_tf_config_is_the_rendered_cluster(rendered: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster, _, docs, _ = rendered
     [tfjob] = docs["tfjob.yaml"]
     manifests = render_manifests(cluster, RenderConfig(name="ctr", image="i", namespace="training"))
     assert manifests.tfjob_cluster.as_dict() == {
@@ -164,44 +227,45 @@ def test_the_operators_tf_config_is_the_rendered_cluster(rendered: tuple[Cluster
         for index in range(spec["replicas"]):
             tf_config = _operator_tf_config(tfjob, rtype, index)
             parsed = parse_tf_config(tf_config)
-            assert parsed.cluster == manifests.tfjob_cluster
+            assert parsed.cluster == manifests.tfjob_cluster  # the evaluator's too: it has no evaluator job
             assert parsed.task == TaskId(rtype.lower(), index)
             [container] = spec["template"]["spec"]["containers"]
             env = _kubelet_env(container["env"], {}) | {"TF_CONFIG": tf_config}
             seen = _run_server(monkeypatch, container["args"], env)  # psflow unchanged: the operator's TF_CONFIG
-            assert (seen["cluster"], seen["task"]) == (manifests.tfjob_cluster, TaskId(rtype.lower(), index))
-            assert seen["bind_address"] == "0.0.0.0:2222"
+            _check_started(seen, manifests.tfjob_cluster, TaskId(rtype.lower(), index))
+    assert ("Evaluator" in tfjob["spec"]["tfReplicaSpecs"]) == rendered.evaluator
 
 
-def test_each_pod_computes_its_own_tf_config(rendered: tuple[ClusterSpec, Path, dict[str, Any]],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster, out, docs = rendered
+def test_each_pod_computes_its_own_tf_config(rendered: Rendered, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster, out, docs, _ = rendered
     services = ClusterSpec.from_json((out / "cluster.json").read_text())
     assert services.as_dict() == {job: [f"ctr-{job}-{i}.training.svc.cluster.local:2222"
                                         for i in range(cluster.num_tasks(job))] for job in cluster.jobs}
-    for doc in docs["cluster.yaml"]:
-        if doc["kind"] not in ("StatefulSet", "Job"):
-            continue
+    workloads = [doc for doc in docs["cluster.yaml"] if doc["kind"] in ("StatefulSet", "Job")]
+    assert sorted(doc["metadata"]["name"] for doc in workloads) == sorted(f"ctr-{job}" for job in rendered.pods)
+    for doc in workloads:
         job = doc["metadata"]["name"].removeprefix("ctr-")
         tasks = doc["spec"]["replicas"] if doc["kind"] == "StatefulSet" else doc["spec"]["completions"]
-        assert tasks == cluster.num_tasks(job)
+        assert tasks == rendered.pods[job]
         [container] = doc["spec"]["template"]["spec"]["containers"]
         for index in range(tasks):
             fields = ({"metadata.labels['apps.kubernetes.io/pod-index']": str(index)} if doc["kind"] == "StatefulSet"
                       else {"metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index)})
             env = _kubelet_env(container["env"], fields)
             parsed = parse_tf_config(env["TF_CONFIG"])
-            assert (parsed.cluster, parsed.task) == (services, TaskId(job, index))
+            assert (parsed.cluster, parsed.task) == (services, TaskId(job, index))  # the evaluator: not in it
             seen = _run_server(monkeypatch, container["args"], env)
-            assert (seen["cluster"], seen["task"]) == (services, TaskId(job, index))
-            assert seen["bind_address"] == "0.0.0.0:2222"
-            assert seen["state_dir"] == ("/var/lib/psflow/state" if job == "ps" else None)
-            assert seen["checkpoint_root"] == "/var/lib/psflow/checkpoints"
+            _check_started(seen, services, TaskId(job, index))
+            if job != "evaluator":
+                assert seen["state_dir"] == ("/var/lib/psflow/state" if job == "ps" else None)
+                assert seen["checkpoint_root"] == CHECKPOINTS
 
 
-def test_each_task_has_a_service_that_selects_only_its_pod(rendered: tuple[ClusterSpec, Path, dict[str, Any]]) -> None:
-    cluster, _, docs = rendered
+def test_each_task_has_a_service_that_selects_only_its_pod(rendered: Rendered) -> None:
+    cluster, _, docs, _ = rendered
     services = {d["metadata"]["name"]: d["spec"] for d in docs["cluster.yaml"] if d["kind"] == "Service"}
+    assert len(services) == len(cluster.tasks()) + 1  # and the StatefulSet's; none selects the evaluator
+    assert not [s for s in services.values() if s["selector"].get("batch.kubernetes.io/job-name") == "ctr-evaluator"]
     for task in cluster.tasks():
         spec = services[f"ctr-{task.job}-{task.index}"]
         assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
@@ -212,6 +276,83 @@ def test_each_task_has_a_service_that_selects_only_its_pod(rendered: tuple[Clust
                                         "batch.kubernetes.io/job-completion-index": str(task.index)}
         status = [p for p in spec["ports"] if p["name"] == "status"]
         assert status == ([{"name": "status", "port": 8080, "targetPort": 8080}] if task == cluster.chief() else [])
+
+
+def test_the_evaluator_is_a_workers_pod_that_serves_nothing(rendered: Rendered) -> None:
+    _, out, docs, evaluator = rendered
+    jobs = {d["metadata"]["name"]: d for d in docs["cluster.yaml"] if d["kind"] == "Job"}
+    specs = docs["tfjob.yaml"][0]["spec"]["tfReplicaSpecs"]
+    readme = (out / "README.md").read_text()
+    assert ("kubectl -n training logs -f job/ctr-evaluator" in readme) == evaluator
+    assert "evaluator" not in ClusterSpec.from_json((out / "cluster.json").read_text()).jobs
+    if not evaluator:
+        assert "ctr-evaluator" not in jobs and "Evaluator" not in specs
+        assert not [d for d in docs["cluster.yaml"] if d["metadata"]["labels"].get("app.kubernetes.io/component")
+                    == "evaluator"]
+        return
+    job = jobs["ctr-evaluator"]["spec"]
+    assert {k: job[k] for k in ("completionMode", "completions", "parallelism")} == {
+        "completionMode": "Indexed", "completions": 1, "parallelism": 1}
+    for pod, worker_pod, tfjob in ((job["template"]["spec"], jobs["ctr-worker"]["spec"]["template"]["spec"], False),
+                                   (specs["Evaluator"]["template"]["spec"], specs["Worker"]["template"]["spec"], True)):
+        assert pod | {"containers": None} == worker_pod | {"containers": None}  # volumes, securityContext, restarts
+        [ours], [theirs] = pod["containers"], worker_pod["containers"]
+        assert not PROBES & ours.keys()  # it listens on no port
+        assert ours.get("ports") == (theirs["ports"] if tfjob else None)  # the operator wants tfjob-port declared
+        same = set(theirs) - PROBES - {"ports", "args", "env", "volumeMounts"}  # image, resources, securityContext
+        assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
+        assert ours["env"][-1] == theirs["env"][-1] == {  # after TF_CONFIG (the operator's, in a TFJob)
+            "name": "PSFLOW_TOKEN", "valueFrom": {"secretKeyRef": {"name": "ctr-token", "key": "token"}}}
+        train_args = ours["args"][3:]
+        assert ours["args"][:3] == ["server", "--checkpoint-dir", CHECKPOINTS]  # no --bind-host, no status page
+        assert theirs["args"][-len(train_args):] == train_args and "--eval" in train_args
+        checkpoints, *rest = theirs["volumeMounts"]
+        assert checkpoints["subPath"] == "checkpoints" and rest[0]["name"] == "data" and rest[0]["readOnly"]
+        assert ours["volumeMounts"] == [checkpoints | {"readOnly": True}, *rest]
+
+
+def test_without_the_evaluator_the_rest_is_the_same() -> None:
+    cluster, train_args = ClusterSpec(CLUSTERS["chief"]), ("--train", "t", "--eval", "e")
+    plain = render_manifests(cluster, RenderConfig(name="demo", image="psflow:1", train_args=train_args))
+    with_it = render_manifests(cluster, RenderConfig(name="demo", image="psflow:1", train_args=train_args,
+                                                     evaluator=True))
+    assert [d["metadata"]["name"] for d in with_it.workloads[len(plain.workloads):]] == ["demo-evaluator"]
+    assert with_it.workloads[:len(plain.workloads)] == plain.workloads
+    assert (with_it.cluster, with_it.tfjob_cluster, with_it.storage) == (plain.cluster, plain.tfjob_cluster, plain.storage)
+    specs = dict(with_it.tfjob["spec"]["tfReplicaSpecs"])
+    assert list(specs).pop() == "Evaluator"
+    del specs["Evaluator"]
+    assert specs == plain.tfjob["spec"]["tfReplicaSpecs"]
+
+
+def _evaluator_container(config: RenderConfig) -> dict[str, Any]:
+    [job] = [d for d in render_manifests(ClusterSpec(CLUSTERS["chief"]), config).workloads
+             if d["metadata"]["name"] == f"{config.name}-evaluator"]
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize(("train_args", "read_only"), [
+    (("--eval", "e"), True),
+    (("--eval=e",), True),
+    (("--eval", "e", "--summary-dir", "/var/lib/psflow/checkpoints/summaries"), False),  # writes eval/ there
+    (("--eval", "e", "--summary=s"), False),  # an abbreviation, as argparse takes it
+])
+def test_the_evaluator_may_write_the_claim_only_for_summaries(train_args: tuple[str, ...], read_only: bool) -> None:
+    container = _evaluator_container(RenderConfig(name="demo", image="i", train_args=train_args, evaluator=True))
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "checkpoints"]
+    assert mount.get("readOnly", False) is read_only and mount["subPath"] == "checkpoints"
+
+
+def test_the_evaluators_resources_default_to_a_workers() -> None:
+    base = ["k8s", "render", "--cluster", "c.json", "--image", "i", "--output", "o", "--name", "demo",
+            "--worker-cpu", "3", "--worker-memory", "6Gi", "--evaluator"]
+    for extra, want in (([], Resources("3", "6Gi")), (["--evaluator-cpu", "500m"], Resources("500m", "6Gi")),
+                        (["--evaluator-memory", "1Gi"], Resources("3", "1Gi"))):
+        config = render_config(build_parser().parse_args([*base, *extra, "--", "--eval", "e"]))
+        assert config.resources("evaluator") == want
+        assert _evaluator_container(config)["resources"] == {"requests": {"cpu": want.cpu, "memory": want.memory},
+                                                             "limits": {"memory": want.memory}}
 
 
 def test_psflow_server_takes_its_task_index_from_the_environment(tmp_path: Path,
@@ -251,6 +392,14 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--worker-memory", "4 GB"], "--worker-memory '4 GB'"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--epocs", "3"], "after --: unrecognized arguments: --epocs"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--task", "1"], "after --: --task: the manifests set it"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--evaluator"],
+     "--evaluator: the training arguments after -- have no --eval"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--evaluator", "--", "--train", "t", "--eval-every-steps", "5"],
+     "--evaluator: the training arguments after -- have no --eval"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--evaluator-cpu", "1", "--", "--eval", "e"],
+     "--evaluator-cpu: only with --evaluator"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--evaluator", "--evaluator-memory", "8 GB", "--", "--eval", "e"],
+     "--evaluator-memory '8 GB'"),
 ])
 def test_bad_input_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str], cluster: Any,
                                          extra: list[str], named: str) -> None:
@@ -274,6 +423,8 @@ def test_render_errors_are_config_errors(tmp_path: Path) -> None:
     assert issubclass(RenderError, ConfigError)
     with pytest.raises(RenderError, match="--status-port 2222: the same as --port"):
         RenderConfig(name="a", image="i", status_port=2222)
+    with pytest.raises(RenderError, match="--evaluator: the training arguments after -- have no --eval"):
+        RenderConfig(name="a", image="i", train_args=("--eval-poll-secs", "2"), evaluator=True)
 
 
 def test_the_render_is_deterministic_and_writes_no_token(tmp_path: Path) -> None:
