@@ -1,0 +1,135 @@
+"""A dynamic table's options and counters, and its error type.
+
+:class:`DynamicTableSpec` checks every option on construction, so a table is
+never built from an invalid spec; :class:`DynamicTableStats` is a plain copy
+of a table's counters. Every error of this package is a
+:class:`DynamicTableError` (a :class:`StoreError`) whose message names the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from psflow.ps.initializers import validate_initializer
+from psflow.ps.optimizers import OptimizerSpec
+from psflow.ps.store import StoreError
+
+__all__ = ["EVICTION_POLICIES", "DynamicTableError", "DynamicTableSpec", "DynamicTableStats"]
+
+EVICTION_POLICIES = ("lfu", "lru")
+
+
+class DynamicTableError(StoreError):
+    """A dynamic table's spec, or a call on it, is invalid; the message names the table."""
+
+
+def _int_option(table: str, key: str, value: object, low: int, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise DynamicTableError(f"dynamic table {table!r}: {key} must be an int >= {low}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DynamicTableSpec:
+    """A dynamic table's options, checked on construction (errors name the table).
+
+    Attributes:
+        name: the variable's name. dim: values per row (>= 1).
+        optimizer: its optimizer, or None (not trainable).
+        initializer: an initializer spec of psflow.ps.initializers (not glorot_uniform).
+        admit_after: admit an id at its N-th sighting (N >= 1); None or 1 admits all.
+        admit_probability: admit at each sighting with probability p in (0, 1].
+        ttl_steps: drop rows unused for more than T global steps (:meth:`DynamicTable.evict`).
+        capacity_rows, capacity_bytes: row limit of this table share, in rows
+            and/or in bytes of rows, slots, per-row metadata and index.
+        policy: ``"lfu"`` or ``"lru"``: which rows the capacity evicts.
+        seed: seeds admission by probability and eviction sampling.
+        sketch_width, sketch_depth: the admission sketch (4 bytes per counter; default 4 MiB).
+        eviction_sample: sampled candidates per evicted row (>= 1).
+        ttl_scan_rows: slots one :meth:`DynamicTable.evict` call scans at most.
+        initial_rows: rows allocated up front.
+    """
+
+    name: str
+    dim: int
+    optimizer: OptimizerSpec | None = None
+    initializer: Mapping[str, Any] = field(default_factory=lambda: {"name": "zeros"}, hash=False)
+    admit_after: int | None = None
+    admit_probability: float | None = None
+    ttl_steps: int | None = None
+    capacity_rows: int | None = None
+    capacity_bytes: int | None = None
+    policy: str = "lfu"
+    seed: int = 0
+    sketch_width: int = 1 << 18
+    sketch_depth: int = 4
+    eviction_sample: int = 8
+    ttl_scan_rows: int = 1 << 16
+    initial_rows: int = 1024
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise DynamicTableError(f"dynamic table name must be a non-empty string, got {self.name!r}")
+        table = self.name
+        for key, low in (("dim", 1), ("seed", 0), ("sketch_depth", 1), ("eviction_sample", 1),
+                         ("ttl_scan_rows", 1), ("initial_rows", 1)):
+            _int_option(table, key, getattr(self, key), low, optional=False)
+        for key in ("admit_after", "ttl_steps", "capacity_rows", "capacity_bytes"):
+            _int_option(table, key, getattr(self, key), 1)
+        if self.sketch_width < 1 or self.sketch_width & (self.sketch_width - 1):
+            raise DynamicTableError(f"dynamic table {table!r}: sketch_width must be a power of two, got {self.sketch_width!r}")
+        p = self.admit_probability
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0):
+            raise DynamicTableError(f"dynamic table {table!r}: admit_probability must be in (0, 1], got {p!r}")
+        if p is not None and self.admit_after is not None:
+            raise DynamicTableError(f"dynamic table {table!r}: give admit_after or admit_probability, not both")
+        if self.policy not in EVICTION_POLICIES:
+            raise DynamicTableError(f"dynamic table {table!r}: policy must be one of {EVICTION_POLICIES}, got {self.policy!r}")
+        if self.optimizer is not None and not isinstance(self.optimizer, OptimizerSpec):
+            raise DynamicTableError(f"dynamic table {table!r}: optimizer must be an OptimizerSpec, got {self.optimizer!r}")
+        try:
+            init = validate_initializer(self.initializer)
+        except ValueError as e:
+            raise DynamicTableError(f"dynamic table {table!r}: {e}") from e
+        if init["name"] == "glorot_uniform":
+            raise DynamicTableError(f"dynamic table {table!r}: glorot_uniform needs a row count; a dynamic table has none")
+        object.__setattr__(self, "initializer", init)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field; the optimizer as :meth:`OptimizerSpec.to_json`. ``from_json`` reads it back."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["optimizer"] = self.optimizer.to_json() if self.optimizer is not None else None
+        out["initializer"] = dict(self.initializer)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DynamicTableSpec:
+        """Raises DynamicTableError on unknown keys or invalid values (OptimizerError for the optimizer)."""
+        known = {f.name for f in fields(cls)}
+        extra = sorted(str(key) for key in data if key not in known)
+        if extra:
+            raise DynamicTableError(f"dynamic table {data.get('name')!r}: unknown keys {extra}")
+        given = dict(data)
+        if given.get("optimizer") is not None:
+            given["optimizer"] = OptimizerSpec.from_json(given["optimizer"])
+        return cls(**given)
+
+
+@dataclass(frozen=True)
+class DynamicTableStats:
+    """Counters since the table was created (lookups and gradients count id occurrences)."""
+
+    rows: int
+    row_limit: int
+    admitted: int  # rows created
+    rejected_lookups: int  # ids a creating lookup returned as zeros (not admitted)
+    absent_reads: int  # ids a read-only lookup (create=False) returned as zeros
+    dropped_gradients: int  # gradient rows of ids without a row
+    evicted_ttl: int
+    evicted_capacity: int
+    index_rebuilds: int
+    memory_bytes: int
+    sketch_bytes: int

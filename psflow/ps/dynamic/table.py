@@ -1,0 +1,376 @@
+"""One ps task's share of a dynamic table: rows keyed by id, with admission, eviction and checkpoints.
+
+:class:`DynamicTable` holds its rows, optimizer slots and per-row metadata
+(id, last use, lookup count, live flag) in preallocated numpy arrays, grown
+geometrically up to its row limit; freed slots are reused. The guarantees are
+those of the package docstring (:mod:`psflow.ps.dynamic`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from psflow.ps.dynamic.eviction import eviction_keys, lowest, pick_victims
+from psflow.ps.dynamic.hashing import BoolArray, FloatArray, IdArray, check_ids
+from psflow.ps.dynamic.id_index import INDEX_BYTES_PER_ROW, MIN_BUCKETS, IdIndex, buckets_for
+from psflow.ps.dynamic.rows import initial_rows, sum_by_id, unique_ids
+from psflow.ps.dynamic.sketch import CountMinSketch
+from psflow.ps.dynamic.snapshots import check_snapshot
+from psflow.ps.dynamic.spec import DynamicTableError, DynamicTableSpec, DynamicTableStats
+from psflow.ps.optimizers import make_optimizer
+
+__all__ = ["FIXED_OVERHEAD_BYTES", "DynamicTable"]
+
+#: Python objects of one table (the object, its dicts, lock, generators): a generous upper bound.
+FIXED_OVERHEAD_BYTES = 64 * 1024
+# Per row besides values and slots: id, last step, frequency, free-list entry (int64 each), live flag.
+_ROW_META_BYTES = 33
+
+
+class DynamicTable:
+    """One ps task's share of a dynamic table: rows, slots, admission, eviction (see :mod:`psflow.ps.dynamic`).
+
+    Every public method takes the table's lock, validates its arguments before
+    touching state (a refused call changes nothing) and returns when done.
+    """
+
+    def __init__(self, spec: DynamicTableSpec) -> None:
+        """Raises DynamicTableError: ``capacity_bytes`` cannot hold one row."""
+        self.spec = spec
+        self.name = spec.name
+        self._lock = threading.Lock()
+        self._optimizer = make_optimizer(spec.optimizer) if spec.optimizer is not None else None
+        template = self._optimizer.create_slots(np.zeros((1, spec.dim), np.float32)) if self._optimizer else {}
+        self._slot_names: tuple[str, ...] = self._optimizer.slot_names if self._optimizer else ()
+        self._slot_init = {name: template[name][0].copy() for name in self._slot_names}
+        self._state = {name: template[name] for name in (self._optimizer.state_names if self._optimizer else ())}
+        self._row_bytes = 4 * spec.dim * (1 + len(self._slot_names)) + _ROW_META_BYTES
+        self._row_limit = self._limit()
+        self._sketch = (CountMinSketch(spec.sketch_width, spec.sketch_depth, seed=spec.seed)
+                        if spec.admit_after is not None and spec.admit_after > 1 else None)
+        self._admit_rng = np.random.default_rng([spec.seed, 1]) if spec.admit_probability is not None else None
+        self._evict_rng = np.random.default_rng([spec.seed, 2])
+        self._step = 0
+        self._ttl_cursor = 0
+        self._counts = dict.fromkeys(("admitted", "rejected_lookups", "absent_reads", "dropped_gradients",
+                                      "evicted_ttl", "evicted_capacity"), 0)
+        self._index = IdIndex(buckets_for(min(spec.initial_rows, self._row_limit)))
+        self._reset_rows(min(spec.initial_rows, self._row_limit))
+
+    def _limit(self) -> int:
+        limit = self.spec.capacity_rows if self.spec.capacity_rows is not None else 1 << 62
+        if self.spec.capacity_bytes is not None:
+            per_row = self._row_bytes + INDEX_BYTES_PER_ROW
+            if self.spec.capacity_bytes < per_row:
+                raise DynamicTableError(f"dynamic table {self.name!r}: capacity_bytes {self.spec.capacity_bytes} "
+                                        f"is less than one row ({per_row} bytes with slots, metadata and index)")
+            limit = min(limit, self.spec.capacity_bytes // per_row)
+        return limit
+
+    def _reset_rows(self, size: int) -> None:
+        """Empty storage for ``size`` rows (>= 1)."""
+        dim = self.spec.dim
+        self._values: FloatArray = np.zeros((size, dim), np.float32)
+        self._slots: dict[str, FloatArray] = {name: np.zeros((size, dim), np.float32) for name in self._slot_names}
+        self._ids: IdArray = np.zeros(size, np.int64)
+        self._last: IdArray = np.zeros(size, np.int64)
+        self._freq: IdArray = np.zeros(size, np.int64)
+        self._live: BoolArray = np.zeros(size, bool)
+        self._free: IdArray = np.zeros(size, np.int64)
+        self._nfree = 0
+        self._top = 0  # slots [0, top) were used at least once; the rest were never used
+
+    # ---- public API --------------------------------------------------------
+    def __len__(self) -> int:
+        return self._index.live
+
+    @property
+    def row_limit(self) -> int:
+        """The most rows this table holds (from capacity_rows and capacity_bytes; 2**62 without either)."""
+        return self._row_limit
+
+    def lookup(self, ids: IdArray, *, step: int | None = None, create: bool = True) -> tuple[FloatArray, BoolArray]:
+        """Rows of ``ids``, and which ids have one.
+
+        Args:
+            ids: 1-D int64, any values, may repeat.
+            step: the global step of this lookup (last use of the rows, for
+                TTL and LRU); None: the latest step the table has seen.
+            create: count the sighting, admit and create rows (training). False:
+                only read (predict, export, eval): nothing changes, ids without
+                a row read as zeros.
+
+        Returns:
+            ``(rows, found)``: float32 ``[len(ids), dim]`` (a new array; zeros
+            where not found) and bool ``[len(ids)]``.
+
+        Raises:
+            DynamicTableError: ids not a 1-D int64 array, or a bad step.
+
+        A creating lookup may evict other rows to make room (see the package
+        docstring), never a row it returns.
+        """
+        check_ids(ids, f"dynamic table {self.name!r}: lookup")
+        self._check_step(step)
+        with self._lock:
+            if step is not None:
+                self._step = max(self._step, int(step))
+            unique, inverse = unique_ids(ids)
+            slots, _ = self._index.find(unique)
+            if create:
+                found = slots[slots >= 0]
+                self._freq[found] += 1
+                self._last[found] = self._step  # the largest step seen, so never earlier than a row's last use
+                missing = np.flatnonzero(slots < 0)
+                if missing.size:
+                    slots[missing] = self._admit(unique[missing], protect=found)
+            per_id = slots[inverse]
+            has_row = per_id >= 0
+            rows: FloatArray = np.take(self._values, np.where(has_row, per_id, 0), axis=0)
+            rows[~has_row] = 0.0
+            self._counts["rejected_lookups" if create else "absent_reads"] += int(ids.size - np.count_nonzero(has_row))
+        return rows, has_row
+
+    def apply_gradients(self, ids: IdArray, grads: FloatArray, step: int) -> int:
+        """Applies the optimizer to the rows of ``ids`` that exist; returns how many gradient rows it applied.
+
+        Duplicate ids are summed first, in call order; gradients of ids
+        without a row (not admitted, or evicted since the lookup) are dropped
+        and counted; no row is created here. The rows' last use becomes at
+        least ``step``.
+
+        Raises:
+            DynamicTableError: not trainable; ids not 1-D int64; grads not
+                float32 ``[len(ids), dim]`` or not finite; a bad step. Nothing
+                changes then.
+        """
+        where = f"dynamic table {self.name!r}: apply_gradients"
+        check_ids(ids, where)
+        self._check_step(step)
+        self._check_grads(ids, grads, where)
+        if self._optimizer is None:
+            raise DynamicTableError(f"{where}: the table is not trainable (no optimizer)")
+        with self._lock:
+            self._step = max(self._step, int(step))
+            unique, inverse = unique_ids(ids)
+            slots, _ = self._index.find(unique)
+            hit = slots[slots >= 0]
+            self._last[hit] = np.maximum(self._last[hit], int(step))
+            applied = int(np.count_nonzero(slots[inverse] >= 0))
+            self._counts["dropped_gradients"] += int(ids.size) - applied
+            rows, values = (slots[inverse], grads) if unique.size == ids.size else (slots, sum_by_id(grads, inverse))
+            if applied < ids.size:
+                rows, values = rows[rows >= 0], values[rows >= 0]
+            top = self._top
+            slot_views = {name: array[:top] for name, array in self._slots.items()}
+            self._optimizer.apply_sparse(self._values[:top], {**slot_views, **self._state}, rows, values)
+        return applied
+
+    def evict(self, step: int, *, full: bool = False) -> int:
+        """Drops rows last used before ``step - ttl_steps``; returns how many.
+
+        ``step`` counts as the larger of it and the latest step the table saw.
+        Scans at most ``ttl_scan_rows`` slots from where the previous call
+        stopped (all of them with ``full``), so a sweep of the whole table takes
+        ``ceil(slots / ttl_scan_rows)`` calls. No-op without ``ttl_steps``.
+
+        Raises:
+            DynamicTableError: a bad step.
+        """
+        self._check_step(step)
+        with self._lock:
+            self._step = max(self._step, int(step))
+            if self.spec.ttl_steps is None or self._top == 0:
+                return 0
+            lo = 0 if full or self._ttl_cursor >= self._top else self._ttl_cursor
+            hi = self._top if full else min(self._top, lo + self.spec.ttl_scan_rows)
+            stale = self._live[lo:hi] & (self._last[lo:hi] < self._step - self.spec.ttl_steps)
+            victims = np.flatnonzero(stale) + lo
+            self._ttl_cursor = 0 if hi >= self._top else hi
+            self._drop(victims)
+            self._counts["evicted_ttl"] += int(victims.size)
+            return int(victims.size)
+
+    def memory_bytes(self) -> int:
+        """Exact bytes of the table's numpy arrays: rows, slots, metadata, free list, index, sketch, state."""
+        with self._lock:
+            return self._memory_bytes()
+
+    def overhead_bytes(self) -> int:
+        """What :meth:`memory_bytes` may exceed ``capacity_bytes`` by: sketch, 0-d state, the index's minimum."""
+        sketch = self._sketch.nbytes if self._sketch is not None else 0
+        return sketch + sum(int(a.nbytes) for a in self._state.values()) + 16 * MIN_BUCKETS
+
+    def stats(self) -> DynamicTableStats:
+        """A consistent copy of the counters, row count and memory."""
+        with self._lock:
+            return DynamicTableStats(
+                rows=self._index.live, row_limit=self._row_limit, index_rebuilds=self._index.rebuilds,
+                memory_bytes=self._memory_bytes(), sketch_bytes=self._sketch.nbytes if self._sketch else 0,
+                **self._counts)
+
+    def admission_sketch(self) -> CountMinSketch | None:
+        """The sketch behind ``admit_after`` (None without it); read it under no other guarantee."""
+        return self._sketch
+
+    # ---- checkpoints -------------------------------------------------------
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Every row, sorted by id: a consistent copy taken under the lock.
+
+        Returns:
+            ``ids`` int64 [n], ``values`` float32 [n, dim], ``slot/NAME`` float32
+            [n, dim] per optimizer slot, ``state/NAME`` float32 0-d (Adam's beta
+            powers), ``last_step`` and ``frequency`` int64 [n], ``step`` int64 0-d
+            (the latest step the table saw).
+        """
+        with self._lock:
+            slots = np.flatnonzero(self._live[:self._top])
+            slots = slots[np.argsort(self._ids[slots], kind="stable")]
+            out: dict[str, np.ndarray] = {"ids": self._ids[slots], "values": self._values[slots], "last_step": self._last[slots],
+                   "frequency": self._freq[slots], "step": np.array(self._step, np.int64)}
+            out.update({f"slot/{name}": array[slots] for name, array in self._slots.items()})
+            out.update({f"state/{name}": array.copy() for name, array in self._state.items()})
+            return out
+
+    def load(self, arrays: Mapping[str, np.ndarray]) -> int:
+        """Replaces every row with those of a :meth:`snapshot`; returns how many it evicted to fit.
+
+        Rows beyond the row limit are evicted by policy (exactly, not sampled)
+        and counted. Counters, the admission sketch and the generators stay.
+
+        Raises:
+            DynamicTableError: keys, dtypes or shapes differ from this table's
+                snapshot, or ids are not strictly increasing. Nothing changes then.
+        """
+        n = check_snapshot(arrays, name=self.name, dim=self.spec.dim, slot_names=self._slot_names,
+                           state_names=self._state)
+        with self._lock:
+            keep = np.arange(n)
+            if n > self._row_limit:
+                keys = eviction_keys(arrays["frequency"], arrays["last_step"], self.spec.policy)
+                keep = np.sort(lowest(keys, n - self._row_limit, complement=True))
+            size = max(keep.size, min(self.spec.initial_rows, self._row_limit))
+            self._reset_rows(size)
+            used = slice(0, keep.size)
+            self._values[used], self._ids[used] = arrays["values"][keep], arrays["ids"][keep]
+            self._last[used], self._freq[used] = arrays["last_step"][keep], arrays["frequency"][keep]
+            for name, array in self._slots.items():
+                array[used] = arrays[f"slot/{name}"][keep]
+            for name, array in self._state.items():
+                array[...] = arrays[f"state/{name}"]
+            self._live[used] = True
+            self._top = keep.size
+            self._index.clear(keep.size)
+            self._index.insert(self._ids[used], np.arange(keep.size, dtype=np.int64))
+            self._step = max(self._step, int(arrays["step"]))
+            self._ttl_cursor = 0
+            self._counts["evicted_capacity"] += n - keep.size
+            return n - int(keep.size)
+
+    @classmethod
+    def restore(cls, spec: DynamicTableSpec, arrays: Mapping[str, np.ndarray]) -> DynamicTable:
+        """A new table of ``spec`` holding the rows of ``arrays`` (see :meth:`load`)."""
+        table = cls(spec)
+        table.load(arrays)
+        return table
+
+    # ---- internals (called with the lock held) --------------------------------
+    def _memory_bytes(self) -> int:
+        arrays: list[npt.NDArray[Any]] = [self._values, self._ids, self._last, self._freq, self._live, self._free,
+                                          *self._slots.values(), *self._state.values()]
+        sketch = self._sketch.nbytes if self._sketch is not None else 0
+        return sum(int(a.nbytes) for a in arrays) + self._index.nbytes + sketch
+
+    def _check_step(self, step: object) -> None:
+        if step is not None and (isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0):
+            raise DynamicTableError(f"dynamic table {self.name!r}: step must be an int >= 0, got {step!r}")
+
+    def _check_grads(self, ids: IdArray, grads: object, where: str) -> None:
+        want = (ids.size, self.spec.dim)
+        if not isinstance(grads, np.ndarray) or grads.dtype != np.float32 or grads.shape != want:
+            kind = f"{grads.dtype} {grads.shape}" if isinstance(grads, np.ndarray) else type(grads).__name__
+            raise DynamicTableError(f"{where}: gradients must be float32 {want} (table dim {self.spec.dim}), got {kind}")
+        finite = np.isfinite(grads).all(axis=1)
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            raise DynamicTableError(f"{where}: {bad.size} gradient rows are not finite (first: id {int(ids[bad[0]])}); "
+                                    "nothing was applied")
+
+    def _admit(self, missing: IdArray, protect: IdArray) -> IdArray:
+        """Slots for ``missing`` (distinct ids without rows): new rows for the admitted, -1 for the rest."""
+        if self._sketch is not None:
+            admit = self._sketch.add(missing) >= int(self.spec.admit_after or 1)
+        elif self._admit_rng is not None:
+            admit = self._admit_rng.random(missing.size) < float(self.spec.admit_probability or 1.0)
+        else:
+            admit = np.ones(missing.size, bool)
+        chosen = np.flatnonzero(admit)
+        chosen = chosen[:self._make_room(chosen.size, protect)]
+        out = np.full(missing.size, -1, np.int64)
+        if chosen.size:
+            out[chosen] = self._create(missing[chosen])
+            self._counts["admitted"] += int(chosen.size)
+        return out
+
+    def _make_room(self, wanted: int, protect: IdArray) -> int:
+        """Evicts rows (not ``protect``) so ``wanted`` more fit under the limit; returns how many fit."""
+        excess = self._index.live + wanted - self._row_limit
+        if excess > 0:
+            victims = pick_victims(excess, protect, live=self._live, freq=self._freq, last=self._last, top=self._top,
+                                   rows=self._index.live, spec=self.spec, rng=self._evict_rng)
+            self._drop(victims)
+            self._counts["evicted_capacity"] += int(victims.size)
+        return min(wanted, self._row_limit - self._index.live)
+
+    def _create(self, ids: IdArray) -> IdArray:
+        """New rows for ``ids`` (distinct, absent, room checked); returns their slots."""
+        take = min(self._nfree, ids.size)
+        reused = self._free[self._nfree - take:self._nfree].copy()
+        self._nfree -= take
+        fresh = ids.size - take
+        self._grow(self._top + fresh)
+        slots = np.concatenate([reused, np.arange(self._top, self._top + fresh, dtype=np.int64)])
+        self._top += fresh
+        self._values[slots] = initial_rows(self.spec.initializer, ids, self.spec.dim)
+        for name, array in self._slots.items():
+            array[slots] = self._slot_init[name]
+        self._ids[slots] = ids
+        self._freq[slots] = 1
+        self._last[slots] = self._step
+        self._live[slots] = True
+        self._index.insert(ids, slots)
+        return slots
+
+    def _grow(self, needed: int) -> None:
+        """Grows storage (x2, capped at the row limit) to at least ``needed`` slots."""
+        size = self._ids.size
+        if needed <= size:
+            return
+        new_size = max(needed, min(2 * size, self._row_limit))
+        top, nfree = self._top, self._nfree
+
+        def grown(old: npt.NDArray[Any], used: int) -> npt.NDArray[Any]:
+            new = np.zeros((new_size, *old.shape[1:]), old.dtype)
+            new[:used] = old[:used]
+            return new
+
+        self._values = grown(self._values, top)
+        self._slots = {name: grown(array, top) for name, array in self._slots.items()}
+        self._ids, self._last, self._freq = grown(self._ids, top), grown(self._last, top), grown(self._freq, top)
+        self._live, self._free = grown(self._live, top), grown(self._free, nfree)
+
+    def _drop(self, slots: IdArray) -> None:
+        """Removes the rows in ``slots`` (distinct, live) and frees their slots."""
+        if not slots.size:
+            return
+        _, where = self._index.find(self._ids[slots])
+        self._index.remove(where)
+        self._live[slots] = False
+        self._free[self._nfree:self._nfree + slots.size] = slots
+        self._nfree += int(slots.size)
+
