@@ -71,7 +71,7 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str]:
 LOOP = """
 while stop.requested() is None:
     time.sleep(0.01)
-print("left the loop:", stop.requested(), flush=True)
+print(f"left the loop: {stop.requested()}\\n", end="", flush=True)  # one write: the stop thread logs to stdout too
 sys.exit(stop.exit_code)
 """
 
@@ -101,7 +101,7 @@ def test_a_blocked_wait_is_ended_by_the_interrupt_callbacks(child: Starter) -> N
     barrier = threading.Event()
     stop.on_interrupt(barrier.set)
     barrier.wait()
-    print("released:", stop.requested(), flush=True)
+    print(f"released: {stop.requested()}\\n", end="", flush=True)
     sys.exit(stop.exit_code)
     """
     proc = child(body, grace=30.0, drain=0.2)
