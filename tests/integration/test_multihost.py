@@ -301,8 +301,12 @@ def test_chaos_kills_tasks_on_their_own_hosts_and_the_run_recovers(make_lab: Cal
         hosts={(job, i): lab.hosts[f"{job}{i}"].address for job, i in tasks},
         prefixes={(job, i): ("ip", "netns", "exec", lab.hosts[f"{job}{i}"].netns) for job, i in tasks})
     resilience = ResilienceConfig(RestartConfig(policy="on-failure", max_restarts=3),
-                                  chaos=ChaosPlan.parse(["kill:ps:0@step=60", "kill:worker:1@step=200"]))
-    epochs = 3
+                                  chaos=ChaosPlan.parse(["kill:ps:0@step=40", "kill:worker:1@step=80"]))
+    # 4 epochs are ~510 steps: the worker kill, 40 steps after the ps task's recovery, leaves it data to train on
+    # even when the first fault is seen late (a loaded run saw it at step 163), so its recovery (global_step
+    # advancing after its replacement started) is always observed. With 3 epochs and a kill at 200, one run killed
+    # worker 1 after its data had ended, and nothing advanced again.
+    epochs = 4
     config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=2,
                          epochs=epochs, batch_size=256, transport="tcp", connect_timeout=120.0,
                          checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
