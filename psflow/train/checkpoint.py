@@ -420,10 +420,13 @@ class CheckpointManager:
                 name = f"{name}-{time.time_ns()}"
             path = os.path.join(self.directory, name)
             os.makedirs(path)
-        self._current = path
-        writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
-                  "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
-        write_file_atomically(os.path.join(path, WRITER_NAME), jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
+            self._current = path
+            # Written before the mutex is let go: a checkpoint directory without its writer file, seen under the
+            # mutex, is a leftover of a save killed in between (see _deletable).
+            writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
+                      "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
+            write_file_atomically(os.path.join(path, WRITER_NAME),
+                                  jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
         replies = self._write_shards(client, path)
         self._phase("shards_written")
         manifest = self._manifest(client, replies, optimizer, model, lineage, writer, final)
@@ -624,11 +627,15 @@ class CheckpointManager:
     def _deletable(self, lineage: str, epoch: int | None, keep: Collection[str]) -> list[str]:
         """Checkpoint directories this save may delete: of ``lineage``, not in ``keep``, not a newer epoch's save.
 
-        A directory whose writer or manifest is unreadable, or of another lineage, is never listed.
+        A directory whose writer or manifest is unreadable, or of another lineage, is never listed, except an
+        empty one (a save killed while creating it: see :func:`_killed_while_created`).
         """
         out = []
         for path in _checkpoint_dirs(self.directory):
             if os.path.basename(path) in keep:
+                continue
+            if _killed_while_created(path):
+                out.append(path)
                 continue
             writer = _read_json(os.path.join(path, WRITER_NAME))
             theirs = writer.get("epoch") if writer is not None else None
@@ -647,6 +654,18 @@ class CheckpointManager:
         with directory_mutex(self.directory):
             for path in self._deletable(lineage, epoch, keep=kept):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _killed_while_created(path: str) -> bool:
+    """A save's directory holding nothing but (maybe) its writer file's temp: the save was killed while creating it.
+
+    Only meaningful under ``directory_mutex``: a save makes its directory and writes its writer file under it.
+    """
+    try:
+        entries = os.listdir(path)
+    except OSError:
+        return False
+    return all(e.startswith(f"{WRITER_NAME}.tmp-") for e in entries)
 
 
 def _parse_pointer(data: bytes | None) -> dict[str, Any]:

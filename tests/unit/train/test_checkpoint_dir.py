@@ -164,6 +164,22 @@ def test_rotation_deletes_only_its_own_lineage_and_a_restore_continues_it(tmp_pa
     assert Path(saved_a[0]).name not in names and Path(last_b).name in names and len(names) == 3, names
 
 
+def test_a_save_killed_while_creating_its_directory_leaves_nothing_the_next_save_keeps(tmp_path: Path) -> None:
+    """SIGKILL between mkdir and the writer file leaves an empty directory (or the writer's temp): the next save of
+    any run removes it; a directory holding anything else that it cannot read is left alone."""
+    client = _cluster()
+    (tmp_path / "ckpt-000000007").mkdir(parents=True)
+    (tmp_path / "ckpt-000000008").mkdir()
+    (tmp_path / "ckpt-000000008" / "writer.json.tmp-4242").write_bytes(b'{"run_')
+    (tmp_path / "ckpt-000000009").mkdir()
+    (tmp_path / "ckpt-000000009" / "notes.txt").write_text("a user's file")
+    _step(client)
+    saved = CheckpointManager(str(tmp_path), run_id="run-b").save(client)
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-000000001", "ckpt-000000009"]
+    assert latest_checkpoint(str(tmp_path)) == saved.path
+    assert (tmp_path / "ckpt-000000009" / "notes.txt").exists()
+
+
 # ---- failed saves ------------------------------------------------------------
 def test_failed_saves_are_counted_cleaned_up_and_the_limit_stops_the_run(tmp_path: Path) -> None:
     client = _cluster()
