@@ -15,6 +15,7 @@
  *   count_newlines(buf)                        the number of lines of a text buffer (bytes.count)
  *   criteo_lines(buf, newlines, salts, num_features, labels, ints, ids, status)   Criteo TSV lines: labels,
  *                                              integers and hashed categorical ids, one pass per line
+ *                                              (num_features 0: raw 64-bit ids, no modulo)
  *   crc32c(data, software=False)               one CRC32C (for tests)
  *
  * Each has a pure-numpy twin in psflow/data (tfrecord.py, example_wire.py, criteo.py) that
@@ -815,6 +816,16 @@ static inline int parse_int_field(const uint8_t *p, int64_t pos, int64_t end, in
     return 1;
 }
 
+/* The id of a categorical field from its 64-bit hash: h % num_features, or with num_features 0 (raw ids)
+ * h itself, its bits read as int64 (two's complement, as numpy's .view(np.int64); memcpy, not a cast,
+ * so it is defined for h >= 2**63 too). */
+static inline int64_t criteo_id(uint64_t h, uint64_t num_features) {
+    uint64_t v = num_features ? h % num_features : h;
+    int64_t id;
+    memcpy(&id, &v, sizeof id);
+    return id;
+}
+
 /* One non-blank line p[pos:end]: writes its label, integers and ids to slot k of the outputs (whatever
  * its status: the slot is only kept when the line is good) and returns its status. */
 static int criteo_line(const uint8_t *p, int64_t pos, int64_t end, int64_t size, const uint64_t *salts,
@@ -835,7 +846,7 @@ static int criteo_line(const uint8_t *p, int64_t pos, int64_t end, int64_t size,
         if (stop == end) return CRITEO_BAD_FIELDS;
         int64_t start = stop + 1;
         uint64_t h = hash_field(p, start, end, size, salts[c], &stop);
-        ids[c * cap + k] = (int64_t)((stop > start ? h : missing[c]) % num_features);
+        ids[c * cap + k] = criteo_id(stop > start ? h : missing[c], num_features);
     }
     return stop == end ? status : CRITEO_BAD_FIELDS; /* a tab after the 40th field: more than 40 */
 }
@@ -872,19 +883,31 @@ PyDoc_STRVAR(criteo_doc,
 "fill the first `good` slots of labels (float32 [n]: 0.0 or 1.0), ints (int64 [13, n]: the\n"
 "integers as text.py's parse_ints reads them, 0 where missing) and ids (int64 [26, n]: column c's\n"
 "hash_strings(field, salts[c]), or splitmix64(~salts[c]) for an empty field, % num_features),\n"
-"where n = len(status); salts is uint64 [26].  Returns the number of good lines.");
+"where n = len(status); salts is uint64 [26].  num_features is an int >= 0; 0 means raw ids: the\n"
+"full 64-bit hash (no modulo), its bits read as int64 (two's complement: negative ids too), for\n"
+"tables keyed by the id itself.  A negative num_features raises ValueError.  Returns the number\n"
+"of good lines.");
 
 static PyObject *native_criteo_lines(PyObject *self, PyObject *args) {
     PyObject *buf_obj, *nl_obj, *salts_obj, *nf_obj, *lab_obj, *ints_obj, *ids_obj, *st_obj;
     if (!PyArg_ParseTuple(args, "OOOOOOOO:criteo_lines", &buf_obj, &nl_obj, &salts_obj, &nf_obj, &lab_obj, &ints_obj,
                           &ids_obj, &st_obj))
         return NULL;
-    unsigned long long num_features = PyLong_AsUnsignedLongLong(nf_obj);
-    if (num_features == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    if (num_features == 0) {
-        PyErr_SetString(PyExc_ValueError, "criteo_lines: num_features must be positive");
+    if (!PyLong_Check(nf_obj)) {
+        PyErr_Format(PyExc_TypeError, "criteo_lines: num_features must be an int, got %.100s", Py_TYPE(nf_obj)->tp_name);
         return NULL;
     }
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) return NULL;
+    int negative = PyObject_RichCompareBool(nf_obj, zero, Py_LT);
+    Py_DECREF(zero);
+    if (negative < 0) return NULL;
+    if (negative) {
+        PyErr_Format(PyExc_ValueError, "criteo_lines: num_features must be >= 0 (0: raw 64-bit ids), got %S", nf_obj);
+        return NULL;
+    }
+    unsigned long long num_features = PyLong_AsUnsignedLongLong(nf_obj); /* 0: raw ids (criteo_id) */
+    if (num_features == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     Py_buffer buf, nl = {0}, salts, lab, iv, idv, st;
     PyObject *result = NULL;
     int have_nl = nl_obj != Py_None;

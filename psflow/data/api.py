@@ -128,7 +128,11 @@ class DatasetConfig:
             must fit a batch (:meth:`Schema.batch_layout`).
         num_features: Criteo: each categorical column's hashed id space;
             also the id space :func:`~psflow.data.schema.batch_spec` gives
-            sparse features without their own size.
+            sparse features without their own size.  Must be >= 1, except
+            that with format ``"criteo"`` 0 means raw ids: each categorical
+            id is its full 64-bit hash as int64, not folded (no modulo; any
+            int64, negative ones too), for tables keyed by the id itself
+            (see :mod:`~psflow.data.criteo`).
         skip_bad_records: skip (and count) bad records instead of raising.
         max_bad_records: with skipping, the most bad records allowed in one
             epoch; one more raises :class:`TooManyBadRecordsError`.
@@ -192,8 +196,8 @@ class DatasetConfig:
             problems.append(f"seed ({self.seed}) must be >= 0")
         if self.num_workers < 1 or not 0 <= self.worker_index < self.num_workers:
             problems.append(f"worker_index ({self.worker_index}) must be in [0, num_workers={self.num_workers})")
-        if self.num_features < 1:
-            problems.append(f"num_features ({self.num_features}) must be >= 1")
+        if self.num_features < 0 or (self.num_features == 0 and self.format != "criteo"):
+            problems.append(f"num_features ({self.num_features}) must be >= 1 (or 0, raw 64-bit ids, with format 'criteo')")
         if self.max_bad_records < 0:
             problems.append(f"max_bad_records ({self.max_bad_records}) must be >= 0")
         if self.block_size < 1:

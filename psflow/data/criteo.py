@@ -7,7 +7,8 @@ Each line becomes one example with 13 dense and 26 sparse features:
   float64 (it tames the heavy tails of the counts); a missing (empty) field is 0.0.
 * ``C1`` .. ``C26`` (any bytes; Criteo's are 8 hex digits, not decoded):
   sparse features, each with exactly one id per example and value 1.0, in its
-  own id space ``[0, num_features)``.
+  own id space ``[0, num_features)`` (or, with ``num_features = 0``, raw
+  64-bit ids: see below).
 
 Ids are stable across runs, machines and numpy versions: they are defined by
 the arithmetic of :mod:`~psflow.data.hashing` (``splitmix64``, ``name_salt``,
@@ -22,6 +23,13 @@ with ``salt = name_salt("Ck")``:
 
 The id is ``h % num_features``.  A value's id equals that of the same bytes in
 a TFRecord string feature named ``Ck`` with ``hash_buckets = num_features``.
+
+``num_features = 0`` means *raw ids*, for dynamic embedding tables whose rows
+are keyed by the id itself: no modulo, the id is all 64 bits of ``h`` read as
+an int64 (two's complement, ``h.view(np.int64)``), so ids span the whole int64
+range, negative ones included (about half of them).  A missing field's id is
+``splitmix64(~salt)`` read the same way.  Nothing else changes.  A negative
+``num_features`` raises ValueError.
 
 The label must be ``0`` or ``1``.  A line with a number of fields other than
 40, a bad label or a bad integer is a malformed record.
@@ -70,8 +78,23 @@ _DENSE_REACH = 1 << 16
 
 
 def missing_ids(num_features: int) -> npt.NDArray[np.int64]:
-    """The id of a missing value in each of ``C1`` .. ``C26``."""
-    return (_MISSING % np.uint64(num_features)).astype(np.int64)
+    """The id of a missing value in each of ``C1`` .. ``C26`` (``num_features = 0``: the raw 64-bit id)."""
+    return _fold(_MISSING.copy(), _check_num_features(num_features))  # a copy: never a view of _MISSING
+
+
+def _check_num_features(num_features: int) -> int:
+    """``num_features`` as an int; refuses a negative one (0 is raw ids, see the module docstring)."""
+    num_features = operator.index(num_features)
+    if num_features < 0:
+        raise ValueError(f"Criteo num_features must be >= 1, or 0 for raw 64-bit ids; got {num_features}")
+    return num_features
+
+
+def _fold(hashes: npt.NDArray[np.uint64], num_features: int) -> npt.NDArray[np.int64]:
+    """The ids of 64-bit hashes: ``hashes % num_features``, or with ``num_features = 0`` the hashes' bits as int64."""
+    if num_features == 0:
+        return hashes.view(np.int64)
+    return (hashes % np.uint64(num_features)).astype(np.int64)
 
 
 def parse_criteo(data: bytes, num_features: int, newlines: npt.NDArray[np.int64] | None = None) -> TextParse:
@@ -83,9 +106,15 @@ def parse_criteo(data: bytes, num_features: int, newlines: npt.NDArray[np.int64]
 
     Args:
         data: complete lines.
-        num_features: size of each categorical column's id space.
+        num_features: size of each categorical column's id space; 0 for raw
+            ids (the full 64-bit hashes as int64, no modulo; see the module
+            docstring).
         newlines: positions of the newlines in ``data``, if already known.
+
+    Raises:
+        ValueError: ``num_features`` is negative.
     """
+    num_features = _check_num_features(num_features)
     if NATIVE is not None:
         return _parse_native(data, num_features, newlines)
     return _parse_numpy(data, num_features, newlines)
@@ -101,7 +130,7 @@ def _parse_native(data: bytes, num_features: int, newlines: npt.NDArray[np.int64
     ints = np.empty((NUM_INT_COLUMNS, n), dtype=np.int64)
     ids = np.empty((NUM_CAT_COLUMNS, n), dtype=np.int64)
     status = np.empty(n, dtype=np.int8)
-    good = NATIVE.criteo_lines(data, newlines, _CAT_SALTS, operator.index(num_features), labels, ints, ids, status)
+    good = NATIVE.criteo_lines(data, newlines, _CAT_SALTS, num_features, labels, ints, ids, status)
     batch = _to_batch(labels[:good], _dense_by_table(ints[:, :good]), ids[:, :good])
     bad = np.flatnonzero(status > _BLANK)
     errors = _name_bad_lines(data, num_features, newlines, bad) if bad.size else []
@@ -212,11 +241,11 @@ def _parse_int_columns(
 
 
 def _hash_cat_columns(buf: Buffer, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], num_features: int) -> npt.NDArray[np.int64]:
-    """Ids ``[m, 26]`` of the categorical fields (see the module docstring)."""
+    """Ids ``[m, 26]`` of the categorical fields (see the module docstring; ``num_features = 0``: raw ids)."""
     s, e = starts[:, _CAT_COLS], ends[:, _CAT_COLS]
     hashes = hash_strings(buf.raw, s.ravel(), (e - s).ravel(), np.broadcast_to(_CAT_SALTS, s.shape).ravel()).reshape(s.shape)
     hashes = np.where(e > s, hashes, _MISSING)  # an empty field is missing
-    return (hashes % np.uint64(num_features)).astype(np.int64)
+    return _fold(hashes, num_features)
 
 
 def _to_batch(labels: npt.NDArray[np.float32], dense: npt.NDArray[np.float32], ids: npt.NDArray[np.int64]) -> Batch:

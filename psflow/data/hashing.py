@@ -15,6 +15,10 @@ UTF-8 bytes: the salt of a feature (column) called ``name``.
 8-byte little-endian word ``w`` of ``s`` (the last one zero-padded):
 ``h = splitmix64(h ^ w)``; then ``h = splitmix64(h ^ len(s))``.
 
+``salted_ids(ids, salt, num_rows)``: ``splitmix64(salt ^ id) % num_rows``;
+``num_rows = 0`` gives the full 64 bits of ``splitmix64(salt ^ id)`` as an
+int64 (two's complement, no modulo): raw ids for tables keyed by the id.
+
 A string feature ``name`` with ``B`` hash buckets maps ``s`` to
 ``hash_strings(s, name_salt(name)) % B`` (:func:`bucket_strings`), so equal
 strings in different features get unrelated ids, as TensorFlow's
@@ -63,8 +67,22 @@ def name_salt(name: str) -> np.uint64:
 
 
 def salted_ids(ids: npt.NDArray[np.int64], salt: np.uint64, num_rows: int) -> npt.NDArray[np.int64]:
-    """``splitmix64(salt ^ id) % num_rows`` for each id: a feature's ids in a space shared with others."""
+    """``splitmix64(salt ^ id) % num_rows`` for each id: a feature's ids in a space shared with others.
+
+    ``id`` is taken as its 64 bits (``id.view(np.uint64)``, so negative ids are fine).  ``num_rows = 0``
+    means raw ids, for tables keyed by the id itself: no modulo, the result is all 64 bits of
+    ``splitmix64(salt ^ id)`` read as int64 (two's complement, ``.view(np.int64)``; negative
+    values too).
+
+    Raises:
+        ValueError: ``num_rows`` is negative.
+    """
+    num_rows = int(num_rows)
+    if num_rows < 0:
+        raise ValueError(f"salted_ids: num_rows must be >= 1, or 0 for raw 64-bit ids; got {num_rows}")
     mixed = splitmix64(np.asarray(ids, dtype=np.int64).view(np.uint64) ^ salt)
+    if num_rows == 0:
+        return mixed.view(np.int64)
     return (mixed % _U(num_rows)).astype(np.int64)
 
 

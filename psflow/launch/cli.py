@@ -49,7 +49,9 @@ from psflow.launch.console import expected_errors, quiet_grpc, wants_verbose
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.report import ReportError
 from psflow.launch.tls_flags import add_tls_arguments, tls_config
+from psflow.models.api import DYNAMIC_TABLE_PARAM
 from psflow.models.registry import create_model, model_names
+from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.rpc.api import RpcError
 from psflow.train.build import inferred_schema, model_config
@@ -87,6 +89,20 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-features", type=int, default=1 << 20,
                    help="rows of the shared hashed table (logistic, fm) and hash buckets of each hashed feature (2^20)")
     g.add_argument("--embedding-dim", type=int, default=8, help="width of embedding tables (8)")
+    g.add_argument("--embedding-table", choices=("static", "dynamic"), default="static",
+                   help="static: tables of --num-features rows, ids folded in; dynamic: rows keyed by the raw 64-bit id, "
+                        "created on first use, spread over the ps tasks by id (static)")
+    g.add_argument("--capacity", type=int, metavar="ROWS", help="dynamic tables: most rows of each table (all ps tasks "
+                   "together); beyond it the least frequently (--eviction-policy) used rows are evicted (no limit)")
+    g.add_argument("--capacity-bytes", type=int, metavar="BYTES", help="dynamic tables: most bytes of each table's rows, "
+                   "optimizer slots, metadata and index (all ps tasks together; no limit)")
+    g.add_argument("--admit-after", type=int, metavar="N", help="dynamic tables: an id gets a row once seen in N batches "
+                   "(a count-min sketch of 4 MiB per table share); until then it reads zeros and its gradient is dropped (1)")
+    g.add_argument("--admit-probability", type=float, metavar="P",
+                   help="dynamic tables: admit an unseen id with probability P at each sighting (instead of --admit-after)")
+    g.add_argument("--ttl-steps", type=int, metavar="T", help="dynamic tables: drop rows not used for T global steps")
+    g.add_argument("--eviction-policy", choices=("lfu", "lru"), default=None,
+                   help="dynamic tables: which rows --capacity evicts: least frequently or least recently used (lfu)")
     g.add_argument("--hidden", metavar="N,N,...", help="wide_deep, deepfm, dnn: hidden layer sizes (256,128)")
     g.add_argument("--wide-optimizer", metavar="SPEC", help="wide_deep, deepfm: optimizer of the wide (linear) part, "
                    "NAME[:KEY=VALUE,...] (ftrl, learning rate min(0.2, 1/sqrt(columns)), as TF's DNNLinearCombinedClassifier)")
@@ -257,8 +273,25 @@ def _finite(value: Any) -> bool:
 
 
 def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
-    """Model parameters given by their own flags (--hidden, --wide-optimizer, --deep-optimizer)."""
+    """Model parameters given by their own flags (--hidden, --wide-optimizer, --deep-optimizer, dynamic tables)."""
     params: dict[str, Any] = {}
+    dynamic = {key: value for key, value in (
+        ("capacity_rows", args.capacity), ("capacity_bytes", args.capacity_bytes), ("admit_after", args.admit_after),
+        ("admit_probability", args.admit_probability), ("ttl_steps", args.ttl_steps), ("policy", args.eviction_policy),
+    ) if value is not None}
+    if args.embedding_table == "dynamic":
+        try:
+            share_spec("embedding table", 1, dynamic, optimizer=None, initializer={"name": "zeros"}, num_shares=1)
+        except DynamicTableError as e:
+            flags = {"capacity_rows": "--capacity", "capacity_bytes": "--capacity-bytes", "admit_after": "--admit-after",
+                     "admit_probability": "--admit-probability", "ttl_steps": "--ttl-steps", "policy": "--eviction-policy"}
+            message = str(e).removeprefix("dynamic table 'embedding table': ")
+            for key, flag in flags.items():
+                message = message.replace(key, flag)
+            raise ConfigError(f"--embedding-table dynamic: {message}") from None
+        params[DYNAMIC_TABLE_PARAM] = dynamic
+    elif dynamic:
+        raise ConfigError(f"{', '.join(sorted(dynamic))}: these options are for dynamic tables; add --embedding-table dynamic")
     if args.hidden is not None:
         try:
             params["hidden"] = [int(h) for h in args.hidden.split(",") if h.strip()]

@@ -74,7 +74,8 @@ class ExportedModel:
         """Every example of ``path`` (file(s)), read as the model's training data was (or in ``format``)."""
         fmt = format or self.data.get("format") or "libsvm"
         schema = self.data.get("schema")
-        options: dict[str, Any] = {"num_features": int(self.data.get("num_features") or self.model.config.num_features)}
+        recorded = self.data.get("num_features")
+        options: dict[str, Any] = {"num_features": int(recorded if recorded is not None else self.model.config.num_features)}
         if fmt == "tfrecord" and schema:
             options["schema"] = Schema.from_dict(schema)
         return read_all(path if isinstance(path, list) else [path], fmt, **options)

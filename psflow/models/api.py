@@ -67,6 +67,8 @@ __all__ = [
     "ModelError",
     "ModelOutput",
     "VariableSpec",
+    "DYNAMIC_TABLE_PARAM",
+    "dynamic_table",
     "Lookups",
     "Values",
     "DenseGradient",
@@ -81,6 +83,24 @@ Values = Mapping[str, np.ndarray]
 
 class ModelError(ValueError):
     """A model is unknown, misconfigured, or asked for something it did not declare (names it)."""
+
+
+#: The model parameter holding the run's dynamic table options (``--embedding-table dynamic``).
+DYNAMIC_TABLE_PARAM = "dynamic_table"
+
+
+def dynamic_table(config: ModelConfig) -> dict[str, Any] | None:
+    """The options of the run's dynamic embedding tables (``--embedding-table dynamic``), or None (static tables).
+
+    Built-in models then declare every id-keyed table as a dynamic table with these options and look its rows up
+    by the raw ids (no folding into ``num_features`` rows).
+    """
+    options = config.params.get(DYNAMIC_TABLE_PARAM)
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):
+        raise ModelError(f"model config: {DYNAMIC_TABLE_PARAM} must be a mapping of dynamic table options, got {options!r}")
+    return dict(options)
 
 
 @dataclass(frozen=True)
@@ -100,6 +120,11 @@ class VariableSpec:
         trainable: whether gradients are pushed for it.
         device: pins it to a ps task (``"/job:ps/task:1"``); None: the run's
             placement strategy chooses.
+        dynamic: a dynamic table's options (:data:`psflow.ps.dynamic.OPTIONS`:
+            ``capacity_rows``, ``admit_after``, ``ttl_steps``, ...), its shape
+            ``(0, dim)``: rows keyed by any int64 id, created on first use,
+            spread over every ps task by id (see :mod:`psflow.ps.dynamic`).
+            None: a static variable. :func:`dynamic_table` reads the run's.
     """
 
     name: str
@@ -110,6 +135,7 @@ class VariableSpec:
     optimizer: OptimizerSpec | None = None
     trainable: bool = True
     device: str | None = None
+    dynamic: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))

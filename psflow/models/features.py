@@ -11,6 +11,10 @@ maps each sparse feature's ids into it (:func:`shared_rows`):
   so equal ids of two features land on different rows (collisions only as
   hashing makes them).
 
+With ``num_rows == 0`` (a dynamic table, ``--embedding-table dynamic``) nothing
+is folded: one feature's ids are used as they are, several features' ids are
+salted into the full 64-bit range (``salted_ids(..., 0)``).
+
 Dense features become one float64 matrix (:func:`dense_matrix`).
 """
 
@@ -35,8 +39,10 @@ _TABLE_LIMIT = 1 << 26
 
 
 def fold_ids(ids: npt.ArrayLike, num_rows: int) -> npt.NDArray[np.int64]:
-    """Maps ids into ``[0, num_rows)``: in-range ids unchanged, others hashed."""
+    """Maps ids into ``[0, num_rows)``: in-range ids unchanged, others hashed (``num_rows`` 0: every id unchanged)."""
     ids = np.asarray(ids, dtype=np.int64)
+    if num_rows == 0:
+        return ids
     out_of_range = (ids < 0) | (ids >= num_rows)
     if not out_of_range.any():
         return ids
@@ -127,7 +133,7 @@ class UniqueIds:
 
     def __call__(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
         """Sorted unique ids and, per id, its index in them (as ``np.unique(..., return_inverse=True)``)."""
-        if self.num_rows > _TABLE_LIMIT or ids.size == 0:
+        if self.num_rows > _TABLE_LIMIT or self.num_rows == 0 or ids.size == 0:
             uniq, inverse = np.unique(ids, return_inverse=True)
             return uniq.astype(np.int64, copy=False), inverse.reshape(-1).astype(np.intp, copy=False)
         # Ids fit int32 here (the table limit is far below 2^31), and numpy sorts int32 ~2x faster.
@@ -168,7 +174,7 @@ class SharedTableRows:
 
     Args:
         tag: the model's name in the keys (``"logistic"``).
-        num_rows: rows of the shared table.
+        num_rows: rows of the shared table (0: a dynamic table, ids not folded).
     """
 
     def __init__(self, tag: str, num_rows: int) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
-from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
+from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec, dynamic_table
 from psflow.models.features import SharedRows, SharedTableRows, dense_matrix, segment_sum, sum_by_index
 from psflow.models.losses import binary_outputs, sigmoid, sigmoid_cross_entropy
 from psflow.placement import fixed_size_partitioner
@@ -71,16 +71,20 @@ class FactorizationMachine(Model):
         self.embedding_optimizer = OptimizerSpec.from_json(config.param("embedding_optimizer", _EMBEDDING_OPTIMIZER))
         self._dense = list(config.features.dense)
         self._dense_width = config.features.dense_width
-        self._rows = SharedTableRows("fm", config.num_features)
+        self._dynamic = dynamic_table(config)
+        self._rows = SharedTableRows("fm", 0 if self._dynamic is not None else config.num_features)
 
     def variables(self) -> list[VariableSpec]:
         partitions = self.config.partitions
         partitioner = fixed_size_partitioner(partitions) if partitions > 1 else None
         init = {"name": "random_normal", "stddev": self.init_stddev, "seed": self.config.seed}
         emb_opt = self.embedding_optimizer
-        specs = [VariableSpec("linear", (self.num_features, 1), partitioner=partitioner),
-                 VariableSpec("embedding", (self.num_features, self.dim), initializer=init, partitioner=partitioner,
-                              optimizer=emb_opt),
+        rows = 0 if self._dynamic is not None else self.num_features
+        if self._dynamic is not None:
+            partitioner = None
+        specs = [VariableSpec("linear", (rows, 1), partitioner=partitioner, dynamic=self._dynamic),
+                 VariableSpec("embedding", (rows, self.dim), initializer=init, partitioner=partitioner,
+                              optimizer=emb_opt, dynamic=self._dynamic),
                  VariableSpec("bias", (1,))]
         if self._dense_width:
             dense_init = {**init, "seed": self.config.seed + 1}

@@ -26,7 +26,7 @@ import numpy as np
 
 from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
-from psflow.models.api import Lookups, Model, ModelConfig, ModelOutput, Values, VariableSpec
+from psflow.models.api import Lookups, Model, ModelConfig, ModelOutput, Values, VariableSpec, dynamic_table
 from psflow.models.features import SharedRows, SharedTableRows, dense_matrix, fold_ids
 from psflow.models.losses import sigmoid, sigmoid_cross_entropy
 from psflow.placement import fixed_size_partitioner
@@ -65,13 +65,15 @@ class LogisticRegression(Model):
         self.num_features = config.num_features
         self._dense = list(config.features.dense)
         self._dense_width = config.features.dense_width
-        self._rows = SharedTableRows("logistic", config.num_features)
+        self._dynamic = dynamic_table(config)
+        self._rows = SharedTableRows("logistic", 0 if self._dynamic is not None else config.num_features)
 
     def variables(self) -> list[VariableSpec]:
         partitions = self.config.partitions
-        specs = [VariableSpec("weights", (self.num_features, 1),
-                              partitioner=fixed_size_partitioner(partitions) if partitions > 1 else None),
-                 VariableSpec("bias", (1,))]
+        weights = (VariableSpec("weights", (0, 1), dynamic=self._dynamic) if self._dynamic is not None else
+                   VariableSpec("weights", (self.num_features, 1),
+                                partitioner=fixed_size_partitioner(partitions) if partitions > 1 else None))
+        specs = [weights, VariableSpec("bias", (1,))]
         if self._dense_width:
             specs.append(VariableSpec("dense_weights", (self._dense_width, 1)))
         return specs

@@ -27,6 +27,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from psflow.ps.dynamic.hashing import owner_of
+
 __all__ = [
     "DTYPE_SIZES",
     "LayoutMismatchError",
@@ -134,6 +136,14 @@ class VariableDef:
         optimizer: Opaque JSON-able optimizer config for this variable, or
             ``None`` to use the model's optimizer.
         trainable: Whether gradients are pushed for it.
+        dynamic: ``None`` (a static variable), or the options of a *dynamic
+            table* (:mod:`psflow.ps.dynamic`): rows keyed by any int64 id,
+            created on first use and evicted, spread over the ps tasks by
+            :func:`psflow.ps.dynamic.owner_of`. Its shape is ``(0, dim)`` (it
+            has no row count); the options (``capacity_rows``,
+            ``capacity_bytes``, ``admit_after``, ``admit_probability``,
+            ``ttl_steps``, ``policy``, ...) are the whole table's, checked by
+            the ps tasks (:func:`psflow.ps.dynamic.share_spec`).
 
     Raises:
         PlacementError: On construction with an invalid field; the message
@@ -147,6 +157,7 @@ class VariableDef:
     initializer: Mapping[str, object] = field(default_factory=_zeros, hash=False)
     optimizer: Mapping[str, object] | None = field(default=None, hash=False)
     trainable: bool = True
+    dynamic: Mapping[str, object] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _VAR_NAME_RE.match(self.name):
@@ -158,9 +169,9 @@ class VariableDef:
         object.__setattr__(self, "shape", shape)
         if self.dtype not in DTYPE_SIZES:
             raise PlacementError(f"{what}: unsupported dtype {self.dtype!r} (supported: {', '.join(DTYPE_SIZES)})")
-        for key in ("initializer", "optimizer"):
+        for key in ("initializer", "optimizer", "dynamic"):
             value = getattr(self, key)
-            if value is None and key == "optimizer":
+            if value is None and key in ("optimizer", "dynamic"):
                 continue
             if not isinstance(value, Mapping):
                 raise PlacementError(f"{what}: {key} must be a mapping, got {value!r}")
@@ -168,6 +179,10 @@ class VariableDef:
             object.__setattr__(self, key, MappingProxyType(copy))
         if not isinstance(self.trainable, bool):
             raise PlacementError(f"{what}: trainable must be a bool, got {self.trainable!r}")
+        if self.dynamic is not None and (len(self.shape) != 2 or self.shape[0] != 0 or self.shape[1] < 1
+                                         or self.dtype != "float32"):
+            raise PlacementError(f"{what}: a dynamic table has shape (0, dim) with dim >= 1 and dtype float32 "
+                                 f"(its rows are created by id), got shape {self.shape} ({self.dtype})")
 
     @property
     def nbytes(self) -> int:
@@ -183,6 +198,7 @@ class VariableDef:
             "initializer": dict(self.initializer),
             "optimizer": None if self.optimizer is None else dict(self.optimizer),
             "trainable": self.trainable,
+            **({"dynamic": dict(self.dynamic)} if self.dynamic is not None else {}),
         }
 
     @classmethod
@@ -200,6 +216,7 @@ class VariableDef:
             initializer=data.get("initializer", {"name": "zeros"}),
             optimizer=data.get("optimizer"),
             trainable=data.get("trainable", True),
+            dynamic=data.get("dynamic"),
         )
 
 
@@ -328,6 +345,13 @@ class VariablePlacement:
         what = f"variable {self.var.name!r}"
         if not parts:
             raise PlacementError(f"{what}: a placement needs at least one partition")
+        if self.var.dynamic is not None:
+            tasks = [p.task for p in parts]
+            if any(p.index != i or p.row_start or p.row_stop for i, p in enumerate(parts)) or len(set(tasks)) != len(tasks):
+                raise PlacementError(f"{what}: a dynamic table has partitions 0..n-1 on distinct ps tasks and no row "
+                                     f"ranges (ids are routed by owner_of), got {parts}")
+            object.__setattr__(self, "_starts", np.zeros(len(parts), dtype=np.int64))
+            return
         expected_start = 0
         for i, part in enumerate(parts):
             if part.index != i or part.row_start != expected_start:
@@ -356,6 +380,11 @@ class VariablePlacement:
     def is_partitioned(self) -> bool:
         """True when the variable has more than one partition."""
         return len(self.partitions) > 1
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True for a dynamic table (rows keyed by id; see :attr:`VariableDef.dynamic`)."""
+        return self.var.dynamic is not None
 
     def storage_names(self) -> tuple[str, ...]:
         """Names the partitions are stored under: ``("w",)`` or
@@ -396,6 +425,8 @@ class VariablePlacement:
                                  f"dtype {arr.dtype}")
         if arr.size == 0:
             return []
+        if self.is_dynamic:
+            return self._route_dynamic(arr)
         rows = arr.astype(np.int64, copy=False)
         # One comparison finds both ends: negative ids are huge as unsigned.
         if bool((rows.view(np.uint64) >= self.num_rows).any()):
@@ -416,6 +447,23 @@ class VariablePlacement:
             if stop > start:
                 positions = order[start:stop]
                 result.append(_routed(part, positions, rows[positions] - part.row_start))
+            start = stop
+        return result
+
+    def _route_dynamic(self, arr: npt.NDArray[Any]) -> list[RoutedRows]:
+        """A dynamic table's ids by owning partition (:func:`owner_of`); ``local_rows`` are the ids themselves."""
+        if arr.dtype != np.int64:
+            raise PlacementError(f"dynamic table {self.var.name!r}: ids must be int64 (any value), got {arr.dtype}")
+        if len(self.partitions) == 1:
+            return [_routed(self.partitions[0], _positions(arr.size), arr.view())]
+        owner = owner_of(arr, len(self.partitions))
+        order = np.argsort(owner.astype(np.uint16), kind="stable")
+        bounds = np.cumsum(np.bincount(owner, minlength=len(self.partitions)))
+        result, start = [], 0
+        for part, stop in zip(self.partitions, bounds.tolist(), strict=True):
+            if stop > start:
+                positions = order[start:stop]
+                result.append(_routed(part, positions, arr[positions]))
             start = stop
         return result
 

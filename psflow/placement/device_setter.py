@@ -13,6 +13,10 @@ worker computes the same layout without talking to the others. A
    task for each partition (``w/part_0``, ``w/part_1``, ...) in order;
 3. without a partitioner the strategy picks one task for the variable.
 
+A dynamic table (``VariableDef.dynamic``) is the exception: it gets one
+partition on every ps task (or one on its pinned task), its ids routed by
+:func:`psflow.ps.dynamic.owner_of`, and the strategy is never consulted.
+
 Example:
     >>> from psflow.placement.api import VariableDef
     >>> setter = replica_device_setter(
@@ -198,6 +202,13 @@ class DeviceSetter:
             pinned = None if device is None else self.check_device(device)
         except PlacementError as e:
             raise PlacementError(f"{what}: {e}") from e
+        if var.dynamic is not None:
+            # A dynamic table is spread by id (owner_of) over every ps task, or lives on the one it is pinned to;
+            # the strategy is not consulted, so the other variables' placement is what it would be without it.
+            if partitioner is not None:
+                raise PlacementError(f"{what}: a dynamic table is spread over the ps tasks by id; it takes no partitioner")
+            tasks = [pinned] if pinned is not None else list(range(self._num_ps_tasks))
+            return VariablePlacement(var, tuple(Partition(i, task, 0, 0) for i, task in enumerate(tasks)))
         count = 1 if partitioner is None else self._partition_count(var, partitioner)
         rows = var.shape[0] if var.shape else 1
         parts = []

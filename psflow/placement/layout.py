@@ -47,6 +47,7 @@ def _variable_difference(exp: VariablePlacement, act: VariablePlacement) -> str 
         ("trainable", a.trainable, e.trainable),
         ("initializer", _jsonish(a.initializer), _jsonish(e.initializer)),
         ("optimizer", _jsonish(a.optimizer), _jsonish(e.optimizer)),
+        ("dynamic table options", _jsonish(a.dynamic), _jsonish(e.dynamic)),
     ]
     for key, here, there in fields:
         if here != there:

@@ -92,6 +92,7 @@ class VariableSet:
         partitioner: Partitioner | None = None,
         optimizer: Mapping[str, object] | None = None,
         trainable: bool = True,
+        dynamic: Mapping[str, object] | None = None,
     ) -> VariablePlacement:
         """Declares a variable and places it.
 
@@ -107,6 +108,9 @@ class VariableSet:
             optimizer: Opaque per-variable optimizer config; ``None`` uses the
                 model's optimizer.
             trainable: Whether gradients are pushed for it.
+            dynamic: Options of a dynamic table (shape ``(0, dim)``; see
+                :attr:`~psflow.placement.api.VariableDef.dynamic`): spread by id
+                over every ps task (or the pinned one), never partitioned by rows.
 
         Returns:
             Its placement.
@@ -126,6 +130,7 @@ class VariableSet:
             initializer={"name": "zeros"} if initializer is None else initializer,
             optimizer=optimizer,
             trainable=trainable,
+            dynamic=dynamic,
         )
         placement = self._setter.place(
             var,

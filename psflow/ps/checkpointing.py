@@ -30,6 +30,10 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
     lineage (see ``CheckpointStatus``).
     With ``"values_only": true`` (a warm start) only the values are loaded:
     slots keep their initial values and no slot array may be sent.
+    A dynamic table's partition is loaded from the arrays ``d/<key>/<name>``
+    of a :meth:`~psflow.ps.dynamic.DynamicTable.snapshot` (``ids``, ``values``,
+    ``slot/*``, ``state/*``, ``last_step``, ``frequency``, ``step``): every row
+    of the share is replaced (rows beyond its capacity evicted by policy).
 ``SetReady``
     marks this task ready: the chief finished initializing or restoring it,
     so non-chief clients' ``Register`` calls stop answering "not ready".
@@ -80,7 +84,7 @@ import numpy as np
 from safetensors.numpy import save as safetensors_save
 
 from psflow.coord.api import FencedError
-from psflow.ps.store import PartitionState
+from psflow.ps.store import PartitionState, StoreError
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_server import Handler, Reply
@@ -88,13 +92,18 @@ from psflow.rpc.grpc_server import Handler, Reply
 if TYPE_CHECKING:
     from psflow.ps.service import ParameterService
 
-__all__ = ["CheckpointHandlers", "SLOT_SEPARATOR", "write_file_atomically", "shard_tensor_names"]
+__all__ = ["CheckpointHandlers", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "write_file_atomically", "shard_tensor_names",
+           "dynamic_tensor_names"]
 
 log = logging.getLogger(__name__)
 
 #: Separates a partition key from a slot name in a shard's tensor names:
 #: ``weights/part_0`` is the value, ``weights/part_0:accum`` one of its slots.
 SLOT_SEPARATOR = ":"
+
+#: Separates a dynamic table partition's key from its snapshot arrays other than values and slots:
+#: ``emb/part_0@ids``, ``emb/part_0@last_step``, ``emb/part_0@frequency``, ``emb/part_0@step``, ``emb/part_0@state/NAME``.
+DYNAMIC_SEPARATOR = "@"
 
 #: Seconds BeginRestore waits for pushes in flight (a sync push may wait for its step that long).
 _DRAIN_TIMEOUT = 10.0
@@ -131,6 +140,23 @@ def write_file_atomically(path: str, data: bytes | memoryview) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def dynamic_tensor_names(key: str, snapshot_keys: list[str]) -> dict[str, str]:
+    """A dynamic table partition's snapshot array name -> its tensor name in a shard.
+
+    ``values`` and ``slot/NAME`` are stored as a static partition's value and slots
+    (see :func:`shard_tensor_names`); the rest under ``<key>@<name>``.
+    """
+    out = {}
+    for name in snapshot_keys:
+        if name == "values":
+            out[name] = key
+        elif name.startswith("slot/"):
+            out[name] = f"{key}{SLOT_SEPARATOR}{name[len('slot/'):]}"
+        else:
+            out[name] = f"{key}{DYNAMIC_SEPARATOR}{name}"
+    return out
 
 
 def _snapshot(part: PartitionState) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -211,6 +237,14 @@ class CheckpointHandlers:
         tensors: dict[str, np.ndarray] = {}
         parts: list[dict[str, Any]] = []
         for part in sorted(svc.store.partitions(), key=lambda p: p.key):
+            if part.table is not None:
+                snap = part.table.snapshot()
+                names = dynamic_tensor_names(part.key, sorted(snap))
+                tensors.update({names[k]: np.array(v, order="C") for k, v in snap.items()})  # (0-d stays 0-d)
+                parts.append({"key": part.key, "var": part.var_name, "index": part.index, "row_start": 0,
+                              "rows": int(snap["ids"].size), "dynamic": sorted(snap),
+                              "slots": sorted(k[len("slot/"):] for k in snap if k.startswith("slot/"))})
+                continue
             value, slots = _snapshot(part)
             value_name, slot_names = shard_tensor_names(part.key, sorted(slots))
             tensors[value_name] = value
@@ -242,10 +276,14 @@ class CheckpointHandlers:
         if values_only and any(n.startswith("s/") for n in frame.arrays):
             raise InvalidRequest("a values-only load carries no optimizer slots")
         plan: list[tuple[PartitionState, np.ndarray, dict[str, np.ndarray]]] = []
+        tables: list[tuple[PartitionState, dict[str, np.ndarray]]] = []
         for key in keys:
             if not isinstance(key, str) or key not in svc.store:
                 raise InvalidRequest(f"unknown variable partition {key!r:.80}")
             part = svc.store.get(key)
+            if part.table is not None:
+                tables.append((part, self._table_snapshot(frame, key, part, values_only)))
+                continue
             value = self._checked(frame, f"v/{key}", part.value, part.describe)
             slots = {} if values_only else self._slots(frame, key, part)
             plan.append((part, value, slots))
@@ -259,6 +297,11 @@ class CheckpointHandlers:
         if examples is not None and (type(examples) is not int or examples < 0):
             raise InvalidRequest(f"examples must be a non-negative integer, got {examples!r:.40}")
         lineage = _lineage_arg(frame.meta.get("lineage"))
+        for part, snapshot in tables:
+            assert part.table is not None
+            evicted = part.table.load(snapshot)
+            if evicted:
+                log.warning("%s: %s: %d restored rows beyond its capacity were evicted", svc.task_name, part.describe, evicted)
         for part, value, slots in plan:
             with part.lock:
                 np.copyto(part.value, value)
@@ -270,8 +313,23 @@ class CheckpointHandlers:
             svc.set_reader_positions(positions, examples)
         if lineage is not None:
             _ledger(svc).set_lineage(lineage, only_if_unset=False)
-        log.info("%s: loaded %d partitions%s", svc.task_name, len(plan), f", global_step {step}" if step is not None else "")
-        return {"loaded": len(plan)}, {}
+        log.info("%s: loaded %d partitions%s", svc.task_name, len(plan) + len(tables),
+                 f", global_step {step}" if step is not None else "")
+        return {"loaded": len(plan) + len(tables)}, {}
+
+    @staticmethod
+    def _table_snapshot(frame: Frame, key: str, part: PartitionState, values_only: bool) -> dict[str, np.ndarray]:
+        """The snapshot arrays ``d/<key>/*`` sent for a dynamic table's partition, checked (nothing changes)."""
+        assert part.table is not None
+        if values_only:
+            raise InvalidRequest(f"{part.describe}: a dynamic table is not warm-started (restore a checkpoint instead)")
+        prefix = f"d/{key}/"
+        snapshot = {n[len(prefix):]: a for n, a in frame.arrays.items() if n.startswith(prefix)}
+        try:
+            part.table.check_snapshot(snapshot)
+        except StoreError as e:
+            raise InvalidRequest(str(e)) from e
+        return snapshot
 
     def _slots(self, frame: Frame, key: str, part: PartitionState) -> dict[str, np.ndarray]:
         """The slot arrays of partition ``key`` in ``frame``: exactly the partition's slots, checked."""

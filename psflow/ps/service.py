@@ -19,13 +19,24 @@ Methods (all take and return :mod:`psflow.rpc.framing` frames):
     A push whose meta has ``worker`` and ``position`` (ReaderPosition JSON)
     records it as that worker's reader position.
 ``Pull``
-    ``meta = {"vars": [[key, rows_array_name | null], ...]}`` -> arrays ``{key: values}``.
+    ``meta = {"vars": [[key, rows_array_name | null], ...], "create": bool}`` -> arrays ``{key: values}``.
+    A dynamic table's partition (:mod:`psflow.ps.dynamic`) is read by ids only:
+    ids without a row read as zeros; with ``create`` (a training lookup) the
+    ids' sightings are counted and admitted ids get rows (possibly evicting
+    others to stay within the table's capacity).
 ``Push``
     ``meta = {"grads": [[key, "dense" | "sparse"], ...], "step": bool, "examples": n, "loss": x}``,
     arrays ``g/<key>`` (values) and ``i/<key>`` (sparse rows). Every gradient is
     validated before any is applied; then each is applied under its
     partition's lock; then, if ``step`` is set (only on the task holding
     global_step), global_step is incremented once and the new value returned.
+    A dynamic table's gradient applies to the ids that have a row (the others
+    are dropped and counted); after the push, rows older than the table's
+    ``ttl_steps`` are swept (a bounded slice of the table per push).
+
+Dynamic tables keep time in global steps: on the task holding global_step,
+its value; elsewhere the newest ``step_hint`` a client sent (the newest step it
+heard of) -- so a row's age is never over-estimated.
 ``BeginRestore``
     recovery after a ps task died (:mod:`psflow.ps.checkpointing`): stops
     accepting pushes of the old *generation* and waits for the ones in flight.
@@ -33,7 +44,8 @@ Methods (all take and return :mod:`psflow.rpc.framing` frames):
     counters for progress lines and metrics (``ready``, ``registered``,
     ``generation``, ``global_step`` tell a worker whether a restore happened;
     ``step_floor`` bounds every step an earlier process of this task handed out;
-    ``finished`` lists the workers whose ``Leave`` arrived since the last restore).
+    ``finished`` lists the workers whose ``Leave`` arrived since the last restore;
+    ``dynamic_tables``, when there are any: each share's rows and counters, by partition key).
 ``Leave``
     ``meta = {"worker": task}``: that worker finished its data (sync and ssp
     stop waiting for it).
@@ -64,6 +76,7 @@ variable) leaves every variable unchanged; the server keeps serving.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -75,6 +88,7 @@ import numpy as np
 from psflow.coord.fence import FenceGuard
 from psflow.placement import VariablePlacement, layout_mismatch
 from psflow.ps.checkpointing import CheckpointHandlers
+from psflow.ps.dynamic import DynamicTable, share_spec
 from psflow.ps.global_step import GlobalStep, StepJournal
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
@@ -163,6 +177,8 @@ class ParameterService:
             "read_seconds": 0.0, "apply_seconds": 0.0,
         }
         self.started = time.time()
+        # Newest global_step a client reported ("step_hint"): the dynamic tables' clock off the step task.
+        self._heard_step = 0
 
     def handlers(self) -> dict[str, Handler]:
         """Method name -> handler, for :func:`psflow.rpc.grpc_server.build_grpc_server`."""
@@ -221,7 +237,13 @@ class ParameterService:
                 spec = OptimizerSpec.from_json(var.optimizer) if var.optimizer else default
                 opt = make_optimizer(spec) if var.trainable else None
                 for part in placement.partitions:
-                    if part.task == self.task_index:
+                    if part.task != self.task_index:
+                        continue
+                    if var.dynamic is not None:
+                        share = share_spec(var.name, var.shape[1], var.dynamic, optimizer=spec if var.trainable else None,
+                                           initializer=var.initializer, num_shares=len(placement.partitions))
+                        fresh.create_dynamic(DynamicTable(share), part.index, opt)
+                    else:
                         fresh.create(var.name, part.index, tuple(var.shape), part.row_start, part.row_stop,
                                      var.dtype, dict(var.initializer), opt)
             except ValueError as e:
@@ -238,7 +260,8 @@ class ParameterService:
             raise InvalidRequest(str(e)) from e
 
     def pull(self, frame: Frame) -> Reply:
-        step, out = self._read(self._pull_entries(frame))
+        self._hear_step(frame.meta.get("step_hint"))
+        step, out = self._read(self._pull_entries(frame), create=frame.meta.get("create") is True)
         return {"step": step}, out
 
     def push_pull(self, frame: Frame) -> Reply:
@@ -246,7 +269,7 @@ class ParameterService:
         the push applied (as :meth:`push`), then the rows read."""
         wanted = self._pull_entries(frame)
         meta, _ = self.push(frame)
-        step, out = self._read(wanted)
+        step, out = self._read(wanted, create=frame.meta.get("create") is True)
         return {**meta, "pull_step": step}, out
 
     def _pull_entries(self, frame: Frame) -> list[tuple[PartitionState, np.ndarray | None]]:
@@ -256,6 +279,8 @@ class ParameterService:
                 raise InvalidRequest(f"pull entry {item!r:.60} must be [name, rows]")
             part = self._part(item[0])
             rows = None
+            if item[1] is None and part.table is not None:
+                raise InvalidRequest(f"{part.describe} is read by ids, never whole")
             if item[1] is not None:
                 rows = frame.arrays.get(item[1]) if isinstance(item[1], str) else None
                 if rows is None:
@@ -267,11 +292,13 @@ class ParameterService:
             wanted.append((part, rows))
         return wanted
 
-    def _read(self, wanted: list[tuple[PartitionState, np.ndarray | None]]) -> tuple[int | None, dict[str, np.ndarray]]:
-        """The step the values belong to (read first) and the values."""
+    def _read(self, wanted: list[tuple[PartitionState, np.ndarray | None]], *,
+              create: bool = False) -> tuple[int | None, dict[str, np.ndarray]]:
+        """The step the values belong to (read first) and the values (``create``: a training lookup)."""
         step = self.global_step.value if self.global_step is not None else None
         started = time.perf_counter()
-        out = {part.key: self.store.read(part, rows) for part, rows in wanted}
+        table_step = self.table_step()
+        out = {part.key: self.store.read(part, rows, step=table_step, create=create) for part, rows in wanted}
         if wanted:
             with self._stats_lock:
                 self.stats["read_seconds"] += time.perf_counter() - started
@@ -386,14 +413,17 @@ class ParameterService:
         if mode == "sync":
             return self._push_sync(frame, plan, examples, loss)
         read_step = _optional_int(frame.meta, "read_step")
+        self._hear_step(frame.meta.get("step_hint"))
         started = time.perf_counter()
+        table_step = self.table_step()
         for part, rows, grad in plan:
             if rows is None:
                 self.store.apply_dense(part, grad)
             else:
-                self.store.apply_sparse(part, rows, grad)
+                self.store.apply_sparse(part, rows, grad, step=table_step)
         applied = time.perf_counter() - started
         step = self.global_step.increment() if want_step and self.global_step is not None else None
+        self._sweep_tables(plan)
         self._count_push(frame, plan, examples, loss, apply_seconds=applied)
         reply: dict[str, Any] = {"step": step}
         if step is not None and read_step is not None:
@@ -412,10 +442,29 @@ class ParameterService:
         tag = _optional_int(frame.meta, "tag")
         if tag is None:
             raise InvalidRequest("a sync push must carry the step it was computed from ('tag')")
+        self._hear_step(tag)
         result = self.aggregator.contribute(tag, Contribution(self._worker(frame), plan))
         if result.accepted:
             self._count_push(frame, plan, examples, loss)
         return {"step": result.step, "accepted": result.accepted, "completed": result.completed}, {}
+
+    def _hear_step(self, step: object) -> None:
+        if type(step) is int and step > self._heard_step:
+            self._heard_step = step  # a benign race: a concurrent smaller hint may win, the next one corrects it
+
+    def table_step(self) -> int:
+        """The dynamic tables' clock: global_step here, else the newest step a client reported."""
+        return self.global_step.value if self.global_step is not None else self._heard_step
+
+    def _sweep_tables(self, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]]) -> None:
+        """Drops rows past their ttl_steps from the dynamic tables this push touched (a bounded slice each)."""
+        for part, _, _ in plan:
+            if part.table is not None and part.table.spec.ttl_steps is not None:
+                part.table.evict(self.table_step())
+
+    def dynamic_stats(self) -> dict[str, dict[str, int]]:
+        """Each dynamic table share's counters (rows, admitted, rejected, dropped, evicted, memory), by partition key."""
+        return {part.key: dataclasses.asdict(part.table.stats()) for part in self.store.partitions() if part.table is not None}
 
     def _worker(self, frame: Frame) -> str:
         worker = frame.meta.get("worker")
@@ -485,6 +534,9 @@ class ParameterService:
             finished=finished if self.global_step is not None else None,
             staleness_histogram={str(k): v for k, v in sorted(self.staleness_histogram.items())},
         )
+        dynamic = self.dynamic_stats()
+        if dynamic:
+            stats["dynamic_tables"] = dynamic
         if self.aggregator is not None:
             stats.update(self.aggregator.stats())
         if self.staleness_clock is not None:

@@ -8,6 +8,10 @@ Guarantees:
       request changes nothing.
     * Optimizer state lives in numpy arrays beside the variable (``slots``), so
       a checkpoint can save and restore it.
+    * A dynamic table's share (:mod:`psflow.ps.dynamic`) is a partition whose
+      ``table`` holds its rows (keyed by id) and slots; ``value`` is then an
+      empty ``[0, dim]`` placeholder. Its rows are read by id (a training pull
+      creates admitted rows), updated sparsely, never densely or whole.
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from psflow.ps.initializers import initial_value
 from psflow.ps.optimizers import Optimizer
+
+if TYPE_CHECKING:
+    from psflow.ps.dynamic.table import DynamicTable
 
 __all__ = ["PartitionState", "ParameterStore", "partition_key", "StoreError"]
 
@@ -44,6 +52,7 @@ class PartitionState:
     optimizer: Optimizer | None
     slots: dict[str, np.ndarray]
     lock: threading.Lock = field(default_factory=threading.Lock)
+    table: DynamicTable | None = None  # a dynamic table's share (value is then an empty [0, dim] placeholder)
 
     @property
     def key(self) -> str:
@@ -51,6 +60,8 @@ class PartitionState:
 
     @property
     def describe(self) -> str:
+        if self.table is not None:
+            return f"dynamic table {self.var_name!r} partition {self.index}"
         rows = self.value.shape[0]
         return f"variable {self.var_name!r} partition {self.index} (rows {self.row_start}-{self.row_start + rows - 1})"
 
@@ -85,6 +96,13 @@ class ParameterStore:
         self._parts[state.key] = state
         return state
 
+    def create_dynamic(self, table: DynamicTable, index: int, optimizer: Optimizer | None) -> PartitionState:
+        """Adds a dynamic table's share as partition ``index`` of its variable; the caller serializes creation."""
+        placeholder = np.zeros((0, table.spec.dim), dtype=np.float32)
+        state = PartitionState(table.name, index, 0, placeholder, optimizer, {}, table=table)
+        self._parts[state.key] = state
+        return state
+
     def get(self, key: str) -> PartitionState:
         """Returns the partition.
 
@@ -101,6 +119,8 @@ class ParameterStore:
         """Raises StoreError unless ``rows`` is a 1-D int64 array of valid local rows."""
         if rows.dtype != np.int64 or rows.ndim != 1:
             raise StoreError(f"{part.describe}: {what} must be a 1-D int64 array, got {rows.dtype} of shape {rows.shape}")
+        if part.table is not None:
+            return  # any id
         n = part.value.shape[0]
         if rows.size and bool((rows.view(np.uint64) >= n).any()):  # negative rows are huge as unsigned
             bad = rows[(rows < 0) | (rows >= n)][0]
@@ -109,6 +129,8 @@ class ParameterStore:
     def check_dense(self, part: PartitionState, grad: np.ndarray) -> None:
         if part.optimizer is None:
             raise StoreError(f"{part.describe} is not trainable")
+        if part.table is not None:
+            raise StoreError(f"{part.describe} is updated by ids only (a sparse gradient), not densely")
         if grad.dtype != part.value.dtype or grad.shape != part.value.shape:
             raise StoreError(
                 f"{part.describe} has shape {part.value.shape} ({part.value.dtype}); "
@@ -125,11 +147,23 @@ class ParameterStore:
                 f"{part.describe}: sparse gradient for {rows.shape[0]} rows must have shape {want} "
                 f"({part.value.dtype}); got {values.shape} ({values.dtype})"
             )
+        if part.table is not None and values.size and not bool(np.isfinite(values).all()):
+            bad = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+            raise StoreError(f"{part.describe}: the gradient of id {int(rows[bad])} is not finite")
 
     # ---- data path ---------------------------------------------------------
     @staticmethod
-    def read(part: PartitionState, rows: np.ndarray | None) -> np.ndarray:
-        """A copy of the whole partition or of ``rows`` (validated by the caller)."""
+    def read(part: PartitionState, rows: np.ndarray | None, *, step: int | None = None, create: bool = False) -> np.ndarray:
+        """A copy of the whole partition or of ``rows`` (validated by the caller).
+
+        A dynamic table's share: the rows of the ids ``rows`` (zeros for ids
+        without one), as of global step ``step``; ``create``: a training
+        lookup, which counts the sighting and creates admitted rows.
+        """
+        if part.table is not None:
+            if rows is None:
+                raise StoreError(f"{part.describe} is read by ids, never whole")
+            return part.table.lookup(rows, step=step, create=create)[0]
         with part.lock:
             if rows is None:
                 return part.value.copy()
@@ -150,15 +184,21 @@ class ParameterStore:
             part.optimizer.apply_dense(part.value, part.slots, grad)
 
     @staticmethod
-    def apply_sparse(part: PartitionState, rows: np.ndarray, values: np.ndarray) -> None:
+    def apply_sparse(part: PartitionState, rows: np.ndarray, values: np.ndarray, *, step: int | None = None) -> None:
+        """Applies the optimizer to ``rows`` (a dynamic table: to the ids that have a row, as of global step
+        ``step``; None: the latest step the table saw)."""
         if part.optimizer is None:  # pragma: no cover - checked before
             raise StoreError(f"{part.describe} is not trainable")
+        if part.table is not None:
+            part.table.apply_gradients(rows, values, part.table.step if step is None else step)
+            return
         with part.lock:
             part.optimizer.apply_sparse(part.value, part.slots, rows, values)
 
     def parameter_bytes(self) -> int:
         """Bytes of variables plus optimizer slots held by this task."""
-        return sum(p.value.nbytes + sum(s.nbytes for s in p.slots.values()) for p in self._parts.values())
+        return sum(p.table.memory_bytes() if p.table is not None else p.value.nbytes + sum(s.nbytes for s in p.slots.values())
+                   for p in self._parts.values())
 
     def partitions(self) -> Sequence[PartitionState]:
         return list(self._parts.values())

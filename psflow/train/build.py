@@ -21,7 +21,7 @@ from typing import Any
 from psflow.cluster import ClusterSpec
 from psflow.data import DataError, Schema, batch_spec
 from psflow.data.infer import InferredSchema, infer_first_file
-from psflow.models.api import Model, ModelConfig, ModelError
+from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelConfig, ModelError
 from psflow.models.registry import create_model
 from psflow.placement import (
     DeviceSetter,
@@ -32,6 +32,7 @@ from psflow.placement import (
     byte_size_load_fn,
     replica_device_setter,
 )
+from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.train.config import ConfigError, TrainConfig
 
 __all__ = ["data_schema", "inferred_schema", "data_options", "model_config", "build_model", "declare_variables", "model_record"]
@@ -90,13 +91,22 @@ def data_schema(config: TrainConfig) -> Schema | None:
 
 
 def data_options(config: TrainConfig) -> dict[str, Any]:
-    """Reader settings shared by training, evaluation and prediction (schema, hashing space, bad-record policy)."""
+    """Reader settings shared by training, evaluation and prediction (schema, hashing space, bad-record policy).
+
+    With dynamic tables (``--embedding-table dynamic``) Criteo's categorical values keep their full 64-bit hashes
+    (``num_features`` 0: no folding), the ids the tables are keyed by.
+    """
     return {
         "schema": data_schema(config),
-        "num_features": config.num_features,
+        "num_features": _reader_id_space(config),
         "skip_bad_records": config.skip_bad_records,
         "max_bad_records": config.max_bad_records,
     }
+
+
+def _reader_id_space(config: TrainConfig) -> int:
+    """The ``num_features`` the readers hash into: 0 (raw 64-bit ids) for Criteo with dynamic tables."""
+    return 0 if DYNAMIC_TABLE_PARAM in config.model_params and config.format == "criteo" else config.num_features
 
 
 def model_config(config: TrainConfig, schema: Schema | None = None) -> ModelConfig:
@@ -118,9 +128,14 @@ def declare_variables(model: Model, setter: DeviceSetter) -> VariableSet:
         try:
             optimizer = spec.optimizer.to_json() if spec.optimizer is not None else None
             with variables.device(spec.device) if spec.device is not None else contextlib.nullcontext():
-                variables.get_variable(spec.name, spec.shape, dtype=spec.dtype, initializer=dict(spec.initializer),
-                                       partitioner=spec.partitioner, optimizer=optimizer, trainable=spec.trainable)
-        except PlacementError as e:
+                placement = variables.get_variable(
+                    spec.name, spec.shape, dtype=spec.dtype, initializer=dict(spec.initializer), partitioner=spec.partitioner,
+                    optimizer=optimizer, trainable=spec.trainable,
+                    dynamic=dict(spec.dynamic) if spec.dynamic is not None else None)
+            if spec.dynamic is not None:  # refused here, naming the table, before any ps task sees it
+                share_spec(spec.name, spec.shape[1], spec.dynamic, optimizer=spec.optimizer, initializer=spec.initializer,
+                           num_shares=len(placement.partitions))
+        except (PlacementError, DynamicTableError) as e:
             raise ModelError(f"model {model.name!r}: {e}") from e
     return variables
 
@@ -152,5 +167,5 @@ def model_record(config: TrainConfig) -> dict[str, Any]:
         "name": config.model,
         "config": model_config(config, schema).to_dict(),
         "data": {"format": config.format, "schema": schema.to_dict() if schema is not None else None,
-                 "num_features": config.num_features},
+                 "num_features": _reader_id_space(config)},
     }

@@ -69,7 +69,12 @@ saved partitions that overlap it, re-slicing along axis 0, and sends them to
 the ps task holding it (``LoadShard``). So a checkpoint restores onto a
 different number of ps tasks, placement strategy or partition count. 0-d
 optimizer state (Adam's beta powers) is taken from the saved partition that
-held the new partition's first row.
+held the new partition's first row. A dynamic table (:mod:`psflow.ps.dynamic`)
+is saved as each share's id-sorted snapshot (ids, rows, slots, last use,
+frequency) and restored re-split by :func:`~psflow.ps.dynamic.owner_of` onto
+the current ps tasks (:func:`~psflow.ps.dynamic.resplit_snapshots`): every row
+and slot lands, unchanged, on the task that owns its id now. Restoring a
+dynamic table onto a static variable (or back) is refused, naming it.
 
 Tensors are stored with safetensors; nothing is ever pickled.
 """
@@ -92,13 +97,15 @@ import numpy as np
 from safetensors import safe_open
 
 from psflow import jsonio
-from psflow.ps.checkpointing import shard_tensor_names, write_file_atomically
+from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names, write_file_atomically
+from psflow.ps.dynamic import DynamicTableError, resplit_snapshots
 from psflow.ps.store import partition_key
 from psflow.rpc.api import FailedPreconditionError, RpcError
 from psflow.train.checkpoint_lock import CheckpointDirLock, CheckpointError, directory_mutex, new_run_id
 from psflow.train.client import ParameterClient
 
 __all__ = [
+    "DYNAMIC_IDS",
     "CheckpointError",
     "CheckpointFencedError",
     "CheckpointSavesFailedError",
@@ -545,7 +552,7 @@ class CheckpointManager:
     def _manifest(self, client: ParameterClient, replies: dict[int, dict[str, Any]],
                   optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
                   writer: Mapping[str, Any], final: bool) -> Manifest:
-        located = {p["key"]: (replies[t]["file"], p["slots"]) for t in replies for p in replies[t]["partitions"]}
+        located = {p["key"]: (replies[t]["file"], p) for t in replies for p in replies[t]["partitions"]}
         variables: dict[str, dict[str, Any]] = {}
         for name, placement in client.layout.items():
             parts = []
@@ -553,11 +560,16 @@ class CheckpointManager:
                 key = partition_key(name, part.index)
                 if key not in located:
                     raise CheckpointError(f"variable {name!r} partition {part.index} was not saved by /job:ps/task:{part.task}")
-                shard, slots = located[key]
-                parts.append({"index": part.index, "task": part.task, "row_start": part.row_start,
-                              "row_stop": part.row_stop, "shard": shard, "slots": slots})
+                shard, saved = located[key]
+                record = {"index": part.index, "task": part.task, "row_start": part.row_start,
+                          "row_stop": part.row_stop, "shard": shard, "slots": saved["slots"]}
+                if placement.is_dynamic:  # rows keyed by id: how many, and the snapshot's arrays
+                    record.update(rows=saved["rows"], dynamic=saved["dynamic"])
+                parts.append(record)
             var = placement.var
             variables[name] = {"shape": list(var.shape), "dtype": var.dtype, "trainable": var.trainable, "partitions": parts}
+            if var.dynamic is not None:
+                variables[name]["dynamic"] = dict(var.dynamic)
         step_reply = replies[client.step_task]
         return Manifest(
             global_step=int(step_reply["global_step"]),
@@ -829,10 +841,33 @@ def _rows(shards: _Shards, var: str, saved: list[dict[str, Any]], start: int, st
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
 
 
-def _check_variable(path: str, manifest: Manifest, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+def _dynamic_snapshot(shards: _Shards, var: str, saved: list[dict[str, Any]]) -> list[dict[str, np.ndarray]]:
+    """The snapshot of each saved partition of dynamic table ``var``, by partition index."""
+    out = []
+    for part in sorted(saved, key=lambda p: p["index"]):
+        tensor = shards.get(part["shard"])
+        names = dynamic_tensor_names(partition_key(var, part["index"]), list(part["dynamic"]))
+        out.append({key: np.asarray(tensor.get_tensor(name)) for key, name in names.items()})
+    return out
+
+
+def _table(shards: _Shards, var: str, saved: list[dict[str, Any]], num_parts: int) -> list[dict[str, np.ndarray]]:
+    """Dynamic table ``var``'s saved rows re-split onto ``num_parts`` partitions (by owner_of)."""
+    try:
+        return resplit_snapshots(var, _dynamic_snapshot(shards, var, saved), num_parts)
+    except (DynamicTableError, KeyError) as e:
+        raise CheckpointError(f"{shards.path}: dynamic table {var!r}: {e}") from e
+
+
+def _check_variable(path: str, manifest: Manifest, name: str, shape: tuple[int, ...], dtype: str,
+                    dynamic: bool = False) -> dict[str, Any]:
     saved = manifest.variables.get(name)
     if saved is None:
         raise CheckpointError(f"checkpoint {path} has no variable {name!r} (it has {', '.join(sorted(manifest.variables))})")
+    if ("dynamic" in saved) != dynamic:
+        kinds = ("a static variable", "a dynamic table")
+        raise CheckpointError(f"variable {name!r} is {kinds[dynamic]} in this run; checkpoint {path} has it as "
+                              f"{kinds['dynamic' in saved]}")
     if tuple(saved["shape"]) != shape or saved["dtype"] != dtype:
         raise CheckpointError(f"variable {name!r} has shape {shape} ({dtype}); checkpoint {path} has "
                               f"{tuple(saved['shape'])} ({saved['dtype']})")
@@ -859,7 +894,15 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     per_task: dict[int, tuple[list[str], dict[str, np.ndarray]]] = {t: ([], {}) for t in client.channels}
     for name, placement in client.layout.items():
         var = placement.var
-        saved = _check_variable(path, manifest, name, tuple(var.shape), var.dtype)
+        saved = _check_variable(path, manifest, name, tuple(var.shape), var.dtype, placement.is_dynamic)
+        if placement.is_dynamic:
+            for part, snapshot in zip(placement.partitions, _table(shards, name, saved["partitions"],
+                                                                   len(placement.partitions)), strict=True):
+                key = partition_key(name, part.index)
+                keys, arrays = per_task[part.task]
+                keys.append(key)
+                arrays.update({f"d/{key}/{k}": v for k, v in snapshot.items()})
+            continue
         saved_parts = sorted(saved["partitions"], key=lambda p: p["row_start"])
         slots = saved_parts[0]["slots"]
         for part in placement.partitions:
@@ -900,8 +943,15 @@ def _load_shards(client: ParameterClient, requests: Mapping[int, tuple[dict[str,
         raise CheckpointError(f"{what} failed: " + "; ".join(errors))
 
 
+#: Suffix of a dynamic table's ids beside its rows in :func:`read_variables` and exported models.
+DYNAMIC_IDS = "@ids"
+
+
 def read_variables(path: str, *, slots: bool = False) -> dict[str, np.ndarray]:
     """Every variable of checkpoint ``path``, whole (partitions joined).
+
+    A dynamic table ``emb`` gives its rows sorted by id as ``emb`` ``[n, dim]``
+    and their ids as ``emb@ids`` (:data:`DYNAMIC_IDS`) ``[n]`` int64.
 
     Args:
         path: a checkpoint directory (with a manifest).
@@ -914,6 +964,12 @@ def read_variables(path: str, *, slots: bool = False) -> dict[str, np.ndarray]:
     shards = _Shards(path, manifest)
     out: dict[str, np.ndarray] = {}
     for name, saved in manifest.variables.items():
+        if "dynamic" in saved:
+            (table,) = _table(shards, name, saved["partitions"], 1)
+            out[name], out[f"{name}{DYNAMIC_IDS}"] = table["values"], table["ids"]
+            if slots:
+                out.update({f"{name}:{k[len('slot/'):]}": v for k, v in table.items() if k.startswith("slot/")})
+            continue
         parts = sorted(saved["partitions"], key=lambda p: p["row_start"])
         rows = saved["shape"][0] if saved["shape"] else 1
         out[name] = _rows(shards, name, parts, 0, rows, None)
@@ -986,10 +1042,13 @@ def load_values(client: ParameterClient, values: Mapping[str, np.ndarray], what:
             another shape or dtype (names it).
     """
     for name, array in values.items():
-        placement = client.layout.get(name)
+        placement = client.layout.get(name.removesuffix(DYNAMIC_IDS))
         if placement is None:
             raise CheckpointError(f"{what}: variable {name!r} is not a variable of the model "
                                   f"(it has {', '.join(client.layout)})")
+        if placement.is_dynamic:
+            raise CheckpointError(f"{what}: {placement.var.name!r} is a dynamic table, which is not warm-started "
+                                  f"(restore a checkpoint to continue its rows)")
         var = placement.var
         if tuple(array.shape) != tuple(var.shape) or str(array.dtype) != var.dtype:
             raise CheckpointError(f"{what}: variable {name!r} has shape {tuple(array.shape)} ({array.dtype}); "

@@ -116,6 +116,9 @@ class ParameterClient:
         self._discovery: list[TaskChannel] = []
         #: global_step read by the latest pull (the step its values belong to).
         self.last_pull_step: int | None = None
+        # The newest global_step this client heard of (pulls and pushes): sent with its requests as
+        # "step_hint", the clock of the dynamic tables on ps tasks that do not hold global_step.
+        self._step_hint: int | None = None
         #: ReaderPosition JSON sent with each push to the task holding global_step
         #: (the chief records it in checkpoints; None: not sent).
         self.reader_position: str | None = None
@@ -227,12 +230,16 @@ class ParameterClient:
             raise ClientError(f"{self.client_name}: unknown variable {name!r} (known: {', '.join(self.layout)})")
         return p
 
-    def pull(self, requests: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+    def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False) -> dict[str, np.ndarray]:
         """Fetches rows (or whole variables) from the ps tasks.
 
         Args:
-            requests: variable name -> int64 ids (global rows), or ``None`` for
-                the whole variable.
+            requests: variable name -> int64 ids (global rows; any id of a
+                dynamic table), or ``None`` for the whole variable.
+            create: a training lookup: dynamic tables count the ids' sightings
+                and create the rows of admitted ids. False (evaluation,
+                prediction): nothing changes on the ps tasks; an id without a
+                row reads as zeros.
 
         Returns:
             variable name -> array of ``len(ids)`` rows (or the whole variable).
@@ -242,7 +249,8 @@ class ParameterClient:
             RpcError: a ps task refused or failed.
         """
         plan = self._pull_plan(requests)
-        calls = {t: self.channels[t].call_async("Pull", {"vars": m}, a) for t, (m, a) in plan.per_task.items()}
+        meta = {"create": create, "step_hint": self._step_hint}
+        calls = {t: self.channels[t].call_async("Pull", {"vars": m, **meta}, a) for t, (m, a) in plan.per_task.items()}
         return self._assemble(plan, gather(calls))
 
     def push(
@@ -310,7 +318,8 @@ class ParameterClient:
         values are exactly what a :meth:`push_detailed` followed by a
         :meth:`pull` would return (no extra staleness), with half the round
         trips. Same blocking, ordering and errors as those two calls; the pull
-        part is validated before anything is applied. Never retried.
+        part is validated before anything is applied. Never retried. The pull
+        is a training lookup (``create=True``, see :meth:`pull`).
 
         Returns:
             The push's result and the pulled values (as :meth:`pull` returns them).
@@ -321,7 +330,8 @@ class ParameterClient:
         for task in sorted(set(plan.per_task) | set(pushes)):
             meta, arrays = pushes.get(task, ({"grads": [], "worker": self.client_name}, {}))
             entries, rows = plan.per_task.get(task, ([], {}))
-            calls[task] = self.channels[task].call_async("PushPull", {**meta, "vars": entries}, {**arrays, **rows},
+            calls[task] = self.channels[task].call_async("PushPull", {**meta, "vars": entries, "create": True},
+                                                         {**arrays, **rows},
                                                          timeout=self._push_timeout())
         replies = gather(calls)
         return self._push_result({t: r for t, r in replies.items() if t in pushes}), self._assemble(plan, replies)
@@ -359,6 +369,7 @@ class ParameterClient:
         if step_reply is not None and self.step_task in plan.per_task:
             step = step_reply.meta.get("pull_step", step_reply.meta.get("step"))
         self.last_pull_step = int(step) if isinstance(step, int) else None
+        self._hear_step(self.last_pull_step)
         parts: dict[str, np.ndarray] = {}
         for frame in replies.values():
             parts.update(frame.arrays)
@@ -417,7 +428,8 @@ class ParameterClient:
                 entries.append([key, "sparse"])
         out = {}
         for task, (grad_list, arrays) in per_task.items():
-            request: dict[str, Any] = {"grads": grad_list, "worker": self.client_name, "incarnation": self.incarnation}
+            request: dict[str, Any] = {"grads": grad_list, "worker": self.client_name, "incarnation": self.incarnation,
+                                       "step_hint": self._step_hint}
             if self.generation is not None:
                 request["generation"] = self.generation
             if mode == "sync":
@@ -436,9 +448,14 @@ class ParameterClient:
 
     def _push_result(self, replies: Mapping[int, Frame]) -> PushResult:
         reply = replies[self.step_task].meta
+        self._hear_step(reply.get("step"))
         min_clock = reply.get("min_clock")
         return PushResult(int(reply["step"]), bool(reply.get("accepted", True)), bool(reply.get("completed", True)),
                           int(min_clock) if isinstance(min_clock, int) else None)
+
+    def _hear_step(self, step: object) -> None:
+        if type(step) is int and (self._step_hint is None or step > self._step_hint):
+            self._step_hint = step
 
     def reader_positions(self) -> dict[str, str]:
         """Every client's recorded reader position (JSON), from the task holding global_step; claims

@@ -124,7 +124,7 @@ def compute_gradients(model: Model, client: ParameterClient, batch: Batch) -> tu
     batch = model.prepare(batch)
     lookups = model.lookups(batch)
     check_lookups(model, client.layout, lookups)
-    values = client.pull(lookups)
+    values = client.pull(lookups, create=True)
     output = model.compute(batch, values)
     check_gradients(model, client.layout, output.gradients)
     return output, client.last_pull_step
@@ -189,7 +189,7 @@ class TrainStep:
             _, batch, values, read_step = carry
         else:
             batch, lookups = self._requests(batch)
-            values = client.pull(lookups)
+            values = client.pull(lookups, create=True)
             read_step = client.last_pull_step
         output = self.model.compute(batch, values)
         check_gradients(self.model, client.layout, output.gradients)

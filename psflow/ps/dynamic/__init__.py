@@ -83,6 +83,7 @@ Modules (everything public is re-exported here):
 
     ========================  ===============================================================
     ``spec.py``               :class:`DynamicTableSpec` (options, checked on construction),
+                              :func:`share_spec` (one ps task's share of a table variable),
                               :class:`DynamicTableStats`, :class:`DynamicTableError`,
                               :data:`EVICTION_POLICIES`
     ``table.py``              :class:`DynamicTable` (lookup, apply_gradients, evict, snapshot,
@@ -100,12 +101,20 @@ Modules (everything public is re-exported here):
 from psflow.ps.dynamic.hashing import owner_of
 from psflow.ps.dynamic.sketch import CountMinSketch
 from psflow.ps.dynamic.snapshots import resplit_snapshots
-from psflow.ps.dynamic.spec import EVICTION_POLICIES, DynamicTableError, DynamicTableSpec, DynamicTableStats
+from psflow.ps.dynamic.spec import (
+    EVICTION_POLICIES,
+    OPTIONS,
+    DynamicTableError,
+    DynamicTableSpec,
+    DynamicTableStats,
+    share_spec,
+)
 from psflow.ps.dynamic.table import FIXED_OVERHEAD_BYTES, DynamicTable
 
 __all__ = [
     "EVICTION_POLICIES",
     "FIXED_OVERHEAD_BYTES",
+    "OPTIONS",
     "CountMinSketch",
     "DynamicTable",
     "DynamicTableError",
@@ -113,4 +122,5 @@ __all__ = [
     "DynamicTableStats",
     "owner_of",
     "resplit_snapshots",
+    "share_spec",
 ]

@@ -16,7 +16,7 @@ from psflow.ps.initializers import validate_initializer
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.store import StoreError
 
-__all__ = ["EVICTION_POLICIES", "DynamicTableError", "DynamicTableSpec", "DynamicTableStats"]
+__all__ = ["EVICTION_POLICIES", "OPTIONS", "DynamicTableError", "DynamicTableSpec", "DynamicTableStats", "share_spec"]
 
 EVICTION_POLICIES = ("lfu", "lru")
 
@@ -133,3 +133,30 @@ class DynamicTableStats:
     index_rebuilds: int
     memory_bytes: int
     sketch_bytes: int
+
+
+#: The options a dynamic table variable may carry (``VariableDef.dynamic``): every spec field but those the variable gives.
+OPTIONS = tuple(f.name for f in fields(DynamicTableSpec) if f.name not in ("name", "dim", "optimizer", "initializer"))
+
+
+def share_spec(name: str, dim: int, options: Mapping[str, Any], *, optimizer: OptimizerSpec | None,
+               initializer: Mapping[str, Any], num_shares: int) -> DynamicTableSpec:
+    """The spec of one ps task's share of dynamic table ``name`` spread over ``num_shares`` tasks.
+
+    ``options`` are the whole table's (:data:`OPTIONS`): ``capacity_rows`` and
+    ``capacity_bytes`` are divided evenly, rounded up (ids spread evenly by
+    :func:`owner_of`), the others apply to every share as given.
+
+    Raises:
+        DynamicTableError: an unknown option or an invalid value (names the table).
+    """
+    extra = sorted(str(key) for key in options if key not in OPTIONS)
+    if extra:
+        raise DynamicTableError(f"dynamic table {name!r}: unknown options {extra} (known: {', '.join(OPTIONS)})")
+    given = dict(options)
+    for key in ("capacity_rows", "capacity_bytes"):
+        value = given.get(key)
+        _int_option(name, key, value, 1)
+        if value is not None:
+            given[key] = -(-int(value) // num_shares)
+    return DynamicTableSpec(name=name, dim=dim, optimizer=optimizer, initializer=dict(initializer), **given)

@@ -90,6 +90,11 @@ class DynamicTable:
         return self._index.live
 
     @property
+    def step(self) -> int:
+        """The latest global step the table has seen (lookups, updates, evictions)."""
+        return self._step
+
+    @property
     def row_limit(self) -> int:
         """The most rows this table holds (from capacity_rows and capacity_bytes; 2**62 without either)."""
         return self._row_limit
@@ -236,6 +241,15 @@ class DynamicTable:
             out.update({f"slot/{name}": array[slots] for name, array in self._slots.items()})
             out.update({f"state/{name}": array.copy() for name, array in self._state.items()})
             return out
+
+    def check_snapshot(self, arrays: Mapping[str, np.ndarray]) -> int:
+        """The row count of ``arrays`` if :meth:`load` would take it; changes nothing.
+
+        Raises:
+            DynamicTableError: as :meth:`load`.
+        """
+        return check_snapshot(arrays, name=self.name, dim=self.spec.dim, slot_names=self._slot_names,
+                              state_names=self._state)
 
     def load(self, arrays: Mapping[str, np.ndarray]) -> int:
         """Replaces every row with those of a :meth:`snapshot`; returns how many it evicted to fit.

@@ -10,10 +10,10 @@ from conftest import require_native
 from hypothesis import given
 from hypothesis import strategies as st
 
-from psflow.data import BadRecordError, Batch, batch_spec, native, read_all
+from psflow.data import BadRecordError, Batch, DatasetConfig, batch_spec, native, open_dataset, read_all
 from psflow.data import criteo as criteo_module
 from psflow.data.criteo import CAT_FEATURES, INT_FEATURES, missing_ids, parse_criteo
-from psflow.data.hashing import STRING_PAD, bucket_strings, hash_strings, name_salt, splitmix64
+from psflow.data.hashing import STRING_PAD, bucket_strings, hash_strings, name_salt, salted_ids, splitmix64
 
 LINE = "1\t5\t-2\t\t0\t3\t1000000\t\t\t\t\t\t\t\t68fd1e64\t\tabc\t0123456789abcdef01\t" + "\t".join(["deadbeef"] * 22) + "\n"
 _M = (1 << 64) - 1
@@ -184,3 +184,120 @@ def test_hashed_features_are_learnable(criteo_sample: Path) -> None:
             bias -= lr * grad.sum() / np.sqrt(bias_accum)
     auc = _auc(test.labels, _logits(test, w, bias, num_features))
     assert auc >= 0.70, auc
+
+
+# ---- num_features = 0: raw 64-bit ids (dynamic embedding tables) ----
+
+
+def _signed(h: int) -> int:
+    """A 64-bit unsigned value read as int64 (two's complement)."""
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def _raw_lines(count: int, seed: int) -> bytes:
+    """``count`` well-formed lines with random categorical values, about a third of the fields empty."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(count):
+        ints = [str(v) if rng.random() < 0.7 else "" for v in rng.integers(-5, 10**6, 13).tolist()]
+        cats = [rng.bytes(int(rng.integers(1, 20))).hex()[: int(rng.integers(1, 30))] if rng.random() < 0.7 else ""
+                for _ in CAT_FEATURES]
+        lines.append("\t".join([str(int(rng.integers(0, 2))), *ints, *cats]) + "\n")
+    return "".join(lines).encode()
+
+
+def test_raw_ids_are_the_same_from_c_and_numpy() -> None:
+    """num_features = 0: the C kernel and the numpy twin agree bit for bit, empty fields included."""
+    require_native()
+    empty = "0" + "\t" * 39 + "\n"  # every field empty: all 26 "missing" ids
+    blob = (LINE + empty + "\n" + LINE.replace("\tabc\t", "\t\t") + "1\tbad\n").encode() + _raw_lines(50, 1)
+    newlines = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == 10).astype(np.int64)
+    want = criteo_module._parse_numpy(blob, 0, None)
+    assert want.batch.num_examples == 53 and [row for row, _ in want.errors] == [4]
+    for got in (criteo_module._parse_native(blob, 0, None), criteo_module._parse_native(blob, 0, newlines)):
+        assert got.rows.tolist() == want.rows.tolist() and got.errors == want.errors
+        for name in CAT_FEATURES:
+            assert got.batch.sparse[name].ids.dtype == np.int64
+            assert got.batch.sparse[name].ids.tolist() == want.batch.sparse[name].ids.tolist(), name
+        for name in INT_FEATURES:
+            assert got.batch.dense[name].tobytes() == want.batch.dense[name].tobytes(), name
+    missing = [int(want.batch.sparse[name].ids[1]) for name in CAT_FEATURES]
+    assert missing == missing_ids(0).tolist() == [_signed(_ref_splitmix64(~_ref_salt(name) & _M)) for name in CAT_FEATURES]
+
+
+def test_raw_id_is_the_hash_as_int64(parser: str) -> None:
+    batch = parse_criteo(LINE.encode(), 0).batch
+    batch.validate()
+    ids = {name: int(batch.sparse[name].ids[0]) for name in CAT_FEATURES}
+    for name, value in [("C1", b"68fd1e64"), ("C3", b"abc"), ("C4", b"0123456789abcdef01"), ("C26", b"deadbeef")]:
+        data = np.frombuffer(value + bytes(STRING_PAD), dtype=np.uint8)
+        h = hash_strings(data, np.array([0]), np.array([len(value)]), name_salt(name))
+        assert ids[name] == int(h.view(np.int64)[0]) == _signed(_ref_hash(value, _ref_salt(name))), name
+    assert ids["C2"] == int(missing_ids(0)[1]) == _signed(0x31E03A226E41A007)  # pinned in test_hash_is_pinned
+    # Folding the raw ids gives the ids of num_features >= 1: nothing else changed.
+    for num_features in (1000, 1 << 20, (1 << 63) + 5):
+        folded = parse_criteo(LINE.encode(), num_features).batch
+        for name in CAT_FEATURES:
+            assert folded.sparse[name].ids.tolist() == [(ids[name] % (1 << 64)) % num_features], (name, num_features)
+
+
+def test_raw_ids_cover_negative_values(parser: str) -> None:
+    batch = parse_criteo(_raw_lines(200, 2), 0).batch
+    ids = np.concatenate([batch.sparse[name].ids for name in CAT_FEATURES])
+    assert batch.num_examples == 200 and ids.dtype == np.int64
+    negative = float(np.mean(ids < 0))
+    assert 0.3 < negative < 0.7, negative  # about half: the top bit of a 64-bit hash
+    assert int(ids.max()) > 1 << 62 and int(ids.min()) < -(1 << 62)
+
+
+def test_negative_num_features_is_refused(parser: str) -> None:
+    for call in (lambda: parse_criteo(LINE.encode(), -1), lambda: missing_ids(-3)):
+        with pytest.raises(ValueError, match="num_features must be >= 1, or 0 for raw 64-bit ids"):
+            call()
+    with pytest.raises(ValueError, match="num_features"):
+        DatasetConfig(("x",), "criteo", num_features=-1)
+    with pytest.raises(ValueError, match="num_features"):  # 0 means raw ids for Criteo only
+        DatasetConfig(("x",), "libsvm", num_features=0)
+    assert DatasetConfig(("x",), "criteo", num_features=0).num_features == 0
+
+
+def test_salted_ids_raw() -> None:
+    ids = np.array([0, 1, 7, -1, -(1 << 63), (1 << 63) - 1, 123456789], dtype=np.int64)
+    salt = name_salt("C7")
+    raw = salted_ids(ids, salt, 0)
+    want = [_signed(_ref_splitmix64((i % (1 << 64)) ^ int(salt))) for i in ids.tolist()]
+    assert raw.dtype == np.int64 and raw.tolist() == want
+    assert raw.tolist() == splitmix64(ids.view(np.uint64) ^ salt).view(np.int64).tolist()
+    assert min(want) < 0  # negative raw ids do occur
+    for num_rows in (1, 1000, 1 << 20):
+        assert salted_ids(ids, salt, num_rows).tolist() == [(w % (1 << 64)) % num_rows for w in want]
+    with pytest.raises(ValueError, match="num_rows must be >= 1, or 0"):
+        salted_ids(ids, salt, -1)
+
+
+def test_raw_ids_from_a_real_file(criteo_sample: Path, tmp_path: Path, parser: str) -> None:
+    """1,000 real lines read through the dataset with num_features = 0: full 64-bit ids, no folding."""
+    with open(criteo_sample, "rb") as f:
+        head = b"".join(f.readline() for _ in range(1000))
+    path = tmp_path / "day0_1k.tsv"
+    path.write_bytes(head)
+    raw = read_all(str(path), "criteo", num_features=0)
+    folded = read_all(str(path), "criteo", num_features=1000)
+    assert raw.num_examples == folded.num_examples == 1000
+    raw.validate()
+    raw_ids = np.concatenate([raw.sparse[name].ids for name in CAT_FEATURES])
+    folded_ids = np.concatenate([folded.sparse[name].ids for name in CAT_FEATURES])
+    assert raw_ids.dtype == np.int64
+    assert np.unique(raw_ids).size > np.unique(folded_ids).size  # 26 columns' values no longer collide in 1,000 rows
+    assert int(raw_ids.min()) < -(1 << 62) and int(raw_ids.max()) > 1 << 62  # the whole int64 range
+    assert (raw_ids.view(np.uint64) % np.uint64(1000)).astype(np.int64).tolist() == folded_ids.tolist()
+    for name in CAT_FEATURES:  # within a column: one id per distinct value, missing included
+        values = [line.split(b"\t")[1 + len(INT_FEATURES) + CAT_FEATURES.index(name)] for line in head.splitlines()]
+        assert np.unique(raw.sparse[name].ids).size == len(set(values)), name
+    # The same through a prefetching, batching dataset.
+    config = DatasetConfig((str(path),), "criteo", num_features=0, batch_size=128, prefetch=2)
+    with open_dataset(config, start=True) as dataset:
+        batches = list(dataset)
+    streamed = Batch.concat(batches)
+    for name in CAT_FEATURES:
+        assert streamed.sparse[name].ids.tolist() == raw.sparse[name].ids.tolist(), name
