@@ -363,6 +363,12 @@ def _train(args: argparse.Namespace) -> int:
     if metrics.get("bad_records_skipped"):
         summary["bad_records_skipped"] = metrics["bad_records_skipped"]
         print(f"psflow: skipped {metrics['bad_records_skipped']} bad records (see the worker logs)", file=sys.stderr)
+    for name, table in (metrics.get("dynamic_tables") or {}).items():
+        print(f"psflow: dynamic table {name!r}: {table.get('rows', 0):,} rows ({table.get('memory_bytes', 0) / 2**20:.1f} MiB), "
+              f"{table.get('admitted', 0):,} admitted, {table.get('rejected_lookups', 0):,} lookups of ids not admitted "
+              f"(read as zeros), {table.get('dropped_gradients', 0):,} gradients dropped, "
+              f"{table.get('evicted_capacity', 0):,} evicted by capacity, {table.get('evicted_ttl', 0):,} by ttl",
+              file=sys.stderr)
     if "eval" in metrics:
         summary["eval"] = metrics["eval"]
     print(jsonio.dumps(summary, indent=1))

@@ -2,12 +2,15 @@
 
 An exported model is a directory::
 
-    model.safetensors   every variable, whole (partitions joined; no optimizer slots)
+    model.safetensors   every variable, whole (partitions joined; no optimizer slots); a dynamic
+                        table NAME as its rows sorted by id, NAME [n, dim], and their ids, NAME@ids [n] int64
     model.json          {"format": "psflow-model", "format_version": 2,
                          "model": NAME,                 the registry name or package.module:Class
                          "model_config": {...},         its ModelConfig (features, table sizes, params)
                          "data": {"format", "schema", "num_features"},   how its data is read
                          "variables": {name: {"shape", "dtype"}}, "global_step": S,
+                                        (a dynamic table: {"shape": [n, dim], "dtype", "dynamic": true,
+                                         "rows": n}; its NAME@ids is not listed)
                          "checkpoint": path, "psflow_version": ...}
 
 Both files are written atomically (temp file, fsync, rename). The model's
@@ -21,7 +24,10 @@ values as the cluster's evaluation, so the same outputs.
 
 Ids a model never saw in training are scored as the model scores them: a
 hashed feature always lands on a row of its table; an id outside a table's
-vocabulary is refused, naming the feature, the table and the id.
+vocabulary is refused, naming the feature, the table and the id; a dynamic
+table (``--embedding-table dynamic``) scores an id it never held with a zero
+row (zeros, exactly as the ps tasks read it in the cluster's evaluation), so
+e.g. logistic regression gives an example of only such ids ``sigmoid(bias)``.
 
 Checkpoints and exports written before models were recorded (format version 1:
 sparse logistic regression only) are still read
@@ -47,7 +53,7 @@ from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
 from psflow.models.registry import create_model
 from psflow.ps.checkpointing import write_file_atomically
-from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, read_manifest, read_variables
+from psflow.train.checkpoint import DYNAMIC_IDS, CheckpointError, Manifest, latest_checkpoint, read_manifest, read_variables
 from psflow.train.evaluation import ArrayParameters
 from psflow.train.evaluation import predict as predict_outputs
 
@@ -105,6 +111,20 @@ def _model_record(path: str, manifest: Manifest, variables: dict[str, np.ndarray
             "data": {"format": None, "schema": None, "num_features": config.num_features}}
 
 
+def _variables_record(variables: Mapping[str, np.ndarray]) -> dict[str, dict[str, Any]]:
+    """model.json's ``variables``: name -> shape and dtype; a dynamic table (``name`` beside ``name@ids``) also
+    says ``"dynamic": true`` and its ``"rows"``, and its ids are not listed as a variable."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in variables.items():
+        if name.endswith(DYNAMIC_IDS) and name.removesuffix(DYNAMIC_IDS) in variables:
+            continue
+        entry: dict[str, Any] = {"shape": list(value.shape), "dtype": str(value.dtype)}
+        if f"{name}{DYNAMIC_IDS}" in variables:
+            entry.update(dynamic=True, rows=int(value.shape[0]))
+        out[name] = entry
+    return out
+
+
 def export_model(checkpoint: str, out_dir: str) -> str:
     """Writes the model of ``checkpoint`` (a checkpoint, or a checkpoint directory: its newest) to ``out_dir``.
 
@@ -127,7 +147,7 @@ def export_model(checkpoint: str, out_dir: str) -> str:
         "model": record["name"],
         "model_config": record["config"],
         "data": record.get("data") or {},
-        "variables": {n: {"shape": list(v.shape), "dtype": str(v.dtype)} for n, v in variables.items()},
+        "variables": _variables_record(variables),
         "global_step": manifest.global_step,
         "checkpoint": os.path.abspath(path),
         "psflow_version": manifest.psflow_version,
@@ -177,11 +197,50 @@ def load_model(model_dir: str, *, search_path: str | None = None) -> ExportedMod
 
 def _rebuild(name: str, config: ModelConfig, values: Mapping[str, np.ndarray], where: str,
              search_path: str | None) -> Model:
+    """The model ``name`` built from ``config``, checked against ``values`` (the exported or checkpointed variables).
+
+    A static variable must hold exactly its spec's shape. A dynamic table (spec shape ``(0, dim)``, ``dynamic``
+    set) must hold ``name`` ``[n, dim]`` float32 with ``name@ids`` ``[n]`` int64 beside it, any ``n``.
+
+    Raises:
+        ModelError: the model cannot be built, or ``values`` lack one of its variables, hold one it does not
+            declare, or hold one of another shape or kind (names each).
+    """
     model = create_model(name, config, search_path=search_path or os.getcwd())
-    want = {spec.name: tuple(spec.shape) for spec in model.variables()}
-    have = {name: tuple(t.shape) for name, t in values.items()}
-    if want != have:
-        raise ModelError(f"{where}: model {model.name!r} has variables {want}; it holds {have}")
+    specs = {spec.name: spec for spec in model.variables()}
+    problems: list[str] = []
+    expected: set[str] = set()
+    for spec in specs.values():
+        value = values.get(spec.name)
+        ids_name = f"{spec.name}{DYNAMIC_IDS}"
+        if spec.dynamic is not None:
+            expected.update((spec.name, ids_name))
+            dim = tuple(spec.shape[1:])
+            ids = values.get(ids_name)
+            if value is None or ids is None:
+                missing = " and ".join(repr(n) for n, v in ((spec.name, value), (ids_name, ids)) if v is None)
+                problems.append(f"dynamic table {spec.name!r} (rows of shape {dim}): {missing} missing")
+            elif value.ndim != 2 or tuple(value.shape[1:]) != dim or ids.ndim != 1 or ids.shape[0] != value.shape[0]:
+                problems.append(f"dynamic table {spec.name!r} has rows of shape {dim}; it holds rows "
+                                f"{tuple(value.shape)} and ids {tuple(ids.shape)}")
+            elif ids.dtype != np.int64:
+                problems.append(f"dynamic table {spec.name!r}: its ids {ids_name!r} are {ids.dtype}, not int64")
+            continue
+        expected.add(spec.name)
+        if value is None:
+            problems.append(f"{spec.name!r} of shape {tuple(spec.shape)} missing")
+        elif ids_name in values:
+            problems.append(f"{spec.name!r} is a static variable of shape {tuple(spec.shape)}; it holds a dynamic "
+                            f"table of {tuple(value.shape)} rows")
+        elif tuple(value.shape) != tuple(spec.shape):
+            problems.append(f"{spec.name!r} has shape {tuple(spec.shape)}; it holds {tuple(value.shape)}")
+    extra = sorted(set(values) - expected)
+    if extra:
+        problems.append(f"variables it does not declare: {', '.join(repr(n) for n in extra)}")
+    if problems:
+        want = {n: ("dynamic", *s.shape[1:]) if s.dynamic is not None else tuple(s.shape) for n, s in specs.items()}
+        raise ModelError(f"{where}: model {model.name!r} has variables {want}; it holds "
+                         f"{ {n: tuple(t.shape) for n, t in values.items()} }: " + "; ".join(problems))
     return model
 
 

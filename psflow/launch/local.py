@@ -55,6 +55,7 @@ from psflow.launch.run_status import LauncherStatus
 from psflow.launch.status_http import StatusConfig
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
+from psflow.ps.dynamic import table_totals
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.train.build import build_model
@@ -494,6 +495,9 @@ def _finish(config: TrainConfig, lc: LocalCluster, client: Any, model: Any, trai
         **(lc.resilience.metrics() if lc.resilience is not None else {}),
         **(checkpoints.metrics() if checkpoints is not None else {}),  # checkpoints_saved, checkpoints_failed
     }
+    dynamic = table_totals(ps_stats)
+    if dynamic:  # admission, rejections, dropped gradients, evictions and memory of each dynamic table
+        metrics["dynamic_tables"] = dynamic
     eval_batch = load_eval(config)
     if eval_batch is not None:
         metrics["eval"] = evaluate(model, client, eval_batch)

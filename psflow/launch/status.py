@@ -379,6 +379,8 @@ class StatusCollector:
         row: dict[str, Any] = {"task": stats.get("task", f"/job:ps/task:{index}"), "index": index}
         row.update({k: stats.get(k) for k in _PS_COUNTERS})
         row["parameter_bytes"] = stats.get("parameter_bytes")
+        if stats.get("dynamic_tables"):
+            row["dynamic_tables"] = stats["dynamic_tables"]
         row["generation"] = stats.get("generation")
         row["holds_global_step"] = stats.get("global_step") is not None
         row["rates"] = dict(self._ps_rates.get(index, {}))

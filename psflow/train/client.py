@@ -32,7 +32,7 @@ import numpy as np
 
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient, SparseGradient
-from psflow.placement import RoutedRows, VariablePlacement
+from psflow.placement import PlacementError, RoutedRows, VariablePlacement
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.store import partition_key
 from psflow.ps.sync import SyncConfig
@@ -57,6 +57,29 @@ _IN_ORDER = slice(None)
 def _covers(routes: Sequence[RoutedRows], ids: np.ndarray) -> bool:
     """True if one partition holds all of ``ids`` (its positions are then 0..n-1, ascending)."""
     return len(routes) == 1 and routes[0].positions.size == ids.shape[0]
+
+
+def _ids(placement: VariablePlacement, ids: Any, what: str) -> np.ndarray:
+    """``ids`` as int64; a dynamic table's ids must already be int64 (a cast could change them silently)."""
+    if placement.is_dynamic:
+        arr = np.asarray(ids)
+        if arr.dtype != np.int64:
+            raise PlacementError(f"dynamic table {placement.var.name!r}: {what} ids must be int64 (any value; view uint64 "
+                                 f"hashes as int64), got {arr.dtype}")
+        return arr
+    return np.asarray(ids, dtype=np.int64)
+
+
+def _check_table_gradient(client: str, placement: VariablePlacement, rows: np.ndarray, values: np.ndarray) -> None:
+    """Raises ClientError, naming the table, unless ``values`` holds one finite row of the table's width per id."""
+    name, dim = placement.var.name, placement.var.shape[1]
+    if values.shape != (rows.shape[0], dim):
+        raise ClientError(f"{client}: dynamic table {name!r}: sparse gradient for {rows.shape[0]} ids must have shape "
+                          f"({rows.shape[0]}, {dim}); got {values.shape}")
+    finite = np.isfinite(values).all(axis=1)
+    if not finite.all():
+        raise ClientError(f"{client}: dynamic table {name!r}: the gradient of id {int(rows[np.flatnonzero(~finite)[0]])} "
+                          f"is not finite")
 
 
 @dataclass
@@ -351,7 +374,7 @@ class ParameterClient:
                     plan.per_task.setdefault(part.task, ([], {}))[0].append([key, None])
                     plan.scatter.append((name, key, None))
                 continue
-            ids = np.asarray(ids, dtype=np.int64)
+            ids = _ids(placement, ids, "lookup")
             plan.shapes[name] = (ids.shape[0], *var.shape[1:])
             routes = placement.route(ids)
             whole = _covers(routes, ids)
@@ -416,8 +439,10 @@ class ParameterClient:
                     arrays[f"g/{key}"] = values[part.row_start : part.row_stop]
                     entries.append([key, "dense"])
                 continue
-            rows = np.asarray(grad.rows, dtype=np.int64)
+            rows = _ids(placement, grad.rows, "gradient")
             values = np.asarray(grad.values, dtype=placement.var.dtype)
+            if placement.is_dynamic:  # checked here, as a whole: each ps task sees only its own ids
+                _check_table_gradient(self.client_name, placement, rows, values)
             routes = placement.route(rows)
             whole = _covers(routes, rows)
             for routed in routes:

@@ -27,6 +27,7 @@ import numpy as np
 
 from psflow.data import Batch
 from psflow.models.api import Lookups, Model, ModelError
+from psflow.train.checkpoint import DYNAMIC_IDS
 
 __all__ = ["ParameterSource", "ArrayParameters", "predict", "evaluate", "DEFAULT_CHUNK"]
 
@@ -45,26 +46,60 @@ class ParameterSource(Protocol):
 class ArrayParameters:
     """Whole variables held in memory, read as :meth:`ParameterClient.pull` reads them from ps tasks.
 
+    A *dynamic table* (:mod:`psflow.ps.dynamic`) ``name`` is held as
+    :func:`~psflow.train.checkpoint.read_variables` gives it: its rows sorted
+    by id as ``name`` ``[n, dim]`` and those ids as ``name@ids``
+    (:data:`~psflow.train.checkpoint.DYNAMIC_IDS`) ``[n]`` int64. Its rows are
+    looked up by id (any int64 value, negative ones included); ids never seen
+    read as zeros, as on the ps (an evaluation lookup creates no row).
+
     Args:
-        arrays: variable name -> its whole value.
+        arrays: variable name -> its whole value (and ``name@ids`` beside each dynamic table).
         what: names the source in errors (a file or directory).
+
+    Raises:
+        ModelError: a dynamic table whose ids are not 1-D int64, not sorted and distinct, or not one per row.
     """
 
     def __init__(self, arrays: Mapping[str, np.ndarray], *, what: str = "the parameters") -> None:
         self.arrays = dict(arrays)
         self.what = what
+        #: dynamic table name -> its ids, sorted (``name@ids``).
+        self.dynamic_ids: dict[str, np.ndarray] = {}
+        for key, ids in self.arrays.items():
+            if not key.endswith(DYNAMIC_IDS) or key.removesuffix(DYNAMIC_IDS) not in self.arrays:
+                continue
+            name = key.removesuffix(DYNAMIC_IDS)
+            rows = self.arrays[name]
+            if ids.dtype != np.int64 or ids.ndim != 1:
+                raise ModelError(f"dynamic table {name!r} in {self.what}: {key!r} must be 1-D int64 ids, "
+                                 f"got {ids.dtype} of shape {tuple(ids.shape)}")
+            if rows.ndim != 2 or rows.shape[0] != ids.shape[0]:
+                raise ModelError(f"dynamic table {name!r} in {self.what}: {ids.shape[0]} ids for rows of shape "
+                                 f"{tuple(rows.shape)} (one id per row expected)")
+            if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):
+                raise ModelError(f"dynamic table {name!r} in {self.what}: {key!r} is not sorted and distinct")
+            self.dynamic_ids[name] = ids
 
     def pull(self, requests: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
         """Copies of the requested rows or variables.
 
+        A dynamic table's rows are looked up by id: ids never seen read as
+        zeros, as on the ps. Its ids must be a 1-D int64 array; it cannot be
+        pulled whole (None).
+
         Raises:
-            ModelError: an unknown variable or an id outside its rows (names both).
+            ModelError: an unknown variable, an id outside a static variable's rows (names both), a dynamic
+                table's ids not 1-D int64, or a dynamic table pulled whole (names it).
         """
         out = {}
         for name, ids in requests.items():
             value = self.arrays.get(name)
             if value is None:
                 raise ModelError(f"{self.what} has no variable {name!r} (it has {', '.join(sorted(self.arrays))})")
+            if name in self.dynamic_ids:
+                out[name] = self._dynamic_rows(name, value, ids)
+                continue
             if ids is None:
                 out[name] = value.copy()
                 continue
@@ -73,6 +108,22 @@ class ArrayParameters:
                 bad = int(ids[(ids < 0) | (ids >= value.shape[0])][0])
                 raise ModelError(f"variable {name!r}: id {bad} is out of range [0, {value.shape[0]}) in {self.what}")
             out[name] = value[ids]
+        return out
+
+    def _dynamic_rows(self, name: str, rows: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+        """Rows of ``ids`` in dynamic table ``name`` (sorted ids ``self.dynamic_ids[name]``); zeros for ids never seen."""
+        if ids is None:
+            raise ModelError(f"dynamic table {name!r} in {self.what} cannot be pulled whole: "
+                             "its rows are looked up by id")
+        if not isinstance(ids, np.ndarray) or ids.dtype != np.int64 or ids.ndim != 1:
+            got = f"{ids.dtype} of shape {tuple(ids.shape)}" if isinstance(ids, np.ndarray) else type(ids).__name__
+            raise ModelError(f"dynamic table {name!r}: ids must be a 1-D int64 array, got {got}")
+        known = self.dynamic_ids[name]
+        out = np.zeros((ids.size, rows.shape[1]), rows.dtype)
+        if known.size and ids.size:
+            at = np.minimum(np.searchsorted(known, ids), known.size - 1)
+            hit = known[at] == ids
+            out[hit] = rows[at[hit]]
         return out
 
 

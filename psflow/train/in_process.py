@@ -22,6 +22,7 @@ from typing import Any
 
 from psflow import jsonio
 from psflow.cluster import ClusterSpec
+from psflow.ps.dynamic import table_totals
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.build import build_model
@@ -107,6 +108,9 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
         if ledger["failed"]:
             print(f"psflow: {ledger['failed']} checkpoint saves FAILED (see {output_dir}/logs/worker-0.log)",
                   file=sys.stderr, flush=True)
+    dynamic = table_totals(ps_stats)
+    if dynamic:
+        metrics["dynamic_tables"] = dynamic
     eval_batch = load_eval(config)
     if eval_batch is not None:
         metrics["eval"] = evaluate(model, client, eval_batch)

@@ -108,6 +108,7 @@ from psflow.ps.dynamic.spec import (
     DynamicTableSpec,
     DynamicTableStats,
     share_spec,
+    table_totals,
 )
 from psflow.ps.dynamic.table import FIXED_OVERHEAD_BYTES, DynamicTable
 
@@ -123,4 +124,5 @@ __all__ = [
     "owner_of",
     "resplit_snapshots",
     "share_spec",
+    "table_totals",
 ]

@@ -8,7 +8,7 @@ of a table's counters. Every error of this package is a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -16,7 +16,8 @@ from psflow.ps.initializers import validate_initializer
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.store import StoreError
 
-__all__ = ["EVICTION_POLICIES", "OPTIONS", "DynamicTableError", "DynamicTableSpec", "DynamicTableStats", "share_spec"]
+__all__ = ["EVICTION_POLICIES", "OPTIONS", "DynamicTableError", "DynamicTableSpec", "DynamicTableStats", "share_spec",
+           "table_totals"]
 
 EVICTION_POLICIES = ("lfu", "lru")
 
@@ -160,3 +161,18 @@ def share_spec(name: str, dim: int, options: Mapping[str, Any], *, optimizer: Op
         if value is not None:
             given[key] = -(-int(value) // num_shares)
     return DynamicTableSpec(name=name, dim=dim, optimizer=optimizer, initializer=dict(initializer), **given)
+
+
+def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Each dynamic table's counters summed over its shares, by variable name, from the ps tasks' ``Stats`` replies.
+
+    ``row_limit`` and ``memory_bytes`` are sums too (the whole table's); a task that did not answer is left out.
+    """
+    totals: dict[str, dict[str, int]] = {}
+    for stats in ps_stats:
+        for key, counters in (stats.get("dynamic_tables") or {}).items():
+            table = totals.setdefault(str(key).rsplit("/part_", 1)[0], {})
+            for name, value in counters.items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    table[name] = table.get(name, 0) + value
+    return totals
