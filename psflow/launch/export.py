@@ -36,6 +36,7 @@ sparse logistic regression only) are still read
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -48,7 +49,7 @@ from safetensors.numpy import load_file
 from safetensors.numpy import save as safetensors_save
 
 from psflow import jsonio
-from psflow.data import Batch, Schema, read_all
+from psflow.data import Batch, BatchSpec, Schema, batch_spec, read_all
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
 from psflow.models.registry import create_model
@@ -185,7 +186,8 @@ def load_model(model_dir: str, *, search_path: str | None = None) -> ExportedMod
         raise CheckpointError(f"{meta_path}: format {meta.get('format') if isinstance(meta, dict) else meta!r}; "
                               f"expected {MODEL_FORMAT!r}")
     if "model_config" in meta:
-        config, data = ModelConfig.from_dict(meta["model_config"]), dict(meta.get("data") or {})
+        data = dict(meta.get("data") or {})
+        config = _in_data_order(ModelConfig.from_dict(meta["model_config"]), data)
     else:  # format version 1: logistic regression only
         legacy = legacy_config({name: tuple(t.shape) for name, t in tensors.items()})
         if legacy is None:
@@ -193,6 +195,23 @@ def load_model(model_dir: str, *, search_path: str | None = None) -> ExportedMod
         config, data = legacy, {"num_features": legacy.num_features}
     model = _rebuild(str(meta.get("model")), config, tensors, model_dir, search_path)
     return ExportedModel(model, dict(tensors), int(meta["global_step"]), data)
+
+
+def _in_data_order(config: ModelConfig, data: Mapping[str, Any]) -> ModelConfig:
+    """``config`` with Criteo's features in the data's order (I1..I13, C1..C26).
+
+    Checkpoints written before this was fixed kept their manifest's keys sorted, which put the recorded features in
+    name order (C1, C10, C11, ...): a model rebuilt from them would read the dense columns in another order than
+    it was trained with. Criteo's order is fixed, so it is put back; other formats keep the recorded order.
+    """
+    if data.get("format") != "criteo":
+        return config
+    canonical = batch_spec("criteo", None, 1)
+    features = config.features
+    if set(features.sparse) != set(canonical.sparse) or set(features.dense) != set(canonical.dense):
+        return config
+    ordered = BatchSpec({n: features.sparse[n] for n in canonical.sparse}, {n: features.dense[n] for n in canonical.dense})
+    return dataclasses.replace(config, features=ordered)
 
 
 def _rebuild(name: str, config: ModelConfig, values: Mapping[str, np.ndarray], where: str,
@@ -257,7 +276,9 @@ def load_checkpoint_model(checkpoint: str, *, search_path: str | None = None) ->
     manifest = read_manifest(path)
     variables = read_variables(path)
     record = _model_record(path, manifest, variables)
-    model = _rebuild(str(record["name"]), ModelConfig.from_dict(record["config"]), variables, path, search_path)
+    data = dict(record.get("data") or {})
+    model = _rebuild(str(record["name"]), _in_data_order(ModelConfig.from_dict(record["config"]), data), variables, path,
+                     search_path)
     return ExportedModel(model, variables, manifest.global_step, dict(record.get("data") or {}))
 
 

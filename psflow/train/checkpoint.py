@@ -189,7 +189,9 @@ class Manifest:
 
     def to_json(self) -> str:
         data = {"format": FORMAT, "format_version": FORMAT_VERSION, **self.__dict__}
-        return jsonio.dumps(data, nonfinite="error", what="checkpoint manifest", indent=1, sort_keys=True)
+        # Keys in their own order, never sorted: the model record's features are in the data's order, which the
+        # model's dense and merged sparse inputs follow (sorting them made psflow predict misread Criteo's I1..I13).
+        return jsonio.dumps(data, nonfinite="error", what="checkpoint manifest", indent=1)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Manifest:
