@@ -3,7 +3,10 @@
 Each model uses every feature of the data (:class:`psflow.data.BatchSpec`):
 every sparse feature ``f`` gets its own embedding table ``[vocabulary_f,
 dim]`` (``--embedding-dim``; Criteo: ``--num-features`` rows per field), and
-the dense features are fed as they are. The deep part is
+the dense features are fed as they are. With ``--embedding-table dynamic``
+every table (wide and deep) is a dynamic table of the run's options instead,
+``(0, dim)``, keyed by the raw ids (Criteo: the full 64-bit hashes; see
+:mod:`psflow.ps.dynamic`). The deep part is
 ``concat(embeddings, dense) -> ReLU layers of --hidden units -> 1``.
 
 * ``wide_deep`` -- TensorFlow's ``DNNLinearCombinedClassifier``:
@@ -47,7 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from psflow.models.api import ModelConfig, ModelError
+from psflow.models.api import ModelConfig, ModelError, dynamic_table
 from psflow.ps.optimizers import OptimizerError, OptimizerSpec
 from psflow.torch.embedding import Embedding, EmbeddingCollection
 from psflow.torch.inputs import Inputs
@@ -102,12 +105,14 @@ def _unsplit(rows: int, min_rows: int) -> int | None:
 class _Linear(nn.Module):
     """``sum_f lookup(<prefix>/<f>, "sum", weighted) + dense @ <prefix>/dense + <prefix>/bias``."""
 
-    def __init__(self, prefix: str, fields: Mapping[str, int], dense_width: int, partition_min_rows: int = 0) -> None:
+    def __init__(self, prefix: str, fields: Mapping[str, int], dense_width: int, partition_min_rows: int = 0,
+                 dynamic: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.prefix = prefix
         zeros = {"name": "zeros"}
         self.tables = (EmbeddingCollection([Embedding(f, v, 1, combiner="sum", weighted=True, initializer=zeros,
-                                                      name=f"{prefix}/{f}", partitions=_unsplit(v, partition_min_rows))
+                                                      name=f"{prefix}/{f}", partitions=_unsplit(v, partition_min_rows),
+                                                      dynamic=dynamic)
                                             for f, v in fields.items()], pooling="sum")
                        if fields else None)
         self.dense = nn.Parameter(torch.zeros(dense_width, 1)) if dense_width else None
@@ -149,6 +154,7 @@ class _CtrModel(TorchModel):
             "learning_rate": min(0.2, 1.0 / math.sqrt(max(columns, 1))), "learning_rate_power": -0.5,
             "initial_accumulator_value": 0.1}})
         self.deep_optimizer = _optimizer(config, "deep_optimizer", _DEEP_OPTIMIZER)
+        self._dynamic = dynamic_table(config)  # --embedding-table dynamic: every table a dynamic one
         super().__init__(config)
 
     #: Embeddings' initial stddev; None: TF's embedding columns' 1/sqrt(dim) (model parameter ``init_stddev``).
@@ -162,7 +168,7 @@ class _CtrModel(TorchModel):
         return EmbeddingCollection([
             Embedding(f, v, dim, combiner=self.combiners.get(f, "mean"), weighted=f in self.weighted, name=f"deep/emb_{f}",
                       initializer={"name": "truncated_normal", "stddev": stddev, "seed": self.config.seed + i},
-                      partitions=_unsplit(v, self.partition_min_rows))
+                      partitions=_unsplit(v, self.partition_min_rows), dynamic=self._dynamic)
             for i, (f, v) in enumerate(self.fields.items())], pooling="concat")
 
     #: The linear part's name (``wide``, ``linear``: its variables' prefix), or None for none.
@@ -172,7 +178,8 @@ class _CtrModel(TorchModel):
 
     def build(self) -> nn.Module:
         deep = _Deep(self._embeddings(), self.dense_width, self.hidden, self.config.seed)
-        linear = _Linear(self.linear, self.fields, self.dense_width, self.partition_min_rows) if self.linear else None
+        linear = (_Linear(self.linear, self.fields, self.dense_width, self.partition_min_rows, self._dynamic)
+                  if self.linear else None)
         return _CtrNet(linear, deep, self.dense_width, self.fm)
 
     def param_groups(self) -> Sequence[ParamGroup]:

@@ -1,6 +1,7 @@
 """Embedding modules whose tables live on the ps tasks.
 
-A :class:`Embedding` is one table (``[num_embeddings, embedding_dim]``) looked
+A :class:`Embedding` is one table (``[num_embeddings, embedding_dim]``, or a
+*dynamic table* keyed by any int64 id: see its ``dynamic`` argument) looked
 up by one sparse feature of the batch, with TensorFlow's
 ``safe_embedding_lookup_sparse`` semantics (see
 :mod:`psflow.models.embedding`): combiners ``sum``, ``mean`` and ``sqrtn``,
@@ -49,7 +50,8 @@ class Embedding(nn.Module):
 
     Args:
         feature: the batch's sparse feature that indexes the table.
-        num_embeddings: rows of the table (ids must lie in ``[0, num_embeddings)``).
+        num_embeddings: rows of the table (ids must lie in ``[0, num_embeddings)``); of a dynamic
+            table, no limit: ignored (0 is fine), as its ids are any int64 values.
         embedding_dim: width of a row.
         combiner: ``sum``, ``mean`` or ``sqrtn`` (TensorFlow's; default ``mean``).
         weighted: the feature's values weight its ids (else each id counts 1).
@@ -62,15 +64,26 @@ class Embedding(nn.Module):
             the model's parameter groups', else the run's.
         partitions: partitions of the table along its rows; default the
             run's ``--partitions`` (tables smaller than that are not split).
+            Ignored for a dynamic table (spread over every ps task by id).
+        dynamic: the options of a *dynamic table* (:data:`psflow.ps.dynamic.OPTIONS`, e.g.
+            ``{"capacity_rows": 1_000_000, "admit_after": 2}``; ``{}``: no limits): the table is
+            declared ``(0, embedding_dim)``, its rows keyed by any int64 id (negative ones included),
+            created on an id's first training lookup and spread over the ps tasks by id
+            (:mod:`psflow.ps.dynamic`). None (default): a static table, unless the run has dynamic
+            tables (``--embedding-table dynamic``): :class:`~psflow.torch.TorchModel` then gives
+            every Embedding without options of its own the run's.
     """
 
     def __init__(self, feature: str, num_embeddings: int, embedding_dim: int, *, combiner: str = "mean",
                  weighted: bool = False, initializer: Mapping[str, Any] | None = None, name: str | None = None,
-                 optimizer: OptimizerSpec | None = None, partitions: int | None = None) -> None:
+                 optimizer: OptimizerSpec | None = None, partitions: int | None = None,
+                 dynamic: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         if combiner not in COMBINERS:
             raise ModelError(f"embedding of {feature!r}: combiner must be one of {', '.join(COMBINERS)}, got {combiner!r}")
-        if num_embeddings < 1 or embedding_dim < 1:
+        if dynamic is not None and not isinstance(dynamic, Mapping):
+            raise ModelError(f"embedding of {feature!r}: dynamic must be a mapping of dynamic table options, got {dynamic!r}")
+        if embedding_dim < 1 or (dynamic is None and num_embeddings < 1):
             raise ModelError(f"embedding of {feature!r}: needs >= 1 rows and width, got [{num_embeddings}, {embedding_dim}]")
         self.feature = feature
         self.num_embeddings = int(num_embeddings)
@@ -81,6 +94,13 @@ class Embedding(nn.Module):
         self.table_name = name
         self.optimizer = optimizer
         self.partitions = partitions
+        #: The dynamic table's options, or None for a static table.
+        self.dynamic: dict[str, Any] | None = dict(dynamic) if dynamic is not None else None
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True for a dynamic table (rows keyed by any int64 id; see the ``dynamic`` argument)."""
+        return self.dynamic is not None
 
     def default_initializer(self, seed: int) -> dict[str, Any]:
         """The initializer spec of the rows (:attr:`initializer`, or TF's default seeded by ``seed``)."""
@@ -93,7 +113,8 @@ class Embedding(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{self.feature!r}, {self.num_embeddings}, {self.embedding_dim}, combiner={self.combiner!r}"
-                + (", weighted" if self.weighted else "") + (f", name={self.table_name!r}" if self.table_name else ""))
+                + (", weighted" if self.weighted else "") + (f", name={self.table_name!r}" if self.table_name else "")
+                + (f", dynamic={self.dynamic!r}" if self.dynamic is not None else ""))
 
 
 class EmbeddingCollection(nn.Module):
@@ -173,9 +194,14 @@ class LookupPlan:
         features and vocabularies (Wide & Deep's wide and deep tables) then find
         their unique ids once.
 
+        A dynamic table (:attr:`Embedding.dynamic`) takes any int64 id: its ids are
+        not checked, and a group with one finds its unique (table, id) pairs by
+        sorting them (a static table's ids are offset into one id space instead;
+        either way each table's ids come out sorted and unique).
+
         Raises:
             ModelError: a feature the batch does not have, or an id outside a
-                table (names the feature, the table and the id).
+                static table (names the feature, the table and the id).
         """
         n = batch.num_examples
         k = len(embeddings)
@@ -192,8 +218,13 @@ class LookupPlan:
         one_each = _one_per_example([c.indptr for c in columns], n)
         example = (np.tile(np.arange(n, dtype=np.int64), k) if one_each
                    else np.concatenate([np.repeat(np.arange(n, dtype=np.int64), np.diff(c.indptr)) for c in columns]))
-        vocab = np.array([e.num_embeddings for _, e in embeddings], dtype=np.int64)
+        dynamic = np.array([e.dynamic is not None for _, e in embeddings])
+        any_dynamic = bool(dynamic.any())
+        # A dynamic table has no vocabulary: -1 in the cache key, and its ids are not checked.
+        vocab = np.array([-1 if e.dynamic is not None else e.num_embeddings for _, e in embeddings], dtype=np.int64)
         bad = (ids < 0) | (ids >= vocab[table])
+        if any_dynamic:
+            bad &= ~dynamic[table]
         if bad.any():
             at = int(np.flatnonzero(bad)[0])
             name, bad_emb = embeddings[int(table[at])]
@@ -223,11 +254,14 @@ class LookupPlan:
         key = (tuple(e.feature for _, e in embeddings), tuple(vocab.tolist()))
         found = cache.get(key)
         if found is None:
-            offsets = np.concatenate([[0], np.cumsum(vocab)]).astype(np.int64)
-            uniq, index = np.unique(offsets[table] + ids, return_inverse=True)
-            bounds = np.searchsorted(uniq, offsets)
-            per_table = tuple((uniq[bounds[t]:bounds[t + 1]] - offsets[t]).astype(np.int64) for t in range(k))
-            found = cache[key] = (per_table, index.reshape(-1).astype(np.int64, copy=False))
+            if any_dynamic:
+                found = cache[key] = _unique_pairs(table, ids, k)
+            else:
+                offsets = np.concatenate([[0], np.cumsum(vocab)]).astype(np.int64)
+                uniq, index = np.unique(offsets[table] + ids, return_inverse=True)
+                bounds = np.searchsorted(uniq, offsets)
+                per_table = tuple((uniq[bounds[t]:bounds[t + 1]] - offsets[t]).astype(np.int64) for t in range(k))
+                found = cache[key] = (per_table, index.reshape(-1).astype(np.int64, copy=False))
         per_table, index = found
         bag = example * k + table if concat else example
         if one_each and not pruned:
@@ -253,6 +287,23 @@ class LookupPlan:
         return cls(tables, tuple(extras[f"{key}.ids{t}"].astype(np.int64, copy=False) for t in range(len(tables))),
                    extras[f"{key}.index"].astype(np.int64, copy=False), extras[f"{key}.weights"].astype(np.float32, copy=False),
                    extras[f"{key}.bags"].astype(np.int64, copy=False), int(shape[0]), bool(shape[1]))
+
+
+def _unique_pairs(table: npt.NDArray[np.int64], ids: npt.NDArray[np.int64],
+                  k: int) -> tuple[tuple[npt.NDArray[np.int64], ...], npt.NDArray[np.int64]]:
+    """The unique (table, id) pairs of entries ``table``, ``ids`` (any int64 ids): per table its sorted unique ids,
+    and per entry its pair's position among them all (tables in order): what ``np.unique`` of offset ids gives
+    static tables, without offsets that any int64 id would overflow."""
+    order = np.lexsort((ids, table))  # by table, then id
+    t, v = table[order], ids[order]
+    starts = np.ones(order.size, dtype=bool)
+    starts[1:] = (t[1:] != t[:-1]) | (v[1:] != v[:-1])  # first entry of each run of one (table, id)
+    index = np.empty(order.size, dtype=np.int64)
+    index[order] = np.cumsum(starts) - 1
+    uniq_table, uniq = t[starts], v[starts]
+    bounds = np.searchsorted(uniq_table, np.arange(k + 1, dtype=np.int64))
+    per_table = tuple(uniq[bounds[i]:bounds[i + 1]].astype(np.int64, copy=False) for i in range(k))
+    return per_table, index
 
 
 def _one_per_example(indptrs: Sequence[npt.NDArray[np.int64]], n: int) -> bool:

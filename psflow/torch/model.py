@@ -25,6 +25,14 @@ loads those values into a fresh cluster; the module is built under
 unless it carries ``psflow_initializer`` (an initializer spec the ps tasks
 apply, as :class:`~psflow.torch.Dense` sets).
 
+Dynamic tables: an :class:`~psflow.torch.Embedding` given ``dynamic`` options is
+a dynamic table, declared ``(0, dim)`` with no partitioner: its rows are keyed
+by any int64 id, created on first use and spread over the ps tasks by id
+(:mod:`psflow.ps.dynamic`). With run-wide options (``--embedding-table
+dynamic``: :func:`psflow.models.api.dynamic_table` of the config) every
+Embedding without options of its own becomes one with the run's, as the
+built-in numpy models' tables do.
+
 Optimizers: :meth:`TorchModel.param_groups` gives each group of parameters and
 tables its optimizer (PyTorch's parameter groups, TensorFlow's per-variable
 optimizers); an :class:`~psflow.torch.Embedding` may name its own; the rest
@@ -53,7 +61,7 @@ from torch import nn
 
 from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
-from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
+from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec, dynamic_table
 from psflow.models.losses import binary_outputs
 from psflow.placement import fixed_size_partitioner
 from psflow.ps.optimizers import OptimizerSpec
@@ -209,9 +217,12 @@ class TorchModel(Model):
 
     # ---- the seam ---------------------------------------------------------------------
     def _find_embeddings(self) -> tuple[list[_Group], list[_Table]]:
+        run_dynamic = dynamic_table(self.config)  # --embedding-table dynamic: every table without options of its own
         tables: dict[int, _Table] = {}
         for path, m in self.module.named_modules():
             if isinstance(m, Embedding):
+                if m.dynamic is None and run_dynamic is not None:
+                    m.dynamic = dict(run_dynamic)
                 tables[id(m)] = _Table(m.table_name or path.replace(".", "/"), m)
         groups: list[_Group] = []
         grouped: dict[int, str] = {}
@@ -248,6 +259,10 @@ class TorchModel(Model):
         seed = self.config.seed
         for i, t in enumerate(self._tables):
             e = t.module
+            if e.dynamic is not None:  # rows keyed by any int64 id, spread over the ps tasks by id: no partitioner
+                specs.append(VariableSpec(t.name, (0, e.embedding_dim), initializer=e.default_initializer(seed + i),
+                                          optimizer=self._optimizers.get(t.name), dynamic=dict(e.dynamic)))
+                continue
             parts = min(e.partitions or self.config.partitions, e.num_embeddings)
             specs.append(VariableSpec(t.name, (e.num_embeddings, e.embedding_dim), initializer=e.default_initializer(seed + i),
                                       partitioner=fixed_size_partitioner(parts) if parts > 1 else None,
