@@ -183,3 +183,17 @@ def test_cli_runs_train_dynamic_tables_in_every_mode_and_report_them(tmp_path: P
     assert all(t["evicted_capacity"] > 0 and t["rejected_lookups"] > 0 for t in tables.values()), tables
     assert re.search(r"dynamic table 'embedding': \d+ rows .* admitted, [\d,]+ lookups of ids not admitted", r.stderr)
     assert metrics["eval"]["auc"] > 0.8  # a9a: the static table gets ~0.90
+
+
+def test_a_killed_ps_task_is_restored_with_its_share_of_the_tables(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--eval", str(A9A_T), "--model", "fm", "--embedding-table", "dynamic",
+                "--admit-after", "2", "--epochs", "4", "--batch-size", "256", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                "--save-checkpoints-steps", "50", "--restart-policy", "on-failure", "--chaos", "kill:ps:1@step=150",
+                "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (out / "logs" / "worker-0.log").read_text()
+    assert re.search(r"restored checkpoint \S+ \(step \d+\) onto every ps task", log), log[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["dynamic_tables"]["embedding"]["rows"] == 123  # every a9a id has its row again, on its owner
+    assert metrics["eval"]["auc"] > 0.85
