@@ -1,7 +1,8 @@
 """Build step for psflow's optional C kernels (everything else is in pyproject.toml).
 
 ``psflow.ps._kernels`` holds the ps tasks' fused Adagrad and FTRL updates (numpy twins in
-``psflow/ps/optimizers.py``).  ``psflow.data._native`` holds the input pipeline's per-byte loops (TFRecord framing, CRC32C,
+``psflow/ps/optimizers.py``) and the dynamic tables' id index and small-batch unique (numpy twins in
+``psflow/ps/dynamic/id_index.py`` and ``rows.py``).  ``psflow.data._native`` holds the input pipeline's per-byte loops (TFRecord framing, CRC32C,
 walking Examples, matching their keys, packed varints and floats, string lists).  It is optional:
 when no C compiler is available the install goes on and psflow uses the numpy versions of the
 same loops (see ``psflow/data/native.py``).

@@ -1,6 +1,6 @@
 """A dynamic table against a static partition on the ps: lookup + apply throughput, and call latency while eviction runs.
 
-    .venv/bin/python benchmarks/bench_dynamic_table.py [--out benchmarks/results/dynamic_table.json] [--quick]
+    .venv/bin/python benchmarks/bench_dynamic_table.py [--out benchmarks/results/dynamic_table.json] [--quick] [--calls-only]
 
 No processes, no RPC: one ps task's data structures, called as the parameter
 service calls them. A *step* on one batch is a pull then a push of the same ids:
@@ -21,6 +21,14 @@ Throughput is measured side by side: rounds alternate a block of static steps
 and a block of dynamic steps (the order flips every round), and the reported
 ratio is the median of the per-round ratios, so the drift of a shared machine
 hits both sides alike (``ratio_by_cpu_time``: the same from each block's CPU time).
+
+Per-call cost (``calls``): lookup and apply_gradients of one batch of distinct
+sorted ids, dim 8, Adagrad, on a full table: 200 ids on 5,000 rows (the small
+per-table batches of a model with many tables, e.g. Wide & Deep's 52) and
+20,000 ids on 2**20 rows, with the table's C loops (the id index, a batch's
+distinct ids) and with their numpy twins (alternated in blocks), beside the static partition's read and apply of
+as many rows: medians of each call's wall time and of its CPU time, in us.
+``--calls-only`` runs just this part.
 
 Eviction latency: a table of 2**17 rows under a stream with more than 10x as
 many distinct ids; every step's lookup + apply is timed on its own, and in a
@@ -45,7 +53,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from psflow.models.features import fold_ids  # noqa: E402
-from psflow.ps.dynamic import DynamicTable, DynamicTableSpec  # noqa: E402
+from psflow.ps.dynamic import DynamicTable, DynamicTableSpec, id_index  # noqa: E402
+from psflow.ps.dynamic import rows as row_loops  # noqa: E402
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer  # noqa: E402
 from psflow.ps.store import ParameterStore, PartitionState  # noqa: E402
 
@@ -232,23 +241,76 @@ def eviction_latency(capacity: int, draws: int, steps: int, ttl_steps: int | Non
     return out
 
 
+def per_call(rows: int, batch: int, rounds: int, calls_per_round: int) -> dict[str, Any]:
+    """Median us per call (wall and CPU) of lookup, apply_gradients, the index's find and remove + insert,
+    on the table's C loops and on their numpy twins, and of a static partition's read and apply_sparse."""
+    dim, optimizer = 8, OptimizerSpec("adagrad", {"learning_rate": 0.05})
+    fill = ZipfIds.ids_of(np.arange(1, rows + 1))
+    table, part = _dynamic(dim, rows, optimizer, fill), _static(dim, rows, optimizer)
+    rng = np.random.default_rng(5)
+    batches = [np.sort(rng.choice(fill, batch, replace=False)) for _ in range(calls_per_round)]
+    static_rows = [np.sort(rng.choice(rows, batch, replace=False)) for _ in range(calls_per_round)]
+    grads = [rng.normal(0, 0.1, (batch, dim)).astype(np.float32) for _ in range(calls_per_round)]
+    index, kernels = table._index, (id_index._KERNELS, row_loops._KERNELS)
+    ops: dict[str, Any] = {
+        "lookup": lambda k: table.lookup(batches[k], step=1),
+        "apply_gradients": lambda k: table.apply_gradients(batches[k], grads[k], 1),
+        "index_find": lambda k: index.find(batches[k]),
+        "index_remove_insert": lambda k: (lambda slots, where: (index.remove(where), index.insert(batches[k], slots)))(
+            *index.find(batches[k])),
+    }
+    static_ops: dict[str, Any] = {"static_read": lambda k: ParameterStore.read(part, static_rows[k]),
+                                  "static_apply": lambda k: ParameterStore.apply_sparse(part, static_rows[k], grads[k])}
+    impls = ["c", "numpy"] if kernels[0] is not None else ["numpy"]
+    times: dict[str, list[Latency]] = {}
+
+    def timed(name: str, op: Any) -> None:
+        for k in range(calls_per_round):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            op(k)
+            times.setdefault(name, []).append((time.perf_counter() - t0, time.thread_time() - c0))
+
+    try:
+        for r in range(rounds):  # alternate the implementations (and flip their order) so both see the same machine
+            for impl in impls if r % 2 == 0 else impls[::-1]:
+                id_index._KERNELS, row_loops._KERNELS = kernels if impl == "c" else (None, None)
+                for name, op in ops.items():
+                    timed(f"{name}/{impl}", op)
+            for name, op in static_ops.items():
+                timed(name, op)
+    finally:
+        id_index._KERNELS, row_loops._KERNELS = kernels
+
+    def median_us(name: str) -> dict[str, float]:
+        wall, cpu = zip(*times[name], strict=True)
+        return {"wall_us": round(statistics.median(wall) * 1e6, 1), "cpu_us": round(statistics.median(cpu) * 1e6, 1)}
+
+    return {"rows": rows, "ids_per_call": batch, "dim": dim, "optimizer": "adagrad", "index_loops": impls,
+            **{name: median_us(name) for name in times}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON results file (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="smaller tables and fewer rounds (a smoke run)")
+    parser.add_argument("--calls-only", action="store_true", help="only the per-call costs (the calls section)")
     args = parser.parse_args()
     started = time.perf_counter()
     rows, rounds, per_round = (1 << 16, 3, 10) if args.quick else (1 << 20, 5, 20)
     results: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv), "python": platform.python_version(), "numpy": np.__version__,
-        "cpus": os.cpu_count(), "throughput": [], "eviction": []}
-    for workload in WORKLOADS:
+        "cpus": os.cpu_count(), "index_loops": "numpy" if id_index._KERNELS is None else "c",
+        "calls": [], "throughput": [], "eviction": []}
+    for call_rows, batch, call_rounds, calls in ((5_000, 200, 10, 100), (rows, 20_000, 6 if args.quick else 10, 5)):
+        results["calls"].append(per_call(call_rows, batch, call_rounds, calls))
+        print(json.dumps(results["calls"][-1]), flush=True)
+    for workload in WORKLOADS if not args.calls_only else ():
         for stream_kind in STREAMS:
             for draws in (1_000, 10_000):
                 results["throughput"].append(throughput(workload, stream_kind, draws, rounds, per_round, rows))
                 print(json.dumps(results["throughput"][-1]), flush=True)
     capacity, steps = (1 << 13, 60) if args.quick else (1 << 17, 300)
-    for ttl in (None, 50):
+    for ttl in (None, 50) if not args.calls_only else ():
         results["eviction"].append(eviction_latency(capacity, 10_000, steps, ttl))
         print(json.dumps(results["eviction"][-1]), flush=True)
     results["wall_seconds"] = round(time.perf_counter() - started, 1)

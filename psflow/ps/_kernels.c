@@ -1,5 +1,6 @@
 /*
- * psflow.ps._kernels: the ps tasks' optimizer updates, fused into one pass.
+ * psflow.ps._kernels: the ps tasks' optimizer updates, fused into one pass, and the
+ * hot loops of a dynamic table (its id -> slot index, a batch's distinct ids).
  *
  * numpy applies Adagrad to k sparse rows in about ten passes (gather the rows of
  * var and of each slot, a temporary per arithmetic step, scatter them back), each
@@ -22,6 +23,32 @@
  * so a wrong call raises ValueError and changes nothing.  Rows must be distinct
  * (the caller sums duplicates first); with repeated rows the result is that of
  * applying each entry in turn.
+ *
+ * The id index (psflow/ps/dynamic/id_index.py, whose numpy code is the twin):
+ *
+ *   index_find(keys, vals, ids, slots_out, where_out)
+ *   index_place(keys, vals, ids, slots)
+ *   index_remove(keys, vals, where)
+ *
+ * keys and vals are the index's C-contiguous int64 arrays of a power-of-two
+ * number of buckets; a bucket is empty where vals is -1.  The home bucket of id x
+ * is splitmix64's mix of (x ^ INDEX_SALT) masked to the bucket count, exactly as
+ * IdIndex._home computes it; probing is linear.  These are the sequential forms
+ * of the numpy loops: find gives the same slots for the same content, and place
+ * and remove keep the same invariants (no empty bucket between an id's home and
+ * its bucket), but place puts each id in the first empty bucket from its home one
+ * id at a time, so where ids of one batch compete for a bucket the layout (which
+ * bucket holds which id) may differ from the numpy twin's.  Every argument is
+ * checked before anything is written (ValueError, nothing changed), except that
+ * index_place raises RuntimeError if it finds no empty bucket, which the caller's
+ * at-most-half-full rule rules out.  Like every loop here, they run with the GIL
+ * released (one table's lock serializes the calls on its arrays).
+ *
+ *   unique_inverse(ids, unique_out, inverse_out)
+ *
+ * A batch's distinct ids (psflow/ps/dynamic/rows.py unique_ids): -1 when ids are
+ * strictly increasing (nothing written), else np.unique(ids, return_inverse=True)
+ * written to the buffers (a merge sort; the count of distinct ids is returned).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -189,6 +216,261 @@ static PyObject *ftrl(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- the id index --------------------------------------------------------------------------------- */
+
+#define INDEX_EMPTY (-1)
+#define INDEX_SALT 0x5851F42D4C957F2DULL
+#define PREFETCH_AHEAD 16
+
+static inline uint64_t index_home(int64_t id, uint64_t mask) {
+    uint64_t z = ((uint64_t)id ^ INDEX_SALT) + 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return (z ^ (z >> 31)) & mask;
+}
+
+static inline void prefetch_bucket(const int64_t *keys, const int64_t *vals, uint64_t b) {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(keys + b);
+    __builtin_prefetch(vals + b);
+#else
+    (void)keys, (void)vals, (void)b;
+#endif
+}
+
+/* keys and vals (int64, same power-of-two length): sets *mask. */
+static int get_index(PyObject *k_obj, PyObject *v_obj, Buf *b, int writable, uint64_t *mask) {
+    if (get(k_obj, &b[0], writable, 'q', "keys") < 0 || get(v_obj, &b[1], writable, 'q', "vals") < 0) return -1;
+    Py_ssize_t n = b[0].view.len / 8;
+    if (b[1].view.len / 8 != n || n < 1 || (n & (n - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "keys and vals must have the same power-of-two length");
+        return -1;
+    }
+    *mask = (uint64_t)n - 1;
+    return 0;
+}
+
+/* Puts (id, slot) in the first empty bucket from the id's home; 0, or -1 when every bucket is full. */
+static inline int place_one(int64_t *keys, int64_t *vals, uint64_t mask, int64_t id, int64_t slot) {
+    uint64_t b = index_home(id, mask);
+    for (uint64_t step = 0; step <= mask; step++, b = (b + 1) & mask)
+        if (vals[b] == INDEX_EMPTY) {
+            keys[b] = id;
+            vals[b] = slot;
+            return 0;
+        }
+    return -1;
+}
+
+static PyObject *index_find(PyObject *self, PyObject *args) {
+    PyObject *k_obj, *v_obj, *i_obj, *s_obj, *w_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO:index_find", &k_obj, &v_obj, &i_obj, &s_obj, &w_obj)) return NULL;
+    Buf b[5] = {{.held = 0}};
+    uint64_t mask;
+    if (get_index(k_obj, v_obj, b, 0, &mask) < 0 || get(i_obj, &b[2], 0, 'q', "ids") < 0 ||
+        get(s_obj, &b[3], 1, 'q', "slots_out") < 0 || get(w_obj, &b[4], 1, 'q', "where_out") < 0) {
+        release(b, 5);
+        return NULL;
+    }
+    Py_ssize_t k = b[2].view.len / 8;
+    if (b[3].view.len / 8 != k || b[4].view.len / 8 != k) {
+        release(b, 5);
+        PyErr_SetString(PyExc_ValueError, "slots_out and where_out must have one item per id");
+        return NULL;
+    }
+    const int64_t *keys = b[0].view.buf, *vals = b[1].view.buf, *ids = b[2].view.buf;
+    int64_t *slots = b[3].view.buf, *where = b[4].view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < k; i++) where[i] = (int64_t)index_home(ids[i], mask);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (i + PREFETCH_AHEAD < k) prefetch_bucket(keys, vals, (uint64_t)where[i + PREFETCH_AHEAD]);
+        int64_t id = ids[i], slot = -1, at = -1;
+        uint64_t pos = (uint64_t)where[i];
+        for (uint64_t step = 0; step <= mask; step++, pos = (pos + 1) & mask) {
+            int64_t v = vals[pos];
+            if (v == INDEX_EMPTY) break;
+            if (v >= 0 && keys[pos] == id) {
+                slot = v;
+                at = (int64_t)pos;
+                break;
+            }
+        }
+        slots[i] = slot;
+        where[i] = at;
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 5);
+    Py_RETURN_NONE;
+}
+
+static PyObject *index_place(PyObject *self, PyObject *args) {
+    PyObject *k_obj, *v_obj, *i_obj, *s_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:index_place", &k_obj, &v_obj, &i_obj, &s_obj)) return NULL;
+    Buf b[4] = {{.held = 0}};
+    uint64_t mask;
+    if (get_index(k_obj, v_obj, b, 1, &mask) < 0 || get(i_obj, &b[2], 0, 'q', "ids") < 0 ||
+        get(s_obj, &b[3], 0, 'q', "slots") < 0) {
+        release(b, 4);
+        return NULL;
+    }
+    Py_ssize_t k = b[2].view.len / 8;
+    const int64_t *ids = b[2].view.buf, *slots = b[3].view.buf;
+    int bad = b[3].view.len / 8 != k;
+    for (Py_ssize_t i = 0; i < k && !bad; i++) bad = slots[i] < 0;
+    if (bad) {
+        release(b, 4);
+        PyErr_SetString(PyExc_ValueError, "slots must hold one slot >= 0 per id");
+        return NULL;
+    }
+    int64_t *keys = b[0].view.buf, *vals = b[1].view.buf;
+    int full = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < k && !full; i++) {
+        if (i + PREFETCH_AHEAD < k) prefetch_bucket(keys, vals, index_home(ids[i + PREFETCH_AHEAD], mask));
+        full = place_one(keys, vals, mask, ids[i], slots[i]) < 0;
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 4);
+    if (full) {
+        PyErr_SetString(PyExc_RuntimeError, "index_place: every bucket is full");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Empties the buckets `where` (distinct, full), then walks the run of full buckets after each of them, taking
+ * out every entry it meets and putting it back in the first empty bucket from its home (Knuth's deletion for
+ * linear probing, batched as in the numpy twin): no tombstones, and every remaining id stays reachable.
+ *
+ * Why the walks suffice: an entry can only become unreachable when a bucket on its probe path (home to
+ * bucket) empties, and then it lies in the run of full buckets right after that bucket.  A walk empties
+ * each bucket it takes an entry out of only for that moment and goes on through the whole run after it;
+ * an entry put back lands at or before the bucket it came from (that bucket is empty then) with a full path,
+ * and later take-outs of the same walk lie beyond it.  Filling a bucket never hides an entry. */
+static PyObject *index_remove(PyObject *self, PyObject *args) {
+    PyObject *k_obj, *v_obj, *w_obj;
+    if (!PyArg_ParseTuple(args, "OOO:index_remove", &k_obj, &v_obj, &w_obj)) return NULL;
+    Buf b[3] = {{.held = 0}};
+    uint64_t mask;
+    if (get_index(k_obj, v_obj, b, 1, &mask) < 0 || get(w_obj, &b[2], 0, 'q', "where") < 0) {
+        release(b, 3);
+        return NULL;
+    }
+    int64_t *keys = b[0].view.buf, *vals = b[1].view.buf;
+    const int64_t *where = b[2].view.buf;
+    Py_ssize_t k = b[2].view.len / 8, checked = 0;
+    int error = 0; /* 1: a bucket outside the index, 2: an empty bucket or a repeated one */
+    Py_BEGIN_ALLOW_THREADS
+    /* Check every bucket before changing anything: in range, full, distinct (a checked bucket's value is
+     * flipped to -2 - value, below -1, until all are checked, so a repeat shows; undone on error). */
+    for (; checked < k; checked++) {
+        int64_t w = where[checked];
+        if (checked + PREFETCH_AHEAD < k) prefetch_bucket(keys, vals, (uint64_t)where[checked + PREFETCH_AHEAD] & mask);
+        if (w < 0 || (uint64_t)w > mask) {
+            error = 1;
+            break;
+        }
+        if (vals[w] < 0) {
+            error = 2;
+            break;
+        }
+        vals[w] = -2 - vals[w];
+    }
+    for (Py_ssize_t i = 0; i < checked; i++) vals[where[i]] = error ? -2 - vals[where[i]] : INDEX_EMPTY;
+    for (Py_ssize_t i = 0; i < k && !error; i++) {
+        if (i + PREFETCH_AHEAD < k) prefetch_bucket(keys, vals, ((uint64_t)where[i + PREFETCH_AHEAD] + 1) & mask);
+        uint64_t pos = ((uint64_t)where[i] + 1) & mask;
+        for (uint64_t step = 0; step <= mask && vals[pos] != INDEX_EMPTY; step++, pos = (pos + 1) & mask) {
+            int64_t id = keys[pos], slot = vals[pos];
+            vals[pos] = INDEX_EMPTY;
+            place_one(keys, vals, mask, id, slot); /* finds a bucket: pos itself is empty */
+        }
+    }
+    Py_END_ALLOW_THREADS
+    long long bad = error ? (long long)where[checked] : 0;
+    release(b, 3);
+    if (error == 1) return PyErr_Format(PyExc_ValueError, "bucket %lld is outside the index", bad);
+    if (error == 2) return PyErr_Format(PyExc_ValueError, "bucket %lld is empty or given twice", bad);
+    Py_RETURN_NONE;
+}
+
+/* ---- a batch's distinct ids ------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t id, at;
+} Entry;
+
+/* Sorts a[0..n) by id, then by position (stable: insertion-sorted runs of 16, then merged in passes between a
+ * and tmp); returns whichever of the two holds the result. */
+static Entry *sort_entries(Entry *a, Entry *tmp, Py_ssize_t n) {
+    const Py_ssize_t run = 16;
+    for (Py_ssize_t lo = 0; lo < n; lo += run) {
+        Py_ssize_t hi = lo + run < n ? lo + run : n;
+        for (Py_ssize_t i = lo + 1; i < hi; i++) {
+            Entry e = a[i];
+            Py_ssize_t j = i;
+            for (; j > lo && a[j - 1].id > e.id; j--) a[j] = a[j - 1];
+            a[j] = e;
+        }
+    }
+    for (Py_ssize_t width = run; width < n; width *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * width) {
+            Py_ssize_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            Py_ssize_t i = lo, j = mid, o = lo;
+            while (i < mid && j < hi) tmp[o++] = a[j].id < a[i].id ? a[j++] : a[i++];
+            while (i < mid) tmp[o++] = a[i++];
+            while (j < hi) tmp[o++] = a[j++];
+        }
+        Entry *swap = a;
+        a = tmp;
+        tmp = swap;
+    }
+    return a;
+}
+
+static PyObject *unique_inverse(PyObject *self, PyObject *args) {
+    PyObject *i_obj, *u_obj, *v_obj;
+    if (!PyArg_ParseTuple(args, "OOO:unique_inverse", &i_obj, &u_obj, &v_obj)) return NULL;
+    Buf b[3] = {{.held = 0}};
+    if (get(i_obj, &b[0], 0, 'q', "ids") < 0 || get(u_obj, &b[1], 1, 'q', "unique_out") < 0 ||
+        get(v_obj, &b[2], 1, 'q', "inverse_out") < 0) {
+        release(b, 3);
+        return NULL;
+    }
+    Py_ssize_t n = b[0].view.len / 8;
+    if (b[1].view.len / 8 != n || b[2].view.len / 8 != n) {
+        release(b, 3);
+        PyErr_SetString(PyExc_ValueError, "unique_out and inverse_out must have one item per id");
+        return NULL;
+    }
+    const int64_t *ids = b[0].view.buf;
+    int64_t *unique = b[1].view.buf, *inverse = b[2].view.buf;
+    Py_ssize_t count = -1;
+    int nomem = 0;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t i = 1;
+    while (i < n && ids[i - 1] < ids[i]) i++;
+    if (i < n) {
+        Entry *a = PyMem_RawMalloc(2 * (size_t)n * sizeof(Entry));
+        if (a == NULL) {
+            nomem = 1;
+        } else {
+            for (Py_ssize_t j = 0; j < n; j++) a[j] = (Entry){ids[j], j};
+            const Entry *sorted = sort_entries(a, a + n, n);
+            count = 0;
+            for (Py_ssize_t j = 0; j < n; j++) {
+                if (j == 0 || sorted[j].id != sorted[j - 1].id) unique[count++] = sorted[j].id;
+                inverse[sorted[j].at] = count - 1;
+            }
+            PyMem_RawFree(a);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    release(b, 3);
+    if (nomem) return PyErr_NoMemory();
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"adagrad", adagrad, METH_VARARGS,
      "adagrad(var, accum, grad, rows, num_rows, lr): TF's Adagrad update, in place, on all of var (rows=None) "
@@ -196,10 +478,22 @@ static PyMethodDef methods[] = {
     {"ftrl", ftrl, METH_VARARGS,
      "ftrl(var, accum, linear, grad, rows, num_rows, lr, l1, two_l2, two_shrinkage): TF's FTRL update "
      "(learning_rate_power -0.5), in place, on all of var (rows=None) or on the given distinct rows."},
+    {"index_find", index_find, METH_VARARGS,
+     "index_find(keys, vals, ids, slots_out, where_out): each id's slot and bucket in the id index, -1 for "
+     "both where absent."},
+    {"index_place", index_place, METH_VARARGS,
+     "index_place(keys, vals, ids, slots): puts each id (distinct, absent) in the first empty bucket from its "
+     "home, in order."},
+    {"index_remove", index_remove, METH_VARARGS,
+     "index_remove(keys, vals, where): empties the buckets where (distinct, full) and re-places the entries "
+     "of the runs after them."},
+    {"unique_inverse", unique_inverse, METH_VARARGS,
+     "unique_inverse(ids, unique_out, inverse_out): -1 if ids are strictly increasing (nothing written); else the "
+     "number of distinct ids, written sorted to unique_out, with inverse_out[i] the position of ids[i] among them."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "Fused optimizer updates for ps tasks.", -1,
-                                    methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "Fused optimizer updates and id-index loops for ps tasks.", -1,
+                                    methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

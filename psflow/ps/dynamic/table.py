@@ -134,11 +134,13 @@ class DynamicTable:
                 missing = np.flatnonzero(slots < 0)
                 if missing.size:
                     slots[missing] = self._admit(unique[missing], protect=found)
-            per_id = slots[inverse]
+            per_id = slots if unique is ids else slots[inverse]
             has_row = per_id >= 0
-            rows: FloatArray = np.take(self._values, np.where(has_row, per_id, 0), axis=0)
-            rows[~has_row] = 0.0
-            self._counts["rejected_lookups" if create else "absent_reads"] += int(ids.size - np.count_nonzero(has_row))
+            absent = ids.size - int(np.count_nonzero(has_row))
+            rows: FloatArray = np.take(self._values, np.where(has_row, per_id, 0) if absent else per_id, axis=0)
+            if absent:
+                rows[~has_row] = 0.0
+            self._counts["rejected_lookups" if create else "absent_reads"] += absent
         return rows, has_row
 
     def apply_gradients(self, ids: IdArray, grads: FloatArray, step: int) -> int:
@@ -166,9 +168,10 @@ class DynamicTable:
             slots, _ = self._index.find(unique)
             hit = slots[slots >= 0]
             self._last[hit] = np.maximum(self._last[hit], int(step))
-            applied = int(np.count_nonzero(slots[inverse] >= 0))
+            per_id = slots if unique is ids else slots[inverse]
+            applied = int(np.count_nonzero(per_id >= 0))
             self._counts["dropped_gradients"] += int(ids.size) - applied
-            rows, values = (slots[inverse], grads) if unique.size == ids.size else (slots, sum_by_id(grads, inverse))
+            rows, values = (per_id, grads) if unique.size == ids.size else (slots, sum_by_id(grads, inverse))
             if applied < ids.size:
                 rows, values = rows[rows >= 0], values[rows >= 0]
             top = self._top
@@ -309,9 +312,8 @@ class DynamicTable:
         if not isinstance(grads, np.ndarray) or grads.dtype != np.float32 or grads.shape != want:
             kind = f"{grads.dtype} {grads.shape}" if isinstance(grads, np.ndarray) else type(grads).__name__
             raise DynamicTableError(f"{where}: gradients must be float32 {want} (table dim {self.spec.dim}), got {kind}")
-        finite = np.isfinite(grads).all(axis=1)
-        if not finite.all():
-            bad = np.flatnonzero(~finite)
+        if not np.isfinite(grads).all():
+            bad = np.flatnonzero(~np.isfinite(grads).all(axis=1))
             raise DynamicTableError(f"{where}: {bad.size} gradient rows are not finite (first: id {int(ids[bad[0]])}); "
                                     "nothing was applied")
 
