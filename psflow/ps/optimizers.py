@@ -348,6 +348,13 @@ def parse_optimizer(text: str) -> dict[str, Any]:
     return {"name": _check_name(name.strip()), "hyperparameters": hyperparameters}
 
 
+def _check_range(rows: IndexArray, num_rows: int) -> None:
+    """Raises ValueError unless every row is in [0, num_rows)."""
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= num_rows):
+        bad = int(rows.min()) if int(rows.min()) < 0 else int(rows.max())
+        raise ValueError(f"sparse update has row {bad}; the variable has rows 0-{num_rows - 1}")
+
+
 def _sum_duplicates(rows: IndexArray, values: FloatArray, num_rows: int) -> tuple[IndexArray, FloatArray]:
     """Returns rows without duplicates and their summed values; checks 0 <= rows < num_rows.
 
@@ -460,7 +467,8 @@ class Optimizer(ABC):
         self._apply_dense(var, slots, grad_f32)
 
     def apply_sparse(
-        self, var: FloatArray, slots: dict[str, FloatArray], rows: npt.ArrayLike, values: npt.ArrayLike
+        self, var: FloatArray, slots: dict[str, FloatArray], rows: npt.ArrayLike, values: npt.ArrayLike,
+        *, distinct: bool = False,
     ) -> None:
         """Applies a gradient given for some rows of ``var`` (axis 0), in place.
 
@@ -470,6 +478,10 @@ class Optimizer(ABC):
             rows: int [k], local indices into ``var``'s axis 0; may repeat, and
                 duplicates are summed first.
             values: [k, *var.shape[1:]], the gradient rows.
+            distinct: the caller guarantees that ``rows`` has no duplicates (in
+                any order): they are not looked for (an O(k log k) sort saved);
+                the range is still checked. Duplicates given anyway are a
+                caller's bug: each would be applied on its own.
 
         Only the given rows of ``var`` and of its row-shaped slots are changed,
         except by Adam, which changes every row (see the module docstring).
@@ -489,7 +501,11 @@ class Optimizer(ABC):
             raise ValueError(
                 f"{self.name}: sparse values have shape {grad.shape} for {index.size} rows; var has {var.shape}"
             )
-        unique_rows, summed = _sum_duplicates(index.astype(np.int64, copy=False), grad, var.shape[0])
+        if distinct:
+            unique_rows, summed = index.astype(np.int64, copy=False), grad
+            _check_range(unique_rows, var.shape[0])
+        else:
+            unique_rows, summed = _sum_duplicates(index.astype(np.int64, copy=False), grad, var.shape[0])
         if unique_rows.size or self._sparse_touches_all_rows:
             self._apply_sparse(var, slots, unique_rows, summed)
 

@@ -111,6 +111,28 @@ class IdIndex:
             width = min(2 * width, _MAX_WINDOW)
         return slots, where
 
+    def touch(self, ids: IdArray, freq: IdArray, last: IdArray, step: int, *, lookup: bool) -> tuple[IdArray, int]:
+        """Each id's slot (-1 where absent) and how many are absent; marks the rows found as used.
+
+        ``ids`` are distinct. ``lookup``: a training lookup, ``freq[slot] += 1``
+        and ``last[slot] = step``; else an update, ``last[slot] = max(last[slot],
+        step)``. C: one pass over the ids (find and marks together); numpy:
+        :meth:`find` and then the marks, with the same result.
+        """
+        if _KERNELS is not None and hasattr(_KERNELS, "index_touch"):
+            slots = np.empty(ids.size, np.int64)
+            missing = _KERNELS.index_touch(self._keys, self._vals, np.ascontiguousarray(ids), slots, freq, last,
+                                           int(step), lookup)
+            return slots, int(missing)
+        slots, _ = self.find(ids)
+        found = slots[slots >= 0]
+        if lookup:
+            freq[found] += 1
+            last[found] = step
+        else:
+            last[found] = np.maximum(last[found], step)
+        return slots, int(ids.size - found.size)
+
     def insert(self, ids: IdArray, slots: IdArray) -> None:
         """Maps ``ids`` (distinct, none present) to ``slots``, doubling the buckets first where needed."""
         buckets = self._mask + 1

@@ -126,14 +126,14 @@ class DynamicTable:
             if step is not None:
                 self._step = max(self._step, int(step))
             unique, inverse = unique_ids(ids)
-            slots, _ = self._index.find(unique)
             if create:
-                found = slots[slots >= 0]
-                self._freq[found] += 1
-                self._last[found] = self._step  # the largest step seen, so never earlier than a row's last use
-                missing = np.flatnonzero(slots < 0)
-                if missing.size:
-                    slots[missing] = self._admit(unique[missing], protect=found)
+                # last use = the largest step seen, so never earlier than a row's last use
+                slots, absent_rows = self._index.touch(unique, self._freq, self._last, self._step, lookup=True)
+                if absent_rows:
+                    missing = np.flatnonzero(slots < 0)
+                    slots[missing] = self._admit(unique[missing], protect=slots[slots >= 0])
+            else:
+                slots, _ = self._index.find(unique)
             per_id = slots if unique is ids else slots[inverse]
             has_row = per_id >= 0
             absent = ids.size - int(np.count_nonzero(has_row))
@@ -165,18 +165,17 @@ class DynamicTable:
         with self._lock:
             self._step = max(self._step, int(step))
             unique, inverse = unique_ids(ids)
-            slots, _ = self._index.find(unique)
-            hit = slots[slots >= 0]
-            self._last[hit] = np.maximum(self._last[hit], int(step))
+            slots, absent_rows = self._index.touch(unique, self._freq, self._last, int(step), lookup=False)
             per_id = slots if unique is ids else slots[inverse]
-            applied = int(np.count_nonzero(per_id >= 0))
+            applied = int(ids.size) if not absent_rows else int(np.count_nonzero(per_id >= 0))
             self._counts["dropped_gradients"] += int(ids.size) - applied
             rows, values = (per_id, grads) if unique.size == ids.size else (slots, sum_by_id(grads, inverse))
-            if applied < ids.size:
+            if absent_rows:
                 rows, values = rows[rows >= 0], values[rows >= 0]
             top = self._top
             slot_views = {name: array[:top] for name, array in self._slots.items()}
-            self._optimizer.apply_sparse(self._values[:top], {**slot_views, **self._state}, rows, values)
+            # Distinct slots (one per distinct id), in the call's order: no sort needed to find duplicates.
+            self._optimizer.apply_sparse(self._values[:top], {**slot_views, **self._state}, rows, values, distinct=True)
         return applied
 
     def evict(self, step: int, *, full: bool = False) -> int:

@@ -298,6 +298,51 @@ def test_unique_inverse_checks_its_buffers() -> None:
     assert KERNELS.unique_inverse(_ids([1, 3, 4]), unique, inverse) == -1
 
 
+@pytest.mark.parametrize("path", BOTH)
+def test_touch_finds_and_marks_only_the_rows_found(path: str) -> None:
+    """touch = find + the row marks: a training lookup counts a sighting and sets the last use; an update
+    only raises the last use (never lowers it); absent ids get -1 and are counted; other rows stay."""
+    rng = np.random.default_rng(5)
+    present = rng.permutation(_ids(POOL))[:30]
+    index = IdIndex(MIN_BUCKETS)
+    index.insert(present, np.arange(present.size, dtype=np.int64))
+    model = {int(v): i for i, v in enumerate(present.tolist())}
+    query = np.concatenate([present[::2], _ids([v for v in POOL if v not in model][:7])])
+    query = rng.permutation(query)
+    freq, last = np.full(40, 3, np.int64), np.arange(40, dtype=np.int64)
+    with _path(path):
+        slots, absent = index.touch(query, freq, last, 20, lookup=True)
+    want = [model.get(v, -1) for v in query.tolist()]
+    assert slots.tolist() == want and absent == 7
+    hit = sorted(s for s in want if s >= 0)
+    assert [int(i) for i in np.flatnonzero(freq == 4)] == hit and (freq[[i for i in range(40) if i not in hit]] == 3).all()
+    np.testing.assert_array_equal(last[hit], 20)
+    untouched = [i for i in range(40) if i not in hit]
+    np.testing.assert_array_equal(last[untouched], np.arange(40)[untouched])
+    last[:] = np.arange(40)
+    with _path(path):
+        slots, absent = index.touch(query, freq, last, 10, lookup=False)
+    assert slots.tolist() == want and absent == 7
+    np.testing.assert_array_equal(last, np.maximum(np.arange(40), np.where(np.isin(np.arange(40), hit), 10, 0)))
+    assert (freq[hit] == 4).all()  # an update does not count a sighting
+
+
+@needs_c
+def test_touch_checks_its_buffers() -> None:
+    assert KERNELS is not None
+    index = IdIndex(MIN_BUCKETS)
+    index.insert(_ids([1, 2, 3]), _ids([0, 1, 9]))
+    freq, last, out = np.zeros(5, np.int64), np.zeros(5, np.int64), np.empty(3, np.int64)
+    with pytest.raises(ValueError, match="one item per id"):
+        KERNELS.index_touch(index._keys, index._vals, _ids([1, 2]), out, freq, last, 1, True)
+    with pytest.raises(ValueError, match="one per row"):
+        KERNELS.index_touch(index._keys, index._vals, _ids([1, 2, 3]), out, freq, last[:4], 1, True)
+    with pytest.raises(ValueError, match="int64"):
+        KERNELS.index_touch(index._keys, index._vals, _ids([1, 2, 3]), out, freq.astype(np.int32), last, 1, True)
+    with pytest.raises(ValueError, match="beyond freq and last"):  # slot 9 of a 5-row table: never written
+        KERNELS.index_touch(index._keys, index._vals, _ids([1, 2, 3]), out, freq, last, 1, True)
+
+
 # ---- the index's C loops: argument checks ---------------------------------------------------------------
 @needs_c
 def test_bad_kernel_calls_raise_and_change_nothing() -> None:

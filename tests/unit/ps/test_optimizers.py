@@ -143,6 +143,25 @@ def test_sparse_sums_duplicate_rows_first(spec_key: str) -> None:
         np.testing.assert_allclose(slots[name], slots_dedup[name], rtol=RTOL, err_msg=name)
 
 
+@pytest.mark.parametrize("spec_key", list(SPECS))
+def test_sparse_distinct_rows_in_any_order_equal_the_checked_path(spec_key: str) -> None:
+    """``distinct=True`` (a dynamic table's slots: distinct, unsorted) skips the duplicate search only."""
+    opt, var, slots = _state(spec_key, (9, 3))
+    var_checked, slots_checked = var.copy(), {name: value.copy() for name, value in slots.items()}
+    rows = np.array([7, 2, 8, 0, 5])
+    values = np.random.default_rng(2).normal(size=(5, 3)).astype(np.float32)
+    opt.apply_sparse(var, slots, rows, values, distinct=True)
+    opt.apply_sparse(var_checked, slots_checked, rows, values)
+    np.testing.assert_array_equal(var, var_checked)
+    for name in slots:
+        np.testing.assert_array_equal(slots[name], slots_checked[name], err_msg=name)
+    before = var.copy()
+    for bad in (np.array([3, 9]), np.array([-1, 2])):
+        with pytest.raises(ValueError, match="rows 0-8"):
+            opt.apply_sparse(var, slots, bad, values[:2], distinct=True)
+    np.testing.assert_array_equal(var, before)
+
+
 @pytest.mark.parametrize("spec_key", ROW_LOCAL_SPECS)
 def test_sparse_touches_only_given_rows(spec_key: str) -> None:
     opt, var, slots = _state(spec_key, (6, 3))
