@@ -1000,6 +1000,124 @@ static PyObject *native_crc32c(PyObject *self, PyObject *args, PyObject *kwargs)
     return PyLong_FromUnsignedLong(crc);
 }
 
+/* ---- a batch's distinct ids (psflow/data/unique.py) ---- */
+/* The hash set's buckets for n ids: a power of two >= 2n (at least 16). */
+static uint64_t unique_buckets(Py_ssize_t n) {
+    uint64_t buckets = 16;
+    while (buckets < 2 * (uint64_t)n) buckets <<= 1;
+    return buckets;
+}
+
+/* unique_scratch_size(n): the int64 items of scratch unique_sorted needs for n ids. */
+static PyObject *native_unique_scratch_size(PyObject *self, PyObject *args) {
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "n:unique_scratch_size", &n)) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "n must be >= 0");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(unique_buckets(n) + 4 * (uint64_t)n);
+}
+
+/* unique_sorted(ids, unique_out, inverse_out, scratch): np.unique(ids, return_inverse=True) in O(n): the
+ * distinct ids through a hash set (linear probing, at most half full), then only those sorted, by an LSD
+ * radix sort of their bytes (a byte on which all of them agree is skipped: small ids cost few passes).
+ * Writes the sorted distinct ids to unique_out[:count] and inverse_out[i] = the position of ids[i] among
+ * them; returns count. scratch: int64, at least unique_scratch_size(n) items, overwritten (the caller keeps
+ * it between calls: fresh memory of this size would cost a page fault per 4 KiB on every call). */
+static PyObject *native_unique_sorted(PyObject *self, PyObject *args) {
+    PyObject *i_obj, *u_obj, *v_obj, *s_obj;
+    if (!PyArg_ParseTuple(args, "OOOO:unique_sorted", &i_obj, &u_obj, &v_obj, &s_obj)) return NULL;
+    Py_buffer b[4];
+    int held = 0;
+    const char *names[4] = {"ids", "unique_out", "inverse_out", "scratch"};
+    PyObject *objs[4] = {i_obj, u_obj, v_obj, s_obj};
+    for (; held < 4; held++)
+        if (get_i64(objs[held], &b[held], held > 0, names[held]) < 0) break;
+    const char *error = NULL;
+    Py_ssize_t n = held == 4 ? b[0].len / 8 : 0;
+    uint64_t buckets = unique_buckets(n), mask = buckets - 1;
+    if (held == 4 && (b[1].len / 8 != n || b[2].len / 8 != n))
+        error = "unique_out and inverse_out must have one item per id";
+    else if (held == 4 && (uint64_t)(b[3].len / 8) < buckets + 4 * (uint64_t)n)
+        error = "scratch is smaller than unique_scratch_size(len(ids))";
+    if (held < 4 || error) {
+        for (int j = 0; j < held; j++) PyBuffer_Release(&b[j]);
+        if (error) PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    const int64_t *ids = b[0].buf;
+    int64_t *unique = b[1].buf, *inverse = b[2].buf;
+    Py_ssize_t count = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* pos: the hash set (position among the distinct ids, -1: empty bucket); then the ranks. */
+    int64_t *pos = b[3].buf;
+    uint64_t *work = (uint64_t *)pos + buckets;
+    {
+        memset(pos, 0xff, buckets * sizeof(int64_t));
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t id = ids[i];
+            uint64_t h = splitmix64((uint64_t)id) & mask;
+            for (;;) {
+                int64_t p = pos[h];
+                if (p < 0) {
+                    pos[h] = count;
+                    unique[count] = id;
+                    inverse[i] = count++;
+                    break;
+                }
+                if (unique[p] == id) {
+                    inverse[i] = p;
+                    break;
+                }
+                h = (h + 1) & mask;
+            }
+        }
+        /* Sort (key, first position) pairs; keys with the sign bit flipped sort as unsigned. */
+        uint64_t *key = work, *key2 = work + n, *at = work + 2 * n, *at2 = work + 3 * n;
+        uint64_t all_or = 0, all_and = ~(uint64_t)0;
+        for (Py_ssize_t j = 0; j < count; j++) {
+            key[j] = (uint64_t)unique[j] ^ 0x8000000000000000ULL;
+            at[j] = (uint64_t)j;
+            all_or |= key[j];
+            all_and &= key[j];
+        }
+        for (int shift = 0; shift < 64; shift += 8) {
+            if ((((all_or ^ all_and) >> shift) & 0xff) == 0) continue;  /* every key has this byte */
+            Py_ssize_t offsets[256] = {0};
+            for (Py_ssize_t j = 0; j < count; j++) offsets[(key[j] >> shift) & 0xff]++;
+            Py_ssize_t total = 0;
+            for (int d = 0; d < 256; d++) {
+                Py_ssize_t c = offsets[d];
+                offsets[d] = total;
+                total += c;
+            }
+            for (Py_ssize_t j = 0; j < count; j++) {
+                Py_ssize_t o = offsets[(key[j] >> shift) & 0xff]++;
+                key2[o] = key[j];
+                at2[o] = at[j];
+            }
+            uint64_t *t = key; key = key2; key2 = t;
+            t = at; at = at2; at2 = t;
+        }
+        int64_t *rank = pos;  /* count <= n < buckets entries */
+        for (Py_ssize_t j = 0; j < count; j++) {
+            rank[at[j]] = j;
+            unique[j] = (int64_t)(key[j] ^ 0x8000000000000000ULL);
+        }
+        for (Py_ssize_t i = 0; i < n; i++) inverse[i] = rank[inverse[i]];
+    }
+    Py_END_ALLOW_THREADS
+    for (int j = 0; j < 4; j++) PyBuffer_Release(&b[j]);
+    return PyLong_FromSsize_t(count);
+}
+
+static const char unique_doc[] =
+    "unique_sorted(ids, unique_out, inverse_out, scratch) -> count: np.unique(ids, return_inverse=True) in O(n) "
+    "(a hash set, then a radix sort of the distinct ids only): the sorted distinct ids in unique_out[:count], "
+    "inverse_out[i] the position of ids[i] among them. scratch: int64, unique_scratch_size(len(ids)) items or more.";
+static const char unique_scratch_doc[] = "unique_scratch_size(n): the int64 items of scratch unique_sorted needs for n ids.";
+
 static PyMethodDef methods[] = {
     {"frame", native_frame, METH_VARARGS, frame_doc},
     {"masked_crc32c_ranges", native_masked_crc32c_ranges, METH_VARARGS, ranges_doc},
@@ -1011,6 +1129,8 @@ static PyMethodDef methods[] = {
     {"split_bytes_lists", native_split_bytes_lists, METH_VARARGS, split_doc},
     {"count_newlines", native_count_newlines, METH_O, count_newlines_doc},
     {"criteo_lines", native_criteo_lines, METH_VARARGS, criteo_doc},
+    {"unique_sorted", native_unique_sorted, METH_VARARGS, unique_doc},
+    {"unique_scratch_size", native_unique_scratch_size, METH_VARARGS, unique_scratch_doc},
     {"crc32c", (PyCFunction)(void (*)(void))native_crc32c, METH_VARARGS | METH_KEYWORDS, crc_doc},
     {NULL, NULL, 0, NULL},
 };

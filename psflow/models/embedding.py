@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from psflow.data.unique import unique_inverse
 from psflow.models.api import ModelError
 
 __all__ = ["COMBINERS", "EmbeddingLookup", "unique_ids"]
@@ -38,8 +39,7 @@ COMBINERS = ("sum", "mean", "sqrtn")
 
 def unique_ids(ids: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
     """``(uniq, inverse)``: sorted unique ids and, per id, its index in ``uniq`` (``uniq[inverse] == ids``)."""
-    uniq, inverse = np.unique(np.asarray(ids, dtype=np.int64), return_inverse=True)
-    return uniq.astype(np.int64, copy=False), inverse.reshape(-1).astype(np.intp, copy=False)
+    return unique_inverse(ids)
 
 
 @dataclass(frozen=True)

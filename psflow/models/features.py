@@ -29,6 +29,7 @@ import numpy.typing as npt
 
 from psflow.data import Batch, SparseColumn
 from psflow.data.hashing import name_salt, salted_ids
+from psflow.data.unique import unique_inverse
 
 __all__ = ["fold_ids", "shared_rows", "dense_matrix", "segment_sum", "sum_by_index", "UniqueIds", "SharedRows",
            "SharedTableRows"]
@@ -134,8 +135,7 @@ class UniqueIds:
     def __call__(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
         """Sorted unique ids and, per id, its index in them (as ``np.unique(..., return_inverse=True)``)."""
         if self.num_rows > _TABLE_LIMIT or self.num_rows == 0 or ids.size == 0:
-            uniq, inverse = np.unique(ids, return_inverse=True)
-            return uniq.astype(np.int64, copy=False), inverse.reshape(-1).astype(np.intp, copy=False)
+            return unique_inverse(ids)  # raw 64-bit ids (a dynamic table), or a table too big to keep
         # Ids fit int32 here (the table limit is far below 2^31), and numpy sorts int32 ~2x faster.
         s = np.sort(ids.astype(np.int32))
         keep = np.empty(s.size, dtype=bool)

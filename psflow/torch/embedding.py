@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from psflow.data import Batch
+from psflow.data.unique import unique_inverse
 from psflow.models.api import ModelError
 from psflow.models.embedding import COMBINERS
 from psflow.ps.optimizers import OptimizerSpec
@@ -258,7 +259,7 @@ class LookupPlan:
                 found = cache[key] = _unique_pairs(table, ids, k)
             else:
                 offsets = np.concatenate([[0], np.cumsum(vocab)]).astype(np.int64)
-                uniq, index = np.unique(offsets[table] + ids, return_inverse=True)
+                uniq, index = unique_inverse(offsets[table] + ids)
                 bounds = np.searchsorted(uniq, offsets)
                 per_table = tuple((uniq[bounds[t]:bounds[t + 1]] - offsets[t]).astype(np.int64) for t in range(k))
                 found = cache[key] = (per_table, index.reshape(-1).astype(np.int64, copy=False))

@@ -37,6 +37,7 @@ import numpy as np
 
 from psflow.cluster import ClusterSpec
 from psflow.data import Batch, DatasetConfig, SparseColumn, open_dataset
+from psflow.data.unique import unique_inverse
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.api import Model
 from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, InvalidRequest
@@ -223,7 +224,7 @@ def average_gradients(all_grads: Sequence[Gradients]) -> Gradients:
             continue
         rows = np.concatenate([p.rows for p in parts if isinstance(p, SparseGradient)])
         values = np.concatenate([np.asarray(p.values, np.float64) for p in parts])
-        uniq, inverse = np.unique(rows, return_inverse=True)
+        uniq, inverse = unique_inverse(rows)
         summed = np.zeros((uniq.size, *values.shape[1:]), np.float64)
         np.add.at(summed, inverse, values)
         out[name] = SparseGradient(uniq, (summed / n).astype(np.float32))

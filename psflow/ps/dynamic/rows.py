@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.data.native import load_extension
+from psflow.data.unique import unique_inverse
 from psflow.ps.dynamic.hashing import GAMMA, FloatArray, IdArray, U64Array, finalize
 
 __all__ = ["initial_rows", "sum_by_id", "unique_ids"]
@@ -74,8 +75,7 @@ def unique_ids(ids: IdArray) -> tuple[IdArray, IdArray]:
         return (ids, np.arange(ids.size)) if count < 0 else (unique[:count], inverse)
     if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids, np.arange(ids.size)
-    unique, inverse = np.unique(ids, return_inverse=True)
-    return unique, inverse
+    return unique_inverse(ids)
 
 
 def sum_by_id(grads: FloatArray, inverse: IdArray) -> FloatArray:

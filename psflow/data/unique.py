@@ -1,0 +1,56 @@
+"""A batch's distinct ids: ``np.unique(ids, return_inverse=True)`` in O(n).
+
+Every step dedupes ids several times: a worker before it pulls rows (one
+request row per distinct id), the ps again where a request may hold
+repeats (a dynamic table's share). ``np.unique`` sorts all ``n`` ids with an
+argsort; a batch of 512 Criteo examples has ~20,000 ids but often half as
+many distinct ones. :func:`unique_inverse` finds the distinct ids with a hash
+set and sorts only those (a radix sort), in one C call with the GIL released
+(``psflow.data._native.unique_sorted``; ~5x faster than ``np.unique`` on
+20,000 64-bit ids on this project's 2-core machine), and falls back to
+``np.unique`` where the extension was not built or ``PSFLOW_NATIVE=0``
+(:mod:`psflow.data.native`). Both give the same arrays.
+
+Thread-safe: the C call's scratch memory is kept per thread (fresh memory of
+that size would cost a page fault per 4 KiB on every call).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import numpy.typing as npt
+
+from psflow.data import native
+
+__all__ = ["unique_inverse"]
+
+_local = threading.local()
+
+
+def _scratch(n: int) -> npt.NDArray[np.int64]:
+    """This thread's scratch for ``n`` ids (grown geometrically, never shrunk)."""
+    assert native.NATIVE is not None
+    need = int(native.NATIVE.unique_scratch_size(n))
+    scratch: npt.NDArray[np.int64] | None = getattr(_local, "scratch", None)
+    if scratch is None or scratch.size < need:
+        scratch = np.empty(max(need, 2 * (scratch.size if scratch is not None else 0)), np.int64)
+        _local.scratch = scratch
+    return scratch
+
+
+def unique_inverse(ids: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.intp]]:
+    """``(uniq, inverse)``: the sorted distinct ids (int64) and, per id, its position in ``uniq`` (intp),
+    so ``uniq[inverse] == ids``; exactly ``np.unique(ids, return_inverse=True)`` for 1-d int64 ids.
+
+    ``ids``: any integer array-like, taken as int64 and flattened. Both results are new arrays.
+    """
+    flat = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+    kernels = native.NATIVE
+    if kernels is None or not hasattr(kernels, "unique_sorted"):
+        uniq, inverse = np.unique(flat, return_inverse=True)
+        return uniq.astype(np.int64, copy=False), inverse.reshape(-1).astype(np.intp, copy=False)
+    unique, inverse_out = np.empty(flat.size, np.int64), np.empty(flat.size, np.intp)
+    count = kernels.unique_sorted(flat, unique, inverse_out, _scratch(flat.size))
+    return unique[:count], inverse_out
