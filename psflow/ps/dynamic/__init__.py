@@ -73,10 +73,11 @@ and are never aged, so over a very long run collisions admit ids earlier
 (:meth:`CountMinSketch.error_bound` states by how much).
 
 Measured on this project's 2-core machine (1M resident ids, dim 8, Adagrad,
-batches of 10,000 distinct existing ids, rows gathered): lookups 3.4M ids/s
-when the ids come sorted (as clients send them), 2.8M ids/s unsorted, 4.3M
-ids/s read-only; apply_gradients 2.3M ids/s; 135 bytes per row in all.
-``benchmarks/bench_dynamic_table.py`` measures the table against a static
+calls of 20,000 ids, the C index loops): lookup 1.3 ms (a static partition's
+read: 1.3 ms), apply_gradients 1.7 ms (static: 0.7 ms); a stream where every
+new id evicts a row costs 6-25x a static table. End to end on the tf_peer
+sparse-LR workload a dynamic table trains at 0.9x a static one (``benchmarks/
+RESULTS.md``). ``benchmarks/bench_dynamic_table.py`` measures the table against a static
 partition side by side, and the worst call while eviction runs.
 
 Modules (everything public is re-exported here):
