@@ -205,7 +205,15 @@ def read_only(path: Path) -> Iterator[None]:
         if r.returncode != 0:
             pytest.skip(f"cannot bind-mount here: {r.stderr.strip()}")
         try:
-            r = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True, text=True, timeout=30)
+            # EBUSY ("mount point is busy") while a save holds a file open for writing: that save ends
+            # in well under a second, so retry for a while before calling this machine unable.
+            deadline = time.monotonic() + 30
+            while True:
+                r = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True, text=True,
+                                   timeout=30)
+                if r.returncode == 0 or "busy" not in r.stderr or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             if r.returncode != 0:
                 pytest.skip(f"cannot remount read-only here: {r.stderr.strip()}")
             yield
