@@ -535,6 +535,98 @@ static PyObject *unique_inverse(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(count);
 }
 
+/* merge_sum(rows, values, bounds, out_rows, out_sums, start_zero): a sync step's sparse pieces summed per row.
+ * rows: int64 [n], the pieces' rows one after another, piece p = [bounds[p], bounds[p+1]); values: float32
+ * [n, d] (C order); out_rows: int64 [n]; out_sums: float64 [n, d]. Each piece must be strictly increasing (what
+ * clients send): a k-way merge then gives the distinct rows in order and, per row, its values added in float64
+ * in piece order: from 0.0 (start_zero, as np.bincount) or from the first value (as psflow.ps.sync._sum_rows'
+ * wide rows), the same additions in the same order as the numpy code. Returns the distinct row count, or -1
+ * (nothing written that matters) when a piece is not strictly increasing: the caller sums with numpy then. */
+static PyObject *merge_sum(PyObject *self, PyObject *args) {
+    PyObject *r_obj, *v_obj, *b_obj, *o_obj, *s_obj;
+    int start_zero;
+    if (!PyArg_ParseTuple(args, "OOOOOp:merge_sum", &r_obj, &v_obj, &b_obj, &o_obj, &s_obj, &start_zero)) return NULL;
+    Buf b[5] = {{.held = 0}};
+    if (get(r_obj, &b[0], 0, 'q', "rows") < 0 || get(v_obj, &b[1], 0, 'f', "values") < 0 ||
+        get(b_obj, &b[2], 0, 'q', "bounds") < 0 || get(o_obj, &b[3], 1, 'q', "out_rows") < 0) {
+        release(b, 5);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(s_obj, &b[4].view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+        release(b, 5);
+        return NULL;
+    }
+    b[4].held = 1;
+    const char *f = b[4].view.format ? b[4].view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    Py_ssize_t n = b[0].view.len / 8, k = b[2].view.len / 8 - 1;
+    const char *error = NULL;
+    if (f[0] != 'd' || f[1] != 0 || b[4].view.itemsize != 8) error = "out_sums must be float64";
+    else if (n == 0 || b[1].view.len / 4 % n != 0) error = "values must hold a whole row per row id";
+    else if (b[3].view.len / 8 != n) error = "out_rows must have one item per row id";
+    else if (k < 1) error = "bounds must hold at least two offsets";
+    Py_ssize_t d = n ? b[1].view.len / 4 / n : 0;
+    const int64_t *bounds = b[2].view.buf;
+    if (!error && b[4].view.len / 8 != n * d) error = "out_sums must be shaped like values";
+    for (Py_ssize_t p = 0; !error && p < k; p++)
+        if (bounds[p] < 0 || bounds[p] > bounds[p + 1] || bounds[p + 1] > n) error = "bounds must rise from 0 to n";
+    if (!error && (bounds[0] != 0 || bounds[k] != n)) error = "bounds must rise from 0 to n";
+    if (error) {
+        release(b, 5);
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    const int64_t *rows = b[0].view.buf;
+    const float *values = b[1].view.buf;
+    int64_t *out_rows = b[3].view.buf;
+    double *sums = b[4].view.buf;
+    Py_ssize_t *head = PyMem_RawMalloc((size_t)k * sizeof(Py_ssize_t));
+    if (head == NULL) {
+        release(b, 5);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t count = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t p = 0; p < k && count >= 0; p++) {
+        head[p] = bounds[p];
+        for (Py_ssize_t i = bounds[p] + 1; i < bounds[p + 1]; i++)
+            if (rows[i] <= rows[i - 1]) {
+                count = -1;
+                break;
+            }
+    }
+    while (count >= 0) {
+        int64_t low = 0;
+        int any = 0;
+        for (Py_ssize_t p = 0; p < k; p++)
+            if (head[p] < bounds[p + 1] && (!any || rows[head[p]] < low)) {
+                low = rows[head[p]];
+                any = 1;
+            }
+        if (!any) break;
+        double *out = sums + count * d;
+        int first = 1;
+        for (Py_ssize_t p = 0; p < k; p++) {
+            if (head[p] >= bounds[p + 1] || rows[head[p]] != low) continue;
+            const float *v = values + head[p] * d;
+            if (first && !start_zero) {
+                for (Py_ssize_t j = 0; j < d; j++) out[j] = (double)v[j];
+            } else {
+                if (first)
+                    for (Py_ssize_t j = 0; j < d; j++) out[j] = 0.0;
+                for (Py_ssize_t j = 0; j < d; j++) out[j] += (double)v[j];
+            }
+            first = 0;
+            head[p]++;
+        }
+        out_rows[count++] = low;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(head);
+    release(b, 5);
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"adagrad", adagrad, METH_VARARGS,
      "adagrad(var, accum, grad, rows, num_rows, lr): TF's Adagrad update, in place, on all of var (rows=None) "
@@ -542,6 +634,10 @@ static PyMethodDef methods[] = {
     {"ftrl", ftrl, METH_VARARGS,
      "ftrl(var, accum, linear, grad, rows, num_rows, lr, l1, two_l2, two_shrinkage): TF's FTRL update "
      "(learning_rate_power -0.5), in place, on all of var (rows=None) or on the given distinct rows."},
+    {"merge_sum", merge_sum, METH_VARARGS,
+     "merge_sum(rows, values, bounds, out_rows, out_sums, start_zero): strictly increasing pieces of sparse rows "
+     "merged, values summed per row in float64 in piece order; returns the row count, or -1 if a piece is not "
+     "strictly increasing."},
     {"index_find", index_find, METH_VARARGS,
      "index_find(keys, vals, ids, slots_out, where_out): each id's slot and bucket in the id index, -1 for "
      "both where absent."},

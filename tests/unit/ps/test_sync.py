@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -246,11 +247,22 @@ def test_abort_fails_the_waiting_push_and_reset_starts_over_at_the_restored_step
     np.testing.assert_allclose(part.value[:, 0] - before[:, 0], [0.0, -2.0, -3.0])
 
 
+@pytest.mark.parametrize("path", ["c", "numpy"])
+@pytest.mark.parametrize("sorted_share", [0.5, 1.0], ids=["mixed", "as-clients-send"])
 @pytest.mark.parametrize("width", [None, 1, 3, 8])
 @pytest.mark.parametrize("most_pieces, row_space", [(4, 40), (30, 5)], ids=["few", "long-runs"])
-def test_sum_rows_equals_add_at_bit_for_bit(width: int | None, most_pieces: int, row_space: int) -> None:
+def test_sum_rows_equals_add_at_bit_for_bit(width: int | None, most_pieces: int, row_space: int, sorted_share: float,
+                                            path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C merge (every piece sorted and distinct) and the numpy sums give np.add.at's float64 sums exactly."""
+    from psflow.ps import sync as sync_module
     from psflow.ps.sync import _sum_rows
 
+    if path == "c" and sync_module._KERNELS is None:
+        if os.environ.get("PSFLOW_REQUIRE_NATIVE") == "1":
+            pytest.fail("psflow.ps._kernels (merge_sum) is not built")
+        pytest.skip("psflow.ps._kernels is not built")
+    if path == "numpy":
+        monkeypatch.setattr(sync_module, "_KERNELS", None)
     rng = np.random.default_rng(7)
     shape = () if width is None else (width,)
     for _ in range(30):
@@ -258,7 +270,7 @@ def test_sum_rows_equals_add_at_bit_for_bit(width: int | None, most_pieces: int,
         for _ in range(int(rng.integers(1, most_pieces))):
             k = int(rng.integers(1, 60))
             rows = rng.integers(0, row_space, k).astype(np.int64)  # unsorted, with repeats
-            if rng.random() < 0.5:
+            if rng.random() < sorted_share:
                 rows = np.unique(rows)  # what clients send: sorted, unique
             # magnitudes 1e-8..1e8: float64 sums then round, so the order of the additions shows
             scale = 10.0 ** rng.integers(-8, 9, (rows.size,) + (1,) * len(shape))
@@ -290,3 +302,27 @@ def test_stats_name_the_workers_the_step_waits_for() -> None:
     agg.contribute(0, sparse(part, W[1], [0], [2.0]))
     t.join(5)
     assert agg.stats()["sync_contributed"] == [] and step.value == 1
+
+
+def test_merge_sum_kernel_checks_and_falls_back() -> None:
+    """merge_sum: -1 (caller sums with numpy) for a piece that is not strictly increasing; ValueError for bad buffers."""
+    from psflow.ps import sync as sync_module
+
+    kernels = sync_module._KERNELS
+    if kernels is None:
+        if os.environ.get("PSFLOW_REQUIRE_NATIVE") == "1":
+            pytest.fail("psflow.ps._kernels (merge_sum) is not built")
+        pytest.skip("psflow.ps._kernels is not built")
+    rows = np.array([1, 4, 2, 4], np.int64)
+    values = np.array([[1.0], [2.0], [3.0], [-0.5]], np.float32)
+    out_rows, out_sums = np.empty(4, np.int64), np.empty((4, 1), np.float64)
+    assert kernels.merge_sum(rows, values, np.array([0, 2, 4], np.int64), out_rows, out_sums, True) == 3
+    assert out_rows[:3].tolist() == [1, 2, 4] and out_sums[:3, 0].tolist() == [1.0, 3.0, 1.5]
+    assert kernels.merge_sum(rows, values, np.array([0, 4], np.int64), out_rows, out_sums, True) == -1
+    for bounds, message in (([0, 3], "rise from 0 to n"), ([0, 3, 2, 4], "rise from 0 to n"), ([0], "at least two")):
+        with pytest.raises(ValueError, match=message):
+            kernels.merge_sum(rows, values, np.array(bounds, np.int64), out_rows, out_sums, True)
+    with pytest.raises(ValueError, match="float64"):
+        kernels.merge_sum(rows, values, np.array([0, 4], np.int64), out_rows, out_sums.astype(np.float32), True)
+    with pytest.raises(ValueError, match="shaped like values"):
+        kernels.merge_sum(rows, values, np.array([0, 4], np.int64), out_rows, out_sums[:3], True)
