@@ -48,7 +48,7 @@ def unique_inverse(ids: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], npt.NDArr
     """
     flat = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
     kernels = native.NATIVE
-    if kernels is None or not hasattr(kernels, "unique_sorted"):
+    if kernels is None or not hasattr(kernels, "unique_sorted") or np.dtype(np.intp).itemsize != 8:
         uniq, inverse = np.unique(flat, return_inverse=True)
         return uniq.astype(np.int64, copy=False), inverse.reshape(-1).astype(np.intp, copy=False)
     unique, inverse_out = np.empty(flat.size, np.int64), np.empty(flat.size, np.intp)
