@@ -1,6 +1,7 @@
 /*
  * psflow.ps._kernels: the ps tasks' optimizer updates, fused into one pass, and the
- * hot loops of a dynamic table (its id -> slot index, a batch's distinct ids).
+ * hot loops of a dynamic table (its id -> slot index) and of a sync step (summing
+ * the workers' sparse pieces).
  *
  * numpy applies Adagrad to k sparse rows in about ten passes (gather the rows of
  * var and of each slot, a temporary per arithmetic step, scatter them back), each
@@ -27,6 +28,7 @@
  * The id index (psflow/ps/dynamic/id_index.py, whose numpy code is the twin):
  *
  *   index_find(keys, vals, ids, slots_out, where_out)
+ *   index_touch(keys, vals, ids, slots_out, freq, last, step, lookup)   (find, and mark the rows found as used)
  *   index_place(keys, vals, ids, slots)
  *   index_remove(keys, vals, where)
  *
@@ -44,11 +46,11 @@
  * at-most-half-full rule rules out.  Like every loop here, they run with the GIL
  * released (one table's lock serializes the calls on its arrays).
  *
- *   unique_inverse(ids, unique_out, inverse_out)
+ *   merge_sum(rows, values, bounds, out_rows, out_sums, start_zero)
  *
- * A batch's distinct ids (psflow/ps/dynamic/rows.py unique_ids): -1 when ids are
- * strictly increasing (nothing written), else np.unique(ids, return_inverse=True)
- * written to the buffers (a merge sort; the count of distinct ids is returned).
+ * A sync step's sparse pieces (psflow/ps/sync.py _sum_rows), each sorted and
+ * distinct, merged with their values summed in float64 in piece order: the same
+ * additions as the numpy code; -1 when a piece is not sorted (numpy sums then).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -263,6 +265,22 @@ static inline int place_one(int64_t *keys, int64_t *vals, uint64_t mask, int64_t
     return -1;
 }
 
+/* The slot of id (-1 if absent), probing linearly from bucket home; *at: its bucket (-1 if absent). */
+static inline int64_t probe(const int64_t *keys, const int64_t *vals, uint64_t mask, int64_t id, uint64_t home,
+                            int64_t *at) {
+    uint64_t pos = home;
+    for (uint64_t step = 0; step <= mask; step++, pos = (pos + 1) & mask) {
+        int64_t v = vals[pos];
+        if (v == INDEX_EMPTY) break;
+        if (v >= 0 && keys[pos] == id) {
+            *at = (int64_t)pos;
+            return v;
+        }
+    }
+    *at = -1;
+    return -1;
+}
+
 static PyObject *index_find(PyObject *self, PyObject *args) {
     PyObject *k_obj, *v_obj, *i_obj, *s_obj, *w_obj;
     if (!PyArg_ParseTuple(args, "OOOOO:index_find", &k_obj, &v_obj, &i_obj, &s_obj, &w_obj)) return NULL;
@@ -285,18 +303,8 @@ static PyObject *index_find(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < k; i++) where[i] = (int64_t)index_home(ids[i], mask);
     for (Py_ssize_t i = 0; i < k; i++) {
         if (i + PREFETCH_AHEAD < k) prefetch_bucket(keys, vals, (uint64_t)where[i + PREFETCH_AHEAD]);
-        int64_t id = ids[i], slot = -1, at = -1;
-        uint64_t pos = (uint64_t)where[i];
-        for (uint64_t step = 0; step <= mask; step++, pos = (pos + 1) & mask) {
-            int64_t v = vals[pos];
-            if (v == INDEX_EMPTY) break;
-            if (v >= 0 && keys[pos] == id) {
-                slot = v;
-                at = (int64_t)pos;
-                break;
-            }
-        }
-        slots[i] = slot;
+        int64_t at;
+        slots[i] = probe(keys, vals, mask, ids[i], (uint64_t)where[i], &at);
         where[i] = at;
     }
     Py_END_ALLOW_THREADS
@@ -336,16 +344,7 @@ static PyObject *index_touch(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < k; i++) slots[i] = (int64_t)index_home(ids[i], mask);
     for (Py_ssize_t i = 0; i < k; i++) {
         if (i + PREFETCH_AHEAD < k) prefetch_bucket(keys, vals, (uint64_t)slots[i + PREFETCH_AHEAD]);
-        int64_t id = ids[i], slot = -1;
-        uint64_t pos = (uint64_t)slots[i];
-        for (uint64_t probe = 0; probe <= mask; probe++, pos = (pos + 1) & mask) {
-            int64_t v = vals[pos];
-            if (v == INDEX_EMPTY) break;
-            if (v >= 0 && keys[pos] == id) {
-                slot = v;
-                break;
-            }
-        }
+        int64_t at, slot = probe(keys, vals, mask, ids[i], (uint64_t)slots[i], &at);
         slots[i] = slot;
         if (slot < 0) {
             missing++;
@@ -456,83 +455,6 @@ static PyObject *index_remove(PyObject *self, PyObject *args) {
     if (error == 1) return PyErr_Format(PyExc_ValueError, "bucket %lld is outside the index", bad);
     if (error == 2) return PyErr_Format(PyExc_ValueError, "bucket %lld is empty or given twice", bad);
     Py_RETURN_NONE;
-}
-
-/* ---- a batch's distinct ids ------------------------------------------------------------------------ */
-
-typedef struct {
-    int64_t id, at;
-} Entry;
-
-/* Sorts a[0..n) by id, then by position (stable: insertion-sorted runs of 16, then merged in passes between a
- * and tmp); returns whichever of the two holds the result. */
-static Entry *sort_entries(Entry *a, Entry *tmp, Py_ssize_t n) {
-    const Py_ssize_t run = 16;
-    for (Py_ssize_t lo = 0; lo < n; lo += run) {
-        Py_ssize_t hi = lo + run < n ? lo + run : n;
-        for (Py_ssize_t i = lo + 1; i < hi; i++) {
-            Entry e = a[i];
-            Py_ssize_t j = i;
-            for (; j > lo && a[j - 1].id > e.id; j--) a[j] = a[j - 1];
-            a[j] = e;
-        }
-    }
-    for (Py_ssize_t width = run; width < n; width *= 2) {
-        for (Py_ssize_t lo = 0; lo < n; lo += 2 * width) {
-            Py_ssize_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
-            Py_ssize_t i = lo, j = mid, o = lo;
-            while (i < mid && j < hi) tmp[o++] = a[j].id < a[i].id ? a[j++] : a[i++];
-            while (i < mid) tmp[o++] = a[i++];
-            while (j < hi) tmp[o++] = a[j++];
-        }
-        Entry *swap = a;
-        a = tmp;
-        tmp = swap;
-    }
-    return a;
-}
-
-static PyObject *unique_inverse(PyObject *self, PyObject *args) {
-    PyObject *i_obj, *u_obj, *v_obj;
-    if (!PyArg_ParseTuple(args, "OOO:unique_inverse", &i_obj, &u_obj, &v_obj)) return NULL;
-    Buf b[3] = {{.held = 0}};
-    if (get(i_obj, &b[0], 0, 'q', "ids") < 0 || get(u_obj, &b[1], 1, 'q', "unique_out") < 0 ||
-        get(v_obj, &b[2], 1, 'q', "inverse_out") < 0) {
-        release(b, 3);
-        return NULL;
-    }
-    Py_ssize_t n = b[0].view.len / 8;
-    if (b[1].view.len / 8 != n || b[2].view.len / 8 != n) {
-        release(b, 3);
-        PyErr_SetString(PyExc_ValueError, "unique_out and inverse_out must have one item per id");
-        return NULL;
-    }
-    const int64_t *ids = b[0].view.buf;
-    int64_t *unique = b[1].view.buf, *inverse = b[2].view.buf;
-    Py_ssize_t count = -1;
-    int nomem = 0;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t i = 1;
-    while (i < n && ids[i - 1] < ids[i]) i++;
-    if (i < n) {
-        Entry *a = PyMem_RawMalloc(2 * (size_t)n * sizeof(Entry));
-        if (a == NULL) {
-            nomem = 1;
-        } else {
-            for (Py_ssize_t j = 0; j < n; j++) a[j] = (Entry){ids[j], j};
-            const Entry *sorted = sort_entries(a, a + n, n);
-            count = 0;
-            for (Py_ssize_t j = 0; j < n; j++) {
-                if (j == 0 || sorted[j].id != sorted[j - 1].id) unique[count++] = sorted[j].id;
-                inverse[sorted[j].at] = count - 1;
-            }
-            PyMem_RawFree(a);
-        }
-    }
-    Py_END_ALLOW_THREADS
-    release(b, 3);
-    if (nomem) return PyErr_NoMemory();
-    return PyLong_FromSsize_t(count);
 }
 
 /* merge_sum(rows, values, bounds, out_rows, out_sums, start_zero): a sync step's sparse pieces summed per row.
@@ -650,9 +572,6 @@ static PyMethodDef methods[] = {
     {"index_remove", index_remove, METH_VARARGS,
      "index_remove(keys, vals, where): empties the buckets where (distinct, full) and re-places the entries "
      "of the runs after them."},
-    {"unique_inverse", unique_inverse, METH_VARARGS,
-     "unique_inverse(ids, unique_out, inverse_out): -1 if ids are strictly increasing (nothing written); else the "
-     "number of distinct ids, written sorted to unique_out, with inverse_out[i] the position of ids[i] among them."},
     {NULL, NULL, 0, NULL},
 };
 

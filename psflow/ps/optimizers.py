@@ -348,11 +348,10 @@ def parse_optimizer(text: str) -> dict[str, Any]:
     return {"name": _check_name(name.strip()), "hyperparameters": hyperparameters}
 
 
-def _check_range(rows: IndexArray, num_rows: int) -> None:
-    """Raises ValueError unless every row is in [0, num_rows)."""
-    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= num_rows):
-        bad = int(rows.min()) if int(rows.min()) < 0 else int(rows.max())
-        raise ValueError(f"sparse update has row {bad}; the variable has rows 0-{num_rows - 1}")
+def _check_range(low: int, high: int, num_rows: int) -> None:
+    """Raises ValueError unless the rows, whose least is ``low`` and greatest ``high``, lie in [0, num_rows)."""
+    if low < 0 or high >= num_rows:
+        raise ValueError(f"sparse update has row {low if low < 0 else high}; the variable has rows 0-{num_rows - 1}")
 
 
 def _sum_duplicates(rows: IndexArray, values: FloatArray, num_rows: int) -> tuple[IndexArray, FloatArray]:
@@ -366,16 +365,12 @@ def _sum_duplicates(rows: IndexArray, values: FloatArray, num_rows: int) -> tupl
     if rows.size == 1 or bool(np.all(rows[1:] > rows[:-1])):
         # Strictly increasing (what clients send: sorted unique ids): no duplicates, and
         # the ends bound the range. An O(n) check instead of an O(n log n) sort.
-        if rows[0] < 0 or rows[-1] >= num_rows:
-            bad = rows[0] if rows[0] < 0 else rows[-1]
-            raise ValueError(f"sparse update has row {int(bad)}; the variable has rows 0-{num_rows - 1}")
+        _check_range(int(rows[0]), int(rows[-1]), num_rows)
         return rows, values
     # np.sort is several times faster than argsort and is enough to find
     # duplicates. argsort is needed only to sum them.
     sorted_rows = np.sort(rows)
-    if sorted_rows[0] < 0 or sorted_rows[-1] >= num_rows:
-        bad = sorted_rows[0] if sorted_rows[0] < 0 else sorted_rows[-1]
-        raise ValueError(f"sparse update has row {int(bad)}; the variable has rows 0-{num_rows - 1}")
+    _check_range(int(sorted_rows[0]), int(sorted_rows[-1]), num_rows)
     is_first = np.empty(rows.shape, dtype=bool)
     is_first[0] = True
     np.not_equal(sorted_rows[1:], sorted_rows[:-1], out=is_first[1:])
@@ -503,7 +498,8 @@ class Optimizer(ABC):
             )
         if distinct:
             unique_rows, summed = index.astype(np.int64, copy=False), grad
-            _check_range(unique_rows, var.shape[0])
+            if unique_rows.size:
+                _check_range(int(unique_rows.min()), int(unique_rows.max()), var.shape[0])
         else:
             unique_rows, summed = _sum_duplicates(index.astype(np.int64, copy=False), grad, var.shape[0])
         if unique_rows.size or self._sparse_touches_all_rows:

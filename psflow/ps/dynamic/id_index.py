@@ -5,7 +5,7 @@ half full, so it costs 16 bytes per bucket and at most
 :data:`INDEX_BYTES_PER_ROW` per live row once it has grown past
 :data:`MIN_BUCKETS`. Not thread-safe (the table's lock covers it).
 
-Its loops (find, place, remove) exist twice: in C, in the ps kernels
+Its loops (find, touch, place, remove) exist twice: in C, in the ps kernels
 extension ``psflow.ps._kernels`` (one pass per batch, the GIL released), and
 vectorized with numpy here, used when the extension was not built or
 ``PSFLOW_NATIVE=0`` is set (:func:`psflow.data.native.load_extension`). The
@@ -41,7 +41,8 @@ _INDEX_SALT = np.uint64(0x5851F42D4C957F2D)
 
 #: The C index loops (``psflow.ps._kernels.index_*``), or None: the numpy loops below are then used.
 _KERNELS = load_extension("psflow.ps._kernels")
-if _KERNELS is not None and not hasattr(_KERNELS, "index_find"):  # a build older than the index loops
+if _KERNELS is not None and not all(hasattr(_KERNELS, f"index_{n}") for n in ("find", "touch", "place", "remove")):
+    # a build older than the index loops
     _KERNELS = None
 
 
@@ -119,7 +120,7 @@ class IdIndex:
         step)``. C: one pass over the ids (find and marks together); numpy:
         :meth:`find` and then the marks, with the same result.
         """
-        if _KERNELS is not None and hasattr(_KERNELS, "index_touch"):
+        if _KERNELS is not None:
             slots = np.empty(ids.size, np.int64)
             missing = _KERNELS.index_touch(self._keys, self._vals, np.ascontiguousarray(ids), slots, freq, last,
                                            int(step), lookup)

@@ -12,18 +12,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from psflow.data.native import load_extension
 from psflow.data.unique import unique_inverse
 from psflow.ps.dynamic.hashing import GAMMA, FloatArray, IdArray, U64Array, finalize
 
 __all__ = ["initial_rows", "sum_by_id", "unique_ids"]
 
-#: The C loop of :func:`unique_ids` (``psflow.ps._kernels.unique_inverse``), or None: numpy's then.
-_KERNELS = load_extension("psflow.ps._kernels")
-if _KERNELS is not None and not hasattr(_KERNELS, "unique_inverse"):  # a build older than the loop
-    _KERNELS = None
-#: Batches up to this size take the C loop (a merge sort); numpy's sort is faster on larger ones.
-_C_UNIQUE_MAX = 2048
 
 
 def _uniform_at(seed: int, k: U64Array) -> npt.NDArray[np.float64]:
@@ -67,12 +60,8 @@ def initial_rows(spec: Mapping[str, Any], ids: IdArray, dim: int) -> FloatArray:
 
 
 def unique_ids(ids: IdArray) -> tuple[IdArray, IdArray]:
-    """``np.unique(ids, return_inverse=True)``, in O(n) for what clients send: sorted distinct ids
-    (then ``ids`` itself and ``arange``). Small batches take one C call (the same result)."""
-    if _KERNELS is not None and ids.size <= _C_UNIQUE_MAX:
-        unique, inverse = np.empty(ids.size, np.int64), np.empty(ids.size, np.int64)
-        count = _KERNELS.unique_inverse(np.ascontiguousarray(ids), unique, inverse)
-        return (ids, np.arange(ids.size)) if count < 0 else (unique[:count], inverse)
+    """``np.unique(ids, return_inverse=True)``, in O(n): sorted distinct ids (what clients send) are
+    returned themselves, with ``arange``; others go through :func:`psflow.data.unique.unique_inverse`."""
     if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids, np.arange(ids.size)
     return unique_inverse(ids)

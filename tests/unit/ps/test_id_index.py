@@ -1,5 +1,5 @@
 """A dynamic table's C loops and their numpy twins: the id index (id_index.py) against a dict model, and a
-batch's distinct ids (rows.unique_ids) against np.unique.
+batch's distinct ids (rows.unique_ids, through psflow.data.unique) against np.unique.
 
 Every test runs on both paths: ``c`` (the loops of ``psflow.ps._kernels``) and
 ``numpy`` (the fallback: the modules' ``_KERNELS`` set to None), and ``mixed``
@@ -22,15 +22,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from psflow.data import native
 from psflow.ps.dynamic import DynamicTable, DynamicTableSpec, id_index
-from psflow.ps.dynamic import rows as rows_module
 from psflow.ps.dynamic.id_index import MIN_BUCKETS, IdIndex, buckets_for
 from psflow.ps.dynamic.rows import unique_ids
 from psflow.ps.optimizers import OptimizerSpec
 
 try:
     KERNELS: ModuleType | None = importlib.import_module("psflow.ps._kernels")
-    if not hasattr(KERNELS, "index_find") or not hasattr(KERNELS, "unique_inverse"):
+    if not all(hasattr(KERNELS, f"index_{n}") for n in ("find", "touch", "place", "remove")):
         raise ImportError("psflow.ps._kernels was built without the dynamic table's loops: rebuild it")
 except ImportError:
     # scripts/test.sh sets PSFLOW_REQUIRE_NATIVE where a C compiler is present: the kernels must have been built.
@@ -73,12 +73,13 @@ POOL = _pool()
 def _path(name: str) -> Iterator[None]:
     """Runs the index and unique_ids on the C loops (``c``) or the numpy loops (``numpy``)."""
     assert name == "numpy" or KERNELS is not None
-    saved = id_index._KERNELS, rows_module._KERNELS
-    id_index._KERNELS = rows_module._KERNELS = KERNELS if name == "c" else None
+    saved = id_index._KERNELS, native.NATIVE
+    id_index._KERNELS = KERNELS if name == "c" else None
+    native.NATIVE = saved[1] if name == "c" else None  # psflow.data.unique's loop (unique_ids' unsorted case)
     try:
         yield
     finally:
-        id_index._KERNELS, rows_module._KERNELS = saved
+        id_index._KERNELS, native.NATIVE = saved
 
 
 def _op_path(path: str, op: int) -> str:
@@ -123,11 +124,10 @@ def _check_find(index: IdIndex, model: dict[int, int], ids: np.ndarray) -> None:
 
 
 def test_kernels_are_used_when_built() -> None:
-    for module in (id_index, rows_module):
-        if os.environ.get("PSFLOW_NATIVE", "1") == "0":
-            assert module._KERNELS is None
-        else:
-            assert (module._KERNELS is None) == (KERNELS is None)
+    if os.environ.get("PSFLOW_NATIVE", "1") == "0":
+        assert id_index._KERNELS is None
+    else:
+        assert (id_index._KERNELS is None) == (KERNELS is None)
 
 
 OPS = st.lists(st.tuples(st.sampled_from(["insert", "remove", "find"]),
@@ -274,28 +274,14 @@ def test_unique_ids_is_np_unique(path: str, values: list[int], order: int) -> No
 
 @pytest.mark.parametrize("path", BOTH)
 def test_unique_ids_on_every_size(path: str) -> None:
-    """Around the merge sort's run and pass boundaries, and on both sides of the size where numpy takes over."""
+    """Small and large batches, around the C loop's hash-set sizes (powers of two)."""
     rng = np.random.default_rng(4)
     with _path(path):
-        for size in [0, 1, 2, 15, 16, 17, 31, 32, 33, 200, 1000, rows_module._C_UNIQUE_MAX, rows_module._C_UNIQUE_MAX + 1, 5000]:
+        for size in [0, 1, 2, 7, 8, 9, 15, 16, 17, 31, 32, 33, 200, 1000, 2048, 2049, 5000]:
             for values in (rng.integers(-(2**63), 2**63 - 1, size, dtype=np.int64), rng.integers(-30, 30, size),
                            np.arange(size, dtype=np.int64), np.arange(size, 0, -1, dtype=np.int64),
                            np.full(size, 7, np.int64)):
                 _check_unique(values.astype(np.int64))
-
-
-@needs_c
-def test_unique_inverse_checks_its_buffers() -> None:
-    assert KERNELS is not None
-    ids, out = _ids([3, 1, 3]), np.empty(3, np.int64)
-    with pytest.raises(ValueError, match="one item per id"):
-        KERNELS.unique_inverse(ids, out[:2], out.copy())
-    with pytest.raises(ValueError, match="int64"):
-        KERNELS.unique_inverse(ids.astype(np.int32), out, out.copy())
-    unique, inverse = np.empty(3, np.int64), np.empty(3, np.int64)
-    assert KERNELS.unique_inverse(ids, unique, inverse) == 2
-    assert unique[:2].tolist() == [1, 3] and inverse.tolist() == [1, 0, 1]
-    assert KERNELS.unique_inverse(_ids([1, 3, 4]), unique, inverse) == -1
 
 
 @pytest.mark.parametrize("path", BOTH)
