@@ -96,7 +96,9 @@ Adagrad that is under 1e-8 absolute. For FTRL with power -0.7 it is up to
 
 C kernels: Adagrad and FTRL (learning_rate_power -0.5) run as one fused pass in
 the extension ``psflow.ps._kernels`` where it was built (and ``PSFLOW_NATIVE`` is
-not ``0``), with the GIL released. They do the numpy code's float32 operations
+not ``0``), with the GIL released for large updates only (see the extension's
+header: small ones keep it, so the ps's request threads do not queue behind
+each other). They do the numpy code's float32 operations
 in the same order, so the results are the same bit for bit; the tests compare
 the two.
 

@@ -58,7 +58,8 @@ def _run(spec: OptimizerSpec, shape, steps, monkeypatch: pytest.MonkeyPatch, nat
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.name}-{sorted(s.hyperparameters.items())}")
-@pytest.mark.parametrize("shape", [(50, 8), (40, 1), (30,), (7, 3, 2)])
+# (20000, 8) and (70000, 1): dense updates past the size from which the kernels release the GIL.
+@pytest.mark.parametrize("shape", [(50, 8), (40, 1), (30,), (7, 3, 2), (20000, 8), (70000, 1)])
 def test_kernel_matches_numpy_bit_for_bit(spec, shape, monkeypatch):
     var_c, slots_c = _run(spec, shape, 12, monkeypatch, native=True)
     var_np, slots_np = _run(spec, shape, 12, monkeypatch, native=False)
@@ -117,3 +118,51 @@ def test_bad_calls_raise_and_change_nothing():
     with pytest.raises(ValueError, match="C-contiguous"):
         kernels.adagrad(var[:, :1], accum[:, :1], grad[:, :1], None, 4, 0.1)
     assert var.tobytes() == before[0].tobytes() and accum.tobytes() == before[1].tobytes()
+
+
+@pytest.mark.parametrize("shape", [(50, 8), (40, 1), (30,), (7, 3, 2), (40000, 16)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+def test_gather_is_numpy_take(shape, dtype):
+    rng = np.random.default_rng(5)
+    value = (rng.normal(size=shape) * 100).astype(dtype)
+    for k in (0, 1, 7, shape[0]):  # the last: a permutation with repeats, past the GIL-free size for (40000, 16)
+        rows = rng.integers(0, shape[0], size=k).astype(np.int64)
+        out = np.empty((k, *shape[1:]), dtype=dtype)
+        kernels.gather(value, rows, out)
+        assert out.tobytes() == value[rows].tobytes()
+
+
+def test_gather_bad_calls_raise_and_write_nothing():
+    value = np.arange(8, dtype=np.float32).reshape(4, 2)
+    out = np.full((2, 2), -1, np.float32)
+    with pytest.raises(ValueError, match="row 4 is outside 0-3"):
+        kernels.gather(value, np.array([1, 4], np.int64), out)
+    with pytest.raises(ValueError, match="row -1"):
+        kernels.gather(value, np.array([-1, 0], np.int64), out)
+    with pytest.raises(ValueError, match="one row of value per index"):
+        kernels.gather(value, np.array([1], np.int64), out)
+    with pytest.raises(ValueError, match="item size"):
+        kernels.gather(value, np.array([1, 2], np.int64), np.empty((2, 2), np.float64))
+    with pytest.raises(ValueError, match="int64"):
+        kernels.gather(value, np.array([1, 2], np.int32), out)
+    with pytest.raises(ValueError, match="read-only"):
+        ro = out.copy()
+        ro.flags.writeable = False
+        kernels.gather(value, np.array([1, 2], np.int64), ro)
+    assert (out == -1).all()
+
+
+@pytest.mark.parametrize("shape", [(60, 8), (60, 1), (60,)])
+def test_store_reads_the_same_rows_with_and_without_the_kernel(shape, monkeypatch):
+    from psflow.ps import store as store_module
+
+    store = store_module.ParameterStore()
+    part = store.create("w", 0, shape, 0, shape[0], "float32", {"name": "random_normal", "seed": 3}, None)
+    rows = np.array([5, 0, 59, 5, 17], np.int64)
+    with_kernel = store.read(part, rows)
+    monkeypatch.setattr(store_module, "_GATHER", None)
+    without = store.read(part, rows)
+    assert with_kernel.shape == without.shape == (5, *shape[1:])
+    assert with_kernel.tobytes() == without.tobytes() == part.value[rows].tobytes()
+    with_kernel[0] = 1e9  # a copy: the partition is unchanged
+    assert part.value[5].max() < 1e9
