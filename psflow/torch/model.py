@@ -301,20 +301,24 @@ class TorchModel(Model):
         requests.update(dict.fromkeys(name for name, _ in self._params))
         return requests
 
-    def _inputs(self, batch: Batch, values: Values, *, grad: bool) -> tuple[Inputs, list[LookupPlan], dict[str, torch.Tensor]]:
+    def _inputs(self, batch: Batch, values: Values, *, grad: bool) -> tuple[Inputs, list[LookupPlan], list[torch.Tensor]]:
+        """The module's input, the batch's plans, and per plan one leaf tensor: its tables' pulled rows stacked
+        in the plan's order (one gather in forward, one gradient in backward, for all of a group's tables)."""
         with torch.no_grad():
             for name, p in self._params:
                 p.copy_(torch.from_numpy(_readable(values[name])).reshape(p.shape))
         plans = self._plans(batch)
-        rows: dict[str, torch.Tensor] = {}
+        stacked: list[torch.Tensor] = []
         for plan in plans:
-            for table in plan.tables:
-                rows[table] = torch.from_numpy(_readable(values[table])).requires_grad_(grad)
+            parts = [values[table] for table in plan.tables]
+            rows = _readable(parts[0]) if len(parts) == 1 else np.concatenate(parts, axis=0, dtype=np.float32)
+            stacked.append(torch.from_numpy(rows).requires_grad_(grad))
         by_module = {id(g.module): plan for g, plan in zip(self._groups, plans, strict=True)}
-        return Inputs(batch, by_module, rows, self._dense_names), plans, rows
+        weights = {id(g.module): w for g, w in zip(self._groups, stacked, strict=True)}
+        return Inputs(batch, by_module, {}, self._dense_names, weights), plans, stacked
 
     def compute(self, batch: Batch, values: Values) -> ModelOutput:
-        inputs, plans, rows = self._inputs(batch, values, grad=True)
+        inputs, plans, stacked = self._inputs(batch, values, grad=True)
         if not self.module.training:  # train() walks every submodule: ~0.3 ms a step otherwise
             self.module.train()
         for _, p in self._params:
@@ -326,11 +330,15 @@ class TorchModel(Model):
         for name, p in self._params:
             if p.grad is not None:
                 grads[name] = DenseGradient(p.grad.numpy())
-        for plan in plans:
+        for plan, weight in zip(plans, stacked, strict=True):
+            if weight.grad is None:
+                continue
+            g = weight.grad.numpy()
+            start = 0
             for table, ids in zip(plan.tables, plan.ids, strict=True):
-                g = rows[table].grad
-                if g is not None and ids.size:
-                    grads[table] = SparseGradient(ids, g.numpy())
+                if ids.size:
+                    grads[table] = SparseGradient(ids, g[start:start + ids.size])
+                start += ids.size
         return ModelOutput(float(loss.detach()), grads, self.outputs(logits))
 
     def predict(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
