@@ -25,6 +25,7 @@ import numpy as np
 
 from psflow.data.native import load_extension
 from psflow.ps.initializers import initial_value
+from psflow.ps.memory import exclude_from_fork
 from psflow.ps.optimizers import Optimizer
 
 #: The C row gather (``psflow.ps._kernels.gather``), or None: numpy's fancy indexing then.
@@ -96,6 +97,8 @@ class ParameterStore:
         """Creates a partition from its initializer; the caller serializes creation."""
         value = initial_value(initializer, full_shape, row_start, row_stop, dtype)
         slots = optimizer.create_slots(value) if optimizer is not None else {}
+        for array in (value, *slots.values()):
+            exclude_from_fork(array)  # a forked input reader would split their huge pages (psflow.ps.memory)
         state = PartitionState(var_name, index, row_start, value, optimizer, slots)
         self._parts[state.key] = state
         return state
