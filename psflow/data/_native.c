@@ -1118,6 +1118,38 @@ static const char unique_doc[] =
     "inverse_out[i] the position of ids[i] among them. scratch: int64, unique_scratch_size(len(ids)) items or more.";
 static const char unique_scratch_doc[] = "unique_scratch_size(n): the int64 items of scratch unique_sorted needs for n ids.";
 
+/* scan_ids(ids, num_rows) -> (first, increasing): the position of the first id outside [0, num_rows)
+ * (-1: none; the scan stops there) and whether the ids are strictly increasing. ids: C-contiguous int64.
+ * One pass holding the GIL (a few hundred ids: releasing it would cost more than the loop). The range and
+ * order checks of a row request, which numpy does in four passes and four calls. */
+static PyObject *native_scan_ids(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t num_rows;
+    if (!PyArg_ParseTuple(args, "On:scan_ids", &obj, &num_rows)) return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const char *f = b.format ? b.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (!((f[0] == 'q' || f[0] == 'l') && f[1] == 0 && b.itemsize == 8)) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "scan_ids: ids must be int64");
+        return NULL;
+    }
+    const int64_t *ids = b.buf;
+    Py_ssize_t n = b.len / 8, first = -1;
+    int increasing = 1;
+    const uint64_t limit = num_rows < 0 ? 0 : (uint64_t)num_rows;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((uint64_t)ids[i] >= limit) { /* negative ids are huge as unsigned */
+            first = i;
+            break;
+        }
+        if (i && ids[i] <= ids[i - 1]) increasing = 0;
+    }
+    PyBuffer_Release(&b);
+    return Py_BuildValue("(nO)", first, increasing ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {
     {"frame", native_frame, METH_VARARGS, frame_doc},
     {"masked_crc32c_ranges", native_masked_crc32c_ranges, METH_VARARGS, ranges_doc},
@@ -1130,6 +1162,9 @@ static PyMethodDef methods[] = {
     {"count_newlines", native_count_newlines, METH_O, count_newlines_doc},
     {"criteo_lines", native_criteo_lines, METH_VARARGS, criteo_doc},
     {"unique_sorted", native_unique_sorted, METH_VARARGS, unique_doc},
+    {"scan_ids", native_scan_ids, METH_VARARGS,
+     "scan_ids(ids, num_rows) -> (first, increasing): the first position of an id outside [0, num_rows) "
+     "(-1: none) and whether ids are strictly increasing (checked up to that position)."},
     {"unique_scratch_size", native_unique_scratch_size, METH_VARARGS, unique_scratch_doc},
     {"crc32c", (PyCFunction)(void (*)(void))native_crc32c, METH_VARARGS | METH_KEYWORDS, crc_doc},
     {NULL, NULL, 0, NULL},

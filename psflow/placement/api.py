@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from psflow.data.unique import scan_ids
 from psflow.ps.dynamic.hashing import owner_of
 
 __all__ = [
@@ -428,9 +429,8 @@ class VariablePlacement:
         if self.is_dynamic:
             return self._route_dynamic(arr)
         rows = arr.astype(np.int64, copy=False)
-        # One comparison finds both ends: negative ids are huge as unsigned.
-        if bool((rows.view(np.uint64) >= self.num_rows).any()):
-            pos = int(np.flatnonzero((rows < 0) | (rows >= self.num_rows))[0])
+        pos, _ = scan_ids(rows, self.num_rows)
+        if pos >= 0:
             raise PlacementError(f"variable {self.var.name!r}: id {int(arr[pos])} at position {pos} is out of range "
                                  f"[0, {self.num_rows})")
         if not self.is_partitioned:

@@ -122,6 +122,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.data.native import load_extension
+from psflow.data.unique import scan_ids
 
 __all__ = [
     "OPTIMIZER_NAMES",
@@ -364,10 +365,10 @@ def _sum_duplicates(rows: IndexArray, values: FloatArray, num_rows: int) -> tupl
     """
     if rows.size == 0:
         return rows, values
-    if rows.size == 1 or bool(np.all(rows[1:] > rows[:-1])):
-        # Strictly increasing (what clients send: sorted unique ids): no duplicates, and
-        # the ends bound the range. An O(n) check instead of an O(n log n) sort.
-        _check_range(int(rows[0]), int(rows[-1]), num_rows)
+    outside, increasing = scan_ids(rows, num_rows)
+    if outside < 0 and increasing:
+        # In range and strictly increasing (what clients send: sorted unique ids): no duplicates.
+        # One O(n) pass instead of an O(n log n) sort.
         return rows, values
     # np.sort is several times faster than argsort and is enough to find
     # duplicates. argsort is needed only to sum them.

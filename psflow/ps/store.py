@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from psflow.data.native import load_extension
+from psflow.data.unique import scan_ids
 from psflow.ps.initializers import initial_value
 from psflow.ps.memory import exclude_from_fork
 from psflow.ps.optimizers import Optimizer
@@ -129,8 +130,9 @@ class ParameterStore:
         if part.table is not None:
             return  # any id
         n = part.value.shape[0]
-        if rows.size and bool((rows.view(np.uint64) >= n).any()):  # negative rows are huge as unsigned
-            bad = rows[(rows < 0) | (rows >= n)][0]
+        first, _ = scan_ids(rows, n)
+        if first >= 0:
+            bad = rows[first]
             raise StoreError(f"{part.describe}: {what} {int(bad)} out of range (partition has {n} rows)")
 
     def check_dense(self, part: PartitionState, grad: np.ndarray) -> None:

@@ -114,3 +114,31 @@ def test_the_module_reads_the_switch_at_call_time(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(native, "NATIVE", None)
     assert unique_module.native.NATIVE is None
     _check(np.array([5, -1, 5, 3], np.int64))
+
+
+def _want_scan(ids: np.ndarray, num_rows: int) -> tuple[int, bool]:
+    bad = np.flatnonzero((ids < 0) | (ids >= num_rows))
+    first = int(bad[0]) if bad.size else -1
+    head = ids if first < 0 else ids[:first]
+    return first, bool(np.all(np.diff(head) > 0))
+
+
+@given(values=st.lists(st.one_of(INT64, st.integers(-3, 40)), max_size=60), num_rows=st.integers(-2, 50),
+       sort=st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_scan_ids_finds_the_first_id_outside_and_the_order(values: list[int], num_rows: int, sort: bool) -> None:
+    ids = np.array(sorted(values) if sort else values, dtype=np.int64)
+    want = _want_scan(ids, num_rows)
+    assert unique_module.scan_ids(ids, num_rows) == want  # the C loop where built
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(native, "NATIVE", None)
+        assert unique_module.scan_ids(ids, num_rows) == want
+
+
+def test_scan_ids_on_strided_ids_and_edges(path: str) -> None:
+    ids = np.arange(20, dtype=np.int64)
+    assert unique_module.scan_ids(ids[::2], 19) == (-1, True)  # a view: numpy's path on either side
+    assert unique_module.scan_ids(ids[::-2], 19) == (0, True)
+    assert unique_module.scan_ids(np.zeros(0, np.int64), 0) == (-1, True)
+    assert unique_module.scan_ids(np.array([3, 3], np.int64), 5) == (-1, False)
+    assert unique_module.scan_ids(np.array([1, 2, -(2**63)], np.int64), 5) == (2, True)
