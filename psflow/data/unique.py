@@ -66,9 +66,13 @@ def scan_ids(ids: npt.NDArray[np.int64], num_rows: int) -> tuple[int, bool]:
     ``[0, num_rows)`` (-1 when every id is inside) and whether the ids are strictly increasing
     (meaningful when ``first`` is -1: sorted distinct ids, what clients send)."""
     kernels = native.NATIVE
-    if kernels is not None and ids.flags.c_contiguous and ids.dtype == np.int64 and hasattr(kernels, "scan_ids"):
-        first, increasing = kernels.scan_ids(ids, num_rows)
-        return int(first), bool(increasing)
+    if kernels is not None:
+        try:  # the C loop checks dtype and layout itself: no per-call checks here (this runs ~250 times a step)
+            result: tuple[int, bool] = kernels.scan_ids(ids, num_rows)
+            return result
+        except (ValueError, BufferError, AttributeError):  # not C-contiguous int64, or an older build
+            pass
+    ids = np.asarray(ids, dtype=np.int64)
     outside = ids.view(np.uint64) >= max(num_rows, 0)  # negative ids are huge as unsigned
     first = int(np.argmax(outside)) if ids.size and bool(outside.any()) else -1
     head = ids if first < 0 else ids[:first]
