@@ -194,8 +194,8 @@ class ParameterStore:
     def apply_dense(part: PartitionState, grad: np.ndarray) -> None:
         if part.optimizer is None:  # pragma: no cover - checked before
             raise StoreError(f"{part.describe} is not trainable")
-        with part.lock:
-            part.optimizer.apply_dense(part.value, part.slots, grad)
+        with part.lock:  # grad was validated on arrival (check_dense); the slots are the optimizer's own
+            part.optimizer.apply_dense(part.value, part.slots, grad, checked=True)
 
     @staticmethod
     def apply_sparse(part: PartitionState, rows: np.ndarray, values: np.ndarray, *, step: int | None = None) -> None:
@@ -206,8 +206,8 @@ class ParameterStore:
         if part.table is not None:
             part.table.apply_gradients(rows, values, part.table.step if step is None else step)
             return
-        with part.lock:
-            part.optimizer.apply_sparse(part.value, part.slots, rows, values)
+        with part.lock:  # rows and values were validated on arrival (check_sparse); the slots are the optimizer's own
+            part.optimizer.apply_sparse(part.value, part.slots, rows, values, checked=True)
 
     def parameter_bytes(self) -> int:
         """Bytes of variables plus optimizer slots held by this task."""
