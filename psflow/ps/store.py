@@ -59,10 +59,10 @@ class PartitionState:
     slots: dict[str, np.ndarray]
     lock: threading.Lock = field(default_factory=threading.Lock)
     table: DynamicTable | None = None  # a dynamic table's share (value is then an empty [0, dim] placeholder)
+    key: str = field(init=False)  # partition_key(var_name, index), computed once (it names every request entry)
 
-    @property
-    def key(self) -> str:
-        return partition_key(self.var_name, self.index)
+    def __post_init__(self) -> None:
+        self.key = partition_key(self.var_name, self.index)
 
     @property
     def describe(self) -> str:

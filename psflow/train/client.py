@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterSpec
+from psflow.data.unique import scan_ids
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import PlacementError, RoutedRows, VariablePlacement
 from psflow.ps.optimizers import OptimizerSpec
@@ -90,6 +91,20 @@ class _PullPlan:
     # (name, partition key, positions): None = a whole variable, IN_ORDER = every id, in order, from this partition
     scatter: list[tuple[str, str, np.ndarray | slice | None]] = field(default_factory=list)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Whole:
+    """A whole variable's request fields (:attr:`ParameterClient._whole`)."""
+
+    task: int
+    key: str
+    rows_key: str
+    grad_key: str
+    index_key: str
+    num_rows: int
+    row_shape: tuple[int, ...]
+    dtype: np.dtype[Any]
 
 
 @dataclass(frozen=True)
@@ -153,6 +168,14 @@ class ParameterClient:
         self.incarnation = time.time_ns()
         self.cluster = cluster
         self.layout = {p.var.name: p for p in layout}
+        # Whole (unpartitioned, static, non-scalar) variables, the common case: the fields a request needs,
+        # computed once instead of on each of the ~100 lookups and gradients of a step.
+        self._whole: dict[str, _Whole] = {}
+        for p in layout:
+            if len(p.partitions) == 1 and p.var.shape and not p.is_dynamic:
+                key = partition_key(p.var.name, 0)
+                self._whole[p.var.name] = _Whole(p.partitions[0].task, key, f"r/{key}", f"g/{key}", f"i/{key}",
+                                                 p.num_rows, tuple(p.var.shape[1:]), np.dtype(p.var.dtype))
         self.client_name = client_name
         self.config = config or ConnectConfig()
         ps = cluster.task_indices("ps")
@@ -365,6 +388,19 @@ class ParameterClient:
         # values belong to. In async mode a lookup goes only to the tasks holding the ids.
         plan = _PullPlan({self.step_task: ([], {})} if self.sync.mode != "async" else {})
         for name, ids in requests.items():
+            whole = self._whole.get(name)
+            if (whole is not None and type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1
+                    and scan_ids(ids, whole.num_rows)[0] < 0):
+                # A whole table, int64 ids in range: what route() would give, without building it.
+                plan.shapes[name] = (ids.shape[0], *whole.row_shape)
+                if ids.shape[0]:
+                    local = ids.view()
+                    local.flags.writeable = False
+                    entries, arrays = plan.per_task.setdefault(whole.task, ([], {}))
+                    arrays[whole.rows_key] = local
+                    entries.append([whole.key, whole.rows_key])
+                    plan.scatter.append((name, whole.key, _IN_ORDER))
+                continue
             placement = self._placement(name)
             var = placement.var
             if ids is None:
@@ -425,6 +461,20 @@ class ParameterClient:
         targets = self.channels if mode == "sync" else (self.step_task,)
         per_task: dict[int, tuple[list[list[Any]], dict[str, np.ndarray]]] = {t: ([], {}) for t in targets}
         for name, grad in grads.items():
+            whole = self._whole.get(name)
+            if whole is not None and isinstance(grad, SparseGradient):
+                rows, values = grad.rows, grad.values
+                if (type(rows) is np.ndarray and rows.dtype == np.int64 and rows.ndim == 1 and type(values) is np.ndarray
+                        and values.dtype == whole.dtype and scan_ids(rows, whole.num_rows)[0] < 0):
+                    # A whole table's gradient, int64 rows in range (the ps checks the values' shape).
+                    if rows.shape[0]:
+                        local = rows.view()
+                        local.flags.writeable = False
+                        entries, arrays = per_task.setdefault(whole.task, ([], {}))
+                        arrays[whole.index_key] = local
+                        arrays[whole.grad_key] = values
+                        entries.append([whole.key, "sparse"])
+                    continue
             placement = self._placement(name)
             if isinstance(grad, DenseGradient):
                 values = np.asarray(grad.values, dtype=placement.var.dtype)
