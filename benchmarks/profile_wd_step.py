@@ -91,7 +91,7 @@ def main() -> None:
             values = client.pull(model.lookups(prepared))
             t3 = time.perf_counter()
             # TorchModel.compute, in its two halves.
-            inputs, plans, rows = model._inputs(prepared, values, grad=True)
+            inputs, plans, stacked = model._inputs(prepared, values, grad=True)
             model.module.train()
             logits = model.module(inputs)
             loss = model.loss(logits, inputs.labels)
@@ -101,11 +101,12 @@ def main() -> None:
             loss.backward()
             grads: dict[str, DenseGradient | SparseGradient] = {
                 name: DenseGradient(param.grad.numpy()) for name, param in model._params if param.grad is not None}
-            for plan in plans:
+            for plan, weight in zip(plans, stacked, strict=True):  # as TorchModel.compute: one leaf per group
+                g, start = weight.grad.numpy(), 0
                 for table, ids in zip(plan.tables, plan.ids, strict=True):
-                    g = rows[table].grad
-                    if g is not None and ids.size:
-                        grads[table] = SparseGradient(ids, g.numpy())
+                    if ids.size:
+                        grads[table] = SparseGradient(ids, g[start:start + ids.size])
+                    start += ids.size
             t5 = time.perf_counter()
             client.push(grads, examples=batch.num_examples, loss=float(loss.detach()))
             t6 = time.perf_counter()

@@ -388,18 +388,18 @@ class ParameterClient:
         # values belong to. In async mode a lookup goes only to the tasks holding the ids.
         plan = _PullPlan({self.step_task: ([], {})} if self.sync.mode != "async" else {})
         for name, ids in requests.items():
-            whole = self._whole.get(name)
-            if (whole is not None and type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1
-                    and scan_ids(ids, whole.num_rows)[0] < 0):
+            fast = self._whole.get(name)
+            if (fast is not None and type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1
+                    and scan_ids(ids, fast.num_rows)[0] < 0):
                 # A whole table, int64 ids in range: what route() would give, without building it.
-                plan.shapes[name] = (ids.shape[0], *whole.row_shape)
+                plan.shapes[name] = (ids.shape[0], *fast.row_shape)
                 if ids.shape[0]:
                     local = ids.view()
                     local.flags.writeable = False
-                    entries, arrays = plan.per_task.setdefault(whole.task, ([], {}))
-                    arrays[whole.rows_key] = local
-                    entries.append([whole.key, whole.rows_key])
-                    plan.scatter.append((name, whole.key, _IN_ORDER))
+                    entries, arrays = plan.per_task.setdefault(fast.task, ([], {}))
+                    arrays[fast.rows_key] = local
+                    entries.append([fast.key, fast.rows_key])
+                    plan.scatter.append((name, fast.key, _IN_ORDER))
                 continue
             placement = self._placement(name)
             var = placement.var
@@ -450,6 +450,9 @@ class ParameterClient:
             out[name][positions] = parts[key]
         for name, pieces in whole.items():
             out[name] = pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+        for name, shape in plan.shapes.items():
+            if name not in out:  # a lookup of no ids: no partition was asked, the answer is empty
+                out[name] = np.empty(shape, dtype=self.layout[name].var.dtype)
         return out
 
     def _push_plan(self, grads: Mapping[str, DenseGradient | SparseGradient], examples: int, loss: float | None,
@@ -461,19 +464,19 @@ class ParameterClient:
         targets = self.channels if mode == "sync" else (self.step_task,)
         per_task: dict[int, tuple[list[list[Any]], dict[str, np.ndarray]]] = {t: ([], {}) for t in targets}
         for name, grad in grads.items():
-            whole = self._whole.get(name)
-            if whole is not None and isinstance(grad, SparseGradient):
+            fast = self._whole.get(name)
+            if fast is not None and isinstance(grad, SparseGradient):
                 rows, values = grad.rows, grad.values
                 if (type(rows) is np.ndarray and rows.dtype == np.int64 and rows.ndim == 1 and type(values) is np.ndarray
-                        and values.dtype == whole.dtype and scan_ids(rows, whole.num_rows)[0] < 0):
+                        and values.dtype == fast.dtype and scan_ids(rows, fast.num_rows)[0] < 0):
                     # A whole table's gradient, int64 rows in range (the ps checks the values' shape).
                     if rows.shape[0]:
                         local = rows.view()
                         local.flags.writeable = False
-                        entries, arrays = per_task.setdefault(whole.task, ([], {}))
-                        arrays[whole.index_key] = local
-                        arrays[whole.grad_key] = values
-                        entries.append([whole.key, "sparse"])
+                        entries, arrays = per_task.setdefault(fast.task, ([], {}))
+                        arrays[fast.index_key] = local
+                        arrays[fast.grad_key] = values
+                        entries.append([fast.key, "sparse"])
                     continue
             placement = self._placement(name)
             if isinstance(grad, DenseGradient):
