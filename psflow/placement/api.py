@@ -339,8 +339,6 @@ class VariablePlacement:
     var: VariableDef
     partitions: tuple[Partition, ...]
     _starts: npt.NDArray[np.int64] = field(init=False, repr=False, compare=False)
-    # The one partition of a whole (unpartitioned, static, non-scalar) variable: route()'s fast path.
-    _whole: Partition | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         parts = tuple(self.partitions)
@@ -373,8 +371,6 @@ class VariablePlacement:
         starts = np.array([p.row_start for p in parts], dtype=np.int64)
         starts.flags.writeable = False
         object.__setattr__(self, "_starts", starts)
-        if len(parts) == 1 and self.var.shape:
-            object.__setattr__(self, "_whole", parts[0])
 
     @property
     def num_rows(self) -> int:
@@ -422,14 +418,6 @@ class VariablePlacement:
                 ``< 0`` or ``>= shape[0]``; the message names the variable,
                 the id and its position.
         """
-        whole = self._whole
-        if whole is not None and type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1:
-            # The common case (a whole table, int64 ids: ~100 calls a Wide & Deep step) in a few calls.
-            if ids.shape[0] == 0:
-                return []
-            if scan_ids(ids, whole.row_stop)[0] < 0:
-                return [_routed(whole, _positions(ids.shape[0]), ids.view())]
-            # an id out of range: the general path below names it
         if not self.var.shape:
             raise PlacementError(f"variable {self.var.name!r} is a scalar and has no rows to route")
         arr = np.asarray(ids)
@@ -534,17 +522,11 @@ _ARANGE.flags.writeable = False
 
 def _positions(n: int) -> npt.NDArray[np.intp]:
     """``arange(n)``, read-only; a view of a shared array up to 65,536."""
-    if n <= _ARANGE.size:
-        return _ARANGE[:n]  # a view of a read-only array: read-only
-    out = np.arange(n, dtype=np.intp)
-    out.flags.writeable = False
-    return out
+    return _ARANGE[:n] if n <= _ARANGE.size else np.arange(n, dtype=np.intp)
 
 
 def _routed(part: Partition, positions: npt.NDArray[np.intp], local: npt.NDArray[np.int64]) -> RoutedRows:
-    """``positions`` and ``local`` made read-only (``positions`` of :func:`_positions` already are)."""
-    if positions.flags.writeable:
-        positions.flags.writeable = False
+    positions.flags.writeable = False
     local.flags.writeable = False
     return RoutedRows(part.index, part.task, positions, local)
 

@@ -32,14 +32,13 @@ class Inputs:
         num_examples: ``n``.
     """
 
-    def __init__(self, batch: Batch, plans: Mapping[int, LookupPlan], rows: Mapping[str, torch.Tensor],
-                 dense_names: Sequence[str], stacked: Mapping[int, torch.Tensor] | None = None) -> None:
+    def __init__(self, batch: Batch, plans: Mapping[int, LookupPlan], rows: Mapping[int, torch.Tensor],
+                 dense_names: Sequence[str]) -> None:
         self.batch = batch
         self.num_examples = batch.num_examples
         self.labels = torch.from_numpy(np.ascontiguousarray(batch.labels, dtype=np.float32))
         self._plans = plans
-        self._rows = rows
-        self._stacked = stacked or {}
+        self._rows = rows  # per lookup module: its plan's tables' pulled rows, stacked in the plan's order
         self._dense_names = tuple(dense_names)
         self._dense: dict[tuple[str, ...], torch.Tensor] = {}
 
@@ -66,10 +65,7 @@ class Inputs:
         if plan is None:
             raise ModelError(f"{type(module).__name__} {module!r:.80} is not an embedding module of this model "
                              "(a module must be an attribute of the model's module when the model is built)")
-        weight = self._stacked.get(id(module))
-        if weight is None:
-            rows = [self._rows[t] for t in plan.tables]
-            weight = torch.cat(rows) if len(rows) > 1 else rows[0]
+        weight = self._rows[id(module)]
         # A gather, a scale and a segment sum. (torch's embedding_bag does the same, but its backward sorts
         # the entries: 2-3x slower here.) Bags of m entries each -- one id per field, as in Criteo -- are summed
         # by a reshape.

@@ -317,7 +317,7 @@ class TorchModel(Model):
             stacked.append(torch.from_numpy(rows).requires_grad_(grad))
         by_module = {id(g.module): plan for g, plan in zip(self._groups, plans, strict=True)}
         weights = {id(g.module): w for g, w in zip(self._groups, stacked, strict=True)}
-        return Inputs(batch, by_module, {}, self._dense_names, weights), plans, stacked
+        return Inputs(batch, by_module, weights, self._dense_names), plans, stacked
 
     def compute(self, batch: Batch, values: Values) -> ModelOutput:
         inputs, plans, stacked = self._inputs(batch, values, grad=True)

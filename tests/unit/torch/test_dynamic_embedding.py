@@ -85,7 +85,8 @@ def test_a_dynamic_lookup_of_raw_ids_is_the_static_lookup_of_renumbered_ids(pool
         for (name, e), ids in zip(group, plan.ids, strict=True):
             values = whole[name][ids] if dynamic is None else dynamic_rows(whole[name], raw[e.feature], ids)
             rows[name] = torch.from_numpy(values).requires_grad_(True)
-        out = Inputs(batch, {id(collection): plan}, rows, []).lookup(collection)
+        stacked = torch.cat([rows[name] for name in plan.tables])  # as TorchModel stacks a group's pulled rows
+        out = Inputs(batch, {id(collection): plan}, {id(collection): stacked}, []).lookup(collection)
         if d_out is None:
             d_out = torch.from_numpy(rng.normal(size=tuple(out.shape)).astype(np.float32))
         (out * d_out).sum().backward()

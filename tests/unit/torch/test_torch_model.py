@@ -54,7 +54,8 @@ def test_collection_is_tfs_lookup_per_table_forward_and_backward(pooling: str, o
             for name, ids in zip(plan.tables, plan.ids, strict=True)}
     plan64 = LookupPlan(plan.tables, plan.ids, plan.index, plan.weights.astype(np.float64), plan.bags,  # type: ignore[arg-type]
                         plan.num_examples, plan.concat)
-    out = Inputs(batch, {id(collection): plan64}, rows, []).lookup(collection)
+    stacked = torch.cat([rows[name] for name in plan.tables])  # as TorchModel stacks a group's pulled rows
+    out = Inputs(batch, {id(collection): plan64}, {id(collection): stacked}, []).lookup(collection)
     d_out = rng.normal(size=tuple(out.shape))
     (out * torch.from_numpy(d_out)).sum().backward()
 
