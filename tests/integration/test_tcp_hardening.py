@@ -33,6 +33,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 _SAFETY = 60.0  # seconds: a generous bound for things that take milliseconds
 
 
+class PsExited(Exception):
+    """The ps task exited before it was ready."""
+
+    def __init__(self, code: int, log: str) -> None:
+        super().__init__(f"the ps task exited ({code}) before it was ready:\n{log[-3000:]}")
+        self.log = log
+
+
 class PsTask:
     """One ``psflow server`` ps task process, its gRPC channel and its TCP carrier's port."""
 
@@ -40,7 +48,16 @@ class PsTask:
         self.proc, self.log_path, self.address = proc, log, address
         self.grpc = TaskChannel("/job:ps/task:0", address, PARAMETER_SERVICE,
                                 ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=_SAFETY))
-        self.grpc.wait_ready()
+        deadline = time.monotonic() + _SAFETY
+        while True:  # ready, or the task's exit and its log (not a blind 60 s wait on a dead process)
+            if proc.poll() is not None:
+                self.grpc.close()
+                raise PsExited(proc.returncode, self.log())
+            try:
+                self.grpc.wait_ready(timeout=1.0)
+                break
+            except TaskUnavailableError:
+                assert time.monotonic() < deadline, f"the ps task was not ready within {_SAFETY} s\n{self.log()[-3000:]}"
         self.tcp_port: int = self.grpc.call("Transport").meta["tcp_port"]
 
     def log(self) -> str:
@@ -68,6 +85,15 @@ def start_ps(tmp_path: Path) -> Iterator[Callable[..., PsTask]]:
     started: list[PsTask] = []
 
     def start(*flags: str, nofile: int | None = None) -> PsTask:
+        for _ in range(3):  # a port picked free may be taken before the task binds it: pick another
+            try:
+                return _start_once(*flags, nofile=nofile)
+            except PsExited as e:
+                if "already in use" not in e.log:
+                    raise
+        return _start_once(*flags, nofile=nofile)
+
+    def _start_once(*flags: str, nofile: int | None = None) -> PsTask:
         address = f"127.0.0.1:{free_ports(1)[0]}"
         cluster = tmp_path / f"cluster-{len(procs)}.json"
         cluster.write_text(ClusterSpec({"ps": [address]}).to_json())
