@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import TOKEN, ClusterHandle
+from support import TOKEN, ClusterHandle, TaskExited
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
@@ -21,22 +21,37 @@ from psflow.launch.ports import free_ports
 def local_cluster(tmp_path: Path) -> Iterator[Callable[..., ClusterHandle]]:
     """Factory: ``local_cluster(num_ps, num_workers, start_ps=True)``.
 
-    Starts the ps task processes (workers are left to the test, which may run
-    them in-process or as processes via ``handle.start("worker", i, ...)``).
+    Starts the ps task processes and returns once each serves (workers are left
+    to the test, which may run them in-process or as processes via
+    ``handle.start("worker", i, ...)``). A ps task whose picked port another
+    process bound first is started again, with the whole cluster on new ports.
     """
     handles: list[ClusterHandle] = []
 
     def make(num_ps: int, num_workers: int = 0, *, start_ps: bool = True) -> ClusterHandle:
-        ports = free_ports(num_ps + num_workers)
-        spec: dict[str, list[str]] = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]]}
-        if num_workers:
-            spec["worker"] = [f"127.0.0.1:{p}" for p in ports[num_ps:]]
-        handle = ClusterHandle(ClusterSpec(spec), tmp_path, TOKEN)
-        handles.append(handle)
-        if start_ps:
+        for attempt in range(3):
+            ports = free_ports(num_ps + num_workers)
+            spec: dict[str, list[str]] = {"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]]}
+            if num_workers:
+                spec["worker"] = [f"127.0.0.1:{p}" for p in ports[num_ps:]]
+            handle = ClusterHandle(ClusterSpec(spec), tmp_path, TOKEN)
+            handles.append(handle)
+            if not start_ps:
+                return handle
             for i in range(num_ps):
                 handle.start("ps", i)
-        return handle
+            try:  # serving before the test goes on: a ps task that died shows its log, not a worker's timeout
+                for i in range(num_ps):
+                    handle.wait_serving(i)
+                return handle
+            except TaskExited as e:
+                # A port picked free can be bound by another process before the task binds it: pick again.
+                if not e.port_taken or attempt == 2:
+                    raise
+                handle.stop_all()
+                for i in range(num_ps):  # the next try's logs start empty
+                    (tmp_path / f"ps-{i}.log").unlink(missing_ok=True)
+        raise AssertionError("unreachable")
 
     try:
         yield make

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from psflow.cluster import ClusterSpec
+from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, TaskUnavailableError
+from psflow.rpc.grpc_client import TaskChannel
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -25,6 +27,19 @@ A9A = REPO / "data" / "a9a" / "a9a"
 A9A_T = REPO / "data" / "a9a" / "a9a.t"
 TOKEN = "test-token-0123456789"
 T = TypeVar("T")
+
+
+class TaskExited(AssertionError):
+    """A task process exited before it served; ``log`` is its log."""
+
+    def __init__(self, task: str, code: int, log: str) -> None:
+        super().__init__(f"{task} exited ({code}) before it served:\n{log[-3000:]}")
+        self.log = log
+
+    @property
+    def port_taken(self) -> bool:
+        """Its picked port was bound by another process between the pick and the task's bind."""
+        return "already in use" in self.log
 
 
 @dataclass
@@ -39,6 +54,35 @@ class ClusterHandle:
     def log(self, job: str, index: int) -> str:
         path = self.workdir / f"{job}-{index}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def logs(self, tail: int = 3000) -> str:
+        """The last ``tail`` characters of every started task's log, each under its name (failure messages)."""
+        return "\n".join(f"--- {job} {index} (exit {proc.poll()}) ---\n{self.log(job, index)[-tail:]}"
+                         for (job, index), proc in sorted(self.procs.items()))
+
+    def wait_serving(self, index: int, limit: float = 120.0) -> None:
+        """Blocks until ps task ``index`` accepts connections.
+
+        Raises:
+            TaskExited: the process exited first (its log in the message), not a blind wait on a dead task.
+            AssertionError: not serving within ``limit`` seconds (a safety net; a passing run never meets it).
+        """
+        proc = self.procs[("ps", index)]
+        name = f"/job:ps/task:{index}"
+        channel = TaskChannel(name, self.cluster.task_address("ps", index), PARAMETER_SERVICE,
+                              ConnectConfig(token=self.token, connect_timeout=limit, rpc_timeout=limit))
+        deadline = time.monotonic() + limit
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise TaskExited(name, proc.returncode, self.log("ps", index))
+                try:
+                    channel.wait_ready(timeout=1.0)
+                    return
+                except TaskUnavailableError:
+                    assert time.monotonic() < deadline, f"{name} not serving within {limit:.0f} s\n{self.logs()}"
+        finally:
+            channel.close()
 
     def start(self, job: str, index: int, *extra: str) -> subprocess.Popen[bytes]:
         """(Re)starts one task process."""

@@ -98,7 +98,7 @@ def test_initialization_happens_once_whatever_the_start_order(local_cluster, tmp
     time.sleep(1.0)  # the test (not a worker) waits, so the non-chiefs are already polling
     handle.start("worker", 0, "--config", str(cfg), "--result", str(tmp_path / "r0.json"))
     for i in range(4):
-        assert handle.procs[("worker", i)].wait(timeout=120) == 0, handle.log("worker", i)
+        assert handle.procs[("worker", i)].wait(timeout=120) == 0, handle.logs()
     client = _client(config, handle, "test")
     assert [client.stats(i)["init_count"] for i in (0, 1)] == [1, 1]
     client.close()
