@@ -22,15 +22,19 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     n_neg = y.size - n_pos
     if n_pos == 0 or n_neg == 0:
         return float("nan")
-    order = np.argsort(s, kind="mergesort")
+    order = np.argsort(s, kind="stable")
     sorted_s = s[order]
-    # Average ranks of tied groups (1-based ranks).
-    starts = np.flatnonzero(np.r_[True, sorted_s[1:] != sorted_s[:-1]])
-    ends = np.r_[starts[1:], sorted_s.size]
-    avg = (starts + ends + 1) / 2.0
-    ranks = np.empty(s.size, dtype=np.float64)
-    ranks[order] = np.repeat(avg, ends - starts)
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    tied = sorted_s[1:] == sorted_s[:-1]
+    if not tied.any():  # distinct scores (the common case): the ranks are the sorted positions
+        rank_sum = float(np.flatnonzero(y[order]).sum() + n_pos)
+    else:  # average ranks of tied groups (1-based ranks)
+        starts = np.flatnonzero(np.r_[True, ~tied])
+        ends = np.r_[starts[1:], sorted_s.size]
+        avg = (starts + ends + 1) / 2.0
+        ranks = np.empty(s.size, dtype=np.float64)
+        ranks[order] = np.repeat(avg, ends - starts)
+        rank_sum = float(ranks[y].sum())
+    return (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg)
 
 
 def logloss(labels: np.ndarray, probs: np.ndarray) -> float:

@@ -26,6 +26,18 @@ def test_auc_equals_pairwise_definition_with_ties(pairs: list[tuple[bool, int]])
         assert abs(auc(y, s) - _auc_brute(y, s)) < 1e-12
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=2, max_size=300), st.integers(0, 2**32 - 1))
+def test_auc_equals_pairwise_definition_with_distinct_scores(labels: list[bool], seed: int) -> None:
+    # distinct scores take auc's path without tie handling
+    y = np.array(labels, dtype=np.float32)
+    s = np.random.default_rng(seed).permutation(y.size).astype(np.float32) / y.size
+    if y.min() == y.max():
+        assert np.isnan(auc(y, s))
+    else:
+        assert abs(auc(y, s) - _auc_brute(y, s)) < 1e-12
+
+
 def test_perfect_and_inverted_ranking() -> None:
     y = np.array([0, 0, 1, 1])
     assert auc(y, np.array([0.1, 0.2, 0.8, 0.9])) == 1.0
