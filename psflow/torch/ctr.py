@@ -93,7 +93,7 @@ class _Deep(nn.Module):
         for i in range(self.num_layers):
             h = getattr(self, f"layer{i}")(h)
             if i < self.num_layers - 1:
-                h = torch.relu(h)
+                h = torch.relu_(h)
         return h.reshape(-1)
 
 
