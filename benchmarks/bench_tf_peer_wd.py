@@ -50,8 +50,14 @@ How each side is timed (fixed work, process start-up excluded, input included):
             (``examples_per_sec_fixed_work``); also its rate after 40 warm-up
             global steps (``examples_per_sec_after_warmup_steps``).
     psflow  from the chief's "initialized the variables" log line to the last
-            ``step=`` line any worker logs (``--log-every 1``); the rate after 40
-            warm-up global steps is taken from the same lines, as TF's is.
+            ``step=`` line any worker logs (``--log-every 1``: every push logs the
+            step it produced, so the step accounting is read from them too); the
+            rate after 40 warm-up global steps is taken from the same lines, as
+            TF's is. ``--in-process`` has one worker (no step to share) and runs at
+            the default ``--log-every 100``, as a user runs it and as TF's
+            instrument keeps its per-step samples in memory instead of logging
+            them: to its worker's "done after N local steps" line (a log line per
+            step with the batch's AUC cost it ~5%, measured side by side).
     PyTorch the instrument's training loop only (its TFRecords are parsed in an
             untimed pre-pass): all 391 steps, and steps 41..391.
 Eval AUC: TF and PyTorch from the instrument's summary (NumPy, exact, on the eval
@@ -198,24 +204,32 @@ def psflow_command(args: argparse.Namespace, data: str, fmt: str, key: str, outp
     cluster = next(flags for k, _, _, flags, _ in SHAPES if k == key)
     cluster = [a.format(averaging=args.sync_averaging) for a in cluster]
     if key != "single":
-        cluster += ["--transport", args.psflow_transport]
+        # Every push logs the step it produced: the step accounting (no step value logged by two workers) is read
+        # from these lines. One process has one worker, so no step can be shared: it logs at the default interval.
+        cluster += ["--transport", args.psflow_transport, "--log-every", "1"]
     return ["psflow", "train", *read, "--train", train, "--eval", ev, *shlex.split(args.psflow_model),
             "--batch-size", str(BATCH), "--epochs", "1", "--num-features", str(NUM_FEATURES), *cluster,
-            "--log-every", "1", "--quiet", "--output", output, *shlex.split(args.psflow_extra)]
+            "--quiet", "--output", output, *shlex.split(args.psflow_extra)]
 
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 _STEP = re.compile(r"psflow\.worker: worker (\d+): step=(\d+) ")
+_DONE = re.compile(r"psflow\.worker: worker (\d+): done after \d+ local steps \(\d+ examples\), last global step (\d+)")
 
 
-def parse_worker_logs(run_dir: str, per_step: int) -> Run:
+def parse_worker_logs(run_dir: str, per_step: int, *, until_done: bool = False) -> Run:
     """Timing and step accounting from the workers' logs: from "initialized the variables" to the last ``step=`` line.
 
     Also the rate after WARMUP_STEPS global steps, as the instrument takes TF's: from the first line with
     step >= WARMUP_STEPS to the last one, (last step - that step) x ``per_step`` examples.
+
+    ``until_done``: a run that logs at an interval (not every step) ends at the workers' last "done after N local
+    steps ..., last global step G" line instead, counted as a line of step G (what was not logged is not counted
+    as missing).
     """
     start: float | None = None
     lines: list[tuple[float, int, int]] = []  # (time, worker, step)
+    done: list[tuple[float, int, int]] = []
     for path in sorted(glob.glob(os.path.join(run_dir, "logs", "worker-*.log"))):
         with open(path, errors="replace") as f:
             for line in f:
@@ -228,8 +242,13 @@ def parse_worker_logs(run_dir: str, per_step: int) -> Run:
                 s = _STEP.search(line)
                 if s:
                     lines.append((t, int(s.group(1)), int(s.group(2))))
-    if start is None or not lines:
-        raise RuntimeError(f"{run_dir}: no 'initialized the variables' or step= lines in the worker logs")
+                d = _DONE.search(line) if until_done else None
+                if d:
+                    done.append((t, int(d.group(1)), int(d.group(2))))
+    if start is None or not (done if until_done else lines):
+        raise RuntimeError(f"{run_dir}: no 'initialized the variables' or step= (done) lines in the worker logs")
+    if until_done:
+        lines = sorted(lines + [max(done)])
     end = max(t for t, _, _ in lines)
     owners: dict[int, set[int]] = {}
     first: dict[int, float] = {}
@@ -238,7 +257,7 @@ def parse_worker_logs(run_dir: str, per_step: int) -> Run:
         first[worker] = min(first.get(worker, t), t)
     out: Run = {"seconds": end - start, "worker_start_skew_s": max(first.values()) - min(first.values()),
                 "step_values_logged_by_2plus_workers": sum(1 for v in owners.values() if len(v) > 1),
-                "step_values_missing": sum(1 for s in range(1, max(owners) + 1) if s not in owners)}
+                "step_values_missing": None if until_done else sum(1 for s in range(1, max(owners) + 1) if s not in owners)}
     warm = min(((t, step) for t, _, step in lines if step >= WARMUP_STEPS), default=None)
     if warm is not None and end > warm[0]:
         out["examples_per_sec_after_warmup"] = (max(owners) - warm[1]) * per_step / (end - warm[0])
@@ -263,7 +282,7 @@ def psflow_run(args: argparse.Namespace, data: str, fmt: str, key: str, per_step
     with open(os.path.join(output, "metrics.json")) as f:
         m = json.load(f)
     try:
-        timing = parse_worker_logs(output, BATCH * per_step)
+        timing = parse_worker_logs(output, BATCH * per_step, until_done=key == "single")
     except RuntimeError:  # no step lines: the worker's own wall time (session, input, every step)
         timing = {"seconds": float(m["workers"][0]["wall_seconds"]), "timed_by": "worker wall_seconds"}
     return {"examples_per_sec": m["examples"] / timing["seconds"], "examples": m["examples"],
@@ -369,7 +388,9 @@ def notes(meta: Run, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
         "",
         "Timing (process start-up excluded, reading and parsing included): TF = the instrument's fixed-work figure, from GO (all "
         "workers have a session and are released together) to the last worker step; psflow = from the chief's \"initialized the "
-        "variables\" log line to the last `step=` line any worker logs (`--log-every 1`)"
+        "variables\" log line to the last `step=` line any worker logs (`--log-every 1`; `--in-process`, one worker, so no "
+        "step to share: the default `--log-every 100` and its \"done after\" line, as TF's instrument keeps its per-step "
+        "samples in memory)"
         + (f", worker start skew {median_range(skew, '{:.3f}')} s" if skew else "")
         + f"; PyTorch = the training loop of torch_ref.py (TFRecords parsed beforehand, untimed). \"After {WARMUP_STEPS} warm-up "
         "global steps\" = from the first moment any worker saw that global step to the last step, as the instrument reports TF "
