@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -163,6 +163,8 @@ class LookupPlan:
         bags: per entry, its bag: ``example * len(tables) + table`` (concat) or ``example`` (sum).
         num_examples: examples of the batch.
         concat: bags are (example, table), giving ``[n, tables * dim]``; else one bag per example.
+        per_bag: :attr:`entries_per_bag` when known (:meth:`build` finds it where the batch is prepared,
+            often the reader process); -1: computed when asked.
     """
 
     tables: tuple[str, ...]
@@ -172,6 +174,7 @@ class LookupPlan:
     bags: npt.NDArray[np.int64]
     num_examples: int
     concat: bool
+    per_bag: int = -1
 
     @property
     def num_bags(self) -> int:
@@ -180,6 +183,8 @@ class LookupPlan:
     @property
     def entries_per_bag(self) -> int:
         """``m`` when every bag holds exactly ``m`` entries (the lookup is then a reshape and a sum), else 0."""
+        if self.per_bag >= 0:
+            return self.per_bag
         bags = self.num_bags
         if bags == 0 or self.bags.size % bags:
             return 0
@@ -270,14 +275,18 @@ class LookupPlan:
             order = np.arange(k * n, dtype=np.int64).reshape(k, n).T.reshape(-1)
         else:
             order = np.argsort(bag, kind="stable")
-        return cls(tuple(t for t, _ in embeddings), per_table, index[order], scale[order].astype(np.float32), bag[order],
+        plan = cls(tuple(t for t, _ in embeddings), per_table, index[order], scale[order].astype(np.float32), bag[order],
                    n, concat)
+        # one entry per (table, example): m = 1 per (example, table) bag, k per example's bag
+        per_bag = ((1 if concat else k) if n * k else 0) if one_each and not pruned else plan.entries_per_bag
+        return replace(plan, per_bag=per_bag)
 
     def to_extras(self, key: str) -> dict[str, npt.NDArray[np.generic]]:
         """The plan as arrays named ``<key>.<part>`` (for :attr:`Batch.extras`: it may be built in another process)."""
         out: dict[str, npt.NDArray[np.generic]] = {f"{key}.index": self.index, f"{key}.weights": self.weights,
                                                    f"{key}.bags": self.bags,
-                                                   f"{key}.shape": np.array([self.num_examples, int(self.concat)], np.int64)}
+                                                   f"{key}.shape": np.array([self.num_examples, int(self.concat),
+                                                                             self.per_bag], np.int64)}
         out.update({f"{key}.ids{t}": ids for t, ids in enumerate(self.ids)})
         return out
 
@@ -287,7 +296,8 @@ class LookupPlan:
         shape = extras[f"{key}.shape"]
         return cls(tables, tuple(extras[f"{key}.ids{t}"].astype(np.int64, copy=False) for t in range(len(tables))),
                    extras[f"{key}.index"].astype(np.int64, copy=False), extras[f"{key}.weights"].astype(np.float32, copy=False),
-                   extras[f"{key}.bags"].astype(np.int64, copy=False), int(shape[0]), bool(shape[1]))
+                   extras[f"{key}.bags"].astype(np.int64, copy=False), int(shape[0]), bool(shape[1]),
+                   int(shape[2]) if shape.size > 2 else -1)
 
 
 def _unique_pairs(table: npt.NDArray[np.int64], ids: npt.NDArray[np.int64],

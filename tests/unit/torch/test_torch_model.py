@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -49,6 +50,8 @@ def test_collection_is_tfs_lookup_per_table_forward_and_backward(pooling: str, o
     plan = LookupPlan.build(batch, specs, concat=pooling == "concat")
     # Bags of equal size are summed by a reshape: one id per field gives 1 (concat) or 3 (sum) entries per bag.
     assert plan.entries_per_bag == ((1 if pooling == "concat" else 3) if one_id else 0)
+    assert dataclasses.replace(plan, per_bag=-1).entries_per_bag == plan.entries_per_bag  # found by build = computed
+    assert LookupPlan.from_extras(plan.to_extras("g"), "g", plan.tables).per_bag == plan.per_bag  # travels with the batch
     tables = {name: rng.normal(size=(e.num_embeddings, 4)) for name, e in specs}
     rows = {name: torch.tensor(tables[name][ids], dtype=torch.float64, requires_grad=True)
             for name, ids in zip(plan.tables, plan.ids, strict=True)}
