@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import TypeVar
 
 from psflow.cluster import ClusterSpec
-from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, TaskUnavailableError
-from psflow.rpc.grpc_client import TaskChannel
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -61,7 +59,8 @@ class ClusterHandle:
                          for (job, index), proc in sorted(self.procs.items()))
 
     def wait_serving(self, index: int, limit: float = 120.0) -> None:
-        """Blocks until ps task ``index`` accepts connections.
+        """Blocks until ps task ``index`` logs that it serves at its address (psflow.server logs it once its
+        ports are bound): this process, not whatever else might listen on the port.
 
         Raises:
             TaskExited: the process exited first (its log in the message), not a blind wait on a dead task.
@@ -69,20 +68,13 @@ class ClusterHandle:
         """
         proc = self.procs[("ps", index)]
         name = f"/job:ps/task:{index}"
-        channel = TaskChannel(name, self.cluster.task_address("ps", index), PARAMETER_SERVICE,
-                              ConnectConfig(token=self.token, connect_timeout=limit, rpc_timeout=limit))
+        line = f"{name}: serving at {self.cluster.task_address('ps', index)} (pid {proc.pid})"
         deadline = time.monotonic() + limit
-        try:
-            while True:
-                if proc.poll() is not None:
-                    raise TaskExited(name, proc.returncode, self.log("ps", index))
-                try:
-                    channel.wait_ready(timeout=1.0)
-                    return
-                except TaskUnavailableError:
-                    assert time.monotonic() < deadline, f"{name} not serving within {limit:.0f} s\n{self.logs()}"
-        finally:
-            channel.close()
+        while line not in self.log("ps", index):
+            if proc.poll() is not None:
+                raise TaskExited(name, proc.returncode, self.log("ps", index))
+            assert time.monotonic() < deadline, f"{name} not serving within {limit:.0f} s\n{self.logs()}"
+            time.sleep(0.05)
 
     def start(self, job: str, index: int, *extra: str) -> subprocess.Popen[bytes]:
         """(Re)starts one task process."""
