@@ -148,7 +148,8 @@ def test_a_live_runs_directory_is_refused_then_its_stale_lock_taken_over_and_its
     assert set(before) <= {p.name for p in ckpt.glob("ckpt-*")}  # nothing of the first run's deleted by the refused one
     resumed_from = latest_checkpoint(str(ckpt))
     assert resumed_from is not None
-    step = read_manifest(resumed_from).global_step
+    resumed = read_manifest(resumed_from)  # read now: the next run's rotation may delete the directory
+    step = resumed.global_step
     # A later run takes the dead run's lock over (saying so), restores its checkpoint with a plain warning about
     # the other seed, and continues its lineage: its rotation may delete the first run's older checkpoints.
     r = run_cli("train", *COMMON, "--epochs", "1", "--checkpoint-dir", str(ckpt), "--seed", "2",
@@ -161,7 +162,7 @@ def test_a_live_runs_directory_is_refused_then_its_stale_lock_taken_over_and_its
                      r.stderr), r.stderr[-3000:]
     assert f"restored checkpoint {resumed_from} at step {step}" in (tmp_path / "third" / "logs" / "worker-0.log").read_text()
     names = all_listed_readable(ckpt)
-    assert {read_manifest(str(ckpt / n)).lineage for n in names} == {read_manifest(resumed_from).lineage}
+    assert {read_manifest(str(ckpt / n)).lineage for n in names} == {resumed.lineage}
     no_partial_directories(ckpt)
     assert not (ckpt / LOCK_NAME).exists()
 
