@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -183,13 +183,7 @@ class LookupPlan:
     @property
     def entries_per_bag(self) -> int:
         """``m`` when every bag holds exactly ``m`` entries (the lookup is then a reshape and a sum), else 0."""
-        if self.per_bag >= 0:
-            return self.per_bag
-        bags = self.num_bags
-        if bags == 0 or self.bags.size % bags:
-            return 0
-        m = self.bags.size // bags
-        return m if bool(np.all(self.bags.reshape(bags, m) == np.arange(bags)[:, None])) else 0
+        return self.per_bag if self.per_bag >= 0 else _entries_per_bag(self.bags, self.num_bags)
 
     @classmethod
     def build(cls, batch: Batch, embeddings: Sequence[tuple[str, Embedding]], *, concat: bool,
@@ -275,11 +269,13 @@ class LookupPlan:
             order = np.arange(k * n, dtype=np.int64).reshape(k, n).T.reshape(-1)
         else:
             order = np.argsort(bag, kind="stable")
-        plan = cls(tuple(t for t, _ in embeddings), per_table, index[order], scale[order].astype(np.float32), bag[order],
-                   n, concat)
-        # one entry per (table, example): m = 1 per (example, table) bag, k per example's bag
-        per_bag = ((1 if concat else k) if n * k else 0) if one_each and not pruned else plan.entries_per_bag
-        return replace(plan, per_bag=per_bag)
+        bags = bag[order]
+        if one_each and not pruned:  # one entry per (table, example): 1 per (example, table) bag, k per example's bag
+            per_bag = (1 if concat else k) if n * k else 0
+        else:
+            per_bag = _entries_per_bag(bags, n * k if concat else n)
+        return cls(tuple(t for t, _ in embeddings), per_table, index[order], scale[order].astype(np.float32), bags,
+                   n, concat, per_bag)
 
     def to_extras(self, key: str) -> dict[str, npt.NDArray[np.generic]]:
         """The plan as arrays named ``<key>.<part>`` (for :attr:`Batch.extras`: it may be built in another process)."""
@@ -296,8 +292,15 @@ class LookupPlan:
         shape = extras[f"{key}.shape"]
         return cls(tables, tuple(extras[f"{key}.ids{t}"].astype(np.int64, copy=False) for t in range(len(tables))),
                    extras[f"{key}.index"].astype(np.int64, copy=False), extras[f"{key}.weights"].astype(np.float32, copy=False),
-                   extras[f"{key}.bags"].astype(np.int64, copy=False), int(shape[0]), bool(shape[1]),
-                   int(shape[2]) if shape.size > 2 else -1)
+                   extras[f"{key}.bags"].astype(np.int64, copy=False), int(shape[0]), bool(shape[1]), int(shape[2]))
+
+
+def _entries_per_bag(bags: npt.NDArray[np.int64], num_bags: int) -> int:
+    """``m`` when the entries' bags (sorted) are ``0`` m times, ``1`` m times, ... ``num_bags - 1``; else 0."""
+    if num_bags == 0 or bags.size % num_bags:
+        return 0
+    m = bags.size // num_bags
+    return m if bool(np.all(bags.reshape(num_bags, m) == np.arange(num_bags)[:, None])) else 0
 
 
 def _unique_pairs(table: npt.NDArray[np.int64], ids: npt.NDArray[np.int64],

@@ -91,6 +91,7 @@ class _PullPlan:
     # (name, partition key, positions): None = a whole variable, IN_ORDER = every id, in order, from this partition
     scatter: list[tuple[str, str, np.ndarray | slice | None]] = field(default_factory=list)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    empty: list[str] = field(default_factory=list)  # lookups of no ids: no partition is asked, the answer is empty
 
 
 @dataclass(frozen=True)
@@ -393,7 +394,9 @@ class ParameterClient:
                     and scan_ids(ids, fast.num_rows)[0] < 0):
                 # A whole table, int64 ids in range: what route() would give, without building it.
                 plan.shapes[name] = (ids.shape[0], *fast.row_shape)
-                if ids.shape[0]:
+                if not ids.shape[0]:
+                    plan.empty.append(name)
+                else:
                     local = ids.view()
                     local.flags.writeable = False
                     entries, arrays = plan.per_task.setdefault(fast.task, ([], {}))
@@ -413,6 +416,8 @@ class ParameterClient:
             ids = _ids(placement, ids, "lookup")
             plan.shapes[name] = (ids.shape[0], *var.shape[1:])
             routes = placement.route(ids)
+            if not routes:
+                plan.empty.append(name)
             whole = _covers(routes, ids)
             for routed in routes:
                 key = partition_key(name, routed.partition)
@@ -450,9 +455,8 @@ class ParameterClient:
             out[name][positions] = parts[key]
         for name, pieces in whole.items():
             out[name] = pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces, axis=0)
-        for name, shape in plan.shapes.items():
-            if name not in out:  # a lookup of no ids: no partition was asked, the answer is empty
-                out[name] = np.empty(shape, dtype=self.layout[name].var.dtype)
+        for name in plan.empty:
+            out[name] = np.empty(plan.shapes[name], dtype=self.layout[name].var.dtype)
         return out
 
     def _push_plan(self, grads: Mapping[str, DenseGradient | SparseGradient], examples: int, loss: float | None,

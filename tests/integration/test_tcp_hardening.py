@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import REPO, TOKEN
+from support import REPO, TOKEN, TaskExited
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
@@ -31,14 +31,6 @@ from psflow.rpc.tcp import TcpChannel
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 _SAFETY = 60.0  # seconds: a generous bound for things that take milliseconds
-
-
-class PsExited(Exception):
-    """The ps task exited before it was ready."""
-
-    def __init__(self, code: int, log: str) -> None:
-        super().__init__(f"the ps task exited ({code}) before it was ready:\n{log[-3000:]}")
-        self.log = log
 
 
 class PsTask:
@@ -52,7 +44,7 @@ class PsTask:
         while True:  # ready, or the task's exit and its log (not a blind 60 s wait on a dead process)
             if proc.poll() is not None:
                 self.grpc.close()
-                raise PsExited(proc.returncode, self.log())
+                raise TaskExited("/job:ps/task:0", proc.returncode, self.log())
             try:
                 self.grpc.wait_ready(timeout=1.0)
                 break
@@ -88,8 +80,8 @@ def start_ps(tmp_path: Path) -> Iterator[Callable[..., PsTask]]:
         for _ in range(3):  # a port picked free may be taken before the task binds it: pick another
             try:
                 return _start_once(*flags, nofile=nofile)
-            except PsExited as e:
-                if "already in use" not in e.log:
+            except TaskExited as e:
+                if not e.port_taken:
                     raise
         return _start_once(*flags, nofile=nofile)
 
