@@ -45,6 +45,13 @@ that has seen a newer chief's epoch refuses, and the save fails with
     7. only then are checkpoints of this lineage beyond ``max_to_keep`` (and
        leftovers of crashed saves) deleted, under the same ``flock``; a save
        in progress of a newer epoch is never touched.
+What rotation keeps (step 5 decides it, step 7 deletes the rest) is read
+from the directory, never from the pointer: the new checkpoint and the
+newest ``max_to_keep - 1`` other complete checkpoints of this lineage (their
+manifests' ``lineage``; newest by ``global_step``, then ``created``). So a
+pointer that is missing, damaged or names something outside the directory
+cannot make a save delete a checkpoint it should keep, and ``max_to_keep``
+holds whatever the pointer said. The pointer's ``all`` lists what was kept.
 Every file is written to a temp name, fsynced and renamed, so a crash at any
 moment leaves the previous checkpoint (the one the pointer names) intact and
 restorable; a checkpoint directory without a manifest is never restored.
@@ -58,10 +65,17 @@ The ``max_failed_saves``-th failure in a row raises
 a checkpoint is not silently allowed. A save refused by a newer chief's epoch
 (:class:`CheckpointFencedError`) is not a failure: the newer chief saves.
 
-Readers: :func:`latest_checkpoint` follows the pointer; a pointer that names
-a missing or incomplete directory (or cannot be read) falls back to the
-newest complete checkpoint the pointer lists, then to the newest complete
-one in the directory.
+Readers (:func:`latest_checkpoint`: the launcher and the chief before a
+restore, a restore after a ps task died, the evaluator, ``psflow export``,
+warm start from a directory) follow the pointer only to a complete
+``ckpt-*`` directory directly inside the checkpoint directory. A pointer
+that names one that is gone or incomplete falls back to the newest complete
+checkpoint the pointer lists. A pointer that is missing (beside
+checkpoints), unreadable, not a JSON object, or names anything else (an
+absolute path, ``..``, a symlink) is reported (a WARNING naming the pointer
+file and what was wrong, once per process) and ignored: the newest complete
+checkpoint inside the directory is used (by ``global_step``, then
+``created``). The next save writes a good pointer.
 
 Restore (:func:`restore`) reads the manifest and, for each partition of the
 *current* layout, assembles its rows (and its optimizer slots' rows) from the
@@ -243,34 +257,103 @@ def read_manifest(path: str) -> Manifest:
 def latest_checkpoint(directory: str) -> str | None:
     """The newest complete checkpoint in ``directory``, or None.
 
-    The pointer file decides; if it is missing, unreadable, or names a
-    checkpoint that is gone or has no manifest, the newest complete one the
-    pointer lists (``all``) is used, else the newest complete directory.
+    The pointer decides when it names a complete ``ckpt-*`` directory
+    directly inside ``directory``. A pointer that names one that is gone or
+    has no manifest falls back to the newest complete one the pointer lists
+    (``all``). A pointer that is missing (while the directory holds
+    checkpoints), unreadable, not a JSON object, or names anything else (an
+    absolute path, a path with ``..`` or ``/``, a symlink, a name without the
+    ``ckpt-`` prefix) is ignored: the newest complete checkpoint inside
+    ``directory`` (by global_step, then save time, from the manifests) is
+    used. Each such problem is logged once per process as a WARNING naming
+    the pointer file and what was wrong.
     """
+    path, problem = _latest(directory)
+    if problem is not None and problem not in _POINTER_WARNED:
+        _POINTER_WARNED.add(problem)
+        log.warning("%s", problem)
+    return path
+
+
+#: Pointer problems already logged by this process (a reader asks at every step of some loops).
+_POINTER_WARNED: set[str] = set()
+
+
+def _latest(directory: str) -> tuple[str | None, str | None]:
+    """(the newest complete checkpoint, what was wrong with the pointer, or None when nothing was)."""
     pointer = os.path.join(directory, POINTER_NAME)
-    listed: list[str] = []
+    data, problem = _pointer_data(pointer)
+    if data is not None:
+        name = data.get("latest")
+        if not _checkpoint_name(name) or os.path.islink(os.path.join(directory, str(name))):
+            problem = f"names {name!r}, which is not a {_PREFIX}* directory directly inside {directory}"
+        elif _complete(os.path.join(directory, str(name))):
+            return os.path.join(directory, str(name)), None
+        else:
+            problem = f"names {os.path.join(directory, str(name))}, which is gone or has no manifest"
+            listed = data.get("all")
+            for other in reversed(listed if isinstance(listed, list) else []):
+                path = os.path.join(directory, str(other))
+                if _checkpoint_name(other) and not os.path.islink(path) and _complete(path):
+                    return path, f"checkpoint pointer {pointer} {problem}; using {other}, the newest complete one it lists"
+    complete = _complete_checkpoints(directory)
+    newest = complete[-1][0] if complete else None
+    if data is None and problem is None:  # no pointer file
+        if newest is None:
+            return None, None  # and no checkpoint yet: a fresh directory
+        problem = "is missing"
+    using = (f"using the newest complete checkpoint inside it, {os.path.basename(newest)}" if newest is not None
+             else "it holds no complete checkpoint")
+    return newest, f"checkpoint pointer {pointer} {problem}; ignored: {using}"
+
+
+def _pointer_data(pointer: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the pointer's JSON object, None), or (None, what is wrong); (None, None): there is no pointer file."""
     try:
-        with open(pointer) as f:
-            data = json.load(f)
-        name = data["latest"]
-        listed = [str(n) for n in data.get("all") or [] if isinstance(n, str)]
-        path = os.path.join(directory, str(name))
-        if _complete(path):
-            return path
-        log.warning("checkpoint pointer %s names %s, which is gone or has no manifest; falling back", pointer, path)
+        with open(pointer, "rb") as f:
+            raw = f.read()
     except FileNotFoundError:
-        pass
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        log.warning("unreadable checkpoint pointer %s (%s); scanning", pointer, e)
-    for name in reversed(listed):
-        if os.path.basename(name) == name and name.startswith(_PREFIX) and _complete(os.path.join(directory, name)):
-            return os.path.join(directory, name)
-    complete = [p for p in _checkpoint_dirs(directory) if _complete(p)]
-    return complete[-1] if complete else None
+        return None, None
+    except OSError as e:
+        return None, f"cannot be read ({e})"
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return None, f"is not a JSON object (damaged? {len(raw)} bytes)"
+    return data, None
+
+
+def _checkpoint_name(name: object) -> bool:
+    """``name`` can only name a directory directly inside the checkpoint directory: ``ckpt-*``, no path."""
+    return (isinstance(name, str) and name.startswith(_PREFIX) and os.path.basename(name) == name
+            and "/" not in name and "\\" not in name)
 
 
 def _complete(path: str) -> bool:
     return os.path.exists(os.path.join(path, MANIFEST_NAME))
+
+
+def _complete_checkpoints(directory: str) -> list[tuple[str, dict[str, Any]]]:
+    """The complete checkpoints directly inside ``directory`` with their manifests, oldest first.
+
+    Ordered by global_step, then save time (``created``), then name. A checkpoint whose manifest cannot be
+    read is not listed. Read from the directory alone, never from the pointer.
+    """
+    found = []
+    for path in _checkpoint_dirs(directory):
+        manifest = _read_json(os.path.join(path, MANIFEST_NAME))
+        if manifest is not None:
+            found.append((path, manifest))
+    return sorted(found, key=_age)
+
+
+def _age(item: tuple[str, dict[str, Any]]) -> tuple[int, float, str]:
+    path, manifest = item
+    step, created = manifest.get("global_step"), manifest.get("created")
+    return (step if type(step) is int else -1, float(created) if isinstance(created, (int, float)) else 0.0,
+            os.path.basename(path))
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -288,7 +371,8 @@ def _checkpoint_dirs(directory: str) -> list[str]:
         names = sorted(n for n in os.listdir(directory) if n.startswith(_PREFIX))
     except FileNotFoundError:
         return []
-    return [os.path.join(directory, n) for n in names if os.path.isdir(os.path.join(directory, n))]
+    paths = [os.path.join(directory, n) for n in names]
+    return [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]  # a symlink leads outside
 
 
 def _fsync_dir(path: str) -> None:
@@ -614,15 +698,22 @@ class CheckpointManager:
             if not _complete(os.path.join(self.directory, name)):
                 raise CheckpointError(f"checkpoint {os.path.join(self.directory, name)} was deleted before it was made "
                                       "current")
-            listed = [str(n) for n in previous.get("all") or [] if isinstance(n, str)]
-            complete = [n for n in listed if n != name and os.path.basename(n) == n
-                        and _lineage_of(os.path.join(self.directory, n)) == lineage]
-            kept = [*complete, name][-self.max_to_keep:]
+            kept = self._kept(name, lineage)
             data = jsonio.dumps({"latest": name, "all": kept, "global_step": step, "lineage": lineage,
                                  "run_id": self.run_id, "epoch": epoch, "holder": holder},
                                 nonfinite="error", what=pointer, indent=1).encode()
             write_file_atomically(pointer, data)
         return kept, previous_bytes
+
+    def _kept(self, name: str, lineage: str) -> list[str]:
+        """What rotation keeps once checkpoint ``name`` is current, oldest first: ``name`` and the newest
+        ``max_to_keep - 1`` other complete checkpoints of ``lineage`` in the directory (by global_step, then
+        save time, read from their manifests, never from the pointer, which may be missing or damaged)."""
+        ours = [os.path.basename(p) for p, m in _complete_checkpoints(self.directory)
+                if m.get("lineage") == lineage or os.path.basename(p) == name]
+        others = [n for n in ours if n != name]
+        kept = set(others[max(0, len(others) - (self.max_to_keep - 1)):]) | {name}
+        return [n for n in ours if n in kept] if name in ours else [*(n for n in others if n in kept), name]
 
     def _undo_pointer(self, name: str, previous: bytes | None) -> None:
         """Puts the previous pointer back if the pointer still names ``name`` (this save's)."""
