@@ -7,7 +7,12 @@ task of a cluster can be reached at its address.
 
 Lifecycle: built and started by the constructor (``start=True``, as TF does);
 :meth:`Server.join` blocks until the server stops, which happens on
-:meth:`Server.stop` or on a ``Shutdown`` request from a client of the cluster.
+:meth:`Server.stop` or on a ``Shutdown`` request from a client of the cluster,
+and, for a ps task built with ``stop_when_run_over`` (what ``psflow server``
+does unless ``--keep-serving``), once the run is over: every training worker
+of the cluster has sent ``Done`` (:mod:`psflow.ps.run_end`, which says when a
+worker sends it). The task then logs ``<task>: run over (workers 0-1
+finished, final checkpoint ckpt-... written): exiting`` and stops.
 
 Security: with a ``token`` every call (gRPC and the TCP carrier) must carry
 it, ``Shutdown`` included; without one the server logs a WARNING when it
@@ -30,6 +35,7 @@ from typing import Any
 from psflow.cluster import ClusterSpec, TaskId
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
+from psflow.ps.run_end import RunLedger, training_workers
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, InvalidRequest
 from psflow.rpc.framing import Frame
@@ -70,6 +76,7 @@ class Server:
         state_dir: str | None = None,
         checkpoint_root: str | None = None,
         tcp_limits: TcpLimits | None = None,
+        stop_when_run_over: bool = False,
     ) -> None:
         """Builds the server of task ``/job:<job_name>/task:<task_index>``.
 
@@ -97,6 +104,10 @@ class Server:
                 other directories refused); ``None``: no shard files at all.
             tcp_limits: timeouts and connection limits of the ps task's TCP
                 carrier (default :class:`~psflow.rpc.tcp_server.TcpLimits`).
+            stop_when_run_over: (ps tasks) stop once every training worker of the
+                cluster sent ``Done`` (see :mod:`psflow.ps.run_end`); False: serve
+                until stopped (the local launcher, which reads the ps tasks after
+                the workers finish, stops them itself).
 
         Raises:
             ClusterError: the job or task is not in the cluster.
@@ -108,6 +119,7 @@ class Server:
         address = self.cluster.task_address(job_name, task_index)  # raises for unknown tasks
         self._stopped = threading.Event()
         self.parameter_service: ParameterService | None = None
+        self.run_ledger: RunLedger | None = None
         services: dict[str, Mapping[str, Handler]] = {}
         self._ps_handlers: dict[str, Handler] = {}
         if job_name == "ps":
@@ -117,8 +129,12 @@ class Server:
                 task_index, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal,
                 checkpoint_root=checkpoint_root, confine_shards=True,
             )
+            self.run_ledger = RunLedger(self.task.name, training_workers(self.cluster),
+                                        incarnation_of=self.parameter_service.incarnation_of,
+                                        on_over=self._run_over if stop_when_run_over else None)
             # One table for both carriers, so that Stats says the same over gRPC and TCP.
-            self._ps_handlers = {**self.parameter_service.handlers(), "Stats": self._stats}
+            self._ps_handlers = {**self.parameter_service.handlers(), **self.run_ledger.handlers(),
+                                 "Stats": self._stats}
             services[PARAMETER_SERVICE] = {**self._ps_handlers, "Transport": self._transport}
             if task_index == min(self.cluster.task_indices("ps")):  # the embedded coordination backend's leases
                 services[COORDINATION_SERVICE] = LeaseTable(self.task.name).handlers()
@@ -187,13 +203,20 @@ class Server:
         return meta, {}
 
     def _stats(self, frame: Frame) -> Reply:
-        """The ParameterService's Stats, plus how calls are authenticated and the TCP carrier's counters."""
-        service = self.parameter_service
-        if service is None:  # not reached: only ps tasks serve Stats
+        """The ParameterService's Stats, plus how calls are authenticated, the TCP carrier's counters and
+        the run's end (``run_end``: :meth:`psflow.ps.run_end.RunLedger.stats`)."""
+        service, ledger = self.parameter_service, self.run_ledger
+        if service is None or ledger is None:  # not reached: only ps tasks serve Stats
             raise InvalidRequest(f"{self.task.name} is not a ps task")
         meta, arrays = service.get_stats(frame)
         tcp = self._tcp.stats() if self._tcp is not None else None
-        return {**meta, "authentication": self.authentication, "tcp": tcp}, arrays
+        return {**meta, "authentication": self.authentication, "tcp": tcp, "run_end": ledger.stats()}, arrays
+
+    def _run_over(self, description: str) -> None:
+        """(``stop_when_run_over``) The last training worker's ``Done`` arrived: stop serving."""
+        log.info("%s: run over (%s): exiting", self.task.name, description)
+        # On another thread: the Done that completed the ledger gets its reply within stop()'s grace.
+        threading.Thread(target=self.stop, name="psflow-run-over", daemon=True).start()
 
     def _shutdown(self, frame: Frame) -> Reply:
         threading.Thread(target=self.stop, name="psflow-shutdown", daemon=True).start()

@@ -1,8 +1,9 @@
 """Entry point of one task process: ``python -m psflow.launch.task``.
 
 Started by the local launcher (or by hand / a cluster manager through
-``psflow server``). A ps task serves until asked to shut down; a worker task
-serves its WorkerService and runs the training loop, then exits 0.
+``psflow server``). A ps task serves until asked to shut down (or, under
+``psflow server``, until the run is over: :mod:`psflow.ps.run_end`); a worker
+task serves its WorkerService and runs the training loop, then exits 0.
 The cluster token comes from the ``PSFLOW_TOKEN`` environment variable,
 read here, at the edge.
 
@@ -63,10 +64,12 @@ def configure_logging(*, verbose: bool = False) -> None:
 def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | None, *,
              token: str | None, result_path: str | None = None, state_dir: str | None = None,
              checkpoint_root: str | None = None, tcp_limits: TcpLimits | None = None,
-             stop: StopRequest | None = None, bind_address: str | None = None, tls: TlsConfig | None = None) -> int:
+             stop: StopRequest | None = None, bind_address: str | None = None, tls: TlsConfig | None = None,
+             stop_when_run_over: bool = False) -> int:
     """Runs one task until it is done or stopped; returns the process exit status.
 
-    Blocks. Returns 0 when the task finished (a ps task: asked to shut down),
+    Blocks. Returns 0 when the task finished (a ps task: asked to shut down, or with
+    ``stop_when_run_over`` the run is over, see :class:`psflow.server.Server`),
     ``stop.exit_code`` (``128 + n``) when it was stopped (see the module docstring).
 
     ``stop``: the task's started :class:`~psflow.launch.lifeline.StopRequest`
@@ -109,7 +112,8 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     if checkpoint_root is None and config is not None:
         checkpoint_root = config.checkpoint_dir
     server = Server(cluster, job, index, token=token, worker_handlers=handlers, state_dir=state_dir,
-                    checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, bind_address=bind_address, tls=tls)
+                    checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, bind_address=bind_address, tls=tls,
+                    stop_when_run_over=stop_when_run_over)
     try:
         if job == "ps" or in_graph:
             stop.on_stop(functools.partial(server.stop, grace=0.0))  # ends join() below

@@ -349,6 +349,11 @@ class ParameterService:
                                      f"{incarnation} < {highest}) refused: the worker was restarted")
         self._incarnations[worker] = incarnation
 
+    def incarnation_of(self, worker: str) -> int:
+        """The highest incarnation (process) of ``worker`` seen in a push or claim here; 0: none."""
+        with self._gate:
+            return self._incarnations.get(worker, 0)
+
     def claim_worker(self, worker: Any, incarnation: Any, drain_timeout: float = 5.0) -> None:
         """A (re)started worker process: records its incarnation (earlier ones are refused from now
         on) and waits up to ``drain_timeout`` s for that worker's pushes in flight (only its own: in

@@ -37,7 +37,15 @@ from psflow.placement import PlacementError, RoutedRows, VariablePlacement
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.store import partition_key
 from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import PARAMETER_SERVICE, Channel, ConnectConfig, RpcError, TaskUnavailableError, gather
+from psflow.rpc.api import (
+    PARAMETER_SERVICE,
+    Channel,
+    ConnectConfig,
+    DeadlineExceededError,
+    RpcError,
+    TaskUnavailableError,
+    gather,
+)
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tcp import TcpChannel
@@ -551,6 +559,44 @@ class ParameterClient:
         """Tells every ps task this worker is done (sync/ssp stop waiting for it)."""
         calls = {t: ch.call_async("Leave", {"worker": self.client_name}) for t, ch in self.channels.items()}
         gather(calls)
+
+    def report_done(self, *, checkpoint_dir: bool = False, final_checkpoint: str | None = None,
+                    attempts: int = 3) -> list[str]:
+        """Tells every ps task that this worker's session ended normally (``Done``, see
+        :mod:`psflow.ps.run_end`): a ps task of ``psflow server`` exits once every training worker did.
+        ``checkpoint_dir``: the run checkpoints; ``final_checkpoint``: the name of its final checkpoint,
+        if this worker sees it (the ps tasks' exit line names it).
+
+        Blocks for at most ``attempts`` rounds of 5 s calls (a task that could not be reached is
+        asked again after 0.5 s, 1 s, ...; one that refused is not). Never raises.
+
+        Returns:
+            The ps tasks that did not hear it, each logged as a WARNING (they keep serving until stopped).
+        """
+        meta = {"worker": self.client_name, "incarnation": self.incarnation, "checkpoint_dir": checkpoint_dir,
+                "final_checkpoint": final_checkpoint}
+        pending = dict(self.channels)  # ps task index -> channel, not yet answered
+        errors: dict[int, RpcError] = {}
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(0.5 * 2 ** (attempt - 1))
+            calls = {t: ch.call_async("Done", meta, timeout=5.0) for t, ch in pending.items()}
+            for t, call in calls.items():
+                try:
+                    call.result()
+                    errors.pop(t, None)
+                    del pending[t]
+                except (TaskUnavailableError, DeadlineExceededError) as e:  # asked again
+                    errors[t] = e
+                except RpcError as e:  # refused: asking again gets the same answer
+                    errors[t] = e
+                    del pending[t]
+            if not pending:
+                break
+        for t, error in sorted(errors.items()):
+            log.warning("%s: %s did not hear that this worker is done (%s); it serves until stopped "
+                        "(psflow shutdown)", self.client_name, self.channels[t].task, error)
+        return [self.channels[t].task for t in sorted(errors)]
 
     # ---- control -----------------------------------------------------------
     def stats(self, task: int | None = None) -> dict[str, Any]:

@@ -17,7 +17,11 @@ Order of a worker's life (asynchronous mode):
        worker's update produced; log ``step=S`` with the loss and the batch's
        metrics when ``S % log_every == 0`` (so every multiple is logged
        exactly once across the cluster);
-    5. stop at the end of its data or once global_step reaches ``max_steps``.
+    5. stop at the end of its data or once global_step reaches ``max_steps``;
+    6. once its session has ended normally (the final checkpoint written, by
+       whichever worker held the chief duties), tell every ps task it is done
+       (``Done``, :mod:`psflow.ps.run_end`: ``psflow server``'s ps tasks exit once
+       every worker did). Only with the worker's own gRPC client.
 
 Stopping early (``run_worker(..., stop=...)``, a SIGTERM to the task, see
 :mod:`psflow.launch.lifeline`): the request is checked before every step and
@@ -52,6 +56,7 @@ from psflow.placement import VariableSet
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
+from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest
 from psflow.train.chief import is_chief
 from psflow.train.client import ParameterClient
 from psflow.train.config import ConfigError, TrainConfig
@@ -172,6 +177,7 @@ def run_worker(
     model, variables = build_model(config, cluster)
     log.info("worker %d: %s", task_index, model.describe())
     leadership = None
+    own_client = client is None
     if client is None:
         if config.reader_process:
             # fork() with live gRPC channels is unsafe (the child crashed with SIGSEGV in a cluster worker).
@@ -224,6 +230,11 @@ def run_worker(
                 if leadership is not None:
                     leadership.start()
                 resume = fit_position(text, data_config, task)
+        if own_client:  # the session ended normally: its final checkpoint is written
+            if leadership is not None:  # resign first: the lease lives on ps task 0, which may now exit
+                leadership.close()
+            client.report_done(checkpoint_dir=bool(config.checkpoint_dir),
+                               final_checkpoint=_final_checkpoint(config.checkpoint_dir))
     finally:
         if leadership is not None:
             leadership.close()
@@ -250,6 +261,18 @@ class _Progress:
     bad_records: int = 0
     first_step: int | None = None
     step: int | None = None
+
+
+def _final_checkpoint(directory: str | None) -> str | None:
+    """The name of the newest checkpoint in ``directory`` if it is the run's final one (else None)."""
+    if not directory:
+        return None
+    try:
+        latest = latest_checkpoint(directory)
+        return os.path.basename(latest) if latest is not None and read_manifest(latest).final else None
+    except (CheckpointError, OSError) as e:  # only reported to the ps tasks: never fails the worker
+        log.warning("could not read the final checkpoint in %s: %s", directory, e)
+        return None
 
 
 def _resign(leadership: Leadership, task_index: int, reason: str) -> None:

@@ -1,0 +1,181 @@
+"""The end of a run, as one ps task sees it: which training workers are done, and whether that is all.
+
+A ps task started by ``psflow server`` exits once the run is over
+(:class:`psflow.server.Server` with ``stop_when_run_over``). The run is over
+when every training worker of the cluster spec (:func:`training_workers`) has
+sent ``Done``. A worker sends ``Done`` to every ps task once its session has
+ended normally: its data ended (or global_step reached ``max_steps``), every
+worker of a run that can be restored has finished its data (workers linger
+for each other, see :mod:`psflow.train.recovery`), and the session's end hooks
+have run, so the final checkpoint has been written by the worker that held
+the chief duties then, before that worker's ``Done``. The ps task needs no
+training config to know this: the workers' ``Done`` carries whether the run
+checkpoints and the final checkpoint's name.
+
+``Done``
+    ``meta = {"worker": task, "incarnation": n, "checkpoint_dir": bool,
+    "final_checkpoint": name | null}``. ``worker`` must be a training worker of
+    the cluster (``/job:worker/task:i``, as :func:`psflow.train.chief.training_view`
+    names them: with a ``chief`` job the chief is worker 0). Replies
+    ``{"ok": true, "run_over": bool}``. Idempotent: a worker may send it again.
+
+Each ps task keeps its own ledger: none depends on another to learn that the
+run is over, so ps task 0 may exit first.
+
+Restarted workers: a worker's ``Done`` counts only while no later process of
+that worker has been seen (a higher incarnation, from its pushes or its
+``ReaderPositions`` claim): a worker that finished and was then restarted
+must finish again before the run is over.
+
+Not guaranteed: a worker that fails never sends ``Done``, so the ps tasks of a
+failed run keep serving (a restarted worker can still rejoin; ``psflow
+shutdown`` stops them); a ps task restarted after the workers sent ``Done``
+never hears it and serves until stopped; an in-graph run's client sends no
+``Done`` (its workers serve too, until stopped).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psflow.cluster import ClusterSpec
+from psflow.rpc.api import InvalidRequest
+from psflow.rpc.framing import Frame
+from psflow.rpc.grpc_server import Handler, Reply
+
+__all__ = ["RunLedger", "training_workers", "describe_workers"]
+
+_WORKER = re.compile(r"/job:worker/task:(\d+)")
+# A checkpoint's directory name, as the manifests have it (it goes into a log line: no other characters).
+_CHECKPOINT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+
+
+def training_workers(cluster: ClusterSpec) -> list[str]:
+    """The names the training workers of ``cluster`` report under (``/job:worker/task:i``).
+
+    Without a ``chief`` job: the ``worker`` job's tasks. With one: the chief as
+    worker 0 and ``/job:worker/task:i`` as ``i + 1`` (as
+    :func:`psflow.train.chief.training_view` numbers them). Empty when the
+    cluster has no training task (then the run is never over).
+    """
+    workers = cluster.num_tasks("worker") if "worker" in cluster.jobs else 0
+    if "chief" in cluster.jobs:
+        return [f"/job:worker/task:{i}" for i in range(cluster.num_tasks("chief") + workers)]
+    if not workers:
+        return []
+    return [f"/job:worker/task:{i}" for i in sorted(cluster.task_indices("worker"))]
+
+
+def describe_workers(names: Sequence[str]) -> str:
+    """``worker 0``, ``workers 0-2`` or ``workers 0-1, 4``: training workers' names, indices in runs."""
+    indices = sorted(int(m.group(1)) for m in map(_WORKER.fullmatch, names) if m is not None)
+    if not indices:
+        return "no workers"
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return ("worker " if len(indices) == 1 else "workers ") + text
+
+
+@dataclass(frozen=True)
+class _Done:
+    incarnation: int
+    checkpoint_dir: bool
+    final_checkpoint: str | None
+
+
+class RunLedger:
+    """The ``Done`` reports of one ps task, and the moment the run is over. Thread-safe."""
+
+    def __init__(self, task_name: str, expected: Sequence[str], *, incarnation_of: Callable[[str], int],
+                 on_over: Callable[[str], None] | None = None) -> None:
+        """Args:
+            task_name: this ps task (errors name it).
+            expected: the training workers (:func:`training_workers`); empty: the run is never over.
+            incarnation_of: the highest incarnation seen of a worker (0: none), e.g.
+                :meth:`psflow.ps.service.ParameterService.incarnation_of`.
+            on_over: called once, on the thread of the ``Done`` that completed the ledger, with a
+                description such as ``workers 0-1 finished, final checkpoint ckpt-000000512 written``.
+        """
+        self.task_name = task_name
+        self._expected = tuple(expected)
+        self._incarnation_of = incarnation_of
+        self._on_over = on_over
+        self._lock = threading.Lock()
+        self._done: dict[str, _Done] = {}
+        self._over = False
+
+    def handlers(self) -> dict[str, Handler]:
+        """``{"Done": ...}``, for the ps task's services."""
+        return {"Done": self.done}
+
+    def done(self, frame: Frame) -> Reply:
+        """Records a worker's ``Done`` (see the module docstring); the one that completes the ledger calls ``on_over``."""
+        worker, report = self._parse(frame)
+        with self._lock:
+            self._done[worker] = report
+            fire = not self._over and self._complete()
+            self._over = self._over or fire
+        if fire and self._on_over is not None:
+            self._on_over(self.describe())
+        return {"ok": True, "run_over": self.over}, {}
+
+    @property
+    def over(self) -> bool:
+        """Whether every training worker's ``Done`` has arrived (and is its newest process's)."""
+        with self._lock:
+            return self._over
+
+    def stats(self) -> dict[str, Any]:
+        """``workers_done`` (names whose ``Done`` counts), ``workers_expected``, ``run_over``."""
+        with self._lock:
+            counted = sorted(w for w in self._done if self._counts(w))
+            return {"workers_done": counted, "workers_expected": len(self._expected), "run_over": self._over}
+
+    def describe(self) -> str:
+        """``workers 0-1 finished, final checkpoint ckpt-... written`` (or why there is none)."""
+        with self._lock:
+            reports = list(self._done.values())
+            finished = [w for w in self._expected if self._counts(w)]
+        named = sorted(r.final_checkpoint for r in reports if r.final_checkpoint is not None)
+        if named:
+            checkpoint = f"final checkpoint {named[-1]} written"
+        elif any(r.checkpoint_dir for r in reports):
+            checkpoint = "no final checkpoint reported: see the chief's log"
+        else:
+            checkpoint = "no checkpoint directory"
+        return f"{describe_workers(finished)} finished, {checkpoint}"
+
+    def _complete(self) -> bool:  # caller holds _lock
+        return bool(self._expected) and all(self._counts(w) for w in self._expected)
+
+    def _counts(self, worker: str) -> bool:  # caller holds _lock
+        report = self._done.get(worker)
+        return report is not None and report.incarnation >= self._incarnation_of(worker)
+
+    def _parse(self, frame: Frame) -> tuple[str, _Done]:
+        meta = frame.meta
+        worker, incarnation = meta.get("worker"), meta.get("incarnation")
+        if not isinstance(worker, str) or worker not in self._expected:
+            known = describe_workers(self._expected) if self._expected else "none"
+            raise InvalidRequest(f"{self.task_name}: Done from {worker!r:.100}, not a training worker of this "
+                                 f"cluster ({known})")
+        if type(incarnation) is not int or incarnation < 0:
+            raise InvalidRequest(f"{self.task_name}: Done of {worker}: 'incarnation' must be a non-negative "
+                                 f"integer, got {incarnation!r:.40}")
+        checkpoint_dir, final = meta.get("checkpoint_dir", False), meta.get("final_checkpoint")
+        if not isinstance(checkpoint_dir, bool):
+            raise InvalidRequest(f"{self.task_name}: Done of {worker}: 'checkpoint_dir' must be true or false, "
+                                 f"got {checkpoint_dir!r:.40}")
+        if final is not None and not (isinstance(final, str) and _CHECKPOINT_NAME.fullmatch(final)):
+            raise InvalidRequest(f"{self.task_name}: Done of {worker}: 'final_checkpoint' must be a checkpoint's "
+                                 f"directory name, got {final!r:.100}")
+        return worker, _Done(incarnation, checkpoint_dir, final)
