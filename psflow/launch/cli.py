@@ -2,6 +2,7 @@
 
 ``psflow train``   launch a local cluster of real processes and train
 ``psflow server``  run one task of a cluster that spans machines
+``psflow shutdown --cluster FILE``  stop the ps tasks of a cluster started by hand
 ``psflow convert`` convert LIBSVM / Criteo TSV to TFRecord shards
 ``psflow schema infer FILE``  print the schema inferred from a TFRecord file (YAML, for --schema)
 ``psflow export``  write a checkpoint's model as safetensors + JSON
@@ -190,6 +191,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from psflow.launch.k8s import add_k8s_parser
     from psflow.launch.resilience import add_resilience_arguments
+    from psflow.launch.shutdown import add_shutdown_parser
     from psflow.launch.status_cli import add_status_parser
 
     parser = _Parser(prog="psflow", description="Parameter-server training in Python.")
@@ -208,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tool_parsers(sub)
     add_status_parser(sub)
     add_k8s_parser(sub)
+    add_shutdown_parser(sub)
     return parser
 
 
@@ -222,6 +225,9 @@ def _add_server_arguments(server: argparse.ArgumentParser) -> None:
                              "--checkpoint-dir every S seconds (%(default)s)")
     server.add_argument("--bind-host", metavar="ADDRESS", help="listen on ADDRESS (e.g. 0.0.0.0) at the task's port "
                         "instead of on its cluster address's host (in a container, where that is a Service name)")
+    server.add_argument("--keep-serving", action="store_true",
+                        help="ps task: serve until stopped (psflow shutdown, a signal), as TensorFlow's server.join(); "
+                             "default: exit 0 once every training worker finished (after the final checkpoint)")
     _add_server_security_arguments(server)
     _add_training_arguments(server)
 
@@ -447,10 +453,33 @@ def _server(args: argparse.Namespace) -> int:
         if config is not None and status.enabled else None
     try:
         return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
-                        checkpoint_root=args.checkpoint_root or args.checkpoint_dir, bind_address=bind, tls=tls)
+                        checkpoint_root=args.checkpoint_root or args.checkpoint_dir, bind_address=bind, tls=tls,
+                        stop_when_run_over=job == "ps" and not args.keep_serving)
     finally:
         if page is not None:
             page.close()
+
+
+def _shutdown(args: argparse.Namespace) -> int:
+    """``psflow shutdown``: the cluster (``--cluster``, else ``TF_CONFIG``) and the token read here (:mod:`psflow.launch.shutdown`)."""
+    from psflow.launch.shutdown import print_outcomes, shutdown_cluster
+    from psflow.launch.task import TOKEN_ENV
+
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is None and not args.insecure:
+        raise ConfigError(f"no cluster token: set {TOKEN_ENV} (the cluster's secret), or pass --insecure for a "
+                          "cluster started with --insecure")
+    if args.cluster:
+        with open(args.cluster) as f:
+            cluster = ClusterSpec.from_json(f.read())
+    elif os.environ.get("TF_CONFIG"):
+        cluster = parse_tf_config(os.environ["TF_CONFIG"]).cluster
+    else:
+        raise ConfigError("psflow shutdown needs --cluster FILE (or TF_CONFIG in the environment)")
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout}: want seconds > 0")
+    tls = tls_config(args, task="psflow shutdown", serves=False)
+    return print_outcomes(shutdown_cluster(cluster, token=token, tls=tls, timeout=args.timeout))
 
 
 def _evaluator(args: argparse.Namespace, cluster: ClusterSpec, index: int) -> int:
@@ -497,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_status(args)
         if args.command == "k8s":
             return _k8s(args)
+        if args.command == "shutdown":
+            return _shutdown(args)
         from psflow.data.convert import run_convert
 
         return int(run_convert(args))

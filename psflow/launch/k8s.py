@@ -12,7 +12,8 @@ the file's addresses were. :func:`render_manifests` builds, and
   cluster keeps the checkpoints.
 * ``cluster.yaml``: a headless Service per task (``publishNotReadyAddresses``:
   peers find a task as soon as it has an IP, as TensorFlow's peer discovery
-  wants), a StatefulSet for the ``ps`` job (it serves until deleted; a
+  wants), a StatefulSet for the ``ps`` job (it serves until deleted,
+  ``--keep-serving``, as a StatefulSet restarts a pod that exits; a
   ReadWriteOnce claim per pod from ``volumeClaimTemplates`` holds ps task 0's
   ``--state-dir``), and an Indexed Job for ``worker`` and for ``chief``
   (they run to completion; a failed container restarts in place). With
@@ -325,12 +326,14 @@ def _claim_spec(config: RenderConfig, mode: str, size: str) -> dict[str, Any]:
     return spec
 
 
-def _args(config: RenderConfig, job: str) -> list[str]:
+def _args(config: RenderConfig, job: str, *, tfjob: bool = False) -> list[str]:
     if job == _EVALUATOR:  # serves nothing: no --bind-host, no status page
         return ["server", "--checkpoint-dir", _CHECKPOINTS, *config.train_args]
     args = ["server", "--bind-host", "0.0.0.0", "--checkpoint-dir", _CHECKPOINTS]
     if job == "ps":
         args += ["--state-dir", _STATE]
+        if not tfjob:  # a StatefulSet restarts a pod that exits; a TFJob's ps pod exits 0 once the run is over
+            args += ["--keep-serving"]
     else:
         args += ["--status-port", str(config.status_port)]
     return args + list(config.train_args)
@@ -368,7 +371,7 @@ def _container(config: RenderConfig, job: str, env: list[dict[str, Any]], *, tfj
     ports = [{"name": port_name, "containerPort": config.port, "protocol": "TCP"}] if listens or tfjob else []
     return {
         "name": "tensorflow" if tfjob else "psflow",  # TFJob's operator looks for the container named tensorflow
-        "image": config.image, "imagePullPolicy": "IfNotPresent", "args": _args(config, job),
+        "image": config.image, "imagePullPolicy": "IfNotPresent", "args": _args(config, job, tfjob=tfjob),
         **({"ports": ports} if ports else {}),
         "env": env + [{"name": "PSFLOW_TOKEN", "valueFrom": {"secretKeyRef": {"name": config.secret, "key": "token"}}}],
         "resources": {"requests": {"cpu": resources.cpu, "memory": resources.memory},

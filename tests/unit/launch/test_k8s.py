@@ -233,6 +233,8 @@ def test_the_operators_tf_config_is_the_rendered_cluster(rendered: Rendered, mon
             env = _kubelet_env(container["env"], {}) | {"TF_CONFIG": tf_config}
             seen = _run_server(monkeypatch, container["args"], env)  # psflow unchanged: the operator's TF_CONFIG
             _check_started(seen, manifests.tfjob_cluster, TaskId(rtype.lower(), index))
+            if rtype == "PS":  # a TFJob's ps pod exits 0 once the run is over (restartPolicy OnFailure)
+                assert seen["stop_when_run_over"] is True
     assert ("Evaluator" in tfjob["spec"]["tfReplicaSpecs"]) == rendered.evaluator
 
 
@@ -259,6 +261,7 @@ def test_each_pod_computes_its_own_tf_config(rendered: Rendered, monkeypatch: py
             if job != "evaluator":
                 assert seen["state_dir"] == ("/var/lib/psflow/state" if job == "ps" else None)
                 assert seen["checkpoint_root"] == CHECKPOINTS
+                assert seen["stop_when_run_over"] is False  # a StatefulSet would restart a ps pod that exits
 
 
 def test_each_task_has_a_service_that_selects_only_its_pod(rendered: Rendered) -> None:

@@ -1,0 +1,204 @@
+"""ps tasks of ``psflow server`` exit 0 once the run is over; ``psflow shutdown`` stops a cluster started by
+hand, and refuses to without the cluster token (issue 25, item 10).
+
+Real ``psflow server`` processes on 127.0.0.1 (free ports); each one this module starts is killed by pid
+at the end if it still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support import A9A, REPO, TOKEN, run_bounded, wait_until
+
+from psflow.cluster import ClusterSpec
+from psflow.launch.ports import free_ports
+from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
+from psflow.rpc.grpc_client import TaskChannel
+from psflow.train.checkpoint import latest_checkpoint, read_manifest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+_SAFETY = 150.0  # s: a safety net for a passing run, never reached by one
+
+
+def _env(token: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PSFLOW_TOKEN", "TF_CONFIG")}
+    env["PYTHONUNBUFFERED"] = "1"
+    if token is not None:
+        env["PSFLOW_TOKEN"] = token
+    return env
+
+
+class _Tasks:
+    """``psflow server`` processes of one test, started from ``cluster.json`` in ``workdir``."""
+
+    def __init__(self, workdir: Path, cluster: ClusterSpec) -> None:
+        self.workdir, self.cluster = workdir, cluster
+        self.file = workdir / "cluster.json"
+        self.file.write_text(cluster.to_json())
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, job: str, index: int, *flags: str) -> subprocess.Popen[bytes]:
+        name = f"{job}-{index}"
+        with open(self.workdir / f"{name}.log", "wb") as out:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "psflow", "server", "--cluster", str(self.file), "--job", job,
+                 "--task", str(index), *flags],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO), env=_env(TOKEN))
+        return self.procs[name]
+
+    def log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text(errors="replace")
+
+    def wait_serving(self, index: int) -> None:
+        name, proc = f"ps-{index}", self.procs[f"ps-{index}"]
+        line = f"/job:ps/task:{index}: serving at {self.cluster.task_address('ps', index)} (pid {proc.pid})"
+
+        def serving() -> bool:
+            assert proc.poll() is None, f"{name} exited ({proc.returncode}):\n{self.log(name)[-3000:]}"
+            return line in self.log(name)
+
+        wait_until(serving, f"{name} serving", limit=_SAFETY)
+
+    def exit_code(self, name: str) -> int:
+        try:
+            return self.procs[name].wait(timeout=_SAFETY)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still running after {_SAFETY} s:\n{self.log(name)[-3000:]}") from None
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+
+
+@pytest.fixture
+def tasks(tmp_path: Path) -> Iterator[Callable[[ClusterSpec], _Tasks]]:
+    made: list[_Tasks] = []
+
+    def make(cluster: ClusterSpec) -> _Tasks:
+        made.append(_Tasks(tmp_path, cluster))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for t in made:
+            t.kill_all()
+
+
+def _cluster(num_ps: int, num_workers: int) -> ClusterSpec:
+    ports = free_ports(num_ps + num_workers)
+    return ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:num_ps]],
+                        "worker": [f"127.0.0.1:{p}" for p in ports[num_ps:]]})
+
+
+def _shutdown(cluster_file: Path, *flags: str, token: str | None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "psflow", "shutdown", "--cluster", str(cluster_file), *flags],
+                          capture_output=True, text=True, env=_env(token), cwd=str(REPO), stdin=subprocess.DEVNULL,
+                          timeout=_SAFETY)
+
+
+def _outcomes(stdout: str) -> dict[str, str]:
+    """``/job:ps/task:N`` -> its outcome, from psflow shutdown's lines ``TASK (ADDRESS): OUTCOME``."""
+    out = {}
+    for line in stdout.splitlines():
+        head, _, outcome = line.partition("): ")
+        out[head.split(" (")[0]] = outcome
+    return out
+
+
+def test_every_task_of_a_psflow_server_cluster_exits_0_after_training(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
+    cluster = tasks(_cluster(2, 2))
+    ckpt = tmp_path / "ckpt"
+    train = ["--train", str(A9A), "--num-features", "124", "--epochs", "1", "--batch-size", "1024", "--no-status",
+             "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "10", "--log-every", "10"]
+    for i in range(2):
+        cluster.start("ps", i, "--checkpoint-dir", str(ckpt))
+    for i in range(2):
+        cluster.start("worker", i, *train)
+    for name in ("worker-0", "worker-1", "ps-0", "ps-1"):
+        assert cluster.exit_code(name) == 0, f"{name}:\n{cluster.log(name)[-3000:]}"
+    final = latest_checkpoint(str(ckpt))
+    assert final is not None and read_manifest(final).final
+    for i in range(2):
+        line = (f"/job:ps/task:{i}: run over (workers 0-1 finished, final checkpoint {os.path.basename(final)} "
+                f"written): exiting")
+        assert line in cluster.log(f"ps-{i}"), cluster.log(f"ps-{i}")[-3000:]
+
+
+def test_psflow_shutdown_stops_a_hand_started_cluster_and_refuses_without_the_token(
+        tasks: Callable[[ClusterSpec], _Tasks]) -> None:
+    cluster = tasks(_cluster(2, 1))  # its worker never starts: the ps tasks would serve for ever
+    for i in range(2):
+        cluster.start("ps", i)
+    for i in range(2):
+        cluster.wait_serving(i)
+    ps = ["/job:ps/task:0", "/job:ps/task:1"]
+    for flags, token in ((["--insecure"], None), ([], "not-the-token")):
+        refused = _shutdown(cluster.file, *flags, "--timeout", "30", token=token)
+        assert refused.returncode == 1, refused
+        outcomes = _outcomes(refused.stdout)
+        assert list(outcomes) == ps and all(o.startswith("refused (unauthenticated: ")
+                                            for o in outcomes.values()), refused.stdout
+        assert "0 of 2 ps tasks stopped" in refused.stderr
+    assert all(p.poll() is None for p in cluster.procs.values())  # still serving
+    done = _shutdown(cluster.file, "--timeout", "30", token=TOKEN)
+    assert done.returncode == 0, done
+    assert _outcomes(done.stdout) == dict.fromkeys(ps, "stopped"), done.stdout
+    assert cluster.exit_code("ps-0") == 0 and cluster.exit_code("ps-1") == 0
+    again = _shutdown(cluster.file, "--timeout", "1", token=TOKEN)
+    assert again.returncode == 1 and all(o.startswith("unreachable (") for o in _outcomes(again.stdout).values())
+
+
+def test_keep_serving_keeps_a_ps_task_after_the_run_until_psflow_shutdown(
+        tasks: Callable[[ClusterSpec], _Tasks]) -> None:
+    cluster = tasks(_cluster(2, 1))
+    cluster.start("ps", 0)
+    cluster.start("ps", 1, "--keep-serving")
+    for i in range(2):
+        cluster.wait_serving(i)
+    # What worker 0 sends when its session has ended (psflow.train.worker): both tasks hear the run is over.
+    config = ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30)
+    ps1 = TaskChannel("/job:ps/task:1", cluster.cluster.task_address("ps", 1), PARAMETER_SERVICE, config)
+    try:
+        for i in range(2):
+            ch = ps1 if i == 1 else TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0),
+                                                PARAMETER_SERVICE, config)
+            reply = ch.call("Done", {"worker": "/job:worker/task:0", "incarnation": 1, "checkpoint_dir": False})
+            assert reply.meta == {"ok": True, "run_over": True}
+            if i == 0:
+                ch.close()
+        assert cluster.exit_code("ps-0") == 0
+        assert ("/job:ps/task:0: run over (worker 0 finished, no checkpoint directory): exiting"
+                in cluster.log("ps-0")), cluster.log("ps-0")
+        assert ps1.call("Stats").meta["run_end"] == {"workers_done": ["/job:worker/task:0"], "workers_expected": 1,
+                                                     "run_over": True}
+    finally:
+        ps1.close()
+    assert cluster.procs["ps-1"].poll() is None and "run over" not in cluster.log("ps-1")
+    result = _shutdown(cluster.file, "--timeout", "5", token=TOKEN)
+    assert result.returncode == 1, result
+    outcomes = _outcomes(result.stdout)
+    assert outcomes["/job:ps/task:1"] == "stopped" and outcomes["/job:ps/task:0"].startswith("unreachable ("), outcomes
+    assert "1 of 2 ps tasks stopped" in result.stderr
+    assert cluster.exit_code("ps-1") == 0
+
+
+def test_shutdown_without_a_token_or_a_cluster_file_is_one_line(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "psflow", "shutdown", "--cluster", str(tmp_path / "missing.json")]
+    no_token = run_bounded(cmd, timeout=_SAFETY, env=_env(None))
+    assert no_token.returncode == 1 and len(no_token.stderr.strip().splitlines()) == 1, no_token
+    assert "PSFLOW_TOKEN" in no_token.stderr and "--insecure" in no_token.stderr
+    no_file = run_bounded(cmd, timeout=_SAFETY, env=_env(TOKEN))
+    assert no_file.returncode == 1 and len(no_file.stderr.strip().splitlines()) == 1, no_file
+    assert "missing.json" in no_file.stderr
