@@ -9,9 +9,12 @@ One process per task; every task runs this same script with its own
     python examples/between_graph.py $H --job_name=worker --task_index=0 --train=data/a9a/a9a --eval=data/a9a/a9a.t
     python examples/between_graph.py $H --job_name=worker --task_index=1 --train=data/a9a/a9a
 
-ps tasks serve until they are stopped (Ctrl-C), as in TensorFlow; with
-``--shutdown_ps`` the chief (worker 0) asks them to stop once it is done.
-All tasks must share the cluster token in ``PSFLOW_TOKEN`` (or all have none).
+Unlike TensorFlow's ``server.join()``, a ps task's ``join()`` returns once the
+run is over: every worker reports ``Done`` when it has finished
+(``stop_when_run_over=True``), and the ps tasks exit 0. ``--shutdown_ps`` (the
+chief asks every ps task to stop at once when it is done) is kept for older
+scripts; it is no longer needed. All tasks must share the cluster token in
+``PSFLOW_TOKEN`` (or all have none).
 """
 
 from __future__ import annotations
@@ -43,15 +46,15 @@ def main() -> None:
     p.add_argument("--batch_size", type=int, default=512)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--log_every", type=int, default=50)
-    p.add_argument("--shutdown_ps", action="store_true")
+    p.add_argument("--shutdown_ps", action="store_true", help="not needed: ps tasks exit once every worker is done")
     flags = p.parse_args()
 
     # 1. The cluster, and this task's server.
     cluster = psflow.ClusterSpec({"ps": flags.ps_hosts.split(","), "worker": flags.worker_hosts.split(",")})
     token = os.environ.get("PSFLOW_TOKEN")
-    server = psflow.Server(cluster, flags.job_name, flags.task_index, token=token)
+    server = psflow.Server(cluster, flags.job_name, flags.task_index, token=token, stop_when_run_over=True)
     if flags.job_name == "ps":
-        server.join()  # serves until stopped
+        server.join()  # serves until every worker reported Done (or a Shutdown, or Ctrl-C)
         return
 
     # 2. Variables, placed on the ps tasks by replica_device_setter (round-robin).
@@ -104,6 +107,8 @@ def main() -> None:
         print("eval:", binary_metrics(test.labels, sigmoid(logits + model["bias"][0])), flush=True)
     if flags.task_index == 0 and flags.shutdown_ps:
         client.shutdown_servers()
+    else:
+        client.report_done()  # the ps tasks exit once every worker has said so
     client.close()
     server.stop()
 

@@ -45,6 +45,9 @@ def test_example_program_trains_with_two_ps_and_two_workers(tmp_path: Path) -> N
         procs.append(_start([*script, "--job_name=ps", "--task_index=1"], tmp_path / "ps1.log", env))
         assert procs[0].wait(timeout=150) == 0, (tmp_path / "w1.log").read_text()[-2000:]
         assert procs[1].wait(timeout=150) == 0, (tmp_path / "w0.log").read_text()[-2000:]
+        # The ps tasks' join() returns once both workers reported Done: no --shutdown_ps, no kill.
+        assert procs[2].wait(timeout=60) == 0, (tmp_path / "ps0.log").read_text()[-2000:]
+        assert procs[3].wait(timeout=60) == 0, (tmp_path / "ps1.log").read_text()[-2000:]
     finally:
         _stop(procs)
     logs = (tmp_path / "w0.log").read_text() + (tmp_path / "w1.log").read_text()
@@ -64,9 +67,11 @@ def test_psflow_server_reads_tf_config(tmp_path: Path) -> None:
         for job, index, extra in [("ps", 0, []), ("worker", 0, train), ("worker", 1, train)]:
             env = dict(base, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
             procs.append(_start([sys.executable, "-m", "psflow", "server", *extra], tmp_path / f"{job}{index}.log", env))
-        for p, name in [(procs[1], "worker0"), (procs[2], "worker1")]:
+        for p, name in [(procs[1], "worker0"), (procs[2], "worker1"), (procs[0], "ps0")]:
             assert p.wait(timeout=120) == 0, (tmp_path / f"{name}.log").read_text()[-2000:]
-        assert procs[0].poll() is None  # the ps serves until it is stopped
+        # The ps exits 0 by itself once both workers are done (no checkpoint directory in this run).
+        assert "/job:ps/task:0: run over (workers 0-1 finished, no checkpoint directory): exiting" in \
+            (tmp_path / "ps0.log").read_text()
     finally:
         _stop(procs)
     logs = (tmp_path / "worker0.log").read_text() + (tmp_path / "worker1.log").read_text()

@@ -170,7 +170,7 @@ def test_fuzzed_requests_are_refused_cleanly_and_change_nothing(local_cluster: C
 
     @FUZZ
     @given(method=st.sampled_from(["Register", "Pull", "Push", "Stats", "Shutdown", "Fence", "Leave", "SaveShard",
-                                   "LoadShard", "SetReady"]),
+                                   "LoadShard", "SetReady", "Done"]),
            payload=st.binary(max_size=256))
     def random_bytes(method: str, payload: bytes) -> None:
         if payload.startswith(MAGIC):
@@ -193,7 +193,7 @@ def test_fuzzed_requests_are_refused_cleanly_and_change_nothing(local_cluster: C
         raw.refused(method, payload)
 
     @settings(FUZZ, max_examples=300)
-    @given(meta=wrong_payload, method=st.sampled_from(["Register", "Push", "Pull", "Fence"]))
+    @given(meta=wrong_payload, method=st.sampled_from(["Register", "Push", "Pull", "Fence", "Done"]))
     def confused(meta: dict[str, Any], method: str) -> None:
         if method == "Fence":
             meta.pop("token", None)  # a valid token would be a legitimate write

@@ -167,7 +167,9 @@ def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path
     lab.start_relay({name: PORT for name in lab.hosts}, delay=RELAY_DELAY, log=tmp_path / "relay.log")
     epochs = 3
     for i in range(2):
-        _start(lab, cluster, f"ps{i}", "ps", i, tmp_path, *(["--state-dir", str(tmp_path / "state")] if i == 0 else []))
+        # --keep-serving: this test reads the ps tasks' counters and the model after the run, then stops them
+        _start(lab, cluster, f"ps{i}", "ps", i, tmp_path, "--keep-serving",
+               *(["--state-dir", str(tmp_path / "state")] if i == 0 else []))
     train = ["--train", str(A9A), "--num-features", "124", "--epochs", str(epochs), "--batch-size", "512",
              "--mode", mode, "--no-status", "--connect-timeout", "120",
              # the chief streams every ps task's shard to itself over the relay (no shared filesystem assumed)

@@ -105,18 +105,17 @@ def test_psflow_server_trains_over_mutual_tls(tmp_path: Path) -> None:
             assert [t["state"] for t in collector.sample()["tasks"]] == ["up"]
         finally:
             collector.stop()
-
-        _start(procs, tmp_path, cluster, "worker", [*files["worker0"].flags(), *train])
-        _start(procs, tmp_path, cluster, "chief", [*files["chief0"].flags(), *train])
-        for job in ("chief", "worker"):
-            assert procs[job].wait(timeout=_SAFETY) == 0, (tmp_path / f"{job}0.log").read_text()[-3000:]
-
         stats = _channel(ps_address, PARAMETER_SERVICE, _tls(files["chief0"]))
         try:
             reply = stats.call("Stats").meta
         finally:
             stats.close()
         assert reply["authentication"] == "token" and reply["tcp"] is None  # no TCP carrier under TLS
+
+        _start(procs, tmp_path, cluster, "worker", [*files["worker0"].flags(), *train])
+        _start(procs, tmp_path, cluster, "chief", [*files["chief0"].flags(), *train])
+        for job in ("chief", "worker", "ps"):  # the ps task exits once both trainers said Done (over TLS)
+            assert procs[job].wait(timeout=_SAFETY) == 0, (tmp_path / f"{job}0.log").read_text()[-3000:]
         logs = (tmp_path / "chief0.log").read_text() + (tmp_path / "worker0.log").read_text()
         examples = [int(n) for n in re.findall(r"done after \d+ local steps \((\d+) examples\)", logs)]
         assert sum(examples) == A9A_RECORDS, logs[-3000:]
@@ -125,6 +124,35 @@ def test_psflow_server_trains_over_mutual_tls(tmp_path: Path) -> None:
         pointer = json.loads((ckpt / "checkpoint").read_text())
         assert list(ckpt.glob("ckpt-*/shard-*.safetensors")), pointer
         assert "FAILED" not in logs, logs[-3000:]
+    finally:
+        _kill(procs)
+
+
+def test_psflow_shutdown_reaches_a_tls_cluster_with_the_tls_flags(tmp_path: Path) -> None:
+    """``psflow shutdown`` takes ``TF_CONFIG`` and the TLS flags as ``psflow server`` does: in clear text
+    it cannot reach the task, which keeps serving; with a certificate of the cluster's CA it stops it."""
+    from support import run_bounded
+
+    files = write_host_files(tmp_path / "pki", {"ps0": "127.0.0.1", "admin": "127.0.0.1"})
+    ports = free_ports(2)
+    cluster = {"ps": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}  # the worker never starts
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        _start(procs, tmp_path, cluster, "ps", files["ps0"].flags())
+        ready = _channel(cluster["ps"][0], WORKER_SERVICE, _tls(files["admin"]), timeout=_SAFETY)
+        try:
+            ready.wait_ready()
+        finally:
+            ready.close()
+        env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        env.update(PSFLOW_TOKEN=TOKEN, TF_CONFIG=json.dumps({"cluster": cluster}))
+        shutdown = [sys.executable, "-m", "psflow", "shutdown", "--timeout", "2"]
+        plain = run_bounded(shutdown, timeout=_SAFETY, env=env)
+        assert plain.returncode == 1 and plain.stdout.startswith("/job:ps/task:0 ("), plain
+        assert "unreachable (" in plain.stdout and procs["ps"].poll() is None, plain.stdout
+        over_tls = run_bounded([*shutdown, *files["admin"].flags()], timeout=_SAFETY, env=env)
+        assert over_tls.returncode == 0 and over_tls.stdout.endswith(": stopped\n"), over_tls
+        assert procs["ps"].wait(timeout=_SAFETY) == 0
     finally:
         _kill(procs)
 
