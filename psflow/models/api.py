@@ -37,6 +37,16 @@ Guarantees the runtime gives a model:
     * Ids outside a variable's rows are refused before anything is sent
       (naming the variable and the id); nothing stored changes.
 
+Two settings of how a model trains, besides its variables:
+    * :attr:`Model.clip_gradient_norm` -- a model may declare that its
+      step's gradients are clipped by global norm (TensorFlow's
+      ``clip_by_global_norm``, :mod:`psflow.train.clipping`) before they are
+      pushed; the run's ``--clip-gradient-norm`` replaces what it declares.
+    * :meth:`Model.place` -- the devices a worker's model computes on (one
+      replica, a *tower*, per device; ``--device``, ``--towers``,
+      ``--devices``). The default accepts the CPU only: a numpy model runs
+      there; :class:`psflow.torch.TorchModel` takes ``cuda:N`` and towers.
+
 What the runtime asks of a model: the same config gives the same variables
 on every process; :meth:`prepare` is pure; :meth:`compute` and
 :meth:`predict` do not keep state between calls (two batches may be in
@@ -228,6 +238,9 @@ class Model(ABC):
 
     #: Written into logs and errors; the registry sets it to the name a model was created by.
     name: str = "model"
+    #: Clip each step's gradients, all of them together, to this global norm before the push (None: no
+    #: clipping). A subclass may set it; the run's ``--clip-gradient-norm`` replaces it (psflow.train.build).
+    clip_gradient_norm: float | None = None
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
@@ -271,6 +284,22 @@ class Model(ABC):
         dtype (checked before anything is sent).
         """
         return {}
+
+    def place(self, devices: Sequence[str]) -> None:
+        """Computes the training steps on ``devices``: one replica of the model (a tower) on each.
+
+        Called once, before the first step, with the run's devices
+        (``--device``, ``--towers``, ``--devices``; ``("cpu",)`` by default).
+        The default accepts only ``("cpu",)``: a numpy model computes on the
+        CPU, in one replica. :class:`psflow.torch.TorchModel` splits each batch
+        over its towers (see its docstring).
+
+        Raises:
+            ModelError: devices or towers this model cannot use (names the model).
+        """
+        if list(devices) != ["cpu"]:
+            raise ModelError(f"model {self.name!r} computes with numpy on the CPU, in one replica: towers and devices "
+                             f"({', '.join(devices)}) need a PyTorch model (psflow.torch.TorchModel)")
 
     def describe(self) -> str:
         """One line for logs: the model, its variables and their size."""

@@ -8,7 +8,10 @@ this order:
 2. ``model.lookups(batch)``, checked against the declared variables;
 3. the pull of those rows (one RPC per ps task) -- skipped when the previous
    step already pulled them (the lookahead below);
-4. ``model.compute(batch, values)``: loss, gradients, outputs;
+4. ``model.compute(batch, values)``: loss, gradients, outputs; with a clip
+   norm (``model.clip_gradient_norm``, the run's ``--clip-gradient-norm``),
+   the gradients clipped by their global norm (:mod:`psflow.train.clipping`),
+   which the step's metrics then report as ``grad_norm``;
 5. the push of the gradients (one RPC per ps task). With ``next_batch``, the
    push and the next batch's pull travel together (``PushPull``): the ps
    tasks apply the push first and then read the rows, so the values are
@@ -37,6 +40,7 @@ from psflow.gradients import Gradients, SparseGradient
 from psflow.models.api import Lookups, Model, ModelError, ModelOutput
 from psflow.placement import VariablePlacement
 from psflow.train.client import ParameterClient
+from psflow.train.clipping import clip_by_global_norm, valid_clip_norm
 
 __all__ = ["TrainStep", "StepResult", "LazyMetrics", "compute_gradients", "check_lookups", "check_gradients"]
 
@@ -127,7 +131,26 @@ def compute_gradients(model: Model, client: ParameterClient, batch: Batch) -> tu
     values = client.pull(lookups, create=True)
     output = model.compute(batch, values)
     check_gradients(model, client.layout, output.gradients)
+    clip = _clip_norm(model)
+    if clip is not None:
+        output = ModelOutput(output.loss, clip_by_global_norm(output.gradients, clip)[0], output.outputs)
     return output, client.last_pull_step
+
+
+def _clip_norm(model: Model) -> float | None:
+    """The model's clip norm (see :attr:`Model.clip_gradient_norm`); raises ModelError unless None or finite > 0."""
+    clip = model.clip_gradient_norm
+    if clip is not None and not valid_clip_norm(clip):
+        raise ModelError(f"model {model.name!r}: clip_gradient_norm must be a finite number > 0 (or None), got {clip!r}")
+    return None if clip is None else float(clip)
+
+
+def _metrics(model: Model, labels: np.ndarray, outputs: Mapping[str, np.ndarray], grad_norm: float | None) -> dict[str, float]:
+    """The model's metrics of the batch, and ``grad_norm`` (the global norm before clipping) when the step clipped."""
+    metrics = dict(model.metrics(labels, outputs))
+    if grad_norm is not None:
+        metrics["grad_norm"] = grad_norm
+    return metrics
 
 
 class TrainStep:
@@ -144,6 +167,7 @@ class TrainStep:
         self.model = model
         self.client = client
         self.prepared = prepared
+        self.clip_norm = _clip_norm(model)
         # (the next batch as given, prepared, its pulled values, the step they were read at), from a push_pull
         self._carry: tuple[Batch, Batch, dict[str, np.ndarray], int | None] | None = None
 
@@ -192,19 +216,23 @@ class TrainStep:
             values = client.pull(lookups, create=True)
             read_step = client.last_pull_step
         output = self.model.compute(batch, values)
-        check_gradients(self.model, client.layout, output.gradients)
+        gradients = output.gradients
+        check_gradients(self.model, client.layout, gradients)
+        grad_norm = None
+        if self.clip_norm is not None:
+            gradients, grad_norm = clip_by_global_norm(gradients, self.clip_norm)
         if pause:
             time.sleep(pause)
         if lag and read_step is not None:
             self._wait_for_step(read_step + lag)
         n = batch.num_examples
         if next_batch is None:
-            r = client.push_detailed(output.gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step)
+            r = client.push_detailed(gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step)
         else:
             prepared_next, next_lookups = self._requests(next_batch)
-            r, next_values = client.push_pull(output.gradients, next_lookups, examples=n, loss=output.loss, clock=clock,
+            r, next_values = client.push_pull(gradients, next_lookups, examples=n, loss=output.loss, clock=clock,
                                               read_step=read_step)
             self._carry = (next_batch, prepared_next, next_values, client.last_pull_step)
-        metrics = LazyMetrics(functools.partial(self.model.metrics, batch.labels, output.outputs))
+        metrics = LazyMetrics(functools.partial(_metrics, self.model, batch.labels, output.outputs, grad_norm))
         return StepResult(r.step, output.loss, n, batch.labels, output.outputs, metrics, r.completed, r.accepted,
                           r.min_clock)
