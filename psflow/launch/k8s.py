@@ -44,7 +44,8 @@ one, naming the label). Kubernetes >= 1.28 (the pod-index labels).
 Every task's container runs ``psflow server --bind-host 0.0.0.0`` (it listens
 on its pod's addresses at its port, rather than resolving its own Service
 name, which DNS may not have yet when the process starts), ``--checkpoint-dir`` on the
-claim, ps tasks ``--state-dir``, workers ``--status-port`` (the chief serves the
+claim, ps tasks ``--state-dir`` (and in the StatefulSet ``--keep-serving``), workers
+``--status-port`` (the chief serves the
 status page on 127.0.0.1 in its pod: ``kubectl port-forward``), then the
 training arguments given after ``--``, which therefore win. The cluster token
 comes from the Secret ``<name>-token`` (key ``token``) as ``PSFLOW_TOKEN``;
