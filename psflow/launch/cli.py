@@ -50,7 +50,7 @@ from psflow.launch.console import expected_errors, quiet_grpc, wants_verbose
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.report import ReportError
 from psflow.launch.tls_flags import add_tls_arguments, tls_config
-from psflow.models.api import DYNAMIC_TABLE_PARAM
+from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelError
 from psflow.models.registry import create_model, model_names
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
@@ -119,6 +119,15 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--epochs", type=int, default=1)
     g.add_argument("--max-steps", type=int, help="stop once global_step reaches N")
     g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("gradients and devices")
+    g.add_argument("--clip-gradient-norm", type=float, metavar="N",
+                   help="clip each step's gradients, all of them together, to global norm N on the worker before the push "
+                        "(TensorFlow's clip_by_global_norm; default: the model's own, none)")
+    g.add_argument("--device", default="cpu", help="where each worker's model computes: cpu, cuda or cuda:N (PyTorch models; cpu)")
+    g.add_argument("--towers", type=int, default=1, metavar="N",
+                   help="replicas of the model in each worker, each on --device: a batch is split over them, their "
+                        "gradients summed, pushed once (PyTorch models; 1)")
+    g.add_argument("--devices", metavar="D,D,...", help="a tower on each device, e.g. cuda:0,cuda:1 (instead of --device, --towers)")
     g = p.add_argument_group("cluster")
     g.add_argument("--ps", type=int, default=2, help="ps tasks")
     g.add_argument("--workers", type=int, help="worker tasks (2; 1 with --in-process)")
@@ -334,11 +343,31 @@ def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers:
         sync_timeout=args.sync_timeout, on_timeout=args.on_timeout, averaging=args.averaging,
         replication=args.replication,
         transport=args.transport or ("tcp" if args.command == "train" else "grpc"),
+        clip_gradient_norm=args.clip_gradient_norm, device=args.device, towers=args.towers,
+        devices=tuple(d.strip() for d in (args.devices or "").split(",") if d.strip()),
         **chief_config_fields(args),
     )
-    # Fail here, before any process starts: an unknown model, a module that does not import, a bad schema.
-    create_model(config.model, model_config(config), search_path=config.model_path)
+    # Fail here, before any process starts: an unknown model, a module that does not import, a bad schema,
+    # devices the model cannot use.
+    model = create_model(config.model, model_config(config), search_path=config.model_path)
+    _check_devices(config, model)
     return config
+
+
+def _check_devices(config: TrainConfig, model: Model) -> None:
+    """``--device``, ``--towers``, ``--devices`` against the model and what PyTorch sees: one line naming the flag."""
+    devices = config.compute_devices()
+    if devices == ("cpu",):
+        return
+    if config.devices:
+        flag = f"--devices {','.join(config.devices)}"
+    else:
+        flag = " ".join(f for f in (f"--device {config.device}" if config.device != "cpu" else "",
+                                    f"--towers {config.towers}" if config.towers != 1 else "") if f)
+    try:
+        model.place(devices)  # cheap: a PyTorch model checks the devices and builds its towers when it first steps
+    except ModelError as e:
+        raise ConfigError(f"{flag}: {e}") from None
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -277,6 +277,18 @@ class LookupPlan:
         return cls(tuple(t for t, _ in embeddings), per_table, index[order], scale[order].astype(np.float32), bags,
                    n, concat, per_bag)
 
+    def slice_examples(self, start: int, stop: int) -> LookupPlan:
+        """The plan of examples ``[start, stop)`` alone, over the same pulled rows (a tower's share of a batch).
+
+        :attr:`ids` stay the whole batch's (each tower gets every pulled row and reads those of its own
+        examples; a row no example of the slice uses gets a zero gradient); the entries are those of the
+        slice's bags, renumbered from its first example.
+        """
+        per_example = len(self.tables) if self.concat else 1
+        lo, hi = np.searchsorted(self.bags, [start * per_example, stop * per_example])
+        return LookupPlan(self.tables, self.ids, self.index[lo:hi], self.weights[lo:hi],
+                          self.bags[lo:hi] - start * per_example, stop - start, self.concat, self.per_bag)
+
     def to_extras(self, key: str) -> dict[str, npt.NDArray[np.generic]]:
         """The plan as arrays named ``<key>.<part>`` (for :attr:`Batch.extras`: it may be built in another process)."""
         out: dict[str, npt.NDArray[np.generic]] = {f"{key}.index": self.index, f"{key}.weights": self.weights,

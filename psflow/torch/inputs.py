@@ -26,17 +26,24 @@ class Inputs:
             x = torch.cat([self.embeddings(inputs), inputs.dense()], dim=1)
             return self.mlp(x).squeeze(1)
 
+    On a tower of another device (``psflow train --device cuda``), every
+    tensor it gives is on that device (:attr:`device`); a module that makes
+    tensors of its own puts them there too (``torch.zeros(..., device=inputs.device)``).
+
     Attributes:
         batch: the batch (numpy).
         labels: its labels, float32 ``[n]``.
         num_examples: ``n``.
+        device: where the tensors it gives are (``cpu`` unless the model runs on another device).
     """
 
     def __init__(self, batch: Batch, plans: Mapping[int, LookupPlan], rows: Mapping[int, torch.Tensor],
-                 dense_names: Sequence[str]) -> None:
+                 dense_names: Sequence[str], *, device: torch.device | None = None) -> None:
         self.batch = batch
         self.num_examples = batch.num_examples
-        self.labels = torch.from_numpy(np.ascontiguousarray(batch.labels, dtype=np.float32))
+        self.device = device if device is not None else torch.device("cpu")
+        self._to = device if device is not None and device.type != "cpu" else None  # None: CPU tensors, no copies
+        self.labels = self._on(torch.from_numpy(np.ascontiguousarray(batch.labels, dtype=np.float32)))
         self._plans = plans
         self._rows = rows  # per lookup module: its plan's tables' pulled rows, stacked in the plan's order
         self._dense_names = tuple(dense_names)
@@ -47,9 +54,12 @@ class Inputs:
         key = tuple(names) if names is not None else self._dense_names
         out = self._dense.get(key)
         if out is None:
-            out = torch.from_numpy(dense_matrix(self.batch, key).astype(np.float32))
+            out = self._on(torch.from_numpy(dense_matrix(self.batch, key).astype(np.float32)))
             self._dense[key] = out
         return out
+
+    def _on(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self._to is None else tensor.to(self._to, non_blocking=True)
 
     def feature(self, name: str) -> torch.Tensor:
         """Dense feature ``name`` in its own shape, float32 ``[n, ...]`` (e.g. an image ``[n, 8, 8]``)."""
@@ -57,7 +67,7 @@ class Inputs:
             value = self.batch.dense[name]
         except KeyError:
             raise ModelError(f"the batch has no dense feature {name!r} (it has {', '.join(self.batch.dense) or 'none'})") from None
-        return torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32))
+        return self._on(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)))
 
     def lookup(self, module: nn.Module) -> torch.Tensor:
         """The result of an :class:`~psflow.torch.Embedding` or :class:`~psflow.torch.EmbeddingCollection` of the model."""
@@ -69,12 +79,12 @@ class Inputs:
         # A gather, a scale and a segment sum. (torch's embedding_bag does the same, but its backward sorts
         # the entries: 2-3x slower here.) Bags of m entries each -- one id per field, as in Criteo -- are summed
         # by a reshape.
-        contrib = weight.index_select(0, torch.from_numpy(plan.index)) * torch.from_numpy(plan.weights)[:, None]
+        contrib = weight.index_select(0, self._on(torch.from_numpy(plan.index))) * self._on(torch.from_numpy(plan.weights))[:, None]
         m = plan.entries_per_bag
         if m == 1:
             out = contrib
         elif m > 1:
             out = contrib.reshape(plan.num_bags, m, -1).sum(dim=1)
         else:
-            out = contrib.new_zeros((plan.num_bags, weight.shape[1])).index_add(0, torch.from_numpy(plan.bags), contrib)
+            out = contrib.new_zeros((plan.num_bags, weight.shape[1])).index_add(0, self._on(torch.from_numpy(plan.bags)), contrib)
         return out.reshape(plan.num_examples, -1)

@@ -38,6 +38,13 @@ tables its optimizer (PyTorch's parameter groups, TensorFlow's per-variable
 optimizers); an :class:`~psflow.torch.Embedding` may name its own; the rest
 take the run's ``--optimizer``.
 
+Towers and devices: :meth:`TorchModel.place` (``psflow train --device cuda``,
+``--towers N``, ``--devices cuda:0,cuda:1``) runs each step on replicas of the
+module, one per device, each on a slice of the batch, their gradients summed
+on the worker and pushed once (:mod:`psflow.torch.towers`); N towers on a
+batch push what one model pushes on it. On the CPU alone (the default) the
+module itself computes, with no copies.
+
 Threads: a process sharing cores with others should not run as many intra-op
 threads as the machine has cores; see :func:`configure_threads`.
 
@@ -48,6 +55,7 @@ model is built.
 
 from __future__ import annotations
 
+import functools
 import os
 from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,6 +75,7 @@ from psflow.placement import fixed_size_partitioner
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.torch.embedding import Embedding, EmbeddingCollection, LookupPlan
 from psflow.torch.inputs import Inputs
+from psflow.torch.towers import Tower, TowerPool, check_devices, split_batch, sum_on_cpu
 
 __all__ = ["TorchModel", "ParamGroup", "Dense", "configure_threads", "THREADS_ENV"]
 
@@ -199,6 +208,9 @@ class TorchModel(Model):
             raise ModelError(f"{type(self).__name__}: variable names {duplicate} are used twice")
         self._optimizers = self._resolve_optimizers()
         self._dense_names = list(config.features.dense)
+        self._devices: tuple[torch.device, ...] | None = None  # None: the module itself, on the CPU (see place)
+        self._towers: list[Tower] = []  # built on the first step (place is called in processes that never step)
+        self._pool: TowerPool | None = None
 
     # ---- what a subclass provides ---------------------------------------------------
     @abstractmethod
@@ -310,16 +322,14 @@ class TorchModel(Model):
             for name, p in self._params:
                 p.copy_(torch.from_numpy(_readable(values[name])).reshape(p.shape))
         plans = self._plans(batch)
-        stacked: list[torch.Tensor] = []
-        for plan in plans:
-            parts = [values[table] for table in plan.tables]
-            rows = _readable(parts[0]) if len(parts) == 1 else np.concatenate(parts, axis=0, dtype=np.float32)
-            stacked.append(torch.from_numpy(rows).requires_grad_(grad))
+        stacked = [torch.from_numpy(rows).requires_grad_(grad) for rows in self._stacked_rows(plans, values)]
         by_module = {id(g.module): plan for g, plan in zip(self._groups, plans, strict=True)}
         weights = {id(g.module): w for g, w in zip(self._groups, stacked, strict=True)}
         return Inputs(batch, by_module, weights, self._dense_names), plans, stacked
 
     def compute(self, batch: Batch, values: Values) -> ModelOutput:
+        if self._devices is not None:
+            return self._compute_on_towers(batch, values)
         inputs, plans, stacked = self._inputs(batch, values, grad=True)
         if not self.module.training:  # train() walks every submodule: ~0.3 ms a step otherwise
             self.module.train()
@@ -344,11 +354,113 @@ class TorchModel(Model):
         return ModelOutput(float(loss.detach()), grads, self.outputs(logits))
 
     def predict(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
+        if self._devices is not None:
+            return self._predict_on_tower(batch, values)
         inputs, _, _ = self._inputs(batch, values, grad=False)
         if self.module.training:
             self.module.eval()
         with torch.no_grad():
             return self.outputs(self.module(inputs))
+
+    # ---- towers and devices (psflow.torch.towers) ------------------------------------------
+    def place(self, devices: Sequence[str]) -> None:
+        """Runs the steps on ``devices``, one tower (a replica of the module) on each; see :mod:`psflow.torch.towers`.
+
+        ``("cpu",)`` (the default) keeps the module itself on the CPU, with no
+        copies. Anything else -- a GPU, or several towers -- builds the towers
+        on the first step; :meth:`predict` then runs on the first tower.
+
+        Raises:
+            ModelError: a device PyTorch does not see (``PyTorch sees no GPU (torch.cuda.is_available() is False)``).
+        """
+        parsed = check_devices(devices)
+        self._devices = None if parsed == (torch.device("cpu"),) else parsed
+        self._towers = []
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _tower_pool(self) -> tuple[list[Tower], TowerPool]:
+        if self._pool is None or not self._towers:
+            self._towers = [Tower.replicate(self.module, device) for device in self._devices or ()]
+            self._pool = TowerPool(len(self._towers))
+        return self._towers, self._pool
+
+    def _tower_inputs(self, tower: Tower, batch: Batch, plans: Sequence[LookupPlan], rows: Sequence[np.ndarray], *,
+                      grad: bool) -> tuple[Inputs, list[torch.Tensor]]:
+        """``batch`` (a tower's slice, ``plans`` cut to it) as the tower's input, and its leaf tensors of the pulled rows."""
+        leaves = [torch.from_numpy(r).to(tower.device).requires_grad_(grad) for r in rows]
+        modules = [tower.counterpart[id(g.module)] for g in self._groups]
+        by_module = {id(m): plan for m, plan in zip(modules, plans, strict=True)}
+        weights = {id(m): leaf for m, leaf in zip(modules, leaves, strict=True)}
+        device = tower.device if tower.device.type != "cpu" else None
+        return Inputs(batch, by_module, weights, self._dense_names, device=device), leaves
+
+    def _stacked_rows(self, plans: Sequence[LookupPlan], values: Values) -> list[np.ndarray]:
+        """Per plan, its tables' pulled rows stacked in the plan's order (as :meth:`_inputs` stacks them)."""
+        out = []
+        for plan in plans:
+            parts = [values[table] for table in plan.tables]
+            out.append(_readable(parts[0]) if len(parts) == 1 else np.concatenate(parts, axis=0, dtype=np.float32))
+        return out
+
+    def _tower_step(self, tower: Tower, batch: Batch, plans: Sequence[LookupPlan], rows: Sequence[np.ndarray],
+                    values: Values, share: float) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor | None],
+                                                           list[torch.Tensor | None]]:
+        """One tower's forward and backward on its slice, its loss weighted by ``share`` (its examples / the batch's).
+
+        Returns its loss (unweighted), logits, and the weighted gradients of its parameters and of its row leaves.
+        """
+        tower.load(lambda name: _readable(values[name]))
+        inputs, leaves = self._tower_inputs(tower, batch, plans, rows, grad=True)
+        if not tower.module.training:
+            tower.module.train()
+        for _, p in tower.params:
+            p.grad = None
+        logits = tower.module(inputs)
+        loss = self.loss(logits, inputs.labels)
+        (loss * share).backward()  # type: ignore[no-untyped-call]
+        return loss.detach(), logits.detach(), [p.grad for _, p in tower.params], [leaf.grad for leaf in leaves]
+
+    def _compute_on_towers(self, batch: Batch, values: Values) -> ModelOutput:
+        towers, pool = self._tower_pool()
+        plans = self._plans(batch)
+        rows = self._stacked_rows(plans, values)
+        n = batch.num_examples
+        slices = split_batch(n, len(towers))  # towers beyond the examples sit the step out
+        shares = [(b - a) / n if n else 1.0 for a, b in slices]
+        calls = [functools.partial(self._tower_step, tower, batch.slice(a, b), [p.slice_examples(a, b) for p in plans],
+                                   rows, values, share)
+                 for tower, (a, b), share in zip(towers, slices, shares, strict=False)]
+        results = pool.map(calls)
+        loss = float(sum(share * float(r[0]) for share, r in zip(shares, results, strict=True)))
+        grads: dict[str, DenseGradient | SparseGradient] = {}
+        for i, (name, _) in enumerate(self._params):
+            dense = [d for r in results if (d := r[2][i]) is not None]
+            if dense:
+                grads[name] = DenseGradient(sum_on_cpu(dense).numpy())
+        for j, plan in enumerate(plans):
+            rows_grads = [w for r in results if (w := r[3][j]) is not None]
+            if not rows_grads:
+                continue
+            g = sum_on_cpu(rows_grads).numpy()
+            start = 0
+            for table, ids in zip(plan.tables, plan.ids, strict=True):
+                if ids.size:
+                    grads[table] = SparseGradient(ids, g[start:start + ids.size])
+                start += ids.size
+        logits = torch.cat([r[1].to("cpu") for r in results])
+        return ModelOutput(loss, grads, self.outputs(logits))
+
+    def _predict_on_tower(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
+        tower = self._tower_pool()[0][0]
+        plans = self._plans(batch)
+        tower.load(lambda name: _readable(values[name]))
+        inputs, _ = self._tower_inputs(tower, batch, plans, self._stacked_rows(plans, values), grad=False)
+        if tower.module.training:
+            tower.module.eval()
+        with torch.no_grad():
+            return self.outputs(tower.module(inputs).to("cpu"))
 
 
 def _readable(a: np.ndarray) -> np.ndarray:

@@ -35,7 +35,8 @@ from psflow.placement import (
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.train.config import ConfigError, TrainConfig
 
-__all__ = ["data_schema", "inferred_schema", "data_options", "model_config", "build_model", "declare_variables", "model_record"]
+__all__ = ["data_schema", "inferred_schema", "data_options", "model_config", "build_model", "configure_training",
+           "declare_variables", "model_record"]
 
 
 def inferred_schema(config: TrainConfig) -> InferredSchema | None:
@@ -154,7 +155,21 @@ def build_model(config: TrainConfig, cluster: ClusterSpec) -> tuple[Model, Varia
         else RoundRobinStrategy(num_ps)
     )
     model = create_model(config.model, model_config(config), search_path=config.model_path)
+    configure_training(model, config)
     return model, declare_variables(model, replica_device_setter(cluster=cluster, ps_strategy=strategy))
+
+
+def configure_training(model: Model, config: TrainConfig) -> None:
+    """Gives ``model`` the run's settings of its training steps: ``--clip-gradient-norm`` (replacing the clip
+    norm the model declares, if given) and the devices of its towers (:meth:`Model.place`; cheap: a model
+    builds its towers when it first computes).
+
+    Raises:
+        ModelError: the model cannot use those devices (a numpy model given a GPU or towers).
+    """
+    if config.clip_gradient_norm is not None:
+        model.clip_gradient_norm = config.clip_gradient_norm
+    model.place(config.compute_devices())
 
 
 def model_record(config: TrainConfig) -> dict[str, Any]:

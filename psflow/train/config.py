@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,10 @@ __all__ = ["TrainConfig", "DEFAULT_LEARNING_RATES", "ConfigError"]
 #: sgd 0.5 -> 0.8996, 2.0 -> 0.9014; adam 0.01 -> 0.9012; momentum 0.1 -> 0.9016.
 #: The per-coordinate methods (FTRL, Adagrad) tolerate large steps.
 DEFAULT_LEARNING_RATES = {"sgd": 2.0, "momentum": 0.1, "adagrad": 0.5, "adam": 0.01, "ftrl": 0.5}
+
+
+#: A device a worker's model may compute on (--device, --devices).
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 class ConfigError(ValueError):
@@ -95,6 +101,11 @@ class TrainConfig:
     coordination: str = "embedded"       # embedded (leases on ps task 0) | zookeeper
     zookeeper: str | None = None         # ZooKeeper connection string h1:2181,h2:2181 (zookeeper only)
     lease_ttl: float = 10.0              # seconds a dead or stopped chief keeps the lease (fail-over bound)
+    # Gradients and devices (psflow.train.clipping; psflow.torch's towers: docs/torch.md).
+    clip_gradient_norm: float | None = None  # each step's gradients clipped to this global norm before the push; None: the model's
+    device: str = "cpu"                  # where a worker's model computes: cpu | cuda | cuda:N (PyTorch models)
+    towers: int = 1                      # replicas of the model in each worker, each on `device`, splitting every batch
+    devices: tuple[str, ...] = ()        # a tower on each of these (instead of device and towers), e.g. ("cuda:0", "cuda:1")
     # Fault injection for tests and drills: {"step_delay": {"<worker index>": seconds between pull and push}},
     # {"step_lag": {"<worker index>": N}}: before each push, wait until global_step is N past the step read.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -144,11 +155,29 @@ class TrainConfig:
             raise ConfigError(f"--lease-ttl must be within [0.5, 600] s, got {self.lease_ttl}")
         if self.replication not in ("between-graph", "in-graph"):
             raise ConfigError(f"--replication must be between-graph or in-graph, got {self.replication!r}")
+        self._check_compute()
         self.optimizer_spec()  # validates name and hyperparameters
         try:
             self.sync_config()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+
+    def _check_compute(self) -> None:
+        clip = self.clip_gradient_norm
+        if clip is not None and not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
+            raise ConfigError(f"--clip-gradient-norm must be a finite number > 0, got {clip}")
+        if self.towers < 1:
+            raise ConfigError(f"--towers must be >= 1, got {self.towers}")
+        if self.devices and (self.device != "cpu" or self.towers not in (1, len(self.devices))):
+            raise ConfigError(f"--devices {','.join(self.devices)} gives a tower per device: leave out --device and --towers")
+        for device in self.devices or (self.device,):
+            if not _DEVICE.fullmatch(device):
+                flag = "--devices" if self.devices else "--device"
+                raise ConfigError(f"{flag}: unknown device {device!r} (want cpu, cuda or cuda:N)")
+
+    def compute_devices(self) -> tuple[str, ...]:
+        """Where a worker's model computes, one tower per entry: ``devices``, else ``device`` ``towers`` times."""
+        return tuple(self.devices) if self.devices else (self.device,) * self.towers
 
     def sync_config(self) -> SyncConfig:
         """How updates are coordinated (see :mod:`psflow.ps.sync`)."""
@@ -191,6 +220,6 @@ class TrainConfig:
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
         data = json.loads(text)
-        for key in ("train", "eval", "features"):
+        for key in ("train", "eval", "features", "devices"):
             data[key] = tuple(data.get(key, ()))
         return cls(**data)
