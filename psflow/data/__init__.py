@@ -17,7 +17,10 @@ Classes and functions, by file:
 * ``dataset.py`` -- :class:`Dataset`, :func:`open_dataset`, :func:`read_all`, :func:`require_records`,
   :func:`check_records` (the checks made before a run starts).
 * ``batch.py`` -- :class:`Batch` (labels, named sparse features as :class:`SparseColumn`,
-  named dense features), :class:`BatchSpec` (feature names and sizes).
+  named dense features), :class:`BatchSpec` (feature names and sizes),
+  :class:`BatchSource` (the files and record ranges a dataset's batch came from).
+* ``labels.py`` -- :class:`LabelSpec`: the labels a model accepts (:data:`BINARY_LABELS`,
+  :data:`FINITE_LABELS`), checked by the readers.
 * ``hashing.py`` -- stable 64-bit hashing of ids and strings (splitmix64,
   per-feature salts, the string hash of string features and Criteo).
 * ``sharding.py`` -- :func:`shard_plan`, :class:`WorkerShard`,
@@ -64,8 +67,11 @@ Guarantees:
   sparse and dense feature names, in the same order (:func:`batch_spec`).
 * **Bad input is named.** Errors give the file and the 1-based line (text) or
   the 0-based record index and byte offset (TFRecord), and the feature when
-  one is at fault.  With ``skip_bad_records`` bad records are skipped and
-  counted, up to ``max_bad_records`` per epoch.  A schema feature that no
+  one is at fault.  A label the config's :class:`LabelSpec` refuses (NaN and
+  infinities always; a binary model's anything but 0 and 1) makes a bad record
+  too.  With ``skip_bad_records`` bad records are skipped and
+  counted, up to ``max_bad_records`` per epoch.  Every batch a dataset hands
+  out names its files and record ranges (:attr:`Batch.source`).  A schema feature that no
   record of a file's first chunk has is a :class:`DataError` naming it.
 * **Bounded memory.** Files are read in blocks of ``block_size`` (1 MiB);
   at most ``prefetch`` batches wait in the queue; the shuffle buffer holds at
@@ -91,28 +97,33 @@ from psflow.data.api import (
     ShuffleState,
     TooManyBadRecordsError,
 )
-from psflow.data.batch import DEFAULT_SPARSE_FEATURE, Batch, BatchSpec, SparseColumn
+from psflow.data.batch import DEFAULT_SPARSE_FEATURE, Batch, BatchSource, BatchSpec, SparseColumn
 from psflow.data.convert import add_convert_arguments, convert, run_convert
 from psflow.data.dataset import Dataset, check_records, open_dataset, read_all, require_records
 from psflow.data.example import ParsedExamples, Ragged, encode_example, parse_examples
 from psflow.data.infer import InferredSchema, infer_schema
+from psflow.data.labels import BINARY_LABELS, FINITE_LABELS, LabelSpec
 from psflow.data.schema import FixedLenFeature, Schema, SparseFeature, VarLenFeature, batch_spec, default_sparse_schema
 from psflow.data.sharding import WorkerShard, epoch_file_order, expand_paths, shard_plan
 from psflow.data.tfrecord import TFRecordWriter, read_records
 
 __all__ = [
     "FORMATS",
+    "BINARY_LABELS",
     "BadRecordError",
     "Batch",
+    "BatchSource",
     "BatchSpec",
     "DEFAULT_SPARSE_FEATURE",
     "DataError",
     "Dataset",
     "DatasetConfig",
     "DatasetStats",
+    "FINITE_LABELS",
     "FileStats",
     "FixedLenFeature",
     "InferredSchema",
+    "LabelSpec",
     "ParsedExamples",
     "Ragged",
     "ReaderPosition",

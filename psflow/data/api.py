@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from psflow.data.labels import FINITE_LABELS, LabelSpec
 from psflow.data.schema import Schema
 
 if TYPE_CHECKING:
@@ -153,6 +154,10 @@ class DatasetConfig:
         block_size: bytes read from a file at a time (uncompressed).  Output
             never depends on it; 1 MiB keeps numpy's per-call overhead small
             and the working set in cache.
+        labels: the labels accepted (:class:`~psflow.data.labels.LabelSpec`,
+            e.g. a model's :attr:`~psflow.models.Model.labels`); a record with
+            another label is a bad record.  Default: any finite label.  None:
+            labels are not checked (prediction, where they are not used).
     """
 
     paths: tuple[str, ...]
@@ -174,6 +179,7 @@ class DatasetConfig:
     compression: str = "auto"
     check_crc: bool = True
     block_size: int = 1 << 20
+    labels: LabelSpec | None = FINITE_LABELS
 
     def __post_init__(self) -> None:
         if isinstance(self.paths, str):
@@ -206,6 +212,8 @@ class DatasetConfig:
             problems.append(f"prefetch ({self.prefetch}) must be >= 0")
         if self.compression not in _COMPRESSIONS:
             problems.append(f"compression {self.compression!r} is not one of {', '.join(_COMPRESSIONS)}")
+        if self.labels is not None and not isinstance(self.labels, LabelSpec):
+            problems.append(f"labels must be a LabelSpec or None, got {self.labels!r}")
         if self.schema is not None and self.format != "tfrecord":
             problems.append(f"schema applies to tfrecord only, format is {self.format!r}")
         elif self.schema is not None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Batch", "BatchSpec", "SparseColumn", "DEFAULT_SPARSE_FEATURE", "gather_ranges"]
+__all__ = ["Batch", "BatchSource", "BatchSpec", "SparseColumn", "DEFAULT_SPARSE_FEATURE", "gather_ranges"]
 
 #: Name of the one sparse feature of LIBSVM data and of the default TFRecord schema.
 DEFAULT_SPARSE_FEATURE = "features"
@@ -172,6 +172,51 @@ class BatchSpec:
         return cls(dict(data.get("sparse") or {}), dict(data.get("dense") or {}))
 
 
+@dataclass(frozen=True)
+class BatchSource:
+    """Where a batch's records came from: for each file, its first and last record and how many.
+
+    Made once per batch by the dataset (a few numpy calls, no per-record Python),
+    for error messages: a non-finite loss names the batch by it.
+
+    Attributes:
+        spans: ``(path, first, last, count)`` per file, in the epoch's file
+            order: ``first``/``last`` are the smallest and
+            largest record index of the batch's records of that file (0-based
+            TFRecord record indices; for text formats 1-based line numbers),
+            ``count`` how many of them there are (fewer than ``last - first + 1``
+            when shuffled or sharded by record). At most :data:`MAX_SPANS` files.
+        files: files the records came from (``len(spans)`` unless more than
+            :data:`MAX_SPANS`).
+        epoch: the epoch (0-based) the batch belongs to.
+        line_based: the indices are 1-based line numbers (text formats).
+    """
+
+    spans: tuple[tuple[str, int, int, int], ...]
+    files: int
+    epoch: int
+    line_based: bool = False
+
+    #: Files named at most in :attr:`spans` (a shuffled batch may draw from many).
+    MAX_SPANS = 4
+
+    def describe(self) -> str:
+        """The batch's files and record ranges in one line: ``"a9a lines 1409-1536, epoch 1"``, or where
+        the records are not all of a range (shuffled, sharded by record) ``"a9a: 128 records of lines
+        3-2990, epoch 0"``."""
+        unit = "lines" if self.line_based else "records"
+        parts = []
+        for path, first, last, count in self.spans:
+            if count == 1:
+                parts.append(f"{path} {unit[:-1]} {first}")
+            elif count == last - first + 1:
+                parts.append(f"{path} {unit} {first}-{last}")
+            else:
+                parts.append(f"{path}: {count} records of {unit} {first}-{last}")
+        more = f" and {self.files - len(self.spans)} more files" if self.files > len(self.spans) else ""
+        return f"{'; '.join(parts)}{more}, epoch {self.epoch}"
+
+
 @dataclass
 class Batch:
     """A batch of examples: labels, named sparse features, named dense features.
@@ -186,6 +231,9 @@ class Batch:
             ``prepare`` step (:func:`~psflow.data.dataset.open_dataset`), e.g. a
             model's unique ids computed in the reader process; not features.
             :meth:`slice`, :meth:`take` and :meth:`concat` drop them.
+        source: where the records came from (:class:`BatchSource`), set on the
+            batches a :class:`~psflow.data.dataset.Dataset` hands out; None on
+            others. :meth:`slice`, :meth:`take` and :meth:`concat` drop it.
 
     Instances are plain containers; methods never modify ``self``.
     """
@@ -194,6 +242,7 @@ class Batch:
     sparse: dict[str, SparseColumn] = field(default_factory=dict)
     dense: dict[str, npt.NDArray[Any]] = field(default_factory=dict)
     extras: dict[str, npt.NDArray[Any]] = field(default_factory=dict)
+    source: BatchSource | None = None
 
     @staticmethod
     def from_csr(labels: npt.ArrayLike, indptr: npt.ArrayLike, ids: npt.ArrayLike, values: npt.ArrayLike, *,

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from psflow.data.api import (
     BadRecordError,
@@ -41,7 +42,7 @@ from psflow.data.api import (
     ShuffleState,
     TooManyBadRecordsError,
 )
-from psflow.data.batch import Batch, SparseColumn
+from psflow.data.batch import Batch, BatchSource, SparseColumn
 from psflow.data.prefetch import Prefetcher
 from psflow.data.reader_process import ReaderProcess
 from psflow.data.readers import empty_batch, holds_records, iter_file
@@ -75,17 +76,24 @@ def _take_apart(item: _CountedItem) -> tuple[list[np.ndarray], Any]:
         column = batch.sparse[name]
         arrays += [column.indptr, column.ids, column.values]
     arrays += [batch.dense[k] for k in dense] + [batch.extras[k] for k in extras]
-    return arrays, (sparse, dense, extras, position, stats)
+    return arrays, (sparse, dense, extras, position, stats, batch.source)
 
 
 def _rebuild(arrays: list[np.ndarray], rest: Any) -> _CountedItem:
-    sparse_names, dense_names, extra_names, position, stats = rest
+    sparse_names, dense_names, extra_names, position, stats, source = rest
     labels, *more = arrays
     sparse = {name: SparseColumn(*more[3 * i : 3 * i + 3]) for i, name in enumerate(sparse_names)}
     more = more[3 * len(sparse_names) :]
     dense = dict(zip(dense_names, more[: len(dense_names)], strict=True))
     extras = dict(zip(extra_names, more[len(dense_names) :], strict=True))
-    return Batch(labels, sparse, dense, extras), position, stats
+    return Batch(labels, sparse, dense, extras, source), position, stats
+
+
+def _keep_source(prepared: Batch, batch: Batch) -> Batch:
+    """``prepared`` with ``batch``'s source (a ``prepare`` that built a new Batch dropped it)."""
+    if prepared.source is None and batch.source is not None:
+        prepared.source = batch.source
+    return prepared
 
 
 class _Counters:
@@ -242,11 +250,38 @@ class _Pipeline:
             )
         else:
             pieces = sequential_pieces(reads, lambda fi, r, o: self._position(epoch, order, fi, r, o, None))
-        return _batch(pieces, self.config.batch_size, self.config.drop_remainder, resume.records_consumed if resume else 0)
+        sources = _Sources([self.shard.paths[k] for k in order], epoch, line_based=self.config.format != "tfrecord")
+        return _batch(pieces, self.config.batch_size, self.config.drop_remainder, resume.records_consumed if resume else 0,
+                      sources)
 
 
-def _batch(pieces: Iterator[OutPiece], batch_size: int, drop_remainder: bool, consumed: int) -> Iterator[_Item]:
-    """Cuts pieces into batches; the last, short batch is kept unless ``drop_remainder``."""
+class _Sources:
+    """Makes each batch's :class:`BatchSource` from where its rows were read (numpy only, no per-row Python)."""
+
+    def __init__(self, paths: Sequence[str], epoch: int, *, line_based: bool) -> None:
+        self.paths, self.epoch, self.line_based = paths, epoch, line_based
+        self.base = 1 if line_based else 0  # text: 1-based line numbers, as errors name them
+
+    def __call__(self, files: npt.NDArray[np.int64], records: npt.NDArray[np.int64]) -> BatchSource:
+        """The source of rows read from epoch files ``files`` (index in the epoch's order) at ``records``."""
+        base = self.base
+        spans: tuple[tuple[str, int, int, int], ...]
+        if (files == files[0]).all():  # one file: the usual case
+            spans = ((self.paths[int(files[0])], int(records.min()) + base, int(records.max()) + base, len(records)),)
+            return BatchSource(spans, 1, self.epoch, self.line_based)
+        order = np.lexsort((records, files))
+        files, records = files[order], records[order]
+        starts = np.flatnonzero(np.diff(files, prepend=files[0] - 1))
+        ends = np.append(starts[1:], len(files))
+        shown = slice(0, BatchSource.MAX_SPANS)
+        spans = tuple((self.paths[int(f)], int(a) + base, int(b) + base, int(n)) for f, a, b, n in zip(
+            files[starts[shown]], records[starts[shown]], records[ends[shown] - 1], (ends - starts)[shown], strict=True))
+        return BatchSource(spans, len(starts), self.epoch, self.line_based)
+
+
+def _batch(pieces: Iterator[OutPiece], batch_size: int, drop_remainder: bool, consumed: int,
+           sources: _Sources) -> Iterator[_Item]:
+    """Cuts pieces into batches, each with its source; the last, short batch is kept unless ``drop_remainder``."""
     queue: deque[list[Any]] = deque()  # [piece, first unused row]
     ready = 0
     finished = False
@@ -264,7 +299,7 @@ def _batch(pieces: Iterator[OutPiece], batch_size: int, drop_remainder: bool, co
                 return
             continue
         want = min(batch_size, ready)
-        parts = []
+        parts, files, records = [], [], []
         last: list[Any] = queue[0]
         while want:
             last = queue[0]
@@ -272,11 +307,17 @@ def _batch(pieces: Iterator[OutPiece], batch_size: int, drop_remainder: bool, co
             take = min(want, piece.batch.num_examples - start)
             if take:
                 parts.append(piece.batch.slice(start, start + take))
+                files.append(piece.file_index[start : start + take])
+                records.append(piece.record[start : start + take])
             last[1] = start + take
             want -= take
             if last[1] == piece.batch.num_examples:
                 queue.popleft()
         batch = Batch.concat(parts)
+        if len(parts) == 1:
+            batch.source = sources(files[0], records[0])
+        else:
+            batch.source = sources(np.concatenate(files), np.concatenate(records))
         ready -= batch.num_examples
         consumed += batch.num_examples
         position = last[0].position_after(last[1])
@@ -324,7 +365,7 @@ class Dataset:
         prepare = self._prepare
         if prepare is None:
             return self._pipeline(first)
-        return ((prepare(batch), position) for batch, position in self._pipeline(first))
+        return ((_keep_source(prepare(batch), batch), position) for batch, position in self._pipeline(first))
 
     def _counted(self, first: ReaderPosition) -> Iterator[_CountedItem]:
         """The pipeline's items with the counters after each (runs in the reader process)."""

@@ -6,7 +6,9 @@ Rules (the fast vectorized parser and the line-by-line fallback agree on them):
   and trailing spaces are allowed; blank lines are skipped (they still count
   as lines for error messages and sharding).
 * The label is any finite number; it becomes 1.0 if ``> 0`` and 0.0
-  otherwise, so ``+1/-1`` and ``1/0`` files read the same.
+  otherwise, so ``+1/-1`` and ``1/0`` files read the same. A binary model
+  (:mod:`~psflow.data.labels`) accepts only -1, 0 and +1: the readers refuse
+  other labels as bad records.
 * ``id`` is a non-negative decimal integer below 2**63, kept as is (LIBSVM's
   1-based ids are *not* shifted); ``value`` is a finite number within
   float32's range (values are stored as float32: ``3:1e39`` would become
@@ -42,11 +44,14 @@ class TextParse:
         batch: the good, non-blank lines, in order.
         rows: int64 ``[batch.num_examples]``: index (among the given lines) of each row's line.
         errors: ``(line index among the given lines, message)`` for each malformed line.
+        raw_labels: LIBSVM: each row's label as written (float64), before it is read as 0.0/1.0;
+            None where the batch's labels are as written.
     """
 
     batch: Batch
     rows: npt.NDArray[np.int64]
     errors: list[tuple[int, str]]
+    raw_labels: npt.NDArray[np.float64] | None = None
 
 
 def parse_libsvm(data: bytes, newlines: npt.NDArray[np.int64] | None = None) -> TextParse:
@@ -108,7 +113,7 @@ def _parse_fast(data: bytes, newlines: npt.NDArray[np.int64] | None = None) -> T
     indptr = np.zeros(nonblank.size + 1, dtype=np.int64)
     np.cumsum(per_line, out=indptr[1:])
     batch = Batch.from_csr((labels > 0).astype(np.float32), indptr, ids, values)
-    return TextParse(batch, nonblank.astype(np.int64), [])
+    return TextParse(batch, nonblank.astype(np.int64), [], labels)
 
 
 def _parse_line(line: bytes) -> tuple[float, list[int], list[float]] | None:
@@ -167,5 +172,6 @@ def _parse_slow(data: bytes) -> TextParse:
         rows.append(i)
     indptr = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    batch = Batch.from_csr((np.asarray(labels, dtype=np.float64) > 0).astype(np.float32), indptr, ids, values)
-    return TextParse(batch, np.asarray(rows, dtype=np.int64), errors)
+    raw = np.asarray(labels, dtype=np.float64)
+    batch = Batch.from_csr((raw > 0).astype(np.float32), indptr, ids, values)
+    return TextParse(batch, np.asarray(rows, dtype=np.int64), errors, raw)

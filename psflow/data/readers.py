@@ -5,13 +5,15 @@ records from one stretch of the file, with each row's record index and byte
 offset, and where the stretch ends.  Bad records are handed to the
 ``on_bad`` callback, which raises (stop) or returns (skip); after framing
 damage (TFRecord) or a corrupt gzip stream nothing more of the file can be
-read, so the reader then ends the file.
+read, so the reader then ends the file.  A record whose label the config's
+:class:`~psflow.data.labels.LabelSpec` refuses is a bad record too (checked
+once per piece, vectorized).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -162,7 +164,7 @@ def _iter_text(
         data = buf[:cut]
         if eof and damage is None and cut < len(buf):
             data, cut = buf + b"\n", len(buf)  # a last line without its newline
-        piece = _text_piece(parse, path, data, line, base, stride, first, on_bad, min(cut, len(buf)), eof)
+        piece = _text_piece(parse, path, data, line, base, stride, first, on_bad, min(cut, len(buf)), eof, config)
         yield piece
         if damage is not None:
             on_bad(damage)  # the rest of the file is unreadable
@@ -185,6 +187,7 @@ def _text_piece(
     on_bad: OnBad,
     consumed: int,
     eof: bool,
+    config: DatasetConfig,
 ) -> Piece:
     raw = np.frombuffer(data, dtype=np.uint8)
     newlines = np.flatnonzero(raw == 10)
@@ -199,7 +202,7 @@ def _text_piece(
         parsed = parse(data, newlines)
     for i, message in parsed.errors:
         on_bad(BadRecordError(path, message, record=int(lines[i]) + 1, offset=base + int(starts[i]), line_based=True))
-    return Piece(
+    piece = Piece(
         batch=parsed.batch,
         record_index=lines[parsed.rows],
         offsets=base + starts[parsed.rows],
@@ -207,6 +210,32 @@ def _text_piece(
         end_offset=base + consumed,
         eof=eof,
     )
+    return _check_labels(config, path, piece, parsed.raw_labels, on_bad)
+
+
+def _check_labels(config: DatasetConfig, path: str, piece: Piece, raw: npt.NDArray[np.float64] | None,
+                  on_bad: OnBad) -> Piece:
+    """``piece`` without the records whose label ``config.labels`` refuses, each handed to ``on_bad`` first.
+
+    ``raw``: LIBSVM's labels as written (the batch holds them read as 0.0/1.0). Vectorized: a piece whose
+    labels are all accepted costs a few numpy calls and is returned as it is.
+    """
+    spec = config.labels
+    if spec is None or not piece.batch.num_examples:
+        return piece
+    libsvm = raw is not None
+    labels = raw if raw is not None else piece.batch.labels
+    bad = spec.rejects(labels, libsvm=libsvm)
+    if not bad.any():
+        return piece
+    line_based = config.format != "tfrecord"
+    for row in np.flatnonzero(bad).tolist():
+        record = int(piece.record_index[row])
+        on_bad(BadRecordError(path, f"label {float(labels[row]):g} is not one the model accepts: want "
+                              f"{spec.describe(libsvm=libsvm)}", record=record + 1 if line_based else record,
+                              offset=int(piece.offsets[row]), line_based=line_based))
+    keep = np.flatnonzero(~bad)
+    return replace(piece, batch=piece.batch.take(keep), record_index=piece.record_index[keep], offsets=piece.offsets[keep])
 
 
 def _iter_tfrecord(
@@ -251,7 +280,7 @@ def _iter_tfrecord(
             on_bad(_tf_error(path, chunk.record_index, chunk.offsets, int(rows[i]), message))
             keep[i] = False
         good = rows[keep]
-        yield Piece(
+        piece = Piece(
             batch=to_batch(parsed, schema, None if keep.all() else np.flatnonzero(keep)),
             record_index=chunk.record_index[good],
             offsets=chunk.offsets[good],
@@ -259,6 +288,7 @@ def _iter_tfrecord(
             end_offset=chunk.end_offset,
             eof=chunk.eof,
         )
+        yield _check_labels(config, path, piece, None, on_bad)
         record, offset = chunk.end_record, chunk.end_offset
 
 

@@ -92,10 +92,14 @@ class OutPiece:
 
     ``position_after(m)`` is the resume point after the first ``m`` rows were
     handed out (``records_consumed`` is left for the batcher to fill in).
+    ``file_index`` and ``record`` say where each row was read (as in :class:`Rows`),
+    for the batches' :class:`~psflow.data.batch.BatchSource`.
     """
 
     batch: Batch
     position_after: Callable[[int], ReaderPosition]
+    file_index: npt.NDArray[np.int64]
+    record: npt.NDArray[np.int64]
 
 
 @dataclass
@@ -117,7 +121,7 @@ def sequential_pieces(stream: Iterator[ReadPiece], position: Callable[[int, int,
         position: ``(file_index, record, offset)`` -> position.
     """
     for piece in stream:
-        yield OutPiece(piece.rows.batch, _after_rows(piece, position))
+        yield OutPiece(piece.rows.batch, _after_rows(piece, position), piece.rows.file_index, piece.rows.record)
 
 
 def _after_rows(piece: ReadPiece, position: Callable[[int, int, int], ReaderPosition]) -> Callable[[int], ReaderPosition]:
@@ -178,7 +182,7 @@ def shuffle_rows(
         perm = np.random.default_rng([_BURST_TAG, *seed, burst]).permutation(size)
         state = _state(buffer.seq, burst)
         out = buffer.take(perm[skip:count])
-        yield OutPiece(out.batch, _after_draw(buffer, state, skip, position))
+        yield OutPiece(out.batch, _after_draw(buffer, state, skip, position), out.file_index, out.record)
         buffer = buffer.take(np.sort(perm[count:]))
         burst, skip = burst + 1, 0
 

@@ -44,8 +44,10 @@ def wants_verbose(argv: Sequence[str]) -> bool:
 
 
 def expected_errors() -> tuple[type[Exception], ...]:
-    """The errors a user causes and fixes (flags, inputs, records, schemas, models, checkpoints, a port
-    in use): each carries a message that names what is wrong, so it is shown as that one line.
+    """The errors a user causes and fixes (flags, inputs, records, schemas, models, checkpoints, a run
+    directory or a port in use, a loss that is no longer finite): each carries a message that names what is wrong (a NaN
+    loss: the worker, the step and the batch's files and records), so it is shown as that one line. Also a ps
+    task's variables lost with no checkpoint to restore them from (the fix: a checkpoint directory).
 
     Not here: :class:`~psflow.rpc.api.RpcError` in general (a lost task is reported by the launcher as
     that task's exit), ``OSError`` (the ``psflow`` command adds both for its own, short-lived calls).
@@ -57,7 +59,11 @@ def expected_errors() -> tuple[type[Exception], ...]:
     from psflow.ps.optimizers import OptimizerError
     from psflow.rpc.api import ListenError
     from psflow.train.checkpoint import CheckpointError, CheckpointSavesFailedError
+    from psflow.train.checkpoint_lock import DirectoryLockError
     from psflow.train.config import ConfigError
+    from psflow.train.hooks import NanLossError
+    from psflow.train.state_loss import StateLostError
 
     return (ConfigError, ClusterError, OptimizerError, DataError, ModelError, CheckpointError,
-            CheckpointSavesFailedError, StepJournalError, ListenError)
+            CheckpointSavesFailedError, DirectoryLockError, StepJournalError, ListenError, NanLossError,
+            StateLostError)

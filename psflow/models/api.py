@@ -27,6 +27,12 @@ and ssp workers, evaluation, export and predict):
 6. :meth:`Model.metrics` -- a metrics dict from labels and outputs (default:
    AUC, log-loss and accuracy of ``outputs["predictions"]``).
 
+A model declares the labels it accepts in :attr:`Model.labels` (a
+:class:`~psflow.data.LabelSpec`; a class attribute, read without building the
+model): the readers refuse a record with another label as a bad record, naming
+its file and record, under the run's bad-record policy, so :meth:`Model.compute`
+never sees one. NaN and infinite labels are always refused.
+
 Guarantees the runtime gives a model:
     * ``values[name]`` in :meth:`compute` / :meth:`predict` holds the rows of
       exactly the ids :meth:`lookups` returned for ``name``, in that order (the
@@ -61,11 +67,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from psflow.data import Batch, BatchSpec
+from psflow.data import FINITE_LABELS, Batch, BatchSpec, LabelSpec
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.metrics import binary_metrics
 from psflow.placement import DTYPE_SIZES, Partitioner
@@ -238,6 +244,10 @@ class Model(ABC):
 
     #: Written into logs and errors; the registry sets it to the name a model was created by.
     name: str = "model"
+    #: The labels this model accepts (a class attribute: the launcher reads it from the class); the readers
+    #: refuse others as bad records. Default any finite label; a binary classifier sets
+    #: :data:`psflow.data.BINARY_LABELS` (0 or 1), a classifier of k classes ``LabelSpec(0, k - 1, integer=True)``.
+    labels: ClassVar[LabelSpec] = FINITE_LABELS
     #: Clip each step's gradients, all of them together, to this global norm before the push (None: no
     #: clipping). A subclass may set it; the run's ``--clip-gradient-norm`` replaces it (psflow.train.build).
     clip_gradient_norm: float | None = None

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from psflow.data import Batch
+from psflow.data import BINARY_LABELS, Batch
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec, dynamic_table
 from psflow.models.features import SharedRows, SharedTableRows, dense_matrix, segment_sum, sum_by_index
@@ -60,6 +60,8 @@ class _Forward:
 
 class FactorizationMachine(Model):
     """A second-order factorization machine for binary labels; parameters live on the ps tasks."""
+
+    labels = BINARY_LABELS  # a binary classifier: 0 or 1 (LIBSVM: -1, 0, +1)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from psflow.data import Batch
+from psflow.data import BINARY_LABELS, Batch
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelOutput, Values, VariableSpec, dynamic_table
 from psflow.models.features import SharedRows, SharedTableRows, dense_matrix, fold_ids
@@ -59,6 +59,8 @@ def _row_sums(indptr: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 class LogisticRegression(Model):
     """Sparse logistic regression; it holds no parameters itself (they live on the ps tasks)."""
+
+    labels = BINARY_LABELS  # a binary classifier: 0 or 1 (LIBSVM: -1, 0, +1)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

@@ -50,6 +50,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from psflow.data import BINARY_LABELS
 from psflow.models.api import ModelConfig, ModelError, dynamic_table
 from psflow.ps.optimizers import OptimizerError, OptimizerSpec
 from psflow.torch.embedding import Embedding, EmbeddingCollection
@@ -131,6 +132,8 @@ class _Linear(nn.Module):
 
 class _CtrModel(TorchModel):
     """What the three models share: fields, dense width, embedding tables, the deep part, optimizers."""
+
+    labels = BINARY_LABELS  # a binary classifier: 0 or 1 (LIBSVM: -1, 0, +1)
 
     def __init__(self, config: ModelConfig) -> None:
         self.fields = dict(config.features.sparse)

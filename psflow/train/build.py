@@ -22,7 +22,7 @@ from psflow.cluster import ClusterSpec
 from psflow.data import DataError, Schema, batch_spec
 from psflow.data.infer import InferredSchema, infer_first_file
 from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelConfig, ModelError
-from psflow.models.registry import create_model
+from psflow.models.registry import create_model, model_class
 from psflow.placement import (
     DeviceSetter,
     GreedyLoadBalancingStrategy,
@@ -92,16 +92,21 @@ def data_schema(config: TrainConfig) -> Schema | None:
 
 
 def data_options(config: TrainConfig) -> dict[str, Any]:
-    """Reader settings shared by training, evaluation and prediction (schema, hashing space, bad-record policy).
+    """Reader settings shared by training and evaluation (schema, hashing space, bad-record policy, the labels
+    the model accepts: :attr:`Model.labels <psflow.models.Model.labels>`, read from its class).
 
     With dynamic tables (``--embedding-table dynamic``) Criteo's categorical values keep their full 64-bit hashes
     (``num_features`` 0: no folding), the ids the tables are keyed by.
+
+    Raises:
+        ModelError: the model's class cannot be found (see :func:`psflow.models.model_class`).
     """
     return {
         "schema": data_schema(config),
         "num_features": _reader_id_space(config),
         "skip_bad_records": config.skip_bad_records,
         "max_bad_records": config.max_bad_records,
+        "labels": model_class(config.model, search_path=config.model_path).labels,
     }
 
 

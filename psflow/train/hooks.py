@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from psflow.data import BatchSource
 from psflow.rpc.api import RpcError
 from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest
 from psflow.train.client import ParameterClient
@@ -56,6 +57,7 @@ __all__ = [
     "StepCounterHook",
     "NanLossHook",
     "NanLossError",
+    "nan_loss_message",
     "EvalHook",
     "format_metrics",
 ]
@@ -69,7 +71,11 @@ def format_metrics(metrics: Mapping[str, float]) -> str:
 
 
 class NanLossError(RuntimeError):
-    """The training loss became NaN or infinite (raised by :class:`NanLossHook`)."""
+    """The training loss became NaN or infinite (raised by :class:`NanLossHook`).
+
+    The message is one line naming the worker, the global step and the batch's
+    source (files and record ranges, :class:`~psflow.data.BatchSource`).
+    """
 
 
 @dataclass
@@ -102,6 +108,8 @@ class RunValues:
             see :meth:`psflow.models.Model.metrics`), computed on first access.
         epochs_completed: epochs of this worker's data finished after this
             step, or None if unknown.
+        source: where the step's batch came from (files and record ranges),
+            or None if unknown.
     """
 
     step: int
@@ -109,6 +117,7 @@ class RunValues:
     examples: int
     metrics: Mapping[str, float] = field(default_factory=dict)
     epochs_completed: int | None = None
+    source: BatchSource | None = None
 
 
 class SessionRunHook:
@@ -265,6 +274,8 @@ class SummarySaverHook(SessionRunHook):
         out: dict[str, float] = {"train/loss": self._loss}
         head = stats.get(client.step_task)
         prev_head = self._last.get(client.step_task)
+        if head is not None and isinstance(head.get("learning_rate"), (int, float)):
+            out["learning_rate"] = float(head["learning_rate"])  # in force: the next update's, as ps task 0 reads it
         if head is not None and prev_head is not None:
             out["train/examples_per_sec"] = (head["examples"] - prev_head["examples"]) / seconds
             out["train/global_step_per_sec"] = (head["global_step"] - prev_head["global_step"]) / seconds
@@ -348,7 +359,12 @@ class StepCounterHook(SessionRunHook):
 
 
 class NanLossHook(SessionRunHook):
-    """Stops when the loss is NaN or infinite: raises :class:`NanLossError` or, with ``fail=False``, requests stop."""
+    """Stops when the loss is NaN or infinite: raises :class:`NanLossError` or, with ``fail=False``, requests stop.
+
+    The error (or the log line) names the worker, the global step and the batch's files and record ranges.
+    The batch is where the loss stopped being finite, not necessarily where the harm began: a record with
+    extreme values can push parameters to extremes that a later batch's loss overflows on.
+    """
 
     def __init__(self, *, fail: bool = True) -> None:
         self.fail = fail
@@ -356,11 +372,18 @@ class NanLossHook(SessionRunHook):
     def after_run(self, context: RunContext, values: RunValues) -> None:
         if math.isfinite(values.loss):
             return
-        message = f"loss is {values.loss} at global_step {values.step}"
+        message = nan_loss_message(context.session.client.client_name, values.loss, values.step, values.source)
         if self.fail:
             raise NanLossError(message)
         log.error("%s; stopping", message)
         context.request_stop()
+
+
+def nan_loss_message(worker: str, loss: float, step: int, source: BatchSource | None) -> str:
+    """``"/job:worker/task:1: loss is nan at global_step 31, on the batch of a9a lines 1409-1536, epoch 1"``."""
+    where = f"on the batch of {source.describe()}" if source is not None else "on a batch of unknown source"
+    return (f"{worker}: loss is {loss} at global_step {step}, {where}; look for extreme feature values or labels "
+            "there or in the batches before it, or lower --learning-rate")
 
 
 class EvalHook(SessionRunHook):

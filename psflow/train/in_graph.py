@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,7 +50,7 @@ from psflow.train.build import build_model, data_options
 from psflow.train.chief import join_cluster
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
-from psflow.train.hooks import format_metrics
+from psflow.train.hooks import NanLossError, format_metrics, nan_loss_message
 from psflow.train.step import compute_gradients
 
 __all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepOutput", "model_step", "run_in_graph_client"]
@@ -237,6 +238,14 @@ def _loss(frame: Frame) -> float:
     return float(loss) if isinstance(loss, (int, float)) else float("nan")
 
 
+def _check_losses(workers: Sequence[str], losses: Sequence[float], steps: Sequence[int], big: Batch) -> None:
+    """Raises NanLossError naming the first worker whose loss is not finite, the step and the batch's source
+    (the in-graph batch its slice was cut from); ``steps``: one per worker (async) or the aggregated one (sync)."""
+    for i, loss in enumerate(losses):
+        if not math.isfinite(loss):
+            raise NanLossError(nan_loss_message(workers[i], loss, steps[min(i, len(steps) - 1)], big.source))
+
+
 def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str | None = None,
                         tls: TlsConfig | None = None) -> dict[str, Any]:
     """The in-graph client: reads all the data and drives every worker until it ends.
@@ -281,6 +290,7 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
                 new_steps = [client.push_detailed(grads, examples=n, loss=float(np.mean(losses)), read_step=read).step]
             else:
                 new_steps = [int(frame.meta["step"]) for _, (frame, _) in results]
+            _check_losses([s.task for s, _ in slices], losses, new_steps, big)
             examples += n
             steps += len(new_steps)
             for new_step in new_steps:

@@ -35,6 +35,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from psflow.data import BatchSource
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.train.chief import JoinResult, join_cluster
 from psflow.train.client import ParameterClient
@@ -127,13 +128,16 @@ class MonitoredTrainingSession:
         """Ends the loop before the next step."""
         self._stop = True
 
-    def run(self, step_fn: Callable[[], R], *, epochs_completed: int | None = None) -> R | None:
+    def run(self, step_fn: Callable[[], R], *, epochs_completed: int | None = None,
+            source: BatchSource | None = None) -> R | None:
         """Runs one step between the hooks.
 
         Args:
             step_fn: runs the step (pull, compute, push) and returns its result.
             epochs_completed: epochs of this worker's data done after this batch
                 (for :class:`~psflow.train.hooks.StopAfterEpochsHook`).
+            source: where the step's batch came from (:attr:`psflow.data.Batch.source`),
+                for the hooks (:class:`~psflow.train.hooks.NanLossHook` names it).
 
         Returns:
             What ``step_fn`` returned, or None if a ``before_run`` hook stopped the loop.
@@ -145,7 +149,7 @@ class MonitoredTrainingSession:
             self._stop = True
             return None
         result = step_fn()
-        values = RunValues(result.step, result.loss, result.examples, result.metrics, epochs_completed)
+        values = RunValues(result.step, result.loss, result.examples, result.metrics, epochs_completed, source)
         self._local_step += 1
         self.global_step = max(self.global_step, values.step)
         for hook in self.hooks:

@@ -324,7 +324,7 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
             client.reader_position = position.to_json()  # recorded with the push, for checkpoints
             step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay, lag=lag,
                                         next_batch=following)
-            ran = session.run(step_fn, epochs_completed=epochs_completed(position))
+            ran = session.run(step_fn, epochs_completed=epochs_completed(position), source=batch.source)
             if ran is None:
                 reason = f"stopped at global_step {session.global_step} (max_steps={config.max_steps})"
                 break

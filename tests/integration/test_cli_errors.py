@@ -10,6 +10,7 @@ group is killed past it), and none waits on a rate.
 
 from __future__ import annotations
 
+import math
 import re
 import socket
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from support import run_cli
+from support import REPO, run_cli
 
 from psflow.data import TFRecordWriter, encode_example
 from psflow.data.dataset import COUNT_BYTES
@@ -74,6 +75,20 @@ def bad_crc_tfrecord(tmp: Path) -> str:
     return str(path)
 
 
+def labelled_tfrecord(tmp: Path, name: str, labels: list[float]) -> str:
+    path = tmp / name
+    with TFRecordWriter(str(path)) as writer:
+        for k, label in enumerate(labels):
+            writer.write(encode_example({"label": ("float32", [label]), "C1": ("int64", [k])}))
+    return str(path)
+
+
+def late_bad_label(tmp: Path) -> str:
+    return write(tmp / "late7.libsvm", "".join(f"{k % 2} {WIDE}\n" for k in range(LATE_LINE - 1)) + "7 3:1\n")
+
+
+TFRECORD = ("--format", "tfrecord", "--feature", "C1:int64:100")
+
 CASES = {
     "missing train file": Case(
         lambda t: train(t, "--train", str(t / "nope.libsvm")),
@@ -100,6 +115,22 @@ CASES = {
     "TFRecord with a bad CRC": Case(
         lambda t: train(t, "--train", bad_crc_tfrecord(t), "--format", "tfrecord", "--feature", "C1:int64:100"),
         lambda t: f"psflow train: error: --train: {t / 'bad.tfrecord'}: record 0 at byte 0: data checksum mismatch"),
+    "NaN label in a TFRecord": Case(
+        lambda t: train(t, "--train", labelled_tfrecord(t, "nan.tfrecord", [math.nan, 1.0, 0.0]), *TFRECORD),
+        lambda t: f"psflow train: error: --train: {t / 'nan.tfrecord'}: record 0 at byte 0: label nan is not one the "
+                  "model accepts: want 0 or 1 (a binary model)"),
+    "label 7.0 in a TFRecord for a binary model": Case(
+        lambda t: train(t, "--train", labelled_tfrecord(t, "seven.tfrecord", [7.0, 1.0, 0.0]), *TFRECORD),
+        lambda t: f"psflow train: error: --train: {t / 'seven.tfrecord'}: record 0 at byte 0: label 7 is not one the "
+                  "model accepts: want 0 or 1 (a binary model)"),
+    "LIBSVM label 7 for a binary model": Case(
+        lambda t: train(t, "--train", write(t / "seven.libsvm", GOOD + "7 3:1\n")),
+        lambda t: f"psflow train: error: --train: {t / 'seven.libsvm'}:101: label 7 is not one the model accepts: "
+                  "want -1, 0 or +1 (a binary model; LIBSVM's -1 reads as 0)"),
+    "LIBSVM label 7 found by a worker": Case(
+        lambda t: train(t, "--train", late_bad_label(t), "--num-features", "2048", "--batch-size", "256"),
+        lambda t: f"{t / 'late7.libsvm'}:{LATE_LINE}: label 7 is not one the model accepts: want -1, 0 or +1",
+        worker=True),
     "negative --batch-size": Case(
         lambda t: train(t, "--train", good(t), "--batch-size", "-5"),
         lambda t: "psflow train: error: --batch-size must be >= 1, got -5"),
@@ -154,6 +185,36 @@ def test_bad_input_gets_one_line(name: str, tmp_path: Path) -> None:
     assert "last lines of its log" not in r.stderr
     worker_log = (logs / "worker-0.log").read_text()
     assert "Traceback" not in worker_log and case.line(tmp_path) in worker_log, worker_log[-3000:]
+
+
+def a9a_with_a_huge_value(tmp: Path) -> str:
+    """The first 3,000 lines of a9a with a finite but huge feature value, ``3:3e38``, on line 1,500: after its
+    batch's update, a later batch's loss is NaN (issue 25, item 7)."""
+    lines = (REPO / "data" / "a9a" / "a9a").read_text().splitlines()[:3000]
+    label, rest = lines[1499].split(" ", 1)
+    lines[1499] = f"{label} 3:3e38 {rest}"
+    return write(tmp / "huge.libsvm", "\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("where", ["cluster", "in-process"])
+def test_a_nan_loss_names_the_worker_the_step_and_the_batch(where: str, tmp_path: Path) -> None:
+    path = a9a_with_a_huge_value(tmp_path)
+    extra = ["--in-process"] if where == "in-process" else []
+    r = run_cli(*train(tmp_path, "--train", path, "--batch-size", "128", "--epochs", "2", *extra), timeout=240)
+    assert r.returncode == 1, r.stderr[-3000:]
+    found = re.search(r"/job:worker/task:0: loss is (nan|inf|-inf) at global_step (\d+), on the batch of (\S+) lines "
+                      r"(\d+)-(\d+), epoch ([01]); ", r.stderr)
+    assert found is not None, r.stderr[-3000:]
+    first, last = int(found.group(4)), int(found.group(5))
+    assert found.group(3) == path and last - first + 1 == 128 and first % 128 == 1, found.group(0)
+    assert int(found.group(2)) >= 1500 // 128  # not before the batch with the huge value
+    check_one_line(r.stderr)
+    if where == "in-process":
+        assert f"psflow train: error: {found.group(0)}" in r.stderr
+        return
+    assert re.search(r"/job:worker/task:0 \(pid \d+\) exited with code 1: root cause; log: ", r.stderr), r.stderr
+    worker_log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
+    assert "Traceback" not in worker_log and worker_log.count("/job:worker/task:0: loss is") == 1, worker_log[-3000:]
 
 
 def test_a_port_in_use_for_psflow_server(tmp_path: Path) -> None:

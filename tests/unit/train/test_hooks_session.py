@@ -9,7 +9,7 @@ import pytest
 
 import psflow.train.session as session_module
 from psflow.cluster import ClusterSpec
-from psflow.data import ReaderPosition
+from psflow.data import BatchSource, ReaderPosition
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.train.chief import JoinResult, is_chief
 from psflow.train.duties import epochs_completed
@@ -98,6 +98,17 @@ def test_exception_skips_end_and_chief_only_hooks_only_on_chief(no_cluster: None
     with _session([], (Recorder(calls, "chief"),), chief=False):
         pass
     assert calls == []
+
+
+def test_a_nan_loss_names_the_worker_the_step_and_the_batch_source(no_cluster: None) -> None:
+    source = BatchSource((("a9a", 1409, 1536, 128),), 1, 1, line_based=True)
+    with pytest.raises(NanLossError) as caught, _session([NanLossHook()]) as sess:
+        sess.run(lambda: Step(31, loss=float("inf")), source=source)
+    assert str(caught.value).startswith("/job:worker/task:0: loss is inf at global_step 31, on the batch of a9a lines "
+                                        "1409-1536, epoch 1; ")
+    assert "\n" not in str(caught.value)
+    with pytest.raises(NanLossError, match="global_step 7, on a batch of unknown source"), _session([NanLossHook()]) as sess:
+        sess.run(lambda: Step(7, loss=float("nan")))
 
 
 def test_stop_at_step_counts_steps_before_a_restore(no_cluster: None) -> None:
