@@ -1,4 +1,4 @@
-"""One writer per checkpoint directory: the run lock, and the identity of a run.
+"""One run per directory: the run lock of a checkpoint directory and of a run directory, and the identity of a run.
 
 A *run* is one training job: every task of it, every restarted task and
 every worker that is elected chief shares its ``run_id``
@@ -7,15 +7,27 @@ the launcher; without one, :func:`cluster_run_id` derives it from the
 cluster and the directory, the same in every task). The lock belongs to the
 run, not to a process: a restarted chief of the same run writes on.
 
-``<checkpoint_dir>/checkpoint.lock`` (JSON) names the run holding the
-directory and a process of it that vouches for it being alive::
+One mechanism, :class:`DirectoryLock`, locks two kinds of directory:
+
+    * :class:`CheckpointDirLock`: ``<checkpoint_dir>/checkpoint.lock``, taken by
+      the launcher before it starts any task, by the chief and every worker that
+      may become chief before they join, and by the manager before every save
+      (two runs in one checkpoint directory would restore and delete each
+      other's checkpoints);
+    * :class:`RunDirLock`: ``<output>/run.lock``, taken by ``psflow train``
+      (and :func:`~psflow.launch.local.run_local`,
+      :func:`~psflow.train.in_process.run_in_process`) before it writes
+      anything into its run directory (two runs in one would overwrite each
+      other's ``cluster.json``, configuration, logs and metrics). Only the
+      launcher's process takes it.
+
+The lock file (JSON) names the run holding the directory and a process of it
+that vouches for it being alive::
 
     {"run_id": "20261124-231702-5f3a9c1e", "host": "node-3", "pid": 4711, "pid_start": 8812345,
      "boot_id": "...", "since": 1795000000.0, "since_text": "2026-11-24 23:17:02", "run_dir": "runs/r1"}
 
-:meth:`CheckpointDirLock.acquire` (the launcher before it starts any task,
-the chief and every worker that may become chief before they join, and the
-manager before every save), under the directory's mutex:
+:meth:`DirectoryLock.acquire`, under the directory's mutex:
 
     * no lock: this run takes it (this process vouches);
     * this run's lock: kept; if the vouching process is gone (a restarted
@@ -24,8 +36,13 @@ manager before every save), under the directory's mutex:
       zombie, another process under a reused pid, or another boot): a stale
       lock of a dead run; taken over, with a warning naming that run;
     * another run's lock whose process lives, or that names another host
-      (whose processes psflow cannot see): :class:`CheckpointLockedError`
-      naming the holder; nothing is written.
+      (whose processes psflow cannot see): refused, naming the holder (run id,
+      pid, host, since when; :class:`CheckpointLockedError` or
+      :class:`RunDirLockedError`); nothing is written.
+
+Leaving ``with lock:`` releases the lock only if that ``with`` took it: a
+launcher inside a ``psflow train`` that already holds its run directory
+leaves the release to the command.
 
 Guarantees: two live runs never both hold one directory (the decision and the
 write happen under an exclusive ``flock`` of the directory, held for a few
@@ -50,7 +67,7 @@ import socket
 import time
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from psflow import jsonio
 from psflow.ps.checkpointing import write_file_atomically
@@ -59,7 +76,12 @@ __all__ = [
     "CheckpointError",
     "CheckpointLockedError",
     "CheckpointDirLock",
+    "DirectoryLock",
+    "DirectoryLockError",
+    "RunDirLock",
+    "RunDirLockedError",
     "LOCK_NAME",
+    "RUN_LOCK_NAME",
     "new_run_id",
     "cluster_run_id",
     "directory_mutex",
@@ -70,6 +92,7 @@ __all__ = [
 log = logging.getLogger("psflow.checkpoint")
 
 LOCK_NAME = "checkpoint.lock"
+RUN_LOCK_NAME = "run.lock"
 
 #: Seconds to wait for another process's short critical section on the directory
 #: (a few small file operations); past it, a process stopped inside one is reported.
@@ -82,6 +105,14 @@ class CheckpointError(Exception):
 
 class CheckpointLockedError(CheckpointError):
     """Another live run holds the checkpoint directory (names it: run id, host, pid, since when)."""
+
+
+class DirectoryLockError(Exception):
+    """A run directory cannot be locked: another run holds it, or its lock file cannot be read or written."""
+
+
+class RunDirLockedError(DirectoryLockError):
+    """Another live run holds the run directory (``--output``; names it: run id, host, pid, since when)."""
 
 
 def new_run_id() -> str:
@@ -99,14 +130,19 @@ def cluster_run_id(cluster_json: str, directory: str) -> str:
 
 
 @contextlib.contextmanager
-def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT) -> Iterator[None]:
+def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT, what: str = "checkpoint directory",
+                    error: type[Exception] = CheckpointError) -> Iterator[None]:
     """Holds an exclusive ``flock`` on ``directory`` for the block (between processes and threads).
 
     Blocks at most ``timeout`` s for another holder (polling). Filesystems
     without ``flock`` (some network filesystems) are used without it (logged once).
 
+    Args:
+        what: what the directory is, in messages.
+        error: raised when the wait times out.
+
     Raises:
-        CheckpointError: another process held it for ``timeout`` s (a process stopped inside it).
+        error: another process held it for ``timeout`` s (a process stopped inside it).
     """
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -117,14 +153,14 @@ def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT) -> Iterat
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise CheckpointError(f"checkpoint directory {directory}: another process held its lock for "
-                                          f"{timeout:.0f} s (stopped inside a save?)") from None
+                    raise error(f"{what} {directory}: another process held its lock for {timeout:.0f} s "
+                                "(stopped inside a save or a claim?)") from None
                 time.sleep(wait)
                 wait = min(wait * 2, 0.05)
             except OSError as e:
                 if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
                     raise
-                _warn_no_flock(directory, e)
+                _warn_no_flock(directory, what, e)
                 break
         yield
     finally:
@@ -134,11 +170,10 @@ def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT) -> Iterat
 _NO_FLOCK: set[str] = set()
 
 
-def _warn_no_flock(directory: str, error: OSError) -> None:
+def _warn_no_flock(directory: str, what: str, error: OSError) -> None:
     if directory not in _NO_FLOCK:
         _NO_FLOCK.add(directory)
-        log.warning("checkpoint directory %s: no flock on this filesystem (%s); the run lock is best effort",
-                    directory, error)
+        log.warning("%s %s: no flock on this filesystem (%s); the run lock is best effort", what, directory, error)
 
 
 def _boot_id() -> str | None:
@@ -203,31 +238,48 @@ def describe_holder(holder: dict[str, Any]) -> str:
             f"{holder.get('since_text') or holder.get('since')}{f', run directory {run_dir}' if run_dir else ''})")
 
 
-class CheckpointDirLock:
-    """The lock of one checkpoint directory, as held by one run; see the module docstring.
+class DirectoryLock:
+    """The lock of one directory, as held by one run; see the module docstring.
 
+    A base: :class:`CheckpointDirLock` and :class:`RunDirLock` say which
+    directory, which lock file, the flag that names it and the errors raised.
     Thread-safe and idempotent (:meth:`acquire` may be called before every
-    write). A context manager: ``with lock:`` acquires, and releases on exit.
+    write). A context manager: ``with lock:`` acquires, and on exit releases
+    the lock if that acquisition took it (see :meth:`acquire`).
     """
+
+    #: The lock file's name inside the directory.
+    lock_name: ClassVar[str]
+    #: What the directory is, in messages ("checkpoint directory").
+    what: ClassVar[str]
+    #: The flag that names the directory, for the refusal's advice ("--checkpoint-dir").
+    flag: ClassVar[str]
+    #: Why two runs may not share it, for the refusal.
+    why: ClassVar[str]
+    #: Raised for a lock file that cannot be read or written.
+    error: ClassVar[type[Exception]]
+    #: Raised when another run holds the directory (a subclass of :attr:`error`).
+    locked_error: ClassVar[type[Exception]]
 
     def __init__(self, directory: str, run_id: str, *, run_dir: str | None = None) -> None:
         """Args:
-            directory: the checkpoint directory (created by :meth:`acquire` if missing).
+            directory: the directory (created by :meth:`acquire` if missing).
             run_id: this run's id (shared by every process of the run).
             run_dir: this run's run directory, named to a refused run (optional).
         """
         if not run_id:
-            raise CheckpointError(f"checkpoint directory {directory}: a run id is needed to lock it")
+            raise self.error(f"{self.what} {directory}: a run id is needed to lock it")
         self.directory = directory
         self.run_id = run_id
         self.run_dir = run_dir
-        self.path = os.path.join(directory, LOCK_NAME)
+        self.path = os.path.join(directory, self.lock_name)
+        self._took = False
 
     def holder(self) -> dict[str, Any] | None:
         """The lock's content, or None when there is no lock.
 
         Raises:
-            CheckpointLockedError: the lock file is unreadable (names it).
+            locked_error: the lock file is unreadable (names it).
         """
         try:
             with open(self.path) as f:
@@ -235,11 +287,11 @@ class CheckpointDirLock:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
-            raise CheckpointLockedError(f"checkpoint directory {self.directory}: unreadable lock file {self.path} "
-                                        f"({e}); if no run uses this directory, delete it") from e
+            raise self.locked_error(f"{self.what} {self.directory}: unreadable lock file {self.path} "
+                                    f"({e}); if no run uses this directory, delete it") from e
         if not isinstance(data, dict) or not isinstance(data.get("run_id"), str):
-            raise CheckpointLockedError(f"checkpoint directory {self.directory}: {self.path} is not a psflow lock "
-                                        f"file; if no run uses this directory, delete it")
+            raise self.locked_error(f"{self.what} {self.directory}: {self.path} is not a psflow lock "
+                                    f"file; if no run uses this directory, delete it")
         return data
 
     def _mine(self) -> dict[str, Any]:
@@ -253,26 +305,30 @@ class CheckpointDirLock:
         try:
             write_file_atomically(self.path, jsonio.dumps(self._mine(), nonfinite="error", what=self.path, indent=1).encode())
         except OSError as e:
-            raise CheckpointError(f"cannot write the lock file {self.path}: {e}") from e
+            raise self.error(f"cannot write the lock file {self.path}: {e}") from e
+        self._took = True
 
     def acquire(self) -> None:
         """Makes sure this run holds the directory; see the module docstring for the cases.
 
         Blocks for a few file operations (at most :data:`MUTEX_TIMEOUT` s behind another process).
+        This lock *took* the directory if one of its acquisitions wrote the lock file for this
+        process; one this process held already (another ``DirectoryLock`` of the same run in this
+        process took it) is kept as it is.
 
         Raises:
-            CheckpointLockedError: another live run (or one on another host) holds it (names it).
-            CheckpointError: the directory or the lock file cannot be written.
+            locked_error: another live run (or one on another host) holds it (names it).
+            error: the directory or the lock file cannot be written.
         """
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as e:
-            raise CheckpointError(f"cannot create checkpoint directory {self.directory}: {e}") from e
-        with directory_mutex(self.directory):
+            raise self.error(f"cannot create {self.what} {self.directory}: {e}") from e
+        with directory_mutex(self.directory, what=self.what, error=self.error):
             holder = self.holder()
             if holder is None:
                 self._write()
-                log.info("run %s: holds checkpoint directory %s (pid %d)", self.run_id, self.directory, os.getpid())
+                log.info("run %s: holds %s %s (pid %d)", self.run_id, self.what, self.directory, os.getpid())
                 return
             if self._is_this_process(holder):
                 return
@@ -280,20 +336,19 @@ class CheckpointDirLock:
             if holder["run_id"] == self.run_id:
                 if alive is False:
                     self._write()
-                    log.info("run %s: the process that held checkpoint directory %s for this run (pid %s) is gone; "
-                             "pid %d holds it now", self.run_id, self.directory, holder.get("pid"), os.getpid())
+                    log.info("run %s: the process that held %s %s for this run (pid %s) is gone; "
+                             "pid %d holds it now", self.run_id, self.what, self.directory, holder.get("pid"), os.getpid())
                 return
             if alive is False:
-                log.warning("checkpoint directory %s: taking over the stale lock of %s, whose process is gone",
-                            self.directory, describe_holder(holder))
+                log.warning("%s %s: taking over the stale lock of %s, whose process is gone",
+                            self.what, self.directory, describe_holder(holder))
                 self._write()
                 return
             where = ("psflow cannot tell from this host whether it still runs; if it is over, delete "
-                     f"{self.path}" if alive is None else "wait for it to end, or give this run another --checkpoint-dir")
-            raise CheckpointLockedError(
-                f"checkpoint directory {self.directory} is in use by {describe_holder(holder)}: this run "
-                f"({self.run_id}) may not write there (two runs in one directory restore and delete each other's "
-                f"checkpoints); {where}")
+                     f"{self.path}" if alive is None else f"wait for it to end, or give this run another {self.flag}")
+            raise self.locked_error(
+                f"{self.what} {self.directory} is in use by {describe_holder(holder)}: this run "
+                f"({self.run_id}) may not write there ({self.why}); {where}")
 
     def _is_this_process(self, holder: dict[str, Any]) -> bool:
         return (holder.get("run_id") == self.run_id and holder.get("pid") == os.getpid()
@@ -305,23 +360,48 @@ class CheckpointDirLock:
         Returns:
             Whether a lock was removed.
         """
+        self._took = False
         try:
-            with directory_mutex(self.directory):
+            with directory_mutex(self.directory, what=self.what, error=self.error):
                 holder = self.holder()
                 if holder is None or not self._is_this_process(holder):
                     return False
                 os.unlink(self.path)
-        except (OSError, CheckpointError) as e:
-            log.warning("run %s: could not release the lock of checkpoint directory %s: %s", self.run_id,
+        except (OSError, CheckpointError, DirectoryLockError) as e:
+            log.warning("run %s: could not release the lock of %s %s: %s", self.run_id, self.what,
                         self.directory, e)
             return False
-        log.info("run %s: released checkpoint directory %s", self.run_id, self.directory)
+        log.info("run %s: released %s %s", self.run_id, self.what, self.directory)
         return True
 
-    def __enter__(self) -> CheckpointDirLock:
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.release()
+        if self._took:
+            self.release()
+
+
+class CheckpointDirLock(DirectoryLock):
+    """The run lock of a checkpoint directory (``checkpoint.lock``); see the module docstring."""
+
+    lock_name = LOCK_NAME
+    what = "checkpoint directory"
+    flag = "--checkpoint-dir"
+    why = "two runs in one directory restore and delete each other's checkpoints"
+    error = CheckpointError
+    locked_error = CheckpointLockedError
+
+
+class RunDirLock(DirectoryLock):
+    """The run lock of a run directory (``--output``; ``run.lock``), held by the launcher's process for the
+    whole run; see the module docstring."""
+
+    lock_name = RUN_LOCK_NAME
+    what = "run directory"
+    flag = "--output"
+    why = "two runs in one run directory overwrite each other's cluster.json, logs and metrics"
+    error = DirectoryLockError
+    locked_error = RunDirLockedError
