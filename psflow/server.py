@@ -134,7 +134,7 @@ class Server:
                                         on_over=self._run_over if stop_when_run_over else None)
             # One table for both carriers, so that Stats says the same over gRPC and TCP.
             self._ps_handlers = {**self.parameter_service.handlers(), **self.run_ledger.handlers(),
-                                 "Stats": self._stats}
+                                 "Register": self._register, "Stats": self._stats}
             services[PARAMETER_SERVICE] = {**self._ps_handlers, "Transport": self._transport}
             if task_index == min(self.cluster.task_indices("ps")):  # the embedded coordination backend's leases
                 services[COORDINATION_SERVICE] = LeaseTable(self.task.name).handlers()
@@ -211,6 +211,14 @@ class Server:
         meta, arrays = service.get_stats(frame)
         tcp = self._tcp.stats() if self._tcp is not None else None
         return {**meta, "authentication": self.authentication, "tcp": tcp, "run_end": ledger.stats()}, arrays
+
+    def _register(self, frame: Frame) -> Reply:
+        """The ParameterService's Register; a worker registering after its ``Done`` was restarted (RunLedger.joined)."""
+        service, ledger = self.parameter_service, self.run_ledger
+        if service is None or ledger is None:  # not reached: only ps tasks serve Register
+            raise InvalidRequest(f"{self.task.name} is not a ps task")
+        ledger.joined(frame.meta.get("client"))
+        return service.register(frame)
 
     def _run_over(self, description: str) -> None:
         """(``stop_when_run_over``) The last training worker's ``Done`` arrived: stop serving."""

@@ -22,10 +22,13 @@ checkpoints and the final checkpoint's name.
 Each ps task keeps its own ledger: none depends on another to learn that the
 run is over, so ps task 0 may exit first.
 
-Restarted workers: a worker's ``Done`` counts only while no later process of
-that worker has been seen (a higher incarnation, from its pushes or its
-``ReaderPositions`` claim): a worker that finished and was then restarted
-must finish again before the run is over.
+Restarted workers: a worker that finished and was then restarted must finish
+again before the run is over. Its ``Done`` is forgotten when the worker
+registers again (every process of a worker registers with every ps task as it
+joins the cluster: :meth:`RunLedger.joined`), and it counts only while no
+later process of that worker has been seen (a higher incarnation, from its
+pushes or its ``ReaderPositions`` claim), so a late ``Done`` of an earlier
+process does not count either.
 
 Not guaranteed: a worker that fails never sends ``Done``, so the ps tasks of a
 failed run keep serving (a restarted worker can still rejoin; ``psflow
@@ -127,6 +130,13 @@ class RunLedger:
         if fire and self._on_over is not None:
             self._on_over(self.describe())
         return {"ok": True, "run_over": self.over}, {}
+
+    def joined(self, worker: object) -> None:
+        """``worker`` registered (a process of it joins the cluster): a ``Done`` it sent before no longer counts.
+        Names that are not training workers (the launcher, tools) are ignored; so is anything once the run is over."""
+        with self._lock:
+            if not self._over and isinstance(worker, str):
+                self._done.pop(worker, None)
 
     @property
     def over(self) -> bool:

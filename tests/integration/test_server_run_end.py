@@ -19,6 +19,7 @@ from support import A9A, REPO, TOKEN, run_bounded, wait_until
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
+from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.train.checkpoint import latest_checkpoint, read_manifest
@@ -192,6 +193,30 @@ def test_keep_serving_keeps_a_ps_task_after_the_run_until_psflow_shutdown(
     assert outcomes["/job:ps/task:1"] == "stopped" and outcomes["/job:ps/task:0"].startswith("unreachable ("), outcomes
     assert "1 of 2 ps tasks stopped" in result.stderr
     assert cluster.exit_code("ps-1") == 0
+
+
+def test_a_worker_restarted_after_its_done_must_finish_again(tasks: Callable[[ClusterSpec], _Tasks]) -> None:
+    """What the workers send, by hand: worker 0 finishes, is restarted (its new process registers), worker 1
+    finishes: the ps task keeps serving until worker 0's new process is done too."""
+    cluster = tasks(_cluster(1, 2))
+    cluster.start("ps", 0)
+    cluster.wait_serving(0)
+    ch = TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0), PARAMETER_SERVICE,
+                     ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30))
+    w0, w1 = "/job:worker/task:0", "/job:worker/task:1"
+    try:
+        assert ch.call("Done", {"worker": w0, "incarnation": 1}).meta["run_over"] is False
+        joined = ch.call("Register", {"layout": [], "optimizer": OptimizerSpec("sgd", {"learning_rate": 0.1}).to_json(),
+                                      "client": w0, "chief": False})
+        assert joined.meta["ready"] is False  # no chief yet: it would wait for one
+        assert ch.call("Done", {"worker": w1, "incarnation": 1}).meta["run_over"] is False
+        assert ch.call("Stats").meta["run_end"]["workers_done"] == [w1]
+        assert cluster.procs["ps-0"].poll() is None
+        assert ch.call("Done", {"worker": w0, "incarnation": 2}).meta["run_over"] is True
+    finally:
+        ch.close()
+    assert cluster.exit_code("ps-0") == 0
+    assert "/job:ps/task:0: run over (workers 0-1 finished, no checkpoint directory): exiting" in cluster.log("ps-0")
 
 
 def test_shutdown_without_a_token_or_a_cluster_file_is_one_line(tmp_path: Path) -> None:

@@ -82,6 +82,17 @@ def test_a_worker_restarted_after_its_done_must_finish_again() -> None:
     assert over == ["workers 0-1 finished, no checkpoint directory"]
 
 
+def test_a_worker_that_registers_again_after_its_done_must_finish_again() -> None:
+    runs, over = ledger([W0, W1])  # a ps task that sees no push of the new process (its data had ended)
+    done(runs, W0)
+    runs.joined(W0)  # the restarted worker 0 registers as it joins the cluster
+    runs.joined("launcher")  # not a training worker: ignored
+    assert done(runs, W1)["run_over"] is False and runs.stats()["workers_done"] == [W1]
+    assert done(runs, W0)["run_over"] is True and len(over) == 1
+    runs.joined(W0)  # once over, nothing changes
+    assert runs.over and runs.stats()["workers_done"] == [W0, W1]
+
+
 def test_an_earlier_process_done_does_not_count() -> None:
     runs, over = ledger([W0], {W0: 9})
     assert done(runs, W0, incarnation=5)["run_over"] is False and over == []
