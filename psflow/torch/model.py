@@ -380,6 +380,14 @@ class TorchModel(Model):
             self._pool.close()
             self._pool = None
 
+    def describe(self) -> str:
+        """One line for logs; with towers, where they run (``..., 2 towers: cpu, cpu``)."""
+        line = super().describe()
+        if self._devices is None:
+            return line
+        return f"{line}, {len(self._devices)} tower{'s' if len(self._devices) > 1 else ''}: " + \
+            ", ".join(str(d) for d in self._devices)
+
     def _tower_pool(self) -> tuple[list[Tower], TowerPool]:
         if self._pool is None or not self._towers:
             self._towers = [Tower.replicate(self.module, device) for device in self._devices or ()]
