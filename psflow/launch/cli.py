@@ -476,6 +476,9 @@ def _server(args: argparse.Namespace) -> int:
         config = _config(args, num_ps=cluster.num_tasks("ps"), num_workers=trainers)
         if job == "client" or config.replication == "between-graph":  # this task reads the data
             check_inputs(config)
+        from psflow.train.preflight import check_settings  # imports grpc (checkpoints): here, see the module docstring
+
+        check_settings(config, memory=False)  # dynamic tables, another optimizer on resume (the ps may be elsewhere)
     configure_logging(verbose=args.verbose)
     status = status_config(args)
     page = chief_status_page(cluster, job, index, config, token=token, tls=tls, status=status) \

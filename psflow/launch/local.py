@@ -65,6 +65,7 @@ from psflow.train.config import TORCH_THREADS_ENV, TrainConfig
 from psflow.train.duties import claim_checkpoint_dir
 from psflow.train.evaluation import evaluate
 from psflow.train.inputs import check_inputs
+from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval
 
 __all__ = ["LaunchError", "LocalCluster", "TaskHosts", "TaskProcess", "free_ports", "run_local", "TOKEN_ENV"]
@@ -355,8 +356,11 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
             task is its one line (a bad record: the file and line), anything else its log's tail.
         DataError: ``--train`` or ``--eval`` holds no record, cannot be read, or has a malformed
             record among the first of a file (checked before anything starts).
+        ConfigError: the ps tasks' variables do not fit this machine's memory, or a dynamic table's
+            capacity cannot hold one row (:func:`psflow.train.preflight.check_settings`; before anything starts).
     """
     train_records = check_inputs(config)
+    check_settings(config)  # memory, dynamic tables: refused in one line before any task starts
     # The run's id, and its checkpoint directory taken before any task starts (another live run's is refused).
     config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=output_dir, out=progress or sys.stderr)
     checkpoints = SaveStatusWatcher(max_failed_saves=config.max_failed_saves, every=progress_every) \

@@ -19,7 +19,7 @@ from psflow import jsonio
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.ps.sync import SyncConfig
 
-__all__ = ["TrainConfig", "DEFAULT_LEARNING_RATES", "ConfigError"]
+__all__ = ["TrainConfig", "DEFAULT_LEARNING_RATES", "ConfigError", "MAX_SEED"]
 
 #: Per-optimizer default learning rates for sparse logistic regression on
 #: one-hot features. Measured on a9a (2 ps + 2 workers, 3 epochs, eval AUC):
@@ -31,6 +31,10 @@ DEFAULT_LEARNING_RATES = {"sgd": 2.0, "momentum": 0.1, "adagrad": 0.5, "adam": 0
 
 #: A device a worker's model may compute on (--device, --devices).
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+#: The largest --seed: seeds are int64 as TensorFlow's (the data shuffle, initializers and PyTorch take any of them).
+MAX_SEED = 2**63 - 1
 
 
 class ConfigError(ValueError):
@@ -114,6 +118,7 @@ class TrainConfig:
         checks = [
             (self.num_features >= 1, f"--num-features must be >= 1, got {self.num_features}"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (0 <= self.seed <= MAX_SEED, f"--seed must be in [0, 2**63 - 1], got {self.seed}"),
             (self.num_ps >= 1, f"--ps must be >= 1, got {self.num_ps}"),
             (self.num_workers >= 1, f"--workers must be >= 1, got {self.num_workers}"),
             (self.partitions >= 1, f"--partitions must be >= 1, got {self.partitions}"),

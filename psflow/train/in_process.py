@@ -32,6 +32,7 @@ from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
 from psflow.train.duties import claim_checkpoint_dir
 from psflow.train.evaluation import evaluate
 from psflow.train.inputs import check_inputs
+from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval, run_worker
 
 __all__ = ["run_in_process"]
@@ -70,6 +71,7 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
     if config.replication != "between-graph":
         raise ConfigError("--in-process has no in-graph replication")
     check_inputs(config)
+    check_settings(config)  # memory, dynamic tables: refused in one line before anything starts
     config = replace(config, mode="async") if config.mode == "ssp" else config
     config = replace(config, reader_process=True)
     # The run's id, and its checkpoint directory taken up front (another live run's is refused).

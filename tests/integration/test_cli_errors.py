@@ -159,6 +159,20 @@ CASES = {
     "--model-param NaN": Case(
         lambda t: train(t, "--train", good(t), "--model-param", "dropout=NaN"),
         lambda t: "psflow train: error: --model-param 'dropout=NaN': want a finite value"),
+    # Settings the tasks used to refuse after four processes started, with a traceback (issue 25, item 8).
+    "--seed -1": Case(
+        lambda t: train(t, "--train", good(t), "--seed", "-1"),
+        lambda t: "psflow train: error: --seed must be in [0, 2**63 - 1], got -1"),
+    "dynamic table smaller than one row": Case(
+        lambda t: train(t, "--train", good(t), "--embedding-table", "dynamic", "--capacity-bytes", "1"),
+        lambda t: "psflow train: error: --capacity-bytes 1 cannot hold one row of dynamic table 'weights': a row takes "
+                  "109 bytes (dim 1, 2 ftrl slots, metadata and index), and the table's share on each of the 1 ps task "
+                  "gets 1; give at least 109"),
+    "tables larger than this machine's memory": Case(  # 745,058 GiB: more than any machine has
+        lambda t: train(t, "--train", good(t), "--model", "fm", "--num-features", "1000000", "--embedding-dim",
+                        "100000000"),
+        lambda t: "psflow train: error: variable 'embedding' needs 745058.1 GiB on ps/0 with its 1 adagrad slot; this "
+                  "machine has "),
 }
 
 
@@ -215,6 +229,29 @@ def test_a_nan_loss_names_the_worker_the_step_and_the_batch(where: str, tmp_path
     assert re.search(r"/job:worker/task:0 \(pid \d+\) exited with code 1: root cause; log: ", r.stderr), r.stderr
     worker_log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
     assert "Traceback" not in worker_log and worker_log.count("/job:worker/task:0: loss is") == 1, worker_log[-3000:]
+
+
+def test_resuming_with_another_optimizer_is_refused_before_any_task_starts(tmp_path: Path) -> None:
+    """A run resumed with another --optimizer used to die inside a task ("slot 'm' missing")."""
+    ck, data = tmp_path / "ck", good(tmp_path)
+    first = run_cli("train", *TRAIN, "--train", data, "--checkpoint-dir", str(ck), "--output", str(tmp_path / "r1"),
+                    timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli("train", *TRAIN, "--train", data, "--checkpoint-dir", str(ck), "--optimizer", "adam",
+                    "--output", str(tmp_path / "r2"), timeout=240)
+    assert again.returncode == 1, again.stderr[-3000:]
+    found = re.search(rf"psflow train: error: --checkpoint-dir {re.escape(str(ck))}: its newest checkpoint (\S+) was "
+                      r"written with --optimizer ftrl \(variable 'weights' has slots accum, linear\); this run asks "
+                      r"for adam \(slots m, v\)\. Resume with --optimizer ftrl, or start from its variables alone, "
+                      r"with fresh optimizer state: --warm-start (\S+) and another --checkpoint-dir", again.stderr)
+    assert found is not None, again.stderr[-3000:]
+    assert found.group(1) == found.group(2) and (Path(found.group(1)) / "manifest.json").is_file()
+    check_one_line(again.stderr)
+    assert not (tmp_path / "r2" / "logs").exists(), "a task was started"
+    # The way on the message gives works: the variables alone, into another directory, with adam.
+    warm = run_cli("train", *TRAIN, "--train", data, "--optimizer", "adam", "--warm-start", found.group(1),
+                   "--checkpoint-dir", str(tmp_path / "ck2"), "--output", str(tmp_path / "r3"), timeout=240)
+    assert warm.returncode == 0, warm.stderr[-3000:]
 
 
 def test_a_port_in_use_for_psflow_server(tmp_path: Path) -> None:

@@ -24,12 +24,24 @@ from psflow.ps.dynamic.snapshots import check_snapshot
 from psflow.ps.dynamic.spec import DynamicTableError, DynamicTableSpec, DynamicTableStats
 from psflow.ps.optimizers import make_optimizer
 
-__all__ = ["FIXED_OVERHEAD_BYTES", "DynamicTable"]
+__all__ = ["FIXED_OVERHEAD_BYTES", "DynamicTable", "row_bytes"]
 
 #: Python objects of one table (the object, its dicts, lock, generators): a generous upper bound.
 FIXED_OVERHEAD_BYTES = 64 * 1024
 # Per row besides values and slots: id, last step, frequency, free-list entry (int64 each), live flag.
 _ROW_META_BYTES = 33
+
+
+def row_bytes(spec: DynamicTableSpec) -> int:
+    """Bytes one row of a table of ``spec`` takes against ``capacity_bytes``: values, optimizer slots, per-row
+    metadata and its index entry. Pure (builds no table), so a launcher can check ``capacity_bytes`` before any
+    ps task starts.
+
+    Raises:
+        OptimizerError: ``spec.optimizer`` names no optimizer.
+    """
+    slots = len(make_optimizer(spec.optimizer).slot_names) if spec.optimizer is not None else 0
+    return 4 * spec.dim * (1 + slots) + _ROW_META_BYTES + INDEX_BYTES_PER_ROW
 
 
 class DynamicTable:
@@ -65,7 +77,7 @@ class DynamicTable:
     def _limit(self) -> int:
         limit = self.spec.capacity_rows if self.spec.capacity_rows is not None else 1 << 62
         if self.spec.capacity_bytes is not None:
-            per_row = self._row_bytes + INDEX_BYTES_PER_ROW
+            per_row = row_bytes(self.spec)
             if self.spec.capacity_bytes < per_row:
                 raise DynamicTableError(f"dynamic table {self.name!r}: capacity_bytes {self.spec.capacity_bytes} "
                                         f"is less than one row ({per_row} bytes with slots, metadata and index)")
