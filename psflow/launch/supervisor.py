@@ -23,10 +23,15 @@ CrashLoopBackOff grows and caps. At most ``max_restarts`` restarts per task.
 
 Nothing here restores state: a restarted ps comes back empty (recovery
 from checkpoints is the train package's job), a restarted worker re-registers.
+A task that exits with :data:`STATE_LOST_EXIT_CODE` found a ps task's
+variables lost with no checkpoint to restore them from
+(:mod:`psflow.train.state_loss`): no policy restarts it, since its next
+process would find the same cluster, and the run fails at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -34,11 +39,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RESTART_POLICIES", "RestartConfig", "Decision", "decide", "describe_exit", "Supervisor", "RestartEvent"]
+__all__ = ["RESTART_POLICIES", "STATE_LOST_EXIT_CODE", "RestartConfig", "Decision", "decide", "describe_exit",
+           "Supervisor", "RestartEvent"]
 
 log = logging.getLogger("psflow.launch")
 
 RESTART_POLICIES = ("never", "on-failure", "always")
+
+#: Exit status of a task that found a ps task's variables lost with no checkpoint to restore them
+#: from (:class:`psflow.train.state_loss.StateLostError`); never restarted.
+STATE_LOST_EXIT_CODE = 3
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,8 @@ def decide(config: RestartConfig, exit_code: int, restarts: int) -> Decision:
     """
     if config.policy == "never":
         return Decision(False, 0.0, "restart policy is 'never'")
+    if exit_code == STATE_LOST_EXIT_CODE:
+        return Decision(False, 0.0, "a ps task's variables are lost with no checkpoint: a restart cannot bring them back")
     if exit_code == 0 and config.policy == "on-failure":
         return Decision(False, 0.0, "exited cleanly")
     if restarts >= config.max_restarts:
@@ -146,9 +158,13 @@ class Supervisor:
         self.events: list[RestartEvent] = []
 
     def on_exit(self, task: Any, exit_code: int) -> Decision:
-        """Logs the death of ``task`` and decides; schedules a restart if allowed."""
+        """Logs the death of ``task`` and decides; schedules a restart if allowed. A ps task that is
+        not restarted lost its variables: the reason says so (and what would have restored them)."""
         count = self.restarts.get(task.name, 0)
         decision = decide(self.config, exit_code, count)
+        if not decision.restart and exit_code != 0 and getattr(task, "job", None) == "ps":
+            decision = dataclasses.replace(decision, reason=f"{decision.reason}; the variables it held are lost, so "
+                                           "the run stops (--restart-policy on-failure restores them from a checkpoint)")
         event = RestartEvent(task.name, task.pid, describe_exit(exit_code), decision.reason, decision.restart)
         self.events.append(event)
         level = logging.WARNING if exit_code != 0 else logging.INFO

@@ -19,8 +19,10 @@ Errors: an expected one (:func:`psflow.launch.console.expected_errors`: a
 malformed record, a bad setting, a port in use) ends the task with exit
 status 1 and one ERROR line in its log, no traceback (``--verbose`` adds it);
 with ``--error-file`` the line is also written there as JSON (``task``,
-``type``, ``message``) for the launcher's failure report. Anything else is a
-bug: its traceback goes to the log.
+``type``, ``message``) for the launcher's failure report. A ps task's variables
+lost with no checkpoint to restore them from (:mod:`psflow.train.state_loss`)
+is such an error, with exit status 3 (``STATE_LOST_EXIT_CODE``: no restart
+policy restarts the task). Anything else is a bug: its traceback goes to the log.
 """
 
 from __future__ import annotations
@@ -194,8 +196,12 @@ def main(argv: list[str] | None = None) -> int:
                         result_path=args.result, state_dir=args.state_dir, stop=stop,
                         checkpoint_root=args.checkpoint_root)
     except expected_errors() as e:
-        return expected_failure(f"/job:{args.job}/task:{args.task}", e, error_file=args.error_file,
-                                verbose=args.verbose)
+        from psflow.launch.supervisor import STATE_LOST_EXIT_CODE
+        from psflow.train.state_loss import StateLostError
+
+        failed = expected_failure(f"/job:{args.job}/task:{args.task}", e, error_file=args.error_file,
+                                  verbose=args.verbose)
+        return STATE_LOST_EXIT_CODE if isinstance(e, StateLostError) else failed  # never restarted
     if stop.requested() is not None:
         # Stopped in order: the server is stopped and the channels closed. The interpreter's teardown
         # adds nothing but time (a worker's final garbage collection took seconds), so skip it.

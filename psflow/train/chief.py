@@ -6,16 +6,23 @@ client gets its variables ready:
 
 Chief, in order:
     1. finds the newest complete checkpoint in ``checkpoint_dir`` (if any);
-    2. registers the layout on every ps task with ``chief=True``: each task
-       that is not ready yet creates its partitions (the one initialization
-       of the cluster). With a checkpoint it registers with
-       ``defer_ready=True``, restores the checkpoint into the tasks
-       (:func:`psflow.train.checkpoint.restore`), logs
-       ``restored checkpoint <path> at step <S>`` and then marks every task
-       ready (ps task 0, which non-chiefs ask first, last). Without a
-       checkpoint but with ``warm_start``, it registers the same way and
-       loads the warm-start values instead (:func:`psflow.train.checkpoint.warm_start`:
-       variables only; slots and global_step keep their initial values);
+       without one, asks every ps task whether it holds variables: a task that
+       is empty beside one that is ready died after the cluster was initialized,
+       and initializing it now would mix fresh and trained variables, so the
+       chief raises :class:`~psflow.train.state_loss.StateLostError` instead
+       (see :mod:`psflow.train.state_loss`);
+    2. registers the layout on every ps task with ``chief=True`` and
+       ``defer_ready=True``: each task that is not ready yet creates its
+       partitions (the one initialization of the cluster) and stays not ready.
+       With a checkpoint it restores the checkpoint into the tasks
+       (:func:`psflow.train.checkpoint.restore`) and logs
+       ``restored checkpoint <path> at step <S>``; without one but with
+       ``warm_start``, it loads the warm-start values instead
+       (:func:`psflow.train.checkpoint.warm_start`: variables only; slots and
+       global_step keep their initial values). Then it marks every task ready,
+       ps task 0 (which non-chiefs ask first) last: so a ready ps task 0 means
+       every task was initialized, and a chief that dies half-way leaves tasks
+       that are not ready, which its next process initializes again;
     3. if the tasks were already ready (the chief was restarted), nothing is
        created or restored: the ps tasks hold newer state than any checkpoint.
 
@@ -54,8 +61,9 @@ from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, load_values, restore, warm_start
 from psflow.train.client import ParameterClient
+from psflow.train.state_loss import check_state_kept, ps_states
 
-__all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable", "training_view"]
+__all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable", "training_view", "trainer_task"]
 
 log = logging.getLogger("psflow.chief")
 
@@ -104,6 +112,25 @@ def training_view(cluster: ClusterSpec, job: str, index: int) -> tuple[ClusterSp
     return ClusterSpec(jobs), 0 if job == "chief" else index + 1
 
 
+def trainer_task(cluster: ClusterSpec, index: int) -> TaskId:
+    """The task of training worker ``index`` as :func:`training_view` counts them (the inverse):
+    with a ``chief`` job, 0 is the chief and ``i`` the i-th worker task (``/job:worker/task:i-1``
+    where worker indices are dense); without one, ``/job:worker/task:index``.
+
+    Raises:
+        ClusterError: no such training worker.
+    """
+    if "chief" not in cluster.jobs:
+        cluster.task_address("worker", index)  # raises naming the job and index
+        return TaskId("worker", index)
+    if index == 0:
+        return TaskId("chief", min(cluster.task_indices("chief")))
+    workers = sorted(cluster.task_indices("worker")) if "worker" in cluster.jobs else []
+    if not 0 < index <= len(workers):
+        raise ClusterError(f"no training worker {index}: the cluster has the chief and {len(workers)} worker task(s)")
+    return TaskId("worker", workers[index - 1])
+
+
 @dataclass(frozen=True)
 class JoinResult:
     """What :func:`join_cluster` did.
@@ -149,15 +176,18 @@ def join_cluster(
 
     Raises:
         CheckpointError: the newest checkpoint (or the warm start) cannot be read or loaded.
+        StateLostError: (chief) a ps task is empty beside ready ones and there is no checkpoint.
         FailedPreconditionError: this client's layout differs from the registered one.
         TaskUnavailableError: (non-chief) the chief did not make the cluster ready in time.
     """
     restored = None
     if chief:
         latest = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
+        if latest is None:  # nothing to restore from: a ps task that lost its variables stops the run here
+            check_state_kept(client, ps_states(client), checkpoint_dir=checkpoint_dir)
         start_values = initial_values() if initial_values is not None and latest is None else {}
-        created = client.register(optimizer, chief=True,
-                                  defer_ready=latest is not None or warm_start_from is not None or bool(start_values))
+        # Every task stays not ready until all are initialized (ps task 0 made ready last).
+        created = client.register(optimizer, chief=True, defer_ready=True)
         if created and latest is not None:
             manifest = restore(client, latest)
             _set_ready(client)
@@ -173,6 +203,7 @@ def join_cluster(
                      f", warm-started {', '.join(names) or 'none'} from {warm_start_from}" if warm_start_from else "",
                      f" (initializers kept for {', '.join(kept)})" if kept and warm_start_from else "")
         elif created:
+            _set_ready(client)
             log.info("%s: initialized the variables on %d ps tasks", client.client_name, len(client.channels))
     else:
         created = client.register(optimizer, ready_timeout=ready_timeout)

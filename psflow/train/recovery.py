@@ -1,15 +1,23 @@
 """Recovery of a training cluster: an elected chief, and restores after a ps task died.
 
-Chief election (:class:`Leadership`): every worker campaigns, on a
-background thread, for the ``chief`` lease of a coordination backend
+Chief election (:class:`Leadership`): every worker that trains campaigns, on
+a background thread, for the ``chief`` lease of a coordination backend
 (:mod:`psflow.coord`: ``embedded`` on ps task 0, or ``zookeeper``). The
 holder runs the chief duties (:class:`LeaderOnlyHook` wraps the checkpoint,
 summary and eval hooks), so when it dies or stops, another worker takes them
 over within the lease time while training goes on. Its checkpoint writes
 carry its lease epoch, which the ps tasks fence: a deposed chief's save is
-refused (:meth:`psflow.train.checkpoint.CheckpointManager.save`). A worker
-that finishes its data resigns, so the last one running ends as chief and
-writes the final checkpoint.
+refused (:meth:`psflow.train.checkpoint.CheckpointManager.save`).
+
+Only a worker that trains takes the lease: the duties run between its steps
+(the hooks), so a holder that runs no step would do none of them, and the
+checkpoints would stop until the run ends. So a worker campaigns from its
+first step on (:class:`CampaignWhileTrainingHook`; again after a restore
+rewinds it), stops campaigning the moment its data ends
+(:meth:`Leadership.stop_campaigning`) and hands a lease it holds to a worker
+that still trains (it resigns as soon as it sees one). The last worker to
+finish keeps the lease, or waits until it can take it (a dead holder's lease
+lapses within the lease time), and writes the final checkpoint.
 
 A ps task that died is restarted empty by the supervisor. Then, in order:
 
@@ -25,7 +33,11 @@ A ps task that died is restarted empty by the supervisor. Then, in order:
    new generation (pushes of the old one are refused from then on, and the
    ones in flight finish first), loads variables, slots, reader positions and
    the example count, sets global_step, then marks every task ready at the
-   new generation (ps task 0 last);
+   new generation (ps task 0 last). With no checkpoint to restore from, the
+   chief raises :class:`~psflow.train.state_loss.StateLostError` instead (one
+   line naming the empty tasks), and so does every worker at once when the
+   run has no checkpoint directory: never a model of fresh and trained
+   variables (:mod:`psflow.train.state_loss`);
 4. each worker re-reads its reader position (the checkpoint's) and re-opens
    its data there: the records since the checkpoint are trained again, none
    twice relative to the model state, none skipped. This includes workers
@@ -62,14 +74,16 @@ from psflow.rpc.api import RpcError, gather
 from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest, restore
 from psflow.train.client import ParameterClient
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
+from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
 
-__all__ = ["Leadership", "LeaderOnlyHook", "ClusterRecovery", "RecoveryError"]
+__all__ = ["Leadership", "LeaderOnlyHook", "CampaignWhileTrainingHook", "ClusterRecovery", "RecoveryError"]
 
 log = logging.getLogger("psflow.recovery")
 
 
 class RecoveryError(RuntimeError):
-    """The cluster could not be restored (no checkpoint, or not in time); names what is missing."""
+    """The cluster was not restored in time; names the tasks not ready (no checkpoint at all:
+    :class:`~psflow.train.state_loss.StateLostError`)."""
 
 
 class Leadership:
@@ -131,13 +145,23 @@ class Leadership:
             self._thread = threading.Thread(target=self._run, name="psflow-leadership", daemon=True)
             self._thread.start()
 
+    def stop_campaigning(self) -> None:
+        """Stops the background campaign, keeping a lease held (the backend goes on renewing it):
+        from now on this worker takes no new lease until :meth:`start`; idempotent. Blocks until
+        the campaign thread ends (at most one campaign call, about a second)."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+
+    def campaigning(self) -> bool:
+        """Whether the background campaign runs."""
+        return self._thread is not None and self._thread.is_alive() and not self._closed.is_set()
+
     def resign(self) -> None:
         """Stops campaigning and gives up the lease if held, keeping the backend open
         (:meth:`start` campaigns again); idempotent. Blocks for at most one poll and one RPC."""
         self.resigned = True
-        self._closed.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
+        self.stop_campaigning()
         with self._lock:
             lease, self._lease = self._lease, None
         if lease is not None:
@@ -253,6 +277,18 @@ class LeaderOnlyHook(SessionRunHook):
             log.error("%s: chief duty %s skipped: %s", self.leadership.candidate, type(self.inner).__name__, e)
 
 
+class CampaignWhileTrainingHook(SessionRunHook):
+    """Starts this worker's campaign for the chief lease after each of its steps, when it is not
+    campaigning (its first step, or the first after a restore rewound it); see the module docstring."""
+
+    def __init__(self, leadership: Leadership) -> None:
+        self.leadership = leadership
+
+    def after_run(self, context: RunContext, values: RunValues) -> None:
+        if not self.leadership.campaigning():
+            self.leadership.start()
+
+
 class ClusterRecovery:
     """What one worker does when the data path fails; see the module docstring."""
 
@@ -273,14 +309,7 @@ class ClusterRecovery:
         self.restores = 0
 
     def _states(self) -> dict[int, dict[str, Any] | None]:
-        calls = {t: ch.call_async("Stats", timeout=2.0) for t, ch in self.client.channels.items()}
-        out: dict[int, dict[str, Any] | None] = {}
-        for t, call in calls.items():
-            try:
-                out[t] = dict(call.result().meta)
-            except RpcError:
-                out[t] = None
-        return out
+        return ps_states(self.client)
 
     def _settled(self, states: dict[int, dict[str, Any] | None]) -> int | None:
         """The generation every ps task is ready at, or None."""
@@ -306,7 +335,9 @@ class ClusterRecovery:
             (the start of its data).
 
         Raises:
-            RecoveryError: not restored within ``timeout``, or no checkpoint to restore from.
+            StateLostError: a ps task lost its variables and there is no checkpoint to restore them
+                from (raised by the chief; by every worker at once when the run has no checkpoint directory).
+            RecoveryError: not restored within ``timeout``.
         """
         started = time.monotonic()
         deadline, wait = started + self.timeout, 0.05
@@ -317,6 +348,9 @@ class ClusterRecovery:
                 return False, None
             if generation is not None:
                 break
+            empty, kept = lost_tasks(states)
+            if empty and not self.checkpoint_dir:  # no checkpoint can exist: every worker stops at once
+                raise StateLostError(state_lost_message(self.client, empty, kept, checkpoint_dir=None))
             lease = self.leader()
             if lease is not None and all(s is not None for s in states.values()) and generation is None:
                 try:
@@ -389,15 +423,16 @@ class ClusterRecovery:
         """(Chief) restores every ps task from the newest checkpoint at a new generation.
 
         Raises:
-            RecoveryError: there is no checkpoint.
+            StateLostError: there is no checkpoint (names the tasks that lost their variables).
             CheckpointError, RpcError: the restore failed (the caller retries until its deadline).
         """
         client = self.client
         latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
         if latest is None:
-            lost = [f"/job:ps/task:{t}" for t, s in sorted(states.items()) if s is not None and not s.get("registered")]
-            raise RecoveryError(f"{', '.join(lost) or 'a ps task'} lost its variables and there is no checkpoint "
-                                f"to restore from (--checkpoint-dir {self.checkpoint_dir})")
+            empty, kept = lost_tasks(states)
+            unready = [t for t, s in sorted(states.items()) if s is not None and not s.get("ready")]
+            raise StateLostError(state_lost_message(client, empty or unready, [t for t in kept if t not in unready],
+                                                    checkpoint_dir=self.checkpoint_dir))
         gens = [s.get("generation") or 0 for s in states.values() if s is not None]
         generation = max(time.time_ns() // 1_000_000, max(gens) + 1)
         step_state = states[client.step_task]
