@@ -17,6 +17,8 @@
  *
  *   adagrad(var, accum, grad, rows, lr)
  *   ftrl(var, accum, linear, grad, rows, lr, l1, two_l2, two_shrinkage)   (learning_rate_power -0.5)
+ *   rmsprop(var, rms, mom, mg, grad, rows, lr, decay, momentum, epsilon)  (mg None unless centered; TF's
+ *       dense formula where rows is None, its sparse kernel's where rows are given: they round differently)
  *   gather(value, rows, out)   (out[i] = value[rows[i]], any item size: the ps's reads)
  *
  * var and the slots are C-contiguous float32 buffers of the same size; rows is
@@ -244,6 +246,106 @@ static PyObject *ftrl(PyObject *self, PyObject *args) {
     }
     RELOCK();
     release(b, 5);
+    Py_RETURN_NONE;
+}
+
+typedef struct {
+    float lr, decay, one_minus_decay, momentum, epsilon;
+} RmspropParams;
+
+/* TF's ApplyRMSProp / ApplyCenteredRMSProp (mg NULL: not centered). */
+static void rmsprop_dense_span(float *restrict var, float *restrict rms, float *restrict mom, float *restrict mg,
+                               const float *restrict g, Py_ssize_t w, RmspropParams p) {
+    for (Py_ssize_t j = 0; j < w; j++) {
+        float gj = g[j];
+        float sq = gj * gj;
+        float r = rms[j] + (sq - rms[j]) * p.one_minus_decay;
+        rms[j] = r;
+        float d;
+        if (mg) {
+            float a = mg[j] + (gj - mg[j]) * p.one_minus_decay;
+            mg[j] = a;
+            d = (r - a * a) + p.epsilon;
+        } else {
+            d = r + p.epsilon;
+        }
+        float step = (gj * p.lr) / sqrtf(d);
+        float m = mom[j] * p.momentum + step;
+        mom[j] = m;
+        var[j] = var[j] - m;
+    }
+}
+
+/* TF's SparseApplyRMSProp / SparseApplyCenteredRMSProp on one row (its scalar rsqrt: 1 / sqrt). */
+static void rmsprop_row_span(float *restrict var, float *restrict rms, float *restrict mom, float *restrict mg,
+                             const float *restrict g, Py_ssize_t w, RmspropParams p) {
+    for (Py_ssize_t j = 0; j < w; j++) {
+        float gj = g[j];
+        float sq = gj * gj;
+        float r = rms[j] * p.decay + sq * p.one_minus_decay;
+        rms[j] = r;
+        float d;
+        if (mg) {
+            float a = mg[j] * p.decay + gj * p.one_minus_decay;
+            mg[j] = a;
+            d = (r - a * a) + p.epsilon;
+        } else {
+            d = r + p.epsilon;
+        }
+        float s = 1.0f / sqrtf(d);
+        s = s * p.lr;
+        s = s * gj;
+        float m = mom[j] * p.momentum + s;
+        mom[j] = m;
+        var[j] = var[j] - m;
+    }
+}
+
+static PyObject *rmsprop(PyObject *self, PyObject *args) {
+    PyObject *v_obj, *r_obj_ms, *m_obj, *mg_obj, *g_obj, *r_obj;
+    Py_ssize_t num_rows;
+    RmspropParams p;
+    if (!PyArg_ParseTuple(args, "OOOOOOnffff:rmsprop", &v_obj, &r_obj_ms, &m_obj, &mg_obj, &g_obj, &r_obj, &num_rows,
+                          &p.lr, &p.decay, &p.momentum, &p.epsilon))
+        return NULL;
+    p.one_minus_decay = 1.0f - p.decay;
+    int centered = mg_obj != Py_None;
+    /* b: var, rms, mom, mg (held only when centered), grad, rows: the state buffers first, as check_shapes
+     * compares the first nstate of them. */
+    Buf b[6] = {{.held = 0}};
+    int nstate = centered ? 4 : 3;
+    Py_ssize_t w, k;
+    if (get(v_obj, &b[0], 1, 'f', "var") < 0 || get(r_obj_ms, &b[1], 1, 'f', "rms") < 0 ||
+        get(m_obj, &b[2], 1, 'f', "momentum") < 0 || (centered && get(mg_obj, &b[3], 1, 'f', "mg") < 0) ||
+        get(g_obj, &b[4], 0, 'f', "grad") < 0 || (r_obj != Py_None && get(r_obj, &b[5], 0, 'q', "rows") < 0)) {
+        release(b, 6);
+        return NULL;
+    }
+    if (check_shapes(b, nstate, &b[4], r_obj, &b[5], num_rows, &w, &k) < 0) {
+        release(b, 6);
+        return NULL;
+    }
+    float *var = b[0].view.buf, *rms = b[1].view.buf, *mom = b[2].view.buf;
+    float *mg = centered ? b[3].view.buf : NULL;
+    const float *g = b[4].view.buf;
+    const int64_t *r = r_obj == Py_None ? NULL : b[5].view.buf;
+    UNLOCK_IF_LARGE(k * w * 4);
+    if (!r) {
+        rmsprop_dense_span(var, rms, mom, mg, g, w, p);
+    } else {
+        for (Py_ssize_t i = 0; i < k; i++) {
+            Py_ssize_t at = (Py_ssize_t)r[i] * w;
+            if (i + ROW_PREFETCH_AHEAD < k) {
+                Py_ssize_t ahead = (Py_ssize_t)r[i + ROW_PREFETCH_AHEAD] * w;
+                __builtin_prefetch(var + ahead, 1);
+                __builtin_prefetch(rms + ahead, 1);
+                __builtin_prefetch(mom + ahead, 1);
+            }
+            rmsprop_row_span(var + at, rms + at, mom + at, mg ? mg + at : NULL, g + i * w, w, p);
+        }
+    }
+    RELOCK();
+    release(b, 6);
     Py_RETURN_NONE;
 }
 
@@ -639,6 +741,10 @@ static PyMethodDef methods[] = {
     {"ftrl", ftrl, METH_VARARGS,
      "ftrl(var, accum, linear, grad, rows, num_rows, lr, l1, two_l2, two_shrinkage): TF's FTRL update "
      "(learning_rate_power -0.5), in place, on all of var (rows=None) or on the given distinct rows."},
+    {"rmsprop", rmsprop, METH_VARARGS,
+     "rmsprop(var, rms, mom, mg, grad, rows, num_rows, lr, decay, momentum, epsilon): TF1's RMSProp update, in "
+     "place (mg None: not centered), on all of var with TF's dense formula (rows=None) or on the given distinct "
+     "rows with its sparse kernel's."},
     {"gather", gather, METH_VARARGS,
      "gather(value, rows, out): out[i] = value[rows[i]] for C-contiguous value [n, ...] and out [k, ...] of one "
      "item size; every row is checked first (ValueError, nothing written)."},

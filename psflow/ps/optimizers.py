@@ -13,6 +13,12 @@ every step against values that TensorFlow produced, to 1e-6 relative (see
 Notation: ``g`` is the gradient (for a sparse update, its row values after
 duplicates are summed) and ``lr`` the learning rate. Everything is elementwise.
 
+Every optimizer's ``learning_rate`` may be a schedule instead of a number (a
+:class:`~psflow.ps.schedules.ScheduleSpec`, or its JSON object
+``{"schedule": NAME, ...}``): ``lr`` is then the schedule's value at the global
+step the update is applied at, read before the step's increment (TF's order;
+see :mod:`psflow.ps.schedules`). The apply methods take that step.
+
 ``sgd`` (GradientDescentOptimizer; no slots)::
 
     var -= lr * g
@@ -54,6 +60,25 @@ initial_accumulator_value, and ``"linear"``, which starts at 0)::
 Here l1, l2 and l2_shrinkage are the ``*_regularization_strength``
 hyperparameters. TF's v1 ``beta`` argument is not supported.
 
+``rmsprop`` (TF1's RMSPropOptimizer; slots ``"rms"``, which starts at 1.0 as in
+TF1 (TF2's Keras RMSprop starts it at 0), ``"momentum"``, which starts at 0, and,
+when centered, ``"mg"``, which starts at 0). TF's dense and sparse kernels
+write the same update in two ways, which round differently; psflow follows
+each::
+
+    dense (ApplyRMSProp):   rms += (g * g - rms) * (1 - decay)
+                            mg += (g - mg) * (1 - decay)                    # centered only
+                            momentum = momentum * m + (g * lr) / sqrt(d)
+    sparse (SparseApply…):  rms = rms * decay + (g * g) * (1 - decay)
+                            mg = mg * decay + g * (1 - decay)               # centered only
+                            momentum = momentum * m + ((1 / sqrt(d)) * lr) * g
+    var -= momentum
+
+    d = rms + epsilon                       (centered: d = (rms - mg * mg) + epsilon)
+
+Here m is the momentum hyperparameter (0.0: no momentum; the slot is kept
+anyway, as in TF).
+
 Hyperparameters use TF's argument names. Defaults are TF's v1 defaults; a name
 with no default in TF's signature is required here too:
 
@@ -66,13 +91,18 @@ ftrl       learning_rate (required, > 0), learning_rate_power=-0.5 (<= 0),
            initial_accumulator_value=0.1 (>= 0), l1_regularization_strength=0.0,
            l2_regularization_strength=0.0,
            l2_shrinkage_regularization_strength=0.0 (the three >= 0)
+rmsprop    learning_rate (required), decay=0.9 (in [0, 1]), momentum=0.0
+           (>= 0), epsilon=1e-10 (> 0), centered=False
 =========  ==============================================================
 
 Besides TF's range checks (shown in brackets), psflow requires every number to
 be finite, Adam's beta1 and beta2 to lie in [0, 1) and its epsilon to be > 0.
 TF accepts such values, but Adam then breaks: beta1 = 1 makes
 1 - beta1_power zero, and epsilon = 0 gives 0/0 on rows that have had no
-gradient yet.
+gradient yet. RMSProp's ranges are psflow's too (TF checks none): epsilon = 0
+gives 0/0 once rms (or, centered, rms - mg * mg) reaches 0. A learning rate
+that is a schedule is checked as a schedule (FTRL's > 0 cannot be checked for
+every step).
 
 Sparse updates (:meth:`Optimizer.apply_sparse`): duplicate rows are summed
 first, as TF deduplicates ``IndexedSlices``. Then only the given rows of var
@@ -88,13 +118,13 @@ apply to that variable or partition. The two agree when every partition of
 every Adam variable gets one apply (possibly with no rows) per step.
 
 Rounding: where TF's scalar code and its vectorized CPU code differ, psflow
-follows the scalar code: ``1 / sqrt`` for Adagrad's rsqrt and powf for FTRL with
-learning_rate_power != -0.5. On the golden data the sparse results match TF bit
+follows the scalar code: ``1 / sqrt`` for Adagrad's and sparse RMSProp's rsqrt and
+powf for FTRL with learning_rate_power != -0.5. On the golden data the sparse results match TF bit
 for bit. The dense results (vectorized in TF) differ in the last bits. For
 Adagrad that is under 1e-8 absolute. For FTRL with power -0.7 it is up to
 1e-6 absolute, because the update subtracts two nearly equal powers.
 
-C kernels: Adagrad and FTRL (learning_rate_power -0.5) run as one fused pass in
+C kernels: Adagrad, FTRL (learning_rate_power -0.5) and RMSProp run as one fused pass in
 the extension ``psflow.ps._kernels`` where it was built (and ``PSFLOW_NATIVE`` is
 not ``0``), with the GIL released for large updates only (see the extension's
 header: small ones keep it, so the ps's request threads do not queue behind
@@ -116,13 +146,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from psflow.data.native import load_extension
 from psflow.data.unique import scan_ids
+from psflow.ps.schedules import ScheduleError, ScheduleSpec, parse_key_values
 
 __all__ = [
     "OPTIMIZER_NAMES",
@@ -134,6 +165,7 @@ __all__ = [
     "Optimizer",
     "OptimizerError",
     "OptimizerSpec",
+    "RmspropOptimizer",
     "SgdOptimizer",
     "make_optimizer",
 ]
@@ -143,9 +175,11 @@ _KERNELS = load_extension("psflow.ps._kernels")
 
 FloatArray = npt.NDArray[np.float32]
 IndexArray = npt.NDArray[np.int64]
-Hyperparameters = Mapping[str, float | bool]
+#: A hyperparameter's value: a number, a flag, or (``learning_rate`` only) a schedule.
+Hyperparameter = float | bool | ScheduleSpec
+Hyperparameters = Mapping[str, Hyperparameter]
 
-OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adagrad", "adam", "ftrl")
+OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adagrad", "adam", "ftrl", "rmsprop")
 
 # Adam's final var update goes through scratch buffers of at most this many
 # elements (256 KiB each in float32). This keeps memory use bounded for a 2^20-row
@@ -165,6 +199,7 @@ class _Param:
     is_bool: bool = False
     rule: str = ""  # The range, as the error message states it, e.g. "> 0".
     check: Callable[[float], bool] | None = None
+    schedulable: bool = False  # may be a ScheduleSpec (or its JSON object) instead of a number
 
 
 def _positive(x: float) -> bool:
@@ -183,7 +218,11 @@ def _unit_interval(x: float) -> bool:
     return 0.0 <= x < 1.0
 
 
-_REQUIRED_LR = _Param(None)
+def _closed_unit_interval(x: float) -> bool:
+    return 0.0 <= x <= 1.0
+
+
+_REQUIRED_LR = _Param(None, schedulable=True)
 _NON_NEGATIVE = _Param(0.0, rule=">= 0", check=_non_negative)
 _PARAMS: Mapping[str, Mapping[str, _Param]] = {
     "sgd": {"learning_rate": _REQUIRED_LR},
@@ -197,18 +236,25 @@ _PARAMS: Mapping[str, Mapping[str, _Param]] = {
         "initial_accumulator_value": _Param(0.1, rule="> 0", check=_positive),
     },
     "adam": {
-        "learning_rate": _Param(0.001),
+        "learning_rate": _Param(0.001, schedulable=True),
         "beta1": _Param(0.9, rule="in [0, 1)", check=_unit_interval),
         "beta2": _Param(0.999, rule="in [0, 1)", check=_unit_interval),
         "epsilon": _Param(1e-8, rule="> 0", check=_positive),
     },
     "ftrl": {
-        "learning_rate": _Param(None, rule="> 0", check=_positive),
+        "learning_rate": _Param(None, rule="> 0", check=_positive, schedulable=True),
         "learning_rate_power": _Param(-0.5, rule="<= 0", check=_non_positive),
         "initial_accumulator_value": _Param(0.1, rule=">= 0", check=_non_negative),
         "l1_regularization_strength": _NON_NEGATIVE,
         "l2_regularization_strength": _NON_NEGATIVE,
         "l2_shrinkage_regularization_strength": _NON_NEGATIVE,
+    },
+    "rmsprop": {
+        "learning_rate": _REQUIRED_LR,
+        "decay": _Param(0.9, rule="in [0, 1]", check=_closed_unit_interval),
+        "momentum": _Param(0.0, rule=">= 0", check=_non_negative),
+        "epsilon": _Param(1e-10, rule="> 0", check=_positive),
+        "centered": _Param(False, is_bool=True),
     },
 }
 
@@ -219,8 +265,13 @@ def _check_name(name: object) -> str:
     return name
 
 
-def _check_value(optimizer: str, key: str, param: _Param, value: object) -> float | bool:
+def _check_value(optimizer: str, key: str, param: _Param, value: object) -> Hyperparameter:
     where = f"optimizer {optimizer!r}: hyperparameter {key!r}"
+    if param.schedulable and isinstance(value, (ScheduleSpec, Mapping)):
+        try:
+            return value if isinstance(value, ScheduleSpec) else ScheduleSpec.from_json(value)
+        except ScheduleError as e:
+            raise OptimizerError(f"{where}: {e}") from e
     if param.is_bool:
         if not isinstance(value, (bool, np.bool_)):
             raise OptimizerError(f"{where} must be a bool, got {value!r}")
@@ -235,11 +286,12 @@ def _check_value(optimizer: str, key: str, param: _Param, value: object) -> floa
     return number
 
 
-def _resolve(optimizer: str, given: Mapping[str, object]) -> dict[str, float | bool]:
+def _resolve(optimizer: str, given: Mapping[str, object]) -> dict[str, Hyperparameter]:
     """Checks the given hyperparameters of a known optimizer and fills in TF's defaults.
 
     Returns:
-        Every hyperparameter of ``optimizer``: numbers as float, flags as bool.
+        Every hyperparameter of ``optimizer``: numbers as float, flags as bool,
+        a learning-rate schedule as a :class:`ScheduleSpec`.
 
     Raises:
         OptimizerError: a name is unknown, a required one is missing, or a value
@@ -250,7 +302,7 @@ def _resolve(optimizer: str, given: Mapping[str, object]) -> dict[str, float | b
     for key in given:
         if key not in params:
             raise OptimizerError(f"optimizer {optimizer!r}: unknown hyperparameter {key!r}; accepted: {accepted}")
-    resolved: dict[str, float | bool] = {}
+    resolved: dict[str, Hyperparameter] = {}
     for key, param in params.items():
         if key in given:
             resolved[key] = _check_value(optimizer, key, param, given[key])
@@ -271,7 +323,10 @@ class OptimizerSpec:
         name: one of :data:`OPTIMIZER_NAMES`.
         hyperparameters: TF argument names to values, e.g.
             ``{"learning_rate": 0.1}``. Names left out take TF's default (see
-            the module docstring). Stored as a read-only copy, numbers as float.
+            the module docstring). ``learning_rate`` may be a
+            :class:`~psflow.ps.schedules.ScheduleSpec` or its JSON object.
+            Stored as a read-only copy, numbers as float, a schedule as a
+            ScheduleSpec.
 
     Raises:
         OptimizerError: the name is unknown, or a hyperparameter is unknown,
@@ -294,8 +349,25 @@ class OptimizerSpec:
         return (OptimizerSpec, (self.name, dict(self.hyperparameters)))
 
     def to_json(self) -> dict[str, object]:
-        """Returns ``{"name": ..., "hyperparameters": {...}}``, which ``from_json`` reads back as an equal spec."""
-        return {"name": self.name, "hyperparameters": dict(self.hyperparameters)}
+        """Returns ``{"name": ..., "hyperparameters": {...}}`` (a schedule as its JSON object), which
+        ``from_json`` reads back as an equal spec."""
+        return {"name": self.name, "hyperparameters": {
+            key: value.to_json() if isinstance(value, ScheduleSpec) else value
+            for key, value in self.hyperparameters.items()}}
+
+    @property
+    def schedule(self) -> ScheduleSpec | None:
+        """The learning rate's schedule, or None where it is a number (or TF's default)."""
+        lr = self.hyperparameters.get("learning_rate")
+        return lr if isinstance(lr, ScheduleSpec) else None
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate an update applied at global step ``step`` (before its increment) uses, as float32
+        rounds it; the same at every step unless it is a schedule."""
+        lr = self.hyperparameters.get("learning_rate", _PARAMS[self.name]["learning_rate"].default)
+        if isinstance(lr, ScheduleSpec):
+            return float(lr.value(step))
+        return float(np.float32(cast(float, lr)))  # checked on construction: a number where not a schedule
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> OptimizerSpec:
@@ -323,8 +395,9 @@ def parse_optimizer(text: str) -> dict[str, Any]:
     """The JSON form of an optimizer (``{"name", "hyperparameters"}``) from a flag.
 
     ``text`` is ``NAME``, ``NAME:KEY=VALUE,...``
-    (``adagrad:learning_rate=0.05,initial_accumulator_value=0.1``) or the JSON
-    of :meth:`OptimizerSpec.to_json`. Not yet checked against the optimizer
+    (``adagrad:learning_rate=0.05,initial_accumulator_value=0.1``;
+    ``rmsprop:momentum=0.9,centered=true``: flags are ``true``/``false``) or the
+    JSON of :meth:`OptimizerSpec.to_json`. Not yet checked against the optimizer
     (a model may fill in its own defaults first): pass it to
     :meth:`OptimizerSpec.from_json`.
 
@@ -339,15 +412,10 @@ def parse_optimizer(text: str) -> dict[str, Any]:
             raise OptimizerError(f"optimizer {text!r}: bad JSON: {e}") from e
         return OptimizerSpec.from_json(data).to_json()
     name, _, rest = text.partition(":")
-    hyperparameters: dict[str, object] = {}
-    for item in filter(None, (part.strip() for part in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise OptimizerError(f"optimizer {text!r}: {item!r} is not KEY=VALUE")
-        try:
-            hyperparameters[key.strip()] = float(value)
-        except ValueError:
-            raise OptimizerError(f"optimizer {text!r}: {key.strip()!r} must be a number, got {value.strip()!r}") from None
+    try:
+        hyperparameters = parse_key_values(rest, f"optimizer {text!r}")
+    except ValueError as e:
+        raise OptimizerError(str(e)) from None
     return {"name": _check_name(name.strip()), "hyperparameters": hyperparameters}
 
 
@@ -389,16 +457,18 @@ class Optimizer(ABC):
 
     Attributes:
         name: the registry name, one of :data:`OPTIMIZER_NAMES`.
-        slot_names: TF's names of the slots shaped like var.
+        slot_names: TF's names of the slots shaped like var (per optimizer
+            object: centered RMSProp has one more).
         state_names: names of 0-d state that is not row-shaped (Adam's beta powers).
         hyperparameters: every hyperparameter, defaults filled in.
+        schedule: the learning rate's schedule, or None (a constant rate).
 
     The apply methods check shapes and dtypes before changing anything; they
     are not thread-safe (see the module docstring).
     """
 
     name: ClassVar[str]
-    slot_names: ClassVar[tuple[str, ...]] = ()
+    slot_names: tuple[str, ...] = ()
     state_names: ClassVar[tuple[str, ...]] = ()
     # True where TF's sparse update changes every row (non-lazy Adam).
     _sparse_touches_all_rows: ClassVar[bool] = False
@@ -410,11 +480,39 @@ class Optimizer(ABC):
             OptimizerError: a hyperparameter is unknown, missing or invalid.
         """
         self.hyperparameters: Hyperparameters = MappingProxyType(_resolve(self.name, hyperparameters or {}))
-        self._lr = self._f32("learning_rate")
+        lr = self.hyperparameters["learning_rate"]
+        self.schedule: ScheduleSpec | None = lr if isinstance(lr, ScheduleSpec) else None
+        self._lr = np.float32(0.0) if self.schedule is not None else self._f32("learning_rate")
+        # (step, rate) of the newest step a schedule was evaluated at: the partitions of one step share it.
+        # One tuple, replaced whole, so concurrent applies (other partitions' locks) read a consistent pair.
+        self._scheduled: tuple[int, np.float32] = (-1, self._lr)
+
+    def _number(self, key: str) -> float:
+        value = self.hyperparameters[key]
+        if isinstance(value, ScheduleSpec):  # pragma: no cover - only learning_rate may be one; read by learning_rate()
+            raise OptimizerError(f"optimizer {self.name!r}: {key!r} is a schedule, not a number")
+        return float(value)
 
     def _f32(self, key: str) -> np.float32:
         # TF turns Python hyperparameters into float32 tensors; so do we.
-        return np.float32(self.hyperparameters[key])
+        return np.float32(self._number(key))
+
+    def learning_rate(self, step: int | None = None) -> np.float32:
+        """The learning rate of an update applied at global step ``step`` (read before its increment).
+
+        Raises:
+            ValueError: the learning rate is a schedule and ``step`` is None or negative.
+        """
+        if self.schedule is None:
+            return self._lr
+        if step is None or step < 0:
+            raise ValueError(f"{self.name}: the learning rate is a schedule ({self.schedule.name}); "
+                             f"an update needs the global step it is applied at, got {step!r}")
+        cached_step, rate = self._scheduled
+        if cached_step != step:
+            rate = self.schedule.value(step)
+            self._scheduled = (step, rate)
+        return rate
 
     @property
     def spec(self) -> OptimizerSpec:
@@ -446,19 +544,22 @@ class Optimizer(ABC):
         return slots
 
     def apply_dense(self, var: FloatArray, slots: dict[str, FloatArray], grad: npt.ArrayLike, *,
-                    checked: bool = False) -> None:
+                    checked: bool = False, step: int | None = None) -> None:
         """Applies one dense gradient to ``var`` and ``slots``, in place.
 
         ``checked``: the caller guarantees what the checks below would find (``var``
         and ``slots`` are this optimizer's state from :meth:`create_slots`, ``grad``
         a float32 array shaped like ``var``; a ps task's store, whose requests were
         validated on arrival): they are skipped (~3 us a call, 60 calls a step).
+        ``step``: the global step the update is applied at, read before its
+        increment; needed where the learning rate is a schedule (ignored otherwise).
 
         Raises:
             ValueError: ``var`` or a slot is not float32, a slot is missing or
-                misshaped, or ``grad`` is not shaped like ``var``. Nothing is
-                changed then.
+                misshaped, ``grad`` is not shaped like ``var``, or a schedule has
+                no step. Nothing is changed then.
         """
+        lr = self.learning_rate(step)
         grad_f32: FloatArray
         if checked:
             grad_f32 = grad  # type: ignore[assignment]
@@ -472,11 +573,11 @@ class Optimizer(ABC):
             # place; work on 1-element views instead.
             var, grad_f32 = var.reshape(1), grad_f32.reshape(1)
             slots = {name: value.reshape(1) if name in self.slot_names else value for name, value in slots.items()}
-        self._apply_dense(var, slots, grad_f32)
+        self._apply_dense(var, slots, grad_f32, lr)
 
     def apply_sparse(
         self, var: FloatArray, slots: dict[str, FloatArray], rows: npt.ArrayLike, values: npt.ArrayLike,
-        *, distinct: bool = False, checked: bool = False,
+        *, distinct: bool = False, checked: bool = False, step: int | None = None,
     ) -> None:
         """Applies a gradient given for some rows of ``var`` (axis 0), in place.
 
@@ -494,14 +595,18 @@ class Optimizer(ABC):
                 find (``var`` and ``slots`` from :meth:`create_slots`, ``rows`` 1-d
                 int64, ``values`` float32 of the right shape): they are skipped.
                 Rows are still checked against the range and summed where repeated.
+            step: the global step the update is applied at, read before its
+                increment; needed where the learning rate is a schedule.
 
         Only the given rows of ``var`` and of its row-shaped slots are changed,
         except by Adam, which changes every row (see the module docstring).
 
         Raises:
-            ValueError: bad dtypes or shapes, a missing slot, or a row outside
-                ``[0, var.shape[0])``. Nothing is changed then.
+            ValueError: bad dtypes or shapes, a missing slot, a row outside
+                ``[0, var.shape[0])``, or a schedule without a step. Nothing is
+                changed then.
         """
+        lr = self.learning_rate(step)
         index: IndexArray
         grad: FloatArray
         if checked:
@@ -525,7 +630,7 @@ class Optimizer(ABC):
         else:
             unique_rows, summed = _sum_duplicates(index.astype(np.int64, copy=False), grad, var.shape[0])
         if unique_rows.size or self._sparse_touches_all_rows:
-            self._apply_sparse(var, slots, unique_rows, summed)
+            self._apply_sparse(var, slots, unique_rows, summed, lr)
 
     def _check_state(self, var: FloatArray, slots: Mapping[str, FloatArray]) -> None:
         _check_float32("var", var)
@@ -538,12 +643,13 @@ class Optimizer(ABC):
             if slot.shape != want:
                 raise ValueError(f"{self.name}: slot {name!r} has shape {slot.shape}; expected {want}")
 
-    def _apply_dense(self, var: FloatArray, slots: dict[str, FloatArray], grad: FloatArray) -> None:
-        if not self._fused(var, slots, grad, None):
-            self._update(var, slots, grad)
+    def _apply_dense(self, var: FloatArray, slots: dict[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
+        if not self._fused(var, slots, grad, None, lr):
+            self._update(var, slots, grad, lr)
 
-    def _apply_sparse(self, var: FloatArray, slots: dict[str, FloatArray], rows: IndexArray, grad: FloatArray) -> None:
-        if self._fused(var, slots, grad, rows):
+    def _apply_sparse(self, var: FloatArray, slots: dict[str, FloatArray], rows: IndexArray, grad: FloatArray,
+                      lr: np.float32) -> None:
+        if self._fused(var, slots, grad, rows, lr):
             return
         # Gather the k rows, update the copies, scatter them back: O(k) work and memory.
         if var.ndim == 2 and var.shape[1] == 1 and _all_contiguous(var, *(slots[n] for n in self.slot_names)):
@@ -554,16 +660,21 @@ class Optimizer(ABC):
             grad = grad.reshape(-1)
         var_rows = var[rows]
         slot_rows = {name: slots[name][rows] for name in self.slot_names}
-        self._update(var_rows, slot_rows, grad)
+        self._update_rows(var_rows, slot_rows, grad, lr)
         var[rows] = var_rows
         for name, values in slot_rows.items():
             slots[name][rows] = values
 
     @abstractmethod
-    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
+    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
         """The elementwise update of TF's kernel, in place on same-shaped arrays."""
 
-    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None) -> bool:
+    def _update_rows(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
+        """The elementwise update of TF's sparse kernel on gathered rows; :meth:`_update` unless it differs."""
+        self._update(var, slots, grad, lr)
+
+    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None,
+               lr: np.float32) -> bool:
         """Applies the update with the C kernel, all of ``var`` (``rows`` None) or the given
         distinct rows, and returns True; returns False (nothing changed) where there is none."""
         return False
@@ -590,8 +701,8 @@ class SgdOptimizer(Optimizer):
 
     name = "sgd"
 
-    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
-        var -= grad * self._lr
+    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
+        var -= grad * lr
 
 
 class MomentumOptimizer(Optimizer):
@@ -605,16 +716,16 @@ class MomentumOptimizer(Optimizer):
         self._momentum = self._f32("momentum")
         self._nesterov = bool(self.hyperparameters["use_nesterov"])
 
-    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
+    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
         accum = slots["momentum"]
         accum *= self._momentum
         accum += grad
         if self._nesterov:
             step = accum * self._momentum
-            step *= self._lr
-            step += grad * self._lr
+            step *= lr
+            step += grad * lr
         else:
-            step = accum * self._lr
+            step = accum * lr
         var -= step
 
 
@@ -625,16 +736,17 @@ class AdagradOptimizer(Optimizer):
     slot_names = ("accumulator",)
 
     def _slot_initial_values(self) -> Mapping[str, float]:
-        return {"accumulator": float(self.hyperparameters["initial_accumulator_value"])}
+        return {"accumulator": self._number("initial_accumulator_value")}
 
-    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None) -> bool:
+    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None,
+               lr: np.float32) -> bool:
         accum = slots["accumulator"]
         if _KERNELS is None or not _fusable(rows, var, accum, grad):
             return False
-        _KERNELS.adagrad(var, accum, grad, rows, var.shape[0], self._lr)
+        _KERNELS.adagrad(var, accum, grad, rows, var.shape[0], lr)
         return True
 
-    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
+    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
         accum = slots["accumulator"]
         scratch = np.multiply(grad, grad)
         accum += scratch
@@ -642,7 +754,7 @@ class AdagradOptimizer(Optimizer):
         # This order matches TF's sparse kernel bit for bit on the golden data.
         np.sqrt(accum, out=scratch)
         np.divide(np.float32(1.0), scratch, out=scratch)
-        scratch *= grad * self._lr
+        scratch *= grad * lr
         var -= scratch
 
 
@@ -666,7 +778,7 @@ class AdamOptimizer(Optimizer):
     def _state_initial_values(self) -> Mapping[str, float]:
         return {"beta1_power": float(self._beta1), "beta2_power": float(self._beta2)}
 
-    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
+    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
         m, v = slots["m"], slots["v"]
         delta = grad - m
         delta *= self._one_minus_beta1
@@ -675,21 +787,22 @@ class AdamOptimizer(Optimizer):
         delta -= v
         delta *= self._one_minus_beta2
         v += delta
-        self._finish(var, slots)
+        self._finish(var, slots, lr)
 
-    def _apply_sparse(self, var: FloatArray, slots: dict[str, FloatArray], rows: IndexArray, grad: FloatArray) -> None:
+    def _apply_sparse(self, var: FloatArray, slots: dict[str, FloatArray], rows: IndexArray, grad: FloatArray,
+                      lr: np.float32) -> None:
         m, v = slots["m"], slots["v"]
         m *= self._beta1
         m[rows] += grad * self._one_minus_beta1
         v *= self._beta2
         v[rows] += (grad * grad) * self._one_minus_beta2
-        self._finish(var, slots)
+        self._finish(var, slots, lr)
 
-    def _finish(self, var: FloatArray, slots: Mapping[str, FloatArray]) -> None:
+    def _finish(self, var: FloatArray, slots: Mapping[str, FloatArray], lr: np.float32) -> None:
         """``var -= lr_t * m / (sqrt(v) + epsilon)`` over all rows, then advances the beta powers."""
         one = np.float32(1.0)
         beta1_power, beta2_power = slots["beta1_power"], slots["beta2_power"]
-        lr_t = self._lr * np.sqrt(one - beta2_power[()]) / (one - beta1_power[()])
+        lr_t = lr * np.sqrt(one - beta2_power[()]) / (one - beta1_power[()])
         m, v = slots["m"], slots["v"]
         if var.size <= _CHUNK_ELEMENTS:
             _adam_step(var, m, v, lr_t, self._epsilon, None, None)
@@ -737,7 +850,7 @@ class FtrlOptimizer(Optimizer):
         self._two_shrinkage = two * self._f32("l2_shrinkage_regularization_strength")
 
     def _slot_initial_values(self) -> Mapping[str, float]:
-        return {"accum": float(self.hyperparameters["initial_accumulator_value"])}
+        return {"accum": self._number("initial_accumulator_value")}
 
     def _powered(self, accum: FloatArray) -> FloatArray:
         """``accum ** -learning_rate_power`` in float32, as TF's scalar code computes it.
@@ -755,22 +868,23 @@ class FtrlOptimizer(Optimizer):
             return np.sqrt(accum)
         return np.power(accum, -np.float64(self._power)).astype(np.float32)
 
-    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None) -> bool:
+    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None,
+               lr: np.float32) -> bool:
         accum, linear = slots["accum"], slots["linear"]
         if _KERNELS is None or self._power != np.float32(-0.5) or not _fusable(rows, var, accum, linear, grad):
             return False
-        _KERNELS.ftrl(var, accum, linear, grad, rows, var.shape[0], self._lr, self._l1, self._two_l2,
+        _KERNELS.ftrl(var, accum, linear, grad, rows, var.shape[0], lr, self._l1, self._two_l2,
                       self._two_shrinkage)
         return True
 
-    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray) -> None:
+    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
         accum, linear = slots["accum"], slots["linear"]
         new_accum = grad * grad
         new_accum += accum
         powered_new = self._powered(new_accum)
         sigma_var = self._powered(accum)
         np.subtract(powered_new, sigma_var, out=sigma_var)
-        sigma_var /= self._lr
+        sigma_var /= lr
         sigma_var *= var
         # TF adds (g_s - sigma * var) to linear as one term; keep that rounding.
         if self._two_shrinkage > 0:
@@ -779,12 +893,90 @@ class FtrlOptimizer(Optimizer):
             np.subtract(grad, sigma_var, out=sigma_var)
         linear += sigma_var
         quadratic = powered_new
-        quadratic /= self._lr
+        quadratic /= lr
         quadratic += self._two_l2
         np.clip(linear, -self._l1, self._l1, out=var)
         var -= linear
         var /= quadratic
         accum[...] = new_accum
+
+
+class RmspropOptimizer(Optimizer):
+    """TF1's RMSPropOptimizer (ApplyRMSProp / ApplyCenteredRMSProp, and their sparse kernels).
+
+    The dense and the sparse update differ in their order of operations, as
+    TF's kernels do (see the module docstring): :meth:`_update` is the dense
+    one, :meth:`_update_rows` the sparse one.
+    """
+
+    name = "rmsprop"
+
+    def __init__(self, hyperparameters: Hyperparameters | None = None) -> None:
+        super().__init__(hyperparameters)
+        self._decay = self._f32("decay")
+        self._one_minus_decay = np.float32(1.0) - self._decay
+        self._momentum = self._f32("momentum")
+        self._epsilon = self._f32("epsilon")
+        self._centered = bool(self.hyperparameters["centered"])
+        self.slot_names = ("rms", "momentum", "mg") if self._centered else ("rms", "momentum")
+
+    def _slot_initial_values(self) -> Mapping[str, float]:
+        return {"rms": 1.0}  # TF1's RMSPropOptimizer: ones
+
+    def _fused(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, rows: IndexArray | None,
+               lr: np.float32) -> bool:
+        rms, mom, mg = slots["rms"], slots["momentum"], slots.get("mg")
+        state = (var, rms, mom, grad) if mg is None else (var, rms, mom, mg, grad)
+        if _KERNELS is None or not _fusable(rows, *state):
+            return False
+        _KERNELS.rmsprop(var, rms, mom, mg, grad, rows, var.shape[0], lr, self._decay, self._momentum, self._epsilon)
+        return True
+
+    def _update(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray, lr: np.float32) -> None:
+        rms, mom = slots["rms"], slots["momentum"]
+        scratch = np.multiply(grad, grad)
+        scratch -= rms
+        scratch *= self._one_minus_decay
+        rms += scratch
+        if self._centered:
+            mg = slots["mg"]
+            np.subtract(grad, mg, out=scratch)
+            scratch *= self._one_minus_decay
+            mg += scratch
+            denominator = np.multiply(mg, mg)
+            np.subtract(rms, denominator, out=denominator)
+            denominator += self._epsilon
+        else:
+            denominator = rms + self._epsilon
+        np.sqrt(denominator, out=denominator)
+        np.multiply(grad, lr, out=scratch)
+        scratch /= denominator
+        mom *= self._momentum
+        mom += scratch
+        var -= mom
+
+    def _update_rows(self, var: FloatArray, slots: Mapping[str, FloatArray], grad: FloatArray,
+                     lr: np.float32) -> None:
+        rms, mom = slots["rms"], slots["momentum"]
+        rms *= self._decay
+        rms += (grad * grad) * self._one_minus_decay
+        if self._centered:
+            mg = slots["mg"]
+            mg *= self._decay
+            mg += grad * self._one_minus_decay
+            denominator = np.multiply(mg, mg)
+            np.subtract(rms, denominator, out=denominator)
+            denominator += self._epsilon
+        else:
+            denominator = rms + self._epsilon
+        # TF's sparse kernel: rsqrt(d) * lr * g, its scalar rsqrt being 1 / sqrt.
+        np.sqrt(denominator, out=denominator)
+        np.divide(np.float32(1.0), denominator, out=denominator)
+        denominator *= lr
+        denominator *= grad
+        mom *= self._momentum
+        mom += denominator
+        var -= mom
 
 
 _REGISTRY: Mapping[str, type[Optimizer]] = {
@@ -793,6 +985,7 @@ _REGISTRY: Mapping[str, type[Optimizer]] = {
     "adagrad": AdagradOptimizer,
     "adam": AdamOptimizer,
     "ftrl": FtrlOptimizer,
+    "rmsprop": RmspropOptimizer,
 }
 
 

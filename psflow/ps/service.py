@@ -37,6 +37,13 @@ Methods (all take and return :mod:`psflow.rpc.framing` frames):
 Dynamic tables keep time in global steps: on the task holding global_step,
 its value; elsewhere the newest ``step_hint`` a client sent (the newest step it
 heard of) -- so a row's age is never over-estimated.
+Learning-rate schedules (:mod:`psflow.ps.schedules`) read the same clock when a
+push is applied: on the task holding global_step, its value before the push's
+increment (TF's order); elsewhere the newest step the clients reported, which
+is that value when one worker pushes, and may lag it by the pushes in flight
+when several do (as TF's workers read global_step for the rate before their
+updates land). In sync mode a schedule is read at the aggregated step (each
+task counts its applied steps), once per step.
 ``BeginRestore``
     recovery after a ps task died (:mod:`psflow.ps.checkpointing`): stops
     accepting pushes of the old *generation* and waits for the ones in flight.
@@ -45,7 +52,8 @@ heard of) -- so a row's age is never over-estimated.
     ``generation``, ``global_step`` tell a worker whether a restore happened;
     ``step_floor`` bounds every step an earlier process of this task handed out;
     ``finished`` lists the workers whose ``Leave`` arrived since the last restore;
-    ``dynamic_tables``, when there are any: each share's rows and counters, by partition key).
+    ``dynamic_tables``, when there are any: each share's rows and counters, by partition key;
+    ``learning_rate``: the run's optimizer's learning rate at the step the next update is applied at).
 ``Leave``
     ``meta = {"worker": task}``: that worker finished its data (sync and ssp
     stop waiting for it).
@@ -420,10 +428,10 @@ class ParameterService:
         read_step = _optional_int(frame.meta, "read_step")
         self._hear_step(frame.meta.get("step_hint"))
         started = time.perf_counter()
-        table_step = self.table_step()
+        table_step = self.table_step()  # before this push's increment: a schedule's step, the tables' clock
         for part, rows, grad in plan:
             if rows is None:
-                self.store.apply_dense(part, grad)
+                self.store.apply_dense(part, grad, step=table_step)
             else:
                 self.store.apply_sparse(part, rows, grad, step=table_step)
         applied = time.perf_counter() - started
@@ -462,6 +470,14 @@ class ParameterService:
         return self.global_step.value if self.global_step is not None else self._heard_step
 
     def _sweep_tables(self, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]]) -> None:
+    def learning_rate(self) -> float | None:
+        """The run's optimizer's learning rate at the step the next update is applied at (None before
+        the variables are registered). Variables with an optimizer of their own may use other rates."""
+        spec = self._optimizer
+        if spec is None:
+            return None
+        return spec.learning_rate_at(self._sync_step.value if self.aggregator is not None else self.table_step())
+
         """Drops rows past their ttl_steps from the dynamic tables this push touched (a bounded slice each)."""
         for part, _, _ in plan:
             if part.table is not None and part.table.spec.ttl_steps is not None:
@@ -541,6 +557,7 @@ class ParameterService:
         )
         dynamic = self.dynamic_stats()
         if dynamic:
+            learning_rate=self.learning_rate(),
             stats["dynamic_tables"] = dynamic
         if self.aggregator is not None:
             stats.update(self.aggregator.stats())

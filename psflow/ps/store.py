@@ -191,23 +191,25 @@ class ParameterStore:
             return out
 
     @staticmethod
-    def apply_dense(part: PartitionState, grad: np.ndarray) -> None:
+    def apply_dense(part: PartitionState, grad: np.ndarray, *, step: int | None = None) -> None:
+        """Applies the optimizer to the whole partition at global step ``step`` (read before the step's
+        increment: a learning-rate schedule's step; None only where the rate is a constant)."""
         if part.optimizer is None:  # pragma: no cover - checked before
             raise StoreError(f"{part.describe} is not trainable")
         with part.lock:  # grad was validated on arrival (check_dense); the slots are the optimizer's own
-            part.optimizer.apply_dense(part.value, part.slots, grad, checked=True)
+            part.optimizer.apply_dense(part.value, part.slots, grad, checked=True, step=step)
 
     @staticmethod
     def apply_sparse(part: PartitionState, rows: np.ndarray, values: np.ndarray, *, step: int | None = None) -> None:
-        """Applies the optimizer to ``rows`` (a dynamic table: to the ids that have a row, as of global step
-        ``step``; None: the latest step the table saw)."""
+        """Applies the optimizer to ``rows`` at global step ``step`` (as :meth:`apply_dense`; a dynamic
+        table: to the ids that have a row, as of ``step``; None: the latest step the table saw)."""
         if part.optimizer is None:  # pragma: no cover - checked before
             raise StoreError(f"{part.describe} is not trainable")
         if part.table is not None:
             part.table.apply_gradients(rows, values, part.table.step if step is None else step)
             return
         with part.lock:  # rows and values were validated on arrival (check_sparse); the slots are the optimizer's own
-            part.optimizer.apply_sparse(part.value, part.slots, rows, values, checked=True)
+            part.optimizer.apply_sparse(part.value, part.slots, rows, values, checked=True, step=step)
 
     def parameter_bytes(self) -> int:
         """Bytes of variables plus optimizer slots held by this task."""

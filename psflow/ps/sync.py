@@ -33,7 +33,8 @@ run's :class:`SyncConfig` (recorded at registration, identical on every task).
        benchmark (its eval AUC after one epoch equals the sum's, not the
        averages'), so the two runtimes can be compared at equal
        hyper-parameters), the optimizer is applied once per
-       partition, the step becomes ``S + 1`` and every blocked push returns.
+       partition (a learning-rate schedule read at ``S``: it advances once per
+       aggregated step), the step becomes ``S + 1`` and every blocked push returns.
        Exactly one push (the one that completed the step) is told
        ``completed=True``. Contributions arriving after that are stale
        (backup workers: with ``total_num_replicas > replicas_to_aggregate``
@@ -371,8 +372,9 @@ class SyncAggregator:
         sums, self._sums = self._sums, _Sums()
         self._contributors, self._first_at = [], None
         self._absent.clear()
+        at = self._current()  # the step before this update's increment: a learning-rate schedule's step
         for key, total in sums.dense.items():
-            self.store.apply_dense(sums.parts[key], (total / count).astype(sums.parts[key].value.dtype))
+            self.store.apply_dense(sums.parts[key], (total / count).astype(sums.parts[key].value.dtype), step=at)
         for key, pieces in sums.sparse.items():
             part = sums.parts[key]
             rows, values = _sum_rows(pieces)
@@ -383,7 +385,7 @@ class SyncAggregator:
                 values /= contained.reshape((-1,) + (1,) * (values.ndim - 1))
             elif self.config.averaging == "replicas":
                 values /= count
-            self.store.apply_sparse(part, rows, values.astype(part.value.dtype))
+            self.store.apply_sparse(part, rows, values.astype(part.value.dtype), step=at)
         step = self._advance()
         self.steps_applied += 1
         self._cond.notify_all()

@@ -161,7 +161,7 @@ class DynamicTable:
         Duplicate ids are summed first, in call order; gradients of ids
         without a row (not admitted, or evicted since the lookup) are dropped
         and counted; no row is created here. The rows' last use becomes at
-        least ``step``.
+        least ``step``, and a learning-rate schedule is read at ``step``.
 
         Raises:
             DynamicTableError: not trainable; ids not 1-D int64; grads not
@@ -187,7 +187,8 @@ class DynamicTable:
             top = self._top
             slot_views = {name: array[:top] for name, array in self._slots.items()}
             # Distinct slots (one per distinct id), in the call's order: no sort needed to find duplicates.
-            self._optimizer.apply_sparse(self._values[:top], {**slot_views, **self._state}, rows, values, distinct=True)
+            self._optimizer.apply_sparse(self._values[:top], {**slot_views, **self._state}, rows, values, distinct=True,
+                                         step=int(step))
         return applied
 
     def evict(self, step: int, *, full: bool = False) -> int:

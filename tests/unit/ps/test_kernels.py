@@ -27,6 +27,10 @@ SPECS = [
                            "l2_regularization_strength": 0.3}),
     OptimizerSpec("ftrl", {"learning_rate": 0.05, "l1_regularization_strength": 0.001,
                            "l2_shrinkage_regularization_strength": 0.1}),
+    OptimizerSpec("rmsprop", {"learning_rate": 0.1, "momentum": 0.9, "epsilon": 1.0}),
+    OptimizerSpec("rmsprop", {"learning_rate": 0.01}),
+    OptimizerSpec("rmsprop", {"learning_rate": 0.01, "decay": 0.95, "momentum": 0.5, "epsilon": 1e-6,
+                              "centered": True}),
 ]
 
 
@@ -36,6 +40,8 @@ def _state(opt: optimizers.Optimizer, shape: tuple[int, ...], seed: int):
     slots = opt.create_slots(var)
     for name in opt.slot_names:
         slots[name] += np.abs(rng.normal(size=shape)).astype(np.float32)
+    if "mg" in slots:  # centered RMSProp: rms estimates E[g^2] >= E[g]^2 = mg^2
+        slots["rms"] += slots["mg"] * slots["mg"]
     return var, slots
 
 
@@ -78,11 +84,16 @@ class _Recorder:
     def ftrl(self, *args: object) -> None:
         self.calls.append("ftrl")
 
+    def rmsprop(self, *args: object) -> None:
+        self.calls.append("rmsprop")
+
 
 @pytest.mark.parametrize(("spec", "used"), [
     (OptimizerSpec("adagrad", {"learning_rate": 0.1}), ["adagrad", "adagrad"]),
     (OptimizerSpec("ftrl", {"learning_rate": 0.1}), ["ftrl", "ftrl"]),
     (OptimizerSpec("ftrl", {"learning_rate": 0.1, "learning_rate_power": -0.7}), []),
+    (OptimizerSpec("rmsprop", {"learning_rate": 0.1}), ["rmsprop", "rmsprop"]),
+    (OptimizerSpec("rmsprop", {"learning_rate": 0.1, "centered": True}), ["rmsprop", "rmsprop"]),
     (OptimizerSpec("sgd", {"learning_rate": 0.1}), []),
 ])
 def test_which_updates_use_the_kernel(spec, used, monkeypatch):
@@ -117,7 +128,16 @@ def test_bad_calls_raise_and_change_nothing():
         kernels.adagrad(var, accum, grad, None, 4, 0.1)
     with pytest.raises(ValueError, match="C-contiguous"):
         kernels.adagrad(var[:, :1], accum[:, :1], grad[:, :1], None, 4, 0.1)
+    mom = np.zeros((4, 2), np.float32)
+    with pytest.raises(ValueError, match="row 4 is outside 0-3"):
+        kernels.rmsprop(var, accum, mom, None, grad, np.array([1, 4], np.int64), 4, 0.1, 0.9, 0.0, 1e-10)
+    with pytest.raises(ValueError, match="differ in size"):
+        kernels.rmsprop(var, accum, mom, np.zeros(3, np.float32), grad, np.array([1, 2], np.int64), 4, 0.1, 0.9,
+                        0.0, 1e-10)
+    with pytest.raises(ValueError, match="mg must be float32"):
+        kernels.rmsprop(var, accum, mom, np.zeros((4, 2)), grad, None, 4, 0.1, 0.9, 0.0, 1e-10)
     assert var.tobytes() == before[0].tobytes() and accum.tobytes() == before[1].tobytes()
+    assert not mom.any()
 
 
 @pytest.mark.parametrize("shape", [(50, 8), (40, 1), (30,), (7, 3, 2), (40000, 16)])
