@@ -469,7 +469,6 @@ class ParameterService:
         """The dynamic tables' clock: global_step here, else the newest step a client reported."""
         return self.global_step.value if self.global_step is not None else self._heard_step
 
-    def _sweep_tables(self, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]]) -> None:
     def learning_rate(self) -> float | None:
         """The run's optimizer's learning rate at the step the next update is applied at (None before
         the variables are registered). Variables with an optimizer of their own may use other rates."""
@@ -478,6 +477,7 @@ class ParameterService:
             return None
         return spec.learning_rate_at(self._sync_step.value if self.aggregator is not None else self.table_step())
 
+    def _sweep_tables(self, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]]) -> None:
         """Drops rows past their ttl_steps from the dynamic tables this push touched (a bounded slice each)."""
         for part, _, _ in plan:
             if part.table is not None and part.table.spec.ttl_steps is not None:
@@ -554,10 +554,10 @@ class ParameterService:
             mode=self.sync_config.mode,
             finished=finished if self.global_step is not None else None,
             staleness_histogram={str(k): v for k, v in sorted(self.staleness_histogram.items())},
+            learning_rate=self.learning_rate(),
         )
         dynamic = self.dynamic_stats()
         if dynamic:
-            learning_rate=self.learning_rate(),
             stats["dynamic_tables"] = dynamic
         if self.aggregator is not None:
             stats.update(self.aggregator.stats())
