@@ -180,7 +180,8 @@ class ParameterService:
         self._finished: set[str] = set()
         self.stats: dict[str, float] = {
             "pulls": 0, "pushes": 0, "rows_pulled": 0, "rows_pushed": 0,
-            "examples": 0, "loss_ema": float("nan"), "bytes_in": 0, "bytes_out": 0,
+            # loss_ema: the pushes' losses, moving average; last_loss: the newest push's (the last step's)
+            "examples": 0, "loss_ema": float("nan"), "last_loss": float("nan"), "bytes_in": 0, "bytes_out": 0,
             # time this task spent gathering pulled rows and applying async pushes (profile_wd_step.py)
             "read_seconds": 0.0, "apply_seconds": 0.0,
         }
@@ -531,13 +532,15 @@ class ParameterService:
             if isinstance(loss, (int, float)) and not isinstance(loss, bool) and np.isfinite(loss):
                 prev = s["loss_ema"]
                 s["loss_ema"] = float(loss) if np.isnan(prev) else (1 - _LOSS_EMA) * prev + _LOSS_EMA * float(loss)
+                s["last_loss"] = float(loss)
 
     # ---- Stats / Shutdown --------------------------------------------------
     def get_stats(self, frame: Frame) -> Reply:
         with self._stats_lock:
             stats: dict[str, Any] = dict(self.stats)
             finished = sorted(self._finished)
-        stats["loss_ema"] = None if np.isnan(stats["loss_ema"]) else stats["loss_ema"]
+        for key in ("loss_ema", "last_loss"):
+            stats[key] = None if np.isnan(stats[key]) else stats[key]
         stats.update(
             task=self.task_name,
             global_step=self.global_step.value if self.global_step is not None else None,

@@ -805,10 +805,11 @@ def checkpoint_status(client: ParameterClient, *, timeout: float = 5.0) -> dict[
 class SaveStatusWatcher:
     """The launcher's view of the ledger: a console line for every failed save, and the counts.
 
-    :meth:`poll` asks the ledger at most every ``every`` seconds. Counts go on
-    across a restart of the ps task holding the ledger (which starts it from
-    zero); failures in its last moments before such a restart can be missed.
-    Not thread-safe.
+    :meth:`poll` asks the ledger at most every ``every`` seconds (:meth:`update`
+    takes a ledger read elsewhere). Counts go on across a restart of the ps task
+    holding the ledger (which starts it from zero), and so does the newest
+    checkpoint (a restarted ledger knows none until its first save); failures in
+    its last moments before such a restart can be missed. Not thread-safe.
     """
 
     def __init__(self, *, max_failed_saves: int, every: float = 2.0) -> None:
@@ -818,6 +819,8 @@ class SaveStatusWatcher:
         self._seen = 0       # failures of the current ledger already reported
         self._saved = 0      # saves of the current ledger
         self._earlier = (0, 0)  # (failed, saved) of ledgers before a restart of their task
+        self._in_a_row = 0
+        self._newest: tuple[int | None, str | None] = (None, None)  # (global_step, path) of the newest save seen
 
     @property
     def failed(self) -> int:
@@ -850,6 +853,11 @@ class SaveStatusWatcher:
             status = checkpoint_status(client, timeout=10.0 if force else 2.0)
         except RpcError:
             return []
+        return self.update(status)
+
+    def update(self, status: Mapping[str, Any]) -> list[str]:
+        """Takes one reading of the ledger (``CheckpointStatus``); returns the console lines for the
+        failures it shows for the first time."""
         failed, saved = int(status.get("failed") or 0), int(status.get("saved") or 0)
         if failed < self._seen or saved < self._saved:  # the ledger's task restarted: a new ledger
             self._earlier = (self.failed, self.saved)
@@ -863,6 +871,10 @@ class SaveStatusWatcher:
             lines.append(f"psflow: checkpoint at global_step {f.get('global_step')} FAILED ({f.get('writer')}): "
                          f"{f.get('error')}")
         self._seen, self._saved = failed, saved
+        self._in_a_row = int(status.get("failed_in_a_row") or 0)
+        if status.get("last_saved_path"):
+            step = status.get("last_saved_step")
+            self._newest = (step if isinstance(step, int) else None, str(status["last_saved_path"]))
         if lines:
             limit = (f"the run stops after {self.max_failed_saves} in a row (--max-failed-saves)"
                      if self.max_failed_saves else "--max-failed-saves 0: the run goes on without checkpoints")
@@ -873,6 +885,12 @@ class SaveStatusWatcher:
     def metrics(self) -> dict[str, int]:
         """``checkpoints_saved`` and ``checkpoints_failed`` for metrics.json."""
         return {"checkpoints_saved": self.saved, "checkpoints_failed": self.failed}
+
+    def ledger(self) -> dict[str, Any]:
+        """The run's ledger as seen so far, over every restart of its task: ``saved``, ``failed``,
+        ``failed_in_a_row`` (the current ledger's), ``last_saved_step`` and ``last_saved_path``."""
+        return {"saved": self.saved, "failed": self.failed, "failed_in_a_row": self._in_a_row,
+                "last_saved_step": self._newest[0], "last_saved_path": self._newest[1]}
 
 
 # ---- reading ----------------------------------------------------------------

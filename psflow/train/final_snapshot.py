@@ -1,0 +1,151 @@
+"""A run's final snapshot: the one set of numbers its end is reported from.
+
+However a run of ``psflow train`` ends (finished, a task failed, ``--max-failed-saves``,
+SIGTERM/SIGINT/SIGHUP; a cluster, ``--in-process`` or in-graph), the launcher
+builds it once with :func:`final_snapshot`, after the last checkpoint and the
+evaluation, and writes ``metrics.json`` (the snapshot itself), ``status.json``
+and ``metrics.prom`` (:mod:`psflow.launch.run_status`) and the console's last
+lines from it, so every figure they share is the same number.
+
+The shared figures (``None`` where nothing answered, e.g. every ps task down):
+
+``phase``              ``finished``, ``failed`` or ``interrupted``
+``global_step``        of the ps task holding it
+``examples``           the model's history: every record counted once per epoch, over
+                       every run that trained this model (a restore sets it back to
+                       the checkpoint's count, so redone work is not counted twice)
+``resumed_from``       the checkpoint this run resumed (``path``, ``global_step``,
+                       ``examples``), or None: a fresh model
+``examples_at_start``  ``examples`` when this run began (the resumed checkpoint's; 0)
+``examples_this_run``  ``examples - examples_at_start``: what this run added
+``wall_seconds``       this run's seconds (start to end of training)
+``examples_per_sec``   this run's rate: ``examples_this_run`` over its training seconds
+``loss``               the cluster's moving-average training loss at the end
+``last_step_loss``     the training loss of the newest step (its push's batch loss)
+``checkpoints``        ``saved``, ``failed``, ``failed_in_a_row``, ``last_saved_step``,
+                       ``last_saved_path`` over the whole run (None without a
+                       checkpoint directory); also flat, as ``checkpoints_saved`` and
+                       ``checkpoints_failed``
+``faults``, ``faults_not_fired``, ``restarts``, ``hangs``   the launcher's (resilience)
+``eval``               the final evaluation, where there was one
+``ps``                 each ps task's ``Stats``, as read for this snapshot
+
+Pure: reads nothing itself (:func:`resumed_from` reads a manifest).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest
+
+__all__ = ["PHASES", "Resumed", "final_snapshot", "resumed_from", "step_task_stats"]
+
+log = logging.getLogger(__name__)
+
+#: How a run can end.
+PHASES = ("finished", "failed", "interrupted")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The checkpoint a run resumed from: its directory, global_step and examples count."""
+
+    path: str
+    global_step: int
+    examples: int
+
+
+def resumed_from(checkpoint_dir: str | None) -> Resumed | None:
+    """The checkpoint a run with ``checkpoint_dir`` resumes: the newest complete one there, which the
+    chief restores at start. Call before any task starts, holding the directory's lock (nothing else
+    writes it then). None: no directory, no checkpoint yet, or one that cannot be read (the chief then
+    refuses it and the run fails, so there is nothing to subtract)."""
+    if not checkpoint_dir:
+        return None
+    try:
+        path = latest_checkpoint(checkpoint_dir)
+        if path is None:
+            return None
+        manifest = read_manifest(path)
+    except (CheckpointError, OSError) as e:
+        log.debug("no resumed checkpoint read from %s: %s", checkpoint_dir, e)
+        return None
+    return Resumed(path, int(manifest.global_step), int(manifest.examples))
+
+
+def step_task_stats(ps_stats: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The ``Stats`` of the ps task holding global_step (its counters are the run's), or None."""
+    for stats in ps_stats:
+        if stats.get("global_step") is not None:
+            return stats
+    return None
+
+
+def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_seconds: float,
+                   resumed: Resumed | None = None, rate_seconds: float | None = None,
+                   checkpoints: Mapping[str, Any] | None = None, events: Mapping[str, Any] | None = None,
+                   evaluation: Mapping[str, Any] | None = None,
+                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The final snapshot (see the module docstring); JSON-ready, a fresh dict.
+
+    Args:
+        phase: how the run ended, one of :data:`PHASES`.
+        ps_stats: each ps task's ``Stats`` that answered (may be empty: the figures are then None).
+        wall_seconds: the run's seconds.
+        resumed: the checkpoint the run resumed (:func:`resumed_from`).
+        rate_seconds: the seconds ``examples_per_sec`` is over (default ``wall_seconds``).
+        checkpoints: the run's checkpoint ledger (``SaveStatusWatcher.ledger()`` or a ``CheckpointStatus``).
+        events: ``faults``, ``faults_not_fired``, ``restarts``, ``hangs``.
+        evaluation: the final eval's metrics.
+        extra: more fields (workers' results, mode, ``interrupted`` ...); never replaces a shared figure.
+
+    Raises:
+        ValueError: ``phase`` is not one of :data:`PHASES`.
+    """
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r}: want one of {', '.join(PHASES)}")
+    head = step_task_stats(ps_stats)
+    examples = _int(head.get("examples")) if head is not None else None
+    at_start = resumed.examples if resumed is not None else 0
+    this_run = None if examples is None else max(0, examples - at_start)
+    seconds = wall_seconds if rate_seconds is None else rate_seconds
+    snapshot: dict[str, Any] = dict(extra or {})
+    snapshot.update({
+        "phase": phase,
+        "global_step": _int(head.get("global_step")) if head is not None else None,
+        "examples": examples,
+        "resumed_from": asdict(resumed) if resumed is not None else None,
+        "examples_at_start": at_start,
+        "examples_this_run": this_run,
+        "wall_seconds": wall_seconds,
+        "examples_per_sec": None if this_run is None else this_run / max(seconds, 1e-9),
+        "loss": _finite(head.get("loss_ema")) if head is not None else None,
+        "last_step_loss": _finite(head.get("last_loss")) if head is not None else None,
+        "ps": [dict(s) for s in ps_stats],
+    })
+    if checkpoints is not None:
+        view = {k: checkpoints.get(k) for k in ("saved", "failed", "failed_in_a_row", "last_saved_step",
+                                                "last_saved_path")}
+        snapshot["checkpoints"] = view
+        snapshot["checkpoints_saved"] = int(view["saved"] or 0)
+        snapshot["checkpoints_failed"] = int(view["failed"] or 0)
+    for key in ("faults", "faults_not_fired", "restarts", "hangs"):
+        if events is not None and key in events:
+            snapshot[key] = events[key]
+    if evaluation is not None:
+        snapshot["eval"] = dict(evaluation)
+    return snapshot
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _finite(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None

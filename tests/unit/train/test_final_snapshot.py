@@ -1,0 +1,59 @@
+"""The final snapshot a run's end is reported from (issue 25, items 5 and 6): per-run counts after a resume,
+the last step's loss, and a checkpoint ledger that survives a restart of the ps task holding it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from psflow.train.checkpoint import SaveStatusWatcher
+from psflow.train.final_snapshot import Resumed, final_snapshot, resumed_from
+
+
+def ps0(**stats: object) -> dict[str, object]:
+    return {"task": "/job:ps/task:0", "global_step": 900, "examples": 100_000, "loss_ema": 0.35, "last_loss": 0.3312,
+            **stats}
+
+
+def test_after_a_resume_the_count_and_rate_are_this_runs_and_the_history_stays_the_models() -> None:
+    resumed = Resumed("/c/ckpt-000000600", 600, 60_000)
+    s = final_snapshot(phase="finished", ps_stats=[ps0(), {"task": "/job:ps/task:1", "global_step": None}],
+                       wall_seconds=10.0, resumed=resumed)
+    assert (s["examples"], s["examples_at_start"], s["examples_this_run"]) == (100_000, 60_000, 40_000)
+    assert s["examples_per_sec"] == pytest.approx(4_000.0)  # 40,000 in 10 s: not the model's 100,000
+    assert s["resumed_from"] == {"path": "/c/ckpt-000000600", "global_step": 600, "examples": 60_000}
+    assert (s["global_step"], s["loss"], s["last_step_loss"]) == (900, 0.35, 0.3312)
+    fresh = final_snapshot(phase="finished", ps_stats=[ps0()], wall_seconds=10.0, rate_seconds=8.0)
+    assert (fresh["examples_this_run"], fresh["examples_per_sec"], fresh["resumed_from"]) == (100_000, 12_500.0, None)
+
+
+def test_a_run_no_ps_task_answered_has_none_not_zero_and_a_phase_is_checked() -> None:
+    s = final_snapshot(phase="interrupted", ps_stats=[], wall_seconds=3.0, extra={"global_step": 5, "interrupted": "SIGTERM"})
+    assert s["global_step"] is None and s["examples"] is None and s["examples_per_sec"] is None
+    assert s["interrupted"] == "SIGTERM"  # extra fields kept, shared figures never replaced by them
+    with pytest.raises(ValueError, match="phase 'done'"):
+        final_snapshot(phase="done", ps_stats=[], wall_seconds=0.0)
+
+
+def test_the_ledger_seen_over_a_restart_of_its_task_keeps_counts_and_the_newest_checkpoint() -> None:
+    """The issue's repro of item 5: after ps task 0 restarted, its ledger said 3 saves where the run had made 7,
+    and status.json took the restarted ledger's figures. The watcher's view goes on over the restart."""
+    watcher = SaveStatusWatcher(max_failed_saves=3)
+    assert watcher.update({"saved": 4, "failed": 0, "last_saved_step": 400, "last_saved_path": "/c/ckpt-000000400"}) == []
+    watcher.update({"saved": 0, "failed": 0, "last_saved_step": None, "last_saved_path": None})  # ps 0 restarted
+    assert watcher.ledger()["last_saved_path"] == "/c/ckpt-000000400"  # a fresh ledger knows none yet
+    lines = watcher.update({"saved": 3, "failed": 1, "failed_in_a_row": 0, "last_saved_step": 512,
+                            "last_saved_path": "/c/ckpt-000000512",
+                            "failures": [{"seq": 1, "global_step": 450, "writer": "w0", "error": "disk full"}]})
+    assert any("checkpoint at global_step 450 FAILED" in line for line in lines)
+    assert watcher.ledger() == {"saved": 7, "failed": 1, "failed_in_a_row": 0, "last_saved_step": 512,
+                                "last_saved_path": "/c/ckpt-000000512"}
+    s = final_snapshot(phase="finished", ps_stats=[ps0()], wall_seconds=1.0, checkpoints=watcher.ledger())
+    assert s["checkpoints"] == watcher.ledger()
+    assert (s["checkpoints_saved"], s["checkpoints_failed"]) == (7, 1)
+
+
+def test_resumed_from_is_none_without_a_directory_or_checkpoint(tmp_path: Path) -> None:
+    assert resumed_from(None) is None
+    assert resumed_from(str(tmp_path)) is None
