@@ -16,10 +16,19 @@ The launcher feeds :class:`Progress` the cluster's counters every few seconds
 
    The rate is the interval's since the last reading; the ETA uses the
    average rate since training began (the last reading that saw nothing done).
-3. :meth:`Progress.close` with the run's metrics (``metrics.json``): the last
-   line gives the run's own ``examples_per_sec`` (exactly-once examples / wall
-   seconds), never the rate of an interval that may be empty. With None (the
-   run failed) the bar is ended and nothing more is printed. Idempotent.
+   A reading across a restore has no rate: a restore sets the examples count
+   (the model's history) back to its checkpoint's, and a restarted ps task 0
+   holds 0 until it is restored, so the line says so instead
+   (``restoring: examples set back from A to B``, or ``restored (generation
+   G)`` when the ps tasks' restore generation changed), and the next rate is
+   measured from the restored count. A rate is never negative.
+3. :meth:`Progress.close` with the run's final snapshot (``metrics.json``,
+   :mod:`psflow.train.final_snapshot`): the last line (:func:`final_line`)
+   gives this run's examples and ``examples_per_sec`` (after a resume, not
+   the earlier run's too), never the rate of an interval that may be empty,
+   and the last step's loss, never a stale reading; with an eval, its
+   log-loss and AUC, named so. With None (the run failed) the bar is ended
+   and nothing more is printed. Idempotent.
 
 Not thread-safe: one thread (the launcher's watch loop) calls it.
 """
@@ -33,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO
 
-__all__ = ["Progress", "ProgressTotal", "progress_total"]
+__all__ = ["Progress", "ProgressTotal", "final_line", "progress_total"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class Progress:
         self._loss: float | None = None
         self._step: int | None = None
         self._answered = False
+        self._generation: int | None = None  # the ps tasks' restore generation at the last reading
         self._closed = False
         self._bar: Any = None
         if bar if bar is not None else _is_terminal(out):
@@ -92,12 +102,13 @@ class Progress:
         if self._closed:
             return
         now = self._clock()
-        self._answered = True
         step, examples = stats.get("global_step"), int(stats.get("examples") or 0)
         self._step = step if isinstance(step, int) else self._step
         loss = stats.get("loss_ema")
         if isinstance(loss, (int, float)) and math.isfinite(loss):
             self._loss = float(loss)
+        restore = self._restore(examples, stats.get("generation"))
+        self._answered = True
         value = self._value(examples)
         if value <= self._last_value:
             self._origin = (now, value)  # nothing done since the last reading (starting, restoring): not yet
@@ -108,12 +119,30 @@ class Progress:
             self._bar.set_postfix_str(f"global_step {self._step} | loss {self._loss_text()}", refresh=False)
             self._bar.update(self._bar_value(value) - self._bar.n)
             return
-        text = f"psflow: global_step {self._step} | {rate:,.0f} examples/s" if examples else \
-            f"psflow: global_step {self._step} | starting"
+        if restore is not None:
+            text = f"psflow: global_step {self._step} | {restore} (no rate for this interval)"
+        elif examples:
+            text = f"psflow: global_step {self._step} | {rate:,.0f} examples/s"
+        else:
+            text = f"psflow: global_step {self._step} | starting"
         text += f" | loss {self._loss_text()} | {now - self._started:.1f} s"
         if self.total is not None:
             text += f" | {min(100.0, 100.0 * value / self.total.count):.0f}%{self._eta(now, value, self.total)}"
         self.write(text)
+
+    def _restore(self, examples: int, generation: Any) -> str | None:
+        """What a restore did between the last reading and this one (None: nothing): the examples count is the
+        model's history, which a restore sets back to its checkpoint's (and a restarted ps task 0 holds 0 until
+        it is restored), so no rate is measured across it; a changed ``generation`` (the ps tasks' restore
+        count) marks a restore that did not lower the count."""
+        previous, self._generation = self._generation, generation if isinstance(generation, int) else None
+        if not self._answered:
+            return None
+        set_back = examples < self._last[1]
+        counted = f"examples set back from {self._last[1]:,} to {examples:,}" if set_back else f"examples {examples:,}"
+        if self._generation is not None and previous is not None and self._generation != previous:
+            return f"restored (generation {self._generation}): {counted}"
+        return f"restoring: {counted}" if set_back else None
 
     def unavailable(self, error: Exception) -> None:
         """A reading failed. Before the first answer the ps tasks are still starting: nothing is printed."""
@@ -134,8 +163,9 @@ class Progress:
         self._closed = True
         if self._bar is not None:
             if metrics is not None:
-                step = metrics.get("global_step")
+                step, loss = metrics.get("global_step"), _number(metrics.get("loss"))
                 self._step = step if isinstance(step, int) else self._step
+                self._loss = loss if loss is not None else self._loss
                 self._bar.set_postfix_str(f"global_step {self._step} | loss {self._loss_text()}", refresh=False)
                 self._bar.update(self._bar_value(self._value(int(metrics.get("examples") or 0))) - self._bar.n)
             self._bar.close()
@@ -143,13 +173,8 @@ class Progress:
             print(self.final_line(metrics), file=self.out, flush=True)
 
     def final_line(self, metrics: Mapping[str, Any]) -> str:
-        """``psflow: done: global_step S | N examples in T s | R examples/s | loss L`` from ``metrics``."""
-        examples = int(metrics.get("examples") or 0)
-        wall = float(metrics.get("wall_seconds") or 0.0)
-        rate = metrics.get("examples_per_sec")
-        rate = float(rate) if isinstance(rate, (int, float)) else examples / max(wall, 1e-9)
-        return (f"psflow: done: global_step {metrics.get('global_step')} | {examples:,} examples in {wall:.1f} s | "
-                f"{rate:,.0f} examples/s | loss {self._loss_text()}")
+        """:func:`final_line`."""
+        return final_line(metrics)
 
     def _value(self, examples: int) -> int:
         """The reading in the total's unit (examples without a total)."""
@@ -169,6 +194,50 @@ class Progress:
 
     def _loss_text(self) -> str:
         return f"{self._loss:.4f}" if self._loss is not None else "n/a"
+
+
+def final_line(metrics: Mapping[str, Any]) -> str:
+    """``psflow: done: global_step S | N examples in T s | R examples/s | last step's loss L | eval ...``
+    from the run's final snapshot (:mod:`psflow.train.final_snapshot`), never from a reading.
+
+    N and R are this run's (``examples_this_run``); after a resume the line also says how many
+    examples the model holds in all and how many came from the checkpoint it resumed.
+    """
+    examples = int(metrics.get("examples") or 0)
+    this_run = metrics.get("examples_this_run")
+    this_run = int(this_run) if isinstance(this_run, int) else examples
+    wall = float(metrics.get("wall_seconds") or 0.0)
+    rate = metrics.get("examples_per_sec")
+    rate = float(rate) if isinstance(rate, (int, float)) else this_run / max(wall, 1e-9)
+    text = f"psflow: done: global_step {metrics.get('global_step')} | {this_run:,} examples in {wall:.1f} s"
+    resumed = metrics.get("resumed_from")
+    if isinstance(resumed, Mapping):
+        text += (f" (this run; the model's {examples:,} include {int(resumed.get('examples') or 0):,} "
+                 f"from {os.path.basename(str(resumed.get('path')))})")
+    return f"{text} | {rate:,.0f} examples/s | {_final_loss(metrics)}{_final_eval(metrics)}"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) else None
+
+
+def _final_loss(metrics: Mapping[str, Any]) -> str:
+    """The last step's loss; the moving average, named so, where no step carried a loss."""
+    last, average = _number(metrics.get("last_step_loss")), _number(metrics.get("loss"))
+    if last is not None:
+        return f"last step's loss {last:.4f}"
+    return f"loss {average:.4f} (moving average)" if average is not None else "loss n/a"
+
+
+def _final_eval(metrics: Mapping[str, Any]) -> str:
+    """`` | eval logloss L, AUC A`` (the first two of logloss, AUC, accuracy the eval has), or nothing."""
+    evaluation = metrics.get("eval")
+    if not isinstance(evaluation, Mapping):
+        return ""
+    shown = [f"{label} {value:.4f}" for key, label in (("logloss", "logloss"), ("auc", "AUC"), ("accuracy", "accuracy"))
+             if (value := _number(evaluation.get(key))) is not None][:2]
+    return f" | eval {', '.join(shown)}" if shown else ""
 
 
 def _duration(seconds: float) -> str:
