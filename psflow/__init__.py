@@ -18,6 +18,8 @@ strategies
 ``Batch``                           :mod:`psflow.data` (labels, named sparse and
                                     dense features)
 ``OptimizerSpec``                   :mod:`psflow.ps.optimizers` (applied on the ps)
+``ScheduleSpec``                    :mod:`psflow.ps.schedules` (a learning rate
+                                    decayed by global_step)
 ``ConnectConfig``                   :mod:`psflow.rpc.api` (timeouts, token)
 =================================  ==========================================
 
@@ -43,6 +45,7 @@ from psflow.placement import (
     variable_axis_size_partitioner,
 )
 from psflow.ps.optimizers import OptimizerSpec
+from psflow.ps.schedules import ScheduleSpec
 from psflow.rpc.api import ConnectConfig
 
 if TYPE_CHECKING:
@@ -82,6 +85,7 @@ __all__ = [
     "DenseGradient",
     "SparseGradient",
     "OptimizerSpec",
+    "ScheduleSpec",
     "ConnectConfig",
     "Batch",
     "Model",

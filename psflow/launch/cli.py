@@ -54,6 +54,7 @@ from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelError
 from psflow.models.registry import create_model, model_names
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
+from psflow.ps.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
 from psflow.rpc.api import RpcError
 from psflow.train.build import inferred_schema, model_config
 from psflow.train.config import ConfigError, TrainConfig
@@ -111,8 +112,13 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
                    "(adagrad:learning_rate=0.05,initial_accumulator_value=0.1)")
     g.add_argument("--warm-start", metavar="PATH", help="when the chief initializes (not when it restores), load these "
                    "variables: a .safetensors file, an exported model or a checkpoint (directory)")
-    g.add_argument("--optimizer", default="ftrl", choices=list(OPTIMIZER_NAMES))
+    g.add_argument("--optimizer", default="ftrl", type=_optimizer_flag, metavar=f"{{{','.join(OPTIMIZER_NAMES)}}}[:KEY=VALUE,...]",
+                   help="applied on the ps tasks, with TF's hyperparameters after a colon, e.g. "
+                        "rmsprop:decay=0.9,momentum=0.9,epsilon=1.0 (ftrl)")
     g.add_argument("--learning-rate", type=float, help="default depends on the optimizer")
+    g.add_argument("--learning-rate-schedule", type=_schedule_flag, metavar="NAME[:KEY=VALUE,...]",
+                   help=f"decay the learning rate with global_step ({', '.join(SCHEDULE_NAMES)}; warmup_steps=N puts a "
+                        "linear warm-up in front), e.g. exponential_decay:decay_steps=100,decay_rate=0.96,staircase=true")
     g.add_argument("--l1", type=float, default=0.0, help="FTRL l1 regularization strength")
     g.add_argument("--l2", type=float, default=0.0, help="FTRL l2 regularization strength")
     g.add_argument("--batch-size", type=int, default=512)
@@ -287,6 +293,26 @@ def _finite(value: Any) -> bool:
     return True
 
 
+def _optimizer_flag(text: str) -> dict[str, Any]:
+    """``--optimizer NAME[:KEY=VALUE,...]`` as :func:`parse_optimizer`'s JSON (checked with the rest of the config)."""
+    try:
+        return parse_optimizer(text)
+    except OptimizerError as e:
+        name = text.partition(":")[0].strip()
+        if name not in OPTIMIZER_NAMES and not text.lstrip().startswith("{"):
+            raise argparse.ArgumentTypeError(f"invalid choice: {name!r} (choose from {', '.join(OPTIMIZER_NAMES)})") from None
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _schedule_flag(text: str) -> dict[str, Any]:
+    """``--learning-rate-schedule NAME[:KEY=VALUE,...]`` as :func:`parse_schedule`'s JSON (its parameters are
+    checked with the rest of the config, once the optimizer's learning rate is known)."""
+    try:
+        return parse_schedule(text)
+    except ScheduleError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
     """Model parameters given by their own flags (--hidden, --wide-optimizer, --deep-optimizer, dynamic tables)."""
     params: dict[str, Any] = {}
@@ -329,7 +355,8 @@ def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers:
         train=tuple(args.train), eval=tuple(args.eval), format=args.format, num_features=args.num_features,
         model=args.model, model_path=os.getcwd() if ":" in args.model else None,
         model_params=_model_params(args.model_param) | _flag_params(args), embedding_dim=args.embedding_dim, warm_start=args.warm_start,
-        optimizer=args.optimizer, learning_rate=args.learning_rate, l1=args.l1, l2=args.l2,
+        optimizer=args.optimizer["name"], optimizer_params=args.optimizer["hyperparameters"],
+        learning_rate=args.learning_rate, learning_rate_schedule=args.learning_rate_schedule, l1=args.l1, l2=args.l2,
         batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
         num_ps=num_ps if num_ps is not None else args.ps,
         num_workers=num_workers if num_workers is not None else (

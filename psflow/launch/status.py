@@ -6,7 +6,8 @@
 ``run``             what, where and since when; ``phase`` (starting, training,
                     evaluating, finished, failed, interrupted)
 ``global_step``, ``examples`` (each record once per epoch, as metrics.json),
-``examples_per_sec`` (over the last ``RATE_WINDOW`` seconds), ``loss`` (the cluster's moving average)
+``examples_per_sec`` (over the last ``RATE_WINDOW`` seconds), ``loss`` (the cluster's moving average),
+``learning_rate`` (the run's learning rate in force: the next update's, as ps task 0 computes it)
 ``tasks``           one row per task: host, address, pid, state, last heartbeat,
                     restarts, generation, exit, and ``history`` (deaths and restarts)
 ``ps``              per ps task: request, byte and apply-time counters and their
@@ -339,6 +340,7 @@ class StatusCollector:
             "examples": final.get("examples", head.get("examples")),
             "examples_per_sec": final.get("examples_per_sec", self._rate),
             "loss": head.get("loss_ema"),
+            "learning_rate": head.get("learning_rate"),
             "eval": final.get("eval"),
             "tasks": [self._task_row(t, processes.get(t.name), now) for t in self._tasks],
             "ps": [self._ps_row(i) for i in sorted(self._ps_stats)],

@@ -82,6 +82,11 @@ def fetch_status(target: str, *, timeout: float = 5.0) -> dict[str, Any]:
     return data
 
 
+def _rate(x: Any) -> str:
+    """A learning rate: 4 significant digits (a decayed one can be tiny)."""
+    return f"{x:.4g}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
+
+
 def _num(x: Any, digits: int | None = None) -> str:
     if x is None:
         return "-"
@@ -117,7 +122,8 @@ def render_status(s: dict[str, Any]) -> str:
         f"run {run.get('run_dir', '')}: {run.get('phase', '?')} after {_num(run.get('elapsed'), 1)} s "
         f"({run.get('mode', '?')}, {run.get('replication', '?')}, model {run.get('model', '?')})",
         f"global_step {_num(s.get('global_step'))} | examples {_num(s.get('examples'))} | "
-        f"{_num(s.get('examples_per_sec'))} examples/s | loss {_num(s.get('loss'), 4)} | eval AUC {_num(auc, 4)}",
+        f"{_num(s.get('examples_per_sec'))} examples/s | loss {_num(s.get('loss'), 4)} | eval AUC {_num(auc, 4)} | "
+        f"learning rate {_rate(s.get('learning_rate'))}",
         "",
     ]
     now = s.get("time") or time.time()

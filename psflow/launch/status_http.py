@@ -21,6 +21,7 @@ Metrics (counters end in ``_total``; all values from the same snapshot):
 ``psflow_examples_total``                   examples trained, each record once per epoch
 ``psflow_examples_per_second``              over the last sample
 ``psflow_loss``                             the cluster's moving-average loss
+``psflow_learning_rate``                    the run's learning rate in force (a schedule's value at global_step)
 ``psflow_eval_auc``                         newest ``eval/auc`` summary (or the final eval)
 ``psflow_task_up{job,task}``                1 if the task answered its last ping
 ``psflow_task_restarts_total{job,task}``
@@ -118,6 +119,8 @@ class _Metrics:
         yield from gauge("psflow_examples_per_second", "examples per second over the last sample",
                          s.get("examples_per_sec"))
         yield from gauge("psflow_loss", "the cluster's moving-average training loss", s.get("loss"))
+        yield from gauge("psflow_learning_rate", "the run's learning rate in force (the next update's)",
+                         s.get("learning_rate"))
         auc = _newest(s.get("scalars", {}).get("eval/auc"))
         if isinstance(s.get("eval"), dict) and s["eval"].get("auc") is not None:
             auc = s["eval"]["auc"]

@@ -132,7 +132,11 @@ class VariableSpec:
         partitioner: splits the variable along axis 0 over ps tasks (tables);
             e.g. :func:`psflow.fixed_size_partitioner`.
         optimizer: the optimizer applied to this variable on its ps tasks;
-            None: the run's optimizer (``--optimizer``).
+            None: the run's optimizer (``--optimizer``, with
+            ``--learning-rate-schedule``). Its ``learning_rate`` may be a
+            schedule (:class:`psflow.ps.schedules.ScheduleSpec`), read at each
+            update's global step, e.g. ``OptimizerSpec("rmsprop",
+            {"learning_rate": ScheduleSpec("exponential_decay", {...})})``.
         trainable: whether gradients are pushed for it.
         device: pins it to a ps task (``"/job:ps/task:1"``); None: the run's
             placement strategy chooses.

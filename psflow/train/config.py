@@ -17,6 +17,7 @@ from typing import Any
 
 from psflow import jsonio
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.schedules import ScheduleError, ScheduleSpec, schedule_parameters
 from psflow.ps.sync import SyncConfig
 
 __all__ = ["TrainConfig", "DEFAULT_LEARNING_RATES", "ConfigError", "MAX_SEED"]
@@ -24,9 +25,10 @@ __all__ = ["TrainConfig", "DEFAULT_LEARNING_RATES", "ConfigError", "MAX_SEED"]
 #: Per-optimizer default learning rates for sparse logistic regression on
 #: one-hot features. Measured on a9a (2 ps + 2 workers, 3 epochs, eval AUC):
 #: ftrl 0.1 -> 0.8955, 0.5 -> 0.9021; adagrad 0.1 -> 0.8956, 0.5 -> 0.9021;
-#: sgd 0.5 -> 0.8996, 2.0 -> 0.9014; adam 0.01 -> 0.9012; momentum 0.1 -> 0.9016.
+#: sgd 0.5 -> 0.8996, 2.0 -> 0.9014; adam 0.01 -> 0.9012; momentum 0.1 -> 0.9016;
+#: rmsprop (TF1's defaults otherwise) 0.001 -> 0.8764, 0.01 -> 0.9017, 0.05 -> 0.9015, 0.1 -> 0.9001.
 #: The per-coordinate methods (FTRL, Adagrad) tolerate large steps.
-DEFAULT_LEARNING_RATES = {"sgd": 2.0, "momentum": 0.1, "adagrad": 0.5, "adam": 0.01, "ftrl": 0.5}
+DEFAULT_LEARNING_RATES = {"sgd": 2.0, "momentum": 0.1, "adagrad": 0.5, "adam": 0.01, "ftrl": 0.5, "rmsprop": 0.01}
 
 
 #: A device a worker's model may compute on (--device, --devices).
@@ -60,7 +62,9 @@ class TrainConfig:
     embedding_dim: int = 8               # width of embedding tables
     warm_start: str | None = None        # the chief loads these variable values when it initializes (not on restore)
     optimizer: str = "ftrl"
+    optimizer_params: dict[str, Any] = field(default_factory=dict)  # TF hyperparameters (--optimizer NAME:KEY=VALUE,...)
     learning_rate: float | None = None   # None: DEFAULT_LEARNING_RATES[optimizer]
+    learning_rate_schedule: dict[str, Any] | None = None  # psflow.ps.schedules JSON (--learning-rate-schedule); None: constant
     l1: float = 0.0                      # FTRL only
     l2: float = 0.0                      # FTRL only
     batch_size: int = 512
@@ -197,9 +201,20 @@ class TrainConfig:
         )
 
     def optimizer_spec(self) -> OptimizerSpec:
-        """The optimizer and its hyperparameters, with defaults filled in."""
+        """The optimizer and its hyperparameters, with defaults filled in.
+
+        Raises:
+            OptimizerError: an invalid hyperparameter; ConfigError: the initial
+                learning rate given twice, or an invalid schedule (names the flag).
+        """
+        given = [flag for flag, ok in (("--learning-rate", self.learning_rate is not None),
+                                       ("--optimizer ...:learning_rate", "learning_rate" in self.optimizer_params),
+                                       ("--learning-rate-schedule ...:learning_rate",
+                                        "learning_rate" in (self.learning_rate_schedule or {}))) if ok]
+        if len(given) > 1:
+            raise ConfigError(f"{' and '.join(given)} both set the initial learning rate; give one")
         lr = self.learning_rate if self.learning_rate is not None else DEFAULT_LEARNING_RATES.get(self.optimizer, 0.1)
-        hp: dict[str, float | bool] = {"learning_rate": lr}
+        hp: dict[str, Any] = {"learning_rate": lr}
         if self.optimizer == "ftrl":
             hp.update(learning_rate_power=-0.5, initial_accumulator_value=0.1,
                       l1_regularization_strength=self.l1, l2_regularization_strength=self.l2)
@@ -207,9 +222,22 @@ class TrainConfig:
             hp.update(initial_accumulator_value=0.1)
         elif self.optimizer == "momentum":
             hp.update(momentum=0.9)
+        hp.update(self.optimizer_params)
+        if self.learning_rate_schedule is not None:
+            hp["learning_rate"] = self._schedule(hp["learning_rate"])
         spec = OptimizerSpec(self.optimizer, hp)
         make_optimizer(spec)  # raises OptimizerError with the valid names
         return spec
+
+    def _schedule(self, initial: float) -> ScheduleSpec:
+        """``--learning-rate-schedule``, its learning_rate (where it takes one) the optimizer's unless given."""
+        data = dict(self.learning_rate_schedule or {})
+        try:
+            if "learning_rate" in schedule_parameters(data.get("schedule")):
+                data.setdefault("learning_rate", initial)
+            return ScheduleSpec.from_json(data)
+        except ScheduleError as e:
+            raise ConfigError(f"--learning-rate-schedule: {e}") from None
 
     def to_json(self) -> str:
         """The config as JSON (config.json).

@@ -198,6 +198,8 @@ function render(s) {
   $("examples").textContent = fmt(s.examples);
   $("rate").textContent = fmt(s.examples_per_sec);
   $("loss").textContent = fmt(s.loss, 4);
+  const lr = s.learning_rate;  // a schedule's value: 4 significant digits (a decayed rate can be tiny)
+  $("learning-rate").textContent = typeof lr === "number" ? lr.toPrecision(4) : "–";
   const auc = s.eval && s.eval.auc !== undefined ? s.eval.auc : (s.scalars["eval/auc"] || []).slice(-1).map((p) => p[1])[0];
   $("auc").textContent = fmt(auc, 4);
   $("elapsed").textContent = duration(s.run.elapsed);

@@ -1,0 +1,58 @@
+"""`psflow train --optimizer rmsprop --learning-rate-schedule ...` on a9a, end to end: the ps tasks decay the rate
+with global_step, the chief writes it as the ``learning_rate`` summary, the run's metrics carry it as a gauge."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import A9A, A9A_T, run_cli
+
+from psflow.ps.schedules import ScheduleSpec
+from psflow.train.summary import read_scalars
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+SCHEDULE = ScheduleSpec("exponential_decay", {"learning_rate": 0.02, "decay_steps": 20, "decay_rate": 0.5,
+                                              "staircase": True})
+
+
+def test_rmsprop_with_a_decayed_rate_writes_the_rate_as_summary_and_gauge(tmp_path: Path) -> None:
+    pytest.importorskip("prometheus_client")
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--eval", str(A9A_T), "--num-features", "124",
+                "--optimizer", "rmsprop:momentum=0.9", "--learning-rate", "0.02",
+                "--learning-rate-schedule", "exponential_decay:decay_steps=20,decay_rate=0.5,staircase=true",
+                "--ps", "2", "--workers", "1", "--epochs", "1", "--save-summaries-steps", "10",
+                "--output", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    final = metrics["global_step"]
+    assert final == -(-32561 // 512)  # one worker, one epoch
+    assert metrics["eval"]["auc"] > 0.85, metrics["eval"]
+    # One worker: at each summary, ps task 0's global_step is the summary's step, and the rate in force there
+    # is the schedule's at that step (the next update's), in float32.
+    points = read_scalars(str(out))["learning_rate"]
+    assert [step for step, _ in points] == [*range(10, final + 1, 10), final]
+    for step, value in points:
+        assert np.float32(value) == SCHEDULE.value(step), (step, value)
+    assert sorted({value for _, value in points}) == pytest.approx([0.0025, 0.005, 0.01, 0.02])
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gauges = {s.name: s.value for f in text_string_to_metric_families((out / "metrics.prom").read_text())
+              for s in f.samples if not s.labels}
+    assert np.float32(gauges["psflow_learning_rate"]) == SCHEDULE.value(final)
+    assert json.loads((out / "status.json").read_text())["learning_rate"] == gauges["psflow_learning_rate"]
+
+
+def test_a_bad_schedule_is_one_line_before_any_task_starts(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--optimizer", "rmsprop",
+                "--learning-rate-schedule", "cosine_decay:decay_steps=0", "--output", str(out))
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == (
+        "psflow train: error: --learning-rate-schedule: schedule 'cosine_decay': 'decay_steps' must be an integer "
+        ">= 1, got 0")
+    assert not (out / "logs").exists()  # no task was started
