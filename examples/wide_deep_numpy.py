@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from psflow.data import Batch
+from psflow.data import BINARY_LABELS, Batch
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models import EmbeddingLookup, Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
 from psflow.models.features import dense_matrix
@@ -54,6 +54,8 @@ __all__ = ["WideDeep"]
 
 class WideDeep(Model):
     """Wide & Deep over every sparse and dense feature of the data."""
+
+    labels = BINARY_LABELS  # a binary classifier: the readers refuse other labels as bad records
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
