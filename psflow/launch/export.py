@@ -82,7 +82,8 @@ class ExportedModel:
         fmt = format or self.data.get("format") or "libsvm"
         schema = self.data.get("schema")
         recorded = self.data.get("num_features")
-        options: dict[str, Any] = {"num_features": int(recorded if recorded is not None else self.model.config.num_features)}
+        options: dict[str, Any] = {"num_features": int(recorded if recorded is not None else self.model.config.num_features),
+                                   "labels": None}  # predictions do not use labels: an unlabelled file's are not checked
         if fmt == "tfrecord" and schema:
             options["schema"] = Schema.from_dict(schema)
         return read_all(path if isinstance(path, list) else [path], fmt, **options)

@@ -160,3 +160,13 @@ def test_the_source_crosses_the_reader_process_and_a_prepare_that_builds_a_new_b
     want = [((path, 1, 8, 8),), ((path, 9, 16, 8),), ((path, 17, 20, 4),)]
     assert [s.spans for s in sources(config, prepare=rebuild)] == want
     assert [s.spans for s in sources(DatasetConfig((path,), "libsvm", batch_size=8, reader_process=True))] == want
+
+
+def test_psflow_predict_reads_an_unlabelled_file(tmp_path: Path) -> None:
+    from psflow.launch.export import ExportedModel
+    from psflow.models import ModelConfig, create_model
+
+    path = write_tfrecord(tmp_path / "p.tfrecord", [math.nan, 7.0])  # placeholders where there is no label
+    model = create_model("logistic", ModelConfig(num_features=124))
+    exported = ExportedModel(model, {}, 0, {"format": "tfrecord", "schema": SCHEMA.to_dict(), "num_features": 124})
+    assert exported.read(path).num_examples == 2
