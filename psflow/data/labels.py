@@ -61,6 +61,9 @@ class LabelSpec:
             return bad
         if libsvm:
             labels = (labels > 0).astype(np.float32)
+        if self.binary:  # the common case in one pass (NaN compares unequal to both)
+            binary: npt.NDArray[np.bool_] = (labels != 0) & (labels != 1)
+            return binary
         bad = ~np.isfinite(labels)
         if self.low > -math.inf:
             bad |= labels < self.low
