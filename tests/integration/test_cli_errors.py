@@ -210,10 +210,10 @@ def a9a_with_a_huge_value(tmp: Path) -> str:
     return write(tmp / "huge.libsvm", "\n".join(lines) + "\n")
 
 
-@pytest.mark.parametrize("where", ["cluster", "in-process"])
+@pytest.mark.parametrize("where", ["cluster", "in-process", "in-graph"])
 def test_a_nan_loss_names_the_worker_the_step_and_the_batch(where: str, tmp_path: Path) -> None:
     path = a9a_with_a_huge_value(tmp_path)
-    extra = ["--in-process"] if where == "in-process" else []
+    extra = {"cluster": [], "in-process": ["--in-process"], "in-graph": ["--replication", "in-graph"]}[where]
     r = run_cli(*train(tmp_path, "--train", path, "--batch-size", "128", "--epochs", "2", *extra), timeout=240)
     assert r.returncode == 1, r.stderr[-3000:]
     found = re.search(r"/job:worker/task:0: loss is (nan|inf|-inf) at global_step (\d+), on the batch of (\S+) lines "
@@ -226,8 +226,9 @@ def test_a_nan_loss_names_the_worker_the_step_and_the_batch(where: str, tmp_path
     if where == "in-process":
         assert f"psflow train: error: {found.group(0)}" in r.stderr
         return
-    assert re.search(r"/job:worker/task:0 \(pid \d+\) exited with code 1: root cause; log: ", r.stderr), r.stderr
-    worker_log = (tmp_path / "run" / "logs" / "worker-0.log").read_text()
+    driver = "client" if where == "in-graph" else "worker"  # the in-graph client reads the data and checks the losses
+    assert re.search(rf"/job:{driver}/task:0 \(pid \d+\) exited with code 1: root cause; log: ", r.stderr), r.stderr
+    worker_log = (tmp_path / "run" / "logs" / f"{driver}-0.log").read_text()
     assert "Traceback" not in worker_log and worker_log.count("/job:worker/task:0: loss is") == 1, worker_log[-3000:]
 
 
