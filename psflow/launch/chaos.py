@@ -6,9 +6,19 @@ Grammar (one fault per spec)::
     ACTION := "kill"          SIGKILL the task
             | "stop"          SIGSTOP the task (it hangs; it is not resumed)
     TARGET := JOB ":" INDEX   e.g. ps:1, worker:0
-            | "chief"         the chief task (task 0 of job 'chief', else worker 0)
+            | "chief"         the task holding the chief duties when the fault fires
 
 e.g. ``kill:ps:1@step=200``, ``kill:chief@step=50``, ``stop:worker:1@step=30``.
+
+``chief`` is whoever holds the chief duties at the moment the fault fires:
+in a run whose workers elect their chief (checkpoints, summaries or
+evaluation: :func:`psflow.train.duties.elects_chief`), the holder of the
+``chief`` lease, asked from the coordination backend (the launcher passes
+``holder``); the fault waits while no worker holds it (a dead holder's lease
+lapses within the lease time). Without election, the configured chief
+(task 0 of job 'chief', else worker 0). The fault records the lease epoch it
+saw (``lease_epoch``), so it can be matched with the victim's
+``elected chief (epoch E)`` log line.
 
 Schedule: faults fire in the order of their steps, in *rounds*: the faults
 with the same ``N`` form one round and fire together; the next round waits
@@ -35,11 +45,13 @@ later. Every fired fault is recorded (task, pid, signal, the step seen, wall
 time, and the launcher adds when it recovered) for metrics.json.
 
 One process, one fault at a time: two specs of the same round that name the
-same task -- also through ``chief``, which is worker 0 when the cluster has no
-``chief`` job -- are refused before anything starts, with an error naming
-both specs (one signal would be lost, or a SIGKILL would hit a process just
-SIGSTOPped). The same task in different rounds is allowed: the later fault
-waits for the earlier one's recovery, so it hits the replacement process.
+same task -- also through ``chief``, counted as the configured chief (worker 0
+when the cluster has no ``chief`` job) -- are refused before anything starts,
+with an error naming both specs (one signal would be lost, or a SIGKILL would
+hit a process just SIGSTOPped); and a ``chief`` fault whose holder another
+fault of its round already hit waits for the next holder. The same task in
+different rounds is allowed: the later fault waits for the earlier one's
+recovery, so it hits the replacement process.
 """
 
 from __future__ import annotations
@@ -56,7 +68,7 @@ from typing import Any
 from psflow.cluster import ClusterError, ClusterSpec
 from psflow.train.config import ConfigError
 
-__all__ = ["ChaosError", "Fault", "ChaosPlan", "InjectedFault", "ChaosInjector", "chief_task"]
+__all__ = ["ChaosError", "Fault", "ChaosPlan", "InjectedFault", "ChaosInjector", "DutyHolder", "chief_task"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -115,6 +127,16 @@ def chief_task(cluster: ClusterSpec) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
+class DutyHolder:
+    """The task holding the chief duties now: the ``chief`` lease's holder, with its lease ``epoch``,
+    or (``epoch`` None) the configured chief of a run without election."""
+
+    job: str
+    index: int
+    epoch: int | None = None
+
+
+@dataclass(frozen=True)
 class ChaosPlan:
     """The faults of one run, in the order given."""
 
@@ -170,6 +192,7 @@ class InjectedFault:
     time: float = field(default_factory=time.time)
     recovery_seconds: float | None = None   # fault -> global_step advancing again (set by the launcher)
     recovered_at_step: int | None = None
+    lease_epoch: int | None = None           # a ``chief`` fault: the epoch of the lease its task held
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -180,7 +203,8 @@ class ChaosInjector:
     docstring); not thread-safe: one thread polls, and records recoveries under the caller's lock."""
 
     def __init__(self, plan: ChaosPlan, cluster: ClusterSpec, find: Callable[[str, int], Any],
-                 *, send: Callable[[int, int], None] = os.kill) -> None:
+                 *, send: Callable[[int, int], None] = os.kill,
+                 holder: Callable[[], DutyHolder | None] | None = None) -> None:
         """Prepares the plan for ``cluster``.
 
         Args:
@@ -189,6 +213,8 @@ class ChaosInjector:
             find: (job, index) -> the task's current process object (with
                 ``name`` and ``pid``) or ``None`` if it is not running.
             send: how to signal a pid (tests pass a fake).
+            holder: who holds the chief duties now (None: nobody at this moment); asked when
+                a ``chief`` fault is due. Not given: ``chief`` is the configured chief.
 
         Raises:
             ChaosError: a fault names a task that is not in the cluster, or two faults of one
@@ -200,6 +226,7 @@ class ChaosInjector:
         self._rounds = [[entry for entry in resolved if entry[0].step == step] for step in steps]
         self._find = find
         self._send = send
+        self._holder = holder
         self.injected: list[InjectedFault] = []
         self._begun = False                    # the first round has fired (some of) its faults
         self._last: list[InjectedFault] = []   # the faults fired by the last round begun
@@ -241,6 +268,12 @@ class ChaosInjector:
         fired = []
         for entry in list(head):
             fault, job, index = entry
+            epoch = None
+            if fault.job is None and self._holder is not None:  # the chief: whoever holds the duties now
+                holder = self._holder()
+                if holder is None or f"/job:{holder.job}/task:{holder.index}" in {f.task for f in self._last}:
+                    continue  # nobody holds them now, or this round hit the holder already: wait for one
+                job, index, epoch = holder.job, holder.index, holder.epoch
             task = self._find(job, index)
             if task is None:
                 continue  # not running now (e.g. being restarted): fire when it is back
@@ -250,9 +283,10 @@ class ChaosInjector:
             except ProcessLookupError:
                 log.warning("chaos: %s: %s (pid %d) already gone", fault.spec, task.name, task.pid)
                 continue
-            event = InjectedFault(fault.spec, task.name, task.pid, fault.signal.name, global_step)
-            log.warning("chaos: %s: sent %s to %s (pid %d) at global_step %d",
-                        fault.spec, event.signal, task.name, task.pid, global_step)
+            event = InjectedFault(fault.spec, task.name, task.pid, fault.signal.name, global_step, lease_epoch=epoch)
+            log.warning("chaos: %s: sent %s to %s (pid %d) at global_step %d%s",
+                        fault.spec, event.signal, task.name, task.pid, global_step,
+                        f" (the chief duties' holder, lease epoch {epoch})" if epoch is not None else "")
             self.injected.append(event)
             self._last.append(event)
             fired.append(event)

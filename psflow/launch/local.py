@@ -50,7 +50,7 @@ from psflow.launch.console import quiet_grpc
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, signal_name
 from psflow.launch.ports import free_ports
 from psflow.launch.progress import Progress, progress_total
-from psflow.launch.resilience import Resilience, ResilienceConfig
+from psflow.launch.resilience import Resilience, ResilienceConfig, with_recovery_checkpoints
 from psflow.launch.run_status import LauncherStatus
 from psflow.launch.status_http import StatusConfig
 from psflow.launch.supervisor import describe_exit
@@ -344,7 +344,9 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     first (:mod:`psflow.launch.run_status`).
 
     ``resilience`` (default: fail fast, hang detection after 30 s, no chaos)
-    says what happens when a task dies or hangs; see :mod:`psflow.launch.resilience`.
+    says what happens when a task dies or hangs; see :mod:`psflow.launch.resilience`. With a
+    restart policy and no ``checkpoint_dir``, checkpoints go to ``output_dir/checkpoints``
+    (one console line says so), so a ps task that dies is restored rather than lost.
 
     ``progress``: a bar or lines, then a last line with the run's examples/s
     (:mod:`psflow.launch.progress`). ``verbose``: the tasks log gRPC's C-core
@@ -360,6 +362,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
             capacity cannot hold one row (:func:`psflow.train.preflight.check_settings`; before anything starts).
     """
     train_records = check_inputs(config)
+    config = with_recovery_checkpoints(config, resilience or ResilienceConfig(), output_dir, out=progress or sys.stderr)
     check_settings(config)  # memory, dynamic tables: refused in one line before any task starts
     # The run's id, and its checkpoint directory taken before any task starts (another live run's is refused).
     config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=output_dir, out=progress or sys.stderr)

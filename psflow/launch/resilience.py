@@ -35,28 +35,43 @@ the fail-fast report) then handles it like any death.
 
 The default configuration changes nothing about today's behaviour except
 hang detection: restart policy ``never``, no chaos.
+
+A restart policy needs checkpoints: a ps task restarted empty is restored
+from the newest one, and without one the run can only stop
+(:mod:`psflow.train.state_loss`). So :func:`with_recovery_checkpoints` gives a
+run with a restart policy and no ``--checkpoint-dir`` one inside its run
+directory, ``<output>/checkpoints`` (the chief saves there when training
+starts, then at the usual cadence), and says so in one console line; the
+run's config.json records it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 from psflow import jsonio
-from psflow.launch.chaos import ChaosError, ChaosInjector, ChaosPlan
+from psflow.cluster import ClusterError, TaskId
+from psflow.coord import CoordinationBackend, CoordinationError, create_backend
+from psflow.launch.chaos import ChaosError, ChaosInjector, ChaosPlan, DutyHolder, chief_task
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.train.config import ConfigError
+from psflow.train.checkpoint import latest_checkpoint
+from psflow.train.chief import trainer_task
+from psflow.train.config import ConfigError, TrainConfig
+from psflow.train.duties import coordination_config, elects_chief
 
-__all__ = ["ResilienceConfig", "Resilience", "add_resilience_arguments", "resilience_config"]
+__all__ = ["ResilienceConfig", "Resilience", "add_resilience_arguments", "resilience_config",
+           "with_recovery_checkpoints", "DEFAULT_CHECKPOINT_SUBDIR"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -92,7 +107,11 @@ class Resilience:
         self.lc = lc
         self.config = config
         self.supervisor = Supervisor(config.restart, self._restart)
-        self.injector = ChaosInjector(config.chaos, lc.cluster, self._find) if config.chaos else None
+        self.injector = ChaosInjector(config.chaos, lc.cluster, self._find, holder=self._duty_holder) \
+            if config.chaos else None
+        self._coordination: CoordinationBackend | None = None  # asks who holds the chief lease (kill:chief)
+        self._train_config: TrainConfig | None = None
+        self._restarted_at: dict[str, float] = {}  # task -> wall time its current process was started by a restart
         self.monitor = None
         if config.health is not None:
             self.monitor = HealthMonitor(lc.cluster, token=lc.token, config=config.health,
@@ -151,6 +170,36 @@ class Resilience:
         finally:
             for ch in channels:
                 ch.close()
+            if self._coordination is not None:
+                self._coordination.close()
+
+    def _duty_holder(self) -> DutyHolder | None:
+        """(The chaos thread, for ``kill:chief``) the task holding the chief duties now: the chief
+        lease's holder where the workers elect one (None while nobody holds it), else the configured chief."""
+        if self._train_config is None:
+            with open(os.path.join(self.lc.output_dir, "config.json")) as f:
+                self._train_config = TrainConfig.from_json(f.read())
+        config = self._train_config
+        if not elects_chief(config):
+            return DutyHolder(*chief_task(self.lc.cluster))
+        try:
+            if self._coordination is None:
+                coordination = coordination_config(config, self.lc.cluster, token=self.lc.token)
+                self._coordination = create_backend(dataclasses.replace(coordination, rpc_timeout=1.0))
+            leader = self._coordination.leader()
+        except CoordinationError as e:
+            log.debug("chaos: who holds the chief lease: %s", e)
+            return None
+        if leader is None:
+            return None
+        try:
+            task = trainer_task(self.lc.cluster, TaskId.parse(leader.candidate).index)
+        except ClusterError as e:
+            log.warning("chaos: the chief lease's holder %r is no task of this cluster: %s", leader.candidate, e)
+            return None
+        if config.coordination == "embedded" and leader.epoch < self._restarted_at.get(task.name, 0.0) * 1000:
+            return None  # a lease granted before the task's process was restarted: its dead predecessor's
+        return DutyHolder(task.job, task.index, leader.epoch)
 
     def _replaced(self, name: str, old_pid: int) -> bool:
         return any(t.name == name and t.pid != old_pid and t.exit_code is None for t in list(self.lc.tasks))
@@ -165,6 +214,7 @@ class Resilience:
         return None
 
     def _restart(self, task: Any) -> Any:
+        self._restarted_at[task.name] = time.time()  # embedded lease epochs are wall-clock ms (kill:chief)
         new = self.lc.start_task(task.job, task.index, os.path.join(self.lc.output_dir, "config.json"))
         self.lc.tasks.remove(new)
         self.lc.tasks[self.lc.tasks.index(task)] = new  # replaces the dead one: the loop sees the live task
@@ -243,11 +293,38 @@ def _global_step(channels: list[TaskChannel]) -> int | None:
     return None
 
 
+#: Where a run with a restart policy and no --checkpoint-dir keeps its checkpoints, inside its run directory.
+DEFAULT_CHECKPOINT_SUBDIR = "checkpoints"
+
+
+def with_recovery_checkpoints(config: TrainConfig, resilience: ResilienceConfig, output_dir: str, *,
+                              out: TextIO | None = None) -> TrainConfig:
+    """The run's config with a checkpoint directory wherever a task may be restarted.
+
+    Unchanged with ``--checkpoint-dir`` or restart policy ``never``. Otherwise ``checkpoint_dir``
+    becomes ``<output_dir>/checkpoints`` (absolute), and one line saying so goes to ``out``: a ps
+    task that dies is then restored from the newest checkpoint there (the one saved when training
+    started, at worst), and at most the work since that checkpoint is redone. A directory an
+    earlier run in ``output_dir`` left checkpoints in is resumed from, as ``--checkpoint-dir`` would be.
+    """
+    if config.checkpoint_dir or resilience.restart.policy == "never":
+        return config
+    directory = os.path.abspath(os.path.join(output_dir, DEFAULT_CHECKPOINT_SUBDIR))
+    if out is not None:
+        earlier = latest_checkpoint(directory) if os.path.isdir(directory) else None
+        print(f"psflow: --restart-policy {resilience.restart.policy} without --checkpoint-dir: checkpoints go to "
+              f"{directory}, so a ps task that dies is restored from the newest"
+              + (f" (it holds an earlier run's: this run resumes from {os.path.basename(earlier)})" if earlier else ""),
+              file=out, flush=True)
+    return dataclasses.replace(config, checkpoint_dir=directory)
+
+
 def add_resilience_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the ``failures`` flags of ``psflow train``."""
     g = parser.add_argument_group("failures")
     g.add_argument("--restart-policy", default="never", choices=list(RESTART_POLICIES[:2]),
-                   help="restart a task that dies (on-failure) or stop the run naming it (never, default)")
+                   help="restart a task that dies (on-failure; without --checkpoint-dir, checkpoints then go to "
+                        "OUTPUT/checkpoints, so a dead ps task is restored) or stop the run naming it (never, default)")
     g.add_argument("--max-restarts", type=int, default=3, help="restarts allowed per task (3)")
     g.add_argument("--liveness-timeout", type=float, default=30.0,
                    help="seconds without an answer to a 1 s ping before a task is killed as hung (30; 0: off)")

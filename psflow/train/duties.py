@@ -17,11 +17,13 @@ checkpoint was written by this run's model (:func:`psflow.train.chief.check_rest
 before it restores it. A failed save is logged, counted and skipped; the
 ``max_failed_saves``-th in a row ends the run
 (:class:`~psflow.train.checkpoint.CheckpointSavesFailedError`). Launchers
-call :func:`claim_checkpoint_dir` before they start any task.
+call :func:`claim_run` (their run directory, then :func:`claim_checkpoint_dir`)
+before they write into the run directory or start any task.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -30,11 +32,13 @@ from collections.abc import Callable
 from typing import TextIO
 
 from psflow.cluster import ClusterSpec
+from psflow.coord import CoordinationConfig
 from psflow.data import DatasetConfig, ReaderPosition, read_all
 from psflow.models.api import Model
+from psflow.rpc.tls import TlsConfig
 from psflow.train.build import data_options, model_record
 from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest
-from psflow.train.checkpoint_lock import CheckpointDirLock, cluster_run_id, new_run_id
+from psflow.train.checkpoint_lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
@@ -50,12 +54,13 @@ from psflow.train.hooks import (
     StopAtStepHook,
     SummarySaverHook,
 )
-from psflow.train.recovery import LeaderOnlyHook, Leadership
+from psflow.train.recovery import CampaignWhileTrainingHook, LeaderOnlyHook, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
 
-__all__ = ["make_session", "resume_position", "fit_position", "epochs_completed", "fault_exit", "run_id",
-           "checkpoint_dir_lock", "claim_checkpoint_dir"]
+__all__ = ["make_session", "elects_chief", "coordination_config", "resume_position", "fit_position",
+           "epochs_completed", "fault_exit", "run_id",
+           "checkpoint_dir_lock", "claim_checkpoint_dir", "claim_run"]
 
 log = logging.getLogger("psflow.worker")
 
@@ -83,8 +88,10 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
 
     With ``leadership`` (chief election), every worker gets the chief hooks,
     each wrapped in a :class:`~psflow.train.recovery.LeaderOnlyHook`: they act
-    only while this worker holds the chief lease. Initialization (or the
-    restore at start) stays with the configured chief.
+    only while this worker holds the chief lease; and a
+    :class:`~psflow.train.recovery.CampaignWhileTrainingHook`: it campaigns
+    for the lease once it runs steps. Initialization (or the restore at start)
+    stays with the configured chief.
     """
     chief = is_chief(cluster, job, task_index)
     duties = chief or leadership is not None
@@ -120,12 +127,29 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         eval_batch = read_all(list(config.eval), config.format, **data_options(config))
         chief_hooks.append(EvalHook(functools.partial(evaluate, model, client, eval_batch),
                                     every_steps=config.eval_every_steps, writer=writer))
-    if leadership is not None:
-        hooks += [LeaderOnlyHook(h, leadership) for h in chief_hooks]
+    if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
+        hooks += [CampaignWhileTrainingHook(leadership), *(LeaderOnlyHook(h, leadership) for h in chief_hooks)]
         chief_hooks = []
     return MonitoredTrainingSession(client, optimizer, is_chief=chief, checkpoint_dir=config.checkpoint_dir,
                                     hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.connect_timeout,
                                     warm_start=config.warm_start, initial_values=model.initial_values)
+
+
+def elects_chief(config: TrainConfig) -> bool:
+    """Whether the workers of the run elect who holds the chief duties (:class:`~psflow.train.recovery.Leadership`):
+    between-graph runs with duties to hold (checkpoints, summaries or evaluation). Without election the
+    configured chief holds them (:func:`~psflow.train.chief.chief_task`)."""
+    return config.replication == "between-graph" and bool(config.checkpoint_dir or config.summary_dir
+                                                          or config.eval_every_steps)
+
+
+def coordination_config(config: TrainConfig, cluster: ClusterSpec, *, token: str | None,
+                        tls: TlsConfig | None = None) -> CoordinationConfig:
+    """Where the run's chief lease is kept: ps task 0's lease table (``embedded``) or ``config.zookeeper``."""
+    address = config.zookeeper if config.coordination == "zookeeper" else \
+        cluster.task_address("ps", min(cluster.task_indices("ps")))
+    return CoordinationConfig(config.coordination, address or "", lease_ttl=config.lease_ttl, token=token,
+                              tls=tls, rpc_timeout=min(5.0, config.rpc_timeout))
 
 
 def resume_position(session: MonitoredTrainingSession, dataset: DatasetConfig) -> ReaderPosition | None:
@@ -210,6 +234,35 @@ def claim_checkpoint_dir(config: TrainConfig, *, run_dir: str | None = None,
         lock.release()
         raise
     return config, lock
+
+
+def claim_run(config: TrainConfig, run_dir: str, *,
+              out: TextIO | None = None) -> tuple[TrainConfig, contextlib.ExitStack]:
+    """(Launchers, before anything is written into ``run_dir`` or started) Names the run and takes its
+    run directory (:class:`~psflow.train.checkpoint_lock.RunDirLock`), then its checkpoint directory
+    (:func:`claim_checkpoint_dir`).
+
+    Blocks for a few file operations. If the checkpoint directory is refused, the run directory is
+    released before the error propagates. A run directory this process already holds for the same run
+    (``psflow train`` takes it before it writes the inferred schema) is left to its taker to release.
+
+    Returns:
+        The config with its run id, and what to leave when the run ends (every lock this call took,
+        released on exit, however the run ends).
+
+    Raises:
+        RunDirLockedError: another live run holds ``run_dir`` (names it: run id, pid, host).
+        DirectoryLockError: the run directory's lock file cannot be read or written.
+        CheckpointLockedError: another live run holds the checkpoint directory (names it).
+        CheckpointError: the newest checkpoint was written by another model, or cannot be read.
+    """
+    config = dataclasses.replace(config, run_id=config.run_id or new_run_id())
+    with contextlib.ExitStack() as held:
+        held.enter_context(RunDirLock(run_dir, config.run_id or ""))
+        config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=run_dir, out=out)
+        if checkpoint_lock is not None:
+            held.push(checkpoint_lock)  # taken already: only its release is left to do
+        return config, held.pop_all()
 
 
 def _newest_checkpoint_warnings(config: TrainConfig) -> list[str]:

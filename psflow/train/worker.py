@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from psflow import jsonio
 from psflow.cluster import ClusterSpec
-from psflow.coord import CoordinationConfig, Lease, create_backend
+from psflow.coord import Lease, create_backend
 from psflow.coord.fence import FencedWriter
 from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
 from psflow.models.api import Model
@@ -60,7 +60,14 @@ from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_man
 from psflow.train.chief import is_chief
 from psflow.train.client import ParameterClient
 from psflow.train.config import ConfigError, TrainConfig
-from psflow.train.duties import epochs_completed, fit_position, make_session, resume_position
+from psflow.train.duties import (
+    coordination_config,
+    elects_chief,
+    epochs_completed,
+    fit_position,
+    make_session,
+    resume_position,
+)
 from psflow.train.hooks import format_metrics
 from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
@@ -184,18 +191,18 @@ def run_worker(
             raise ConfigError("reader_process is for the in-process fast path only: a worker with gRPC "
                               "channels cannot fork its reader")
         client = connect_client(config, cluster, variables, task, token, register=False, tls=tls)
-        if config.checkpoint_dir or config.summary_dir or config.eval_every_steps:
+        if elects_chief(config):
             leadership = _leadership(config, cluster, task, token, client, tls)
     if stop is not None:
         stop.on_interrupt(client.close)  # fails a call blocked when a stop comes (a sync barrier)
     data_config = _dataset_config(config, task_index, cluster.num_tasks("worker"))
     progress = _Progress(time.monotonic())
     try:
-        if leadership is not None and is_chief(cluster, "worker", task_index):
-            leadership.campaign(timeout=min(config.connect_timeout, 3.0))  # the configured chief leads first
+        if leadership is not None and is_chief(cluster, "worker", task_index) and _new_cluster(client):
+            # The configured chief leads first, at a run's start (its session saves the initial checkpoint);
+            # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
+            leadership.campaign(timeout=min(config.connect_timeout, 3.0))
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership) as session:
-            if leadership is not None:
-                leadership.start()
             client.generation = int(client.stats().get("generation") or 0)
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint_dir,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
@@ -207,6 +214,8 @@ def run_worker(
             while True:
                 try:
                     reason = _train(config, session, model, data_config, resume, task_index, progress, stop)
+                    if leadership is not None:  # its data ended: it takes no new lease (a holder must run steps)
+                        leadership.stop_campaigning()
                     client.leave()  # sync/ssp: the others stop waiting for this worker
                     if not linger or leadership is None:
                         break
@@ -214,8 +223,6 @@ def run_worker(
                     # The chief duties go to a worker that still trains, if any.
                     restored, text = recovery.linger(cluster.num_tasks("worker"), before_waiting=functools.partial(
                         _resign, leadership, task_index, reason))
-                    if not restored and not leadership.resigned and leadership.lease() is None:
-                        leadership.campaign(timeout=1.0)  # the last to finish writes the final checkpoint
                 except RpcError as e:
                     if stop is not None and stop.requested() is not None:  # the stop closed the channels
                         raise WorkerStopped(f"{task}: stopped ({stop.requested()}): {e}") from e
@@ -227,9 +234,9 @@ def run_worker(
                         raise
                 if not restored:
                     break
-                if leadership is not None:
-                    leadership.start()
-                resume = fit_position(text, data_config, task)
+                resume = fit_position(text, data_config, task)  # rewound: it campaigns again from its next step
+            if leadership is not None and not leadership.resigned and leadership.lease() is None:
+                _take_final_duties(leadership, config.lease_ttl)  # the last to finish writes the final checkpoint
         if own_client:  # the session ended normally: its final checkpoint is written
             if leadership is not None:  # resign first: the lease lives on ps task 0, which may now exit
                 leadership.close()
@@ -275,6 +282,22 @@ def _final_checkpoint(directory: str | None) -> str | None:
         return None
 
 
+def _new_cluster(client: ParameterClient) -> bool:
+    """Whether the chief has not initialized the cluster yet (ps task 0 holds no variables), or it cannot tell."""
+    try:
+        return not client.stats().get("registered")
+    except RpcError:
+        return True
+
+
+def _take_final_duties(leadership: Leadership, lease_ttl: float) -> None:
+    """(The last worker to finish, without the lease) campaigns until it holds it, so its session's end
+    writes the final checkpoint: a dead holder's lease lapses within ``lease_ttl``; logged if not won."""
+    if leadership.campaign(timeout=lease_ttl + max(2.0, lease_ttl / 2)) is None:
+        log.warning("%s: not elected chief after its data ended; the final checkpoint is left to the holder",
+                    leadership.candidate)
+
+
 def _resign(leadership: Leadership, task_index: int, reason: str) -> None:
     log.info("worker %d: finished its data (%s); waiting for the other workers", task_index, reason)
     leadership.resign()
@@ -282,9 +305,7 @@ def _resign(leadership: Leadership, task_index: int, reason: str) -> None:
 
 def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None,
                 client: ParameterClient, tls: TlsConfig | None = None) -> Leadership:
-    address = config.zookeeper if config.coordination == "zookeeper" else cluster.task_address("ps", min(cluster.task_indices("ps")))
-    coord = CoordinationConfig(config.coordination, address or "", lease_ttl=config.lease_ttl, token=token,
-                               tls=tls, rpc_timeout=min(5.0, config.rpc_timeout))
+    coord = coordination_config(config, cluster, token=token, tls=tls)
 
     def fence(lease: Lease) -> None:  # a new chief fences every ps task at once: no write of its predecessor after
         FencedWriter(client.channels, lease, timeout=min(5.0, config.rpc_timeout)).check()
