@@ -31,6 +31,14 @@ it. After each: no psflow process of the runs left (checked by pid), every check
 names readable and of the run that trained, the lock released::
 
     .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 3
+
+ps-state drills (issue 25, item 2): ``--state-drills N`` (1) runs of each of: ps task 1 killed at a random step
+of a run without ``--checkpoint-dir`` under ``--restart-policy on-failure`` (restored from ``<output>/checkpoints``,
+each record trained once per epoch), under ``--restart-policy never`` (the run fails saying the variables are
+lost), and at step 1-5 under ``on-failure`` (restored, or failed with the line naming what was lost). Never an
+exit 0 with a restarted ps task initialized fresh beside trained ones::
+
+    .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 0 --state-drills 1
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import functools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -54,6 +63,7 @@ from typing import TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 
+from support import A9A, run_cli  # noqa: E402
 from test_checkpoint_safety import (  # noqa: E402
     all_listed_readable,
     background_run,
@@ -80,9 +90,12 @@ def main() -> int:
                         help="runs of each of SIGTERM and SIGKILL to psflow train itself (2)")
     parser.add_argument("--storage-drills", type=int, default=1,
                         help="runs of each of a full checkpoint disk and two runs sharing a checkpoint directory (1)")
+    parser.add_argument("--state-drills", type=int, default=1,
+                        help="runs of each ps-task kill without --checkpoint-dir: on-failure, never, at once (1)")
     args = parser.parse_args()
     suffix = "" if args.mode == "async" else "_" + args.mode
-    kind = "recovery" if args.points else "launcher" if args.launcher_drills else "storage"
+    kind = "recovery" if args.points else "launcher" if args.launcher_drills else "storage" if args.storage_drills \
+        else "state"
     args.out = args.out or f"benchmarks/results/{kind}_drill{suffix}.md"
     mode = ["--mode", args.mode]
     rng = random.Random(args.seed)
@@ -121,15 +134,18 @@ def main() -> int:
         launcher_rows, launcher_failures = launcher_drills(Path(tmp), args.launcher_drills, mode, rng,
                                                            args.keep_failed)
         storage_rows, storage_failures = storage_drills(Path(tmp), args.storage_drills, rng, args.keep_failed)
+        state_rows, state_failures = state_drills(Path(tmp), args.state_drills, rng, args.keep_failed)
     sections = [role_section(args, baseline, rows, failures)] if args.points else []
     if launcher_rows:
         sections.append(launcher_section(args, launcher_rows, launcher_failures))
     if storage_rows:
         sections.append(storage_section(args, storage_rows, storage_failures))
+    if state_rows:
+        sections.append(state_section(args, state_rows, state_failures))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(sections))
     print(f"wrote {args.out}")
-    return 1 if failures or launcher_failures or storage_failures else 0
+    return 1 if failures or launcher_failures or storage_failures or state_failures else 0
 
 
 def role_section(args: argparse.Namespace, baseline: float, rows: list[str], failures: int) -> str:
@@ -337,6 +353,90 @@ def storage_section(args: argparse.Namespace, rows: list[str], failures: int) ->
         "",
         "| drill | detail | verdict |",
         "|---|---|---|",
+        *rows,
+        "",
+        f"{len(rows) - failures} of {len(rows)} runs passed.",
+        "",
+    ])
+
+
+# ---- a ps task killed where no checkpoint may exist (issue 25, item 2) ----------------------------------------------
+A9A_RECORDS = 32561
+#: The ps-state drills: name -> (flags besides the kill, the kill's step range).
+STATE_DRILLS = {
+    "no --checkpoint-dir, on-failure": (("--restart-policy", "on-failure"), (300, 2700)),
+    "no --checkpoint-dir, never": ((), (300, 2700)),
+    "kill at once, on-failure": (("--restart-policy", "on-failure"), (1, 5)),
+}
+
+
+def state_drills(tmp: Path, runs: int, rng: random.Random, keep_failed: str | None) -> tuple[list[str], int]:
+    """``runs`` runs of :func:`state_drill` for each of :data:`STATE_DRILLS`; returns the rows and the failures."""
+    rows, failures = [], 0
+    for _ in range(runs):
+        for name, (flags, (low, high)) in STATE_DRILLS.items():
+            step = rng.randrange(low, high)
+            out = tmp / f"state-{len(rows)}"
+            detail, verdict = _attempt(out, functools.partial(state_drill, out, flags, step), keep_failed, 200)
+            failures += verdict != "ok"
+            rows.append(f"| {name} | {step} | {detail or '-'} | {verdict} |")
+            print(rows[-1], flush=True)
+    return rows, failures
+
+
+def _half_fresh(out: Path) -> list[str]:
+    """The restarted ps processes that were made ready otherwise than by a restore (a generation > 0): fresh
+    variables beside trained ones."""
+    bad = []
+    for log in sorted((out / "logs").glob("ps-*.log")):
+        for life in log.read_text(errors="replace").split("serving at")[2:]:  # the processes after the first
+            if "initialized" in life and not re.search(r"ready \(initialized by \S+, generation [1-9]\d*\)", life):
+                bad.append(log.stem)
+    return bad
+
+
+def state_drill(out: Path, flags: tuple[str, ...], step: int) -> str:
+    """``psflow train`` (a9a, 3 epochs, 2 ps, 2 workers, no ``--checkpoint-dir``) with ps task 1 killed at ``step``.
+
+    Passes when the run exits 0 having restored every ps task from a checkpoint (no restarted ps task made
+    ready otherwise, each record trained once per epoch), or exits non-zero saying why ps task 1 cannot be
+    recovered; it fails on an exit 0 with a restarted ps task that was initialized fresh.
+
+    Returns:
+        The row's detail: the exit status and what the run said or restored.
+    """
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "2", "--workers", "2", "--batch-size",
+                "32", "--epochs", "3", "--log-every", "10", "--quiet", "--output", str(out), "--lease-ttl", "2",
+                *flags, "--chaos", f"kill:ps:1@step={step}", timeout=200)
+    fresh = _half_fresh(out)
+    assert not fresh, f"exit {r.returncode} with {', '.join(fresh)} initialized fresh beside trained variables"
+    _no_process_left(out)
+    if r.returncode != 0:
+        lines = [line for line in r.stderr.splitlines()
+                 if "no checkpoint to restore from" in line or "the variables it held are lost" in line]
+        assert lines, f"exit {r.returncode} without saying what was lost: {r.stderr.strip().splitlines()[-1][:150]}"
+        return f"exit {r.returncode}: {lines[0].strip()[:150]}"
+    metrics = json.loads((out / "metrics.json").read_text())
+    logs = "".join(p.read_text(errors="replace") for p in (out / "logs").glob("worker-*.log"))
+    restored = re.search(r"restored checkpoint (\S+) \(step (\d+)\) onto every ps task", logs)
+    assert restored, "exit 0 without a restore"
+    assert metrics["examples"] == 3 * A9A_RECORDS, f"examples {metrics['examples']}, not 3 x {A9A_RECORDS}"
+    return (f"exit 0: restored {Path(restored.group(1)).parent.name}/{Path(restored.group(1)).name} (step "
+            f"{restored.group(2)}), examples 3 x {A9A_RECORDS}")
+
+
+def state_section(args: argparse.Namespace, rows: list[str], failures: int) -> str:
+    return "\n".join([
+        "# ps task killed without a checkpoint directory (issue 25, item 2)",
+        "",
+        f"`benchmarks/drill_recovery.py --state-drills {args.state_drills} --seed {args.seed}` "
+        f"({time.strftime('%Y-%m-%d')}): a9a, 2 ps + 2 workers, batch 32, 3 epochs, no --checkpoint-dir, "
+        "--chaos kill:ps:1@step=N. Passes: exit 0 with every ps task restored from a checkpoint (with a restart "
+        "policy, <output>/checkpoints) and each record trained once per epoch, or a non-zero exit with a line "
+        "saying what was lost. Fails: exit 0 with a restarted ps task initialized fresh beside trained ones.",
+        "",
+        "| drill | kill step | detail | verdict |",
+        "|---|---|---|---|",
         *rows,
         "",
         f"{len(rows) - failures} of {len(rows)} runs passed.",
