@@ -106,5 +106,11 @@ def run_tool(args: argparse.Namespace) -> int:
         return 0
     from psflow.launch.report import render_report
 
-    print(jsonio.dumps(render_report(args.run_dir, args.out), indent=1))
+    done = render_report(args.run_dir, args.out)
+    if done["earlier_runs"]:
+        print(f"psflow report: plotting the latest run only, {done['summaries']} ({done['earlier_runs']} earlier "
+              f"run(s) beside it are not plotted)", file=sys.stderr)
+    for name, why in done["skipped"].items():
+        print(f"psflow report: {name}.png not drawn: {why}", file=sys.stderr)
+    print(jsonio.dumps(done, indent=1))
     return 0

@@ -48,7 +48,8 @@ from psflow.data.infer import add_schema_arguments, run_schema, schema_yaml
 from psflow.launch.chief_cli import TOOL_COMMANDS, add_chief_arguments, add_tool_parsers, chief_config_fields, run_tool
 from psflow.launch.console import expected_errors, quiet_grpc, wants_verbose
 from psflow.launch.lifeline import LaunchInterrupted
-from psflow.launch.report import ReportError
+from psflow.launch.progress import final_line
+from psflow.launch.report import RUN_SUMMARIES, ReportError
 from psflow.launch.tls_flags import add_tls_arguments, tls_config
 from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelError
 from psflow.models.registry import create_model, model_names
@@ -402,6 +403,7 @@ def _train(args: argparse.Namespace) -> int:
     from psflow.launch.resilience import resilience_config
     from psflow.launch.status_cli import status_config
     from psflow.launch.task import configure_logging
+    from psflow.train.checkpoint_lock import RunDirLock, new_run_id
 
     if not args.train:
         raise ConfigError("--train is required")
@@ -409,19 +411,25 @@ def _train(args: argparse.Namespace) -> int:
         configure_logging(verbose=True)
     config = _config(args)
     output = args.output or tempfile.mkdtemp(prefix=f"psflow-{time.strftime('%Y%m%d-%H%M%S')}-")
-    if config.summary_dir is None:  # the chief's TensorBoard summaries go into the run directory
-        config = dataclasses.replace(config, summary_dir=os.path.abspath(output))
-    _show_inferred_schema(config, output)
-    if args.in_process:
-        from psflow.train.in_process import run_in_process
-
-        print(f"psflow: in-process, {config.num_ps} ps services + 1 worker, run directory {output}", file=sys.stderr)
-        metrics = run_in_process(config, output)
-    else:
-        print(f"psflow: {config.num_ps} ps + {config.num_workers} workers, run directory {output}", file=sys.stderr)
-        metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
-                            resilience=resilience_config(args), status=status_config(args), verbose=args.verbose)
-    summary = {k: metrics[k] for k in ("global_step", "examples", "wall_seconds", "examples_per_sec")}
+    # One run per run directory, taken before anything is written there: another live run's is refused, naming it
+    # (psflow.train.checkpoint_lock.RunDirLock). The launcher finds it held by this process and leaves it to this.
+    run = config.run_id or new_run_id()
+    config = dataclasses.replace(config, run_id=run)
+    if config.summary_dir is None:  # the chief's TensorBoard summaries: a fresh directory per run (psflow report)
+        config = dataclasses.replace(config, summary_dir=os.path.abspath(os.path.join(output, RUN_SUMMARIES, run)))
+    with RunDirLock(output, run):
+        _show_inferred_schema(config, output)
+        if args.in_process:
+            print(f"psflow: in-process, {config.num_ps} ps services + 1 worker, run directory {output}", file=sys.stderr)
+            metrics = _in_process(config, output)
+            if not args.quiet:
+                print(final_line(metrics), file=sys.stderr, flush=True)
+        else:
+            print(f"psflow: {config.num_ps} ps + {config.num_workers} workers, run directory {output}", file=sys.stderr)
+            metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
+                                resilience=resilience_config(args), status=status_config(args), verbose=args.verbose)
+    summary = {k: metrics[k] for k in ("global_step", "examples", "examples_this_run", "wall_seconds",
+                                       "examples_per_sec")}
     if metrics.get("bad_records_skipped"):
         summary["bad_records_skipped"] = metrics["bad_records_skipped"]
         print(f"psflow: skipped {metrics['bad_records_skipped']} bad records (see the worker logs)", file=sys.stderr)
@@ -435,6 +443,27 @@ def _train(args: argparse.Namespace) -> int:
         summary["eval"] = metrics["eval"]
     print(jsonio.dumps(summary, indent=1))
     return 0
+
+
+def _in_process(config: TrainConfig, output: str) -> dict[str, Any]:
+    """``--in-process``: the run, its end written as a cluster run's (metrics.json, status.json, metrics.prom from
+    one final snapshot), SIGTERM, SIGHUP and SIGINT included (they end it as :class:`LaunchInterrupted`)."""
+    from psflow.launch.lifeline import LauncherSignals, signal_name
+    from psflow.launch.run_status import METRICS_JSON, InProcessEnding
+    from psflow.train.in_process import run_in_process
+
+    ending = InProcessEnding(config, output, sys.stderr)
+    signals = LauncherSignals()
+    signals.install()  # main thread only (else a no-op)
+    try:
+        return run_in_process(config, output, on_end=ending)
+    except LaunchInterrupted as e:
+        final = ending.final or {}
+        e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
+                    f"{float(final.get('wall_seconds') or 0.0):.1f} s\nmetrics: {os.path.join(output, METRICS_JSON)}")
+        raise
+    finally:
+        signals.restore()
 
 
 def _show_inferred_schema(config: TrainConfig, output: str) -> None:

@@ -1,6 +1,10 @@
 """Local launcher: a whole cluster of real processes on 127.0.0.1.
 
 ``run_local(config, output_dir)``:
+    0. takes ``output_dir`` for the run (``run.lock``; another live run in it
+       is refused, naming it, before anything is written there:
+       :class:`~psflow.train.checkpoint_lock.RunDirLock`), then the
+       checkpoint directory; both are released when the run ends;
     1. picks free ports on 127.0.0.1 for ``num_ps`` ps tasks and
        ``num_workers`` worker tasks and writes ``cluster.json``;
     2. starts one process per task (``python -m psflow.launch.task``), each
@@ -9,10 +13,14 @@
        chaos), printing a progress line (global step, examples/s, loss); its
        own client connects only after training, for evaluation;
     4. when every worker has exited 0: pulls the model, evaluates it on the
-       eval set, writes ``metrics.json``, asks the ps tasks to shut down;
-    5. if any task exits non-zero, stops every other task and raises
-       :class:`LaunchError` naming each failed task (pid, exit code or signal),
-       the first one as the root cause.
+       eval set, writes the run's final snapshot (``metrics.json``,
+       ``status.json``, ``metrics.prom``: :mod:`psflow.launch.run_end`), asks
+       the ps tasks to shut down;
+    5. if any task exits non-zero, reads the run's numbers while the ps tasks
+       still answer, stops every other task, writes the final snapshot
+       (``phase`` failed, ``error``) and raises :class:`LaunchError` naming
+       each failed task (pid, exit code or signal), the first one as the root
+       cause.
 
 Every process started here is ended here, by pid (SIGTERM, then SIGKILL, to
 the task's own process group), whatever happens (including KeyboardInterrupt).
@@ -23,9 +31,10 @@ Linux, a parent-death signal; when the launcher dies, SIGKILL included, every
 task stops itself within a few seconds. SIGTERM, SIGHUP and SIGINT to the
 launcher (``LocalCluster`` used as a context manager on the main thread)
 raise :class:`~psflow.launch.lifeline.LaunchInterrupted`: every task is
-stopped, ``metrics.json`` records the interruption (``interrupted``: the
+stopped, the final snapshot records the interruption (``interrupted``: the
 signal, ``global_step``, ``tasks``: how each one ended, plus ``faults``,
-``restarts``, ``hangs``), and ``psflow train`` exits with ``128 + n``.
+``restarts``, ``hangs``, the checkpoint ledger), and ``psflow train`` exits
+with ``128 + n``.
 """
 
 from __future__ import annotations
@@ -40,30 +49,30 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from psflow import jsonio
 from psflow.cluster import ClusterSpec
 from psflow.launch.console import quiet_grpc
-from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, signal_name
+from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline
 from psflow.launch.ports import free_ports
 from psflow.launch.progress import Progress, progress_total
 from psflow.launch.resilience import Resilience, ResilienceConfig, with_recovery_checkpoints
+from psflow.launch.run_end import RunEnd
 from psflow.launch.run_status import LauncherStatus
 from psflow.launch.status_http import StatusConfig
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
 from psflow.ps.dynamic import table_totals
-from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
-from psflow.rpc.grpc_client import TaskChannel
+from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.train.build import build_model
 from psflow.train.checkpoint import SaveStatusWatcher
 from psflow.train.client import ParameterClient
 from psflow.train.config import TORCH_THREADS_ENV, TrainConfig
-from psflow.train.duties import claim_checkpoint_dir
+from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate
+from psflow.train.final_snapshot import resumed_from
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval
@@ -161,6 +170,8 @@ class LocalCluster:
     started: float = field(default_factory=time.monotonic, repr=False)
     _lifeline: Lifeline | None = field(default=None, repr=False)
     placement: TaskHosts = field(default_factory=TaskHosts)  # each task's address host and command prefix
+    # What a signal to the launcher ends the run with (returns the report); default: report_interrupt.
+    on_interrupt: Callable[[int], str] | None = field(default=None, repr=False)
 
     @classmethod
     def create(cls, num_ps: int, num_workers: int, output_dir: str, *,
@@ -247,44 +258,10 @@ class LocalCluster:
 
     def report_interrupt(self, signum: int) -> str:
         """After ``signum`` reached the launcher: stops every task, writes ``metrics.json`` (and
-        ``faults.json``) saying so, and returns the report for the user. Blocks ~``grace`` s at most."""
-        step = self._global_step()  # before the ps tasks go
-        running = {id(t) for t in self.tasks if t.popen.poll() is None}
-        self.stop_all()
-        tasks = [{"task": t.name, "pid": t.pid, "exit": describe_exit(t.popen.returncode or 0),
-                  "stopped_by_launcher": id(t) in running} for t in self.tasks]
-        metrics: dict[str, Any] = {
-            "interrupted": signal_name(signum), "exit_code": 128 + signum, "global_step": step,
-            "wall_seconds": time.monotonic() - self.started, "tasks": tasks,
-            **(self.resilience.metrics() if self.resilience is not None else {}),
-        }
-        path = os.path.join(self.output_dir, "metrics.json")
-        lines = [f"interrupted by {signal_name(signum)} at global_step {step} after "
-                 f"{metrics['wall_seconds']:.1f} s; every task stopped:"]
-        lines += [f"  {t['task']} (pid {t['pid']}) {t['exit']}" for t in tasks]
-        try:
-            with open(path + ".tmp", "w") as f:
-                jsonio.dump(metrics, f, indent=1)
-            os.replace(path + ".tmp", path)
-            lines.append(f"metrics: {path}")
-        except OSError as e:
-            lines.append(f"could not write {path}: {e}")
-        return "\n".join(lines) + (self.resilience.on_failure() if self.resilience is not None else "")
-
-    def _global_step(self) -> int | None:
-        """global_step read from the ps tasks (1 s deadline each), None if none answers."""
-        connect = ConnectConfig(connect_timeout=1.0, rpc_timeout=1.0, token=self.token)
-        for i in self.cluster.task_indices("ps"):
-            channel = TaskChannel(f"/job:ps/task:{i}", self.cluster.task_address("ps", i), PARAMETER_SERVICE, connect)
-            try:
-                step = channel.call("Stats").meta.get("global_step")
-            except RpcError:
-                continue
-            finally:
-                channel.close()
-            if isinstance(step, int):
-                return step
-        return None
+        ``faults.json``) from the run's final snapshot, and returns the report for the user. Blocks
+        ~``grace`` s at most. ``run_local`` ends its runs through :attr:`on_interrupt` instead (its
+        snapshot has the checkpoint ledger, and status.json and metrics.prom are written from it too)."""
+        return RunEnd(self, self.output_dir, started=self.started).interrupted(signum)
 
     def __enter__(self) -> LocalCluster:
         self.signals.install()  # main thread only (else a no-op)
@@ -294,7 +271,7 @@ class LocalCluster:
         try:
             with self.signals.deferring(check=False):  # no signal cuts the cleanup
                 if isinstance(exc, LaunchInterrupted):
-                    exc.report = self.report_interrupt(exc.signum)
+                    exc.report = (self.on_interrupt or self.report_interrupt)(exc.signum)
                 self.stop_all()
         finally:
             self.signals.restore()
@@ -358,28 +335,34 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
             task is its one line (a bad record: the file and line), anything else its log's tail.
         DataError: ``--train`` or ``--eval`` holds no record, cannot be read, or has a malformed
             record among the first of a file (checked before anything starts).
+        RunDirLockedError: another live run holds ``output_dir`` (names it; nothing written, nothing started).
+        CheckpointLockedError: another live run holds the checkpoint directory (likewise).
         ConfigError: the ps tasks' variables do not fit this machine's memory, or a dynamic table's
             capacity cannot hold one row (:func:`psflow.train.preflight.check_settings`; before anything starts).
     """
     train_records = check_inputs(config)
-    config = with_recovery_checkpoints(config, resilience or ResilienceConfig(), output_dir, out=progress or sys.stderr)
     check_settings(config)  # memory, dynamic tables: refused in one line before any task starts
-    # The run's id, and its checkpoint directory taken before any task starts (another live run's is refused).
-    config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=output_dir, out=progress or sys.stderr)
+    config = with_recovery_checkpoints(config, resilience or ResilienceConfig(), output_dir, out=progress or sys.stderr)
+    # The run's id; its run directory, then its checkpoint directory, taken before anything is written there or
+    # started (another live run's is refused, naming it); released when the run ends, however it ends.
+    config, claimed = claim_run(config, output_dir, out=progress or sys.stderr)
     checkpoints = SaveStatusWatcher(max_failed_saves=config.max_failed_saves, every=progress_every) \
         if config.checkpoint_dir else None
-    os.makedirs(output_dir, exist_ok=True)
+    resumed = resumed_from(config.checkpoint_dir)  # what the chief restores: the examples before this run
     config_path = os.path.join(output_dir, "config.json")
-    with open(config_path, "w") as f:
-        f.write(config.to_json())
     started = time.monotonic()
-    with checkpoint_lock or contextlib.nullcontext(), LocalCluster.create(config.num_ps, config.num_workers,
-                                                                         output_dir, placement=placement) as lc:
+    with claimed, LocalCluster.create(config.num_ps, config.num_workers, output_dir, placement=placement) as lc:
+        with open(config_path, "w") as f:
+            f.write(config.to_json())
+        # From here on, however the run ends, its end is one final snapshot (psflow.launch.run_end).
+        end = RunEnd(lc, output_dir, started=started, checkpoints=checkpoints, resumed=resumed,
+                     run={"mode": config.mode, "replication": config.replication}, out=progress or sys.stderr)
+        lc.on_interrupt = end.interrupted
         lc.verbose = verbose
         lc.resilience = Resilience(lc, resilience or ResilienceConfig())
         lc.resilience.start()
-        status = status or StatusConfig()
-        page = LauncherStatus(config, lc, output_dir, status, progress or sys.stderr) if status.enabled else None
+        # Serves the page unless --no-status; writes status.json and metrics.prom at the end either way.
+        page = end.page = LauncherStatus(config, lc, output_dir, status or StatusConfig(), progress or sys.stderr)
         for i in range(config.num_ps):
             lc.start_task("ps", i, config_path)
         for i in range(config.num_workers):
@@ -396,18 +379,15 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
         bar = None if progress is None else Progress(progress, progress_total(
             max_steps=config.max_steps, epochs=config.epochs, records=train_records), started=started)
         try:
-            if page is not None:
-                page.set_phase("training")
-            _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints, bar=bar)
+            page.set_phase("training")
+            _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints, bar=bar, end=end)
             train_seconds = time.monotonic() - started
             client.connect()
-            if page is not None:
-                page.set_phase("evaluating")
-            metrics = _finish(config, lc, client, model, train_seconds, output_dir, driver, checkpoints=checkpoints,
-                              page=page)
+            page.set_phase("evaluating")
+            metrics = _finish(config, client, model, train_seconds, output_dir, driver, end=end)
             ended = "finished"
             if bar is not None:
-                bar.close(metrics)  # the last line: the run's examples/s (metrics.json's)
+                bar.close(metrics)  # the last line, from the final snapshot: this run's examples/s, the last loss
             with lc.signals.deferring(check=False):  # metrics.json is written: a signal now is ignored (tasks end below)
                 client.shutdown_servers()
                 deadline = time.monotonic() + 5.0
@@ -417,30 +397,37 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
                     except subprocess.TimeoutExpired:
                         pass
         except LaunchInterrupted:
-            ended = "interrupted"
+            ended = "interrupted"  # LocalCluster.__exit__ ends it: RunEnd.interrupted
+            raise
+        except Exception as e:
+            if end.snapshot is None:  # a task failed (captured before its tasks stopped), or the evaluation did
+                end.failed(str(e))
             raise
         finally:
             if bar is not None:
                 bar.close(None)  # ends the bar of a failed run (no-op after the line above)
             client.close()
-            if page is not None:
-                page.close(None if ended == "finished" else ended)
+            page.close()
+    log.debug("run ended: %s", ended)
     return metrics
 
 
 def _watch(lc: LocalCluster, client: Any, progress: TextIO | None, every: float, started: float,
-           driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None, bar: Progress | None = None) -> None:
+           driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None, bar: Progress | None = None,
+           end: RunEnd | None = None) -> None:
     """Waits until every ``driver`` task (workers, or the in-graph client) exited 0.
 
     Feeds ``bar`` the cluster's counters every ``every`` s (the caller closes it, with the run's metrics).
     With ``checkpoints``, prints a line for every failed checkpoint save (even without ``progress``).
+    When a task fails, ``end`` captures the run's numbers before the other tasks are stopped.
     """
     with lc.signals.deferring():  # a signal is raised at the next check below, never inside a step of the loop
-        _watch_loop(lc, client, progress, every, started, driver, checkpoints, bar)
+        _watch_loop(lc, client, progress, every, started, driver, checkpoints, bar, end)
 
 
 def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: float, started: float,
-                driver: str, checkpoints: SaveStatusWatcher | None = None, bar: Progress | None = None) -> None:
+                driver: str, checkpoints: SaveStatusWatcher | None = None, bar: Progress | None = None,
+                end: RunEnd | None = None) -> None:
     last_print = time.monotonic()
     failed: list[TaskProcess] = []
     while True:
@@ -454,6 +441,8 @@ def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: f
             time.sleep(0.2)  # let simultaneous failures land so the report lists them in order
             failed += [t for t in lc.poll() if t.exit_code != 0]
             _report_checkpoints(checkpoints, client, progress, force=True)  # before the ps tasks stop
+            if end is not None:
+                end.capture()  # the final snapshot's numbers, read while the ps tasks still answer
             stopped = [t for t in lc.tasks if t.exit_code is None]
             lc.stop_all()
             raise LaunchError(_failure_report(failed, stopped) + (lc.resilience.on_failure() if lc.resilience else ""))
@@ -478,43 +467,30 @@ def _report_checkpoints(checkpoints: SaveStatusWatcher | None, client: Any, prog
             print(line, file=progress or sys.stderr, flush=True)
 
 
-def _finish(config: TrainConfig, lc: LocalCluster, client: Any, model: Any, train_seconds: float,
-            output_dir: str, driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None,
-            page: LauncherStatus | None = None) -> dict[str, Any]:
+def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, output_dir: str,
+            driver: str, *, end: RunEnd) -> dict[str, Any]:
+    """Every driver task exited 0: evaluates the model, then ends the run with its final snapshot (the ps
+    tasks' ``Stats`` read after the evaluation, the workers' results, the ledger's last poll), written to
+    metrics.json, status.json and metrics.prom; returns it."""
     results = []
     for i in range(config.num_workers if driver == "worker" else 1):
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
             results.append(json.load(f))
+    eval_batch = load_eval(config)
+    evaluation = evaluate(model, client, eval_batch) if eval_batch is not None else None
     ps_stats = [client.stats(i) for i in sorted(client.channels)]
-    examples = exactly_once_examples(ps_stats)
-    metrics: dict[str, Any] = {
-        "global_step": client.global_step(),
-        "examples": examples,
+    exactly_once_examples(ps_stats)  # raises if no ps task holds global_step
+    extra: dict[str, Any] = {
         "examples_processed": sum(int(r["examples"]) for r in results),
-        "wall_seconds": train_seconds,
-        "examples_per_sec": examples / max(train_seconds, 1e-9),
-        "mode": config.mode,
-        "replication": config.replication,
         "stale_dropped": sum(int(r.get("stale_dropped", 0)) for r in results),
         "bad_records_skipped": sum(int(r.get("bad_records_skipped", 0)) for r in results),
         "workers" if driver == "worker" else "client": results,
-        "ps": ps_stats,
-        **(lc.resilience.metrics() if lc.resilience is not None else {}),
-        **(checkpoints.metrics() if checkpoints is not None else {}),  # checkpoints_saved, checkpoints_failed
     }
     dynamic = table_totals(ps_stats)
     if dynamic:  # admission, rejections, dropped gradients, evictions and memory of each dynamic table
-        metrics["dynamic_tables"] = dynamic
-    eval_batch = load_eval(config)
-    if eval_batch is not None:
-        metrics["eval"] = evaluate(model, client, eval_batch)
-    if page is not None:  # the page's final numbers are metrics.json's (same Stats)
-        page.finish(ps_stats, metrics)
-    tmp = os.path.join(output_dir, "metrics.json.tmp")
-    with open(tmp, "w") as f:
-        jsonio.dump(metrics, f, indent=1)
-    os.replace(tmp, os.path.join(output_dir, "metrics.json"))
-    return metrics
+        extra["dynamic_tables"] = dynamic
+    return end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
+                        client=client)
 
 
 def exactly_once_examples(ps_stats: list[dict[str, Any]]) -> int:

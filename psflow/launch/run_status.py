@@ -10,11 +10,14 @@ process on ``--status-host``/``--status-port`` for as long as it runs.
 collector and the HTTP server (printing ``psflow: status http://127.0.0.1:PORT/``)
 before any task starts, tells the collector each task process's pid, exit and
 restarts (with a death-and-restart history per task), and the faults, restarts
-and hangs of :mod:`psflow.launch.resilience`. At the end it takes the final
-counters from the same ``Stats`` metrics.json is written from, writes
-``status.json`` and ``metrics.prom`` (the final ``/metrics``, in the text
-format Prometheus' node-exporter textfile collector reads) into the run
-directory, and stops serving.
+and hangs of :mod:`psflow.launch.resilience`. With ``--no-status`` it serves
+nothing and samples nothing, but is still there for the run's end.
+
+However the run ends, :func:`write_run_files` writes ``metrics.json``,
+``status.json`` and ``metrics.prom`` (the final ``/metrics``, in the text format
+Prometheus' node-exporter textfile collector reads) from the run's one final
+snapshot (:mod:`psflow.train.final_snapshot`), so they agree on every figure
+they share; :class:`InProcessEnding` does the same for ``--in-process`` runs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from psflow import jsonio
 from psflow.cluster import ClusterSpec
 from psflow.launch.status import ProcessInfo, StatusCollector
 from psflow.launch.status_http import StatusConfig, StatusServer, prometheus_text
@@ -33,11 +37,41 @@ from psflow.rpc.tls import TlsConfig
 from psflow.train.chief import is_chief
 from psflow.train.config import TrainConfig
 
-__all__ = ["ChiefStatusPage", "LauncherStatus", "METRICS_FILE", "chief_status_page"]
+__all__ = ["ChiefStatusPage", "InProcessEnding", "LauncherStatus", "METRICS_FILE", "METRICS_JSON", "chief_status_page",
+           "write_run_files"]
 
 log = logging.getLogger("psflow.launch.status")
 
 METRICS_FILE = "metrics.prom"
+METRICS_JSON = "metrics.json"
+
+
+def write_run_files(final: Mapping[str, Any], output_dir: str, collector: StatusCollector | None) -> dict[str, str]:
+    """Writes a run's end from its final snapshot: ``metrics.json`` (the snapshot itself), then, with a
+    collector, ``status.json`` (:meth:`StatusCollector.finish`) and ``metrics.prom`` (its last ``/metrics``).
+
+    Each file is replaced atomically (a temp file, then a rename). Never raises for a file that cannot
+    be written: returns file name -> the error, for each one that failed (empty: all written).
+    """
+    failed: dict[str, str] = {}
+    path = os.path.join(output_dir, METRICS_JSON)
+    try:
+        with open(path + ".tmp", "w") as f:
+            jsonio.dump(final, f, indent=1)
+        os.replace(path + ".tmp", path)
+    except (OSError, ValueError) as e:
+        failed[METRICS_JSON] = f"could not write {path}: {e}"
+    if collector is None:
+        return failed
+    collector.finish(final)  # writes status.json (its run_dir is output_dir)
+    path = os.path.join(output_dir, METRICS_FILE)
+    try:
+        with open(path + ".tmp", "wb") as f:
+            f.write(prometheus_text(collector))
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        failed[METRICS_FILE] = f"could not write {path}: {e}"
+    return failed
 
 
 class LauncherStatus:
@@ -45,7 +79,8 @@ class LauncherStatus:
 
     def __init__(self, config: TrainConfig, lc: Any, output_dir: str, status: StatusConfig,
                  out: TextIO | None) -> None:
-        """Starts sampling and serving at once (the tasks may not be up yet: they show as starting).
+        """Starts sampling and serving at once (the tasks may not be up yet: they show as starting);
+        with ``status.enabled`` false, neither (the collector is kept for the run's end).
 
         Raises:
             ConfigError: the page's address cannot be bound, or needs a token it would not have.
@@ -59,6 +94,9 @@ class LauncherStatus:
                                          run_dir=output_dir, summary_dir=config.summary_dir,
                                          checkpoints=bool(config.checkpoint_dir), processes=self._processes,
                                          events=self._events)
+        self.server: StatusServer | None = None
+        if not status.enabled:
+            return
         try:
             # The run's own cluster token is known to no one: off loopback the page requires PSFLOW_TOKEN.
             self.server = StatusServer(self.collector, host=status.host, port=status.port, token=status.token)
@@ -70,8 +108,8 @@ class LauncherStatus:
         print(f"psflow: status {self.server.url}", file=out, flush=True)
 
     @property
-    def url(self) -> str:
-        return self.server.url
+    def url(self) -> str | None:
+        return self.server.url if self.server is not None else None
 
     def _processes(self) -> dict[str, ProcessInfo]:
         resilience = self._lc.resilience
@@ -105,23 +143,45 @@ class LauncherStatus:
     def set_phase(self, phase: str) -> None:
         self.collector.set_phase(phase)
 
-    def finish(self, ps_stats: list[dict[str, Any]], metrics: Mapping[str, Any]) -> None:
-        """The run trained and evaluated: final numbers (those of metrics.json) and ``metrics.prom``."""
-        self.collector.finish(ps_stats, metrics)
-        path = os.path.join(self._output_dir, METRICS_FILE)
-        try:
-            with open(path + ".tmp", "wb") as f:
-                f.write(prometheus_text(self.collector))
-            os.replace(path + ".tmp", path)
-        except OSError as e:
-            log.warning("could not write %s: %s", path, e)
+    def write(self, final: Mapping[str, Any]) -> dict[str, str]:
+        """The run ended (however): metrics.json, status.json and metrics.prom from its final snapshot
+        (:func:`write_run_files`); returns the files that could not be written, with why."""
+        return write_run_files(final, self._output_dir, self.collector)
 
-    def close(self, phase: str | None = None) -> None:
-        """Stops serving and sampling (``phase``: failed, interrupted ... if the run did not finish)."""
-        if phase is not None:
-            self.collector.set_phase(phase)
-        self.server.close()
+    def close(self) -> None:
+        """Stops serving and sampling (status.json keeps the last snapshot, the final one once
+        :meth:`write` ran); idempotent."""
+        if self.server is not None:
+            self.server.close()
         self.collector.stop()
+
+
+class InProcessEnding:
+    """The end of an ``--in-process`` run (``run_in_process``'s ``on_end``): the same three files as a
+    cluster run's, from its final snapshot. The tasks are services in this process: status.json lists
+    them with this process's pid. ``final``: the snapshot, once the run ended."""
+
+    def __init__(self, config: TrainConfig, output_dir: str, out: TextIO | None = None) -> None:
+        self._config, self._output_dir, self._out = config, output_dir, out
+        self.final: Mapping[str, Any] | None = None
+
+    def __call__(self, final: Mapping[str, Any], cluster: ClusterSpec) -> None:
+        """Writes the files; a file that cannot be written is a line on ``out``, never an error."""
+        self.final = final
+        config, phase = self._config, str(final.get("phase"))
+        run = {"run_dir": os.path.abspath(self._output_dir), "run_id": config.run_id, "mode": config.mode,
+               "replication": "in-process", "model": config.model, "num_ps": config.num_ps, "num_workers": 1}
+        state = {"finished": "finished", "failed": "dead"}.get(phase, "stopped")
+        names = [f"/job:{job}/task:{i}" for job in cluster.jobs for i in cluster.task_indices(job)]
+        collector = StatusCollector(cluster, token=None, run=run, run_dir=self._output_dir,
+                                    summary_dir=config.summary_dir,
+                                    processes=lambda: {n: ProcessInfo(os.getpid(), state) for n in names})
+        try:
+            failed = write_run_files(final, self._output_dir, collector)
+        finally:
+            collector.stop()
+        for line in failed.values():
+            print(f"psflow: {line}", file=self._out or sys.stderr, flush=True)
 
 
 class ChiefStatusPage:

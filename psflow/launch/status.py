@@ -6,7 +6,8 @@
 ``run``             what, where and since when; ``phase`` (starting, training,
                     evaluating, finished, failed, interrupted)
 ``global_step``, ``examples`` (each record once per epoch, as metrics.json),
-``examples_per_sec`` (over the last ``RATE_WINDOW`` seconds), ``loss`` (the cluster's moving average),
+``examples_per_sec`` (over the last ``RATE_WINDOW`` seconds; a restore starts the window over),
+``loss`` (the cluster's moving average), ``last_step_loss`` (the newest push's loss),
 ``learning_rate`` (the run's learning rate in force: the next update's, as ps task 0 computes it)
 ``tasks``           one row per task: host, address, pid, state, last heartbeat,
                     restarts, generation, exit, and ``history`` (deaths and restarts)
@@ -36,6 +37,10 @@ round waits at most ``timeout`` per RPC, in parallel); :meth:`snapshot` returns
 a consistent copy at any time; the collector reads the cluster and never
 changes it. With ``run_dir`` every round also replaces ``run_dir/status.json``
 atomically (what ``psflow status RUN_DIR`` reads, also after the run).
+
+At the run's end :meth:`StatusCollector.finish` takes the run's final snapshot
+(:mod:`psflow.train.final_snapshot`): from then on every figure it shares with
+metrics.json (:data:`FINAL_FIGURES`, the ps rows, the phase) is that snapshot's.
 """
 
 from __future__ import annotations
@@ -56,13 +61,16 @@ from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, Rpc
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tls import TlsConfig
 
-__all__ = ["HISTORY", "ProcessInfo", "StatusCollector", "STATUS_FILE"]
+__all__ = ["FINAL_FIGURES", "HISTORY", "ProcessInfo", "StatusCollector", "STATUS_FILE"]
 
 log = logging.getLogger("psflow.launch.status")
 
 HISTORY = 600            # points kept per time series
 RATE_WINDOW = 5.0        # seconds examples/s is measured over
 STATUS_FILE = "status.json"
+#: The figures a run's final snapshot (metrics.json) gives the collector's last snapshot (:meth:`StatusCollector.finish`).
+FINAL_FIGURES = ("global_step", "examples", "resumed_from", "examples_at_start", "examples_this_run", "wall_seconds",
+                 "examples_per_sec", "loss", "last_step_loss", "eval", "checkpoints", "faults", "restarts", "hangs")
 _PS_COUNTERS = ("pushes", "pulls", "bytes_in", "bytes_out", "apply_seconds", "rows_pulled", "rows_pushed")
 
 
@@ -146,6 +154,7 @@ class StatusCollector:
         self._ps_rates: dict[int, dict[str, float]] = {}
         self._prev: dict[int, tuple[float, dict[str, float]]] = {}
         self._examples_window: collections.deque[tuple[float, int]] = collections.deque()
+        self._generation: Any = None  # the ps tasks' restore generation at the last sample
         self._rate = 0.0
         self._series: dict[str, list[Any]] = {"time": [], "global_step": [], "examples_per_sec": [], "loss": []}
         self._stride, self._skipped = 1, 0
@@ -184,22 +193,22 @@ class StatusCollector:
             self._run["phase"] = phase
             self._snapshot["run"] = dict(self._run)
 
-    def finish(self, ps_stats: list[dict[str, Any]], metrics: Mapping[str, Any], phase: str = "finished") -> None:
-        """The run's end: the snapshot takes its counters from ``ps_stats`` (the same ``Stats`` the
-        launcher's metrics.json holds, so both agree) and ``metrics`` (global_step, examples, eval);
-        later samples no longer change them."""
+    def finish(self, final: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's end: every figure the snapshot shares with ``final`` (the run's final snapshot,
+        :mod:`psflow.train.final_snapshot`, which metrics.json is) is taken from it, and so are the ps
+        rows (its ``ps``) and the phase; later samples no longer change them. Writes ``status.json``
+        (with ``run_dir``) and returns the new snapshot. Works on a collector never started."""
         with self._sample_lock:
             now = time.time()
-            for stats in ps_stats:
+            for stats in final.get("ps") or []:
                 index = _ps_index(stats)
                 if index is not None:
                     self._ps_stats[index] = dict(stats)
             with self._lock:
-                self._final = {k: metrics[k] for k in ("global_step", "examples", "examples_per_sec", "eval",
-                                                       "wall_seconds") if k in metrics}
-                self._run["phase"] = phase
+                self._final = {k: final[k] for k in FINAL_FIGURES if k in final}
+                self._run["phase"] = str(final.get("phase") or "finished")
             self._poll_summaries()
-            self._publish(now)
+            return self._publish(now)
 
     def snapshot(self) -> dict[str, Any]:
         """The newest snapshot (a deep copy: the caller may keep or change it)."""
@@ -301,9 +310,12 @@ class StatusCollector:
             return
         stats = self._ps_stats[step_task]
         examples = int(stats.get("examples") or 0)
+        generation = stats.get("generation")
         window = self._examples_window
-        if window and examples < window[-1][1]:  # a restore set the count back: start the window over
-            window.clear()
+        if window and (examples < window[-1][1] or generation != self._generation):
+            window.clear()  # a restore set the count back (or to the checkpoint's, from 0): start the window over
+            self._rate = 0.0
+        self._generation = generation
         window.append((mono, examples))
         while len(window) > 2 and mono - window[1][0] >= RATE_WINDOW:
             window.popleft()
@@ -336,12 +348,13 @@ class StatusCollector:
         snapshot: dict[str, Any] = {
             "time": now,
             "run": {**self._run, "elapsed": time.monotonic() - self._started},
-            "global_step": final.get("global_step", head.get("global_step")),
-            "examples": final.get("examples", head.get("examples")),
-            "examples_per_sec": final.get("examples_per_sec", self._rate),
+            "global_step": head.get("global_step"),
+            "examples": head.get("examples"),
+            "examples_per_sec": self._rate,
             "loss": head.get("loss_ema"),
+            "last_step_loss": head.get("last_loss"),
             "learning_rate": head.get("learning_rate"),
-            "eval": final.get("eval"),
+            "eval": None,
             "tasks": [self._task_row(t, processes.get(t.name), now) for t in self._tasks],
             "ps": [self._ps_row(i) for i in sorted(self._ps_stats)],
             "series": {k: list(v) for k, v in self._series.items()},
@@ -354,6 +367,7 @@ class StatusCollector:
             "hangs": list(events.get("hangs", [])),
             "checkpoints": _ledger_view(self._ledger),
         }
+        snapshot.update(final)  # the run's end: its final snapshot's figures, those of metrics.json
         return snapshot
 
     def _task_row(self, t: _Task, process: ProcessInfo | None, now: float) -> dict[str, Any]:

@@ -19,8 +19,10 @@ Metrics (counters end in ``_total``; all values from the same snapshot):
 ==========================================  ===========================================
 ``psflow_global_step``                      global_step (gauge)
 ``psflow_examples_total``                   examples trained, each record once per epoch
-``psflow_examples_per_second``              over the last sample
+``psflow_examples_per_second``              over the last sample (at the end: this run's rate)
+``psflow_examples_this_run``                at the end: examples this run added (less a resumed checkpoint's)
 ``psflow_loss``                             the cluster's moving-average loss
+``psflow_last_step_loss``                   the newest step's loss
 ``psflow_learning_rate``                    the run's learning rate in force (a schedule's value at global_step)
 ``psflow_eval_auc``                         newest ``eval/auc`` summary (or the final eval)
 ``psflow_task_up{job,task}``                1 if the task answered its last ping
@@ -32,7 +34,11 @@ Metrics (counters end in ``_total``; all values from the same snapshot):
 ``psflow_gradient_staleness``               histogram of async pushes' staleness (steps)
 ``psflow_sync_waiting_workers``             workers the sync step being collected waits for
 ``psflow_faults_total``, ``psflow_checkpoints_saved_total``, ``psflow_checkpoints_failed_total``
+``psflow_checkpoint_last_saved_step``       global_step of the newest checkpoint saved
 ==========================================  ===========================================
+
+At a run's end the snapshot is the run's final one (:meth:`StatusCollector.finish`),
+so the last ``/metrics`` (``metrics.prom``) says what metrics.json says.
 """
 
 from __future__ import annotations
@@ -118,7 +124,10 @@ class _Metrics:
                                       value=float(s["examples"]))
         yield from gauge("psflow_examples_per_second", "examples per second over the last sample",
                          s.get("examples_per_sec"))
+        yield from gauge("psflow_examples_this_run", "examples this run added to the model (the count after a resume "
+                         "less the resumed checkpoint's)", s.get("examples_this_run"))
         yield from gauge("psflow_loss", "the cluster's moving-average training loss", s.get("loss"))
+        yield from gauge("psflow_last_step_loss", "the training loss of the newest step", s.get("last_step_loss"))
         yield from gauge("psflow_learning_rate", "the run's learning rate in force (the next update's)",
                          s.get("learning_rate"))
         auc = _newest(s.get("scalars", {}).get("eval/auc"))
@@ -169,6 +178,8 @@ class _Metrics:
                                       value=float(ledger.get("saved") or 0))
             yield CounterMetricFamily("psflow_checkpoints_failed", "checkpoint saves that failed",
                                       value=float(ledger.get("failed") or 0))
+            yield from gauge("psflow_checkpoint_last_saved_step", "global_step of the newest checkpoint saved",
+                             ledger.get("last_saved_step"))
 
 
 def _newest(points: Any) -> float | None:

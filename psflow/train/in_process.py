@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, replace
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from psflow import jsonio
@@ -29,8 +30,9 @@ from psflow.train.build import build_model
 from psflow.train.checkpoint import checkpoint_status
 from psflow.train.client import ParameterClient
 from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
-from psflow.train.duties import claim_checkpoint_dir
+from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate
+from psflow.train.final_snapshot import Resumed, final_snapshot, resumed_from
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval, run_worker
@@ -55,16 +57,23 @@ def _log_to(path: str) -> Iterator[None]:
         handler.close()
 
 
-def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
+def run_in_process(config: TrainConfig, output_dir: str, *,
+                   on_end: Callable[[dict[str, Any], ClusterSpec], None] | None = None) -> dict[str, Any]:
     """Trains with ``config.num_ps`` in-process ps services and one worker; returns the metrics.
 
-    Blocks for the whole run; writes ``output_dir/metrics.json`` (the same
-    fields as a cluster run) and, as a cluster run does, the worker's log to
-    ``output_dir/logs/worker-0.log`` (the ps services' lines too).
+    Blocks for the whole run. However it ends (finished, failed, interrupted: a
+    ``KeyboardInterrupt``, whose ``signum`` attribute, if any, names the signal),
+    it ends with one final snapshot (:mod:`psflow.train.final_snapshot`, the same
+    fields as a cluster run's), handed to ``on_end`` with the run's cluster
+    (default: written to ``output_dir/metrics.json``); then the metrics are
+    returned or the error re-raised. As a cluster run does, it writes the
+    worker's log to ``output_dir/logs/worker-0.log`` (the ps services' lines too).
 
     Raises:
         ConfigError: more than one worker asked for.
         DataError: malformed input, or an empty ``--train`` or ``--eval`` (before anything starts).
+        RunDirLockedError: another live run holds ``output_dir`` (names it; nothing written there).
+        CheckpointLockedError: another live run holds the checkpoint directory (likewise).
     """
     if config.num_workers != 1:
         raise ConfigError(f"--in-process runs one worker, got --workers {config.num_workers}")
@@ -74,8 +83,24 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
     check_settings(config)  # memory, dynamic tables: refused in one line before anything starts
     config = replace(config, mode="async") if config.mode == "ssp" else config
     config = replace(config, reader_process=True)
-    # The run's id, and its checkpoint directory taken up front (another live run's is refused).
-    config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=output_dir, out=sys.stderr)
+    # The run's id; its run directory, then its checkpoint directory, taken before anything is written there
+    # (another live run's is refused, naming it); released when the run ends, however it ends.
+    config, claimed = claim_run(config, output_dir, out=sys.stderr)
+    with claimed:
+        return _run_claimed(config, output_dir, on_end or _metrics_json(output_dir))
+
+
+def _metrics_json(output_dir: str) -> Callable[[dict[str, Any], ClusterSpec], None]:
+    def write(final: dict[str, Any], cluster: ClusterSpec) -> None:
+        with open(os.path.join(output_dir, "metrics.json"), "w") as f:
+            jsonio.dump(final, f, indent=1)
+
+    return write
+
+
+def _run_claimed(config: TrainConfig, output_dir: str,
+                 on_end: Callable[[dict[str, Any], ClusterSpec], None]) -> dict[str, Any]:
+    """:func:`run_in_process` once the run holds its run and checkpoint directories."""
     # PyTorch models: the reader process parses on one core; this process's intra-op threads take the rest
     # (psflow.torch.configure_threads; OpenMP's spinning threads degrade badly on oversubscribed cores).
     os.environ.setdefault(TORCH_THREADS_ENV, str(max(1, (os.cpu_count() or 1) - 1)))
@@ -86,36 +111,58 @@ def run_in_process(config: TrainConfig, output_dir: str) -> dict[str, Any]:
     model, variables = build_model(config, cluster)
     client = ParameterClient(cluster, variables.placements(), client_name="/job:worker/task:0",
                              sync=config.sync_config(), channels=channels)
+    resumed = resumed_from(config.checkpoint_dir)  # what the worker's session restores: the examples before this run
     os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
     started = time.monotonic()
-    with checkpoint_lock or contextlib.nullcontext(), _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
-        result = run_worker(config, cluster, 0, client=client)
-    wall = time.monotonic() - started
-    ps_stats = [client.stats(i) for i in sorted(channels)]
-    examples = int(ps_stats[0]["examples"])  # ps service 0 holds global_step: the exactly-once count, as a cluster's
-    metrics: dict[str, Any] = {
-        "global_step": client.global_step(),
-        "examples": examples,
-        "examples_processed": result.examples,
-        "wall_seconds": wall,
-        "examples_per_sec": examples / max(result.wall_seconds, 1e-9),
-        "mode": config.mode,
-        "replication": "in-process",
-        "workers": [asdict(result)],
-        "ps": ps_stats,
-    }
-    if config.checkpoint_dir:  # the ledger on ps service 0, which never restarts here
-        ledger = checkpoint_status(client)
-        metrics.update(checkpoints_saved=ledger["saved"], checkpoints_failed=ledger["failed"])
-        if ledger["failed"]:
-            print(f"psflow: {ledger['failed']} checkpoint saves FAILED (see {output_dir}/logs/worker-0.log)",
-                  file=sys.stderr, flush=True)
-    dynamic = table_totals(ps_stats)
-    if dynamic:
-        metrics["dynamic_tables"] = dynamic
+    run = _Run(config, client, len(channels), resumed, started)
+    try:
+        with _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
+            result = run_worker(config, cluster, 0, client=client)
+    except BaseException as e:  # a failed or interrupted run ends with its snapshot too
+        try:
+            on_end(run.ended_by(e), cluster)
+        except Exception:  # noqa: BLE001 - the run's own error is the one the user must see
+            logging.getLogger(__name__).exception("could not write the final snapshot of the run that failed")
+        raise
     eval_batch = load_eval(config)
-    if eval_batch is not None:
-        metrics["eval"] = evaluate(model, client, eval_batch)
-    with open(os.path.join(output_dir, "metrics.json"), "w") as f:
-        jsonio.dump(metrics, f, indent=1)
-    return metrics
+    evaluation = evaluate(model, client, eval_batch) if eval_batch is not None else None
+    final = run.snapshot("finished", rate_seconds=result.wall_seconds, evaluation=evaluation,
+                         extra={"examples_processed": result.examples, "workers": [asdict(result)]})
+    if final.get("checkpoints_failed"):
+        print(f"psflow: {final['checkpoints_failed']} checkpoint saves FAILED (see {output_dir}/logs/worker-0.log)",
+              file=sys.stderr, flush=True)
+    on_end(final, cluster)
+    return final
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What an in-process run's final snapshot is taken from."""
+
+    config: TrainConfig
+    client: ParameterClient
+    num_ps: int
+    resumed: Resumed | None
+    started: float
+
+    def snapshot(self, phase: str, *, rate_seconds: float | None = None, evaluation: dict[str, Any] | None = None,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+        ps_stats = [self.client.stats(i) for i in range(self.num_ps)]
+        # The ledger on ps service 0, which never restarts here.
+        ledger = checkpoint_status(self.client) if self.config.checkpoint_dir else None
+        more: dict[str, Any] = {"mode": self.config.mode, "replication": "in-process", **extra}
+        dynamic = table_totals(ps_stats)
+        if dynamic:
+            more["dynamic_tables"] = dynamic
+        return final_snapshot(phase=phase, ps_stats=ps_stats, wall_seconds=time.monotonic() - self.started,
+                              resumed=self.resumed, rate_seconds=rate_seconds, checkpoints=ledger,
+                              events={"faults": [], "restarts": [], "hangs": []},  # one process: nothing restarts
+                              evaluation=evaluation, extra=more)
+
+    def ended_by(self, error: BaseException) -> dict[str, Any]:
+        """The snapshot of a run that ``error`` ended (a KeyboardInterrupt: interrupted)."""
+        if isinstance(error, KeyboardInterrupt):
+            signum = int(getattr(error, "signum", signal.SIGINT))
+            return self.snapshot("interrupted", extra={"interrupted": signal.Signals(signum).name,
+                                                       "exit_code": 128 + signum})
+        return self.snapshot("failed", extra={"error": f"{type(error).__name__}: {error}", "exit_code": 1})

@@ -24,7 +24,11 @@ def test_summaries_report_export_and_predict(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
 
-    acc = EventAccumulator(str(run))
+    # Each run's summaries go to a fresh directory of their own, RUN_DIR/summaries/<run id>/ (TensorBoard's
+    # --logdir RUN_DIR shows each run; EventAccumulator reads one directory).
+    (summaries,) = (run / "summaries").iterdir()
+    assert summaries.name == json.loads((run / "config.json").read_text())["run_id"]
+    acc = EventAccumulator(str(summaries))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     for tag in ("train/loss", "train/examples_per_sec", "train/global_step_per_sec", "eval/auc", "eval/logloss",

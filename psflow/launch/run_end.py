@@ -1,0 +1,170 @@
+"""How one local run ends: its final snapshot, taken once, and everything of its end written from it.
+
+``run_local`` holds a :class:`RunEnd` for the run. Whichever way the run ends,
+the end is one final snapshot (:func:`psflow.train.final_snapshot.final_snapshot`)
+from which ``metrics.json``, ``status.json``, ``metrics.prom``
+(:func:`psflow.launch.run_status.write_run_files`) and the console's last lines
+are written, so they agree on every figure they share:
+
+1. *finished* (:meth:`RunEnd.finished`): every driver task exited 0 (the chief
+   wrote its final checkpoint) and the launcher evaluated the model; it passes
+   the ps tasks' ``Stats`` read after the evaluation, the eval and the workers'
+   results; the ledger is polled a last time. The caller prints the last line
+   from the returned snapshot.
+2. *failed* (a task failed, ``--max-failed-saves`` included): :meth:`RunEnd.capture`
+   while the ps tasks still run (their ``Stats`` and the ledger, 1 s deadline
+   each), then the tasks are stopped, then :meth:`RunEnd.failed` with the report.
+3. *interrupted* (SIGTERM, SIGHUP, SIGINT): :meth:`RunEnd.interrupted` captures,
+   stops every task, writes, and returns the report for the user.
+
+A snapshot is written once (the first of these wins); a file that cannot be
+written is said on the console (and, for a finished run, raised), never
+hidden. Not thread-safe: the launcher's main thread calls it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from psflow.launch.lifeline import signal_name
+from psflow.launch.run_status import METRICS_JSON, LauncherStatus, write_run_files
+from psflow.launch.supervisor import describe_exit
+from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
+from psflow.rpc.grpc_client import TaskChannel
+from psflow.train.checkpoint import SaveStatusWatcher
+from psflow.train.final_snapshot import Resumed, final_snapshot, step_task_stats
+
+__all__ = ["RunEnd"]
+
+log = logging.getLogger("psflow.launch")
+
+_READ_TIMEOUT = 1.0  # seconds each RPC of a capture may take: the run is ending, a silent task is not waited for
+
+
+class RunEnd:
+    """The end of one local run (``lc``: a :class:`~psflow.launch.local.LocalCluster`); see the module docstring.
+
+    Args:
+        lc: the run's processes.
+        output_dir: the run directory.
+        started: the run's start (``time.monotonic()``).
+        checkpoints: the launcher's view of the checkpoint ledger (None: the run has no checkpoint directory).
+        resumed: the checkpoint the run resumed (:func:`psflow.train.final_snapshot.resumed_from`).
+        page: the run's status page, whose collector writes status.json and metrics.prom (None: only metrics.json).
+        run: fields every snapshot of this run carries (mode, replication).
+        out: where console lines go (failed saves seen at the end, files not written).
+    """
+
+    def __init__(self, lc: Any, output_dir: str, *, started: float, checkpoints: SaveStatusWatcher | None = None,
+                 resumed: Resumed | None = None, page: LauncherStatus | None = None,
+                 run: Mapping[str, Any] | None = None, out: TextIO | None = None) -> None:
+        self.lc, self.output_dir, self.started = lc, output_dir, started
+        self.checkpoints, self.resumed, self.page = checkpoints, resumed, page
+        self.run = dict(run or {})
+        self.out = out
+        self.snapshot: dict[str, Any] | None = None  # the final snapshot, once written
+        self._captured: tuple[list[dict[str, Any]], float, set[int]] | None = None  # ps Stats, seconds, running
+
+    # ---- the three ways to end -----------------------------------------------------------------
+    def finished(self, *, ps_stats: list[dict[str, Any]], train_seconds: float,
+                 evaluation: Mapping[str, Any] | None, extra: Mapping[str, Any], client: Any) -> dict[str, Any]:
+        """A finished run's snapshot, written; returned (the caller prints the last line from it).
+
+        Raises:
+            OSError: metrics.json could not be written (the other files' failures are console lines).
+        """
+        if self.checkpoints is not None:
+            self._say(self.checkpoints.poll(client, force=True))  # after the final checkpoint
+        final = self._snapshot("finished", ps_stats, train_seconds, extra, evaluation)
+        failed = self._write(final)
+        if METRICS_JSON in failed:
+            raise OSError(failed[METRICS_JSON])
+        return final
+
+    def capture(self) -> tuple[list[dict[str, Any]], float, set[int]]:
+        """Reads what a run that did not finish ends with, while its tasks still run: each ps task's
+        ``Stats`` and the checkpoint ledger (``_READ_TIMEOUT`` each, in parallel), the time, which tasks
+        run. Blocks ~1 s at most. Idempotent: the first capture is the one kept (and returned)."""
+        if self._captured is None:
+            running = {id(t) for t in self.lc.tasks if t.popen.poll() is None}
+            self._captured = (self._read_ps(), time.monotonic() - self.started, running)
+        return self._captured
+
+    def failed(self, error: str) -> dict[str, Any]:
+        """A failed run's snapshot (``error``: the failure report), written once its tasks were stopped
+        (captured before, where the caller could); returned. Never raises for a file not written."""
+        if self.snapshot is not None:
+            return self.snapshot
+        return self._end("failed", {"error": error, "exit_code": 1})
+
+    def interrupted(self, signum: int) -> str:
+        """After ``signum`` reached the launcher: captures, stops every task, writes the snapshot and
+        returns the report for the user. Blocks ~4 s at most (1 s reading, 3 s stopping)."""
+        self.capture()  # before the ps tasks go
+        self.lc.stop_all()
+        final = self._end("interrupted", {"interrupted": signal_name(signum), "exit_code": 128 + signum})
+        lines = [f"interrupted by {signal_name(signum)} at global_step {final['global_step']} after "
+                 f"{final['wall_seconds']:.1f} s; every task stopped:"]
+        lines += [f"  {t['task']} (pid {t['pid']}) {t['exit']}" for t in final["tasks"]]
+        lines.append(f"metrics: {self.output_dir}/{METRICS_JSON}")
+        resilience = self.lc.resilience
+        return "\n".join(lines) + (resilience.on_failure() if resilience is not None else "")
+
+    # ---- the snapshot --------------------------------------------------------------------------
+    def _end(self, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
+        ps_stats, seconds, running = self.capture()
+        extra["tasks"] = [{"task": t.name, "pid": t.pid, "exit": describe_exit(t.popen.returncode or 0),
+                           "stopped_by_launcher": id(t) in running} for t in self.lc.tasks]
+        final = self._snapshot(phase, ps_stats, seconds, extra)
+        self._write(final)
+        return final
+
+    def _snapshot(self, phase: str, ps_stats: list[dict[str, Any]], seconds: float, extra: Mapping[str, Any],
+                  evaluation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        resilience = self.lc.resilience
+        return final_snapshot(phase=phase, ps_stats=ps_stats, wall_seconds=seconds, resumed=self.resumed,
+                              checkpoints=self.checkpoints.ledger() if self.checkpoints is not None else None,
+                              events=resilience.metrics() if resilience is not None else None,
+                              evaluation=evaluation, extra={**self.run, **extra})
+
+    def _write(self, final: dict[str, Any]) -> dict[str, str]:
+        self.snapshot = final
+        failed = write_run_files(final, self.output_dir, self.page.collector if self.page is not None else None)
+        self._say(f"psflow: {line}" for line in failed.values())
+        return failed
+
+    def _read_ps(self) -> list[dict[str, Any]]:
+        """Each answering ps task's ``Stats``, then (with checkpoints) the ledger of the one holding
+        global_step, fed to the watcher (its failure lines printed)."""
+        connect = ConnectConfig(connect_timeout=_READ_TIMEOUT, rpc_timeout=_READ_TIMEOUT, token=self.lc.token)
+        cluster = self.lc.cluster
+        channels = {i: TaskChannel(f"/job:ps/task:{i}", cluster.task_address("ps", i), PARAMETER_SERVICE, connect)
+                    for i in cluster.task_indices("ps")}
+        try:
+            calls = {i: ch.call_async("Stats", {}, timeout=_READ_TIMEOUT) for i, ch in channels.items()}
+            stats: list[dict[str, Any]] = []
+            for i, call in calls.items():
+                try:
+                    stats.append(dict(call.result().meta))
+                except RpcError as e:
+                    log.debug("/job:ps/task:%d: no Stats for the final snapshot: %s", i, e)
+            head = step_task_stats(stats)
+            if self.checkpoints is not None and head is not None:
+                index = int(str(head.get("task", "")).rsplit(":", 1)[-1] or 0)
+                try:
+                    ledger = channels[index].call("CheckpointStatus", {}, timeout=_READ_TIMEOUT).meta
+                    self._say(self.checkpoints.update(ledger))
+                except (RpcError, KeyError, ValueError) as e:
+                    log.debug("no checkpoint ledger for the final snapshot: %s", e)
+            return stats
+        finally:
+            for ch in channels.values():
+                ch.close()
+
+    def _say(self, lines: Any) -> None:
+        for line in lines:
+            print(line, file=self.out or sys.stderr, flush=True)
