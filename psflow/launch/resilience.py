@@ -177,8 +177,12 @@ class Resilience:
         """(The chaos thread, for ``kill:chief``) the task holding the chief duties now: the chief
         lease's holder where the workers elect one (None while nobody holds it), else the configured chief."""
         if self._train_config is None:
-            with open(os.path.join(self.lc.output_dir, "config.json")) as f:
-                self._train_config = TrainConfig.from_json(f.read())
+            try:
+                with open(os.path.join(self.lc.output_dir, "config.json")) as f:
+                    self._train_config = TrainConfig.from_json(f.read())
+            except (OSError, ValueError) as e:  # no run config to read: the configured chief
+                log.warning("chaos: cannot tell who holds the chief duties (%s); using the configured chief", e)
+                return DutyHolder(*chief_task(self.lc.cluster))
         config = self._train_config
         if not elects_chief(config):
             return DutyHolder(*chief_task(self.lc.cluster))

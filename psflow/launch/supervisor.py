@@ -163,8 +163,9 @@ class Supervisor:
         count = self.restarts.get(task.name, 0)
         decision = decide(self.config, exit_code, count)
         if not decision.restart and exit_code != 0 and getattr(task, "job", None) == "ps":
+            hint = " (--restart-policy on-failure restores them from a checkpoint)" if self.config.policy == "never" else ""
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; the variables it held are lost, so "
-                                           "the run stops (--restart-policy on-failure restores them from a checkpoint)")
+                                           f"the run stops{hint}")
         event = RestartEvent(task.name, task.pid, describe_exit(exit_code), decision.reason, decision.restart)
         self.events.append(event)
         level = logging.WARNING if exit_code != 0 else logging.INFO

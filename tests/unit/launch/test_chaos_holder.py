@@ -85,3 +85,6 @@ def test_a_ps_task_that_is_not_restarted_says_its_variables_are_lost() -> None:
     assert ps.reason == ("restart policy is 'never'; the variables it held are lost, so the run stops "
                          "(--restart-policy on-failure restores them from a checkpoint)")
     assert supervisor.on_exit(FakeTask("/job:worker/task:1", 43), 1).reason == "restart policy is 'never'"
+    spent = Supervisor(RestartConfig("on-failure", max_restarts=0), restart=lambda task: task)
+    assert spent.on_exit(FakeTask("/job:ps/task:0", 40, job="ps"), 1).reason == \
+        "gave up after 0 restart(s) (--max-restarts 0); the variables it held are lost, so the run stops"
