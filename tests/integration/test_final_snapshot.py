@@ -84,7 +84,7 @@ def test_a_run_with_checkpoints_and_faults_reports_one_snapshot(tmp_path: Path) 
     assert len(metrics["faults"]) == 2 and len(metrics["restarts"]) == 2, (metrics["faults"], metrics["restarts"])
     ledger = metrics["checkpoints"]
     newest = latest_checkpoint(str(ckpt))
-    assert ledger["last_saved_path"] == newest and ledger["last_saved_step"] == metrics["global_step"], (ledger, newest)
+    assert ledger["last_saved_path"] == newest and ledger["last_saved_step"] <= metrics["global_step"], (ledger, newest)
     # The ledger on ps task 0 restarted from zero with it: the run's count goes on over the restart (at least the
     # saves after the restore), never more than the chiefs logged. Saves between the launcher's last reading of the
     # ledger (every 2 s) and the kill are missed (docs/checkpoints.md); the unit test of SaveStatusWatcher shows the
