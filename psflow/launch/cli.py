@@ -120,6 +120,10 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--learning-rate-schedule", type=_schedule_flag, metavar="NAME[:KEY=VALUE,...]",
                    help=f"decay the learning rate with global_step ({', '.join(SCHEDULE_NAMES)}; warmup_steps=N puts a "
                         "linear warm-up in front), e.g. exponential_decay:decay_steps=100,decay_rate=0.96,staircase=true")
+    g.add_argument("--moving-average-decay", type=float, metavar="D",
+                   help="keep a moving average of every trainable variable on the ps tasks, moved after each step with "
+                        "decay min(D, (1+step)/(10+step)) (TensorFlow's ExponentialMovingAverage; e.g. 0.9999); used by "
+                        "--eval-moving-averages and psflow export --moving-averages (none)")
     g.add_argument("--l1", type=float, default=0.0, help="FTRL l1 regularization strength")
     g.add_argument("--l2", type=float, default=0.0, help="FTRL l2 regularization strength")
     g.add_argument("--batch-size", type=int, default=512)
@@ -358,6 +362,7 @@ def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers:
         model_params=_model_params(args.model_param) | _flag_params(args), embedding_dim=args.embedding_dim, warm_start=args.warm_start,
         optimizer=args.optimizer["name"], optimizer_params=args.optimizer["hyperparameters"],
         learning_rate=args.learning_rate, learning_rate_schedule=args.learning_rate_schedule, l1=args.l1, l2=args.l2,
+        moving_average_decay=args.moving_average_decay,
         batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
         num_ps=num_ps if num_ps is not None else args.ps,
         num_workers=num_workers if num_workers is not None else (

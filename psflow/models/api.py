@@ -145,6 +145,15 @@ class VariableSpec:
             ``(0, dim)``: rows keyed by any int64 id, created on first use,
             spread over every ps task by id (see :mod:`psflow.ps.dynamic`).
             None: a static variable. :func:`dynamic_table` reads the run's.
+        moving_average_decay: keep a moving average of the variable on its ps
+            tasks (TensorFlow's ``ExponentialMovingAverage(decay,
+            num_updates=global_step)``, :mod:`psflow.ps.averages`), used by
+            evaluation with ``--eval-moving-averages`` and by ``psflow export
+            --moving-averages``. None: the run's ``--moving-average-decay``
+            (none by default); a number in (0, 1]: this decay; 0.0: not
+            averaged whatever the run says (an average with decay 0 is the
+            variable itself; e.g. a large table, whose average costs a pass
+            over it every step). Only trainable static variables are averaged.
     """
 
     name: str
@@ -156,9 +165,18 @@ class VariableSpec:
     trainable: bool = True
     device: str | None = None
     dynamic: Mapping[str, Any] | None = None
+    moving_average_decay: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+
+    def average_decay(self, run_decay: float | None) -> float | None:
+        """The decay of this variable's moving average in a run whose ``--moving-average-decay`` is
+        ``run_decay``: its own if declared (0.0: None), else the run's for a trainable static variable."""
+        decay = self.moving_average_decay
+        if decay is None:
+            return run_decay if self.trainable and self.dynamic is None and run_decay else None
+        return decay if decay != 0.0 else None
 
 
 @dataclass(frozen=True)

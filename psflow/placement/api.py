@@ -145,6 +145,9 @@ class VariableDef:
             ``capacity_bytes``, ``admit_after``, ``admit_probability``,
             ``ttl_steps``, ``policy``, ...) are the whole table's, checked by
             the ps tasks (:func:`psflow.ps.dynamic.share_spec`).
+        moving_average_decay: ``None`` (not averaged), or the decay in (0, 1]
+            of a moving average the ps tasks keep of it after every step
+            (:mod:`psflow.ps.averages`); only a trainable static variable.
 
     Raises:
         PlacementError: On construction with an invalid field; the message
@@ -159,6 +162,7 @@ class VariableDef:
     optimizer: Mapping[str, object] | None = field(default=None, hash=False)
     trainable: bool = True
     dynamic: Mapping[str, object] | None = field(default=None, hash=False)
+    moving_average_decay: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _VAR_NAME_RE.match(self.name):
@@ -184,6 +188,18 @@ class VariableDef:
                                          or self.dtype != "float32"):
             raise PlacementError(f"{what}: a dynamic table has shape (0, dim) with dim >= 1 and dtype float32 "
                                  f"(its rows are created by id), got shape {self.shape} ({self.dtype})")
+        self._check_average(what)
+
+    def _check_average(self, what: str) -> None:
+        decay = self.moving_average_decay
+        if decay is None:
+            return
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 < decay <= 1.0:
+            raise PlacementError(f"{what}: moving_average_decay must be a number in (0, 1], got {decay!r}")
+        if not self.trainable or self.dynamic is not None:
+            raise PlacementError(f"{what}: only a trainable static variable has a moving average "
+                                 f"({'a dynamic table' if self.dynamic is not None else 'not trainable'})")
+        object.__setattr__(self, "moving_average_decay", float(decay))
 
     @property
     def nbytes(self) -> int:
@@ -200,6 +216,7 @@ class VariableDef:
             "optimizer": None if self.optimizer is None else dict(self.optimizer),
             "trainable": self.trainable,
             **({"dynamic": dict(self.dynamic)} if self.dynamic is not None else {}),
+            **({"moving_average_decay": self.moving_average_decay} if self.moving_average_decay is not None else {}),
         }
 
     @classmethod
@@ -218,6 +235,7 @@ class VariableDef:
             optimizer=data.get("optimizer"),
             trainable=data.get("trainable", True),
             dynamic=data.get("dynamic"),
+            moving_average_decay=data.get("moving_average_decay"),
         )
 
 

@@ -48,6 +48,7 @@ def _variable_difference(exp: VariablePlacement, act: VariablePlacement) -> str 
         ("initializer", _jsonish(a.initializer), _jsonish(e.initializer)),
         ("optimizer", _jsonish(a.optimizer), _jsonish(e.optimizer)),
         ("dynamic table options", _jsonish(a.dynamic), _jsonish(e.dynamic)),
+        ("moving_average_decay", a.moving_average_decay, e.moving_average_decay),
     ]
     for key, here, there in fields:
         if here != there:

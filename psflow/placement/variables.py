@@ -93,6 +93,7 @@ class VariableSet:
         optimizer: Mapping[str, object] | None = None,
         trainable: bool = True,
         dynamic: Mapping[str, object] | None = None,
+        moving_average_decay: float | None = None,
     ) -> VariablePlacement:
         """Declares a variable and places it.
 
@@ -111,6 +112,8 @@ class VariableSet:
             dynamic: Options of a dynamic table (shape ``(0, dim)``; see
                 :attr:`~psflow.placement.api.VariableDef.dynamic`): spread by id
                 over every ps task (or the pinned one), never partitioned by rows.
+            moving_average_decay: keep a moving average of it on the ps tasks
+                with this decay (see :attr:`~psflow.placement.api.VariableDef.moving_average_decay`).
 
         Returns:
             Its placement.
@@ -131,6 +134,7 @@ class VariableSet:
             optimizer=optimizer,
             trainable=trainable,
             dynamic=dynamic,
+            moving_average_decay=moving_average_decay,
         )
         placement = self._setter.place(
             var,

@@ -4,8 +4,9 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
 
 ``SaveShard``
     ``meta = {"path": str | null, "shard": i, "num_shards": n}``. Snapshots
-    every partition this task holds (value and optimizer slots, each
-    partition under its own lock), plus global_step and the workers' reader
+    every partition this task holds (value and optimizer slots, and the
+    moving average of an averaged one as the slot ``ExponentialMovingAverage``
+    (:data:`psflow.ps.averages.AVERAGE_SLOT`), each partition under its own lock), plus global_step and the workers' reader
     positions on the task holding global_step, and serializes them as one
     safetensors file. With ``path`` the task writes the file itself (temp
     file, fsync, rename; the directory must be reachable from this task);
@@ -29,7 +30,11 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
     ``"lineage": str`` (the task holding global_step) sets the ledger's
     lineage (see ``CheckpointStatus``).
     With ``"values_only": true`` (a warm start) only the values are loaded:
-    slots keep their initial values and no slot array may be sent.
+    slots keep their initial values and no slot array may be sent; a moving
+    average starts at the loaded value (as it starts at the initial value).
+    An averaged partition's moving average is its slot ``ExponentialMovingAverage``
+    (``"global_step": S`` or ``"averages_step": S`` tells a task the step the
+    averages belong to; see :class:`psflow.ps.averages.MovingAverages`).
     A dynamic table's partition is loaded from the arrays ``d/<key>/<name>``
     of a :meth:`~psflow.ps.dynamic.DynamicTable.snapshot` (``ids``, ``values``,
     ``slot/*``, ``state/*``, ``last_step``, ``frequency``, ``step``): every row
@@ -84,6 +89,7 @@ import numpy as np
 from safetensors.numpy import save as safetensors_save
 
 from psflow.coord.api import FencedError
+from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.store import PartitionState, StoreError
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
 from psflow.rpc.framing import Frame
@@ -161,7 +167,15 @@ def dynamic_tensor_names(key: str, snapshot_keys: list[str]) -> dict[str, str]:
 
 def _snapshot(part: PartitionState) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     with part.lock:
-        return part.value.copy(), {name: np.array(s, copy=True) for name, s in part.slots.items()}
+        slots = {name: np.array(s, copy=True) for name, s in _saved_slots(part).items()}
+        return part.value.copy(), slots
+
+
+def _saved_slots(part: PartitionState) -> dict[str, np.ndarray]:
+    """The arrays a checkpoint holds beside a partition's value: its optimizer slots and its moving average."""
+    if part.average is None:
+        return part.slots
+    return {**part.slots, AVERAGE_SLOT: part.average}
 
 
 class CheckpointHandlers:
@@ -233,6 +247,7 @@ class CheckpointHandlers:
     def _save_shard(self, path: str | None) -> Reply:
         svc = self._svc
         step = svc.global_step.value if svc.global_step is not None else None
+        svc.averages.catch_up(svc.store.partitions(), svc.table_step())  # moved over the steps with no push here
         positions, examples = svc.data_progress()
         tensors: dict[str, np.ndarray] = {}
         parts: list[dict[str, Any]] = []
@@ -305,10 +320,16 @@ class CheckpointHandlers:
         for part, value, slots in plan:
             with part.lock:
                 np.copyto(part.value, value)
+                targets = _saved_slots(part)
                 for slot, arr in slots.items():
-                    np.copyto(part.slots[slot], arr)
+                    np.copyto(targets[slot], arr)
+                if values_only and part.average is not None:  # new initial values: the average starts there
+                    np.copyto(part.average, value)
         if step is not None and svc.global_step is not None:
             svc.global_step.set(step)
+        if not values_only:
+            averages_step = frame.meta.get("averages_step", step)
+            svc.averages.restored(averages_step if type(averages_step) is int and averages_step >= 0 else None)
         if positions is not None:
             svc.set_reader_positions(positions, examples)
         if lineage is not None:
@@ -334,13 +355,14 @@ class CheckpointHandlers:
     def _slots(self, frame: Frame, key: str, part: PartitionState) -> dict[str, np.ndarray]:
         """The slot arrays of partition ``key`` in ``frame``: exactly the partition's slots, checked."""
         slots = {}
-        for slot, current in part.slots.items():
+        have = _saved_slots(part)
+        for slot, current in have.items():
             slots[slot] = self._checked(frame, f"s/{key}/{slot}", current, f"{part.describe} slot {slot!r}")
         extra = sorted(n[len(f"s/{key}/"):] for n in frame.arrays if n.startswith(f"s/{key}/")
-                       and n[len(f"s/{key}/"):] not in part.slots)
+                       and n[len(f"s/{key}/"):] not in have)
         if extra:
             raise InvalidRequest(f"{part.describe}: the checkpoint has slots {extra} this optimizer does not have "
-                                 f"({sorted(part.slots) or 'none'})")
+                                 f"({sorted(have) or 'none'})")
         return slots
 
     @staticmethod

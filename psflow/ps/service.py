@@ -44,6 +44,11 @@ is that value when one worker pushes, and may lag it by the pushes in flight
 when several do (as TF's workers read global_step for the rate before their
 updates land). In sync mode a schedule is read at the aggregated step (each
 task counts its applied steps), once per step.
+Moving averages (:mod:`psflow.ps.averages`) move after each applied step, on
+every task holding an averaged partition, at the step after the increment:
+ps task 0's counter, one past the newest reported step elsewhere, the
+aggregated step in sync mode. A pull with ``"averages": true`` (evaluation)
+reads each averaged partition's moving average instead of its value.
 ``BeginRestore``
     recovery after a ps task died (:mod:`psflow.ps.checkpointing`): stops
     accepting pushes of the old *generation* and waits for the ones in flight.
@@ -95,6 +100,7 @@ import numpy as np
 
 from psflow.coord.fence import FenceGuard
 from psflow.placement import VariablePlacement, layout_mismatch
+from psflow.ps.averages import MovingAverages
 from psflow.ps.checkpointing import CheckpointHandlers
 from psflow.ps.dynamic import DynamicTable, share_spec
 from psflow.ps.global_step import GlobalStep, StepJournal
@@ -153,6 +159,8 @@ class ParameterService:
         self._sync_step = self.global_step if self.global_step is not None else GlobalStep()
         self.aggregator: SyncAggregator | None = None
         self.staleness_clock: StalenessClock | None = None
+        # Shadows of the averaged partitions move after each step; off the step task they catch up skipped steps.
+        self.averages = MovingAverages(self.task_name, catch_up=not holds_global_step)
         # staleness (global_step at apply - step the worker read) -> pushes, on the task holding global_step
         self.staleness_histogram: dict[int, int] = {}
         self._register_lock = threading.Lock()
@@ -254,10 +262,12 @@ class ParameterService:
                         fresh.create_dynamic(DynamicTable(share), part.index, opt)
                     else:
                         fresh.create(var.name, part.index, tuple(var.shape), part.row_start, part.row_stop,
-                                     var.dtype, dict(var.initializer), opt)
+                                     var.dtype, dict(var.initializer), opt,
+                                     average_decay=var.moving_average_decay if opt is not None else None)
             except ValueError as e:
                 raise InvalidRequest(f"variable {var.name!r}: {e}") from e
         self.store = fresh
+        self.averages.restored(None)
 
     # ---- Pull --------------------------------------------------------------
     def _part(self, key: Any) -> PartitionState:
@@ -270,7 +280,8 @@ class ParameterService:
 
     def pull(self, frame: Frame) -> Reply:
         self._hear_step(frame.meta.get("step_hint"))
-        step, out = self._read(self._pull_entries(frame), create=frame.meta.get("create") is True)
+        step, out = self._read(self._pull_entries(frame), create=frame.meta.get("create") is True,
+                               averages=frame.meta.get("averages") is True)
         return {"step": step}, out
 
     def push_pull(self, frame: Frame) -> Reply:
@@ -302,12 +313,16 @@ class ParameterService:
         return wanted
 
     def _read(self, wanted: list[tuple[PartitionState, np.ndarray | None]], *,
-              create: bool = False) -> tuple[int | None, dict[str, np.ndarray]]:
-        """The step the values belong to (read first) and the values (``create``: a training lookup)."""
+              create: bool = False, averages: bool = False) -> tuple[int | None, dict[str, np.ndarray]]:
+        """The step the values belong to (read first) and the values (``create``: a training lookup;
+        ``averages``: the moving averages of the averaged partitions)."""
         step = self.global_step.value if self.global_step is not None else None
         started = time.perf_counter()
         table_step = self.table_step()
-        out = {part.key: self.store.read(part, rows, step=table_step, create=create) for part, rows in wanted}
+        if averages:  # the steps since this task's last push moved them too (psflow.ps.averages)
+            self.averages.catch_up(self.store.partitions(), table_step)
+        out = {part.key: self.store.read(part, rows, step=table_step, create=create, average=averages)
+               for part, rows in wanted}
         if wanted:
             with self._stats_lock:
                 self.stats["read_seconds"] += time.perf_counter() - started
@@ -430,13 +445,15 @@ class ParameterService:
         self._hear_step(frame.meta.get("step_hint"))
         started = time.perf_counter()
         table_step = self.table_step()  # before this push's increment: a schedule's step, the tables' clock
+        self.averages.catch_up(self.store.partitions(), table_step)  # steps without a push here (psflow.ps.averages)
         for part, rows, grad in plan:
             if rows is None:
                 self.store.apply_dense(part, grad, step=table_step)
             else:
                 self.store.apply_sparse(part, rows, grad, step=table_step)
-        applied = time.perf_counter() - started
         step = self.global_step.increment() if want_step and self.global_step is not None else None
+        self.averages.move(self.store.partitions(), step if step is not None else table_step + 1)
+        applied = time.perf_counter() - started
         self._sweep_tables(plan)
         self._count_push(frame, plan, examples, loss, apply_seconds=applied)
         reply: dict[str, Any] = {"step": step}
@@ -496,11 +513,19 @@ class ParameterService:
 
     def _set_sync(self, sync: SyncConfig) -> None:
         self.sync_config = sync
-        if sync.mode == "sync":
+        if sync.mode == "sync":  # every task applies every step: its averages never skip one
+            self.averages = MovingAverages(self.task_name, catch_up=False)
             self.aggregator = SyncAggregator(sync, self.store, task_name=self.task_name,
-                                             advance=self._sync_step.increment, current=lambda: self._sync_step.value)
+                                             advance=self._advance_sync_step, current=lambda: self._sync_step.value)
         elif sync.mode == "ssp" and self.global_step is not None:
             self.staleness_clock = StalenessClock(sync, task_name=self.task_name)
+
+    def _advance_sync_step(self) -> int:
+        """A sync step was applied (every partition's update of it): the step advances, then the moving
+        averages move at the new step (called by the aggregator, under its lock)."""
+        step = self._sync_step.increment()
+        self.averages.move(self.store.partitions(), step)
+        return step
 
     def _record_staleness(self, staleness: int) -> None:
         with self._stats_lock:

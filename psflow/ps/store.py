@@ -59,6 +59,9 @@ class PartitionState:
     slots: dict[str, np.ndarray]
     lock: threading.Lock = field(default_factory=threading.Lock)
     table: DynamicTable | None = None  # a dynamic table's share (value is then an empty [0, dim] placeholder)
+    # The moving average (shadow) of the value and its decay, when the variable is averaged (psflow.ps.averages).
+    average: np.ndarray | None = None
+    average_decay: float | None = None
     key: str = field(init=False)  # partition_key(var_name, index), computed once (it names every request entry)
 
     def __post_init__(self) -> None:
@@ -94,13 +97,18 @@ class ParameterStore:
         dtype: str,
         initializer: dict[str, object],
         optimizer: Optimizer | None,
+        *,
+        average_decay: float | None = None,
     ) -> PartitionState:
-        """Creates a partition from its initializer; the caller serializes creation."""
+        """Creates a partition from its initializer; the caller serializes creation. ``average_decay``: keep a
+        moving average of it (:mod:`psflow.ps.averages`), starting at the initial value."""
         value = initial_value(initializer, full_shape, row_start, row_stop, dtype)
         slots = optimizer.create_slots(value) if optimizer is not None else {}
-        for array in (value, *slots.values()):
+        average = value.copy() if average_decay is not None else None
+        for array in (value, *slots.values(), *(() if average is None else (average,))):
             exclude_from_fork(array)  # a forked input reader would split their huge pages (psflow.ps.memory)
-        state = PartitionState(var_name, index, row_start, value, optimizer, slots)
+        state = PartitionState(var_name, index, row_start, value, optimizer, slots, average=average,
+                               average_decay=average_decay)
         self._parts[state.key] = state
         return state
 
@@ -162,21 +170,24 @@ class ParameterStore:
 
     # ---- data path ---------------------------------------------------------
     @staticmethod
-    def read(part: PartitionState, rows: np.ndarray | None, *, step: int | None = None, create: bool = False) -> np.ndarray:
+    def read(part: PartitionState, rows: np.ndarray | None, *, step: int | None = None, create: bool = False,
+             average: bool = False) -> np.ndarray:
         """A copy of the whole partition or of ``rows`` (validated by the caller).
 
         A dynamic table's share: the rows of the ids ``rows`` (zeros for ids
         without one), as of global step ``step``; ``create``: a training
         lookup, which counts the sighting and creates admitted rows.
+        ``average``: read the partition's moving average where it has one
+        (evaluation with moving averages), else its value.
         """
         if part.table is not None:
             if rows is None:
                 raise StoreError(f"{part.describe} is read by ids, never whole")
             return part.table.lookup(rows, step=step, create=create)[0]
         with part.lock:
+            value: np.ndarray = part.average if average and part.average is not None else part.value
             if rows is None:
-                return part.value.copy()
-            value: np.ndarray = part.value
+                return value.copy()
             out: np.ndarray
             if _GATHER is not None and value.ndim >= 1 and value.flags.c_contiguous:
                 # One C loop holding the GIL: numpy's gather releases it for each table, and the ps's
@@ -212,9 +223,9 @@ class ParameterStore:
             part.optimizer.apply_sparse(part.value, part.slots, rows, values, checked=True, step=step)
 
     def parameter_bytes(self) -> int:
-        """Bytes of variables plus optimizer slots held by this task."""
+        """Bytes of variables plus optimizer slots (and moving averages) held by this task."""
         return sum(p.table.memory_bytes() if p.table is not None else p.value.nbytes + sum(s.nbytes for s in p.slots.values())
-                   for p in self._parts.values())
+                   + (p.average.nbytes if p.average is not None else 0) for p in self._parts.values())
 
     def partitions(self) -> Sequence[PartitionState]:
         return list(self._parts.values())

@@ -123,8 +123,10 @@ def model_config(config: TrainConfig, schema: Schema | None = None) -> ModelConf
                        embedding_dim=config.embedding_dim, params=dict(config.model_params), seed=config.seed)
 
 
-def declare_variables(model: Model, setter: DeviceSetter) -> VariableSet:
-    """The model's variables, declared in its order and placed by ``setter``.
+def declare_variables(model: Model, setter: DeviceSetter, *, moving_average_decay: float | None = None) -> VariableSet:
+    """The model's variables, declared in its order and placed by ``setter``; ``moving_average_decay``: the
+    run's (``--moving-average-decay``), for the variables that do not declare their own
+    (:meth:`~psflow.models.api.VariableSpec.average_decay`).
 
     Raises:
         ModelError: a variable the placement refuses (names the model and the variable).
@@ -137,7 +139,8 @@ def declare_variables(model: Model, setter: DeviceSetter) -> VariableSet:
                 placement = variables.get_variable(
                     spec.name, spec.shape, dtype=spec.dtype, initializer=dict(spec.initializer), partitioner=spec.partitioner,
                     optimizer=optimizer, trainable=spec.trainable,
-                    dynamic=dict(spec.dynamic) if spec.dynamic is not None else None)
+                    dynamic=dict(spec.dynamic) if spec.dynamic is not None else None,
+                    moving_average_decay=spec.average_decay(moving_average_decay))
             if spec.dynamic is not None:  # refused here, naming the table, before any ps task sees it
                 share_spec(spec.name, spec.shape[1], spec.dynamic, optimizer=spec.optimizer, initializer=spec.initializer,
                            num_shares=len(placement.partitions))
@@ -161,7 +164,8 @@ def build_model(config: TrainConfig, cluster: ClusterSpec) -> tuple[Model, Varia
     )
     model = create_model(config.model, model_config(config), search_path=config.model_path)
     configure_training(model, config)
-    return model, declare_variables(model, replica_device_setter(cluster=cluster, ps_strategy=strategy))
+    return model, declare_variables(model, replica_device_setter(cluster=cluster, ps_strategy=strategy),
+                                    moving_average_decay=config.moving_average_decay)
 
 
 def configure_training(model: Model, config: TrainConfig) -> None:

@@ -90,6 +90,13 @@ the current ps tasks (:func:`~psflow.ps.dynamic.resplit_snapshots`): every row
 and slot lands, unchanged, on the task that owns its id now. Restoring a
 dynamic table onto a static variable (or back) is refused, naming it.
 
+A variable's moving average (:mod:`psflow.ps.averages`) is saved as its slot
+``ExponentialMovingAverage`` and re-sliced like the optimizer's slots. Restored
+into a run that averages the variable, a checkpoint without one starts the
+average at the restored value; into a run that does not, the saved one is
+left out. :func:`read_variables` reads the averages in place of the variables
+when asked (``psflow export --moving-averages``, evaluation with averages).
+
 Tensors are stored with safetensors; nothing is ever pickled.
 """
 
@@ -111,6 +118,7 @@ import numpy as np
 from safetensors import safe_open
 
 from psflow import jsonio
+from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names, write_file_atomically
 from psflow.ps.dynamic import DynamicTableError, resplit_snapshots
 from psflow.ps.store import partition_key
@@ -1015,20 +1023,25 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
                 arrays.update({f"d/{key}/{k}": v for k, v in snapshot.items()})
             continue
         saved_parts = sorted(saved["partitions"], key=lambda p: p["row_start"])
-        slots = saved_parts[0]["slots"]
+        slots = [slot for slot in saved_parts[0]["slots"] if slot != AVERAGE_SLOT]
+        saved_average = len(slots) < len(saved_parts[0]["slots"])
         for part in placement.partitions:
             key = partition_key(name, part.index)
             keys, arrays = per_task[part.task]
             keys.append(key)
-            arrays[f"v/{key}"] = _rows(shards, name, saved_parts, part.row_start, part.row_stop, None)
+            arrays[f"v/{key}"] = value = _rows(shards, name, saved_parts, part.row_start, part.row_stop, None)
             for slot in slots:
                 arrays[f"s/{key}/{slot}"] = _rows(shards, name, saved_parts, part.row_start, part.row_stop, slot)
+            if var.moving_average_decay is not None:  # the saved average, else one starting at the restored value
+                arrays[f"s/{key}/{AVERAGE_SLOT}"] = (
+                    _rows(shards, name, saved_parts, part.row_start, part.row_stop, AVERAGE_SLOT) if saved_average
+                    else value)
+    restored_step = manifest.global_step if global_step is None else global_step
     calls: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
     for task, (keys, arrays) in per_task.items():
-        meta: dict[str, Any] = {"parts": keys}
+        meta: dict[str, Any] = {"parts": keys, "averages_step": restored_step}
         if task == client.step_task:
-            meta.update(global_step=manifest.global_step if global_step is None else global_step,
-                        positions=manifest.reader_positions, examples=manifest.examples)
+            meta.update(global_step=restored_step, positions=manifest.reader_positions, examples=manifest.examples)
             if manifest.lineage:  # the restored cluster continues the checkpoint's lineage
                 meta["lineage"] = manifest.lineage
         calls[task] = (meta, arrays)
@@ -1058,7 +1071,13 @@ def _load_shards(client: ParameterClient, requests: Mapping[int, tuple[dict[str,
 DYNAMIC_IDS = "@ids"
 
 
-def read_variables(path: str, *, slots: bool = False) -> dict[str, np.ndarray]:
+def averaged_variables(manifest: Manifest) -> list[str]:
+    """The variables whose moving average (slot ``ExponentialMovingAverage``) the checkpoint holds, sorted."""
+    return sorted(name for name, saved in manifest.variables.items() if "dynamic" not in saved
+                  and any(AVERAGE_SLOT in (part.get("slots") or ()) for part in saved.get("partitions") or ()))
+
+
+def read_variables(path: str, *, slots: bool = False, moving_averages: bool = False) -> dict[str, np.ndarray]:
     """Every variable of checkpoint ``path``, whole (partitions joined).
 
     A dynamic table ``emb`` gives its rows sorted by id as ``emb`` ``[n, dim]``
@@ -1066,7 +1085,10 @@ def read_variables(path: str, *, slots: bool = False) -> dict[str, np.ndarray]:
 
     Args:
         path: a checkpoint directory (with a manifest).
-        slots: also return each optimizer slot as ``"<var>:<slot>"``.
+        slots: also return each optimizer slot as ``"<var>:<slot>"`` (a moving
+            average as ``"<var>:ExponentialMovingAverage"``).
+        moving_averages: each averaged variable's moving average in place of
+            its value (the others as they are; see :func:`averaged_variables`).
 
     Raises:
         CheckpointError: incomplete or damaged checkpoint.
@@ -1083,7 +1105,8 @@ def read_variables(path: str, *, slots: bool = False) -> dict[str, np.ndarray]:
             continue
         parts = sorted(saved["partitions"], key=lambda p: p["row_start"])
         rows = saved["shape"][0] if saved["shape"] else 1
-        out[name] = _rows(shards, name, parts, 0, rows, None)
+        average = moving_averages and AVERAGE_SLOT in parts[0]["slots"]
+        out[name] = _rows(shards, name, parts, 0, rows, AVERAGE_SLOT if average else None)
         if slots:
             for slot in parts[0]["slots"]:
                 out[f"{name}:{slot}"] = _rows(shards, name, parts, 0, rows, slot)

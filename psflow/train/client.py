@@ -285,7 +285,8 @@ class ParameterClient:
             raise ClientError(f"{self.client_name}: unknown variable {name!r} (known: {', '.join(self.layout)})")
         return p
 
-    def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False) -> dict[str, np.ndarray]:
+    def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False,
+             averages: bool = False) -> dict[str, np.ndarray]:
         """Fetches rows (or whole variables) from the ps tasks.
 
         Args:
@@ -295,6 +296,8 @@ class ParameterClient:
                 and create the rows of admitted ids. False (evaluation,
                 prediction): nothing changes on the ps tasks; an id without a
                 row reads as zeros.
+            averages: read each averaged variable's moving average
+                (:mod:`psflow.ps.averages`) instead of its value (evaluation).
 
         Returns:
             variable name -> array of ``len(ids)`` rows (or the whole variable).
@@ -304,7 +307,7 @@ class ParameterClient:
             RpcError: a ps task refused or failed.
         """
         plan = self._pull_plan(requests)
-        meta = {"create": create, "step_hint": self._step_hint}
+        meta = {"create": create, "step_hint": self._step_hint, **({"averages": True} if averages else {})}
         calls = {t: self.channels[t].call_async("Pull", {"vars": m, **meta}, a) for t, (m, a) in plan.per_task.items()}
         return self._assemble(plan, gather(calls))
 

@@ -65,6 +65,7 @@ class TrainConfig:
     optimizer_params: dict[str, Any] = field(default_factory=dict)  # TF hyperparameters (--optimizer NAME:KEY=VALUE,...)
     learning_rate: float | None = None   # None: DEFAULT_LEARNING_RATES[optimizer]
     learning_rate_schedule: dict[str, Any] | None = None  # psflow.ps.schedules JSON (--learning-rate-schedule); None: constant
+    moving_average_decay: float | None = None  # moving averages of the trainable variables (psflow.ps.averages); None: none
     l1: float = 0.0                      # FTRL only
     l2: float = 0.0                      # FTRL only
     batch_size: int = 512
@@ -102,6 +103,7 @@ class TrainConfig:
     summary_dir: str | None = None       # TensorBoard event files; None: no summaries
     save_summaries_steps: int = 100
     eval_every_steps: int | None = None  # chief evaluates on --eval every N global steps
+    eval_moving_averages: bool = False   # evaluations (chief, launcher, evaluator task) read the variables' moving averages
     fault_point: str | None = None       # tests only: the chief exits at this checkpoint phase
     max_failed_saves: int = 3            # checkpoint saves failing in a row that fail the run (0: never; each is logged and counted)
     run_id: str | None = None            # the run (owner of --checkpoint-dir's lock); set by the launcher, else derived from the cluster
@@ -143,6 +145,9 @@ class TrainConfig:
             (self.save_summaries_steps >= 1, f"--save-summaries-steps must be >= 1, got {self.save_summaries_steps}"),
             (self.eval_every_steps is None or self.eval_every_steps >= 1,
              f"--eval-every-steps must be >= 1, got {self.eval_every_steps}"),
+            (self.moving_average_decay is None or (isinstance(self.moving_average_decay, (int, float))
+                                                   and 0.0 <= self.moving_average_decay <= 1.0),
+             f"--moving-average-decay must be in [0, 1] (0: none), got {self.moving_average_decay}"),
             (self.placement in ("round-robin", "greedy"), f"--placement must be round-robin or greedy, got {self.placement!r}"),
             (bool(self.model), "--model must name a model"),
             (self.embedding_dim >= 1, f"--embedding-dim must be >= 1, got {self.embedding_dim}"),

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from psflow.cluster import ClusterSpec
 from psflow.placement import DTYPE_SIZES, VariablePlacement
+from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.ps.dynamic.table import row_bytes
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
@@ -61,7 +62,8 @@ class VariableMemory:
 
     Attributes:
         name: the variable. task: the ps task index. bytes: values plus slots.
-        slots: how many optimizer slots it carries (each as large as its values).
+        slots: how many optimizer slots it carries (each as large as its values), its moving average
+            (:mod:`psflow.ps.averages`) counted as one.
         optimizer: the optimizer's name, or None (not trainable).
     """
 
@@ -92,6 +94,7 @@ def ps_memory(layout: Sequence[VariablePlacement], run_optimizer: OptimizerSpec)
             continue
         spec = _optimizer_of(placement, run_optimizer)
         slots = len(make_optimizer(spec).slot_names) if spec is not None else 0
+        slots += var.moving_average_decay is not None  # its moving average, as large as its values
         row = math.prod(var.shape[1:]) if len(var.shape) > 1 else 1
         per_task: dict[int, int] = {}
         for part in placement.partitions:
@@ -204,7 +207,7 @@ def check_resume(config: TrainConfig, layout: Sequence[VariablePlacement]) -> No
         parts = saved.get("partitions") or [{}]
         if not isinstance(parts[0], dict) or parts[0].get("slots") is None:
             continue
-        had = tuple(str(slot) for slot in parts[0]["slots"])
+        had = tuple(str(slot) for slot in parts[0]["slots"] if slot != AVERAGE_SLOT)  # a moving average: not the optimizer's
         spec = _optimizer_of(placement, run_optimizer)
         want = make_optimizer(spec).slot_names if spec is not None else ()
         if sorted(had) == sorted(want):

@@ -1,11 +1,14 @@
 """TensorFlow's trainer values (tests/data/golden/trainer_tf.json) reproduced on real ps processes.
 
-RMSProp (Inception's and centered) and Momentum with a staircase-decayed learning rate, dense and sparse: each
-case is a variable of its own whose optimizer is given per variable (the model seam's way), partitioned over 1
-and 3 ps tasks. A client sets TF's initial values, then pushes the golden gradients step by step; after every
-step a checkpoint (streamed to the client) gives var and slots, compared with TF's to 1e-6. With 3 ps tasks the
-partitions off ps task 0 read the schedule at the step the client reports (the global_step before the push's
-increment), ps task 0 at its own counter. The moving-average columns of the file are not read here.
+RMSProp (Inception's and centered) and Momentum with a staircase-decayed learning rate, dense and sparse, each
+with a moving average at decay 0.9 and at 0.9999 (``ExponentialMovingAverage(decay, num_updates=global_step)``):
+each case and decay is a variable of its own whose optimizer and decay are given per variable (the model seam's
+way), partitioned over 1 and 3 ps tasks. A client sets TF's initial values, then pushes the golden gradients step
+by step; after every step a checkpoint (streamed to the client) gives var, slots and moving average, compared
+with TF's to 1e-6. With 3 ps tasks the partitions off ps task 0 read the schedule at the step the client reports
+(the global_step before the push's increment) and move their averages at the step after it, ps task 0 at its
+own counter. The last checkpoint is then restored onto the other number of ps tasks (3 or 1): the moving
+averages read back as TF's, and one more step moves them as on the cluster that wrote it.
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ from support import REPO
 
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
+from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig
-from psflow.train.checkpoint import CheckpointManager, load_values, read_manifest, read_variables
+from psflow.train.checkpoint import CheckpointManager, load_values, read_manifest, read_variables, restore
 from psflow.train.client import ParameterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -30,7 +34,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 GOLDEN: dict[str, Any] = json.loads((REPO / "tests" / "data" / "golden" / "trainer_tf.json").read_text())["optimizers"]
 CASES = sorted(GOLDEN["cases"])
 MODES = ("dense", "sparse")
+DECAYS = tuple(GOLDEN["ema_decays"])  # 0.9, 0.9999
 RTOL = 1e-6
+
+
+def _name(case: str, mode: str, decay: float) -> str:
+    return f"{case}/{mode}/decay_{decay}"
 
 
 def _spec(case: str) -> OptimizerSpec:
@@ -46,8 +55,10 @@ def _client(handle: Any, partitions: int) -> ParameterClient:
     shape = tuple(GOLDEN["shape"])
     for case in CASES:
         for mode in MODES:
-            variables.get_variable(f"{case}/{mode}", shape, optimizer=_spec(case).to_json(),
-                                   partitioner=fixed_size_partitioner(partitions) if partitions > 1 else None)
+            for decay in DECAYS:
+                variables.get_variable(_name(case, mode, decay), shape, optimizer=_spec(case).to_json(),
+                                       partitioner=fixed_size_partitioner(partitions) if partitions > 1 else None,
+                                       moving_average_decay=decay)
     client = ParameterClient(handle.cluster, variables.placements(), client_name="/job:worker/task:0",
                              config=ConnectConfig(connect_timeout=30, rpc_timeout=20, token=handle.token))
     client.connect()
@@ -60,14 +71,15 @@ def _gradients(t: int) -> dict[str, DenseGradient | SparseGradient]:
     rows, values = np.array(sparse["indices"], np.int64), np.array(sparse["values"], np.float32)
     out: dict[str, DenseGradient | SparseGradient] = {}
     for case in CASES:
-        out[f"{case}/dense"] = DenseGradient(dense)
-        out[f"{case}/sparse"] = SparseGradient(rows, values)
+        for decay in DECAYS:
+            out[_name(case, "dense", decay)] = DenseGradient(dense)
+            out[_name(case, "sparse", decay)] = SparseGradient(rows, values)
     return out
 
 
 @pytest.mark.parametrize(("num_ps", "partitions"), [(1, 1), (3, 3)], ids=["1ps", "3ps-3partitions"])
-def test_rmsprop_and_decayed_momentum_match_tensorflow_on_ps_tasks(local_cluster, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                                   num_ps: int, partitions: int) -> None:
+def test_rmsprop_and_decayed_momentum_with_moving_averages_match_tensorflow_on_ps_tasks(  # type: ignore[no-untyped-def]
+        local_cluster, tmp_path: Path, num_ps: int, partitions: int) -> None:
     handle = local_cluster(num_ps)
     client = _client(handle, partitions)
     client.register(RUN_OPTIMIZER, chief=True)
@@ -85,11 +97,14 @@ def test_rmsprop_and_decayed_momentum_match_tensorflow_on_ps_tasks(local_cluster
             for mode in MODES:
                 record = GOLDEN["cases"][case][mode][t]
                 assert step == record["global_step"] == t + 1
-                name, where = f"{case}/{mode}", f"{case} {mode} after step {t + 1} on {num_ps} ps"
-                np.testing.assert_allclose(got[name], record["var"], rtol=RTOL, err_msg=f"{where}: var")
-                assert {k.split(":", 1)[1] for k in got if k.startswith(f"{name}:")} == set(record["slots"])
-                for slot, value in record["slots"].items():
-                    np.testing.assert_allclose(got[f"{name}:{slot}"], value, rtol=RTOL, err_msg=f"{where}: {slot}")
+                for decay in DECAYS:
+                    name, where = _name(case, mode, decay), f"{case} {mode} after step {t + 1} on {num_ps} ps"
+                    np.testing.assert_allclose(got[name], record["var"], rtol=RTOL, err_msg=f"{where}: var")
+                    assert {k.split(":", 1)[1] for k in got if k.startswith(f"{name}:")} == {*record["slots"], AVERAGE_SLOT}
+                    for slot, value in record["slots"].items():
+                        np.testing.assert_allclose(got[f"{name}:{slot}"], value, rtol=RTOL, err_msg=f"{where}: {slot}")
+                    np.testing.assert_allclose(got[f"{name}:{AVERAGE_SLOT}"], record["ema"][str(decay)], rtol=RTOL,
+                                               err_msg=f"{where}: moving average at decay {decay}")
     # The manifest records the run's optimizer, its schedule as plain JSON that reads back as the same spec.
     recorded = json.loads((Path(saved.path) / "manifest.json").read_text())["optimizer"]
     assert recorded["hyperparameters"]["learning_rate"] == {"schedule": "exponential_decay", "learning_rate": 0.1,
@@ -99,3 +114,31 @@ def test_rmsprop_and_decayed_momentum_match_tensorflow_on_ps_tasks(local_cluster
     # the newest step they heard of (the last push's: 5, 0.1 * 0.5 ** 2).
     assert client.stats(0)["learning_rate"] == pytest.approx(0.0125)
     assert [client.stats(i)["learning_rate"] for i in range(1, num_ps)] == [pytest.approx(0.025)] * (num_ps - 1)
+    _restore_onto_the_other_number_of_ps_tasks(local_cluster, client, saved.path, 3 if num_ps == 1 else 1)
+
+
+def _restore_onto_the_other_number_of_ps_tasks(local_cluster, client: ParameterClient, path: str,  # type: ignore[no-untyped-def]
+                                               num_ps: int) -> None:
+    """The checkpoint of step 6 restored onto ``num_ps`` ps tasks (its partitions re-sliced): the averages read
+    back as TF's after step 6; one more step (the step-1 gradients, pushed after a pull as a worker does) moves
+    the restored averages at step 7, exactly as the averages of the cluster that wrote the checkpoint move."""
+    other = _client(local_cluster(num_ps), num_ps)
+    other.register(RUN_OPTIMIZER, chief=True)
+    restore(other, path)
+    names = list(other.layout)
+    averages = other.pull(dict.fromkeys(names), averages=True)
+    for case in CASES:
+        for mode in MODES:
+            record = GOLDEN["cases"][case][mode][-1]
+            for decay in DECAYS:
+                np.testing.assert_allclose(averages[_name(case, mode, decay)], record["ema"][str(decay)], rtol=RTOL,
+                                           err_msg=f"{case} {mode} restored onto {num_ps} ps: average at decay {decay}")
+    after = []
+    for cluster in (client, other):
+        cluster.pull(dict.fromkeys(names))
+        assert cluster.push(_gradients(0)) == 7
+        after.append((cluster.pull(dict.fromkeys(names)), cluster.pull(dict.fromkeys(names), averages=True)))
+    for name in names:
+        np.testing.assert_allclose(after[1][0][name], after[0][0][name], rtol=RTOL, err_msg=f"{name} at step 7: var")
+        np.testing.assert_allclose(after[1][1][name], after[0][1][name], rtol=RTOL, err_msg=f"{name} at step 7: average")
+        assert not np.allclose(after[1][1][name], averages[name], rtol=1e-4), f"{name}: its average did not move"

@@ -1,8 +1,8 @@
 """TensorFlow's trainer pieces (tests/data/golden/trainer_tf.json): learning-rate schedules at every recorded
 global step; RMSProp (Inception's and centered) and Momentum with a decayed learning rate, dense and sparse,
-variable and slots after every step, with the numpy code and with the C kernels.
-
-The moving-average columns of the file (``ema``) are not read here."""
+variable and slots after every step, with the numpy code and with the C kernels; and the moving averages of
+the variable (``ExponentialMovingAverage(decay, num_updates=global_step)`` at decays 0.9 and 0.9999) after every
+step, moved by the ps tasks' code (:mod:`psflow.ps.averages`) after each update."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 
 from psflow.ps import optimizers
+from psflow.ps.averages import MovingAverages
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.ps.schedules import ScheduleSpec
+from psflow.ps.store import ParameterStore
 
 GOLDEN: dict[str, Any] = json.loads(
     (Path(__file__).resolve().parents[2] / "data" / "golden" / "trainer_tf.json").read_text())
@@ -123,3 +125,32 @@ def test_sparse_rmsprop_touches_only_the_looked_up_rows() -> None:
         for row in set(range(var.shape[0])) - touched:
             np.testing.assert_array_equal(var[row], np.array(OPTIMIZERS["initial"][row], np.float32))
             assert (slots["rms"][row] == 1.0).all() and not slots["mg"][row].any() and not slots["momentum"][row].any()
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse"])
+@pytest.mark.parametrize("case", sorted(OPTIMIZERS["cases"]))
+def test_moving_averages_match_tensorflow_after_every_step(case: str, mode: str) -> None:
+    """A partition created with a decay starts its average at the initial value; after each update the average
+    moves at the global step after the increment -- every row, the untouched rows of a sparse step too."""
+    initial = np.array(OPTIMIZERS["initial"], np.float32)
+    records = OPTIMIZERS["cases"][case][mode]
+    for decay in OPTIMIZERS["ema_decays"]:
+        part = ParameterStore().create("w", 0, initial.shape, 0, initial.shape[0], "float32",
+                                       {"name": "constant", "value": 0.0}, make_optimizer(optimizer_spec(case)),
+                                       average_decay=decay)
+        part.value[...] = initial
+        assert part.average is not None
+        part.average[...] = initial
+        averages = MovingAverages("/job:ps/task:0", catch_up=False)
+        for t, record in enumerate(records):
+            step = record["global_step"]
+            if mode == "dense":
+                ParameterStore.apply_dense(part, np.array(OPTIMIZERS["dense_gradients"][t], np.float32), step=step - 1)
+            else:
+                sparse = OPTIMIZERS["sparse_gradients"][t]
+                ParameterStore.apply_sparse(part, np.array(sparse["indices"], np.int64),
+                                            np.array(sparse["values"], np.float32), step=step - 1)
+            assert averages.move([part], step) == 1
+            np.testing.assert_allclose(part.value, record["var"], rtol=RTOL, err_msg=f"{case} {mode} step {step}: var")
+            np.testing.assert_allclose(part.average, record["ema"][str(decay)], rtol=RTOL,
+                                       err_msg=f"{case} {mode} step {step}: average at decay {decay}")
