@@ -33,6 +33,9 @@ def add_chief_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--summary-dir", help="TensorBoard event files (train: default the run directory)")
     g.add_argument("--save-summaries-steps", type=int, default=100, help="summaries every N global steps (100)")
     g.add_argument("--eval-every-steps", type=int, help="the chief evaluates on --eval every N global steps")
+    g.add_argument("--eval-moving-averages", action="store_true",
+                   help="evaluate with the variables' moving averages (--moving-average-decay) in place of the "
+                        "variables: the chief's and the final evaluation, and the evaluator task")
     g.add_argument("--fault-point", help=argparse.SUPPRESS)  # tests: the chief exits at this checkpoint phase
     g.add_argument("--coordination", default="embedded", choices=["embedded", "zookeeper"],
                    help="chief election backend: leases on ps task 0 (embedded) or a ZooKeeper ensemble")
@@ -60,6 +63,7 @@ def chief_config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "summary_dir": args.summary_dir,
         "save_summaries_steps": args.save_summaries_steps,
         "eval_every_steps": args.eval_every_steps,
+        "eval_moving_averages": args.eval_moving_averages,
         "fault_point": args.fault_point,
         "coordination": args.coordination,
         "zookeeper": args.zookeeper,
@@ -72,12 +76,16 @@ def add_tool_parsers(sub: Any) -> None:
     export = sub.add_parser("export", help="write a checkpoint's model as safetensors + JSON")
     export.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="a checkpoint directory (its newest) or one checkpoint")
     export.add_argument("out", metavar="OUT", help="output directory")
+    export.add_argument("--moving-averages", action="store_true",
+                        help="write the variables' moving averages (--moving-average-decay) in place of the variables")
     predict = sub.add_parser("predict", help="score a data file with an exported model")
     predict.add_argument("model", metavar="MODEL", help="directory written by psflow export")
     predict.add_argument("data", metavar="DATA", nargs="+", help="data file(s)")
     predict.add_argument("--format", choices=["libsvm", "tfrecord", "criteo"],
                          help="input format (default: the one the model was trained on)")
     predict.add_argument("--output", help="write predictions here (default: stdout), one line per example")
+    predict.add_argument("--moving-averages", action="store_true",
+                         help="score with the variables' moving averages (an export of a run with --moving-average-decay)")
     report = sub.add_parser("report", help="PNG plots of loss, eval AUC and throughput from a run's summaries")
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.add_argument("--out", help="output directory (default RUN_DIR/report)")
@@ -92,7 +100,7 @@ def run_tool(args: argparse.Namespace) -> int:
     if args.command == "export":
         from psflow.launch.export import export_model
 
-        path = export_model(args.checkpoint, args.out)
+        path = export_model(args.checkpoint, args.out, moving_averages=args.moving_averages)
         print(jsonio.dumps({"exported": path, "out": args.out}))
         return 0
     if args.command == "predict":
@@ -100,9 +108,11 @@ def run_tool(args: argparse.Namespace) -> int:
 
         if args.output:
             with open(args.output, "w") as f:
-                predict_file(args.model, list(args.data), format=args.format, out=f)
+                predict_file(args.model, list(args.data), format=args.format, out=f,
+                             moving_averages=args.moving_averages)
         else:
-            predict_file(args.model, list(args.data), format=args.format, out=sys.stdout)
+            predict_file(args.model, list(args.data), format=args.format, out=sys.stdout,
+                         moving_averages=args.moving_averages)
         return 0
     from psflow.launch.report import render_report
 

@@ -10,7 +10,9 @@ calls it). ``psflow server`` runs it as follows:
    (:func:`psflow.train.checkpoint.latest_checkpoint`).
 2. When that checkpoint is newer than the last one evaluated, the evaluator
    reads it from the files (variables only, partitions joined), rebuilds the
-   model from the checkpoint's manifest, and evaluates it on ``--eval``. The
+   model from the checkpoint's manifest, and evaluates it on ``--eval``
+   (with ``--eval-moving-averages``: the variables' moving averages, which
+   the checkpoint must hold, in place of the variables). The
    eval data is read once, as the chief's in-training evaluation reads it. Checkpoints written during an evaluation are
    skipped, and the next evaluation takes the newest, as TensorFlow's
    evaluator does.
@@ -40,7 +42,7 @@ from dataclasses import dataclass, replace
 from psflow.data import Batch, read_all
 from psflow.launch.export import load_checkpoint_model
 from psflow.train.build import data_options
-from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest
+from psflow.train.checkpoint import CheckpointError, averaged_variables, latest_checkpoint, read_manifest
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.evaluation import ArrayParameters, evaluate
 from psflow.train.hooks import format_metrics
@@ -72,7 +74,8 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
     or ``stop`` is set (then it returns what it evaluated so far). See the module docstring.
 
     Raises:
-        ConfigError: no ``checkpoint_dir`` or no ``eval`` data.
+        ConfigError: no ``checkpoint_dir`` or no ``eval`` data; ``--eval-moving-averages`` and a checkpoint
+            without moving averages.
         DataError: the eval data cannot be read (names the file and record).
         ModelError: a checkpoint's model cannot be rebuilt (names the checkpoint).
     """
@@ -98,7 +101,7 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
                     break
                 stop.wait(poll_secs)
                 continue
-            result = _evaluate(newest[0], batch, search_path)
+            result = _evaluate(newest[0], batch, search_path, config.eval_moving_averages)
             if result is None:  # deleted by rotation while read: the next poll takes the newest
                 continue
             done.append(result)
@@ -129,10 +132,14 @@ def _newest(directory: str) -> tuple[str, int, bool] | None:
     return path, manifest.global_step, manifest.final
 
 
-def _evaluate(path: str, batch: Batch, search_path: str | None) -> Evaluation | None:
+def _evaluate(path: str, batch: Batch, search_path: str | None, moving_averages: bool) -> Evaluation | None:
     try:
-        final = read_manifest(path).final
-        loaded = load_checkpoint_model(path, search_path=search_path)
+        manifest = read_manifest(path)
+        if moving_averages and not averaged_variables(manifest):  # every later checkpoint would lack them too
+            raise ConfigError(f"evaluator: --eval-moving-averages, but checkpoint {path} holds no moving averages "
+                              "(train with --moving-average-decay)")
+        loaded = load_checkpoint_model(path, search_path=search_path, moving_averages=moving_averages)
+        final = manifest.final
     except (CheckpointError, OSError) as e:
         log.info("evaluator: skipped %s (%s)", path, e)
         return None

@@ -11,7 +11,19 @@ An exported model is a directory::
                          "variables": {name: {"shape", "dtype"}}, "global_step": S,
                                         (a dynamic table: {"shape": [n, dim], "dtype", "dynamic": true,
                                          "rows": n}; its NAME@ids is not listed)
-                         "checkpoint": path, "psflow_version": ...}
+                         "checkpoint": path, "psflow_version": ...,
+                         "moving_averages": {"in_place": bool, "variables": [name, ...],
+                                             "file": "moving_averages.safetensors"}}   (only with averages)
+    moving_averages.safetensors   the moving averages of the averaged variables (TensorFlow's
+                        ExponentialMovingAverage shadows, psflow.ps.averages), by variable name, when the
+                        checkpoint holds them and the export is not --moving-averages
+
+``psflow export --moving-averages`` writes each averaged variable's moving
+average in place of the variable in ``model.safetensors`` (the others as they
+are; ``"in_place": true``), as TensorFlow restores the shadows into the
+variables for evaluation: whoever reads that file gets the averages.
+``psflow predict --moving-averages`` scores with the averages of an export
+that holds them (either way); without the flag it scores ``model.safetensors``.
 
 Both files are written atomically (temp file, fsync, rename). The model's
 name, config and data settings come from the checkpoint's manifest (the chief
@@ -54,7 +66,15 @@ from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
 from psflow.models.registry import create_model
 from psflow.ps.checkpointing import write_file_atomically
-from psflow.train.checkpoint import DYNAMIC_IDS, CheckpointError, Manifest, latest_checkpoint, read_manifest, read_variables
+from psflow.train.checkpoint import (
+    DYNAMIC_IDS,
+    CheckpointError,
+    Manifest,
+    averaged_variables,
+    latest_checkpoint,
+    read_manifest,
+    read_variables,
+)
 from psflow.train.evaluation import ArrayParameters
 from psflow.train.evaluation import predict as predict_outputs
 
@@ -62,6 +82,8 @@ __all__ = ["ExportedModel", "export_model", "load_checkpoint_model", "load_model
 
 MODEL_FORMAT = "psflow-model"
 FORMAT_VERSION = 2
+#: The file of an export holding the moving averages beside the variables.
+AVERAGES_FILE = "moving_averages.safetensors"
 
 
 @dataclass(frozen=True)
@@ -127,22 +149,37 @@ def _variables_record(variables: Mapping[str, np.ndarray]) -> dict[str, dict[str
     return out
 
 
-def export_model(checkpoint: str, out_dir: str) -> str:
+def _no_averages(where: str) -> CheckpointError:
+    return CheckpointError(f"{where} holds no moving averages: train with --moving-average-decay D (or a model "
+                           "whose variables declare moving_average_decay)")
+
+
+def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False) -> str:
     """Writes the model of ``checkpoint`` (a checkpoint, or a checkpoint directory: its newest) to ``out_dir``.
+
+    ``moving_averages``: the averaged variables' moving averages in place of the variables (see the module
+    docstring); without it, the averages a checkpoint holds go to ``moving_averages.safetensors`` beside.
 
     Returns:
         The checkpoint exported.
 
     Raises:
-        CheckpointError: no complete checkpoint, one that does not say which model wrote it, or one whose
-            model record holds a NaN or infinite setting (JSON cannot hold it).
+        CheckpointError: no complete checkpoint, one that does not say which model wrote it, one whose
+            model record holds a NaN or infinite setting (JSON cannot hold it), or (``moving_averages``)
+            one without moving averages.
     """
     path = _resolve_checkpoint(checkpoint)
     manifest = read_manifest(path)
-    variables = read_variables(path)
+    averaged = averaged_variables(manifest)
+    if moving_averages and not averaged:
+        raise _no_averages(f"checkpoint {path}")
+    variables = read_variables(path, moving_averages=moving_averages)
     record = _model_record(path, manifest, variables)
     os.makedirs(out_dir, exist_ok=True)
     write_file_atomically(os.path.join(out_dir, "model.safetensors"), safetensors_save(variables))
+    if averaged and not moving_averages:
+        shadows = read_variables(path, moving_averages=True)
+        write_file_atomically(os.path.join(out_dir, AVERAGES_FILE), safetensors_save({n: shadows[n] for n in averaged}))
     meta = {
         "format": MODEL_FORMAT,
         "format_version": FORMAT_VERSION,
@@ -154,6 +191,9 @@ def export_model(checkpoint: str, out_dir: str) -> str:
         "checkpoint": os.path.abspath(path),
         "psflow_version": manifest.psflow_version,
     }
+    if averaged:
+        meta["moving_averages"] = {"in_place": moving_averages, "variables": averaged,
+                                   **({} if moving_averages else {"file": AVERAGES_FILE})}
     meta_path = os.path.join(out_dir, "model.json")
     try:
         text = jsonio.dumps(meta, nonfinite="error", what=meta_path, indent=1)
@@ -163,16 +203,19 @@ def export_model(checkpoint: str, out_dir: str) -> str:
     return path
 
 
-def load_model(model_dir: str, *, search_path: str | None = None) -> ExportedModel:
+def load_model(model_dir: str, *, search_path: str | None = None, moving_averages: bool = False) -> ExportedModel:
     """Loads an exported model and rebuilds it through the registry.
 
     Args:
         model_dir: a directory written by :func:`export_model`.
         search_path: where a user's ``package.module:Class`` is imported from
             (default: the current directory).
+        moving_averages: the averaged variables' moving averages in place of
+            the variables (an export holding them, either way).
 
     Raises:
-        CheckpointError: missing files or not a psflow model (names the file).
+        CheckpointError: missing files or not a psflow model (names the file), or
+            (``moving_averages``) an export without moving averages.
         ModelError: the model cannot be rebuilt (unknown name, module not found),
             or its variables differ from the exported ones.
     """
@@ -194,8 +237,31 @@ def load_model(model_dir: str, *, search_path: str | None = None) -> ExportedMod
         if legacy is None:
             raise CheckpointError(f"{meta_path}: a version 1 export of something other than logistic regression")
         config, data = legacy, {"num_features": legacy.num_features}
+    if moving_averages:
+        tensors = _with_averages(model_dir, meta, dict(tensors))
     model = _rebuild(str(meta.get("model")), config, tensors, model_dir, search_path)
     return ExportedModel(model, dict(tensors), int(meta["global_step"]), data)
+
+
+def _with_averages(model_dir: str, meta: Mapping[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An export's variables with the moving averages in place of the averaged ones (see :func:`load_model`)."""
+    averages = meta.get("moving_averages")
+    if not isinstance(averages, dict) or not averages.get("variables"):
+        raise _no_averages(f"exported model {model_dir}")
+    if averages.get("in_place") is True:
+        return tensors
+    path = os.path.join(model_dir, str(averages.get("file") or AVERAGES_FILE))
+    try:
+        shadows = load_file(path)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read the export's moving averages: {e}") from e
+    for name in averages["variables"]:
+        shadow, value = shadows.get(name), tensors.get(name)
+        if shadow is None or value is None or shadow.shape != value.shape or shadow.dtype != value.dtype:
+            raise CheckpointError(f"{path}: no moving average of variable {name!r} of shape "
+                                  f"{None if value is None else tuple(value.shape)}")
+        tensors[name] = shadow
+    return tensors
 
 
 def _in_data_order(config: ModelConfig, data: Mapping[str, Any]) -> ModelConfig:
@@ -264,18 +330,23 @@ def _rebuild(name: str, config: ModelConfig, values: Mapping[str, np.ndarray], w
     return model
 
 
-def load_checkpoint_model(checkpoint: str, *, search_path: str | None = None) -> ExportedModel:
+def load_checkpoint_model(checkpoint: str, *, search_path: str | None = None,
+                          moving_averages: bool = False) -> ExportedModel:
     """The model of a checkpoint (or of a checkpoint directory: its newest), as :func:`load_model` loads an
     export: rebuilt through the registry from the manifest's model record, with the checkpoint's variables
-    (partitions joined; no optimizer slots). Reads files only: no ps task is involved.
+    (partitions joined; no optimizer slots; ``moving_averages``: the moving averages in place of the averaged
+    variables). Reads files only: no ps task is involved.
 
     Raises:
-        CheckpointError: no complete checkpoint, or one that does not say which model wrote it.
+        CheckpointError: no complete checkpoint, one that does not say which model wrote it, or
+            (``moving_averages``) one without moving averages.
         ModelError: the model cannot be rebuilt, or its variables differ from the checkpoint's.
     """
     path = _resolve_checkpoint(checkpoint)
     manifest = read_manifest(path)
-    variables = read_variables(path)
+    if moving_averages and not averaged_variables(manifest):
+        raise _no_averages(f"checkpoint {path}")
+    variables = read_variables(path, moving_averages=moving_averages)
     record = _model_record(path, manifest, variables)
     data = dict(record.get("data") or {})
     model = _rebuild(str(record["name"]), _in_data_order(ModelConfig.from_dict(record["config"]), data), variables, path,
@@ -283,9 +354,11 @@ def load_checkpoint_model(checkpoint: str, *, search_path: str | None = None) ->
     return ExportedModel(model, variables, manifest.global_step, dict(record.get("data") or {}))
 
 
-def predict_file(model_dir: str, data: list[str], *, format: str | None = None, out: TextIO | None = None) -> np.ndarray:
-    """Scores ``data`` with the exported model; writes one line of predictions per example to ``out`` (default stdout)."""
-    probs = load_model(model_dir).predict(data, format)
+def predict_file(model_dir: str, data: list[str], *, format: str | None = None, out: TextIO | None = None,
+                 moving_averages: bool = False) -> np.ndarray:
+    """Scores ``data`` with the exported model (``moving_averages``: with its moving averages, see
+    :func:`load_model`); writes one line of predictions per example to ``out`` (default stdout)."""
+    probs = load_model(model_dir, moving_averages=moving_averages).predict(data, format)
     stream = out if out is not None else sys.stdout
     rows = probs.reshape(probs.shape[0], -1)
     stream.write("".join(" ".join(f"{p:.17g}" for p in row) + "\n" for row in rows.tolist()))

@@ -71,7 +71,7 @@ from psflow.train.checkpoint import SaveStatusWatcher
 from psflow.train.client import ParameterClient
 from psflow.train.config import TORCH_THREADS_ENV, TrainConfig
 from psflow.train.duties import claim_run
-from psflow.train.evaluation import evaluate
+from psflow.train.evaluation import evaluate, parameters
 from psflow.train.final_snapshot import resumed_from
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
@@ -477,7 +477,8 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
             results.append(json.load(f))
     eval_batch = load_eval(config)
-    evaluation = evaluate(model, client, eval_batch) if eval_batch is not None else None
+    source = parameters(client, moving_averages=config.eval_moving_averages)
+    evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
     ps_stats = [client.stats(i) for i in sorted(client.channels)]
     exactly_once_examples(ps_stats)  # raises if no ps task holds global_step
     extra: dict[str, Any] = {

@@ -42,7 +42,7 @@ from psflow.train.checkpoint_lock import CheckpointDirLock, RunDirLock, cluster_
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
-from psflow.train.evaluation import evaluate
+from psflow.train.evaluation import evaluate, parameters
 from psflow.train.hooks import (
     CheckpointSaverHook,
     EvalHook,
@@ -125,7 +125,8 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         chief_hooks.append(SummarySaverHook(writer, save_steps=config.save_summaries_steps))
     if duties and config.eval and config.eval_every_steps:
         eval_batch = read_all(list(config.eval), config.format, **data_options(config))
-        chief_hooks.append(EvalHook(functools.partial(evaluate, model, client, eval_batch),
+        source = parameters(client, moving_averages=config.eval_moving_averages)
+        chief_hooks.append(EvalHook(functools.partial(evaluate, model, source, eval_batch),
                                     every_steps=config.eval_every_steps, writer=writer))
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
         hooks += [CampaignWhileTrainingHook(leadership), *(LeaderOnlyHook(h, leadership) for h in chief_hooks)]

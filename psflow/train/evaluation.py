@@ -8,7 +8,10 @@ launcher's final evaluation, the in-process fast path, ``psflow export`` /
 
 * a :class:`~psflow.train.client.ParameterClient` -- the live ps tasks;
 * :class:`ArrayParameters` -- whole variables in memory (an exported model
-  or a checkpoint read back), so scoring needs no cluster.
+  or a checkpoint read back), so scoring needs no cluster;
+* :class:`MovingAverageParameters` -- the moving averages of the variables on
+  the live ps tasks (``--eval-moving-averages``, :mod:`psflow.ps.averages`);
+  :func:`parameters` picks it or the client.
 
 Order, for each chunk of ``chunk_size`` examples: ``model.prepare``,
 ``model.lookups``, a pull of those rows from the source, ``model.predict``;
@@ -29,7 +32,8 @@ from psflow.data import Batch
 from psflow.models.api import Lookups, Model, ModelError
 from psflow.train.checkpoint import DYNAMIC_IDS
 
-__all__ = ["ParameterSource", "ArrayParameters", "predict", "evaluate", "DEFAULT_CHUNK"]
+__all__ = ["ParameterSource", "ArrayParameters", "MovingAverageParameters", "parameters", "predict", "evaluate",
+           "DEFAULT_CHUNK"]
 
 #: Examples per chunk: large enough that the per-call cost vanishes, small enough to bound memory.
 DEFAULT_CHUNK = 65536
@@ -41,6 +45,32 @@ class ParameterSource(Protocol):
     def pull(self, requests: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
         """Variable name -> rows of the requested ids (or the whole variable for None)."""
         ...
+
+
+class AveragesSource(Protocol):
+    """A source that can read moving averages (a :class:`~psflow.train.client.ParameterClient`)."""
+
+    def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False,
+             averages: bool = False) -> dict[str, np.ndarray]:
+        """As :meth:`ParameterSource.pull`; ``averages``: the moving averages of the averaged variables."""
+        ...
+
+
+class MovingAverageParameters:
+    """The variables' moving averages on the live ps tasks: an averaged variable reads as its moving average
+    (TensorFlow's shadow variable), any other as its value. Blocking; each pull reads the newest averages."""
+
+    def __init__(self, client: AveragesSource) -> None:
+        self.client = client
+
+    def pull(self, requests: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+        """Variable name -> rows of the requested ids (or the whole variable for None), averages where kept."""
+        return self.client.pull(requests, averages=True)
+
+
+def parameters(client: AveragesSource, *, moving_averages: bool) -> ParameterSource:
+    """What evaluation reads from a client: its moving averages (``--eval-moving-averages``) or its variables."""
+    return MovingAverageParameters(client) if moving_averages else client
 
 
 class ArrayParameters:

@@ -31,7 +31,7 @@ from psflow.train.checkpoint import checkpoint_status
 from psflow.train.client import ParameterClient
 from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
 from psflow.train.duties import claim_run
-from psflow.train.evaluation import evaluate
+from psflow.train.evaluation import evaluate, parameters
 from psflow.train.final_snapshot import Resumed, final_snapshot, resumed_from
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
@@ -125,7 +125,8 @@ def _run_claimed(config: TrainConfig, output_dir: str,
             logging.getLogger(__name__).exception("could not write the final snapshot of the run that failed")
         raise
     eval_batch = load_eval(config)
-    evaluation = evaluate(model, client, eval_batch) if eval_batch is not None else None
+    source = parameters(client, moving_averages=config.eval_moving_averages)
+    evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
     final = run.snapshot("finished", rate_seconds=result.wall_seconds, evaluation=evaluation,
                          extra={"examples_processed": result.examples, "workers": [asdict(result)]})
     if final.get("checkpoints_failed"):
