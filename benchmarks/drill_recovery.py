@@ -32,13 +32,22 @@ names readable and of the run that trained, the lock released::
 
     .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 3
 
+Pointer and run-directory drills (issue 25): ``--pointer-drills N`` (1) runs of each of: a checkpoint
+pointer deleted, damaged (300 random bytes) or naming a complete checkpoint outside the directory between
+two runs on one ``--checkpoint-dir`` (the second must restore the newest checkpoint inside, print a line
+naming the pointer, and leave exactly the newest ``--max-to-keep`` complete checkpoints of both runs), and
+two runs on one ``--output`` (exactly one trains, the other is refused naming it)::
+
+    .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 0 --pointer-drills 1 \
+        --state-drills 0                                          # -> benchmarks/results/pointer_drill.md
+
 ps-state drills (issue 25, item 2): ``--state-drills N`` (1) runs of each of: ps task 1 killed at a random step
 of a run without ``--checkpoint-dir`` under ``--restart-policy on-failure`` (restored from ``<output>/checkpoints``,
 each record trained once per epoch), under ``--restart-policy never`` (the run fails saying the variables are
 lost), and at step 1-5 under ``on-failure`` (restored, or failed with the line naming what was lost). Never an
 exit 0 with a restarted ps task initialized fresh beside trained ones::
 
-    .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 0 --state-drills 1
+    .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 0 --pointer-drills 0 --state-drills 1
 """
 
 from __future__ import annotations
@@ -65,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integ
 
 from support import A9A, run_cli  # noqa: E402
 from test_checkpoint_safety import (  # noqa: E402
+    COMMON,
     all_listed_readable,
     background_run,
     no_partial_directories,
@@ -90,12 +100,15 @@ def main() -> int:
                         help="runs of each of SIGTERM and SIGKILL to psflow train itself (2)")
     parser.add_argument("--storage-drills", type=int, default=1,
                         help="runs of each of a full checkpoint disk and two runs sharing a checkpoint directory (1)")
+    parser.add_argument("--pointer-drills", type=int, default=1,
+                        help="runs of each of a deleted, damaged and outside checkpoint pointer, and two runs sharing "
+                             "one --output (1)")
     parser.add_argument("--state-drills", type=int, default=1,
                         help="runs of each ps-task kill without --checkpoint-dir: on-failure, never, at once (1)")
     args = parser.parse_args()
     suffix = "" if args.mode == "async" else "_" + args.mode
-    kind = "recovery" if args.points else "launcher" if args.launcher_drills else "storage" if args.storage_drills \
-        else "state"
+    kind = ("recovery" if args.points else "launcher" if args.launcher_drills else "storage" if args.storage_drills
+            else "pointer" if args.pointer_drills else "state")
     args.out = args.out or f"benchmarks/results/{kind}_drill{suffix}.md"
     mode = ["--mode", args.mode]
     rng = random.Random(args.seed)
@@ -134,18 +147,21 @@ def main() -> int:
         launcher_rows, launcher_failures = launcher_drills(Path(tmp), args.launcher_drills, mode, rng,
                                                            args.keep_failed)
         storage_rows, storage_failures = storage_drills(Path(tmp), args.storage_drills, rng, args.keep_failed)
+        pointer_rows, pointer_failures = pointer_drills(Path(tmp), args.pointer_drills, rng, args.keep_failed)
         state_rows, state_failures = state_drills(Path(tmp), args.state_drills, rng, args.keep_failed)
     sections = [role_section(args, baseline, rows, failures)] if args.points else []
     if launcher_rows:
         sections.append(launcher_section(args, launcher_rows, launcher_failures))
     if storage_rows:
         sections.append(storage_section(args, storage_rows, storage_failures))
+    if pointer_rows:
+        sections.append(pointer_section(args, pointer_rows, pointer_failures))
     if state_rows:
         sections.append(state_section(args, state_rows, state_failures))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(sections))
     print(f"wrote {args.out}")
-    return 1 if failures or launcher_failures or storage_failures or state_failures else 0
+    return 1 if failures or launcher_failures or storage_failures or pointer_failures or state_failures else 0
 
 
 def role_section(args: argparse.Namespace, baseline: float, rows: list[str], failures: int) -> str:
@@ -350,6 +366,136 @@ def storage_section(args: argparse.Namespace, rows: list[str], failures: int) ->
         "Disk full: exit 1 after 3 failed saves in a row, a console line per failed save, no partial checkpoint. "
         "Two runs: exactly one trains, the other is refused before it starts a task. After each: no psflow "
         "process left (by pid), every checkpoint the pointer names readable and of the run that trained.",
+        "",
+        "| drill | detail | verdict |",
+        "|---|---|---|",
+        *rows,
+        "",
+        f"{len(rows) - failures} of {len(rows)} runs passed.",
+        "",
+    ])
+
+
+# ---- the pointer and the run directory (issue 25) ---------------------------------------------------------------
+POINTER_DAMAGES = ("deleted", "damaged", "outside")
+MAX_TO_KEEP = 5
+
+
+def pointer_drills(tmp: Path, runs: int, rng: random.Random, keep_failed: str | None) -> tuple[list[str], int]:
+    """``runs`` runs of :func:`pointer_drill` for each of :data:`POINTER_DAMAGES`, and of :func:`output_drill`;
+    returns the rows and the failures."""
+    rows, failures = [], 0
+    for n in range(runs):
+        drills = [(f"pointer {d}", functools.partial(pointer_drill, rng=rng, damage=d)) for d in POINTER_DAMAGES]
+        for name, drill in [*drills, ("two runs, one --output", functools.partial(output_drill, rng=rng))]:
+            out = tmp / f"pointer-{name.split()[-1].strip('-')}-{n}"
+            out.mkdir(parents=True)
+            detail, verdict = _attempt(out, functools.partial(drill, out), keep_failed, 200)
+            failures += verdict != "ok"
+            rows.append(f"| {name} | {detail or '-'} | {verdict} |")
+            print(rows[-1], flush=True)
+    return rows, failures
+
+
+def _complete_steps(ckpt: Path) -> dict[int, str]:
+    """global_step -> name of every complete checkpoint directly inside ``ckpt``."""
+    return {json.loads((p / "manifest.json").read_text())["global_step"]: p.name
+            for p in ckpt.glob("ckpt-*") if (p / "manifest.json").exists()}
+
+
+def pointer_drill(out: Path, *, rng: random.Random, damage: str) -> str:
+    """A run with checkpoints, its pointer deleted, damaged (300 random bytes) or naming a complete checkpoint
+    outside the directory (absolute path), then a run resuming there: it must restore the newest checkpoint inside,
+    say what was wrong with the pointer, and leave every complete checkpoint within ``--max-to-keep``.
+
+    Returns:
+        The row's detail: the step restored, the checkpoints kept.
+    """
+    ckpt = out / "ckpt"
+    every = rng.choice((15, 20, 25))
+    args = (*COMMON, "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", str(every),
+            "--max-to-keep", str(MAX_TO_KEEP), "--seed", str(rng.randrange(100)))
+    r = run_cli("train", *args, "--epochs", "1", "--output", str(out / "first"))
+    assert r.returncode == 0, f"first run: exit {r.returncode}: {r.stderr[-300:]}"
+    before = _complete_steps(ckpt)
+    newest = max(before)
+    outside = out / "elsewhere" / before[min(before)]
+    if damage == "deleted":
+        (ckpt / "checkpoint").unlink()
+    elif damage == "damaged":
+        (ckpt / "checkpoint").write_bytes(os.urandom(300))
+    else:
+        shutil.copytree(ckpt / before[min(before)], outside)
+        pointer = json.loads((ckpt / "checkpoint").read_text())
+        (ckpt / "checkpoint").write_text(json.dumps(dict(pointer, latest=str(outside), all=[str(outside)])))
+    more = rng.randrange(5, 2 * every)
+    second = out / "second"
+    r = run_cli("train", *args, "--epochs", "2", "--max-steps", str(newest + more), "--output", str(second))
+    assert r.returncode == 0, f"second run: exit {r.returncode}: {r.stderr[-300:]}"
+    assert f"checkpoint pointer {ckpt / 'checkpoint'} " in r.stderr and "; ignored: using the newest complete " \
+        f"checkpoint inside it, {before[newest]}" in r.stderr, f"no warning naming the pointer: {r.stderr[-500:]}"
+    logs = "".join(p.read_text(errors="replace") for p in (second / "logs").glob("worker-*.log"))
+    assert f"restored checkpoint {ckpt / before[newest]} at step {newest}" in logs, "not restored from the newest inside"
+    saved = {int(step): Path(path).name for path, step in re.findall(r"saved checkpoint (\S+) at step (\d+)", logs)}
+    everything = {**before, **saved}
+    kept = sorted(everything)[-MAX_TO_KEEP:]
+    after = _complete_steps(ckpt)
+    assert sorted(after) == kept, f"complete checkpoints at steps {sorted(after)}; want the newest {MAX_TO_KEEP} of " \
+        f"{sorted(everything)}: {kept}"
+    assert all(after[s] == everything[s] for s in kept), f"{after} is not {everything}"
+    if damage == "outside":
+        assert (outside / "manifest.json").exists(), "the checkpoint outside was touched"
+    no_partial_directories(ckpt)
+    all_listed_readable(ckpt)
+    _no_process_left(out / "first", second)
+    return (f"restored step {newest} (newest inside); kept steps {', '.join(map(str, kept))} "
+            f"({len(before)} before + {len(saved)} saved, --max-to-keep {MAX_TO_KEEP})")
+
+
+def output_drill(out: Path, *, rng: random.Random) -> str:
+    """Two runs of other seeds on one ``--output``, the second 0-0.5 s after the first: exactly one trains (exit 0,
+    every record of both epochs counted once); the other is refused in one line naming it, before it writes there.
+
+    Returns:
+        The row's detail: the delay, which run trained.
+    """
+    run_dir = out / "run"
+    delay = round(rng.uniform(0.0, 0.5), 2)
+    with background_run(run_dir, "--epochs", "2", "--seed", "1") as first:
+        time.sleep(delay)
+        with background_run(run_dir, "--epochs", "2", "--seed", "2") as second:
+            results = [p.communicate(timeout=250) for p in (first, second)]
+    codes = [first.returncode, second.returncode]
+    assert sorted(codes) == [0, 1], f"exits {codes}: {[r[1][-300:] for r in results]}"
+    winner, loser = codes.index(0), codes.index(1)
+    refusal = [line for line in results[loser][1].splitlines() if "error:" in line]
+    assert len(refusal) == 1 and f"run directory {run_dir} is in use by run " in refusal[0] \
+        and "Traceback" not in results[loser][1], results[loser][1][-500:]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["seed"] == winner + 1 and f"is in use by run {config['run_id']} " in refusal[0], refusal[0]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    records = sum(1 for _ in open(A9A))
+    assert metrics["examples"] == 2 * records, f"examples {metrics['examples']}, want {2 * records}"
+    assert not (run_dir / "run.lock").exists(), "the run directory's lock was not released"
+    _no_process_left(run_dir)
+    holder = refusal[0][refusal[0].index("is in use by run "):refusal[0].index(")") + 1]
+    return (f"second after {delay:.2f} s: {('first', 'second')[winner]} trained ({metrics['global_step']} steps, "
+            f"{metrics['examples']} examples), the other refused: run directory {holder}")
+
+
+def pointer_section(args: argparse.Namespace, rows: list[str], failures: int) -> str:
+    return "\n".join([
+        "# Pointer and run-directory drill (issue 25)",
+        "",
+        f"`benchmarks/drill_recovery.py --pointer-drills {args.pointer_drills} --seed {args.seed}` "
+        f"({time.strftime('%Y-%m-%d')}): a9a, 2 ps + 2 workers, batch 512.",
+        f"Pointer: one epoch with a checkpoint every 15-25 steps and --max-to-keep {MAX_TO_KEEP}; then the pointer is "
+        "deleted, overwritten with 300 random bytes, or made to name a complete checkpoint outside the directory "
+        "(absolute path); then a second run (2 epochs, --max-steps a few steps on). Checks: it restores the newest "
+        "checkpoint inside, prints a line naming the pointer file and what was wrong, and afterwards the complete "
+        f"checkpoints are exactly the newest {MAX_TO_KEEP} of all saved by both runs, every one readable. "
+        "Two runs on one --output, the second 0-0.5 s after the first: exactly one trains (every record of both "
+        "epochs counted once), the other is refused in one line naming it; no process left.",
         "",
         "| drill | detail | verdict |",
         "|---|---|---|",
