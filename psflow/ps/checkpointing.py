@@ -32,9 +32,11 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
     With ``"values_only": true`` (a warm start) only the values are loaded:
     slots keep their initial values and no slot array may be sent; a moving
     average starts at the loaded value (as it starts at the initial value).
-    An averaged partition's moving average is its slot ``ExponentialMovingAverage``
-    (``"global_step": S`` or ``"averages_step": S`` tells a task the step the
-    averages belong to; see :class:`psflow.ps.averages.MovingAverages`).
+    An averaged partition's moving average is its slot ``ExponentialMovingAverage``.
+    ``"restored_step": S`` (every task; the task holding global_step reads
+    ``global_step`` without it) is the checkpoint's global_step: the moving
+    averages belong to it (:class:`psflow.ps.averages.MovingAverages`), and in
+    sync mode a task's count of aggregated steps starts over there.
     A dynamic table's partition is loaded from the arrays ``d/<key>/<name>``
     of a :meth:`~psflow.ps.dynamic.DynamicTable.snapshot` (``ids``, ``values``,
     ``slot/*``, ``state/*``, ``last_step``, ``frequency``, ``step``): every row
@@ -328,8 +330,8 @@ class CheckpointHandlers:
         if step is not None and svc.global_step is not None:
             svc.global_step.set(step)
         if not values_only:
-            averages_step = frame.meta.get("averages_step", step)
-            svc.averages.restored(averages_step if type(averages_step) is int and averages_step >= 0 else None)
+            restored = frame.meta.get("restored_step", step)
+            svc.restored_at(restored if type(restored) is int and restored >= 0 else None)
         if positions is not None:
             svc.set_reader_positions(positions, examples)
         if lineage is not None:

@@ -400,6 +400,15 @@ class ParameterService:
                                       f"sync step abandoned")
             return self._gate.wait_for(lambda: self._inflight == 0, timeout=drain_timeout)
 
+    def restored_at(self, step: int | None) -> None:
+        """A checkpoint of global step ``step`` was loaded here (None: unknown): the moving averages belong
+        to it, and in sync mode this task's count of aggregated steps starts over there (ps task 0's is
+        global_step itself, set by the load), so the workers' gradients of step ``step`` are this task's too."""
+        self.averages.restored(step)
+        if step is not None and self.aggregator is not None and self.global_step is None:
+            self._sync_step.set(step)
+            self.aggregator.reset()
+
     def finish_restore(self, generation: int, step: int | None) -> None:
         """Takes the restore's ``generation`` (the caller then marks the task ready); in sync
         mode, the sync step starts over at the restored global_step ``step``."""

@@ -1039,7 +1039,7 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     restored_step = manifest.global_step if global_step is None else global_step
     calls: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
     for task, (keys, arrays) in per_task.items():
-        meta: dict[str, Any] = {"parts": keys, "averages_step": restored_step}
+        meta: dict[str, Any] = {"parts": keys, "restored_step": restored_step}
         if task == client.step_task:
             meta.update(global_step=restored_step, positions=manifest.reader_positions, examples=manifest.examples)
             if manifest.lineage:  # the restored cluster continues the checkpoint's lineage

@@ -190,7 +190,7 @@ def test_a_checkpoint_shard_holds_the_average_as_a_slot_and_a_load_restores_it()
     meta, _ = services[1].handlers()["SaveShard"](Frame({"path": None}))
     assert [p["slots"] for p in meta["partitions"] if p["var"] == "w"] == [["ExponentialMovingAverage"]]
     average = np.full((2, 2), 7.0, np.float32)
-    services[1].handlers()["LoadShard"](Frame({"parts": ["w/part_1"], "averages_step": 9},
+    services[1].handlers()["LoadShard"](Frame({"parts": ["w/part_1"], "restored_step": 9},
                                               {"v/w/part_1": np.zeros((2, 2), np.float32),
                                                "s/w/part_1/ExponentialMovingAverage": average}))
     np.testing.assert_array_equal(services[1].store.get("w/part_1").average, average)

@@ -14,6 +14,7 @@ from psflow.gradients import DenseGradient
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
+from psflow.ps.sync import SyncConfig
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.build import build_model
 from psflow.train.checkpoint import CheckpointManager, averaged_variables, read_manifest, read_variables, restore
@@ -24,7 +25,7 @@ from psflow.train.preflight import check_resume, ps_memory
 SGD = OptimizerSpec("sgd", {"learning_rate": 0.5})
 
 
-def _client(num_ps: int, decay: float | None) -> ParameterClient:
+def _client(num_ps: int, decay: float | None, sync: SyncConfig | None = None) -> ParameterClient:
     """``num_ps`` in-process ps services holding 'w' (6 rows, one partition per task; averaged at ``decay``)."""
     cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(num_ps)]})
     vs = VariableSet(replica_device_setter(cluster=cluster))
@@ -32,7 +33,7 @@ def _client(num_ps: int, decay: float | None) -> ParameterClient:
                     partitioner=fixed_size_partitioner(num_ps) if num_ps > 1 else None, moving_average_decay=decay)
     services = [ParameterService(i, holds_global_step=i == 0) for i in range(num_ps)]
     channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
-    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels)
+    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels, sync=sync)
     client.register(SGD, chief=True)
     return client
 
@@ -98,3 +99,20 @@ def test_the_resume_check_does_not_count_an_average_as_an_optimizer_slot(tmp_pat
         check_resume(adam, build_model(adam, ClusterSpec({"ps": ["127.0.0.1:1"]}))[1].placements())
     (weights, *_) = ps_memory(variables.placements(), config.optimizer_spec())
     assert (weights.bytes, weights.slots) == (124 * 4 * 2, 1)  # values and their average
+
+
+def test_a_resumed_sync_run_continues_at_the_checkpoints_step_on_every_ps_task(tmp_path: Path) -> None:
+    """In sync mode each ps task counts its aggregated steps; a restore starts every task's count at the
+    checkpoint's step (ps task 1 refused the resumed workers' gradients as 'ahead of step 0' before), and the
+    averages move at the steps after it."""
+    sync = SyncConfig(mode="sync", replicas_to_aggregate=1, total_num_replicas=1)
+    source = _client(2, 0.9, sync)
+    _train(source, 3)
+    saved = CheckpointManager(str(tmp_path / "ckpt"), transport="rpc").save(source, optimizer=SGD.to_json())
+    resumed = _client(2, 0.9, sync)
+    restore(resumed, saved.path)
+    for client in (source, resumed):
+        _train(client, 2)
+        assert client.last_pull_step == 4 and client.global_step() == 5
+    np.testing.assert_allclose(resumed.pull({"w": None}, averages=True)["w"], source.pull({"w": None}, averages=True)["w"],
+                               rtol=1e-6)
