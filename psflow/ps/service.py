@@ -19,7 +19,8 @@ Methods (all take and return :mod:`psflow.rpc.framing` frames):
     A push whose meta has ``worker`` and ``position`` (ReaderPosition JSON)
     records it as that worker's reader position.
 ``Pull``
-    ``meta = {"vars": [[key, rows_array_name | null], ...], "create": bool}`` -> arrays ``{key: values}``.
+    ``meta = {"vars": [[key, rows_array_name | null], ...], "create": bool, "averages": bool}`` -> arrays
+    ``{key: values}`` (``averages``: an averaged partition's moving average instead of its value).
     A dynamic table's partition (:mod:`psflow.ps.dynamic`) is read by ids only:
     ids without a row read as zeros; with ``create`` (a training lookup) the
     ids' sightings are counted and admitted ids get rows (possibly evicting
