@@ -98,7 +98,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     if job == "client":
         if config is None:
             raise SystemExit("the in-graph client needs a training config")
-        from psflow.train.in_graph import run_in_graph_client
+        from psflow.train.in_graph_client import run_in_graph_client
 
         result = run_in_graph_client(config, cluster, token=token, tls=tls)  # a stop ends it by the stop's deadline
         if result_path:

@@ -83,8 +83,12 @@ def fault_exit(point: str | None) -> Callable[[str], None] | None:
 
 
 def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient, model: Model,
-                 job: str, task_index: int, *, leadership: Leadership | None = None) -> MonitoredTrainingSession:
+                 job: str, task_index: int, *, leadership: Leadership | None = None,
+                 chief: bool | None = None) -> MonitoredTrainingSession:
     """The session of worker ``/job:<job>/task:<task_index>`` (not yet entered).
+
+    ``chief``: whether this session holds the chief duties; None: the configured chief's
+    (:func:`~psflow.train.chief.is_chief`). An in-graph run's client passes True: it is the run's chief.
 
     With ``leadership`` (chief election), every worker gets the chief hooks,
     each wrapped in a :class:`~psflow.train.recovery.LeaderOnlyHook`: they act
@@ -93,7 +97,7 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     for the lease once it runs steps. Initialization (or the restore at start)
     stays with the configured chief.
     """
-    chief = is_chief(cluster, job, task_index)
+    chief = is_chief(cluster, job, task_index) if chief is None else chief
     duties = chief or leadership is not None
     hooks: list[SessionRunHook] = [NanLossHook(), StepCounterHook(every_steps=config.log_every, name=client.client_name)]
     if config.max_steps is not None:

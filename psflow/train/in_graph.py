@@ -1,22 +1,22 @@
-"""In-graph replication: one client drives every worker task.
+"""In-graph replication: one client drives every worker task (the worker's side and the client's face).
 
-The client (one process, which also reads all the data) splits each batch
-into one slice per worker and asks each worker task, over gRPC, to run a step
-on its slice (:class:`Session`). Every worker builds the run's model from its
-own config (:func:`psflow.train.build.build_model`), so only the batch's
-arrays travel. The step's code is named by an import path
-(``module:function``) that the worker resolves only from its allowlist
-(:data:`BUILTIN_STEPS`: :func:`model_step`, the model's own step, plus what
-its config adds); no code or pickle ever crosses the wire.
+The client (one process, which also reads all the data and holds the chief
+duties: :mod:`psflow.train.in_graph_client`) splits each batch into one slice
+per worker and asks each worker task, over gRPC, to run a step on its slice
+(:class:`Session`). Every worker builds the run's model from its own config
+(:func:`psflow.train.build.build_model`), so only the batch's arrays travel.
+The step's code is named by an import path (``module:function``) that the
+worker resolves only from its allowlist (:data:`BUILTIN_STEPS`:
+:func:`model_step`, the model's own step, plus what its config adds); no code
+or pickle ever crosses the wire.
 
-Modes (``TrainConfig.mode``):
-    ``async``  each worker pulls, computes and pushes its own gradient; the
-               client gets back the global_step each push produced.
-    ``sync``   each worker pulls and computes, and returns its gradient
-               (:func:`psflow.train.step.compute_gradients`); the
-               client averages the W gradients and pushes once: one step per
-               client iteration (N workers of batch b = one process with
-               batch N·b, as in between-graph sync mode).
+A worker pulls and computes, and returns its gradient
+(:func:`psflow.train.step.compute_gradients`); the client pushes (in
+``async`` mode each slice's gradient, one step each; in ``sync`` mode the
+average of the W gradients, once: N workers of batch b = one process with
+batch N·b, as in between-graph sync mode). So a step the client runs again
+on a restarted worker is pushed once. ``RunStep`` with ``push`` set has the
+worker push itself (:class:`Session` users; the client does not).
 ``ssp`` is a between-graph mode only.
 
 The worker side is :class:`StepService` (``RunStep`` on the WorkerService of a
@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterSpec
-from psflow.data import Batch, DatasetConfig, SparseColumn, open_dataset
+from psflow.data import Batch, SparseColumn
 from psflow.data.unique import unique_inverse
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.api import Model
@@ -46,14 +44,12 @@ from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.grpc_server import Reply
 from psflow.rpc.tls import TlsConfig
-from psflow.train.build import build_model, data_options
-from psflow.train.chief import join_cluster
+from psflow.train.build import build_model
 from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
-from psflow.train.hooks import NanLossError, format_metrics, nan_loss_message
 from psflow.train.step import compute_gradients
 
-__all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepOutput", "model_step", "run_in_graph_client"]
+__all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepOutput", "average_gradients", "frame_loss", "model_step"]
 
 log = logging.getLogger("psflow.in_graph")
 
@@ -209,6 +205,10 @@ class Session:
         """Runs ``step_fn`` on ``batch`` on this worker; see :class:`StepService`."""
         return self.run_async(step_fn, batch, push=push)()
 
+    def reconnect(self) -> None:
+        """A fresh channel to the worker (after it failed: a restarted worker is tried at the next call)."""
+        self._channel.reconnect()
+
     def close(self) -> None:
         self._channel.close()
 
@@ -232,77 +232,7 @@ def average_gradients(all_grads: Sequence[Gradients]) -> Gradients:
     return out
 
 
-def _loss(frame: Frame) -> float:
+def frame_loss(frame: Frame) -> float:
     """A worker's loss from its RunStep reply; NaN where it was not finite (the frame header carries it as null)."""
     loss = frame.meta.get("loss")
     return float(loss) if isinstance(loss, (int, float)) else float("nan")
-
-
-def _check_losses(workers: Sequence[str], losses: Sequence[float], steps: Sequence[int], big: Batch) -> None:
-    """Raises NanLossError naming the first worker whose loss is not finite, the step and the batch's source
-    (the in-graph batch its slice was cut from); ``steps``: one per worker (async) or the aggregated one (sync)."""
-    for i, loss in enumerate(losses):
-        if not math.isfinite(loss):
-            raise NanLossError(nan_loss_message(workers[i], loss, steps[min(i, len(steps) - 1)], big.source))
-
-
-def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str | None = None,
-                        tls: TlsConfig | None = None) -> dict[str, Any]:
-    """The in-graph client: reads all the data and drives every worker until it ends.
-
-    Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds"}``. Its channels (to
-    every worker's StepService and every ps task) use ``tls`` (``None``: plain text).
-    """
-    if config.mode == "ssp":
-        raise ValueError("--mode ssp needs between-graph replication")
-    connect = ConnectConfig(connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=token,
-                            tls=tls, transport=config.transport)
-    workers = cluster.task_indices("worker")
-    sessions = [Session(f"grpc://{cluster.task_address('worker', i)}", task=f"/job:worker/task:{i}", config=connect)
-                for i in workers]
-    model, variables = build_model(config, cluster)
-    client = ParameterClient(cluster, variables.placements(), client_name="in-graph client", config=connect)
-    client.connect()
-    # The one client of an in-graph run is the chief.
-    join_cluster(client, config.optimizer_spec(), chief=True, warm_start_from=config.warm_start,
-                 initial_values=model.initial_values)
-    for s in sessions:
-        s.connect()
-    step_fn = BUILTIN_STEPS[0]
-    sync = config.mode == "sync"
-    steps = examples = 0
-    started = time.monotonic()
-    dataset_config = DatasetConfig(paths=tuple(config.train), format=config.format,
-                                   batch_size=config.batch_size * len(workers), num_epochs=config.epochs,
-                                   shuffle_buffer=config.shuffle_buffer, seed=config.seed, **data_options(config))
-    with open_dataset(dataset_config, start=True) as data:
-        for big in data:
-            n = big.num_examples
-            bounds = np.linspace(0, n, len(sessions) + 1).astype(int)
-            slices = [(s, big.slice(int(a), int(b))) for s, a, b in zip(sessions, bounds[:-1], bounds[1:], strict=True)
-                      if b > a]
-            pending = [(batch, s.run_async(step_fn, batch, push=not sync)) for s, batch in slices]
-            results = [(batch, fn()) for batch, fn in pending]
-            losses = [_loss(frame) for _, (frame, _) in results]
-            if sync:
-                grads = average_gradients([g for _, (_, g) in results])
-                read = min(int(f.meta["read_step"]) for _, (f, _) in results if f.meta.get("read_step") is not None)
-                new_steps = [client.push_detailed(grads, examples=n, loss=float(np.mean(losses)), read_step=read).step]
-            else:
-                new_steps = [int(frame.meta["step"]) for _, (frame, _) in results]
-            _check_losses([s.task for s, _ in slices], losses, new_steps, big)
-            examples += n
-            steps += len(new_steps)
-            for new_step in new_steps:
-                if new_step % config.log_every == 0:
-                    frames = [f for _, (f, _) in results]
-                    outputs = {k[2:]: np.concatenate([np.asarray(f.arrays[k]) for f in frames])
-                               for k in frames[0].arrays if k.startswith("o/")}
-                    log.info("in-graph client: step=%d loss=%.4f %s workers=%d", new_step, float(np.mean(losses)),
-                             format_metrics(model.metrics(big.labels, outputs)), len(results))
-            if config.max_steps is not None and max(new_steps) >= config.max_steps:
-                break
-    for s in sessions:
-        s.close()
-    client.close()
-    return {"steps": steps, "examples": examples, "wall_seconds": time.monotonic() - started}

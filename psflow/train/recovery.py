@@ -419,8 +419,11 @@ class ClusterRecovery:
                     return True, position
             time.sleep(poll)
 
-    def restore(self, lease: Lease, states: dict[int, dict[str, Any] | None]) -> None:
+    def restore(self, lease: Lease | None, states: dict[int, dict[str, Any] | None]) -> None:
         """(Chief) restores every ps task from the newest checkpoint at a new generation.
+
+        ``lease``: the elected chief's, whose epoch fences the restore; None where no election
+        is held (an in-graph run's client, the run's only chief: :mod:`psflow.train.in_graph_client`).
 
         Raises:
             StateLostError: there is no checkpoint (names the tasks that lost their variables).
@@ -438,7 +441,9 @@ class ClusterRecovery:
         step_state = states[client.step_task]
         step_survived = step_state is not None and bool(step_state.get("registered"))
         client.register(self.optimizer, chief=True, defer_ready=True)
-        fence = {"generation": generation, "epoch": lease.epoch, "holder": lease.holder}
+        fence: dict[str, Any] = {"generation": generation}
+        if lease is not None:
+            fence.update(epoch=lease.epoch, holder=lease.holder)
         calls = {t: ch.call_async("BeginRestore", fence, timeout=30.0) for t, ch in client.channels.items()}
         replies = {t: reply.meta for t, reply in gather(calls).items()}
         manifest = read_manifest(latest)

@@ -161,7 +161,7 @@ def test_an_in_graph_run_drives_its_workers_over_mutual_tls(tmp_path: Path) -> N
     """The in-graph client (here, in the test process) reaches the worker's StepService over TLS, and
     the StepService's own client reaches the ps task over TLS."""
     from psflow.train.config import TrainConfig
-    from psflow.train.in_graph import run_in_graph_client
+    from psflow.train.in_graph_client import run_in_graph_client
 
     files = write_host_files(tmp_path / "pki", {"ps0": "127.0.0.1", "worker0": "127.0.0.1", "client": "127.0.0.1"})
     ports = free_ports(2)
