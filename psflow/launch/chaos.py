@@ -5,10 +5,14 @@ Grammar (one fault per spec)::
     SPEC   := ACTION ":" TARGET "@step=" N
     ACTION := "kill"          SIGKILL the task
             | "stop"          SIGSTOP the task (it hangs; it is not resumed)
-    TARGET := JOB ":" INDEX   e.g. ps:1, worker:0
+    TARGET := JOB ":" INDEX   e.g. ps:1, worker:0; client:0 (an in-graph run's client)
             | "chief"         the task holding the chief duties when the fault fires
 
 e.g. ``kill:ps:1@step=200``, ``kill:chief@step=50``, ``stop:worker:1@step=30``.
+
+An in-graph run's client (``/job:client/task:0``) is no task of the cluster,
+yet a fault may name it (``kill:client:0``): it is the run's chief, so
+``chief`` names it too.
 
 ``chief`` is whoever holds the chief duties at the moment the fault fires:
 in a run whose workers elect their chief (checkpoints, summaries or
@@ -68,7 +72,8 @@ from typing import Any
 from psflow.cluster import ClusterError, ClusterSpec
 from psflow.train.config import ConfigError
 
-__all__ = ["ChaosError", "Fault", "ChaosPlan", "InjectedFault", "ChaosInjector", "DutyHolder", "chief_task"]
+__all__ = ["ChaosError", "Fault", "ChaosPlan", "InjectedFault", "ChaosInjector", "DutyHolder", "IN_GRAPH_CLIENT",
+           "chief_task"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -119,6 +124,10 @@ class Fault:
         return _SIGNALS[self.action]
 
 
+#: An in-graph run's client as a fault names it (``kill:client:0``): outside the cluster, the run's chief.
+IN_GRAPH_CLIENT = ("client", 0)
+
+
 def chief_task(cluster: ClusterSpec) -> tuple[str, int]:
     """(job, index) of the chief: task 0 of job 'chief' if there is one, else worker 0 (TF1 convention)."""
     if "chief" in cluster.jobs:
@@ -151,8 +160,10 @@ class ChaosPlan:
         """
         return cls(tuple(Fault.parse(s) for s in specs))
 
-    def resolve(self, cluster: ClusterSpec) -> list[tuple[Fault, str, int]]:
+    def resolve(self, cluster: ClusterSpec, *, client: bool = False) -> list[tuple[Fault, str, int]]:
         """Each fault with the (job, index) it targets in ``cluster``, in the order given.
+
+        ``client``: the run has an in-graph client, ``("client", 0)``: faults may name it, and it is the chief.
 
         Raises:
             ChaosError: a fault names a job or task that is not in the cluster; or two faults of
@@ -161,10 +172,12 @@ class ChaosPlan:
         """
         out = []
         seen: dict[tuple[int, str, int], Fault] = {}
+        chief = IN_GRAPH_CLIENT if client else chief_task(cluster)
         for f in self.faults:
-            job, index = chief_task(cluster) if f.job is None else (f.job, f.index if f.index is not None else 0)
+            job, index = chief if f.job is None else (f.job, f.index if f.index is not None else 0)
             try:
-                cluster.task_address(job, index)
+                if not (client and (job, index) == IN_GRAPH_CLIENT):
+                    cluster.task_address(job, index)
             except ClusterError as e:
                 raise ChaosError(f"--chaos {f.spec!r}: {e}") from e
             other = seen.setdefault((f.step, job, index), f)
@@ -204,8 +217,8 @@ class ChaosInjector:
 
     def __init__(self, plan: ChaosPlan, cluster: ClusterSpec, find: Callable[[str, int], Any],
                  *, send: Callable[[int, int], None] = os.kill,
-                 holder: Callable[[], DutyHolder | None] | None = None) -> None:
-        """Prepares the plan for ``cluster``.
+                 holder: Callable[[], DutyHolder | None] | None = None, client: bool = False) -> None:
+        """Prepares the plan for ``cluster`` (with ``client``: and an in-graph client, see :meth:`ChaosPlan.resolve`).
 
         Args:
             plan: the faults.
@@ -220,7 +233,7 @@ class ChaosInjector:
             ChaosError: a fault names a task that is not in the cluster, or two faults of one
                 round name the same task.
         """
-        resolved = plan.resolve(cluster)
+        resolved = plan.resolve(cluster, client=client)
         steps = sorted({f.step for f, _, _ in resolved})
         # Rounds in step order; inside a round, the order given.
         self._rounds = [[entry for entry in resolved if entry[0].step == step] for step in steps]

@@ -359,7 +359,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
                      run={"mode": config.mode, "replication": config.replication}, out=progress or sys.stderr)
         lc.on_interrupt = end.interrupted
         lc.verbose = verbose
-        lc.resilience = Resilience(lc, resilience or ResilienceConfig())
+        lc.resilience = Resilience(lc, resilience or ResilienceConfig(), in_graph=config.replication == "in-graph")
         lc.resilience.start()
         # Serves the page unless --no-status; writes status.json and metrics.prom at the end either way.
         page = end.page = LauncherStatus(config, lc, output_dir, status or StatusConfig(), progress or sys.stderr)

@@ -60,7 +60,7 @@ from typing import Any, TextIO
 from psflow import jsonio
 from psflow.cluster import ClusterError, TaskId
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
-from psflow.launch.chaos import ChaosError, ChaosInjector, ChaosPlan, DutyHolder, chief_task
+from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, chief_task
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
@@ -98,8 +98,10 @@ class ResilienceConfig:
 class Resilience:
     """Failure handling for one local cluster; used by its watch loop only (not thread-safe)."""
 
-    def __init__(self, lc: Any, config: ResilienceConfig) -> None:
+    def __init__(self, lc: Any, config: ResilienceConfig, *, in_graph: bool = False) -> None:
         """Prepares supervisor, monitor and injector for ``lc`` (a LocalCluster); starts nothing.
+
+        ``in_graph``: the run's client (``/job:client/task:0``) is a task faults may name, and its chief.
 
         Raises:
             ChaosError: a chaos fault names a task that is not in the cluster.
@@ -107,8 +109,9 @@ class Resilience:
         self.lc = lc
         self.config = config
         self.supervisor = Supervisor(config.restart, self._restart)
-        self.injector = ChaosInjector(config.chaos, lc.cluster, self._find, holder=self._duty_holder) \
-            if config.chaos else None
+        self._chief = IN_GRAPH_CLIENT if in_graph else chief_task(lc.cluster)  # the configured chief
+        self.injector = ChaosInjector(config.chaos, lc.cluster, self._find, holder=self._duty_holder,
+                                      client=in_graph) if config.chaos else None
         self._coordination: CoordinationBackend | None = None  # asks who holds the chief lease (kill:chief)
         self._train_config: TrainConfig | None = None
         self._restarted_at: dict[str, float] = {}  # task -> wall time its current process was started by a restart
@@ -182,10 +185,10 @@ class Resilience:
                     self._train_config = TrainConfig.from_json(f.read())
             except (OSError, ValueError) as e:  # no run config to read: the configured chief
                 log.warning("chaos: cannot tell who holds the chief duties (%s); using the configured chief", e)
-                return DutyHolder(*chief_task(self.lc.cluster))
+                return DutyHolder(*self._chief)
         config = self._train_config
         if not elects_chief(config):
-            return DutyHolder(*chief_task(self.lc.cluster))
+            return DutyHolder(*self._chief)
         try:
             if self._coordination is None:
                 coordination = coordination_config(config, self.lc.cluster, token=self.lc.token)
@@ -333,7 +336,8 @@ def add_resilience_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--liveness-timeout", type=float, default=30.0,
                    help="seconds without an answer to a 1 s ping before a task is killed as hung (30; 0: off)")
     g.add_argument("--chaos", action="append", default=[], metavar="SPEC",
-                   help="inject a fault: kill:JOB:INDEX@step=N, kill:chief@step=N, stop:JOB:INDEX@step=N (repeatable)")
+                   help="inject a fault: kill:JOB:INDEX@step=N, kill:chief@step=N, stop:JOB:INDEX@step=N (repeatable; "
+                        "an in-graph run's client is client:0, and its chief)")
 
 
 def resilience_config(args: argparse.Namespace) -> ResilienceConfig:
