@@ -183,7 +183,7 @@ def test_in_graph_sync_equals_one_process_on_the_combined_batch(digits: Digits, 
     """In-graph (one client, a tower per worker task), as ``psflow train --replication in-graph`` runs it.
 
     The processes are started here (2 ps, 2 worker tasks serving RunStep, the client task) so that the
-    variables can be read from the ps tasks when the client is done: the in-graph client writes no checkpoint.
+    variables can be read from the ps tasks when the client is done (this config gives no checkpoint directory).
     """
     handle: ClusterHandle = local_cluster(2, WORKERS)
     config = five_step_config(digits, replication="in-graph")

@@ -40,16 +40,17 @@ def train(out: Path, *extra: str, timeout: float = 150) -> subprocess.CompletedP
     return run_cli(*args, timeout=timeout)
 
 
-def check_run(out: Path, baseline_auc: float) -> dict[str, Any]:
-    """The acceptance checks every disturbed run must pass; returns its metrics."""
+def check_run(out: Path, baseline_auc: float, *, logs: str = "worker-*.log", epochs: int = EPOCHS) -> dict[str, Any]:
+    """The acceptance checks every disturbed run of ``epochs`` epochs must pass; returns its metrics.
+    ``logs``: the logs that name the steps (an in-graph run's: ``client-*.log``)."""
     metrics: dict[str, Any] = json.loads((out / "metrics.json").read_text())
     assert abs(metrics["eval"]["auc"] - baseline_auc) <= 0.005, (metrics["eval"], baseline_auc)
-    steps = [int(s) for log in sorted((out / "logs").glob("worker-*.log"))
+    steps = [int(s) for log in sorted((out / "logs").glob(logs))
              for s in re.findall(r"\bstep=(\d+)", log.read_text())]
     assert steps and len(steps) == len(set(steps)), "a step was logged twice"
     # Every record trained exactly once per epoch in the surviving model's history: the example
     # count travels with the reader positions through checkpoints and restores.
-    assert metrics["ps"][0]["examples"] == EPOCHS * A9A_RECORDS, metrics["ps"][0]
+    assert metrics["ps"][0]["examples"] == epochs * A9A_RECORDS, metrics["ps"][0]
     names = json.loads((out / "ckpt" / "checkpoint").read_text())["all"]
     assert names
     for name in names:  # no checkpoint left unreadable
