@@ -1,6 +1,7 @@
 """The status page's HTTP server: the page, its JSON, and ``/metrics`` for Prometheus.
 
-Routes (GET and HEAD only; anything else is answered 405):
+Routes (GET and HEAD only; any other method, OPTIONS and TRACE included, is answered 405 with
+``Allow: GET, HEAD``):
 
 ``/``             the status page (plain HTML, a little JavaScript and CSS, served
                   from the package: nothing is loaded from elsewhere)
@@ -13,6 +14,17 @@ to any other address it requires the cluster token, as ``Authorization: Bearer
 TOKEN`` (what a Prometheus scrape config sends) or, for a browser, once as
 ``/?token=TOKEN``, which sets a cookie for the page's own requests. A request
 without it gets 401 and nothing else.
+
+Who may ask (the ``Host`` header): on loopback, where no token is asked for, a
+request must name this machine's loopback, ``localhost`` or a loopback address
+(``127.0.0.1``, ``[::1]``; any port, so that a tunnel's own port works); any
+other ``Host``, or none, is answered 421 with one short line. That is the guard
+against DNS rebinding: a web page the user visits at ``attacker.example``, whose
+name the attacker then points at 127.0.0.1, reaches the port, but its requests
+say ``Host: attacker.example``. Off loopback the page answers any ``Host`` (it is
+reached by names no one can list: the machine's, a load balancer's) and the
+token is the guard: a rebinding page has no token, and the browser sends the
+page's cookie only to the name it was set for (``SameSite=Strict``).
 
 Metrics (counters end in ``_total``; all values from the same snapshot):
 
@@ -43,11 +55,13 @@ so the last ``/metrics`` (``metrics.prom``) says what metrics.json says.
 
 from __future__ import annotations
 
+import errno
 import hmac
 import http.server
 import importlib.resources
 import ipaddress
 import logging
+import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -58,7 +72,7 @@ from psflow import jsonio
 from psflow.launch.status import StatusCollector
 from psflow.train.config import ConfigError
 
-__all__ = ["StatusConfig", "StatusServer", "prometheus_text", "is_loopback"]
+__all__ = ["StatusConfig", "StatusServer", "prometheus_text", "is_loopback", "is_loopback_host"]
 
 log = logging.getLogger("psflow.launch.status")
 
@@ -97,6 +111,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback_host(header: str | None) -> bool:
+    """Whether a request's ``Host`` header names this machine's loopback: ``localhost`` or a loopback
+    address (``127.0.0.1``, ``[::1]``, ...), with any port or none. A missing header is not."""
+    if not header:
+        return False
+    name = header.strip().lower()
+    if name.startswith("["):
+        name, bracket, rest = name[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return False
+    elif name.count(":") == 1:  # NAME:PORT (more colons: an IPv6 address without brackets)
+        name = name.partition(":")[0]
+    return is_loopback(name)
 
 
 def _page(name: str) -> bytes:
@@ -202,21 +231,23 @@ class StatusServer:
                  token: str | None = None) -> None:
         """Binds ``host:port`` (0: a free port); serves nothing until :meth:`start`.
 
+        ``host`` is an IPv4 or IPv6 address (``::1``, also written ``[::1]``) or a name.
+
         Raises:
-            ConfigError: ``host`` is not a loopback address and there is no token to require,
-                or the address cannot be bound (names it).
+            ConfigError: ``host`` is not a loopback address and there is no token to require, or
+                the address cannot be bound: the message names ``--status-port`` where the port is
+                at fault (out of range, in use, privileged) and ``--status-host`` otherwise.
         """
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
         if not is_loopback(host) and not token:
             raise ConfigError(f"--status-host {host}: a status page on an address other than loopback requires the "
                               "cluster token (PSFLOW_TOKEN); without one, keep it on 127.0.0.1")
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--status-port {port}: want a port in [0, 65535] (0: a free one)")
         self.collector = collector
         self._token = token if not is_loopback(host) else None
-        handler = _handler(self)
-        try:
-            self._httpd = http.server.ThreadingHTTPServer((host, port), handler)
-        except OSError as e:
-            raise ConfigError(f"--status-port {port}: cannot serve the status page on {host}:{port}: "
-                              f"{e.strerror or e}") from None
+        self._httpd = _bind(host, port, _handler(self))
         self._httpd.daemon_threads = True
         self.host, self.port = host, int(self._httpd.server_address[1])
         self._thread: threading.Thread | None = None
@@ -240,6 +271,11 @@ class StatusServer:
             self._thread.join(timeout=5)
             self._thread = None
         self._httpd.server_close()
+
+    def host_allowed(self, host: str | None) -> bool:
+        """Whether a request with this ``Host`` header is answered: on loopback only a loopback name
+        (the DNS-rebinding guard); off loopback any (the token guards it). See the module docstring."""
+        return self._token is not None or is_loopback_host(host)
 
     def authorized(self, headers: Any, query: dict[str, list[str]]) -> tuple[bool, str | None]:
         """(allowed, token to set as a cookie)."""
@@ -265,6 +301,30 @@ class StatusServer:
         self.close()
 
 
+class _Server6(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _bind(host: str, port: int, handler: type[http.server.BaseHTTPRequestHandler]) -> http.server.ThreadingHTTPServer:
+    """The HTTP server bound to ``host:port``, IPv6 where ``host`` is an IPv6 address; a failure is a
+    ConfigError naming the flag at fault."""
+    server = _Server6 if ":" in host else http.server.ThreadingHTTPServer
+    where = f"cannot serve the status page on {f'[{host}]' if ':' in host else host}:{port}"
+    try:
+        return server((host, port), handler)
+    except socket.gaierror as e:
+        raise ConfigError(f"--status-host {host}: {where}: the name does not resolve ({e.strerror or e})") from None
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"--status-port {port}: {where}: port {port} is already in use (another process "
+                              "listens on it)") from None
+        if e.errno == errno.EACCES:
+            raise ConfigError(f"--status-port {port}: {where}: permission denied (a port below 1024 needs "
+                              "privileges)") from None
+        hint = " (not an address of this machine)" if e.errno == errno.EADDRNOTAVAIL else ""
+        raise ConfigError(f"--status-host {host}: {where}: {e.strerror or e}{hint}") from None
+
+
 def _handler(server: StatusServer) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         server_version = "psflow-status"
@@ -279,11 +339,28 @@ def _handler(server: StatusServer) -> type[http.server.BaseHTTPRequestHandler]:
             self._serve(head=False)
 
         def _refuse(self) -> None:
+            if self._misdirected(head=False):
+                return
             self._reply(405, b"read-only: GET and HEAD only\n", "text/plain; charset=utf-8", extra={"Allow": "GET, HEAD"})
 
-        do_POST = do_PUT = do_DELETE = do_PATCH = _refuse  # noqa: N815
+        def __getattr__(self, name: str) -> Any:
+            # The base class answers a method it has no do_<METHOD> for with 501 (OPTIONS, TRACE,
+            # CONNECT, any word): this page answers every method but GET and HEAD with 405.
+            if name.startswith("do_"):
+                return self._refuse
+            raise AttributeError(name)
+
+        def _misdirected(self, head: bool) -> bool:
+            """Answers 421 (and returns True) when the request does not say it is for this page."""
+            if server.host_allowed(self.headers.get("Host")):
+                return False
+            self._reply(421, b"psflow status page: refused: the Host header must be localhost or a loopback address "
+                             b"(this page is served on loopback only)\n", "text/plain; charset=utf-8", head=head)
+            return True
 
         def _serve(self, head: bool) -> None:
+            if self._misdirected(head):
+                return
             url = urllib.parse.urlsplit(self.path)
             ok, cookie = server.authorized(self.headers, urllib.parse.parse_qs(url.query))
             if not ok:

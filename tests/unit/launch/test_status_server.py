@@ -131,3 +131,95 @@ def test_render_status_of_a_sync_run_names_who_the_step_waits_for() -> None:
     }
     text = render_status(snapshot)
     assert "waiting 2.5 s for /job:worker/task:1" in text and "0.5 s ago" in text
+
+
+# ---- the doors (issue 30, item 2) ---------------------------------------------------------------
+def raw_request(port: int, request: bytes, host: str = "127.0.0.1") -> bytes:
+    """Sends ``request`` as it is (no Host header added) and returns the whole reply."""
+    import socket
+
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(request)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_on_loopback_a_request_by_another_name_is_refused(collector: StatusCollector) -> None:
+    """DNS rebinding: a web page at attacker.example whose name now resolves to 127.0.0.1 reaches the page with
+    ``Host: attacker.example:PORT``; it gets 421 and a short line, never the run's numbers."""
+    with StatusServer(collector) as server:
+        for path in ("", "api/status", "metrics", "status.js"):
+            for host in (f"attacker.example:{server.port}", "attacker.example", "localhost.attacker.example",
+                         f"10.0.0.5:{server.port}", f"127.0.0.1.nip.io:{server.port}"):
+                code, headers, body = fetch(server.url + path, headers={"Host": host})
+                assert code == 421, (path, host)
+                assert body.startswith(b"psflow status page: ") and len(body) < 300, body
+                assert b"psflow_" not in body and b"tasks" not in body and host.encode() not in body
+            assert fetch(server.url + path, method="HEAD", headers={"Host": "attacker.example"})[0] == 421
+        # The names this machine's loopback is reached by, on any port (a tunnel: ssh -L 9000:127.0.0.1:PORT).
+        for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}", f"LOCALHOST:{server.port}",
+                     "localhost", "127.0.0.1:9000", f"[::1]:{server.port}", "127.0.0.2:9000"):
+            code, _, body = fetch(server.url + "api/status", headers={"Host": host})
+            assert code == 200 and json.loads(body)["tasks"], host
+        # No Host at all (HTTP/1.0): what no browser sends; refused as well.
+        reply = raw_request(server.port, b"GET /api/status HTTP/1.0\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.0 421 ") and b"psflow_" not in reply and b'"tasks"' not in reply
+
+
+def test_off_loopback_the_token_guards_whatever_the_host(collector: StatusCollector) -> None:
+    """Bound to every address, the page is reached by names nobody can list (the machine's, a load balancer's):
+    it answers any Host, and the token is what a rebinding page does not have."""
+    with StatusServer(collector, host="0.0.0.0", token=TOKEN) as server:
+        local = f"http://127.0.0.1:{server.port}/"
+        assert fetch(local + "api/status", headers={"Host": "attacker.example"})[0] == 401
+        code, _, body = fetch(local + "api/status", headers={"Host": "ps-host.cluster.internal:8080",
+                                                             "Authorization": f"Bearer {TOKEN}"})
+        assert code == 200 and json.loads(body)["tasks"]
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "TRACE", "CONNECT", "PROPFIND", "POST", "PATCH"])
+def test_every_method_but_get_and_head_is_405_with_allow(collector: StatusCollector, method: str) -> None:
+    with StatusServer(collector) as server:
+        reply = raw_request(server.port, f"{method} /api/status HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+                                         "Connection: close\r\n\r\n".encode())
+        head, _, body = reply.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.0 405 ") or head.startswith(b"HTTP/1.1 405 "), head
+        assert b"\r\nAllow: GET, HEAD" in head and b"psflow_" not in body and b'"tasks"' not in body
+
+
+def ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback")
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_the_page_serves_on_ipv6_loopback(collector: StatusCollector, host: str) -> None:
+    with StatusServer(collector, host=host) as server:
+        assert server.url == f"http://[::1]:{server.port}/"
+        code, _, body = fetch(server.url + "api/status")
+        assert code == 200 and len(json.loads(body)["tasks"]) == 3
+        assert fetch(server.url + "api/status", headers={"Host": "attacker.example"})[0] == 421
+
+
+def test_a_bad_address_or_port_names_its_own_flag(collector: StatusCollector) -> None:
+    with pytest.raises(ConfigError, match=r"^--status-host 192\.0\.2\.1: cannot serve the status page on "
+                                          r"192\.0\.2\.1:0: .*not an address of this machine"):
+        StatusServer(collector, host="192.0.2.1", token=TOKEN)  # TEST-NET-1: on no machine
+    with pytest.raises(ConfigError, match=r"^--status-host nosuch\.invalid: cannot serve the status page on "
+                                          r"nosuch\.invalid:0: the name does not resolve"):
+        StatusServer(collector, host="nosuch.invalid", token=TOKEN)
+    with pytest.raises(ConfigError, match=r"^--status-port 70000: want a port in \[0, 65535\]"):
+        StatusServer(collector, port=70000)
+    with StatusServer(collector) as first, pytest.raises(
+            ConfigError, match=rf"^--status-port {first.port}: cannot serve the status page on 127\.0\.0\.1:"
+                               rf"{first.port}: port {first.port} is already in use"):
+        StatusServer(collector, port=first.port)
