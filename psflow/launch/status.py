@@ -10,9 +10,14 @@
 ``loss`` (the cluster's moving average), ``last_step_loss`` (the newest push's loss),
 ``learning_rate`` (the run's learning rate in force: the next update's, as ps task 0 computes it)
 ``tasks``           one row per task: host, address, pid, state, last heartbeat,
-                    restarts, generation, exit, and ``history`` (deaths and restarts)
+                    restarts, generation and ``restored_at`` (ps tasks), exit, and
+                    ``history`` (deaths and restarts). Once the run is over
+                    (:meth:`StatusCollector.finish`) no task shows ``up``: one still
+                    running then shows ``finished`` (the run finished) or ``stopped``
 ``ps``              per ps task: request, byte and apply-time counters and their
-                    rates per second over the last sample, so a hot task stands out
+                    rates per second over the last sample, ``generation`` and
+                    ``restored_at``, and ``busiest`` (:func:`busiest_ps`), so a hot task
+                    stands out
 ``series``          time, global_step, examples/s and loss over the run (at most
                     ``HISTORY`` points; older ones thinned out evenly)
 ``scalars``         the chief's TensorBoard scalars so far (``train/loss``,
@@ -51,7 +56,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +66,7 @@ from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, Rpc
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tls import TlsConfig
 
-__all__ = ["FINAL_FIGURES", "HISTORY", "ProcessInfo", "StatusCollector", "STATUS_FILE"]
+__all__ = ["FINAL_FIGURES", "HISTORY", "ProcessInfo", "StatusCollector", "STATUS_FILE", "busiest_ps", "restored_at"]
 
 log = logging.getLogger("psflow.launch.status")
 
@@ -72,6 +77,8 @@ STATUS_FILE = "status.json"
 FINAL_FIGURES = ("global_step", "examples", "resumed_from", "examples_at_start", "examples_this_run", "wall_seconds",
                  "examples_per_sec", "loss", "last_step_loss", "eval", "checkpoints", "faults", "restarts", "hangs")
 _PS_COUNTERS = ("pushes", "pulls", "bytes_in", "bytes_out", "apply_seconds", "rows_pulled", "rows_pushed")
+#: States of a task that is (as far as anyone knows) still running; at the run's end they become its end.
+_RUNNING_STATES = ("up", "starting", "unresponsive", "unknown", "unreachable")
 
 
 @dataclass
@@ -161,6 +168,7 @@ class StatusCollector:
         self._ledger: dict[str, Any] | None = None
         self._run = {"started": self._started_wall, "phase": "starting", **dict(run or {})}
         self._final: dict[str, Any] | None = None
+        self._ended: dict[str, str] = {}  # task -> its state at the run's end, where it was still running
         self._lock = threading.Lock()
         self._sample_lock = threading.Lock()
         self._stop = threading.Event()
@@ -207,6 +215,13 @@ class StatusCollector:
             with self._lock:
                 self._final = {k: final[k] for k in FINAL_FIGURES if k in final}
                 self._run["phase"] = str(final.get("phase") or "finished")
+            # A task still running now is stopped next (the launcher's shutdown, or its stop after a failure):
+            # it shows as the run's end, and so it stays, whatever its process says later.
+            ended = "finished" if self._run["phase"] == "finished" else "stopped"
+            processes = dict(self._processes()) if self._processes is not None else {}
+            for t in self._tasks:
+                if self._task_row(t, processes.get(t.name), now)["state"] in _RUNNING_STATES:
+                    self._ended[t.name] = ended
             self._poll_summaries()
             return self._publish(now)
 
@@ -356,7 +371,7 @@ class StatusCollector:
             "learning_rate": head.get("learning_rate"),
             "eval": None,
             "tasks": [self._task_row(t, processes.get(t.name), now) for t in self._tasks],
-            "ps": [self._ps_row(i) for i in sorted(self._ps_stats)],
+            "ps": _mark_busiest([self._ps_row(i) for i in sorted(self._ps_stats)]),
             "series": {k: list(v) for k, v in self._series.items()},
             "scalars": {tag: [list(p) for p in points] for tag, points in sorted(self._scalars.items())},
             "staleness_histogram": dict(head.get("staleness_histogram") or {}),
@@ -380,14 +395,15 @@ class StatusCollector:
         else:
             state = "up" if answered_recently else ("unknown" if t.last_heartbeat is None else "unreachable")
             pid, restarts, history, exit_ = t.pid, t.pid_changes, [], None
+        state = self._ended.get(t.name, state)
         generation = self._ps_stats.get(t.index, {}).get("generation") if t.job == "ps" else None
         return {
             "task": t.name, "job": t.job, "index": t.index, "address": t.address,
             "host": t.address.rsplit(":", 1)[0], "pid": pid, "state": state, "exit": exit_,
             "last_heartbeat": t.last_heartbeat,
             "heartbeat_age": None if t.last_heartbeat is None else round(now - t.last_heartbeat, 2),
-            "restarts": restarts, "generation": generation, "last_error": t.last_error or None,
-            "history": list(history),
+            "restarts": restarts, "generation": generation, "restored_at": restored_at(generation),
+            "last_error": t.last_error or None, "history": list(history),
         }
 
     def _ps_row(self, index: int) -> dict[str, Any]:
@@ -398,6 +414,7 @@ class StatusCollector:
         if stats.get("dynamic_tables"):
             row["dynamic_tables"] = stats["dynamic_tables"]
         row["generation"] = stats.get("generation")
+        row["restored_at"] = restored_at(row["generation"])
         row["holds_global_step"] = stats.get("global_step") is not None
         row["rates"] = dict(self._ps_rates.get(index, {}))
         return row
@@ -422,6 +439,56 @@ class StatusCollector:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def restored_at(generation: Any) -> float | None:
+    """When the chief last restored a ps task (wall-clock seconds), from its ``generation``: 0 until
+    a restore, then the restore's wall-clock time in milliseconds (:mod:`psflow.train.recovery`).
+    None where there was no restore, or the number is not such a time (before 2001)."""
+    if isinstance(generation, int) and not isinstance(generation, bool) and generation >= 10**12:
+        return generation / 1000.0
+    return None
+
+
+def busiest_ps(rows: Sequence[Mapping[str, Any]]) -> int | None:
+    """The index of the busiest ps task among a snapshot's ``ps`` rows, or None (fewer than two tasks,
+    nothing moving, or a tie).
+
+    Busy is what costs a ps task: the bytes it moves (gradients in plus rows out) and the time it
+    spends applying updates, each as its share of all ps tasks' (a task's score is its share of the
+    bytes plus its share of the apply time). Request counts do not count: every step pushes to and
+    pulls from every ps task, so a task holding a 12-byte bias answers as many requests as one
+    holding the embedding table. Per second over the last sample; where nothing moved in it (an idle
+    or finished run), over the whole run (the counters' totals).
+    """
+    if len(rows) < 2:
+        return None
+
+    def measures(row: Mapping[str, Any], rates: bool) -> tuple[float, float]:
+        source = (row.get("rates") or {}) if rates else row
+        suffix = "_per_sec" if rates else ""
+        moved = sum(float(source.get(k + suffix) or 0.0) for k in ("bytes_in", "bytes_out"))
+        return moved, float(source.get("apply_seconds" + suffix) or 0.0)
+
+    for rates in (True, False):
+        values = [measures(r, rates) for r in rows]
+        total_bytes, total_apply = sum(v[0] for v in values), sum(v[1] for v in values)
+        if total_bytes > 0 or total_apply > 0:
+            break
+    else:
+        return None
+    scores = [(b / total_bytes if total_bytes else 0.0) + (a / total_apply if total_apply else 0.0) for b, a in values]
+    best = max(scores)
+    if scores.count(best) > 1:
+        return None
+    return int(rows[scores.index(best)]["index"])
+
+
+def _mark_busiest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    busiest = busiest_ps(rows)
+    for row in rows:
+        row["busiest"] = row["index"] == busiest
+    return rows
 
 
 def _ps_index(stats: Mapping[str, Any]) -> int | None:

@@ -86,6 +86,14 @@ function barChart(id, pairs) {
   });
 }
 
+// A ps task's generation is 0 until the chief restores the cluster, then the restore's wall-clock time
+// in ms: shown as that time (restored_at), never as the raw number.
+function restoredText(r) {
+  if (r.restored_at) return clock(r.restored_at);
+  if (r.generation === null || r.generation === undefined) return "–";
+  return r.generation === 0 ? "never" : `generation ${r.generation}`;
+}
+
 function historyText(history) {
   return (history || []).map((h) => `${clock(h.time)} ${h.event}${h.detail ? " (" + h.detail + ")" : ""}`).join(" → ");
 }
@@ -104,7 +112,7 @@ function renderTasks(tasks) {
     cell(row, t.state + (t.exit && t.state !== "up" ? ` (${t.exit})` : ""), "state");
     cell(row, t.last_heartbeat ? `${clock(t.last_heartbeat)} (${t.heartbeat_age} s ago)` : "never");
     cell(row, t.restarts);
-    cell(row, t.generation ?? "–");
+    cell(row, restoredText(t));
     cell(row, historyText(t.history), "history");
     body.appendChild(row);
   }
@@ -113,14 +121,12 @@ function renderTasks(tasks) {
 function renderPs(ps) {
   const body = $("ps").querySelector("tbody");
   body.replaceChildren();
-  const load = (r) => (r.rates ? (r.rates.apply_seconds_per_sec || 0) * 1e6 + (r.rates.pushes_per_sec || 0) + (r.rates.pulls_per_sec || 0) : 0);
-  const hottest = ps.length > 1 ? ps.reduce((a, b) => (load(b) > load(a) ? b : a)) : null;
-  for (const r of ps) {
+  for (const r of ps) {  // r.busiest: the collector's ranking by bytes moved and apply time (psflow.launch.status)
     const row = document.createElement("tr");
     row.dataset.task = r.task;
-    if (hottest === r && load(r) > 0) row.className = "hot";
+    if (r.busiest) row.className = "hot";
     const rate = r.rates || {};
-    cell(row, r.task + (hottest === r && load(r) > 0 ? "  (busiest)" : ""));
+    cell(row, r.task + (r.busiest ? "  (busiest)" : ""));
     cell(row, fmt(rate.pushes_per_sec));
     cell(row, fmt(rate.pulls_per_sec));
     cell(row, bytes(rate.bytes_in_per_sec));
@@ -129,7 +135,7 @@ function renderPs(ps) {
     cell(row, fmt(r.pushes));
     cell(row, fmt(r.pulls));
     cell(row, bytes(r.parameter_bytes));
-    cell(row, r.generation ?? "–");
+    cell(row, restoredText(r));
     body.appendChild(row);
   }
 }
