@@ -430,7 +430,7 @@ def _train(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(final_line(metrics), file=sys.stderr, flush=True)
         else:
-            print(f"psflow: {config.num_ps} ps + {config.num_workers} workers, run directory {output}", file=sys.stderr)
+            # The status URL is the run's first line, then "N ps + M workers, run directory ..." (LauncherStatus).
             metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
                                 resilience=resilience_config(args), status=status_config(args), verbose=args.verbose)
     summary = {k: metrics[k] for k in ("global_step", "examples", "examples_this_run", "wall_seconds",

@@ -7,8 +7,8 @@ process on ``--status-host``/``--status-port`` for as long as it runs.
 
 
 :class:`LauncherStatus` is what ``run_local`` holds for one run: it starts the
-collector and the HTTP server (printing ``psflow: status http://127.0.0.1:PORT/``)
-before any task starts, tells the collector each task process's pid, exit and
+collector and the HTTP server (printing ``psflow: status http://127.0.0.1:PORT/``, the
+run's first line, then the run's size and directory) before any task starts, tells the collector each task process's pid, exit and
 restarts (with a death-and-restart history per task), and the faults, restarts
 and hangs of :mod:`psflow.launch.resilience`. With ``--no-status`` it serves
 nothing and samples nothing, but is still there for the run's end.
@@ -80,7 +80,9 @@ class LauncherStatus:
     def __init__(self, config: TrainConfig, lc: Any, output_dir: str, status: StatusConfig,
                  out: TextIO | None) -> None:
         """Starts sampling and serving at once (the tasks may not be up yet: they show as starting);
-        with ``status.enabled`` false, neither (the collector is kept for the run's end).
+        with ``status.enabled`` false, neither (the collector is kept for the run's end). Prints
+        ``psflow: status URL`` on ``out`` (the run's first line, where nothing before it had to be
+        said), then ``psflow: N ps + M workers, run directory DIR``.
 
         Raises:
             ConfigError: the page's address cannot be bound, or needs a token it would not have.
@@ -95,17 +97,18 @@ class LauncherStatus:
                                          checkpoints=bool(config.checkpoint_dir), processes=self._processes,
                                          events=self._events)
         self.server: StatusServer | None = None
-        if not status.enabled:
-            return
-        try:
-            # The run's own cluster token is known to no one: off loopback the page requires PSFLOW_TOKEN.
-            self.server = StatusServer(self.collector, host=status.host, port=status.port, token=status.token)
-        except BaseException:
-            self.collector.stop()
-            raise
-        self.collector.start()
-        self.server.start()
-        print(f"psflow: status {self.server.url}", file=out, flush=True)
+        if status.enabled:
+            try:
+                # The run's own cluster token is known to no one: off loopback the page requires PSFLOW_TOKEN.
+                self.server = StatusServer(self.collector, host=status.host, port=status.port, token=status.token)
+            except BaseException:
+                self.collector.stop()
+                raise
+            self.collector.start()
+            self.server.start()
+            print(f"psflow: status {self.server.url}", file=out, flush=True)
+        print(f"psflow: {config.num_ps} ps + {config.num_workers} workers, run directory {output_dir}", file=out,
+              flush=True)
 
     @property
     def url(self) -> str | None:
