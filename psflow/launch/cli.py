@@ -9,7 +9,7 @@
 ``psflow predict`` score a data file with an exported model
 ``psflow report``  PNG plots of a run's loss, eval AUC and throughput
 ``psflow status RUN_DIR_OR_URL``  the live status page's picture of a run, in the terminal
-``psflow k8s render``  Kubernetes manifests (Services, StatefulSet, Jobs, a TFJob) for a cluster (docs/deploying.md)
+``psflow k8s render``  Kubernetes manifests (Services, StatefulSet, Jobs, a TFJob; or a JobSet) for a cluster (docs/deploying.md)
 
 Settings are parsed here, once, into a :class:`~psflow.train.config.TrainConfig`;
 ``TF_CONFIG`` and ``PSFLOW_TOKEN`` are read here and nowhere else.
@@ -52,7 +52,7 @@ from psflow.launch.progress import final_line
 from psflow.launch.report import RUN_SUMMARIES, ReportError
 from psflow.launch.tls_flags import add_tls_arguments, tls_config
 from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelError
-from psflow.models.registry import create_model, model_names
+from psflow.models.registry import create_model, model_class, model_names
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.ps.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
@@ -260,7 +260,8 @@ class _TrainingArgsParser(_Parser):
 
 
 def _k8s(args: argparse.Namespace) -> int:
-    """``psflow k8s render``: checks the training arguments as ``psflow server`` will parse them, then renders."""
+    """``psflow k8s render``: checks the training arguments as ``psflow server`` will parse them, and their
+    settings as ``psflow train`` checks them (:func:`_check_k8s_training`), then renders."""
     from psflow.launch.k8s import run_k8s
 
     check = _TrainingArgsParser(prog="psflow server", add_help=False)
@@ -270,7 +271,28 @@ def _k8s(args: argparse.Namespace) -> int:
         if getattr(given, flag) is not None:
             raise ConfigError(f"the training arguments after --: --{flag.replace('_', '-')}: the manifests set it "
                               "for each task")
-    return run_k8s(args)
+    given.command = "server"
+    return run_k8s(args, check_training=lambda cluster: _check_k8s_training(given, cluster))
+
+
+def _check_k8s_training(given: argparse.Namespace, cluster: ClusterSpec) -> None:
+    """The training settings of ``psflow k8s render`` checked as ``psflow train`` checks its own, for
+    ``cluster``'s tasks: ranges and combinations, the optimizer and schedule, the model's own flags, a
+    built-in model's name. Nothing is read: the paths are the pods' (a schema inferred from the first
+    training file, ``--schema``, a user's model module in the image), and no device is looked for.
+
+    Raises:
+        ConfigError: the first setting refused, after ``the training arguments after --: ``.
+    """
+    try:
+        if not given.train:
+            raise ConfigError("--train is required: the chief and the workers train on it (e.g. --train /data/...)")
+        trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)
+        config = _train_config(given, num_ps=cluster.num_tasks("ps"), num_workers=trainers)
+        if ":" not in config.model and config.model not in model_names():
+            model_class(config.model)  # refuses the unknown name, naming the known ones (imports nothing)
+    except (ConfigError, ModelError, OptimizerError, ScheduleError, DynamicTableError) as e:
+        raise ConfigError(f"the training arguments after --: {e}") from None
 
 
 def _model_params(pairs: list[str]) -> dict[str, Any]:
@@ -356,7 +378,18 @@ def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers: int | None = None) -> TrainConfig:
-    config = TrainConfig(
+    config = _train_config(args, num_ps=num_ps, num_workers=num_workers)
+    # Fail here, before any process starts: an unknown model, a module that does not import, a bad schema,
+    # devices the model cannot use.
+    model = create_model(config.model, model_config(config), search_path=config.model_path)
+    _check_devices(config, model)
+    return config
+
+
+def _train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: int | None) -> TrainConfig:
+    """The settings of the training flags, checked (ranges, combinations, optimizer, schedule, model parameters
+    given by their own flags); no file is read and no model built."""
+    return TrainConfig(
         train=tuple(args.train), eval=tuple(args.eval), format=args.format, num_features=args.num_features,
         model=args.model, model_path=os.getcwd() if ":" in args.model else None,
         model_params=_model_params(args.model_param) | _flag_params(args), embedding_dim=args.embedding_dim, warm_start=args.warm_start,
@@ -380,11 +413,6 @@ def _config(args: argparse.Namespace, *, num_ps: int | None = None, num_workers:
         devices=tuple(d.strip() for d in (args.devices or "").split(",") if d.strip()),
         **chief_config_fields(args),
     )
-    # Fail here, before any process starts: an unknown model, a module that does not import, a bad schema,
-    # devices the model cannot use.
-    model = create_model(config.model, model_config(config), search_path=config.model_path)
-    _check_devices(config, model)
-    return config
 
 
 def _check_devices(config: TrainConfig, model: Model) -> None:

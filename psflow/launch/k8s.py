@@ -30,8 +30,18 @@ the file's addresses were. :func:`render_manifests` builds, and
   an ``Evaluator`` replica (the operator leaves it out of every ``TF_CONFIG``'s
   cluster) and ``cleanPodPolicy: None``, so that the operator does not stop it
   when the chief finishes, before it has evaluated the final checkpoint.
-* ``cluster.json``: the cluster with the Service addresses; ``README.md``: how
-  to create the token Secret, apply, watch and clean up.
+* ``jobset.yaml`` (``--jobset``, instead of ``cluster.yaml`` and ``tfjob.yaml``): the
+  same cluster as one ``JobSet`` (jobset.x-k8s.io/v1alpha2, Kubernetes' SIG Apps API for
+  multi-job workloads, on which Kubeflow's Trainer v2 builds; TFJob is deprecated there): a
+  replicated job of one Indexed Job per psflow job (``ps``, ``worker``, ``chief``, the evaluator),
+  pods reached at their JobSet hostnames ``<name>-<job>-0-<i>.<name>`` (the JobSet's headless
+  Service, ``network.enableDNSHostnames``; see :attr:`Manifests.jobset_cluster`), ``TF_CONFIG``
+  from the pod's completion index, success when the training jobs (and the evaluator) have
+  succeeded (``successPolicy``; the JobSet then deletes the ps Job if its pods still run). The ps
+  tasks exit 0 once the run is over (no ``--keep-serving``); ps task 0's state goes on the
+  checkpoint claim (``state/``), as in the TFJob.
+* ``cluster.json``: the cluster with the Service addresses (with ``--jobset``, the JobSet's pod
+  addresses); ``README.md``: how to create the token Secret, apply, watch and clean up.
 
 How a pod knows its task: ``TF_CONFIG`` is in each pod's environment, complete.
 Kubernetes puts the pod's index in ``PSFLOW_TASK_INDEX`` (downward API: the
@@ -47,7 +57,11 @@ name, which DNS may not have yet when the process starts), ``--checkpoint-dir`` 
 claim, ps tasks ``--state-dir`` (and in the StatefulSet ``--keep-serving``), workers
 ``--status-port`` (the chief serves the
 status page on 127.0.0.1 in its pod: ``kubectl port-forward``), then the
-training arguments given after ``--``, which therefore win. The cluster token
+training arguments given after ``--``, which therefore win. Kubernetes expands
+``$(VAR)`` in a container's args, so every ``$`` of the training arguments is
+written ``$$`` (which it turns back into one ``$``): an argument reaches
+``psflow server`` as given, and cannot pull the token or another variable of the
+pod into its argv. The cluster token
 comes from the Secret ``<name>-token`` (key ``token``) as ``PSFLOW_TOKEN``;
 nothing here writes a token. Probes are ``tcpSocket`` on the task's port.
 
@@ -64,7 +78,7 @@ import importlib
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +88,14 @@ from psflow.train.config import ConfigError
 # PyYAML ships no type information (as in psflow.data.schema); one call, typed Any here.
 yaml: Any = importlib.import_module("yaml")
 
-__all__ = ["TASK_INDEX_ENV", "Manifests", "RenderConfig", "RenderError", "Resources", "add_k8s_parser", "load_cluster",
+__all__ = ["DEFAULT_NAME", "TASK_INDEX_ENV", "Manifests", "RenderConfig", "RenderError", "Resources", "add_k8s_parser", "load_cluster",
            "render_config", "render_manifests", "run_k8s", "task_index_from_env", "write_manifests"]
 
 #: This task's index, the default of ``psflow server --task`` (the manifests set it from the pod's index).
 TASK_INDEX_ENV = "PSFLOW_TASK_INDEX"
+#: ``--name`` when none is given: the prefix of every object.
+DEFAULT_NAME = "psflow"
+_JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 _STS_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 _JOB_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 _JOBS = ("chief", "worker", "ps")  # what psflow server runs; TFJob's replica types Chief, Worker, PS
@@ -146,6 +163,7 @@ class RenderConfig:
     worker_resources: Resources = field(default_factory=lambda: Resources("2", "4Gi"))
     evaluator: bool = False  # TensorFlow's evaluator task too; needs --eval in train_args
     evaluator_resources: Resources | None = None  # None: worker_resources
+    jobset: bool = False  # write jobset.yaml instead of cluster.yaml and tfjob.yaml
 
     def __post_init__(self) -> None:
         _check(_DNS_LABEL, self.name, "--name", "an RFC 1035 label: lowercase letters, digits and '-', "
@@ -210,6 +228,9 @@ class Manifests:
             ``<name>-<job>-<i>.<namespace>.svc.<domain>:<port>``.
         tfjob_cluster: the cluster the TFJob operator puts in ``TF_CONFIG``:
             ``<name>-<job>-<i>.<namespace>.svc:<port>``.
+        jobset: the JobSet (``--jobset``; else None).
+        jobset_cluster: the cluster of the JobSet's ``TF_CONFIG`` (``--jobset``; else None): each task at its pod's
+            hostname in the JobSet's Service, ``<name>-<job>-0-<i>.<name>.<namespace>.svc.<domain>:<port>``.
     """
 
     cluster: ClusterSpec
@@ -217,6 +238,8 @@ class Manifests:
     storage: tuple[dict[str, Any], ...]
     workloads: tuple[dict[str, Any], ...]
     tfjob: dict[str, Any]
+    jobset: dict[str, Any] | None = None
+    jobset_cluster: ClusterSpec | None = None
 
 
 def load_cluster(path: str) -> ClusterSpec:
@@ -259,6 +282,14 @@ def _service_cluster(counts: dict[str, int], config: RenderConfig, domain: str) 
                         for job, n in counts.items()})
 
 
+def _jobset_cluster(counts: dict[str, int], config: RenderConfig) -> ClusterSpec:
+    """Each task at its JobSet pod's hostname, ``<jobset>-<replicated job>-<job index>-<pod index>``, in the
+    JobSet's Service (its subdomain, the JobSet's name); one Job per replicated job, so job index 0."""
+    domain = f"{config.name}.{config.namespace}.svc.{config.cluster_domain}"
+    return ClusterSpec({job: [f"{config.name}-{job}-0-{i}.{domain}:{config.port}" for i in range(n)]
+                        for job, n in counts.items()})
+
+
 def render_manifests(cluster: ClusterSpec, config: RenderConfig, *, source: str = "--cluster") -> Manifests:
     """Builds every manifest for ``cluster``'s task counts (its addresses are replaced by Service names).
 
@@ -269,10 +300,11 @@ def render_manifests(cluster: ClusterSpec, config: RenderConfig, *, source: str 
     """
     counts = _task_counts(cluster, source)
     pods = counts | ({_EVALUATOR: 1} if config.evaluator else {})  # the evaluator: a pod, not in the cluster
-    longest = max((f"{config.name}-{job}-{n - 1}" for job, n in pods.items()), key=len)
+    hostname = "{name}-{job}-0-{i}" if config.jobset else "{name}-{job}-{i}"  # a JobSet's: job index 0
+    longest = max((hostname.format(name=config.name, job=job, i=n - 1) for job, n in pods.items()), key=len)
     if len(longest) > 63:
         raise RenderError(f"--name {config.name!r}: the pod hostname {longest!r} would be longer than 63 characters")
-    if len(f"{config.name}-ps") > _MAX_STATEFULSET_NAME:
+    if not config.jobset and len(f"{config.name}-ps") > _MAX_STATEFULSET_NAME:  # a JobSet has no StatefulSet
         raise RenderError(f"--name {config.name!r}: the StatefulSet {config.name}-ps would be longer than "
                           f"{_MAX_STATEFULSET_NAME} characters")
     services = _service_cluster(counts, config, f"svc.{config.cluster_domain}")
@@ -281,8 +313,11 @@ def render_manifests(cluster: ClusterSpec, config: RenderConfig, *, source: str 
                                        for job, n in counts.items() for i in range(n)]
     workloads.append(_governing_service(config))
     workloads += [_workload(config, services, job, n) for job, n in pods.items()]
+    jobset_cluster = _jobset_cluster(counts, config) if config.jobset else None
     return Manifests(cluster=services, tfjob_cluster=_service_cluster(counts, config, "svc"),
-                     storage=(_checkpoint_claim(config),), workloads=tuple(workloads), tfjob=_tfjob(config, pods))
+                     storage=(_checkpoint_claim(config),), workloads=tuple(workloads), tfjob=_tfjob(config, pods),
+                     jobset=None if jobset_cluster is None else _jobset(config, jobset_cluster, pods),
+                     jobset_cluster=jobset_cluster)
 
 
 def _meta(config: RenderConfig, name: str, job: str | None = None) -> dict[str, Any]:
@@ -327,28 +362,37 @@ def _claim_spec(config: RenderConfig, mode: str, size: str) -> dict[str, Any]:
     return spec
 
 
-def _args(config: RenderConfig, job: str, *, tfjob: bool = False) -> list[str]:
+def _escape(arg: str) -> str:
+    """``arg`` as a container arg that Kubernetes' ``$(VAR)`` expansion turns back into ``arg``: ``$$`` is one
+    ``$`` there, so a ``$(...)`` in it is never expanded."""
+    return arg.replace("$", "$$")
+
+
+def _args(config: RenderConfig, job: str, *, kind: str = "plain") -> list[str]:
+    """The container's args (``kind``: plain, tfjob or jobset); the training arguments last, escaped."""
+    train_args = [_escape(arg) for arg in config.train_args]
     if job == _EVALUATOR:  # serves nothing: no --bind-host, no status page
-        return ["server", "--checkpoint-dir", _CHECKPOINTS, *config.train_args]
+        return ["server", "--checkpoint-dir", _CHECKPOINTS, *train_args]
     args = ["server", "--bind-host", "0.0.0.0", "--checkpoint-dir", _CHECKPOINTS]
     if job == "ps":
         args += ["--state-dir", _STATE]
-        if not tfjob:  # a StatefulSet restarts a pod that exits; a TFJob's ps pod exits 0 once the run is over
+        if kind == "plain":  # a StatefulSet restarts a pod that exits; a TFJob's or JobSet's ps pod exits 0 at the end
             args += ["--keep-serving"]
     else:
         args += ["--status-port", str(config.status_port)]
-    return args + list(config.train_args)
+    return args + train_args
 
 
-def _mounts(config: RenderConfig, job: str, *, tfjob: bool) -> list[dict[str, Any]]:
+def _mounts(config: RenderConfig, job: str, *, kind: str) -> list[dict[str, Any]]:
     checkpoints: dict[str, Any] = {"name": "checkpoints", "mountPath": _CHECKPOINTS, "subPath": "checkpoints"}
     if job == _EVALUATOR and not _has_flag(config.train_args, "--summary-dir"):
         checkpoints["readOnly"] = True  # it only reads them; with --summary-dir it may write eval/ on the claim
     mounts = [checkpoints]
     if job == "ps":
-        # A StatefulSet pod's own claim; a TFJob's ps pods share the checkpoint claim (only ps task 0 writes).
-        mounts.append({"name": "checkpoints", "mountPath": _STATE, "subPath": "state"} if tfjob else
-                      {"name": "state", "mountPath": _STATE})
+        # A StatefulSet pod's own claim; a TFJob's or JobSet's ps pods share the checkpoint claim (only ps task 0
+        # writes).
+        mounts.append({"name": "state", "mountPath": _STATE} if kind == "plain" else
+                      {"name": "checkpoints", "mountPath": _STATE, "subPath": "state"})
     elif config.data_pvc is not None:
         mounts.append({"name": "data", "mountPath": _DATA, "readOnly": True})
     return mounts
@@ -364,26 +408,27 @@ def _probes(port_name: str) -> dict[str, Any]:
             "livenessProbe": probe(20, 3)}  # 60 s without accepting a connection: restarted
 
 
-def _container(config: RenderConfig, job: str, env: list[dict[str, Any]], *, tfjob: bool) -> dict[str, Any]:
+def _container(config: RenderConfig, job: str, env: list[dict[str, Any]], *, kind: str) -> dict[str, Any]:
     resources = config.resources(job)
+    tfjob = kind == "tfjob"
     port_name = "tfjob-port" if tfjob else "grpc"  # the TFJob operator reads the port named tfjob-port
     listens = job != _EVALUATOR
     # The operator makes a Service for every replica, the evaluator's too; some releases fail without this port.
     ports = [{"name": port_name, "containerPort": config.port, "protocol": "TCP"}] if listens or tfjob else []
     return {
         "name": "tensorflow" if tfjob else "psflow",  # TFJob's operator looks for the container named tensorflow
-        "image": config.image, "imagePullPolicy": "IfNotPresent", "args": _args(config, job, tfjob=tfjob),
+        "image": config.image, "imagePullPolicy": "IfNotPresent", "args": _args(config, job, kind=kind),
         **({"ports": ports} if ports else {}),
         "env": env + [{"name": "PSFLOW_TOKEN", "valueFrom": {"secretKeyRef": {"name": config.secret, "key": "token"}}}],
         "resources": {"requests": {"cpu": resources.cpu, "memory": resources.memory},
                       "limits": {"memory": resources.memory}},
         **(_probes(port_name) if listens else {}),
-        "volumeMounts": _mounts(config, job, tfjob=tfjob),
+        "volumeMounts": _mounts(config, job, kind=kind),
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
 
 
-def _pod_spec(config: RenderConfig, job: str, env: list[dict[str, Any]], *, tfjob: bool) -> dict[str, Any]:
+def _pod_spec(config: RenderConfig, job: str, env: list[dict[str, Any]], *, kind: str) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "checkpoints",
                                       "persistentVolumeClaim": {"claimName": f"{config.name}-checkpoints"}}]
     if job != "ps" and config.data_pvc is not None:
@@ -392,14 +437,16 @@ def _pod_spec(config: RenderConfig, job: str, env: list[dict[str, Any]], *, tfjo
         "enableServiceLinks": False,  # no *_SERVICE_HOST variables for every Service of the namespace
         "securityContext": {"runAsNonRoot": True, "runAsUser": _UID, "runAsGroup": _UID, "fsGroup": _UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [_container(config, job, env, tfjob=tfjob)],
+        "containers": [_container(config, job, env, kind=kind)],
         "volumes": volumes,
     }
 
 
-def _index_env(job: str, services: ClusterSpec) -> list[dict[str, Any]]:
-    """``PSFLOW_TASK_INDEX`` from the pod's index, then ``TF_CONFIG`` with it (Kubernetes expands ``$(...)``)."""
-    source = f"metadata.labels['{_STS_INDEX_LABEL}']" if job == "ps" else f"metadata.annotations['{_JOB_INDEX_KEY}']"
+def _index_env(job: str, services: ClusterSpec, *, statefulset: bool) -> list[dict[str, Any]]:
+    """``PSFLOW_TASK_INDEX`` from the pod's index (a StatefulSet's pod index, else the Indexed Job's completion
+    index), then ``TF_CONFIG`` with it (Kubernetes expands ``$(...)``). Not ``JOB_COMPLETION_INDEX``: the Job
+    controller appends it to the container's variables, after ``TF_CONFIG``, where ``$(...)`` cannot see it."""
+    source = f"metadata.labels['{_STS_INDEX_LABEL}']" if statefulset else f"metadata.annotations['{_JOB_INDEX_KEY}']"
     tf_config = json.dumps({"cluster": services.as_dict(), "task": {"type": job, "index": f"$({TASK_INDEX_ENV})"}},
                            sort_keys=True, separators=(",", ":"))
     return [{"name": TASK_INDEX_ENV, "valueFrom": {"fieldRef": {"fieldPath": source}}},
@@ -409,7 +456,7 @@ def _index_env(job: str, services: ClusterSpec) -> list[dict[str, Any]]:
 def _workload(config: RenderConfig, services: ClusterSpec, job: str, tasks: int) -> dict[str, Any]:
     name = f"{config.name}-{job}"
     template = {"metadata": {"labels": _labels(config, job)},
-                "spec": _pod_spec(config, job, _index_env(job, services), tfjob=False)}
+                "spec": _pod_spec(config, job, _index_env(job, services, statefulset=job == "ps"), kind="plain")}
     if job == "ps":
         return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(config, name, job), "spec": {
             "serviceName": name, "replicas": tasks, "podManagementPolicy": "Parallel",
@@ -425,7 +472,7 @@ def _workload(config: RenderConfig, services: ClusterSpec, job: str, tasks: int)
 
 def _tfjob(config: RenderConfig, pods: dict[str, int]) -> dict[str, Any]:
     replicas = {_TFJOB_TYPES[job]: {"replicas": n, "restartPolicy": "OnFailure", "template": {
-        "metadata": {"labels": _labels(config, job)}, "spec": _pod_spec(config, job, [], tfjob=True)}}
+        "metadata": {"labels": _labels(config, job)}, "spec": _pod_spec(config, job, [], kind="tfjob")}}
         for job, n in pods.items()}
     # Running: the ps pods are deleted once the chief (worker 0 without a chief job) has finished. So would the
     # evaluator be, before it evaluated the final checkpoint: with one, None (the TFJob is deleted by hand).
@@ -434,30 +481,59 @@ def _tfjob(config: RenderConfig, pods: dict[str, int]) -> dict[str, Any]:
             "spec": {"runPolicy": {"cleanPodPolicy": clean}, "tfReplicaSpecs": replicas}}
 
 
+def _jobset(config: RenderConfig, services: ClusterSpec, pods: dict[str, int]) -> dict[str, Any]:
+    """One JobSet: a replicated job of one Indexed Job per psflow job, pods restarted in place as the plain
+    manifests' Jobs; done when the chief, the workers and the evaluator have succeeded."""
+    replicated = []
+    for job, n in pods.items():
+        pod = _pod_spec(config, job, _index_env(job, services, statefulset=False), kind="jobset")
+        pod["restartPolicy"] = "OnFailure"  # in place: the same hostname, the task rejoins
+        replicated.append({"name": job, "replicas": 1, "template": {
+            "metadata": {"labels": _labels(config, job)},
+            "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n, "backoffLimit": 3 * n,
+                     "template": {"metadata": {"labels": _labels(config, job)}, "spec": pod}}}})
+    return {"apiVersion": _JOBSET_API, "kind": "JobSet", "metadata": _meta(config, config.name), "spec": {
+        "network": {"enableDNSHostnames": True, "subdomain": config.name, "publishNotReadyAddresses": True},
+        # The ps tasks exit 0 once the run is over; what is left of them when the rest has succeeded is deleted.
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": [job for job in pods if job != "ps"]},
+        "replicatedJobs": replicated}}
+
+
 def _yaml(header: str, docs: Sequence[dict[str, Any]]) -> str:
     return header + str(yaml.safe_dump_all(list(docs), sort_keys=False, default_flow_style=False, width=120))
 
 
 def write_manifests(manifests: Manifests, config: RenderConfig, output: str) -> list[str]:
     """Writes ``storage.yaml``, ``cluster.yaml``, ``tfjob.yaml``, ``cluster.json`` and ``README.md`` into
-    ``output`` (created if missing; files of these names are replaced). Returns their paths.
+    ``output`` (with ``config.jobset``: ``storage.yaml``, ``jobset.yaml``, ``cluster.json`` and ``README.md``);
+    ``output`` is created if missing; files of these names are replaced. Returns their paths.
 
     Raises:
         RenderError: ``output`` cannot be created or written.
     """
     ns = f"-n {config.namespace}"
-    files = {
-        "storage.yaml": _yaml(f"# psflow {config.name}: checkpoints (and the TFJob's ps state). kubectl apply -f storage.yaml\n",
-                              manifests.storage),
-        "cluster.yaml": _yaml(f"# psflow {config.name}: Services, ps StatefulSet, worker Jobs. Needs storage.yaml and "
-                              f"the Secret {config.secret} (README.md). kubectl apply -f cluster.yaml\n",
-                              manifests.workloads),
-        "tfjob.yaml": _yaml(f"# psflow {config.name} as a Kubeflow TFJob, instead of cluster.yaml. Needs storage.yaml "
-                            f"and the Secret {config.secret} (README.md). kubectl apply -f tfjob.yaml\n",
-                            [manifests.tfjob]),
-        "cluster.json": manifests.cluster.to_json() + "\n",
-        "README.md": _readme(manifests, config, ns),
-    }
+    needs = f"Needs storage.yaml and the Secret {config.secret} (README.md)."
+    files: dict[str, str]
+    if manifests.jobset is not None and manifests.jobset_cluster is not None:
+        files = {
+            "storage.yaml": _yaml(f"# psflow {config.name}: checkpoints and the ps state. kubectl apply -f storage.yaml\n",
+                                  manifests.storage),
+            "jobset.yaml": _yaml(f"# psflow {config.name} as a JobSet ({_JOBSET_API}). {needs} "
+                                 "kubectl apply -f jobset.yaml\n", [manifests.jobset]),
+            "cluster.json": manifests.jobset_cluster.to_json() + "\n",
+            "README.md": _jobset_readme(manifests.jobset_cluster, config, ns),
+        }
+    else:
+        files = {
+            "storage.yaml": _yaml(f"# psflow {config.name}: checkpoints (and the TFJob's ps state). "
+                                  "kubectl apply -f storage.yaml\n", manifests.storage),
+            "cluster.yaml": _yaml(f"# psflow {config.name}: Services, ps StatefulSet, worker Jobs. {needs} "
+                                  "kubectl apply -f cluster.yaml\n", manifests.workloads),
+            "tfjob.yaml": _yaml(f"# psflow {config.name} as a Kubeflow TFJob, instead of cluster.yaml. {needs} "
+                                "kubectl apply -f tfjob.yaml\n", [manifests.tfjob]),
+            "cluster.json": manifests.cluster.to_json() + "\n",
+            "README.md": _readme(manifests, config, ns),
+        }
     try:
         os.makedirs(output, exist_ok=True)
         paths = []
@@ -514,17 +590,67 @@ See docs/deploying.md in psflow's source tree.
 """
 
 
+def _jobset_readme(cluster: ClusterSpec, config: RenderConfig, ns: str) -> str:
+    chief = cluster.chief()
+    tasks = ", ".join(f"{j} x{cluster.num_tasks(j)}" for j in cluster.jobs)
+    evaluator, done = "", "the chief and the workers have"
+    if config.evaluator:
+        tasks += ", and an evaluator"
+        done = "the chief, the workers and the evaluator have"
+        evaluator = f"""
+   The evaluator's log, a line per evaluated checkpoint (it completes after the final one):
+
+       kubectl {ns} logs -f job/{config.name}-{_EVALUATOR}-0
+"""
+    selector = (f"app.kubernetes.io/instance={config.name},app.kubernetes.io/component={chief.job},"
+                f"{_JOB_INDEX_KEY}={chief.index}")
+    return f"""# psflow cluster {config.name} as a JobSet (namespace {config.namespace})
+
+Rendered by `psflow k8s render --jobset`. Tasks: {tasks}. Needs Kubernetes >= 1.28 and the JobSet
+controller ({_JOBSET_API}).
+
+1. The cluster token, once (never commit it):
+
+       kubectl {ns} create secret generic {config.secret} \\
+         --from-literal=token="$(openssl rand -hex 32)"
+
+2. The checkpoint claim (ReadWriteMany), kept when the JobSet is deleted:
+
+       kubectl {ns} apply -f storage.yaml
+
+3. The JobSet, its pods and a worker's log:
+
+       kubectl {ns} apply -f jobset.yaml
+       kubectl {ns} get jobset {config.name}
+       kubectl {ns} get pods -l app.kubernetes.io/instance={config.name}
+       kubectl {ns} logs -f job/{config.name}-worker-0
+{evaluator}
+4. The status page of the chief ({chief}), then at http://127.0.0.1:{config.status_port}/ here:
+
+       kubectl {ns} port-forward "$(kubectl {ns} get pods -o name --field-selector status.phase=Running \\
+         -l {selector})" {config.status_port}
+
+5. The JobSet has succeeded once {done} (`kubectl {ns} get jobset {config.name}`); the ps
+   tasks exit by themselves, and the JobSet deletes any still running. Then `kubectl {ns} delete -f jobset.yaml`.
+   The checkpoints stay on the claim `{config.name}-checkpoints`.
+
+See docs/deploying.md in psflow's source tree.
+"""
+
+
 def add_k8s_parser(sub: Any) -> None:
     """``psflow k8s render``'s flags."""
     k8s = sub.add_parser("k8s", help="Kubernetes: psflow k8s render writes the manifests of a cluster")
     commands = k8s.add_subparsers(dest="k8s_command", required=True)
-    p = commands.add_parser("render", help="write Services, a ps StatefulSet, worker Jobs and a TFJob for a cluster",
+    p = commands.add_parser("render", help="write Services, a ps StatefulSet, worker Jobs and a TFJob (or a JobSet) "
+                            "for a cluster",
                             description="Write the Kubernetes manifests of a cluster: see docs/deploying.md.")
     p.add_argument("--cluster", required=True, metavar="FILE", help="cluster JSON: its jobs' task counts (addresses "
                    "are replaced by Service names)")
     p.add_argument("--image", required=True, help="the psflow container image (the Dockerfile's)")
     p.add_argument("--output", required=True, metavar="DIR", help="directory to write the manifests into")
-    p.add_argument("--name", required=True, help="the cluster's name: prefix of every object (an RFC 1035 label)")
+    p.add_argument("--name", default=DEFAULT_NAME, help="the cluster's name: prefix of every object, an RFC 1035 "
+                   "label (%(default)s)")
     p.add_argument("--namespace", default="default", help="of every object (%(default)s)")
     p.add_argument("--port", type=int, default=2222, help="every task's port (%(default)s)")
     p.add_argument("--status-port", type=int, default=8080, help="the chief's status page, in its pod (%(default)s)")
@@ -544,6 +670,8 @@ def add_k8s_parser(sub: Any) -> None:
                    "replica) that evaluates each new checkpoint on the training arguments' --eval")
     p.add_argument("--evaluator-cpu", help="requested by the evaluator (default: --worker-cpu)")
     p.add_argument("--evaluator-memory", help="requested by the evaluator, and its limit (default: --worker-memory)")
+    p.add_argument("--jobset", action="store_true", help="write one JobSet (jobset.x-k8s.io/v1alpha2), jobset.yaml, "
+                   "instead of cluster.yaml and tfjob.yaml")
     p.add_argument("train_args", nargs="*", metavar="-- TRAINING_ARGS",
                    help="psflow server flags for every task, after a --, e.g. -- --train /data/a9a --epochs 3")
 
@@ -566,13 +694,23 @@ def render_config(args: argparse.Namespace) -> RenderConfig:
         data_pvc=args.data_pvc, status_port=args.status_port, cluster_domain=args.cluster_domain,
         storage_class=args.storage_class, checkpoint_size=args.checkpoint_size, state_size=args.state_size,
         ps_resources=Resources(args.ps_cpu, args.ps_memory), worker_resources=Resources(args.worker_cpu, args.worker_memory),
-        evaluator=args.evaluator, evaluator_resources=evaluator_resources)
+        evaluator=args.evaluator, evaluator_resources=evaluator_resources, jobset=args.jobset)
 
 
-def run_k8s(args: argparse.Namespace) -> int:
-    """``psflow k8s render``: writes the manifests, prints their paths. Raises :class:`RenderError`."""
+def run_k8s(args: argparse.Namespace, *, check_training: Callable[[ClusterSpec], None] | None = None) -> int:
+    """``psflow k8s render``: writes the manifests, prints their paths.
+
+    ``check_training`` checks the training arguments for the cluster's tasks (the CLI's, which knows the
+    training flags), after the render's own flags and the cluster file and before anything is written.
+
+    Raises:
+        RenderError: a bad flag or cluster file; or what ``check_training`` raises.
+    """
     config = render_config(args)
-    manifests = render_manifests(load_cluster(args.cluster), config, source=f"--cluster {args.cluster}")
+    cluster = load_cluster(args.cluster)
+    manifests = render_manifests(cluster, config, source=f"--cluster {args.cluster}")
+    if check_training is not None:
+        check_training(cluster)
     for path in write_manifests(manifests, config, args.output):
         print(path)
     return 0

@@ -173,7 +173,22 @@ CASES = {
                         "100000000"),
         lambda t: "psflow train: error: variable 'embedding' needs 745058.1 GiB on ps/0 with its 1 adagrad slot; this "
                   "machine has "),
+    # psflow k8s render checks the training arguments as psflow train does, before it writes a manifest; their
+    # paths are the pods' and are not opened here (issue 30, item 4).
+    "psflow k8s render: a training setting out of range": Case(
+        lambda t: k8s_render(t, "--train", "/data/a9a", "--epochs", "-3"),
+        lambda t: "psflow k8s: error: the training arguments after --: --epochs must be >= 1, got -3"),
+    "psflow k8s render: no --train": Case(
+        lambda t: k8s_render(t, "--epochs", "3"),
+        lambda t: "psflow k8s: error: the training arguments after --: --train is required"),
 }
+
+
+def k8s_render(tmp: Path, *train_args: str) -> list[str]:
+    """``psflow k8s render`` of a 1 ps + 2 workers cluster into ``tmp/k8s``, with ``train_args`` after ``--``."""
+    cluster = write(tmp / "cluster.json", '{"ps": ["a:1"], "worker": ["b:1", "c:1"]}')
+    return ["k8s", "render", "--cluster", cluster, "--image", "psflow:1", "--output", str(tmp / "k8s"), "--",
+            *train_args]
 
 
 def check_one_line(stderr: str) -> None:
@@ -191,6 +206,7 @@ def test_bad_input_gets_one_line(name: str, tmp_path: Path) -> None:
     logs = tmp_path / "run" / "logs"
     if not case.worker:
         assert not list(logs.glob("*.log")), "a task was started"
+        assert not (tmp_path / "k8s").exists(), "a manifest was written"
         return
     # The report keeps its shape: the failed task (pid, exit status) as the root cause, its one line, the
     # tasks stopped after it; the worker's log holds the line as an ERROR, without a traceback.

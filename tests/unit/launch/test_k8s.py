@@ -31,6 +31,8 @@ from psflow.launch.k8s import (  # noqa: E402
 )
 from psflow.train.config import ConfigError  # noqa: E402
 
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (kubernetes-validate's) is not installed")
+
 # The newest Kubernetes whose API schemas kubernetes-validate ships (constraints.txt pins the package).
 K8S_VERSION = "1.37"
 CLUSTERS = {
@@ -38,6 +40,8 @@ CLUSTERS = {
     "chief": {"chief": ["h:9"], "ps": ["i:9"], "worker": ["j:9", "k:9"]},
 }
 TOKEN = "test-token"
+#: The JobSet CRD (tests/data/k8s/README.md: its source, licence and how it is checked).
+JOBSET_CRD = Path(__file__).resolve().parents[2] / "data" / "k8s" / "jobset.x-k8s.io_jobsets.yaml"
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 CHECKPOINTS = "/var/lib/psflow/checkpoints"
 PROBES = {"startupProbe", "readinessProbe", "livenessProbe"}
@@ -395,6 +399,20 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--worker-memory", "4 GB"], "--worker-memory '4 GB'"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--epocs", "3"], "after --: unrecognized arguments: --epocs"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--task", "1"], "after --: --task: the manifests set it"),
+    # Checked as psflow train checks them (issue 30, item 4), before anything is written.
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--train", "/data/t", "--epochs", "-3"],
+     "the training arguments after --: --epochs must be >= 1, got -3"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--epochs", "3"], "the training arguments after --: --train is required"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, [], "the training arguments after --: --train is required"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--train", "/data/t", "--model", "nosuch"],
+     "the training arguments after --: unknown model 'nosuch'"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--train", "/data/t", "--hidden", "0"],
+     "the training arguments after --: --hidden '0': want layer sizes >= 1"),
+    ({"ps": ["a:1"], "worker": ["b:1", "c:1"]},
+     ["--", "--train", "/data/t", "--mode", "sync", "--replicas-to-aggregate", "3"],
+     "the training arguments after --: replicas_to_aggregate"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--train", "/data/t", "--partitions", "2", "--num-features", "1"],
+     "the training arguments after --: --partitions (2) exceeds --num-features (1)"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--evaluator"],
      "--evaluator: the training arguments after -- have no --eval"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--evaluator", "--", "--train", "t", "--eval-every-steps", "5"],
@@ -430,9 +448,10 @@ def test_render_errors_are_config_errors(tmp_path: Path) -> None:
         RenderConfig(name="a", image="i", train_args=("--eval-poll-secs", "2"), evaluator=True)
 
 
-def test_the_render_is_deterministic_and_writes_no_token(tmp_path: Path) -> None:
+@pytest.mark.parametrize("jobset", [False, True], ids=["plain", "jobset"])
+def test_the_render_is_deterministic_and_writes_no_token(tmp_path: Path, jobset: bool) -> None:
     cluster = ClusterSpec(CLUSTERS["chief"])
-    config = RenderConfig(name="demo", image="psflow:1", train_args=("--epochs", "2"))
+    config = RenderConfig(name="demo", image="psflow:1", train_args=("--epochs", "2"), jobset=jobset)
     first = write_manifests(render_manifests(cluster, config), config, str(tmp_path / "a"))
     second = write_manifests(render_manifests(cluster, config), config, str(tmp_path / "b"))
     for a, b in zip(first, second, strict=True):
@@ -444,3 +463,281 @@ def test_the_render_is_deterministic_and_writes_no_token(tmp_path: Path) -> None
 def test_the_module_does_not_import_grpc() -> None:
     code = "import sys, psflow.launch.k8s; sys.exit('grpc' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def _kubernetes_expand(text: str, env: dict[str, str]) -> str:
+    """``$(VAR)`` expansion as the kubelet applies it to a container's command and args (Kubernetes'
+    third_party/forked/golang/expansion): ``$$`` is a literal ``$``; ``$(NAME)`` is the variable's value, or kept
+    as written when the container has no such variable; ``$`` before anything else, and a ``$(`` never closed,
+    are kept as written."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] != "$" or i + 1 == len(text):
+            out.append(text[i])
+            i += 1
+        elif text[i + 1] == "$":
+            out.append("$")
+            i += 2
+        elif text[i + 1] == "(" and ")" in text[i + 2:]:
+            close = text.index(")", i + 2)
+            name = text[i + 2:close]
+            out.append(env.get(name, f"$({name})"))
+            i = close + 1
+        else:
+            out.append(text[i:i + 2])
+            i += 2
+    return "".join(out)
+
+
+def test_the_expansion_model_is_kubernetes() -> None:
+    env = {"A": "x", "PSFLOW_TOKEN": TOKEN}
+    assert _kubernetes_expand("$(A)/$(B)/$$(A)/$$$(A)/$x/$(/$", env) == "x/$(B)/$(A)/$x/$x/$(/$"
+    assert _kubernetes_expand("/data/$(PSFLOW_TOKEN)", env) == f"/data/{TOKEN}"
+
+
+TRICKY_ARGS = ["--train", "/data/$(PSFLOW_TOKEN)/a$$b$", "--eval", "/data/$(TF_CONFIG)", "--summary-dir", "/s/$x$("]
+
+
+def _containers(config: RenderConfig) -> list[tuple[str, dict[str, Any]]]:
+    """Every container the render makes, with its kind: cluster.yaml's workloads, the TFJob's and the JobSet's."""
+    manifests = render_manifests(ClusterSpec(CLUSTERS["chief"]), config)
+    out = [(doc["kind"], c) for doc in manifests.workloads if doc["kind"] in ("StatefulSet", "Job")
+           for c in doc["spec"]["template"]["spec"]["containers"]]
+    out += [("TFJob", c) for spec in manifests.tfjob["spec"]["tfReplicaSpecs"].values()
+            for c in spec["template"]["spec"]["containers"]]
+    if manifests.jobset is not None:
+        out += [("JobSet", c) for rjob in manifests.jobset["spec"]["replicatedJobs"]
+                for c in rjob["template"]["spec"]["template"]["spec"]["containers"]]
+    return out
+
+
+@pytest.mark.parametrize("jobset", [False, True], ids=["plain", "jobset"])
+def test_training_arguments_reach_the_process_as_given(jobset: bool) -> None:
+    """Kubernetes expands ``$(VAR)`` in a container's args: an argument naming ``$(PSFLOW_TOKEN)`` must not put the
+    cluster token into argv (nor ``$$`` lose a ``$``): every ``$`` of the training arguments is escaped."""
+    config = RenderConfig(name="demo", image="i", train_args=tuple(TRICKY_ARGS), evaluator=True, jobset=jobset)
+    containers = _containers(config)
+    assert {kind for kind, _ in containers} == {"StatefulSet", "Job", "TFJob"} | ({"JobSet"} if jobset else set())
+    for kind, container in containers:
+        env = _kubelet_env(container["env"], {}) | {"TF_CONFIG": "{}"}
+        argv = [_kubernetes_expand(arg, env) for arg in container["args"]]
+        assert argv[-len(TRICKY_ARGS):] == TRICKY_ARGS, (kind, container["args"])
+        assert not [arg for arg in argv if TOKEN in arg], kind
+
+
+def _render(tmp_path: Path, *extra: str, cluster: dict[str, Any] | None = None) -> Path:
+    cluster_file = tmp_path / "c.json"
+    cluster_file.write_text(json.dumps(cluster or CLUSTERS["chief"]))
+    out = tmp_path / "out"
+    assert main(["k8s", "render", "--cluster", str(cluster_file), "--image", "psflow:1", "--output", str(out),
+                 *extra]) == 0
+    return out
+
+
+def test_the_name_defaults_to_psflow(tmp_path: Path) -> None:
+    out = _render(tmp_path, "--", "--train", "/data/t")
+    docs = list(yaml.safe_load_all((out / "cluster.yaml").read_text()))
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "Job"} == {"psflow-chief", "psflow-worker"}
+    assert "create secret generic psflow-token" in (out / "README.md").read_text()
+
+
+def test_the_training_arguments_name_files_of_the_pods_not_of_this_machine(tmp_path: Path) -> None:
+    """Checked as psflow train checks its settings, but no path is opened here: they are the pods' files (a
+    TFRecord schema inferred from the first training file, a --schema file, a --warm-start)."""
+    for args in (["--train", "/data/none/*.libsvm", "--eval", "/data/none.t"],
+                 ["--train", "/data/none.tfrecord", "--format", "tfrecord"],
+                 ["--train", "/data/none.tfrecord", "--format", "tfrecord", "--schema", "/data/none.yaml"],
+                 ["--train", "/data/none.tsv", "--format", "criteo", "--warm-start", "/data/none.safetensors",
+                  "--model", "mymodels.ctr:Model"]):
+        out = _render(tmp_path, "--", *args)
+        [worker] = [d for d in yaml.safe_load_all((out / "cluster.yaml").read_text())
+                    if d["kind"] == "Job" and d["metadata"]["name"] == "psflow-worker"]
+        assert worker["spec"]["template"]["spec"]["containers"][0]["args"][-len(args):] == args
+
+
+# --- psflow k8s render --jobset: one JobSet (jobset.x-k8s.io/v1alpha2), issue 30 item 7 ---------------------------
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's OpenAPI schema as a strict Draft 7 schema: the API server prunes a field its schema does not list
+    (no error), so here every object schema that lists ``properties`` and does not preserve unknown fields gets
+    ``additionalProperties: false``, and a misspelt field fails."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if (schema.get("type") == "object" and isinstance(schema.get("properties"), dict)
+            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def jobset_validator() -> Any:
+    with JOBSET_CRD.open(encoding="utf-8") as f:
+        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    [version] = crd["spec"]["versions"]
+    assert (crd["spec"]["group"], version["name"], crd["spec"]["names"]["kind"]) == ("jobset.x-k8s.io", "v1alpha2",
+                                                                                       "JobSet")
+    return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
+
+
+def _validate_jobset(validator: Any, doc: dict[str, Any]) -> None:
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        pytest.fail("; ".join(f"{'/'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in errors[:5]))
+
+
+class RenderedJobSet(NamedTuple):
+    cluster: ClusterSpec
+    out: Path
+    jobset: dict[str, Any]
+    storage: list[dict[str, Any]]
+    evaluator: bool
+
+    @property
+    def pods(self) -> dict[str, int]:
+        return {job: self.cluster.num_tasks(job) for job in self.cluster.jobs} | ({"evaluator": 1} if self.evaluator else {})
+
+    def replicated(self) -> dict[str, dict[str, Any]]:
+        return {r["name"]: r for r in self.jobset["spec"]["replicatedJobs"]}
+
+
+@pytest.fixture(params=[(name, evaluator) for name in sorted(CLUSTERS) for evaluator in (False, True)],
+                ids=lambda param: param[0] + ("+evaluator" if param[1] else ""))
+def rendered_jobset(request: pytest.FixtureRequest, tmp_path: Path) -> RenderedJobSet:
+    """``psflow k8s render --jobset`` through the CLI, with and without --evaluator."""
+    name, evaluator = request.param
+    cluster_file = tmp_path / "cluster.json"
+    cluster_file.write_text(json.dumps(CLUSTERS[name]))
+    data = tmp_path / "train.libsvm"
+    data.write_text("1 1:1 2:0.5\n0 3:1\n1 2:1\n")
+    out = tmp_path / "out"
+    rc = main(["k8s", "render", "--jobset", "--cluster", str(cluster_file), "--image", "registry.example.com/psflow:0.1.0",
+               "--output", str(out), "--name", "ctr", "--namespace", "training", "--data-pvc", "a9a",
+               *(["--evaluator"] if evaluator else []),
+               "--", "--train", str(data), "--eval", str(data), "--num-features", "8", "--no-status"])
+    assert rc == 0
+    [jobset] = [d for d in yaml.safe_load_all((out / "jobset.yaml").read_text()) if d is not None]
+    storage = [d for d in yaml.safe_load_all((out / "storage.yaml").read_text()) if d is not None]
+    return RenderedJobSet(ClusterSpec(CLUSTERS[name]), out, jobset, storage, evaluator)
+
+
+def test_the_jobset_passes_the_jobset_crd_schema(rendered_jobset: RenderedJobSet, jobset_validator: Any) -> None:
+    jobset = rendered_jobset.jobset
+    assert (jobset["apiVersion"], jobset["kind"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet")
+    assert jobset["metadata"] == {**jobset["metadata"], "name": "ctr", "namespace": "training"}
+    _validate_jobset(jobset_validator, jobset)
+    assert sorted(p.name for p in rendered_jobset.out.iterdir()) == ["README.md", "cluster.json", "jobset.yaml",
+                                                                      "storage.yaml"]  # one JobSet, no alternatives
+
+
+def test_the_crd_check_catches_a_bad_jobset(rendered_jobset: RenderedJobSet, jobset_validator: Any) -> None:
+    for path, key, value, message in ((("spec", "network"), "enableDNSHostname", True, "'enableDNSHostname' was unexpected"),
+                                      (("spec", "successPolicy"), "operator", "Every", "'Every' is not one of"),
+                                      (("spec", "replicatedJobs", 0), "replicas", "1", "'1' is not of type 'integer'")):
+        bad = json.loads(json.dumps(rendered_jobset.jobset))
+        where = bad
+        for step in path:
+            where = where[step]
+        where[key] = value
+        with pytest.raises(pytest.fail.Exception, match=message):
+            _validate_jobset(jobset_validator, bad)
+
+
+def test_the_jobsets_jobs_pods_and_claim_pass_the_kubernetes_schema(rendered_jobset: RenderedJobSet) -> None:
+    """Each replicated job's template as the Job JobSet makes of it (``<jobset>-<name>-<job index>``), and its pod
+    template as the Pod: kubernetes-validate's built-in schemas, strict."""
+    for doc in rendered_jobset.storage:
+        _validate(doc)
+    for name, rjob in rendered_jobset.replicated().items():
+        template = rjob["template"]
+        job = {"apiVersion": "batch/v1", "kind": "Job",
+               "metadata": {**template["metadata"], "name": f"ctr-{name}-0", "namespace": "training"},
+               "spec": template["spec"]}
+        _validate(job)
+        _validate(_pod(template["spec"]["template"], f"ctr-{name}-0-0-abcde"))
+
+
+def test_the_jobset_has_a_replicated_job_per_psflow_job_on_one_network(rendered_jobset: RenderedJobSet) -> None:
+    spec = rendered_jobset.jobset["spec"]
+    assert spec["network"] == {"enableDNSHostnames": True, "subdomain": "ctr", "publishNotReadyAddresses": True}
+    replicated = rendered_jobset.replicated()
+    assert set(replicated) == set(rendered_jobset.pods)
+    for name, rjob in replicated.items():
+        job = rjob["template"]["spec"]
+        assert rjob["replicas"] == 1  # one Job per psflow job: job index 0; the task is the completion index
+        assert {k: job[k] for k in ("completionMode", "completions", "parallelism")} == {
+            "completionMode": "Indexed", "completions": rendered_jobset.pods[name], "parallelism": rendered_jobset.pods[name]}
+        pod = job["template"]["spec"]
+        assert pod["restartPolicy"] == "OnFailure" and "hostname" not in pod and "subdomain" not in pod  # JobSet's
+        claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]}
+        assert claims == ({"ctr-checkpoints"} if name == "ps" else {"ctr-checkpoints", "a9a"})
+        [container] = pod["containers"]
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        if name == "ps":  # ps task 0's --state-dir on the checkpoint claim, as in the TFJob (no per-pod claims)
+            assert mounts["/var/lib/psflow/state"] == {"name": "checkpoints", "mountPath": "/var/lib/psflow/state",
+                                                       "subPath": "state"}
+            assert "--keep-serving" not in container["args"]  # it exits 0 once the run is over
+        else:
+            assert mounts["/data"]["readOnly"] is True
+    assert {d["metadata"]["name"] for d in rendered_jobset.storage} == {"ctr-checkpoints"}
+
+
+def test_the_jobset_succeeds_when_the_training_jobs_and_the_evaluator_have(rendered_jobset: RenderedJobSet) -> None:
+    policy = rendered_jobset.jobset["spec"]["successPolicy"]
+    trainers = [job for job in ("chief", "worker") if job in rendered_jobset.cluster.jobs]
+    assert policy == {"operator": "All",
+                      "targetReplicatedJobs": trainers + (["evaluator"] if rendered_jobset.evaluator else [])}
+    assert set(policy["targetReplicatedJobs"]) <= set(rendered_jobset.replicated())  # the webhook's rule
+    assert "failurePolicy" not in rendered_jobset.jobset["spec"]  # a Job past its backoffLimit fails the JobSet
+
+
+def test_each_jobset_pod_computes_its_own_tf_config(rendered_jobset: RenderedJobSet,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pod of each replicated job, as the kubelet starts it: its completion index from the downward API,
+    TF_CONFIG naming every task at its JobSet hostname (``<jobset>-<job>-<job index>-<pod index>.<subdomain>``),
+    and ``psflow server`` starting exactly that task of that cluster."""
+    cluster, out = rendered_jobset.cluster, rendered_jobset.out
+    services = ClusterSpec.from_json((out / "cluster.json").read_text())
+    assert services.as_dict() == {job: [f"ctr-{job}-0-{i}.ctr.training.svc.cluster.local:2222"
+                                        for i in range(cluster.num_tasks(job))] for job in cluster.jobs}
+    for name, rjob in rendered_jobset.replicated().items():
+        [container] = rjob["template"]["spec"]["template"]["spec"]["containers"]
+        for index in range(rjob["template"]["spec"]["completions"]):
+            env = _kubelet_env(container["env"], {
+                "metadata.annotations['batch.kubernetes.io/job-completion-index']": str(index)})
+            parsed = parse_tf_config(env["TF_CONFIG"])
+            assert (parsed.cluster, parsed.task) == (services, TaskId(name, index))
+            if name != "evaluator":
+                hostname = f"{rendered_jobset.jobset['metadata']['name']}-{name}-0-{index}"
+                subdomain = rendered_jobset.jobset["spec"]["network"]["subdomain"]
+                assert services.task_address(name, index).startswith(f"{hostname}.{subdomain}.training.svc.")
+            seen = _run_server(monkeypatch, [_kubernetes_expand(arg, env) for arg in container["args"]], env)
+            _check_started(seen, services, TaskId(name, index))
+            if name != "evaluator":
+                assert seen["checkpoint_root"] == CHECKPOINTS
+                assert seen["state_dir"] == ("/var/lib/psflow/state" if name == "ps" else None)
+                assert seen["stop_when_run_over"] is (name == "ps")  # a ps exits 0 with the run
+
+
+def test_the_jobset_readme_says_how_to_run_it(rendered_jobset: RenderedJobSet) -> None:
+    readme = (rendered_jobset.out / "README.md").read_text()
+    chief = rendered_jobset.cluster.chief()
+    assert "kubectl -n training apply -f jobset.yaml" in readme and "kubectl -n training apply -f storage.yaml" in readme
+    assert "create secret generic ctr-token" in readme and "cluster.yaml" not in readme
+    assert (f"app.kubernetes.io/instance=ctr,app.kubernetes.io/component={chief.job},"
+            f"batch.kubernetes.io/job-completion-index={chief.index}") in readme
+    assert ("logs -f job/ctr-evaluator-0" in readme) == rendered_jobset.evaluator
+
+
+def test_the_jobsets_hostnames_bound_the_name() -> None:
+    """JobSet's own rule: the longest pod hostname, ``<jobset>-<job>-<job index>-<pod index>``, is a DNS label
+    (at most 63 characters); a JobSet has no StatefulSet, whose name bounds the plain manifests' name more."""
+    cluster = ClusterSpec(CLUSTERS["ps-workers"])
+    assert render_manifests(cluster, RenderConfig(name="x" * 52, image="i", jobset=True)).jobset is not None
+    with pytest.raises(RenderError, match="'x{53}-worker-0-2' would be longer than 63 characters"):
+        render_manifests(cluster, RenderConfig(name="x" * 53, image="i", jobset=True))
+    with pytest.raises(RenderError, match="the StatefulSet x{52}-ps would be longer than 52 characters"):
+        render_manifests(cluster, RenderConfig(name="x" * 52, image="i"))
