@@ -12,7 +12,8 @@ in its own namespace on its own address behind a veth and one bridge
 ``--rate`` on every link. Reports each run's examples/s (metrics.json's,
 the exactly-once count over the training time) and the median of the
 per-pair ratios ``netns / loopback``. Writes benchmarks/results/netns.json and
-the "netns" section of benchmarks/RESULTS.md.
+the "netns" section of benchmarks/RESULTS.md (the tracked results); with
+``--output FILE``, only FILE (a trial run leaves the tracked results alone).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from psflow.launch.status_http import StatusConfig  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
 
 TASKS = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]
+#: The tracked results: written (with RESULTS.md's section) when no --output is given.
+TRACKED_JSON = os.path.join(HERE, "results", "netns.json")
 
 
 def _config(epochs: int) -> TrainConfig:
@@ -64,13 +67,14 @@ def _run(side: str, epochs: int, rate: str | None) -> dict[str, Any]:
             "examples": metrics["examples"]}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--rate", help="tc tbf rate on every namespace link (e.g. 1gbit); default: none")
-    p.add_argument("--output", default=os.path.join(HERE, "results", "netns.json"))
-    args = p.parse_args()
+    p.add_argument("--output", metavar="FILE", help="write the results (JSON) here, and nothing else; default: the "
+                   "tracked benchmarks/results/netns.json and the netns section of benchmarks/RESULTS.md")
+    args = p.parse_args(argv)
     why = netns_available()
     if why is not None:
         print(f"bench_netns: {why}", file=sys.stderr)
@@ -88,22 +92,30 @@ def main() -> int:
         "rate": args.rate, "pairs": args.pairs, "median_ratio_netns_over_loopback": statistics.median(ratios),
         "ratios": ratios, "runs": runs, "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w") as f:
+    output = args.output or TRACKED_JSON
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w") as f:
         json.dump(result, f, indent=1)
+    if args.output is None:
+        replace_section("netns", _markdown(result, args))
+    print(f"median ratio netns/loopback {result['median_ratio_netns_over_loopback']:.3f}; results: {output}")
+    return 0
+
+
+def _markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
+    """The netns section of RESULTS.md."""
+    ratios, runs = result["ratios"], result["runs"]
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [ratios[0]] * 3
     median_eps = {side: statistics.median(r["examples_per_sec"] for r in runs if r["side"] == side)
                   for side in ("loopback", "netns")}
-    replace_section("netns", "\n".join([
+    return "\n".join([
         f"Command: `benchmarks/bench_netns.py --pairs {args.pairs} --epochs {args.epochs}"
         f"{' --rate ' + args.rate if args.rate else ''}` ({result['date']}): {result['workload']}; each task in its "
         "own network namespace (veth + bridge) vs all on 127.0.0.1, alternated pairs.", "",
         "| netns / loopback, median of pair ratios | quartiles | loopback examples/s, median | netns examples/s, median |",
         "|---:|---|---:|---:|",
         f"| {result['median_ratio_netns_over_loopback']:.3f} | {q[0]:.3f}–{q[2]:.3f} | {median_eps['loopback']:,.0f} | "
-        f"{median_eps['netns']:,.0f} |"]))
-    print(f"median ratio netns/loopback {result['median_ratio_netns_over_loopback']:.3f}; results: {args.output}")
-    return 0
+        f"{median_eps['netns']:,.0f} |"])
 
 
 if __name__ == "__main__":
