@@ -100,12 +100,14 @@ def chromium(*args: str, cwd: Path) -> str:
 
 
 class PageView(html.parser.HTMLParser):
-    """What the rendered page shows: the tiles by id, and each task row's data attributes and cells."""
+    """What the rendered page shows: the tiles by id, and each row's data attributes and cells (``rows``: the
+    cluster table's, ``ps_rows``: the ps tasks table's)."""
 
     def __init__(self, dom: str) -> None:
         super().__init__()
         self.values: dict[str, str] = {}
         self.rows: dict[str, dict[str, Any]] = {}
+        self.ps_rows: dict[str, dict[str, Any]] = {}
         self._id: str | None = None
         self._row: dict[str, Any] | None = None
         self._table: str | None = None
@@ -118,10 +120,10 @@ class PageView(html.parser.HTMLParser):
         if a.get("id") in ("global-step", "examples", "phase"):
             self._id = a["id"]
             self.values[self._id] = ""
-        if tag == "tr" and self._table == "tasks" and a.get("data-task"):
+        if tag == "tr" and self._table in ("tasks", "ps") and a.get("data-task"):
             self._row = {k: v for k, v in a.items()}
             self._row["cells"] = []
-            self.rows[str(a["data-task"])] = self._row
+            (self.rows if self._table == "tasks" else self.ps_rows)[str(a["data-task"])] = self._row
         if tag == "td" and self._row is not None:
             self._row["cells"].append("")
 
@@ -142,10 +144,17 @@ def step_shown(view: PageView) -> int:
     return int(view.values["global-step"].replace(",", ""))
 
 
+#: The README's picture of the page (docs/status_page.png) is this test's screenshot: it is copied into
+#: ``$PSFLOW_SCREENSHOT_DIR`` when that is set (``PSFLOW_SCREENSHOT_DIR=docs pytest tests/integration/
+#: test_status_page.py -k chromium`` writes it anew).
+SCREENSHOT_WINDOW = "--window-size=1400,1400"
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
 def test_the_live_page_in_chromium_lists_tasks_advances_and_shows_a_death_and_restart(
         run_factory: Callable[..., Run], tmp_path: Path) -> None:
-    run = run_factory("run", "--batch-size", "32", "--epochs", "500", "--quiet", "--restart-policy", "on-failure")
+    run = run_factory("run", "--batch-size", "32", "--epochs", "500", "--quiet", "--restart-policy", "on-failure",
+                      "--eval-every-steps", "2000")
     url = run.url()
     wait_until(lambda: (run.status(url).get("global_step") or 0) > 0, "training started")
 
@@ -156,6 +165,11 @@ def test_the_live_page_in_chromium_lists_tasks_advances_and_shows_a_death_and_re
     assert first.values["phase"] == "training"
     shown = step_shown(first)
     assert shown > 0
+    # ps task 0 holds the 124 weights, ps task 1 the bias: every step pushes to and pulls from both (the same
+    # request counts), ps task 0 moves the bytes. The busiest is ps task 0 (issue 30, item 6), and a ps task
+    # never restored says so, not "0".
+    assert [name for name, r in first.ps_rows.items() if "(busiest)" in r["cells"][0]] == ["/job:ps/task:0"]
+    assert [first.rows[f"/job:ps/task:{i}"]["cells"][6] for i in range(2)] == ["never", "never"]
 
     victim = next(t for t in run.status(url)["tasks"] if t["task"] == "/job:worker/task:1")
     os.kill(victim["pid"], signal.SIGKILL)  # a task of the launcher this test started
@@ -165,7 +179,7 @@ def test_the_live_page_in_chromium_lists_tasks_advances_and_shows_a_death_and_re
     wait_until(lambda: run.status(url)["global_step"] > before, "training goes on after the restart")
 
     shot = tmp_path / "status_page.png"
-    chromium(f"--screenshot={shot}", "--window-size=1400,1800", url, cwd=tmp_path)
+    chromium(f"--screenshot={shot}", SCREENSHOT_WINDOW, url, cwd=tmp_path)
     assert shot.exists() and shot.stat().st_size > 10_000
     keep = os.environ.get("PSFLOW_SCREENSHOT_DIR")
     if keep:
@@ -198,6 +212,9 @@ def test_metrics_parse_during_the_run_and_agree_with_metrics_json_at_the_end(
     pytest.importorskip("prometheus_client")
     run = run_factory("run", "--batch-size", "64", "--epochs", "3", "--quiet")
     url = run.url()
+    first, second = wait_until(lambda: len(lines := run.stderr().splitlines()) >= 2 and lines[:2], "two lines printed")
+    assert first == f"psflow: status {url}", run.stderr()  # the run's first line, as docs/status.md says
+    assert second == f"psflow: 2 ps + 2 workers, run directory {run.out}", run.stderr()
     scraped = wait_until(lambda: (m := parse_metrics(get(url + "metrics").decode())).get("psflow_global_step")
                          and m["psflow_global_step"][()] > 0 and m, "a scrape during training")
     labels = {dict(k)["job"] + dict(k)["task"] for k in scraped["psflow_task_up"]}
@@ -206,6 +223,13 @@ def test_metrics_parse_during_the_run_and_agree_with_metrics_json_at_the_end(
     assert run.proc.wait(timeout=LIMIT) == 0, run.stderr()
     metrics = json.loads((run.out / "metrics.json").read_text())
     final = parse_metrics((run.out / "metrics.prom").read_text())  # the last /metrics of the run
+    # The run is over: no task shows up (the ps tasks still ran when its end was written; issue 30, item 6).
+    ended = json.loads((run.out / "status.json").read_text())
+    assert {t["task"]: t["state"] for t in ended["tasks"]} == {
+        f"/job:{job}/task:{i}": "finished" for job in ("ps", "worker") for i in range(2)}
+    assert all(v == 0.0 for v in final["psflow_task_up"].values()), final["psflow_task_up"]
+    # Over the whole run, ps task 0 (the 124 weights) moved the bytes; ps task 1 holds the bias.
+    assert [p["task"] for p in ended["ps"] if p["busiest"]] == ["/job:ps/task:0"]
     assert final["psflow_global_step"][()] == metrics["global_step"]
     assert final["psflow_examples_total"][()] == metrics["examples"] == 3 * 32_561
     assert final["psflow_eval_auc"][()] == pytest.approx(metrics["eval"]["auc"])
