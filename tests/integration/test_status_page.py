@@ -52,7 +52,7 @@ class Run:
         return self.stderr_path.read_text(errors="replace")
 
     def url(self) -> str:
-        found = wait_until(lambda: re.search(r"psflow: status (http://[0-9.]+:\d+/)", self.stderr())
+        found = wait_until(lambda: re.search(r"psflow: status (http://(?:[0-9.]+|\[[0-9a-f:]+\]):\d+/)", self.stderr())
                            or self.proc.poll() is not None, "the status URL printed")
         assert found is not True, f"psflow train ended before printing its status URL:\n{self.stderr()}"
         return str(found.group(1))
@@ -329,3 +329,51 @@ def test_off_loopback_the_page_requires_psflow_token(run_factory: Callable[..., 
     assert refused_call.value.code == 401
     snapshot = wait_until(lambda: run.status(url, {"Authorization": "Bearer page-token-42"}), "the page with the token")
     assert len(snapshot["tasks"]) == 4
+
+
+# ---- where the page is served (issue 30, item 2) -------------------------------------------------------
+def ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_the_page_on_ipv6_loopback_answers_loopback_names_only(run_factory: Callable[..., Run]) -> None:
+    """``--status-host ::1`` used to fail naming --status-port; the page now serves there, and a request whose Host
+    is not a loopback name (a web page's DNS rebinding) gets 421, never the run's numbers."""
+    run = run_factory("run", "--status-host", "::1", "--batch-size", "32", "--epochs", "500", "--quiet")
+    url = run.url()
+    assert url.startswith("http://[::1]:"), url
+    assert len(wait_until(lambda: run.status(url)["tasks"], "the page on [::1]")) == 4
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        get(url + "api/status", {"Host": "attacker.example"})
+    assert refused.value.code == 421 and b"tasks" not in refused.value.read()
+
+
+def test_a_status_flag_at_fault_is_named_in_one_line(tmp_path: Path) -> None:
+    """The README's rows: a --status-port in use and a --status-host that is no address of this machine, each
+    refused before any task starts, in one line naming its own flag."""
+    import socket
+
+    env = dict(os.environ, PSFLOW_TOKEN="page-token-42")  # off loopback the page requires one
+    train = [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--quiet"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        in_use = run_bounded([*train, "--status-port", str(port), "--output", str(tmp_path / "a")], timeout=120)
+    elsewhere = run_bounded([*train, "--status-host", "192.0.2.1", "--output", str(tmp_path / "b")], timeout=120,
+                            env=env)  # 192.0.2.1: TEST-NET-1, an address no machine has
+    for r, out, line in (
+            (in_use, "a", f"psflow train: error: --status-port {port}: cannot serve the status page on 127.0.0.1:{port}: "
+                          f"port {port} is already in use (another process listens on it)"),
+            (elsewhere, "b", "psflow train: error: --status-host 192.0.2.1: cannot serve the status page on "
+                             "192.0.2.1:0: Cannot assign requested address (not an address of this machine)")):
+        assert r.returncode == 1 and r.stderr.strip() == line, r.stderr[-3000:]
+        assert not list((tmp_path / out / "logs").glob("*.log")), "a task was started"
