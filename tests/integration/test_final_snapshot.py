@@ -68,6 +68,9 @@ def assert_one_snapshot(out: Path, phase: str) -> dict[str, Any]:
     assert prom["psflow_faults_total"] == len(metrics.get("faults", []))
     if isinstance(metrics.get("eval"), dict):
         assert prom["psflow_eval_auc"] == pytest.approx(metrics["eval"]["auc"])
+    # The run is over: no task shows as running (issue 30, item 6; the ps tasks used to show "up").
+    states = {t["task"]: t["state"] for t in status["tasks"]}
+    assert not set(states.values()) & {"up", "starting", "unresponsive", "unknown", "unreachable"}, states
     return metrics
 
 
@@ -82,6 +85,10 @@ def test_a_run_with_checkpoints_and_faults_reports_one_snapshot(tmp_path: Path) 
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = assert_one_snapshot(out, "finished")
     assert len(metrics["faults"]) == 2 and len(metrics["restarts"]) == 2, (metrics["faults"], metrics["restarts"])
+    # The restore's generation reads as the time of the restore (issue 30, item 6), within the run.
+    status = json.loads((out / "status.json").read_text())
+    for row in status["ps"]:
+        assert row["generation"] > 0 and status["run"]["started"] <= row["restored_at"] <= status["time"], row
     ledger = metrics["checkpoints"]
     newest = latest_checkpoint(str(ckpt))
     assert ledger["last_saved_path"] == newest and ledger["last_saved_step"] <= metrics["global_step"], (ledger, newest)
