@@ -78,11 +78,14 @@ function barChart(id, pairs) {
   const W = 400, H = 120, B = 16;
   const max = Math.max(1, ...pairs.map((p) => p[1]));
   const w = Math.max(4, Math.min(40, (W - 10) / Math.max(1, pairs.length) - 4));
+  // Narrow bars (a long tail of buckets): a key under every n-th bar only, and a count over the tallest
+  // alone, so that labels never overlap; every bar's count is in api/status.
+  const every = Math.max(1, Math.ceil(22 / (w + 4)));
   pairs.forEach(([k, v], i) => {
     const h = ((H - B - 12) * v) / max, x = 5 + i * (w + 4);
     svg.appendChild(svgEl("rect", { class: "bar", x, y: H - B - h, width: w, height: h }));
-    svg.appendChild(svgEl("text", { x, y: H - 4 }, k));
-    svg.appendChild(svgEl("text", { x, y: H - B - h - 2 }, fmt(v)));
+    if (i % every === 0) svg.appendChild(svgEl("text", { x, y: H - 4 }, k));
+    if (w >= 26 || v === max) svg.appendChild(svgEl("text", { x, y: H - B - h - 2 }, fmt(v)));
   });
 }
 
