@@ -8,6 +8,8 @@ predict and summaries. Each extra below adds one feature's library:
   (psflow writes and reads its summaries without it).
 * ``zookeeper`` (kazoo): ``--coordination zookeeper``.
 * ``torch`` (torch): :mod:`psflow.torch` and ``--model wide_deep|deepfm|dnn``.
+* ``cloud`` (fsspec, s3fs, gcsfs): checkpoints and inputs at ``s3://`` and ``gs://`` URLs
+  (:mod:`psflow.storage`).
 * ``all``: every extra above.
 
 A feature imports its library through :func:`require` when it is used, never
@@ -26,7 +28,8 @@ from psflow.train.config import ConfigError
 __all__ = ["EXTRAS", "MissingExtraError", "extra_for", "missing_extra_message", "require"]
 
 #: Top-level module -> the extra that installs it.
-EXTRAS = {"matplotlib": "plots", "tensorboard": "tensorboard", "kazoo": "zookeeper", "torch": "torch"}
+EXTRAS = {"matplotlib": "plots", "tensorboard": "tensorboard", "kazoo": "zookeeper", "torch": "torch",
+          "fsspec": "cloud", "s3fs": "cloud", "gcsfs": "cloud"}
 
 
 class MissingExtraError(ConfigError, ImportError):

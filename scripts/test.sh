@@ -14,7 +14,8 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
         </dev/null >/dev/null 2>&1 || echo "scripts/test.sh: not installed: ${missing[*]}; their tests will be skipped" >&2
 fi
 python3 -m venv .venv
-# Every extra (all: plots, tensorboard, zookeeper, torch), so no test skips for a missing one.
+# Every extra (all: plots, tensorboard, zookeeper, torch, cloud; test: the S3 and GCS emulators), so no test
+# skips for a missing one.
 # torch==2.13.0+cpu (constraints.txt) is PyTorch's CPU build: from PyTorch's CPU index where pip's own
 # configuration does not already find it (a local wheel directory, a mirror).
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,all,examples]' -c constraints.txt \

@@ -42,7 +42,6 @@ import functools
 import itertools
 import logging
 import math
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -51,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from psflow import jsonio
+from psflow import jsonio, storage
 from psflow.data.api import BadRecordError, DataError
 from psflow.data.batch import DEFAULT_SPARSE_FEATURE
 from psflow.data.example_pb import example_class
@@ -270,7 +269,7 @@ def infer_schema(path: str, *, num_features: int = 1 << 20, label: str = "label"
 
 
 @functools.lru_cache(maxsize=16)
-def _cached(path: str, stamp: tuple[int, int], num_features: int, label: str, sample: int) -> InferredSchema:
+def _cached(path: str, stamp: tuple[Any, ...], num_features: int, label: str, sample: int) -> InferredSchema:
     inferred = infer_schema(path, num_features=num_features, label=label, sample=sample)
     log.info("%s", inferred.describe())
     for note in inferred.notes:
@@ -288,10 +287,10 @@ def infer_first_file(patterns: Sequence[str], *, num_features: int = 1 << 20, la
     """
     path = expand_paths(list(patterns))[0]
     try:
-        st = os.stat(path)
+        stamp = storage.version(path)
     except OSError as e:
         raise DataError(f"{path}: cannot read: {e.strerror or e}") from e
-    return _cached(path, (st.st_size, st.st_mtime_ns), num_features, label, sample)
+    return _cached(path, stamp, num_features, label, sample)
 
 
 def schema_yaml(inferred: InferredSchema, *, header: bool = True) -> str:

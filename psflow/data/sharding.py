@@ -16,18 +16,17 @@ worker's records are read in file order within each file.  Which files a
 worker opens, in what order, in each epoch is :func:`epoch_file_order`.
 
 Everything here is pure except :func:`expand_paths`, which lists the file
-system.
+system (or an object store's bucket, :mod:`psflow.storage`).
 """
 
 from __future__ import annotations
 
-import glob
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from psflow import storage
 from psflow.data.api import DataError
 
 __all__ = ["WorkerShard", "expand_paths", "shard_plan", "epoch_file_order"]
@@ -64,25 +63,35 @@ class WorkerShard:
 def expand_paths(patterns: Sequence[str]) -> list[str]:
     """Expands glob patterns; returns the sorted, de-duplicated list of files.
 
-    A pattern without glob characters names a file that must exist.
+    A pattern without glob characters names a file that must exist. A
+    pattern may be a URL of an object store (``s3://bucket/train-*``, see
+    :mod:`psflow.storage`): its matches are URLs, sorted with the rest.
 
     Raises:
-        DataError: a pattern matches no file.
+        DataError: a pattern matches no file, or names a store psflow cannot use (an unknown scheme, a
+            missing client library) or cannot list.
     """
     if isinstance(patterns, str):
         patterns = [patterns]
     found: set[str] = set()
     for pattern in patterns:
-        if glob.has_magic(pattern):
-            matches = [m for m in glob.glob(pattern) if os.path.isfile(m)]
-            if not matches:
-                raise DataError(f"no files match {pattern!r}")
-            found.update(matches)
-        elif os.path.isfile(pattern):
-            found.add(pattern)
-        else:
-            raise DataError(f"{pattern}: no such file")
+        try:
+            found.update(_expand(pattern))
+        except (storage.StorageError, ImportError, OSError) as e:  # a store psflow cannot use, or cannot list
+            raise DataError(f"{pattern}: {e}") from e
     return sorted(found)
+
+
+def _expand(pattern: str) -> list[str]:
+    """The files one pattern names (see :func:`expand_paths`)."""
+    if storage.has_magic(pattern):
+        matches = storage.glob(pattern)
+        if not matches:
+            raise DataError(f"no files match {pattern!r}")
+        return matches
+    if storage.isfile(pattern):
+        return [pattern]
+    raise DataError(f"{pattern}: no such file")
 
 
 def shard_plan(paths: Sequence[str], num_workers: int) -> list[WorkerShard]:

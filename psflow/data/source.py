@@ -5,15 +5,21 @@ to the offset; a gzip file is decompressed from its start and the bytes before
 the offset are discarded (gzip cannot seek), so resuming deep inside a large
 gzip file costs a decompression of the part before it.  A gzip file may hold
 several members; they are read as one stream, as ``gunzip`` does.
+
+A path may be a URL of an object store (``s3://``, ``gs://``; see
+:mod:`psflow.storage`): the object is streamed in ranged reads, and an offset
+is a seek there too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
-import io
 import zlib
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
+from typing import IO
 
+from psflow import storage
 from psflow.data.api import BadRecordError, DataError
 
 __all__ = ["BLOCK_SIZE", "GZIP_MAGIC", "resolve_compression", "iter_blocks"]
@@ -40,8 +46,7 @@ def resolve_compression(path: str, compression: str, looks_plain: Callable[[byte
     if path.endswith((".gz", ".gzip")):
         return "gzip"
     try:
-        with open(path, "rb") as f:
-            head = f.read(16)
+        head = storage.read_head(path, 16)
     except OSError as e:
         raise DataError(f"{path}: cannot open: {e.strerror or e}") from e
     if head.startswith(GZIP_MAGIC) and (looks_plain is None or not looks_plain(head)):
@@ -49,13 +54,19 @@ def resolve_compression(path: str, compression: str, looks_plain: Callable[[byte
     return "none"
 
 
-def _open(path: str, compression: str) -> gzip.GzipFile | io.BufferedReader:
+@contextlib.contextmanager
+def _open(path: str, compression: str) -> Iterator[IO[bytes] | gzip.GzipFile]:
+    """``path`` opened for reading its uncompressed bytes; closed (the file under a gzip stream too) at the end."""
     try:
-        if compression == "gzip":
-            return gzip.open(path, "rb")
-        return open(path, "rb")
+        raw = storage.open_for_read(path)
     except OSError as e:
         raise DataError(f"{path}: cannot open: {e.strerror or e}") from e
+    with raw:
+        if compression == "gzip":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                yield f
+        else:
+            yield raw
 
 
 def iter_blocks(path: str, compression: str, start_offset: int = 0, block_size: int = BLOCK_SIZE) -> Generator[bytes, None, None]:

@@ -44,7 +44,7 @@ def wants_verbose(argv: Sequence[str]) -> bool:
 
 
 def expected_errors() -> tuple[type[Exception], ...]:
-    """The errors a user causes and fixes (flags, inputs, records, schemas, models, checkpoints, a run
+    """The errors a user causes and fixes (flags, inputs, records, schemas, models, checkpoints, storage URLs, a run
     directory or a port in use, a loss that is no longer finite): each carries a message that names what is wrong (a NaN
     loss: the worker, the step and the batch's files and records), so it is shown as that one line. Also a ps
     task's variables lost with no checkpoint to restore them from (the fix: a checkpoint directory).
@@ -58,6 +58,7 @@ def expected_errors() -> tuple[type[Exception], ...]:
     from psflow.ps.global_step import StepJournalError
     from psflow.ps.optimizers import OptimizerError
     from psflow.rpc.api import ListenError
+    from psflow.storage import StorageError
     from psflow.train.checkpoint import CheckpointError, CheckpointSavesFailedError
     from psflow.train.checkpoint_lock import DirectoryLockError
     from psflow.train.config import ConfigError
@@ -66,4 +67,4 @@ def expected_errors() -> tuple[type[Exception], ...]:
 
     return (ConfigError, ClusterError, OptimizerError, DataError, ModelError, CheckpointError,
             CheckpointSavesFailedError, DirectoryLockError, StepJournalError, ListenError, NanLossError,
-            StateLostError)
+            StateLostError, StorageError)

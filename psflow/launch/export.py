@@ -25,7 +25,11 @@ variables for evaluation: whoever reads that file gets the averages.
 ``psflow predict --moving-averages`` scores with the averages of an export
 that holds them (either way); without the flag it scores ``model.safetensors``.
 
-Both files are written atomically (temp file, fsync, rename). The model's
+Both files are written atomically (temp file, fsync, rename; one put each in an
+object store). The checkpoint, the export's directory and the data scored may
+be URLs of an object store (``s3://``, ``gs://``; see :mod:`psflow.storage`):
+export reads a checkpoint there and may write its directory there, and
+predict reads an export and data from there. The model's
 name, config and data settings come from the checkpoint's manifest (the chief
 records them with every save). ``psflow predict MODEL DATA`` rebuilds the
 model through the registry (a user's ``package.module:Class`` is imported
@@ -57,10 +61,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
-from safetensors.numpy import load_file
 from safetensors.numpy import save as safetensors_save
 
-from psflow import jsonio
+from psflow import jsonio, storage
 from psflow.data import Batch, BatchSpec, Schema, batch_spec, read_all
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
@@ -73,6 +76,7 @@ from psflow.train.checkpoint import (
     averaged_variables,
     latest_checkpoint,
     read_manifest,
+    read_safetensors,
     read_variables,
 )
 from psflow.train.evaluation import ArrayParameters
@@ -116,7 +120,7 @@ class ExportedModel:
 
 
 def _resolve_checkpoint(path: str) -> str:
-    if os.path.exists(os.path.join(path, "manifest.json")):
+    if storage.exists(os.path.join(path, "manifest.json")):
         return path
     latest = latest_checkpoint(path)
     if latest is None:
@@ -175,7 +179,7 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
         raise _no_averages(f"checkpoint {path}")
     variables = read_variables(path, moving_averages=moving_averages)
     record = _model_record(path, manifest, variables)
-    os.makedirs(out_dir, exist_ok=True)
+    storage.makedirs(out_dir)
     write_file_atomically(os.path.join(out_dir, "model.safetensors"), safetensors_save(variables))
     if averaged and not moving_averages:
         shadows = read_variables(path, moving_averages=True)
@@ -188,7 +192,7 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
         "data": record.get("data") or {},
         "variables": _variables_record(variables),
         "global_step": manifest.global_step,
-        "checkpoint": os.path.abspath(path),
+        "checkpoint": storage.absolute(path),
         "psflow_version": manifest.psflow_version,
     }
     if averaged:
@@ -221,9 +225,8 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
     """
     meta_path = os.path.join(model_dir, "model.json")
     try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-        tensors = load_file(os.path.join(model_dir, "model.safetensors"))
+        meta = json.loads(storage.read_bytes(meta_path))
+        tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{model_dir}: not an exported psflow model: {e}") from e
     if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
@@ -252,7 +255,7 @@ def _with_averages(model_dir: str, meta: Mapping[str, Any], tensors: dict[str, n
         return tensors
     path = os.path.join(model_dir, str(averages.get("file") or AVERAGES_FILE))
     try:
-        shadows = load_file(path)
+        shadows = read_safetensors(path)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: cannot read the export's moving averages: {e}") from e
     for name in averages["variables"]:

@@ -9,11 +9,14 @@ Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
     (:data:`psflow.ps.averages.AVERAGE_SLOT`), each partition under its own lock), plus global_step and the workers' reader
     positions on the task holding global_step, and serializes them as one
     safetensors file. With ``path`` the task writes the file itself (temp
-    file, fsync, rename; the directory must be reachable from this task);
+    file, fsync, rename; the directory must be reachable from this task; a
+    URL of an object store, ``s3://`` or ``gs://``, is written with one put
+    through :mod:`psflow.storage`, with this task's own credentials);
     without it the bytes come back in the reply (array ``shard``, uint8) and
     the caller writes them, so no shared filesystem is needed. A served ps
     task writes only under its checkpoint root (``psflow server
-    --checkpoint-root``; symlinks resolved): a path elsewhere (absolute,
+    --checkpoint-root``; symlinks resolved; a URL must lie under a root URL
+    of the same store): a path elsewhere (absolute,
     ``..``, a symlink out) is refused with INVALID_ARGUMENT naming the path,
     before anything is written. The reply's
     meta describes the shard (partitions, slot names, sha256, byte size), and
@@ -90,6 +93,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from safetensors.numpy import save as safetensors_save
 
+from psflow import storage
 from psflow.coord.api import FencedError
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.store import PartitionState, StoreError
@@ -125,29 +129,14 @@ def shard_tensor_names(key: str, slots: list[str]) -> tuple[str, dict[str, str]]
 def write_file_atomically(path: str, data: bytes | memoryview) -> None:
     """Writes ``data`` to ``path`` so that ``path`` is either absent or complete.
 
-    Writes a temp file beside it, fsyncs it, renames it over ``path`` and
-    fsyncs the directory.
+    A local path: a temp file beside it, fsynced, renamed over ``path``, and
+    the directory fsynced. A URL of an object store: one put (the object
+    appears only once whole); see :func:`psflow.storage.write_atomically`.
 
     Raises:
         OSError: the directory is not writable (the temp file is removed).
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    storage.write_atomically(path, data)
 
 
 def dynamic_tensor_names(key: str, snapshot_keys: list[str]) -> dict[str, str]:
@@ -235,6 +224,11 @@ class CheckpointHandlers:
         if self._root is None:
             raise InvalidRequest(f"refused to write checkpoint shard {path!r:.300}: this ps task has no checkpoint "
                                  "root (start it with --checkpoint-root DIR, or save with --checkpoint-transport rpc)")
+        if storage.is_remote(path) or storage.is_remote(self._root):  # an object store: the URL's prefix
+            if not storage.is_under(self._root, path):
+                raise InvalidRequest(f"refused to write checkpoint shard {path!r:.300}: it is outside this task's "
+                                     f"checkpoint root {self._root}")
+            return path
         try:
             root = os.path.realpath(self._root)
             directory = os.path.realpath(os.path.dirname(os.path.abspath(path)))

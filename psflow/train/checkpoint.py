@@ -56,6 +56,19 @@ Every file is written to a temp name, fsynced and renamed, so a crash at any
 moment leaves the previous checkpoint (the one the pointer names) intact and
 restorable; a checkpoint directory without a manifest is never restored.
 
+In an object store (``s3://bucket/ckpt``, ``gs://bucket/ckpt``; see
+:mod:`psflow.storage`) there is no rename and no directory: every file is
+one put (the object appears whole or not at all), in the same order (the
+writer file, the shards, the manifest, the pointer last), and a checkpoint
+directory is a prefix. So a crash at any moment still leaves the pointer on
+a complete checkpoint, and a prefix without its manifest is an incomplete
+save: never restored, deleted by a later save of its lineage as on disk.
+The directory's ``flock`` becomes a lock object created by a conditional put
+(:mod:`psflow.train.checkpoint_lock`). With ``transport="local"`` every ps
+task puts its own shard (with its own credentials); ``"rpc"`` streams them
+to the chief, which puts them. Readers fetch each shard once into a local
+temp directory and check its sha256 there.
+
 A failed save (a full or read-only disk, a ps task that cannot write, the
 lock lost to another run) removes its partial directory, is logged as an
 error, counted in the ledger (``checkpoints_failed``; the launcher prints a
@@ -108,7 +121,9 @@ import logging
 import os
 import shutil
 import socket
+import tempfile
 import time
+import weakref
 from collections.abc import Callable, Collection, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field, replace
@@ -117,7 +132,7 @@ from typing import Any
 import numpy as np
 from safetensors import safe_open
 
-from psflow import jsonio
+from psflow import jsonio, storage
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names, write_file_atomically
 from psflow.ps.dynamic import DynamicTableError, resplit_snapshots
@@ -140,6 +155,7 @@ __all__ = [
     "warm_start",
     "read_warm_start",
     "read_manifest",
+    "read_safetensors",
     "read_variables",
     "latest_checkpoint",
     "MANIFEST_NAME",
@@ -256,8 +272,7 @@ def read_manifest(path: str) -> Manifest:
     """
     file = os.path.join(path, MANIFEST_NAME)
     try:
-        with open(file) as f:
-            return Manifest.from_json(f.read(), file)
+        return Manifest.from_json(storage.read_bytes(file).decode("utf-8", "replace"), file)
     except OSError as e:
         raise CheckpointError(f"checkpoint {path} has no readable manifest: {e}") from e
 
@@ -293,7 +308,7 @@ def _latest(directory: str) -> tuple[str | None, str | None]:
     data, problem = _pointer_data(pointer)
     if data is not None:
         name = data.get("latest")
-        if not _checkpoint_name(name) or os.path.islink(os.path.join(directory, str(name))):
+        if not _checkpoint_name(name) or storage.islink(os.path.join(directory, str(name))):
             problem = f"names {name!r}, which is not a {_PREFIX}* directory directly inside {directory}"
         elif _complete(os.path.join(directory, str(name))):
             return os.path.join(directory, str(name)), None
@@ -302,7 +317,7 @@ def _latest(directory: str) -> tuple[str | None, str | None]:
             listed = data.get("all")
             for other in reversed(listed if isinstance(listed, list) else []):
                 path = os.path.join(directory, str(other))
-                if _checkpoint_name(other) and not os.path.islink(path) and _complete(path):
+                if _checkpoint_name(other) and not storage.islink(path) and _complete(path):
                     return path, f"checkpoint pointer {pointer} {problem}; using {other}, the newest complete one it lists"
     complete = _complete_checkpoints(directory)
     newest = complete[-1][0] if complete else None
@@ -318,8 +333,7 @@ def _latest(directory: str) -> tuple[str | None, str | None]:
 def _pointer_data(pointer: str) -> tuple[dict[str, Any] | None, str | None]:
     """(the pointer's JSON object, None), or (None, what is wrong); (None, None): there is no pointer file."""
     try:
-        with open(pointer, "rb") as f:
-            raw = f.read()
+        raw = storage.read_bytes(pointer)
     except FileNotFoundError:
         return None, None
     except OSError as e:
@@ -340,7 +354,7 @@ def _checkpoint_name(name: object) -> bool:
 
 
 def _complete(path: str) -> bool:
-    return os.path.exists(os.path.join(path, MANIFEST_NAME))
+    return storage.exists(os.path.join(path, MANIFEST_NAME))
 
 
 def _complete_checkpoints(directory: str) -> list[tuple[str, dict[str, Any]]]:
@@ -367,28 +381,18 @@ def _age(item: tuple[str, dict[str, Any]]) -> tuple[int, float, str]:
 def _read_json(path: str) -> dict[str, Any] | None:
     """A small JSON object file, or None (missing, unreadable, not an object)."""
     try:
-        with open(path) as f:
-            data = json.load(f)
+        data = json.loads(storage.read_bytes(path))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
 
 def _checkpoint_dirs(directory: str) -> list[str]:
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith(_PREFIX))
-    except FileNotFoundError:
-        return []
-    paths = [os.path.join(directory, n) for n in names]
-    return [p for p in paths if os.path.isdir(p) and not os.path.islink(p)]  # a symlink leads outside
+    return storage.subdirectories(directory, _PREFIX)  # a symlink is left out: it leads outside
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    storage.sync_dir(path)  # (an object store: nothing to do)
 
 
 class CheckpointManager:
@@ -509,18 +513,19 @@ class CheckpointManager:
               epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
         if self._lock is not None:
             self._lock.acquire()
-        os.makedirs(self.directory, exist_ok=True)
+        storage.makedirs(self.directory)
         self._step = step_hint = client.global_step()
         lineage = self._lineage(client)
         with directory_mutex(self.directory):
             for stale in self._deletable(lineage, epoch, keep=()):
                 if not _complete(stale):  # leftovers of crashed saves of this lineage
-                    shutil.rmtree(stale, ignore_errors=True)
+                    storage.remove_tree(stale, ignore_errors=True)
             name = f"{_PREFIX}{step_hint:09d}"
-            if os.path.exists(os.path.join(self.directory, name)):
+            if storage.exists(os.path.join(self.directory, name)):
                 name = f"{name}-{time.time_ns()}"
             path = os.path.join(self.directory, name)
-            os.makedirs(path)
+            if not storage.is_remote(path):  # (an object store has no directories: the writer file makes it)
+                os.makedirs(path)
             self._current = path
             # Written before the mutex is let go: a checkpoint directory without its writer file, seen under the
             # mutex, is a leftover of a save killed in between (see _deletable).
@@ -584,13 +589,13 @@ class CheckpointManager:
     def _remove_current(self) -> None:
         """Deletes the directory of the save that failed, unless the pointer names it."""
         path, self._current = self._current, None
-        if path is None or not os.path.exists(path):
+        if path is None or not storage.exists(path):
             return
         pointer = _read_json(os.path.join(self.directory, POINTER_NAME)) or {}
         if pointer.get("latest") == os.path.basename(path):
             return
-        shutil.rmtree(path, ignore_errors=True)
-        if os.path.exists(path):
+        storage.remove_tree(path, ignore_errors=True)
+        if storage.exists(path):
             log.error("could not remove the partial checkpoint %s", path)
 
     def _check_fence(self, client: ParameterClient, path: str) -> None:
@@ -619,7 +624,7 @@ class CheckpointManager:
         files = {t: f"shard-{n:05d}-of-{len(tasks):05d}.safetensors" for n, t in enumerate(tasks)}
         calls = {}
         for n, t in enumerate(tasks):
-            target = os.path.join(os.path.abspath(path), files[t]) if self.transport == "local" else None
+            target = os.path.join(storage.absolute(path), files[t]) if self.transport == "local" else None
             calls[t] = client.channels[t].call_async("SaveShard", {"path": target, "shard": n, "num_shards": len(tasks),
                                                                    **self._fence})
         replies: dict[int, dict[str, Any]] = {}
@@ -693,8 +698,7 @@ class CheckpointManager:
         pointer = os.path.join(self.directory, POINTER_NAME)
         with directory_mutex(self.directory):
             try:
-                with open(pointer, "rb") as f:
-                    previous_bytes: bytes | None = f.read()
+                previous_bytes: bytes | None = storage.read_bytes(pointer)
             except FileNotFoundError:
                 previous_bytes = None
             previous = _parse_pointer(previous_bytes)
@@ -731,7 +735,7 @@ class CheckpointManager:
             if current.get("latest") != name or current.get("run_id") != self.run_id:
                 return  # a newer chief's pointer replaced it already
             if previous is None:
-                os.unlink(pointer)
+                storage.remove(pointer)
             else:
                 write_file_atomically(pointer, previous)
         log.warning("checkpoint %s: pointer %s put back to the previous checkpoint (this chief was fenced off)",
@@ -766,7 +770,7 @@ class CheckpointManager:
     def _delete_old(self, kept: list[str], lineage: str, epoch: int | None) -> None:
         with directory_mutex(self.directory):
             for path in self._deletable(lineage, epoch, keep=kept):
-                shutil.rmtree(path, ignore_errors=True)
+                storage.remove_tree(path, ignore_errors=True)
 
 
 def _killed_while_created(path: str) -> bool:
@@ -775,7 +779,7 @@ def _killed_while_created(path: str) -> bool:
     Only meaningful under ``directory_mutex``: a save makes its directory and writes its writer file under it.
     """
     try:
-        entries = os.listdir(path)
+        entries = storage.listdir(path)
     except OSError:
         return False
     return all(e.startswith(f"{WRITER_NAME}.tmp-") for e in entries)
@@ -903,12 +907,17 @@ class SaveStatusWatcher:
 
 # ---- reading ----------------------------------------------------------------
 class _Shards:
-    """Open safetensors files of one checkpoint, checked against the manifest."""
+    """Open safetensors files of one checkpoint, checked against the manifest.
+
+    A checkpoint in an object store: each shard is fetched once into a local temp directory (removed with
+    this object), checked there and read from there (safetensors maps a local file).
+    """
 
     def __init__(self, path: str, manifest: Manifest) -> None:
         self.path = path
         self._expected = {s["file"]: s for s in manifest.shards}
         self._open: dict[str, Any] = {}
+        self._fetched: str | None = None
 
     def get(self, file: str) -> Any:
         handle = self._open.get(file)
@@ -917,25 +926,42 @@ class _Shards:
             expected = self._expected.get(file)
             if expected is None:
                 raise CheckpointError(f"{full}: not listed in the manifest")
-            _verify(full, expected)
+            local = self._local(full, file)
+            _verify(local, expected, shown=full)
             try:
-                handle = safe_open(full, framework="numpy")
+                handle = safe_open(local, framework="numpy")
             except Exception as e:  # safetensors raises its own error types
                 raise CheckpointError(f"{full}: unreadable shard: {e}") from e
             self._open[file] = handle
         return handle
 
+    def _local(self, full: str, file: str) -> str:
+        """A local file holding shard ``full``: itself, or its copy fetched from the object store."""
+        if not storage.is_remote(full):
+            return full
+        if self._fetched is None:
+            self._fetched = tempfile.mkdtemp(prefix="psflow-shards-")
+            weakref.finalize(self, shutil.rmtree, self._fetched, True)
+        local = os.path.join(self._fetched, os.path.basename(file))
+        try:
+            storage.download(full, local)
+        except OSError as e:
+            raise CheckpointError(f"{full}: cannot read shard: {e}") from e
+        return local
 
-def _verify(file: str, expected: Mapping[str, Any]) -> None:
+
+def _verify(file: str, expected: Mapping[str, Any], *, shown: str | None = None) -> None:
+    """The local file ``file`` has the manifest's sha256 (errors name ``shown``, default ``file``)."""
+    shown = shown or file
     digest = hashlib.sha256()
     try:
         with open(file, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
     except OSError as e:
-        raise CheckpointError(f"{file}: cannot read shard: {e}") from e
+        raise CheckpointError(f"{shown}: cannot read shard: {e}") from e
     if digest.hexdigest() != expected["sha256"]:
-        raise CheckpointError(f"{file}: sha256 differs from the manifest's (damaged shard)")
+        raise CheckpointError(f"{shown}: sha256 differs from the manifest's (damaged shard)")
 
 
 def _rows(shards: _Shards, var: str, saved: list[dict[str, Any]], start: int, stop: int,
@@ -1123,21 +1149,32 @@ def read_warm_start(path: str) -> dict[str, np.ndarray]:
     Raises:
         CheckpointError: nothing readable at ``path`` (names it).
     """
-    from safetensors.numpy import load_file
-
-    if os.path.isdir(path):
+    if storage.isdir(path):
         exported = os.path.join(path, "model.safetensors")
-        if os.path.exists(exported):
+        if storage.exists(exported):
             path = exported
         else:
-            checkpoint = path if os.path.exists(os.path.join(path, MANIFEST_NAME)) else latest_checkpoint(path)
+            checkpoint = path if storage.exists(os.path.join(path, MANIFEST_NAME)) else latest_checkpoint(path)
             if checkpoint is None:
                 raise CheckpointError(f"warm start: {path} holds no checkpoint, exported model or safetensors file")
             return read_variables(checkpoint)
     try:
-        return dict(load_file(path))
+        return read_safetensors(path)
     except Exception as e:  # safetensors raises its own error types
         raise CheckpointError(f"warm start: cannot read {path}: {e}") from e
+
+
+def read_safetensors(path: str) -> dict[str, np.ndarray]:
+    """Every tensor of the safetensors file ``path`` (a local path or a URL, see :mod:`psflow.storage`).
+
+    Raises:
+        OSError: the file cannot be read; safetensors' own errors for a file that is not one.
+    """
+    from safetensors.numpy import load, load_file
+
+    if storage.is_remote(path):
+        return dict(load(storage.read_bytes(path)))
+    return dict(load_file(path))
 
 
 def warm_start(client: ParameterClient, path: str) -> list[str]:

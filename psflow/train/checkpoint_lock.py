@@ -48,7 +48,13 @@ Guarantees: two live runs never both hold one directory (the decision and the
 write happen under an exclusive ``flock`` of the directory, held for a few
 file operations; on filesystems without ``flock`` the check is best effort);
 the lock file is replaced atomically, so a reader never sees half of one.
-Non-guarantees: a holder on another host is never declared stale (delete the
+A checkpoint directory in an object store (``s3://``, ``gs://``; see
+:mod:`psflow.storage`) has no ``flock``: its ``checkpoint.lock`` is an object,
+and the decision is made under the lock object ``directory.mutex``, created
+with a conditional put (S3 ``If-None-Match``, GCS ``ifGenerationMatch``) and
+deleted after; the same guarantee holds where the store honours the
+condition, and is best effort where it does not (the GCS emulator ignores
+it). Non-guarantees: a holder on another host is never declared stale (delete the
 lock file by hand once that run is over); a process that is alive but stuck
 keeps its run's lock.
 """
@@ -69,7 +75,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
-from psflow import jsonio
+from psflow import jsonio, storage
 from psflow.ps.checkpointing import write_file_atomically
 
 __all__ = [
@@ -125,7 +131,7 @@ def cluster_run_id(cluster_json: str, directory: str) -> str:
 
     Two live clusters never share an address, so two live runs never share this id.
     """
-    digest = hashlib.sha256(f"{cluster_json}\n{os.path.abspath(directory)}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{cluster_json}\n{storage.absolute(directory)}".encode()).hexdigest()
     return f"cluster-{digest[:16]}"
 
 
@@ -136,6 +142,8 @@ def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT, what: str
 
     Blocks at most ``timeout`` s for another holder (polling). Filesystems
     without ``flock`` (some network filesystems) are used without it (logged once).
+    In an object store (``s3://``, ``gs://``) it is the lock object
+    ``directory.mutex`` instead (see :func:`_object_mutex`).
 
     Args:
         what: what the directory is, in messages.
@@ -144,6 +152,10 @@ def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT, what: str
     Raises:
         error: another process held it for ``timeout`` s (a process stopped inside it).
     """
+    if storage.is_remote(directory):
+        with _object_mutex(directory, timeout=timeout, what=what, error=error):
+            yield
+        return
     fd = os.open(directory, os.O_RDONLY)
     try:
         deadline, wait = time.monotonic() + timeout, 0.001
@@ -165,6 +177,69 @@ def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT, what: str
         yield
     finally:
         os.close(fd)  # releases the flock
+
+
+#: The lock object of a directory in an object store (see :func:`_object_mutex`).
+MUTEX_NAME = "directory.mutex"
+
+
+@contextlib.contextmanager
+def _object_mutex(directory: str, *, timeout: float, what: str, error: type[Exception]) -> Iterator[None]:
+    """:func:`directory_mutex` in an object store, which has no ``flock``: the lock object ``directory.mutex``.
+
+    Taken by creating it with a conditional put (:func:`psflow.storage.create_exclusive`: S3
+    ``If-None-Match: *``, GCS ``ifGenerationMatch=0``), so two processes never both create it; let go by
+    deleting it (only if it is still this holder's). A holder that died inside the block leaves it behind:
+    it is taken over once its process is seen gone (same host) or it is older than ``timeout`` s (a holder
+    on another host, or stuck; the age is read from the holder's own clock, so clocks must agree within a
+    few seconds). Non-guarantees: a store that ignores the condition (the GCS emulator) makes the mutex a
+    check-then-write, and two processes taking over one stale lock object at the same moment may both
+    hold it: both are best effort, like ``flock`` on a network filesystem.
+    """
+    path = os.path.join(directory, MUTEX_NAME)
+    pid = os.getpid()
+    token = secrets.token_hex(8)
+    body = json.dumps({"token": token, "host": socket.gethostname(), "pid": pid, "pid_start": _pid_start(pid),
+                       "boot_id": _boot_id(), "since": time.time()}).encode()
+    deadline, wait = time.monotonic() + timeout, 0.005
+    while not storage.create_exclusive(path, body):
+        holder = _mutex_holder(path)
+        if holder is not None and (holder_alive(holder) is False or not time.time() - _since(holder) < timeout):
+            log.warning("%s %s: taking over the lock object %s of %s, which is gone or held it for over %.0f s",
+                        what, directory, path, f"pid {holder.get('pid')} on {holder.get('host')}", timeout)
+            with contextlib.suppress(OSError):
+                storage.remove(path)
+            continue
+        if time.monotonic() > deadline:
+            raise error(f"{what} {directory}: another process held its lock object {path} for {timeout:.0f} s "
+                        "(stopped inside a save or a claim?)")
+        time.sleep(wait)
+        wait = min(wait * 2, 0.1)
+    try:
+        yield
+    finally:
+        try:
+            holder = _mutex_holder(path)
+            if holder is not None and holder.get("token") == token:
+                storage.remove(path)
+        except OSError as e:
+            log.warning("%s %s: could not delete the lock object %s: %s", what, directory, path, e)
+
+
+def _mutex_holder(path: str) -> dict[str, Any] | None:
+    """The lock object's content; None when it is gone; {} when it cannot be parsed (taken over)."""
+    try:
+        data = json.loads(storage.read_bytes(path))
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _since(holder: dict[str, Any]) -> float:
+    since = holder.get("since")
+    return float(since) if isinstance(since, (int, float)) else 0.0
 
 
 _NO_FLOCK: set[str] = set()
@@ -282,8 +357,7 @@ class DirectoryLock:
             locked_error: the lock file is unreadable (names it).
         """
         try:
-            with open(self.path) as f:
-                data = json.load(f)
+            data = json.loads(storage.read_bytes(self.path))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:
@@ -321,7 +395,7 @@ class DirectoryLock:
             error: the directory or the lock file cannot be written.
         """
         try:
-            os.makedirs(self.directory, exist_ok=True)
+            storage.makedirs(self.directory)
         except OSError as e:
             raise self.error(f"cannot create {self.what} {self.directory}: {e}") from e
         with directory_mutex(self.directory, what=self.what, error=self.error):
@@ -366,7 +440,7 @@ class DirectoryLock:
                 holder = self.holder()
                 if holder is None or not self._is_this_process(holder):
                     return False
-                os.unlink(self.path)
+                storage.remove(self.path)
         except (OSError, CheckpointError, DirectoryLockError) as e:
             log.warning("run %s: could not release the lock of %s %s: %s", self.run_id, self.what,
                         self.directory, e)

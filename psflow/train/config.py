@@ -170,11 +170,25 @@ class TrainConfig:
         if self.replication not in ("between-graph", "in-graph"):
             raise ConfigError(f"--replication must be between-graph or in-graph, got {self.replication!r}")
         self._check_compute()
+        self._check_locations()
         self.optimizer_spec()  # validates name and hyperparameters
         try:
             self.sync_config()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+
+    def _check_locations(self) -> None:
+        """A URL (``s3://``, ``gs://``) in --checkpoint-dir, --train or --eval must be one psflow can use
+        (psflow.storage): an unknown scheme or a missing client library is one line, before anything starts."""
+        from psflow import storage
+
+        named = [("--checkpoint-dir", self.checkpoint_dir or ""), ("--warm-start", self.warm_start or ""),
+                 *(("--train", p) for p in self.train), *(("--eval", p) for p in self.eval)]
+        for flag, location in named:
+            try:
+                storage.check_location(location)
+            except storage.StorageError as e:
+                raise ConfigError(f"{flag} {e}") from None
 
     def _check_compute(self) -> None:
         clip = self.clip_gradient_norm

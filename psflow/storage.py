@@ -1,0 +1,448 @@
+"""Where psflow reads and writes files: the local filesystem, or object storage through fsspec.
+
+A *location* is a local path or a URL whose scheme names a store::
+
+    runs/ckpt, /data/a9a           the local filesystem (also file:///data/a9a)
+    s3://bucket/prefix             Amazon S3 or an S3-compatible store (s3fs; pip install 'psflow[cloud]')
+    gs://bucket/prefix, gcs://...  Google Cloud Storage (gcsfs; pip install 'psflow[cloud]')
+    hdfs://namenode:8020/path      HDFS through pyarrow's filesystem (pip install pyarrow; UNTESTED)
+
+Any other scheme is refused with :class:`UnknownSchemeError`, one line naming
+it and the schemes psflow knows (before this module existed,
+``--checkpoint-dir gs://bucket/ckpt`` silently wrote to a local folder
+``./gs:/bucket/ckpt``). A known scheme whose client library is not installed
+stops with :class:`~psflow.extras.MissingExtraError` naming the extra.
+
+Endpoints and credentials are the client's own, from its standard settings;
+psflow passes none: s3fs reads ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, ``AWS_PROFILE`` (botocore's
+configuration); gcsfs reads ``GOOGLE_APPLICATION_CREDENTIALS`` (or the
+machine's default credentials) and ``STORAGE_EMULATOR_HOST`` for an emulator
+(``http://host:port``; with an emulator also set ``NO_GCE_CHECK=true`` and
+``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false``, or gcsfs probes the GCE metadata
+server and asks the emulator for the bucket's layout over gRPC, which it does
+not serve, retrying for minutes). Every task of a run reads them from its own
+environment (the local launcher's tasks inherit the launcher's).
+
+What each operation guarantees, local and remote:
+
+* :func:`write_atomically`: a reader sees the old object or the whole new one,
+  never part of one. Local: a temp file beside it, fsync, rename, fsync of the
+  directory. Object stores have no rename: one PUT (s3fs sends one
+  ``PutObject`` or a multipart upload, gcsfs one upload; either way the object
+  appears only once complete). HDFS: a temp file then a rename.
+* :func:`create_exclusive`: writes only if nothing is there, as one decision of
+  the store: local ``O_CREAT | O_EXCL``; S3 ``If-None-Match: *``; GCS
+  ``ifGenerationMatch=0``. A store that ignores the condition (the GCS
+  emulator does) makes it a check-then-write: best effort.
+* Listings are never cached (fsspec's listings cache is off): another process's
+  writes are seen at the next call, as S3 and GCS list consistently.
+* A "directory" in an object store is a prefix: it exists while an object lies
+  under it; :func:`makedirs` does nothing there and :func:`sync_dir` neither.
+
+Not here: the meaning of files (checkpoints: :mod:`psflow.train.checkpoint`;
+the run lock over a store: :mod:`psflow.train.checkpoint_lock`).
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+import re
+import shutil
+import threading
+from typing import IO, Any
+
+__all__ = [
+    "SCHEMES",
+    "StorageError",
+    "UnknownSchemeError",
+    "scheme",
+    "is_remote",
+    "check_location",
+    "absolute",
+    "is_under",
+    "open_for_read",
+    "read_bytes",
+    "read_head",
+    "write_atomically",
+    "create_exclusive",
+    "exists",
+    "isfile",
+    "isdir",
+    "islink",
+    "listdir",
+    "subdirectories",
+    "glob",
+    "has_magic",
+    "makedirs",
+    "remove",
+    "remove_tree",
+    "sync_dir",
+    "version",
+    "download",
+]
+
+#: Scheme -> (the module that serves it, how to install it, whether psflow's tests run it).
+SCHEMES: dict[str, tuple[str, str, bool]] = {
+    "s3": ("s3fs", "pip install 'psflow[cloud]'", True),
+    "gs": ("gcsfs", "pip install 'psflow[cloud]'", True),
+    "gcs": ("gcsfs", "pip install 'psflow[cloud]'", True),
+    "hdfs": ("pyarrow", "pip install pyarrow (and a Hadoop client: libhdfs, CLASSPATH)", False),
+}
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+#: Bytes fetched per request when a remote file is streamed (fsspec's readahead block).
+READ_BLOCK = 8 << 20
+
+
+class StorageError(Exception):
+    """A location psflow cannot use (the message names it)."""
+
+
+class UnknownSchemeError(StorageError, ValueError):
+    """A URL whose scheme psflow does not read or write (names the URL and the schemes it knows)."""
+
+
+def scheme(path: str) -> str | None:
+    """The URL scheme of ``path`` (lower case), ``None`` for a local path (``file://`` included)."""
+    match = _URL.match(path)
+    if match is None:
+        return None
+    name = match.group(1).lower()
+    return None if name == "file" else name
+
+
+def is_remote(path: str) -> bool:
+    """``path`` is a URL of a store (not a local path or ``file://``)."""
+    return scheme(path) is not None
+
+
+def _local(path: str) -> str:
+    """A local path as the OS takes it (``file://`` removed)."""
+    return path[len("file://"):] if path[:7].lower() == "file://" else path
+
+
+def check_location(path: str) -> None:
+    """Refuses a location psflow cannot use, without touching it.
+
+    Raises:
+        UnknownSchemeError: a URL of a scheme psflow does not know.
+        MissingExtraError: the scheme's client library is not installed (names the extra).
+    """
+    name = scheme(path)
+    if name is None:
+        return
+    known = SCHEMES.get(name)
+    if known is None:
+        tested = ", ".join(f"{s}://" for s, (_, _, ok) in SCHEMES.items() if ok)
+        raise UnknownSchemeError(f"{path}: unknown scheme {name!r}: psflow reads and writes local paths, {tested} "
+                                 "and hdfs:// (untested)")
+    import importlib.util
+
+    for module in ("fsspec", known[0]):
+        if importlib.util.find_spec(module) is None:
+            raise _missing(name, module)
+
+
+def _missing(name: str, module: str) -> Exception:
+    from psflow.extras import MissingExtraError
+
+    how = SCHEMES[name][1]
+    extra = "cloud" if "psflow[cloud]" in how else ""
+    return MissingExtraError(f"{name}:// paths need {module}: {how}", module=module, extra=extra)
+
+
+_FS_LOCK = threading.Lock()
+
+
+def _fs(path: str) -> tuple[Any, str]:
+    """(the fsspec filesystem of URL ``path``, the path as that filesystem names it).
+
+    Raises:
+        UnknownSchemeError, MissingExtraError: see :func:`check_location`.
+    """
+    check_location(path)
+    import fsspec.core
+
+    with _FS_LOCK:  # fsspec builds one instance per (class, options) and caches it
+        try:
+            fs, inner = fsspec.core.url_to_fs(path, use_listings_cache=False)
+        except ImportError as e:
+            raise _missing(scheme(path) or "", getattr(e, "name", None) or SCHEMES[scheme(path) or ""][0]) from e
+    return fs, inner.rstrip("/") or inner
+
+
+def _prefix(url: str, inner: str) -> str:
+    """What ``url`` has before the filesystem's own path ``inner`` (``s3://``, ``hdfs://nn:8020``)."""
+    stripped = inner.rstrip("/")
+    body = url.rstrip("/")
+    return body[: len(body) - len(stripped)] if stripped and body.endswith(stripped) else f"{scheme(url)}://"
+
+
+def absolute(path: str) -> str:
+    """A local path made absolute; a URL as it is."""
+    return path if is_remote(path) else os.path.abspath(_local(path))
+
+
+def is_under(root: str, path: str) -> bool:
+    """``path`` lies inside ``root`` (both local, symlinks resolved; or both URLs of one store, no ``..``)."""
+    if is_remote(root) != is_remote(path):
+        return False
+    if not is_remote(root):
+        real_root = os.path.realpath(_local(root))
+        real = os.path.realpath(_local(path))
+        return os.path.commonpath([real_root, real]) == real_root
+    if scheme(root) != scheme(path) or any(part in ("..", ".") for part in path.split("/")[3:]):
+        return False
+    return path.startswith(root.rstrip("/") + "/")
+
+
+# ---- reading ------------------------------------------------------------------
+def open_for_read(path: str) -> IO[bytes]:
+    """``path`` opened for reading bytes (seekable); a remote object is streamed in :data:`READ_BLOCK` requests.
+
+    Raises:
+        OSError: missing or unreadable (FileNotFoundError when missing).
+    """
+    if not is_remote(path):
+        return open(_local(path), "rb")
+    fs, inner = _fs(path)
+    handle: IO[bytes] = fs.open(inner, "rb", block_size=READ_BLOCK, cache_type="readahead")
+    return handle
+
+
+def read_bytes(path: str) -> bytes:
+    """The whole file. Raises OSError (FileNotFoundError when missing)."""
+    if not is_remote(path):
+        with open(_local(path), "rb") as f:
+            return f.read()
+    fs, inner = _fs(path)
+    data: bytes = fs.cat_file(inner)
+    return data
+
+
+def read_head(path: str, size: int) -> bytes:
+    """The first ``size`` bytes (fewer for a shorter file), in one request. Raises OSError."""
+    if not is_remote(path):
+        with open(_local(path), "rb") as f:
+            return f.read(size)
+    fs, inner = _fs(path)
+    data: bytes = fs.cat_file(inner, start=0, end=size)
+    return data
+
+
+def download(path: str, local_file: str) -> None:
+    """Copies ``path`` (any location) to the local file ``local_file``. Raises OSError."""
+    if not is_remote(path):
+        shutil.copyfile(_local(path), local_file)
+        return
+    fs, inner = _fs(path)
+    fs.get_file(inner, local_file)
+
+
+def version(path: str) -> tuple[Any, ...]:
+    """What changes when the file is rewritten: (size, mtime) locally, (size, etag or generation) remotely.
+
+    Raises:
+        OSError: missing or unreadable.
+    """
+    if not is_remote(path):
+        st = os.stat(_local(path))
+        return (st.st_size, st.st_mtime_ns)
+    fs, inner = _fs(path)
+    info = fs.info(inner)
+    return (info.get("size"), str(info.get("ETag") or info.get("generation") or info.get("mtime") or ""))
+
+
+# ---- writing ------------------------------------------------------------------
+def write_atomically(path: str, data: bytes | memoryview) -> None:
+    """Writes ``data`` to ``path`` so that ``path`` is either absent, as before, or complete (see the module docstring).
+
+    Raises:
+        OSError: the directory (or bucket) is not writable; locally the temp file is removed.
+    """
+    if is_remote(path):
+        fs, inner = _fs(path)
+        if scheme(path) == "hdfs":  # HDFS shows a file while it is written; its rename is atomic
+            tmp = f"{inner}.tmp-{os.getpid()}"
+            fs.pipe_file(tmp, bytes(data))
+            fs.mv(tmp, inner)
+        else:
+            fs.pipe_file(inner, bytes(data))
+        return
+    path = _local(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    sync_dir(directory)
+
+
+def create_exclusive(path: str, data: bytes) -> bool:
+    """Writes ``path`` only if nothing is there; True if this call created it (see the module docstring).
+
+    Raises:
+        OSError: the location is not writable.
+    """
+    if is_remote(path):
+        fs, inner = _fs(path)
+        try:
+            fs.pipe_file(inner, data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+    try:
+        fd = os.open(_local(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def makedirs(path: str) -> None:
+    """Creates a local directory and its parents (as ``os.makedirs(exist_ok=True)``); nothing for a URL."""
+    if not is_remote(path):
+        os.makedirs(_local(path), exist_ok=True)
+
+
+def sync_dir(path: str) -> None:
+    """fsyncs a local directory (its entries are durable); nothing for a URL."""
+    if is_remote(path):
+        return
+    fd = os.open(_local(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove(path: str) -> None:
+    """Deletes one file. Raises OSError (FileNotFoundError when missing)."""
+    if not is_remote(path):
+        os.unlink(_local(path))
+        return
+    fs, inner = _fs(path)
+    if not fs.isfile(inner):
+        raise FileNotFoundError(f"{path}: no such file")
+    fs.rm_file(inner)
+
+
+def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
+    """Deletes a directory (a prefix: every object under it) and what it holds.
+
+    Raises:
+        OSError: unless ``ignore_errors``.
+    """
+    if not is_remote(path):
+        shutil.rmtree(_local(path), ignore_errors=ignore_errors)
+        return
+    fs, inner = _fs(path)
+    try:
+        fs.rm(inner + "/", recursive=True)
+    except OSError:
+        if not ignore_errors:
+            raise
+
+
+# ---- looking ------------------------------------------------------------------
+def exists(path: str) -> bool:
+    """A file or a directory (a prefix with objects under it) is there. Never raises for a missing one."""
+    if not is_remote(path):
+        return os.path.exists(_local(path))
+    fs, inner = _fs(path)
+    return bool(fs.exists(inner))
+
+
+def isfile(path: str) -> bool:
+    """``path`` is a file (an object)."""
+    if not is_remote(path):
+        return os.path.isfile(_local(path))
+    fs, inner = _fs(path)
+    return bool(fs.isfile(inner))
+
+
+def isdir(path: str) -> bool:
+    """``path`` is a directory (remotely: objects lie under the prefix)."""
+    if not is_remote(path):
+        return os.path.isdir(_local(path))
+    fs, inner = _fs(path)
+    return bool(fs.isdir(inner))
+
+
+def islink(path: str) -> bool:
+    """``path`` is a local symlink (a store has none)."""
+    return not is_remote(path) and os.path.islink(_local(path))
+
+
+def listdir(path: str) -> list[str]:
+    """The names directly inside directory ``path`` (files and directories), unsorted.
+
+    Raises:
+        OSError: FileNotFoundError when ``path`` is not there (remotely: nothing lies under it).
+    """
+    if not is_remote(path):
+        return os.listdir(_local(path))
+    fs, inner = _fs(path)
+    entries = fs.ls(inner, detail=False)
+    names = [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries if str(e).rstrip("/") != inner]
+    return [n for n in names if n]
+
+
+def subdirectories(path: str, prefix: str = "") -> list[str]:
+    """The directories directly inside ``path`` whose names start with ``prefix``, as paths, sorted by name.
+
+    Local symlinks are left out (they lead elsewhere). A missing ``path`` has none.
+    """
+    if not is_remote(path):
+        try:
+            names = sorted(n for n in os.listdir(_local(path)) if n.startswith(prefix))
+        except FileNotFoundError:
+            return []
+        paths = [os.path.join(path, n) for n in names]
+        return [p for p in paths if os.path.isdir(_local(p)) and not os.path.islink(_local(p))]
+    fs, inner = _fs(path)
+    try:
+        entries = fs.ls(inner, detail=True)
+    except FileNotFoundError:
+        return []
+    names = sorted({str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
+                    if e.get("type") == "directory" and str(e["name"]).rstrip("/") != inner})
+    return [f"{path.rstrip('/')}/{n}" for n in names if n.startswith(prefix)]
+
+
+def has_magic(pattern: str) -> bool:
+    """``pattern`` holds glob characters (``*``, ``?``, ``[``)."""
+    return _glob.has_magic(pattern)
+
+
+def glob(pattern: str) -> list[str]:
+    """The files ``pattern`` matches, sorted: local paths as :func:`glob.glob` gives them, URLs with their scheme.
+
+    ``*`` and ``?`` do not cross ``/``; directories are left out. No match: an empty list.
+
+    Raises:
+        UnknownSchemeError, MissingExtraError: see :func:`check_location`.
+    """
+    if not is_remote(pattern):
+        local = _local(pattern)
+        found = [m for m in _glob.glob(local) if os.path.isfile(m)]
+        return sorted(found if local == pattern else [f"file://{m}" for m in found])
+    fs, inner = _fs(pattern)
+    head = _prefix(pattern, inner)
+    matches = fs.glob(inner, detail=True)
+    return sorted(f"{head}{'' if name.startswith('/') or head.endswith('/') else '/'}{name}"
+                  for name, info in matches.items() if info.get("type") == "file")
+
