@@ -4,7 +4,7 @@ Nothing here is part of psflow: this file only imports the seam
 (``psflow.models``), and psflow finds it by its import path::
 
     psflow train --model examples.wide_deep_numpy:WideDeep --format criteo \\
-        --train criteo_train.txt --eval criteo_eval.txt --num-features 16384 --embedding-dim 8 \\
+        --train data/criteo_synthetic/train.txt --eval data/criteo_synthetic/eval.txt --num-features 16384 --embedding-dim 8 \\
         --model-param hidden=[64,32] --ps 2 --workers 2 --partitions 2
 
 (run from the directory holding ``examples/``; every task process imports it

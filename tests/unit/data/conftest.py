@@ -21,6 +21,8 @@ FIXTURES = REPO / "tests" / "data" / "tfrecord_fixtures"
 A9A = REPO / "data" / "a9a" / "a9a"
 A9A_T = REPO / "data" / "a9a" / "a9a.t"
 CRITEO_SAMPLE = REPO.parent / "shared" / "data" / "criteo" / "criteo_1tb_day0_10k.txt"
+#: The bundled SYNTHETIC Criteo-format data (data/criteo_synthetic/README.md): in every clone.
+CRITEO_SYNTHETIC = REPO / "data" / "criteo_synthetic" / "train.txt"
 
 
 def require_native() -> None:
@@ -62,8 +64,20 @@ def fixtures_json() -> dict[str, Any]:
 
 @pytest.fixture
 def criteo_sample() -> Path:
+    """The real Criteo sample (shared data, not bundled: its terms); for what real data must show (AUC)."""
     if not CRITEO_SAMPLE.is_file():
         pytest.skip(f"Criteo sample not present at {CRITEO_SAMPLE} (it may not be bundled)")
+    return CRITEO_SAMPLE
+
+
+@pytest.fixture(params=["synthetic", "shared"])
+def criteo_file(request: pytest.FixtureRequest) -> Path:
+    """A Criteo-format file, for tests that need only the format: the bundled synthetic data (always), and the
+    real sample where it is present."""
+    if request.param == "synthetic":
+        return CRITEO_SYNTHETIC
+    if not CRITEO_SAMPLE.is_file():
+        pytest.skip(f"Criteo sample not present at {CRITEO_SAMPLE} (shared data, not bundled; the synthetic data ran)")
     return CRITEO_SAMPLE
 
 

@@ -65,10 +65,11 @@ def test_criteo_round_trip_through_the_written_schema(tmp_path: Path) -> None:
         assert _same(back, original.take(np.arange(k, original.num_examples, 2)))
 
 
-def test_criteo_sample_round_trip(tmp_path: Path, criteo_sample: Path) -> None:
-    written = convert([str(criteo_sample)], "criteo", str(tmp_path / "c"), num_features=1 << 16)
+def test_criteo_sample_round_trip(tmp_path: Path, criteo_file: Path) -> None:
+    """The synthetic data, and the real sample where present."""
+    written = convert([str(criteo_file)], "criteo", str(tmp_path / "c"), num_features=1 << 16)
     schema = Schema.from_file(schema_path(str(tmp_path / "c")))
-    assert _same(read_all(written, "tfrecord", schema=schema), read_all(str(criteo_sample), "criteo", num_features=1 << 16))
+    assert _same(read_all(written, "tfrecord", schema=schema), read_all(str(criteo_file), "criteo", num_features=1 << 16))
 
 
 def test_failed_conversion_leaves_nothing(tmp_path: Path) -> None:

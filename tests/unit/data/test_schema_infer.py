@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from conftest import CRITEO_SAMPLE, same_batch
+from conftest import same_batch
 
 from psflow.data import (
     DEFAULT_SPARSE_FEATURE,
@@ -326,12 +326,11 @@ def test_tsv_and_its_tfrecord_copy_give_the_same_batch(tmp_path: Path) -> None:
     assert same_batch(copy, text)
 
 
-def test_the_shared_criteo_sample_and_its_copy_give_the_same_dense_values(tmp_path: Path) -> None:
-    if not CRITEO_SAMPLE.is_file():
-        pytest.skip(f"Criteo sample not present at {CRITEO_SAMPLE} (shared data, not bundled)")
-    lines = CRITEO_SAMPLE.read_text().splitlines(keepends=True)[:2000]
+def test_a_criteo_file_and_its_copy_give_the_same_dense_values(tmp_path: Path, criteo_file: Path) -> None:
+    """The synthetic data, and the real sample where present: both have negative counts."""
+    lines = criteo_file.read_text().splitlines(keepends=True)[:2000]
     tfrecord = _criteo_copy(lines, tmp_path / "sample.tfrecord")
-    text = read_all([str(CRITEO_SAMPLE)], "criteo", num_features=1 << 20).slice(0, len(lines))
+    text = read_all([str(criteo_file)], "criteo", num_features=1 << 20).slice(0, len(lines))
     cats = [f"C{k}:string:{1 << 20}" for k in range(1, 27)]
     # Every row, negative counts included: signed_log1p is --format criteo's transform.
     signed = Schema.from_flags([f"I{k}:float:signed_log1p" for k in range(1, 14)] + cats)
@@ -344,6 +343,7 @@ def test_the_shared_criteo_sample_and_its_copy_give_the_same_dense_values(tmp_pa
     plain = Schema({n: (FixedLenFeature((), "float32", 0.0, normalizer="log1p") if n.startswith("I") else s)
                     for n, s in signed.features.items()})
     negative = np.array([any(f.startswith("-") for f in line.split("\t")[1:14]) for line in lines])
+    assert negative.any()
     copy = read_all([tfrecord], "tfrecord", schema=plain, skip_bad_records=True, max_bad_records=len(lines))
     assert copy.num_examples == int((~negative).sum())
     keep = np.flatnonzero(~negative)
