@@ -214,6 +214,8 @@ class CheckpointHandlers:
         path = frame.meta.get("path")
         if path is not None and not isinstance(path, str):
             raise InvalidRequest(f"path must be a string or null, got {path!r:.60}")
+        if path is not None and "\0" in path:  # no file system takes it: refused, not failed (INTERNAL) at open()
+            raise InvalidRequest(f"refused to write checkpoint shard {path!r:.300}: it holds a NUL byte")
         if path is not None and self._confine:
             path = self._confined(path)
         with self._fenced(frame):
