@@ -21,6 +21,7 @@ system (or an object store's bucket, :mod:`psflow.storage`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,8 +69,8 @@ def expand_paths(patterns: Sequence[str]) -> list[str]:
     :mod:`psflow.storage`): its matches are URLs, sorted with the rest.
 
     Raises:
-        DataError: a pattern matches no file, or names a store psflow cannot use (an unknown scheme, a
-            missing client library) or cannot list.
+        DataError: a pattern matches no file, or names a directory (suggests a glob of its files), or a
+            store psflow cannot use (an unknown scheme, a missing client library) or cannot list.
     """
     if isinstance(patterns, str):
         patterns = [patterns]
@@ -91,6 +92,9 @@ def _expand(pattern: str) -> list[str]:
         return matches
     if storage.isfile(pattern):
         return [pattern]
+    if storage.isdir(pattern):
+        raise DataError(f"{pattern}: is a directory, not a file: name its files, e.g. "
+                        f"'{os.path.join(pattern, '*')}' (quoted, so that psflow expands the glob)")
     raise DataError(f"{pattern}: no such file")
 
 
