@@ -103,12 +103,13 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     if config.max_steps is not None:
         hooks.append(StopAtStepHook(last_step=config.max_steps))
     chief_hooks: list[SessionRunHook] = []
+    release: list[SessionRunHook] = []
     optimizer = config.optimizer_spec()
     if config.checkpoint_dir:
         lock = checkpoint_dir_lock(config, cluster)
         if duties:  # before joining: a directory another live run holds is refused before anything is restored
             lock.acquire()
-            hooks.append(_ReleaseLockAtEnd(lock))
+            release.append(_ReleaseLockAtEnd(lock))
         if chief:
             _check_newest_checkpoint(config, client.client_name)
         manager = CheckpointManager(config.checkpoint_dir, max_to_keep=config.max_to_keep,
@@ -135,6 +136,10 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
         hooks += [CampaignWhileTrainingHook(leadership), *(LeaderOnlyHook(h, leadership) for h in chief_hooks)]
         chief_hooks = []
+    # Last of all (a session ends its hooks in order, the chief-only ones after the others; without election, a
+    # session with duties is the chief's): the final save takes the lock again if it was deleted meanwhile, so a
+    # lock released before it would be left behind.
+    (hooks if leadership is not None else chief_hooks).extend(release)
     return MonitoredTrainingSession(client, optimizer, is_chief=chief, checkpoint_dir=config.checkpoint_dir,
                                     hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.connect_timeout,
                                     warm_start=config.warm_start, initial_values=model.initial_values)

@@ -167,6 +167,25 @@ def test_a_live_runs_directory_is_refused_then_its_stale_lock_taken_over_and_its
     assert not (ckpt / LOCK_NAME).exists()
 
 
+def test_a_lock_the_chief_takes_again_after_it_was_deleted_is_gone_after_a_clean_exit(tmp_path: Path) -> None:
+    """Someone deletes checkpoint.lock mid-run, once every worker has joined: the chief takes it again at its next
+    save and, the run over, removes it, also when its final save comes after it released it (issue 30, item 5: the
+    final save took it again, and it was left behind naming the chief's dead pid)."""
+    ckpt, out = tmp_path / "ckpt", tmp_path / "run"
+    worker_1_log = out / "logs" / "worker-1.log"
+    with background_run(out, "--epochs", "5", "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "30",
+                        "--log-every", "1") as run:
+        # Worker 1 logs a step only after it joined (and confirmed the lock, as a candidate for chief).
+        wait_for("worker 1's first step", lambda: worker_1_log.exists() and "step=" in worker_1_log.read_text(), run)
+        (ckpt / LOCK_NAME).unlink()  # the launcher's lock; the run (5 epochs, 320 steps) is far from its end
+        _, stderr = run.communicate(timeout=250)
+    assert run.returncode == 0, stderr[-3000:]
+    step = json.loads((out / "metrics.json").read_text())["global_step"]
+    assert step % 30 != 0  # so the last checkpoint is the final save's, not a periodic one marked final
+    assert latest_checkpoint(str(ckpt)) == str(ckpt / f"ckpt-{step:09d}")
+    assert not (ckpt / LOCK_NAME).exists(), (ckpt / LOCK_NAME).read_text()
+
+
 @contextlib.contextmanager
 def small_tmpfs(path: Path, size_kib: int, fill_kib: int) -> Iterator[None]:
     path.mkdir()
