@@ -18,11 +18,24 @@ loss = mean sigmoid cross-entropy. Variables, in this order:
   one row per dense value, when the data has dense features.
 
 Embeddings start at ``random_normal(stddev=init_stddev)`` (model parameter
-``init_stddev``, 0.01; seeded by ``--seed``), the rest at zero. Every variable
-takes the run's optimizer (``--optimizer``) but the embeddings, which take
-Adagrad with learning rate 0.05 (model parameter ``embedding_optimizer``, an
-OptimizerSpec JSON), as TensorFlow's canned CTR models do. A step pulls each unique row of
-``linear`` and ``embedding`` once and pushes sparse gradients for them.
+``init_stddev``, 0.01; seeded by ``--seed``), the rest at zero. The linear part
+(``linear``, ``bias``, ``dense_linear``) takes the run's optimizer
+(``--optimizer``, ``--learning-rate``: FTRL 0.5 by default, as ``--model
+logistic``, which it equals while the interactions are zero). The embeddings
+(the factors) take Adagrad: ``embedding`` with learning rate 0.05 (model
+parameter ``embedding_optimizer``, an OptimizerSpec JSON), as TensorFlow's
+canned CTR models do, and ``dense_embedding`` with a tenth of that, 0.005
+(``dense_embedding_optimizer``). A step pulls each unique row of ``linear`` and
+``embedding`` once and pushes sparse gradients for them.
+
+Why the dense factors learn slower: a dense value is not a one-hot 1 (Criteo's
+``log1p`` counts reach 14 and sum to ~24 per example) and every example has
+every dense feature, so each step moves every dense factor, and Adagrad's first
+steps are ~its learning rate per coordinate whatever the gradient's scale. At
+0.05 the dense pairs' term overshoots (on the Criteo sample it grows to a
+logit of +2..+8 that ``dense_linear`` cancels at -5..-15), the more so with
+stale asynchronous pushes: eval AUC 0.55-0.68 at batch 512 with 2 workers,
+where logistic regression reaches 0.71-0.73 (benchmarks/bench_model_defaults.py).
 """
 
 from __future__ import annotations
@@ -41,10 +54,12 @@ from psflow.ps.optimizers import OptimizerSpec
 
 __all__ = ["FactorizationMachine"]
 
-#: The embeddings' default optimizer (TF's canned CTR models: FTRL on the linear part, Adagrad on embeddings).
-#: Measured on the Criteo sample (8,000 rows train, 2,000 eval, 3 epochs): the run's FTRL 0.5 on the
+#: The sparse features' factors' default optimizer (TF's canned CTR models: FTRL on the linear part, Adagrad on
+#: embeddings). Measured on the Criteo sample (8,000 rows train, 2,000 eval, 3 epochs): the run's FTRL 0.5 on the
 #: embeddings too gives eval AUC 0.65; Adagrad 0.05 0.71; Adagrad 0.01 0.72 (the interactions then add ~nothing).
 _EMBEDDING_OPTIMIZER = {"name": "adagrad", "hyperparameters": {"learning_rate": 0.05, "initial_accumulator_value": 0.1}}
+#: The dense features' factors' default optimizer: a tenth of the embeddings' learning rate (see the module docstring).
+_DENSE_EMBEDDING_OPTIMIZER = {"name": "adagrad", "hyperparameters": {"learning_rate": 0.005, "initial_accumulator_value": 0.1}}
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,8 @@ class FactorizationMachine(Model):
         if not self.init_stddev > 0:
             raise ModelError(f"fm: init_stddev must be > 0, got {self.init_stddev}")
         self.embedding_optimizer = OptimizerSpec.from_json(config.param("embedding_optimizer", _EMBEDDING_OPTIMIZER))
+        self.dense_embedding_optimizer = OptimizerSpec.from_json(
+            config.param("dense_embedding_optimizer", _DENSE_EMBEDDING_OPTIMIZER))
         self._dense = list(config.features.dense)
         self._dense_width = config.features.dense_width
         self._dynamic = dynamic_table(config)
@@ -92,7 +109,7 @@ class FactorizationMachine(Model):
             dense_init = {**init, "seed": self.config.seed + 1}
             specs += [VariableSpec("dense_linear", (self._dense_width, 1)),
                       VariableSpec("dense_embedding", (self._dense_width, self.dim), initializer=dense_init,
-                                   optimizer=emb_opt)]
+                                   optimizer=self.dense_embedding_optimizer)]
         return specs
 
     def prepare(self, batch: Batch) -> Batch:

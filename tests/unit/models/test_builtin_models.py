@@ -122,6 +122,26 @@ def test_fm_interactions_are_pairwise_products() -> None:
     assert logit == pytest.approx(0.1 + 0.5 - 0.25 + (1 * 3 + 2 * -1))
 
 
+def test_fm_default_optimizers_linear_part_the_runs_dense_factors_a_tenth_of_the_sparse() -> None:
+    """fm's linear part takes the run's optimizer (as logistic); the sparse factors Adagrad 0.05; the dense factors
+    Adagrad 0.005 (issue 25, item 11: at 0.05 their pairs' term overshoots on Criteo's log-count values). Each given
+    optimizer replaces its default alone."""
+    config = ModelConfig(BatchSpec({"C1": 100, "C2": 100}, {"I1": 1, "I2": 2}))
+    specs = {s.name: s for s in create_model("fm", config).variables()}
+    assert [specs[n].optimizer for n in ("linear", "bias", "dense_linear")] == [None, None, None]
+    assert specs["embedding"].optimizer is not None and specs["embedding"].optimizer.to_json() == {
+        "name": "adagrad", "hyperparameters": {"learning_rate": 0.05, "initial_accumulator_value": 0.1}}
+    assert specs["dense_embedding"].optimizer is not None and specs["dense_embedding"].optimizer.to_json() == {
+        "name": "adagrad", "hyperparameters": {"learning_rate": 0.005, "initial_accumulator_value": 0.1}}
+    given = {"name": "adagrad", "hyperparameters": {"learning_rate": 0.05, "initial_accumulator_value": 0.1}}
+    specs = {s.name: s for s in create_model("fm", ModelConfig(config.features, params={
+        "dense_embedding_optimizer": given})).variables()}
+    assert specs["dense_embedding"].optimizer is not None and specs["dense_embedding"].optimizer.to_json() == given
+    with pytest.raises(ModelError, match="model 'fm'.*rho"):
+        create_model("fm", ModelConfig(config.features, params={"dense_embedding_optimizer": {
+            "name": "adagrad", "hyperparameters": {"rho": 1}}}))
+
+
 def test_unknown_model_and_bad_config() -> None:
     with pytest.raises(ModelError, match="unknown model 'nope'.*fm, logistic"):
         create_model("nope", ModelConfig())
