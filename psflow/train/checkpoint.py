@@ -158,6 +158,7 @@ __all__ = [
     "read_safetensors",
     "read_variables",
     "latest_checkpoint",
+    "incomplete_checkpoints",
     "MANIFEST_NAME",
     "POINTER_NAME",
     "WRITER_NAME",
@@ -369,6 +370,13 @@ def _complete_checkpoints(directory: str) -> list[tuple[str, dict[str, Any]]]:
         if manifest is not None:
             found.append((path, manifest))
     return sorted(found, key=_age)
+
+
+def incomplete_checkpoints(directory: str) -> list[str]:
+    """The ``ckpt-*`` directories directly inside ``directory`` that are no checkpoint one can restore (no
+    manifest, or one that cannot be read: saves that did not complete), by name."""
+    complete = {path for path, _ in _complete_checkpoints(directory)}
+    return [path for path in _checkpoint_dirs(directory) if path not in complete]
 
 
 def _age(item: tuple[str, dict[str, Any]]) -> tuple[int, float, str]:

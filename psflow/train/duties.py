@@ -31,13 +31,21 @@ import os
 from collections.abc import Callable
 from typing import TextIO
 
+from psflow import storage
 from psflow.cluster import ClusterSpec
 from psflow.coord import CoordinationConfig
 from psflow.data import DatasetConfig, ReaderPosition, read_all
 from psflow.models.api import Model
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import data_options, model_record
-from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest
+from psflow.train.checkpoint import (
+    POINTER_NAME,
+    CheckpointError,
+    CheckpointManager,
+    incomplete_checkpoints,
+    latest_checkpoint,
+    read_manifest,
+)
 from psflow.train.checkpoint_lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.client import ParameterClient
@@ -215,7 +223,8 @@ def claim_checkpoint_dir(config: TrainConfig, *, run_dir: str | None = None,
     Gives the config a fresh ``run_id`` if it has none (every task, and every
     restarted one, reads it from the config), takes the directory's lock for
     the run, and checks the newest checkpoint there against the run's model,
-    printing its warnings (another seed) to ``out``. Blocks for a few file
+    printing its warnings (another seed; or that the directory holds no
+    complete checkpoint, so the run starts from scratch) to ``out``. Blocks for a few file
     operations. The caller releases the lock when the run ends
     (:meth:`~psflow.train.checkpoint_lock.CheckpointDirLock.release`, or
     ``with lock:``); a launcher that dies leaves a stale lock the next run
@@ -276,10 +285,21 @@ def claim_run(config: TrainConfig, run_dir: str, *,
 
 
 def _newest_checkpoint_warnings(config: TrainConfig) -> list[str]:
-    latest = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
-    if latest is None:
+    if not config.checkpoint_dir:
         return []
+    latest = latest_checkpoint(config.checkpoint_dir)
+    if latest is None:
+        return _from_scratch(config.checkpoint_dir)
     return check_restorable(latest, read_manifest(latest), model_record(config))
+
+
+def _from_scratch(directory: str) -> list[str]:
+    """A directory that held checkpoints (a pointer, or ``ckpt-*`` directories) but has no complete one left:
+    the run starts from scratch, which a user resuming a run must hear about. A fresh directory: nothing."""
+    incomplete = incomplete_checkpoints(directory)
+    if not incomplete and not storage.exists(os.path.join(directory, POINTER_NAME)):
+        return []
+    return [f"no complete checkpoint in {directory} ({len(incomplete)} incomplete directories): starting from scratch"]
 
 
 def _check_newest_checkpoint(config: TrainConfig, name: str) -> None:
