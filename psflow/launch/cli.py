@@ -443,6 +443,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.verbose:
         configure_logging(verbose=True)
     config = _config(args)
+    status = status_config(args)  # before anything is written: a PSFLOW_TOKEN of only whitespace is refused
     output = args.output or tempfile.mkdtemp(prefix=f"psflow-{time.strftime('%Y%m%d-%H%M%S')}-")
     # One run per run directory, taken before anything is written there: another live run's is refused, naming it
     # (psflow.train.checkpoint_lock.RunDirLock). The launcher finds it held by this process and leaves it to this.
@@ -460,7 +461,7 @@ def _train(args: argparse.Namespace) -> int:
         else:
             # The status URL is the run's first line, then "N ps + M workers, run directory ..." (LauncherStatus).
             metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
-                                resilience=resilience_config(args), status=status_config(args), verbose=args.verbose)
+                                resilience=resilience_config(args), status=status, verbose=args.verbose)
     summary = {k: metrics[k] for k in ("global_step", "examples", "examples_this_run", "wall_seconds",
                                        "examples_per_sec")}
     if metrics.get("bad_records_skipped"):
@@ -529,9 +530,10 @@ def _server(args: argparse.Namespace) -> int:
     from psflow.launch.k8s import TASK_INDEX_ENV, task_index_from_env
     from psflow.launch.run_status import chief_status_page
     from psflow.launch.status_cli import status_config
-    from psflow.launch.task import TOKEN_ENV, configure_logging, run_task
+    from psflow.launch.task import configure_logging, run_task
+    from psflow.launch.token import TOKEN_ENV, cluster_token
 
-    token = os.environ.get(TOKEN_ENV) or None
+    token = cluster_token(os.environ)
     if token is None and not args.insecure:
         raise ConfigError(f"no cluster token: set {TOKEN_ENV} (the same secret on every task), "
                           "or pass --insecure to run without authentication")
@@ -584,9 +586,9 @@ def _server(args: argparse.Namespace) -> int:
 def _shutdown(args: argparse.Namespace) -> int:
     """``psflow shutdown``: the cluster (``--cluster``, else ``TF_CONFIG``) and the token read here (:mod:`psflow.launch.shutdown`)."""
     from psflow.launch.shutdown import print_outcomes, shutdown_cluster
-    from psflow.launch.task import TOKEN_ENV
+    from psflow.launch.token import TOKEN_ENV, cluster_token
 
-    token = os.environ.get(TOKEN_ENV) or None
+    token = cluster_token(os.environ)
     if token is None and not args.insecure:
         raise ConfigError(f"no cluster token: set {TOKEN_ENV} (the cluster's secret), or pass --insecure for a "
                           "cluster started with --insecure")

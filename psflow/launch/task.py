@@ -39,15 +39,13 @@ from psflow import jsonio
 from psflow.cluster import ClusterSpec
 from psflow.launch.console import expected_errors
 from psflow.launch.lifeline import StopRequest, set_parent_death_signal
+from psflow.launch.token import TOKEN_ENV, cluster_token
 from psflow.rpc.tcp_server import TcpLimits
 from psflow.rpc.tls import TlsConfig
 from psflow.server import Server
 from psflow.train.config import TrainConfig
 
-__all__ = ["main", "run_task"]
-
-#: Environment variable carrying the cluster token to task processes (read here, at the edge).
-TOKEN_ENV = "PSFLOW_TOKEN"
+__all__ = ["main", "run_task", "TOKEN_ENV"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -192,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.config) as f:
             config = TrainConfig.from_json(f.read())
     try:
-        code = run_task(cluster, args.job, args.task, config, token=os.environ.get(TOKEN_ENV) or None,
+        code = run_task(cluster, args.job, args.task, config, token=cluster_token(os.environ),
                         result_path=args.result, state_dir=args.state_dir, stop=stop,
                         checkpoint_root=args.checkpoint_root)
     except expected_errors() as e:
