@@ -12,7 +12,8 @@
 ``psflow k8s render``  Kubernetes manifests (Services, StatefulSet, Jobs, a TFJob; or a JobSet) for a cluster (docs/deploying.md)
 
 Settings are parsed here, once, into a :class:`~psflow.train.config.TrainConfig`;
-``TF_CONFIG`` and ``PSFLOW_TOKEN`` are read here and nowhere else.
+``TF_CONFIG`` is read here and nowhere else; ``PSFLOW_TOKEN`` through
+:func:`psflow.launch.token.cluster_token` (here, by ``psflow status`` and by each task process).
 
 Errors a user can fix (a bad flag, input file, record or schema, a port in
 use; :func:`psflow.launch.console.expected_errors`) print one line naming the

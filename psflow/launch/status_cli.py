@@ -5,6 +5,12 @@ A URL (``http://127.0.0.1:PORT/``, as ``psflow train`` prints it) is asked for
 directory is read from its ``status.json``, which the launcher keeps current
 while the run lasts and leaves behind when it ends. ``--watch S`` redraws every
 S seconds until Ctrl-C. Reads only; never changes the run.
+
+What it reads is data, maybe from anything that answers the URL: at most
+:data:`MAX_REPLY_BYTES` of it is read; every string printed from it has its
+control and format characters escaped (no escape sequence reaches the
+terminal); a snapshot of another shape, a URL that does not parse and a
+blank ``PSFLOW_TOKEN`` are each a :class:`StatusError` (one line), never a traceback.
 """
 
 from __future__ import annotations
@@ -15,19 +21,46 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, TextIO
 
 from psflow.launch.status import STATUS_FILE
 from psflow.launch.status_http import StatusConfig
+from psflow.launch.token import TOKEN_ENV, cluster_token
 
 __all__ = ["StatusError", "add_status_parser", "fetch_status", "render_status", "run_status", "status_config"]
 
-_TOKEN_ENV = "PSFLOW_TOKEN"
+#: The largest status reply or status.json read (bytes): a snapshot is a few hundred KiB; anything this large
+#: is not one, and reading it whole would take that much memory.
+MAX_REPLY_BYTES = 16 << 20
 
 
 class StatusError(Exception):
-    """The run's status could not be read (names the directory or URL and why)."""
+    """The run's status could not be read (names the directory or URL and why; control characters escaped)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_printable(message))
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character a terminal would act on (escape sequences, other control and format
+    characters, line breaks) written as its Python escape, e.g. ``\\x1b``: data from a status reply or file
+    cannot move the cursor, recolour or retitle the terminal, or fake a line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def _printable_data(value: Any) -> Any:
+    """A snapshot with :func:`_printable` applied to every string in it (keys too)."""
+    if isinstance(value, str):
+        return _printable(value)
+    if isinstance(value, dict):
+        return {_printable_data(k): _printable_data(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_printable_data(v) for v in value]
+    return value
 
 
 def add_status_parser(sub: Any) -> None:
@@ -38,9 +71,13 @@ def add_status_parser(sub: Any) -> None:
 
 
 def status_config(args: argparse.Namespace) -> StatusConfig:
-    """The status page settings of ``psflow train`` / ``psflow server`` flags."""
+    """The status page settings of ``psflow train`` / ``psflow server`` flags.
+
+    Raises:
+        ConfigError: ``PSFLOW_TOKEN`` holds only whitespace (:func:`psflow.launch.token.cluster_token`).
+    """
     return StatusConfig(enabled=not args.no_status, host=args.status_host, port=args.status_port,
-                        token=os.environ.get(_TOKEN_ENV) or None)
+                        token=cluster_token(os.environ))
 
 
 def fetch_status(target: str, *, timeout: float = 5.0) -> dict[str, Any]:
@@ -51,15 +88,26 @@ def fetch_status(target: str, *, timeout: float = 5.0) -> dict[str, Any]:
     """
     if target.startswith(("http://", "https://")):
         url = target.rstrip("/") + "/api/status"
-        request = urllib.request.Request(url)
-        token = os.environ.get(_TOKEN_ENV)
+        try:
+            if not urllib.parse.urlsplit(url).hostname:
+                raise ValueError("no host")
+            urllib.parse.urlsplit(url).port  # noqa: B018 - raises for a port that is not a number
+            request = urllib.request.Request(url)
+        except ValueError as e:
+            raise StatusError(f"{target}: not a URL psflow can ask ({e}); want e.g. "
+                              "http://127.0.0.1:PORT/ as psflow train printed it") from None
+        token = cluster_token(os.environ)
         if token:
             request.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310 - the user's own URL
-                data = json.loads(reply.read())
+                body = reply.read(MAX_REPLY_BYTES + 1)
+                if len(body) > MAX_REPLY_BYTES:
+                    raise StatusError(f"{url}: the reply is larger than {MAX_REPLY_BYTES:,} bytes: not a psflow "
+                                      "status reply (a status snapshot is a few hundred KiB)")
+                data = json.loads(body)
         except urllib.error.HTTPError as e:
-            hint = f" (set {_TOKEN_ENV})" if e.code == 401 else ""
+            hint = f" (set {TOKEN_ENV})" if e.code == 401 else ""
             raise StatusError(f"{url}: HTTP {e.code} {e.reason}{hint}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
@@ -73,8 +121,11 @@ def fetch_status(target: str, *, timeout: float = 5.0) -> dict[str, Any]:
             raise StatusError(f"{target}: no {STATUS_FILE} (not a psflow run directory, or a run started "
                               "with --no-status or --in-process)")
         try:
-            with open(path) as f:
-                data = json.load(f)
+            with open(path, "rb") as f:
+                text = f.read(MAX_REPLY_BYTES + 1)
+            if len(text) > MAX_REPLY_BYTES:
+                raise StatusError(f"{path}: larger than {MAX_REPLY_BYTES:,} bytes: not a psflow status snapshot")
+            data = json.loads(text)
         except (OSError, ValueError) as e:
             raise StatusError(f"{path}: unreadable ({e})") from None
     if not isinstance(data, dict) or "tasks" not in data:
@@ -173,6 +224,16 @@ def render_status(s: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _render(snapshot: dict[str, Any], target: str) -> str:
+    """:func:`render_status` of ``snapshot`` with its strings made printable; a snapshot of another shape
+    (a field of the wrong type) is a StatusError naming ``target``, not a traceback."""
+    try:
+        return render_status(_printable_data(snapshot))
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+        raise StatusError(f"{target}: not a psflow status snapshot of this version ({type(e).__name__}: {e}); "
+                          "psflow status --json prints it as it is") from None
+
+
 def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``psflow status``; returns the exit status.
 
@@ -180,9 +241,11 @@ def run_status(args: argparse.Namespace, out: TextIO | None = None) -> int:
         StatusError: the target holds no readable status.
     """
     out = out or sys.stdout
+    if args.watch is not None and not args.watch >= 0:
+        raise StatusError(f"--watch {args.watch}: want seconds >= 0")
     while True:
         snapshot = fetch_status(args.target)
-        text = json.dumps(snapshot, indent=1) + "\n" if args.json else render_status(snapshot)
+        text = json.dumps(snapshot, indent=1) + "\n" if args.json else _render(snapshot, args.target)
         if args.watch and out.isatty():
             out.write("\x1b[H\x1b[2J")
         out.write(text)
