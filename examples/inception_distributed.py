@@ -161,7 +161,8 @@ def evaluations(config: Any) -> dict[str, dict[str, float]]:
     batch = read_all(list(config.eval), config.format, **data_options(config))
     out = {}
     for name, averages in (("averages", True), ("variables", False)):
-        loaded = load_checkpoint_model(str(path), search_path=config.model_path, moving_averages=averages)
+        loaded = load_checkpoint_model(str(path), search_path=config.model_path, moving_averages=averages,
+                                       model=config.model)  # our own module: named, so it may be imported
         out[name] = evaluate(loaded.model, ArrayParameters(loaded.values, what=str(path)), batch)
     return out
 

@@ -86,6 +86,11 @@ def add_tool_parsers(sub: Any) -> None:
     predict.add_argument("--output", help="write predictions here (default: stdout), one line per example")
     predict.add_argument("--moving-averages", action="store_true",
                          help="score with the variables' moving averages (an export of a run with --moving-average-decay)")
+    predict.add_argument("--model", dest="model_class", metavar="package.module:Class",
+                         help="your own model's class, as model.json names it: psflow imports a module that "
+                              "model.json names only when you name it too (importing runs its code)")
+    predict.add_argument("--trust-model-module", action="store_true",
+                         help="import whatever module model.json names (only for a model.json you trust)")
     report = sub.add_parser("report", help="PNG plots of loss, eval AUC and throughput from a run's summaries")
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.add_argument("--out", help="output directory (default RUN_DIR/report)")
@@ -106,13 +111,13 @@ def run_tool(args: argparse.Namespace) -> int:
     if args.command == "predict":
         from psflow.launch.export import predict_file
 
+        options: dict[str, Any] = {"format": args.format, "moving_averages": args.moving_averages,
+                                   "model": args.model_class, "trust_model_module": args.trust_model_module}
         if args.output:
             with open(args.output, "w") as f:
-                predict_file(args.model, list(args.data), format=args.format, out=f,
-                             moving_averages=args.moving_averages)
+                predict_file(args.model, list(args.data), out=f, **options)
         else:
-            predict_file(args.model, list(args.data), format=args.format, out=sys.stdout,
-                         moving_averages=args.moving_averages)
+            predict_file(args.model, list(args.data), out=sys.stdout, **options)
         return 0
     from psflow.launch.report import render_report
 

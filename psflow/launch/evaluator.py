@@ -10,7 +10,8 @@ calls it). ``psflow server`` runs it as follows:
    (:func:`psflow.train.checkpoint.latest_checkpoint`).
 2. When that checkpoint is newer than the last one evaluated, the evaluator
    reads it from the files (variables only, partitions joined), rebuilds the
-   model from the checkpoint's manifest, and evaluates it on ``--eval``
+   model from the checkpoint's manifest (a user's ``package.module:Class``
+   only if the evaluator's own ``--model`` names it), and evaluates it on ``--eval``
    (with ``--eval-moving-averages``: the variables' moving averages, which
    the checkpoint must hold, in place of the variables). The
    eval data is read once, as the chief's in-training evaluation reads it. Checkpoints written during an evaluation are
@@ -77,7 +78,8 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
         ConfigError: no ``checkpoint_dir`` or no ``eval`` data; ``--eval-moving-averages`` and a checkpoint
             without moving averages.
         DataError: the eval data cannot be read (names the file and record).
-        ModelError: a checkpoint's model cannot be rebuilt (names the checkpoint).
+        ModelError: a checkpoint's model cannot be rebuilt (names the checkpoint), or is a user's module
+            that this task's --model does not name (a manifest is data: it does not choose code to run).
     """
     if not config.checkpoint_dir:
         raise ConfigError("the evaluator needs --checkpoint-dir (the directory the chief checkpoints into)")
@@ -101,7 +103,7 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
                     break
                 stop.wait(poll_secs)
                 continue
-            result = _evaluate(newest[0], batch, search_path, config.eval_moving_averages)
+            result = _evaluate(newest[0], batch, search_path, config.eval_moving_averages, config.model)
             if result is None:  # deleted by rotation while read: the next poll takes the newest
                 continue
             done.append(result)
@@ -132,13 +134,15 @@ def _newest(directory: str) -> tuple[str, int, bool] | None:
     return path, manifest.global_step, manifest.final
 
 
-def _evaluate(path: str, batch: Batch, search_path: str | None, moving_averages: bool) -> Evaluation | None:
+def _evaluate(path: str, batch: Batch, search_path: str | None, moving_averages: bool,
+              model: str) -> Evaluation | None:
     try:
         manifest = read_manifest(path)
         if moving_averages and not averaged_variables(manifest):  # every later checkpoint would lack them too
             raise ConfigError(f"evaluator: --eval-moving-averages, but checkpoint {path} holds no moving averages "
                               "(train with --moving-average-decay)")
-        loaded = load_checkpoint_model(path, search_path=search_path, moving_averages=moving_averages)
+        # The manifest is data: a user's module it names is imported only if this task's --model names it too.
+        loaded = load_checkpoint_model(path, search_path=search_path, moving_averages=moving_averages, model=model)
         final = manifest.final
     except (CheckpointError, OSError) as e:
         log.info("evaluator: skipped %s (%s)", path, e)

@@ -33,7 +33,9 @@ predict reads an export and data from there. The model's
 name, config and data settings come from the checkpoint's manifest (the chief
 records them with every save). ``psflow predict MODEL DATA`` rebuilds the
 model through the registry (a user's ``package.module:Class`` is imported
-from the current directory), reads the data as training read it (the
+from the current directory, and only if the user names it too, ``--model``
+or ``--trust-model-module``: a model.json is data and may come from anyone,
+see :func:`psflow.models.registry.trusted_model`), reads the data as training read it (the
 recorded format and schema, unless ``--format`` says otherwise) and scores it
 with :func:`psflow.train.evaluation.predict`: the same code and the same float32
 values as the cluster's evaluation, so the same outputs.
@@ -67,7 +69,7 @@ from psflow import jsonio, storage
 from psflow.data import Batch, BatchSpec, Schema, batch_spec, read_all
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
-from psflow.models.registry import create_model
+from psflow.models.registry import create_model, trusted_model
 from psflow.ps.checkpointing import write_file_atomically
 from psflow.train.checkpoint import (
     DYNAMIC_IDS,
@@ -120,6 +122,7 @@ class ExportedModel:
 
 
 def _resolve_checkpoint(path: str) -> str:
+    storage.check_location(path)  # an unknown scheme or a missing client: one line naming the path given
     if storage.exists(os.path.join(path, "manifest.json")):
         return path
     latest = latest_checkpoint(path)
@@ -207,8 +210,12 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
     return path
 
 
-def load_model(model_dir: str, *, search_path: str | None = None, moving_averages: bool = False) -> ExportedModel:
+def load_model(model_dir: str, *, search_path: str | None = None, moving_averages: bool = False,
+               model: str | None = None, trust_model_module: bool = False) -> ExportedModel:
     """Loads an exported model and rebuilds it through the registry.
+
+    A user's ``package.module:Class`` that model.json names is imported only if ``model`` names it too or
+    ``trust_model_module`` (see :func:`psflow.models.registry.trusted_model`); the check imports nothing.
 
     Args:
         model_dir: a directory written by :func:`export_model`.
@@ -216,12 +223,14 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
             (default: the current directory).
         moving_averages: the averaged variables' moving averages in place of
             the variables (an export holding them, either way).
+        model: the model the user named (``psflow predict --model``).
+        trust_model_module: import whatever module model.json names.
 
     Raises:
         CheckpointError: missing files or not a psflow model (names the file), or
             (``moving_averages``) an export without moving averages.
-        ModelError: the model cannot be rebuilt (unknown name, module not found),
-            or its variables differ from the exported ones.
+        ModelError: the model cannot be rebuilt (unknown name, module not found, a
+            module the user did not name), or its variables differ from the exported ones.
     """
     meta_path = os.path.join(model_dir, "model.json")
     try:
@@ -240,10 +249,11 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
         if legacy is None:
             raise CheckpointError(f"{meta_path}: a version 1 export of something other than logistic regression")
         config, data = legacy, {"num_features": legacy.num_features}
+    name = trusted_model(str(meta.get("model")), meta_path, named=model, trust_module=trust_model_module)
     if moving_averages:
         tensors = _with_averages(model_dir, meta, dict(tensors))
-    model = _rebuild(str(meta.get("model")), config, tensors, model_dir, search_path)
-    return ExportedModel(model, dict(tensors), int(meta["global_step"]), data)
+    built = _rebuild(name, config, tensors, model_dir, search_path)
+    return ExportedModel(built, dict(tensors), int(meta["global_step"]), data)
 
 
 def _with_averages(model_dir: str, meta: Mapping[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -333,17 +343,19 @@ def _rebuild(name: str, config: ModelConfig, values: Mapping[str, np.ndarray], w
     return model
 
 
-def load_checkpoint_model(checkpoint: str, *, search_path: str | None = None,
-                          moving_averages: bool = False) -> ExportedModel:
+def load_checkpoint_model(checkpoint: str, *, search_path: str | None = None, moving_averages: bool = False,
+                          model: str | None = None, trust_model_module: bool = False) -> ExportedModel:
     """The model of a checkpoint (or of a checkpoint directory: its newest), as :func:`load_model` loads an
     export: rebuilt through the registry from the manifest's model record, with the checkpoint's variables
     (partitions joined; no optimizer slots; ``moving_averages``: the moving averages in place of the averaged
-    variables). Reads files only: no ps task is involved.
+    variables). Reads files only: no ps task is involved. A user's module the manifest names is imported only
+    if ``model`` (the run's ``--model``) names it too, or ``trust_model_module``.
 
     Raises:
         CheckpointError: no complete checkpoint, one that does not say which model wrote it, or
             (``moving_averages``) one without moving averages.
-        ModelError: the model cannot be rebuilt, or its variables differ from the checkpoint's.
+        ModelError: the model cannot be rebuilt (a module the user did not name, too), or its variables
+            differ from the checkpoint's.
     """
     path = _resolve_checkpoint(checkpoint)
     manifest = read_manifest(path)
@@ -351,17 +363,21 @@ def load_checkpoint_model(checkpoint: str, *, search_path: str | None = None,
         raise _no_averages(f"checkpoint {path}")
     variables = read_variables(path, moving_averages=moving_averages)
     record = _model_record(path, manifest, variables)
+    name = trusted_model(str(record["name"]), os.path.join(path, "manifest.json"), named=model,
+                         trust_module=trust_model_module)
     data = dict(record.get("data") or {})
-    model = _rebuild(str(record["name"]), _in_data_order(ModelConfig.from_dict(record["config"]), data), variables, path,
-                     search_path)
-    return ExportedModel(model, variables, manifest.global_step, dict(record.get("data") or {}))
+    built = _rebuild(name, _in_data_order(ModelConfig.from_dict(record["config"]), data), variables, path, search_path)
+    return ExportedModel(built, variables, manifest.global_step, dict(record.get("data") or {}))
 
 
 def predict_file(model_dir: str, data: list[str], *, format: str | None = None, out: TextIO | None = None,
-                 moving_averages: bool = False) -> np.ndarray:
-    """Scores ``data`` with the exported model (``moving_averages``: with its moving averages, see
-    :func:`load_model`); writes one line of predictions per example to ``out`` (default stdout)."""
-    probs = load_model(model_dir, moving_averages=moving_averages).predict(data, format)
+                 moving_averages: bool = False, model: str | None = None,
+                 trust_model_module: bool = False) -> np.ndarray:
+    """Scores ``data`` with the exported model (``moving_averages``: with its moving averages; ``model``,
+    ``trust_model_module``: see :func:`load_model`); writes one line of predictions per example to ``out``
+    (default stdout)."""
+    probs = load_model(model_dir, moving_averages=moving_averages, model=model,
+                       trust_model_module=trust_model_module).predict(data, format)
     stream = out if out is not None else sys.stdout
     rows = probs.reshape(probs.shape[0], -1)
     stream.write("".join(" ".join(f"{p:.17g}" for p in row) + "\n" for row in rows.tolist()))

@@ -8,6 +8,12 @@ naming a :class:`~psflow.models.api.Model` subclass. Nothing is imported until
 a model is created. A user's module is imported with ``search_path`` (the
 directory ``psflow train`` was started in, recorded in the run's config) first
 on ``sys.path``, so every task process finds it wherever it was started.
+
+Importing a module runs its code, so a model named by a *file* (an export's
+``model.json``, a checkpoint's manifest: data anyone may have sent) is built
+only if :func:`trusted_model` allows it: a registered model, or the module the
+user named too (``--model``), or one they said they trust
+(``psflow predict --trust-model-module``). Nothing is imported to decide.
 """
 
 from __future__ import annotations
@@ -15,10 +21,11 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import traceback
 
 from psflow.models.api import Model, ModelConfig, ModelError
 
-__all__ = ["MODELS", "model_names", "register_model", "model_class", "create_model"]
+__all__ = ["MODELS", "model_names", "register_model", "model_class", "create_model", "trusted_model"]
 
 #: name -> "module:Class" of the built-in models.
 MODELS: dict[str, str] = {
@@ -77,10 +84,52 @@ def model_class(name: str, *, search_path: str | None = None) -> type[Model]:
             raise ModelError(missing_extra_message(f"model {name!r}", str(e.name).split(".")[0], extra)) from e
         where = f" (searched {search_path} first)" if search_path else ""
         raise ModelError(f"model {name!r}: cannot import module {module_name!r}{where}: {e}") from e
+    except SyntaxError as e:  # the user's module does not parse
+        raise ModelError(f"model {name!r}: module {module_name!r} does not parse: {e.filename}:{e.lineno}: "
+                         f"{e.msg}") from e
+    except Exception as e:  # the user's module raised while it ran (its top level)
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise ModelError(f"model {name!r}: importing module {module_name!r} raised {type(e).__name__} at "
+                         f"{frame.filename}:{frame.lineno}: {e}") from e
     cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ModelError(f"model {name!r}: module {module_name!r} ({getattr(module, '__file__', None) or 'no file'}) "
+                         f"has no class {class_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Model)):
         raise ModelError(f"model {name!r}: {target} is not a subclass of psflow.models.Model")
     return cls
+
+
+def trusted_model(recorded: str, where: str, *, named: str | None = None, trust_module: bool = False) -> str:
+    """``recorded``, the model a file names, if psflow may build it; imports nothing.
+
+    A file (an export's ``model.json``, a checkpoint's manifest) is data: it
+    may have come from anyone, and importing the module it names would run
+    that module's code. So its model is built only if it is a registered model
+    (or the target of one), or the model the user named (``named``, e.g.
+    ``--model``), or ``trust_module`` (the user said they trust the file).
+
+    Args:
+        recorded: the model's name as the file records it.
+        where: the file, for the message.
+        named: the model the user named on the command line (None: none).
+        trust_module: import whatever module the file names.
+
+    Returns:
+        ``recorded``.
+
+    Raises:
+        ModelError: a module the user did not name (says how to name it).
+    """
+    if recorded in MODELS or recorded in MODELS.values() or not _PATH_RE.match(recorded):
+        return recorded  # built in, or no module path at all (model_class refuses an unknown name)
+    if trust_module or (named is not None and MODELS.get(named, named) == recorded):
+        return recorded
+    module = recorded.split(":")[0]
+    other = f"; --model names {named!r}" if named is not None and named not in MODELS else ""
+    raise ModelError(f"{where} names the model {recorded!r}{other}: psflow imports a module a file names (which "
+                     f"runs its code) only when you name it yourself: if you trust module {module!r}, pass "
+                     f"--model {recorded}")
 
 
 def create_model(name: str, config: ModelConfig, *, search_path: str | None = None) -> Model:

@@ -95,7 +95,8 @@ def test_checkpoint_restore_elsewhere_export_and_predict(model: tuple[str, ...],
     assert meta["model"] == model[1] and meta["model_config"]["embedding_dim"] == 4
     assert meta["data"]["format"] == "libsvm" and meta["global_step"] == metrics["global_step"]
     out = tmp_path / "predictions.txt"
-    r = run_cli("predict", str(export), str(A9A_T), "--output", str(out))
+    named = ("--model", model[1]) if ":" in model[1] else ()  # a module model.json names is imported only if named
+    r = run_cli("predict", str(export), str(A9A_T), *named, "--output", str(out))
     assert r.returncode == 0, r.stderr
     predictions = np.array([float(x) for x in out.read_text().split()])
     # One worker: the final checkpoint holds exactly the model the launcher evaluated.

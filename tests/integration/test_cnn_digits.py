@@ -228,7 +228,8 @@ def test_two_sync_workers_reach_95_percent_on_held_out_digits(digits: Digits, tm
     # Export (what `psflow export` runs) and `psflow predict`: one line of 10 class probabilities per test
     # example, reproducing the eval accuracy.
     export_model(str(tmp_path / "ckpt"), str(tmp_path / "model"))
-    r = run_cli("predict", str(tmp_path / "model"), digits.test, "--output", str(tmp_path / "probs.txt"), timeout=60)
+    r = run_cli("predict", str(tmp_path / "model"), digits.test, "--model", MODEL, "--output", str(tmp_path / "probs.txt"),
+                timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
     probs = np.loadtxt(tmp_path / "probs.txt")
     assert probs.shape == (360, 10)
@@ -236,7 +237,7 @@ def test_two_sync_workers_reach_95_percent_on_held_out_digits(digits: Digits, tm
     labels = read_all([digits.test], "tfrecord", **data_options(five_step_config(digits))).labels
     assert float(np.mean(probs.argmax(axis=1) == labels)) == pytest.approx(ev["accuracy"])
     # The launcher's evaluation and an evaluation of the exported variables agree.
-    exported = load_model(str(tmp_path / "model"), search_path=str(REPO))
+    exported = load_model(str(tmp_path / "model"), search_path=str(REPO), model=MODEL)
     again = evaluate(exported.model, ArrayParameters(exported.values), exported.read(digits.test))
     assert again["accuracy"] == pytest.approx(ev["accuracy"]) and again["logloss"] == pytest.approx(ev["logloss"], rel=1e-6)
     assert os.path.getsize(tmp_path / "model" / "model.safetensors") > 0
