@@ -10,18 +10,24 @@ group is killed past it), and none waits on a rate.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 import socket
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
-from support import REPO, run_cli
+from safetensors.numpy import save_file
+from support import REPO, run_bounded, run_cli
 
 from psflow.data import TFRecordWriter, encode_example
 from psflow.data.dataset import COUNT_BYTES
+from psflow.launch.ports import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -39,6 +45,9 @@ class Case:
     args: Callable[[Path], list[str]]
     line: Callable[[Path], str]
     worker: bool = False  # found by a worker: the failure report names it, its log holds the line
+    in_tmp: bool = False  # run in tmp_path (its own modules beside it), not in the repository
+    env: Mapping[str, str] | None = None  # environment variables set for the command (PSFLOW_TOKEN is unset otherwise)
+    alone: bool = False  # the line is all the command prints on stderr
 
 
 def write(path: Path, text: str) -> str:
@@ -181,7 +190,69 @@ CASES = {
     "psflow k8s render: no --train": Case(
         lambda t: k8s_render(t, "--epochs", "3"),
         lambda t: "psflow k8s: error: the training arguments after --: --train is required"),
+    # Issue 30, items 1, 3 and 5.
+    "--train a directory": Case(
+        lambda t: train(t, "--train", str(t)),
+        lambda t: f"psflow train: error: --train: {t}: is a directory, not a file: name its files, e.g. '{t / '*'}'"),
+    "--model a class its module lacks": Case(
+        lambda t: train(t, "--train", good(t), "--model", "examples.wide_deep_numpy:Missing"),
+        lambda t: "psflow train: error: model 'examples.wide_deep_numpy:Missing': module 'examples.wide_deep_numpy' "
+                  f"({REPO / 'examples' / 'wide_deep_numpy.py'}) has no class 'Missing'", alone=True),
+    "--model a module that does not parse": Case(
+        lambda t: train(t, "--train", good(t), "--model", broken_module(t)),
+        lambda t: f"psflow train: error: model 'broken_net:Net': module 'broken_net' does not parse: "
+                  f"{t / 'broken_net.py'}:2: invalid syntax", in_tmp=True, alone=True),
+    "psflow predict: model.json names a module the user did not": Case(
+        lambda t: ["predict", exported_model(t, "evilmod:X"), good(t)],
+        lambda t: f"psflow predict: error: {t / 'export' / 'model.json'} names the model 'evilmod:X': psflow imports "
+                  "a module a file names (which runs its code) only when you name it yourself: if you trust module "
+                  "'evilmod', pass --model evilmod:X", in_tmp=True, alone=True),
+    "PSFLOW_TOKEN of only whitespace: psflow server": Case(
+        lambda t: ["server", "--cluster", cluster_file(t), "--job", "ps", "--task", "0"],
+        lambda t: "psflow server: error: PSFLOW_TOKEN holds only whitespace (1 character(s)): that is no secret; set "
+                  "it to the cluster's token (the same on every task), or unset it", env={"PSFLOW_TOKEN": " "},
+        alone=True),
+    "PSFLOW_TOKEN of only whitespace: psflow shutdown": Case(
+        lambda t: ["shutdown", "--cluster", cluster_file(t)],
+        lambda t: "psflow shutdown: error: PSFLOW_TOKEN holds only whitespace (2 character(s))",
+        env={"PSFLOW_TOKEN": "\t\n"}, alone=True),
+    "PSFLOW_TOKEN of only whitespace: psflow train": Case(
+        lambda t: train(t, "--train", good(t)),
+        lambda t: "psflow train: error: PSFLOW_TOKEN holds only whitespace (3 character(s))",
+        env={"PSFLOW_TOKEN": "   "}, alone=True),
+    "psflow status: a status.json of another shape": Case(
+        lambda t: ["status", write(t / "status.json", '{"run": 5, "tasks": []}')],
+        lambda t: f"psflow status: error: {t / 'status.json'}: not a psflow status snapshot of this version "
+                  "(AttributeError: 'int' object has no attribute 'get'); psflow status --json prints it as it is",
+        alone=True),
+    "psflow status: a URL that does not parse": Case(
+        lambda t: ["status", "http://[::1"],
+        lambda t: "psflow status: error: http://[::1: not a URL psflow can ask (Invalid IPv6 URL); want e.g. "
+                  "http://127.0.0.1:PORT/ as psflow train printed it", alone=True),
 }
+
+
+def exported_model(tmp: Path, model: str) -> str:
+    """A hand-written export of logistic regression (8 features) whose model.json names ``model``, and beside it
+    (in the directory the command runs in) a module ``evilmod`` whose top level leaves a file ``RAN``."""
+    out = tmp / "export"
+    out.mkdir()
+    save_file({"weights": np.zeros((8, 1), np.float32), "bias": np.zeros(1, np.float32)}, str(out / "model.safetensors"))
+    (out / "model.json").write_text(json.dumps({
+        "format": "psflow-model", "format_version": 2, "model": model, "global_step": 7, "variables": {},
+        "model_config": {"num_features": 8}, "data": {"format": "libsvm", "schema": None, "num_features": 8}}))
+    write(tmp / "evilmod.py", "import pathlib\npathlib.Path('RAN').write_text('ran')\nclass X:\n    pass\n")
+    return str(out)
+
+
+def broken_module(tmp: Path) -> str:
+    """A model module that does not parse (line 2), in the directory the command runs in; returns its model name."""
+    write(tmp / "broken_net.py", "x = 1\ndef (\n")
+    return "broken_net:Net"
+
+
+def cluster_file(tmp: Path) -> str:
+    return write(tmp / "cluster.json", f'{{"ps": ["127.0.0.1:{free_ports(1)[0]}"]}}')
 
 
 def k8s_render(tmp: Path, *train_args: str) -> list[str]:
@@ -199,10 +270,14 @@ def check_one_line(stderr: str) -> None:
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_gets_one_line(name: str, tmp_path: Path) -> None:
     case = CASES[name]
-    r = run_cli(*case.args(tmp_path), timeout=240)
+    env = {k: v for k, v in os.environ.items() if k != "PSFLOW_TOKEN"} | dict(case.env or {})
+    r = run_bounded([sys.executable, "-m", "psflow", *case.args(tmp_path)], timeout=240,
+                    cwd=tmp_path if case.in_tmp else REPO, env=env)
     assert r.returncode == 1, r.stderr[-3000:]
     assert case.line(tmp_path) in r.stderr, r.stderr[-3000:]
     check_one_line(r.stderr)
+    if case.alone:
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr[-3000:]
     logs = tmp_path / "run" / "logs"
     if not case.worker:
         assert not list(logs.glob("*.log")), "a task was started"
@@ -215,6 +290,24 @@ def test_bad_input_gets_one_line(name: str, tmp_path: Path) -> None:
     assert "last lines of its log" not in r.stderr
     worker_log = (logs / "worker-0.log").read_text()
     assert "Traceback" not in worker_log and case.line(tmp_path) in worker_log, worker_log[-3000:]
+
+
+def test_predict_imports_a_module_model_json_names_only_when_the_user_names_it(tmp_path: Path) -> None:
+    """A model.json is data: naming a module in it does not run that module (issue 30, item 1)."""
+    export, data = exported_model(tmp_path, "evilmod:X"), good(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PSFLOW_TOKEN"}
+
+    def predict(*flags: str) -> str:
+        r = run_bounded([sys.executable, "-m", "psflow", "predict", export, data, *flags], timeout=120, cwd=tmp_path,
+                        env=env)
+        assert r.returncode == 1, r.stderr[-3000:]
+        check_one_line(r.stderr)
+        return r.stderr
+
+    assert "names the model 'evilmod:X'" in predict() and not (tmp_path / "RAN").exists()
+    for flags in (["--model", "evilmod:X"], ["--trust-model-module"]):  # the user names it: it is imported
+        assert "evilmod:X is not a subclass of psflow.models.Model" in predict(*flags)
+        (tmp_path / "RAN").unlink()
 
 
 def a9a_with_a_huge_value(tmp: Path) -> str:
