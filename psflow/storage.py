@@ -142,15 +142,16 @@ def check_location(path: str) -> None:
 
     for module in ("fsspec", known[0]):
         if importlib.util.find_spec(module) is None:
-            raise _missing(name, module)
+            raise _missing(path, module)
 
 
-def _missing(name: str, module: str) -> Exception:
+def _missing(path: str, module: str) -> Exception:
     from psflow.extras import MissingExtraError
 
+    name = scheme(path) or ""
     how = SCHEMES[name][1]
     extra = "cloud" if "psflow[cloud]" in how else ""
-    return MissingExtraError(f"{name}:// paths need {module}: {how}", module=module, extra=extra)
+    return MissingExtraError(f"{path}: {name}:// paths need {module}: {how}", module=module, extra=extra)
 
 
 _FS_LOCK = threading.Lock()
@@ -169,7 +170,7 @@ def _fs(path: str) -> tuple[Any, str]:
         try:
             fs, inner = fsspec.core.url_to_fs(path, use_listings_cache=False)
         except ImportError as e:
-            raise _missing(scheme(path) or "", getattr(e, "name", None) or SCHEMES[scheme(path) or ""][0]) from e
+            raise _missing(path, getattr(e, "name", None) or SCHEMES[scheme(path) or ""][0]) from e
     return fs, inner.rstrip("/") or inner
 
 

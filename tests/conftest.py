@@ -70,3 +70,34 @@ def zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from zookeeper_server import run_zookeeper
 
     yield from run_zookeeper(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """moto's standalone S3 server on 127.0.0.1 for the whole session; see tests/object_store_servers.py."""
+    from object_store_servers import run_s3
+
+    yield from run_s3(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """gcp-storage-emulator on 127.0.0.1 for the whole session; see tests/object_store_servers.py."""
+    from object_store_servers import run_gcs
+
+    yield from run_gcs(tmp_path_factory)
+
+
+@pytest.fixture(params=["s3", "gs"])
+def object_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh, empty bucket, ``s3://NAME`` and then ``gs://NAME`` (the test runs once with each), with the
+    client settings of its emulator in this process's environment (and so in every process the test starts).
+    Skipped when the emulator's or the client's package is missing."""
+    from object_store_servers import new_bucket
+
+    server = request.getfixturevalue(f"{'s3' if request.param == 's3' else 'gcs'}_server")
+    for key, value in server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return new_bucket(server)

@@ -190,11 +190,12 @@ def _object_mutex(directory: str, *, timeout: float, what: str, error: type[Exce
     Taken by creating it with a conditional put (:func:`psflow.storage.create_exclusive`: S3
     ``If-None-Match: *``, GCS ``ifGenerationMatch=0``), so two processes never both create it; let go by
     deleting it (only if it is still this holder's). A holder that died inside the block leaves it behind:
-    it is taken over once its process is seen gone (same host) or it is older than ``timeout`` s (a holder
-    on another host, or stuck; the age is read from the holder's own clock, so clocks must agree within a
-    few seconds). Non-guarantees: a store that ignores the condition (the GCS emulator) makes the mutex a
-    check-then-write, and two processes taking over one stale lock object at the same moment may both
-    hold it: both are best effort, like ``flock`` on a network filesystem.
+    it is taken over at once when its process is seen gone (on this host), and when it is older than
+    :data:`MUTEX_TIMEOUT` s if its holder is on another host (whose processes psflow cannot see; the age
+    is read from the holder's own clock, so clocks must agree within a few seconds). A live holder on this
+    host is waited for, as with ``flock``. Non-guarantees: a store that ignores the condition (the GCS
+    emulator) makes the mutex a check-then-write, and two processes taking over one stale lock object at
+    the same moment may both hold it: both are best effort, like ``flock`` on a network filesystem.
     """
     path = os.path.join(directory, MUTEX_NAME)
     pid = os.getpid()
@@ -204,9 +205,12 @@ def _object_mutex(directory: str, *, timeout: float, what: str, error: type[Exce
     deadline, wait = time.monotonic() + timeout, 0.005
     while not storage.create_exclusive(path, body):
         holder = _mutex_holder(path)
-        if holder is not None and (holder_alive(holder) is False or not time.time() - _since(holder) < timeout):
+        if holder is None:
+            continue  # let go meanwhile: try again at once
+        alive = holder_alive(holder)
+        if alive is False or (alive is None and not time.time() - _since(holder) < MUTEX_TIMEOUT):
             log.warning("%s %s: taking over the lock object %s of %s, which is gone or held it for over %.0f s",
-                        what, directory, path, f"pid {holder.get('pid')} on {holder.get('host')}", timeout)
+                        what, directory, path, f"pid {holder.get('pid')} on {holder.get('host')}", MUTEX_TIMEOUT)
             with contextlib.suppress(OSError):
                 storage.remove(path)
             continue

@@ -181,6 +181,7 @@ class TrainConfig:
         """A URL (``s3://``, ``gs://``) in --checkpoint-dir, --train or --eval must be one psflow can use
         (psflow.storage): an unknown scheme or a missing client library is one line, before anything starts."""
         from psflow import storage
+        from psflow.extras import MissingExtraError
 
         named = [("--checkpoint-dir", self.checkpoint_dir or ""), ("--warm-start", self.warm_start or ""),
                  *(("--train", p) for p in self.train), *(("--eval", p) for p in self.eval)]
@@ -189,6 +190,8 @@ class TrainConfig:
                 storage.check_location(location)
             except storage.StorageError as e:
                 raise ConfigError(f"{flag} {e}") from None
+            except MissingExtraError as e:
+                raise MissingExtraError(f"{flag} {e}", module=e.name or "", extra=e.extra) from None
 
     def _check_compute(self) -> None:
         clip = self.clip_gradient_norm
