@@ -18,7 +18,7 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
  && python -c "import glob, sys, zipfile; names = zipfile.ZipFile(glob.glob('/wheels/psflow-*.whl')[0]).namelist(); sys.exit(0 if sum(n.endswith('.so') for n in names) == 2 else 'the C kernels did not build')"
 
 FROM python:3.11-slim
-# Extras to install with psflow, comma-separated (plots, zookeeper, tensorboard; torch needs PyTorch's CPU index:
+# Extras to install with psflow, comma-separated (plots, zookeeper, tensorboard, cloud; torch needs PyTorch's CPU index:
 # --build-arg PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu).
 ARG EXTRAS=""
 ARG PIP_EXTRA_INDEX_URL=""
