@@ -66,7 +66,7 @@ import numpy as np
 from safetensors.numpy import save as safetensors_save
 
 from psflow import jsonio, storage
-from psflow.data import Batch, BatchSpec, Schema, batch_spec, read_all
+from psflow.data import FORMATS, Batch, BatchSpec, DataError, Schema, batch_spec, read_all
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
 from psflow.models.registry import create_model, trusted_model
@@ -113,7 +113,10 @@ class ExportedModel:
         options: dict[str, Any] = {"num_features": int(recorded if recorded is not None else self.model.config.num_features),
                                    "labels": None}  # predictions do not use labels: an unlabelled file's are not checked
         if fmt == "tfrecord" and schema:
-            options["schema"] = Schema.from_dict(schema)
+            try:
+                options["schema"] = Schema.from_dict(schema)
+            except ValueError as e:  # a hand-edited model.json
+                raise DataError(f"the model's recorded schema: {e}") from e
         return read_all(path if isinstance(path, list) else [path], fmt, **options)
 
     def predict(self, path: str | list[str], format: str | None = None) -> np.ndarray:
@@ -241,6 +244,9 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
     if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
         raise CheckpointError(f"{meta_path}: format {meta.get('format') if isinstance(meta, dict) else meta!r}; "
                               f"expected {MODEL_FORMAT!r}")
+    problem = _meta_problem(meta)
+    if problem is not None:
+        raise CheckpointError(f"{meta_path}: {problem}")
     if "model_config" in meta:
         data = dict(meta.get("data") or {})
         config = _in_data_order(ModelConfig.from_dict(meta["model_config"]), data)
@@ -254,6 +260,26 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
         tensors = _with_averages(model_dir, meta, dict(tensors))
     built = _rebuild(name, config, tensors, model_dir, search_path)
     return ExportedModel(built, dict(tensors), int(meta["global_step"]), data)
+
+
+def _meta_problem(meta: Mapping[str, Any]) -> str | None:
+    """What is wrong with the shape of model.json's fields (a hand-edited or foreign file), or None."""
+    kinds: dict[str, type | tuple[type, ...]] = {"model": str, "model_config": dict, "data": (dict, type(None)),
+                                                 "moving_averages": (dict, type(None))}
+    for key, kind in kinds.items():
+        if key in meta and not isinstance(meta[key], kind):
+            return f"field {key!r} is {type(meta[key]).__name__} {meta[key]!r:.60}; not a model.json psflow export wrote"
+    step = meta.get("global_step")
+    if type(step) is not int or step < 0:
+        return f"field 'global_step' is {step!r:.40}, not a step; not a model.json psflow export wrote"
+    averaged = (meta.get("moving_averages") or {}).get("variables", [])
+    if not (isinstance(averaged, list) and all(isinstance(name, str) for name in averaged)):
+        return f"field 'moving_averages' names variables {averaged!r:.60}; not a model.json psflow export wrote"
+    data = meta.get("data") or {}
+    if data.get("format") not in (None, *FORMATS) or not isinstance(data.get("schema"), (dict, type(None))) \
+            or not isinstance(data.get("num_features"), (int, type(None))):
+        return f"field 'data' is {data!r:.200}: not how psflow reads data; not a model.json psflow export wrote"
+    return None
 
 
 def _with_averages(model_dir: str, meta: Mapping[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
