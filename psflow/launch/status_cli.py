@@ -34,6 +34,9 @@ __all__ = ["StatusError", "add_status_parser", "fetch_status", "render_status", 
 #: The largest status reply or status.json read (bytes): a snapshot is a few hundred KiB; anything this large
 #: is not one, and reading it whole would take that much memory.
 MAX_REPLY_BYTES = 16 << 20
+#: The deepest nesting of lists and objects read (a snapshot nests 4 levels): deeper data is not a snapshot, and
+#: printing it would recurse past Python's limit.
+MAX_DEPTH = 32
 
 
 class StatusError(Exception):
@@ -113,7 +116,7 @@ def fetch_status(target: str, *, timeout: float = 5.0) -> dict[str, Any]:
             reason = getattr(e, "reason", e)
             raise StatusError(f"{url}: cannot reach the status page ({reason}); has the run ended? "
                               "Its run directory keeps status.json") from None
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # not JSON, or nested past what Python decodes
             raise StatusError(f"{url}: not a psflow status reply ({e})") from None
     else:
         path = os.path.join(target, STATUS_FILE) if os.path.isdir(target) else target
@@ -126,11 +129,24 @@ def fetch_status(target: str, *, timeout: float = 5.0) -> dict[str, Any]:
             if len(text) > MAX_REPLY_BYTES:
                 raise StatusError(f"{path}: larger than {MAX_REPLY_BYTES:,} bytes: not a psflow status snapshot")
             data = json.loads(text)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, RecursionError) as e:
             raise StatusError(f"{path}: unreadable ({e})") from None
     if not isinstance(data, dict) or "tasks" not in data:
         raise StatusError(f"{target}: not a psflow status snapshot")
+    if _nested_deeper_than(data, MAX_DEPTH):
+        raise StatusError(f"{target}: nested deeper than {MAX_DEPTH} levels: not a psflow status snapshot")
     return data
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists and objects in ``value`` nest deeper than ``limit`` (walked without recursion)."""
+    level: list[Any] = [value]
+    for _ in range(limit + 1):
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return True
 
 
 def _rate(x: Any) -> str:

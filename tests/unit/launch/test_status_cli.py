@@ -58,6 +58,18 @@ def test_a_snapshot_of_another_shape_is_one_line(tmp_path: Path, content: str, c
     assert err.count("\n") == 1, err
 
 
+def test_json_nested_deeper_than_a_snapshot_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    path.write_text('{"tasks": [], "x": ' + "[" * 200 + "]" * 200 + "}")  # psflow would recurse printing it
+    with pytest.raises(StatusError, match=r"status.json: nested deeper than 32 levels: not a psflow status snapshot"):
+        fetch_status(str(path))
+    path.write_text('{"tasks": ' + "[" * 50000 + "]" * 50000 + "}")  # past what Python's json decodes
+    with pytest.raises(StatusError, match=r"status.json: unreadable \(maximum recursion depth exceeded"):
+        fetch_status(str(path))
+    path.write_text('{"tasks": [], "x": ' + "[" * 30 + "]" * 30 + "}")
+    assert fetch_status(str(path))["tasks"] == []
+
+
 @pytest.mark.parametrize("url, why", [("http://[::1", "Invalid IPv6 URL"), ("http://", "no host"),
                                       ("http://127.0.0.1:port/", "Port could not be cast to integer value")])
 def test_a_url_psflow_cannot_ask_is_one_line(url: str, why: str) -> None:
