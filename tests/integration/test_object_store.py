@@ -93,9 +93,10 @@ def test_a_run_on_the_store_survives_a_killed_ps_and_chief_resumes_and_exports(o
         read_variables(f"{ckpt}/{name}", slots=True)
     assert not storage.exists(f"{ckpt}/{LOCK_NAME}") and not storage.exists(f"{ckpt}/{MUTEX_NAME}")  # released
 
-    # A second run resumes from the bucket's newest checkpoint and trains a third epoch.
+    # A second run resumes from the bucket's newest checkpoint and trains a third epoch; its shards travel to the
+    # chief, which puts them (--checkpoint-transport rpc), where the first run's ps tasks put their own.
     again = tmp_path / "again"
-    r = train(again, train_glob, ckpt, "--epochs", "3")
+    r = train(again, train_glob, ckpt, "--epochs", "3", "--checkpoint-transport", "rpc")
     assert r.returncode == 0, r.stderr[-4000:]
     assert f"restored checkpoint {newest} at step {final.global_step}" in logs(again)["worker-0"]
     assert json.loads((again / "metrics.json").read_text())["ps"][0]["examples"] == 3 * 2 * TRAIN_LINES
@@ -180,3 +181,31 @@ def test_the_run_lock_over_a_store(object_store: str) -> None:
                 directory_mutex(ckpt, timeout=1.0):
             pass
         assert json.loads(storage.read_bytes(f"{ckpt}/{MUTEX_NAME}"))["token"] == "y"  # a live holder's is kept
+
+
+def test_storage_operations_on_a_store(object_store: str) -> None:
+    """What the checkpoints and readers rely on, on the store itself (tests/unit/test_storage.py: the local side)."""
+    root = f"{object_store}/ops"
+    assert not storage.exists(root) and storage.subdirectories(root, "ckpt-") == []
+    for name in ("ckpt-1/a", "ckpt-1/b", "ckpt-10/a", "ckpt-2/deeper/a", "train-0", "train-1", "other/train-2"):
+        storage.write_atomically(f"{root}/{name}", name.encode())
+    assert storage.read_bytes(f"{root}/ckpt-1/b") == b"ckpt-1/b" and storage.read_head(f"{root}/train-1", 5) == b"train"
+    assert storage.subdirectories(root, "ckpt-") == [f"{root}/ckpt-1", f"{root}/ckpt-10", f"{root}/ckpt-2"]
+    assert sorted(storage.listdir(root)) == ["ckpt-1", "ckpt-10", "ckpt-2", "other", "train-0", "train-1"]
+    assert storage.glob(f"{root}/train-*") == [f"{root}/train-0", f"{root}/train-1"]  # '*' stays in its directory
+    assert storage.glob(f"{root}/ckpt-1*") == []  # directories are no files
+    assert storage.isdir(f"{root}/ckpt-1") and storage.isfile(f"{root}/train-0") and not storage.isfile(f"{root}/ckpt-1")
+    with storage.open_for_read(f"{root}/ckpt-10/a") as f:
+        f.seek(5)
+        assert f.read() == b"10/a"
+    before = storage.version(f"{root}/train-0")
+    storage.write_atomically(f"{root}/train-0", b"rewritten")
+    assert storage.read_bytes(f"{root}/train-0") == b"rewritten" and storage.version(f"{root}/train-0") != before
+    storage.remove_tree(f"{root}/ckpt-1")  # the prefix ckpt-1/ only: ckpt-10 stays
+    assert not storage.exists(f"{root}/ckpt-1") and storage.read_bytes(f"{root}/ckpt-10/a") == b"ckpt-10/a"
+    storage.remove_tree(f"{root}/ckpt-1", ignore_errors=True)
+    storage.remove(f"{root}/train-1")
+    with pytest.raises(FileNotFoundError):
+        storage.read_bytes(f"{root}/train-1")
+    with pytest.raises(FileNotFoundError):
+        storage.remove(f"{root}/train-1")
