@@ -21,6 +21,8 @@ strategies
 ``ScheduleSpec``                    :mod:`psflow.ps.schedules` (a learning rate
                                     decayed by global_step)
 ``ConnectConfig``                   :mod:`psflow.rpc.api` (timeouts, token)
+``PsflowError``                     :mod:`psflow.errors` (the root of every error
+                                    psflow raises on purpose; the hierarchy)
 =================================  ==========================================
 
 Guarantees are stated in each package's docstring; the cluster-wide ones
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from psflow.cluster import ClusterSpec, TaskId, parse_tf_config
 from psflow.data import Batch
+from psflow.errors import PsflowError
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models import Model, ModelConfig, ModelOutput, VariableSpec, create_model
 from psflow.placement import (
@@ -87,6 +90,7 @@ __all__ = [
     "OptimizerSpec",
     "ScheduleSpec",
     "ConnectConfig",
+    "PsflowError",
     "Batch",
     "Model",
     "ModelConfig",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from psflow.train.config import ConfigError
+from psflow.errors import ConfigError
 
 __all__ = ["EXTRAS", "MissingExtraError", "extra_for", "missing_extra_message", "require"]
 
@@ -35,7 +35,7 @@ EXTRAS = {"matplotlib": "plots", "tensorboard": "tensorboard", "kazoo": "zookeep
 class MissingExtraError(ConfigError, ImportError):
     """A feature's optional library is not installed.
 
-    A :class:`~psflow.train.config.ConfigError` (the CLI prints it as one line,
+    A :class:`~psflow.errors.ConfigError` (the CLI prints it as one line,
     exit status 1) and an :class:`ImportError` (``except ImportError`` still
     catches it where a feature is imported).
 

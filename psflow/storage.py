@@ -53,6 +53,8 @@ import shutil
 import threading
 from typing import IO, Any
 
+from psflow.errors import PsflowError
+
 __all__ = [
     "SCHEMES",
     "StorageError",
@@ -96,7 +98,7 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 READ_BLOCK = 8 << 20
 
 
-class StorageError(Exception):
+class StorageError(PsflowError):
     """A location psflow cannot use (the message names it)."""
 
 

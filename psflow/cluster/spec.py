@@ -29,6 +29,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from psflow.errors import PsflowError
+
 __all__ = [
     "ClusterError",
     "ClusterMapping",
@@ -54,7 +56,7 @@ JobTasks = Sequence[str] | Mapping[int, str] | Mapping[str, str] | Mapping[int |
 ClusterMapping = Mapping[str, JobTasks]
 
 
-class ClusterError(ValueError):
+class ClusterError(PsflowError, ValueError):
     """A cluster description is malformed or does not contain what was asked."""
 
 

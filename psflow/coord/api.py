@@ -30,6 +30,7 @@ import abc
 import time
 from dataclasses import dataclass
 
+from psflow.errors import PsflowError
 from psflow.rpc.tls import TlsConfig
 
 __all__ = [
@@ -49,7 +50,7 @@ __all__ = [
 DEFAULT_ELECTION = "chief"
 
 
-class CoordinationError(Exception):
+class CoordinationError(PsflowError):
     """Base of every coordination error."""
 
 

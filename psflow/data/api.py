@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from psflow.data.labels import FINITE_LABELS, LabelSpec
 from psflow.data.schema import Schema
+from psflow.errors import PsflowError
 
 if TYPE_CHECKING:
     from psflow.data.dataset import Dataset, open_dataset, read_all
@@ -42,7 +43,7 @@ FORMATS = ("libsvm", "tfrecord", "criteo")
 _COMPRESSIONS = ("auto", "none", "gzip")
 
 
-class DataError(Exception):
+class DataError(PsflowError):
     """Base class of every error raised by psflow.data."""
 
 

@@ -26,6 +26,7 @@ from psflow.data.libsvm import TextParse, parse_libsvm
 from psflow.data.schema import Schema, default_sparse_schema
 from psflow.data.source import iter_blocks, resolve_compression
 from psflow.data.tfrecord import check_data_crcs, iter_record_chunks
+from psflow.errors import PsflowError
 
 __all__ = ["Piece", "OnBad", "iter_file", "empty_batch", "holds_records"]
 
@@ -86,7 +87,7 @@ def iter_file(
     return _iter_text(config, parse, path, start_record, start_offset, stride, first, on_bad, config.block_size)
 
 
-class _RecordSeen(Exception):
+class _RecordSeen(PsflowError):
     """Stops :func:`holds_records` at the first bad record (a record all the same)."""
 
 

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from psflow.cluster import ClusterSpec
+from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline
 from psflow.launch.ports import free_ports
@@ -83,7 +84,7 @@ log = logging.getLogger("psflow.launch")
 
 
 
-class LaunchError(RuntimeError):
+class LaunchError(PsflowError, RuntimeError):
     """A task of a local cluster failed; the message names the root cause."""
 
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from psflow.errors import PsflowError
 from psflow.extras import require
 from psflow.train.summary import read_scalars
 
@@ -38,7 +39,7 @@ RUN_SUMMARIES = "summaries"
 MIN_POINTS = 2
 
 
-class ReportError(Exception):
+class ReportError(PsflowError):
     """The run directory holds no summaries to plot."""
 
 

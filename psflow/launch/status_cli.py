@@ -25,6 +25,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, TextIO
 
+from psflow.errors import PsflowError
 from psflow.launch.status import STATUS_FILE
 from psflow.launch.status_http import StatusConfig
 from psflow.launch.token import TOKEN_ENV, cluster_token
@@ -39,7 +40,7 @@ MAX_REPLY_BYTES = 16 << 20
 MAX_DEPTH = 32
 
 
-class StatusError(Exception):
+class StatusError(PsflowError):
     """The run's status could not be read (names the directory or URL and why; control characters escaped)."""
 
     def __init__(self, message: str) -> None:

@@ -72,6 +72,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from psflow.data import FINITE_LABELS, Batch, BatchSpec, LabelSpec
+from psflow.errors import PsflowError
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.metrics import binary_metrics
 from psflow.placement import DTYPE_SIZES, Partitioner
@@ -97,7 +98,7 @@ Lookups = dict[str, np.ndarray | None]
 Values = Mapping[str, np.ndarray]
 
 
-class ModelError(ValueError):
+class ModelError(PsflowError, ValueError):
     """A model is unknown, misconfigured, or asked for something it did not declare (names it)."""
 
 

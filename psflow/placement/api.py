@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.data.unique import scan_ids
+from psflow.errors import PsflowError
 from psflow.ps.dynamic.hashing import owner_of
 
 __all__ = [
@@ -71,7 +72,7 @@ DTYPE_SIZES: Mapping[str, int] = MappingProxyType(
 _VAR_NAME_RE = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)*\Z")
 
 
-class PlacementError(ValueError):
+class PlacementError(PsflowError, ValueError):
     """A variable cannot be defined, placed or routed as asked."""
 
 

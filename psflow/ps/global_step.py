@@ -21,6 +21,8 @@ import json
 import os
 import threading
 
+from psflow.errors import PsError
+
 __all__ = ["GlobalStep", "StepJournal", "StepJournalError", "DEFAULT_JOURNAL_BLOCK"]
 
 #: Step values reserved per journal write. Larger: fewer fsyncs (one per block of pushes);
@@ -28,7 +30,7 @@ __all__ = ["GlobalStep", "StepJournal", "StepJournalError", "DEFAULT_JOURNAL_BLO
 DEFAULT_JOURNAL_BLOCK = 1000
 
 
-class StepJournalError(RuntimeError):
+class StepJournalError(PsError, RuntimeError):
     """The journal file cannot be read or written; names the file."""
 
 

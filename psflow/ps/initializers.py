@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from psflow.errors import PsError
+
 __all__ = ["InitializerError", "INITIALIZER_NAMES", "initial_value", "validate_initializer"]
 
 INITIALIZER_NAMES = ("zeros", "ones", "constant", "random_uniform", "random_normal", "truncated_normal", "glorot_uniform")
@@ -32,7 +34,7 @@ _PARAMS: dict[str, dict[str, float]] = {
 }
 
 
-class InitializerError(ValueError):
+class InitializerError(PsError, ValueError):
     """An initializer spec is unknown or has bad parameters."""
 
 

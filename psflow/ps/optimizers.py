@@ -153,6 +153,7 @@ import numpy.typing as npt
 
 from psflow.data.native import load_extension
 from psflow.data.unique import scan_ids
+from psflow.errors import PsError
 from psflow.ps.schedules import ScheduleError, ScheduleSpec, parse_key_values
 
 __all__ = [
@@ -187,7 +188,7 @@ OPTIMIZER_NAMES: tuple[str, ...] = ("sgd", "momentum", "adagrad", "adam", "ftrl"
 _CHUNK_ELEMENTS = 1 << 16
 
 
-class OptimizerError(ValueError):
+class OptimizerError(PsError, ValueError):
     """Unknown optimizer name, or a hyperparameter that is unknown, missing or out of range."""
 
 

@@ -81,6 +81,8 @@ from typing import Any, cast
 
 import numpy as np
 
+from psflow.errors import PsError
+
 __all__ = [
     "SCHEDULE_NAMES",
     "ScheduleError",
@@ -99,7 +101,7 @@ _HALF = np.float32(0.5)
 _PI = np.float32(math.pi)  # TF's constant_op.constant(math.pi): float32
 
 
-class ScheduleError(ValueError):
+class ScheduleError(PsError, ValueError):
     """Unknown schedule name, or a parameter that is unknown, missing, of the wrong type or out of range."""
 
 

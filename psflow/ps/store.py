@@ -25,6 +25,7 @@ import numpy as np
 
 from psflow.data.native import load_extension
 from psflow.data.unique import scan_ids
+from psflow.errors import PsError
 from psflow.ps.initializers import initial_value
 from psflow.ps.memory import exclude_from_fork
 from psflow.ps.optimizers import Optimizer
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["PartitionState", "ParameterStore", "partition_key", "StoreError"]
 
 
-class StoreError(ValueError):
+class StoreError(PsError, ValueError):
     """A request names an unknown partition or has the wrong dtype/shape/rows."""
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from psflow.errors import PsflowError
 from psflow.rpc.framing import Frame
 from psflow.rpc.tls import TlsConfig
 
@@ -116,7 +117,7 @@ class Channel(Protocol):
     def close(self) -> None: ...
 
 
-class RpcError(Exception):
+class RpcError(PsflowError):
     """Base of every error raised by a remote call."""
 
 
@@ -149,9 +150,9 @@ class ListenError(RpcError, RuntimeError):
     machine's); the message names the task, the address and why. A RuntimeError too, as it was."""
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(PsflowError, ValueError):
     """Raised by a handler: the request is malformed (becomes INVALID_ARGUMENT)."""
 
 
-class PreconditionFailed(Exception):
+class PreconditionFailed(PsflowError):
     """Raised by a handler: the request conflicts with state (FAILED_PRECONDITION)."""

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from psflow import jsonio
+from psflow.errors import PsflowError
 
 __all__ = ["ALLOWED_DTYPES", "FrameError", "Frame", "encode", "decode"]
 
@@ -49,7 +50,7 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
 )
 
 
-class FrameError(ValueError):
+class FrameError(PsflowError, ValueError):
     """A byte string is not a well-formed frame."""
 
 

@@ -133,6 +133,7 @@ import numpy as np
 from safetensors import safe_open
 
 from psflow import jsonio, storage
+from psflow.errors import TrainingError
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names, write_file_atomically
 from psflow.ps.dynamic import DynamicTableError, resplit_snapshots
@@ -178,7 +179,7 @@ class CheckpointFencedError(CheckpointError):
     """A newer chief's epoch fenced this save off; the pointer does not name it (not a failed save)."""
 
 
-class CheckpointSavesFailedError(RuntimeError):
+class CheckpointSavesFailedError(TrainingError, RuntimeError):
     """``max_failed_saves`` saves failed in a row: the run stops rather than train without checkpoints.
 
     Deliberately not a :class:`CheckpointError`: the guards that let the chief

@@ -76,6 +76,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Self
 
 from psflow import jsonio, storage
+from psflow.errors import CheckpointError, PsflowError
 from psflow.ps.checkpointing import write_file_atomically
 
 __all__ = [
@@ -105,15 +106,11 @@ RUN_LOCK_NAME = "run.lock"
 MUTEX_TIMEOUT = 30.0
 
 
-class CheckpointError(Exception):
-    """A checkpoint cannot be written, found, read or restored (names the file or variable)."""
-
-
 class CheckpointLockedError(CheckpointError):
     """Another live run holds the checkpoint directory (names it: run id, host, pid, since when)."""
 
 
-class DirectoryLockError(Exception):
+class DirectoryLockError(PsflowError):
     """A run directory cannot be locked: another run holds it, or its lock file cannot be read or written."""
 
 

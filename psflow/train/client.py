@@ -32,6 +32,7 @@ import numpy as np
 
 from psflow.cluster import ClusterSpec
 from psflow.data.unique import scan_ids
+from psflow.errors import PsError
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import PlacementError, RoutedRows, VariablePlacement
 from psflow.ps.optimizers import OptimizerSpec
@@ -55,7 +56,7 @@ __all__ = ["ParameterClient", "ClientError", "PushResult"]
 log = logging.getLogger(__name__)
 
 
-class ClientError(ValueError):
+class ClientError(PsError, ValueError):
     """A call names an unknown variable or passes arrays of the wrong shape."""
 
 

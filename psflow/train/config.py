@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from psflow import jsonio
+from psflow.errors import ConfigError
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.ps.schedules import ScheduleError, ScheduleSpec, schedule_parameters
 from psflow.ps.sync import SyncConfig
@@ -37,10 +38,6 @@ _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 #: The largest --seed: seeds are int64 as TensorFlow's (the data shuffle, initializers and PyTorch take any of them).
 MAX_SEED = 2**63 - 1
-
-
-class ConfigError(ValueError):
-    """A setting is out of range or inconsistent with another."""
 
 
 #: Intra-op threads of PyTorch in a task process (psflow.torch.THREADS_ENV, named here so that the

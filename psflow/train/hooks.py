@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from psflow.data import BatchSource
+from psflow.errors import TrainingError
 from psflow.rpc.api import RpcError
 from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest
 from psflow.train.client import ParameterClient
@@ -70,7 +71,7 @@ def format_metrics(metrics: Mapping[str, float]) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "examples")
 
 
-class NanLossError(RuntimeError):
+class NanLossError(TrainingError, RuntimeError):
     """The training loss became NaN or infinite (raised by :class:`NanLossHook`).
 
     The message is one line naming the worker, the global step and the batch's

@@ -69,6 +69,7 @@ from psflow.coord.api import (
     CoordinationError,
     Lease,
 )
+from psflow.errors import TrainingError
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import RpcError, gather
 from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest, restore
@@ -81,7 +82,7 @@ __all__ = ["Leadership", "LeaderOnlyHook", "CampaignWhileTrainingHook", "Cluster
 log = logging.getLogger("psflow.recovery")
 
 
-class RecoveryError(RuntimeError):
+class RecoveryError(TrainingError, RuntimeError):
     """The cluster was not restored in time; names the tasks not ready (no checkpoint at all:
     :class:`~psflow.train.state_loss.StateLostError`)."""
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from psflow.errors import TrainingError
 from psflow.rpc.api import RpcError
 from psflow.train.client import ParameterClient
 
@@ -42,7 +43,7 @@ __all__ = ["StateLostError", "ps_states", "lost_tasks", "check_state_kept", "sta
 _NAMES_SHOWN = 4
 
 
-class StateLostError(RuntimeError):
+class StateLostError(TrainingError, RuntimeError):
     """A ps task lost its variables and there is no checkpoint to restore them from (one line, names the tasks)."""
 
 

@@ -51,6 +51,7 @@ from psflow.cluster import ClusterSpec
 from psflow.coord import Lease, create_backend
 from psflow.coord.fence import FencedWriter
 from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
+from psflow.errors import TrainingError
 from psflow.models.api import Model
 from psflow.placement import VariableSet
 from psflow.rpc.api import ConnectConfig, RpcError
@@ -78,7 +79,7 @@ __all__ = ["connect_client", "run_worker", "WorkerResult", "WorkerStopped", "Sto
 log = logging.getLogger("psflow.worker")
 
 
-class WorkerStopped(Exception):
+class WorkerStopped(TrainingError):
     """The worker was asked to stop (a signal to its task, its launcher's death) and left its loop."""
 
 
