@@ -1,23 +1,45 @@
-"""RPC surface: service names, errors and the connection settings.
+"""RPC surface: handlers, the one dispatch, service names, errors and the connection settings.
 
-Errors raised by a remote handler travel as a gRPC status and come back to the
-caller as one of the :class:`RpcError` subclasses below, chosen by the status
-code (never by the message text). Every message names the remote task.
+A service is a table of :data:`Handler` functions (method name -> handler).
+Every carrier (gRPC, TCP, in-process) runs a call through :func:`dispatch`,
+which maps what the handler raised to one :class:`Status` and the error text
+sent back, in one place:
+
+    * :class:`~psflow.rpc.framing.FrameError`, :class:`InvalidRequest`, an
+      unknown method -> ``INVALID_ARGUMENT``
+    * :class:`PreconditionFailed` -> ``FAILED_PRECONDITION``
+    * any other ``Exception`` -> ``INTERNAL`` (logged with its traceback; the
+      server keeps serving)
+
+The text is ``"<task>: <method>: <message>"``. The caller gets one of the
+:class:`RpcError` subclasses below, chosen by the status (:data:`STATUS_ERRORS`,
+never by the message text). This module imports no carrier library (no grpc).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from psflow.errors import PsflowError
-from psflow.rpc.framing import Frame
+from psflow.rpc.framing import Frame, FrameError, decode
 from psflow.rpc.tls import TlsConfig
 
 __all__ = [
+    "Handler",
+    "Reply",
+    "Status",
+    "Refusal",
+    "dispatch",
+    "refusal",
+    "STATUS_ERRORS",
+    "ServeConfig",
+    "CarrierServer",
     "Channel",
     "PendingReply",
     "gather",
@@ -38,6 +60,15 @@ __all__ = [
 ]
 
 K = TypeVar("K")
+R = TypeVar("R")
+
+log = logging.getLogger(__name__)
+
+#: What a handler returns: reply meta (small JSON values) and named arrays.
+Reply = tuple[Mapping[str, Any], Mapping[str, np.ndarray]]
+#: One RPC method of a service: gets the decoded request, returns the reply; raises
+#: :class:`InvalidRequest` or :class:`PreconditionFailed` to refuse it (see :func:`dispatch`).
+Handler = Callable[[Frame], Reply]
 
 PARAMETER_SERVICE = "psflow.ParameterService"
 WORKER_SERVICE = "psflow.WorkerService"
@@ -101,7 +132,11 @@ def gather(calls: Mapping[K, PendingReply]) -> dict[K, Frame]:
 
 
 class Channel(Protocol):
-    """The calling surface of a connection to one task's service (gRPC or in-process)."""
+    """The calling surface of a connection to one task's service, whatever the carrier.
+
+    Opened by :func:`psflow.rpc.registry.open_channel` (gRPC, TCP) or built
+    directly (:class:`~psflow.rpc.inprocess.InProcessChannel`).
+    """
 
     task: str
     address: str
@@ -115,6 +150,49 @@ class Channel(Protocol):
              arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What a carrier's server serves, where and how (:func:`psflow.rpc.registry.serve`).
+
+    Attributes:
+        task_name: the serving task, e.g. ``/job:ps/task:0``: in every error text and log line.
+        bind_address: ``host:port`` to listen on (port 0: a free one; see :attr:`CarrierServer.port`).
+        services: service name -> method name -> handler. A carrier without
+            service names on its wire (tcp) serves exactly one.
+        token: the cluster token every call must carry (``None``: no check).
+        tls: serve over TLS with this certificate (``None``: plain text; the
+            tcp carrier has no TLS and refuses one).
+        max_workers: handler threads of a carrier with a pool (grpc); calls run
+            concurrently up to this many.
+        limits: the carrier's own limits (:class:`~psflow.rpc.tcp_server.TcpLimits`
+            for tcp; ``None``: its defaults; grpc has none).
+    """
+
+    task_name: str
+    bind_address: str
+    services: Mapping[str, Mapping[str, Handler]] = field(default_factory=dict)
+    token: str | None = None
+    tls: TlsConfig | None = None
+    max_workers: int = 8
+    limits: object | None = None
+
+
+class CarrierServer(Protocol):
+    """A carrier's server, built (bound to :attr:`port`) by :func:`psflow.rpc.registry.serve`."""
+
+    #: The port it is bound to (the one picked when ``bind_address`` asked for port 0).
+    port: int
+
+    def start(self) -> None:
+        """Starts serving calls; idempotent."""
+
+    def stop(self, grace: float = 0.5) -> None:
+        """Stops serving (calls in flight get ``grace`` seconds) and releases the port; idempotent."""
+
+    def stats(self) -> dict[str, Any] | None:
+        """The carrier's own counters (connections accepted, refused ...), a snapshot; ``None``: it keeps none."""
 
 
 class RpcError(PsflowError):
@@ -156,3 +234,98 @@ class InvalidRequest(PsflowError, ValueError):
 
 class PreconditionFailed(PsflowError):
     """Raised by a handler: the request conflicts with state (FAILED_PRECONDITION)."""
+
+
+# ---- the one dispatch ----------------------------------------------------------
+
+
+class Status(IntEnum):
+    """The outcome of a call, as every carrier reports it.
+
+    The values are the status byte of the TCP wire (:mod:`psflow.rpc.tcp`) and
+    must not change; the names are gRPC's status codes.
+    """
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    FAILED_PRECONDITION = 2
+    UNAUTHENTICATED = 3
+    INTERNAL = 4
+    UNAVAILABLE = 5
+    DEADLINE_EXCEEDED = 6
+
+
+#: The error a caller gets for each status (any status not listed: :class:`RemoteError`).
+STATUS_ERRORS: Mapping[Status, type[RpcError]] = {
+    Status.INVALID_ARGUMENT: InvalidArgumentError,
+    Status.FAILED_PRECONDITION: FailedPreconditionError,
+    Status.UNAUTHENTICATED: UnauthenticatedError,
+    Status.INTERNAL: RemoteError,
+    Status.UNAVAILABLE: TaskUnavailableError,
+    Status.DEADLINE_EXCEEDED: DeadlineExceededError,
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A call that did not produce a reply: its status and the error text a carrier sends back.
+
+    Attributes:
+        status: never :attr:`Status.OK`.
+        text: ``"<task>: <method>: <why>"``.
+        cause: what the handler raised (kept in this process only; not compared).
+    """
+
+    status: Status
+    text: str
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
+
+    def error(self) -> RpcError:
+        """The :class:`RpcError` a caller raises for this refusal (:data:`STATUS_ERRORS`)."""
+        return STATUS_ERRORS.get(self.status, RemoteError)(self.text)
+
+
+def refusal(task: str, method: str, error: Exception) -> Refusal:
+    """The status and error text of ``error`` raised while serving ``method`` on ``task``: the one mapping.
+
+    ``FrameError`` and ``InvalidRequest`` -> INVALID_ARGUMENT, ``PreconditionFailed``
+    -> FAILED_PRECONDITION, anything else -> INTERNAL (logged here with its traceback).
+    """
+    if isinstance(error, FrameError | InvalidRequest):
+        return Refusal(Status.INVALID_ARGUMENT, f"{task}: {method}: {error}", error)
+    if isinstance(error, PreconditionFailed):
+        return Refusal(Status.FAILED_PRECONDITION, f"{task}: {method}: {error}", error)
+    log.error("%s: %s failed", task, method, exc_info=error)
+    return Refusal(Status.INTERNAL, f"{task}: {method}: internal error: {type(error).__name__}: {error}", error)
+
+
+def dispatch(task: str, method: str, handler: Handler | None, request: Frame | bytes | memoryview,
+             reply: Callable[[Mapping[str, Any], Mapping[str, np.ndarray]], R]) -> R | Refusal:
+    """Serves one call: runs ``handler`` on ``request`` and returns ``reply(meta, arrays)``, or the refusal.
+
+    Every carrier serves every call through this function, so a handler's
+    error becomes the same status and text over each of them (see the module
+    docstring). It blocks as long as the handler does, in the caller's thread;
+    it never raises an ``Exception`` (a ``KeyboardInterrupt`` or ``SystemExit``
+    goes through).
+
+    Args:
+        task: the serving task, first in every error text.
+        method: the method called (in every error text).
+        handler: the method's handler; ``None``: no such method (INVALID_ARGUMENT).
+        request: the decoded frame, or its bytes (decoded here: a malformed
+            frame is INVALID_ARGUMENT). Arrays are passed on, never copied.
+        reply: turns the handler's reply into what the carrier sends
+            (:func:`~psflow.rpc.framing.encode` for a wire; its errors are
+            mapped like the handler's).
+
+    Returns:
+        What ``reply`` returned, or a :class:`Refusal`.
+    """
+    try:
+        if handler is None:
+            raise InvalidRequest(f"unknown method {method!r}")
+        meta, arrays = handler(request if isinstance(request, Frame) else decode(request))
+        return reply(meta, arrays)
+    except Exception as e:  # noqa: BLE001 - a bad request (or a bug) must never kill the server
+        return refusal(task, method, e)
