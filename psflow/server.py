@@ -37,10 +37,11 @@ from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
 from psflow.ps.run_end import RunLedger, training_workers
 from psflow.ps.service import ParameterService
-from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, InvalidRequest
+from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, CarrierServer, Handler, InvalidRequest, Reply, ServeConfig
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_server import Handler, Reply, build_grpc_server
-from psflow.rpc.tcp_server import TcpLimits, TcpServer
+from psflow.rpc.registry import serve
+from psflow.rpc.tcp import TCP_PORT_KEY, TRANSPORT_METHOD
+from psflow.rpc.tcp_server import TcpLimits
 from psflow.rpc.tls import TlsConfig
 
 __all__ = ["Server", "STEP_JOURNAL_FILE"]
@@ -135,19 +136,17 @@ class Server:
             # One table for both carriers, so that Stats says the same over gRPC and TCP.
             self._ps_handlers = {**self.parameter_service.handlers(), **self.run_ledger.handlers(),
                                  "Register": self._register, "Stats": self._stats}
-            services[PARAMETER_SERVICE] = {**self._ps_handlers, "Transport": self._transport}
+            services[PARAMETER_SERVICE] = {**self._ps_handlers, TRANSPORT_METHOD: self._transport}
             if task_index == min(self.cluster.task_indices("ps")):  # the embedded coordination backend's leases
                 services[COORDINATION_SERVICE] = LeaseTable(self.task.name).handlers()
         services[WORKER_SERVICE] = {"Ping": self._ping, "Shutdown": self._shutdown, **(worker_handlers or {})}
-        self._grpc, port = build_grpc_server(
-            bind_address or address, services, task_name=self.task.name, token=token, max_workers=max_workers,
-            tls=tls,
-        )
+        self._grpc = serve("grpc", ServeConfig(self.task.name, bind_address or address, services, token=token,
+                                               tls=tls, max_workers=max_workers))
         host = address.rsplit(":", 1)[0]
-        self.address = f"{host}:{port}"
+        self.address = f"{host}:{self._grpc.port}"
         self._token, self._tls, self._tcp_limits = token, tls, tcp_limits
-        self._bind_host = (bind_address or address).rsplit(":", 1)[0].strip("[]")
-        self._tcp: TcpServer | None = None
+        self._tcp_bind = (bind_address or address).rsplit(":", 1)[0] + ":0"  # the TCP carrier: a free port
+        self._tcp: CarrierServer | None = None
         self._started = False
         if start:
             self.start()
@@ -162,8 +161,10 @@ class Server:
         if not self._started:
             self._grpc.start()
             if self.parameter_service is not None and self._tls is None:  # the lean data-path carrier (no TLS)
-                self._tcp = TcpServer(self._bind_host, self._ps_handlers, task_name=self.task.name,
-                                      token=self._token, limits=self._tcp_limits)
+                tcp = ServeConfig(self.task.name, self._tcp_bind, {PARAMETER_SERVICE: self._ps_handlers},
+                                  token=self._token, limits=self._tcp_limits)
+                self._tcp = serve("tcp", tcp)
+                self._tcp.start()
             self._started = True
             log.info("%s: serving at %s (pid %d)", self.task.name, self.address, os.getpid())
             if self._token is None:
@@ -182,15 +183,15 @@ class Server:
         """Stops serving (in-flight calls get ``grace`` seconds); idempotent."""
         if self._stopped.is_set():
             return
-        self._grpc.stop(grace).wait()
+        self._grpc.stop(grace)
         if self._tcp is not None:
-            self._tcp.close()
+            self._tcp.stop(grace)
         self._stopped.set()
         log.info("%s: stopped", self.task.name)
 
     def _transport(self, frame: Frame) -> Reply:
         """Where this ps task's TCP carrier listens (``tcp_port`` None: not offered, e.g. under TLS)."""
-        return {"tcp_port": self._tcp.port if self._tcp is not None else None}, {}
+        return {TCP_PORT_KEY: self._tcp.port if self._tcp is not None else None}, {}
 
     @property
     def authentication(self) -> str:

@@ -33,9 +33,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from psflow.coord.api import DEFAULT_ELECTION, CoordinationBackend, FencedError, Lease, LeaseLostError
-from psflow.rpc.api import Channel, FailedPreconditionError, InvalidRequest, PreconditionFailed, RpcError
+from psflow.rpc.api import Channel, FailedPreconditionError, InvalidRequest, PreconditionFailed, Reply, RpcError
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_server import Reply
 
 __all__ = ["FenceGuard", "FencedWriter"]
 

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from psflow.coord.api import check_name
-from psflow.rpc.api import InvalidRequest, PreconditionFailed
+from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_server import Handler, Reply
 
 __all__ = ["COORDINATION_SERVICE", "LeaseTable", "MAX_TTL", "MIN_TTL"]
 
@@ -68,7 +67,7 @@ class LeaseTable:
         self._last_epoch: dict[str, int] = {}
 
     def handlers(self) -> dict[str, Handler]:
-        """Method name -> handler, for :func:`psflow.rpc.grpc_server.build_grpc_server`."""
+        """Method name -> handler, for a carrier's server (:func:`psflow.rpc.registry.serve`)."""
         return {"Campaign": self._campaign, "Renew": self._renew, "Resign": self._resign, "Leader": self._leader}
 
     # ---- operations (also used directly by unit tests) ----------------------

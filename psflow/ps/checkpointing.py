@@ -97,9 +97,8 @@ from psflow import storage
 from psflow.coord.api import FencedError
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.store import PartitionState, StoreError
-from psflow.rpc.api import InvalidRequest, PreconditionFailed
+from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_server import Handler, Reply
 
 if TYPE_CHECKING:
     from psflow.ps.service import ParameterService

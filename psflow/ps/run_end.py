@@ -46,9 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from psflow.cluster import ClusterSpec
-from psflow.rpc.api import InvalidRequest
+from psflow.rpc.api import Handler, InvalidRequest, Reply
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_server import Handler, Reply
 
 __all__ = ["RunLedger", "training_workers", "describe_workers"]
 

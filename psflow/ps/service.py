@@ -108,9 +108,8 @@ from psflow.ps.global_step import GlobalStep, StepJournal
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.ps.sync import Contribution, StalenessClock, SyncAggregator, SyncConfig
-from psflow.rpc.api import InvalidRequest, PreconditionFailed
+from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_server import Handler, Reply
 
 __all__ = ["ParameterService"]
 
@@ -199,7 +198,7 @@ class ParameterService:
         self._heard_step = 0
 
     def handlers(self) -> dict[str, Handler]:
-        """Method name -> handler, for :func:`psflow.rpc.grpc_server.build_grpc_server`."""
+        """Method name -> handler, for a carrier's server (:func:`psflow.rpc.registry.serve`)."""
         return {
             "Register": self.register,
             "Pull": self.pull,

@@ -1,4 +1,6 @@
-"""gRPC client side: one channel per remote task, typed errors, bounded waits.
+"""The gRPC carrier's client side: one channel per remote task, typed errors, bounded waits.
+
+Registered as ``grpc`` in :mod:`psflow.rpc.registry` (:class:`TaskChannel` is its factory).
 
 Guarantees:
     * :meth:`TaskChannel.wait_ready` retries with exponential backoff and gives
@@ -22,13 +24,14 @@ import numpy as np
 
 from psflow.rpc.api import (
     MAX_MESSAGE_BYTES,
+    STATUS_ERRORS,
     TOKEN_METADATA_KEY,
     ConnectConfig,
-    DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
     RemoteError,
     RpcError,
+    Status,
     TaskUnavailableError,
     UnauthenticatedError,
 )
@@ -39,19 +42,12 @@ __all__ = ["TaskChannel", "PendingCall"]
 
 log = logging.getLogger(__name__)
 
-_ERRORS: dict[grpc.StatusCode, type[RpcError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
-    grpc.StatusCode.UNAVAILABLE: TaskUnavailableError,
-    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
-}
-
-
 def _translate(task: str, method: str, e: grpc.RpcError) -> RpcError:
+    """The RpcError of a failed call: chosen by its status code (psflow.rpc.api.STATUS_ERRORS, by name)."""
     code = e.code() if hasattr(e, "code") else None
     details = e.details() if hasattr(e, "details") else str(e)
-    cls = _ERRORS.get(code, RemoteError) if code is not None else RemoteError
+    status = Status.__members__.get(code.name) if code is not None else None
+    cls = STATUS_ERRORS.get(status, RemoteError) if status is not None else RemoteError
     if cls in (InvalidArgumentError, FailedPreconditionError, UnauthenticatedError):
         return cls(details)  # the server already prefixed task and method
     return cls(f"{task}: {method}: {code.name if code else 'error'}: {details}")

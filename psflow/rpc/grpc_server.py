@@ -1,39 +1,38 @@
-"""gRPC server side: turns plain Python handlers into a generic gRPC service.
+"""The gRPC carrier's server side: plain Python handlers served as a generic gRPC service.
 
-A handler receives a decoded :class:`~psflow.rpc.framing.Frame` and returns
-``(meta, arrays)``; the framing, the token check and the mapping of errors to
-gRPC status codes happen here, once, for every service.
+Registered as ``grpc`` in :mod:`psflow.rpc.registry` (:func:`serve`). The
+framing and the token check happen here; each call then goes through
+:func:`psflow.rpc.api.dispatch`, which maps a handler's errors to a status and
+its text, and the status becomes the gRPC status code of the same name:
 
-Error mapping (the server never dies of a bad request):
-    * :class:`~psflow.rpc.framing.FrameError`, :class:`InvalidRequest` -> INVALID_ARGUMENT
-    * :class:`PreconditionFailed` -> FAILED_PRECONDITION
-    * a missing or wrong cluster token -> UNAUTHENTICATED
-    * anything else -> INTERNAL (logged with its traceback, server keeps serving)
+    * a missing or wrong cluster token -> UNAUTHENTICATED (checked here, before dispatch)
+    * an unknown method -> UNIMPLEMENTED (answered by gRPC itself)
+    * everything else as :func:`~psflow.rpc.api.dispatch` says; the server never dies of a bad request
 """
 
 from __future__ import annotations
 
 import errno
 import hmac
-import logging
 import socket
 from collections.abc import Callable, Mapping
 from concurrent import futures
-from typing import Any
 
 import grpc
-import numpy as np
 
-from psflow.rpc.api import MAX_MESSAGE_BYTES, TOKEN_METADATA_KEY, InvalidRequest, ListenError, PreconditionFailed
-from psflow.rpc.framing import Frame, FrameError, decode, encode
+from psflow.rpc.api import (
+    MAX_MESSAGE_BYTES,
+    TOKEN_METADATA_KEY,
+    Handler,
+    ListenError,
+    Refusal,
+    ServeConfig,
+    dispatch,
+)
+from psflow.rpc.framing import encode
 from psflow.rpc.tls import TlsConfig, server_credentials
 
-__all__ = ["Handler", "Reply", "build_grpc_server"]
-
-log = logging.getLogger(__name__)
-
-Reply = tuple[Mapping[str, Any], Mapping[str, np.ndarray]]
-Handler = Callable[[Frame], Reply]
+__all__ = ["GrpcServer", "build_grpc_server", "serve"]
 
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -48,19 +47,48 @@ def _wrap(task_name: str, method: str, handler: Handler, token: str | None) -> C
             sent = dict(context.invocation_metadata()).get(TOKEN_METADATA_KEY)
             if not isinstance(sent, str) or not hmac.compare_digest(sent.encode(), token.encode()):
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{task_name}: {method}: missing or wrong cluster token")
-        try:
-            meta, arrays = handler(decode(request))
-            return encode(meta, arrays)
-        except (FrameError, InvalidRequest) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{task_name}: {method}: {e}")
-        except PreconditionFailed as e:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{task_name}: {method}: {e}")
-        except Exception as e:  # noqa: BLE001 - a bad request must never kill the server
-            log.exception("%s: %s failed", task_name, method)
-            context.abort(grpc.StatusCode.INTERNAL, f"{task_name}: {method}: internal error: {type(e).__name__}: {e}")
-        raise AssertionError("unreachable")  # context.abort raises
+        out = dispatch(task_name, method, handler, request, encode)
+        if isinstance(out, Refusal):
+            context.abort(grpc.StatusCode[out.status.name], out.text)
+            raise AssertionError("unreachable")  # context.abort raises
+        return out
 
     return unary
+
+
+class GrpcServer:
+    """A built gRPC server (the ``grpc`` carrier's :class:`~psflow.rpc.api.CarrierServer`)."""
+
+    def __init__(self, server: grpc.Server, port: int) -> None:
+        self.server, self.port = server, port
+        self._started = self._stopped = False
+
+    def start(self) -> None:
+        """Starts serving; idempotent."""
+        if not self._started:
+            self._started = True
+            self.server.start()
+
+    def stop(self, grace: float = 0.5) -> None:
+        """Stops serving (calls in flight get ``grace`` seconds) and waits until it has; idempotent."""
+        if not self._stopped:
+            self._stopped = True
+            self.server.stop(grace).wait()
+
+    def stats(self) -> None:
+        """None: gRPC keeps its counters to itself."""
+        return None
+
+
+def serve(config: ServeConfig) -> GrpcServer:
+    """Builds (does not start) a gRPC server for ``config.services`` (the registry's ``grpc`` entry).
+
+    Raises:
+        ListenError: the address could not be bound (names the task, the address and why).
+    """
+    server, port = build_grpc_server(config.bind_address, config.services, task_name=config.task_name,
+                                     token=config.token, max_workers=config.max_workers, tls=config.tls)
+    return GrpcServer(server, port)
 
 
 def build_grpc_server(

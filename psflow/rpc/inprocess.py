@@ -7,9 +7,10 @@ runs unchanged on top of it, but nothing is encoded, copied or sent: the
 handler gets the caller's arrays and the caller gets the handler's. This is
 the fast path of a run in one process (``psflow train --in-process``).
 
-Guarantees: errors are mapped to the same :class:`~psflow.rpc.api.RpcError`
-subclasses as over gRPC, with the same messages; no token is checked (there
-is no network). ``call_async`` runs the call at once, in the caller's thread,
+Guarantees: every call goes through :func:`~psflow.rpc.api.dispatch`, so a
+handler's error becomes the same :class:`~psflow.rpc.api.RpcError` subclass
+as over gRPC, with the same message (its ``__cause__`` is what the handler
+raised); no token is checked (there is no network). ``call_async`` runs the call at once, in the caller's thread,
 so a call that blocks (a sync-mode push) blocks there.
 """
 
@@ -20,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from psflow.rpc.api import FailedPreconditionError, InvalidArgumentError, InvalidRequest, PreconditionFailed, RpcError
+from psflow.rpc.api import Handler, Refusal, RpcError, dispatch
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_server import Handler
 
 __all__ = ["InProcessChannel"]
 
@@ -39,6 +39,10 @@ class _Done:
         return self._outcome
 
 
+def _as_frame(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Frame:
+    return Frame(dict(meta), dict(arrays))
+
+
 class InProcessChannel:
     """Calls the handlers of one service living in this process."""
 
@@ -52,16 +56,13 @@ class InProcessChannel:
 
     def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
                    arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Done:
-        handler = self._handlers.get(method)
-        if handler is None:
-            return _Done(InvalidArgumentError(f"{self.task}: unknown method {method!r}"))
-        try:
-            reply_meta, reply_arrays = handler(Frame(dict(meta or {}), dict(arrays or {})))
-        except InvalidRequest as e:
-            return _Done(InvalidArgumentError(f"{self.task}: {method}: {e}"))
-        except PreconditionFailed as e:
-            return _Done(FailedPreconditionError(f"{self.task}: {method}: {e}"))
-        return _Done(Frame(dict(reply_meta), dict(reply_arrays)))
+        out = dispatch(self.task, method, self._handlers.get(method), Frame(dict(meta or {}), dict(arrays or {})),
+                       _as_frame)
+        if isinstance(out, Refusal):
+            error = out.error()
+            error.__cause__ = out.cause
+            return _Done(error)
+        return _Done(out)
 
     def call(self, method: str, meta: Mapping[str, Any] | None = None,
              arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame:

@@ -7,7 +7,8 @@ plain TCP connection per (client, task), so a ParameterClient can use it
 instead of gRPC for every call. The ps task still serves gRPC (control,
 discovery, TLS); it advertises this carrier's port in its ``Transport`` reply.
 The server side (timeouts, connection limits, the accept loop) is
-:mod:`psflow.rpc.tcp_server`.
+:mod:`psflow.rpc.tcp_server`; both are registered as ``tcp`` in
+:mod:`psflow.rpc.registry` (:func:`open_channel`, ``tcp_server.serve``).
 
 Wire format (all integers little-endian):
 
@@ -17,9 +18,10 @@ Wire format (all integers little-endian):
     request            u32 length | u8 m | method (m bytes) | frame
     reply              u32 length | u8 status | frame (status 0) or UTF-8 error text
 
-Status codes map to the same :class:`~psflow.rpc.api.RpcError` subclasses as
-gRPC's: 1 INVALID_ARGUMENT, 2 FAILED_PRECONDITION, 3 UNAUTHENTICATED,
-4 INTERNAL, 5 UNAVAILABLE. Guarantees: as for gRPC — every call has a
+The status byte is a :class:`~psflow.rpc.api.Status` (1 INVALID_ARGUMENT,
+2 FAILED_PRECONDITION, 3 UNAUTHENTICATED, 4 INTERNAL, 5 UNAVAILABLE), the error
+text is :func:`~psflow.rpc.api.dispatch`'s, and the caller gets the same
+:class:`~psflow.rpc.api.RpcError` subclass as over gRPC. Guarantees: as for gRPC — every call has a
 deadline, a refused request changes nothing and the server keeps serving, no
 pickle; calls are never retried. A connection the server closed while it was
 idle (its idle timeout) is noticed before the next call is sent and opened
@@ -34,24 +36,26 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from psflow.errors import ConfigError
 from psflow.rpc.api import (
+    Channel,
     ConnectConfig,
     DeadlineExceededError,
     FailedPreconditionError,
-    InvalidArgumentError,
-    RemoteError,
+    Refusal,
     RpcError,
+    Status,
     TaskUnavailableError,
     UnauthenticatedError,
 )
 from psflow.rpc.framing import Frame, decode, encode
 
-__all__ = ["TcpChannel", "DEFAULT_IDLE_TIMEOUT"]
+__all__ = ["TcpChannel", "DEFAULT_IDLE_TIMEOUT", "open_channel", "TRANSPORT_METHOD", "TCP_PORT_KEY"]
 
 log = logging.getLogger(__name__)
 
@@ -59,14 +63,14 @@ log = logging.getLogger(__name__)
 HANDSHAKE_MAGIC = b"PSFT"
 U32 = struct.Struct("<I")
 U16 = struct.Struct("<H")
-STATUS_OK, STATUS_INVALID, STATUS_PRECONDITION, STATUS_UNAUTHENTICATED, STATUS_INTERNAL = 0, 1, 2, 3, 4
-STATUS_UNAVAILABLE = 5
-STATUS_ERRORS: dict[int, type[RpcError]] = {
-    STATUS_INVALID: InvalidArgumentError,
-    STATUS_PRECONDITION: FailedPreconditionError,
-    STATUS_UNAUTHENTICATED: UnauthenticatedError,
-    STATUS_INTERNAL: RemoteError,
-}
+STATUS_OK, STATUS_INVALID, STATUS_UNAUTHENTICATED = Status.OK, Status.INVALID_ARGUMENT, Status.UNAUTHENTICATED
+STATUS_UNAVAILABLE = Status.UNAVAILABLE
+_STATUS_BYTES = {int(s): s for s in Status}
+
+#: The ps task's gRPC method that says where its TCP carrier listens: reply meta ``{TCP_PORT_KEY: port}``
+#: (``None``: not offered, e.g. under TLS).
+TRANSPORT_METHOD = "Transport"
+TCP_PORT_KEY = "tcp_port"
 
 #: Seconds a server keeps an authenticated connection that sends nothing (psflow.rpc.tcp_server.TcpLimits).
 DEFAULT_IDLE_TIMEOUT = 600.0
@@ -131,21 +135,29 @@ class TcpChannel:
     Thread-safe; :meth:`close` never blocks.
     """
 
-    def __init__(self, task: str, host: str, port: int, config: ConnectConfig,
-                 rediscover: Callable[[], int] | None = None) -> None:
+    def __init__(self, task: str, host: str, port: int | None, config: ConnectConfig,
+                 discovery: Channel | None = None) -> None:
         """Args:
             task: the task's name, for errors.
             host: where its TCP carrier listens.
-            port: the carrier's port.
+            port: the carrier's port (``None``: asked of ``discovery`` when it first connects).
             config: deadlines and token.
-            rediscover: asks the task (over gRPC) for its carrier's port again;
-                used once when a connection attempt fails, so a task restarted
-                on the same gRPC address but a new carrier port is found again.
+            discovery: the task's gRPC channel, owned (and closed) by this one:
+                asked where the carrier listens (:data:`TRANSPORT_METHOD`) when
+                the port is not known yet, and once more when a connection
+                attempt fails, so a task restarted on the same gRPC address but
+                a new carrier port is found again.
+
+        Raises:
+            ValueError: neither a port nor a discovery channel.
         """
+        if port is None and discovery is None:
+            raise ValueError(f"{task}: a tcp channel needs the carrier's port or a channel to ask it of")
         self.task = task
-        self.address = f"{host}:{port}"
+        #: ``host:port`` of the carrier (the port is ``?`` until asked of the discovery channel).
+        self.address = f"{host}:{'?' if port is None else port}"
         self._host, self._port, self._config = host, port, config
-        self._rediscover = rediscover
+        self._discovery = discovery
         self._sock: socket.socket | None = None
         self._busy = threading.Lock()
         self._closed = False
@@ -164,21 +176,37 @@ class TcpChannel:
     def _connect(self, timeout: float) -> socket.socket:
         if self._sock is not None:
             return self._sock
+        discovery = self._discovery
+        if self._port is None and discovery is not None:
+            discovery.wait_ready(timeout)
+            self._moved_to(self._ask_port(discovery, timeout))
         try:
             return self._open(timeout)
         except TaskUnavailableError:
-            if self._rediscover is None:
+            if discovery is None:
                 raise
             try:
-                port = self._rediscover()
+                port = self._ask_port(discovery, timeout)
             except RpcError:
                 raise TaskUnavailableError(f"{self.task}: its tcp transport at {self.address} is gone and the task "
                                            "does not answer over gRPC") from None
             if port == self._port:
                 raise
-            log.info("%s: tcp transport moved from port %d to %d", self.task, self._port, port)
-            self._port, self.address = port, f"{self._host}:{port}"
+            self._moved_to(port)
             return self._open(timeout)
+
+    def _ask_port(self, discovery: Channel, timeout: float) -> int:
+        """The carrier's port, asked of the task over gRPC."""
+        port = discovery.call(TRANSPORT_METHOD, timeout=min(5.0, timeout)).meta.get(TCP_PORT_KEY)
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise FailedPreconditionError(f"{self.task}: offers no tcp transport (it serves TLS, or is no ps "
+                                          "task): use the grpc transport")
+        return port
+
+    def _moved_to(self, port: int) -> None:
+        if self._port is not None:
+            log.info("%s: tcp transport moved from port %d to %d", self.task, self._port, port)
+        self._port, self.address = port, f"{self._host}:{port}"
 
     def _open(self, timeout: float) -> socket.socket:
         try:
@@ -270,7 +298,8 @@ class TcpChannel:
         finally:
             self._busy.release()
         if body[0] != STATUS_OK:
-            raise STATUS_ERRORS.get(body[0], RemoteError)(bytes(body[1:]).decode("utf-8", errors="replace"))
+            status = _STATUS_BYTES.get(body[0], Status.INTERNAL)
+            raise Refusal(status, bytes(body[1:]).decode("utf-8", errors="replace")).error()
         return decode(memoryview(body)[1:])
 
     def _error(self, method: str, e: BaseException) -> RpcError:
@@ -296,9 +325,11 @@ class TcpChannel:
         down, so its ``result()`` fails promptly, and its file descriptor is
         closed by that call's error path (or with the channel's socket object
         when the call is never collected). Every later call fails with
-        TaskUnavailableError.
+        TaskUnavailableError. The discovery channel is closed too.
         """
         self._closed = True
+        if self._discovery is not None:
+            self._discovery.close()
         if self._busy.acquire(blocking=False):
             try:
                 self._drop()
@@ -311,3 +342,26 @@ class TcpChannel:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:  # already closed by the call holding the channel
                 pass
+
+
+def tls_refused(task: str) -> ConfigError:
+    """The error of asking the tcp carrier for TLS (it has none), naming ``task``."""
+    return ConfigError(f"{task}: the tcp transport has no TLS; use the grpc transport with TLS")
+
+
+def open_channel(task: str, address: str, service: str, config: ConnectConfig) -> TcpChannel:
+    """The tcp carrier's client side (the registry's ``tcp`` entry): a channel to ``task``'s TCP carrier.
+
+    Opens nothing yet: the first call (or :meth:`TcpChannel.wait_ready`) waits
+    for the task's gRPC server at ``address``, asks it where the carrier
+    listens (:data:`TRANSPORT_METHOD` of ``service``) and connects there.
+
+    Raises:
+        ConfigError: ``config`` asks for TLS (the tcp carrier is clear text).
+    """
+    if config.tls is not None:
+        raise tls_refused(task)
+    from psflow.rpc.grpc_client import TaskChannel  # grpc only when a tcp channel is opened
+
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return TcpChannel(task, host, None, config, TaskChannel(task, address, service, config))

@@ -42,26 +42,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from psflow.rpc.api import MAX_MESSAGE_BYTES, InvalidRequest, PreconditionFailed
-from psflow.rpc.framing import FrameError, decode, encode
-from psflow.rpc.grpc_server import Handler
+from psflow.errors import ConfigError
+from psflow.rpc.api import MAX_MESSAGE_BYTES, Handler, Refusal, ServeConfig, dispatch, refusal
+from psflow.rpc.framing import FrameError, encode
 from psflow.rpc.tcp import (
     DEFAULT_IDLE_TIMEOUT,
     HANDSHAKE_MAGIC,
     MIN_IDLE_TIMEOUT,
-    STATUS_INTERNAL,
     STATUS_INVALID,
     STATUS_OK,
-    STATUS_PRECONDITION,
     STATUS_UNAUTHENTICATED,
     STATUS_UNAVAILABLE,
     U16,
     U32,
     recv_exact,
     send_parts,
+    tls_refused,
 )
 
-__all__ = ["TcpLimits", "TcpServer"]
+__all__ = ["TcpLimits", "TcpServer", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +172,8 @@ class TcpServer:
     """
 
     def __init__(self, host: str, handlers: Mapping[str, Handler], *, task_name: str, token: str | None,
-                 limits: TcpLimits | None = None) -> None:
-        """Binds ``host:0`` (a free port) and starts accepting; see :attr:`port`.
+                 limits: TcpLimits | None = None, port: int = 0, start: bool = True) -> None:
+        """Binds ``host:port`` and (with ``start``) starts accepting; see :attr:`port`.
 
         Args:
             host: the address to listen on.
@@ -182,10 +181,12 @@ class TcpServer:
             task_name: e.g. ``/job:ps/task:0``, in every error and log line.
             token: the cluster token a connection must present (``None``: any).
             limits: timeouts and connection limits (default :class:`TcpLimits`).
+            port: the port to bind (0: a free one).
+            start: start accepting now (False: at :meth:`start`; the port is bound either way).
         """
         self._handlers, self._task, self._token = handlers, task_name, token
         self.limits = limits or TcpLimits()
-        self._listener = socket.create_server((host, 0))
+        self._listener = socket.create_server((host, port))
         self._listener.setblocking(False)
         self.port: int = self._listener.getsockname()[1]
         self._closed = threading.Event()
@@ -200,7 +201,14 @@ class TcpServer:
         self._backoff = 0.0
         self._resume_at: float | None = None  # accepting paused until then (after an accept() error)
         self._loop = threading.Thread(target=self._run, name=f"psflow-tcp-accept {task_name}", daemon=True)
-        self._loop.start()
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Starts accepting connections (the accept loop's thread); idempotent, a no-op once closed."""
+        with self._lock:
+            if self._loop.ident is None and not self._closed.is_set():
+                self._loop.start()
 
     # ---- accept loop (one thread) -------------------------------------------
     def _run(self) -> None:
@@ -386,23 +394,15 @@ class TcpServer:
         conn.close()
 
     def _dispatch(self, body: memoryview) -> tuple[int, bytes]:
-        method = "?"
-        try:
-            if len(body) < 1 or len(body) < 1 + body[0]:
-                raise FrameError("request too short")
+        """One request (``u8 m | method | frame``) -> the reply's status byte and payload."""
+        if len(body) < 1 or len(body) < 1 + body[0]:
+            out: bytes | Refusal = refusal(self._task, "?", FrameError("request too short"))
+        else:
             method = bytes(body[1 : 1 + body[0]]).decode("utf-8", errors="replace")
-            handler = self._handlers.get(method)
-            if handler is None:
-                raise InvalidRequest(f"unknown method {method!r}")
-            meta, arrays = handler(decode(body[1 + body[0] :]))
-            return STATUS_OK, encode(meta, arrays)
-        except (FrameError, InvalidRequest) as e:
-            return STATUS_INVALID, f"{self._task}: {method}: {e}".encode()
-        except PreconditionFailed as e:
-            return STATUS_PRECONDITION, f"{self._task}: {method}: {e}".encode()
-        except Exception as e:  # noqa: BLE001 - a bad request must never kill the server
-            log.exception("%s: %s failed", self._task, method)
-            return STATUS_INTERNAL, f"{self._task}: {method}: internal error: {type(e).__name__}: {e}".encode()
+            out = dispatch(self._task, method, self._handlers.get(method), body[1 + body[0] :], encode)
+        if isinstance(out, Refusal):
+            return out.status, out.text.encode()
+        return STATUS_OK, out
 
     @staticmethod
     def _reply_error(conn: socket.socket, status: int, text: str) -> None:
@@ -431,12 +431,44 @@ class TcpServer:
             self._wake_w.send(b"\0")
         except OSError:
             pass
-        with self._lock:
+        with self._lock:  # after this, start() starts nothing
+            started = self._loop.ident is not None
             for conn in list(self._serving):
                 try:
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
-        if threading.current_thread() is not self._loop:
+        if not started:  # the loop would have closed these
+            self._selector.close()
+            self._listener.close()
+            self._wake_r.close()
+        elif threading.current_thread() is not self._loop:
             self._loop.join(timeout=5.0)
         self._wake_w.close()
+
+    def stop(self, grace: float = 0.5) -> None:
+        """:meth:`close` (the :class:`~psflow.rpc.api.CarrierServer` surface; calls in flight fail at once,
+        ``grace`` is not waited)."""
+        self.close()
+
+
+def serve(config: ServeConfig) -> TcpServer:
+    """Binds (does not start) a TCP carrier for the one service in ``config`` (the registry's ``tcp`` entry).
+
+    Raises:
+        ConfigError: ``config`` asks for TLS, serves other than one service, or
+            its ``limits`` are not :class:`TcpLimits`.
+        OSError: the address could not be bound.
+    """
+    if config.tls is not None:
+        raise tls_refused(config.task_name)
+    if len(config.services) != 1:
+        raise ConfigError(f"{config.task_name}: the tcp transport serves one service (its wire names none), "
+                         f"got {len(config.services)}: {', '.join(sorted(config.services))}")
+    if config.limits is not None and not isinstance(config.limits, TcpLimits):
+        raise ConfigError(f"{config.task_name}: the tcp transport's limits must be TcpLimits, got "
+                         f"{type(config.limits).__name__}")
+    host, _, port = config.bind_address.rpartition(":")
+    (handlers,) = config.services.values()
+    return TcpServer(host.strip("[]"), handlers, task_name=config.task_name, token=config.token,
+                     limits=config.limits, port=int(port), start=False)

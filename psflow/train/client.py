@@ -20,7 +20,6 @@ Not thread-safe: one client per training thread.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -48,8 +47,7 @@ from psflow.rpc.api import (
     gather,
 )
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_client import TaskChannel
-from psflow.rpc.tcp import TcpChannel
+from psflow.rpc.registry import open_channel
 
 __all__ = ["ParameterClient", "ClientError", "PushResult"]
 
@@ -157,11 +155,15 @@ class ParameterClient:
             client_name: this client's task name, used in logs and errors.
             config: timeouts, backoff and token.
             sync: how updates are coordinated (default: asynchronous).
-            channels: ps task -> channel, to use instead of gRPC channels (e.g.
-                :class:`~psflow.rpc.inprocess.InProcessChannel` for a run in one process).
+            channels: ps task -> channel, to use instead of channels of the carrier
+                ``config.transport`` names (:func:`psflow.rpc.registry.open_channel`), e.g.
+                :class:`~psflow.rpc.inprocess.InProcessChannel` for a run in one process.
+
+        Raises:
+            ConfigError: ``config.transport`` names no carrier, or asks for what it
+                cannot do (TLS over tcp).
         """
         self.sync = sync or SyncConfig()
-        self._discovery: list[TaskChannel] = []
         #: global_step read by the latest pull (the step its values belong to).
         self.last_pull_step: int | None = None
         # The newest global_step this client heard of (pulls and pushes): sent with its requests as
@@ -191,7 +193,8 @@ class ParameterClient:
         ps = cluster.task_indices("ps")
         self.step_task = min(ps)
         self.channels: dict[int, Channel] = dict(channels) if channels is not None else {
-            i: TaskChannel(f"/job:ps/task:{i}", cluster.task_address("ps", i), PARAMETER_SERVICE, self.config)
+            i: open_channel(self.config.transport, f"/job:ps/task:{i}", cluster.task_address("ps", i),
+                            PARAMETER_SERVICE, self.config)
             for i in ps
         }
 
@@ -205,27 +208,6 @@ class ParameterClient:
         with futures.ThreadPoolExecutor(len(self.channels)) as pool:
             for f in [pool.submit(ch.wait_ready, timeout) for ch in self.channels.values()]:
                 f.result()
-        if self.config.transport == "tcp":
-            self._switch_to_tcp(timeout)
-
-    def _switch_to_tcp(self, timeout: float | None) -> None:
-        """Moves every ps task's calls to its TCP carrier (asked for over gRPC)."""
-        if self.config.tls is not None:
-            raise ClientError(f"{self.client_name}: the tcp transport has no TLS; use --transport grpc with TLS")
-        for i, ch in list(self.channels.items()):
-            if not isinstance(ch, TaskChannel):
-                continue
-            tcp = TcpChannel(ch.task, self.cluster.task_address("ps", i).rsplit(":", 1)[0].strip("[]"),
-                             self._tcp_port(ch), self.config, rediscover=functools.partial(self._tcp_port, ch))
-            tcp.wait_ready(timeout)
-            self._discovery.append(ch)  # stays open, to find a restarted task's new carrier port
-            self.channels[i] = tcp
-
-    def _tcp_port(self, ch: TaskChannel) -> int:
-        port = ch.call("Transport", timeout=min(5.0, self.config.rpc_timeout)).meta.get("tcp_port")
-        if not isinstance(port, int):
-            raise ClientError(f"{self.client_name}: {ch.task} offers no tcp transport")
-        return port
 
     def register(self, optimizer: OptimizerSpec, *, chief: bool = False, defer_ready: bool = False,
                  ready_timeout: float | None = None) -> bool:
@@ -621,5 +603,5 @@ class ParameterClient:
 
     def close(self) -> None:
         """Closes every channel; idempotent."""
-        for ch in [*self.channels.values(), *self._discovery]:
+        for ch in self.channels.values():
             ch.close()

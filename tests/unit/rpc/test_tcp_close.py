@@ -11,9 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from psflow.rpc.api import ConnectConfig, RpcError, TaskUnavailableError
+from psflow.rpc.api import ConnectConfig, Reply, RpcError, TaskUnavailableError
 from psflow.rpc.framing import Frame
-from psflow.rpc.grpc_server import Reply
 from psflow.rpc.tcp import TcpChannel
 from psflow.rpc.tcp_server import TcpLimits, TcpServer
 
