@@ -16,7 +16,8 @@ Settings are parsed here, once, into a :class:`~psflow.train.config.TrainConfig`
 :func:`psflow.launch.token.cluster_token` (here, by ``psflow status`` and by each task process).
 
 Errors a user can fix (a bad flag, input file, record or schema, a port in
-use; :func:`psflow.launch.console.expected_errors`) print one line naming the
+use: every :class:`~psflow.errors.PsflowError`, and an ``OSError`` of the
+command's own calls; :data:`psflow.launch.console.ONE_LINE_ERRORS`) print one line naming the
 flag, file, record or port, and no traceback; a task that fails of one is
 reported by that line. ``--verbose`` adds the tracebacks and gRPC's own log
 lines, which are otherwise off: :func:`main` sets that before anything imports
@@ -47,17 +48,16 @@ from psflow import jsonio
 from psflow.cluster import ClusterSpec, parse_tf_config
 from psflow.data.infer import add_schema_arguments, run_schema, schema_yaml
 from psflow.launch.chief_cli import TOOL_COMMANDS, add_chief_arguments, add_tool_parsers, chief_config_fields, run_tool
-from psflow.launch.console import expected_errors, quiet_grpc, wants_verbose
+from psflow.launch.console import ONE_LINE_ERRORS, quiet_grpc, wants_verbose
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.progress import final_line
-from psflow.launch.report import RUN_SUMMARIES, ReportError
+from psflow.launch.report import RUN_SUMMARIES
 from psflow.launch.tls_flags import add_tls_arguments, tls_config
 from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelError
 from psflow.models.registry import create_model, model_class, model_names
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.ps.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
-from psflow.rpc.api import RpcError
 from psflow.train.build import inferred_schema, model_config
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.inputs import check_inputs
@@ -632,11 +632,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     quiet_grpc(os.environ, verbose=wants_verbose(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
-    from psflow.launch.local import LaunchError
-    from psflow.launch.status_cli import StatusError, run_status
+    from psflow.launch.status_cli import run_status
 
-    expected: tuple[type[Exception], ...] = (*expected_errors(), LaunchError, RpcError, OSError, ReportError,
-                                             StatusError)
     try:
         if args.command == "train":
             return _train(args)
@@ -655,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         from psflow.data.convert import run_convert
 
         return int(run_convert(args))
-    except expected as e:
+    except ONE_LINE_ERRORS as e:  # psflow's errors (PsflowError), and the OS's refusals of this command's calls
         if getattr(args, "verbose", False):
             traceback.print_exc()
         print(f"psflow {args.command}: error: {e}", file=sys.stderr)

@@ -1,9 +1,11 @@
 """What the command line shows when something is wrong: one line per expected error, gRPC's C-core quiet.
 
-* **Expected errors** (:func:`expected_errors`: bad flags, inputs, records, schemas, checkpoints, a port
-  in use) are the user's to fix: the ``psflow`` command and each task process print them as one line
-  naming the flag, file, record or port, with no traceback (``--verbose`` adds it). Anything else is a
-  bug and keeps its traceback.
+* **Expected errors** are the errors psflow raises on purpose, every :class:`~psflow.errors.PsflowError`
+  (bad flags, inputs, records, schemas, checkpoints, a port in use): each names the flag, file, record,
+  task or port, so the ``psflow`` command prints it as one line, with no traceback (``--verbose`` adds
+  it); so it does an ``OSError`` of its own short-lived calls (a ``--cluster`` file not found). A task
+  process does the same for the errors :func:`expected_in_task` accepts. Anything else is a bug and
+  keeps its traceback.
 * **gRPC's C-core log lines** (``E0000 ... GOAWAY received``) go to stderr from C, past Python's
   logging, and gRPC reads its settings once, when ``grpc`` is imported. :func:`quiet_grpc` sets them in
   an environment: in the ``psflow`` command's own (:func:`psflow.launch.cli.main`, before anything
@@ -14,12 +16,20 @@ This module imports nothing that imports ``grpc``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import MutableMapping, Sequence
 
-__all__ = ["GRPC_VERBOSITY_ENV", "expected_errors", "quiet_grpc", "wants_verbose"]
+from psflow.errors import PsflowError
+
+__all__ = ["GRPC_VERBOSITY_ENV", "ONE_LINE_ERRORS", "expected_in_task", "quiet_grpc", "wants_verbose"]
 
 #: gRPC's minimum log severity (its C-core: DEBUG, INFO, ERROR, NONE), read when ``grpc`` is imported.
 GRPC_VERBOSITY_ENV = "GRPC_VERBOSITY"
+
+#: What the ``psflow`` command prints as one line (:func:`psflow.launch.cli.main`): every error psflow raises
+#: on purpose, and the operating system's refusal of one of the command's own calls (``--cluster`` naming no
+#: file, an output directory it may not write).
+ONE_LINE_ERRORS: tuple[type[Exception], ...] = (PsflowError, OSError)
 
 
 def quiet_grpc(env: MutableMapping[str, str], *, verbose: bool) -> None:
@@ -43,28 +53,24 @@ def wants_verbose(argv: Sequence[str]) -> bool:
     return any(len(arg) >= 6 and "--verbose".startswith(arg) for arg in args)  # argparse takes "--verb" too
 
 
-def expected_errors() -> tuple[type[Exception], ...]:
-    """The errors a user causes and fixes (flags, inputs, records, schemas, models, checkpoints, storage URLs, a run
-    directory or a port in use, a loss that is no longer finite): each carries a message that names what is wrong (a NaN
-    loss: the worker, the step and the batch's files and records), so it is shown as that one line. Also a ps
-    task's variables lost with no checkpoint to restore them from (the fix: a checkpoint directory).
-
-    Not here: :class:`~psflow.rpc.api.RpcError` in general (a lost task is reported by the launcher as
-    that task's exit), ``OSError`` (the ``psflow`` command adds both for its own, short-lived calls).
+def expected_in_task(error: BaseException) -> bool:
+    """Whether a task process ends on ``error`` with one line (:func:`psflow.launch.task.main`): a
+    :class:`~psflow.errors.PsflowError`, the user's to fix (a bad record or setting, a loss no longer finite,
+    a port in use, a ps task's variables lost with no checkpoint to restore them from), except another
+    task's failure seen from this one: a remote call that failed (an :class:`~psflow.rpc.api.RpcError`
+    other than :class:`~psflow.rpc.api.ListenError`), the coordination service
+    (:class:`~psflow.coord.api.CoordinationError`), the cluster not restored in time
+    (:class:`~psflow.train.recovery.RecoveryError`). The launcher reports that other task's exit as the
+    root cause; this task's log keeps the traceback. An ``OSError`` is not expected here either.
     """
-    from psflow.cluster import ClusterError
-    from psflow.data import DataError
-    from psflow.models.api import ModelError
-    from psflow.ps.global_step import StepJournalError
-    from psflow.ps.optimizers import OptimizerError
-    from psflow.rpc.api import ListenError
-    from psflow.storage import StorageError
-    from psflow.train.checkpoint import CheckpointError, CheckpointSavesFailedError
-    from psflow.train.checkpoint_lock import DirectoryLockError
-    from psflow.train.config import ConfigError
-    from psflow.train.hooks import NanLossError
-    from psflow.train.state_loss import StateLostError
+    if not isinstance(error, PsflowError):
+        return False
+    from psflow.coord.api import CoordinationError
+    from psflow.rpc.api import ListenError, RpcError
 
-    return (ConfigError, ClusterError, OptimizerError, DataError, ModelError, CheckpointError,
-            CheckpointSavesFailedError, DirectoryLockError, StepJournalError, ListenError, NanLossError,
-            StateLostError, StorageError)
+    if isinstance(error, RpcError):
+        return isinstance(error, ListenError)
+    # Not imported, so not raised: a ps task never imports the trainer's modules, not even while it ends.
+    recovery = sys.modules.get("psflow.train.recovery")
+    others = (CoordinationError,) if recovery is None else (CoordinationError, recovery.RecoveryError)
+    return not isinstance(error, others)

@@ -15,8 +15,9 @@ step (a call blocked in a sync barrier is failed by closing its channels),
 and the process exits with ``128 + n`` (143 on SIGTERM; 129 when the
 launcher died) within the stop's grace (2 s), by force if it must.
 
-Errors: an expected one (:func:`psflow.launch.console.expected_errors`: a
-malformed record, a bad setting, a port in use) ends the task with exit
+Errors: an expected one (a :class:`~psflow.errors.PsflowError` that
+:func:`psflow.launch.console.expected_in_task` accepts: a malformed record,
+a bad setting, a port in use; not a call to another task that failed) ends the task with exit
 status 1 and one ERROR line in its log, no traceback (``--verbose`` adds it);
 with ``--error-file`` the line is also written there as JSON (``task``,
 ``type``, ``message``) for the launcher's failure report. A ps task's variables
@@ -37,7 +38,8 @@ from typing import Any
 
 from psflow import jsonio
 from psflow.cluster import ClusterSpec
-from psflow.launch.console import expected_errors
+from psflow.errors import PsflowError
+from psflow.launch.console import expected_in_task
 from psflow.launch.lifeline import StopRequest, set_parent_death_signal
 from psflow.launch.token import TOKEN_ENV, cluster_token
 from psflow.rpc.tcp_server import TcpLimits
@@ -193,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         code = run_task(cluster, args.job, args.task, config, token=cluster_token(os.environ),
                         result_path=args.result, state_dir=args.state_dir, stop=stop,
                         checkpoint_root=args.checkpoint_root)
-    except expected_errors() as e:
+    except PsflowError as e:
+        if not expected_in_task(e):
+            raise
         from psflow.launch.supervisor import STATE_LOST_EXIT_CODE
         from psflow.train.state_loss import StateLostError
 
