@@ -109,7 +109,7 @@ def _add_training_arguments(p: argparse.ArgumentParser) -> None:
                    help="dynamic tables: which rows --capacity evicts: least frequently or least recently used (lfu)")
     g.add_argument("--hidden", metavar="N,N,...", help="wide_deep, deepfm, dnn: hidden layer sizes (256,128)")
     g.add_argument("--wide-optimizer", metavar="SPEC", help="wide_deep, deepfm: optimizer of the wide (linear) part, "
-                   "NAME[:KEY=VALUE,...] (ftrl, learning rate min(0.2, 1/sqrt(columns)), as TF's DNNLinearCombinedClassifier)")
+                   "NAME[:KEY=VALUE,...] (ftrl, learning rate 0.3; TF's DNNLinearCombinedClassifier: min(0.2, 1/sqrt(columns)))")
     g.add_argument("--deep-optimizer", metavar="SPEC", help="wide_deep, deepfm, dnn: optimizer of the deep part "
                    "(adagrad:learning_rate=0.05,initial_accumulator_value=0.1)")
     g.add_argument("--warm-start", metavar="PATH", help="when the chief initializes (not when it restores), load these "
