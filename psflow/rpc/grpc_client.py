@@ -71,6 +71,10 @@ class PendingCall:
             raise _translate(self._task, self._method, e) from e
 
 
+#: The method :meth:`TaskChannel.wait_ready` calls: no psflow service has it, so gRPC answers UNIMPLEMENTED.
+_READY_PROBE = "ReadyProbe"
+
+
 def _ms(seconds: float) -> int:
     return max(100, int(seconds * 1000))  # gRPC's floor for a sane retry loop: 0.1 s
 
@@ -120,7 +124,7 @@ class TaskChannel:
             timeout: seconds; defaults to ``config.connect_timeout``.
 
         Raises:
-            TaskUnavailableError: not reachable within the timeout.
+            TaskUnavailableError: not reachable within the timeout, or the channel was closed.
         """
         limit = self._config.connect_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
@@ -129,11 +133,8 @@ class TaskChannel:
         while True:
             attempt += 1
             remaining = deadline - time.monotonic()
-            try:
-                grpc.channel_ready_future(self._channel).result(timeout=max(0.01, min(wait, remaining)))
+            if self._probe(max(0.01, min(wait, remaining))):
                 return
-            except grpc.FutureTimeoutError:
-                pass
             if time.monotonic() >= deadline:
                 raise TaskUnavailableError(
                     f"timed out after {limit:.1f} s waiting for {self.task} at {self.address} ({attempt} attempts)"
@@ -141,6 +142,28 @@ class TaskChannel:
             if attempt % 10 == 0:
                 log.info("still waiting for %s at %s (attempt %d)", self.task, self.address, attempt)
             wait = min(wait * 2, self._config.backoff_max)
+
+    def _probe(self, timeout: float) -> bool:
+        """True once the task's gRPC server answers a call (within ``timeout`` seconds).
+
+        The call names a method no service has, with ``wait_for_ready``: it waits for the channel to connect
+        (gRPC keeps trying within its reconnect backoff) and any reply but a timeout or UNAVAILABLE, here
+        UNIMPLEMENTED from gRPC itself, proves the server serves; no handler runs. Not
+        ``grpc.channel_ready_future``: its connectivity poller thread outlives the future and, when the
+        channel is closed soon after (a short-lived client), raises ``ValueError: Channel closed!`` in that
+        thread, a traceback in the task's log.
+
+        Raises:
+            TaskUnavailableError: the channel was closed.
+        """
+        try:
+            self._method(_READY_PROBE)(b"", timeout=timeout, metadata=self._metadata, wait_for_ready=True)
+        except ValueError as e:  # gRPC's "Cannot invoke RPC on closed channel!"
+            raise TaskUnavailableError(f"{self.task}: the channel to {self.address} is closed") from e
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else None
+            return code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+        return True
 
     def _method(self, name: str) -> Any:
         stub = self._methods.get(name)

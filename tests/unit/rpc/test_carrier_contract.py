@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -129,6 +130,24 @@ class CarrierContract:
         assert str(e.value).startswith(f"{TASK}: NoSuchMethod: ")
         assert channel.call("Echo").meta["seen"] == {}
 
+    def test_a_channel_closed_right_after_wait_ready_leaves_no_thread_that_raises(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A short-lived client (wait, close at once) is clean: gRPC's ``channel_ready_future`` left a
+        connectivity poller running that raised ``ValueError: Channel closed!`` after the close (a traceback in
+        the task's log, a PytestUnhandledThreadExceptionWarning here); waiting twice made it certain."""
+        raised: list[str] = []
+        monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(f"{args.thread}: {args.exc_value!r}"))
+        with contextlib.ExitStack() as stack:
+            ch = self.open(stack, HANDLERS)
+            before = set(threading.enumerate())
+            ch.wait_ready(30)
+            ch.wait_ready(30)
+            ch.close()
+            started = set(threading.enumerate()) - before
+        for thread in started:  # what the waits started (either side) ends with the channel and the server
+            _join(thread, 30.0)
+        assert raised == []
+
     def test_a_wrong_token_is_refused_and_runs_nothing(self) -> None:
         if not self.checks_token:
             pytest.skip("no token on this carrier (nothing leaves the process)")
@@ -143,6 +162,19 @@ class CarrierContract:
             with pytest.raises(UnauthenticatedError, match=f"{TASK}: .*missing or wrong cluster token"):
                 ch.call("Spy")
         assert not ran.is_set()
+
+
+def _join(thread: threading.Thread, bound_s: float) -> None:
+    """Joins ``thread``, one that may still be starting (listed, not yet running); fails past ``bound_s``."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            break
+        except RuntimeError:  # "cannot join thread before it is started": it is about to run
+            assert time.monotonic() < deadline, f"{thread} never started"
+            time.sleep(0.01)
+    assert not thread.is_alive(), f"{thread} still runs {bound_s:.0f} s after the channel and server closed"
 
 
 def _connect(client_token: str | None) -> ConnectConfig:

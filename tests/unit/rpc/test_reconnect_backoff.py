@@ -10,9 +10,9 @@ from __future__ import annotations
 import socket
 import threading
 
-import grpc
+import pytest
 
-from psflow.rpc.api import ConnectConfig
+from psflow.rpc.api import ConnectConfig, TaskUnavailableError
 from psflow.rpc.grpc_client import TaskChannel
 
 
@@ -35,10 +35,8 @@ def test_reconnect_attempts_follow_backoff_max() -> None:
     channel = TaskChannel("/job:ps/task:0", f"127.0.0.1:{server.getsockname()[1]}", "psflow.Test",
                           ConnectConfig(backoff_initial=0.05, backoff_max=0.2))
     try:
-        try:
-            grpc.channel_ready_future(channel._channel).result(timeout=4.0)
-        except grpc.FutureTimeoutError:
-            pass
+        with pytest.raises(TaskUnavailableError):
+            channel.wait_ready(timeout=4.0)
     finally:
         channel.close()
         server.close()
