@@ -11,10 +11,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from support import TOKEN, ClusterHandle, TaskExited
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
+
+# Hypothesis, for every test: nothing depends on the machine's speed (CI runs on 2 busy cores). Its default
+# deadline of 200 ms per example failed test_walk_matches_numpy_on_valid_and_damaged_records under load
+# ("Unreliable test timings": 322 ms, then 0.8 ms on the replay), and its too_slow health check fails a slow
+# generation the same way. A failure prints the blob that replays it (@reproduce_failure).
+settings.register_profile("psflow", deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+settings.load_profile("psflow")
 
 
 @pytest.fixture

@@ -49,7 +49,8 @@ def _connect(address: str, token: bytes) -> socket.socket:
     return sock
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.binary(max_size=64), st.binary(max_size=200), st.integers(0, 2**32 - 1))
 def test_garbage_is_refused_and_state_is_unchanged(ps, method: bytes, body: bytes, declared: int) -> None:  # type: ignore[no-untyped-def]
     handle, client = ps
