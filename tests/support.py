@@ -7,15 +7,19 @@ can import it reliably: several conftest.py files exist under tests/, and
 
 from __future__ import annotations
 
+import importlib
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from psflow.cluster import ClusterSpec
 
@@ -152,3 +156,57 @@ def wait_until(condition: Callable[[], T | None], what: str, limit: float = 120.
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {limit:.0f} s (safety net): {what}")
         time.sleep(0.1)
+
+
+def in_fresh_process(case: Callable[..., T], *args: Any, limit: float = 90.0) -> T:
+    """Runs ``case(*args)`` in a child of multiprocessing's fork server and returns its result (pickled back).
+
+    For tests that fork (:mod:`psflow.data.reader_process`): a fork from the pytest process copies whatever
+    earlier tests left running there, gRPC's threads included, and gRPC is not fork-safe (the forked reader
+    died of SIGSEGV). The fork server is a fresh interpreter, started once per session; each case runs in a
+    fork of it, so what earlier tests did never matters. ``case`` is a module-level function; its module is
+    imported in the child with its directory first on ``sys.path``, as pytest does (its ``conftest`` imports
+    resolve to its own directory's). The case's exception fails the caller with the child's traceback.
+    ``limit`` is a safety net, never reached by a passing run.
+    """
+    module = sys.modules[case.__module__]
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["numpy", "psflow.data"])  # imported once, in the server (from its first start)
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_run_case, args=(str(module.__file__), case.__module__, case.__qualname__, args,
+                                                 send), name=f"fresh-{case.__name__}")  # not a daemon: it forks
+    child.start()
+    send.close()
+    try:
+        if not recv.poll(limit):
+            raise AssertionError(f"{case.__name__} not done within {limit:.0f} s (safety net) in pid {child.pid}")
+        try:
+            ok, value = recv.recv()
+        except EOFError:
+            child.join(timeout=10)
+            raise AssertionError(f"{case.__name__}: its process (pid {child.pid}) died: exit code "
+                                 f"{child.exitcode}") from None
+    finally:
+        recv.close()
+        child.join(timeout=10)
+        if child.is_alive():
+            os.kill(child.pid, signal.SIGKILL)
+            child.join()
+    if not ok:
+        raise AssertionError(f"{case.__name__} failed in a fresh process:\n{value}")
+    result: T = value
+    return result
+
+
+def _run_case(path: str, module_name: str, qualname: str, args: tuple[Any, ...], out: Connection) -> None:
+    """In the fresh process: imports the case's module (its directory first) and sends (ok, result or traceback)."""
+    try:
+        sys.path.insert(0, os.path.dirname(path))
+        case = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            case = getattr(case, part)
+        out.send((True, case(*args)))
+    except BaseException:  # noqa: BLE001 - every failure goes to the test, which raises it
+        out.send((False, traceback.format_exc()))
+    finally:
+        out.close()

@@ -146,7 +146,9 @@ class DatasetConfig:
             memory (:mod:`~psflow.data.reader_process`), so parsing runs on
             another core instead of competing for the GIL. Same batches, order
             and positions. Pays off when a core is idle (one worker per host).
-            Not with live gRPC channels in the process (fork is unsafe there).
+            Not while gRPC runs in the process (fork is unsafe there): the
+            fork, at the first batch unless started earlier, is then refused
+            with :class:`DataError`; fork before the first channel or server.
         compression: ``"auto"`` (gzip if the name ends in ``.gz`` or the file
             starts with the gzip magic and is not a valid TFRecord), ``"none"``
             or ``"gzip"``; applies to every format.

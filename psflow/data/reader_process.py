@@ -38,9 +38,13 @@ Non-guarantees: the generator runs in the child, so side effects it has on
 objects (counters, caches) stay there; callers pass what they need through
 the items. Linux/Unix only (``fork``); the caller's threads are not copied,
 so the generator must not rely on locks another thread may hold at the fork.
-Not for a process with live gRPC channels or servers: gRPC is not fork-safe
-(a cluster worker's reader child died with SIGSEGV), so psflow uses it only
-in the in-process fast path, and a cluster worker refuses ``reader_process``.
+Not for a process where gRPC runs (a channel or server open, its threads
+alive): gRPC is not fork-safe, and a child forked then dies of SIGSEGV about
+every other time. :meth:`ReaderProcess.start` refuses with :class:`DataError`
+while gRPC's threads run here (:func:`grpc_threads`); fork before the first
+channel, or read in a thread. psflow forks a reader only in the in-process fast
+path, which opens no gRPC channel or server; a cluster worker refuses
+``reader_process`` before it connects.
 
 :meth:`get` is for one consumer thread; :meth:`close` may be called from any thread.
 """
@@ -51,6 +55,7 @@ import mmap
 import multiprocessing
 import os
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
@@ -60,13 +65,17 @@ import numpy as np
 
 from psflow.data.api import DataError
 
-__all__ = ["ReaderProcess", "Split", "SLOT_BYTES"]
+__all__ = ["ReaderProcess", "Split", "SLOT_BYTES", "grpc_threads"]
 
 T = TypeVar("T")
 
 #: Bytes per slot: a 512-example batch with 39 ids each needs ~250 KB; larger batches fall back to the pipe.
 SLOT_BYTES = 4 << 20
 _ALIGN = 64
+
+#: How gRPC's core names its threads (Linux truncates a name to 15 characters): its event engine's pool and
+#: that pool's lifeguard, its timer thread, and the executors of older releases.
+_GRPC_THREAD_NAMES = ("event_engine", "lifeguard", "grpc", "default-executo", "resolver-execut")
 
 #: Splits an item into (arrays to share, everything else) and rebuilds it.
 Split = tuple[Callable[[T], tuple[list[np.ndarray], Any]], Callable[[list[np.ndarray], Any], T]]
@@ -121,13 +130,19 @@ class ReaderProcess(Generic[T]):
         """Forks the child if not yet started.  Idempotent.
 
         Raises:
-            DataError: the reader process was closed.
+            DataError: the reader process was closed, or gRPC runs in this process (see the module docstring).
         """
         with self._lock:
             if self._closed:
                 raise DataError("the reader process was closed")
             if self._process is not None:
                 return
+            running = grpc_threads()
+            if running:
+                raise DataError(f"cannot fork the reader process {self._name}: gRPC runs in this process "
+                                f"({len(running)} threads: {', '.join(sorted(set(running)))}) and is not fork-safe "
+                                "(the child would die of SIGSEGV); start the reader before the first gRPC channel "
+                                "or server, or read without reader_process")
             ctx = multiprocessing.get_context("fork")
             self._ring = mmap.mmap(-1, self._depth * self._slot_bytes)
             items_recv, items_send = ctx.Pipe(duplex=False)
@@ -254,6 +269,31 @@ class ReaderProcess(Generic[T]):
         # The ring is left to the garbage collector: arrays handed out are copies, and a
         # consumer blocked in get() may still hold a reference to it.
         self._ring = None
+
+
+def grpc_threads() -> list[str]:
+    """The names of gRPC's own threads running in this process, sorted; empty while none runs.
+
+    gRPC starts them with its first channel or server and ends them about a second after the last channel
+    closed and the last server was stopped and released.
+    Empty too where gRPC was never imported (nothing is read then) or where ``/proc`` is missing.
+    """
+    if "grpc" not in sys.modules:
+        return []
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return []
+    names = []
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8", errors="replace") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if name.startswith(_GRPC_THREAD_NAMES):
+            names.append(name)
+    return sorted(names)
 
 
 def _layout(arrays: list[np.ndarray], capacity: int) -> _Layout | None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import same_batches
+from support import in_fresh_process
 
 from psflow.data import (
     BadRecordError,
@@ -296,7 +297,8 @@ def test_a_multi_feature_tfrecord_dataset_resumes_exactly(tmp_path: Path) -> Non
             head = [next(dataset) for _ in range(stop)]
             position = dataset.position()
         assert _same_batches(head + _run(config, resume_from=position), full)
-    assert _same_batches(_run(replace(config, reader_process=True, prefetch=2)), full)
+    # forked in a fresh process: never from the pytest process, where earlier tests may leave gRPC running
+    assert _same_batches(in_fresh_process(_run, replace(config, reader_process=True, prefetch=2)), full)
 
 
 @pytest.mark.parametrize("fmt", ["libsvm", "criteo", "tfrecord"])

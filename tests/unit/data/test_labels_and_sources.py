@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import in_fresh_process
 
 from psflow.data import (
     BINARY_LABELS,
@@ -159,7 +160,8 @@ def test_the_source_crosses_the_reader_process_and_a_prepare_that_builds_a_new_b
     config = DatasetConfig((path,), "libsvm", batch_size=8)
     want = [((path, 1, 8, 8),), ((path, 9, 16, 8),), ((path, 17, 20, 4),)]
     assert [s.spans for s in sources(config, prepare=rebuild)] == want
-    assert [s.spans for s in sources(DatasetConfig((path,), "libsvm", batch_size=8, reader_process=True))] == want
+    forked = in_fresh_process(sources, DatasetConfig((path,), "libsvm", batch_size=8, reader_process=True))
+    assert [s.spans for s in forked] == want
 
 
 def test_psflow_predict_reads_an_unlabelled_file(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+from support import in_fresh_process
 
 from psflow.ps.memory import MIN_BYTES, exclude_from_fork
 from psflow.ps.store import ParameterStore
@@ -42,6 +43,12 @@ def _child_reads(array: np.ndarray) -> int:
 
 
 def test_marked_pages_are_not_mapped_in_a_forked_child_and_unmarked_when_freed() -> None:
+    # Forked in a fresh process, never from the pytest process: earlier tests may leave gRPC running there,
+    # and a child forked then can die of SIGSEGV for gRPC's sake, not this test's.
+    in_fresh_process(_marked_pages_are_not_mapped_in_a_forked_child_and_unmarked_when_freed)
+
+
+def _marked_pages_are_not_mapped_in_a_forked_child_and_unmarked_when_freed() -> None:
     before = _dontfork_kib()
     array = np.ones(MIN_BYTES // 4 * 2, np.float32)
     assert exclude_from_fork(array)
