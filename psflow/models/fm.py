@@ -33,9 +33,10 @@ Why the dense factors learn slower: a dense value is not a one-hot 1 (Criteo's
 every dense feature, so each step moves every dense factor, and Adagrad's first
 steps are ~its learning rate per coordinate whatever the gradient's scale. At
 0.05 the dense pairs' term overshoots (on the Criteo sample it grows to a
-logit of +2..+8 that ``dense_linear`` cancels at -5..-15), the more so with
-stale asynchronous pushes: eval AUC 0.55-0.68 at batch 512 with 2 workers,
-where logistic regression reaches 0.71-0.73 (benchmarks/bench_model_defaults.py).
+logit of +2..+9 that ``dense_linear`` cancels at -5..-16), the more so with
+stale asynchronous pushes: eval AUC 0.53-0.73 with the push order at batch
+512 with 2 workers, where logistic regression reaches 0.73; at 0.005, fm's
+0.73 (benchmarks/bench_model_defaults.py, docs/models.md).
 """
 
 from __future__ import annotations
