@@ -35,6 +35,7 @@ from typing import Any
 from psflow.cluster import ClusterSpec, TaskId
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
+from psflow.ps.protocol import Ack
 from psflow.ps.run_end import RunLedger, training_workers
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, CarrierServer, Handler, InvalidRequest, Reply, ServeConfig
@@ -229,4 +230,5 @@ class Server:
 
     def _shutdown(self, frame: Frame) -> Reply:
         threading.Thread(target=self.stop, name="psflow-shutdown", daemon=True).start()
-        return {"ok": True}, {}
+        reply = Ack().to_frame()
+        return reply.meta, reply.arrays

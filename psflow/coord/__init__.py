@@ -13,8 +13,8 @@ Files:
   served by ps task 0 as ``psflow.CoordinationService``.
 * ``embedded.py``: :class:`EmbeddedBackend` (default; no extra service).
 * ``zookeeper.py``: :class:`ZooKeeperBackend` (kazoo; ephemeral sequential nodes).
-* ``fence.py``: :class:`FenceGuard` (ps side; the ``Fence`` RPC) and
-  :class:`FencedWriter` (leader side).
+* ``fence.py``: :class:`FenceGuard` (ps side, served as the ps task's ``Fence``
+  call; the leader's side is :class:`psflow.ps.fencing.FencedWriter`).
 
 Guarantees (every backend; tests/integration/coord/ runs one contract suite
 against each):

@@ -81,6 +81,7 @@ partial file under its final name.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -96,6 +97,21 @@ from safetensors.numpy import save as safetensors_save
 from psflow import storage
 from psflow.coord.api import FencedError
 from psflow.ps.averages import AVERAGE_SLOT
+from psflow.ps.protocol import (
+    BeginRestoreReply,
+    BeginRestoreRequest,
+    CheckpointStatusReply,
+    CheckpointStatusRequest,
+    LoadShardReply,
+    LoadShardRequest,
+    ReaderPositionsReply,
+    ReaderPositionsRequest,
+    SaveOutcome,
+    SaveShardReply,
+    SaveShardRequest,
+    SetReadyReply,
+    SetReadyRequest,
+)
 from psflow.ps.store import PartitionState, StoreError
 from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
@@ -194,14 +210,10 @@ class CheckpointHandlers:
             "CheckpointStatus": self.checkpoint_status,
         }
 
-    def _fenced(self, frame: Frame) -> Any:
+    def _fenced(self, epoch: int | None, holder: str) -> Any:
         """The fence held for a write carrying the chief's ``epoch`` (a no-op context without one)."""
-        epoch = frame.meta.get("epoch")
         if epoch is None:
             return contextlib.nullcontext()
-        if type(epoch) is not int or epoch < 0:
-            raise InvalidRequest(f"'epoch' must be a non-negative integer, got {epoch!r:.40}")
-        holder = str(frame.meta.get("holder", ""))[:400]
         try:
             self._svc.fence.check(epoch, holder=holder)
         except FencedError as e:
@@ -210,15 +222,14 @@ class CheckpointHandlers:
 
     # ---- SaveShard ---------------------------------------------------------
     def save_shard(self, frame: Frame) -> Reply:
-        path = frame.meta.get("path")
-        if path is not None and not isinstance(path, str):
-            raise InvalidRequest(f"path must be a string or null, got {path!r:.60}")
+        request = SaveShardRequest.from_frame(frame)
+        path = request.path
         if path is not None and "\0" in path:  # no file system takes it: refused, not failed (INTERNAL) at open()
             raise InvalidRequest(f"refused to write checkpoint shard {path!r:.300}: it holds a NUL byte")
         if path is not None and self._confine:
             path = self._confined(path)
-        with self._fenced(frame):
-            return self._save_shard(path)
+        with self._fenced(request.epoch, request.holder):
+            return _reply(self._save_shard(path))
 
     def _confined(self, path: str) -> str:
         """``path`` with symlinks resolved, if it lies under the checkpoint root; else InvalidRequest."""
@@ -241,7 +252,7 @@ class CheckpointHandlers:
                                  f"checkpoint root {root}")
         return os.path.join(directory, name)
 
-    def _save_shard(self, path: str | None) -> Reply:
+    def _save_shard(self, path: str | None) -> SaveShardReply:
         svc = self._svc
         step = svc.global_step.value if svc.global_step is not None else None
         svc.averages.catch_up(svc.store.partitions(), svc.table_step())  # moved over the steps with no push here
@@ -265,50 +276,40 @@ class CheckpointHandlers:
             parts.append({"key": part.key, "var": part.var_name, "index": part.index, "row_start": part.row_start,
                           "rows": int(value.shape[0]) if value.ndim else 1, "slots": sorted(slots)})
         data = safetensors_save(tensors, metadata={"task": svc.task_name, "partitions": json.dumps(parts)})
-        meta: dict[str, Any] = {
-            "task": svc.task_name, "partitions": parts, "global_step": step, "positions": positions,
-            "examples": examples, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-        }
+        reply = SaveShardReply(svc.task_name, parts, step, positions, examples, len(data),
+                               hashlib.sha256(data).hexdigest())
         if path is None:
-            return meta, {"shard": np.frombuffer(data, dtype=np.uint8)}
+            return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
         try:
             write_file_atomically(path, data)
         except OSError as e:
             raise InvalidRequest(f"cannot write checkpoint shard {path}: {e}") from e
         log.info("%s: wrote checkpoint shard %s (%d bytes, step %s)", svc.task_name, path, len(data), step)
-        return meta, {}
+        return reply
 
     # ---- LoadShard ---------------------------------------------------------
     def load_shard(self, frame: Frame) -> Reply:
         svc = self._svc
-        keys = frame.meta.get("parts")
-        if not isinstance(keys, list):
-            raise InvalidRequest("field 'parts' must be a list")
-        values_only = frame.meta.get("values_only") is True
-        if values_only and any(n.startswith("s/") for n in frame.arrays):
+        request = LoadShardRequest.from_frame(frame)
+        values_only = request.values_only
+        if values_only and request.has_slots():
             raise InvalidRequest("a values-only load carries no optimizer slots")
         plan: list[tuple[PartitionState, np.ndarray, dict[str, np.ndarray]]] = []
         tables: list[tuple[PartitionState, dict[str, np.ndarray]]] = []
-        for key in keys:
+        for key in request.parts:
             if not isinstance(key, str) or key not in svc.store:
                 raise InvalidRequest(f"unknown variable partition {key!r:.80}")
             part = svc.store.get(key)
             if part.table is not None:
-                tables.append((part, self._table_snapshot(frame, key, part, values_only)))
+                tables.append((part, self._table_snapshot(request, key, part, values_only)))
                 continue
-            value = self._checked(frame, f"v/{key}", part.value, part.describe)
-            slots = {} if values_only else self._slots(frame, key, part)
+            value = self._checked(request.value(key), part.value, part.describe)
+            slots = {} if values_only else self._slots(request, key, part)
             plan.append((part, value, slots))
-        step = frame.meta.get("global_step")
-        if step is not None and (svc.global_step is None or isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        step = request.global_step
+        if step is not None and svc.global_step is None:
             raise InvalidRequest(f"global_step {step!r:.40} cannot be set on this task")
-        positions = frame.meta.get("positions")
-        if positions is not None and not (isinstance(positions, dict) and all(isinstance(v, str) for v in positions.values())):
-            raise InvalidRequest("positions must map client names to reader position JSON")
-        examples = frame.meta.get("examples")
-        if examples is not None and (type(examples) is not int or examples < 0):
-            raise InvalidRequest(f"examples must be a non-negative integer, got {examples!r:.40}")
-        lineage = _lineage_arg(frame.meta.get("lineage"))
+        positions, examples, lineage = request.positions, request.examples, request.lineage
         for part, snapshot in tables:
             assert part.table is not None
             evicted = part.table.load(snapshot)
@@ -325,48 +326,46 @@ class CheckpointHandlers:
         if step is not None and svc.global_step is not None:
             svc.global_step.set(step)
         if not values_only:
-            restored = frame.meta.get("restored_step", step)
-            svc.restored_at(restored if type(restored) is int and restored >= 0 else None)
+            svc.restored_at(request.restored_step)
         if positions is not None:
-            svc.set_reader_positions(positions, examples)
+            svc.set_reader_positions(dict(positions), examples)
         if lineage is not None:
             _ledger(svc).set_lineage(lineage, only_if_unset=False)
         log.info("%s: loaded %d partitions%s", svc.task_name, len(plan) + len(tables),
                  f", global_step {step}" if step is not None else "")
-        return {"loaded": len(plan) + len(tables)}, {}
+        return _reply(LoadShardReply(len(plan) + len(tables)))
 
     @staticmethod
-    def _table_snapshot(frame: Frame, key: str, part: PartitionState, values_only: bool) -> dict[str, np.ndarray]:
-        """The snapshot arrays ``d/<key>/*`` sent for a dynamic table's partition, checked (nothing changes)."""
+    def _table_snapshot(request: LoadShardRequest, key: str, part: PartitionState,
+                        values_only: bool) -> dict[str, np.ndarray]:
+        """The snapshot arrays sent for a dynamic table's partition, checked (nothing changes)."""
         assert part.table is not None
         if values_only:
             raise InvalidRequest(f"{part.describe}: a dynamic table is not warm-started (restore a checkpoint instead)")
-        prefix = f"d/{key}/"
-        snapshot = {n[len(prefix):]: a for n, a in frame.arrays.items() if n.startswith(prefix)}
+        snapshot = request.table(key)
         try:
             part.table.check_snapshot(snapshot)
         except StoreError as e:
             raise InvalidRequest(str(e)) from e
         return snapshot
 
-    def _slots(self, frame: Frame, key: str, part: PartitionState) -> dict[str, np.ndarray]:
-        """The slot arrays of partition ``key`` in ``frame``: exactly the partition's slots, checked."""
+    def _slots(self, request: LoadShardRequest, key: str, part: PartitionState) -> dict[str, np.ndarray]:
+        """The slot arrays of partition ``key`` in ``request``: exactly the partition's slots, checked."""
         slots = {}
         have = _saved_slots(part)
+        sent = request.slots(key)
         for slot, current in have.items():
-            slots[slot] = self._checked(frame, f"s/{key}/{slot}", current, f"{part.describe} slot {slot!r}")
-        extra = sorted(n[len(f"s/{key}/"):] for n in frame.arrays if n.startswith(f"s/{key}/")
-                       and n[len(f"s/{key}/"):] not in have)
+            slots[slot] = self._checked(sent.get(slot), current, f"{part.describe} slot {slot!r}")
+        extra = sorted(name for name in sent if name not in have)
         if extra:
             raise InvalidRequest(f"{part.describe}: the checkpoint has slots {extra} this optimizer does not have "
                                  f"({sorted(have) or 'none'})")
         return slots
 
     @staticmethod
-    def _checked(frame: Frame, name: str, current: np.ndarray, what: str) -> np.ndarray:
-        arr = frame.arrays.get(name)
+    def _checked(arr: np.ndarray | None, current: np.ndarray, what: str) -> np.ndarray:
         if arr is None:
-            raise InvalidRequest(f"{what}: array {name!r} missing")
+            raise InvalidRequest(f"{what}: no array sent")
         if arr.shape != current.shape or arr.dtype != current.dtype:
             raise InvalidRequest(f"{what} has shape {current.shape} ({current.dtype}); "
                                  f"loaded array has {arr.shape} ({arr.dtype})")
@@ -375,26 +374,20 @@ class CheckpointHandlers:
     # ---- SetReady / ReaderPositions ----------------------------------------
     def set_ready(self, frame: Frame) -> Reply:
         svc = self._svc
+        request = SetReadyRequest.from_frame(frame)
         if not svc.registered:
             raise InvalidRequest(f"{svc.task_name}: cannot become ready before the chief registered the variables")
-        generation, step = frame.meta.get("generation"), frame.meta.get("global_step")
-        if step is not None and (type(step) is not int or step < 0):
-            raise InvalidRequest(f"global_step must be a non-negative integer, got {step!r:.40}")
-        if generation is not None:
-            if type(generation) is not int or generation < 0:
-                raise InvalidRequest(f"generation must be a non-negative integer, got {generation!r:.40}")
-            svc.finish_restore(generation, step)
+        if request.generation is not None:
+            svc.finish_restore(request.generation, request.global_step)
         svc.ready = True
-        log.info("%s: ready (initialized by %s, generation %d)", svc.task_name, frame.meta.get("client", "the chief"),
-                 svc.generation)
-        return {"ready": True}, {}
+        log.info("%s: ready (initialized by %s, generation %d)", svc.task_name, request.client, svc.generation)
+        return _reply(SetReadyReply())
 
     def begin_restore(self, frame: Frame) -> Reply:
         svc = self._svc
-        generation = frame.meta.get("generation")
-        if type(generation) is not int or generation < 0:
-            raise InvalidRequest(f"generation must be a non-negative integer, got {generation!r:.40}")
-        with self._fenced(frame):
+        request = BeginRestoreRequest.from_frame(frame)
+        generation = request.generation
+        with self._fenced(request.epoch, request.holder):
             registered = svc.registered
             drained = svc.begin_restore(generation, _DRAIN_TIMEOUT)
         if not drained:
@@ -402,31 +395,29 @@ class CheckpointHandlers:
         step = svc.global_step.value if svc.global_step is not None else None
         floor = svc.global_step.floor if svc.global_step is not None else None
         log.info("%s: restore to generation %d begins (global_step %s)", svc.task_name, generation, step)
-        return {"global_step": step, "step_floor": floor, "registered": registered, "drained": drained}, {}
+        return _reply(BeginRestoreReply(step, floor, registered, drained))
 
     def reader_positions(self, frame: Frame) -> Reply:
-        if frame.meta.get("incarnation") is not None:  # a worker process reads its position: see psflow.ps.service
-            self._svc.claim_worker(frame.meta.get("worker"), frame.meta.get("incarnation"))
-        return {"positions": self._svc.reader_positions()}, {}
+        request = ReaderPositionsRequest.from_frame(frame)
+        if request.incarnation is not None:  # a worker process reads its position: see psflow.ps.service
+            self._svc.claim_worker(request.worker, request.incarnation)
+        return _reply(ReaderPositionsReply(self._svc.reader_positions()))
 
     # ---- CheckpointStatus --------------------------------------------------
     def checkpoint_status(self, frame: Frame) -> Reply:
         ledger = _ledger(self._svc)
-        lineage = _lineage_arg(frame.meta.get("lineage_if_unset"))
-        if lineage is not None:
-            ledger.set_lineage(lineage, only_if_unset=True)
-        outcome = frame.meta.get("outcome")
-        if outcome is not None:
-            if not isinstance(outcome, dict) or type(outcome.get("saved")) is not bool:
-                raise InvalidRequest("outcome must be {saved: bool, global_step, path, error, writer}")
-            ledger.record(outcome)
-        return ledger.status(), {}
+        request = CheckpointStatusRequest.from_frame(frame)
+        if request.lineage_if_unset is not None:
+            ledger.set_lineage(request.lineage_if_unset, only_if_unset=True)
+        if request.outcome is not None:
+            ledger.record(request.outcome)
+        return _reply(ledger.status())
 
 
-def _lineage_arg(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value or len(value) > 200):
-        raise InvalidRequest(f"lineage must be a non-empty string of at most 200 characters, got {value!r:.60}")
-    return value
+def _reply(message: BeginRestoreReply | CheckpointStatusReply | LoadShardReply | ReaderPositionsReply | SaveShardReply
+           | SetReadyReply) -> Reply:
+    frame = message.to_frame()
+    return frame.meta, frame.arrays
 
 
 class _SaveLedger:
@@ -449,26 +440,23 @@ class _SaveLedger:
             if self.lineage is None or not only_if_unset:
                 self.lineage = lineage
 
-    def record(self, outcome: dict[str, Any]) -> None:
-        step = outcome.get("global_step")
-        step = step if type(step) is int else None
+    def record(self, outcome: SaveOutcome) -> None:
         with self._lock:
-            if outcome["saved"]:
+            if outcome.saved:
                 self.saved += 1
                 self.failed_in_a_row = 0
-                self.last_saved_step, self.last_saved_path = step, str(outcome.get("path", ""))[:1000]
+                self.last_saved_step, self.last_saved_path = outcome.global_step, outcome.path
                 return
             self.failed += 1
             self.failed_in_a_row += 1
-            self.failures.append({"seq": self.failed, "global_step": step, "error": str(outcome.get("error", ""))[:2000],
-                                  "writer": str(outcome.get("writer", ""))[:200], "time": time.time()})
+            self.failures.append({"seq": self.failed, "global_step": outcome.global_step, "error": outcome.error,
+                                  "writer": outcome.writer, "time": time.time()})
             del self.failures[:-self._KEEP]
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> CheckpointStatusReply:
         with self._lock:
-            return {"lineage": self.lineage, "saved": self.saved, "failed": self.failed,
-                    "failed_in_a_row": self.failed_in_a_row, "last_saved_step": self.last_saved_step,
-                    "last_saved_path": self.last_saved_path, "failures": [dict(f) for f in self.failures]}
+            return CheckpointStatusReply(self.lineage, self.saved, self.failed, self.failed_in_a_row,
+                                         self.last_saved_step, self.last_saved_path, [dict(f) for f in self.failures])
 
 
 # One ledger per service: handlers() is built more than once (gRPC and the TCP carrier serve the same state).

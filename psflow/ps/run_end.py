@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psflow.cluster import ClusterSpec
+from psflow.ps.protocol import DoneReply, DoneRequest
 from psflow.rpc.api import Handler, InvalidRequest, Reply
 from psflow.rpc.framing import Frame
 
@@ -128,7 +129,8 @@ class RunLedger:
             self._over = self._over or fire
         if fire and self._on_over is not None:
             self._on_over(self.describe())
-        return {"ok": True, "run_over": self.over}, {}
+        reply = DoneReply(self.over).to_frame()
+        return reply.meta, reply.arrays
 
     def joined(self, worker: object) -> None:
         """``worker`` registered (a process of it joins the cluster): a ``Done`` it sent before no longer counts.
@@ -171,20 +173,16 @@ class RunLedger:
         return report is not None and report.incarnation >= self._incarnation_of(worker)
 
     def _parse(self, frame: Frame) -> tuple[str, _Done]:
-        meta = frame.meta
-        worker, incarnation = meta.get("worker"), meta.get("incarnation")
-        if not isinstance(worker, str) or worker not in self._expected:
+        try:
+            request = DoneRequest.from_frame(frame)
+        except InvalidRequest as e:
+            raise InvalidRequest(f"{self.task_name}: Done: {e}") from e
+        worker, final = request.worker, request.final_checkpoint
+        if worker not in self._expected:
             known = describe_workers(self._expected) if self._expected else "none"
             raise InvalidRequest(f"{self.task_name}: Done from {worker!r:.100}, not a training worker of this "
                                  f"cluster ({known})")
-        if type(incarnation) is not int or incarnation < 0:
-            raise InvalidRequest(f"{self.task_name}: Done of {worker}: 'incarnation' must be a non-negative "
-                                 f"integer, got {incarnation!r:.40}")
-        checkpoint_dir, final = meta.get("checkpoint_dir", False), meta.get("final_checkpoint")
-        if not isinstance(checkpoint_dir, bool):
-            raise InvalidRequest(f"{self.task_name}: Done of {worker}: 'checkpoint_dir' must be true or false, "
-                                 f"got {checkpoint_dir!r:.40}")
-        if final is not None and not (isinstance(final, str) and _CHECKPOINT_NAME.fullmatch(final)):
+        if final is not None and not _CHECKPOINT_NAME.fullmatch(final):
             raise InvalidRequest(f"{self.task_name}: Done of {worker}: 'final_checkpoint' must be a checkpoint's "
                                  f"directory name, got {final!r:.100}")
-        return worker, _Done(incarnation, checkpoint_dir, final)
+        return worker, _Done(request.incarnation, request.checkpoint_dir, final)

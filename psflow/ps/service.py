@@ -1,6 +1,7 @@
 """ParameterService: the RPC handlers of a ps task.
 
-Methods (all take and return :mod:`psflow.rpc.framing` frames):
+Methods (each takes and returns a frame holding one message of :mod:`psflow.ps.protocol`; the
+fields below are those messages'):
 
 ``Register``
     ``meta = {"layout": [VariablePlacement JSON...], "optimizer": OptimizerSpec JSON, "client": task,
@@ -99,6 +100,7 @@ from typing import Any
 
 import numpy as np
 
+from psflow.coord.api import FencedError
 from psflow.coord.fence import FenceGuard
 from psflow.placement import VariablePlacement, layout_mismatch
 from psflow.ps.averages import MovingAverages
@@ -106,6 +108,21 @@ from psflow.ps.checkpointing import CheckpointHandlers
 from psflow.ps.dynamic import DynamicTable, share_spec
 from psflow.ps.global_step import GlobalStep, StepJournal
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.protocol import (
+    Ack,
+    FenceReply,
+    FenceRequest,
+    LeaveRequest,
+    PullReply,
+    PullRequest,
+    PushPullReply,
+    PushPullRequest,
+    PushReply,
+    PushRequest,
+    RegisterReply,
+    RegisterRequest,
+    StatsReply,
+)
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.ps.sync import Contribution, StalenessClock, SyncAggregator, SyncConfig
 from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
@@ -116,13 +133,6 @@ __all__ = ["ParameterService"]
 log = logging.getLogger(__name__)
 
 _LOSS_EMA = 0.05
-
-
-def _meta_list(frame: Frame, key: str) -> list[Any]:
-    value = frame.meta.get(key)
-    if not isinstance(value, list):
-        raise InvalidRequest(f"field {key!r} must be a list")
-    return value
 
 
 class ParameterService:
@@ -207,24 +217,19 @@ class ParameterService:
             "Stats": self.get_stats,
             "Leave": self.leave,
             "Shutdown": self.shutdown,
-            "Fence": self.fence.handle,
+            "Fence": self.fence_call,
             **CheckpointHandlers(self, checkpoint_root=self._checkpoint_root,
                                  confine=self._confine_shards).handlers(),
         }
 
     # ---- Register ----------------------------------------------------------
     def register(self, frame: Frame) -> Reply:
-        try:
-            layout = [VariablePlacement.from_json(v) for v in _meta_list(frame, "layout")]
-            optimizer = OptimizerSpec.from_json(frame.meta.get("optimizer") or {})
-            sync = SyncConfig.from_json(frame.meta.get("sync"))
-        except (ValueError, TypeError, KeyError) as e:
-            raise InvalidRequest(f"bad layout or optimizer: {e}") from e
-        client = str(frame.meta.get("client", "a client"))
-        chief = frame.meta.get("chief") is True
+        request = RegisterRequest.from_frame(frame)
+        layout, optimizer, sync = list(request.layout), request.optimizer, request.sync
+        client, chief = request.client, request.chief
         with self._register_lock:
             if self._layout is None and not chief:
-                return {"created": False, "ready": False, "init_count": self.init_count}, {}
+                return _reply(RegisterReply(False, False, self.init_count))
             if self._layout is not None:
                 diff = layout_mismatch(self._layout, layout)
                 if diff is not None:
@@ -235,15 +240,15 @@ class ParameterService:
                 if sync != self.sync_config:
                     raise PreconditionFailed(f"{client} uses update mode {sync.to_json()}, registered: {self.sync_config.to_json()}")
                 if self.ready or not chief:
-                    return {"created": False, "ready": self.ready, "init_count": self.init_count}, {}
+                    return _reply(RegisterReply(False, self.ready, self.init_count))
             self._create(layout, optimizer)
             self._layout, self._optimizer = layout, optimizer
             self._set_sync(sync)
             self.init_count += 1
             self._cpu_at_init = time.process_time()
-            self.ready = frame.meta.get("defer_ready") is not True
+            self.ready = not request.defer_ready
             log.info("%s: initialized %d partitions for %s", self.task_name, len(self.store.keys()), client)
-            return {"created": True, "ready": self.ready, "init_count": self.init_count}, {}
+            return _reply(RegisterReply(True, self.ready, self.init_count))
 
     def _create(self, layout: list[VariablePlacement], default: OptimizerSpec) -> None:
         # Build everything first so a bad spec leaves the store empty.
@@ -279,32 +284,27 @@ class ParameterService:
             raise InvalidRequest(str(e)) from e
 
     def pull(self, frame: Frame) -> Reply:
-        self._hear_step(frame.meta.get("step_hint"))
-        step, out = self._read(self._pull_entries(frame), create=frame.meta.get("create") is True,
-                               averages=frame.meta.get("averages") is True)
-        return {"step": step}, out
+        request = PullRequest.from_frame(frame)
+        self._hear_step(request.step_hint)
+        step, out = self._read(self._pull_entries(request), create=request.create, averages=request.averages)
+        return _reply(PullReply(step, out))
 
     def push_pull(self, frame: Frame) -> Reply:
         """A push, then a pull, in one call: the pull part is validated first,
         the push applied (as :meth:`push`), then the rows read."""
-        wanted = self._pull_entries(frame)
-        meta, _ = self.push(frame)
-        step, out = self._read(wanted, create=frame.meta.get("create") is True)
-        return {**meta, "pull_step": step}, out
+        request = PushPullRequest.from_frame(frame)
+        wanted = self._pull_entries(request.pull)
+        pushed = self._push_tagged(request.push)
+        step, out = self._read(wanted, create=request.pull.create)
+        return _reply(PushPullReply(pushed, PullReply(step, out)))
 
-    def _pull_entries(self, frame: Frame) -> list[tuple[PartitionState, np.ndarray | None]]:
+    def _pull_entries(self, request: PullRequest) -> list[tuple[PartitionState, np.ndarray | None]]:
         wanted: list[tuple[PartitionState, np.ndarray | None]] = []
-        for item in _meta_list(frame, "vars"):
-            if not (isinstance(item, list) and len(item) == 2):
-                raise InvalidRequest(f"pull entry {item!r:.60} must be [name, rows]")
-            part = self._part(item[0])
-            rows = None
-            if item[1] is None and part.table is not None:
+        for key, rows in request.parts:
+            part = self._part(key)
+            if rows is None and part.table is not None:
                 raise InvalidRequest(f"{part.describe} is read by ids, never whole")
-            if item[1] is not None:
-                rows = frame.arrays.get(item[1]) if isinstance(item[1], str) else None
-                if rows is None:
-                    raise InvalidRequest(f"{part.describe}: rows array {item[1]!r:.40} missing")
+            if rows is not None:
                 try:
                     self.store.check_rows(part, rows, "row")
                 except StoreError as e:
@@ -333,9 +333,13 @@ class ParameterService:
 
     # ---- Push --------------------------------------------------------------
     def push(self, frame: Frame) -> Reply:
-        generation = frame.meta.get("generation")
+        return _reply(self._push_tagged(PushRequest.from_frame(frame)))
+
+    def _push_tagged(self, request: PushRequest) -> PushReply:
+        tag = request.worker
+        generation = tag.generation
         with self._gate:
-            self._check_incarnation(frame.meta.get("worker"), frame.meta.get("incarnation"))
+            self._check_incarnation(tag.worker, tag.incarnation)
             if generation is not None:
                 if not self.ready:
                     raise PreconditionFailed(f"{self.task_name} is not ready (being restored from a checkpoint)")
@@ -343,11 +347,10 @@ class ParameterService:
                     raise PreconditionFailed(f"{self.task_name}: push of generation {generation!r:.20} refused: "
                                              f"the cluster was restored (generation {self.generation})")
             self._inflight += 1
-            worker = frame.meta.get("worker")
-            worker = worker if isinstance(worker, str) else ""
+            worker = tag.worker or ""
             self._inflight_of[worker] = self._inflight_of.get(worker, 0) + 1
         try:
-            return self._push(frame)
+            return self._push(request)
         finally:
             with self._gate:
                 self._inflight -= 1
@@ -418,40 +421,28 @@ class ParameterService:
             self.aggregator.reset()
         self.generation = generation
 
-    def _push(self, frame: Frame) -> Reply:
+    def _push(self, request: PushRequest) -> PushReply:
         plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]] = []
-        for item in _meta_list(frame, "grads"):
-            if not (isinstance(item, list) and len(item) == 2 and item[1] in ("dense", "sparse")):
-                raise InvalidRequest(f"push entry {item!r:.60} must be [name, 'dense'|'sparse']")
-            part = self._part(item[0])
-            grad = frame.arrays.get(f"g/{part.key}")
-            if grad is None:
-                raise InvalidRequest(f"{part.describe}: gradient array missing")
+        for key, grad, rows in request.grads:
+            part = self._part(key)
             try:
-                if item[1] == "dense":
+                if rows is None:
                     self.store.check_dense(part, grad)
-                    plan.append((part, None, grad))
                 else:
-                    rows = frame.arrays.get(f"i/{part.key}")
-                    if rows is None:
-                        raise InvalidRequest(f"{part.describe}: sparse gradient without rows")
                     self.store.check_sparse(part, rows, grad)
-                    plan.append((part, rows, grad))
             except StoreError as e:
                 raise InvalidRequest(str(e)) from e
-        want_step = bool(frame.meta.get("step", False))
+            plan.append((part, rows, grad))
+        want_step = request.step
         if want_step and self.global_step is None:
             raise InvalidRequest("global_step does not live on this task (it is on /job:ps/task:0)")
-        examples, loss = frame.meta.get("examples", 0), frame.meta.get("loss")
-        if isinstance(examples, bool) or not isinstance(examples, int) or examples < 0:
-            raise InvalidRequest(f"examples must be a non-negative integer, got {examples!r:.40}")
         mode = self.sync_config.mode
         if not plan and not want_step and mode != "sync":
-            return {"step": None}, {}  # the pull-only half of a PushPull
+            return PushReply(None)  # the pull-only half of a PushPull
         if mode == "sync":
-            return self._push_sync(frame, plan, examples, loss)
-        read_step = _optional_int(frame.meta, "read_step")
-        self._hear_step(frame.meta.get("step_hint"))
+            return self._push_sync(request, plan)
+        read_step = request.steps.read_step
+        self._hear_step(request.steps.step_hint)
         started = time.perf_counter()
         table_step = self.table_step()  # before this push's increment: a schedule's step, the tables' clock
         self.averages.catch_up(self.store.partitions(), table_step)  # steps without a push here (psflow.ps.averages)
@@ -464,32 +455,32 @@ class ParameterService:
         self.averages.move(self.store.partitions(), step if step is not None else table_step + 1)
         applied = time.perf_counter() - started
         self._sweep_tables(plan)
-        self._count_push(frame, plan, examples, loss, apply_seconds=applied)
-        reply: dict[str, Any] = {"step": step}
+        self._count_push(request, plan, apply_seconds=applied)
         if step is not None and read_step is not None:
             self._record_staleness(step - 1 - read_step)
+        min_clock = None
         if mode == "ssp" and step is not None and self.staleness_clock is not None:
-            worker, clock = self._worker(frame), _optional_int(frame.meta, "clock")
+            worker, clock = _worker(request.worker.worker), request.steps.clock
             if clock is None:
                 raise InvalidRequest("an ssp push must carry the worker's clock")
-            reply["min_clock"] = self.staleness_clock.advance(worker, clock)
-        return reply, {}
+            min_clock = self.staleness_clock.advance(worker, clock)
+        return PushReply(step, min_clock=min_clock)
 
-    def _push_sync(self, frame: Frame, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]],
-                   examples: int, loss: Any) -> Reply:
+    def _push_sync(self, request: PushRequest, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]]
+                   ) -> PushReply:
         if self.aggregator is None:
             raise InvalidRequest("variables are not registered yet")
-        tag = _optional_int(frame.meta, "tag")
+        tag = request.steps.sync_tag
         if tag is None:
             raise InvalidRequest("a sync push must carry the step it was computed from ('tag')")
         self._hear_step(tag)
-        result = self.aggregator.contribute(tag, Contribution(self._worker(frame), plan))
+        result = self.aggregator.contribute(tag, Contribution(_worker(request.worker.worker), plan))
         if result.accepted:
-            self._count_push(frame, plan, examples, loss)
-        return {"step": result.step, "accepted": result.accepted, "completed": result.completed}, {}
+            self._count_push(request, plan)
+        return PushReply(result.step, result.accepted, result.completed, aggregated=True)
 
-    def _hear_step(self, step: object) -> None:
-        if type(step) is int and step > self._heard_step:
+    def _hear_step(self, step: int | None) -> None:
+        if step is not None and step > self._heard_step:
             self._heard_step = step  # a benign race: a concurrent smaller hint may win, the next one corrects it
 
     def table_step(self) -> int:
@@ -514,12 +505,6 @@ class ParameterService:
         """Each dynamic table share's counters (rows, admitted, rejected, dropped, evicted, memory), by partition key."""
         return {part.key: dataclasses.asdict(part.table.stats()) for part in self.store.partitions() if part.table is not None}
 
-    def _worker(self, frame: Frame) -> str:
-        worker = frame.meta.get("worker")
-        if not isinstance(worker, str):
-            raise InvalidRequest("push must name its worker task")
-        return worker
-
     def _set_sync(self, sync: SyncConfig) -> None:
         self.sync_config = sync
         if sync.mode == "sync":  # every task applies every step: its averages never skip one
@@ -541,7 +526,7 @@ class ParameterService:
             self.staleness_histogram[staleness] = self.staleness_histogram.get(staleness, 0) + 1
 
     def leave(self, frame: Frame) -> Reply:
-        worker = self._worker(frame)
+        worker = LeaveRequest.from_frame(frame).worker
         if self.global_step is not None:
             with self._stats_lock:
                 self._finished.add(worker)
@@ -549,49 +534,44 @@ class ParameterService:
             self.aggregator.leave(worker)
         if self.staleness_clock is not None:
             self.staleness_clock.leave(worker)
-        return {"ok": True}, {}
+        return _reply(Ack())
 
-    def _count_push(self, frame: Frame, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]],
-                    examples: int, loss: Any, *, apply_seconds: float = 0.0) -> None:
+    def _count_push(self, request: PushRequest, plan: list[tuple[PartitionState, np.ndarray | None, np.ndarray]],
+                    *, apply_seconds: float = 0.0) -> None:
+        loss = request.loss
         with self._stats_lock:
             s = self.stats
             s["pushes"] += 1
             s["apply_seconds"] += apply_seconds
             s["rows_pushed"] += sum(g.shape[0] if r is not None else 0 for _, r, g in plan)
-            s["bytes_in"] += sum(a.nbytes for a in frame.arrays.values())
-            s["examples"] += examples
-            position, worker = frame.meta.get("position"), frame.meta.get("worker")
-            if isinstance(position, str) and isinstance(worker, str) and self.global_step is not None:
+            s["bytes_in"] += sum(g.nbytes + (r.nbytes if r is not None else 0) for _, g, r in request.grads)
+            s["examples"] += request.examples
+            position, worker = request.worker.position, request.worker.worker
+            if position is not None and worker is not None and self.global_step is not None:
                 self._positions[worker] = position
-            if isinstance(loss, (int, float)) and not isinstance(loss, bool) and np.isfinite(loss):
+            if loss is not None and np.isfinite(loss):
                 prev = s["loss_ema"]
                 s["loss_ema"] = float(loss) if np.isnan(prev) else (1 - _LOSS_EMA) * prev + _LOSS_EMA * float(loss)
                 s["last_loss"] = float(loss)
 
     # ---- Stats / Shutdown --------------------------------------------------
     def get_stats(self, frame: Frame) -> Reply:
+        return _reply(self.stats_reply())
+
+    def stats_reply(self) -> StatsReply:
+        """This task's state and counters (the ``Stats`` reply)."""
         with self._stats_lock:
             stats: dict[str, Any] = dict(self.stats)
             finished = sorted(self._finished)
         for key in ("loss_ema", "last_loss"):
             stats[key] = None if np.isnan(stats[key]) else stats[key]
         stats.update(
-            task=self.task_name,
-            global_step=self.global_step.value if self.global_step is not None else None,
-            step_floor=self.global_step.floor if self.global_step is not None else None,
-            init_count=self.init_count,
-            registered=self._layout is not None,
-            ready=self.ready,
-            generation=self.generation,
             partitions={p.key: list(p.value.shape) for p in self.store.partitions()},
             parameter_bytes=self.store.parameter_bytes(),
             uptime=time.time() - self.started,
             cpu_seconds=time.process_time(),  # of the whole ps process
             cpu_seconds_since_init=time.process_time() - self._cpu_at_init if self.init_count else None,
-            mode=self.sync_config.mode,
-            finished=finished if self.global_step is not None else None,
             staleness_histogram={str(k): v for k, v in sorted(self.staleness_histogram.items())},
-            learning_rate=self.learning_rate(),
         )
         dynamic = self.dynamic_stats()
         if dynamic:
@@ -600,7 +580,21 @@ class ParameterService:
             stats.update(self.aggregator.stats())
         if self.staleness_clock is not None:
             stats.update(self.staleness_clock.stats())
-        return stats, {}
+        holds_step = self.global_step is not None
+        return StatsReply(
+            self.task_name, self.global_step.value if self.global_step is not None else None,
+            self.global_step.floor if self.global_step is not None else None, self.init_count, self._layout is not None,
+            self.ready, self.generation, self.sync_config.mode, tuple(finished) if holds_step else None,
+            self.learning_rate(), stats)
+
+    def fence_call(self, frame: Frame) -> Reply:
+        """The ``Fence`` call: the leader's epoch checked against (and recorded in) this task's fence."""
+        request = FenceRequest.from_frame(frame)
+        try:
+            self.fence.check(request.token, scope=request.scope, holder=request.holder)
+        except FencedError as e:
+            raise PreconditionFailed(str(e)) from e
+        return _reply(FenceReply(request.token))
 
     @property
     def registered(self) -> bool:
@@ -628,13 +622,16 @@ class ParameterService:
     def shutdown(self, frame: Frame) -> Reply:
         if self._on_shutdown is not None:
             threading.Thread(target=self._on_shutdown, name="psflow-shutdown", daemon=True).start()
-        return {"ok": True}, {}
+        return _reply(Ack())
 
 
-def _optional_int(meta: dict[str, Any], key: str) -> int | None:
-    value = meta.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{key!r} must be an integer, got {value!r:.40}")
-    return value
+def _reply(message: Ack | FenceReply | PullReply | PushPullReply | PushReply | RegisterReply | StatsReply) -> Reply:
+    frame = message.to_frame()
+    return frame.meta, frame.arrays
+
+
+def _worker(worker: str | None) -> str:
+    """The pushing worker's task name, which sync and ssp pushes must carry."""
+    if worker is None:
+        raise InvalidRequest("push must name its worker task")
+    return worker

@@ -137,6 +137,15 @@ from psflow.errors import TrainingError
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names, write_file_atomically
 from psflow.ps.dynamic import DynamicTableError, resplit_snapshots
+from psflow.ps.protocol import (
+    CheckpointStatusReply,
+    CheckpointStatusRequest,
+    FenceRequest,
+    LoadShardRequest,
+    SaveOutcome,
+    SaveShardReply,
+    SaveShardRequest,
+)
 from psflow.ps.store import partition_key
 from psflow.rpc.api import FailedPreconditionError, RpcError
 from psflow.train.checkpoint_lock import CheckpointDirLock, CheckpointError, directory_mutex, new_run_id
@@ -446,7 +455,7 @@ class CheckpointManager:
         self.max_to_keep = max_to_keep
         self.transport = transport
         self._fault = fault
-        self._fence: dict[str, Any] = {}
+        self._fence: tuple[int, str] | None = None  # (epoch, holder) of the save in progress; None: unfenced
         self._lock = lock
         self.run_id = run_id or (lock.run_id if lock is not None else new_run_id())
         self.max_failed_saves = max_failed_saves
@@ -486,7 +495,7 @@ class CheckpointManager:
             RpcError: the ps tasks could not be reached (counted as above).
             CheckpointSavesFailedError: that was the ``max_failed_saves``-th failure in a row.
         """
-        self._fence = {} if epoch is None else {"epoch": epoch, "holder": holder}
+        self._fence = None if epoch is None else (epoch, holder)
         self._current, self._step = None, None
         try:
             saved = self._save(client, optimizer, model, epoch, holder, final)
@@ -501,8 +510,7 @@ class CheckpointManager:
                 raise CheckpointError(f"checkpoint of global_step {self._step} into {self.directory} failed: {e}") from e
             raise
         self.failed_in_a_row = 0
-        self._report(client, {"saved": True, "global_step": saved.global_step, "path": saved.path,
-                              "writer": client.client_name})
+        self._report(client, SaveOutcome(True, saved.global_step, saved.path, writer=client.client_name))
         return saved
 
     def mark_final(self, path: str) -> None:
@@ -567,9 +575,9 @@ class CheckpointManager:
 
     def _lineage(self, client: ParameterClient) -> str:
         """The cluster's lineage from the ledger; a fresh cluster's becomes this run's id."""
-        reply = client.channels[client.step_task].call("CheckpointStatus", {"lineage_if_unset": self.run_id})
-        lineage = reply.meta.get("lineage")
-        return lineage if isinstance(lineage, str) and lineage else self.run_id
+        lineage = CheckpointStatusReply.from_frame(
+            client.call(client.step_task, CheckpointStatusRequest(lineage_if_unset=self.run_id))).lineage
+        return lineage or self.run_id
 
     def _count_failure(self, client: ParameterClient, error: BaseException) -> None:
         self.saves_failed += 1
@@ -579,8 +587,7 @@ class CheckpointManager:
         log.error("%s: checkpoint of global_step %s into %s FAILED (%d in a row, %d in all%s): %s",
                   client.client_name, self._step, self.directory, self.failed_in_a_row, self.saves_failed,
                   f"; the run stops after {limit} in a row" if limit else "", self.last_error)
-        self._report(client, {"saved": False, "global_step": self._step, "error": self.last_error,
-                              "writer": client.client_name})
+        self._report(client, SaveOutcome(False, self._step, error=self.last_error, writer=client.client_name))
         if limit and self.failed_in_a_row >= limit:
             raise CheckpointSavesFailedError(
                 f"{client.client_name}: {self.failed_in_a_row} checkpoint saves in a row into {self.directory} failed "
@@ -588,10 +595,10 @@ class CheckpointManager:
                 f"last: {self.last_error}") from error
 
     @staticmethod
-    def _report(client: ParameterClient, outcome: dict[str, Any]) -> None:
+    def _report(client: ParameterClient, outcome: SaveOutcome) -> None:
         """Counts a save in the cluster's ledger (best effort: a ps task down loses the count, logged)."""
         try:
-            client.channels[client.step_task].call("CheckpointStatus", {"outcome": outcome}, timeout=5.0)
+            client.call(client.step_task, CheckpointStatusRequest(outcome=outcome), timeout=5.0)
         except RpcError as e:
             log.warning("%s: could not report the checkpoint outcome to the ledger: %s", client.client_name, e)
 
@@ -609,10 +616,10 @@ class CheckpointManager:
 
     def _check_fence(self, client: ParameterClient, path: str) -> None:
         """Every ps task still accepts this chief's epoch (before and after the pointer moves)."""
-        if not self._fence:
+        if self._fence is None:
             return
-        meta = {"token": self._fence["epoch"], "holder": self._fence["holder"]}
-        calls = {t: ch.call_async("Fence", meta) for t, ch in client.channels.items()}
+        epoch, holder = self._fence
+        calls = {t: client.call_async(t, FenceRequest(epoch, holder=holder)) for t in client.channels}
         refusals, fenced = [], True
         for t, call in calls.items():  # every call collected, even after a refusal
             try:
@@ -628,39 +635,40 @@ class CheckpointManager:
         if self._fault is not None:
             self._fault(phase)
 
-    def _write_shards(self, client: ParameterClient, path: str) -> dict[int, dict[str, Any]]:
+    def _write_shards(self, client: ParameterClient, path: str) -> dict[int, tuple[str, SaveShardReply]]:
+        """Every ps task's shard: task -> (its file name, what the task said it holds)."""
         tasks = sorted(client.channels)
         files = {t: f"shard-{n:05d}-of-{len(tasks):05d}.safetensors" for n, t in enumerate(tasks)}
+        epoch, holder = self._fence if self._fence is not None else (None, "")
         calls = {}
         for n, t in enumerate(tasks):
             target = os.path.join(storage.absolute(path), files[t]) if self.transport == "local" else None
-            calls[t] = client.channels[t].call_async("SaveShard", {"path": target, "shard": n, "num_shards": len(tasks),
-                                                                   **self._fence})
-        replies: dict[int, dict[str, Any]] = {}
+            calls[t] = client.call_async(t, SaveShardRequest(target, n, len(tasks), epoch, holder))
+        replies: dict[int, tuple[str, SaveShardReply]] = {}
         with futures.ThreadPoolExecutor(len(tasks)) as pool:
             pending = {t: pool.submit(self._finish_shard, call, os.path.join(path, files[t])) for t, call in calls.items()}
             for t, fut in pending.items():
-                replies[t] = dict(fut.result(), file=files[t])
+                replies[t] = (files[t], fut.result())
         _fsync_dir(path)
         return replies
 
-    def _finish_shard(self, call: Any, file: str) -> dict[str, Any]:
+    def _finish_shard(self, call: Any, file: str) -> SaveShardReply:
         try:
-            reply = call.result()
+            reply = SaveShardReply.from_frame(call.result())
         except RpcError as e:
-            error = CheckpointFencedError if self._fence and isinstance(e, FailedPreconditionError) else CheckpointError
-            raise error(f"saving shard {file} failed: {e}") from e
-        if "shard" in reply.arrays:
-            data = reply.arrays["shard"]
-            if hashlib.sha256(data).hexdigest() != reply.meta["sha256"]:
-                raise CheckpointError(f"shard {file} from {reply.meta.get('task')} arrived corrupted (sha256 mismatch)")
-            write_file_atomically(file, memoryview(data))
-        return dict(reply.meta)
+            fenced = self._fence is not None and isinstance(e, FailedPreconditionError)
+            raise (CheckpointFencedError if fenced else CheckpointError)(f"saving shard {file} failed: {e}") from e
+        if reply.data is not None:
+            data = reply.data.data  # the bytes, unchanged (a view)
+            if hashlib.sha256(data).hexdigest() != reply.sha256:
+                raise CheckpointError(f"shard {file} from {reply.task} arrived corrupted (sha256 mismatch)")
+            write_file_atomically(file, data)
+        return reply
 
-    def _manifest(self, client: ParameterClient, replies: dict[int, dict[str, Any]],
+    def _manifest(self, client: ParameterClient, replies: dict[int, tuple[str, SaveShardReply]],
                   optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
                   writer: Mapping[str, Any], final: bool) -> Manifest:
-        located = {p["key"]: (replies[t]["file"], p) for t in replies for p in replies[t]["partitions"]}
+        located = {p["key"]: (file, p) for file, reply in replies.values() for p in reply.partitions}
         variables: dict[str, dict[str, Any]] = {}
         for name, placement in client.layout.items():
             parts = []
@@ -678,14 +686,16 @@ class CheckpointManager:
             variables[name] = {"shape": list(var.shape), "dtype": var.dtype, "trainable": var.trainable, "partitions": parts}
             if var.dynamic is not None:
                 variables[name]["dynamic"] = dict(var.dynamic)
-        step_reply = replies[client.step_task]
+        step_reply = replies[client.step_task][1]
+        if step_reply.global_step is None:
+            raise CheckpointError(f"{step_reply.task} holds no global_step: its shard cannot date the checkpoint")
         return Manifest(
-            global_step=int(step_reply["global_step"]),
+            global_step=step_reply.global_step,
             variables=variables,
-            shards=[{"file": r["file"], "task": r["task"], "bytes": r["bytes"], "sha256": r["sha256"]}
-                    for _, r in sorted(replies.items())],
-            reader_positions=dict(step_reply.get("positions") or {}),
-            examples=int(step_reply.get("examples") or 0),
+            shards=[{"file": file, "task": r.task, "bytes": r.size, "sha256": r.sha256}
+                    for _, (file, r) in sorted(replies.items())],
+            reader_positions=dict(step_reply.positions),
+            examples=step_reply.examples,
             cluster=json.loads(client.cluster.to_json()),
             optimizer=dict(optimizer) if optimizer is not None else None,
             model=dict(model) if model is not None else None,
@@ -820,7 +830,8 @@ def checkpoint_status(client: ParameterClient, *, timeout: float = 5.0) -> dict[
     Raises:
         RpcError: the task could not be reached.
     """
-    return dict(client.channels[client.step_task].call("CheckpointStatus", {}, timeout=timeout).meta)
+    return CheckpointStatusReply.from_frame(client.call(client.step_task, CheckpointStatusRequest(),
+                                                        timeout=timeout)).as_dict()
 
 
 class SaveStatusWatcher:
@@ -1045,7 +1056,7 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     """
     manifest = read_manifest(path)
     shards = _Shards(path, manifest)
-    per_task: dict[int, tuple[list[str], dict[str, np.ndarray]]] = {t: ([], {}) for t in client.channels}
+    per_task = {t: _ShardLoad() for t in client.channels}
     for name, placement in client.layout.items():
         var = placement.var
         saved = _check_variable(path, manifest, name, tuple(var.shape), var.dtype, placement.is_dynamic)
@@ -1053,45 +1064,58 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
             for part, snapshot in zip(placement.partitions, _table(shards, name, saved["partitions"],
                                                                    len(placement.partitions)), strict=True):
                 key = partition_key(name, part.index)
-                keys, arrays = per_task[part.task]
-                keys.append(key)
-                arrays.update({f"d/{key}/{k}": v for k, v in snapshot.items()})
+                load = per_task[part.task]
+                load.keys.append(key)
+                load.tables[key] = snapshot
             continue
         saved_parts = sorted(saved["partitions"], key=lambda p: p["row_start"])
         slots = [slot for slot in saved_parts[0]["slots"] if slot != AVERAGE_SLOT]
         saved_average = len(slots) < len(saved_parts[0]["slots"])
         for part in placement.partitions:
             key = partition_key(name, part.index)
-            keys, arrays = per_task[part.task]
-            keys.append(key)
-            arrays[f"v/{key}"] = value = _rows(shards, name, saved_parts, part.row_start, part.row_stop, None)
+            load = per_task[part.task]
+            load.keys.append(key)
+            load.values[key] = value = _rows(shards, name, saved_parts, part.row_start, part.row_stop, None)
+            part_slots = load.slots.setdefault(key, {})
             for slot in slots:
-                arrays[f"s/{key}/{slot}"] = _rows(shards, name, saved_parts, part.row_start, part.row_stop, slot)
+                part_slots[slot] = _rows(shards, name, saved_parts, part.row_start, part.row_stop, slot)
             if var.moving_average_decay is not None:  # the saved average, else one starting at the restored value
-                arrays[f"s/{key}/{AVERAGE_SLOT}"] = (
+                part_slots[AVERAGE_SLOT] = (
                     _rows(shards, name, saved_parts, part.row_start, part.row_stop, AVERAGE_SLOT) if saved_average
                     else value)
     restored_step = manifest.global_step if global_step is None else global_step
-    calls: dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]] = {}
-    for task, (keys, arrays) in per_task.items():
-        meta: dict[str, Any] = {"parts": keys, "restored_step": restored_step}
-        if task == client.step_task:
-            meta.update(global_step=restored_step, positions=manifest.reader_positions, examples=manifest.examples)
-            if manifest.lineage:  # the restored cluster continues the checkpoint's lineage
-                meta["lineage"] = manifest.lineage
-        calls[task] = (meta, arrays)
+    calls: dict[int, LoadShardRequest] = {}
+    for task, load in per_task.items():
+        if task == client.step_task:  # the restored cluster continues the checkpoint's lineage
+            calls[task] = load.request(restored_step=restored_step, global_step=restored_step,
+                                       positions=manifest.reader_positions, examples=manifest.examples,
+                                       lineage=manifest.lineage or None)
+        else:
+            calls[task] = load.request(restored_step=restored_step)
     _load_shards(client, calls, f"restoring {path}")
     return manifest
 
 
-def _load_shards(client: ParameterClient, requests: Mapping[int, tuple[dict[str, Any], dict[str, np.ndarray]]],
-                 what: str) -> None:
+@dataclass
+class _ShardLoad:
+    """What one ps task loads: its partitions' keys, values, slots and dynamic tables' snapshots."""
+
+    keys: list[str] = field(default_factory=list)
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    slots: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    tables: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def request(self, **fields: Any) -> LoadShardRequest:
+        return LoadShardRequest.build(self.values, self.slots, self.tables, self.keys, **fields)
+
+
+def _load_shards(client: ParameterClient, requests: Mapping[int, LoadShardRequest], what: str) -> None:
     """Sends each ps task its ``LoadShard`` (all in flight at once) and waits for every reply.
 
     Raises:
         CheckpointError: naming every task that refused, after all replied.
     """
-    calls = {task: client.channels[task].call_async("LoadShard", meta, arrays) for task, (meta, arrays) in requests.items()}
+    calls = {task: client.call_async(task, request) for task, request in requests.items()}
     errors = []
     for task, call in calls.items():  # every call collected, even after a refusal
         try:
@@ -1233,13 +1257,12 @@ def load_values(client: ParameterClient, values: Mapping[str, np.ndarray], what:
         if tuple(array.shape) != tuple(var.shape) or str(array.dtype) != var.dtype:
             raise CheckpointError(f"{what}: variable {name!r} has shape {tuple(array.shape)} ({array.dtype}); "
                                   f"the model's has {tuple(var.shape)} ({var.dtype})")
-    per_task: dict[int, tuple[list[str], dict[str, np.ndarray]]] = {}
+    per_task: dict[int, _ShardLoad] = {}
     for name, array in values.items():
         for part in client.layout[name].partitions:
-            keys, arrays = per_task.setdefault(part.task, ([], {}))
+            load = per_task.setdefault(part.task, _ShardLoad())
             key = partition_key(name, part.index)
-            keys.append(key)
-            arrays[f"v/{key}"] = np.ascontiguousarray(array[part.row_start:part.row_stop] if array.ndim else array)
-    _load_shards(client, {task: ({"parts": keys, "values_only": True}, arrays) for task, (keys, arrays) in per_task.items()},
-                 what)
+            load.keys.append(key)
+            load.values[key] = np.ascontiguousarray(array[part.row_start:part.row_stop] if array.ndim else array)
+    _load_shards(client, {task: load.request(values_only=True) for task, load in per_task.items()}, what)
     return sorted(values)

@@ -59,6 +59,7 @@ import numpy as np
 
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.ps.optimizers import OptimizerSpec
+from psflow.ps.protocol import SetReadyRequest
 from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, load_values, restore, warm_start
 from psflow.train.client import ParameterClient
 from psflow.train.state_loss import check_state_kept, ps_states
@@ -214,7 +215,7 @@ def join_cluster(
 def _set_ready(client: ParameterClient) -> None:
     """Marks every ps task ready, ps task 0 (which non-chiefs ask first) last."""
     for task in sorted(client.channels, key=lambda t: t == client.step_task):
-        client.channels[task].call("SetReady", {"client": client.client_name})
+        client.call(task, SetReadyRequest(client.client_name))
 
 
 #: Model-record fields that must agree for a checkpoint to be restored: (part, key, what the user changes).

@@ -35,6 +35,25 @@ from psflow.errors import PsError
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import PlacementError, RoutedRows, VariablePlacement
 from psflow.ps.optimizers import OptimizerSpec
+from psflow.ps.protocol import (
+    DoneRequest,
+    GradPart,
+    LeaveRequest,
+    PullReply,
+    PullRequest,
+    PushPullReply,
+    PushPullRequest,
+    PushReply,
+    PushRequest,
+    ReaderPositionsReply,
+    ReaderPositionsRequest,
+    RegisterReply,
+    RegisterRequest,
+    Request,
+    StatsReply,
+    StepTag,
+    WorkerTag,
+)
 from psflow.ps.store import partition_key
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import (
@@ -42,6 +61,7 @@ from psflow.rpc.api import (
     Channel,
     ConnectConfig,
     DeadlineExceededError,
+    PendingReply,
     RpcError,
     TaskUnavailableError,
     gather,
@@ -94,7 +114,7 @@ def _check_table_gradient(client: str, placement: VariablePlacement, rows: np.nd
 class _PullPlan:
     """One pull, split by ps task: what to ask each task and how to put the answers back."""
 
-    per_task: dict[int, tuple[list[list[Any]], dict[str, np.ndarray]]]
+    per_task: dict[int, list[tuple[str, np.ndarray | None]]]  # ps task -> (partition key, local rows or None)
     # (name, partition key, positions): None = a whole variable, IN_ORDER = every id, in order, from this partition
     scatter: list[tuple[str, str, np.ndarray | slice | None]] = field(default_factory=list)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -107,12 +127,10 @@ class _Whole:
 
     task: int
     key: str
-    rows_key: str
-    grad_key: str
-    index_key: str
     num_rows: int
     row_shape: tuple[int, ...]
     dtype: np.dtype[Any]
+    shape: tuple[int, ...]  # (num_rows, *row_shape)
 
 
 @dataclass(frozen=True)
@@ -186,8 +204,8 @@ class ParameterClient:
         for p in layout:
             if len(p.partitions) == 1 and p.var.shape and not p.is_dynamic:
                 key = partition_key(p.var.name, 0)
-                self._whole[p.var.name] = _Whole(p.partitions[0].task, key, f"r/{key}", f"g/{key}", f"i/{key}",
-                                                 p.num_rows, tuple(p.var.shape[1:]), np.dtype(p.var.dtype))
+                self._whole[p.var.name] = _Whole(p.partitions[0].task, key, p.num_rows, tuple(p.var.shape[1:]),
+                                                 np.dtype(p.var.dtype), (p.num_rows, *p.var.shape[1:]))
         self.client_name = client_name
         self.config = config or ConnectConfig()
         ps = cluster.task_indices("ps")
@@ -233,23 +251,18 @@ class ParameterClient:
             FailedPreconditionError: another client registered a different layout.
             TaskUnavailableError: (non-chief) the ps tasks were not ready in time.
         """
-        meta = {
-            "layout": [p.to_json() for p in self.layout.values()],
-            "optimizer": optimizer.to_json(),
-            "sync": self.sync.to_json(),
-            "client": self.client_name,
-            "chief": chief,
-            "defer_ready": defer_ready,
-        }
+        meta = RegisterRequest(tuple(self.layout.values()), optimizer, self.sync, self.client_name, chief,
+                               defer_ready).to_frame().meta
         limit = self.config.connect_timeout if ready_timeout is None else ready_timeout
         deadline, wait, attempt = time.monotonic() + limit, self.config.backoff_initial, 0
         while True:
-            first = self.channels[self.step_task].call("Register", meta)
-            others = {i: ch.call_async("Register", meta) for i, ch in self.channels.items() if i != self.step_task}
-            ready = {self.step_task: bool(first.meta.get("ready", True))}
-            ready.update({i: bool(reply.meta.get("ready", True)) for i, reply in gather(others).items()})
+            first = RegisterReply.from_frame(self.channels[self.step_task].call(RegisterRequest.METHOD, meta))
+            others = {i: ch.call_async(RegisterRequest.METHOD, meta) for i, ch in self.channels.items()
+                      if i != self.step_task}
+            ready = {self.step_task: first.ready}
+            ready.update({i: RegisterReply.from_frame(reply).ready for i, reply in gather(others).items()})
             if chief or all(ready.values()):
-                return bool(first.meta.get("created"))
+                return first.created
             waiting = [self.channels[i].task for i, ok in sorted(ready.items()) if not ok]
             attempt += 1
             if time.monotonic() + wait > deadline:
@@ -290,9 +303,9 @@ class ParameterClient:
             RpcError: a ps task refused or failed.
         """
         plan = self._pull_plan(requests)
-        meta = {"create": create, "step_hint": self._step_hint, **({"averages": True} if averages else {})}
-        calls = {t: self.channels[t].call_async("Pull", {"vars": m, **meta}, a) for t, (m, a) in plan.per_task.items()}
-        return self._assemble(plan, gather(calls))
+        calls = {t: self._send(t, PullRequest(parts, create, averages, self._step_hint))
+                 for t, parts in plan.per_task.items()}
+        return self._assemble(plan, {t: PullReply.from_frame(frame) for t, frame in gather(calls).items()})
 
     def push(
         self,
@@ -339,9 +352,8 @@ class ParameterClient:
                 timed out, naming the missing workers).
         """
         per_task = self._push_plan(grads, examples, loss, read_step, clock)
-        calls = {t: self.channels[t].call_async("Push", meta, arrays, timeout=self._push_timeout())
-                 for t, (meta, arrays) in per_task.items()}
-        return self._push_result(gather(calls))
+        calls = {t: self._send(t, request, timeout=self._push_timeout()) for t, request in per_task.items()}
+        return self._push_result({t: PushReply.from_frame(frame) for t, frame in gather(calls).items()})
 
     def push_pull(
         self,
@@ -369,19 +381,18 @@ class ParameterClient:
         pushes = self._push_plan(grads, examples, loss, read_step, clock)
         calls = {}
         for task in sorted(set(plan.per_task) | set(pushes)):
-            meta, arrays = pushes.get(task, ({"grads": [], "worker": self.client_name}, {}))
-            entries, rows = plan.per_task.get(task, ([], {}))
-            calls[task] = self.channels[task].call_async("PushPull", {**meta, "vars": entries, "create": True},
-                                                         {**arrays, **rows},
-                                                         timeout=self._push_timeout())
-        replies = gather(calls)
-        return self._push_result({t: r for t, r in replies.items() if t in pushes}), self._assemble(plan, replies)
+            push = pushes.get(task) or PushRequest((), WorkerTag(self.client_name))
+            pull = PullRequest(plan.per_task.get(task, ()), create=True, step_hint=self._step_hint)
+            calls[task] = self._send(task, PushPullRequest(push, pull), timeout=self._push_timeout())
+        replies = {t: PushPullReply.from_frame(frame) for t, frame in gather(calls).items()}
+        result = self._push_result({t: r.push for t, r in replies.items() if t in pushes})
+        return result, self._assemble(plan, {t: r.pull for t, r in replies.items()})
 
     # ---- request building --------------------------------------------------
     def _pull_plan(self, requests: Mapping[str, np.ndarray | None]) -> _PullPlan:
         # In sync and ssp mode ps task 0 is always asked: its reply carries the step the
         # values belong to. In async mode a lookup goes only to the tasks holding the ids.
-        plan = _PullPlan({self.step_task: ([], {})} if self.sync.mode != "async" else {})
+        plan = _PullPlan({self.step_task: []} if self.sync.mode != "async" else {})
         for name, ids in requests.items():
             fast = self._whole.get(name)
             if (fast is not None and type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1
@@ -393,9 +404,7 @@ class ParameterClient:
                 else:
                     local = ids.view()
                     local.flags.writeable = False
-                    entries, arrays = plan.per_task.setdefault(fast.task, ([], {}))
-                    arrays[fast.rows_key] = local
-                    entries.append([fast.key, fast.rows_key])
+                    plan.per_task.setdefault(fast.task, []).append((fast.key, local))
                     plan.scatter.append((name, fast.key, _IN_ORDER))
                 continue
             placement = self._placement(name)
@@ -404,7 +413,7 @@ class ParameterClient:
                 plan.shapes[name] = tuple(var.shape)
                 for part in placement.partitions:
                     key = partition_key(name, part.index)
-                    plan.per_task.setdefault(part.task, ([], {}))[0].append([key, None])
+                    plan.per_task.setdefault(part.task, []).append((key, None))
                     plan.scatter.append((name, key, None))
                 continue
             ids = _ids(placement, ids, "lookup")
@@ -415,22 +424,18 @@ class ParameterClient:
             whole = _covers(routes, ids)
             for routed in routes:
                 key = partition_key(name, routed.partition)
-                entries, arrays = plan.per_task.setdefault(routed.task, ([], {}))
-                arrays[f"r/{key}"] = routed.local_rows
-                entries.append([key, f"r/{key}"])
+                plan.per_task.setdefault(routed.task, []).append((key, routed.local_rows))
                 plan.scatter.append((name, key, _IN_ORDER if whole else routed.positions))
         return plan
 
-    def _assemble(self, plan: _PullPlan, replies: Mapping[int, Frame]) -> dict[str, np.ndarray]:
+    def _assemble(self, plan: _PullPlan, replies: Mapping[int, PullReply]) -> dict[str, np.ndarray]:
         step_reply = replies.get(self.step_task)
-        step = None
-        if step_reply is not None and self.step_task in plan.per_task:
-            step = step_reply.meta.get("pull_step", step_reply.meta.get("step"))
-        self.last_pull_step = int(step) if isinstance(step, int) else None
-        self._hear_step(self.last_pull_step)
+        step = step_reply.step if step_reply is not None and self.step_task in plan.per_task else None
+        self.last_pull_step = step
+        self._hear_step(step)
         parts: dict[str, np.ndarray] = {}
-        for frame in replies.values():
-            parts.update(frame.arrays)
+        for reply in replies.values():
+            parts.update(reply.values)
         out: dict[str, np.ndarray] = {}
         whole: dict[str, list[np.ndarray]] = {}
         for name, key, positions in plan.scatter:
@@ -454,27 +459,32 @@ class ParameterClient:
         return out
 
     def _push_plan(self, grads: Mapping[str, DenseGradient | SparseGradient], examples: int, loss: float | None,
-                   read_step: int | None, clock: int | None) -> dict[int, tuple[dict[str, Any], dict[str, np.ndarray]]]:
+                   read_step: int | None, clock: int | None) -> dict[int, PushRequest]:
         read_step = self.last_pull_step if read_step is None else read_step
         mode = self.sync.mode
         if mode == "sync" and read_step is None:
             raise ClientError(f"{self.client_name}: a sync push needs the step its parameters were pulled at")
         targets = self.channels if mode == "sync" else (self.step_task,)
-        per_task: dict[int, tuple[list[list[Any]], dict[str, np.ndarray]]] = {t: ([], {}) for t in targets}
+        per_task: dict[int, list[GradPart]] = {t: [] for t in targets}
         for name, grad in grads.items():
             fast = self._whole.get(name)
-            if fast is not None and isinstance(grad, SparseGradient):
-                rows, values = grad.rows, grad.values
-                if (type(rows) is np.ndarray and rows.dtype == np.int64 and rows.ndim == 1 and type(values) is np.ndarray
-                        and values.dtype == fast.dtype and scan_ids(rows, fast.num_rows)[0] < 0):
-                    # A whole table's gradient, int64 rows in range (the ps checks the values' shape).
-                    if rows.shape[0]:
-                        local = rows.view()
-                        local.flags.writeable = False
-                        entries, arrays = per_task.setdefault(fast.task, ([], {}))
-                        arrays[fast.index_key] = local
-                        arrays[fast.grad_key] = values
-                        entries.append([fast.key, "sparse"])
+            if fast is not None:
+                values = grad.values
+                if isinstance(grad, SparseGradient):
+                    rows = grad.rows
+                    if (type(rows) is np.ndarray and rows.dtype == np.int64 and rows.ndim == 1
+                            and type(values) is np.ndarray and values.dtype == fast.dtype
+                            and scan_ids(rows, fast.num_rows)[0] < 0):
+                        # A whole table's gradient, int64 rows in range (the ps checks the values' shape).
+                        if rows.shape[0]:
+                            local = rows.view()
+                            local.flags.writeable = False
+                            per_task.setdefault(fast.task, []).append((fast.key, values, local))
+                        continue
+                elif type(values) is np.ndarray and values.dtype == fast.dtype and values.shape == fast.shape:
+                    # A whole variable's dense gradient of its dtype and shape: sent as it is (what the
+                    # general path below sends too, without its cast and slice).
+                    per_task.setdefault(fast.task, []).append((fast.key, values, None))
                     continue
             placement = self._placement(name)
             if isinstance(grad, DenseGradient):
@@ -486,9 +496,7 @@ class ParameterClient:
                     )
                 for part in placement.partitions:
                     key = partition_key(name, part.index)
-                    entries, arrays = per_task.setdefault(part.task, ([], {}))
-                    arrays[f"g/{key}"] = values[part.row_start : part.row_stop]
-                    entries.append([key, "dense"])
+                    per_task.setdefault(part.task, []).append((key, values[part.row_start : part.row_stop], None))
                 continue
             rows = _ids(placement, grad.rows, "gradient")
             values = np.asarray(grad.values, dtype=placement.var.dtype)
@@ -498,52 +506,67 @@ class ParameterClient:
             whole = _covers(routes, rows)
             for routed in routes:
                 key = partition_key(name, routed.partition)
-                entries, arrays = per_task.setdefault(routed.task, ([], {}))
-                arrays[f"i/{key}"] = routed.local_rows
-                arrays[f"g/{key}"] = values if whole else values[routed.positions]
-                entries.append([key, "sparse"])
-        out = {}
-        for task, (grad_list, arrays) in per_task.items():
-            request: dict[str, Any] = {"grads": grad_list, "worker": self.client_name, "incarnation": self.incarnation,
-                                       "step_hint": self._step_hint}
-            if self.generation is not None:
-                request["generation"] = self.generation
-            if mode == "sync":
-                request["tag"] = read_step
-            if task == self.step_task:
-                request.update(step=True, examples=int(examples), loss=None if loss is None else float(loss),
-                               read_step=read_step, clock=clock)
-                if self.reader_position is not None:
-                    request["position"] = self.reader_position
-            out[task] = (request, arrays)
+                per_task.setdefault(routed.task, []).append(
+                    (key, values if whole else values[routed.positions], routed.local_rows))
+        sync_tag = read_step if mode == "sync" else None
+        out: dict[int, PushRequest] = {}
+        others = [task for task in per_task if task != self.step_task]
+        if others:  # sync mode, or variables on other tasks: the same tags for each
+            tag = WorkerTag(self.client_name, self.incarnation, self.generation)
+            steps = StepTag(sync_tag=sync_tag, step_hint=self._step_hint)
+            out.update({task: PushRequest(per_task[task], tag, steps) for task in others})
+        if self.step_task in per_task:  # it counts the step: the batch, and the reader position after it
+            out[self.step_task] = PushRequest(
+                per_task[self.step_task], WorkerTag(self.client_name, self.incarnation, self.generation,
+                                                    self.reader_position),
+                StepTag(read_step, clock, sync_tag, self._step_hint), True, int(examples),
+                None if loss is None else float(loss))
         return out
 
     def _push_timeout(self) -> float:
         # Sync and ssp pushes may wait for other workers: allow the coordination timeout on top.
         return self.config.rpc_timeout + (self.sync.timeout if self.sync.mode != "async" else 0.0)
 
-    def _push_result(self, replies: Mapping[int, Frame]) -> PushResult:
-        reply = replies[self.step_task].meta
-        self._hear_step(reply.get("step"))
-        min_clock = reply.get("min_clock")
-        return PushResult(int(reply["step"]), bool(reply.get("accepted", True)), bool(reply.get("completed", True)),
-                          int(min_clock) if isinstance(min_clock, int) else None)
+    def _push_result(self, replies: Mapping[int, PushReply]) -> PushResult:
+        reply = replies[self.step_task]
+        if reply.step is None:
+            raise ClientError(f"{self.client_name}: {self.channels[self.step_task].task} returned no global_step "
+                              "for a push")
+        self._hear_step(reply.step)
+        return PushResult(reply.step, reply.accepted, reply.completed, reply.min_clock)
 
-    def _hear_step(self, step: object) -> None:
-        if type(step) is int and (self._step_hint is None or step > self._step_hint):
+    def _hear_step(self, step: int | None) -> None:
+        if step is not None and (self._step_hint is None or step > self._step_hint):
             self._step_hint = step
+
+    def _send(self, task: int, request: Request, *, timeout: float | None = None) -> PendingReply:
+        frame = request.to_frame()
+        return self.channels[task].call_async(request.METHOD, frame.meta, frame.arrays, timeout=timeout)
+
+    def call_async(self, task: int, request: Request, *, timeout: float | None = None) -> PendingReply:
+        """Sends ``request`` (a :mod:`psflow.ps.protocol` message) to ps task ``task`` (default deadline:
+        ``rpc_timeout``); the reply is read with the request's reply class. Not retried."""
+        return self._send(task, request, timeout=timeout)
+
+    def call(self, task: int, request: Request, *, timeout: float | None = None) -> Frame:
+        """:meth:`call_async`, waited for.
+
+        Raises:
+            RpcError: the task refused or failed (names it).
+        """
+        return self._send(task, request, timeout=timeout).result()
 
     def reader_positions(self) -> dict[str, str]:
         """Every client's recorded reader position (JSON), from the task holding global_step; claims
         this client's incarnation there first (pushes of an earlier process are refused from then on)."""
-        meta = self.channels[self.step_task].call(
-            "ReaderPositions", {"worker": self.client_name, "incarnation": self.incarnation}).meta
-        positions = meta.get("positions") or {}
-        return {k: v for k, v in positions.items() if isinstance(k, str) and isinstance(v, str)}
+        request = ReaderPositionsRequest(self.client_name, self.incarnation)
+        reply = self.channels[self.step_task].call(request.METHOD, request.to_frame().meta)
+        return dict(ReaderPositionsReply.from_frame(reply).positions)
 
     def leave(self) -> None:
         """Tells every ps task this worker is done (sync/ssp stop waiting for it)."""
-        calls = {t: ch.call_async("Leave", {"worker": self.client_name}) for t, ch in self.channels.items()}
+        request = LeaveRequest(self.client_name)
+        calls = {t: ch.call_async(request.METHOD, request.to_frame().meta) for t, ch in self.channels.items()}
         gather(calls)
 
     def report_done(self, *, checkpoint_dir: bool = False, final_checkpoint: str | None = None,
@@ -559,14 +582,13 @@ class ParameterClient:
         Returns:
             The ps tasks that did not hear it, each logged as a WARNING (they keep serving until stopped).
         """
-        meta = {"worker": self.client_name, "incarnation": self.incarnation, "checkpoint_dir": checkpoint_dir,
-                "final_checkpoint": final_checkpoint}
+        meta = DoneRequest(self.client_name, self.incarnation, checkpoint_dir, final_checkpoint).to_frame().meta
         pending = dict(self.channels)  # ps task index -> channel, not yet answered
         errors: dict[int, RpcError] = {}
         for attempt in range(attempts):
             if attempt:
                 time.sleep(0.5 * 2 ** (attempt - 1))
-            calls = {t: ch.call_async("Done", meta, timeout=5.0) for t, ch in pending.items()}
+            calls = {t: ch.call_async(DoneRequest.METHOD, meta, timeout=5.0) for t, ch in pending.items()}
             for t, call in calls.items():
                 try:
                     call.result()
@@ -586,12 +608,20 @@ class ParameterClient:
 
     # ---- control -----------------------------------------------------------
     def stats(self, task: int | None = None) -> dict[str, Any]:
-        """Counters of one ps task (default: the one holding global_step)."""
-        return dict(self.channels[self.step_task if task is None else task].call("Stats").meta)
+        """State and counters of one ps task (default: the one holding global_step), by name (for display;
+        :meth:`ps_stats` gives them typed)."""
+        return self.ps_stats(task).as_dict()
+
+    def ps_stats(self, task: int | None = None) -> StatsReply:
+        """State and counters of one ps task (default: the one holding global_step)."""
+        return StatsReply.from_frame(self.channels[self.step_task if task is None else task].call("Stats"))
 
     def global_step(self) -> int:
         """The current global_step."""
-        return int(self.stats()["global_step"])
+        step = self.ps_stats().global_step
+        if step is None:
+            raise ClientError(f"{self.client_name}: {self.channels[self.step_task].task} holds no global_step")
+        return step
 
     def shutdown_servers(self) -> None:
         """Asks every ps task to stop serving; errors are logged, not raised."""

@@ -30,7 +30,6 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -39,6 +38,7 @@ from psflow.data import Batch, SparseColumn
 from psflow.data.unique import unique_inverse
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.api import Model
+from psflow.ps.protocol import RunStepReply, RunStepRequest
 from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, InvalidRequest, Reply
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
@@ -48,7 +48,7 @@ from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
 from psflow.train.step import compute_gradients
 
-__all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepOutput", "average_gradients", "frame_loss", "model_step"]
+__all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepOutput", "average_gradients", "model_step"]
 
 log = logging.getLogger("psflow.in_graph")
 
@@ -85,46 +85,33 @@ def _resolve(path: str, allowed: Sequence[str]) -> StepFn:
     return fn  # type: ignore[no-any-return]
 
 
-def _batch_arrays(batch: Batch) -> dict[str, np.ndarray]:
-    """A batch as named arrays for the wire: ``labels``, ``s/<name>/{indptr,ids,values}``, ``d/<name>``."""
-    arrays: dict[str, np.ndarray] = {"labels": batch.labels}
-    for name, column in batch.sparse.items():
-        arrays.update({f"s/{name}/indptr": column.indptr, f"s/{name}/ids": column.ids, f"s/{name}/values": column.values})
-    arrays.update({f"d/{name}": value for name, value in batch.dense.items()})
-    return arrays
+def _request(step_fn: str, batch: Batch, push: bool) -> RunStepRequest:
+    """The RunStep request running ``step_fn`` on ``batch``."""
+    return RunStepRequest(step_fn, push, batch.labels,
+                          {n: (c.indptr, c.ids, c.values) for n, c in batch.sparse.items()}, dict(batch.dense))
 
 
-def _batch_from(frame: Frame, sparse: Sequence[str], dense: Sequence[str]) -> Batch:
-    """The batch of a RunStep request, with the features ``sparse`` and ``dense`` (names from the meta)."""
+def _batch_from(request: RunStepRequest) -> Batch:
+    """The batch of a RunStep request, checked."""
     try:
-        a = frame.arrays
-        batch = Batch(np.asarray(a["labels"], np.float32),
-                      {n: SparseColumn(np.asarray(a[f"s/{n}/indptr"], np.int64), np.asarray(a[f"s/{n}/ids"], np.int64),
-                                       np.asarray(a[f"s/{n}/values"], np.float32)) for n in sparse},
-                      {n: np.asarray(a[f"d/{n}"]) for n in dense})
+        batch = Batch(np.asarray(request.labels, np.float32),
+                      {n: SparseColumn(np.asarray(indptr, np.int64), np.asarray(ids, np.int64),
+                                       np.asarray(values, np.float32))
+                       for n, (indptr, ids, values) in request.sparse.items()},
+                      {n: np.asarray(value) for n, value in request.dense.items()})
         batch.validate()
-    except (KeyError, ValueError) as e:
+    except ValueError as e:
         raise InvalidRequest(f"bad batch: {e}") from e
     return batch
 
 
-def _encode_grads(grads: Gradients) -> dict[str, np.ndarray]:
-    out = {}
-    for name, g in grads.items():
-        if isinstance(g, SparseGradient):
-            out[f"i/{name}"] = g.rows
-        out[f"g/{name}"] = g.values
-    return out
+def _encode_grads(grads: Gradients) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    return {name: (g.values, g.rows if isinstance(g, SparseGradient) else None) for name, g in grads.items()}
 
 
-def _decode_grads(frame: Frame) -> Gradients:
-    grads: dict[str, DenseGradient | SparseGradient] = {}
-    for key, values in frame.arrays.items():
-        if key.startswith("g/"):
-            name = key[2:]
-            rows = frame.arrays.get(f"i/{name}")
-            grads[name] = DenseGradient(values) if rows is None else SparseGradient(rows, values)
-    return grads
+def _decode_grads(reply: RunStepReply) -> Gradients:
+    return {name: DenseGradient(values) if rows is None else SparseGradient(rows, values)
+            for name, (values, rows) in reply.grads.items()}
 
 
 class StepService:
@@ -154,25 +141,21 @@ class StepService:
             return self._state
 
     def run_step(self, frame: Frame) -> Reply:
-        fn = _resolve(str(frame.meta.get("step_fn")), self.allowed)
-        push = frame.meta.get("push") is True
-        sparse, dense = frame.meta.get("sparse"), frame.meta.get("dense")
-        if not (isinstance(sparse, list) and isinstance(dense, list) and all(isinstance(n, str) for n in sparse + dense)):
-            raise InvalidRequest("RunStep needs the batch's feature names: 'sparse' and 'dense' lists of strings")
-        batch = _batch_from(frame, sparse, dense)
+        request = RunStepRequest.from_frame(frame)
+        fn = _resolve(request.step_fn, self.allowed)
+        batch = _batch_from(request)
         model, client = self._connected()
         out = fn(model, client, batch)
-        meta: dict[str, Any] = {"loss": out.loss, "read_step": out.read_step}
-        arrays: dict[str, np.ndarray] = {f"o/{k}": np.asarray(v) for k, v in out.outputs.items()}
-        if push:
+        if request.push:
             result = client.push_detailed(out.grads, examples=batch.num_examples, loss=out.loss, read_step=out.read_step)
-            meta["step"] = result.step
+            reply = RunStepReply(out.loss, out.read_step, result.step, out.outputs)
         else:
-            arrays.update(_encode_grads(out.grads))
-        return meta, arrays
+            reply = RunStepReply(out.loss, out.read_step, None, out.outputs, _encode_grads(out.grads))
+        wire = reply.to_frame()
+        return wire.meta, wire.arrays
 
     def handlers(self) -> dict[str, Callable[[Frame], Reply]]:
-        return {"RunStep": self.run_step}
+        return {RunStepRequest.METHOD: self.run_step}
 
 
 class Session:
@@ -190,17 +173,17 @@ class Session:
     def connect(self, timeout: float | None = None) -> None:
         self._channel.wait_ready(timeout)
 
-    def run_async(self, step_fn: str, batch: Batch, *, push: bool) -> Callable[[], tuple[Frame, Gradients]]:
-        meta = {"step_fn": step_fn, "push": push, "sparse": list(batch.sparse), "dense": list(batch.dense)}
-        call = self._channel.call_async("RunStep", meta, _batch_arrays(batch))
+    def run_async(self, step_fn: str, batch: Batch, *, push: bool) -> Callable[[], tuple[RunStepReply, Gradients]]:
+        request = _request(step_fn, batch, push).to_frame()
+        call = self._channel.call_async(RunStepRequest.METHOD, request.meta, request.arrays)
 
-        def result() -> tuple[Frame, Gradients]:
-            frame = call.result()
-            return frame, _decode_grads(frame)
+        def result() -> tuple[RunStepReply, Gradients]:
+            reply = RunStepReply.from_frame(call.result())
+            return reply, _decode_grads(reply)
 
         return result
 
-    def run(self, step_fn: str, batch: Batch, *, push: bool) -> tuple[Frame, Gradients]:
+    def run(self, step_fn: str, batch: Batch, *, push: bool) -> tuple[RunStepReply, Gradients]:
         """Runs ``step_fn`` on ``batch`` on this worker; see :class:`StepService`."""
         return self.run_async(step_fn, batch, push=push)()
 
@@ -229,9 +212,3 @@ def average_gradients(all_grads: Sequence[Gradients]) -> Gradients:
         np.add.at(summed, inverse, values)
         out[name] = SparseGradient(uniq, (summed / n).astype(np.float32))
     return out
-
-
-def frame_loss(frame: Frame) -> float:
-    """A worker's loss from its RunStep reply; NaN where it was not finite (the frame header carries it as null)."""
-    loss = frame.meta.get("loss")
-    return float(loss) if isinstance(loss, (int, float)) else float("nan")

@@ -69,8 +69,8 @@ import numpy as np
 from psflow.cluster import ClusterSpec
 from psflow.data import Batch, DatasetConfig, open_dataset
 from psflow.models.api import Model
+from psflow.ps.protocol import RunStepReply
 from psflow.rpc.api import ConnectConfig, DeadlineExceededError, RpcError, TaskUnavailableError
-from psflow.rpc.framing import Frame
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.checkpoint import latest_checkpoint
@@ -78,7 +78,7 @@ from psflow.train.client import ParameterClient
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import epochs_completed, fit_position, make_session
 from psflow.train.hooks import NanLossError, format_metrics, nan_loss_message
-from psflow.train.in_graph import BUILTIN_STEPS, Session, average_gradients, frame_loss
+from psflow.train.in_graph import BUILTIN_STEPS, Session, average_gradients
 from psflow.train.recovery import ClusterRecovery, RecoveryError
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.state_loss import ps_states
@@ -117,15 +117,15 @@ class _Slice:
 
     session: Session
     batch: Batch
-    frame: Frame
+    reply: RunStepReply
     grads: Any
 
     @property
     def loss(self) -> float:
-        return frame_loss(self.frame)
+        return self.reply.loss
 
     def outputs(self) -> dict[str, np.ndarray]:
-        return {k[2:]: np.asarray(v) for k, v in self.frame.arrays.items() if k.startswith("o/")}
+        return {k: np.asarray(v) for k, v in self.reply.outputs.items()}
 
 
 def _concat_outputs(slices: Sequence[_Slice]) -> dict[str, np.ndarray]:
@@ -172,7 +172,7 @@ class InGraphDriver:
     def _push_sync(self, slices: Sequence[_Slice], big: Batch) -> tuple[list[int], list[float]]:
         """One push of the slices' mean gradient (one step); logs it."""
         loss = float(np.mean([s.loss for s in slices]))
-        reads = [int(s.frame.meta["read_step"]) for s in slices if s.frame.meta.get("read_step") is not None]
+        reads = [s.reply.read_step for s in slices if s.reply.read_step is not None]
         if not math.isfinite(loss):
             self._raise_nan(slices, big)
         grads = average_gradients([s.grads for s in slices])
@@ -188,9 +188,8 @@ class InGraphDriver:
             self._raise_nan(slices, big)
         steps, losses = [], []
         for s in slices:
-            read = s.frame.meta.get("read_step")
             step = self.client.push_detailed(s.grads, examples=s.batch.num_examples, loss=s.loss,
-                                             read_step=int(read) if read is not None else None).step
+                                             read_step=s.reply.read_step).step
             steps.append(step)
             losses.append(s.loss)
             if step % self.config.log_every == 0:
@@ -204,8 +203,8 @@ class InGraphDriver:
         """Raises NanLossError naming the first worker whose loss is not finite, at the step its values were
         read at (nothing of this batch is pushed), and the batch it split."""
         first = next(s for s in slices if not math.isfinite(s.loss))
-        read = first.frame.meta.get("read_step")
-        step = int(read) if read is not None else self.client.global_step()
+        read = first.reply.read_step
+        step = read if read is not None else self.client.global_step()
         raise NanLossError(nan_loss_message(first.session.task, first.loss, step, big.source))
 
     def _run_slices(self, parts: Sequence[tuple[Session, Batch]]) -> list[_Slice]:
@@ -215,13 +214,13 @@ class InGraphDriver:
         out = []
         for session, batch, result in pending:
             try:
-                frame, grads = result()
+                reply, grads = result()
             except (TaskUnavailableError, DeadlineExceededError) as e:
-                frame, grads = self._rerun(session, batch, e)
-            out.append(_Slice(session, batch, frame, grads))
+                reply, grads = self._rerun(session, batch, e)
+            out.append(_Slice(session, batch, reply, grads))
         return out
 
-    def _rerun(self, session: Session, batch: Batch, error: RpcError) -> tuple[Frame, Any]:
+    def _rerun(self, session: Session, batch: Batch, error: RpcError) -> tuple[RunStepReply, Any]:
         """Waits for ``session``'s worker to come back (at most ``connect_timeout`` s) and runs ``batch`` on it.
 
         Raises:
@@ -236,7 +235,7 @@ class InGraphDriver:
             session.reconnect()
             try:
                 session.connect(timeout=max(0.1, deadline - time.monotonic()))
-                frame, grads = session.run(self.step_fn, batch, push=False)
+                reply, grads = session.run(self.step_fn, batch, push=False)
             except (TaskUnavailableError, DeadlineExceededError) as e:
                 if time.monotonic() >= deadline:
                     raise RecoveryError(f"in-graph client: {session.task} did not run its slice of the batch again "
@@ -246,7 +245,7 @@ class InGraphDriver:
                 continue
             log.warning("in-graph client: %s ran the slice again after %.1f s", session.task,
                         time.monotonic() - started)
-            return frame, grads
+            return reply, grads
 
 
 def _restore_initialized_cluster(config: TrainConfig, client: ParameterClient) -> str | None:
@@ -265,7 +264,7 @@ def _restore_initialized_cluster(config: TrainConfig, client: ParameterClient) -
             raise RecoveryError(f"{client.client_name}: no answer from {down} within {config.connect_timeout:.0f} s")
         time.sleep(0.2)
         states = ps_states(client)
-    if not any(s is not None and s.get("ready") for s in states.values()):
+    if not any(s is not None and s.ready for s in states.values()):
         return None  # a fresh cluster (or one its chief never made ready): the session initializes it
     latest = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
     if latest is None:
@@ -343,7 +342,7 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
         driver = InGraphDriver(config, model, client, sessions)
         with monitored as session:
             steps_before = session.global_step
-            client.generation = int(client.stats().get("generation") or 0)
+            client.generation = client.ps_stats().generation
             batches, reason = _train(config, session, driver, _dataset_config(config, len(sessions)))
             last_step = session.global_step
         log.info("in-graph client: done after %d batches (%d examples), global_step %d -> %d: %s",

@@ -71,6 +71,7 @@ from psflow.coord.api import (
 )
 from psflow.errors import TrainingError
 from psflow.ps.optimizers import OptimizerSpec
+from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, SetReadyRequest, StatsReply
 from psflow.rpc.api import RpcError, gather
 from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest, restore
 from psflow.train.client import ParameterClient
@@ -309,16 +310,15 @@ class ClusterRecovery:
         self.timeout = timeout
         self.restores = 0
 
-    def _states(self) -> dict[int, dict[str, Any] | None]:
+    def _states(self) -> dict[int, StatsReply | None]:
         return ps_states(self.client)
 
-    def _settled(self, states: dict[int, dict[str, Any] | None]) -> int | None:
+    def _settled(self, states: dict[int, StatsReply | None]) -> int | None:
         """The generation every ps task is ready at, or None."""
-        gens = {s.get("generation") for s in states.values() if s is not None and s.get("ready")}
-        if len(gens) != 1 or any(s is None or not s.get("ready") for s in states.values()):
+        gens = {s.generation for s in states.values() if s is not None and s.ready}
+        if len(gens) != 1 or any(s is None or not s.ready for s in states.values()):
             return None
-        gen = gens.pop()
-        return gen if isinstance(gen, int) else None
+        return gens.pop()
 
     def needed(self) -> bool:
         """After a data-path error: is (or was) the cluster being restored?"""
@@ -360,7 +360,7 @@ class ClusterRecovery:
                 except (CheckpointError, RpcError) as e:
                     log.error("%s: restore failed: %s; retrying", self.client.client_name, e)
             if time.monotonic() + wait > deadline:
-                down = [f"/job:ps/task:{t}" for t, s in sorted(states.items()) if s is None or not s.get("ready")]
+                down = [f"/job:ps/task:{t}" for t, s in sorted(states.items()) if s is None or not s.ready]
                 raise RecoveryError(f"{self.client.client_name}: cluster not restored after {self.timeout:.0f} s "
                                     f"(not ready: {', '.join(down) or 'none'})")
             time.sleep(wait)
@@ -394,23 +394,23 @@ class ClusterRecovery:
         last_step, last_move = None, time.monotonic()
         while True:
             try:
-                stats = client.stats()
+                stats: StatsReply | None = client.ps_stats()
             except RpcError:
                 if not self.needed():
                     raise
-                stats = {}
-            if stats.get("ready") and stats.get("generation") == client.generation:
-                if len(stats.get("finished") or ()) >= num_workers:
+                stats = None
+            if stats is not None and stats.ready and stats.generation == client.generation:
+                if len(stats.finished or ()) >= num_workers:
                     return False, None
                 if before_waiting is not None:
                     before_waiting()
                     before_waiting = None
-                if stats.get("global_step") != last_step:
-                    last_step, last_move = stats.get("global_step"), time.monotonic()
+                if stats.global_step != last_step:
+                    last_step, last_move = stats.global_step, time.monotonic()
                 elif time.monotonic() - last_move > self.timeout:
                     log.warning("%s: global_step stayed at %s for %.0f s while waiting for the other workers "
                                 "(finished: %s); leaving", client.client_name, last_step, self.timeout,
-                                ", ".join(stats.get("finished") or ()) or "none")
+                                ", ".join(stats.finished or ()) or "none")
                     return False, None
                 time.sleep(poll)
                 continue
@@ -420,7 +420,7 @@ class ClusterRecovery:
                     return True, position
             time.sleep(poll)
 
-    def restore(self, lease: Lease | None, states: dict[int, dict[str, Any] | None]) -> None:
+    def restore(self, lease: Lease | None, states: dict[int, StatsReply | None]) -> None:
         """(Chief) restores every ps task from the newest checkpoint at a new generation.
 
         ``lease``: the elected chief's, whose epoch fences the restore; None where no election
@@ -434,29 +434,26 @@ class ClusterRecovery:
         latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
         if latest is None:
             empty, kept = lost_tasks(states)
-            unready = [t for t, s in sorted(states.items()) if s is not None and not s.get("ready")]
+            unready = [t for t, s in sorted(states.items()) if s is not None and not s.ready]
             raise StateLostError(state_lost_message(client, empty or unready, [t for t in kept if t not in unready],
                                                     checkpoint_dir=self.checkpoint_dir))
-        gens = [s.get("generation") or 0 for s in states.values() if s is not None]
+        gens = [s.generation for s in states.values() if s is not None]
         generation = max(time.time_ns() // 1_000_000, max(gens) + 1)
         step_state = states[client.step_task]
-        step_survived = step_state is not None and bool(step_state.get("registered"))
+        step_survived = step_state is not None and step_state.registered
         client.register(self.optimizer, chief=True, defer_ready=True)
-        fence: dict[str, Any] = {"generation": generation}
-        if lease is not None:
-            fence.update(epoch=lease.epoch, holder=lease.holder)
-        calls = {t: ch.call_async("BeginRestore", fence, timeout=30.0) for t, ch in client.channels.items()}
-        replies = {t: reply.meta for t, reply in gather(calls).items()}
+        begin = BeginRestoreRequest(generation, *((lease.epoch, lease.holder) if lease is not None else ()))
+        calls = {t: client.call_async(t, begin, timeout=30.0) for t in client.channels}
+        replies = {t: BeginRestoreReply.from_frame(reply) for t, reply in gather(calls).items()}
         manifest = read_manifest(latest)
         step_reply = replies[client.step_task]
         # Past every value handed out: the surviving counter's, or the restarted task's journal floor.
-        step = max(manifest.global_step, int(step_reply.get("step_floor") or 0))
+        step = max(manifest.global_step, step_reply.step_floor or 0)
         if step_survived:
-            step = max(step, int(step_reply.get("global_step") or 0))
+            step = max(step, step_reply.global_step or 0)
         restore(client, latest, global_step=step)
         for task in sorted(client.channels, key=lambda t: t == client.step_task):
-            client.channels[task].call("SetReady", {"client": client.client_name, "generation": generation,
-                                                    "global_step": step})
+            client.call(task, SetReadyRequest(client.client_name, generation, step))
         self.restores += 1
         log.warning("%s: restored checkpoint %s (step %d) onto every ps task; generation %d, global_step %d",
                     client.client_name, latest, manifest.global_step, generation, step)

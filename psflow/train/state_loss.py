@@ -31,9 +31,9 @@ trained beside the empty tasks; a chief joining such a cluster sees a new one.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from psflow.errors import TrainingError
+from psflow.ps.protocol import StatsReply
 from psflow.rpc.api import RpcError
 from psflow.train.client import ParameterClient
 
@@ -47,26 +47,26 @@ class StateLostError(TrainingError, RuntimeError):
     """A ps task lost its variables and there is no checkpoint to restore them from (one line, names the tasks)."""
 
 
-def ps_states(client: ParameterClient, *, timeout: float = 2.0) -> dict[int, dict[str, Any] | None]:
+def ps_states(client: ParameterClient, *, timeout: float = 2.0) -> dict[int, StatsReply | None]:
     """Every ps task's ``Stats`` (asked in parallel), None for a task that did not answer."""
     calls = {t: ch.call_async("Stats", timeout=timeout) for t, ch in client.channels.items()}
-    out: dict[int, dict[str, Any] | None] = {}
+    out: dict[int, StatsReply | None] = {}
     for t, call in calls.items():
         try:
-            out[t] = dict(call.result().meta)
+            out[t] = StatsReply.from_frame(call.result())
         except RpcError:
             out[t] = None
     return out
 
 
-def lost_tasks(states: Mapping[int, Mapping[str, Any] | None]) -> tuple[list[int], list[int]]:
+def lost_tasks(states: Mapping[int, StatsReply | None]) -> tuple[list[int], list[int]]:
     """``(empty, kept)``: the tasks that answered without variables, and those that hold them."""
-    empty = sorted(t for t, s in states.items() if s is not None and not s.get("registered"))
-    kept = sorted(t for t, s in states.items() if s is not None and s.get("registered"))
+    empty = sorted(t for t, s in states.items() if s is not None and not s.registered)
+    kept = sorted(t for t, s in states.items() if s is not None and s.registered)
     return empty, kept
 
 
-def check_state_kept(client: ParameterClient, states: Mapping[int, Mapping[str, Any] | None], *,
+def check_state_kept(client: ParameterClient, states: Mapping[int, StatsReply | None], *,
                      checkpoint_dir: str | None) -> None:
     """(The chief, before it initializes, with no checkpoint to restore) refuses a cluster where a
     ps task is empty beside one that is ready: the empty one died after it was initialized.
@@ -78,7 +78,7 @@ def check_state_kept(client: ParameterClient, states: Mapping[int, Mapping[str, 
         StateLostError: names the empty tasks and the ready ones.
     """
     empty, _ = lost_tasks(states)
-    ready = sorted(t for t, s in states.items() if s is not None and s.get("registered") and s.get("ready"))
+    ready = sorted(t for t, s in states.items() if s is not None and s.registered and s.ready)
     if empty and ready:
         raise StateLostError(state_lost_message(client, empty, ready, checkpoint_dir=checkpoint_dir))
 

@@ -49,11 +49,11 @@ from typing import Any, Protocol
 from psflow import jsonio
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease, create_backend
-from psflow.coord.fence import FencedWriter
 from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
 from psflow.errors import TrainingError
 from psflow.models.api import Model
 from psflow.placement import VariableSet
+from psflow.ps.fencing import FencedWriter
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
@@ -204,7 +204,7 @@ def run_worker(
             # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
             leadership.campaign(timeout=min(config.connect_timeout, 3.0))
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership) as session:
-            client.generation = int(client.stats().get("generation") or 0)
+            client.generation = client.ps_stats().generation
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint_dir,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
                                        timeout=config.connect_timeout)
@@ -286,7 +286,7 @@ def _final_checkpoint(directory: str | None) -> str | None:
 def _new_cluster(client: ParameterClient) -> bool:
     """Whether the chief has not initialized the cluster yet (ps task 0 holds no variables), or it cannot tell."""
     try:
-        return not client.stats().get("registered")
+        return not client.ps_stats().registered
     except RpcError:
         return True
 

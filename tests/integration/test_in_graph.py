@@ -45,11 +45,11 @@ def test_session_runs_named_steps_and_refuses_others(local_cluster, tmp_path: Pa
                       config=ConnectConfig(token=handle.token, connect_timeout=30))
     session.connect()
     batch = read_all([str(A9A)], "libsvm").slice(0, 32)
-    frame, grads = session.run(BUILTIN_STEPS[0], batch, push=False)
-    assert set(grads) == {"weights", "bias"} and np.asarray(frame.arrays["o/predictions"]).shape == (32,)
+    reply, grads = session.run(BUILTIN_STEPS[0], batch, push=False)
+    assert set(grads) == {"weights", "bias"} and np.asarray(reply.outputs["predictions"]).shape == (32,)
     assert client.global_step() == 0  # returned, not pushed
-    frame, _ = session.run(BUILTIN_STEPS[0], batch, push=True)
-    assert frame.meta["step"] == 1 and client.global_step() == 1
+    reply, _ = session.run(BUILTIN_STEPS[0], batch, push=True)
+    assert reply.step == 1 and client.global_step() == 1
     for bad in ("os:system", "psflow.train.in_graph:average_gradients"):
         with pytest.raises(InvalidArgumentError, match="is not allowed on this worker"):
             session.run(bad, batch, push=True)

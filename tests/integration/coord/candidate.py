@@ -18,7 +18,7 @@ import sys
 import time
 
 from psflow.coord import CoordinationConfig, FencedError, create_backend
-from psflow.coord.fence import FencedWriter
+from psflow.ps.fencing import FencedWriter
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
 from psflow.rpc.grpc_client import TaskChannel
 

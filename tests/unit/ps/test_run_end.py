@@ -101,7 +101,7 @@ def test_an_earlier_process_done_does_not_count() -> None:
 @pytest.mark.parametrize("meta, message", [
     ({"worker": "/job:worker/task:7", "incarnation": 1}, r"'/job:worker/task:7', not a training worker .*workers 0-1"),
     ({"worker": "/job:ps/task:0", "incarnation": 1}, "not a training worker"),
-    ({"worker": 3, "incarnation": 1}, "not a training worker"),
+    ({"worker": 3, "incarnation": 1}, "'worker' must be a training worker's task name"),
     ({"worker": W0}, "'incarnation' must be a non-negative integer"),
     ({"worker": W0, "incarnation": -1}, "'incarnation' must be a non-negative integer"),
     ({"worker": W0, "incarnation": True}, "'incarnation' must be a non-negative integer"),

@@ -117,3 +117,17 @@ def test_push_pull_applies_then_reads_and_validates_the_pull_first() -> None:
                             {**grads, "r": np.array([9])}))
     assert svc.global_step is not None and svc.global_step.value == 1  # the refused call applied nothing
     np.testing.assert_array_equal(svc.store.get("w/part_0").value[3], [0.5, 0.5])
+
+
+@pytest.mark.parametrize("meta", [{}, {"token": -1}, {"token": 1.5}, {"token": True}, {"token": 1, "scope": ""},
+                                  {"token": 1, "scope": 3}, {"token": 1, "holder": ["x"]}])
+def test_fence_call_refuses_malformed_tokens(meta: dict[str, object]) -> None:
+    with pytest.raises(InvalidRequest):
+        ParameterService(0, holds_global_step=True).handlers()["Fence"](Frame(meta=dict(meta)))
+
+
+def test_fence_call_maps_a_fenced_write_to_failed_precondition() -> None:
+    fence = ParameterService(0, holds_global_step=True).handlers()["Fence"]
+    assert fence(Frame(meta={"token": 9}))[0] == {"accepted": True, "highest": 9}
+    with pytest.raises(PreconditionFailed, match="fenced at epoch 9"):
+        fence(Frame(meta={"token": 8}))

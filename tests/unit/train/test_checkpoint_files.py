@@ -64,6 +64,13 @@ class _Client:
         gs = self.services[0].global_step
         return gs.value if gs is not None else 0
 
+    def call_async(self, task: int, request: Any, **kw: Any) -> _Call:
+        frame = request.to_frame()
+        return self.channels[task].call_async(request.METHOD, frame.meta, frame.arrays)
+
+    def call(self, task: int, request: Any, **kw: Any) -> Frame:
+        return self.call_async(task, request).result()
+
 
 def test_save_pointer_retention_and_crash(tmp_path: Path) -> None:
     client = _Client()

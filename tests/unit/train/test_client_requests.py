@@ -9,6 +9,7 @@ from psflow.cluster import ClusterSpec
 from psflow.gradients import SparseGradient
 from psflow.placement import PlacementError, VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.optimizers import OptimizerSpec
+from psflow.ps.protocol import PullRequest
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.client import ParameterClient
@@ -60,6 +61,6 @@ def test_the_ids_sent_are_read_only_views() -> None:
     client = _client()
     ids = np.array([2, 5], np.int64)
     plan = client._pull_plan({"whole": ids})
-    (entries, arrays), = plan.per_task.values()
-    sent = arrays[entries[0][1]]
+    (parts,) = plan.per_task.values()
+    (sent,) = PullRequest(parts).to_frame().arrays.values()  # what travels: the caller's ids, not a copy
     assert np.shares_memory(sent, ids) and not sent.flags.writeable and ids.flags.writeable

@@ -5,7 +5,6 @@ tests/integration/test_in_graph.py."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,8 +14,8 @@ import pytest
 
 from psflow.data import Batch
 from psflow.gradients import DenseGradient
+from psflow.ps.protocol import RunStepReply
 from psflow.rpc.api import TaskUnavailableError
-from psflow.rpc.framing import Frame
 from psflow.train.client import PushResult
 from psflow.train.config import TrainConfig
 from psflow.train.hooks import NanLossError
@@ -38,16 +37,15 @@ class FakeSession:
         assert not push  # the client pushes
         self.calls += 1
 
-        def result() -> tuple[Frame, dict[str, DenseGradient]]:
+        def result() -> tuple[RunStepReply, dict[str, DenseGradient]]:
             if self.failures:
                 self.failures -= 1
                 raise TaskUnavailableError(f"{self.task}: RunStep: UNAVAILABLE: connection refused")
-            meta = {"loss": None if math.isnan(self.loss) else self.loss, "read_step": 7}
-            return Frame(meta, {}), {"w": DenseGradient(np.full(2, float(batch.num_examples), np.float32))}
+            return RunStepReply(self.loss, 7), {"w": DenseGradient(np.full(2, float(batch.num_examples), np.float32))}
 
         return result
 
-    def run(self, step_fn: str, batch: Batch, *, push: bool) -> tuple[Frame, dict[str, DenseGradient]]:
+    def run(self, step_fn: str, batch: Batch, *, push: bool) -> tuple[RunStepReply, dict[str, DenseGradient]]:
         return self.run_async(step_fn, batch, push=push)()  # type: ignore[no-any-return]
 
     def reconnect(self) -> None:

@@ -1,0 +1,104 @@
+"""The ps protocol: one typed message per call of ``psflow.ParameterService``.
+
+This package is the only place that spells a wire key (a frame's meta key or
+array name) of the ps tasks' calls; the ps client, the service, the checkpoint
+code and the in-graph path build and read these messages instead
+(tests/unit/ps/test_protocol.py checks that no other module spells one). Each
+message is a typed dataclass, frozen for the type checker
+(:func:`~psflow.ps.protocol.fields.message`), with ``to_frame()`` (a
+:class:`~psflow.rpc.framing.Frame` that shares the message's arrays: nothing
+is copied) and, where a peer decodes it, ``from_frame()``, which validates
+every field and raises :class:`~psflow.rpc.api.InvalidRequest` naming the
+field. Arrays are only looked up here (no loop over their values); the service
+checks them against the partitions they name. A request's ``METHOD`` is its
+call's name.
+
+Files:
+    * ``data.py``: the data path and every client's calls -- ``Register``,
+      ``Pull``, ``Push`` (with its :class:`WorkerTag` and :class:`StepTag`),
+      ``PushPull``, ``Stats``, ``Leave``, ``Done``.
+    * ``control.py``: the chief's and the checkpoints' calls -- ``Fence``,
+      ``SaveShard``, ``LoadShard``, ``SetReady``, ``BeginRestore``,
+      ``ReaderPositions``, ``CheckpointStatus``.
+    * ``in_graph.py``: the in-graph path's ``RunStep`` (a worker task's call),
+      whose gradients travel as a push's (:func:`gradient_arrays`).
+    * ``fields.py``: the :func:`~psflow.ps.protocol.fields.message` decorator and the checked readers of
+      one meta field the messages share.
+
+================  ================================  ==============================
+call              request                           reply
+================  ================================  ==============================
+Register          :class:`RegisterRequest`          :class:`RegisterReply`
+Pull              :class:`PullRequest`              :class:`PullReply`
+Push              :class:`PushRequest`              :class:`PushReply`
+PushPull          :class:`PushPullRequest`          :class:`PushPullReply`
+Stats             (empty)                           :class:`StatsReply`
+Leave             :class:`LeaveRequest`             :class:`Ack`
+Done              :class:`DoneRequest`              :class:`DoneReply`
+Shutdown          (empty)                           :class:`Ack`
+Fence             :class:`FenceRequest`             :class:`FenceReply`
+SaveShard         :class:`SaveShardRequest`         :class:`SaveShardReply`
+LoadShard         :class:`LoadShardRequest`         :class:`LoadShardReply`
+SetReady          :class:`SetReadyRequest`          :class:`SetReadyReply`
+BeginRestore      :class:`BeginRestoreRequest`      :class:`BeginRestoreReply`
+ReaderPositions   :class:`ReaderPositionsRequest`   :class:`ReaderPositionsReply`
+CheckpointStatus  :class:`CheckpointStatusRequest`  :class:`CheckpointStatusReply`
+RunStep           :class:`RunStepRequest`           :class:`RunStepReply`
+================  ================================  ==============================
+
+The calls' semantics are the service's (:mod:`psflow.ps.service`,
+:mod:`psflow.ps.checkpointing`, :mod:`psflow.ps.run_end`). The frames have the
+shape the untyped dicts had (same keys, same array names); the wire is not
+kept stable across versions. (``Transport``, which finds a task's TCP carrier,
+belongs to the carriers: :mod:`psflow.rpc.tcp`.)
+"""
+
+from psflow.ps.protocol.control import (
+    BeginRestoreReply,
+    BeginRestoreRequest,
+    CheckpointStatusReply,
+    CheckpointStatusRequest,
+    FenceReply,
+    FenceRequest,
+    LoadShardReply,
+    LoadShardRequest,
+    ReaderPositionsReply,
+    ReaderPositionsRequest,
+    SaveOutcome,
+    SaveShardReply,
+    SaveShardRequest,
+    SetReadyReply,
+    SetReadyRequest,
+)
+from psflow.ps.protocol.data import (
+    Ack,
+    DoneReply,
+    DoneRequest,
+    GradPart,
+    LeaveRequest,
+    PullReply,
+    PullRequest,
+    PushPullReply,
+    PushPullRequest,
+    PushReply,
+    PushRequest,
+    RegisterReply,
+    RegisterRequest,
+    Request,
+    StatsReply,
+    StepTag,
+    WorkerTag,
+    gradient_arrays,
+    gradients_of,
+)
+from psflow.ps.protocol.in_graph import RunStepReply, RunStepRequest, SparseArrays
+
+__all__ = [
+    "Ack", "BeginRestoreReply", "BeginRestoreRequest", "CheckpointStatusReply", "CheckpointStatusRequest",
+    "DoneReply", "DoneRequest", "FenceReply", "FenceRequest", "GradPart", "LeaveRequest", "LoadShardReply",
+    "LoadShardRequest", "PullReply", "PullRequest", "PushPullReply", "PushPullRequest", "PushReply", "PushRequest",
+    "ReaderPositionsReply", "ReaderPositionsRequest", "RegisterReply", "RegisterRequest", "Request", "RunStepReply",
+    "RunStepRequest", "SaveOutcome", "SparseArrays",
+    "SaveShardReply", "SaveShardRequest", "SetReadyReply", "SetReadyRequest", "StatsReply", "StepTag",
+    "WorkerTag", "gradient_arrays", "gradients_of",
+]

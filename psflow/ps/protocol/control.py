@@ -1,0 +1,396 @@
+"""The chief's and the checkpoints' messages: Fence, SaveShard, LoadShard, SetReady, BeginRestore,
+ReaderPositions, CheckpointStatus (see :mod:`psflow.ps.protocol`; their semantics:
+:mod:`psflow.ps.checkpointing`, :mod:`psflow.coord.fence`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from psflow.coord.api import DEFAULT_ELECTION
+from psflow.ps.protocol.fields import flag, list_field, message, optional_int, optional_str, refuse, strict_bool, string_map
+from psflow.rpc.api import InvalidRequest
+from psflow.rpc.framing import Frame
+
+__all__ = [
+    "BeginRestoreReply", "BeginRestoreRequest", "CheckpointStatusReply", "CheckpointStatusRequest", "FenceReply",
+    "FenceRequest", "LoadShardReply", "LoadShardRequest", "ReaderPositionsReply", "ReaderPositionsRequest",
+    "SaveOutcome", "SaveShardReply", "SaveShardRequest", "SetReadyReply", "SetReadyRequest",
+]
+
+# Array names of a LoadShard: a partition's value, its slots, a dynamic table's snapshot arrays; a SaveShard's bytes.
+_VALUE, _SLOT, _TABLE, _SHARD = "v/", "s/", "d/", "shard"
+_LINEAGE_MAX = 200
+
+
+def _epoch(meta: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The chief's lease epoch a write is fenced with (None: unfenced), and its holder's name."""
+    return optional_int(meta, "epoch", minimum=0), str(meta.get("holder", ""))[:400]
+
+
+def _lineage(meta: Mapping[str, Any], key: str) -> str | None:
+    value = meta.get(key)
+    if value is not None and (not isinstance(value, str) or not value or len(value) > _LINEAGE_MAX):
+        raise InvalidRequest(f"lineage must be a non-empty string of at most {_LINEAGE_MAX} characters, "
+                             f"got {value!r:.60}")
+    return value
+
+
+# ---- Fence ------------------------------------------------------------------------------------------------
+@message
+class FenceRequest:
+    """A leader's fencing token (its lease epoch) for ``scope``: refused when a higher one was seen."""
+
+    METHOD: ClassVar[str] = "Fence"
+    token: int
+    scope: str = DEFAULT_ELECTION
+    holder: str = ""
+
+    def to_frame(self) -> Frame:
+        return Frame({"token": self.token, "scope": self.scope, "holder": self.holder})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> FenceRequest:
+        meta = frame.meta
+        token, scope, holder = meta.get("token"), meta.get("scope", DEFAULT_ELECTION), meta.get("holder", "")
+        if type(token) is not int or token < 0:
+            raise InvalidRequest(f"Fence: 'token' must be a non-negative integer, got {token!r:.40}")
+        if not isinstance(scope, str) or not scope or len(scope) > 200:
+            raise InvalidRequest(f"Fence: 'scope' must be a non-empty string, got {scope!r:.40}")
+        if not isinstance(holder, str) or len(holder) > 400:
+            raise InvalidRequest(f"Fence: 'holder' must be a string, got {holder!r:.40}")
+        return cls(token, scope, holder)
+
+
+@message
+class FenceReply:
+    highest: int
+
+    def to_frame(self) -> Frame:
+        return Frame({"accepted": True, "highest": self.highest})
+
+
+# ---- SaveShard --------------------------------------------------------------------------------------------
+@message
+class SaveShardRequest:
+    """Snapshot this task's partitions as shard ``shard`` of ``num_shards``: written to ``path`` by the
+    task, or (``path`` None) returned in the reply. ``epoch``/``holder``: the chief's fence."""
+
+    METHOD: ClassVar[str] = "SaveShard"
+    path: str | None
+    shard: int | None = None
+    num_shards: int | None = None
+    epoch: int | None = None
+    holder: str = ""
+
+    def to_frame(self) -> Frame:
+        meta: dict[str, Any] = {"path": self.path, "shard": self.shard, "num_shards": self.num_shards}
+        if self.epoch is not None:
+            meta.update(epoch=self.epoch, holder=self.holder)
+        return Frame(meta)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> SaveShardRequest:
+        meta = frame.meta
+        path = meta.get("path")
+        if path is not None and not isinstance(path, str):
+            raise InvalidRequest(f"path must be a string or null, got {path!r:.60}")
+        epoch, holder = _epoch(meta)
+        return cls(path, optional_int(meta, "shard", minimum=0), optional_int(meta, "num_shards", minimum=0),
+                   epoch, holder)
+
+
+@message
+class SaveShardReply:
+    """What a shard holds: ``partitions`` (their manifest records), the shard's size and sha256, the
+    global_step, the reader positions and the examples pushed with them (on the task holding
+    global_step), and the bytes themselves when the caller writes the file (``data``)."""
+
+    task: str
+    partitions: Sequence[Mapping[str, Any]]
+    global_step: int | None
+    positions: Mapping[str, str]
+    examples: int
+    size: int
+    sha256: str
+    data: np.ndarray | None = None
+
+    def to_frame(self) -> Frame:
+        meta = {"task": self.task, "partitions": list(self.partitions), "global_step": self.global_step,
+                "positions": dict(self.positions), "examples": self.examples, "bytes": self.size, "sha256": self.sha256}
+        return Frame(meta, {_SHARD: self.data} if self.data is not None else {})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> SaveShardReply:
+        meta = frame.meta
+        parts, sha = meta.get("partitions"), meta.get("sha256")
+        if not (isinstance(parts, list) and all(isinstance(p, dict) for p in parts)):
+            raise refuse("partitions", "a list of partition records", parts)
+        if not isinstance(sha, str):
+            raise refuse("sha256", "a hex digest", sha)
+        return cls(str(meta.get("task", "")), parts, optional_int(meta, "global_step"),
+                   string_map(meta, "positions", "client names to reader position JSON") or {},
+                   optional_int(meta, "examples", minimum=0) or 0, optional_int(meta, "bytes", minimum=0) or 0, sha,
+                   frame.arrays.get(_SHARD))
+
+
+# ---- LoadShard --------------------------------------------------------------------------------------------
+@message
+class LoadShardRequest:
+    """Partitions to overwrite from a checkpoint (see :mod:`psflow.ps.checkpointing`, ``LoadShard``).
+
+    Build with :meth:`build`; read a partition's arrays with :meth:`value`, :meth:`slots` and :meth:`table`.
+    """
+
+    METHOD: ClassVar[str] = "LoadShard"
+    parts: Sequence[Any]
+    arrays: Mapping[str, np.ndarray] = field(default_factory=dict)
+    global_step: int | None = None
+    positions: Mapping[str, str] | None = None
+    examples: int | None = None
+    lineage: str | None = None
+    values_only: bool = False
+    restored_step: int | None = None
+
+    @classmethod
+    def build(cls, values: Mapping[str, np.ndarray], slots: Mapping[str, Mapping[str, np.ndarray]],
+              tables: Mapping[str, Mapping[str, np.ndarray]], parts: Sequence[str], **fields: Any) -> LoadShardRequest:
+        """A request for ``parts``: each static partition's value (and slots), each dynamic one's snapshot."""
+        arrays = {_VALUE + key: value for key, value in values.items()}
+        for key, named in slots.items():
+            arrays.update({f"{_SLOT}{key}/{slot}": arr for slot, arr in named.items()})
+        for key, named in tables.items():
+            arrays.update({f"{_TABLE}{key}/{name}": arr for name, arr in named.items()})
+        return cls(list(parts), arrays, **fields)
+
+    def value(self, key: str) -> np.ndarray | None:
+        """The value array sent for partition ``key`` (None: not sent)."""
+        return self.arrays.get(_VALUE + key)
+
+    def slots(self, key: str) -> dict[str, np.ndarray]:
+        """The slot arrays sent for partition ``key``, by slot name."""
+        prefix = f"{_SLOT}{key}/"
+        return {n[len(prefix):]: a for n, a in self.arrays.items() if n.startswith(prefix)}
+
+    def table(self, key: str) -> dict[str, np.ndarray]:
+        """The snapshot arrays sent for the dynamic table partition ``key``, by snapshot name."""
+        prefix = f"{_TABLE}{key}/"
+        return {n[len(prefix):]: a for n, a in self.arrays.items() if n.startswith(prefix)}
+
+    def has_slots(self) -> bool:
+        return any(n.startswith(_SLOT) for n in self.arrays)
+
+    def to_frame(self) -> Frame:
+        meta: dict[str, Any] = {"parts": list(self.parts), "restored_step": self.restored_step}
+        if self.global_step is not None:
+            meta.update(global_step=self.global_step, positions=self.positions, examples=self.examples)
+        if self.lineage is not None:
+            meta["lineage"] = self.lineage
+        if self.values_only:
+            meta["values_only"] = True
+        return Frame(meta, dict(self.arrays))
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> LoadShardRequest:
+        meta = frame.meta
+        step = meta.get("global_step")
+        if step is not None and (type(step) is not int or step < 0):
+            raise InvalidRequest(f"global_step {step!r:.40} cannot be set on this task")
+        restored = meta.get("restored_step", step)  # an odd value: the averages' step is unknown
+        return cls(list_field(meta, "parts"), frame.arrays, step,
+                   string_map(meta, "positions", "client names to reader position JSON"),
+                   optional_int(meta, "examples", minimum=0), _lineage(meta, "lineage"), flag(meta, "values_only"),
+                   restored if type(restored) is int and restored >= 0 else None)
+
+
+@message
+class LoadShardReply:
+    loaded: int
+
+    def to_frame(self) -> Frame:
+        return Frame({"loaded": self.loaded})
+
+
+# ---- SetReady / BeginRestore / ReaderPositions ------------------------------------------------------------
+@message
+class SetReadyRequest:
+    """The chief finished initializing or restoring this task; after a restore, at ``generation``, the
+    sync step starting over at ``global_step``."""
+
+    METHOD: ClassVar[str] = "SetReady"
+    client: str = "the chief"
+    generation: int | None = None
+    global_step: int | None = None
+
+    def to_frame(self) -> Frame:
+        meta: dict[str, Any] = {"client": self.client}
+        if self.generation is not None:
+            meta.update(generation=self.generation, global_step=self.global_step)
+        return Frame(meta)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> SetReadyRequest:
+        meta = frame.meta
+        step = optional_int(meta, "global_step", minimum=0)
+        return cls(str(meta.get("client", "the chief")), optional_int(meta, "generation", minimum=0), step)
+
+
+@message
+class SetReadyReply:
+    def to_frame(self) -> Frame:
+        return Frame({"ready": True})
+
+
+@message
+class BeginRestoreRequest:
+    """The chief is about to restore every ps task at ``generation`` (fenced by ``epoch``)."""
+
+    METHOD: ClassVar[str] = "BeginRestore"
+    generation: int
+    epoch: int | None = None
+    holder: str = ""
+
+    def to_frame(self) -> Frame:
+        meta: dict[str, Any] = {"generation": self.generation}
+        if self.epoch is not None:
+            meta.update(epoch=self.epoch, holder=self.holder)
+        return Frame(meta)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> BeginRestoreRequest:
+        generation = frame.meta.get("generation")
+        if type(generation) is not int or generation < 0:
+            raise refuse("generation", "a non-negative integer", generation)
+        return cls(generation, *_epoch(frame.meta))
+
+
+@message
+class BeginRestoreReply:
+    global_step: int | None
+    step_floor: int | None
+    registered: bool
+    drained: bool
+
+    def to_frame(self) -> Frame:
+        return Frame({"global_step": self.global_step, "step_floor": self.step_floor, "registered": self.registered,
+                      "drained": self.drained})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> BeginRestoreReply:
+        meta = frame.meta
+        return cls(optional_int(meta, "global_step"), optional_int(meta, "step_floor"), strict_bool(meta, "registered"),
+                   strict_bool(meta, "drained"))
+
+
+@message
+class ReaderPositionsRequest:
+    """Every worker's recorded reader position; with ``incarnation``, ``worker``'s process claims it first."""
+
+    METHOD: ClassVar[str] = "ReaderPositions"
+    worker: str | None = None
+    incarnation: int | None = None
+
+    def to_frame(self) -> Frame:
+        return Frame({"worker": self.worker, "incarnation": self.incarnation})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> ReaderPositionsRequest:
+        worker, incarnation = frame.meta.get("worker"), frame.meta.get("incarnation")
+        if incarnation is not None and (type(incarnation) is not int or incarnation < 0 or not isinstance(worker, str)):
+            raise InvalidRequest(f"'incarnation' must be a non-negative integer sent with 'worker', got "
+                                 f"{incarnation!r:.40} for {worker!r:.100}")
+        return cls(worker if isinstance(worker, str) else None, incarnation)
+
+
+@message
+class ReaderPositionsReply:
+    positions: Mapping[str, str]
+
+    def to_frame(self) -> Frame:
+        return Frame({"positions": dict(self.positions)})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> ReaderPositionsReply:
+        positions = frame.meta.get("positions") or {}
+        if not isinstance(positions, dict):
+            raise refuse("positions", "a mapping", positions)
+        return cls({k: v for k, v in positions.items() if isinstance(k, str) and isinstance(v, str)})
+
+
+# ---- CheckpointStatus -------------------------------------------------------------------------------------
+@message
+class SaveOutcome:
+    """One save's outcome, as the chief reports it to the ledger."""
+
+    saved: bool
+    global_step: int | None = None
+    path: str = ""
+    error: str = ""
+    writer: str = ""
+
+
+@message
+class CheckpointStatusRequest:
+    """Reads the checkpoint ledger; sets its lineage if none is set; counts one save's outcome."""
+
+    METHOD: ClassVar[str] = "CheckpointStatus"
+    lineage_if_unset: str | None = None
+    outcome: SaveOutcome | None = None
+
+    def to_frame(self) -> Frame:
+        meta: dict[str, Any] = {}
+        if self.lineage_if_unset is not None:
+            meta["lineage_if_unset"] = self.lineage_if_unset
+        if self.outcome is not None:
+            o = self.outcome
+            meta["outcome"] = {"saved": o.saved, "global_step": o.global_step, "path": o.path, "error": o.error,
+                               "writer": o.writer}
+        return Frame(meta)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> CheckpointStatusRequest:
+        outcome = frame.meta.get("outcome")
+        parsed = None
+        if outcome is not None:
+            if not isinstance(outcome, dict) or type(outcome.get("saved")) is not bool:
+                raise InvalidRequest("outcome must be {saved: bool, global_step, path, error, writer}")
+            step = outcome.get("global_step")
+            parsed = SaveOutcome(outcome["saved"], step if type(step) is int else None,
+                                 str(outcome.get("path", ""))[:1000], str(outcome.get("error", ""))[:2000],
+                                 str(outcome.get("writer", ""))[:200])
+        return cls(_lineage(frame.meta, "lineage_if_unset"), parsed)
+
+
+@message
+class CheckpointStatusReply:
+    """The ledger: the lineage, the save counts, the newest saved step and path, the newest failures
+    (each ``{seq, global_step, error, writer, time}``)."""
+
+    lineage: str | None
+    saved: int = 0
+    failed: int = 0
+    failed_in_a_row: int = 0
+    last_saved_step: int | None = None
+    last_saved_path: str | None = None
+    failures: Sequence[Mapping[str, Any]] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"lineage": self.lineage, "saved": self.saved, "failed": self.failed,
+                "failed_in_a_row": self.failed_in_a_row, "last_saved_step": self.last_saved_step,
+                "last_saved_path": self.last_saved_path, "failures": [dict(f) for f in self.failures]}
+
+    def to_frame(self) -> Frame:
+        return Frame(self.as_dict())
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> CheckpointStatusReply:
+        meta = frame.meta
+        failures = meta.get("failures") or []
+        if not (isinstance(failures, list) and all(isinstance(f, dict) for f in failures)):
+            raise refuse("failures", "a list of records", failures)
+        return cls(optional_str(meta, "lineage"), optional_int(meta, "saved") or 0, optional_int(meta, "failed") or 0,
+                   optional_int(meta, "failed_in_a_row") or 0, optional_int(meta, "last_saved_step"),
+                   optional_str(meta, "last_saved_path"), failures)

@@ -1,0 +1,483 @@
+"""The data path's messages and the calls every client makes: Register, Pull, Push, PushPull, Stats,
+Leave, Done (see :mod:`psflow.ps.protocol`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import field
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+
+from psflow.placement import VariablePlacement
+from psflow.ps.optimizers import OptimizerSpec
+from psflow.ps.protocol.fields import flag, list_field, message, optional_int, optional_str, refuse, strict_bool
+from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import InvalidRequest
+from psflow.rpc.framing import Frame
+
+__all__ = [
+    "Request", "Ack", "DoneReply", "DoneRequest", "GradPart", "LeaveRequest", "PullReply", "PullRequest", "PushPullReply",
+    "PushPullRequest", "PushReply", "PushRequest", "RegisterReply", "RegisterRequest", "StatsReply", "StepTag",
+    "WorkerTag", "gradient_arrays", "gradients_of",
+]
+
+# Array names: a gradient's values and its rows, a pull's rows.
+_GRAD, _GRAD_ROWS, _PULL_ROWS = "g/", "i/", "r/"
+
+
+class Request(Protocol):
+    """A request message: its call's name and its frame."""
+
+    METHOD: ClassVar[str]
+
+    def to_frame(self) -> Frame: ...
+
+
+# ---- tags ------------------------------------------------------------------------------------------------
+@message
+class WorkerTag:
+    """Who pushes: the worker's task, its process (incarnation), the restore generation it trains in,
+    and its reader position after the pushed batch (ReaderPosition JSON; recorded for checkpoints)."""
+
+    worker: str | None = None
+    incarnation: int | None = None
+    generation: int | None = None
+    position: str | None = None
+
+
+@message
+class StepTag:
+    """Which step a push belongs to: the step its parameters were read at, the worker's clock (ssp),
+    the sync step it contributes to (``sync_tag``), and the newest global_step the worker heard of."""
+
+    read_step: int | None = None
+    clock: int | None = None
+    sync_tag: int | None = None
+    step_hint: int | None = None
+
+
+#: One partition's gradient: ``(key, values, rows)``, rows the partition-local ones of a sparse gradient, else
+#: None. A plain tuple: a step of a wide model pushes hundreds of them.
+GradPart = tuple[str, np.ndarray, np.ndarray | None]
+
+
+# ---- Register ----------------------------------------------------------------------------------------------
+@message
+class RegisterRequest:
+    """A client's layout, optimizer and update mode; only the chief's call initializes."""
+
+    METHOD: ClassVar[str] = "Register"
+    layout: tuple[VariablePlacement, ...]
+    optimizer: OptimizerSpec
+    sync: SyncConfig
+    client: str
+    chief: bool = False
+    defer_ready: bool = False
+
+    def to_frame(self) -> Frame:
+        return Frame({"layout": [p.to_json() for p in self.layout], "optimizer": self.optimizer.to_json(),
+                      "sync": self.sync.to_json(), "client": self.client, "chief": self.chief,
+                      "defer_ready": self.defer_ready})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> RegisterRequest:
+        meta = frame.meta
+        try:
+            layout = tuple(VariablePlacement.from_json(v) for v in list_field(meta, "layout"))
+            optimizer = OptimizerSpec.from_json(meta.get("optimizer") or {})
+            sync = SyncConfig.from_json(meta.get("sync"))
+        except (ValueError, TypeError, KeyError) as e:
+            raise InvalidRequest(f"bad layout or optimizer: {e}") from e
+        return cls(layout, optimizer, sync, str(meta.get("client", "a client")), flag(meta, "chief"),
+                   flag(meta, "defer_ready"))
+
+
+@message
+class RegisterReply:
+    created: bool
+    ready: bool
+    init_count: int
+
+    def to_frame(self) -> Frame:
+        return Frame({"created": self.created, "ready": self.ready, "init_count": self.init_count})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> RegisterReply:
+        meta = frame.meta
+        return cls(flag(meta, "created"), meta.get("ready", True) is True, optional_int(meta, "init_count") or 0)
+
+
+# ---- Pull --------------------------------------------------------------------------------------------------
+@message
+class PullRequest:
+    """Partitions to read: ``(key, partition-local rows)``, rows ``None`` for the whole partition.
+
+    ``create``: a training lookup (dynamic tables count and admit ids); ``averages``: read moving
+    averages instead of values (evaluation); ``step_hint``: the newest global_step the client heard of.
+    """
+
+    METHOD: ClassVar[str] = "Pull"
+    parts: Sequence[tuple[str, np.ndarray | None]]
+    create: bool = False
+    averages: bool = False
+    step_hint: int | None = None
+
+    def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The pull's meta fields; its rows arrays are added to ``arrays``."""
+        entries = []
+        for key, rows in self.parts:
+            if rows is None:
+                entries.append([key, None])
+            else:
+                name = _PULL_ROWS + key
+                arrays[name] = rows
+                entries.append([key, name])
+        meta: dict[str, Any] = {"vars": entries, "create": self.create, "step_hint": self.step_hint}
+        if self.averages:
+            meta["averages"] = True
+        return meta
+
+    def to_frame(self) -> Frame:
+        arrays: dict[str, np.ndarray] = {}
+        return Frame(self.meta(arrays), arrays)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> PullRequest:
+        meta, arrays = frame.meta, frame.arrays
+        parts: list[tuple[str, np.ndarray | None]] = []
+        for item in list_field(meta, "vars"):
+            if type(item) is not list or len(item) != 2:
+                raise InvalidRequest(f"pull entry {item!r:.60} must be [name, rows]")
+            key, name = item
+            if type(key) is not str:
+                raise InvalidRequest(f"variable name must be a string, got {key!r:.40}")
+            if name is None:
+                parts.append((key, None))
+                continue
+            rows = arrays.get(name) if type(name) is str else None
+            if rows is None:
+                raise InvalidRequest(f"partition {key!r:.80}: rows array {name!r:.40} missing")
+            parts.append((key, rows))
+        hint = meta.get("step_hint")
+        if hint is not None and type(hint) is not int:
+            optional_int(meta, "step_hint")  # raises, naming it
+        return cls(parts, meta.get("create") is True, meta.get("averages") is True, hint)
+
+
+@message
+class PullReply:
+    """The global_step the values belong to (on the task holding it), and each partition's values."""
+
+    step: int | None
+    values: Mapping[str, np.ndarray]
+
+    def to_frame(self) -> Frame:
+        return Frame({"step": self.step}, dict(self.values))
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> PullReply:
+        return cls(optional_int(frame.meta, "step"), frame.arrays)
+
+
+# ---- Push --------------------------------------------------------------------------------------------------
+@message
+class PushRequest:
+    """Gradients for the partitions of one ps task, with who pushes (``worker``) and which step
+    (``steps``). ``step``: increment global_step (only to the task holding it); ``examples`` and
+    ``loss`` count the batch (sent with ``step``)."""
+
+    METHOD: ClassVar[str] = "Push"
+    grads: Sequence[GradPart]
+    worker: WorkerTag = WorkerTag()
+    steps: StepTag = StepTag()
+    step: bool = False
+    examples: int = 0
+    loss: float | None = None
+
+    def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The push's meta fields; its gradient arrays are added to ``arrays``."""
+        entries = []
+        for key, values, rows in self.grads:
+            arrays[_GRAD + key] = values
+            if rows is None:
+                entries.append([key, "dense"])
+            else:
+                arrays[_GRAD_ROWS + key] = rows
+                entries.append([key, "sparse"])
+        tag, steps = self.worker, self.steps
+        meta: dict[str, Any] = {"grads": entries}
+        if tag.worker is not None:
+            meta["worker"] = tag.worker
+        if tag.incarnation is not None:
+            meta["incarnation"] = tag.incarnation
+        meta["step_hint"] = steps.step_hint
+        if tag.generation is not None:
+            meta["generation"] = tag.generation
+        if steps.sync_tag is not None:
+            meta["tag"] = steps.sync_tag
+        if self.step:
+            meta.update(step=True, examples=self.examples, loss=self.loss, read_step=steps.read_step,
+                        clock=steps.clock)
+        if tag.position is not None:
+            meta["position"] = tag.position
+        return meta
+
+    def to_frame(self) -> Frame:
+        arrays: dict[str, np.ndarray] = {}
+        return Frame(self.meta(arrays), arrays)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> PushRequest:
+        meta, arrays = frame.meta, frame.arrays
+        grads: list[GradPart] = []
+        for item in list_field(meta, "grads"):
+            if type(item) is not list or len(item) != 2 or item[1] not in ("dense", "sparse"):
+                raise InvalidRequest(f"push entry {item!r:.60} must be [name, 'dense'|'sparse']")
+            key, kind = item
+            if type(key) is not str:
+                raise InvalidRequest(f"variable name must be a string, got {key!r:.40}")
+            values = arrays.get(_GRAD + key)
+            if values is None:
+                raise InvalidRequest(f"partition {key!r:.80}: gradient array missing")
+            if kind == "dense":
+                grads.append((key, values, None))
+                continue
+            rows = arrays.get(_GRAD_ROWS + key)
+            if rows is None:
+                raise InvalidRequest(f"partition {key!r:.80}: sparse gradient without rows")
+            grads.append((key, values, rows))
+        get = meta.get
+        worker, incarnation, generation, position = get("worker"), get("incarnation"), get("generation"), get("position")
+        read_step, clock, sync_tag, hint = get("read_step"), get("clock"), get("tag"), get("step_hint")
+        examples, loss = get("examples", 0), get("loss")
+        # One test on the hot path; the slow path names the first field that is wrong.
+        if not ((worker is None or type(worker) is str) and (generation is None or (type(generation) is int
+                and generation >= 0)) and (position is None or type(position) is str)
+                and (incarnation is None or (type(incarnation) is int and incarnation >= 0 and worker is not None))
+                and (read_step is None or type(read_step) is int) and (clock is None or type(clock) is int)
+                and (sync_tag is None or type(sync_tag) is int) and (hint is None or type(hint) is int)
+                and type(examples) is int and examples >= 0):
+            _refuse_push(meta)
+        # progress only: anything but a number (a diverged loss travels as null) counts as none
+        loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
+        return cls(grads, WorkerTag(worker, incarnation, generation, position),
+                   StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss)
+
+
+def _refuse_push(meta: Mapping[str, Any]) -> None:
+    """Raises InvalidRequest naming the first field of a push's tags or counts that is wrong."""
+    worker, incarnation = meta.get("worker"), meta.get("incarnation")
+    if worker is not None and not isinstance(worker, str):
+        raise refuse("worker", "a task name", worker)
+    if incarnation is not None and (type(incarnation) is not int or incarnation < 0 or worker is None):
+        raise InvalidRequest(f"'incarnation' must be a non-negative integer sent with 'worker', got "
+                             f"{incarnation!r:.40} for {worker!r:.100}")
+    optional_int(meta, "generation", minimum=0)
+    optional_str(meta, "position")
+    for key in ("read_step", "clock", "tag", "step_hint"):
+        optional_int(meta, key)
+    examples = meta.get("examples", 0)
+    if type(examples) is not int or examples < 0:
+        raise refuse("examples", "a non-negative integer", examples)
+    raise AssertionError(f"a push's fields were refused but none is wrong: {meta!r:.200}")  # pragma: no cover
+
+
+@message
+class PushReply:
+    """What a push produced (see :class:`psflow.ps.client.PushResult`). ``aggregated``: a sync push's
+    reply, which carries ``accepted`` and ``completed``."""
+
+    step: int | None
+    accepted: bool = True
+    completed: bool = True
+    min_clock: int | None = None
+    aggregated: bool = False
+
+    def meta(self) -> dict[str, Any]:
+        meta: dict[str, Any] = {"step": self.step}
+        if self.aggregated:
+            meta.update(accepted=self.accepted, completed=self.completed)
+        if self.min_clock is not None:
+            meta["min_clock"] = self.min_clock
+        return meta
+
+    def to_frame(self) -> Frame:
+        return Frame(self.meta())
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> PushReply:
+        meta = frame.meta
+        step, min_clock = meta.get("step"), meta.get("min_clock")
+        if not ((step is None or type(step) is int) and (min_clock is None or type(min_clock) is int)):
+            optional_int(meta, "step")  # raises, naming the field
+            optional_int(meta, "min_clock")
+        return cls(step, meta.get("accepted", True) is True, meta.get("completed", True) is True, min_clock,
+                   "accepted" in meta)
+
+
+@message
+class PushPullRequest:
+    """A push, then a pull, in one call (the pull is a training lookup: ``create``)."""
+
+    METHOD: ClassVar[str] = "PushPull"
+    push: PushRequest
+    pull: PullRequest
+
+    def to_frame(self) -> Frame:
+        arrays: dict[str, np.ndarray] = {}
+        meta = self.pull.meta(arrays)
+        meta.update(self.push.meta(arrays))  # the push's step_hint (the pull's is the same)
+        return Frame(meta, arrays)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> PushPullRequest:
+        return cls(PushRequest.from_frame(frame), PullRequest.from_frame(frame))
+
+
+@message
+class PushPullReply:
+    """The push's reply and the pulled values (``pull_step``: the step they belong to)."""
+
+    push: PushReply
+    pull: PullReply
+
+    def to_frame(self) -> Frame:
+        meta = self.push.meta()
+        meta["pull_step"] = self.pull.step
+        return Frame(meta, dict(self.pull.values))
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> PushPullReply:
+        return cls(PushReply.from_frame(frame), PullReply(optional_int(frame.meta, "pull_step"), frame.arrays))
+
+
+def gradient_arrays(grads: Mapping[str, tuple[np.ndarray, np.ndarray | None]]) -> dict[str, np.ndarray]:
+    """Named gradients (values, rows or None) as a frame's arrays, as a push carries them (in-graph ``RunStep``)."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, (values, rows) in grads.items():
+        if rows is not None:
+            arrays[_GRAD_ROWS + name] = rows
+        arrays[_GRAD + name] = values
+    return arrays
+
+
+def gradients_of(frame: Frame) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    """The named gradients of a frame written by :func:`gradient_arrays`."""
+    return {key[len(_GRAD):]: (values, frame.arrays.get(_GRAD_ROWS + key[len(_GRAD):]))
+            for key, values in frame.arrays.items() if key.startswith(_GRAD)}
+
+
+# ---- Stats / Leave / Done --------------------------------------------------------------------------
+@message
+class StatsReply:
+    """A ps task's state (typed: what clients act on) and its counters (for progress lines and status pages).
+
+    ``global_step``, ``step_floor`` and ``finished`` only on the task holding global_step (else None);
+    ``generation``: the restore generation; ``learning_rate``: the run optimizer's rate at the step the
+    next update is applied at (None before registration); ``counters``: every other field, by name.
+    """
+
+    task: str
+    global_step: int | None = None
+    step_floor: int | None = None
+    init_count: int = 0
+    registered: bool = False
+    ready: bool = False
+    generation: int = 0
+    mode: str = "async"
+    finished: tuple[str, ...] | None = None
+    learning_rate: float | None = None
+    counters: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field by its wire name, counters included (what ``Stats`` replies)."""
+        return {**self.counters, "task": self.task, "global_step": self.global_step, "step_floor": self.step_floor,
+                "init_count": self.init_count, "registered": self.registered, "ready": self.ready,
+                "generation": self.generation, "mode": self.mode,
+                "finished": list(self.finished) if self.finished is not None else None,
+                "learning_rate": self.learning_rate}
+
+    def to_frame(self) -> Frame:
+        return Frame(self.as_dict())
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> StatsReply:
+        meta = dict(frame.meta)
+        finished, rate = meta.pop("finished", None), meta.pop("learning_rate", None)
+        if finished is not None and not (isinstance(finished, list) and all(isinstance(w, str) for w in finished)):
+            raise refuse("finished", "a list of task names", finished)
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
+            raise refuse("learning_rate", "a number", rate)
+        reply = cls(str(meta.get("task", "")), optional_int(meta, "global_step"), optional_int(meta, "step_floor"),
+                    optional_int(meta, "init_count") or 0, strict_bool(meta, "registered"), strict_bool(meta, "ready"),
+                    optional_int(meta, "generation") or 0, str(meta.get("mode", "async")),
+                    tuple(finished) if finished is not None else None, None if rate is None else float(rate))
+        for key in ("task", "global_step", "step_floor", "init_count", "registered", "ready", "generation", "mode"):
+            meta.pop(key, None)
+        return cls(reply.task, reply.global_step, reply.step_floor, reply.init_count, reply.registered, reply.ready,
+                   reply.generation, reply.mode, reply.finished, reply.learning_rate, meta)
+
+
+@message
+class LeaveRequest:
+    """A worker finished its data: sync and ssp stop waiting for it."""
+
+    METHOD: ClassVar[str] = "Leave"
+    worker: str
+
+    def to_frame(self) -> Frame:
+        return Frame({"worker": self.worker})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> LeaveRequest:
+        worker = frame.meta.get("worker")
+        if not isinstance(worker, str):
+            raise refuse("worker", "the task name of the worker", worker)
+        return cls(worker)
+
+
+@message
+class Ack:
+    """The reply of a call that only acknowledges (``Leave``, ``Shutdown``)."""
+
+    def to_frame(self) -> Frame:
+        return Frame({"ok": True})
+
+
+@message
+class DoneRequest:
+    """A training worker's session ended normally (see :mod:`psflow.ps.run_end`)."""
+
+    METHOD: ClassVar[str] = "Done"
+    worker: str
+    incarnation: int
+    checkpoint_dir: bool = False
+    final_checkpoint: str | None = None
+
+    def to_frame(self) -> Frame:
+        return Frame({"worker": self.worker, "incarnation": self.incarnation, "checkpoint_dir": self.checkpoint_dir,
+                      "final_checkpoint": self.final_checkpoint})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> DoneRequest:
+        meta = frame.meta
+        worker, incarnation = meta.get("worker"), meta.get("incarnation")
+        if not isinstance(worker, str):
+            raise refuse("worker", "a training worker's task name", worker)
+        if type(incarnation) is not int or incarnation < 0:
+            raise refuse("incarnation", "a non-negative integer", incarnation)
+        return cls(worker, incarnation, strict_bool(meta, "checkpoint_dir"),
+                   optional_str(meta, "final_checkpoint", max_length=200))
+
+
+@message
+class DoneReply:
+    run_over: bool
+
+    def to_frame(self) -> Frame:
+        return Frame({"ok": True, "run_over": self.run_over})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> DoneReply:
+        return cls(strict_bool(frame.meta, "run_over"))
