@@ -10,6 +10,8 @@ Guarantees:
     * A call is never retried here: a push must not be applied twice. Callers
       that know a call is idempotent (pull, stats) may retry it themselves.
     * Channels are thread-safe; one channel may carry concurrent calls.
+    * Each channel has a connection of its own (gRPC would share one between channels to the same
+      address, and its reconnect backoff with it).
 """
 
 from __future__ import annotations
@@ -107,6 +109,10 @@ class TaskChannel:
             # its task listened (or while it was down) then saw it come up minutes late.
             ("grpc.initial_reconnect_backoff_ms", _ms(min(config.backoff_initial, config.backoff_max))),
             ("grpc.max_reconnect_backoff_ms", _ms(config.backoff_max)),
+            # Its own connection: with gRPC's process-wide pool, channels to one address with the same options
+            # share one, and its reconnect backoff; reconnect() then got no fresh try while another channel to
+            # the task lived (the launcher's chaos thread saw a serving ps task refuse it for up to 2 s).
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         if config.tls is None:
             self._channel = grpc.insecure_channel(address, options=options)
@@ -209,8 +215,9 @@ class TaskChannel:
 
     def reconnect(self) -> None:
         """Replaces the gRPC channel by a fresh one (same task, address and settings), for pollers
-        whose call failed: a failed gRPC channel backs its reconnects off (up to minutes), so a task
-        that came up meanwhile would stay unseen; a fresh channel tries at the next call. Calls in
-        flight on the old channel fail. Not thread-safe against calls on this object."""
+        whose call failed: a failed gRPC channel backs its reconnects off (up to ``backoff_max``), so a
+        task that came up meanwhile would stay unseen; a fresh channel, with a connection of its own
+        whatever other channels to the task do, tries at the next call. Calls in flight on the old
+        channel fail. Not thread-safe against calls on this object."""
         self._channel.close()
         self._open()
