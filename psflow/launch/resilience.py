@@ -20,8 +20,10 @@ tasks every 5 ms from the moment they start (so faults fire at their step
 even before the launcher's client is connected). The same thread then records
 each fault's recovery time (``recovery_seconds`` in metrics.json): from the
 fault until global_step advances after the task's replacement started (for a
-ps task: after the chief restored the cluster). A fault whose task was not
-restarted has none. That recovery is also what lets the next round of faults
+ps task: past the value the chief restored, not the restore's jump itself), or
+until a replacement with nothing left to train exits 0; see
+:mod:`psflow.launch.fault_recovery`. A fault whose task was not restarted has
+none. That recovery is also what lets the next round of faults
 fire (their spacing is counted from the step it was seen at; see
 :mod:`psflow.launch.chaos`), so a step jump after a restore of ps task 0
 does not fire every later fault at once.
@@ -61,6 +63,7 @@ from psflow import jsonio
 from psflow.cluster import ClusterError, TaskId
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
 from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, chief_task
+from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, step_reading
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
@@ -112,6 +115,7 @@ class Resilience:
         self._chief = IN_GRAPH_CLIENT if in_graph else chief_task(lc.cluster)  # the configured chief
         self.injector = ChaosInjector(config.chaos, lc.cluster, self._find, holder=self._duty_holder,
                                       client=in_graph) if config.chaos else None
+        self.recovery = RecoveryWatch(self._replacement)  # of the faults fired; under self._lock
         self._coordination: CoordinationBackend | None = None  # asks who holds the chief lease (kill:chief)
         self._train_config: TrainConfig | None = None
         self._restarted_at: dict[str, float] = {}  # task -> wall time its current process was started by a restart
@@ -146,30 +150,19 @@ class Resilience:
         connect = ConnectConfig(connect_timeout=1.0, rpc_timeout=1.0, token=self.lc.token)
         channels = [TaskChannel(f"/job:ps/task:{i}", self.lc.cluster.task_address("ps", i), PARAMETER_SERVICE, connect)
                     for i in self.lc.cluster.task_indices("ps")]
-        # fault fired -> [its time, global_step when its task was running again (None: not yet)]
-        waiting: dict[int, tuple[Any, float, int | None]] = {}
         try:
-            while (self.injector is not None and (self.injector.pending() or waiting)
+            while (self.injector is not None and (self.injector.pending() or self.recovery.watching())
                    and not self._closed.wait(_CHAOS_POLL)):
-                step = _global_step(channels)
-                if step is None:
+                reading = _step_reading(channels)
+                if reading is None:
                     continue
-                if step > 0 and self.monitor is not None:  # training advanced: every ps task is serving
+                if reading.step > 0 and self.monitor is not None:  # training advanced: every ps task is serving
                     self.monitor.mark_up([ch.task for ch in channels])
                 now = time.monotonic()
                 with self._lock:
-                    for fault in self.injector.poll(step):
-                        waiting[id(fault)] = (fault, now, None)
-                for key, (fault, fired, back) in list(waiting.items()):
-                    if back is None:
-                        if self._replaced(fault.task, fault.pid):
-                            waiting[key] = (fault, fired, step)
-                    elif step > back:  # advancing again after the task came back (and, for a ps, the restore)
-                        with self._lock:
-                            fault.recovery_seconds, fault.recovered_at_step = round(now - fired, 3), step
-                        del waiting[key]
-                        log.warning("chaos: %s: global_step advancing again (%d) %.2f s after the fault",
-                                    fault.spec, step, now - fired)
+                    for fault in self.injector.poll(reading.step):
+                        self.recovery.fired(fault, now)
+                self._observe(reading, now)
         finally:
             for ch in channels:
                 ch.close()
@@ -208,8 +201,27 @@ class Resilience:
             return None  # a lease granted before the task's process was restarted: its dead predecessor's
         return DutyHolder(task.job, task.index, leader.epoch)
 
-    def _replaced(self, name: str, old_pid: int) -> bool:
-        return any(t.name == name and t.pid != old_pid and t.exit_code is None for t in list(self.lc.tasks))
+    def _observe(self, reading: StepReading | None, now: float) -> None:
+        with self._lock:
+            recovered = self.recovery.observe(reading, now)
+        for fault in recovered:
+            log.warning("chaos: %s: recovered at global_step %s, %.2f s after the fault", fault.spec,
+                        fault.recovered_at_step, fault.recovery_seconds)
+
+    def settle(self, ps_stats: list[dict[str, Any]]) -> None:
+        """(The run's end, before its final snapshot) observes the faults' recovery once more with the
+        snapshot's ``Stats`` of the ps tasks: a replacement that finished, or a step, after the chaos
+        thread's last poll counts (:mod:`psflow.launch.fault_recovery`)."""
+        readings = [r for r in map(step_reading, ps_stats) if r is not None]
+        self._observe(readings[0] if readings else None, time.monotonic())
+
+    def _replacement(self, name: str, old_pid: int) -> Replacement:
+        for t in list(self.lc.tasks):
+            if t.name == name and t.pid != old_pid:
+                if t.exit_code is None:
+                    return Replacement.RUNNING
+                return Replacement.FINISHED if t.exit_code == 0 else Replacement.NONE
+        return Replacement.NONE
 
     def _running(self) -> set[str]:
         return {t.name for t in list(self.lc.tasks) if t.exit_code is None}
@@ -284,19 +296,20 @@ class Resilience:
             return list(self.hang_kills)
 
 
-def _global_step(channels: list[TaskChannel]) -> int | None:
-    """global_step from the first ps task that answers (None if none does). A channel whose call
-    failed reconnects (:meth:`TaskChannel.reconnect`): a failed gRPC channel backs off its
-    reconnects (up to minutes), and the ps tasks are not listening yet when this starts, so the
-    first calls fail; a backed-off channel would see the steps only long after they passed."""
+def _step_reading(channels: list[TaskChannel]) -> StepReading | None:
+    """global_step (and whether its task is ready) from the first ps task that answers holding it (None if
+    none does). A channel whose call failed reconnects (:meth:`TaskChannel.reconnect`): a failed gRPC
+    channel backs off its reconnects (up to its ``backoff_max``, 2 s), and the ps tasks are not listening
+    yet when this starts, so the first calls fail; a backed-off channel would see the steps only long after
+    they passed (training runs hundreds of steps a second)."""
     for ch in channels:
         try:
-            step = ch.call("Stats").meta.get("global_step")
+            reading = step_reading(dict(ch.call("Stats").meta))
         except RpcError:
             ch.reconnect()
             continue
-        if isinstance(step, int):
-            return step
+        if reading is not None:
+            return reading
     return None
 
 

@@ -126,6 +126,8 @@ class RunEnd:
     def _snapshot(self, phase: str, ps_stats: list[dict[str, Any]], seconds: float, extra: Mapping[str, Any],
                   evaluation: Mapping[str, Any] | None = None) -> dict[str, Any]:
         resilience = self.lc.resilience
+        if resilience is not None:  # a fault that recovered after the chaos thread's last poll counts
+            resilience.settle(ps_stats)
         return final_snapshot(phase=phase, ps_stats=ps_stats, wall_seconds=seconds, resumed=self.resumed,
                               checkpoints=self.checkpoints.ledger() if self.checkpoints is not None else None,
                               events=resilience.metrics() if resilience is not None else None,

@@ -1,0 +1,94 @@
+"""When a chaos fault recovered (psflow.launch.fault_recovery): the steps a loaded run of
+test_multihost.py::test_chaos_kills_tasks_on_their_own_hosts_and_the_run_recovers went through.
+
+That run killed ps task 0 at step 319; the restored global_step jumped to 1,000 (the journal's bound) and
+that jump was taken for "advancing again"; its worker fault then never recovered: the worker's replacement
+had nothing left to train, and nothing moved global_step after it started.
+"""
+
+from __future__ import annotations
+
+from psflow.launch.chaos import InjectedFault
+from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, step_reading
+
+
+def _fault(task: str, pid: int, at_step: int) -> InjectedFault:
+    return InjectedFault(f"kill:{task}", task, pid, "SIGKILL", at_step)
+
+
+class _Tasks:
+    """The launcher's view of each killed task's replacement, set by the test."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Replacement] = {}
+
+    def __call__(self, task: str, killed_pid: int) -> Replacement:
+        return self.state.get(task, Replacement.NONE)
+
+
+def _watch(fault: InjectedFault) -> tuple[RecoveryWatch, _Tasks]:
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    watch.fired(fault, now=100.0)
+    return watch, tasks
+
+
+def test_a_restores_step_jump_is_no_recovery_the_first_push_after_the_restore_is() -> None:
+    ps0 = _fault("/job:ps/task:0", 41, 319)
+    watch, tasks = _watch(ps0)
+    assert watch.observe(None, 100.5) == []                      # ps task 0 is down: nobody holds global_step
+    tasks.state[ps0.task] = Replacement.RUNNING
+    assert watch.observe(StepReading(0, ready=False), 101.0) == []       # restarted, empty
+    assert watch.observe(StepReading(1000, ready=False), 103.0) == []    # restored past its journal's bound
+    assert watch.observe(StepReading(1000, ready=True), 103.2) == []     # ready: the baseline, no step run yet
+    assert watch.observe(StepReading(1000, ready=True), 103.4) == []
+    assert watch.observe(StepReading(1001, ready=True), 103.6) == [ps0]  # the first push after the restore
+    assert (ps0.recovered_at_step, ps0.recovery_seconds) == (1001, 3.6)
+    assert watch.watching() == 0
+
+
+def test_steps_before_the_replacement_runs_are_no_recovery() -> None:
+    worker1 = _fault("/job:worker/task:1", 43, 1040)
+    watch, tasks = _watch(worker1)
+    for step in (1041, 1050, 1060):  # worker 0 trains on while worker 1 waits out its restart backoff
+        assert watch.observe(StepReading(step, ready=True), 100.1) == []
+    tasks.state[worker1.task] = Replacement.RUNNING
+    assert watch.observe(StepReading(1061, ready=True), 100.8) == []
+    assert watch.observe(StepReading(1062, ready=True), 101.0) == [worker1]
+    assert worker1.recovered_at_step == 1062
+
+
+def test_a_replacement_with_nothing_left_to_train_recovers_when_it_exits_0() -> None:
+    worker1 = _fault("/job:worker/task:1", 43, 1040)
+    watch, tasks = _watch(worker1)
+    tasks.state[worker1.task] = Replacement.RUNNING
+    assert watch.observe(StepReading(1040, ready=True), 101.0) == []    # the others finished: no step moves
+    assert watch.observe(StepReading(1040, ready=True), 102.0) == []
+    tasks.state[worker1.task] = Replacement.FINISHED                    # its data had ended: exit 0
+    assert watch.observe(StepReading(1040, ready=True), 102.5) == [worker1]
+    assert (worker1.recovered_at_step, worker1.recovery_seconds) == (1040, 2.5)
+
+
+def test_the_run_ends_reading_settles_a_recovery_between_two_polls() -> None:
+    """The replacement trained its last steps and exited between two polls: the final snapshot's reading counts."""
+    worker1 = _fault("/job:worker/task:1", 43, 1040)
+    watch, tasks = _watch(worker1)
+    tasks.state[worker1.task] = Replacement.RUNNING
+    assert watch.observe(StepReading(1040, ready=True), 101.0) == []
+    tasks.state[worker1.task] = Replacement.FINISHED
+    assert watch.observe(StepReading(1046, ready=True), 104.0) == [worker1]   # the snapshot's Stats
+    assert worker1.recovered_at_step == 1046
+
+
+def test_a_replacement_that_died_too_is_waited_for() -> None:
+    worker1 = _fault("/job:worker/task:1", 43, 1040)
+    watch, tasks = _watch(worker1)
+    tasks.state[worker1.task] = Replacement.NONE     # its replacement exited non-zero; the next is not started
+    assert watch.observe(StepReading(1100, ready=True), 105.0) == [] and watch.watching() == 1
+
+
+def test_step_reading_takes_only_the_task_holding_global_step() -> None:
+    assert step_reading({"global_step": 7, "ready": True}) == StepReading(7, True)
+    assert step_reading({"global_step": 7}) == StepReading(7, False)
+    assert step_reading({"global_step": None, "ready": True}) is None   # ps task 1: no global_step here
+    assert step_reading({"global_step": True, "ready": True}) is None
