@@ -149,8 +149,9 @@ class Leadership:
 
     def stop_campaigning(self) -> None:
         """Stops the background campaign, keeping a lease held (the backend goes on renewing it):
-        from now on this worker takes no new lease until :meth:`start`; idempotent. Blocks until
-        the campaign thread ends (at most one campaign call, about a second)."""
+        once it returns, this worker takes no new lease until :meth:`start`; idempotent. Blocks until
+        the campaign thread ends (at most one campaign call, about a second); that call may still be
+        granted, and the lease is then held (and logged) like any other."""
         self._closed.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -219,9 +220,10 @@ class Leadership:
                 self._elected(lease)
                 with self._lock:
                     self._lease = lease
+                # Said even when the campaign was stopped meanwhile (its data ended): the lease is held all the same.
+                log.info("%s: elected chief (epoch %d)", self.candidate, lease.epoch)
                 if self._closed.is_set():
                     break
-                log.info("%s: elected chief (epoch %d)", self.candidate, lease.epoch)
             self._closed.wait(self._poll)
 
     def close(self) -> None:
