@@ -8,7 +8,7 @@ The public API, by concept (each name's module says more):
 ``replica_device_setter``,          :mod:`psflow.placement` (where variables live;
 ``VariableSet``, partitioners,      partitions along axis 0)
 strategies
-``ParameterClient``                 :mod:`psflow.train.client` (pull rows, push
+``ParameterClient``                 :mod:`psflow.ps.client` (pull rows, push
                                     gradients; one RPC per ps task)
 ``DenseGradient``,                  :mod:`psflow.gradients` (what a push carries)
 ``SparseGradient``
@@ -52,14 +52,14 @@ from psflow.ps.schedules import ScheduleSpec
 from psflow.rpc.api import ConnectConfig
 
 if TYPE_CHECKING:
+    from psflow.ps.client import ParameterClient
     from psflow.server import Server
-    from psflow.train.client import ParameterClient
 
 __version__ = "0.1.0"
 
 #: Loaded on first use: they import ``grpc``, which reads its settings (GRPC_VERBOSITY) once, when imported,
 #: so ``import psflow.<module>`` leaves the ``psflow`` command time to set them (psflow.launch.console).
-_LAZY = {"Server": "psflow.server", "ParameterClient": "psflow.train.client"}
+_LAZY = {"Server": "psflow.server", "ParameterClient": "psflow.ps.client"}
 
 
 def __getattr__(name: str) -> Any:

@@ -65,11 +65,11 @@ from psflow.launch.run_status import LauncherStatus
 from psflow.launch.status_http import StatusConfig
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
+from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.train.build import build_model
 from psflow.train.checkpoint import SaveStatusWatcher
-from psflow.train.client import ParameterClient
 from psflow.train.config import TORCH_THREADS_ENV, TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters

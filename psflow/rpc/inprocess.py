@@ -2,7 +2,7 @@
 
 :class:`InProcessChannel` has the calling surface of
 :class:`~psflow.rpc.grpc_client.TaskChannel` (``call``, ``call_async``,
-``wait_ready``, ``close``), so a :class:`~psflow.train.client.ParameterClient`
+``wait_ready``, ``close``), so a :class:`~psflow.ps.client.ParameterClient`
 runs unchanged on top of it, but nothing is encoded, copied or sent: the
 handler gets the caller's arrays and the caller gets the handler's. This is
 the fast path of a run in one process (``psflow train --in-process``).

@@ -136,6 +136,7 @@ from psflow import jsonio, storage
 from psflow.errors import TrainingError
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names, write_file_atomically
+from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import DynamicTableError, resplit_snapshots
 from psflow.ps.protocol import (
     CheckpointStatusReply,
@@ -149,7 +150,6 @@ from psflow.ps.protocol import (
 from psflow.ps.store import partition_key
 from psflow.rpc.api import FailedPreconditionError, RpcError
 from psflow.train.checkpoint_lock import CheckpointDirLock, CheckpointError, directory_mutex, new_run_id
-from psflow.train.client import ParameterClient
 
 __all__ = [
     "DYNAMIC_IDS",

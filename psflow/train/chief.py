@@ -58,10 +58,10 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol import SetReadyRequest
 from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, load_values, restore, warm_start
-from psflow.train.client import ParameterClient
 from psflow.train.state_loss import check_state_kept, ps_states
 
 __all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable", "training_view", "trainer_task"]

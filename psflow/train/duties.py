@@ -36,6 +36,7 @@ from psflow.cluster import ClusterSpec
 from psflow.coord import CoordinationConfig
 from psflow.data import DatasetConfig, ReaderPosition, read_all
 from psflow.models.api import Model
+from psflow.ps.client import ParameterClient
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import data_options, model_record
 from psflow.train.checkpoint import (
@@ -48,7 +49,6 @@ from psflow.train.checkpoint import (
 )
 from psflow.train.checkpoint_lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
 from psflow.train.chief import check_restorable, is_chief
-from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import evaluate, parameters
 from psflow.train.hooks import (

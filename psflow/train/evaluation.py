@@ -6,7 +6,7 @@ launcher's final evaluation, the in-process fast path, ``psflow export`` /
 :func:`predict`. They differ only in where the parameters come from (a
 :class:`ParameterSource`):
 
-* a :class:`~psflow.train.client.ParameterClient` -- the live ps tasks;
+* a :class:`~psflow.ps.client.ParameterClient` -- the live ps tasks;
 * :class:`ArrayParameters` -- whole variables in memory (an exported model
   or a checkpoint read back), so scoring needs no cluster;
 * :class:`MovingAverageParameters` -- the moving averages of the variables on
@@ -48,7 +48,7 @@ class ParameterSource(Protocol):
 
 
 class AveragesSource(Protocol):
-    """A source that can read moving averages (a :class:`~psflow.train.client.ParameterClient`)."""
+    """A source that can read moving averages (a :class:`~psflow.ps.client.ParameterClient`)."""
 
     def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False,
              averages: bool = False) -> dict[str, np.ndarray]:

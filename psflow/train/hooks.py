@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 from psflow.data import BatchSource
 from psflow.errors import TrainingError
+from psflow.ps.client import ParameterClient
 from psflow.rpc.api import RpcError
 from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest
-from psflow.train.client import ParameterClient
 from psflow.train.summary import SummaryWriter
 
 if TYPE_CHECKING:

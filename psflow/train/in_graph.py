@@ -38,13 +38,13 @@ from psflow.data import Batch, SparseColumn
 from psflow.data.unique import unique_inverse
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.api import Model
+from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RunStepReply, RunStepRequest
 from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, InvalidRequest, Reply
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model
-from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
 from psflow.train.step import compute_gradients
 

@@ -69,12 +69,12 @@ import numpy as np
 from psflow.cluster import ClusterSpec
 from psflow.data import Batch, DatasetConfig, open_dataset
 from psflow.models.api import Model
+from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RunStepReply
 from psflow.rpc.api import ConnectConfig, DeadlineExceededError, RpcError, TaskUnavailableError
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.checkpoint import latest_checkpoint
-from psflow.train.client import ParameterClient
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import epochs_completed, fit_position, make_session
 from psflow.train.hooks import NanLossError, format_metrics, nan_loss_message
@@ -137,11 +137,14 @@ class InGraphDriver:
     """Runs the batches of one client process (see the module docstring, 5.-6.); not thread-safe.
 
     ``client`` pushes (a connected :class:`ParameterClient`, chief); ``sessions`` reach the workers, one
-    slice of each batch each, in this order.
+    slice of each batch each, in this order; every push carries ``generation``, the cluster's restore
+    generation (None: not checked).
     """
 
-    def __init__(self, config: TrainConfig, model: Model, client: ParameterClient, sessions: Sequence[Session]) -> None:
+    def __init__(self, config: TrainConfig, model: Model, client: ParameterClient, sessions: Sequence[Session], *,
+                 generation: int | None = None) -> None:
         self.config, self.model, self.client, self.sessions = config, model, client, sessions
+        self.generation = generation
         self.step_fn = BUILTIN_STEPS[0]
         self.examples = 0
         self.steps = 0
@@ -159,17 +162,17 @@ class InGraphDriver:
         parts = [(s, big.slice(int(a), int(b))) for s, a, b in zip(self.sessions, bounds[:-1], bounds[1:], strict=True)
                  if b > a]
         slices = self._run_slices(parts)
-        self.client.reader_position = position  # recorded with the pushes: checkpoints resume after this batch
+        # Every push carries the position after the whole batch: checkpoints resume after it.
         if self.config.mode == "sync":
-            steps, losses = self._push_sync(slices, big)
+            steps, losses = self._push_sync(slices, big, position)
         else:
-            steps, losses = self._push_async(slices, big)
+            steps, losses = self._push_async(slices, big, position)
         self.examples += n
         self.steps += len(steps)
         metrics = LazyMetrics(lambda: self.model.metrics(big.labels, _concat_outputs(slices)))
         return InGraphStepResult(steps[-1], losses[-1], n, metrics, tuple(steps))
 
-    def _push_sync(self, slices: Sequence[_Slice], big: Batch) -> tuple[list[int], list[float]]:
+    def _push_sync(self, slices: Sequence[_Slice], big: Batch, position: str) -> tuple[list[int], list[float]]:
         """One push of the slices' mean gradient (one step); logs it."""
         loss = float(np.mean([s.loss for s in slices]))
         reads = [s.reply.read_step for s in slices if s.reply.read_step is not None]
@@ -177,19 +180,21 @@ class InGraphDriver:
             self._raise_nan(slices, big)
         grads = average_gradients([s.grads for s in slices])
         step = self.client.push_detailed(grads, examples=big.num_examples, loss=loss,
-                                         read_step=min(reads) if reads else None).step
+                                         read_step=min(reads) if reads else None, position=position,
+                                         generation=self.generation).step
         if step % self.config.log_every == 0:
             self._log(step, loss, self.model.metrics(big.labels, _concat_outputs(slices)), len(slices))
         return [step], [loss]
 
-    def _push_async(self, slices: Sequence[_Slice], big: Batch) -> tuple[list[int], list[float]]:
+    def _push_async(self, slices: Sequence[_Slice], big: Batch, position: str) -> tuple[list[int], list[float]]:
         """One push per slice, in worker order (one step each); logs each with its own loss."""
         if any(not math.isfinite(s.loss) for s in slices):
             self._raise_nan(slices, big)
         steps, losses = [], []
         for s in slices:
             step = self.client.push_detailed(s.grads, examples=s.batch.num_examples, loss=s.loss,
-                                             read_step=s.reply.read_step).step
+                                             read_step=s.reply.read_step, position=position,
+                                             generation=self.generation).step
             steps.append(step)
             losses.append(s.loss)
             if step % self.config.log_every == 0:
@@ -339,10 +344,9 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
         restored = _restore_initialized_cluster(config, client)
         for s in sessions:
             s.connect()
-        driver = InGraphDriver(config, model, client, sessions)
         with monitored as session:
             steps_before = session.global_step
-            client.generation = client.ps_stats().generation
+            driver = InGraphDriver(config, model, client, sessions, generation=client.ps_stats().generation)
             batches, reason = _train(config, session, driver, _dataset_config(config, len(sessions)))
             last_step = session.global_step
         log.info("in-graph client: done after %d batches (%d examples), global_step %d -> %d: %s",

@@ -1,7 +1,7 @@
 """A whole run in one process: the fast path with no RPC (``psflow train --in-process``).
 
 The ps tasks' :class:`~psflow.ps.service.ParameterService` objects live in
-this process and the worker's :class:`~psflow.train.client.ParameterClient`
+this process and the worker's :class:`~psflow.ps.client.ParameterClient`
 reaches them through :class:`~psflow.rpc.inprocess.InProcessChannel`: the same
 placement, optimizers, step accounting, hooks and checkpoints as a cluster,
 without sockets, framing or copies. One worker; its input is read and parsed
@@ -23,12 +23,12 @@ from typing import Any
 
 from psflow import jsonio
 from psflow.cluster import ClusterSpec
+from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.build import build_model
 from psflow.train.checkpoint import checkpoint_status
-from psflow.train.client import ParameterClient
 from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters

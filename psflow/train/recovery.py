@@ -70,11 +70,11 @@ from psflow.coord.api import (
     Lease,
 )
 from psflow.errors import TrainingError
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, SetReadyRequest, StatsReply
 from psflow.rpc.api import RpcError, gather
 from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest, restore
-from psflow.train.client import ParameterClient
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
 
@@ -297,14 +297,17 @@ class ClusterRecovery:
     """What one worker does when the data path fails; see the module docstring."""
 
     def __init__(self, client: ParameterClient, optimizer: OptimizerSpec, *, checkpoint_dir: str | None,
-                 leader: Callable[[], Lease | None], timeout: float) -> None:
+                 leader: Callable[[], Lease | None], timeout: float, generation: int = 0) -> None:
         """Args:
             client: this worker's client.
             optimizer: the model's optimizer (registered on a restarted ps task).
             checkpoint_dir: where the newest checkpoint is.
             leader: this worker's lease if it is the chief now, else None.
             timeout: seconds a worker waits for the cluster to be restored.
+            generation: the restore generation the cluster is at now.
         """
+        #: The restore generation this worker trains in (its pushes carry it); a restore moves it on.
+        self.generation = generation
         self.client = client
         self.optimizer = optimizer
         self.checkpoint_dir = checkpoint_dir
@@ -325,7 +328,7 @@ class ClusterRecovery:
     def needed(self) -> bool:
         """After a data-path error: is (or was) the cluster being restored?"""
         states = self._states()
-        return self._settled(states) != self.client.generation
+        return self._settled(states) != self.generation
 
     def wait(self) -> tuple[bool, str | None]:
         """Blocks until every ps task is ready at one generation (restoring it if this worker is chief).
@@ -347,7 +350,7 @@ class ClusterRecovery:
         while True:
             states = self._states()
             generation = self._settled(states)
-            if generation == self.client.generation:
+            if generation == self.generation:
                 return False, None
             if generation is not None:
                 break
@@ -367,7 +370,7 @@ class ClusterRecovery:
                                     f"(not ready: {', '.join(down) or 'none'})")
             time.sleep(wait)
             wait = min(wait * 2, 1.0)
-        self.client.generation = generation
+        self.generation = generation
         position = self.client.reader_positions().get(self.client.client_name)
         log.warning("%s: cluster restored (generation %d) after %.1f s; resuming data at the checkpoint's position",
                     self.client.client_name, generation, time.monotonic() - started)
@@ -401,7 +404,7 @@ class ClusterRecovery:
                 if not self.needed():
                     raise
                 stats = None
-            if stats is not None and stats.ready and stats.generation == client.generation:
+            if stats is not None and stats.ready and stats.generation == self.generation:
                 if len(stats.finished or ()) >= num_workers:
                     return False, None
                 if before_waiting is not None:

@@ -36,9 +36,9 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from psflow.data import BatchSource
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.train.chief import JoinResult, join_cluster
-from psflow.train.client import ParameterClient
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 
 __all__ = ["MonitoredTrainingSession", "StepOutput"]

@@ -33,9 +33,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from psflow.errors import TrainingError
+from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import StatsReply
 from psflow.rpc.api import RpcError
-from psflow.train.client import ParameterClient
 
 __all__ = ["StateLostError", "ps_states", "lost_tasks", "check_state_kept", "state_lost_message"]
 

@@ -39,7 +39,7 @@ from psflow.data import Batch
 from psflow.gradients import Gradients, SparseGradient
 from psflow.models.api import Lookups, Model, ModelError, ModelOutput
 from psflow.placement import VariablePlacement
-from psflow.train.client import ParameterClient
+from psflow.ps.client import ParameterClient
 from psflow.train.clipping import clip_by_global_norm, valid_clip_norm
 
 __all__ = ["TrainStep", "StepResult", "LazyMetrics", "compute_gradients", "check_lookups", "check_gradients"]
@@ -75,7 +75,7 @@ class StepResult:
     """What one training step produced.
 
     Attributes:
-        step: the global_step this push produced (see :class:`~psflow.train.client.PushResult`).
+        step: the global_step this push produced (see :class:`~psflow.ps.client.PushResult`).
         loss: the batch's mean loss (before the update).
         examples: examples in the batch.
         labels: the batch's labels.
@@ -186,7 +186,8 @@ class TrainStep:
             time.sleep(0.005)
 
     def __call__(self, batch: Batch, *, clock: int | None = None, pause: float = 0.0, lag: int = 0,
-                 next_batch: Batch | None = None) -> StepResult:
+                 next_batch: Batch | None = None, position: str | None = None,
+                 generation: int | None = None) -> StepResult:
         """Runs one step on ``batch``; blocks until the push returns.
 
         With ``next_batch``, the push and the next batch's pull travel in one
@@ -202,6 +203,10 @@ class TrainStep:
                 past the step its parameters were read at (a straggler whose gradient
                 is stale however fast the machine is); at most :data:`LAG_WAIT_LIMIT` s.
             next_batch: the batch of the next step, if any.
+            position: the reader position just after ``batch`` (ReaderPosition JSON), sent with
+                the push: checkpoints resume after this batch (None: not sent).
+            generation: the restore generation this worker trains in, sent with the push (a ps
+                task refuses it if the cluster was restored since; None: not checked).
 
         Raises:
             ModelError: the model asked for a variable it did not declare.
@@ -227,11 +232,12 @@ class TrainStep:
             self._wait_for_step(read_step + lag)
         n = batch.num_examples
         if next_batch is None:
-            r = client.push_detailed(gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step)
+            r = client.push_detailed(gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step,
+                                     position=position, generation=generation)
         else:
             prepared_next, next_lookups = self._requests(next_batch)
             r, next_values = client.push_pull(gradients, next_lookups, examples=n, loss=output.loss, clock=clock,
-                                              read_step=read_step)
+                                              read_step=read_step, position=position, generation=generation)
             self._carry = (next_batch, prepared_next, next_values, client.last_pull_step)
         metrics = LazyMetrics(functools.partial(_metrics, self.model, batch.labels, output.outputs, grad_norm))
         return StepResult(r.step, output.loss, n, batch.labels, output.outputs, metrics, r.completed, r.accepted,

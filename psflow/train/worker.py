@@ -53,13 +53,13 @@ from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read
 from psflow.errors import TrainingError
 from psflow.models.api import Model
 from psflow.placement import VariableSet
+from psflow.ps.client import ParameterClient
 from psflow.ps.fencing import FencedWriter
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest
 from psflow.train.chief import is_chief
-from psflow.train.client import ParameterClient
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import (
     coordination_config,
@@ -204,8 +204,8 @@ def run_worker(
             # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
             leadership.campaign(timeout=min(config.connect_timeout, 3.0))
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership) as session:
-            client.generation = client.ps_stats().generation
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint_dir,
+                                       generation=client.ps_stats().generation,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
                                        timeout=config.connect_timeout)
             resume = resume_position(session, data_config)
@@ -214,7 +214,8 @@ def run_worker(
             linger = leadership is not None and cluster.num_tasks("worker") > 1
             while True:
                 try:
-                    reason = _train(config, session, model, data_config, resume, task_index, progress, stop)
+                    reason = _train(config, session, model, data_config, resume, task_index, progress, stop,
+                                    generation=recovery.generation)
                     if leadership is not None:  # its data ended: it takes no new lease (a holder must run steps)
                         leadership.stop_campaigning()
                     client.leave()  # sync/ssp: the others stop waiting for this worker
@@ -316,8 +317,9 @@ def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str
 
 def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
            data_config: DatasetConfig, resume: ReaderPosition | None, task_index: int, progress: _Progress,
-           stop: StopSource | None = None) -> str:
+           stop: StopSource | None = None, *, generation: int | None = None) -> str:
     """Trains on this worker's data from ``resume`` to its end (or a stop); returns why it stopped.
+    Its pushes carry ``generation`` (the cluster's restore generation) and each batch's reader position.
 
     Raises:
         WorkerStopped: ``stop`` was requested (checked before every step).
@@ -343,9 +345,8 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
             following = next(batches, None)
             following_position = dataset.position()
             _check_stop(stop, session.client.client_name, f"at global_step {session.global_step}")
-            client.reader_position = position.to_json()  # recorded with the push, for checkpoints
             step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay, lag=lag,
-                                        next_batch=following)
+                                        next_batch=following, position=position.to_json(), generation=generation)
             ran = session.run(step_fn, epochs_completed=epochs_completed(position), source=batch.source)
             if ran is None:
                 reason = f"stopped at global_step {session.global_step} (max_steps={config.max_steps})"

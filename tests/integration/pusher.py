@@ -16,9 +16,9 @@ import numpy as np
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig
-from psflow.train.client import ParameterClient
 
 
 def small_model(cluster: ClusterSpec) -> VariableSet:

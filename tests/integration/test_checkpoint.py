@@ -14,11 +14,11 @@ import pytest
 from support import A9A, A9A_T, TOKEN, run_cli
 
 from psflow.data import read_all
+from psflow.ps.client import ParameterClient
 from psflow.rpc.api import ConnectConfig
 from psflow.train.build import build_model
 from psflow.train.checkpoint import latest_checkpoint, read_manifest, read_variables
 from psflow.train.chief import join_cluster
-from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import evaluate
 from psflow.train.step import TrainStep

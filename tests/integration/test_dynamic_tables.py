@@ -18,12 +18,12 @@ from psflow.data import read_all
 from psflow.gradients import SparseGradient
 from psflow.models.api import ModelError, VariableSpec
 from psflow.placement import PlacementError, replica_device_setter
+from psflow.ps.client import ClientError, ParameterClient
 from psflow.ps.dynamic import owner_of
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.train.build import build_model, declare_variables
 from psflow.train.checkpoint import CheckpointManager, read_manifest, read_variables
 from psflow.train.chief import join_cluster
-from psflow.train.client import ClientError, ParameterClient
 from psflow.train.config import TrainConfig
 from psflow.train.step import TrainStep
 

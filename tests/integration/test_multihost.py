@@ -156,9 +156,9 @@ def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path
     epoch (the chief trains too), checkpoints streamed to the chief. An evaluator (TF_CONFIG type
     ``evaluator``, outside the cluster) in a seventh namespace evaluates them and ends after the final one."""
     from psflow.data import read_all
+    from psflow.ps.client import ParameterClient
     from psflow.rpc.api import ConnectConfig
     from psflow.train.build import build_model
-    from psflow.train.client import ParameterClient
     from psflow.train.config import TrainConfig
     from psflow.train.evaluation import evaluate
 

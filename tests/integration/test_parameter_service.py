@@ -18,6 +18,7 @@ import pytest
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import (
     ConnectConfig,
@@ -27,7 +28,6 @@ from psflow.rpc.api import (
     UnauthenticatedError,
 )
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.train.client import ParameterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -114,10 +114,10 @@ def test_dead_ps_recovers_over_the_tcp_carrier(tmp_path: Path, baseline_auc: flo
 
 
 def test_a_deposed_chiefs_checkpoint_is_refused(local_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from psflow.ps.client import ParameterClient
     from psflow.rpc.api import ConnectConfig
     from psflow.train.build import build_model
     from psflow.train.chief import join_cluster
-    from psflow.train.client import ParameterClient
     from psflow.train.config import TrainConfig
 
     config = TrainConfig(train=(str(A9A),), num_features=124, num_ps=2)

@@ -15,9 +15,9 @@ from support import TOKEN, ClusterHandle
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
 from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig, DeadlineExceededError, TaskUnavailableError, UnauthenticatedError
-from psflow.train.client import ParameterClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

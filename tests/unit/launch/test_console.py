@@ -13,9 +13,9 @@ from psflow.errors import ConfigError, PsflowError
 from psflow.launch.cli import main
 from psflow.launch.console import expected_in_task, quiet_grpc, wants_verbose
 from psflow.placement import PlacementError
+from psflow.ps.client import ClientError
 from psflow.ps.store import StoreError
 from psflow.rpc.api import DeadlineExceededError, ListenError, RpcError, TaskUnavailableError
-from psflow.train.client import ClientError
 from psflow.train.hooks import NanLossError
 from psflow.train.recovery import RecoveryError
 from psflow.train.state_loss import StateLostError

@@ -14,13 +14,13 @@ from psflow.placement import PlacementError, VariableSet, fixed_size_partitioner
 from psflow.placement.api import VariableDef
 from psflow.ps import averages as averages_module
 from psflow.ps.averages import MovingAverages, catch_up_factor, effective_decay, move_toward
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec, make_optimizer
 from psflow.ps.service import ParameterService
 from psflow.ps.store import ParameterStore
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.train.client import ParameterClient
 from psflow.train.config import ConfigError, TrainConfig
 
 SGD = OptimizerSpec("sgd", {"learning_rate": 0.5})

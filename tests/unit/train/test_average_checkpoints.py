@@ -12,13 +12,13 @@ import pytest
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.build import build_model
 from psflow.train.checkpoint import CheckpointManager, averaged_variables, read_manifest, read_variables, restore
-from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
 from psflow.train.preflight import check_resume, ps_memory
 

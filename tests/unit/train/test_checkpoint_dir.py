@@ -16,6 +16,7 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
@@ -32,7 +33,6 @@ from psflow.train.checkpoint import (
 )
 from psflow.train.checkpoint_lock import LOCK_NAME, CheckpointDirLock, CheckpointLockedError
 from psflow.train.chief import check_restorable
-from psflow.train.client import ParameterClient
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
 ADAGRAD = OptimizerSpec("adagrad", {"learning_rate": 0.5})

@@ -8,11 +8,11 @@ import pytest
 from psflow.cluster import ClusterSpec
 from psflow.gradients import SparseGradient
 from psflow.placement import PlacementError, VariableSet, fixed_size_partitioner, replica_device_setter
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol import PullRequest
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.train.client import ParameterClient
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
 

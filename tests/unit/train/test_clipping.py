@@ -14,10 +14,10 @@ from psflow.data import Batch
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
 from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.train.client import ParameterClient
 from psflow.train.clipping import clip_by_global_norm, global_norm
 from psflow.train.step import TrainStep, compute_gradients
 

@@ -14,9 +14,9 @@ import pytest
 
 from psflow.data import Batch
 from psflow.gradients import DenseGradient
+from psflow.ps.client import PushResult
 from psflow.ps.protocol import RunStepReply
 from psflow.rpc.api import TaskUnavailableError
-from psflow.train.client import PushResult
 from psflow.train.config import TrainConfig
 from psflow.train.hooks import NanLossError
 from psflow.train.in_graph_client import InGraphDriver
@@ -60,10 +60,10 @@ class FakeClient:
     """The client's pushes, each with the reader position it carried."""
 
     pushes: list[tuple[float, int, str | None]] = field(default_factory=list)
-    reader_position: str | None = None
 
-    def push_detailed(self, grads: Any, *, examples: int, loss: float, read_step: int | None) -> PushResult:
-        self.pushes.append((float(grads["w"].values[0]), examples, self.reader_position))
+    def push_detailed(self, grads: Any, *, examples: int, loss: float, read_step: int | None, position: str | None,
+                      generation: int | None) -> PushResult:
+        self.pushes.append((float(grads["w"].values[0]), examples, position))
         return PushResult(len(self.pushes), True, True, None)
 
     def global_step(self) -> int:

@@ -16,12 +16,12 @@ from psflow.gradients import DenseGradient
 from psflow.launch.resilience import ResilienceConfig, with_recovery_checkpoints
 from psflow.launch.supervisor import STATE_LOST_EXIT_CODE, RestartConfig, decide
 from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
 from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.checkpoint import CheckpointManager
 from psflow.train.chief import join_cluster
-from psflow.train.client import ParameterClient
 from psflow.train.config import TrainConfig
 from psflow.train.recovery import ClusterRecovery
 from psflow.train.state_loss import StateLostError
@@ -49,8 +49,9 @@ def _restart_ps(client: ParameterClient, services: list[ParameterService], index
 
 
 def _train_a_step(client: ParameterClient) -> None:
-    client.generation = int(client.stats().get("generation") or 0)  # as a worker reads it once it joined
-    client.push({"weights": DenseGradient(np.ones((8, 2), np.float32)), "bias": DenseGradient(np.ones(2, np.float32))})
+    generation = client.ps_stats().generation  # as a worker reads it once it joined
+    client.push({"weights": DenseGradient(np.ones((8, 2), np.float32)), "bias": DenseGradient(np.ones(2, np.float32))},
+                generation=generation)
 
 
 def test_the_chief_never_initializes_an_empty_ps_task_beside_trained_ones() -> None:
