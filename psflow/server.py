@@ -36,9 +36,9 @@ from psflow.cluster import ClusterSpec, TaskId
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
 from psflow.ps.protocol import Ack
-from psflow.ps.run_end import RunLedger, training_workers
+from psflow.ps.run_end import training_workers
 from psflow.ps.service import ParameterService
-from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, CarrierServer, Handler, InvalidRequest, Reply, ServeConfig
+from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, CarrierServer, Handler, Reply, ServeConfig
 from psflow.rpc.framing import Frame
 from psflow.rpc.registry import serve
 from psflow.rpc.tcp import TCP_PORT_KEY, TRANSPORT_METHOD
@@ -121,7 +121,6 @@ class Server:
         address = self.cluster.task_address(job_name, task_index)  # raises for unknown tasks
         self._stopped = threading.Event()
         self.parameter_service: ParameterService | None = None
-        self.run_ledger: RunLedger | None = None
         services: dict[str, Mapping[str, Handler]] = {}
         self._ps_handlers: dict[str, Handler] = {}
         if job_name == "ps":
@@ -129,14 +128,11 @@ class Server:
             journal = StepJournal(os.path.join(state_dir, STEP_JOURNAL_FILE)) if state_dir and holds_step else None
             self.parameter_service = ParameterService(
                 task_index, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal,
-                checkpoint_root=checkpoint_root, confine_shards=True,
+                checkpoint_root=checkpoint_root, confine_shards=True, training_workers=training_workers(self.cluster),
+                on_run_over=self._run_over if stop_when_run_over else None, extra_stats=self._extra_stats,
             )
-            self.run_ledger = RunLedger(self.task.name, training_workers(self.cluster),
-                                        incarnation_of=self.parameter_service.incarnation_of,
-                                        on_over=self._run_over if stop_when_run_over else None)
             # One table for both carriers, so that Stats says the same over gRPC and TCP.
-            self._ps_handlers = {**self.parameter_service.handlers(), **self.run_ledger.handlers(),
-                                 "Register": self._register, "Stats": self._stats}
+            self._ps_handlers = self.parameter_service.handlers()
             services[PARAMETER_SERVICE] = {**self._ps_handlers, TRANSPORT_METHOD: self._transport}
             if task_index == min(self.cluster.task_indices("ps")):  # the embedded coordination backend's leases
                 services[COORDINATION_SERVICE] = LeaseTable(self.task.name).handlers()
@@ -204,23 +200,10 @@ class Server:
                                 "authentication": self.authentication}
         return meta, {}
 
-    def _stats(self, frame: Frame) -> Reply:
-        """The ParameterService's Stats, plus how calls are authenticated, the TCP carrier's counters and
-        the run's end (``run_end``: :meth:`psflow.ps.run_end.RunLedger.stats`)."""
-        service, ledger = self.parameter_service, self.run_ledger
-        if service is None or ledger is None:  # not reached: only ps tasks serve Stats
-            raise InvalidRequest(f"{self.task.name} is not a ps task")
-        meta, arrays = service.get_stats(frame)
-        tcp = self._tcp.stats() if self._tcp is not None else None
-        return {**meta, "authentication": self.authentication, "tcp": tcp, "run_end": ledger.stats()}, arrays
-
-    def _register(self, frame: Frame) -> Reply:
-        """The ParameterService's Register; a worker registering after its ``Done`` was restarted (RunLedger.joined)."""
-        service, ledger = self.parameter_service, self.run_ledger
-        if service is None or ledger is None:  # not reached: only ps tasks serve Register
-            raise InvalidRequest(f"{self.task.name} is not a ps task")
-        ledger.joined(frame.meta.get("client"))
-        return service.register(frame)
+    def _extra_stats(self) -> dict[str, Any]:
+        """What the ParameterService's Stats adds on a served task: how calls are authenticated and the TCP
+        carrier's counters."""
+        return {"authentication": self.authentication, "tcp": self._tcp.stats() if self._tcp is not None else None}
 
     def _run_over(self, description: str) -> None:
         """(``stop_when_run_over``) The last training worker's ``Done`` arrived: stop serving."""

@@ -28,7 +28,7 @@ Which step ``n`` a task uses:
 * in sync mode, on every task: its count of aggregated steps after the advance
   (each task applies every aggregated step, so the count is global_step);
 * on another task in async mode: one past the newest step the clients reported
-  (the step the schedules read, :mod:`psflow.ps.service`). A task gets a push
+  (the step the schedules read, :mod:`psflow.ps.step_clock`). A task gets a push
   only in steps that have a gradient for one of its partitions; before it
   applies a push, and before its averages are read (a pull for evaluation, a
   checkpoint shard), the shadows catch up over the steps since their last

@@ -1,6 +1,7 @@
 """The ps side of checkpoints and of the chief's initialization protocol.
 
-Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`):
+Handlers (added to :meth:`psflow.ps.service.ParameterService.handlers`), each over the parts of the task
+it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service):
 
 ``SaveShard``
     ``meta = {"path": str | null, "shard": i, "num_shards": n}``. Snapshots
@@ -88,14 +89,14 @@ import logging
 import os
 import threading
 import time
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from safetensors.numpy import save as safetensors_save
 
 from psflow import storage
 from psflow.coord.api import FencedError
+from psflow.coord.fence import FenceGuard
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.protocol import (
     BeginRestoreReply,
@@ -112,14 +113,16 @@ from psflow.ps.protocol import (
     SetReadyReply,
     SetReadyRequest,
 )
+from psflow.ps.restore_gate import RestoreGate
+from psflow.ps.step_clock import StepClock
 from psflow.ps.store import PartitionState, StoreError
+from psflow.ps.update_mode import UpdateMode
+from psflow.ps.variable_store import VariableStore
+from psflow.ps.worker_ledger import WorkerLedger
 from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
-if TYPE_CHECKING:
-    from psflow.ps.service import ParameterService
-
-__all__ = ["CheckpointHandlers", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "write_file_atomically", "shard_tensor_names",
+__all__ = ["CheckpointHandlers", "SaveLedger", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "write_file_atomically", "shard_tensor_names",
            "dynamic_tensor_names"]
 
 log = logging.getLogger(__name__)
@@ -187,16 +190,25 @@ def _saved_slots(part: PartitionState) -> dict[str, np.ndarray]:
 class CheckpointHandlers:
     """SaveShard / LoadShard / SetReady / ReaderPositions of one ps task."""
 
-    def __init__(self, service: ParameterService, *, checkpoint_root: str | None = None,
+    def __init__(self, *, variables: VariableStore, clock: StepClock, workers: WorkerLedger, gate: RestoreGate,
+                 mode: UpdateMode, fence: FenceGuard, saves: SaveLedger, checkpoint_root: str | None = None,
                  confine: bool = False) -> None:
         """Args:
-            service: the ps task's state.
+            variables: the task's variables (saved and loaded).
+            clock: its global_step (saved, set by a load) and the steps its averages catch up to.
+            workers: the reader positions and examples saved and loaded; the worker claiming its position.
+            gate: readiness and generation (``SetReady``, ``BeginRestore``).
+            mode: the sync step a restore starts over.
+            fence: the chief's epoch a write is fenced with.
+            saves: the checkpoint ledger (``CheckpointStatus``, ``LoadShard``'s lineage).
             checkpoint_root: with ``confine``, the only directory under which
                 SaveShard writes (``None``: no file at all).
             confine: enforce ``checkpoint_root`` (False: an in-process service
                 no peer can reach; SaveShard writes where its caller says).
         """
-        self._svc = service
+        self._variables, self._clock, self._workers, self._gate = variables, clock, workers, gate
+        self._mode, self._fence, self._saves = mode, fence, saves
+        self.task_name = variables.task_name
         self._root, self._confine = checkpoint_root, confine
 
     def handlers(self) -> dict[str, Handler]:
@@ -215,10 +227,10 @@ class CheckpointHandlers:
         if epoch is None:
             return contextlib.nullcontext()
         try:
-            self._svc.fence.check(epoch, holder=holder)
+            self._fence.check(epoch, holder=holder)
         except FencedError as e:
             raise PreconditionFailed(str(e)) from e
-        return self._svc.fence.hold(epoch, holder=holder)
+        return self._fence.hold(epoch, holder=holder)
 
     # ---- SaveShard ---------------------------------------------------------
     def save_shard(self, frame: Frame) -> Reply:
@@ -253,13 +265,14 @@ class CheckpointHandlers:
         return os.path.join(directory, name)
 
     def _save_shard(self, path: str | None) -> SaveShardReply:
-        svc = self._svc
-        step = svc.global_step.value if svc.global_step is not None else None
-        svc.averages.catch_up(svc.store.partitions(), svc.table_step())  # moved over the steps with no push here
-        positions, examples = svc.data_progress()
+        variables, global_step = self._variables, self._clock.global_step
+        step = global_step.value if global_step is not None else None
+        # the averages moved over the steps with no push here
+        variables.averages.catch_up(variables.partitions.partitions(), self._clock.table_step())
+        positions, examples = self._workers.progress()
         tensors: dict[str, np.ndarray] = {}
         parts: list[dict[str, Any]] = []
-        for part in sorted(svc.store.partitions(), key=lambda p: p.key):
+        for part in sorted(variables.partitions.partitions(), key=lambda p: p.key):
             if part.table is not None:
                 snap = part.table.snapshot()
                 names = dynamic_tensor_names(part.key, sorted(snap))
@@ -275,8 +288,8 @@ class CheckpointHandlers:
                 tensors[name] = slots[slot]
             parts.append({"key": part.key, "var": part.var_name, "index": part.index, "row_start": part.row_start,
                           "rows": int(value.shape[0]) if value.ndim else 1, "slots": sorted(slots)})
-        data = safetensors_save(tensors, metadata={"task": svc.task_name, "partitions": json.dumps(parts)})
-        reply = SaveShardReply(svc.task_name, parts, step, positions, examples, len(data),
+        data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
+        reply = SaveShardReply(self.task_name, parts, step, positions, examples, len(data),
                                hashlib.sha256(data).hexdigest())
         if path is None:
             return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
@@ -284,12 +297,12 @@ class CheckpointHandlers:
             write_file_atomically(path, data)
         except OSError as e:
             raise InvalidRequest(f"cannot write checkpoint shard {path}: {e}") from e
-        log.info("%s: wrote checkpoint shard %s (%d bytes, step %s)", svc.task_name, path, len(data), step)
+        log.info("%s: wrote checkpoint shard %s (%d bytes, step %s)", self.task_name, path, len(data), step)
         return reply
 
     # ---- LoadShard ---------------------------------------------------------
     def load_shard(self, frame: Frame) -> Reply:
-        svc = self._svc
+        store, global_step = self._variables.partitions, self._clock.global_step
         request = LoadShardRequest.from_frame(frame)
         values_only = request.values_only
         if values_only and request.has_slots():
@@ -297,9 +310,9 @@ class CheckpointHandlers:
         plan: list[tuple[PartitionState, np.ndarray, dict[str, np.ndarray]]] = []
         tables: list[tuple[PartitionState, dict[str, np.ndarray]]] = []
         for key in request.parts:
-            if not isinstance(key, str) or key not in svc.store:
+            if not isinstance(key, str) or key not in store:
                 raise InvalidRequest(f"unknown variable partition {key!r:.80}")
-            part = svc.store.get(key)
+            part = store.get(key)
             if part.table is not None:
                 tables.append((part, self._table_snapshot(request, key, part, values_only)))
                 continue
@@ -307,14 +320,15 @@ class CheckpointHandlers:
             slots = {} if values_only else self._slots(request, key, part)
             plan.append((part, value, slots))
         step = request.global_step
-        if step is not None and svc.global_step is None:
+        if step is not None and global_step is None:
             raise InvalidRequest(f"global_step {step!r:.40} cannot be set on this task")
         positions, examples, lineage = request.positions, request.examples, request.lineage
         for part, snapshot in tables:
             assert part.table is not None
             evicted = part.table.load(snapshot)
             if evicted:
-                log.warning("%s: %s: %d restored rows beyond its capacity were evicted", svc.task_name, part.describe, evicted)
+                log.warning("%s: %s: %d restored rows beyond its capacity were evicted", self.task_name, part.describe,
+                            evicted)
         for part, value, slots in plan:
             with part.lock:
                 np.copyto(part.value, value)
@@ -323,15 +337,16 @@ class CheckpointHandlers:
                     np.copyto(targets[slot], arr)
                 if values_only and part.average is not None:  # new initial values: the average starts there
                     np.copyto(part.average, value)
-        if step is not None and svc.global_step is not None:
-            svc.global_step.set(step)
-        if not values_only:
-            svc.restored_at(request.restored_step)
+        if step is not None and global_step is not None:
+            global_step.set(step)
+        if not values_only:  # the averages (and, in sync mode, the step count) belong to the restored step
+            self._variables.averages.restored(request.restored_step)
+            self._mode.restored_at(request.restored_step)
         if positions is not None:
-            svc.set_reader_positions(dict(positions), examples)
+            self._workers.restore(dict(positions), examples)
         if lineage is not None:
-            _ledger(svc).set_lineage(lineage, only_if_unset=False)
-        log.info("%s: loaded %d partitions%s", svc.task_name, len(plan) + len(tables),
+            self._saves.set_lineage(lineage, only_if_unset=False)
+        log.info("%s: loaded %d partitions%s", self.task_name, len(plan) + len(tables),
                  f", global_step {step}" if step is not None else "")
         return _reply(LoadShardReply(len(plan) + len(tables)))
 
@@ -373,39 +388,43 @@ class CheckpointHandlers:
 
     # ---- SetReady / ReaderPositions ----------------------------------------
     def set_ready(self, frame: Frame) -> Reply:
-        svc = self._svc
         request = SetReadyRequest.from_frame(frame)
-        if not svc.registered:
-            raise InvalidRequest(f"{svc.task_name}: cannot become ready before the chief registered the variables")
-        if request.generation is not None:
-            svc.finish_restore(request.generation, request.global_step)
-        svc.ready = True
-        log.info("%s: ready (initialized by %s, generation %d)", svc.task_name, request.client, svc.generation)
+        if not self._variables.registered:
+            raise InvalidRequest(f"{self.task_name}: cannot become ready before the chief registered the variables")
+        if request.generation is not None:  # a restore is complete: in sync mode the step starts over there
+            self._mode.restart(request.global_step)
+        self._gate.open(request.generation)
+        log.info("%s: ready (initialized by %s, generation %d)", self.task_name, request.client, self._gate.generation)
         return _reply(SetReadyReply())
 
     def begin_restore(self, frame: Frame) -> Reply:
-        svc = self._svc
         request = BeginRestoreRequest.from_frame(frame)
         generation = request.generation
         with self._fenced(request.epoch, request.holder):
-            registered = svc.registered
-            drained = svc.begin_restore(generation, _DRAIN_TIMEOUT)
+            registered = self._variables.registered
+            self._gate.close(generation)
+            self._workers.forget_finished()  # the restore rewinds every worker
+            # sync pushes waiting for a step give up (their workers recover)
+            self._mode.abort(f"{self.task_name}: the cluster is being restored (generation {generation}); "
+                             f"sync step abandoned")
+            drained = self._gate.drain(_DRAIN_TIMEOUT)
         if not drained:
-            log.warning("%s: pushes still in flight after %.0f s; restoring anyway", svc.task_name, _DRAIN_TIMEOUT)
-        step = svc.global_step.value if svc.global_step is not None else None
-        floor = svc.global_step.floor if svc.global_step is not None else None
-        log.info("%s: restore to generation %d begins (global_step %s)", svc.task_name, generation, step)
+            log.warning("%s: pushes still in flight after %.0f s; restoring anyway", self.task_name, _DRAIN_TIMEOUT)
+        global_step = self._clock.global_step
+        step = global_step.value if global_step is not None else None
+        floor = global_step.floor if global_step is not None else None
+        log.info("%s: restore to generation %d begins (global_step %s)", self.task_name, generation, step)
         return _reply(BeginRestoreReply(step, floor, registered, drained))
 
     def reader_positions(self, frame: Frame) -> Reply:
         request = ReaderPositionsRequest.from_frame(frame)
-        if request.incarnation is not None:  # a worker process reads its position: see psflow.ps.service
-            self._svc.claim_worker(request.worker, request.incarnation)
-        return _reply(ReaderPositionsReply(self._svc.reader_positions()))
+        if request.incarnation is not None:  # a worker process reads its position: see psflow.ps.worker_ledger
+            self._workers.claim(request.worker, request.incarnation)
+        return _reply(ReaderPositionsReply(self._workers.positions()))
 
     # ---- CheckpointStatus --------------------------------------------------
     def checkpoint_status(self, frame: Frame) -> Reply:
-        ledger = _ledger(self._svc)
+        ledger = self._saves
         request = CheckpointStatusRequest.from_frame(frame)
         if request.lineage_if_unset is not None:
             ledger.set_lineage(request.lineage_if_unset, only_if_unset=True)
@@ -420,8 +439,9 @@ def _reply(message: BeginRestoreReply | CheckpointStatusReply | LoadShardReply |
     return frame.meta, frame.arrays
 
 
-class _SaveLedger:
-    """The lineage and save outcomes of one ps task (see ``CheckpointStatus``); thread-safe."""
+class SaveLedger:
+    """The lineage and save outcomes of one ps task (see ``CheckpointStatus``); thread-safe. Its service owns
+    it, so gRPC and the TCP carrier serve the same one."""
 
     _KEEP = 20  # failures kept for the status reply
 
@@ -457,16 +477,3 @@ class _SaveLedger:
         with self._lock:
             return CheckpointStatusReply(self.lineage, self.saved, self.failed, self.failed_in_a_row,
                                          self.last_saved_step, self.last_saved_path, [dict(f) for f in self.failures])
-
-
-# One ledger per service: handlers() is built more than once (gRPC and the TCP carrier serve the same state).
-_LEDGERS: weakref.WeakKeyDictionary[ParameterService, _SaveLedger] = weakref.WeakKeyDictionary()
-_LEDGERS_LOCK = threading.Lock()
-
-
-def _ledger(service: ParameterService) -> _SaveLedger:
-    with _LEDGERS_LOCK:
-        ledger = _LEDGERS.get(service)
-        if ledger is None:
-            ledger = _LEDGERS[service] = _SaveLedger()
-        return ledger

@@ -104,7 +104,7 @@ class RunLedger:
             task_name: this ps task (errors name it).
             expected: the training workers (:func:`training_workers`); empty: the run is never over.
             incarnation_of: the highest incarnation seen of a worker (0: none), e.g.
-                :meth:`psflow.ps.service.ParameterService.incarnation_of`.
+                :meth:`psflow.ps.worker_ledger.WorkerLedger.incarnation_of`.
             on_over: called once, on the thread of the ``Done`` that completed the ledger, with a
                 description such as ``workers 0-1 finished, final checkpoint ckpt-000000512 written``.
         """

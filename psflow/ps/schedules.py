@@ -6,7 +6,7 @@ the learning rate of each update from the global_step read *before* that
 update's increment, TF's order (``apply_gradients(global_step=gs)`` runs the
 update ops, then ``assign_add(gs, 1)``): the first update uses step 0. In sync
 mode the schedule advances once per aggregated step. Which step a ps task
-uses: see :mod:`psflow.ps.service` (ps task 0 holds global_step; the others use
+uses: see :mod:`psflow.ps.step_clock` (ps task 0 holds global_step; the others use
 the newest step the clients report).
 
 Notation: ``t`` is the global step, ``lr`` the schedule's ``learning_rate``.

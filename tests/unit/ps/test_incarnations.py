@@ -57,18 +57,14 @@ def test_a_late_push_of_a_replaced_worker_process_is_refused_and_counts_nothing(
 
 def test_reading_positions_waits_for_the_workers_own_pushes_in_flight() -> None:
     svc = registered()
-    with svc._gate:
-        svc._inflight_of["w2"] = 1  # another worker's push (sync: it may wait for this one): not waited for
+    svc.workers.admit("w2", None)  # another worker's push (sync: it may wait for this one): not waited for
     assert positions(svc, 7) == {}
-    with svc._gate:
-        svc._inflight_of["w1"] = 1  # a push of w1's old process being applied
+    svc.workers.admit("w1", None)  # a push of w1's old process being applied
     done = threading.Event()
     threading.Thread(target=lambda: (positions(svc, 8), done.set()), daemon=True).start()
     time.sleep(0.2)
     assert not done.is_set()
-    with svc._gate:
-        del svc._inflight_of["w1"]
-        svc._gate.notify_all()
+    svc.workers.release("w1")
     assert done.wait(10)
 
 

@@ -120,9 +120,9 @@ def test_a_malformed_done_is_refused_naming_the_task_and_counts_nothing(meta: di
 
 def test_the_parameter_service_reports_the_highest_incarnation_it_saw() -> None:
     svc = ParameterService(0, holds_global_step=True)
-    assert svc.incarnation_of(W0) == 0
-    svc.claim_worker(W0, 42, drain_timeout=0.0)
-    assert svc.incarnation_of(W0) == 42 and svc.incarnation_of(W1) == 0
+    assert svc.workers.incarnation_of(W0) == 0
+    svc.workers.claim(W0, 42, drain_timeout=0.0)
+    assert svc.workers.incarnation_of(W0) == 42 and svc.workers.incarnation_of(W1) == 0
 
 
 def test_workers_are_described_by_index_runs() -> None:

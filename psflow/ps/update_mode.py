@@ -1,0 +1,92 @@
+"""How one ps task applies pushes, by the registered update mode (:class:`~psflow.ps.sync.SyncConfig`).
+
+* ``async``: each push is applied on arrival (the service does it).
+* ``sync``: pushes are handed to a :class:`~psflow.ps.sync.SyncAggregator`,
+  which applies each step once, when enough workers contributed; after each
+  applied step this task's sync count moves on and the moving averages move at
+  it (every task counts its own steps: ps task 0's count is global_step).
+* ``ssp``: on the task holding global_step a
+  :class:`~psflow.ps.sync.StalenessClock` holds back a worker that is too far
+  ahead of the slowest live one.
+
+A restore aborts the step being collected (its pushes fail; their workers
+recover) and starts the sync count over at the restored step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psflow.ps.step_clock import StepClock
+from psflow.ps.sync import StalenessClock, SyncAggregator, SyncConfig
+from psflow.ps.variable_store import VariableStore
+
+__all__ = ["UpdateMode"]
+
+
+class UpdateMode:
+    """The sync aggregator or ssp clock of one ps task (neither in async mode)."""
+
+    def __init__(self, task_name: str, clock: StepClock, variables: VariableStore) -> None:
+        self.task_name = task_name
+        self._clock, self._variables = clock, variables
+        self.config = SyncConfig()
+        #: The step's aggregation (sync mode).
+        self.aggregator: SyncAggregator | None = None
+        #: The workers' clocks (ssp mode, on the task holding global_step).
+        self.staleness: StalenessClock | None = None
+
+    def configure(self, config: SyncConfig) -> None:
+        """The variables were (re)created with update mode ``config`` (called inside the registration)."""
+        self.config = config
+        if config.mode == "sync":
+            self.aggregator = SyncAggregator(config, self._variables.partitions, task_name=self.task_name,
+                                             advance=self._advance, current=self._clock.sync_step)
+        elif config.mode == "ssp" and self._clock.global_step is not None:
+            self.staleness = StalenessClock(config, task_name=self.task_name)
+
+    def _advance(self) -> int:
+        """A sync step was applied (every partition's update of it): the step advances, then the moving
+        averages move at the new step (called by the aggregator, under its lock)."""
+        step = self._clock.advance_sync()
+        self._variables.averages.move(self._variables.partitions.partitions(), step)
+        return step
+
+    def schedule_step(self) -> int:
+        """The step a learning-rate schedule reads for the next update applied here."""
+        return self._clock.sync_step() if self.aggregator is not None else self._clock.table_step()
+
+    def leave(self, worker: str) -> None:
+        """``worker`` finished its data: the step and the clock stop waiting for it."""
+        if self.aggregator is not None:
+            self.aggregator.leave(worker)
+        if self.staleness is not None:
+            self.staleness.leave(worker)
+
+    def abort(self, reason: str) -> None:
+        """A restore begins: sync pushes waiting for a step give up with ``reason``."""
+        if self.aggregator is not None:
+            self.aggregator.abort(reason)
+
+    def restored_at(self, step: int | None) -> None:
+        """A checkpoint of global step ``step`` was loaded here: off the step task the sync count starts over
+        there (ps task 0's is global_step itself, which the load set), so the workers' gradients of step
+        ``step`` are this task's too."""
+        if step is not None and self.aggregator is not None and self._clock.global_step is None:
+            self._clock.restart_sync(step)
+            self.aggregator.reset()
+
+    def restart(self, step: int | None) -> None:
+        """The restore is complete (``SetReady`` of a generation): the sync step starts over at ``step``."""
+        if step is not None and self.aggregator is not None:
+            self._clock.restart_sync(step)
+            self.aggregator.reset()
+
+    def stats(self) -> dict[str, Any]:
+        """The aggregator's and the ssp clock's counters."""
+        out: dict[str, Any] = {}
+        if self.aggregator is not None:
+            out.update(self.aggregator.stats())
+        if self.staleness is not None:
+            out.update(self.staleness.stats())
+        return out
