@@ -259,8 +259,16 @@ def version(path: str) -> tuple[Any, ...]:
 
 
 # ---- writing ------------------------------------------------------------------
-def write_atomically(path: str, data: bytes | memoryview) -> None:
+def write_atomically(path: str, data: bytes | memoryview, *, durable: bool = True) -> None:
     """Writes ``data`` to ``path`` so that ``path`` is either absent, as before, or complete (see the module docstring).
+
+    Every file psflow replaces whole is written here (checkpoints, the run lock, the global_step journal,
+    exports, a run's status and metrics files, a task's error file).
+
+    Args:
+        durable: locally, fsync the file before the rename and the directory after it, so the new
+            content survives a crash of the machine. ``False`` for a file rewritten every second whose
+            loss in a crash costs nothing (``status.json``): still never seen half written.
 
     Raises:
         OSError: the directory (or bucket) is not writable; locally the temp file is removed.
@@ -280,14 +288,16 @@ def write_atomically(path: str, data: bytes | memoryview) -> None:
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    sync_dir(directory)
+    if durable:
+        sync_dir(directory)
 
 
 def create_exclusive(path: str, data: bytes) -> bool:

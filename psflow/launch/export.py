@@ -70,7 +70,6 @@ from psflow.data import FORMATS, Batch, BatchSpec, DataError, Schema, batch_spec
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
 from psflow.models.registry import create_model, trusted_model
-from psflow.ps.checkpointing import write_file_atomically
 from psflow.train.checkpoint import (
     DYNAMIC_IDS,
     CheckpointError,
@@ -186,10 +185,10 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
     variables = read_variables(path, moving_averages=moving_averages)
     record = _model_record(path, manifest, variables)
     storage.makedirs(out_dir)
-    write_file_atomically(os.path.join(out_dir, "model.safetensors"), safetensors_save(variables))
+    storage.write_atomically(os.path.join(out_dir, "model.safetensors"), safetensors_save(variables))
     if averaged and not moving_averages:
         shadows = read_variables(path, moving_averages=True)
-        write_file_atomically(os.path.join(out_dir, AVERAGES_FILE), safetensors_save({n: shadows[n] for n in averaged}))
+        storage.write_atomically(os.path.join(out_dir, AVERAGES_FILE), safetensors_save({n: shadows[n] for n in averaged}))
     meta = {
         "format": MODEL_FORMAT,
         "format_version": FORMAT_VERSION,
@@ -209,7 +208,7 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
         text = jsonio.dumps(meta, nonfinite="error", what=meta_path, indent=1)
     except ValueError as e:  # a NaN or infinite setting in the checkpoint's model record
         raise CheckpointError(f"checkpoint {path}: {e}") from e
-    write_file_atomically(meta_path, text.encode())
+    storage.write_atomically(meta_path, text.encode())
     return path
 
 

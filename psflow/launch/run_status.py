@@ -28,7 +28,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from psflow import jsonio
+from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
 from psflow.launch.status import ProcessInfo, StatusCollector
 from psflow.launch.status_http import StatusConfig, StatusServer, prometheus_text
@@ -56,9 +56,7 @@ def write_run_files(final: Mapping[str, Any], output_dir: str, collector: Status
     failed: dict[str, str] = {}
     path = os.path.join(output_dir, METRICS_JSON)
     try:
-        with open(path + ".tmp", "w") as f:
-            jsonio.dump(final, f, indent=1)
-        os.replace(path + ".tmp", path)
+        storage.write_atomically(path, jsonio.dumps(final, indent=1).encode(), durable=False)
     except (OSError, ValueError) as e:
         failed[METRICS_JSON] = f"could not write {path}: {e}"
     if collector is None:
@@ -66,9 +64,7 @@ def write_run_files(final: Mapping[str, Any], output_dir: str, collector: Status
     collector.finish(final)  # writes status.json (its run_dir is output_dir)
     path = os.path.join(output_dir, METRICS_FILE)
     try:
-        with open(path + ".tmp", "wb") as f:
-            f.write(prometheus_text(collector))
-        os.replace(path + ".tmp", path)
+        storage.write_atomically(path, prometheus_text(collector), durable=False)
     except OSError as e:
         failed[METRICS_FILE] = f"could not write {path}: {e}"
     return failed

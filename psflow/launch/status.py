@@ -60,7 +60,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from psflow import jsonio
+from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
@@ -426,9 +426,7 @@ class StatusCollector:
         try:
             with self._lock:
                 snapshot = self._snapshot
-            with open(path + ".tmp", "w") as f:
-                jsonio.dump(snapshot, f)
-            os.replace(path + ".tmp", path)
+            storage.write_atomically(path, jsonio.dumps(snapshot).encode(), durable=False)
         except OSError as e:
             log.debug("status: could not write %s: %s", path, e)
 

@@ -36,7 +36,7 @@ import signal
 import sys
 from typing import Any
 
-from psflow import jsonio
+from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
 from psflow.errors import PsflowError
 from psflow.launch.console import expected_in_task
@@ -153,9 +153,7 @@ def expected_failure(task: str, error: Exception, *, error_file: str | None, ver
     if error_file:
         record: dict[str, Any] = {"task": task, "type": type(error).__name__, "message": str(error)}
         try:
-            with open(error_file + ".tmp", "w", encoding="utf-8") as f:
-                jsonio.dump(record, f)
-            os.replace(error_file + ".tmp", error_file)
+            storage.write_atomically(error_file, jsonio.dumps(record).encode(), durable=False)
         except OSError as e:
             log.warning("%s: could not write %s: %s", task, error_file, e)
     return 1

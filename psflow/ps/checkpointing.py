@@ -122,8 +122,7 @@ from psflow.ps.worker_ledger import WorkerLedger
 from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
-__all__ = ["CheckpointHandlers", "SaveLedger", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "write_file_atomically", "shard_tensor_names",
-           "dynamic_tensor_names"]
+__all__ = ["CheckpointHandlers", "SaveLedger", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names", "dynamic_tensor_names"]
 
 log = logging.getLogger(__name__)
 
@@ -142,19 +141,6 @@ _DRAIN_TIMEOUT = 10.0
 def shard_tensor_names(key: str, slots: list[str]) -> tuple[str, dict[str, str]]:
     """The tensor name of a partition's value and of each of its slots."""
     return key, {slot: f"{key}{SLOT_SEPARATOR}{slot}" for slot in slots}
-
-
-def write_file_atomically(path: str, data: bytes | memoryview) -> None:
-    """Writes ``data`` to ``path`` so that ``path`` is either absent or complete.
-
-    A local path: a temp file beside it, fsynced, renamed over ``path``, and
-    the directory fsynced. A URL of an object store: one put (the object
-    appears only once whole); see :func:`psflow.storage.write_atomically`.
-
-    Raises:
-        OSError: the directory is not writable (the temp file is removed).
-    """
-    storage.write_atomically(path, data)
 
 
 def dynamic_tensor_names(key: str, snapshot_keys: list[str]) -> dict[str, str]:
@@ -294,7 +280,7 @@ class CheckpointHandlers:
         if path is None:
             return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
         try:
-            write_file_atomically(path, data)
+            storage.write_atomically(path, data)
         except OSError as e:
             raise InvalidRequest(f"cannot write checkpoint shard {path}: {e}") from e
         log.info("%s: wrote checkpoint shard %s (%d bytes, step %s)", self.task_name, path, len(data), step)

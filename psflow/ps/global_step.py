@@ -21,6 +21,7 @@ import json
 import os
 import threading
 
+from psflow import storage
 from psflow.errors import PsError
 
 __all__ = ["GlobalStep", "StepJournal", "StepJournalError", "DEFAULT_JOURNAL_BLOCK"]
@@ -82,11 +83,9 @@ class StepJournal:
         Raises:
             StepJournalError: the file cannot be written.
         """
-        from psflow.ps.checkpointing import write_file_atomically  # (checkpointing imports the service)
-
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            write_file_atomically(self.path, json.dumps({"bound": bound}).encode())
+            storage.write_atomically(self.path, json.dumps({"bound": bound}).encode())
         except OSError as e:
             raise StepJournalError(f"cannot write the global_step journal {self.path}: {e}") from e
 

@@ -135,7 +135,7 @@ from safetensors import safe_open
 from psflow import jsonio, storage
 from psflow.errors import TrainingError
 from psflow.ps.averages import AVERAGE_SLOT
-from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names, write_file_atomically
+from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import DynamicTableError, resplit_snapshots
 from psflow.ps.protocol import (
@@ -524,7 +524,7 @@ class CheckpointManager:
         """
         manifest = read_manifest(path)
         if not manifest.final:
-            write_file_atomically(os.path.join(path, MANIFEST_NAME), replace(manifest, final=True).to_json().encode())
+            storage.write_atomically(os.path.join(path, MANIFEST_NAME), replace(manifest, final=True).to_json().encode())
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
               epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
@@ -548,12 +548,12 @@ class CheckpointManager:
             # mutex, is a leftover of a save killed in between (see _deletable).
             writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
                       "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
-            write_file_atomically(os.path.join(path, WRITER_NAME),
+            storage.write_atomically(os.path.join(path, WRITER_NAME),
                                   jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
         replies = self._write_shards(client, path)
         self._phase("shards_written")
         manifest = self._manifest(client, replies, optimizer, model, lineage, writer, final)
-        write_file_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
+        storage.write_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
         self._phase("manifest_written")
         self._check_fence(client, path)
         if epoch is not None:
@@ -662,7 +662,7 @@ class CheckpointManager:
             data = reply.data.data  # the bytes, unchanged (a view)
             if hashlib.sha256(data).hexdigest() != reply.sha256:
                 raise CheckpointError(f"shard {file} from {reply.task} arrived corrupted (sha256 mismatch)")
-            write_file_atomically(file, data)
+            storage.write_atomically(file, data)
         return reply
 
     def _manifest(self, client: ParameterClient, replies: dict[int, tuple[str, SaveShardReply]],
@@ -733,7 +733,7 @@ class CheckpointManager:
             data = jsonio.dumps({"latest": name, "all": kept, "global_step": step, "lineage": lineage,
                                  "run_id": self.run_id, "epoch": epoch, "holder": holder},
                                 nonfinite="error", what=pointer, indent=1).encode()
-            write_file_atomically(pointer, data)
+            storage.write_atomically(pointer, data)
         return kept, previous_bytes
 
     def _kept(self, name: str, lineage: str) -> list[str]:
@@ -756,7 +756,7 @@ class CheckpointManager:
             if previous is None:
                 storage.remove(pointer)
             else:
-                write_file_atomically(pointer, previous)
+                storage.write_atomically(pointer, previous)
         log.warning("checkpoint %s: pointer %s put back to the previous checkpoint (this chief was fenced off)",
                     os.path.join(self.directory, name), pointer)
 

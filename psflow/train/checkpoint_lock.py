@@ -77,7 +77,6 @@ from typing import Any, ClassVar, Self
 
 from psflow import jsonio, storage
 from psflow.errors import CheckpointError, PsflowError
-from psflow.ps.checkpointing import write_file_atomically
 
 __all__ = [
     "CheckpointError",
@@ -378,7 +377,7 @@ class DirectoryLock:
 
     def _write(self) -> None:
         try:
-            write_file_atomically(self.path, jsonio.dumps(self._mine(), nonfinite="error", what=self.path, indent=1).encode())
+            storage.write_atomically(self.path, jsonio.dumps(self._mine(), nonfinite="error", what=self.path, indent=1).encode())
         except OSError as e:
             raise self.error(f"cannot write the lock file {self.path}: {e}") from e
         self._took = True

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from psflow import jsonio
+from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease, create_backend
 from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
@@ -385,10 +385,7 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
 
 
 def _write_json(path: str, data: Any) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        jsonio.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    storage.write_atomically(path, jsonio.dumps(data, indent=1).encode(), durable=False)
 
 
 def load_eval(config: TrainConfig) -> Batch | None:

@@ -9,6 +9,7 @@ Before: ``--checkpoint-dir gs://bucket/ckpt`` silently wrote into a local folder
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -87,6 +88,24 @@ def test_local_write_is_atomic_and_exclusive_create_refuses_an_existing_file(tmp
         storage.remove(str(tmp_path / "g"))
     with pytest.raises(FileNotFoundError):
         storage.read_bytes(str(tmp_path / "missing"))
+
+
+def test_a_write_that_need_not_survive_a_crash_is_still_whole_or_absent(tmp_path: Path) -> None:
+    path = str(tmp_path / "status.json")
+    storage.write_atomically(path, b'{"a": 1}', durable=False)
+    storage.write_atomically(path, b'{"a": 2}', durable=False)
+    assert storage.read_bytes(path) == b'{"a": 2}' and os.listdir(tmp_path) == ["status.json"]
+    with pytest.raises(FileNotFoundError):
+        storage.write_atomically(str(tmp_path / "missing" / "f"), b"x", durable=False)
+
+
+def test_every_file_psflow_replaces_whole_is_written_by_write_atomically() -> None:
+    # One way to replace a file (temp file, rename): a rename anywhere else is a second way.
+    # data/convert.py renames its shards together once every one of them is written (streamed, not one buffer).
+    root = Path(storage.__file__).parent
+    renames = {str(p.relative_to(root)) for p in root.rglob("*.py")
+               if re.search(r"\bos\.(replace|rename)\(|\.rename\(", p.read_text(encoding="utf-8"))}
+    assert renames == {"storage.py", "data/convert.py"}
 
 
 def test_local_listing_subdirectories_and_glob(tmp_path: Path) -> None:
