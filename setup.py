@@ -3,9 +3,10 @@
 ``psflow.ps._kernels`` holds the ps tasks' fused Adagrad and FTRL updates (numpy twins in
 ``psflow/ps/optimizers.py``) and the dynamic tables' id index and small-batch unique (numpy twins in
 ``psflow/ps/dynamic/id_index.py`` and ``rows.py``).  ``psflow.data._native`` holds the input pipeline's per-byte loops (TFRecord framing, CRC32C,
-walking Examples, matching their keys, packed varints and floats, string lists).  It is optional:
-when no C compiler is available the install goes on and psflow uses the numpy versions of the
-same loops (see ``psflow/data/native.py``).
+walking Examples, matching their keys, packed varints and floats, string lists).  ``psflow.native._ids`` holds
+the id loops both sides use (a batch's distinct ids, a request's range and order check; numpy twins in
+``psflow/native/ids.py``).  All are optional: when no C compiler is available the install goes on and psflow
+uses the numpy versions of the same loops (see ``psflow/native/loader.py``).
 """
 
 from setuptools import Extension, setup
@@ -15,6 +16,12 @@ setup(
         Extension(
             "psflow.data._native",
             ["psflow/data/_native.c"],
+            extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "psflow.native._ids",
+            ["psflow/native/_ids.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

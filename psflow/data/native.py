@@ -14,7 +14,8 @@ string lists into items; reading Criteo TSV is one loop over each line
 * in numpy, next to their callers (:mod:`~psflow.data.tfrecord`,
   :mod:`~psflow.data.example_wire`, :mod:`~psflow.data.criteo`): used when the extension was not built, or
   when the environment variable ``PSFLOW_NATIVE=0`` is set at import (to
-  compare the two, or to rule the C code out).
+  compare the two, or to rule the C code out; :mod:`psflow.native.loader`
+  decides, for every extension of psflow).
 
 The tests compare both on the same random and malformed input.
 ``PSFLOW_REQUIRE_NATIVE=1`` makes the test suite fail instead of skipping the
@@ -24,26 +25,11 @@ C compiler and Python's headers exist).
 
 from __future__ import annotations
 
-import importlib
-import os
 from types import ModuleType
 
-__all__ = ["NATIVE", "ENV", "implementation", "load_extension"]
+from psflow.native.loader import load_extension
 
-#: Set to ``0`` to use the numpy loops even when the extension is built.
-ENV = "PSFLOW_NATIVE"
-
-
-def load_extension(name: str) -> ModuleType | None:
-    """Imports psflow's C extension ``name`` (e.g. ``"psflow.ps._kernels"``), or returns None
-    when it was not built or ``PSFLOW_NATIVE=0`` is set: the caller then uses its numpy twin."""
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
-
+__all__ = ["NATIVE", "implementation"]
 
 #: The extension module, or None when the numpy loops are in use.
 NATIVE: ModuleType | None = load_extension("psflow.data._native")

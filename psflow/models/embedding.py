@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from psflow.data.unique import unique_inverse
 from psflow.models.api import ModelError
+from psflow.native.ids import unique_inverse
 
 __all__ = ["COMBINERS", "EmbeddingLookup", "unique_ids"]
 

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from psflow.data import Batch, SparseColumn
 from psflow.data.hashing import name_salt, salted_ids
-from psflow.data.unique import unique_inverse
+from psflow.native.ids import unique_inverse
 
 __all__ = ["fold_ids", "shared_rows", "dense_matrix", "segment_sum", "sum_by_index", "UniqueIds", "SharedRows",
            "SharedTableRows"]

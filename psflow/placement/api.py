@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from psflow.data.unique import scan_ids
 from psflow.errors import PsflowError
+from psflow.native.ids import scan_ids
 from psflow.ps.dynamic.hashing import owner_of
 
 __all__ = [

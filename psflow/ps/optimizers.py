@@ -151,9 +151,9 @@ from typing import Any, ClassVar, cast
 import numpy as np
 import numpy.typing as npt
 
-from psflow.data.native import load_extension
-from psflow.data.unique import scan_ids
 from psflow.errors import PsError
+from psflow.native.ids import scan_ids
+from psflow.native.loader import load_extension
 from psflow.ps.schedules import ScheduleError, ScheduleSpec, parse_key_values
 
 __all__ = [

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from psflow.data.unique import scan_ids
 from psflow.errors import PsError
 from psflow.gradients import DenseGradient, SparseGradient
+from psflow.native.ids import scan_ids
 from psflow.placement import PlacementError, RoutedRows, VariablePlacement
 from psflow.ps.protocol import GradPart, PullReply
 from psflow.ps.store import partition_key

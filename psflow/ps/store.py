@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from psflow.data.native import load_extension
-from psflow.data.unique import scan_ids
 from psflow.errors import PsError
+from psflow.native.ids import scan_ids
+from psflow.native.loader import load_extension
 from psflow.ps.initializers import initial_value
 from psflow.ps.memory import exclude_from_fork
 from psflow.ps.optimizers import Optimizer

@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from psflow.data.native import load_extension
+from psflow.native.loader import load_extension
 from psflow.ps.store import ParameterStore, PartitionState
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
 

@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from psflow.data import Batch
-from psflow.data.unique import unique_inverse
 from psflow.models.api import ModelError
 from psflow.models.embedding import COMBINERS
+from psflow.native.ids import unique_inverse
 from psflow.ps.optimizers import OptimizerSpec
 
 if TYPE_CHECKING:

@@ -35,9 +35,9 @@ import numpy as np
 
 from psflow.cluster import ClusterSpec
 from psflow.data import Batch, SparseColumn
-from psflow.data.unique import unique_inverse
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.api import Model
+from psflow.native.ids import unique_inverse
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RunStepReply, RunStepRequest
 from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, InvalidRequest, Reply

@@ -8,7 +8,7 @@ half full, so it costs 16 bytes per bucket and at most
 Its loops (find, touch, place, remove) exist twice: in C, in the ps kernels
 extension ``psflow.ps._kernels`` (one pass per batch, the GIL released), and
 vectorized with numpy here, used when the extension was not built or
-``PSFLOW_NATIVE=0`` is set (:func:`psflow.data.native.load_extension`). The
+``PSFLOW_NATIVE=0`` is set (:func:`psflow.native.loader.load_extension`). The
 numpy loops cost a few dozen numpy calls per batch, which dominates small
 batches (on this project's 2-core machine, finding 200 ids among 5,000 takes
 ~120 us in numpy, ~6 us in C; removing and re-inserting them ~600 us and
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from psflow.data.native import load_extension
+from psflow.native.loader import load_extension
 from psflow.ps.dynamic.hashing import IdArray, mix64
 
 __all__ = ["INDEX_BYTES_PER_ROW", "MIN_BUCKETS", "IdIndex", "buckets_for"]

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from psflow.data.unique import unique_inverse
+from psflow.native.ids import unique_inverse
 from psflow.ps.dynamic.hashing import GAMMA, FloatArray, IdArray, U64Array, finalize
 
 __all__ = ["initial_rows", "sum_by_id", "unique_ids"]
@@ -61,7 +61,7 @@ def initial_rows(spec: Mapping[str, Any], ids: IdArray, dim: int) -> FloatArray:
 
 def unique_ids(ids: IdArray) -> tuple[IdArray, IdArray]:
     """``np.unique(ids, return_inverse=True)``, in O(n): sorted distinct ids (what clients send) are
-    returned themselves, with ``arange``; others go through :func:`psflow.data.unique.unique_inverse`."""
+    returned themselves, with ``arange``; others go through :func:`psflow.native.ids.unique_inverse`."""
     if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids, np.arange(ids.size)
     return unique_inverse(ids)

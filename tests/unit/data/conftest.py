@@ -15,6 +15,7 @@ from psflow.data import Batch, TFRecordWriter, native
 from psflow.data import example_wire as wire_module
 from psflow.data import tfrecord as tfrecord_module
 from psflow.data.example_encode import encode_sparse_examples
+from psflow.native.loader import ENV
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "data" / "tfrecord_fixtures"
@@ -30,7 +31,7 @@ def require_native() -> None:
     if native.NATIVE is None:
         if os.environ.get("PSFLOW_REQUIRE_NATIVE") == "1":
             pytest.fail("PSFLOW_REQUIRE_NATIVE=1 but psflow.data._native is not importable (not built?)")
-        pytest.skip(f"psflow.data._native not built or disabled by {native.ENV}=0")
+        pytest.skip(f"psflow.data._native not built or disabled by {ENV}=0")
 
 
 @pytest.fixture(scope="module", params=["c", "numpy"])

@@ -31,6 +31,7 @@ from psflow.data import example_wire as wire_module
 from psflow.data import tfrecord as tfrecord_module
 from psflow.data.batch import gather_ranges
 from psflow.data.example import encode_sparse_examples
+from psflow.native import loader
 
 
 @pytest.fixture(autouse=True)
@@ -225,10 +226,10 @@ def test_a_file_reads_the_same_through_both_implementations(tmp_path: Path, monk
 
 
 def test_the_environment_switch_picks_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(native.ENV, "0")
-    assert native.load_extension("psflow.data._native") is None
-    monkeypatch.setenv(native.ENV, "1")
-    assert native.load_extension("psflow.data._native") is not None
+    monkeypatch.setenv(loader.ENV, "0")
+    assert loader.load_extension("psflow.data._native") is None
+    monkeypatch.setenv(loader.ENV, "1")
+    assert loader.load_extension("psflow.data._native") is not None
     assert native.implementation() == "c"
 
 

@@ -1,5 +1,5 @@
 """A dynamic table's C loops and their numpy twins: the id index (id_index.py) against a dict model, and a
-batch's distinct ids (rows.unique_ids, through psflow.data.unique) against np.unique.
+batch's distinct ids (rows.unique_ids, through psflow.native.ids) against np.unique.
 
 Every test runs on both paths: ``c`` (the loops of ``psflow.ps._kernels``) and
 ``numpy`` (the fallback: the modules' ``_KERNELS`` set to None), and ``mixed``
@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from psflow.data import native
+from psflow.native import ids as ids_module
 from psflow.ps.dynamic import DynamicTable, DynamicTableSpec, id_index
 from psflow.ps.dynamic.id_index import MIN_BUCKETS, IdIndex, buckets_for
 from psflow.ps.dynamic.rows import unique_ids
@@ -73,13 +73,13 @@ POOL = _pool()
 def _path(name: str) -> Iterator[None]:
     """Runs the index and unique_ids on the C loops (``c``) or the numpy loops (``numpy``)."""
     assert name == "numpy" or KERNELS is not None
-    saved = id_index._KERNELS, native.NATIVE
+    saved = id_index._KERNELS, ids_module.IDS
     id_index._KERNELS = KERNELS if name == "c" else None
-    native.NATIVE = saved[1] if name == "c" else None  # psflow.data.unique's loop (unique_ids' unsorted case)
+    ids_module.IDS = saved[1] if name == "c" else None  # psflow.native.ids's loop (unique_ids' unsorted case)
     try:
         yield
     finally:
-        id_index._KERNELS, native.NATIVE = saved
+        id_index._KERNELS, ids_module.IDS = saved
 
 
 def _op_path(path: str, op: int) -> str:

@@ -1,20 +1,29 @@
-"""psflow.data.unique.unique_inverse: exactly np.unique(ids, return_inverse=True), on the C loop and without it."""
+"""psflow.native.ids: unique_inverse is exactly np.unique(ids, return_inverse=True) and scan_ids numpy's range and
+order check, on the C loops (psflow.native._ids) and without them."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 import pytest
-from conftest import require_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psflow.data import native
-from psflow.data import unique as unique_module
-from psflow.data.unique import unique_inverse
+from psflow.native import ids as ids_module
+from psflow.native.ids import unique_inverse
+from psflow.native.loader import ENV, load_extension
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+def require_native() -> None:
+    """Skips the test when psflow.native._ids was not built, or fails it under ``PSFLOW_REQUIRE_NATIVE=1``."""
+    if ids_module.IDS is None:
+        if os.environ.get("PSFLOW_REQUIRE_NATIVE") == "1":
+            pytest.fail("PSFLOW_REQUIRE_NATIVE=1 but psflow.native._ids is not importable (not built?)")
+        pytest.skip(f"psflow.native._ids not built or disabled by {ENV}=0")
 
 
 @pytest.fixture(params=["c", "numpy"])
@@ -22,7 +31,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     if request.param == "c":
         require_native()
     else:
-        monkeypatch.setattr(native, "NATIVE", None)
+        monkeypatch.setattr(ids_module, "IDS", None)
     return str(request.param)
 
 
@@ -39,15 +48,15 @@ def _check(ids: np.ndarray) -> None:
 @settings(max_examples=150, deadline=None)
 def test_matches_np_unique_on_any_int64(values: list[int]) -> None:
     for switch in ("c", "numpy"):
-        saved = native.NATIVE
+        saved = ids_module.IDS
         if switch == "numpy":
-            native.NATIVE = None
+            ids_module.IDS = None
         elif saved is None:
             continue
         try:
             _check(np.array(values, dtype=np.int64))
         finally:
-            native.NATIVE = saved
+            ids_module.IDS = saved
 
 
 @pytest.mark.parametrize("size", [0, 1, 2, 15, 16, 17, 1000, 20_000])
@@ -89,8 +98,8 @@ def test_threads_do_not_share_scratch(path: str) -> None:
 
 def test_kernel_checks_its_buffers() -> None:
     require_native()
-    assert native.NATIVE is not None
-    kernels = native.NATIVE
+    assert ids_module.IDS is not None
+    kernels = ids_module.IDS
     ids = np.arange(10, dtype=np.int64)
     out, inverse = np.empty(10, np.int64), np.empty(10, np.int64)
     scratch = np.empty(kernels.unique_scratch_size(10), np.int64)
@@ -110,10 +119,18 @@ def test_kernel_checks_its_buffers() -> None:
 
 
 def test_the_module_reads_the_switch_at_call_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """PSFLOW_NATIVE=0 or an unbuilt extension (native.NATIVE None): np.unique, same answer."""
-    monkeypatch.setattr(native, "NATIVE", None)
-    assert unique_module.native.NATIVE is None
+    """PSFLOW_NATIVE=0 or an unbuilt extension (ids.IDS None): np.unique, same answer."""
+    monkeypatch.setattr(ids_module, "IDS", None)
     _check(np.array([5, -1, 5, 3], np.int64))
+
+
+def test_psflow_native_0_loads_no_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "0")
+    assert load_extension("psflow.native._ids") is None
+    monkeypatch.delenv(ENV)
+    assert load_extension("psflow.native.no_such_extension") is None
+    if ids_module.IDS is not None:
+        assert load_extension("psflow.native._ids") is ids_module.IDS
 
 
 def _want_scan(ids: np.ndarray, num_rows: int) -> tuple[int, bool]:
@@ -129,16 +146,16 @@ def _want_scan(ids: np.ndarray, num_rows: int) -> tuple[int, bool]:
 def test_scan_ids_finds_the_first_id_outside_and_the_order(values: list[int], num_rows: int, sort: bool) -> None:
     ids = np.array(sorted(values) if sort else values, dtype=np.int64)
     want = _want_scan(ids, num_rows)
-    assert unique_module.scan_ids(ids, num_rows) == want  # the C loop where built
+    assert ids_module.scan_ids(ids, num_rows) == want  # the C loop where built
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(native, "NATIVE", None)
-        assert unique_module.scan_ids(ids, num_rows) == want
+        m.setattr(ids_module, "IDS", None)
+        assert ids_module.scan_ids(ids, num_rows) == want
 
 
 def test_scan_ids_on_strided_ids_and_edges(path: str) -> None:
     ids = np.arange(20, dtype=np.int64)
-    assert unique_module.scan_ids(ids[::2], 19) == (-1, True)  # a view: numpy's path on either side
-    assert unique_module.scan_ids(ids[::-2], 19) == (0, True)
-    assert unique_module.scan_ids(np.zeros(0, np.int64), 0) == (-1, True)
-    assert unique_module.scan_ids(np.array([3, 3], np.int64), 5) == (-1, False)
-    assert unique_module.scan_ids(np.array([1, 2, -(2**63)], np.int64), 5) == (2, True)
+    assert ids_module.scan_ids(ids[::2], 19) == (-1, True)  # a view: numpy's path on either side
+    assert ids_module.scan_ids(ids[::-2], 19) == (0, True)
+    assert ids_module.scan_ids(np.zeros(0, np.int64), 0) == (-1, True)
+    assert ids_module.scan_ids(np.array([3, 3], np.int64), 5) == (-1, False)
+    assert ids_module.scan_ids(np.array([1, 2, -(2**63)], np.int64), 5) == (2, True)
