@@ -53,9 +53,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from psflow.models.features import fold_ids  # noqa: E402
+from psflow.optim import OptimizerSpec  # noqa: E402
 from psflow.ps.dynamic import DynamicTable, DynamicTableSpec, id_index  # noqa: E402
 from psflow.ps.dynamic import rows as row_loops  # noqa: E402
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer  # noqa: E402
+from psflow.ps.optimizers import make_optimizer  # noqa: E402
 from psflow.ps.store import ParameterStore, PartitionState  # noqa: E402
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "dynamic_table.json")

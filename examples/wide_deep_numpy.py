@@ -46,8 +46,8 @@ from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models import EmbeddingLookup, Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
 from psflow.models.features import dense_matrix
 from psflow.models.losses import binary_outputs, sigmoid_cross_entropy
+from psflow.optim import OptimizerSpec
 from psflow.placement import fixed_size_partitioner
-from psflow.ps.optimizers import OptimizerSpec
 
 __all__ = ["WideDeep"]
 

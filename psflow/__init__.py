@@ -17,8 +17,8 @@ strategies
 ``create_model``                    compute loss and gradients; the registry)
 ``Batch``                           :mod:`psflow.data` (labels, named sparse and
                                     dense features)
-``OptimizerSpec``                   :mod:`psflow.ps.optimizers` (applied on the ps)
-``ScheduleSpec``                    :mod:`psflow.ps.schedules` (a learning rate
+``OptimizerSpec``                   :mod:`psflow.optim` (applied on the ps)
+``ScheduleSpec``                    :mod:`psflow.optim.schedules` (a learning rate
                                     decayed by global_step)
 ``ConnectConfig``                   :mod:`psflow.rpc.api` (timeouts, token)
 ``PsflowError``                     :mod:`psflow.errors` (the root of every error
@@ -37,6 +37,8 @@ from psflow.data import Batch
 from psflow.errors import PsflowError
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models import Model, ModelConfig, ModelOutput, VariableSpec, create_model
+from psflow.optim import OptimizerSpec
+from psflow.optim.schedules import ScheduleSpec
 from psflow.placement import (
     GreedyLoadBalancingStrategy,
     RoundRobinStrategy,
@@ -47,8 +49,6 @@ from psflow.placement import (
     replica_device_setter,
     variable_axis_size_partitioner,
 )
-from psflow.ps.optimizers import OptimizerSpec
-from psflow.ps.schedules import ScheduleSpec
 from psflow.rpc.api import ConnectConfig
 
 if TYPE_CHECKING:

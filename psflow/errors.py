@@ -37,9 +37,9 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     ├── PsError                                    the ps tasks' state and their client
     │   ├── StoreError (ValueError)                [ps.store] unknown partition, wrong shape
     │   │   └── DynamicTableError                  [ps.dynamic.spec]
-    │   ├── OptimizerError (ValueError)            [ps.optimizers]
+    │   ├── OptimizerError (ValueError)            [optim.spec]
     │   ├── InitializerError (ValueError)          [ps.initializers]
-    │   ├── ScheduleError (ValueError)             [ps.schedules]
+    │   ├── ScheduleError (ValueError)             [optim.schedules]
     │   ├── StepJournalError (RuntimeError)        [ps.global_step] the journal file
     │   └── ClientError (ValueError)               [ps client] unknown variable, wrong shape
     ├── CheckpointError                            a checkpoint cannot be written, found, read

@@ -55,9 +55,9 @@ from psflow.launch.report import RUN_SUMMARIES
 from psflow.launch.tls_flags import add_tls_arguments, tls_config
 from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelError
 from psflow.models.registry import create_model, model_class, model_names
+from psflow.optim import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
+from psflow.optim.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
 from psflow.ps.dynamic import DynamicTableError, share_spec
-from psflow.ps.optimizers import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
-from psflow.ps.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
 from psflow.train.build import inferred_schema, model_config
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.inputs import check_inputs

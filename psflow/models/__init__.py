@@ -23,8 +23,9 @@ Files:
 * ``fm.py`` -- ``fm``: a factorization machine.
 
 Guarantees: a model never names the runtime's modules (it imports only
-``psflow.data``, ``psflow.gradients``, ``psflow.placement`` partitioners and
-``psflow.ps.optimizers`` specs); the runtime never names a model's variables.
+``psflow.data``, ``psflow.gradients``, ``psflow.native``, ``psflow.placement`` partitioners and
+``psflow.optim`` specs; an import contract in ``pyproject.toml`` forbids the ps, training and launch
+packages); the runtime never names a model's variables.
 """
 
 from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec

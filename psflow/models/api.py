@@ -75,8 +75,8 @@ from psflow.data import FINITE_LABELS, Batch, BatchSpec, LabelSpec
 from psflow.errors import PsflowError
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.metrics import binary_metrics
+from psflow.optim import OptimizerSpec
 from psflow.placement import DTYPE_SIZES, Partitioner
-from psflow.ps.optimizers import OptimizerSpec
 
 __all__ = [
     "Model",
@@ -135,7 +135,7 @@ class VariableSpec:
         optimizer: the optimizer applied to this variable on its ps tasks;
             None: the run's optimizer (``--optimizer``, with
             ``--learning-rate-schedule``). Its ``learning_rate`` may be a
-            schedule (:class:`psflow.ps.schedules.ScheduleSpec`), read at each
+            schedule (:class:`psflow.optim.schedules.ScheduleSpec`), read at each
             update's global step, e.g. ``OptimizerSpec("rmsprop",
             {"learning_rate": ScheduleSpec("exponential_decay", {...})})``.
         trainable: whether gradients are pushed for it.

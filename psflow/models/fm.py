@@ -50,8 +50,8 @@ from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec, dynamic_table
 from psflow.models.features import SharedRows, SharedTableRows, dense_matrix, segment_sum, sum_by_index
 from psflow.models.losses import binary_outputs, sigmoid, sigmoid_cross_entropy
+from psflow.optim import OptimizerSpec
 from psflow.placement import fixed_size_partitioner
-from psflow.ps.optimizers import OptimizerSpec
 
 __all__ = ["FactorizationMachine"]
 

@@ -36,8 +36,8 @@ import numpy as np
 
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient, SparseGradient
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.plans import ClientError, Planner, PullPlan
 from psflow.ps.protocol import (
     DoneRequest,

@@ -48,7 +48,7 @@ fields below are those messages'):
 Dynamic tables keep time in global steps: on the task holding global_step,
 its value; elsewhere the newest ``step_hint`` a client sent (the newest step it
 heard of) -- so a row's age is never over-estimated.
-Learning-rate schedules (:mod:`psflow.ps.schedules`) read the same clock when a
+Learning-rate schedules (:mod:`psflow.optim.schedules`) read the same clock when a
 push is applied: on the task holding global_step, its value before the push's
 increment (TF's order); elsewhere the newest step the clients reported, which
 is that value when one worker pushes, and may lag it by the pushes in flight

@@ -19,10 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement, layout_mismatch
 from psflow.ps.averages import MovingAverages
 from psflow.ps.dynamic import DynamicTable, share_spec
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.optimizers import make_optimizer
 from psflow.ps.protocol import RegisterRequest
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.ps.sync import SyncConfig

@@ -59,7 +59,7 @@ from torch import nn
 
 from psflow.data import BINARY_LABELS
 from psflow.models.api import ModelConfig, ModelError, dynamic_table
-from psflow.ps.optimizers import OptimizerError, OptimizerSpec
+from psflow.optim import OptimizerError, OptimizerSpec
 from psflow.torch.embedding import Embedding, EmbeddingCollection
 from psflow.torch.inputs import Inputs
 from psflow.torch.model import Dense, ParamGroup, TorchModel

@@ -35,7 +35,7 @@ from psflow.data import Batch
 from psflow.models.api import ModelError
 from psflow.models.embedding import COMBINERS
 from psflow.native.ids import unique_inverse
-from psflow.ps.optimizers import OptimizerSpec
+from psflow.optim import OptimizerSpec
 
 if TYPE_CHECKING:
     from psflow.torch.inputs import Inputs

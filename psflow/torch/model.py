@@ -71,8 +71,8 @@ from psflow.data import Batch
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec, dynamic_table
 from psflow.models.losses import binary_outputs
+from psflow.optim import OptimizerSpec
 from psflow.placement import fixed_size_partitioner
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.torch.embedding import Embedding, EmbeddingCollection, LookupPlan
 from psflow.torch.inputs import Inputs
 from psflow.torch.towers import Tower, TowerPool, check_devices, split_batch, sum_on_cpu
@@ -116,7 +116,7 @@ class ParamGroup:
     Attributes:
         members: modules (every parameter and :class:`~psflow.torch.Embedding`
             inside them) and/or parameters.
-        optimizer: their optimizer: an :class:`~psflow.ps.optimizers.OptimizerSpec`
+        optimizer: their optimizer: an :class:`~psflow.optim.OptimizerSpec`
             or its JSON form (``{"name": "adagrad", "hyperparameters": {...}}``).
     """
 

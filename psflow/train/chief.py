@@ -58,8 +58,8 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
+from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol import SetReadyRequest
 from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, load_values, restore, warm_start
 from psflow.train.state_loss import check_state_kept, ps_states

@@ -17,8 +17,9 @@ from typing import Any
 
 from psflow import jsonio
 from psflow.errors import ConfigError
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
-from psflow.ps.schedules import ScheduleError, ScheduleSpec, schedule_parameters
+from psflow.optim import OptimizerSpec
+from psflow.optim.schedules import ScheduleError, ScheduleSpec, schedule_parameters
+from psflow.ps.optimizers import make_optimizer
 from psflow.ps.sync import SyncConfig
 
 __all__ = ["TrainConfig", "DEFAULT_LEARNING_RATES", "ConfigError", "MAX_SEED"]
@@ -61,7 +62,7 @@ class TrainConfig:
     optimizer: str = "ftrl"
     optimizer_params: dict[str, Any] = field(default_factory=dict)  # TF hyperparameters (--optimizer NAME:KEY=VALUE,...)
     learning_rate: float | None = None   # None: DEFAULT_LEARNING_RATES[optimizer]
-    learning_rate_schedule: dict[str, Any] | None = None  # psflow.ps.schedules JSON (--learning-rate-schedule); None: constant
+    learning_rate_schedule: dict[str, Any] | None = None  # psflow.optim.schedules JSON (--learning-rate-schedule); None: constant
     moving_average_decay: float | None = None  # moving averages of the trainable variables (psflow.ps.averages); None: none
     l1: float = 0.0                      # FTRL only
     l2: float = 0.0                      # FTRL only

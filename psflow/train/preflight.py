@@ -40,11 +40,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerSpec
 from psflow.placement import DTYPE_SIZES, VariablePlacement
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.ps.dynamic.table import row_bytes
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.optimizers import make_optimizer
 from psflow.train.build import build_model
 from psflow.train.checkpoint import latest_checkpoint, read_manifest
 from psflow.train.config import ConfigError, TrainConfig

@@ -70,8 +70,8 @@ from psflow.coord.api import (
     Lease,
 )
 from psflow.errors import TrainingError
+from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, SetReadyRequest, StatsReply
 from psflow.rpc.api import RpcError, gather
 from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest, restore

@@ -36,8 +36,8 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from psflow.data import BatchSource
+from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.train.chief import JoinResult, join_cluster
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 

@@ -39,9 +39,10 @@ from psflow.cluster import ClusterSpec
 from psflow.data import read_all
 from psflow.launch.export import export_model, load_model
 from psflow.models.registry import model_class
+from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.initializers import initial_value
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.optimizers import make_optimizer
 from psflow.rpc.api import ConnectConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.checkpoint import latest_checkpoint, read_variables

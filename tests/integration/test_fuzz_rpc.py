@@ -17,9 +17,9 @@ from support import ClusterHandle
 
 from psflow.cluster import ClusterSpec
 from psflow.coord.lease_table import COORDINATION_SERVICE
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import PARAMETER_SERVICE, TOKEN_METADATA_KEY, WORKER_SERVICE, ConnectConfig
 from psflow.rpc.framing import ALLOWED_DTYPES, MAGIC, encode
 

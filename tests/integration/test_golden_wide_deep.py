@@ -27,9 +27,9 @@ from support import REPO, TOKEN, ClusterHandle, run_cli
 
 from psflow.data import DatasetConfig, Schema, TFRecordWriter, encode_example, open_dataset
 from psflow.models import ModelConfig, create_model
+from psflow.optim import OptimizerSpec
 from psflow.placement import replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig
 from psflow.train.build import declare_variables
 from psflow.train.checkpoint import CheckpointManager, read_variables

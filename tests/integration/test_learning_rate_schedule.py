@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from support import A9A, A9A_T, run_cli
 
-from psflow.ps.schedules import ScheduleSpec
+from psflow.optim.schedules import ScheduleSpec
 from psflow.train.summary import read_scalars
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

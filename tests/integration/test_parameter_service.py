@@ -17,9 +17,9 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient, SparseGradient
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import (
     ConnectConfig,
     FailedPreconditionError,

@@ -19,7 +19,7 @@ from support import A9A, REPO, TOKEN, run_bounded, wait_until
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
-from psflow.ps.optimizers import OptimizerSpec
+from psflow.optim import OptimizerSpec
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.train.checkpoint import latest_checkpoint, read_manifest

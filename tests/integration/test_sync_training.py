@@ -19,9 +19,10 @@ from support import A9A, ClusterHandle, wait_until
 
 from psflow.data import read_all
 from psflow.gradients import SparseGradient
+from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.initializers import initial_value
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.optimizers import make_optimizer
 from psflow.rpc.api import ConnectConfig
 from psflow.train.build import build_model
 from psflow.train.config import TrainConfig

@@ -14,9 +14,9 @@ from support import TOKEN, ClusterHandle
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig, DeadlineExceededError, TaskUnavailableError, UnauthenticatedError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -22,10 +22,10 @@ import pytest
 from support import REPO
 
 from psflow.gradients import DenseGradient, SparseGradient
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.rpc.api import ConnectConfig
 from psflow.train.checkpoint import CheckpointManager, load_values, read_manifest, read_variables, restore
 

@@ -70,8 +70,8 @@ def test_the_modules_not_imported_define_no_class() -> None:
     ("psflow.placement.api.PlacementError", ValueError),
     ("psflow.models.api.ModelError", ValueError),
     ("psflow.ps.store.StoreError", ValueError),
-    ("psflow.ps.optimizers.OptimizerError", ValueError),
-    ("psflow.ps.schedules.ScheduleError", ValueError),
+    ("psflow.optim.spec.OptimizerError", ValueError),
+    ("psflow.optim.schedules.ScheduleError", ValueError),
     ("psflow.ps.initializers.InitializerError", ValueError),
     ("psflow.ps.global_step.StepJournalError", RuntimeError),
     ("psflow.rpc.framing.FrameError", ValueError),
@@ -91,8 +91,8 @@ def test_one_base_per_subsystem() -> None:
     from psflow.cluster import ClusterError
     from psflow.coord.api import CoordinationError, FencedError
     from psflow.data import BadRecordError, DataError
+    from psflow.optim import OptimizerError
     from psflow.ps.dynamic import DynamicTableError
-    from psflow.ps.optimizers import OptimizerError
     from psflow.ps.store import StoreError
     from psflow.rpc.api import RpcError, TaskUnavailableError
     from psflow.train.checkpoint import CheckpointFencedError, CheckpointSavesFailedError

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from psflow.optim import OptimizerSpec
 from psflow.ps.initializers import validate_initializer
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.store import StoreError
 
 __all__ = ["EVICTION_POLICIES", "OPTIONS", "DynamicTableError", "DynamicTableSpec", "DynamicTableStats", "share_spec",

@@ -9,8 +9,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol.fields import flag, list_field, message, optional_int, optional_str, refuse, strict_bool
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import InvalidRequest

@@ -10,12 +10,13 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.models.api import VariableSpec
+from psflow.optim import OptimizerSpec
 from psflow.placement import PlacementError, VariableSet, fixed_size_partitioner, layout_mismatch, replica_device_setter
 from psflow.placement.api import VariableDef
 from psflow.ps import averages as averages_module
 from psflow.ps.averages import MovingAverages, catch_up_factor, effective_decay, move_toward
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.optimizers import make_optimizer
 from psflow.ps.service import ParameterService
 from psflow.ps.store import ParameterStore
 from psflow.ps.sync import SyncConfig

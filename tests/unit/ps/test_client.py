@@ -8,9 +8,9 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient, SparseGradient
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol import BeginRestoreRequest, SetReadyRequest
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import FailedPreconditionError

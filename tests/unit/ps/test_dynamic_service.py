@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as safetensors_load
 
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.dynamic import DynamicTableError, share_spec, table_totals
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame

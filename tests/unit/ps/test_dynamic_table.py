@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from psflow.optim import OptimizerSpec
 from psflow.ps.dynamic import (
     FIXED_OVERHEAD_BYTES,
     CountMinSketch,
@@ -21,7 +22,7 @@ from psflow.ps.dynamic import (
     resplit_snapshots,
 )
 from psflow.ps.initializers import initial_value
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.optimizers import make_optimizer
 from psflow.ps.store import ParameterStore, StoreError
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1

@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from psflow.native import ids as ids_module
+from psflow.optim import OptimizerSpec
 from psflow.ps.dynamic import DynamicTable, DynamicTableSpec, id_index
 from psflow.ps.dynamic.id_index import MIN_BUCKETS, IdIndex, buckets_for
 from psflow.ps.dynamic.rows import unique_ids
-from psflow.ps.optimizers import OptimizerSpec
 
 try:
     KERNELS: ModuleType | None = importlib.import_module("psflow.ps._kernels")

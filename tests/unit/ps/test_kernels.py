@@ -8,8 +8,9 @@ import os
 import numpy as np
 import pytest
 
+from psflow.optim import OptimizerSpec
 from psflow.ps import optimizers
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.optimizers import make_optimizer
 
 try:
     kernels = importlib.import_module("psflow.ps._kernels")

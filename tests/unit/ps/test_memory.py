@@ -70,7 +70,8 @@ def test_small_views_and_strided_arrays_are_left_alone() -> None:
 
 
 def test_the_store_marks_partitions_and_slots() -> None:
-    from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+    from psflow.optim import OptimizerSpec
+    from psflow.ps.optimizers import make_optimizer
 
     before = _dontfork_kib()
     store = ParameterStore()

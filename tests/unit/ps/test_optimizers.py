@@ -13,15 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import psflow.ps.optimizers as optimizers_module
-from psflow.ps.optimizers import (
-    OPTIMIZER_NAMES,
-    AdamOptimizer,
-    FtrlOptimizer,
-    Optimizer,
-    OptimizerError,
-    OptimizerSpec,
-    make_optimizer,
-)
+from psflow.optim import OPTIMIZER_NAMES, OptimizerError, OptimizerSpec
+from psflow.ps.optimizers import AdamOptimizer, FtrlOptimizer, Optimizer, make_optimizer
 
 GOLDEN_PATH = Path(__file__).resolve().parents[2] / "data" / "golden" / "optimizers_tf.json"
 GOLDEN: dict[str, Any] = json.loads(GOLDEN_PATH.read_text())
@@ -457,7 +450,7 @@ def test_from_json_rejects_bad_input(data: Any, message: str) -> None:
 
 def test_parse_optimizer_flag_forms() -> None:
     """--wide-optimizer / --deep-optimizer: NAME, NAME:KEY=VALUE,... or JSON; checked against the optimizer later."""
-    from psflow.ps.optimizers import parse_optimizer
+    from psflow.optim import parse_optimizer
 
     assert parse_optimizer("ftrl") == {"name": "ftrl", "hyperparameters": {}}
     assert parse_optimizer(" adagrad:learning_rate=0.05, initial_accumulator_value=0.1 ") == {

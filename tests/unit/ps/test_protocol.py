@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps import protocol as p
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame, decode, encode

@@ -8,8 +8,8 @@ import weakref
 
 import pytest
 
+from psflow.optim import OptimizerSpec
 from psflow.ps import checkpointing
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol import BeginRestoreRequest, CheckpointStatusRequest, SaveOutcome, SetReadyRequest
 from psflow.ps.service import ParameterService
 from psflow.rpc.framing import Frame

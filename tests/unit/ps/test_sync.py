@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from psflow.optim import OptimizerSpec
 from psflow.ps.global_step import GlobalStep
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
+from psflow.ps.optimizers import make_optimizer
 from psflow.ps.store import ParameterStore, PartitionState
 from psflow.ps.sync import Contribution, StalenessClock, SyncAggregator, SyncConfig, SyncResult
 from psflow.rpc.api import InvalidRequest, PreconditionFailed

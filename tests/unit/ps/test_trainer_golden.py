@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from psflow.optim import OptimizerSpec
+from psflow.optim.schedules import ScheduleSpec
 from psflow.ps import optimizers
 from psflow.ps.averages import MovingAverages
-from psflow.ps.optimizers import OptimizerSpec, make_optimizer
-from psflow.ps.schedules import ScheduleSpec
+from psflow.ps.optimizers import make_optimizer
 from psflow.ps.store import ParameterStore
 
 GOLDEN: dict[str, Any] = json.loads(

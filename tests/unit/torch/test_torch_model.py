@@ -16,7 +16,7 @@ from support import REPO  # noqa: E402
 from psflow.data import Batch, BatchSpec, SparseColumn  # noqa: E402
 from psflow.gradients import DenseGradient, SparseGradient  # noqa: E402
 from psflow.models import EmbeddingLookup, ModelConfig, ModelError, create_model  # noqa: E402
-from psflow.ps.optimizers import OptimizerSpec  # noqa: E402
+from psflow.optim import OptimizerSpec  # noqa: E402
 from psflow.torch import Embedding, EmbeddingCollection, Inputs, ParamGroup, TorchModel  # noqa: E402
 from psflow.torch.embedding import LookupPlan  # noqa: E402
 

@@ -11,9 +11,9 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.inprocess import InProcessChannel

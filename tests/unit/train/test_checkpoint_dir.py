@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.checkpoint import (

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame, decode, encode

@@ -7,9 +7,9 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.gradients import SparseGradient
+from psflow.optim import OptimizerSpec
 from psflow.placement import PlacementError, VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.protocol import PullRequest
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel

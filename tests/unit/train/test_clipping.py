@@ -13,9 +13,9 @@ from psflow.cluster import ClusterSpec
 from psflow.data import Batch
 from psflow.gradients import DenseGradient, Gradients, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.clipping import clip_by_global_norm, global_norm

@@ -10,7 +10,7 @@ import pytest
 import psflow.train.session as session_module
 from psflow.cluster import ClusterSpec
 from psflow.data import BatchSource, ReaderPosition
-from psflow.ps.optimizers import OptimizerSpec
+from psflow.optim import OptimizerSpec
 from psflow.train.chief import JoinResult, is_chief
 from psflow.train.duties import epochs_completed
 from psflow.train.hooks import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from psflow.cluster import ClusterSpec
-from psflow.ps.optimizers import OptimizerSpec
+from psflow.optim import OptimizerSpec
 from psflow.train.build import build_model
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.preflight import available_memory, check_settings, ps_memory

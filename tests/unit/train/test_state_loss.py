@@ -15,9 +15,9 @@ from psflow.coord import Lease
 from psflow.gradients import DenseGradient
 from psflow.launch.resilience import ResilienceConfig, with_recovery_checkpoints
 from psflow.launch.supervisor import STATE_LOST_EXIT_CODE, RestartConfig, decide
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.optimizers import OptimizerSpec
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.checkpoint import CheckpointManager

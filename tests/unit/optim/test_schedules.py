@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerError, OptimizerSpec, parse_optimizer
+from psflow.optim.schedules import SCHEDULE_NAMES, ScheduleError, ScheduleSpec, parse_schedule
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.global_step import GlobalStep
-from psflow.ps.optimizers import OptimizerError, OptimizerSpec, make_optimizer, parse_optimizer
-from psflow.ps.schedules import SCHEDULE_NAMES, ScheduleError, ScheduleSpec, parse_schedule
+from psflow.ps.optimizers import make_optimizer
 from psflow.ps.service import ParameterService
 from psflow.ps.store import ParameterStore
 from psflow.ps.sync import Contribution, SyncAggregator, SyncConfig
@@ -93,7 +94,7 @@ def _minimal(name: str) -> dict[str, Any]:
 
 
 def _params(name: str) -> tuple[str, ...]:
-    from psflow.ps.schedules import schedule_parameters
+    from psflow.optim.schedules import schedule_parameters
 
     return schedule_parameters(name)
 

@@ -1,7 +1,7 @@
 """Learning-rate schedules: TF1's ``tf.compat.v1.train`` decays, evaluated on the ps tasks.
 
 An optimizer's ``learning_rate`` may be a :class:`ScheduleSpec` instead of a
-number (:class:`psflow.ps.optimizers.OptimizerSpec`). A ps task then computes
+number (:class:`psflow.optim.OptimizerSpec`). A ps task then computes
 the learning rate of each update from the global_step read *before* that
 update's increment, TF's order (``apply_gradients(global_step=gs)`` runs the
 update ops, then ``assign_add(gs, 1)``): the first update uses step 0. In sync
