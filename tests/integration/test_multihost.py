@@ -250,7 +250,12 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     epochs, out = 3, tmp_path / "run"
     config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=3,
                          epochs=epochs, batch_size=512, log_every=1, transport="tcp", connect_timeout=120.0,
-                         checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
+                         checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20,
+                         # A worker victim must still be training when it is cut: unslowed, worker 1's ~64
+                         # steps took under a second, so on a loaded machine it could finish (and leave the
+                         # health monitor's watch) before the cutter thread saw its first step; the CI run of
+                         # eeb3815 then reported no hang. A ps victim stops every worker, so it needs none.
+                         extra={"step_delay": {"1": 0.1}} if victim[0] == "worker" else {})
     host, name = f"{victim[0]}{victim[1]}", f"/job:{victim[0]}/task:{victim[1]}"
     worker_log = out / "logs" / "worker-1.log"
     cut_error: list[BaseException] = []
