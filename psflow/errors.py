@@ -35,8 +35,8 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     ├── CoordinationError                          [coord.api] leases and elections
     │   ├── BackendUnavailableError, CampaignTimeoutError, LeaseLostError, FencedError
     ├── PsError                                    the ps tasks' state and their client
-    │   ├── StoreError (ValueError)                [ps.store] unknown partition, wrong shape
-    │   │   └── DynamicTableError                  [ps.dynamic.spec]
+    │   ├── StoreError (ValueError)                [here; ps.store] unknown partition, wrong shape
+    │   │   └── DynamicTableError                  [here; ps.dynamic] a dynamic table, its spec or ids
     │   ├── OptimizerError (ValueError)            [optim.spec]
     │   ├── InitializerError (ValueError)          [ps.initializers]
     │   ├── ScheduleError (ValueError)             [optim.schedules]
@@ -62,7 +62,9 @@ Not a ``PsflowError``: :class:`~psflow.launch.lifeline.LaunchInterrupted`, the l
 
 A subsystem's base lives here when a lower layer raises it too (:class:`ConfigError` is raised by
 :mod:`psflow.extras`, a leaf) or when the subsystem has no ``api`` module (the ps, checkpoints,
-training); otherwise in the subsystem's ``api`` module. The guards that let the chief go on after one
+training); otherwise in the subsystem's ``api`` module. :class:`StoreError` and :class:`DynamicTableError`
+live here because :func:`psflow.placement.hashing.owner_of`, below the ps, raises the latter for bad ids
+(``psflow.ps.store`` and ``psflow.ps.dynamic`` re-export them). The guards that let the chief go on after one
 failed save catch :class:`CheckpointError`: :class:`CheckpointSavesFailedError`, which stops the
 run, is deliberately not one.
 
@@ -71,7 +73,7 @@ This module imports nothing of psflow: every layer may import it.
 
 from __future__ import annotations
 
-__all__ = ["PsflowError", "ConfigError", "PsError", "CheckpointError", "TrainingError"]
+__all__ = ["PsflowError", "ConfigError", "PsError", "StoreError", "DynamicTableError", "CheckpointError", "TrainingError"]
 
 
 class PsflowError(Exception):
@@ -85,6 +87,14 @@ class ConfigError(PsflowError, ValueError):
 class PsError(PsflowError):
     """Base of the errors of the ps tasks' state (store, optimizers, initializers, schedules, step journal)
     and of the client that calls them."""
+
+
+class StoreError(PsError, ValueError):
+    """A request names an unknown partition or has the wrong dtype/shape/rows."""
+
+
+class DynamicTableError(StoreError):
+    """A dynamic table's spec, or a call on it or on its ids, is invalid; the message names the table or call."""
 
 
 class CheckpointError(PsflowError):

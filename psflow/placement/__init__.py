@@ -7,6 +7,9 @@ Files:
   lookups), :class:`RoutedRows`, :func:`split_rows`, JSON helpers, the
   :data:`PlacementStrategy` and :data:`Partitioner` types, and the errors
   :class:`PlacementError`, :class:`LayoutMismatchError`.
+* ``hashing.py``: :func:`~psflow.placement.hashing.owner_of` (the ps task that owns
+  each id of a dynamic table: splitmix64 mod the number of ps tasks), the
+  splitmix64 mix and the id check; below the ps, which imports it.
 * ``layout.py``: :func:`layout_mismatch`, :func:`check_layout`.
 * ``strategies.py``: :class:`RoundRobinStrategy`,
   :class:`GreedyLoadBalancingStrategy`, :func:`byte_size_load_fn`.

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from psflow.errors import PsflowError
 from psflow.native.ids import scan_ids
-from psflow.ps.dynamic.hashing import owner_of
+from psflow.placement.hashing import owner_of
 
 __all__ = [
     "DTYPE_SIZES",

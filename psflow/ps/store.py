@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from psflow.errors import PsError
+from psflow.errors import StoreError  # defined below the ps: placement's owner_of raises its subclass
 from psflow.native.ids import scan_ids
 from psflow.native.loader import load_extension
 from psflow.ps.initializers import initial_value
@@ -37,10 +37,6 @@ if TYPE_CHECKING:
     from psflow.ps.dynamic.table import DynamicTable
 
 __all__ = ["PartitionState", "ParameterStore", "partition_key", "StoreError"]
-
-
-class StoreError(PsError, ValueError):
-    """A request names an unknown partition or has the wrong dtype/shape/rows."""
 
 
 def partition_key(var_name: str, index: int) -> str:

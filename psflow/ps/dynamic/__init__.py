@@ -85,21 +85,23 @@ Modules (everything public is re-exported here):
     ========================  ===============================================================
     ``spec.py``               :class:`DynamicTableSpec` (options, checked on construction),
                               :func:`share_spec` (one ps task's share of a table variable),
-                              :class:`DynamicTableStats`, :class:`DynamicTableError`,
-                              :data:`EVICTION_POLICIES`
+                              :class:`DynamicTableStats`, :class:`DynamicTableError`
+                              (defined in :mod:`psflow.errors`), :data:`EVICTION_POLICIES`,
+                              the row and mask array types
     ``table.py``              :class:`DynamicTable` (lookup, apply_gradients, evict, snapshot,
                               load/restore, memory accounting), :data:`FIXED_OVERHEAD_BYTES`
-    ``hashing.py``            :func:`owner_of` (id -> owning ps task), the splitmix64 mix,
-                              id validation, the array type aliases
     ``sketch.py``             :class:`CountMinSketch` (the ``admit_after`` counts)
     ``id_index.py``           ``IdIndex``: the id -> slot open-addressing hash table
     ``rows.py``               initial rows of new ids, a call's distinct ids, gradients summed per id
     ``eviction.py``           the lfu/lru ordering and the sampled choice of rows to evict
     ``snapshots.py``          the snapshot check, :func:`resplit_snapshots`
     ========================  ===============================================================
+
+:func:`owner_of` (id -> owning ps task), the splitmix64 mix and the id check live in
+:mod:`psflow.placement.hashing`, below the ps, as placement routes ids by them too; re-exported here.
 """
 
-from psflow.ps.dynamic.hashing import owner_of
+from psflow.placement.hashing import owner_of
 from psflow.ps.dynamic.sketch import CountMinSketch
 from psflow.ps.dynamic.snapshots import resplit_snapshots
 from psflow.ps.dynamic.spec import (

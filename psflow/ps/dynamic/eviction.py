@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from psflow.ps.dynamic.hashing import BoolArray, IdArray
-from psflow.ps.dynamic.spec import DynamicTableSpec
+from psflow.placement.hashing import IdArray
+from psflow.ps.dynamic.spec import BoolArray, DynamicTableSpec
 
 __all__ = ["eviction_keys", "lowest", "pick_victims"]
 

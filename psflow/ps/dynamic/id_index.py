@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from psflow.native.loader import load_extension
-from psflow.ps.dynamic.hashing import IdArray, mix64
+from psflow.placement.hashing import IdArray, mix64
 
 __all__ = ["INDEX_BYTES_PER_ROW", "MIN_BUCKETS", "IdIndex", "buckets_for"]
 

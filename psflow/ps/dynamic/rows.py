@@ -13,7 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from psflow.native.ids import unique_inverse
-from psflow.ps.dynamic.hashing import GAMMA, FloatArray, IdArray, U64Array, finalize
+from psflow.placement.hashing import GAMMA, IdArray, U64Array, finalize
+from psflow.ps.dynamic.spec import FloatArray
 
 __all__ = ["initial_rows", "sum_by_id", "unique_ids"]
 

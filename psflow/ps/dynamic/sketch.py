@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from psflow.ps.dynamic.hashing import IdArray, mix64
+from psflow.placement.hashing import IdArray, mix64
 
 __all__ = ["CountMinSketch"]
 

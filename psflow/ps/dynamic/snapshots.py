@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from psflow.ps.dynamic.hashing import check_ids, owner_of
+from psflow.placement.hashing import check_ids, owner_of
 from psflow.ps.dynamic.spec import DynamicTableError
 
 __all__ = ["check_snapshot", "resplit_snapshots"]

@@ -3,7 +3,8 @@
 :class:`DynamicTableSpec` checks every option on construction, so a table is
 never built from an invalid spec; :class:`DynamicTableStats` is a plain copy
 of a table's counters. Every error of this package is a
-:class:`DynamicTableError` (a :class:`StoreError`) whose message names the table.
+:class:`DynamicTableError` (a :class:`StoreError`; both defined in :mod:`psflow.errors`, as
+:func:`~psflow.placement.hashing.owner_of` below the ps raises it too) whose message names the table.
 """
 
 from __future__ import annotations
@@ -12,18 +13,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from psflow.errors import DynamicTableError
 from psflow.optim import OptimizerSpec
 from psflow.ps.initializers import validate_initializer
-from psflow.ps.store import StoreError
 
-__all__ = ["EVICTION_POLICIES", "OPTIONS", "DynamicTableError", "DynamicTableSpec", "DynamicTableStats", "share_spec",
-           "table_totals"]
+__all__ = ["EVICTION_POLICIES", "OPTIONS", "BoolArray", "DynamicTableError", "DynamicTableSpec", "DynamicTableStats",
+           "FloatArray", "share_spec", "table_totals"]
+
+#: A table's rows and a mask over its ids (ids themselves are :data:`psflow.placement.hashing.IdArray`).
+FloatArray = npt.NDArray[np.float32]
+BoolArray = npt.NDArray[np.bool_]
 
 EVICTION_POLICIES = ("lfu", "lru")
-
-
-class DynamicTableError(StoreError):
-    """A dynamic table's spec, or a call on it, is invalid; the message names the table."""
 
 
 def _int_option(table: str, key: str, value: object, low: int, *, optional: bool = True) -> None:

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from psflow.placement.hashing import IdArray, check_ids
 from psflow.ps.dynamic.eviction import eviction_keys, lowest, pick_victims
-from psflow.ps.dynamic.hashing import BoolArray, FloatArray, IdArray, check_ids
 from psflow.ps.dynamic.id_index import INDEX_BYTES_PER_ROW, MIN_BUCKETS, IdIndex, buckets_for
 from psflow.ps.dynamic.rows import initial_rows, sum_by_id, unique_ids
 from psflow.ps.dynamic.sketch import CountMinSketch
 from psflow.ps.dynamic.snapshots import check_snapshot
-from psflow.ps.dynamic.spec import DynamicTableError, DynamicTableSpec, DynamicTableStats
+from psflow.ps.dynamic.spec import BoolArray, DynamicTableError, DynamicTableSpec, DynamicTableStats, FloatArray
 from psflow.ps.optimizers import make_optimizer
 
 __all__ = ["FIXED_OVERHEAD_BYTES", "DynamicTable", "row_bytes"]

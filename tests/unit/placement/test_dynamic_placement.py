@@ -15,7 +15,7 @@ from psflow.placement import (
     layout_mismatch,
     replica_device_setter,
 )
-from psflow.ps.dynamic import owner_of
+from psflow.placement.hashing import owner_of
 
 
 def _set(num_ps: int = 3) -> VariableSet:

@@ -2,8 +2,14 @@
 
 Everything here is integer arithmetic mod 2**64 on numpy arrays, with no seed
 and no Python ``hash``, so every process on every platform computes the same
-values. :func:`mix64` is a bijection of 64-bit values; the sketch, the id
-index and the initial rows all derive their hashes from it.
+values. :func:`mix64` is a bijection of 64-bit values; a dynamic table's sketch,
+id index and initial rows (``psflow.ps.dynamic``) all derive their hashes from it.
+
+:func:`owner_of` is placement's: :class:`~psflow.placement.api.VariablePlacement`
+routes a dynamic table's ids by it, and the ps tasks split and re-split their
+shares by it. It lives below both, so placement imports nothing of the ps. Bad
+ids or a bad ``num_ps`` raise :class:`~psflow.errors.DynamicTableError` (as they
+did when this module was ``psflow.ps.dynamic.hashing``).
 """
 
 from __future__ import annotations
@@ -11,12 +17,10 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from psflow.ps.dynamic.spec import DynamicTableError
+from psflow.errors import DynamicTableError
 
 __all__ = [
     "GAMMA",
-    "BoolArray",
-    "FloatArray",
     "IdArray",
     "U64Array",
     "check_ids",
@@ -26,8 +30,6 @@ __all__ = [
 ]
 
 IdArray = npt.NDArray[np.int64]
-FloatArray = npt.NDArray[np.float32]
-BoolArray = npt.NDArray[np.bool_]
 U64Array = npt.NDArray[np.uint64]
 
 #: splitmix64's increment (2**64 / golden ratio, odd).
