@@ -34,7 +34,7 @@ repetition) and the figures are medians, because the machine is shared and noisy
    ``memory_bytes`` (its Stats) + ``DynamicTable.overhead_bytes()`` of the budget
    table's share (Python + numpy + gRPC + the batch's temporaries, measured on the same
    data). Target: peak <= 1.1 x ceil(BUDGET / num_ps) + fixed overhead. Recall: the
-   final checkpoint's ``weights@ids`` (``psflow.train.checkpoint.read_variables``)
+   final checkpoint's ``weights@ids`` (``psflow.checkpoint.variables.read_variables``)
    against the 1% most frequent ids of the file (by examples containing them, ties by
    Zipf rank). Target >= 0.99.
 
@@ -80,8 +80,8 @@ from bench_tf_peer import _STEP, _stamp, machine, median_range, parse_worker_log
 from results_md import replace_section  # noqa: E402
 from workload import _mix, ensure_workload, write_libsvm  # noqa: E402
 
+from psflow.checkpoint.variables import read_variables  # noqa: E402
 from psflow.ps.dynamic import DynamicTable, owner_of, share_spec  # noqa: E402
-from psflow.train.checkpoint import read_variables  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
 
 Run = dict[str, Any]

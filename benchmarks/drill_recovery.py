@@ -86,7 +86,7 @@ from test_checkpoint_safety import (  # noqa: E402
 from test_launcher_signals import Launcher, alive, cmdline, wait_until  # noqa: E402
 from test_recovery import ROLES, check_run, train  # noqa: E402
 
-from psflow.train.checkpoint import read_variables  # noqa: E402
+from psflow.checkpoint.variables import read_variables  # noqa: E402
 
 
 def main() -> int:

@@ -151,10 +151,10 @@ def train_config(args: argparse.Namespace, data: dict[str, Any], out: Path) -> A
 def evaluations(config: Any) -> dict[str, dict[str, float]]:
     """The final checkpoint evaluated on the held-out digits with its moving averages and with its variables
     (from the files, as the evaluator task reads them)."""
+    from psflow.checkpoint.pointer import latest_checkpoint
     from psflow.data import read_all
     from psflow.launch.export import load_checkpoint_model
     from psflow.train.build import data_options
-    from psflow.train.checkpoint import latest_checkpoint
     from psflow.train.evaluation import ArrayParameters, evaluate
 
     path = latest_checkpoint(config.checkpoint_dir)

@@ -40,8 +40,8 @@ What each operation guarantees, local and remote:
 * A "directory" in an object store is a prefix: it exists while an object lies
   under it; :func:`makedirs` does nothing there and :func:`sync_dir` neither.
 
-Not here: the meaning of files (checkpoints: :mod:`psflow.train.checkpoint`;
-the run lock over a store: :mod:`psflow.train.checkpoint_lock`).
+Not here: the meaning of files (checkpoints: :mod:`psflow.checkpoint`;
+the run lock over a store: :mod:`psflow.checkpoint.lock`).
 """
 
 from __future__ import annotations

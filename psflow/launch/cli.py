@@ -433,11 +433,11 @@ def _check_devices(config: TrainConfig, model: Model) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from psflow.checkpoint.lock import RunDirLock, new_run_id
     from psflow.launch.local import run_local
     from psflow.launch.resilience import resilience_config
     from psflow.launch.status_cli import status_config
     from psflow.launch.task import configure_logging
-    from psflow.train.checkpoint_lock import RunDirLock, new_run_id
 
     if not args.train:
         raise ConfigError("--train is required")
@@ -447,7 +447,7 @@ def _train(args: argparse.Namespace) -> int:
     status = status_config(args)  # before anything is written: a PSFLOW_TOKEN of only whitespace is refused
     output = args.output or tempfile.mkdtemp(prefix=f"psflow-{time.strftime('%Y%m%d-%H%M%S')}-")
     # One run per run directory, taken before anything is written there: another live run's is refused, naming it
-    # (psflow.train.checkpoint_lock.RunDirLock). The launcher finds it held by this process and leaves it to this.
+    # (psflow.checkpoint.lock.RunDirLock). The launcher finds it held by this process and leaves it to this.
     run = config.run_id or new_run_id()
     config = dataclasses.replace(config, run_id=run)
     if config.summary_dir is None:  # the chief's TensorBoard summaries: a fresh directory per run (psflow report)

@@ -7,7 +7,7 @@ calls it). ``psflow server`` runs it as follows:
 
 1. Every ``--eval-poll-secs`` (default 5 s) it looks for the newest complete
    checkpoint in ``--checkpoint-dir``
-   (:func:`psflow.train.checkpoint.latest_checkpoint`).
+   (:func:`psflow.checkpoint.pointer.latest_checkpoint`).
 2. When that checkpoint is newer than the last one evaluated, the evaluator
    reads it from the files (variables only, partitions joined), rebuilds the
    model from the checkpoint's manifest (a user's ``package.module:Class``
@@ -22,7 +22,7 @@ calls it). ``psflow server`` runs it as follows:
    checkpoint's global_step into ``SUMMARY_DIR/eval``, so TensorBoard shows
    them beside the training curves.
 4. It exits with status 0 once it has evaluated the run's final checkpoint
-   (:attr:`psflow.train.checkpoint.Manifest.final`, written when training
+   (:attr:`psflow.checkpoint.manifest.Manifest.final`, written when training
    ends normally), or a checkpoint at or past ``--max-steps``. A stop
    (SIGTERM, SIGINT) ends it sooner, with ``128 + n``.
 
@@ -40,10 +40,13 @@ import os
 import threading
 from dataclasses import dataclass, replace
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import averaged_variables
 from psflow.data import Batch, read_all
+from psflow.errors import CheckpointError
 from psflow.launch.export import load_checkpoint_model
 from psflow.train.build import data_options
-from psflow.train.checkpoint import CheckpointError, averaged_variables, latest_checkpoint, read_manifest
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.evaluation import ArrayParameters, evaluate
 from psflow.train.hooks import format_metrics

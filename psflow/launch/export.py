@@ -66,20 +66,14 @@ import numpy as np
 from safetensors.numpy import save as safetensors_save
 
 from psflow import jsonio, storage
+from psflow.checkpoint.manifest import Manifest, read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import DYNAMIC_IDS, averaged_variables, read_safetensors, read_variables
 from psflow.data import FORMATS, Batch, BatchSpec, DataError, Schema, batch_spec, read_all
+from psflow.errors import CheckpointError
 from psflow.models.api import Model, ModelConfig, ModelError
 from psflow.models.logistic import legacy_config
 from psflow.models.registry import create_model, trusted_model
-from psflow.train.checkpoint import (
-    DYNAMIC_IDS,
-    CheckpointError,
-    Manifest,
-    averaged_variables,
-    latest_checkpoint,
-    read_manifest,
-    read_safetensors,
-    read_variables,
-)
 from psflow.train.evaluation import ArrayParameters
 from psflow.train.evaluation import predict as predict_outputs
 

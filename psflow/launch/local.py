@@ -3,7 +3,7 @@
 ``run_local(config, output_dir)``:
     0. takes ``output_dir`` for the run (``run.lock``; another live run in it
        is refused, naming it, before anything is written there:
-       :class:`~psflow.train.checkpoint_lock.RunDirLock`), then the
+       :class:`~psflow.checkpoint.lock.RunDirLock`), then the
        checkpoint directory; both are released when the run ends;
     1. picks free ports on 127.0.0.1 for ``num_ps`` ps tasks and
        ``num_workers`` worker tasks and writes ``cluster.json``;
@@ -53,6 +53,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from psflow.checkpoint.ledger import SaveStatusWatcher
 from psflow.cluster import ClusterSpec
 from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
@@ -69,7 +70,6 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.train.build import build_model
-from psflow.train.checkpoint import SaveStatusWatcher
 from psflow.train.config import TORCH_THREADS_ENV, TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters

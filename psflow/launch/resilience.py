@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from psflow import jsonio
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterError, TaskId
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
 from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, chief_task
@@ -68,7 +69,6 @@ from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.train.checkpoint import latest_checkpoint
 from psflow.train.chief import trainer_task
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import coordination_config, elects_chief

@@ -30,12 +30,12 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from psflow.checkpoint.ledger import SaveStatusWatcher
 from psflow.launch.lifeline import signal_name
 from psflow.launch.run_status import METRICS_JSON, LauncherStatus, write_run_files
 from psflow.launch.supervisor import describe_exit
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.train.checkpoint import SaveStatusWatcher
 from psflow.train.final_snapshot import Resumed, final_snapshot, step_task_stats
 
 __all__ = ["RunEnd"]

@@ -15,10 +15,10 @@ Chief, in order:
        ``defer_ready=True``: each task that is not ready yet creates its
        partitions (the one initialization of the cluster) and stays not ready.
        With a checkpoint it restores the checkpoint into the tasks
-       (:func:`psflow.train.checkpoint.restore`) and logs
+       (:func:`psflow.checkpoint.restore.restore`) and logs
        ``restored checkpoint <path> at step <S>``; without one but with
        ``warm_start``, it loads the warm-start values instead
-       (:func:`psflow.train.checkpoint.warm_start`: variables only; slots and
+       (:func:`psflow.checkpoint.warm_start.warm_start`: variables only; slots and
        global_step keep their initial values). Then it marks every task ready,
        ps task 0 (which non-chiefs ask first) last: so a ready ps task 0 means
        every task was initialized, and a chief that dies half-way leaves tasks
@@ -40,11 +40,11 @@ Before the chief restores at start, :func:`check_restorable` compares the
 checkpoint's manifest with the run's model: a checkpoint written by another
 model (name, model parameters, embedding width), or from data read another
 way (format, schema, hashed id space), is refused with
-:class:`~psflow.train.checkpoint.CheckpointError` naming every difference;
+:class:`~psflow.errors.CheckpointError` naming every difference;
 one written with another ``--seed`` is restored with a warning (resuming
 with a new seed is legitimate: the variables and optimizer state continue,
 the data order follows the new seed). A checkpoint of another format
-version is refused by :func:`~psflow.train.checkpoint.read_manifest`.
+version is refused by :func:`~psflow.checkpoint.manifest.read_manifest`.
 """
 
 from __future__ import annotations
@@ -57,11 +57,15 @@ from typing import Any
 
 import numpy as np
 
+from psflow.checkpoint.manifest import Manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.restore import restore
+from psflow.checkpoint.warm_start import load_values, warm_start
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
+from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SetReadyRequest
-from psflow.train.checkpoint import CheckpointError, Manifest, latest_checkpoint, load_values, restore, warm_start
 from psflow.train.state_loss import check_state_kept, ps_states
 
 __all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable", "training_view", "trainer_task"]
@@ -170,7 +174,7 @@ def join_cluster(
         checkpoint_dir: where the chief looks for a checkpoint to restore.
         ready_timeout: seconds a non-chief waits for the chief.
         warm_start_from: (chief) variables to load when it initializes a fresh
-            cluster (see :func:`psflow.train.checkpoint.read_warm_start`).
+            cluster (see :func:`psflow.checkpoint.warm_start.read_warm_start`).
         initial_values: (chief) the model's own initial values
             (:meth:`psflow.models.Model.initial_values`), loaded when it
             initializes a fresh cluster, before the warm start; called only then.

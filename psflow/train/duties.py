@@ -8,15 +8,15 @@ The chief also gets, when configured: :class:`CheckpointSaverHook`
 (``summary_dir``, every ``save_summaries_steps``) and :class:`EvalHook`
 (``eval_every_steps`` on the ``--eval`` set; also at the end).
 
-Checkpoint safety (see :mod:`psflow.train.checkpoint_lock` and
-:mod:`psflow.train.checkpoint`): every worker that may save (the chief, and
+Checkpoint safety (see :mod:`psflow.checkpoint.lock` and
+:mod:`psflow.checkpoint`): every worker that may save (the chief, and
 with chief election every worker) takes the run's lock of
 ``checkpoint_dir`` before it joins the cluster, so a second live run is
 refused before it restores anything; the chief checks that the newest
 checkpoint was written by this run's model (:func:`psflow.train.chief.check_restorable`)
 before it restores it. A failed save is logged, counted and skipped; the
 ``max_failed_saves``-th in a row ends the run
-(:class:`~psflow.train.checkpoint.CheckpointSavesFailedError`). Launchers
+(:class:`~psflow.checkpoint.save.CheckpointSavesFailedError`). Launchers
 call :func:`claim_run` (their run directory, then :func:`claim_checkpoint_dir`)
 before they write into the run directory or start any task.
 """
@@ -32,22 +32,18 @@ from collections.abc import Callable
 from typing import TextIO
 
 from psflow import storage
+from psflow.checkpoint.lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
+from psflow.checkpoint.manifest import POINTER_NAME, read_manifest
+from psflow.checkpoint.pointer import incomplete_checkpoints, latest_checkpoint
+from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.coord import CoordinationConfig
 from psflow.data import DatasetConfig, ReaderPosition, read_all
+from psflow.errors import CheckpointError
 from psflow.models.api import Model
 from psflow.ps.client import ParameterClient
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import data_options, model_record
-from psflow.train.checkpoint import (
-    POINTER_NAME,
-    CheckpointError,
-    CheckpointManager,
-    incomplete_checkpoints,
-    latest_checkpoint,
-    read_manifest,
-)
-from psflow.train.checkpoint_lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import evaluate, parameters
@@ -201,7 +197,7 @@ def epochs_completed(position: ReaderPosition) -> int:
 
 def run_id(config: TrainConfig, cluster: ClusterSpec) -> str:
     """The run's id: the launcher's (``config.run_id``), else derived from the cluster and the
-    checkpoint directory, alike in every task (see :func:`psflow.train.checkpoint_lock.cluster_run_id`)."""
+    checkpoint directory, alike in every task (see :func:`psflow.checkpoint.lock.cluster_run_id`)."""
     return config.run_id or cluster_run_id(cluster.to_json(), config.checkpoint_dir or "")
 
 
@@ -226,7 +222,7 @@ def claim_checkpoint_dir(config: TrainConfig, *, run_dir: str | None = None,
     printing its warnings (another seed; or that the directory holds no
     complete checkpoint, so the run starts from scratch) to ``out``. Blocks for a few file
     operations. The caller releases the lock when the run ends
-    (:meth:`~psflow.train.checkpoint_lock.CheckpointDirLock.release`, or
+    (:meth:`~psflow.checkpoint.lock.CheckpointDirLock.release`, or
     ``with lock:``); a launcher that dies leaves a stale lock the next run
     takes over.
 
@@ -258,7 +254,7 @@ def claim_checkpoint_dir(config: TrainConfig, *, run_dir: str | None = None,
 def claim_run(config: TrainConfig, run_dir: str, *,
               out: TextIO | None = None) -> tuple[TrainConfig, contextlib.ExitStack]:
     """(Launchers, before anything is written into ``run_dir`` or started) Names the run and takes its
-    run directory (:class:`~psflow.train.checkpoint_lock.RunDirLock`), then its checkpoint directory
+    run directory (:class:`~psflow.checkpoint.lock.RunDirLock`), then its checkpoint directory
     (:func:`claim_checkpoint_dir`).
 
     Blocks for a few file operations. If the checkpoint directory is refused, the run directory is
@@ -321,7 +317,7 @@ class _ReleaseLockAtEnd(SessionRunHook):
 
 class _FailedSaveTolerant(SessionRunHook):
     """Runs a :class:`CheckpointSaverHook` so that one failed save (logged and counted by the
-    manager) does not end the session; :class:`~psflow.train.checkpoint.CheckpointSavesFailedError`
+    manager) does not end the session; :class:`~psflow.checkpoint.save.CheckpointSavesFailedError`
     (the limit) and RPC failures do."""
 
     def __init__(self, inner: SessionRunHook, name: str) -> None:

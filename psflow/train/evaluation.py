@@ -28,9 +28,9 @@ from typing import Protocol
 
 import numpy as np
 
+from psflow.checkpoint.variables import DYNAMIC_IDS
 from psflow.data import Batch
 from psflow.models.api import Lookups, Model, ModelError
-from psflow.train.checkpoint import DYNAMIC_IDS
 
 __all__ = ["ParameterSource", "ArrayParameters", "MovingAverageParameters", "parameters", "predict", "evaluate",
            "DEFAULT_CHUNK"]
@@ -77,9 +77,9 @@ class ArrayParameters:
     """Whole variables held in memory, read as :meth:`ParameterClient.pull` reads them from ps tasks.
 
     A *dynamic table* (:mod:`psflow.ps.dynamic`) ``name`` is held as
-    :func:`~psflow.train.checkpoint.read_variables` gives it: its rows sorted
+    :func:`~psflow.checkpoint.variables.read_variables` gives it: its rows sorted
     by id as ``name`` ``[n, dim]`` and those ids as ``name@ids``
-    (:data:`~psflow.train.checkpoint.DYNAMIC_IDS`) ``[n]`` int64. Its rows are
+    (:data:`~psflow.checkpoint.variables.DYNAMIC_IDS`) ``[n]`` int64. Its rows are
     looked up by id (any int64 value, negative ones included); ids never seen
     read as zeros, as on the ps (an evaluation lookup creates no row).
 

@@ -41,7 +41,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.errors import CheckpointError
 
 __all__ = ["PHASES", "Resumed", "final_snapshot", "resumed_from", "step_task_stats"]
 

@@ -37,11 +37,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.save import CheckpointManager
 from psflow.data import BatchSource
-from psflow.errors import TrainingError
+from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import RpcError
-from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest
 from psflow.train.summary import SummaryWriter
 
 if TYPE_CHECKING:

@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
 from psflow.data import Batch, DatasetConfig, open_dataset
 from psflow.models.api import Model
@@ -74,7 +75,6 @@ from psflow.ps.protocol import RunStepReply
 from psflow.rpc.api import ConnectConfig, DeadlineExceededError, RpcError, TaskUnavailableError
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
-from psflow.train.checkpoint import latest_checkpoint
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import epochs_completed, fit_position, make_session
 from psflow.train.hooks import NanLossError, format_metrics, nan_loss_message

@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from psflow import jsonio
+from psflow.checkpoint.ledger import checkpoint_status
 from psflow.cluster import ClusterSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.build import build_model
-from psflow.train.checkpoint import checkpoint_status
 from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters

@@ -39,6 +39,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import DTYPE_SIZES, VariablePlacement
@@ -47,7 +49,6 @@ from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.ps.dynamic.table import row_bytes
 from psflow.ps.optimizers import make_optimizer
 from psflow.train.build import build_model
-from psflow.train.checkpoint import latest_checkpoint, read_manifest
 from psflow.train.config import ConfigError, TrainConfig
 
 __all__ = ["check_settings", "check_resume", "ps_memory", "available_memory", "VariableMemory"]

@@ -7,7 +7,7 @@ holder runs the chief duties (:class:`LeaderOnlyHook` wraps the checkpoint,
 summary and eval hooks), so when it dies or stops, another worker takes them
 over within the lease time while training goes on. Its checkpoint writes
 carry its lease epoch, which the ps tasks fence: a deposed chief's save is
-refused (:meth:`psflow.train.checkpoint.CheckpointManager.save`).
+refused (:meth:`psflow.checkpoint.save.CheckpointManager.save`).
 
 Only a worker that trains takes the lease: the duties run between its steps
 (the hooks), so a holder that runs no step would do none of them, and the
@@ -62,6 +62,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.restore import restore
 from psflow.coord.api import (
     BackendUnavailableError,
     CampaignTimeoutError,
@@ -69,12 +72,11 @@ from psflow.coord.api import (
     CoordinationError,
     Lease,
 )
-from psflow.errors import TrainingError
+from psflow.errors import CheckpointError, TrainingError
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, SetReadyRequest, StatsReply
 from psflow.rpc.api import RpcError, gather
-from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest, restore
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
 

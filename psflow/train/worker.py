@@ -47,10 +47,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from psflow import jsonio, storage
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease, create_backend
 from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
-from psflow.errors import TrainingError
+from psflow.errors import CheckpointError, TrainingError
 from psflow.models.api import Model
 from psflow.placement import VariableSet
 from psflow.ps.client import ParameterClient
@@ -58,7 +60,6 @@ from psflow.ps.fencing import FencedWriter
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
-from psflow.train.checkpoint import CheckpointError, latest_checkpoint, read_manifest
 from psflow.train.chief import is_chief
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import (

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 from support import A9A, A9A_T, TOKEN, run_cli
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import read_variables
 from psflow.data import read_all
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import ConnectConfig
 from psflow.train.build import build_model
-from psflow.train.checkpoint import latest_checkpoint, read_manifest, read_variables
 from psflow.train.chief import join_cluster
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import evaluate
@@ -54,7 +56,7 @@ def _train_in_process(client: ParameterClient, config: TrainConfig, steps: int) 
 def test_restore_onto_other_ps_counts_and_partitions_is_exact(local_cluster, tmp_path: Path, transport: str) -> None:  # type: ignore[no-untyped-def]
     config = _config(partitions=4, optimizer="adam")
     ckpt = tmp_path / "ckpt"
-    from psflow.train.checkpoint import CheckpointManager
+    from psflow.checkpoint.save import CheckpointManager
 
     source = local_cluster(2)
     client = _client(config, source)

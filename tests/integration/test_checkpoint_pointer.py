@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support import A9A, run_cli
 
-from psflow.train.checkpoint import read_manifest
+from psflow.checkpoint.manifest import read_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

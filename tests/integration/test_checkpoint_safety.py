@@ -25,8 +25,10 @@ from typing import Any
 import pytest
 from support import A9A, REPO, run_cli
 
-from psflow.train.checkpoint import latest_checkpoint, read_manifest, read_variables
-from psflow.train.checkpoint_lock import LOCK_NAME
+from psflow.checkpoint.lock import LOCK_NAME
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import read_variables
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

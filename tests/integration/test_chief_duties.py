@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from support import A9A, run_cli
 
-from psflow.train.checkpoint import latest_checkpoint, read_manifest
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
 

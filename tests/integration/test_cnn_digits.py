@@ -35,6 +35,8 @@ import numpy as np
 import pytest
 from support import REPO, ClusterHandle, run_cli
 
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import read_variables
 from psflow.cluster import ClusterSpec
 from psflow.data import read_all
 from psflow.launch.export import export_model, load_model
@@ -45,7 +47,6 @@ from psflow.ps.initializers import initial_value
 from psflow.ps.optimizers import make_optimizer
 from psflow.rpc.api import ConnectConfig
 from psflow.train.build import build_model, data_options
-from psflow.train.checkpoint import latest_checkpoint, read_variables
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import ArrayParameters, evaluate
 

@@ -15,11 +15,11 @@ import pytest
 from safetensors.numpy import load_file
 from support import A9A, A9A_T, REPO, run_cli
 
+from psflow.checkpoint.variables import DYNAMIC_IDS
 from psflow.data import read_all
 from psflow.launch.export import load_checkpoint_model
 from psflow.models.losses import sigmoid
 from psflow.models.metrics import binary_metrics
-from psflow.train.checkpoint import DYNAMIC_IDS
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

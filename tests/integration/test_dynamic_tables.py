@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 from support import A9A, A9A_T, TOKEN, run_cli
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.variables import read_variables
 from psflow.data import read_all
 from psflow.gradients import SparseGradient
 from psflow.models.api import ModelError, VariableSpec
@@ -22,7 +25,6 @@ from psflow.ps.client import ClientError, ParameterClient
 from psflow.ps.dynamic import owner_of
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.train.build import build_model, declare_variables
-from psflow.train.checkpoint import CheckpointManager, read_manifest, read_variables
 from psflow.train.chief import join_cluster
 from psflow.train.config import TrainConfig
 from psflow.train.step import TrainStep

@@ -20,9 +20,11 @@ import numpy as np
 import pytest
 from support import REPO, run_cli
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import DYNAMIC_IDS, read_variables
 from psflow.data.criteo import parse_criteo
 from psflow.ps.dynamic import table_totals
-from psflow.train.checkpoint import DYNAMIC_IDS, latest_checkpoint, read_manifest, read_variables
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

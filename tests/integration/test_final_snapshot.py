@@ -22,7 +22,7 @@ import pytest
 from support import A9A, A9A_T, REPO, run_cli, wait_until
 from test_checkpoint_safety import background_run, read_only, wait_for
 
-from psflow.train.checkpoint import latest_checkpoint
+from psflow.checkpoint.pointer import latest_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -25,6 +25,8 @@ import yaml
 from safetensors.numpy import save_file
 from support import REPO, TOKEN, ClusterHandle, run_cli
 
+from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.variables import read_variables
 from psflow.data import DatasetConfig, Schema, TFRecordWriter, encode_example, open_dataset
 from psflow.models import ModelConfig, create_model
 from psflow.optim import OptimizerSpec
@@ -32,7 +34,6 @@ from psflow.placement import replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import ConnectConfig
 from psflow.train.build import declare_variables
-from psflow.train.checkpoint import CheckpointManager, read_variables
 from psflow.train.chief import join_cluster
 from psflow.train.step import TrainStep
 from psflow.train.summary import read_scalars

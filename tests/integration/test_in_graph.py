@@ -20,9 +20,11 @@ import pytest
 from support import A9A, A9A_T, run_cli
 from test_recovery import A9A_RECORDS, check_run
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import read_variables
 from psflow.data import read_all
 from psflow.rpc.api import ConnectConfig, InvalidArgumentError
-from psflow.train.checkpoint import latest_checkpoint, read_manifest, read_variables
 from psflow.train.config import TrainConfig
 from psflow.train.in_graph import BUILTIN_STEPS, Session
 from psflow.train.summary import read_scalars

@@ -12,10 +12,12 @@ import pytest
 from safetensors.numpy import load_file
 from support import A9A, A9A_T, run_cli
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import averaged_variables, read_variables
 from psflow.data import read_all
 from psflow.launch.evaluator import run_evaluator
 from psflow.launch.export import load_checkpoint_model
-from psflow.train.checkpoint import averaged_variables, latest_checkpoint, read_manifest, read_variables
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import ArrayParameters, evaluate
 from psflow.train.summary import read_scalars

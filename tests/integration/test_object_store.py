@@ -30,11 +30,7 @@ import pytest
 from support import A9A, run_cli
 
 from psflow import storage
-from psflow.data import Batch, read_all
-from psflow.data.infer import infer_first_file
-from psflow.data.source import iter_blocks
-from psflow.train.checkpoint import MANIFEST_NAME, latest_checkpoint, read_manifest, read_variables
-from psflow.train.checkpoint_lock import (
+from psflow.checkpoint.lock import (
     LOCK_NAME,
     MUTEX_NAME,
     MUTEX_TIMEOUT,
@@ -42,6 +38,12 @@ from psflow.train.checkpoint_lock import (
     CheckpointError,
     directory_mutex,
 )
+from psflow.checkpoint.manifest import MANIFEST_NAME, read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import read_variables
+from psflow.data import Batch, read_all
+from psflow.data.infer import infer_first_file
+from psflow.data.source import iter_blocks
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -21,7 +21,11 @@ from typing import Any
 import pytest
 from support import A9A, A9A_T, REPO, TOKEN, run_cli
 
-from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_manifest, read_variables
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.variables import read_variables
+from psflow.errors import CheckpointError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]
 

@@ -20,7 +20,7 @@ import pytest
 from support import A9A, REPO, run_cli, wait_until
 from test_checkpoint_safety import kill_task, task_pids
 
-from psflow.train.checkpoint_lock import RUN_LOCK_NAME
+from psflow.checkpoint.lock import RUN_LOCK_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 from support import A9A, REPO, TOKEN, run_bounded, wait_until
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
 from psflow.optim import OptimizerSpec
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.train.checkpoint import latest_checkpoint, read_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -21,13 +21,17 @@ import numpy as np
 import pytest
 from support import REPO
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.restore import restore
+from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.variables import read_variables
+from psflow.checkpoint.warm_start import load_values
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import ConnectConfig
-from psflow.train.checkpoint import CheckpointManager, load_values, read_manifest, read_variables, restore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

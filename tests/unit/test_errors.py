@@ -88,6 +88,8 @@ def test_the_builtin_bases_callers_catch_stay(name: str, mixin: type[Exception])
 
 
 def test_one_base_per_subsystem() -> None:
+    from psflow.checkpoint.lock import CheckpointLockedError
+    from psflow.checkpoint.save import CheckpointFencedError, CheckpointSavesFailedError
     from psflow.cluster import ClusterError
     from psflow.coord.api import CoordinationError, FencedError
     from psflow.data import BadRecordError, DataError
@@ -95,8 +97,6 @@ def test_one_base_per_subsystem() -> None:
     from psflow.ps.dynamic import DynamicTableError
     from psflow.ps.store import StoreError
     from psflow.rpc.api import RpcError, TaskUnavailableError
-    from psflow.train.checkpoint import CheckpointFencedError, CheckpointSavesFailedError
-    from psflow.train.checkpoint_lock import CheckpointLockedError
     from psflow.train.config import ConfigError as ConfigErrorOfTrainConfig
     from psflow.train.hooks import NanLossError
     from psflow.train.state_loss import StateLostError

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from psflow.checkpoint.variables import DYNAMIC_IDS
 from psflow.data import Batch
 from psflow.launch.export import load_model
 from psflow.models.api import DYNAMIC_TABLE_PARAM, ModelConfig, ModelError
 from psflow.models.losses import sigmoid
-from psflow.train.checkpoint import DYNAMIC_IDS
 from psflow.train.evaluation import ArrayParameters
 
 IDS = np.array([-(1 << 62), -7, 0, 3, 1 << 40], np.int64)

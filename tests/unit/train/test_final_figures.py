@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from psflow.train.checkpoint import SaveStatusWatcher
+from psflow.checkpoint.ledger import SaveStatusWatcher
 from psflow.train.final_snapshot import Resumed, final_snapshot, resumed_from
 
 

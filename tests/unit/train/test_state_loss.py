@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease
 from psflow.gradients import DenseGradient
@@ -20,7 +21,6 @@ from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.train.checkpoint import CheckpointManager
 from psflow.train.chief import join_cluster
 from psflow.train.config import TrainConfig
 from psflow.train.recovery import ClusterRecovery

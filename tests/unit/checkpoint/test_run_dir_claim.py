@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from psflow.train.checkpoint_lock import (
+from psflow.checkpoint.lock import (
     LOCK_NAME,
     RUN_LOCK_NAME,
     CheckpointDirLock,

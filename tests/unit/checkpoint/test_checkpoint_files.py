@@ -9,13 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.variables import read_variables
 from psflow.cluster import ClusterSpec
+from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame, decode, encode
-from psflow.train.checkpoint import CheckpointError, CheckpointManager, latest_checkpoint, read_variables
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
 ADAGRAD = OptimizerSpec("adagrad", {"learning_rate": 0.5})

@@ -9,6 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.restore import restore
+from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.variables import averaged_variables, read_variables
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient
 from psflow.optim import OptimizerSpec
@@ -18,7 +22,6 @@ from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.build import build_model
-from psflow.train.checkpoint import CheckpointManager, averaged_variables, read_manifest, read_variables, restore
 from psflow.train.config import TrainConfig
 from psflow.train.preflight import check_resume, ps_memory
 

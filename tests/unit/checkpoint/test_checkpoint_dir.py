@@ -14,24 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from psflow.checkpoint.ledger import checkpoint_status
+from psflow.checkpoint.lock import LOCK_NAME, CheckpointDirLock, CheckpointLockedError
+from psflow.checkpoint.manifest import Manifest, read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.restore import restore
+from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, CheckpointSavesFailedError
 from psflow.cluster import ClusterSpec
+from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.train.checkpoint import (
-    CheckpointError,
-    CheckpointFencedError,
-    CheckpointManager,
-    CheckpointSavesFailedError,
-    Manifest,
-    checkpoint_status,
-    latest_checkpoint,
-    read_manifest,
-    restore,
-)
-from psflow.train.checkpoint_lock import LOCK_NAME, CheckpointDirLock, CheckpointLockedError
 from psflow.train.chief import check_restorable
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from test_checkpoint_dir import _cluster, _step
 
-from psflow.train.checkpoint import CheckpointManager, latest_checkpoint
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.save import CheckpointManager
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,7 +103,7 @@ def test_a_bad_pointer_is_reported_and_the_newest_complete_checkpoint_inside_is_
         tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
     ckpt, outside, paths, _ = _saved(tmp_path, 3)
     problem = DAMAGES[damage](ckpt, outside)
-    with caplog.at_level(logging.WARNING, logger="psflow.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="psflow.checkpoint"):
         assert latest_checkpoint(str(ckpt)) == paths[-1]
         assert latest_checkpoint(str(ckpt)) == paths[-1]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -117,7 +118,7 @@ def test_a_pointer_to_a_missing_checkpoint_inside_falls_back_and_says_so(tmp_pat
     ckpt, _, paths, _ = _saved(tmp_path, 3)
     pointer = json.loads((ckpt / "checkpoint").read_text())
     (ckpt / "checkpoint").write_text(json.dumps(dict(pointer, latest="ckpt-000000099")))
-    with caplog.at_level(logging.WARNING, logger="psflow.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="psflow.checkpoint"):
         assert latest_checkpoint(str(ckpt)) == paths[-1]
     assert "ckpt-000000099" in caplog.text and "gone or has no manifest" in caplog.text
 
@@ -126,7 +127,7 @@ def test_a_good_pointer_is_followed_without_a_word(tmp_path: Path, caplog: pytes
     ckpt, _, paths, _ = _saved(tmp_path, 3)
     pointer = json.loads((ckpt / "checkpoint").read_text())
     (ckpt / "checkpoint").write_text(json.dumps(dict(pointer, latest=Path(paths[0]).name)))  # a rollback by hand
-    with caplog.at_level(logging.WARNING, logger="psflow.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="psflow.checkpoint"):
         assert latest_checkpoint(str(ckpt)) == paths[0]
     assert not caplog.records
     assert latest_checkpoint(str(tmp_path / "empty")) is None and not caplog.records  # a fresh directory: no pointer, no word

@@ -1,0 +1,139 @@
+"""psflow.checkpoint: sharded, atomic checkpoints -- saved by the chief, restored onto any layout.
+
+On disk (``checkpoint_dir``)::
+
+    checkpoint.lock                   the run writing here (psflow.checkpoint.lock)
+    checkpoint                        pointer: {"latest": "ckpt-000000120", "all": [...], "global_step": 120,
+                                                "lineage": L, "run_id": R, "epoch": E, "holder": H}
+    ckpt-000000120/
+        writer.json                        written first: run id, lineage, epoch of the writer
+        shard-00000-of-00002.safetensors   ps task 0's partitions and optimizer slots
+        shard-00001-of-00002.safetensors   ps task 1's
+        manifest.json                      written last (see :class:`Manifest`)
+
+*Lineage*: the model state a checkpoint belongs to. A freshly initialized
+cluster starts one at its first save (the saving run's id); a cluster
+restored from a checkpoint continues the checkpoint's (``LoadShard`` carries
+it to the ps task holding global_step, whose ``CheckpointStatus`` ledger
+every chief of the run reads). Rotation only ever deletes checkpoints of the
+saving cluster's own lineage.
+
+Save (:meth:`CheckpointManager.save`, run by the chief), in order (with an
+``epoch``, the chief's lease epoch, steps 2, 4 and 6 are fenced: a ps task
+that has seen a newer chief's epoch refuses, and the save fails with
+:class:`CheckpointFencedError`):
+    1. the run lock is confirmed (:class:`~psflow.checkpoint.lock.CheckpointDirLock`:
+       another live run holding the directory fails the save); the lineage is
+       read from the ledger; leftovers of crashed saves of this lineage are
+       deleted; ``ckpt-<step>/writer.json`` is written;
+    2. every ps task snapshots its partitions (each under its own lock) and
+       writes its shard, all tasks in parallel (``SaveShard``). With
+       ``transport="rpc"`` the tasks stream their shard bytes back and the
+       chief writes them, so the ps tasks need no shared filesystem;
+    3. the chief writes ``manifest.json`` (variables, shapes, dtypes,
+       partitioning, slots, global_step, each worker's reader position, the
+       cluster, the model, the lineage and the writing run, the psflow
+       version, each shard's size and sha256);
+    4. every ps task confirms the chief's epoch (``Fence``);
+    5. the chief switches the pointer ``checkpoint`` by atomic rename, as a
+       compare-and-swap under the directory's ``flock``: a pointer written by
+       a newer epoch of the same run is never replaced (the save fails), and
+       the checkpoint must still be complete;
+    6. the fence is checked again: refused (a successor was elected
+       meanwhile), the previous pointer is put back if the pointer is still
+       this save's, and the save fails;
+    7. only then are checkpoints of this lineage beyond ``max_to_keep`` (and
+       leftovers of crashed saves) deleted, under the same ``flock``; a save
+       in progress of a newer epoch is never touched.
+What rotation keeps (step 5 decides it, step 7 deletes the rest) is read
+from the directory, never from the pointer: the new checkpoint and the
+newest ``max_to_keep - 1`` other complete checkpoints of this lineage (their
+manifests' ``lineage``; newest by ``global_step``, then ``created``). So a
+pointer that is missing, damaged or names something outside the directory
+cannot make a save delete a checkpoint it should keep, and ``max_to_keep``
+holds whatever the pointer said. The pointer's ``all`` lists what was kept.
+Every file is written to a temp name, fsynced and renamed, so a crash at any
+moment leaves the previous checkpoint (the one the pointer names) intact and
+restorable; a checkpoint directory without a manifest is never restored.
+
+In an object store (``s3://bucket/ckpt``, ``gs://bucket/ckpt``; see
+:mod:`psflow.storage`) there is no rename and no directory: every file is
+one put (the object appears whole or not at all), in the same order (the
+writer file, the shards, the manifest, the pointer last), and a checkpoint
+directory is a prefix. So a crash at any moment still leaves the pointer on
+a complete checkpoint, and a prefix without its manifest is an incomplete
+save: never restored, deleted by a later save of its lineage as on disk.
+The directory's ``flock`` becomes a lock object created by a conditional put
+(:mod:`psflow.checkpoint.lock`). With ``transport="local"`` every ps
+task puts its own shard (with its own credentials); ``"rpc"`` streams them
+to the chief, which puts them. Readers fetch each shard once into a local
+temp directory and check its sha256 there.
+
+A failed save (a full or read-only disk, a ps task that cannot write, the
+lock lost to another run) removes its partial directory, is logged as an
+error, counted in the ledger (``checkpoints_failed``; the launcher prints a
+line for each) and raises :class:`CheckpointError`; the chief duties go on.
+The ``max_failed_saves``-th failure in a row raises
+:class:`CheckpointSavesFailedError`, which ends the run: training on without
+a checkpoint is not silently allowed. A save refused by a newer chief's epoch
+(:class:`CheckpointFencedError`) is not a failure: the newer chief saves.
+
+Readers (:func:`latest_checkpoint`: the launcher and the chief before a
+restore, a restore after a ps task died, the evaluator, ``psflow export``,
+warm start from a directory) follow the pointer only to a complete
+``ckpt-*`` directory directly inside the checkpoint directory. A pointer
+that names one that is gone or incomplete falls back to the newest complete
+checkpoint the pointer lists. A pointer that is missing (beside
+checkpoints), unreadable, not a JSON object, or names anything else (an
+absolute path, ``..``, a symlink) is reported (a WARNING naming the pointer
+file and what was wrong, once per process) and ignored: the newest complete
+checkpoint inside the directory is used (by ``global_step``, then
+``created``). The next save writes a good pointer.
+
+Restore (:func:`restore`) reads the manifest and, for each partition of the
+*current* layout, assembles its rows (and its optimizer slots' rows) from the
+saved partitions that overlap it, re-slicing along axis 0, and sends them to
+the ps task holding it (``LoadShard``). So a checkpoint restores onto a
+different number of ps tasks, placement strategy or partition count. 0-d
+optimizer state (Adam's beta powers) is taken from the saved partition that
+held the new partition's first row. A dynamic table (:mod:`psflow.ps.dynamic`)
+is saved as each share's id-sorted snapshot (ids, rows, slots, last use,
+frequency) and restored re-split by :func:`~psflow.ps.dynamic.owner_of` onto
+the current ps tasks (:func:`~psflow.ps.dynamic.resplit_snapshots`): every row
+and slot lands, unchanged, on the task that owns its id now. Restoring a
+dynamic table onto a static variable (or back) is refused, naming it.
+
+A variable's moving average (:mod:`psflow.ps.averages`) is saved as its slot
+``ExponentialMovingAverage`` and re-sliced like the optimizer's slots. Restored
+into a run that averages the variable, a checkpoint without one starts the
+average at the restored value; into a run that does not, the saved one is
+left out. :func:`read_variables` reads the averages in place of the variables
+when asked (``psflow export --moving-averages``, evaluation with averages).
+
+Tensors are stored with safetensors; nothing is ever pickled.
+
+Classes and functions, by file:
+
+* ``manifest.py`` -- the file names (:data:`MANIFEST_NAME`, :data:`POINTER_NAME`, :data:`WRITER_NAME`),
+  :class:`Manifest` (``manifest.json``), :class:`SavedCheckpoint`, :func:`read_manifest`.
+* ``pointer.py`` -- :func:`latest_checkpoint` (the pointer and its fallbacks),
+  :func:`incomplete_checkpoints`, the complete checkpoints of a directory.
+* ``save.py`` -- :class:`CheckpointManager` (the save, its fence and the pointer's compare-and-swap),
+  :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`.
+* ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
+* ``ledger.py`` -- :func:`checkpoint_status` (the cluster's ledger), :class:`SaveStatusWatcher`
+  (the launcher's console lines and counts from it).
+* ``shards.py`` -- :class:`ShardFiles` (a checkpoint's shard files, checked against the manifest),
+  :func:`saved_rows`, :func:`saved_table` (rows and dynamic tables re-sliced from them).
+* ``restore.py`` -- :func:`restore` (a checkpoint onto the current layout), :func:`load_shards`.
+* ``variables.py`` -- :func:`read_variables`, :func:`averaged_variables`, :data:`DYNAMIC_IDS`,
+  :func:`read_safetensors`: variables read whole (export, evaluation).
+* ``warm_start.py`` -- :func:`warm_start`, :func:`read_warm_start`, :func:`load_values`.
+* ``lock.py`` -- one run per directory: :class:`CheckpointDirLock`, :class:`RunDirLock`
+  (``run.lock`` of a run directory), :func:`directory_mutex`, the run's id (:func:`new_run_id`,
+  :func:`cluster_run_id`).
+
+:class:`~psflow.errors.CheckpointError` is the error of every refused or failed checkpoint operation.
+This package imports the ps client and protocol, never the worker loop or the launcher.
+
+"""

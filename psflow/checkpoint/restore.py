@@ -1,0 +1,128 @@
+"""Restore: a checkpoint loaded onto the ps tasks of the current layout, whatever layout saved it.
+
+:func:`restore` re-slices every variable and its optimizer slots onto the current partitions (another number
+of ps tasks, placement strategy or partition count), re-splits dynamic tables by owner, and sends each ps task
+its partitions in one ``LoadShard`` call, all tasks in parallel (:func:`load_shards`). Every variable is checked
+(missing, another shape, dtype or kind: refused, naming it) before its rows are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from psflow.checkpoint.manifest import Manifest, read_manifest
+from psflow.checkpoint.shards import ShardFiles, saved_rows, saved_table
+from psflow.errors import CheckpointError
+from psflow.ps.averages import AVERAGE_SLOT
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import LoadShardRequest
+from psflow.ps.store import partition_key
+from psflow.rpc.api import RpcError
+
+__all__ = ["restore", "ShardLoad", "load_shards"]
+
+
+def _check_variable(path: str, manifest: Manifest, name: str, shape: tuple[int, ...], dtype: str,
+                    dynamic: bool = False) -> dict[str, Any]:
+    saved = manifest.variables.get(name)
+    if saved is None:
+        raise CheckpointError(f"checkpoint {path} has no variable {name!r} (it has {', '.join(sorted(manifest.variables))})")
+    if ("dynamic" in saved) != dynamic:
+        kinds = ("a static variable", "a dynamic table")
+        raise CheckpointError(f"variable {name!r} is {kinds[dynamic]} in this run; checkpoint {path} has it as "
+                              f"{kinds['dynamic' in saved]}")
+    if tuple(saved["shape"]) != shape or saved["dtype"] != dtype:
+        raise CheckpointError(f"variable {name!r} has shape {shape} ({dtype}); checkpoint {path} has "
+                              f"{tuple(saved['shape'])} ({saved['dtype']})")
+    return saved
+
+
+def restore(client: ParameterClient, path: str, *, global_step: int | None = None) -> Manifest:
+    """Loads checkpoint ``path`` into the ps tasks of ``client``'s layout.
+
+    Re-slices every variable and its optimizer slots onto the current
+    partitions (see :mod:`psflow.checkpoint`), then sends each ps task its
+    partitions in one ``LoadShard`` call (tasks in parallel); the task
+    holding global_step also gets global_step (``global_step`` if given,
+    else the checkpoint's), the reader positions, the example count and the
+    checkpoint's lineage (which the restored cluster continues).
+    Does not mark the tasks ready (the chief does that afterwards).
+
+    Raises:
+        CheckpointError: the checkpoint is incomplete or damaged, a variable
+            is missing or has another shape, dtype or set of slots (names it).
+    """
+    manifest = read_manifest(path)
+    shards = ShardFiles(path, manifest)
+    per_task = {t: ShardLoad() for t in client.channels}
+    for name, placement in client.layout.items():
+        var = placement.var
+        saved = _check_variable(path, manifest, name, tuple(var.shape), var.dtype, placement.is_dynamic)
+        if placement.is_dynamic:
+            for part, snapshot in zip(placement.partitions, saved_table(shards, name, saved["partitions"],
+                                                                   len(placement.partitions)), strict=True):
+                key = partition_key(name, part.index)
+                load = per_task[part.task]
+                load.keys.append(key)
+                load.tables[key] = snapshot
+            continue
+        saved_parts = sorted(saved["partitions"], key=lambda p: p["row_start"])
+        slots = [slot for slot in saved_parts[0]["slots"] if slot != AVERAGE_SLOT]
+        saved_average = len(slots) < len(saved_parts[0]["slots"])
+        for part in placement.partitions:
+            key = partition_key(name, part.index)
+            load = per_task[part.task]
+            load.keys.append(key)
+            load.values[key] = value = saved_rows(shards, name, saved_parts, part.row_start, part.row_stop, None)
+            part_slots = load.slots.setdefault(key, {})
+            for slot in slots:
+                part_slots[slot] = saved_rows(shards, name, saved_parts, part.row_start, part.row_stop, slot)
+            if var.moving_average_decay is not None:  # the saved average, else one starting at the restored value
+                part_slots[AVERAGE_SLOT] = (
+                    saved_rows(shards, name, saved_parts, part.row_start, part.row_stop, AVERAGE_SLOT) if saved_average
+                    else value)
+    restored_step = manifest.global_step if global_step is None else global_step
+    calls: dict[int, LoadShardRequest] = {}
+    for task, load in per_task.items():
+        if task == client.step_task:  # the restored cluster continues the checkpoint's lineage
+            calls[task] = load.request(restored_step=restored_step, global_step=restored_step,
+                                       positions=manifest.reader_positions, examples=manifest.examples,
+                                       lineage=manifest.lineage or None)
+        else:
+            calls[task] = load.request(restored_step=restored_step)
+    load_shards(client, calls, f"restoring {path}")
+    return manifest
+
+
+@dataclass
+class ShardLoad:
+    """What one ps task loads: its partitions' keys, values, slots and dynamic tables' snapshots."""
+
+    keys: list[str] = field(default_factory=list)
+    values: dict[str, np.ndarray] = field(default_factory=dict)
+    slots: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    tables: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def request(self, **fields: Any) -> LoadShardRequest:
+        return LoadShardRequest.build(self.values, self.slots, self.tables, self.keys, **fields)
+
+
+def load_shards(client: ParameterClient, requests: Mapping[int, LoadShardRequest], what: str) -> None:
+    """Sends each ps task its ``LoadShard`` (all in flight at once) and waits for every reply.
+
+    Raises:
+        CheckpointError: naming every task that refused, after all replied.
+    """
+    calls = {task: client.call_async(task, request) for task, request in requests.items()}
+    errors = []
+    for task, call in calls.items():  # every call collected, even after a refusal
+        try:
+            call.result()
+        except RpcError as e:
+            errors.append(f"/job:ps/task:{task}: {e}")
+    if errors:
+        raise CheckpointError(f"{what} failed: " + "; ".join(errors))

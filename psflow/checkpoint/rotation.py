@@ -1,0 +1,78 @@
+"""Rotation: which checkpoints a save keeps and which it may delete.
+
+Read from the directory, never from the pointer (which may be missing, damaged or name something outside
+it): a save keeps its own checkpoint and the newest ``max_to_keep - 1`` other complete checkpoints of its
+lineage (by global_step, then save time) and deletes only checkpoints of its own lineage, and leftovers of
+crashed saves; a save in progress of a newer epoch of the same run is never touched. Called under the
+directory's mutex (:func:`~psflow.checkpoint.lock.directory_mutex`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+
+from psflow import storage
+from psflow.checkpoint.lock import directory_mutex
+from psflow.checkpoint.manifest import WRITER_NAME, lineage_of, read_json
+from psflow.checkpoint.pointer import checkpoint_dirs, complete_checkpoints, is_complete
+
+__all__ = ["kept_after", "deletable", "delete_old", "killed_while_created"]
+
+
+def kept_after(directory: str, name: str, lineage: str, max_to_keep: int) -> list[str]:
+    """What rotation keeps once checkpoint ``name`` is current, oldest first: ``name`` and the newest
+    ``max_to_keep - 1`` other complete checkpoints of ``lineage`` in ``directory`` (by global_step, then
+    save time, read from their manifests, never from the pointer, which may be missing or damaged)."""
+    ours = [os.path.basename(p) for p, m in complete_checkpoints(directory)
+            if m.get("lineage") == lineage or os.path.basename(p) == name]
+    others = [n for n in ours if n != name]
+    kept = set(others[max(0, len(others) - (max_to_keep - 1)):]) | {name}
+    return [n for n in ours if n in kept] if name in ours else [*(n for n in others if n in kept), name]
+
+
+def deletable(directory: str, run_id: str, lineage: str, epoch: int | None, keep: Collection[str]) -> list[str]:
+    """Checkpoint directories a save of run ``run_id`` may delete: of ``lineage``, not in ``keep``, not a newer
+    epoch's save.
+
+    A directory whose writer or manifest is unreadable, or of another lineage, is never listed, except an
+    empty one (a save killed while creating it: see :func:`killed_while_created`).
+    """
+    out = []
+    for path in checkpoint_dirs(directory):
+        if os.path.basename(path) in keep:
+            continue
+        if killed_while_created(path):
+            out.append(path)
+            continue
+        writer = read_json(os.path.join(path, WRITER_NAME))
+        theirs = writer.get("epoch") if writer is not None else None
+        if (writer is not None and writer.get("run_id") == run_id and type(theirs) is int
+                and epoch is not None and theirs > epoch):
+            continue  # a newer chief of this run is saving there
+        if is_complete(path):
+            ours = lineage_of(path) == lineage
+        else:
+            ours = writer is not None and (writer.get("lineage") == lineage or writer.get("run_id") == run_id)
+        if ours:
+            out.append(path)
+    return out
+
+
+def delete_old(directory: str, run_id: str, kept: list[str], lineage: str, epoch: int | None) -> None:
+    """Deletes, under the directory's mutex, what :func:`deletable` lists beside ``kept``."""
+    with directory_mutex(directory):
+        for path in deletable(directory, run_id, lineage, epoch, keep=kept):
+            storage.remove_tree(path, ignore_errors=True)
+
+
+def killed_while_created(path: str) -> bool:
+    """A save's directory holding nothing but (maybe) its writer file's temp: the save was killed while creating it.
+
+    Only meaningful under ``directory_mutex``: a save makes its directory and writes its writer file under it.
+    """
+    try:
+        entries = storage.listdir(path)
+    except OSError:
+        return False
+    return all(e.startswith(f"{WRITER_NAME}.tmp-") for e in entries)

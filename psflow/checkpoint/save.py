@@ -1,0 +1,408 @@
+"""Save: the chief's :class:`CheckpointManager` writes one checkpoint of every ps task and makes it current.
+
+The steps, their order, the fence and what a crash at any step leaves are the package's guarantees (see
+:mod:`psflow.checkpoint`): the run lock confirmed, ``writer.json``, every shard (all ps tasks in parallel),
+``manifest.json`` last, the fence checked, the pointer switched by compare-and-swap under the directory's
+mutex, the fence checked again, then rotation (:mod:`psflow.checkpoint.rotation`). A failed save removes its
+partial directory, is counted in the ledger and raises :class:`~psflow.errors.CheckpointError`; the
+``max_failed_saves``-th in a row raises :class:`CheckpointSavesFailedError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from concurrent import futures
+from dataclasses import replace
+from typing import Any
+
+from psflow import jsonio, storage
+from psflow.checkpoint.lock import CheckpointDirLock, directory_mutex, new_run_id
+from psflow.checkpoint.manifest import (
+    MANIFEST_NAME,
+    POINTER_NAME,
+    PREFIX,
+    WRITER_NAME,
+    Manifest,
+    SavedCheckpoint,
+    psflow_version,
+    read_json,
+    read_manifest,
+)
+from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer
+from psflow.checkpoint.rotation import deletable, delete_old, kept_after
+from psflow.errors import CheckpointError, TrainingError
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import (
+    CheckpointStatusReply,
+    CheckpointStatusRequest,
+    FenceRequest,
+    SaveOutcome,
+    SaveShardReply,
+    SaveShardRequest,
+)
+from psflow.ps.store import partition_key
+from psflow.rpc.api import FailedPreconditionError, RpcError
+
+__all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError"]
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointFencedError(CheckpointError):
+    """A newer chief's epoch fenced this save off; the pointer does not name it (not a failed save)."""
+
+
+class CheckpointSavesFailedError(TrainingError, RuntimeError):
+    """``max_failed_saves`` saves failed in a row: the run stops rather than train without checkpoints.
+
+    Deliberately not a :class:`CheckpointError`: the guards that let the chief
+    duties go on after one failed save (``LeaderOnlyHook``) let it through.
+    """
+
+
+def _fsync_dir(path: str) -> None:
+    storage.sync_dir(path)  # (an object store: nothing to do)
+
+
+class CheckpointManager:
+    """Saves checkpoints of a cluster into one directory and keeps the newest few of its lineage.
+
+    Only the chief uses it; it is not thread-safe (one save at a time).
+    Counters: ``saves_failed`` (in all) and ``failed_in_a_row`` (reset by a
+    completed save); ``last_error``.
+    """
+
+    def __init__(self, directory: str, *, max_to_keep: int = 5, transport: str = "local",
+                 fault: Callable[[str], None] | None = None, lock: CheckpointDirLock | None = None,
+                 run_id: str | None = None, max_failed_saves: int = 0) -> None:
+        """Args:
+            directory: the checkpoint directory (created if missing).
+            max_to_keep: complete checkpoints of this lineage kept (>= 1); older
+                ones are deleted after a newer one is complete.
+            transport: ``"local"``: each ps task writes its shard into
+                ``directory`` itself (a filesystem shared with the chief);
+                ``"rpc"``: shards are streamed to the chief, which writes them.
+            fault: test hook, called with the name of each phase
+                (``"shards_written"``, ``"manifest_written"``; with an epoch also
+                ``"fence_checked"`` and ``"pointer_switched"``); it may end the process.
+            lock: the run's lock of ``directory``, confirmed before every save
+                (None: not locked; a library user's own arrangement).
+            run_id: this run's id (default: the lock's, else a fresh one): pointers
+                of the same run are compared by epoch, and a fresh cluster's
+                lineage is named after it.
+            max_failed_saves: the failure in a row that raises
+                :class:`CheckpointSavesFailedError` (0: never).
+
+        Raises:
+            CheckpointError: a bad ``max_to_keep``, ``transport`` or ``max_failed_saves``.
+        """
+        if max_to_keep < 1:
+            raise CheckpointError(f"max_to_keep must be >= 1, got {max_to_keep}")
+        if transport not in ("local", "rpc"):
+            raise CheckpointError(f"checkpoint transport must be 'local' or 'rpc', got {transport!r}")
+        if max_failed_saves < 0:
+            raise CheckpointError(f"max_failed_saves must be >= 0, got {max_failed_saves}")
+        self.directory = directory
+        self.max_to_keep = max_to_keep
+        self.transport = transport
+        self._fault = fault
+        self._fence: tuple[int, str] | None = None  # (epoch, holder) of the save in progress; None: unfenced
+        self._lock = lock
+        self.run_id = run_id or (lock.run_id if lock is not None else new_run_id())
+        self.max_failed_saves = max_failed_saves
+        self.saves_failed = 0
+        self.failed_in_a_row = 0
+        self.last_error: str | None = None
+        self._current: str | None = None
+        self._step: int | None = None
+
+    def latest(self) -> str | None:
+        """See :func:`latest_checkpoint`."""
+        return latest_checkpoint(self.directory)
+
+    def save(self, client: ParameterClient, *, optimizer: Mapping[str, Any] | None = None,
+             model: Mapping[str, Any] | None = None, epoch: int | None = None, holder: str = "",
+             final: bool = False) -> SavedCheckpoint:
+        """Saves every ps task's variables and slots; see :mod:`psflow.checkpoint` for the order.
+
+        Blocks until the checkpoint is complete and the pointer names it.
+        Training may continue meanwhile; each partition is snapshotted whole.
+        Never retried here; a failed save leaves no directory behind (a crash
+        of the process may: the next save of this lineage deletes it).
+
+        Args:
+            client: connected to every ps task.
+            optimizer: recorded in the manifest.
+            model: the model's name, config and data settings, recorded in the manifest.
+            epoch: the saving chief's lease epoch (fences the save); None: unfenced.
+            holder: the lease holder, for the ps tasks' refusal messages.
+            final: training ended; recorded in the manifest (:attr:`Manifest.final`).
+
+        Raises:
+            CheckpointFencedError: a newer chief's epoch refused the save (not counted as failed).
+            CheckpointError: the save failed (a ps task failed to save, a file
+                could not be written, the directory is locked by another run);
+                counted, logged, reported to the ledger.
+            RpcError: the ps tasks could not be reached (counted as above).
+            CheckpointSavesFailedError: that was the ``max_failed_saves``-th failure in a row.
+        """
+        self._fence = None if epoch is None else (epoch, holder)
+        self._current, self._step = None, None
+        try:
+            saved = self._save(client, optimizer, model, epoch, holder, final)
+        except CheckpointFencedError as e:
+            self._remove_current()
+            log.warning("%s: checkpoint not made current: %s", client.client_name, e)
+            raise
+        except (CheckpointError, OSError, RpcError) as e:
+            self._remove_current()
+            self._count_failure(client, e)
+            if isinstance(e, OSError):
+                raise CheckpointError(f"checkpoint of global_step {self._step} into {self.directory} failed: {e}") from e
+            raise
+        self.failed_in_a_row = 0
+        self._report(client, SaveOutcome(True, saved.global_step, saved.path, writer=client.client_name))
+        return saved
+
+    def mark_final(self, path: str) -> None:
+        """Records in the manifest of checkpoint ``path`` that training ended there (:attr:`Manifest.final`).
+
+        For a run whose last periodic save fell on its last step. The manifest is replaced whole
+        (write, fsync, rename): a reader sees the old or the new one, both valid.
+
+        Raises:
+            CheckpointError: ``path`` has no readable manifest (it was deleted meanwhile).
+        """
+        manifest = read_manifest(path)
+        if not manifest.final:
+            storage.write_atomically(os.path.join(path, MANIFEST_NAME), replace(manifest, final=True).to_json().encode())
+
+    def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
+              epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
+        if self._lock is not None:
+            self._lock.acquire()
+        storage.makedirs(self.directory)
+        self._step = step_hint = client.global_step()
+        lineage = self._lineage(client)
+        with directory_mutex(self.directory):
+            for stale in deletable(self.directory, self.run_id, lineage, epoch, keep=()):
+                if not is_complete(stale):  # leftovers of crashed saves of this lineage
+                    storage.remove_tree(stale, ignore_errors=True)
+            name = f"{PREFIX}{step_hint:09d}"
+            if storage.exists(os.path.join(self.directory, name)):
+                name = f"{name}-{time.time_ns()}"
+            path = os.path.join(self.directory, name)
+            if not storage.is_remote(path):  # (an object store has no directories: the writer file makes it)
+                os.makedirs(path)
+            self._current = path
+            # Written before the mutex is let go: a checkpoint directory without its writer file, seen under the
+            # mutex, is a leftover of a save killed in between (see rotation.deletable).
+            writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
+                      "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
+            storage.write_atomically(os.path.join(path, WRITER_NAME),
+                                  jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
+        replies = self._write_shards(client, path)
+        self._phase("shards_written")
+        manifest = self._manifest(client, replies, optimizer, model, lineage, writer, final)
+        storage.write_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
+        self._phase("manifest_written")
+        self._check_fence(client, path)
+        if epoch is not None:
+            self._phase("fence_checked")
+        kept, previous = self._switch_pointer(name, manifest.global_step, lineage, epoch, holder)
+        if epoch is not None:
+            self._phase("pointer_switched")
+            try:
+                self._check_fence(client, path)
+            except CheckpointFencedError:
+                self._undo_pointer(name, previous)
+                raise
+            except CheckpointError as e:  # a ps task unreachable: the checkpoint is complete and current
+                log.warning("%s: could not re-check the fence after making %s current: %s", client.client_name, path, e)
+        self._current = None
+        delete_old(self.directory, self.run_id, kept, lineage, epoch)
+        log.info("%s: saved checkpoint %s at step %d", client.client_name, path, manifest.global_step)
+        return SavedCheckpoint(path, manifest.global_step)
+
+    def _lineage(self, client: ParameterClient) -> str:
+        """The cluster's lineage from the ledger; a fresh cluster's becomes this run's id."""
+        lineage = CheckpointStatusReply.from_frame(
+            client.call(client.step_task, CheckpointStatusRequest(lineage_if_unset=self.run_id))).lineage
+        return lineage or self.run_id
+
+    def _count_failure(self, client: ParameterClient, error: BaseException) -> None:
+        self.saves_failed += 1
+        self.failed_in_a_row += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+        limit = self.max_failed_saves
+        log.error("%s: checkpoint of global_step %s into %s FAILED (%d in a row, %d in all%s): %s",
+                  client.client_name, self._step, self.directory, self.failed_in_a_row, self.saves_failed,
+                  f"; the run stops after {limit} in a row" if limit else "", self.last_error)
+        self._report(client, SaveOutcome(False, self._step, error=self.last_error, writer=client.client_name))
+        if limit and self.failed_in_a_row >= limit:
+            raise CheckpointSavesFailedError(
+                f"{client.client_name}: {self.failed_in_a_row} checkpoint saves in a row into {self.directory} failed "
+                f"(--max-failed-saves {limit}): stopping rather than training without checkpoints; "
+                f"last: {self.last_error}") from error
+
+    @staticmethod
+    def _report(client: ParameterClient, outcome: SaveOutcome) -> None:
+        """Counts a save in the cluster's ledger (best effort: a ps task down loses the count, logged)."""
+        try:
+            client.call(client.step_task, CheckpointStatusRequest(outcome=outcome), timeout=5.0)
+        except RpcError as e:
+            log.warning("%s: could not report the checkpoint outcome to the ledger: %s", client.client_name, e)
+
+    def _remove_current(self) -> None:
+        """Deletes the directory of the save that failed, unless the pointer names it."""
+        path, self._current = self._current, None
+        if path is None or not storage.exists(path):
+            return
+        pointer = read_json(os.path.join(self.directory, POINTER_NAME)) or {}
+        if pointer.get("latest") == os.path.basename(path):
+            return
+        storage.remove_tree(path, ignore_errors=True)
+        if storage.exists(path):
+            log.error("could not remove the partial checkpoint %s", path)
+
+    def _check_fence(self, client: ParameterClient, path: str) -> None:
+        """Every ps task still accepts this chief's epoch (before and after the pointer moves)."""
+        if self._fence is None:
+            return
+        epoch, holder = self._fence
+        calls = {t: client.call_async(t, FenceRequest(epoch, holder=holder)) for t in client.channels}
+        refusals, fenced = [], True
+        for t, call in calls.items():  # every call collected, even after a refusal
+            try:
+                call.result()
+            except RpcError as e:
+                refusals.append(f"/job:ps/task:{t} refused: {e}")
+                fenced = fenced and isinstance(e, FailedPreconditionError)
+        if refusals:
+            error = CheckpointFencedError if fenced else CheckpointError
+            raise error(f"checkpoint {path} not made current: {'; '.join(refusals)}")
+
+    def _phase(self, phase: str) -> None:
+        if self._fault is not None:
+            self._fault(phase)
+
+    def _write_shards(self, client: ParameterClient, path: str) -> dict[int, tuple[str, SaveShardReply]]:
+        """Every ps task's shard: task -> (its file name, what the task said it holds)."""
+        tasks = sorted(client.channels)
+        files = {t: f"shard-{n:05d}-of-{len(tasks):05d}.safetensors" for n, t in enumerate(tasks)}
+        epoch, holder = self._fence if self._fence is not None else (None, "")
+        calls = {}
+        for n, t in enumerate(tasks):
+            target = os.path.join(storage.absolute(path), files[t]) if self.transport == "local" else None
+            calls[t] = client.call_async(t, SaveShardRequest(target, n, len(tasks), epoch, holder))
+        replies: dict[int, tuple[str, SaveShardReply]] = {}
+        with futures.ThreadPoolExecutor(len(tasks)) as pool:
+            pending = {t: pool.submit(self._finish_shard, call, os.path.join(path, files[t])) for t, call in calls.items()}
+            for t, fut in pending.items():
+                replies[t] = (files[t], fut.result())
+        _fsync_dir(path)
+        return replies
+
+    def _finish_shard(self, call: Any, file: str) -> SaveShardReply:
+        try:
+            reply = SaveShardReply.from_frame(call.result())
+        except RpcError as e:
+            fenced = self._fence is not None and isinstance(e, FailedPreconditionError)
+            raise (CheckpointFencedError if fenced else CheckpointError)(f"saving shard {file} failed: {e}") from e
+        if reply.data is not None:
+            data = reply.data.data  # the bytes, unchanged (a view)
+            if hashlib.sha256(data).hexdigest() != reply.sha256:
+                raise CheckpointError(f"shard {file} from {reply.task} arrived corrupted (sha256 mismatch)")
+            storage.write_atomically(file, data)
+        return reply
+
+    def _manifest(self, client: ParameterClient, replies: dict[int, tuple[str, SaveShardReply]],
+                  optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
+                  writer: Mapping[str, Any], final: bool) -> Manifest:
+        located = {p["key"]: (file, p) for file, reply in replies.values() for p in reply.partitions}
+        variables: dict[str, dict[str, Any]] = {}
+        for name, placement in client.layout.items():
+            parts = []
+            for part in placement.partitions:
+                key = partition_key(name, part.index)
+                if key not in located:
+                    raise CheckpointError(f"variable {name!r} partition {part.index} was not saved by /job:ps/task:{part.task}")
+                shard, saved = located[key]
+                record = {"index": part.index, "task": part.task, "row_start": part.row_start,
+                          "row_stop": part.row_stop, "shard": shard, "slots": saved["slots"]}
+                if placement.is_dynamic:  # rows keyed by id: how many, and the snapshot's arrays
+                    record.update(rows=saved["rows"], dynamic=saved["dynamic"])
+                parts.append(record)
+            var = placement.var
+            variables[name] = {"shape": list(var.shape), "dtype": var.dtype, "trainable": var.trainable, "partitions": parts}
+            if var.dynamic is not None:
+                variables[name]["dynamic"] = dict(var.dynamic)
+        step_reply = replies[client.step_task][1]
+        if step_reply.global_step is None:
+            raise CheckpointError(f"{step_reply.task} holds no global_step: its shard cannot date the checkpoint")
+        return Manifest(
+            global_step=step_reply.global_step,
+            variables=variables,
+            shards=[{"file": file, "task": r.task, "bytes": r.size, "sha256": r.sha256}
+                    for _, (file, r) in sorted(replies.items())],
+            reader_positions=dict(step_reply.positions),
+            examples=step_reply.examples,
+            cluster=json.loads(client.cluster.to_json()),
+            optimizer=dict(optimizer) if optimizer is not None else None,
+            model=dict(model) if model is not None else None,
+            psflow_version=psflow_version(),
+            created=time.time(),
+            lineage=lineage,
+            run={k: writer[k] for k in ("run_id", "epoch", "holder", "writer", "host", "pid")},
+            final=final,
+        )
+
+    def _switch_pointer(self, name: str, step: int, lineage: str, epoch: int | None,
+                        holder: str) -> tuple[list[str], bytes | None]:
+        """Compare-and-swap of the pointer (see :mod:`psflow.checkpoint`); returns (kept, the previous pointer's bytes).
+
+        Raises:
+            CheckpointFencedError: the pointer was written by a newer epoch of this run.
+            CheckpointError: the new checkpoint is no longer complete.
+        """
+        pointer = os.path.join(self.directory, POINTER_NAME)
+        with directory_mutex(self.directory):
+            try:
+                previous_bytes: bytes | None = storage.read_bytes(pointer)
+            except FileNotFoundError:
+                previous_bytes = None
+            previous = parse_pointer(previous_bytes)
+            theirs = previous.get("epoch")
+            if previous.get("run_id") == self.run_id and type(theirs) is int and (epoch is None or epoch < theirs):
+                raise CheckpointFencedError(
+                    f"checkpoint {name} not made current: the pointer {pointer} was written at epoch {theirs} "
+                    f"(by {previous.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
+            if not is_complete(os.path.join(self.directory, name)):
+                raise CheckpointError(f"checkpoint {os.path.join(self.directory, name)} was deleted before it was made "
+                                      "current")
+            kept = kept_after(self.directory, name, lineage, self.max_to_keep)
+            data = jsonio.dumps({"latest": name, "all": kept, "global_step": step, "lineage": lineage,
+                                 "run_id": self.run_id, "epoch": epoch, "holder": holder},
+                                nonfinite="error", what=pointer, indent=1).encode()
+            storage.write_atomically(pointer, data)
+        return kept, previous_bytes
+
+    def _undo_pointer(self, name: str, previous: bytes | None) -> None:
+        """Puts the previous pointer back if the pointer still names ``name`` (this save's)."""
+        pointer = os.path.join(self.directory, POINTER_NAME)
+        with directory_mutex(self.directory):
+            current = read_json(pointer) or {}
+            if current.get("latest") != name or current.get("run_id") != self.run_id:
+                return  # a newer chief's pointer replaced it already
+            if previous is None:
+                storage.remove(pointer)
+            else:
+                storage.write_atomically(pointer, previous)
+        log.warning("checkpoint %s: pointer %s put back to the previous checkpoint (this chief was fenced off)",
+                    os.path.join(self.directory, name), pointer)
