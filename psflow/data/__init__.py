@@ -14,8 +14,10 @@ Classes and functions, by file:
   :class:`TooManyBadRecordsError`, :class:`DatasetConfig`,
   :class:`ReaderPosition`, :class:`ShuffleState`, :class:`DatasetStats`,
   :class:`FileStats`.
-* ``dataset.py`` -- :class:`Dataset`, :func:`open_dataset`, :func:`read_all`, :func:`require_records`,
-  :func:`check_records` (the checks made before a run starts).
+* ``dataset.py`` -- :class:`Dataset` (files -> reader -> shuffle -> batcher -> prefetch),
+  :func:`open_dataset`, :func:`read_all`.
+* ``checks.py`` -- :func:`require_records`, :func:`check_records` (the checks made before a run
+  starts), :data:`~psflow.data.checks.HEAD_RECORDS`, :data:`~psflow.data.checks.COUNT_BYTES`.
 * ``batch.py`` -- :class:`Batch` (labels, named sparse features as :class:`SparseColumn`,
   named dense features), :class:`BatchSpec` (feature names and sizes),
   :class:`BatchSource` (the files and record ranges a dataset's batch came from).
@@ -98,8 +100,9 @@ from psflow.data.api import (
     TooManyBadRecordsError,
 )
 from psflow.data.batch import DEFAULT_SPARSE_FEATURE, Batch, BatchSource, BatchSpec, SparseColumn
+from psflow.data.checks import check_records, require_records
 from psflow.data.convert import add_convert_arguments, convert, run_convert
-from psflow.data.dataset import Dataset, check_records, open_dataset, read_all, require_records
+from psflow.data.dataset import Dataset, open_dataset, read_all
 from psflow.data.example import ParsedExamples, Ragged, encode_example, parse_examples
 from psflow.data.infer import InferredSchema, infer_schema
 from psflow.data.labels import BINARY_LABELS, FINITE_LABELS, LabelSpec

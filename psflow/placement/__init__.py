@@ -2,11 +2,12 @@
 
 Files:
 
-* ``api.py``: :class:`VariableDef`, :class:`Partition`,
-  :class:`VariablePlacement` (with :meth:`~VariablePlacement.route` for
-  lookups), :class:`RoutedRows`, :func:`split_rows`, JSON helpers, the
-  :data:`PlacementStrategy` and :data:`Partitioner` types, and the errors
-  :class:`PlacementError`, :class:`LayoutMismatchError`.
+* ``api.py``: :class:`VariableDef`, :class:`VariableLike`, the
+  :data:`PlacementStrategy` and :data:`Partitioner` types, :data:`DTYPE_SIZES`,
+  and the errors :class:`PlacementError`, :class:`LayoutMismatchError`.
+* ``assignment.py``: :class:`Partition`, :class:`VariablePlacement` (with
+  :meth:`~VariablePlacement.route` for lookups), :class:`RoutedRows`,
+  :func:`split_rows`, :func:`placements_to_json`, :func:`placements_from_json`.
 * ``hashing.py``: :func:`~psflow.placement.hashing.owner_of` (the ps task that owns
   each id of a dynamic table: splitmix64 mod the number of ps tasks), the
   splitmix64 mix and the id check; below the ps, which imports it.
@@ -46,13 +47,15 @@ same variables in a different order may give a different layout (which
 from psflow.placement.api import (
     DTYPE_SIZES,
     LayoutMismatchError,
-    Partition,
     Partitioner,
     PlacementError,
     PlacementStrategy,
-    RoutedRows,
     VariableDef,
     VariableLike,
+)
+from psflow.placement.assignment import (
+    Partition,
+    RoutedRows,
     VariablePlacement,
     placements_from_json,
     placements_to_json,

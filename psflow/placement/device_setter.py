@@ -40,16 +40,8 @@ import operator
 from collections.abc import Sequence
 
 from psflow.cluster.spec import ClusterError, ClusterMapping, ClusterSpec, TaskId
-from psflow.placement.api import (
-    Partition,
-    Partitioner,
-    PlacementError,
-    PlacementStrategy,
-    VariableDef,
-    VariableLike,
-    VariablePlacement,
-    split_rows,
-)
+from psflow.placement.api import Partitioner, PlacementError, PlacementStrategy, VariableDef, VariableLike
+from psflow.placement.assignment import Partition, VariablePlacement, split_rows
 from psflow.placement.strategies import RoundRobinStrategy
 
 __all__ = ["DeviceSetter", "replica_device_setter"]

@@ -5,7 +5,7 @@ and no Python ``hash``, so every process on every platform computes the same
 values. :func:`mix64` is a bijection of 64-bit values; a dynamic table's sketch,
 id index and initial rows (``psflow.ps.dynamic``) all derive their hashes from it.
 
-:func:`owner_of` is placement's: :class:`~psflow.placement.api.VariablePlacement`
+:func:`owner_of` is placement's: :class:`~psflow.placement.assignment.VariablePlacement`
 routes a dynamic table's ids by it, and the ps tasks split and re-split their
 shares by it. It lives below both, so placement imports nothing of the ps. Bad
 ids or a bad ``num_ps`` raise :class:`~psflow.errors.DynamicTableError` (as they

@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from psflow.placement.api import LayoutMismatchError, Partition, PlacementError, VariablePlacement
+from psflow.placement.api import LayoutMismatchError, PlacementError
+from psflow.placement.assignment import Partition, VariablePlacement
 
 __all__ = ["check_layout", "layout_mismatch"]
 

@@ -27,13 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
-from psflow.placement.api import (
-    Partitioner,
-    PlacementError,
-    VariableDef,
-    VariablePlacement,
-    placements_to_json,
-)
+from psflow.placement.api import Partitioner, PlacementError, VariableDef
+from psflow.placement.assignment import VariablePlacement, placements_to_json
 from psflow.placement.device_setter import DeviceSetter
 
 __all__ = ["VariableSet"]

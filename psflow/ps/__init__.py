@@ -1,1 +1,46 @@
-"""psflow.ps."""
+"""psflow.ps: the parameter servers -- a ps task's state and handlers, the protocol, and the client.
+
+A ps task holds its share of the variables (partitions, optimizer slots, dynamic tables), applies the
+pushed gradients with TensorFlow's update formulas, and keeps the one global_step (ps task 0). Workers
+reach it through :class:`~psflow.ps.client.ParameterClient`; every call is one typed message of
+:mod:`psflow.ps.protocol`.
+
+Files (the served side):
+
+* ``service.py``: :class:`~psflow.ps.service.ParameterService`, the table of RPC handlers over the parts below.
+* ``variable_store.py``: :class:`~psflow.ps.variable_store.VariableStore` (registered layout, optimizer,
+  update mode; registration); ``store.py``: :class:`~psflow.ps.store.ParameterStore` (partitions, slots,
+  locks), :func:`~psflow.ps.store.partition_key`, :class:`~psflow.errors.StoreError` re-exported.
+* ``step_clock.py``: :class:`~psflow.ps.step_clock.StepClock`; ``global_step.py``:
+  :class:`~psflow.ps.global_step.GlobalStep`, :class:`~psflow.ps.global_step.StepJournal` (its durable bound).
+* ``worker_ledger.py``: :class:`~psflow.ps.worker_ledger.WorkerLedger` (incarnations, reader positions,
+  finished workers); ``run_end.py``: :class:`~psflow.ps.run_end.RunLedger` (which workers are done).
+* ``restore_gate.py``: :class:`~psflow.ps.restore_gate.RestoreGate` (readiness, restore generation).
+* ``update_mode.py``: :class:`~psflow.ps.update_mode.UpdateMode` (async, sync or ssp, by
+  :class:`~psflow.ps.sync.SyncConfig`); ``sync.py``: :class:`~psflow.ps.sync.SyncConfig`,
+  :class:`~psflow.ps.sync.SyncAggregator` (SyncReplicas semantics); ``staleness.py``:
+  :class:`~psflow.ps.staleness.StalenessClock` (bounded staleness).
+* ``optimizer_base.py``: :class:`~psflow.ps.optimizer_base.Optimizer` (checks, schedules, duplicate rows,
+  gather/scatter); ``optimizers.py``: TF's formulas (``SgdOptimizer`` ... ``RmspropOptimizer``) and
+  :func:`~psflow.ps.optimizers.make_optimizer`; ``_kernels.c``: their fused C updates.
+* ``initializers.py``: :func:`~psflow.ps.initializers.initial_value`; ``averages.py``:
+  :class:`~psflow.ps.averages.MovingAverages`; ``memory.py``: :func:`~psflow.ps.memory.exclude_from_fork`.
+* ``checkpointing.py``: :class:`~psflow.ps.checkpointing.CheckpointHandlers` (a task's shard save/load,
+  readiness, restore calls), :class:`~psflow.ps.checkpointing.SaveLedger`.
+* ``counters.py``: :class:`~psflow.ps.counters.ServiceCounters` (``Stats``).
+* ``dynamic/``: dynamic (hash) embedding tables; their own map is in ``psflow.ps.dynamic``.
+
+Files (the calling side):
+
+* ``protocol/``: one frozen message per call, the only module spelling a wire key (its own map).
+* ``client.py``: :class:`~psflow.ps.client.ParameterClient`, :class:`~psflow.ps.client.PushResult`;
+  ``plans.py``: pull/push routing (:class:`~psflow.ps.plans.Planner`, :class:`~psflow.ps.plans.ClientError`);
+  ``registration.py``: :func:`~psflow.ps.registration.register_layout` and the wait for the chief.
+* ``fencing.py``: :class:`~psflow.ps.fencing.FencedWriter` (the leader checks its epoch on every task).
+
+Guarantees (docs/architecture.md, DESIGN.md): a push increments global_step once and returns the value
+after its own increment; a client whose layout differs from the registered one is refused
+(:class:`~psflow.placement.api.LayoutMismatchError`); async pushes apply on arrival, sync ones once per
+aggregated step, stale ones are dropped and counted. The ps imports nothing of
+the input pipeline (``psflow.data``), the models, training or the launcher (``lint-imports`` checks).
+"""

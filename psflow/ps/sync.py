@@ -1,7 +1,9 @@
-"""Synchronous aggregation and bounded staleness on a ps task.
+"""Synchronous aggregation (``mode="sync"``, SyncReplicasOptimizer semantics) on a ps task, and the update mode config.
 
-Two coordinators live here; a ps task runs at most one of them, chosen by the
-run's :class:`SyncConfig` (recorded at registration, identical on every task).
+A ps task runs at most one coordinator, chosen by the run's :class:`SyncConfig`
+(recorded at registration, identical on every task): the one below, or the
+bounded-staleness :class:`~psflow.ps.staleness.StalenessClock` (``mode="ssp"``,
+``psflow/ps/staleness.py``).
 
 :class:`SyncAggregator` (``mode="sync"``, SyncReplicasOptimizer semantics)
     States of step ``S`` on this task: *collecting* → *applied*.
@@ -55,13 +57,6 @@ run's :class:`SyncConfig` (recorded at registration, identical on every task).
        ``abort`` at its start fails the waiting pushes (their workers wait for
        the restore), ``reset`` at its end starts over at the restored step.
 
-:class:`StalenessClock` (``mode="ssp"``, on the task holding global_step)
-    Pushes are applied on arrival (as in async mode). Each push carries the
-    worker's clock (its completed iterations). Before the push returns, the
-    worker waits until ``clock - min(clock of live workers) <= staleness``.
-    A worker whose clock has not moved for ``timeout`` seconds is declared
-    lost (logged, counted) and no longer holds the others back.
-
 Thread-safety: every method may be called from concurrent RPC threads.
 """
 
@@ -86,7 +81,6 @@ __all__ = [
     "SyncConfig",
     "SyncAggregator",
     "SyncResult",
-    "StalenessClock",
     "Contribution",
 ]
 
@@ -440,70 +434,3 @@ def _sum_rows(pieces: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, 
         longer = np.flatnonzero(lengths > depth)
         out[longer] += ordered_values[starts[longer] + depth]
     return uniq, out
-
-
-class StalenessClock:
-    """Bounded staleness: holds a worker back while it is too far ahead."""
-
-    def __init__(self, config: SyncConfig, *, task_name: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config
-        self.task_name = task_name
-        self._time = clock
-        self._cond = threading.Condition()
-        self._clocks: dict[str, int] = {f"/job:worker/task:{i}": 0 for i in range(config.total_num_replicas)}
-        self._moved_at: dict[str, float] = {w: clock() for w in self._clocks}
-        self._gone: set[str] = set()
-        self.lost: list[str] = []
-        self.waits = 0
-
-    def _live(self) -> dict[str, int]:
-        return {w: c for w, c in self._clocks.items() if w not in self._gone}
-
-    def min_clock(self) -> int:
-        live = self._live()
-        return min(live.values()) if live else 0
-
-    def advance(self, worker: str, clock: int) -> int:
-        """Records ``worker``'s clock; blocks while it is more than ``staleness`` ahead.
-
-        Returns:
-            The slowest live worker's clock when this worker may go on.
-        """
-        with self._cond:
-            if worker not in self._clocks:
-                raise InvalidRequest(f"{worker} is not one of the {self.config.total_num_replicas} replicas")
-            now = self._time()
-            if clock > self._clocks[worker]:
-                self._clocks[worker], self._moved_at[worker] = clock, now
-                self._cond.notify_all()
-            waited = False
-            while clock - self.min_clock() > self.config.staleness:
-                waited = True
-                slow = min(self._live().items(), key=lambda kv: kv[1])[0]
-                remaining = self._moved_at[slow] + self.config.timeout - self._time()
-                if remaining <= 0:
-                    self._declare_lost(slow)
-                    continue
-                self._cond.wait(timeout=remaining)
-            self.waits += int(waited)
-            return self.min_clock()
-
-    def leave(self, worker: str) -> None:
-        with self._cond:
-            self._gone.add(worker)
-            self._cond.notify_all()
-
-    def _declare_lost(self, worker: str) -> None:
-        if self.config.on_timeout == "fail":
-            raise PreconditionFailed(
-                f"{self.task_name}: {worker} made no progress for {self.config.timeout:.1f} s (clock {self._clocks[worker]})"
-            )
-        log.warning("%s: %s made no progress for %.1f s; no longer waiting for it", self.task_name, worker,
-                    self.config.timeout)
-        self._gone.add(worker)
-        self.lost.append(worker)
-        self._cond.notify_all()
-
-    def stats(self) -> dict[str, Any]:
-        with self._cond:
-            return {"ssp_clocks": dict(self._clocks), "ssp_lost": list(self.lost), "ssp_waits": self.waits}

@@ -6,7 +6,7 @@
   applied step this task's sync count moves on and the moving averages move at
   it (every task counts its own steps: ps task 0's count is global_step).
 * ``ssp``: on the task holding global_step a
-  :class:`~psflow.ps.sync.StalenessClock` holds back a worker that is too far
+  :class:`~psflow.ps.staleness.StalenessClock` holds back a worker that is too far
   ahead of the slowest live one.
 
 A restore aborts the step being collected (its pushes fail; their workers
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from psflow.ps.staleness import StalenessClock
 from psflow.ps.step_clock import StepClock
-from psflow.ps.sync import StalenessClock, SyncAggregator, SyncConfig
+from psflow.ps.sync import SyncAggregator, SyncConfig
 from psflow.ps.variable_store import VariableStore
 
 __all__ = ["UpdateMode"]

@@ -25,7 +25,7 @@ def check_inputs(config: TrainConfig) -> int | None:
     """Refuses a run whose ``--train`` files, or ``--eval`` files (when given), hold no record, cannot be
     read, or have a malformed record among the first records of a file.
 
-    Reads the first :data:`~psflow.data.dataset.HEAD_RECORDS` records of each file (a small training input
+    Reads the first :data:`~psflow.data.checks.HEAD_RECORDS` records of each file (a small training input
     to its end, to count it); blocking, no side effects.
 
     Returns:

@@ -26,7 +26,7 @@ from safetensors.numpy import save_file
 from support import REPO, run_bounded, run_cli
 
 from psflow.data import TFRecordWriter, encode_example
-from psflow.data.dataset import COUNT_BYTES
+from psflow.data.checks import COUNT_BYTES
 from psflow.launch.ports import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -1,4 +1,4 @@
-"""Unit tests for psflow.placement.api: VariableDef, Partition, VariablePlacement, JSON."""
+"""Unit tests for psflow.placement.api and assignment: VariableDef, Partition, VariablePlacement, JSON."""
 
 from __future__ import annotations
 

@@ -13,8 +13,9 @@ import pytest
 from psflow.optim import OptimizerSpec
 from psflow.ps.global_step import GlobalStep
 from psflow.ps.optimizers import make_optimizer
+from psflow.ps.staleness import StalenessClock
 from psflow.ps.store import ParameterStore, PartitionState
-from psflow.ps.sync import Contribution, StalenessClock, SyncAggregator, SyncConfig, SyncResult
+from psflow.ps.sync import Contribution, SyncAggregator, SyncConfig, SyncResult
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
 
 W = [f"/job:worker/task:{i}" for i in range(4)]
