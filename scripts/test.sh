@@ -30,6 +30,8 @@ if { command -v cc >/dev/null || command -v gcc >/dev/null; } && .venv/bin/pytho
 fi
 .venv/bin/ruff check psflow tests benchmarks examples
 .venv/bin/mypy --strict psflow
+# The layers (pyproject.toml's [tool.importlinter]): no module imports a package above its own.
+.venv/bin/lint-imports
 # The 25 slowest tests close the log: where the suite's time goes (keep the whole run near 10 minutes);
 # -rfEs: the summary names each failure, error and skip (with its reason: a skip on CI is a question).
 exec .venv/bin/python -m pytest -q -rfEs --durations=25 "$@"
