@@ -99,7 +99,7 @@ def psflow_run(train: list[str], eval_path: str, num_ps: int, workdir: str, **kw
 
 
 def psflow_in_process(train: list[str], eval_path: str, workdir: str) -> dict[str, float]:
-    from psflow.train.in_process import run_in_process
+    from psflow.launch.in_process import run_in_process
 
     config = TrainConfig(train=tuple(train), eval=(eval_path,), num_features=NUM_IDS, optimizer="ftrl",
                          learning_rate=LR, batch_size=BATCH, epochs=1, num_ps=1, num_workers=1, log_every=10**9)

@@ -36,7 +36,7 @@ from netns import NetnsLab, netns_available  # noqa: E402
 from results_md import replace_section  # noqa: E402
 
 from psflow.launch.local import TaskHosts, run_local  # noqa: E402
-from psflow.launch.status_http import StatusConfig  # noqa: E402
+from psflow.status.server import StatusConfig  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
 
 TASKS = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]

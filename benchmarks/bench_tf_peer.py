@@ -253,9 +253,12 @@ def fast_path_run(args: argparse.Namespace, data: str, fmt: str) -> Run:
     no per-step logging, which would cost more here than on a cluster.
     """
     try:
-        from psflow.train.in_process import run_in_process
-    except ImportError as e:
-        return {"not_available": True, "reason": f"psflow.train.in_process not importable at the measured commit: {e}"}
+        from psflow.launch.in_process import run_in_process
+    except ImportError:
+        try:  # a commit from before the launch/train split had it in psflow.train
+            from psflow.train.in_process import run_in_process  # type: ignore[no-redef]
+        except ImportError as e:
+            return {"not_available": True, "reason": f"psflow's in_process not importable at the measured commit: {e}"}
     from psflow.train.config import TrainConfig
 
     train, ev = data_files(data, fmt)

@@ -176,9 +176,9 @@ def learning_rates(summary_dir: str) -> list[tuple[int, float]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Writes the digits, trains (distributed, or ``--in-process``), prints both evaluations; returns the exit status."""
+    from psflow.launch.in_process import run_in_process
     from psflow.launch.local import run_local
     from psflow.train.config import ConfigError
-    from psflow.train.in_process import run_in_process
 
     args = parse_args(argv)
     os.environ.setdefault("PSFLOW_TORCH_THREADS", "1")  # the processes share the machine's cores

@@ -16,7 +16,7 @@ One mechanism, :class:`DirectoryLock`, locks two kinds of directory:
       other's checkpoints);
     * :class:`RunDirLock`: ``<output>/run.lock``, taken by ``psflow train``
       (and :func:`~psflow.launch.local.run_local`,
-      :func:`~psflow.train.in_process.run_in_process`) before it writes
+      :func:`~psflow.launch.in_process.run_in_process`) before it writes
       anything into its run directory (two runs in one would overwrite each
       other's ``cluster.json``, configuration, logs and metrics). Only the
       launcher's process takes it.

@@ -119,7 +119,7 @@ def run_tool(args: argparse.Namespace) -> int:
         else:
             predict_file(args.model, list(args.data), out=sys.stdout, **options)
         return 0
-    from psflow.launch.report import render_report
+    from psflow.status.report import render_report
 
     done = render_report(args.run_dir, args.out)
     if done["earlier_runs"]:

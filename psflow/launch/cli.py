@@ -50,14 +50,14 @@ from psflow.data.infer import add_schema_arguments, run_schema, schema_yaml
 from psflow.launch.chief_cli import TOOL_COMMANDS, add_chief_arguments, add_tool_parsers, chief_config_fields, run_tool
 from psflow.launch.console import ONE_LINE_ERRORS, quiet_grpc, wants_verbose
 from psflow.launch.lifeline import LaunchInterrupted
-from psflow.launch.progress import final_line
-from psflow.launch.report import RUN_SUMMARIES
 from psflow.launch.tls_flags import add_tls_arguments, tls_config
 from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelError
 from psflow.models.registry import create_model, model_class, model_names
 from psflow.optim import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.optim.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
 from psflow.ps.dynamic import DynamicTableError, share_spec
+from psflow.status.progress import final_line
+from psflow.status.report import RUN_SUMMARIES
 from psflow.train.build import inferred_schema, model_config
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.inputs import check_inputs
@@ -210,7 +210,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from psflow.launch.k8s import add_k8s_parser
+    from psflow.cli.k8s import add_k8s_parser
     from psflow.launch.resilience import add_resilience_arguments
     from psflow.launch.shutdown import add_shutdown_parser
     from psflow.launch.status_cli import add_status_parser
@@ -263,7 +263,7 @@ class _TrainingArgsParser(_Parser):
 def _k8s(args: argparse.Namespace) -> int:
     """``psflow k8s render``: checks the training arguments as ``psflow server`` will parse them, and their
     settings as ``psflow train`` checks them (:func:`_check_k8s_training`), then renders."""
-    from psflow.launch.k8s import run_k8s
+    from psflow.cli.k8s import run_k8s
 
     check = _TrainingArgsParser(prog="psflow server", add_help=False)
     _add_server_arguments(check)
@@ -483,9 +483,9 @@ def _train(args: argparse.Namespace) -> int:
 def _in_process(config: TrainConfig, output: str) -> dict[str, Any]:
     """``--in-process``: the run, its end written as a cluster run's (metrics.json, status.json, metrics.prom from
     one final snapshot), SIGTERM, SIGHUP and SIGINT included (they end it as :class:`LaunchInterrupted`)."""
+    from psflow.launch.in_process import run_in_process
     from psflow.launch.lifeline import LauncherSignals, signal_name
     from psflow.launch.run_status import METRICS_JSON, InProcessEnding
-    from psflow.train.in_process import run_in_process
 
     ending = InProcessEnding(config, output, sys.stderr)
     signals = LauncherSignals()
@@ -528,7 +528,7 @@ def _tcp_limits(args: argparse.Namespace) -> TcpLimits:
 
 
 def _server(args: argparse.Namespace) -> int:
-    from psflow.launch.k8s import TASK_INDEX_ENV, task_index_from_env
+    from psflow.deploy.config import TASK_INDEX_ENV, task_index_from_env
     from psflow.launch.run_status import chief_status_page
     from psflow.launch.status_cli import status_config
     from psflow.launch.task import configure_logging, run_task

@@ -59,21 +59,21 @@ from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline
 from psflow.launch.ports import free_ports
-from psflow.launch.progress import Progress, progress_total
 from psflow.launch.resilience import Resilience, ResilienceConfig, with_recovery_checkpoints
 from psflow.launch.run_end import RunEnd
 from psflow.launch.run_status import LauncherStatus
-from psflow.launch.status_http import StatusConfig
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.rpc.api import ConnectConfig, RpcError
+from psflow.status.final_snapshot import resumed_from
+from psflow.status.progress import Progress, progress_total
+from psflow.status.server import StatusConfig
 from psflow.train.build import build_model
 from psflow.train.config import TORCH_THREADS_ENV, TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters
-from psflow.train.final_snapshot import resumed_from
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval
@@ -327,7 +327,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     (one console line says so), so a ps task that dies is restored rather than lost.
 
     ``progress``: a bar or lines, then a last line with the run's examples/s
-    (:mod:`psflow.launch.progress`). ``verbose``: the tasks log gRPC's C-core
+    (:mod:`psflow.status.progress`). ``verbose``: the tasks log gRPC's C-core
     lines and the tracebacks of expected errors (:mod:`psflow.launch.console`).
     ``placement``: where each task runs (:class:`TaskHosts`; default: every task on 127.0.0.1).
 

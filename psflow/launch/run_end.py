@@ -1,7 +1,7 @@
 """How one local run ends: its final snapshot, taken once, and everything of its end written from it.
 
 ``run_local`` holds a :class:`RunEnd` for the run. Whichever way the run ends,
-the end is one final snapshot (:func:`psflow.train.final_snapshot.final_snapshot`)
+the end is one final snapshot (:func:`psflow.status.final_snapshot.final_snapshot`)
 from which ``metrics.json``, ``status.json``, ``metrics.prom``
 (:func:`psflow.launch.run_status.write_run_files`) and the console's last lines
 are written, so they agree on every figure they share:
@@ -36,7 +36,7 @@ from psflow.launch.run_status import METRICS_JSON, LauncherStatus, write_run_fil
 from psflow.launch.supervisor import describe_exit
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.train.final_snapshot import Resumed, final_snapshot, step_task_stats
+from psflow.status.final_snapshot import Resumed, final_snapshot, step_task_stats
 
 __all__ = ["RunEnd"]
 
@@ -53,7 +53,7 @@ class RunEnd:
         output_dir: the run directory.
         started: the run's start (``time.monotonic()``).
         checkpoints: the launcher's view of the checkpoint ledger (None: the run has no checkpoint directory).
-        resumed: the checkpoint the run resumed (:func:`psflow.train.final_snapshot.resumed_from`).
+        resumed: the checkpoint the run resumed (:func:`psflow.status.final_snapshot.resumed_from`).
         page: the run's status page, whose collector writes status.json and metrics.prom (None: only metrics.json).
         run: fields every snapshot of this run carries (mode, replication).
         out: where console lines go (failed saves seen at the end, files not written).

@@ -16,7 +16,7 @@ nothing and samples nothing, but is still there for the run's end.
 However the run ends, :func:`write_run_files` writes ``metrics.json``,
 ``status.json`` and ``metrics.prom`` (the final ``/metrics``, in the text format
 Prometheus' node-exporter textfile collector reads) from the run's one final
-snapshot (:mod:`psflow.train.final_snapshot`), so they agree on every figure
+snapshot (:mod:`psflow.status.final_snapshot`), so they agree on every figure
 they share; :class:`InProcessEnding` does the same for ``--in-process`` runs.
 """
 
@@ -30,17 +30,17 @@ from typing import Any, TextIO
 
 from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
-from psflow.launch.status import ProcessInfo, StatusCollector
-from psflow.launch.status_http import StatusConfig, StatusServer, prometheus_text
 from psflow.launch.supervisor import describe_exit
 from psflow.rpc.tls import TlsConfig
+from psflow.status.collector import ProcessInfo, StatusCollector
+from psflow.status.server import StatusConfig, StatusServer, prometheus_text
 from psflow.train.chief import is_chief
 from psflow.train.config import TrainConfig
 
 __all__ = ["ChiefStatusPage", "InProcessEnding", "LauncherStatus", "METRICS_FILE", "METRICS_JSON", "chief_status_page",
            "write_run_files"]
 
-log = logging.getLogger("psflow.launch.status")
+log = logging.getLogger("psflow.status.collector")
 
 METRICS_FILE = "metrics.prom"
 METRICS_JSON = "metrics.json"
@@ -199,7 +199,7 @@ def chief_status_page(cluster: ClusterSpec, job: str, index: int, config: TrainC
     """Starts the page if ``/job:<job>/task:<index>`` is the cluster's chief (None otherwise).
 
     The collector's channels to every task use ``tls`` (the task's own; ``None``: plain text); the
-    page itself is plain HTTP (see :mod:`psflow.launch.status_http` for who may read it).
+    page itself is plain HTTP (see :mod:`psflow.status.server` for who may read it).
 
     Logs ``psflow: status URL`` on stderr. Raises ConfigError as :class:`StatusServer`.
     """

@@ -26,9 +26,9 @@ import urllib.request
 from typing import Any, TextIO
 
 from psflow.errors import PsflowError
-from psflow.launch.status import STATUS_FILE
-from psflow.launch.status_http import StatusConfig
 from psflow.launch.token import TOKEN_ENV, cluster_token
+from psflow.status.collector import STATUS_FILE
+from psflow.status.server import StatusConfig
 
 __all__ = ["StatusError", "add_status_parser", "fetch_status", "render_status", "run_status", "status_config"]
 

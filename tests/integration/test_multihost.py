@@ -235,8 +235,8 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     from psflow.launch.health import HealthConfig
     from psflow.launch.local import TaskHosts, run_local
     from psflow.launch.resilience import ResilienceConfig
-    from psflow.launch.status_http import StatusConfig
     from psflow.launch.supervisor import RestartConfig
+    from psflow.status.server import StatusConfig
     from psflow.train.config import TrainConfig
 
     tasks = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1), ("worker", 2)]
@@ -298,8 +298,8 @@ def test_chaos_kills_tasks_on_their_own_hosts_and_the_run_recovers(make_lab: Cal
     from psflow.launch.chaos import ChaosPlan
     from psflow.launch.local import TaskHosts, run_local
     from psflow.launch.resilience import ResilienceConfig
-    from psflow.launch.status_http import StatusConfig
     from psflow.launch.supervisor import RestartConfig
+    from psflow.status.server import StatusConfig
     from psflow.train.config import TrainConfig
 
     tasks = [("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)]

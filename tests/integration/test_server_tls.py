@@ -23,10 +23,10 @@ from support import A9A, REPO, TOKEN
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
-from psflow.launch.status import StatusCollector
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tls import TlsConfig
+from psflow.status.collector import StatusCollector
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-from psflow.launch.progress import Progress, ProgressTotal, progress_total
+from psflow.status.progress import Progress, ProgressTotal, progress_total
 
 
 class Clock:

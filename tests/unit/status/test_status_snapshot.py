@@ -15,7 +15,8 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
-from psflow.launch.status import ProcessInfo, StatusCollector, busiest_ps, restored_at
+from psflow.status.collector import ProcessInfo, StatusCollector
+from psflow.status.views import busiest_ps, restored_at
 
 
 def ps_row(index: int, *, pushes: float, pulls: float, bytes_in: float, bytes_out: float, apply: float,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from psflow.checkpoint.ledger import SaveStatusWatcher
-from psflow.train.final_snapshot import Resumed, final_snapshot, resumed_from
+from psflow.status.final_snapshot import Resumed, final_snapshot, resumed_from
 
 
 def ps0(**stats: object) -> dict[str, object]:

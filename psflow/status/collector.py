@@ -44,7 +44,7 @@ changes it. With ``run_dir`` every round also replaces ``run_dir/status.json``
 atomically (what ``psflow status RUN_DIR`` reads, also after the run).
 
 At the run's end :meth:`StatusCollector.finish` takes the run's final snapshot
-(:mod:`psflow.train.final_snapshot`): from then on every figure it shares with
+(:mod:`psflow.status.final_snapshot`): from then on every figure it shares with
 metrics.json (:data:`FINAL_FIGURES`, the ps rows, the phase) is that snapshot's.
 """
 
@@ -56,7 +56,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,10 +65,11 @@ from psflow.cluster import ClusterSpec
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tls import TlsConfig
+from psflow.status.views import ledger_view, mark_busiest, ps_index, restored_at, ssp_view, sync_view
 
-__all__ = ["FINAL_FIGURES", "HISTORY", "ProcessInfo", "StatusCollector", "STATUS_FILE", "busiest_ps", "restored_at"]
+__all__ = ["FINAL_FIGURES", "HISTORY", "ProcessInfo", "StatusCollector", "STATUS_FILE"]
 
-log = logging.getLogger("psflow.launch.status")
+log = logging.getLogger(__name__)
 
 HISTORY = 600            # points kept per time series
 RATE_WINDOW = 5.0        # seconds examples/s is measured over
@@ -203,13 +204,13 @@ class StatusCollector:
 
     def finish(self, final: Mapping[str, Any]) -> dict[str, Any]:
         """The run's end: every figure the snapshot shares with ``final`` (the run's final snapshot,
-        :mod:`psflow.train.final_snapshot`, which metrics.json is) is taken from it, and so are the ps
+        :mod:`psflow.status.final_snapshot`, which metrics.json is) is taken from it, and so are the ps
         rows (its ``ps``) and the phase; later samples no longer change them. Writes ``status.json``
         (with ``run_dir``) and returns the new snapshot. Works on a collector never started."""
         with self._sample_lock:
             now = time.time()
             for stats in final.get("ps") or []:
-                index = _ps_index(stats)
+                index = ps_index(stats)
                 if index is not None:
                     self._ps_stats[index] = dict(stats)
             with self._lock:
@@ -371,16 +372,16 @@ class StatusCollector:
             "learning_rate": head.get("learning_rate"),
             "eval": None,
             "tasks": [self._task_row(t, processes.get(t.name), now) for t in self._tasks],
-            "ps": _mark_busiest([self._ps_row(i) for i in sorted(self._ps_stats)]),
+            "ps": mark_busiest([self._ps_row(i) for i in sorted(self._ps_stats)]),
             "series": {k: list(v) for k, v in self._series.items()},
             "scalars": {tag: [list(p) for p in points] for tag, points in sorted(self._scalars.items())},
             "staleness_histogram": dict(head.get("staleness_histogram") or {}),
-            "sync": _sync_view(head, [self._ps_stats[i] for i in sorted(self._ps_stats)]),
-            "ssp": _ssp_view(head),
+            "sync": sync_view(head, [self._ps_stats[i] for i in sorted(self._ps_stats)]),
+            "ssp": ssp_view(head),
             "faults": list(events.get("faults", [])),
             "restarts": list(events.get("restarts", [])),
             "hangs": list(events.get("hangs", [])),
-            "checkpoints": _ledger_view(self._ledger),
+            "checkpoints": ledger_view(self._ledger),
         }
         snapshot.update(final)  # the run's end: its final snapshot's figures, those of metrics.json
         return snapshot
@@ -437,95 +438,3 @@ class StatusCollector:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def restored_at(generation: Any) -> float | None:
-    """When the chief last restored a ps task (wall-clock seconds), from its ``generation``: 0 until
-    a restore, then the restore's wall-clock time in milliseconds (:mod:`psflow.train.recovery`).
-    None where there was no restore, or the number is not such a time (before 2001)."""
-    if isinstance(generation, int) and not isinstance(generation, bool) and generation >= 10**12:
-        return generation / 1000.0
-    return None
-
-
-def busiest_ps(rows: Sequence[Mapping[str, Any]]) -> int | None:
-    """The index of the busiest ps task among a snapshot's ``ps`` rows, or None (fewer than two tasks,
-    nothing moving, or a tie).
-
-    Busy is what costs a ps task: the bytes it moves (gradients in plus rows out) and the time it
-    spends applying updates, each as its share of all ps tasks' (a task's score is its share of the
-    bytes plus its share of the apply time). Request counts do not count: every step pushes to and
-    pulls from every ps task, so a task holding a 12-byte bias answers as many requests as one
-    holding the embedding table. Per second over the last sample; where nothing moved in it (an idle
-    or finished run), over the whole run (the counters' totals).
-    """
-    if len(rows) < 2:
-        return None
-
-    def measures(row: Mapping[str, Any], rates: bool) -> tuple[float, float]:
-        source = (row.get("rates") or {}) if rates else row
-        suffix = "_per_sec" if rates else ""
-        moved = sum(float(source.get(k + suffix) or 0.0) for k in ("bytes_in", "bytes_out"))
-        return moved, float(source.get("apply_seconds" + suffix) or 0.0)
-
-    for rates in (True, False):
-        values = [measures(r, rates) for r in rows]
-        total_bytes, total_apply = sum(v[0] for v in values), sum(v[1] for v in values)
-        if total_bytes > 0 or total_apply > 0:
-            break
-    else:
-        return None
-    scores = [(b / total_bytes if total_bytes else 0.0) + (a / total_apply if total_apply else 0.0) for b, a in values]
-    best = max(scores)
-    if scores.count(best) > 1:
-        return None
-    return int(rows[scores.index(best)]["index"])
-
-
-def _mark_busiest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    busiest = busiest_ps(rows)
-    for row in rows:
-        row["busiest"] = row["index"] == busiest
-    return rows
-
-
-def _ps_index(stats: Mapping[str, Any]) -> int | None:
-    task = stats.get("task")
-    if isinstance(task, str) and task.startswith("/job:ps/task:"):
-        return int(task.rsplit(":", 1)[1])
-    return None
-
-
-def _sync_view(head: Mapping[str, Any], every_ps: list[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The step being collected, over every ps task: each aggregates its own part of a sync step, so a
-    worker stopped between its pushes to two ps tasks holds up only the one it has not reached yet
-    (``per_ps``); ``contributed`` and ``waiting_for`` are the unions, ``waiting_seconds`` the longest wait."""
-    if head.get("mode") != "sync":
-        return None
-    contributed: list[str] = []
-    waiting: list[str] = []
-    longest: float | None = None
-    per_ps = {}
-    for stats in every_ps:
-        mine, missing = stats.get("sync_contributed") or [], stats.get("sync_waiting_for") or []
-        contributed += [w for w in mine if w not in contributed]
-        waiting += [w for w in missing if w not in waiting]
-        seconds = stats.get("sync_waiting_seconds")
-        if isinstance(seconds, (int, float)) and missing:
-            longest = max(longest or 0.0, float(seconds))
-        per_ps[str(stats.get("task"))] = {"contributed": mine, "waiting_for": missing, "waiting_seconds": seconds}
-    return {"contributed": contributed, "waiting_for": waiting, "waiting_seconds": longest, "per_ps": per_ps,
-            "live_replicas": head.get("live_replicas"), "steps_applied": head.get("sync_steps_applied"),
-            "timeouts": head.get("sync_timeouts"), "stale_dropped": head.get("stale_dropped")}
-
-
-def _ssp_view(head: Mapping[str, Any]) -> dict[str, Any] | None:
-    if "ssp_clocks" not in head:
-        return None
-    return {"clocks": head.get("ssp_clocks") or {}, "lost": head.get("ssp_lost") or [], "waits": head.get("ssp_waits")}
-
-
-def _ledger_view(ledger: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if ledger is None:
-        return None
-    return {k: ledger.get(k) for k in ("saved", "failed", "failed_in_a_row", "last_saved_step", "last_saved_path")}

@@ -19,9 +19,9 @@ import pytest
 from psflow.cluster import ClusterSpec
 from psflow.launch.cli import main
 from psflow.launch.ports import free_ports
-from psflow.launch.status import StatusCollector
 from psflow.launch.status_cli import StatusError, fetch_status, render_status
-from psflow.launch.status_http import StatusServer, is_loopback, prometheus_text
+from psflow.status.collector import StatusCollector
+from psflow.status.server import StatusServer, is_loopback, prometheus_text
 from psflow.train.config import ConfigError
 
 TOKEN = "status-token-0123"

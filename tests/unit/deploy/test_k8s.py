@@ -14,21 +14,15 @@ import yaml
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (psflow[test]) is not installed")
 
+from psflow.cli.k8s import render_config  # noqa: E402
 from psflow.cluster import ClusterSpec, TaskId, parse_tf_config  # noqa: E402
+from psflow.deploy.config import RenderConfig, RenderError, Resources, load_cluster, task_index_from_env  # noqa: E402
+from psflow.deploy.files import write_manifests  # noqa: E402
+from psflow.deploy.manifests import render_manifests  # noqa: E402
 from psflow.launch import evaluator as evaluator_module  # noqa: E402
 from psflow.launch import lifeline  # noqa: E402
 from psflow.launch import task as task_module  # noqa: E402
 from psflow.launch.cli import build_parser, main  # noqa: E402
-from psflow.launch.k8s import (  # noqa: E402
-    RenderConfig,
-    RenderError,
-    Resources,
-    load_cluster,
-    render_config,
-    render_manifests,
-    task_index_from_env,
-    write_manifests,
-)
 from psflow.train.config import ConfigError  # noqa: E402
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (kubernetes-validate's) is not installed")
@@ -461,7 +455,7 @@ def test_the_render_is_deterministic_and_writes_no_token(tmp_path: Path, jobset:
 
 
 def test_the_module_does_not_import_grpc() -> None:
-    code = "import sys, psflow.launch.k8s; sys.exit('grpc' in sys.modules)"
+    code = "import sys, psflow.deploy.files, psflow.cli.k8s; sys.exit('grpc' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

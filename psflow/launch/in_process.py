@@ -28,11 +28,11 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
+from psflow.status.final_snapshot import Resumed, final_snapshot, resumed_from
 from psflow.train.build import build_model
 from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters
-from psflow.train.final_snapshot import Resumed, final_snapshot, resumed_from
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval, run_worker
@@ -63,7 +63,7 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
 
     Blocks for the whole run. However it ends (finished, failed, interrupted: a
     ``KeyboardInterrupt``, whose ``signum`` attribute, if any, names the signal),
-    it ends with one final snapshot (:mod:`psflow.train.final_snapshot`, the same
+    it ends with one final snapshot (:mod:`psflow.status.final_snapshot`, the same
     fields as a cluster run's), handed to ``on_end`` with the run's cluster
     (default: written to ``output_dir/metrics.json``); then the metrics are
     returned or the error re-raised. As a cluster run does, it writes the

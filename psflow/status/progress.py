@@ -23,7 +23,7 @@ The launcher feeds :class:`Progress` the cluster's counters every few seconds
    G)`` when the ps tasks' restore generation changed), and the next rate is
    measured from the restored count. A rate is never negative.
 3. :meth:`Progress.close` with the run's final snapshot (``metrics.json``,
-   :mod:`psflow.train.final_snapshot`): the last line (:func:`final_line`)
+   :mod:`psflow.status.final_snapshot`): the last line (:func:`final_line`)
    gives this run's examples and ``examples_per_sec`` (after a resume, not
    the earlier run's too), never the rate of an interval that may be empty,
    and the last step's loss, never a stale reading; with an eval, its
@@ -198,7 +198,7 @@ class Progress:
 
 def final_line(metrics: Mapping[str, Any]) -> str:
     """``psflow: done: global_step S | N examples in T s | R examples/s | last step's loss L | eval ...``
-    from the run's final snapshot (:mod:`psflow.train.final_snapshot`), never from a reading.
+    from the run's final snapshot (:mod:`psflow.status.final_snapshot`), never from a reading.
 
     N and R are this run's (``examples_this_run``); after a resume the line also says how many
     examples the model holds in all and how many came from the checkpoint it resumed.

@@ -124,7 +124,7 @@ function renderTasks(tasks) {
 function renderPs(ps) {
   const body = $("ps").querySelector("tbody");
   body.replaceChildren();
-  for (const r of ps) {  // r.busiest: the collector's ranking by bytes moved and apply time (psflow.launch.status)
+  for (const r of ps) {  // r.busiest: the collector's ranking by bytes moved and apply time (psflow.status.collector)
     const row = document.createElement("tr");
     row.dataset.task = r.task;
     if (r.busiest) row.className = "hot";

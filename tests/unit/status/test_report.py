@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from psflow.launch.report import RUN_SUMMARIES, latest_summaries, render_report
+from psflow.status.report import RUN_SUMMARIES, latest_summaries, render_report
 from psflow.train.summary import SummaryWriter, read_scalars
 
 

@@ -5,7 +5,7 @@ Routes (GET and HEAD only; any other method, OPTIONS and TRACE included, is answ
 
 ``/``             the status page (plain HTML, a little JavaScript and CSS, served
                   from the package: nothing is loaded from elsewhere)
-``/api/status``   the newest snapshot (:mod:`psflow.launch.status`) as JSON
+``/api/status``   the newest snapshot (:mod:`psflow.status.collector`) as JSON
 ``/metrics``      the same numbers in Prometheus' text format, written by the
                   Prometheus client library; labels ``job`` and ``task``
 
@@ -69,12 +69,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from psflow import jsonio
-from psflow.launch.status import StatusCollector
+from psflow.status.collector import StatusCollector
 from psflow.train.config import ConfigError
 
 __all__ = ["StatusConfig", "StatusServer", "prometheus_text", "is_loopback", "is_loopback_host"]
 
-log = logging.getLogger("psflow.launch.status")
+log = logging.getLogger("psflow.status.collector")
 
 _PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/index.html": ("index.html", "text/html; charset=utf-8"),
                "/status.js": ("status.js", "text/javascript; charset=utf-8"),
@@ -129,7 +129,7 @@ def is_loopback_host(header: str | None) -> bool:
 
 
 def _page(name: str) -> bytes:
-    return importlib.resources.files("psflow.launch").joinpath("status_page", name).read_bytes()
+    return importlib.resources.files("psflow.status").joinpath("page", name).read_bytes()
 
 
 class _Metrics:
