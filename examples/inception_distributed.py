@@ -153,7 +153,7 @@ def evaluations(config: Any) -> dict[str, dict[str, float]]:
     (from the files, as the evaluator task reads them)."""
     from psflow.checkpoint.pointer import latest_checkpoint
     from psflow.data import read_all
-    from psflow.launch.export import load_checkpoint_model
+    from psflow.export import load_checkpoint_model
     from psflow.train.build import data_options
     from psflow.train.evaluation import ArrayParameters, evaluate
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from psflow.launch.cli import main
+from psflow.cli.main import main
 
 sys.exit(main())

@@ -1,19 +1,30 @@
 """``psflow k8s render``: its flags (:func:`add_k8s_parser`), read into a
-:class:`~psflow.deploy.config.RenderConfig` (:func:`render_config`), and the command (:func:`run_k8s`).
+:class:`~psflow.deploy.config.RenderConfig` (:func:`render_config`), and the command (:func:`run_k8s`): the
+training arguments after ``--`` checked as ``psflow server`` parses them and as ``psflow train`` checks its
+settings, then the manifests rendered and written (:func:`render_command`, :mod:`psflow.deploy`).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
+from psflow.cli.parser import CommandParser
+from psflow.cli.server import add_server_arguments
+from psflow.cli.training import train_config
 from psflow.cluster import ClusterSpec
 from psflow.deploy.config import DEFAULT_NAME, RenderConfig, RenderError, Resources, load_cluster
 from psflow.deploy.files import write_manifests
 from psflow.deploy.manifests import render_manifests
+from psflow.models.api import ModelError
+from psflow.models.registry import model_class, model_names
+from psflow.optim import OptimizerError
+from psflow.optim.schedules import ScheduleError
+from psflow.ps.dynamic import DynamicTableError
+from psflow.train.config import ConfigError
 
-__all__ = ["add_k8s_parser", "render_config", "run_k8s"]
+__all__ = ["add_k8s_parser", "render_config", "render_command", "run_k8s"]
 
 def add_k8s_parser(sub: Any) -> None:
     """``psflow k8s render``'s flags."""
@@ -74,7 +85,7 @@ def render_config(args: argparse.Namespace) -> RenderConfig:
         evaluator=args.evaluator, evaluator_resources=evaluator_resources, jobset=args.jobset)
 
 
-def run_k8s(args: argparse.Namespace, *, check_training: Callable[[ClusterSpec], None] | None = None) -> int:
+def render_command(args: argparse.Namespace, *, check_training: Callable[[ClusterSpec], None] | None = None) -> int:
     """``psflow k8s render``: writes the manifests, prints their paths.
 
     ``check_training`` checks the training arguments for the cluster's tasks (the CLI's, which knows the
@@ -91,3 +102,44 @@ def run_k8s(args: argparse.Namespace, *, check_training: Callable[[ClusterSpec],
     for path in write_manifests(manifests, config, args.output):
         print(path)
     return 0
+
+
+class _TrainingArgsParser(CommandParser):
+    """``psflow server``'s flags, checked for ``psflow k8s render``: an error raises ConfigError (one line)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"the training arguments after --: {message}")
+
+
+def run_k8s(args: argparse.Namespace) -> int:
+    """``psflow k8s render``: checks the training arguments as ``psflow server`` will parse them, and their
+    settings as ``psflow train`` checks them (:func:`_check_k8s_training`), then renders."""
+    check = _TrainingArgsParser(prog="psflow server", add_help=False)
+    add_server_arguments(check)
+    given = check.parse_args(args.train_args)
+    for flag in ("cluster", "job", "task", "bind_host"):
+        if getattr(given, flag) is not None:
+            raise ConfigError(f"the training arguments after --: --{flag.replace('_', '-')}: the manifests set it "
+                              "for each task")
+    given.command = "server"
+    return render_command(args, check_training=lambda cluster: _check_k8s_training(given, cluster))
+
+
+def _check_k8s_training(given: argparse.Namespace, cluster: ClusterSpec) -> None:
+    """The training settings of ``psflow k8s render`` checked as ``psflow train`` checks its own, for
+    ``cluster``'s tasks: ranges and combinations, the optimizer and schedule, the model's own flags, a
+    built-in model's name. Nothing is read: the paths are the pods' (a schema inferred from the first
+    training file, ``--schema``, a user's model module in the image), and no device is looked for.
+
+    Raises:
+        ConfigError: the first setting refused, after ``the training arguments after --: ``.
+    """
+    try:
+        if not given.train:
+            raise ConfigError("--train is required: the chief and the workers train on it (e.g. --train /data/...)")
+        trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)
+        config = train_config(given, num_ps=cluster.num_tasks("ps"), num_workers=trainers)
+        if ":" not in config.model and config.model not in model_names():
+            model_class(config.model)  # refuses the unknown name, naming the known ones (imports nothing)
+    except (ConfigError, ModelError, OptimizerError, ScheduleError, DynamicTableError) as e:
+        raise ConfigError(f"the training arguments after --: {e}") from None

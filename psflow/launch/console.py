@@ -8,7 +8,7 @@
   keeps its traceback.
 * **gRPC's C-core log lines** (``E0000 ... GOAWAY received``) go to stderr from C, past Python's
   logging, and gRPC reads its settings once, when ``grpc`` is imported. :func:`quiet_grpc` sets them in
-  an environment: in the ``psflow`` command's own (:func:`psflow.launch.cli.main`, before anything
+  an environment: in the ``psflow`` command's own (:func:`psflow.cli.main.main`, before anything
   imports ``grpc``) and in every task's (:meth:`psflow.launch.local.LocalCluster.start_task`).
 
 This module imports nothing that imports ``grpc``.
@@ -26,7 +26,7 @@ __all__ = ["GRPC_VERBOSITY_ENV", "ONE_LINE_ERRORS", "expected_in_task", "quiet_g
 #: gRPC's minimum log severity (its C-core: DEBUG, INFO, ERROR, NONE), read when ``grpc`` is imported.
 GRPC_VERBOSITY_ENV = "GRPC_VERBOSITY"
 
-#: What the ``psflow`` command prints as one line (:func:`psflow.launch.cli.main`): every error psflow raises
+#: What the ``psflow`` command prints as one line (:func:`psflow.cli.main.main`): every error psflow raises
 #: on purpose, and the operating system's refusal of one of the command's own calls (``--cluster`` naming no
 #: file, an output directory it may not write).
 ONE_LINE_ERRORS: tuple[type[Exception], ...] = (PsflowError, OSError)

@@ -45,7 +45,7 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.variables import averaged_variables
 from psflow.data import Batch, read_all
 from psflow.errors import CheckpointError
-from psflow.launch.export import load_checkpoint_model
+from psflow.export import load_checkpoint_model
 from psflow.train.build import data_options
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.evaluation import ArrayParameters, evaluate

@@ -39,7 +39,7 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.variables import read_variables
 from psflow.cluster import ClusterSpec
 from psflow.data import read_all
-from psflow.launch.export import export_model, load_model
+from psflow.export import export_model, load_model
 from psflow.models.registry import model_class
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient

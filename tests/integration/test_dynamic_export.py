@@ -17,7 +17,7 @@ from support import A9A, A9A_T, REPO, run_cli
 
 from psflow.checkpoint.variables import DYNAMIC_IDS
 from psflow.data import read_all
-from psflow.launch.export import load_checkpoint_model
+from psflow.export import load_checkpoint_model
 from psflow.models.losses import sigmoid
 from psflow.models.metrics import binary_metrics
 

@@ -23,8 +23,8 @@ from support import A9A, A9A_T, REPO, TOKEN, run_bounded, wait_until
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.data import read_all
+from psflow.export import load_checkpoint_model
 from psflow.launch.evaluator import run_evaluator
-from psflow.launch.export import load_checkpoint_model
 from psflow.launch.ports import free_ports
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.evaluation import ArrayParameters, evaluate

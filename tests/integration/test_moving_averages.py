@@ -16,8 +16,8 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.variables import averaged_variables, read_variables
 from psflow.data import read_all
+from psflow.export import load_checkpoint_model
 from psflow.launch.evaluator import run_evaluator
-from psflow.launch.export import load_checkpoint_model
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import ArrayParameters, evaluate
 from psflow.train.summary import read_scalars

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from support import REPO, run_bounded
 
-from psflow.launch.status_cli import MAX_REPLY_BYTES
+from psflow.cli.status import MAX_REPLY_BYTES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

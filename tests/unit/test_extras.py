@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from support import A9A, REPO
 
+from psflow.cli.main import main
 from psflow.coord import BackendUnavailableError, CoordinationConfig
 from psflow.extras import MissingExtraError, extra_for, require
-from psflow.launch.cli import main
 from psflow.train.config import ConfigError
 
 
@@ -78,7 +78,7 @@ def test_zookeeper_backend_without_kazoo_is_unavailable_with_the_hint(monkeypatc
 
 def test_psflow_train_with_a_torch_model_without_pytorch(tmp_path: Path) -> None:
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from psflow.launch.cli import main\n"
+            "from psflow.cli.main import main\n"
             f"sys.exit(main(['train', '--train', {str(A9A)!r}, '--model', 'wide_deep', '--output', {str(tmp_path / 'run')!r}]))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(REPO))
     assert r.returncode == 1, r

@@ -17,9 +17,9 @@ import pytest
 from support import A9A
 
 from psflow import storage
+from psflow.cli.main import main
 from psflow.data import DataError, expand_paths
 from psflow.extras import MissingExtraError
-from psflow.launch.cli import main
 from psflow.train.config import ConfigError, TrainConfig
 
 pytestmark = pytest.mark.timeout(60)

@@ -165,7 +165,7 @@ def test_the_source_crosses_the_reader_process_and_a_prepare_that_builds_a_new_b
 
 
 def test_psflow_predict_reads_an_unlabelled_file(tmp_path: Path) -> None:
-    from psflow.launch.export import ExportedModel
+    from psflow.export import ExportedModel
     from psflow.models import ModelConfig, create_model
 
     path = write_tfrecord(tmp_path / "p.tfrecord", [math.nan, 7.0])  # placeholders where there is no label

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import same_batch
 
+from psflow.cli.main import main as cli_main
 from psflow.data import (
     DEFAULT_SPARSE_FEATURE,
     Batch,
@@ -29,7 +30,6 @@ from psflow.data.example import to_batch
 from psflow.data.example_encode import encode_batch_examples
 from psflow.data.features import spec_from_dict, spec_to_dict
 from psflow.data.infer import InferredSchema, infer_first_file, infer_schema, schema_yaml
-from psflow.launch.cli import main as cli_main
 from psflow.train.build import data_schema, model_config
 from psflow.train.config import ConfigError, TrainConfig
 

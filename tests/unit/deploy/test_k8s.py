@@ -15,6 +15,7 @@ import yaml
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate (psflow[test]) is not installed")
 
 from psflow.cli.k8s import render_config  # noqa: E402
+from psflow.cli.main import build_parser, main  # noqa: E402
 from psflow.cluster import ClusterSpec, TaskId, parse_tf_config  # noqa: E402
 from psflow.deploy.config import RenderConfig, RenderError, Resources, load_cluster, task_index_from_env  # noqa: E402
 from psflow.deploy.files import write_manifests  # noqa: E402
@@ -22,7 +23,6 @@ from psflow.deploy.manifests import render_manifests  # noqa: E402
 from psflow.launch import evaluator as evaluator_module  # noqa: E402
 from psflow.launch import lifeline  # noqa: E402
 from psflow.launch import task as task_module  # noqa: E402
-from psflow.launch.cli import build_parser, main  # noqa: E402
 from psflow.train.config import ConfigError  # noqa: E402
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (kubernetes-validate's) is not installed")

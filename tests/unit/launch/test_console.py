@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from psflow.cli.main import main
 from psflow.coord.api import CoordinationError, LeaseLostError
 from psflow.data import BadRecordError, DataError
 from psflow.errors import ConfigError, PsflowError
-from psflow.launch.cli import main
 from psflow.launch.console import expected_in_task, quiet_grpc, wants_verbose
 from psflow.placement import PlacementError
 from psflow.ps.client import ClientError
@@ -59,7 +59,7 @@ class _NewError(PsflowError):
 @pytest.fixture()
 def shutdown_raising(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
     """``psflow shutdown`` raising the error put in the list (the command line's handling, not shutdown's)."""
-    import psflow.launch.cli
+    import psflow.cli.main
 
     errors: list[BaseException] = []
 
@@ -67,7 +67,7 @@ def shutdown_raising(monkeypatch: pytest.MonkeyPatch) -> list[BaseException]:
         raise errors[0]
 
     monkeypatch.setenv("GRPC_VERBOSITY", "NONE")  # main() sets it where unset: not in this test process for good
-    monkeypatch.setattr(psflow.launch.cli, "_shutdown", raise_it)
+    monkeypatch.setattr(psflow.cli.main, "run_shutdown", raise_it)
     return errors
 
 
@@ -95,8 +95,8 @@ def test_the_command_shows_an_os_refusal_of_its_own_calls_as_one_line(monkeypatc
 
 def test_the_cli_module_does_not_import_grpc() -> None:
     """main() must set GRPC_VERBOSITY before grpc is imported (gRPC reads it then, once)."""
-    code = "import sys, psflow.launch.cli; print('grpc' in sys.modules)"
+    code = "import sys, psflow.cli.main; print('grpc' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "False", "a module-level import of psflow.launch.cli imports grpc: import it in the " \
+    assert r.stdout.strip() == "False", "a module-level import of psflow.cli.main imports grpc: import it in the " \
                                         "function that uses it (see the module docstring)"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from psflow.launch.export import load_model
+from psflow.export import load_model
 from psflow.models.api import ModelConfig, ModelError
 from psflow.models.registry import model_class, trusted_model
 

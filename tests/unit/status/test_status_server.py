@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from psflow.cli.main import main
+from psflow.cli.status import StatusError, fetch_status, render_status
 from psflow.cluster import ClusterSpec
-from psflow.launch.cli import main
 from psflow.launch.ports import free_ports
-from psflow.launch.status_cli import StatusError, fetch_status, render_status
 from psflow.status.collector import StatusCollector
 from psflow.status.server import StatusServer, is_loopback, prometheus_text
 from psflow.train.config import ConfigError

@@ -11,7 +11,7 @@ from safetensors.numpy import save_file
 
 from psflow.checkpoint.variables import DYNAMIC_IDS
 from psflow.data import Batch
-from psflow.launch.export import load_model
+from psflow.export import load_model
 from psflow.models.api import DYNAMIC_TABLE_PARAM, ModelConfig, ModelError
 from psflow.models.losses import sigmoid
 from psflow.train.evaluation import ArrayParameters

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from psflow.launch.cli import build_parser
+from psflow.cli.main import build_parser
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from psflow.launch.cli import main
-from psflow.launch.status_cli import StatusError, fetch_status
+from psflow.cli.main import main
+from psflow.cli.status import StatusError, fetch_status
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,7 +79,7 @@ def test_a_url_psflow_cannot_ask_is_one_line(url: str, why: str) -> None:
 
 def test_a_status_file_larger_than_the_limit_is_not_read_whole(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("psflow.launch.status_cli.MAX_REPLY_BYTES", 1024)
+    monkeypatch.setattr("psflow.cli.status.MAX_REPLY_BYTES", 1024)
     path = tmp_path / "status.json"
     path.write_text(json.dumps({"tasks": [], "pad": "x" * 2000}))
     with pytest.raises(StatusError, match=r"status.json: larger than 1,024 bytes: not a psflow status snapshot"):

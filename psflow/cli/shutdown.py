@@ -25,17 +25,21 @@ Exit status: 0 when every ps task stopped; 1 otherwise (or on a usage error).
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 import time
 from concurrent import futures
 from typing import Any, TextIO
 
-from psflow.cluster import ClusterSpec
-from psflow.launch.tls_flags import add_tls_arguments
+from psflow.cli.tls_flags import add_tls_arguments, tls_config
+from psflow.cluster import ClusterSpec, parse_tf_config
+from psflow.launch.token import TOKEN_ENV, cluster_token
 from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, RpcError, TaskUnavailableError, UnauthenticatedError
 from psflow.rpc.tls import TlsConfig
+from psflow.train.config import ConfigError
 
-__all__ = ["add_shutdown_parser", "shutdown_cluster", "print_outcomes"]
+__all__ = ["add_shutdown_parser", "run_shutdown", "shutdown_cluster", "print_outcomes"]
 
 _POLL = 0.1  # s between the checks that a task stopped answering
 
@@ -118,3 +122,21 @@ def print_outcomes(outcomes: dict[str, str], out: TextIO = sys.stdout) -> int:
         return 1
     return 0
 
+
+def run_shutdown(args: argparse.Namespace) -> int:
+    """``psflow shutdown``: the cluster (``--cluster``, else ``TF_CONFIG``) and the token read here (:func:`shutdown_cluster`)."""
+    token = cluster_token(os.environ)
+    if token is None and not args.insecure:
+        raise ConfigError(f"no cluster token: set {TOKEN_ENV} (the cluster's secret), or pass --insecure for a "
+                          "cluster started with --insecure")
+    if args.cluster:
+        with open(args.cluster) as f:
+            cluster = ClusterSpec.from_json(f.read())
+    elif os.environ.get("TF_CONFIG"):
+        cluster = parse_tf_config(os.environ["TF_CONFIG"]).cluster
+    else:
+        raise ConfigError("psflow shutdown needs --cluster FILE (or TF_CONFIG in the environment)")
+    if args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout}: want seconds > 0")
+    tls = tls_config(args, task="psflow shutdown", serves=False)
+    return print_outcomes(shutdown_cluster(cluster, token=token, tls=tls, timeout=args.timeout))

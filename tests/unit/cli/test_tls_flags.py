@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from certs import HostFiles, ca_and_host_certs, write_host_files
 
-from psflow.launch.cli import build_parser, main
-from psflow.launch.tls_flags import tls_config
+from psflow.cli.main import build_parser, main
+from psflow.cli.tls_flags import tls_config
 from psflow.train.config import ConfigError
 
 PS = "/job:ps/task:0"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from psflow.launch.cli import main
+from psflow.cli.main import main
 
 pytestmark = pytest.mark.timeout(60)
 

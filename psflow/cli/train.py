@@ -1,0 +1,108 @@
+"""``psflow train``: a local cluster of real processes (or ``--in-process``) trained in a fresh or given run
+directory, which one run holds at a time (its run lock, taken before anything is written there); prints the
+run's summary as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+from psflow import jsonio
+from psflow.cli.training import config_from_args
+from psflow.data.infer import schema_yaml
+from psflow.launch.lifeline import LaunchInterrupted
+from psflow.status.progress import final_line
+from psflow.status.report import RUN_SUMMARIES
+from psflow.train.build import inferred_schema
+from psflow.train.config import ConfigError, TrainConfig
+
+__all__ = ["run_train"]
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from psflow.checkpoint.lock import RunDirLock, new_run_id
+    from psflow.cli.status import status_config
+    from psflow.launch.local import run_local
+    from psflow.launch.resilience import resilience_config
+    from psflow.launch.task import configure_logging
+
+    if not args.train:
+        raise ConfigError("--train is required")
+    if args.verbose:
+        configure_logging(verbose=True)
+    config = config_from_args(args)
+    status = status_config(args)  # before anything is written: a PSFLOW_TOKEN of only whitespace is refused
+    output = args.output or tempfile.mkdtemp(prefix=f"psflow-{time.strftime('%Y%m%d-%H%M%S')}-")
+    # One run per run directory, taken before anything is written there: another live run's is refused, naming it
+    # (psflow.checkpoint.lock.RunDirLock). The launcher finds it held by this process and leaves it to this.
+    run = config.run_id or new_run_id()
+    config = dataclasses.replace(config, run_id=run)
+    if config.summary_dir is None:  # the chief's TensorBoard summaries: a fresh directory per run (psflow report)
+        config = dataclasses.replace(config, summary_dir=os.path.abspath(os.path.join(output, RUN_SUMMARIES, run)))
+    with RunDirLock(output, run):
+        _show_inferred_schema(config, output)
+        if args.in_process:
+            print(f"psflow: in-process, {config.num_ps} ps services + 1 worker, run directory {output}", file=sys.stderr)
+            metrics = _in_process(config, output)
+            if not args.quiet:
+                print(final_line(metrics), file=sys.stderr, flush=True)
+        else:
+            # The status URL is the run's first line, then "N ps + M workers, run directory ..." (LauncherStatus).
+            metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
+                                resilience=resilience_config(args), status=status, verbose=args.verbose)
+    summary = {k: metrics[k] for k in ("global_step", "examples", "examples_this_run", "wall_seconds",
+                                       "examples_per_sec")}
+    if metrics.get("bad_records_skipped"):
+        summary["bad_records_skipped"] = metrics["bad_records_skipped"]
+        print(f"psflow: skipped {metrics['bad_records_skipped']} bad records (see the worker logs)", file=sys.stderr)
+    for name, table in (metrics.get("dynamic_tables") or {}).items():
+        print(f"psflow: dynamic table {name!r}: {table.get('rows', 0):,} rows ({table.get('memory_bytes', 0) / 2**20:.1f} MiB), "
+              f"{table.get('admitted', 0):,} admitted, {table.get('rejected_lookups', 0):,} lookups of ids not admitted "
+              f"(read as zeros), {table.get('dropped_gradients', 0):,} gradients dropped, "
+              f"{table.get('evicted_capacity', 0):,} evicted by capacity, {table.get('evicted_ttl', 0):,} by ttl",
+              file=sys.stderr)
+    if "eval" in metrics:
+        summary["eval"] = metrics["eval"]
+    print(jsonio.dumps(summary, indent=1))
+    return 0
+
+
+def _in_process(config: TrainConfig, output: str) -> dict[str, Any]:
+    """``--in-process``: the run, its end written as a cluster run's (metrics.json, status.json, metrics.prom from
+    one final snapshot), SIGTERM, SIGHUP and SIGINT included (they end it as :class:`LaunchInterrupted`)."""
+    from psflow.launch.in_process import run_in_process
+    from psflow.launch.lifeline import LauncherSignals, signal_name
+    from psflow.launch.run_status import METRICS_JSON, InProcessEnding
+
+    ending = InProcessEnding(config, output, sys.stderr)
+    signals = LauncherSignals()
+    signals.install()  # main thread only (else a no-op)
+    try:
+        return run_in_process(config, output, on_end=ending)
+    except LaunchInterrupted as e:
+        final = ending.final or {}
+        e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
+                    f"{float(final.get('wall_seconds') or 0.0):.1f} s\nmetrics: {os.path.join(output, METRICS_JSON)}")
+        raise
+    finally:
+        signals.restore()
+
+
+def _show_inferred_schema(config: TrainConfig, output: str) -> None:
+    """Without --schema or --feature: prints the TFRecord schema inferred and writes it to the run directory."""
+    inferred = inferred_schema(config)  # cached: config_from_args inferred it already
+    if inferred is None or inferred.is_default:
+        return
+    os.makedirs(output, exist_ok=True)
+    path = os.path.join(output, "schema.inferred.yaml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(schema_yaml(inferred))
+    print("psflow: " + inferred.describe(), file=sys.stderr)
+    print(f"psflow: no --schema given; the schema above is in {path}: edit it and pass --schema to change it",
+          file=sys.stderr)
