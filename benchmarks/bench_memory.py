@@ -52,7 +52,7 @@ from results_md import replace_section  # noqa: E402
 
 from psflow.data import Batch, DatasetConfig, open_dataset  # noqa: E402
 from psflow.gradients import DenseGradient, SparseGradient  # noqa: E402
-from psflow.launch.local import LocalCluster  # noqa: E402
+from psflow.launch.processes import LocalCluster  # noqa: E402
 from psflow.optim import OptimizerSpec  # noqa: E402
 from psflow.ps.optimizers import make_optimizer  # noqa: E402
 from psflow.train.build import build_model, data_options  # noqa: E402

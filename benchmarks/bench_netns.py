@@ -8,7 +8,7 @@ FTRL, 2 ps + 2 workers, ``--transport tcp``, batch 512) ``--pairs`` times on
 each side, alternating (the order flipped every other pair, so machine drift
 hits both sides about equally): once every task on 127.0.0.1, once each task
 in its own namespace on its own address behind a veth and one bridge
-(:class:`psflow.launch.local.TaskHosts`), optionally with ``tc tbf`` at
+(:class:`psflow.launch.processes.TaskHosts`), optionally with ``tc tbf`` at
 ``--rate`` on every link. Reports each run's examples/s (metrics.json's,
 the exactly-once count over the training time) and the median of the
 per-pair ratios ``netns / loopback``. Writes benchmarks/results/netns.json and
@@ -35,7 +35,8 @@ sys.path.insert(0, HERE)
 from netns import NetnsLab, netns_available  # noqa: E402
 from results_md import replace_section  # noqa: E402
 
-from psflow.launch.local import TaskHosts, run_local  # noqa: E402
+from psflow.launch.local import run_local  # noqa: E402
+from psflow.launch.processes import TaskHosts  # noqa: E402
 from psflow.status.server import StatusConfig  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
 

@@ -33,7 +33,7 @@ from results_md import replace_section  # noqa: E402
 from workload import NUM_IDS, ensure_workload  # noqa: E402
 
 from psflow.data import DatasetConfig, open_dataset  # noqa: E402
-from psflow.launch.local import LocalCluster  # noqa: E402
+from psflow.launch.processes import LocalCluster  # noqa: E402
 from psflow.train.build import build_model  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
 from psflow.train.worker import connect_client  # noqa: E402

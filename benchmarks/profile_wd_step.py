@@ -39,7 +39,7 @@ from results_md import replace_section  # noqa: E402
 
 from psflow.data import DatasetConfig, open_dataset  # noqa: E402
 from psflow.gradients import DenseGradient, SparseGradient  # noqa: E402
-from psflow.launch.local import LocalCluster  # noqa: E402
+from psflow.launch.processes import LocalCluster  # noqa: E402
 from psflow.train.build import build_model, data_options  # noqa: E402
 from psflow.train.config import TrainConfig  # noqa: E402
 from psflow.train.worker import connect_client  # noqa: E402

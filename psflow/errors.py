@@ -12,7 +12,7 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     PsflowError
     ├── ConfigError (ValueError)                   a setting out of range or inconsistent
     │   ├── MissingExtraError (ImportError)        [extras] a feature's pip extra is not installed
-    │   ├── RenderError                            [launch.k8s] manifests cannot be written
+    │   ├── RenderError                            [deploy.config] manifests cannot be written
     │   └── ChaosError                             [launch.chaos] a chaos schedule is malformed
     ├── ClusterError (ValueError)                  [cluster.spec] a cluster spec or TF_CONFIG
     │   ├── UnknownJobError
@@ -43,19 +43,19 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     │   ├── StepJournalError (RuntimeError)        [ps.global_step] the journal file
     │   └── ClientError (ValueError)               [ps client] unknown variable, wrong shape
     ├── CheckpointError                            a checkpoint cannot be written, found, read
-    │   ├── CheckpointLockedError                  [train.checkpoint_lock] another run holds it
-    │   └── CheckpointFencedError                  [train.checkpoint] a newer chief fenced it off
-    ├── DirectoryLockError                         [train.checkpoint_lock] a run directory's lock
+    │   ├── CheckpointLockedError                  [checkpoint.lock] another run holds it
+    │   └── CheckpointFencedError                  [checkpoint.save] a newer chief fenced it off
+    ├── DirectoryLockError                         [checkpoint.lock] a run directory's lock
     │   └── RunDirLockedError
     ├── TrainingError                              a training run cannot go on
     │   ├── NanLossError (RuntimeError)            [train.hooks]
     │   ├── RecoveryError (RuntimeError)           [train.recovery] the cluster not restored in time
     │   ├── StateLostError (RuntimeError)          [train.state_loss] no checkpoint to restore from
-    │   ├── CheckpointSavesFailedError (RuntimeError)  [train.checkpoint] saves failed in a row
+    │   ├── CheckpointSavesFailedError (RuntimeError)  [checkpoint.save] saves failed in a row
     │   └── WorkerStopped                          [train.worker] asked to stop, left its loop
-    ├── LaunchError (RuntimeError)                 [launch.local] a task of a local cluster failed
-    ├── ReportError                                [launch.report] no summaries to plot
-    └── StatusError                                [launch.status_cli] a run's status unreadable
+    ├── LaunchError (RuntimeError)                 [launch.processes] a task of a local cluster failed
+    ├── ReportError                                [status.report] no summaries to plot
+    └── StatusError                                [cli.status] a run's status unreadable
 
 Not a ``PsflowError``: :class:`~psflow.launch.lifeline.LaunchInterrupted`, the launcher's signal, is a
 ``KeyboardInterrupt`` (as SIGINT always was), which ``except Exception`` must let through.

@@ -1,1 +1,38 @@
-"""psflow.launch."""
+"""psflow.launch: a run's processes -- started, watched, restarted and ended; and a whole run in one process.
+
+``psflow train`` runs a cluster of real processes on 127.0.0.1 (:func:`~psflow.launch.local.run_local`), or
+everything in one process (:func:`~psflow.launch.in_process.run_in_process`); each task process, here or
+under ``psflow server``, enters through :mod:`psflow.launch.task` (``python -m psflow.launch.task``).
+
+Classes and functions, by file:
+
+* ``local.py`` -- :func:`~psflow.launch.local.run_local`: a local run from its lock to its final snapshot
+  (start, watch, evaluate, end); :func:`~psflow.launch.local.exactly_once_examples`.
+* ``processes.py`` -- :class:`~psflow.launch.processes.LocalCluster` (the task processes, each in its own
+  process group, ended by pid), :class:`~psflow.launch.processes.TaskProcess`,
+  :class:`~psflow.launch.processes.TaskHosts`, :class:`~psflow.launch.processes.LaunchError`,
+  :func:`~psflow.launch.processes.failure_report`.
+* ``in_process.py`` -- :func:`~psflow.launch.in_process.run_in_process`: the fast path with no RPC.
+* ``task.py`` -- the entry point of one task process (:func:`~psflow.launch.task.run_task`: a ps task
+  serves, a worker trains), its logging and its one-line errors.
+* ``lifeline.py`` -- tasks never outlive their launcher (a pipe and a parent-death signal); signals stop a
+  task or a launcher in order (:class:`~psflow.launch.lifeline.LaunchInterrupted`).
+* ``supervisor.py`` -- the restart policy (``never``, ``on-failure``, ``always``, with backoff) and
+  :func:`~psflow.launch.supervisor.describe_exit`.
+* ``resilience.py`` -- what the watch loop does about failures: restarts, hang detection, chaos, and its flags.
+* ``health.py`` -- :class:`~psflow.launch.health.HealthMonitor`: pings every task, reports the silent ones.
+* ``chaos.py`` -- ``--chaos``: faults injected on a schedule (:class:`~psflow.launch.chaos.ChaosInjector`).
+* ``fault_recovery.py`` -- when an injected fault recovered (``recovery_seconds``, ``recovered_at_step``).
+* ``run_end.py`` -- :class:`~psflow.launch.run_end.RunEnd`: how one local run ends, its final snapshot taken once.
+* ``run_status.py`` -- who serves the status page and writes ``metrics.json``, ``status.json`` and
+  ``metrics.prom``: the local launcher (:class:`~psflow.launch.run_status.LauncherStatus`), the in-process
+  run, or the chief under ``psflow server`` (:func:`~psflow.launch.run_status.chief_status_page`).
+* ``evaluator.py`` -- TensorFlow's evaluator task: evaluates each new checkpoint on held-out data.
+* ``console.py`` -- one line per expected error, gRPC's C-core quiet (the command's and every task's).
+* ``token.py`` -- the cluster token from ``PSFLOW_TOKEN``, read at the edge (the command and each task).
+* ``ports.py`` -- free ports on this machine.
+
+Guarantees: every process started here is ended here, by pid, whatever happens (KeyboardInterrupt and
+signals included), and none outlives the launcher; a failed task is reported by name, the first one as the
+root cause. What a run looks like is :mod:`psflow.status`; the command line is :mod:`psflow.cli`.
+"""

@@ -9,7 +9,7 @@
 * **gRPC's C-core log lines** (``E0000 ... GOAWAY received``) go to stderr from C, past Python's
   logging, and gRPC reads its settings once, when ``grpc`` is imported. :func:`quiet_grpc` sets them in
   an environment: in the ``psflow`` command's own (:func:`psflow.cli.main.main`, before anything
-  imports ``grpc``) and in every task's (:meth:`psflow.launch.local.LocalCluster.start_task`).
+  imports ``grpc``) and in every task's (:meth:`psflow.launch.processes.LocalCluster.start_task`).
 
 This module imports nothing that imports ``grpc``.
 """

@@ -3,7 +3,7 @@
 :class:`Resilience` bundles a :class:`~psflow.launch.supervisor.Supervisor`
 (restart policy), a :class:`~psflow.launch.health.HealthMonitor` (hang
 detection) and a :class:`~psflow.launch.chaos.ChaosInjector` (``--chaos``)
-for one :class:`~psflow.launch.local.LocalCluster`. The watch loop calls, in
+for one :class:`~psflow.launch.processes.LocalCluster`. The watch loop calls, in
 each iteration (every 50 ms):
 
     1. :meth:`Resilience.on_exit` for each task that exited non-zero: True

@@ -46,7 +46,7 @@ _READ_TIMEOUT = 1.0  # seconds each RPC of a capture may take: the run is ending
 
 
 class RunEnd:
-    """The end of one local run (``lc``: a :class:`~psflow.launch.local.LocalCluster`); see the module docstring.
+    """The end of one local run (``lc``: a :class:`~psflow.launch.processes.LocalCluster`); see the module docstring.
 
     Args:
         lc: the run's processes.

@@ -71,7 +71,7 @@ def write_run_files(final: Mapping[str, Any], output_dir: str, collector: Status
 
 
 class LauncherStatus:
-    """The status page of one local run (``lc``: a :class:`~psflow.launch.local.LocalCluster`)."""
+    """The status page of one local run (``lc``: a :class:`~psflow.launch.processes.LocalCluster`)."""
 
     def __init__(self, config: TrainConfig, lc: Any, output_dir: str, status: StatusConfig,
                  out: TextIO | None) -> None:

@@ -1,1 +1,31 @@
-"""psflow.train."""
+"""psflow.train: the worker side of training -- the step, the loop, its session and hooks, the chief's duties.
+
+Every path (a cluster worker, ``--in-process``, the in-graph client) runs one
+:class:`~psflow.train.step.TrainStep` (pull, compute, push), the order and guarantees of
+:mod:`psflow.models.api`. The ps client is :mod:`psflow.ps.client`; checkpoints are :mod:`psflow.checkpoint`.
+
+Classes and functions, by file:
+
+* ``config.py`` -- :class:`~psflow.train.config.TrainConfig`: every setting of a run, parsed once at the edge.
+* ``build.py`` -- from a run's settings to its model, data schema and placed variables.
+* ``inputs.py`` -- checks of a run's input files before any task starts; ``preflight.py`` -- settings
+  checked before any task starts (memory, resume), each refused in one line.
+* ``step.py`` -- :class:`~psflow.train.step.TrainStep`: one training step of any model.
+* ``clipping.py`` -- gradient clipping by global norm.
+* ``worker.py`` -- :func:`~psflow.train.worker.run_worker`: the between-graph training loop of one worker.
+* ``session.py`` -- :class:`~psflow.train.session.MonitoredTrainingSession`: a loop's session with hooks;
+  ``hooks.py`` -- the hooks (stop at a step, log, checkpoint, summaries, evaluation, NaN loss).
+* ``duties.py`` -- a worker's session and hooks built from a TrainConfig; who takes the run and
+  checkpoint locks when.
+* ``chief.py`` -- who the chief is, and how a client joins the cluster (initialize, restore, warm start).
+* ``recovery.py`` -- an elected chief (:class:`~psflow.train.recovery.Leadership`) and restores after a ps
+  task died (:class:`~psflow.train.recovery.ClusterRecovery`); ``state_loss.py`` -- a ps task that lost
+  its variables with no checkpoint to restore them from stops the run (:class:`~psflow.train.state_loss.StateLostError`).
+* ``evaluation.py`` -- evaluation and prediction of any model, the one implementation every caller uses.
+* ``summary.py`` -- TensorBoard summaries: written by the chief, read back for reports and the status page.
+* ``in_graph.py`` -- in-graph replication, the worker's side (:class:`~psflow.train.in_graph.StepService`);
+  ``in_graph_client.py`` -- the in-graph client that drives every worker task and is the run's chief.
+
+This package imports the ps client, the checkpoint package, the models and the input pipeline, never the
+launcher, the status page or the command line.
+"""

@@ -233,7 +233,8 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     as unresponsive within the bound and restarted (a worker rejoins; a ps task is restored as a dead one
     is), and every record is read exactly once per epoch."""
     from psflow.launch.health import HealthConfig
-    from psflow.launch.local import TaskHosts, run_local
+    from psflow.launch.local import run_local
+    from psflow.launch.processes import TaskHosts
     from psflow.launch.resilience import ResilienceConfig
     from psflow.launch.supervisor import RestartConfig
     from psflow.status.server import StatusConfig
@@ -296,7 +297,8 @@ def test_chaos_kills_tasks_on_their_own_hosts_and_the_run_recovers(make_lab: Cal
     0's own address and kills ps task 0 and a worker by pid; both are restarted and restored, and every
     record is read exactly once per epoch."""
     from psflow.launch.chaos import ChaosPlan
-    from psflow.launch.local import TaskHosts, run_local
+    from psflow.launch.local import run_local
+    from psflow.launch.processes import TaskHosts
     from psflow.launch.resilience import ResilienceConfig
     from psflow.launch.supervisor import RestartConfig
     from psflow.status.server import StatusConfig

@@ -78,7 +78,7 @@ def test_the_modules_not_imported_define_no_class() -> None:
     ("psflow.rpc.api.ListenError", RuntimeError),
     ("psflow.storage.UnknownSchemeError", ValueError),
     ("psflow.train.hooks.NanLossError", RuntimeError),
-    ("psflow.launch.local.LaunchError", RuntimeError),
+    ("psflow.launch.processes.LaunchError", RuntimeError),
 ])
 def test_the_builtin_bases_callers_catch_stay(name: str, mixin: type[Exception]) -> None:
     """``except ValueError`` (and the others) around psflow calls keeps catching what it caught."""

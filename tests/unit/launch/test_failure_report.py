@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from psflow.launch.local import TaskProcess, _failure_report
+from psflow.launch.processes import TaskProcess, failure_report
 from psflow.launch.task import expected_failure
 from psflow.train.config import ConfigError
 
@@ -28,7 +28,7 @@ def test_the_root_causes_one_line_replaces_its_traceback(tmp_path: Path) -> None
     assert code == 1
     assert json.loads(Path(str(worker.error_path)).read_text()) == {
         "task": "/job:worker/task:0", "type": "ConfigError", "message": "--train: f.txt:5: malformed token 'x'"}
-    assert _failure_report([worker], [ps]).splitlines() == [
+    assert failure_report([worker], [ps]).splitlines() == [
         f"/job:worker/task:0 (pid 101) exited with code 1: root cause; log: {worker.log_path}",
         "  --train: f.txt:5: malformed token 'x'",
         "stopped /job:ps/task:0 (pid 100) after the failure",
@@ -37,5 +37,5 @@ def test_the_root_causes_one_line_replaces_its_traceback(tmp_path: Path) -> None
 
 def test_without_a_one_line_error_the_report_shows_the_log_tail(tmp_path: Path) -> None:
     worker = task(tmp_path, "worker", 0, 101, 1, "Traceback (most recent call last):\nKeyError: 'x'\n")
-    report = _failure_report([worker], [])
+    report = failure_report([worker], [])
     assert "  last lines of its log:" in report and "    KeyError: 'x'" in report

@@ -1,0 +1,265 @@
+"""The processes of one local cluster: started, watched and ended here, by pid.
+
+:class:`LocalCluster` starts one process per task (``python -m psflow.launch.task``) in its own process
+group, each with a lifeline (:mod:`psflow.launch.lifeline`) and its log file, and ends every one of them by
+pid (SIGTERM, then SIGKILL, to the task's own group) whatever happens, KeyboardInterrupt included. As a
+context manager on the main thread it turns SIGTERM, SIGHUP and SIGINT into
+:class:`~psflow.launch.lifeline.LaunchInterrupted`. :class:`TaskHosts` says where each task runs (a seam for
+harnesses that put each task in its own network namespace); :func:`failure_report` names the failed tasks,
+the first one as the root cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from psflow.cluster import ClusterSpec
+from psflow.errors import PsflowError
+from psflow.launch.console import quiet_grpc
+from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline
+from psflow.launch.ports import free_ports
+from psflow.launch.resilience import Resilience
+from psflow.launch.run_end import RunEnd
+from psflow.launch.supervisor import describe_exit
+from psflow.launch.task import TOKEN_ENV
+from psflow.train.config import TORCH_THREADS_ENV
+
+__all__ = ["LaunchError", "LocalCluster", "TaskHosts", "TaskProcess", "failure_report"]
+
+log = logging.getLogger("psflow.launch")
+
+
+class LaunchError(PsflowError, RuntimeError):
+    """A task of a local cluster failed; the message names the root cause."""
+
+
+@dataclass(frozen=True)
+class TaskHosts:
+    """Where the tasks of a local cluster run; the default is every task on 127.0.0.1.
+
+    A seam for harnesses that put each task on its own address, e.g. in its
+    own network namespace (tests/netns.py): ``hosts[(job, index)]`` is the
+    host part of the task's cluster address (the task listens there, so it
+    must be one of the addresses the task's process sees), and
+    ``prefixes[(job, index)]`` goes before the task's command (e.g.
+    ``("ip", "netns", "exec", "ns1")``; it must exec the command, keeping its
+    pid and open file descriptors, as ``ip netns exec`` does). Ports are still
+    picked free on this machine. The launcher reaches every task at its
+    cluster address, so each must be reachable from here.
+    """
+
+    hosts: Mapping[tuple[str, int], str] = field(default_factory=dict)
+    prefixes: Mapping[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
+
+    def host(self, job: str, index: int) -> str:
+        return self.hosts.get((job, index), "127.0.0.1")
+
+    def prefix(self, job: str, index: int) -> list[str]:
+        return list(self.prefixes.get((job, index), ()))
+
+
+@dataclass
+class TaskProcess:
+    """One started task process."""
+
+    job: str
+    index: int
+    popen: subprocess.Popen[bytes]
+    log_path: str
+    log_file: TextIO
+    exit_code: int | None = None
+    exited_at: float | None = None
+    error_path: str | None = None  # where the task writes an expected error's one line (--error-file)
+
+    @property
+    def name(self) -> str:
+        return f"/job:{self.job}/task:{self.index}"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def error_line(self) -> str | None:
+        """The one line the task wrote for an expected error (a bad record, a bad flag), or None."""
+        if self.error_path is None:
+            return None
+        try:
+            with open(self.error_path, encoding="utf-8") as f:
+                message = json.load(f).get("message")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return message if isinstance(message, str) and message else None
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class LocalCluster:
+    """Processes of one local cluster; use as a context manager.
+
+    As a context manager on the main thread it also handles SIGTERM, SIGHUP
+    and SIGINT (see the module docstring); leaving it stops every task.
+    """
+
+    cluster: ClusterSpec
+    output_dir: str
+    token: str
+    tasks: list[TaskProcess] = field(default_factory=list)
+    resilience: Resilience | None = None  # restarts, hang detection, chaos (psflow.launch.resilience)
+    verbose: bool = False  # tasks: gRPC's C-core logs, tracebacks of expected errors (psflow.launch.console)
+    signals: LauncherSignals = field(default_factory=LauncherSignals, repr=False)
+    started: float = field(default_factory=time.monotonic, repr=False)
+    _lifeline: Lifeline | None = field(default=None, repr=False)
+    placement: TaskHosts = field(default_factory=TaskHosts)  # each task's address host and command prefix
+    # What a signal to the launcher ends the run with (returns the report); default: report_interrupt.
+    on_interrupt: Callable[[int], str] | None = field(default=None, repr=False)
+
+    @classmethod
+    def create(cls, num_ps: int, num_workers: int, output_dir: str, *,
+               placement: TaskHosts | None = None) -> LocalCluster:
+        placement = placement or TaskHosts()
+        ports = free_ports(num_ps + num_workers)
+        spec = ClusterSpec({
+            "ps": [f"{placement.host('ps', i)}:{p}" for i, p in enumerate(ports[:num_ps])],
+            "worker": [f"{placement.host('worker', i)}:{p}" for i, p in enumerate(ports[num_ps:])],
+        })
+        os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
+        with open(os.path.join(output_dir, "cluster.json"), "w") as f:
+            f.write(spec.to_json())
+        return cls(spec, output_dir, secrets.token_hex(16), placement=placement)
+
+    def start_task(self, job: str, index: int, config_path: str) -> TaskProcess:
+        """Starts ``python -m psflow.launch.task`` for one task."""
+        log_path = os.path.join(self.output_dir, "logs", f"{job}-{index}.log")
+        log_file = open(log_path, "a")
+        env = dict(os.environ, **{TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1"})
+        # PyTorch models: the worker processes share this machine's cores; one intra-op thread pool each as
+        # large as the machine would oversubscribe it (psflow.torch.configure_threads). A value the user set wins.
+        workers = max(1, self.cluster.num_tasks("worker"))
+        env.setdefault(TORCH_THREADS_ENV, str(max(1, (os.cpu_count() or 1) // workers)))
+        quiet_grpc(env, verbose=self.verbose)
+        error_path = os.path.join(self.output_dir, f"error-{job}-{index}.json")
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(error_path)  # a restarted task's previous error is not this one's
+        cmd = [
+            *self.placement.prefix(job, index), sys.executable, "-m", "psflow.launch.task",
+            "--cluster", os.path.join(self.output_dir, "cluster.json"),
+            "--job", job, "--task", str(index), "--config", config_path,
+            "--result", os.path.join(self.output_dir, f"result-{job}-{index}.json"), "--error-file", error_path,
+        ] + (["--verbose"] if self.verbose else [])
+        if job == "ps":  # global_step's bound outlives a restart of ps task 0 (psflow.ps.global_step)
+            cmd += ["--state-dir", os.path.join(self.output_dir, "state", f"{job}-{index}")]
+        if self._lifeline is None:
+            self._lifeline = Lifeline()
+        cmd += ["--lifeline", str(self._lifeline.task_fd)]
+        if threading.current_thread() is threading.main_thread():
+            # PR_SET_PDEATHSIG fires when the *thread* that started the task exits: only the main
+            # thread lives as long as this process. From another thread, the pipe alone watches.
+            cmd.append("--exit-with-parent")
+        with self.signals.deferring():  # started and recorded, or neither: a signal waits for both
+            popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, pass_fds=(self._lifeline.task_fd,), process_group=0)
+            task = TaskProcess(job, index, popen, log_path, log_file, error_path=error_path)
+            self.tasks.append(task)
+        log.debug("started %s as pid %d", task.name, popen.pid)
+        return task
+
+    def poll(self) -> list[TaskProcess]:
+        """Records exits; returns tasks that exited since the last poll."""
+        now, newly = time.monotonic(), []
+        for t in self.tasks:
+            if t.exit_code is None:
+                code = t.popen.poll()
+                if code is not None:
+                    t.exit_code, t.exited_at = code, now
+                    newly.append(t)
+        return newly
+
+    def stop_all(self, grace: float = 3.0) -> None:
+        """Ends every task still running: SIGTERM, then SIGKILL after ``grace`` s, each to the task's
+        process group (the task and what it started); then closes the lifeline. Blocks until every
+        task is reaped; idempotent."""
+        if self.resilience is not None:
+            self.resilience.close()
+        running = [t for t in self.tasks if t.popen.poll() is None]
+        for t in running:
+            _signal_group(t, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for t in running:
+            try:
+                t.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(t, signal.SIGKILL)
+                t.popen.wait()
+        for t in self.tasks:
+            t.log_file.close()
+        if self._lifeline is not None:
+            self._lifeline.close()
+            self._lifeline = None
+
+    def report_interrupt(self, signum: int) -> str:
+        """After ``signum`` reached the launcher: stops every task, writes ``metrics.json`` (and
+        ``faults.json``) from the run's final snapshot, and returns the report for the user. Blocks
+        ~``grace`` s at most. ``run_local`` ends its runs through :attr:`on_interrupt` instead (its
+        snapshot has the checkpoint ledger, and status.json and metrics.prom are written from it too)."""
+        return RunEnd(self, self.output_dir, started=self.started).interrupted(signum)
+
+    def __enter__(self) -> LocalCluster:
+        self.signals.install()  # main thread only (else a no-op)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        try:
+            with self.signals.deferring(check=False):  # no signal cuts the cleanup
+                if isinstance(exc, LaunchInterrupted):
+                    exc.report = (self.on_interrupt or self.report_interrupt)(exc.signum)
+                self.stop_all()
+        finally:
+            self.signals.restore()
+
+
+def _signal_group(task: TaskProcess, sig: int) -> None:
+    """Sends ``sig`` to the process group of ``task`` (its own: started with ``process_group=0``).
+
+    Called only while ``task`` is not reaped, so its pid, the group's id, is not reused."""
+    try:
+        os.killpg(task.popen.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def failure_report(failed: list[TaskProcess], stopped: list[TaskProcess]) -> str:
+    """Each failed task (the first as the root cause) with its one-line error, or, where it wrote none
+    (an unexpected error), the first one's log tail; then the tasks stopped after the failure."""
+    first = failed[0]
+    lines = [f"{first.name} (pid {first.popen.pid}) {describe_exit(first.exit_code or 0)}: root cause; log: {first.log_path}"]
+    error = first.error_line()
+    if error is not None:
+        lines.append(f"  {error}")
+    else:
+        lines += ["  last lines of its log:", *("    " + line for line in first.tail().rstrip().splitlines())]
+    for t in failed[1:]:
+        lines.append(f"then {t.name} (pid {t.popen.pid}) {describe_exit(t.exit_code or 0)}; log: {t.log_path}")
+        error = t.error_line()
+        if error is not None:
+            lines.append(f"  {error}")
+    for t in stopped:
+        lines.append(f"stopped {t.name} (pid {t.popen.pid}) after the failure")
+    return "\n".join(lines)
