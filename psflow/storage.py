@@ -59,6 +59,8 @@ __all__ = [
     "SCHEMES",
     "StorageError",
     "UnknownSchemeError",
+    "NotLocalError",
+    "local_only",
     "scheme",
     "is_remote",
     "check_location",
@@ -106,6 +108,10 @@ class UnknownSchemeError(StorageError, ValueError):
     """A URL whose scheme psflow does not read or write (names the URL and the schemes it knows)."""
 
 
+class NotLocalError(StorageError, ValueError):
+    """A URL given where psflow writes only to the local filesystem (names the flag and the URL)."""
+
+
 def scheme(path: str) -> str | None:
     """The URL scheme of ``path`` (lower case), ``None`` for a local path (``file://`` included)."""
     match = _URL.match(path)
@@ -145,6 +151,24 @@ def check_location(path: str) -> None:
     for module in ("fsspec", known[0]):
         if importlib.util.find_spec(module) is None:
             raise _missing(path, module)
+
+
+def local_only(path: str, flag: str, what: str) -> None:
+    """Refuses a URL for a flag whose files psflow writes only to a local path, without touching it.
+
+    Before, such a flag given a URL made a local folder of it (``--output s3://b/run``
+    became ``./s3:/b/run``).
+
+    Raises:
+        NotLocalError: ``path`` is a URL of any scheme (``file://`` included: give the path itself):
+            one line naming ``flag``, the URL, ``what`` is written there, and the flags that take
+            object storage.
+    """
+    if _URL.match(path) is None:
+        return
+    raise NotLocalError(f"{flag} {path}: {what} are written to a local directory, not to a URL: give a local "
+                        "path (object storage, s3:// or gs://, is for --checkpoint-dir, --train, --eval and "
+                        "--warm-start)")
 
 
 def _missing(path: str, module: str) -> Exception:

@@ -38,6 +38,7 @@ def run_train(args: argparse.Namespace) -> int:
         configure_logging(verbose=True)
     config = config_from_args(args)
     status = status_config(args)  # before anything is written: a PSFLOW_TOKEN of only whitespace is refused
+    _check_output(args.output)
     output = args.output or tempfile.mkdtemp(prefix=f"psflow-{time.strftime('%Y%m%d-%H%M%S')}-")
     # One run per run directory, taken before anything is written there: another live run's is refused, naming it
     # (psflow.checkpoint.lock.RunDirLock). The launcher finds it held by this process and leaves it to this.
@@ -71,6 +72,17 @@ def run_train(args: argparse.Namespace) -> int:
         summary["eval"] = metrics["eval"]
     print(jsonio.dumps(summary, indent=1))
     return 0
+
+
+def _check_output(output: str | None) -> None:
+    """--output is a local directory (logs, cluster.json, metrics, status): a URL is one line before anything is
+    written or started (it used to make a local folder ``./s3:/bucket/run``, or stop on the store's traceback)."""
+    from psflow import storage
+
+    try:
+        storage.local_only(output or "", "--output", "the run's logs, metrics and status")
+    except storage.StorageError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _in_process(config: TrainConfig, output: str) -> dict[str, Any]:

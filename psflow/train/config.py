@@ -177,7 +177,8 @@ class TrainConfig:
 
     def _check_locations(self) -> None:
         """A URL (``s3://``, ``gs://``) in --checkpoint-dir, --train or --eval must be one psflow can use
-        (psflow.storage): an unknown scheme or a missing client library is one line, before anything starts."""
+        (psflow.storage): an unknown scheme or a missing client library is one line, before anything starts.
+        --summary-dir takes no URL (it used to make a local folder ``./s3:/...`` of one)."""
         from psflow import storage
         from psflow.extras import MissingExtraError
 
@@ -190,6 +191,10 @@ class TrainConfig:
                 raise ConfigError(f"{flag} {e}") from None
             except MissingExtraError as e:
                 raise MissingExtraError(f"{flag} {e}", module=e.name or "", extra=e.extra) from None
+        try:  # the chief's SummaryWriter writes local files only
+            storage.local_only(self.summary_dir or "", "--summary-dir", "TensorBoard summaries")
+        except storage.StorageError as e:
+            raise ConfigError(str(e)) from None
 
     def _check_compute(self) -> None:
         clip = self.clip_gradient_norm
