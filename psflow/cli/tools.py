@@ -27,7 +27,8 @@ def add_tool_parsers(sub: Any) -> None:
     predict.add_argument("data", metavar="DATA", nargs="+", help="data file(s)")
     predict.add_argument("--format", choices=["libsvm", "tfrecord", "criteo"],
                          help="input format (default: the one the model was trained on)")
-    predict.add_argument("--output", help="write predictions here (default: stdout), one line per example")
+    predict.add_argument("--output", help="write predictions here (default: stdout), one line per example; written whole "
+                              "once all are made: an error leaves no file, or the earlier one as it was")
     predict.add_argument("--moving-averages", action="store_true",
                          help="score with the variables' moving averages (an export of a run with --moving-average-decay)")
     predict.add_argument("--model", dest="model_class", metavar="package.module:Class",
@@ -38,6 +39,24 @@ def add_tool_parsers(sub: Any) -> None:
     report = sub.add_parser("report", help="PNG plots of loss, eval AUC and throughput from a run's summaries")
     report.add_argument("run_dir", metavar="RUN_DIR")
     report.add_argument("--out", help="output directory (default RUN_DIR/report)")
+
+
+def _predict_to_file(output: str, model: str, data: list[str], options: dict[str, Any]) -> None:
+    """``predict --output FILE``: the predictions are written whole, once they are all made
+    (storage.write_atomically): a refusal (a bad model, record or file) leaves no FILE and an earlier FILE as it
+    was (before, FILE was opened first: a refusal left it empty). FILE may be an object-store URL."""
+    import io
+
+    from psflow import storage
+    from psflow.export import predict_file
+
+    try:
+        storage.check_location(output)  # an unknown scheme or a missing client: before the model is read
+    except storage.StorageError as e:
+        raise storage.StorageError(f"--output {e}") from None
+    text = io.StringIO()
+    predict_file(model, data, out=text, **options)
+    storage.write_atomically(output, text.getvalue().encode())
 
 
 def run_tool(args: argparse.Namespace) -> int:
@@ -58,8 +77,7 @@ def run_tool(args: argparse.Namespace) -> int:
         options: dict[str, Any] = {"format": args.format, "moving_averages": args.moving_averages,
                                    "model": args.model_class, "trust_model_module": args.trust_model_module}
         if args.output:
-            with open(args.output, "w") as f:
-                predict_file(args.model, list(args.data), out=f, **options)
+            _predict_to_file(args.output, args.model, list(args.data), options)
         else:
             predict_file(args.model, list(args.data), out=sys.stdout, **options)
         return 0
