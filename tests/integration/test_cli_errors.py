@@ -290,6 +290,12 @@ def test_bad_input_gets_one_line(name: str, tmp_path: Path) -> None:
     assert "last lines of its log" not in r.stderr
     worker_log = (logs / "worker-0.log").read_text()
     assert "Traceback" not in worker_log and case.line(tmp_path) in worker_log, worker_log[-3000:]
+    # status.json and psflow status: the task that failed is dead, the tasks the launcher stopped after it are
+    # stopped (not "dead (exited on SIGTERM)"), as the failure report says.
+    states = {t["task"]: (t["state"], t["exit"]) for t in json.loads((tmp_path / "run" / "status.json").read_text())["tasks"]}
+    assert states == {"/job:worker/task:0": ("dead", "exited with code 1"), "/job:ps/task:0": ("stopped", None)}, states
+    shown = run_bounded([sys.executable, "-m", "psflow", "status", str(tmp_path / "run")], timeout=60).stdout
+    assert re.search(r"/job:ps/task:0 .* stopped ", shown) and "SIGTERM" not in shown, shown
 
 
 def test_predict_imports_a_module_model_json_names_only_when_the_user_names_it(tmp_path: Path) -> None:
