@@ -75,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error_status(error: BaseException) -> int:
+    """The exit status of a command ended by ``error``: 1, but 3 (``STATE_LOST_EXIT_CODE``) for a
+    :class:`~psflow.train.state_loss.StateLostError`, as a task the launcher runs exits: a ``psflow server``
+    worker or chief that found a ps task's variables lost, with no checkpoint to restore them (docs/deploying.md),
+    which the launcher's restart policy never restarts."""
+    from psflow.launch.supervisor import STATE_LOST_EXIT_CODE
+    from psflow.train.state_loss import StateLostError
+
+    return STATE_LOST_EXIT_CODE if isinstance(error, StateLostError) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs the CLI; returns the exit status (0 on success).
 
@@ -107,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "verbose", False):
             traceback.print_exc()
         print(f"psflow {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return _error_status(e)
     except LaunchInterrupted as e:  # SIGTERM, SIGHUP or SIGINT to psflow train: every task stopped, reported
         print(f"psflow {args.command}: {e}", file=sys.stderr)
         return e.exit_code

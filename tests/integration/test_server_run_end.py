@@ -21,8 +21,9 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
+from psflow.launch.supervisor import STATE_LOST_EXIT_CODE
 from psflow.optim import OptimizerSpec
-from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
+from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -228,3 +229,39 @@ def test_shutdown_without_a_token_or_a_cluster_file_is_one_line(tmp_path: Path) 
     no_file = run_bounded(cmd, timeout=_SAFETY, env=_env(TOKEN))
     assert no_file.returncode == 1 and len(no_file.stderr.strip().splitlines()) == 1, no_file
     assert "missing.json" in no_file.stderr
+
+
+def _global_step(ch: TaskChannel) -> int:
+    try:
+        return int(ch.call("Stats").meta.get("global_step") or 0)
+    except RpcError:
+        return 0
+
+
+def test_psflow_server_workers_exit_3_when_a_ps_task_comes_back_empty(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
+    """A cluster run by hand without --checkpoint-dir: ps task 1 killed and started again (empty). The workers
+    stop with the state-lost line and exit 3, as docs/deploying.md says (STATE_LOST_EXIT_CODE, which no restart
+    policy restarts), not 1 as any other error."""
+    cluster = tasks(_cluster(2, 2))
+    train = ["--train", str(A9A), "--num-features", "124", "--epochs", "5", "--batch-size", "32", "--no-status",
+             "--summary-dir", str(tmp_path / "summaries"), "--log-every", "50"]  # summaries: the chief has duties
+    for i in range(2):
+        cluster.start("ps", i)
+    for i in range(2):
+        cluster.start("worker", i, *train)
+    ps0 = TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0), PARAMETER_SERVICE,
+                      ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30))
+    try:
+        wait_until(lambda: _global_step(ps0) >= 200, "training reached step 200", limit=_SAFETY)
+    finally:
+        ps0.close()
+    os.kill(cluster.procs["ps-1"].pid, signal.SIGKILL)
+    cluster.procs["ps-1"].wait(timeout=30)
+    cluster.start("ps", 1)  # back at its address, empty
+    line = ("/job:ps/task:1 restarted with no checkpoint to restore from (the run has no --checkpoint-dir): its "
+            "variables (bias) would be fresh beside trained ones on /job:ps/task:0; rerun with --checkpoint-dir")
+    for i in range(2):
+        code = cluster.exit_code(f"worker-{i}")
+        assert code == STATE_LOST_EXIT_CODE, f"worker-{i} exited {code}:\n{cluster.log(f'worker-{i}')[-3000:]}"
+        assert f"psflow server: error: {line}" in cluster.log(f"worker-{i}"), cluster.log(f"worker-{i}")[-3000:]
