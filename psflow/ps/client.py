@@ -392,11 +392,12 @@ class ParameterClient:
         gather(calls)
 
     def report_done(self, *, checkpoint_dir: bool = False, final_checkpoint: str | None = None,
-                    attempts: int = 3) -> list[str]:
+                    attempts: int = 3, worker: str | None = None) -> list[str]:
         """Tells every ps task that this worker's session ended normally (``Done``, see
         :mod:`psflow.ps.run_end`): a ps task of ``psflow server`` exits once every training worker did.
         ``checkpoint_dir``: the run checkpoints; ``final_checkpoint``: the name of its final checkpoint,
-        if this worker sees it (the ps tasks' exit line names it).
+        if this worker sees it (the ps tasks' exit line names it); ``worker``: the training worker it is
+        sent for (default this client's name; the in-graph client sends it for each of its workers).
 
         Blocks for at most ``attempts`` rounds of 5 s calls (a task that could not be reached is
         asked again after 0.5 s, 1 s, ...; one that refused is not). Never raises.
@@ -404,7 +405,8 @@ class ParameterClient:
         Returns:
             The ps tasks that did not hear it, each logged as a WARNING (they keep serving until stopped).
         """
-        meta = DoneRequest(self.client_name, self.incarnation, checkpoint_dir, final_checkpoint).to_frame().meta
+        meta = DoneRequest(worker or self.client_name, self.incarnation, checkpoint_dir,
+                           final_checkpoint).to_frame().meta
         pending = dict(self.channels)  # ps task index -> channel, not yet answered
         errors: dict[int, RpcError] = {}
         for attempt in range(attempts):

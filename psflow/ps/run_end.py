@@ -33,8 +33,10 @@ process does not count either.
 Not guaranteed: a worker that fails never sends ``Done``, so the ps tasks of a
 failed run keep serving (a restarted worker can still rejoin; ``psflow
 shutdown`` stops them); a ps task restarted after the workers sent ``Done``
-never hears it and serves until stopped; an in-graph run's client sends no
-``Done`` (its workers serve too, until stopped).
+never hears it and serves until stopped. In an in-graph run the client sends
+``Done`` for every training worker once its session has ended (it drives them
+all; :mod:`psflow.train.in_graph_client`); the in-graph workers themselves
+serve until stopped.
 """
 
 from __future__ import annotations

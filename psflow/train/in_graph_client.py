@@ -312,6 +312,19 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, driver: InGra
     return batches, reason
 
 
+def _report_run_over(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient) -> None:
+    """The session ended normally (its end wrote the final checkpoint): every ps task hears ``Done`` for each
+    training worker of the cluster (:mod:`psflow.ps.run_end`), as each worker of a between-graph run sends its
+    own, so that the ps tasks of ``psflow server`` exit. The in-graph workers run no session of their own: the
+    client, which drives them all, speaks for them. Never raises (a ps task that did not hear it is a WARNING)."""
+    from psflow.ps.run_end import training_workers
+    from psflow.train.worker import _final_checkpoint
+
+    final = _final_checkpoint(config.checkpoint_dir)
+    for worker in training_workers(cluster):
+        client.report_done(checkpoint_dir=bool(config.checkpoint_dir), final_checkpoint=final, worker=worker)
+
+
 def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str | None = None,
                         tls: TlsConfig | None = None) -> dict[str, Any]:
     """The in-graph client: reads all the data and drives every worker until it ends (module docstring).
@@ -351,6 +364,7 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
             last_step = session.global_step
         log.info("in-graph client: done after %d batches (%d examples), global_step %d -> %d: %s",
                  batches, driver.examples, steps_before, last_step, reason)
+        _report_run_over(config, cluster, client)
     finally:
         for s in sessions:
             s.close()

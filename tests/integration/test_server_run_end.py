@@ -265,3 +265,35 @@ def test_psflow_server_workers_exit_3_when_a_ps_task_comes_back_empty(
         code = cluster.exit_code(f"worker-{i}")
         assert code == STATE_LOST_EXIT_CODE, f"worker-{i} exited {code}:\n{cluster.log(f'worker-{i}')[-3000:]}"
         assert f"psflow server: error: {line}" in cluster.log(f"worker-{i}"), cluster.log(f"worker-{i}")[-3000:]
+
+
+def test_the_ps_tasks_of_an_in_graph_run_exit_0_once_the_client_is_done(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
+    """``--replication in-graph`` by hand: the client is the chief and the only reader; once its session ended
+    (the final checkpoint written) it tells every ps task that the cluster's workers are done, as between-graph
+    workers do each for themselves. Before, no ``Done`` came and the ps tasks served for ever."""
+    ports = free_ports(5)
+    cluster = tasks(ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:2]],
+                                 "worker": [f"127.0.0.1:{p}" for p in ports[2:4]],
+                                 "client": [f"127.0.0.1:{ports[4]}"]}))
+    ckpt = tmp_path / "ckpt"
+    train = ["--train", str(A9A), "--num-features", "124", "--epochs", "1", "--batch-size", "1024", "--no-status",
+             "--replication", "in-graph", "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "10"]
+    for i in range(2):
+        cluster.start("ps", i, "--checkpoint-dir", str(ckpt))
+    for i in range(2):
+        cluster.start("worker", i, *train)
+    cluster.start("client", 0, *train)
+    assert cluster.exit_code("client-0") == 0, cluster.log("client-0")[-3000:]
+    final = latest_checkpoint(str(ckpt))
+    assert final is not None and read_manifest(final).final
+    for i in range(2):
+        try:
+            code = cluster.procs[f"ps-{i}"].wait(timeout=60)  # Done is sent as the client ends: seconds, not minutes
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"ps-{i} still serving 60 s after the in-graph client ended:\n"
+                                 f"{cluster.log(f'ps-{i}')[-3000:]}") from None
+        assert code == 0, cluster.log(f"ps-{i}")[-3000:]
+        line = (f"/job:ps/task:{i}: run over (workers 0-1 finished, final checkpoint {os.path.basename(final)} "
+                f"written): exiting")
+        assert line in cluster.log(f"ps-{i}"), cluster.log(f"ps-{i}")[-3000:]
