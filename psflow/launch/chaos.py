@@ -43,7 +43,11 @@ global_step jump past its durable bound (up to 1,000 values, see
 fault would fire at once. A fault whose task is not running when its round
 fires (being restarted) fires as soon as the task is back. A round that never
 recovers (a task that is not restarted) holds every later fault back: they
-are reported as ``faults_not_fired``. :meth:`ChaosInjector.poll` is called
+are reported as ``faults_not_fired``. So are the faults still waiting when
+every worker has finished its data (:meth:`ChaosInjector.training_ended`):
+they are not fired (logged ``chaos: SPEC not fired: training ended at step
+T``), since a fault after the end of training cannot be recovered by rewinding
+the workers. :meth:`ChaosInjector.poll` is called
 every few ms (5 ms in the launcher), so a fault fires at its step or a little
 later. Every fired fault is recorded (task, pid, signal, the step seen, wall
 time, and the launcher adds when it recovered) for metrics.json.
@@ -244,10 +248,31 @@ class ChaosInjector:
         self._begun = False                    # the first round has fired (some of) its faults
         self._last: list[InjectedFault] = []   # the faults fired by the last round begun
         self._last_step = 0                    # that round's step (N(k-1))
+        #: Faults dropped because training ended before their round fired (:meth:`training_ended`).
+        self.skipped: list[str] = []
 
     def pending(self) -> int:
-        """Faults not fired yet."""
+        """Faults not fired yet (and not dropped by :meth:`training_ended`)."""
         return sum(len(r) for r in self._rounds)
+
+    def training_ended(self, global_step: int) -> list[str]:
+        """Every worker finished its data (seen at ``global_step``): drops the faults of the rounds
+        not begun, and returns their specs. Each is logged (``not fired: training ended at step T``)
+        and counted in :attr:`skipped`.
+
+        A fault fired then could not be recovered the way one during training is: the workers that
+        finished leave, so a restore could not rewind them; the run's result would depend on whether
+        the fault came a few milliseconds before or after the last worker's end. A round already begun
+        (some of its faults fired) keeps firing its others: those are part of a recovery under way.
+        """
+        if self._begun:
+            return []
+        dropped = [fault.spec for round_ in self._rounds for fault, _, _ in round_]
+        self._rounds = []
+        for spec in dropped:
+            log.warning("chaos: %s not fired: training ended at step %d", spec, global_step)
+        self.skipped += dropped
+        return dropped
 
     def due_at(self) -> int | None:
         """The global_step at which the next round fires; None while a round is firing or the last one

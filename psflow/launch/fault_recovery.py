@@ -39,10 +39,12 @@ __all__ = ["StepReading", "Replacement", "RecoveryWatch", "step_reading"]
 
 @dataclass(frozen=True)
 class StepReading:
-    """global_step as the step task answered it, and whether that task was ready (restored, serving)."""
+    """global_step as the step task answered it, whether that task was ready (restored, serving), and
+    how many workers it counted as finished with their data (``Leave``)."""
 
     step: int
     ready: bool
+    finished: int = 0
 
 
 class Replacement(Enum):
@@ -58,7 +60,8 @@ def step_reading(stats: dict[str, Any]) -> StepReading | None:
     step = stats.get("global_step")
     if isinstance(step, bool) or not isinstance(step, int):
         return None
-    return StepReading(step, stats.get("ready") is True)
+    finished = stats.get("finished")
+    return StepReading(step, stats.get("ready") is True, len(finished) if isinstance(finished, list) else 0)
 
 
 @dataclass

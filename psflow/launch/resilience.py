@@ -61,7 +61,7 @@ from typing import Any, TextIO
 
 from psflow import jsonio
 from psflow.checkpoint.pointer import latest_checkpoint
-from psflow.cluster import ClusterError, TaskId
+from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
 from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, chief_task
 from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, step_reading
@@ -160,6 +160,8 @@ class Resilience:
                     self.monitor.mark_up([ch.task for ch in channels])
                 now = time.monotonic()
                 with self._lock:
+                    if self._training_ended(reading):
+                        self.injector.training_ended(reading.step)
                     for fault in self.injector.poll(reading.step):
                         self.recovery.fired(fault, now)
                 self._observe(reading, now)
@@ -168,6 +170,12 @@ class Resilience:
                 ch.close()
             if self._coordination is not None:
                 self._coordination.close()
+
+    def _training_ended(self, reading: StepReading) -> bool:
+        """Every worker of the cluster finished its data, per the step task (chaos faults left are not fired)."""
+        cluster: ClusterSpec = self.lc.cluster
+        trainers = sum(cluster.num_tasks(job) for job in ("chief", "worker") if job in cluster.jobs)
+        return trainers > 0 and reading.finished >= trainers
 
     def _duty_holder(self) -> DutyHolder | None:
         """(The chaos thread, for ``kill:chief``) the task holding the chief duties now: the chief
@@ -282,7 +290,7 @@ class Resilience:
         """``faults``, ``restarts`` and ``hangs`` for metrics.json."""
         with self._lock:
             faults = [f.to_json() for f in self.injector.injected] if self.injector is not None else []
-            not_fired = self.injector.pending() if self.injector is not None else 0
+            not_fired = self.injector.pending() + len(self.injector.skipped) if self.injector is not None else 0
         return {
             "faults": faults,
             "faults_not_fired": not_fired,

@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                         result_path=args.result, state_dir=args.state_dir, stop=stop,
                         checkpoint_root=args.checkpoint_root)
     except PsflowError as e:
-        if not expected_in_task(e):
+        # The in-graph client drives every task: another task's failure (a ps task killed, a worker not
+        # back in time) is its error too, told in one line naming that task, as a between-graph worker does.
+        if not expected_in_task(e) and args.job != "client":
             raise
         from psflow.launch.supervisor import STATE_LOST_EXIT_CODE
         from psflow.train.state_loss import StateLostError

@@ -40,7 +40,7 @@ from psflow.models.api import Model
 from psflow.native.ids import unique_inverse
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RunStepReply, RunStepRequest
-from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, InvalidRequest, Reply
+from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, InvalidRequest, PreconditionFailed, Reply, RpcError
 from psflow.rpc.framing import Frame
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tls import TlsConfig
@@ -145,10 +145,15 @@ class StepService:
         fn = _resolve(request.step_fn, self.allowed)
         batch = _batch_from(request)
         model, client = self._connected()
-        out = fn(model, client, batch)
-        if request.push:
-            result = client.push_detailed(out.grads, examples=batch.num_examples, loss=out.loss, read_step=out.read_step)
-            reply = RunStepReply(out.loss, out.read_step, result.step, out.outputs)
+        try:
+            out = fn(model, client, batch)
+            push = client.push_detailed(out.grads, examples=batch.num_examples, loss=out.loss,
+                                        read_step=out.read_step) if request.push else None
+        except RpcError as e:  # a ps task failed: the client's error to act on, told in one line (no traceback)
+            log.warning("/job:worker/task:%d: RunStep: %s", self.task_index, e)
+            raise PreconditionFailed(str(e)) from e
+        if push is not None:
+            reply = RunStepReply(out.loss, out.read_step, push.step, out.outputs)
         else:
             reply = RunStepReply(out.loss, out.read_step, None, out.outputs, _encode_grads(out.grads))
         wire = reply.to_frame()

@@ -50,8 +50,9 @@ Failures:
       its reader position: the records since that checkpoint are trained
       again, none twice relative to the model state, none skipped.
     * A ps task dies: the client's next push (or a worker's pull) fails and
-      the client exits with that error; restarted, it restores every ps task
-      from the newest checkpoint, as in 2.
+      the client exits with that error, one line naming the task (a worker
+      whose pull failed refuses the step with FAILED_PRECONDITION and logs one
+      line); restarted, it restores every ps task from the newest checkpoint, as in 2.
 """
 
 from __future__ import annotations

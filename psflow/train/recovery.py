@@ -384,7 +384,9 @@ class ClusterRecovery:
         ready to be rewound: a restore after a ps death sets every worker back to the
         checkpoint, this one included, so it must train its records since then again.
 
-        Blocks until every worker has finished (per ps task 0's ``Stats``), or until
+        Blocks until every worker has finished (per ps task 0's ``Stats``) with every ps task
+        ready at this generation (a ps task that died after the last push is restored first, and
+        every worker rewound with it, rather than left behind by workers that already exited), or until
         global_step has not moved for ``timeout`` s with the cluster settled (the others
         are gone; logged), or until a restore happened. ``before_waiting`` runs once,
         when another worker is found still training (e.g. resign the chief lease).
@@ -406,9 +408,10 @@ class ClusterRecovery:
                 if not self.needed():
                     raise
                 stats = None
-            if stats is not None and stats.ready and stats.generation == self.generation:
-                if len(stats.finished or ()) >= num_workers:
-                    return False, None
+            done = stats is not None and len(stats.finished or ()) >= num_workers
+            if done and self._settled(self._states()) == self.generation:
+                return False, None
+            if not done and stats is not None and stats.ready and stats.generation == self.generation:
                 if before_waiting is not None:
                     before_waiting()
                     before_waiting = None
