@@ -24,8 +24,14 @@ tasks that hold trained ones, and what to do. A task process that raises it
 exits with :data:`psflow.launch.supervisor.STATE_LOST_EXIT_CODE`, which no
 restart policy restarts: a new process would find the same cluster.
 
-What this does not cover: every ps task restarted at once leaves nothing
-trained beside the empty tasks; a chief joining such a cluster sees a new one.
+Every ps task restarted at once leaves nothing trained beside the empty
+tasks: workers that see it (a run whose workers elect a chief) stop with the
+same line, naming every variable of the model. What this does not cover: a
+chief process that starts afterwards (restarted by whoever runs the tasks, in
+a run without ``--checkpoint-dir``) sees a new cluster and initializes it.
+``psflow train`` with a restart policy always has a checkpoint directory
+(:func:`psflow.launch.resilience.with_recovery_checkpoints`), so there the
+cluster is restored from the newest checkpoint instead.
 """
 
 from __future__ import annotations
@@ -87,7 +93,8 @@ def state_lost_message(client: ParameterClient, empty: list[int], kept: list[int
                        checkpoint_dir: str | None) -> str:
     """The one line of a :class:`StateLostError`: which tasks, which variables, beside what, what to do."""
     tasks = ", ".join(f"/job:ps/task:{t}" for t in empty)
-    names = [p.var.name for p in client.layout.values() if any(part.task in empty for part in p.partitions)]
+    # Nothing trained kept anywhere (a task that did not answer comes back empty too): the whole model is lost.
+    names = [p.var.name for p in client.layout.values() if not kept or any(part.task in empty for part in p.partitions)]
     shown = ", ".join(names[:_NAMES_SHOWN]) + (f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else "")
     if checkpoint_dir:
         where = f"none in --checkpoint-dir {checkpoint_dir} yet"
