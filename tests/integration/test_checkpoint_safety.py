@@ -220,8 +220,10 @@ def test_a_full_disk_fails_the_run_loudly_and_leaves_no_partial_checkpoint(tmp_p
 
 
 @contextlib.contextmanager
-def read_only(path: Path) -> Iterator[None]:
-    """Makes ``path`` read-only: a read-only bind mount as root (root ignores modes), else mode 0555."""
+def read_only(path: Path, *, on_busy: Any = None) -> Iterator[None]:
+    """Makes ``path`` read-only: a read-only bind mount as root (root ignores modes), else mode 0555.
+
+    ``on_busy``: called before each retry of a remount refused as busy (a file open for writing there)."""
     if os.geteuid() == 0:
         r = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True, text=True, timeout=30)
         if r.returncode != 0:
@@ -235,6 +237,8 @@ def read_only(path: Path) -> Iterator[None]:
                                    timeout=30)
                 if r.returncode == 0 or "busy" not in r.stderr or time.monotonic() > deadline:
                     break
+                if on_busy is not None:
+                    on_busy()
                 time.sleep(0.05)
             if r.returncode != 0:
                 pytest.skip(f"cannot remount read-only here: {r.stderr.strip()}")
@@ -249,16 +253,55 @@ def read_only(path: Path) -> Iterator[None]:
             path.chmod(0o755)
 
 
+def worker_pids(out: Path) -> list[int]:
+    """Pids of the run's worker processes, from their logs (one each; none restarted in these runs)."""
+    pids = []
+    for log in sorted((out / "logs").glob("worker-*.log")):
+        pids += [int(p) for p in re.findall(r"serving at \S+ \(pid (\d+)\)", log.read_text(errors="replace"))]
+    return pids
+
+
+def held(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP: state T in /proc/PID/stat)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def test_a_directory_made_read_only_mid_run_is_reported_and_counted(tmp_path: Path) -> None:
-    """With --max-failed-saves 0 the run goes on (each failure still a console line) and metrics.json counts them."""
+    """With --max-failed-saves 0 the run goes on (each failure still a console line) and metrics.json counts them.
+
+    The directory is made read-only while both workers are held (``--chaos stop`` at step 120 of ~1,018), so
+    the remount lands mid-run however slow the machine: a run that ended before it (its training is about a
+    second once the initial checkpoint is there) saved every checkpoint and failed this test under load. A
+    remount refused as busy (the chief held at a save, a file open) lets one worker run a moment at a time:
+    the run cannot end while the other is held (a worker that finished waits for the others)."""
     ckpt, out = tmp_path / "ckpt", tmp_path / "run"
     ckpt.mkdir()
     with background_run(out, "--epochs", "1", "--batch-size", "32", "--checkpoint-dir", str(ckpt),
-                         "--save-checkpoints-steps", "50", "--max-failed-saves", "0") as run:
-        wait_for("the initial checkpoint", lambda: latest_checkpoint(str(ckpt)) is not None, run)
-        with read_only(ckpt):
-            stdout, stderr = run.communicate(timeout=250)
-            assert run.returncode == 0, stderr[-3000:]
+                         "--save-checkpoints-steps", "50", "--max-failed-saves", "0", "--liveness-timeout", "0",
+                         "--chaos", "stop:worker:0@step=120", "--chaos", "stop:worker:1@step=120") as run:
+        wait_for("both workers held", lambda: len(worker_pids(out)) == 2 and all(map(held, worker_pids(out))), run)
+        workers = worker_pids(out)
+        turn = iter(range(1_000_000))
+
+        def let_one_run() -> None:
+            pid = workers[next(turn) % 2]
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.02)
+            os.kill(pid, signal.SIGSTOP)
+
+        try:
+            with read_only(ckpt, on_busy=let_one_run):
+                for pid in workers:
+                    os.kill(pid, signal.SIGCONT)
+                stdout, stderr = run.communicate(timeout=250)
+        finally:
+            for pid in workers:  # a skip or failure before the resume: never leave them stopped
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        assert run.returncode == 0, stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["checkpoints_failed"] >= 1 and metrics["checkpoints_saved"] >= 1, metrics
     assert re.search(r"psflow: checkpoint at global_step \d+ FAILED .*(Read-only file system|Permission denied)", stderr)
