@@ -35,12 +35,16 @@ back to numpy), and every run is that snapshot's own ``python -m psflow train``
 imported: a revision as old as 27470be (the CLI in psflow/launch/cli.py) runs
 the same way as HEAD.
 
-Two rates per run, each with its own ratio: **steady**, the examples over the
+Three rates per run, each with its own ratio: **steady**, the examples over the
 time from the chief's "initialized the variables" log line to the last ``step=``
 line any worker logs (as bench_tf_peer*.py time psflow; the fast path, which logs
 no steps, by its worker's ``wall_seconds``), and **end to end**, the examples
 over the wall time of the whole ``psflow train`` command (start-up, the ps
-tasks, eval and the final checkpoint included).
+tasks, eval and the final checkpoint included), and **per CPU second**, the
+examples over the CPU time the tasks spent training (the workers'
+``train_cpu_seconds`` and the ps tasks' ``cpu_seconds_since_init``, from
+``metrics.json``, at both revisions): what the code costs, which other
+processes on a loaded machine inflate far less than they inflate wall time.
 
 Writes benchmarks/results/ab.json and the "ab" section of benchmarks/RESULTS.md.
 """
@@ -79,6 +83,7 @@ SHAPES: dict[str, tuple[str, str, list[str], int]] = {
     "wd-p1w2-async": ("W&D, 1 ps + 2 workers, async", "ctr_wd", [], 1),
 }
 DEFAULT_SHAPES = "lr-p1w2-async,wd-p1w2-async"
+RATES = ("steady", "end_to_end", "cpu")
 
 
 def command(shape: str, args: argparse.Namespace, output: str) -> list[str]:
@@ -124,8 +129,12 @@ def one_run(src: str, shape: str, args: argparse.Namespace) -> dict[str, Any]:
         seconds = float(m["workers"][0]["wall_seconds"])
     else:
         seconds = float(wd.parse_worker_logs(output, 512 * SHAPES[shape][3])["seconds"])
-    return {"steady": m["examples"] / seconds, "end_to_end": m["examples"] / wall, "examples": m["examples"],
-            "global_step": m["global_step"], "auc": (m.get("eval") or {}).get("auc")}
+    ps = m.get("ps") or []
+    ps_cpu = sum(float(t.get("cpu_seconds_since_init") or 0.0) for t in (ps if isinstance(ps, list) else [ps]))
+    cpu = sum(float(w["train_cpu_seconds"]) for w in m["workers"]) + ps_cpu
+    return {"steady": m["examples"] / seconds, "end_to_end": m["examples"] / wall, "cpu": m["examples"] / cpu,
+            "cpu_seconds": cpu, "examples": m["examples"], "global_step": m["global_step"],
+            "auc": (m.get("eval") or {}).get("auc"), "run_dir": output}
 
 
 def summary(ratios: list[float]) -> dict[str, Any]:
@@ -167,13 +176,14 @@ def main() -> None:
             runs[shape].append(dict(got, loadavg_1min=os.getloadavg()[0]))
             print(f"[{time.strftime('%H:%M:%S')} {shape} {k + 1}/{args.pairs}] steady rev {got['rev']['steady']:,.0f} "
                   f"baseline {got['baseline']['steady']:,.0f} ratio {got['rev']['steady'] / got['baseline']['steady']:.3f}; "
-                  f"end to end ratio {got['rev']['end_to_end'] / got['baseline']['end_to_end']:.3f}", flush=True)
+                  f"end to end ratio {got['rev']['end_to_end'] / got['baseline']['end_to_end']:.3f}; "
+                  f"per CPU second ratio {got['rev']['cpu'] / got['baseline']['cpu']:.3f}", flush=True)
     results = []
     for shape in shapes:
         pairs = runs[shape]
         entry: dict[str, Any] = {"shape": shape, "row": SHAPES[shape][0], "pairs": len(pairs),
                                  "command": shlex.join(command(shape, args, "RUN_DIR")), "runs": pairs}
-        for rate in ("steady", "end_to_end"):
+        for rate in RATES:
             entry[rate] = summary([pr["rev"][rate] / pr["baseline"][rate] for pr in pairs])
             entry[rate]["rev_median"] = statistics.median(pr["rev"][rate] for pr in pairs)
             entry[rate]["baseline_median"] = statistics.median(pr["baseline"][rate] for pr in pairs)
@@ -185,15 +195,18 @@ def main() -> None:
              f"{n} alternated pairs per shape (shapes interleaved), each one epoch by the revision's own "
              "`python -m psflow train` in a fresh process (`--transport tcp --log-every 1`; commands in "
              "benchmarks/results/ab.json). Steady = examples over \"initialized the variables\" to the last `step=` line; "
-             "end to end = examples over the command's wall time (start-up, eval, final checkpoint included).", "",
-             "| shape | steady: rev / baseline, median of pair ratios [quartiles] | rev / baseline examples/s, medians "
-             "| end to end: rev / baseline [quartiles] | rev / baseline examples/s, medians |",
-             "|---|---:|---:|---:|---:|"]
+             "end to end = examples over the command's wall time (start-up, eval, final checkpoint included); "
+             "per CPU second = examples over the CPU time the tasks spent training (the workers' train_cpu_seconds and "
+             "the ps tasks' cpu_seconds_since_init, from metrics.json): the code's cost, which other processes on the "
+             "machine inflate much less than they do wall time.", "",
+             "| shape | rate | rev / baseline, median of pair ratios | quartiles | rev, median | baseline, median |",
+             "|---|---|---:|---|---:|---:|"]
     for r in results:
-        s, e = r["steady"], r["end_to_end"]
-        lines.append(f"| {r['row']} | {s['median']:.3f} [{s['quartiles'][0]:.3f}–{s['quartiles'][1]:.3f}] | "
-                     f"{s['rev_median']:,.0f} / {s['baseline_median']:,.0f} | {e['median']:.3f} "
-                     f"[{e['quartiles'][0]:.3f}–{e['quartiles'][1]:.3f}] | {e['rev_median']:,.0f} / {e['baseline_median']:,.0f} |")
+        for rate, what in (("steady", "steady examples/s"), ("end_to_end", "end-to-end examples/s"),
+                           ("cpu", "examples per CPU second")):
+            x = r[rate]
+            lines.append(f"| {r['row']} | {what} | {x['median']:.3f} | {x['quartiles'][0]:.3f}–{x['quartiles'][1]:.3f} | "
+                         f"{x['rev_median']:,.0f} | {x['baseline_median']:,.0f} |")
     print("\n".join(lines))
     if not args.no_write:
         with open(os.path.join(HERE, "results", "ab.json"), "w") as f:
