@@ -10,7 +10,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from psflow.cli.tls_flags import add_tls_arguments, tls_config
-from psflow.cli.training import add_training_arguments, config_from_args
+from psflow.cli.training import add_training_arguments, config_from_args, faults_from_args
 from psflow.cluster import ClusterSpec, parse_tf_config
 from psflow.train.config import ConfigError
 from psflow.train.inputs import check_inputs
@@ -122,7 +122,8 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
                         checkpoint_root=args.checkpoint_root or args.checkpoint_dir, bind_address=bind, tls=tls,
-                        stop_when_run_over=job == "ps" and not args.keep_serving)
+                        stop_when_run_over=job == "ps" and not args.keep_serving,
+                        faults=faults_from_args(args))
     finally:
         if page is not None:
             page.close()

@@ -14,13 +14,14 @@ import time
 from typing import Any
 
 from psflow import jsonio
-from psflow.cli.training import config_from_args
+from psflow.cli.training import config_from_args, faults_from_args
 from psflow.data.infer import schema_yaml
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.status.progress import final_line
 from psflow.status.report import RUN_SUMMARIES
 from psflow.train.build import inferred_schema
 from psflow.train.config import ConfigError, TrainConfig
+from psflow.train.faults import FaultInjection
 
 __all__ = ["run_train"]
 
@@ -50,13 +51,14 @@ def run_train(args: argparse.Namespace) -> int:
         _show_inferred_schema(config, output)
         if args.in_process:
             print(f"psflow: in-process, {config.num_ps} ps services + 1 worker, run directory {output}", file=sys.stderr)
-            metrics = _in_process(config, output)
+            metrics = _in_process(config, output, faults_from_args(args))
             if not args.quiet:
                 print(final_line(metrics), file=sys.stderr, flush=True)
         else:
             # The status URL is the run's first line, then "N ps + M workers, run directory ..." (LauncherStatus).
             metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
-                                resilience=resilience_config(args), status=status, verbose=args.verbose)
+                                resilience=resilience_config(args), status=status, verbose=args.verbose,
+                                faults=faults_from_args(args))
     summary = {k: metrics[k] for k in ("global_step", "examples", "examples_this_run", "wall_seconds",
                                        "examples_per_sec")}
     if metrics.get("bad_records_skipped"):
@@ -85,7 +87,7 @@ def _check_output(output: str | None) -> None:
         raise ConfigError(str(e)) from None
 
 
-def _in_process(config: TrainConfig, output: str) -> dict[str, Any]:
+def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dict[str, Any]:
     """``--in-process``: the run, its end written as a cluster run's (metrics.json, status.json, metrics.prom from
     one final snapshot), SIGTERM, SIGHUP and SIGINT included (they end it as :class:`LaunchInterrupted`)."""
     from psflow.launch.in_process import run_in_process
@@ -96,7 +98,7 @@ def _in_process(config: TrainConfig, output: str) -> dict[str, Any]:
     signals = LauncherSignals()
     signals.install()  # main thread only (else a no-op)
     try:
-        return run_in_process(config, output, on_end=ending)
+        return run_in_process(config, output, on_end=ending, faults=faults)
     except LaunchInterrupted as e:
         final = ending.final or {}
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "

@@ -24,8 +24,10 @@ from psflow.optim.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.train.build import model_config
 from psflow.train.config import ConfigError, TrainConfig
+from psflow.train.faults import FaultInjection
 
-__all__ = ["add_training_arguments", "add_chief_arguments", "chief_config_fields", "config_from_args", "train_config"]
+__all__ = ["add_training_arguments", "add_chief_arguments", "chief_config_fields", "config_from_args", "faults_from_args",
+           "train_config"]
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
@@ -187,7 +189,6 @@ def chief_config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "save_summaries_steps": args.save_summaries_steps,
         "eval_every_steps": args.eval_every_steps,
         "eval_moving_averages": args.eval_moving_averages,
-        "fault_point": args.fault_point,
         "coordination": args.coordination,
         "zookeeper": args.zookeeper,
         "lease_ttl": args.lease_ttl,
@@ -274,6 +275,12 @@ def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
             except OptimizerError as e:
                 raise ConfigError(f"{flag}: {e}") from e
     return params
+
+
+def faults_from_args(args: argparse.Namespace) -> FaultInjection:
+    """The faults a test asks for with the hidden ``--fault-point PHASE`` (the chief exits at that checkpoint
+    phase); none without it. Not a setting of the run: :mod:`psflow.train.faults`."""
+    return FaultInjection(checkpoint_exit=args.fault_point or None)
 
 
 def config_from_args(args: argparse.Namespace, *, num_ps: int | None = None, num_workers: int | None = None) -> TrainConfig:

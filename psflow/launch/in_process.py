@@ -33,6 +33,7 @@ from psflow.train.build import build_model
 from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters
+from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval, run_worker
@@ -58,7 +59,8 @@ def _log_to(path: str) -> Iterator[None]:
 
 
 def run_in_process(config: TrainConfig, output_dir: str, *,
-                   on_end: Callable[[dict[str, Any], ClusterSpec], None] | None = None) -> dict[str, Any]:
+                   on_end: Callable[[dict[str, Any], ClusterSpec], None] | None = None,
+                   faults: FaultInjection = NO_FAULTS) -> dict[str, Any]:
     """Trains with ``config.num_ps`` in-process ps services and one worker; returns the metrics.
 
     Blocks for the whole run. However it ends (finished, failed, interrupted: a
@@ -68,6 +70,7 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
     (default: written to ``output_dir/metrics.json``); then the metrics are
     returned or the error re-raised. As a cluster run does, it writes the
     worker's log to ``output_dir/logs/worker-0.log`` (the ps services' lines too).
+    ``faults``: tests' faults for its worker (:mod:`psflow.train.faults`).
 
     Raises:
         ConfigError: more than one worker asked for.
@@ -87,7 +90,7 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
     # (another live run's is refused, naming it); released when the run ends, however it ends.
     config, claimed = claim_run(config, output_dir, out=sys.stderr)
     with claimed:
-        return _run_claimed(config, output_dir, on_end or _metrics_json(output_dir))
+        return _run_claimed(config, output_dir, on_end or _metrics_json(output_dir), faults)
 
 
 def _metrics_json(output_dir: str) -> Callable[[dict[str, Any], ClusterSpec], None]:
@@ -99,7 +102,7 @@ def _metrics_json(output_dir: str) -> Callable[[dict[str, Any], ClusterSpec], No
 
 
 def _run_claimed(config: TrainConfig, output_dir: str,
-                 on_end: Callable[[dict[str, Any], ClusterSpec], None]) -> dict[str, Any]:
+                 on_end: Callable[[dict[str, Any], ClusterSpec], None], faults: FaultInjection) -> dict[str, Any]:
     """:func:`run_in_process` once the run holds its run and checkpoint directories."""
     # PyTorch models: the reader process parses on one core; this process's intra-op threads take the rest
     # (psflow.torch.configure_threads; OpenMP's spinning threads degrade badly on oversubscribed cores).
@@ -117,7 +120,7 @@ def _run_claimed(config: TrainConfig, output_dir: str,
     run = _Run(config, client, len(channels), resumed, started)
     try:
         with _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
-            result = run_worker(config, cluster, 0, client=client)
+            result = run_worker(config, cluster, 0, client=client, faults=faults)
     except BaseException as e:  # a failed or interrupted run ends with its snapshot too
         try:
             on_end(run.ended_by(e), cluster)

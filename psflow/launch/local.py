@@ -64,6 +64,7 @@ from psflow.train.build import build_model
 from psflow.train.config import TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters
+from psflow.train.faults import FaultInjection, task_config_json
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval
@@ -76,7 +77,7 @@ log = logging.getLogger("psflow.launch")
 def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None = sys.stderr,
               progress_every: float = 2.0, resilience: ResilienceConfig | None = None,
               status: StatusConfig | None = None, verbose: bool = False,
-              placement: TaskHosts | None = None) -> dict[str, Any]:
+              placement: TaskHosts | None = None, faults: FaultInjection | None = None) -> dict[str, Any]:
     """Trains on a local cluster of real processes; returns the metrics.
 
     Blocks until training and evaluation are done. Writes
@@ -95,6 +96,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     (:mod:`psflow.status.progress`). ``verbose``: the tasks log gRPC's C-core
     lines and the tracebacks of expected errors (:mod:`psflow.launch.console`).
     ``placement``: where each task runs (:class:`TaskHosts`; default: every task on 127.0.0.1).
+    ``faults``: tests' and drills' faults, written beside the config in config.json (:mod:`psflow.train.faults`).
 
     Raises:
         LaunchError: a task failed (every other task has been stopped); an expected error of the
@@ -119,7 +121,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     started = time.monotonic()
     with claimed, LocalCluster.create(config.num_ps, config.num_workers, output_dir, placement=placement) as lc:
         with open(config_path, "w") as f:
-            f.write(config.to_json())
+            f.write(task_config_json(config, faults))
         # From here on, however the run ends, its end is one final snapshot (psflow.launch.run_end).
         end = RunEnd(lc, output_dir, started=started, checkpoints=checkpoints, resumed=resumed,
                      run={"mode": config.mode, "replication": config.replication}, out=progress or sys.stderr)

@@ -72,6 +72,7 @@ from psflow.rpc.grpc_client import TaskChannel
 from psflow.train.chief import trainer_task
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import coordination_config, elects_chief
+from psflow.train.faults import read_task_config
 
 __all__ = ["ResilienceConfig", "Resilience", "add_resilience_arguments", "resilience_config",
            "with_recovery_checkpoints", "DEFAULT_CHECKPOINT_SUBDIR"]
@@ -183,7 +184,7 @@ class Resilience:
         if self._train_config is None:
             try:
                 with open(os.path.join(self.lc.output_dir, "config.json")) as f:
-                    self._train_config = TrainConfig.from_json(f.read())
+                    self._train_config = read_task_config(f.read())[0]
             except (OSError, ValueError) as e:  # no run config to read: the configured chief
                 log.warning("chaos: cannot tell who holds the chief duties (%s); using the configured chief", e)
                 return DutyHolder(*self._chief)

@@ -46,6 +46,7 @@ from psflow.rpc.tcp_server import TcpLimits
 from psflow.rpc.tls import TlsConfig
 from psflow.server import Server
 from psflow.train.config import TrainConfig
+from psflow.train.faults import NO_FAULTS, FaultInjection, read_task_config
 
 __all__ = ["main", "run_task", "TOKEN_ENV"]
 
@@ -67,7 +68,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
              token: str | None, result_path: str | None = None, state_dir: str | None = None,
              checkpoint_root: str | None = None, tcp_limits: TcpLimits | None = None,
              stop: StopRequest | None = None, bind_address: str | None = None, tls: TlsConfig | None = None,
-             stop_when_run_over: bool = False) -> int:
+             stop_when_run_over: bool = False, faults: FaultInjection = NO_FAULTS) -> int:
     """Runs one task until it is done or stopped; returns the process exit status.
 
     Blocks. Returns 0 when the task finished (a ps task: asked to shut down, or with
@@ -90,6 +91,8 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     it reads the data and drives every worker. A worker of an in-graph run
     serves ``RunStep`` until it is shut down. A ``chief`` task trains as the
     first of the training workers (:func:`psflow.train.chief.training_view`).
+
+    ``faults``: tests' and drills' faults for a worker or the in-graph client (:mod:`psflow.train.faults`).
     """
     if stop is None:
         stop = StopRequest(f"/job:{job}/task:{index}")
@@ -100,7 +103,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
             raise SystemExit("the in-graph client needs a training config")
         from psflow.train.in_graph_client import run_in_graph_client
 
-        result = run_in_graph_client(config, cluster, token=token, tls=tls)  # a stop ends it by the stop's deadline
+        result = run_in_graph_client(config, cluster, token=token, tls=tls, faults=faults)  # a stop ends it by the stop's deadline
         if result_path:
             with open(result_path, "w") as f:
                 jsonio.dump(result, f)
@@ -128,7 +131,8 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
 
         trainers, trainer_index = training_view(cluster, job, index)  # a chief job trains too, as worker 0
         try:
-            run_worker(config, trainers, trainer_index, token=token, tls=tls, result_path=result_path, stop=stop)
+            run_worker(config, trainers, trainer_index, token=token, tls=tls, result_path=result_path, stop=stop,
+                       faults=faults)
         except Exception as e:
             if stop.requested() is None:
                 raise
@@ -164,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", required=True, help="cluster JSON file")
     parser.add_argument("--job", required=True)
     parser.add_argument("--task", type=int, required=True)
-    parser.add_argument("--config", help="TrainConfig JSON file")
+    parser.add_argument("--config", help="the task config file: TrainConfig JSON, with the tests' faults beside "
+                        "it (psflow.train.faults)")
     parser.add_argument("--result", help="where a worker writes its result JSON")
     parser.add_argument("--state-dir", help="ps task: where global_step's bound survives a restart")
     parser.add_argument("--checkpoint-root", help="ps task: write checkpoint shards only under this directory "
@@ -185,14 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     stop.start(args.lifeline)  # after prctl: a launcher that died before it is seen on the pipe
     with open(args.cluster) as f:
         cluster = ClusterSpec.from_json(f.read())
-    config = None
+    config, faults = None, NO_FAULTS
     if args.config:
         with open(args.config) as f:
-            config = TrainConfig.from_json(f.read())
+            config, faults = read_task_config(f.read())
     try:
         code = run_task(cluster, args.job, args.task, config, token=cluster_token(os.environ),
                         result_path=args.result, state_dir=args.state_dir, stop=stop,
-                        checkpoint_root=args.checkpoint_root)
+                        checkpoint_root=args.checkpoint_root, faults=faults)
     except PsflowError as e:
         # The in-graph client drives every task: another task's failure (a ps task killed, a worker not
         # back in time) is its error too, told in one line naming that task, as a between-graph worker does.

@@ -6,7 +6,9 @@ Every path (a cluster worker, ``--in-process``, the in-graph client) runs one
 
 Classes and functions, by file:
 
-* ``config.py`` -- :class:`~psflow.train.config.TrainConfig`: every setting of a run, parsed once at the edge.
+* ``config.py`` -- :class:`~psflow.train.config.TrainConfig`: every setting of a run, parsed once at the edge;
+  ``faults.py`` -- :class:`~psflow.train.faults.FaultInjection`: the faults tests and drills inject, beside
+  the settings (the task config file's ``"faults"``), never in them.
 * ``build.py`` -- from a run's settings to its model, data schema and placed variables.
 * ``inputs.py`` -- checks of a run's input files before any task starts; ``preflight.py`` -- settings
   checked before any task starts (memory, resume), each refused in one line.
@@ -14,7 +16,8 @@ Classes and functions, by file:
 * ``clipping.py`` -- gradient clipping by global norm.
 * ``worker.py`` -- :func:`~psflow.train.worker.run_worker`: the between-graph training loop of one worker.
 * ``session.py`` -- :class:`~psflow.train.session.MonitoredTrainingSession`: a loop's session with hooks;
-  ``hooks.py`` -- the hooks (stop at a step, log, checkpoint, summaries, evaluation, NaN loss).
+  ``hooks.py`` -- the hooks (stop at a step, log, checkpoint, summaries, evaluation, NaN loss): they decide
+  when a loop stops and what it logs; the loop reads the session's decision.
 * ``duties.py`` -- a worker's session and hooks built from a TrainConfig; who takes the run and
   checkpoint locks when.
 * ``chief.py`` -- who the chief is, and how a client joins the cluster (initialize, restore, warm start).

@@ -102,7 +102,6 @@ class TrainConfig:
     save_summaries_steps: int = 100
     eval_every_steps: int | None = None  # chief evaluates on --eval every N global steps
     eval_moving_averages: bool = False   # evaluations (chief, launcher, evaluator task) read the variables' moving averages
-    fault_point: str | None = None       # tests only: the chief exits at this checkpoint phase
     max_failed_saves: int = 3            # checkpoint saves failing in a row that fail the run (0: never; each is logged and counted)
     run_id: str | None = None            # the run (owner of --checkpoint-dir's lock); set by the launcher, else derived from the cluster
     # Chief election (psflow.coord): the lease holder does the chief duties and ps restores.
@@ -114,9 +113,9 @@ class TrainConfig:
     device: str = "cpu"                  # where a worker's model computes: cpu | cuda | cuda:N (PyTorch models)
     towers: int = 1                      # replicas of the model in each worker, each on `device`, splitting every batch
     devices: tuple[str, ...] = ()        # a tower on each of these (instead of device and towers), e.g. ("cuda:0", "cuda:1")
-    # Fault injection for tests and drills: {"step_delay": {"<worker index>": seconds between pull and push}},
-    # {"step_lag": {"<worker index>": N}}: before each push, wait until global_step is N past the step read.
-    extra: dict[str, Any] = field(default_factory=dict)
+    # In-graph replication: step functions (import paths) a worker's StepService runs besides the built-in ones.
+    allowed_steps: tuple[str, ...] = ()
+    # Fault injection (tests, drills) is not a setting: psflow.train.faults.FaultInjection, beside the config.
 
     def __post_init__(self) -> None:
         checks = [
@@ -278,6 +277,6 @@ class TrainConfig:
     @classmethod
     def from_json(cls, text: str) -> TrainConfig:
         data = json.loads(text)
-        for key in ("train", "eval", "features", "devices"):
+        for key in ("train", "eval", "features", "devices", "allowed_steps"):
             data[key] = tuple(data.get(key, ()))
         return cls(**data)

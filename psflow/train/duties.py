@@ -1,7 +1,8 @@
 """Builds a worker's MonitoredTrainingSession and hooks from a TrainConfig.
 
 Every worker gets: :class:`StopAtStepHook` (``max_steps``, counting steps
-done before a restore), :class:`NanLossHook` and :class:`StepCounterHook`.
+done before a restore), :class:`NanLossHook`, :class:`StepCounterHook` and (a worker's
+session) :class:`WorkerProgressHook`.
 The chief also gets, when configured: :class:`CheckpointSaverHook`
 (``checkpoint_dir``; every ``save_checkpoints_steps`` steps or
 ``save_checkpoints_secs`` seconds, default 600 s), :class:`SummarySaverHook`
@@ -47,6 +48,7 @@ from psflow.train.build import data_options, model_record
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import evaluate, parameters
+from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.hooks import (
     CheckpointSaverHook,
     EvalHook,
@@ -57,6 +59,7 @@ from psflow.train.hooks import (
     StepCounterHook,
     StopAtStepHook,
     SummarySaverHook,
+    WorkerProgressHook,
 )
 from psflow.train.recovery import CampaignWhileTrainingHook, LeaderOnlyHook, Leadership
 from psflow.train.session import MonitoredTrainingSession
@@ -73,7 +76,8 @@ FAULT_EXIT_CODE = 75
 
 
 def fault_exit(point: str | None) -> Callable[[str], None] | None:
-    """A checkpoint fault hook that ends the process at phase ``point`` (tests only)."""
+    """A checkpoint fault hook that ends the process at phase ``point`` (tests only:
+    :attr:`~psflow.train.faults.FaultInjection.checkpoint_exit`)."""
     if not point:
         return None
 
@@ -88,11 +92,12 @@ def fault_exit(point: str | None) -> Callable[[str], None] | None:
 
 def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient, model: Model,
                  job: str, task_index: int, *, leadership: Leadership | None = None,
-                 chief: bool | None = None) -> MonitoredTrainingSession:
+                 chief: bool | None = None, faults: FaultInjection = NO_FAULTS) -> MonitoredTrainingSession:
     """The session of worker ``/job:<job>/task:<task_index>`` (not yet entered).
 
     ``chief``: whether this session holds the chief duties; None: the configured chief's
     (:func:`~psflow.train.chief.is_chief`). An in-graph run's client passes True: it is the run's chief.
+    ``faults``: its checkpoint saves exit the process at ``faults.checkpoint_exit`` (tests).
 
     With ``leadership`` (chief election), every worker gets the chief hooks,
     each wrapped in a :class:`~psflow.train.recovery.LeaderOnlyHook`: they act
@@ -104,6 +109,8 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     chief = is_chief(cluster, job, task_index) if chief is None else chief
     duties = chief or leadership is not None
     hooks: list[SessionRunHook] = [NanLossHook(), StepCounterHook(every_steps=config.log_every, name=client.client_name)]
+    if job == "worker":  # the in-graph client logs its batches itself
+        hooks.append(WorkerProgressHook(task_index, every_steps=config.log_every))
     if config.max_steps is not None:
         hooks.append(StopAtStepHook(last_step=config.max_steps))
     chief_hooks: list[SessionRunHook] = []
@@ -117,7 +124,7 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         if chief:
             _check_newest_checkpoint(config, client.client_name)
         manager = CheckpointManager(config.checkpoint_dir, max_to_keep=config.max_to_keep,
-                                    transport=config.checkpoint_transport, fault=fault_exit(config.fault_point),
+                                    transport=config.checkpoint_transport, fault=fault_exit(faults.checkpoint_exit),
                                     lock=lock, max_failed_saves=config.max_failed_saves)
         fence = None
         if leadership is not None:

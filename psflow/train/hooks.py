@@ -24,6 +24,7 @@ exception propagates out of the session. A hook that raises in ``begin`` or
 Built-in hooks: :class:`CheckpointSaverHook`, :class:`SummarySaverHook`,
 :class:`StopAtStepHook`, :class:`StopAfterEpochsHook`,
 :class:`StepCounterHook` (step rate and loss logging),
+:class:`WorkerProgressHook` (a worker's ``step=S`` lines),
 :class:`NanLossHook`, :class:`EvalHook`. Users write their own by
 subclassing :class:`SessionRunHook` and overriding any of the methods.
 """
@@ -58,6 +59,7 @@ __all__ = [
     "StopAtStepHook",
     "StopAfterEpochsHook",
     "StepCounterHook",
+    "WorkerProgressHook",
     "NanLossHook",
     "NanLossError",
     "nan_loss_message",
@@ -66,6 +68,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("psflow.hooks")
+#: The worker's progress lines keep the worker's logger (as when the loop wrote them).
+log_worker = logging.getLogger("psflow.worker")
 
 
 def format_metrics(metrics: Mapping[str, float]) -> str:
@@ -93,10 +97,17 @@ class RunContext:
     session: MonitoredTrainingSession
     local_step: int
     stop_requested: bool = False
+    stop_reason: str | None = None
 
-    def request_stop(self) -> None:
-        """Ends the loop (before this step in ``before_run``, after it in ``after_run``)."""
+    def request_stop(self, reason: str | None = None) -> None:
+        """Ends the loop (before this step in ``before_run``, after it in ``after_run``).
+
+        ``reason``: why, in words (the session's :attr:`~psflow.train.session.MonitoredTrainingSession.stop_reason`,
+        a worker's result); the first reason given in a session is kept.
+        """
         self.stop_requested = True
+        if self.stop_reason is None:
+            self.stop_reason = reason
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,9 @@ class RunValues:
             step, or None if unknown.
         source: where the step's batch came from (files and record ranges),
             or None if unknown.
+        completed: this step's push owns ``step`` (sync: it completed the
+            aggregation), so only it logs the step.
+        min_clock: ssp: the slowest live worker's clock when this one was let go.
     """
 
     step: int
@@ -121,6 +135,8 @@ class RunValues:
     metrics: Mapping[str, float] = field(default_factory=dict)
     epochs_completed: int | None = None
     source: BatchSource | None = None
+    completed: bool = True
+    min_clock: int | None = None
 
 
 class SessionRunHook:
@@ -300,6 +316,9 @@ class StopAtStepHook(SessionRunHook):
 
     Steps done before a restore count: after restoring at step S with
     ``last_step=N``, training stops at N, having done N - S more steps.
+    The stop's reason (a worker's ``stop_reason``) is
+    ``"global_step reached max_steps=N"`` after a step, or
+    ``"stopped at global_step S (max_steps=N)"`` before one (another worker's push reached N).
     """
 
     def __init__(self, *, last_step: int | None = None, num_steps: int | None = None) -> None:
@@ -317,11 +336,11 @@ class StopAtStepHook(SessionRunHook):
 
     def before_run(self, context: RunContext) -> None:
         if self._last_step is not None and context.session.global_step >= self._last_step:
-            context.request_stop()
+            context.request_stop(f"stopped at global_step {context.session.global_step} (max_steps={self._last_step})")
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         if self._last_step is not None and values.step >= self._last_step:
-            context.request_stop()
+            context.request_stop(f"global_step reached max_steps={self._last_step}")
 
 
 class StopAfterEpochsHook(SessionRunHook):
@@ -359,6 +378,37 @@ class StepCounterHook(SessionRunHook):
         log.info("%s: global_step/s=%.1f examples/s=%.0f loss=%.4f (step %d)", self.name or "session",
                  steps_per_sec, examples_per_sec, values.loss, values.step)
         self._t0, self._s0, self._examples = now, values.step, 0
+
+
+class WorkerProgressHook(SessionRunHook):
+    """A worker's progress lines (the one place that decides them).
+
+    ``worker I: step=S loss=L <metrics> examples/s=R`` when this worker's push owns global step S
+    and ``S % every_steps == 0``, so each multiple is logged once across the cluster (the rate:
+    this worker's examples since its previous such line); with ssp, ``worker I: clock=C min_clock=M``
+    every ``every_steps`` local steps (C: this worker's local steps).
+    """
+
+    def __init__(self, task_index: int, *, every_steps: int) -> None:
+        if every_steps < 1:
+            raise ValueError(f"WorkerProgressHook: every_steps must be >= 1, got {every_steps}")
+        self.task_index, self.every_steps = task_index, every_steps
+        self._window_start, self._window_examples = time.monotonic(), 0
+
+    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+        self._window_start, self._window_examples = time.monotonic(), 0
+
+    def after_run(self, context: RunContext, values: RunValues) -> None:
+        self._window_examples += values.examples
+        clock = context.local_step + 1
+        if values.min_clock is not None and clock % self.every_steps == 0:
+            log_worker.info("worker %d: clock=%d min_clock=%d", self.task_index, clock, values.min_clock)
+        if values.completed and values.step % self.every_steps == 0:
+            now = time.monotonic()
+            rate = self._window_examples / max(now - self._window_start, 1e-9)
+            log_worker.info("worker %d: step=%d loss=%.4f %s examples/s=%.0f", self.task_index, values.step,
+                            values.loss, format_metrics(values.metrics), rate)
+            self._window_start, self._window_examples = now, 0
 
 
 class NanLossHook(SessionRunHook):

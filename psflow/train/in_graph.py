@@ -48,14 +48,15 @@ from psflow.train.build import build_model
 from psflow.train.config import TrainConfig
 from psflow.train.step import compute_gradients
 
-__all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepOutput", "average_gradients", "model_step"]
+__all__ = ["BUILTIN_STEPS", "Session", "StepService", "StepFnOutput", "average_gradients", "model_step"]
 
 log = logging.getLogger("psflow.in_graph")
 
 
 @dataclass
-class StepOutput:
-    """What a step function returns on the worker."""
+class StepFnOutput:
+    """What an in-graph step function (:data:`StepFn`) returns on the worker task: the batch's loss, the model's
+    outputs, its gradients and the global_step its pull read (sent back in a RunStep reply)."""
 
     loss: float
     outputs: Mapping[str, np.ndarray]
@@ -63,13 +64,13 @@ class StepOutput:
     read_step: int | None
 
 
-def model_step(model: Model, client: ParameterClient, batch: Batch) -> StepOutput:
+def model_step(model: Model, client: ParameterClient, batch: Batch) -> StepFnOutput:
     """The built-in step: the run's model on ``batch`` (prepare, pull, compute; no push)."""
     output, read_step = compute_gradients(model, client, batch)
-    return StepOutput(output.loss, output.outputs, output.gradients, read_step)
+    return StepFnOutput(output.loss, output.outputs, output.gradients, read_step)
 
 
-StepFn = Callable[[Model, ParameterClient, Batch], StepOutput]
+StepFn = Callable[[Model, ParameterClient, Batch], StepFnOutput]
 
 #: Step functions every worker accepts, by import path.
 BUILTIN_STEPS = ("psflow.train.in_graph:model_step",)
@@ -123,7 +124,7 @@ class StepService:
     def __init__(self, config: TrainConfig, cluster: ClusterSpec, task_index: int, *, token: str | None,
                  tls: TlsConfig | None = None) -> None:
         self.config, self.cluster, self.task_index, self.token, self.tls = config, cluster, task_index, token, tls
-        self.allowed = tuple(BUILTIN_STEPS) + tuple(config.extra.get("allowed_steps", ()))
+        self.allowed = tuple(BUILTIN_STEPS) + tuple(config.allowed_steps)
         self._lock = threading.Lock()
         self._state: tuple[Model, ParameterClient] | None = None
 

@@ -78,6 +78,7 @@ from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import epochs_completed, fit_position, make_session
+from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.hooks import NanLossError, format_metrics, nan_loss_message
 from psflow.train.in_graph import BUILTIN_STEPS, Session, average_gradients
 from psflow.train.recovery import ClusterRecovery, RecoveryError
@@ -95,7 +96,7 @@ CLIENT_NAME = "in-graph client"
 
 @dataclass(frozen=True)
 class InGraphStepResult:
-    """What one batch of the client produced (a :class:`~psflow.train.session.StepOutput`).
+    """What one batch of the client produced (a :class:`~psflow.train.session.StepReport`).
 
     Attributes:
         step: the last global_step the batch's pushes produced.
@@ -103,6 +104,8 @@ class InGraphStepResult:
         examples: examples in the batch.
         metrics: the model's metrics of the whole batch, computed on first access.
         steps: every global_step the batch's pushes produced (async: one per slice).
+        completed: True: the client's pushes own their steps (it logs them itself).
+        min_clock: None: no ssp in-graph.
     """
 
     step: int
@@ -110,6 +113,8 @@ class InGraphStepResult:
     examples: int
     metrics: Mapping[str, float] = field(default_factory=dict)
     steps: tuple[int, ...] = ()
+    completed: bool = True
+    min_clock: int | None = None
 
 
 @dataclass(frozen=True)
@@ -300,15 +305,10 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, driver: InGra
             position = data.position()  # just after this batch
             ran = session.run(functools.partial(driver.run_batch, big, position.to_json()),
                               epochs_completed=epochs_completed(position), source=big.source)
-            if ran is None:
-                reason = f"stopped at global_step {session.global_step} (max_steps={config.max_steps})"
-                break
-            batches += 1
-            if config.max_steps is not None and ran.step >= config.max_steps:
-                reason = f"global_step reached max_steps={config.max_steps}"
-                break
-            if session.should_stop():
-                reason = f"a hook stopped the session at global_step {ran.step}"
+            if ran is not None:
+                batches += 1
+            if session.should_stop():  # the hooks decide (max_steps: StopAtStepHook); the loop reads why
+                reason = session.stop_reason or f"a hook stopped the session at global_step {session.global_step}"
                 break
     return batches, reason
 
@@ -327,7 +327,7 @@ def _report_run_over(config: TrainConfig, cluster: ClusterSpec, client: Paramete
 
 
 def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str | None = None,
-                        tls: TlsConfig | None = None) -> dict[str, Any]:
+                        tls: TlsConfig | None = None, faults: FaultInjection = NO_FAULTS) -> dict[str, Any]:
     """The in-graph client: reads all the data and drives every worker until it ends (module docstring).
 
     Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds", "restored"}`` of this
@@ -354,7 +354,7 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
         client.connect()
         # Made before the restore: it takes the run's lock of the checkpoint directory and checks the newest
         # checkpoint against the run's model first.
-        monitored = make_session(config, cluster, client, model, "client", 0, chief=True)
+        monitored = make_session(config, cluster, client, model, "client", 0, chief=True, faults=faults)
         restored = _restore_initialized_cluster(config, client)
         for s in sessions:
             s.connect()

@@ -16,7 +16,10 @@ In order:
        every hook's ``after_create_session(session)``.
     2. :meth:`run`: ``before_run`` hooks (a stop requested there skips the
        step), the step, ``after_run`` hooks (a stop requested there ends the
-       loop after this step). :meth:`should_stop` says whether to go on.
+       loop after this step). :meth:`should_stop` says whether to go on and
+       :attr:`stop_reason` why not: the hooks decide when a loop stops
+       (``max_steps`` is :class:`~psflow.train.hooks.StopAtStepHook`'s), the
+       loop only reads their decision.
     3. ``__exit__`` without an exception: every hook's ``end(session)``
        (final checkpoint and summaries). With an exception: no hook runs; the
        exception propagates.
@@ -41,13 +44,15 @@ from psflow.ps.client import ParameterClient
 from psflow.train.chief import JoinResult, join_cluster
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 
-__all__ = ["MonitoredTrainingSession", "StepOutput"]
+__all__ = ["MonitoredTrainingSession", "StepReport"]
 
 log = logging.getLogger("psflow.session")
 
 
-class StepOutput(Protocol):
-    """What a step function returns (e.g. :class:`psflow.train.step.StepResult`)."""
+class StepReport(Protocol):
+    """What the session reads from a step function's result for its hooks (:class:`~psflow.train.hooks.RunValues`):
+    e.g. :class:`psflow.train.step.StepResult` (a worker's step),
+    :class:`psflow.train.in_graph_client.InGraphStepResult` (an in-graph client's batch)."""
 
     @property
     def step(self) -> int: ...
@@ -57,9 +62,13 @@ class StepOutput(Protocol):
     def examples(self) -> int: ...
     @property
     def metrics(self) -> Mapping[str, float]: ...
+    @property
+    def completed(self) -> bool: ...
+    @property
+    def min_clock(self) -> int | None: ...
 
 
-R = TypeVar("R", bound=StepOutput)
+R = TypeVar("R", bound=StepReport)
 
 
 class MonitoredTrainingSession:
@@ -100,6 +109,7 @@ class MonitoredTrainingSession:
         self._warm_start = warm_start
         self._initial_values = initial_values
         self._stop = False
+        self._stop_reason: str | None = None
         self._local_step = 0
         self.global_step = 0
         self.join_result: JoinResult | None = None
@@ -121,12 +131,20 @@ class MonitoredTrainingSession:
         return self
 
     def should_stop(self) -> bool:
-        """True once a hook requested a stop."""
+        """True once a hook requested a stop (the loop ends; :attr:`stop_reason` says why)."""
         return self._stop
 
-    def request_stop(self) -> None:
-        """Ends the loop before the next step."""
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the session stopped, as the first hook that stopped it said (None: not stopped, or no reason
+        given; e.g. :class:`~psflow.train.hooks.StopAtStepHook`'s ``"global_step reached max_steps=N"``)."""
+        return self._stop_reason
+
+    def request_stop(self, reason: str | None = None) -> None:
+        """Ends the loop before the next step; the first ``reason`` given is :attr:`stop_reason`."""
         self._stop = True
+        if self._stop_reason is None:
+            self._stop_reason = reason
 
     def run(self, step_fn: Callable[[], R], *, epochs_completed: int | None = None,
             source: BatchSource | None = None) -> R | None:
@@ -146,16 +164,17 @@ class MonitoredTrainingSession:
         for hook in self.hooks:
             hook.before_run(context)
         if context.stop_requested:
-            self._stop = True
+            self.request_stop(context.stop_reason)
             return None
         result = step_fn()
-        values = RunValues(result.step, result.loss, result.examples, result.metrics, epochs_completed, source)
+        values = RunValues(result.step, result.loss, result.examples, result.metrics, epochs_completed, source,
+                           result.completed, result.min_clock)
         self._local_step += 1
         self.global_step = max(self.global_step, values.step)
         for hook in self.hooks:
             hook.after_run(context, values)
         if context.stop_requested:
-            self._stop = True
+            self.request_stop(context.stop_reason)
         return result
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

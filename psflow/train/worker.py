@@ -13,11 +13,15 @@ Order of a worker's life (asynchronous mode):
        resuming at the reader position it last reported (or the restored
        checkpoint recorded);
     4. per batch: the model's step (:class:`~psflow.train.step.TrainStep`:
-       pull, compute, push); the push returns the global_step that this
-       worker's update produced; log ``step=S`` with the loss and the batch's
-       metrics when ``S % log_every == 0`` (so every multiple is logged
-       exactly once across the cluster);
-    5. stop at the end of its data or once global_step reaches ``max_steps``;
+       pull, compute, push) run by the session between its hooks; the push
+       returns the global_step that this worker's update produced; the
+       session's :class:`~psflow.train.hooks.WorkerProgressHook` logs
+       ``step=S`` with the loss and the batch's metrics when
+       ``S % log_every == 0`` (so every multiple is logged exactly once
+       across the cluster);
+    5. stop at the end of its data or when a hook stops the session (once
+       global_step reaches ``max_steps``: :class:`~psflow.train.hooks.StopAtStepHook`);
+       the loop reads the session's decision and its reason, never decides itself;
     6. once its session has ended normally (the final checkpoint written, by
        whichever worker held the chief duties), tell every ps task it is done
        (``Done``, :mod:`psflow.ps.run_end`: ``psflow server``'s ps tasks exit once
@@ -70,7 +74,7 @@ from psflow.train.duties import (
     make_session,
     resume_position,
 )
-from psflow.train.hooks import format_metrics
+from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.step import TrainStep
@@ -165,6 +169,7 @@ def run_worker(
     result_path: str | None = None,
     client: ParameterClient | None = None,
     stop: StopSource | None = None,
+    faults: FaultInjection = NO_FAULTS,
 ) -> WorkerResult:
     """Trains worker ``task_index`` until its data ends or ``max_steps`` is reached.
 
@@ -173,6 +178,8 @@ def run_worker(
     With a gRPC client and chief duties configured, the worker joins the
     chief election and survives ps task restarts (:mod:`psflow.train.recovery`).
     ``stop``: checked before every step; see the module docstring.
+    ``faults``: tests' and drills' faults (:mod:`psflow.train.faults`): this worker's step delay and lag,
+    the chief's checkpoint exit.
     ``tls``: the gRPC client's channels (to the ps tasks, checkpoints included, and to the
     embedded coordination backend) use it; ``None``: plain text.
 
@@ -204,7 +211,8 @@ def run_worker(
             # The configured chief leads first, at a run's start (its session saves the initial checkpoint);
             # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
             leadership.campaign(timeout=min(config.connect_timeout, 3.0))
-        with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership) as session:
+        with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership,
+                          faults=faults) as session:
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint_dir,
                                        generation=client.ps_stats().generation,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
@@ -215,8 +223,8 @@ def run_worker(
             linger = leadership is not None and cluster.num_tasks("worker") > 1
             while True:
                 try:
-                    reason = _train(config, session, model, data_config, resume, task_index, progress, stop,
-                                    generation=recovery.generation)
+                    reason = _train(session, model, data_config, resume, task_index, progress, stop,
+                                    generation=recovery.generation, faults=faults)
                     if leadership is not None:  # its data ended: it takes no new lease (a holder must run steps)
                         leadership.stop_campaigning()
                     client.leave()  # sync/ssp: the others stop waiting for this worker
@@ -316,9 +324,10 @@ def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str
     return Leadership(create_backend(coord), task, on_elected=fence)
 
 
-def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
+def _train(session: MonitoredTrainingSession, model: Model,
            data_config: DatasetConfig, resume: ReaderPosition | None, task_index: int, progress: _Progress,
-           stop: StopSource | None = None, *, generation: int | None = None) -> str:
+           stop: StopSource | None = None, *, generation: int | None = None,
+           faults: FaultInjection = NO_FAULTS) -> str:
     """Trains on this worker's data from ``resume`` to its end (or a stop); returns why it stopped.
     Its pushes carry ``generation`` (the cluster's restore generation) and each batch's reader position.
 
@@ -326,11 +335,9 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
         WorkerStopped: ``stop`` was requested (checked before every step).
     """
     client = session.client
-    # Fault injection for tests and drills: a slow worker (seconds between its pull and push).
-    delay = float(dict(config.extra.get("step_delay", {})).get(str(task_index), 0.0))
-    # ... and a straggler: before each push, wait until global_step moved "lag" steps past its read.
-    lag = int(dict(config.extra.get("step_lag", {})).get(str(task_index), 0))
-    window_start, window_examples = time.monotonic(), 0
+    # Fault injection for tests and drills: a slow worker (seconds between its pull and push), and a
+    # straggler: before each push, wait until global_step moved "lag" steps past its read.
+    delay, lag = faults.delay(task_index), faults.lag(task_index)
     reason = "end of data"
     # The model's prepare step (e.g. each batch's unique ids) runs where the batch is made: the reader
     # process (the in-process fast path) or the prefetch thread, so it overlaps the step's PyTorch work and
@@ -348,34 +355,19 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, model: Model,
             _check_stop(stop, session.client.client_name, f"at global_step {session.global_step}")
             step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay, lag=lag,
                                         next_batch=following, position=position.to_json(), generation=generation)
-            ran = session.run(step_fn, epochs_completed=epochs_completed(position), source=batch.source)
-            if ran is None:
-                reason = f"stopped at global_step {session.global_step} (max_steps={config.max_steps})"
-                break
-            result = ran
-            step = progress.step = result.step
-            progress.first_step = step if progress.first_step is None else progress.first_step
-            progress.local_steps += 1
-            progress.examples += batch.num_examples
-            window_examples += batch.num_examples
-            progress.stale += int(not result.accepted)
-            if not result.accepted:
-                log.info("worker %d: gradient computed at step %s was stale and dropped", task_index,
-                         client.last_pull_step)
-            if result.min_clock is not None and (progress.local_steps % config.log_every == 0 or config.log_every == 1):
-                log.info("worker %d: clock=%d min_clock=%d", task_index, progress.local_steps, result.min_clock)
-            # Only the push that owns a step logs it, so each multiple of N is logged once.
-            if result.completed and step % config.log_every == 0:
-                now = time.monotonic()
-                rate = window_examples / max(now - window_start, 1e-9)
-                log.info("worker %d: step=%d loss=%.4f %s examples/s=%.0f", task_index, step, result.loss,
-                         format_metrics(result.metrics), rate)
-                window_start, window_examples = now, 0
-            if config.max_steps is not None and step >= config.max_steps:
-                reason = f"global_step reached max_steps={config.max_steps}"
-                break
+            # The hooks log the progress (WorkerProgressHook) and decide when to stop (StopAtStepHook: max_steps).
+            result = session.run(step_fn, epochs_completed=epochs_completed(position), source=batch.source)
+            if result is not None:
+                progress.step = result.step
+                progress.first_step = result.step if progress.first_step is None else progress.first_step
+                progress.local_steps += 1
+                progress.examples += batch.num_examples
+                progress.stale += int(not result.accepted)
+                if not result.accepted:
+                    log.info("worker %d: gradient computed at step %s was stale and dropped", task_index,
+                             client.last_pull_step)
             if session.should_stop():
-                reason = f"a hook stopped the session at global_step {step}"
+                reason = session.stop_reason or f"a hook stopped the session at global_step {session.global_step}"
                 break
             batch, position = following, following_position
     progress.bad_records += dataset.stats.bad_records

@@ -23,6 +23,7 @@ from psflow.train.build import build_model
 from psflow.train.chief import join_cluster
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import evaluate
+from psflow.train.faults import FaultInjection, task_config_json
 from psflow.train.step import TrainStep
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -137,10 +138,9 @@ def test_kill_whole_cluster_then_resume_matches_uninterrupted_run(local_cluster,
     assert r.returncode == 0, r.stderr[-2000:]
     whole = json.loads((tmp_path / "whole" / "metrics.json").read_text())
     ckpt = tmp_path / "ckpt"
-    slow = _config(epochs=2, optimizer="ftrl", checkpoint_dir=str(ckpt), save_checkpoints_steps=15,
-                   extra={"step_delay": {"0": 0.03, "1": 0.03}})
+    slow = _config(epochs=2, optimizer="ftrl", checkpoint_dir=str(ckpt), save_checkpoints_steps=15)
     cfg = tmp_path / "slow.json"
-    cfg.write_text(slow.to_json())
+    cfg.write_text(task_config_json(slow, FaultInjection(step_delay={0: 0.03, 1: 0.03})))
     handle = local_cluster(2, 2)
     for i in range(2):
         handle.start("worker", i, "--config", str(cfg), "--result", str(tmp_path / f"r{i}.json"))
@@ -153,8 +153,8 @@ def test_kill_whole_cluster_then_resume_matches_uninterrupted_run(local_cluster,
     saved = latest_checkpoint(str(ckpt)) or ""
     step = read_manifest(saved).global_step
     assert 40 <= step < whole["global_step"]
-    resumed_config = dataclasses.replace(slow, extra={})
-    cfg.write_text(resumed_config.to_json())
+    resumed_config = slow  # the same settings, without the slowing
+    cfg.write_text(task_config_json(resumed_config))
     handle2 = local_cluster(2, 2)
     for i in range(2):
         handle2.start("worker", i, "--config", str(cfg), "--result", str(tmp_path / f"s{i}.json"))

@@ -248,15 +248,17 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     liveness = 3.0  # s
     health = HealthConfig(unresponsive_after=liveness)  # start_timeout: the default (60 s)
     resilience = ResilienceConfig(RestartConfig(policy="on-failure", max_restarts=5), health)
+    from psflow.train.faults import NO_FAULTS, FaultInjection
+
     epochs, out = 3, tmp_path / "run"
     config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=3,
                          epochs=epochs, batch_size=512, log_every=1, transport="tcp", connect_timeout=120.0,
-                         checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20,
-                         # A worker victim must still be training when it is cut: unslowed, worker 1's ~64
-                         # steps took under a second, so on a loaded machine it could finish (and leave the
-                         # health monitor's watch) before the cutter thread saw its first step; the CI run of
-                         # eeb3815 then reported no hang. A ps victim stops every worker, so it needs none.
-                         extra={"step_delay": {"1": 0.1}} if victim[0] == "worker" else {})
+                         checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
+    # A worker victim must still be training when it is cut: unslowed, worker 1's ~64
+    # steps took under a second, so on a loaded machine it could finish (and leave the
+    # health monitor's watch) before the cutter thread saw its first step; the CI run of
+    # eeb3815 then reported no hang. A ps victim stops every worker, so it needs none.
+    faults = FaultInjection(step_delay={1: 0.1}) if victim[0] == "worker" else NO_FAULTS
     host, name = f"{victim[0]}{victim[1]}", f"/job:{victim[0]}/task:{victim[1]}"
     worker_log = out / "logs" / "worker-1.log"
     cut_error: list[BaseException] = []
@@ -276,7 +278,7 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     cutter = threading.Thread(target=cut_victim, daemon=True)
     cutter.start()
     metrics = run_local(config, str(out), progress=None, resilience=resilience, status=StatusConfig(enabled=False),
-                        placement=placement)
+                        placement=placement, faults=faults)
     cutter.join(timeout=60)
     assert not cut_error, cut_error
     assert any(name in h for h in metrics["hangs"]), metrics["hangs"]

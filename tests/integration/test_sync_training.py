@@ -27,6 +27,7 @@ from psflow.rpc.api import ConnectConfig
 from psflow.train.build import build_model
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import ArrayParameters
+from psflow.train.faults import NO_FAULTS, FaultInjection, task_config_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -39,10 +40,10 @@ def small_a9a(tmp: Path) -> Path:
     return path
 
 
-def write_config(tmp: Path, **kw: Any) -> tuple[TrainConfig, Path]:
+def write_config(tmp: Path, faults: FaultInjection = NO_FAULTS, **kw: Any) -> tuple[TrainConfig, Path]:
     config = TrainConfig(**kw)
     path = tmp / "config.json"
-    path.write_text(config.to_json())
+    path.write_text(task_config_json(config, faults))
     return config, path
 
 
@@ -126,7 +127,7 @@ def test_backup_worker_stale_gradients_dropped_and_fast_pair_not_held(local_clus
     handle = local_cluster(1, 3)
     config, path = write_config(tmp_path, train=(str(A9A),), num_features=124, batch_size=64, epochs=1, num_ps=1,
                                 num_workers=3, mode="sync", replicas_to_aggregate=2, log_every=1, max_steps=60,
-                                extra={"step_delay": {"0": 0.05, "1": 0.05}, "step_lag": {"2": 4}})
+                                faults=FaultInjection(step_delay={0: 0.05, 1: 0.05}, step_lag={2: 4}))
     # The straggler first, so it is up before the fast pair's 60 steps (>= 3 s) are over.
     straggler = handle.start("worker", 2, "--config", str(path), "--result", str(handle.workdir / "r2.json"))
     wait_until(lambda: "model 'logistic'" in handle.log("worker", 2), "worker 2 started")
@@ -153,7 +154,7 @@ def test_killed_worker_never_hangs_the_others(local_cluster, tmp_path: Path, bac
     config, path = write_config(
         tmp_path, train=(str(A9A),), num_features=124, batch_size=64, epochs=3, num_ps=2, num_workers=3,
         mode="sync", replicas_to_aggregate=2 if backup else 3, sync_timeout=3.0, on_timeout="fail", log_every=10,
-        extra={"step_delay": {"1": 0.02}},
+        faults=FaultInjection(step_delay={1: 0.02}),
     )
     procs = [handle.start("worker", i, "--config", str(path), "--result", str(handle.workdir / f"r{i}.json"))
              for i in range(3)]
@@ -177,7 +178,8 @@ def test_ssp_no_worker_runs_more_than_k_ahead(local_cluster, tmp_path: Path) -> 
     data = small_a9a(tmp_path)
     handle = local_cluster(1, 3)
     config, path = write_config(tmp_path, train=(str(data),), num_features=124, batch_size=64, epochs=1, num_ps=1,
-                                num_workers=3, mode="ssp", staleness=2, log_every=1, extra={"step_delay": {"1": 0.05}})
+                                num_workers=3, mode="ssp", staleness=2, log_every=1,
+                                faults=FaultInjection(step_delay={1: 0.05}))
     run_workers(handle, path, 3)
     pairs = []
     for i in range(3):

@@ -21,6 +21,7 @@ from psflow.train.hooks import (
     SessionRunHook,
     StopAfterEpochsHook,
     StopAtStepHook,
+    WorkerProgressHook,
 )
 from psflow.train.session import MonitoredTrainingSession
 
@@ -31,6 +32,8 @@ class Step:
     loss: float = 0.5
     examples: int = 1
     metrics: dict[str, float] = field(default_factory=dict)
+    completed: bool = True
+    min_clock: int | None = None
 
 
 class Recorder(SessionRunHook):
@@ -120,6 +123,36 @@ def test_stop_at_step_counts_steps_before_a_restore(no_cluster: None) -> None:
             ran.append(sess.global_step + 1)
             sess.run(lambda: Step(ran[-1]))
     assert ran == [6, 7]
+
+
+def test_the_stop_hook_decides_and_says_why(no_cluster: None) -> None:
+    """The loop reads the stop and its reason from the session (a worker's stop_reason): the first hook's."""
+    with _session([StopAtStepHook(last_step=7), Recorder([], "r", stop_after=7)]) as sess:
+        sess.run(lambda: Step(6))
+        assert not sess.should_stop() and sess.stop_reason is None
+        sess.run(lambda: Step(7))
+        assert sess.should_stop() and sess.stop_reason == "global_step reached max_steps=7"
+    with _session([StopAtStepHook(last_step=5)]) as sess:  # another worker's push reached it: no step runs
+        assert sess.run(lambda: Step(6)) is None
+        assert sess.stop_reason == "stopped at global_step 5 (max_steps=5)"
+    with _session([Recorder([], "r", stop_after=6)]) as sess:  # a hook that gives no reason
+        sess.run(lambda: Step(6))
+        assert sess.should_stop() and sess.stop_reason is None
+
+
+def test_worker_progress_is_logged_by_its_hook_once_per_owned_multiple(
+        no_cluster: None, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="psflow.worker")
+    with _session([WorkerProgressHook(3, every_steps=2)]) as sess:
+        for step, completed in ((6, True), (7, True), (8, False), (10, True)):
+            ran = Step(step, loss=0.25, examples=4, metrics={"auc": 0.75}, completed=completed, min_clock=step - 1)
+            sess.run(lambda ran=ran: ran)  # type: ignore[misc]
+    lines = [r.getMessage() for r in caplog.records if r.name == "psflow.worker"]
+    steps = [line for line in lines if "step=" in line and "clock" not in line]
+    assert [line.split(" examples/s=")[0] for line in steps] == [
+        "worker 3: step=6 loss=0.2500 auc=0.7500", "worker 3: step=10 loss=0.2500 auc=0.7500"]
+    assert [line for line in lines if "clock=" in line] == ["worker 3: clock=2 min_clock=6",
+                                                            "worker 3: clock=4 min_clock=9"]
 
 
 def test_stop_after_epochs_and_epoch_counting(no_cluster: None) -> None:
