@@ -47,7 +47,11 @@ are reported as ``faults_not_fired``. So are the faults still waiting when
 every worker has finished its data (:meth:`ChaosInjector.training_ended`):
 they are not fired (logged ``chaos: SPEC not fired: training ended at step
 T``), since a fault after the end of training cannot be recovered by rewinding
-the workers. :meth:`ChaosInjector.poll` is called
+the workers. The launcher reads global_step and fires a due round with every
+training process held (SIGSTOP, for the moment of that reading and the
+signals: :class:`psflow.launch.resilience.Resilience`), so no worker can end
+between the reading that says training goes on and the fault: the run's
+result never depends on that race. :meth:`ChaosInjector.poll` is called
 every few ms (5 ms in the launcher), so a fault fires at its step or a little
 later. Every fired fault is recorded (task, pid, signal, the step seen, wall
 time, and the launcher adds when it recovered) for metrics.json.

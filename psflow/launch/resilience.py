@@ -50,6 +50,7 @@ run's config.json records it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -63,7 +64,7 @@ from psflow import jsonio
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
-from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, chief_task
+from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, InjectedFault, chief_task
 from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, step_reading
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
@@ -159,18 +160,60 @@ class Resilience:
                     continue
                 if reading.step > 0 and self.monitor is not None:  # training advanced: every ps task is serving
                     self.monitor.mark_up([ch.task for ch in channels])
-                now = time.monotonic()
-                with self._lock:
-                    if self._training_ended(reading):
-                        self.injector.training_ended(reading.step)
-                    for fault in self.injector.poll(reading.step):
-                        self.recovery.fired(fault, now)
-                self._observe(reading, now)
+                due = self.injector.due_at()
+                if due is not None and reading.step >= due:  # a round fires now: decide with the trainers held
+                    reading = self._fire_held(channels, reading)
+                else:
+                    self._fire(reading)
+                self._observe(reading, time.monotonic())
         finally:
             for ch in channels:
                 ch.close()
             if self._coordination is not None:
                 self._coordination.close()
+
+    def _fire(self, reading: StepReading) -> list[InjectedFault]:
+        """Drops the faults left if training ended, else fires those due (see :mod:`psflow.launch.chaos`)."""
+        if self.injector is None:
+            return []
+        now = time.monotonic()
+        with self._lock:
+            if self._training_ended(reading):
+                self.injector.training_ended(reading.step)
+            fired = self.injector.poll(reading.step)
+            for fault in fired:
+                self.recovery.fired(fault, now)
+        return fired
+
+    def _fire_held(self, channels: list[TaskChannel], reading: StepReading) -> StepReading:
+        """Fires a due round with every training process (workers, chief, in-graph client) held by SIGSTOP
+        for the moment of a fresh reading and the signals, and returns that reading.
+
+        So whether training ended is decided on a state no worker can move past meanwhile: a fault is
+        fired only while some worker has not finished its data, and that worker, resumed, finds the
+        fault already there (a lingering worker waits for it, :meth:`ClusterRecovery.linger`), so the
+        cluster is restored with every worker rewound; otherwise it is not fired. Without the hold, the
+        last worker could pass its final check between the reading and the signal and leave, and the
+        run's result would depend on that race. A task a ``stop`` fault of this round hit stays stopped.
+        """
+        held = [t for t in list(self.lc.tasks) if t.job in ("worker", "chief", IN_GRAPH_CLIENT[0]) and t.exit_code is None]
+        stopped: list[int] = []
+        fired: list[InjectedFault] = []
+        try:
+            for t in held:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(t.pid, signal.SIGSTOP)
+                    stopped.append(t.pid)
+            _wait_stopped(stopped)
+            reading = _step_reading(channels) or reading
+            fired = self._fire(reading)
+        finally:
+            keep = {f.pid for f in fired if f.signal == signal.SIGSTOP.name}
+            for pid in stopped:
+                if pid not in keep:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+        return reading
 
     def _training_ended(self, reading: StepReading) -> bool:
         """Every worker of the cluster finished its data, per the step task (chaos faults left are not fired)."""
@@ -303,6 +346,23 @@ class Resilience:
     def _hangs(self) -> list[str]:
         with self._lock:
             return list(self.hang_kills)
+
+
+def _wait_stopped(pids: list[int], *, timeout: float = 1.0) -> None:
+    """Waits until each process is stopped (state T in ``/proc/PID/stat``): a SIGSTOP takes effect when
+    its target next runs, not when ``kill`` returns. Bounded by ``timeout`` s; a process whose state
+    cannot be read (gone, or no /proc) is not waited for."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break
+            if state in ("T", "t", "Z", "X"):
+                break
+            time.sleep(0.0005)
 
 
 def _step_reading(channels: list[TaskChannel]) -> StepReading | None:

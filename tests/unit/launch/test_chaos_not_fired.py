@@ -9,13 +9,17 @@ few milliseconds. Pure logic, no processes.
 from __future__ import annotations
 
 import logging
+import subprocess
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.chaos import ChaosInjector, ChaosPlan
-from psflow.launch.fault_recovery import step_reading
+from psflow.launch.fault_recovery import StepReading, step_reading
+from psflow.launch.resilience import Resilience, ResilienceConfig
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
 
@@ -57,3 +61,67 @@ def test_the_step_reading_counts_the_finished_workers() -> None:
     assert reading is not None and (reading.step, reading.ready, reading.finished) == (7, True, 2)
     reading = step_reading({"global_step": 7, "ready": True, "finished": None})
     assert reading is not None and reading.finished == 0
+
+
+@dataclass
+class FakeProcess:
+    job: str
+    index: int
+    pid: int
+    exit_code: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"/job:{self.job}/task:{self.index}"
+
+
+@dataclass
+class FakeCluster:
+    cluster: ClusterSpec
+    tasks: list[FakeProcess]
+    token: str | None = None
+    output_dir: str = "."
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_a_due_round_fires_while_every_training_process_is_held() -> None:
+    """The decision (training ended or not) and the signals happen with the workers held (SIGSTOP), so no
+    worker passes its last check in between; they run on afterwards, except one a ``stop`` fault hit."""
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    try:
+        for p in sleepers:  # started: asleep in sleep(1), not still being exec'd
+            while _state(p.pid) != "S" or Path(f"/proc/{p.pid}/cmdline").read_bytes()[:5] != b"sleep":
+                time.sleep(0.001)
+        procs = [FakeProcess("ps", 1, sleepers[0].pid), FakeProcess("worker", 0, sleepers[1].pid),
+                 FakeProcess("worker", 1, sleepers[2].pid)]
+        config = ResilienceConfig(health=None, chaos=ChaosPlan.parse(["kill:ps:1@step=10", "stop:worker:1@step=10"]))
+        resilience = Resilience(FakeCluster(CLUSTER, procs), config)
+        seen: list[tuple[int, list[str]]] = []
+        assert resilience.injector is not None
+        resilience.injector._send = lambda pid, sig: seen.append((pid, [_state(p.pid) for p in procs]))
+        resilience._fire_held([], StepReading(12, True, 1))
+        # Both faults sent while the workers were stopped (the ps task, not a trainer, ran on).
+        assert [pid for pid, _ in seen] == [procs[0].pid, procs[2].pid]
+        assert all(states[1] == "T" and states[2] == "T" and states[0] != "T" for _, states in seen), seen
+        # Afterwards worker 0 runs again; worker 1, which the stop fault hit, stays stopped.
+        assert _state(procs[1].pid) != "T" and _state(procs[2].pid) == "T"
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def test_a_round_is_not_fired_when_the_held_reading_shows_training_ended() -> None:
+    procs = [FakeProcess("ps", 1, 1 << 30), FakeProcess("worker", 0, 1 << 30), FakeProcess("worker", 1, 1 << 30)]
+    resilience = Resilience(FakeCluster(CLUSTER, procs), ResilienceConfig(
+        health=None, chaos=ChaosPlan.parse(["kill:ps:1@step=10"])))
+    assert resilience.injector is not None
+    sent: list[int] = []
+    resilience.injector._send = lambda pid, sig: sent.append(pid)
+    resilience._fire_held([], StepReading(12, True, 2))   # both workers finished (pids gone: nothing to hold)
+    assert sent == [] and resilience.metrics()["faults_not_fired"] == 1
