@@ -13,7 +13,9 @@ Order of the client's life (:func:`run_in_graph_client`):
        client is the only chief), so the run goes on from a state in which
        every record up to the checkpoint's reader position was trained once;
        global_step goes on from the value the surviving ps task 0 held (no
-       step value is handed out twice). Without a checkpoint the ps tasks'
+       step value is handed out twice). Every ps task empty is a fresh cluster,
+       unless it was lost within this run (:mod:`psflow.train.within_run`):
+       then global_step goes on past ps task 0's journal bound. Without a checkpoint the ps tasks'
        state is kept, and a ps task that lost its variables stops the run
        (:class:`~psflow.train.state_loss.StateLostError`);
     3. connect to every worker task's ``RunStep`` (:class:`~psflow.train.in_graph.Session`,
@@ -77,7 +79,7 @@ from psflow.rpc.api import ConnectConfig, DeadlineExceededError, RpcError, TaskU
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.config import ConfigError, TrainConfig
-from psflow.train.duties import epochs_completed, fit_position, make_session
+from psflow.train.duties import epochs_completed, fit_position, make_session, run_id
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.hooks import NanLossError, format_metrics, nan_loss_message
 from psflow.train.in_graph import BUILTIN_STEPS, Session, average_gradients
@@ -85,6 +87,7 @@ from psflow.train.recovery import ClusterRecovery, RecoveryError
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.state_loss import ps_states
 from psflow.train.step import LazyMetrics
+from psflow.train.within_run import lost_within_run
 
 __all__ = ["CLIENT_NAME", "InGraphDriver", "InGraphStepResult", "run_in_graph_client"]
 
@@ -275,8 +278,9 @@ def _restore_initialized_cluster(config: TrainConfig, client: ParameterClient) -
             raise RecoveryError(f"{client.client_name}: no answer from {down} within {config.connect_timeout:.0f} s")
         time.sleep(0.2)
         states = ps_states(client)
-    if not any(s is not None and s.ready for s in states.values()):
-        return None  # a fresh cluster (or one its chief never made ready): the session initializes it
+    if not any(s is not None and s.ready for s in states.values()) and not lost_within_run(
+            config.checkpoint_dir, run_id(config, client.cluster), states, client.step_task):
+        return None  # a fresh cluster (or one its chief never made ready, or a new run's): the session joins it
     latest = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
     if latest is None:
         log.warning("%s: the ps tasks were initialized before this client started and there is no checkpoint to "

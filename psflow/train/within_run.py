@@ -1,0 +1,62 @@
+"""Every ps task came back empty: lost within this run (go on past its step values), or a new run?
+
+A chief that starts and finds no ps task ready sees one of two things that look alike:
+
+* a new run (a fresh cluster, or one resuming a checkpoint, maybe of an earlier run in the same
+  ``--checkpoint-dir``): it restores the checkpoint at the checkpoint's own step
+  (:func:`psflow.train.chief.join_cluster`). Its step values are its own; going on from any higher
+  value would make every ordinary resume skip up to a journal block (1,000) of them;
+* a process of this run restarted after every ps task died at once (the in-graph client, whose push
+  failed): ps task 0 had handed out step values past the newest checkpoint's step before it died.
+  Restored at the checkpoint's step, the run would hand those values out again (guarantee 2). It must
+  go on past the bound ps task 0's global_step journal kept (:mod:`psflow.ps.global_step`, the
+  ``step_floor`` of its ``Stats``), as the workers of a between-graph run do when they restore such a
+  cluster within their run (:meth:`psflow.train.recovery.ClusterRecovery.restore`).
+
+:func:`lost_within_run` tells the second from the first by two facts, both needed: the newest
+checkpoint was written by this run (its manifest's ``run.run_id`` is this run's id, which every
+process of the run, restarted ones included, reads from its config:
+:func:`psflow.train.duties.run_id`), and ps task 0's journal bounds values that an earlier process of
+it handed out above that checkpoint's step. A new run never has the first (its id is new), so a
+resume never jumps. Without a journal (ps task 0 started without ``--state-dir``; ``psflow train``
+always gives it one) the two cannot be told apart: the checkpoint's step is used, and the values
+handed out since it are handed out again, as :mod:`psflow.train.recovery` says.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.ps.protocol import StatsReply
+
+__all__ = ["lost_within_run"]
+
+log = logging.getLogger("psflow.recovery")
+
+
+def lost_within_run(checkpoint_dir: str | None, run: str, states: Mapping[int, StatsReply | None],
+                    step_task: int) -> bool:
+    """Whether a cluster whose ps tasks answered ``states`` (none of them ready) lost its state within
+    run ``run``, after this run's newest checkpoint in ``checkpoint_dir`` (see the module docstring):
+    then it must be restored past ps task ``step_task``'s journal bound, not at the checkpoint's step.
+    Logs why when it did. Blocks for reading one manifest.
+
+    Raises:
+        CheckpointError: the newest checkpoint's manifest cannot be read.
+    """
+    step_state = states.get(step_task)
+    floor = step_state.step_floor if step_state is not None else None
+    latest = latest_checkpoint(checkpoint_dir) if checkpoint_dir and floor else None
+    if latest is None or floor is None:
+        return False
+    manifest = read_manifest(latest)
+    writer = (manifest.run or {}).get("run_id")
+    if writer != run or floor <= manifest.global_step:
+        return False
+    log.warning("every ps task came back empty within run %s: ps task 0's journal bounds the step values it "
+                "handed out before it died at %d, past the newest checkpoint %s (step %d, written by this run); "
+                "global_step goes on past that bound", run, floor, latest, manifest.global_step)
+    return True

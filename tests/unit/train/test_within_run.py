@@ -1,0 +1,96 @@
+"""Every ps task came back empty: lost within this run, or a new run's resume (guarantee 2), without sockets.
+
+ps services in this process with ps task 0's global_step journal in a file; every ps task "dies" (fresh
+services behind the same channels, ps task 0 reading the same journal). Within the run that wrote the newest
+checkpoint the restore goes on past the journal's bound, so no step value is handed out twice; a new run
+resuming the same checkpoint starts at the checkpoint's step (an ordinary resume never jumps).
+tests/integration/test_in_graph_ps_all_lost.py runs it with ``psflow train --replication in-graph``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from psflow.checkpoint.save import CheckpointManager
+from psflow.cluster import ClusterSpec
+from psflow.gradients import DenseGradient
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.global_step import StepJournal
+from psflow.ps.service import ParameterService
+from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.chief import join_cluster
+from psflow.train.recovery import ClusterRecovery
+from psflow.train.state_loss import ps_states
+from psflow.train.within_run import lost_within_run
+
+pytestmark = pytest.mark.timeout(60)
+
+CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
+SGD = OptimizerSpec("sgd", {"learning_rate": 0.5})
+BLOCK = 10  # step values ps task 0 reserves per journal write
+
+
+def _services(journal: Path | None) -> list[ParameterService]:
+    """Both ps tasks, new processes: ps task 0 reads ``journal`` (None: it has none)."""
+    step_journal = StepJournal(str(journal), block=BLOCK) if journal is not None else None
+    return [ParameterService(0, holds_global_step=True, step_journal=step_journal),
+            ParameterService(1, holds_global_step=False)]
+
+
+def _client(services: list[ParameterService]) -> ParameterClient:
+    vs = VariableSet(replica_device_setter(cluster=CLUSTER))
+    vs.get_variable("weights", (8, 2))  # ps task 0
+    vs.get_variable("bias", (2,))       # ps task 1
+    channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
+    return ParameterClient(CLUSTER, vs.placements(), client_name="in-graph client", channels=channels)
+
+
+def _push(client: ParameterClient) -> int:
+    return client.push_detailed({"weights": DenseGradient(np.ones((8, 2), np.float32)),
+                                 "bias": DenseGradient(np.ones(2, np.float32))},
+                                generation=client.ps_stats().generation).step
+
+
+def _run_then_lose_every_ps_task(tmp_path: Path, journal: Path | None) -> tuple[str, ParameterClient]:
+    """Run ``run-a``: 3 steps, a checkpoint at step 3, 4 more steps (7 handed out), then every ps task dies.
+    Returns the checkpoint directory and a client of the restarted, empty cluster."""
+    ckpt = str(tmp_path / "ckpt")
+    client = _client(_services(journal))
+    join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)
+    assert [_push(client) for _ in range(3)] == [1, 2, 3]
+    CheckpointManager(ckpt, run_id="run-a").save(client)
+    assert [_push(client) for _ in range(4)] == [4, 5, 6, 7]
+    return ckpt, _client(_services(journal))
+
+
+def test_a_restart_within_the_run_goes_on_past_every_step_value_handed_out(tmp_path: Path) -> None:
+    ckpt, client = _run_then_lose_every_ps_task(tmp_path, tmp_path / "state" / "global_step.json")
+    states = ps_states(client)
+    assert not any(s is not None and s.ready for s in states.values())
+    assert states[0] is not None and states[0].step_floor == BLOCK  # steps 1-7 were handed out under bound 10
+    assert lost_within_run(ckpt, "run-a", states, client.step_task)
+    ClusterRecovery(client, SGD, checkpoint_dir=ckpt, leader=lambda: None, timeout=30.0).restore(None, states)
+    assert client.global_step() == BLOCK
+    assert _push(client) == BLOCK + 1  # never one of 4-7 again
+
+
+def test_a_new_run_resuming_the_checkpoint_starts_at_its_step(tmp_path: Path) -> None:
+    ckpt, client = _run_then_lose_every_ps_task(tmp_path, tmp_path / "state" / "global_step.json")
+    assert not lost_within_run(ckpt, "run-b", ps_states(client), client.step_task)  # another run's checkpoint
+    result = join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)  # what that run's chief then does
+    assert result.restored is not None and result.global_step == 3
+    assert _push(client) == 4
+
+
+def test_without_a_journal_or_a_checkpoint_nothing_says_the_run_lost_its_state(tmp_path: Path) -> None:
+    ckpt, client = _run_then_lose_every_ps_task(tmp_path, None)
+    states = ps_states(client)
+    assert states[0] is not None and not states[0].step_floor
+    assert not lost_within_run(ckpt, "run-a", states, client.step_task)
+    assert not lost_within_run(None, "run-a", states, client.step_task)
+    assert not lost_within_run(str(tmp_path / "empty"), "run-a", states, client.step_task)
