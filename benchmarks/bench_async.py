@@ -83,9 +83,9 @@ def numpy_reference(train: list[str], eval_path: str) -> dict[str, float]:
 
 
 def psflow_run(train: list[str], eval_path: str, num_ps: int, workdir: str, **kw: object) -> dict[str, float]:
-    config = TrainConfig(train=tuple(train), eval=(eval_path,), num_features=NUM_IDS, optimizer="ftrl",
-                         learning_rate=LR, batch_size=BATCH, epochs=1, num_ps=num_ps, num_workers=2,
-                         log_every=10**9, **kw)  # type: ignore[arg-type]
+    config = TrainConfig.flat(train=tuple(train), eval=(eval_path,), num_features=NUM_IDS, optimizer="ftrl",
+                              learning_rate=LR, batch_size=BATCH, epochs=1, num_ps=num_ps, num_workers=2,
+                              log_every=10**9, **kw)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     m = run_local(config, tempfile.mkdtemp(dir=workdir), progress=None)
     wall = time.perf_counter() - t0
@@ -101,8 +101,8 @@ def psflow_run(train: list[str], eval_path: str, num_ps: int, workdir: str, **kw
 def psflow_in_process(train: list[str], eval_path: str, workdir: str) -> dict[str, float]:
     from psflow.launch.in_process import run_in_process
 
-    config = TrainConfig(train=tuple(train), eval=(eval_path,), num_features=NUM_IDS, optimizer="ftrl",
-                         learning_rate=LR, batch_size=BATCH, epochs=1, num_ps=1, num_workers=1, log_every=10**9)
+    config = TrainConfig.flat(train=tuple(train), eval=(eval_path,), num_features=NUM_IDS, optimizer="ftrl",
+                              learning_rate=LR, batch_size=BATCH, epochs=1, num_ps=1, num_workers=1, log_every=10**9)
     m = run_in_process(config, tempfile.mkdtemp(dir=workdir))
     return {"examples_per_sec": m["examples_per_sec"], "eval_auc": m["eval"]["auc"], "global_step": m["global_step"]}
 

@@ -346,7 +346,7 @@ def zipf_data(args: argparse.Namespace, distinct_wanted: int, ids_per_example: i
 
 def memory(args: argparse.Namespace) -> dict[str, Any]:
     budget, num_ps, workers = args.budget_bytes, 2, 2
-    optimizer = TrainConfig(train=("unused",), optimizer="ftrl", learning_rate=0.1).optimizer_spec()
+    optimizer = TrainConfig.flat(train=("unused",), optimizer="ftrl", learning_rate=0.1).optimizer_spec()
     share = share_spec("weights", 1, {"capacity_bytes": budget}, optimizer=optimizer, initializer={"name": "zeros"},
                        num_shares=num_ps)
     probe = DynamicTable(share)
@@ -426,7 +426,7 @@ def table_alone(budget: int, num_ps: int, *, steps: int, env: dict[str, str]) ->
 
 def probe_table(request: dict[str, Any]) -> None:
     """The child side of :func:`table_alone`; prints its JSON as the last line."""
-    optimizer = TrainConfig(train=("unused",), optimizer="ftrl", learning_rate=0.1).optimizer_spec()
+    optimizer = TrainConfig.flat(train=("unused",), optimizer="ftrl", learning_rate=0.1).optimizer_spec()
     spec = share_spec("weights", 1, {"capacity_bytes": request["budget"]}, optimizer=optimizer,
                       initializer={"name": "zeros"}, num_shares=request["num_ps"])
     rng = np.random.default_rng(11)

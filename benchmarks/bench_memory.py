@@ -181,8 +181,8 @@ def measure(config: TrainConfig, train: Callable[[Any, Any], str]) -> dict[str, 
 
 
 def run_logistic(rows: int) -> dict[str, Any]:
-    config = TrainConfig(train=("unused",), num_features=rows, optimizer="ftrl", learning_rate=0.1,
-                         num_ps=1, num_workers=1)
+    config = TrainConfig.flat(train=("unused",), num_features=rows, optimizer="ftrl", learning_rate=0.1,
+                              num_ps=1, num_workers=1)
 
     def train(model: Any, client: Any) -> str:
         rng = np.random.default_rng(0)
@@ -196,13 +196,13 @@ def run_logistic(rows: int) -> dict[str, Any]:
 
 
 def run_wide_deep(path: str, steps: int, num_features: int, batch_size: int) -> dict[str, Any]:
-    config = TrainConfig(train=(path,), format="criteo", model="wide_deep", embedding_dim=8,
-                         model_params={"hidden": [256, 128]}, num_features=num_features, batch_size=batch_size,
-                         num_ps=1, num_workers=1, epochs=None, max_steps=steps)
+    config = TrainConfig.flat(train=(path,), format="criteo", model="wide_deep", embedding_dim=8,
+                              model_params={"hidden": [256, 128]}, num_features=num_features, batch_size=batch_size,
+                              num_ps=1, num_workers=1, epochs=None, max_steps=steps)
 
     def train(model: Any, client: Any) -> str:
-        data = DatasetConfig(paths=config.train, format=config.format, batch_size=config.batch_size, num_epochs=None,
-                             seed=config.seed, worker_index=0, num_workers=1, **data_options(config))
+        data = DatasetConfig(paths=config.data.train, format=config.data.format, batch_size=config.data.batch_size, num_epochs=None,
+                             seed=config.data.seed, worker_index=0, num_workers=1, **data_options(config))
         step = TrainStep(model, client)
         done, examples, loss = 0, 0, float("nan")
         with open_dataset(data, start=True) as dataset:

@@ -46,8 +46,8 @@ TRACKED_JSON = os.path.join(HERE, "results", "netns.json")
 
 
 def _config(epochs: int) -> TrainConfig:
-    return TrainConfig(train=(os.path.join(REPO, "data", "a9a", "a9a"),), num_features=124, num_ps=2, num_workers=2,
-                       epochs=epochs, batch_size=512, transport="tcp", optimizer="ftrl")
+    return TrainConfig.flat(train=(os.path.join(REPO, "data", "a9a", "a9a"),), num_features=124, num_ps=2, num_workers=2,
+                            epochs=epochs, batch_size=512, transport="tcp", optimizer="ftrl")
 
 
 def _run(side: str, epochs: int, rate: str | None) -> dict[str, Any]:

@@ -32,8 +32,8 @@ from psflow.train.config import TrainConfig  # noqa: E402
 
 
 def run_shape(train: list[str], workers: int, ps: int, transport: str, workdir: str) -> dict[str, Any]:
-    config = TrainConfig(train=tuple(train), num_features=NUM_IDS, optimizer="ftrl", learning_rate=0.1, batch_size=512,
-                         epochs=1, num_ps=ps, num_workers=workers, log_every=10**9, transport=transport)
+    config = TrainConfig.flat(train=tuple(train), num_features=NUM_IDS, optimizer="ftrl", learning_rate=0.1, batch_size=512,
+                              epochs=1, num_ps=ps, num_workers=workers, log_every=10**9, transport=transport)
     m = run_local(config, tempfile.mkdtemp(dir=workdir), progress=None)
     steps = int(m["global_step"])
     train_s = max(float(w["wall_seconds"]) for w in m["workers"])

@@ -230,9 +230,9 @@ def psflow_run(args: argparse.Namespace, data: str, fmt: str, num_ps: int, mode:
     from psflow.train.config import TrainConfig
 
     train, ev = data_files(data, fmt)
-    config = TrainConfig(train=tuple(train), eval=(ev,), format=fmt, num_features=NUM_IDS, optimizer="ftrl", learning_rate=0.1,
-                         batch_size=512, epochs=1, num_ps=num_ps, num_workers=2, log_every=1, mode=mode,
-                         averaging=args.sync_averaging if mode == "sync" else "replicas", transport=args.psflow_transport)
+    config = TrainConfig.flat(train=tuple(train), eval=(ev,), format=fmt, num_features=NUM_IDS, optimizer="ftrl", learning_rate=0.1,
+                              batch_size=512, epochs=1, num_ps=num_ps, num_workers=2, log_every=1, mode=mode,
+                              averaging=args.sync_averaging if mode == "sync" else "replicas", transport=args.psflow_transport)
     run_dir = tempfile.mkdtemp(prefix=f"psflow-p{num_ps}w2-{mode}-", dir=os.path.join(args.workdir, "runs"))
     t0 = time.perf_counter()
     try:
@@ -262,8 +262,8 @@ def fast_path_run(args: argparse.Namespace, data: str, fmt: str) -> Run:
     from psflow.train.config import TrainConfig
 
     train, ev = data_files(data, fmt)
-    config = TrainConfig(train=tuple(train), eval=(ev,), format=fmt, num_features=NUM_IDS, optimizer="ftrl", learning_rate=0.1,
-                         batch_size=512, epochs=1, num_ps=1, num_workers=1, log_every=10**9)
+    config = TrainConfig.flat(train=tuple(train), eval=(ev,), format=fmt, num_features=NUM_IDS, optimizer="ftrl", learning_rate=0.1,
+                              batch_size=512, epochs=1, num_ps=1, num_workers=1, log_every=10**9)
     run_dir = tempfile.mkdtemp(prefix="psflow-in-process-", dir=os.path.join(args.workdir, "runs"))
     t0 = time.perf_counter()
     try:

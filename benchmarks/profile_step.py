@@ -48,8 +48,8 @@ def main() -> None:
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "psflow-bench"))
     args = p.parse_args()
     wl = ensure_workload(args.workdir)
-    config = TrainConfig(train=tuple(wl.train), num_features=NUM_IDS, optimizer="ftrl", learning_rate=0.1,
-                         num_ps=args.ps, num_workers=1)
+    config = TrainConfig.flat(train=tuple(wl.train), num_features=NUM_IDS, optimizer="ftrl", learning_rate=0.1,
+                              num_ps=args.ps, num_workers=1)
     out = tempfile.mkdtemp(dir=args.workdir)
     config_path = os.path.join(out, "config.json")
     with open(config_path, "w") as f:

@@ -62,10 +62,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    config = TrainConfig(train=(train,), format="criteo", num_features=262144, model="wide_deep", embedding_dim=8,
-                         model_params={"hidden": [256, 128],
+    config = TrainConfig.flat(train=(train,), format="criteo", num_features=262144, model="wide_deep", embedding_dim=8,
+                              model_params={"hidden": [256, 128],
                                        "wide_optimizer": {"name": "ftrl", "hyperparameters": {"learning_rate": 0.1}}},
-                         num_ps=1, num_workers=1, batch_size=512, transport=args.transport)
+                              num_ps=1, num_workers=1, batch_size=512, transport=args.transport)
     out = tempfile.mkdtemp(prefix="psflow-profile-wd-")
     config_path = os.path.join(out, "config.json")
     with open(config_path, "w") as f:
@@ -75,7 +75,7 @@ def main() -> None:
         lc.start_task("ps", 0, config_path)
         model, variables = build_model(config, lc.cluster)
         client = connect_client(config, lc.cluster, variables, "/job:worker/task:0", lc.token)
-        data = open_dataset(DatasetConfig(config.train, "criteo", batch_size=512, num_epochs=None,
+        data = open_dataset(DatasetConfig(config.data.train, "criteo", batch_size=512, num_epochs=None,
                                           **data_options(config)), start=True)
         batches = iter(data)
         warmup, before, started = 20, None, 0.0

@@ -79,7 +79,7 @@ def train_config(args: argparse.Namespace, data: dict[str, Any]) -> Any:
     from psflow.train.config import TrainConfig
 
     channels = [int(c) for c in args.channels.split(",")]
-    return TrainConfig(
+    return TrainConfig.flat(
         train=tuple(data["train"]), eval=(data["test"],), format="tfrecord", schema=data["schema"],
         model=MODEL, model_path=str(ROOT), model_params={"channels": channels, "hidden": args.hidden},
         optimizer="sgd", learning_rate=args.learning_rate, clip_gradient_norm=args.clip_gradient_norm,
@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # the settings and devices, checked before anything starts ("PyTorch sees no GPU (...)" where it sees none)
         config = train_config(args, data)
         towers = config.compute_devices()
-        create_model(config.model, model_config(config), search_path=config.model_path).place(towers)
+        create_model(config.model.name, model_config(config), search_path=config.model.path).place(towers)
     except ModelError as e:
         print(f"cifar10_multi_tower: error: {flag}: {e}", file=sys.stderr)
         return 1

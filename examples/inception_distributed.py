@@ -143,9 +143,9 @@ def train_config(args: argparse.Namespace, data: dict[str, Any], out: Path) -> A
         epochs=None, max_steps=max_steps, seed=args.seed, num_ps=args.ps, log_every=50,
         checkpoint_dir=str(out / "ckpt"), summary_dir=str(out / "summaries"), save_summaries_steps=10)
     if args.in_process:  # one worker with the global batch: a sync step of N workers is this process's step
-        return TrainConfig(**common, batch_size=global_batch, num_workers=1)
-    return TrainConfig(**common, batch_size=args.batch_size, num_workers=args.workers, mode="sync",
-                       replicas_to_aggregate=args.replicas_to_aggregate)
+        return TrainConfig.flat(**common, batch_size=global_batch, num_workers=1)
+    return TrainConfig.flat(**common, batch_size=args.batch_size, num_workers=args.workers, mode="sync",
+                            replicas_to_aggregate=args.replicas_to_aggregate)
 
 
 def evaluations(config: Any) -> dict[str, dict[str, float]]:
@@ -157,12 +157,12 @@ def evaluations(config: Any) -> dict[str, dict[str, float]]:
     from psflow.train.build import data_options
     from psflow.train.evaluation import ArrayParameters, evaluate
 
-    path = latest_checkpoint(config.checkpoint_dir)
-    batch = read_all(list(config.eval), config.format, **data_options(config))
+    path = latest_checkpoint(config.checkpoint.dir)
+    batch = read_all(list(config.data.eval), config.data.format, **data_options(config))
     out = {}
     for name, averages in (("averages", True), ("variables", False)):
-        loaded = load_checkpoint_model(str(path), search_path=config.model_path, moving_averages=averages,
-                                       model=config.model)  # our own module: named, so it may be imported
+        loaded = load_checkpoint_model(str(path), search_path=config.model.path, moving_averages=averages,
+                                       model=config.model.name)  # our own module: named, so it may be imported
         out[name] = evaluate(loaded.model, ArrayParameters(loaded.values, what=str(path)), batch)
     return out
 
@@ -206,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"inception_distributed: error: the run's evaluation with moving averages ({metrics['eval']}) differs "
               f"from its final checkpoint's ({both['averages']})", file=sys.stderr)
         return 1
-    rates = learning_rates(config.summary_dir)
+    rates = learning_rates(config.report.summary_dir)
     avg, var = both["averages"], both["variables"]
     print(f"inception_distributed: accuracy {avg['accuracy']:.4f} with moving averages, {var['accuracy']:.4f} without; "
           f"log-loss {avg['logloss']:.4f} / {var['logloss']:.4f} on {avg['examples']} held-out digits", flush=True)

@@ -139,7 +139,7 @@ def _check_k8s_training(given: argparse.Namespace, cluster: ClusterSpec) -> None
             raise ConfigError("--train is required: the chief and the workers train on it (e.g. --train /data/...)")
         trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)
         config = train_config(given, num_ps=cluster.num_tasks("ps"), num_workers=trainers)
-        if ":" not in config.model and config.model not in model_names():
-            model_class(config.model)  # refuses the unknown name, naming the known ones (imports nothing)
+        if ":" not in config.model.name and config.model.name not in model_names():
+            model_class(config.model.name)  # refuses the unknown name, naming the known ones (imports nothing)
     except (ConfigError, ModelError, OptimizerError, ScheduleError, DynamicTableError) as e:
         raise ConfigError(f"the training arguments after --: {e}") from None

@@ -110,7 +110,7 @@ def run_server(args: argparse.Namespace) -> int:
             raise ConfigError(f"/job:{job}/task:{index} trains: --train is required")
         trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)  # a chief trains too
         config = config_from_args(args, num_ps=cluster.num_tasks("ps"), num_workers=trainers)
-        if job == "client" or config.replication == "between-graph":  # this task reads the data
+        if job == "client" or config.sync.replication == "between-graph":  # this task reads the data
             check_inputs(config)
         from psflow.train.preflight import check_settings  # imports grpc (checkpoints): here, see the module docstring
 

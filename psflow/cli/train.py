@@ -45,12 +45,13 @@ def run_train(args: argparse.Namespace) -> int:
     # (psflow.checkpoint.lock.RunDirLock). The launcher finds it held by this process and leaves it to this.
     run = config.run_id or new_run_id()
     config = dataclasses.replace(config, run_id=run)
-    if config.summary_dir is None:  # the chief's TensorBoard summaries: a fresh directory per run (psflow report)
-        config = dataclasses.replace(config, summary_dir=os.path.abspath(os.path.join(output, RUN_SUMMARIES, run)))
+    if config.report.summary_dir is None:  # the chief's TensorBoard summaries: a fresh directory per run (psflow report)
+        summaries = os.path.abspath(os.path.join(output, RUN_SUMMARIES, run))
+        config = dataclasses.replace(config, report=dataclasses.replace(config.report, summary_dir=summaries))
     with RunDirLock(output, run):
         _show_inferred_schema(config, output)
         if args.in_process:
-            print(f"psflow: in-process, {config.num_ps} ps services + 1 worker, run directory {output}", file=sys.stderr)
+            print(f"psflow: in-process, {config.cluster.num_ps} ps services + 1 worker, run directory {output}", file=sys.stderr)
             metrics = _in_process(config, output, faults_from_args(args))
             if not args.quiet:
                 print(final_line(metrics), file=sys.stderr, flush=True)

@@ -23,10 +23,22 @@ from psflow.optim import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.optim.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.train.build import model_config
-from psflow.train.config import ConfigError, TrainConfig
+from psflow.train.config import (
+    CheckpointSettings,
+    ChiefSettings,
+    ClusterSettings,
+    ComputeSettings,
+    ConfigError,
+    DataSettings,
+    ModelSettings,
+    OptimizerSettings,
+    ReportSettings,
+    SyncSettings,
+    TrainConfig,
+)
 from psflow.train.faults import FaultInjection
 
-__all__ = ["add_training_arguments", "add_chief_arguments", "chief_config_fields", "config_from_args", "faults_from_args",
+__all__ = ["add_training_arguments", "add_chief_arguments", "config_from_args", "faults_from_args",
            "train_config"]
 
 
@@ -169,32 +181,6 @@ def add_chief_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds before a dead or stopped chief's duties move to another worker (10)")
 
 
-def chief_config_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """The TrainConfig fields set by :func:`add_chief_arguments`.
-
-    Raises:
-        MissingExtraError: ``psflow train --coordination zookeeper`` without kazoo
-            (``psflow[zookeeper]``): refused here, before any task process starts.
-    """
-    if args.coordination == "zookeeper" and args.command == "train":
-        require("kazoo", "zookeeper", "--coordination zookeeper")
-    return {
-        "checkpoint_dir": args.checkpoint_dir,
-        "save_checkpoints_secs": args.save_checkpoints_secs,
-        "save_checkpoints_steps": args.save_checkpoints_steps,
-        "max_to_keep": args.max_to_keep,
-        "max_failed_saves": args.max_failed_saves,
-        "checkpoint_transport": args.checkpoint_transport,
-        "summary_dir": args.summary_dir,
-        "save_summaries_steps": args.save_summaries_steps,
-        "eval_every_steps": args.eval_every_steps,
-        "eval_moving_averages": args.eval_moving_averages,
-        "coordination": args.coordination,
-        "zookeeper": args.zookeeper,
-        "lease_ttl": args.lease_ttl,
-    }
-
-
 def _model_params(pairs: list[str]) -> dict[str, Any]:
     params: dict[str, Any] = {}
     for pair in pairs:
@@ -287,37 +273,58 @@ def config_from_args(args: argparse.Namespace, *, num_ps: int | None = None, num
     config = train_config(args, num_ps=num_ps, num_workers=num_workers)
     # Fail here, before any process starts: an unknown model, a module that does not import, a bad schema,
     # devices the model cannot use.
-    model = create_model(config.model, model_config(config), search_path=config.model_path)
+    model = create_model(config.model.name, model_config(config), search_path=config.model.path)
     _check_devices(config, model)
     return config
 
 
 def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: int | None) -> TrainConfig:
     """The settings of the training flags, checked (ranges, combinations, optimizer, schedule, model parameters
-    given by their own flags); no file is read and no model built."""
+    given by their own flags); no file is read and no model built.
+
+    Raises:
+        MissingExtraError: ``psflow train --coordination zookeeper`` without kazoo
+            (``psflow[zookeeper]``): refused here, before any task process starts.
+    """
+    model_params = _model_params(args.model_param) | _flag_params(args)
+    if args.coordination == "zookeeper" and args.command == "train":
+        require("kazoo", "zookeeper", "--coordination zookeeper")
     return TrainConfig(
-        train=tuple(args.train), eval=tuple(args.eval), format=args.format, num_features=args.num_features,
-        model=args.model, model_path=os.getcwd() if ":" in args.model else None,
-        model_params=_model_params(args.model_param) | _flag_params(args), embedding_dim=args.embedding_dim, warm_start=args.warm_start,
-        optimizer=args.optimizer["name"], optimizer_params=args.optimizer["hyperparameters"],
-        learning_rate=args.learning_rate, learning_rate_schedule=args.learning_rate_schedule, l1=args.l1, l2=args.l2,
-        moving_average_decay=args.moving_average_decay,
-        batch_size=args.batch_size, epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
-        num_ps=num_ps if num_ps is not None else args.ps,
-        num_workers=num_workers if num_workers is not None else (
-            args.workers if args.workers is not None else (1 if args.in_process else 2)),
-        placement=args.placement, partitions=args.partitions, log_every=args.log_every,
-        shuffle_buffer=args.shuffle_buffer, skip_bad_records=args.skip_bad_records, schema=args.schema,
-        features=tuple(args.feature), label=args.label,
-        max_bad_records=args.max_bad_records,
-        connect_timeout=args.connect_timeout, rpc_timeout=args.rpc_timeout,
-        mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness,
-        sync_timeout=args.sync_timeout, on_timeout=args.on_timeout, averaging=args.averaging,
-        replication=args.replication,
-        transport=args.transport or ("tcp" if args.command == "train" else "grpc"),
-        clip_gradient_norm=args.clip_gradient_norm, device=args.device, towers=args.towers,
-        devices=tuple(d.strip() for d in (args.devices or "").split(",") if d.strip()),
-        **chief_config_fields(args),
+        data=DataSettings(
+            train=tuple(args.train), eval=tuple(args.eval), format=args.format, num_features=args.num_features,
+            schema=args.schema, features=tuple(args.feature), label=args.label, batch_size=args.batch_size,
+            epochs=args.epochs, max_steps=args.max_steps, seed=args.seed, shuffle_buffer=args.shuffle_buffer,
+            skip_bad_records=args.skip_bad_records, max_bad_records=args.max_bad_records),
+        model=ModelSettings(
+            name=args.model, path=os.getcwd() if ":" in args.model else None,
+            params=model_params, embedding_dim=args.embedding_dim,
+            warm_start=args.warm_start),
+        optimizer=OptimizerSettings(
+            name=args.optimizer["name"], params=args.optimizer["hyperparameters"], learning_rate=args.learning_rate,
+            schedule=args.learning_rate_schedule, l1=args.l1, l2=args.l2,
+            moving_average_decay=args.moving_average_decay, clip_gradient_norm=args.clip_gradient_norm),
+        cluster=ClusterSettings(
+            num_ps=num_ps if num_ps is not None else args.ps,
+            num_workers=num_workers if num_workers is not None else (
+                args.workers if args.workers is not None else (1 if args.in_process else 2)),
+            placement=args.placement, partitions=args.partitions,
+            transport=args.transport or ("tcp" if args.command == "train" else "grpc"),
+            connect_timeout=args.connect_timeout, rpc_timeout=args.rpc_timeout),
+        sync=SyncSettings(
+            mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness,
+            timeout=args.sync_timeout, on_timeout=args.on_timeout, averaging=args.averaging,
+            replication=args.replication),
+        checkpoint=CheckpointSettings(
+            dir=args.checkpoint_dir, save_secs=args.save_checkpoints_secs, save_steps=args.save_checkpoints_steps,
+            max_to_keep=args.max_to_keep, max_failed_saves=args.max_failed_saves,
+            transport=args.checkpoint_transport),
+        report=ReportSettings(
+            log_every=args.log_every, summary_dir=args.summary_dir, save_summaries_steps=args.save_summaries_steps,
+            eval_every_steps=args.eval_every_steps, eval_moving_averages=args.eval_moving_averages),
+        chief=ChiefSettings(coordination=args.coordination, zookeeper=args.zookeeper, lease_ttl=args.lease_ttl),
+        compute=ComputeSettings(
+            device=args.device, towers=args.towers,
+            devices=tuple(d.strip() for d in (args.devices or "").split(",") if d.strip())),
     )
 
 
@@ -326,11 +333,11 @@ def _check_devices(config: TrainConfig, model: Model) -> None:
     devices = config.compute_devices()
     if devices == ("cpu",):
         return
-    if config.devices:
-        flag = f"--devices {','.join(config.devices)}"
+    if config.compute.devices:
+        flag = f"--devices {','.join(config.compute.devices)}"
     else:
-        flag = " ".join(f for f in (f"--device {config.device}" if config.device != "cpu" else "",
-                                    f"--towers {config.towers}" if config.towers != 1 else "") if f)
+        flag = " ".join(f for f in (f"--device {config.compute.device}" if config.compute.device != "cpu" else "",
+                                    f"--towers {config.compute.towers}" if config.compute.towers != 1 else "") if f)
     try:
         model.place(devices)  # cheap: a PyTorch model checks the devices and builds its towers when it first steps
     except ModelError as e:

@@ -72,9 +72,9 @@ class Evaluation:
 
 def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threading.Event | None = None,
                   search_path: str | None = None) -> list[Evaluation]:
-    """Evaluates each new checkpoint of ``config.checkpoint_dir`` on ``config.eval`` until training ended.
+    """Evaluates each new checkpoint of ``config.checkpoint.dir`` on ``config.data.eval`` until training ended.
 
-    Blocks until the final checkpoint (or one at or past ``config.max_steps``) has been evaluated,
+    Blocks until the final checkpoint (or one at or past ``config.data.max_steps``) has been evaluated,
     or ``stop`` is set (then it returns what it evaluated so far). See the module docstring.
 
     Raises:
@@ -84,21 +84,21 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
         ModelError: a checkpoint's model cannot be rebuilt (names the checkpoint), or is a user's module
             that this task's --model does not name (a manifest is data: it does not choose code to run).
     """
-    if not config.checkpoint_dir:
+    if not config.checkpoint.dir:
         raise ConfigError("the evaluator needs --checkpoint-dir (the directory the chief checkpoints into)")
-    if not config.eval:
+    if not config.data.eval:
         raise ConfigError("the evaluator needs --eval (the data it evaluates each checkpoint on)")
     if poll_secs <= 0:
         raise ConfigError(f"--eval-poll-secs must be > 0, got {poll_secs}")
     stop = stop if stop is not None else threading.Event()
-    batch = read_all(list(config.eval), config.format, **data_options(config))  # as the chief's EvalHook reads it
-    writer = SummaryWriter(os.path.join(config.summary_dir, "eval")) if config.summary_dir else None
+    batch = read_all(list(config.data.eval), config.data.format, **data_options(config))  # as the chief's EvalHook reads it
+    writer = SummaryWriter(os.path.join(config.report.summary_dir, "eval")) if config.report.summary_dir else None
     done: list[Evaluation] = []
-    log.info("evaluator: watching %s every %.1f s; evaluating on %s", config.checkpoint_dir, poll_secs,
-             ", ".join(config.eval))
+    log.info("evaluator: watching %s every %.1f s; evaluating on %s", config.checkpoint.dir, poll_secs,
+             ", ".join(config.data.eval))
     try:
         while not stop.is_set():
-            newest = _newest(config.checkpoint_dir)
+            newest = _newest(config.checkpoint.dir)
             if newest is None or (done and newest[:2] == (done[-1].checkpoint, done[-1].global_step)):
                 if newest is not None and newest[2]:  # marked final after it was evaluated (the last
                     log.info("evaluator: %s is the final checkpoint", os.path.basename(newest[0]))  # save's step)
@@ -106,7 +106,7 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
                     break
                 stop.wait(poll_secs)
                 continue
-            result = _evaluate(newest[0], batch, search_path, config.eval_moving_averages, config.model)
+            result = _evaluate(newest[0], batch, search_path, config.report.eval_moving_averages, config.model.name)
             if result is None:  # deleted by rotation while read: the next poll takes the newest
                 continue
             done.append(result)
@@ -115,7 +115,7 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
             if writer is not None:
                 writer.scalars({f"eval/{k}": v for k, v in result.metrics.items() if k != "examples"},
                                result.global_step)
-            if result.final or (config.max_steps is not None and result.global_step >= config.max_steps):
+            if result.final or (config.data.max_steps is not None and result.global_step >= config.data.max_steps):
                 break
     finally:
         if writer is not None:

@@ -61,7 +61,7 @@ def _log_to(path: str) -> Iterator[None]:
 def run_in_process(config: TrainConfig, output_dir: str, *,
                    on_end: Callable[[dict[str, Any], ClusterSpec], None] | None = None,
                    faults: FaultInjection = NO_FAULTS) -> dict[str, Any]:
-    """Trains with ``config.num_ps`` in-process ps services and one worker; returns the metrics.
+    """Trains with ``config.cluster.num_ps`` in-process ps services and one worker; returns the metrics.
 
     Blocks for the whole run. However it ends (finished, failed, interrupted: a
     ``KeyboardInterrupt``, whose ``signum`` attribute, if any, names the signal),
@@ -78,14 +78,15 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
         RunDirLockedError: another live run holds ``output_dir`` (names it; nothing written there).
         CheckpointLockedError: another live run holds the checkpoint directory (likewise).
     """
-    if config.num_workers != 1:
-        raise ConfigError(f"--in-process runs one worker, got --workers {config.num_workers}")
-    if config.replication != "between-graph":
+    if config.cluster.num_workers != 1:
+        raise ConfigError(f"--in-process runs one worker, got --workers {config.cluster.num_workers}")
+    if config.sync.replication != "between-graph":
         raise ConfigError("--in-process has no in-graph replication")
     check_inputs(config)
     check_settings(config)  # memory, dynamic tables: refused in one line before anything starts
-    config = replace(config, mode="async") if config.mode == "ssp" else config
-    config = replace(config, reader_process=True)
+    if config.sync.mode == "ssp":
+        config = replace(config, sync=replace(config.sync, mode="async"))
+    config = replace(config, data=replace(config.data, reader_process=True))
     # The run's id; its run directory, then its checkpoint directory, taken before anything is written there
     # (another live run's is refused, naming it); released when the run ends, however it ends.
     config, claimed = claim_run(config, output_dir, out=sys.stderr)
@@ -108,13 +109,13 @@ def _run_claimed(config: TrainConfig, output_dir: str,
     # (psflow.torch.configure_threads; OpenMP's spinning threads degrade badly on oversubscribed cores).
     os.environ.setdefault(TORCH_THREADS_ENV, str(max(1, (os.cpu_count() or 1) - 1)))
     # Placeholder addresses: nothing listens or connects; the channels below replace them.
-    cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(config.num_ps)], "worker": ["127.0.0.1:65535"]})
-    services = [ParameterService(i, holds_global_step=i == 0) for i in range(config.num_ps)]
+    cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(config.cluster.num_ps)], "worker": ["127.0.0.1:65535"]})
+    services = [ParameterService(i, holds_global_step=i == 0) for i in range(config.cluster.num_ps)]
     channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
     model, variables = build_model(config, cluster)
     client = ParameterClient(cluster, variables.placements(), client_name="/job:worker/task:0",
                              sync=config.sync_config(), channels=channels)
-    resumed = resumed_from(config.checkpoint_dir)  # what the worker's session restores: the examples before this run
+    resumed = resumed_from(config.checkpoint.dir)  # what the worker's session restores: the examples before this run
     os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
     started = time.monotonic()
     run = _Run(config, client, len(channels), resumed, started)
@@ -128,7 +129,7 @@ def _run_claimed(config: TrainConfig, output_dir: str,
             logging.getLogger(__name__).exception("could not write the final snapshot of the run that failed")
         raise
     eval_batch = load_eval(config)
-    source = parameters(client, moving_averages=config.eval_moving_averages)
+    source = parameters(client, moving_averages=config.report.eval_moving_averages)
     evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
     final = run.snapshot("finished", rate_seconds=result.wall_seconds, evaluation=evaluation,
                          extra={"examples_processed": result.examples, "workers": [asdict(result)]})
@@ -153,8 +154,8 @@ class _Run:
                  extra: dict[str, Any]) -> dict[str, Any]:
         ps_stats = [self.client.stats(i) for i in range(self.num_ps)]
         # The ledger on ps service 0, which never restarts here.
-        ledger = checkpoint_status(self.client) if self.config.checkpoint_dir else None
-        more: dict[str, Any] = {"mode": self.config.mode, "replication": "in-process", **extra}
+        ledger = checkpoint_status(self.client) if self.config.checkpoint.dir else None
+        more: dict[str, Any] = {"mode": self.config.sync.mode, "replication": "in-process", **extra}
         dynamic = table_totals(ps_stats)
         if dynamic:
             more["dynamic_tables"] = dynamic

@@ -114,38 +114,38 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     # The run's id; its run directory, then its checkpoint directory, taken before anything is written there or
     # started (another live run's is refused, naming it); released when the run ends, however it ends.
     config, claimed = claim_run(config, output_dir, out=progress or sys.stderr)
-    checkpoints = SaveStatusWatcher(max_failed_saves=config.max_failed_saves, every=progress_every) \
-        if config.checkpoint_dir else None
-    resumed = resumed_from(config.checkpoint_dir)  # what the chief restores: the examples before this run
+    checkpoints = SaveStatusWatcher(max_failed_saves=config.checkpoint.max_failed_saves, every=progress_every) \
+        if config.checkpoint.dir else None
+    resumed = resumed_from(config.checkpoint.dir)  # what the chief restores: the examples before this run
     config_path = os.path.join(output_dir, "config.json")
     started = time.monotonic()
-    with claimed, LocalCluster.create(config.num_ps, config.num_workers, output_dir, placement=placement) as lc:
+    with claimed, LocalCluster.create(config.cluster.num_ps, config.cluster.num_workers, output_dir, placement=placement) as lc:
         with open(config_path, "w") as f:
             f.write(task_config_json(config, faults))
         # From here on, however the run ends, its end is one final snapshot (psflow.launch.run_end).
         end = RunEnd(lc, output_dir, started=started, checkpoints=checkpoints, resumed=resumed,
-                     run={"mode": config.mode, "replication": config.replication}, out=progress or sys.stderr)
+                     run={"mode": config.sync.mode, "replication": config.sync.replication}, out=progress or sys.stderr)
         lc.on_interrupt = end.interrupted
         lc.verbose = verbose
-        lc.resilience = Resilience(lc, resilience or ResilienceConfig(), in_graph=config.replication == "in-graph")
+        lc.resilience = Resilience(lc, resilience or ResilienceConfig(), in_graph=config.sync.replication == "in-graph")
         lc.resilience.start()
         # Serves the page unless --no-status; writes status.json and metrics.prom at the end either way.
         page = end.page = LauncherStatus(config, lc, output_dir, status or StatusConfig(), progress or sys.stderr)
-        for i in range(config.num_ps):
+        for i in range(config.cluster.num_ps):
             lc.start_task("ps", i, config_path)
-        for i in range(config.num_workers):
+        for i in range(config.cluster.num_workers):
             lc.start_task("worker", i, config_path)
-        driver = "client" if config.replication == "in-graph" else "worker"
+        driver = "client" if config.sync.replication == "in-graph" else "worker"
         if driver == "client":  # the in-graph client: reads the data, drives every worker
             lc.start_task("client", 0, config_path)
         model, variables = build_model(config, lc.cluster)
         # Not connected yet: watching (exits, restarts, chaos, progress) starts at once, so a task
         # that dies early is reported at once rather than after the connect timeout.
         client = ParameterClient(lc.cluster, variables.placements(), client_name="launcher", config=ConnectConfig(
-            connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=lc.token))
+            connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout, token=lc.token))
         ended = "failed"
         bar = None if progress is None else Progress(progress, progress_total(
-            max_steps=config.max_steps, epochs=config.epochs, records=train_records), started=started)
+            max_steps=config.data.max_steps, epochs=config.data.epochs, records=train_records), started=started)
         try:
             page.set_phase("training")
             _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints, bar=bar, end=end)
@@ -241,11 +241,11 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     tasks' ``Stats`` read after the evaluation, the workers' results, the ledger's last poll), written to
     metrics.json, status.json and metrics.prom; returns it."""
     results = []
-    for i in range(config.num_workers if driver == "worker" else 1):
+    for i in range(config.cluster.num_workers if driver == "worker" else 1):
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
             results.append(json.load(f))
     eval_batch = load_eval(config)
-    source = parameters(client, moving_averages=config.eval_moving_averages)
+    source = parameters(client, moving_averages=config.report.eval_moving_averages)
     evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
     ps_stats = [client.stats(i) for i in sorted(client.channels)]
     exactly_once_examples(ps_stats)  # raises if no ps task holds global_step

@@ -249,7 +249,7 @@ class Resilience:
         except ClusterError as e:
             log.warning("chaos: the chief lease's holder %r is no task of this cluster: %s", leader.candidate, e)
             return None
-        if config.coordination == "embedded" and leader.epoch < self._restarted_at.get(task.name, 0.0) * 1000:
+        if config.chief.coordination == "embedded" and leader.epoch < self._restarted_at.get(task.name, 0.0) * 1000:
             return None  # a lease granted before the task's process was restarted: its dead predecessor's
         return DutyHolder(task.job, task.index, leader.epoch)
 
@@ -396,7 +396,7 @@ def with_recovery_checkpoints(config: TrainConfig, resilience: ResilienceConfig,
     started, at worst), and at most the work since that checkpoint is redone. A directory an
     earlier run in ``output_dir`` left checkpoints in is resumed from, as ``--checkpoint-dir`` would be.
     """
-    if config.checkpoint_dir or resilience.restart.policy == "never":
+    if config.checkpoint.dir or resilience.restart.policy == "never":
         return config
     directory = os.path.abspath(os.path.join(output_dir, DEFAULT_CHECKPOINT_SUBDIR))
     if out is not None:
@@ -405,7 +405,7 @@ def with_recovery_checkpoints(config: TrainConfig, resilience: ResilienceConfig,
               f"{directory}, so a ps task that dies is restored from the newest"
               + (f" (it holds an earlier run's: this run resumes from {os.path.basename(earlier)})" if earlier else ""),
               file=out, flush=True)
-    return dataclasses.replace(config, checkpoint_dir=directory)
+    return dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, dir=directory))
 
 
 def add_resilience_arguments(parser: argparse.ArgumentParser) -> None:

@@ -85,12 +85,12 @@ class LauncherStatus:
         """
         self._lc = lc
         self._output_dir = output_dir
-        run = {"run_dir": os.path.abspath(output_dir), "run_id": config.run_id, "mode": config.mode,
-               "replication": config.replication, "model": config.model, "num_ps": config.num_ps,
-               "num_workers": config.num_workers}
+        run = {"run_dir": os.path.abspath(output_dir), "run_id": config.run_id, "mode": config.sync.mode,
+               "replication": config.sync.replication, "model": config.model.name, "num_ps": config.cluster.num_ps,
+               "num_workers": config.cluster.num_workers}
         self.collector = StatusCollector(lc.cluster, token=lc.token, run=run, interval=status.interval,
-                                         run_dir=output_dir, summary_dir=config.summary_dir,
-                                         checkpoints=bool(config.checkpoint_dir), processes=self._processes,
+                                         run_dir=output_dir, summary_dir=config.report.summary_dir,
+                                         checkpoints=bool(config.checkpoint.dir), processes=self._processes,
                                          events=self._events)
         self.server: StatusServer | None = None
         if status.enabled:
@@ -103,7 +103,7 @@ class LauncherStatus:
             self.collector.start()
             self.server.start()
             print(f"psflow: status {self.server.url}", file=out, flush=True)
-        print(f"psflow: {config.num_ps} ps + {config.num_workers} workers, run directory {output_dir}", file=out,
+        print(f"psflow: {config.cluster.num_ps} ps + {config.cluster.num_workers} workers, run directory {output_dir}", file=out,
               flush=True)
 
     @property
@@ -168,12 +168,12 @@ class InProcessEnding:
         """Writes the files; a file that cannot be written is a line on ``out``, never an error."""
         self.final = final
         config, phase = self._config, str(final.get("phase"))
-        run = {"run_dir": os.path.abspath(self._output_dir), "run_id": config.run_id, "mode": config.mode,
-               "replication": "in-process", "model": config.model, "num_ps": config.num_ps, "num_workers": 1}
+        run = {"run_dir": os.path.abspath(self._output_dir), "run_id": config.run_id, "mode": config.sync.mode,
+               "replication": "in-process", "model": config.model.name, "num_ps": config.cluster.num_ps, "num_workers": 1}
         state = {"finished": "finished", "failed": "dead"}.get(phase, "stopped")
         names = [f"/job:{job}/task:{i}" for job in cluster.jobs for i in cluster.task_indices(job)]
         collector = StatusCollector(cluster, token=None, run=run, run_dir=self._output_dir,
-                                    summary_dir=config.summary_dir,
+                                    summary_dir=config.report.summary_dir,
                                     processes=lambda: {n: ProcessInfo(os.getpid(), state) for n in names})
         try:
             failed = write_run_files(final, self._output_dir, collector)
@@ -205,11 +205,11 @@ def chief_status_page(cluster: ClusterSpec, job: str, index: int, config: TrainC
     """
     if not is_chief(cluster, job, index):
         return None
-    run = {"mode": config.mode, "replication": config.replication, "model": config.model, "run_id": config.run_id,
+    run = {"mode": config.sync.mode, "replication": config.sync.replication, "model": config.model.name, "run_id": config.run_id,
            "num_ps": cluster.num_tasks("ps"), "num_workers": cluster.num_tasks("worker"), "phase": "training",
            "served_by": f"/job:{job}/task:{index}"}
     collector = StatusCollector(cluster, token=token, run=run, interval=status.interval,
-                                summary_dir=config.summary_dir, checkpoints=bool(config.checkpoint_dir), tls=tls)
+                                summary_dir=config.report.summary_dir, checkpoints=bool(config.checkpoint.dir), tls=tls)
     try:
         server = StatusServer(collector, host=status.host, port=status.port, token=token)
     except BaseException:

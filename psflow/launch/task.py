@@ -108,14 +108,14 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
             with open(result_path, "w") as f:
                 jsonio.dump(result, f)
         return 0
-    in_graph = config is not None and config.replication == "in-graph" and job != "ps"
+    in_graph = config is not None and config.sync.replication == "in-graph" and job != "ps"
     handlers = None
     if in_graph and config is not None:
         from psflow.train.in_graph import StepService
 
         handlers = StepService(config, cluster, index, token=token, tls=tls).handlers()
     if checkpoint_root is None and config is not None:
-        checkpoint_root = config.checkpoint_dir
+        checkpoint_root = config.checkpoint.dir
     server = Server(cluster, job, index, token=token, worker_handlers=handlers, state_dir=state_dir,
                     checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, bind_address=bind_address, tls=tls,
                     stop_when_run_over=stop_when_run_over)

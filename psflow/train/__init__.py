@@ -6,7 +6,8 @@ Every path (a cluster worker, ``--in-process``, the in-graph client) runs one
 
 Classes and functions, by file:
 
-* ``config.py`` -- :class:`~psflow.train.config.TrainConfig`: every setting of a run, parsed once at the edge;
+* ``config/`` -- :class:`~psflow.train.config.TrainConfig`: every setting of a run, parsed once at the edge, in
+  groups by concern (data, model, optimizer, cluster, sync, checkpoint, report, chief, compute);
   ``faults.py`` -- :class:`~psflow.train.faults.FaultInjection`: the faults tests and drills inject, beside
   the settings (the task config file's ``"faults"``), never in them.
 * ``build.py`` -- from a run's settings to its model, data schema and placed variables.

@@ -48,13 +48,13 @@ def inferred_schema(config: TrainConfig) -> InferredSchema | None:
     Raises:
         ConfigError: the file cannot be inferred from (names the file and the feature).
     """
-    if config.format != "tfrecord" or config.schema or config.features:
+    if config.data.format != "tfrecord" or config.data.schema or config.data.features:
         return None
-    paths = config.train or config.eval
+    paths = config.data.train or config.data.eval
     if not paths:
         return None
     try:
-        return infer_first_file(paths, num_features=config.num_features, label=config.label)
+        return infer_first_file(paths, num_features=config.data.num_features, label=config.data.label)
     except DataError as e:
         raise ConfigError(f"schema inference (no --schema given): {e}") from e
 
@@ -68,20 +68,20 @@ def data_schema(config: TrainConfig) -> Schema | None:
             a batch cannot hold (names the file or flag and the feature); or no
             schema is given and none can be inferred.
     """
-    if not (config.schema or config.features):
+    if not (config.data.schema or config.data.features):
         inferred = inferred_schema(config)
         if inferred is None or inferred.is_default:
             return None
         return inferred.schema  # fits a batch by construction
     try:
-        if config.schema:
-            schema = Schema.from_file(config.schema)
-            where = config.schema
+        if config.data.schema:
+            schema = Schema.from_file(config.data.schema)
+            where = config.data.schema
         else:
-            schema = Schema.from_flags(config.features, config.label)
+            schema = Schema.from_flags(config.data.features, config.data.label)
             where = "--feature"
     except OSError as e:
-        raise ConfigError(f"--schema {config.schema}: cannot read it: {e.strerror or e}") from e
+        raise ConfigError(f"--schema {config.data.schema}: cannot read it: {e.strerror or e}") from e
     except ValueError as e:
         raise ConfigError(f"schema: {e}") from e
     try:
@@ -104,23 +104,23 @@ def data_options(config: TrainConfig) -> dict[str, Any]:
     return {
         "schema": data_schema(config),
         "num_features": _reader_id_space(config),
-        "skip_bad_records": config.skip_bad_records,
-        "max_bad_records": config.max_bad_records,
-        "labels": model_class(config.model, search_path=config.model_path).labels,
+        "skip_bad_records": config.data.skip_bad_records,
+        "max_bad_records": config.data.max_bad_records,
+        "labels": model_class(config.model.name, search_path=config.model.path).labels,
     }
 
 
 def _reader_id_space(config: TrainConfig) -> int:
     """The ``num_features`` the readers hash into: 0 (raw 64-bit ids) for Criteo with dynamic tables."""
-    return 0 if DYNAMIC_TABLE_PARAM in config.model_params and config.format == "criteo" else config.num_features
+    return 0 if DYNAMIC_TABLE_PARAM in config.model.params and config.data.format == "criteo" else config.data.num_features
 
 
 def model_config(config: TrainConfig, schema: Schema | None = None) -> ModelConfig:
     """The model's config: the data's features (from the format and ``schema``, default
     :func:`data_schema`) and the run's model settings."""
-    features = batch_spec(config.format, schema if schema is not None else data_schema(config), config.num_features)
-    return ModelConfig(features=features, num_features=config.num_features, partitions=config.partitions,
-                       embedding_dim=config.embedding_dim, params=dict(config.model_params), seed=config.seed)
+    features = batch_spec(config.data.format, schema if schema is not None else data_schema(config), config.data.num_features)
+    return ModelConfig(features=features, num_features=config.data.num_features, partitions=config.cluster.partitions,
+                       embedding_dim=config.model.embedding_dim, params=dict(config.model.params), seed=config.data.seed)
 
 
 def declare_variables(model: Model, setter: DeviceSetter, *, moving_average_decay: float | None = None) -> VariableSet:
@@ -159,13 +159,13 @@ def build_model(config: TrainConfig, cluster: ClusterSpec) -> tuple[Model, Varia
     num_ps = cluster.num_tasks("ps")
     strategy = (
         GreedyLoadBalancingStrategy(num_ps, byte_size_load_fn)
-        if config.placement == "greedy"
+        if config.cluster.placement == "greedy"
         else RoundRobinStrategy(num_ps)
     )
-    model = create_model(config.model, model_config(config), search_path=config.model_path)
+    model = create_model(config.model.name, model_config(config), search_path=config.model.path)
     configure_training(model, config)
     return model, declare_variables(model, replica_device_setter(cluster=cluster, ps_strategy=strategy),
-                                    moving_average_decay=config.moving_average_decay)
+                                    moving_average_decay=config.optimizer.moving_average_decay)
 
 
 def configure_training(model: Model, config: TrainConfig) -> None:
@@ -176,8 +176,8 @@ def configure_training(model: Model, config: TrainConfig) -> None:
     Raises:
         ModelError: the model cannot use those devices (a numpy model given a GPU or towers).
     """
-    if config.clip_gradient_norm is not None:
-        model.clip_gradient_norm = config.clip_gradient_norm
+    if config.optimizer.clip_gradient_norm is not None:
+        model.clip_gradient_norm = config.optimizer.clip_gradient_norm
     model.place(config.compute_devices())
 
 
@@ -188,8 +188,8 @@ def model_record(config: TrainConfig) -> dict[str, Any]:
     """
     schema = data_schema(config)
     return {
-        "name": config.model,
+        "name": config.model.name,
         "config": model_config(config, schema).to_dict(),
-        "data": {"format": config.format, "schema": schema.to_dict() if schema is not None else None,
+        "data": {"format": config.data.format, "schema": schema.to_dict() if schema is not None else None,
                  "num_features": _reader_id_space(config)},
     }

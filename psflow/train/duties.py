@@ -108,42 +108,42 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     """
     chief = is_chief(cluster, job, task_index) if chief is None else chief
     duties = chief or leadership is not None
-    hooks: list[SessionRunHook] = [NanLossHook(), StepCounterHook(every_steps=config.log_every, name=client.client_name)]
+    hooks: list[SessionRunHook] = [NanLossHook(), StepCounterHook(every_steps=config.report.log_every, name=client.client_name)]
     if job == "worker":  # the in-graph client logs its batches itself
-        hooks.append(WorkerProgressHook(task_index, every_steps=config.log_every))
-    if config.max_steps is not None:
-        hooks.append(StopAtStepHook(last_step=config.max_steps))
+        hooks.append(WorkerProgressHook(task_index, every_steps=config.report.log_every))
+    if config.data.max_steps is not None:
+        hooks.append(StopAtStepHook(last_step=config.data.max_steps))
     chief_hooks: list[SessionRunHook] = []
     release: list[SessionRunHook] = []
     optimizer = config.optimizer_spec()
-    if config.checkpoint_dir:
+    if config.checkpoint.dir:
         lock = checkpoint_dir_lock(config, cluster)
         if duties:  # before joining: a directory another live run holds is refused before anything is restored
             lock.acquire()
             release.append(_ReleaseLockAtEnd(lock))
         if chief:
             _check_newest_checkpoint(config, client.client_name)
-        manager = CheckpointManager(config.checkpoint_dir, max_to_keep=config.max_to_keep,
-                                    transport=config.checkpoint_transport, fault=fault_exit(faults.checkpoint_exit),
-                                    lock=lock, max_failed_saves=config.max_failed_saves)
+        manager = CheckpointManager(config.checkpoint.dir, max_to_keep=config.checkpoint.max_to_keep,
+                                    transport=config.checkpoint.transport, fault=fault_exit(faults.checkpoint_exit),
+                                    lock=lock, max_failed_saves=config.checkpoint.max_failed_saves)
         fence = None
         if leadership is not None:
             def fence() -> tuple[int, str] | None:
                 lease = leadership.lease()
                 return (lease.epoch, lease.holder) if lease is not None else None
-        saver = CheckpointSaverHook(manager, save_secs=config.save_checkpoints_secs,
-                                    save_steps=config.save_checkpoints_steps,
+        saver = CheckpointSaverHook(manager, save_secs=config.checkpoint.save_secs,
+                                    save_steps=config.checkpoint.save_steps,
                                     optimizer=optimizer.to_json(), model=model_record(config), fence=fence)
         # With election, LeaderOnlyHook lets the duties go on after a failed save; without, this does.
         chief_hooks.append(saver if leadership is not None else _FailedSaveTolerant(saver, client.client_name))
-    writer = SummaryWriter(config.summary_dir) if duties and config.summary_dir else None
+    writer = SummaryWriter(config.report.summary_dir) if duties and config.report.summary_dir else None
     if writer is not None:
-        chief_hooks.append(SummarySaverHook(writer, save_steps=config.save_summaries_steps))
-    if duties and config.eval and config.eval_every_steps:
-        eval_batch = read_all(list(config.eval), config.format, **data_options(config))
-        source = parameters(client, moving_averages=config.eval_moving_averages)
+        chief_hooks.append(SummarySaverHook(writer, save_steps=config.report.save_summaries_steps))
+    if duties and config.data.eval and config.report.eval_every_steps:
+        eval_batch = read_all(list(config.data.eval), config.data.format, **data_options(config))
+        source = parameters(client, moving_averages=config.report.eval_moving_averages)
         chief_hooks.append(EvalHook(functools.partial(evaluate, model, source, eval_batch),
-                                    every_steps=config.eval_every_steps, writer=writer))
+                                    every_steps=config.report.eval_every_steps, writer=writer))
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
         hooks += [CampaignWhileTrainingHook(leadership), *(LeaderOnlyHook(h, leadership) for h in chief_hooks)]
         chief_hooks = []
@@ -151,26 +151,26 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     # session with duties is the chief's): the final save takes the lock again if it was deleted meanwhile, so a
     # lock released before it would be left behind.
     (hooks if leadership is not None else chief_hooks).extend(release)
-    return MonitoredTrainingSession(client, optimizer, is_chief=chief, checkpoint_dir=config.checkpoint_dir,
-                                    hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.connect_timeout,
-                                    warm_start=config.warm_start, initial_values=model.initial_values)
+    return MonitoredTrainingSession(client, optimizer, is_chief=chief, checkpoint_dir=config.checkpoint.dir,
+                                    hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.cluster.connect_timeout,
+                                    warm_start=config.model.warm_start, initial_values=model.initial_values)
 
 
 def elects_chief(config: TrainConfig) -> bool:
     """Whether the workers of the run elect who holds the chief duties (:class:`~psflow.train.recovery.Leadership`):
     between-graph runs with duties to hold (checkpoints, summaries or evaluation). Without election the
     configured chief holds them (:func:`~psflow.train.chief.chief_task`)."""
-    return config.replication == "between-graph" and bool(config.checkpoint_dir or config.summary_dir
-                                                          or config.eval_every_steps)
+    return config.sync.replication == "between-graph" and bool(config.checkpoint.dir or config.report.summary_dir
+                                                          or config.report.eval_every_steps)
 
 
 def coordination_config(config: TrainConfig, cluster: ClusterSpec, *, token: str | None,
                         tls: TlsConfig | None = None) -> CoordinationConfig:
-    """Where the run's chief lease is kept: ps task 0's lease table (``embedded``) or ``config.zookeeper``."""
-    address = config.zookeeper if config.coordination == "zookeeper" else \
+    """Where the run's chief lease is kept: ps task 0's lease table (``embedded``) or ``config.chief.zookeeper``."""
+    address = config.chief.zookeeper if config.chief.coordination == "zookeeper" else \
         cluster.task_address("ps", min(cluster.task_indices("ps")))
-    return CoordinationConfig(config.coordination, address or "", lease_ttl=config.lease_ttl, token=token,
-                              tls=tls, rpc_timeout=min(5.0, config.rpc_timeout))
+    return CoordinationConfig(config.chief.coordination, address or "", lease_ttl=config.chief.lease_ttl, token=token,
+                              tls=tls, rpc_timeout=min(5.0, config.cluster.rpc_timeout))
 
 
 def resume_position(session: MonitoredTrainingSession, dataset: DatasetConfig) -> ReaderPosition | None:
@@ -205,18 +205,18 @@ def epochs_completed(position: ReaderPosition) -> int:
 def run_id(config: TrainConfig, cluster: ClusterSpec) -> str:
     """The run's id: the launcher's (``config.run_id``), else derived from the cluster and the
     checkpoint directory, alike in every task (see :func:`psflow.checkpoint.lock.cluster_run_id`)."""
-    return config.run_id or cluster_run_id(cluster.to_json(), config.checkpoint_dir or "")
+    return config.run_id or cluster_run_id(cluster.to_json(), config.checkpoint.dir or "")
 
 
 def checkpoint_dir_lock(config: TrainConfig, cluster: ClusterSpec) -> CheckpointDirLock:
-    """The run's lock of ``config.checkpoint_dir`` (not acquired).
+    """The run's lock of ``config.checkpoint.dir`` (not acquired).
 
     Raises:
         CheckpointError: the run has no checkpoint directory.
     """
-    if not config.checkpoint_dir:
+    if not config.checkpoint.dir:
         raise CheckpointError("this run has no --checkpoint-dir to lock")
-    return CheckpointDirLock(config.checkpoint_dir, run_id(config, cluster))
+    return CheckpointDirLock(config.checkpoint.dir, run_id(config, cluster))
 
 
 def claim_checkpoint_dir(config: TrainConfig, *, run_dir: str | None = None,
@@ -242,9 +242,9 @@ def claim_checkpoint_dir(config: TrainConfig, *, run_dir: str | None = None,
     """
     run = config.run_id or new_run_id()
     config = dataclasses.replace(config, run_id=run)
-    if not config.checkpoint_dir:
+    if not config.checkpoint.dir:
         return config, None
-    lock = CheckpointDirLock(config.checkpoint_dir, run, run_dir=run_dir)
+    lock = CheckpointDirLock(config.checkpoint.dir, run, run_dir=run_dir)
     lock.acquire()
     try:
         for warning in _newest_checkpoint_warnings(config):
@@ -288,11 +288,11 @@ def claim_run(config: TrainConfig, run_dir: str, *,
 
 
 def _newest_checkpoint_warnings(config: TrainConfig) -> list[str]:
-    if not config.checkpoint_dir:
+    if not config.checkpoint.dir:
         return []
-    latest = latest_checkpoint(config.checkpoint_dir)
+    latest = latest_checkpoint(config.checkpoint.dir)
     if latest is None:
-        return _from_scratch(config.checkpoint_dir)
+        return _from_scratch(config.checkpoint.dir)
     return check_restorable(latest, read_manifest(latest), model_record(config))
 
 

@@ -124,7 +124,7 @@ class StepService:
     def __init__(self, config: TrainConfig, cluster: ClusterSpec, task_index: int, *, token: str | None,
                  tls: TlsConfig | None = None) -> None:
         self.config, self.cluster, self.task_index, self.token, self.tls = config, cluster, task_index, token, tls
-        self.allowed = tuple(BUILTIN_STEPS) + tuple(config.allowed_steps)
+        self.allowed = tuple(BUILTIN_STEPS) + tuple(config.sync.allowed_steps)
         self._lock = threading.Lock()
         self._state: tuple[Model, ParameterClient] | None = None
 
@@ -134,9 +134,9 @@ class StepService:
                 model, variables = build_model(self.config, self.cluster)
                 client = ParameterClient(
                     self.cluster, variables.placements(), client_name=f"/job:worker/task:{self.task_index}",
-                    config=ConnectConfig(connect_timeout=self.config.connect_timeout,
-                                         rpc_timeout=self.config.rpc_timeout, token=self.token, tls=self.tls,
-                                         transport=self.config.transport))
+                    config=ConnectConfig(connect_timeout=self.config.cluster.connect_timeout,
+                                         rpc_timeout=self.config.cluster.rpc_timeout, token=self.token, tls=self.tls,
+                                         transport=self.config.cluster.transport))
                 client.connect()
                 self._state = (model, client)
             return self._state

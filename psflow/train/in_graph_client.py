@@ -172,7 +172,7 @@ class InGraphDriver:
                  if b > a]
         slices = self._run_slices(parts)
         # Every push carries the position after the whole batch: checkpoints resume after it.
-        if self.config.mode == "sync":
+        if self.config.sync.mode == "sync":
             steps, losses = self._push_sync(slices, big, position)
         else:
             steps, losses = self._push_async(slices, big, position)
@@ -191,7 +191,7 @@ class InGraphDriver:
         step = self.client.push_detailed(grads, examples=big.num_examples, loss=loss,
                                          read_step=min(reads) if reads else None, position=position,
                                          generation=self.generation).step
-        if step % self.config.log_every == 0:
+        if step % self.config.report.log_every == 0:
             self._log(step, loss, self.model.metrics(big.labels, _concat_outputs(slices)), len(slices))
         return [step], [loss]
 
@@ -206,7 +206,7 @@ class InGraphDriver:
                                              generation=self.generation).step
             steps.append(step)
             losses.append(s.loss)
-            if step % self.config.log_every == 0:
+            if step % self.config.report.log_every == 0:
                 self._log(step, s.loss, self.model.metrics(s.batch.labels, s.outputs()), len(slices))
         return steps, losses
 
@@ -240,7 +240,7 @@ class InGraphDriver:
         Raises:
             RecoveryError: the worker did not run the slice within the wait (names it and the first error).
         """
-        limit = self.config.connect_timeout
+        limit = self.config.cluster.connect_timeout
         started = time.monotonic()
         deadline = started + limit
         log.warning("in-graph client: %s failed its step (%s); waiting up to %.0f s for it to run the slice again",
@@ -270,31 +270,31 @@ def _restore_initialized_cluster(config: TrainConfig, client: ParameterClient) -
         RecoveryError: a ps task did not answer within ``connect_timeout``.
         CheckpointError, RpcError: the restore failed.
     """
-    deadline = time.monotonic() + config.connect_timeout
+    deadline = time.monotonic() + config.cluster.connect_timeout
     states = ps_states(client)
     while any(s is None for s in states.values()):
         if time.monotonic() > deadline:
             down = ", ".join(f"/job:ps/task:{t}" for t, s in sorted(states.items()) if s is None)
-            raise RecoveryError(f"{client.client_name}: no answer from {down} within {config.connect_timeout:.0f} s")
+            raise RecoveryError(f"{client.client_name}: no answer from {down} within {config.cluster.connect_timeout:.0f} s")
         time.sleep(0.2)
         states = ps_states(client)
     if not any(s is not None and s.ready for s in states.values()) and not lost_within_run(
-            config.checkpoint_dir, run_id(config, client.cluster), states, client.step_task):
+            config.checkpoint.dir, run_id(config, client.cluster), states, client.step_task):
         return None  # a fresh cluster (or one its chief never made ready, or a new run's): the session joins it
-    latest = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+    latest = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.dir else None
     if latest is None:
         log.warning("%s: the ps tasks were initialized before this client started and there is no checkpoint to "
                     "restore: training goes on from their state and the reader position they recorded",
                     client.client_name)
         return None
-    ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint_dir, leader=lambda: None,
-                    timeout=config.connect_timeout).restore(None, states)
+    ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir, leader=lambda: None,
+                    timeout=config.cluster.connect_timeout).restore(None, states)
     return latest
 
 
 def _dataset_config(config: TrainConfig, workers: int) -> DatasetConfig:
-    return DatasetConfig(paths=tuple(config.train), format=config.format, batch_size=config.batch_size * workers,
-                         num_epochs=config.epochs, shuffle_buffer=config.shuffle_buffer, seed=config.seed,
+    return DatasetConfig(paths=tuple(config.data.train), format=config.data.format, batch_size=config.data.batch_size * workers,
+                         num_epochs=config.data.epochs, shuffle_buffer=config.data.shuffle_buffer, seed=config.data.seed,
                          **data_options(config))
 
 
@@ -325,9 +325,9 @@ def _report_run_over(config: TrainConfig, cluster: ClusterSpec, client: Paramete
     from psflow.ps.run_end import training_workers
     from psflow.train.worker import _final_checkpoint
 
-    final = _final_checkpoint(config.checkpoint_dir)
+    final = _final_checkpoint(config.checkpoint.dir)
     for worker in training_workers(cluster):
-        client.report_done(checkpoint_dir=bool(config.checkpoint_dir), final_checkpoint=final, worker=worker)
+        client.report_done(checkpoint_dir=bool(config.checkpoint.dir), final_checkpoint=final, worker=worker)
 
 
 def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str | None = None,
@@ -345,11 +345,11 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
         StateLostError: a ps task lost its variables and there is no checkpoint to restore.
         CheckpointError, RpcError: a checkpoint could not be restored, or a task failed.
     """
-    if config.mode == "ssp":
+    if config.sync.mode == "ssp":
         raise ConfigError("--mode ssp needs between-graph replication")
     started = time.monotonic()
-    connect = ConnectConfig(connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=token,
-                            tls=tls, transport=config.transport)
+    connect = ConnectConfig(connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout, token=token,
+                            tls=tls, transport=config.cluster.transport)
     sessions = [Session(f"grpc://{cluster.task_address('worker', i)}", task=f"/job:worker/task:{i}", config=connect)
                 for i in cluster.task_indices("worker")]
     model, variables = build_model(config, cluster)

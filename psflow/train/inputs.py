@@ -37,7 +37,7 @@ def check_inputs(config: TrainConfig) -> int | None:
             (without ``--skip-bad-records``) has a malformed record (names the flag, the file and the record).
     """
     options = data_options(config)
-    records = check_records(config.train, config.format, what="--train", **options)
-    if config.eval:
-        check_records(config.eval, config.format, what="--eval", count_bytes=0, **options)
+    records = check_records(config.data.train, config.data.format, what="--train", **options)
+    if config.data.eval:
+        check_records(config.data.eval, config.data.format, what="--eval", count_bytes=0, **options)
     return records

@@ -188,7 +188,7 @@ def _check_dynamic(layout: Sequence[VariablePlacement], run_optimizer: Optimizer
 
 
 def check_resume(config: TrainConfig, layout: Sequence[VariablePlacement]) -> None:
-    """Refuses to resume the newest checkpoint of ``config.checkpoint_dir`` with optimizers whose slots differ
+    """Refuses to resume the newest checkpoint of ``config.checkpoint.dir`` with optimizers whose slots differ
     from the ones it saved (another ``--optimizer``); nothing to check without a checkpoint.
 
     Reads the checkpoint's manifest only. Variables the checkpoint lacks, or whose slots it does not list,
@@ -199,7 +199,7 @@ def check_resume(config: TrainConfig, layout: Sequence[VariablePlacement]) -> No
             and the two ways on.
         CheckpointError: the newest checkpoint's manifest cannot be read.
     """
-    latest = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+    latest = latest_checkpoint(config.checkpoint.dir) if config.checkpoint.dir else None
     if latest is None:
         return
     manifest = read_manifest(latest)
@@ -217,7 +217,7 @@ def check_resume(config: TrainConfig, layout: Sequence[VariablePlacement]) -> No
         theirs = str((manifest.optimizer or {}).get("name") or "another optimizer")
         ours = spec.name if spec is not None else "none (not trainable)"
         raise ConfigError(
-            f"--checkpoint-dir {config.checkpoint_dir}: its newest checkpoint {latest} was written with --optimizer "
+            f"--checkpoint-dir {config.checkpoint.dir}: its newest checkpoint {latest} was written with --optimizer "
             f"{theirs} (variable {placement.var.name!r} has slots {', '.join(had) or 'none'}); this run asks for "
             f"{ours} (slots {', '.join(want) or 'none'}). Resume with --optimizer {theirs}, or start from its "
             f"variables alone, with fresh optimizer state: --warm-start {latest} and another --checkpoint-dir")
@@ -238,13 +238,13 @@ def check_settings(config: TrainConfig, *, memory: bool = True, available: int |
         ModelError: the model or the placement refuses its settings.
         CheckpointError: the newest checkpoint's manifest cannot be read.
     """
-    shape = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(config.num_ps)],
-                         "worker": [f"127.0.0.1:{config.num_ps + i + 1}" for i in range(config.num_workers)]})
+    shape = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(config.cluster.num_ps)],
+                         "worker": [f"127.0.0.1:{config.cluster.num_ps + i + 1}" for i in range(config.cluster.num_workers)]})
     _, variables = build_model(config, shape)
     layout = variables.placements()
     run_optimizer = config.optimizer_spec()
     _check_dynamic(layout, run_optimizer)
     free = available if available is not None else (available_memory() if memory else None)
     if memory and free is not None:
-        _check_memory(ps_memory(layout, run_optimizer), free, config.num_ps)
+        _check_memory(ps_memory(layout, run_optimizer), free, config.cluster.num_ps)
     check_resume(config, layout)

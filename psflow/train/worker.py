@@ -134,8 +134,8 @@ def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: Variabl
         cluster,
         variables.placements(),
         client_name=client_name,
-        config=ConnectConfig(connect_timeout=config.connect_timeout, rpc_timeout=config.rpc_timeout, token=token,
-                             tls=tls, transport=config.transport),
+        config=ConnectConfig(connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout, token=token,
+                             tls=tls, transport=config.cluster.transport),
         sync=config.sync_config(),
     )
     client.connect()
@@ -146,13 +146,13 @@ def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: Variabl
 
 def _dataset_config(config: TrainConfig, task_index: int, num_workers: int) -> DatasetConfig:
     return DatasetConfig(
-        paths=tuple(config.train),
-        format=config.format,
-        batch_size=config.batch_size,
-        num_epochs=config.epochs,
-        shuffle_buffer=config.shuffle_buffer,
-        reader_process=config.reader_process,
-        seed=config.seed,
+        paths=tuple(config.data.train),
+        format=config.data.format,
+        batch_size=config.data.batch_size,
+        num_epochs=config.data.epochs,
+        shuffle_buffer=config.data.shuffle_buffer,
+        reader_process=config.data.reader_process,
+        seed=config.data.seed,
         worker_index=task_index,
         num_workers=num_workers,
         **data_options(config),
@@ -195,7 +195,7 @@ def run_worker(
     leadership = None
     own_client = client is None
     if client is None:
-        if config.reader_process:
+        if config.data.reader_process:
             # fork() with live gRPC channels is unsafe (the child crashed with SIGSEGV in a cluster worker).
             raise ConfigError("reader_process is for the in-process fast path only: a worker with gRPC "
                               "channels cannot fork its reader")
@@ -210,13 +210,13 @@ def run_worker(
         if leadership is not None and is_chief(cluster, "worker", task_index) and _new_cluster(client):
             # The configured chief leads first, at a run's start (its session saves the initial checkpoint);
             # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
-            leadership.campaign(timeout=min(config.connect_timeout, 3.0))
+            leadership.campaign(timeout=min(config.cluster.connect_timeout, 3.0))
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership,
                           faults=faults) as session:
-            recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint_dir,
+            recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir,
                                        generation=client.ps_stats().generation,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
-                                       timeout=config.connect_timeout)
+                                       timeout=config.cluster.connect_timeout)
             resume = resume_position(session, data_config)
             # Runs that can be restored keep a finished worker until every worker finished, so a
             # restore after a later ps death rewinds its records too (ClusterRecovery.linger).
@@ -247,12 +247,12 @@ def run_worker(
                     break
                 resume = fit_position(text, data_config, task)  # rewound: it campaigns again from its next step
             if leadership is not None and not leadership.resigned and leadership.lease() is None:
-                _take_final_duties(leadership, config.lease_ttl)  # the last to finish writes the final checkpoint
+                _take_final_duties(leadership, config.chief.lease_ttl)  # the last to finish writes the final checkpoint
         if own_client:  # the session ended normally: its final checkpoint is written
             if leadership is not None:  # resign first: the lease lives on ps task 0, which may now exit
                 leadership.close()
-            client.report_done(checkpoint_dir=bool(config.checkpoint_dir),
-                               final_checkpoint=_final_checkpoint(config.checkpoint_dir))
+            client.report_done(checkpoint_dir=bool(config.checkpoint.dir),
+                               final_checkpoint=_final_checkpoint(config.checkpoint.dir))
     finally:
         if leadership is not None:
             leadership.close()
@@ -319,7 +319,7 @@ def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str
     coord = coordination_config(config, cluster, token=token, tls=tls)
 
     def fence(lease: Lease) -> None:  # a new chief fences every ps task at once: no write of its predecessor after
-        FencedWriter(client.channels, lease, timeout=min(5.0, config.rpc_timeout)).check()
+        FencedWriter(client.channels, lease, timeout=min(5.0, config.cluster.rpc_timeout)).check()
 
     return Leadership(create_backend(coord), task, on_elected=fence)
 
@@ -383,6 +383,6 @@ def _write_json(path: str, data: Any) -> None:
 
 def load_eval(config: TrainConfig) -> Batch | None:
     """The whole eval set as one batch, or None without ``--eval``."""
-    if not config.eval:
+    if not config.data.eval:
         return None
-    return read_all(list(config.eval), config.format, **data_options(config))
+    return read_all(list(config.data.eval), config.data.format, **data_options(config))

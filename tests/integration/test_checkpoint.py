@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import re
@@ -33,7 +32,7 @@ def _config(**kw: object) -> TrainConfig:
     base = dict(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, optimizer="adagrad", batch_size=512,
                 num_ps=2, num_workers=2, log_every=10, connect_timeout=30.0)
     base.update(kw)
-    return TrainConfig(**base)  # type: ignore[arg-type]
+    return TrainConfig.flat(**base)  # type: ignore[arg-type]
 
 
 def _client(config: TrainConfig, handle, name: str = "/job:worker/task:0") -> ParameterClient:  # type: ignore[no-untyped-def]
@@ -70,7 +69,7 @@ def test_restore_onto_other_ps_counts_and_partitions_is_exact(local_cluster, tmp
     assert saved.global_step == 12 and read_manifest(saved.path).global_step == 12
     assert {"weights:m", "weights:v", "weights:beta1_power", "bias:v"} <= set(want)
     for num_ps, partitions, placement in [(1, 1, "round-robin"), (3, 3, "greedy"), (3, 4, "round-robin")]:
-        target_config = dataclasses.replace(config, num_ps=num_ps, partitions=partitions, placement=placement)
+        target_config = config.with_(num_ps=num_ps, partitions=partitions, placement=placement)
         target = local_cluster(num_ps)
         chief = _client(target_config, target)
         result = join_cluster(chief, target_config.optimizer_spec(), chief=True, checkpoint_dir=str(ckpt))

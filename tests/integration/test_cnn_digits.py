@@ -93,10 +93,10 @@ def one_torch_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def five_step_config(digits: Digits, **kw: Any) -> TrainConfig:
-    return TrainConfig(train=(digits.five_steps,), eval=(digits.test,), format="tfrecord", schema=digits.schema,
-                       model=MODEL, model_path=str(REPO), optimizer="sgd", learning_rate=LEARNING_RATE,
-                       batch_size=BATCH, epochs=1, num_ps=2, num_workers=WORKERS, mode="sync", averaging="replicas",
-                       log_every=1, **kw)
+    return TrainConfig.flat(train=(digits.five_steps,), eval=(digits.test,), format="tfrecord", schema=digits.schema,
+                            model=MODEL, model_path=str(REPO), optimizer="sgd", learning_rate=LEARNING_RATE,
+                            batch_size=BATCH, epochs=1, num_ps=2, num_workers=WORKERS, mode="sync", averaging="replicas",
+                            log_every=1, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def reference(digits: Digits) -> dict[str, np.ndarray]:
     values.update({k: np.array(v, np.float32) for k, v in model.initial_values().items()})
     sgd = make_optimizer(OptimizerSpec("sgd", {"learning_rate": LEARNING_RATE}))
     slots = {name: sgd.create_slots(v) for name, v in values.items()}
-    data = read_all(list(config.train), config.format, **data_options(config))
+    data = read_all(list(config.data.train), config.data.format, **data_options(config))
     big = WORKERS * BATCH
     assert data.num_examples == STEPS * big
     for start in range(0, data.num_examples, big):

@@ -5,7 +5,6 @@ Sizes are small (a9a: 123 distinct ids) so every test is quick; what is checked 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -37,7 +36,7 @@ def _config(**kw: object) -> TrainConfig:
         train=(str(A9A),), eval=(str(A9A_T),), model="fm", embedding_dim=4, optimizer="adagrad", batch_size=256,
         num_ps=2, num_workers=1, connect_timeout=30.0, model_params={"dynamic_table": {"admit_after": 2}})
     base.update(kw)
-    return TrainConfig(**base)  # type: ignore[arg-type]
+    return TrainConfig.flat(**base)  # type: ignore[arg-type]
 
 
 def _client(config: TrainConfig, handle, name: str = "/job:worker/task:0") -> ParameterClient:  # type: ignore[no-untyped-def]
@@ -80,7 +79,7 @@ def test_restore_onto_one_and_three_ps_tasks_keeps_every_row_and_slot_on_its_own
     assert {"linear", "linear@ids", "linear:accumulator", "embedding", "embedding@ids", "embedding:accumulator"} <= set(want)
     assert np.all(np.diff(want["embedding@ids"]) > 0) and want["embedding"].shape == (want["embedding@ids"].size, 4)
     for num_ps in (1, 3):
-        target_config = dataclasses.replace(config, num_ps=num_ps)
+        target_config = config.with_(num_ps=num_ps)
         target = local_cluster(num_ps)
         chief = _client(target_config, target)
         result = join_cluster(chief, target_config.optimizer_spec(), chief=True, checkpoint_dir=str(tmp_path / "ckpt"))

@@ -101,14 +101,14 @@ def test_the_evaluator_evaluates_each_new_checkpoint_and_ends_after_the_final_on
 
 
 def test_the_evaluator_ends_on_a_stop_and_refuses_a_run_without_its_inputs(tmp_path: Path) -> None:
-    config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(tmp_path / "none"))
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(tmp_path / "none"))
     stop = threading.Event()
     threading.Timer(0.5, stop.set).start()
     assert run_evaluator(config, poll_secs=0.05, stop=stop) == []  # no checkpoint yet: it waited, then stopped
     with pytest.raises(ConfigError, match="--checkpoint-dir"):
-        run_evaluator(TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124))
+        run_evaluator(TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124))
     with pytest.raises(ConfigError, match="--eval"):
-        run_evaluator(TrainConfig(train=(str(A9A),), num_features=124, checkpoint_dir=str(tmp_path)))
+        run_evaluator(TrainConfig.flat(train=(str(A9A),), num_features=124, checkpoint_dir=str(tmp_path)))
 
     # Under psflow server: one line naming the flag, exit status 1, no traceback.
     port = free_ports(1)[0]
@@ -132,6 +132,6 @@ def test_a_run_whose_last_periodic_save_falls_on_its_last_step_still_marks_it_fi
     assert r.returncode == 0, r.stderr[-2000:]
     saved = sorted((read_manifest(str(p)).global_step, read_manifest(str(p)).final) for p in ckpt.glob("ckpt-*"))
     assert saved == [(0, False), (10, False), (20, True)], saved
-    config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
     done = run_evaluator(config, poll_secs=0.05)
     assert [(e.global_step, e.final) for e in done] == [(20, True)]

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 def test_session_runs_named_steps_and_refuses_others(local_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     handle = local_cluster(1, 1)
-    config = TrainConfig(train=(str(A9A),), num_features=124, num_ps=1, num_workers=1, replication="in-graph")
+    config = TrainConfig.flat(train=(str(A9A),), num_features=124, num_ps=1, num_workers=1, replication="in-graph")
     path = tmp_path / "config.json"
     path.write_text(config.to_json())
     handle.start("worker", 0, "--config", str(path))

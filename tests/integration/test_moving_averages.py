@@ -59,9 +59,9 @@ def test_evaluation_export_and_predict_use_the_moving_averages_when_asked(tmp_pa
         assert points[step] == pytest.approx(_eval(str(checkpoint), moving_averages=True)["logloss"], rel=1e-6)
 
     # The evaluator task, with and without --eval-moving-averages.
-    config = TrainConfig(eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    config = TrainConfig.flat(eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
     for moving_averages, want in ((True, averaged), (False, plain)):
-        (done,) = run_evaluator(TrainConfig(**{**config.__dict__, "eval_moving_averages": moving_averages}),
+        (done,) = run_evaluator(config.with_(eval_moving_averages=moving_averages),
                                 poll_secs=0.1)
         assert done.final and done.global_step == 64
         assert done.metrics["logloss"] == pytest.approx(want["logloss"], rel=1e-9)

@@ -191,7 +191,7 @@ def test_six_hosts_train_a9a(make_lab: Callable[[list[str]], NetnsLab], tmp_path
 
     for name in trainers:  # every call went to the front (relay) addresses, never to loopback
         assert "127.0.0.1" not in (tmp_path / f"{name}.log").read_text(errors="replace")
-    config = TrainConfig(train=(str(A9A),), num_features=124, num_ps=2, num_workers=4)
+    config = TrainConfig.flat(train=(str(A9A),), num_features=124, num_ps=2, num_workers=4)
     model, variables = build_model(config, cluster)
     client = ParameterClient(cluster, variables.placements(), client_name="test",
                              config=ConnectConfig(connect_timeout=60, token=TOKEN))
@@ -251,9 +251,9 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     from psflow.train.faults import NO_FAULTS, FaultInjection
 
     epochs, out = 3, tmp_path / "run"
-    config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=3,
-                         epochs=epochs, batch_size=512, log_every=1, transport="tcp", connect_timeout=120.0,
-                         checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=3,
+                              epochs=epochs, batch_size=512, log_every=1, transport="tcp", connect_timeout=120.0,
+                              checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
     # A worker victim must still be training when it is cut: unslowed, worker 1's ~64
     # steps took under a second, so on a loaded machine it could finish (and leave the
     # health monitor's watch) before the cutter thread saw its first step; the CI run of
@@ -319,9 +319,9 @@ def test_chaos_kills_tasks_on_their_own_hosts_and_the_run_recovers(make_lab: Cal
     # with the first fault seen at 319 of ~510, worker 1 was killed at the end of the data and its recovery was
     # never seen. (The spacing of rounds after a restore's step jump: test_chaos_schedule.py.)
     epochs = 4
-    config = TrainConfig(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=2,
-                         epochs=epochs, batch_size=256, transport="tcp", connect_timeout=120.0,
-                         checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=2,
+                              epochs=epochs, batch_size=256, transport="tcp", connect_timeout=120.0,
+                              checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
     metrics = run_local(config, str(tmp_path / "run"), progress=None, resilience=resilience,
                         status=StatusConfig(enabled=False), placement=placement)
     fired = {f["task"]: f for f in metrics["faults"]}

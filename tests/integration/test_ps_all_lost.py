@@ -70,8 +70,8 @@ def _step(channel: TaskChannel) -> int | None:
 
 def test_every_ps_task_of_a_cluster_run_by_hand_lost_without_checkpoint_dir_stops_the_workers(
         local_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    config = TrainConfig(train=(str(A9A),), num_features=124, num_ps=2, num_workers=2, batch_size=32, epochs=5,
-                         log_every=50, connect_timeout=60, summary_dir=str(tmp_path / "summaries"))
+    config = TrainConfig.flat(train=(str(A9A),), num_features=124, num_ps=2, num_workers=2, batch_size=32, epochs=5,
+                              log_every=50, connect_timeout=60, summary_dir=str(tmp_path / "summaries"))
     cfg = tmp_path / "config.json"
     cfg.write_text(config.to_json())
     handle = local_cluster(2, 2)

@@ -44,7 +44,7 @@ def test_a_ps_task_killed_in_a_run_without_checkpoint_dir_is_restored_from_the_r
     checkpoints = out / "checkpoints"
     assert (f"psflow: --restart-policy on-failure without --checkpoint-dir: checkpoints go to {checkpoints}, so a ps "
             "task that dies is restored from the newest") in r.stderr
-    assert json.loads((out / "config.json").read_text())["checkpoint_dir"] == str(checkpoints)
+    assert json.loads((out / "config.json").read_text())["checkpoint"]["dir"] == str(checkpoints)
     metrics = json.loads((out / "metrics.json").read_text())
     (fault,) = metrics["faults"]
     assert fault["task"] == "/job:ps/task:1" and fault["recovery_seconds"] is not None, fault
@@ -88,8 +88,8 @@ def test_a_cluster_run_by_hand_without_checkpoint_dir_stops_when_a_ps_task_comes
     ``none``: nothing to elect; the workers fail on the dead ps task, and the chief's process, restarted,
     refuses to initialize ps task 1 beside ps task 0 with the same line. Either way ps task 1 stays empty.
     """
-    config = TrainConfig(train=(str(A9A),), num_features=124, num_ps=2, num_workers=2, batch_size=32, epochs=5,
-                         log_every=50, connect_timeout=60, summary_dir=str(tmp_path / "summaries") if duties != "none" else None)
+    config = TrainConfig.flat(train=(str(A9A),), num_features=124, num_ps=2, num_workers=2, batch_size=32, epochs=5,
+                              log_every=50, connect_timeout=60, summary_dir=str(tmp_path / "summaries") if duties != "none" else None)
     cfg = tmp_path / "config.json"
     cfg.write_text(config.to_json())
     handle = local_cluster(2, 2)

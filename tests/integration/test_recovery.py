@@ -124,7 +124,7 @@ def test_a_deposed_chiefs_checkpoint_is_refused(local_cluster, tmp_path: Path) -
     from psflow.train.chief import join_cluster
     from psflow.train.config import TrainConfig
 
-    config = TrainConfig(train=(str(A9A),), num_features=124, num_ps=2)
+    config = TrainConfig.flat(train=(str(A9A),), num_features=124, num_ps=2)
     handle = local_cluster(2)
     _, variables = build_model(config, handle.cluster)
     client = ParameterClient(handle.cluster, variables.placements(), client_name="/job:worker/task:0",

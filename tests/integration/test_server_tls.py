@@ -171,8 +171,8 @@ def test_an_in_graph_run_drives_its_workers_over_mutual_tls(tmp_path: Path) -> N
         _start(procs, tmp_path, cluster, "ps", files["ps0"].flags())
         _start(procs, tmp_path, cluster, "worker", [*files["worker0"].flags(), "--train", str(A9A), "--num-features",
                                                     "124", "--replication", "in-graph", "--no-status"])
-        config = TrainConfig(train=(str(A9A),), num_features=124, num_ps=1, num_workers=1, replication="in-graph",
-                             max_steps=5, connect_timeout=_SAFETY)
+        config = TrainConfig.flat(train=(str(A9A),), num_features=124, num_ps=1, num_workers=1, replication="in-graph",
+                                  max_steps=5, connect_timeout=_SAFETY)
         result = run_in_graph_client(config, ClusterSpec(cluster), token=TOKEN, tls=_tls(files["client"]))
         assert result["steps"] >= 5, result
         for job in procs:

@@ -41,7 +41,7 @@ def small_a9a(tmp: Path) -> Path:
 
 
 def write_config(tmp: Path, faults: FaultInjection = NO_FAULTS, **kw: Any) -> tuple[TrainConfig, Path]:
-    config = TrainConfig(**kw)
+    config = TrainConfig.flat(**kw)
     path = tmp / "config.json"
     path.write_text(task_config_json(config, faults))
     return config, path
@@ -81,7 +81,7 @@ def single_process(config: TrainConfig, path: Path, workers: int) -> dict[str, n
         spec = OptimizerSpec.from_json(p.var.optimizer) if p.var.optimizer else config.optimizer_spec()
         optimizers[p.var.name] = make_optimizer(spec)
         slots[p.var.name] = optimizers[p.var.name].create_slots(values[p.var.name])
-    big = config.batch_size * workers
+    big = config.data.batch_size * workers
     for start in range(0, data.num_examples, big):
         batch = model.prepare(data.slice(start, min(start + big, data.num_examples)))
         out = model.compute(batch, ArrayParameters(values).pull(model.lookups(batch)))

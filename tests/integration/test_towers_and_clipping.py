@@ -114,8 +114,8 @@ def test_one_two_and_four_cpu_towers_train_the_same_model_in_20_steps(digits: Di
         assert metrics["global_step"] == 20 and metrics["examples"] == 640
         assert (f"{towers} towers: cpu, cpu" in logs) == (towers > 1), logs[-2000:]  # the towers did the steps
         runs[towers] = variables
-    start = build_model(TrainConfig(train=(digits.twenty_steps,), format="tfrecord", schema=digits.schema, model=MODEL,
-                                    model_path=str(REPO)), ClusterSpec({"ps": ["127.0.0.1:1"]}))[0].initial_values()
+    start = build_model(TrainConfig.flat(train=(digits.twenty_steps,), format="tfrecord", schema=digits.schema, model=MODEL,
+                                         model_path=str(REPO)), ClusterSpec({"ps": ["127.0.0.1:1"]}))[0].initial_values()
     assert np.abs(runs[1]["conv1/weight"] - start["conv1/weight"]).max() > 1e-3  # 20 steps moved the model
     for towers in (2, 4):
         compare(runs[towers], runs[1], f"{towers} towers against 1")
@@ -148,8 +148,8 @@ def reference(config: TrainConfig, steps: Sequence[Sequence[Batch]], clip: float
 
 
 def digits_config(digits: Digits, **kw: Any) -> TrainConfig:
-    return TrainConfig(train=(digits.five_steps,), format="tfrecord", schema=digits.schema, model=MODEL,
-                       model_path=str(REPO), optimizer="sgd", learning_rate=LEARNING_RATE, num_ps=2, **kw)
+    return TrainConfig.flat(train=(digits.five_steps,), format="tfrecord", schema=digits.schema, model=MODEL,
+                            model_path=str(REPO), optimizer="sgd", learning_rate=LEARNING_RATE, num_ps=2, **kw)
 
 
 def test_sync_workers_each_clip_their_own_gradient(digits: Digits, tmp_path: Path) -> None:
@@ -172,8 +172,8 @@ def test_in_process_clips_a_numpy_models_sparse_and_dense_gradients(tmp_path: Pa
     path = tmp_path / "a9a_320.libsvm"
     path.write_text("".join(a9a.read_text().splitlines(keepends=True)[:320]))
     clip = 0.05
-    config = TrainConfig(train=(str(path),), num_features=124, model="logistic", optimizer="sgd", learning_rate=LEARNING_RATE,
-                         batch_size=64, num_ps=2, num_workers=1, clip_gradient_norm=clip)
+    config = TrainConfig.flat(train=(str(path),), num_features=124, model="logistic", optimizer="sgd", learning_rate=LEARNING_RATE,
+                              batch_size=64, num_ps=2, num_workers=1, clip_gradient_norm=clip)
     data = read_all([str(path)], "libsvm", **data_options(config))
     steps = [[data.slice(64 * k, 64 * k + 64)] for k in range(5)]
     metrics, trained, _ = train(tmp_path, "--train", str(path), "--num-features", "124", "--model", "logistic",

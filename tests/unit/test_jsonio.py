@@ -56,7 +56,7 @@ def test_a_non_finite_float_in_a_frame_header_travels_as_null() -> None:
 
 
 def test_a_non_finite_setting_is_refused_not_written_as_null() -> None:
-    config = TrainConfig(train=("x",), model_params={"dropout": float("nan")})  # --model-param dropout=NaN
-    with pytest.raises(ConfigError, match=r"the training config: model_params\.dropout is nan"):
+    config = TrainConfig.flat(train=("x",), model_params={"dropout": float("nan")})  # --model-param dropout=NaN
+    with pytest.raises(ConfigError, match=r"the training config: model\.params\.dropout is nan"):
         config.to_json()
-    assert strict_loads(TrainConfig(train=("x",)).to_json())["train"] == ["x"]
+    assert strict_loads(TrainConfig.flat(train=("x",)).to_json())["data"]["train"] == ["x"]

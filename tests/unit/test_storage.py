@@ -57,7 +57,7 @@ def test_gs_checkpoint_dir_without_gcsfs_names_the_extra_and_writes_no_local_fol
                                        "pip install 'psflow[cloud]'\n")
     assert sorted(os.listdir(tmp_path)) == []  # before: ./gs:/bucket/ckpt
     with pytest.raises(MissingExtraError) as info:
-        TrainConfig(checkpoint_dir="gs://bucket/ckpt")
+        TrainConfig.flat(checkpoint_dir="gs://bucket/ckpt")
     assert (info.value.name, info.value.extra) == ("gcsfs", "cloud") and isinstance(info.value, ConfigError)
 
 

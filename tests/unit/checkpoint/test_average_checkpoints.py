@@ -85,8 +85,8 @@ def test_a_checkpoint_without_averages_starts_them_at_the_restored_value_and_a_r
 
 def test_the_resume_check_does_not_count_an_average_as_an_optimizer_slot(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    config = TrainConfig(train=("unused",), num_features=124, num_ps=1, optimizer="sgd", checkpoint_dir=str(ckpt),
-                         moving_average_decay=0.99)
+    config = TrainConfig.flat(train=("unused",), num_features=124, num_ps=1, optimizer="sgd", checkpoint_dir=str(ckpt),
+                              moving_average_decay=0.99)
     _, variables = build_model(config, ClusterSpec({"ps": ["127.0.0.1:1"]}))
     assert [p.var.moving_average_decay for p in variables.placements()] == [0.99, 0.99]  # weights, bias
     services = [ParameterService(0, holds_global_step=True)]
@@ -94,10 +94,10 @@ def test_the_resume_check_does_not_count_an_average_as_an_optimizer_slot(tmp_pat
                              channels={0: InProcessChannel("/job:ps/task:0", services[0].handlers())})
     client.register(config.optimizer_spec(), chief=True)
     CheckpointManager(str(ckpt), transport="rpc").save(client, optimizer=config.optimizer_spec().to_json())
-    for resumed in (config, TrainConfig(**{**config.__dict__, "moving_average_decay": None})):
+    for resumed in (config, config.with_(moving_average_decay=None)):
         _, layout = build_model(resumed, ClusterSpec({"ps": ["127.0.0.1:1"]}))
         check_resume(resumed, layout.placements())  # sgd has no slots: the average is not one
-    adam = TrainConfig(**{**config.__dict__, "optimizer": "adam"})
+    adam = config.with_(optimizer="adam")
     with pytest.raises(Exception, match="has slots none\\); this run asks for adam"):
         check_resume(adam, build_model(adam, ClusterSpec({"ps": ["127.0.0.1:1"]}))[1].placements())
     (weights, *_) = ps_memory(variables.placements(), config.optimizer_spec())

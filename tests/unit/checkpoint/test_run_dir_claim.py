@@ -82,7 +82,7 @@ def test_a_nested_claim_of_the_same_run_leaves_the_release_to_the_outer_one(tmp_
 
 def test_claim_run_takes_both_directories_and_lets_go_of_both(tmp_path: Path) -> None:
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
-    config, held = claim_run(TrainConfig(checkpoint_dir=str(ckpt)), str(out))
+    config, held = claim_run(TrainConfig.flat(checkpoint_dir=str(ckpt)), str(out))
     assert config.run_id
     with held:
         for lock in (out / RUN_LOCK_NAME, ckpt / LOCK_NAME):
@@ -94,10 +94,10 @@ def test_claim_run_refused_its_checkpoint_directory_lets_go_of_its_run_directory
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     with CheckpointDirLock(str(ckpt), "run-a"):
         with pytest.raises(CheckpointLockedError, match="in use by run run-a"):
-            claim_run(TrainConfig(checkpoint_dir=str(ckpt), run_id="run-b"), str(out))
+            claim_run(TrainConfig.flat(checkpoint_dir=str(ckpt), run_id="run-b"), str(out))
         assert not (out / RUN_LOCK_NAME).exists()
     # and a refused run directory takes no checkpoint directory
     with RunDirLock(str(out), "run-a"):
         with pytest.raises(RunDirLockedError, match="in use by run run-a"):
-            claim_run(TrainConfig(checkpoint_dir=str(ckpt), run_id="run-b"), str(out))
+            claim_run(TrainConfig.flat(checkpoint_dir=str(ckpt), run_id="run-b"), str(out))
     assert not (ckpt / LOCK_NAME).exists()

@@ -315,7 +315,7 @@ def test_a_cluster_worker_refuses_a_reader_process() -> None:
     from psflow.train.config import ConfigError, TrainConfig
     from psflow.train.worker import run_worker
 
-    config = TrainConfig(train=("unused.libsvm",), num_ps=1, num_workers=1, reader_process=True)
+    config = TrainConfig.flat(train=("unused.libsvm",), num_ps=1, num_workers=1, reader_process=True)
     cluster = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]})
     with pytest.raises(ConfigError, match="in-process fast path only"):
         run_worker(config, cluster, 0)

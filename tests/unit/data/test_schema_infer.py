@@ -201,7 +201,7 @@ def test_sparse_lr_files_keep_the_default_schema(fixtures_dir: Path) -> None:
         inferred = infer_schema(str(fixtures_dir / name))
         assert inferred.sparse_lr and inferred.is_default and inferred.schema == default_sparse_schema()
         assert f"sparse feature {DEFAULT_SPARSE_FEATURE!r} from ids + values" in inferred.describe()
-    config = TrainConfig(format="tfrecord", train=(str(fixtures_dir / "sparse_lr.tfrecord"),), num_features=1 << 20)
+    config = TrainConfig.flat(format="tfrecord", train=(str(fixtures_dir / "sparse_lr.tfrecord"),), num_features=1 << 20)
     assert data_schema(config) is None  # exactly as before inference: the reader's default
     assert list(model_config(config).features.sparse) == [DEFAULT_SPARSE_FEATURE]
 
@@ -242,18 +242,18 @@ def test_bad_input_is_named(tmp_path: Path, fixtures_dir: Path) -> None:
 
 def test_train_config_infers_and_reports_errors_as_config_errors(tmp_path: Path) -> None:
     path = _mixed_file(tmp_path)
-    config = TrainConfig(format="tfrecord", train=(str(tmp_path / "*.tfrecord"),), num_features=1000)
+    config = TrainConfig.flat(format="tfrecord", train=(str(tmp_path / "*.tfrecord"),), num_features=1000)
     schema = data_schema(config)
     assert schema is not None and schema == infer_schema(path, num_features=1000).schema
     spec = model_config(config).features
     assert spec.sparse == {"C2": 1000, "C10": 1000, "rare": 1000, "site": 1000}
     assert spec.dense == {"clicks": 1, "delta": 1, "flag": 1, "ratio": 1, "vec": 3}
     with pytest.raises(ConfigError, match=r"schema inference \(no --schema given\): .*no label key 'y'"):
-        data_schema(TrainConfig(format="tfrecord", train=(path,), label="y"))
+        data_schema(TrainConfig.flat(format="tfrecord", train=(path,), label="y"))
     with pytest.raises(ConfigError, match="no files match"):
-        data_schema(TrainConfig(format="tfrecord", train=(str(tmp_path / "nothing-*"),)))
+        data_schema(TrainConfig.flat(format="tfrecord", train=(str(tmp_path / "nothing-*"),)))
     # a schema or --feature flags are used as given, never inferred
-    assert data_schema(TrainConfig(format="tfrecord", train=(path,), features=("flag:float",))) == \
+    assert data_schema(TrainConfig.flat(format="tfrecord", train=(path,), features=("flag:float",))) == \
         Schema({"label": FixedLenFeature(), "flag": FixedLenFeature()})
 
 

@@ -156,8 +156,8 @@ def _check_started(seen: dict[str, Any], cluster: ClusterSpec, task: TaskId) -> 
         return
     assert "task" not in seen and seen["stop"] == f"/job:evaluator/task:{task.index}"  # not run_task: no server
     config = seen["evaluator"]
-    assert config.checkpoint_dir == CHECKPOINTS and len(config.eval) == 1
-    assert config.num_ps == cluster.num_tasks("ps")
+    assert config.checkpoint.dir == CHECKPOINTS and len(config.data.eval) == 1
+    assert config.cluster.num_ps == cluster.num_tasks("ps")
 
 
 def test_every_manifest_passes_the_kubernetes_schema(rendered: Rendered) -> None:

@@ -134,7 +134,7 @@ def test_optimizer_flags_take_booleans() -> None:
 
 def test_config_fills_the_schedules_learning_rate_and_refuses_it_twice() -> None:
     def config(**kw: Any) -> TrainConfig:
-        return TrainConfig(train=("x",), optimizer="rmsprop", **kw)
+        return TrainConfig.flat(train=("x",), optimizer="rmsprop", **kw)
 
     schedule = {"schedule": "exponential_decay", "decay_steps": 100, "decay_rate": 0.96, "staircase": True}
     spec = config(learning_rate=0.05, learning_rate_schedule=schedule,

@@ -114,9 +114,9 @@ def test_the_layout_carries_the_decay_and_refuses_what_cannot_be_averaged() -> N
 
 
 def test_the_run_flag_is_checked() -> None:
-    assert TrainConfig(moving_average_decay=0.9999).moving_average_decay == 0.9999
+    assert TrainConfig.flat(moving_average_decay=0.9999).optimizer.moving_average_decay == 0.9999
     with pytest.raises(ConfigError, match="--moving-average-decay must be in \\[0, 1\\] \\(0: none\\), got 1.5"):
-        TrainConfig(moving_average_decay=1.5)
+        TrainConfig.flat(moving_average_decay=1.5)
 
 
 # ---- on ps services, through a client ------------------------------------------------------------------------

@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from psflow.train.config import ConfigError, TrainConfig
+from psflow.train.config import FLAT_FIELDS, ConfigError, TrainConfig
 from psflow.train.faults import NO_FAULTS, FaultInjection, read_task_config, task_config_json
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def test_the_task_config_file_carries_the_faults_beside_the_settings() -> None:
-    config = TrainConfig(train=("a9a",), num_features=124, max_steps=10)
+    config = TrainConfig.flat(train=("a9a",), num_features=124, max_steps=10)
     faults = FaultInjection(checkpoint_exit="shards_written", step_delay={1: 0.05}, step_lag={2: 4})
     text = task_config_json(config, faults)
     assert json.loads(text)["faults"] == {"checkpoint_exit": "shards_written", "step_delay": {"1": 0.05},
@@ -27,7 +27,8 @@ def test_the_task_config_file_carries_the_faults_beside_the_settings() -> None:
 
 
 def test_no_setting_of_the_run_is_a_fault() -> None:
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    names = {f.name for f in dataclasses.fields(TrainConfig)} | set(FLAT_FIELDS)
+    assert "epochs" in names and "data" in names
     assert not names & {"fault_point", "extra", "step_delay", "step_lag"}
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _claim(ckpt: Path) -> str:
     out = io.StringIO()
-    _, lock = claim_checkpoint_dir(TrainConfig(checkpoint_dir=str(ckpt)), out=out)
+    _, lock = claim_checkpoint_dir(TrainConfig.flat(checkpoint_dir=str(ckpt)), out=out)
     assert lock is not None
     lock.release()
     return out.getvalue()

@@ -71,7 +71,7 @@ class FakeClient:
 
 
 def driver(sessions: list[FakeSession], mode: str = "async", connect_timeout: float = 30.0) -> tuple[InGraphDriver, FakeClient]:
-    config = TrainConfig(train=("unused",), num_features=3, mode=mode, log_every=1000, connect_timeout=connect_timeout)
+    config = TrainConfig.flat(train=("unused",), num_features=3, mode=mode, log_every=1000, connect_timeout=connect_timeout)
     client = FakeClient()
     return InGraphDriver(config, None, client, sessions), client  # type: ignore[arg-type]
 

@@ -14,14 +14,14 @@ GIB = 2**30
 
 
 def config(**kw: object) -> TrainConfig:
-    return TrainConfig(train=("unused.libsvm",), **{"num_features": 124, **kw})  # type: ignore[arg-type]
+    return TrainConfig.flat(train=("unused.libsvm",), **{"num_features": 124, **kw})  # type: ignore[arg-type]
 
 
 def test_seed_out_of_range_is_a_config_error() -> None:
     for seed in (-1, 2**63):
         with pytest.raises(ConfigError, match=rf"--seed must be in \[0, 2\*\*63 - 1\], got {seed}"):
             config(seed=seed)
-    assert config(seed=2**63 - 1).seed == 2**63 - 1
+    assert config(seed=2**63 - 1).data.seed == 2**63 - 1
 
 
 def test_the_issues_fm_table_is_refused_with_its_numbers() -> None:

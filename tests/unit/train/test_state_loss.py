@@ -153,13 +153,13 @@ def test_a_task_that_found_the_state_lost_is_never_restarted() -> None:
 
 
 def test_a_restart_policy_gives_a_run_without_checkpoint_dir_one_in_its_run_directory(tmp_path: Path) -> None:
-    config = TrainConfig(train=("x",))
+    config = TrainConfig.flat(train=("x",))
     on_failure = ResilienceConfig(restart=RestartConfig("on-failure"))
     out = io.StringIO()
     got = with_recovery_checkpoints(config, on_failure, str(tmp_path / "run"), out=out)
-    assert got.checkpoint_dir == str(tmp_path / "run" / "checkpoints")
+    assert got.checkpoint.dir == str(tmp_path / "run" / "checkpoints")
     assert out.getvalue() == (f"psflow: --restart-policy on-failure without --checkpoint-dir: checkpoints go to "
                               f"{tmp_path / 'run' / 'checkpoints'}, so a ps task that dies is restored from the newest\n")
     assert with_recovery_checkpoints(config, ResilienceConfig(), str(tmp_path), out=out) is config   # never
-    mine = TrainConfig(train=("x",), checkpoint_dir="mine")
+    mine = TrainConfig.flat(train=("x",), checkpoint_dir="mine")
     assert with_recovery_checkpoints(mine, on_failure, str(tmp_path), out=out) is mine

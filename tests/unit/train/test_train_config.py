@@ -1,0 +1,77 @@
+"""TrainConfig in groups (issue 27, item 7): each group checks its own fields, the config the rules across
+groups; the JSON is nested and reads back equal; flat() and with_() take the flags' names."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from psflow.train.config import (
+    FLAT_FIELDS,
+    CheckpointSettings,
+    ClusterSettings,
+    ConfigError,
+    DataSettings,
+    SyncSettings,
+    TrainConfig,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_json_is_nested_and_reads_back_equal() -> None:
+    config = TrainConfig.flat(train=("a", "b"), features=("x:categorical",), format="tfrecord", devices=("cpu",),
+                              allowed_steps=("m:f",), checkpoint_dir="/tmp/ck", sync_timeout=5.0, model="fm",
+                              optimizer="adam", learning_rate_schedule={"schedule": "constant"}, run_id="r1")
+    data = json.loads(config.to_json())
+    assert data["data"]["train"] == ["a", "b"] and data["checkpoint"]["dir"] == "/tmp/ck"
+    assert data["sync"]["timeout"] == 5.0 and data["model"]["name"] == "fm" and data["run_id"] == "r1"
+    assert "epochs" not in data  # no flat copy beside the groups
+    assert TrainConfig.from_json(config.to_json()) == config
+
+
+def test_flat_maps_each_name_to_its_group() -> None:
+    config = TrainConfig.flat(epochs=3, num_ps=1, mode="sync", save_checkpoints_steps=7, optimizer="sgd")
+    assert (config.data.epochs, config.cluster.num_ps, config.sync.mode) == (3, 1, "sync")
+    assert (config.checkpoint.save_steps, config.optimizer.name) == (7, "sgd")
+    assert TrainConfig.flat() == TrainConfig()
+    # every flat name lands on a field of its group
+    for name, (group, key) in FLAT_FIELDS.items():
+        assert key in {f.name for f in dataclasses.fields(getattr(TrainConfig(), group))}, name
+
+
+def test_flat_and_with_refuse_an_unknown_name_naming_it() -> None:
+    with pytest.raises(TypeError, match="'epoch'"):
+        TrainConfig.flat(epoch=3)
+    with pytest.raises(TypeError, match="'bogus'"):
+        TrainConfig().with_(bogus=1)
+
+
+def test_with_changes_only_what_it_names_and_checks_again() -> None:
+    config = TrainConfig.flat(num_features=8, partitions=2, batch_size=16)
+    changed = config.with_(epochs=4, partitions=4)
+    assert (changed.data.epochs, changed.cluster.partitions, changed.data.batch_size) == (4, 4, 16)
+    assert config.data.epochs == 1  # frozen: the original is untouched
+    with pytest.raises(ConfigError, match=r"--partitions \(9\) exceeds --num-features \(8\)"):
+        config.with_(partitions=9)
+
+
+def test_each_group_checks_its_own_fields() -> None:
+    with pytest.raises(ConfigError, match="--batch-size must be >= 1"):
+        DataSettings(batch_size=0)
+    with pytest.raises(ConfigError, match="--transport must be grpc or tcp"):
+        ClusterSettings(transport="udp")
+    with pytest.raises(ConfigError, match="not both"):
+        CheckpointSettings(save_secs=1.0, save_steps=2)
+    with pytest.raises(ConfigError, match="--replication must be"):
+        SyncSettings(replication="mirrored")
+
+
+def test_the_config_checks_the_rules_across_groups() -> None:
+    # the sync mode's rules need the number of workers (cluster), checked by the config
+    with pytest.raises(ConfigError, match="replicas_to_aggregate"):
+        TrainConfig.flat(mode="sync", num_workers=2, replicas_to_aggregate=5)
+    with pytest.raises(ConfigError, match="--partitions"):
+        TrainConfig(data=DataSettings(num_features=2), cluster=ClusterSettings(partitions=3))
