@@ -37,6 +37,11 @@ def run_train(args: argparse.Namespace) -> int:
         raise ConfigError("--train is required")
     if args.verbose:
         configure_logging(verbose=True)
+    if args.ps_replicas < 0:
+        raise ConfigError(f"--ps-replicas {args.ps_replicas}: want a whole number >= 0 (backups of each ps shard)")
+    if args.in_process and args.ps_replicas:
+        raise ConfigError(f"--ps-replicas {args.ps_replicas} needs a cluster of processes (each backup is a task): "
+                          "not with --in-process")
     config = config_from_args(args)
     status = status_config(args)  # before anything is written: a PSFLOW_TOKEN of only whitespace is refused
     _check_output(args.output)

@@ -5,8 +5,10 @@
        is refused, naming it, before anything is written there:
        :class:`~psflow.checkpoint.lock.RunDirLock`), then the
        checkpoint directory; both are released when the run ends;
-    1. picks free ports on 127.0.0.1 for ``num_ps`` ps tasks and
-       ``num_workers`` worker tasks and writes ``cluster.json``;
+    1. picks free ports on 127.0.0.1 for ``num_ps`` ps tasks,
+       ``num_workers`` worker tasks and, with ``--ps-replicas N``, the
+       ``num_ps * N`` tasks of job ``ps_backup`` (each shard's backups,
+       :mod:`psflow.cluster.replicas`), and writes ``cluster.json``;
     2. starts one process per task (``python -m psflow.launch.task``), each
        logging to ``logs/<job>-<index>.log``; all share a fresh cluster token;
     3. watches them from the start (exits, restart policy, hang detection,
@@ -49,6 +51,7 @@ import time
 from typing import Any, TextIO
 
 from psflow.checkpoint.ledger import SaveStatusWatcher
+from psflow.cluster.replicas import BACKUP_JOB
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.processes import LaunchError, LocalCluster, TaskHosts, TaskProcess, failure_report
 from psflow.launch.resilience import Resilience, ResilienceConfig, with_recovery_checkpoints
@@ -119,7 +122,9 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     resumed = resumed_from(config.checkpoint.dir)  # what the chief restores: the examples before this run
     config_path = os.path.join(output_dir, "config.json")
     started = time.monotonic()
-    with claimed, LocalCluster.create(config.cluster.num_ps, config.cluster.num_workers, output_dir, placement=placement) as lc:
+    replicas = (resilience or ResilienceConfig()).ps_replicas
+    with claimed, LocalCluster.create(config.cluster.num_ps, config.cluster.num_workers, output_dir, placement=placement,
+                                      ps_replicas=replicas) as lc:
         with open(config_path, "w") as f:
             f.write(task_config_json(config, faults))
         # From here on, however the run ends, its end is one final snapshot (psflow.launch.run_end).
@@ -133,6 +138,8 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
         page = end.page = LauncherStatus(config, lc, output_dir, status or StatusConfig(), progress or sys.stderr)
         for i in range(config.cluster.num_ps):
             lc.start_task("ps", i, config_path)
+        for j in range(config.cluster.num_ps * replicas):  # the shards' backups (--ps-replicas; none by default)
+            lc.start_task(BACKUP_JOB, j, config_path)
         for i in range(config.cluster.num_workers):
             lc.start_task("worker", i, config_path)
         driver = "client" if config.sync.replication == "in-graph" else "worker"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB
 from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline
@@ -68,6 +69,37 @@ class TaskHosts:
 
     def prefix(self, job: str, index: int) -> list[str]:
         return list(self.prefixes.get((job, index), ()))
+
+    def with_backups(self, num_ps: int, replicas: int) -> TaskHosts:
+        """This placement with a host for every ``ps_backup`` task it does not place itself: a shard's backups
+        go to hosts other than its primary's (and than each other's) where the placement has such hosts.
+
+        ``ps_backup`` task j is a backup of shard ``j % num_ps`` (:mod:`psflow.cluster.replicas`). Each host
+        named here (with its prefix) is a candidate, in the order first named; a backup takes the candidate
+        that carries the fewest of this shard's members, then the fewest backups so far, then the first named.
+        With one host (or none: every task on 127.0.0.1), every backup is there too. Pure; unchanged when
+        ``replicas`` is 0 or every backup is placed already.
+        """
+        candidates: dict[str, tuple[str, ...]] = {}
+        for key, host in self.hosts.items():
+            candidates.setdefault(host, tuple(self.prefixes.get(key, ())))
+        if replicas <= 0 or not candidates:
+            return self
+        hosts, prefixes = dict(self.hosts), dict(self.prefixes)
+        load = {h: 0 for h in candidates}  # backups placed on each host so far
+        for j in range(num_ps * replicas):
+            if (BACKUP_JOB, j) in hosts:
+                continue
+            shard = j % num_ps
+            members = [self.host("ps", shard)] + [hosts.get((BACKUP_JOB, k), "127.0.0.1")
+                                                    for k in range(shard, j, num_ps)]
+            order = list(candidates)
+            host = min(order, key=lambda h: (members.count(h), load[h], order.index(h)))
+            load[host] += 1
+            hosts[(BACKUP_JOB, j)] = host
+            if candidates[host]:
+                prefixes[(BACKUP_JOB, j)] = candidates[host]
+        return TaskHosts(hosts, prefixes)
 
 
 @dataclass
@@ -133,13 +165,23 @@ class LocalCluster:
 
     @classmethod
     def create(cls, num_ps: int, num_workers: int, output_dir: str, *,
-               placement: TaskHosts | None = None) -> LocalCluster:
-        placement = placement or TaskHosts()
-        ports = free_ports(num_ps + num_workers)
-        spec = ClusterSpec({
+               placement: TaskHosts | None = None, ps_replicas: int = 0) -> LocalCluster:
+        """Picks free ports, writes ``output_dir/cluster.json``; starts nothing.
+
+        ``ps_replicas``: N > 0 adds job ``ps_backup`` with ``num_ps * N`` tasks, the shards' backups
+        (:mod:`psflow.cluster.replicas`), placed by :meth:`TaskHosts.with_backups`; 0: no such job.
+        """
+        placement = (placement or TaskHosts()).with_backups(num_ps, ps_replicas)
+        backups = num_ps * max(0, ps_replicas)
+        ports = free_ports(num_ps + num_workers + backups)
+        jobs = {
             "ps": [f"{placement.host('ps', i)}:{p}" for i, p in enumerate(ports[:num_ps])],
-            "worker": [f"{placement.host('worker', i)}:{p}" for i, p in enumerate(ports[num_ps:])],
-        })
+            "worker": [f"{placement.host('worker', i)}:{p}" for i, p in enumerate(ports[num_ps:num_ps + num_workers])],
+        }
+        if backups:
+            jobs[BACKUP_JOB] = [f"{placement.host(BACKUP_JOB, j)}:{p}"
+                                for j, p in enumerate(ports[num_ps + num_workers:])]
+        spec = ClusterSpec(jobs)
         os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
         with open(os.path.join(output_dir, "cluster.json"), "w") as f:
             f.write(spec.to_json())
@@ -164,7 +206,7 @@ class LocalCluster:
             "--job", job, "--task", str(index), "--config", config_path,
             "--result", os.path.join(self.output_dir, f"result-{job}-{index}.json"), "--error-file", error_path,
         ] + (["--verbose"] if self.verbose else [])
-        if job == "ps":  # global_step's bound outlives a restart of ps task 0 (psflow.ps.global_step)
+        if job in (PS_JOB, BACKUP_JOB):  # global_step's bound outlives a restart of its holder (psflow.ps.global_step)
             cmd += ["--state-dir", os.path.join(self.output_dir, "state", f"{job}-{index}")]
         if self._lifeline is None:
             self._lifeline = Lifeline()

@@ -93,11 +93,22 @@ class ResilienceConfig:
         restart: restart policy (default ``never``: fail fast).
         health: hang detection timings; ``None`` turns it off.
         chaos: faults to inject.
+        ps_replicas: backups of every ps shard (``--ps-replicas``; 0, the default: unreplicated, as before).
+            Each backup is a task of job ``ps_backup`` (:mod:`psflow.cluster.replicas`), started, watched and
+            restarted like a ps task.
+
+    Raises:
+        ConfigError: ``ps_replicas`` is negative (names ``--ps-replicas``).
     """
 
     restart: RestartConfig = field(default_factory=RestartConfig)
     health: HealthConfig | None = field(default_factory=lambda: HealthConfig(unresponsive_after=30.0))
     chaos: ChaosPlan = field(default_factory=ChaosPlan)
+    ps_replicas: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ps_replicas, bool) or not isinstance(self.ps_replicas, int) or self.ps_replicas < 0:
+            raise ConfigError(f"--ps-replicas {self.ps_replicas!r}: want a whole number >= 0 (backups of each ps shard)")
 
 
 class Resilience:
@@ -419,7 +430,11 @@ def add_resilience_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds without an answer to a 1 s ping before a task is killed as hung (30; 0: off)")
     g.add_argument("--chaos", action="append", default=[], metavar="SPEC",
                    help="inject a fault: kill:JOB:INDEX@step=N, kill:chief@step=N, stop:JOB:INDEX@step=N (repeatable; "
-                        "an in-graph run's client is client:0, and its chief)")
+                        "an in-graph run's client is client:0, and its chief; with --ps-replicas, ps:N is shard N's "
+                        "current primary and ps-backup:N one of its backups)")
+    g.add_argument("--ps-replicas", type=int, default=0, metavar="N",
+                   help="backup tasks of every ps shard (0, default: none): a push is acknowledged once every backup "
+                        "has it, and a dead primary's backup takes over with nothing lost (docs/replication.md)")
 
 
 def resilience_config(args: argparse.Namespace) -> ResilienceConfig:
@@ -434,4 +449,4 @@ def resilience_config(args: argparse.Namespace) -> ResilienceConfig:
         restart = RestartConfig(args.restart_policy, max_restarts=args.max_restarts)
     except (ChaosError, ValueError) as e:
         raise ConfigError(str(e)) from e
-    return ResilienceConfig(restart, health, chaos)
+    return ResilienceConfig(restart, health, chaos, ps_replicas=getattr(args, "ps_replicas", 0))

@@ -108,7 +108,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
             with open(result_path, "w") as f:
                 jsonio.dump(result, f)
         return 0
-    in_graph = config is not None and config.sync.replication == "in-graph" and job != "ps"
+    in_graph = config is not None and config.sync.replication == "in-graph" and job not in ("ps", "ps_backup")
     handlers = None
     if in_graph and config is not None:
         from psflow.train.in_graph import StepService
@@ -120,7 +120,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
                     checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, bind_address=bind_address, tls=tls,
                     stop_when_run_over=stop_when_run_over)
     try:
-        if job == "ps" or in_graph:
+        if job in ("ps", "ps_backup") or in_graph:  # a ps shard's backup serves as its primary does
             stop.on_stop(functools.partial(server.stop, grace=0.0))  # ends join() below
             server.join()
             return _stopped(server.task.name, stop) if stop.requested() else 0
