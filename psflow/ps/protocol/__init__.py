@@ -22,6 +22,8 @@ Files:
       ``ReaderPositions``, ``CheckpointStatus``.
     * ``in_graph.py``: the in-graph path's ``RunStep`` (a worker task's call),
       whose gradients travel as a push's (:func:`gradient_arrays`).
+    * ``replication.py``: replicated shards (issue 28) -- ``ReplicaStatus``, ``Promote``, ``DropBackup``
+      (clients' calls), ``Replicate`` and ``Join`` (between a shard's members).
     * ``fields.py``: the :func:`~psflow.ps.protocol.fields.message` decorator and the checked readers of
       one meta field the messages share.
 
@@ -44,6 +46,11 @@ BeginRestore      :class:`BeginRestoreRequest`      :class:`BeginRestoreReply`
 ReaderPositions   :class:`ReaderPositionsRequest`   :class:`ReaderPositionsReply`
 CheckpointStatus  :class:`CheckpointStatusRequest`  :class:`CheckpointStatusReply`
 RunStep           :class:`RunStepRequest`           :class:`RunStepReply`
+ReplicaStatus     :class:`ReplicaStatusRequest`     :class:`ReplicaStatusReply`
+Promote           :class:`PromoteRequest`           :class:`ReplicaStatusReply`
+DropBackup        :class:`DropBackupRequest`        :class:`ReplicaStatusReply`
+Join              :class:`JoinRequest`              :class:`JoinReply`
+Replicate         :class:`ReplicateRequest`         :class:`ReplicateReply`
 ================  ================================  ==============================
 
 The calls' semantics are the service's (:mod:`psflow.ps.service`,
@@ -92,6 +99,19 @@ from psflow.ps.protocol.data import (
     gradients_of,
 )
 from psflow.ps.protocol.in_graph import RunStepReply, RunStepRequest, SparseArrays
+from psflow.ps.protocol.replication import (
+    ROLES,
+    DropBackupRequest,
+    JoinReply,
+    JoinRequest,
+    PartDelta,
+    PromoteRequest,
+    ReplicaEntry,
+    ReplicaStatusReply,
+    ReplicaStatusRequest,
+    ReplicateReply,
+    ReplicateRequest,
+)
 
 __all__ = [
     "Ack", "BeginRestoreReply", "BeginRestoreRequest", "CheckpointStatusReply", "CheckpointStatusRequest",
@@ -101,4 +121,6 @@ __all__ = [
     "RunStepRequest", "SaveOutcome", "SparseArrays",
     "SaveShardReply", "SaveShardRequest", "SetReadyReply", "SetReadyRequest", "StatsReply", "StepTag",
     "WorkerTag", "gradient_arrays", "gradients_of",
+    "ROLES", "DropBackupRequest", "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
+    "ReplicaStatusReply", "ReplicaStatusRequest", "ReplicateReply", "ReplicateRequest",
 ]

@@ -38,12 +38,18 @@ class Request(Protocol):
 @message
 class WorkerTag:
     """Who pushes: the worker's task, its process (incarnation), the restore generation it trains in,
-    and its reader position after the pushed batch (ReaderPosition JSON; recorded for checkpoints)."""
+    and its reader position after the pushed batch (ReaderPosition JSON; recorded for checkpoints).
+
+    Replicated shards (:mod:`psflow.ps.replication`): ``push_id`` numbers the client process's push calls
+    (one more per call; a resend to a new primary keeps it: applied once), ``acked`` how many of this
+    process's pushes this shard acknowledged before this one. None: not sent (an unreplicated cluster)."""
 
     worker: str | None = None
     incarnation: int | None = None
     generation: int | None = None
     position: str | None = None
+    push_id: int | None = None
+    acked: int | None = None
 
 
 @message
@@ -114,7 +120,8 @@ class PullRequest:
     """Partitions to read: ``(key, partition-local rows)``, rows ``None`` for the whole partition.
 
     ``create``: a training lookup (dynamic tables count and admit ids); ``averages``: read moving
-    averages instead of values (evaluation); ``step_hint``: the newest global_step the client heard of.
+    averages instead of values (evaluation); ``step_hint``: the newest global_step the client heard of;
+    ``shard_epoch``: (a replicated shard) the epoch of the view the client routes by.
     """
 
     METHOD: ClassVar[str] = "Pull"
@@ -122,6 +129,7 @@ class PullRequest:
     create: bool = False
     averages: bool = False
     step_hint: int | None = None
+    shard_epoch: int | None = None
 
     def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         """The pull's meta fields; its rows arrays are added to ``arrays``."""
@@ -136,6 +144,8 @@ class PullRequest:
         meta: dict[str, Any] = {"vars": entries, "create": self.create, "step_hint": self.step_hint}
         if self.averages:
             meta["averages"] = True
+        if self.shard_epoch is not None:
+            meta["shard_epoch"] = self.shard_epoch
         return meta
 
     def to_frame(self) -> Frame:
@@ -159,10 +169,12 @@ class PullRequest:
             if rows is None:
                 raise InvalidRequest(f"partition {key!r:.80}: rows array {name!r:.40} missing")
             parts.append((key, rows))
-        hint = meta.get("step_hint")
+        hint, epoch = meta.get("step_hint"), meta.get("shard_epoch")
         if hint is not None and type(hint) is not int:
             optional_int(meta, "step_hint")  # raises, naming it
-        return cls(parts, meta.get("create") is True, meta.get("averages") is True, hint)
+        if epoch is not None and (type(epoch) is not int or epoch < 0):
+            optional_int(meta, "shard_epoch", minimum=0)  # raises, naming it
+        return cls(parts, meta.get("create") is True, meta.get("averages") is True, hint, epoch)
 
 
 @message
@@ -185,7 +197,8 @@ class PullReply:
 class PushRequest:
     """Gradients for the partitions of one ps task, with who pushes (``worker``) and which step
     (``steps``). ``step``: increment global_step (only to the task holding it); ``examples`` and
-    ``loss`` count the batch (sent with ``step``)."""
+    ``loss`` count the batch (sent with ``step``); ``shard_epoch``: (a replicated shard) the epoch of the
+    view the client routes by."""
 
     METHOD: ClassVar[str] = "Push"
     grads: Sequence[GradPart]
@@ -194,6 +207,7 @@ class PushRequest:
     step: bool = False
     examples: int = 0
     loss: float | None = None
+    shard_epoch: int | None = None
 
     def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         """The push's meta fields; its gradient arrays are added to ``arrays``."""
@@ -221,6 +235,12 @@ class PushRequest:
                         clock=steps.clock)
         if tag.position is not None:
             meta["position"] = tag.position
+        if tag.push_id is not None:
+            meta["push_id"] = tag.push_id
+        if tag.acked is not None:
+            meta["acked"] = tag.acked
+        if self.shard_epoch is not None:
+            meta["shard_epoch"] = self.shard_epoch
         return meta
 
     def to_frame(self) -> Frame:
@@ -251,8 +271,11 @@ class PushRequest:
         worker, incarnation, generation, position = get("worker"), get("incarnation"), get("generation"), get("position")
         read_step, clock, sync_tag, hint = get("read_step"), get("clock"), get("tag"), get("step_hint")
         examples, loss = get("examples", 0), get("loss")
+        push_id, acked, epoch = get("push_id"), get("acked"), get("shard_epoch")
         # One test on the hot path; the slow path names the first field that is wrong.
-        if not ((worker is None or type(worker) is str) and (generation is None or (type(generation) is int
+        if not ((push_id is None or (type(push_id) is int and push_id >= 0)) and (acked is None or (
+                type(acked) is int and acked >= 0)) and (epoch is None or (type(epoch) is int and epoch >= 0))
+                and (worker is None or type(worker) is str) and (generation is None or (type(generation) is int
                 and generation >= 0)) and (position is None or type(position) is str)
                 and (incarnation is None or (type(incarnation) is int and incarnation >= 0 and worker is not None))
                 and (read_step is None or type(read_step) is int) and (clock is None or type(clock) is int)
@@ -261,8 +284,8 @@ class PushRequest:
             _refuse_push(meta)
         # progress only: anything but a number (a diverged loss travels as null) counts as none
         loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
-        return cls(grads, WorkerTag(worker, incarnation, generation, position),
-                   StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss)
+        return cls(grads, WorkerTag(worker, incarnation, generation, position, push_id, acked),
+                   StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss, epoch)
 
 
 def _refuse_push(meta: Mapping[str, Any]) -> None:
@@ -277,6 +300,8 @@ def _refuse_push(meta: Mapping[str, Any]) -> None:
     optional_str(meta, "position")
     for key in ("read_step", "clock", "tag", "step_hint"):
         optional_int(meta, key)
+    for key in ("push_id", "acked", "shard_epoch"):
+        optional_int(meta, key, minimum=0)
     examples = meta.get("examples", 0)
     if type(examples) is not int or examples < 0:
         raise refuse("examples", "a non-negative integer", examples)
@@ -421,20 +446,25 @@ class StatsReply:
 
 @message
 class LeaveRequest:
-    """A worker finished its data: sync and ssp stop waiting for it."""
+    """A worker finished its data: sync and ssp stop waiting for it. ``acked``: (a replicated shard) how many
+    of the client process's pushes this shard acknowledged, the final count."""
 
     METHOD: ClassVar[str] = "Leave"
     worker: str
+    acked: int | None = None
 
     def to_frame(self) -> Frame:
-        return Frame({"worker": self.worker})
+        meta: dict[str, Any] = {"worker": self.worker}
+        if self.acked is not None:
+            meta["acked"] = self.acked
+        return Frame(meta)
 
     @classmethod
     def from_frame(cls, frame: Frame) -> LeaveRequest:
         worker = frame.meta.get("worker")
         if not isinstance(worker, str):
             raise refuse("worker", "the task name of the worker", worker)
-        return cls(worker)
+        return cls(worker, optional_int(frame.meta, "acked", minimum=0))
 
 
 @message

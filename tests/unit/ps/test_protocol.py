@@ -36,6 +36,9 @@ SHARED = {
     "labels", "last_saved_path", "last_saved_step", "learning_rate", "lineage", "loss", "mode", "num_shards",
     "optimizer", "partitions", "path", "ready", "run_over", "saved", "sha256", "shard", "sparse", "step", "sync", "task",
     "token", "values", "worker", "writer",
+    # replicated shards (issue 28): a member's role and view are also the Stats "replication" counters' keys and
+    # values (status pages, metrics), "seq" and "state" plain words of other documents
+    "backup", "backups", "deposed", "entries", "joining", "lag", "primary", "role", "seq", "state", "unreplicated",
 }
 
 

@@ -1,0 +1,276 @@
+"""The replicated shards' messages (issue 28): ReplicaStatus, Promote, DropBackup (a client's calls) and
+Replicate, Join (between the members of one shard). Semantics: :mod:`psflow.ps.replication`.
+
+A shard's state changes travel as :class:`ReplicaEntry` values: the primary's sequence number, the small
+state of the task (a JSON object the replication package writes and reads: global_step, the worker ledger,
+the dedup table, ...) and the rows the change wrote (:class:`PartDelta`). ``full`` marks an entry that
+carries the whole state (a Join's snapshot, a registration, a restore): the backup replaces its state with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from psflow.ps.protocol.fields import flag, list_field, message, optional_int, optional_str, refuse
+from psflow.rpc.api import InvalidRequest
+from psflow.rpc.framing import Frame
+
+__all__ = [
+    "ROLES", "DropBackupRequest", "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
+    "ReplicaStatusReply", "ReplicaStatusRequest", "ReplicateReply", "ReplicateRequest",
+]
+
+#: A member's roles (:attr:`ReplicaStatusReply.role`).
+ROLES = ("primary", "backup", "joining", "deposed", "unreplicated")
+# Array names of a Replicate: entry <seq>, delta <i>, array <name> -> "x/<seq>/<i>/<name>"; its rows "x/<seq>/<i>".
+_ENTRY = "x/"
+_TASK_MAX = 200
+
+
+def _task(meta: Mapping[str, Any], key: str) -> str:
+    value = optional_str(meta, key, max_length=_TASK_MAX)
+    if not value:
+        raise refuse(key, "a task name", meta.get(key))
+    return value
+
+
+def _count(meta: Mapping[str, Any], key: str) -> int:
+    value = optional_int(meta, key, minimum=0)
+    if value is None:
+        raise refuse(key, "a non-negative integer", meta.get(key))
+    return value
+
+
+def _tasks(meta: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = meta.get(key)
+    if value is None:
+        return ()
+    if not (isinstance(value, list) and all(isinstance(t, str) and 0 < len(t) <= _TASK_MAX for t in value)):
+        raise refuse(key, "a list of task names", value)
+    return tuple(value)
+
+
+# ---- ReplicaStatus ---------------------------------------------------------------------------------------
+@message
+class ReplicaStatusRequest:
+    """What a member is: its role in its shard, the view it knows, how far it applied."""
+
+    METHOD: ClassVar[str] = "ReplicaStatus"
+
+    def to_frame(self) -> Frame:
+        return Frame({})
+
+
+@message
+class ReplicaStatusReply:
+    """One member of a shard as it sees itself.
+
+    ``role``: one of :data:`ROLES`; ``epoch``: the view's epoch (0: none yet); ``primary``/``backups``: the view it
+    knows; ``applied_seq``: the newest entry it holds; ``has_state``: it holds every acknowledged update (a
+    primary, or a backup in the view; a fresh, joining or deposed member says False); ``incarnation``: its
+    process (start time, ns); ``lag`` (primary only): backup -> entries sent but not acknowledged.
+    """
+
+    task: str
+    shard: int
+    role: str
+    epoch: int
+    primary: str | None
+    backups: tuple[str, ...]
+    applied_seq: int
+    has_state: bool
+    incarnation: int
+    lag: Mapping[str, int] = field(default_factory=dict)
+
+    def to_frame(self) -> Frame:
+        return Frame({"task": self.task, "shard": self.shard, "role": self.role, "epoch": self.epoch,
+                      "primary": self.primary, "backups": list(self.backups), "applied_seq": self.applied_seq,
+                      "has_state": self.has_state, "incarnation": self.incarnation, "lag": dict(self.lag)})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> ReplicaStatusReply:
+        meta = frame.meta
+        role = meta.get("role")
+        if role not in ROLES:
+            raise refuse("role", f"one of {', '.join(ROLES)}", role)
+        lag = meta.get("lag") or {}
+        if not (isinstance(lag, dict) and all(type(v) is int for v in lag.values())):
+            raise refuse("lag", "a map of task names to counts", lag)
+        return cls(_task(meta, "task"), _count(meta, "shard"), role, _count(meta, "epoch"),
+                   optional_str(meta, "primary", max_length=_TASK_MAX), _tasks(meta, "backups"),
+                   _count(meta, "applied_seq"), flag(meta, "has_state"), _count(meta, "incarnation"), dict(lag))
+
+
+# ---- Promote / DropBackup --------------------------------------------------------------------------------
+@message
+class PromoteRequest:
+    """Make the receiving backup primary at ``expected_epoch + 1`` (compare-and-set on its epoch)."""
+
+    METHOD: ClassVar[str] = "Promote"
+    shard: int
+    expected_epoch: int
+    requester: str
+
+    def to_frame(self) -> Frame:
+        return Frame({"shard": self.shard, "expected_epoch": self.expected_epoch, "requester": self.requester})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> PromoteRequest:
+        meta = frame.meta
+        return cls(_count(meta, "shard"), _count(meta, "expected_epoch"), _task(meta, "requester"))
+
+
+@message
+class DropBackupRequest:
+    """(To the primary) ``backup`` is unreachable from the requester too: go to ``expected_epoch + 1`` without it."""
+
+    METHOD: ClassVar[str] = "DropBackup"
+    shard: int
+    expected_epoch: int
+    backup: str
+    requester: str
+
+    def to_frame(self) -> Frame:
+        return Frame({"shard": self.shard, "expected_epoch": self.expected_epoch, "backup": self.backup,
+                      "requester": self.requester})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> DropBackupRequest:
+        meta = frame.meta
+        return cls(_count(meta, "shard"), _count(meta, "expected_epoch"), _task(meta, "backup"),
+                   _task(meta, "requester"))
+
+
+# ---- Join ------------------------------------------------------------------------------------------------
+@message
+class JoinRequest:
+    """(To the primary) ``member`` (process ``incarnation``) rebuilds from the primary's state: send it a
+    snapshot and every entry after it."""
+
+    METHOD: ClassVar[str] = "Join"
+    shard: int
+    member: str
+    incarnation: int
+
+    def to_frame(self) -> Frame:
+        return Frame({"shard": self.shard, "member": self.member, "incarnation": self.incarnation})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> JoinRequest:
+        meta = frame.meta
+        return cls(_count(meta, "shard"), _task(meta, "member"), _count(meta, "incarnation"))
+
+
+@message
+class JoinReply:
+    """The primary's epoch, and the sequence number of the snapshot it will send first."""
+
+    epoch: int
+    snapshot_seq: int
+
+    def to_frame(self) -> Frame:
+        return Frame({"epoch": self.epoch, "snapshot_seq": self.snapshot_seq})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> JoinReply:
+        return cls(_count(frame.meta, "epoch"), _count(frame.meta, "snapshot_seq"))
+
+
+# ---- Replicate -------------------------------------------------------------------------------------------
+@message
+class PartDelta:
+    """What one state change wrote to one partition: ``rows`` (partition-local; None: the whole partition)
+    and, by name, the arrays of those rows (the replication package names them: value, slots, average, a
+    dynamic table's snapshot arrays)."""
+
+    key: str
+    rows: np.ndarray | None
+    arrays: Mapping[str, np.ndarray]
+
+
+@message
+class ReplicaEntry:
+    """One state change of the primary, number ``seq``: the task's small ``state`` (JSON) and the ``parts`` it
+    wrote; ``full``: the whole state (replaces the backup's)."""
+
+    seq: int
+    state: Mapping[str, Any]
+    parts: Sequence[PartDelta] = ()
+    full: bool = False
+
+
+@message
+class ReplicateRequest:
+    """Entries of ``primary`` at ``epoch``, in sequence order, to ``member`` (``backups``: the primary's view)."""
+
+    METHOD: ClassVar[str] = "Replicate"
+    epoch: int
+    primary: str
+    member: str
+    backups: tuple[str, ...]
+    entries: Sequence[ReplicaEntry]
+
+    def to_frame(self) -> Frame:
+        arrays: dict[str, np.ndarray] = {}
+        entries = []
+        for entry in self.entries:
+            parts = []
+            for i, delta in enumerate(entry.parts):
+                prefix = f"{_ENTRY}{entry.seq}/{i}"
+                if delta.rows is not None:
+                    arrays[prefix] = delta.rows
+                for name, array in delta.arrays.items():
+                    arrays[f"{prefix}/{name}"] = array
+                parts.append([delta.key, delta.rows is not None, sorted(delta.arrays)])
+            entries.append({"seq": entry.seq, "state": dict(entry.state), "deltas": parts, "full": entry.full})
+        return Frame({"epoch": self.epoch, "primary": self.primary, "member": self.member,
+                      "backups": list(self.backups), "entries": entries}, arrays)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> ReplicateRequest:
+        meta, arrays = frame.meta, frame.arrays
+        entries = []
+        for item in list_field(meta, "entries"):
+            if not isinstance(item, dict):
+                raise InvalidRequest(f"replica entry {item!r:.60} must be an object")
+            seq = _count(item, "seq")
+            state = item.get("state")
+            if not isinstance(state, dict):
+                raise refuse("state", "an object", state)
+            deltas = []
+            for i, part in enumerate(list_field(item, "deltas")):
+                if not (isinstance(part, list) and len(part) == 3 and isinstance(part[0], str)
+                        and isinstance(part[2], list) and all(isinstance(n, str) for n in part[2])):
+                    raise InvalidRequest(f"entry {seq}: delta {part!r:.60} must be [key, has_rows, [names]]")
+                prefix = f"{_ENTRY}{seq}/{i}"
+                rows = arrays.get(prefix) if part[1] is True else None
+                if part[1] is True and rows is None:
+                    raise InvalidRequest(f"entry {seq}: partition {part[0]!r:.80}: rows array missing")
+                named = {}
+                for name in part[2]:
+                    array = arrays.get(f"{prefix}/{name}")
+                    if array is None:
+                        raise InvalidRequest(f"entry {seq}: partition {part[0]!r:.80}: array {name!r:.40} missing")
+                    named[name] = array
+                deltas.append(PartDelta(part[0], rows, named))
+            entries.append(ReplicaEntry(seq, state, tuple(deltas), flag(item, "full")))
+        return cls(_count(meta, "epoch"), _task(meta, "primary"), _task(meta, "member"), _tasks(meta, "backups"),
+                   tuple(entries))
+
+
+@message
+class ReplicateReply:
+    """The newest entry the member has applied (every earlier one is applied too)."""
+
+    applied_seq: int
+
+    def to_frame(self) -> Frame:
+        return Frame({"applied_seq": self.applied_seq})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> ReplicateReply:
+        return cls(_count(frame.meta, "applied_seq"))
