@@ -57,6 +57,7 @@ __all__ = [
     "ListenError",
     "InvalidRequest",
     "PreconditionFailed",
+    "Unavailable",
 ]
 
 K = TypeVar("K")
@@ -236,6 +237,11 @@ class PreconditionFailed(PsflowError):
     """Raised by a handler: the request conflicts with state (FAILED_PRECONDITION)."""
 
 
+class Unavailable(PsflowError):
+    """Raised by a handler: a task this call depends on cannot be reached now (UNAVAILABLE; the caller may
+    retry), e.g. a replicated shard's backup that did not acknowledge a push."""
+
+
 # ---- the one dispatch ----------------------------------------------------------
 
 
@@ -289,12 +295,14 @@ def refusal(task: str, method: str, error: Exception) -> Refusal:
     """The status and error text of ``error`` raised while serving ``method`` on ``task``: the one mapping.
 
     ``FrameError`` and ``InvalidRequest`` -> INVALID_ARGUMENT, ``PreconditionFailed``
-    -> FAILED_PRECONDITION, anything else -> INTERNAL (logged here with its traceback).
+    -> FAILED_PRECONDITION, ``Unavailable`` -> UNAVAILABLE, anything else -> INTERNAL (logged here with its traceback).
     """
     if isinstance(error, FrameError | InvalidRequest):
         return Refusal(Status.INVALID_ARGUMENT, f"{task}: {method}: {error}", error)
     if isinstance(error, PreconditionFailed):
         return Refusal(Status.FAILED_PRECONDITION, f"{task}: {method}: {error}", error)
+    if isinstance(error, Unavailable):
+        return Refusal(Status.UNAVAILABLE, f"{task}: {method}: {error}", error)
     log.error("%s: %s failed", task, method, exc_info=error)
     return Refusal(Status.INTERNAL, f"{task}: {method}: internal error: {type(error).__name__}: {error}", error)
 
