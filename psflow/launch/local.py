@@ -254,7 +254,10 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     eval_batch = load_eval(config)
     source = parameters(client, moving_averages=config.report.eval_moving_averages)
     evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
-    ps_stats = [client.stats(i) for i in sorted(client.channels)]
+    if BACKUP_JOB in end.lc.cluster.jobs:  # replicated shards: each shard's primary answers for it
+        ps_stats = end.read_shards(config.cluster.rpc_timeout)
+    else:
+        ps_stats = [client.stats(i) for i in sorted(client.channels)]
     exactly_once_examples(ps_stats)  # raises if no ps task holds global_step
     extra: dict[str, Any] = {
         "examples_processed": sum(int(r["examples"]) for r in results),

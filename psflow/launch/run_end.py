@@ -37,6 +37,7 @@ from psflow.launch.supervisor import describe_exit
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.final_snapshot import Resumed, final_snapshot, step_task_stats
+from psflow.status.replication import ps_members, shard_primaries
 
 __all__ = ["RunEnd"]
 
@@ -140,25 +141,16 @@ class RunEnd:
         return failed
 
     def _read_ps(self) -> list[dict[str, Any]]:
-        """Each answering ps task's ``Stats``, then (with checkpoints) the ledger of the one holding
-        global_step, fed to the watcher (its failure lines printed)."""
-        connect = ConnectConfig(connect_timeout=_READ_TIMEOUT, rpc_timeout=_READ_TIMEOUT, token=self.lc.token)
-        cluster = self.lc.cluster
-        channels = {i: TaskChannel(f"/job:ps/task:{i}", cluster.task_address("ps", i), PARAMETER_SERVICE, connect)
-                    for i in cluster.task_indices("ps")}
+        """Each answering ps task's ``Stats`` (with ``--ps-replicas``: every member's, each shard's primary's
+        kept, :func:`~psflow.status.replication.shard_primaries`), then (with checkpoints) the ledger of the one
+        holding global_step, fed to the watcher (its failure lines printed)."""
+        channels = self._channels(_READ_TIMEOUT)
         try:
-            calls = {i: ch.call_async("Stats", {}, timeout=_READ_TIMEOUT) for i, ch in channels.items()}
-            stats: list[dict[str, Any]] = []
-            for i, call in calls.items():
-                try:
-                    stats.append(dict(call.result().meta))
-                except RpcError as e:
-                    log.debug("/job:ps/task:%d: no Stats for the final snapshot: %s", i, e)
+            stats = _shard_stats(channels, _READ_TIMEOUT, self.lc.cluster.num_ps)
             head = step_task_stats(stats)
             if self.checkpoints is not None and head is not None:
-                index = int(str(head.get("task", "")).rsplit(":", 1)[-1] or 0)
                 try:
-                    ledger = channels[index].call("CheckpointStatus", {}, timeout=_READ_TIMEOUT).meta
+                    ledger = channels[str(head.get("task"))].call("CheckpointStatus", {}, timeout=_READ_TIMEOUT).meta
                     self._say(self.checkpoints.update(ledger))
                 except (RpcError, KeyError, ValueError) as e:
                     log.debug("no checkpoint ledger for the final snapshot: %s", e)
@@ -167,6 +159,34 @@ class RunEnd:
             for ch in channels.values():
                 ch.close()
 
+    def read_shards(self, timeout: float) -> list[dict[str, Any]]:
+        """(A finished run with ``--ps-replicas``) each shard's primary's ``Stats``, asked of every member in
+        parallel (``timeout`` s each); a member that does not answer is left out."""
+        channels = self._channels(timeout)
+        try:
+            return _shard_stats(channels, timeout, self.lc.cluster.num_ps)
+        finally:
+            for ch in channels.values():
+                ch.close()
+
+    def _channels(self, timeout: float) -> dict[str, TaskChannel]:
+        connect = ConnectConfig(connect_timeout=timeout, rpc_timeout=timeout, token=self.lc.token)
+        return {name: TaskChannel(name, address, PARAMETER_SERVICE, connect)
+                for name, address in ps_members(self.lc.cluster)}
+
     def _say(self, lines: Any) -> None:
         for line in lines:
             print(line, file=self.out or sys.stderr, flush=True)
+
+
+def _shard_stats(channels: Mapping[str, TaskChannel], timeout: float, num_ps: int) -> list[dict[str, Any]]:
+    """Each answering member's ``Stats``; with more members than ps tasks (replicated shards), each shard's
+    primary's only (:func:`~psflow.status.replication.shard_primaries`)."""
+    calls = {name: ch.call_async("Stats", {}, timeout=timeout) for name, ch in channels.items()}
+    stats: list[dict[str, Any]] = []
+    for name, call in calls.items():
+        try:
+            stats.append(dict(call.result().meta))
+        except RpcError as e:
+            log.debug("%s: no Stats for the final snapshot: %s", name, e)
+    return shard_primaries(stats) if len(channels) > num_ps else stats

@@ -62,9 +62,11 @@ from typing import Any
 
 from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import BACKUP_JOB
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tls import TlsConfig
+from psflow.status.replication import REPLICATION_FIGURES, replication_entry, replication_view, shard_primaries
 from psflow.status.views import ledger_view, mark_busiest, ps_index, restored_at, ssp_view, sync_view
 
 __all__ = ["FINAL_FIGURES", "HISTORY", "ProcessInfo", "StatusCollector", "STATUS_FILE"]
@@ -76,7 +78,8 @@ RATE_WINDOW = 5.0        # seconds examples/s is measured over
 STATUS_FILE = "status.json"
 #: The figures a run's final snapshot (metrics.json) gives the collector's last snapshot (:meth:`StatusCollector.finish`).
 FINAL_FIGURES = ("global_step", "examples", "resumed_from", "examples_at_start", "examples_this_run", "wall_seconds",
-                 "examples_per_sec", "loss", "last_step_loss", "eval", "checkpoints", "faults", "restarts", "hangs")
+                 "examples_per_sec", "loss", "last_step_loss", "eval", "checkpoints", "faults", "restarts", "hangs",
+                 *REPLICATION_FIGURES, "shards")
 _PS_COUNTERS = ("pushes", "pulls", "bytes_in", "bytes_out", "apply_seconds", "rows_pulled", "rows_pushed")
 #: States of a task that is (as far as anyone knows) still running; at the run's end they become its end.
 _RUNNING_STATES = ("up", "starting", "unresponsive", "unknown", "unreachable")
@@ -152,6 +155,10 @@ class StatusCollector:
                 self._tasks.append(_Task(name, job, index, address, TaskChannel(name, address, WORKER_SERVICE, connect)))
         self._ps = {t.index: TaskChannel(t.name, t.address, PARAMETER_SERVICE, connect)
                     for t in self._tasks if t.job == "ps"}
+        # Replicated shards (a ps_backup job): every member is asked, each shard's primary's answer counts.
+        self._backups = {t.name: TaskChannel(t.name, t.address, PARAMETER_SERVICE, connect)
+                         for t in self._tasks if t.job == BACKUP_JOB}
+        self._primary: dict[int, TaskChannel] = {}  # shard -> the channel of the member last seen as its primary
         self._tail: Any = None
         if summary_dir:
             from psflow.train.summary import ScalarTail
@@ -193,7 +200,7 @@ class StatusCollector:
             self._write()
             for t in self._tasks:
                 t.channel.close()
-            for ch in self._ps.values():
+            for ch in [*self._ps.values(), *self._backups.values()]:
                 ch.close()
 
     def set_phase(self, phase: str) -> None:
@@ -210,7 +217,7 @@ class StatusCollector:
         with self._sample_lock:
             now = time.time()
             for stats in final.get("ps") or []:
-                index = ps_index(stats)
+                index = _shard(stats)
                 if index is not None:
                     self._ps_stats[index] = dict(stats)
             with self._lock:
@@ -268,18 +275,40 @@ class StatusCollector:
             t.last_heartbeat, t.last_error = now, ""
 
     def _read_ps(self) -> None:
-        calls: dict[int, Any] = {i: ch.call_async("Stats", {}, timeout=self._timeout) for i, ch in self._ps.items()}
-        for index, call in calls.items():
-            try:
-                self._ps_stats[index] = dict(call.result().meta)
-            except RpcError:
-                self._ps[index].reconnect()
+        if self._backups:
+            self._read_members()
+        else:
+            calls: dict[int, Any] = {i: ch.call_async("Stats", {}, timeout=self._timeout) for i, ch in self._ps.items()}
+            for index, call in calls.items():
+                try:
+                    self._ps_stats[index] = dict(call.result().meta)
+                except RpcError:
+                    self._ps[index].reconnect()
         step_task = self._step_task()
         if self._checkpoints and step_task is not None:
             try:
-                self._ledger = dict(self._ps[step_task].call("CheckpointStatus", {}, timeout=self._timeout).meta)
+                channel = self._primary.get(step_task) or self._ps[step_task]
+                self._ledger = dict(channel.call("CheckpointStatus", {}, timeout=self._timeout).meta)
             except RpcError:
                 pass
+
+    def _read_members(self) -> None:
+        """Replicated shards: ``Stats`` of every member; per shard, its primary's (a shard none answered for
+        keeps its last numbers)."""
+        channels = {ch.task: ch for ch in [*self._ps.values(), *self._backups.values()]}
+        calls = {name: ch.call_async("Stats", {}, timeout=self._timeout) for name, ch in channels.items()}
+        answers = []
+        for name, call in calls.items():
+            try:
+                answers.append(dict(call.result().meta))
+            except RpcError:
+                channels[name].reconnect()
+        for stats in shard_primaries(answers):
+            shard = _shard(stats)
+            if shard is not None:
+                self._ps_stats[shard] = stats
+                if str(stats.get("task")) in channels:
+                    self._primary[shard] = channels[str(stats.get("task"))]
 
     def _poll_summaries(self) -> None:
         if self._tail is None:
@@ -383,6 +412,10 @@ class StatusCollector:
             "hangs": list(events.get("hangs", [])),
             "checkpoints": ledger_view(self._ledger),
         }
+        replication = replication_view([self._ps_stats[i] for i in sorted(self._ps_stats)])
+        if replication is not None:  # acknowledged, applied and lost pushes; per shard its primary, backups' lag
+            snapshot.update({k: replication[k] for k in REPLICATION_FIGURES})
+            snapshot["shards"] = replication["shards"]
         snapshot.update(final)  # the run's end: its final snapshot's figures, those of metrics.json
         return snapshot
 
@@ -438,3 +471,10 @@ class StatusCollector:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _shard(stats: Mapping[str, Any]) -> int | None:
+    """The shard a ps member's ``Stats`` speak for: its ``replication`` entry's, else its ps task index."""
+    entry = replication_entry(stats)
+    shard = entry.get("shard") if entry is not None else None
+    return shard if isinstance(shard, int) and not isinstance(shard, bool) else ps_index(stats)

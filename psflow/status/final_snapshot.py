@@ -28,7 +28,12 @@ The shared figures (``None`` where nothing answered, e.g. every ps task down):
                        ``checkpoints_failed``
 ``faults``, ``faults_not_fired``, ``restarts``, ``hangs``   the launcher's (resilience)
 ``eval``               the final evaluation, where there was one
-``ps``                 each ps task's ``Stats``, as read for this snapshot
+``ps``                 each ps task's ``Stats``, as read for this snapshot; with replicated shards
+                       (``--ps-replicas``), each shard's primary's
+``pushes_acknowledged``, ``pushes_applied``, ``updates_lost``, ``shards``   where the ps tasks report
+                       them: pushes acknowledged to the workers, pushes held in the final model, the
+                       acknowledged pushes lost with every replica of a shard, and per shard its primary
+                       and each backup's lag (:mod:`psflow.status.replication`)
 
 Pure: reads nothing itself (:func:`resumed_from` reads a manifest).
 """
@@ -44,6 +49,7 @@ from typing import Any
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.errors import CheckpointError
+from psflow.status.replication import REPLICATION_FIGURES, replication_view, shard_primaries
 
 __all__ = ["PHASES", "Resumed", "final_snapshot", "resumed_from", "step_task_stats"]
 
@@ -111,6 +117,9 @@ def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_se
     """
     if phase not in PHASES:
         raise ValueError(f"phase {phase!r}: want one of {', '.join(PHASES)}")
+    replication = replication_view(ps_stats)
+    if replication is not None:  # replicated shards: each shard's primary's Stats, never a backup's copy
+        ps_stats = shard_primaries(ps_stats)
     head = step_task_stats(ps_stats)
     examples = _int(head.get("examples")) if head is not None else None
     at_start = resumed.examples if resumed is not None else 0
@@ -130,6 +139,9 @@ def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_se
         "last_step_loss": _finite(head.get("last_loss")) if head is not None else None,
         "ps": [dict(s) for s in ps_stats],
     })
+    if replication is not None:
+        snapshot.update({k: replication[k] for k in REPLICATION_FIGURES})
+        snapshot["shards"] = replication["shards"]  # ("replication" is the run's between-graph or in-graph)
     if checkpoints is not None:
         view = {k: checkpoints.get(k) for k in ("saved", "failed", "failed_in_a_row", "last_saved_step",
                                                 "last_saved_path")}

@@ -64,7 +64,7 @@ import logging
 import socket
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,6 +188,7 @@ class _Metrics:
             if isinstance(row.get("parameter_bytes"), (int, float)):
                 params.add_metric(["ps", str(row["index"])], float(row["parameter_bytes"]))
         yield params
+        yield from _replication_metrics(s, gauge)
         histogram = {int(k): int(v) for k, v in (s.get("staleness_histogram") or {}).items()}
         if histogram:
             buckets, running = [], 0
@@ -209,6 +210,41 @@ class _Metrics:
                                       value=float(ledger.get("failed") or 0))
             yield from gauge("psflow_checkpoint_last_saved_step", "global_step of the newest checkpoint saved",
                              ledger.get("last_saved_step"))
+
+
+def _replication_metrics(s: Mapping[str, Any], gauge: Any) -> Iterator[Any]:
+    """Replicated ps shards (where the ps tasks report them, :mod:`psflow.status.replication`): the pushes
+    acknowledged, applied and lost; per shard, its primary (a 1 labelled with the task) and epoch, and each
+    backup's lag in entries and seconds."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    for name, doc in (("pushes_acknowledged", "pushes acknowledged to the workers, all shards"),
+                      ("pushes_applied", "pushes held in the model, all shards")):
+        if isinstance(s.get(name), int):
+            yield CounterMetricFamily(f"psflow_{name}", doc, value=float(s[name]))
+    yield from gauge("psflow_updates_lost", "acknowledged pushes lost with every replica of a shard (0 unless "
+                     "all of a shard's replicas were lost at once)", s.get("updates_lost"))
+    shards = s.get("shards") or []
+    if not shards:
+        return
+    primary = GaugeMetricFamily("psflow_shard_primary", "1 for each shard's primary", labels=["shard", "task"])
+    epoch = GaugeMetricFamily("psflow_shard_epoch", "the shard's view epoch (one more per promotion or change)",
+                              labels=["shard"])
+    entries = GaugeMetricFamily("psflow_backup_lag_entries", "entries sent to the backup and not acknowledged yet",
+                                labels=["shard", "task"])
+    seconds = GaugeMetricFamily("psflow_backup_lag_seconds", "age of the oldest entry the backup has not "
+                                "acknowledged", labels=["shard", "task"])
+    for shard in shards:
+        label = str(shard.get("shard"))
+        primary.add_metric([label, str(shard.get("primary"))], 1.0)
+        if isinstance(shard.get("epoch"), int):
+            epoch.add_metric([label], float(shard["epoch"]))
+        for backup in shard.get("backups") or []:
+            if isinstance(backup.get("lag_entries"), int):
+                entries.add_metric([label, str(backup["task"])], float(backup["lag_entries"]))
+            if isinstance(backup.get("lag_seconds"), (int, float)):
+                seconds.add_metric([label, str(backup["task"])], float(backup["lag_seconds"]))
+    yield from (primary, epoch, entries, seconds)
 
 
 def _newest(points: Any) -> float | None:
