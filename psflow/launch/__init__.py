@@ -22,6 +22,8 @@ Classes and functions, by file:
 * ``resilience.py`` -- what the watch loop does about failures: restarts, hang detection, chaos, and its flags.
 * ``health.py`` -- :class:`~psflow.launch.health.HealthMonitor`: pings every task, reports the silent ones.
 * ``chaos.py`` -- ``--chaos``: faults injected on a schedule (:class:`~psflow.launch.chaos.ChaosInjector`).
+* ``shard_targets.py`` -- which member a fault on a replicated ps shard hits (``ps:N``: its current primary,
+  ``ps-backup:N``: one of its backups), asked of the members when it fires.
 * ``fault_recovery.py`` -- when an injected fault recovered (``recovery_seconds``, ``recovered_at_step``).
 * ``run_end.py`` -- :class:`~psflow.launch.run_end.RunEnd`: how one local run ends, its final snapshot taken once.
 * ``run_status.py`` -- who serves the status page and writes ``metrics.json``, ``status.json`` and

@@ -7,8 +7,14 @@ Grammar (one fault per spec)::
             | "stop"          SIGSTOP the task (it hangs; it is not resumed)
     TARGET := JOB ":" INDEX   e.g. ps:1, worker:0; client:0 (an in-graph run's client)
             | "chief"         the task holding the chief duties when the fault fires
+            | "ps-backup:" N  (--ps-replicas) one of ps shard N's backups
 
 e.g. ``kill:ps:1@step=200``, ``kill:chief@step=50``, ``stop:worker:1@step=30``.
+
+With replicated ps shards (``--ps-replicas``), ``ps:N`` is shard N's *current* primary and
+``ps-backup:N`` one of its backups, asked of the shard's members when the fault fires
+(:mod:`psflow.launch.shard_targets`; the fault waits while a failover leaves none); without them
+``ps-backup`` is refused, naming the flag.
 
 An in-graph run's client (``/job:client/task:0``) is no task of the cluster,
 yet a fault may name it (``kill:client:0``): it is the run's chief, so
@@ -78,6 +84,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from psflow.cluster import ClusterError, ClusterSpec
+from psflow.cluster.replicas import BACKUP_JOB, ps_replicas
+from psflow.launch.shard_targets import BACKUP_TARGET, SHARD_TARGETS, check_shard_fault, task_of
 from psflow.train.config import ConfigError
 
 __all__ = ["ChaosError", "Fault", "ChaosPlan", "InjectedFault", "ChaosInjector", "DutyHolder", "IN_GRAPH_CLIENT",
@@ -181,13 +189,19 @@ class ChaosPlan:
         out = []
         seen: dict[tuple[int, str, int], Fault] = {}
         chief = IN_GRAPH_CLIENT if client else chief_task(cluster)
+        replicated = ps_replicas(cluster) > 0
         for f in self.faults:
             job, index = chief if f.job is None else (f.job, f.index if f.index is not None else 0)
-            try:
-                if not (client and (job, index) == IN_GRAPH_CLIENT):
-                    cluster.task_address(job, index)
-            except ClusterError as e:
-                raise ChaosError(f"--chaos {f.spec!r}: {e}") from e
+            if job == BACKUP_TARGET or (replicated and job in SHARD_TARGETS):  # a shard, not a task
+                wrong = check_shard_fault(f.spec, job, index, cluster)
+                if wrong is not None:
+                    raise ChaosError(wrong)
+            else:
+                try:
+                    if not (client and (job, index) == IN_GRAPH_CLIENT):
+                        cluster.task_address(job, index)
+                except ClusterError as e:
+                    raise ChaosError(f"--chaos {f.spec!r}: {e}") from e
             other = seen.setdefault((f.step, job, index), f)
             if other is not f:
                 alias = " (the chief is worker 0 in a cluster without a 'chief' job)" if (other.job is None) != (f.job is None) else ""
@@ -225,7 +239,8 @@ class ChaosInjector:
 
     def __init__(self, plan: ChaosPlan, cluster: ClusterSpec, find: Callable[[str, int], Any],
                  *, send: Callable[[int, int], None] = os.kill,
-                 holder: Callable[[], DutyHolder | None] | None = None, client: bool = False) -> None:
+                 holder: Callable[[], DutyHolder | None] | None = None, client: bool = False,
+                 member: Callable[[str, int], str | None] | None = None) -> None:
         """Prepares the plan for ``cluster`` (with ``client``: and an in-graph client, see :meth:`ChaosPlan.resolve`).
 
         Args:
@@ -236,6 +251,10 @@ class ChaosInjector:
             send: how to signal a pid (tests pass a fake).
             holder: who holds the chief duties now (None: nobody at this moment); asked when
                 a ``chief`` fault is due. Not given: ``chief`` is the configured chief.
+            member: (replicated ps shards) ``(job, shard)`` -> the task a ``ps`` or ``ps-backup`` fault on
+                that shard hits now (None: none now, the fault waits;
+                :func:`psflow.launch.shard_targets.shard_target`). Not given: ``ps:N`` is ps task N and
+                ``ps-backup:N`` ps_backup task N, the first in member order.
 
         Raises:
             ChaosError: a fault names a task that is not in the cluster, or two faults of one
@@ -248,6 +267,7 @@ class ChaosInjector:
         self._find = find
         self._send = send
         self._holder = holder
+        self._member = member if ps_replicas(cluster) > 0 else None
         self.injected: list[InjectedFault] = []
         self._begun = False                    # the first round has fired (some of) its faults
         self._last: list[InjectedFault] = []   # the faults fired by the last round begun
@@ -316,6 +336,13 @@ class ChaosInjector:
                 if holder is None or f"/job:{holder.job}/task:{holder.index}" in {f.task for f in self._last}:
                     continue  # nobody holds them now, or this round hit the holder already: wait for one
                 job, index, epoch = holder.job, holder.index, holder.epoch
+            elif job in SHARD_TARGETS and self._member is not None:  # the shard's primary or backup now
+                target = self._member(job, index)
+                if target is None or target in {f.task for f in self._last}:
+                    continue  # a failover under way, or this round hit it already: ask again at the next poll
+                job, index = task_of(target)
+            elif job == BACKUP_TARGET:
+                job = BACKUP_JOB
             task = self._find(job, index)
             if task is None:
                 continue  # not running now (e.g. being restarted): fire when it is back

@@ -63,13 +63,16 @@ from typing import Any, TextIO
 from psflow import jsonio
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
+from psflow.cluster.replicas import ps_replicas
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
 from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, InjectedFault, chief_task
 from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, step_reading
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
+from psflow.launch.shard_targets import ask_statuses, shard_target
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
+from psflow.status.replication import ps_members, shard_primaries
 from psflow.train.chief import trainer_task
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import coordination_config, elects_chief
@@ -126,8 +129,9 @@ class Resilience:
         self.config = config
         self.supervisor = Supervisor(config.restart, self._restart)
         self._chief = IN_GRAPH_CLIENT if in_graph else chief_task(lc.cluster)  # the configured chief
+        self._replicated = ps_replicas(lc.cluster) > 0  # ps shards with backups: faults name shards
         self.injector = ChaosInjector(config.chaos, lc.cluster, self._find, holder=self._duty_holder,
-                                      client=in_graph) if config.chaos else None
+                                      client=in_graph, member=self._shard_member) if config.chaos else None
         self.recovery = RecoveryWatch(self._replacement)  # of the faults fired; under self._lock
         self._coordination: CoordinationBackend | None = None  # asks who holds the chief lease (kill:chief)
         self._train_config: TrainConfig | None = None
@@ -161,12 +165,11 @@ class Resilience:
         # Its own thread and channels: the launcher's client connects only after
         # the tasks start, and training on a small data set can outrun that.
         connect = ConnectConfig(connect_timeout=1.0, rpc_timeout=1.0, token=self.lc.token)
-        channels = [TaskChannel(f"/job:ps/task:{i}", self.lc.cluster.task_address("ps", i), PARAMETER_SERVICE, connect)
-                    for i in self.lc.cluster.task_indices("ps")]
+        channels = [TaskChannel(name, address, PARAMETER_SERVICE, connect) for name, address in ps_members(self.lc.cluster)]
         try:
             while (self.injector is not None and (self.injector.pending() or self.recovery.watching())
                    and not self._closed.wait(_CHAOS_POLL)):
-                reading = _step_reading(channels)
+                reading = _step_reading(channels, replicated=self._replicated)
                 if reading is None:
                     continue
                 if reading.step > 0 and self.monitor is not None:  # training advanced: every ps task is serving
@@ -216,7 +219,7 @@ class Resilience:
                     os.kill(t.pid, signal.SIGSTOP)
                     stopped.append(t.pid)
             _wait_stopped(stopped)
-            reading = _step_reading(channels) or reading
+            reading = _step_reading(channels, replicated=self._replicated) or reading
             fired = self._fire(reading)
         finally:
             keep = {f.pid for f in fired if f.signal == signal.SIGSTOP.name}
@@ -263,6 +266,11 @@ class Resilience:
         if config.chief.coordination == "embedded" and leader.epoch < self._restarted_at.get(task.name, 0.0) * 1000:
             return None  # a lease granted before the task's process was restarted: its dead predecessor's
         return DutyHolder(task.job, task.index, leader.epoch)
+
+    def _shard_member(self, job: str, shard: int) -> str | None:
+        """(The chaos thread, replicated shards) the task a ``ps`` or ``ps-backup`` fault on ``shard`` hits now,
+        asked of the shard's members (:mod:`psflow.launch.shard_targets`); None while there is none."""
+        return shard_target(job, shard, ask_statuses(self.lc.cluster, shard, self.lc.token))
 
     def _observe(self, reading: StepReading | None, now: float) -> None:
         with self._lock:
@@ -376,18 +384,38 @@ def _wait_stopped(pids: list[int], *, timeout: float = 1.0) -> None:
             time.sleep(0.0005)
 
 
-def _step_reading(channels: list[TaskChannel]) -> StepReading | None:
+def _step_reading(channels: list[TaskChannel], *, replicated: bool = False) -> StepReading | None:
     """global_step (and whether its task is ready) from the first ps task that answers holding it (None if
     none does). A channel whose call failed reconnects (:meth:`TaskChannel.reconnect`): a failed gRPC
     channel backs off its reconnects (up to its ``backoff_max``, 2 s), and the ps tasks are not listening
     yet when this starts, so the first calls fail; a backed-off channel would see the steps only long after
-    they passed (training runs hundreds of steps a second)."""
+    they passed (training runs hundreds of steps a second).
+
+    ``replicated``: ``channels`` are every shard member's; each is asked (in parallel) and the shard
+    primaries' answers are read (:func:`~psflow.status.replication.shard_primaries`), never a backup's copy."""
+    if replicated:
+        return _primary_reading(channels)
     for ch in channels:
         try:
             reading = step_reading(dict(ch.call("Stats").meta))
         except RpcError:
             ch.reconnect()
             continue
+        if reading is not None:
+            return reading
+    return None
+
+
+def _primary_reading(channels: list[TaskChannel]) -> StepReading | None:
+    calls = [(ch, ch.call_async("Stats", {})) for ch in channels]
+    answers = []
+    for ch, call in calls:
+        try:
+            answers.append(dict(call.result().meta))
+        except RpcError:
+            ch.reconnect()
+    for stats in shard_primaries(answers):
+        reading = step_reading(stats)
         if reading is not None:
             return reading
     return None

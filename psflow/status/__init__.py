@@ -20,6 +20,9 @@ Classes and functions, by file:
 * ``progress.py`` -- :class:`~psflow.status.progress.Progress`: the console's bar or lines, and the final line.
 * ``final_snapshot.py`` -- :func:`~psflow.status.final_snapshot.final_snapshot`: the one set of numbers a
   run's end is reported from; :func:`~psflow.status.final_snapshot.resumed_from`.
+* ``replication.py`` -- replicated ps shards (``--ps-replicas``) as a run reports them: each shard's primary's
+  ``Stats`` (:func:`~psflow.status.replication.shard_primaries`), ``pushes_acknowledged``, ``pushes_applied``,
+  ``updates_lost`` and each backup's lag (:func:`~psflow.status.replication.replication_view`).
 * ``report.py`` -- ``psflow report``: PNG plots of a run from its TensorBoard summaries.
 
 Guarantees: watching never changes the run (reads only: pings, ``Stats``, ``CheckpointStatus``, summary
