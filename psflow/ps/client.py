@@ -5,20 +5,21 @@ partitions is :mod:`psflow.ps.plans`' job, the wait for the chief's
 initialization :mod:`psflow.ps.registration`'s, and the carrier is the one
 ``ConnectConfig.transport`` names (:func:`psflow.rpc.registry.open_channel`).
 
-Per call, at most one RPC goes to each ps task: the variables (and
-partitions) a task holds travel together, and the RPCs to different tasks are
-in flight at the same time.
+Per call, at most one RPC goes to each ps task: the variables (and partitions) a task holds travel
+together, and the RPCs to different tasks are in flight at the same time.
 
 Guarantees:
-    * :meth:`ParameterClient.pull` returns values for exactly the ids asked
-      for, in the order asked, fetched only from the partitions holding them.
-    * :meth:`ParameterClient.push` returns after every ps task that holds a
-      pushed variable applied its part; the returned global_step is the value
-      this push produced (unique across all workers). A push is never retried:
-      retrying could apply it twice.
-    * :meth:`ParameterClient.register` is idempotent; it goes to ps task 0
-      first, which decides whether this client's layout agrees with the
-      registered one (so two clients never split the tasks between them).
+    * :meth:`ParameterClient.pull` returns values for exactly the ids asked for, in the order asked,
+      fetched only from the partitions holding them.
+    * :meth:`ParameterClient.push` returns after every ps task that holds a pushed variable applied its
+      part; the returned global_step is the value this push produced (unique across all workers). In an
+      unreplicated cluster a push is never retried: retrying could apply it twice.
+    * Replicated shards (a ``ps_backup`` job, :mod:`psflow.cluster.replicas`): shard k's calls go to its
+      current primary (``channels[k]``). A push call carries a ``push_id`` (one more per call) and each
+      shard's ``acked`` count; a call that fails over is resent, same ``push_id``, to the failed shards'
+      new primaries only (:mod:`psflow.ps.failover`), which apply a push at most once: exactly once.
+    * :meth:`ParameterClient.register` is idempotent; it goes to ps task 0 first, which decides whether
+      this client's layout agrees with the registered one (so two clients never split the tasks).
 
 Not thread-safe: one client per training thread.
 """
@@ -35,9 +36,11 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import ps_replicas
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
+from psflow.ps.failover import PushNumbers, ShardRouter, at_epoch, resolve_all
 from psflow.ps.plans import ClientError, Planner, PullPlan
 from psflow.ps.protocol import (
     DoneRequest,
@@ -57,15 +60,14 @@ from psflow.ps.protocol import (
     WorkerTag,
 )
 from psflow.ps.registration import register_layout
+from psflow.ps.report_done import send_done
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import (
     PARAMETER_SERVICE,
     Channel,
     ConnectConfig,
-    DeadlineExceededError,
     PendingReply,
     RpcError,
-    TaskUnavailableError,
     gather,
 )
 from psflow.rpc.framing import Frame
@@ -107,6 +109,7 @@ class ParameterClient:
         config: ConnectConfig | None = None,
         sync: SyncConfig | None = None,
         channels: Mapping[int, Channel] | None = None,
+        failover_timeout: float | None = None,
     ) -> None:
         """Opens channels to the ps tasks (lazily; see :meth:`connect`).
 
@@ -118,11 +121,15 @@ class ParameterClient:
             sync: how updates are coordinated (default: asynchronous).
             channels: ps task -> channel, to use instead of channels of the carrier
                 ``config.transport`` names (:func:`psflow.rpc.registry.open_channel`), e.g.
-                :class:`~psflow.rpc.inprocess.InProcessChannel` for a run in one process.
+                :class:`~psflow.rpc.inprocess.InProcessChannel` for a run in one process
+                (never replicated).
+            failover_timeout: (replicated shards) seconds a call waits for a failed shard's new
+                primary before it raises (default ``config.connect_timeout``).
 
         Raises:
             ConfigError: ``config.transport`` names no carrier, or asks for what it
                 cannot do (TLS over tcp).
+            ClusterError: the cluster's ``ps_backup`` job does not fit its ``ps`` job.
         """
         self.sync = sync or SyncConfig()
         #: global_step read by the latest pull (the step its values belong to).
@@ -141,19 +148,33 @@ class ParameterClient:
         self.config = config or ConnectConfig()
         ps = cluster.task_indices("ps")
         self.step_task = min(ps)
-        self.channels: dict[int, Channel] = dict(channels) if channels is not None else {
-            i: open_channel(self.config.transport, f"/job:ps/task:{i}", cluster.task_address("ps", i),
-                            PARAMETER_SERVICE, self.config)
-            for i in ps
-        }
+        #: Replicated shards: each shard's primary, this process's push numbers (None: unreplicated).
+        self.router: ShardRouter | None = None
+        self.pushes: PushNumbers | None = None
+        if channels is None and ps_replicas(cluster):
+            self.router = ShardRouter(cluster, self._open_member, client_name=client_name, config=self.config,
+                                      failover_timeout=failover_timeout)
+            self.pushes = PushNumbers()
+        #: ps task (shard) -> the channel its calls go to (a replicated shard: its current primary's).
+        self.channels: dict[int, Channel] = (
+            dict(channels) if channels is not None else self.router.channels if self.router is not None else {
+                i: self._open_member(f"/job:ps/task:{i}", cluster.task_address("ps", i)) for i in ps})
+
+    def _open_member(self, task: str, address: str) -> Channel:
+        return open_channel(self.config.transport, task, address, PARAMETER_SERVICE, self.config)
 
     # ---- set-up ------------------------------------------------------------
     def connect(self, timeout: float | None = None) -> None:
-        """Waits until every ps task is up (bounded; see ConnectConfig).
+        """Waits until every ps task is up (bounded; see ConnectConfig); replicated shards: until each
+        shard has a primary, which its calls then go to (after a failover, not ``/job:ps/task:k``).
 
         Raises:
             TaskUnavailableError: a task did not come up in time (names it).
         """
+        if self.router is not None:
+            limit = self.config.connect_timeout if timeout is None else timeout
+            resolve_all(self.router, sorted(self.channels), timeout=limit)
+            return
         with futures.ThreadPoolExecutor(len(self.channels)) as pool:
             for f in [pool.submit(ch.wait_ready, timeout) for ch in self.channels.values()]:
                 f.result()
@@ -210,9 +231,8 @@ class ParameterClient:
             RpcError: a ps task refused or failed.
         """
         plan = self._pull_plan(requests)
-        calls = {t: self._send(t, PullRequest(parts, create, averages, self._step_hint))
-                 for t, parts in plan.per_task.items()}
-        return self._assemble(plan, {t: PullReply.from_frame(frame) for t, frame in gather(calls).items()})
+        pulls = {t: PullRequest(parts, create, averages, self._step_hint) for t, parts in plan.per_task.items()}
+        return self._assemble(plan, {t: PullReply.from_frame(frame) for t, frame in self._gather(pulls).items()})
 
     def _pull_plan(self, requests: Mapping[str, np.ndarray | None]) -> PullPlan:
         # In sync and ssp mode the task holding global_step is always asked: its reply carries the
@@ -256,7 +276,7 @@ class ParameterClient:
         contribution per worker per step) tagged with ``read_step``, and
         blocks until the step is applied (or the gradient is found stale).
         SSP mode: blocks while this worker is more than ``staleness`` steps
-        ahead of the slowest live one. Never retried.
+        ahead of the slowest live one. Never retried (a replicated shard's failed over: resent, applied once).
 
         Args:
             grads: variable name -> gradient.
@@ -281,8 +301,10 @@ class ParameterClient:
                 timed out, naming the missing workers).
         """
         per_task = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
-        calls = {t: self._send(t, request, timeout=self._push_timeout()) for t, request in per_task.items()}
-        return self._push_result({t: PushReply.from_frame(frame) for t, frame in gather(calls).items()})
+        replies = self._gather(per_task, timeout=self._push_timeout())
+        if self.pushes is not None:
+            self.pushes.acknowledged(per_task)
+        return self._push_result({t: PushReply.from_frame(frame) for t, frame in replies.items()})
 
     def push_pull(
         self,
@@ -302,7 +324,7 @@ class ParameterClient:
         values are exactly what a :meth:`push_detailed` followed by a
         :meth:`pull` would return (no extra staleness), with half the round
         trips. Same blocking, ordering and errors as those two calls; the pull
-        part is validated before anything is applied. Never retried. The pull
+        part is validated before anything is applied. Never retried (but failed over). The pull
         is a training lookup (``create=True``, see :meth:`pull`); ``position`` and
         ``generation`` tag the push as in :meth:`push_detailed`.
 
@@ -311,12 +333,15 @@ class ParameterClient:
         """
         plan = self._pull_plan(requests)
         pushes = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
-        calls = {}
+        calls: dict[int, Request] = {}
         for task in sorted(set(plan.per_task) | set(pushes)):
             push = pushes.get(task) or PushRequest((), WorkerTag(self.client_name))
             pull = PullRequest(plan.per_task.get(task, ()), create=True, step_hint=self._step_hint)
-            calls[task] = self._send(task, PushPullRequest(push, pull), timeout=self._push_timeout())
-        replies = {t: PushPullReply.from_frame(frame) for t, frame in gather(calls).items()}
+            calls[task] = PushPullRequest(push, pull)
+        replies = {t: PushPullReply.from_frame(frame)
+                   for t, frame in self._gather(calls, timeout=self._push_timeout()).items()}
+        if self.pushes is not None:
+            self.pushes.acknowledged(pushes)
         result = self._push_result({t: r.push for t, r in replies.items() if t in pushes})
         return result, self._assemble(plan, {t: r.pull for t, r in replies.items()})
 
@@ -343,7 +368,36 @@ class ParameterClient:
                 per_task[self.step_task], WorkerTag(self.client_name, self.incarnation, generation, position),
                 StepTag(read_step, clock, sync_tag, self._step_hint), True, int(examples),
                 None if loss is None else float(loss))
-        return out
+        # Replicated shards: this call's push_id, each shard's acknowledged count.
+        return out if self.pushes is None else self.pushes.number(out)
+
+    @property
+    def acked(self) -> dict[int, int]:
+        """(Replicated shards) shard -> how many of this client process's pushes it acknowledged."""
+        return dict(self.pushes.acked) if self.pushes is not None else {}
+
+    def _gather(self, requests: Mapping[int, Request], *, timeout: float | None = None) -> dict[int, Frame]:
+        """Sends each task its request and waits for every reply. Unreplicated: sent once (``gather``);
+        replicated shards: a failed-over shard's request is resent to its new primary (the router)."""
+        router = self.router
+        if router is None:
+            return gather({t: self._send(t, r, timeout=timeout) for t, r in requests.items()})
+
+        def send(task: int) -> PendingReply:
+            return self._send(task, at_epoch(requests[task], router.epoch(task)), timeout=timeout)
+
+        return router.gather({t: send(t) for t in requests}, send)
+
+    def _call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None, *,
+                  timeout: float | None = None) -> Frame:
+        """One call to ps task ``task`` (a replicated shard's: followed to its new primary on a failover)."""
+        if self.router is None:
+            return self.channels[task].call(method, meta, timeout=timeout)
+
+        def send(shard: int) -> PendingReply:
+            return self.channels[shard].call_async(method, meta, timeout=timeout)
+
+        return self.router.gather({task: send(task)}, send)[task]
 
     def _push_timeout(self) -> float:
         # Sync and ssp pushes may wait for other workers: allow the coordination timeout on top.
@@ -382,14 +436,15 @@ class ParameterClient:
         """Every client's recorded reader position (JSON), from the task holding global_step; claims
         this client's incarnation there first (pushes of an earlier process are refused from then on)."""
         request = ReaderPositionsRequest(self.client_name, self.incarnation)
-        reply = self.channels[self.step_task].call(request.METHOD, request.to_frame().meta)
+        reply = self._call_one(self.step_task, request.METHOD, request.to_frame().meta)
         return dict(ReaderPositionsReply.from_frame(reply).positions)
 
     def leave(self) -> None:
-        """Tells every ps task this worker is done (sync/ssp stop waiting for it)."""
-        request = LeaveRequest(self.client_name)
-        calls = {t: ch.call_async(request.METHOD, request.to_frame().meta) for t, ch in self.channels.items()}
-        gather(calls)
+        """Tells every ps task this worker is done (sync/ssp stop waiting for it); a replicated shard also
+        hears how many of this process's pushes it acknowledged (``acked``, the final count)."""
+        acked = self.pushes.acked if self.pushes is not None else None
+        self._gather({t: LeaveRequest(self.client_name, None if acked is None else acked.get(t, 0))
+                      for t in self.channels})
 
     def report_done(self, *, checkpoint_dir: bool = False, final_checkpoint: str | None = None,
                     attempts: int = 3, worker: str | None = None) -> list[str]:
@@ -407,28 +462,8 @@ class ParameterClient:
         """
         meta = DoneRequest(worker or self.client_name, self.incarnation, checkpoint_dir,
                            final_checkpoint).to_frame().meta
-        pending = dict(self.channels)  # ps task index -> channel, not yet answered
-        errors: dict[int, RpcError] = {}
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(0.5 * 2 ** (attempt - 1))
-            calls = {t: ch.call_async(DoneRequest.METHOD, meta, timeout=5.0) for t, ch in pending.items()}
-            for t, call in calls.items():
-                try:
-                    call.result()
-                    errors.pop(t, None)
-                    del pending[t]
-                except (TaskUnavailableError, DeadlineExceededError) as e:  # asked again
-                    errors[t] = e
-                except RpcError as e:  # refused: asking again gets the same answer
-                    errors[t] = e
-                    del pending[t]
-            if not pending:
-                break
-        for t, error in sorted(errors.items()):
-            log.warning("%s: %s did not hear that this worker is done (%s); it serves until stopped "
-                        "(psflow shutdown)", self.client_name, self.channels[t].task, error)
-        return [self.channels[t].task for t in sorted(errors)]
+        return send_done(self.client_name, self.channels, meta, attempts=attempts,
+                         reroute=self.router.reroute if self.router is not None else None)
 
     # ---- control -----------------------------------------------------------
     def stats(self, task: int | None = None) -> dict[str, Any]:
@@ -438,7 +473,7 @@ class ParameterClient:
 
     def ps_stats(self, task: int | None = None) -> StatsReply:
         """State and counters of one ps task (default: the one holding global_step)."""
-        return StatsReply.from_frame(self.channels[self.step_task if task is None else task].call("Stats"))
+        return StatsReply.from_frame(self._call_one(self.step_task if task is None else task, "Stats"))
 
     def global_step(self) -> int:
         """The current global_step."""
@@ -456,6 +491,10 @@ class ParameterClient:
                 log.warning("%s: shutdown of %s failed: %s", self.client_name, ch.task, e)
 
     def close(self) -> None:
-        """Closes every channel; idempotent."""
+        """Closes every channel (a replicated cluster's: to every member); idempotent."""
+        if self.router is not None:
+            self.router.close()
+            return
         for ch in self.channels.values():
             ch.close()
+

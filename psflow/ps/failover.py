@@ -1,0 +1,375 @@
+"""Failover of a replicated ps shard, the client's side: which member is the shard's primary now.
+
+A cluster with a ``ps_backup`` job replicates every ps shard (:mod:`psflow.cluster.replicas`; the
+ps side is :mod:`psflow.ps.replication`): shard k's requests go to its primary, at first
+``/job:ps/task:k``. :class:`ShardRouter` keeps, per shard, the members, the primary the client routes
+to and the epoch it knows, and the channel to that primary (:attr:`ShardRouter.channels`, the
+client's ``channels``: shard -> channel, changed in place on a failover).
+
+When a request to a shard fails with UNAVAILABLE, DEADLINE_EXCEEDED or FAILED_PRECONDITION,
+:meth:`ShardRouter.resolve` asks every member its ``ReplicaStatus`` (short deadline, in parallel)
+and :func:`decide` reads the answers:
+
+1. a member that says primary, holds the variables (``has_state``) and has the highest epoch of
+   those holding them: the shard routes to it;
+2. none (the primary died, or is cut off, or was deposed): the first member in member order that is
+   a backup holding the variables at that epoch is sent ``Promote`` (idempotent: two clients
+   promoting the same backup at the same epoch get the same primary), and the members are asked again;
+3. no member holds the variables (a fresh cluster, or every replica of the shard lost): the shard
+   routes to the member that says primary at the highest epoch, empty; today's path takes over from
+   there (the chief initializes, or :class:`psflow.train.recovery.ClusterRecovery` restores the newest
+   checkpoint onto it, and it rebuilds its backups);
+4. the primary is the one the client knew, at the epoch it knew, and the request failed as
+   unreachable or late: a backup of its view that the client cannot reach either is dropped from the
+   view (``DropBackup``: the primary never drops one on its own, so a partition never makes two
+   primaries); it joins again when it returns.
+
+:meth:`resolve` returns True when the route changed (a new primary, epoch or view: the caller resends
+the same request, whose ``push_id`` makes the new primary apply a push at most once) and False when it
+did not (the error was not a failover's: the caller raises it). :meth:`gather` does both for one call
+per shard: replies of the shards that succeeded are kept, only the failed shards' requests are resent.
+
+Not thread-safe: one router per client, used by its training thread. An unreplicated cluster has no
+router: its client's calls are never resent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+
+from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import member_address, shard_members
+from psflow.ps.protocol import PullRequest, PushPullRequest, PushRequest, Request
+from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply, ReplicaStatusRequest
+from psflow.rpc.api import (
+    Channel,
+    ConnectConfig,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    PendingReply,
+    RpcError,
+    TaskUnavailableError,
+)
+from psflow.rpc.framing import Frame
+
+__all__ = ["FAILOVER_ERRORS", "Decision", "PushNumbers", "ShardRouter", "at_epoch", "decide", "resolve_all"]
+
+log = logging.getLogger("psflow.ps.client")
+
+#: The errors after which a replicated shard's primary is resolved again.
+FAILOVER_ERRORS: tuple[type[RpcError], ...] = (TaskUnavailableError, DeadlineExceededError, FailedPreconditionError)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What :func:`decide` concludes from a shard's members' statuses.
+
+    Attributes:
+        action: ``route`` (requests go to ``task``, primary at ``epoch``), ``promote`` (send
+            ``Promote`` to backup ``task`` at ``epoch``), ``drop`` (ask the primary ``primary`` to drop
+            its unreachable backup ``task`` from its view at ``epoch``) or ``wait`` (no member can
+            serve yet: ask again after a backoff).
+        task: the member the action names ("" for ``wait``).
+        epoch: the epoch the action is for (``route``: the primary's; else the expected one).
+        primary: (``drop``) the primary the request goes to.
+        has_state: (``route``) the primary holds the variables.
+    """
+
+    action: str
+    task: str = ""
+    epoch: int = 0
+    primary: str = ""
+    has_state: bool = True
+
+
+WAIT = Decision("wait")
+
+
+def decide(members: Sequence[str], statuses: Mapping[str, ReplicaStatusReply | None], *,
+           known: tuple[str, int | None], unreachable_error: bool) -> Decision:
+    """Where a shard's requests go, from its members' ``ReplicaStatus`` (None: did not answer); pure.
+
+    Args:
+        members: the shard's members, in member order.
+        statuses: member -> its status, or None.
+        known: the primary and epoch the client routed by when its request failed.
+        unreachable_error: the request failed as unreachable or late (not as refused): a backup the
+            client cannot reach either is dropped from an unchanged primary's view.
+
+    Returns:
+        See :class:`Decision` and the module docstring's rules.
+    """
+    answered = {t: s for t, s in statuses.items() if s is not None}
+    holders = [s for s in answered.values() if s.has_state]
+    if not holders:  # a fresh cluster, or every replica lost: the empty primary at the highest epoch
+        empty = [s for s in answered.values() if s.role == "primary"]
+        if not empty:
+            return WAIT
+        best = max(empty, key=lambda s: s.epoch)
+        return Decision("route", best.task, best.epoch, has_state=False)
+    top = max(s.epoch for s in holders)
+    primaries = [s for s in holders if s.role == "primary" and s.epoch >= top]
+    if primaries:
+        best = max(primaries, key=lambda s: s.epoch)
+        if (best.task, best.epoch) == known and unreachable_error:
+            lost = [b for b in best.backups if statuses.get(b) is None]
+            if lost:
+                return Decision("drop", lost[0], best.epoch, primary=best.task)
+        return Decision("route", best.task, best.epoch)
+    for task in members:
+        s = answered.get(task)
+        if s is not None and s.has_state and s.epoch == top and s.role == "backup":
+            return Decision("promote", task, top)
+    return WAIT
+
+
+class ShardRouter:
+    """Routes each shard of a replicated cluster to its primary; see the module docstring."""
+
+    def __init__(self, cluster: ClusterSpec, open_member: Callable[[str, str], Channel], *, client_name: str,
+                 config: ConnectConfig | None = None, failover_timeout: float | None = None,
+                 status_timeout: float | None = None) -> None:
+        """Opens the channels to the shards' first primaries (``open_member``; the others when first asked).
+
+        Args:
+            cluster: a replicated cluster (a ``ps_backup`` job).
+            open_member: (task name, address) -> a channel to that member's parameter service.
+            client_name: this client's task name (logs, errors, ``requester`` of its calls).
+            config: the client's timeouts and backoff (the wait between two rounds of statuses grows
+                from ``backoff_initial`` to at most 1 s).
+            failover_timeout: seconds :meth:`resolve` tries before it gives up (default
+                ``config.connect_timeout``).
+            status_timeout: deadline of one ``ReplicaStatus`` call, seconds: a member that does not answer
+                within it counts as unreachable (default 2 s, at most ``config.rpc_timeout``).
+
+        Raises:
+            ClusterError: the ``ps_backup`` job does not fit the ``ps`` job.
+        """
+        config = config or ConnectConfig()
+        self.cluster = cluster
+        self.client_name = client_name
+        self.failover_timeout = config.connect_timeout if failover_timeout is None else failover_timeout
+        self.status_timeout = min(2.0, config.rpc_timeout) if status_timeout is None else status_timeout
+        self._backoff = (config.backoff_initial, min(1.0, config.backoff_max))
+        self._open = open_member
+        shards = cluster.task_indices("ps")
+        #: shard -> its members, in member order.
+        self.members: dict[int, tuple[str, ...]] = {k: shard_members(cluster, k) for k in shards}
+        #: shard -> (the primary requests go to, its epoch; None until a status said it).
+        self.routes: dict[int, tuple[str, int | None]] = {k: (m[0], None) for k, m in self.members.items()}
+        self._member_channels: dict[str, Channel] = {}
+        #: shard -> the channel of its primary: the client's ``channels``, changed in place.
+        self.channels: dict[int, Channel] = {k: self._channel(m[0]) for k, m in self.members.items()}
+        #: Failovers this router followed (a new primary or epoch), for logs and tests.
+        self.failovers = 0
+
+    def _channel(self, task: str) -> Channel:
+        channel = self._member_channels.get(task)
+        if channel is None:
+            channel = self._member_channels[task] = self._open(task, member_address(self.cluster, task))
+        return channel
+
+    def epoch(self, shard: int) -> int | None:
+        """The epoch shard ``shard``'s requests are routed by (None before the first status)."""
+        return self.routes[shard][1]
+
+    def statuses(self, shard: int) -> dict[str, ReplicaStatusReply | None]:
+        """Every member's ``ReplicaStatus`` (in parallel; None: no answer within ``status_timeout``)."""
+        meta = ReplicaStatusRequest().to_frame().meta
+        calls = {t: self._channel(t).call_async(ReplicaStatusRequest.METHOD, meta, timeout=self.status_timeout)
+                 for t in self.members[shard]}
+        out: dict[str, ReplicaStatusReply | None] = {}
+        for task, call in calls.items():
+            try:
+                out[task] = ReplicaStatusReply.from_frame(call.result())
+            except RpcError:
+                out[task] = None
+        return out
+
+    def resolve(self, shard: int, error: RpcError | None = None, *, timeout: float | None = None) -> bool:
+        """Finds shard ``shard``'s primary (promoting a backup, or dropping an unreachable one, where
+        :func:`decide` says so) and routes the shard to it.
+
+        Blocks until a member can serve the shard, at most ``timeout`` s (default
+        ``failover_timeout``), asking the members again with backoff.
+
+        Args:
+            shard: the shard whose request failed.
+            error: the request's error (None: no request failed, e.g. at connect time).
+            timeout: seconds to try (0: one round of statuses, no wait).
+
+        Returns:
+            True if the route changed (resend the request), False if not (``error`` is the request's own).
+
+        Raises:
+            TaskUnavailableError: no member could serve the shard in time (names the shard, the members
+                and what each said).
+        """
+        limit = self.failover_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        wait = self._backoff[0]
+        known = self.routes[shard]
+        unreachable = isinstance(error, TaskUnavailableError | DeadlineExceededError)
+        while True:
+            statuses = self.statuses(shard)
+            decision = decide(self.members[shard], statuses, known=known, unreachable_error=unreachable)
+            if decision.action == "route":
+                return self._route(shard, known, decision)
+            if decision.action in ("promote", "drop"):
+                if self._act(shard, decision) is not None:
+                    unreachable = False  # the view changed: the next round routes by it
+                    continue
+            if time.monotonic() + wait > deadline:
+                said = "; ".join(f"{t}: {_said(s)}" for t, s in statuses.items())
+                raise TaskUnavailableError(
+                    f"{self.client_name}: no member of ps shard {shard} can serve it after {limit:.1f} s ({said})"
+                    + (f"; the request failed with: {error}" if error is not None else "")) from error
+            time.sleep(wait)
+            wait = min(wait * 2, self._backoff[1])
+
+    def _route(self, shard: int, known: tuple[str, int | None], decision: Decision) -> bool:
+        route = (decision.task, decision.epoch)
+        if route == known:
+            return False
+        self.routes[shard] = route
+        self.channels[shard] = self._channel(decision.task)
+        if known[1] is not None:  # not the first status: a failover (or a view change)
+            self.failovers += 1
+            log.warning("%s: ps shard %d routes to %s at epoch %d (was %s at epoch %s)%s", self.client_name, shard,
+                        decision.task, decision.epoch, known[0], known[1],
+                        "" if decision.has_state else "; no member holds its variables")
+        return True
+
+    def _act(self, shard: int, decision: Decision) -> ReplicaStatusReply | None:
+        """Sends the ``Promote`` or ``DropBackup`` of ``decision``; its reply, or None if refused or lost."""
+        if decision.action == "promote":
+            target = decision.task
+            request: PromoteRequest | DropBackupRequest = PromoteRequest(shard, decision.epoch, self.client_name)
+            log.warning("%s: ps shard %d has no primary holding its variables; promoting %s (epoch %d)",
+                        self.client_name, shard, target, decision.epoch)
+        else:
+            target = decision.primary
+            request = DropBackupRequest(shard, decision.epoch, decision.task, self.client_name)
+            log.warning("%s: ps shard %d: backup %s unreachable from %s and from here; asking %s to drop it "
+                        "(epoch %d)", self.client_name, shard, decision.task, target, target, decision.epoch)
+        try:
+            frame = self._channel(target).call(request.METHOD, request.to_frame().meta, timeout=self.status_timeout * 5)
+        except RpcError as e:  # another client acted first, or the member went away: statuses again
+            log.info("%s: ps shard %d: %s to %s: %s", self.client_name, shard, request.METHOD, target, e)
+            return None
+        return ReplicaStatusReply.from_frame(frame)
+
+    def gather(self, calls: Mapping[int, PendingReply], resend: Callable[[int], PendingReply]) -> dict[int, Frame]:
+        """Waits for one call per shard; the shards whose call failed over are resolved and their request
+        resent (``resend(shard)`` sends it again to the shard's channel now), until each succeeded.
+
+        Blocks for every call, then for each failover (at most ``failover_timeout`` s from the first).
+
+        Raises:
+            RpcError: a shard's error that was not a failover (its route did not change), or the first
+                error when a failed shard could not be resolved in time. Raised once every call finished.
+        """
+        replies, errors = _collect(calls)
+        deadline = time.monotonic() + self.failover_timeout
+        while errors:
+            resent: dict[int, PendingReply] = {}
+            for shard, error in sorted(errors.items()):
+                left = deadline - time.monotonic()
+                if not isinstance(error, FAILOVER_ERRORS) or left <= 0 or not self.resolve(shard, error, timeout=left):
+                    _collect(resent)  # every call finished before the error is raised
+                    raise error
+                resent[shard] = resend(shard)
+            more, errors = _collect(resent)
+            replies.update(more)
+        return replies
+
+    def reroute(self, errors: Mapping[int, RpcError]) -> set[int]:
+        """Follows each shard of ``errors`` (whose call failed) to its primary now: one round of statuses, no
+        wait; a shard that no member can serve now stays as it is (logged). Returns the shards whose route
+        changed."""
+        changed = set()
+        for shard, error in errors.items():
+            try:
+                if self.resolve(shard, error, timeout=0):
+                    changed.add(shard)
+            except RpcError as e:
+                log.info("%s: ps shard %d: %s", self.client_name, shard, e)
+        return changed
+
+    def close(self) -> None:
+        """Closes every member's channel; idempotent."""
+        for channel in self._member_channels.values():
+            channel.close()
+
+
+def _collect(calls: Mapping[int, PendingReply]) -> tuple[dict[int, Frame], dict[int, RpcError]]:
+    replies: dict[int, Frame] = {}
+    errors: dict[int, RpcError] = {}
+    for shard, call in calls.items():
+        try:
+            replies[shard] = call.result()
+        except RpcError as e:
+            errors[shard] = e
+    return replies, errors
+
+
+def _said(status: ReplicaStatusReply | None) -> str:
+    if status is None:
+        return "no answer"
+    return f"{status.role} at epoch {status.epoch}" + ("" if status.has_state else ", empty")
+
+
+def resolve_all(router: ShardRouter, shards: Sequence[int], *, timeout: float) -> None:
+    """Resolves every shard of ``shards`` at once (in parallel; e.g. at connect time), each within ``timeout`` s.
+
+    Raises:
+        TaskUnavailableError: a shard had no member able to serve it in time.
+    """
+    with futures.ThreadPoolExecutor(max(1, len(shards))) as pool:
+        for f in [pool.submit(router.resolve, k, None, timeout=timeout) for k in shards]:
+            f.result()
+
+
+class PushNumbers:
+    """(Replicated shards) a client process's push calls and each shard's acknowledged pushes.
+
+    Every push call gets the next ``push_id`` (1, 2, ...), the same on each shard it goes to and on a
+    resend (the shard's dedup table then replies without applying it again); each shard's request carries
+    ``acked``, how many of this process's pushes that shard acknowledged before (the ps side sums them into
+    ``pushes_acknowledged``: the run's ``updates_lost`` is what a checkpoint restore lacks of them).
+    Not thread-safe (the client's training thread).
+    """
+
+    def __init__(self) -> None:
+        #: The latest push call's push_id (0: none yet).
+        self.push_id = 0
+        #: shard -> pushes of this process it acknowledged.
+        self.acked: dict[int, int] = {}
+
+    def number(self, requests: Mapping[int, PushRequest]) -> dict[int, PushRequest]:
+        """``requests`` (one push call's, by shard) tagged with the call's new ``push_id`` and each shard's ``acked``."""
+        self.push_id += 1
+        return {shard: dataclasses.replace(request, worker=dataclasses.replace(
+                    request.worker, push_id=self.push_id, acked=self.acked.get(shard, 0)))
+                for shard, request in requests.items()}
+
+    def acknowledged(self, shards: Iterable[int]) -> None:
+        """Counts one acknowledged push for each of ``shards`` (their replies came back)."""
+        for shard in shards:
+            self.acked[shard] = self.acked.get(shard, 0) + 1
+
+
+def at_epoch(request: Request, epoch: int | None) -> Request:
+    """``request`` carrying ``epoch``, the epoch of its shard's view the client routes by (pulls and pushes;
+    other requests as they are)."""
+    if isinstance(request, PullRequest | PushRequest):
+        return dataclasses.replace(request, shard_epoch=epoch)
+    if isinstance(request, PushPullRequest):
+        return PushPullRequest(dataclasses.replace(request.push, shard_epoch=epoch),
+                               dataclasses.replace(request.pull, shard_epoch=epoch))
+    return request

@@ -1,0 +1,305 @@
+"""The client's side of a replicated shard's failover (psflow/ps/failover.py, issue 28): which member is the
+primary, when a backup is promoted or dropped, when every replica is lost, and that an unreplicated client
+never resends. Fake members here stand for the routing decisions only; the real members meet the client in
+tests/integration/test_replicated_training.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+
+from psflow.cluster import ClusterSpec
+from psflow.gradients import DenseGradient
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.failover import PushNumbers, ShardRouter, decide
+from psflow.ps.protocol import PushReply, PushRequest, StepTag, WorkerTag
+from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply
+from psflow.rpc.api import (
+    ConnectConfig,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    RpcError,
+    TaskUnavailableError,
+)
+from psflow.rpc.framing import Frame
+
+pytestmark = pytest.mark.timeout(60)
+
+P0, B0 = "/job:ps/task:0", "/job:ps_backup/task:0"
+P1, B1 = "/job:ps/task:1", "/job:ps_backup/task:1"
+CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "ps_backup": ["127.0.0.1:3", "127.0.0.1:4"]})
+
+
+def status(task: str, role: str, epoch: int, *, primary: str | None = None, backups: tuple[str, ...] = (),
+           has_state: bool = True) -> ReplicaStatusReply:
+    return ReplicaStatusReply(task, 0, role, epoch, primary, backups, 0, has_state, 1)
+
+
+# ---- decide: the rules alone ------------------------------------------------------------------------------
+def test_the_primary_holding_the_state_at_the_highest_epoch_wins_over_a_deposed_one_that_does_not_know_yet() -> None:
+    statuses = {P0: status(P0, "primary", 1, primary=P0, backups=(B0,)),   # cut off, not told yet
+                B0: status(B0, "primary", 2, primary=B0)}
+    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True)
+    assert (d.action, d.task, d.epoch) == ("route", B0, 2)
+
+
+def test_a_dead_primary_gets_its_first_backup_holding_the_state_promoted_at_the_views_epoch() -> None:
+    statuses = {P0: None, B0: status(B0, "backup", 1, primary=P0)}
+    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True)
+    assert (d.action, d.task, d.epoch) == ("promote", B0, 1)
+    # Restarted empty (it rebuilds: joining), its backup is promoted all the same.
+    statuses[P0] = status(P0, "joining", 0, has_state=False)
+    assert decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True).action == "promote"
+
+
+def test_a_backup_that_does_not_hold_the_state_is_never_promoted() -> None:
+    statuses = {P0: None, B0: status(B0, "joining", 1, primary=P0, has_state=False)}
+    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True)
+    assert d.action == "wait"   # nobody to promote, nobody primary: ask again
+
+
+def test_every_replica_lost_routes_to_the_empty_primary_for_todays_checkpoint_path() -> None:
+    # Both members restarted empty; member 0 made itself primary of a fresh view.
+    statuses = {P0: status(P0, "primary", 1, primary=P0, backups=(B0,), has_state=False),
+                B0: status(B0, "joining", 0, has_state=False)}
+    d = decide((P0, B0), statuses, known=(B0, 2), unreachable_error=True)
+    assert (d.action, d.task, d.epoch, d.has_state) == ("route", P0, 1, False)
+
+
+def test_a_backup_unreachable_from_here_too_is_dropped_only_after_an_unreachable_error() -> None:
+    statuses = {P0: status(P0, "primary", 1, primary=P0, backups=(B0,)), B0: None}
+    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True)
+    assert (d.action, d.task, d.epoch, d.primary) == ("drop", B0, 1, P0)
+    # A refusal (FAILED_PRECONDITION) from the primary it knew is the request's own error: no drop.
+    assert decide((P0, B0), statuses, known=(P0, 1), unreachable_error=False).action == "route"
+
+
+# ---- ShardRouter over fake members ------------------------------------------------------------------------
+@dataclass
+class Member:
+    """A fake shard member: its status (None: down) and the calls it got."""
+
+    task: str
+    state: ReplicaStatusReply | None
+    calls: list[str] = field(default_factory=list)
+    metas: list[Mapping[str, Any]] = field(default_factory=list)
+    replies: list[Any] = field(default_factory=list)  # what its next data calls answer (Frame or RpcError)
+
+
+class Done:
+    def __init__(self, value: Frame | RpcError) -> None:
+        self.value = value
+
+    def result(self) -> Frame:
+        if isinstance(self.value, RpcError):
+            raise self.value
+        return self.value
+
+
+class FakeShards:
+    """Every member of CLUSTER's shards; Promote and DropBackup change the views as the ps side would."""
+
+    def __init__(self) -> None:
+        self.members = {t: Member(t, None) for t in (P0, B0, P1, B1)}
+
+    def set(self, task: str, role: str | None, epoch: int = 1, *, primary: str | None = None,
+            backups: tuple[str, ...] = (), has_state: bool = True) -> None:
+        self.members[task].state = None if role is None else status(task, role, epoch, primary=primary,
+                                                                    backups=backups, has_state=has_state)
+
+    def open(self, task: str, address: str) -> FakeChannel:
+        return FakeChannel(self, self.members[task], address)
+
+    def answer(self, member: Member, method: str, meta: Mapping[str, Any]) -> Frame | RpcError:
+        member.calls.append(method)
+        member.metas.append(meta)
+        s = member.state
+        if s is None:
+            return TaskUnavailableError(f"{member.task}: down")
+        if method == "ReplicaStatus":
+            return s.to_frame()
+        if method == PromoteRequest.METHOD:
+            if s.role != "backup" or s.epoch != meta["expected_epoch"]:
+                return FailedPreconditionError(f"{member.task}: at epoch {s.epoch}")
+            self.set(member.task, "primary", s.epoch + 1, primary=member.task)
+            return self.members[member.task].state.to_frame()  # type: ignore[union-attr]
+        if method == DropBackupRequest.METHOD:
+            self.set(member.task, "primary", s.epoch + 1, primary=member.task,
+                     backups=tuple(b for b in s.backups if b != meta["backup"]))
+            return self.members[member.task].state.to_frame()  # type: ignore[union-attr]
+        if member.replies:
+            return member.replies.pop(0)  # type: ignore[no-any-return]
+        if s.role != "primary":
+            return FailedPreconditionError(f"{member.task}: not the primary")
+        return PushReply(step=7).to_frame()
+
+
+@dataclass
+class FakeChannel:
+    shards: FakeShards
+    member: Member
+    address: str
+
+    @property
+    def task(self) -> str:
+        return self.member.task
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        pass
+
+    def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
+                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Done:
+        return Done(self.shards.answer(self.member, method, meta or {}))
+
+    def call(self, method: str, meta: Mapping[str, Any] | None = None,
+             arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame:
+        return self.call_async(method, meta, arrays, timeout=timeout).result()
+
+    def close(self) -> None:
+        pass
+
+
+def router(shards: FakeShards) -> ShardRouter:
+    return ShardRouter(CLUSTER, shards.open, client_name="/job:worker/task:0",
+                       config=ConnectConfig(backoff_initial=0.001), failover_timeout=5.0)
+
+
+def healthy() -> FakeShards:
+    shards = FakeShards()
+    shards.set(P0, "primary", 1, primary=P0, backups=(B0,))
+    shards.set(B0, "backup", 1, primary=P0)
+    shards.set(P1, "primary", 1, primary=P1, backups=(B1,))
+    shards.set(B1, "backup", 1, primary=P1)
+    return shards
+
+
+def test_at_connect_each_shard_routes_to_its_primary_and_learns_the_epoch() -> None:
+    shards = healthy()
+    shards.set(P1, "deposed", 1, has_state=False)   # shard 1 failed over before this client started
+    shards.set(B1, "primary", 2, primary=B1)
+    r = router(shards)
+    assert r.resolve(0) and r.resolve(1)
+    assert r.routes == {0: (P0, 1), 1: (B1, 2)} and r.channels[1].task == B1
+    assert r.failovers == 0  # learnt, not followed
+    assert not r.resolve(0, TaskUnavailableError("late"))  # nothing changed: the error is the request's own
+
+
+def test_a_dead_primary_is_replaced_by_its_promoted_backup_and_a_second_client_does_not_promote_again() -> None:
+    shards = healthy()
+    first, second = router(shards), router(shards)
+    first.resolve(0), second.resolve(0)
+    shards.set(P0, None)
+    assert first.resolve(0, TaskUnavailableError("down"))
+    assert first.routes[0] == (B0, 2) and first.channels[0].task == B0 and first.failovers == 1
+    assert shards.members[B0].calls.count(PromoteRequest.METHOD) == 1
+    assert second.resolve(0, TaskUnavailableError("down"))   # it finds the new primary: no Promote
+    assert second.routes[0] == (B0, 2) and shards.members[B0].calls.count(PromoteRequest.METHOD) == 1
+
+
+def test_a_backup_unreachable_from_the_client_too_is_dropped_and_the_request_resent() -> None:
+    shards = healthy()
+    r = router(shards)
+    r.resolve(0)
+    shards.set(B0, None)
+    assert r.resolve(0, TaskUnavailableError(f"{P0}: backup {B0} did not acknowledge"))
+    assert r.routes[0] == (P0, 2) and shards.members[P0].state.backups == ()  # type: ignore[union-attr]
+
+
+def test_no_member_to_serve_the_shard_raises_naming_the_shard_and_what_each_member_said() -> None:
+    shards = healthy()
+    r = router(shards)
+    r.resolve(0)
+    shards.set(P0, None)
+    shards.set(B0, "joining", 0, has_state=False)
+    with pytest.raises(TaskUnavailableError, match=rf"no member of ps shard 0 can serve it .*{P0}: no answer; "
+                                                   rf"{B0}: joining at epoch 0, empty"):
+        r.resolve(0, TaskUnavailableError("down"), timeout=0.05)
+
+
+def test_gather_resends_the_failed_shard_only_and_keeps_the_others_reply() -> None:
+    shards = healthy()
+    r = router(shards)
+    r.resolve(0), r.resolve(1)
+    shards.set(P0, None)
+    sent: list[int] = []
+
+    def send(shard: int) -> Done:
+        sent.append(shard)
+        return r.channels[shard].call_async("Push")
+
+    replies = r.gather({0: send(0), 1: send(1)}, send)
+    assert sorted(replies) == [0, 1] and sent == [0, 1, 0]
+    assert shards.members[B0].calls.count("Push") == 1 and shards.members[P1].calls.count("Push") == 1
+
+
+def test_gather_raises_an_error_that_is_not_a_failover_without_asking_the_members() -> None:
+    shards = healthy()
+    r = router(shards)
+    r.resolve(0)
+    shards.members[P0].replies.append(InvalidArgumentError("bad gradient"))
+    before = len(shards.members[B0].calls)
+    with pytest.raises(InvalidArgumentError, match="bad gradient"):
+        r.gather({0: r.channels[0].call_async("Push")}, lambda t: r.channels[t].call_async("Push"))
+    assert len(shards.members[B0].calls) == before
+    # A refusal by the primary it knew, at the epoch it knew, is raised too (after one round of statuses).
+    shards.members[P0].replies.append(FailedPreconditionError("generation 3 was restored"))
+    with pytest.raises(FailedPreconditionError, match="generation 3"):
+        r.gather({0: r.channels[0].call_async("Push")}, lambda t: r.channels[t].call_async("Push"))
+
+
+def test_push_numbers_tag_every_shard_of_a_call_with_one_push_id_and_each_shards_acknowledged_count() -> None:
+    numbers = PushNumbers()
+    request = PushRequest((), WorkerTag("/job:worker/task:0", 5), StepTag())
+    first = numbers.number({0: request, 1: request})
+    assert {s: (r.worker.push_id, r.worker.acked) for s, r in first.items()} == {0: (1, 0), 1: (1, 0)}
+    numbers.acknowledged([0])
+    second = numbers.number({0: request, 1: request})
+    assert {s: (r.worker.push_id, r.worker.acked) for s, r in second.items()} == {0: (2, 1), 1: (2, 0)}
+    assert request.worker.push_id is None  # the caller's request is left as it was
+
+
+# ---- ParameterClient ----------------------------------------------------------------------------------------
+def _layout(cluster: ClusterSpec) -> VariableSet:
+    vs = VariableSet(replica_device_setter(cluster=cluster))
+    vs.get_variable("w", (2,))  # ps task 0
+    return vs
+
+
+def test_an_unreplicated_client_sends_a_failed_push_once_and_raises() -> None:
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1"]})
+    shards = FakeShards()
+    shards.set(P0, "unreplicated", 0)
+    shards.members[P0].replies.append(TaskUnavailableError(f"{P0}: down"))
+    client = ParameterClient(cluster, _layout(cluster).placements(), client_name="/job:worker/task:0",
+                             channels={0: shards.open(P0, "127.0.0.1:1")})
+    assert client.router is None and client.pushes is None
+    with pytest.raises(TaskUnavailableError):
+        client.push({"w": DenseGradient(np.ones(2, np.float32))})
+    assert shards.members[P0].calls == ["Push"]
+
+
+def test_a_replicated_push_is_resent_to_the_new_primary_with_its_push_id_and_counted_once_acknowledged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = healthy()
+    monkeypatch.setattr("psflow.ps.client.open_channel", lambda transport, task, address, service, config:
+                        shards.open(task, address))
+    client = ParameterClient(CLUSTER, _layout(CLUSTER).placements(), client_name="/job:worker/task:0",
+                             config=ConnectConfig(backoff_initial=0.001), failover_timeout=5.0)
+    client.connect()
+    grads = {"w": DenseGradient(np.ones(2, np.float32))}
+    client.push(grads)
+    client.push(grads)
+    shards.set(P0, None)  # dies: the third push fails there
+    client.push(grads)
+    pushes = [(m["push_id"], m["acked"], m.get("shard_epoch")) for m in shards.members[P0].metas if "push_id" in m]
+    assert pushes == [(1, 0, 1), (2, 1, 1), (3, 2, 1)]
+    resent = [(m["push_id"], m["acked"], m.get("shard_epoch")) for m in shards.members[B0].metas if "push_id" in m]
+    assert resent == [(3, 2, 2)]               # the same push_id, at the new primary's epoch
+    assert client.acked == {0: 3} and client.channels[0].task == B0
+    client.leave()
+    assert shards.members[B0].metas[-1] == {"worker": "/job:worker/task:0", "acked": 3}
