@@ -1,5 +1,9 @@
 """``psflow server``: one task of a cluster that spans machines (a ps task serves, a worker trains, the
 evaluator evaluates each new checkpoint), its flags, token, TLS and TCP limits read here.
+
+A cluster (``--cluster`` or ``TF_CONFIG``) with a ``ps_backup`` job replicates its ps shards: a
+``ps_backup`` task serves as a ps task does, as a backup of shard ``index % num_ps``
+(:mod:`psflow.cluster.replicas`); ``psflow k8s render --ps-replicas N`` writes such a cluster.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import TYPE_CHECKING
 from psflow.cli.tls_flags import add_tls_arguments, tls_config
 from psflow.cli.training import add_training_arguments, config_from_args, faults_from_args
 from psflow.cluster import ClusterSpec, parse_tf_config
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, ps_replicas
 from psflow.train.config import ConfigError
 from psflow.train.inputs import check_inputs
 
@@ -104,8 +109,10 @@ def run_server(args: argparse.Namespace) -> int:
     port = cluster.task_address(job, index).rsplit(":", 1)[1]  # names the job/task if it is not in the cluster
     bind = None if args.bind_host is None else (
         f"[{args.bind_host}]:{port}" if ":" in args.bind_host else f"{args.bind_host}:{port}")
+    ps_replicas(cluster)  # a ps_backup job that is not N backups per shard is refused here, naming both counts
+    serves = job in (PS_JOB, BACKUP_JOB)  # a ps task, or a backup of a replicated ps shard (psflow.cluster.replicas)
     config = None
-    if job != "ps":
+    if not serves:
         if not args.train:
             raise ConfigError(f"/job:{job}/task:{index} trains: --train is required")
         trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)  # a chief trains too
@@ -122,7 +129,7 @@ def run_server(args: argparse.Namespace) -> int:
     try:
         return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
                         checkpoint_root=args.checkpoint_root or args.checkpoint_dir, bind_address=bind, tls=tls,
-                        stop_when_run_over=job == "ps" and not args.keep_serving,
+                        stop_when_run_over=serves and not args.keep_serving,
                         faults=faults_from_args(args))
     finally:
         if page is not None:

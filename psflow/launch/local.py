@@ -59,9 +59,11 @@ from psflow.launch.run_end import RunEnd
 from psflow.launch.run_status import LauncherStatus
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
-from psflow.rpc.api import ConnectConfig, RpcError
+from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
+from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.final_snapshot import resumed_from
 from psflow.status.progress import Progress, progress_total
+from psflow.status.replication import ps_members
 from psflow.status.server import StatusConfig
 from psflow.train.build import build_model
 from psflow.train.config import TrainConfig
@@ -165,6 +167,8 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
                 bar.close(metrics)  # the last line, from the final snapshot: this run's examples/s, the last loss
             with lc.signals.deferring(check=False):  # metrics.json is written: a signal now is ignored (tasks end below)
                 client.shutdown_servers()
+                if replicas:
+                    _shut_down_members(lc)
                 deadline = time.monotonic() + 5.0
                 for t in lc.tasks:
                     try:
@@ -232,6 +236,25 @@ def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: f
         if done:
             return
         time.sleep(0.05)
+
+
+def _shut_down_members(lc: LocalCluster) -> None:
+    """(Replicated shards, the run finished) asks every shard member still running to stop serving: the client
+    stopped each shard's primary; its backups (``ps_backup`` tasks, or ps tasks a failover made backups) end
+    here too, so each exits 0 rather than being stopped at the run's end. A member that does not answer is
+    stopped with the others (``LocalCluster.stop_all``)."""
+    connect = ConnectConfig(connect_timeout=1.0, rpc_timeout=1.0, token=lc.token)
+    running = {t.name for t in lc.tasks if t.exit_code is None and t.popen.poll() is None}
+    for name, address in ps_members(lc.cluster):
+        if name not in running:
+            continue
+        channel = TaskChannel(name, address, PARAMETER_SERVICE, connect)
+        try:
+            channel.call("Shutdown", timeout=1.0)
+        except RpcError as e:
+            log.debug("%s: shutdown: %s", name, e)
+        finally:
+            channel.close()
 
 
 def _report_checkpoints(checkpoints: SaveStatusWatcher | None, client: Any, progress: TextIO | None, *,

@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import BACKUP_JOB, ps_replicas
 from psflow.launch.supervisor import describe_exit
 from psflow.rpc.tls import TlsConfig
 from psflow.status.collector import ProcessInfo, StatusCollector
@@ -87,7 +88,7 @@ class LauncherStatus:
         self._output_dir = output_dir
         run = {"run_dir": os.path.abspath(output_dir), "run_id": config.run_id, "mode": config.sync.mode,
                "replication": config.sync.replication, "model": config.model.name, "num_ps": config.cluster.num_ps,
-               "num_workers": config.cluster.num_workers}
+               "num_workers": config.cluster.num_workers, "ps_replicas": ps_replicas(lc.cluster)}
         self.collector = StatusCollector(lc.cluster, token=lc.token, run=run, interval=status.interval,
                                          run_dir=output_dir, summary_dir=config.report.summary_dir,
                                          checkpoints=bool(config.checkpoint.dir), processes=self._processes,
@@ -103,8 +104,9 @@ class LauncherStatus:
             self.collector.start()
             self.server.start()
             print(f"psflow: status {self.server.url}", file=out, flush=True)
-        print(f"psflow: {config.cluster.num_ps} ps + {config.cluster.num_workers} workers, run directory {output_dir}", file=out,
-              flush=True)
+        backups = f" (+ {lc.cluster.num_tasks(BACKUP_JOB)} ps backups)" if run["ps_replicas"] else ""
+        print(f"psflow: {config.cluster.num_ps} ps{backups} + {config.cluster.num_workers} workers, run directory {output_dir}",
+              file=out, flush=True)
 
     @property
     def url(self) -> str | None:
@@ -207,6 +209,7 @@ def chief_status_page(cluster: ClusterSpec, job: str, index: int, config: TrainC
         return None
     run = {"mode": config.sync.mode, "replication": config.sync.replication, "model": config.model.name, "run_id": config.run_id,
            "num_ps": cluster.num_tasks("ps"), "num_workers": cluster.num_tasks("worker"), "phase": "training",
+           "ps_replicas": ps_replicas(cluster),
            "served_by": f"/job:{job}/task:{index}"}
     collector = StatusCollector(cluster, token=token, run=run, interval=status.interval,
                                 summary_dir=config.report.summary_dir, checkpoints=bool(config.checkpoint.dir), tls=tls)

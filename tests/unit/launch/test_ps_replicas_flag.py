@@ -84,3 +84,14 @@ def test_one_host_keeps_every_backup_there_and_explicit_places_win() -> None:
     assert given.host("ps_backup", 0) == "a"
     plain = TaskHosts({("ps", 0): "a"})
     assert plain.with_backups(1, 0) is plain
+
+
+def test_psflow_server_refuses_a_backup_job_that_is_not_n_per_shard(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(json.dumps({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3"],
+                                   "ps_backup": ["127.0.0.1:4", "127.0.0.1:5", "127.0.0.1:6"]}))
+    code = main(["server", "--cluster", str(cluster), "--job", "ps_backup", "--task", "0", "--insecure"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "'ps_backup' has 3 task(s), not a multiple of job 'ps''s 2" in err, err
