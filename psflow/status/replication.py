@@ -98,11 +98,17 @@ def replication_view(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
 
 
 def _backup(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-    """One backup's lag as its primary reports it: ``lag[name]`` is the entries not acknowledged, or a mapping
-    with ``entries`` and ``seconds`` (of the oldest); ``lag_seconds[name]`` where given beside it."""
+    """One backup's lag as its primary reports it: ``lag[name]`` is the entries not acknowledged, a pair
+    (entries, seconds of the oldest), or a mapping with ``entries`` and ``seconds``; ``lag_seconds[name]``
+    where given beside it."""
     lag = entry.get("lag")
     value = lag.get(name) if isinstance(lag, Mapping) else None
-    entries, seconds = (value.get("entries"), value.get("seconds")) if isinstance(value, Mapping) else (value, None)
+    if isinstance(value, Mapping):
+        entries, seconds = value.get("entries"), value.get("seconds")
+    elif isinstance(value, (list, tuple)) and len(value) == 2:
+        entries, seconds = value
+    else:
+        entries, seconds = value, None
     if seconds is None and isinstance(entry.get("lag_seconds"), Mapping):
         seconds = entry["lag_seconds"].get(name)
     return {"task": name, "lag_entries": _int(entries), "lag_seconds": _float(seconds)}

@@ -33,7 +33,7 @@ RECORDED = [
     member("/job:ps/task:1", 1, "primary", 1, applied=640, acknowledged=638, backups=("/job:ps_backup/task:1",),
            lag={"/job:ps_backup/task:1": {"entries": 2, "seconds": 0.004}}),
     member("/job:ps_backup/task:0", 0, "primary", 2, applied=700, acknowledged=700, backups=("/job:ps/task:0",),
-           lag={"/job:ps/task:0": 35}, global_step=1340, examples=65_122, loss_ema=0.33, last_loss=0.31),
+           lag={"/job:ps/task:0": [35, 0.25]}, global_step=1340, examples=65_122, loss_ema=0.33, last_loss=0.31),
     member("/job:ps_backup/task:1", 1, "backup", 1, applied=639, acknowledged=637, primary="/job:ps/task:1"),
 ]
 
@@ -55,7 +55,10 @@ def test_the_figures_add_up_over_the_primaries_with_each_backups_lag() -> None:
     assert (view["pushes_acknowledged"], view["pushes_applied"], view["updates_lost"]) == (1338, 1340, 0)
     shard0, shard1 = view["shards"]
     assert (shard0["primary"], shard0["epoch"]) == ("/job:ps_backup/task:0", 2)
-    assert shard0["backups"] == [{"task": "/job:ps/task:0", "lag_entries": 35, "lag_seconds": None}]
+    assert shard0["backups"] == [{"task": "/job:ps/task:0", "lag_entries": 35, "lag_seconds": 0.25}]
+    plain_count = member("/job:ps/task:1", 1, "primary", 1, applied=1, acknowledged=1, backups=("b",), lag={"b": 4})
+    assert replication_view([plain_count])["shards"][0]["backups"] == [  # type: ignore[index]
+        {"task": "b", "lag_entries": 4, "lag_seconds": None}]
     assert shard1["backups"] == [{"task": "/job:ps_backup/task:1", "lag_entries": 2, "lag_seconds": 0.004}]
 
 
