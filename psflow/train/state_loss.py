@@ -54,14 +54,26 @@ class StateLostError(TrainingError, RuntimeError):
 
 
 def ps_states(client: ParameterClient, *, timeout: float = 2.0) -> dict[int, StatsReply | None]:
-    """Every ps task's ``Stats`` (asked in parallel), None for a task that did not answer."""
+    """Every ps task's ``Stats`` (asked in parallel), None for a task that did not answer.
+
+    A replicated shard whose primary did not answer is followed to its primary now (one round of the
+    members' statuses, a backup promoted where none is primary: :meth:`psflow.ps.failover.ShardRouter.reroute`)
+    and asked again: the states are the shards' primaries', so a failover is never taken for a lost task.
+    """
     calls = {t: ch.call_async("Stats", timeout=timeout) for t, ch in client.channels.items()}
     out: dict[int, StatsReply | None] = {}
+    errors: dict[int, RpcError] = {}
     for t, call in calls.items():
         try:
             out[t] = StatsReply.from_frame(call.result())
-        except RpcError:
-            out[t] = None
+        except RpcError as e:
+            out[t], errors[t] = None, e
+    if errors and client.router is not None:
+        for t in sorted(client.router.reroute(errors)):
+            try:
+                out[t] = StatsReply.from_frame(client.channels[t].call("Stats", timeout=timeout))
+            except RpcError:
+                pass
     return out
 
 
