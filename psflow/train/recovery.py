@@ -19,6 +19,12 @@ that still trains (it resigns as soon as it sees one). The last worker to
 finish keeps the lease, or waits until it can take it (a dead holder's lease
 lapses within the lease time), and writes the final checkpoint.
 
+With replicated ps shards (``--ps-replicas``) none of this runs when a shard's
+primary dies: the worker's client promotes a backup and resends to it
+(:mod:`psflow.ps.failover`), and no error reaches the worker. Only a shard that
+lost every replica at once comes back empty, and is restored as below (logged:
+its acknowledged pushes since the checkpoint are the run's ``updates_lost``).
+
 A ps task that died is restarted empty by the supervisor. Then, in order:
 
 1. every worker's next push fails (the task is unreachable, or not ready, or
@@ -467,3 +473,8 @@ class ClusterRecovery:
         self.restores += 1
         log.warning("%s: restored checkpoint %s (step %d) onto every ps task; generation %d, global_step %d",
                     client.client_name, latest, manifest.global_step, generation, step)
+        empty, _ = lost_tasks(states)
+        if client.router is not None and empty:  # replicated: only a loss of every replica of a shard gets here
+            log.warning("%s: every replica of ps shard %s was lost at once: the pushes it acknowledged after that "
+                        "checkpoint are lost (counted in updates_lost); its primary rebuilds its backups",
+                        client.client_name, ", ".join(str(t) for t in empty))
