@@ -48,6 +48,14 @@ lost), and at step 1-5 under ``on-failure`` (restored, or failed with the line n
 exit 0 with a restarted ps task initialized fresh beside trained ones::
 
     .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 0 --pointer-drills 0 --state-drills 1
+
+Replica drills (issue 28): ``--replica-drills K`` (0) kills of shard primaries and K of backups, in async and
+sync mode, on a9a with ``--ps-replicas 1`` and no checkpoint directory: exit 0, ``updates_lost`` 0,
+``pushes_applied == pushes_acknowledged``, every record once per epoch, and the pause from the kill to the
+next applied push (the logs' timestamps; :mod:`replica_drill`), its median in the summary::
+
+    .venv/bin/python benchmarks/drill_recovery.py --points 0 --launcher-drills 0 --storage-drills 0 --pointer-drills 0 \
+        --state-drills 0 --replica-drills 2                       # -> benchmarks/results/replica_drill.md
 """
 
 from __future__ import annotations
@@ -72,6 +80,7 @@ from typing import TypeVar
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))
 
+from replica_drill import replica_drills, replica_section  # noqa: E402
 from support import A9A, run_cli  # noqa: E402
 from test_checkpoint_safety import (  # noqa: E402
     COMMON,
@@ -105,6 +114,11 @@ def main() -> int:
                              "one --output (1)")
     parser.add_argument("--state-drills", type=int, default=1,
                         help="runs of each ps-task kill without --checkpoint-dir: on-failure, never, at once (1)")
+    parser.add_argument("--replica-drills", type=int, default=0, metavar="K",
+                        help="with --ps-replicas 1: K kills of shard primaries and K of backups, async and sync; "
+                             "results to --replica-out (0)")
+    parser.add_argument("--replica-out", default="benchmarks/results/replica_drill.md",
+                        help="markdown file of the replica drills (%(default)s)")
     args = parser.parse_args()
     suffix = "" if args.mode == "async" else "_" + args.mode
     kind = ("recovery" if args.points else "launcher" if args.launcher_drills else "storage" if args.storage_drills
@@ -149,6 +163,12 @@ def main() -> int:
         storage_rows, storage_failures = storage_drills(Path(tmp), args.storage_drills, rng, args.keep_failed)
         pointer_rows, pointer_failures = pointer_drills(Path(tmp), args.pointer_drills, rng, args.keep_failed)
         state_rows, state_failures = state_drills(Path(tmp), args.state_drills, rng, args.keep_failed)
+        replica_rows, replica_failures, pauses = replica_drills(Path(tmp), args.replica_drills, rng, args.keep_failed)
+    if replica_rows:  # a file of their own (issue 28)
+        Path(args.replica_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.replica_out).write_text(replica_section(args.replica_drills, args.seed, replica_rows,
+                                                          replica_failures, pauses))
+        print(f"wrote {args.replica_out}")
     sections = [role_section(args, baseline, rows, failures)] if args.points else []
     if launcher_rows:
         sections.append(launcher_section(args, launcher_rows, launcher_failures))
@@ -158,10 +178,12 @@ def main() -> int:
         sections.append(pointer_section(args, pointer_rows, pointer_failures))
     if state_rows:
         sections.append(state_section(args, state_rows, state_failures))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(sections))
-    print(f"wrote {args.out}")
-    return 1 if failures or launcher_failures or storage_failures or pointer_failures or state_failures else 0
+    if sections:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("\n".join(sections))
+        print(f"wrote {args.out}")
+    return 1 if (failures or launcher_failures or storage_failures or pointer_failures or state_failures
+                 or replica_failures) else 0
 
 
 def role_section(args: argparse.Namespace, baseline: float, rows: list[str], failures: int) -> str:
