@@ -1,7 +1,12 @@
 """``Server``: the gRPC endpoint of one task, as ``tf.distribute.Server`` is.
 
 A ``ps`` task serves the :class:`~psflow.ps.service.ParameterService` (its
-variables, optimizer slots and, on ps task 0, global_step). A ``worker`` or
+variables, optimizer slots and, on ps task 0, global_step). In a cluster with a
+``ps_backup`` job (replicated shards, :mod:`psflow.ps.replication`) a ``ps`` or
+``ps_backup`` task serves its shard's service with replication: the members of
+shard k hold the partitions placed on ps task k, and the primary forwards every
+change to the backups. The coordination backend's leases stay on
+``/job:ps/task:0`` alone (not replicated). A ``worker`` or
 ``chief`` task serves a small WorkerService (liveness and status), so every
 task of a cluster can be reached at its address.
 
@@ -33,9 +38,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psflow.cluster import ClusterSpec, TaskId
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, ps_replicas, shard_of
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
 from psflow.ps.protocol import Ack
+from psflow.ps.replication import ReplicationConfig, ShardReplication
 from psflow.ps.run_end import training_workers
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, CarrierServer, Handler, Reply, ServeConfig
@@ -121,20 +128,28 @@ class Server:
         address = self.cluster.task_address(job_name, task_index)  # raises for unknown tasks
         self._stopped = threading.Event()
         self.parameter_service: ParameterService | None = None
+        self.replication: ShardReplication | None = None
         services: dict[str, Mapping[str, Handler]] = {}
         self._ps_handlers: dict[str, Handler] = {}
-        if job_name == "ps":
-            holds_step = task_index == min(self.cluster.task_indices("ps"))
-            journal = StepJournal(os.path.join(state_dir, STEP_JOURNAL_FILE)) if state_dir and holds_step else None
+        replicated = ps_replicas(self.cluster) > 0 and job_name in (PS_JOB, BACKUP_JOB)
+        if job_name == "ps" or replicated:
+            shard = shard_of(job_name, task_index, self.cluster) if replicated else task_index
+            holds_step = shard == min(self.cluster.task_indices("ps"))
+            journal = (StepJournal(os.path.join(state_dir, STEP_JOURNAL_FILE))
+                       if state_dir and holds_step and job_name == "ps" else None)
             self.parameter_service = ParameterService(
-                task_index, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal,
+                shard, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal,
                 checkpoint_root=checkpoint_root, confine_shards=True, training_workers=training_workers(self.cluster),
                 on_run_over=self._run_over if stop_when_run_over else None, extra_stats=self._extra_stats,
             )
             # One table for both carriers, so that Stats says the same over gRPC and TCP.
             self._ps_handlers = self.parameter_service.handlers()
+            if replicated:  # a member of a replicated shard (psflow.ps.replication)
+                self.replication = ShardReplication(
+                    ReplicationConfig(self.cluster, self.task.name, shard, token=token), self.parameter_service)
+                self._ps_handlers = self.replication.handlers(self._ps_handlers)
             services[PARAMETER_SERVICE] = {**self._ps_handlers, TRANSPORT_METHOD: self._transport}
-            if task_index == min(self.cluster.task_indices("ps")):  # the embedded coordination backend's leases
+            if job_name == "ps" and task_index == min(self.cluster.task_indices("ps")):  # the embedded leases
                 services[COORDINATION_SERVICE] = LeaseTable(self.task.name).handlers()
         services[WORKER_SERVICE] = {"Ping": self._ping, "Shutdown": self._shutdown, **(worker_handlers or {})}
         self._grpc = serve("grpc", ServeConfig(self.task.name, bind_address or address, services, token=token,
@@ -164,6 +179,8 @@ class Server:
                 self._tcp.start()
             self._started = True
             log.info("%s: serving at %s (pid %d)", self.task.name, self.address, os.getpid())
+            if self.replication is not None:
+                self.replication.start()
             if self._token is None:
                 log.warning("%s: authentication is OFF (no cluster token): any peer that reaches %s can call "
                             "every method, Shutdown included", self.task.name, self.address)
@@ -180,6 +197,8 @@ class Server:
         """Stops serving (in-flight calls get ``grace`` seconds); idempotent."""
         if self._stopped.is_set():
             return
+        if self.replication is not None:
+            self.replication.stop()
         self._grpc.stop(grace)
         if self._tcp is not None:
             self._tcp.stop(grace)
@@ -203,7 +222,11 @@ class Server:
     def _extra_stats(self) -> dict[str, Any]:
         """What the ParameterService's Stats adds on a served task: how calls are authenticated and the TCP
         carrier's counters."""
-        return {"authentication": self.authentication, "tcp": self._tcp.stats() if self._tcp is not None else None}
+        extra: dict[str, Any] = {"authentication": self.authentication,
+                                 "tcp": self._tcp.stats() if self._tcp is not None else None}
+        if self.replication is not None:
+            extra["replication"] = self.replication.stats()
+        return extra
 
     def _run_over(self, description: str) -> None:
         """(``stop_when_run_over``) The last training worker's ``Done`` arrived: stop serving."""

@@ -91,3 +91,17 @@ class RestoreGate:
         """Waits up to ``timeout`` s for the pushes in flight; True if they all finished."""
         with self._lock:
             return self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
+
+    def replica_state(self) -> dict[str, object]:
+        """Readiness and generation (:mod:`psflow.ps.replication`)."""
+        with self._lock:
+            return {"ready": self._ready, "generation": self._generation}
+
+    def load_replica_state(self, state: dict[str, object]) -> None:
+        """Sets readiness and generation to ``state`` (a :meth:`replica_state` of the shard's primary)."""
+        ready, generation = state.get("ready"), state.get("generation")
+        with self._lock:
+            if isinstance(ready, bool):
+                self._ready = ready
+            if isinstance(generation, int):
+                self._generation = generation

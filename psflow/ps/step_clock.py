@@ -62,3 +62,18 @@ class StepClock:
         count is global_step itself, which the restore sets, so nothing changes there."""
         if self.global_step is None:
             self._sync_step.set(step)
+
+    def replica_state(self) -> dict[str, int | None]:
+        """What a replicated shard's backup needs to hold this clock (:mod:`psflow.ps.replication`)."""
+        return {"global_step": self.global_step.value if self.global_step is not None else None,
+                "sync_step": self._sync_step.value, "heard": self._heard}
+
+    def load_replica_state(self, state: dict[str, int | None]) -> None:
+        """Sets this clock to ``state`` (a :meth:`replica_state` of the shard's primary)."""
+        step, sync_step, heard = state.get("global_step"), state.get("sync_step"), state.get("heard")
+        if step is not None and self.global_step is not None:
+            self.global_step.set(step)
+        if sync_step is not None and self._sync_step is not self.global_step:
+            self._sync_step.set(sync_step)
+        if heard is not None:
+            self._heard = heard

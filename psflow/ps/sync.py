@@ -179,7 +179,8 @@ class SyncAggregator:
 
     def __init__(self, config: SyncConfig, store: ParameterStore, *, task_name: str,
                  advance: Callable[[], int], current: Callable[[], int],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_applied: Callable[[list[tuple[PartitionState, np.ndarray | None]]], None] | None = None) -> None:
         """Args:
             config: the sync settings.
             store: the partitions this task holds.
@@ -188,11 +189,15 @@ class SyncAggregator:
                 (global_step's increment on ps 0, a local counter elsewhere).
             current: this task's step S.
             clock: time source (tests may inject one).
+            on_applied: called after each applied step (under the step's lock) with the partitions it wrote
+                and their rows (None: whole): a replicated shard's primary forwards them
+                (:mod:`psflow.ps.replication`). None: nothing is collected.
         """
         self.config = config
         self.store = store
         self.task_name = task_name
         self._advance, self._current, self._clock = advance, current, clock
+        self._on_applied = on_applied
         self._cond = threading.Condition()
         self._sums = _Sums()
         self._contributors: list[str] = []
@@ -284,6 +289,18 @@ class SyncAggregator:
             now = self._clock()
             self._last_seen = dict.fromkeys(self._last_seen, now)
 
+    def replica_state(self) -> dict[str, Any]:
+        """The workers that left and the counts (:mod:`psflow.ps.replication`). Read without the lock (a
+        set's copy is atomic under the GIL): the primary reads it while holding the step's lock, or not."""
+        return {"left": sorted(self._left), "steps_applied": self.steps_applied, "stale_dropped": self.stale_dropped}
+
+    def load_replica_state(self, state: dict[str, Any]) -> None:
+        """Sets the workers that left and the counts to ``state`` (a :meth:`replica_state` of the primary)."""
+        with self._cond:
+            self._left = {str(w) for w in state.get("left", ())}
+            self.steps_applied = int(state.get("steps_applied", self.steps_applied))
+            self.stale_dropped = int(state.get("stale_dropped", self.stale_dropped))
+
     def stats(self) -> dict[str, Any]:
         with self._cond:
             return {
@@ -367,8 +384,11 @@ class SyncAggregator:
         self._contributors, self._first_at = [], None
         self._absent.clear()
         at = self._current()  # the step before this update's increment: a learning-rate schedule's step
+        written: list[tuple[PartitionState, np.ndarray | None]] | None = [] if self._on_applied is not None else None
         for key, total in sums.dense.items():
             self.store.apply_dense(sums.parts[key], (total / count).astype(sums.parts[key].value.dtype), step=at)
+            if written is not None:
+                written.append((sums.parts[key], None))
         for key, pieces in sums.sparse.items():
             part = sums.parts[key]
             rows, values = _sum_rows(pieces)
@@ -380,8 +400,12 @@ class SyncAggregator:
             elif self.config.averaging == "replicas":
                 values /= count
             self.store.apply_sparse(part, rows, values.astype(part.value.dtype), step=at)
+            if written is not None:
+                written.append((part, rows))
         step = self._advance()
         self.steps_applied += 1
+        if self._on_applied is not None and written is not None:
+            self._on_applied(written)
         self._cond.notify_all()
         return step
 

@@ -15,10 +15,14 @@ recover) and starts the sync count over at the restored step.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from psflow.ps.staleness import StalenessClock
 from psflow.ps.step_clock import StepClock
+from psflow.ps.store import PartitionState
 from psflow.ps.sync import SyncAggregator, SyncConfig
 from psflow.ps.variable_store import VariableStore
 
@@ -36,13 +40,16 @@ class UpdateMode:
         self.aggregator: SyncAggregator | None = None
         #: The workers' clocks (ssp mode, on the task holding global_step).
         self.staleness: StalenessClock | None = None
+        #: (a replicated shard's primary) called with what each applied sync step wrote.
+        self.on_step_applied: Callable[[list[tuple[PartitionState, np.ndarray | None]]], None] | None = None
 
     def configure(self, config: SyncConfig) -> None:
         """The variables were (re)created with update mode ``config`` (called inside the registration)."""
         self.config = config
         if config.mode == "sync":
             self.aggregator = SyncAggregator(config, self._variables.partitions, task_name=self.task_name,
-                                             advance=self._advance, current=self._clock.sync_step)
+                                             advance=self._advance, current=self._clock.sync_step,
+                                             on_applied=self._step_applied if self.on_step_applied else None)
         elif config.mode == "ssp" and self._clock.global_step is not None:
             self.staleness = StalenessClock(config, task_name=self.task_name)
 
@@ -52,6 +59,10 @@ class UpdateMode:
         step = self._clock.advance_sync()
         self._variables.averages.move(self._variables.partitions.partitions(), step)
         return step
+
+    def _step_applied(self, written: list[tuple[PartitionState, np.ndarray | None]]) -> None:
+        if self.on_step_applied is not None:
+            self.on_step_applied(written)
 
     def schedule_step(self) -> int:
         """The step a learning-rate schedule reads for the next update applied here."""

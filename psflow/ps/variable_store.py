@@ -141,6 +141,21 @@ class VariableStore:
         except StoreError as e:
             raise InvalidRequest(str(e)) from e
 
+    def registration(self) -> RegisterRequest | None:
+        """The registered layout, optimizer and update mode as a chief's request (None before registration):
+        what a replicated shard's backup registers with (:mod:`psflow.ps.replication`)."""
+        with self._lock:
+            if self._layout is None or self._optimizer is None:
+                return None
+            return RegisterRequest(tuple(self._layout), self._optimizer, self.sync, self.task_name, chief=True)
+
+    def forget(self) -> None:
+        """Drops the registration and the partitions (a replicated shard's member rebuilding from its
+        primary's snapshot)."""
+        with self._lock:
+            self._layout, self._optimizer, self.sync = None, None, SyncConfig()
+            self.partitions = ParameterStore()
+
     def cpu_seconds_since_init(self) -> float | None:
         """CPU seconds of this process since the newest initialization (None before the first)."""
         return time.process_time() - self._cpu_at_init if self.init_count else None

@@ -153,3 +153,24 @@ class WorkerLedger:
         """A restore rewinds every worker: none has finished."""
         with self._lock:
             self._finished.clear()
+
+    # ---- replicated shards ------------------------------------------------------------------------
+    def replica_state(self) -> dict[str, object]:
+        """Incarnations, positions, examples and finished workers, read together (:mod:`psflow.ps.replication`)."""
+        with self._lock:
+            return {"incarnations": dict(self._incarnations), "positions": dict(self._positions),
+                    "examples": self._examples, "finished": sorted(self._finished)}
+
+    def load_replica_state(self, state: dict[str, object]) -> None:
+        """Replaces the ledger's records with ``state`` (a :meth:`replica_state` of the shard's primary)."""
+        incarnations, positions, examples, finished = (state.get("incarnations"), state.get("positions"),
+                                                       state.get("examples"), state.get("finished"))
+        with self._lock:
+            if isinstance(incarnations, dict):
+                self._incarnations = {str(k): int(v) for k, v in incarnations.items()}
+            if isinstance(positions, dict):
+                self._positions = {str(k): str(v) for k, v in positions.items()}
+            if isinstance(examples, int):
+                self._examples = examples
+            if isinstance(finished, list):
+                self._finished = {str(w) for w in finished}

@@ -1,0 +1,24 @@
+"""Replicated ps shards (issue 28): primary-backup, forwarding what the primary applied, in order.
+
+A shard's members (:mod:`psflow.cluster.replicas`) are its ps task and its ``ps_backup`` tasks. The primary
+applies each state change as an unreplicated task does, then forwards its *result* -- the rows it wrote
+(values, optimizer slots, moving averages, dynamic rows), global_step, reader positions, the worker ledger,
+the dedup table -- never the request: a sync push's aggregation and a dynamic table's admissions depend on
+arrival order, so replaying requests could diverge. A backup writes those bytes in sequence order, so a
+promoted backup holds exactly the primary's state of every acknowledged update, bit for bit.
+
+Modules (one concept each):
+
+* ``view.py``: the view and epoch of a member, Promote's compare-and-set, refusing an older epoch;
+* ``forwarder.py``: the primary's ordered forwarding, one sender per backup, batched, acked by sequence number;
+* ``applier.py``: a backup's in-order applier (buffers entries that arrive early);
+* ``deltas.py``: capture and write of what a change wrote to a partition;
+* ``snapshot.py``: the small state every entry carries, the full snapshot a joining member starts from;
+* ``dedup.py``: the dedup table (exactly-once pushes across a failover);
+* ``deposed.py``: a deposed primary (refuses writes, one warning, rebuilds);
+* ``member.py``: :class:`ShardReplication`, which joins them to a ParameterService.
+"""
+
+from psflow.ps.replication.member import ReplicationConfig, ShardReplication
+
+__all__ = ["ReplicationConfig", "ShardReplication"]

@@ -1,0 +1,186 @@
+"""The primary's ordered forwarding: every state change gets the next sequence number and goes, in order, to
+every backup; the call that made it returns once every backup of the view acknowledged it.
+
+One :class:`BackupSender` per member (a thread): it sends every entry it has not seen acknowledged, batched
+(all that queued up while the previous call was out: several pushes' entries in one call), and reads the
+member's acknowledged sequence number from the reply. Pushes never hold a lock across the call: they record
+their entry (:meth:`Forwarder.record`, a short lock that orders sequence numbers with the capture of the
+rows) and then wait (:meth:`Forwarder.wait`), so many pushes are in flight at once.
+
+Guarantees:
+
+* Entries reach a member in sequence order within a call, and a member applies them strictly in order
+  (:mod:`psflow.ps.replication.applier`); an entry is resent until acknowledged.
+* :meth:`Forwarder.wait` returns when every backup of the current view acknowledged the entry; after
+  ``replica_timeout`` it raises UNAVAILABLE naming the backup and the shard. The sender keeps trying; the
+  primary never drops a backup on its own (only ``DropBackup`` or the backup's ``Join`` change the view).
+* A member that refuses the entries as ``deposed`` (it knows a higher epoch) is reported through
+  ``on_deposed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from psflow.ps.protocol import ReplicaEntry, ReplicateReply, ReplicateRequest
+from psflow.rpc.api import Channel, FailedPreconditionError, PreconditionFailed, RpcError, Unavailable
+
+__all__ = ["BackupSender", "Forwarder"]
+
+log = logging.getLogger("psflow.ps.replication")
+
+#: Entries in one Replicate call at most.
+_BATCH = 256
+#: Seconds between tries to reach a member that did not answer, growing to _BACKOFF_MAX.
+_BACKOFF, _BACKOFF_MAX = 0.05, 1.0
+
+
+class BackupSender:
+    """Sends entries to one member, in order, until each is acknowledged."""
+
+    def __init__(self, member: str, channel: Callable[[], Channel], request: Callable[[str, list[ReplicaEntry]],
+                 ReplicateRequest], on_ack: Callable[[], None], on_deposed: Callable[[str, str], None],
+                 rpc_timeout: float) -> None:
+        self.member = member
+        self._channel, self._request, self._on_ack, self._on_deposed = channel, request, on_ack, on_deposed
+        self._rpc_timeout = rpc_timeout
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[ReplicaEntry, float]] = deque()
+        self.acked = 0
+        self.last_error: str | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name=f"psflow-replicate-{member}", daemon=True)
+        self._thread.start()
+
+    def enqueue(self, entry: ReplicaEntry) -> None:
+        with self._cond:
+            self._queue.append((entry, time.monotonic()))
+            self._cond.notify()
+
+    def pending(self) -> tuple[int, float]:
+        """Entries queued and not acknowledged, and the age in seconds of the oldest (0.0: none)."""
+        with self._cond:
+            if not self._queue:
+                return 0, 0.0
+            return len(self._queue), time.monotonic() - self._queue[0][1]
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._queue.clear()
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        backoff = _BACKOFF
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopped or bool(self._queue))
+                if self._stopped:
+                    return
+                batch = [entry for entry, _ in list(self._queue)[:_BATCH]]
+            try:
+                frame = self._request(self.member, batch).to_frame()
+                reply = ReplicateReply.from_frame(self._channel().call(ReplicateRequest.METHOD, frame.meta, frame.arrays,
+                                                                       timeout=self._rpc_timeout))
+            except FailedPreconditionError as e:
+                if "deposed" in str(e):
+                    self._on_deposed(self.member, str(e))
+                self._failed(str(e))
+                time.sleep(backoff)
+                backoff = min(_BACKOFF_MAX, backoff * 2)
+                continue
+            except (RpcError, OSError) as e:
+                self._failed(str(e))
+                time.sleep(backoff)
+                backoff = min(_BACKOFF_MAX, backoff * 2)
+                continue
+            backoff = _BACKOFF
+            with self._cond:
+                self.last_error = None
+                self.acked = max(self.acked, reply.applied_seq)
+                while self._queue and self._queue[0][0].seq <= self.acked:
+                    self._queue.popleft()
+            self._on_ack()
+
+    def _failed(self, error: str) -> None:
+        with self._cond:
+            if self.last_error is None:
+                log.warning("replication to %s failed (retrying): %s", self.member, error)
+            self.last_error = error
+
+
+class Forwarder:
+    """Sequence numbers, the senders, and the wait for acknowledgements of one primary. Thread-safe."""
+
+    def __init__(self, shard: int, replica_timeout: float, first_seq: int = 0) -> None:
+        self.shard, self.replica_timeout = shard, replica_timeout
+        #: Orders sequence numbers with the capture of what each entry holds.
+        self.lock = threading.Lock()
+        self._cond = threading.Condition()
+        self.last_seq = first_seq
+        self.senders: dict[str, BackupSender] = {}
+        self._waited: tuple[str, ...] = ()
+        self._failure: str | None = None
+
+    def record(self, build: Callable[[int], ReplicaEntry]) -> int:
+        """Builds entry ``last_seq + 1`` with ``build(seq)`` (under :attr:`lock`, so the rows it copies are
+        ordered like the sequence numbers) and queues it for every sender; returns its seq."""
+        with self.lock:
+            seq = self.last_seq + 1
+            entry = build(seq)
+            self.last_seq = seq
+            for sender in self.senders.values():
+                sender.enqueue(entry)
+            return seq
+
+    def set_waited(self, backups: tuple[str, ...]) -> None:
+        """The backups of the view: those :meth:`wait` waits for."""
+        with self._cond:
+            self._waited = backups
+            self._cond.notify_all()
+
+    def fail(self, reason: str) -> None:
+        """Every wait, now and later, raises PreconditionFailed(``reason``) (this primary was deposed)."""
+        with self._cond:
+            self._failure = reason
+            self._cond.notify_all()
+
+    def notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait(self, seq: int) -> None:
+        """Returns once every backup of the view acknowledged entry ``seq``.
+
+        Raises:
+            Unavailable: a backup did not within ``replica_timeout`` (names it and the shard).
+            PreconditionFailed: this primary was deposed meanwhile (:meth:`fail`).
+        """
+        deadline = time.monotonic() + self.replica_timeout
+        with self._cond:
+            while True:
+                if self._failure is not None:
+                    raise PreconditionFailed(self._failure)
+                behind = [b for b in self._waited if b in self.senders and self.senders[b].acked < seq]
+                if not behind:
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    error = self.senders[behind[0]].last_error
+                    raise Unavailable(f"shard {self.shard}: backup {behind[0]} did not acknowledge entry {seq} within "
+                                      f"{self.replica_timeout:g} s" + (f" ({error})" if error else ""))
+                self._cond.wait(timeout=min(left, 0.5))
+
+    def lag(self) -> dict[str, tuple[int, float]]:
+        """Member -> (entries not acknowledged, seconds of the oldest)."""
+        return {member: sender.pending() for member, sender in self.senders.items()}
+
+    def stop(self) -> None:
+        with self.lock:
+            for sender in self.senders.values():
+                sender.stop()
+            self.senders = {}

@@ -1,0 +1,495 @@
+"""One member of a replicated ps shard: its handlers, its role, and the replicated write path.
+
+:class:`ShardReplication` joins the parts of this package to a :class:`~psflow.ps.service.ParameterService`:
+
+* On the primary, every call that changes state (Push, PushPull, a Pull that creates dynamic rows, Register,
+  LoadShard, SetReady, BeginRestore, Leave, Done, ReaderPositions) is served as unreplicated, then its
+  result is recorded as the next entry (the rows it wrote, the small state, the dedup table;
+  :mod:`~psflow.ps.replication.snapshot`) and the call returns once every backup of the view acknowledged it
+  (:mod:`~psflow.ps.replication.forwarder`). A push already applied for its (worker, incarnation, push_id)
+  gets its recorded reply (:mod:`~psflow.ps.replication.dedup`).
+* On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
+  knows; ``Replicate`` writes the primary's entries in order (:mod:`~psflow.ps.replication.applier`).
+* ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`.
+* Start (:meth:`ShardReplication.start`): the member asks the others' status; some member has state -> it
+  joins that view's primary (promoting the first backup with state first when that primary is this very
+  task, its dead predecessor); none has state and it is member 0 -> it is primary at epoch 1 with every other
+  member as a backup (a fresh cluster); else it waits for the primary's snapshot.
+
+An unreplicated service never builds one of these: its handlers are the service's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import member_address, shard_members
+from psflow.ps.protocol import (
+    DropBackupRequest,
+    JoinReply,
+    JoinRequest,
+    PartDelta,
+    PromoteRequest,
+    PullReply,
+    PullRequest,
+    PushPullReply,
+    PushPullRequest,
+    PushReply,
+    PushRequest,
+    ReplicaEntry,
+    ReplicaStatusReply,
+    ReplicaStatusRequest,
+    ReplicateReply,
+    ReplicateRequest,
+)
+from psflow.ps.replication.applier import InOrderApplier
+from psflow.ps.replication.dedup import DedupTable
+from psflow.ps.replication.deltas import capture, capture_averages
+from psflow.ps.replication.deposed import Deposal
+from psflow.ps.replication.forwarder import BackupSender, Forwarder
+from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
+from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
+from psflow.ps.service import ParameterService
+from psflow.ps.store import PartitionState
+from psflow.rpc.api import PARAMETER_SERVICE, Channel, ConnectConfig, Handler, InvalidRequest, PreconditionFailed, Reply, RpcError
+from psflow.rpc.framing import Frame
+from psflow.rpc.registry import open_channel
+
+__all__ = ["ReplicationConfig", "ShardReplication"]
+
+log = logging.getLogger("psflow.ps.replication")
+
+#: Calls that change state and are replicated whole (a full entry) or by their small state.
+_FULL_CALLS = ("Register", "LoadShard")
+_STATE_CALLS = ("SetReady", "BeginRestore", "Leave", "Done", "ReaderPositions")
+#: Seconds a member waits for every other member's answer before it starts a fresh shard without them.
+_FRESH_WAIT = 30.0
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """Where this member stands: the cluster, its task name, and how it reaches the others.
+
+    Attributes:
+        cluster: the cluster (with its ``ps_backup`` job).
+        task: this member, e.g. ``/job:ps_backup/task:0``.
+        shard: the shard it is a member of.
+        replica_timeout: seconds a call waits for a backup's acknowledgement before UNAVAILABLE.
+        token: the cluster token (calls to the other members carry it).
+        status_timeout: deadline of one ReplicaStatus call to another member.
+    """
+
+    cluster: ClusterSpec
+    task: str
+    shard: int
+    replica_timeout: float = 5.0
+    token: str | None = None
+    status_timeout: float = 1.0
+
+
+class ShardReplication:
+    """The replication of one shard member's :class:`ParameterService`. Thread-safe."""
+
+    def __init__(self, config: ReplicationConfig, service: ParameterService) -> None:
+        self.config, self.service = config, service
+        self.task, self.shard = config.task, config.shard
+        self.members = shard_members(config.cluster, config.shard)
+        if self.task not in self.members:
+            raise ValueError(f"{self.task} is not a member of shard {self.shard} ({', '.join(self.members)})")
+        self.incarnation = time.time_ns()
+        self.view = ViewState(self.task, self.shard, self.members)
+        self.deposal = Deposal(self.task, self.shard)
+        self.dedup = DedupTable(self.task)
+        self.counts = {"pushes_applied": 0, "pushes_acknowledged": 0}
+        self.applier = InOrderApplier(self._write)
+        self.forwarder: Forwarder | None = None
+        self._channels: dict[str, Channel] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        service.mode.on_step_applied = self._step_applied
+
+    # ---- handlers ---------------------------------------------------------------------------------
+    def handlers(self, table: dict[str, Handler]) -> dict[str, Handler]:
+        """The service's handler table with the replicated calls in place of its own, and this package's."""
+        out = dict(table)
+        out[PushRequest.METHOD] = self.push
+        out[PullRequest.METHOD] = self.pull
+        out[PushPullRequest.METHOD] = self.push_pull
+        for method in _FULL_CALLS + _STATE_CALLS:
+            if method in table:
+                out[method] = self._replicated(table[method], full=method in _FULL_CALLS)
+        out.update({ReplicaStatusRequest.METHOD: self.replica_status, PromoteRequest.METHOD: self.promote,
+                    DropBackupRequest.METHOD: self.drop_backup, JoinRequest.METHOD: self.join,
+                    ReplicateRequest.METHOD: self.replicate})
+        return out
+
+    # ---- status -----------------------------------------------------------------------------------
+    @property
+    def has_state(self) -> bool:
+        """Whether this member holds every acknowledged update (a primary, or a backup in the view)."""
+        return self.view.view.role in (PRIMARY, BACKUP) and self.deposal.by is None
+
+    def status(self) -> ReplicaStatusReply:
+        view, forwarder = self.view.view, self.forwarder
+        lag = {m: n for m, (n, _) in forwarder.lag().items()} if forwarder is not None and view.role == PRIMARY else {}
+        return ReplicaStatusReply(self.task, self.shard, view.role, view.epoch, view.primary, view.backups,
+                                  self._applied_seq(), self.has_state, self.incarnation, lag)
+
+    def stats(self) -> dict[str, Any]:
+        """The ``replication`` entry of ``Stats``: shard, role, epoch, primary, backups, lag, the push counts."""
+        view, forwarder = self.view.view, self.forwarder
+        lag: dict[str, dict[str, float]] = {}
+        if forwarder is not None and view.role == PRIMARY:
+            lag = {m: {"entries": n, "seconds": round(s, 3)} for m, (n, s) in forwarder.lag().items()}
+        return {"shard": self.shard, "task": self.task, "role": view.role, "epoch": view.epoch,
+                "primary": view.primary, "backups": list(view.backups), "lag": lag,
+                "applied_seq": self._applied_seq(), **self.counts}
+
+    def replica_status(self, frame: Frame) -> Reply:
+        return _reply(self.status())
+
+    def _applied_seq(self) -> int:
+        forwarder = self.forwarder
+        if forwarder is not None and self.view.view.role == PRIMARY:
+            return forwarder.last_seq
+        return self.applier.applied_seq
+
+    # ---- the primary's write path -----------------------------------------------------------------
+    def _check_primary(self, shard_epoch: int | None = None) -> Forwarder:
+        if self.deposal.by is not None:
+            raise PreconditionFailed(self.deposal.message())
+        view, forwarder = self.view.view, self.forwarder
+        if view.role != PRIMARY or forwarder is None:
+            raise PreconditionFailed(f"{self.task}: not the primary of shard {self.shard} ({view.role}); "
+                                     f"{view.describe()}")
+        if shard_epoch is not None and shard_epoch > view.epoch:
+            threading.Thread(target=self._check_deposed, name="psflow-replica-check", daemon=True).start()
+            raise PreconditionFailed(f"{self.task}: the client routes shard {self.shard} by epoch {shard_epoch}, "
+                                     f"this member is primary at epoch {view.epoch}: ask the members' ReplicaStatus")
+        return forwarder
+
+    def _record(self, forwarder: Forwarder, parts: Callable[[], list[PartDelta]],
+                push: tuple[PushRequest, PushReply] | None = None, full: bool = False) -> int:
+        """Records the next entry (``parts()`` copied under the forwarder's lock) and returns its seq."""
+        def build(seq: int) -> ReplicaEntry:
+            if push is not None:
+                request, reply = push
+                tag = request.worker
+                self.dedup.record(tag.worker, tag.incarnation, tag.push_id, dict(reply.to_frame().meta), seq)
+                self.counts["pushes_applied"] += 1
+            if full:
+                return full_entry(seq, self.service, self.dedup, self.counts)
+            return ReplicaEntry(seq, task_state(self.service, self.dedup, self.counts), tuple(parts()))
+        return forwarder.record(build)
+
+    def _acknowledged(self, forwarder: Forwarder, seq: int) -> None:
+        forwarder.wait(seq)
+
+    def push(self, frame: Frame) -> Reply:
+        request = PushRequest.from_frame(frame)
+        return _reply(self._push(request, lambda: []))
+
+    def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]]) -> PushReply:
+        forwarder = self._check_primary(request.shard_epoch)
+        tag = request.worker
+        recorded = self.dedup.check(tag.worker, tag.incarnation, tag.push_id)
+        if recorded is not None:  # applied before (a resend after a failover): its reply, not applied again
+            forwarder.wait(recorded.seq)
+            return PushReply.from_frame(Frame(recorded.reply))
+        reply = self.service._push(request)
+        sync = self.service.mode.aggregator is not None  # the step's rows went with the step (_step_applied)
+        seq = self._record(forwarder, lambda: more() + ([] if sync else self._push_parts(request)), (request, reply))
+        forwarder.wait(seq)
+        with self._lock:
+            self.counts["pushes_acknowledged"] += 1
+        return reply
+
+    def _push_parts(self, request: PushRequest) -> list[PartDelta]:
+        variables = self.service.variables
+        parts = [capture(variables.part(key), rows, averages=False) for key, _, rows in request.grads]
+        return parts + capture_averages(variables.partitions, set())
+
+    def _step_applied(self, written: list[tuple[PartitionState, np.ndarray | None]]) -> None:
+        """(sync mode, under the step's lock) The step's rows and the averages it moved: the next entry."""
+        forwarder = self.forwarder
+        if forwarder is None or self.view.view.role != PRIMARY:
+            return
+        store = self.service.variables.partitions
+        self._record(forwarder, lambda: [capture(part, rows, averages=False) for part, rows in written]
+                     + capture_averages(store, set()))
+
+    def pull(self, frame: Frame) -> Reply:
+        request = PullRequest.from_frame(frame)
+        forwarder = self._check_primary(request.shard_epoch)
+        service = self.service
+        service.clock.hear(request.step_hint)
+        wanted = service._pull_entries(request)
+        step, out = service._read(wanted, create=request.create, averages=request.averages)
+        tables = _tables(wanted) if request.create else []
+        if tables:  # a training lookup admitted rows: they are state
+            forwarder.wait(self._record(forwarder, lambda: [capture(part, None) for part in tables]))
+        return _reply(PullReply(step, out))
+
+    def push_pull(self, frame: Frame) -> Reply:
+        request = PushPullRequest.from_frame(frame)
+        service = self.service
+        forwarder = self._check_primary(request.push.shard_epoch)
+        wanted = service._pull_entries(request.pull)
+        pushed = self._push(request.push, lambda: [])
+        step, out = service._read(wanted, create=request.pull.create)
+        tables = _tables(wanted) if request.pull.create else []
+        if tables:  # the rows the lookup admitted
+            forwarder.wait(self._record(forwarder, lambda: [capture(part, None) for part in tables]))
+        return _reply(PushPullReply(pushed, PullReply(step, out)))
+
+    def _replicated(self, handler: Handler, *, full: bool) -> Handler:
+        def call(frame: Frame) -> Reply:
+            forwarder = self._check_primary()
+            result = handler(frame)
+            forwarder.wait(self._record(forwarder, lambda: [], full=full))
+            return result
+        return call
+
+    # ---- a backup's side --------------------------------------------------------------------------
+    def replicate(self, frame: Frame) -> Reply:
+        request = ReplicateRequest.from_frame(frame)
+        if request.member != self.task:
+            raise InvalidRequest(f"{self.task}: entries addressed to {request.member}")
+        view = self.view.view
+        if view.role == PRIMARY and request.epoch > view.epoch:  # another member was promoted over this one
+            self._deposed(request.primary, request.epoch)
+            raise PreconditionFailed(f"{self.task}: deposed at epoch {view.epoch}; rebuilding from {request.primary}")
+        if view.role == DEPOSED:
+            raise PreconditionFailed(f"{self.task}: deposed; rebuilding from {self.deposal.by}")
+        if request.primary != view.primary and view.primary is not None:
+            self.applier.expect_snapshot()  # a new primary's entries follow its snapshot
+        self.view.check_entries(request.epoch, request.primary)
+        applied = self.applier.offer(request.entries, wait=self.config.replica_timeout)
+        snapshot_taken = self.applier.applied_seq > 0 or any(e.full for e in request.entries)
+        role = BACKUP if self.task in request.backups and snapshot_taken else JOINING
+        self.view.learn(request.epoch, request.primary, request.backups, role)
+        return _reply(ReplicateReply(applied))
+
+    def _write(self, entry: ReplicaEntry) -> None:
+        write_entry(self.service, self.dedup, self.counts, entry)
+
+    # ---- view changes -----------------------------------------------------------------------------
+    def promote(self, frame: Frame) -> Reply:
+        request = PromoteRequest.from_frame(frame)
+        self._check_shard(request.shard)
+        view, changed = self.view.promote(request.expected_epoch, self.has_state)
+        if changed:
+            log.warning("%s: promoted to primary of shard %d at epoch %d by %s (backups: %s)", self.task, self.shard,
+                        view.epoch, request.requester, ", ".join(view.backups) or "none")
+            self._become_primary(view)
+        return _reply(self.status())
+
+    def drop_backup(self, frame: Frame) -> Reply:
+        request = DropBackupRequest.from_frame(frame)
+        self._check_shard(request.shard)
+        view, changed = self.view.drop_backup(request.expected_epoch, request.backup)
+        forwarder = self.forwarder
+        if changed and forwarder is not None:
+            log.warning("%s: shard %d goes on without %s at epoch %d (%s cannot reach it either)", self.task,
+                        self.shard, request.backup, view.epoch, request.requester)
+            with forwarder.lock:
+                sender = forwarder.senders.pop(request.backup, None)
+            if sender is not None:
+                sender.stop()
+            forwarder.set_waited(view.backups)
+        return _reply(self.status())
+
+    def join(self, frame: Frame) -> Reply:
+        request = JoinRequest.from_frame(frame)
+        self._check_shard(request.shard)
+        if request.member not in self.members or request.member == self.task:
+            raise InvalidRequest(f"{self.task}: {request.member} is not another member of shard {self.shard}")
+        forwarder = self._check_primary()
+        view = self.view.view
+        if request.member in view.backups:  # its own return: it catches up before it is waited for again
+            view = self.view.set(replace(view, backups=tuple(b for b in view.backups if b != request.member)))
+            forwarder.set_waited(view.backups)
+        seq = self._add_sender(forwarder, request.member)
+        log.info("%s: %s joins shard %d from snapshot %d", self.task, request.member, self.shard, seq)
+        return _reply(JoinReply(view.epoch, seq))
+
+    def _add_sender(self, forwarder: Forwarder, member: str) -> int:
+        """A sender to ``member`` whose first entry is the whole state as of the newest seq; returns that seq."""
+        with forwarder.lock:
+            old = forwarder.senders.pop(member, None)
+            if old is not None:
+                old.stop()
+            seq = forwarder.last_seq
+            sender = BackupSender(member, lambda: self._channel(member), self._request, self._on_ack,
+                                  self._on_refused, rpc_timeout=max(self.config.replica_timeout, 5.0))
+            sender.enqueue(full_entry(seq, self.service, self.dedup, self.counts))
+            forwarder.senders[member] = sender
+        return seq
+
+    def _request(self, member: str, entries: list[ReplicaEntry]) -> ReplicateRequest:
+        view = self.view.view
+        return ReplicateRequest(view.epoch, self.task, member, view.backups, entries)
+
+    def _on_ack(self) -> None:
+        """A sender's member acknowledged: wake the waiting calls; a joining member caught up enters the view."""
+        forwarder = self.forwarder
+        if forwarder is None:
+            return
+        forwarder.notify()
+        view = self.view.view
+        joined = []
+        with forwarder.lock:
+            for member, sender in forwarder.senders.items():
+                if member not in view.backups and sender.acked >= forwarder.last_seq:
+                    joined.append(member)
+            if joined and self.view.view.role == PRIMARY:
+                view = self.view.set(replace(view, backups=view.backups + tuple(joined)))
+        if joined:
+            forwarder.set_waited(view.backups)
+            log.info("%s: %s caught up: shard %d's backups are %s", self.task, ", ".join(joined), self.shard,
+                     ", ".join(view.backups))
+            self._record(forwarder, lambda: [])  # tells the members the view (each Replicate carries it)
+
+    def _on_refused(self, member: str, error: str) -> None:
+        """``member`` refused entries as deposed: ask it who is primary at which epoch; this one is deposed."""
+        try:
+            status = self._status_of(member)
+        except RpcError:
+            return
+        if status.epoch > self.view.view.epoch:
+            self._deposed(status.primary, status.epoch)
+
+    def _deposed(self, primary: str | None, epoch: int) -> None:
+        if not self.deposal.depose(primary, epoch):
+            return
+        view = self.view.set(View(epoch, primary, (), DEPOSED))
+        forwarder, self.forwarder = self.forwarder, None
+        if forwarder is not None:
+            forwarder.fail(self.deposal.message())
+            forwarder.stop()
+        if view.primary is not None:
+            threading.Thread(target=self._rebuild, args=(view.primary,), name="psflow-replica-rebuild",
+                             daemon=True).start()
+
+    def _check_deposed(self) -> None:
+        for member in self.members:
+            if member == self.task:
+                continue
+            try:
+                status = self._status_of(member)
+            except RpcError:
+                continue
+            if status.role == PRIMARY and status.epoch > self.view.view.epoch and status.has_state:
+                self._deposed(status.primary, status.epoch)
+                return
+
+    def _become_primary(self, view: View) -> None:
+        forwarder = Forwarder(self.shard, self.config.replica_timeout, first_seq=self.applier.applied_seq)
+        self.forwarder = forwarder
+        for member in view.backups:  # each rebuilds from this one's state
+            self._add_sender(forwarder, member)
+        forwarder.set_waited(view.backups)
+
+    def _check_shard(self, shard: int) -> None:
+        if shard != self.shard:
+            raise InvalidRequest(f"{self.task} is a member of shard {self.shard}, not {shard}")
+
+    # ---- start and rebuild ------------------------------------------------------------------------
+    def start(self) -> None:
+        """Finds this member's place (see the module docstring), in the background."""
+        threading.Thread(target=self._start, name="psflow-replica-start", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.forwarder is not None:
+            self.forwarder.stop()
+
+    def _start(self) -> None:
+        began = time.monotonic()
+        while not self._stopped.is_set():
+            statuses: dict[str, ReplicaStatusReply] = {}
+            for member in self.members:
+                if member != self.task:
+                    try:
+                        statuses[member] = self._status_of(member)
+                    except RpcError:
+                        pass
+            if self.view.view.role != JOINING or self.applier.applied_seq > 0:
+                return  # a primary's snapshot (a fresh cluster) or a promotion reached this member meanwhile
+            primaries = [s for s in statuses.values() if s.role == PRIMARY and s.has_state]
+            if primaries:
+                self._rebuild(max(primaries, key=lambda s: s.epoch).task)
+                return
+            with_state = [s for s in statuses.values() if s.has_state]
+            if with_state and any(s.primary == self.task for s in with_state):
+                self._promote_successor(with_state)  # this task's dead predecessor was primary
+            elif not with_state and self.members[0] == self.task and (
+                    len(statuses) == len(self.members) - 1 or time.monotonic() - began > _FRESH_WAIT):
+                view = self.view.start_primary(1, tuple(m for m in self.members if m != self.task))
+                log.info("%s: primary of shard %d at epoch 1 (a fresh shard; backups %s)", self.task, self.shard,
+                         ", ".join(view.backups) or "none")
+                self._become_primary(view)
+                return
+            self._stopped.wait(0.2)
+
+    def _promote_successor(self, with_state: list[ReplicaStatusReply]) -> None:
+        order = {m: i for i, m in enumerate(self.members)}
+        first = min(with_state, key=lambda s: order.get(s.task, len(order)))
+        try:
+            frame = PromoteRequest(self.shard, first.epoch, self.task).to_frame()
+            self._channel(first.task).call(PromoteRequest.METHOD, frame.meta, timeout=self.config.status_timeout * 5)
+            log.warning("%s: restarted; promoted %s (epoch %d -> %d) and rebuilds from it", self.task, first.task,
+                        first.epoch, first.epoch + 1)
+        except RpcError as e:
+            log.info("%s: promoting %s: %s", self.task, first.task, e)
+
+    def _rebuild(self, primary: str) -> None:
+        """Rebuilds this member from ``primary``'s snapshot (Join), retrying until it answers."""
+        self.applier.expect_snapshot()
+        while not self._stopped.is_set():
+            try:
+                frame = JoinRequest(self.shard, self.task, self.incarnation).to_frame()
+                reply = JoinReply.from_frame(self._channel(primary).call(JoinRequest.METHOD, frame.meta,
+                                                                          timeout=self.config.status_timeout * 5))
+            except RpcError as e:
+                log.info("%s: joining %s: %s", self.task, primary, e)
+                self._stopped.wait(0.5)
+                continue
+            self.view.set(View(reply.epoch, primary, (), JOINING))
+            self.deposal.rebuilt()
+            log.info("%s: rebuilding shard %d from %s (epoch %d, snapshot %d)", self.task, self.shard, primary,
+                     reply.epoch, reply.snapshot_seq)
+            return
+
+    # ---- channels ---------------------------------------------------------------------------------
+    def _channel(self, member: str) -> Channel:
+        with self._lock:
+            channel = self._channels.get(member)
+            if channel is None:
+                config = ConnectConfig(connect_timeout=self.config.status_timeout, rpc_timeout=self.config.replica_timeout,
+                                       token=self.config.token, backoff_max=0.5)
+                channel = open_channel("grpc", member, member_address(self.config.cluster, member), PARAMETER_SERVICE,
+                                       config)
+                self._channels[member] = channel
+            return channel
+
+    def _status_of(self, member: str) -> ReplicaStatusReply:
+        frame = self._channel(member).call(ReplicaStatusRequest.METHOD, {}, timeout=self.config.status_timeout)
+        return ReplicaStatusReply.from_frame(frame)
+
+
+def _tables(wanted: list[tuple[PartitionState, np.ndarray | None]]) -> list[PartitionState]:
+    return [part for part, _ in wanted if part.table is not None]
+
+
+def _reply(message: Any) -> Reply:
+    frame = message.to_frame()
+    return frame.meta, frame.arrays

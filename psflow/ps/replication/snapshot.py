@@ -1,0 +1,88 @@
+"""A shard member's whole state as replica entries: the small state every entry carries, the full snapshot
+a joining member starts from, and writing either on a backup.
+
+The small state (:func:`task_state`, JSON): global_step and the clocks, the worker ledger (incarnations,
+reader positions, examples, finished workers), readiness and generation, the sync aggregator's workers
+that left and its counts, the moving averages' step, the dedup table, and the counters
+``pushes_applied``/``pushes_acknowledged``. A full entry (:func:`full_entry`) adds the registration (layout,
+optimizer, update mode) and every partition whole.
+
+Guarantee: writing a full entry of the primary, then its later entries in order, leaves the backup with the
+primary's partitions, slots, averages, dynamic rows and small state bit for bit (as of the newest entry).
+Not replicated: the chief's fence and the checkpoint ledger (``CheckpointStatus``), which a restore sets
+again; ssp's worker clocks (refilled by the next pushes).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from psflow.ps.protocol import PartDelta, RegisterRequest, ReplicaEntry
+from psflow.ps.replication.dedup import DedupTable
+from psflow.ps.replication.deltas import capture, write
+from psflow.rpc.framing import Frame
+
+if TYPE_CHECKING:
+    from psflow.ps.service import ParameterService
+
+__all__ = ["full_entry", "task_state", "write_entry"]
+
+
+def task_state(service: ParameterService, dedup: DedupTable, counts: dict[str, int]) -> dict[str, Any]:
+    """The small state of ``service`` (JSON)."""
+    aggregator = service.mode.aggregator
+    return {"clock": service.clock.replica_state(), "workers": service.workers.replica_state(),
+            "gate": service.gate.replica_state(),
+            "sync": aggregator.replica_state() if aggregator is not None else None,
+            "averages": service.variables.averages.last_step, "dedup": dedup.export(), "counts": dict(counts)}
+
+
+def full_entry(seq: int, service: ParameterService, dedup: DedupTable, counts: dict[str, int]) -> ReplicaEntry:
+    """Entry ``seq`` holding the whole state of ``service`` (the caller keeps other changes out meanwhile)."""
+    registration = service.variables.registration()
+    state = task_state(service, dedup, counts)
+    state["register"] = dict(registration.to_frame().meta) if registration is not None else None
+    parts: list[PartDelta] = [capture(part, None) for part in service.variables.partitions.partitions()]
+    return ReplicaEntry(seq, state, tuple(parts), full=True)
+
+
+def write_entry(service: ParameterService, dedup: DedupTable, counts: dict[str, int], entry: ReplicaEntry) -> None:
+    """Writes ``entry`` (of the primary) into this member's ``service``: a full entry replaces everything."""
+    state = entry.state
+    if entry.full:
+        _register(service, state.get("register"))
+    store = service.variables.partitions
+    for delta in entry.parts:
+        write(store, delta)
+    clock, workers, gate = state.get("clock"), state.get("workers"), state.get("gate")
+    if isinstance(clock, dict):
+        service.clock.load_replica_state(clock)
+    if isinstance(workers, dict):
+        service.workers.load_replica_state(workers)
+    if isinstance(gate, dict):
+        service.gate.load_replica_state(gate)
+    sync, aggregator = state.get("sync"), service.mode.aggregator
+    if isinstance(sync, dict) and aggregator is not None:
+        aggregator.load_replica_state(sync)
+    averages = state.get("averages")
+    if averages is None or isinstance(averages, int):
+        service.variables.averages.restored(averages)
+    dedup.load(state.get("dedup"))
+    got = state.get("counts")
+    if isinstance(got, dict):
+        counts.update({str(k): int(v) for k, v in got.items()})
+
+
+def _register(service: ParameterService, meta: object) -> None:
+    """Forgets this member's variables and, when the primary has registered, registers its layout."""
+    variables = service.variables
+    variables.forget()
+    if not isinstance(meta, dict):
+        return
+    request = RegisterRequest.from_frame(Frame(meta))
+
+    def created() -> None:
+        service.mode.configure(request.sync)
+        service.gate.initialized(ready=False)
+
+    variables.register(request, ready=lambda: False, created=created)

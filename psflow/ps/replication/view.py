@@ -1,0 +1,120 @@
+"""A replicated shard's view as one member sees it: the epoch, the primary, the backups, and this member's role.
+
+Rules (issue 28's design, :mod:`psflow.ps.replication`):
+
+* The epoch only grows. A member refuses entries (``Replicate``) of an epoch older than its own with
+  FAILED_PRECONDITION starting ``deposed``, naming the primary and epoch it knows.
+* ``Promote(expected_epoch)`` is a compare-and-set: accepted by a member with state whose epoch equals
+  ``expected_epoch``; it becomes primary at ``expected_epoch + 1``. Asked again, a member already primary at
+  ``expected_epoch + 1`` answers its status (idempotent). Anything else: FAILED_PRECONDITION naming the
+  member's epoch and primary.
+* A primary that learns of a higher epoch is deposed (:mod:`psflow.ps.replication.deposed`).
+* Roles: ``primary``, ``backup`` (in the primary's view, holding every acknowledged entry), ``joining``
+  (rebuilding from the primary's snapshot), ``deposed``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+
+from psflow.rpc.api import PreconditionFailed
+
+__all__ = ["PRIMARY", "BACKUP", "JOINING", "DEPOSED", "View", "ViewState"]
+
+PRIMARY, BACKUP, JOINING, DEPOSED = "primary", "backup", "joining", "deposed"
+
+
+@dataclass(frozen=True)
+class View:
+    """One member's view: ``epoch`` (0: none yet), ``primary`` (None: unknown), ``backups``, its ``role``."""
+
+    epoch: int
+    primary: str | None
+    backups: tuple[str, ...]
+    role: str
+
+    def describe(self) -> str:
+        return f"primary {self.primary or 'unknown'} at epoch {self.epoch}"
+
+
+class ViewState:
+    """The view of member ``task`` of shard ``shard``, and its transitions. Thread-safe."""
+
+    def __init__(self, task: str, shard: int, members: tuple[str, ...]) -> None:
+        self.task, self.shard, self.members = task, shard, members
+        self._lock = threading.Lock()
+        self._view = View(0, None, (), JOINING)
+
+    @property
+    def view(self) -> View:
+        return self._view
+
+    def set(self, view: View) -> View:
+        with self._lock:
+            self._view = view
+        return view
+
+    def start_primary(self, epoch: int, backups: tuple[str, ...]) -> View:
+        """This member is the primary at ``epoch`` (a fresh cluster: epoch 1)."""
+        return self.set(View(epoch, self.task, backups, PRIMARY))
+
+    def promote(self, expected_epoch: int, has_state: bool) -> tuple[View, bool]:
+        """The compare-and-set of ``Promote``: (the view after it, whether this call changed it).
+
+        Raises:
+            PreconditionFailed: this member has no state, or its epoch is not ``expected_epoch`` (and it is not
+                primary at ``expected_epoch + 1`` already); names its epoch and primary.
+        """
+        with self._lock:
+            view = self._view
+            if view.role == PRIMARY and view.epoch == expected_epoch + 1:
+                return view, False
+            if not has_state or view.epoch != expected_epoch or view.role != BACKUP:
+                raise PreconditionFailed(
+                    f"{self.task}: cannot promote shard {self.shard} at epoch {expected_epoch}: this member is "
+                    f"{view.role} at epoch {view.epoch}, {view.describe()}"
+                    + ("" if has_state else ", and holds no state"))
+            others = tuple(m for m in self.members if m not in (self.task, view.primary))
+            self._view = View(expected_epoch + 1, self.task, others, PRIMARY)
+            return self._view, True
+
+    def drop_backup(self, expected_epoch: int, backup: str) -> tuple[View, bool]:
+        """``DropBackup`` on the primary: goes to ``expected_epoch + 1`` without ``backup``.
+
+        Raises:
+            PreconditionFailed: not the primary, or at another epoch (names both).
+        """
+        with self._lock:
+            view = self._view
+            if view.role == PRIMARY and view.epoch == expected_epoch + 1 and backup not in view.backups:
+                return view, False
+            if view.role != PRIMARY or view.epoch != expected_epoch:
+                raise PreconditionFailed(f"{self.task}: cannot drop {backup} from shard {self.shard} at epoch "
+                                         f"{expected_epoch}: this member is {view.role} at epoch {view.epoch}, "
+                                         f"{view.describe()}")
+            self._view = replace(view, epoch=view.epoch + 1, backups=tuple(b for b in view.backups if b != backup))
+            return self._view, True
+
+    def check_entries(self, epoch: int, primary: str) -> View:
+        """``Replicate`` from ``primary`` at ``epoch``: accepted at this member's epoch or a newer one (the view
+        moves on to it).
+
+        Raises:
+            PreconditionFailed: ``deposed: ...``, the entries are of an older epoch, or the member is a primary.
+        """
+        with self._lock:
+            view = self._view
+            if epoch < view.epoch or (epoch == view.epoch and view.role == PRIMARY and primary != self.task):
+                raise PreconditionFailed(f"deposed: shard {self.shard}'s primary is {view.primary} at epoch "
+                                         f"{view.epoch}; entries of {primary} at epoch {epoch} refused")
+            if epoch > view.epoch or view.primary != primary:
+                self._view = replace(view, epoch=epoch, primary=primary)
+            return self._view
+
+    def learn(self, epoch: int, primary: str | None, backups: tuple[str, ...], role: str) -> View:
+        """Sets the view to what the primary said (a Join's or a Replicate's), epoch never going back."""
+        with self._lock:
+            if epoch >= self._view.epoch:
+                self._view = View(epoch, primary, backups, role)
+            return self._view
