@@ -186,7 +186,7 @@ def test_backup_is_bit_equal_promoted_after_a_kill_and_the_old_primary_rebuilds(
         _push(shard, BACKUP, 66)
     line = "/job:ps_backup/task:0: deposed: shard 0's primary is /job:ps/task:0 at epoch 3; refusing writes"
     wait_until(lambda: line in shard.log(BACKUP), "the deposed warning", limit=30)
-    assert shard.log(BACKUP).count("deposed: shard 0's primary") == 1
+    assert shard.log(BACKUP).count("refusing writes") == 1  # one warning line
     shard.wait_view(PRIMARY, BACKUP)  # it rebuilt as a backup of the new primary
     assert _push(shard, PRIMARY, 66).step == 66
     assert _assert_bit_equal(shard, PRIMARY, BACKUP) == 66

@@ -87,9 +87,12 @@ class BackupSender:
                 reply = ReplicateReply.from_frame(self._channel().call(ReplicateRequest.METHOD, frame.meta, frame.arrays,
                                                                        timeout=self._rpc_timeout))
             except FailedPreconditionError as e:
-                if "deposed" in str(e):
+                if "deposed" in str(e):  # this primary is deposed: the one line it logs says so (deposed.py)
+                    with self._cond:
+                        self.last_error = str(e)
                     self._on_deposed(self.member, str(e))
-                self._failed(str(e))
+                else:
+                    self._failed(str(e))
                 time.sleep(backoff)
                 backoff = min(_BACKOFF_MAX, backoff * 2)
                 continue
