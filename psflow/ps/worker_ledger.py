@@ -158,12 +158,12 @@ class WorkerLedger:
     def replica_state(self) -> dict[str, object]:
         """Incarnations, positions, examples and finished workers, read together (:mod:`psflow.ps.replication`)."""
         with self._lock:
-            return {"incarnations": dict(self._incarnations), "positions": dict(self._positions),
+            return {"incarnations": dict(self._incarnations), "reader_positions": dict(self._positions),
                     "examples": self._examples, "finished": sorted(self._finished)}
 
     def load_replica_state(self, state: dict[str, object]) -> None:
         """Replaces the ledger's records with ``state`` (a :meth:`replica_state` of the shard's primary)."""
-        incarnations, positions, examples, finished = (state.get("incarnations"), state.get("positions"),
+        incarnations, positions, examples, finished = (state.get("incarnations"), state.get("reader_positions"),
                                                        state.get("examples"), state.get("finished"))
         with self._lock:
             if isinstance(incarnations, dict):

@@ -31,10 +31,10 @@ __all__ = ["full_entry", "task_state", "write_entry"]
 def task_state(service: ParameterService, dedup: DedupTable, counts: dict[str, int]) -> dict[str, Any]:
     """The small state of ``service`` (JSON)."""
     aggregator = service.mode.aggregator
-    return {"clock": service.clock.replica_state(), "workers": service.workers.replica_state(),
+    return {"step_clock": service.clock.replica_state(), "workers": service.workers.replica_state(),
             "gate": service.gate.replica_state(),
             "sync": aggregator.replica_state() if aggregator is not None else None,
-            "averages": service.variables.averages.last_step, "dedup": dedup.export(), "counts": dict(counts)}
+            "average_step": service.variables.averages.last_step, "dedup": dedup.export(), "counts": dict(counts)}
 
 
 def full_entry(seq: int, service: ParameterService, dedup: DedupTable, counts: dict[str, int]) -> ReplicaEntry:
@@ -54,7 +54,7 @@ def write_entry(service: ParameterService, dedup: DedupTable, counts: dict[str, 
     store = service.variables.partitions
     for delta in entry.parts:
         write(store, delta)
-    clock, workers, gate = state.get("clock"), state.get("workers"), state.get("gate")
+    clock, workers, gate = state.get("step_clock"), state.get("workers"), state.get("gate")
     if isinstance(clock, dict):
         service.clock.load_replica_state(clock)
     if isinstance(workers, dict):
@@ -64,7 +64,7 @@ def write_entry(service: ParameterService, dedup: DedupTable, counts: dict[str, 
     sync, aggregator = state.get("sync"), service.mode.aggregator
     if isinstance(sync, dict) and aggregator is not None:
         aggregator.load_replica_state(sync)
-    averages = state.get("averages")
+    averages = state.get("average_step")
     if averages is None or isinstance(averages, int):
         service.variables.averages.restored(averages)
     dedup.load(state.get("dedup"))

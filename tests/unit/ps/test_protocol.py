@@ -38,7 +38,8 @@ SHARED = {
     "token", "values", "worker", "writer",
     # replicated shards (issue 28): a member's role and view are also the Stats "replication" counters' keys and
     # values (status pages, metrics), "seq" and "state" plain words of other documents
-    "backup", "backups", "deposed", "entries", "joining", "lag", "primary", "role", "seq", "state", "unreplicated",
+    "applied_seq", "backup", "backups", "deposed", "entries", "has_state", "joining", "lag", "primary", "role", "seq",
+    "state", "unreplicated",
 }
 
 
