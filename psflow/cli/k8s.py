@@ -58,6 +58,9 @@ def add_k8s_parser(sub: Any) -> None:
                    "replica) that evaluates each new checkpoint on the training arguments' --eval")
     p.add_argument("--evaluator-cpu", help="requested by the evaluator (default: --worker-cpu)")
     p.add_argument("--evaluator-memory", help="requested by the evaluator, and its limit (default: --worker-memory)")
+    p.add_argument("--ps-replicas", type=int, default=0, metavar="N",
+                   help="N backups of every ps shard (job ps_backup, a StatefulSet <name>-ps-backup; no tfjob.yaml: "
+                        "a TFJob cannot name that job) (%(default)s)")
     p.add_argument("--jobset", action="store_true", help="write one JobSet (jobset.x-k8s.io/v1alpha2), jobset.yaml, "
                    "instead of cluster.yaml and tfjob.yaml")
     p.add_argument("train_args", nargs="*", metavar="-- TRAINING_ARGS",
@@ -82,7 +85,8 @@ def render_config(args: argparse.Namespace) -> RenderConfig:
         data_pvc=args.data_pvc, status_port=args.status_port, cluster_domain=args.cluster_domain,
         storage_class=args.storage_class, checkpoint_size=args.checkpoint_size, state_size=args.state_size,
         ps_resources=Resources(args.ps_cpu, args.ps_memory), worker_resources=Resources(args.worker_cpu, args.worker_memory),
-        evaluator=args.evaluator, evaluator_resources=evaluator_resources, jobset=args.jobset)
+        evaluator=args.evaluator, evaluator_resources=evaluator_resources, jobset=args.jobset,
+        ps_replicas=args.ps_replicas)
 
 
 def render_command(args: argparse.Namespace, *, check_training: Callable[[ClusterSpec], None] | None = None) -> int:

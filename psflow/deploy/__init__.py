@@ -43,6 +43,11 @@ the file's addresses were. :func:`render_manifests` builds, and
 * ``cluster.json``: the cluster with the Service addresses (with ``--jobset``, the JobSet's pod
   addresses); ``README.md``: how to create the token Secret, apply, watch and clean up.
 
+With ``--ps-replicas N`` (replicated ps shards, :mod:`psflow.cluster.replicas`) the cluster gains the job
+``ps_backup`` (``num_ps * N`` tasks), rendered as the ps job is (a StatefulSet ``<name>-ps-backup``, its
+Services ``<name>-ps-backup-<i>``: Kubernetes names have no ``_``; in a JobSet, the replicated job
+``ps-backup``); no TFJob then, whose operator would name that job after a replica type.
+
 How a pod knows its task: ``TF_CONFIG`` is in each pod's environment, complete.
 Kubernetes puts the pod's index in ``PSFLOW_TASK_INDEX`` (downward API: the
 StatefulSet pod's ``apps.kubernetes.io/pod-index`` label, the Indexed Job

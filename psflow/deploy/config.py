@@ -15,7 +15,7 @@ from psflow.cluster import ClusterError, ClusterSpec
 from psflow.train.config import ConfigError
 
 __all__ = ["DEFAULT_NAME", "TASK_INDEX_ENV", "RenderConfig", "RenderError", "Resources", "load_cluster", "task_index_from_env",
-           "has_flag"]
+           "has_flag", "k8s_name"]
 
 #: This task's index, the default of ``psflow server --task`` (the manifests set it from the pod's index).
 TASK_INDEX_ENV = "PSFLOW_TASK_INDEX"
@@ -25,6 +25,10 @@ JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 STS_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 JOB_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 JOBS = ("chief", "worker", "ps")  # what psflow server runs; TFJob's replica types Chief, Worker, PS
+# A replicated ps shard's backups (psflow.cluster.replicas.BACKUP_JOB, --ps-replicas): a StatefulSet like the ps
+# tasks'; Kubernetes names cannot hold '_', so its objects and hostnames say ps-backup.
+PS_BACKUP = "ps_backup"
+SERVES = ("ps", PS_BACKUP)  # the jobs whose tasks serve variables until the run is over
 # TensorFlow's evaluator task (psflow.launch.evaluator.EVALUATOR_JOB, not imported: it pulls in the training code).
 EVALUATOR = "evaluator"
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", EVALUATOR: "Evaluator"}
@@ -90,6 +94,7 @@ class RenderConfig:
     evaluator: bool = False  # TensorFlow's evaluator task too; needs --eval in train_args
     evaluator_resources: Resources | None = None  # None: worker_resources
     jobset: bool = False  # write jobset.yaml instead of cluster.yaml and tfjob.yaml
+    ps_replicas: int = 0  # backups of each ps shard (job ps_backup, num_ps * ps_replicas tasks); no TFJob then
 
     def __post_init__(self) -> None:
         _check(_DNS_LABEL, self.name, "--name", "an RFC 1035 label: lowercase letters, digits and '-', "
@@ -116,6 +121,8 @@ class RenderConfig:
                             ("--evaluator-memory", self.resources(EVALUATOR).memory)):
             if not _QUANTITY.match(value):
                 raise RenderError(f"{flag} {value!r}: want a Kubernetes quantity such as 500m, 2, 512Mi or 4Gi")
+        if isinstance(self.ps_replicas, bool) or not isinstance(self.ps_replicas, int) or self.ps_replicas < 0:
+            raise RenderError(f"--ps-replicas {self.ps_replicas!r}: want a whole number >= 0 (backups of each ps shard)")
         if self.evaluator and not has_flag(self.train_args, "--eval"):
             raise RenderError("--evaluator: the training arguments after -- have no --eval, the data it evaluates "
                               "each checkpoint on")
@@ -127,9 +134,14 @@ class RenderConfig:
 
     def resources(self, job: str) -> Resources:
         """The requests of a ``job`` task's container (the evaluator's default to a worker's)."""
-        if job == "ps":
+        if job in SERVES:
             return self.ps_resources
         return (self.evaluator_resources or self.worker_resources) if job == EVALUATOR else self.worker_resources
+
+
+def k8s_name(job: str) -> str:
+    """A job's name in Kubernetes objects and hostnames (``ps_backup`` -> ``ps-backup``: no '_' there)."""
+    return job.replace("_", "-")
 
 
 def has_flag(args: Sequence[str], flag: str) -> bool:

@@ -48,11 +48,12 @@ def write_manifests(manifests: Manifests, config: RenderConfig, output: str) -> 
                                   "kubectl apply -f storage.yaml\n", manifests.storage),
             "cluster.yaml": _yaml(f"# psflow {config.name}: Services, ps StatefulSet, worker Jobs. {needs} "
                                   "kubectl apply -f cluster.yaml\n", manifests.workloads),
-            "tfjob.yaml": _yaml(f"# psflow {config.name} as a Kubeflow TFJob, instead of cluster.yaml. {needs} "
-                                "kubectl apply -f tfjob.yaml\n", [manifests.tfjob]),
-            "cluster.json": manifests.cluster.to_json() + "\n",
-            "README.md": _readme(manifests, config, ns),
         }
+        if manifests.tfjob is not None:  # none with ps backups (--ps-replicas): see Manifests
+            files["tfjob.yaml"] = _yaml(f"# psflow {config.name} as a Kubeflow TFJob, instead of cluster.yaml. {needs} "
+                                        "kubectl apply -f tfjob.yaml\n", [manifests.tfjob])
+        files["cluster.json"] = manifests.cluster.to_json() + "\n"
+        files["README.md"] = _readme(manifests, config, ns)
     try:
         os.makedirs(output, exist_ok=True)
         paths = []
@@ -64,6 +65,21 @@ def write_manifests(manifests: Manifests, config: RenderConfig, output: str) -> 
     except OSError as e:
         raise RenderError(f"--output {output}: cannot write it ({e.strerror or e})") from None
     return paths
+
+
+def _apply_step(manifests: Manifests, ns: str) -> str:
+    """Step 3 of the README: the plain manifests, or the TFJob (none with ps backups: a TFJob's operator names
+    the jobs of ``TF_CONFIG`` after its replica types, and has none for ``ps_backup``)."""
+    if manifests.tfjob is None:
+        return f"""3. The plain manifests (Kubernetes >= 1.28; with ps backups, --ps-replicas, there is no TFJob: its
+   operator would name the backups' job after a replica type, not ps_backup):
+
+       kubectl {ns} apply -f cluster.yaml
+"""
+    return f"""3. Either the plain manifests (Kubernetes >= 1.28) or, with the Kubeflow training operator, the TFJob:
+
+       kubectl {ns} apply -f cluster.yaml     # or: kubectl {ns} apply -f tfjob.yaml
+"""
 
 
 def _readme(manifests: Manifests, config: RenderConfig, ns: str) -> str:
@@ -93,10 +109,7 @@ Rendered by `psflow k8s render`. Tasks: {tasks}.
 
        kubectl {ns} apply -f storage.yaml
 
-3. Either the plain manifests (Kubernetes >= 1.28) or, with the Kubeflow training operator, the TFJob:
-
-       kubectl {ns} apply -f cluster.yaml     # or: kubectl {ns} apply -f tfjob.yaml
-
+{_apply_step(manifests, ns)}
 4. The status page of the chief ({chief}), then at http://127.0.0.1:{config.status_port}/ here:
 
        kubectl {ns} port-forward svc/{config.name}-{chief.job}-{chief.index} {config.status_port}

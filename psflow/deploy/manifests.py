@@ -11,7 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from psflow.cluster import ClusterSpec, TaskId
+from psflow.cluster import ClusterError, ClusterSpec, TaskId
+from psflow.cluster.replicas import ps_replicas
 from psflow.deploy.config import (
     CHECKPOINTS,
     DATA,
@@ -20,6 +21,8 @@ from psflow.deploy.config import (
     JOBS,
     JOBSET_API,
     MAX_STATEFULSET_NAME,
+    PS_BACKUP,
+    SERVES,
     STATE,
     STS_INDEX_LABEL,
     TASK_INDEX_ENV,
@@ -28,6 +31,7 @@ from psflow.deploy.config import (
     RenderConfig,
     RenderError,
     has_flag,
+    k8s_name,
 )
 
 __all__ = ["Manifests", "render_manifests"]
@@ -50,14 +54,23 @@ class Manifests:
     tfjob_cluster: ClusterSpec
     storage: tuple[dict[str, Any], ...]
     workloads: tuple[dict[str, Any], ...]
-    tfjob: dict[str, Any]
+    tfjob: dict[str, Any] | None  # None with ps backups: a TFJob's TF_CONFIG names jobs after its replica types
     jobset: dict[str, Any] | None = None
     jobset_cluster: ClusterSpec | None = None
 
 
-def _task_counts(cluster: ClusterSpec, source: str) -> dict[str, int]:
-    """Tasks per job, in the order chief, worker, ps; refuses what Kubernetes pods cannot be."""
+def _task_counts(cluster: ClusterSpec, source: str, replicas: int = 0) -> dict[str, int]:
+    """Tasks per job, in the order chief, worker, ps, ps_backup (``replicas`` per ps task, or the cluster's own
+    ps_backup job); refuses what Kubernetes pods cannot be."""
     for job in cluster.jobs:
+        if job == PS_BACKUP:
+            try:
+                given = ps_replicas(cluster)
+            except ClusterError as e:
+                raise RenderError(f"{source}: {e}") from None
+            if replicas and given != replicas:
+                raise RenderError(f"--ps-replicas {replicas}: {source} has {given} backup(s) per ps task already")
+            continue
         if job not in JOBS:
             raise RenderError(f"{source}: job {job!r}: psflow k8s render knows the jobs chief, worker and ps")
         if cluster.task_indices(job) != tuple(range(cluster.num_tasks(job))):
@@ -70,19 +83,21 @@ def _task_counts(cluster: ClusterSpec, source: str) -> dict[str, int]:
         raise RenderError(f"{source}: the cluster has no 'worker' or 'chief' job: no task would train")
     if "chief" in cluster.jobs and cluster.num_tasks("chief") != 1:
         raise RenderError(f"{source}: job 'chief' has {cluster.num_tasks('chief')} tasks; a chief job has one")
-    return {job: cluster.num_tasks(job) for job in JOBS if job in cluster.jobs}
+    counts = {job: cluster.num_tasks(job) for job in JOBS if job in cluster.jobs}
+    backups = cluster.num_tasks(PS_BACKUP) if PS_BACKUP in cluster.jobs else counts["ps"] * replicas
+    return counts | ({PS_BACKUP: backups} if backups else {})
 
 
 def _service_cluster(counts: dict[str, int], config: RenderConfig, domain: str) -> ClusterSpec:
-    return ClusterSpec({job: [f"{config.name}-{job}-{i}.{config.namespace}.{domain}:{config.port}" for i in range(n)]
-                        for job, n in counts.items()})
+    return ClusterSpec({job: [f"{config.name}-{k8s_name(job)}-{i}.{config.namespace}.{domain}:{config.port}"
+                              for i in range(n)] for job, n in counts.items()})
 
 
 def _jobset_cluster(counts: dict[str, int], config: RenderConfig) -> ClusterSpec:
     """Each task at its JobSet pod's hostname, ``<jobset>-<replicated job>-<job index>-<pod index>``, in the
     JobSet's Service (its subdomain, the JobSet's name); one Job per replicated job, so job index 0."""
     domain = f"{config.name}.{config.namespace}.svc.{config.cluster_domain}"
-    return ClusterSpec({job: [f"{config.name}-{job}-0-{i}.{domain}:{config.port}" for i in range(n)]
+    return ClusterSpec({job: [f"{config.name}-{k8s_name(job)}-0-{i}.{domain}:{config.port}" for i in range(n)]
                         for job, n in counts.items()})
 
 
@@ -94,24 +109,26 @@ def render_manifests(cluster: ClusterSpec, config: RenderConfig, *, source: str 
             ``config.evaluator``, outside the cluster), a sparse job, no ps job, no worker or chief, more
             than one chief, or a name that would exceed Kubernetes' limits.
     """
-    counts = _task_counts(cluster, source)
+    counts = _task_counts(cluster, source, config.ps_replicas)
     pods = counts | ({EVALUATOR: 1} if config.evaluator else {})  # the evaluator: a pod, not in the cluster
     hostname = "{name}-{job}-0-{i}" if config.jobset else "{name}-{job}-{i}"  # a JobSet's: job index 0
-    longest = max((hostname.format(name=config.name, job=job, i=n - 1) for job, n in pods.items()), key=len)
+    longest = max((hostname.format(name=config.name, job=k8s_name(job), i=n - 1) for job, n in pods.items()), key=len)
     if len(longest) > 63:
         raise RenderError(f"--name {config.name!r}: the pod hostname {longest!r} would be longer than 63 characters")
-    if not config.jobset and len(f"{config.name}-ps") > MAX_STATEFULSET_NAME:  # a JobSet has no StatefulSet
-        raise RenderError(f"--name {config.name!r}: the StatefulSet {config.name}-ps would be longer than "
+    statefulset = f"{config.name}-{k8s_name(PS_BACKUP if PS_BACKUP in counts else 'ps')}"  # the longer name
+    if not config.jobset and len(statefulset) > MAX_STATEFULSET_NAME:  # a JobSet has no StatefulSet
+        raise RenderError(f"--name {config.name!r}: the StatefulSet {statefulset} would be longer than "
                           f"{MAX_STATEFULSET_NAME} characters")
     services = _service_cluster(counts, config, f"svc.{config.cluster_domain}")
     chief = services.chief()
     workloads: list[dict[str, Any]] = [_service(config, job, i, chief=TaskId(job, i) == chief)
                                        for job, n in counts.items() for i in range(n)]
-    workloads.append(_governing_service(config))
+    workloads += [_governing_service(config, job) for job in SERVES if job in counts]
     workloads += [_workload(config, services, job, n) for job, n in pods.items()]
     jobset_cluster = _jobset_cluster(counts, config) if config.jobset else None
     return Manifests(cluster=services, tfjob_cluster=_service_cluster(counts, config, "svc"),
-                     storage=(_checkpoint_claim(config),), workloads=tuple(workloads), tfjob=_tfjob(config, pods),
+                     storage=(_checkpoint_claim(config),), workloads=tuple(workloads),
+                     tfjob=None if PS_BACKUP in pods else _tfjob(config, pods),
                      jobset=None if jobset_cluster is None else _jobset(config, jobset_cluster, pods),
                      jobset_cluster=jobset_cluster)
 
@@ -129,19 +146,20 @@ def _labels(config: RenderConfig, job: str | None) -> dict[str, str]:
 
 def _service(config: RenderConfig, job: str, index: int, *, chief: bool) -> dict[str, Any]:
     """Task ``job:index``'s headless Service; the chief's also names the status port, for ``kubectl port-forward svc/...``."""
-    selector = ({"statefulset.kubernetes.io/pod-name": f"{config.name}-ps-{index}"} if job == "ps" else
+    selector = ({"statefulset.kubernetes.io/pod-name": f"{config.name}-{k8s_name(job)}-{index}"} if job in SERVES else
                 {"batch.kubernetes.io/job-name": f"{config.name}-{job}", JOB_INDEX_KEY: str(index)})
     ports = [{"name": "grpc", "port": config.port, "targetPort": config.port}]
     if chief:
         ports.append({"name": "status", "port": config.status_port, "targetPort": config.status_port})
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(config, f"{config.name}-{job}-{index}", job),
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(config, f"{config.name}-{k8s_name(job)}-{index}", job),
             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector, "ports": ports}}
 
 
-def _governing_service(config: RenderConfig) -> dict[str, Any]:
-    """The StatefulSet's ``serviceName``: pod DNS records ``<pod>.<name>-ps``; tasks are addressed by their own."""
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(config, f"{config.name}-ps", "ps"),
-            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": _labels(config, "ps"),
+def _governing_service(config: RenderConfig, job: str = "ps") -> dict[str, Any]:
+    """A StatefulSet's ``serviceName``: pod DNS records ``<pod>.<name>-ps``; tasks are addressed by their own."""
+    name = f"{config.name}-{k8s_name(job)}"
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(config, name, job),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": _labels(config, job),
                      "ports": [{"name": "grpc", "port": config.port, "targetPort": config.port}]}}
 
 
@@ -170,7 +188,7 @@ def _args(config: RenderConfig, job: str, *, kind: str = "plain") -> list[str]:
     if job == EVALUATOR:  # serves nothing: no --bind-host, no status page
         return ["server", "--checkpoint-dir", CHECKPOINTS, *train_args]
     args = ["server", "--bind-host", "0.0.0.0", "--checkpoint-dir", CHECKPOINTS]
-    if job == "ps":
+    if job in SERVES:
         args += ["--state-dir", STATE]
         if kind == "plain":  # a StatefulSet restarts a pod that exits; a TFJob's or JobSet's ps pod exits 0 at the end
             args += ["--keep-serving"]
@@ -184,7 +202,7 @@ def _mounts(config: RenderConfig, job: str, *, kind: str) -> list[dict[str, Any]
     if job == EVALUATOR and not has_flag(config.train_args, "--summary-dir"):
         checkpoints["readOnly"] = True  # it only reads them; with --summary-dir it may write eval/ on the claim
     mounts = [checkpoints]
-    if job == "ps":
+    if job in SERVES:
         # A StatefulSet pod's own claim; a TFJob's or JobSet's ps pods share the checkpoint claim (only ps task 0
         # writes).
         mounts.append({"name": "state", "mountPath": STATE} if kind == "plain" else
@@ -227,7 +245,7 @@ def _container(config: RenderConfig, job: str, env: list[dict[str, Any]], *, kin
 def _pod_spec(config: RenderConfig, job: str, env: list[dict[str, Any]], *, kind: str) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "checkpoints",
                                       "persistentVolumeClaim": {"claimName": f"{config.name}-checkpoints"}}]
-    if job != "ps" and config.data_pvc is not None:
+    if job not in SERVES and config.data_pvc is not None:
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": config.data_pvc, "readOnly": True}})
     return {
         "enableServiceLinks": False,  # no *_SERVICE_HOST variables for every Service of the namespace
@@ -250,10 +268,10 @@ def _index_env(job: str, services: ClusterSpec, *, statefulset: bool) -> list[di
 
 
 def _workload(config: RenderConfig, services: ClusterSpec, job: str, tasks: int) -> dict[str, Any]:
-    name = f"{config.name}-{job}"
+    name = f"{config.name}-{k8s_name(job)}"
     template = {"metadata": {"labels": _labels(config, job)},
-                "spec": _pod_spec(config, job, _index_env(job, services, statefulset=job == "ps"), kind="plain")}
-    if job == "ps":
+                "spec": _pod_spec(config, job, _index_env(job, services, statefulset=job in SERVES), kind="plain")}
+    if job in SERVES:
         return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(config, name, job), "spec": {
             "serviceName": name, "replicas": tasks, "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": _labels(config, job)}, "template": template,
@@ -284,12 +302,12 @@ def _jobset(config: RenderConfig, services: ClusterSpec, pods: dict[str, int]) -
     for job, n in pods.items():
         pod = _pod_spec(config, job, _index_env(job, services, statefulset=False), kind="jobset")
         pod["restartPolicy"] = "OnFailure"  # in place: the same hostname, the task rejoins
-        replicated.append({"name": job, "replicas": 1, "template": {
+        replicated.append({"name": k8s_name(job), "replicas": 1, "template": {
             "metadata": {"labels": _labels(config, job)},
             "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n, "backoffLimit": 3 * n,
                      "template": {"metadata": {"labels": _labels(config, job)}, "spec": pod}}}})
     return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _meta(config, config.name), "spec": {
         "network": {"enableDNSHostnames": True, "subdomain": config.name, "publishNotReadyAddresses": True},
         # The ps tasks exit 0 once the run is over; what is left of them when the rest has succeeded is deleted.
-        "successPolicy": {"operator": "All", "targetReplicatedJobs": [job for job in pods if job != "ps"]},
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": [job for job in pods if job not in SERVES]},
         "replicatedJobs": replicated}}

@@ -735,3 +735,50 @@ def test_the_jobsets_hostnames_bound_the_name() -> None:
         render_manifests(cluster, RenderConfig(name="x" * 53, image="i", jobset=True))
     with pytest.raises(RenderError, match="the StatefulSet x{52}-ps would be longer than 52 characters"):
         render_manifests(cluster, RenderConfig(name="x" * 52, image="i"))
+
+
+# --- psflow k8s render --ps-replicas N: the shards' backups (issue 28) ---------------------------------------------
+
+
+def test_ps_replicas_render_a_backup_statefulset_whose_pods_serve_their_task(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _render(tmp_path, "--name", "ctr", "--ps-replicas", "1", "--", "--train", "/data/t",
+                  cluster=CLUSTERS["ps-workers"])
+    assert not (out / "tfjob.yaml").exists()  # a TFJob's operator cannot name the ps_backup job
+    assert "there is no TFJob" in (out / "README.md").read_text()
+    services = ClusterSpec.from_json((out / "cluster.json").read_text())
+    assert services.as_dict()["ps_backup"] == [f"ctr-ps-backup-{i}.default.svc.cluster.local:2222" for i in range(2)]
+    docs = [d for d in yaml.safe_load_all((out / "cluster.yaml").read_text()) if d is not None]
+    for doc in docs:
+        _validate(doc)
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    backups = by_name[("StatefulSet", "ctr-ps-backup")]
+    assert backups["spec"]["replicas"] == 2 and backups["spec"]["serviceName"] == "ctr-ps-backup"
+    assert ("Service", "ctr-ps-backup") in by_name  # the StatefulSet's governing Service
+    assert by_name[("Service", "ctr-ps-backup-1")]["spec"]["selector"] == {
+        "statefulset.kubernetes.io/pod-name": "ctr-ps-backup-1"}
+    [container] = backups["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"]["memory"] == "2Gi"  # a ps task's requests
+    for index in range(2):
+        env = _kubelet_env(container["env"], {"metadata.labels['apps.kubernetes.io/pod-index']": str(index)})
+        seen = _run_server(monkeypatch, container["args"], env)
+        _check_started(seen, services, TaskId("ps_backup", index))
+        assert seen["state_dir"] == "/var/lib/psflow/state"
+
+
+def test_ps_replicas_in_a_jobset_and_a_cluster_file_that_disagrees(tmp_path: Path,
+                                                                    jobset_validator: Any) -> None:
+    out = _render(tmp_path, "--jobset", "--name", "ctr", "--ps-replicas", "2", "--", "--train", "/data/t",
+                  cluster=CLUSTERS["chief"])
+    [jobset] = [d for d in yaml.safe_load_all((out / "jobset.yaml").read_text()) if d is not None]
+    _validate_jobset(jobset_validator, jobset)
+    replicated = {r["name"]: r for r in jobset["spec"]["replicatedJobs"]}
+    assert replicated["ps-backup"]["template"]["spec"]["completions"] == 2  # 1 ps task x 2
+    assert jobset["spec"]["successPolicy"]["targetReplicatedJobs"] == ["chief", "worker"]
+    cluster = ClusterSpec.from_json((out / "cluster.json").read_text())
+    assert cluster.task_address("ps_backup", 1) == "ctr-ps-backup-0-1.ctr.default.svc.cluster.local:2222"
+    given = dict(CLUSTERS["chief"], ps_backup=["x:1"])
+    with pytest.raises(RenderError, match=r"--ps-replicas 2: --cluster has 1 backup\(s\) per ps task already"):
+        render_manifests(ClusterSpec(given), RenderConfig(name="ctr", image="psflow:1", ps_replicas=2))
+    with pytest.raises(RenderError, match=r"--ps-replicas -1: want a whole number >= 0"):
+        RenderConfig(name="ctr", image="psflow:1", ps_replicas=-1)
