@@ -8,6 +8,11 @@ Files:
   :class:`UnknownJobError`, :class:`UnknownTaskError`.
 * ``resolver.py``: :func:`parse_tf_config` and :class:`TFConfig`, reading
   TensorFlow's ``TF_CONFIG`` JSON unchanged.
+* ``replicas.py``: replicated ps shards (issue 28): the ``ps_backup`` job's
+  tasks as backups of shard ``j % S`` -- :func:`~psflow.cluster.replicas.ps_replicas`,
+  :func:`~psflow.cluster.replicas.shard_members` (a shard's members in the
+  order every process agrees on), :func:`~psflow.cluster.replicas.shard_of`,
+  :func:`~psflow.cluster.replicas.member_address`.
 
 Guarantees:
 

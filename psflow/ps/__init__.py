@@ -28,6 +28,8 @@ Files (the served side):
 * ``checkpointing.py``: :class:`~psflow.ps.checkpointing.CheckpointHandlers` (a task's shard save/load,
   readiness, restore calls), :class:`~psflow.ps.checkpointing.SaveLedger`.
 * ``counters.py``: :class:`~psflow.ps.counters.ServiceCounters` (``Stats``).
+* ``replication/``: replicated shards (issue 28), a primary forwarding what it applied to its backups,
+  promotion, the dedup table; its own map is in ``psflow.ps.replication``.
 * ``dynamic/``: dynamic (hash) embedding tables; their own map is in ``psflow.ps.dynamic``.
 
 Files (the calling side):
@@ -36,6 +38,9 @@ Files (the calling side):
 * ``client.py``: :class:`~psflow.ps.client.ParameterClient`, :class:`~psflow.ps.client.PushResult`;
   ``plans.py``: pull/push routing (:class:`~psflow.ps.plans.Planner`, :class:`~psflow.ps.plans.ClientError`);
   ``registration.py``: :func:`~psflow.ps.registration.register_layout` and the wait for the chief.
+* ``failover.py``: (replicated shards) :class:`~psflow.ps.failover.ShardRouter`, routing each shard to its
+  current primary and resending a push that failed over; ``report_done.py``: ``Done``'s retry loop
+  (:func:`~psflow.ps.report_done.send_done`).
 * ``fencing.py``: :class:`~psflow.ps.fencing.FencedWriter` (the leader checks its epoch on every task).
 
 Guarantees (docs/architecture.md, DESIGN.md): a push increments global_step once and returns the value

@@ -14,9 +14,10 @@ checks them against the partitions they name. A request's ``METHOD`` is its
 call's name.
 
 Files:
-    * ``data.py``: the data path and every client's calls -- ``Register``,
-      ``Pull``, ``Push`` (with its :class:`WorkerTag` and :class:`StepTag`),
-      ``PushPull``, ``Stats``, ``Leave``, ``Done``.
+    * ``data.py``: the data path -- ``Register``, ``Pull``, ``Push`` (with
+      its :class:`WorkerTag` and :class:`StepTag`), ``PushPull``.
+    * ``lifecycle.py``: every client's calls around it -- ``Stats``,
+      ``Leave``, ``Done`` (and :class:`Ack`).
     * ``control.py``: the chief's and the checkpoints' calls -- ``Fence``,
       ``SaveShard``, ``LoadShard``, ``SetReady``, ``BeginRestore``,
       ``ReaderPositions``, ``CheckpointStatus``.
@@ -78,11 +79,7 @@ from psflow.ps.protocol.control import (
     SetReadyRequest,
 )
 from psflow.ps.protocol.data import (
-    Ack,
-    DoneReply,
-    DoneRequest,
     GradPart,
-    LeaveRequest,
     PullReply,
     PullRequest,
     PushPullReply,
@@ -92,13 +89,13 @@ from psflow.ps.protocol.data import (
     RegisterReply,
     RegisterRequest,
     Request,
-    StatsReply,
     StepTag,
     WorkerTag,
     gradient_arrays,
     gradients_of,
 )
 from psflow.ps.protocol.in_graph import RunStepReply, RunStepRequest, SparseArrays
+from psflow.ps.protocol.lifecycle import Ack, DoneReply, DoneRequest, LeaveRequest, StatsReply
 from psflow.ps.protocol.replication import (
     ROLES,
     DropBackupRequest,

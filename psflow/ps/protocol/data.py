@@ -1,25 +1,23 @@
-"""The data path's messages and the calls every client makes: Register, Pull, Push, PushPull, Stats,
-Leave, Done (see :mod:`psflow.ps.protocol`)."""
+"""The data path's messages: Register, Pull, Push (with its tags), PushPull (see :mod:`psflow.ps.protocol`;
+a client's calls around them, Stats, Leave and Done, are :mod:`psflow.ps.protocol.lifecycle`'s)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import field
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
-from psflow.ps.protocol.fields import flag, list_field, message, optional_int, optional_str, refuse, strict_bool
+from psflow.ps.protocol.fields import flag, list_field, message, optional_int, optional_str, refuse
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame
 
 __all__ = [
-    "Request", "Ack", "DoneReply", "DoneRequest", "GradPart", "LeaveRequest", "PullReply", "PullRequest", "PushPullReply",
-    "PushPullRequest", "PushReply", "PushRequest", "RegisterReply", "RegisterRequest", "StatsReply", "StepTag",
-    "WorkerTag", "gradient_arrays", "gradients_of",
+    "Request", "GradPart", "PullReply", "PullRequest", "PushPullReply", "PushPullRequest", "PushReply", "PushRequest",
+    "RegisterReply", "RegisterRequest", "StepTag", "WorkerTag", "gradient_arrays", "gradients_of",
 ]
 
 # Array names: a gradient's values and its rows, a pull's rows.
@@ -391,123 +389,3 @@ def gradients_of(frame: Frame) -> dict[str, tuple[np.ndarray, np.ndarray | None]
     """The named gradients of a frame written by :func:`gradient_arrays`."""
     return {key[len(_GRAD):]: (values, frame.arrays.get(_GRAD_ROWS + key[len(_GRAD):]))
             for key, values in frame.arrays.items() if key.startswith(_GRAD)}
-
-
-# ---- Stats / Leave / Done --------------------------------------------------------------------------
-@message
-class StatsReply:
-    """A ps task's state (typed: what clients act on) and its counters (for progress lines and status pages).
-
-    ``global_step``, ``step_floor`` and ``finished`` only on the task holding global_step (else None);
-    ``generation``: the restore generation; ``learning_rate``: the run optimizer's rate at the step the
-    next update is applied at (None before registration); ``counters``: every other field, by name.
-    """
-
-    task: str
-    global_step: int | None = None
-    step_floor: int | None = None
-    init_count: int = 0
-    registered: bool = False
-    ready: bool = False
-    generation: int = 0
-    mode: str = "async"
-    finished: tuple[str, ...] | None = None
-    learning_rate: float | None = None
-    counters: Mapping[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every field by its wire name, counters included (what ``Stats`` replies)."""
-        return {**self.counters, "task": self.task, "global_step": self.global_step, "step_floor": self.step_floor,
-                "init_count": self.init_count, "registered": self.registered, "ready": self.ready,
-                "generation": self.generation, "mode": self.mode,
-                "finished": list(self.finished) if self.finished is not None else None,
-                "learning_rate": self.learning_rate}
-
-    def to_frame(self) -> Frame:
-        return Frame(self.as_dict())
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> StatsReply:
-        meta = dict(frame.meta)
-        finished, rate = meta.pop("finished", None), meta.pop("learning_rate", None)
-        if finished is not None and not (isinstance(finished, list) and all(isinstance(w, str) for w in finished)):
-            raise refuse("finished", "a list of task names", finished)
-        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
-            raise refuse("learning_rate", "a number", rate)
-        reply = cls(str(meta.get("task", "")), optional_int(meta, "global_step"), optional_int(meta, "step_floor"),
-                    optional_int(meta, "init_count") or 0, strict_bool(meta, "registered"), strict_bool(meta, "ready"),
-                    optional_int(meta, "generation") or 0, str(meta.get("mode", "async")),
-                    tuple(finished) if finished is not None else None, None if rate is None else float(rate))
-        for key in ("task", "global_step", "step_floor", "init_count", "registered", "ready", "generation", "mode"):
-            meta.pop(key, None)
-        return cls(reply.task, reply.global_step, reply.step_floor, reply.init_count, reply.registered, reply.ready,
-                   reply.generation, reply.mode, reply.finished, reply.learning_rate, meta)
-
-
-@message
-class LeaveRequest:
-    """A worker finished its data: sync and ssp stop waiting for it. ``acked``: (a replicated shard) how many
-    of the client process's pushes this shard acknowledged, the final count."""
-
-    METHOD: ClassVar[str] = "Leave"
-    worker: str
-    acked: int | None = None
-
-    def to_frame(self) -> Frame:
-        meta: dict[str, Any] = {"worker": self.worker}
-        if self.acked is not None:
-            meta["acked"] = self.acked
-        return Frame(meta)
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> LeaveRequest:
-        worker = frame.meta.get("worker")
-        if not isinstance(worker, str):
-            raise refuse("worker", "the task name of the worker", worker)
-        return cls(worker, optional_int(frame.meta, "acked", minimum=0))
-
-
-@message
-class Ack:
-    """The reply of a call that only acknowledges (``Leave``, ``Shutdown``)."""
-
-    def to_frame(self) -> Frame:
-        return Frame({"ok": True})
-
-
-@message
-class DoneRequest:
-    """A training worker's session ended normally (see :mod:`psflow.ps.run_end`)."""
-
-    METHOD: ClassVar[str] = "Done"
-    worker: str
-    incarnation: int
-    checkpoint_dir: bool = False
-    final_checkpoint: str | None = None
-
-    def to_frame(self) -> Frame:
-        return Frame({"worker": self.worker, "incarnation": self.incarnation, "checkpoint_dir": self.checkpoint_dir,
-                      "final_checkpoint": self.final_checkpoint})
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> DoneRequest:
-        meta = frame.meta
-        worker, incarnation = meta.get("worker"), meta.get("incarnation")
-        if not isinstance(worker, str):
-            raise refuse("worker", "a training worker's task name", worker)
-        if type(incarnation) is not int or incarnation < 0:
-            raise refuse("incarnation", "a non-negative integer", incarnation)
-        return cls(worker, incarnation, strict_bool(meta, "checkpoint_dir"),
-                   optional_str(meta, "final_checkpoint", max_length=200))
-
-
-@message
-class DoneReply:
-    run_over: bool
-
-    def to_frame(self) -> Frame:
-        return Frame({"ok": True, "run_over": self.run_over})
-
-    @classmethod
-    def from_frame(cls, frame: Frame) -> DoneReply:
-        return cls(strict_bool(frame.meta, "run_over"))
