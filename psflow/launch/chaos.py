@@ -14,7 +14,8 @@ e.g. ``kill:ps:1@step=200``, ``kill:chief@step=50``, ``stop:worker:1@step=30``.
 With replicated ps shards (``--ps-replicas``), ``ps:N`` is shard N's *current* primary and
 ``ps-backup:N`` one of its backups, asked of the shard's members when the fault fires
 (:mod:`psflow.launch.shard_targets`; the fault waits while a failover leaves none); without them
-``ps-backup`` is refused, naming the flag.
+``ps-backup`` is refused, naming the flag. Every target of a round is read before any of its faults is
+signalled, so ``kill:ps:0@step=S,kill:ps-backup:0@step=S`` kills every replica of shard 0 at once.
 
 An in-graph run's client (``/job:client/task:0``) is no task of the cluster,
 yet a fault may name it (``kill:client:0``): it is the run's chief, so
@@ -328,21 +329,8 @@ class ChaosInjector:
             self._begun, self._last, self._last_step = True, [], self._rounds[0][0][0].step
         head = self._rounds[0]
         fired = []
-        for entry in list(head):
-            fault, job, index = entry
-            epoch = None
-            if fault.job is None and self._holder is not None:  # the chief: whoever holds the duties now
-                holder = self._holder()
-                if holder is None or f"/job:{holder.job}/task:{holder.index}" in {f.task for f in self._last}:
-                    continue  # nobody holds them now, or this round hit the holder already: wait for one
-                job, index, epoch = holder.job, holder.index, holder.epoch
-            elif job in SHARD_TARGETS and self._member is not None:  # the shard's primary or backup now
-                target = self._member(job, index)
-                if target is None or target in {f.task for f in self._last}:
-                    continue  # a failover under way, or this round hit it already: ask again at the next poll
-                job, index = task_of(target)
-            elif job == BACKUP_TARGET:
-                job = BACKUP_JOB
+        for entry, job, index, epoch in self._targets(head):
+            fault = entry[0]
             task = self._find(job, index)
             if task is None:
                 continue  # not running now (e.g. being restarted): fire when it is back
@@ -363,3 +351,34 @@ class ChaosInjector:
             self._rounds.pop(0)
             self._begun = False
         return fired
+
+    def _targets(self, head: list[tuple[Fault, str, int]]) -> list[tuple[tuple[Fault, str, int], str, int, int | None]]:
+        """Each fault of the round ``head`` with the (job, index) it hits now and the lease epoch it saw (a
+        ``chief`` fault), every one read BEFORE any of them is signalled: a round that kills a shard's primary and
+        its backup reads both from the members' statuses while the primary still answers (once it is killed, no
+        member says primary and the backup would have no target). A ``chief`` or shard fault with no target now
+        (nobody holds the duties, a failover under way, or a target another fault of this round has) is left for
+        the next poll; a fault naming a task hits that task."""
+        taken = {f.task for f in self._last}
+        out = []
+        for entry in head:
+            fault, job, index = entry
+            epoch, dynamic = None, True
+            if fault.job is None and self._holder is not None:  # the chief: whoever holds the duties now
+                holder = self._holder()
+                if holder is None:
+                    continue  # nobody holds them now: wait for one
+                job, index, epoch = holder.job, holder.index, holder.epoch
+            elif job in SHARD_TARGETS and self._member is not None:  # the shard's primary or backup now
+                target = self._member(job, index)
+                if target is None:
+                    continue  # a failover under way: ask again at the next poll
+                job, index = task_of(target)
+            else:
+                job, dynamic = BACKUP_JOB if job == BACKUP_TARGET else job, False
+            name = f"/job:{job}/task:{index}"
+            if dynamic and name in taken:
+                continue  # this round hit (or is about to hit) that process already: wait for another target
+            taken.add(name)
+            out.append((entry, job, index, epoch))
+        return out

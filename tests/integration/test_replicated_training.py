@@ -40,8 +40,10 @@ def metrics_of(out: Path, r: subprocess.CompletedProcess[str]) -> dict[str, Any]
     return metrics
 
 
-def _logs(out: Path, pattern: str = "*.log") -> str:
-    return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2500:]}" for p in sorted((out / "logs").glob(pattern)))
+def _logs(out: Path, pattern: str = "*.log", *, tail: int | None = 2500) -> str:
+    """The run's logs matching ``pattern``, each named; the last ``tail`` characters of each (None: whole)."""
+    return "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-(tail or 0):]}"
+                   for p in sorted((out / "logs").glob(pattern)))
 
 
 def test_killing_each_shards_primary_mid_run_loses_no_acknowledged_update(tmp_path: Path) -> None:
@@ -78,7 +80,7 @@ def test_a_sync_run_whose_primary_dies_ends_with_an_undisturbed_runs_variables(t
                                     "--restart-policy", "on-failure", "--chaos", "kill:ps:0@step=200", epochs=1))
     assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
     assert metrics["updates_lost"] == 0 and metrics["pushes_applied"] == metrics["pushes_acknowledged"], metrics
-    assert "restored checkpoint" not in _logs(out, "worker-*.log")
+    assert "restored checkpoint" not in _logs(out, "worker-*.log", tail=None)
     want, got = _exported(tmp_path, base), _exported(tmp_path, out)
     assert sorted(want) == sorted(got)
     for name in want:
@@ -92,7 +94,7 @@ def test_every_replica_of_a_shard_lost_at_once_is_restored_from_the_checkpoint_a
                                     "--chaos", "kill:ps:0@step=300", "--chaos", "kill:ps-backup:0@step=300",
                                     epochs=1))
     assert sorted(f["task"] for f in metrics["faults"]) == ["/job:ps/task:0", "/job:ps_backup/task:0"]
-    workers = _logs(out, "worker-*.log")
+    workers = _logs(out, "worker-*.log", tail=None)  # the restore's lines come long before each log's end
     assert "restored checkpoint" in workers and "every replica of ps shard 0 was lost at once" in workers, workers
     # The only checkpoint before the kill is the initial one: every push shard 0 acknowledged before it is lost.
     lost = metrics["pushes_acknowledged"] - metrics["pushes_applied"]

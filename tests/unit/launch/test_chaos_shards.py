@@ -117,3 +117,25 @@ def test_without_replicas_kill_ps_is_the_ps_task_as_before() -> None:
                              send=lambda pid, sig: sent.append((pid, sig)), member=member)
     (fired,) = injector.poll(5)
     assert fired.task == "/job:ps/task:1" and sent == [(41, signal.SIGKILL)] and asked == []
+
+
+def test_every_replica_of_a_shard_in_one_round_is_resolved_before_either_is_killed() -> None:
+    # kill:ps:0 and kill:ps-backup:0 at one step (the all-lost drill): once the primary is killed, its backup is
+    # no longer "a backup of the primary's view" (no primary answers), so each target is read before any signal.
+    sent: list[tuple[int, int]] = []
+    alive = {40: "/job:ps/task:0", 50: "/job:ps_backup/task:0"}
+
+    def member(job: str, shard: int) -> str | None:
+        if 40 not in alive:  # the primary is gone: no member says primary, so no target for either fault
+            return None
+        return "/job:ps/task:0" if job == "ps" else "/job:ps_backup/task:0"
+
+    def send(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+        alive.pop(pid, None)
+
+    injector = ChaosInjector(ChaosPlan.parse(["kill:ps:0@step=300", "kill:ps-backup:0@step=300"]), REPLICATED,
+                             lambda job, i: FakeTask(f"/job:{job}/task:{i}", PIDS[(job, i)]), send=send,
+                             member=member)
+    assert [f.task for f in injector.poll(300)] == ["/job:ps/task:0", "/job:ps_backup/task:0"]
+    assert sent == [(40, signal.SIGKILL), (50, signal.SIGKILL)] and injector.pending() == 0
