@@ -8,6 +8,11 @@
   :mod:`~psflow.ps.replication.snapshot`) and the call returns once every backup of the view acknowledged it
   (:mod:`~psflow.ps.replication.forwarder`). A push already applied for its (worker, incarnation, push_id)
   gets its recorded reply (:mod:`~psflow.ps.replication.dedup`).
+* Counts (``Stats``' ``replication`` entry): ``pushes_applied``, the numbered pushes (those carrying a
+  ``push_id``, which their client counts) applied here, each once, replicated in the entry that applies
+  it; ``pushes_acknowledged``, the sum over client processes of the largest ``acked`` each reported (with
+  its pushes and, final, its ``Leave``). Once every worker left, the two are equal unless a shard lost
+  every replica.
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
   knows; ``Replicate`` writes the primary's entries in order (:mod:`~psflow.ps.replication.applier`).
 * ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`.
@@ -36,6 +41,7 @@ from psflow.ps.protocol import (
     DropBackupRequest,
     JoinReply,
     JoinRequest,
+    LeaveRequest,
     PartDelta,
     PromoteRequest,
     PullReply,
@@ -69,7 +75,7 @@ log = logging.getLogger("psflow.ps.replication")
 
 #: Calls that change state and are replicated whole (a full entry) or by their small state.
 _FULL_CALLS = ("Register", "LoadShard")
-_STATE_CALLS = ("SetReady", "BeginRestore", "Leave", "Done", "ReaderPositions")
+_STATE_CALLS = ("SetReady", "BeginRestore", "Done", "ReaderPositions")
 #: Seconds a member waits for every other member's answer before it starts a fresh shard without them.
 _FRESH_WAIT = 30.0
 
@@ -98,8 +104,12 @@ class ReplicationConfig:
 class ShardReplication:
     """The replication of one shard member's :class:`ParameterService`. Thread-safe."""
 
-    def __init__(self, config: ReplicationConfig, service: ParameterService) -> None:
+    def __init__(self, config: ReplicationConfig, service: ParameterService,
+                 connect: Callable[[str], Channel] | None = None) -> None:
+        """``connect``: the channel to another member by task name (default: gRPC to its cluster address; an
+        in-process test joins members with :class:`~psflow.rpc.inprocess.InProcessChannel`)."""
         self.config, self.service = config, service
+        self._connect = connect
         self.task, self.shard = config.task, config.shard
         self.members = shard_members(config.cluster, config.shard)
         if self.task not in self.members:
@@ -108,7 +118,7 @@ class ShardReplication:
         self.view = ViewState(self.task, self.shard, self.members)
         self.deposal = Deposal(self.task, self.shard)
         self.dedup = DedupTable(self.task)
-        self.counts = {"pushes_applied": 0, "pushes_acknowledged": 0}
+        self.counts = {"pushes_applied": 0}
         self.applier = InOrderApplier(self._write)
         self.forwarder: Forwarder | None = None
         self._channels: dict[str, Channel] = {}
@@ -126,6 +136,8 @@ class ShardReplication:
         for method in _FULL_CALLS + _STATE_CALLS:
             if method in table:
                 out[method] = self._replicated(table[method], full=method in _FULL_CALLS)
+        if LeaveRequest.METHOD in table:
+            out[LeaveRequest.METHOD] = self._leave(table[LeaveRequest.METHOD])
         out.update({ReplicaStatusRequest.METHOD: self.replica_status, PromoteRequest.METHOD: self.promote,
                     DropBackupRequest.METHOD: self.drop_backup, JoinRequest.METHOD: self.join,
                     ReplicateRequest.METHOD: self.replicate})
@@ -151,7 +163,7 @@ class ShardReplication:
             lag = {m: {"entries": n, "seconds": round(s, 3)} for m, (n, s) in forwarder.lag().items()}
         return {"shard": self.shard, "task": self.task, "role": view.role, "epoch": view.epoch,
                 "primary": view.primary, "backups": list(view.backups), "lag": lag,
-                "applied_seq": self._applied_seq(), **self.counts}
+                "applied_seq": self._applied_seq(), **self.counts, "pushes_acknowledged": self.dedup.acknowledged()}
 
     def replica_status(self, frame: Frame) -> Reply:
         return _reply(self.status())
@@ -177,14 +189,16 @@ class ShardReplication:
         return forwarder
 
     def _record(self, forwarder: Forwarder, parts: Callable[[], list[PartDelta]],
-                push: tuple[PushRequest, PushReply] | None = None, full: bool = False) -> int:
-        """Records the next entry (``parts()`` copied under the forwarder's lock) and returns its seq."""
+                pushes: list[tuple[PushRequest, PushReply]] | None = None, full: bool = False) -> int:
+        """Records the next entry (``parts()`` copied under the forwarder's lock) and returns its seq;
+        ``pushes``: the pushes it applies, recorded in it (their dedup record, count and ``acked``)."""
         def build(seq: int) -> ReplicaEntry:
-            if push is not None:
-                request, reply = push
+            for request, reply in pushes or ():
                 tag = request.worker
-                self.dedup.record(tag.worker, tag.incarnation, tag.push_id, dict(reply.to_frame().meta), seq)
-                self.counts["pushes_applied"] += 1
+                self.dedup.report_acked(tag.worker, tag.incarnation, tag.acked)
+                if tag.push_id is not None:  # a numbered push, which its client counts
+                    self.dedup.record(tag.worker, tag.incarnation, tag.push_id, dict(reply.to_frame().meta), seq)
+                    self.counts["pushes_applied"] += 1
             if full:
                 return full_entry(seq, self.service, self.dedup, self.counts)
             return ReplicaEntry(seq, task_state(self.service, self.dedup, self.counts), tuple(parts()))
@@ -206,10 +220,8 @@ class ShardReplication:
             return PushReply.from_frame(Frame(recorded.reply))
         reply = self.service._push(request)
         sync = self.service.mode.aggregator is not None  # the step's rows went with the step (_step_applied)
-        seq = self._record(forwarder, lambda: more() + ([] if sync else self._push_parts(request)), (request, reply))
+        seq = self._record(forwarder, lambda: more() + ([] if sync else self._push_parts(request)), [(request, reply)])
         forwarder.wait(seq)
-        with self._lock:
-            self.counts["pushes_acknowledged"] += 1
         return reply
 
     def _push_parts(self, request: PushRequest) -> list[PartDelta]:
@@ -255,6 +267,19 @@ class ShardReplication:
             forwarder = self._check_primary()
             result = handler(frame)
             forwarder.wait(self._record(forwarder, lambda: [], full=full))
+            return result
+        return call
+
+    def _leave(self, handler: Handler) -> Handler:
+        """``Leave``: served, with the final ``acked`` count of the worker's newest process (the one that
+        leaves), then replicated."""
+        def call(frame: Frame) -> Reply:
+            forwarder = self._check_primary()
+            request = LeaveRequest.from_frame(frame)
+            result = handler(frame)
+            self.dedup.report_acked(request.worker, self.service.workers.incarnation_of(request.worker),
+                                    request.acked)
+            forwarder.wait(self._record(forwarder, lambda: []))
             return result
         return call
 
@@ -473,6 +498,8 @@ class ShardReplication:
     def _channel(self, member: str) -> Channel:
         with self._lock:
             channel = self._channels.get(member)
+            if channel is None and self._connect is not None:
+                channel = self._channels[member] = self._connect(member)
             if channel is None:
                 config = ConnectConfig(connect_timeout=self.config.status_timeout, rpc_timeout=self.config.replica_timeout,
                                        token=self.config.token, backoff_max=0.5)

@@ -1,0 +1,164 @@
+"""An in-process replicated shard for unit tests (tests/unit/ps/replication/): each member a real ParameterService with its
+ShardReplication, joined by InProcessChannel (the same handlers and dispatch as over the network, no
+sockets). A member can be cut off (every call to it fails UNAVAILABLE) and each Replicate call a member
+receives is kept, so a test can replay a prefix of the primary's entries onto a fresh member."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.protocol import (
+    LeaveRequest,
+    PromoteRequest,
+    PushReply,
+    PushRequest,
+    RegisterRequest,
+    ReplicaEntry,
+    ReplicaStatusReply,
+    ReplicaStatusRequest,
+    ReplicateRequest,
+)
+from psflow.ps.replication import ReplicationConfig, ShardReplication
+from psflow.ps.service import ParameterService
+from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import Handler, RpcError, TaskUnavailableError
+from psflow.rpc.framing import Frame
+from psflow.rpc.inprocess import InProcessChannel
+
+PRIMARY = "/job:ps/task:0"
+WORKERS = ("/job:worker/task:0", "/job:worker/task:1")
+
+
+def backup(i: int) -> str:
+    return f"/job:ps_backup/task:{i}"
+
+
+class _Done:
+    def __init__(self, outcome: Frame | RpcError) -> None:
+        self._outcome = outcome
+
+    def result(self) -> Frame:
+        if isinstance(self._outcome, RpcError):
+            raise self._outcome
+        return self._outcome
+
+
+class Link:
+    """A channel to one member that fails while the member is cut off, and records its Replicate entries."""
+
+    def __init__(self, shard: InProcessShard, task: str) -> None:
+        self.task, self.address, self._shard = task, "in-process", shard
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Returns at once."""
+
+    def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
+                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Done:
+        if self.task in self._shard.cut:
+            return _Done(TaskUnavailableError(f"{self.task} is cut off (test)"))
+        if method == ReplicateRequest.METHOD:
+            request = ReplicateRequest.from_frame(Frame(dict(meta or {}), dict(arrays or {})))
+            self._shard.received.setdefault(self.task, []).extend(request.entries)
+        try:
+            return _Done(InProcessChannel(self.task, self._shard.handlers[self.task]).call(method, meta, arrays))
+        except RpcError as e:
+            return _Done(e)
+
+    def call(self, method: str, meta: Mapping[str, Any] | None = None,
+             arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame:
+        return self.call_async(method, meta, arrays, timeout=timeout).result()
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def layout(sync: SyncConfig, dynamic: Mapping[str, Any] | None = None,
+           optimizer: OptimizerSpec | None = None) -> RegisterRequest:
+    """w (20 x 4, sparse pushes), b (4,), and with ``dynamic`` a dynamic table emb (dim 3)."""
+    vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["127.0.0.1:1"]})))
+    vs.get_variable("w", (20, 4), initializer={"name": "random_normal", "stddev": 0.1, "seed": 1})
+    vs.get_variable("b", (4,))
+    if dynamic is not None:
+        vs.get_variable("emb", (0, 3), dynamic=dict(dynamic), initializer={"name": "random_normal", "stddev": 0.1,
+                                                                              "seed": 2})
+    return RegisterRequest(tuple(vs.placements()), optimizer or OptimizerSpec("adagrad", {"learning_rate": 0.1}),
+                           sync, WORKERS[0], chief=True)
+
+
+class InProcessShard:
+    """Shard 0 with ``backups`` ps_backup members; :meth:`start` makes the ps task primary of a fresh shard."""
+
+    def __init__(self, backups: int = 1, replica_timeout: float = 5.0) -> None:
+        self.members = (PRIMARY, *(backup(i) for i in range(backups)))
+        self.cluster = ClusterSpec({"ps": ["127.0.0.1:1"],
+                                    "ps_backup": [f"127.0.0.1:{2 + i}" for i in range(backups)]})
+        self.cut: set[str] = set()
+        self.received: dict[str, list[ReplicaEntry]] = {}
+        self.services: dict[str, ParameterService] = {}
+        self.replicas: dict[str, ShardReplication] = {}
+        self.handlers: dict[str, dict[str, Handler]] = {}
+        self.replica_timeout = replica_timeout
+        for member in self.members:
+            self.add(member)
+
+    def add(self, member: str) -> ShardReplication:
+        """A fresh process of ``member`` (empty service, new incarnation), reachable at once."""
+        service = ParameterService(0, holds_global_step=True)
+        replica = ShardReplication(ReplicationConfig(self.cluster, member, 0, replica_timeout=self.replica_timeout,
+                                                     status_timeout=1.0), service,
+                                   connect=lambda other: Link(self, other))
+        old = self.replicas.get(member)
+        if old is not None:
+            old.stop()
+        self.services[member], self.replicas[member] = service, replica
+        self.handlers[member] = replica.handlers(service.handlers())
+        return replica
+
+    def start(self, member: str = PRIMARY) -> None:
+        self.replicas[member].start()
+
+    def call(self, member: str, method: str, frame: Frame) -> Frame:
+        return Link(self, member).call(method, frame.meta, frame.arrays)
+
+    def status(self, member: str) -> ReplicaStatusReply:
+        return ReplicaStatusReply.from_frame(self.call(member, ReplicaStatusRequest.METHOD, Frame({})))
+
+    def wait(self, what: Callable[[], bool], description: str, limit: float = 10.0) -> None:
+        deadline = time.monotonic() + limit
+        while not what():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not within {limit} s: {description}")
+            time.sleep(0.01)
+
+    def wait_view(self, primary: str = PRIMARY, backups: tuple[str, ...] | None = None) -> None:
+        want = tuple(m for m in self.members if m != primary) if backups is None else backups
+
+        def ready() -> bool:
+            view = self.replicas[primary].view.view
+            return view.role == "primary" and set(view.backups) == set(want) and all(
+                self.replicas[b].has_state for b in want)
+        self.wait(ready, f"{primary} primary with backups {want}")
+
+    def register(self, request: RegisterRequest, member: str = PRIMARY) -> None:
+        self.call(member, RegisterRequest.METHOD, request.to_frame())
+
+    def push(self, member: str, request: PushRequest) -> PushReply:
+        return PushReply.from_frame(self.call(member, PushRequest.METHOD, request.to_frame()))
+
+    def leave(self, member: str, worker: str, acked: int) -> None:
+        self.call(member, LeaveRequest.METHOD, LeaveRequest(worker, acked).to_frame())
+
+    def promote(self, member: str, expected_epoch: int) -> ReplicaStatusReply:
+        frame = self.call(member, PromoteRequest.METHOD, PromoteRequest(0, expected_epoch, WORKERS[0]).to_frame())
+        return ReplicaStatusReply.from_frame(frame)
+
+    def stop(self) -> None:
+        for replica in self.replicas.values():
+            replica.stop()

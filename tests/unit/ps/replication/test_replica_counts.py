@@ -1,0 +1,69 @@
+"""A replicated shard's push counts and dedup records across a failover (issue 28), in process: a push resent
+to the promoted backup is acknowledged once and applied once, ``pushes_acknowledged`` is what the workers
+report, and a sync step's entry holds the records of the pushes it applied (a member that got the entries
+only up to the step's answers their resends as accepted, never as stale)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
+
+from psflow.ps.protocol import PushReply, PushRequest, ReplicateRequest, StepTag, WorkerTag
+from psflow.ps.sync import SyncConfig
+from psflow.rpc.framing import Frame
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _async_push(i: int, acked: int, worker: str = WORKERS[0]) -> PushRequest:
+    rng = np.random.default_rng(i)
+    rows = np.array(sorted(rng.choice(20, 5, replace=False)), np.int64)
+    return PushRequest([("w/part_0", rng.normal(size=(5, 4)).astype(np.float32), rows),
+                        ("b/part_0", rng.normal(size=4).astype(np.float32), None)],
+                       WorkerTag(worker, 1, push_id=i, acked=acked), step=True, examples=8)
+
+
+def _sync_push(worker: str, push_id: int, step: int) -> PushRequest:
+    rng = np.random.default_rng([push_id, int(worker[-1])])
+    return PushRequest([("w/part_0", rng.normal(size=(3, 4)).astype(np.float32), np.array([1, 5, 9], np.int64)),
+                        ("b/part_0", rng.normal(size=4).astype(np.float32), None)],
+                       WorkerTag(worker, 1, push_id=push_id, acked=push_id - 1),
+                       StepTag(read_step=step, sync_tag=step), step=True, examples=8)
+
+
+def test_a_push_resent_after_a_failover_is_acknowledged_and_applied_once(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    for i in range(1, 6):
+        shard.push(PRIMARY, _async_push(i, acked=i - 1))
+    first = shard.push(PRIMARY, _async_push(6, acked=5))  # applied and replicated; its reply never arrives
+    shard.cut.add(PRIMARY)  # the primary dies
+    new = backup(0)
+    assert shard.promote(new, 1).role == "primary"
+    again = shard.push(new, _async_push(6, acked=5))  # the client resends it, same push_id
+    assert again == first
+    assert shard.push(new, _async_push(7, acked=6)).step == 7  # applied once: the next step value is 7
+    stats = shard.replicas[new].stats()
+    assert (stats["pushes_applied"], stats["pushes_acknowledged"]) == (7, 6)  # push 7's own ack not reported yet
+    shard.leave(new, WORKERS[0], 7)  # the worker's final count
+    stats = shard.replicas[new].stats()
+    assert stats["pushes_applied"] == stats["pushes_acknowledged"] == 7, stats
+
+
+def test_an_unnumbered_push_is_neither_applied_nor_acknowledged_in_the_counts(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    shard.push(PRIMARY, PushRequest([], WorkerTag(WORKERS[0])))  # a PushPull's pull-only half: no push_id
+    shard.push(PRIMARY, _async_push(1, acked=0))
+    stats = shard.replicas[PRIMARY].stats()
+    assert (stats["pushes_applied"], stats["pushes_acknowledged"]) == (1, 0)
