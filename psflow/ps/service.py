@@ -395,8 +395,8 @@ class ParameterService:
         if tag is None:
             raise InvalidRequest("a sync push must carry the step it was computed from ('tag')")
         self.clock.hear(tag)
-        result = aggregator.contribute(tag, Contribution(_worker(request.worker.worker), plan))
-        if result.accepted:
+        result = aggregator.contribute(tag, Contribution(_worker(request.worker.worker), plan, request))
+        if result.accepted and not self.mode.counts_at_step:  # (else counted with its step: UpdateMode)
             self._count_push(request, plan)
         return PushReply(result.step, result.accepted, result.completed, aggregated=True)
 

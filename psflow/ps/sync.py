@@ -82,6 +82,7 @@ __all__ = [
     "SyncAggregator",
     "SyncResult",
     "Contribution",
+    "AppliedStep",
 ]
 
 #: ``psflow.ps._kernels`` (its merge_sum sums a step's sparse pieces), or None: numpy then.
@@ -156,6 +157,19 @@ class Contribution:
     worker: str
     # (partition, rows or None for dense, values)
     grads: Sequence[tuple[PartitionState, np.ndarray | None, np.ndarray]]
+    #: The push it came with (the service's request), handed back with the applied step (:class:`AppliedStep`).
+    push: object = None
+
+
+@dataclass(frozen=True)
+class AppliedStep:
+    """What one applied sync step did, for a replicated shard's primary (:mod:`psflow.ps.replication`), which
+    forwards it as one entry: the step's rows and the records of every push it applied go together."""
+
+    step: int  # this task's step after it
+    written: list[tuple[PartitionState, np.ndarray | None]]  # the partitions it wrote, their rows (None: whole)
+    contributions: list[Contribution]  # the pushes it applied
+    completer: Contribution | None  # the push that completed it (its reply says completed), if one did
 
 
 @dataclass(frozen=True)
@@ -172,6 +186,7 @@ class _Sums:
     dense: dict[str, np.ndarray] = field(default_factory=dict)
     sparse: dict[str, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)
     parts: dict[str, PartitionState] = field(default_factory=dict)
+    contributions: list[Contribution] = field(default_factory=list)  # kept only for on_applied
 
 
 class SyncAggregator:
@@ -180,7 +195,7 @@ class SyncAggregator:
     def __init__(self, config: SyncConfig, store: ParameterStore, *, task_name: str,
                  advance: Callable[[], int], current: Callable[[], int],
                  clock: Callable[[], float] = time.monotonic,
-                 on_applied: Callable[[list[tuple[PartitionState, np.ndarray | None]]], None] | None = None) -> None:
+                 on_applied: Callable[[AppliedStep], None] | None = None) -> None:
         """Args:
             config: the sync settings.
             store: the partitions this task holds.
@@ -189,8 +204,8 @@ class SyncAggregator:
                 (global_step's increment on ps 0, a local counter elsewhere).
             current: this task's step S.
             clock: time source (tests may inject one).
-            on_applied: called after each applied step (under the step's lock) with the partitions it wrote
-                and their rows (None: whole): a replicated shard's primary forwards them
+            on_applied: called after each applied step (under the step's lock) with what it wrote and whose
+                pushes it applied (:class:`AppliedStep`): a replicated shard's primary forwards them
                 (:mod:`psflow.ps.replication`). None: nothing is collected.
         """
         self.config = config
@@ -256,7 +271,7 @@ class SyncAggregator:
                 return dataclasses.replace(self._wait_for(step), accepted=False)
             self._add(contribution)
             if len(self._contributors) >= self.needed():
-                return SyncResult(self._apply(), accepted=True, completed=True)
+                return SyncResult(self._apply(contribution), accepted=True, completed=True)
             return self._wait_for(step)
 
     def leave(self, worker: str) -> None:
@@ -325,6 +340,8 @@ class SyncAggregator:
         if not self._contributors:
             self._first_at = self._clock()
         self._contributors.append(c.worker)
+        if self._on_applied is not None:
+            self._sums.contributions.append(c)
         self._last_seen[c.worker] = self._clock()
         for part, rows, values in c.grads:
             self._sums.parts[part.key] = part
@@ -378,7 +395,9 @@ class SyncAggregator:
         log.error("%s", self._failure)
         self._cond.notify_all()
 
-    def _apply(self) -> int:
+    def _apply(self, completer: Contribution | None = None) -> int:
+        """Applies the step collected; ``completer``: the push whose contribution completed it (None: a leave,
+        a timeout or a worker already at the next step made it go on)."""
         count = len(self._contributors)
         sums, self._sums = self._sums, _Sums()
         self._contributors, self._first_at = [], None
@@ -405,7 +424,7 @@ class SyncAggregator:
         step = self._advance()
         self.steps_applied += 1
         if self._on_applied is not None and written is not None:
-            self._on_applied(written)
+            self._on_applied(AppliedStep(step, written, sums.contributions, completer))
         self._cond.notify_all()
         return step
 

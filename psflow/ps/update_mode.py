@@ -18,12 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from psflow.ps.staleness import StalenessClock
 from psflow.ps.step_clock import StepClock
-from psflow.ps.store import PartitionState
-from psflow.ps.sync import SyncAggregator, SyncConfig
+from psflow.ps.sync import AppliedStep, SyncAggregator, SyncConfig
 from psflow.ps.variable_store import VariableStore
 
 __all__ = ["UpdateMode"]
@@ -40,8 +37,9 @@ class UpdateMode:
         self.aggregator: SyncAggregator | None = None
         #: The workers' clocks (ssp mode, on the task holding global_step).
         self.staleness: StalenessClock | None = None
-        #: (a replicated shard's primary) called with what each applied sync step wrote.
-        self.on_step_applied: Callable[[list[tuple[PartitionState, np.ndarray | None]]], None] | None = None
+        #: (a replicated shard's primary) called with what each applied sync step wrote and whose pushes it
+        #: applied; it records those pushes too (the service then does not, :attr:`counts_at_step`).
+        self.on_step_applied: Callable[[AppliedStep], None] | None = None
 
     def configure(self, config: SyncConfig) -> None:
         """The variables were (re)created with update mode ``config`` (called inside the registration)."""
@@ -60,9 +58,15 @@ class UpdateMode:
         self._variables.averages.move(self._variables.partitions.partitions(), step)
         return step
 
-    def _step_applied(self, written: list[tuple[PartitionState, np.ndarray | None]]) -> None:
+    @property
+    def counts_at_step(self) -> bool:
+        """Whether a sync step's pushes are counted (examples, reader positions, counters) when the step is
+        applied, by :attr:`on_step_applied`, rather than by each push as its wait ends."""
+        return self.on_step_applied is not None and self.aggregator is not None
+
+    def _step_applied(self, applied: AppliedStep) -> None:
         if self.on_step_applied is not None:
-            self.on_step_applied(written)
+            self.on_step_applied(applied)
 
     def schedule_step(self) -> int:
         """The step a learning-rate schedule reads for the next update applied here."""

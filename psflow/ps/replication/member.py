@@ -7,7 +7,9 @@
   result is recorded as the next entry (the rows it wrote, the small state, the dedup table;
   :mod:`~psflow.ps.replication.snapshot`) and the call returns once every backup of the view acknowledged it
   (:mod:`~psflow.ps.replication.forwarder`). A push already applied for its (worker, incarnation, push_id)
-  gets its recorded reply (:mod:`~psflow.ps.replication.dedup`).
+  gets its recorded reply (:mod:`~psflow.ps.replication.dedup`). In sync mode a step's rows, the records
+  of every push it applied (dedup, examples, reader positions) and their count are one entry, so a backup
+  never holds a step without its pushes' records (a resend after a failover gets its reply, never "stale").
 * Counts (``Stats``' ``replication`` entry): ``pushes_applied``, the numbered pushes (those carrying a
   ``push_id``, which their client counts) applied here, each once, replicated in the entry that applies
   it; ``pushes_acknowledged``, the sum over client processes of the largest ``acked`` each reported (with
@@ -65,6 +67,7 @@ from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
 from psflow.ps.service import ParameterService
 from psflow.ps.store import PartitionState
+from psflow.ps.sync import AppliedStep
 from psflow.rpc.api import PARAMETER_SERVICE, Channel, ConnectConfig, Handler, InvalidRequest, PreconditionFailed, Reply, RpcError
 from psflow.rpc.framing import Frame
 from psflow.rpc.registry import open_channel
@@ -219,7 +222,13 @@ class ShardReplication:
             forwarder.wait(recorded.seq)
             return PushReply.from_frame(Frame(recorded.reply))
         reply = self.service._push(request)
-        sync = self.service.mode.aggregator is not None  # the step's rows went with the step (_step_applied)
+        mode = self.service.mode
+        if mode.counts_at_step and reply.accepted:  # recorded with its step's rows (_step_applied)
+            mine = self.dedup.get(tag.worker, tag.incarnation, tag.push_id)
+            if mine is not None:
+                forwarder.wait(mine.seq)
+                return reply
+        sync = mode.aggregator is not None  # the step's rows went with the step (_step_applied)
         seq = self._record(forwarder, lambda: more() + ([] if sync else self._push_parts(request)), [(request, reply)])
         forwarder.wait(seq)
         return reply
@@ -229,14 +238,22 @@ class ShardReplication:
         parts = [capture(variables.part(key), rows, averages=False) for key, _, rows in request.grads]
         return parts + capture_averages(variables.partitions, set())
 
-    def _step_applied(self, written: list[tuple[PartitionState, np.ndarray | None]]) -> None:
-        """(sync mode, under the step's lock) The step's rows and the averages it moved: the next entry."""
+    def _step_applied(self, applied: AppliedStep) -> None:
+        """(sync mode, under the step's lock) The step's rows, the averages it moved and the records of the
+        pushes it applied (their examples and reader positions, dedup records, count): the next entry."""
+        pushes = []
+        for contribution in applied.contributions:
+            request = contribution.push
+            if isinstance(request, PushRequest):
+                self.service._count_push(request, list(contribution.grads))
+                pushes.append((request, PushReply(applied.step, True, contribution is applied.completer,
+                                                  aggregated=True)))
         forwarder = self.forwarder
         if forwarder is None or self.view.view.role != PRIMARY:
             return
         store = self.service.variables.partitions
-        self._record(forwarder, lambda: [capture(part, rows, averages=False) for part, rows in written]
-                     + capture_averages(store, set()))
+        self._record(forwarder, lambda: [capture(part, rows, averages=False) for part, rows in applied.written]
+                     + capture_averages(store, set()), pushes)
 
     def pull(self, frame: Frame) -> Reply:
         request = PullRequest.from_frame(frame)

@@ -67,3 +67,46 @@ def test_an_unnumbered_push_is_neither_applied_nor_acknowledged_in_the_counts(
     shard.push(PRIMARY, _async_push(1, acked=0))
     stats = shard.replicas[PRIMARY].stats()
     assert (stats["pushes_applied"], stats["pushes_acknowledged"]) == (1, 0)
+
+
+def test_a_sync_steps_entry_holds_the_records_of_the_pushes_it_applied(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig("sync", 2, 2, timeout=20.0)))
+    replies: dict[str, PushReply] = {}
+
+    def push(worker: str) -> None:
+        replies[worker] = shard.push(PRIMARY, _sync_push(worker, 1, 0))
+    threads = [threading.Thread(target=push, args=(w,)) for w in WORKERS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(replies) == sorted(WORKERS) and all(r.accepted and r.step == 1 for r in replies.values()), replies
+    entries = list(shard.received[backup(0)])
+
+    # The primary dies right after the entry that applies step 1 reached the backup: a member holding the
+    # entries up to that one only, promoted.
+    survivor = backup(0)
+    shard.add(survivor)
+    service = shard.services[survivor]
+    for entry in entries:
+        request = ReplicateRequest(1, PRIMARY, survivor, (survivor,), (entry,))
+        frame = request.to_frame()
+        shard.handlers[survivor][ReplicateRequest.METHOD](Frame(frame.meta, frame.arrays))
+        if service.global_step is not None and service.global_step.value == 1:
+            break
+    assert service.global_step is not None and service.global_step.value == 1
+    assert service.workers.examples == 16  # both pushes' examples went with the step
+    shard.cut.add(PRIMARY)
+    assert shard.promote(survivor, 1).role == "primary"
+    for worker in WORKERS:  # each client resends its push, same push_id: answered as the primary did
+        again = shard.push(survivor, _sync_push(worker, 1, 0))
+        assert (again.accepted, again.step, again.completed) == (True, 1, replies[worker].completed), again
+    assert service.global_step.value == 1 and service.workers.examples == 16
+    for worker in WORKERS:
+        shard.leave(survivor, worker, 1)
+    stats = shard.replicas[survivor].stats()
+    assert stats["pushes_applied"] == stats["pushes_acknowledged"] == 2, stats
