@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
@@ -301,9 +301,7 @@ class ParameterClient:
                 timed out, naming the missing workers).
         """
         per_task = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
-        replies = self._gather(per_task, timeout=self._push_timeout())
-        if self.pushes is not None:
-            self.pushes.acknowledged(per_task)
+        replies = self._gather(per_task, timeout=self._push_timeout(), pushed=per_task)
         return self._push_result({t: PushReply.from_frame(frame) for t, frame in replies.items()})
 
     def push_pull(
@@ -335,15 +333,18 @@ class ParameterClient:
         pushes = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
         calls: dict[int, Request] = {}
         for task in sorted(set(plan.per_task) | set(pushes)):
-            push = pushes.get(task) or PushRequest((), WorkerTag(self.client_name))
             pull = PullRequest(plan.per_task.get(task, ()), create=True, step_hint=self._step_hint)
-            calls[task] = PushPullRequest(push, pull)
-        replies = {t: PushPullReply.from_frame(frame)
-                   for t, frame in self._gather(calls, timeout=self._push_timeout()).items()}
-        if self.pushes is not None:
-            self.pushes.acknowledged(pushes)
-        result = self._push_result({t: r.push for t, r in replies.items() if t in pushes})
-        return result, self._assemble(plan, {t: r.pull for t, r in replies.items()})
+            if task not in pushes and self.pushes is not None:
+                calls[task] = pull  # replicated: a shard pushed nothing gets a plain pull, no empty push to count
+            else:
+                calls[task] = PushPullRequest(pushes.get(task) or PushRequest((), WorkerTag(self.client_name)), pull)
+        frames = self._gather(calls, timeout=self._push_timeout(), pushed=pushes)
+        replies = {t: PushPullReply.from_frame(frame) for t, frame in frames.items() if t in pushes}
+        pulls = {t: r.pull for t, r in replies.items()}
+        pulls.update({t: PushPullReply.from_frame(frame).pull if isinstance(calls[t], PushPullRequest)
+                      else PullReply.from_frame(frame) for t, frame in frames.items() if t not in pushes})
+        result = self._push_result({t: r.push for t, r in replies.items()})
+        return result, self._assemble(plan, pulls)
 
     # ---- request building --------------------------------------------------
     def _push_requests(self, grads: Mapping[str, DenseGradient | SparseGradient], examples: int, loss: float | None,
@@ -376,9 +377,12 @@ class ParameterClient:
         """(Replicated shards) shard -> how many of this client process's pushes it acknowledged."""
         return dict(self.pushes.acked) if self.pushes is not None else {}
 
-    def _gather(self, requests: Mapping[int, Request], *, timeout: float | None = None) -> dict[int, Frame]:
+    def _gather(self, requests: Mapping[int, Request], *, timeout: float | None = None,
+                pushed: Collection[int] = ()) -> dict[int, Frame]:
         """Sends each task its request and waits for every reply. Unreplicated: sent once (``gather``);
-        replicated shards: a failed-over shard's request is resent to its new primary (the router)."""
+        replicated shards: a failed-over shard's request is resent to its new primary (the router), and each
+        shard of ``pushed`` (those whose request carries a push) that replied counts the push acknowledged,
+        also when another shard's call fails for good."""
         router = self.router
         if router is None:
             return gather({t: self._send(t, r, timeout=timeout) for t, r in requests.items()})
@@ -386,7 +390,13 @@ class ParameterClient:
         def send(task: int) -> PendingReply:
             return self._send(task, at_epoch(requests[task], router.epoch(task)), timeout=timeout)
 
-        return router.gather({t: send(t) for t in requests}, send)
+        pushes = self.pushes
+
+        def replied(tasks: Collection[int]) -> None:
+            if pushes is not None:
+                pushes.acknowledged(t for t in tasks if t in pushed)
+
+        return router.gather({t: send(t) for t in requests}, send, replied=replied if pushed else None)
 
     def _call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None, *,
                   timeout: float | None = None) -> Frame:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -264,29 +264,36 @@ class ShardRouter:
             return None
         return ReplicaStatusReply.from_frame(frame)
 
-    def gather(self, calls: Mapping[int, PendingReply], resend: Callable[[int], PendingReply]) -> dict[int, Frame]:
+    def gather(self, calls: Mapping[int, PendingReply], resend: Callable[[int], PendingReply], *,
+               replied: Callable[[Collection[int]], None] | None = None) -> dict[int, Frame]:
         """Waits for one call per shard; the shards whose call failed over are resolved and their request
         resent (``resend(shard)`` sends it again to the shard's channel now), until each succeeded.
 
         Blocks for every call, then for each failover (at most ``failover_timeout`` s from the first).
+        ``replied`` is called once with the shards that replied, whether the call as a whole succeeds or
+        raises (a push one shard applied is counted acknowledged there even when another shard failed).
 
         Raises:
             RpcError: a shard's error that was not a failover (its route did not change), or the first
                 error when a failed shard could not be resolved in time. Raised once every call finished.
         """
         replies, errors = _collect(calls)
-        deadline = time.monotonic() + self.failover_timeout
-        while errors:
-            resent: dict[int, PendingReply] = {}
-            for shard, error in sorted(errors.items()):
-                left = deadline - time.monotonic()
-                if not isinstance(error, FAILOVER_ERRORS) or left <= 0 or not self.resolve(shard, error, timeout=left):
-                    _collect(resent)  # every call finished before the error is raised
-                    raise error
-                resent[shard] = resend(shard)
-            more, errors = _collect(resent)
-            replies.update(more)
-        return replies
+        try:
+            deadline = time.monotonic() + self.failover_timeout
+            while errors:
+                resent: dict[int, PendingReply] = {}
+                for shard, error in sorted(errors.items()):
+                    left = deadline - time.monotonic()
+                    if not isinstance(error, FAILOVER_ERRORS) or left <= 0 or not self.resolve(shard, error, timeout=left):
+                        replies.update(_collect(resent)[0])  # every call finished before the error is raised
+                        raise error
+                    resent[shard] = resend(shard)
+                more, errors = _collect(resent)
+                replies.update(more)
+            return replies
+        finally:
+            if replied is not None:
+                replied(tuple(replies))
 
     def reroute(self, errors: Mapping[int, RpcError]) -> set[int]:
         """Follows each shard of ``errors`` (whose call failed) to its primary now: one round of statuses, no

@@ -17,7 +17,7 @@ from psflow.gradients import DenseGradient
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.failover import PushNumbers, ShardRouter, decide
-from psflow.ps.protocol import PushReply, PushRequest, StepTag, WorkerTag
+from psflow.ps.protocol import PullReply, PushPullReply, PushReply, PushRequest, StepTag, WorkerTag
 from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply
 from psflow.rpc.api import (
     ConnectConfig,
@@ -303,3 +303,45 @@ def test_a_replicated_push_is_resent_to_the_new_primary_with_its_push_id_and_cou
     assert client.acked == {0: 3} and client.channels[0].task == B0
     client.leave()
     assert shards.members[B0].metas[-1] == {"worker": "/job:worker/task:0", "acked": 3}
+
+
+def _two_shard_client(shards: FakeShards, monkeypatch: pytest.MonkeyPatch) -> ParameterClient:
+    """A replicated client over ``shards`` with ``w`` on shard 0 and ``b`` on shard 1, connected."""
+    monkeypatch.setattr("psflow.ps.client.open_channel", lambda transport, task, address, service, config:
+                        shards.open(task, address))
+    vs = VariableSet(replica_device_setter(cluster=CLUSTER))
+    vs.get_variable("w", (2,))
+    vs.get_variable("b", (1,))
+    client = ParameterClient(CLUSTER, vs.placements(), client_name="/job:worker/task:0",
+                             config=ConnectConfig(backoff_initial=0.001), failover_timeout=5.0)
+    client.connect()
+    assert {name: [p.task for p in placed.partitions] for name, placed in client.layout.items()} == {"w": [0], "b": [1]}
+    return client
+
+
+def test_a_push_that_fails_for_good_on_one_shard_is_counted_acknowledged_by_the_shards_that_replied(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    grads = {"w": DenseGradient(np.ones(2, np.float32)), "b": DenseGradient(np.ones(1, np.float32))}
+    shards.members[P0].replies.append(InvalidArgumentError("bad gradient"))  # not a failover: raised
+    with pytest.raises(InvalidArgumentError, match="bad gradient"):
+        client.push(grads)
+    # Shard 1 applied it and said so: its count has it (else updates_lost would miss a push that shard lost later).
+    assert client.acked == {1: 1}
+    client.push(grads)
+    acked = [(m["push_id"], m["acked"]) for m in shards.members[P1].metas if "push_id" in m]
+    assert acked == [(1, 0), (2, 1)] and client.acked == {0: 1, 1: 2}
+
+
+def test_a_push_pull_sends_a_plain_pull_to_a_shard_it_pushes_nothing_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pull-only shard got an empty push without a push_id, which a replicated primary counted as a push applied
+    # (pushes_applied above pushes_acknowledged) and recorded as an entry every backup had to acknowledge.
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    shards.members[P0].replies.append(PushPullReply(PushReply(step=8), PullReply(8, {})).to_frame())
+    shards.members[P1].replies.append(PullReply(None, {"b/part_0": np.full(1, 3.0, np.float32)}).to_frame())
+    result, values = client.push_pull({"w": DenseGradient(np.ones(2, np.float32))}, {"b": None})
+    assert result.step == 8 and values["b"].tolist() == [3.0]
+    assert shards.members[P1].calls[-1] == "Pull" and shards.members[P0].calls[-1] == "PushPull"
+    assert client.acked == {0: 1}
