@@ -441,6 +441,105 @@ def test_a_cut_off_chief_is_replaced_and_fenced(make_lab: Callable[[list[str]], 
     assert int(pointer["epoch"]) > old_epoch, pointer
 
 
+def test_a_cut_off_shard_primary_is_replaced_and_deposed(make_lab: Callable[[list[str]], NetnsLab],
+                                                          tmp_path: Path) -> None:
+    """Replicated ps shards (issue 28) across hosts: 2 ps shards, each with one backup on a host of its own
+    (ps0, ps1, pb0, pb1: ``psflow server`` with TF_CONFIG, the ``ps_backup`` job), a chief and 2 workers.
+    Shard 1's primary (ps1) is cut off mid-run for twice the clients' failover bound, then healed. Shard 1,
+    not 0: ps task 0 also serves the embedded coordination leases, whose loss is another test's subject
+    (test_a_cut_off_chief_is_replaced_and_fenced). A worker finds ps1 unreachable and promotes pb1 (epoch 2);
+    training goes on without a checkpoint (there is none). After the heal ps1 refuses writes as deposed,
+    logs its one warning line and rebuilds as pb1's backup; the run ends 0 with every record trained once
+    per epoch and nothing lost (each shard primary's pushes_applied == pushes_acknowledged)."""
+    from psflow.ps.protocol import PushRequest, ReplicaStatusReply, ReplicaStatusRequest, WorkerTag
+    from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, FailedPreconditionError, RpcError
+    from psflow.rpc.grpc_client import TaskChannel
+
+    lab = make_lab(["ps0", "ps1", "pb0", "pb1", "chief", "w0", "w1"])
+    addr = {name: f"{h.address}:{PORT}" for name, h in lab.hosts.items()}
+    cluster = ClusterSpec({"chief": [addr["chief"]], "worker": [addr["w0"], addr["w1"]],
+                           "ps": [addr["ps0"], addr["ps1"]], "ps_backup": [addr["pb0"], addr["pb1"]]})
+    members = {"ps0": ("ps", 0), "ps1": ("ps", 1), "pb0": ("ps_backup", 0), "pb1": ("ps_backup", 1)}
+    tasks = {host: f"/job:{job}/task:{index}" for host, (job, index) in members.items()}
+    logs = {host: tmp_path / f"{job}-{index}.log" for host, (job, index) in members.items()}
+    for host, (job, index) in members.items():
+        # --keep-serving: the test reads the members' statuses and counters after the run (the lab ends them)
+        _start(lab, cluster, host, job, index, tmp_path, "--keep-serving")
+    connect = ConnectConfig(connect_timeout=5, rpc_timeout=5, token=TOKEN)
+    channels = {host: TaskChannel(tasks[host], cluster.task_address(*members[host]), PARAMETER_SERVICE, connect)
+                for host in members}
+
+    def status(host: str) -> ReplicaStatusReply | None:
+        try:
+            return ReplicaStatusReply.from_frame(channels[host].call(ReplicaStatusRequest.METHOD, {}, timeout=2))
+        except RpcError:
+            return None
+
+    def is_(host: str, role: str, epoch: int, primary: str, backups: tuple[str, ...] = ()) -> Callable[[], bool]:
+        def check() -> bool:
+            s = status(host)
+            return (s is not None and s.role == role and s.epoch == epoch and s.primary == tasks[primary]
+                    and all(tasks[b] in s.backups for b in backups))
+        return check
+
+    try:
+        _wait_for("each shard's primary with its backup in its view", lambda: is_("ps0", "primary", 1, "ps0", ("pb0",))()
+                  and is_("ps1", "primary", 1, "ps1", ("pb1",))(), timeout=120, logs=tuple(logs.values()))
+        # The clients' failover bound: psflow.ps.failover's failover_timeout, --connect-timeout (no flag of its own
+        # yet). A request to the cut-off primary fails after --rpc-timeout; one round of the members' statuses (2 s)
+        # finds pb1 the only member holding the state, and it is promoted.
+        failover_bound, rpc_timeout, epochs = 15.0, 6.0, 6
+        train = ["--train", str(A9A), "--num-features", "124", "--epochs", str(epochs), "--batch-size", "128",
+                 "--no-status", "--log-every", "10", "--connect-timeout", str(failover_bound),
+                 "--rpc-timeout", str(rpc_timeout)]
+        trainers = {"chief-0": ("chief", "chief", 0), "worker-0": ("w0", "worker", 0), "worker-1": ("w1", "worker", 1)}
+        for host, job, index in trainers.values():
+            _start(lab, cluster, host, job, index, tmp_path, *train)
+        procs = {name: lab.procs[-len(trainers) + k] for k, name in enumerate(trainers)}
+        trainer_logs = tuple(tmp_path / f"{name}.log" for name in trainers)
+        # Every trainer past its Register: the cut hits training, not a start-up call.
+        _wait_for("every trainer's first logged step", lambda: all(_log_has(log, "step=")() for log in trainer_logs),
+                  timeout=120, logs=trainer_logs)
+
+        cut_at = time.monotonic()
+        lab.cut("ps1")
+        try:
+            _wait_for("pb1 promoted to shard 1's primary", is_("pb1", "primary", 2, "pb1"),
+                      timeout=2 * failover_bound, logs=(*trainer_logs, logs["pb1"]))
+            promoted_after = time.monotonic() - cut_at
+            time.sleep(max(0.0, cut_at + 2 * failover_bound - time.monotonic()))
+        finally:
+            lab.heal("ps1")
+        assert promoted_after <= rpc_timeout + failover_bound, promoted_after
+        assert f"{tasks['pb1']}: promoted to primary of shard 1 at epoch 2" in logs["pb1"].read_text(errors="replace")
+
+        # The healed old primary refuses a write (a client that still routes to it), naming the new primary,
+        # whether its own forwarding learned it was deposed first or this push makes it ask.
+        push = PushRequest([], WorkerTag("stale-client", 1, push_id=1)).to_frame()
+        with pytest.raises(FailedPreconditionError, match=re.escape(tasks["pb1"])):
+            channels["ps1"].call(PushRequest.METHOD, push.meta, push.arrays, timeout=30)
+        deposed = f"{tasks['ps1']}: deposed: shard 1's primary is {tasks['pb1']} at epoch 2; refusing writes"
+        _wait_for("ps1's deposed warning", _log_has(logs["ps1"], deposed), timeout=60, logs=(logs["ps1"],))
+        assert logs["ps1"].read_text(errors="replace").count("refusing writes") == 1  # one warning line
+        # ps1 rebuilt from pb1's snapshot and is a backup of its view again.
+        _wait_for("ps1 rebuilt as pb1's backup", lambda: is_("ps1", "backup", 2, "pb1")()
+                  and is_("pb1", "primary", 2, "pb1", ("ps1",))(), timeout=90, logs=(logs["ps1"], logs["pb1"]))
+        assert any(f"ps shard 1 routes to {tasks['pb1']} at epoch 2" in log.read_text(errors="replace")
+                   for log in trainer_logs)
+
+        _wait_all(procs, tmp_path, timeout=240)
+        shard0 = status("ps0")
+        assert shard0 is not None and (shard0.role, shard0.epoch) == ("primary", 1), shard0  # untouched
+        stats = {host: channels[host].call("Stats", timeout=10).meta for host in ("ps0", "pb1")}
+        for host, s in stats.items():
+            counts = s["replication"]
+            assert counts["pushes_applied"] == counts["pushes_acknowledged"] > 0, (host, counts)
+        assert stats["ps0"]["examples"] == epochs * A9A_RECORDS, stats["ps0"]
+    finally:
+        for channel in channels.values():
+            channel.close()
+
+
 _TLS_PS = """
 import sys
 from psflow.cluster import ClusterSpec
