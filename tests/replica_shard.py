@@ -1,7 +1,8 @@
-"""An in-process replicated shard for unit tests (tests/unit/ps/replication/): each member a real ParameterService with its
-ShardReplication, joined by InProcessChannel (the same handlers and dispatch as over the network, no
-sockets). A member can be cut off (every call to it fails UNAVAILABLE) and each Replicate call a member
-receives is kept, so a test can replay a prefix of the primary's entries onto a fresh member."""
+"""An in-process replicated shard for unit tests (tests/unit/ps/replication/): each member a real
+ParameterService with its ShardReplication, joined by InProcessChannel (the same handlers and dispatch as
+over the network, no sockets; ``latency`` delays each Replicate call to a member as a network would). A
+member can be cut off (every call to it fails UNAVAILABLE) and each Replicate call a member receives is
+kept, so a test can replay a prefix of the primary's entries onto a fresh member."""
 
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ class Link:
         if method == ReplicateRequest.METHOD:
             request = ReplicateRequest.from_frame(Frame(dict(meta or {}), dict(arrays or {})))
             self._shard.received.setdefault(self.task, []).extend(request.entries)
+            if self._shard.latency.get(self.task):
+                time.sleep(self._shard.latency[self.task])  # a network's round trip
         try:
             return _Done(InProcessChannel(self.task, self._shard.handlers[self.task]).call(method, meta, arrays))
         except RpcError as e:
@@ -100,6 +103,8 @@ class InProcessShard:
         self.cluster = ClusterSpec({"ps": ["127.0.0.1:1"],
                                     "ps_backup": [f"127.0.0.1:{2 + i}" for i in range(backups)]})
         self.cut: set[str] = set()
+        #: Member -> seconds each Replicate call to it takes before it is served (none: at once).
+        self.latency: dict[str, float] = {}
         self.received: dict[str, list[ReplicaEntry]] = {}
         self.services: dict[str, ParameterService] = {}
         self.replicas: dict[str, ShardReplication] = {}

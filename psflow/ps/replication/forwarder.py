@@ -16,6 +16,9 @@ Guarantees:
   primary never drops a backup on its own (only ``DropBackup`` or the backup's ``Join`` change the view).
 * A member that refuses the entries as ``deposed`` (it knows a higher epoch) is reported through
   ``on_deposed``.
+* :meth:`Forwarder.hold` (a member joining is within a few entries of the newest) makes new entries wait,
+  for at most the seconds given, so the member can ack the newest one and enter the view even under
+  continuous pushes; :meth:`Forwarder.release` (it entered) lets them go.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class BackupSender:
         self._cond = threading.Condition()
         self._queue: deque[tuple[ReplicaEntry, float]] = deque()
         self.acked = 0
+        #: Whether the member answered a call yet (then :attr:`acked` counts: its snapshot is applied).
+        self.answered = False
         self.last_error: str | None = None
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name=f"psflow-replicate-{member}", daemon=True)
@@ -104,6 +109,7 @@ class BackupSender:
             backoff = _BACKOFF
             with self._cond:
                 self.last_error = None
+                self.answered = True
                 self.acked = max(self.acked, reply.applied_seq)
                 while self._queue and self._queue[0][0].seq <= self.acked:
                     self._queue.popleft()
@@ -128,10 +134,15 @@ class Forwarder:
         self.senders: dict[str, BackupSender] = {}
         self._waited: tuple[str, ...] = ()
         self._failure: str | None = None
+        self._gate = threading.Condition(threading.Lock())
+        self._held_until: float | None = None
 
     def record(self, build: Callable[[int], ReplicaEntry]) -> int:
         """Builds entry ``last_seq + 1`` with ``build(seq)`` (under :attr:`lock`, so the rows it copies are
-        ordered like the sequence numbers) and queues it for every sender; returns its seq."""
+        ordered like the sequence numbers) and queues it for every sender; returns its seq. While
+        :meth:`hold` holds, waits first (never holding :attr:`lock` meanwhile)."""
+        if self._held_until is not None:
+            self._pass_gate()
         with self.lock:
             seq = self.last_seq + 1
             entry = build(seq)
@@ -139,6 +150,31 @@ class Forwarder:
             for sender in self.senders.values():
                 sender.enqueue(entry)
             return seq
+
+    def hold(self, seconds: float) -> None:
+        """New entries wait (in :meth:`record`) until :meth:`release`, or ``seconds`` from now at most."""
+        with self._gate:
+            self._held_until = time.monotonic() + seconds
+
+    def release(self) -> None:
+        """New entries go on (see :meth:`hold`)."""
+        with self._gate:
+            self._held_until = None
+            self._gate.notify_all()
+
+    @property
+    def held(self) -> bool:
+        return self._held_until is not None
+
+    def _pass_gate(self) -> None:
+        with self._gate:
+            while self._held_until is not None:
+                left = self._held_until - time.monotonic()
+                if left <= 0:
+                    self._held_until = None
+                    self._gate.notify_all()
+                    break
+                self._gate.wait(left)
 
     def set_waited(self, backups: tuple[str, ...]) -> None:
         """The backups of the view: those :meth:`wait` waits for."""
@@ -183,6 +219,7 @@ class Forwarder:
         return {member: sender.pending() for member, sender in self.senders.items()}
 
     def stop(self) -> None:
+        self.release()
         with self.lock:
             for sender in self.senders.values():
                 sender.stop()

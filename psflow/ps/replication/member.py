@@ -81,6 +81,9 @@ _FULL_CALLS = ("Register", "LoadShard")
 _STATE_CALLS = ("SetReady", "BeginRestore", "Done", "ReaderPositions")
 #: Seconds a member waits for every other member's answer before it starts a fresh shard without them.
 _FRESH_WAIT = 30.0
+#: A joining member this few entries behind the newest: new entries wait (at most _JOIN_HOLD seconds, then
+#: not again for _JOIN_HOLD) until it acked the newest and entered the view; so it enters under any load.
+_JOIN_NEAR, _JOIN_HOLD = 64, 1.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class ShardReplication:
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self._stopped = threading.Event()
+        self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
         service.mode.on_step_applied = self._step_applied
 
     # ---- handlers ---------------------------------------------------------------------------------
@@ -387,18 +391,26 @@ class ShardReplication:
             return
         forwarder.notify()
         view = self.view.view
-        joined = []
+        joined, near = [], False
         with forwarder.lock:
             for member, sender in forwarder.senders.items():
-                if member not in view.backups and sender.acked >= forwarder.last_seq:
+                if member in view.backups or not sender.answered:
+                    continue
+                if sender.acked >= forwarder.last_seq:
                     joined.append(member)
+                elif forwarder.last_seq - sender.acked <= _JOIN_NEAR:
+                    near = True
             if joined and self.view.view.role == PRIMARY:
                 view = self.view.set(replace(view, backups=view.backups + tuple(joined)))
         if joined:
+            forwarder.release()
             forwarder.set_waited(view.backups)
             log.info("%s: %s caught up: shard %d's backups are %s", self.task, ", ".join(joined), self.shard,
                      ", ".join(view.backups))
             self._record(forwarder, lambda: [])  # tells the members the view (each Replicate carries it)
+        elif near and not forwarder.held and time.monotonic() - self._held_at > 2 * _JOIN_HOLD:
+            self._held_at = time.monotonic()  # a barrier: the newest entry stays the newest until it acks it
+            forwarder.hold(_JOIN_HOLD)
 
     def _on_refused(self, member: str, error: str) -> None:
         """``member`` refused entries as deposed: ask it who is primary at which epoch; this one is deposed."""
