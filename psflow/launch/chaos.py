@@ -329,7 +329,10 @@ class ChaosInjector:
             self._begun, self._last, self._last_step = True, [], self._rounds[0][0][0].step
         head = self._rounds[0]
         fired = []
-        for entry, job, index, epoch in self._targets(head):
+        targets, unresolved = self._targets(head)
+        if unresolved and not self._last:
+            return []  # nothing of this round fired yet and a shard fault has no target now: fire them together
+        for entry, job, index, epoch in targets:
             fault = entry[0]
             task = self._find(job, index)
             if task is None:
@@ -352,15 +355,18 @@ class ChaosInjector:
             self._begun = False
         return fired
 
-    def _targets(self, head: list[tuple[Fault, str, int]]) -> list[tuple[tuple[Fault, str, int], str, int, int | None]]:
+    def _targets(self, head: list[tuple[Fault, str, int]]
+                 ) -> tuple[list[tuple[tuple[Fault, str, int], str, int, int | None]], bool]:
         """Each fault of the round ``head`` with the (job, index) it hits now and the lease epoch it saw (a
         ``chief`` fault), every one read BEFORE any of them is signalled: a round that kills a shard's primary and
         its backup reads both from the members' statuses while the primary still answers (once it is killed, no
         member says primary and the backup would have no target). A ``chief`` or shard fault with no target now
         (nobody holds the duties, a failover under way, or a target another fault of this round has) is left for
-        the next poll; a fault naming a task hits that task."""
+        the next poll; a fault naming a task hits that task. Also returns whether a shard fault found no member
+        to hit (:meth:`poll` then fires none of a round not begun: all its statuses are read again first)."""
         taken = {f.task for f in self._last}
         out = []
+        unresolved = False
         for entry in head:
             fault, job, index = entry
             epoch, dynamic = None, True
@@ -372,7 +378,8 @@ class ChaosInjector:
             elif job in SHARD_TARGETS and self._member is not None:  # the shard's primary or backup now
                 target = self._member(job, index)
                 if target is None:
-                    continue  # a failover under way: ask again at the next poll
+                    unresolved = True
+                    continue  # a failover under way, or a member slow to answer: ask again at the next poll
                 job, index = task_of(target)
             else:
                 job, dynamic = BACKUP_JOB if job == BACKUP_TARGET else job, False
@@ -381,4 +388,4 @@ class ChaosInjector:
                 continue  # this round hit (or is about to hit) that process already: wait for another target
             taken.add(name)
             out.append((entry, job, index, epoch))
-        return out
+        return out, unresolved

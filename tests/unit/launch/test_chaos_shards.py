@@ -139,3 +139,20 @@ def test_every_replica_of_a_shard_in_one_round_is_resolved_before_either_is_kill
                              member=member)
     assert [f.task for f in injector.poll(300)] == ["/job:ps/task:0", "/job:ps_backup/task:0"]
     assert sent == [(40, signal.SIGKILL), (50, signal.SIGKILL)] and injector.pending() == 0
+
+
+def test_a_round_of_shard_faults_fires_none_until_every_one_has_its_target() -> None:
+    # The backup did not answer its status in time at the first poll: firing the primary's kill alone would leave
+    # the backup's fault without a target (no member says primary after the kill), so the round waits.
+    sent: list[tuple[int, int]] = []
+    answers = {"ps": ["/job:ps/task:0"], "ps-backup": [None, "/job:ps_backup/task:0"]}
+
+    def member(job: str, shard: int) -> str | None:
+        said = answers[job]
+        return said.pop(0) if len(said) > 1 else said[0]
+
+    injector = ChaosInjector(ChaosPlan.parse(["kill:ps:0@step=300", "kill:ps-backup:0@step=300"]), REPLICATED,
+                             lambda job, i: FakeTask(f"/job:{job}/task:{i}", PIDS[(job, i)]),
+                             send=lambda pid, sig: sent.append((pid, sig)), member=member)
+    assert injector.poll(300) == [] and sent == []
+    assert [f.task for f in injector.poll(301)] == ["/job:ps/task:0", "/job:ps_backup/task:0"]
