@@ -96,6 +96,11 @@ class Optimizer(ABC):
     # True where TF's sparse update changes every row (non-lazy Adam).
     _sparse_touches_all_rows: ClassVar[bool] = False
 
+    @property
+    def sparse_touches_all_rows(self) -> bool:
+        """Whether a sparse update changes every row, not only the rows it names (non-lazy Adam)."""
+        return self._sparse_touches_all_rows
+
     def __init__(self, hyperparameters: Hyperparameters | None = None) -> None:
         """Checks ``hyperparameters`` like :class:`OptimizerSpec` does.
 

@@ -4,6 +4,13 @@
 (id, last use, lookup count, live flag) in preallocated numpy arrays, grown
 geometrically up to its row limit; freed slots are reused. The guarantees are
 those of the package docstring (:mod:`psflow.ps.dynamic`).
+
+Replicated shards (:mod:`psflow.ps.replication`): :meth:`DynamicTable.take_changes` gives what changed
+since its previous call -- the rows (values, slots, id, last use, lookup count) of every id a lookup admitted
+or touched or an update wrote, and the ids removed -- and :meth:`DynamicTable.apply_changes` writes them on
+a backup, which then holds the same rows, slots and metadata as the primary. Its first call (and the first
+after a :meth:`DynamicTable.load`) returns the whole table and starts the record: a table that never
+replicates records nothing.
 """
 
 from __future__ import annotations
@@ -73,6 +80,9 @@ class DynamicTable:
                                       "evicted_ttl", "evicted_capacity"), 0)
         self._index = IdIndex(buckets_for(min(spec.initial_rows, self._row_limit)))
         self._reset_rows(min(spec.initial_rows, self._row_limit))
+        # (a replicated primary's) ids changed and removed since take_changes; None: not recording
+        self._changed: list[IdArray] | None = None
+        self._removed: list[IdArray] = []
 
     def _limit(self) -> int:
         limit = self.spec.capacity_rows if self.spec.capacity_rows is not None else 1 << 62
@@ -144,6 +154,8 @@ class DynamicTable:
                 if absent_rows:
                     missing = np.flatnonzero(slots < 0)
                     slots[missing] = self._admit(unique[missing], protect=slots[slots >= 0])
+                if self._changed is not None:
+                    self._changed.append(unique.copy())
             else:
                 slots, _ = self._index.find(unique)
             per_id = slots if unique is ids else slots[inverse]
@@ -185,6 +197,9 @@ class DynamicTable:
             if absent_rows:
                 rows, values = rows[rows >= 0], values[rows >= 0]
             top = self._top
+            if self._changed is not None:
+                self._changed.append(self._ids[:top][self._live[:top]] if self._optimizer.sparse_touches_all_rows
+                                     else unique.copy())
             slot_views = {name: array[:top] for name, array in self._slots.items()}
             # Distinct slots (one per distinct id), in the call's order: no sort needed to find duplicates.
             self._optimizer.apply_sparse(self._values[:top], {**slot_views, **self._state}, rows, values, distinct=True,
@@ -249,13 +264,17 @@ class DynamicTable:
             (the latest step the table saw).
         """
         with self._lock:
-            slots = np.flatnonzero(self._live[:self._top])
-            slots = slots[np.argsort(self._ids[slots], kind="stable")]
-            out: dict[str, np.ndarray] = {"ids": self._ids[slots], "values": self._values[slots], "last_step": self._last[slots],
-                   "frequency": self._freq[slots], "step": np.array(self._step, np.int64)}
-            out.update({f"slot/{name}": array[slots] for name, array in self._slots.items()})
-            out.update({f"state/{name}": array.copy() for name, array in self._state.items()})
-            return out
+            return self._snapshot()
+
+    def _snapshot(self) -> dict[str, np.ndarray]:
+        slots = np.flatnonzero(self._live[:self._top])
+        slots = slots[np.argsort(self._ids[slots], kind="stable")]
+        out: dict[str, np.ndarray] = {"ids": self._ids[slots], "values": self._values[slots],
+                                      "last_step": self._last[slots], "frequency": self._freq[slots],
+                                      "step": np.array(self._step, np.int64)}
+        out.update({f"slot/{name}": array[slots] for name, array in self._slots.items()})
+        out.update({f"state/{name}": array.copy() for name, array in self._state.items()})
+        return out
 
     def check_snapshot(self, arrays: Mapping[str, np.ndarray]) -> int:
         """The row count of ``arrays`` if :meth:`load` would take it; changes nothing.
@@ -279,6 +298,7 @@ class DynamicTable:
         n = check_snapshot(arrays, name=self.name, dim=self.spec.dim, slot_names=self._slot_names,
                            state_names=self._state)
         with self._lock:
+            self._changed, self._removed = None, []  # a replicated primary sends the whole table next
             keep = np.arange(n)
             if n > self._row_limit:
                 keys = eviction_keys(arrays["frequency"], arrays["last_step"], self.spec.policy)
@@ -300,6 +320,71 @@ class DynamicTable:
             self._ttl_cursor = 0
             self._counts["evicted_capacity"] += n - keep.size
             return n - int(keep.size)
+
+    # ---- replicated shards -------------------------------------------------
+    def take_changes(self) -> tuple[bool, dict[str, np.ndarray]]:
+        """What changed since the previous call, read under the lock: ``(False, changes)``, or ``(True, whole)``
+        (a :meth:`snapshot`) on the first call and the first after :meth:`load`, which start the record.
+
+        ``changes``: ``ids`` (int64, sorted) with their ``values``, ``slot/NAME``, ``last_step`` and
+        ``frequency`` as they are now; ``removed``, the ids evicted since and not admitted again; ``step``
+        and ``state/NAME`` as in a snapshot.
+        """
+        with self._lock:
+            if self._changed is None:
+                self._changed, self._removed = [], []
+                return True, self._snapshot()
+            changed = np.unique(np.concatenate(self._changed)) if self._changed else np.zeros(0, np.int64)
+            removed = np.unique(np.concatenate(self._removed)) if self._removed else np.zeros(0, np.int64)
+            self._changed, self._removed = [], []
+            slots, _ = self._index.find(changed)
+            present = slots >= 0
+            slots = slots[present]
+            if removed.size:
+                removed = removed[self._index.find(removed)[0] < 0]
+            out: dict[str, np.ndarray] = {"ids": changed[present], "values": self._values[slots],
+                                          "last_step": self._last[slots], "frequency": self._freq[slots],
+                                          "removed": removed, "step": np.array(self._step, np.int64)}
+            out.update({f"slot/{name}": array[slots] for name, array in self._slots.items()})
+            out.update({f"state/{name}": array.copy() for name, array in self._state.items()})
+            return False, out
+
+    def apply_changes(self, changes: Mapping[str, np.ndarray]) -> None:
+        """Writes a :meth:`take_changes` of the primary's table: drops ``removed``, then writes the rows of
+        ``ids`` (creating those it lacks, with no admission or eviction), ``step`` and the state.
+
+        Raises:
+            DynamicTableError: an array is missing or does not fit this table (names it); nothing changes then.
+        """
+        ids = changes.get("ids")
+        names = ["values", "last_step", "frequency", "removed", "step", *(f"slot/{n}" for n in self._slot_names),
+                 *(f"state/{n}" for n in self._state)]
+        missing = [n for n in names if n not in changes]
+        if ids is None or missing:
+            raise DynamicTableError(f"dynamic table {self.name!r}: replicated rows lack {missing or ['ids']}")
+        check_ids(ids, f"dynamic table {self.name!r}: replicated rows")
+        rows = (ids.size, self.spec.dim)
+        for name in ["values", *(f"slot/{n}" for n in self._slot_names)]:
+            if changes[name].shape != rows or changes[name].dtype != np.float32:
+                raise DynamicTableError(f"dynamic table {self.name!r}: replicated {name} has shape "
+                                        f"{changes[name].shape} ({changes[name].dtype}), want float32 {rows}")
+        with self._lock:
+            self._changed, self._removed = None, []
+            removed = changes["removed"]
+            if removed.size:
+                gone, _ = self._index.find(removed)
+                self._drop(gone[gone >= 0])
+            slots, _ = self._index.find(ids)
+            new = slots < 0
+            if new.any():
+                slots[new] = self._allocate(ids[new])
+            self._values[slots] = changes["values"]
+            for name, array in self._slots.items():
+                array[slots] = changes[f"slot/{name}"]
+            self._last[slots], self._freq[slots] = changes["last_step"], changes["frequency"]
+            for name, array in self._state.items():
+                array[...] = changes[f"state/{name}"]
+            self._step = int(changes["step"])
 
     @classmethod
     def restore(cls, spec: DynamicTableSpec, arrays: Mapping[str, np.ndarray]) -> DynamicTable:
@@ -357,6 +442,16 @@ class DynamicTable:
 
     def _create(self, ids: IdArray) -> IdArray:
         """New rows for ``ids`` (distinct, absent, room checked); returns their slots."""
+        slots = self._allocate(ids)
+        self._values[slots] = initial_rows(self.spec.initializer, ids, self.spec.dim)
+        for name, array in self._slots.items():
+            array[slots] = self._slot_init[name]
+        self._freq[slots] = 1
+        self._last[slots] = self._step
+        return slots
+
+    def _allocate(self, ids: IdArray) -> IdArray:
+        """Slots for ``ids`` (distinct, absent), live and indexed, their values and slots not yet written."""
         take = min(self._nfree, ids.size)
         reused = self._free[self._nfree - take:self._nfree].copy()
         self._nfree -= take
@@ -364,12 +459,7 @@ class DynamicTable:
         self._grow(self._top + fresh)
         slots = np.concatenate([reused, np.arange(self._top, self._top + fresh, dtype=np.int64)])
         self._top += fresh
-        self._values[slots] = initial_rows(self.spec.initializer, ids, self.spec.dim)
-        for name, array in self._slots.items():
-            array[slots] = self._slot_init[name]
         self._ids[slots] = ids
-        self._freq[slots] = 1
-        self._last[slots] = self._step
         self._live[slots] = True
         self._index.insert(ids, slots)
         return slots
@@ -396,6 +486,8 @@ class DynamicTable:
         """Removes the rows in ``slots`` (distinct, live) and frees their slots."""
         if not slots.size:
             return
+        if self._changed is not None:
+            self._removed.append(self._ids[slots].copy())
         _, where = self._index.find(self._ids[slots])
         self._index.remove(where)
         self._live[slots] = False

@@ -60,7 +60,7 @@ from psflow.ps.protocol import (
 )
 from psflow.ps.replication.applier import InOrderApplier
 from psflow.ps.replication.dedup import DedupTable
-from psflow.ps.replication.deltas import capture, capture_averages
+from psflow.ps.replication.deltas import capture, capture_averages, capture_table
 from psflow.ps.replication.deposed import Deposal
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
 from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
@@ -268,7 +268,7 @@ class ShardReplication:
         step, out = service._read(wanted, create=request.create, averages=request.averages)
         tables = _tables(wanted) if request.create else []
         if tables:  # a training lookup admitted rows: they are state
-            forwarder.wait(self._record(forwarder, lambda: [capture(part, None) for part in tables]))
+            forwarder.wait(self._record(forwarder, lambda: [capture_table(part) for part in tables]))
         return _reply(PullReply(step, out))
 
     def push_pull(self, frame: Frame) -> Reply:
@@ -280,7 +280,7 @@ class ShardReplication:
         step, out = service._read(wanted, create=request.pull.create)
         tables = _tables(wanted) if request.pull.create else []
         if tables:  # the rows the lookup admitted
-            forwarder.wait(self._record(forwarder, lambda: [capture(part, None) for part in tables]))
+            forwarder.wait(self._record(forwarder, lambda: [capture_table(part) for part in tables]))
         return _reply(PushPullReply(pushed, PullReply(step, out)))
 
     def _replicated(self, handler: Handler, *, full: bool) -> Handler:
