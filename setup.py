@@ -5,8 +5,10 @@
 ``psflow/ps/dynamic/id_index.py`` and ``rows.py``).  ``psflow.data._native`` holds the input pipeline's per-byte loops (TFRecord framing, CRC32C,
 walking Examples, matching their keys, packed varints and floats, string lists).  ``psflow.native._ids`` holds
 the id loops both sides use (a batch's distinct ids, a request's range and order check; numpy twins in
-``psflow/native/ids.py``).  All are optional: when no C compiler is available the install goes on and psflow
-uses the numpy versions of the same loops (see ``psflow/native/loader.py``).
+``psflow/native/ids.py``).  ``psflow.torch._lookup`` holds a worker's embedding gathers and their gradients'
+scatter-adds (torch twins in ``psflow/torch/lookup_rows.py``).  All are optional: when no C compiler is
+available the install goes on and psflow uses the numpy (or torch) versions of the same loops (see
+``psflow/native/loader.py``).
 """
 
 from setuptools import Extension, setup
@@ -23,6 +25,13 @@ setup(
             "psflow.native._ids",
             ["psflow/native/_ids.c"],
             extra_compile_args=["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "psflow.torch._lookup",
+            ["psflow/torch/_lookup.c"],
+            # No fused multiply-adds: the lookups' sums must round as PyTorch's mul and index_add_ (the twins) do.
+            extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),
         Extension(

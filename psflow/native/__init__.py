@@ -12,7 +12,8 @@ Files:
 * ``_ids.c``: the C loops of ``ids.py`` (``psflow.native._ids``, typed in ``_ids.pyi``).
 
 The other extensions stay beside their one user: ``psflow/data/_native.c`` (parsing) and
-``psflow/ps/_kernels.c`` (optimizer updates, row gathers, dynamic-table index, sync merge).
+``psflow/ps/_kernels.c`` (optimizer updates, row gathers, dynamic-table index, sync merge),
+``psflow/torch/_lookup.c`` (a worker's embedding gathers and their gradients' scatter-adds).
 
 Guarantees: every C loop has a numpy twin giving the same results, used where the extension was not
 built or ``PSFLOW_NATIVE=0``; the tests compare the two (and fail instead of skipping the C side under

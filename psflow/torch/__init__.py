@@ -13,6 +13,8 @@ group; autograd runs on the workers. A :class:`TorchModel` is a
   TensorFlow's combiners) and :class:`EmbeddingCollection` (several tables in
   one kernel); only the rows of a batch's unique ids are pulled and pushed.
 * ``inputs.py`` -- :class:`Inputs`, what ``forward`` receives.
+* ``lookup_rows.py`` -- the gather of every lookup group's rows and the scatter-add of their gradients,
+  one autograd node per step (C loops in ``_lookup.c``, torch twins).
 * ``towers.py`` -- towers: replicas of a worker's module on its devices
   (``--device``, ``--towers``, ``--devices``), each on a slice of the batch.
 * ``ctr.py`` -- the built-in models ``wide_deep``, ``deepfm`` and ``dnn``.

@@ -9,7 +9,9 @@ optional per-id weights (the feature's values), and a zero vector for an
 example without ids. An :class:`EmbeddingCollection` looks up several such
 tables at once and concatenates (``pooling="concat"``) or sums
 (``pooling="sum"``) their results: one gather and one segment sum for every
-table, forward and backward.
+table, forward and backward. The gathers of every group of a step are one
+autograd node (:mod:`psflow.torch.lookup_rows`), whose backward is one
+scatter-add per group.
 
 The modules hold no rows. Per batch, :class:`~psflow.torch.TorchModel`
 prepares each lookup in numpy (unique ids, per-entry scale, bags; in the

@@ -12,6 +12,7 @@ from psflow.data import Batch
 from psflow.models.api import ModelError
 from psflow.models.features import dense_matrix
 from psflow.torch.embedding import LookupPlan
+from psflow.torch.lookup_rows import gather_rows
 
 __all__ = ["Inputs"]
 
@@ -48,6 +49,7 @@ class Inputs:
         self._rows = rows  # per lookup module: its plan's tables' pulled rows, stacked in the plan's order
         self._dense_names = tuple(dense_names)
         self._dense: dict[tuple[str, ...], torch.Tensor] = {}
+        self._gathered: dict[int, torch.Tensor] | None = None  # per lookup module: its entries' scaled rows
 
     def dense(self, names: Sequence[str] | None = None) -> torch.Tensor:
         """The dense features ``names`` (default: every one, in the data's order) side by side, float32 ``[n, width]``."""
@@ -75,16 +77,19 @@ class Inputs:
         if plan is None:
             raise ModelError(f"{type(module).__name__} {module!r:.80} is not an embedding module of this model "
                              "(a module must be an attribute of the model's module when the model is built)")
-        weight = self._rows[id(module)]
-        # A gather, a scale and a segment sum. (torch's embedding_bag does the same, but its backward sorts
-        # the entries: 2-3x slower here.) Bags of m entries each -- one id per field, as in Criteo -- are summed
-        # by a reshape.
-        contrib = weight.index_select(0, self._on(torch.from_numpy(plan.index))) * self._on(torch.from_numpy(plan.weights))[:, None]
+        if self._gathered is None:  # every group's rows at once: one node of the autograd graph (lookup_rows)
+            keys = list(self._plans)
+            gathered = gather_rows([(self._plans[k].index, self._plans[k].weights) for k in keys],
+                                   *(self._rows[k] for k in keys))
+            self._gathered = dict(zip(keys, gathered, strict=True))
+        # Bags of m entries each -- one id per field, as in Criteo -- are summed by a reshape. (torch's
+        # embedding_bag would pool too, but its backward sorts the entries: 2-3x slower here.)
+        contrib = self._gathered[id(module)]
         m = plan.entries_per_bag
         if m == 1:
             out = contrib
         elif m > 1:
             out = contrib.reshape(plan.num_bags, m, -1).sum(dim=1)
         else:
-            out = contrib.new_zeros((plan.num_bags, weight.shape[1])).index_add(0, self._on(torch.from_numpy(plan.bags)), contrib)
+            out = contrib.new_zeros((plan.num_bags, contrib.shape[1])).index_add(0, self._on(torch.from_numpy(plan.bags)), contrib)
         return out.reshape(plan.num_examples, -1)
