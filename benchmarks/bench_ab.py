@@ -20,7 +20,7 @@ async shapes, one per workload, issue 27's before/after check):
     lr-p2w2-async  sparse LR, 2 ps + 2 workers, async
     wd-p1w2-async  Wide & Deep, 1 ps + 2 workers, async             (default)
     wd-user-p1w2   Wide & Deep, issue 29's command as a user types it (psflow's defaults), 1 ps + 2 workers
-    wd-user-fast   the same with ``--in-process``
+    wd-user-fast   the same with ``--in-process`` (without ``--workers 2``, which --in-process refuses: one worker)
 
 Sparse LR is bench_tf_peer.py's psflow workload (400,000 examples of the
 harness's TFRecord files in ``<workdir>/data/sparse_lr``; FTRL 0.1, batch 512,
@@ -91,7 +91,7 @@ SHAPES: dict[str, tuple[str, str, list[str], int]] = {
     "lr-p2w2-async": ("sparse LR, 2 ps + 2 workers, async", "sparse_lr", ["--ps", "2", "--workers", "2", *CLUSTER], 1),
     "wd-p1w2-async": ("W&D, 1 ps + 2 workers, async", "ctr_wd", [], 1),
     "wd-user-p1w2": ("W&D, issue 29's command, 1 ps + 2 workers", "ctr_wd_user", ["--ps", "1", "--workers", "2"], 1),
-    "wd-user-fast": ("W&D, issue 29's command, --in-process", "ctr_wd_user", ["--ps", "1", "--workers", "2", "--in-process"], 1),
+    "wd-user-fast": ("W&D, issue 29's command, --in-process", "ctr_wd_user", ["--ps", "1", "--in-process"], 1),
 }
 #: Issue 29's W&D command as a user types it (psflow's defaults: 2^20 ids per field, FTRL 0.3 on the wide part,
 #: log lines every 100 steps), on the TSV copy of the W&D workload.
