@@ -146,11 +146,13 @@ def one_run(src: str, shape: str, args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(f"{src}: {shape} failed ({shlex.join(cmd)}): {(p.stdout + p.stderr)[-800:]}")
     with open(metrics) as f:
         m = json.load(f)
-    if "--in-process" in SHAPES[shape][2]:
+    if SHAPES[shape][1] == "ctr_wd_user":  # logs every 100 steps: to the workers' "done" lines (in-process too:
+        # its worker's wall_seconds holds the tables' initialization, 26 x 2^20 rows)
+        seconds = float(wd.parse_worker_logs(output, 512 * SHAPES[shape][3], until_done=True)["seconds"])
+    elif "--in-process" in SHAPES[shape][2]:
         seconds = float(m["workers"][0]["wall_seconds"])
-    else:  # the user's command logs every 100 steps: to the workers' "done" lines
-        seconds = float(wd.parse_worker_logs(output, 512 * SHAPES[shape][3],
-                                             until_done=SHAPES[shape][1] == "ctr_wd_user")["seconds"])
+    else:
+        seconds = float(wd.parse_worker_logs(output, 512 * SHAPES[shape][3])["seconds"])
     ps = m.get("ps") or []
     ps_cpu = sum(float(t.get("cpu_seconds_since_init") or 0.0) for t in (ps if isinstance(ps, list) else [ps]))
     cpu = sum(float(w["train_cpu_seconds"]) for w in m["workers"]) + ps_cpu
