@@ -127,6 +127,10 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
                    help="carrier of the ps data path: gRPC, or psflow's lean TCP framing (no TLS); "
                         "default: tcp for psflow train (one machine, loopback), grpc for psflow server")
     g.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for other tasks")
+    g.add_argument("--ps-failover-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="(--ps-replicas) seconds a replicated shard's primary may answer nothing before a worker "
+                        "promotes its backup (10); a primary whose process is gone (connection refused) or that "
+                        "says it is not primary is replaced at once, a slow one never")
     g = p.add_argument_group("update mode")
     g.add_argument("--mode", default="async", choices=["async", "sync", "ssp"],
                    help="async: apply on arrival; sync: aggregate N gradients per step; ssp: bounded staleness")
@@ -309,7 +313,8 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
                 args.workers if args.workers is not None else (1 if args.in_process else 2)),
             placement=args.placement, partitions=args.partitions,
             transport=args.transport or ("tcp" if args.command == "train" else "grpc"),
-            connect_timeout=args.connect_timeout, rpc_timeout=args.rpc_timeout),
+            connect_timeout=args.connect_timeout, rpc_timeout=args.rpc_timeout,
+            ps_failover_timeout=args.ps_failover_timeout),
         sync=SyncSettings(
             mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness,
             timeout=args.sync_timeout, on_timeout=args.on_timeout, averaging=args.averaging,

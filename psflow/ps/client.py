@@ -123,8 +123,11 @@ class ParameterClient:
                 ``config.transport`` names (:func:`psflow.rpc.registry.open_channel`), e.g.
                 :class:`~psflow.rpc.inprocess.InProcessChannel` for a run in one process
                 (never replicated).
-            failover_timeout: (replicated shards) seconds a call waits for a failed shard's new
-                primary before it raises (default ``config.connect_timeout``).
+            failover_timeout: (replicated shards) seconds a shard member may answer nothing (no status,
+                no call) before this client takes it as gone and promotes a backup over it (default 10 s,
+                :data:`psflow.ps.failover.FAILOVER_TIMEOUT`); a refused connection or a member saying it is
+                not primary is taken at once. A failed call waits at most ``config.connect_timeout`` s
+                for its shard's new primary.
 
         Raises:
             ConfigError: ``config.transport`` names no carrier, or asks for what it

@@ -14,22 +14,36 @@ and :func:`decide` reads the answers:
    those holding them: the shard routes to it;
 2. none (the primary died, or is cut off, or was deposed): the first member in member order that is
    a backup holding the variables at that epoch is sent ``Promote`` (idempotent: two clients
-   promoting the same backup at the same epoch get the same primary), and the members are asked again;
+   promoting the same backup at the same epoch get the same primary), and the members are asked again
+   -- but only once the view's primary is *provably gone* (below); a primary that is merely slow is
+   waited for, so a slow answer never starts a failover;
 3. no member holds the variables (a fresh cluster, or every replica of the shard lost): the shard
    routes to the member that says primary at the highest epoch, empty; today's path takes over from
    there (the chief initializes, or :class:`psflow.train.recovery.ClusterRecovery` restores the newest
    checkpoint onto it, and it rebuilds its backups);
 4. the primary is the one the client knew, at the epoch it knew, and the request failed as
-   unreachable or late: a backup of its view that the client cannot reach either is dropped from the
-   view (``DropBackup``: the primary never drops one on its own, so a partition never makes two
-   primaries); it joins again when it returns.
+   unreachable or late: a backup of its view that the client cannot reach either, and that is provably
+   gone too, is dropped from the view (``DropBackup``: the primary never drops one on its own, so a
+   partition never makes two primaries); it joins again when it returns.
+
+*Provably gone* (:meth:`ShardRouter.gone`): the member answered its status, but not as the primary
+holding the variables (restarted empty, a backup, deposed), and again so when asked once more after its
+backup answered (a round's answers come in parallel: one may predate another); or its host refused the
+connection after this client had reached it once (nothing listens there: the process died); or it
+answered *nothing*, no status and no call, for ``failover_timeout`` seconds (``--ps-failover-timeout``,
+default 10 s), counted from the first call left unanswered (idle time between calls is no silence). A
+status call that misses its 2 s deadline, a push that waits for its sync step, a process stalled for a few
+seconds on a busy machine: none of these promote a backup. A refusal by a member this client never reached
+proves nothing (a channel may keep the refusal of a connection tried before the task listened: a worker
+starting beside its ps tasks once promoted a backup that way, the primary alive).
 
 :meth:`resolve` returns True when the route changed (a new primary, epoch or view: the caller resends
 the same request, whose ``push_id`` makes the new primary apply a push at most once) and False when it
 did not (the error was not a failover's: the caller raises it). :meth:`gather` does both for one call
 per shard: replies of the shards that succeeded are kept, only the failed shards' requests are resent.
 
-Not thread-safe: one router per client, used by its training thread. An unreplicated cluster has no
+Not thread-safe: one router per client, used by its training thread (:func:`resolve_all` resolves distinct
+shards from several threads at connect time). An unreplicated cluster has no
 router: its client's calls are never resent.
 """
 
@@ -57,9 +71,14 @@ from psflow.rpc.api import (
 )
 from psflow.rpc.framing import Frame
 
-__all__ = ["FAILOVER_ERRORS", "Decision", "PushNumbers", "ShardRouter", "at_epoch", "decide", "resolve_all"]
+__all__ = ["FAILOVER_ERRORS", "FAILOVER_TIMEOUT", "Decision", "PushNumbers", "ShardRouter", "at_epoch", "decide",
+           "refused", "resolve_all"]
 
 log = logging.getLogger("psflow.ps.client")
+
+#: Seconds a shard member may answer nothing (no status, no call) before a client takes it as gone (promotes a
+#: backup over a primary, drops a backup) when no faster proof comes: the ``--ps-failover-timeout`` default.
+FAILOVER_TIMEOUT = 10.0
 
 #: The errors after which a replicated shard's primary is resolved again.
 FAILOVER_ERRORS: tuple[type[RpcError], ...] = (TaskUnavailableError, DeadlineExceededError, FailedPreconditionError)
@@ -91,7 +110,7 @@ WAIT = Decision("wait")
 
 
 def decide(members: Sequence[str], statuses: Mapping[str, ReplicaStatusReply | None], *,
-           known: tuple[str, int | None], unreachable_error: bool) -> Decision:
+           known: tuple[str, int | None], unreachable_error: bool, gone: Collection[str] = ()) -> Decision:
     """Where a shard's requests go, from its members' ``ReplicaStatus`` (None: did not answer); pure.
 
     Args:
@@ -100,6 +119,9 @@ def decide(members: Sequence[str], statuses: Mapping[str, ReplicaStatusReply | N
         known: the primary and epoch the client routed by when its request failed.
         unreachable_error: the request failed as unreachable or late (not as refused): a backup the
             client cannot reach either is dropped from an unchanged primary's view.
+        gone: the members that did not answer and are proven gone (:meth:`ShardRouter.gone`): only
+            over such a primary (or one that answered that it is not primary) is a backup promoted, and
+            only such a backup is dropped; a member that is merely slow to answer is waited for.
 
     Returns:
         See :class:`Decision` and the module docstring's rules.
@@ -117,14 +139,22 @@ def decide(members: Sequence[str], statuses: Mapping[str, ReplicaStatusReply | N
     if primaries:
         best = max(primaries, key=lambda s: s.epoch)
         if (best.task, best.epoch) == known and unreachable_error:
-            lost = [b for b in best.backups if statuses.get(b) is None]
+            silent = [b for b in best.backups if statuses.get(b) is None]
+            lost = [b for b in silent if b in gone]
             if lost:
                 return Decision("drop", lost[0], best.epoch, primary=best.task)
+            if silent:
+                return WAIT  # slow, not proven gone: asked again until it answers or is
         return Decision("route", best.task, best.epoch)
     for task in members:
         s = answered.get(task)
         if s is not None and s.has_state and s.epoch == top and s.role == "backup":
-            return Decision("promote", task, top)
+            # Its primary answered, but not as the primary holding the state (else it was routed to above),
+            # or it is proven gone: promote. A primary that merely did not answer yet is waited for.
+            primary = s.primary
+            if not primary or primary in gone or statuses.get(primary) is not None:
+                return Decision("promote", task, top)
+            return WAIT
     return WAIT
 
 
@@ -133,7 +163,8 @@ class ShardRouter:
 
     def __init__(self, cluster: ClusterSpec, open_member: Callable[[str, str], Channel], *, client_name: str,
                  config: ConnectConfig | None = None, failover_timeout: float | None = None,
-                 status_timeout: float | None = None) -> None:
+                 status_timeout: float | None = None, wait_timeout: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """Opens the channels to the shards' first primaries (``open_member``; the others when first asked).
 
         Args:
@@ -142,19 +173,33 @@ class ShardRouter:
             client_name: this client's task name (logs, errors, ``requester`` of its calls).
             config: the client's timeouts and backoff (the wait between two rounds of statuses grows
                 from ``backoff_initial`` to at most 1 s).
-            failover_timeout: seconds :meth:`resolve` tries before it gives up (default
-                ``config.connect_timeout``).
-            status_timeout: deadline of one ``ReplicaStatus`` call, seconds: a member that does not answer
-                within it counts as unreachable (default 2 s, at most ``config.rpc_timeout``).
+            failover_timeout: seconds a member must have answered nothing (no status, no call) before it
+                counts as gone when no faster proof comes (default :data:`FAILOVER_TIMEOUT`, 10 s).
+            status_timeout: deadline of one ``ReplicaStatus`` call, seconds (default 2 s, at most
+                ``config.rpc_timeout``).
+            wait_timeout: seconds :meth:`resolve` tries before it gives up (default
+                ``config.connect_timeout``, and at least ``failover_timeout`` plus two status rounds).
+            clock: the clock silences are measured by (tests move it by hand).
 
         Raises:
             ClusterError: the ``ps_backup`` job does not fit the ``ps`` job.
+            ValueError: ``failover_timeout`` is not positive.
         """
         config = config or ConnectConfig()
         self.cluster = cluster
         self.client_name = client_name
-        self.failover_timeout = config.connect_timeout if failover_timeout is None else failover_timeout
+        self.failover_timeout = FAILOVER_TIMEOUT if failover_timeout is None else failover_timeout
+        if not self.failover_timeout > 0:
+            raise ValueError(f"{client_name}: the ps failover timeout must be > 0 s, got {self.failover_timeout}")
         self.status_timeout = min(2.0, config.rpc_timeout) if status_timeout is None else status_timeout
+        self.wait_timeout = (max(config.connect_timeout, self.failover_timeout + 2 * self.status_timeout)
+                             if wait_timeout is None else wait_timeout)
+        self._clock = clock
+        # Per member: when it last answered anything; since when it has answered nothing (the first call left
+        # unanswered after that); whether it refused a connection after it had answered (its process is gone).
+        self._answered: dict[str, float] = {}
+        self._silent_since: dict[str, float] = {}
+        self._refused: set[str] = set()
         self._backoff = (config.backoff_initial, min(1.0, config.backoff_max))
         self._open = open_member
         shards = cluster.task_indices("ps")
@@ -181,15 +226,68 @@ class ShardRouter:
     def statuses(self, shard: int) -> dict[str, ReplicaStatusReply | None]:
         """Every member's ``ReplicaStatus`` (in parallel; None: no answer within ``status_timeout``)."""
         meta = ReplicaStatusRequest().to_frame().meta
+        sent = self._clock()
         calls = {t: self._channel(t).call_async(ReplicaStatusRequest.METHOD, meta, timeout=self.status_timeout)
                  for t in self.members[shard]}
         out: dict[str, ReplicaStatusReply | None] = {}
         for task, call in calls.items():
             try:
                 out[task] = ReplicaStatusReply.from_frame(call.result())
-            except RpcError:
+                self._heard(task)
+            except RpcError as e:
                 out[task] = None
+                self._unanswered(task, sent, e)
         return out
+
+    def _asked_again(self, decision: Decision, statuses: dict[str, ReplicaStatusReply | None]) -> bool:
+        """(Before a ``Promote``) asks the view's primary its status once more, after its backup answered, when its
+        own answer said it is not the primary: a round's answers come in parallel, so that one may predate the
+        backup's (a member joining at epoch 0 an instant before it started the fresh shard at epoch 1). Updates
+        ``statuses``; returns whether it asked."""
+        backup = statuses.get(decision.task)
+        primary = backup.primary if backup is not None else None
+        if not primary or statuses.get(primary) is None:
+            return False  # proven gone by a refusal or a silence: those are not overtaken by a later answer
+        sent = self._clock()
+        try:
+            frame = self._channel(primary).call(ReplicaStatusRequest.METHOD, ReplicaStatusRequest().to_frame().meta,
+                                                timeout=self.status_timeout)
+            statuses[primary] = ReplicaStatusReply.from_frame(frame)
+            self._heard(primary)
+        except RpcError as e:
+            statuses[primary] = None
+            self._unanswered(primary, sent, e)
+        return True
+
+    def _heard(self, task: str) -> None:
+        """``task`` answered (a reply, or a refusal its process gave): it is not gone."""
+        self._answered[task] = self._clock()
+        self._silent_since.pop(task, None)
+        self._refused.discard(task)
+
+    def _unanswered(self, task: str, sent: float, error: RpcError) -> None:
+        """A call to ``task`` sent at ``sent`` failed: unanswered (unreachable, late), or answered (refused)."""
+        if not isinstance(error, TaskUnavailableError | DeadlineExceededError):
+            self._heard(task)  # its process refused the call: it is there
+            return
+        answered = self._answered.get(task)
+        if answered is not None and sent < answered:
+            return  # it answered after this call was sent
+        self._silent_since.setdefault(task, sent)
+        # A refused connection proves the process gone only once this client had reached it: a channel may hold
+        # the refusal of a connection tried before the task listened (a worker starting beside its ps tasks).
+        if answered is not None and refused(error):
+            self._refused.add(task)
+
+    def gone(self, task: str) -> str | None:
+        """Why member ``task`` counts as gone (a refused connection after it had answered, or nothing answered
+        for ``failover_timeout`` s), or None: it answered, or is only slow so far."""
+        if task in self._refused:
+            return "refused the connection"
+        since = self._silent_since.get(task)
+        if since is not None and self._clock() - since >= self.failover_timeout:
+            return f"answered nothing for {self._clock() - since:.1f} s"
+        return None
 
     def resolve(self, shard: int, error: RpcError | None = None, *, timeout: float | None = None) -> bool:
         """Finds shard ``shard``'s primary (promoting a backup, or dropping an unreachable one, where
@@ -210,18 +308,22 @@ class ShardRouter:
             TaskUnavailableError: no member could serve the shard in time (names the shard, the members
                 and what each said).
         """
-        limit = self.failover_timeout if timeout is None else timeout
+        limit = self.wait_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         wait = self._backoff[0]
         known = self.routes[shard]
         unreachable = isinstance(error, TaskUnavailableError | DeadlineExceededError)
         while True:
             statuses = self.statuses(shard)
-            decision = decide(self.members[shard], statuses, known=known, unreachable_error=unreachable)
+            gone = {t: why for t, s in statuses.items() if s is None and (why := self.gone(t)) is not None}
+            decision = decide(self.members[shard], statuses, known=known, unreachable_error=unreachable, gone=gone)
+            if decision.action == "promote" and self._asked_again(decision, statuses):
+                gone = {t: why for t, s in statuses.items() if s is None and (why := self.gone(t)) is not None}
+                decision = decide(self.members[shard], statuses, known=known, unreachable_error=unreachable, gone=gone)
             if decision.action == "route":
                 return self._route(shard, known, decision)
             if decision.action in ("promote", "drop"):
-                if self._act(shard, decision) is not None:
+                if self._act(shard, decision, statuses, gone) is not None:
                     unreachable = False  # the view changed: the next round routes by it
                     continue
             if time.monotonic() + wait > deadline:
@@ -245,23 +347,30 @@ class ShardRouter:
                         "" if decision.has_state else "; no member holds its variables")
         return True
 
-    def _act(self, shard: int, decision: Decision) -> ReplicaStatusReply | None:
+    def _act(self, shard: int, decision: Decision, statuses: Mapping[str, ReplicaStatusReply | None],
+             gone: Mapping[str, str]) -> ReplicaStatusReply | None:
         """Sends the ``Promote`` or ``DropBackup`` of ``decision``; its reply, or None if refused or lost."""
         if decision.action == "promote":
             target = decision.task
             request: PromoteRequest | DropBackupRequest = PromoteRequest(shard, decision.epoch, self.client_name)
-            log.warning("%s: ps shard %d has no primary holding its variables; promoting %s (epoch %d)",
-                        self.client_name, shard, target, decision.epoch)
+            backup = statuses.get(target)
+            primary = backup.primary if backup is not None and backup.primary else "its primary"
+            said = statuses.get(primary)
+            why = gone.get(primary) or (f"it says {_said(said)}" if said is not None else "gone")
+            log.warning("%s: ps shard %d has no primary holding its variables (%s: %s); promoting %s (epoch %d)",
+                        self.client_name, shard, primary, why, target, decision.epoch)
         else:
             target = decision.primary
             request = DropBackupRequest(shard, decision.epoch, decision.task, self.client_name)
-            log.warning("%s: ps shard %d: backup %s unreachable from %s and from here; asking %s to drop it "
-                        "(epoch %d)", self.client_name, shard, decision.task, target, target, decision.epoch)
+            log.warning("%s: ps shard %d: backup %s unreachable from %s and from here (%s); asking %s to drop it "
+                        "(epoch %d)", self.client_name, shard, decision.task, target, gone.get(decision.task, "gone"),
+                        target, decision.epoch)
         try:
             frame = self._channel(target).call(request.METHOD, request.to_frame().meta, timeout=self.status_timeout * 5)
         except RpcError as e:  # another client acted first, or the member went away: statuses again
             log.info("%s: ps shard %d: %s to %s: %s", self.client_name, shard, request.METHOD, target, e)
             return None
+        self._heard(target)
         return ReplicaStatusReply.from_frame(frame)
 
     def gather(self, calls: Mapping[int, PendingReply], resend: Callable[[int], PendingReply], *,
@@ -277,10 +386,14 @@ class ShardRouter:
             RpcError: a shard's error that was not a failover (its route did not change), or the first
                 error when a failed shard could not be resolved in time. Raised once every call finished.
         """
+        sent = self._clock()  # no later than the calls were sent: a silence counted from here is never too long
         replies, errors = _collect(calls)
         try:
-            deadline = time.monotonic() + self.failover_timeout
+            if self._silent_since and not errors:  # a member that was silent answered: its silence is over
+                self._heard_from(replies, errors, sent)
+            deadline = time.monotonic() + self.wait_timeout
             while errors:
+                self._heard_from(replies, errors, sent)
                 resent: dict[int, PendingReply] = {}
                 for shard, error in sorted(errors.items()):
                     left = deadline - time.monotonic()
@@ -288,12 +401,20 @@ class ShardRouter:
                         replies.update(_collect(resent)[0])  # every call finished before the error is raised
                         raise error
                     resent[shard] = resend(shard)
+                sent = self._clock()
                 more, errors = _collect(resent)
                 replies.update(more)
             return replies
         finally:
             if replied is not None:
                 replied(tuple(replies))
+
+    def _heard_from(self, replies: Mapping[int, Frame], errors: Mapping[int, RpcError], sent: float) -> None:
+        """(A gather with failed calls) records who answered and who did not, for :meth:`gone`."""
+        for shard in replies:
+            self._heard(self.routes[shard][0])
+        for shard, error in errors.items():
+            self._unanswered(self.routes[shard][0], sent, error)
 
     def reroute(self, errors: Mapping[int, RpcError]) -> set[int]:
         """Follows each shard of ``errors`` (whose call failed) to its primary now: one round of statuses, no
@@ -323,6 +444,12 @@ def _collect(calls: Mapping[int, PendingReply]) -> tuple[dict[int, Frame], dict[
         except RpcError as e:
             errors[shard] = e
     return replies, errors
+
+
+def refused(error: RpcError) -> bool:
+    """Whether ``error`` says the task's host refused the connection: nothing listens at its address, so
+    its process is gone (gRPC's and the tcp carrier's words for ECONNREFUSED)."""
+    return isinstance(error, TaskUnavailableError) and "connection refused" in str(error).lower()
 
 
 def _said(status: ReplicaStatusReply | None) -> str:

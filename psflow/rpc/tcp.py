@@ -182,14 +182,16 @@ class TcpChannel:
             self._moved_to(self._ask_port(discovery, timeout))
         try:
             return self._open(timeout)
-        except TaskUnavailableError:
+        except TaskUnavailableError as unreached:
             if discovery is None:
                 raise
             try:
                 port = self._ask_port(discovery, timeout)
             except RpcError:
+                # The socket's own words (e.g. "Connection refused": nothing listens there) are kept: a replicated
+                # shard's client takes a refused connection as its member's process gone (psflow.ps.failover).
                 raise TaskUnavailableError(f"{self.task}: its tcp transport at {self.address} is gone and the task "
-                                           "does not answer over gRPC") from None
+                                           f"does not answer over gRPC ({unreached})") from None
             if port == self._port:
                 raise
             self._moved_to(port)

@@ -353,7 +353,8 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
     sessions = [Session(f"grpc://{cluster.task_address('worker', i)}", task=f"/job:worker/task:{i}", config=connect)
                 for i in cluster.task_indices("worker")]
     model, variables = build_model(config, cluster)
-    client = ParameterClient(cluster, variables.placements(), client_name=CLIENT_NAME, config=connect)
+    client = ParameterClient(cluster, variables.placements(), client_name=CLIENT_NAME, config=connect,
+                             failover_timeout=config.cluster.ps_failover_timeout)
     try:
         client.connect()
         # Made before the restore: it takes the run's lock of the checkpoint directory and checks the newest

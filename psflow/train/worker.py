@@ -137,6 +137,7 @@ def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: Variabl
         config=ConnectConfig(connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout, token=token,
                              tls=tls, transport=config.cluster.transport),
         sync=config.sync_config(),
+        failover_timeout=config.cluster.ps_failover_timeout,
     )
     client.connect()
     if register:

@@ -165,10 +165,15 @@ class ClusterSettings:
     transport: str = "grpc"              # grpc | tcp (psflow's lean carrier for the ps data path; no TLS)
     connect_timeout: float = 60.0        # seconds a task waits for the others to come up
     rpc_timeout: float = 60.0            # seconds one call may take
+    # (--ps-replicas) seconds a shard member may answer nothing before a client takes it as gone (promotes a
+    # backup over a silent primary): psflow.ps.failover's rule; a refused connection is taken at once.
+    ps_failover_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         _check([
             (self.num_ps >= 1, f"--ps must be >= 1, got {self.num_ps}"),
+            (0 < self.ps_failover_timeout <= 3600,
+             f"--ps-failover-timeout must be within (0, 3600] s, got {self.ps_failover_timeout}"),
             (self.num_workers >= 1, f"--workers must be >= 1, got {self.num_workers}"),
             (self.partitions >= 1, f"--partitions must be >= 1, got {self.partitions}"),
             (self.placement in ("round-robin", "greedy"), f"--placement must be round-robin or greedy, got {self.placement!r}"),

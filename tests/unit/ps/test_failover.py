@@ -21,6 +21,7 @@ from psflow.ps.protocol import PullReply, PushPullReply, PushReply, PushRequest,
 from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply
 from psflow.rpc.api import (
     ConnectConfig,
+    DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
     RpcError,
@@ -50,16 +51,23 @@ def test_the_primary_holding_the_state_at_the_highest_epoch_wins_over_a_deposed_
 
 def test_a_dead_primary_gets_its_first_backup_holding_the_state_promoted_at_the_views_epoch() -> None:
     statuses = {P0: None, B0: status(B0, "backup", 1, primary=P0)}
-    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True)
+    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True, gone={P0})
     assert (d.action, d.task, d.epoch) == ("promote", B0, 1)
-    # Restarted empty (it rebuilds: joining), its backup is promoted all the same.
+    # Restarted empty (it rebuilds: joining), its backup is promoted all the same: it said it is not primary.
     statuses[P0] = status(P0, "joining", 0, has_state=False)
     assert decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True).action == "promote"
 
 
+def test_a_primary_that_is_only_slow_to_answer_is_never_promoted_over() -> None:
+    # No status within the deadline, but no proof it is gone (no refused connection, not silent for the bound).
+    statuses = {P0: None, B0: status(B0, "backup", 1, primary=P0)}
+    for unreachable in (True, False):
+        assert decide((P0, B0), statuses, known=(P0, 1), unreachable_error=unreachable).action == "wait"
+
+
 def test_a_backup_that_does_not_hold_the_state_is_never_promoted() -> None:
     statuses = {P0: None, B0: status(B0, "joining", 1, primary=P0, has_state=False)}
-    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True)
+    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True, gone={P0})
     assert d.action == "wait"   # nobody to promote, nobody primary: ask again
 
 
@@ -73,10 +81,12 @@ def test_every_replica_lost_routes_to_the_empty_primary_for_todays_checkpoint_pa
 
 def test_a_backup_unreachable_from_here_too_is_dropped_only_after_an_unreachable_error() -> None:
     statuses = {P0: status(P0, "primary", 1, primary=P0, backups=(B0,)), B0: None}
-    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True)
+    d = decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True, gone={B0})
     assert (d.action, d.task, d.epoch, d.primary) == ("drop", B0, 1, P0)
     # A refusal (FAILED_PRECONDITION) from the primary it knew is the request's own error: no drop.
-    assert decide((P0, B0), statuses, known=(P0, 1), unreachable_error=False).action == "route"
+    assert decide((P0, B0), statuses, known=(P0, 1), unreachable_error=False, gone={B0}).action == "route"
+    # A backup that is only slow to answer is not dropped: ask again.
+    assert decide((P0, B0), statuses, known=(P0, 1), unreachable_error=True).action == "wait"
 
 
 # ---- ShardRouter over fake members ------------------------------------------------------------------------
@@ -106,6 +116,8 @@ class FakeShards:
 
     def __init__(self) -> None:
         self.members = {t: Member(t, None) for t in (P0, B0, P1, B1)}
+        #: Members that answer nothing (a stopped process, a cut link): every call times out.
+        self.stalled: set[str] = set()
 
     def set(self, task: str, role: str | None, epoch: int = 1, *, primary: str | None = None,
             backups: tuple[str, ...] = (), has_state: bool = True) -> None:
@@ -118,9 +130,13 @@ class FakeShards:
     def answer(self, member: Member, method: str, meta: Mapping[str, Any]) -> Frame | RpcError:
         member.calls.append(method)
         member.metas.append(meta)
+        if member.task in self.stalled:
+            return DeadlineExceededError(f"{member.task}: {method}: DEADLINE_EXCEEDED")
         s = member.state
         if s is None:
-            return TaskUnavailableError(f"{member.task}: down")
+            return TaskUnavailableError(f"{member.task}: {method}: UNAVAILABLE: failed to connect to all addresses; "
+                                        "last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: "
+                                        "Connection refused")
         if method == "ReplicaStatus":
             return s.to_frame()
         if method == PromoteRequest.METHOD:
@@ -164,9 +180,20 @@ class FakeChannel:
         pass
 
 
-def router(shards: FakeShards) -> ShardRouter:
+class Clock:
+    """The router's clock for silences, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def router(shards: FakeShards, clock: Clock | None = None) -> ShardRouter:
     return ShardRouter(CLUSTER, shards.open, client_name="/job:worker/task:0",
-                       config=ConnectConfig(backoff_initial=0.001), failover_timeout=5.0)
+                       config=ConnectConfig(backoff_initial=0.001), failover_timeout=10.0, wait_timeout=5.0,
+                       clock=clock or Clock())
 
 
 def healthy() -> FakeShards:
@@ -289,7 +316,7 @@ def test_a_replicated_push_is_resent_to_the_new_primary_with_its_push_id_and_cou
     monkeypatch.setattr("psflow.ps.client.open_channel", lambda transport, task, address, service, config:
                         shards.open(task, address))
     client = ParameterClient(CLUSTER, _layout(CLUSTER).placements(), client_name="/job:worker/task:0",
-                             config=ConnectConfig(backoff_initial=0.001), failover_timeout=5.0)
+                             config=ConnectConfig(backoff_initial=0.001), failover_timeout=10.0)
     client.connect()
     grads = {"w": DenseGradient(np.ones(2, np.float32))}
     client.push(grads)
@@ -313,7 +340,7 @@ def _two_shard_client(shards: FakeShards, monkeypatch: pytest.MonkeyPatch) -> Pa
     vs.get_variable("w", (2,))
     vs.get_variable("b", (1,))
     client = ParameterClient(CLUSTER, vs.placements(), client_name="/job:worker/task:0",
-                             config=ConnectConfig(backoff_initial=0.001), failover_timeout=5.0)
+                             config=ConnectConfig(backoff_initial=0.001), failover_timeout=10.0)
     client.connect()
     assert {name: [p.task for p in placed.partitions] for name, placed in client.layout.items()} == {"w": [0], "b": [1]}
     return client
@@ -345,3 +372,155 @@ def test_a_push_pull_sends_a_plain_pull_to_a_shard_it_pushes_nothing_to(monkeypa
     assert result.step == 8 and values["b"].tolist() == [3.0]
     assert shards.members[P1].calls[-1] == "Pull" and shards.members[P0].calls[-1] == "PushPull"
     assert client.acked == {0: 1}
+
+
+# ---- when a primary counts as gone (issue 28: a slow answer never promotes a backup) ------------------------
+def test_a_silent_primary_is_promoted_over_only_once_it_answered_nothing_for_the_failover_timeout() -> None:
+    shards, clock = healthy(), Clock()
+    r = router(shards, clock)
+    r.resolve(0)
+    clock.now += 60.0  # idle time between calls is no silence: it starts with the first call left unanswered
+    shards.stalled.add(P0)  # SIGSTOPped, or its link cut: every call times out
+    for _ in range(2):
+        with pytest.raises(TaskUnavailableError, match=r"no member of ps shard 0 can serve it"):
+            r.resolve(0, DeadlineExceededError("late"), timeout=0)
+        clock.now += 9.9 / 2
+    assert PromoteRequest.METHOD not in shards.members[B0].calls and r.routes[0] == (P0, 1)
+    clock.now += 0.2  # 10.1 s without an answer
+    assert r.resolve(0, DeadlineExceededError("late"), timeout=0)
+    assert r.routes[0] == (B0, 2) and shards.members[B0].calls.count(PromoteRequest.METHOD) == 1
+
+
+def test_a_primary_that_answers_again_starts_its_silence_over() -> None:
+    shards, clock = healthy(), Clock()
+    r = router(shards, clock)
+    r.resolve(0)
+    shards.stalled.add(P0)
+    with pytest.raises(TaskUnavailableError):
+        r.resolve(0, DeadlineExceededError("late"), timeout=0)
+    clock.now += 9.0
+    shards.stalled.discard(P0)
+    assert not r.resolve(0, DeadlineExceededError("late"), timeout=0)  # it answers: the error is the call's own
+    shards.stalled.add(P0)
+    clock.now += 9.0
+    with pytest.raises(TaskUnavailableError):
+        r.resolve(0, DeadlineExceededError("late"), timeout=0)
+    assert PromoteRequest.METHOD not in shards.members[B0].calls
+
+
+def test_a_refusal_by_a_primary_this_client_never_reached_does_not_promote_its_backup() -> None:
+    # The flake seen under load: at connect time the worker's channel to ps task 0 still held the refusal of a
+    # connection made before that task listened, while its backup already held the fresh shard's state; the
+    # worker took the primary for dead and promoted the backup, with the primary alive.
+    shards, clock = healthy(), Clock()
+    shards.set(P0, None)
+    r = router(shards, clock)
+    with pytest.raises(TaskUnavailableError):
+        r.resolve(0, timeout=0)
+    assert PromoteRequest.METHOD not in shards.members[B0].calls
+    shards.set(P0, "primary", 1, primary=P0, backups=(B0,))
+    assert r.resolve(0) and r.routes[0] == (P0, 1)
+    # Once it answered, a refused connection is proof: its process is gone.
+    shards.set(P0, None)
+    assert r.resolve(0, TaskUnavailableError("down"), timeout=0) and r.routes[0] == (B0, 2)
+
+
+def test_a_backup_that_is_only_slow_is_not_dropped_until_it_answered_nothing_for_the_failover_timeout() -> None:
+    shards, clock = healthy(), Clock()
+    r = router(shards, clock)
+    r.resolve(0)
+    shards.stalled.add(B0)
+    error = TaskUnavailableError(f"{P0}: shard 0: backup {B0} did not acknowledge entry 9 within 5 s")
+    with pytest.raises(TaskUnavailableError):
+        r.resolve(0, error, timeout=0)
+    assert DropBackupRequest.METHOD not in shards.members[P0].calls
+    clock.now += 10.1
+    assert r.resolve(0, error, timeout=0) and r.routes[0] == (P0, 2)
+    assert shards.members[P0].calls.count(DropBackupRequest.METHOD) == 1
+
+
+def test_a_push_that_timed_out_counts_as_silence_from_when_it_was_sent() -> None:
+    shards, clock = healthy(), Clock()
+    r = router(shards, clock)
+    r.resolve(0)
+    shards.stalled.add(P0)
+
+    class TimesOut:
+        def result(self) -> Frame:  # waited for rpc_timeout: 60 s without an answer
+            clock.now += 60.0
+            raise DeadlineExceededError(f"{P0}: Push: DEADLINE_EXCEEDED")
+
+    replies = r.gather({0: TimesOut()}, lambda shard: r.channels[shard].call_async("Push"))
+    assert sorted(replies) == [0] and r.routes[0] == (B0, 2)
+    assert shards.members[B0].calls.count(PromoteRequest.METHOD) == 1
+
+
+def test_a_call_answered_after_a_silence_ends_it() -> None:
+    shards, clock = healthy(), Clock()
+    r = router(shards, clock)
+    r.resolve(0)
+    shards.stalled.add(P0)
+    with pytest.raises(TaskUnavailableError):
+        r.resolve(0, DeadlineExceededError("late"), timeout=0)
+    shards.stalled.discard(P0)
+    r.gather({0: r.channels[0].call_async("Push")}, lambda shard: r.channels[shard].call_async("Push"))
+    clock.now += 30.0  # idle: no silence
+    shards.stalled.add(P0)
+    with pytest.raises(TaskUnavailableError):
+        r.resolve(0, DeadlineExceededError("late"), timeout=0)
+    assert PromoteRequest.METHOD not in shards.members[B0].calls and r.routes[0] == (P0, 1)
+
+
+def test_a_refused_connection_reads_as_refused_over_either_carrier() -> None:
+    import socket
+
+    from psflow.ps.failover import refused
+    from psflow.rpc.tcp import TcpChannel
+
+    # gRPC's words for a dead process's address ...
+    assert refused(TaskUnavailableError(f"{P0}: Push: UNAVAILABLE: failed to connect to all addresses; last error: "
+                                        "UNKNOWN: ipv4:127.0.0.1:9: Failed to connect to remote host: Connection refused"))
+    assert not refused(DeadlineExceededError(f"{P0}: Push: DEADLINE_EXCEEDED: Deadline Exceeded"))
+
+    # ... and the tcp carrier's, whose task no longer answers over gRPC either (a port nothing listens on).
+    class Gone:
+        task = P0
+
+        def call(self, method: str, meta: Mapping[str, Any] | None = None, arrays: Any = None, *,
+                 timeout: float | None = None) -> Frame:
+            raise TaskUnavailableError(f"{P0}: {method}: UNAVAILABLE")
+
+        def close(self) -> None:
+            pass
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    channel = TcpChannel(P0, "127.0.0.1", port, ConnectConfig(connect_timeout=2.0), discovery=Gone())  # type: ignore[arg-type]
+    with pytest.raises(TaskUnavailableError) as caught:
+        channel.call("Push", {}, timeout=2.0)
+    channel.close()
+    assert refused(caught.value), caught.value
+
+
+def test_a_primary_caught_just_before_it_took_the_shard_is_asked_again_before_its_backup_is_promoted() -> None:
+    # Seen under load at a run's start: one round of statuses read ps task 0 still "joining at epoch 0" and, a moment
+    # later, its backup already holding the fresh shard's state at epoch 1 (the members are asked in parallel, so
+    # a round is no snapshot). The primary's answer predates the backup's: it is asked once more.
+    shards = FakeShards()
+    shards.set(B0, "backup", 1, primary=P0)
+    shards.set(P1, "primary", 1, primary=P1, backups=(B1,))
+    shards.set(B1, "backup", 1, primary=P1)
+    answers = [status(P0, "joining", 0, has_state=False), status(P0, "primary", 1, primary=P0, backups=(B0,))]
+    original = shards.answer
+
+    def answer(member: Member, method: str, meta: Mapping[str, Any]) -> Frame | RpcError:
+        if member.task == P0 and method == "ReplicaStatus":
+            member.calls.append(method)
+            return (answers.pop(0) if len(answers) > 1 else answers[0]).to_frame()
+        return original(member, method, meta)
+
+    shards.answer = answer  # type: ignore[method-assign]
+    r = router(shards)
+    assert r.resolve(0) and r.routes[0] == (P0, 1)
+    assert PromoteRequest.METHOD not in shards.members[B0].calls

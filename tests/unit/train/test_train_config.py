@@ -75,3 +75,14 @@ def test_the_config_checks_the_rules_across_groups() -> None:
         TrainConfig.flat(mode="sync", num_workers=2, replicas_to_aggregate=5)
     with pytest.raises(ConfigError, match="--partitions"):
         TrainConfig(data=DataSettings(num_features=2), cluster=ClusterSettings(partitions=3))
+
+
+def test_the_ps_failover_timeout_is_a_cluster_setting_from_its_flag_and_checked() -> None:
+    from psflow.cli.main import build_parser
+    from psflow.cli.training import config_from_args
+
+    args = build_parser().parse_args(["train", "--train", "x", "--ps-replicas", "1", "--ps-failover-timeout", "4.5"])
+    assert config_from_args(args).cluster.ps_failover_timeout == 4.5
+    assert TrainConfig().cluster.ps_failover_timeout == 10.0  # the lease ttl's default; under --liveness-timeout's 30
+    with pytest.raises(ConfigError, match=r"--ps-failover-timeout must be within \(0, 3600\] s, got 0"):
+        ClusterSettings(ps_failover_timeout=0)
