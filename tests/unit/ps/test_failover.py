@@ -19,6 +19,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.failover import PushNumbers, ShardRouter, decide
 from psflow.ps.protocol import PullReply, PushPullReply, PushReply, PushRequest, StepTag, WorkerTag
 from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply
+from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import (
     ConnectConfig,
     DeadlineExceededError,
@@ -99,6 +100,7 @@ class Member:
     calls: list[str] = field(default_factory=list)
     metas: list[Mapping[str, Any]] = field(default_factory=list)
     replies: list[Any] = field(default_factory=list)  # what its next data calls answer (Frame or RpcError)
+    timeouts: list[float | None] = field(default_factory=list)  # the deadline of each call it got
 
 
 class Done:
@@ -170,6 +172,7 @@ class FakeChannel:
 
     def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
                    arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Done:
+        self.member.timeouts.append(timeout)
         return Done(self.shards.answer(self.member, method, meta or {}))
 
     def call(self, method: str, meta: Mapping[str, Any] | None = None,
@@ -524,3 +527,19 @@ def test_a_primary_caught_just_before_it_took_the_shard_is_asked_again_before_it
     r = router(shards)
     assert r.resolve(0) and r.routes[0] == (P0, 1)
     assert PromoteRequest.METHOD not in shards.members[B0].calls
+
+
+def test_a_sync_push_waiting_for_its_step_outlasts_the_step_timeout_so_the_wait_never_starts_a_failover(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The ps task answers a sync push by --sync-timeout at the latest (the step applied, or refused naming the
+    # missing workers); the client's deadline is --rpc-timeout beyond it, so a long aggregation is never a failure.
+    shards = healthy()
+    monkeypatch.setattr("psflow.ps.client.open_channel", lambda transport, task, address, service, config:
+                        shards.open(task, address))
+    client = ParameterClient(CLUSTER, _layout(CLUSTER).placements(), client_name="/job:worker/task:0",
+                             config=ConnectConfig(rpc_timeout=7.0), sync=SyncConfig("sync", 2, 2, timeout=30.0))
+    client.connect()
+    client.push_detailed({"w": DenseGradient(np.ones(2, np.float32))}, read_step=0)
+    assert shards.members[P0].timeouts[-1] == shards.members[P1].timeouts[-1] == 37.0
+    assert client.router is not None and client.router.failover_timeout == 10.0
+    assert not any(m.calls.count("ReplicaStatus") > 1 for m in shards.members.values())  # no failover was started
