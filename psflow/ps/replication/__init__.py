@@ -16,6 +16,8 @@ Modules (one concept each):
 * ``snapshot.py``: the small state every entry carries, the full snapshot a joining member starts from;
 * ``dedup.py``: the dedup table (exactly-once pushes across a failover);
 * ``deposed.py``: a deposed primary (refuses writes, one warning, rebuilds);
+* ``startup.py``: a member's place when its process starts (fresh primary, join, promote its successor)
+  and its rebuild from a primary (Join);
 * ``member.py``: :class:`ShardReplication`, which joins them to a ParameterService.
 """
 

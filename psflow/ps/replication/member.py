@@ -18,10 +18,11 @@
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
   knows; ``Replicate`` writes the primary's entries in order (:mod:`~psflow.ps.replication.applier`).
 * ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`.
-* Start (:meth:`ShardReplication.start`): the member asks the others' status; some member has state -> it
-  joins that view's primary (promoting the first backup with state first when that primary is this very
-  task, its dead predecessor); none has state and it is member 0 -> it is primary at epoch 1 with every other
-  member as a backup (a fresh cluster); else it waits for the primary's snapshot.
+* Start (:meth:`ShardReplication.start`, :mod:`~psflow.ps.replication.startup`): the member asks the
+  others' status; some member has state -> it joins that view's primary (promoting the first backup with
+  state first when that primary is this very task, its dead predecessor); none has state and it is member 0
+  -> it is primary at epoch 1 with every other member as a backup (a fresh cluster); else it waits for the
+  primary's snapshot.
 
 An unreplicated service never builds one of these: its handlers are the service's own.
 """
@@ -64,6 +65,7 @@ from psflow.ps.replication.deltas import capture, capture_averages, capture_tabl
 from psflow.ps.replication.deposed import Deposal
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
 from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
+from psflow.ps.replication.startup import find_place, rebuild
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
 from psflow.ps.service import ParameterService
 from psflow.ps.store import PartitionState
@@ -79,8 +81,6 @@ log = logging.getLogger("psflow.ps.replication")
 #: Calls that change state and are replicated whole (a full entry) or by their small state.
 _FULL_CALLS = ("Register", "LoadShard")
 _STATE_CALLS = ("SetReady", "BeginRestore", "Done", "ReaderPositions")
-#: Seconds a member waits for every other member's answer before it starts a fresh shard without them.
-_FRESH_WAIT = 30.0
 #: A joining member this few entries behind the newest: new entries wait (at most _JOIN_HOLD seconds, then
 #: not again for _JOIN_HOLD) until it acked the newest and entered the view; so it enters under any load.
 _JOIN_NEAR, _JOIN_HOLD = 64, 1.0
@@ -430,7 +430,7 @@ class ShardReplication:
             forwarder.fail(self.deposal.message())
             forwarder.stop()
         if view.primary is not None:
-            threading.Thread(target=self._rebuild, args=(view.primary,), name="psflow-replica-rebuild",
+            threading.Thread(target=rebuild, args=(self, view.primary), name="psflow-replica-rebuild",
                              daemon=True).start()
 
     def _check_deposed(self) -> None:
@@ -459,69 +459,12 @@ class ShardReplication:
     # ---- start and rebuild ------------------------------------------------------------------------
     def start(self) -> None:
         """Finds this member's place (see the module docstring), in the background."""
-        threading.Thread(target=self._start, name="psflow-replica-start", daemon=True).start()
+        threading.Thread(target=find_place, args=(self,), name="psflow-replica-start", daemon=True).start()
 
     def stop(self) -> None:
         self._stopped.set()
         if self.forwarder is not None:
             self.forwarder.stop()
-
-    def _start(self) -> None:
-        began = time.monotonic()
-        while not self._stopped.is_set():
-            statuses: dict[str, ReplicaStatusReply] = {}
-            for member in self.members:
-                if member != self.task:
-                    try:
-                        statuses[member] = self._status_of(member)
-                    except RpcError:
-                        pass
-            if self.view.view.role != JOINING or self.applier.applied_seq > 0:
-                return  # a primary's snapshot (a fresh cluster) or a promotion reached this member meanwhile
-            primaries = [s for s in statuses.values() if s.role == PRIMARY and s.has_state]
-            if primaries:
-                self._rebuild(max(primaries, key=lambda s: s.epoch).task)
-                return
-            with_state = [s for s in statuses.values() if s.has_state]
-            if with_state and any(s.primary == self.task for s in with_state):
-                self._promote_successor(with_state)  # this task's dead predecessor was primary
-            elif not with_state and self.members[0] == self.task and (
-                    len(statuses) == len(self.members) - 1 or time.monotonic() - began > _FRESH_WAIT):
-                view = self.view.start_primary(1, tuple(m for m in self.members if m != self.task))
-                log.info("%s: primary of shard %d at epoch 1 (a fresh shard; backups %s)", self.task, self.shard,
-                         ", ".join(view.backups) or "none")
-                self._become_primary(view)
-                return
-            self._stopped.wait(0.2)
-
-    def _promote_successor(self, with_state: list[ReplicaStatusReply]) -> None:
-        order = {m: i for i, m in enumerate(self.members)}
-        first = min(with_state, key=lambda s: order.get(s.task, len(order)))
-        try:
-            frame = PromoteRequest(self.shard, first.epoch, self.task).to_frame()
-            self._channel(first.task).call(PromoteRequest.METHOD, frame.meta, timeout=self.config.status_timeout * 5)
-            log.warning("%s: restarted; promoted %s (epoch %d -> %d) and rebuilds from it", self.task, first.task,
-                        first.epoch, first.epoch + 1)
-        except RpcError as e:
-            log.info("%s: promoting %s: %s", self.task, first.task, e)
-
-    def _rebuild(self, primary: str) -> None:
-        """Rebuilds this member from ``primary``'s snapshot (Join), retrying until it answers."""
-        self.applier.expect_snapshot()
-        while not self._stopped.is_set():
-            try:
-                frame = JoinRequest(self.shard, self.task, self.incarnation).to_frame()
-                reply = JoinReply.from_frame(self._channel(primary).call(JoinRequest.METHOD, frame.meta,
-                                                                          timeout=self.config.status_timeout * 5))
-            except RpcError as e:
-                log.info("%s: joining %s: %s", self.task, primary, e)
-                self._stopped.wait(0.5)
-                continue
-            self.view.set(View(reply.epoch, primary, (), JOINING))
-            self.deposal.rebuilt()
-            log.info("%s: rebuilding shard %d from %s (epoch %d, snapshot %d)", self.task, self.shard, primary,
-                     reply.epoch, reply.snapshot_seq)
-            return
 
     # ---- channels ---------------------------------------------------------------------------------
     def _channel(self, member: str) -> Channel:

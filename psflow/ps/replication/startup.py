@@ -1,0 +1,89 @@
+"""Where a member of a replicated shard stands when its process starts, and its rebuild from a primary.
+
+* :func:`find_place`: the member asks the others' ReplicaStatus. Some member is primary with state -> it
+  rebuilds from it (:func:`rebuild`); some member has state and names this very task as primary (its dead
+  predecessor) -> it promotes the first of them in member order, then rebuilds from the winner; none has
+  state and it is member 0 -> it is primary at epoch 1 with every other member as a backup (a fresh
+  cluster: once every other member answered, or after 30 s); else it asks again every 0.2 s.
+* :func:`rebuild`: ``Join`` the primary (retried until it answers); its snapshot and every entry after it
+  follow through ``Replicate`` (:mod:`psflow.ps.replication.applier`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from psflow.ps.protocol import JoinReply, JoinRequest, PromoteRequest, ReplicaStatusReply
+from psflow.ps.replication.view import JOINING, PRIMARY, View
+from psflow.rpc.api import RpcError
+
+if TYPE_CHECKING:
+    from psflow.ps.replication.member import ShardReplication
+
+__all__ = ["find_place", "rebuild"]
+
+log = logging.getLogger("psflow.ps.replication")
+
+#: Seconds a member waits for every other member's answer before it starts a fresh shard without them.
+_FRESH_WAIT = 30.0
+
+
+def find_place(self: ShardReplication) -> None:
+    """Finds member ``self``'s place in its shard (the module docstring), retrying until it has one."""
+    began = time.monotonic()
+    while not self._stopped.is_set():
+        statuses: dict[str, ReplicaStatusReply] = {}
+        for member in self.members:
+            if member != self.task:
+                try:
+                    statuses[member] = self._status_of(member)
+                except RpcError:
+                    pass
+        if self.view.view.role != JOINING or self.applier.applied_seq > 0:
+            return  # a primary's snapshot (a fresh cluster) or a promotion reached this member meanwhile
+        primaries = [s for s in statuses.values() if s.role == PRIMARY and s.has_state]
+        if primaries:
+            rebuild(self, max(primaries, key=lambda s: s.epoch).task)
+            return
+        with_state = [s for s in statuses.values() if s.has_state]
+        if with_state and any(s.primary == self.task for s in with_state):
+            _promote_successor(self, with_state)  # this task's dead predecessor was primary
+        elif not with_state and self.members[0] == self.task and (
+                len(statuses) == len(self.members) - 1 or time.monotonic() - began > _FRESH_WAIT):
+            view = self.view.start_primary(1, tuple(m for m in self.members if m != self.task))
+            log.info("%s: primary of shard %d at epoch 1 (a fresh shard; backups %s)", self.task, self.shard,
+                     ", ".join(view.backups) or "none")
+            self._become_primary(view)
+            return
+        self._stopped.wait(0.2)
+
+def _promote_successor(self: ShardReplication, with_state: list[ReplicaStatusReply]) -> None:
+    order = {m: i for i, m in enumerate(self.members)}
+    first = min(with_state, key=lambda s: order.get(s.task, len(order)))
+    try:
+        frame = PromoteRequest(self.shard, first.epoch, self.task).to_frame()
+        self._channel(first.task).call(PromoteRequest.METHOD, frame.meta, timeout=self.config.status_timeout * 5)
+        log.warning("%s: restarted; promoted %s (epoch %d -> %d) and rebuilds from it", self.task, first.task,
+                    first.epoch, first.epoch + 1)
+    except RpcError as e:
+        log.info("%s: promoting %s: %s", self.task, first.task, e)
+
+def rebuild(self: ShardReplication, primary: str) -> None:
+    """Rebuilds member ``self`` from ``primary``'s snapshot (Join), retrying until it answers."""
+    self.applier.expect_snapshot()
+    while not self._stopped.is_set():
+        try:
+            frame = JoinRequest(self.shard, self.task, self.incarnation).to_frame()
+            reply = JoinReply.from_frame(self._channel(primary).call(JoinRequest.METHOD, frame.meta,
+                                                                      timeout=self.config.status_timeout * 5))
+        except RpcError as e:
+            log.info("%s: joining %s: %s", self.task, primary, e)
+            self._stopped.wait(0.5)
+            continue
+        self.view.set(View(reply.epoch, primary, (), JOINING))
+        self.deposal.rebuilt()
+        log.info("%s: rebuilding shard %d from %s (epoch %d, snapshot %d)", self.task, self.shard, primary,
+                 reply.epoch, reply.snapshot_seq)
+        return
