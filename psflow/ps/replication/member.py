@@ -129,6 +129,7 @@ class ShardReplication:
         self.forwarder: Forwarder | None = None
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
+        self._apply_lock = threading.Lock()  # an async push's apply and its entry, together (_push)
         self._stopped = threading.Event()
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
         service.mode.on_step_applied = self._step_applied
@@ -225,8 +226,16 @@ class ShardReplication:
         if recorded is not None:  # applied before (a resend after a failover): its reply, not applied again
             forwarder.wait(recorded.seq)
             return PushReply.from_frame(Frame(recorded.reply))
-        reply = self.service._push(request)
         mode = self.service.mode
+        if mode.config.mode == "async":
+            # Applied and recorded as one (an entry recorded in between would hold this push's rows without its
+            # dedup record: a resend would apply it twice); ssp blocks in the push, sync records with the step.
+            with self._apply_lock:
+                reply = self.service._push(request)
+                seq = self._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
+            forwarder.wait(seq)
+            return reply
+        reply = self.service._push(request)
         if mode.counts_at_step and reply.accepted:  # recorded with its step's rows (_step_applied)
             mine = self.dedup.get(tag.worker, tag.incarnation, tag.push_id)
             if mine is not None:
