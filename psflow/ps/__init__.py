@@ -39,7 +39,9 @@ Files (the calling side):
   ``plans.py``: pull/push routing (:class:`~psflow.ps.plans.Planner`, :class:`~psflow.ps.plans.ClientError`);
   ``registration.py``: :func:`~psflow.ps.registration.register_layout` and the wait for the chief.
 * ``failover.py``: (replicated shards) :class:`~psflow.ps.failover.ShardRouter`, routing each shard to its
-  current primary and resending a push that failed over; ``report_done.py``: ``Done``'s retry loop
+  current primary and resending a push that failed over; ``primary_choice.py``: its rule
+  (:func:`~psflow.ps.primary_choice.decide`); ``push_numbers.py``: each push call's ``push_id`` and each
+  shard's ``acked`` (:class:`~psflow.ps.push_numbers.PushNumbers`); ``report_done.py``: ``Done``'s retry loop
   (:func:`~psflow.ps.report_done.send_done`).
 * ``fencing.py``: :class:`~psflow.ps.fencing.FencedWriter` (the leader checks its epoch on every task).
 

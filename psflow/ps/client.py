@@ -40,7 +40,7 @@ from psflow.cluster.replicas import ps_replicas
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
-from psflow.ps.failover import PushNumbers, ShardRouter, at_epoch, resolve_all
+from psflow.ps.failover import ShardRouter, resolve_all
 from psflow.ps.plans import ClientError, Planner, PullPlan
 from psflow.ps.protocol import (
     DoneRequest,
@@ -59,6 +59,7 @@ from psflow.ps.protocol import (
     StepTag,
     WorkerTag,
 )
+from psflow.ps.push_numbers import PushNumbers, at_epoch
 from psflow.ps.registration import register_layout
 from psflow.ps.report_done import send_done
 from psflow.ps.sync import SyncConfig
@@ -123,11 +124,8 @@ class ParameterClient:
                 ``config.transport`` names (:func:`psflow.rpc.registry.open_channel`), e.g.
                 :class:`~psflow.rpc.inprocess.InProcessChannel` for a run in one process
                 (never replicated).
-            failover_timeout: (replicated shards) seconds a shard member may answer nothing (no status,
-                no call) before this client takes it as gone and promotes a backup over it (default 10 s,
-                :data:`psflow.ps.failover.FAILOVER_TIMEOUT`); a refused connection or a member saying it is
-                not primary is taken at once. A failed call waits at most ``config.connect_timeout`` s
-                for its shard's new primary.
+            failover_timeout: (replicated shards) seconds a shard member may answer nothing before this
+                client takes it as gone (:class:`~psflow.ps.failover.ShardRouter`; default 10 s).
 
         Raises:
             ConfigError: ``config.transport`` names no carrier, or asks for what it
@@ -137,16 +135,12 @@ class ParameterClient:
         self.sync = sync or SyncConfig()
         #: global_step read by the latest pull (the step its values belong to).
         self.last_pull_step: int | None = None
-        # The newest global_step this client heard of (pulls and pushes): sent with its requests as
-        # the step hint, the clock of the dynamic tables on ps tasks that do not hold global_step.
-        self._step_hint: int | None = None
-        #: This client's process, sent with every push and ReaderPositions request: a ps task refuses
-        #: pushes of an earlier process of the same client (psflow.ps.service, Incarnations).
+        self._step_hint: int | None = None  # the newest global_step heard of: the tables' clock off ps task 0
+        #: This process, sent with pushes: an earlier process's are refused (psflow.ps.service, Incarnations).
         self.incarnation = time.time_ns()
         self.cluster = cluster
         self._plans = Planner(layout, client_name=client_name)
-        #: Every variable's placement, by name.
-        self.layout = self._plans.layout
+        self.layout = self._plans.layout  #: Every variable's placement, by name.
         self.client_name = client_name
         self.config = config or ConnectConfig()
         ps = cluster.task_indices("ps")
@@ -461,18 +455,11 @@ class ParameterClient:
 
     def report_done(self, *, checkpoint_dir: bool = False, final_checkpoint: str | None = None,
                     attempts: int = 3, worker: str | None = None) -> list[str]:
-        """Tells every ps task that this worker's session ended normally (``Done``, see
-        :mod:`psflow.ps.run_end`): a ps task of ``psflow server`` exits once every training worker did.
-        ``checkpoint_dir``: the run checkpoints; ``final_checkpoint``: the name of its final checkpoint,
-        if this worker sees it (the ps tasks' exit line names it); ``worker``: the training worker it is
-        sent for (default this client's name; the in-graph client sends it for each of its workers).
-
-        Blocks for at most ``attempts`` rounds of 5 s calls (a task that could not be reached is
-        asked again after 0.5 s, 1 s, ...; one that refused is not). Never raises.
-
-        Returns:
-            The ps tasks that did not hear it, each logged as a WARNING (they keep serving until stopped).
-        """
+        """Tells every ps task this worker's session ended normally (``Done``, :mod:`psflow.ps.run_end`);
+        ``worker``: the training worker it is for (default this client's name); ``checkpoint_dir``: the run
+        checkpoints; ``final_checkpoint``: its final checkpoint's name (the ps tasks' exit line names it).
+        Blocks for at most ``attempts`` rounds of 5 s calls; never raises; returns the ps tasks that did not
+        hear it (:func:`psflow.ps.report_done.send_done`)."""
         meta = DoneRequest(worker or self.client_name, self.incarnation, checkpoint_dir,
                            final_checkpoint).to_frame().meta
         return send_done(self.client_name, self.channels, meta, attempts=attempts,

@@ -8,7 +8,7 @@ client's ``channels``: shard -> channel, changed in place on a failover).
 
 When a request to a shard fails with UNAVAILABLE, DEADLINE_EXCEEDED or FAILED_PRECONDITION,
 :meth:`ShardRouter.resolve` asks every member its ``ReplicaStatus`` (short deadline, in parallel)
-and :func:`decide` reads the answers:
+and :func:`~psflow.ps.primary_choice.decide` reads the answers:
 
 1. a member that says primary, holds the variables (``has_state``) and has the highest epoch of
    those holding them: the shard routes to it;
@@ -49,16 +49,14 @@ router: its client's calls are never resent.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent import futures
-from dataclasses import dataclass
 
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import member_address, shard_members
-from psflow.ps.protocol import PullRequest, PushPullRequest, PushRequest, Request
+from psflow.ps.primary_choice import Decision, decide
 from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply, ReplicaStatusRequest
 from psflow.rpc.api import (
     Channel,
@@ -71,8 +69,7 @@ from psflow.rpc.api import (
 )
 from psflow.rpc.framing import Frame
 
-__all__ = ["FAILOVER_ERRORS", "FAILOVER_TIMEOUT", "Decision", "PushNumbers", "ShardRouter", "at_epoch", "decide",
-           "refused", "resolve_all"]
+__all__ = ["FAILOVER_ERRORS", "FAILOVER_TIMEOUT", "ShardRouter", "refused", "resolve_all"]
 
 log = logging.getLogger("psflow.ps.client")
 
@@ -82,80 +79,6 @@ FAILOVER_TIMEOUT = 10.0
 
 #: The errors after which a replicated shard's primary is resolved again.
 FAILOVER_ERRORS: tuple[type[RpcError], ...] = (TaskUnavailableError, DeadlineExceededError, FailedPreconditionError)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What :func:`decide` concludes from a shard's members' statuses.
-
-    Attributes:
-        action: ``route`` (requests go to ``task``, primary at ``epoch``), ``promote`` (send
-            ``Promote`` to backup ``task`` at ``epoch``), ``drop`` (ask the primary ``primary`` to drop
-            its unreachable backup ``task`` from its view at ``epoch``) or ``wait`` (no member can
-            serve yet: ask again after a backoff).
-        task: the member the action names ("" for ``wait``).
-        epoch: the epoch the action is for (``route``: the primary's; else the expected one).
-        primary: (``drop``) the primary the request goes to.
-        has_state: (``route``) the primary holds the variables.
-    """
-
-    action: str
-    task: str = ""
-    epoch: int = 0
-    primary: str = ""
-    has_state: bool = True
-
-
-WAIT = Decision("wait")
-
-
-def decide(members: Sequence[str], statuses: Mapping[str, ReplicaStatusReply | None], *,
-           known: tuple[str, int | None], unreachable_error: bool, gone: Collection[str] = ()) -> Decision:
-    """Where a shard's requests go, from its members' ``ReplicaStatus`` (None: did not answer); pure.
-
-    Args:
-        members: the shard's members, in member order.
-        statuses: member -> its status, or None.
-        known: the primary and epoch the client routed by when its request failed.
-        unreachable_error: the request failed as unreachable or late (not as refused): a backup the
-            client cannot reach either is dropped from an unchanged primary's view.
-        gone: the members that did not answer and are proven gone (:meth:`ShardRouter.gone`): only
-            over such a primary (or one that answered that it is not primary) is a backup promoted, and
-            only such a backup is dropped; a member that is merely slow to answer is waited for.
-
-    Returns:
-        See :class:`Decision` and the module docstring's rules.
-    """
-    answered = {t: s for t, s in statuses.items() if s is not None}
-    holders = [s for s in answered.values() if s.has_state]
-    if not holders:  # a fresh cluster, or every replica lost: the empty primary at the highest epoch
-        empty = [s for s in answered.values() if s.role == "primary"]
-        if not empty:
-            return WAIT
-        best = max(empty, key=lambda s: s.epoch)
-        return Decision("route", best.task, best.epoch, has_state=False)
-    top = max(s.epoch for s in holders)
-    primaries = [s for s in holders if s.role == "primary" and s.epoch >= top]
-    if primaries:
-        best = max(primaries, key=lambda s: s.epoch)
-        if (best.task, best.epoch) == known and unreachable_error:
-            silent = [b for b in best.backups if statuses.get(b) is None]
-            lost = [b for b in silent if b in gone]
-            if lost:
-                return Decision("drop", lost[0], best.epoch, primary=best.task)
-            if silent:
-                return WAIT  # slow, not proven gone: asked again until it answers or is
-        return Decision("route", best.task, best.epoch)
-    for task in members:
-        s = answered.get(task)
-        if s is not None and s.has_state and s.epoch == top and s.role == "backup":
-            # Its primary answered, but not as the primary holding the state (else it was routed to above),
-            # or it is proven gone: promote. A primary that merely did not answer yet is waited for.
-            primary = s.primary
-            if not primary or primary in gone or statuses.get(primary) is not None:
-                return Decision("promote", task, top)
-            return WAIT
-    return WAIT
 
 
 class ShardRouter:
@@ -212,6 +135,7 @@ class ShardRouter:
         self.channels: dict[int, Channel] = {k: self._channel(m[0]) for k, m in self.members.items()}
         #: Failovers this router followed (a new primary or epoch), for logs and tests.
         self.failovers = 0
+        self._last_statuses: dict[int, dict[str, ReplicaStatusReply | None]] = {}
 
     def _channel(self, task: str) -> Channel:
         channel = self._member_channels.get(task)
@@ -237,7 +161,16 @@ class ShardRouter:
             except RpcError as e:
                 out[task] = None
                 self._unanswered(task, sent, e)
+        self._last_statuses[shard] = out
         return out
+
+    def _serving(self, shard: int) -> bool:
+        """Whether the primary shard ``shard`` routes to said, in the latest statuses, that it is that
+        shard's primary holding the variables at the routed epoch (alive and serving: a request it failed
+        as unavailable or late may be sent to it again)."""
+        task, epoch = self.routes[shard]
+        said = self._last_statuses.get(shard, {}).get(task)
+        return said is not None and said.role == "primary" and said.has_state and said.epoch == epoch
 
     def _asked_again(self, decision: Decision, statuses: dict[str, ReplicaStatusReply | None]) -> bool:
         """(Before a ``Promote``) asks the view's primary its status once more, after its backup answered, when its
@@ -291,7 +224,7 @@ class ShardRouter:
 
     def resolve(self, shard: int, error: RpcError | None = None, *, timeout: float | None = None) -> bool:
         """Finds shard ``shard``'s primary (promoting a backup, or dropping an unreachable one, where
-        :func:`decide` says so) and routes the shard to it.
+        :func:`~psflow.ps.primary_choice.decide` says so) and routes the shard to it.
 
         Blocks until a member can serve the shard, at most ``timeout`` s (default
         ``failover_timeout``), asking the members again with backoff.
@@ -397,9 +330,16 @@ class ShardRouter:
                 resent: dict[int, PendingReply] = {}
                 for shard, error in sorted(errors.items()):
                     left = deadline - time.monotonic()
-                    if not isinstance(error, FAILOVER_ERRORS) or left <= 0 or not self.resolve(shard, error, timeout=left):
+                    if not isinstance(error, FAILOVER_ERRORS) or left <= 0:
                         replies.update(_collect(resent)[0])  # every call finished before the error is raised
                         raise error
+                    if not self.resolve(shard, error, timeout=left):
+                        if not (isinstance(error, TaskUnavailableError | DeadlineExceededError) and self._serving(shard)):
+                            replies.update(_collect(resent)[0])
+                            raise error
+                        # The primary is alive and serving: it failed the call as unavailable (a backup slow to
+                        # acknowledge) or the call was late; sent again (a push with its push_id is applied once).
+                        time.sleep(min(self._backoff[1], max(0.0, left)))
                     resent[shard] = resend(shard)
                 sent = self._clock()
                 more, errors = _collect(resent)
@@ -467,43 +407,3 @@ def resolve_all(router: ShardRouter, shards: Sequence[int], *, timeout: float) -
     with futures.ThreadPoolExecutor(max(1, len(shards))) as pool:
         for f in [pool.submit(router.resolve, k, None, timeout=timeout) for k in shards]:
             f.result()
-
-
-class PushNumbers:
-    """(Replicated shards) a client process's push calls and each shard's acknowledged pushes.
-
-    Every push call gets the next ``push_id`` (1, 2, ...), the same on each shard it goes to and on a
-    resend (the shard's dedup table then replies without applying it again); each shard's request carries
-    ``acked``, how many of this process's pushes that shard acknowledged before (the ps side sums them into
-    ``pushes_acknowledged``: the run's ``updates_lost`` is what a checkpoint restore lacks of them).
-    Not thread-safe (the client's training thread).
-    """
-
-    def __init__(self) -> None:
-        #: The latest push call's push_id (0: none yet).
-        self.push_id = 0
-        #: shard -> pushes of this process it acknowledged.
-        self.acked: dict[int, int] = {}
-
-    def number(self, requests: Mapping[int, PushRequest]) -> dict[int, PushRequest]:
-        """``requests`` (one push call's, by shard) tagged with the call's new ``push_id`` and each shard's ``acked``."""
-        self.push_id += 1
-        return {shard: dataclasses.replace(request, worker=dataclasses.replace(
-                    request.worker, push_id=self.push_id, acked=self.acked.get(shard, 0)))
-                for shard, request in requests.items()}
-
-    def acknowledged(self, shards: Iterable[int]) -> None:
-        """Counts one acknowledged push for each of ``shards`` (their replies came back)."""
-        for shard in shards:
-            self.acked[shard] = self.acked.get(shard, 0) + 1
-
-
-def at_epoch(request: Request, epoch: int | None) -> Request:
-    """``request`` carrying ``epoch``, the epoch of its shard's view the client routes by (pulls and pushes;
-    other requests as they are)."""
-    if isinstance(request, PullRequest | PushRequest):
-        return dataclasses.replace(request, shard_epoch=epoch)
-    if isinstance(request, PushPullRequest):
-        return PushPullRequest(dataclasses.replace(request.push, shard_epoch=epoch),
-                               dataclasses.replace(request.pull, shard_epoch=epoch))
-    return request

@@ -16,9 +16,11 @@ from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
-from psflow.ps.failover import PushNumbers, ShardRouter, decide
+from psflow.ps.failover import ShardRouter
+from psflow.ps.primary_choice import decide
 from psflow.ps.protocol import PullReply, PushPullReply, PushReply, PushRequest, StepTag, WorkerTag
 from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply
+from psflow.ps.push_numbers import PushNumbers
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import (
     ConnectConfig,
@@ -543,3 +545,19 @@ def test_a_sync_push_waiting_for_its_step_outlasts_the_step_timeout_so_the_wait_
     assert shards.members[P0].timeouts[-1] == shards.members[P1].timeouts[-1] == 37.0
     assert client.router is not None and client.router.failover_timeout == 10.0
     assert not any(m.calls.count("ReplicaStatus") > 1 for m in shards.members.values())  # no failover was started
+
+
+def test_a_push_the_serving_primary_failed_as_unavailable_is_sent_to_it_again_never_raised() -> None:
+    """A backup slow to acknowledge (alive: it answers its status) makes the primary fail the push as
+    UNAVAILABLE; the primary still serves, so the push goes to it again (its push_id makes it apply once)
+    instead of ending the worker, and nobody is promoted or dropped."""
+    shards = healthy()
+    r = router(shards)
+    r.resolve(0)
+    shards.members[P0].replies.append(TaskUnavailableError(f"{P0}: backup {B0} of shard 0 did not acknowledge "
+                                                           "entry 12 within 5 s"))
+    replies = r.gather({0: r.channels[0].call_async("Push")}, lambda t: r.channels[t].call_async("Push"))
+    assert sorted(replies) == [0]
+    assert shards.members[P0].calls.count("Push") == 2 and r.routes[0] == (P0, 1)
+    assert PromoteRequest.METHOD not in shards.members[B0].calls
+    assert DropBackupRequest.METHOD not in shards.members[P0].calls
