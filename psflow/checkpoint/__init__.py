@@ -33,7 +33,8 @@ that has seen a newer chief's epoch refuses, and the save fails with
     3. the chief writes ``manifest.json`` (variables, shapes, dtypes,
        partitioning, slots, global_step, each worker's reader position, the
        cluster, the model, the lineage and the writing run, the psflow
-       version, each shard's size and sha256);
+       version, each shard's size and sha256, and a replicated shard's count
+       of the pushes it holds);
     4. every ps task confirms the chief's epoch (``Fence``);
     5. the chief switches the pointer ``checkpoint`` by atomic rename, as a
        compare-and-swap under the directory's ``flock``: a pointer written by

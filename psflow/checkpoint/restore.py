@@ -49,7 +49,10 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     partitions in one ``LoadShard`` call (tasks in parallel); the task
     holding global_step also gets global_step (``global_step`` if given,
     else the checkpoint's), the reader positions, the example count and the
-    checkpoint's lineage (which the restored cluster continues).
+    checkpoint's lineage (which the restored cluster continues). A replicated
+    shard's checkpoint of the same number of ps tasks gives each task its
+    shard's ``pushes_applied`` (which the task keeps in a restore within the
+    run: see :mod:`psflow.ps.checkpointing`, ``LoadShard``).
     Does not mark the tasks ready (the chief does that afterwards).
 
     Raises:
@@ -86,16 +89,26 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
                     saved_rows(shards, name, saved_parts, part.row_start, part.row_stop, AVERAGE_SLOT) if saved_average
                     else value)
     restored_step = manifest.global_step if global_step is None else global_step
+    counts = _push_counts(manifest, len(per_task))
     calls: dict[int, LoadShardRequest] = {}
     for task, load in per_task.items():
         if task == client.step_task:  # the restored cluster continues the checkpoint's lineage
             calls[task] = load.request(restored_step=restored_step, global_step=restored_step,
                                        positions=manifest.reader_positions, examples=manifest.examples,
-                                       lineage=manifest.lineage or None)
+                                       lineage=manifest.lineage or None, pushes_applied=counts.get(task))
         else:
-            calls[task] = load.request(restored_step=restored_step)
+            calls[task] = load.request(restored_step=restored_step, pushes_applied=counts.get(task))
     load_shards(client, calls, f"restoring {path}")
     return manifest
+
+
+def _push_counts(manifest: Manifest, num_tasks: int) -> dict[int, int]:
+    """ps task -> the pushes its shard of the checkpoint holds (replicated shards); none when the checkpoint
+    has another number of ps tasks (its shards are not these) or no count (unreplicated, older)."""
+    if len(manifest.shards) != num_tasks:
+        return {}
+    counts = {task: record.get("pushes_applied") for task, record in enumerate(manifest.shards)}
+    return {task: n for task, n in counts.items() if type(n) is int and n >= 0}
 
 
 @dataclass

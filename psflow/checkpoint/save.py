@@ -70,6 +70,14 @@ def _fsync_dir(path: str) -> None:
     storage.sync_dir(path)  # (an object store: nothing to do)
 
 
+def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
+    """A shard's entry in the manifest; a replicated shard's with the count of the pushes it holds."""
+    record: dict[str, Any] = {"file": file, "task": reply.task, "bytes": reply.size, "sha256": reply.sha256}
+    if reply.pushes_applied is not None:
+        record["pushes_applied"] = reply.pushes_applied
+    return record
+
+
 class CheckpointManager:
     """Saves checkpoints of a cluster into one directory and keeps the newest few of its lineage.
 
@@ -349,8 +357,7 @@ class CheckpointManager:
         return Manifest(
             global_step=step_reply.global_step,
             variables=variables,
-            shards=[{"file": file, "task": r.task, "bytes": r.size, "sha256": r.sha256}
-                    for _, (file, r) in sorted(replies.items())],
+            shards=[_shard_record(file, r) for _, (file, r) in sorted(replies.items())],
             reader_positions=dict(step_reply.positions),
             examples=step_reply.examples,
             cluster=json.loads(client.cluster.to_json()),

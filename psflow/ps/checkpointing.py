@@ -25,6 +25,9 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     examples pushed with them (read together). With ``epoch`` (the chief's
     lease epoch) the write is fenced: refused with FAILED_PRECONDITION if a
     newer chief's epoch was seen, and no newer epoch is accepted meanwhile.
+    On a replicated shard's primary (:attr:`CheckpointHandlers.push_count` set) the reply's
+    ``pushes_applied`` is the count of the pushes the snapshot holds: read with it while no push is
+    applied (:meth:`PushCount.holding`); an unreplicated task sends none.
 ``LoadShard``
     ``meta = {"parts": [key, ...], "global_step": S | null, "positions": {...} | null, "examples": n | null}``,
     arrays ``v/<key>`` (values) and ``s/<key>/<slot>`` (slots). Every array
@@ -41,6 +44,12 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     ``global_step`` without it) is the checkpoint's global_step: the moving
     averages belong to it (:class:`psflow.ps.averages.MovingAverages`), and in
     sync mode a task's count of aggregated steps starts over there.
+    ``"pushes_applied": n`` (a replicated shard's checkpoint) sets the shard's count of applied pushes
+    to the checkpoint's in a restore within the run (this task got ``BeginRestore``: the run's worker
+    processes go on, and so do their counts of acknowledged pushes), so ``updates_lost`` counts exactly
+    the acknowledged pushes the checkpoint lacks. A fresh cluster's first load (a new run resuming a
+    checkpoint) leaves it at 0, where the new workers' counts start; a load without it (an older
+    checkpoint, or an unreplicated task) leaves the count as it is.
     A dynamic table's partition is loaded from the arrays ``d/<key>/<name>``
     of a :meth:`~psflow.ps.dynamic.DynamicTable.snapshot` (``ids``, ``values``,
     ``slot/*``, ``state/*``, ``last_step``, ``frequency``, ``step``): every row
@@ -89,7 +98,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import numpy as np
 from safetensors.numpy import save as safetensors_save
@@ -122,7 +132,8 @@ from psflow.ps.worker_ledger import WorkerLedger
 from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
-__all__ = ["CheckpointHandlers", "SaveLedger", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names", "dynamic_tensor_names"]
+__all__ = ["CheckpointHandlers", "PushCount", "SaveLedger", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names",
+           "dynamic_tensor_names"]
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +184,21 @@ def _saved_slots(part: PartitionState) -> dict[str, np.ndarray]:
     return {**part.slots, AVERAGE_SLOT: part.average}
 
 
+class PushCount(Protocol):
+    """A replicated shard's count of applied pushes, carried by its checkpoints (``SaveShard``, ``LoadShard``)."""
+
+    def holding(self) -> AbstractContextManager[int]:
+        """No push is applied while held (a snapshot within holds exactly the pushes counted); gives the count."""
+
+    def restored(self, count: int) -> None:
+        """The shard's state was restored within the run from a checkpoint holding ``count`` pushes."""
+
+
 class CheckpointHandlers:
-    """SaveShard / LoadShard / SetReady / ReaderPositions of one ps task."""
+    """SaveShard / LoadShard / SetReady / ReaderPositions of one ps task. ``push_count``: set on a replicated
+    shard's member (:mod:`psflow.ps.replication`; None: unreplicated, no count saved or loaded)."""
+
+    push_count: PushCount | None = None
 
     def __init__(self, *, variables: VariableStore, clock: StepClock, workers: WorkerLedger, gate: RestoreGate,
                  mode: UpdateMode, fence: FenceGuard, saves: SaveLedger, checkpoint_root: str | None = None,
@@ -251,6 +275,23 @@ class CheckpointHandlers:
         return os.path.join(directory, name)
 
     def _save_shard(self, path: str | None) -> SaveShardReply:
+        counter = self.push_count
+        with counter.holding() if counter is not None else contextlib.nullcontext(None) as applied:
+            step, positions, examples, tensors, parts = self._snapshot()
+        data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
+        reply = SaveShardReply(self.task_name, parts, step, positions, examples, len(data),
+                               hashlib.sha256(data).hexdigest(), pushes_applied=applied)
+        if path is None:
+            return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
+        try:
+            storage.write_atomically(path, data)
+        except OSError as e:
+            raise InvalidRequest(f"cannot write checkpoint shard {path}: {e}") from e
+        log.info("%s: wrote checkpoint shard %s (%d bytes, step %s)", self.task_name, path, len(data), step)
+        return reply
+
+    def _snapshot(self) -> tuple[int | None, dict[str, str], int, dict[str, np.ndarray], list[dict[str, Any]]]:
+        """(global_step, reader positions, examples, the shard's tensors, its partitions' manifest records)."""
         variables, global_step = self._variables, self._clock.global_step
         step = global_step.value if global_step is not None else None
         # the averages moved over the steps with no push here
@@ -274,17 +315,7 @@ class CheckpointHandlers:
                 tensors[name] = slots[slot]
             parts.append({"key": part.key, "var": part.var_name, "index": part.index, "row_start": part.row_start,
                           "rows": int(value.shape[0]) if value.ndim else 1, "slots": sorted(slots)})
-        data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
-        reply = SaveShardReply(self.task_name, parts, step, positions, examples, len(data),
-                               hashlib.sha256(data).hexdigest())
-        if path is None:
-            return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
-        try:
-            storage.write_atomically(path, data)
-        except OSError as e:
-            raise InvalidRequest(f"cannot write checkpoint shard {path}: {e}") from e
-        log.info("%s: wrote checkpoint shard %s (%d bytes, step %s)", self.task_name, path, len(data), step)
-        return reply
+        return step, positions, examples, tensors, parts
 
     # ---- LoadShard ---------------------------------------------------------
     def load_shard(self, frame: Frame) -> Reply:
@@ -332,6 +363,9 @@ class CheckpointHandlers:
             self._workers.restore(dict(positions), examples)
         if lineage is not None:
             self._saves.set_lineage(lineage, only_if_unset=False)
+        counter = self.push_count
+        if counter is not None and request.pushes_applied is not None and self._gate.generation > 0:
+            counter.restored(request.pushes_applied)  # a restore within the run (see LoadShard)
         log.info("%s: loaded %d partitions%s", self.task_name, len(plan) + len(tables),
                  f", global_step {step}" if step is not None else "")
         return _reply(LoadShardReply(len(plan) + len(tables)))

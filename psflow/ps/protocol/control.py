@@ -107,7 +107,9 @@ class SaveShardRequest:
 class SaveShardReply:
     """What a shard holds: ``partitions`` (their manifest records), the shard's size and sha256, the
     global_step, the reader positions and the examples pushed with them (on the task holding
-    global_step), and the bytes themselves when the caller writes the file (``data``)."""
+    global_step), and the bytes themselves when the caller writes the file (``data``).
+    ``pushes_applied``: a replicated shard's count of the pushes the snapshot holds (None: unreplicated,
+    not sent)."""
 
     task: str
     partitions: Sequence[Mapping[str, Any]]
@@ -117,10 +119,13 @@ class SaveShardReply:
     size: int
     sha256: str
     data: np.ndarray | None = None
+    pushes_applied: int | None = None
 
     def to_frame(self) -> Frame:
         meta = {"task": self.task, "partitions": list(self.partitions), "global_step": self.global_step,
                 "positions": dict(self.positions), "examples": self.examples, "bytes": self.size, "sha256": self.sha256}
+        if self.pushes_applied is not None:
+            meta["pushes_applied"] = self.pushes_applied
         return Frame(meta, {_SHARD: self.data} if self.data is not None else {})
 
     @classmethod
@@ -134,7 +139,7 @@ class SaveShardReply:
         return cls(str(meta.get("task", "")), parts, optional_int(meta, "global_step"),
                    string_map(meta, "positions", "client names to reader position JSON") or {},
                    optional_int(meta, "examples", minimum=0) or 0, optional_int(meta, "bytes", minimum=0) or 0, sha,
-                   frame.arrays.get(_SHARD))
+                   frame.arrays.get(_SHARD), optional_int(meta, "pushes_applied", minimum=0))
 
 
 # ---- LoadShard --------------------------------------------------------------------------------------------
@@ -154,6 +159,7 @@ class LoadShardRequest:
     lineage: str | None = None
     values_only: bool = False
     restored_step: int | None = None
+    pushes_applied: int | None = None
 
     @classmethod
     def build(cls, values: Mapping[str, np.ndarray], slots: Mapping[str, Mapping[str, np.ndarray]],
@@ -191,6 +197,8 @@ class LoadShardRequest:
             meta["lineage"] = self.lineage
         if self.values_only:
             meta["values_only"] = True
+        if self.pushes_applied is not None:
+            meta["pushes_applied"] = self.pushes_applied
         return Frame(meta, dict(self.arrays))
 
     @classmethod
@@ -203,7 +211,8 @@ class LoadShardRequest:
         return cls(list_field(meta, "parts"), frame.arrays, step,
                    string_map(meta, "positions", "client names to reader position JSON"),
                    optional_int(meta, "examples", minimum=0), _lineage(meta, "lineage"), flag(meta, "values_only"),
-                   restored if type(restored) is int and restored >= 0 else None)
+                   restored if type(restored) is int and restored >= 0 else None,
+                   optional_int(meta, "pushes_applied", minimum=0))
 
 
 @message

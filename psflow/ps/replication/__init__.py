@@ -15,6 +15,7 @@ Modules (one concept each):
 * ``deltas.py``: capture and write of what a change wrote to a partition;
 * ``snapshot.py``: the small state every entry carries, the full snapshot a joining member starts from;
 * ``dedup.py``: the dedup table (exactly-once pushes across a failover);
+* ``checkpoint_count.py``: the count of applied pushes a shard's checkpoints save and a restore sets back;
 * ``deposed.py``: a deposed primary (refuses writes, one warning, rebuilds);
 * ``startup.py``: a member's place when its process starts (fresh primary, join, promote its successor)
   and its rebuild from a primary (Join);

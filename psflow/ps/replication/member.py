@@ -60,6 +60,7 @@ from psflow.ps.protocol import (
     ReplicateRequest,
 )
 from psflow.ps.replication.applier import InOrderApplier
+from psflow.ps.replication.checkpoint_count import CheckpointCount
 from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deltas import capture, capture_averages, capture_table
 from psflow.ps.replication.deposed import Deposal
@@ -133,6 +134,7 @@ class ShardReplication:
         self._stopped = threading.Event()
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
         service.mode.on_step_applied = self._step_applied
+        service._checkpoints.push_count = CheckpointCount(self.counts, self._apply_lock, service.mode)  # its saves
 
     # ---- handlers ---------------------------------------------------------------------------------
     def handlers(self, table: dict[str, Handler]) -> dict[str, Handler]:

@@ -40,6 +40,9 @@ SHARED = {
     # values (status pages, metrics), "seq" and "state" plain words of other documents
     "applied_seq", "backup", "backups", "deposed", "entries", "has_state", "joining", "lag", "primary", "role", "seq",
     "state", "unreplicated",
+    # a replicated shard's count of applied pushes: SaveShard's and LoadShard's field, the manifest's shard record
+    # and the Stats "replication" counter's key
+    "pushes_applied",
 }
 
 

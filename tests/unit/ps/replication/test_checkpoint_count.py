@@ -1,0 +1,197 @@
+"""A replicated shard's ``pushes_applied`` travels with its checkpoints (issue 28), in process: SaveShard reads
+it with the snapshot (no push applied in between), the manifest keeps it per shard, and a restore within the
+run (after BeginRestore) sets the shard's count back to it, on the primary and its backups; so after every
+replica of a shard was lost, ``updates_lost`` is exactly the acknowledged pushes the checkpoint lacks. A fresh
+cluster's first load (a new run resuming) starts at 0, as the workers' own counts do; an old checkpoint
+without the count loads as before; an unreplicated task writes no count."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from replica_shard import PRIMARY, WORKERS, InProcessShard, Link, backup, layout
+from safetensors.numpy import load
+
+from psflow.checkpoint.manifest import MANIFEST_NAME, read_manifest
+from psflow.checkpoint.restore import restore
+from psflow.checkpoint.save import CheckpointManager
+from psflow.cluster import ClusterSpec
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import (
+    BeginRestoreRequest,
+    PushRequest,
+    RegisterRequest,
+    SaveShardReply,
+    SaveShardRequest,
+    SetReadyRequest,
+    StepTag,
+    WorkerTag,
+)
+from psflow.ps.service import ParameterService
+from psflow.ps.sync import SyncConfig
+from psflow.rpc.framing import Frame
+from psflow.rpc.inprocess import InProcessChannel
+
+pytestmark = pytest.mark.timeout(60)
+
+CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1"]})
+
+
+def _push(i: int, acked: int) -> PushRequest:
+    rng = np.random.default_rng(i)
+    rows = np.array(sorted(rng.choice(20, 5, replace=False)), np.int64)
+    return PushRequest([("w/part_0", rng.normal(size=(5, 4)).astype(np.float32), rows),
+                        ("b/part_0", rng.normal(size=4).astype(np.float32), None)],
+                       WorkerTag(WORKERS[0], 1, push_id=i, acked=acked), step=True, examples=8)
+
+
+def _started(make_shard: Callable[..., InProcessShard]) -> tuple[InProcessShard, ParameterClient]:
+    """A fresh replicated shard (one backup) and a chief's client on its primary, the variables registered."""
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    request = layout(SyncConfig())
+    client = ParameterClient(CLUSTER, request.layout, client_name=WORKERS[0], channels={0: Link(shard, PRIMARY)})
+    client.register(request.optimizer, chief=True)
+    return shard, client
+
+
+def _counts(shard: InProcessShard, member: str) -> tuple[int, int]:
+    stats = shard.replicas[member].stats()
+    return stats["pushes_applied"], stats["pushes_acknowledged"]
+
+
+def _restore_within_run(shard: InProcessShard, client: ParameterClient, path: str) -> None:
+    """What a worker's ClusterRecovery sends: BeginRestore, the checkpoint, SetReady at the new generation."""
+    client.call(0, BeginRestoreRequest(7))
+    manifest = restore(client, path)
+    client.call(0, SetReadyRequest(client.client_name, 7, manifest.global_step))
+
+
+def test_a_restore_within_the_run_sets_the_count_back_to_the_checkpoints(
+        make_shard: Callable[..., InProcessShard], tmp_path: Path) -> None:
+    shard, client = _started(make_shard)
+    for i in range(1, 6):
+        shard.push(PRIMARY, _push(i, acked=i - 1))
+    path = CheckpointManager(str(tmp_path)).save(client).path
+    assert read_manifest(path).shards[0]["pushes_applied"] == 5
+    for i in range(6, 9):  # acknowledged after the checkpoint: lost with every replica of the shard
+        shard.push(PRIMARY, _push(i, acked=i - 1))
+    shard.leave(PRIMARY, WORKERS[0], 8)
+    assert _counts(shard, PRIMARY) == (8, 8)
+
+    _restore_within_run(shard, client, path)
+    assert _counts(shard, PRIMARY) == (5, 8)  # updates_lost 3: the pushes acknowledged after the checkpoint
+    shard.wait(lambda: _counts(shard, backup(0)) == (5, 8), "the backup holds the restored count")
+
+
+def _save(call: Callable[[str, Frame], Frame]) -> SaveShardReply:
+    return SaveShardReply.from_frame(call(SaveShardRequest.METHOD, SaveShardRequest(None, 0, 1).to_frame()))
+
+
+def test_the_count_is_read_with_the_snapshot_while_pushes_go_on(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard, _ = _started(make_shard)
+    stop, pushed = threading.Event(), [0]
+
+    def pushing() -> None:
+        while not stop.is_set() and pushed[0] < 20000:
+            pushed[0] += 1
+            shard.push(PRIMARY, _push(pushed[0], acked=pushed[0] - 1))
+    thread = threading.Thread(target=pushing, daemon=True)
+    thread.start()
+    try:
+        saves: dict[int, SaveShardReply] = {}
+        deadline = time.monotonic() + 20
+        while len(saves) < 300 and time.monotonic() < deadline and thread.is_alive():
+            reply = _save(lambda method, frame: shard.call(PRIMARY, method, frame))
+            assert reply.pushes_applied is not None
+            saves[reply.pushes_applied] = reply
+            time.sleep(0.001)  # the pushing thread gets the interpreter
+    finally:
+        stop.set()
+        thread.join(30)
+    assert len(saves) > 20, sorted(saves)  # the saves fell between many pushes
+    # Each snapshot is bit-equal to an unreplicated task's after exactly the pushes its count says.
+    reference = ParameterService(0, holds_global_step=True)
+    channel = InProcessChannel(PRIMARY, reference.handlers())
+    channel.call(RegisterRequest.METHOD, layout(SyncConfig()).to_frame().meta)
+    for i in range(1, max(saves) + 1):
+        frame = _push(i, acked=i - 1).to_frame()
+        channel.call(PushRequest.METHOD, frame.meta, frame.arrays)
+        if i in saves:
+            want = _save(lambda method, frame: channel.call(method, frame.meta, frame.arrays))
+            got = saves[i]
+            assert (got.global_step, got.examples) == (i, want.examples), i
+            assert got.data is not None and want.data is not None
+            got_tensors, want_tensors = load(got.data.tobytes()), load(want.data.tobytes())
+            assert sorted(got_tensors) == sorted(want_tensors)
+            for name, value in want_tensors.items():
+                assert got_tensors[name].tobytes() == value.tobytes(), (i, name)
+
+
+def test_a_fresh_clusters_first_load_starts_the_count_at_zero(
+        make_shard: Callable[..., InProcessShard], tmp_path: Path) -> None:
+    shard, client = _started(make_shard)
+    for i in range(1, 4):
+        shard.push(PRIMARY, _push(i, acked=i - 1))
+    path = CheckpointManager(str(tmp_path)).save(client).path
+    fresh, resumed = _started(make_shard)  # a new run resuming the checkpoint: its workers count from 0
+    restore(resumed, path)
+    assert _counts(fresh, PRIMARY) == (0, 0)
+
+
+def test_a_checkpoint_without_the_count_loads_as_before(
+        make_shard: Callable[..., InProcessShard], tmp_path: Path) -> None:
+    shard, client = _started(make_shard)
+    for i in range(1, 4):
+        shard.push(PRIMARY, _push(i, acked=i - 1))
+    path = CheckpointManager(str(tmp_path)).save(client).path
+    manifest_file = Path(path) / MANIFEST_NAME
+    data = json.loads(manifest_file.read_text())
+    for record in data["shards"]:  # as a psflow from before the count wrote it
+        del record["pushes_applied"]
+    manifest_file.write_text(json.dumps(data))
+    shard.push(PRIMARY, _push(4, acked=3))
+    _restore_within_run(shard, client, path)
+    assert _counts(shard, PRIMARY) == (4, 3)
+
+
+def test_an_unreplicated_task_writes_no_count(tmp_path: Path) -> None:
+    service = ParameterService(0, holds_global_step=True)
+    request = layout(SyncConfig())
+    client = ParameterClient(CLUSTER, request.layout, client_name=WORKERS[0],
+                             channels={0: InProcessChannel("/job:ps/task:0", service.handlers())})
+    client.register(request.optimizer, chief=True)
+    client.call(0, _push(1, acked=0))
+    frame = InProcessChannel("/job:ps/task:0", service.handlers()).call(
+        SaveShardRequest.METHOD, SaveShardRequest(None, 0, 1).to_frame().meta)
+    assert "pushes_applied" not in frame.meta and SaveShardReply.from_frame(frame).pushes_applied is None
+    path = CheckpointManager(str(tmp_path)).save(client).path
+    assert all("pushes_applied" not in record for record in read_manifest(path).shards)
+
+
+def test_a_sync_shards_save_counts_the_pushes_of_the_steps_it_holds(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig("sync", 2, 2, timeout=20.0)))
+
+    def push(worker: str) -> None:
+        request = _push(1, acked=0)
+        shard.push(PRIMARY, PushRequest(request.grads, WorkerTag(worker, 1, push_id=1, acked=0),
+                                        StepTag(read_step=0, sync_tag=0), step=True, examples=8))
+    threads = [threading.Thread(target=push, args=(w,)) for w in WORKERS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    reply = _save(lambda method, frame: shard.call(PRIMARY, method, frame))  # under the step's lock
+    assert (reply.global_step, reply.pushes_applied, reply.examples) == (1, 2, 16)
