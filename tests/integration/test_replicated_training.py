@@ -6,7 +6,10 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
   workers' client promotes the backup and resends to it (psflow/ps/failover.py), no checkpoint is restored;
   ``updates_lost`` 0, ``pushes_applied == pushes_acknowledged``, AUC within 0.002 of an undisturbed run;
 * sync, fixed seed: shard 0's primary killed; the exported variables equal an undisturbed run's (within 1e-6:
-  the aggregation sums the workers' gradients in arrival order).
+  the aggregation sums the workers' gradients in arrival order);
+* every replica of shard 0 killed at once, checkpoints every 100 steps: restored from the newest, each shard's
+  ``pushes_applied`` goes on from the count the checkpoint recorded, so ``updates_lost`` is exactly the pushes
+  acknowledged after it.
 """
 
 from __future__ import annotations
@@ -91,12 +94,30 @@ def test_every_replica_of_a_shard_lost_at_once_is_restored_from_the_checkpoint_a
         tmp_path: Path) -> None:
     out = tmp_path / "run"
     metrics = metrics_of(out, train(out, "--ps-replicas", "1", "--restart-policy", "on-failure",
+                                    "--checkpoint-dir", str(out / "ckpt"), "--save-checkpoints-steps", "100",
+                                    "--max-to-keep", "100",
                                     "--chaos", "kill:ps:0@step=300", "--chaos", "kill:ps-backup:0@step=300",
                                     epochs=1))
     assert sorted(f["task"] for f in metrics["faults"]) == ["/job:ps/task:0", "/job:ps_backup/task:0"]
     workers = _logs(out, "worker-*.log", tail=None)  # the restore's lines come long before each log's end
-    assert "restored checkpoint" in workers and "every replica of ps shard 0 was lost at once" in workers, workers
-    # The only checkpoint before the kill is the initial one: every push shard 0 acknowledged before it is lost.
-    lost = metrics["pushes_acknowledged"] - metrics["pushes_applied"]
-    assert metrics["updates_lost"] == lost > 0, metrics
+    assert "every replica of ps shard 0 was lost at once" in workers, workers
+    restored = re.findall(r"restored checkpoint (\S+) \(step (\d+)\) onto every ps task; generation \d+, "
+                          r"global_step (\d+)", workers)
+    assert len(restored) == 1, workers
+    path, step, resumed_at = restored[0][0], int(restored[0][1]), int(restored[0][2])
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    assert step == manifest["global_step"] > 0, path  # a checkpoint of the run, not its initial one
+    # Each shard's checkpoint holds its count of the pushes it holds; on shard 0 (global_step's) each push
+    # moved the step by one, so the count is the checkpoint's step.
+    held = [shard["pushes_applied"] for shard in manifest["shards"]]
+    assert held[0] == step, manifest["shards"]
+    shards = {s["shard"]: s for s in metrics["shards"]}
+    # Shard 0's count went on from the checkpoint's: every push since the restore moved the step by one.
+    assert shards[0]["pushes_applied"] == held[0] + metrics["global_step"] - resumed_at, (shards, resumed_at)
+    assert shards[1]["pushes_applied"] > held[1], shards
+    # So the loss is exactly the pushes each shard acknowledged after the checkpoint, and nothing else.
+    for shard in shards.values():
+        assert shard["updates_lost"] == shard["pushes_acknowledged"] - shard["pushes_applied"] >= 0, shards
+    assert shards[0]["updates_lost"] > 0, shards
+    assert metrics["updates_lost"] == sum(s["updates_lost"] for s in shards.values()), metrics
     assert metrics["examples"] == A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
