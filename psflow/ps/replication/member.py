@@ -10,25 +10,19 @@
   gets its recorded reply (:mod:`~psflow.ps.replication.dedup`). In sync mode a step's rows, the records
   of every push it applied (dedup, examples, reader positions) and their count are one entry, so a backup
   never holds a step without its pushes' records (a resend after a failover gets its reply, never "stale").
-* Counts (``Stats``' ``replication`` entry): ``pushes_applied``, the numbered pushes (those carrying a
-  ``push_id``, which their client counts) applied here, each once, replicated in the entry that applies
-  it; ``pushes_acknowledged``, the sum over client processes of the largest ``acked`` each reported (with
-  its pushes and, final, its ``Leave``). Once every worker left, the two are equal unless a shard lost
-  every replica.
+* Counts (``Stats``' ``replication`` entry): ``pushes_applied`` (numbered pushes applied here, each once) and
+  ``pushes_acknowledged`` (the largest ``acked`` each client process reported, summed): docs/replication.md.
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
   knows; ``Replicate`` writes the primary's entries in order (:mod:`~psflow.ps.replication.applier`).
 * ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`.
-* Start (:meth:`ShardReplication.start`, :mod:`~psflow.ps.replication.startup`): the member asks the
-  others' status; some member has state -> it joins that view's primary (promoting the first backup with
-  state first when that primary is this very task, its dead predecessor); none has state and it is member 0
-  -> it is primary at epoch 1 with every other member as a backup (a fresh cluster); else it waits for the
-  primary's snapshot.
+* Start (:meth:`ShardReplication.start`): where the member stands, :mod:`~psflow.ps.replication.startup`.
 
 An unreplicated service never builds one of these: its handlers are the service's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -223,18 +217,19 @@ class ShardReplication:
 
     def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]]) -> PushReply:
         forwarder = self._check_primary(request.shard_epoch)
-        tag = request.worker
-        recorded = self.dedup.check(tag.worker, tag.incarnation, tag.push_id)
-        if recorded is not None:  # applied before (a resend after a failover): its reply, not applied again
-            forwarder.wait(recorded.seq)
-            return PushReply.from_frame(Frame(recorded.reply))
-        mode = self.service.mode
-        if mode.config.mode == "async":
-            # Applied and recorded as one (an entry recorded in between would hold this push's rows without its
-            # dedup record: a resend would apply it twice); ssp blocks in the push, sync records with the step.
-            with self._apply_lock:
+        tag, mode = request.worker, self.service.mode
+        asynchronous = mode.config.mode == "async"
+        # async: checked, applied, recorded as one (an entry recorded in between would hold this push's rows
+        # without its dedup record: a resend would apply it twice); ssp blocks in the push, sync records at the step.
+        with self._apply_lock if asynchronous else contextlib.nullcontext():
+            recorded = self.dedup.check(tag.worker, tag.incarnation, tag.push_id)
+            if recorded is None and asynchronous:
                 reply = self.service._push(request)
                 seq = self._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
+        if recorded is not None:  # applied before (a resend after a failover or a late reply): not again
+            forwarder.wait(recorded.seq)
+            return PushReply.from_frame(Frame(recorded.reply))
+        if asynchronous:
             forwarder.wait(seq)
             return reply
         reply = self.service._push(request)

@@ -85,3 +85,42 @@ def _quiet(call: Callable[[], object]) -> None:
         call()
     except Exception:  # the dead primary's calls fail: what the test checks is the promoted backup
         pass
+
+
+def test_a_push_sent_again_while_it_is_being_applied_is_applied_once(make_shard: Callable[..., InProcessShard]) -> None:
+    """A client whose push was late sends it again (same push_id) while the primary still applies the first:
+    the second waits for the first's entry and gets its reply; the rows move once."""
+    a = _push(0, [1, 2, 3], seed=1)
+    reference = InProcessChannel(PRIMARY, ParameterService(0, holds_global_step=True).handlers())
+    for request in (layout(SyncConfig()), a):
+        reference.call(request.METHOD, *_parts(request.to_frame()))
+    want = PullReply.from_frame(reference.call(PullRequest.METHOD, *_parts(
+        PullRequest((("w/part_0", None),)).to_frame()))).values["w/part_0"]
+
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    service = shard.services[PRIMARY]
+    real_push = service._push
+    applying, go = threading.Event(), threading.Event()
+
+    def slow_push(request: PushRequest) -> PushReply:
+        reply = real_push(request)
+        applying.set()
+        go.wait(20)
+        return reply
+
+    service._push = slow_push  # type: ignore[method-assign]
+    replies: list[PushReply] = []
+    first = threading.Thread(target=lambda: replies.append(shard.push(PRIMARY, a)), daemon=True)
+    first.start()
+    assert applying.wait(10)
+    second = threading.Thread(target=lambda: replies.append(shard.push(PRIMARY, a)), daemon=True)
+    second.start()
+    second.join(0.5)
+    go.set()
+    first.join(10)
+    second.join(10)
+    assert len(replies) == 2 and replies[0] == replies[1] and replies[0].step == 1, replies
+    np.testing.assert_array_equal(_rows(shard, PRIMARY), want)
