@@ -203,7 +203,7 @@ class ParameterClient:
         request = RegisterRequest(tuple(self.layout.values()), optimizer, self.sync, self.client_name, chief,
                                   defer_ready)
         limit = self.config.connect_timeout if ready_timeout is None else ready_timeout
-        return register_layout(self.channels, self.step_task, request, self.config, limit)
+        return register_layout(self.channels, self.step_task, request, self.config, limit, call=self.call_async)
 
     # ---- data path ---------------------------------------------------------
     def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False,
@@ -395,16 +395,11 @@ class ParameterClient:
 
         return router.gather({t: send(t) for t in requests}, send, replied=replied if pushed else None)
 
-    def _call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None, *,
-                  timeout: float | None = None) -> Frame:
+    def _call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None) -> Frame:
         """One call to ps task ``task`` (a replicated shard's: followed to its new primary on a failover)."""
         if self.router is None:
-            return self.channels[task].call(method, meta, timeout=timeout)
-
-        def send(shard: int) -> PendingReply:
-            return self.channels[shard].call_async(method, meta, timeout=timeout)
-
-        return self.router.gather({task: send(task)}, send)[task]
+            return self.channels[task].call(method, meta)
+        return self.router.call(task, lambda shard: self.channels[shard].call_async(method, meta)).result()
 
     def _push_timeout(self) -> float:
         # Sync and ssp pushes may wait for other workers: allow the coordination timeout on top.
@@ -428,8 +423,11 @@ class ParameterClient:
 
     def call_async(self, task: int, request: Request, *, timeout: float | None = None) -> PendingReply:
         """Sends ``request`` (a :mod:`psflow.ps.protocol` message) to ps task ``task`` (default deadline:
-        ``rpc_timeout``); the reply is read with the request's reply class. Not retried."""
-        return self._send(task, request, timeout=timeout)
+        ``rpc_timeout``); the reply is read with the request's reply class. Not retried; a replicated shard's
+        call that fails over is resent to its new primary (:meth:`~psflow.ps.failover.ShardRouter.call`)."""
+        if self.router is None:
+            return self._send(task, request, timeout=timeout)
+        return self.router.call(task, lambda shard: self._send(shard, request, timeout=timeout))
 
     def call(self, task: int, request: Request, *, timeout: float | None = None) -> Frame:
         """:meth:`call_async`, waited for.
@@ -437,7 +435,7 @@ class ParameterClient:
         Raises:
             RpcError: the task refused or failed (names it).
         """
-        return self._send(task, request, timeout=timeout).result()
+        return self.call_async(task, request, timeout=timeout).result()
 
     def reader_positions(self) -> dict[str, str]:
         """Every client's recorded reader position (JSON), from the task holding global_step; claims

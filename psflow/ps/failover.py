@@ -40,7 +40,10 @@ starting beside its ps tasks once promoted a backup that way, the primary alive)
 :meth:`resolve` returns True when the route changed (a new primary, epoch or view: the caller resends
 the same request, whose ``push_id`` makes the new primary apply a push at most once) and False when it
 did not (the error was not a failover's: the caller raises it). :meth:`gather` does both for one call
-per shard: replies of the shards that succeeded are kept, only the failed shards' requests are resent.
+per shard: replies of the shards that succeeded are kept, only the failed shards' requests are resent;
+:meth:`call` for one call to one shard (Register, ReaderPositions, Stats, and the chief's SetReady,
+BeginRestore, LoadShard, SaveShard, Fence, CheckpointStatus through ``ParameterClient.call``: each
+idempotent, so a worker or chief whose call was in flight to a primary that died follows the failover).
 
 Not thread-safe: one router per client, used by its training thread (:func:`resolve_all` resolves distinct
 shards from several threads at connect time). An unreplicated cluster has no
@@ -349,6 +352,12 @@ class ShardRouter:
             if replied is not None:
                 replied(tuple(replies))
 
+    def call(self, shard: int, send: Callable[[int], PendingReply]) -> PendingReply:
+        """One call to shard ``shard``'s primary, sent now (``send(shard)``); waiting for its reply follows a
+        failover as :meth:`gather` does (the call resent to the new primary). For calls that may be resent:
+        idempotent ones (Register, SetReady, LoadShard, ...) and those a push_id guards."""
+        return _FollowedCall(self, shard, send, send(shard))
+
     def _heard_from(self, replies: Mapping[int, Frame], errors: Mapping[int, RpcError], sent: float) -> None:
         """(A gather with failed calls) records who answered and who did not, for :meth:`gone`."""
         for shard in replies:
@@ -373,6 +382,16 @@ class ShardRouter:
         """Closes every member's channel; idempotent."""
         for channel in self._member_channels.values():
             channel.close()
+
+
+class _FollowedCall:
+    """A call to one shard whose ``result()`` follows the shard to its new primary (:meth:`ShardRouter.call`)."""
+
+    def __init__(self, router: ShardRouter, shard: int, send: Callable[[int], PendingReply], sent: PendingReply) -> None:
+        self._router, self._shard, self._send, self._sent = router, shard, send, sent
+
+    def result(self) -> Frame:
+        return self._router.gather({self._shard: self._sent}, self._send)[self._shard]
 
 
 def _collect(calls: Mapping[int, PendingReply]) -> tuple[dict[int, Frame], dict[int, RpcError]]:

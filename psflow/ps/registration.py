@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from psflow.ps.protocol import RegisterReply, RegisterRequest
-from psflow.rpc.api import Channel, ConnectConfig, TaskUnavailableError, gather
+from psflow.rpc.api import Channel, ConnectConfig, PendingReply, TaskUnavailableError, gather
 
 __all__ = ["register_layout"]
 
@@ -24,10 +24,13 @@ log = logging.getLogger("psflow.ps.client")
 
 
 def register_layout(channels: Mapping[int, Channel], step_task: int, request: RegisterRequest,
-                    config: ConnectConfig, limit: float) -> bool:
+                    config: ConnectConfig, limit: float,
+                    call: Callable[[int, RegisterRequest], PendingReply] | None = None) -> bool:
     """Registers ``request`` on every ps task (``step_task`` first); a non-chief waits for the chief.
 
     Blocks for one round of calls (the chief), or until every task is ready (at most ``limit`` s).
+    ``call(task, request)`` sends a call (default: on ``channels[task]``; a replicated client's follows a
+    shard to its new primary: Register is idempotent).
 
     Returns:
         True if this call created the variables on ``step_task``.
@@ -37,10 +40,11 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
         TaskUnavailableError: (non-chief) the ps tasks were not ready within ``limit`` s (names them).
     """
     meta = request.to_frame().meta
+    send = call or (lambda task, r: channels[task].call_async(r.METHOD, meta))
     deadline, wait, attempt = time.monotonic() + limit, config.backoff_initial, 0
     while True:
-        first = RegisterReply.from_frame(channels[step_task].call(request.METHOD, meta))
-        others = {i: ch.call_async(request.METHOD, meta) for i, ch in channels.items() if i != step_task}
+        first = RegisterReply.from_frame(send(step_task, request).result())
+        others = {i: send(i, request) for i in channels if i != step_task}
         ready = {step_task: first.ready}
         ready.update({i: RegisterReply.from_frame(reply).ready for i, reply in gather(others).items()})
         if request.chief or all(ready.values()):

@@ -14,11 +14,22 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.failover import ShardRouter
 from psflow.ps.primary_choice import decide
-from psflow.ps.protocol import PullReply, PushPullReply, PushReply, PushRequest, StepTag, WorkerTag
+from psflow.ps.protocol import (
+    PullReply,
+    PushPullReply,
+    PushReply,
+    PushRequest,
+    RegisterReply,
+    SetReadyReply,
+    SetReadyRequest,
+    StepTag,
+    WorkerTag,
+)
 from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply
 from psflow.ps.push_numbers import PushNumbers
 from psflow.ps.sync import SyncConfig
@@ -561,3 +572,32 @@ def test_a_push_the_serving_primary_failed_as_unavailable_is_sent_to_it_again_ne
     assert shards.members[P0].calls.count("Push") == 2 and r.routes[0] == (P0, 1)
     assert PromoteRequest.METHOD not in shards.members[B0].calls
     assert DropBackupRequest.METHOD not in shards.members[P0].calls
+
+
+# ---- the other calls a worker or the chief makes to a shard fail over too ---------------------------------------
+def test_a_register_whose_shard_primary_died_goes_to_the_promoted_backup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker whose Register was sent to a dead primary exited 1 (``Register: UNAVAILABLE``) although its router
+    could promote the backup: Register is idempotent, so it is resent there like a push."""
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    shards.set(P1, None)  # died after this client reached it: its host refuses the connection
+    ready = RegisterReply(created=False, ready=True, init_count=1).to_frame()
+    shards.members[P0].replies.append(ready)
+    shards.members[B1].replies.append(ready)
+    assert client.register(OptimizerSpec("sgd", {"learning_rate": 0.1})) is False
+    assert shards.members[B1].calls[-1] == "Register" and client.channels[1].task == B1
+    assert client.router is not None and client.router.routes[1] == (B1, 2)
+
+
+def test_a_call_of_the_chief_to_a_dead_primary_goes_to_the_promoted_backup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SetReady, BeginRestore, LoadShard, SaveShard, Fence, CheckpointStatus: ParameterClient.call / call_async.
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    shards.set(P1, None)
+    shards.members[B1].replies.append(SetReadyReply().to_frame())
+    assert client.call(1, SetReadyRequest("/job:worker/task:0")).meta == {"ready": True}
+    assert shards.members[B1].calls[-1] == "SetReady"
+    # A refusal that is not a failover's is the call's own, raised as before.
+    shards.members[B1].replies.append(InvalidArgumentError("not registered"))
+    with pytest.raises(InvalidArgumentError, match="not registered"):
+        client.call_async(1, SetReadyRequest("/job:worker/task:0")).result()
