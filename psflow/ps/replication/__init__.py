@@ -14,6 +14,7 @@ Modules (one concept each):
 * ``applier.py``: a backup's in-order applier (buffers entries that arrive early);
 * ``deltas.py``: capture and write of what a change wrote to a partition;
 * ``snapshot.py``: the small state every entry carries, the full snapshot a joining member starts from;
+* ``register_call.py``: ``Register`` replicated as the registration (the backups create the same partitions);
 * ``dedup.py``: the dedup table (exactly-once pushes across a failover);
 * ``checkpoint_count.py``: the count of applied pushes a shard's checkpoints save and a restore sets back;
 * ``deposed.py``: a deposed primary (refuses writes, one warning, rebuilds);

@@ -137,15 +137,18 @@ class Forwarder:
         self._gate = threading.Condition(threading.Lock())
         self._held_until: float | None = None
 
-    def record(self, build: Callable[[int], ReplicaEntry]) -> int:
+    def record(self, build: Callable[[int], ReplicaEntry | None]) -> int:
         """Builds entry ``last_seq + 1`` with ``build(seq)`` (under :attr:`lock`, so the rows it copies are
-        ordered like the sequence numbers) and queues it for every sender; returns its seq. While
-        :meth:`hold` holds, waits first (never holding :attr:`lock` meanwhile)."""
+        ordered like the sequence numbers) and queues it for every sender; returns its seq. ``build`` returning
+        None (the call changed nothing): no entry, and the newest seq is returned (what the caller may have
+        seen). While :meth:`hold` holds, waits first (never holding :attr:`lock` meanwhile)."""
         if self._held_until is not None:
             self._pass_gate()
         with self.lock:
             seq = self.last_seq + 1
             entry = build(seq)
+            if entry is None:
+                return self.last_seq
             self.last_seq = seq
             for sender in self.senders.values():
                 sender.enqueue(entry)
@@ -192,14 +195,15 @@ class Forwarder:
         with self._cond:
             self._cond.notify_all()
 
-    def wait(self, seq: int) -> None:
+    def wait(self, seq: int, timeout: float | None = None) -> None:
         """Returns once every backup of the view acknowledged entry ``seq``.
 
         Raises:
-            Unavailable: a backup did not within ``replica_timeout`` (names it and the shard).
+            Unavailable: a backup did not within ``timeout`` (default ``replica_timeout``; names it and the shard).
             PreconditionFailed: this primary was deposed meanwhile (:meth:`fail`).
         """
-        deadline = time.monotonic() + self.replica_timeout
+        limit = self.replica_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         with self._cond:
             while True:
                 if self._failure is not None:
@@ -211,7 +215,7 @@ class Forwarder:
                 if left <= 0:
                     error = self.senders[behind[0]].last_error
                     raise Unavailable(f"shard {self.shard}: backup {behind[0]} did not acknowledge entry {seq} within "
-                                      f"{self.replica_timeout:g} s" + (f" ({error})" if error else ""))
+                                      f"{limit:g} s" + (f" ({error})" if error else ""))
                 self._cond.wait(timeout=min(left, 0.5))
 
     def lag(self) -> dict[str, tuple[int, float]]:

@@ -47,6 +47,7 @@ from psflow.ps.protocol import (
     PushPullRequest,
     PushReply,
     PushRequest,
+    RegisterRequest,
     ReplicaEntry,
     ReplicaStatusReply,
     ReplicaStatusRequest,
@@ -59,6 +60,7 @@ from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deltas import capture, capture_averages, capture_table
 from psflow.ps.replication.deposed import Deposal
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
+from psflow.ps.replication.register_call import replicated_register
 from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
 from psflow.ps.replication.startup import find_place, rebuild
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
@@ -74,7 +76,7 @@ __all__ = ["ReplicationConfig", "ShardReplication"]
 log = logging.getLogger("psflow.ps.replication")
 
 #: Calls that change state and are replicated whole (a full entry) or by their small state.
-_FULL_CALLS = ("Register", "LoadShard")
+_FULL_CALLS = ("LoadShard",)  # Register: register_call.py
 _STATE_CALLS = ("SetReady", "BeginRestore", "Done", "ReaderPositions")
 #: A joining member this few entries behind the newest: new entries wait (at most _JOIN_HOLD seconds, then
 #: not again for _JOIN_HOLD) until it acked the newest and entered the view; so it enters under any load.
@@ -140,6 +142,7 @@ class ShardReplication:
         for method in _FULL_CALLS + _STATE_CALLS:
             if method in table:
                 out[method] = self._replicated(table[method], full=method in _FULL_CALLS)
+        out[RegisterRequest.METHOD] = replicated_register(self, table[RegisterRequest.METHOD])
         if LeaveRequest.METHOD in table:
             out[LeaveRequest.METHOD] = self._leave(table[LeaveRequest.METHOD])
         out.update({ReplicaStatusRequest.METHOD: self.replica_status, PromoteRequest.METHOD: self.promote,
@@ -207,9 +210,6 @@ class ShardReplication:
                 return full_entry(seq, self.service, self.dedup, self.counts)
             return ReplicaEntry(seq, task_state(self.service, self.dedup, self.counts), tuple(parts()))
         return forwarder.record(build)
-
-    def _acknowledged(self, forwarder: Forwarder, seq: int) -> None:
-        forwarder.wait(seq)
 
     def push(self, frame: Frame) -> Reply:
         request = PushRequest.from_frame(frame)
@@ -298,14 +298,14 @@ class ShardReplication:
         return call
 
     def _leave(self, handler: Handler) -> Handler:
-        """``Leave``: served, with the final ``acked`` count of the worker's newest process (the one that
-        leaves), then replicated."""
+        """``Leave``: served, with the final ``acked`` count of the process that leaves (its incarnation; an
+        older client's Leave: the worker's newest), then replicated."""
         def call(frame: Frame) -> Reply:
             forwarder = self._check_primary()
             request = LeaveRequest.from_frame(frame)
             result = handler(frame)
-            self.dedup.report_acked(request.worker, self.service.workers.incarnation_of(request.worker),
-                                    request.acked)
+            incarnation = request.incarnation or self.service.workers.incarnation_of(request.worker)
+            self.dedup.report_acked(request.worker, incarnation, request.acked)
             forwarder.wait(self._record(forwarder, lambda: []))
             return result
         return call

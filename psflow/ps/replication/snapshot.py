@@ -5,7 +5,10 @@ The small state (:func:`task_state`, JSON): global_step and the clocks, the work
 reader positions, examples, finished workers), readiness and generation, the sync aggregator's workers
 that left and its counts, the moving averages' step, the dedup table, and the counters
 ``pushes_applied``/``pushes_acknowledged``. A full entry (:func:`full_entry`) adds the registration (layout,
-optimizer, update mode) and every partition whole.
+optimizer, update mode) and every partition whole: a joining member's snapshot, a checkpoint's load. A
+registration entry (:func:`registration_entry`, the chief's creating ``Register``) adds only the registration:
+the backup creates the same partitions from the same initializers, which are counter-based per element
+(:mod:`psflow.ps.initializers`), so its values equal the primary's bit for bit without crossing the wire.
 
 Guarantee: writing a full entry of the primary, then its later entries in order, leaves the backup with the
 primary's partitions, slots, averages, dynamic rows and small state bit for bit (as of the newest entry).
@@ -25,7 +28,7 @@ from psflow.rpc.framing import Frame
 if TYPE_CHECKING:
     from psflow.ps.service import ParameterService
 
-__all__ = ["full_entry", "task_state", "write_entry"]
+__all__ = ["full_entry", "registration_entry", "task_state", "write_entry"]
 
 
 def task_state(service: ParameterService, dedup: DedupTable, counts: dict[str, int]) -> dict[str, Any]:
@@ -46,10 +49,19 @@ def full_entry(seq: int, service: ParameterService, dedup: DedupTable, counts: d
     return ReplicaEntry(seq, state, tuple(parts), full=True)
 
 
+def registration_entry(seq: int, service: ParameterService, dedup: DedupTable, counts: dict[str, int]) -> ReplicaEntry:
+    """Entry ``seq``: the small state and the registration that just created every partition of ``service``
+    (nothing else may have written them since: the caller holds the forwarder's lock across both)."""
+    registration = service.variables.registration()
+    state = task_state(service, dedup, counts)
+    state["register"] = dict(registration.to_frame().meta) if registration is not None else None
+    return ReplicaEntry(seq, state)
+
+
 def write_entry(service: ParameterService, dedup: DedupTable, counts: dict[str, int], entry: ReplicaEntry) -> None:
     """Writes ``entry`` (of the primary) into this member's ``service``: a full entry replaces everything."""
     state = entry.state
-    if entry.full:
+    if entry.full or state.get("register") is not None:  # a snapshot, or a registration that created
         _register(service, state.get("register"))
     store = service.variables.partitions
     for delta in entry.parts:

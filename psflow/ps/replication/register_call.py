@@ -1,0 +1,56 @@
+"""A replicated shard's ``Register`` (issue 28): what it records for the backups.
+
+* The chief's call that creates the partitions is one entry holding the registration (layout, optimizer,
+  update mode) and the small state (:func:`~psflow.ps.replication.snapshot.registration_entry`): each backup
+  creates the same partitions from the same initializers, which are counter-based per element, so they equal
+  the primary's bit for bit. A few KB cross the wire where a copy of the whole state (~520 MB for W&D) did.
+  The creation and the entry are made under the forwarder's lock, so no other entry falls between them.
+  The call waits for the backups' acknowledgement ``replica_timeout`` plus twice the seconds the creation
+  took here (each backup does the same work).
+* A call that creates nothing (a non-chief's, while it waits for the chief or compares its layout; the
+  chief's repeat on a ready task) records no entry: it returns once every backup acknowledged the newest
+  entry, which holds whatever it saw (readiness, the registration).
+
+A joining member still starts from a full snapshot (:meth:`ShardReplication._add_sender`), and ``LoadShard``
+(a checkpoint's values) is still a full entry.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from psflow.ps.protocol import RegisterRequest, ReplicaEntry
+from psflow.ps.replication.snapshot import registration_entry
+from psflow.rpc.api import Handler, Reply
+from psflow.rpc.framing import Frame
+
+if TYPE_CHECKING:
+    from psflow.ps.replication.member import ShardReplication
+
+__all__ = ["replicated_register"]
+
+
+def replicated_register(member: ShardReplication, handler: Handler) -> Handler:
+    """``handler`` (the service's ``Register``) served on ``member``'s primary and replicated as above."""
+    def call(frame: Frame) -> Reply:
+        forwarder = member._check_primary()
+        if not RegisterRequest.from_frame(frame).chief:  # never creates: nothing to record
+            result = handler(frame)
+            forwarder.wait(forwarder.last_seq)
+            return result
+        results: list[Reply] = []
+        took = [0.0]
+
+        def build(seq: int) -> ReplicaEntry | None:
+            variables = member.service.variables
+            before, began = variables.init_count, time.monotonic()
+            results.append(handler(frame))
+            took[0] = time.monotonic() - began
+            if variables.init_count == before:  # a repeat: the partitions were there, nothing changed
+                return None
+            return registration_entry(seq, member.service, member.dedup, member.counts)
+        seq = forwarder.record(build)
+        forwarder.wait(seq, timeout=forwarder.replica_timeout + 2 * took[0])
+        return results[0]
+    return call
