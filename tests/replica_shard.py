@@ -157,8 +157,8 @@ class InProcessShard:
     def push(self, member: str, request: PushRequest) -> PushReply:
         return PushReply.from_frame(self.call(member, PushRequest.METHOD, request.to_frame()))
 
-    def leave(self, member: str, worker: str, acked: int) -> None:
-        self.call(member, LeaveRequest.METHOD, LeaveRequest(worker, acked).to_frame())
+    def leave(self, member: str, worker: str, acked: int, incarnation: int | None = None) -> None:
+        self.call(member, LeaveRequest.METHOD, LeaveRequest(worker, acked, incarnation).to_frame())
 
     def promote(self, member: str, expected_epoch: int) -> ReplicaStatusReply:
         frame = self.call(member, PromoteRequest.METHOD, PromoteRequest(0, expected_epoch, WORKERS[0]).to_frame())

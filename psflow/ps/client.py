@@ -446,10 +446,10 @@ class ParameterClient:
 
     def leave(self) -> None:
         """Tells every ps task this worker is done (sync/ssp stop waiting for it); a replicated shard also
-        hears how many of this process's pushes it acknowledged (``acked``, the final count)."""
+        hears how many of this process's pushes it acknowledged (``acked``, the final count, and the process)."""
         acked = self.pushes.acked if self.pushes is not None else None
-        self._gather({t: LeaveRequest(self.client_name, None if acked is None else acked.get(t, 0))
-                      for t in self.channels})
+        self._gather({t: LeaveRequest(self.client_name, None if acked is None else acked.get(t, 0),
+                                      None if acked is None else self.incarnation) for t in self.channels})
 
     def report_done(self, *, checkpoint_dir: bool = False, final_checkpoint: str | None = None,
                     attempts: int = 3, worker: str | None = None) -> list[str]:

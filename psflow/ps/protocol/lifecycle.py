@@ -68,16 +68,20 @@ class StatsReply:
 @message
 class LeaveRequest:
     """A worker finished its data: sync and ssp stop waiting for it. ``acked``: (a replicated shard) how many
-    of the client process's pushes this shard acknowledged, the final count."""
+    of the client process's pushes this shard acknowledged, the final count; ``incarnation``: that process
+    (the count is its own, not a newer process's of the same worker; None: the worker's newest)."""
 
     METHOD: ClassVar[str] = "Leave"
     worker: str
     acked: int | None = None
+    incarnation: int | None = None
 
     def to_frame(self) -> Frame:
         meta: dict[str, Any] = {"worker": self.worker}
         if self.acked is not None:
             meta["acked"] = self.acked
+        if self.incarnation is not None:
+            meta["incarnation"] = self.incarnation
         return Frame(meta)
 
     @classmethod
@@ -85,7 +89,7 @@ class LeaveRequest:
         worker = frame.meta.get("worker")
         if not isinstance(worker, str):
             raise refuse("worker", "the task name of the worker", worker)
-        return cls(worker, optional_int(frame.meta, "acked", minimum=0))
+        return cls(worker, optional_int(frame.meta, "acked", minimum=0), optional_int(frame.meta, "incarnation"))
 
 
 @message

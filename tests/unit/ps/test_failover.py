@@ -345,7 +345,8 @@ def test_a_replicated_push_is_resent_to_the_new_primary_with_its_push_id_and_cou
     assert resent == [(3, 2, 2)]               # the same push_id, at the new primary's epoch
     assert client.acked == {0: 3} and client.channels[0].task == B0
     client.leave()
-    assert shards.members[B0].metas[-1] == {"worker": "/job:worker/task:0", "acked": 3}
+    assert shards.members[B0].metas[-1] == {"worker": "/job:worker/task:0", "acked": 3,
+                                            "incarnation": client.incarnation}  # this process's count
 
 
 def _two_shard_client(shards: FakeShards, monkeypatch: pytest.MonkeyPatch) -> ParameterClient:

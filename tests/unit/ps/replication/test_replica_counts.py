@@ -19,12 +19,12 @@ from psflow.rpc.framing import Frame
 pytestmark = pytest.mark.timeout(60)
 
 
-def _async_push(i: int, acked: int, worker: str = WORKERS[0]) -> PushRequest:
+def _async_push(i: int, acked: int, worker: str = WORKERS[0], incarnation: int = 1) -> PushRequest:
     rng = np.random.default_rng(i)
     rows = np.array(sorted(rng.choice(20, 5, replace=False)), np.int64)
     return PushRequest([("w/part_0", rng.normal(size=(5, 4)).astype(np.float32), rows),
                         ("b/part_0", rng.normal(size=4).astype(np.float32), None)],
-                       WorkerTag(worker, 1, push_id=i, acked=acked), step=True, examples=8)
+                       WorkerTag(worker, incarnation, push_id=i, acked=acked), step=True, examples=8)
 
 
 def _sync_push(worker: str, push_id: int, step: int) -> PushRequest:
@@ -110,3 +110,19 @@ def test_a_sync_steps_entry_holds_the_records_of_the_pushes_it_applied(
         shard.leave(survivor, worker, 1)
     stats = shard.replicas[survivor].stats()
     assert stats["pushes_applied"] == stats["pushes_acknowledged"] == 2, stats
+
+
+def test_a_leave_credits_its_count_to_the_process_that_sent_it_not_the_workers_newest(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    # The Leave of a worker's process that a newer one of the same worker already replaced (it pushed) was
+    # credited to the newer one: pushes_acknowledged counted the old process's pushes twice.
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    for i in range(1, 4):
+        shard.push(PRIMARY, _async_push(i, acked=i - 1, incarnation=1))
+    shard.push(PRIMARY, _async_push(1, acked=0, incarnation=2))  # the worker's next process
+    shard.leave(PRIMARY, WORKERS[0], 3, incarnation=1)  # the first process's final count, late
+    stats = shard.replicas[PRIMARY].stats()
+    assert (stats["pushes_applied"], stats["pushes_acknowledged"]) == (4, 3), stats
