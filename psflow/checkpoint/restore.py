@@ -41,7 +41,8 @@ def _check_variable(path: str, manifest: Manifest, name: str, shape: tuple[int, 
     return saved
 
 
-def restore(client: ParameterClient, path: str, *, global_step: int | None = None) -> Manifest:
+def restore(client: ParameterClient, path: str, *, global_step: int | None = None,
+            push_counts: bool = True) -> Manifest:
     """Loads checkpoint ``path`` into the ps tasks of ``client``'s layout.
 
     Re-slices every variable and its optimizer slots onto the current
@@ -52,7 +53,8 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     checkpoint's lineage (which the restored cluster continues). A replicated
     shard's checkpoint of the same number of ps tasks gives each task its
     shard's ``pushes_applied`` (which the task keeps in a restore within the
-    run: see :mod:`psflow.ps.checkpointing`, ``LoadShard``).
+    run: see :mod:`psflow.ps.checkpointing`, ``LoadShard``); ``push_counts`` False sends
+    none (a checkpoint another run wrote: its counts are not this run's).
     Does not mark the tasks ready (the chief does that afterwards).
 
     Raises:
@@ -89,7 +91,7 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
                     saved_rows(shards, name, saved_parts, part.row_start, part.row_stop, AVERAGE_SLOT) if saved_average
                     else value)
     restored_step = manifest.global_step if global_step is None else global_step
-    counts = _push_counts(manifest, len(per_task))
+    counts = _push_counts(manifest, len(per_task)) if push_counts else {}
     calls: dict[int, LoadShardRequest] = {}
     for task, load in per_task.items():
         if task == client.step_task:  # the restored cluster continues the checkpoint's lineage

@@ -288,7 +288,7 @@ def _restore_initialized_cluster(config: TrainConfig, client: ParameterClient) -
                     client.client_name)
         return None
     ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir, leader=lambda: None,
-                    timeout=config.cluster.connect_timeout).restore(None, states)
+                    timeout=config.cluster.connect_timeout, run=run_id(config, client.cluster)).restore(None, states)
     return latest
 
 

@@ -85,6 +85,7 @@ from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, SetReadyR
 from psflow.rpc.api import RpcError, gather
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
+from psflow.train.within_run import written_by
 
 __all__ = ["Leadership", "LeaderOnlyHook", "CampaignWhileTrainingHook", "ClusterRecovery", "RecoveryError"]
 
@@ -305,7 +306,8 @@ class ClusterRecovery:
     """What one worker does when the data path fails; see the module docstring."""
 
     def __init__(self, client: ParameterClient, optimizer: OptimizerSpec, *, checkpoint_dir: str | None,
-                 leader: Callable[[], Lease | None], timeout: float, generation: int = 0) -> None:
+                 leader: Callable[[], Lease | None], timeout: float, generation: int = 0,
+                 run: str | None = None) -> None:
         """Args:
             client: this worker's client.
             optimizer: the model's optimizer (registered on a restarted ps task).
@@ -313,12 +315,15 @@ class ClusterRecovery:
             leader: this worker's lease if it is the chief now, else None.
             timeout: seconds a worker waits for the cluster to be restored.
             generation: the restore generation the cluster is at now.
+            run: this run's id (:func:`psflow.train.duties.run_id`): a restore takes replicated shards'
+                ``pushes_applied`` only from a checkpoint this run wrote (None: from any checkpoint).
         """
         #: The restore generation this worker trains in (its pushes carry it); a restore moves it on.
         self.generation = generation
         self.client = client
         self.optimizer = optimizer
         self.checkpoint_dir = checkpoint_dir
+        self.run = run
         self.leader = leader
         self.timeout = timeout
         self.restores = 0
@@ -467,7 +472,7 @@ class ClusterRecovery:
         step = max(manifest.global_step, step_reply.step_floor or 0)
         if step_survived:
             step = max(step, step_reply.global_step or 0)
-        restore(client, latest, global_step=step)
+        restore(client, latest, global_step=step, push_counts=written_by(manifest, self.run))
         for task in sorted(client.channels, key=lambda t: t == client.step_task):
             client.call(task, SetReadyRequest(client.client_name, generation, step))
         self.restores += 1

@@ -21,6 +21,9 @@ it handed out above that checkpoint's step. A new run never has the first (its i
 resume never jumps. Without a journal (ps task 0 started without ``--state-dir``; ``psflow train``
 always gives it one) the two cannot be told apart: the checkpoint's step is used, and the values
 handed out since it are handed out again, as :mod:`psflow.train.recovery` says.
+
+:func:`written_by` is the first fact alone: a restore within a run takes a replicated shard's count of
+applied pushes from a checkpoint of this run only (a new run's counts start at 0, not at an older run's).
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.manifest import Manifest, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.ps.protocol import StatsReply
 
-__all__ = ["lost_within_run"]
+__all__ = ["lost_within_run", "written_by"]
 
 log = logging.getLogger("psflow.recovery")
 
@@ -53,10 +56,17 @@ def lost_within_run(checkpoint_dir: str | None, run: str, states: Mapping[int, S
     if latest is None or floor is None:
         return False
     manifest = read_manifest(latest)
-    writer = (manifest.run or {}).get("run_id")
-    if writer != run or floor <= manifest.global_step:
+    if not written_by(manifest, run) or floor <= manifest.global_step:
         return False
     log.warning("every ps task came back empty within run %s: ps task 0's journal bounds the step values it "
                 "handed out before it died at %d, past the newest checkpoint %s (step %d, written by this run); "
                 "global_step goes on past that bound", run, floor, latest, manifest.global_step)
     return True
+
+
+def written_by(manifest: Manifest, run: str | None) -> bool:
+    """Whether the checkpoint of ``manifest`` was written by run ``run`` (its ``run.run_id``; None: the run is
+    not known, and any checkpoint counts as its own). A restore takes a replicated shard's ``pushes_applied``
+    only from a checkpoint of its own run: another run's count is not this run's (:mod:`psflow.train.recovery`).
+    """
+    return run is None or (manifest.run or {}).get("run_id") == run

@@ -73,6 +73,7 @@ from psflow.train.duties import (
     fit_position,
     make_session,
     resume_position,
+    run_id,
 )
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.recovery import ClusterRecovery, Leadership
@@ -217,7 +218,7 @@ def run_worker(
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir,
                                        generation=client.ps_stats().generation,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
-                                       timeout=config.cluster.connect_timeout)
+                                       timeout=config.cluster.connect_timeout, run=run_id(config, cluster))
             resume = resume_position(session, data_config)
             # Runs that can be restored keep a finished worker until every worker finished, so a
             # restore after a later ps death rewinds its records too (ClusterRecovery.linger).

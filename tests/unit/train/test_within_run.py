@@ -9,11 +9,13 @@ tests/integration/test_in_graph_ps_all_lost.py runs it with ``psflow train --rep
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient
@@ -22,6 +24,8 @@ from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.global_step import StepJournal
 from psflow.ps.service import ParameterService
+from psflow.rpc.api import Handler, Reply
+from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
 from psflow.train.recovery import ClusterRecovery
@@ -94,3 +98,43 @@ def test_without_a_journal_or_a_checkpoint_nothing_says_the_run_lost_its_state(t
     assert not lost_within_run(ckpt, "run-a", states, client.step_task)
     assert not lost_within_run(None, "run-a", states, client.step_task)
     assert not lost_within_run(str(tmp_path / "empty"), "run-a", states, client.step_task)
+
+
+def _with_push_counts(ckpt: str, counts: list[int]) -> None:
+    """Gives the newest checkpoint's shard records a replicated shard's ``pushes_applied`` (these services are not
+    replicated, so their checkpoints carry none)."""
+    latest = latest_checkpoint(ckpt)
+    assert latest is not None
+    path = Path(latest) / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for record, n in zip(manifest["shards"], counts, strict=True):
+        record["pushes_applied"] = n
+    path.write_text(json.dumps(manifest))
+
+
+def _load_shard_counts(client: ParameterClient) -> list[int | None]:
+    """Records the ``pushes_applied`` each LoadShard to ``client``'s ps tasks carries (in the list returned)."""
+    sent: list[int | None] = []
+    for channel in client.channels.values():
+        assert isinstance(channel, InProcessChannel)
+        handler = channel._handlers["LoadShard"]
+
+        def load(frame: Frame, handler: Handler = handler) -> Reply:
+            sent.append(frame.meta.get("pushes_applied"))
+            return handler(frame)
+
+        channel._handlers["LoadShard"] = load
+    return sent
+
+
+@pytest.mark.parametrize("run, counts", [("run-a", [3, 3]), ("run-b", [None, None])])
+def test_a_restore_takes_the_checkpoints_push_counts_only_from_a_checkpoint_of_this_run(
+        tmp_path: Path, run: str, counts: list[int | None]) -> None:
+    # Run B resumed run A's checkpoint (counts from 0), then lost every replica of a shard before saving its own:
+    # restored from A's checkpoint, its shards must not take A's pushes_applied (updates_lost would be off by it).
+    ckpt, client = _run_then_lose_every_ps_task(tmp_path, tmp_path / "state" / "global_step.json")
+    _with_push_counts(ckpt, [3, 3])
+    sent = _load_shard_counts(client)
+    ClusterRecovery(client, SGD, checkpoint_dir=ckpt, leader=lambda: None, timeout=30.0,
+                    run=run).restore(None, ps_states(client))
+    assert sent == counts
