@@ -20,7 +20,7 @@ import numpy as np
 
 from psflow.errors import PsError
 
-__all__ = ["InitializerError", "INITIALIZER_NAMES", "initial_value", "validate_initializer"]
+__all__ = ["InitializerError", "INITIALIZER_NAMES", "initial_rows", "initial_value", "validate_initializer"]
 
 INITIALIZER_NAMES = ("zeros", "ones", "constant", "random_uniform", "random_normal", "truncated_normal", "glorot_uniform")
 _PARAMS: dict[str, dict[str, float]] = {
@@ -57,11 +57,6 @@ def validate_initializer(spec: Mapping[str, Any]) -> dict[str, Any]:
             raise InitializerError(f"initializer {name!r}: parameter {key!r} must be a number, got {value!r}")
         params[key] = value
     return {"name": name, **params}
-
-
-def _unit_uniform(seed: int, start: int, count: int) -> np.ndarray:
-    """Uniform [0, 1) doubles for flat indices ``start .. start+count`` (splitmix64 of seed and index)."""
-    return _uniform_at(seed, np.arange(start, start + count, dtype=np.uint64))
 
 
 def _uniform_at(seed: int, k: np.ndarray) -> np.ndarray:
@@ -109,7 +104,29 @@ def initial_value(
     out = np.empty(count, dtype=dtype)
     for lo in range(0, count, _CHUNK):
         n = min(_CHUNK, count - lo)
-        out[lo:lo + n] = _random_values(p, full_shape, start + lo, n).astype(dtype)
+        out[lo:lo + n] = _random_values(p, full_shape, np.arange(start + lo, start + lo + n, dtype=np.uint64)).astype(dtype)
+    return out.reshape(shape)
+
+
+def initial_rows(spec: Mapping[str, Any], full_shape: tuple[int, ...], rows: np.ndarray, dtype: str = "float32") -> np.ndarray:
+    """Values of the rows ``rows`` (int64 row indices in the *whole* variable, any order) of a variable of
+    ``full_shape``: row ``i`` of the result is bit-equal to row ``rows[i]`` of :func:`initial_value` (every
+    element is a function of the seed and its flat index alone). What a lazily created partition
+    (:mod:`psflow.ps.lazy_rows`) builds a row from on its first touch.
+
+    Returns:
+        A new array of shape ``(rows.size, *full_shape[1:])``.
+    """
+    p = validate_initializer(spec)
+    shape = (int(rows.size), *full_shape[1:])
+    name = p["name"]
+    if name in ("zeros", "ones", "constant"):
+        return np.full(shape, {"zeros": 0.0, "ones": 1.0}.get(name, p.get("value", 0.0)), dtype=dtype)
+    row_size = int(np.prod(full_shape[1:], dtype=np.int64)) if len(full_shape) > 1 else 1
+    k = (rows.astype(np.uint64)[:, None] * np.uint64(row_size) + np.arange(row_size, dtype=np.uint64)).reshape(-1)
+    out = np.empty(k.size, dtype=dtype)
+    for lo in range(0, k.size, _CHUNK):
+        out[lo:lo + _CHUNK] = _random_values(p, full_shape, k[lo:lo + _CHUNK]).astype(dtype)
     return out.reshape(shape)
 
 
@@ -118,12 +135,12 @@ def initial_value(
 _CHUNK = 1 << 15
 
 
-def _random_values(p: Mapping[str, Any], full_shape: tuple[int, ...], start: int, count: int) -> np.ndarray:
-    """float64 values of a validated random initializer ``p`` at flat indices ``start .. start+count``."""
+def _random_values(p: Mapping[str, Any], full_shape: tuple[int, ...], k: np.ndarray) -> np.ndarray:
+    """float64 values of a validated random initializer ``p`` at the flat indices ``k`` (uint64)."""
     name = p["name"]
     seed = int(p["seed"])
     if name == "random_uniform":
-        u = _unit_uniform(seed, start, count)
+        u = _uniform_at(seed, k)
         lo, hi = float(p["minval"]), float(p["maxval"])
         out: np.ndarray = lo + (hi - lo) * u
         return out
@@ -131,10 +148,10 @@ def _random_values(p: Mapping[str, Any], full_shape: tuple[int, ...], start: int
         fan_in = full_shape[0]
         fan_out = full_shape[1] if len(full_shape) > 1 else full_shape[0]
         limit = float(np.sqrt(6.0 / max(1, fan_in + fan_out)))
-        u = _unit_uniform(seed, start, count)
+        u = _uniform_at(seed, k)
         out = -limit + 2 * limit * u
         return out
-    z = _standard_normal(seed, np.arange(start, start + count, dtype=np.uint64))
+    z = _standard_normal(seed, k)
     if name == "truncated_normal":
         # TF's truncated_normal: a draw more than 2 stddev from the mean is drawn again. Here the
         # redraws are further counter-based streams (seed + r), so every element stays a function of
@@ -143,7 +160,7 @@ def _random_values(p: Mapping[str, Any], full_shape: tuple[int, ...], start: int
             outside = np.flatnonzero(np.abs(z) > 2.0)
             if outside.size == 0:
                 break
-            z[outside] = _standard_normal(seed + redraw * 0x632BE5AB, outside.astype(np.uint64) + np.uint64(start))
+            z[outside] = _standard_normal(seed + redraw * 0x632BE5AB, k[outside])
         z = np.clip(z, -2.0, 2.0)
     out = float(p["mean"]) + float(p["stddev"]) * z
     return out
