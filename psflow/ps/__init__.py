@@ -25,6 +25,8 @@ Files (the served side):
   :func:`~psflow.ps.optimizers.make_optimizer`; ``_kernels.c``: their fused C updates.
 * ``initializers.py``: :func:`~psflow.ps.initializers.initial_value`; ``averages.py``:
   :class:`~psflow.ps.averages.MovingAverages`; ``memory.py``: :func:`~psflow.ps.memory.exclude_from_fork`.
+* ``lazy_rows.py``: :class:`~psflow.ps.lazy_rows.LazyRows` (a large static partition's rows built on first
+  touch, bit-equal to an eager one's; which partitions are lazy).
 * ``checkpointing.py``: :class:`~psflow.ps.checkpointing.CheckpointHandlers` (a task's shard save/load,
   readiness, restore calls), :class:`~psflow.ps.checkpointing.SaveLedger`.
 * ``counters.py``: :class:`~psflow.ps.counters.ServiceCounters` (``Stats``).

@@ -172,9 +172,16 @@ def dynamic_tensor_names(key: str, snapshot_keys: list[str]) -> dict[str, str]:
 
 
 def _snapshot(part: PartitionState) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Copies of the partition's value and saved slots, taken under its lock; a lazy partition's rows not
+    built yet hold their initial content in the copies (built after the lock is released, a chunk of rows
+    at a time, :meth:`~psflow.ps.lazy_rows.LazyRows.initial_copy`), and the partition stays lazy."""
     with part.lock:
         slots = {name: np.array(s, copy=True) for name, s in _saved_slots(part).items()}
-        return part.value.copy(), slots
+        value, lazy = part.value.copy(), part.lazy
+        marks = lazy.marks.copy() if lazy is not None else None
+    if lazy is not None and marks is not None:
+        lazy.initial_copy(marks, value, slots, slots.get(AVERAGE_SLOT) if part.average is not None else None)
+    return value, slots
 
 
 def _saved_slots(part: PartitionState) -> dict[str, np.ndarray]:
@@ -348,12 +355,17 @@ class CheckpointHandlers:
                             evicted)
         for part, value, slots in plan:
             with part.lock:
+                if values_only:  # the slots keep their initial values: build them (and every row) first
+                    part.materialize(None)
                 np.copyto(part.value, value)
                 targets = _saved_slots(part)
                 for slot, arr in slots.items():
                     np.copyto(targets[slot], arr)
                 if values_only and part.average is not None:  # new initial values: the average starts there
                     np.copyto(part.average, value)
+                if part.lazy is not None:  # value and every saved slot were loaded whole: every row is built
+                    part.lazy.mark(None)
+                    part.lazy = None
         if step is not None and global_step is not None:
             global_step.set(step)
         if not values_only:  # the averages (and, in sync mode, the step count) belong to the restored step

@@ -12,6 +12,11 @@ Guarantees:
       ``table`` holds its rows (keyed by id) and slots; ``value`` is then an
       empty ``[0, dim]`` placeholder. Its rows are read by id (a training pull
       creates admitted rows), updated sparsely, never densely or whole.
+    * A large static partition is lazy (:mod:`psflow.ps.lazy_rows`): created in
+      O(1), its rows built on first touch. :meth:`ParameterStore.read`,
+      :meth:`~ParameterStore.apply_sparse` and :meth:`~ParameterStore.apply_dense`
+      materialize the rows they touch first (whole reads and dense updates: every
+      row), so every value they read or return is the one an eager partition has.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import numpy as np
 from psflow.errors import StoreError  # defined below the ps: placement's owner_of raises its subclass
 from psflow.native.ids import scan_ids
 from psflow.native.loader import load_extension
-from psflow.ps.initializers import initial_value
+from psflow.ps.initializers import initial_value, validate_initializer
+from psflow.ps.lazy_rows import LazyRows, lazy_eligible
 from psflow.ps.memory import exclude_from_fork
 from psflow.ps.optimizers import Optimizer
 
@@ -59,10 +65,25 @@ class PartitionState:
     # The moving average (shadow) of the value and its decay, when the variable is averaged (psflow.ps.averages).
     average: np.ndarray | None = None
     average_decay: float | None = None
+    # The rows not built yet of a lazy partition (psflow.ps.lazy_rows); None: every row is (an eager one).
+    lazy: LazyRows | None = None
     key: str = field(init=False)  # partition_key(var_name, index), computed once (it names every request entry)
 
     def __post_init__(self) -> None:
         self.key = partition_key(self.var_name, self.index)
+
+    def materialize(self, rows: np.ndarray | None) -> None:
+        """Builds the initial content of those of the valid local ``rows`` (None: every row) not built yet;
+        a no-op on an eager partition. The caller holds :attr:`lock`."""
+        lazy = self.lazy
+        if lazy is None:
+            return
+        if rows is None:
+            lazy.ensure_all(self.value, self.slots, self.average)
+        else:
+            lazy.ensure(rows, self.value, self.slots, self.average)
+        if lazy.complete:
+            self.lazy = None  # every row built: the checks are gone
 
     @property
     def describe(self) -> str:
@@ -98,14 +119,27 @@ class ParameterStore:
         average_decay: float | None = None,
     ) -> PartitionState:
         """Creates a partition from its initializer; the caller serializes creation. ``average_decay``: keep a
-        moving average of it (:mod:`psflow.ps.averages`), starting at the initial value."""
-        value = initial_value(initializer, full_shape, row_start, row_stop, dtype)
-        slots = optimizer.create_slots(value) if optimizer is not None else {}
-        average = value.copy() if average_decay is not None else None
+        moving average of it (:mod:`psflow.ps.averages`), starting at the initial value. A large partition
+        is created lazily (:func:`~psflow.ps.lazy_rows.lazy_eligible`): zero-filled arrays the OS commits on
+        first write, rows built on first touch."""
+        shape = (row_stop - row_start, *full_shape[1:])
+        lazy: LazyRows | None = None
+        if lazy_eligible(shape, dtype, optimizer):
+            validate_initializer(initializer)  # a bad spec is refused at creation, as an eager one is
+            lazy = LazyRows(dict(initializer), tuple(full_shape), row_start, shape[0], dtype, optimizer)
+            value = np.zeros(shape, dtype=dtype)
+            slots = optimizer.create_slots(value[:0]) if optimizer is not None else {}
+            for name in (optimizer.slot_names if optimizer is not None else ()):
+                slots[name] = np.zeros(shape, dtype=slots[name].dtype)
+            average = np.zeros(shape, dtype=dtype) if average_decay is not None else None
+        else:
+            value = initial_value(initializer, full_shape, row_start, row_stop, dtype)
+            slots = optimizer.create_slots(value) if optimizer is not None else {}
+            average = value.copy() if average_decay is not None else None
         for array in (value, *slots.values(), *(() if average is None else (average,))):
             exclude_from_fork(array)  # a forked input reader would split their huge pages (psflow.ps.memory)
         state = PartitionState(var_name, index, row_start, value, optimizer, slots, average=average,
-                               average_decay=average_decay)
+                               average_decay=average_decay, lazy=lazy)
         self._parts[state.key] = state
         return state
 
@@ -182,6 +216,7 @@ class ParameterStore:
                 raise StoreError(f"{part.describe} is read by ids, never whole")
             return part.table.lookup(rows, step=step, create=create)[0]
         with part.lock:
+            part.materialize(rows)
             value: np.ndarray = part.average if average and part.average is not None else part.value
             if rows is None:
                 return value.copy()
@@ -205,6 +240,7 @@ class ParameterStore:
         if part.optimizer is None:  # pragma: no cover - checked before
             raise StoreError(f"{part.describe} is not trainable")
         with part.lock:  # grad was validated on arrival (check_dense); the slots are the optimizer's own
+            part.materialize(None)
             part.optimizer.apply_dense(part.value, part.slots, grad, checked=True, step=step)
 
     @staticmethod
@@ -217,6 +253,7 @@ class ParameterStore:
             part.table.apply_gradients(rows, values, part.table.step if step is None else step)
             return
         with part.lock:  # rows and values were validated on arrival (check_sparse); the slots are the optimizer's own
+            part.materialize(rows)
             part.optimizer.apply_sparse(part.value, part.slots, rows, values, checked=True, step=step)
 
     def parameter_bytes(self) -> int:

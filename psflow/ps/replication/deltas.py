@@ -6,6 +6,10 @@ A :class:`~psflow.ps.protocol.PartDelta` names its arrays:
   each (``rows`` None: the whole array). Only the rows a push wrote are copied -- all of them where the
   optimizer's sparse update moves every row (non-lazy Adam); an optimizer's 0-d state (Adam's beta powers)
   always whole.
+* ``marks``: a lazy partition's materialized marks (:mod:`psflow.ps.lazy_rows`), with a whole capture: the
+  backup's partition (lazy too, from the same registration) takes them, so the rows the primary had not built
+  yet are built on the backup from their initial values on first touch, as on the primary. A write of rows
+  of the value marks those rows built; a whole write of the value without marks, every row.
 * ``rows/<name>``: what a change did to a dynamic table, row by row
   (:meth:`~psflow.ps.dynamic.DynamicTable.take_changes`: the rows of the ids admitted, touched or
   updated since the table's previous capture, with their slots and metadata, and the ids evicted);
@@ -30,7 +34,7 @@ from psflow.rpc.api import InvalidRequest
 
 __all__ = ["capture", "capture_averages", "capture_table", "write"]
 
-_VALUE, _AVERAGE, _SLOT, _TABLE, _ROWS = "value", "average", "slot/", "table/", "rows/"
+_VALUE, _AVERAGE, _SLOT, _TABLE, _ROWS, _MARKS = "value", "average", "slot/", "table/", "rows/", "marks"
 
 
 def capture(part: PartitionState, rows: np.ndarray | None, *, averages: bool = True) -> PartDelta:
@@ -53,6 +57,8 @@ def capture(part: PartitionState, rows: np.ndarray | None, *, averages: bool = T
             arrays[_SLOT + name] = take(slot)
         if averages and part.average is not None:
             arrays[_AVERAGE] = take(part.average)
+        if rows is None and part.lazy is not None:
+            arrays[_MARKS] = part.lazy.marks.copy()
     return PartDelta(part.key, rows, arrays)
 
 
@@ -94,8 +100,16 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
             raise InvalidRequest(str(e)) from e
         return
     rows = delta.rows
+    marks = delta.arrays.get(_MARKS)
+    if marks is not None and (rows is not None or marks.shape != (part.value.shape[0],) or marks.dtype != np.bool_):
+        raise InvalidRequest(f"{part.describe}: replicated marks of shape {marks.shape} ({marks.dtype}) do not fit "
+                             f"its {part.value.shape[0]} rows (or came with rows)")
+    if marks is not None and part.lazy is None and not bool(marks.all()):
+        raise InvalidRequest(f"{part.describe} is not lazy here; the primary's has rows not built yet")
     with part.lock:
         for name, array in delta.arrays.items():
+            if name == _MARKS:
+                continue
             target = _target(part, name)
             if rows is None or target.ndim == 0:
                 if target.shape != array.shape or target.dtype != array.dtype:
@@ -104,6 +118,22 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
                 np.copyto(target, array)
             else:
                 target[rows] = array
+        _mark(part, rows, marks, _VALUE in delta.arrays)
+
+
+def _mark(part: PartitionState, rows: np.ndarray | None, marks: np.ndarray | None, wrote_value: bool) -> None:
+    """After a write into a lazy partition: its marks are the primary's ``marks``, else the rows of the value
+    written are built (the caller holds the lock)."""
+    lazy = part.lazy
+    if lazy is None or (marks is None and not wrote_value):
+        return
+    if marks is not None:
+        np.copyto(lazy.marks, marks)
+        lazy.count = int(np.count_nonzero(marks))
+    else:
+        lazy.mark(rows)
+    if lazy.complete:
+        part.lazy = None
 
 
 def _target(part: PartitionState, name: str) -> np.ndarray:

@@ -1,0 +1,149 @@
+"""Static partitions whose rows are built on first touch (issue 29: start-up O(1) in the table size).
+
+A large static partition (:data:`LAZY_MIN_BYTES` of value or more) is created with its value, its
+optimizer slots and its moving average as zero-filled arrays (``np.zeros``: memory the OS reserves and
+commits page by page on first write) and one "materialized" mark per row, all False. Before any code
+reads or writes rows, it materializes those not yet marked (:meth:`LazyRows.ensure`): each gets its
+initial value (:func:`psflow.ps.initializers.initial_rows`, a function of the variable, the row and the
+seed alone), its optimizer slots' initial values (``Optimizer.create_slots`` of those rows, so Adagrad's
+initial accumulator too) and, when averaged, a shadow equal to that value.
+
+Invariant: the content of an unmarked row in the value, the slots and the average is meaningless (zeros,
+or whatever a whole-array pass such as the moving averages' wrote into it); its true content is the
+initial one, which is what the row of an eager partition holds (an untouched row is never updated, and a
+moving average of an unchanged value stays at it exactly). So every path either materializes the rows it
+touches (reads, sparse and dense updates: :class:`psflow.ps.store.ParameterStore`) or substitutes the
+initial content for unmarked rows in a copy (:meth:`LazyRows.initial_copy`: checkpoints, replica
+snapshots), and a lazy partition reads, updates and saves bit-equal to an eager one.
+
+Which partitions are lazy (:func:`lazy_eligible`): a static one of :data:`LAZY_MIN_BYTES` or more whose
+optimizer updates only the rows of a sparse gradient. Smaller ones (dense layers, biases) are created
+eagerly: they take milliseconds to build, and their hot path then carries no check at all. An optimizer
+whose sparse update moves every row (non-lazy Adam) would materialize the whole table on the first push,
+so its partitions are eager too.
+
+Cost on the hot path: one vectorized test of the marks of the rows a request touches (``marks[rows].all()``,
+~10 us for 10,000 rows); once every row is materialized the partition drops its :class:`LazyRows` and
+the check is gone. Thread safety: the caller holds the partition's lock around every method here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from psflow.ps.initializers import initial_rows
+from psflow.ps.optimizers import Optimizer
+
+__all__ = ["LAZY_MIN_BYTES", "LazyRows", "lazy_eligible"]
+
+#: Partitions whose value takes at least this many bytes are created lazily. At the ~70 MB/s an eager
+#: random initialization runs at (value, slots), 1 MiB costs ~15-30 ms of start-up: below it laziness
+#: saves nothing worth a check per access; every embedding table of a CTR model (2^16 rows x 4 floats
+#: and up) is above it, every dense layer of the built-in models below.
+LAZY_MIN_BYTES = 1 << 20
+
+#: Rows materialized (or substituted) at a time by the whole-partition paths: bounds their temporaries.
+_CHUNK_ELEMENTS = 1 << 18
+
+
+def lazy_eligible(shape: tuple[int, ...], dtype: str, optimizer: Optimizer | None) -> bool:
+    """Whether a static partition of ``shape`` and ``dtype`` under ``optimizer`` is created lazily."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if len(shape) < 1 or shape[0] < 2 or nbytes < LAZY_MIN_BYTES:
+        return False
+    return optimizer is None or not optimizer.sparse_touches_all_rows
+
+
+@dataclass
+class LazyRows:
+    """The materialized marks of one lazy partition and what builds its rows.
+
+    Args:
+        initializer: the variable's initializer spec.
+        full_shape: the whole variable's shape.
+        row_start: the partition's first row in the variable.
+        rows: the partition's number of rows.
+        dtype: the value's dtype name.
+        optimizer: the partition's optimizer (its slots' initial values), or None.
+    """
+
+    initializer: Mapping[str, Any]
+    full_shape: tuple[int, ...]
+    row_start: int
+    rows: int
+    dtype: str
+    optimizer: Optimizer | None
+
+    def __post_init__(self) -> None:
+        self.marks = np.zeros(self.rows, dtype=np.bool_)  # one byte a row, committed as rows are touched
+        self.count = 0  # rows marked
+
+    @property
+    def complete(self) -> bool:
+        """Every row is materialized (the partition may drop this object)."""
+        return self.count >= self.rows
+
+    def _rows_per_chunk(self) -> int:
+        row_size = int(np.prod(self.full_shape[1:], dtype=np.int64)) if len(self.full_shape) > 1 else 1
+        return max(1, _CHUNK_ELEMENTS // max(1, row_size))
+
+    def _write_initial(self, rows: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
+                       average: np.ndarray | None, *, out_rows: np.ndarray | None = None) -> None:
+        """Writes the initial content of local ``rows`` into ``value``/``slots``/``average`` at ``out_rows``
+        (default: ``rows``)."""
+        at = rows if out_rows is None else out_rows
+        initial = initial_rows(self.initializer, self.full_shape, rows + self.row_start, self.dtype)
+        value[at] = initial
+        if average is not None:
+            average[at] = initial
+        if self.optimizer is not None and slots:
+            fresh = self.optimizer.create_slots(initial)
+            for name in self.optimizer.slot_names:
+                if name in slots:
+                    slots[name][at] = fresh[name]
+
+    def ensure(self, rows: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
+               average: np.ndarray | None) -> None:
+        """Materializes those of the valid local ``rows`` (int64, repeats allowed) not yet marked."""
+        missing = ~self.marks[rows]
+        if not missing.any():
+            return
+        new = np.unique(rows[missing])
+        step = self._rows_per_chunk()
+        for lo in range(0, new.size, step):
+            self._write_initial(new[lo:lo + step], value, slots, average)
+        self.marks[new] = True
+        self.count += int(new.size)
+
+    def ensure_all(self, value: np.ndarray, slots: Mapping[str, np.ndarray], average: np.ndarray | None) -> None:
+        """Materializes every row not yet marked, a chunk of rows at a time."""
+        step = self._rows_per_chunk()
+        for lo in range(0, self.rows, step):
+            missing = np.flatnonzero(~self.marks[lo:lo + step])
+            if missing.size:
+                self.ensure(missing + lo, value, slots, average)
+
+    def mark(self, rows: np.ndarray | None) -> None:
+        """Marks local ``rows`` (None: all) materialized: their content was written whole from elsewhere
+        (a restore, a replica's entry)."""
+        if rows is None:
+            self.marks[:] = True
+            self.count = self.rows
+            return
+        self.marks[rows] = True
+        self.count = int(np.count_nonzero(self.marks))
+
+    def initial_copy(self, marks: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
+                     average: np.ndarray | None) -> None:
+        """Writes the initial content into the rows of copies ``value``/``slots``/``average`` that ``marks``
+        (a copy of :attr:`marks` taken with them) leaves unmarked: the copies then hold what an eager
+        partition holds. The partition itself is not touched; temporaries stay a chunk in size."""
+        step = self._rows_per_chunk()
+        for lo in range(0, self.rows, step):
+            missing = np.flatnonzero(~marks[lo:lo + step]) + lo
+            if missing.size:
+                self._write_initial(missing, value, slots, average)
