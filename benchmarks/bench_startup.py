@@ -1,0 +1,156 @@
+"""Start-up of the W&D command against its tables' size (issue 29's goal: 26 x 2^20 rows / 26 x 2^14 <= 1.2).
+
+One command::
+
+    python benchmarks/bench_startup.py [--pairs 3] [--data /tmp/tf_peer/data/ctr_wd] [--out FILE.json]
+
+runs issue 29's W&D command (``psflow train --format criteo --model wide_deep --embedding-dim 8
+--hidden 256,128 --batch-size 512 --ps 1 --workers 2 --epochs 1``) with ``--num-features 2^20`` (26
+hashed fields: 26 tables of 2^20 x 8 and 26 wide ones of 2^20 x 1, ~936 MiB before optimizer slots)
+and with ``--num-features 2^14``, alternated in pairs (large first in even pairs, small first in odd
+ones), and times each from the launch of the command to the first ``step=`` line any worker logs
+(``--log-every 1``; the log's millisecond stamp): process start, the chief's initialization of every
+ps partition, the first pull, step and push. Also shown: launch to the chief's "initialized the
+variables" line. A run is stopped once its first step is logged (SIGTERM to the launcher, which stops
+its tasks; SIGKILL to the command's process group after 30 s). The 1-minute load average is recorded
+before each run (the machine is shared: a pair's ratio is the figure to read, its runs being seconds
+apart). Prints a markdown table; ``--out`` also writes every run as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import glob
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+_STEP = re.compile(r"psflow\.worker: worker \d+: step=\d+ ")
+_INIT = "initialized the variables"
+
+Run = dict[str, Any]
+
+
+def command(data: str, rows: int, run_dir: str) -> list[str]:
+    """Issue 29's W&D command with ``rows`` hash buckets a field, logging every step into ``run_dir``."""
+    return [sys.executable, "-m", "psflow", "train", "--format", "criteo",
+            "--train", os.path.join(data, "train-*.tsv"), "--eval", os.path.join(data, "eval-00000-of-00001.tsv"),
+            "--model", "wide_deep", "--embedding-dim", "8", "--hidden", "256,128", "--batch-size", "512",
+            "--ps", "1", "--workers", "2", "--epochs", "1", "--num-features", str(rows), "--log-every", "1",
+            "--output", run_dir, "--quiet", "--no-status"]
+
+
+def _stamp(line: str) -> float | None:
+    m = _STAMP.match(line)
+    return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+def _first(run_dir: str) -> tuple[float | None, float | None]:
+    """(stamp of the first worker ``step=`` line, of the "initialized the variables" line), None where not yet."""
+    step = init = None
+    for path in glob.glob(os.path.join(run_dir, "logs", "*.log")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                t = _stamp(line)
+                if t is None:
+                    continue
+                if init is None and _INIT in line:
+                    init = t
+                if _STEP.search(line):
+                    step = t if step is None else min(step, t)
+                    break
+    return step, init
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    """Stops the command this benchmark started (and the tasks it started)."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # its own session: only the processes this command started
+            p.wait()
+
+
+def one_run(data: str, rows: int, timeout: float) -> Run:
+    """Launches the command and returns its start-up (or a failure)."""
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="psflow-startup-") as run_dir, \
+            tempfile.TemporaryFile("w+") as out:
+        t0 = time.time()
+        p = subprocess.Popen(command(data, rows, run_dir), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        step = init = None
+        try:
+            while time.time() - t0 < timeout and p.poll() is None:
+                step, init = _first(run_dir)
+                if step is not None:
+                    break
+                time.sleep(0.05)
+            step, init = _first(run_dir)
+        finally:
+            _stop(p)
+        if step is None:
+            out.seek(0)
+            return {"rows": rows, "failed": True, "returncode": p.returncode, "loadavg_1min_before": load,
+                    "tail": out.read().strip().splitlines()[-12:]}
+        return {"rows": rows, "startup_s": step - t0, "init_s": None if init is None else init - t0,
+                "loadavg_1min_before": load}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--data", default="/tmp/tf_peer/data/ctr_wd")
+    parser.add_argument("--large", type=int, default=20, help="log2 of the large tables' rows (20)")
+    parser.add_argument("--small", type=int, default=14, help="log2 of the small tables' rows (14)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take to its first step")
+    parser.add_argument("--out", help="write every run here as JSON")
+    args = parser.parse_args()
+    large, small = 1 << args.large, 1 << args.small
+    pairs: list[dict[str, Run]] = []
+    for i in range(args.pairs):
+        order = (large, small) if i % 2 == 0 else (small, large)
+        runs = {str(rows): one_run(args.data, rows, args.timeout) for rows in order}
+        pairs.append(runs)
+        print(f"pair {i}: " + json.dumps(runs), file=sys.stderr, flush=True)
+    print(report(pairs, large, small))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"pairs": pairs, "command": " ".join(command(args.data, large, "RUN_DIR")[1:])}, f, indent=1)
+
+
+def report(pairs: list[dict[str, Run]], large: int, small: int) -> str:
+    """The markdown table: each pair's start-ups, their ratio and the load average; the median ratio."""
+    lines = [f"| pair | 26 x {large} start-up (init) s | 26 x {small} start-up (init) s | ratio | load avg (1 min) |",
+             "|---|---|---|---|---|"]
+    ratios = []
+    for i, runs in enumerate(pairs):
+        big, little = runs[str(large)], runs[str(small)]
+        if big.get("failed") or little.get("failed"):
+            lines.append(f"| {i} | failed: {big.get('tail') or little.get('tail')} | | | |")
+            continue
+        ratio = big["startup_s"] / little["startup_s"]
+        ratios.append(ratio)
+        lines.append(f"| {i} | {big['startup_s']:.2f} ({big['init_s'] or 0:.2f}) | {little['startup_s']:.2f} "
+                     f"({little['init_s'] or 0:.2f}) | {ratio:.2f} | {big['loadavg_1min_before']:.2f} / "
+                     f"{little['loadavg_1min_before']:.2f} |")
+    if ratios:
+        lines.append(f"\nmedian ratio {statistics.median(ratios):.2f} over {len(ratios)} pairs "
+                     f"(range {min(ratios):.2f}-{max(ratios):.2f})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
