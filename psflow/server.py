@@ -145,8 +145,10 @@ class Server:
             # One table for both carriers, so that Stats says the same over gRPC and TCP.
             self._ps_handlers = self.parameter_service.handlers()
             if replicated:  # a member of a replicated shard (psflow.ps.replication)
+                # Its Replicate calls go over the TCP carrier every member serves without TLS (start()).
                 self.replication = ShardReplication(
-                    ReplicationConfig(self.cluster, self.task.name, shard, token=token), self.parameter_service)
+                    ReplicationConfig(self.cluster, self.task.name, shard, token=token, tls=tls,
+                                      transport="grpc" if tls is not None else "tcp"), self.parameter_service)
                 self._ps_handlers = self.replication.handlers(self._ps_handlers)
             services[PARAMETER_SERVICE] = {**self._ps_handlers, TRANSPORT_METHOD: self._transport}
             if job_name == "ps" and task_index == min(self.cluster.task_indices("ps")):  # the embedded leases

@@ -155,6 +155,8 @@ def test_backup_is_bit_equal_promoted_after_a_kill_and_the_old_primary_rebuilds(
     steps = [_push(shard, PRIMARY, i).step for i in range(1, 51)]
     assert steps == list(range(1, 51))
     assert _assert_bit_equal(shard, PRIMARY, BACKUP) == 50
+    tcp = shard.channels[BACKUP].call("Stats", {}, timeout=30).meta["tcp"]
+    assert tcp["connections"] == 1, tcp  # the primary's Replicate calls: psflow's TCP carrier, not gRPC
 
     shard.procs[PRIMARY].kill()  # SIGKILL, by pid
     shard.procs[PRIMARY].wait(timeout=30)

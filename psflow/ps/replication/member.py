@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from psflow.cluster import ClusterSpec
-from psflow.cluster.replicas import member_address, shard_members
+from psflow.cluster.replicas import shard_members
 from psflow.ps.protocol import (
     DropBackupRequest,
     JoinReply,
@@ -55,6 +55,7 @@ from psflow.ps.protocol import (
     ReplicateRequest,
 )
 from psflow.ps.replication.applier import InOrderApplier
+from psflow.ps.replication.channels import MemberChannels
 from psflow.ps.replication.checkpoint_count import CheckpointCount
 from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deltas import capture, capture_averages, capture_table
@@ -67,9 +68,9 @@ from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, 
 from psflow.ps.service import ParameterService
 from psflow.ps.store import PartitionState
 from psflow.ps.sync import AppliedStep
-from psflow.rpc.api import PARAMETER_SERVICE, Channel, ConnectConfig, Handler, InvalidRequest, PreconditionFailed, Reply, RpcError
+from psflow.rpc.api import Channel, Handler, InvalidRequest, PreconditionFailed, Reply, RpcError
 from psflow.rpc.framing import Frame
-from psflow.rpc.registry import open_channel
+from psflow.rpc.tls import TlsConfig
 
 __all__ = ["ReplicationConfig", "ShardReplication"]
 
@@ -94,6 +95,9 @@ class ReplicationConfig:
         replica_timeout: seconds a call waits for a backup's acknowledgement before UNAVAILABLE.
         token: the cluster token (calls to the other members carry it).
         status_timeout: deadline of one ReplicaStatus call to another member.
+        transport: the carrier of the primary's Replicate calls (``tcp`` where the members serve psflow's TCP
+            carrier); other calls go over gRPC (:mod:`~psflow.ps.replication.channels`).
+        tls: TLS of the calls to the other members (the task's; None: plain text).
     """
 
     cluster: ClusterSpec
@@ -102,6 +106,8 @@ class ReplicationConfig:
     replica_timeout: float = 5.0
     token: str | None = None
     status_timeout: float = 1.0
+    transport: str = "grpc"
+    tls: TlsConfig | None = None
 
 
 class ShardReplication:
@@ -109,10 +115,9 @@ class ShardReplication:
 
     def __init__(self, config: ReplicationConfig, service: ParameterService,
                  connect: Callable[[str], Channel] | None = None) -> None:
-        """``connect``: the channel to another member by task name (default: gRPC to its cluster address; an
-        in-process test joins members with :class:`~psflow.rpc.inprocess.InProcessChannel`)."""
+        """``connect``: the channel to another member by task name (default: :mod:`.channels`; an in-process
+        test joins members with :class:`~psflow.rpc.inprocess.InProcessChannel`)."""
         self.config, self.service = config, service
-        self._connect = connect
         self.task, self.shard = config.task, config.shard
         self.members = shard_members(config.cluster, config.shard)
         if self.task not in self.members:
@@ -124,8 +129,9 @@ class ShardReplication:
         self.counts = {"pushes_applied": 0}
         self.applier = InOrderApplier(self._write)
         self.forwarder: Forwarder | None = None
-        self._channels: dict[str, Channel] = {}
-        self._lock = threading.Lock()
+        self.channels = MemberChannels(config.cluster, token=config.token, tls=config.tls, transport=config.transport,
+                                       status_timeout=config.status_timeout, replica_timeout=config.replica_timeout,
+                                       connect=connect)
         self._apply_lock = threading.Lock()  # an async push's apply and its entry, together (_push)
         self._stopped = threading.Event()
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
@@ -380,7 +386,7 @@ class ShardReplication:
             if old is not None:
                 old.stop()
             seq = forwarder.last_seq
-            sender = BackupSender(member, lambda: self._channel(member), self._request, self._on_ack,
+            sender = BackupSender(member, lambda: self.channels.get(member, data=True), self._request, self._on_ack,
                                   self._on_refused, rpc_timeout=max(self.config.replica_timeout, 5.0))
             sender.enqueue(full_entry(seq, self.service, self.dedup, self.counts))
             forwarder.senders[member] = sender
@@ -474,21 +480,10 @@ class ShardReplication:
 
     # ---- channels ---------------------------------------------------------------------------------
     def _channel(self, member: str) -> Channel:
-        with self._lock:
-            channel = self._channels.get(member)
-            if channel is None and self._connect is not None:
-                channel = self._channels[member] = self._connect(member)
-            if channel is None:
-                config = ConnectConfig(connect_timeout=self.config.status_timeout, rpc_timeout=self.config.replica_timeout,
-                                       token=self.config.token, backoff_max=0.5)
-                channel = open_channel("grpc", member, member_address(self.config.cluster, member), PARAMETER_SERVICE,
-                                       config)
-                self._channels[member] = channel
-            return channel
+        return self.channels.get(member)
 
     def _status_of(self, member: str) -> ReplicaStatusReply:
-        frame = self._channel(member).call(ReplicaStatusRequest.METHOD, {}, timeout=self.config.status_timeout)
-        return ReplicaStatusReply.from_frame(frame)
+        return self.channels.status_of(member)
 
 
 def _tables(wanted: list[tuple[PartitionState, np.ndarray | None]]) -> list[PartitionState]:
