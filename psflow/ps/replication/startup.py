@@ -7,6 +7,12 @@
   cluster: once every other member answered, or after 30 s); else it asks again every 0.2 s.
 * :func:`rebuild`: ``Join`` the primary (retried until it answers); its snapshot and every entry after it
   follow through ``Replicate`` (:mod:`psflow.ps.replication.applier`).
+* :func:`watch_view`: then, for as long as the process serves, a backup asks its primary's ReplicaStatus every
+  second; a primary at a higher epoch whose view no longer holds this member (a client that could not reach it
+  had it dropped, ``DropBackup``, while it was alive: e.g. restarted an instant before) gets it back, as a
+  returning member: it rebuilds from that primary (Join). A primary never sends a dropped member anything, so
+  without this a backup restarted after every replica of its shard was lost could stay out of the view for the
+  rest of the run.
 """
 
 from __future__ import annotations
@@ -16,22 +22,30 @@ import time
 from typing import TYPE_CHECKING
 
 from psflow.ps.protocol import JoinReply, JoinRequest, PromoteRequest, ReplicaStatusReply
-from psflow.ps.replication.view import JOINING, PRIMARY, View
+from psflow.ps.replication.view import BACKUP, JOINING, PRIMARY, View
 from psflow.rpc.api import RpcError
 
 if TYPE_CHECKING:
     from psflow.ps.replication.member import ShardReplication
 
-__all__ = ["find_place", "rebuild"]
+__all__ = ["find_place", "rebuild", "watch_view"]
 
 log = logging.getLogger("psflow.ps.replication")
 
 #: Seconds a member waits for every other member's answer before it starts a fresh shard without them.
 _FRESH_WAIT = 30.0
+#: Seconds between a backup's checks that its primary still counts it in the view (:func:`watch_view`).
+_WATCH_EVERY = 1.0
 
 
 def find_place(self: ShardReplication) -> None:
-    """Finds member ``self``'s place in its shard (the module docstring), retrying until it has one."""
+    """Finds member ``self``'s place in its shard (the module docstring), retrying until it has one; then
+    watches that a backup stays in its primary's view (:func:`watch_view`) until the member stops."""
+    _place(self)
+    watch_view(self)
+
+
+def _place(self: ShardReplication) -> None:
     began = time.monotonic()
     while not self._stopped.is_set():
         statuses: dict[str, ReplicaStatusReply] = {}
@@ -59,6 +73,7 @@ def find_place(self: ShardReplication) -> None:
             return
         self._stopped.wait(0.2)
 
+
 def _promote_successor(self: ShardReplication, with_state: list[ReplicaStatusReply]) -> None:
     order = {m: i for i, m in enumerate(self.members)}
     first = min(with_state, key=lambda s: order.get(s.task, len(order)))
@@ -69,6 +84,7 @@ def _promote_successor(self: ShardReplication, with_state: list[ReplicaStatusRep
                     first.epoch, first.epoch + 1)
     except RpcError as e:
         log.info("%s: promoting %s: %s", self.task, first.task, e)
+
 
 def rebuild(self: ShardReplication, primary: str) -> None:
     """Rebuilds member ``self`` from ``primary``'s snapshot (Join), retrying until it answers."""
@@ -87,3 +103,23 @@ def rebuild(self: ShardReplication, primary: str) -> None:
         log.info("%s: rebuilding shard %d from %s (epoch %d, snapshot %d)", self.task, self.shard, primary,
                  reply.epoch, reply.snapshot_seq)
         return
+
+
+def watch_view(self: ShardReplication) -> None:
+    """(Until the member stops) Every :data:`_WATCH_EVERY` s, a backup whose primary is at a higher epoch and
+    counts it no more among its backups rebuilds from it (the module docstring). Other roles: nothing."""
+    while not self._stopped.wait(_WATCH_EVERY):
+        view = self.view.view
+        if view.role != BACKUP or view.primary is None:
+            continue
+        try:
+            status = self._status_of(view.primary)
+        except RpcError:
+            continue  # gone or slow: the clients promote a backup, whose entries tell this one
+        if status.role != PRIMARY or status.epoch <= view.epoch or self.task in status.backups:
+            continue
+        if self.view.view != view:
+            continue  # an entry or a view change came meanwhile: look again
+        log.warning("%s: %s is shard %d's primary at epoch %d without this member (dropped at epoch %d while "
+                    "unreachable): rejoining", self.task, status.task, self.shard, status.epoch, view.epoch)
+        rebuild(self, status.task)
