@@ -12,7 +12,8 @@
   had it dropped, ``DropBackup``, while it was alive: e.g. restarted an instant before) gets it back, as a
   returning member: it rebuilds from that primary (Join). A primary never sends a dropped member anything, so
   without this a backup restarted after every replica of its shard was lost could stay out of the view for the
-  rest of the run.
+  rest of the run. Likewise a primary asks the other members: one that says primary at a higher epoch (a
+  client promoted it over this one, e.g. over a restarted empty primary it could not reach) deposes it.
 """
 
 from __future__ import annotations
@@ -107,9 +108,13 @@ def rebuild(self: ShardReplication, primary: str) -> None:
 
 def watch_view(self: ShardReplication) -> None:
     """(Until the member stops) Every :data:`_WATCH_EVERY` s, a backup whose primary is at a higher epoch and
-    counts it no more among its backups rebuilds from it (the module docstring). Other roles: nothing."""
+    counts it no more among its backups rebuilds from it (the module docstring); a primary that another member
+    says it replaced at a higher epoch is deposed and rebuilds from it. Other roles: nothing."""
     while not self._stopped.wait(_WATCH_EVERY):
         view = self.view.view
+        if view.role == PRIMARY:
+            self._check_deposed()  # a backup promoted over it that no call told it of: deposed, it rebuilds
+            continue
         if view.role != BACKUP or view.primary is None:
             continue
         try:

@@ -34,3 +34,18 @@ def test_a_backup_the_primary_dropped_while_it_was_alive_joins_the_view_again(
     shard.wait(lambda: shard.status(PRIMARY).backups == (backup(0),), "the dropped backup back in the view")
     status = shard.status(backup(0))
     assert (status.role, status.epoch, status.primary, status.has_state) == ("backup", 2, PRIMARY, True)
+
+
+def test_a_primary_a_backup_was_promoted_over_while_it_was_alive_rejoins_as_its_backup(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    # A client that could not reach the restarted (empty) primary promoted its backup; nothing told the primary,
+    # which stayed primary at epoch 1 out of the new view: the shard ended the run at epoch 2 with no backup.
+    shard = make_shard()
+    shard.start()
+    shard.start(backup(0))
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    assert shard.promote(backup(0), 1).backups == ()
+    shard.wait(lambda: shard.status(backup(0)).backups == (PRIMARY,), "the old primary back in the view")
+    status = shard.status(PRIMARY)
+    assert (status.role, status.epoch, status.primary, status.has_state) == ("backup", 2, backup(0), True)
