@@ -27,6 +27,10 @@ Files (the served side):
   :class:`~psflow.ps.averages.MovingAverages`; ``memory.py``: :func:`~psflow.ps.memory.exclude_from_fork`.
 * ``lazy_rows.py``: :class:`~psflow.ps.lazy_rows.LazyRows` (a large static partition's rows built on first
   touch, bit-equal to an eager one's; which partitions are lazy).
+* ``row_marks.py``: :class:`~psflow.ps.row_marks.MarkClock`, :class:`~psflow.ps.row_marks.RowMarks` (which
+  rows of a partition changed since a checkpoint snapshot: incremental checkpoints).
+* ``shard_snapshot.py``: :func:`~psflow.ps.shard_snapshot.shard_tensors` (a checkpoint shard's tensors, every
+  row or the changed ones), the shard's tensor names.
 * ``checkpointing.py``: :class:`~psflow.ps.checkpointing.CheckpointHandlers` (a task's shard save/load,
   readiness, restore calls), :class:`~psflow.ps.checkpointing.SaveLedger`.
 * ``counters.py``: :class:`~psflow.ps.counters.ServiceCounters` (``Stats``).

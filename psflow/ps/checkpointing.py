@@ -107,7 +107,6 @@ from safetensors.numpy import save as safetensors_save
 from psflow import storage
 from psflow.coord.api import FencedError
 from psflow.coord.fence import FenceGuard
-from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.protocol import (
     BeginRestoreReply,
     BeginRestoreRequest,
@@ -124,6 +123,14 @@ from psflow.ps.protocol import (
     SetReadyRequest,
 )
 from psflow.ps.restore_gate import RestoreGate
+from psflow.ps.shard_snapshot import (
+    DYNAMIC_SEPARATOR,
+    SLOT_SEPARATOR,
+    dynamic_tensor_names,
+    shard_tensor_names,
+    shard_tensors,
+)
+from psflow.ps.shard_snapshot import saved_slots as _saved_slots
 from psflow.ps.step_clock import StepClock
 from psflow.ps.store import PartitionState, StoreError
 from psflow.ps.update_mode import UpdateMode
@@ -137,58 +144,8 @@ __all__ = ["CheckpointHandlers", "PushCount", "SaveLedger", "DYNAMIC_SEPARATOR",
 
 log = logging.getLogger(__name__)
 
-#: Separates a partition key from a slot name in a shard's tensor names:
-#: ``weights/part_0`` is the value, ``weights/part_0:accum`` one of its slots.
-SLOT_SEPARATOR = ":"
-
-#: Separates a dynamic table partition's key from its snapshot arrays other than values and slots:
-#: ``emb/part_0@ids``, ``emb/part_0@last_step``, ``emb/part_0@frequency``, ``emb/part_0@step``, ``emb/part_0@state/NAME``.
-DYNAMIC_SEPARATOR = "@"
-
 #: Seconds BeginRestore waits for pushes in flight (a sync push may wait for its step that long).
 _DRAIN_TIMEOUT = 10.0
-
-
-def shard_tensor_names(key: str, slots: list[str]) -> tuple[str, dict[str, str]]:
-    """The tensor name of a partition's value and of each of its slots."""
-    return key, {slot: f"{key}{SLOT_SEPARATOR}{slot}" for slot in slots}
-
-
-def dynamic_tensor_names(key: str, snapshot_keys: list[str]) -> dict[str, str]:
-    """A dynamic table partition's snapshot array name -> its tensor name in a shard.
-
-    ``values`` and ``slot/NAME`` are stored as a static partition's value and slots
-    (see :func:`shard_tensor_names`); the rest under ``<key>@<name>``.
-    """
-    out = {}
-    for name in snapshot_keys:
-        if name == "values":
-            out[name] = key
-        elif name.startswith("slot/"):
-            out[name] = f"{key}{SLOT_SEPARATOR}{name[len('slot/'):]}"
-        else:
-            out[name] = f"{key}{DYNAMIC_SEPARATOR}{name}"
-    return out
-
-
-def _snapshot(part: PartitionState) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Copies of the partition's value and saved slots, taken under its lock; a lazy partition's rows not
-    built yet hold their initial content in the copies (built after the lock is released, a chunk of rows
-    at a time, :meth:`~psflow.ps.lazy_rows.LazyRows.initial_copy`), and the partition stays lazy."""
-    with part.lock:
-        slots = {name: np.array(s, copy=True) for name, s in _saved_slots(part).items()}
-        value, lazy = part.value.copy(), part.lazy
-        marks = lazy.marks.copy() if lazy is not None else None
-    if lazy is not None and marks is not None:
-        lazy.initial_copy(marks, value, slots, slots.get(AVERAGE_SLOT) if part.average is not None else None)
-    return value, slots
-
-
-def _saved_slots(part: PartitionState) -> dict[str, np.ndarray]:
-    """The arrays a checkpoint holds beside a partition's value: its optimizer slots and its moving average."""
-    if part.average is None:
-        return part.slots
-    return {**part.slots, AVERAGE_SLOT: part.average}
 
 
 class PushCount(Protocol):
@@ -258,7 +215,7 @@ class CheckpointHandlers:
         if path is not None and self._confine:
             path = self._confined(path)
         with self._fenced(request.epoch, request.holder):
-            return _reply(self._save_shard(path))
+            return _reply(self._save_shard(path, request.since))
 
     def _confined(self, path: str) -> str:
         """``path`` with symlinks resolved, if it lies under the checkpoint root; else InvalidRequest."""
@@ -281,13 +238,13 @@ class CheckpointHandlers:
                                  f"checkpoint root {root}")
         return os.path.join(directory, name)
 
-    def _save_shard(self, path: str | None) -> SaveShardReply:
+    def _save_shard(self, path: str | None, since: dict[str, Any] | None) -> SaveShardReply:
         counter = self.push_count
         with counter.holding() if counter is not None else contextlib.nullcontext(None) as applied:
-            step, positions, examples, tensors, parts = self._snapshot()
+            step, positions, examples, tensors, parts, marks = self._snapshot(since)
         data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
         reply = SaveShardReply(self.task_name, parts, step, positions, examples, len(data),
-                               hashlib.sha256(data).hexdigest(), pushes_applied=applied)
+                               hashlib.sha256(data).hexdigest(), pushes_applied=applied, marks=marks)
         if path is None:
             return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
         try:
@@ -297,32 +254,19 @@ class CheckpointHandlers:
         log.info("%s: wrote checkpoint shard %s (%d bytes, step %s)", self.task_name, path, len(data), step)
         return reply
 
-    def _snapshot(self) -> tuple[int | None, dict[str, str], int, dict[str, np.ndarray], list[dict[str, Any]]]:
-        """(global_step, reader positions, examples, the shard's tensors, its partitions' manifest records)."""
+    def _snapshot(self, since: dict[str, Any] | None
+                  ) -> tuple[int | None, dict[str, str], int, dict[str, np.ndarray], list[dict[str, Any]], dict[str, Any]]:
+        """(global_step, reader positions, examples, the shard's tensors, its partitions' manifest records, the
+        snapshot's marks ``{"token", "epoch"}``); ``since``: the base snapshot's marks (an increment) or None."""
         variables, global_step = self._variables, self._clock.global_step
         step = global_step.value if global_step is not None else None
         # the averages moved over the steps with no push here
         variables.averages.catch_up(variables.partitions.partitions(), self._clock.table_step())
         positions, examples = self._workers.progress()
-        tensors: dict[str, np.ndarray] = {}
-        parts: list[dict[str, Any]] = []
-        for part in sorted(variables.partitions.partitions(), key=lambda p: p.key):
-            if part.table is not None:
-                snap = part.table.snapshot()
-                names = dynamic_tensor_names(part.key, sorted(snap))
-                tensors.update({names[k]: np.array(v, order="C") for k, v in snap.items()})  # (0-d stays 0-d)
-                parts.append({"key": part.key, "var": part.var_name, "index": part.index, "row_start": 0,
-                              "rows": int(snap["ids"].size), "dynamic": sorted(snap),
-                              "slots": sorted(k[len("slot/"):] for k in snap if k.startswith("slot/"))})
-                continue
-            value, slots = _snapshot(part)
-            value_name, slot_names = shard_tensor_names(part.key, sorted(slots))
-            tensors[value_name] = value
-            for slot, name in slot_names.items():
-                tensors[name] = slots[slot]
-            parts.append({"key": part.key, "var": part.var_name, "index": part.index, "row_start": part.row_start,
-                          "rows": int(value.shape[0]) if value.ndim else 1, "slots": sorted(slots)})
-        return step, positions, examples, tensors, parts
+        clock = variables.partitions.marks
+        marks = {"token": clock.token, "epoch": clock.advance()}  # before any partition is read
+        tensors, parts = shard_tensors(variables.partitions.partitions(), since)
+        return step, positions, examples, tensors, parts, marks
 
     # ---- LoadShard ---------------------------------------------------------
     def load_shard(self, frame: Frame) -> Reply:
@@ -363,6 +307,8 @@ class CheckpointHandlers:
                     np.copyto(targets[slot], arr)
                 if values_only and part.average is not None:  # new initial values: the average starts there
                     np.copyto(part.average, value)
+                if part.marks is not None:  # every row changed (an increment after a restore holds them all)
+                    part.marks.mark(None)
                 if part.lazy is not None:  # value and every saved slot were loaded whole: every row is built
                     part.lazy.mark(None)
                     part.lazy = None

@@ -17,6 +17,9 @@ Guarantees:
       :meth:`~ParameterStore.apply_sparse` and :meth:`~ParameterStore.apply_dense`
       materialize the rows they touch first (whole reads and dense updates: every
       row), so every value they read or return is the one an eager partition has.
+    * Every static partition has row marks (:mod:`psflow.ps.row_marks`): the
+      apply paths stamp the rows they change, so a checkpoint can hold only the
+      rows changed since a previous one (an incremental checkpoint).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from psflow.ps.initializers import initial_value, validate_initializer
 from psflow.ps.lazy_rows import LazyRows, lazy_eligible
 from psflow.ps.memory import exclude_from_fork
 from psflow.ps.optimizers import Optimizer
+from psflow.ps.row_marks import MarkClock, RowMarks
 
 #: The C row gather (``psflow.ps._kernels.gather``), or None: numpy's fancy indexing then.
 _GATHER = getattr(load_extension("psflow.ps._kernels"), "gather", None)
@@ -67,6 +71,8 @@ class PartitionState:
     average_decay: float | None = None
     # The rows not built yet of a lazy partition (psflow.ps.lazy_rows); None: every row is (an eager one).
     lazy: LazyRows | None = None
+    # Which rows changed since a checkpoint (psflow.ps.row_marks); None: a dynamic table's share (saved whole).
+    marks: RowMarks | None = None
     key: str = field(init=False)  # partition_key(var_name, index), computed once (it names every request entry)
 
     def __post_init__(self) -> None:
@@ -98,6 +104,8 @@ class ParameterStore:
 
     def __init__(self) -> None:
         self._parts: dict[str, PartitionState] = {}
+        #: This store's mark token and epoch (a fresh store, a fresh token: see psflow.ps.row_marks).
+        self.marks = MarkClock()
 
     def __contains__(self, key: str) -> bool:
         return key in self._parts
@@ -139,7 +147,9 @@ class ParameterStore:
         for array in (value, *slots.values(), *(() if average is None else (average,))):
             exclude_from_fork(array)  # a forked input reader would split their huge pages (psflow.ps.memory)
         state = PartitionState(var_name, index, row_start, value, optimizer, slots, average=average,
-                               average_decay=average_decay, lazy=lazy)
+                               average_decay=average_decay, lazy=lazy,
+                               marks=RowMarks(self.marks, shape[0] if value.ndim else 1,
+                                              whole=value.ndim == 0 or average is not None))
         self._parts[state.key] = state
         return state
 
@@ -242,6 +252,8 @@ class ParameterStore:
         with part.lock:  # grad was validated on arrival (check_dense); the slots are the optimizer's own
             part.materialize(None)
             part.optimizer.apply_dense(part.value, part.slots, grad, checked=True, step=step)
+            if part.marks is not None:
+                part.marks.mark(None)
 
     @staticmethod
     def apply_sparse(part: PartitionState, rows: np.ndarray, values: np.ndarray, *, step: int | None = None) -> None:
@@ -255,6 +267,8 @@ class ParameterStore:
         with part.lock:  # rows and values were validated on arrival (check_sparse); the slots are the optimizer's own
             part.materialize(rows)
             part.optimizer.apply_sparse(part.value, part.slots, rows, values, checked=True, step=step)
+            if part.marks is not None:  # (an optimizer whose sparse update moves every row: every row)
+                part.marks.mark(None if part.optimizer.sparse_touches_all_rows else rows)
 
     def parameter_bytes(self) -> int:
         """Bytes of variables plus optimizer slots (and moving averages) held by this task."""

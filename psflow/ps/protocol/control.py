@@ -77,7 +77,9 @@ class FenceReply:
 @message
 class SaveShardRequest:
     """Snapshot this task's partitions as shard ``shard`` of ``num_shards``: written to ``path`` by the
-    task, or (``path`` None) returned in the reply. ``epoch``/``holder``: the chief's fence."""
+    task, or (``path`` None) returned in the reply. ``epoch``/``holder``: the chief's fence. ``since``: an
+    incremental shard's base snapshot, ``{"token": str, "epoch": int}`` (see :mod:`psflow.ps.row_marks`);
+    None: every row."""
 
     METHOD: ClassVar[str] = "SaveShard"
     path: str | None
@@ -85,11 +87,14 @@ class SaveShardRequest:
     num_shards: int | None = None
     epoch: int | None = None
     holder: str = ""
+    since: dict[str, Any] | None = None
 
     def to_frame(self) -> Frame:
         meta: dict[str, Any] = {"path": self.path, "shard": self.shard, "num_shards": self.num_shards}
         if self.epoch is not None:
             meta.update(epoch=self.epoch, holder=self.holder)
+        if self.since is not None:
+            meta["since"] = dict(self.since)
         return Frame(meta)
 
     @classmethod
@@ -100,7 +105,18 @@ class SaveShardRequest:
             raise InvalidRequest(f"path must be a string or null, got {path!r:.60}")
         epoch, holder = _epoch(meta)
         return cls(path, optional_int(meta, "shard", minimum=0), optional_int(meta, "num_shards", minimum=0),
-                   epoch, holder)
+                   epoch, holder, _marks(meta, "since"))
+
+
+def _marks(meta: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """A snapshot's marks ``{"token": str, "epoch": int >= 0}``, or None when absent or null."""
+    value = meta.get(key)
+    if value is None:
+        return None
+    if not (isinstance(value, dict) and isinstance(value.get("token"), str) and type(value.get("epoch")) is int
+            and value["epoch"] >= 0):
+        raise refuse(key, 'a {"token": str, "epoch": int >= 0} object', value)
+    return {"token": value["token"], "epoch": value["epoch"]}
 
 
 @message
@@ -109,7 +125,8 @@ class SaveShardReply:
     global_step, the reader positions and the examples pushed with them (on the task holding
     global_step), and the bytes themselves when the caller writes the file (``data``).
     ``pushes_applied``: a replicated shard's count of the pushes the snapshot holds (None: unreplicated,
-    not sent)."""
+    not sent). ``marks``: the snapshot's mark token and epoch (the base of a later increment; None: an older
+    task)."""
 
     task: str
     partitions: Sequence[Mapping[str, Any]]
@@ -120,12 +137,15 @@ class SaveShardReply:
     sha256: str
     data: np.ndarray | None = None
     pushes_applied: int | None = None
+    marks: dict[str, Any] | None = None
 
     def to_frame(self) -> Frame:
         meta = {"task": self.task, "partitions": list(self.partitions), "global_step": self.global_step,
                 "positions": dict(self.positions), "examples": self.examples, "bytes": self.size, "sha256": self.sha256}
         if self.pushes_applied is not None:
             meta["pushes_applied"] = self.pushes_applied
+        if self.marks is not None:
+            meta["marks"] = dict(self.marks)
         return Frame(meta, {_SHARD: self.data} if self.data is not None else {})
 
     @classmethod
@@ -139,7 +159,7 @@ class SaveShardReply:
         return cls(str(meta.get("task", "")), parts, optional_int(meta, "global_step"),
                    string_map(meta, "positions", "client names to reader position JSON") or {},
                    optional_int(meta, "examples", minimum=0) or 0, optional_int(meta, "bytes", minimum=0) or 0, sha,
-                   frame.arrays.get(_SHARD), optional_int(meta, "pushes_applied", minimum=0))
+                   frame.arrays.get(_SHARD), optional_int(meta, "pushes_applied", minimum=0), _marks(meta, "marks"))
 
 
 # ---- LoadShard --------------------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.averages import MovingAverages
-from psflow.ps.checkpointing import _snapshot
 from psflow.ps.initializers import initial_rows, initial_value
 from psflow.ps.lazy_rows import lazy_eligible
 from psflow.ps.optimizers import make_optimizer
 from psflow.ps.replication.deltas import capture, capture_averages, write
 from psflow.ps.service import ParameterService
+from psflow.ps.shard_snapshot import partition_copy as _snapshot
 from psflow.ps.store import ParameterStore, PartitionState
 from psflow.rpc.framing import Frame
 

@@ -43,6 +43,9 @@ SHARED = {
     # a replicated shard's count of applied pushes: SaveShard's and LoadShard's field, the manifest's shard record
     # and the Stats "replication" counter's key
     "pushes_applied",
+    # incremental checkpoints (issue 29): SaveShard's "marks" (its reply) is also the manifest's shard record key
+    # (and a replica's lazy-row marks), "since" and "full" plain words of other documents (the manifest's kind)
+    "marks", "since", "full",
 }
 
 
