@@ -111,6 +111,15 @@ average at the restored value; into a run that does not, the saved one is
 left out. :func:`read_variables` reads the averages in place of the variables
 when asked (``psflow export --moving-averages``, evaluation with averages).
 
+Incremental checkpoints (``full_every``, ``psflow train --full-checkpoint-every K``, default 10): every
+K-th save of a chief is full, the ones between are increments holding only the rows each ps task changed
+since the previous complete checkpoint (the increment's ``base``), plus everything small whole; dynamic
+tables, averaged variables and partitions of optimizers whose sparse update moves every row are saved whole
+in every increment. Restore, export and evaluation read an increment through its chain (the newest full
+checkpoint and every increment after it, :mod:`psflow.checkpoint.chain`), onto any number of ps tasks. A
+chief's first save is full (after a failover, a resume). Rotation keeps what kept increments need. See
+:mod:`psflow.checkpoint.save` and :mod:`psflow.ps.row_marks`.
+
 Tensors are stored with safetensors; nothing is ever pickled.
 
 Classes and functions, by file:
@@ -126,6 +135,8 @@ Classes and functions, by file:
   (the launcher's console lines and counts from it).
 * ``shards.py`` -- :class:`ShardFiles` (a checkpoint's shard files, checked against the manifest),
   :func:`saved_rows`, :func:`saved_table` (rows and dynamic tables re-sliced from them).
+* ``chain.py`` -- incremental checkpoints read back: :func:`checkpoint_chain` (a full checkpoint and the
+  increments after it), :class:`ChainReader` (rows of a variable through the chain).
 * ``restore.py`` -- :func:`restore` (a checkpoint onto the current layout), :func:`load_shards`.
 * ``variables.py`` -- :func:`read_variables`, :func:`averaged_variables`, :data:`DYNAMIC_IDS`,
   :func:`read_safetensors`: variables read whole (export, evaluation).

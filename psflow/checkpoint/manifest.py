@@ -15,7 +15,7 @@ from typing import Any
 from psflow import jsonio, storage
 from psflow.errors import CheckpointError
 
-__all__ = ["Manifest", "SavedCheckpoint", "read_manifest", "read_json", "lineage_of", "psflow_version",
+__all__ = ["FULL", "INCREMENT", "Manifest", "SavedCheckpoint", "read_manifest", "read_json", "lineage_of", "psflow_version",
            "MANIFEST_NAME", "POINTER_NAME", "WRITER_NAME", "FORMAT", "FORMAT_VERSION", "PREFIX"]
 
 
@@ -35,6 +35,10 @@ FORMAT_VERSION = 1
 
 
 PREFIX = "ckpt-"
+
+
+#: :attr:`Manifest.kind` of a checkpoint holding every row, and of one holding the rows changed since its base.
+FULL, INCREMENT = "full", "increment"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,10 @@ class Manifest:
         run: the writing run: ``{"run_id", "epoch", "holder", "writer", "host", "pid"}``, or None.
         final: written when training ended (every worker finished its data, or ``--max-steps`` was
             reached): no newer checkpoint of this run follows. An evaluator stops after it.
+        kind: ``"full"`` (every row) or ``"increment"`` (the rows changed since ``base``; see
+            :mod:`psflow.checkpoint.chain`). A static partition of an increment with ``"changed": n`` holds
+            only those rows; a shard record's ``marks`` (``{"token", "epoch"}``) dates its snapshot.
+        base: an increment's base: the name of the previous complete checkpoint (in the same directory).
     """
 
     global_step: int
@@ -78,6 +86,8 @@ class Manifest:
     lineage: str | None = None
     run: dict[str, Any] | None = None
     final: bool = False
+    kind: str = "full"
+    base: str | None = None
 
     def to_json(self) -> str:
         data = {"format": FORMAT, "format_version": FORMAT_VERSION, **self.__dict__}
@@ -99,7 +109,10 @@ class Manifest:
             version = data.pop("format_version", None)
             if version != FORMAT_VERSION:
                 raise ValueError(f"format version {version!r}, this psflow reads {FORMAT_VERSION}")
-            return cls(**data)
+            manifest = cls(**data)
+            if manifest.kind not in (FULL, INCREMENT) or (manifest.kind == INCREMENT) != isinstance(manifest.base, str):
+                raise ValueError(f"kind {manifest.kind!r} with base {manifest.base!r}")
+            return manifest
         except (ValueError, TypeError) as e:
             raise CheckpointError(f"{where}: bad manifest: {e}") from e
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from psflow.checkpoint.chain import ChainReader
 from psflow.checkpoint.manifest import Manifest, read_manifest
-from psflow.checkpoint.shards import ShardFiles, saved_rows, saved_table
 from psflow.errors import CheckpointError
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.client import ParameterClient
@@ -46,7 +46,8 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     """Loads checkpoint ``path`` into the ps tasks of ``client``'s layout.
 
     Re-slices every variable and its optimizer slots onto the current
-    partitions (see :mod:`psflow.checkpoint`), then sends each ps task its
+    partitions (see :mod:`psflow.checkpoint`; an increment: read through its chain, the newest full
+    checkpoint and every increment after it, :mod:`psflow.checkpoint.chain`), then sends each ps task its
     partitions in one ``LoadShard`` call (tasks in parallel); the task
     holding global_step also gets global_step (``global_step`` if given,
     else the checkpoint's), the reader positions, the example count and the
@@ -62,14 +63,13 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
             is missing or has another shape, dtype or set of slots (names it).
     """
     manifest = read_manifest(path)
-    shards = ShardFiles(path, manifest)
+    reader = ChainReader(path, manifest)  # an increment: its full checkpoint and the increments up to it
     per_task = {t: ShardLoad() for t in client.channels}
     for name, placement in client.layout.items():
         var = placement.var
         saved = _check_variable(path, manifest, name, tuple(var.shape), var.dtype, placement.is_dynamic)
         if placement.is_dynamic:
-            for part, snapshot in zip(placement.partitions, saved_table(shards, name, saved["partitions"],
-                                                                   len(placement.partitions)), strict=True):
+            for part, snapshot in zip(placement.partitions, reader.table(name, len(placement.partitions)), strict=True):
                 key = partition_key(name, part.index)
                 load = per_task[part.task]
                 load.keys.append(key)
@@ -82,13 +82,13 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
             key = partition_key(name, part.index)
             load = per_task[part.task]
             load.keys.append(key)
-            load.values[key] = value = saved_rows(shards, name, saved_parts, part.row_start, part.row_stop, None)
+            load.values[key] = value = reader.rows(name, part.row_start, part.row_stop, None)
             part_slots = load.slots.setdefault(key, {})
             for slot in slots:
-                part_slots[slot] = saved_rows(shards, name, saved_parts, part.row_start, part.row_stop, slot)
+                part_slots[slot] = reader.rows(name, part.row_start, part.row_stop, slot)
             if var.moving_average_decay is not None:  # the saved average, else one starting at the restored value
                 part_slots[AVERAGE_SLOT] = (
-                    saved_rows(shards, name, saved_parts, part.row_start, part.row_stop, AVERAGE_SLOT) if saved_average
+                    reader.rows(name, part.row_start, part.row_stop, AVERAGE_SLOT) if saved_average
                     else value)
     restored_step = manifest.global_step if global_step is None else global_step
     counts = _push_counts(manifest, len(per_task)) if push_counts else {}

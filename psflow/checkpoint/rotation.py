@@ -5,6 +5,11 @@ it): a save keeps its own checkpoint and the newest ``max_to_keep - 1`` other co
 lineage (by global_step, then save time) and deletes only checkpoints of its own lineage, and leftovers of
 crashed saves; a save in progress of a newer epoch of the same run is never touched. Called under the
 directory's mutex (:func:`~psflow.checkpoint.lock.directory_mutex`).
+
+Incremental checkpoints (:mod:`psflow.checkpoint.chain`): ``max_to_keep`` counts restorable checkpoints
+(full ones and increments alike); every checkpoint a kept increment's chain needs (its base, the base's
+base, ... back to its full checkpoint) is kept too, beyond ``max_to_keep``, so rotation never deletes a full
+checkpoint or an increment that a kept checkpoint still needs.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from collections.abc import Collection
 
 from psflow import storage
 from psflow.checkpoint.lock import directory_mutex
-from psflow.checkpoint.manifest import WRITER_NAME, lineage_of, read_json
+from psflow.checkpoint.manifest import INCREMENT, MANIFEST_NAME, WRITER_NAME, lineage_of, read_json
 from psflow.checkpoint.pointer import checkpoint_dirs, complete_checkpoints, is_complete
 
 __all__ = ["kept_after", "deletable", "delete_old", "killed_while_created"]
@@ -27,8 +32,20 @@ def kept_after(directory: str, name: str, lineage: str, max_to_keep: int) -> lis
     ours = [os.path.basename(p) for p, m in complete_checkpoints(directory)
             if m.get("lineage") == lineage or os.path.basename(p) == name]
     others = [n for n in ours if n != name]
-    kept = set(others[max(0, len(others) - (max_to_keep - 1)):]) | {name}
+    kept = _with_bases(directory, set(others[max(0, len(others) - (max_to_keep - 1)):]) | {name})
     return [n for n in ours if n in kept] if name in ours else [*(n for n in others if n in kept), name]
+
+
+def _with_bases(directory: str, kept: set[str]) -> set[str]:
+    """``kept`` and every checkpoint their chains need (the bases of increments, recursively)."""
+    out, todo = set(kept), list(kept)
+    while todo:
+        manifest = read_json(os.path.join(directory, todo.pop(), MANIFEST_NAME)) or {}
+        base = manifest.get("base") if manifest.get("kind") == INCREMENT else None
+        if isinstance(base, str) and base not in out and os.path.basename(base) == base:
+            out.add(base)
+            todo.append(base)
+    return out
 
 
 def deletable(directory: str, run_id: str, lineage: str, epoch: int | None, keep: Collection[str]) -> list[str]:

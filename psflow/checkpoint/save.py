@@ -6,6 +6,15 @@ The steps, their order, the fence and what a crash at any step leaves are the pa
 mutex, the fence checked again, then rotation (:mod:`psflow.checkpoint.rotation`). A failed save removes its
 partial directory, is counted in the ledger and raises :class:`~psflow.errors.CheckpointError`; the
 ``max_failed_saves``-th in a row raises :class:`CheckpointSavesFailedError`.
+
+Incremental checkpoints (``full_every`` K > 1): after a full checkpoint, the next K - 1 saves of this manager
+are increments (:mod:`psflow.checkpoint.chain`): each ps task saves only the rows changed since the snapshot
+of the base, the previous checkpoint this manager completed (:mod:`psflow.ps.row_marks`; the base's shard
+records name each task's mark token and epoch). The base advances only when a save is complete (the
+pointer names it), so after a failed save the next increment still holds every row changed since the last
+complete one. A manager's first save is full (a new chief after a failover, a resumed run), and so is a save
+whose base is gone or was written by another number of ps tasks; a ps task whose marks are not the base's (it
+restarted, or a backup was promoted) saves its partitions whole inside an increment.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from typing import Any
 from psflow import jsonio, storage
 from psflow.checkpoint.lock import CheckpointDirLock, directory_mutex, new_run_id
 from psflow.checkpoint.manifest import (
+    INCREMENT,
     MANIFEST_NAME,
     POINTER_NAME,
     PREFIX,
@@ -71,10 +81,13 @@ def _fsync_dir(path: str) -> None:
 
 
 def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
-    """A shard's entry in the manifest; a replicated shard's with the count of the pushes it holds."""
+    """A shard's entry in the manifest; a replicated shard's with the count of the pushes it holds; with the
+    snapshot's mark token and epoch (the base of a later increment)."""
     record: dict[str, Any] = {"file": file, "task": reply.task, "bytes": reply.size, "sha256": reply.sha256}
     if reply.pushes_applied is not None:
         record["pushes_applied"] = reply.pushes_applied
+    if reply.marks is not None:
+        record["marks"] = dict(reply.marks)
     return record
 
 
@@ -88,7 +101,7 @@ class CheckpointManager:
 
     def __init__(self, directory: str, *, max_to_keep: int = 5, transport: str = "local",
                  fault: Callable[[str], None] | None = None, lock: CheckpointDirLock | None = None,
-                 run_id: str | None = None, max_failed_saves: int = 0) -> None:
+                 run_id: str | None = None, max_failed_saves: int = 0, full_every: int = 1) -> None:
         """Args:
             directory: the checkpoint directory (created if missing).
             max_to_keep: complete checkpoints of this lineage kept (>= 1); older
@@ -106,14 +119,18 @@ class CheckpointManager:
                 lineage is named after it.
             max_failed_saves: the failure in a row that raises
                 :class:`CheckpointSavesFailedError` (0: never).
+            full_every: every ``full_every``-th save of this manager is full, the others increments
+                (1: every save is full).
 
         Raises:
-            CheckpointError: a bad ``max_to_keep``, ``transport`` or ``max_failed_saves``.
+            CheckpointError: a bad ``max_to_keep``, ``transport``, ``max_failed_saves`` or ``full_every``.
         """
         if max_to_keep < 1:
             raise CheckpointError(f"max_to_keep must be >= 1, got {max_to_keep}")
         if transport not in ("local", "rpc"):
             raise CheckpointError(f"checkpoint transport must be 'local' or 'rpc', got {transport!r}")
+        if full_every < 1:
+            raise CheckpointError(f"full_every (--full-checkpoint-every) must be >= 1, got {full_every}")
         if max_failed_saves < 0:
             raise CheckpointError(f"max_failed_saves must be >= 0, got {max_failed_saves}")
         self.directory = directory
@@ -129,6 +146,9 @@ class CheckpointManager:
         self.last_error: str | None = None
         self._current: str | None = None
         self._step: int | None = None
+        self.full_every = full_every
+        self._base: tuple[str, Manifest] | None = None  # the last complete save of this manager (an increment's base)
+        self._increments = 0  # increments since the last full save
 
     def latest(self) -> str | None:
         """See :func:`latest_checkpoint`."""
@@ -215,9 +235,12 @@ class CheckpointManager:
                       "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
             storage.write_atomically(os.path.join(path, WRITER_NAME),
                                   jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
-        replies = self._write_shards(client, path)
+        base = self._increment_base(client, lineage)
+        replies = self._write_shards(client, path, base[1] if base is not None else None)
         self._phase("shards_written")
         manifest = self._manifest(client, replies, optimizer, model, lineage, writer, final)
+        if base is not None:
+            manifest = replace(manifest, kind=INCREMENT, base=os.path.basename(base[0]))
         storage.write_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
         self._phase("manifest_written")
         self._check_fence(client, path)
@@ -234,9 +257,22 @@ class CheckpointManager:
             except CheckpointError as e:  # a ps task unreachable: the checkpoint is complete and current
                 log.warning("%s: could not re-check the fence after making %s current: %s", client.client_name, path, e)
         self._current = None
+        self._increments = self._increments + 1 if base is not None else 0
+        self._base = (path, manifest)  # complete: the next increment's base
         delete_old(self.directory, self.run_id, kept, lineage, epoch)
         log.info("%s: saved checkpoint %s at step %d", client.client_name, path, manifest.global_step)
         return SavedCheckpoint(path, manifest.global_step)
+
+    def _increment_base(self, client: ParameterClient, lineage: str) -> tuple[str, Manifest] | None:
+        """The base of this save if it is an increment (see the module doc), else None (a full save)."""
+        base = self._base
+        if base is None or self._increments + 1 >= self.full_every:
+            return None
+        path, manifest = base
+        if (manifest.lineage != lineage or len(manifest.shards) != len(client.channels) or not is_complete(path)
+                or os.path.dirname(path) != self.directory):
+            return None
+        return base
 
     def _lineage(self, client: ParameterClient) -> str:
         """The cluster's lineage from the ledger; a fresh cluster's becomes this run's id."""
@@ -300,15 +336,19 @@ class CheckpointManager:
         if self._fault is not None:
             self._fault(phase)
 
-    def _write_shards(self, client: ParameterClient, path: str) -> dict[int, tuple[str, SaveShardReply]]:
-        """Every ps task's shard: task -> (its file name, what the task said it holds)."""
+    def _write_shards(self, client: ParameterClient, path: str,
+                      base: Manifest | None = None) -> dict[int, tuple[str, SaveShardReply]]:
+        """Every ps task's shard: task -> (its file name, what the task said it holds); ``base``: an
+        increment's base (each task saves the rows changed since its shard of the base)."""
         tasks = sorted(client.channels)
         files = {t: f"shard-{n:05d}-of-{len(tasks):05d}.safetensors" for n, t in enumerate(tasks)}
         epoch, holder = self._fence if self._fence is not None else (None, "")
         calls = {}
         for n, t in enumerate(tasks):
             target = os.path.join(storage.absolute(path), files[t]) if self.transport == "local" else None
-            calls[t] = client.call_async(t, SaveShardRequest(target, n, len(tasks), epoch, holder))
+            since = base.shards[n].get("marks") if base is not None else None
+            calls[t] = client.call_async(t, SaveShardRequest(target, n, len(tasks), epoch, holder,
+                                                             since if isinstance(since, dict) else None))
         replies: dict[int, tuple[str, SaveShardReply]] = {}
         with futures.ThreadPoolExecutor(len(tasks)) as pool:
             pending = {t: pool.submit(self._finish_shard, call, os.path.join(path, files[t])) for t, call in calls.items()}
@@ -346,6 +386,8 @@ class CheckpointManager:
                           "row_stop": part.row_stop, "shard": shard, "slots": saved["slots"]}
                 if placement.is_dynamic:  # rows keyed by id: how many, and the snapshot's arrays
                     record.update(rows=saved["rows"], dynamic=saved["dynamic"])
+                if "changed" in saved:  # an increment's partition: only these rows
+                    record["changed"] = saved["changed"]
                 parts.append(record)
             var = placement.var
             variables[name] = {"shape": list(var.shape), "dtype": var.dtype, "trainable": var.trainable, "partitions": parts}

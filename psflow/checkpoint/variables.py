@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from psflow import storage
+from psflow.checkpoint.chain import ChainReader
 from psflow.checkpoint.manifest import Manifest, read_manifest
-from psflow.checkpoint.shards import ShardFiles, saved_rows, saved_table
 from psflow.ps.averages import AVERAGE_SLOT
 
 __all__ = ["DYNAMIC_IDS", "averaged_variables", "read_variables", "read_safetensors"]
@@ -34,7 +34,7 @@ def read_variables(path: str, *, slots: bool = False, moving_averages: bool = Fa
     and their ids as ``emb@ids`` (:data:`DYNAMIC_IDS`) ``[n]`` int64.
 
     Args:
-        path: a checkpoint directory (with a manifest).
+        path: a checkpoint directory (with a manifest); an increment is read through its chain.
         slots: also return each optimizer slot as ``"<var>:<slot>"`` (a moving
             average as ``"<var>:ExponentialMovingAverage"``).
         moving_averages: each averaged variable's moving average in place of
@@ -44,11 +44,11 @@ def read_variables(path: str, *, slots: bool = False, moving_averages: bool = Fa
         CheckpointError: incomplete or damaged checkpoint.
     """
     manifest = read_manifest(path)
-    shards = ShardFiles(path, manifest)
+    reader = ChainReader(path, manifest)  # an increment: read through its chain (psflow.checkpoint.chain)
     out: dict[str, np.ndarray] = {}
     for name, saved in manifest.variables.items():
         if "dynamic" in saved:
-            (table,) = saved_table(shards, name, saved["partitions"], 1)
+            (table,) = reader.table(name, 1)
             out[name], out[f"{name}{DYNAMIC_IDS}"] = table["values"], table["ids"]
             if slots:
                 out.update({f"{name}:{k[len('slot/'):]}": v for k, v in table.items() if k.startswith("slot/")})
@@ -56,10 +56,10 @@ def read_variables(path: str, *, slots: bool = False, moving_averages: bool = Fa
         parts = sorted(saved["partitions"], key=lambda p: p["row_start"])
         rows = saved["shape"][0] if saved["shape"] else 1
         average = moving_averages and AVERAGE_SLOT in parts[0]["slots"]
-        out[name] = saved_rows(shards, name, parts, 0, rows, AVERAGE_SLOT if average else None)
+        out[name] = reader.rows(name, 0, rows, AVERAGE_SLOT if average else None)
         if slots:
             for slot in parts[0]["slots"]:
-                out[f"{name}:{slot}"] = saved_rows(shards, name, parts, 0, rows, slot)
+                out[f"{name}:{slot}"] = reader.rows(name, 0, rows, slot)
     return out
 
 
