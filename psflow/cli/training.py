@@ -167,6 +167,9 @@ def add_chief_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-checkpoints-secs", type=float, help="save every N seconds (default 600 unless --save-checkpoints-steps)")
     g.add_argument("--save-checkpoints-steps", type=int, help="save every N global steps")
     g.add_argument("--max-to-keep", type=int, default=5, help="complete checkpoints kept (5)")
+    g.add_argument("--full-checkpoint-every", type=int, default=10, metavar="K",
+                   help="every K-th save is full, the others hold only the rows changed since the previous one "
+                        "(10; 1: every save full)")
     g.add_argument("--max-failed-saves", type=int, default=3, metavar="N",
                    help="fail the run once N checkpoint saves in a row failed (3; 0: never, each is still reported)")
     g.add_argument("--checkpoint-transport", default="local", choices=["local", "rpc"],
@@ -322,7 +325,7 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
         checkpoint=CheckpointSettings(
             dir=args.checkpoint_dir, save_secs=args.save_checkpoints_secs, save_steps=args.save_checkpoints_steps,
             max_to_keep=args.max_to_keep, max_failed_saves=args.max_failed_saves,
-            transport=args.checkpoint_transport),
+            transport=args.checkpoint_transport, full_every=args.full_checkpoint_every),
         report=ReportSettings(
             log_every=args.log_every, summary_dir=args.summary_dir, save_summaries_steps=args.save_summaries_steps,
             eval_every_steps=args.eval_every_steps, eval_moving_averages=args.eval_moving_averages),

@@ -125,7 +125,8 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
             _check_newest_checkpoint(config, client.client_name)
         manager = CheckpointManager(config.checkpoint.dir, max_to_keep=config.checkpoint.max_to_keep,
                                     transport=config.checkpoint.transport, fault=fault_exit(faults.checkpoint_exit),
-                                    lock=lock, max_failed_saves=config.checkpoint.max_failed_saves)
+                                    lock=lock, max_failed_saves=config.checkpoint.max_failed_saves,
+                                    full_every=config.checkpoint.full_every)
         fence = None
         if leadership is not None:
             def fence() -> tuple[int, str] | None:

@@ -214,6 +214,7 @@ class CheckpointSettings:
     max_to_keep: int = 5                 # complete checkpoints kept
     transport: str = "local"             # local: ps tasks write shards; rpc: streamed to the chief
     max_failed_saves: int = 3            # saves failing in a row that fail the run (0: never; each is logged and counted)
+    full_every: int = 10                 # every K-th save full, the others increments (1: all full)
 
     def __post_init__(self) -> None:
         _check([
@@ -224,6 +225,7 @@ class CheckpointSettings:
              "give --save-checkpoints-secs or --save-checkpoints-steps, not both"),
             (self.max_to_keep >= 1, f"--max-to-keep must be >= 1, got {self.max_to_keep}"),
             (self.max_failed_saves >= 0, f"--max-failed-saves must be >= 0, got {self.max_failed_saves}"),
+            (self.full_every >= 1, f"--full-checkpoint-every must be >= 1, got {self.full_every}"),
             (self.transport in ("local", "rpc"), f"--checkpoint-transport must be local or rpc, got {self.transport!r}"),
         ])
 

@@ -53,6 +53,7 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "checkpoint_dir": ("checkpoint", "dir"), "save_checkpoints_secs": ("checkpoint", "save_secs"),
     "save_checkpoints_steps": ("checkpoint", "save_steps"), "checkpoint_transport": ("checkpoint", "transport"),
     "max_to_keep": ("checkpoint", "max_to_keep"), "max_failed_saves": ("checkpoint", "max_failed_saves"),
+    "full_checkpoint_every": ("checkpoint", "full_every"),
     **{f.name: ("report", f.name) for f in dataclasses.fields(ReportSettings)},
     **{f.name: ("chief", f.name) for f in dataclasses.fields(ChiefSettings)},
     **{f.name: ("compute", f.name) for f in dataclasses.fields(ComputeSettings)},
