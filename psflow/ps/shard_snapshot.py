@@ -7,7 +7,8 @@ the base snapshot's marks (``since``: its token and epoch, see :mod:`psflow.ps.r
 static partition only the rows changed since then: the tensor ``<key>@changed_rows`` (local rows, sorted int64)
 and the value's and each slot's rows at those positions under the usual names; its record says
 ``"changed": n``. A partition saved whole in an increment (another task's token, a 0-d value, a moving
-average, an optimizer without row-wise slots, every row changed) has no ``changed``; a dynamic table's share is always saved
+average, an optimizer without row-wise slots, so many rows changed that they and their indices
+would take as many bytes as the whole partition) has no ``changed``; a dynamic table's share is always saved
 whole (its snapshot). 0-d slots (Adam's beta powers) are always held whole.
 """
 
@@ -91,11 +92,14 @@ def _changed_copy(part: PartitionState, token: str,
         marks = part.marks
         rows = marks.changed_since(token, epoch) if marks is not None else None
         n = part.value.shape[0]
-        if rows is None or rows.size == n:  # (every row changed: whole, without the list of rows)
+        if rows is None or n == 0:
             return None
         slots = saved_slots(part)
         if any(s.ndim and s.shape[0] != n for s in slots.values()):
             return None  # a slot not laid out by row: whole
+        row_bytes = sum(a.nbytes // n for a in (part.value, *slots.values()) if a.ndim)
+        if rows.size * (row_bytes + rows.itemsize) >= n * row_bytes:
+            return None  # the rows and their indices would not be smaller than the whole partition
         value = part.value[rows]
         return rows, value, {k: (s[rows] if s.ndim else np.array(s, copy=True)) for k, s in slots.items()}
 
