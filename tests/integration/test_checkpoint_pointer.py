@@ -19,8 +19,10 @@ from psflow.checkpoint.manifest import read_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
+#: Every save full (--full-checkpoint-every 1): what rotation keeps here is --max-to-keep alone (increments keep
+#: their bases too: tests/integration/test_checkpoint_incremental.py).
 ARGS = ("--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "1", "--batch-size", "256", "--quiet",
-        "--save-checkpoints-steps", "40")
+        "--save-checkpoints-steps", "40", "--full-checkpoint-every", "1")
 
 
 @pytest.fixture(scope="module")
