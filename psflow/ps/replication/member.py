@@ -420,6 +420,7 @@ class ShardReplication:
             log.info("%s: %s caught up: shard %d's backups are %s", self.task, ", ".join(joined), self.shard,
                      ", ".join(view.backups))
             self._record(forwarder, lambda: [])  # tells the members the view (each Replicate carries it)
+            forwarder.kick()  # now: no call waits for that entry
         elif near and not forwarder.held and time.monotonic() - self._held_at > 2 * _JOIN_HOLD:
             self._held_at = time.monotonic()  # a barrier: the newest entry stays the newest until it acks it
             forwarder.hold(_JOIN_HOLD)
