@@ -11,6 +11,7 @@ Modules (one concept each):
 
 * ``view.py``: the view and epoch of a member, Promote's compare-and-set, refusing an older epoch;
 * ``forwarder.py``: the primary's ordered forwarding, one sender per backup, batched, acked by sequence number;
+* ``channels.py``: how a member reaches the others (gRPC for control, the run's carrier for Replicate);
 * ``applier.py``: a backup's in-order applier (buffers entries that arrive early);
 * ``deltas.py``: capture and write of what a change wrote to a partition;
 * ``snapshot.py``: the small state every entry carries, the full snapshot a joining member starts from;
