@@ -19,6 +19,7 @@ Modules (one concept each):
 * ``dedup.py``: the dedup table (exactly-once pushes across a failover);
 * ``checkpoint_count.py``: the count of applied pushes a shard's checkpoints save and a restore sets back;
 * ``deposed.py``: a deposed primary (refuses writes, one warning, rebuilds);
+* ``view_checks.py``: what the member a view change names checks itself first (the other side answers: refused);
 * ``startup.py``: a member's place when its process starts (fresh primary, join, promote its successor)
   and its rebuild from a primary (Join);
 * ``member.py``: :class:`ShardReplication`, which joins them to a ParameterService.

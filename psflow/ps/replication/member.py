@@ -65,6 +65,7 @@ from psflow.ps.replication.register_call import replicated_register
 from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
 from psflow.ps.replication.startup import find_place, rebuild
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
+from psflow.ps.replication.view_checks import refuse_drop, refuse_promotion
 from psflow.ps.service import ParameterService
 from psflow.ps.store import PartitionState
 from psflow.ps.sync import AppliedStep
@@ -343,6 +344,7 @@ class ShardReplication:
     def promote(self, frame: Frame) -> Reply:
         request = PromoteRequest.from_frame(frame)
         self._check_shard(request.shard)
+        refuse_promotion(self._status_of, self.task, self.view.view, request.expected_epoch, self.shard)
         view, changed = self.view.promote(request.expected_epoch, self.has_state)
         if changed:
             log.warning("%s: promoted to primary of shard %d at epoch %d by %s (backups: %s)", self.task, self.shard,
@@ -353,6 +355,7 @@ class ShardReplication:
     def drop_backup(self, frame: Frame) -> Reply:
         request = DropBackupRequest.from_frame(frame)
         self._check_shard(request.shard)
+        refuse_drop(self._status_of, self.task, self.view.view, request.backup)
         view, changed = self.view.drop_backup(request.expected_epoch, request.backup)
         forwarder = self.forwarder
         if changed and forwarder is not None:

@@ -17,6 +17,7 @@ from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
 from psflow.ps.protocol import DropBackupRequest
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import FailedPreconditionError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,7 +30,9 @@ def test_a_backup_the_primary_dropped_while_it_was_alive_joins_the_view_again(
     shard.wait_view()
     shard.register(layout(SyncConfig()))
     dropped = DropBackupRequest(0, 1, backup(0), WORKERS[0])
+    shard.cut.add(backup(0))  # the primary cannot reach it either when it drops it (view_checks.refuse_drop)
     shard.call(PRIMARY, DropBackupRequest.METHOD, dropped.to_frame())
+    shard.cut.discard(backup(0))
     assert shard.status(PRIMARY).backups == () and shard.status(PRIMARY).epoch == 2
     shard.wait(lambda: shard.status(PRIMARY).backups == (backup(0),), "the dropped backup back in the view")
     status = shard.status(backup(0))
@@ -45,7 +48,29 @@ def test_a_primary_a_backup_was_promoted_over_while_it_was_alive_rejoins_as_its_
     shard.start(backup(0))
     shard.wait_view()
     shard.register(layout(SyncConfig()))
+    shard.cut.add(PRIMARY)  # the backup cannot reach it either when it takes over (view_checks.refuse_promotion)
     assert shard.promote(backup(0), 1).backups == ()
+    shard.cut.discard(PRIMARY)
     shard.wait(lambda: shard.status(backup(0)).backups == (PRIMARY,), "the old primary back in the view")
     status = shard.status(PRIMARY)
     assert (status.role, status.epoch, status.primary, status.has_state) == ("backup", 2, backup(0), True)
+
+
+def test_a_view_change_against_a_member_that_answers_is_refused_so_one_epoch_never_has_two_primaries(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """Two clients acting on stale proofs from one epoch (one promoting the backup, the other dropping it at the
+    primary) made two primaries at epoch 2, each acknowledging alone. The member a change names asks the other
+    side first: a primary that answers is not promoted over, a backup that answers is not dropped."""
+    shard = make_shard()
+    shard.start()
+    shard.start(backup(0))
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    with pytest.raises(FailedPreconditionError, match=f"not promoted: {PRIMARY} answers as shard 0's primary"):
+        shard.promote(backup(0), 1)
+    dropped = DropBackupRequest(0, 1, backup(0), WORKERS[0])
+    with pytest.raises(FailedPreconditionError, match=f"{backup(0)} not dropped: {backup(0)} answers"):
+        shard.call(PRIMARY, DropBackupRequest.METHOD, dropped.to_frame())
+    primary, kept = shard.status(PRIMARY), shard.status(backup(0))
+    assert (primary.role, primary.epoch, primary.backups) == ("primary", 1, (backup(0),))
+    assert (kept.role, kept.epoch, kept.primary) == ("backup", 1, PRIMARY)
