@@ -2,7 +2,9 @@
 ParameterService with its ShardReplication, joined by InProcessChannel (the same handlers and dispatch as
 over the network, no sockets; ``latency`` delays each Replicate call to a member as a network would). A
 member can be cut off (every call to it fails UNAVAILABLE) and each Replicate call a member receives is
-kept, so a test can replay a prefix of the primary's entries onto a fresh member."""
+kept, so a test can replay a prefix of the primary's entries onto a fresh member. ``message_limit`` refuses a
+Replicate call whose arrays exceed it, as a carrier refuses a message over its limit (and the members split
+entries to fit: ``chunk_bytes``)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from psflow.ps.protocol import (
 from psflow.ps.replication import ReplicationConfig, ShardReplication
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import Handler, RpcError, TaskUnavailableError
+from psflow.rpc.api import Handler, InvalidArgumentError, RpcError, TaskUnavailableError
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
 
@@ -65,6 +67,11 @@ class Link:
         if self.task in self._shard.cut:
             return _Done(TaskUnavailableError(f"{self.task} is cut off (test)"))
         if method == ReplicateRequest.METHOD:
+            size = sum(a.nbytes for a in (arrays or {}).values())
+            limit = self._shard.message_limit
+            if limit is not None and size > limit:
+                return _Done(InvalidArgumentError(f"{self.task}: request of {size} bytes exceeds {limit} (test)"))
+            self._shard.calls[self.task] = self._shard.calls.get(self.task, 0) + 1
             request = ReplicateRequest.from_frame(Frame(dict(meta or {}), dict(arrays or {})))
             self._shard.received.setdefault(self.task, []).extend(request.entries)
             if self._shard.latency.get(self.task):
@@ -98,7 +105,8 @@ def layout(sync: SyncConfig, dynamic: Mapping[str, Any] | None = None,
 class InProcessShard:
     """Shard 0 with ``backups`` ps_backup members; :meth:`start` makes the ps task primary of a fresh shard."""
 
-    def __init__(self, backups: int = 1, replica_timeout: float = 5.0) -> None:
+    def __init__(self, backups: int = 1, replica_timeout: float = 5.0, message_limit: int | None = None,
+                 chunk_bytes: int | None = None) -> None:
         self.members = (PRIMARY, *(backup(i) for i in range(backups)))
         self.cluster = ClusterSpec({"ps": ["127.0.0.1:1"],
                                     "ps_backup": [f"127.0.0.1:{2 + i}" for i in range(backups)]})
@@ -106,6 +114,9 @@ class InProcessShard:
         #: Member -> seconds each Replicate call to it takes before it is served (none: at once).
         self.latency: dict[str, float] = {}
         self.received: dict[str, list[ReplicaEntry]] = {}
+        #: Member -> Replicate calls it accepted; the limit on a Replicate call's array bytes (None: none).
+        self.calls: dict[str, int] = {}
+        self.message_limit, self.chunk_bytes = message_limit, chunk_bytes
         self.services: dict[str, ParameterService] = {}
         self.replicas: dict[str, ShardReplication] = {}
         self.handlers: dict[str, dict[str, Handler]] = {}
@@ -116,8 +127,9 @@ class InProcessShard:
     def add(self, member: str) -> ShardReplication:
         """A fresh process of ``member`` (empty service, new incarnation), reachable at once."""
         service = ParameterService(0, holds_global_step=True)
+        chunking = {} if self.chunk_bytes is None else {"chunk_bytes": self.chunk_bytes}
         replica = ShardReplication(ReplicationConfig(self.cluster, member, 0, replica_timeout=self.replica_timeout,
-                                                     status_timeout=1.0), service,
+                                                     status_timeout=1.0, **chunking), service,
                                    connect=lambda other: Link(self, other))
         old = self.replicas.get(member)
         if old is not None:

@@ -13,6 +13,7 @@ Modules (one concept each):
 * ``forwarder.py``: the primary's ordered forwarding, one sender per backup, batched, acked by sequence number;
 * ``channels.py``: how a member reaches the others (gRPC for control, the run's carrier for Replicate);
 * ``applier.py``: a backup's in-order applier (buffers entries that arrive early);
+* ``chunks.py``: an entry bigger than a message (a big shard's full entry) split into chunks and joined again;
 * ``deltas.py``: capture and write of what a change wrote to a partition;
 * ``snapshot.py``: the small state every entry carries, the full snapshot a joining member starts from;
 * ``register_call.py``: ``Register`` replicated as the registration (the backups create the same partitions);

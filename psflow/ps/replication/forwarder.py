@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 
 from psflow.ps.protocol import ReplicaEntry, ReplicateReply, ReplicateRequest
+from psflow.ps.replication.chunks import entry_bytes, split
 from psflow.rpc.api import Channel, FailedPreconditionError, PreconditionFailed, RpcError, Unavailable
 
 __all__ = ["BackupSender", "Forwarder"]
@@ -57,16 +58,24 @@ class BackupSender:
     sender's own thread sends what nobody pumps: a joining member's entries at once, a backup's entries that
     waited ``_PUMP_GRACE`` seconds with no call out (an entry no call waits for), and every retry after a
     failure (``_BACKOFF`` seconds, doubling to ``_BACKOFF_MAX``).
+
+    A call carries at most ``chunk_bytes`` of arrays (the carriers refuse a message over 512 MiB): a batch
+    stops before an entry that would pass it, and an entry bigger than that alone (a full entry of a big
+    shard) goes in chunks, one call each, in order (:mod:`~psflow.ps.replication.chunks`); a failed call is
+    retried with the same chunk, and if the member did not apply the entry after its last chunk (it lost the
+    first ones), the entry is sent again from chunk 0.
     """
 
     def __init__(self, member: str, channel: Callable[[], Channel], request: Callable[[str, list[ReplicaEntry]],
                  ReplicateRequest], on_ack: Callable[[], None], on_deposed: Callable[[str, str], None],
-                 rpc_timeout: float) -> None:
+                 rpc_timeout: float, chunk_bytes: int = 64 << 20) -> None:
         self.member = member
         self._channel, self._request, self._on_ack, self._on_deposed = channel, request, on_ack, on_deposed
-        self._rpc_timeout = rpc_timeout
+        self._rpc_timeout, self._chunk_bytes = rpc_timeout, chunk_bytes
         self._cond = threading.Condition()
-        self._queue: deque[tuple[ReplicaEntry, float]] = deque()
+        self._queue: deque[tuple[ReplicaEntry, float, int]] = deque()  # entry, when queued, its array bytes
+        self._chunks: list[ReplicaEntry] = []  # the chunks of the queue's first entry, when it is split
+        self._next_chunk = 0
         self.acked = 0
         #: Whether the member answered a call yet (then :attr:`acked` counts: its snapshot is applied).
         self.answered = False
@@ -82,7 +91,7 @@ class BackupSender:
 
     def enqueue(self, entry: ReplicaEntry) -> None:
         with self._cond:
-            self._queue.append((entry, time.monotonic()))
+            self._queue.append((entry, time.monotonic(), entry_bytes(entry)))
             if not self.pumped:
                 self._cond.notify()
 
@@ -133,10 +142,29 @@ class BackupSender:
                 self._busy, self._kicked = True, False
             self._send(self._rpc_timeout)
 
+    def _batch(self) -> tuple[list[ReplicaEntry], int | None]:
+        """(under ``_cond``) The entries of the next call, within ``chunk_bytes``; and the seq of the entry it
+        ends (a last chunk), else None."""
+        head, _, size = self._queue[0]
+        if size > self._chunk_bytes:  # alone, in chunks
+            if not self._chunks or self._chunks[0].seq != head.seq:
+                self._chunks, self._next_chunk = split(head, self._chunk_bytes), 0
+            last = self._next_chunk == len(self._chunks) - 1
+            return [self._chunks[self._next_chunk]], head.seq if last else None
+        batch: list[ReplicaEntry] = []
+        total = 0
+        for entry, _, size in self._queue:
+            total += size
+            if len(batch) == _BATCH or total > self._chunk_bytes:
+                break
+            batch.append(entry)
+        return batch, None
+
     def _send(self, timeout: float) -> None:
         """One Replicate call with the queued entries (the caller set ``_busy``)."""
         with self._cond:
-            batch = [entry for entry, _ in list(self._queue)[:_BATCH]]
+            batch, ends = self._batch() if self._queue else ([], None)
+            chunked = bool(batch) and bool(self._chunks) and batch[0] is self._chunks[self._next_chunk]
         error: str | None = None
         deposed = False
         try:
@@ -153,8 +181,14 @@ class BackupSender:
                 self.last_error, self.answered = None, True
                 self._retry_at, self._backoff = 0.0, _BACKOFF
                 self.acked = max(self.acked, reply.applied_seq)
+                if chunked:  # a chunk went: the next one; after the last, done or sent again
+                    self._next_chunk = 0 if ends is not None else self._next_chunk + 1
+                    if ends is not None and self.acked < ends:
+                        log.info("%s did not apply entry %d after its last chunk: sending it again", self.member, ends)
                 while self._queue and self._queue[0][0].seq <= self.acked:
                     self._queue.popleft()
+                if self._chunks and (not self._queue or self._queue[0][0].seq != self._chunks[0].seq):
+                    self._chunks = []
             else:
                 if self.last_error is None and not deposed:
                     log.warning("replication to %s failed (retrying): %s", self.member, error)

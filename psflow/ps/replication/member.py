@@ -57,6 +57,7 @@ from psflow.ps.protocol import (
 from psflow.ps.replication.applier import InOrderApplier
 from psflow.ps.replication.channels import MemberChannels
 from psflow.ps.replication.checkpoint_count import CheckpointCount
+from psflow.ps.replication.chunks import ChunkAssembler
 from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deltas import capture, capture_averages, capture_table
 from psflow.ps.replication.deposed import Deposal
@@ -99,6 +100,7 @@ class ReplicationConfig:
         transport: the carrier of the primary's Replicate calls (``tcp`` where the members serve psflow's TCP
             carrier); other calls go over gRPC (:mod:`~psflow.ps.replication.channels`).
         tls: TLS of the calls to the other members (the task's; None: plain text).
+        chunk_bytes: a Replicate call carries at most this many bytes of arrays; a bigger entry goes in chunks.
     """
 
     cluster: ClusterSpec
@@ -109,6 +111,7 @@ class ReplicationConfig:
     status_timeout: float = 1.0
     transport: str = "grpc"
     tls: TlsConfig | None = None
+    chunk_bytes: int = 64 << 20
 
 
 class ShardReplication:
@@ -128,11 +131,12 @@ class ShardReplication:
         self.deposal = Deposal(self.task, self.shard)
         self.dedup = DedupTable(self.task)
         self.counts = {"pushes_applied": 0}
-        self.applier = InOrderApplier(self._write)
+        self.applier, self.chunks = InOrderApplier(self._write), ChunkAssembler()
         self.forwarder: Forwarder | None = None
         self.channels = MemberChannels(config.cluster, token=config.token, tls=config.tls, transport=config.transport,
                                        status_timeout=config.status_timeout, replica_timeout=config.replica_timeout,
                                        connect=connect)
+        self._channel, self._status_of = self.channels.get, self.channels.status_of  # control calls to a member
         self._apply_lock = threading.Lock()  # an async push's apply and its entry, together (_push)
         self._stopped = threading.Event()
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
@@ -331,8 +335,9 @@ class ShardReplication:
         if request.primary != view.primary and view.primary is not None:
             self.applier.expect_snapshot()  # a new primary's entries follow its snapshot
         self.view.check_entries(request.epoch, request.primary)
-        applied = self.applier.offer(request.entries, wait=self.config.replica_timeout)
-        snapshot_taken = self.applier.applied_seq > 0 or any(e.full for e in request.entries)
+        entries = self.chunks.whole(request.entries)  # a chunked entry: once its last chunk is here
+        applied = self.applier.offer(entries, wait=self.config.replica_timeout)
+        snapshot_taken = self.applier.applied_seq > 0 or any(e.full for e in entries)
         role = BACKUP if self.task in request.backups and snapshot_taken else JOINING
         self.view.learn(request.epoch, request.primary, request.backups, role)
         return _reply(ReplicateReply(applied))
@@ -390,7 +395,8 @@ class ShardReplication:
                 old.stop()
             seq = forwarder.last_seq
             sender = BackupSender(member, lambda: self.channels.get(member, data=True), self._request, self._on_ack,
-                                  self._on_refused, rpc_timeout=max(self.config.replica_timeout, 5.0))
+                                  self._on_refused, rpc_timeout=max(self.config.replica_timeout, 5.0),
+                                  chunk_bytes=self.config.chunk_bytes)
             sender.enqueue(full_entry(seq, self.service, self.dedup, self.counts))
             forwarder.senders[member] = sender
         return seq
@@ -481,13 +487,6 @@ class ShardReplication:
         self._stopped.set()
         if self.forwarder is not None:
             self.forwarder.stop()
-
-    # ---- channels ---------------------------------------------------------------------------------
-    def _channel(self, member: str) -> Channel:
-        return self.channels.get(member)
-
-    def _status_of(self, member: str) -> ReplicaStatusReply:
-        return self.channels.status_of(member)
 
 
 def _tables(wanted: list[tuple[PartitionState, np.ndarray | None]]) -> list[PartitionState]:

@@ -12,8 +12,9 @@ from replica_shard import InProcessShard
 def make_shard() -> Iterator[Callable[..., InProcessShard]]:
     made: list[InProcessShard] = []
 
-    def make(backups: int = 1, replica_timeout: float = 5.0) -> InProcessShard:
-        shard = InProcessShard(backups, replica_timeout)
+    def make(backups: int = 1, replica_timeout: float = 5.0, message_limit: int | None = None,
+             chunk_bytes: int | None = None) -> InProcessShard:
+        shard = InProcessShard(backups, replica_timeout, message_limit, chunk_bytes)
         made.append(shard)
         return shard
     yield make
