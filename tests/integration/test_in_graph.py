@@ -100,8 +100,9 @@ def test_the_client_checkpoints_writes_the_chiefs_summaries_and_reports_the_last
     assert metrics["global_step"] == 2 * 509 and metrics["ps"][0]["examples"] == A9A_RECORDS, metrics
     # Checkpoints at the cadence asked, the last one final, at the last step, after every record.
     pointer = json.loads((out / "ckpt" / "checkpoint").read_text())
-    assert pointer["all"] == ["ckpt-000000250", "ckpt-000000500", "ckpt-000000750", "ckpt-000001000",
-                              "ckpt-000001018"], pointer
+    # ckpt-0 is kept as the full checkpoint the five newest (increments: --full-checkpoint-every 10) build on.
+    assert pointer["all"] == ["ckpt-000000000", "ckpt-000000250", "ckpt-000000500", "ckpt-000000750",
+                              "ckpt-000001000", "ckpt-000001018"], pointer
     final = read_manifest(str(out / "ckpt" / "ckpt-000001018"))
     assert final.final and final.global_step == 1018 and final.examples == A9A_RECORDS
     assert set(final.reader_positions) == {"in-graph client"}, final.reader_positions

@@ -30,6 +30,7 @@ import pytest
 from support import A9A, run_cli
 
 from psflow import storage
+from psflow.checkpoint.chain import checkpoint_chain
 from psflow.checkpoint.lock import (
     LOCK_NAME,
     MUTEX_NAME,
@@ -96,7 +97,11 @@ def test_a_run_on_the_store_survives_a_killed_ps_and_chief_resumes_and_exports(o
     final = read_manifest(newest)
     assert final.final and final.global_step == metrics["global_step"], (final.global_step, metrics["global_step"])
     pointer = json.loads(storage.read_bytes(f"{ckpt}/checkpoint"))
-    assert pointer["latest"] == newest.rsplit("/", 1)[1] and len(pointer["all"]) <= 5
+    assert pointer["latest"] == newest.rsplit("/", 1)[1]
+    # --max-to-keep 5 restorable checkpoints, plus the older ones their increments build on (and nothing else).
+    newest_five = pointer["all"][-5:]
+    chains = {p.rsplit("/", 1)[1] for name in newest_five for p, _ in checkpoint_chain(f"{ckpt}/{name}")}
+    assert set(pointer["all"]) <= chains | set(newest_five), (pointer["all"], chains)
     for name in pointer["all"]:  # every kept checkpoint complete and readable from the bucket
         read_variables(f"{ckpt}/{name}", slots=True)
     assert not storage.exists(f"{ckpt}/{LOCK_NAME}") and not storage.exists(f"{ckpt}/{MUTEX_NAME}")  # released
