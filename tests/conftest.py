@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from replica_shard import InProcessShard
 from support import TOKEN, ClusterHandle, TaskExited
 
 from psflow.cluster import ClusterSpec
@@ -109,3 +110,20 @@ def object_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     return new_bucket(server)
+
+
+@pytest.fixture
+def make_shard() -> Iterator[Callable[..., InProcessShard]]:
+    """``make_shard(...)``: an in-process replicated shard (tests/replica_shard.py), stopped after the test.
+    (Here, not in tests/unit/ps/replication/conftest.py: a second module named ``conftest`` shadowed this one
+    for ``from conftest import ...`` in other test files.)"""
+    made: list[InProcessShard] = []
+
+    def make(backups: int = 1, replica_timeout: float = 5.0, message_limit: int | None = None,
+             chunk_bytes: int | None = None) -> InProcessShard:
+        shard = InProcessShard(backups, replica_timeout, message_limit, chunk_bytes)
+        made.append(shard)
+        return shard
+    yield make
+    for shard in made:
+        shard.stop()

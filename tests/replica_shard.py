@@ -154,14 +154,14 @@ class InProcessShard:
                 raise AssertionError(f"not within {limit} s: {description}")
             time.sleep(0.01)
 
-    def wait_view(self, primary: str = PRIMARY, backups: tuple[str, ...] | None = None) -> None:
+    def wait_view(self, primary: str = PRIMARY, backups: tuple[str, ...] | None = None, limit: float = 10.0) -> None:
         want = tuple(m for m in self.members if m != primary) if backups is None else backups
 
         def ready() -> bool:
             view = self.replicas[primary].view.view
             return view.role == "primary" and set(view.backups) == set(want) and all(
                 self.replicas[b].has_state for b in want)
-        self.wait(ready, f"{primary} primary with backups {want}")
+        self.wait(ready, f"{primary} primary with backups {want}", limit)
 
     def register(self, request: RegisterRequest, member: str = PRIMARY) -> None:
         self.call(member, RegisterRequest.METHOD, request.to_frame())

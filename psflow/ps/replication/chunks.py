@@ -80,7 +80,7 @@ def split(entry: ReplicaEntry, limit: int) -> list[ReplicaEntry]:
     for index, group in enumerate(groups):
         state: dict[str, Any] = {"index": index, "count": len(groups), "pieces": [d for d, _, _ in group]}
         if index == 0:
-            state["entry"] = {"state": dict(entry.state), "full": entry.full, "parts": described}
+            state["entry"] = {"state": dict(entry.state), "full": entry.full, "pieces": described}
         chunks.append(ReplicaEntry(entry.seq, {_CHUNK: state}, tuple(delta for _, delta, _ in group)))
     return chunks
 
@@ -90,7 +90,7 @@ class _Assembly:
 
     def __init__(self, seq: int, count: int, whole: dict[str, Any]) -> None:
         self.seq, self.count, self.got = seq, count, set[int]()
-        state, parts = whole.get("state"), whole.get("parts")
+        state, parts = whole.get("state"), whole.get("pieces")
         if not isinstance(state, dict) or not isinstance(parts, list):
             raise InvalidRequest(f"entry {seq}: chunk 0 does not describe the entry")
         self.state, self.full, self.described = state, whole.get("full") is True, parts
