@@ -20,8 +20,9 @@ from psflow.errors import CheckpointError
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import LoadShardRequest
+from psflow.ps.protocol.control import applied_by_process
 from psflow.ps.store import partition_key
-from psflow.rpc.api import RpcError
+from psflow.rpc.api import InvalidRequest, RpcError
 
 __all__ = ["restore", "ShardLoad", "load_shards"]
 
@@ -97,20 +98,31 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
         if task == client.step_task:  # the restored cluster continues the checkpoint's lineage
             calls[task] = load.request(restored_step=restored_step, global_step=restored_step,
                                        positions=manifest.reader_positions, examples=manifest.examples,
-                                       lineage=manifest.lineage or None, pushes_applied=counts.get(task))
+                                       lineage=manifest.lineage or None, **counts.get(task, {}))
         else:
-            calls[task] = load.request(restored_step=restored_step, pushes_applied=counts.get(task))
+            calls[task] = load.request(restored_step=restored_step, **counts.get(task, {}))
     load_shards(client, calls, f"restoring {path}")
     return manifest
 
 
-def _push_counts(manifest: Manifest, num_tasks: int) -> dict[int, int]:
-    """ps task -> the pushes its shard of the checkpoint holds (replicated shards); none when the checkpoint
-    has another number of ps tasks (its shards are not these) or no count (unreplicated, older)."""
+def _push_counts(manifest: Manifest, num_tasks: int) -> dict[int, dict[str, Any]]:
+    """ps task -> the ``LoadShard`` fields of the pushes its shard of the checkpoint holds (replicated shards:
+    ``pushes_applied`` and, where saved, ``pushes_applied_by``); none when the checkpoint has another number
+    of ps tasks (its shards are not these) or no count (unreplicated, older)."""
     if len(manifest.shards) != num_tasks:
         return {}
-    counts = {task: record.get("pushes_applied") for task, record in enumerate(manifest.shards)}
-    return {task: n for task, n in counts.items() if type(n) is int and n >= 0}
+    out: dict[int, dict[str, Any]] = {}
+    for task, record in enumerate(manifest.shards):
+        n = record.get("pushes_applied")
+        if type(n) is int and n >= 0:
+            out[task] = {"pushes_applied": n}
+            try:
+                by = applied_by_process(record.get("pushes_applied_by"))
+            except InvalidRequest:
+                by = None  # a damaged per-process count: the total alone (the loss counted from totals)
+            if by is not None:
+                out[task]["pushes_applied_by"] = by
+    return out
 
 
 @dataclass

@@ -81,11 +81,14 @@ def _fsync_dir(path: str) -> None:
 
 
 def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
-    """A shard's entry in the manifest; a replicated shard's with the count of the pushes it holds; with the
+    """A shard's entry in the manifest; a replicated shard's with the count of the pushes it holds (in all and
+    per client process); with the
     snapshot's mark token and epoch (the base of a later increment)."""
     record: dict[str, Any] = {"file": file, "task": reply.task, "bytes": reply.size, "sha256": reply.sha256}
     if reply.pushes_applied is not None:
         record["pushes_applied"] = reply.pushes_applied
+    if reply.pushes_applied_by is not None:
+        record["pushes_applied_by"] = reply.pushes_applied_by
     if reply.marks is not None:
         record["marks"] = dict(reply.marks)
     return record

@@ -26,8 +26,9 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     lease epoch) the write is fenced: refused with FAILED_PRECONDITION if a
     newer chief's epoch was seen, and no newer epoch is accepted meanwhile.
     On a replicated shard's primary (:attr:`CheckpointHandlers.push_count` set) the reply's
-    ``pushes_applied`` is the count of the pushes the snapshot holds: read with it while no push is
-    applied (:meth:`PushCount.holding`); an unreplicated task sends none.
+    ``pushes_applied`` is the count of the pushes the snapshot holds and ``pushes_applied_by`` that of each
+    client process (``[[worker, incarnation, n], ...]``): read with it while no push is applied
+    (:meth:`PushCount.holding`); an unreplicated task sends neither.
 ``LoadShard``
     ``meta = {"parts": [key, ...], "global_step": S | null, "positions": {...} | null, "examples": n | null}``,
     arrays ``v/<key>`` (values) and ``s/<key>/<slot>`` (slots). Every array
@@ -47,7 +48,8 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     ``"pushes_applied": n`` (a replicated shard's checkpoint) sets the shard's count of applied pushes
     to the checkpoint's in a restore within the run (this task got ``BeginRestore``: the run's worker
     processes go on, and so do their counts of acknowledged pushes), so ``updates_lost`` counts exactly
-    the acknowledged pushes the checkpoint lacks. A fresh cluster's first load (a new run resuming a
+    the acknowledged pushes the checkpoint lacks (``"pushes_applied_by": [[worker, incarnation, n], ...]``, each
+    client process's count of them, sets those: the loss is counted per process). A fresh cluster's first load (a new run resuming a
     checkpoint) leaves it at 0, where the new workers' counts start; a load without it (an older
     checkpoint, or an unreplicated task) leaves the count as it is.
     A dynamic table's partition is loaded from the arrays ``d/<key>/<name>``
@@ -99,7 +101,7 @@ import os
 import threading
 import time
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 from safetensors.numpy import save as safetensors_save
@@ -139,7 +141,7 @@ from psflow.ps.worker_ledger import WorkerLedger
 from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
-__all__ = ["CheckpointHandlers", "PushCount", "SaveLedger", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names",
+__all__ = ["CheckpointHandlers", "HeldPushes", "PushCount", "SaveLedger", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names",
            "dynamic_tensor_names"]
 
 log = logging.getLogger(__name__)
@@ -148,14 +150,23 @@ log = logging.getLogger(__name__)
 _DRAIN_TIMEOUT = 10.0
 
 
+class HeldPushes(NamedTuple):
+    """The pushes a replicated shard's state holds: ``total`` in all, ``by_process`` per client process
+    (``[[worker, incarnation, count], ...]``)."""
+
+    total: int
+    by_process: list[list[Any]]
+
+
 class PushCount(Protocol):
     """A replicated shard's count of applied pushes, carried by its checkpoints (``SaveShard``, ``LoadShard``)."""
 
-    def holding(self) -> AbstractContextManager[int]:
-        """No push is applied while held (a snapshot within holds exactly the pushes counted); gives the count."""
+    def holding(self) -> AbstractContextManager[HeldPushes]:
+        """No push is applied while held (a snapshot within holds exactly the pushes counted); gives the counts."""
 
-    def restored(self, count: int) -> None:
-        """The shard's state was restored within the run from a checkpoint holding ``count`` pushes."""
+    def restored(self, count: int, by_process: list[list[Any]] | None) -> None:
+        """The shard's state was restored within the run from a checkpoint holding ``count`` pushes,
+        ``by_process`` of each client process (None: not in the checkpoint)."""
 
 
 class CheckpointHandlers:
@@ -240,11 +251,12 @@ class CheckpointHandlers:
 
     def _save_shard(self, path: str | None, since: dict[str, Any] | None) -> SaveShardReply:
         counter = self.push_count
-        with counter.holding() if counter is not None else contextlib.nullcontext(None) as applied:
+        with counter.holding() if counter is not None else contextlib.nullcontext(None) as held:
             step, positions, examples, tensors, parts, marks = self._snapshot(since)
         data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
         reply = SaveShardReply(self.task_name, parts, step, positions, examples, len(data),
-                               hashlib.sha256(data).hexdigest(), pushes_applied=applied, marks=marks)
+                               hashlib.sha256(data).hexdigest(), pushes_applied=held.total if held else None,
+                               marks=marks, pushes_applied_by=held.by_process if held else None)
         if path is None:
             return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
         try:
@@ -323,7 +335,7 @@ class CheckpointHandlers:
             self._saves.set_lineage(lineage, only_if_unset=False)
         counter = self.push_count
         if counter is not None and request.pushes_applied is not None and self._gate.generation > 0:
-            counter.restored(request.pushes_applied)  # a restore within the run (see LoadShard)
+            counter.restored(request.pushes_applied, request.pushes_applied_by)  # a restore within the run (LoadShard)
         log.info("%s: loaded %d partitions%s", self.task_name, len(plan) + len(tables),
                  f", global_step {step}" if step is not None else "")
         return _reply(LoadShardReply(len(plan) + len(tables)))

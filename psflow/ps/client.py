@@ -151,7 +151,7 @@ class ParameterClient:
         if channels is None and ps_replicas(cluster):
             self.router = ShardRouter(cluster, self._open_member, client_name=client_name, config=self.config,
                                       failover_timeout=failover_timeout)
-            self.pushes = PushNumbers()
+            self.pushes = PushNumbers(max(ps) + 1)
         #: ps task (shard) -> the channel its calls go to (a replicated shard: its current primary's).
         self.channels: dict[int, Channel] = (
             dict(channels) if channels is not None else self.router.channels if self.router is not None else {
@@ -446,10 +446,15 @@ class ParameterClient:
 
     def leave(self) -> None:
         """Tells every ps task this worker is done (sync/ssp stop waiting for it); a replicated shard also
-        hears how many of this process's pushes it acknowledged (``acked``, the final count, and the process)."""
-        acked = self.pushes.acked if self.pushes is not None else None
-        self._gather({t: LeaveRequest(self.client_name, None if acked is None else acked.get(t, 0),
-                                      None if acked is None else self.incarnation) for t in self.channels})
+        hears how many of this process's pushes it acknowledged (``acked``, the final count, every shard's
+        ``acked_all``, and the process)."""
+        pushes = self.pushes
+        if pushes is None:
+            self._gather({t: LeaveRequest(self.client_name) for t in self.channels})
+            return
+        counts = pushes.counts()
+        self._gather({t: LeaveRequest(self.client_name, pushes.acked.get(t, 0), self.incarnation, counts)
+                      for t in self.channels})
 
     def report_done(self, *, checkpoint_dir: bool = False, final_checkpoint: str | None = None,
                     attempts: int = 3, worker: str | None = None) -> list[str]:

@@ -4,7 +4,9 @@ the acknowledged, applied and lost pushes (issue 28; the shards: :mod:`psflow.cl
 Every ps member (a ``ps`` or ``ps_backup`` task) answers ``Stats`` with a ``replication`` entry: ``shard``,
 ``role`` (``primary``, ``backup``, ``joining``, ``deposed``, ``unreplicated``), ``epoch``, ``primary``,
 ``backups``, ``lag`` (per backup: entries sent and not acknowledged, and the seconds of the oldest),
-``pushes_applied`` and ``pushes_acknowledged``. From the replies of whichever members answered:
+``pushes_applied`` and ``pushes_acknowledged``, and per client process ``acked_by_process`` (every shard's
+count of its acknowledged pushes it reported), ``applied_by_process`` (its pushes the state holds) and
+``counts_exact``. From the replies of whichever members answered:
 
 * :func:`shard_primaries` keeps one reply per shard, its primary's (the member saying ``primary`` at the
   highest epoch; while none does, mid-failover, the member at the highest epoch), so a shard's counters are
@@ -13,14 +15,19 @@ Every ps member (a ``ps`` or ``ps_backup`` task) answers ``Stats`` with a ``repl
 * :func:`replication_view` adds the run's figures:
 
   ``pushes_acknowledged``  the pushes the workers were told were applied (each client process counts its
-                           acknowledged pushes per shard and reports the count to the shard, which sums them)
+                           acknowledged pushes per shard and reports every shard's count to each shard it pushes
+                           to: per process and shard the largest count any member heard, summed; so a shard whose
+                           every replica was lost, and a worker process that ended meanwhile, are still counted)
   ``pushes_applied``       the pushes held in the shards' state now (a restore from a checkpoint sets the
                            count back to the checkpoint's)
-  ``updates_lost``         per shard ``max(0, acknowledged - applied)``, summed: 0 while a shard keeps a member
-                           holding every acknowledged push; only when every replica of a shard was lost at once
-                           (or an unreplicated shard died) and its state came back from a checkpoint is it the
-                           acknowledged pushes the checkpoint lacks. Never negative: a push applied and not yet
-                           acknowledged is not a lost one
+  ``updates_lost``         per shard and client process ``max(0, acknowledged - applied)`` (the primary's
+                           ``applied_by_process``; after a restore from a checkpoint without them, the same over
+                           the shard's totals), summed: 0 while a shard keeps a member holding every acknowledged
+                           push; only when every replica of a shard was lost at once and its state came back from
+                           a checkpoint is it the acknowledged pushes the checkpoint lacks. Never negative: a push
+                           applied and not yet acknowledged is not a lost one, nor does it hide another process's
+                           lost push. A worker process that died with its shard may have had its last push
+                           acknowledged without any other shard hearing of it: at most one per such process
   ``shards``               per shard: ``primary``, ``epoch``, ``backups`` (each ``task``, ``lag_entries``,
                            ``lag_seconds``), its own three counters
 
@@ -76,18 +83,26 @@ def replication_view(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
     see the module docstring); None when no reply has a ``replication`` entry."""
     shards = []
     totals = dict.fromkeys(REPLICATION_FIGURES, 0)
+    known = _acked_by_process(stats)
     for reply in shard_primaries(stats):
         entry = replication_entry(reply)
-        if entry is None or _int(entry.get("shard")) is None:
+        shard = _int(entry.get("shard")) if entry is not None else None
+        if entry is None or shard is None:
             continue
-        acknowledged = _int(entry.get("pushes_acknowledged")) or 0
         applied = _int(entry.get("pushes_applied")) or 0
-        lost = max(0, acknowledged - applied)
+        acked = {process: counts[shard] for process, counts in known.items() if len(counts) > shard}
+        # A member without the per-process figures (a psflow from before them): its own sum.
+        acknowledged = sum(acked.values()) if known else _int(entry.get("pushes_acknowledged")) or 0
+        by_process = _process_counts(entry.get("applied_by_process"))
+        if known and by_process is not None and entry.get("counts_exact") is True:
+            lost = sum(max(0, n - by_process.get(process, 0)) for process, n in acked.items())
+        else:  # a restore from a checkpoint without per-process counts: the shard's totals
+            lost = max(0, acknowledged - applied)
         totals["pushes_acknowledged"] += acknowledged
         totals["pushes_applied"] += applied
         totals["updates_lost"] += lost
         shards.append({
-            "shard": _int(entry.get("shard")), "primary": entry.get("primary") or reply.get("task"),
+            "shard": shard, "primary": entry.get("primary") or reply.get("task"),
             "role": entry.get("role"), "epoch": _int(entry.get("epoch")),
             "backups": [_backup(name, entry) for name in _names(entry.get("backups"))],
             "pushes_acknowledged": acknowledged, "pushes_applied": applied, "updates_lost": lost,
@@ -95,6 +110,32 @@ def replication_view(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
     if not shards:
         return None
     return {**totals, "shards": shards}
+
+
+def _acked_by_process(stats: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[int]]:
+    """(worker, incarnation) -> the largest count of its acknowledged pushes any member heard, per shard: every
+    member's ``acked_by_process`` (a member of another shard knows a lost shard's counts)."""
+    known: dict[tuple[str, int], list[int]] = {}
+    for reply in stats:
+        entry = replication_entry(reply)
+        rows = entry.get("acked_by_process") if entry is not None else None
+        for row in rows if isinstance(rows, list) else ():
+            if not (isinstance(row, list) and len(row) == 3 and isinstance(row[2], list)):
+                continue
+            key = (str(row[0]), _int(row[1]) or 0)
+            kept = known.setdefault(key, [])
+            counts = [_int(n) or 0 for n in row[2]]
+            kept.extend([0] * (len(counts) - len(kept)))
+            for shard, n in enumerate(counts):
+                kept[shard] = max(kept[shard], n)
+    return known
+
+
+def _process_counts(rows: Any) -> dict[tuple[str, int], int] | None:
+    """``[[worker, incarnation, n], ...]`` as a mapping (None: not a list)."""
+    if not isinstance(rows, list):
+        return None
+    return {(str(r[0]), _int(r[1]) or 0): _int(r[2]) or 0 for r in rows if isinstance(r, list) and len(r) == 3}
 
 
 def _backup(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:

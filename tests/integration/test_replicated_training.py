@@ -8,8 +8,8 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
 * sync, fixed seed: shard 0's primary killed; the exported variables equal an undisturbed run's (within 1e-6:
   the aggregation sums the workers' gradients in arrival order);
 * every replica of shard 0 killed at once, checkpoints every 100 steps: restored from the newest, each shard's
-  ``pushes_applied`` goes on from the count the checkpoint recorded, so ``updates_lost`` is exactly the pushes
-  acknowledged after it; the restarted backup is in shard 0's view again at the end.
+  ``pushes_applied`` goes on from the count the checkpoint recorded, so ``updates_lost`` (counted per worker
+  process) is exactly the pushes acknowledged after it; the restarted backup is in shard 0's view again at the end.
 """
 
 from __future__ import annotations
@@ -96,7 +96,9 @@ def test_every_replica_of_a_shard_lost_at_once_is_restored_from_the_checkpoint_a
     metrics = metrics_of(out, train(out, "--ps-replicas", "1", "--restart-policy", "on-failure",
                                     "--checkpoint-dir", str(out / "ckpt"), "--save-checkpoints-steps", "100",
                                     "--max-to-keep", "100",
-                                    "--chaos", "kill:ps:0@step=300", "--chaos", "kill:ps-backup:0@step=300",
+                                    # between two checkpoints (every 100 steps): pushes are acknowledged after
+                                    # the newest, however late the chief's save of step 300 begins
+                                    "--chaos", "kill:ps:0@step=350", "--chaos", "kill:ps-backup:0@step=350",
                                     epochs=2))  # the second epoch: time for the restarted backup to rejoin
     assert sorted(f["task"] for f in metrics["faults"]) == ["/job:ps/task:0", "/job:ps_backup/task:0"]
     workers = _logs(out, "worker-*.log", tail=None)  # the restore's lines come long before each log's end
@@ -115,10 +117,13 @@ def test_every_replica_of_a_shard_lost_at_once_is_restored_from_the_checkpoint_a
     # Shard 0's count went on from the checkpoint's: every push since the restore moved the step by one.
     assert shards[0]["pushes_applied"] == held[0] + metrics["global_step"] - resumed_at, (shards, resumed_at)
     assert shards[1]["pushes_applied"] > held[1], shards
-    # So the loss is exactly the pushes each shard acknowledged after the checkpoint, and nothing else.
+    # So the loss is exactly the pushes each shard acknowledged after the checkpoint, and nothing else: counted
+    # per worker process, it is the totals' difference plus the pushes the checkpoint holds whose replies never
+    # came back (at most one per worker process and shard: one push call in flight each).
     for shard in shards.values():
-        assert shard["updates_lost"] == max(0, shard["pushes_acknowledged"] - shard["pushes_applied"]), shards
-    assert shards[0]["updates_lost"] > 0, shards
+        gap = shard["pushes_acknowledged"] - shard["pushes_applied"]
+        assert max(0, gap) <= shard["updates_lost"] <= max(0, gap + 2), shards
+    assert shards[0]["updates_lost"] > 0 and shards[1]["updates_lost"] > 0, (shards, _logs(out, "*.log"))
     assert metrics["updates_lost"] == sum(s["updates_lost"] for s in shards.values()), metrics
     assert metrics["examples"] == 2 * A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
     # Both restarted members are in shard 0's view again (a client may have had the backup dropped an instant after

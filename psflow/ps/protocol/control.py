@@ -125,8 +125,8 @@ class SaveShardReply:
     global_step, the reader positions and the examples pushed with them (on the task holding
     global_step), and the bytes themselves when the caller writes the file (``data``).
     ``pushes_applied``: a replicated shard's count of the pushes the snapshot holds (None: unreplicated,
-    not sent). ``marks``: the snapshot's mark token and epoch (the base of a later increment; None: an older
-    task)."""
+    not sent), ``pushes_applied_by`` each client process's (``[[worker, incarnation, n], ...]``). ``marks``: the
+    snapshot's mark token and epoch (the base of a later increment; None: an older task)."""
 
     task: str
     partitions: Sequence[Mapping[str, Any]]
@@ -138,12 +138,16 @@ class SaveShardReply:
     data: np.ndarray | None = None
     pushes_applied: int | None = None
     marks: dict[str, Any] | None = None
+    pushes_applied_by: list[list[Any]] | None = None
 
     def to_frame(self) -> Frame:
-        meta = {"task": self.task, "partitions": list(self.partitions), "global_step": self.global_step,
-                "positions": dict(self.positions), "examples": self.examples, "bytes": self.size, "sha256": self.sha256}
+        meta: dict[str, Any] = {
+            "task": self.task, "partitions": list(self.partitions), "global_step": self.global_step,
+            "positions": dict(self.positions), "examples": self.examples, "bytes": self.size, "sha256": self.sha256}
         if self.pushes_applied is not None:
             meta["pushes_applied"] = self.pushes_applied
+        if self.pushes_applied_by is not None:
+            meta["pushes_applied_by"] = self.pushes_applied_by
         if self.marks is not None:
             meta["marks"] = dict(self.marks)
         return Frame(meta, {_SHARD: self.data} if self.data is not None else {})
@@ -159,7 +163,8 @@ class SaveShardReply:
         return cls(str(meta.get("task", "")), parts, optional_int(meta, "global_step"),
                    string_map(meta, "positions", "client names to reader position JSON") or {},
                    optional_int(meta, "examples", minimum=0) or 0, optional_int(meta, "bytes", minimum=0) or 0, sha,
-                   frame.arrays.get(_SHARD), optional_int(meta, "pushes_applied", minimum=0), _marks(meta, "marks"))
+                   frame.arrays.get(_SHARD), optional_int(meta, "pushes_applied", minimum=0), _marks(meta, "marks"),
+                   applied_by_process(meta.get("pushes_applied_by")))
 
 
 # ---- LoadShard --------------------------------------------------------------------------------------------
@@ -180,6 +185,7 @@ class LoadShardRequest:
     values_only: bool = False
     restored_step: int | None = None
     pushes_applied: int | None = None
+    pushes_applied_by: list[list[Any]] | None = None
 
     @classmethod
     def build(cls, values: Mapping[str, np.ndarray], slots: Mapping[str, Mapping[str, np.ndarray]],
@@ -219,6 +225,8 @@ class LoadShardRequest:
             meta["values_only"] = True
         if self.pushes_applied is not None:
             meta["pushes_applied"] = self.pushes_applied
+        if self.pushes_applied_by is not None:
+            meta["pushes_applied_by"] = self.pushes_applied_by
         return Frame(meta, dict(self.arrays))
 
     @classmethod
@@ -232,7 +240,24 @@ class LoadShardRequest:
                    string_map(meta, "positions", "client names to reader position JSON"),
                    optional_int(meta, "examples", minimum=0), _lineage(meta, "lineage"), flag(meta, "values_only"),
                    restored if type(restored) is int and restored >= 0 else None,
-                   optional_int(meta, "pushes_applied", minimum=0))
+                   optional_int(meta, "pushes_applied", minimum=0),
+                   applied_by_process(meta.get("pushes_applied_by")))
+
+
+def applied_by_process(value: object) -> list[list[Any]] | None:
+    """A shard's pushes held per client process, ``[[worker: str, incarnation: int, n: int >= 0], ...]``
+    (None when absent or null).
+
+    Raises:
+        InvalidRequest: any other value (names the field).
+    """
+    if value is None:
+        return None
+    if not (isinstance(value, list) and all(
+            isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and type(row[1]) is int
+            and type(row[2]) is int and row[2] >= 0 for row in value)):
+        raise refuse("pushes_applied_by", "a list of [worker, incarnation, count >= 0]", value)
+    return [list(row) for row in value]
 
 
 @message

@@ -10,7 +10,7 @@ import numpy as np
 
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
-from psflow.ps.protocol.fields import flag, list_field, message, optional_int, optional_str, refuse
+from psflow.ps.protocol.fields import acked_counts, flag, list_field, message, optional_int, optional_str, refuse
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame
@@ -40,7 +40,9 @@ class WorkerTag:
 
     Replicated shards (:mod:`psflow.ps.replication`): ``push_id`` numbers the client process's push calls
     (one more per call; a resend to a new primary keeps it: applied once), ``acked`` how many of this
-    process's pushes this shard acknowledged before this one. None: not sent (an unreplicated cluster)."""
+    process's pushes this shard acknowledged before this one, ``acked_all`` the same count for every shard,
+    in shard order (each shard keeps them: when every replica of one shard is lost, the others still know
+    what it acknowledged). None: not sent (an unreplicated cluster)."""
 
     worker: str | None = None
     incarnation: int | None = None
@@ -48,6 +50,7 @@ class WorkerTag:
     position: str | None = None
     push_id: int | None = None
     acked: int | None = None
+    acked_all: tuple[int, ...] | None = None
 
 
 @message
@@ -237,6 +240,8 @@ class PushRequest:
             meta["push_id"] = tag.push_id
         if tag.acked is not None:
             meta["acked"] = tag.acked
+        if tag.acked_all is not None:
+            meta["acked_all"] = list(tag.acked_all)
         if self.shard_epoch is not None:
             meta["shard_epoch"] = self.shard_epoch
         return meta
@@ -269,7 +274,7 @@ class PushRequest:
         worker, incarnation, generation, position = get("worker"), get("incarnation"), get("generation"), get("position")
         read_step, clock, sync_tag, hint = get("read_step"), get("clock"), get("tag"), get("step_hint")
         examples, loss = get("examples", 0), get("loss")
-        push_id, acked, epoch = get("push_id"), get("acked"), get("shard_epoch")
+        push_id, acked, epoch, acked_all = get("push_id"), get("acked"), get("shard_epoch"), get("acked_all")
         # One test on the hot path; the slow path names the first field that is wrong.
         if not ((push_id is None or (type(push_id) is int and push_id >= 0)) and (acked is None or (
                 type(acked) is int and acked >= 0)) and (epoch is None or (type(epoch) is int and epoch >= 0))
@@ -278,11 +283,14 @@ class PushRequest:
                 and (incarnation is None or (type(incarnation) is int and incarnation >= 0 and worker is not None))
                 and (read_step is None or type(read_step) is int) and (clock is None or type(clock) is int)
                 and (sync_tag is None or type(sync_tag) is int) and (hint is None or type(hint) is int)
-                and type(examples) is int and examples >= 0):
+                and type(examples) is int and examples >= 0
+                and (acked_all is None or (type(acked_all) is list and all(type(n) is int and n >= 0
+                                                                           for n in acked_all)))):
             _refuse_push(meta)
         # progress only: anything but a number (a diverged loss travels as null) counts as none
         loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
-        return cls(grads, WorkerTag(worker, incarnation, generation, position, push_id, acked),
+        return cls(grads, WorkerTag(worker, incarnation, generation, position, push_id, acked,
+                                    tuple(acked_all) if acked_all is not None else None),
                    StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss, epoch)
 
 
@@ -303,6 +311,7 @@ def _refuse_push(meta: Mapping[str, Any]) -> None:
     examples = meta.get("examples", 0)
     if type(examples) is not int or examples < 0:
         raise refuse("examples", "a non-negative integer", examples)
+    acked_counts(meta, "acked_all")
     raise AssertionError(f"a push's fields were refused but none is wrong: {meta!r:.200}")  # pragma: no cover
 
 
@@ -389,3 +398,4 @@ def gradients_of(frame: Frame) -> dict[str, tuple[np.ndarray, np.ndarray | None]
     """The named gradients of a frame written by :func:`gradient_arrays`."""
     return {key[len(_GRAD):]: (values, frame.arrays.get(_GRAD_ROWS + key[len(_GRAD):]))
             for key, values in frame.arrays.items() if key.startswith(_GRAD)}
+

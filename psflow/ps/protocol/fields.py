@@ -19,7 +19,7 @@ else:
     def dataclass_transform(**_: Any) -> Callable[[Any], Any]:
         return lambda decorator: decorator
 
-__all__ = ["flag", "list_field", "message", "optional_int", "optional_str", "refuse", "strict_bool", "string_map"]
+__all__ = ["acked_counts", "flag", "list_field", "message", "optional_int", "optional_str", "refuse", "strict_bool", "string_map"]
 
 T = TypeVar("T")
 
@@ -89,3 +89,18 @@ def string_map(meta: Mapping[str, Any], key: str, what: str) -> dict[str, str] |
     if not (isinstance(value, dict) and all(isinstance(v, str) for v in value.values())):
         raise InvalidRequest(f"{key} must map {what}")
     return dict(value)
+
+
+def acked_counts(meta: Mapping[str, Any], key: str) -> tuple[int, ...] | None:
+    """``meta[key]``: a client process's acknowledged pushes per shard, a list of non-negative integers in
+    shard order (None when absent or null).
+
+    Raises:
+        InvalidRequest: any other value (names the field).
+    """
+    value = meta.get(key)
+    if value is None:
+        return None
+    if not (type(value) is list and all(type(n) is int and n >= 0 for n in value)):
+        raise refuse(key, "a list of non-negative integers (one per shard)", value)
+    return tuple(value)

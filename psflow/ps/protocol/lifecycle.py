@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any, ClassVar
 
-from psflow.ps.protocol.fields import message, optional_int, optional_str, refuse, strict_bool
+from psflow.ps.protocol.fields import acked_counts, message, optional_int, optional_str, refuse, strict_bool
 from psflow.rpc.framing import Frame
 
 __all__ = ["Ack", "DoneReply", "DoneRequest", "LeaveRequest", "StatsReply"]
@@ -68,13 +68,15 @@ class StatsReply:
 @message
 class LeaveRequest:
     """A worker finished its data: sync and ssp stop waiting for it. ``acked``: (a replicated shard) how many
-    of the client process's pushes this shard acknowledged, the final count; ``incarnation``: that process
-    (the count is its own, not a newer process's of the same worker; None: the worker's newest)."""
+    of the client process's pushes this shard acknowledged, the final count (``acked_all``: every shard's, in
+    shard order); ``incarnation``: that process (the count is its own, not a newer process's of the same
+    worker; None: the worker's newest)."""
 
     METHOD: ClassVar[str] = "Leave"
     worker: str
     acked: int | None = None
     incarnation: int | None = None
+    acked_all: tuple[int, ...] | None = None
 
     def to_frame(self) -> Frame:
         meta: dict[str, Any] = {"worker": self.worker}
@@ -82,6 +84,8 @@ class LeaveRequest:
             meta["acked"] = self.acked
         if self.incarnation is not None:
             meta["incarnation"] = self.incarnation
+        if self.acked_all is not None:
+            meta["acked_all"] = list(self.acked_all)
         return Frame(meta)
 
     @classmethod
@@ -89,7 +93,8 @@ class LeaveRequest:
         worker = frame.meta.get("worker")
         if not isinstance(worker, str):
             raise refuse("worker", "the task name of the worker", worker)
-        return cls(worker, optional_int(frame.meta, "acked", minimum=0), optional_int(frame.meta, "incarnation"))
+        return cls(worker, optional_int(frame.meta, "acked", minimum=0), optional_int(frame.meta, "incarnation"),
+                   acked_counts(frame.meta, "acked_all"))
 
 
 @message

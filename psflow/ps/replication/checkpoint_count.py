@@ -12,6 +12,8 @@ count back to it (:class:`psflow.ps.checkpointing.PushCount`, which :class:`Chec
   snapshot and not yet in the count.)
 * :meth:`CheckpointCount.restored` sets the count; the ``LoadShard`` it comes with is replicated whole (a
   full entry), so the backups get it too.
+* Each client process's count of the pushes the snapshot holds goes with the total (the dedup table's
+  ``applied``: :meth:`psflow.ps.replication.dedup.DedupTable.lost` reports the loss per process from it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
+from psflow.ps.checkpointing import HeldPushes
+from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.update_mode import UpdateMode
 
 __all__ = ["CheckpointCount"]
@@ -28,20 +33,24 @@ __all__ = ["CheckpointCount"]
 class CheckpointCount:
     """The ``pushes_applied`` of one shard member's counts, as its checkpoints save and load it."""
 
-    def __init__(self, counts: dict[str, int], apply_lock: threading.Lock, mode: UpdateMode) -> None:
-        """``counts``: the member's counts (``pushes_applied`` among them); ``apply_lock``: the lock an async
-        push is applied and recorded under; ``mode``: the task's update mode (its sync aggregator)."""
-        self._counts, self._apply_lock, self._mode = counts, apply_lock, mode
+    def __init__(self, counts: dict[str, int], dedup: DedupTable, apply_lock: threading.Lock,
+                 mode: UpdateMode) -> None:
+        """``counts``: the member's counts (``pushes_applied`` among them); ``dedup``: its dedup table (each
+        process's applied count); ``apply_lock``: the lock an async push is applied and recorded under;
+        ``mode``: the task's update mode (its sync aggregator)."""
+        self._counts, self._dedup, self._apply_lock, self._mode = counts, dedup, apply_lock, mode
 
     @contextmanager
-    def holding(self) -> Iterator[int]:
-        """No push is applied while held; gives the count of those applied."""
+    def holding(self) -> Iterator[HeldPushes]:
+        """No push is applied while held; gives the count of those applied, in all and per client process."""
         aggregator = self._mode.aggregator
         # A sync step is applied, and its pushes counted, under the aggregator's lock (SyncAggregator._apply).
         lock = aggregator._cond if aggregator is not None else self._apply_lock
         with lock:
-            yield self._counts["pushes_applied"]
+            yield HeldPushes(self._counts["pushes_applied"], self._dedup.applied_by())
 
-    def restored(self, count: int) -> None:
-        """The shard was restored within the run from a checkpoint holding ``count`` pushes."""
+    def restored(self, count: int, by_process: list[list[Any]] | None) -> None:
+        """The shard was restored within the run from a checkpoint holding ``count`` pushes, ``by_process``
+        of each client process (None: an older checkpoint without them)."""
         self._counts["pushes_applied"] = count
+        self._dedup.restore_applied(by_process)

@@ -141,7 +141,7 @@ class ShardReplication:
         self._stopped = threading.Event()
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
         service.mode.on_step_applied = self._step_applied
-        service._checkpoints.push_count = CheckpointCount(self.counts, self._apply_lock, service.mode)  # its saves
+        service._checkpoints.push_count = CheckpointCount(self.counts, self.dedup, self._apply_lock, service.mode)  # its saves
 
     # ---- handlers ---------------------------------------------------------------------------------
     def handlers(self, table: dict[str, Handler]) -> dict[str, Handler]:
@@ -181,7 +181,10 @@ class ShardReplication:
             lag = {m: {"entries": n, "seconds": round(s, 3)} for m, (n, s) in forwarder.lag().items()}
         return {"shard": self.shard, "task": self.task, "role": view.role, "epoch": view.epoch,
                 "primary": view.primary, "backups": list(view.backups), "lag": lag,
-                "applied_seq": self._applied_seq(), **self.counts, "pushes_acknowledged": self.dedup.acknowledged()}
+                "applied_seq": self._applied_seq(), **self.counts, "pushes_acknowledged": self.dedup.acknowledged(),
+                # per client process: what the run's updates_lost adds up (psflow.status.replication)
+                "acked_by_process": self.dedup.acked_by(self.shard), "applied_by_process": self.dedup.applied_by(),
+                "counts_exact": self.dedup.exact}
 
     def replica_status(self, frame: Frame) -> Reply:
         return _reply(self.status())
@@ -213,7 +216,7 @@ class ShardReplication:
         def build(seq: int) -> ReplicaEntry:
             for request, reply in pushes or ():
                 tag = request.worker
-                self.dedup.report_acked(tag.worker, tag.incarnation, tag.acked)
+                self.dedup.report_acked(tag.worker, tag.incarnation, tag.acked, tag.acked_all)
                 if tag.push_id is not None:  # a numbered push, which its client counts
                     self.dedup.record(tag.worker, tag.incarnation, tag.push_id, dict(reply.to_frame().meta), seq)
                     self.counts["pushes_applied"] += 1
@@ -316,7 +319,7 @@ class ShardReplication:
             request = LeaveRequest.from_frame(frame)
             result = handler(frame)
             incarnation = request.incarnation or self.service.workers.incarnation_of(request.worker)
-            self.dedup.report_acked(request.worker, incarnation, request.acked)
+            self.dedup.report_acked(request.worker, incarnation, request.acked, request.acked_all)
             forwarder.wait(self._record(forwarder, lambda: []))
             return result
         return call

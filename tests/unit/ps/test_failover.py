@@ -296,13 +296,15 @@ def test_gather_raises_an_error_that_is_not_a_failover_without_asking_the_member
 
 
 def test_push_numbers_tag_every_shard_of_a_call_with_one_push_id_and_each_shards_acknowledged_count() -> None:
-    numbers = PushNumbers()
+    numbers = PushNumbers(3)
     request = PushRequest((), WorkerTag("/job:worker/task:0", 5), StepTag())
     first = numbers.number({0: request, 1: request})
     assert {s: (r.worker.push_id, r.worker.acked) for s, r in first.items()} == {0: (1, 0), 1: (1, 0)}
     numbers.acknowledged([0])
     second = numbers.number({0: request, 1: request})
     assert {s: (r.worker.push_id, r.worker.acked) for s, r in second.items()} == {0: (2, 1), 1: (2, 0)}
+    # Every shard's count goes to each: shard 2, which this call does not reach, included.
+    assert {s: r.worker.acked_all for s, r in second.items()} == {0: (1, 0, 0), 1: (1, 0, 0)}
     assert request.worker.push_id is None  # the caller's request is left as it was
 
 
@@ -345,8 +347,8 @@ def test_a_replicated_push_is_resent_to_the_new_primary_with_its_push_id_and_cou
     assert resent == [(3, 2, 2)]               # the same push_id, at the new primary's epoch
     assert client.acked == {0: 3} and client.channels[0].task == B0
     client.leave()
-    assert shards.members[B0].metas[-1] == {"worker": "/job:worker/task:0", "acked": 3,
-                                            "incarnation": client.incarnation}  # this process's count
+    assert shards.members[B0].metas[-1] == {"worker": "/job:worker/task:0", "acked": 3,  # this process's count
+                                            "incarnation": client.incarnation, "acked_all": [3, 0]}  # every shard's
 
 
 def _two_shard_client(shards: FakeShards, monkeypatch: pytest.MonkeyPatch) -> ParameterClient:

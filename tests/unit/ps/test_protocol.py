@@ -41,8 +41,8 @@ SHARED = {
     "applied_seq", "backup", "backups", "deposed", "entries", "has_state", "joining", "lag", "primary", "role", "seq",
     "state", "unreplicated",
     # a replicated shard's count of applied pushes: SaveShard's and LoadShard's field, the manifest's shard record
-    # and the Stats "replication" counter's key
-    "pushes_applied",
+    # and the Stats "replication" counter's key; the same per client process ("pushes_applied_by")
+    "pushes_applied", "pushes_applied_by",
     # incremental checkpoints (issue 29): SaveShard's "marks" (its reply) is also the manifest's shard record key
     # (and a replica's lazy-row marks), "since" and "full" plain words of other documents (the manifest's kind)
     "marks", "since", "full",

@@ -75,6 +75,32 @@ def test_updates_lost_is_what_a_checkpoint_restore_of_a_whole_shard_dropped_neve
     assert view is not None and view["updates_lost"] == 138
 
 
+W0, W1 = "/job:worker/task:0", "/job:worker/task:1"
+
+
+def test_the_loss_is_counted_per_worker_process_from_every_shards_knowledge() -> None:
+    # Every replica of shard 0 was lost and restored from a checkpoint holding worker 0's first 51 pushes (the
+    # 51st applied but never acknowledged) and worker 1's first 40; worker 1 had 60 acknowledged. Since, shard 0
+    # applied 10 more of worker 0's, which reported its count (60); never heard from worker 1's process, which
+    # ended with it: shard 1 heard that process's count of shard 0 (60) with its last push there.
+    shard0 = member("/job:ps/task:0", 0, "primary", 1, applied=101, acknowledged=60)
+    shard0["replication"] |= {"acked_by_process": [[W0, 1, [60, 0]]],
+                              "applied_by_process": [[W0, 1, 61], [W1, 1, 40]], "counts_exact": True}
+    shard1 = member("/job:ps/task:1", 1, "primary", 1, applied=120, acknowledged=120)
+    shard1["replication"] |= {"acked_by_process": [[W0, 1, [55, 60]], [W1, 1, [60, 60]]],
+                              "applied_by_process": [[W0, 1, 60], [W1, 1, 60]], "counts_exact": True}
+    view = replication_view([shard0, shard1])
+    assert view is not None
+    # Shard 0: worker 0 lost nothing (its applied 61 is ahead of its 60), worker 1 lost 20. The totals would say
+    # 120 acknowledged - 101 applied = 19, and the shard's own sum, 60 - 101: nothing.
+    assert [(s["pushes_acknowledged"], s["updates_lost"]) for s in view["shards"]] == [(120, 20), (120, 0)]
+    assert view["updates_lost"] == 20
+    # After a restore from a checkpoint without per-process counts: the totals.
+    shard0["replication"]["counts_exact"] = False
+    view = replication_view([shard0, shard1])
+    assert view is not None and view["shards"][0]["updates_lost"] == 120 - 101
+
+
 def test_an_unreplicated_run_keeps_its_replies_and_reports_no_shards() -> None:
     plain = [{"task": "/job:ps/task:0", "global_step": 10}, {"task": "/job:ps/task:1"}]
     assert shard_primaries(plain) == plain

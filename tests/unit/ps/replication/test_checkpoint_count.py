@@ -7,6 +7,7 @@ without the count loads as before; an unreplicated task writes no count."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -37,6 +38,7 @@ from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
+from psflow.status.replication import replication_view
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,6 +91,35 @@ def test_a_restore_within_the_run_sets_the_count_back_to_the_checkpoints(
     _restore_within_run(shard, client, path)
     assert _counts(shard, PRIMARY) == (5, 8)  # updates_lost 3: the pushes acknowledged after the checkpoint
     shard.wait(lambda: _counts(shard, backup(0)) == (5, 8), "the backup holds the restored count")
+
+
+def _push_of(worker: int, i: int, acked: int) -> PushRequest:
+    request = _push(i, acked)
+    return dataclasses.replace(request, worker=WorkerTag(WORKERS[worker], 1, push_id=i, acked=acked))
+
+
+def test_the_loss_is_counted_per_process_so_an_unacknowledged_push_hides_no_other_loss(
+        make_shard: Callable[..., InProcessShard], tmp_path: Path) -> None:
+    shard, client = _started(make_shard)
+    shard.push(PRIMARY, _push_of(0, 1, acked=0))
+    shard.push(PRIMARY, _push_of(0, 2, acked=1))  # worker 0 never hears back: its count stays at 1
+    shard.push(PRIMARY, _push_of(1, 1, acked=0))
+    path = CheckpointManager(str(tmp_path)).save(client).path
+    record = read_manifest(path).shards[0]
+    assert record["pushes_applied"] == 3
+    assert sorted(map(tuple, record["pushes_applied_by"])) == [(WORKERS[0], 1, 2), (WORKERS[1], 1, 1)]
+    shard.push(PRIMARY, _push_of(1, 2, acked=1))  # acknowledged after the checkpoint: worker 1's lost push
+    _restore_within_run(shard, client, path)
+    shard.leave(PRIMARY, WORKERS[0], 1, incarnation=1)
+    shard.leave(PRIMARY, WORKERS[1], 2, incarnation=1)
+    stats = shard.replicas[PRIMARY].stats()
+    view = replication_view([{"task": PRIMARY, "replication": stats}])
+    assert view is not None
+    # The totals alike (3 held, 3 acknowledged) would say nothing was lost: worker 0's applied and unanswered
+    # push would hide worker 1's lost one.
+    assert (view["pushes_applied"], view["pushes_acknowledged"], view["updates_lost"]) == (3, 3, 1)
+    shard.wait(lambda: shard.replicas[backup(0)].stats()["applied_by_process"] == stats["applied_by_process"],
+               "the backup holds the restored per-process counts")
 
 
 def _save(call: Callable[[str, Frame], Frame]) -> SaveShardReply:
