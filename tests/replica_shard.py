@@ -4,12 +4,15 @@ over the network, no sockets; ``latency`` delays each Replicate call to a member
 member can be cut off (every call to it fails UNAVAILABLE) and each Replicate call a member receives is
 kept, so a test can replay a prefix of the primary's entries onto a fresh member. ``message_limit`` refuses a
 Replicate call whose arrays exceed it, as a carrier refuses a message over its limit (and the members split
-entries to fit: ``chunk_bytes``)."""
+entries to fit: ``chunk_bytes``). ``held_requests`` and ``held_replies`` hold up one call in the network: a
+request reaches whichever process serves the member when it is let go, as at a restarted task's address."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -76,6 +79,19 @@ class Link:
             self._shard.received.setdefault(self.task, []).extend(request.entries)
             if self._shard.latency.get(self.task):
                 time.sleep(self._shard.latency[self.task])  # a network's round trip
+        held, reply_held = (held_calls.get((self.task, method)) for held_calls in (self._shard.held_requests,
+                                                                                     self._shard.held_replies))
+        if held is None and reply_held is None:
+            return self._serve(method, meta, arrays)
+        with self._shard.holding_call():
+            if held is not None:  # the request is held up: whichever process serves the task then serves it
+                held.wait(30.0)
+            done = self._serve(method, meta, arrays)
+            if reply_held is not None:  # served; its reply is held up
+                reply_held.wait(30.0)
+            return done
+
+    def _serve(self, method: str, meta: Mapping[str, Any] | None, arrays: Mapping[str, np.ndarray] | None) -> _Done:
         try:
             return _Done(InProcessChannel(self.task, self._shard.handlers[self.task]).call(method, meta, arrays))
         except RpcError as e:
@@ -117,6 +133,13 @@ class InProcessShard:
         #: Member -> Replicate calls it accepted; the limit on a Replicate call's array bytes (None: none).
         self.calls: dict[str, int] = {}
         self.message_limit, self.chunk_bytes = message_limit, chunk_bytes
+        #: (member, method) -> an event: a call of that method to that member that starts while the key is here
+        #: waits for the event (30 s at most) before it is served (``held_requests``) or, served, before its
+        #: reply returns (``held_replies``); ``holding`` counts such calls until each returned.
+        self.held_requests: dict[tuple[str, str], threading.Event] = {}
+        self.held_replies: dict[tuple[str, str], threading.Event] = {}
+        self.holding = 0
+        self._holding_lock = threading.Lock()
         self.services: dict[str, ParameterService] = {}
         self.replicas: dict[str, ShardReplication] = {}
         self.handlers: dict[str, dict[str, Handler]] = {}
@@ -140,6 +163,17 @@ class InProcessShard:
 
     def start(self, member: str = PRIMARY) -> None:
         self.replicas[member].start()
+
+    @contextlib.contextmanager
+    def holding_call(self) -> Iterator[None]:
+        """Counts a held call in :attr:`holding` until it is served and its reply let go."""
+        with self._holding_lock:
+            self.holding += 1
+        try:
+            yield
+        finally:
+            with self._holding_lock:
+                self.holding -= 1
 
     def call(self, member: str, method: str, frame: Frame) -> Frame:
         return Link(self, member).call(method, frame.meta, frame.arrays)

@@ -205,7 +205,11 @@ class ReplicaEntry:
 
 @message
 class ReplicateRequest:
-    """Entries of ``primary`` at ``epoch``, in sequence order, to ``member`` (``backups``: the primary's view)."""
+    """Entries of ``primary`` at ``epoch``, in sequence order, to ``member`` (``backups``: the primary's view).
+
+    ``incarnation``: the process of ``member`` they are for, the one whose ``Join`` started the primary's
+    sender (None: a sender started without a Join, at a promotion or a fresh shard); another process of the
+    member refuses them (a call held up across the member's restart)."""
 
     METHOD: ClassVar[str] = "Replicate"
     epoch: int
@@ -213,6 +217,7 @@ class ReplicateRequest:
     member: str
     backups: tuple[str, ...]
     entries: Sequence[ReplicaEntry]
+    incarnation: int | None = None
 
     def to_frame(self) -> Frame:
         arrays: dict[str, np.ndarray] = {}
@@ -228,7 +233,7 @@ class ReplicateRequest:
                 parts.append([delta.key, delta.rows is not None, sorted(delta.arrays)])
             entries.append({"seq": entry.seq, "state": dict(entry.state), "deltas": parts, "full": entry.full})
         return Frame({"epoch": self.epoch, "primary": self.primary, "member": self.member,
-                      "backups": list(self.backups), "entries": entries}, arrays)
+                      "backups": list(self.backups), "entries": entries, "incarnation": self.incarnation}, arrays)
 
     @classmethod
     def from_frame(cls, frame: Frame) -> ReplicateRequest:
@@ -259,7 +264,7 @@ class ReplicateRequest:
                 deltas.append(PartDelta(part[0], rows, named))
             entries.append(ReplicaEntry(seq, state, tuple(deltas), flag(item, "full")))
         return cls(_count(meta, "epoch"), _task(meta, "primary"), _task(meta, "member"), _tasks(meta, "backups"),
-                   tuple(entries))
+                   tuple(entries), optional_int(meta, "incarnation", minimum=0))
 
 
 @message

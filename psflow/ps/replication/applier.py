@@ -4,7 +4,10 @@ Entries may arrive out of order (a batch resent after a timeout, two batches ser
 entry whose predecessors are missing is buffered until they arrive. An entry already applied (``seq`` at or
 below :attr:`InOrderApplier.applied_seq`) is ignored, so resending is harmless. After :meth:`expect_snapshot`
 (a member joining) only a ``full`` entry is applied first, at whatever sequence number: it replaces the state,
-and the entries after it follow in order.
+and the entries after it follow in order. A ``full`` entry newer than the one applied is applied at once too
+(it is the primary's whole state as of its seq, so the entries between are in it): a member that took a
+snapshot from a sender the primary has since replaced (a call held up across a restart) takes the new
+sender's later snapshot, whose predecessors would never come.
 """
 
 from __future__ import annotations
@@ -55,7 +58,11 @@ class InOrderApplier:
                     elif entry.seq not in self._buffer:
                         self._buffer[entry.seq] = entry
                     continue
-                if entry.seq > self._applied:
+                if entry.full and entry.seq > self._applied:  # the whole state as of entry.seq
+                    self._buffer = {s: e for s, e in self._buffer.items() if s > entry.seq}
+                    self._apply(entry)
+                    self._applied = entry.seq
+                elif entry.seq > self._applied:
                     self._buffer[entry.seq] = entry
             self._drain()
             newest = max((e.seq for e in entries), default=0)

@@ -190,7 +190,7 @@ class BackupSender:
                 if self._chunks and (not self._queue or self._queue[0][0].seq != self._chunks[0].seq):
                     self._chunks = []
             else:
-                if self.last_error is None and not deposed:
+                if self.last_error is None and not deposed and not self._stopped:  # stopped: replaced, quiet
                     log.warning("replication to %s failed (retrying): %s", self.member, error)
                 self.last_error = error
                 self._retry_at = time.monotonic() + self._backoff

@@ -329,6 +329,8 @@ class ShardReplication:
         request = ReplicateRequest.from_frame(frame)
         if request.member != self.task:
             raise InvalidRequest(f"{self.task}: entries addressed to {request.member}")
+        # a replaced sender's call (held up across a restart or a Join) would set back what newer calls told it
+        self.view.check_sender(request.primary, request.epoch, request.incarnation, self.incarnation)
         view = self.view.view
         if view.role == PRIMARY and request.epoch > view.epoch:  # another member was promoted over this one
             self._deposed(request.primary, request.epoch)
@@ -386,27 +388,29 @@ class ShardReplication:
         if request.member in view.backups:  # its own return: it catches up before it is waited for again
             view = self.view.set(replace(view, backups=tuple(b for b in view.backups if b != request.member)))
             forwarder.set_waited(view.backups)
-        seq = self._add_sender(forwarder, request.member)
+        seq = self._add_sender(forwarder, request.member, request.incarnation)
         log.info("%s: %s joins shard %d from snapshot %d", self.task, request.member, self.shard, seq)
         return _reply(JoinReply(view.epoch, seq))
 
-    def _add_sender(self, forwarder: Forwarder, member: str) -> int:
-        """A sender to ``member`` whose first entry is the whole state as of the newest seq; returns that seq."""
+    def _add_sender(self, forwarder: Forwarder, member: str, incarnation: int | None = None) -> int:
+        """A sender to ``member`` whose first entry is the whole state as of the newest seq; returns that seq.
+        ``incarnation``: the member's process that asked (Join), which alone takes its calls (None: any)."""
         with forwarder.lock:
             old = forwarder.senders.pop(member, None)
             if old is not None:
                 old.stop()
             seq = forwarder.last_seq
-            sender = BackupSender(member, lambda: self.channels.get(member, data=True), self._request, self._on_ack,
+            sender = BackupSender(member, lambda: self.channels.get(member, data=True),
+                                  lambda to, entries: self._request(to, entries, incarnation), self._on_ack,
                                   self._on_refused, rpc_timeout=max(self.config.replica_timeout, 5.0),
                                   chunk_bytes=self.config.chunk_bytes)
             sender.enqueue(full_entry(seq, self.service, self.dedup, self.counts))
             forwarder.senders[member] = sender
         return seq
 
-    def _request(self, member: str, entries: list[ReplicaEntry]) -> ReplicateRequest:
+    def _request(self, member: str, entries: list[ReplicaEntry], incarnation: int | None) -> ReplicateRequest:
         view = self.view.view
-        return ReplicateRequest(view.epoch, self.task, member, view.backups, entries)
+        return ReplicateRequest(view.epoch, self.task, member, view.backups, entries, incarnation)
 
     def _on_ack(self) -> None:
         """A sender's member acknowledged: wake the waiting calls; a joining member caught up enters the view."""

@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING
 
 from psflow.ps.protocol import JoinReply, JoinRequest, PromoteRequest, ReplicaStatusReply
-from psflow.ps.replication.view import BACKUP, JOINING, PRIMARY, View
+from psflow.ps.replication.view import BACKUP, JOINING, PRIMARY
 from psflow.rpc.api import RpcError
 
 if TYPE_CHECKING:
@@ -88,7 +88,9 @@ def _promote_successor(self: ShardReplication, with_state: list[ReplicaStatusRep
 
 
 def rebuild(self: ShardReplication, primary: str) -> None:
-    """Rebuilds member ``self`` from ``primary``'s snapshot (Join), retrying until it answers."""
+    """Rebuilds member ``self`` from ``primary``'s snapshot (Join), retrying until it answers. From the first
+    try on, ``primary``'s entries count only from the sender a Join started (:meth:`ViewState.check_sender`)."""
+    self.view.begin_join(primary)
     self.applier.expect_snapshot()
     while not self._stopped.is_set():
         try:
@@ -99,7 +101,7 @@ def rebuild(self: ShardReplication, primary: str) -> None:
             log.info("%s: joining %s: %s", self.task, primary, e)
             self._stopped.wait(0.5)
             continue
-        self.view.set(View(reply.epoch, primary, (), JOINING))
+        self.view.joined(reply.epoch, primary)  # keeps what the Join's sender told it meanwhile
         self.deposal.rebuilt()
         log.info("%s: rebuilding shard %d from %s (epoch %d, snapshot %d)", self.task, self.shard, primary,
                  reply.epoch, reply.snapshot_seq)

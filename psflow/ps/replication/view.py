@@ -11,6 +11,10 @@ Rules (issue 28's design, :mod:`psflow.ps.replication`):
 * A primary that learns of a higher epoch is deposed (:mod:`psflow.ps.replication.deposed`).
 * Roles: ``primary``, ``backup`` (in the primary's view, holding every acknowledged entry), ``joining``
   (rebuilding from the primary's snapshot), ``deposed``.
+* A member rebuilding from a primary (``Join``) takes that primary's entries only from the sender its Join
+  started (:meth:`ViewState.check_sender`): a call of an older sender (to this member's earlier process, or
+  started before the Join) can be held up in the network and served after the new sender's, and its view
+  ("not in the view", or "in it" before the Join took the member out) would override the newer one.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class ViewState:
         self.task, self.shard, self.members = task, shard, members
         self._lock = threading.Lock()
         self._view = View(0, None, (), JOINING)
+        #: The primary this member's latest Join went to, and the epoch of its reply (None: not answered yet).
+        self._join: tuple[str, int | None] | None = None
 
     @property
     def view(self) -> View:
@@ -95,6 +101,44 @@ class ViewState:
                                          f"{view.describe()}")
             self._view = replace(view, epoch=view.epoch + 1, backups=tuple(b for b in view.backups if b != backup))
             return self._view, True
+
+    def begin_join(self, primary: str) -> None:
+        """This member is about to send ``primary`` a Join: from now on it takes ``primary``'s entries only from
+        the sender that Join starts (:meth:`check_sender`); a backup is joining (it holds no more than it did,
+        and the primary will not wait for it until it caught up again)."""
+        with self._lock:
+            self._join = (primary, None)
+            if self._view.role == BACKUP:
+                self._view = replace(self._view, backups=(), role=JOINING)
+
+    def joined(self, epoch: int, primary: str) -> View:
+        """``primary`` answered this member's Join at ``epoch``: the member is joining it, unless the Join's
+        sender already told it a view of ``primary`` at that epoch (its calls may be served before the reply is
+        read) or a newer epoch came meanwhile; those are newer than the reply and are kept."""
+        with self._lock:
+            self._join = (primary, epoch)
+            view = self._view
+            if view.epoch < epoch or (view.epoch == epoch and (view.primary != primary
+                                                                or view.role not in (JOINING, BACKUP))):
+                self._view = View(epoch, primary, (), JOINING)
+            return self._view
+
+    def check_sender(self, primary: str, epoch: int, incarnation: int | None, mine: int) -> None:
+        """``Replicate`` from ``primary`` at ``epoch``, for process ``incarnation`` of this member (None: a
+        sender started without a Join); this process is ``mine``.
+
+        Raises:
+            PreconditionFailed: the entries are for another process of this member, or were sent without a
+                Join by ``primary`` after this member sent it one, at the Join's epoch or before (both: a
+                sender the primary has replaced); names the member, the primary and the incarnations.
+        """
+        if incarnation is not None and incarnation != mine:
+            raise PreconditionFailed(f"{self.task}: entries of {primary} for process {incarnation} of this member "
+                                     f"refused: this is process {mine} (a call of a replaced sender)")
+        join = self._join
+        if incarnation is None and join is not None and join[0] == primary and (join[1] is None or epoch <= join[1]):
+            raise PreconditionFailed(f"{self.task}: entries of {primary} at epoch {epoch} sent without a Join "
+                                     "refused: this member joined it since (a call of a replaced sender)")
 
     def check_entries(self, epoch: int, primary: str) -> View:
         """``Replicate`` from ``primary`` at ``epoch``: accepted at this member's epoch or a newer one (the view

@@ -4,6 +4,7 @@ newest (psflow/ps/replication/forwarder.py's hold); it then holds the primary's 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
-from psflow.ps.protocol import PushRequest, WorkerTag
+from psflow.ps.protocol import JoinRequest, PushRequest, ReplicateRequest, WorkerTag
 from psflow.ps.sync import SyncConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,3 +74,69 @@ def test_a_joining_member_enters_the_view_under_continuous_pushes(make_shard: Ca
             assert slot.tobytes() == rebuilt.store.get(part.key).slots[name].tobytes(), (part.key, name)
     assert primary.global_step is not None and rebuilt.global_step is not None
     assert primary.global_step.value == rebuilt.global_step.value == sum(pushed)
+
+
+def _rejoin_setup(make_shard: Callable[..., InProcessShard]) -> InProcessShard:
+    shard = make_shard(backups=1)
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    for push_id in range(1, 4):
+        shard.push(PRIMARY, _push(WORKERS[0], push_id))
+    return shard
+
+
+def _assert_same(shard: InProcessShard, member: str) -> None:
+    primary, rebuilt = shard.services[PRIMARY], shard.services[member]
+    for part in primary.store.partitions():
+        assert part.value.tobytes() == rebuilt.store.get(part.key).value.tobytes(), part.key
+        for name, slot in part.slots.items():
+            assert slot.tobytes() == rebuilt.store.get(part.key).slots[name].tobytes(), (part.key, name)
+    assert primary.global_step is not None and rebuilt.global_step is not None
+    assert primary.global_step.value == rebuilt.global_step.value
+
+
+def test_a_call_meant_for_a_members_earlier_process_never_takes_the_restarted_one_out_of_the_view(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """The primary's sender to a member's earlier process (which was joining: its calls say 'not in the view')
+    had a call out when the member restarted again; held up in the network, that call reaches the new process
+    after it entered the view. It is refused: the member stays a backup with state (it used to turn the member
+    back to 'joining' while the primary waited for it as a backup: the cause of the restarted-mid-snapshot bug,
+    tests/unit/ps/replication/test_full_entry_chunks.py)."""
+    shard = _rejoin_setup(make_shard)
+    member, late = backup(0), threading.Event()
+    shard.held_requests[(member, ReplicateRequest.METHOD)] = late
+    shard.add(member)  # process 2: the primary's first call to it (its snapshot) is held up
+    shard.start(member)
+    shard.wait(lambda: shard.holding == 1, "the call with process 2's snapshot held up")
+    del shard.held_requests[(member, ReplicateRequest.METHOD)]
+    shard.add(member)  # process 3, before process 2 got anything
+    shard.start(member)
+    shard.wait_view()
+    late.set()
+    shard.wait(lambda: shard.holding == 0, "the held call served by process 3")
+    replica = shard.replicas[member]
+    assert replica.has_state and replica.view.view.role == "backup", replica.view.view
+    shard.push(PRIMARY, _push(WORKERS[0], 4))
+    _assert_same(shard, member)
+
+
+def test_a_member_whose_join_reply_comes_after_its_snapshot_stays_in_the_view(
+        make_shard: Callable[..., InProcessShard], caplog: pytest.LogCaptureFixture) -> None:
+    """A restarted member's Join is served at once (the primary starts its sender) but the reply is held up; the
+    snapshot and the entry that puts it in the view arrive first. Reading the reply then must not set the
+    member back to 'joining' while the primary counts it as a backup (in a quiet shard no entry would ever
+    correct it)."""
+    shard = _rejoin_setup(make_shard)
+    member, late = backup(0), threading.Event()
+    shard.held_replies[(PRIMARY, JoinRequest.METHOD)] = late
+    shard.add(member)
+    with caplog.at_level(logging.INFO, logger="psflow.ps.replication"):
+        shard.start(member)
+        shard.wait_view()  # in the view, its Join's reply still held up
+        late.set()
+        shard.wait(lambda: any(f"{member}: rebuilding shard 0 from {PRIMARY}" in r.getMessage()
+                               for r in caplog.records), "the member read its Join's reply")
+    replica = shard.replicas[member]
+    assert replica.has_state and replica.view.view.role == "backup", replica.view.view
+    _assert_same(shard, member)

@@ -108,6 +108,18 @@ def test_the_applier_buffers_entries_that_arrive_early_and_ignores_old_ones() ->
     assert applier.offer([ReplicaEntry(9, {}, full=True)]) == 9 and applied[-1] == 9
 
 
+def test_a_full_entry_newer_than_the_applied_one_replaces_the_state_at_once() -> None:
+    """A full entry is the primary's whole state as of its seq: a member that applied a snapshot from a sender
+    the primary has since replaced (a call held up across its restart) takes the new sender's later snapshot at
+    once, though the entries between the two never come (else it would wait for them for good)."""
+    applied: list[int] = []
+    applier = InOrderApplier(lambda e: applied.append(e.seq))
+    assert applier.offer([ReplicaEntry(4, {}, full=True)]) == 4
+    assert applier.offer([ReplicaEntry(11, {}), ReplicaEntry(9, {}, full=True), ReplicaEntry(10, {})]) == 11
+    assert applied == [4, 9, 10, 11]
+    assert applier.offer([ReplicaEntry(7, {}, full=True)]) == 11 and applied[-1] == 11  # an older one: ignored
+
+
 def test_dedup_replays_the_same_push_and_refuses_an_older_one() -> None:
     table = DedupTable("/job:ps/task:0")
     assert table.check(WORKER, 1, 5) is None

@@ -61,3 +61,7 @@ def test_replicate_keeps_every_entry_its_rows_and_arrays() -> None:
     assert np.array_equal(first.arrays["slot/accum"], np.zeros((2, 3)))
     assert back.entries[1].parts[0].rows is None
     assert p.ReplicateReply.from_frame(_wire(p.ReplicateReply(6).to_frame())).applied_seq == 6
+    assert back.incarnation is None  # a sender started without a Join
+    time_ns = 1_795_000_000_123_456_789  # a member's incarnation (its start, in ns) survives the wire whole
+    tagged = p.ReplicateRequest(2, "/job:ps/task:0", "/job:ps_backup/task:0", (), (), incarnation=time_ns)
+    assert p.ReplicateRequest.from_frame(_wire(tagged.to_frame())).incarnation == time_ns
