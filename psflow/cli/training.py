@@ -137,6 +137,10 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas-to-aggregate", type=int, help="sync: gradients per step (default: every worker; "
                    "fewer makes the rest backups)")
     g.add_argument("--staleness", type=int, default=2, help="ssp: steps a worker may run ahead of the slowest (2)")
+    g.add_argument("--steps-in-flight", type=int, choices=[1, 2], metavar="K",
+                   help="async/ssp: 2 computes a worker's next step while its push travels (hides one round trip "
+                        "per step; the step's gradient then lacks the worker's own previous update); 1 waits for "
+                        "each push first. Default: 2 in async mode, 1 otherwise (sync, in process, --ps-replicas)")
     g.add_argument("--sync-timeout", type=float, default=30.0, help="sync/ssp: seconds to wait for a missing worker (30)")
     g.add_argument("--on-timeout", default="fail", choices=["fail", "proceed"],
                    help="when a worker is missing past --sync-timeout: stop naming it, or go on without it")
@@ -321,7 +325,7 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
         sync=SyncSettings(
             mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness,
             timeout=args.sync_timeout, on_timeout=args.on_timeout, averaging=args.averaging,
-            replication=args.replication),
+            replication=args.replication, steps_in_flight=args.steps_in_flight),
         checkpoint=CheckpointSettings(
             dir=args.checkpoint_dir, save_secs=args.save_checkpoints_secs, save_steps=args.save_checkpoints_steps,
             max_to_keep=args.max_to_keep, max_failed_saves=args.max_failed_saves,

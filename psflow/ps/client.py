@@ -74,7 +74,7 @@ from psflow.rpc.api import (
 from psflow.rpc.framing import Frame
 from psflow.rpc.registry import open_channel
 
-__all__ = ["ParameterClient", "ClientError", "PushResult"]
+__all__ = ["ParameterClient", "ClientError", "PushResult", "PendingPushPull"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,28 @@ class PushResult:
     accepted: bool = True
     completed: bool = True
     min_clock: int | None = None
+
+
+class PendingPushPull:
+    """A push (and pull) :meth:`ParameterClient.send_push_pull` sent: :meth:`result` waits for it.
+
+    Not thread-safe; collected once (a second :meth:`result` raises ClientError).
+    """
+
+    def __init__(self, client: ParameterClient, plan: PullPlan | None, calls: Mapping[int, Request],
+                 pushes: Collection[int], sent: Mapping[int, PendingReply], timeout: float) -> None:
+        self._client, self._plan, self._calls, self._pushes = client, plan, calls, pushes
+        self._sent: Mapping[int, PendingReply] | None = sent
+        self._timeout = timeout
+
+    def result(self) -> tuple[PushResult, dict[str, np.ndarray] | None]:
+        """Blocks until every ps task replied; returns the push's result and the pulled values (None when
+        nothing was pulled). Raises as :meth:`ParameterClient.push_pull` does (after every call finished)."""
+        if self._sent is None:
+            raise ClientError(f"{self._client.client_name}: this push's reply was collected already")
+        sent, self._sent = self._sent, None
+        frames = self._client._collect(self._calls, sent, timeout=self._timeout, pushed=self._pushes)
+        return self._client._finish_push_pull(self._plan, self._calls, self._pushes, frames)
 
 
 class ParameterClient:
@@ -326,16 +348,49 @@ class ParameterClient:
         Returns:
             The push's result and the pulled values (as :meth:`pull` returns them).
         """
-        plan = self._pull_plan(requests)
+        result, values = self.send_push_pull(grads, requests, examples=examples, loss=loss, read_step=read_step,
+                                             clock=clock, position=position, generation=generation).result()
+        return result, values if values is not None else {}
+
+    def send_push_pull(
+        self,
+        grads: Mapping[str, DenseGradient | SparseGradient],
+        requests: Mapping[str, np.ndarray | None] | None,
+        *,
+        examples: int = 0,
+        loss: float | None = None,
+        read_step: int | None = None,
+        clock: int | None = None,
+        position: str | None = None,
+        generation: int | None = None,
+    ) -> PendingPushPull:
+        """:meth:`push_pull` (``requests`` None: :meth:`push_detailed`), sent but not waited for.
+
+        Returns at once, with the calls in flight (a request that cannot be built raises here, nothing
+        sent); :meth:`PendingPushPull.result` waits for them (blocks, raises as :meth:`push_pull`) and
+        must be called, exactly once, before this client makes another call: a ps task's connection
+        may serve one call at a time (the TCP carrier), and the order of one client's pushes to a ps
+        task is the order their replies were collected in.
+        """
+        plan = self._pull_plan(requests) if requests is not None else None
         pushes = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
         calls: dict[int, Request] = {}
-        for task in sorted(set(plan.per_task) | set(pushes)):
-            pull = PullRequest(plan.per_task.get(task, ()), create=True, step_hint=self._step_hint)
-            if task not in pushes and self.pushes is not None:
-                calls[task] = pull  # replicated: a shard pushed nothing gets a plain pull, no empty push to count
-            else:
-                calls[task] = PushPullRequest(pushes.get(task) or PushRequest((), WorkerTag(self.client_name)), pull)
-        frames = self._gather(calls, timeout=self._push_timeout(), pushed=pushes)
+        if plan is None:
+            calls.update(pushes)
+        else:
+            for task in sorted(set(plan.per_task) | set(pushes)):
+                pull = PullRequest(plan.per_task.get(task, ()), create=True, step_hint=self._step_hint)
+                if task not in pushes and self.pushes is not None:
+                    calls[task] = pull  # replicated: a shard pushed nothing gets a plain pull, no empty push to count
+                else:
+                    calls[task] = PushPullRequest(pushes.get(task) or PushRequest((), WorkerTag(self.client_name)), pull)
+        timeout = self._push_timeout()
+        return PendingPushPull(self, plan, calls, pushes, self._send_all(calls, timeout=timeout), timeout)
+
+    def _finish_push_pull(self, plan: PullPlan | None, calls: Mapping[int, Request], pushes: Collection[int],
+                          frames: Mapping[int, Frame]) -> tuple[PushResult, dict[str, np.ndarray] | None]:
+        if plan is None:
+            return self._push_result({t: PushReply.from_frame(frame) for t, frame in frames.items()}), None
         replies = {t: PushPullReply.from_frame(frame) for t, frame in frames.items() if t in pushes}
         pulls = {t: r.pull for t, r in replies.items()}
         pulls.update({t: PushPullReply.from_frame(frame).pull if isinstance(calls[t], PushPullRequest)
@@ -380,9 +435,21 @@ class ParameterClient:
         replicated shards: a failed-over shard's request is resent to its new primary (the router), and each
         shard of ``pushed`` (those whose request carries a push) that replied counts the push acknowledged,
         also when another shard's call fails for good."""
+        return self._collect(requests, self._send_all(requests, timeout=timeout), timeout=timeout, pushed=pushed)
+
+    def _send_all(self, requests: Mapping[int, Request], *, timeout: float | None) -> dict[int, PendingReply]:
+        """Sends each task its request (a replicated shard's: to its primary, at its epoch); waits for nothing."""
         router = self.router
         if router is None:
-            return gather({t: self._send(t, r, timeout=timeout) for t, r in requests.items()})
+            return {t: self._send(t, r, timeout=timeout) for t, r in requests.items()}
+        return {t: self._send(t, at_epoch(r, router.epoch(t)), timeout=timeout) for t, r in requests.items()}
+
+    def _collect(self, requests: Mapping[int, Request], sent: Mapping[int, PendingReply], *,
+                 timeout: float | None = None, pushed: Collection[int] = ()) -> dict[int, Frame]:
+        """Waits for the calls :meth:`_send_all` sent for ``requests`` (see :meth:`_gather`)."""
+        router = self.router
+        if router is None:
+            return gather(sent)
 
         def send(task: int) -> PendingReply:
             return self._send(task, at_epoch(requests[task], router.epoch(task)), timeout=timeout)
@@ -393,7 +460,7 @@ class ParameterClient:
             if pushes is not None:
                 pushes.acknowledged(t for t in tasks if t in pushed)
 
-        return router.gather({t: send(t) for t in requests}, send, replied=replied if pushed else None)
+        return router.gather(dict(sent), send, replied=replied if pushed else None)
 
     def _call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None) -> Frame:
         """One call to ps task ``task`` (a replicated shard's: followed to its new primary on a failover)."""

@@ -17,6 +17,22 @@ this order:
    tasks apply the push first and then read the rows, so the values are
    exactly those of a push followed by a pull, with half the round trips.
 
+Steps in flight (``steps_in_flight=2``, asynchronous and ssp modes): the
+push of batch t is sent, with the pull of batch t+2's rows, and batch t+1's
+gradients are computed while it travels; the call for batch t returns once
+that push replied, with batch t's result. So a round trip to the ps tasks
+overlaps a step's compute instead of adding to it. Guarantees kept: one call
+per ps task in flight per worker, the push of batch t+1 sent only after the
+reply to batch t's (a ps task applies one worker's pushes in the order they
+were made; the reader position recorded with the last applied push is that
+of the last batch whose push was applied); each call returns the result of
+its own batch's push; nothing is in flight between calls (hooks may use the
+client). The price: batch t+1's gradients are computed from parameters
+that lack this worker's own update of batch t (one own step staler than
+with 1); another worker's updates are as stale as ever. A batch whose
+gradients were computed but whose call never came (the loop stopped) is
+never pushed: its examples are neither applied nor counted.
+
 The push returns the global_step its own update produced (async and ssp: one
 value per push, unique in the cluster; sync: the aggregated step, owned by
 the one push that completed it). Used by between-graph workers, the
@@ -39,7 +55,8 @@ from psflow.data import Batch
 from psflow.gradients import Gradients, SparseGradient
 from psflow.models.api import Lookups, Model, ModelError, ModelOutput
 from psflow.placement import VariablePlacement
-from psflow.ps.client import ParameterClient
+from psflow.ps.client import ParameterClient, PendingPushPull, PushResult
+from psflow.rpc.api import RpcError
 from psflow.train.clipping import clip_by_global_norm, valid_clip_norm
 
 __all__ = ["TrainStep", "StepResult", "LazyMetrics", "compute_gradients", "check_lookups", "check_gradients"]
@@ -153,6 +170,17 @@ def _metrics(model: Model, labels: np.ndarray, outputs: Mapping[str, np.ndarray]
     return metrics
 
 
+@dataclass(frozen=True)
+class _Computed:
+    """A batch's gradients, computed and not pushed yet (steps in flight)."""
+
+    given: Batch                 # the batch as the caller gave it (identity: the next call's)
+    batch: Batch                 # prepared
+    output: ModelOutput          # gradients clipped
+    grad_norm: float | None
+    read_step: int | None
+
+
 class TrainStep:
     """The step of ``model`` on the ps tasks ``client`` reaches (see the module docstring).
 
@@ -161,15 +189,25 @@ class TrainStep:
         client: a connected, registered client whose layout is the model's.
         prepared: the input pipeline runs ``model.prepare`` (the reader
             process); otherwise this step runs it.
+        steps_in_flight: 1 (a step's push returns before the next step computes) or 2 (the next
+            step computes while this one's push travels; see the module docstring).
+
+    Raises:
+        ValueError: ``steps_in_flight`` is not 1 or 2.
     """
 
-    def __init__(self, model: Model, client: ParameterClient, *, prepared: bool = False) -> None:
+    def __init__(self, model: Model, client: ParameterClient, *, prepared: bool = False,
+                 steps_in_flight: int = 1) -> None:
+        if steps_in_flight not in (1, 2):
+            raise ValueError(f"{client.client_name}: steps_in_flight must be 1 or 2, got {steps_in_flight!r}")
         self.model = model
         self.client = client
         self.prepared = prepared
+        self.steps_in_flight = steps_in_flight
         self.clip_norm = _clip_norm(model)
         # (the next batch as given, prepared, its pulled values, the step they were read at), from a push_pull
         self._carry: tuple[Batch, Batch, dict[str, np.ndarray], int | None] | None = None
+        self._computed: _Computed | None = None  # steps in flight: the next call's batch, its gradients computed
 
     def _requests(self, batch: Batch) -> tuple[Batch, Lookups]:
         if not self.prepared:
@@ -187,7 +225,7 @@ class TrainStep:
 
     def __call__(self, batch: Batch, *, clock: int | None = None, pause: float = 0.0, lag: int = 0,
                  next_batch: Batch | None = None, position: str | None = None,
-                 generation: int | None = None) -> StepResult:
+                 generation: int | None = None, after_next: Batch | None = None) -> StepResult:
         """Runs one step on ``batch``; blocks until the push returns.
 
         With ``next_batch``, the push and the next batch's pull travel in one
@@ -207,11 +245,17 @@ class TrainStep:
                 the push: checkpoints resume after this batch (None: not sent).
             generation: the restore generation this worker trains in, sent with the push (a ps
                 task refuses it if the cluster was restored since; None: not checked).
+            after_next: (2 steps in flight) the batch after ``next_batch``, if any: its rows travel
+                with this push. The next call must be for ``next_batch`` (otherwise its computed
+                gradients are dropped, never pushed, and it is computed again).
 
         Raises:
             ModelError: the model asked for a variable it did not declare.
             RpcError: a ps task refused or failed (nothing is retried).
         """
+        if self.steps_in_flight == 2:
+            return self._overlapped(batch, clock=clock, pause=pause, lag=lag, next_batch=next_batch,
+                                    position=position, generation=generation, after_next=after_next)
         client = self.client
         carry, self._carry = self._carry, None
         if carry is not None and carry[0] is batch:
@@ -242,3 +286,70 @@ class TrainStep:
         metrics = LazyMetrics(functools.partial(_metrics, self.model, batch.labels, output.outputs, grad_norm))
         return StepResult(r.step, output.loss, n, batch.labels, output.outputs, metrics, r.completed, r.accepted,
                           r.min_clock)
+
+    def _compute(self, given: Batch, batch: Batch, values: Mapping[str, np.ndarray], read_step: int | None) -> _Computed:
+        output = self.model.compute(batch, values)
+        check_gradients(self.model, self.client.layout, output.gradients)
+        grad_norm = None
+        if self.clip_norm is not None:
+            gradients, grad_norm = clip_by_global_norm(output.gradients, self.clip_norm)
+            output = ModelOutput(output.loss, gradients, output.outputs)
+        return _Computed(given, batch, output, grad_norm, read_step)
+
+    def _pulled(self, given: Batch) -> tuple[Batch, dict[str, np.ndarray], int | None]:
+        """``given`` prepared, its rows (the carried ones when the previous call pulled them) and their step."""
+        carry, self._carry = self._carry, None
+        if carry is not None and carry[0] is given:
+            return carry[1], carry[2], carry[3]
+        batch, lookups = self._requests(given)
+        values = self.client.pull(lookups, create=True)
+        return batch, values, self.client.last_pull_step
+
+    def _overlapped(self, given: Batch, *, clock: int | None, pause: float, lag: int, next_batch: Batch | None,
+                    position: str | None, generation: int | None, after_next: Batch | None) -> StepResult:
+        """Two steps in flight: pushes ``given``'s gradients, computes ``next_batch``'s meanwhile (module docstring)."""
+        client = self.client
+        computed, self._computed = self._computed, None
+        if computed is None or computed.given is not given:
+            computed = self._compute(given, *self._pulled(given))
+        # Every pull happens before the push is sent: one call per ps task in flight, never two.
+        upcoming = self._pulled(next_batch) if next_batch is not None else None
+        if pause:
+            time.sleep(pause)
+        if lag and computed.read_step is not None:
+            self._wait_for_step(computed.read_step + lag)
+        later: tuple[Batch, Lookups] | None = self._requests(after_next) if after_next is not None else None
+        output, n = computed.output, computed.batch.num_examples
+        pending = client.send_push_pull(output.gradients, later[1] if later is not None else None, examples=n,
+                                        loss=output.loss, clock=clock, read_step=computed.read_step,
+                                        position=position, generation=generation)
+        following = self._compute_while(pending, next_batch, upcoming)
+        r, later_values = pending.result()
+        if later is not None and after_next is not None and later_values is not None:
+            self._carry = (after_next, later[0], later_values, client.last_pull_step)
+        self._computed = following
+        metrics = LazyMetrics(functools.partial(_metrics, self.model, computed.batch.labels, output.outputs,
+                                                computed.grad_norm))
+        return StepResult(r.step, output.loss, n, computed.batch.labels, output.outputs, metrics, r.completed,
+                          r.accepted, r.min_clock)
+
+    def _compute_while(self, pending: PendingPushPull, given: Batch | None,
+                       upcoming: tuple[Batch, dict[str, np.ndarray], int | None] | None) -> _Computed | None:
+        """``given``'s gradients, computed while ``pending`` travels; if that fails, ``pending`` is still
+        collected (its connection freed; a failed push's error is chained) before the error is raised."""
+        if given is None or upcoming is None:
+            return None
+        try:
+            return self._compute(given, *upcoming)
+        except BaseException as e:
+            _collect_quietly(pending, e)
+            raise
+
+
+def _collect_quietly(pending: PendingPushPull, cause: BaseException) -> PushResult | None:
+    """Waits for ``pending`` after ``cause`` was raised; its own error (if any) is noted on ``cause``."""
+    try:
+        return pending.result()[0]
+    except RpcError as e:
+        cause.add_note(f"the push in flight failed too: {e}")
+        return None

@@ -207,6 +207,7 @@ def run_worker(
     if stop is not None:
         stop.on_interrupt(client.close)  # fails a call blocked when a stop comes (a sync barrier)
     data_config = _dataset_config(config, task_index, cluster.num_tasks("worker"))
+    steps_in_flight = _steps_in_flight(config, client, own_client)
     progress = _Progress(time.monotonic())
     try:
         if leadership is not None and is_chief(cluster, "worker", task_index) and _new_cluster(client):
@@ -226,7 +227,7 @@ def run_worker(
             while True:
                 try:
                     reason = _train(session, model, data_config, resume, task_index, progress, stop,
-                                    generation=recovery.generation, faults=faults)
+                                    generation=recovery.generation, faults=faults, steps_in_flight=steps_in_flight)
                     if leadership is not None:  # its data ended: it takes no new lease (a holder must run steps)
                         leadership.stop_campaigning()
                     client.leave()  # sync/ssp: the others stop waiting for this worker
@@ -283,6 +284,21 @@ class _Progress:
     step: int | None = None
 
 
+def _steps_in_flight(config: TrainConfig, client: ParameterClient, remote: bool) -> int:
+    """Steps this worker keeps in flight (:meth:`~psflow.train.config.SyncSettings.in_flight`); replicated ps
+    shards keep 1 (their pushes' order is kept either way, but two in flight is not tested there yet).
+
+    Raises:
+        ConfigError: ``--steps-in-flight 2`` with replicated ps shards (``--ps-replicas``).
+    """
+    if client.router is not None:
+        if config.sync.steps_in_flight not in (None, 1):
+            raise ConfigError(f"{client.client_name}: --steps-in-flight {config.sync.steps_in_flight} is not "
+                              "supported with replicated ps shards (--ps-replicas): use 1")
+        return 1
+    return config.sync.in_flight(remote=remote)
+
+
 def _final_checkpoint(directory: str | None) -> str | None:
     """The name of the newest checkpoint in ``directory`` if it is the run's final one (else None)."""
     if not directory:
@@ -329,9 +345,11 @@ def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str
 def _train(session: MonitoredTrainingSession, model: Model,
            data_config: DatasetConfig, resume: ReaderPosition | None, task_index: int, progress: _Progress,
            stop: StopSource | None = None, *, generation: int | None = None,
-           faults: FaultInjection = NO_FAULTS) -> str:
+           faults: FaultInjection = NO_FAULTS, steps_in_flight: int = 1) -> str:
     """Trains on this worker's data from ``resume`` to its end (or a stop); returns why it stopped.
     Its pushes carry ``generation`` (the cluster's restore generation) and each batch's reader position.
+    ``steps_in_flight`` (1 or 2): see :mod:`psflow.train.step`; with 2, a batch computed when the loop
+    stops is not pushed (the reader position recorded is the last pushed batch's).
 
     Raises:
         WorkerStopped: ``stop`` was requested (checked before every step).
@@ -345,18 +363,28 @@ def _train(session: MonitoredTrainingSession, model: Model,
     # process (the in-process fast path) or the prefetch thread, so it overlaps the step's PyTorch work and
     # its wait for the ps tasks (a W&D worker: ~25% more examples/s than preparing on the step's thread).
     prepare = model.prepare
-    train_step = TrainStep(model, client, prepared=True)
+    train_step = TrainStep(model, client, prepared=True, steps_in_flight=steps_in_flight)
     with open_dataset(data_config, start=True, resume_from=resume, prepare=prepare) as dataset:
         # One batch of lookahead: the push of a step and the pull of the next share one RPC per ps task.
+        # Two steps in flight: two, as the push of a step carries the pull of the one after the next.
         batches = iter(dataset)
-        batch = next(batches, None)
-        position = dataset.position()
-        while batch is not None:
-            following = next(batches, None)
-            following_position = dataset.position()
+        window: list[tuple[Batch, ReaderPosition]] = []  # this step's batch, then the lookahead, with positions after
+
+        def fill() -> None:
+            while len(window) < 1 + steps_in_flight:
+                got = next(batches, None)
+                if got is None:
+                    return
+                window.append((got, dataset.position()))
+
+        fill()
+        while window:
+            (batch, position), following = window[0], [b for b, _ in window[1:]]
             _check_stop(stop, session.client.client_name, f"at global_step {session.global_step}")
             step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay, lag=lag,
-                                        next_batch=following, position=position.to_json(), generation=generation)
+                                        next_batch=following[0] if following else None, position=position.to_json(),
+                                        generation=generation,
+                                        after_next=following[1] if len(following) > 1 else None)
             # The hooks log the progress (WorkerProgressHook) and decide when to stop (StopAtStepHook: max_steps).
             result = session.run(step_fn, epochs_completed=epochs_completed(position), source=batch.source)
             if result is not None:
@@ -371,7 +399,8 @@ def _train(session: MonitoredTrainingSession, model: Model,
             if session.should_stop():
                 reason = session.stop_reason or f"a hook stopped the session at global_step {session.global_step}"
                 break
-            batch, position = following, following_position
+            window.pop(0)
+            fill()
     progress.bad_records += dataset.stats.bad_records
     if dataset.stats.bad_records:
         log.warning("worker %d: skipped %d bad records (last: %s)", task_index, dataset.stats.bad_records,

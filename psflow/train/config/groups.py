@@ -18,7 +18,7 @@ from psflow.ps.optimizers import make_optimizer
 
 __all__ = ["DataSettings", "ModelSettings", "OptimizerSettings", "ClusterSettings", "SyncSettings",
            "CheckpointSettings", "ReportSettings", "ChiefSettings", "ComputeSettings",
-           "DEFAULT_LEARNING_RATES", "MAX_SEED"]
+           "DEFAULT_LEARNING_RATES", "DEFAULT_STEPS_IN_FLIGHT", "MAX_SEED"]
 
 #: Per-optimizer default learning rates for sparse logistic regression on
 #: one-hot features. Measured on a9a (2 ps + 2 workers, 3 epochs, eval AUC):
@@ -181,6 +181,11 @@ class ClusterSettings:
         ])
 
 
+#: Steps an async between-graph worker keeps in flight unless ``--steps-in-flight`` says otherwise
+#: (benchmarks/RESULTS.md, netns_delay: chosen by measurement).
+DEFAULT_STEPS_IN_FLIGHT = 2
+
+
 @dataclass(frozen=True)
 class SyncSettings:
     """How workers' updates are coordinated (async, sync, ssp) and how workers are driven (replication).
@@ -198,10 +203,28 @@ class SyncSettings:
     replication: str = "between-graph"   # or in-graph (one client drives every worker)
     # In-graph replication: step functions (import paths) a worker's StepService runs besides the built-in ones.
     allowed_steps: tuple[str, ...] = ()
+    # Steps a between-graph worker keeps in flight (psflow.train.step): 1, or 2 (the next step computes while this
+    # one's push travels; async and ssp). None: the default (DEFAULT_STEPS_IN_FLIGHT in async mode over RPC, else 1).
+    steps_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         if self.replication not in ("between-graph", "in-graph"):
             raise ConfigError(f"--replication must be between-graph or in-graph, got {self.replication!r}")
+        k = self.steps_in_flight
+        _check([
+            (k is None or (isinstance(k, int) and k in (1, 2)), f"--steps-in-flight must be 1 or 2, got {k!r}"),
+            (k in (None, 1) or self.mode != "sync", "--steps-in-flight 2 needs --mode async or ssp: a sync step waits "
+                                                    "for the aggregated update before the next one computes"),
+            (k in (None, 1) or self.replication == "between-graph",
+             "--steps-in-flight 2 is for between-graph workers; in-graph replication drives each step itself"),
+        ])
+
+    def in_flight(self, *, remote: bool) -> int:
+        """Steps a worker keeps in flight: the one set, else :data:`DEFAULT_STEPS_IN_FLIGHT` for an async
+        worker whose ps tasks are ``remote`` (over RPC; in process nothing travels), else 1."""
+        if self.steps_in_flight is not None:
+            return self.steps_in_flight
+        return DEFAULT_STEPS_IN_FLIGHT if self.mode == "async" and remote else 1
 
 
 @dataclass(frozen=True)
