@@ -1,6 +1,7 @@
 """Sparse-LR throughput with each task in its own network namespace vs all on loopback: the ratio.
 
     sudo .venv/bin/python benchmarks/bench_netns.py [--pairs 3] [--epochs 2] [--rate 1gbit]   # ~2 min on 2 cores
+    sudo .venv/bin/python benchmarks/bench_netns.py --delay 1 [--pairs 3] [--steps-in-flight 1,2]  # latency
 
 Needs root (network namespaces; tests/netns.py). Runs ``psflow train``'s
 launcher (:func:`psflow.launch.local.run_local`) on a9a (logistic regression,
@@ -11,7 +12,9 @@ in its own namespace on its own address behind a veth and one bridge
 (:class:`psflow.launch.processes.TaskHosts`), optionally with ``tc tbf`` at
 ``--rate`` on every link. Reports each run's examples/s (metrics.json's,
 the exactly-once count over the training time) and the median of the
-per-pair ratios ``netns / loopback``. Writes benchmarks/results/netns.json and
+per-pair ratios ``netns / loopback``. With ``--delay``, the latency benchmark
+instead (:mod:`netns_delay`: sparse LR through the delaying relay, ratios to the
+same relay at 0 ms and to loopback). Writes benchmarks/results/netns.json and
 the "netns" section of benchmarks/RESULTS.md (the tracked results); with
 ``--output FILE``, only FILE (a trial run leaves the tracked results alone).
 """
@@ -32,6 +35,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, HERE)
 
+import netns_delay  # noqa: E402
 from netns import NetnsLab, netns_available  # noqa: E402
 from results_md import replace_section  # noqa: E402
 
@@ -75,11 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", help="tc tbf rate on every namespace link (e.g. 1gbit); default: none")
     p.add_argument("--output", metavar="FILE", help="write the results (JSON) here, and nothing else; default: the "
                    "tracked benchmarks/results/netns.json and the netns section of benchmarks/RESULTS.md")
+    netns_delay.add_arguments(p)
     args = p.parse_args(argv)
     why = netns_available()
     if why is not None:
         print(f"bench_netns: {why}", file=sys.stderr)
         return 1
+    if args.delay is not None:
+        return netns_delay.main(args)
     runs, ratios = [], []
     for pair in range(args.pairs):
         order = ["loopback", "netns"] if pair % 2 == 0 else ["netns", "loopback"]
