@@ -140,7 +140,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps-in-flight", type=int, choices=[1, 2], metavar="K",
                    help="async/ssp: 2 computes a worker's next step while its push travels (hides one round trip "
                         "per step; the step's gradient then lacks the worker's own previous update); 1 waits for "
-                        "each push first. Default: 2 in async mode, 1 otherwise (sync, in process, --ps-replicas)")
+                        "each push first (the default). Not with --mode sync or --ps-replicas")
     g.add_argument("--sync-timeout", type=float, default=30.0, help="sync/ssp: seconds to wait for a missing worker (30)")
     g.add_argument("--on-timeout", default="fail", choices=["fail", "proceed"],
                    help="when a worker is missing past --sync-timeout: stop naming it, or go on without it")

@@ -181,9 +181,10 @@ class ClusterSettings:
         ])
 
 
-#: Steps an async between-graph worker keeps in flight unless ``--steps-in-flight`` says otherwise
-#: (benchmarks/RESULTS.md, netns_delay: chosen by measurement).
-DEFAULT_STEPS_IN_FLIGHT = 2
+#: Steps an async between-graph worker keeps in flight unless ``--steps-in-flight`` says otherwise. 1: as
+#: before; benchmarks/RESULTS.md (netns_delay_1ms, _5ms) measured 2 at 1.19x at 2 ms round trips, 0.98x at
+#: 10 ms and 1.01-1.20x on loopback, too close to the noise to change what an async step reads by default.
+DEFAULT_STEPS_IN_FLIGHT = 1
 
 
 @dataclass(frozen=True)

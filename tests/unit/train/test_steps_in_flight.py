@@ -231,8 +231,9 @@ def test_a_compute_that_fails_collects_the_push_in_flight_first() -> None:
 
 
 def test_steps_in_flight_settings() -> None:
-    assert SyncSettings().in_flight(remote=True) == 2
+    assert SyncSettings().in_flight(remote=True) == 1  # the default: as before
     assert SyncSettings().in_flight(remote=False) == 1
+    assert SyncSettings(steps_in_flight=2).in_flight(remote=True) == 2
     assert SyncSettings(mode="ssp").in_flight(remote=True) == 1
     assert SyncSettings(mode="sync").in_flight(remote=True) == 1
     assert SyncSettings(mode="ssp", steps_in_flight=2).in_flight(remote=True) == 2
