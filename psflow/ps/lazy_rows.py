@@ -128,14 +128,19 @@ class LazyRows:
                 self.ensure(missing + lo, value, slots, average)
 
     def mark(self, rows: np.ndarray | None) -> None:
-        """Marks local ``rows`` (None: all) materialized: their content was written whole from elsewhere
-        (a restore, a replica's entry)."""
+        """Marks local ``rows`` (None: all; repeats allowed) materialized: their content was written whole from
+        elsewhere (a restore, a replica's entry). Counts the rows not marked before (a backup marks every push's
+        rows: recounting the whole partition's marks each time cost more than writing the rows)."""
         if rows is None:
             self.marks[:] = True
             self.count = self.rows
             return
-        self.marks[rows] = True
-        self.count = int(np.count_nonzero(self.marks))
+        missing = ~self.marks[rows]
+        if not missing.any():
+            return
+        new = np.unique(rows[missing])
+        self.marks[new] = True
+        self.count += int(new.size)
 
     def initial_copy(self, marks: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                      average: np.ndarray | None) -> None:

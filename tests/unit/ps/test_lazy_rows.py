@@ -133,6 +133,20 @@ def test_all_rows_touched_drops_the_marks(monkeypatch: pytest.MonkeyPatch) -> No
     _same(eager, lazy)
 
 
+def test_marking_rows_counts_each_row_once() -> None:
+    """mark(rows) (a replica's entry) counts only the rows not marked before, each once though repeated, so
+    the partition drops its marks exactly when the last row is marked (the count is kept, not recounted)."""
+    marks = lazy_rows.LazyRows({"name": "zeros"}, (10, 2), 0, 10, "float32", None)
+    marks.mark(np.array([3, 3, 7], np.int64))
+    assert marks.count == 2 and not marks.complete
+    marks.mark(np.array([7, 0, 1, 2, 0], np.int64))
+    assert marks.count == 5 == int(np.count_nonzero(marks.marks))
+    marks.mark(np.arange(10, dtype=np.int64)[::-1].copy())
+    assert marks.count == 10 and marks.complete
+    marks.mark(np.array([4], np.int64))
+    assert marks.count == 10
+
+
 @pytest.mark.parametrize("opt", ["adagrad", "ftrl"])
 def test_replicated_lazy_partition_reads_the_primarys_values(opt: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A full capture carries the marks; row captures mark the rows written; the backup reads as the primary."""
