@@ -5,7 +5,9 @@ member can be cut off (every call to it fails UNAVAILABLE) and each Replicate ca
 kept, so a test can replay a prefix of the primary's entries onto a fresh member. ``message_limit`` refuses a
 Replicate call whose arrays exceed it, as a carrier refuses a message over its limit (and the members split
 entries to fit: ``chunk_bytes``). ``held_requests`` and ``held_replies`` hold up one call in the network: a
-request reaches whichever process serves the member when it is let go, as at a restarted task's address."""
+request reaches whichever process serves the member when it is let go, as at a restarted task's address.
+``after_reply`` names the members served as psflow's TCP carrier serves (work left for after a reply runs
+after it; ``after_reply_held`` keeps it until the test runs it)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from psflow.ps.protocol import (
 from psflow.ps.replication import ReplicationConfig, ShardReplication
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
+from psflow.rpc import after_reply
 from psflow.rpc.api import Handler, InvalidArgumentError, RpcError, TaskUnavailableError
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
@@ -92,6 +95,18 @@ class Link:
             return done
 
     def _serve(self, method: str, meta: Mapping[str, Any] | None, arrays: Mapping[str, np.ndarray] | None) -> _Done:
+        if self.task not in self._shard.after_reply:
+            return self._serve_now(method, meta, arrays)
+        with after_reply.collecting() as work:  # as psflow's TCP carrier serves it
+            done = self._serve_now(method, meta, arrays)
+        if self._shard.after_reply_held:
+            self._shard.after_reply_work.setdefault(self.task, []).extend(work)
+        else:
+            after_reply.run(work, self.task, method)
+        return done
+
+    def _serve_now(self, method: str, meta: Mapping[str, Any] | None,
+                   arrays: Mapping[str, np.ndarray] | None) -> _Done:
         try:
             return _Done(InProcessChannel(self.task, self._shard.handlers[self.task]).call(method, meta, arrays))
         except RpcError as e:
@@ -140,6 +155,12 @@ class InProcessShard:
         self.held_replies: dict[tuple[str, str], threading.Event] = {}
         self.holding = 0
         self._holding_lock = threading.Lock()
+        #: Members whose calls are served as psflow's TCP carrier serves them: the work a handler leaves for
+        #: after its reply (psflow.rpc.after_reply) runs once the call returned, or, while ``after_reply_held``,
+        #: waits in ``after_reply_work`` until :meth:`run_after_reply`.
+        self.after_reply: set[str] = set()
+        self.after_reply_held = False
+        self.after_reply_work: dict[str, list[Callable[[], None]]] = {}
         self.services: dict[str, ParameterService] = {}
         self.replicas: dict[str, ShardReplication] = {}
         self.handlers: dict[str, dict[str, Handler]] = {}
@@ -174,6 +195,12 @@ class InProcessShard:
         finally:
             with self._holding_lock:
                 self.holding -= 1
+
+    def run_after_reply(self, member: str) -> int:
+        """Runs the work ``member``'s handlers left for after their replies (held); returns how many."""
+        work = self.after_reply_work.pop(member, [])
+        after_reply.run(work, member, "held")
+        return len(work)
 
     def call(self, member: str, method: str, frame: Frame) -> Frame:
         return Link(self, member).call(method, frame.meta, frame.arrays)

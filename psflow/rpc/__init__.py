@@ -13,6 +13,8 @@ Files:
 * ``registry.py``: :func:`open_channel` and :func:`serve` by carrier name
   (``"grpc"``, ``"tcp"``), importing the chosen carrier lazily.
 * ``framing.py``: :class:`Frame` and its bytes (JSON meta plus raw arrays; no pickle).
+* ``after_reply.py``: work a handler leaves for after its reply is sent (the tcp carrier runs it in the
+  connection's thread; elsewhere the handler does it before replying).
 * ``grpc_client.py``, ``grpc_server.py``: the ``grpc`` carrier (every
   service, TLS; :class:`TaskChannel` also serves the control plane).
 * ``tcp.py``, ``tcp_server.py``: the ``tcp`` carrier, the lean ps data path

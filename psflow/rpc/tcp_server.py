@@ -8,6 +8,8 @@ How it holds its resources:
   thread.
 * A connection that presented the cluster token gets a thread of its own,
   which serves its calls in order, up to ``max_connections`` such connections.
+  What a handler leaves for after its reply (:mod:`psflow.rpc.after_reply`)
+  runs in that thread once the reply is sent, before the next call is read.
 
 Guarantees (limits from :class:`TcpLimits`):
 
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psflow.errors import ConfigError
+from psflow.rpc import after_reply
 from psflow.rpc.api import MAX_MESSAGE_BYTES, Handler, Refusal, ServeConfig, dispatch, refusal
 from psflow.rpc.framing import FrameError, encode
 from psflow.rpc.tcp import (
@@ -377,8 +380,13 @@ class TcpServer:
                     self._reply_error(conn, STATUS_INVALID, f"request of {length} bytes exceeds {MAX_MESSAGE_BYTES}")
                     return
                 body = memoryview(recv_exact(conn, length))
-                status, payload = self._dispatch(body)
-                send_parts(conn, U32.pack(len(payload) + 1), bytes([status]), payload)
+                with after_reply.collecting() as work:
+                    status, payload = self._dispatch(body)
+                try:
+                    send_parts(conn, U32.pack(len(payload) + 1), bytes([status]), payload)
+                finally:  # what the handler left for after its reply, before this connection's next call
+                    if work:
+                        after_reply.run(work, self._task, bytes(body[1 : 1 + body[0]]).decode("utf-8", "replace"))
         except BlockingIOError:  # SO_RCVTIMEO / SO_SNDTIMEO passed
             self._events.add("idle_closed", logging.DEBUG,
                              f"closed the connection from {peer}: it sent (or read) nothing for "

@@ -8,6 +8,13 @@ and the entries after it follow in order. A ``full`` entry newer than the one ap
 (it is the primary's whole state as of its seq, so the entries between are in it): a member that took a
 snapshot from a sender the primary has since replaced (a call held up across a restart) takes the new
 sender's later snapshot, whose predecessors would never come.
+
+Entries may also be *promised* (:meth:`InOrderApplier.promise`): taken now, acknowledged as received, and
+written right after the reply (:meth:`InOrderApplier.apply_promised`, the carrier's after-reply work,
+:mod:`psflow.rpc.after_reply`), so the backup's write is off the push's round trip. Only entries that continue
+exactly what is applied or promised are promised; anything else (a snapshot, a gap) is offered at once. The
+member's state holds every promised entry once :meth:`InOrderApplier.settle` returns True (a promotion waits
+for it).
 """
 
 from __future__ import annotations
@@ -16,6 +23,8 @@ import threading
 from collections.abc import Callable, Sequence
 
 from psflow.ps.protocol import ReplicaEntry
+from psflow.rpc.api import Handler, Reply
+from psflow.rpc.framing import Frame
 
 __all__ = ["InOrderApplier"]
 
@@ -28,6 +37,7 @@ class InOrderApplier:
         self._cond = threading.Condition()
         self._applied: int | None = None  # None: waiting for a snapshot
         self._buffer: dict[int, ReplicaEntry] = {}
+        self._promised = 0  # the newest entry promised (0: none beyond the applied ones)
 
     @property
     def applied_seq(self) -> int:
@@ -35,13 +45,56 @@ class InOrderApplier:
         return self._applied or 0
 
     @property
+    def received_seq(self) -> int:
+        """The newest entry applied or promised (every earlier one is too); 0 while none is."""
+        return max(self._applied or 0, self._promised)
+
+    @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    def promise(self, entries: Sequence[ReplicaEntry]) -> int | None:
+        """Takes ``entries`` to be applied by :meth:`apply_promised` (after the reply) if they continue exactly
+        what is applied or promised, in order, none of them full; returns the newest seq promised, or None (the
+        caller offers them now)."""
+        with self._cond:
+            if self._applied is None or not entries or any(e.full for e in entries):
+                return None
+            if entries[0].seq != max(self._applied, self._promised) + 1 or any(
+                    b.seq != a.seq + 1 for a, b in zip(entries, entries[1:], strict=False)):
+                return None
+            self._promised = entries[-1].seq
+            return self._promised
+
+    def apply_promised(self, entries: Sequence[ReplicaEntry], failed: Callable[[Exception], None]) -> None:
+        """Applies promised ``entries``; if one cannot be written, ``failed`` is called with the error (the
+        member's state lacks entries it acknowledged: it must stop counting as holding the state and rebuild),
+        then the promise is dropped."""
+        try:
+            self.offer(entries)
+        except Exception as e:  # noqa: BLE001 - acknowledged already: the member must learn it, not the caller
+            failed(e)
+            with self._cond:
+                self._promised = 0
+                self._cond.notify_all()
+
+    def settle(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` seconds until every promised entry is applied; True if it is."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._promised <= (self._applied or 0), timeout=timeout)
+
+    def settled(self, handler: Handler, timeout: float) -> Handler:
+        """``handler``, served once every entry promised before the call is applied (at most ``timeout``
+        seconds' wait): a read of a backup's state (SaveShard, Stats) holds every entry it acknowledged."""
+        def call(frame: Frame) -> Reply:
+            self.settle(timeout)
+            return handler(frame)
+        return call
 
     def expect_snapshot(self) -> None:
         """Drops what is buffered; the next full entry is applied first, at any sequence number."""
         with self._cond:
-            self._applied, self._buffer = None, {}
+            self._applied, self._buffer, self._promised = None, {}, 0
             self._cond.notify_all()
 
     def offer(self, entries: Sequence[ReplicaEntry], wait: float = 0.0) -> int:

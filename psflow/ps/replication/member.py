@@ -64,12 +64,13 @@ from psflow.ps.replication.deposed import Deposal
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
 from psflow.ps.replication.register_call import replicated_register
 from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
-from psflow.ps.replication.startup import find_place, rebuild
+from psflow.ps.replication.startup import find_place, rebuild, rebuild_unwritten
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
 from psflow.ps.replication.view_checks import refuse_drop, refuse_promotion
 from psflow.ps.service import ParameterService
 from psflow.ps.store import PartitionState
 from psflow.ps.sync import AppliedStep
+from psflow.rpc import after_reply
 from psflow.rpc.api import Channel, Handler, InvalidRequest, PreconditionFailed, Reply, RpcError
 from psflow.rpc.framing import Frame
 from psflow.rpc.tls import TlsConfig
@@ -159,6 +160,9 @@ class ShardReplication:
         out.update({ReplicaStatusRequest.METHOD: self.replica_status, PromoteRequest.METHOD: self.promote,
                     DropBackupRequest.METHOD: self.drop_backup, JoinRequest.METHOD: self.join,
                     ReplicateRequest.METHOD: self.replicate})
+        for method in ("SaveShard", "Stats"):  # a backup's state as of every entry it acknowledged (applier.py)
+            if method in table:
+                out[method] = self.applier.settled(table[method], self.config.replica_timeout)
         return out
 
     # ---- status -----------------------------------------------------------------------------------
@@ -341,11 +345,14 @@ class ShardReplication:
             self.applier.expect_snapshot()  # a new primary's entries follow its snapshot
         self.view.check_entries(request.epoch, request.primary)
         entries = self.chunks.whole(request.entries)  # a chunked entry: once its last chunk is here
-        applied = self.applier.offer(entries, wait=self.config.replica_timeout)
-        snapshot_taken = self.applier.applied_seq > 0 or any(e.full for e in entries)
+        promised = self.applier.promise(entries) if after_reply.deferrable() else None  # written after the reply
+        if promised is None or not after_reply.defer(
+                lambda: self.applier.apply_promised(entries, lambda e: rebuild_unwritten(self, e))):
+            promised = self.applier.offer(entries, wait=self.config.replica_timeout)
+        snapshot_taken = self.applier.received_seq > 0 or any(e.full for e in entries)
         role = BACKUP if self.task in request.backups and snapshot_taken else JOINING
         self.view.learn(request.epoch, request.primary, request.backups, role)
-        return _reply(ReplicateReply(applied))
+        return _reply(ReplicateReply(promised))
 
     def _write(self, entry: ReplicaEntry) -> None:
         write_entry(self.service, self.dedup, self.counts, entry)
@@ -354,6 +361,8 @@ class ShardReplication:
     def promote(self, frame: Frame) -> Reply:
         request = PromoteRequest.from_frame(frame)
         self._check_shard(request.shard)
+        if not self.applier.settle(self.config.replica_timeout):  # the entries it acknowledged, all written
+            raise PreconditionFailed(f"{self.task}: still writing the entries it acknowledged; ask again")
         refuse_promotion(self._status_of, self.task, self.view.view, request.expected_epoch, self.shard)
         view, changed = self.view.promote(request.expected_epoch, self.has_state)
         if changed:

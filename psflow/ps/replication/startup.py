@@ -6,7 +6,9 @@
   state and it is member 0 -> it is primary at epoch 1 with every other member as a backup (a fresh
   cluster: once every other member answered, or after 30 s); else it asks again every 0.2 s.
 * :func:`rebuild`: ``Join`` the primary (retried until it answers); its snapshot and every entry after it
-  follow through ``Replicate`` (:mod:`psflow.ps.replication.applier`).
+  follow through ``Replicate`` (:mod:`psflow.ps.replication.applier`). :func:`rebuild_unwritten`: the same,
+  at once, for a backup that could not write an entry it had acknowledged (it stops counting as holding
+  the state first).
 * :func:`watch_view`: then, for as long as the process serves, a backup asks its primary's ReplicaStatus every
   second; a primary at a higher epoch whose view no longer holds this member (a client that could not reach it
   had it dropped, ``DropBackup``, while it was alive: e.g. restarted an instant before) gets it back, as a
@@ -19,6 +21,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -29,7 +32,7 @@ from psflow.rpc.api import RpcError
 if TYPE_CHECKING:
     from psflow.ps.replication.member import ShardReplication
 
-__all__ = ["find_place", "rebuild", "watch_view"]
+__all__ = ["find_place", "rebuild", "rebuild_unwritten", "watch_view"]
 
 log = logging.getLogger("psflow.ps.replication")
 
@@ -85,6 +88,17 @@ def _promote_successor(self: ShardReplication, with_state: list[ReplicaStatusRep
                     first.epoch, first.epoch + 1)
     except RpcError as e:
         log.info("%s: promoting %s: %s", self.task, first.task, e)
+
+
+def rebuild_unwritten(self: ShardReplication, error: Exception) -> None:
+    """An entry this member acknowledged (promised, :meth:`InOrderApplier.promise`) could not be written: it no
+    longer holds the primary's state, so it stops counting as a backup (never promoted) and rebuilds."""
+    primary = self.view.view.primary
+    log.error("%s: could not write an entry it acknowledged (%s); rebuilding from %s", self.task, error, primary)
+    if primary is None or primary == self.task:
+        return
+    self.view.begin_join(primary)
+    threading.Thread(target=rebuild, args=(self, primary), name="psflow-replica-rebuild", daemon=True).start()
 
 
 def rebuild(self: ShardReplication, primary: str) -> None:

@@ -1,0 +1,68 @@
+"""Work a handler leaves for after its reply is sent, where the carrier serving the call allows it.
+
+A handler that may acknowledge before it has finished (a ps backup acknowledges the entries it received and
+writes them right after: :mod:`psflow.ps.replication.applier`) asks :func:`deferrable` whether the carrier
+runs such work, and hands it over with :func:`defer`. psflow's TCP carrier does (:mod:`psflow.rpc.tcp_server`:
+it serves one connection's calls in order, in one thread): the work runs in that thread right after the
+reply's bytes were sent (or sending failed), before the connection's next request is read. gRPC and the
+in-process carrier do not: there :func:`deferrable` is False and the handler does the work before replying.
+
+Guarantees: work handed to :func:`defer` runs exactly once, in the thread that served the call, in the order
+it was deferred, after the reply was sent; what it raises is logged (naming the task and the method), never
+sent to the caller and never stops the carrier. A call's work never runs before that call's reply, nor after
+the same connection's next call started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+
+__all__ = ["collecting", "deferrable", "defer", "run"]
+
+log = logging.getLogger(__name__)
+
+_local = threading.local()
+
+#: What a call's handler deferred, in order.
+Work = list[Callable[[], None]]
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[Work]:
+    """(A carrier, around one call's dispatch.) The work the handler defers is collected into the list
+    yielded; the carrier runs it with :func:`run` once the reply is sent."""
+    previous: Work | None = getattr(_local, "work", None)
+    work: Work = []
+    _local.work = work
+    try:
+        yield work
+    finally:
+        _local.work = previous
+
+
+def deferrable() -> bool:
+    """Whether the carrier serving the call in this thread runs deferred work after the reply."""
+    return getattr(_local, "work", None) is not None
+
+
+def defer(fn: Callable[[], None]) -> bool:
+    """Runs ``fn`` after this call's reply is sent, if the carrier allows it (True); else does nothing (False:
+    the caller runs it itself, before replying)."""
+    work: Work | None = getattr(_local, "work", None)
+    if work is None:
+        return False
+    work.append(fn)
+    return True
+
+
+def run(work: Work, task: str, method: str) -> None:
+    """(A carrier, after sending the reply.) Runs ``work`` in order; an error is logged, naming ``task`` and
+    ``method``."""
+    for fn in work:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the reply is gone: log it, keep serving
+            log.exception("%s: %s: the work left for after the reply failed", task, method)

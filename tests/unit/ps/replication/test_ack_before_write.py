@@ -1,0 +1,129 @@
+"""A backup served over psflow's TCP carrier acknowledges the entries it received and writes them right after
+its reply (issue 28's cost: the write leaves the push's round trip; psflow/ps/replication/applier.py's
+promise). What must not move: a promoted backup holds every acknowledged push bit for bit (a Promote waits
+for the writes), so does what a backup's SaveShard returns, and a backup that could not write an entry it
+acknowledged stops counting as holding the state and rebuilds from the primary."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
+
+from psflow.ps.protocol import PushRequest, ReplicaEntry, SaveShardReply, SaveShardRequest, WorkerTag
+from psflow.ps.sync import SyncConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+BACKUP = backup(0)
+
+
+def _grads(push_id: int) -> PushRequest:
+    rows = np.unique(np.array([push_id % 20, (push_id * 7) % 20], np.int64))
+    return PushRequest([("w/part_0", np.full((len(rows), 4), 0.01 * push_id, np.float32), rows),
+                        ("b/part_0", np.full(4, 0.01, np.float32), None)],
+                       WorkerTag(WORKERS[0], 1, push_id=push_id, acked=push_id - 1), step=True, examples=1)
+
+
+def _same(shard: InProcessShard, member: str) -> bool:
+    primary, other = shard.services[PRIMARY], shard.services[member]
+    for part in primary.store.partitions():
+        theirs = other.store.get(part.key)
+        if part.value.tobytes() != theirs.value.tobytes():
+            return False
+        if any(slot.tobytes() != theirs.slots[name].tobytes() for name, slot in part.slots.items()):
+            return False
+    assert primary.global_step is not None and other.global_step is not None
+    return bool(primary.global_step.value == other.global_step.value)
+
+
+def _shard(make_shard: Callable[..., InProcessShard]) -> InProcessShard:
+    shard = make_shard(backups=1)
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    shard.after_reply.add(BACKUP)  # from here on, as over the TCP carrier
+    for push_id in range(1, 4):
+        shard.push(PRIMARY, _grads(push_id))
+    assert _same(shard, BACKUP)
+    return shard
+
+
+def test_a_push_is_acknowledged_before_the_backup_writes_it_and_written_after(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = _shard(make_shard)
+    applier = shard.replicas[BACKUP].applier
+    shard.after_reply_held = True
+    reply = shard.push(PRIMARY, _grads(4))
+    assert reply.step == 4  # acknowledged: the backup received it
+    assert applier.received_seq > applier.applied_seq and not _same(shard, BACKUP)  # not written yet
+    shard.after_reply_held = False
+    assert shard.run_after_reply(BACKUP) == 1
+    assert applier.received_seq == applier.applied_seq and _same(shard, BACKUP)
+
+
+def test_a_promotion_waits_for_the_writes_of_every_acknowledged_entry(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = _shard(make_shard)
+    shard.after_reply_held = True
+    for push_id in (4, 5):
+        shard.push(PRIMARY, _grads(push_id))
+    assert not _same(shard, BACKUP)
+    primary_state = {p.key: (p.value.copy(), {n: s.copy() for n, s in p.slots.items()})
+                     for p in shard.services[PRIMARY].store.partitions()}
+    shard.cut.add(PRIMARY)  # the primary died; the writes are still to come (2 s from now)
+    later = threading.Timer(2.0, shard.run_after_reply, args=(BACKUP,))
+    later.start()
+    try:
+        status = shard.promote(BACKUP, expected_epoch=shard.replicas[BACKUP].view.view.epoch)
+        promoted = shard.services[BACKUP]  # as the promotion left it (before the timer's join below)
+        got = {p.key: (p.value.tobytes(), {n: s.tobytes() for n, s in p.slots.items()})
+               for p in promoted.store.partitions()}
+        step = promoted.global_step.value if promoted.global_step is not None else None
+    finally:
+        later.join(10)
+    assert status.role == "primary" and step == 5
+    for key, (value, slots) in primary_state.items():
+        assert got[key][0] == value.tobytes(), key
+        assert got[key][1] == {n: s.tobytes() for n, s in slots.items()}, key
+
+
+def test_a_backup_that_cannot_write_an_acknowledged_entry_rebuilds_from_the_primary(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = _shard(make_shard)
+    member = shard.replicas[BACKUP]
+    write, failed = member.applier._apply, list[int]()
+
+    def failing(entry: ReplicaEntry) -> None:
+        if not failed and not entry.full:
+            failed.append(entry.seq)
+            raise RuntimeError("disk on fire (test)")
+        write(entry)
+    member.applier._apply = failing
+    shard.after_reply_held = True
+    shard.push(PRIMARY, _grads(4))  # acknowledged, then its write fails
+    shard.run_after_reply(BACKUP)
+    assert failed and not member.has_state  # never promoted with a state that lacks an acknowledged push
+    shard.after_reply_held = False
+    shard.wait_view()  # it joined again: a snapshot, then the entries after it
+    shard.push(PRIMARY, _grads(5))
+    assert _same(shard, BACKUP)
+
+
+def test_a_backups_saved_shard_holds_every_entry_it_acknowledged(make_shard: Callable[..., InProcessShard]) -> None:
+    shard = _shard(make_shard)
+    shard.after_reply_held = True
+    shard.push(PRIMARY, _grads(4))
+    saved: list[SaveShardReply] = []
+    frame = SaveShardRequest(None, 0, 1).to_frame()
+    reader = threading.Thread(target=lambda: saved.append(SaveShardReply.from_frame(
+        shard.call(BACKUP, SaveShardRequest.METHOD, frame))))
+    reader.start()
+    reader.join(0.3)
+    assert not saved  # it waits for the write of the entry it acknowledged
+    shard.run_after_reply(BACKUP)
+    reader.join(10)
+    assert saved and saved[0].global_step == 4
