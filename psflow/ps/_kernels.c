@@ -20,6 +20,9 @@
  *   rmsprop(var, rms, mom, mg, grad, rows, lr, decay, momentum, epsilon)  (mg None unless centered; TF's
  *       dense formula where rows is None, its sparse kernel's where rows are given: they round differently)
  *   gather(value, rows, out)   (out[i] = value[rows[i]], any item size: the ps's reads)
+ *   first_touch(marks, rows, out) -> n   (a lazy partition's rows not built yet: each row of rows whose
+ *       mark is 0, once, in order of first appearance, into out[:n], its mark set to 1; the numpy twin is
+ *       psflow/ps/lazy_rows.py's ``~marks[rows]`` test and np.unique, which gives the same rows sorted)
  *
  * var and the slots are C-contiguous float32 buffers of the same size; rows is
  * None (dense: grad is shaped like var) or a C-contiguous int64 buffer of k
@@ -404,6 +407,46 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- a lazy partition's first touches ----------------------------------------------------------------- */
+
+static PyObject *first_touch(PyObject *self, PyObject *args) {
+    PyObject *m_obj, *r_obj, *o_obj;
+    if (!PyArg_ParseTuple(args, "OOO:first_touch", &m_obj, &r_obj, &o_obj)) return NULL;
+    Buf b[3] = {{.held = 0}};
+    if (PyObject_GetBuffer(m_obj, &b[0].view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    b[0].held = 1;
+    if (b[0].view.itemsize != 1 || get(r_obj, &b[1], 0, 'q', "rows") < 0 || get(o_obj, &b[2], 1, 'q', "out") < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "first_touch: marks must hold one byte a row");
+        release(b, 3);
+        return NULL;
+    }
+    Py_ssize_t num_rows = b[0].view.len, k = b[1].view.len / 8;
+    if (b[2].view.len / 8 < k) {
+        PyErr_SetString(PyExc_ValueError, "first_touch: out is shorter than rows");
+        release(b, 3);
+        return NULL;
+    }
+    const int64_t *r = b[1].view.buf;
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (r[i] < 0 || r[i] >= num_rows) {
+            PyErr_Format(PyExc_ValueError, "first_touch: row %lld is outside 0-%zd", (long long)r[i], num_rows - 1);
+            release(b, 3);
+            return NULL;
+        }
+    unsigned char *marks = b[0].view.buf;
+    int64_t *out = b[2].view.buf;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (i + ROW_PREFETCH_AHEAD < k) __builtin_prefetch(marks + r[i + ROW_PREFETCH_AHEAD]);
+        if (!marks[r[i]]) {
+            marks[r[i]] = 1;
+            out[n++] = r[i];
+        }
+    }
+    release(b, 3);
+    return PyLong_FromSsize_t(n);
+}
+
 /* ---- the id index --------------------------------------------------------------------------------- */
 
 #define INDEX_EMPTY (-1)
@@ -748,6 +791,9 @@ static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS,
      "gather(value, rows, out): out[i] = value[rows[i]] for C-contiguous value [n, ...] and out [k, ...] of one "
      "item size; every row is checked first (ValueError, nothing written)."},
+    {"first_touch", first_touch, METH_VARARGS,
+     "first_touch(marks, rows, out): the rows whose one-byte mark is 0, each once, in order of first appearance, "
+     "written to out and marked 1; returns their count. Every row is checked first (ValueError, nothing written)."},
     {"merge_sum", merge_sum, METH_VARARGS,
      "merge_sum(rows, values, bounds, out_rows, out_sums, start_zero): strictly increasing pieces of sparse rows "
      "merged, values summed per row in float64 in piece order; returns the row count, or -1 if a piece is not "

@@ -187,3 +187,48 @@ def test_store_reads_the_same_rows_with_and_without_the_kernel(shape, monkeypatc
     assert with_kernel.tobytes() == without.tobytes() == part.value[rows].tobytes()
     with_kernel[0] = 1e9  # a copy: the partition is unchanged
     assert part.value[5].max() < 1e9
+
+
+def _first_touch_reference(marks: np.ndarray, rows: np.ndarray) -> list[int]:
+    """The rows of ``rows`` unmarked in ``marks``, each once, in order of first appearance (marks them)."""
+    found = []
+    for r in rows.tolist():
+        if not marks[r]:
+            marks[r] = True
+            found.append(r)
+    return found
+
+
+@pytest.mark.parametrize("num_rows", [1, 9, 5000])
+def test_first_touch_finds_each_unmarked_row_once_in_order(num_rows):
+    rng = np.random.default_rng(7)
+    marks = rng.random(num_rows) < 0.3
+    want_marks = marks.copy()
+    for k in (0, 1, 17, 3 * num_rows):  # the last: many repeats
+        rows = rng.integers(0, num_rows, size=k).astype(np.int64)
+        want = _first_touch_reference(want_marks, rows)
+        out = np.full(k, -7, np.int64)
+        n = kernels.first_touch(marks, rows, out)
+        assert out[:n].tolist() == want
+        assert (out[n:] == -7).all()
+        assert marks.tobytes() == want_marks.tobytes()
+
+
+def test_first_touch_bad_calls_raise_and_write_nothing():
+    marks = np.zeros(4, np.bool_)
+    out = np.full(3, -1, np.int64)
+    with pytest.raises(ValueError, match="row 4 is outside 0-3"):
+        kernels.first_touch(marks, np.array([1, 4], np.int64), out)
+    with pytest.raises(ValueError, match="row -1"):
+        kernels.first_touch(marks, np.array([0, -1], np.int64), out)
+    with pytest.raises(ValueError, match="shorter than rows"):
+        kernels.first_touch(marks, np.array([0, 1, 2, 3], np.int64), out)
+    with pytest.raises(ValueError, match="int64"):
+        kernels.first_touch(marks, np.array([1, 2], np.int32), out)
+    with pytest.raises(ValueError, match="one byte a row"):
+        kernels.first_touch(np.zeros(4, np.int32), np.array([1, 2], np.int64), out)
+    with pytest.raises(ValueError, match="read-only"):
+        ro = marks.copy()
+        ro.flags.writeable = False
+        kernels.first_touch(ro, np.array([1, 2], np.int64), out)
+    assert not marks.any() and (out == -1).all()

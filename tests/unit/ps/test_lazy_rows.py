@@ -91,8 +91,13 @@ def _same(a: PartitionState, b: PartitionState) -> None:
 
 @pytest.mark.parametrize("opt", list(OPTIMIZERS))
 @pytest.mark.parametrize("average", [None, 0.99])
+@pytest.mark.parametrize("first_touch", ["c", "numpy"])
 def test_lazy_partition_reads_and_updates_bit_equal_to_an_eager_one(
-        opt: str, average: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+        opt: str, average: float | None, first_touch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if first_touch == "c" and lazy_rows._FIRST_TOUCH is None:
+        pytest.skip("psflow.ps._kernels was not built")
+    if first_touch == "numpy":
+        monkeypatch.setattr(lazy_rows, "_FIRST_TOUCH", None)
     spec = SPECS[4]
     eager, lazy = _pair(opt, spec, average, monkeypatch)
     _same(eager, lazy)  # a checkpoint of an untouched lazy partition holds the initial values
@@ -121,6 +126,31 @@ def test_lazy_partition_reads_and_updates_bit_equal_to_an_eager_one(
         assert 0 < lazy.lazy.count < n  # only the touched rows were built
     assert ParameterStore.read(eager, None).tobytes() == ParameterStore.read(lazy, None).tobytes()
     assert lazy.lazy is None  # a whole read builds every row
+
+
+@pytest.mark.parametrize("first_touch", ["c", "numpy"])
+def test_rows_whose_build_failed_stay_unbuilt(first_touch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build that raises (out of memory, say) leaves the rows unmarked: the next touch builds them."""
+    if first_touch == "c" and lazy_rows._FIRST_TOUCH is None:
+        pytest.skip("psflow.ps._kernels was not built")
+    if first_touch == "numpy":
+        monkeypatch.setattr(lazy_rows, "_FIRST_TOUCH", None)
+    eager, lazy = _pair("ftrl", SPECS[3], None, monkeypatch)
+    assert lazy.lazy is not None
+    ParameterStore.read(lazy, np.array([3, 4], np.int64))
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise MemoryError("no memory for the rows")
+
+    with monkeypatch.context() as m:
+        m.setattr(lazy_rows.LazyRows, "_write_initial", fail)
+        with pytest.raises(MemoryError):
+            ParameterStore.read(lazy, np.array([4, 9, 3, 11, 9], np.int64))
+    assert lazy.lazy.count == 2 and np.flatnonzero(lazy.lazy.marks).tolist() == [3, 4]
+    rows = np.array([4, 9, 3, 11, 9], np.int64)
+    assert ParameterStore.read(lazy, rows).tobytes() == ParameterStore.read(eager, rows).tobytes()
+    assert lazy.lazy.count == 4
+    _same(eager, lazy)
 
 
 def test_all_rows_touched_drops_the_marks(monkeypatch: pytest.MonkeyPatch) -> None:
