@@ -16,7 +16,8 @@
  * two reads 2.6x faster, an async push's apply 2.7x (Wide & Deep, 52 tables).
  *
  *   adagrad(var, accum, grad, rows, lr)
- *   ftrl(var, accum, linear, grad, rows, lr, l1, two_l2, two_shrinkage)   (learning_rate_power -0.5)
+ *   ftrl(var, accum, linear, grad, rows, lr, l1, two_l2, two_shrinkage)   (learning_rate_power -0.5; rows of
+ *       one element are updated in gathered blocks, so the arithmetic runs in vector registers)
  *   rmsprop(var, rms, mom, mg, grad, rows, lr, decay, momentum, epsilon)  (mg None unless centered; TF's
  *       dense formula where rows is None, its sparse kernel's where rows are given: they round differently)
  *   gather(value, rows, out)   (out[i] = value[rows[i]], any item size: the ps's reads)
@@ -217,6 +218,38 @@ static void ftrl_span(float *restrict var, float *restrict accum, float *restric
     }
 }
 
+/* Rows of one element (a linear model's weights): a row's span is one float, so ftrl_span's loop cannot
+ * run in vector registers. Blocks of rows are gathered into contiguous buffers, updated by ftrl_span (which
+ * then vectorizes: the same IEEE operations per element, so the same bits) and scattered back. Rows are
+ * distinct, so no row is read after another's write to it within a block. */
+#define FTRL_BLOCK 256
+
+static void ftrl_single_rows(float *var, float *accum, float *linear, const float *g, const int64_t *r,
+                             Py_ssize_t k, FtrlParams p) {
+    float bv[FTRL_BLOCK], ba[FTRL_BLOCK], bl[FTRL_BLOCK];
+    for (Py_ssize_t lo = 0; lo < k; lo += FTRL_BLOCK) {
+        Py_ssize_t n = k - lo < FTRL_BLOCK ? k - lo : FTRL_BLOCK;
+        const int64_t *rr = r + lo;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (lo + i + ROW_PREFETCH_AHEAD < k) {
+                int64_t ahead = r[lo + i + ROW_PREFETCH_AHEAD];
+                __builtin_prefetch(var + ahead, 1);
+                __builtin_prefetch(accum + ahead, 1);
+                __builtin_prefetch(linear + ahead, 1);
+            }
+            bv[i] = var[rr[i]];
+            ba[i] = accum[rr[i]];
+            bl[i] = linear[rr[i]];
+        }
+        ftrl_span(bv, ba, bl, g + lo, n, p);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            var[rr[i]] = bv[i];
+            accum[rr[i]] = ba[i];
+            linear[rr[i]] = bl[i];
+        }
+    }
+}
+
 static PyObject *ftrl(PyObject *self, PyObject *args) {
     PyObject *v_obj, *a_obj, *l_obj, *g_obj, *r_obj;
     Py_ssize_t num_rows;
@@ -237,16 +270,19 @@ static PyObject *ftrl(PyObject *self, PyObject *args) {
     const float *g = b[3].view.buf;
     const int64_t *r = r_obj == Py_None ? NULL : b[4].view.buf;
     UNLOCK_IF_LARGE(k * w * 4);
-    for (Py_ssize_t i = 0; i < k; i++) {
-        Py_ssize_t at = r ? (Py_ssize_t)r[i] * w : 0;
-        if (r && i + ROW_PREFETCH_AHEAD < k) {
-            Py_ssize_t ahead = (Py_ssize_t)r[i + ROW_PREFETCH_AHEAD] * w;
-            __builtin_prefetch(var + ahead, 1);
-            __builtin_prefetch(accum + ahead, 1);
-            __builtin_prefetch(linear + ahead, 1);
+    if (r && w == 1)
+        ftrl_single_rows(var, accum, linear, g, r, k, p);
+    else
+        for (Py_ssize_t i = 0; i < k; i++) {
+            Py_ssize_t at = r ? (Py_ssize_t)r[i] * w : 0;
+            if (r && i + ROW_PREFETCH_AHEAD < k) {
+                Py_ssize_t ahead = (Py_ssize_t)r[i + ROW_PREFETCH_AHEAD] * w;
+                __builtin_prefetch(var + ahead, 1);
+                __builtin_prefetch(accum + ahead, 1);
+                __builtin_prefetch(linear + ahead, 1);
+            }
+            ftrl_span(var + at, accum + at, linear + at, g + i * w, w, p);
         }
-        ftrl_span(var + at, accum + at, linear + at, g + i * w, w, p);
-    }
     RELOCK();
     release(b, 5);
     Py_RETURN_NONE;

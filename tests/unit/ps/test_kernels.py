@@ -232,3 +232,21 @@ def test_first_touch_bad_calls_raise_and_write_nothing():
         ro.flags.writeable = False
         kernels.first_touch(ro, np.array([1, 2], np.int64), out)
     assert not marks.any() and (out == -1).all()
+
+
+@pytest.mark.parametrize("k", [1, 255, 256, 257, 1000])
+def test_ftrl_on_single_element_rows_matches_numpy_at_block_edges(k, monkeypatch):
+    """A [n, 1] table's rows are updated in gathered blocks of 256 (vector registers): same bits as numpy."""
+    spec = OptimizerSpec("ftrl", {"learning_rate": 0.1, "l1_regularization_strength": 0.01})
+    rng = np.random.default_rng(k)
+    rows = rng.choice(3000, size=k, replace=False).astype(np.int64)
+    grads = [(rng.normal(size=(k, 1)) * 0.1).astype(np.float32) for _ in range(3)]
+    out = []
+    for native in (True, False):
+        monkeypatch.setattr(optimizers, "_KERNELS", kernels if native else None)
+        opt = make_optimizer(spec)
+        var, slots = _state(opt, (3000, 1), 4)
+        for grad in grads:
+            opt.apply_sparse(var, slots, rows, grad, distinct=True)
+        out.append((var.tobytes(), slots["accum"].tobytes(), slots["linear"].tobytes()))
+    assert out[0] == out[1]
