@@ -334,3 +334,21 @@ def test_garbage_records_are_bad_records_not_a_missing_feature(tmp_path: Path) -
             writer.write(b"\xff\xfe not an Example")
     with pytest.raises(BadRecordError, match=r"g.tfrecord: record 0 at byte 0: malformed Example"):
         read_all(str(path), "tfrecord")
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_position_json_is_every_field_sorted(shuffled: bool) -> None:
+    """to_json writes every field (the shuffle state's members as base64) with sorted keys, and reads back equal."""
+    import base64
+    import dataclasses
+    import json
+
+    from psflow.data.api import ReaderPosition, ShuffleState
+
+    shuffle = ShuffleState(burst=3, first_seq=40, num_seqs=12, members=b"\x05\xff", taken=2) if shuffled else None
+    position = ReaderPosition(2, 1, "/data/train-00001.tfrecord", 123456, 789, 1000, 1, 2, 64, 16, 7, shuffle)
+    want = dataclasses.asdict(position)
+    if shuffle is not None:
+        want["shuffle"]["members"] = base64.b64encode(shuffle.members).decode("ascii")
+    assert position.to_json() == json.dumps(want, sort_keys=True)
+    assert ReaderPosition.from_json(position.to_json()) == position
