@@ -18,6 +18,8 @@ async shapes, one per workload, issue 27's before/after check):
     lr-p1w2-async  sparse LR, 1 ps + 2 workers, async             (default)
     lr-p1w2-sync   sparse LR, 1 ps + 2 workers, sync (sparse_sum)
     lr-p2w2-async  sparse LR, 2 ps + 2 workers, async
+    lr-user-p1w2   sparse LR as a user types it (psflow's defaults), 1 ps + 2 workers, async
+    lr-user-sync   the same, ``--mode sync`` (default averaging), 1 ps + 2 workers
     wd-p1w2-async  Wide & Deep, 1 ps + 2 workers, async             (default)
     wd-user-p1w2   Wide & Deep, issue 29's command as a user types it (psflow's defaults), 1 ps + 2 workers
     wd-user-fast   the same with ``--in-process`` (without ``--workers 2``, which --in-process refuses: one worker)
@@ -30,7 +32,10 @@ harness's TFRecord files in ``<workdir>/data/sparse_lr``; FTRL 0.1, batch 512,
 Cluster shapes run with ``--transport tcp --log-every 1``, but the wd-user ones: issue 29's command
 exactly (``psflow train --format criteo --train '<data>/ctr_wd/train-*.tsv' --eval ... --model wide_deep
 --embedding-dim 8 --hidden 256,128 --batch-size 512 --ps 1 --workers 2 --epochs 1 [--in-process]``), its
-steady time up to the workers' "done" lines.
+steady time up to the workers' "done" lines; the lr-user ones likewise: the sparse-LR workload's own settings
+(``--num-features 2^20 --optimizer ftrl --learning-rate 0.1 --batch-size 512 --epochs 1``) and nothing else
+(the default carrier, averaging and ``--log-every``), timed up to the workers' last "done" line (which
+includes a worker's wait for the others at the end of its data: a run's tail, the same at both revisions).
 
 Each revision is a ``git archive`` snapshot built with its own ``setup.py
 build_ext --inplace`` (:func:`bench_tf_peer.extract_psflow`; a snapshot missing
@@ -89,6 +94,9 @@ SHAPES: dict[str, tuple[str, str, list[str], int]] = {
     "lr-p1w2-sync": ("sparse LR, 1 ps + 2 workers, sync", "sparse_lr",
                      ["--ps", "1", "--workers", "2", "--mode", "sync", "--averaging", "sparse_sum", *CLUSTER], 2),
     "lr-p2w2-async": ("sparse LR, 2 ps + 2 workers, async", "sparse_lr", ["--ps", "2", "--workers", "2", *CLUSTER], 1),
+    "lr-user-p1w2": ("sparse LR as a user types it, 1 ps + 2 workers, async", "sparse_lr_user", ["--ps", "1", "--workers", "2"], 1),
+    "lr-user-sync": ("sparse LR as a user types it, 1 ps + 2 workers, sync", "sparse_lr_user",
+                     ["--ps", "1", "--workers", "2", "--mode", "sync"], 2),
     "wd-p1w2-async": ("W&D, 1 ps + 2 workers, async", "ctr_wd", [], 1),
     "wd-user-p1w2": ("W&D, issue 29's command, 1 ps + 2 workers", "ctr_wd_user", ["--ps", "1", "--workers", "2"], 1),
     "wd-user-fast": ("W&D, issue 29's command, --in-process", "ctr_wd_user", ["--ps", "1", "--in-process"], 1),
@@ -146,7 +154,7 @@ def one_run(src: str, shape: str, args: argparse.Namespace) -> dict[str, Any]:
         raise RuntimeError(f"{src}: {shape} failed ({shlex.join(cmd)}): {(p.stdout + p.stderr)[-800:]}")
     with open(metrics) as f:
         m = json.load(f)
-    if SHAPES[shape][1] == "ctr_wd_user":  # logs every 100 steps: to the workers' "done" lines (in-process too:
+    if SHAPES[shape][1].endswith("_user"):  # logs every 100 steps: to the workers' "done" lines (in-process too:
         # its worker's wall_seconds holds the tables' initialization, 26 x 2^20 rows)
         seconds = float(wd.parse_worker_logs(output, 512 * SHAPES[shape][3], until_done=True)["seconds"])
     elif "--in-process" in SHAPES[shape][2]:
@@ -185,7 +193,7 @@ def main() -> None:
     if not shapes or set(shapes) - set(SHAPES):
         p.error(f"--shapes: want some of {', '.join(SHAPES)}, got {args.shapes}")
     for workload, maker in (("sparse_lr", "bench_tf_peer.py --tf-venv ..."), ("ctr_wd", "bench_tf_peer_wd.py")):
-        if any(SHAPES[s][1] == workload for s in shapes):
+        if any(SHAPES[s][1].removesuffix("_user") == workload for s in shapes):
             if not os.path.exists(os.path.join(args.workdir, "data", workload, "manifest.json")):
                 p.error(f"no workload in {args.workdir}/data/{workload}: run benchmarks/{maker} once (it generates it)")
     os.makedirs(os.path.join(args.workdir, "runs_ab"), exist_ok=True)
