@@ -64,8 +64,18 @@ Eval AUC: TF and PyTorch from the instrument's summary (NumPy, exact, on the eva
 TSV); psflow from its run's ``metrics.json`` (``eval.auc``, exact, on the same
 50,000 eval examples in the format it read).
 
+``--user-defaults`` (issue 29): psflow runs the command a user types, with psflow's defaults
+(:data:`USER_MODEL_FLAGS`: 2^20 rows per field, the default wide optimizer, transport and
+``--log-every``; 2 ps without ``--partitions``; sync with the default averaging): every psflow
+shape is then timed to its workers' "done after" lines. Every run (both modes) also records the
+end-to-end rate (psflow: examples over the command's wall time, start-up, eval and final checkpoint
+included; TF: examples over its start-up to GO plus its fixed work), the CPU seconds of the whole
+command (``RUSAGE_CHILDREN``), and the peak RSS (``VmHWM`` from /proc, sampled every 0.1 s while the
+process lives) of every ps task (TF's ``tf1_wd.py task --job ps``, psflow's ``psflow.launch.task
+--job ps``) and of the one process of the single-process rows. ``--shapes`` picks configurations.
+
 Writes benchmarks/results/tf_peer_wd.json (every run) and the "tf_peer_wd" section
-of benchmarks/RESULTS.md (``--json-out`` / ``--results-md`` move them).
+of benchmarks/RESULTS.md (``--json-out`` / ``--results-md`` / ``--section`` move them).
 psflow is measured at a snapshot of ``--psflow-rev`` (default HEAD, extracted with
 ``git archive``, as bench_tf_peer.py does) so concurrent edits to the working tree
 cannot change the code mid-run; ``--psflow-rev worktree`` measures the working tree.
@@ -79,10 +89,12 @@ import glob
 import json
 import os
 import re
+import resource
 import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -112,6 +124,11 @@ NUM_FEATURES = 262144
 # min(0.2, 1/sqrt(columns)) = 0.16 here), Adagrad lr 0.05 on the deep part (psflow's default); initial accumulators 0.1.
 MODEL_FLAGS = "--model wide_deep --embedding-dim 8 --hidden 256,128 --wide-optimizer ftrl:learning_rate=0.1"
 SECTION = "tf_peer_wd"
+# Issue 29's command as a user types it: psflow's defaults for everything else (2^20 hash rows per field, FTRL 0.3
+# on the wide part, --transport tcp, --log-every 100, no --partitions, sync's default averaging).
+USER_MODEL_FLAGS = "--model wide_deep --embedding-dim 8 --hidden 256,128"
+USER_CLUSTER = {"single": ["--in-process", "--ps", "1"], "p1w2-async": ["--ps", "1", "--workers", "2"],
+                "p2w2-async": ["--ps", "2", "--workers", "2"], "p1w2-sync": ["--ps", "1", "--workers", "2", "--mode", "sync"]}
 Run = dict[str, Any]
 
 # Configurations: (key, what, TF launch arguments, psflow cluster flags ({averaging} filled in), workers aggregated per step).
@@ -174,6 +191,9 @@ def tf_run(args: argparse.Namespace, data: str, launch: list[str], sync: bool) -
             "eval_auc": r["eval_auc"], "eval_logloss": r.get("eval_logloss"), "final_global_step": r["final_global_step"],
             "step_values_returned_by_2plus_workers": r.get("global_step_values_returned_by_2plus_workers"),
             "startup_seconds": r.get("startup_seconds_to_go"), "other_processes_cores": r.get("other_processes_cores_in_window"),
+            # start-up (launch to GO) + the fixed work: TF's side of the end-to-end comparison
+            "examples_per_sec_end_to_end": r["fixed_work_examples"] / (r["startup_seconds_to_go"] + r["fixed_work_seconds_from_go"])
+            if r.get("startup_seconds_to_go") is not None else None,
             "wall_s": r["wall_s"], "tf_version": r.get("tf_version"), "run_dir": r.get("run_dir")}
 
 
@@ -201,6 +221,10 @@ def psflow_command(args: argparse.Namespace, data: str, fmt: str, key: str, outp
     """The ``psflow train`` command line of one configuration (``key`` of SHAPES) reading format ``fmt`` (tsv, tfrecord)."""
     train, ev = data_paths(data, fmt)
     read = ["--format", "criteo"] if fmt == "tsv" else ["--format", "tfrecord", "--schema", schema_path(args)]
+    if args.user_defaults:
+        return ["psflow", "train", *read, "--train", train, "--eval", ev, *shlex.split(USER_MODEL_FLAGS),
+                "--batch-size", str(BATCH), *USER_CLUSTER[key], "--epochs", "1", "--quiet", "--output", output,
+                *shlex.split(args.psflow_extra)]
     cluster = next(flags for k, _, _, flags, _ in SHAPES if k == key)
     cluster = [a.format(averaging=args.sync_averaging) for a in cluster]
     if key != "single":
@@ -282,7 +306,7 @@ def psflow_run(args: argparse.Namespace, data: str, fmt: str, key: str, per_step
     with open(os.path.join(output, "metrics.json")) as f:
         m = json.load(f)
     try:
-        timing = parse_worker_logs(output, BATCH * per_step, until_done=key == "single")
+        timing = parse_worker_logs(output, BATCH * per_step, until_done=key == "single" or args.user_defaults)
     except RuntimeError:  # no step lines: the worker's own wall time (session, input, every step)
         timing = {"seconds": float(m["workers"][0]["wall_seconds"]), "timed_by": "worker wall_seconds"}
     return {"examples_per_sec": m["examples"] / timing["seconds"], "examples": m["examples"],
@@ -298,14 +322,102 @@ def psflow_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+# ------------------------------------------------------------------------------ peak RSS of the ps tasks
+def _children(pid: int) -> list[int]:
+    """The children of ``pid`` (every thread's)."""
+    out: list[int] = []
+    for path in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(path) as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _process_name(pid: int, parent: int) -> str | None:
+    """``ps-0``, ``single-0`` ... of a TF task or psflow task process, ``in-process`` of ``psflow train --in-process``
+    started by this script (``parent``), else None (launchers, workers' readers forked with their parent's argv)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    flag = "--task" if "psflow.launch.task" in argv else "--index" if "task" in argv and "--job" in argv else None
+    if flag is not None and flag in argv:
+        return f"{argv[argv.index('--job') + 1]}-{argv[argv.index(flag) + 1]}"
+    if parent == os.getpid() and "--in-process" in argv and "psflow" in argv:
+        return "in-process"
+    return None
+
+
+def _peak_rss_kib(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")), None)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class PeakRss(threading.Thread):
+    """Samples VmHWM (the kernel's exact peak of the resident set) of this script's descendant task processes.
+
+    Runs until :meth:`stop`; a process's figure is its VmHWM at the last sample before it exited (every ``every``
+    seconds), so growth in its last ``every`` seconds can be missed. A forked child named like its parent is skipped.
+    """
+
+    def __init__(self, every: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.every = every
+        self.peak_mib: dict[str, float] = {}
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            stack = [(os.getpid(), None)]
+            while stack:
+                pid, parent_name = stack.pop()
+                for child in _children(pid):
+                    name = _process_name(child, pid)
+                    hwm = _peak_rss_kib(child) if name is not None and name != parent_name else None
+                    if name is not None and hwm is not None:
+                        self.peak_mib[name] = max(self.peak_mib.get(name, 0.0), hwm / 1024)
+                    stack.append((child, name))
+            self._stop_event.wait(self.every)
+
+    def stop(self) -> dict[str, float]:
+        self._stop_event.set()
+        self.join(timeout=5)
+        return self.peak_mib
+
+
+def measured(fn: Callable[[], Run]) -> Run:
+    """``fn()`` plus the peak RSS of its ps task processes and the CPU seconds of every process it waited for."""
+    sampler = PeakRss()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sampler.start()
+    try:
+        r = fn()
+    finally:
+        peaks = sampler.stop()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ps = [v for k, v in peaks.items() if k.startswith("ps-")]
+    single = [v for k, v in peaks.items() if k in ("single-0", "in-process")]
+    return dict(r, peak_rss_mib_by_process=peaks, ps_peak_rss_mib=max(ps or single) if ps or single else None,
+                ps_peak_rss_mib_sum=sum(ps or single) if ps or single else None,
+                cpu_seconds=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
+
+
 # ------------------------------------------------------------------------------ schedule and report
 Item = tuple[str, str, Callable[[], Run]]  # (row, side, run)
 
 
 def schedule(args: argparse.Namespace, data: str) -> list[list[Item]]:
     """Groups run in this order in every repetition; inside a group (TF and psflow on one shape) the order alternates."""
-    plan: list[list[Item]] = [[("single", "torch", lambda: torch_run(args, data))]]
+    plan: list[list[Item]] = [[("single", "torch", lambda: torch_run(args, data))]] if "single" in args.shapes else []
     for key, _, launch, _, per_step in SHAPES:
+        if key not in args.shapes:
+            continue
         group: list[Item] = [(key, "tf", bind(tf_run, args, data, launch, per_step > 1))]
         if not args.tf_only:
             group += [(key, f"psflow-{fmt}", bind(psflow_run, args, data, fmt, key, per_step)) for fmt in args.formats]
@@ -320,10 +432,12 @@ def measure(args: argparse.Namespace, data: str) -> dict[str, dict[str, list[Run
         for group in plan:
             for key, side, fn in (group if rep % 2 == 0 else group[::-1]):
                 load = os.getloadavg()[0]
-                r = dict(fn(), repetition=rep, started=time.strftime("%H:%M:%S"), loadavg_1min_before=load)
+                r = dict(measured(fn), repetition=rep, started=time.strftime("%H:%M:%S"), loadavg_1min_before=load)
                 runs.setdefault(key, {}).setdefault(side, []).append(r)
                 shown = ("FAILED: " + " | ".join(r["tail"])) if r.get("failed") else (
-                    f"{r['examples_per_sec']:,.0f} examples/s, eval AUC {r['eval_auc']:.4f}")
+                    f"{r['examples_per_sec']:,.0f} examples/s, end to end {r.get('examples_per_sec_end_to_end') or 0:,.0f}, "
+                    f"eval AUC {r['eval_auc']:.4f}, ps peak RSS {r.get('ps_peak_rss_mib') or 0:,.0f} MiB, "
+                    f"{r['cpu_seconds']:.1f} CPU s, {r.get('wall_s', 0):.1f} s wall")
                 print(f"[{rep + 1}/{args.repeats} {time.strftime('%H:%M:%S')}] {key} {side}: {shown}", flush=True)
     return runs
 
@@ -348,21 +462,35 @@ def _steps(r: Run) -> str:
 
 def table(runs: dict[str, dict[str, list[Run]]], meta: Run) -> list[str]:
     lines = ["| shape | system | examples/s, one epoch: median [min–max] | psflow / TF: ratio of medians [per-repetition min–max] "
-             f"| examples/s after {WARMUP_STEPS} warm-up global steps | eval AUC after 1 epoch "
+             f"| examples/s after {WARMUP_STEPS} warm-up global steps (psflow --user-defaults: after its first logged step >= "
+             f"{WARMUP_STEPS}, i.e. 100) | psflow / TF after warm-up | examples/s end to end (TF: start-up to GO + work) "
+             "| psflow / TF end to end | eval AUC after 1 epoch | ps peak RSS, MiB (VmHWM; the largest ps task; 1 process: "
+             "the process) | CPU s, whole command | wall s, whole command "
              "| final global_step / step values seen by 2+ workers, per run |",
-             "|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for key in [s[0] for s in SHAPES]:
-        tf_rate = [r["examples_per_sec"] for r in ok_runs(runs.get(key, {}).get("tf", []))]
+        tf_ok = ok_runs(runs.get(key, {}).get("tf", []))
+        tf_rate = [r["examples_per_sec"] for r in tf_ok]
+        tf_warm = [r["examples_per_sec_after_warmup"] for r in tf_ok if r.get("examples_per_sec_after_warmup")]
+        tf_e2e = [r["examples_per_sec_end_to_end"] for r in tf_ok if r.get("examples_per_sec_end_to_end")]
         for side, rs in runs.get(key, {}).items():
             ok = ok_runs(rs)
             rate = [r["examples_per_sec"] for r in ok]
             warm = [r["examples_per_sec_after_warmup"] for r in ok if r.get("examples_per_sec_after_warmup")]
+            e2e = [r["examples_per_sec_end_to_end"] for r in ok if r.get("examples_per_sec_end_to_end")]
             auc = [r["eval_auc"] for r in ok if r.get("eval_auc") is not None]
+            rss = [r["ps_peak_rss_mib"] for r in ok if r.get("ps_peak_rss_mib")]
+            cpu = [r["cpu_seconds"] for r in ok if r.get("cpu_seconds") is not None]
+            wall = [r["wall_s"] for r in ok if r.get("wall_s") is not None]
             fails = f" ({len(rs) - len(ok)} failed: {rs[0]['tail'][-1] if rs and rs[0].get('failed') and rs[0]['tail'] else ''})" \
                 if len(rs) > len(ok) else ""
-            ratio = ratio_of_medians(rate, tf_rate) if side.startswith("psflow") else ""
-            lines.append(f"| {WHAT[key]} | {_name(side, key, meta)}{fails} | {median_range(rate)} | {ratio} | {median_range(warm)} | "
-                         f"{median_range(auc, '{:.4f}')} | {', '.join(_steps(r) for r in ok)} |")
+            psflow = side.startswith("psflow")
+            lines.append(f"| {WHAT[key]} | {_name(side, key, meta)}{fails} | {median_range(rate)} | "
+                         f"{ratio_of_medians(rate, tf_rate) if psflow else ''} | {median_range(warm)} | "
+                         f"{ratio_of_medians(warm, tf_warm) if psflow else ''} | {median_range(e2e)} | "
+                         f"{ratio_of_medians(e2e, tf_e2e) if psflow else ''} | {median_range(auc, '{:.4f}')} | "
+                         f"{median_range(rss)} | {median_range(cpu, '{:.1f}')} | {median_range(wall, '{:.1f}')} | "
+                         f"{', '.join(_steps(r) for r in ok)} |")
     return lines
 
 
@@ -397,7 +525,19 @@ def notes(meta: Run, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
         "(its headline figure). Sync: TF SyncReplicasOptimizer(2, 2) around FTRL+Adagrad; psflow `--mode sync --averaging "
         f"{meta['sync_averaging']}` (TF sums most sparse rows of the two workers and averages dense gradients: sparse_sum is "
         "the closest of psflow's choices, none is exact; see the script's docstring). "
-        f"psflow's ps data path: `--transport {meta['psflow_transport']}`.",
+        + (f"psflow's ps data path: `--transport {meta['psflow_transport']}`." if not meta.get("user_defaults") else
+           "**`--user-defaults`**: psflow runs the command a user types (psflow's defaults: 2^20 hash rows per field, its "
+           "default wide optimizer, `--transport tcp`, `--log-every 100`, no `--partitions` at 2 ps, sync with the default "
+           "averaging), so every psflow row is timed to its workers' \"done after\" lines, and its after-warm-up rate starts "
+           "at the first logged step >= 40 (step 100). TF runs its instrument unchanged."),
+        "",
+        "End to end: psflow = examples over the wall time of the whole `psflow train` command (start-up, training, eval "
+        "and the final checkpoint); TF = examples over its launcher's start-up to GO (every worker has its session) plus "
+        "its fixed work (TF's weight read-back and eval not counted). ps peak RSS: VmHWM (the kernel's own peak of the "
+        "resident set) of each ps task process (TF: `tf1_wd.py task --job ps`; psflow: `psflow.launch.task --job ps`), read "
+        "every 0.1 s while it lives; the row shows the largest ps task of the run (per-task figures in the JSON); the "
+        "1-process rows show that process (TF `--single`; psflow `--in-process`, its forked reader not counted). CPU s: "
+        "user + system seconds of every process the command waited for (RUSAGE_CHILDREN).",
         "",
         *(["psflow commands (`RUN_DIR` = a fresh run directory):", *commands, ""] if commands else []),
         (f"1-minute load average before each run (other jobs share the machine): {median_range(load, '{:.1f}')}; " if load else "")
@@ -422,17 +562,28 @@ def main() -> None:
     p.add_argument("--psflow-extra", default="", help="more psflow train flags, appended to every psflow command")
     p.add_argument("--psflow-rev", default="HEAD", help="git revision of psflow to measure, or 'worktree'")
     p.add_argument("--run-timeout", type=float, default=600.0, help="seconds one run may take")
-    p.add_argument("--json-out", default=os.path.join(HERE, "results", "tf_peer_wd.json"), help="raw runs")
+    p.add_argument("--user-defaults", action="store_true",
+                   help="psflow runs issue 29's command as a user types it (psflow's defaults; see above)")
+    p.add_argument("--shapes", default=",".join(s[0] for s in SHAPES), help="configurations, comma-separated")
+    p.add_argument("--section", default=None,
+                   help="RESULTS.md section (default tf_peer_wd; tf_peer_wd_user with --user-defaults)")
+    p.add_argument("--json-out", default=None,
+                   help="raw runs (default results/tf_peer_wd.json; results/tf_peer_wd_user.json with --user-defaults)")
     p.add_argument("--results-md", default=results_md.PATH, help="the markdown file whose tf_peer_wd section is rewritten")
     p.add_argument("--no-write", action="store_true", help="print the table only (no RESULTS.md / JSON)")
     p.add_argument("--report-only", action="store_true", help="rewrite the RESULTS.md section from --json-out")
     args = p.parse_args()
     results_md.PATH = os.path.abspath(args.results_md)
-    args.json_out = os.path.abspath(args.json_out)
+    args.section = args.section or (SECTION + "_user" if args.user_defaults else SECTION)
+    args.json_out = os.path.abspath(args.json_out or os.path.join(HERE, "results", args.section + ".json"))
+    args.shapes = [k.strip() for k in args.shapes.split(",") if k.strip()]
+    if not args.shapes or set(args.shapes) - set(WHAT):
+        p.error(f"--shapes: want some of {', '.join(WHAT)}, got {args.shapes}")
     if args.report_only:
         with open(args.json_out) as f:
             saved = json.load(f)
-        results_md.replace_section(SECTION, "\n".join(notes(saved["meta"], saved["runs"]) + [""] + table(saved["runs"], saved["meta"])))
+        body = notes(saved["meta"], saved["runs"]) + [""] + table(saved["runs"], saved["meta"])
+        results_md.replace_section(args.section, "\n".join(body))
         return
     args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     if not args.formats or set(args.formats) - {"tsv", "tfrecord"}:
@@ -463,19 +614,21 @@ def main() -> None:
     meta = {"command": "benchmarks/bench_tf_peer_wd.py " + " ".join(sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "psflow": label,
             "psflow_commit": commit, "repeats": args.repeats, "data": data, "formats": [] if args.tf_only else args.formats,
-            "sync_averaging": args.sync_averaging, "psflow_transport": args.psflow_transport,
+            "sync_averaging": "replicas (psflow's default)" if args.user_defaults else args.sync_averaging,
+            "psflow_transport": args.psflow_transport, "user_defaults": args.user_defaults, "shapes": args.shapes,
             "json_out": os.path.relpath(args.json_out, REPO) if args.json_out.startswith(REPO + os.sep) else args.json_out,
             "tf_version": next((r["tf_version"] for r in everything if r.get("tf_version")), None),
             "torch_version": next((r["torch_version"] for r in everything if r.get("torch_version")), None),
             "psflow_commands": {} if args.tf_only else {
-                f"{key} {fmt}": shlex.join(psflow_command(args, data, fmt, key, "RUN_DIR")) for key, *_ in SHAPES for fmt in args.formats}}
+                f"{key} {fmt}": shlex.join(psflow_command(args, data, fmt, key, "RUN_DIR"))
+                for key, *_ in SHAPES if key in args.shapes for fmt in args.formats}}
     body = notes(meta, runs) + [""] + table(runs, meta)
     print("\n".join(table(runs, meta)))
     if not args.no_write:
         os.makedirs(os.path.dirname(args.json_out), exist_ok=True)
         with open(args.json_out, "w") as f:
             json.dump({"meta": meta, "runs": runs}, f, indent=1, default=float)
-        results_md.replace_section(SECTION, "\n".join(body))
+        results_md.replace_section(args.section, "\n".join(body))
 
 
 if __name__ == "__main__":
