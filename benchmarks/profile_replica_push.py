@@ -20,12 +20,16 @@ Workloads (gradients drawn once, at random, with the shapes of the real ones):
   (262,144 x 8, Adagrad), the dense layers (221-256-128-1, Adagrad) and the wide dense part; 512 ids per field.
 
 ``--profile OUT.prof`` runs cProfile over one more block of replicated pushes and prints its top functions.
+``--stages`` instead times each stage of one entry apart (no Replicate call; a primary's service and a
+backup's, one entry per push): the push's apply, the capture of its rows, the small state (and its JSON
+size), the request's ``to_frame``, ``encode``, ``decode``, ``from_frame``, and the backup's write.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import statistics
 import time
@@ -38,8 +42,11 @@ from psflow.cluster import ClusterSpec
 from psflow.data.api import ReaderPosition
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.protocol import PushRequest, RegisterRequest, WorkerTag
+from psflow.ps.protocol import PushReply, PushRequest, RegisterRequest, ReplicaEntry, ReplicateRequest, WorkerTag
 from psflow.ps.replication import ReplicationConfig, ShardReplication
+from psflow.ps.replication.dedup import DedupTable
+from psflow.ps.replication.deltas import capture
+from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import Handler, Refusal, dispatch
@@ -137,15 +144,20 @@ class Side:
         worker = WORKERS[self.n % 2]
         self.push_ids[worker] += 1
         pid = self.push_ids[worker]
-        position = ReaderPosition(epoch=0, file_index=0, path="/tmp/tf_peer/data/sparse_lr/train-00000-of-00004.tfrecord",
-                                  offset=pid * 40_000, record_index=pid * 512, records_consumed=pid * 512,
-                                  worker_index=self.n % 2, num_workers=2).to_json()
+        position = self.position(pid, self.n % 2)
         tag = (WorkerTag(worker, 1_700_000_000_000 + self.n % 2, 0, position, pid, pid - 1, (pid - 1,))
                if self.replicated else WorkerTag(worker, 1_700_000_000_000 + self.n % 2, 0, position))
         request = PushRequest(self.grads[self.n % len(self.grads)], tag, step=True, examples=512, loss=0.5)
         frame = request.to_frame()
         self.channel.call(PushRequest.METHOD, frame.meta, frame.arrays)
         self.n += 1
+
+    @staticmethod
+    def position(pid: int, worker_index: int = 0) -> str:
+        """A reader position as a worker of bench_tf_peer.py's sparse LR sends it (no shuffle)."""
+        return ReaderPosition(epoch=0, file_index=0, path="/tmp/tf_peer/data/sparse_lr/train-00000-of-00004.tfrecord",
+                              offset=pid * 40_000, record_index=pid * 512, records_consumed=pid * 512,
+                              worker_index=worker_index, num_workers=2).to_json()
 
     def block(self, pushes: int) -> float:
         """CPU ms per push over ``pushes`` pushes."""
@@ -155,13 +167,62 @@ class Side:
         return (time.process_time() - started) / pushes * 1e3
 
 
+def stages(workload: str, pushes: int) -> None:
+    """Prints the CPU ms per push of each stage of one entry, measured apart (see the module docstring)."""
+    rng = np.random.default_rng(0)
+    grads = [gradients(workload, rng) for _ in range(8)]
+    primary, backup = ParameterService(0, holds_global_step=True), ParameterService(0, holds_global_step=True)
+    primary.register(layout(workload).to_frame())
+    dedup, counts, backup_dedup = DedupTable(PRIMARY), {"pushes_applied": 0}, DedupTable(BACKUP)
+    write_entry(backup, backup_dedup, {}, full_entry(0, primary, dedup, counts))
+    names = ("apply", "capture", "small state", "to_frame", "encode", "decode", "from_frame", "write")
+    spent = dict.fromkeys(names, 0.0)
+    state_bytes = 0
+    side = Side(WireChannel(PRIMARY, {}), True, grads)
+    for n in range(1, pushes + 21):
+        worker, g = WORKERS[n % 2], grads[n % len(grads)]
+        request = PushRequest(g, WorkerTag(worker, 1 + n % 2, 0, side.position(n), n, n - 1, (n - 1,)), step=True,
+                              examples=512, loss=0.5)
+        marks = [time.process_time()]
+        reply = PushReply.from_frame(Frame(*primary.push(request.to_frame())))
+        marks.append(time.process_time())
+        variables = primary.variables
+        parts = [capture(variables.part(key), rows, averages=False) for key, _, rows in g]
+        marks.append(time.process_time())
+        dedup.record(worker, 1 + n % 2, n, reply.meta(), n)
+        state = task_state(primary, dedup, counts)
+        marks.append(time.process_time())
+        frame = ReplicateRequest(1, PRIMARY, BACKUP, (BACKUP,), [ReplicaEntry(n, state, tuple(parts))]).to_frame()
+        marks.append(time.process_time())
+        data = encode(frame.meta, frame.arrays)
+        marks.append(time.process_time())
+        decoded = decode(data)
+        marks.append(time.process_time())
+        entry = ReplicateRequest.from_frame(decoded).entries[0]
+        marks.append(time.process_time())
+        write_entry(backup, backup_dedup, {}, entry)
+        marks.append(time.process_time())
+        if n > 20:  # after a warm-up
+            for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
+                spent[name] += b - a
+            state_bytes = len(json.dumps(state, separators=(",", ":")))
+    print(f"{workload}: one entry of {len(frame.arrays)} arrays, {len(data):,} bytes, its small state {state_bytes:,} "
+          f"bytes of JSON; CPU ms per push, {pushes} pushes:")
+    for name in names:
+        print(f"  {name:12s} {spent[name] / pushes * 1e3:.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workload", choices=["lr", "wd"], default="lr")
     p.add_argument("--pushes", type=int, default=200, help="pushes per block")
     p.add_argument("--blocks", type=int, default=6, help="blocks of each side, alternated")
     p.add_argument("--profile", help="cProfile one more block of replicated pushes into this file")
+    p.add_argument("--stages", action="store_true", help="time each stage of one entry apart instead")
     args = p.parse_args()
+    if args.stages:
+        stages(args.workload, args.pushes)
+        return
 
     rng = np.random.default_rng(0)
     grads = [gradients(args.workload, rng) for _ in range(8)]
