@@ -95,11 +95,12 @@ variable) leaves every variable unchanged; the server keeps serving.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -124,7 +125,9 @@ from psflow.ps.protocol import (
     RegisterReply,
     RegisterRequest,
     StatsReply,
+    WorkerTag,
 )
+from psflow.ps.push_order import PushOrder
 from psflow.ps.restore_gate import RestoreGate
 from psflow.ps.run_end import RunLedger
 from psflow.ps.step_clock import StepClock
@@ -156,6 +159,8 @@ class ParameterService:
       journal, the newest step the clients reported, the sync step count;
     * :attr:`workers` (:class:`~psflow.ps.worker_ledger.WorkerLedger`): incarnations,
       pushes in flight per worker, reader positions, finished workers;
+    * :attr:`order` (:class:`~psflow.ps.push_order.PushOrder`): a worker process's numbered pushes,
+      applied in the order made (more than one push in flight per worker);
     * :attr:`gate` (:class:`~psflow.ps.restore_gate.RestoreGate`): readiness,
       restore generation, pushes in flight;
     * :attr:`mode` (:class:`~psflow.ps.update_mode.UpdateMode`): the sync aggregator or ssp clock;
@@ -195,6 +200,7 @@ class ParameterService:
         self.variables = VariableStore(task_index, holds_global_step=holds_global_step)
         self.mode = UpdateMode(self.task_name, self.clock, self.variables)
         self.workers = WorkerLedger(self.task_name, records_positions=holds_global_step)
+        self.order = PushOrder(self.task_name)
         self.gate = RestoreGate(self.task_name)
         self.counters = ServiceCounters()
         # Highest chief epoch seen; fenced writes (checkpoints) check it (psflow.coord.fence).
@@ -281,12 +287,35 @@ class ParameterService:
 
     def push_pull(self, frame: Frame) -> Reply:
         """A push, then a pull, in one call: the pull part is validated first,
-        the push applied (as :meth:`push`), then the rows read."""
+        the push applied (as :meth:`push`), then the rows read. A numbered push (``seq``) does all of it
+        in its turn (:mod:`psflow.ps.push_order`)."""
         request = PushPullRequest.from_frame(frame)
+        if request.push.worker.seq is None:
+            return self._push_pull(request)
+        with self._turn(request.push.worker):
+            return self._push_pull(request)
+
+    def _push_pull(self, request: PushPullRequest) -> Reply:
         wanted = self._pull_entries(request.pull)
         pushed = self._push(request.push)
         step, out = self._read(wanted, create=request.pull.create)
         return _reply(PushPullReply(pushed, PullReply(step, out)))
+
+    @contextlib.contextmanager
+    def _turn(self, tag: WorkerTag) -> Iterator[None]:
+        """Holds a numbered push until its turn and passes the turn on once it was handled (refused: the
+        process's later pushes are refused too); see :mod:`psflow.ps.push_order`."""
+        if tag.worker is None or tag.incarnation is None or tag.seq is None:  # (the protocol refuses this)
+            raise InvalidRequest("a numbered push ('seq') must carry 'worker' and 'incarnation'")
+        if not self.order.enter(tag.worker, tag.incarnation, tag.seq):
+            yield  # an earlier process's push: the ledger refuses it
+            return
+        try:
+            yield
+        except BaseException as e:
+            self.order.leave(tag.worker, tag.incarnation, tag.seq, ok=False, why=str(e))
+            raise
+        self.order.leave(tag.worker, tag.incarnation, tag.seq, ok=True)
 
     def _pull_entries(self, request: PullRequest) -> list[tuple[PartitionState, np.ndarray | None]]:
         wanted: list[tuple[PartitionState, np.ndarray | None]] = []
@@ -323,7 +352,11 @@ class ParameterService:
 
     # ---- Push -----------------------------------------------------------------------------------------
     def push(self, frame: Frame) -> Reply:
-        return _reply(self._push(PushRequest.from_frame(frame)))
+        request = PushRequest.from_frame(frame)
+        if request.worker.seq is None:
+            return _reply(self._push(request))
+        with self._turn(request.worker):
+            return _reply(self._push(request))
 
     def _push(self, request: PushRequest) -> PushReply:
         """Admits the push (its worker's process, then its generation), applies it, releases it."""

@@ -42,7 +42,11 @@ class WorkerTag:
     (one more per call; a resend to a new primary keeps it: applied once), ``acked`` how many of this
     process's pushes this shard acknowledged before this one, ``acked_all`` the same count for every shard,
     in shard order (each shard keeps them: when every replica of one shard is lost, the others still know
-    what it acknowledged). None: not sent (an unreplicated cluster)."""
+    what it acknowledged). None: not sent (an unreplicated cluster).
+
+    ``seq``: with more than one push in flight per ps task (``--steps-in-flight`` 3 or more), the push's
+    number in its process's sequence to this ps task (0, 1, ...; sent with ``incarnation``): the ps task
+    applies them in that order (:mod:`psflow.ps.push_order`). None: applied on arrival."""
 
     worker: str | None = None
     incarnation: int | None = None
@@ -51,6 +55,7 @@ class WorkerTag:
     push_id: int | None = None
     acked: int | None = None
     acked_all: tuple[int, ...] | None = None
+    seq: int | None = None
 
 
 @message
@@ -242,6 +247,8 @@ class PushRequest:
             meta["acked"] = tag.acked
         if tag.acked_all is not None:
             meta["acked_all"] = list(tag.acked_all)
+        if tag.seq is not None:
+            meta["seq"] = tag.seq
         if self.shard_epoch is not None:
             meta["shard_epoch"] = self.shard_epoch
         return meta
@@ -275,6 +282,7 @@ class PushRequest:
         read_step, clock, sync_tag, hint = get("read_step"), get("clock"), get("tag"), get("step_hint")
         examples, loss = get("examples", 0), get("loss")
         push_id, acked, epoch, acked_all = get("push_id"), get("acked"), get("shard_epoch"), get("acked_all")
+        seq = get("seq")
         # One test on the hot path; the slow path names the first field that is wrong.
         if not ((push_id is None or (type(push_id) is int and push_id >= 0)) and (acked is None or (
                 type(acked) is int and acked >= 0)) and (epoch is None or (type(epoch) is int and epoch >= 0))
@@ -285,12 +293,13 @@ class PushRequest:
                 and (sync_tag is None or type(sync_tag) is int) and (hint is None or type(hint) is int)
                 and type(examples) is int and examples >= 0
                 and (acked_all is None or (type(acked_all) is list and all(type(n) is int and n >= 0
-                                                                           for n in acked_all)))):
+                                                                           for n in acked_all)))
+                and (seq is None or (type(seq) is int and seq >= 0 and incarnation is not None))):
             _refuse_push(meta)
         # progress only: anything but a number (a diverged loss travels as null) counts as none
         loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
         return cls(grads, WorkerTag(worker, incarnation, generation, position, push_id, acked,
-                                    tuple(acked_all) if acked_all is not None else None),
+                                    tuple(acked_all) if acked_all is not None else None, seq),
                    StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss, epoch)
 
 
@@ -312,6 +321,9 @@ def _refuse_push(meta: Mapping[str, Any]) -> None:
     if type(examples) is not int or examples < 0:
         raise refuse("examples", "a non-negative integer", examples)
     acked_counts(meta, "acked_all")
+    seq = meta.get("seq")
+    if seq is not None and (type(seq) is not int or seq < 0 or incarnation is None):
+        raise InvalidRequest(f"'seq' must be a non-negative integer sent with 'incarnation', got {seq!r:.40}")
     raise AssertionError(f"a push's fields were refused but none is wrong: {meta!r:.200}")  # pragma: no cover
 
 
