@@ -2,8 +2,10 @@
 
 A worker with more than one push in flight to a ps task (``--steps-in-flight``
 3 or more: concurrent gRPC calls, each served by a handler thread of its own)
-numbers them: ``seq`` 0, 1, 2, ... per (worker, incarnation) and ps task, sent
-in :class:`~psflow.ps.protocol.WorkerTag`. Guarantees, per ps task:
+numbers them: ``seq`` 0, 1, 2, ... per sequence (``stream``: a number the
+worker process picks, higher for each new one, e.g. after a recovery) and ps
+task, sent in :class:`~psflow.ps.protocol.WorkerTag` with the process's
+``incarnation``. Guarantees, per ps task:
 
 * **Order.** Push ``n`` of a process is applied (or refused) only after push
   ``n - 1`` of the same process was: :meth:`PushOrder.enter` blocks the
@@ -19,10 +21,12 @@ in :class:`~psflow.ps.protocol.WorkerTag`. Guarantees, per ps task:
   the first error anyway; its next process starts a new sequence.
 * **Once.** A push numbered below the next one expected (a repeat) is refused,
   never applied twice.
-* **Processes.** A push of a newer incarnation starts that worker's sequence
-  afresh at 0 (the older process's state is dropped); a push of an older one
-  passes through unordered (:class:`~psflow.ps.worker_ledger.WorkerLedger`
-  refuses it next). State: one entry per worker.
+* **Processes and sequences.** A push of a newer incarnation, or of a newer
+  stream of the same one, starts that worker's sequence afresh at 0 (the older
+  one's waiting pushes are refused, and its later ones); a push of an older
+  incarnation passes through unordered
+  (:class:`~psflow.ps.worker_ledger.WorkerLedger` refuses it next). State: one
+  entry per worker.
 
 Waiting pushes each hold a handler thread: a ps task serves up to
 ``max_workers`` calls at once (64 for a served ps task), so workers x (pushes in
@@ -48,6 +52,7 @@ ORDER_TIMEOUT = 60.0
 @dataclass
 class _Sequence:
     incarnation: int
+    stream: int
     expected: int = 0              # the next seq to apply
     broken_at: int | None = None   # the seq that was refused or never arrived: it and every later one refused
     why: str = ""
@@ -72,24 +77,32 @@ class PushOrder:
         with self._cond:
             return self._waiting
 
-    def enter(self, worker: str, incarnation: int, seq: int) -> bool:
-        """Blocks until push ``seq`` of ``worker``'s process ``incarnation`` may be applied.
+    def enter(self, worker: str, incarnation: int, stream: int, seq: int) -> bool:
+        """Blocks until push ``seq`` of sequence ``stream`` of ``worker``'s process ``incarnation`` may be
+        applied.
 
         Returns:
             True: the caller must call :meth:`leave` once the push was handled (applied or refused);
             False: an older process's push, not ordered here (no :meth:`leave`).
 
         Raises:
-            PreconditionFailed: a repeat; the sequence was broken at or before ``seq``; or the predecessor
-                did not arrive within :attr:`timeout` (the sequence is broken there from now on).
+            PreconditionFailed: a repeat; an older sequence of the process; the sequence was broken at or
+                before ``seq``; or the predecessor did not arrive within :attr:`timeout` (the sequence is
+                broken there from now on).
         """
         with self._cond:
             state = self._of.get(worker)
-            if state is None or incarnation > state.incarnation:
-                state = self._of[worker] = _Sequence(incarnation)
-                self._cond.notify_all()  # the older process's waiting pushes are refused
+            if state is None or (incarnation, stream) > (state.incarnation, state.stream):
+                if state is not None and incarnation == state.incarnation:
+                    log.info("%s: %s (incarnation %d) started a new sequence of pushes", self.task_name, worker,
+                             incarnation)
+                state = self._of[worker] = _Sequence(incarnation, stream)
+                self._cond.notify_all()  # the older sequence's waiting pushes are refused
             elif incarnation < state.incarnation:
                 return False
+            elif stream < state.stream:
+                raise PreconditionFailed(f"{self.task_name}: push {seq} of {worker} (incarnation {incarnation}) "
+                                         "refused: it belongs to an earlier sequence of that process")
             self._refuse_if_broken(worker, state, seq)
             if seq < state.expected:
                 raise PreconditionFailed(f"{self.task_name}: push {seq} of {worker} (incarnation {incarnation}) "
@@ -103,19 +116,20 @@ class PushOrder:
                 self._waiting -= 1
             if self._of.get(worker) is not state:
                 raise PreconditionFailed(f"{self.task_name}: push {seq} of {worker} (incarnation {incarnation}) "
-                                         "refused: a later process of the worker started")
+                                         "refused: a later process of the worker, or a later sequence of this "
+                                         "one, started")
             if not arrived:
                 self._break(state, state.expected, f"push {state.expected} never arrived ({self.timeout:g} s "
                                                    f"after push {seq} did)")
             self._refuse_if_broken(worker, state, seq)
             return True
 
-    def leave(self, worker: str, incarnation: int, seq: int, *, ok: bool, why: str = "") -> None:
+    def leave(self, worker: str, incarnation: int, stream: int, seq: int, *, ok: bool, why: str = "") -> None:
         """Push ``seq`` (let in by :meth:`enter`) was handled: the next one's turn; ``ok`` False (it was
         refused: ``why``) breaks the sequence there."""
         with self._cond:
             state = self._of.get(worker)
-            if state is None or state.incarnation != incarnation:
+            if state is None or (state.incarnation, state.stream) != (incarnation, stream):
                 return
             if ok:
                 state.expected = seq + 1

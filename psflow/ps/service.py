@@ -305,17 +305,17 @@ class ParameterService:
     def _turn(self, tag: WorkerTag) -> Iterator[None]:
         """Holds a numbered push until its turn and passes the turn on once it was handled (refused: the
         process's later pushes are refused too); see :mod:`psflow.ps.push_order`."""
-        if tag.worker is None or tag.incarnation is None or tag.seq is None:  # (the protocol refuses this)
-            raise InvalidRequest("a numbered push ('seq') must carry 'worker' and 'incarnation'")
-        if not self.order.enter(tag.worker, tag.incarnation, tag.seq):
+        if tag.worker is None or tag.incarnation is None or tag.stream is None or tag.seq is None:
+            raise InvalidRequest("a numbered push ('seq') must carry 'worker', 'incarnation' and 'stream'")  # (the protocol refuses it)
+        if not self.order.enter(tag.worker, tag.incarnation, tag.stream, tag.seq):
             yield  # an earlier process's push: the ledger refuses it
             return
         try:
             yield
         except BaseException as e:
-            self.order.leave(tag.worker, tag.incarnation, tag.seq, ok=False, why=str(e))
+            self.order.leave(tag.worker, tag.incarnation, tag.stream, tag.seq, ok=False, why=str(e))
             raise
-        self.order.leave(tag.worker, tag.incarnation, tag.seq, ok=True)
+        self.order.leave(tag.worker, tag.incarnation, tag.stream, tag.seq, ok=True)
 
     def _pull_entries(self, request: PullRequest) -> list[tuple[PartitionState, np.ndarray | None]]:
         wanted: list[tuple[PartitionState, np.ndarray | None]] = []

@@ -45,8 +45,9 @@ class WorkerTag:
     what it acknowledged). None: not sent (an unreplicated cluster).
 
     ``seq``: with more than one push in flight per ps task (``--steps-in-flight`` 3 or more), the push's
-    number in its process's sequence to this ps task (0, 1, ...; sent with ``incarnation``): the ps task
-    applies them in that order (:mod:`psflow.ps.push_order`). None: applied on arrival."""
+    number in its sequence to this ps task (0, 1, ...), ``stream`` that sequence (a process starts a new,
+    higher one, e.g. after a recovery; both sent with ``incarnation``): the ps task applies them in that
+    order (:mod:`psflow.ps.push_order`). None: applied on arrival."""
 
     worker: str | None = None
     incarnation: int | None = None
@@ -55,6 +56,7 @@ class WorkerTag:
     push_id: int | None = None
     acked: int | None = None
     acked_all: tuple[int, ...] | None = None
+    stream: int | None = None
     seq: int | None = None
 
 
@@ -249,6 +251,7 @@ class PushRequest:
             meta["acked_all"] = list(tag.acked_all)
         if tag.seq is not None:
             meta["seq"] = tag.seq
+            meta["stream"] = tag.stream
         if self.shard_epoch is not None:
             meta["shard_epoch"] = self.shard_epoch
         return meta
@@ -282,7 +285,7 @@ class PushRequest:
         read_step, clock, sync_tag, hint = get("read_step"), get("clock"), get("tag"), get("step_hint")
         examples, loss = get("examples", 0), get("loss")
         push_id, acked, epoch, acked_all = get("push_id"), get("acked"), get("shard_epoch"), get("acked_all")
-        seq = get("seq")
+        seq, stream = get("seq"), get("stream")
         # One test on the hot path; the slow path names the first field that is wrong.
         if not ((push_id is None or (type(push_id) is int and push_id >= 0)) and (acked is None or (
                 type(acked) is int and acked >= 0)) and (epoch is None or (type(epoch) is int and epoch >= 0))
@@ -294,12 +297,13 @@ class PushRequest:
                 and type(examples) is int and examples >= 0
                 and (acked_all is None or (type(acked_all) is list and all(type(n) is int and n >= 0
                                                                            for n in acked_all)))
-                and (seq is None or (type(seq) is int and seq >= 0 and incarnation is not None))):
+                and (seq is None and stream is None or (type(seq) is int and seq >= 0 and type(stream) is int
+                                                        and stream >= 0 and incarnation is not None))):
             _refuse_push(meta)
         # progress only: anything but a number (a diverged loss travels as null) counts as none
         loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
         return cls(grads, WorkerTag(worker, incarnation, generation, position, push_id, acked,
-                                    tuple(acked_all) if acked_all is not None else None, seq),
+                                    tuple(acked_all) if acked_all is not None else None, stream, seq),
                    StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss, epoch)
 
 
@@ -321,9 +325,11 @@ def _refuse_push(meta: Mapping[str, Any]) -> None:
     if type(examples) is not int or examples < 0:
         raise refuse("examples", "a non-negative integer", examples)
     acked_counts(meta, "acked_all")
-    seq = meta.get("seq")
-    if seq is not None and (type(seq) is not int or seq < 0 or incarnation is None):
-        raise InvalidRequest(f"'seq' must be a non-negative integer sent with 'incarnation', got {seq!r:.40}")
+    seq, stream = meta.get("seq"), meta.get("stream")
+    if (seq, stream) != (None, None) and (type(seq) is not int or seq < 0 or type(stream) is not int or stream < 0
+                                          or incarnation is None):
+        raise InvalidRequest(f"'seq' and 'stream' must be non-negative integers sent together with 'incarnation', "
+                             f"got {seq!r:.40} and {stream!r:.40}")
     raise AssertionError(f"a push's fields were refused but none is wrong: {meta!r:.200}")  # pragma: no cover
 
 

@@ -33,11 +33,11 @@ def registered() -> ParameterService:
 
 
 def push_frame(seq: int | None, position: str, *, incarnation: int = 100, rows: int = 1,
-               generation: int | None = None) -> Frame:
+               generation: int | None = None, stream: int = 7) -> Frame:
     meta: dict[str, object] = {"grads": [["w/part_0", "sparse"]], "step": True, "examples": 4, "worker": "w1",
                                "incarnation": incarnation, "position": position}
     if seq is not None:
-        meta["seq"] = seq
+        meta.update(seq=seq, stream=stream)
     if generation is not None:
         meta["generation"] = generation
     return Frame(meta, {"g/w/part_0": np.ones((rows, 2), np.float32), "i/w/part_0": np.array([3] * rows)})
@@ -160,11 +160,13 @@ def test_seq_travels_with_the_push_and_a_bad_one_is_refused() -> None:
     request = PushRequest.from_frame(push_frame(7, "p"))
     assert request.worker.seq == 7
     assert PushRequest.from_frame(request.to_frame()).worker.seq == 7
-    for bad in (-1, "1", 1.5, True):
-        frame = push_frame(0, "p")
-        frame.meta["seq"] = bad
-        with pytest.raises(InvalidRequest, match="seq"):
-            PushRequest.from_frame(frame)
+    assert request.worker.stream == 7
+    for key in ("seq", "stream"):
+        for bad in (-1, "1", 1.5, True, None):
+            frame = push_frame(0, "p")
+            frame.meta[key] = bad
+            with pytest.raises(InvalidRequest, match="seq"):
+                PushRequest.from_frame(frame)
     without = push_frame(0, "p")
     del without.meta["incarnation"]
     with pytest.raises(InvalidRequest, match="seq"):
@@ -177,7 +179,7 @@ def test_a_new_process_refuses_the_old_ones_waiting_pushes_and_the_old_ones_pass
 
     def old_push() -> None:
         try:
-            order.enter("w", 100, 1)  # waits for push 0 of process 100, which never comes
+            order.enter("w", 100, 7, 1)  # waits for push 0 of process 100, which never comes
         except PreconditionFailed as e:
             refused.append(e)
 
@@ -186,9 +188,24 @@ def test_a_new_process_refuses_the_old_ones_waiting_pushes_and_the_old_ones_pass
     deadline = time.monotonic() + 10
     while order.waiting() < 1 and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert order.enter("w", 200, 0) is True  # the new process: its own sequence, no wait
+    assert order.enter("w", 200, 7, 0) is True  # the new process: its own sequence, no wait
     waiter.join(10)
     assert len(refused) == 1 and "later process" in str(refused[0])
-    order.leave("w", 200, 0, ok=True)
-    assert order.enter("w", 100, 5) is False  # the old process's push: the ledger refuses it, not the order
+    order.leave("w", 200, 7, 0, ok=True)
+    assert order.enter("w", 100, 7, 5) is False  # the old process's push: the ledger refuses it, not the order
     assert order.waiting() == 0
+
+
+def test_a_new_sequence_of_the_same_process_starts_at_zero_and_refuses_the_older_ones_pushes() -> None:
+    svc = registered()
+    svc.push(push_frame(0, "a0", stream=1))
+    stale = Sent(svc, push_frame(2, "a2", stream=1))  # waits for push 1 of sequence 1, which never comes
+    waiting(svc, 1)
+    svc.push(push_frame(0, "b0", stream=2))  # e.g. the worker's loop started again after a recovery
+    stale.join(10)
+    assert isinstance(stale.error, PreconditionFailed) and "later sequence" in str(stale.error)
+    with pytest.raises(PreconditionFailed, match="earlier sequence"):
+        svc.push(push_frame(1, "a1", stream=1))
+    svc.push(push_frame(1, "b1", stream=2))
+    assert svc.global_step is not None and svc.global_step.value == 3
+    assert svc.workers.positions() == {"w1": "b1"}
