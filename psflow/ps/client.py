@@ -26,6 +26,7 @@ Not thread-safe: one client per training thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -160,6 +161,9 @@ class ParameterClient:
         self._step_hint: int | None = None  # the newest global_step heard of: the tables' clock off ps task 0
         #: This process, sent with pushes: an earlier process's are refused (psflow.ps.service, Incarnations).
         self.incarnation = time.time_ns()
+        # Ordered pushes (several in flight, psflow.ps.push_order): the sequence, ps task -> its next seq.
+        self._stream = 0
+        self._seq: dict[int, int] = {}
         self.cluster = cluster
         self._plans = Planner(layout, client_name=client_name)
         self.layout = self._plans.layout  #: Every variable's placement, by name.
@@ -363,15 +367,24 @@ class ParameterClient:
         clock: int | None = None,
         position: str | None = None,
         generation: int | None = None,
+        ordered: bool = False,
     ) -> PendingPushPull:
         """:meth:`push_pull` (``requests`` None: :meth:`push_detailed`), sent but not waited for.
 
         Returns at once, with the calls in flight (a request that cannot be built raises here, nothing
         sent); :meth:`PendingPushPull.result` waits for them (blocks, raises as :meth:`push_pull`) and
-        must be called, exactly once, before this client makes another call: a ps task's connection
-        may serve one call at a time (the TCP carrier), and the order of one client's pushes to a ps
-        task is the order their replies were collected in.
+        must be called exactly once. Unordered (the default), before this client makes another call: a ps
+        task's connection may serve one call at a time (the TCP carrier), and the order of one client's
+        pushes to a ps task is the order their replies were collected in.
+
+        ``ordered``: several may be in flight (a carrier whose channels carry concurrent calls: gRPC; an
+        unreplicated cluster); each call to a ps task carries the next number of this process's sequence
+        to that task (``seq``; a pull-only half too) and the ps task applies them in that order, nothing
+        after a refused one (:mod:`psflow.ps.push_order`). Collect them in the order sent.
         """
+        if ordered and (self.router is not None or not self._stream):
+            raise ClientError(f"{self.client_name}: ordered pushes (several in flight) need start_ordered() first "
+                              "and are not supported with replicated ps shards")
         plan = self._pull_plan(requests) if requests is not None else None
         pushes = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
         calls: dict[int, Request] = {}
@@ -384,8 +397,33 @@ class ParameterClient:
                     calls[task] = pull  # replicated: a shard pushed nothing gets a plain pull, no empty push to count
                 else:
                     calls[task] = PushPullRequest(pushes.get(task) or PushRequest((), WorkerTag(self.client_name)), pull)
+        if ordered:
+            calls = self._numbered(calls)
         timeout = self._push_timeout()
         return PendingPushPull(self, plan, calls, pushes, self._send_all(calls, timeout=timeout), timeout)
+
+    def start_ordered(self) -> None:
+        """Starts a new sequence of ordered pushes (``send_push_pull(ordered=True)``), numbered from 0 on every
+        ps task: the ps tasks refuse the older sequence's pushes from then on. Call it before the first
+        ordered push, and again once none of the previous sequence's is in flight (a training loop that
+        starts over, e.g. after a recovery)."""
+        self._stream = max(time.time_ns(), self._stream + 1)
+        self._seq = {}
+
+    def _numbered(self, calls: Mapping[int, Request]) -> dict[int, Request]:
+        """``calls`` (pushes and push-pulls), each tagged with the next ``seq`` of its ps task (this process's)."""
+        out: dict[int, Request] = {}
+        for task, call in calls.items():
+            seq = self._seq.get(task, 0)
+            push = call.push if isinstance(call, PushPullRequest) else call
+            if not isinstance(push, PushRequest):
+                raise ClientError(f"{self.client_name}: only pushes are numbered, not {call.METHOD}")
+            tag = dataclasses.replace(push.worker, incarnation=self.incarnation, stream=self._stream, seq=seq)
+            numbered = dataclasses.replace(push, worker=tag)
+            out[task] = dataclasses.replace(call, push=numbered) if isinstance(call, PushPullRequest) else numbered
+        for task in out:  # (only once every request is built: a number is never skipped)
+            self._seq[task] = self._seq.get(task, 0) + 1
+        return out
 
     def _finish_push_pull(self, plan: PullPlan | None, calls: Mapping[int, Request], pushes: Collection[int],
                           frames: Mapping[int, Frame]) -> tuple[PushResult, dict[str, np.ndarray] | None]:

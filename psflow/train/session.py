@@ -146,15 +146,17 @@ class MonitoredTrainingSession:
         if self._stop_reason is None:
             self._stop_reason = reason
 
-    def run(self, step_fn: Callable[[], R], *, epochs_completed: int | None = None,
+    def run(self, step_fn: Callable[[], R | None], *, epochs_completed: int | None = None,
             source: BatchSource | None = None) -> R | None:
         """Runs one step between the hooks.
 
         Args:
-            step_fn: runs the step (pull, compute, push) and returns its result.
-            epochs_completed: epochs of this worker's data done after this batch
+            step_fn: runs the step (pull, compute, push) and returns its result; or None when no step
+                completed in this call (:class:`psflow.train.pipeline.PipelinedStep` filling up): then no
+                ``after_run`` hook runs.
+            epochs_completed: epochs of this worker's data done after the result's batch
                 (for :class:`~psflow.train.hooks.StopAfterEpochsHook`).
-            source: where the step's batch came from (:attr:`psflow.data.Batch.source`),
+            source: where the result's batch came from (:attr:`psflow.data.Batch.source`),
                 for the hooks (:class:`~psflow.train.hooks.NanLossHook` names it).
 
         Returns:
@@ -167,6 +169,19 @@ class MonitoredTrainingSession:
             self.request_stop(context.stop_reason)
             return None
         result = step_fn()
+        if result is not None:
+            self._after(context, result, epochs_completed, source)
+        return result
+
+    def report(self, result: StepReport, *, epochs_completed: int | None = None,
+               source: BatchSource | None = None) -> None:
+        """Runs the ``after_run`` hooks for a step that completed outside :meth:`run` (the pushes a
+        pipelined step collects at the end of the loop, :meth:`psflow.train.pipeline.PipelinedStep.drain`).
+        A stop a hook requests is recorded as in :meth:`run`."""
+        self._after(RunContext(self, self._local_step), result, epochs_completed, source)
+
+    def _after(self, context: RunContext, result: StepReport, epochs_completed: int | None,
+               source: BatchSource | None) -> None:
         values = RunValues(result.step, result.loss, result.examples, result.metrics, epochs_completed, source,
                            result.completed, result.min_clock)
         self._local_step += 1
@@ -175,7 +190,6 @@ class MonitoredTrainingSession:
             hook.after_run(context, values)
         if context.stop_requested:
             self.request_stop(context.stop_reason)
-        return result
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -59,7 +59,8 @@ from psflow.ps.client import ParameterClient, PendingPushPull, PushResult
 from psflow.rpc.api import RpcError
 from psflow.train.clipping import clip_by_global_norm, valid_clip_norm
 
-__all__ = ["TrainStep", "StepResult", "LazyMetrics", "compute_gradients", "check_lookups", "check_gradients"]
+__all__ = ["TrainStep", "StepResult", "ComputedBatch", "LazyMetrics", "compute_gradients", "check_lookups",
+           "check_gradients"]
 
 #: Seconds a ``lag`` straggler (fault injection) waits at most for global_step to move on.
 LAG_WAIT_LIMIT = 5.0
@@ -171,8 +172,8 @@ def _metrics(model: Model, labels: np.ndarray, outputs: Mapping[str, np.ndarray]
 
 
 @dataclass(frozen=True)
-class _Computed:
-    """A batch's gradients, computed and not pushed yet (steps in flight)."""
+class ComputedBatch:
+    """A batch's gradients, computed and not pushed yet (steps in flight, :mod:`psflow.train.pipeline`)."""
 
     given: Batch                 # the batch as the caller gave it (identity: the next call's)
     batch: Batch                 # prepared
@@ -207,9 +208,10 @@ class TrainStep:
         self.clip_norm = _clip_norm(model)
         # (the next batch as given, prepared, its pulled values, the step they were read at), from a push_pull
         self._carry: tuple[Batch, Batch, dict[str, np.ndarray], int | None] | None = None
-        self._computed: _Computed | None = None  # steps in flight: the next call's batch, its gradients computed
+        self._computed: ComputedBatch | None = None  # steps in flight: the next call's batch, its gradients computed
 
-    def _requests(self, batch: Batch) -> tuple[Batch, Lookups]:
+    def prepare_lookups(self, batch: Batch) -> tuple[Batch, Lookups]:
+        """``batch`` prepared (unless the input pipeline did) and the rows it looks up, checked."""
         if not self.prepared:
             batch = self.model.prepare(batch)
         lookups = self.model.lookups(batch)
@@ -261,7 +263,7 @@ class TrainStep:
         if carry is not None and carry[0] is batch:
             _, batch, values, read_step = carry
         else:
-            batch, lookups = self._requests(batch)
+            batch, lookups = self.prepare_lookups(batch)
             values = client.pull(lookups, create=True)
             read_step = client.last_pull_step
         output = self.model.compute(batch, values)
@@ -279,7 +281,7 @@ class TrainStep:
             r = client.push_detailed(gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step,
                                      position=position, generation=generation)
         else:
-            prepared_next, next_lookups = self._requests(next_batch)
+            prepared_next, next_lookups = self.prepare_lookups(next_batch)
             r, next_values = client.push_pull(gradients, next_lookups, examples=n, loss=output.loss, clock=clock,
                                               read_step=read_step, position=position, generation=generation)
             self._carry = (next_batch, prepared_next, next_values, client.last_pull_step)
@@ -287,21 +289,23 @@ class TrainStep:
         return StepResult(r.step, output.loss, n, batch.labels, output.outputs, metrics, r.completed, r.accepted,
                           r.min_clock)
 
-    def _compute(self, given: Batch, batch: Batch, values: Mapping[str, np.ndarray], read_step: int | None) -> _Computed:
+    def compute_batch(self, given: Batch, batch: Batch, values: Mapping[str, np.ndarray],
+                      read_step: int | None) -> ComputedBatch:
+        """``batch``'s (``given`` prepared) gradients from ``values`` (read at ``read_step``), checked and clipped."""
         output = self.model.compute(batch, values)
         check_gradients(self.model, self.client.layout, output.gradients)
         grad_norm = None
         if self.clip_norm is not None:
             gradients, grad_norm = clip_by_global_norm(output.gradients, self.clip_norm)
             output = ModelOutput(output.loss, gradients, output.outputs)
-        return _Computed(given, batch, output, grad_norm, read_step)
+        return ComputedBatch(given, batch, output, grad_norm, read_step)
 
     def _pulled(self, given: Batch) -> tuple[Batch, dict[str, np.ndarray], int | None]:
         """``given`` prepared, its rows (the carried ones when the previous call pulled them) and their step."""
         carry, self._carry = self._carry, None
         if carry is not None and carry[0] is given:
             return carry[1], carry[2], carry[3]
-        batch, lookups = self._requests(given)
+        batch, lookups = self.prepare_lookups(given)
         values = self.client.pull(lookups, create=True)
         return batch, values, self.client.last_pull_step
 
@@ -311,14 +315,14 @@ class TrainStep:
         client = self.client
         computed, self._computed = self._computed, None
         if computed is None or computed.given is not given:
-            computed = self._compute(given, *self._pulled(given))
+            computed = self.compute_batch(given, *self._pulled(given))
         # Every pull happens before the push is sent: one call per ps task in flight, never two.
         upcoming = self._pulled(next_batch) if next_batch is not None else None
         if pause:
             time.sleep(pause)
         if lag and computed.read_step is not None:
             self._wait_for_step(computed.read_step + lag)
-        later: tuple[Batch, Lookups] | None = self._requests(after_next) if after_next is not None else None
+        later: tuple[Batch, Lookups] | None = self.prepare_lookups(after_next) if after_next is not None else None
         output, n = computed.output, computed.batch.num_examples
         pending = client.send_push_pull(output.gradients, later[1] if later is not None else None, examples=n,
                                         loss=output.loss, clock=clock, read_step=computed.read_step,
@@ -328,19 +332,24 @@ class TrainStep:
         if later is not None and after_next is not None and later_values is not None:
             self._carry = (after_next, later[0], later_values, client.last_pull_step)
         self._computed = following
+        return self.result_of(computed, r)
+
+    def result_of(self, computed: ComputedBatch, r: PushResult) -> StepResult:
+        """The :class:`StepResult` of ``computed``'s batch, whose push produced ``r``."""
+        output = computed.output
         metrics = LazyMetrics(functools.partial(_metrics, self.model, computed.batch.labels, output.outputs,
                                                 computed.grad_norm))
-        return StepResult(r.step, output.loss, n, computed.batch.labels, output.outputs, metrics, r.completed,
-                          r.accepted, r.min_clock)
+        return StepResult(r.step, output.loss, computed.batch.num_examples, computed.batch.labels, output.outputs,
+                          metrics, r.completed, r.accepted, r.min_clock)
 
     def _compute_while(self, pending: PendingPushPull, given: Batch | None,
-                       upcoming: tuple[Batch, dict[str, np.ndarray], int | None] | None) -> _Computed | None:
+                       upcoming: tuple[Batch, dict[str, np.ndarray], int | None] | None) -> ComputedBatch | None:
         """``given``'s gradients, computed while ``pending`` travels; if that fails, ``pending`` is still
         collected (its connection freed; a failed push's error is chained) before the error is raised."""
         if given is None or upcoming is None:
             return None
         try:
-            return self._compute(given, *upcoming)
+            return self.compute_batch(given, *upcoming)
         except BaseException as e:
             _collect_quietly(pending, e)
             raise

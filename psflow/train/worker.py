@@ -42,6 +42,7 @@ waits a fixed time: all waits are bounded retries on the ps tasks.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
@@ -76,9 +77,10 @@ from psflow.train.duties import (
     run_id,
 )
 from psflow.train.faults import NO_FAULTS, FaultInjection
+from psflow.train.pipeline import PipelinedStep
 from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
-from psflow.train.step import TrainStep
+from psflow.train.step import StepResult, TrainStep
 
 __all__ = ["connect_client", "run_worker", "WorkerResult", "WorkerStopped", "StopSource", "load_eval"]
 
@@ -289,7 +291,7 @@ def _steps_in_flight(config: TrainConfig, client: ParameterClient, remote: bool)
     shards keep 1 (their pushes' order is kept either way, but two in flight is not tested there yet).
 
     Raises:
-        ConfigError: ``--steps-in-flight 2`` with replicated ps shards (``--ps-replicas``).
+        ConfigError: ``--steps-in-flight`` above 1 with replicated ps shards (``--ps-replicas``).
     """
     if client.router is not None:
         if config.sync.steps_in_flight not in (None, 1):
@@ -363,6 +365,9 @@ def _train(session: MonitoredTrainingSession, model: Model,
     # process (the in-process fast path) or the prefetch thread, so it overlaps the step's PyTorch work and
     # its wait for the ps tasks (a W&D worker: ~25% more examples/s than preparing on the step's thread).
     prepare = model.prepare
+    if steps_in_flight > 2:
+        return _train_pipelined(session, model, data_config, resume, task_index, progress, stop,
+                                generation=generation, faults=faults, steps_in_flight=steps_in_flight)
     train_step = TrainStep(model, client, prepared=True, steps_in_flight=steps_in_flight)
     with open_dataset(data_config, start=True, resume_from=resume, prepare=prepare) as dataset:
         # One batch of lookahead: the push of a step and the pull of the next share one RPC per ps task.
@@ -401,6 +406,79 @@ def _train(session: MonitoredTrainingSession, model: Model,
                 break
             window.pop(0)
             fill()
+    progress.bad_records += dataset.stats.bad_records
+    if dataset.stats.bad_records:
+        log.warning("worker %d: skipped %d bad records (last: %s)", task_index, dataset.stats.bad_records,
+                    dataset.stats.last_bad)
+    return reason
+
+
+def _train_pipelined(session: MonitoredTrainingSession, model: Model, data_config: DatasetConfig,
+                     resume: ReaderPosition | None, task_index: int, progress: _Progress, stop: StopSource | None,
+                     *, generation: int | None, faults: FaultInjection, steps_in_flight: int) -> str:
+    """:func:`_train` with ``steps_in_flight`` >= 3 (:mod:`psflow.train.pipeline`): each step's result comes
+    K-1 steps later, so the hooks see each push's result (its batch's epochs and source with it) when it
+    arrives; at the end of the data, a stop by a hook or a stop request, the pushes in flight are collected
+    (applied: counted, and shown to the hooks; a stop request raises after that); a batch computed and not
+    sent is not counted."""
+    client = session.client
+    delay, lag = faults.delay(task_index), faults.lag(task_index)
+    reason = "end of data"
+    pipe = PipelinedStep(model, client, prepared=True, steps_in_flight=steps_in_flight)
+    sent: collections.deque[tuple[Batch, ReaderPosition]] = collections.deque()  # batches whose push is in flight
+
+    def count(result: StepResult) -> tuple[Batch, ReaderPosition]:
+        batch, position = sent.popleft()
+        progress.step = result.step
+        progress.first_step = result.step if progress.first_step is None else progress.first_step
+        progress.local_steps += 1
+        progress.examples += batch.num_examples
+        progress.stale += int(not result.accepted)
+        return batch, position
+
+    with open_dataset(data_config, start=True, resume_from=resume, prepare=model.prepare) as dataset:
+        batches = iter(dataset)
+        window: list[tuple[Batch, ReaderPosition]] = []  # this step's batch, then up to K more, with positions after
+
+        def fill() -> None:
+            while len(window) < 1 + steps_in_flight:
+                got = next(batches, None)
+                if got is None:
+                    return
+                window.append((got, dataset.position()))
+
+        def finish() -> None:  # the pushes in flight: collected, counted, shown to the hooks
+            for result in pipe.drain():
+                batch, position = count(result)
+                session.report(result, epochs_completed=epochs_completed(position), source=batch.source)
+
+        fill()
+        try:
+            while window:
+                (batch, position), ahead = window[0], [b for b, _ in window[1:]]
+                _check_stop(stop, client.client_name, f"at global_step {session.global_step}")
+                owner = sent[0] if pipe.full else None  # the batch whose result this call returns
+                step_fn = functools.partial(pipe.step, batch, ahead=ahead, clock=progress.local_steps + len(sent) + 1,
+                                            position=position.to_json(), generation=generation, pause=delay, lag=lag)
+                before = pipe.sent
+                result = session.run(step_fn, epochs_completed=epochs_completed(owner[1]) if owner else None,
+                                     source=owner[0].source if owner else None)
+                if pipe.sent != before:  # it ran (no before_run hook stopped it): this batch's push is out
+                    sent.append((batch, position))
+                if result is not None:
+                    count(result)
+                if session.should_stop():
+                    reason = session.stop_reason or f"a hook stopped the session at global_step {session.global_step}"
+                    break
+                window.pop(0)
+                fill()
+        except WorkerStopped:
+            finish()
+            raise
+        except BaseException as e:
+            pipe.discard(e)
+            raise
+        finish()
     progress.bad_records += dataset.stats.bad_records
     if dataset.stats.bad_records:
         log.warning("worker %d: skipped %d bad records (last: %s)", task_index, dataset.stats.bad_records,

@@ -21,6 +21,7 @@ from psflow.errors import ConfigError
 from psflow.train.config.groups import (
     DEFAULT_LEARNING_RATES,
     MAX_SEED,
+    MAX_STEPS_IN_FLIGHT,
     CheckpointSettings,
     ChiefSettings,
     ClusterSettings,
@@ -39,4 +40,4 @@ TORCH_THREADS_ENV = "PSFLOW_TORCH_THREADS"
 
 __all__ = ["TrainConfig", "FLAT_FIELDS", "DataSettings", "ModelSettings", "OptimizerSettings", "ClusterSettings",
            "SyncSettings", "CheckpointSettings", "ReportSettings", "ChiefSettings", "ComputeSettings",
-           "DEFAULT_LEARNING_RATES", "ConfigError", "MAX_SEED", "TORCH_THREADS_ENV"]
+           "DEFAULT_LEARNING_RATES", "ConfigError", "MAX_SEED", "MAX_STEPS_IN_FLIGHT", "TORCH_THREADS_ENV"]

@@ -185,6 +185,9 @@ class ClusterSettings:
 #: before; benchmarks/RESULTS.md (netns_delay_1ms, _5ms) measured 2 at 1.19x at 2 ms round trips, 0.98x at
 #: 10 ms and 1.01-1.20x on loopback, too close to the noise to change what an async step reads by default.
 DEFAULT_STEPS_IN_FLIGHT = 1
+#: The most steps a worker may keep in flight (3 or more: psflow.train.pipeline; a ps task then holds up to
+#: K-2 of each worker's pushes waiting for their turn, a handler thread each).
+MAX_STEPS_IN_FLIGHT = 8
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,8 @@ class SyncSettings:
     # In-graph replication: step functions (import paths) a worker's StepService runs besides the built-in ones.
     allowed_steps: tuple[str, ...] = ()
     # Steps a between-graph worker keeps in flight (psflow.train.step): 1, or 2 (the next step computes while this
-    # one's push travels; async and ssp). None: the default (DEFAULT_STEPS_IN_FLIGHT in async mode over RPC, else 1).
+    # one's push travels; async and ssp), or 3 .. MAX_STEPS_IN_FLIGHT (K-1 pushes in flight, psflow.train.pipeline;
+    # async, gRPC). None: the default (DEFAULT_STEPS_IN_FLIGHT in async mode over RPC, else 1).
     steps_in_flight: int | None = None
 
     def __post_init__(self) -> None:
@@ -213,11 +217,13 @@ class SyncSettings:
             raise ConfigError(f"--replication must be between-graph or in-graph, got {self.replication!r}")
         k = self.steps_in_flight
         _check([
-            (k is None or (isinstance(k, int) and k in (1, 2)), f"--steps-in-flight must be 1 or 2, got {k!r}"),
-            (k in (None, 1) or self.mode != "sync", "--steps-in-flight 2 needs --mode async or ssp: a sync step waits "
-                                                    "for the aggregated update before the next one computes"),
+            (k is None or (type(k) is int and 1 <= k <= MAX_STEPS_IN_FLIGHT),
+             f"--steps-in-flight must be 1 to {MAX_STEPS_IN_FLIGHT}, got {k!r}"),
+            (k in (None, 1) or self.mode != "sync", f"--steps-in-flight {k} needs --mode async or ssp: a sync step "
+                                                    "waits for the aggregated update before the next one computes"),
+            (k in (None, 1, 2) or self.mode == "async", f"--steps-in-flight {k} needs --mode async (ssp: 2 at most)"),
             (k in (None, 1) or self.replication == "between-graph",
-             "--steps-in-flight 2 is for between-graph workers; in-graph replication drives each step itself"),
+             f"--steps-in-flight {k} is for between-graph workers; in-graph replication drives each step itself"),
         ])
 
     def in_flight(self, *, remote: bool) -> int:

@@ -91,6 +91,20 @@ def test_lifecycle_order_and_stop(no_cluster: None) -> None:
     ]
 
 
+def test_a_step_that_completed_nothing_runs_no_after_run_hook_and_report_runs_them_later(no_cluster: None) -> None:
+    """A pipelined step (psflow.train.pipeline) returns None while it fills, and its last results come from
+    drain(): the hooks see each result once, when it arrives."""
+    calls: list[str] = []
+    with _session([Recorder(calls, "a", stop_after=7)]) as sess:
+        assert sess.run(lambda: None) is None
+        assert not sess.should_stop()
+        sess.run(lambda: Step(6))
+        sess.report(Step(7))
+        assert sess.should_stop() and sess.global_step == 7
+    assert calls == ["a.begin", "a.after_create_session", "a.before_run", "a.before_run", "a.after_run:6",
+                     "a.after_run:7", "a.end"]
+
+
 def test_exception_skips_end_and_chief_only_hooks_only_on_chief(no_cluster: None) -> None:
     calls: list[str] = []
     with pytest.raises(NanLossError, match="loss is nan at global_step 6"):

@@ -242,8 +242,11 @@ def test_steps_in_flight_settings() -> None:
         SyncSettings(mode="sync", steps_in_flight=2)
     with pytest.raises(ConfigError, match="--steps-in-flight 2 is for between-graph workers"):
         SyncSettings(replication="in-graph", steps_in_flight=2)
-    with pytest.raises(ConfigError, match="--steps-in-flight must be 1 or 2, got 3"):
-        SyncSettings(steps_in_flight=3)
+    assert SyncSettings(steps_in_flight=8).in_flight(remote=True) == 8  # psflow.train.pipeline
+    with pytest.raises(ConfigError, match="--steps-in-flight must be 1 to 8, got 9"):
+        SyncSettings(steps_in_flight=9)
+    with pytest.raises(ConfigError, match="--steps-in-flight 3 needs --mode async"):
+        SyncSettings(mode="ssp", steps_in_flight=3)
     with pytest.raises(ValueError, match="steps_in_flight must be 1 or 2, got 0"):
         events: list[tuple[str, ...]] = []
         model = Recorder(events)
