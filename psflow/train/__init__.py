@@ -14,6 +14,8 @@ Classes and functions, by file:
 * ``inputs.py`` -- checks of a run's input files before any task starts; ``preflight.py`` -- settings
   checked before any task starts (memory, resume), each refused in one line.
 * ``step.py`` -- :class:`~psflow.train.step.TrainStep`: one training step of any model.
+* ``pipeline.py`` -- :class:`~psflow.train.pipeline.PipelinedStep`: K-1 pushes in flight per worker
+  (``--steps-in-flight`` 3 to 8), results returned as their replies arrive.
 * ``clipping.py`` -- gradient clipping by global norm.
 * ``worker.py`` -- :func:`~psflow.train.worker.run_worker`: the between-graph training loop of one worker.
 * ``session.py`` -- :class:`~psflow.train.session.MonitoredTrainingSession`: a loop's session with hooks;

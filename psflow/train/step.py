@@ -33,6 +33,11 @@ with 1); another worker's updates are as stale as ever. A batch whose
 gradients were computed but whose call never came (the loop stopped) is
 never pushed: its examples are neither applied nor counted.
 
+Three or more steps in flight (pushes in flight between calls, each result
+returned later): :mod:`psflow.train.pipeline`, which uses this class's
+per-batch parts (:meth:`TrainStep.prepare_lookups`,
+:meth:`TrainStep.compute_batch`, :meth:`TrainStep.result_of`).
+
 The push returns the global_step its own update produced (async and ssp: one
 value per push, unique in the cluster; sync: the aggregated step, owned by
 the one push that completed it). Used by between-graph workers, the

@@ -182,8 +182,9 @@ class ClusterSettings:
 
 
 #: Steps an async between-graph worker keeps in flight unless ``--steps-in-flight`` says otherwise. 1: as
-#: before; benchmarks/RESULTS.md (netns_delay_1ms, _5ms) measured 2 at 1.19x at 2 ms round trips, 0.98x at
-#: 10 ms and 1.01-1.20x on loopback, too close to the noise to change what an async step reads by default.
+#: before; benchmarks/RESULTS.md (netns_delay_1ms, _5ms, _rtt) measured 2 at 1.17-1.19x at 2 ms round trips,
+#: 0.98-1.10x at 10 ms, and 2, 4 and 6 on loopback within the noise of 1 (4 and 6 hide 2-10 ms round trips:
+#: 0.80-1.03x of the same relay at 0 ms), too little to change what an async step reads by default.
 DEFAULT_STEPS_IN_FLIGHT = 1
 #: The most steps a worker may keep in flight (3 or more: psflow.train.pipeline; a ps task then holds up to
 #: K-2 of each worker's pushes waiting for their turn, a handler thread each).
