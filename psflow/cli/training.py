@@ -138,11 +138,12 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas-to-aggregate", type=int, help="sync: gradients per step (default: every worker; "
                    "fewer makes the rest backups)")
     g.add_argument("--staleness", type=int, default=2, help="ssp: steps a worker may run ahead of the slowest (2)")
-    g.add_argument("--steps-in-flight", type=int, choices=range(1, MAX_STEPS_IN_FLIGHT + 1), metavar="K",
+    g.add_argument("--steps-in-flight", type=int, metavar="K",  # 1 .. MAX_STEPS_IN_FLIGHT: checked by SyncSettings
                    help="async/ssp: 2 computes a worker's next step while its push travels (the step's gradient "
                         "then lacks the worker's own previous update); 3 to 8 (async, gRPC) keep K-1 pushes in "
                         "flight, for ps tasks a long round trip away (a gradient lacks the worker's own K-1 latest "
-                        "updates); 1 waits for each push first (the default). Not with --mode sync or --ps-replicas")
+                        f"updates; at most {MAX_STEPS_IN_FLIGHT}); 1 waits for each push first (the default). Not with "
+                        "--mode sync or --ps-replicas")
     g.add_argument("--sync-timeout", type=float, default=30.0, help="sync/ssp: seconds to wait for a missing worker (30)")
     g.add_argument("--on-timeout", default="fail", choices=["fail", "proceed"],
                    help="when a worker is missing past --sync-timeout: stop naming it, or go on without it")
