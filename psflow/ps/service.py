@@ -7,7 +7,8 @@ the restore gate (:mod:`psflow.ps.restore_gate`), the update mode
 (:mod:`psflow.ps.update_mode`), the counters, the fence, the checkpoint ledger
 and the run's end (:mod:`psflow.ps.run_end`). A push goes through the worker
 ledger (its process), then the gate (its generation), is applied to the
-variables under each partition's lock, steps the clock, and is counted.
+variables under each partition's lock, steps the clock, and is counted
+(:mod:`psflow.ps.push_apply`).
 
 Methods (each takes and returns a frame holding one message of :mod:`psflow.ps.protocol`; the
 fields below are those messages'):
@@ -127,12 +128,12 @@ from psflow.ps.protocol import (
     StatsReply,
     WorkerTag,
 )
+from psflow.ps.push_apply import PushApplier
 from psflow.ps.push_order import PushOrder
 from psflow.ps.restore_gate import RestoreGate
 from psflow.ps.run_end import RunLedger
 from psflow.ps.step_clock import StepClock
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
-from psflow.ps.sync import Contribution
 from psflow.ps.update_mode import UpdateMode
 from psflow.ps.variable_store import VariableStore
 from psflow.ps.worker_ledger import WorkerLedger
@@ -142,10 +143,6 @@ from psflow.rpc.framing import Frame
 __all__ = ["ParameterService"]
 
 log = logging.getLogger(__name__)
-
-#: One partition's part of a push: the partition, its rows (None: dense) and the gradient.
-_Planned = tuple[PartitionState, np.ndarray | None, np.ndarray]
-
 
 class ParameterService:
     """The handlers of one ps task, each over the parts of the task's state it reads or changes.
@@ -164,6 +161,8 @@ class ParameterService:
     * :attr:`gate` (:class:`~psflow.ps.restore_gate.RestoreGate`): readiness,
       restore generation, pushes in flight;
     * :attr:`mode` (:class:`~psflow.ps.update_mode.UpdateMode`): the sync aggregator or ssp clock;
+    * :attr:`pushes` (:class:`~psflow.ps.push_apply.PushApplier`): a push admitted, applied and counted,
+      over the parts above;
     * :attr:`counters`, :attr:`fence`, :attr:`saves` (the checkpoint ledger) and, on a
       served task, :attr:`run_ledger` (the workers' ``Done``, :mod:`psflow.ps.run_end`).
     """
@@ -203,6 +202,8 @@ class ParameterService:
         self.order = PushOrder(self.task_name)
         self.gate = RestoreGate(self.task_name)
         self.counters = ServiceCounters()
+        self.pushes = PushApplier(variables=self.variables, clock=self.clock, workers=self.workers, gate=self.gate,
+                                  mode=self.mode, counters=self.counters)
         # Highest chief epoch seen; fenced writes (checkpoints) check it (psflow.coord.fence).
         self.fence = FenceGuard(self.task_name)
         self.saves = SaveLedger()
@@ -297,7 +298,7 @@ class ParameterService:
 
     def _push_pull(self, request: PushPullRequest) -> Reply:
         wanted = self._pull_entries(request.pull)
-        pushed = self._push(request.push)
+        pushed = self.pushes.apply(request.push)
         step, out = self._read(wanted, create=request.pull.create)
         return _reply(PushPullReply(pushed, PullReply(step, out)))
 
@@ -352,98 +353,12 @@ class ParameterService:
 
     # ---- Push -----------------------------------------------------------------------------------------
     def push(self, frame: Frame) -> Reply:
+        """Applies the push (:class:`~psflow.ps.push_apply.PushApplier`); a numbered one in its turn."""
         request = PushRequest.from_frame(frame)
         if request.worker.seq is None:
-            return _reply(self._push(request))
+            return _reply(self.pushes.apply(request))
         with self._turn(request.worker):
-            return _reply(self._push(request))
-
-    def _push(self, request: PushRequest) -> PushReply:
-        """Admits the push (its worker's process, then its generation), applies it, releases it."""
-        worker = request.worker.worker
-        self.workers.admit(worker, request.worker.incarnation)
-        try:
-            self.gate.admit(request.worker.generation)
-        except BaseException:
-            self.workers.release(worker)
-            raise
-        try:
-            return self._apply(request)
-        finally:
-            self.gate.release()
-            self.workers.release(worker)
-
-    def _apply(self, request: PushRequest) -> PushReply:
-        variables, clock = self.variables, self.clock
-        store = variables.partitions
-        plan: list[_Planned] = []
-        for key, grad, rows in request.grads:  # every gradient checked before any is applied
-            part = variables.part(key)
-            try:
-                if rows is None:
-                    store.check_dense(part, grad)
-                else:
-                    store.check_sparse(part, rows, grad)
-            except StoreError as e:
-                raise InvalidRequest(str(e)) from e
-            plan.append((part, rows, grad))
-        if request.step and clock.global_step is None:
-            raise InvalidRequest("global_step does not live on this task (it is on /job:ps/task:0)")
-        mode = self.mode.config.mode
-        if not plan and not request.step and mode != "sync":
-            return PushReply(None)  # the pull-only half of a PushPull
-        if mode == "sync":
-            return self._push_sync(request, plan)
-        read_step = request.steps.read_step
-        clock.hear(request.steps.step_hint)
-        started = time.perf_counter()
-        table_step = clock.table_step()  # before this push's increment: a schedule's step, the tables' clock
-        variables.averages.catch_up(store.partitions(), table_step)  # steps without a push here (psflow.ps.averages)
-        for part, rows, grad in plan:
-            if rows is None:
-                store.apply_dense(part, grad, step=table_step)
-            else:
-                store.apply_sparse(part, rows, grad, step=table_step)
-        step = clock.global_step.increment() if request.step and clock.global_step is not None else None
-        variables.averages.move(store.partitions(), step if step is not None else table_step + 1)
-        applied = time.perf_counter() - started
-        self._sweep_tables(plan)
-        self._count_push(request, plan, applied)
-        if step is not None and read_step is not None:
-            self.counters.stale_by(step - 1 - read_step)
-        min_clock = None
-        staleness = self.mode.staleness
-        if mode == "ssp" and step is not None and staleness is not None:
-            clock_value = request.steps.clock
-            if clock_value is None:
-                raise InvalidRequest("an ssp push must carry the worker's clock")
-            min_clock = staleness.advance(_worker(request.worker.worker), clock_value)
-        return PushReply(step, min_clock=min_clock)
-
-    def _push_sync(self, request: PushRequest, plan: list[_Planned]) -> PushReply:
-        aggregator = self.mode.aggregator
-        if aggregator is None:
-            raise InvalidRequest("variables are not registered yet")
-        tag = request.steps.sync_tag
-        if tag is None:
-            raise InvalidRequest("a sync push must carry the step it was computed from ('tag')")
-        self.clock.hear(tag)
-        result = aggregator.contribute(tag, Contribution(_worker(request.worker.worker), plan, request))
-        if result.accepted and not self.mode.counts_at_step:  # (else counted with its step: UpdateMode)
-            self._count_push(request, plan)
-        return PushReply(result.step, result.accepted, result.completed, aggregated=True)
-
-    def _sweep_tables(self, plan: list[_Planned]) -> None:
-        """Drops rows past their ttl_steps from the dynamic tables this push touched (a bounded slice each)."""
-        for part, _, _ in plan:
-            if part.table is not None and part.table.spec.ttl_steps is not None:
-                part.table.evict(self.clock.table_step())
-
-    def _count_push(self, request: PushRequest, plan: list[_Planned], seconds: float = 0.0) -> None:
-        rows = sum(g.shape[0] if r is not None else 0 for _, r, g in plan)
-        nbytes = sum(g.nbytes + (r.nbytes if r is not None else 0) for _, g, r in request.grads)
-        self.counters.pushed(rows, nbytes, request.loss, seconds)
-        self.workers.record_push(request.worker.worker, request.worker.position, request.examples)
+            return _reply(self.pushes.apply(request))
 
     # ---- Leave / Stats / Fence / Shutdown --------------------------------------------------------------
     def leave(self, frame: Frame) -> Reply:
@@ -503,9 +418,3 @@ def _reply(message: Ack | FenceReply | PullReply | PushPullReply | PushReply | R
     frame = message.to_frame()
     return frame.meta, frame.arrays
 
-
-def _worker(worker: str | None) -> str:
-    """The pushing worker's task name, which sync and ssp pushes must carry."""
-    if worker is None:
-        raise InvalidRequest("push must name its worker task")
-    return worker

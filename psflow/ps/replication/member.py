@@ -242,7 +242,7 @@ class ShardReplication:
         with self._apply_lock if asynchronous else contextlib.nullcontext():
             recorded = self.dedup.check(tag.worker, tag.incarnation, tag.push_id)
             if recorded is None and asynchronous:
-                reply = self.service._push(request)
+                reply = self.service.pushes.apply(request)
                 seq = self._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
         if recorded is not None:  # applied before (a resend after a failover or a late reply): not again
             forwarder.wait(recorded.seq)
@@ -250,7 +250,7 @@ class ShardReplication:
         if asynchronous:
             forwarder.wait(seq)
             return reply
-        reply = self.service._push(request)
+        reply = self.service.pushes.apply(request)
         if mode.counts_at_step and reply.accepted:  # recorded with its step's rows (_step_applied)
             mine = self.dedup.get(tag.worker, tag.incarnation, tag.push_id)
             if mine is not None:
@@ -273,7 +273,7 @@ class ShardReplication:
         for contribution in applied.contributions:
             request = contribution.push
             if isinstance(request, PushRequest):
-                self.service._count_push(request, list(contribution.grads))
+                self.service.pushes.count(request, list(contribution.grads))
                 pushes.append((request, PushReply(applied.step, True, contribution is applied.completer,
                                                   aggregated=True)))
         forwarder = self.forwarder

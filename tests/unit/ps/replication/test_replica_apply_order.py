@@ -50,7 +50,7 @@ def test_a_push_recorded_late_is_never_half_held_by_a_backup(make_shard: Callabl
     shard.wait_view()
     shard.register(layout(SyncConfig()))
     service = shard.services[PRIMARY]
-    real_push = service._push
+    real_push = service.pushes.apply
     applied_a, go = threading.Event(), threading.Event()
 
     def paused_push(request: PushRequest) -> PushReply:  # A: applied, then the primary stalls before recording
@@ -60,7 +60,7 @@ def test_a_push_recorded_late_is_never_half_held_by_a_backup(make_shard: Callabl
             go.wait(20)
         return reply
 
-    service._push = paused_push  # type: ignore[method-assign]
+    service.pushes.apply = paused_push  # type: ignore[method-assign]
     threading.Thread(target=lambda: _quiet(lambda: shard.push(PRIMARY, a)), daemon=True).start()
     assert applied_a.wait(10)
     b_done = threading.Event()
@@ -102,7 +102,7 @@ def test_a_push_sent_again_while_it_is_being_applied_is_applied_once(make_shard:
     shard.wait_view()
     shard.register(layout(SyncConfig()))
     service = shard.services[PRIMARY]
-    real_push = service._push
+    real_push = service.pushes.apply
     applying, go = threading.Event(), threading.Event()
 
     def slow_push(request: PushRequest) -> PushReply:
@@ -111,7 +111,7 @@ def test_a_push_sent_again_while_it_is_being_applied_is_applied_once(make_shard:
         go.wait(20)
         return reply
 
-    service._push = slow_push  # type: ignore[method-assign]
+    service.pushes.apply = slow_push  # type: ignore[method-assign]
     replies: list[PushReply] = []
     first = threading.Thread(target=lambda: replies.append(shard.push(PRIMARY, a)), daemon=True)
     first.start()

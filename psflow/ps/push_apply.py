@@ -1,0 +1,158 @@
+"""A push applied to one ps task's state: admitted, checked whole, applied (async, ssp) or aggregated (sync), counted.
+
+:class:`PushApplier` is the ``Push`` half of :class:`~psflow.ps.service.ParameterService` (and of a
+replicated primary's, :mod:`psflow.ps.replication.data_calls`), over the service's parts. Guarantees of
+:meth:`PushApplier.apply`, in this order:
+
+1. **Admission.** The worker's process (:meth:`~psflow.ps.worker_ledger.WorkerLedger.admit`: an earlier
+   incarnation is refused), then its generation (:meth:`~psflow.ps.restore_gate.RestoreGate.admit`: a push
+   from before a restore is refused). Both are released when the call ends, whatever it raised.
+2. **All or nothing.** Every gradient is checked against its partition (shape, rows, dtype) before any is
+   applied; a refused push (:class:`~psflow.rpc.api.InvalidRequest`, naming the task and the variable)
+   changes nothing.
+3. **Async and ssp.** Each gradient is applied under its partition's lock at the step before this push's
+   increment (a schedule's step, the dynamic tables' clock); then global_step is incremented once (``step``
+   set: the task holding it) and the moving averages move; the dynamic tables the push touched drop rows past
+   their ``ttl_steps`` (a bounded slice each); the push is counted (rows, bytes, loss, apply time, the
+   worker's examples and reader position). An ssp push that stepped global_step also advances its worker's
+   clock and returns the slowest worker's (blocking while this worker is too far ahead: :mod:`psflow.ps.staleness`).
+4. **Sync.** The push is handed to the :class:`~psflow.ps.sync.SyncAggregator` (SyncReplicas semantics, which
+   may block it: :mod:`psflow.ps.sync`) and counted when accepted, unless the update mode counts at the step.
+
+Thread-safe: each part holds its own lock; no lock of this class.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from psflow.ps.counters import ServiceCounters
+from psflow.ps.protocol import PushReply, PushRequest
+from psflow.ps.restore_gate import RestoreGate
+from psflow.ps.step_clock import StepClock
+from psflow.ps.store import PartitionState, StoreError
+from psflow.ps.sync import Contribution
+from psflow.ps.update_mode import UpdateMode
+from psflow.ps.variable_store import VariableStore
+from psflow.ps.worker_ledger import WorkerLedger
+from psflow.rpc.api import InvalidRequest
+
+__all__ = ["Planned", "PushApplier"]
+
+#: One partition's part of a push: the partition, its rows (None: dense) and the gradient.
+Planned = tuple[PartitionState, np.ndarray | None, np.ndarray]
+
+
+class PushApplier:
+    """Applies pushes to one ps task's parts (the module docstring states the guarantees)."""
+
+    def __init__(self, *, variables: VariableStore, clock: StepClock, workers: WorkerLedger, gate: RestoreGate,
+                 mode: UpdateMode, counters: ServiceCounters) -> None:
+        self._variables, self._clock, self._workers = variables, clock, workers
+        self._gate, self._mode, self._counters = gate, mode, counters
+
+    def apply(self, request: PushRequest) -> PushReply:
+        """Admits the push (its worker's process, then its generation), applies it, releases it.
+
+        Blocks in sync mode until the push's step is applied, and in ssp mode while its worker is too far ahead.
+
+        Raises:
+            InvalidRequest: a gradient that does not fit its partition, a step asked of a task without
+                global_step, or a sync or ssp push without the fields its mode needs; nothing was applied.
+            PreconditionFailed: (from the worker ledger or the gate) an earlier process's push, or one of an
+                earlier generation, or one before the task is ready.
+        """
+        worker = request.worker.worker
+        self._workers.admit(worker, request.worker.incarnation)
+        try:
+            self._gate.admit(request.worker.generation)
+        except BaseException:
+            self._workers.release(worker)
+            raise
+        try:
+            return self._apply(request)
+        finally:
+            self._gate.release()
+            self._workers.release(worker)
+
+    def count(self, request: PushRequest, plan: list[Planned], seconds: float = 0.0) -> None:
+        """Counts an applied push: its rows, bytes, loss and apply time; its worker's examples and position."""
+        rows = sum(g.shape[0] if r is not None else 0 for _, r, g in plan)
+        nbytes = sum(g.nbytes + (r.nbytes if r is not None else 0) for _, g, r in request.grads)
+        self._counters.pushed(rows, nbytes, request.loss, seconds)
+        self._workers.record_push(request.worker.worker, request.worker.position, request.examples)
+
+    def _apply(self, request: PushRequest) -> PushReply:
+        variables, clock = self._variables, self._clock
+        store = variables.partitions
+        plan: list[Planned] = []
+        for key, grad, rows in request.grads:  # every gradient checked before any is applied
+            part = variables.part(key)
+            try:
+                if rows is None:
+                    store.check_dense(part, grad)
+                else:
+                    store.check_sparse(part, rows, grad)
+            except StoreError as e:
+                raise InvalidRequest(str(e)) from e
+            plan.append((part, rows, grad))
+        if request.step and clock.global_step is None:
+            raise InvalidRequest("global_step does not live on this task (it is on /job:ps/task:0)")
+        mode = self._mode.config.mode
+        if not plan and not request.step and mode != "sync":
+            return PushReply(None)  # the pull-only half of a PushPull
+        if mode == "sync":
+            return self._push_sync(request, plan)
+        read_step = request.steps.read_step
+        clock.hear(request.steps.step_hint)
+        started = time.perf_counter()
+        table_step = clock.table_step()  # before this push's increment: a schedule's step, the tables' clock
+        variables.averages.catch_up(store.partitions(), table_step)  # steps without a push here (psflow.ps.averages)
+        for part, rows, grad in plan:
+            if rows is None:
+                store.apply_dense(part, grad, step=table_step)
+            else:
+                store.apply_sparse(part, rows, grad, step=table_step)
+        step = clock.global_step.increment() if request.step and clock.global_step is not None else None
+        variables.averages.move(store.partitions(), step if step is not None else table_step + 1)
+        applied = time.perf_counter() - started
+        self._sweep_tables(plan)
+        self.count(request, plan, applied)
+        if step is not None and read_step is not None:
+            self._counters.stale_by(step - 1 - read_step)
+        min_clock = None
+        staleness = self._mode.staleness
+        if mode == "ssp" and step is not None and staleness is not None:
+            clock_value = request.steps.clock
+            if clock_value is None:
+                raise InvalidRequest("an ssp push must carry the worker's clock")
+            min_clock = staleness.advance(_worker(request.worker.worker), clock_value)
+        return PushReply(step, min_clock=min_clock)
+
+    def _push_sync(self, request: PushRequest, plan: list[Planned]) -> PushReply:
+        aggregator = self._mode.aggregator
+        if aggregator is None:
+            raise InvalidRequest("variables are not registered yet")
+        tag = request.steps.sync_tag
+        if tag is None:
+            raise InvalidRequest("a sync push must carry the step it was computed from ('tag')")
+        self._clock.hear(tag)
+        result = aggregator.contribute(tag, Contribution(_worker(request.worker.worker), plan, request))
+        if result.accepted and not self._mode.counts_at_step:  # (else counted with its step: UpdateMode)
+            self.count(request, plan)
+        return PushReply(result.step, result.accepted, result.completed, aggregated=True)
+
+    def _sweep_tables(self, plan: list[Planned]) -> None:
+        """Drops rows past their ttl_steps from the dynamic tables this push touched (a bounded slice each)."""
+        for part, _, _ in plan:
+            if part.table is not None and part.table.spec.ttl_steps is not None:
+                part.table.evict(self._clock.table_step())
+
+
+def _worker(worker: str | None) -> str:
+    """The pushing worker's task name, which sync and ssp pushes must carry."""
+    if worker is None:
+        raise InvalidRequest("push must name its worker task")
+    return worker
