@@ -10,6 +10,8 @@
   gets its recorded reply (:mod:`~psflow.ps.replication.dedup`). In sync mode a step's rows, the records
   of every push it applied (dedup, examples, reader positions) and their count are one entry, so a backup
   never holds a step without its pushes' records (a resend after a failover gets its reply, never "stale").
+  Push, PushPull and Pull are :mod:`~psflow.ps.replication.data_calls`; the other calls, and the entries'
+  recording (:meth:`ShardReplication._record`), are here.
 * Counts (``Stats``' ``replication`` entry): ``pushes_applied`` (numbered pushes applied here, each once) and
   ``pushes_acknowledged`` (the largest ``acked`` each client process reported, summed): docs/replication.md.
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
@@ -22,15 +24,12 @@ An unreplicated service never builds one of these: its handlers are the service'
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
-
-import numpy as np
 
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import shard_members
@@ -41,9 +40,7 @@ from psflow.ps.protocol import (
     LeaveRequest,
     PartDelta,
     PromoteRequest,
-    PullReply,
     PullRequest,
-    PushPullReply,
     PushPullRequest,
     PushReply,
     PushRequest,
@@ -58,8 +55,8 @@ from psflow.ps.replication.applier import InOrderApplier
 from psflow.ps.replication.channels import MemberChannels
 from psflow.ps.replication.checkpoint_count import CheckpointCount
 from psflow.ps.replication.chunks import ChunkAssembler
+from psflow.ps.replication.data_calls import DataCalls
 from psflow.ps.replication.dedup import DedupTable
-from psflow.ps.replication.deltas import capture, capture_averages, capture_table
 from psflow.ps.replication.deposed import Deposal
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
 from psflow.ps.replication.register_call import replicated_register
@@ -68,8 +65,6 @@ from psflow.ps.replication.startup import find_place, rebuild, rebuild_unwritten
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
 from psflow.ps.replication.view_checks import refuse_drop, refuse_promotion
 from psflow.ps.service import ParameterService
-from psflow.ps.store import PartitionState
-from psflow.ps.sync import AppliedStep
 from psflow.rpc import after_reply
 from psflow.rpc.api import Channel, Handler, InvalidRequest, PreconditionFailed, Reply, RpcError
 from psflow.rpc.framing import Frame
@@ -138,19 +133,20 @@ class ShardReplication:
                                        status_timeout=config.status_timeout, replica_timeout=config.replica_timeout,
                                        connect=connect)
         self._channel, self._status_of = self.channels.get, self.channels.status_of  # control calls to a member
-        self._apply_lock = threading.Lock()  # an async push's apply and its entry, together (_push)
         self._stopped = threading.Event()
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
-        service.mode.on_step_applied = self._step_applied
-        service._checkpoints.push_count = CheckpointCount(self.counts, self.dedup, self._apply_lock, service.mode)  # its saves
+        self.data = DataCalls(self)  # Push, PushPull, Pull
+        service.mode.on_step_applied = self.data.step_applied
+        service._checkpoints.push_count = CheckpointCount(self.counts, self.dedup, self.data.apply_lock,
+                                                          service.mode)  # its saves
 
     # ---- handlers ---------------------------------------------------------------------------------
     def handlers(self, table: dict[str, Handler]) -> dict[str, Handler]:
         """The service's handler table with the replicated calls in place of its own, and this package's."""
         out = dict(table)
-        out[PushRequest.METHOD] = self.push
-        out[PullRequest.METHOD] = self.pull
-        out[PushPullRequest.METHOD] = self.push_pull
+        out[PushRequest.METHOD] = self.data.push
+        out[PullRequest.METHOD] = self.data.pull
+        out[PushPullRequest.METHOD] = self.data.push_pull
         for method in _FULL_CALLS + _STATE_CALLS:
             if method in table:
                 out[method] = self._replicated(table[method], full=method in _FULL_CALLS)
@@ -199,7 +195,7 @@ class ShardReplication:
             return forwarder.last_seq
         return self.applier.applied_seq
 
-    # ---- the primary's write path -----------------------------------------------------------------
+    # ---- the primary's write path (Push, PushPull, Pull: data_calls.py) ----------------------------
     def _check_primary(self, shard_epoch: int | None = None) -> Forwarder:
         if self.deposal.by is not None:
             raise PreconditionFailed(self.deposal.message())
@@ -228,84 +224,6 @@ class ShardReplication:
                 return full_entry(seq, self.service, self.dedup, self.counts)
             return ReplicaEntry(seq, task_state(self.service, self.dedup, self.counts), tuple(parts()))
         return forwarder.record(build)
-
-    def push(self, frame: Frame) -> Reply:
-        request = PushRequest.from_frame(frame)
-        return _reply(self._push(request, lambda: []))
-
-    def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]]) -> PushReply:
-        forwarder = self._check_primary(request.shard_epoch)
-        tag, mode = request.worker, self.service.mode
-        asynchronous = mode.config.mode == "async"
-        # async: checked, applied, recorded as one (an entry recorded in between would hold this push's rows
-        # without its dedup record: a resend would apply it twice); ssp blocks in the push, sync records at the step.
-        with self._apply_lock if asynchronous else contextlib.nullcontext():
-            recorded = self.dedup.check(tag.worker, tag.incarnation, tag.push_id)
-            if recorded is None and asynchronous:
-                reply = self.service.pushes.apply(request)
-                seq = self._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
-        if recorded is not None:  # applied before (a resend after a failover or a late reply): not again
-            forwarder.wait(recorded.seq)
-            return PushReply.from_frame(Frame(recorded.reply))
-        if asynchronous:
-            forwarder.wait(seq)
-            return reply
-        reply = self.service.pushes.apply(request)
-        if mode.counts_at_step and reply.accepted:  # recorded with its step's rows (_step_applied)
-            mine = self.dedup.get(tag.worker, tag.incarnation, tag.push_id)
-            if mine is not None:
-                forwarder.wait(mine.seq)
-                return reply
-        sync = mode.aggregator is not None  # the step's rows went with the step (_step_applied)
-        seq = self._record(forwarder, lambda: more() + ([] if sync else self._push_parts(request)), [(request, reply)])
-        forwarder.wait(seq)
-        return reply
-
-    def _push_parts(self, request: PushRequest) -> list[PartDelta]:
-        variables = self.service.variables
-        parts = [capture(variables.part(key), rows, averages=False) for key, _, rows in request.grads]
-        return parts + capture_averages(variables.partitions, set())
-
-    def _step_applied(self, applied: AppliedStep) -> None:
-        """(sync mode, under the step's lock) The step's rows, the averages it moved and the records of the
-        pushes it applied (their examples and reader positions, dedup records, count): the next entry."""
-        pushes = []
-        for contribution in applied.contributions:
-            request = contribution.push
-            if isinstance(request, PushRequest):
-                self.service.pushes.count(request, list(contribution.grads))
-                pushes.append((request, PushReply(applied.step, True, contribution is applied.completer,
-                                                  aggregated=True)))
-        forwarder = self.forwarder
-        if forwarder is None or self.view.view.role != PRIMARY:
-            return
-        store = self.service.variables.partitions
-        self._record(forwarder, lambda: [capture(part, rows, averages=False) for part, rows in applied.written]
-                     + capture_averages(store, set()), pushes)
-
-    def pull(self, frame: Frame) -> Reply:
-        request = PullRequest.from_frame(frame)
-        forwarder = self._check_primary(request.shard_epoch)
-        service = self.service
-        service.clock.hear(request.step_hint)
-        wanted = service._pull_entries(request)
-        step, out = service._read(wanted, create=request.create, averages=request.averages)
-        tables = _tables(wanted) if request.create else []
-        if tables:  # a training lookup admitted rows: they are state
-            forwarder.wait(self._record(forwarder, lambda: [capture_table(part) for part in tables]))
-        return _reply(PullReply(step, out))
-
-    def push_pull(self, frame: Frame) -> Reply:
-        request = PushPullRequest.from_frame(frame)
-        service = self.service
-        forwarder = self._check_primary(request.push.shard_epoch)
-        wanted = service._pull_entries(request.pull)
-        pushed = self._push(request.push, lambda: [])
-        step, out = service._read(wanted, create=request.pull.create)
-        tables = _tables(wanted) if request.pull.create else []
-        if tables:  # the rows the lookup admitted
-            forwarder.wait(self._record(forwarder, lambda: [capture_table(part) for part in tables]))
-        return _reply(PushPullReply(pushed, PullReply(step, out)))
 
     def _replicated(self, handler: Handler, *, full: bool) -> Handler:
         def call(frame: Frame) -> Reply:
@@ -503,10 +421,6 @@ class ShardReplication:
         self._stopped.set()
         if self.forwarder is not None:
             self.forwarder.stop()
-
-
-def _tables(wanted: list[tuple[PartitionState, np.ndarray | None]]) -> list[PartitionState]:
-    return [part for part, _ in wanted if part.table is not None]
 
 
 def _reply(message: Any) -> Reply:

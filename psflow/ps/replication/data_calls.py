@@ -1,0 +1,159 @@
+"""A replicated shard primary's data calls: ``Push``, ``PushPull`` and ``Pull``, each push applied once.
+
+:class:`DataCalls` serves them on a :class:`~psflow.ps.replication.member.ShardReplication`. Each is served
+as an unreplicated task serves it (:class:`~psflow.ps.push_apply.PushApplier`, the service's reads), then
+what it changed is recorded as the member's next entry (the rows it wrote, the small state, the dedup table;
+:meth:`ShardReplication._record`). Guarantees:
+
+* **Primary only.** A call on a member that is not the primary of its view, or is deposed, is refused with
+  FAILED_PRECONDITION naming the primary it knows, before anything is applied; so is a call routed by a
+  newer epoch than this primary's (it then asks the other members whether it was deposed, in the background).
+* **Acknowledged before the reply.** A call returns once every backup of the view acknowledged the entry
+  holding its change (blocking up to ``replica_timeout``, then UNAVAILABLE), so a promoted backup holds
+  every update a client saw acknowledged.
+* **Once.** A push already applied for its (worker, incarnation, push_id) -- a resend after a failover, or a
+  late reply -- is not applied again: it gets the reply recorded with it, once that record's entry is
+  acknowledged (:mod:`~psflow.ps.replication.dedup`).
+* **An entry never holds half a push.** async: the dedup check, the apply and the recording happen under
+  :attr:`DataCalls.apply_lock`, so no entry holds a push's rows without its dedup record (which a resend
+  would apply twice); :class:`~psflow.ps.replication.checkpoint_count.CheckpointCount` takes the same lock.
+  ssp: the push is applied (it may block for the slowest worker), then recorded. sync: a step's rows, the
+  averages it moved and the records of every push it applied are one entry (:meth:`DataCalls.step_applied`,
+  under the step's lock); a push counted at its step returns once that entry is acknowledged, a refused one
+  records its own.
+* **Rows a lookup admits are state.** A ``Pull`` or ``PushPull`` with ``create`` that reads a dynamic table
+  records the tables' rows as an entry and returns once it is acknowledged.
+
+Thread-safe: the member's forwarder orders the entries; :attr:`DataCalls.apply_lock` as above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from psflow.ps.protocol import (
+    PartDelta,
+    PullReply,
+    PullRequest,
+    PushPullReply,
+    PushPullRequest,
+    PushReply,
+    PushRequest,
+)
+from psflow.ps.replication.deltas import capture, capture_averages, capture_table
+from psflow.ps.replication.view import PRIMARY
+from psflow.ps.store import PartitionState
+from psflow.ps.sync import AppliedStep
+from psflow.rpc.api import Reply
+from psflow.rpc.framing import Frame
+
+if TYPE_CHECKING:
+    from psflow.ps.replication.member import ShardReplication
+
+__all__ = ["DataCalls"]
+
+
+class DataCalls:
+    """The ``Push``, ``PushPull`` and ``Pull`` handlers of one shard member (the module docstring)."""
+
+    def __init__(self, member: ShardReplication) -> None:
+        self._member = member
+        #: An async push's dedup check, apply and entry, together (and a checkpoint's count, CheckpointCount).
+        self.apply_lock = threading.Lock()
+
+    def push(self, frame: Frame) -> Reply:
+        request = PushRequest.from_frame(frame)
+        return _reply(self._push(request, lambda: []))
+
+    def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]]) -> PushReply:
+        member = self._member
+        forwarder = member._check_primary(request.shard_epoch)
+        tag, mode = request.worker, member.service.mode
+        asynchronous = mode.config.mode == "async"
+        # async: checked, applied, recorded as one (an entry recorded in between would hold this push's rows
+        # without its dedup record: a resend would apply it twice); ssp blocks in the push, sync records at the step.
+        with self.apply_lock if asynchronous else contextlib.nullcontext():
+            recorded = member.dedup.check(tag.worker, tag.incarnation, tag.push_id)
+            if recorded is None and asynchronous:
+                reply = member.service.pushes.apply(request)
+                seq = member._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
+        if recorded is not None:  # applied before (a resend after a failover or a late reply): not again
+            forwarder.wait(recorded.seq)
+            return PushReply.from_frame(Frame(recorded.reply))
+        if asynchronous:
+            forwarder.wait(seq)
+            return reply
+        reply = member.service.pushes.apply(request)
+        if mode.counts_at_step and reply.accepted:  # recorded with its step's rows (step_applied)
+            mine = member.dedup.get(tag.worker, tag.incarnation, tag.push_id)
+            if mine is not None:
+                forwarder.wait(mine.seq)
+                return reply
+        sync = mode.aggregator is not None  # the step's rows went with the step (step_applied)
+        seq = member._record(forwarder, lambda: more() + ([] if sync else self._push_parts(request)),
+                             [(request, reply)])
+        forwarder.wait(seq)
+        return reply
+
+    def _push_parts(self, request: PushRequest) -> list[PartDelta]:
+        variables = self._member.service.variables
+        parts = [capture(variables.part(key), rows, averages=False) for key, _, rows in request.grads]
+        return parts + capture_averages(variables.partitions, set())
+
+    def step_applied(self, applied: AppliedStep) -> None:
+        """(sync mode, under the step's lock) The step's rows, the averages it moved and the records of the
+        pushes it applied (their examples and reader positions, dedup records, count): the next entry."""
+        member = self._member
+        pushes = []
+        for contribution in applied.contributions:
+            request = contribution.push
+            if isinstance(request, PushRequest):
+                member.service.pushes.count(request, list(contribution.grads))
+                pushes.append((request, PushReply(applied.step, True, contribution is applied.completer,
+                                                  aggregated=True)))
+        forwarder = member.forwarder
+        if forwarder is None or member.view.view.role != PRIMARY:
+            return
+        store = member.service.variables.partitions
+        member._record(forwarder, lambda: [capture(part, rows, averages=False) for part, rows in applied.written]
+                       + capture_averages(store, set()), pushes)
+
+    def pull(self, frame: Frame) -> Reply:
+        request = PullRequest.from_frame(frame)
+        member = self._member
+        forwarder = member._check_primary(request.shard_epoch)
+        service = member.service
+        service.clock.hear(request.step_hint)
+        wanted = service._pull_entries(request)
+        step, out = service._read(wanted, create=request.create, averages=request.averages)
+        tables = _tables(wanted) if request.create else []
+        if tables:  # a training lookup admitted rows: they are state
+            forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))
+        return _reply(PullReply(step, out))
+
+    def push_pull(self, frame: Frame) -> Reply:
+        request = PushPullRequest.from_frame(frame)
+        member = self._member
+        service = member.service
+        forwarder = member._check_primary(request.push.shard_epoch)
+        wanted = service._pull_entries(request.pull)
+        pushed = self._push(request.push, lambda: [])
+        step, out = service._read(wanted, create=request.pull.create)
+        tables = _tables(wanted) if request.pull.create else []
+        if tables:  # the rows the lookup admitted
+            forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))
+        return _reply(PushPullReply(pushed, PullReply(step, out)))
+
+
+def _tables(wanted: list[tuple[PartitionState, np.ndarray | None]]) -> list[PartitionState]:
+    return [part for part, _ in wanted if part.table is not None]
+
+
+def _reply(message: Any) -> Reply:
+    frame = message.to_frame()
+    return frame.meta, frame.arrays
