@@ -45,7 +45,11 @@ Files (the served side):
 Files (the calling side):
 
 * ``protocol/``: one frozen message per call, the only module spelling a wire key (its own map).
-* ``client.py``: :class:`~psflow.ps.client.ParameterClient`, :class:`~psflow.ps.client.PushResult`;
+* ``client.py``: :class:`~psflow.ps.client.ParameterClient` (``PushResult``, ``PendingPushPull`` re-exported);
+  ``task_calls.py``: :class:`~psflow.ps.task_calls.TaskCalls` (a client's requests sent to each ps task, or
+  a replicated shard's primary, and the replies waited for); ``push_calls.py``: a push as calls (each task's
+  request, push and pull in one call, :class:`~psflow.ps.push_calls.OrderedPushes`,
+  :class:`~psflow.ps.push_calls.PendingPushPull`, :class:`~psflow.ps.push_calls.PushResult`);
   ``plans.py``: pull/push routing (:class:`~psflow.ps.plans.Planner`, :class:`~psflow.ps.plans.ClientError`);
   ``registration.py``: :func:`~psflow.ps.registration.register_layout` and the wait for the chief.
 * ``failover.py``: (replicated shards) :class:`~psflow.ps.failover.ShardRouter`, routing each shard to its

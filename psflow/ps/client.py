@@ -26,12 +26,8 @@ Not thread-safe: one client per training thread.
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
-from concurrent import futures
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,15 +37,13 @@ from psflow.cluster.replicas import ps_replicas
 from psflow.gradients import DenseGradient, SparseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
-from psflow.ps.failover import ShardRouter, resolve_all
+from psflow.ps.failover import ShardRouter
 from psflow.ps.plans import ClientError, Planner, PullPlan
 from psflow.ps.protocol import (
     DoneRequest,
     LeaveRequest,
     PullReply,
     PullRequest,
-    PushPullReply,
-    PushPullRequest,
     PushReply,
     PushRequest,
     ReaderPositionsReply,
@@ -60,66 +54,24 @@ from psflow.ps.protocol import (
     StepTag,
     WorkerTag,
 )
-from psflow.ps.push_numbers import PushNumbers, at_epoch
+from psflow.ps.push_calls import (
+    OrderedPushes,
+    PendingPushPull,
+    PushResult,
+    push_pull_calls,
+    push_pull_replies,
+    push_requests,
+)
+from psflow.ps.push_numbers import PushNumbers
 from psflow.ps.registration import register_layout
 from psflow.ps.report_done import send_done
 from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import (
-    PARAMETER_SERVICE,
-    Channel,
-    ConnectConfig,
-    PendingReply,
-    RpcError,
-    gather,
-)
+from psflow.ps.task_calls import TaskCalls
+from psflow.rpc.api import PARAMETER_SERVICE, Channel, ConnectConfig, PendingReply
 from psflow.rpc.framing import Frame
 from psflow.rpc.registry import open_channel
 
 __all__ = ["ParameterClient", "ClientError", "PushResult", "PendingPushPull"]
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class PushResult:
-    """What a push produced.
-
-    Attributes:
-        step: the global_step value this push produced (async, ssp), or the
-            step its aggregated update produced (sync).
-        accepted: False when the gradient was stale and dropped (sync).
-        completed: True for the one push per step that owns ``step`` (in sync
-            mode: the push that completed the aggregation; otherwise always).
-        min_clock: the slowest live worker's clock when this one was let go (ssp).
-    """
-
-    step: int
-    accepted: bool = True
-    completed: bool = True
-    min_clock: int | None = None
-
-
-class PendingPushPull:
-    """A push (and pull) :meth:`ParameterClient.send_push_pull` sent: :meth:`result` waits for it.
-
-    Not thread-safe; collected once (a second :meth:`result` raises ClientError).
-    """
-
-    def __init__(self, client: ParameterClient, plan: PullPlan | None, calls: Mapping[int, Request],
-                 pushes: Collection[int], sent: Mapping[int, PendingReply], timeout: float) -> None:
-        self._client, self._plan, self._calls, self._pushes = client, plan, calls, pushes
-        self._sent: Mapping[int, PendingReply] | None = sent
-        self._timeout = timeout
-
-    def result(self) -> tuple[PushResult, dict[str, np.ndarray] | None]:
-        """Blocks until every ps task replied; returns the push's result and the pulled values (None when
-        nothing was pulled). Raises as :meth:`ParameterClient.push_pull` does (after every call finished)."""
-        if self._sent is None:
-            raise ClientError(f"{self._client.client_name}: this push's reply was collected already")
-        sent, self._sent = self._sent, None
-        frames = self._client._collect(self._calls, sent, timeout=self._timeout, pushed=self._pushes)
-        return self._client._finish_push_pull(self._plan, self._calls, self._pushes, frames)
-
 
 class ParameterClient:
     """Connects a client (worker, chief or launcher) to every ps task."""
@@ -161,9 +113,7 @@ class ParameterClient:
         self._step_hint: int | None = None  # the newest global_step heard of: the tables' clock off ps task 0
         #: This process, sent with pushes: an earlier process's are refused (psflow.ps.service, Incarnations).
         self.incarnation = time.time_ns()
-        # Ordered pushes (several in flight, psflow.ps.push_order): the sequence, ps task -> its next seq.
-        self._stream = 0
-        self._seq: dict[int, int] = {}
+        self._ordered = OrderedPushes(client_name)  # several pushes in flight (psflow.ps.push_order)
         self.cluster = cluster
         self._plans = Planner(layout, client_name=client_name)
         self.layout = self._plans.layout  #: Every variable's placement, by name.
@@ -182,6 +132,7 @@ class ParameterClient:
         self.channels: dict[int, Channel] = (
             dict(channels) if channels is not None else self.router.channels if self.router is not None else {
                 i: self._open_member(f"/job:ps/task:{i}", cluster.task_address("ps", i)) for i in ps})
+        self._calls = TaskCalls(self.channels, self.router, self.pushes, client_name=client_name)
 
     def _open_member(self, task: str, address: str) -> Channel:
         return open_channel(self.config.transport, task, address, PARAMETER_SERVICE, self.config)
@@ -194,13 +145,7 @@ class ParameterClient:
         Raises:
             TaskUnavailableError: a task did not come up in time (names it).
         """
-        if self.router is not None:
-            limit = self.config.connect_timeout if timeout is None else timeout
-            resolve_all(self.router, sorted(self.channels), timeout=limit)
-            return
-        with futures.ThreadPoolExecutor(len(self.channels)) as pool:
-            for f in [pool.submit(ch.wait_ready, timeout) for ch in self.channels.values()]:
-                f.result()
+        self._calls.wait_ready(timeout, connect_timeout=self.config.connect_timeout)
 
     def register(self, optimizer: OptimizerSpec, *, chief: bool = False, defer_ready: bool = False,
                  ready_timeout: float | None = None) -> bool:
@@ -255,7 +200,7 @@ class ParameterClient:
         """
         plan = self._pull_plan(requests)
         pulls = {t: PullRequest(parts, create, averages, self._step_hint) for t, parts in plan.per_task.items()}
-        return self._assemble(plan, {t: PullReply.from_frame(frame) for t, frame in self._gather(pulls).items()})
+        return self._assemble(plan, {t: PullReply.from_frame(frame) for t, frame in self._calls.gather(pulls).items()})
 
     def _pull_plan(self, requests: Mapping[str, np.ndarray | None]) -> PullPlan:
         # In sync and ssp mode the task holding global_step is always asked: its reply carries the
@@ -324,7 +269,7 @@ class ParameterClient:
                 timed out, naming the missing workers).
         """
         per_task = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
-        replies = self._gather(per_task, timeout=self._push_timeout(), pushed=per_task)
+        replies = self._calls.gather(per_task, timeout=self._push_timeout(), pushed=per_task)
         return self._push_result({t: PushReply.from_frame(frame) for t, frame in replies.items()})
 
     def push_pull(
@@ -382,59 +327,33 @@ class ParameterClient:
         to that task (``seq``; a pull-only half too) and the ps task applies them in that order, nothing
         after a refused one (:mod:`psflow.ps.push_order`). Collect them in the order sent.
         """
-        if ordered and (self.router is not None or not self._stream):
+        if ordered and (self.router is not None or not self._ordered.started):
             raise ClientError(f"{self.client_name}: ordered pushes (several in flight) need start_ordered() first "
                               "and are not supported with replicated ps shards")
         plan = self._pull_plan(requests) if requests is not None else None
         pushes = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
-        calls: dict[int, Request] = {}
-        if plan is None:
-            calls.update(pushes)
-        else:
-            for task in sorted(set(plan.per_task) | set(pushes)):
-                pull = PullRequest(plan.per_task.get(task, ()), create=True, step_hint=self._step_hint)
-                if task not in pushes and self.pushes is not None:
-                    calls[task] = pull  # replicated: a shard pushed nothing gets a plain pull, no empty push to count
-                else:
-                    calls[task] = PushPullRequest(pushes.get(task) or PushRequest((), WorkerTag(self.client_name)), pull)
+        calls: dict[int, Request] = dict(pushes) if plan is None else push_pull_calls(
+            pushes, plan.per_task, step_hint=self._step_hint, client_name=self.client_name,
+            replicated=self.pushes is not None)
         if ordered:
-            calls = self._numbered(calls)
+            calls = self._ordered.number(calls, self.incarnation)
         timeout = self._push_timeout()
-        return PendingPushPull(self, plan, calls, pushes, self._send_all(calls, timeout=timeout), timeout)
+        sent = self._calls.send_all(calls, timeout=timeout)
+
+        def finish() -> tuple[PushResult, dict[str, np.ndarray] | None]:
+            pushed, pulled = push_pull_replies(calls, pushes, self._calls.collect(calls, sent, timeout=timeout,
+                                                                                  pushed=pushes))
+            result = self._push_result(pushed)  # (its step heard before the pull's: as push_detailed, then pull)
+            return result, None if plan is None else self._assemble(plan, pulled)
+
+        return PendingPushPull(self.client_name, finish)
 
     def start_ordered(self) -> None:
         """Starts a new sequence of ordered pushes (``send_push_pull(ordered=True)``), numbered from 0 on every
         ps task: the ps tasks refuse the older sequence's pushes from then on. Call it before the first
         ordered push, and again once none of the previous sequence's is in flight (a training loop that
         starts over, e.g. after a recovery)."""
-        self._stream = max(time.time_ns(), self._stream + 1)
-        self._seq = {}
-
-    def _numbered(self, calls: Mapping[int, Request]) -> dict[int, Request]:
-        """``calls`` (pushes and push-pulls), each tagged with the next ``seq`` of its ps task (this process's)."""
-        out: dict[int, Request] = {}
-        for task, call in calls.items():
-            seq = self._seq.get(task, 0)
-            push = call.push if isinstance(call, PushPullRequest) else call
-            if not isinstance(push, PushRequest):
-                raise ClientError(f"{self.client_name}: only pushes are numbered, not {call.METHOD}")
-            tag = dataclasses.replace(push.worker, incarnation=self.incarnation, stream=self._stream, seq=seq)
-            numbered = dataclasses.replace(push, worker=tag)
-            out[task] = dataclasses.replace(call, push=numbered) if isinstance(call, PushPullRequest) else numbered
-        for task in out:  # (only once every request is built: a number is never skipped)
-            self._seq[task] = self._seq.get(task, 0) + 1
-        return out
-
-    def _finish_push_pull(self, plan: PullPlan | None, calls: Mapping[int, Request], pushes: Collection[int],
-                          frames: Mapping[int, Frame]) -> tuple[PushResult, dict[str, np.ndarray] | None]:
-        if plan is None:
-            return self._push_result({t: PushReply.from_frame(frame) for t, frame in frames.items()}), None
-        replies = {t: PushPullReply.from_frame(frame) for t, frame in frames.items() if t in pushes}
-        pulls = {t: r.pull for t, r in replies.items()}
-        pulls.update({t: PushPullReply.from_frame(frame).pull if isinstance(calls[t], PushPullRequest)
-                      else PullReply.from_frame(frame) for t, frame in frames.items() if t not in pushes})
-        result = self._push_result({t: r.push for t, r in replies.items()})
-        return result, self._assemble(plan, pulls)
+        self._ordered.start()
 
     # ---- request building --------------------------------------------------
     def _push_requests(self, grads: Mapping[str, DenseGradient | SparseGradient], examples: int, loss: float | None,
@@ -447,18 +366,9 @@ class ParameterClient:
         if mode == "sync" and read_step is None:
             raise ClientError(f"{self.client_name}: a sync push needs the step its parameters were pulled at")
         per_task = self._plans.push(grads, list(self.channels) if mode == "sync" else [self.step_task])
-        sync_tag = read_step if mode == "sync" else None
-        out: dict[int, PushRequest] = {}
-        others = [task for task in per_task if task != self.step_task]
-        if others:  # sync mode, or variables on other tasks: the same tags for each
-            tag = WorkerTag(self.client_name, self.incarnation, generation)
-            steps = StepTag(sync_tag=sync_tag, step_hint=self._step_hint)
-            out.update({task: PushRequest(per_task[task], tag, steps) for task in others})
-        if self.step_task in per_task:  # it counts the step: the batch, and the reader position after it
-            out[self.step_task] = PushRequest(
-                per_task[self.step_task], WorkerTag(self.client_name, self.incarnation, generation, position),
-                StepTag(read_step, clock, sync_tag, self._step_hint), True, int(examples),
-                None if loss is None else float(loss))
+        out = push_requests(per_task, self.step_task, WorkerTag(self.client_name, self.incarnation, generation, position),
+                            StepTag(read_step, clock, read_step if mode == "sync" else None, self._step_hint),
+                            examples, loss)
         # Replicated shards: this call's push_id, each shard's acknowledged count.
         return out if self.pushes is None else self.pushes.number(out)
 
@@ -466,45 +376,6 @@ class ParameterClient:
     def acked(self) -> dict[int, int]:
         """(Replicated shards) shard -> how many of this client process's pushes it acknowledged."""
         return dict(self.pushes.acked) if self.pushes is not None else {}
-
-    def _gather(self, requests: Mapping[int, Request], *, timeout: float | None = None,
-                pushed: Collection[int] = ()) -> dict[int, Frame]:
-        """Sends each task its request and waits for every reply. Unreplicated: sent once (``gather``);
-        replicated shards: a failed-over shard's request is resent to its new primary (the router), and each
-        shard of ``pushed`` (those whose request carries a push) that replied counts the push acknowledged,
-        also when another shard's call fails for good."""
-        return self._collect(requests, self._send_all(requests, timeout=timeout), timeout=timeout, pushed=pushed)
-
-    def _send_all(self, requests: Mapping[int, Request], *, timeout: float | None) -> dict[int, PendingReply]:
-        """Sends each task its request (a replicated shard's: to its primary, at its epoch); waits for nothing."""
-        router = self.router
-        if router is None:
-            return {t: self._send(t, r, timeout=timeout) for t, r in requests.items()}
-        return {t: self._send(t, at_epoch(r, router.epoch(t)), timeout=timeout) for t, r in requests.items()}
-
-    def _collect(self, requests: Mapping[int, Request], sent: Mapping[int, PendingReply], *,
-                 timeout: float | None = None, pushed: Collection[int] = ()) -> dict[int, Frame]:
-        """Waits for the calls :meth:`_send_all` sent for ``requests`` (see :meth:`_gather`)."""
-        router = self.router
-        if router is None:
-            return gather(sent)
-
-        def send(task: int) -> PendingReply:
-            return self._send(task, at_epoch(requests[task], router.epoch(task)), timeout=timeout)
-
-        pushes = self.pushes
-
-        def replied(tasks: Collection[int]) -> None:
-            if pushes is not None:
-                pushes.acknowledged(t for t in tasks if t in pushed)
-
-        return router.gather(dict(sent), send, replied=replied if pushed else None)
-
-    def _call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None) -> Frame:
-        """One call to ps task ``task`` (a replicated shard's: followed to its new primary on a failover)."""
-        if self.router is None:
-            return self.channels[task].call(method, meta)
-        return self.router.call(task, lambda shard: self.channels[shard].call_async(method, meta)).result()
 
     def _push_timeout(self) -> float:
         # Sync and ssp pushes may wait for other workers: allow the coordination timeout on top.
@@ -522,17 +393,11 @@ class ParameterClient:
         if step is not None and (self._step_hint is None or step > self._step_hint):
             self._step_hint = step
 
-    def _send(self, task: int, request: Request, *, timeout: float | None = None) -> PendingReply:
-        frame = request.to_frame()
-        return self.channels[task].call_async(request.METHOD, frame.meta, frame.arrays, timeout=timeout)
-
     def call_async(self, task: int, request: Request, *, timeout: float | None = None) -> PendingReply:
         """Sends ``request`` (a :mod:`psflow.ps.protocol` message) to ps task ``task`` (default deadline:
         ``rpc_timeout``); the reply is read with the request's reply class. Not retried; a replicated shard's
         call that fails over is resent to its new primary (:meth:`~psflow.ps.failover.ShardRouter.call`)."""
-        if self.router is None:
-            return self._send(task, request, timeout=timeout)
-        return self.router.call(task, lambda shard: self._send(shard, request, timeout=timeout))
+        return self._calls.call_async(task, request, timeout=timeout)
 
     def call(self, task: int, request: Request, *, timeout: float | None = None) -> Frame:
         """:meth:`call_async`, waited for.
@@ -546,7 +411,7 @@ class ParameterClient:
         """Every client's recorded reader position (JSON), from the task holding global_step; claims
         this client's incarnation there first (pushes of an earlier process are refused from then on)."""
         request = ReaderPositionsRequest(self.client_name, self.incarnation)
-        reply = self._call_one(self.step_task, request.METHOD, request.to_frame().meta)
+        reply = self._calls.call_one(self.step_task, request.METHOD, request.to_frame().meta)
         return dict(ReaderPositionsReply.from_frame(reply).positions)
 
     def leave(self) -> None:
@@ -555,11 +420,11 @@ class ParameterClient:
         ``acked_all``, and the process)."""
         pushes = self.pushes
         if pushes is None:
-            self._gather({t: LeaveRequest(self.client_name) for t in self.channels})
+            self._calls.gather({t: LeaveRequest(self.client_name) for t in self.channels})
             return
         counts = pushes.counts()
-        self._gather({t: LeaveRequest(self.client_name, pushes.acked.get(t, 0), self.incarnation, counts)
-                      for t in self.channels})
+        self._calls.gather({t: LeaveRequest(self.client_name, pushes.acked.get(t, 0), self.incarnation, counts)
+                            for t in self.channels})
 
     def report_done(self, *, checkpoint_dir: bool = False, final_checkpoint: str | None = None,
                     attempts: int = 3, worker: str | None = None) -> list[str]:
@@ -581,7 +446,7 @@ class ParameterClient:
 
     def ps_stats(self, task: int | None = None) -> StatsReply:
         """State and counters of one ps task (default: the one holding global_step)."""
-        return StatsReply.from_frame(self._call_one(self.step_task if task is None else task, "Stats"))
+        return StatsReply.from_frame(self._calls.call_one(self.step_task if task is None else task, "Stats"))
 
     def global_step(self) -> int:
         """The current global_step."""
@@ -592,17 +457,9 @@ class ParameterClient:
 
     def shutdown_servers(self) -> None:
         """Asks every ps task to stop serving; errors are logged, not raised."""
-        for ch in self.channels.values():
-            try:
-                ch.call("Shutdown", timeout=5.0)
-            except RpcError as e:
-                log.warning("%s: shutdown of %s failed: %s", self.client_name, ch.task, e)
+        self._calls.shutdown()
 
     def close(self) -> None:
         """Closes every channel (a replicated cluster's: to every member); idempotent."""
-        if self.router is not None:
-            self.router.close()
-            return
-        for ch in self.channels.values():
-            ch.close()
+        self._calls.close()
 

@@ -1,0 +1,150 @@
+"""TaskCalls: how a client's requests reach the ps tasks, and how their replies come back.
+
+:class:`~psflow.ps.client.ParameterClient` decides what each ps task gets (one :mod:`psflow.ps.protocol`
+message per task and call); this module carries those messages on the task's channel and waits for the
+replies, the same way for a pull, a push or a control call.
+
+Guarantees:
+    * Unreplicated (no router): each request is sent once on its task's channel and never retried (a push
+      retried could apply twice); :meth:`TaskCalls.collect` waits for every call and then raises the first
+      failure (:func:`psflow.rpc.api.gather`), so no call is left in flight on a connection.
+    * Replicated shards (a :class:`~psflow.ps.failover.ShardRouter`): a request goes to its shard's current
+      primary, carrying the epoch it was routed at (:func:`~psflow.ps.push_numbers.at_epoch`); a call that
+      fails over is resent, the same request at the new epoch, to the new primary only, which applies a push
+      at most once (its ``push_id``): each push is applied exactly once.
+    * Acknowledgements (replicated): each shard named in ``pushed`` that replied counts the push acknowledged
+      (:class:`~psflow.ps.push_numbers.PushNumbers`), also when another shard's call fails for good.
+    * Only :meth:`TaskCalls.collect`, :meth:`TaskCalls.gather`, :meth:`TaskCalls.call_one`,
+      :meth:`TaskCalls.wait_ready` and :meth:`TaskCalls.shutdown` block; the ``send`` calls return with the
+      call in flight.
+
+Not thread-safe: one per client (the client's training thread).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from concurrent import futures
+from typing import Any
+
+from psflow.ps.failover import ShardRouter, resolve_all
+from psflow.ps.protocol import Request
+from psflow.ps.push_numbers import PushNumbers, at_epoch
+from psflow.rpc.api import Channel, PendingReply, RpcError, gather
+from psflow.rpc.framing import Frame
+
+__all__ = ["TaskCalls"]
+
+log = logging.getLogger("psflow.ps.client")
+
+
+class TaskCalls:
+    """A client's calls to its ps tasks: sent on each task's channel (a replicated shard's: its primary's)."""
+
+    def __init__(self, channels: dict[int, Channel], router: ShardRouter | None, pushes: PushNumbers | None, *,
+                 client_name: str) -> None:
+        """Args:
+            channels: ps task (shard) -> its channel; the same dict the client shows (a replicated shard's
+                entry is its current primary's, updated by ``router`` on a failover).
+            router: (replicated shards) routes each shard to its primary and resends failed-over calls;
+                None: unreplicated.
+            pushes: (replicated shards) the client process's push numbers, counting acknowledgements.
+            client_name: the client's task name, for logs.
+        """
+        self.channels = channels
+        self.router = router
+        self.pushes = pushes
+        self.client_name = client_name
+
+    def wait_ready(self, timeout: float | None, *, connect_timeout: float) -> None:
+        """Blocks until every ps task is up (``timeout`` s, None: each channel's own bound); replicated shards:
+        until each shard has a primary (``timeout``, None: ``connect_timeout``), which its calls then go to.
+
+        Raises:
+            TaskUnavailableError: a task (a shard) did not come up in time (names it).
+        """
+        if self.router is not None:
+            resolve_all(self.router, sorted(self.channels), timeout=connect_timeout if timeout is None else timeout)
+            return
+        with futures.ThreadPoolExecutor(len(self.channels)) as pool:
+            for f in [pool.submit(ch.wait_ready, timeout) for ch in self.channels.values()]:
+                f.result()
+
+    def send(self, task: int, request: Request, *, timeout: float | None = None) -> PendingReply:
+        """Sends ``request`` on ps task ``task``'s channel as it is (no epoch, no failover); waits for nothing."""
+        frame = request.to_frame()
+        return self.channels[task].call_async(request.METHOD, frame.meta, frame.arrays, timeout=timeout)
+
+    def send_all(self, requests: Mapping[int, Request], *, timeout: float | None) -> dict[int, PendingReply]:
+        """Sends each task its request (a replicated shard's: to its primary, at its epoch); waits for nothing."""
+        router = self.router
+        if router is None:
+            return {t: self.send(t, r, timeout=timeout) for t, r in requests.items()}
+        return {t: self.send(t, at_epoch(r, router.epoch(t)), timeout=timeout) for t, r in requests.items()}
+
+    def collect(self, requests: Mapping[int, Request], sent: Mapping[int, PendingReply], *,
+                timeout: float | None = None, pushed: Collection[int] = ()) -> dict[int, Frame]:
+        """Blocks until every call :meth:`send_all` sent for ``requests`` replied; returns task -> reply.
+
+        Unreplicated: each was sent once. Replicated shards: a failed-over shard's request is resent to its
+        new primary (the router), and each shard of ``pushed`` (those whose request carries a push) that
+        replied counts the push acknowledged, also when another shard's call fails for good.
+
+        Raises:
+            RpcError: a task refused or failed (the first, after every call finished).
+        """
+        router = self.router
+        if router is None:
+            return gather(sent)
+
+        def resend(task: int) -> PendingReply:
+            return self.send(task, at_epoch(requests[task], router.epoch(task)), timeout=timeout)
+
+        pushes = self.pushes
+
+        def replied(tasks: Collection[int]) -> None:
+            if pushes is not None:
+                pushes.acknowledged(t for t in tasks if t in pushed)
+
+        return router.gather(dict(sent), resend, replied=replied if pushed else None)
+
+    def gather(self, requests: Mapping[int, Request], *, timeout: float | None = None,
+               pushed: Collection[int] = ()) -> dict[int, Frame]:
+        """:meth:`send_all` and then :meth:`collect`: sends each task its request and waits for every reply."""
+        return self.collect(requests, self.send_all(requests, timeout=timeout), timeout=timeout, pushed=pushed)
+
+    def call_async(self, task: int, request: Request, *, timeout: float | None = None) -> PendingReply:
+        """Sends ``request`` to ps task ``task``; not retried, but a replicated shard's call that fails over is
+        resent to its new primary (:meth:`~psflow.ps.failover.ShardRouter.call`)."""
+        if self.router is None:
+            return self.send(task, request, timeout=timeout)
+        return self.router.call(task, lambda shard: self.send(shard, request, timeout=timeout))
+
+    def call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None) -> Frame:
+        """One call without arrays to ps task ``task``, waited for (a replicated shard's: followed to its new
+        primary on a failover).
+
+        Raises:
+            RpcError: the task refused or failed.
+        """
+        if self.router is None:
+            return self.channels[task].call(method, meta)
+        return self.router.call(task, lambda shard: self.channels[shard].call_async(method, meta)).result()
+
+    def shutdown(self) -> None:
+        """Asks every ps task (shard primary) to stop serving, one after another (5 s each); errors are logged,
+        not raised."""
+        for ch in self.channels.values():
+            try:
+                ch.call("Shutdown", timeout=5.0)
+            except RpcError as e:
+                log.warning("%s: shutdown of %s failed: %s", self.client_name, ch.task, e)
+
+    def close(self) -> None:
+        """Closes every channel (a replicated cluster's: to every member, through the router); idempotent."""
+        if self.router is not None:
+            self.router.close()
+            return
+        for ch in self.channels.values():
+            ch.close()
