@@ -516,10 +516,11 @@ def notes(meta: Run, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
         "",
         "Timing (process start-up excluded, reading and parsing included): TF = the instrument's fixed-work figure, from GO (all "
         "workers have a session and are released together) to the last worker step; psflow = from the chief's \"initialized the "
-        "variables\" log line to the last `step=` line any worker logs (`--log-every 1`; `--in-process`, one worker, so no "
-        "step to share: the default `--log-every 100` and its \"done after\" line, as TF's instrument keeps its per-step "
-        "samples in memory)"
-        + (f", worker start skew {median_range(skew, '{:.3f}')} s" if skew else "")
+        "variables\" log line to "
+        + ("the last worker's \"done after\" line (`--user-defaults`: the default `--log-every 100`)" if meta.get("user_defaults")
+           else "the last `step=` line any worker logs (`--log-every 1`; `--in-process`, one worker, so no step to share: the "
+           "default `--log-every 100` and its \"done after\" line, as TF's instrument keeps its per-step samples in memory)")
+        + (f", worker start skew {median_range(skew, '{:.3f}')} s" if skew and not meta.get("user_defaults") else "")
         + f"; PyTorch = the training loop of torch_ref.py (TFRecords parsed beforehand, untimed). \"After {WARMUP_STEPS} warm-up "
         "global steps\" = from the first moment any worker saw that global step to the last step, as the instrument reports TF "
         "(its headline figure). Sync: TF SyncReplicasOptimizer(2, 2) around FTRL+Adagrad; psflow `--mode sync --averaging "
