@@ -374,7 +374,7 @@ class PeakRss(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            stack = [(os.getpid(), None)]
+            stack: list[tuple[int, str | None]] = [(os.getpid(), None)]
             while stack:
                 pid, parent_name = stack.pop()
                 for child in _children(pid):
