@@ -180,6 +180,9 @@ def test_backup_is_bit_equal_promoted_after_a_kill_and_the_old_primary_rebuilds(
 
     # a deposed primary: stopped while the other member is promoted over it, then resumed
     shard.procs[BACKUP].send_signal(signal.SIGSTOP)
+    # Stopped for real (every thread in state T) before the Promote's own check asks it: a reply it sent an
+    # instant after the signal would make the promoted member refuse (it answers as primary at epoch 2).
+    wait_until(lambda: _stopped(shard.procs[BACKUP].pid), "the stopped primary", limit=30)
     promote = PromoteRequest(0, 2, WORKER).to_frame()
     status = ReplicaStatusReply.from_frame(shard.channels[PRIMARY].call(PromoteRequest.METHOD, promote.meta, timeout=30))
     assert (status.role, status.epoch) == ("primary", 3)
@@ -195,3 +198,13 @@ def test_backup_is_bit_equal_promoted_after_a_kill_and_the_old_primary_rebuilds(
     shard.wait_view(PRIMARY, BACKUP)  # it rebuilt as a backup of the new primary
     assert _push(shard, PRIMARY, 66).step == 66
     assert _assert_bit_equal(shard, PRIMARY, BACKUP) == 66
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (SIGSTOP: state T in /proc/PID/task/*/stat)."""
+    try:
+        states = [Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for tid in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, IndexError):
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)
