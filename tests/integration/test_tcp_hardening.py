@@ -90,12 +90,17 @@ def start_ps(tmp_path: Path) -> Iterator[Callable[..., PsTask]]:
         cluster = tmp_path / f"cluster-{len(procs)}.json"
         cluster.write_text(ClusterSpec({"ps": [address]}).to_json())
         log = tmp_path / f"ps-{len(procs)}.log"
-        limit = None if nofile is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
         with open(log, "wb") as out:
+            # No preexec_fn: Python code between fork and exec runs gRPC's fork handlers in the child (this test
+            # process holds gRPC channels), which once aborted it with "epoll_wait error: Bad file descriptor"
+            # before exec (grpc/grpc#43055). The limit is set on the started process instead, long before it
+            # serves (PsTask waits for that) and before any connection this test makes.
             proc = subprocess.Popen(
                 [sys.executable, "-m", "psflow", "server", "--cluster", str(cluster), "--job", "ps", "--task", "0",
                  *flags], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO),
-                env=dict(os.environ, PSFLOW_TOKEN=TOKEN, PYTHONUNBUFFERED="1"), preexec_fn=limit)
+                env=dict(os.environ, PSFLOW_TOKEN=TOKEN, PYTHONUNBUFFERED="1"))
+        if nofile is not None:
+            resource.prlimit(proc.pid, resource.RLIMIT_NOFILE, (nofile, nofile))
         procs.append(proc)
         ps = PsTask(proc, log, address)
         started.append(ps)
