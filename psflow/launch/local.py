@@ -230,7 +230,7 @@ def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: f
         _report_checkpoints(checkpoints, client, progress, force=done)
         if bar is not None and not done and time.monotonic() - last_print >= every:  # done: the caller's last line
             try:
-                bar.update(client.stats())
+                bar.update(client.stats(timeout=2.0))  # bounded: this loop also restarts dead tasks
             except RpcError as e:
                 bar.unavailable(e)
             last_print = time.monotonic()

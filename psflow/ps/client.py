@@ -439,14 +439,17 @@ class ParameterClient:
                          reroute=self.router.reroute if self.router is not None else None)
 
     # ---- control -----------------------------------------------------------
-    def stats(self, task: int | None = None) -> dict[str, Any]:
+    def stats(self, task: int | None = None, *, timeout: float | None = None) -> dict[str, Any]:
         """State and counters of one ps task (default: the one holding global_step), by name (for display;
         :meth:`ps_stats` gives them typed)."""
-        return self.ps_stats(task).as_dict()
+        return self.ps_stats(task, timeout=timeout).as_dict()
 
-    def ps_stats(self, task: int | None = None) -> StatsReply:
-        """State and counters of one ps task (default: the one holding global_step)."""
-        return StatsReply.from_frame(self._calls.call_one(self.step_task if task is None else task, "Stats"))
+    def ps_stats(self, task: int | None = None, *, timeout: float | None = None) -> StatsReply:
+        """State and counters of one ps task (default: the one holding global_step); ``timeout`` bounds the
+        call, a replicated shard's wait for a new primary included (default: ``rpc_timeout``, and the
+        failover wait)."""
+        task = self.step_task if task is None else task
+        return StatsReply.from_frame(self._calls.call_one(task, "Stats", timeout=timeout))
 
     def global_step(self) -> int:
         """The current global_step."""

@@ -310,11 +310,13 @@ class ShardRouter:
         return ReplicaStatusReply.from_frame(frame)
 
     def gather(self, calls: Mapping[int, PendingReply], resend: Callable[[int], PendingReply], *,
-               replied: Callable[[Collection[int]], None] | None = None) -> dict[int, Frame]:
+               replied: Callable[[Collection[int]], None] | None = None, wait: float | None = None) -> dict[int, Frame]:
         """Waits for one call per shard; the shards whose call failed over are resolved and their request
         resent (``resend(shard)`` sends it again to the shard's channel now), until each succeeded.
 
-        Blocks for every call, then for each failover (at most ``failover_timeout`` s from the first).
+        Blocks for every call, then for each failover: at most ``wait`` s from the first failed reply (None:
+        the router's ``wait_timeout``; a caller's own deadline, e.g. a status read that must not hold up the
+        launcher's loop while a shard has no primary).
         ``replied`` is called once with the shards that replied, whether the call as a whole succeeds or
         raises (a push one shard applied is counted acknowledged there even when another shard failed).
 
@@ -327,7 +329,7 @@ class ShardRouter:
         try:
             if self._silent_since and not errors:  # a member that was silent answered: its silence is over
                 self._heard_from(replies, errors, sent)
-            deadline = time.monotonic() + self.wait_timeout
+            deadline = time.monotonic() + (self.wait_timeout if wait is None else wait)
             while errors:
                 self._heard_from(replies, errors, sent)
                 resent: dict[int, PendingReply] = {}
@@ -352,11 +354,11 @@ class ShardRouter:
             if replied is not None:
                 replied(tuple(replies))
 
-    def call(self, shard: int, send: Callable[[int], PendingReply]) -> PendingReply:
+    def call(self, shard: int, send: Callable[[int], PendingReply], *, wait: float | None = None) -> PendingReply:
         """One call to shard ``shard``'s primary, sent now (``send(shard)``); waiting for its reply follows a
-        failover as :meth:`gather` does (the call resent to the new primary). For calls that may be resent:
-        idempotent ones (Register, SetReady, LoadShard, ...) and those a push_id guards."""
-        return _FollowedCall(self, shard, send, send(shard))
+        failover as :meth:`gather` does (the call resent to the new primary; ``wait``: as there). For calls
+        that may be resent: idempotent ones (Register, SetReady, LoadShard, ...) and those a push_id guards."""
+        return _FollowedCall(self, shard, send, send(shard), wait)
 
     def _heard_from(self, replies: Mapping[int, Frame], errors: Mapping[int, RpcError], sent: float) -> None:
         """(A gather with failed calls) records who answered and who did not, for :meth:`gone`."""
@@ -387,11 +389,12 @@ class ShardRouter:
 class _FollowedCall:
     """A call to one shard whose ``result()`` follows the shard to its new primary (:meth:`ShardRouter.call`)."""
 
-    def __init__(self, router: ShardRouter, shard: int, send: Callable[[int], PendingReply], sent: PendingReply) -> None:
-        self._router, self._shard, self._send, self._sent = router, shard, send, sent
+    def __init__(self, router: ShardRouter, shard: int, send: Callable[[int], PendingReply], sent: PendingReply,
+                 wait: float | None = None) -> None:
+        self._router, self._shard, self._send, self._sent, self._wait = router, shard, send, sent, wait
 
     def result(self) -> Frame:
-        return self._router.gather({self._shard: self._sent}, self._send)[self._shard]
+        return self._router.gather({self._shard: self._sent}, self._send, wait=self._wait)[self._shard]
 
 
 def _collect(calls: Mapping[int, PendingReply]) -> tuple[dict[int, Frame], dict[int, RpcError]]:

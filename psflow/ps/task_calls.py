@@ -116,21 +116,24 @@ class TaskCalls:
 
     def call_async(self, task: int, request: Request, *, timeout: float | None = None) -> PendingReply:
         """Sends ``request`` to ps task ``task``; not retried, but a replicated shard's call that fails over is
-        resent to its new primary (:meth:`~psflow.ps.failover.ShardRouter.call`)."""
+        resent to its new primary (:meth:`~psflow.ps.failover.ShardRouter.call`); a ``timeout`` given also
+        bounds the wait for that failover."""
         if self.router is None:
             return self.send(task, request, timeout=timeout)
-        return self.router.call(task, lambda shard: self.send(shard, request, timeout=timeout))
+        return self.router.call(task, lambda shard: self.send(shard, request, timeout=timeout), wait=timeout)
 
-    def call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None) -> Frame:
+    def call_one(self, task: int, method: str, meta: Mapping[str, Any] | None = None, *,
+                 timeout: float | None = None) -> Frame:
         """One call without arrays to ps task ``task``, waited for (a replicated shard's: followed to its new
-        primary on a failover).
+        primary on a failover; ``timeout``, if given, bounds the call and that wait).
 
         Raises:
             RpcError: the task refused or failed.
         """
         if self.router is None:
-            return self.channels[task].call(method, meta)
-        return self.router.call(task, lambda shard: self.channels[shard].call_async(method, meta)).result()
+            return self.channels[task].call(method, meta, timeout=timeout)
+        return self.router.call(task, lambda shard: self.channels[shard].call_async(method, meta, timeout=timeout),
+                                wait=timeout).result()
 
     def shutdown(self) -> None:
         """Asks every ps task (shard primary) to stop serving, one after another (5 s each); errors are logged,

@@ -280,6 +280,19 @@ def test_gather_resends_the_failed_shard_only_and_keeps_the_others_reply() -> No
     assert shards.members[B0].calls.count("Push") == 1 and shards.members[P1].calls.count("Push") == 1
 
 
+def test_a_call_with_its_own_deadline_stops_waiting_for_a_shard_without_a_primary_by_then() -> None:
+    # The launcher's status reads (every 2 s, in the loop that also restarts dead tasks) must not wait the
+    # router's whole wait_timeout for a shard whose every member is dead: that held a restart back ~60 s.
+    shards = healthy()
+    r = ShardRouter(CLUSTER, shards.open, client_name="launcher", config=ConnectConfig(backoff_initial=0.001),
+                    failover_timeout=10.0, wait_timeout=3600.0, clock=Clock())  # a hang here: the test's timeout
+    r.resolve(0)
+    shards.set(P0, None)
+    shards.set(B0, None)
+    with pytest.raises(TaskUnavailableError):
+        r.call(0, lambda t: r.channels[t].call_async("Stats"), wait=0.05).result()
+
+
 def test_gather_raises_an_error_that_is_not_a_failover_without_asking_the_members() -> None:
     shards = healthy()
     r = router(shards)
