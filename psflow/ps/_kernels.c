@@ -105,6 +105,16 @@ static int get(PyObject *obj, Buf *b, int writable, char kind, const char *what)
     return 0;
 }
 
+/* Checks that each of the k rows is in 0..num_rows-1: else ValueError "<who>row R is outside 0-N", -1. */
+static int check_rows(const int64_t *r, Py_ssize_t k, Py_ssize_t num_rows, const char *who) {
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (r[i] < 0 || r[i] >= num_rows) {
+            PyErr_Format(PyExc_ValueError, "%srow %lld is outside 0-%zd", who, (long long)r[i], num_rows - 1);
+            return -1;
+        }
+    return 0;
+}
+
 /* Checks sizes and rows; sets *width (elements per row) and *count (rows or 1 for dense). */
 static int check_shapes(Buf *vars, int nvars, Buf *grad, PyObject *rows_obj, Buf *rows, Py_ssize_t num_rows,
                         Py_ssize_t *width, Py_ssize_t *count) {
@@ -133,12 +143,7 @@ static int check_shapes(Buf *vars, int nvars, Buf *grad, PyObject *rows_obj, Buf
         PyErr_SetString(PyExc_ValueError, "sparse gradient does not hold one row of var per index");
         return -1;
     }
-    const int64_t *r = (const int64_t *)rows->view.buf;
-    for (Py_ssize_t i = 0; i < k; i++)
-        if (r[i] < 0 || r[i] >= num_rows) {
-            PyErr_Format(PyExc_ValueError, "row %lld is outside 0-%zd", (long long)r[i], num_rows - 1);
-            return -1;
-        }
+    if (check_rows(rows->view.buf, k, num_rows, "") < 0) return -1;
     *width = w;
     *count = k;
     return 0;
@@ -416,12 +421,10 @@ static PyObject *gather(PyObject *self, PyObject *args) {
         return NULL;
     }
     const int64_t *r = b[1].view.buf;
-    for (Py_ssize_t i = 0; i < k; i++)
-        if (r[i] < 0 || r[i] >= num_rows) {
-            PyErr_Format(PyExc_ValueError, "gather: row %lld is outside 0-%zd", (long long)r[i], num_rows - 1);
-            release(b, 3);
-            return NULL;
-        }
+    if (check_rows(r, k, num_rows, "gather: ") < 0) {
+        release(b, 3);
+        return NULL;
+    }
     const char *src = b[0].view.buf;
     char *dst = b[2].view.buf;
     UNLOCK_IF_LARGE(k * row_bytes);
@@ -463,12 +466,10 @@ static PyObject *first_touch(PyObject *self, PyObject *args) {
         return NULL;
     }
     const int64_t *r = b[1].view.buf;
-    for (Py_ssize_t i = 0; i < k; i++)
-        if (r[i] < 0 || r[i] >= num_rows) {
-            PyErr_Format(PyExc_ValueError, "first_touch: row %lld is outside 0-%zd", (long long)r[i], num_rows - 1);
-            release(b, 3);
-            return NULL;
-        }
+    if (check_rows(r, k, num_rows, "first_touch: ") < 0) {
+        release(b, 3);
+        return NULL;
+    }
     unsigned char *marks = b[0].view.buf;
     int64_t *out = b[2].view.buf;
     Py_ssize_t n = 0;
