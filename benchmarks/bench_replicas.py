@@ -37,7 +37,6 @@ medians of CPU seconds and peak RSS, and the 1-minute load average at each pair
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import shlex
@@ -59,18 +58,6 @@ from results_md import replace_section  # noqa: E402
 DEFAULT_SHAPES = "lr-p1w2-async,wd-p1w2-async"
 TICK = os.sysconf("SC_CLK_TCK")
 SIDES = ("plain", "replicated")
-
-
-def _children(pid: int) -> list[int]:
-    """The children of ``pid`` (every thread's: the launcher starts tasks from more than one thread)."""
-    out: list[int] = []
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        try:
-            with open(path) as f:
-                out += [int(c) for c in f.read().split()]
-        except OSError:
-            pass
-    return out
 
 
 def _task_of(pid: int) -> str | None:
@@ -112,7 +99,7 @@ class TaskSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._stop_event.is_set():
-            for pid in _children(self.root):
+            for pid in wd.child_pids(self.root):
                 if pid not in self._known:
                     name = _task_of(pid)
                     if name is None:

@@ -323,8 +323,8 @@ def psflow_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------------------ peak RSS of the ps tasks
-def _children(pid: int) -> list[int]:
-    """The children of ``pid`` (every thread's)."""
+def child_pids(pid: int) -> list[int]:
+    """The children of ``pid`` (every thread's: a launcher starts tasks from more than one thread)."""
     out: list[int] = []
     for path in glob.glob(f"/proc/{pid}/task/*/children"):
         try:
@@ -377,7 +377,7 @@ class PeakRss(threading.Thread):
             stack: list[tuple[int, str | None]] = [(os.getpid(), None)]
             while stack:
                 pid, parent_name = stack.pop()
-                for child in _children(pid):
+                for child in child_pids(pid):
                     name = _process_name(child, pid)
                     hwm = _peak_rss_kib(child) if name is not None and name != parent_name else None
                     if name is not None and hwm is not None:
