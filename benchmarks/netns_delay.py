@@ -30,14 +30,12 @@ started (tasks and relay). Ratios are per repetition, then the median.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import glob
 import json
 import os
 import re
 import resource
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,16 +44,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_tf_peer import _STEP, _stamp
 from netns import NetnsLab
 from results_md import replace_section
+
+from psflow.launch.ports import free_ports
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = "/tmp/tf_peer/data/sparse_lr"
 PORT = 2222
 #: The tracked results (with RESULTS.md's netns_delay_<D>ms section) when no --output is given.
 TRACKED_JSON = os.path.join(HERE, "results", "netns_delay_{delay:g}ms.json")
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-_STEP = re.compile(r"psflow\.worker: worker (\d+): step=(\d+) ")
 _DONE = re.compile(r"worker (\d+): done after (\d+) local steps \((\d+) examples\)")
 
 
@@ -73,22 +72,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _tf_config(cluster: dict[str, list[str]], job: str, index: int) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": job, "index": index}})
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _stamp(line: str) -> float | None:
-    m = _STAMP.match(line)
-    return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
 
 
 def _train_flags(args: argparse.Namespace, k: str) -> list[str]:
@@ -137,7 +120,7 @@ def _wait(procs: dict[str, subprocess.Popen[bytes]], workdir: str, timeout: floa
     for name, p in procs.items():
         code = p.wait(timeout=max(1.0, deadline - time.monotonic()))
         if code != 0:
-            tail = open(os.path.join(workdir, f"{name}.log"), errors="replace").read()[-2000:]
+            tail = Path(workdir, f"{name}.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"{name} exited {code}:\n{tail}")
 
 
@@ -151,7 +134,7 @@ def run_once(args: argparse.Namespace, side: str, k: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"bench-delay-{side}-") as workdir:
         procs: dict[str, subprocess.Popen[bytes]] = {}
         if side == "loopback":
-            ports = _free_ports(len(tasks))
+            ports = free_ports(len(tasks))
             addr = {n: f"127.0.0.1:{p}" for n, p in zip(names, ports, strict=True)}
             lab = None
         else:
