@@ -47,14 +47,12 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
 from psflow.data import Batch
 from psflow.models.api import Model
 from psflow.ps.client import ParameterClient, PendingPushPull
 from psflow.rpc.api import RpcError
 from psflow.train.config import MAX_STEPS_IN_FLIGHT
-from psflow.train.step import LAG_WAIT_LIMIT, ComputedBatch, StepResult, TrainStep
+from psflow.train.step import ComputedBatch, PulledRows, StepResult, TrainStep
 
 __all__ = ["PipelinedStep"]
 
@@ -95,7 +93,6 @@ class PipelinedStep:
         self.client = client
         self.steps_in_flight = steps_in_flight
         self._in_flight: deque[_Sent] = deque()
-        self._carry: tuple[Batch, Batch, dict[str, np.ndarray], int | None] | None = None
         self._sent = 0
         client.start_ordered()
 
@@ -136,18 +133,12 @@ class PipelinedStep:
         """
         client, parts, k = self.client, self.parts, self.steps_in_flight
         try:
-            carry, self._carry = self._carry, None
-            if carry is not None and carry[0] is batch:
-                _, prepared, values, read_step = carry
-            else:
-                prepared, lookups = parts.prepare_lookups(batch)
-                values = client.pull(lookups, create=True)
-                read_step = client.last_pull_step
+            prepared, values, read_step = parts.rows_of(batch)  # (carried with push i-K's reply, or pulled)
             computed = parts.compute_batch(batch, prepared, values, read_step)
             if pause:
                 time.sleep(pause)
             if lag and read_step is not None:
-                self._wait_for_step(read_step + lag)
+                parts.wait_for_step(read_step + lag)
             done = self._collect() if self.full else None
             target = ahead[k - 1] if len(ahead) >= k else None
             later = parts.prepare_lookups(target) if target is not None else None
@@ -172,14 +163,14 @@ class PipelinedStep:
         except BaseException as e:
             self.discard(e)
             raise
-        self._carry = None
+        self.parts.carried = None
         return out
 
     def _collect(self) -> StepResult:
         sent = self._in_flight.popleft()
         r, values = sent.pending.result()
         if sent.rows_for is not None and sent.rows_prepared is not None and values is not None:
-            self._carry = (sent.rows_for, sent.rows_prepared, values, self.client.last_pull_step)
+            self.parts.carried = PulledRows(sent.rows_for, sent.rows_prepared, values, self.client.last_pull_step)
         return self.parts.result_of(sent.computed, r)
 
     def discard(self, cause: BaseException) -> None:
@@ -191,9 +182,4 @@ class PipelinedStep:
                 self._in_flight.popleft().pending.result()
             except RpcError as e:
                 cause.add_note(f"a push in flight failed too: {e}")
-        self._carry = None
-
-    def _wait_for_step(self, step: int) -> None:
-        deadline = time.monotonic() + LAG_WAIT_LIMIT
-        while self.client.global_step() < step and time.monotonic() < deadline:
-            time.sleep(0.005)
+        self.parts.carried = None

@@ -53,6 +53,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,8 +65,8 @@ from psflow.ps.client import ParameterClient, PendingPushPull, PushResult
 from psflow.rpc.api import RpcError
 from psflow.train.clipping import clip_by_global_norm, valid_clip_norm
 
-__all__ = ["TrainStep", "StepResult", "ComputedBatch", "LazyMetrics", "compute_gradients", "check_lookups",
-           "check_gradients"]
+__all__ = ["TrainStep", "StepResult", "ComputedBatch", "PulledRows", "LazyMetrics", "compute_gradients",
+           "check_lookups", "check_gradients"]
 
 #: Seconds a ``lag`` straggler (fault injection) waits at most for global_step to move on.
 LAG_WAIT_LIMIT = 5.0
@@ -176,6 +177,15 @@ def _metrics(model: Model, labels: np.ndarray, outputs: Mapping[str, np.ndarray]
     return metrics
 
 
+class PulledRows(NamedTuple):
+    """A batch's rows, pulled with an earlier push (``PushPull``) and kept for the call that computes it."""
+
+    given: Batch                     # the batch as the caller gave it (identity: the later call's)
+    batch: Batch                     # prepared
+    values: dict[str, np.ndarray]
+    read_step: int | None            # the global_step they were read at
+
+
 @dataclass(frozen=True)
 class ComputedBatch:
     """A batch's gradients, computed and not pushed yet (steps in flight, :mod:`psflow.train.pipeline`)."""
@@ -211,8 +221,9 @@ class TrainStep:
         self.prepared = prepared
         self.steps_in_flight = steps_in_flight
         self.clip_norm = _clip_norm(model)
-        # (the next batch as given, prepared, its pulled values, the step they were read at), from a push_pull
-        self._carry: tuple[Batch, Batch, dict[str, np.ndarray], int | None] | None = None
+        #: The next batch's rows, pulled with a push (:meth:`rows_of` takes them); set by this step's push_pull,
+        #: or by a :class:`~psflow.train.pipeline.PipelinedStep` that uses this step's parts.
+        self.carried: PulledRows | None = None
         self._computed: ComputedBatch | None = None  # steps in flight: the next call's batch, its gradients computed
 
     def prepare_lookups(self, batch: Batch) -> tuple[Batch, Lookups]:
@@ -223,7 +234,7 @@ class TrainStep:
         check_lookups(self.model, self.client.layout, lookups)
         return batch, lookups
 
-    def _wait_for_step(self, step: int) -> None:
+    def wait_for_step(self, step: int) -> None:
         """Polls global_step until it reaches ``step`` (or :data:`LAG_WAIT_LIMIT` s passed: the run may
         have ended, and nobody advances it any more)."""
         deadline = time.monotonic() + LAG_WAIT_LIMIT
@@ -264,35 +275,22 @@ class TrainStep:
             return self._overlapped(batch, clock=clock, pause=pause, lag=lag, next_batch=next_batch,
                                     position=position, generation=generation, after_next=after_next)
         client = self.client
-        carry, self._carry = self._carry, None
-        if carry is not None and carry[0] is batch:
-            _, batch, values, read_step = carry
-        else:
-            batch, lookups = self.prepare_lookups(batch)
-            values = client.pull(lookups, create=True)
-            read_step = client.last_pull_step
-        output = self.model.compute(batch, values)
-        gradients = output.gradients
-        check_gradients(self.model, client.layout, gradients)
-        grad_norm = None
-        if self.clip_norm is not None:
-            gradients, grad_norm = clip_by_global_norm(gradients, self.clip_norm)
+        computed = self.compute_batch(batch, *self.rows_of(batch))
+        read_step, output, n = computed.read_step, computed.output, computed.batch.num_examples
         if pause:
             time.sleep(pause)
         if lag and read_step is not None:
-            self._wait_for_step(read_step + lag)
-        n = batch.num_examples
+            self.wait_for_step(read_step + lag)
         if next_batch is None:
-            r = client.push_detailed(gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step,
+            r = client.push_detailed(output.gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step,
                                      position=position, generation=generation)
         else:
             prepared_next, next_lookups = self.prepare_lookups(next_batch)
-            r, next_values = client.push_pull(gradients, next_lookups, examples=n, loss=output.loss, clock=clock,
-                                              read_step=read_step, position=position, generation=generation)
-            self._carry = (next_batch, prepared_next, next_values, client.last_pull_step)
-        metrics = LazyMetrics(functools.partial(_metrics, self.model, batch.labels, output.outputs, grad_norm))
-        return StepResult(r.step, output.loss, n, batch.labels, output.outputs, metrics, r.completed, r.accepted,
-                          r.min_clock)
+            r, next_values = client.push_pull(output.gradients, next_lookups, examples=n, loss=output.loss,
+                                              clock=clock, read_step=read_step, position=position,
+                                              generation=generation)
+            self.carried = PulledRows(next_batch, prepared_next, next_values, client.last_pull_step)
+        return self.result_of(computed, r)
 
     def compute_batch(self, given: Batch, batch: Batch, values: Mapping[str, np.ndarray],
                       read_step: int | None) -> ComputedBatch:
@@ -305,11 +303,12 @@ class TrainStep:
             output = ModelOutput(output.loss, gradients, output.outputs)
         return ComputedBatch(given, batch, output, grad_norm, read_step)
 
-    def _pulled(self, given: Batch) -> tuple[Batch, dict[str, np.ndarray], int | None]:
-        """``given`` prepared, its rows (the carried ones when the previous call pulled them) and their step."""
-        carry, self._carry = self._carry, None
-        if carry is not None and carry[0] is given:
-            return carry[1], carry[2], carry[3]
+    def rows_of(self, given: Batch) -> tuple[Batch, dict[str, np.ndarray], int | None]:
+        """``given`` prepared, its rows and the step they were read at: the :attr:`carried` ones when they
+        are ``given``'s (taken; any others dropped), else pulled now (one RPC per ps task; blocks)."""
+        carry, self.carried = self.carried, None
+        if carry is not None and carry.given is given:
+            return carry.batch, carry.values, carry.read_step
         batch, lookups = self.prepare_lookups(given)
         values = self.client.pull(lookups, create=True)
         return batch, values, self.client.last_pull_step
@@ -320,13 +319,13 @@ class TrainStep:
         client = self.client
         computed, self._computed = self._computed, None
         if computed is None or computed.given is not given:
-            computed = self.compute_batch(given, *self._pulled(given))
+            computed = self.compute_batch(given, *self.rows_of(given))
         # Every pull happens before the push is sent: one call per ps task in flight, never two.
-        upcoming = self._pulled(next_batch) if next_batch is not None else None
+        upcoming = self.rows_of(next_batch) if next_batch is not None else None
         if pause:
             time.sleep(pause)
         if lag and computed.read_step is not None:
-            self._wait_for_step(computed.read_step + lag)
+            self.wait_for_step(computed.read_step + lag)
         later: tuple[Batch, Lookups] | None = self.prepare_lookups(after_next) if after_next is not None else None
         output, n = computed.output, computed.batch.num_examples
         pending = client.send_push_pull(output.gradients, later[1] if later is not None else None, examples=n,
@@ -335,7 +334,7 @@ class TrainStep:
         following = self._compute_while(pending, next_batch, upcoming)
         r, later_values = pending.result()
         if later is not None and after_next is not None and later_values is not None:
-            self._carry = (after_next, later[0], later_values, client.last_pull_step)
+            self.carried = PulledRows(after_next, later[0], later_values, client.last_pull_step)
         self._computed = following
         return self.result_of(computed, r)
 
