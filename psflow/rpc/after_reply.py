@@ -32,8 +32,8 @@ Work = list[Callable[[], None]]
 
 @contextlib.contextmanager
 def collecting() -> Iterator[Work]:
-    """(A carrier, around one call's dispatch.) The work the handler defers is collected into the list
-    yielded; the carrier runs it with :func:`run` once the reply is sent."""
+    """(A carrier, around one call's dispatch or a thread's whole series of them.) The work the handlers
+    defer is collected into the list yielded; the carrier runs it with :func:`run` once each reply is sent."""
     previous: Work | None = getattr(_local, "work", None)
     work: Work = []
     _local.work = work
@@ -60,7 +60,7 @@ def defer(fn: Callable[[], None]) -> bool:
 
 def run(work: Work, task: str, method: str) -> None:
     """(A carrier, after sending the reply.) Runs ``work`` in order; an error is logged, naming ``task`` and
-    ``method``."""
+    ``method``. (A carrier that collects a thread's calls into one list empties it after.)"""
     for fn in work:
         try:
             fn()
