@@ -49,6 +49,30 @@ def backup(i: int) -> str:
     return f"/job:ps_backup/task:{i}"
 
 
+def assert_same_state(a: ParameterService, b: ParameterService) -> None:
+    """``b`` holds ``a``'s state bit for bit: every partition's value, slots, average and dynamic-table rows,
+    global_step and the worker ledger (what a backup must hold of its primary's)."""
+    for part in a.store.partitions():
+        other = b.store.get(part.key)
+        if part.table is not None:
+            assert other.table is not None, part.key
+            mine, theirs = part.table.snapshot(), other.table.snapshot()
+            assert sorted(mine) == sorted(theirs), part.key
+            for name in mine:
+                assert mine[name].shape == theirs[name].shape, (part.key, name)
+                assert mine[name].tobytes() == theirs[name].tobytes(), (part.key, name)
+            continue
+        assert part.value.tobytes() == other.value.tobytes(), part.key
+        assert sorted(part.slots) == sorted(other.slots), part.key
+        for name, slot in part.slots.items():
+            assert slot.tobytes() == other.slots[name].tobytes(), (part.key, name)
+        assert (part.average is None) == (other.average is None), part.key
+        if part.average is not None and other.average is not None:
+            assert part.average.tobytes() == other.average.tobytes(), part.key
+    assert a.global_step is not None and b.global_step is not None and a.global_step.value == b.global_step.value
+    assert a.workers.replica_state() == b.workers.replica_state()
+
+
 class _Done:
     def __init__(self, outcome: Frame | RpcError) -> None:
         self._outcome = outcome

@@ -11,13 +11,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from replica_shard import PRIMARY, WORKERS, InProcessShard, backup
+from replica_shard import PRIMARY, WORKERS, InProcessShard, assert_same_state, backup
 
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.protocol import PushRequest, RegisterRequest, WorkerTag
-from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,23 +42,6 @@ def _push(push_id: int) -> PushRequest:
                        WorkerTag(WORKERS[0], 1, push_id=push_id, acked=push_id - 1), step=True, examples=1)
 
 
-def _assert_same(a: ParameterService, b: ParameterService) -> None:
-    for part in a.store.partitions():
-        other = b.store.get(part.key)
-        if part.table is not None:
-            assert other.table is not None
-            mine, theirs = part.table.snapshot(), other.table.snapshot()
-            assert sorted(mine) == sorted(theirs)
-            for name in mine:
-                assert mine[name].tobytes() == theirs[name].tobytes(), (part.key, name)
-            continue
-        assert part.value.tobytes() == other.value.tobytes(), part.key
-        assert sorted(part.slots) == sorted(other.slots)
-        for name, slot in part.slots.items():
-            assert slot.tobytes() == other.slots[name].tobytes(), (part.key, name)
-    assert a.global_step is not None and b.global_step is not None and a.global_step.value == b.global_step.value
-
-
 def _trained(make_shard: Callable[..., InProcessShard], chunk_bytes: int | None) -> InProcessShard:
     shard = make_shard(backups=1, message_limit=LIMIT, chunk_bytes=chunk_bytes)
     shard.start()
@@ -80,7 +62,7 @@ def test_a_snapshot_ten_times_the_message_limit_arrives_whole_and_bit_equal(
     shard.wait_view()
     assert shard.calls[member] - calls >= 10  # the snapshot went in chunks, each within the limit
     shard.push(PRIMARY, _push(6))  # and the entries after it follow
-    _assert_same(shard.services[PRIMARY], shard.services[member])
+    assert_same_state(shard.services[PRIMARY], shard.services[member])
     assert shard.replicas[member].applier.applied_seq == shard.replicas[PRIMARY].forwarder.last_seq  # type: ignore[union-attr]
 
 
@@ -99,7 +81,7 @@ def test_a_member_cut_off_mid_snapshot_gets_it_again_whole(make_shard: Callable[
     shard.cut.discard(member)
     shard.wait_view()
     shard.push(PRIMARY, _push(7))
-    _assert_same(shard.services[PRIMARY], shard.services[member])
+    assert_same_state(shard.services[PRIMARY], shard.services[member])
 
 
 def test_a_member_restarted_mid_snapshot_gets_it_whole(make_shard: Callable[..., InProcessShard]) -> None:
@@ -117,4 +99,4 @@ def test_a_member_restarted_mid_snapshot_gets_it_whole(make_shard: Callable[...,
     shard.start(member)
     shard.latency[member] = 0.0
     shard.wait_view(limit=20.0)  # a bound for a stuck snapshot only
-    _assert_same(shard.services[PRIMARY], shard.services[member])
+    assert_same_state(shard.services[PRIMARY], shard.services[member])

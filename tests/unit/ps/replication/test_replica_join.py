@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
+from replica_shard import PRIMARY, WORKERS, InProcessShard, assert_same_state, backup, layout
 
 from psflow.ps.protocol import JoinRequest, PushRequest, ReplicateRequest, WorkerTag
 from psflow.ps.sync import SyncConfig
@@ -67,13 +67,9 @@ def test_a_joining_member_enters_the_view_under_continuous_pushes(make_shard: Ca
     assert not errors, errors
     assert entered < 5.0, entered
     print(f"entered the view {entered:.2f} s after its restart")
-    primary, rebuilt = shard.services[PRIMARY], shard.services[joining]
-    for part in primary.store.partitions():
-        assert part.value.tobytes() == rebuilt.store.get(part.key).value.tobytes(), part.key
-        for name, slot in part.slots.items():
-            assert slot.tobytes() == rebuilt.store.get(part.key).slots[name].tobytes(), (part.key, name)
-    assert primary.global_step is not None and rebuilt.global_step is not None
-    assert primary.global_step.value == rebuilt.global_step.value == sum(pushed)
+    assert_same_state(shard.services[PRIMARY], shard.services[joining])
+    global_step = shard.services[PRIMARY].global_step
+    assert global_step is not None and global_step.value == sum(pushed)
 
 
 def _rejoin_setup(make_shard: Callable[..., InProcessShard]) -> InProcessShard:
@@ -84,16 +80,6 @@ def _rejoin_setup(make_shard: Callable[..., InProcessShard]) -> InProcessShard:
     for push_id in range(1, 4):
         shard.push(PRIMARY, _push(WORKERS[0], push_id))
     return shard
-
-
-def _assert_same(shard: InProcessShard, member: str) -> None:
-    primary, rebuilt = shard.services[PRIMARY], shard.services[member]
-    for part in primary.store.partitions():
-        assert part.value.tobytes() == rebuilt.store.get(part.key).value.tobytes(), part.key
-        for name, slot in part.slots.items():
-            assert slot.tobytes() == rebuilt.store.get(part.key).slots[name].tobytes(), (part.key, name)
-    assert primary.global_step is not None and rebuilt.global_step is not None
-    assert primary.global_step.value == rebuilt.global_step.value
 
 
 def test_a_call_meant_for_a_members_earlier_process_never_takes_the_restarted_one_out_of_the_view(
@@ -118,7 +104,7 @@ def test_a_call_meant_for_a_members_earlier_process_never_takes_the_restarted_on
     replica = shard.replicas[member]
     assert replica.has_state and replica.view.view.role == "backup", replica.view.view
     shard.push(PRIMARY, _push(WORKERS[0], 4))
-    _assert_same(shard, member)
+    assert_same_state(shard.services[PRIMARY], shard.services[member])
 
 
 def test_a_member_whose_join_reply_comes_after_its_snapshot_stays_in_the_view(
@@ -139,4 +125,4 @@ def test_a_member_whose_join_reply_comes_after_its_snapshot_stays_in_the_view(
                                for r in caplog.records), "the member read its Join's reply")
     replica = shard.replicas[member]
     assert replica.has_state and replica.view.view.role == "backup", replica.view.view
-    _assert_same(shard, member)
+    assert_same_state(shard.services[PRIMARY], shard.services[member])

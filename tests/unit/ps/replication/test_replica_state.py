@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from replica_shard import assert_same_state
 
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
@@ -50,31 +51,11 @@ def _push(svc: ParameterService, seed: int) -> PushRequest:
     return request
 
 
-def _assert_same(a: ParameterService, b: ParameterService) -> None:
-    for part in a.store.partitions():
-        other = b.store.get(part.key)
-        if part.table is not None:
-            assert other.table is not None
-            mine, theirs = part.table.snapshot(), other.table.snapshot()
-            assert sorted(mine) == sorted(theirs)
-            for name in mine:
-                assert np.array_equal(mine[name], theirs[name]), (part.key, name)
-            continue
-        assert part.value.tobytes() == other.value.tobytes(), part.key
-        for slot in part.slots:
-            assert part.slots[slot].tobytes() == other.slots[slot].tobytes(), (part.key, slot)
-        assert (part.average is None) == (other.average is None)
-        if part.average is not None and other.average is not None:
-            assert part.average.tobytes() == other.average.tobytes(), part.key
-    assert a.global_step is not None and b.global_step is not None and a.global_step.value == b.global_step.value
-    assert a.workers.replica_state() == b.workers.replica_state()
-
-
 def test_a_full_snapshot_then_row_deltas_leave_the_backup_bit_equal() -> None:
     primary, backup = _service(), ParameterService(0, holds_global_step=True)
     dedup, counts = DedupTable("p"), {"pushes_applied": 0}
     write_entry(backup, DedupTable("b"), {}, full_entry(0, primary, dedup, counts))
-    _assert_same(primary, backup)
+    assert_same_state(primary, backup)
     for seq in range(1, 21):
         request = _push(primary, seq)
         store = primary.store
@@ -82,7 +63,7 @@ def test_a_full_snapshot_then_row_deltas_leave_the_backup_bit_equal() -> None:
         entry = ReplicaEntry(seq, task_state(primary, dedup, counts), tuple(parts + capture_averages(store, set())))
         write_entry(backup, DedupTable("b"), {}, entry)
     assert primary.global_step is not None and primary.global_step.value == 20
-    _assert_same(primary, backup)
+    assert_same_state(primary, backup)
 
 
 def test_only_the_rows_a_push_wrote_are_copied() -> None:
