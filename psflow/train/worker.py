@@ -47,7 +47,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -56,7 +56,7 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease, create_backend
-from psflow.data import Batch, DatasetConfig, ReaderPosition, open_dataset, read_all
+from psflow.data import Batch, Dataset, DatasetConfig, ReaderPosition, open_dataset, read_all
 from psflow.errors import CheckpointError, TrainingError
 from psflow.models.api import Model
 from psflow.placement import VariableSet
@@ -285,6 +285,14 @@ class _Progress:
     first_step: int | None = None
     step: int | None = None
 
+    def count(self, result: StepResult, examples: int) -> None:
+        """Counts a step whose push produced ``result``, of a batch of ``examples``."""
+        self.step = result.step
+        self.first_step = result.step if self.first_step is None else self.first_step
+        self.local_steps += 1
+        self.examples += examples
+        self.stale += int(not result.accepted)
+
 
 def _steps_in_flight(config: TrainConfig, client: ParameterClient, remote: bool) -> int:
     """Steps this worker keeps in flight (:meth:`~psflow.train.config.SyncSettings.in_flight`); replicated ps
@@ -372,19 +380,7 @@ def _train(session: MonitoredTrainingSession, model: Model,
     with open_dataset(data_config, start=True, resume_from=resume, prepare=prepare) as dataset:
         # One batch of lookahead: the push of a step and the pull of the next share one RPC per ps task.
         # Two steps in flight: two, as the push of a step carries the pull of the one after the next.
-        batches = iter(dataset)
-        window: list[tuple[Batch, ReaderPosition]] = []  # this step's batch, then the lookahead, with positions after
-
-        def fill() -> None:
-            while len(window) < 1 + steps_in_flight:
-                got = next(batches, None)
-                if got is None:
-                    return
-                window.append((got, dataset.position()))
-
-        fill()
-        while window:
-            (batch, position), following = window[0], [b for b, _ in window[1:]]
+        for (batch, position), following in _windows(dataset, steps_in_flight):
             _check_stop(stop, session.client.client_name, f"at global_step {session.global_step}")
             step_fn = functools.partial(train_step, batch, clock=progress.local_steps + 1, pause=delay, lag=lag,
                                         next_batch=following[0] if following else None, position=position.to_json(),
@@ -393,23 +389,14 @@ def _train(session: MonitoredTrainingSession, model: Model,
             # The hooks log the progress (WorkerProgressHook) and decide when to stop (StopAtStepHook: max_steps).
             result = session.run(step_fn, epochs_completed=epochs_completed(position), source=batch.source)
             if result is not None:
-                progress.step = result.step
-                progress.first_step = result.step if progress.first_step is None else progress.first_step
-                progress.local_steps += 1
-                progress.examples += batch.num_examples
-                progress.stale += int(not result.accepted)
+                progress.count(result, batch.num_examples)
                 if not result.accepted:
                     log.info("worker %d: gradient computed at step %s was stale and dropped", task_index,
                              client.last_pull_step)
             if session.should_stop():
                 reason = session.stop_reason or f"a hook stopped the session at global_step {session.global_step}"
                 break
-            window.pop(0)
-            fill()
-    progress.bad_records += dataset.stats.bad_records
-    if dataset.stats.bad_records:
-        log.warning("worker %d: skipped %d bad records (last: %s)", task_index, dataset.stats.bad_records,
-                    dataset.stats.last_bad)
+    _count_bad_records(dataset, progress, task_index)
     return reason
 
 
@@ -429,33 +416,17 @@ def _train_pipelined(session: MonitoredTrainingSession, model: Model, data_confi
 
     def count(result: StepResult) -> tuple[Batch, ReaderPosition]:
         batch, position = sent.popleft()
-        progress.step = result.step
-        progress.first_step = result.step if progress.first_step is None else progress.first_step
-        progress.local_steps += 1
-        progress.examples += batch.num_examples
-        progress.stale += int(not result.accepted)
+        progress.count(result, batch.num_examples)
         return batch, position
 
     with open_dataset(data_config, start=True, resume_from=resume, prepare=model.prepare) as dataset:
-        batches = iter(dataset)
-        window: list[tuple[Batch, ReaderPosition]] = []  # this step's batch, then up to K more, with positions after
-
-        def fill() -> None:
-            while len(window) < 1 + steps_in_flight:
-                got = next(batches, None)
-                if got is None:
-                    return
-                window.append((got, dataset.position()))
-
         def finish() -> None:  # the pushes in flight: collected, counted, shown to the hooks
             for result in pipe.drain():
                 batch, position = count(result)
                 session.report(result, epochs_completed=epochs_completed(position), source=batch.source)
 
-        fill()
         try:
-            while window:
-                (batch, position), ahead = window[0], [b for b, _ in window[1:]]
+            for (batch, position), ahead in _windows(dataset, steps_in_flight):
                 _check_stop(stop, client.client_name, f"at global_step {session.global_step}")
                 owner = sent[0] if pipe.full else None  # the batch whose result this call returns
                 step_fn = functools.partial(pipe.step, batch, ahead=ahead, clock=progress.local_steps + len(sent) + 1,
@@ -470,8 +441,6 @@ def _train_pipelined(session: MonitoredTrainingSession, model: Model, data_confi
                 if session.should_stop():
                     reason = session.stop_reason or f"a hook stopped the session at global_step {session.global_step}"
                     break
-                window.pop(0)
-                fill()
         except WorkerStopped:
             finish()
             raise
@@ -479,11 +448,37 @@ def _train_pipelined(session: MonitoredTrainingSession, model: Model, data_confi
             pipe.discard(e)
             raise
         finish()
+    _count_bad_records(dataset, progress, task_index)
+    return reason
+
+
+def _windows(dataset: Dataset, ahead: int) -> Iterator[tuple[tuple[Batch, ReaderPosition], list[Batch]]]:
+    """Each batch of ``dataset`` with the reader position just after it, and up to ``ahead`` batches that
+    follow it (fewer at the end of the data). The next batches are read only when the caller asks for the
+    next window: a loop that breaks reads nothing more."""
+    batches = iter(dataset)
+    window: list[tuple[Batch, ReaderPosition]] = []
+
+    def fill() -> None:
+        while len(window) < 1 + ahead:
+            got = next(batches, None)
+            if got is None:
+                return
+            window.append((got, dataset.position()))
+
+    fill()
+    while window:
+        yield window[0], [b for b, _ in window[1:]]
+        window.pop(0)
+        fill()
+
+
+def _count_bad_records(dataset: Dataset, progress: _Progress, task_index: int) -> None:
+    """Adds the bad records ``dataset`` skipped to ``progress``, and logs the last one."""
     progress.bad_records += dataset.stats.bad_records
     if dataset.stats.bad_records:
         log.warning("worker %d: skipped %d bad records (last: %s)", task_index, dataset.stats.bad_records,
                     dataset.stats.last_bad)
-    return reason
 
 
 def _write_json(path: str, data: Any) -> None:
