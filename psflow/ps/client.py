@@ -326,10 +326,13 @@ class ParameterClient:
         unreplicated cluster); each call to a ps task carries the next number of this process's sequence
         to that task (``seq``; a pull-only half too) and the ps task applies them in that order, nothing
         after a refused one (:mod:`psflow.ps.push_order`). Collect them in the order sent.
+
+        Raises:
+            ClientError: ``ordered`` with replicated ps shards or before :meth:`start_ordered`; bad names,
+                shapes or rows (as :meth:`push_detailed`). Nothing is sent then.
         """
-        if ordered and (self.router is not None or not self._ordered.started):
-            raise ClientError(f"{self.client_name}: ordered pushes (several in flight) need start_ordered() first "
-                              "and are not supported with replicated ps shards")
+        if ordered:
+            self._check_ordered()
         plan = self._pull_plan(requests) if requests is not None else None
         pushes = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
         calls: dict[int, Request] = dict(pushes) if plan is None else push_pull_calls(
@@ -347,6 +350,14 @@ class ParameterClient:
             return result, None if plan is None else self._assemble(plan, pulled)
 
         return PendingPushPull(self.client_name, finish)
+
+    def _check_ordered(self) -> None:
+        """Raises ClientError, saying why, unless ordered pushes may be sent now."""
+        if self.router is not None:
+            raise ClientError(f"{self.client_name}: ordered pushes (several in flight) are not supported with "
+                              "replicated ps shards")
+        if not self._ordered.started:
+            raise ClientError(f"{self.client_name}: ordered pushes (several in flight) need start_ordered() first")
 
     def start_ordered(self) -> None:
         """Starts a new sequence of ordered pushes (``send_push_pull(ordered=True)``), numbered from 0 on every

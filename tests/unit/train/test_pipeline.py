@@ -22,7 +22,7 @@ from psflow.gradients import DenseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelOutput, Values, VariableSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
+from psflow.ps.client import ClientError, ParameterClient
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import FailedPreconditionError
@@ -279,3 +279,13 @@ def test_where_k_above_2_is_refused() -> None:
     with pytest.raises(ConfigError, match="--steps-in-flight 3 needs --transport grpc"):
         TrainConfig.flat(train=("x",), num_features=4, transport="tcp", steps_in_flight=3)
     assert TrainConfig.flat(train=("x",), num_features=4, steps_in_flight=8).sync.steps_in_flight == 8
+
+
+def test_an_ordered_push_before_start_ordered_is_refused_naming_what_is_missing() -> None:
+    events: list[tuple[str, ...]] = []
+    client, services = _client(Recorder(events), events)
+    grads = {"w": DenseGradient(np.ones(1, np.float32))}
+    with pytest.raises(ClientError, match=r"start_ordered\(\)") as caught:
+        client.send_push_pull(grads, None, ordered=True)
+    assert WORKER in str(caught.value) and "replicated" not in str(caught.value)  # (this cluster is not)
+    assert events == [] and services[0].global_step is not None and services[0].global_step.value == 0
