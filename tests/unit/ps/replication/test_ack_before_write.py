@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
-from psflow.ps.protocol import PushRequest, ReplicaEntry, SaveShardReply, SaveShardRequest, WorkerTag
+from psflow.ps.protocol import (
+    PushRequest,
+    ReplicaEntry,
+    ReplicaStatusReply,
+    SaveShardReply,
+    SaveShardRequest,
+    WorkerTag,
+)
 from psflow.ps.sync import SyncConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -74,17 +81,25 @@ def test_a_promotion_waits_for_the_writes_of_every_acknowledged_entry(
     assert not _same(shard, BACKUP)
     primary_state = {p.key: (p.value.copy(), {n: s.copy() for n, s in p.slots.items()})
                      for p in shard.services[PRIMARY].store.partitions()}
-    shard.cut.add(PRIMARY)  # the primary died; the writes are still to come (2 s from now)
-    later = threading.Timer(2.0, shard.run_after_reply, args=(BACKUP,))
-    later.start()
-    try:
-        status = shard.promote(BACKUP, expected_epoch=shard.replicas[BACKUP].view.view.epoch)
-        promoted = shard.services[BACKUP]  # as the promotion left it (before the timer's join below)
-        got = {p.key: (p.value.tobytes(), {n: s.tobytes() for n, s in p.slots.items()})
-               for p in promoted.store.partitions()}
-        step = promoted.global_step.value if promoted.global_step is not None else None
-    finally:
-        later.join(10)
+    shard.cut.add(PRIMARY)  # the primary died; the writes are still to come
+    promoted: list[ReplicaStatusReply | Exception] = []
+
+    def promote() -> None:
+        try:
+            promoted.append(shard.promote(BACKUP, expected_epoch=shard.replicas[BACKUP].view.view.epoch))
+        except Exception as e:  # noqa: BLE001 - reported below
+            promoted.append(e)
+    promoting = threading.Thread(target=promote, daemon=True)
+    promoting.start()
+    promoting.join(0.3)
+    assert not promoted  # it waits for the writes of the entries its member acknowledged
+    assert shard.run_after_reply(BACKUP) == 2
+    promoting.join(10)
+    assert promoted and isinstance(promoted[0], ReplicaStatusReply), promoted
+    status, service = promoted[0], shard.services[BACKUP]
+    got = {p.key: (p.value.tobytes(), {n: s.tobytes() for n, s in p.slots.items()})
+           for p in service.store.partitions()}
+    step = service.global_step.value if service.global_step is not None else None
     assert status.role == "primary" and step == 5
     for key, (value, slots) in primary_state.items():
         assert got[key][0] == value.tobytes(), key
