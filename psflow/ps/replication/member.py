@@ -263,9 +263,11 @@ class ShardReplication:
             self.applier.expect_snapshot()  # a new primary's entries follow its snapshot
         self.view.check_entries(request.epoch, request.primary)
         entries = self.chunks.whole(request.entries)  # a chunked entry: once its last chunk is here
-        promised = self.applier.promise(entries) if after_reply.deferrable() else None  # written after the reply
-        if promised is None or not after_reply.defer(
-                lambda: self.applier.apply_promised(entries, lambda e: rebuild_unwritten(self, e))):
+        # Over a carrier that runs work after the reply (tcp), entries that continue what it holds are written
+        # after it; else (gRPC, a snapshot, a gap) now.
+        if after_reply.deferrable() and (promised := self.applier.promise(entries)) is not None:
+            after_reply.defer(lambda: self.applier.apply_promised(entries, lambda e: rebuild_unwritten(self, e)))
+        else:
             promised = self.applier.offer(entries, wait=self.config.replica_timeout)
         snapshot_taken = self.applier.received_seq > 0 or any(e.full for e in entries)
         role = BACKUP if self.task in request.backups and snapshot_taken else JOINING
