@@ -7,21 +7,20 @@ first, so only the ps task's ordering (psflow.ps.push_order) puts them back in o
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pytest
+from travelling_ps import WORKER, Recorder, TravellingCall, TravellingChannel, travelling_client
+from travelling_ps import batches as _batches
+from travelling_ps import position as _position
 
-from psflow.cluster import ClusterSpec
 from psflow.data import Batch
 from psflow.errors import ConfigError
 from psflow.gradients import DenseGradient
-from psflow.models.api import Lookups, Model, ModelConfig, ModelOutput, Values, VariableSpec
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
+from psflow.models.api import Model
 from psflow.ps.client import ClientError, ParameterClient
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
@@ -34,42 +33,6 @@ from psflow.train.step import StepResult
 
 pytestmark = pytest.mark.timeout(60)
 
-WORKER = "/job:worker/task:0"
-
-
-class _Later:
-    def __init__(self, collect: Any) -> None:
-        self.result = collect
-
-
-class TravellingChannel:
-    """An in-process ps task whose calls are applied when their reply is collected; logs sends and replies."""
-
-    def __init__(self, task: str, service: ParameterService, events: list[tuple[str, ...]]) -> None:
-        self.task, self.address = task, "in-process"
-        self._inner = InProcessChannel(task, service.handlers())
-        self._events = events
-
-    def wait_ready(self, timeout: float | None = None) -> None:
-        return None
-
-    def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
-                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Later:
-        self._events.append(("send", self.task, method))
-
-        def run() -> Frame:
-            self._events.append(("reply", self.task, method))
-            return self._inner.call_async(method, meta, arrays, timeout=timeout).result()
-
-        return _Later(run)
-
-    def call(self, method: str, meta: Mapping[str, Any] | None = None,
-             arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame:
-        return self.call_async(method, meta, arrays, timeout=timeout).result()
-
-    def close(self) -> None:
-        return None
-
 
 class ReorderingChannel(TravellingChannel):
     """Push calls are held until ``hold`` of them were sent, then delivered at once, the latest first, each
@@ -81,7 +44,7 @@ class ReorderingChannel(TravellingChannel):
         self._served = InProcessChannel(task, service.handlers())
 
     def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
-                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Later:
+                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> TravellingCall:
         if not method.startswith("Push"):
             return super().call_async(method, meta, arrays, timeout=timeout)
         box: dict[str, Any] = {}
@@ -111,59 +74,15 @@ class ReorderingChannel(TravellingChannel):
             frame: Frame = box["frame"]
             return frame
 
-        return _Later(collect)
-
-
-class Recorder(Model):
-    """One weight ``w``; a batch's gradient is 1 (SGD at rate 1 takes 1 off ``w`` per applied push), its loss
-    is its label (the batch's number); every compute logs the batch and the ``w`` it read."""
-
-    name = "recorder"
-
-    def __init__(self, events: list[tuple[str, ...]]) -> None:
-        super().__init__(ModelConfig())
-        self.events = events
-        self.read: dict[int, float] = {}
-
-    def variables(self) -> Sequence[VariableSpec]:
-        return [VariableSpec("w", (1,))]
-
-    def lookups(self, batch: Batch) -> Lookups:
-        return {"w": None}
-
-    def compute(self, batch: Batch, values: Values) -> ModelOutput:
-        number = int(batch.labels[0])
-        self.events.append(("compute", str(number)))
-        self.read[number] = float(values["w"][0])
-        return ModelOutput(float(number), {"w": DenseGradient(np.ones(1, np.float32))},
-                           {"predictions": np.full(batch.num_examples, 0.5)})
-
-    def predict(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
-        return {"predictions": np.full(batch.num_examples, 0.5)}
+        return TravellingCall(collect)
 
 
 def _client(model: Model, events: list[tuple[str, ...]], hold: int = 0,
             sync: SyncConfig | None = None) -> tuple[ParameterClient, list[ParameterService]]:
-    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
-    variables = VariableSet(replica_device_setter(cluster=cluster))
-    for spec in model.variables():
-        variables.get_variable(spec.name, spec.shape)  # zeros
-    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
-    channels = {i: (ReorderingChannel(f"/job:ps/task:{i}", s, events, hold) if hold
-                    else TravellingChannel(f"/job:ps/task:{i}", s, events)) for i, s in enumerate(services)}
-    client = ParameterClient(cluster, variables.placements(), client_name=WORKER, channels=channels, sync=sync)
-    client.register(OptimizerSpec("sgd", {"learning_rate": 1.0}), chief=True)
-    events.clear()
-    return client, services
-
-
-def _batches(n: int) -> list[Batch]:
-    """Batch i has i + 1 examples, each labelled i."""
-    return [Batch(np.full(i + 1, i, np.float32), {}, {}) for i in range(n)]
-
-
-def _position(i: int) -> str:
-    return json.dumps({"batch": i})
+    if not hold:
+        return travelling_client(model, events, sync=sync)
+    return travelling_client(model, events, sync=sync,
+                             channel=lambda task, service, log: ReorderingChannel(task, service, log, hold))
 
 
 def _run(step: PipelinedStep, batches: list[Batch], count: int | None = None,

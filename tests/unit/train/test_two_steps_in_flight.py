@@ -6,120 +6,23 @@ The ps tasks are in this process, behind channels that apply a call only when it
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import numpy as np
 import pytest
+from travelling_ps import WORKER, Recorder, travelling_client
+from travelling_ps import batches as _batches
+from travelling_ps import position as _position
 
-from psflow.cluster import ClusterSpec
 from psflow.data import Batch
 from psflow.errors import ConfigError
-from psflow.gradients import DenseGradient
-from psflow.models.api import Lookups, Model, ModelConfig, ModelError, ModelOutput, Values, VariableSpec
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
+from psflow.models.api import Model, ModelError
 from psflow.ps.client import ParameterClient
-from psflow.ps.service import ParameterService
-from psflow.rpc.framing import Frame
-from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.config import SyncSettings
 from psflow.train.step import StepResult, TrainStep
 
 pytestmark = pytest.mark.timeout(60)
 
-WORKER = "/job:worker/task:0"
-
-
-class _Later:
-    def __init__(self, run: Callable[[], Frame]) -> None:
-        self._run = run
-
-    def result(self) -> Frame:
-        return self._run()
-
-
-class TravellingChannel:
-    """An in-process ps task whose calls are applied when their reply is collected; logs sends and replies."""
-
-    def __init__(self, task: str, service: ParameterService, events: list[tuple[str, ...]]) -> None:
-        self.task, self.address = task, "in-process"
-        self._inner = InProcessChannel(task, service.handlers())
-        self._events = events
-
-    def wait_ready(self, timeout: float | None = None) -> None:
-        return None
-
-    def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
-                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Later:
-        self._events.append(("send", self.task, method))
-
-        def run() -> Frame:
-            self._events.append(("reply", self.task, method))
-            return self._inner.call_async(method, meta, arrays, timeout=timeout).result()
-
-        return _Later(run)
-
-    def call(self, method: str, meta: Mapping[str, Any] | None = None,
-             arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame:
-        return self.call_async(method, meta, arrays, timeout=timeout).result()
-
-    def close(self) -> None:
-        return None
-
-
-class Recorder(Model):
-    """One weight ``w``; a batch's gradient is 1 (so SGD at rate 1 takes 1 off ``w`` per applied push), its
-    loss is its label (the batch's number); every compute logs the batch and the ``w`` it read."""
-
-    name = "recorder"
-
-    def __init__(self, events: list[tuple[str, ...]], fail_on: int | None = None) -> None:
-        super().__init__(ModelConfig())
-        self.events = events
-        self.fail_on = fail_on
-        self.read: dict[int, float] = {}
-
-    def variables(self) -> Sequence[VariableSpec]:
-        return [VariableSpec("w", (1,))]
-
-    def lookups(self, batch: Batch) -> Lookups:
-        return {"w": None}
-
-    def compute(self, batch: Batch, values: Values) -> ModelOutput:
-        number = int(batch.labels[0])
-        self.events.append(("compute", str(number)))
-        if number == self.fail_on:
-            raise ModelError(f"batch {number} fails")
-        self.read[number] = float(values["w"][0])
-        return ModelOutput(float(number), {"w": DenseGradient(np.ones(1, np.float32))},
-                           {"predictions": np.full(batch.num_examples, 0.5)})
-
-    def predict(self, batch: Batch, values: Values) -> dict[str, np.ndarray]:
-        return {"predictions": np.full(batch.num_examples, 0.5)}
-
 
 def _cluster(model: Model, events: list[tuple[str, ...]]) -> ParameterClient:
-    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
-    variables = VariableSet(replica_device_setter(cluster=cluster))
-    for spec in model.variables():
-        variables.get_variable(spec.name, spec.shape)  # zeros
-    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
-    channels = {i: TravellingChannel(f"/job:ps/task:{i}", s, events) for i, s in enumerate(services)}
-    client = ParameterClient(cluster, variables.placements(), client_name=WORKER, channels=channels)
-    client.register(OptimizerSpec("sgd", {"learning_rate": 1.0}), chief=True)
-    events.clear()
-    return client
-
-
-def _batches(n: int) -> list[Batch]:
-    """Batch i has i + 1 examples, each labelled i."""
-    return [Batch(np.full(i + 1, i, np.float32), {}, {}) for i in range(n)]
-
-
-def _position(i: int) -> str:
-    return json.dumps({"batch": i})
+    return travelling_client(model, events)[0]
 
 
 def _run(step: TrainStep, batches: list[Batch], count: int | None = None) -> list[StepResult]:
