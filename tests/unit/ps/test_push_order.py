@@ -60,12 +60,15 @@ class Sent(threading.Thread):
             self.error = e
 
 
-def waiting(svc: ParameterService, n: int, timeout: float = 10.0) -> None:
-    """Blocks until ``n`` pushes wait for their turn (deterministic: no sleep stands for an order)."""
+def waiting(order: ParameterService | PushOrder, n: int, timeout: float = 10.0) -> None:
+    """Blocks until ``n`` pushes wait for their turn in ``order`` (a service's: its ``order``); deterministic:
+    no sleep stands for an order."""
+    if isinstance(order, ParameterService):
+        order = order.order
     deadline = time.monotonic() + timeout
-    while svc.order.waiting() < n:
+    while order.waiting() < n:
         if time.monotonic() > deadline:
-            raise AssertionError(f"{svc.order.waiting()} pushes wait, expected {n}")
+            raise AssertionError(f"{order.waiting()} pushes wait, expected {n}")
         time.sleep(0.001)
 
 
@@ -185,9 +188,7 @@ def test_a_new_process_refuses_the_old_ones_waiting_pushes_and_the_old_ones_pass
 
     waiter = threading.Thread(target=old_push, daemon=True)
     waiter.start()
-    deadline = time.monotonic() + 10
-    while order.waiting() < 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    waiting(order, 1)
     assert order.enter("w", 200, 7, 0) is True  # the new process: its own sequence, no wait
     waiter.join(10)
     assert len(refused) == 1 and "later process" in str(refused[0])
