@@ -18,7 +18,7 @@ from psflow.ps.optimizers import make_optimizer
 
 __all__ = ["DataSettings", "ModelSettings", "OptimizerSettings", "ClusterSettings", "SyncSettings",
            "CheckpointSettings", "ReportSettings", "ChiefSettings", "ComputeSettings",
-           "DEFAULT_LEARNING_RATES", "DEFAULT_STEPS_IN_FLIGHT", "MAX_SEED"]
+           "DEFAULT_LEARNING_RATES", "DEFAULT_STEPS_IN_FLIGHT", "MAX_STEPS_IN_FLIGHT", "MAX_SEED"]
 
 #: Per-optimizer default learning rates for sparse logistic regression on
 #: one-hot features. Measured on a9a (2 ps + 2 workers, 3 epochs, eval AUC):
