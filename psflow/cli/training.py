@@ -138,7 +138,7 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--replicas-to-aggregate", type=int, help="sync: gradients per step (default: every worker; "
                    "fewer makes the rest backups)")
     g.add_argument("--staleness", type=int, default=2, help="ssp: steps a worker may run ahead of the slowest (2)")
-    g.add_argument("--steps-in-flight", type=int, metavar="K",  # 1 .. MAX_STEPS_IN_FLIGHT: checked by SyncSettings
+    g.add_argument("--steps-in-flight", type=int, default=1, metavar="K",  # 1 .. MAX_STEPS_IN_FLIGHT: checked by SyncSettings
                    help="async/ssp: 2 computes a worker's next step while its push travels (the step's gradient "
                         "then lacks the worker's own previous update); 3 to 8 (async, gRPC) keep K-1 pushes in "
                         "flight, for ps tasks a long round trip away (a gradient lacks the worker's own K-1 latest "

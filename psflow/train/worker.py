@@ -209,7 +209,7 @@ def run_worker(
     if stop is not None:
         stop.on_interrupt(client.close)  # fails a call blocked when a stop comes (a sync barrier)
     data_config = _dataset_config(config, task_index, cluster.num_tasks("worker"))
-    steps_in_flight = _steps_in_flight(config, client, own_client)
+    steps_in_flight = _steps_in_flight(config, client)
     progress = _Progress(time.monotonic())
     try:
         if leadership is not None and is_chief(cluster, "worker", task_index) and _new_cluster(client):
@@ -294,19 +294,19 @@ class _Progress:
         self.stale += int(not result.accepted)
 
 
-def _steps_in_flight(config: TrainConfig, client: ParameterClient, remote: bool) -> int:
-    """Steps this worker keeps in flight (:meth:`~psflow.train.config.SyncSettings.in_flight`); replicated ps
-    shards keep 1 (their pushes' order is kept either way, but two in flight is not tested there yet).
+def _steps_in_flight(config: TrainConfig, client: ParameterClient) -> int:
+    """Steps this worker keeps in flight (``--steps-in-flight``); replicated ps shards keep 1 (their pushes'
+    order is kept either way, but two in flight is not tested there yet).
 
     Raises:
         ConfigError: ``--steps-in-flight`` above 1 with replicated ps shards (``--ps-replicas``).
     """
     if client.router is not None:
-        if config.sync.steps_in_flight not in (None, 1):
+        if config.sync.steps_in_flight != 1:
             raise ConfigError(f"{client.client_name}: --steps-in-flight {config.sync.steps_in_flight} is not "
                               "supported with replicated ps shards (--ps-replicas): use 1")
         return 1
-    return config.sync.in_flight(remote=remote)
+    return config.sync.steps_in_flight
 
 
 def _final_checkpoint(directory: str | None) -> str | None:

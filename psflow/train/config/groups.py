@@ -18,7 +18,7 @@ from psflow.ps.optimizers import make_optimizer
 
 __all__ = ["DataSettings", "ModelSettings", "OptimizerSettings", "ClusterSettings", "SyncSettings",
            "CheckpointSettings", "ReportSettings", "ChiefSettings", "ComputeSettings",
-           "DEFAULT_LEARNING_RATES", "DEFAULT_STEPS_IN_FLIGHT", "MAX_STEPS_IN_FLIGHT", "MAX_SEED"]
+           "DEFAULT_LEARNING_RATES", "MAX_STEPS_IN_FLIGHT", "MAX_SEED"]
 
 #: Per-optimizer default learning rates for sparse logistic regression on
 #: one-hot features. Measured on a9a (2 ps + 2 workers, 3 epochs, eval AUC):
@@ -181,11 +181,6 @@ class ClusterSettings:
         ])
 
 
-#: Steps an async between-graph worker keeps in flight unless ``--steps-in-flight`` says otherwise. 1: as
-#: before; benchmarks/RESULTS.md (netns_delay_1ms, _5ms, _rtt) measured 2 at 1.17-1.19x at 2 ms round trips,
-#: 0.98-1.10x at 10 ms, and 2, 4 and 6 on loopback within the noise of 1 (4 and 6 hide 2-10 ms round trips:
-#: 0.80-1.03x of the same relay at 0 ms), too little to change what an async step reads by default.
-DEFAULT_STEPS_IN_FLIGHT = 1
 #: The most steps a worker may keep in flight (3 or more: psflow.train.pipeline; a ps task then holds up to
 #: K-2 of each worker's pushes waiting for their turn, a handler thread each).
 MAX_STEPS_IN_FLIGHT = 8
@@ -210,29 +205,26 @@ class SyncSettings:
     allowed_steps: tuple[str, ...] = ()
     # Steps a between-graph worker keeps in flight (psflow.train.step): 1, or 2 (the next step computes while this
     # one's push travels; async and ssp), or 3 .. MAX_STEPS_IN_FLIGHT (K-1 pushes in flight, psflow.train.pipeline;
-    # async, gRPC). None: the default (DEFAULT_STEPS_IN_FLIGHT in async mode over RPC, else 1).
-    steps_in_flight: int | None = None
+    # async, gRPC). The default stays 1: benchmarks/RESULTS.md (netns_delay_1ms, _5ms, _rtt) measured 2 at
+    # 1.17-1.19x at 2 ms round trips and 0.98-1.10x at 10 ms, and 2, 4 and 6 on loopback within the noise of 1 (4
+    # and 6 hide 2-10 ms round trips: 0.80-1.03x of the same relay at 0 ms), too little to change what an async
+    # step reads by default.
+    steps_in_flight: int = 1
 
     def __post_init__(self) -> None:
         if self.replication not in ("between-graph", "in-graph"):
             raise ConfigError(f"--replication must be between-graph or in-graph, got {self.replication!r}")
         k = self.steps_in_flight
+        valid = type(k) is int and 1 <= k <= MAX_STEPS_IN_FLIGHT
         _check([
-            (k is None or (type(k) is int and 1 <= k <= MAX_STEPS_IN_FLIGHT),
+            (valid,
              f"--steps-in-flight must be 1 to {MAX_STEPS_IN_FLIGHT}, got {k!r}"),
-            (k in (None, 1) or self.mode != "sync", f"--steps-in-flight {k} needs --mode async or ssp: a sync step "
+            (not valid or k == 1 or self.mode != "sync", f"--steps-in-flight {k} needs --mode async or ssp: a sync step "
                                                     "waits for the aggregated update before the next one computes"),
-            (k in (None, 1, 2) or self.mode == "async", f"--steps-in-flight {k} needs --mode async (ssp: 2 at most)"),
-            (k in (None, 1) or self.replication == "between-graph",
+            (not valid or k <= 2 or self.mode == "async", f"--steps-in-flight {k} needs --mode async (ssp: 2 at most)"),
+            (not valid or k == 1 or self.replication == "between-graph",
              f"--steps-in-flight {k} is for between-graph workers; in-graph replication drives each step itself"),
         ])
-
-    def in_flight(self, *, remote: bool) -> int:
-        """Steps a worker keeps in flight: the one set, else :data:`DEFAULT_STEPS_IN_FLIGHT` for an async
-        worker whose ps tasks are ``remote`` (over RPC; in process nothing travels), else 1."""
-        if self.steps_in_flight is not None:
-            return self.steps_in_flight
-        return DEFAULT_STEPS_IN_FLIGHT if self.mode == "async" and remote else 1
 
 
 @dataclass(frozen=True)

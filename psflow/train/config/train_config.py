@@ -87,7 +87,7 @@ class TrainConfig:
             raise ConfigError(f"--partitions ({self.cluster.partitions}) exceeds --num-features ({self.data.num_features})")
         self._check_locations()
         k = self.sync.steps_in_flight
-        if k is not None and k > 2 and self.cluster.transport != "grpc":
+        if k > 2 and self.cluster.transport != "grpc":
             raise ConfigError(f"--steps-in-flight {k} needs --transport grpc: K-1 pushes travel at once on a "
                               f"connection, and the {self.cluster.transport} carrier serves one call at a time")
         try:

@@ -134,18 +134,16 @@ def test_a_compute_that_fails_collects_the_push_in_flight_first() -> None:
 
 
 def test_steps_in_flight_settings() -> None:
-    assert SyncSettings().in_flight(remote=True) == 1  # the default: as before
-    assert SyncSettings().in_flight(remote=False) == 1
-    assert SyncSettings(steps_in_flight=2).in_flight(remote=True) == 2
-    assert SyncSettings(mode="ssp").in_flight(remote=True) == 1
-    assert SyncSettings(mode="sync").in_flight(remote=True) == 1
-    assert SyncSettings(mode="ssp", steps_in_flight=2).in_flight(remote=True) == 2
-    assert SyncSettings(steps_in_flight=1).in_flight(remote=True) == 1
+    assert SyncSettings().steps_in_flight == 1  # the default: as before
+    assert SyncSettings(mode="sync").steps_in_flight == 1
+    assert SyncSettings(mode="ssp", steps_in_flight=2).steps_in_flight == 2
+    with pytest.raises(ConfigError, match="--steps-in-flight must be 1 to 8, got None"):
+        SyncSettings(steps_in_flight=None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="--steps-in-flight 2 needs --mode async or ssp"):
         SyncSettings(mode="sync", steps_in_flight=2)
     with pytest.raises(ConfigError, match="--steps-in-flight 2 is for between-graph workers"):
         SyncSettings(replication="in-graph", steps_in_flight=2)
-    assert SyncSettings(steps_in_flight=8).in_flight(remote=True) == 8  # psflow.train.pipeline
+    assert SyncSettings(steps_in_flight=8).steps_in_flight == 8  # psflow.train.pipeline
     with pytest.raises(ConfigError, match="--steps-in-flight must be 1 to 8, got 9"):
         SyncSettings(steps_in_flight=9)
     with pytest.raises(ConfigError, match="--steps-in-flight 3 needs --mode async"):
