@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from psflow.cluster import ClusterSpec
+from psflow.ps.service import ParameterService
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -210,3 +211,19 @@ def _run_case(path: str, module_name: str, qualname: str, args: tuple[Any, ...],
         out.send((False, traceback.format_exc()))
     finally:
         out.close()
+
+
+def registered_ps_task() -> ParameterService:
+    """An in-process ps task 0 of two, holding global_step, with ``w`` (10 x 2,
+    partitioned in 2, constant 1.0, SGD at 0.5) registered by a chief client ``w0``."""
+    from psflow.optim import OptimizerSpec
+    from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
+    from psflow.rpc.framing import Frame
+
+    vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["10.231.0.1:1", "10.231.0.2:1"]})))
+    vs.get_variable("w", (10, 2), partitioner=fixed_size_partitioner(2), initializer={"name": "constant", "value": 1.0})
+    svc = ParameterService(0, holds_global_step=True)
+    svc.register(Frame({"layout": [p.to_json() for p in vs.placements()],
+                        "optimizer": OptimizerSpec("sgd", {"learning_rate": 0.5}).to_json(), "client": "w0",
+                        "chief": True}))
+    return svc

@@ -8,24 +8,11 @@ import time
 
 import numpy as np
 import pytest
+from support import registered_ps_task as registered
 
-from psflow.cluster import ClusterSpec
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
 from psflow.rpc.framing import Frame
-
-
-def registered() -> ParameterService:
-    """ps task 0 of two, holding global_step, with ``w`` (10 x 2, partitioned in 2) registered."""
-    vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["10.231.0.1:1", "10.231.0.2:1"]})))
-    vs.get_variable("w", (10, 2), partitioner=fixed_size_partitioner(2), initializer={"name": "constant", "value": 1.0})
-    svc = ParameterService(0, holds_global_step=True)
-    svc.register(Frame({"layout": [p.to_json() for p in vs.placements()],
-                        "optimizer": OptimizerSpec("sgd", {"learning_rate": 0.5}).to_json(), "client": "w0",
-                        "chief": True}))
-    return svc
 
 
 def push(svc: ParameterService, incarnation: int | None, position: str) -> dict[str, object]:
