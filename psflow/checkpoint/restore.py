@@ -8,6 +8,7 @@ its partitions in one ``LoadShard`` call, all tasks in parallel (:func:`load_sha
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ from psflow.ps.protocol import LoadShardRequest
 from psflow.ps.protocol.control import applied_by_process
 from psflow.ps.store import partition_key
 from psflow.rpc.api import InvalidRequest, RpcError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["restore", "ShardLoad", "load_shards"]
 
@@ -92,7 +95,7 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
                     reader.rows(name, part.row_start, part.row_stop, AVERAGE_SLOT) if saved_average
                     else value)
     restored_step = manifest.global_step if global_step is None else global_step
-    counts = _push_counts(manifest, len(per_task)) if push_counts else {}
+    counts = _push_counts(path, manifest, len(per_task)) if push_counts else {}
     calls: dict[int, LoadShardRequest] = {}
     for task, load in per_task.items():
         if task == client.step_task:  # the restored cluster continues the checkpoint's lineage
@@ -105,10 +108,11 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     return manifest
 
 
-def _push_counts(manifest: Manifest, num_tasks: int) -> dict[int, dict[str, Any]]:
-    """ps task -> the ``LoadShard`` fields of the pushes its shard of the checkpoint holds (replicated shards:
-    ``pushes_applied`` and, where saved, ``pushes_applied_by``); none when the checkpoint has another number
-    of ps tasks (its shards are not these) or no count (unreplicated, older)."""
+def _push_counts(path: str, manifest: Manifest, num_tasks: int) -> dict[int, dict[str, Any]]:
+    """ps task -> the ``LoadShard`` fields of the pushes its shard of the checkpoint ``path`` holds (replicated
+    shards: ``pushes_applied`` and, where saved, ``pushes_applied_by``); none when the checkpoint has another
+    number of ps tasks (its shards are not these) or no count (unreplicated, older). A damaged per-process count
+    is left out, with a warning naming the checkpoint and the shard (the loss is then counted from totals)."""
     if len(manifest.shards) != num_tasks:
         return {}
     out: dict[int, dict[str, Any]] = {}
@@ -118,8 +122,10 @@ def _push_counts(manifest: Manifest, num_tasks: int) -> dict[int, dict[str, Any]
             out[task] = {"pushes_applied": n}
             try:
                 by = applied_by_process(record.get("pushes_applied_by"))
-            except InvalidRequest:
-                by = None  # a damaged per-process count: the total alone (the loss counted from totals)
+            except InvalidRequest as e:
+                log.warning("checkpoint %s, shard %d: %s; the shard's lost pushes are counted from its totals",
+                            path, task, e)
+                by = None
             if by is not None:
                 out[task]["pushes_applied_by"] = by
     return out

@@ -122,6 +122,28 @@ def test_the_loss_is_counted_per_process_so_an_unacknowledged_push_hides_no_othe
                "the backup holds the restored per-process counts")
 
 
+def test_a_damaged_per_process_count_is_named_and_the_loss_counted_from_the_totals(
+        make_shard: Callable[..., InProcessShard], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    shard, client = _started(make_shard)
+    shard.push(PRIMARY, _push_of(0, 1, acked=0))
+    shard.push(PRIMARY, _push_of(1, 1, acked=0))
+    path = CheckpointManager(str(tmp_path)).save(client).path
+    manifest_file = Path(path) / MANIFEST_NAME
+    data = json.loads(manifest_file.read_text())
+    data["shards"][0]["pushes_applied_by"] = [["/job:worker/task:0", 1, -3]]  # not a count
+    manifest_file.write_text(json.dumps(data))
+    shard.push(PRIMARY, _push_of(1, 2, acked=1))
+    with caplog.at_level("WARNING", logger="psflow.checkpoint.restore"):
+        _restore_within_run(shard, client, path)
+    assert f"checkpoint {path}, shard 0: 'pushes_applied_by'" in caplog.text, caplog.text
+    shard.leave(PRIMARY, WORKERS[0], 1, incarnation=1)
+    shard.leave(PRIMARY, WORKERS[1], 2, incarnation=1)
+    stats = shard.replicas[PRIMARY].stats()
+    assert stats["counts_exact"] is False
+    view = replication_view([{"task": PRIMARY, "replication": stats}])
+    assert view is not None and (view["pushes_applied"], view["pushes_acknowledged"], view["updates_lost"]) == (2, 3, 1)
+
+
 def _save(call: Callable[[str, Frame], Frame]) -> SaveShardReply:
     return SaveShardReply.from_frame(call(SaveShardRequest.METHOD, SaveShardRequest(None, 0, 1).to_frame()))
 
