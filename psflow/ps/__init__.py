@@ -28,9 +28,10 @@ Files (the served side):
   gather/scatter); ``optimizers.py``: TF's formulas (``SgdOptimizer`` ... ``RmspropOptimizer``) and
   :func:`~psflow.ps.optimizers.make_optimizer`; ``_kernels.c``: their fused C updates.
 * ``initializers.py``: :func:`~psflow.ps.initializers.initial_value`; ``averages.py``:
-  :class:`~psflow.ps.averages.MovingAverages`; ``memory.py``: :func:`~psflow.ps.memory.exclude_from_fork`.
+  :class:`~psflow.ps.averages.MovingAverages`; ``memory.py``: :func:`~psflow.ps.memory.exclude_from_fork`,
+  :func:`~psflow.ps.memory.use_small_pages` (kernel memory advice for a ps task's large arrays).
 * ``lazy_rows.py``: :class:`~psflow.ps.lazy_rows.LazyRows` (a large static partition's rows built on first
-  touch, bit-equal to an eager one's; which partitions are lazy).
+  touch, bit-equal to an eager one's; which partitions are lazy; their arrays in small pages).
 * ``row_marks.py``: :class:`~psflow.ps.row_marks.MarkClock`, :class:`~psflow.ps.row_marks.RowMarks` (which
   rows of a partition changed since a checkpoint snapshot: incremental checkpoints).
 * ``shard_snapshot.py``: :func:`~psflow.ps.shard_snapshot.shard_tensors` (a checkpoint shard's tensors, every

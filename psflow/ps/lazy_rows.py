@@ -1,8 +1,9 @@
 """Static partitions whose rows are built on first touch (issue 29: start-up O(1) in the table size).
 
 A large static partition (:data:`LAZY_MIN_BYTES` of value or more) is created with its value, its
-optimizer slots and its moving average as zero-filled arrays (``np.zeros``: memory the OS reserves and
-commits page by page on first write) and one "materialized" mark per row, all False. Before any code
+optimizer slots and its moving average as zero-filled arrays (:func:`unbuilt_array`: memory the OS
+reserves and commits page by page on first write, in small pages, so it follows the rows touched) and
+one "materialized" mark per row, all False. Before any code
 reads or writes rows, it materializes those not yet marked (:meth:`LazyRows.ensure`): each gets its
 initial value (:func:`psflow.ps.initializers.initial_rows`, a function of the variable, the row and the
 seed alone), its optimizer slots' initial values (``Optimizer.create_slots`` of those rows, so Adagrad's
@@ -40,9 +41,10 @@ import numpy as np
 
 from psflow.native.loader import load_extension
 from psflow.ps.initializers import initial_rows
+from psflow.ps.memory import use_small_pages
 from psflow.ps.optimizers import Optimizer
 
-__all__ = ["LAZY_MIN_BYTES", "LazyRows", "lazy_eligible"]
+__all__ = ["LAZY_MIN_BYTES", "LazyRows", "lazy_eligible", "unbuilt_array"]
 
 #: Partitions whose value takes at least this many bytes are created lazily. At the ~70 MB/s an eager
 #: random initialization runs at (value, slots), 1 MiB costs ~15-30 ms of start-up: below it laziness
@@ -56,6 +58,15 @@ _CHUNK_ELEMENTS = 1 << 18
 #: The C loop that finds and marks a request's rows not built yet (``psflow.ps._kernels.first_touch``), or
 #: None: numpy's mark test and ``np.unique`` then (the same rows, sorted instead of in order of appearance).
 _FIRST_TOUCH = getattr(load_extension("psflow.ps._kernels"), "first_touch", None)
+
+
+def unbuilt_array(shape: tuple[int, ...], dtype: str | np.dtype[Any]) -> np.ndarray:
+    """A lazy partition's value, slot or average before any row is built: zero-filled memory the OS commits
+    page by page on first write, backed by small pages (:func:`psflow.ps.memory.use_small_pages`), so the
+    memory committed follows the rows touched (a 4 KiB page per touched row at most, not numpy's 2 MiB)."""
+    array = np.zeros(shape, dtype=dtype)
+    use_small_pages(array)
+    return array
 
 
 def lazy_eligible(shape: tuple[int, ...], dtype: str, optimizer: Optimizer | None) -> bool:

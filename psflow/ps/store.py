@@ -35,7 +35,7 @@ from psflow.errors import StoreError  # defined below the ps: placement's owner_
 from psflow.native.ids import scan_ids
 from psflow.native.loader import load_extension
 from psflow.ps.initializers import initial_value, validate_initializer
-from psflow.ps.lazy_rows import LazyRows, lazy_eligible
+from psflow.ps.lazy_rows import LazyRows, lazy_eligible, unbuilt_array
 from psflow.ps.memory import exclude_from_fork
 from psflow.ps.optimizers import Optimizer
 from psflow.ps.row_marks import MarkClock, RowMarks
@@ -129,17 +129,17 @@ class ParameterStore:
         """Creates a partition from its initializer; the caller serializes creation. ``average_decay``: keep a
         moving average of it (:mod:`psflow.ps.averages`), starting at the initial value. A large partition
         is created lazily (:func:`~psflow.ps.lazy_rows.lazy_eligible`): zero-filled arrays the OS commits on
-        first write, rows built on first touch."""
+        first write, in small pages (:func:`~psflow.ps.lazy_rows.unbuilt_array`), rows built on first touch."""
         shape = (row_stop - row_start, *full_shape[1:])
         lazy: LazyRows | None = None
         if lazy_eligible(shape, dtype, optimizer):
             validate_initializer(initializer)  # a bad spec is refused at creation, as an eager one is
             lazy = LazyRows(dict(initializer), tuple(full_shape), row_start, shape[0], dtype, optimizer)
-            value = np.zeros(shape, dtype=dtype)
+            value = unbuilt_array(shape, dtype)
             slots = optimizer.create_slots(value[:0]) if optimizer is not None else {}
             for name in (optimizer.slot_names if optimizer is not None else ()):
-                slots[name] = np.zeros(shape, dtype=slots[name].dtype)
-            average = np.zeros(shape, dtype=dtype) if average_decay is not None else None
+                slots[name] = unbuilt_array(shape, slots[name].dtype)
+            average = unbuilt_array(shape, dtype) if average_decay is not None else None
         else:
             value = initial_value(initializer, full_shape, row_start, row_stop, dtype)
             slots = optimizer.create_slots(value) if optimizer is not None else {}

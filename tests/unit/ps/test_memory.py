@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from support import in_fresh_process
 
+from psflow.optim import OptimizerSpec
 from psflow.ps.memory import MIN_BYTES, exclude_from_fork
+from psflow.ps.optimizers import Optimizer, make_optimizer
 from psflow.ps.store import ParameterStore
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_DONTFORK is Linux's")
@@ -70,9 +72,6 @@ def test_small_views_and_strided_arrays_are_left_alone() -> None:
 
 
 def test_the_store_marks_partitions_and_slots() -> None:
-    from psflow.optim import OptimizerSpec
-    from psflow.ps.optimizers import make_optimizer
-
     before = _dontfork_kib()
     store = ParameterStore()
     part = store.create("emb", 0, (1 << 17, 8), 0, 1 << 17, "float32", {"name": "zeros"},
@@ -81,3 +80,92 @@ def test_the_store_marks_partitions_and_slots() -> None:
     del part, store
     gc.collect()
     assert _dontfork_kib() == before
+
+
+# ---- page size: a lazy partition's memory follows the rows touched (issue 29) ---------------------------------
+def _thp_mode() -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise"), or None where THP is unavailable or off."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return None
+    return None if mode == "never" else mode
+
+
+def _mapping_of(address: int) -> dict[str, str]:
+    """The /proc/self/smaps fields (VmFlags, THPeligible, Rss, ...) of the mapping that holds ``address``."""
+    fields: dict[str, str] = {}
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                if inside:
+                    break
+                inside = int(m.group(1), 16) <= address < int(m.group(2), 16)
+            elif inside:
+                name, _, value = line.partition(":")
+                fields[name] = value.strip()
+    if not fields:
+        raise AssertionError(f"no mapping holds address {address:#x}")
+    return fields
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def _adagrad() -> Optimizer:
+    return make_optimizer(OptimizerSpec("adagrad", {"learning_rate": 0.1}))
+
+
+@pytest.mark.timeout(60)
+def test_a_lazy_partitions_pages_are_not_huge_page_advised_and_an_eager_ones_keep_numpys_advice() -> None:
+    if _thp_mode() is None:
+        pytest.skip("transparent huge pages are unavailable or off here")
+    store = ParameterStore()
+    lazy = store.create("emb", 0, (1 << 17, 8), 0, 1 << 17, "float32", {"name": "zeros"}, _adagrad())
+    assert lazy.lazy is not None
+    for array in (lazy.value, lazy.slots["accumulator"]):
+        mapping = _mapping_of(array.ctypes.data + array.nbytes // 2)
+        assert " nh" in " " + mapping["VmFlags"] and " hg" not in " " + mapping["VmFlags"], mapping["VmFlags"]
+        assert mapping.get("THPeligible", "0") == "0"
+    # Adam's sparse update moves every row: an eager partition, fully written at creation; numpy's advice stays.
+    eager = store.create("dense", 0, (1 << 17, 8), 0, 1 << 17, "float32", {"name": "zeros"},
+                         make_optimizer(OptimizerSpec("adam", {"learning_rate": 0.01})))
+    assert eager.lazy is None
+    flags = " " + _mapping_of(eager.value.ctypes.data + eager.value.nbytes // 2)["VmFlags"]
+    assert " nh" not in flags
+    if np.dtype(np.float32).itemsize * eager.value.size >= 4 << 20 and _thp_mode() == "madvise":
+        assert " hg" in flags  # numpy advises huge pages for arrays of 4 MiB or more
+
+
+@pytest.mark.timeout(120)
+def test_touching_500_random_rows_of_a_lazy_table_commits_pages_near_them_not_the_table() -> None:
+    grown, control = in_fresh_process(_touch_500_rows)
+    # 500 rows in a 2^20 x 8 float32 table and its Adagrad accumulator: at most 500 x 2 pages of 4 KiB (~4 MiB),
+    # plus the row marks (1 MiB). With 2 MiB pages the same rows commit all 2 x 32 MiB.
+    assert grown < 12 << 10, f"RSS grew by {grown} KiB"
+    if control is not None:  # the kernel backed numpy's default array with huge pages here: the advice matters
+        assert control > 4 * grown, (control, grown)
+
+
+def _touch_500_rows() -> tuple[int, int | None]:
+    """(KiB of RSS a lazy partition's 500 touched rows took, KiB the same writes took in a numpy-default array
+    backed by huge pages, or None where the kernel gave it none)."""
+    store = ParameterStore()
+    part = store.create("emb", 0, (1 << 20, 8), 0, 1 << 20, "float32", {"name": "random_uniform", "seed": 1},
+                        _adagrad())
+    rows = np.random.default_rng(0).choice(1 << 20, 500, replace=False).astype(np.int64)
+    before = _rss_kib()
+    ParameterStore.read(part, rows)  # builds the rows: value and accumulator written
+    grown = _rss_kib() - before
+    plain = [np.zeros((1 << 20, 8), np.float32), np.zeros((1 << 20, 8), np.float32)]
+    before = _rss_kib()
+    for array in plain:
+        array[rows] = 1.0
+    control = _rss_kib() - before
+    huge = sum(int(_mapping_of(a.ctypes.data + a.nbytes // 2).get("AnonHugePages", "0 kB").split()[0]) for a in plain)
+    return grown, control if huge > 0 else None
