@@ -31,7 +31,10 @@ client). The price: batch t+1's gradients are computed from parameters
 that lack this worker's own update of batch t (one own step staler than
 with 1); another worker's updates are as stale as ever. A batch whose
 gradients were computed but whose call never came (the loop stopped) is
-never pushed: its examples are neither applied nor counted.
+never pushed: its examples are neither applied nor counted. Replicated ps
+shards keep all of this: a push whose shard's primary dies while batch t+1
+computes is resent, alone, to the promoted backup when its reply is
+collected (:mod:`psflow.ps.failover`), and applied once (its ``push_id``).
 
 Three or more steps in flight (pushes in flight between calls, each result
 returned later): :mod:`psflow.train.pipeline`, which uses this class's

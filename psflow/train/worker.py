@@ -295,18 +295,19 @@ class _Progress:
 
 
 def _steps_in_flight(config: TrainConfig, client: ParameterClient) -> int:
-    """Steps this worker keeps in flight (``--steps-in-flight``); replicated ps shards keep 1 (their pushes'
-    order is kept either way, but two in flight is not tested there yet).
+    """Steps this worker keeps in flight (``--steps-in-flight``); replicated ps shards (``--ps-replicas``) take 1
+    or 2: with 2 (:mod:`psflow.train.step`) there is still one call per shard in flight, collected before the
+    next is sent, so a call that fails over is resent alone, with its ``push_id``, and applied once; 3 or more
+    (:mod:`psflow.train.pipeline`) would keep several in flight, which a failover's resend does not order.
 
     Raises:
-        ConfigError: ``--steps-in-flight`` above 1 with replicated ps shards (``--ps-replicas``).
+        ConfigError: ``--steps-in-flight`` above 2 with replicated ps shards.
     """
-    if client.router is not None:
-        if config.sync.steps_in_flight != 1:
-            raise ConfigError(f"{client.client_name}: --steps-in-flight {config.sync.steps_in_flight} is not "
-                              "supported with replicated ps shards (--ps-replicas): use 1")
-        return 1
-    return config.sync.steps_in_flight
+    k = config.sync.steps_in_flight
+    if client.router is not None and k > 2:
+        raise ConfigError(f"{client.client_name}: --steps-in-flight {k} is not supported with replicated ps shards "
+                          "(--ps-replicas): use 1 or 2")
+    return k
 
 
 def _final_checkpoint(directory: str | None) -> str | None:

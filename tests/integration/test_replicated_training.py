@@ -68,6 +68,26 @@ def test_killing_each_shards_primary_mid_run_loses_no_acknowledged_update(tmp_pa
     assert abs(metrics["eval"]["auc"] - base["eval"]["auc"]) <= 0.002, (metrics["eval"], base["eval"])
 
 
+def test_two_steps_in_flight_lose_and_repeat_nothing_when_a_primary_dies(tmp_path: Path) -> None:
+    """``--steps-in-flight 2``: the push of a step travels while the next batch computes; the primary killed
+    mid-run, the push it held (or never got) is resent to the promoted backup and applied once."""
+    out = tmp_path / "run"
+    metrics = metrics_of(out, train(out, "--ps-replicas", "1", "--restart-policy", "on-failure",
+                                    "--steps-in-flight", "2", "--chaos", "kill:ps:0@step=700", epochs=2))
+    assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
+    assert metrics["updates_lost"] == 0, metrics
+    assert metrics["pushes_applied"] == metrics["pushes_acknowledged"] > 0, metrics
+    assert metrics["examples"] == 2 * A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
+    workers = _logs(out, "worker-*.log", tail=None)
+    assert re.search(r"ps shard 0 routes to /job:ps_backup/task:0 at epoch \d+", workers), _logs(out)
+    assert "restored checkpoint" not in workers and "cluster restored" not in workers
+    steps = re.findall(r"\bstep=(\d+)", workers)
+    assert steps and len(steps) == len(set(steps)), "a step value was handed out twice"
+    # shard 0 holds global_step: each push it holds moved the step once (none applied twice, none lost)
+    shard0 = next(s for s in metrics["shards"] if s["shard"] == 0)
+    assert shard0["pushes_applied"] == metrics["global_step"], (shard0, metrics["global_step"])
+
+
 def _exported(tmp_path: Path, run: Path) -> dict[str, np.ndarray]:
     model = tmp_path / f"{run.name}-model"
     r = run_cli("export", str(run / "ckpt"), str(model))

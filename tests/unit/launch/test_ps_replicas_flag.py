@@ -28,6 +28,9 @@ def test_a_negative_count_is_refused_naming_the_flag() -> None:
 @pytest.mark.parametrize(("flags", "message"), [
     (["--ps-replicas", "-1"], "--ps-replicas -1: want a whole number >= 0"),
     (["--ps-replicas", "1", "--in-process"], "--ps-replicas 1 needs a cluster of processes"),
+    # 2 in flight keep one call per shard in flight (a failed-over one is resent alone); 3 or more would not
+    (["--ps-replicas", "1", "--steps-in-flight", "3", "--transport", "grpc"],
+     "--steps-in-flight 3 is not supported with --ps-replicas 1: use 1 or 2"),
 ])
 def test_psflow_train_refuses_before_anything_starts(flags: list[str], message: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
