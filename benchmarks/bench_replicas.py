@@ -1,6 +1,7 @@
 """What replicated ps shards cost: ``psflow train --ps-replicas 1`` against 0, alternated pairs (issue 28).
 
     .venv/bin/python benchmarks/bench_replicas.py [--rev HEAD] [--pairs 5] [--shapes lr-p1w2-async,wd-p1w2-async] [--replicas 1]
+        [--steps-in-flight K] [--plain-steps-in-flight K] [--section replicas]
 
 Each pair runs one epoch of a tf_peer workload twice with ``python -m psflow train``
 of a ``git archive`` snapshot of ``--rev`` (built as bench_ab.py builds one, so
@@ -12,6 +13,10 @@ The shapes and their commands are bench_ab.py's (``lr-p1w2-async``: sparse LR of
 bench_tf_peer.py, 1 ps + 2 workers, async; ``wd-p1w2-async``: bench_tf_peer_wd.py's
 W&D at 1 ps + 2 workers; ``--transport tcp --log-every 1``); the data is in
 ``<workdir>/data/sparse_lr`` and ``<workdir>/data/ctr_wd`` (those two scripts generate it).
+``--steps-in-flight K`` runs both sides with ``--steps-in-flight K`` (default 1: the flag is not
+passed); ``--plain-steps-in-flight K`` gives the unreplicated side its own K (e.g. replicated at 2
+against today's default of 1). ``--section`` names the RESULTS.md section and the
+``results/<section>.json`` file written (default ``replicas``).
 
 Per run:
 
@@ -31,7 +36,7 @@ Reports, per shape, the median and quartiles of the per-pair ratios replicated /
 unreplicated (steady and end to end; the goal of issue 28 is >= 0.75), the
 medians of CPU seconds and peak RSS, and the 1-minute load average at each pair
 (the machine is shared). Writes benchmarks/results/replicas.json and the
-"replicas" section of benchmarks/RESULTS.md.
+``--section`` of benchmarks/RESULTS.md (default "replicas").
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -124,7 +130,7 @@ def one_run(src: str, shape: str, replicas: int, args: argparse.Namespace) -> di
     """One epoch of ``shape`` by the psflow snapshot at ``src``, with ``--ps-replicas replicas`` when it is > 0."""
     side = "replicated" if replicas else "plain"
     output = tempfile.mkdtemp(prefix=f"rep-{shape}-{side}-", dir=os.path.join(args.workdir, "runs_replicas"))
-    cmd = bench_ab.command(shape, args, output) + (["--ps-replicas", str(replicas)] if replicas else [])
+    cmd = bench_ab.command(shape, args, output) + side_flags(args, side)
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "psflow", *cmd[1:]], cwd=src, env=dict(os.environ, PYTHONPATH=src),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -163,6 +169,21 @@ def one_run(src: str, shape: str, replicas: int, args: argparse.Namespace) -> di
     return out
 
 
+def side_flags(args: argparse.Namespace, side: str) -> list[str]:
+    """The flags one side adds to the shape's command: ``--ps-replicas`` (replicated), ``--steps-in-flight``
+    (unless 1)."""
+    k = args.steps_in_flight if side == "replicated" else args.plain_steps_in_flight
+    return ((["--ps-replicas", str(args.replicas)] if side == "replicated" else [])
+            + (["--steps-in-flight", str(k)] if k != 1 else []))
+
+
+def _sides(args: argparse.Namespace) -> str:
+    """What the two sides ran, in words."""
+    def k(n: int) -> str:
+        return f" at `--steps-in-flight {n}`" if n != 1 else " at `--steps-in-flight 1` (the default)"
+    return f"`--ps-replicas {args.replicas}`{k(args.steps_in_flight)} against none{k(args.plain_steps_in_flight)}"
+
+
 def summary(values: list[float]) -> dict[str, Any]:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     return {"median": statistics.median(values), "quartiles": [q[0], q[2]], "values": values}
@@ -179,14 +200,16 @@ def report(args: argparse.Namespace, shapes: list[str], runs: dict[str, list[dic
     loads = [p["loadavg_1min"] for s in shapes for p in runs[s]]
     failures = [f"{bench_ab.SHAPES[s][0]}, {side}, pair {k + 1}: {p[side]['error'][-300:]}" for s in shapes
                 for k, p in enumerate(runs[s]) for side in SIDES if "error" in p[side]]
-    lines = [f"## --ps-replicas: what replicated ps shards cost ({time.strftime('%Y-%m-%d', time.gmtime())}, issue 28)", "",
+    title = ("what replicated ps shards cost" if args.steps_in_flight == args.plain_steps_in_flight == 1 else
+             f"replicated at --steps-in-flight {args.steps_in_flight} against unreplicated at {args.plain_steps_in_flight}")
+    lines = [f"## --ps-replicas: {title} ({time.strftime('%Y-%m-%d', time.gmtime())}, issue 28)", "",
              f"Command: `.venv/bin/python benchmarks/bench_replicas.py {' '.join(sys.argv[1:])}` "
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; 1-minute load average at the pairs "
              f"{min(loads):.1f}–{max(loads):.1f}, median {statistics.median(loads):.1f}, on a machine shared with other "
              f"work). {n} alternated pairs per shape (shapes interleaved, order flipped every other pair), each one epoch "
              f"by `python -m psflow train` of psflow at {args.rev} = {args.commit[:10]} (a git archive snapshot) in fresh "
-             f"processes, `--ps-replicas {args.replicas}` against none "
-             "(commands in benchmarks/results/replicas.json). Steady = examples over \"initialized the variables\" to the "
+             f"processes, {_sides(args)} "
+             f"(commands in benchmarks/results/{args.section}.json). Steady = examples over \"initialized the variables\" to the "
              "last `step=` line; end to end = examples over the command's wall time; CPU = every process of the command "
              "(wait4); peak RSS = the task process's VmHWM. Every replicated run that ended 0 ended with "
              "pushes_applied == pushes_acknowledged and updates_lost 0; a pair with a failed run is left out of the "
@@ -201,7 +224,8 @@ def report(args: argparse.Namespace, shapes: list[str], runs: dict[str, list[dic
         entry: dict[str, Any] = {"shape": shape, "row": bench_ab.SHAPES[shape][0], "pairs": len(pairs),
                                  "failed_pairs": len(runs[shape]) - len(pairs),
                                  "command": shlex.join(bench_ab.command(shape, args, "RUN_DIR")),
-                                 "replicated_flags": ["--ps-replicas", str(args.replicas)], "runs": runs[shape]}
+                                 "replicated_flags": side_flags(args, "replicated"),
+                                 "plain_flags": side_flags(args, "plain"), "runs": runs[shape]}
         if not pairs:
             results.append(entry)
             lines.append(f"| {entry['row']} | no pair completed ({entry['failed_pairs']} failed) | | | | | | |")
@@ -239,6 +263,12 @@ def main() -> None:
     p.add_argument("--shapes", default=DEFAULT_SHAPES,
                    help=f"comma-separated, of bench_ab.py's {', '.join(bench_ab.SHAPES)} (default {DEFAULT_SHAPES})")
     p.add_argument("--replicas", type=int, default=1, help="--ps-replicas of the replicated side (default 1)")
+    p.add_argument("--steps-in-flight", type=int, default=1,
+                   help="--steps-in-flight of both sides (default 1: not passed); see --plain-steps-in-flight")
+    p.add_argument("--plain-steps-in-flight", type=int, default=None,
+                   help="--steps-in-flight of the unreplicated side only (default: --steps-in-flight)")
+    p.add_argument("--section", default="replicas",
+                   help="the RESULTS.md section (and results/<section>.json) written (default replicas)")
     p.add_argument("--pairs", type=int, default=5, help="alternated pairs per shape (at most)")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="start no pair round after this many minutes (every shape keeps the same number of pairs)")
@@ -253,6 +283,13 @@ def main() -> None:
                 f"got {args.shapes}")
     if args.replicas < 1:
         p.error(f"--replicas: want at least 1, got {args.replicas}")
+    if args.plain_steps_in_flight is None:
+        args.plain_steps_in_flight = args.steps_in_flight
+    if not 1 <= args.steps_in_flight <= 2 or not 1 <= args.plain_steps_in_flight <= 8:
+        p.error(f"--steps-in-flight: want 1 or 2 with --ps-replicas (got {args.steps_in_flight}); "
+                f"--plain-steps-in-flight: 1 to 8 (got {args.plain_steps_in_flight})")
+    if not re.fullmatch(r"[a-z0-9_]+", args.section):
+        p.error(f"--section: want lower-case letters, digits and _, got {args.section!r}")
     for workload, maker in (("sparse_lr", "bench_tf_peer.py --tf-venv ..."), ("ctr_wd", "bench_tf_peer_wd.py")):
         if any(bench_ab.SHAPES[s][1] == workload for s in shapes):
             if not os.path.exists(os.path.join(args.workdir, "data", workload, "manifest.json")):
@@ -288,10 +325,11 @@ def main() -> None:
     lines, results = report(args, shapes, runs)
     print("\n".join(lines))
     if not args.no_write:
-        with open(os.path.join(HERE, "results", "replicas.json"), "w") as f:
-            json.dump({"command": sys.argv[1:], "rev": args.commit, "replicas": args.replicas, "results": results}, f,
-                      indent=1)
-        replace_section("replicas", "\n".join(lines))
+        with open(os.path.join(HERE, "results", f"{args.section}.json"), "w") as f:
+            json.dump({"command": sys.argv[1:], "rev": args.commit, "replicas": args.replicas,
+                       "steps_in_flight": {"replicated": args.steps_in_flight, "plain": args.plain_steps_in_flight},
+                       "results": results}, f, indent=1)
+        replace_section(args.section, "\n".join(lines))
 
 
 if __name__ == "__main__":
