@@ -114,7 +114,8 @@ def command(shape: str, args: argparse.Namespace, output: str) -> list[str]:
     _, workload, flags, _ = SHAPES[shape]
     if workload == "ctr_wd":
         ns = argparse.Namespace(sync_averaging="sparse_sum", psflow_transport="tcp", psflow_model=wd.MODEL_FLAGS,
-                                psflow_extra="", workdir=args.workdir)
+                                psflow_extra="", workdir=args.workdir,
+                                user_defaults=False)  # bench_tf_peer_wd's harness flags (a8d6edb): its own command
         return wd.psflow_command(ns, os.path.join(args.workdir, "data", "ctr_wd"), "tsv", "p1w2-async", output)
     if workload == "ctr_wd_user":
         data = os.path.join(args.workdir, "data", "ctr_wd")
