@@ -14,8 +14,10 @@ replicated primary's, :mod:`psflow.ps.replication.data_calls`), over the service
    increment (a schedule's step, the dynamic tables' clock); then global_step is incremented once (``step``
    set: the task holding it) and the moving averages move; the dynamic tables the push touched drop rows past
    their ``ttl_steps`` (a bounded slice each); the push is counted (rows, bytes, loss, apply time, the
-   worker's examples and reader position). An ssp push that stepped global_step also advances its worker's
-   clock and returns the slowest worker's (blocking while this worker is too far ahead: :mod:`psflow.ps.staleness`).
+   worker's examples and reader position). An ssp push that steps global_step must carry its worker's clock
+   (checked before anything is applied); once applied it advances that clock and returns the slowest worker's
+   (blocking while this worker is too far ahead: :mod:`psflow.ps.staleness`) -- or, with ``wait=False`` (a
+   replicated primary, which records the push first), leaves that to :meth:`PushApplier.wait_for_slowest`.
 4. **Sync.** The push is handed to the :class:`~psflow.ps.sync.SyncAggregator` (SyncReplicas semantics, which
    may block it: :mod:`psflow.ps.sync`) and counted when accepted, unless the update mode counts at the step.
 
@@ -53,10 +55,13 @@ class PushApplier:
         self._variables, self._clock, self._workers = variables, clock, workers
         self._gate, self._mode, self._counters = gate, mode, counters
 
-    def apply(self, request: PushRequest) -> PushReply:
+    def apply(self, request: PushRequest, *, wait: bool = True) -> PushReply:
         """Admits the push (its worker's process, then its generation), applies it, releases it.
 
-        Blocks in sync mode until the push's step is applied, and in ssp mode while its worker is too far ahead.
+        Blocks in sync mode until the push's step is applied, and in ssp mode while its worker is too far ahead
+        (``wait``; False: returns once applied, ``min_clock`` unset, and the caller calls
+        :meth:`wait_for_slowest` -- a replicated primary records the push in between, so no entry holds an
+        ssp push's rows without its dedup record).
 
         Raises:
             InvalidRequest: a gradient that does not fit its partition, a step asked of a task without
@@ -72,7 +77,7 @@ class PushApplier:
             self._workers.release(worker)
             raise
         try:
-            return self._apply(request)
+            return self._apply(request, wait)
         finally:
             self._gate.release()
             self._workers.release(worker)
@@ -84,7 +89,26 @@ class PushApplier:
         self._counters.pushed(rows, nbytes, request.loss, seconds)
         self._workers.record_push(request.worker.worker, request.worker.position, request.examples)
 
-    def _apply(self, request: PushRequest) -> PushReply:
+    def wait_for_slowest(self, request: PushRequest) -> int | None:
+        """(ssp) Advances the pushing worker's clock to the push's and blocks while it is more than
+        ``staleness`` ahead of the slowest live worker; returns the slowest worker's clock then. Idempotent (a
+        clock never goes back), so a push answered again (a resend) waits the same way. None at once: not an ssp
+        push that steps global_step on this task.
+
+        Raises:
+            InvalidRequest: the push's worker is not one of the run's workers, or it carries no clock.
+            PreconditionFailed: (``on_timeout="fail"``) the slowest worker made no progress in time.
+        """
+        staleness = self._mode.staleness
+        if (self._mode.config.mode != "ssp" or staleness is None or not request.step
+                or self._clock.global_step is None):
+            return None
+        clock_value = request.steps.clock
+        if clock_value is None:
+            raise InvalidRequest("an ssp push must carry the worker's clock")
+        return staleness.advance(_worker(request.worker.worker), clock_value)
+
+    def _apply(self, request: PushRequest, wait: bool) -> PushReply:
         variables, clock = self._variables, self._clock
         store = variables.partitions
         plan: list[Planned] = []
@@ -105,6 +129,8 @@ class PushApplier:
             return PushReply(None)  # the pull-only half of a PushPull
         if mode == "sync":
             return self._push_sync(request, plan)
+        if mode == "ssp" and request.step and request.steps.clock is None and self._mode.staleness is not None:
+            raise InvalidRequest("an ssp push must carry the worker's clock")  # before anything is applied
         read_step = request.steps.read_step
         clock.hear(request.steps.step_hint)
         started = time.perf_counter()
@@ -122,14 +148,7 @@ class PushApplier:
         self.count(request, plan, applied)
         if step is not None and read_step is not None:
             self._counters.stale_by(step - 1 - read_step)
-        min_clock = None
-        staleness = self._mode.staleness
-        if mode == "ssp" and step is not None and staleness is not None:
-            clock_value = request.steps.clock
-            if clock_value is None:
-                raise InvalidRequest("an ssp push must carry the worker's clock")
-            min_clock = staleness.advance(_worker(request.worker.worker), clock_value)
-        return PushReply(step, min_clock=min_clock)
+        return PushReply(step, min_clock=self.wait_for_slowest(request) if wait else None)
 
     def _push_sync(self, request: PushRequest, plan: list[Planned]) -> PushReply:
         aggregator = self._mode.aggregator

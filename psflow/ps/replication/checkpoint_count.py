@@ -6,10 +6,9 @@ difference to be exact, the checkpoint holds the count of the pushes its snapsho
 count back to it (:class:`psflow.ps.checkpointing.PushCount`, which :class:`CheckpointCount` is):
 
 * :meth:`CheckpointCount.holding` keeps pushes from being applied while a ``SaveShard`` snapshots the shard:
-  in async mode the lock a replicated push is applied and recorded under, in sync mode the aggregator's
-  lock its steps are applied and recorded under. So the snapshot holds exactly the pushes counted. (ssp
-  mode applies a push before it blocks, outside that lock: a push in flight during the save may be in the
-  snapshot and not yet in the count.)
+  in async and ssp mode the lock a replicated push is applied and recorded under (an ssp push waits for the
+  slowest worker after it, outside the lock), in sync mode the aggregator's lock its steps are applied and
+  recorded under. So the snapshot holds exactly the pushes counted.
 * :meth:`CheckpointCount.restored` sets the count; the ``LoadShard`` it comes with is replicated whole (a
   full entry), so the backups get it too.
 * Each client process's count of the pushes the snapshot holds goes with the total (the dedup table's
@@ -36,7 +35,7 @@ class CheckpointCount:
     def __init__(self, counts: dict[str, int], dedup: DedupTable, apply_lock: threading.Lock,
                  mode: UpdateMode) -> None:
         """``counts``: the member's counts (``pushes_applied`` among them); ``dedup``: its dedup table (each
-        process's applied count); ``apply_lock``: the lock an async push is applied and recorded under;
+        process's applied count); ``apply_lock``: the lock an async or ssp push is applied and recorded under;
         ``mode``: the task's update mode (its sync aggregator)."""
         self._counts, self._dedup, self._apply_lock, self._mode = counts, dedup, apply_lock, mode
 

@@ -14,10 +14,12 @@ what it changed is recorded as the member's next entry (the rows it wrote, the s
 * **Once.** A push already applied for its (worker, incarnation, push_id) -- a resend after a failover, or a
   late reply -- is not applied again: it gets the reply recorded with it, once that record's entry is
   acknowledged (:mod:`~psflow.ps.replication.dedup`).
-* **An entry never holds half a push.** async: the dedup check, the apply and the recording happen under
-  :attr:`DataCalls.apply_lock`, so no entry holds a push's rows without its dedup record (which a resend
-  would apply twice); :class:`~psflow.ps.replication.checkpoint_count.CheckpointCount` takes the same lock.
-  ssp: the push is applied (it may block for the slowest worker), then recorded. sync: a step's rows, the
+* **An entry never holds half a push.** async and ssp: the dedup check, the apply and the recording happen
+  under :attr:`DataCalls.apply_lock`, so no entry holds a push's rows, step or reader position without its
+  dedup record (which a resend would apply twice); :class:`~psflow.ps.replication.checkpoint_count.CheckpointCount`
+  takes the same lock. ssp's wait for the slowest worker comes after, outside the lock, once the entry is
+  acknowledged (:meth:`~psflow.ps.push_apply.PushApplier.wait_for_slowest`); a push answered from its record
+  (a resend) waits the same way, so the bound holds on a promoted backup too. sync: a step's rows, the
   averages it moved and the records of every push it applied are one entry (:meth:`DataCalls.step_applied`,
   under the step's lock); a push counted at its step returns once that entry is acknowledged, a refused one
   records its own.
@@ -30,6 +32,7 @@ Thread-safe: the member's forwarder orders the entries; :attr:`DataCalls.apply_l
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -63,7 +66,8 @@ class DataCalls:
 
     def __init__(self, member: ShardReplication) -> None:
         self._member = member
-        #: An async push's dedup check, apply and entry, together (and a checkpoint's count, CheckpointCount).
+        #: An async or ssp push's dedup check, apply and entry, together (and a checkpoint's count,
+        #: CheckpointCount).
         self.apply_lock = threading.Lock()
 
     def push(self, frame: Frame) -> Reply:
@@ -73,22 +77,23 @@ class DataCalls:
     def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]]) -> PushReply:
         member = self._member
         forwarder = member._check_primary(request.shard_epoch)
-        tag, mode = request.worker, member.service.mode
-        asynchronous = mode.config.mode == "async"
-        # async: checked, applied, recorded as one (an entry recorded in between would hold this push's rows
-        # without its dedup record: a resend would apply it twice); ssp blocks in the push, sync records at the step.
-        with self.apply_lock if asynchronous else contextlib.nullcontext():
+        tag, mode, pushes = request.worker, member.service.mode, member.service.pushes
+        on_arrival = mode.config.mode in ("async", "ssp")
+        # async, ssp: checked, applied, recorded as one (an entry recorded in between would hold this push's rows
+        # without its dedup record: a resend would apply it twice); ssp waits for the slowest worker after.
+        # sync records at the step.
+        with self.apply_lock if on_arrival else contextlib.nullcontext():
             recorded = member.dedup.check(tag.worker, tag.incarnation, tag.push_id)
-            if recorded is None and asynchronous:
-                reply = member.service.pushes.apply(request)
+            if recorded is None and on_arrival:
+                reply = pushes.apply(request, wait=False)
                 seq = member._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
         if recorded is not None:  # applied before (a resend after a failover or a late reply): not again
             forwarder.wait(recorded.seq)
-            return PushReply.from_frame(Frame(recorded.reply))
-        if asynchronous:
+            return _waited(PushReply.from_frame(Frame(recorded.reply)), pushes.wait_for_slowest(request))
+        if on_arrival:
             forwarder.wait(seq)
-            return reply
-        reply = member.service.pushes.apply(request)
+            return _waited(reply, pushes.wait_for_slowest(request))
+        reply = pushes.apply(request)
         if mode.counts_at_step and reply.accepted:  # recorded with its step's rows (step_applied)
             mine = member.dedup.get(tag.worker, tag.incarnation, tag.push_id)
             if mine is not None:
@@ -148,6 +153,11 @@ class DataCalls:
         if tables:  # the rows the lookup admitted
             forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))
         return _reply(PushPullReply(pushed, PullReply(step, out)))
+
+
+def _waited(reply: PushReply, min_clock: int | None) -> PushReply:
+    """``reply`` with the slowest worker's clock its ssp wait ended at (None: no wait)."""
+    return reply if min_clock is None else dataclasses.replace(reply, min_clock=min_clock)
 
 
 def _tables(wanted: list[tuple[PartitionState, np.ndarray | None]]) -> list[PartitionState]:

@@ -248,3 +248,28 @@ def test_a_sync_shards_save_counts_the_pushes_of_the_steps_it_holds(
         t.join(30)
     reply = _save(lambda method, frame: shard.call(PRIMARY, method, frame))  # under the step's lock
     assert (reply.global_step, reply.pushes_applied, reply.examples) == (1, 2, 16)
+
+
+def test_an_ssp_push_waiting_for_the_slowest_worker_is_in_the_count_of_a_save_that_holds_it(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """ssp, staleness 0: worker 0's push is applied and waits in the push for worker 1; a save meanwhile holds
+    its rows and step, and counts it (it used to be recorded, and counted, only after its wait)."""
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=20.0)))
+    staleness = shard.services[PRIMARY].mode.staleness
+    assert staleness is not None
+
+    def push(worker: str) -> None:
+        request = _push(1, acked=0)
+        shard.push(PRIMARY, PushRequest(request.grads, WorkerTag(worker, 1, push_id=1, acked=0),
+                                        StepTag(read_step=0, clock=1), step=True, examples=8))
+    waiting = threading.Thread(target=push, args=(WORKERS[0],), daemon=True)
+    waiting.start()
+    shard.wait(lambda: staleness.stats()["ssp_clocks"][WORKERS[0]] == 1, "worker 0's push waiting for worker 1")
+    reply = _save(lambda method, frame: shard.call(PRIMARY, method, frame))
+    assert (reply.global_step, reply.pushes_applied, reply.examples) == (1, 1, 8)
+    push(WORKERS[1])
+    waiting.join(10)
+    assert not waiting.is_alive()
