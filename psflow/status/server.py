@@ -61,6 +61,7 @@ import http.server
 import importlib.resources
 import ipaddress
 import logging
+import selectors
 import socket
 import threading
 import urllib.parse
@@ -287,6 +288,7 @@ class StatusServer:
         self._httpd.daemon_threads = True
         self.host, self.port = host, int(self._httpd.server_address[1])
         self._thread: threading.Thread | None = None
+        self._wake: tuple[socket.socket, socket.socket] | None = None  # close() writes to [1]; the loop reads [0]
 
     @property
     def url(self) -> str:
@@ -294,18 +296,41 @@ class StatusServer:
         return f"http://{host}:{self.port}/"
 
     def start(self) -> StatusServer:
+        """Serves on a daemon thread until :meth:`close`; idempotent."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
-                                            name="psflow-status-http", daemon=True)
+            self._wake = socket.socketpair()
+            self._thread = threading.Thread(target=self._serve, args=(self._wake[0],), name="psflow-status-http",
+                                            daemon=True)
             self._thread.start()
         return self
 
+    def _serve(self, wake: socket.socket) -> None:
+        """Answers each connection as it comes (each request on its own thread) until ``wake`` is readable.
+
+        Blocks in one ``select`` on the listening socket and ``wake``: it never wakes up on its own, and
+        :meth:`close` ends it at once (socketserver's ``serve_forever`` polls its stop flag every
+        ``poll_interval``, which every run's end used to wait out: up to 0.2 s).
+        """
+        self._httpd.timeout = 0  # handle_request's own select: never blocks (a connection gone before accept)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._httpd, selectors.EVENT_READ, "http")
+            selector.register(wake, selectors.EVENT_READ, "wake")
+            while True:
+                events = selector.select()
+                if any(key.data == "wake" for key, _ in events):
+                    return
+                self._httpd.handle_request()  # the socket is readable: accepts at once, never waits
+
     def close(self) -> None:
-        """Stops serving and closes the socket; idempotent."""
-        if self._thread is not None:
-            self._httpd.shutdown()
+        """Stops serving (returns once the serving thread has ended, at once when idle; requests being
+        answered finish on their own threads) and closes the socket; idempotent."""
+        if self._thread is not None and self._wake is not None:
+            self._wake[1].send(b"x")
             self._thread.join(timeout=5)
             self._thread = None
+            for end in self._wake:
+                end.close()
+            self._wake = None
         self._httpd.server_close()
 
     def host_allowed(self, host: str | None) -> bool:

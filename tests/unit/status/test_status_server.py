@@ -223,3 +223,20 @@ def test_a_bad_address_or_port_names_its_own_flag(collector: StatusCollector) ->
             ConfigError, match=rf"^--status-port {first.port}: cannot serve the status page on 127\.0\.0\.1:"
                                rf"{first.port}: port {first.port} is already in use"):
         StatusServer(collector, port=first.port)
+
+
+@pytest.mark.timeout(30)
+def test_close_ends_the_serving_thread_of_an_idle_server_and_frees_the_port(collector: StatusCollector) -> None:
+    """The serving loop waits on the socket and close()'s wake-up alone (no poll of a stop flag): closing a
+    server that has answered requests, or none, ends its thread and the port refuses connections after."""
+    for requests in (0, 2):
+        server = StatusServer(collector).start()
+        thread = server._thread
+        assert thread is not None and thread.is_alive()
+        for _ in range(requests):
+            assert fetch(server.url + "api/status")[0] == 200
+        server.close()
+        assert not thread.is_alive()
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(server.url + "api/status", timeout=5)
+        server.close()  # idempotent
