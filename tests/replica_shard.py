@@ -6,6 +6,7 @@ kept, so a test can replay a prefix of the primary's entries onto a fresh member
 Replicate call whose arrays exceed it, as a carrier refuses a message over its limit (and the members split
 entries to fit: ``chunk_bytes``). ``held_requests`` and ``held_replies`` hold up one call in the network: a
 request reaches whichever process serves the member when it is let go, as at a restarted task's address.
+``lost_replies`` loses the replies of calls that were served, as a caller whose deadline passed sees them.
 ``after_reply`` names the members served as psflow's TCP carrier serves (work left for after a reply runs
 after it; ``after_reply_held`` keeps it until the test runs it)."""
 
@@ -37,7 +38,7 @@ from psflow.ps.replication import ReplicationConfig, ShardReplication
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc import after_reply
-from psflow.rpc.api import Handler, InvalidArgumentError, RpcError, TaskUnavailableError
+from psflow.rpc.api import DeadlineExceededError, Handler, InvalidArgumentError, RpcError, TaskUnavailableError
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
 
@@ -108,6 +109,10 @@ class Link:
                 time.sleep(self._shard.latency[self.task])  # a network's round trip
         held, reply_held = (held_calls.get((self.task, method)) for held_calls in (self._shard.held_requests,
                                                                                      self._shard.held_replies))
+        if self._shard.lost_replies.get((self.task, method)):
+            self._shard.lost_replies[(self.task, method)] -= 1
+            self._serve(method, meta, arrays)  # served; the caller never hears of it
+            return _Done(DeadlineExceededError(f"{self.task}: {method}: no reply within the deadline (test)"))
         if held is None and reply_held is None:
             return self._serve(method, meta, arrays)
         with self._shard.holding_call():
@@ -179,6 +184,9 @@ class InProcessShard:
         self.held_replies: dict[tuple[str, str], threading.Event] = {}
         self.holding = 0
         self._holding_lock = threading.Lock()
+        #: (member, method) -> how many of the next such calls are served and their replies lost: the caller
+        #: gets DEADLINE_EXCEEDED, as when its deadline passed while the call was served.
+        self.lost_replies: dict[tuple[str, str], int] = {}
         #: Members whose calls are served as psflow's TCP carrier serves them: the work a handler leaves for
         #: after its reply (psflow.rpc.after_reply) runs once the call returned, or, while ``after_reply_held``,
         #: waits in ``after_reply_work`` until :meth:`run_after_reply`.

@@ -149,20 +149,29 @@ class DropBackupRequest:
 @message
 class JoinRequest:
     """(To the primary) ``member`` (process ``incarnation``) rebuilds from the primary's state: send it a
-    snapshot and every entry after it."""
+    snapshot and every entry after it.
+
+    ``join_id``: this Join's number among that process's Joins (each try a new, higher one; None: not sent).
+    The primary's sender it starts tags its calls with it, and the member takes calls only from its newest
+    Join's sender: a Join whose reply was lost (served, but its caller gave up and sent another) leaves a
+    sender whose calls would otherwise pass as the member's own. The primary refuses a Join of the same process
+    not newer than the newest it served (one held up in the network)."""
 
     METHOD: ClassVar[str] = "Join"
     shard: int
     member: str
     incarnation: int
+    join_id: int | None = None
 
     def to_frame(self) -> Frame:
-        return Frame({"shard": self.shard, "member": self.member, "incarnation": self.incarnation})
+        return Frame({"shard": self.shard, "member": self.member, "incarnation": self.incarnation,
+                      "join_id": self.join_id})
 
     @classmethod
     def from_frame(cls, frame: Frame) -> JoinRequest:
         meta = frame.meta
-        return cls(_count(meta, "shard"), _task(meta, "member"), _count(meta, "incarnation"))
+        return cls(_count(meta, "shard"), _task(meta, "member"), _count(meta, "incarnation"),
+                   optional_int(meta, "join_id", minimum=0))
 
 
 @message
@@ -209,7 +218,8 @@ class ReplicateRequest:
 
     ``incarnation``: the process of ``member`` they are for, the one whose ``Join`` started the primary's
     sender (None: a sender started without a Join, at a promotion or a fresh shard); another process of the
-    member refuses them (a call held up across the member's restart)."""
+    member refuses them (a call held up across the member's restart). ``join_id``: that Join's id
+    (:class:`JoinRequest`); the member refuses the calls of any Join's sender but its newest's."""
 
     METHOD: ClassVar[str] = "Replicate"
     epoch: int
@@ -218,6 +228,7 @@ class ReplicateRequest:
     backups: tuple[str, ...]
     entries: Sequence[ReplicaEntry]
     incarnation: int | None = None
+    join_id: int | None = None
 
     def to_frame(self) -> Frame:
         arrays: dict[str, np.ndarray] = {}
@@ -233,7 +244,8 @@ class ReplicateRequest:
                 parts.append([delta.key, delta.rows is not None, sorted(delta.arrays)])
             entries.append({"seq": entry.seq, "state": dict(entry.state), "deltas": parts, "full": entry.full})
         return Frame({"epoch": self.epoch, "primary": self.primary, "member": self.member,
-                      "backups": list(self.backups), "entries": entries, "incarnation": self.incarnation}, arrays)
+                      "backups": list(self.backups), "entries": entries, "incarnation": self.incarnation,
+                      "join_id": self.join_id}, arrays)
 
     @classmethod
     def from_frame(cls, frame: Frame) -> ReplicateRequest:
@@ -264,7 +276,8 @@ class ReplicateRequest:
                 deltas.append(PartDelta(part[0], rows, named))
             entries.append(ReplicaEntry(seq, state, tuple(deltas), flag(item, "full")))
         return cls(_count(meta, "epoch"), _task(meta, "primary"), _task(meta, "member"), _tasks(meta, "backups"),
-                   tuple(entries), optional_int(meta, "incarnation", minimum=0))
+                   tuple(entries), optional_int(meta, "incarnation", minimum=0),
+                   optional_int(meta, "join_id", minimum=0))
 
 
 @message

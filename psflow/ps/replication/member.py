@@ -135,6 +135,8 @@ class ShardReplication:
         self._channel, self._status_of = self.channels.get, self.channels.status_of  # control calls to a member
         self._stopped = threading.Event()
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
+        self._join_lock = threading.Lock()  # Joins served one at a time (join)
+        self._joins: dict[str, tuple[int, int]] = {}  # member -> (incarnation, id) of its newest Join served
         self.data = DataCalls(self)  # Push, PushPull, Pull
         service.mode.on_step_applied = self.data.step_applied
         service._checkpoints.push_count = CheckpointCount(self.counts, self.dedup, self.data.apply_lock,
@@ -252,7 +254,8 @@ class ShardReplication:
         if request.member != self.task:
             raise InvalidRequest(f"{self.task}: entries addressed to {request.member}")
         # a replaced sender's call (held up across a restart or a Join) would set back what newer calls told it
-        self.view.check_sender(request.primary, request.epoch, request.incarnation, self.incarnation)
+        self.view.check_sender(request.primary, request.epoch, request.incarnation, self.incarnation,
+                               request.join_id)
         view = self.view.view
         if view.role == PRIMARY and request.epoch > view.epoch:  # another member was promoted over this one
             self._deposed(request.primary, request.epoch)
@@ -313,33 +316,55 @@ class ShardReplication:
         if request.member not in self.members or request.member == self.task:
             raise InvalidRequest(f"{self.task}: {request.member} is not another member of shard {self.shard}")
         forwarder = self._check_primary()
-        view = self.view.view
-        if request.member in view.backups:  # its own return: it catches up before it is waited for again
-            view = self.view.set(replace(view, backups=tuple(b for b in view.backups if b != request.member)))
-            forwarder.set_waited(view.backups)
-        seq = self._add_sender(forwarder, request.member, request.incarnation)
+        with self._join_lock:  # one Join at a time: the newest one's sender is the one that stays
+            self._refuse_older_join(request)
+            view = self.view.view
+            if request.member in view.backups:  # its own return: it catches up before it is waited for again
+                view = self.view.set(replace(view, backups=tuple(b for b in view.backups if b != request.member)))
+                forwarder.set_waited(view.backups)
+            seq = self._add_sender(forwarder, request.member, request.incarnation, request.join_id)
         log.info("%s: %s joins shard %d from snapshot %d", self.task, request.member, self.shard, seq)
         return _reply(JoinReply(view.epoch, seq))
 
-    def _add_sender(self, forwarder: Forwarder, member: str, incarnation: int | None = None) -> int:
+    def _refuse_older_join(self, request: JoinRequest) -> None:
+        """Records ``request`` as its member's newest Join (under ``_join_lock``).
+
+        Raises:
+            PreconditionFailed: a Join of the same process was served with this id or a higher one (this one
+                was held up in the network, or arrived twice): its sender would replace the newer one's,
+                whose calls alone the member takes.
+        """
+        if request.join_id is None:
+            return
+        newest = self._joins.get(request.member)
+        if newest is not None and newest[0] == request.incarnation and request.join_id <= newest[1]:
+            raise PreconditionFailed(f"{self.task}: Join {request.join_id} of {request.member} (process "
+                                     f"{request.incarnation}) refused: its Join {newest[1]} was served already")
+        self._joins[request.member] = (request.incarnation, request.join_id)
+
+    def _add_sender(self, forwarder: Forwarder, member: str, incarnation: int | None = None,
+                    join_id: int | None = None) -> int:
         """A sender to ``member`` whose first entry is the whole state as of the newest seq; returns that seq.
-        ``incarnation``: the member's process that asked (Join), which alone takes its calls (None: any)."""
+        ``incarnation``: the member's process that asked (Join), which alone takes its calls (None: any);
+        ``join_id``: that Join's id, which its calls carry (the member takes only its newest Join's)."""
         with forwarder.lock:
             old = forwarder.senders.pop(member, None)
             if old is not None:
                 old.stop()
             seq = forwarder.last_seq
             sender = BackupSender(member, lambda: self.channels.get(member, data=True),
-                                  lambda to, entries: self._request(to, entries, incarnation), self._on_ack,
+                                  lambda to, entries: self._request(to, entries, incarnation, join_id),
+                                  self._on_ack,
                                   self._on_refused, rpc_timeout=max(self.config.replica_timeout, 5.0),
                                   chunk_bytes=self.config.chunk_bytes)
             sender.enqueue(full_entry(seq, self.service, self.dedup, self.counts))
             forwarder.senders[member] = sender
         return seq
 
-    def _request(self, member: str, entries: list[ReplicaEntry], incarnation: int | None) -> ReplicateRequest:
+    def _request(self, member: str, entries: list[ReplicaEntry], incarnation: int | None,
+                 join_id: int | None) -> ReplicateRequest:
         view = self.view.view
-        return ReplicateRequest(view.epoch, self.task, member, view.backups, entries, incarnation)
+        return ReplicateRequest(view.epoch, self.task, member, view.backups, entries, incarnation, join_id)
 
     def _on_ack(self) -> None:
         """A sender's member acknowledged: wake the waiting calls; a joining member caught up enters the view."""

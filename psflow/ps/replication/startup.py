@@ -103,12 +103,14 @@ def rebuild_unwritten(self: ShardReplication, error: Exception) -> None:
 
 def rebuild(self: ShardReplication, primary: str) -> None:
     """Rebuilds member ``self`` from ``primary``'s snapshot (Join), retrying until it answers. From the first
-    try on, ``primary``'s entries count only from the sender a Join started (:meth:`ViewState.check_sender`)."""
+    try on, ``primary``'s entries count only from the sender the newest try started (each try has its own id:
+    :meth:`ViewState.check_sender`)."""
     self.view.begin_join(primary)
     self.applier.expect_snapshot()
     while not self._stopped.is_set():
         try:
-            frame = JoinRequest(self.shard, self.task, self.incarnation).to_frame()
+            # each try a new id: a try whose reply was lost may still have started a sender (refused then)
+            frame = JoinRequest(self.shard, self.task, self.incarnation, self.view.next_join_id()).to_frame()
             reply = JoinReply.from_frame(self._channel(primary).call(JoinRequest.METHOD, frame.meta,
                                                                       timeout=self.config.status_timeout * 5))
         except RpcError as e:

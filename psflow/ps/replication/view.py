@@ -11,10 +11,12 @@ Rules (issue 28's design, :mod:`psflow.ps.replication`):
 * A primary that learns of a higher epoch is deposed (:mod:`psflow.ps.replication.deposed`).
 * Roles: ``primary``, ``backup`` (in the primary's view, holding every acknowledged entry), ``joining``
   (rebuilding from the primary's snapshot), ``deposed``.
-* A member rebuilding from a primary (``Join``) takes that primary's entries only from the sender its Join
-  started (:meth:`ViewState.check_sender`): a call of an older sender (to this member's earlier process, or
-  started before the Join) can be held up in the network and served after the new sender's, and its view
-  ("not in the view", or "in it" before the Join took the member out) would override the newer one.
+* A member rebuilding from a primary (``Join``) takes that primary's entries only from the sender its newest
+  Join started (:meth:`ViewState.check_sender`): a call of an older sender (to this member's earlier process,
+  started before the Join, or started by an earlier Join of this process whose reply was lost) can be held up
+  in the network and served after the new sender's, and its view ("not in the view", or "in it" before the
+  Join took the member out) would override the newer one. Each Join a process sends has a new, higher id
+  (:meth:`ViewState.next_join_id`), which its sender's calls carry.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class ViewState:
         self._view = View(0, None, (), JOINING)
         #: The primary this member's latest Join went to, and the epoch of its reply (None: not answered yet).
         self._join: tuple[str, int | None] | None = None
+        #: The id of the latest Join this process sent (0: none yet); only its sender's calls are taken.
+        self._join_id = 0
 
     @property
     def view(self) -> View:
@@ -111,6 +115,13 @@ class ViewState:
             if self._view.role == BACKUP:
                 self._view = replace(self._view, backups=(), role=JOINING)
 
+    def next_join_id(self) -> int:
+        """The id of the Join this member is about to send (each one higher); from now on only the sender that
+        Join starts is taken (:meth:`check_sender`)."""
+        with self._lock:
+            self._join_id += 1
+            return self._join_id
+
     def joined(self, epoch: int, primary: str) -> View:
         """``primary`` answered this member's Join at ``epoch``: the member is joining it, unless the Join's
         sender already told it a view of ``primary`` at that epoch (its calls may be served before the reply is
@@ -123,18 +134,24 @@ class ViewState:
                 self._view = View(epoch, primary, (), JOINING)
             return self._view
 
-    def check_sender(self, primary: str, epoch: int, incarnation: int | None, mine: int) -> None:
+    def check_sender(self, primary: str, epoch: int, incarnation: int | None, mine: int,
+                     join_id: int | None = None) -> None:
         """``Replicate`` from ``primary`` at ``epoch``, for process ``incarnation`` of this member (None: a
-        sender started without a Join); this process is ``mine``.
+        sender started without a Join) and its Join ``join_id`` (None: not sent); this process is ``mine``.
 
         Raises:
-            PreconditionFailed: the entries are for another process of this member, or were sent without a
-                Join by ``primary`` after this member sent it one, at the Join's epoch or before (both: a
-                sender the primary has replaced); names the member, the primary and the incarnations.
+            PreconditionFailed: the entries are for another process of this member, or for a Join of this one
+                other than its newest, or were sent without a Join by ``primary`` after this member sent it
+                one, at the Join's epoch or before (all three: a sender the primary has replaced); names the
+                member, the primary and the incarnations or Join ids.
         """
         if incarnation is not None and incarnation != mine:
             raise PreconditionFailed(f"{self.task}: entries of {primary} for process {incarnation} of this member "
                                      f"refused: this is process {mine} (a call of a replaced sender)")
+        newest = self._join_id
+        if incarnation is not None and join_id is not None and join_id != newest:
+            raise PreconditionFailed(f"{self.task}: entries of {primary} for Join {join_id} of this process "
+                                     f"refused: its newest Join is {newest} (a call of a replaced sender)")
         join = self._join
         if incarnation is None and join is not None and join[0] == primary and (join[1] is None or epoch <= join[1]):
             raise PreconditionFailed(f"{self.task}: entries of {primary} at epoch {epoch} sent without a Join "

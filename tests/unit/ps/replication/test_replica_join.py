@@ -15,6 +15,7 @@ from replica_shard import PRIMARY, WORKERS, InProcessShard, assert_same_state, b
 
 from psflow.ps.protocol import JoinRequest, PushRequest, ReplicateRequest, WorkerTag
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import FailedPreconditionError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,5 +125,52 @@ def test_a_member_whose_join_reply_comes_after_its_snapshot_stays_in_the_view(
         shard.wait(lambda: any(f"{member}: rebuilding shard 0 from {PRIMARY}" in r.getMessage()
                                for r in caplog.records), "the member read its Join's reply")
     replica = shard.replicas[member]
+    assert replica.has_state and replica.view.view.role == "backup", replica.view.view
+    assert_same_state(shard.services[PRIMARY], shard.services[member])
+
+
+def test_a_join_served_after_its_caller_gave_up_never_takes_the_member_out_of_the_view(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """A restarted member's Join is served (the primary starts a sender, whose first call, the snapshot, is
+    held up in the network) but its reply is lost: the member's call times out and it sends another Join, from
+    the same process. The second Join's sender replaces the first, and the member enters the view. The first
+    sender's held call, then served, carries the view it was built with ('not in the view') and the same
+    incarnation: it is refused by its Join's id (it used to set the member back to 'joining' for good while
+    the primary counted it as a backup)."""
+    shard = _rejoin_setup(make_shard)
+    member, late = backup(0), threading.Event()
+    shard.held_requests[(member, ReplicateRequest.METHOD)] = late
+    shard.lost_replies[(PRIMARY, JoinRequest.METHOD)] = 1
+    shard.add(member)
+    shard.start(member)
+    shard.wait(lambda: shard.holding == 1, "the first Join's snapshot held up")
+    del shard.held_requests[(member, ReplicateRequest.METHOD)]
+    shard.wait_view()  # the second Join's sender brought it in
+    late.set()
+    shard.wait(lambda: shard.holding == 0, "the first sender's held call served")
+    replica = shard.replicas[member]
+    assert replica.has_state and replica.view.view.role == "backup", replica.view.view
+    shard.push(PRIMARY, _push(WORKERS[0], 4))
+    assert_same_state(shard.services[PRIMARY], shard.services[member])
+
+
+def test_a_join_held_up_in_the_network_never_replaces_a_newer_joins_sender(
+        make_shard: Callable[..., InProcessShard], caplog: pytest.LogCaptureFixture) -> None:
+    """A Join of the member's process arriving after a newer one of it was served (held up in the network, or
+    sent twice) is refused: its sender would replace the newer Join's, whose calls alone the member takes, and
+    the member would get nothing more. The member stays in the view with the primary's state."""
+    shard = _rejoin_setup(make_shard)
+    member = backup(0)
+    shard.lost_replies[(PRIMARY, JoinRequest.METHOD)] = 1  # its first Join served, the reply lost: it joins twice
+    replica = shard.add(member)
+    with caplog.at_level(logging.INFO, logger="psflow.ps.replication"):
+        shard.start(member)
+        shard.wait(lambda: sum(f"{member} joins shard 0" in r.getMessage() for r in caplog.records) == 2,
+                   "its second Join served")
+    shard.wait_view()
+    for join_id in (1, 2):  # the lost one's, and the newest (arriving again)
+        with pytest.raises(FailedPreconditionError, match=f"Join {join_id} of {member}.*Join 2 was served"):
+            shard.call(PRIMARY, JoinRequest.METHOD, JoinRequest(0, member, replica.incarnation, join_id).to_frame())
+    shard.push(PRIMARY, _push(WORKERS[0], 4))  # acknowledged by the member, which still takes the sender's calls
     assert replica.has_state and replica.view.view.role == "backup", replica.view.view
     assert_same_state(shard.services[PRIMARY], shard.services[member])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -41,6 +43,8 @@ def test_status_promote_drop_join_round_trip() -> None:
     assert p.DropBackupRequest.from_frame(_wire(drop.to_frame())) == drop
     join = p.JoinRequest(0, "/job:ps/task:0", 5)
     assert p.JoinRequest.from_frame(_wire(join.to_frame())) == join
+    numbered = p.JoinRequest(0, "/job:ps/task:0", 5, join_id=3)
+    assert p.JoinRequest.from_frame(_wire(numbered.to_frame())) == numbered
     with pytest.raises(InvalidRequest, match="'role' must be one of"):
         p.ReplicaStatusReply.from_frame(Frame({**status.to_frame().meta, "role": "leader"}))
 
@@ -65,3 +69,5 @@ def test_replicate_keeps_every_entry_its_rows_and_arrays() -> None:
     time_ns = 1_795_000_000_123_456_789  # a member's incarnation (its start, in ns) survives the wire whole
     tagged = p.ReplicateRequest(2, "/job:ps/task:0", "/job:ps_backup/task:0", (), (), incarnation=time_ns)
     assert p.ReplicateRequest.from_frame(_wire(tagged.to_frame())).incarnation == time_ns
+    assert back.join_id is None and p.ReplicateRequest.from_frame(_wire(dataclasses.replace(
+        tagged, join_id=4).to_frame())).join_id == 4  # the Join that started the sender
