@@ -3,6 +3,7 @@
 One command::
 
     python benchmarks/bench_startup.py [--pairs 3] [--data /tmp/tf_peer/data/ctr_wd] [--out FILE.json]
+    python benchmarks/bench_startup.py --rev 178668d --baseline-rev 47e10cf [--pairs 3]
 
 runs issue 29's W&D command (``psflow train --format criteo --model wide_deep --embedding-dim 8
 --hidden 256,128 --batch-size 512 --ps 1 --workers 2 --epochs 1``) with ``--num-features 2^20`` (26
@@ -15,6 +16,11 @@ variables" line. A run is stopped once its first step is logged (SIGTERM to the 
 its tasks; SIGKILL to the command's process group after 30 s). The 1-minute load average is recorded
 before each run (the machine is shared: a pair's ratio is the figure to read, its runs being seconds
 apart). Prints a markdown table; ``--out`` also writes every run as JSON.
+
+``--rev`` runs psflow at a revision (a ``git archive`` snapshot built with its own ``setup.py build_ext``,
+bench_tf_peer.extract_psflow; default: this working tree); with ``--baseline-rev`` too, each pair runs both
+revisions (large and small tables each, the revisions' order flipped every other pair) and the table shows
+each revision's ratio.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from bench_tf_peer import extract_psflow  # noqa: E402
+
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 _STEP = re.compile(r"psflow\.worker: worker \d+: step=\d+ ")
 _INIT = "initialized the variables"
@@ -83,13 +92,14 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
             p.wait()
 
 
-def one_run(data: str, rows: int, timeout: float) -> Run:
-    """Launches the command and returns its start-up (or a failure)."""
+def one_run(data: str, rows: int, timeout: float, src: str = REPO) -> Run:
+    """Launches the command with psflow from ``src`` and returns its start-up (or a failure)."""
     load = os.getloadavg()[0]
+    env = dict(os.environ) if src == REPO else dict(os.environ, PYTHONPATH=src)
     with tempfile.TemporaryDirectory(prefix="psflow-startup-") as run_dir, \
             tempfile.TemporaryFile("w+") as out:
         t0 = time.time()
-        p = subprocess.Popen(command(data, rows, run_dir), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        p = subprocess.Popen(command(data, rows, run_dir), cwd=src, env=env, stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
         step = init = None
         try:
@@ -116,16 +126,25 @@ def main() -> None:
     parser.add_argument("--large", type=int, default=20, help="log2 of the large tables' rows (20)")
     parser.add_argument("--small", type=int, default=14, help="log2 of the small tables' rows (14)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take to its first step")
-    parser.add_argument("--out", help="write every run here as JSON")
+    parser.add_argument("--out", help="write every run as JSON")
+    parser.add_argument("--rev", help="psflow at this revision (a git archive snapshot); default: the working tree")
+    parser.add_argument("--baseline-rev", help="also run psflow at this revision in every pair (needs --rev)")
     args = parser.parse_args()
     large, small = 1 << args.large, 1 << args.small
-    pairs: list[dict[str, Run]] = []
+    revs: list[tuple[str, str]] = [("working tree", REPO)] if args.rev is None else []
+    for rev in (args.rev, args.baseline_rev):
+        if rev is not None:
+            commit, src = extract_psflow(rev, tempfile.gettempdir())
+            revs.append((commit[:10], src))
+    pairs: dict[str, list[dict[str, Run]]] = {label: [] for label, _ in revs}
     for i in range(args.pairs):
-        order = (large, small) if i % 2 == 0 else (small, large)
-        runs = {str(rows): one_run(args.data, rows, args.timeout) for rows in order}
-        pairs.append(runs)
-        print(f"pair {i}: " + json.dumps(runs), file=sys.stderr, flush=True)
-    print(report(pairs, large, small))
+        for label, src in (revs if i % 2 == 0 else revs[::-1]):
+            order = (large, small) if i % 2 == 0 else (small, large)
+            runs = {str(rows): one_run(args.data, rows, args.timeout, src) for rows in order}
+            pairs[label].append(runs)
+            print(f"pair {i} {label}: " + json.dumps(runs), file=sys.stderr, flush=True)
+    for label, _ in revs:
+        print(f"\npsflow {label}:\n" + report(pairs[label], large, small))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"pairs": pairs, "command": " ".join(command(args.data, large, "RUN_DIR")[1:])}, f, indent=1)
