@@ -37,7 +37,7 @@ from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
 from psflow.train.config import TORCH_THREADS_ENV
 
-__all__ = ["LaunchError", "LocalCluster", "TaskHosts", "TaskProcess", "failure_report"]
+__all__ = ["LaunchError", "LocalCluster", "TaskHosts", "TaskProcess", "failure_report", "task_env"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -191,12 +191,8 @@ class LocalCluster:
         """Starts ``python -m psflow.launch.task`` for one task."""
         log_path = os.path.join(self.output_dir, "logs", f"{job}-{index}.log")
         log_file = open(log_path, "a")
-        env = dict(os.environ, **{TOKEN_ENV: self.token, "PYTHONUNBUFFERED": "1"})
-        # PyTorch models: the worker processes share this machine's cores; one intra-op thread pool each as
-        # large as the machine would oversubscribe it (psflow.torch.configure_threads). A value the user set wins.
-        workers = max(1, self.cluster.num_tasks("worker"))
-        env.setdefault(TORCH_THREADS_ENV, str(max(1, (os.cpu_count() or 1) // workers)))
-        quiet_grpc(env, verbose=self.verbose)
+        env = task_env(os.environ, token=self.token, workers=self.cluster.num_tasks("worker"),
+                       cpus=os.cpu_count() or 1, verbose=self.verbose)
         error_path = os.path.join(self.output_dir, f"error-{job}-{index}.json")
         with contextlib.suppress(FileNotFoundError):
             os.remove(error_path)  # a restarted task's previous error is not this one's
@@ -275,6 +271,26 @@ class LocalCluster:
                 self.stop_all()
         finally:
             self.signals.restore()
+
+
+def task_env(base: Mapping[str, str], *, token: str, workers: int, cpus: int, verbose: bool) -> dict[str, str]:
+    """The environment of a task process the launcher starts: ``base`` (the launcher's), the cluster token,
+    unbuffered output, gRPC's C-core logs off unless ``verbose``, and each task's share of the cores for its
+    thread pools. Pure; a value ``base`` sets wins.
+
+    The worker processes share this machine's cores: PyTorch models get one intra-op pool each of
+    ``cpus // workers`` threads (:data:`~psflow.train.config.TORCH_THREADS_ENV`, psflow.torch.configure_threads),
+    and NumPy's OpenBLAS the same (``OPENBLAS_NUM_THREADS``, unless ``OMP_NUM_THREADS`` or it is set). Left
+    to itself, OpenBLAS starts a thread per core in every process when NumPy is imported (~0.04 CPU-s per
+    task process on 2 cores, idle ones spinning) for BLAS calls that a task makes few or none of.
+    """
+    env = dict(base, **{TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"})
+    threads = str(max(1, cpus // max(1, workers)))
+    env.setdefault(TORCH_THREADS_ENV, threads)
+    if "OMP_NUM_THREADS" not in env:
+        env.setdefault("OPENBLAS_NUM_THREADS", threads)
+    quiet_grpc(env, verbose=verbose)
+    return env
 
 
 def _signal_group(task: TaskProcess, sig: int) -> None:
