@@ -8,6 +8,7 @@ its partitions in one ``LoadShard`` call, all tasks in parallel (:func:`load_sha
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -145,12 +146,16 @@ class ShardLoad:
 
 
 def load_shards(client: ParameterClient, requests: Mapping[int, LoadShardRequest], what: str) -> None:
-    """Sends each ps task its ``LoadShard`` (all in flight at once) and waits for every reply.
+    """Sends each ps task its ``LoadShard`` (all in flight at once) and waits for every reply. Each call's
+    deadline (the client's ``rpc_timeout``) goes with it: a replicated shard's primary waits that long for its
+    backups to take the load.
 
     Raises:
         CheckpointError: naming every task that refused, after all replied.
     """
-    calls = {task: client.call_async(task, request) for task, request in requests.items()}
+    within = int(client.config.rpc_timeout * 1000)
+    calls = {task: client.call_async(task, dataclasses.replace(request, reply_within_ms=within))
+             for task, request in requests.items()}
     errors = []
     for task, call in calls.items():  # every call collected, even after a refusal
         try:

@@ -173,6 +173,9 @@ class LoadShardRequest:
     """Partitions to overwrite from a checkpoint (see :mod:`psflow.ps.checkpointing`, ``LoadShard``).
 
     Build with :meth:`build`; read a partition's arrays with :meth:`value`, :meth:`slots` and :meth:`table`.
+    ``reply_within_ms``: how long the caller waits for the reply (its call's deadline; None: not sent). A
+    replicated shard's primary waits that long for its backups to acknowledge the load (a full entry, the
+    whole shard) instead of its ``replica_timeout`` (:mod:`psflow.ps.replication.member`).
     """
 
     METHOD: ClassVar[str] = "LoadShard"
@@ -186,6 +189,7 @@ class LoadShardRequest:
     restored_step: int | None = None
     pushes_applied: int | None = None
     pushes_applied_by: list[list[Any]] | None = None
+    reply_within_ms: int | None = None
 
     @classmethod
     def build(cls, values: Mapping[str, np.ndarray], slots: Mapping[str, Mapping[str, np.ndarray]],
@@ -227,6 +231,8 @@ class LoadShardRequest:
             meta["pushes_applied"] = self.pushes_applied
         if self.pushes_applied_by is not None:
             meta["pushes_applied_by"] = self.pushes_applied_by
+        if self.reply_within_ms is not None:
+            meta["reply_within_ms"] = self.reply_within_ms
         return Frame(meta, dict(self.arrays))
 
     @classmethod
@@ -241,7 +247,8 @@ class LoadShardRequest:
                    optional_int(meta, "examples", minimum=0), _lineage(meta, "lineage"), flag(meta, "values_only"),
                    restored if type(restored) is int and restored >= 0 else None,
                    optional_int(meta, "pushes_applied", minimum=0),
-                   applied_by_process(meta.get("pushes_applied_by")))
+                   applied_by_process(meta.get("pushes_applied_by")),
+                   optional_int(meta, "reply_within_ms", minimum=0))
 
 
 def applied_by_process(value: object) -> list[list[Any]] | None:

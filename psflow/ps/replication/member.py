@@ -6,7 +6,8 @@
   LoadShard, SetReady, BeginRestore, Leave, Done, ReaderPositions) is served as unreplicated, then its
   result is recorded as the next entry (the rows it wrote, the small state, the dedup table;
   :mod:`~psflow.ps.replication.snapshot`) and the call returns once every backup of the view acknowledged it
-  (:mod:`~psflow.ps.replication.forwarder`). A push already applied for its (worker, incarnation, push_id)
+  (:mod:`~psflow.ps.replication.forwarder`; waiting ``replica_timeout``, a LoadShard's whole-shard entry as
+  long as its caller waits for the reply). A push already applied for its (worker, incarnation, push_id)
   gets its recorded reply (:mod:`~psflow.ps.replication.dedup`). In sync mode a step's rows, the records
   of every push it applied (dedup, examples, reader positions) and their count are one entry, so a backup
   never holds a step without its pushes' records (a resend after a failover gets its reply, never "stale").
@@ -38,6 +39,7 @@ from psflow.ps.protocol import (
     JoinReply,
     JoinRequest,
     LeaveRequest,
+    LoadShardRequest,
     PartDelta,
     PromoteRequest,
     PullRequest,
@@ -80,6 +82,9 @@ _STATE_CALLS = ("SetReady", "BeginRestore", "Done", "ReaderPositions")
 #: A joining member this few entries behind the newest: new entries wait (at most _JOIN_HOLD seconds, then
 #: not again for _JOIN_HOLD) until it acked the newest and entered the view; so it enters under any load.
 _JOIN_NEAR, _JOIN_HOLD = 64, 1.0
+#: Seconds a LoadShard's wait for its backups ends before its caller's deadline (at most a tenth of it), so
+#: its UNAVAILABLE reply, naming the backup, reaches the caller before the caller gives up.
+_REPLY_MARGIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -230,10 +235,25 @@ class ShardReplication:
     def _replicated(self, handler: Handler, *, full: bool) -> Handler:
         def call(frame: Frame) -> Reply:
             forwarder = self._check_primary()
+            began = time.monotonic()
             result = handler(frame)
-            forwarder.wait(self._record(forwarder, lambda: [], full=full))
+            seq = self._record(forwarder, lambda: [], full=full)
+            forwarder.wait(seq, timeout=self._full_wait(frame, began) if full else None)
             return result
         return call
+
+    def _full_wait(self, frame: Frame, began: float) -> float:
+        """Seconds a ``LoadShard`` served since ``began`` waits for its backups' acknowledgement of its full entry
+        (the whole shard, which may take a backup longer than ``replica_timeout`` to receive and write): until
+        just before its caller stops waiting (``reply_within_ms``, the call's deadline), so the caller hears
+        which backup failed; ``replica_timeout`` at least. A call without it: ``replica_timeout`` plus twice
+        the seconds the load took here (each backup writes the same), as ``Register`` waits."""
+        within = LoadShardRequest.from_frame(frame).reply_within_ms
+        timeout = self.config.replica_timeout
+        elapsed = time.monotonic() - began
+        if within is None:
+            return timeout + 2 * elapsed
+        return max(timeout, within / 1000 - elapsed - min(_REPLY_MARGIN, within / 10000))
 
     def _leave(self, handler: Handler) -> Handler:
         """``Leave``: served, with the final ``acked`` count of the process that leaves (its incarnation; an

@@ -17,7 +17,7 @@ from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.service import ParameterService
-from psflow.rpc.api import InvalidRequest
+from psflow.rpc.api import ConnectConfig, InvalidRequest
 from psflow.rpc.framing import Frame, decode, encode
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
@@ -57,6 +57,7 @@ class _Client:
     def __init__(self) -> None:
         self.layout = {p.var.name: p for p in _layout()}
         self.cluster, self.client_name, self.step_task = CLUSTER, "chief", 0
+        self.config = ConnectConfig()  # its rpc_timeout: the deadline a LoadShard carries
         self.services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
         self.channels = {i: _Channel(s) for i, s in enumerate(self.services)}
         meta = {"layout": [p.to_json() for p in self.layout.values()], "optimizer": ADAGRAD.to_json(), "chief": True}

@@ -23,6 +23,7 @@ from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.service import ParameterService
+from psflow.rpc.api import ConnectConfig
 from psflow.rpc.framing import Frame, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
@@ -52,6 +53,7 @@ class _Cluster:
         vs.get_variable("b", ())
         self.layout = {p.var.name: p for p in vs.placements()}
         self.client_name, self.step_task = "chief", 0
+        self.config = ConnectConfig()  # its rpc_timeout: the deadline a LoadShard carries
         self.services = [ParameterService(i, holds_global_step=i == 0) for i in range(num_ps)]
         self.channels = {i: s.handlers() for i, s in enumerate(self.services)}
         meta = {"layout": [p.to_json() for p in self.layout.values()], "optimizer": OPTIMIZERS[optimizer].to_json(),

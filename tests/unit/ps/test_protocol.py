@@ -146,10 +146,10 @@ def test_register_and_the_checkpoint_calls_round_trip() -> None:
                                     {"w/part_0": {"accum": np.zeros((5, 2), np.float32)}},
                                     {"t/part_0": {"slot/accum": np.zeros((1, 2), np.float32)}},
                                     ["w/part_0", "t/part_0"], global_step=3, positions={"w0": "{}"}, examples=9,
-                                    restored_step=3)
+                                    restored_step=3, reply_within_ms=60000)
     back = p.LoadShardRequest.from_frame(_wire(load.to_frame()))
-    assert (back.parts, back.global_step, back.positions, back.examples, back.restored_step) == (
-        ["w/part_0", "t/part_0"], 3, {"w0": "{}"}, 9, 3)
+    assert (back.parts, back.global_step, back.positions, back.examples, back.restored_step,
+            back.reply_within_ms) == (["w/part_0", "t/part_0"], 3, {"w0": "{}"}, 9, 3, 60000)
     assert set(back.slots("w/part_0")) == {"accum"} and set(back.table("t/part_0")) == {"slot/accum"}
     assert back.value("w/part_0") is not None and back.value("t/part_0") is None and back.has_slots()
     for message in (p.FenceRequest(7, holder="chief-a"), p.SaveShardRequest("/ckpt/s0", 0, 2, 7, "chief-a"),

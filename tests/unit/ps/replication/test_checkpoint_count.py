@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from replica_shard import PRIMARY, WORKERS, InProcessShard, Link, backup, layout
+from replica_shard import PRIMARY, WORKERS, InProcessShard, Link, assert_same_state, backup, layout
 from safetensors.numpy import load
 
 from psflow.checkpoint.manifest import MANIFEST_NAME, read_manifest
@@ -273,3 +273,31 @@ def test_an_ssp_push_waiting_for_the_slowest_worker_is_in_the_count_of_a_save_th
     push(WORKERS[1])
     waiting.join(10)
     assert not waiting.is_alive()
+
+
+def test_a_checkpoint_load_waits_for_a_slow_backup_as_long_as_its_caller_does(
+        make_shard: Callable[..., InProcessShard], tmp_path: Path) -> None:
+    """A restore's ``LoadShard`` is replicated as a full entry (the whole shard; ~520 MB for W&D, in chunks), which a
+    backup may take longer to receive and write than ``replica_timeout``. The primary waits for its
+    acknowledgement as long as the caller waits for the reply (the call's own deadline, sent with it), not
+    ``replica_timeout`` (it used to fail UNAVAILABLE after 5 s, failing the restore while the backup caught up)."""
+    shard = make_shard(replica_timeout=0.5, chunk_bytes=160)  # the full entry in 5 calls
+    shard.start()
+    shard.wait_view()
+    request = layout(SyncConfig())
+    client = ParameterClient(CLUSTER, request.layout, client_name=WORKERS[0], channels={0: Link(shard, PRIMARY)})
+    client.register(request.optimizer, chief=True)
+    for i in range(1, 4):
+        shard.push(PRIMARY, _push(i, acked=i - 1))
+    path = CheckpointManager(str(tmp_path)).save(client).path
+    shard.push(PRIMARY, _push(4, acked=3))  # the checkpoint lacks it: the load changes the shard
+    calls = shard.calls.get(backup(0), 0)
+    shard.latency[backup(0)] = 0.2  # each Replicate call to the backup; together well past replica_timeout
+    began = time.monotonic()
+    restore(client, path)
+    took = time.monotonic() - began
+    shard.latency.clear()
+    assert shard.calls[backup(0)] - calls >= 4 and took >= 0.8, (shard.calls[backup(0)] - calls, took)
+    global_step = shard.services[PRIMARY].global_step
+    assert global_step is not None and global_step.value == 3
+    assert_same_state(shard.services[PRIMARY], shard.services[backup(0)])
