@@ -38,7 +38,8 @@ steady time up to the workers' "done" lines; the lr-user ones likewise: the spar
 includes a worker's wait for the others at the end of its data: a run's tail, the same at both revisions).
 
 Each revision is a ``git archive`` snapshot built with its own ``setup.py
-build_ext --inplace`` (:func:`bench_tf_peer.extract_psflow`; a snapshot missing
+build_ext --inplace`` and compiled to bytecode, as ``pip install`` does
+(:func:`bench_tf_peer.extract_psflow`; a snapshot missing
 one of its setup.py's extensions is refused, since psflow would silently fall
 back to numpy), and every run is that snapshot's own ``python -m psflow train``
 (cwd and PYTHONPATH the snapshot), so no module path of today's tree is

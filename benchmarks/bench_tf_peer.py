@@ -75,9 +75,16 @@ Run = dict[str, Any]
 
 # ----------------------------------------------------------------------------- set-up
 def extract_psflow(rev: str, workdir: str) -> tuple[str, str]:
-    """psflow at ``rev`` extracted (``git archive``) and built under ``workdir``; returns (commit, its folder)."""
+    """psflow at ``rev`` extracted (``git archive``), built and compiled under ``workdir``; returns (commit, its folder).
+
+    Compiled to bytecode (``compileall``) as ``pip install`` compiles a package, and as TensorFlow's venv is:
+    run from source with ``PYTHONDONTWRITEBYTECODE=1`` (this machine's environment), every process of every
+    run would compile each psflow module again (~0.1 CPU-s per task process), a start-up cost no installed
+    psflow pays. The folder's name says so (``<commit>-compiled``); snapshots extracted before 2026-11-27 lack
+    the bytecode and stay where they are.
+    """
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", rev], capture_output=True, text=True, check=True).stdout.strip()
-    dest = os.path.join(workdir, "psflow-src", commit[:12])
+    dest = os.path.join(workdir, "psflow-src", commit[:12] + "-compiled")
     if not os.path.isdir(os.path.join(dest, "psflow")):
         os.makedirs(dest, exist_ok=True)
         # setup.py (with the files it reads) builds the C input kernels, at commits that have them.
@@ -88,6 +95,8 @@ def extract_psflow(rev: str, workdir: str) -> tuple[str, str]:
         if "setup.py" in extra:
             subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=dest, check=True,
                            capture_output=True)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(dest, "psflow")], check=True,
+                       capture_output=True)
     return commit, dest
 
 
