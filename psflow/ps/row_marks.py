@@ -20,7 +20,9 @@ without row structure (a 0-d value) and an averaged partition (its moving averag
 step) are saved whole; a row built by a read of a lazy partition but never updated is not marked (it still
 holds its initial value, which the base holds too).
 
-Memory: 4 bytes per row (uint32), zero-filled arrays the OS commits on first write.
+Memory: 4 bytes per row (uint32), zero-filled arrays the OS commits on first write, in small pages
+(:func:`psflow.ps.memory.use_small_pages`: the rows a sparse update stamps commit the pages around them, not
+2 MiB each).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import threading
 import uuid
 
 import numpy as np
+
+from psflow.ps.memory import use_small_pages
 
 __all__ = ["MarkClock", "RowMarks"]
 
@@ -66,6 +70,7 @@ class RowMarks:
         self.clock = clock
         self.whole = whole
         self.changed_at = np.zeros(0 if whole else rows, dtype=np.uint32)
+        use_small_pages(self.changed_at)
 
     def mark(self, rows: np.ndarray | None) -> None:
         """Rows ``rows`` (local, valid; None: every row) changed now."""
