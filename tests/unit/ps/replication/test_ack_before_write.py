@@ -14,6 +14,7 @@ import pytest
 from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
 from psflow.ps.protocol import (
+    JoinRequest,
     PushRequest,
     ReplicaEntry,
     ReplicaStatusReply,
@@ -120,8 +121,12 @@ def test_a_backup_that_cannot_write_an_acknowledged_entry_rebuilds_from_the_prim
     member.applier._apply = failing
     shard.after_reply_held = True
     shard.push(PRIMARY, _grads(4))  # acknowledged, then its write fails
+    rejoin = threading.Event()  # its Join waits until the test looked (else it may be back in the view first)
+    shard.held_requests[(PRIMARY, JoinRequest.METHOD)] = rejoin
     shard.run_after_reply(BACKUP)
     assert failed and not member.has_state  # never promoted with a state that lacks an acknowledged push
+    del shard.held_requests[(PRIMARY, JoinRequest.METHOD)]
+    rejoin.set()
     shard.after_reply_held = False
     shard.wait_view()  # it joined again: a snapshot, then the entries after it
     shard.push(PRIMARY, _grads(5))
