@@ -1,7 +1,7 @@
 """What replicated ps shards cost: ``psflow train --ps-replicas 1`` against 0, alternated pairs (issue 28).
 
     .venv/bin/python benchmarks/bench_replicas.py [--rev HEAD] [--pairs 5] [--shapes lr-p1w2-async,wd-p1w2-async] [--replicas 1]
-        [--steps-in-flight K] [--plain-steps-in-flight K] [--section replicas]
+        [--steps-in-flight K] [--plain-steps-in-flight K] [--plain-replicas 0] [--section replicas]
 
 Each pair runs one epoch of a tf_peer workload twice with ``python -m psflow train``
 of a ``git archive`` snapshot of ``--rev`` (built as bench_ab.py builds one, so
@@ -15,7 +15,9 @@ W&D at 1 ps + 2 workers; ``--transport tcp --log-every 1``); the data is in
 ``<workdir>/data/sparse_lr`` and ``<workdir>/data/ctr_wd`` (those two scripts generate it).
 ``--steps-in-flight K`` runs both sides with ``--steps-in-flight K`` (default 1: the flag is not
 passed); ``--plain-steps-in-flight K`` gives the unreplicated side its own K (e.g. replicated at 2
-against today's default of 1). ``--section`` names the RESULTS.md section and the
+against today's default of 1), and ``--plain-replicas N`` makes that side replicated too (to compare two K's
+at the same ``--ps-replicas``; "plain" then names the other side, not an unreplicated one).
+``--section`` names the RESULTS.md section and the
 ``results/<section>.json`` file written (default ``replicas``).
 
 Per run:
@@ -126,9 +128,9 @@ class TaskSampler(threading.Thread):
         self.join(timeout=5)
 
 
-def one_run(src: str, shape: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One epoch of ``shape`` by the psflow snapshot at ``src``, with ``--ps-replicas replicas`` when it is > 0."""
-    side = "replicated" if replicas else "plain"
+def one_run(src: str, shape: str, side: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One epoch of ``shape`` by the psflow snapshot at ``src``, with ``side``'s flags (:func:`side_flags`)."""
+    replicas = args.replicas if side == "replicated" else args.plain_replicas
     output = tempfile.mkdtemp(prefix=f"rep-{shape}-{side}-", dir=os.path.join(args.workdir, "runs_replicas"))
     cmd = bench_ab.command(shape, args, output) + side_flags(args, side)
     t0 = time.perf_counter()
@@ -170,10 +172,11 @@ def one_run(src: str, shape: str, replicas: int, args: argparse.Namespace) -> di
 
 
 def side_flags(args: argparse.Namespace, side: str) -> list[str]:
-    """The flags one side adds to the shape's command: ``--ps-replicas`` (replicated), ``--steps-in-flight``
+    """The flags one side adds to the shape's command: ``--ps-replicas`` (unless 0), ``--steps-in-flight``
     (unless 1)."""
     k = args.steps_in_flight if side == "replicated" else args.plain_steps_in_flight
-    return ((["--ps-replicas", str(args.replicas)] if side == "replicated" else [])
+    replicas = args.replicas if side == "replicated" else args.plain_replicas
+    return ((["--ps-replicas", str(replicas)] if replicas else [])
             + (["--steps-in-flight", str(k)] if k != 1 else []))
 
 
@@ -181,7 +184,8 @@ def _sides(args: argparse.Namespace) -> str:
     """What the two sides ran, in words."""
     def k(n: int) -> str:
         return f" at `--steps-in-flight {n}`" if n != 1 else " at `--steps-in-flight 1` (the default)"
-    return f"`--ps-replicas {args.replicas}`{k(args.steps_in_flight)} against none{k(args.plain_steps_in_flight)}"
+    plain = f"`--ps-replicas {args.plain_replicas}`" if args.plain_replicas else "none"
+    return f"`--ps-replicas {args.replicas}`{k(args.steps_in_flight)} against {plain}{k(args.plain_steps_in_flight)}"
 
 
 def summary(values: list[float]) -> dict[str, Any]:
@@ -201,7 +205,8 @@ def report(args: argparse.Namespace, shapes: list[str], runs: dict[str, list[dic
     failures = [f"{bench_ab.SHAPES[s][0]}, {side}, pair {k + 1}: {p[side]['error'][-300:]}" for s in shapes
                 for k, p in enumerate(runs[s]) for side in SIDES if "error" in p[side]]
     title = ("what replicated ps shards cost" if args.steps_in_flight == args.plain_steps_in_flight == 1 else
-             f"replicated at --steps-in-flight {args.steps_in_flight} against unreplicated at {args.plain_steps_in_flight}")
+             f"{args.replicas} at --steps-in-flight {args.steps_in_flight} against {args.plain_replicas} at "
+             f"{args.plain_steps_in_flight}")
     lines = [f"## --ps-replicas: {title} ({time.strftime('%Y-%m-%d', time.gmtime())}, issue 28)", "",
              f"Command: `.venv/bin/python benchmarks/bench_replicas.py {' '.join(sys.argv[1:])}` "
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}; 1-minute load average at the pairs "
@@ -267,6 +272,8 @@ def main() -> None:
                    help="--steps-in-flight of both sides (default 1: not passed); see --plain-steps-in-flight")
     p.add_argument("--plain-steps-in-flight", type=int, default=None,
                    help="--steps-in-flight of the unreplicated side only (default: --steps-in-flight)")
+    p.add_argument("--plain-replicas", type=int, default=0,
+                   help="--ps-replicas of the other side (default 0: unreplicated; e.g. 1 to compare two K's)")
     p.add_argument("--section", default="replicas",
                    help="the RESULTS.md section (and results/<section>.json) written (default replicas)")
     p.add_argument("--pairs", type=int, default=5, help="alternated pairs per shape (at most)")
@@ -285,9 +292,12 @@ def main() -> None:
         p.error(f"--replicas: want at least 1, got {args.replicas}")
     if args.plain_steps_in_flight is None:
         args.plain_steps_in_flight = args.steps_in_flight
-    if not 1 <= args.steps_in_flight <= 2 or not 1 <= args.plain_steps_in_flight <= 8:
+    if not 0 <= args.plain_replicas < args.replicas + (args.steps_in_flight != args.plain_steps_in_flight):
+        p.error(f"--plain-replicas: want 0 to --replicas ({args.replicas}), equal only with another --steps-in-flight; "
+                f"got {args.plain_replicas}")
+    if not 1 <= args.steps_in_flight <= 2 or not 1 <= args.plain_steps_in_flight <= (2 if args.plain_replicas else 8):
         p.error(f"--steps-in-flight: want 1 or 2 with --ps-replicas (got {args.steps_in_flight}); "
-                f"--plain-steps-in-flight: 1 to 8 (got {args.plain_steps_in_flight})")
+                f"--plain-steps-in-flight: 1 to 8, 2 with --plain-replicas (got {args.plain_steps_in_flight})")
     if not re.fullmatch(r"[a-z0-9_]+", args.section):
         p.error(f"--section: want lower-case letters, digits and _, got {args.section!r}")
     for workload, maker in (("sparse_lr", "bench_tf_peer.py --tf-venv ..."), ("ctr_wd", "bench_tf_peer_wd.py")):
@@ -306,7 +316,7 @@ def main() -> None:
             got: dict[str, Any] = {}
             for side in (SIDES if k % 2 == 0 else SIDES[::-1]):
                 try:
-                    got[side] = one_run(src, shape, args.replicas if side == "replicated" else 0, args)
+                    got[side] = one_run(src, shape, side, args)
                 except RuntimeError as e:  # recorded and reported; the other pairs go on
                     got[side] = {"error": str(e)}
             got["loadavg_1min"] = os.getloadavg()[0]
