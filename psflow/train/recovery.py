@@ -390,7 +390,7 @@ class ClusterRecovery:
         return True, position if isinstance(position, str) else None
 
     def linger(self, num_workers: int, *, before_waiting: Callable[[], None] | None = None,
-               poll: float = 0.2) -> tuple[bool, str | None]:
+               poll: float = 0.2, first_poll: float = 0.025, first_for: float = 1.0) -> tuple[bool, str | None]:
         """(A worker that finished its data and sent ``Leave``) waits for the others to finish,
         ready to be rewound: a restore after a ps death sets every worker back to the
         checkpoint, this one included, so it must train its records since then again.
@@ -402,6 +402,11 @@ class ClusterRecovery:
         are gone; logged), or until a restore happened. ``before_waiting`` runs once,
         when another worker is found still training (e.g. resign the chief lease).
 
+        Asks ``Stats`` every ``first_poll`` s for the first ``first_for`` s, then every ``poll`` s: with
+        equal shares of the data the others usually finish within a fraction of a second of this one, and
+        the run ends when this worker sees it (a 0.2 s poll from the start cost every run ~0.1 s on
+        average); a long wait stays at ``poll``.
+
         Returns:
             ``(False, None)`` when done; ``(True, position)`` after a restore, with
             this worker's reader position (JSON) to resume from (None: its start).
@@ -412,6 +417,7 @@ class ClusterRecovery:
         """
         client = self.client
         last_step, last_move = None, time.monotonic()
+        fast_until = last_move + first_for
         while True:
             try:
                 stats: StatsReply | None = client.ps_stats()
@@ -433,13 +439,13 @@ class ClusterRecovery:
                                 "(finished: %s); leaving", client.client_name, last_step, self.timeout,
                                 ", ".join(stats.finished or ()) or "none")
                     return False, None
-                time.sleep(poll)
+                time.sleep(first_poll if time.monotonic() < fast_until else poll)
                 continue
             if self.needed():
                 restored, position = self.wait()
                 if restored:
                     return True, position
-            time.sleep(poll)
+            time.sleep(first_poll if time.monotonic() < fast_until else poll)
 
     def restore(self, lease: Lease | None, states: dict[int, StatsReply | None]) -> None:
         """(Chief) restores every ps task from the newest checkpoint at a new generation.
