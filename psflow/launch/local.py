@@ -15,9 +15,10 @@
        chaos), printing a progress line (global step, examples/s, loss); its
        own client connects only after training, for evaluation;
     4. when every worker has exited 0: pulls the model, evaluates it on the
-       eval set, writes the run's final snapshot (``metrics.json``,
-       ``status.json``, ``metrics.prom``: :mod:`psflow.launch.run_end`), asks
-       the ps tasks to shut down;
+       eval set (read meanwhile, from step 2 on, by a thread of low CPU
+       priority: :mod:`psflow.launch.eval_set`), writes the run's final
+       snapshot (``metrics.json``, ``status.json``, ``metrics.prom``:
+       :mod:`psflow.launch.run_end`), asks the ps tasks to shut down;
     5. if any task exits non-zero, reads the run's numbers while the ps tasks
        still answer, stops every other task, writes the final snapshot
        (``phase`` failed, ``error``) and raises :class:`LaunchError` naming
@@ -52,6 +53,7 @@ from typing import Any, TextIO
 
 from psflow.checkpoint.ledger import SaveStatusWatcher
 from psflow.cluster.replicas import BACKUP_JOB
+from psflow.launch.eval_set import EvalSet
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.processes import LaunchError, LocalCluster, TaskHosts, TaskProcess, failure_report
 from psflow.launch.resilience import Resilience, ResilienceConfig, with_recovery_checkpoints
@@ -72,7 +74,6 @@ from psflow.train.evaluation import evaluate, parameters
 from psflow.train.faults import FaultInjection, task_config_json
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
-from psflow.train.worker import load_eval
 
 __all__ = ["run_local", "exactly_once_examples"]
 
@@ -148,6 +149,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
         if driver == "client":  # the in-graph client: reads the data, drives every worker
             lc.start_task("client", 0, config_path)
         model, variables = build_model(config, lc.cluster)
+        eval_set = EvalSet(config)  # read while the tasks start and train: evaluated once they are done
         # Not connected yet: watching (exits, restarts, chaos, progress) starts at once, so a task
         # that dies early is reported at once rather than after the connect timeout.
         client = ParameterClient(lc.cluster, variables.placements(), client_name="launcher", config=ConnectConfig(
@@ -162,7 +164,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
             train_seconds = time.monotonic() - started
             client.connect()
             page.set_phase("evaluating")
-            metrics = _finish(config, client, model, train_seconds, output_dir, driver, end=end)
+            metrics = _finish(config, client, model, train_seconds, output_dir, driver, end=end, eval_set=eval_set)
             ended = "finished"
             if bar is not None:
                 bar.close(metrics)  # the last line, from the final snapshot: this run's examples/s, the last loss
@@ -267,7 +269,7 @@ def _report_checkpoints(checkpoints: SaveStatusWatcher | None, client: Any, prog
 
 
 def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, output_dir: str,
-            driver: str, *, end: RunEnd) -> dict[str, Any]:
+            driver: str, *, end: RunEnd, eval_set: EvalSet) -> dict[str, Any]:
     """Every driver task exited 0: evaluates the model, then ends the run with its final snapshot (the ps
     tasks' ``Stats`` read after the evaluation, the workers' results, the ledger's last poll), written to
     metrics.json, status.json and metrics.prom; returns it."""
@@ -275,7 +277,7 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     for i in range(config.cluster.num_workers if driver == "worker" else 1):
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
             results.append(json.load(f))
-    eval_batch = load_eval(config)
+    eval_batch = eval_set.result()
     source = parameters(client, moving_averages=config.report.eval_moving_averages)
     evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
     if BACKUP_JOB in end.lc.cluster.jobs:  # replicated shards: each shard's primary answers for it
