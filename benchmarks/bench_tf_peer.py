@@ -477,7 +477,7 @@ def notes(meta: Run, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
          if meta.get("baseline") else "")
         + (f"1-minute load average before each run (2 cores; other jobs share the machine): {median_range(load, '{:.1f}')}. "
            if load else "")
-        + "Raw runs: `benchmarks/results/tf_peer.json`.",
+        + f"Raw runs: `benchmarks/results/{meta.get('section') or 'tf_peer'}.json`.",
     ]
 
 
@@ -499,6 +499,8 @@ def main() -> None:
     p.add_argument("--workdir", default=os.environ.get("TF_PEER_WORKDIR", "/tmp/tf_peer"), help="data and run scratch")
     p.add_argument("--run-timeout", type=float, default=600.0, help="seconds one harness run may take")
     p.add_argument("--no-write", action="store_true", help="print the table only (no RESULTS.md / JSON)")
+    p.add_argument("--section", default="tf_peer",
+                   help="the RESULTS.md section written, and results/<section>.json (default tf_peer; a new name keeps earlier ones)")
     p.add_argument("--report-only", action="store_true", help="rewrite the RESULTS.md section from benchmarks/results/tf_peer.json")
     args = p.parse_args()
     if args.child:
@@ -539,16 +541,16 @@ def main() -> None:
     meta = {"command": "benchmarks/bench_tf_peer.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine(), "psflow": label, "psflow_commit": commit, "repeats": args.repeats, "data": data,
             "formats": formats, "tf_window": args.tf_window, "sync_averaging": args.sync_averaging,
-            "psflow_transport": args.psflow_transport,
+            "psflow_transport": args.psflow_transport, "section": args.section,
             "baseline": f"{args.baseline_rev} = {baseline_commit[:10]}" if args.baseline_rev else None,
             "tf_version": next((r.get("tf_version") for k in runs for r in ok_runs(runs[k].get("tf", []))), None)}
     body = notes(meta, runs) + [""] + table(runs)
     print("\n".join(table(runs)))
     if not args.no_write:
         os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-        with open(os.path.join(HERE, "results", "tf_peer.json"), "w") as f:
+        with open(os.path.join(HERE, "results", f"{args.section}.json"), "w") as f:
             json.dump({"meta": meta, "runs": runs}, f, indent=1, default=float)
-        replace_section("tf_peer", "\n".join(body))
+        replace_section(args.section, "\n".join(body))
 
 
 def measure(args: argparse.Namespace, data: str, formats: list[str]) -> dict[str, dict[str, list[Run]]]:
