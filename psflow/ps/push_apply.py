@@ -148,7 +148,7 @@ class PushApplier:
         self.count(request, plan, applied)
         if step is not None and read_step is not None:
             self._counters.stale_by(step - 1 - read_step)
-        return PushReply(step, min_clock=self.wait_for_slowest(request) if wait else None)
+        return PushReply(step, min_clock=self.wait_for_slowest(request) if wait and mode == "ssp" else None)
 
     def _push_sync(self, request: PushRequest, plan: list[Planned]) -> PushReply:
         aggregator = self._mode.aggregator
