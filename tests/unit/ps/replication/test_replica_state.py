@@ -10,15 +10,24 @@ from replica_shard import assert_same_state
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
-from psflow.ps.protocol import PullRequest, PushRequest, RegisterRequest, ReplicaEntry, WorkerTag
+from psflow.ps.protocol import (
+    PartDelta,
+    PullRequest,
+    PushRequest,
+    RegisterRequest,
+    ReplicaEntry,
+    ReplicateRequest,
+    WorkerTag,
+)
 from psflow.ps.replication.applier import InOrderApplier
 from psflow.ps.replication.dedup import DedupTable
-from psflow.ps.replication.deltas import capture, capture_averages
+from psflow.ps.replication.deltas import capture, capture_averages, write
 from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
 from psflow.ps.replication.view import BACKUP, PRIMARY, View, ViewState
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import PreconditionFailed
+from psflow.rpc.api import InvalidRequest, PreconditionFailed
+from psflow.rpc.framing import decode, encode
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,14 +75,55 @@ def test_a_full_snapshot_then_row_deltas_leave_the_backup_bit_equal() -> None:
     assert_same_state(primary, backup)
 
 
+def test_row_deltas_through_the_wire_leave_the_backup_bit_equal() -> None:
+    """The stacked arrays of a row capture (``pack/value|slot/...``) framed, decoded and written."""
+    primary, backup = _service(), ParameterService(0, holds_global_step=True)
+    dedup, counts = DedupTable("p"), {"pushes_applied": 0}
+    write_entry(backup, DedupTable("b"), {}, full_entry(0, primary, dedup, counts))
+    for seq in range(1, 6):
+        request = _push(primary, seq)
+        store = primary.store
+        parts = [capture(store.get(key), rows, averages=False) for key, _, rows in request.grads]
+        entry = ReplicaEntry(seq, task_state(primary, dedup, counts), tuple(parts + capture_averages(store, set())))
+        frame = ReplicateRequest(1, "p", "b", ("b",), (entry,)).to_frame()
+        (received,) = ReplicateRequest.from_frame(decode(encode(frame.meta, frame.arrays))).entries
+        assert any(name.startswith("pack/") for delta in received.parts for name in delta.arrays)
+        write_entry(backup, DedupTable("b"), {}, received)
+    assert_same_state(primary, backup)
+
+
 def test_only_the_rows_a_push_wrote_are_copied() -> None:
     primary = _service()
     request = _push(primary, 1)
     part = primary.store.get("w/part_0")
     delta = capture(part, request.grads[0][2], averages=False)
     assert delta.rows is not None and delta.rows.tolist() == request.grads[0][2].tolist()  # type: ignore[union-attr]
-    assert set(delta.arrays) == {"value", *(f"slot/{name}" for name in part.slots)} and part.slots
-    assert all(array.shape == (2, 3) for array in delta.arrays.values())
+    # value and slots share dtype and row shape: one array of their rows, stacked (not one array each)
+    names = ["value", *(f"slot/{name}" for name in part.slots)]
+    assert list(delta.arrays) == ["pack/" + "|".join(names)] and part.slots
+    stacked = delta.arrays["pack/" + "|".join(names)]
+    assert stacked.shape == (len(names), 2, 3)
+    assert stacked[0].tobytes() == part.value[delta.rows].tobytes()
+    for i, name in enumerate(part.slots, 1):
+        assert stacked[i].tobytes() == part.slots[name][delta.rows].tobytes(), name
+    with_average = capture(part, request.grads[0][2])
+    assert list(with_average.arrays) == ["pack/" + "|".join([*names, "average"])]
+
+
+def test_a_stacked_array_that_does_not_fit_its_names_or_comes_without_rows_is_refused() -> None:
+    primary, backup = _service(), _service()
+    request = _push(primary, 1)
+    delta = capture(primary.store.get("w/part_0"), request.grads[0][2], averages=False)
+    (name, stacked), = delta.arrays.items()
+    before = backup.store.get("w/part_0").value.copy()
+    for bad in (PartDelta(delta.key, delta.rows, {name: stacked[:1]}),       # one array for two names
+                PartDelta(delta.key, None, {name: stacked}),                 # no rows
+                PartDelta(delta.key, delta.rows, {name: stacked[:, :1]})):   # one row for two row numbers
+        with pytest.raises(InvalidRequest, match="variable 'w' partition 0"):
+            write(backup.store, bad)
+    assert backup.store.get("w/part_0").value.tobytes() == before.tobytes()
+    write(backup.store, delta)
+    assert backup.store.get("w/part_0").value[delta.rows].tobytes() == stacked[0].tobytes()
 
 
 def test_the_applier_buffers_entries_that_arrive_early_and_ignores_old_ones() -> None:
