@@ -15,8 +15,8 @@
        chaos), printing a progress line (global step, examples/s, loss); its
        own client connects only after training, for evaluation;
     4. when every worker has exited 0: pulls the model, evaluates it on the
-       eval set (read meanwhile, from step 2 on, by a thread:
-       :mod:`psflow.launch.eval_set`), writes the run's final
+       eval set (read meanwhile, from step 2 on, by a thread of low CPU
+       priority: :mod:`psflow.launch.eval_set`), writes the run's final
        snapshot (``metrics.json``, ``status.json``, ``metrics.prom``:
        :mod:`psflow.launch.run_end`), asks the ps tasks to shut down;
     5. if any task exits non-zero, reads the run's numbers while the ps tasks
