@@ -22,8 +22,13 @@ A :class:`~psflow.ps.protocol.PartDelta` names its arrays:
   For a 100,000-row table (dim 8, Adagrad) a push touching 1,000 ids sends about 100 KB of rows where
   the whole table took 8.8 MB (tests/unit/ps/replication/test_table_rows.py measures it).
 
+A backup that holds several entries not yet written writes each partition's deltas of them coalesced
+(:func:`coalesce`): a delta holds the rows' whole state after its change, so of rows written by several deltas
+only the newest version is written, and a whole array written again later is written once.
+
 Guarantees: :func:`capture` reads each partition under its lock (a whole update, never half of one) and
-returns copies; :func:`write` writes them under the partition's lock. Capturing rows ``R`` of the primary's
+returns copies; :func:`write` writes them under the partition's lock. Writing :func:`coalesce`'s deltas leaves
+a partition bit-equal to writing the deltas given, in order. Capturing rows ``R`` of the primary's
 partition and writing them on a backup whose partition has the same shape makes those rows bit-equal. A
 dynamic table's captures, written in the order they were taken, leave the backup's table with the
 primary's rows, slots and metadata as of the newest.
@@ -37,10 +42,15 @@ from psflow.ps.protocol import PartDelta
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.rpc.api import InvalidRequest
 
-__all__ = ["capture", "capture_averages", "capture_table", "write"]
+__all__ = ["capture", "capture_averages", "capture_table", "coalesce", "write"]
 
 _VALUE, _AVERAGE, _SLOT, _TABLE, _ROWS, _MARKS = "value", "average", "slot/", "table/", "rows/", "marks"
 _PACK, _PACKED = "pack/", "|"  # "pack/value|slot/accumulator": those arrays' rows, stacked
+#: Deltas of rows are merged (:func:`coalesce`) only while they carry this many rows each on average at most:
+#: the merge sorts the rows, which costs more than it saves for a push of many rows that seldom repeat (sparse
+#: LR's ~20,000 of 2^20 per push), and saves the per-write work of partitions written a few hundred rows at a
+#: time (W&D's 52 tables; profile_replica_push.py).
+_MERGE_ROWS = 2048
 
 
 def capture(part: PartitionState, rows: np.ndarray | None, *, averages: bool = True) -> PartDelta:
@@ -100,6 +110,89 @@ def capture_averages(store: ParameterStore, skip: set[str]) -> list[PartDelta]:
             with part.lock:
                 out.append(PartDelta(part.key, None, {_AVERAGE: part.average.copy()}))
     return out
+
+
+def coalesce(deltas: list[PartDelta]) -> list[PartDelta]:
+    """Deltas of one partition, in the order written, as fewer deltas whose writing, in order, leaves the
+    partition bit-equal: a whole write of arrays (no rows) drops the earlier deltas whose arrays it rewrites;
+    consecutive deltas of rows that carry the same arrays become one, of each row its newest version. A dynamic
+    table's deltas, and deltas that do not fit each other (or the partition: :func:`write` names the error),
+    are kept as they are."""
+    out: list[PartDelta] = []
+    runs: list[list[PartDelta]] = []  # out's items as runs of deltas of rows to merge (one delta: as it is)
+    for delta in deltas:
+        if _is_table(delta):
+            runs.append([delta])
+            continue
+        if delta.rows is None:
+            written = set(delta.arrays)
+            runs = [run for run in runs if _is_table(run[0]) or not _rewrites(written, run[0])]
+            runs.append([delta])
+            continue
+        if runs and runs[-1][0].rows is not None and not _is_table(runs[-1][0]) and _fits(runs[-1][-1], delta):
+            runs[-1].append(delta)
+        else:
+            runs.append([delta])
+    for run in runs:
+        if len(run) > 1 and sum(len(d.rows) for d in run if d.rows is not None) <= _MERGE_ROWS * len(run):
+            out.append(_merged(run))
+        else:
+            out.extend(run)
+    return out
+
+
+def _is_table(delta: PartDelta) -> bool:
+    return any(k.startswith((_TABLE, _ROWS)) for k in delta.arrays)
+
+
+def _rewrites(written: set[str], earlier: PartDelta) -> bool:
+    """Whether a whole write of the arrays ``written`` leaves nothing of ``earlier`` (a delta before it, not
+    of a dynamic table): every array ``earlier`` writes is among them; marks only where ``written`` has marks
+    or the value (a whole write of the value marks every row built)."""
+    names: set[str] = set()
+    for name in earlier.arrays:
+        names.update(name[len(_PACK):].split(_PACKED) if name.startswith(_PACK) else (name,))
+    if _MARKS in names and _MARKS not in written and _VALUE not in written:
+        return False
+    return (names - {_MARKS}) <= written
+
+
+def _fits(a: PartDelta, b: PartDelta) -> bool:
+    """Whether deltas of rows ``a`` and ``b`` can be merged: the same arrays (dtype, shape past the rows),
+    rows as one axis, no marks, each array as many rows as its delta's row numbers."""
+    rows_a, rows_b = a.rows, b.rows
+    if a.arrays.keys() != b.arrays.keys() or _MARKS in a.arrays or rows_a is None or rows_b is None:
+        return False
+    if any(r.ndim != 1 or r.dtype.kind not in "iu" for r in (rows_a, rows_b)):
+        return False
+    for name, x in a.arrays.items():
+        y, axis = b.arrays[name], 1 if name.startswith(_PACK) else 0
+        if x.dtype != y.dtype or x.ndim != y.ndim:
+            return False
+        if x.ndim and (x.ndim <= axis or x.shape[:axis] != y.shape[:axis] or x.shape[axis + 1:] != y.shape[axis + 1:]
+                       or x.shape[axis] != len(rows_a) or y.shape[axis] != len(rows_b)):
+            return False
+    return True
+
+
+def _merged(run: list[PartDelta]) -> PartDelta:
+    """One delta for deltas of rows ``run`` (in order; :func:`_fits` each the next): of each row its newest
+    version (the last delta's that wrote it), the rows sorted; a 0-d array, the last delta's."""
+    rows = np.concatenate([d.rows for d in run if d.rows is not None])
+    order = np.argsort(rows, kind="stable")  # equal rows keep the order of their deltas: the newest is last
+    ordered = rows[order]
+    newest = np.empty(len(ordered), np.bool_)
+    np.not_equal(ordered[1:], ordered[:-1], out=newest[:-1])
+    newest[-1:] = True
+    picked = order[newest]
+    arrays: dict[str, np.ndarray] = {}
+    for name, last in run[-1].arrays.items():
+        if last.ndim == 0:
+            arrays[name] = last
+            continue
+        axis = 1 if name.startswith(_PACK) else 0
+        arrays[name] = np.take(np.concatenate([d.arrays[name] for d in run], axis=axis), picked, axis=axis)
+    return PartDelta(run[0].key, ordered[newest], arrays)
 
 
 def write(store: ParameterStore, delta: PartDelta) -> None:

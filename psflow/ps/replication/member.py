@@ -62,7 +62,7 @@ from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deposed import Deposal
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
 from psflow.ps.replication.register_call import replicated_register
-from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
+from psflow.ps.replication.snapshot import full_entry, task_state, write_entries, write_entry
 from psflow.ps.replication.startup import find_place, rebuild, rebuild_unwritten
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
 from psflow.ps.replication.view_checks import refuse_drop, refuse_promotion
@@ -132,7 +132,7 @@ class ShardReplication:
         self.deposal = Deposal(self.task, self.shard)
         self.dedup = DedupTable(self.task)
         self.counts = {"pushes_applied": 0}
-        self.applier, self.chunks = InOrderApplier(self._write), ChunkAssembler()
+        self.applier, self.chunks = InOrderApplier(self._write, self._write_many), ChunkAssembler()
         self.forwarder: Forwarder | None = None
         self.channels = MemberChannels(config.cluster, token=config.token, tls=config.tls, transport=config.transport,
                                        status_timeout=config.status_timeout, replica_timeout=config.replica_timeout,
@@ -287,7 +287,7 @@ class ShardReplication:
         self.view.check_entries(request.epoch, request.primary)
         entries = self.chunks.whole(request.entries)  # a chunked entry: once its last chunk is here
         # Over a carrier that runs work after the reply (tcp), entries that continue what it holds are written
-        # after it; else (gRPC, a snapshot, a gap) now.
+        # after it, several together (applier.py); else (gRPC, a snapshot, a gap) now.
         if after_reply.deferrable() and (promised := self.applier.promise(entries)) is not None:
             after_reply.defer(lambda: self.applier.apply_promised(entries, lambda e: rebuild_unwritten(self, e)))
         else:
@@ -299,6 +299,9 @@ class ShardReplication:
 
     def _write(self, entry: ReplicaEntry) -> None:
         write_entry(self.service, self.dedup, self.counts, entry)
+
+    def _write_many(self, entries: list[ReplicaEntry]) -> None:
+        write_entries(self.service, self.dedup, self.counts, entries)
 
     # ---- view changes -----------------------------------------------------------------------------
     def promote(self, frame: Frame) -> Reply:

@@ -2,7 +2,8 @@
 its reply (issue 28's cost: the write leaves the push's round trip; psflow/ps/replication/applier.py's
 promise). What must not move: a promoted backup holds every acknowledged push bit for bit (a Promote waits
 for the writes), so does what a backup's SaveShard returns, and a backup that could not write an entry it
-acknowledged stops counting as holding the state and rebuilds from the primary."""
+acknowledged stops counting as holding the state and rebuilds from the primary. The entries are written
+together, coalesced, every ``COALESCE`` of them or at the first read (applier.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from psflow.ps.protocol import (
     SaveShardRequest,
     WorkerTag,
 )
+from psflow.ps.replication.applier import COALESCE
 from psflow.ps.sync import SyncConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -37,6 +39,13 @@ def _grads(push_id: int) -> PushRequest:
 
 
 def _same(shard: InProcessShard, member: str) -> bool:
+    """Whether ``member`` holds the primary's state once it wrote what it acknowledged (as a read sees it)."""
+    assert shard.replicas[member].applier.settle(10)
+    return _written_equal(shard, member)
+
+
+def _written_equal(shard: InProcessShard, member: str) -> bool:
+    """Whether what ``member`` wrote so far equals the primary's state."""
     primary, other = shard.services[PRIMARY], shard.services[member]
     for part in primary.store.partitions():
         theirs = other.store.get(part.key)
@@ -67,10 +76,15 @@ def test_a_push_is_acknowledged_before_the_backup_writes_it_and_written_after(
     shard.after_reply_held = True
     reply = shard.push(PRIMARY, _grads(4))
     assert reply.step == 4  # acknowledged: the backup received it
-    assert applier.received_seq > applier.applied_seq and not _same(shard, BACKUP)  # not written yet
+    assert applier.received_seq > applier.applied_seq and not _written_equal(shard, BACKUP)  # not written yet
     shard.after_reply_held = False
     assert shard.run_after_reply(BACKUP) == 1
-    assert applier.received_seq == applier.applied_seq and _same(shard, BACKUP)
+    for push_id in range(5, 4 + COALESCE - 1):  # handed over, kept to be written with the next ones
+        assert applier.received_seq > applier.applied_seq and not _written_equal(shard, BACKUP)
+        shard.push(PRIMARY, _grads(push_id))
+    assert applier.received_seq > applier.applied_seq
+    shard.push(PRIMARY, _grads(4 + COALESCE - 1))  # the COALESCE-th: all written, with no read asking
+    assert applier.received_seq == applier.applied_seq and _written_equal(shard, BACKUP)
 
 
 def test_a_promotion_waits_for_the_writes_of_every_acknowledged_entry(
@@ -79,7 +93,7 @@ def test_a_promotion_waits_for_the_writes_of_every_acknowledged_entry(
     shard.after_reply_held = True
     for push_id in (4, 5):
         shard.push(PRIMARY, _grads(push_id))
-    assert not _same(shard, BACKUP)
+    assert not _written_equal(shard, BACKUP)
     primary_state = {p.key: (p.value.copy(), {n: s.copy() for n, s in p.slots.items()})
                      for p in shard.services[PRIMARY].store.partitions()}
     shard.cut.add(PRIMARY)  # the primary died; the writes are still to come
@@ -111,20 +125,25 @@ def test_a_backup_that_cannot_write_an_acknowledged_entry_rebuilds_from_the_prim
         make_shard: Callable[..., InProcessShard]) -> None:
     shard = _shard(make_shard)
     member = shard.replicas[BACKUP]
-    write, failed = member.applier._apply, list[int]()
+    write, failed = member.applier._apply_many, list[int]()
 
-    def failing(entry: ReplicaEntry) -> None:
-        if not failed and not entry.full:
-            failed.append(entry.seq)
+    def failing(entries: list[ReplicaEntry]) -> None:
+        if not failed and not any(e.full for e in entries):
+            failed.append(entries[0].seq)
             raise RuntimeError("disk on fire (test)")
-        write(entry)
-    member.applier._apply = failing
+        write(entries)
+    member.applier._apply_many = failing
+    member.applier._apply = lambda entry: failing([entry])
     shard.after_reply_held = True
+    first = member.applier.applied_seq + 1
     shard.push(PRIMARY, _grads(4))  # acknowledged, then its write fails
+    shard.push(PRIMARY, _grads(5))
     rejoin = threading.Event()  # its Join waits until the test looked (else it may be back in the view first)
     shard.held_requests[(PRIMARY, JoinRequest.METHOD)] = rejoin
     shard.run_after_reply(BACKUP)
-    assert failed and not member.has_state  # never promoted with a state that lacks an acknowledged push
+    assert not failed, failed  # not written yet
+    member.applier.settle(5)  # a read: the two entries written together, which fails
+    assert failed == [first] and not member.has_state  # never promoted with a state that lacks an acknowledged push
     del shard.held_requests[(PRIMARY, JoinRequest.METHOD)]
     rejoin.set()
     shard.after_reply_held = False
