@@ -61,7 +61,7 @@ from psflow.launch.run_end import RunEnd
 from psflow.launch.run_status import LauncherStatus
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
-from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
+from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.final_snapshot import resumed_from
 from psflow.status.progress import Progress, progress_total
@@ -172,6 +172,8 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
                 client.shutdown_servers()
                 if replicas:
                     _shut_down_members(lc)
+                if driver == "client":
+                    _shut_down_step_servers(lc)
                 deadline = time.monotonic() + 5.0
                 for t in lc.tasks:
                     try:
@@ -252,6 +254,26 @@ def _shut_down_members(lc: LocalCluster) -> None:
         if name not in running:
             continue
         channel = TaskChannel(name, address, PARAMETER_SERVICE, connect)
+        try:
+            channel.call("Shutdown", timeout=1.0)
+        except RpcError as e:
+            log.debug("%s: shutdown: %s", name, e)
+        finally:
+            channel.close()
+
+
+def _shut_down_step_servers(lc: LocalCluster) -> None:
+    """(In-graph runs, the client finished) asks every worker task still running to stop serving ``RunStep``:
+    nothing else ends them (the client stopped only the ps tasks), and the caller waits up to 5 s for every
+    task to exit before the rest are stopped by SIGTERM. A worker that does not answer is stopped with the
+    others (``LocalCluster.stop_all``). Never raises."""
+    connect = ConnectConfig(connect_timeout=1.0, rpc_timeout=1.0, token=lc.token)
+    running = {t.name for t in lc.tasks if t.exit_code is None and t.popen.poll() is None}
+    for i in lc.cluster.task_indices("worker"):
+        name = f"/job:worker/task:{i}"
+        if name not in running:
+            continue
+        channel = TaskChannel(name, lc.cluster.task_address("worker", i), WORKER_SERVICE, connect)
         try:
             channel.call("Shutdown", timeout=1.0)
         except RpcError as e:

@@ -118,6 +118,11 @@ def test_the_client_checkpoints_writes_the_chiefs_summaries_and_reports_the_last
     assert [s for s, _ in logged] == list(range(1, 1019))
     assert f"{metrics['last_step_loss']:.4f}" == logged[-1][1]
     assert scalars["train/loss"][-1][0] == 1018 and f"{scalars['train/loss'][-1][1]:.4f}" == logged[-1][1]
+    # The worker tasks were told the run is over (Shutdown) and exited 0, rather than waited for and then
+    # stopped by SIGTERM, as the ps tasks are.
+    for i in range(2):
+        log = (out / "logs" / f"worker-{i}.log").read_text()
+        assert "SIGTERM" not in log and f"/job:worker/task:{i}: stopped" in log, log[-2000:]
 
     # A second run on a copy of the checkpoints, two epochs: the client restores the newest at start and
     # trains the second epoch only.
