@@ -19,7 +19,8 @@ Each run is bench_tf_peer_wd.py's ``--user-defaults`` command (the command a use
 alternated (order flipped every other pair), shapes interleaved. Reported per pair as B / A (or off / default):
 the ps tasks' peak RSS (VmHWM), the one-epoch rate from "initialized the variables" (the first steps' page
 faults are in it), the rate after the first logged step >= 40 (steady), end to end (the command's wall time)
-and the command's CPU seconds (every process it waited for). Writes ``--json-out``.
+and the command's CPU seconds (every process it waited for). ``--psflow-extra '--epochs 3'`` puts the steady
+window mostly in epochs 2 and 3, where no row is new. Writes ``--json-out``.
 """
 
 from __future__ import annotations
@@ -86,10 +87,11 @@ def main() -> None:
     p.add_argument("--psflow-rev", default="HEAD", help="the revision of the numpy on/off comparison")
     p.add_argument("--baseline-rev", help="compare psflow at this revision (A) with --rev (B) instead")
     p.add_argument("--rev", default="HEAD", help="the measured revision, with --baseline-rev")
+    p.add_argument("--psflow-extra", default="", help="flags added to the command (e.g. '--epochs 3': the last wins)")
     p.add_argument("--run-timeout", type=float, default=600.0)
     p.add_argument("--json-out", default=os.path.join(HERE, "results", "wd_hugepage_issue29.json"))
     args = p.parse_args()
-    args.user_defaults, args.psflow_extra = True, ""
+    args.user_defaults = True
     args.data = os.path.join(args.workdir, "data", "ctr_wd")
     pair_sides = sides(args)
     os.makedirs(os.path.join(args.workdir, "runs_wd"), exist_ok=True)
