@@ -263,6 +263,7 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     faults = FaultInjection(step_delay={1: 0.1})
     host, name = f"{victim[0]}{victim[1]}", f"/job:{victim[0]}/task:{victim[1]}"
     worker_log = out / "logs" / "worker-1.log"
+    victim_log = out / "logs" / f"{victim[0]}-{victim[1]}.log"
     cut_error: list[BaseException] = []
     cut_at: list[float] = []
 
@@ -271,7 +272,13 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
             _wait_for("worker 1's first step", _log_has(worker_log, "step="), timeout=120)
             cut_at.append(time.time())
             lab.cut(host)
-            time.sleep(2 * health.detection_bound)
+            # Healed once the victim was killed and its replacement started (a second "serving at" in its
+            # log: it was killed by then), and at the latest after twice the liveness bound: the rest of the
+            # cut, on a dead link, only delayed the replacement's rejoining.
+            heal_by = cut_at[0] + 2 * health.detection_bound
+            _wait_for("the victim's replacement, or twice the liveness bound", lambda: time.time() >= heal_by or (
+                victim_log.exists() and victim_log.read_text(errors="replace").count(" serving at ") >= 2),
+                timeout=2 * health.detection_bound + 60)
             lab.heal(host)
         except BaseException as e:  # reported by the test below
             cut_error.append(e)
