@@ -518,7 +518,12 @@ def test_a_cut_off_shard_primary_is_replaced_and_deposed(make_lab: Callable[[lis
             _wait_for("pb1 promoted to shard 1's primary", is_("pb1", "primary", 2, "pb1"),
                       timeout=2 * failover_bound, logs=(*trainer_logs, logs["pb1"]))
             promoted_after = time.monotonic() - cut_at
-            time.sleep(max(0.0, cut_at + 2 * failover_bound - time.monotonic()))
+            # Still cut until every trainer routes shard 1 to pb1 (each failed over while ps1 was unreachable),
+            # and at the latest for twice the failover bound, as the cut always lasted.
+            heal_by = cut_at + 2 * failover_bound
+            _wait_for("every trainer routing to pb1, or twice the failover bound", lambda: time.monotonic() >= heal_by
+                      or all(_log_has(log, f"ps shard 1 routes to {tasks['pb1']} at epoch 2")() for log in trainer_logs),
+                      timeout=2 * failover_bound + 60)
         finally:
             lab.heal("ps1")
         # (the first unanswered call may have been sent a little before the cut)
