@@ -22,7 +22,9 @@ Workloads (gradients drawn once, at random, with the shapes of the real ones):
 ``--profile OUT.prof`` runs cProfile over one more block of replicated pushes and prints its top functions.
 ``--stages`` instead times each stage of one entry apart (no Replicate call; a primary's service and a
 backup's, one entry per push): the push's apply, the capture of its rows, the small state (and its JSON
-size), the request's ``to_frame``, ``encode``, ``decode``, ``from_frame``, and the backup's write.
+size), the request's ``to_frame``, ``encode``, ``decode``, ``from_frame``, and the backup's write; beside it
+("write coalesced"), the same entries written on a second backup as a backup over the TCP carrier writes
+them, ``COALESCE`` at a time (:func:`~psflow.ps.replication.snapshot.write_entries`), per push.
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.protocol import PushReply, PushRequest, RegisterRequest, ReplicaEntry, ReplicateRequest, WorkerTag
 from psflow.ps.replication import ReplicationConfig, ShardReplication
+from psflow.ps.replication.applier import COALESCE
 from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deltas import capture
-from psflow.ps.replication.snapshot import full_entry, task_state, write_entry
+from psflow.ps.replication.snapshot import full_entry, task_state, write_entries, write_entry
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import Handler, Refusal, dispatch
@@ -175,8 +178,11 @@ def stages(workload: str, pushes: int) -> None:
     primary.register(layout(workload).to_frame())
     dedup, counts, backup_dedup = DedupTable(PRIMARY), {"pushes_applied": 0}, DedupTable(BACKUP)
     write_entry(backup, backup_dedup, {}, full_entry(0, primary, dedup, counts))
+    coalescing, coalescing_dedup = ParameterService(0, holds_global_step=True), DedupTable(BACKUP)
+    write_entry(coalescing, coalescing_dedup, {}, full_entry(0, primary, dedup, counts))
+    waiting: list[ReplicaEntry] = []
     names = ("apply", "capture", "small state", "to_frame", "encode", "decode", "from_frame", "write")
-    spent = dict.fromkeys(names, 0.0)
+    spent = dict.fromkeys((*names, "write coalesced"), 0.0)
     state_bytes = 0
     side = Side(WireChannel(PRIMARY, {}), True, grads)
     for n in range(1, pushes + 21):
@@ -202,14 +208,28 @@ def stages(workload: str, pushes: int) -> None:
         marks.append(time.process_time())
         write_entry(backup, backup_dedup, {}, entry)
         marks.append(time.process_time())
+        waiting.append(entry)
+        if len(waiting) == COALESCE:
+            began = time.process_time()
+            write_entries(coalescing, coalescing_dedup, {}, waiting)
+            if n > 20:
+                spent["write coalesced"] += time.process_time() - began
+            waiting = []
         if n > 20:  # after a warm-up
             for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
                 spent[name] += b - a
             state_bytes = len(json.dumps(state, separators=(",", ":")))
     print(f"{workload}: one entry of {len(frame.arrays)} arrays, {len(data):,} bytes, its small state {state_bytes:,} "
           f"bytes of JSON; CPU ms per push, {pushes} pushes:")
-    for name in names:
+    for name in (*names, "write coalesced"):
         print(f"  {name:12s} {spent[name] / pushes * 1e3:.3f}")
+    if waiting:
+        write_entries(coalescing, coalescing_dedup, {}, waiting)
+    for key in primary.variables.partitions.keys():  # the coalesced backup ends as the one written entry by entry
+        mine, theirs = coalescing.variables.part(key), backup.variables.part(key)
+        if mine.value.tobytes() != theirs.value.tobytes() or any(
+                mine.slots[k].tobytes() != theirs.slots[k].tobytes() for k in theirs.slots):
+            raise SystemExit(f"{key}: the coalesced write differs from the writes one by one")
 
 
 def main() -> None:
