@@ -1,4 +1,4 @@
-"""A W&D-shaped ps store's step cost and memory with huge pages, small pages, and psflow's small-then-huge pages.
+"""A W&D-shaped ps store's step cost and memory with huge pages, small pages, and small pages then collapsed.
 
     .venv/bin/python benchmarks/bench_lazy_pages.py [--rounds 3] [--steps 782] [--out FILE.json]
 
@@ -17,15 +17,15 @@ Modes, each in a fresh process, alternated in order every round:
 - ``huge``: numpy's default for the lazy arrays and the row marks (``MADV_HUGEPAGE`` from numpy, psflow's
   behaviour before 178668d), by undoing psflow's small-page advice right after creation;
 - ``small``: psflow's small pages (``MADV_NOHUGEPAGE``);
-- ``psflow``: psflow as it is: small pages, and a table whose 4 KiB pages hold a built row in
-  ``HUGE_PAGES_AT`` (0.9) of them or more goes back to huge pages, collapsed at once (``MADV_COLLAPSE``,
-  Linux 6.1+; psflow/ps/lazy_rows.py); the seconds its switches took are reported.
+- ``collapse``: small pages, and after the first ``--steps`` steps every table whose touched 4 KiB pages are
+  ``--collapse-at`` (0.9) of its pages or more is advised ``MADV_HUGEPAGE`` and collapsed (``MADV_COLLAPSE``,
+  Linux 6.1+) into huge pages: what a hybrid would do; its seconds are reported.
 
-``huge`` and ``small`` set ``psflow.ps.lazy_rows.HUGE_PAGES_AT`` above 1 (no switch). At 0894fc2, before psflow
-switched, this script's third mode (``collapse``) did the switch itself between the two windows
-(benchmarks/results/lazy_pages_issue29.json): the measurement that decided it.
+Reported per mode: RSS after the first window, CPU s of each window, the collapse's seconds.
 
-Reported per mode: RSS after the first window, CPU s of each window, the seconds psflow's switches took.
+psflow did the ``collapse`` switch itself at 44b5ea2 (as soon as a table passed 0.9; that revision's version of
+this script measured it as mode ``psflow``) and dropped it at the next commit: benchmarks/RESULTS.md, section
+``wd_small_pages``.
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ import numpy as np
 
 ROWS = 1 << 20
 BATCH = 512
-MODES = ("huge", "small", "psflow")
+MODES = ("huge", "small", "collapse")
 # Distinct values of the 26 categorical fields in /tmp/tf_peer/data/ctr_wd/train-*.tsv.
 W_AND_D_VOCAB = (4, 6, 10, 15, 23, 35, 54, 83, 128, 197, 303, 467, 720, 1111, 1712, 2605, 4036, 5967, 8377, 9633,
                  9657, 13580, 16875, 19717, 20946, 27219)
-_MADV_HUGEPAGE = 14
+_MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
 
 
 def _madvise(array: np.ndarray, advice: int) -> int:
@@ -70,28 +70,12 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_mode(mode: str, steps: int, steady_steps: int, vocab: list[int], seed: int) -> dict[str, Any]:
+def run_mode(mode: str, steps: int, steady_steps: int, vocab: list[int], collapse_at: float,
+             seed: int) -> dict[str, Any]:
     """One mode in this process: the store, a window of ``steps`` steps and one of ``steady_steps``, the figures."""
-    import psflow.ps.lazy_rows as lazy_rows
     from psflow.optim import OptimizerSpec
     from psflow.ps.optimizers import make_optimizer
     from psflow.ps.store import ParameterStore
-
-    switch_s = [0.0, 0]
-    if mode == "psflow":
-        huge_pages = lazy_rows.use_huge_pages
-
-        def timed(array: np.ndarray) -> bool:
-            t = time.perf_counter()
-            try:
-                return huge_pages(array)
-            finally:
-                switch_s[0] += time.perf_counter() - t
-                switch_s[1] += 1
-
-        lazy_rows.use_huge_pages = timed  # type: ignore[assignment]
-    else:
-        lazy_rows.HUGE_PAGES_AT = 2.0  # never: these modes keep one page size
 
     store = ParameterStore()
     adagrad = make_optimizer(OptimizerSpec("adagrad", {"learning_rate": 0.05}))
@@ -126,12 +110,25 @@ def run_mode(mode: str, steps: int, steady_steps: int, vocab: list[int], seed: i
 
     first = window(0, steps)
     rss_first = _rss_mib()
+    collapse_s, collapsed = 0.0, 0
+    if mode == "collapse":
+        t = time.perf_counter()
+        for p in parts:
+            per_page = max(1, 4096 // (p.value.itemsize * (p.value.shape[1] if p.value.ndim > 1 else 1)))
+            marks = p.lazy.marks if p.lazy is not None else np.ones(p.value.shape[0], np.bool_)
+            touched = marks[: marks.size // per_page * per_page].reshape(-1, per_page).any(axis=1).mean()
+            if touched >= collapse_at:
+                collapsed += 1
+                for a in (p.value, *p.slots.values()):
+                    _madvise(a, _MADV_HUGEPAGE)
+                    _madvise(a, _MADV_COLLAPSE)
+        collapse_s = time.perf_counter() - t
     steady = window(steps, steady_steps)
     with open("/proc/self/smaps_rollup") as f:
         huge = next(int(line.split()[1]) for line in f if line.startswith("AnonHugePages:")) / 1024
     return {"mode": mode, "first_window_cpu_s": first, "steady_window_cpu_s": steady, "rss_mib_after_first": rss_first,
-            "rss_mib_end": _rss_mib(), "anon_huge_mib_end": huge, "switch_s": switch_s[0],
-            "arrays_switched": switch_s[1]}
+            "rss_mib_end": _rss_mib(), "anon_huge_mib_end": huge, "collapse_s": collapse_s,
+            "tables_collapsed": collapsed}
 
 
 def main() -> None:
@@ -139,33 +136,34 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=782, help="steps a window (782: one W&D epoch of 2 workers' pulls)")
     p.add_argument("--steady-steps", type=int, default=3128, help="steps of the steady window (4 epochs)")
+    p.add_argument("--collapse-at", type=float, default=0.9)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--out")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(run_mode(args.child, args.steps, args.steady_steps, list(W_AND_D_VOCAB), 0)))
+        print(json.dumps(run_mode(args.child, args.steps, args.steady_steps, list(W_AND_D_VOCAB), args.collapse_at, 0)))
         return
     modes = [m for m in args.modes.split(",") if m]
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in (modes if r % 2 == 0 else modes[::-1]):
             child = [sys.executable, __file__, "--child", mode, "--steps", str(args.steps),
-                     "--steady-steps", str(args.steady_steps)]
+                     "--steady-steps", str(args.steady_steps), "--collapse-at", str(args.collapse_at)]
             out = subprocess.run(child, capture_output=True, text=True, check=True, timeout=1800).stdout
             got = dict(json.loads(out.strip().splitlines()[-1]), loadavg_1min_before=os.getloadavg()[0])
             runs[mode].append(got)
             print(f"round {r} {mode}: {got}", file=sys.stderr, flush=True)
     base = runs[modes[0]]
     print("| mode | first window CPU s | steady window CPU s | steady / " + modes[0] + " per round | RSS MiB after "
-          "the first window | huge-page MiB at the end | switch s (arrays) |\n|---|---|---|---|---|---|---|")
+          "the first window | huge-page MiB at the end | collapse s (tables) |\n|---|---|---|---|---|---|---|")
     for m in modes:
         rs = runs[m]
         med = {k: statistics.median(x[k] for x in rs) for k in rs[0] if k != "mode"}
         ratios = ", ".join(f"{x['steady_window_cpu_s'] / b['steady_window_cpu_s']:.2f}" for x, b in zip(rs, base, strict=True))
         print(f"| {m} | {med['first_window_cpu_s']:.2f} | {med['steady_window_cpu_s']:.2f} | {ratios} | "
-              f"{med['rss_mib_after_first']:,.0f} | {med['anon_huge_mib_end']:,.0f} | {med['switch_s']:.3f} "
-              f"({med['arrays_switched']:.0f}) |")
+              f"{med['rss_mib_after_first']:,.0f} | {med['anon_huge_mib_end']:,.0f} | {med['collapse_s']:.3f} "
+              f"({med['tables_collapsed']:.0f}) |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": "benchmarks/bench_lazy_pages.py " + " ".join(sys.argv[1:]), "runs": runs}, f, indent=1)

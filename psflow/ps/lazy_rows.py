@@ -33,7 +33,6 @@ cheap. Thread safety: the caller holds the partition's lock around every method 
 
 from __future__ import annotations
 
-import mmap
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,10 +41,10 @@ import numpy as np
 
 from psflow.native.loader import load_extension
 from psflow.ps.initializers import initial_rows
-from psflow.ps.memory import use_huge_pages, use_small_pages
+from psflow.ps.memory import use_small_pages
 from psflow.ps.optimizers import Optimizer
 
-__all__ = ["HUGE_PAGES_AT", "LAZY_MIN_BYTES", "LazyRows", "lazy_eligible", "unbuilt_array"]
+__all__ = ["LAZY_MIN_BYTES", "LazyRows", "lazy_eligible", "unbuilt_array"]
 
 #: Partitions whose value takes at least this many bytes are created lazily. At the ~70 MB/s an eager
 #: random initialization runs at (value, slots), 1 MiB costs ~15-30 ms of start-up: below it laziness
@@ -53,18 +52,8 @@ __all__ = ["HUGE_PAGES_AT", "LAZY_MIN_BYTES", "LazyRows", "lazy_eligible", "unbu
 #: and up) is above it, every dense layer of the built-in models below.
 LAZY_MIN_BYTES = 1 << 20
 
-#: A lazy partition whose 4 KiB pages hold a built row in this fraction or more goes back to huge pages
-#: (:func:`psflow.ps.memory.use_huge_pages`): committing the rest of its pages costs at most ~1/9 more
-#: memory, and random row access then misses the TLB less. Measured with benchmarks/bench_lazy_pages.py
-#: (issue 29's W&D ps state; 14 of its 52 tables pass 0.9 in an epoch): the steady step's CPU in small
-#: pages was 1.12x (0.98-1.20x) that in huge pages, after the switch 1.01x (0.87-1.30x), for +14 MiB of
-#: 886 and 0.35 s of collapsing once.
-HUGE_PAGES_AT = 0.9
-
 #: Rows materialized (or substituted) at a time by the whole-partition paths: bounds their temporaries.
 _CHUNK_ELEMENTS = 1 << 18
-
-_PAGE = mmap.PAGESIZE
 
 #: The C loop that finds and marks a request's rows not built yet (``psflow.ps._kernels.first_touch``), or
 #: None: numpy's mark test and ``np.unique`` then (the same rows, sorted instead of in order of appearance).
@@ -111,11 +100,6 @@ class LazyRows:
     def __post_init__(self) -> None:
         self.marks = np.zeros(self.rows, dtype=np.bool_)  # one byte a row, committed as rows are touched
         self.count = 0  # rows marked
-        row_bytes = int(np.prod(self.full_shape[1:], dtype=np.int64)) * np.dtype(self.dtype).itemsize
-        self._rows_per_page = max(1, _PAGE // max(1, row_bytes))
-        self._pages = max(1, self.rows // self._rows_per_page)
-        # The count at which the page check runs next (settle_pages); None: the arrays are in huge pages.
-        self._next_check: int | None = 1 + self._pages // 16
 
     @property
     def complete(self) -> bool:
@@ -168,34 +152,6 @@ class LazyRows:
             self._write_chunks(new, value, slots, average)
             self.marks[new] = True
         self.count += int(new.size)
-        if self._next_check is not None and self.count >= self._next_check:
-            self.settle_pages(value, slots, average)
-
-    def settle_pages(self, value: np.ndarray, slots: Mapping[str, np.ndarray], average: np.ndarray | None) -> None:
-        """Puts ``value``/``slots``/``average`` back in huge pages once :data:`HUGE_PAGES_AT` of their pages
-        hold a built row; else schedules the next check (after ``max(pages / 16, count / 8)`` more rows: a
-        few dozen checks in a table's life, each a pass over the marks, ~0.1 ms for 2^20 rows). Blocks for
-        the collapse (:func:`psflow.ps.memory.use_huge_pages`) once, under the caller's partition lock."""
-        if self._next_check is None:
-            return
-        if self._touched_pages() < HUGE_PAGES_AT and not self.complete:
-            self._next_check = self.count + max(self._pages // 16, self.count // 8, 1)
-            return
-        self._next_check = None
-        for array in (value, *slots.values(), *(() if average is None else (average,))):
-            use_huge_pages(array)
-
-    def _touched_pages(self) -> float:
-        """The fraction of the partition's whole pages (of its value's rows; the slots' follow) holding a built
-        row, from the marks: pages counted from row 0, a close approximation of the array's real pages."""
-        per_page = self._rows_per_page
-        whole = self.rows // per_page * per_page
-        if not whole:
-            return 1.0
-        if per_page % 8 == 0:  # the marks as 8-byte words: ~6x faster than any() over bytes (0.1 ms for 2^20)
-            words = self.marks[:whole].view(np.uint64).reshape(-1, per_page // 8)
-            return np.count_nonzero(np.bitwise_or.reduce(words, axis=1)) / words.shape[0]
-        return float(self.marks[:whole].reshape(-1, per_page).any(axis=1).mean())
 
     def _write_chunks(self, new: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                       average: np.ndarray | None) -> None:

@@ -27,8 +27,9 @@ touched ~2% of the rows). With 4 KiB pages a touched row commits the 128 rows ar
 more TLB misses on random row access (a 13,000-row gather over four 32 MiB tables: ~0.21 ms against ~0.17
 ms here) and more page faults, spread over the run instead of paid in its first steps; benchmarks/RESULTS.md
 (section ``wd_small_pages``) has the end-to-end figures. Dense, fully initialized arrays keep numpy's
-advice: they are committed whole at creation anyway. A lazy table whose pages nearly all hold built rows
-goes back to huge pages (:func:`use_huge_pages`, decided in :mod:`psflow.ps.lazy_rows`).
+advice: they are committed whole at creation anyway. Measured and not kept (44b5ea2): putting a lazy table
+whose pages nearly all hold built rows (90%) back in huge pages, collapsed at once (``MADV_COLLAPSE``); on the
+W&D command it cost 1-15% more CPU than small pages alone in 8 of 8 alternated pairs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import weakref
 
 import numpy as np
 
-__all__ = ["exclude_from_fork", "use_huge_pages", "use_small_pages", "MIN_BYTES"]
+__all__ = ["exclude_from_fork", "use_small_pages", "MIN_BYTES"]
 
 #: Arrays smaller than this are left alone (they hold no huge page, and a partial page at each end stays shared).
 MIN_BYTES = 2 << 20
@@ -48,7 +49,6 @@ _MADV_DONTFORK = 10
 _MADV_DOFORK = 11
 _MADV_HUGEPAGE = 14
 _MADV_NOHUGEPAGE = 15
-_MADV_COLLAPSE = 25  # Linux 6.1+; older kernels refuse it (EINVAL) and khugepaged collapses in the background
 #: numpy advises huge pages for arrays of this many bytes or more (numpy/_core/src/multiarray/alloc.c).
 _NUMPY_HUGEPAGE_BYTES = 4 << 20
 _PAGE = mmap.PAGESIZE
@@ -105,23 +105,6 @@ def use_small_pages(array: np.ndarray) -> bool:
         return False
     if _numpy_advises_huge_pages(array.nbytes):
         weakref.finalize(array, _MADVISE, pages[0], pages[1], _MADV_HUGEPAGE)
-    return True
-
-
-def use_huge_pages(array: np.ndarray) -> bool:
-    """Advises huge pages for ``array``'s whole pages again and collapses them into huge pages now; True if
-    the advice was taken.
-
-    For a lazy partition's array whose pages nearly all hold built rows (:mod:`psflow.ps.lazy_rows`): its
-    memory is committed anyway, and huge pages make random row access cheaper. ``MADV_COLLAPSE`` copies the
-    present small pages into huge ones in the calling thread (~5-25 ms for 32 MiB here) and commits the
-    rest of each 2 MiB range; where the kernel refuses it (before Linux 6.1), khugepaged collapses the ranges
-    in the background instead. Blocks for the system calls; calling it twice is harmless.
-    """
-    pages = _whole_pages(array)
-    if pages is None or _MADVISE is None or _MADVISE(pages[0], pages[1], _MADV_HUGEPAGE) != 0:
-        return False
-    _MADVISE(pages[0], pages[1], _MADV_COLLAPSE)  # best effort: the advice alone stands where it fails
     return True
 
 

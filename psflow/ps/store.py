@@ -89,7 +89,6 @@ class PartitionState:
         else:
             lazy.ensure(rows, self.value, self.slots, self.average)
         if lazy.complete:
-            lazy.settle_pages(self.value, self.slots, self.average)  # every page holds built rows: huge pages
             self.lazy = None  # every row built: the checks are gone
 
     @property

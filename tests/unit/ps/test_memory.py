@@ -170,25 +170,3 @@ def _touch_500_rows() -> tuple[int, int | None]:
     control = _rss_kib() - before
     huge = sum(int(_mapping_of(a.ctypes.data + a.nbytes // 2).get("AnonHugePages", "0 kB").split()[0]) for a in plain)
     return grown, control if huge > 0 else None
-
-
-def _flags(array: np.ndarray) -> str:
-    return " " + _mapping_of(array.ctypes.data + array.nbytes // 2)["VmFlags"] + " "
-
-
-@pytest.mark.timeout(60)
-def test_a_lazy_table_whose_pages_nearly_all_hold_built_rows_goes_back_to_huge_pages() -> None:
-    if _thp_mode() is None:
-        pytest.skip("transparent huge pages are unavailable or off here")
-    store = ParameterStore()
-    shape = (1 << 19, 8)  # 16 MiB of float32: 4,096 pages of 128 rows
-    every_page = store.create("a", 0, shape, 0, shape[0], "float32", {"name": "zeros"}, _adagrad())
-    half = store.create("b", 0, shape, 0, shape[0], "float32", {"name": "zeros"}, _adagrad())
-    ParameterStore.read(half, np.arange(0, shape[0] // 2, 128, dtype=np.int64))  # a row in half the pages
-    ParameterStore.read(every_page, np.arange(0, shape[0], 128, dtype=np.int64))  # a row in every page
-    for array in (half.value, half.slots["accumulator"]):
-        assert " nh " in _flags(array) and " hg " not in _flags(array)
-    for array in (every_page.value, every_page.slots["accumulator"]):  # their memory is committed anyway
-        assert " hg " in _flags(array) and " nh " not in _flags(array)
-    ParameterStore.read(half, np.arange(shape[0] // 2, shape[0], 128, dtype=np.int64))  # later: the other half
-    assert " hg " in _flags(half.value)
