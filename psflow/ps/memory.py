@@ -29,7 +29,7 @@ ms here) and more page faults, spread over the run instead of paid in its first 
 (section ``wd_small_pages``) has the end-to-end figures. Dense, fully initialized arrays keep numpy's
 advice: they are committed whole at creation anyway. Measured and not kept (44b5ea2): putting a lazy table
 whose pages nearly all hold built rows (90%) back in huge pages, collapsed at once (``MADV_COLLAPSE``); on the
-W&D command it cost 1-15% more CPU than small pages alone in 8 of 8 alternated pairs.
+W&D command it cost 0-15% more CPU than small pages alone in 8 alternated pairs (medians 1.07 and 1.04).
 """
 
 from __future__ import annotations
