@@ -252,7 +252,9 @@ def run_worker(
                     break
                 resume = fit_position(text, data_config, task)  # rewound: it campaigns again from its next step
             if leadership is not None and not leadership.resigned and leadership.lease() is None:
-                _take_final_duties(leadership, config.chief.lease_ttl)  # the last to finish writes the final checkpoint
+                # the last to finish writes the final checkpoint
+                _take_final_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout,
+                                   config.checkpoint.dir)
         if own_client:  # the session ended normally: its final checkpoint is written
             if leadership is not None:  # resign first: the lease lives on ps task 0, which may now exit
                 leadership.close()
@@ -330,12 +332,29 @@ def _new_cluster(client: ParameterClient) -> bool:
         return True
 
 
-def _take_final_duties(leadership: Leadership, lease_ttl: float) -> None:
+def _take_final_duties(leadership: Leadership, lease_ttl: float, connect_timeout: float,
+                       checkpoint_dir: str | None) -> None:
     """(The last worker to finish, without the lease) campaigns until it holds it, so its session's end
-    writes the final checkpoint: a dead holder's lease lapses within ``lease_ttl``; logged if not won."""
-    if leadership.campaign(timeout=lease_ttl + max(2.0, lease_ttl / 2)) is None:
-        log.warning("%s: not elected chief after its data ended; the final checkpoint is left to the holder",
-                    leadership.candidate)
+    writes the final checkpoint. Blocks until elected: a dead holder's lease lapses within ``lease_ttl``,
+    and a coordination service that is down serves again once its task is back (the embedded one lives
+    on ps task 0, which a cluster with replicated shards trains without while it restarts), waited for as
+    long as a worker waits for any ps task to come up (``connect_timeout``; at least ``lease_ttl`` + 2 s).
+
+    Raises:
+        TrainingError: not elected within that time while ``checkpoint_dir`` holds no final checkpoint:
+            nobody would write this run's final model, and exiting 0 would leave an older checkpoint
+            (the initial one, if no periodic save came) as the newest, which export and restore read.
+    """
+    limit = max(lease_ttl + max(2.0, lease_ttl / 2), connect_timeout)
+    if leadership.campaign(timeout=limit) is not None:
+        return
+    if checkpoint_dir and _final_checkpoint(checkpoint_dir) is None:
+        newest = latest_checkpoint(checkpoint_dir)
+        raise TrainingError(f"{leadership.candidate}: not elected chief within {limit:.1f} s after its data ended "
+                            f"(the last worker to finish): no final checkpoint was written in {checkpoint_dir} "
+                            f"(its newest: {os.path.basename(newest) if newest else 'none'})")
+    log.warning("%s: not elected chief within %.1f s after its data ended; the final checkpoint is left to the "
+                "holder", leadership.candidate, limit)
 
 
 def _resign(leadership: Leadership, task_index: int, reason: str) -> None:

@@ -1,0 +1,78 @@
+"""The last worker to finish takes the chief lease to write the final checkpoint (psflow.train.worker).
+
+Issue 28: with replicated ps shards a run trains on while ps task 0, which serves the embedded coordination
+service, restarts. Its last worker campaigned for ``lease_ttl`` + 2 s only; when the restarted ps task 0 served
+again later (a busy machine), nobody wrote the final checkpoint and the run exited 0 with the initial checkpoint
+as its newest: ``psflow export`` gave the untrained variables (test_replicated_training.py's sync kill, 3 failures
+in ~40 runs beside two CPU hogs; 1 in 1 with the restart 6 s after the kill).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from psflow.coord.api import DEFAULT_ELECTION, CampaignTimeoutError, CoordinationBackend, LeaderInfo, Lease
+from psflow.errors import TrainingError
+from psflow.train.recovery import Leadership
+from psflow.train.worker import _take_final_duties
+
+pytestmark = pytest.mark.timeout(60)
+
+TASK = "/job:worker/task:1"
+
+
+class _ServiceBackAfter(CoordinationBackend):
+    """A coordination service that is down until ``back`` is set (ps task 0 restarting): a campaign keeps
+    asking until its ``timeout`` (as :class:`~psflow.coord.embedded.EmbeddedBackend`'s does), then fails."""
+
+    def __init__(self) -> None:
+        self.back = threading.Event()
+        self.asked = threading.Event()
+
+    def campaign(self, candidate: str, *, election: str = DEFAULT_ELECTION, timeout: float | None = None) -> Lease:
+        self.asked.set()
+        if not self.back.wait(timeout=timeout):
+            raise CampaignTimeoutError(f"{candidate}: election {election!r}: coordination service down")
+        return Lease(election, candidate, f"{candidate}#1", 9, 10.0, time.monotonic() + 10.0)
+
+    def renew(self, lease: Lease) -> Lease:
+        return lease
+
+    def is_held(self, lease: Lease) -> bool:
+        return lease.remaining() > 0
+
+    def resign(self, lease: Lease) -> None:
+        pass
+
+    def leader(self, election: str = DEFAULT_ELECTION) -> LeaderInfo | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_last_worker_waits_for_a_restarting_coordination_service_beyond_the_lease_time(tmp_path: Path) -> None:
+    backend = _ServiceBackAfter()
+    leadership = Leadership(backend, TASK)
+    # lease_ttl 0.2: a dead holder's lease lapsed long before; the service itself is back only after 3 s
+    taker = threading.Thread(target=_take_final_duties, args=(leadership, 0.2, 30.0, str(tmp_path)), daemon=True)
+    taker.start()
+    assert backend.asked.wait(timeout=30)
+    time.sleep(3.0)  # longer than lease_ttl + 2 s, the wait before this change
+    backend.back.set()
+    taker.join(timeout=30)
+    assert not taker.is_alive()
+    lease = leadership.lease()
+    assert lease is not None and lease.epoch == 9  # its session's end writes the final checkpoint
+
+
+def test_a_last_worker_never_elected_fails_rather_than_leave_an_older_checkpoint_as_the_newest(tmp_path: Path) -> None:
+    leadership = Leadership(_ServiceBackAfter(), TASK)  # the service never comes back
+    # lease_ttl 0.1 + 2 s, more than connect_timeout 0.5
+    with pytest.raises(TrainingError, match=rf"{TASK}: not elected chief within 2\.1 s .* no final checkpoint"):
+        _take_final_duties(leadership, 0.1, 0.5, str(tmp_path))
+    assert leadership.lease() is None
