@@ -25,6 +25,9 @@ import pytest
 from safetensors.numpy import load_file
 from support import A9A, A9A_T, run_cli
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 A9A_RECORDS = 32561
@@ -66,6 +69,7 @@ def test_killing_each_shards_primary_mid_run_loses_no_acknowledged_update(tmp_pa
     steps = re.findall(r"\bstep=(\d+)", workers)
     assert steps and len(steps) == len(set(steps)), "a step value was handed out twice"
     assert abs(metrics["eval"]["auc"] - base["eval"]["auc"]) <= 0.002, (metrics["eval"], base["eval"])
+    _final_checkpoint_written(out / "checkpoints", metrics)  # --restart-policy's default checkpoint directory
 
 
 def test_two_steps_in_flight_lose_and_repeat_nothing_when_a_primary_dies(tmp_path: Path) -> None:
@@ -95,6 +99,14 @@ def _exported(tmp_path: Path, run: Path) -> dict[str, np.ndarray]:
     return load_file(str(model / "model.safetensors"))
 
 
+def _final_checkpoint_written(checkpoints: Path, metrics: dict[str, Any]) -> None:
+    """The newest checkpoint in ``checkpoints`` is the run's final one, at its last global_step: the model the
+    run ends with is saved (its export and a restore read it), not an older checkpoint such as the initial one.
+    The launcher's eval reads the ps tasks, so only this shows it."""
+    manifest = read_manifest(str(latest_checkpoint(str(checkpoints))))
+    assert manifest.final and manifest.global_step == metrics["global_step"], (manifest.global_step, metrics)
+
+
 def test_a_sync_run_whose_primary_dies_ends_with_an_undisturbed_runs_variables(tmp_path: Path) -> None:
     sync = ("--mode", "sync", "--save-checkpoints-steps", "100000")
     base, out = tmp_path / "base", tmp_path / "run"
@@ -104,6 +116,7 @@ def test_a_sync_run_whose_primary_dies_ends_with_an_undisturbed_runs_variables(t
     assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
     assert metrics["updates_lost"] == 0 and metrics["pushes_applied"] == metrics["pushes_acknowledged"], metrics
     assert "restored checkpoint" not in _logs(out, "worker-*.log", tail=None)
+    _final_checkpoint_written(out / "ckpt", metrics)
     want, got = _exported(tmp_path, base), _exported(tmp_path, out)
     assert sorted(want) == sorted(got)
     for name in want:
