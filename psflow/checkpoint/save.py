@@ -222,11 +222,15 @@ class CheckpointManager:
         self._step = step_hint = client.global_step()
         lineage = self._lineage(client)
         with directory_mutex(self.directory):
+            removed = set()
             for stale in deletable(self.directory, self.run_id, lineage, epoch, keep=()):
                 if not is_complete(stale):  # leftovers of crashed saves of this lineage
                     storage.remove_tree(stale, ignore_errors=True)
+                    removed.add(os.path.basename(stale))
             name = f"{PREFIX}{step_hint:09d}"
-            if storage.exists(os.path.join(self.directory, name)):
+            # Never a name just removed: that "leftover" may be an older chief's save still going on (its lease
+            # lived on in its own view), which would write its files into this save's directory, then remove it.
+            if name in removed or storage.exists(os.path.join(self.directory, name)):
                 name = f"{name}-{time.time_ns()}"
             path = os.path.join(self.directory, name)
             if not storage.is_remote(path):  # (an object store has no directories: the writer file makes it)

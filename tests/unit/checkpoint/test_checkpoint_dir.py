@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -245,6 +246,33 @@ def test_a_chief_fenced_right_after_its_switch_puts_the_pointer_back(tmp_path: P
     assert latest_checkpoint(str(tmp_path)) == previous.path
     assert json.loads((tmp_path / "checkpoint").read_text())["latest"] == Path(previous.path).name
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [Path(previous.path).name]
+
+
+def test_a_successor_saving_the_same_step_never_shares_its_directory_with_the_fenced_chief(tmp_path: Path) -> None:
+    """Issue 28: two lease holders saved the run's final step at once (the old chief's lease lived on in its own view
+    after ps task 0, the lease table, restarted and elected another worker). The successor deleted the old chief's
+    unfinished ckpt-N as a crashed save's leftover and made ckpt-N again; the old chief then wrote its manifest into
+    it, and its failure removed it: the run ended with the initial checkpoint as its newest."""
+    client = _cluster()
+    CheckpointManager(str(tmp_path), run_id="run-a").save(client, epoch=5, holder="old chief")
+    _step(client)
+    successor = CheckpointManager(str(tmp_path), run_id="run-a")
+    saved = []
+
+    def successor_saves_meanwhile(phase: str) -> None:
+        if phase == "shards_written":  # the old chief's shards are written, its manifest not yet
+            saved.append(successor.save(client, epoch=7, holder="new chief", final=True))
+
+    old = CheckpointManager(str(tmp_path), run_id="run-a", fault=successor_saves_meanwhile)
+    with pytest.raises(CheckpointError):
+        old.save(client, epoch=5, holder="old chief", final=True)
+    (new,) = saved
+    assert latest_checkpoint(str(tmp_path)) == new.path and os.path.isdir(new.path)
+    manifest = read_manifest(new.path)
+    assert manifest.final and manifest.run is not None and manifest.run["holder"] == "new chief", manifest.run
+    for shard in manifest.shards:  # the successor's own shard files, as its manifest describes them
+        data = (Path(new.path) / shard["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == shard["sha256"], shard["file"]
 
 
 def test_a_pointer_to_a_missing_checkpoint_falls_back_to_the_newest_listed(tmp_path: Path) -> None:
