@@ -251,10 +251,8 @@ def run_worker(
                 if not restored:
                     break
                 resume = fit_position(text, data_config, task)  # rewound: it campaigns again from its next step
-            if leadership is not None and not leadership.resigned and leadership.lease() is None:
-                # the last to finish writes the final checkpoint
-                _take_final_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout,
-                                   config.checkpoint.dir)
+            if leadership is not None:  # the last to finish writes the final checkpoint
+                _end_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout, config.checkpoint.dir)
         if own_client:  # the session ended normally: its final checkpoint is written
             if leadership is not None:  # resign first: the lease lives on ps task 0, which may now exit
                 leadership.close()
@@ -330,6 +328,16 @@ def _new_cluster(client: ParameterClient) -> bool:
         return not client.ps_stats().registered
     except RpcError:
         return True
+
+
+def _end_duties(leadership: Leadership, lease_ttl: float, connect_timeout: float, checkpoint_dir: str | None) -> None:
+    """(Before its session ends) A worker that did not hand its duties on (the last to finish) makes sure it holds
+    the lease, so its session's end writes the final checkpoint (:func:`_take_final_duties` if not). Held means
+    confirmed by the service (one renewal): a restarted ps task 0 forgets every embedded lease while the holder's
+    own view of it lasts up to ``lease_ttl`` more, and another worker it elected meanwhile fenced the ps tasks
+    at a newer epoch, so a save under the forgotten lease would be refused."""
+    if not leadership.resigned and leadership.confirmed_lease() is None:
+        _take_final_duties(leadership, lease_ttl, connect_timeout, checkpoint_dir)
 
 
 def _take_final_duties(leadership: Leadership, lease_ttl: float, connect_timeout: float,

@@ -15,10 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from psflow.coord.api import DEFAULT_ELECTION, CampaignTimeoutError, CoordinationBackend, LeaderInfo, Lease
+from psflow.coord.api import (
+    DEFAULT_ELECTION,
+    CampaignTimeoutError,
+    CoordinationBackend,
+    LeaderInfo,
+    Lease,
+    LeaseLostError,
+)
 from psflow.errors import TrainingError
 from psflow.train.recovery import Leadership
-from psflow.train.worker import _take_final_duties
+from psflow.train.worker import _end_duties, _take_final_duties
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,3 +83,37 @@ def test_a_last_worker_never_elected_fails_rather_than_leave_an_older_checkpoint
     with pytest.raises(TrainingError, match=rf"{TASK}: not elected chief within 2\.1 s .* no final checkpoint"):
         _take_final_duties(leadership, 0.1, 0.5, str(tmp_path))
     assert leadership.lease() is None
+
+
+class _RestartedTable(_ServiceBackAfter):
+    """Grants epoch 5, then 9; once ``restarted`` (ps task 0 came back with an empty lease table) it refuses to renew
+    a lease granted before, whose holder's own view of it has not expired yet."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.back.set()
+        self.restarted = False
+        self._epochs = iter((5, 9))
+
+    def campaign(self, candidate: str, *, election: str = DEFAULT_ELECTION, timeout: float | None = None) -> Lease:
+        return Lease(election, candidate, f"{candidate}#1", next(self._epochs), 10.0, time.monotonic() + 10.0)
+
+    def renew(self, lease: Lease) -> Lease:
+        if self.restarted:
+            raise LeaseLostError(f"{lease.holder}: no such lease (the table restarted)")
+        return lease
+
+
+def test_the_last_worker_does_not_trust_a_lease_the_restarted_table_forgot(tmp_path: Path) -> None:
+    """The old chief's own view outlived its lease; meanwhile another worker was elected by the restarted ps task 0,
+    fenced every ps task at its epoch, then resigned when its data ended: the old chief's final save was refused
+    and the run exited 0 without a final checkpoint (seen beside two hogs: 1 in 6 runs)."""
+    backend = _RestartedTable()
+    leadership = Leadership(backend, TASK)
+    assert leadership.campaign(timeout=1.0) is not None
+    backend.restarted = True
+    held = leadership.lease()
+    assert held is not None and held.epoch == 5  # its own view: still held
+    _end_duties(leadership, 2.0, 5.0, str(tmp_path))
+    lease = leadership.lease()
+    assert lease is not None and lease.epoch == 9  # elected again: its final save is not fenced off
