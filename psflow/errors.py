@@ -52,6 +52,7 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     │   ├── RecoveryError (RuntimeError)           [train.recovery] the cluster not restored in time
     │   ├── StateLostError (RuntimeError)          [train.state_loss] no checkpoint to restore from
     │   ├── CheckpointSavesFailedError (RuntimeError)  [checkpoint.save] saves failed in a row
+    │   ├── FinalCheckpointError (RuntimeError)    [checkpoint.save] the final checkpoint not written
     │   └── WorkerStopped                          [train.worker] asked to stop, left its loop
     ├── LaunchError (RuntimeError)                 [launch.processes] a task of a local cluster failed
     ├── ReportError                                [status.report] no summaries to plot
@@ -65,8 +66,8 @@ A subsystem's base lives here when a lower layer raises it too (:class:`ConfigEr
 training); otherwise in the subsystem's ``api`` module. :class:`StoreError` and :class:`DynamicTableError`
 live here because :func:`psflow.placement.hashing.owner_of`, below the ps, raises the latter for bad ids
 (``psflow.ps.store`` and ``psflow.ps.dynamic`` re-export them). The guards that let the chief go on after one
-failed save catch :class:`CheckpointError`: :class:`CheckpointSavesFailedError`, which stops the
-run, is deliberately not one.
+failed save catch :class:`CheckpointError`: :class:`CheckpointSavesFailedError` and
+:class:`FinalCheckpointError`, which stop the run, are deliberately not ones.
 
 This module imports nothing of psflow: every layer may import it.
 """

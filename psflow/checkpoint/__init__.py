@@ -42,7 +42,8 @@ that has seen a newer chief's epoch refuses, and the save fails with
        the checkpoint must still be complete;
     6. the fence is checked again: refused (a successor was elected
        meanwhile), the previous pointer is put back if the pointer is still
-       this save's, and the save fails;
+       this save's (not taken over by the successor's ``mark_final``), and
+       the save fails;
     7. only then are checkpoints of this lineage beyond ``max_to_keep`` (and
        leftovers of crashed saves) deleted, under the same ``flock``; a save
        in progress of a newer epoch is never touched.
@@ -76,8 +77,16 @@ error, counted in the ledger (``checkpoints_failed``; the launcher prints a
 line for each) and raises :class:`CheckpointError`; the chief duties go on.
 The ``max_failed_saves``-th failure in a row raises
 :class:`CheckpointSavesFailedError`, which ends the run: training on without
-a checkpoint is not silently allowed. A save refused by a newer chief's epoch
-(:class:`CheckpointFencedError`) is not a failure: the newer chief saves.
+a checkpoint is not silently allowed. The final save has no next one: its
+failure ends the run too (:class:`FinalCheckpointError`, raised by the
+chief's :class:`~psflow.train.hooks.CheckpointSaverHook`), so a run never
+ends with an older checkpoint as its newest. A save refused by a newer
+chief's epoch (:class:`CheckpointFencedError`) is not a failure: the newer
+chief saves. A chief that finds a checkpoint of the last step current marks
+it final (:meth:`CheckpointManager.mark_final`) under its own epoch: the
+pointer is rewritten with that epoch, so the chief that wrote it, fenced
+off on its re-check (step 6), leaves the pointer and the checkpoint as they
+are.
 
 Readers (:func:`latest_checkpoint`: the launcher and the chief before a
 restore, a restore after a ps task died, the evaluator, ``psflow export``,
@@ -129,7 +138,7 @@ Classes and functions, by file:
 * ``pointer.py`` -- :func:`latest_checkpoint` (the pointer and its fallbacks),
   :func:`incomplete_checkpoints`, the complete checkpoints of a directory.
 * ``save.py`` -- :class:`CheckpointManager` (the save, its fence and the pointer's compare-and-swap),
-  :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`.
+  :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`.
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
 * ``ledger.py`` -- :func:`checkpoint_status` (the cluster's ledger), :class:`SaveStatusWatcher`
   (the launcher's console lines and counts from it).

@@ -59,7 +59,7 @@ from psflow.ps.protocol import (
 from psflow.ps.store import partition_key
 from psflow.rpc.api import FailedPreconditionError, RpcError
 
-__all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError"]
+__all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError", "FinalCheckpointError"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,17 @@ class CheckpointSavesFailedError(TrainingError, RuntimeError):
 
     Deliberately not a :class:`CheckpointError`: the guards that let the chief
     duties go on after one failed save (``LeaderOnlyHook``) let it through.
+    """
+
+
+class FinalCheckpointError(TrainingError, RuntimeError):
+    """The run's final checkpoint could not be written (or marked final), for any reason but a newer chief's
+    fence: the chief's session ends with it, so the run fails rather than end with an older checkpoint as its
+    newest (a periodic save's failure is logged, and the next period saves). Names the checkpoint directory
+    and the cause.
+
+    Deliberately not a :class:`CheckpointError`, like :class:`CheckpointSavesFailedError`: the guards that
+    let the chief duties go on after one failed save let it through.
     """
 
 
@@ -201,18 +212,46 @@ class CheckpointManager:
         self._report(client, SaveOutcome(True, saved.global_step, saved.path, writer=client.client_name))
         return saved
 
-    def mark_final(self, path: str) -> None:
+    def mark_final(self, path: str, *, epoch: int | None = None, holder: str = "") -> None:
         """Records in the manifest of checkpoint ``path`` that training ended there (:attr:`Manifest.final`).
 
-        For a run whose last periodic save fell on its last step. The manifest is replaced whole
-        (write, fsync, rename): a reader sees the old or the new one, both valid.
+        For a run whose last save fell on its last step: this chief's periodic save, or another chief's save
+        of that step. Only a checkpoint the pointer names is marked, under the directory's mutex; with an
+        ``epoch`` (the marking chief's lease) the pointer is rewritten with it first (the same checkpoint,
+        compare-and-swap as a save's switch), so a chief of an older epoch whose save of ``path`` is fenced
+        off on its re-check no longer puts its previous pointer back nor removes ``path``: the checkpoint
+        another chief took as the run's final one stays. The manifest is replaced whole (write, fsync,
+        rename): a reader sees the old or the new one, both valid. Idempotent.
 
         Raises:
-            CheckpointError: ``path`` has no readable manifest (it was deleted meanwhile).
+            CheckpointFencedError: the pointer was written by a newer epoch of this run.
+            CheckpointError: ``path`` is not the current checkpoint any more (its writer was fenced off and
+                took it back, or it was deleted), or has no readable manifest: save the final checkpoint anew.
+            OSError: the pointer or the manifest could not be written.
         """
-        manifest = read_manifest(path)
-        if not manifest.final:
-            storage.write_atomically(os.path.join(path, MANIFEST_NAME), replace(manifest, final=True).to_json().encode())
+        name = os.path.basename(path)
+        pointer = os.path.join(self.directory, POINTER_NAME)
+        with directory_mutex(self.directory):
+            try:
+                current = parse_pointer(storage.read_bytes(pointer))
+            except FileNotFoundError:
+                current = {}
+            if current.get("latest") != name:
+                raise CheckpointError(f"checkpoint {path} is not current any more (the pointer {pointer} names "
+                                      f"{current.get('latest') or 'none'}): not marked final")
+            manifest = read_manifest(path)
+            if epoch is not None and (current.get("run_id"), current.get("epoch")) != (self.run_id, epoch):
+                theirs = current.get("epoch")
+                if current.get("run_id") == self.run_id and type(theirs) is int and epoch < theirs:
+                    raise CheckpointFencedError(
+                        f"checkpoint {name} not marked final: the pointer {pointer} was written at epoch {theirs} "
+                        f"(by {current.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
+                taken = dict(current, run_id=self.run_id, epoch=epoch, holder=holder)
+                storage.write_atomically(pointer, jsonio.dumps(taken, nonfinite="error", what=pointer,
+                                                               indent=1).encode())
+            if not manifest.final:
+                storage.write_atomically(os.path.join(path, MANIFEST_NAME),
+                                         replace(manifest, final=True).to_json().encode())
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
               epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
@@ -454,8 +493,9 @@ class CheckpointManager:
         pointer = os.path.join(self.directory, POINTER_NAME)
         with directory_mutex(self.directory):
             current = read_json(pointer) or {}
-            if current.get("latest") != name or current.get("run_id") != self.run_id:
-                return  # a newer chief's pointer replaced it already
+            ours = self._fence[0] if self._fence is not None else None
+            if current.get("latest") != name or current.get("run_id") != self.run_id or current.get("epoch") != ours:
+                return  # a newer chief's pointer replaced it already, or took this checkpoint as its own (mark_final)
             if previous is None:
                 storage.remove(pointer)
             else:

@@ -15,9 +15,11 @@ with chief election every worker) takes the run's lock of
 ``checkpoint_dir`` before it joins the cluster, so a second live run is
 refused before it restores anything; the chief checks that the newest
 checkpoint was written by this run's model (:func:`psflow.train.chief.check_restorable`)
-before it restores it. A failed save is logged, counted and skipped; the
+before it restores it. A failed periodic save is logged, counted and skipped; the
 ``max_failed_saves``-th in a row ends the run
-(:class:`~psflow.checkpoint.save.CheckpointSavesFailedError`). Launchers
+(:class:`~psflow.checkpoint.save.CheckpointSavesFailedError`), and so does a failed
+final save (:class:`~psflow.checkpoint.save.FinalCheckpointError`; one fenced off by a
+newer chief is left to that chief). Launchers
 call :func:`claim_run` (their run directory, then :func:`claim_checkpoint_dir`)
 before they write into the run directory or start any task.
 """
@@ -326,7 +328,8 @@ class _ReleaseLockAtEnd(SessionRunHook):
 class _FailedSaveTolerant(SessionRunHook):
     """Runs a :class:`CheckpointSaverHook` so that one failed save (logged and counted by the
     manager) does not end the session; :class:`~psflow.checkpoint.save.CheckpointSavesFailedError`
-    (the limit) and RPC failures do."""
+    (the limit), :class:`~psflow.checkpoint.save.FinalCheckpointError` (the final save) and RPC
+    failures do."""
 
     def __init__(self, inner: SessionRunHook, name: str) -> None:
         self.inner = inner

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
-from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, FinalCheckpointError
 from psflow.data import BatchSource
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
@@ -219,14 +219,49 @@ class CheckpointSaverHook(SessionRunHook):
             self._save(context.session)
 
     def end(self, session: MonitoredTrainingSession) -> None:
-        # end() runs only when training ended normally (see SessionRunHook): the last checkpoint says so
-        # (Manifest.final; an evaluator stops after it). One already at this step (this chief's periodic
-        # save, or the final save of a chief that finished before this one) is marked, not saved again.
-        latest = latest_checkpoint(self.manager.directory)
-        if latest is None or _global_step_of(latest) != session.client.global_step():
+        """Writes the final checkpoint (:attr:`Manifest.final`; an evaluator stops after it). Runs only when
+        training ended normally (see :class:`SessionRunHook`). A checkpoint already at this step and still
+        current (this chief's periodic save, or another chief's save at the last step) is marked final (and,
+        with election, taken over by this chief's epoch: :meth:`CheckpointManager.mark_final`), not saved again;
+        one that is no longer current when marked is saved anew. Without the lease any more, nothing is written
+        (logged: the chief holding it writes it).
+
+        Raises:
+            CheckpointFencedError: a newer chief's epoch refused it (that chief writes it; the guards log this).
+            FinalCheckpointError: anything else failed (a file not written, a ps task unreachable): there is no
+                next period to save, so the session, the worker and the run fail, naming the directory and the
+                cause, rather than end with an older checkpoint as the newest.
+            CheckpointSavesFailedError: that was the ``max_failed_saves``-th failed save in a row.
+        """
+        step: int | None = None
+        try:
+            step = session.client.global_step()
+            latest = latest_checkpoint(self.manager.directory)
+            if latest is not None and _global_step_of(latest) == step and self._mark_final(latest):
+                return
             self._save(session, final=True)
-        elif self._fence is None or self._fence() is not None:
-            self.manager.mark_final(latest)
+        except CheckpointFencedError:
+            raise
+        except (CheckpointError, RpcError, OSError) as e:
+            raise FinalCheckpointError(
+                f"{session.client.client_name}: the final checkpoint (global_step {step}) could not be written "
+                f"into {self.manager.directory}: {e}") from e
+
+    def _mark_final(self, latest: str) -> bool:
+        """Marks ``latest`` final under this chief's fence; False if it must be saved anew (no longer current)."""
+        fence = self._fence() if self._fence is not None else None
+        if self._fence is not None and fence is None:
+            log.warning("checkpoint %s not marked final: no longer the chief", latest)
+            return True  # the chief holding the lease writes it
+        epoch, holder = fence if fence is not None else (None, "")
+        try:
+            self.manager.mark_final(latest, epoch=epoch, holder=holder)
+        except CheckpointFencedError:
+            raise
+        except CheckpointError as e:  # a fenced chief took its checkpoint back, or it was deleted: save anew
+            log.warning("checkpoint %s not marked final (%s): saving the final checkpoint anew", latest, e)
+            return False
+        return True
 
     def _save(self, session: MonitoredTrainingSession, *, final: bool = False) -> None:
         epoch, holder = None, ""

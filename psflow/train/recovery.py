@@ -254,7 +254,10 @@ class LeaderOnlyHook(SessionRunHook):
     On gaining the lease, ``inner.after_create_session`` runs first (timers
     start from the current step). A checkpoint or RPC failure inside the hook
     (a ps task died, or this chief was deposed and its save fenced off) is
-    logged, not raised: the next chief, or the next period, saves again.
+    logged, not raised: the next chief, or the next period, saves again. The
+    final checkpoint has no next period: its failure for any reason but a
+    newer chief's fence is a :class:`~psflow.checkpoint.save.FinalCheckpointError`,
+    which is not caught here, so the session, the worker and the run fail.
     """
 
     def __init__(self, inner: SessionRunHook, leadership: Leadership) -> None:
