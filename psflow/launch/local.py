@@ -16,7 +16,10 @@
        own client connects only after training, for evaluation;
     4. when every worker has exited 0: pulls the model, evaluates it on the
        eval set (read meanwhile, from step 2 on, by a thread of low CPU
-       priority: :mod:`psflow.launch.eval_set`), writes the run's final
+       priority: :mod:`psflow.launch.eval_set`), checks that the newest
+       checkpoint (with a checkpoint directory) is the run's final one at its
+       last global_step (:func:`check_final_checkpoint`; if not, the run
+       fails as in 5), writes the run's final
        snapshot (``metrics.json``, ``status.json``, ``metrics.prom``:
        :mod:`psflow.launch.run_end`), asks the ps tasks to shut down;
     5. if any task exits non-zero, reads the run's numbers while the ps tasks
@@ -52,7 +55,10 @@ import time
 from typing import Any, TextIO
 
 from psflow.checkpoint.ledger import SaveStatusWatcher
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster.replicas import BACKUP_JOB
+from psflow.errors import CheckpointError
 from psflow.launch.eval_set import EvalSet
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.processes import LaunchError, LocalCluster, TaskHosts, TaskProcess, failure_report
@@ -75,7 +81,7 @@ from psflow.train.faults import FaultInjection, task_config_json
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 
-__all__ = ["run_local", "exactly_once_examples"]
+__all__ = ["run_local", "exactly_once_examples", "check_final_checkpoint"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -307,6 +313,9 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     else:
         ps_stats = [client.stats(i) for i in sorted(client.channels)]
     exactly_once_examples(ps_stats)  # raises if no ps task holds global_step
+    if config.checkpoint.dir:
+        check_final_checkpoint(config.checkpoint.dir, next(int(s["global_step"]) for s in ps_stats
+                                                           if s.get("global_step") is not None))
     extra: dict[str, Any] = {
         "examples_processed": sum(int(r["examples"]) for r in results),
         "stale_dropped": sum(int(r.get("stale_dropped", 0)) for r in results),
@@ -318,6 +327,33 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
         extra["dynamic_tables"] = dynamic
     return end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
                         client=client)
+
+
+def check_final_checkpoint(directory: str, global_step: int) -> None:
+    """(Every driver task exited 0) The newest checkpoint in ``directory`` must be the run's final one (its
+    manifest says ``final``) at ``global_step``, the run's last: the last line of defence against a run that
+    ends with an older checkpoint as the newest, which a restore, the evaluator and ``psflow export`` would
+    read. The chief writes it after every worker finished and nothing pushes after it, so the two steps agree
+    in every finished run: a run that resumed a final checkpoint and had nothing left to train marks it
+    again, at the same step. Reads the pointer and one manifest.
+
+    Raises:
+        LaunchError: it is not (names the directory, the run's last step, and the newest checkpoint: its name,
+            step and whether it is final), or it cannot be read.
+    """
+    problem = f"the run ended at global_step {global_step}, but"
+    try:
+        latest = latest_checkpoint(directory)
+        manifest = read_manifest(latest) if latest is not None else None
+    except (CheckpointError, OSError) as e:
+        raise LaunchError(f"{problem} the newest checkpoint in {directory} cannot be read: {e}") from e
+    if latest is None or manifest is None:
+        raise LaunchError(f"{problem} {directory} holds no complete checkpoint: its final checkpoint was not "
+                          "written (see the chief's log)")
+    if not manifest.final or manifest.global_step != global_step:
+        raise LaunchError(f"{problem} the newest checkpoint in {directory} is {os.path.basename(latest)} (global_step "
+                          f"{manifest.global_step}, {'final' if manifest.final else 'not final'}): the run's final "
+                          "checkpoint was not written (see the chief's log)")
 
 
 def exactly_once_examples(ps_stats: list[dict[str, Any]]) -> int:
