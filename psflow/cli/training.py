@@ -178,7 +178,8 @@ def add_chief_arguments(p: argparse.ArgumentParser) -> None:
                    help="every K-th save is full, the others hold only the rows changed since the previous one "
                         "(10; 1: every save full)")
     g.add_argument("--max-failed-saves", type=int, default=3, metavar="N",
-                   help="fail the run once N checkpoint saves in a row failed (3; 0: never, each is still reported)")
+                   help="fail the run once N checkpoint saves in a row failed, or the final one "
+                        "failed (3; 0: never, each is still reported)")
     g.add_argument("--checkpoint-transport", default="local", choices=["local", "rpc"],
                    help="local: each ps task writes its shard (shared filesystem); rpc: shards streamed to the chief")
     g.add_argument("--summary-dir", help="TensorBoard event files (train: default the run directory)")

@@ -19,7 +19,7 @@
        priority: :mod:`psflow.launch.eval_set`), checks that the newest
        checkpoint (with a checkpoint directory) is the run's final one at its
        last global_step (:func:`check_final_checkpoint`; if not, the run
-       fails as in 5), writes the run's final
+       fails as in 5; with ``--max-failed-saves 0`` a warning line), writes the run's final
        snapshot (``metrics.json``, ``status.json``, ``metrics.prom``:
        :mod:`psflow.launch.run_end`), asks the ps tasks to shut down;
     5. if any task exits non-zero, reads the run's numbers while the ps tasks
@@ -314,8 +314,15 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
         ps_stats = [client.stats(i) for i in sorted(client.channels)]
     exactly_once_examples(ps_stats)  # raises if no ps task holds global_step
     if config.checkpoint.dir:
-        check_final_checkpoint(config.checkpoint.dir, next(int(s["global_step"]) for s in ps_stats
-                                                           if s.get("global_step") is not None))
+        try:
+            check_final_checkpoint(config.checkpoint.dir, next(int(s["global_step"]) for s in ps_stats
+                                                               if s.get("global_step") is not None))
+        except LaunchError as e:
+            if config.checkpoint.max_failed_saves:
+                raise
+            # --max-failed-saves 0: no failed save fails the run (each one was reported); said all the same
+            print(f"psflow: warning: {e} (--max-failed-saves 0: the run does not fail for it)",
+                  file=end.out or sys.stderr, flush=True)
     extra: dict[str, Any] = {
         "examples_processed": sum(int(r["examples"]) for r in results),
         "stale_dropped": sum(int(r.get("stale_dropped", 0)) for r in results),

@@ -136,7 +136,8 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
                 return (lease.epoch, lease.holder) if lease is not None else None
         saver = CheckpointSaverHook(manager, save_secs=config.checkpoint.save_secs,
                                     save_steps=config.checkpoint.save_steps,
-                                    optimizer=optimizer.to_json(), model=model_record(config), fence=fence)
+                                    optimizer=optimizer.to_json(), model=model_record(config), fence=fence,
+                                    final_must_succeed=config.checkpoint.max_failed_saves != 0)
         # With election, LeaderOnlyHook lets the duties go on after a failed save; without, this does.
         chief_hooks.append(saver if leadership is not None else _FailedSaveTolerant(saver, client.client_name))
     writer = SummaryWriter(config.report.summary_dir) if duties and config.report.summary_dir else None

@@ -188,7 +188,7 @@ class CheckpointSaverHook(SessionRunHook):
 
     def __init__(self, manager: CheckpointManager, *, save_secs: float | None = None, save_steps: int | None = None,
                  optimizer: Mapping[str, Any] | None = None, model: Mapping[str, Any] | None = None,
-                 fence: Callable[[], tuple[int, str] | None] | None = None) -> None:
+                 fence: Callable[[], tuple[int, str] | None] | None = None, final_must_succeed: bool = True) -> None:
         """Args:
             manager: writes the checkpoints.
             save_secs, save_steps: the period (one of them; default 600 s).
@@ -198,9 +198,12 @@ class CheckpointSaverHook(SessionRunHook):
             fence: the elected chief's ``(lease epoch, holder)``, or None once
                 it lost the lease; its saves are fenced with that epoch (and
                 skipped without a lease). None: saves are not fenced.
+            final_must_succeed: a failed final save raises :class:`FinalCheckpointError` (see :meth:`end`);
+                False (``--max-failed-saves 0``): it is logged as an error, like a periodic one.
         """
         self.manager = manager
         self._fence = fence
+        self._final_must_succeed = final_must_succeed
         self._timer = _Timer(600.0 if save_secs is None and save_steps is None else save_secs, save_steps, "checkpoint saver")
         self._optimizer = optimizer
         self._model = model
@@ -230,7 +233,8 @@ class CheckpointSaverHook(SessionRunHook):
             CheckpointFencedError: a newer chief's epoch refused it (that chief writes it; the guards log this).
             FinalCheckpointError: anything else failed (a file not written, a ps task unreachable): there is no
                 next period to save, so the session, the worker and the run fail, naming the directory and the
-                cause, rather than end with an older checkpoint as the newest.
+                cause, rather than end with an older checkpoint as the newest. Without ``final_must_succeed``
+                (``--max-failed-saves 0``: no failed save fails the run): logged as an error instead.
             CheckpointSavesFailedError: that was the ``max_failed_saves``-th failed save in a row.
         """
         step: int | None = None
@@ -243,9 +247,12 @@ class CheckpointSaverHook(SessionRunHook):
         except CheckpointFencedError:
             raise
         except (CheckpointError, RpcError, OSError) as e:
-            raise FinalCheckpointError(
-                f"{session.client.client_name}: the final checkpoint (global_step {step}) could not be written "
-                f"into {self.manager.directory}: {e}") from e
+            message = (f"{session.client.client_name}: the final checkpoint (global_step {step}) could not be written "
+                       f"into {self.manager.directory}: {e}")
+            if not self._final_must_succeed:  # --max-failed-saves 0: no failed save ends the run, this one neither
+                log.error("%s (--max-failed-saves 0: the run does not fail for it)", message)
+                return
+            raise FinalCheckpointError(message) from e
 
     def _mark_final(self, latest: str) -> bool:
         """Marks ``latest`` final under this chief's fence; False if it must be saved anew (no longer current)."""

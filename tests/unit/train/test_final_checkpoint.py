@@ -87,8 +87,8 @@ class _Cluster:
             channel.call("Fence", {"token": epoch, "holder": holder})
 
 
-def _chief(cluster: _Cluster, name: str, directory: Path, epoch: int,
-           manager: CheckpointManager | None = None) -> tuple[LeaderOnlyHook, MonitoredTrainingSession]:
+def _chief(cluster: _Cluster, name: str, directory: Path, epoch: int, manager: CheckpointManager | None = None,
+           final_must_succeed: bool = True) -> tuple[LeaderOnlyHook, MonitoredTrainingSession]:
     """A worker elected at ``epoch`` with its checkpoint duties (as :func:`psflow.train.duties.make_session` builds
     them), and a session on its own client."""
     leadership = Leadership(_Held(epoch), name)
@@ -100,7 +100,7 @@ def _chief(cluster: _Cluster, name: str, directory: Path, epoch: int,
         return (lease.epoch, lease.holder) if lease is not None else None
 
     saver = CheckpointSaverHook(manager or CheckpointManager(str(directory), run_id="run-a"), save_steps=100,
-                                fence=fence)
+                                fence=fence, final_must_succeed=final_must_succeed)
     session = MonitoredTrainingSession(cluster.client(name), SGD, is_chief=True)
     return LeaderOnlyHook(saver, leadership), session
 
@@ -135,6 +135,21 @@ def test_without_election_the_final_save_that_fails_fails_the_session_too(tmp_pa
     _unwritable(directory)
     with pytest.raises(FinalCheckpointError, match=rf"could not be written into {directory}: .*(Not a directory|File exists)"):
         hook.end(session)
+
+
+def test_with_max_failed_saves_0_a_final_save_that_fails_is_logged_and_the_run_goes_on_to_its_end(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``--max-failed-saves 0`` (make_session passes final_must_succeed=False): the user asked that no failed save
+    fail the run; each is still reported."""
+    cluster, directory = _Cluster(), tmp_path / "ckpt"
+    hook, session = _chief(cluster, "/job:worker/task:1", directory, epoch=5, final_must_succeed=False)
+    hook.after_create_session(session)
+    cluster.step()
+    _unwritable(directory)
+    caplog.set_level(logging.ERROR)
+    hook.end(session)
+    assert "the final checkpoint (global_step 1) could not be written" in caplog.text
+    assert "--max-failed-saves 0: the run does not fail for it" in caplog.text
 
 
 def test_a_periodic_save_that_fails_is_logged_and_training_goes_on(tmp_path: Path,
