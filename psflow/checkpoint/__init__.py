@@ -138,7 +138,8 @@ Classes and functions, by file:
 * ``pointer.py`` -- :func:`latest_checkpoint` (the pointer and its fallbacks),
   :func:`incomplete_checkpoints`, the complete checkpoints of a directory.
 * ``save.py`` -- :class:`CheckpointManager` (the save, its fence and the pointer's compare-and-swap),
-  :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`.
+  :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
+  ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies.
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
 * ``ledger.py`` -- :func:`checkpoint_status` (the cluster's ledger), :class:`SaveStatusWatcher`
   (the launcher's console lines and counts from it).

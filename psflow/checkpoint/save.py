@@ -20,7 +20,6 @@ restarted, or a backup was promoted) saves its partitions whole inside an increm
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -40,12 +39,12 @@ from psflow.checkpoint.manifest import (
     WRITER_NAME,
     Manifest,
     SavedCheckpoint,
-    psflow_version,
     read_json,
     read_manifest,
 )
 from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer
 from psflow.checkpoint.rotation import deletable, delete_old, kept_after
+from psflow.checkpoint.save_manifest import build_manifest
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import (
@@ -56,7 +55,6 @@ from psflow.ps.protocol import (
     SaveShardReply,
     SaveShardRequest,
 )
-from psflow.ps.store import partition_key
 from psflow.rpc.api import FailedPreconditionError, RpcError
 
 __all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError", "FinalCheckpointError"]
@@ -89,20 +87,6 @@ class FinalCheckpointError(TrainingError, RuntimeError):
 
 def _fsync_dir(path: str) -> None:
     storage.sync_dir(path)  # (an object store: nothing to do)
-
-
-def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
-    """A shard's entry in the manifest; a replicated shard's with the count of the pushes it holds (in all and
-    per client process); with the
-    snapshot's mark token and epoch (the base of a later increment)."""
-    record: dict[str, Any] = {"file": file, "task": reply.task, "bytes": reply.size, "sha256": reply.sha256}
-    if reply.pushes_applied is not None:
-        record["pushes_applied"] = reply.pushes_applied
-    if reply.pushes_applied_by is not None:
-        record["pushes_applied_by"] = reply.pushes_applied_by
-    if reply.marks is not None:
-        record["marks"] = dict(reply.marks)
-    return record
 
 
 class CheckpointManager:
@@ -284,7 +268,7 @@ class CheckpointManager:
         base = self._increment_base(client, lineage)
         replies = self._write_shards(client, path, base[1] if base is not None else None)
         self._phase("shards_written")
-        manifest = self._manifest(client, replies, optimizer, model, lineage, writer, final)
+        manifest = build_manifest(client, replies, optimizer, model, lineage, writer, final)
         if base is not None:
             manifest = replace(manifest, kind=INCREMENT, base=os.path.basename(base[0]))
         storage.write_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
@@ -415,48 +399,6 @@ class CheckpointManager:
                 raise CheckpointError(f"shard {file} from {reply.task} arrived corrupted (sha256 mismatch)")
             storage.write_atomically(file, data)
         return reply
-
-    def _manifest(self, client: ParameterClient, replies: dict[int, tuple[str, SaveShardReply]],
-                  optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
-                  writer: Mapping[str, Any], final: bool) -> Manifest:
-        located = {p["key"]: (file, p) for file, reply in replies.values() for p in reply.partitions}
-        variables: dict[str, dict[str, Any]] = {}
-        for name, placement in client.layout.items():
-            parts = []
-            for part in placement.partitions:
-                key = partition_key(name, part.index)
-                if key not in located:
-                    raise CheckpointError(f"variable {name!r} partition {part.index} was not saved by /job:ps/task:{part.task}")
-                shard, saved = located[key]
-                record = {"index": part.index, "task": part.task, "row_start": part.row_start,
-                          "row_stop": part.row_stop, "shard": shard, "slots": saved["slots"]}
-                if placement.is_dynamic:  # rows keyed by id: how many, and the snapshot's arrays
-                    record.update(rows=saved["rows"], dynamic=saved["dynamic"])
-                if "changed" in saved:  # an increment's partition: only these rows
-                    record["changed"] = saved["changed"]
-                parts.append(record)
-            var = placement.var
-            variables[name] = {"shape": list(var.shape), "dtype": var.dtype, "trainable": var.trainable, "partitions": parts}
-            if var.dynamic is not None:
-                variables[name]["dynamic"] = dict(var.dynamic)
-        step_reply = replies[client.step_task][1]
-        if step_reply.global_step is None:
-            raise CheckpointError(f"{step_reply.task} holds no global_step: its shard cannot date the checkpoint")
-        return Manifest(
-            global_step=step_reply.global_step,
-            variables=variables,
-            shards=[_shard_record(file, r) for _, (file, r) in sorted(replies.items())],
-            reader_positions=dict(step_reply.positions),
-            examples=step_reply.examples,
-            cluster=json.loads(client.cluster.to_json()),
-            optimizer=dict(optimizer) if optimizer is not None else None,
-            model=dict(model) if model is not None else None,
-            psflow_version=psflow_version(),
-            created=time.time(),
-            lineage=lineage,
-            run={k: writer[k] for k in ("run_id", "epoch", "holder", "writer", "host", "pid")},
-            final=final,
-        )
 
     def _switch_pointer(self, name: str, step: int, lineage: str, epoch: int | None,
                         holder: str) -> tuple[list[str], bytes | None]:

@@ -17,9 +17,12 @@ Classes and functions, by file:
 * ``pipeline.py`` -- :class:`~psflow.train.pipeline.PipelinedStep`: K-1 pushes in flight per worker
   (``--steps-in-flight`` 3 to 8), results returned as their replies arrive.
 * ``clipping.py`` -- gradient clipping by global norm.
-* ``worker.py`` -- :func:`~psflow.train.worker.run_worker`: the between-graph training loop of one worker.
+* ``worker.py`` -- :func:`~psflow.train.worker.run_worker`: the between-graph training loop of one worker;
+  ``final_duties.py`` -- a worker's chief duties once its data ended: hand them on, or (the last to finish)
+  hold the lease so its session writes the final checkpoint.
 * ``session.py`` -- :class:`~psflow.train.session.MonitoredTrainingSession`: a loop's session with hooks;
-  ``hooks.py`` -- the hooks (stop at a step, log, checkpoint, summaries, evaluation, NaN loss): they decide
+  ``hook_api.py`` -- the hook interface (:class:`~psflow.train.hook_api.SessionRunHook`, the order of its calls);
+  ``hooks.py`` -- the built-in hooks (stop at a step, log, checkpoint, summaries, evaluation, NaN loss): they decide
   when a loop stops and what it logs; the loop reads the session's decision.
 * ``duties.py`` -- a worker's session and hooks built from a TrainConfig; who takes the run and
   checkpoint locks when.

@@ -9,7 +9,8 @@ The data side: :func:`data_schema` is the TFRecord schema of the run (a file,
 ``--feature`` flags, or one inferred from the first training file --
 :func:`inferred_schema`, :mod:`psflow.data.infer` -- which for sparse-LR
 files is the default), :func:`data_options` the reader
-settings shared by training, evaluation and prediction, and the model's
+settings shared by training, evaluation and prediction (:func:`dataset_config`: a worker's shard of the
+training files with them), and the model's
 features come from :func:`psflow.data.batch_spec` of the format and schema.
 """
 
@@ -19,7 +20,7 @@ import contextlib
 from typing import Any
 
 from psflow.cluster import ClusterSpec
-from psflow.data import DataError, Schema, batch_spec
+from psflow.data import DataError, DatasetConfig, Schema, batch_spec
 from psflow.data.infer import InferredSchema, infer_first_file
 from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelConfig, ModelError
 from psflow.models.registry import create_model, model_class
@@ -35,8 +36,8 @@ from psflow.placement import (
 from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.train.config import ConfigError, TrainConfig
 
-__all__ = ["data_schema", "inferred_schema", "data_options", "model_config", "build_model", "configure_training",
-           "declare_variables", "model_record"]
+__all__ = ["data_schema", "inferred_schema", "data_options", "dataset_config", "model_config", "build_model",
+           "configure_training", "declare_variables", "model_record"]
 
 
 def inferred_schema(config: TrainConfig) -> InferredSchema | None:
@@ -108,6 +109,22 @@ def data_options(config: TrainConfig) -> dict[str, Any]:
         "max_bad_records": config.data.max_bad_records,
         "labels": model_class(config.model.name, search_path=config.model.path).labels,
     }
+
+
+def dataset_config(config: TrainConfig, task_index: int, num_workers: int) -> DatasetConfig:
+    """The data settings of worker ``task_index`` of ``num_workers``: its shard of the training files."""
+    return DatasetConfig(
+        paths=tuple(config.data.train),
+        format=config.data.format,
+        batch_size=config.data.batch_size,
+        num_epochs=config.data.epochs,
+        shuffle_buffer=config.data.shuffle_buffer,
+        reader_process=config.data.reader_process,
+        seed=config.data.seed,
+        worker_index=task_index,
+        num_workers=num_workers,
+        **data_options(config),
+    )
 
 
 def _reader_id_space(config: TrainConfig) -> int:

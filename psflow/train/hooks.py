@@ -1,25 +1,8 @@
 """Session hooks: code that runs around the training steps of a session.
 
-Lifecycle of every hook of a :class:`~psflow.train.session.MonitoredTrainingSession`,
-in this order (hooks are called in the order given, for each call):
-
-1. ``begin()`` -- once, before the session joins the cluster; no RPCs yet.
-2. ``after_create_session(session)`` -- once, after the variables are
-   initialized or restored and the cluster is ready; ``session.global_step``
-   is valid.
-3. for each step:
-   a. ``before_run(context)`` -- a hook may call ``context.request_stop()``;
-      if any hook did, the step is *not* run and the loop ends;
-   b. the step runs (pull, compute, push);
-   c. ``after_run(context, values)`` -- ``values`` is what the step produced;
-      ``request_stop()`` here ends the loop after this step.
-4. ``end(session)`` -- once, when the loop ends normally (data exhausted or a
-   stop requested). Checkpoint and summary hooks save their last state here.
-
-On an exception (from the step or from a hook) no further hook method runs:
-``end()`` is skipped, so nothing is saved from a failed step, and the
-exception propagates out of the session. A hook that raises in ``begin`` or
-``after_create_session`` stops the session from starting.
+The hook interface (:class:`SessionRunHook`, :class:`RunContext`, :class:`RunValues`), the order in which a
+session calls its hooks and what an exception skips are in :mod:`psflow.train.hook_api`; those names are
+exported from here too.
 
 Built-in hooks: :class:`CheckpointSaverHook`, :class:`SummarySaverHook`,
 :class:`StopAtStepHook`, :class:`StopAfterEpochsHook`,
@@ -35,7 +18,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from psflow.checkpoint.manifest import read_manifest
@@ -45,6 +27,7 @@ from psflow.data import BatchSource
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import RpcError
+from psflow.train.hook_api import RunContext, RunValues, SessionRunHook
 from psflow.train.summary import SummaryWriter
 
 if TYPE_CHECKING:
@@ -83,79 +66,6 @@ class NanLossError(TrainingError, RuntimeError):
     The message is one line naming the worker, the global step and the batch's
     source (files and record ranges, :class:`~psflow.data.BatchSource`).
     """
-
-
-@dataclass
-class RunContext:
-    """Passed to ``before_run``/``after_run``; lets a hook stop the loop.
-
-    Attributes:
-        session: the session running the step.
-        local_step: steps this session has run before this one.
-    """
-
-    session: MonitoredTrainingSession
-    local_step: int
-    stop_requested: bool = False
-    stop_reason: str | None = None
-
-    def request_stop(self, reason: str | None = None) -> None:
-        """Ends the loop (before this step in ``before_run``, after it in ``after_run``).
-
-        ``reason``: why, in words (the session's :attr:`~psflow.train.session.MonitoredTrainingSession.stop_reason`,
-        a worker's result); the first reason given in a session is kept.
-        """
-        self.stop_requested = True
-        if self.stop_reason is None:
-            self.stop_reason = reason
-
-
-@dataclass(frozen=True)
-class RunValues:
-    """What one step produced.
-
-    Attributes:
-        step: the global_step this step's push produced.
-        loss: the batch's mean loss.
-        examples: examples in the batch.
-        metrics: the model's metrics of the batch (e.g. ``auc``, ``accuracy``;
-            see :meth:`psflow.models.Model.metrics`), computed on first access.
-        epochs_completed: epochs of this worker's data finished after this
-            step, or None if unknown.
-        source: where the step's batch came from (files and record ranges),
-            or None if unknown.
-        completed: this step's push owns ``step`` (sync: it completed the
-            aggregation), so only it logs the step.
-        min_clock: ssp: the slowest live worker's clock when this one was let go.
-    """
-
-    step: int
-    loss: float
-    examples: int
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    epochs_completed: int | None = None
-    source: BatchSource | None = None
-    completed: bool = True
-    min_clock: int | None = None
-
-
-class SessionRunHook:
-    """Base class: every method does nothing. See the module docstring for the order."""
-
-    def begin(self) -> None:
-        """Called once before the session joins the cluster."""
-
-    def after_create_session(self, session: MonitoredTrainingSession) -> None:
-        """Called once the cluster is ready (variables initialized or restored)."""
-
-    def before_run(self, context: RunContext) -> None:
-        """Called before each step."""
-
-    def after_run(self, context: RunContext, values: RunValues) -> None:
-        """Called after each step that ran."""
-
-    def end(self, session: MonitoredTrainingSession) -> None:
-        """Called once when the loop ends without an exception."""
 
 
 class _Timer:

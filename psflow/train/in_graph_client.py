@@ -323,9 +323,9 @@ def _report_run_over(config: TrainConfig, cluster: ClusterSpec, client: Paramete
     own, so that the ps tasks of ``psflow server`` exit. The in-graph workers run no session of their own: the
     client, which drives them all, speaks for them. Never raises (a ps task that did not hear it is a WARNING)."""
     from psflow.ps.run_end import training_workers
-    from psflow.train.worker import _final_checkpoint
+    from psflow.train.final_duties import final_checkpoint
 
-    final = _final_checkpoint(config.checkpoint.dir)
+    final = final_checkpoint(config.checkpoint.dir)
     for worker in training_workers(cluster):
         client.report_done(checkpoint_dir=bool(config.checkpoint.dir), final_checkpoint=final, worker=worker)
 

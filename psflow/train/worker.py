@@ -45,26 +45,23 @@ from __future__ import annotations
 import collections
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from psflow import jsonio, storage
-from psflow.checkpoint.manifest import read_manifest
-from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease, create_backend
 from psflow.data import Batch, Dataset, DatasetConfig, ReaderPosition, open_dataset, read_all
-from psflow.errors import CheckpointError, TrainingError
+from psflow.errors import TrainingError
 from psflow.models.api import Model
 from psflow.placement import VariableSet
 from psflow.ps.client import ParameterClient
 from psflow.ps.fencing import FencedWriter
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.rpc.tls import TlsConfig
-from psflow.train.build import build_model, data_options
+from psflow.train.build import build_model, data_options, dataset_config
 from psflow.train.chief import is_chief
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import (
@@ -77,6 +74,7 @@ from psflow.train.duties import (
     run_id,
 )
 from psflow.train.faults import NO_FAULTS, FaultInjection
+from psflow.train.final_duties import end_duties, final_checkpoint, resign
 from psflow.train.pipeline import PipelinedStep
 from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
@@ -148,21 +146,6 @@ def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: Variabl
     return client
 
 
-def _dataset_config(config: TrainConfig, task_index: int, num_workers: int) -> DatasetConfig:
-    return DatasetConfig(
-        paths=tuple(config.data.train),
-        format=config.data.format,
-        batch_size=config.data.batch_size,
-        num_epochs=config.data.epochs,
-        shuffle_buffer=config.data.shuffle_buffer,
-        reader_process=config.data.reader_process,
-        seed=config.data.seed,
-        worker_index=task_index,
-        num_workers=num_workers,
-        **data_options(config),
-    )
-
-
 def run_worker(
     config: TrainConfig,
     cluster: ClusterSpec,
@@ -208,7 +191,7 @@ def run_worker(
             leadership = _leadership(config, cluster, task, token, client, tls)
     if stop is not None:
         stop.on_interrupt(client.close)  # fails a call blocked when a stop comes (a sync barrier)
-    data_config = _dataset_config(config, task_index, cluster.num_tasks("worker"))
+    data_config = dataset_config(config, task_index, cluster.num_tasks("worker"))
     steps_in_flight = _steps_in_flight(config, client)
     progress = _Progress(time.monotonic())
     try:
@@ -238,7 +221,7 @@ def run_worker(
                     _check_stop(stop, task, f"after its data ended ({reason})")
                     # The chief duties go to a worker that still trains, if any.
                     restored, text = recovery.linger(cluster.num_tasks("worker"), before_waiting=functools.partial(
-                        _resign, leadership, task_index, reason))
+                        resign, leadership, task_index, reason))
                 except RpcError as e:
                     if stop is not None and stop.requested() is not None:  # the stop closed the channels
                         raise WorkerStopped(f"{task}: stopped ({stop.requested()}): {e}") from e
@@ -252,12 +235,12 @@ def run_worker(
                     break
                 resume = fit_position(text, data_config, task)  # rewound: it campaigns again from its next step
             if leadership is not None:  # the last to finish writes the final checkpoint
-                _end_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout, config.checkpoint.dir)
+                end_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout, config.checkpoint.dir)
         if own_client:  # the session ended normally: its final checkpoint is written
             if leadership is not None:  # resign first: the lease lives on ps task 0, which may now exit
                 leadership.close()
             client.report_done(checkpoint_dir=bool(config.checkpoint.dir),
-                               final_checkpoint=_final_checkpoint(config.checkpoint.dir))
+                               final_checkpoint=final_checkpoint(config.checkpoint.dir))
     finally:
         if leadership is not None:
             leadership.close()
@@ -310,64 +293,12 @@ def _steps_in_flight(config: TrainConfig, client: ParameterClient) -> int:
     return k
 
 
-def _final_checkpoint(directory: str | None) -> str | None:
-    """The name of the newest checkpoint in ``directory`` if it is the run's final one (else None)."""
-    if not directory:
-        return None
-    try:
-        latest = latest_checkpoint(directory)
-        return os.path.basename(latest) if latest is not None and read_manifest(latest).final else None
-    except (CheckpointError, OSError) as e:  # only reported to the ps tasks: never fails the worker
-        log.warning("could not read the final checkpoint in %s: %s", directory, e)
-        return None
-
-
 def _new_cluster(client: ParameterClient) -> bool:
     """Whether the chief has not initialized the cluster yet (ps task 0 holds no variables), or it cannot tell."""
     try:
         return not client.ps_stats().registered
     except RpcError:
         return True
-
-
-def _end_duties(leadership: Leadership, lease_ttl: float, connect_timeout: float, checkpoint_dir: str | None) -> None:
-    """(Before its session ends) A worker that did not hand its duties on (the last to finish) makes sure it holds
-    the lease, so its session's end writes the final checkpoint (:func:`_take_final_duties` if not). Held means
-    confirmed by the service (one renewal): a restarted ps task 0 forgets every embedded lease while the holder's
-    own view of it lasts up to ``lease_ttl`` more, and another worker it elected meanwhile fenced the ps tasks
-    at a newer epoch, so a save under the forgotten lease would be refused."""
-    if not leadership.resigned and leadership.confirmed_lease() is None:
-        _take_final_duties(leadership, lease_ttl, connect_timeout, checkpoint_dir)
-
-
-def _take_final_duties(leadership: Leadership, lease_ttl: float, connect_timeout: float,
-                       checkpoint_dir: str | None) -> None:
-    """(The last worker to finish, without the lease) campaigns until it holds it, so its session's end
-    writes the final checkpoint. Blocks until elected: a dead holder's lease lapses within ``lease_ttl``,
-    and a coordination service that is down serves again once its task is back (the embedded one lives
-    on ps task 0, which a cluster with replicated shards trains without while it restarts), waited for as
-    long as a worker waits for any ps task to come up (``connect_timeout``; at least ``lease_ttl`` + 2 s).
-
-    Raises:
-        TrainingError: not elected within that time while ``checkpoint_dir`` holds no final checkpoint:
-            nobody would write this run's final model, and exiting 0 would leave an older checkpoint
-            (the initial one, if no periodic save came) as the newest, which export and restore read.
-    """
-    limit = max(lease_ttl + max(2.0, lease_ttl / 2), connect_timeout)
-    if leadership.campaign(timeout=limit) is not None:
-        return
-    if checkpoint_dir and _final_checkpoint(checkpoint_dir) is None:
-        newest = latest_checkpoint(checkpoint_dir)
-        raise TrainingError(f"{leadership.candidate}: not elected chief within {limit:.1f} s after its data ended "
-                            f"(the last worker to finish): no final checkpoint was written in {checkpoint_dir} "
-                            f"(its newest: {os.path.basename(newest) if newest else 'none'})")
-    log.warning("%s: not elected chief within %.1f s after its data ended; the final checkpoint is left to the "
-                "holder", leadership.candidate, limit)
-
-
-def _resign(leadership: Leadership, task_index: int, reason: str) -> None:
-    log.info("worker %d: finished its data (%s); waiting for the other workers", task_index, reason)
-    leadership.resign()
 
 
 def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None,

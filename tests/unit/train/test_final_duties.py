@@ -24,8 +24,8 @@ from psflow.coord.api import (
     LeaseLostError,
 )
 from psflow.errors import TrainingError
+from psflow.train.final_duties import end_duties, take_final_duties
 from psflow.train.recovery import Leadership
-from psflow.train.worker import _end_duties, _take_final_duties
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,7 +66,7 @@ def test_the_last_worker_waits_for_a_restarting_coordination_service_beyond_the_
     backend = _ServiceBackAfter()
     leadership = Leadership(backend, TASK)
     # lease_ttl 0.2: a dead holder's lease lapsed long before; the service itself is back only after 3 s
-    taker = threading.Thread(target=_take_final_duties, args=(leadership, 0.2, 30.0, str(tmp_path)), daemon=True)
+    taker = threading.Thread(target=take_final_duties, args=(leadership, 0.2, 30.0, str(tmp_path)), daemon=True)
     taker.start()
     assert backend.asked.wait(timeout=30)
     time.sleep(3.0)  # longer than lease_ttl + 2 s, the wait before this change
@@ -81,7 +81,7 @@ def test_a_last_worker_never_elected_fails_rather_than_leave_an_older_checkpoint
     leadership = Leadership(_ServiceBackAfter(), TASK)  # the service never comes back
     # lease_ttl 0.1 + 2 s, more than connect_timeout 0.5
     with pytest.raises(TrainingError, match=rf"{TASK}: not elected chief within 2\.1 s .* no final checkpoint"):
-        _take_final_duties(leadership, 0.1, 0.5, str(tmp_path))
+        take_final_duties(leadership, 0.1, 0.5, str(tmp_path))
     assert leadership.lease() is None
 
 
@@ -114,6 +114,6 @@ def test_the_last_worker_does_not_trust_a_lease_the_restarted_table_forgot(tmp_p
     backend.restarted = True
     held = leadership.lease()
     assert held is not None and held.epoch == 5  # its own view: still held
-    _end_duties(leadership, 2.0, 5.0, str(tmp_path))
+    end_duties(leadership, 2.0, 5.0, str(tmp_path))
     lease = leadership.lease()
     assert lease is not None and lease.epoch == 9  # elected again: its final save is not fenced off

@@ -1,0 +1,88 @@
+"""What a save records: the :class:`~psflow.checkpoint.manifest.Manifest` built from the ps tasks' shard replies.
+
+:func:`build_manifest` turns what every ps task said it saved (its shard's file, size, sha256 and partitions;
+a replicated shard's push counts; the snapshot's marks, an increment's base) and the client's layout into
+the manifest :class:`~psflow.checkpoint.save.CheckpointManager` writes last. Every partition of the layout
+must be in a shard, and the task holding global_step dates the checkpoint; otherwise nothing is written
+(the save fails). Writes nothing itself.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from psflow.checkpoint.manifest import Manifest, psflow_version
+from psflow.errors import CheckpointError
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import SaveShardReply
+from psflow.ps.store import partition_key
+
+__all__ = ["build_manifest"]
+
+
+def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
+    """A shard's entry in the manifest; a replicated shard's with the count of the pushes it holds (in all and
+    per client process); with the
+    snapshot's mark token and epoch (the base of a later increment)."""
+    record: dict[str, Any] = {"file": file, "task": reply.task, "bytes": reply.size, "sha256": reply.sha256}
+    if reply.pushes_applied is not None:
+        record["pushes_applied"] = reply.pushes_applied
+    if reply.pushes_applied_by is not None:
+        record["pushes_applied_by"] = reply.pushes_applied_by
+    if reply.marks is not None:
+        record["marks"] = dict(reply.marks)
+    return record
+
+
+def build_manifest(client: ParameterClient, replies: dict[int, tuple[str, SaveShardReply]],
+                   optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
+                   writer: Mapping[str, Any], final: bool) -> Manifest:
+    """The manifest of a save whose shards every ps task wrote (``replies``: task -> its file name and reply).
+
+    Pure: reads only its arguments (the client's layout and cluster, no RPC) and the clock (``created``).
+
+    Raises:
+        CheckpointError: a partition of the client's layout is in no shard, or the shard of the task holding
+            global_step dates nothing.
+    """
+    located = {p["key"]: (file, p) for file, reply in replies.values() for p in reply.partitions}
+    variables: dict[str, dict[str, Any]] = {}
+    for name, placement in client.layout.items():
+        parts = []
+        for part in placement.partitions:
+            key = partition_key(name, part.index)
+            if key not in located:
+                raise CheckpointError(f"variable {name!r} partition {part.index} was not saved by /job:ps/task:{part.task}")
+            shard, saved = located[key]
+            record = {"index": part.index, "task": part.task, "row_start": part.row_start,
+                      "row_stop": part.row_stop, "shard": shard, "slots": saved["slots"]}
+            if placement.is_dynamic:  # rows keyed by id: how many, and the snapshot's arrays
+                record.update(rows=saved["rows"], dynamic=saved["dynamic"])
+            if "changed" in saved:  # an increment's partition: only these rows
+                record["changed"] = saved["changed"]
+            parts.append(record)
+        var = placement.var
+        variables[name] = {"shape": list(var.shape), "dtype": var.dtype, "trainable": var.trainable, "partitions": parts}
+        if var.dynamic is not None:
+            variables[name]["dynamic"] = dict(var.dynamic)
+    step_reply = replies[client.step_task][1]
+    if step_reply.global_step is None:
+        raise CheckpointError(f"{step_reply.task} holds no global_step: its shard cannot date the checkpoint")
+    return Manifest(
+        global_step=step_reply.global_step,
+        variables=variables,
+        shards=[_shard_record(file, r) for _, (file, r) in sorted(replies.items())],
+        reader_positions=dict(step_reply.positions),
+        examples=step_reply.examples,
+        cluster=json.loads(client.cluster.to_json()),
+        optimizer=dict(optimizer) if optimizer is not None else None,
+        model=dict(model) if model is not None else None,
+        psflow_version=psflow_version(),
+        created=time.time(),
+        lineage=lineage,
+        run={k: writer[k] for k in ("run_id", "epoch", "holder", "writer", "host", "pid")},
+        final=final,
+    )

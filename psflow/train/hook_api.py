@@ -1,0 +1,112 @@
+"""The hook interface of a session: :class:`SessionRunHook` and what its methods receive.
+
+Lifecycle of every hook of a :class:`~psflow.train.session.MonitoredTrainingSession`,
+in this order (hooks are called in the order given, for each call):
+
+1. ``begin()`` -- once, before the session joins the cluster; no RPCs yet.
+2. ``after_create_session(session)`` -- once, after the variables are
+   initialized or restored and the cluster is ready; ``session.global_step``
+   is valid.
+3. for each step:
+   a. ``before_run(context)`` -- a hook may call ``context.request_stop()``;
+      if any hook did, the step is *not* run and the loop ends;
+   b. the step runs (pull, compute, push);
+   c. ``after_run(context, values)`` -- ``values`` is what the step produced;
+      ``request_stop()`` here ends the loop after this step.
+4. ``end(session)`` -- once, when the loop ends normally (data exhausted or a
+   stop requested). Checkpoint and summary hooks save their last state here.
+
+On an exception (from the step or from a hook) no further hook method runs:
+``end()`` is skipped, so nothing is saved from a failed step, and the
+exception propagates out of the session. A hook that raises in ``begin`` or
+``after_create_session`` stops the session from starting.
+
+Users write their own hooks by subclassing :class:`SessionRunHook` and overriding any of the methods;
+the built-in ones are in :mod:`psflow.train.hooks`, which also exports these names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from psflow.data import BatchSource
+
+if TYPE_CHECKING:
+    from psflow.train.session import MonitoredTrainingSession
+
+__all__ = ["RunContext", "RunValues", "SessionRunHook"]
+
+
+@dataclass
+class RunContext:
+    """Passed to ``before_run``/``after_run``; lets a hook stop the loop.
+
+    Attributes:
+        session: the session running the step.
+        local_step: steps this session has run before this one.
+    """
+
+    session: MonitoredTrainingSession
+    local_step: int
+    stop_requested: bool = False
+    stop_reason: str | None = None
+
+    def request_stop(self, reason: str | None = None) -> None:
+        """Ends the loop (before this step in ``before_run``, after it in ``after_run``).
+
+        ``reason``: why, in words (the session's :attr:`~psflow.train.session.MonitoredTrainingSession.stop_reason`,
+        a worker's result); the first reason given in a session is kept.
+        """
+        self.stop_requested = True
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+
+@dataclass(frozen=True)
+class RunValues:
+    """What one step produced.
+
+    Attributes:
+        step: the global_step this step's push produced.
+        loss: the batch's mean loss.
+        examples: examples in the batch.
+        metrics: the model's metrics of the batch (e.g. ``auc``, ``accuracy``;
+            see :meth:`psflow.models.Model.metrics`), computed on first access.
+        epochs_completed: epochs of this worker's data finished after this
+            step, or None if unknown.
+        source: where the step's batch came from (files and record ranges),
+            or None if unknown.
+        completed: this step's push owns ``step`` (sync: it completed the
+            aggregation), so only it logs the step.
+        min_clock: ssp: the slowest live worker's clock when this one was let go.
+    """
+
+    step: int
+    loss: float
+    examples: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    epochs_completed: int | None = None
+    source: BatchSource | None = None
+    completed: bool = True
+    min_clock: int | None = None
+
+
+class SessionRunHook:
+    """Base class: every method does nothing. See the module docstring for the order."""
+
+    def begin(self) -> None:
+        """Called once before the session joins the cluster."""
+
+    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+        """Called once the cluster is ready (variables initialized or restored)."""
+
+    def before_run(self, context: RunContext) -> None:
+        """Called before each step."""
+
+    def after_run(self, context: RunContext, values: RunValues) -> None:
+        """Called after each step that ran."""
+
+    def end(self, session: MonitoredTrainingSession) -> None:
+        """Called once when the loop ends without an exception."""
