@@ -194,6 +194,10 @@ class ShardReplication:
                 "counts_exact": self.dedup.exact}
 
     def replica_status(self, frame: Frame) -> Reply:
+        """ReplicaStatus: a backup first writes the entries handed over to it (no wait for the others), so
+        ``applied_seq`` is what it holds, not up to ``COALESCE`` - 1 entries behind (applier.py)."""
+        if self.view.view.role != PRIMARY:
+            self.applier.settle(0.0)
         return _reply(self.status())
 
     def _applied_seq(self) -> int:

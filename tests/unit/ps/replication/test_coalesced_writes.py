@@ -174,3 +174,16 @@ def test_deltas_that_do_not_fit_are_written_as_they_are_and_refused_by_name() ->
     with pytest.raises(InvalidRequest, match="variable 'w' partition 0.*1 rows for 2 row numbers"):
         for delta in coalesce([good, short]):
             write(store, delta)
+
+
+def test_a_backups_replica_status_reports_every_entry_handed_over_as_applied(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    # Fewer entries than COALESCE: nothing forces a write. ReplicaStatus (what the launcher, the status page and the
+    # tests read to see a rebuilt member caught up) writes them first, without waiting for any other entry.
+    shard = _shard(make_shard, "adagrad")
+    rng = np.random.default_rng(9)
+    for n in range(1, 4):
+        _push_and_pull(shard, rng, n)
+    member = shard.replicas[COALESCED]
+    assert member.applier.received_seq > member.applier.applied_seq  # waiting for the next ones
+    assert shard.status(COALESCED).applied_seq == member.applier.received_seq == shard.status(PRIMARY).applied_seq
