@@ -254,18 +254,7 @@ def _shut_down_members(lc: LocalCluster) -> None:
     stopped each shard's primary; its backups (``ps_backup`` tasks, or ps tasks a failover made backups) end
     here too, so each exits 0 rather than being stopped at the run's end. A member that does not answer is
     stopped with the others (``LocalCluster.stop_all``)."""
-    connect = ConnectConfig(connect_timeout=1.0, rpc_timeout=1.0, token=lc.token)
-    running = {t.name for t in lc.tasks if t.exit_code is None and t.popen.poll() is None}
-    for name, address in ps_members(lc.cluster):
-        if name not in running:
-            continue
-        channel = TaskChannel(name, address, PARAMETER_SERVICE, connect)
-        try:
-            channel.call("Shutdown", timeout=1.0)
-        except RpcError as e:
-            log.debug("%s: shutdown: %s", name, e)
-        finally:
-            channel.close()
+    _send_shutdown(lc, list(ps_members(lc.cluster)), PARAMETER_SERVICE)
 
 
 def _shut_down_step_servers(lc: LocalCluster) -> None:
@@ -273,13 +262,20 @@ def _shut_down_step_servers(lc: LocalCluster) -> None:
     nothing else ends them (the client stopped only the ps tasks), and the caller waits up to 5 s for every
     task to exit before the rest are stopped by SIGTERM. A worker that does not answer is stopped with the
     others (``LocalCluster.stop_all``). Never raises."""
+    workers = [(f"/job:worker/task:{i}", lc.cluster.task_address("worker", i))
+               for i in lc.cluster.task_indices("worker")]
+    _send_shutdown(lc, workers, WORKER_SERVICE)
+
+
+def _send_shutdown(lc: LocalCluster, tasks: list[tuple[str, str]], service: str) -> None:
+    """One ``Shutdown`` call (1 s) to each of ``tasks`` (name, address) still running, on ``service``; a task that
+    does not answer is logged at debug level and left to ``LocalCluster.stop_all``. Never raises an RpcError."""
     connect = ConnectConfig(connect_timeout=1.0, rpc_timeout=1.0, token=lc.token)
     running = {t.name for t in lc.tasks if t.exit_code is None and t.popen.poll() is None}
-    for i in lc.cluster.task_indices("worker"):
-        name = f"/job:worker/task:{i}"
+    for name, address in tasks:
         if name not in running:
             continue
-        channel = TaskChannel(name, lc.cluster.task_address("worker", i), WORKER_SERVICE, connect)
+        channel = TaskChannel(name, address, service, connect)
         try:
             channel.call("Shutdown", timeout=1.0)
         except RpcError as e:
