@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from psflow.cluster import ClusterSpec
+from psflow.coord.api import DEFAULT_ELECTION, CoordinationBackend, LeaderInfo, Lease
 from psflow.ps.service import ParameterService
 
 REPO = Path(__file__).resolve().parent.parent
@@ -227,3 +228,25 @@ def registered_ps_task() -> ParameterService:
                         "optimizer": OptimizerSpec("sgd", {"learning_rate": 0.5}).to_json(), "client": "w0",
                         "chief": True}))
     return svc
+
+
+class HeldLeases(CoordinationBackend):
+    """A coordination backend double for the election tests: a lease it granted stays held until it lapses,
+    renewals keep it as it is, and it knows no leader. A test names how ``campaign`` grants (the one abstract
+    method left)."""
+
+    def renew(self, lease: Lease) -> Lease:
+        return lease
+
+    def is_held(self, lease: Lease) -> bool:
+        return lease.remaining() > 0
+
+    def resign(self, lease: Lease) -> None:
+        pass
+
+    def leader(self, election: str = DEFAULT_ELECTION) -> LeaderInfo | None:
+        return None
+
+    def close(self) -> None:
+        pass
+

@@ -14,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from support import HeldLeases
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager, FinalCheckpointError
 from psflow.cluster import ClusterSpec
-from psflow.coord.api import DEFAULT_ELECTION, CoordinationBackend, LeaderInfo, Lease
+from psflow.coord.api import DEFAULT_ELECTION, Lease
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
@@ -36,7 +37,7 @@ CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
 SGD = OptimizerSpec("sgd", {"learning_rate": 0.1})
 
 
-class _Held(CoordinationBackend):
+class _Held(HeldLeases):
     """A coordination service that grants ``epoch`` and never takes it back (the fence is the ps tasks')."""
 
     def __init__(self, epoch: int) -> None:
@@ -44,21 +45,6 @@ class _Held(CoordinationBackend):
 
     def campaign(self, candidate: str, *, election: str = DEFAULT_ELECTION, timeout: float | None = None) -> Lease:
         return Lease(election, candidate, f"{candidate}#1", self.epoch, 60.0, time.monotonic() + 60.0)
-
-    def renew(self, lease: Lease) -> Lease:
-        return lease
-
-    def is_held(self, lease: Lease) -> bool:
-        return lease.remaining() > 0
-
-    def resign(self, lease: Lease) -> None:
-        pass
-
-    def leader(self, election: str = DEFAULT_ELECTION) -> LeaderInfo | None:
-        return None
-
-    def close(self) -> None:
-        pass
 
 
 class _Cluster:

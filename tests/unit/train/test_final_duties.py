@@ -14,12 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from support import HeldLeases
 
 from psflow.coord.api import (
     DEFAULT_ELECTION,
     CampaignTimeoutError,
-    CoordinationBackend,
-    LeaderInfo,
     Lease,
     LeaseLostError,
 )
@@ -32,7 +31,7 @@ pytestmark = pytest.mark.timeout(60)
 TASK = "/job:worker/task:1"
 
 
-class _ServiceBackAfter(CoordinationBackend):
+class _ServiceBackAfter(HeldLeases):
     """A coordination service that is down until ``back`` is set (ps task 0 restarting): a campaign keeps
     asking until its ``timeout`` (as :class:`~psflow.coord.embedded.EmbeddedBackend`'s does), then fails."""
 
@@ -45,21 +44,6 @@ class _ServiceBackAfter(CoordinationBackend):
         if not self.back.wait(timeout=timeout):
             raise CampaignTimeoutError(f"{candidate}: election {election!r}: coordination service down")
         return Lease(election, candidate, f"{candidate}#1", 9, 10.0, time.monotonic() + 10.0)
-
-    def renew(self, lease: Lease) -> Lease:
-        return lease
-
-    def is_held(self, lease: Lease) -> bool:
-        return lease.remaining() > 0
-
-    def resign(self, lease: Lease) -> None:
-        pass
-
-    def leader(self, election: str = DEFAULT_ELECTION) -> LeaderInfo | None:
-        return None
-
-    def close(self) -> None:
-        pass
 
 
 def test_the_last_worker_waits_for_a_restarting_coordination_service_beyond_the_lease_time(tmp_path: Path) -> None:

@@ -14,14 +14,15 @@ import threading
 import time
 
 import pytest
+from support import HeldLeases
 
-from psflow.coord.api import DEFAULT_ELECTION, CampaignTimeoutError, CoordinationBackend, LeaderInfo, Lease
+from psflow.coord.api import DEFAULT_ELECTION, CampaignTimeoutError, Lease
 from psflow.train.recovery import Leadership
 
 pytestmark = pytest.mark.timeout(60)
 
 
-class _GrantWhenTold(CoordinationBackend):
+class _GrantWhenTold(HeldLeases):
     """A backend whose one campaign call waits until the test grants it (epoch 7)."""
 
     def __init__(self) -> None:
@@ -33,21 +34,6 @@ class _GrantWhenTold(CoordinationBackend):
         if not self.grant.wait(timeout=30):
             raise CampaignTimeoutError(f"{candidate}: not granted by the test")
         return Lease(election, candidate, f"{candidate}#1", 7, 10.0, time.monotonic() + 10.0)
-
-    def renew(self, lease: Lease) -> Lease:
-        return lease
-
-    def is_held(self, lease: Lease) -> bool:
-        return lease.remaining() > 0
-
-    def resign(self, lease: Lease) -> None:
-        pass
-
-    def leader(self, election: str = DEFAULT_ELECTION) -> LeaderInfo | None:
-        return None
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_lease_granted_while_the_campaign_stops_is_held_and_logged(caplog: pytest.LogCaptureFixture) -> None:
