@@ -11,6 +11,12 @@ frames carry only ``meta``):
 ``Resign``    ``{election, holder, epoch}`` -> ``{released}``; idempotent.
 ``Leader``    ``{election}`` -> ``{leader: null | {candidate, epoch, remaining}}``.
 
+On a replicated shard 0 (``--ps-replicas``, :mod:`psflow.ps.replication.leases`) every member serves the
+table; a member that is not the shard's primary answers every call with ``{not_primary: why, primary: task
+or null}`` (:data:`NOT_PRIMARY`), and the client tries the member it names (:mod:`psflow.coord.embedded`).
+The primary carries the table to its backups (:meth:`LeaseTable.export`, :meth:`LeaseTable.load`) and a
+promoted backup restarts every lease's time (:meth:`LeaseTable.restart_expiries`).
+
 Guarantees:
     * At most one unexpired lease per election at any moment.
     * Epochs of an election grow strictly with every grant. They start from
@@ -18,6 +24,8 @@ Guarantees:
       keep growing across a restart of ps task 0 unless its clock steps back.
     * An expired lease is never renewed, even if nobody took it over: its
       holder already considers it lost (see :class:`~psflow.coord.api.Lease`).
+      (A table loaded from another member's, or whose expiries restarted,
+      counts each lease's time anew: :meth:`LeaseTable.load`.)
 """
 
 from __future__ import annotations
@@ -32,11 +40,13 @@ from psflow.coord.api import check_name
 from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
-__all__ = ["COORDINATION_SERVICE", "LeaseTable", "MAX_TTL", "MIN_TTL"]
+__all__ = ["COORDINATION_SERVICE", "LeaseTable", "MAX_TTL", "MIN_TTL", "NOT_PRIMARY"]
 
 #: gRPC service name under which ps task 0 serves the lease table.
 COORDINATION_SERVICE = "psflow.CoordinationService"
 MIN_TTL, MAX_TTL = 0.1, 3600.0
+#: The reply key of a member of a replicated shard 0 that is not its primary (it serves no lease).
+NOT_PRIMARY = "not_primary"
 
 
 @dataclass
@@ -44,6 +54,7 @@ class _Grant:
     candidate: str
     holder: str
     epoch: int
+    ttl: float
     expires: float  # server monotonic clock
 
 
@@ -82,10 +93,10 @@ class LeaseTable:
             if grant is None:
                 epoch = max(self._last_epoch.get(election, 0) + 1, self._wall_ms())
                 self._last_epoch[election] = epoch
-                grant = _Grant(candidate, holder, epoch, now + ttl)
+                grant = _Grant(candidate, holder, epoch, ttl, now + ttl)
                 self._grants[election] = grant
             else:
-                grant.expires = now + ttl
+                grant.ttl, grant.expires = ttl, now + ttl
             return {"granted": True, "epoch": grant.epoch, "ttl": ttl}
 
     def renew(self, election: str, holder: str, epoch: int, ttl: float) -> dict[str, Any]:
@@ -100,7 +111,7 @@ class LeaseTable:
             if grant is None or grant.holder != holder or grant.epoch != epoch:
                 now_held = f"now held by {grant.candidate!r} at epoch {grant.epoch}" if grant else "now free"
                 raise PreconditionFailed(f"lease on election {election!r} at epoch {epoch} is lost ({now_held})")
-            grant.expires = now + ttl
+            grant.ttl, grant.expires = ttl, now + ttl
             return {"epoch": epoch, "ttl": ttl}
 
     def resign(self, election: str, holder: str, epoch: int) -> dict[str, Any]:
@@ -120,6 +131,44 @@ class LeaseTable:
             if grant is None:
                 return None
             return {"candidate": grant.candidate, "epoch": grant.epoch, "remaining": grant.expires - now}
+
+    # ---- the table as a replicated shard 0 carries it (psflow.ps.replication.leases) -------------------
+    def export(self) -> dict[str, Any]:
+        """The table (JSON): every live lease's candidate, holder, epoch and ttl, and each election's last
+        epoch. Not the expiry times: they are this host's monotonic clock (see :meth:`load`)."""
+        with self._lock:
+            now = self._clock()
+            grants = {e: {"candidate": g.candidate, "holder": g.holder, "epoch": g.epoch, "ttl": g.ttl}
+                      for e in list(self._grants) if (g := self._live(e, now)) is not None}
+            return {"grants": grants, "last_epoch": dict(self._last_epoch)}
+
+    def load(self, state: object) -> None:
+        """Replaces the whole table with ``state`` (:meth:`export` of another member's); each lease lives its
+        whole ttl from now, which a holder's own view (from before the export) never outlasts.
+
+        Raises:
+            ValueError: ``state`` is not an exported table (names this task).
+        """
+        try:
+            grants = {str(e): _Grant(str(g["candidate"]), str(g["holder"]), _int(g["epoch"]), float(g["ttl"]), 0.0)
+                      for e, g in _dict(state)["grants"].items()}
+            last = {str(e): _int(n) for e, n in _dict(_dict(state)["last_epoch"]).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{self.task_name}: not a lease table: {state!r:.80} ({e})") from e
+        with self._lock:
+            self._grants, self._last_epoch = grants, last
+            self._restart_locked()
+
+    def restart_expiries(self) -> None:
+        """Every lease now lives its whole ttl from now (a promoted member's table: its backup clock said nothing
+        of when the old primary last renewed each lease)."""
+        with self._lock:
+            self._restart_locked()
+
+    def _restart_locked(self) -> None:
+        now = self._clock()
+        for grant in self._grants.values():
+            grant.expires = now + grant.ttl
 
     def _live(self, election: str, now: float) -> _Grant | None:
         grant = self._grants.get(election)
@@ -151,6 +200,18 @@ def _name(meta: dict[str, Any], key: str) -> str:
         return check_name("election" if key == "election" else key, value)  # type: ignore[arg-type]
     except ValueError as e:
         raise InvalidRequest(f"field {key!r}: {e}") from e
+
+
+def _dict(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {value!r:.40}")
+    return value
 
 
 def _epoch(meta: dict[str, Any]) -> int:

@@ -118,3 +118,54 @@ def test_importing_psflow_coord_imports_no_backend_library() -> None:
     code = "import sys, psflow.coord; print('kazoo' in sys.modules, 'psflow.coord.zookeeper' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+# ---- the table's state as shard 0's replication carries it (issue 28) -----------------------------------
+
+def test_a_loaded_table_holds_the_same_lease_epoch_and_counter() -> None:
+    table, _ = make_table()
+    a = table.campaign("chief", "a", "a#1", 2.0)
+    copy, clock = make_table(wall_ms=0)  # another host: its wall clock is no floor here
+    copy.load(table.export())
+    assert copy.leader("chief") == {"candidate": "a", "epoch": a["epoch"], "remaining": pytest.approx(2.0)}
+    assert copy.renew("chief", "a#1", a["epoch"], 2.0)["epoch"] == a["epoch"]
+    assert not copy.campaign("chief", "b", "b#1", 2.0)["granted"]
+    copy.resign("chief", "a#1", a["epoch"])
+    assert copy.campaign("chief", "b", "b#1", 2.0)["epoch"] == a["epoch"] + 1  # the counter went on
+
+
+def test_loading_replaces_the_whole_table() -> None:
+    table, _ = make_table()
+    table.campaign("chief", "a", "a#1", 2.0)
+    other, _ = make_table()
+    other.campaign("other", "x", "x#1", 2.0)
+    other.load(table.export())
+    assert other.leader("other") is None and other.leader("chief") is not None
+
+
+def test_restarting_the_expiries_gives_every_lease_its_whole_ttl_from_now() -> None:
+    table, clock = make_table()
+    table.campaign("chief", "a", "a#1", 2.0)
+    clock.now += 1.5
+    table.restart_expiries()
+    clock.now += 1.9  # 3.4 s after the grant, 1.9 s after the restart: still held
+    assert not table.campaign("chief", "b", "b#1", 2.0)["granted"]
+    clock.now += 0.2
+    assert table.campaign("chief", "b", "b#1", 2.0)["granted"]
+
+
+def test_an_exported_table_holds_no_expired_lease() -> None:
+    table, clock = make_table()
+    table.campaign("chief", "a", "a#1", 2.0)
+    clock.now += 2.5
+    copy, _ = make_table()
+    copy.load(table.export())
+    assert copy.leader("chief") is None
+    assert copy.campaign("chief", "b", "b#1", 2.0)["epoch"] == 6  # after a's epoch 5
+
+
+@pytest.mark.parametrize("state", [None, [], {"grants": {"chief": {"epoch": "x"}}}, {"grants": [], "last_epoch": {}}])
+def test_a_malformed_state_is_refused_naming_the_table(state: object) -> None:
+    table, _ = make_table()
+    with pytest.raises(ValueError, match="/job:ps/task:0"):
+        table.load(state)
