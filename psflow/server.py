@@ -5,8 +5,10 @@ variables, optimizer slots and, on ps task 0, global_step). In a cluster with a
 ``ps_backup`` job (replicated shards, :mod:`psflow.ps.replication`) a ``ps`` or
 ``ps_backup`` task serves its shard's service with replication: the members of
 shard k hold the partitions placed on ps task k, and the primary forwards every
-change to the backups. The coordination backend's leases stay on
-``/job:ps/task:0`` alone (not replicated). A ``worker`` or
+change to the backups. The embedded coordination backend's lease table lives
+on ps task 0; in a replicated cluster every member of shard 0 serves it, the
+shard's primary answers and carries it to the backups with the shard's other
+changes (:mod:`psflow.ps.replication.leases`). A ``worker`` or
 ``chief`` task serves a small WorkerService (liveness and status), so every
 task of a cluster can be reached at its address.
 
@@ -151,7 +153,9 @@ class Server:
                                       transport="grpc" if tls is not None else "tcp"), self.parameter_service)
                 self._ps_handlers = self.replication.handlers(self._ps_handlers)
             services[PARAMETER_SERVICE] = {**self._ps_handlers, TRANSPORT_METHOD: self._transport}
-            if job_name == "ps" and task_index == min(self.cluster.task_indices("ps")):  # the embedded leases
+            if self.replication is not None and shard == min(self.cluster.task_indices("ps")):  # the embedded leases
+                services[COORDINATION_SERVICE] = self.replication.serve_leases(LeaseTable(self.task.name))
+            elif job_name == "ps" and task_index == min(self.cluster.task_indices("ps")):
                 services[COORDINATION_SERVICE] = LeaseTable(self.task.name).handlers()
         services[WORKER_SERVICE] = {"Ping": self._ping, "Shutdown": self._shutdown, **(worker_handlers or {})}
         self._grpc = serve("grpc", ServeConfig(self.task.name, bind_address or address, services, token=token,

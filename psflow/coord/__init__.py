@@ -10,7 +10,9 @@ Files:
 * ``registry.py``: :func:`create_backend` by name (``"embedded"``,
   ``"zookeeper"``), importing the chosen backend lazily.
 * ``lease_table.py``: :class:`LeaseTable`, the embedded backend's state,
-  served by ps task 0 as ``psflow.CoordinationService``.
+  served by ps task 0 as ``psflow.CoordinationService`` (with replicated ps
+  shards, by shard 0's primary, which carries it to its backups:
+  :mod:`psflow.ps.replication.leases`).
 * ``embedded.py``: :class:`EmbeddedBackend` (default; no extra service).
 * ``zookeeper.py``: :class:`ZooKeeperBackend` (kazoo; ephemeral sequential nodes).
 * ``fence.py``: :class:`FenceGuard` (ps side, served as the ps task's ``Fence``

@@ -88,6 +88,9 @@ class CoordinationConfig:
         root: ZooKeeper path under which elections live.
         tls: the embedded backend's channel to ps task 0 uses it, as every other call of the
             cluster does (``None``: plain text); ZooKeeper's connection does not (kazoo's own).
+        members: (embedded, replicated ps shards) every member of shard 0 as ``(task, address)``, in
+            member order: each serves the lease table and the shard's primary answers, so the calls go to
+            whichever member the replies name primary. Empty: ``address`` alone (unreplicated).
     """
 
     backend: str = "embedded"
@@ -97,6 +100,7 @@ class CoordinationConfig:
     rpc_timeout: float = 5.0
     root: str = "/psflow/elections"
     tls: TlsConfig | None = None
+    members: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.address:

@@ -6,11 +6,22 @@ polling it (non-blocking ``Campaign`` calls with backoff, at most every
 ``ttl / 4``) and, once elected, renew every ``ttl / 3`` from a daemon thread.
 
 Trade-offs (why not a file lock): it works across machines, and it uses the
-cluster token (and TLS) every other call uses. Its availability is ps task
-0's: while ps task 0 is down nobody can be elected or renew, so the leader
-loses its lease after ``ttl`` and training pauses anyway (ps 0 holds
-global_step). Epochs come from ps task 0's wall clock (see
-:mod:`psflow.coord.lease_table`), so they keep growing across its restarts.
+cluster token (and TLS) every other call uses. Unreplicated, its availability
+is ps task 0's: while ps task 0 is down nobody can be elected or renew, so the
+leader loses its lease after ``ttl`` and training pauses anyway (ps 0 holds
+global_step), and a restarted ps task 0 starts with no lease. Epochs come from
+ps task 0's wall clock (see :mod:`psflow.coord.lease_table`), so they keep
+growing across its restarts.
+
+With replicated ps shards (``CoordinationConfig.members``) every member of
+shard 0 serves the table and its primary answers
+(:mod:`psflow.ps.replication.leases`): a call goes to the member this client
+last found primary; one that cannot be reached, or answers that it is not the
+primary, sends the call on to the member it names (else the next in member
+order), each member tried once per call. The data path's clients promote a
+backup over a dead primary; this client only follows. None answering as
+primary is :class:`~psflow.coord.api.BackendUnavailableError`, which every
+caller retries as it retries an unreachable ps task 0.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from psflow.coord.api import (
@@ -32,8 +44,9 @@ from psflow.coord.api import (
     LeaseLostError,
     check_name,
 )
-from psflow.coord.lease_table import COORDINATION_SERVICE
+from psflow.coord.lease_table import COORDINATION_SERVICE, NOT_PRIMARY
 from psflow.rpc.api import (
+    Channel,
     ConnectConfig,
     DeadlineExceededError,
     FailedPreconditionError,
@@ -52,16 +65,22 @@ class _NotUpError(BackendUnavailableError):
 
 
 class EmbeddedBackend(CoordinationBackend):
-    """Client of the lease table served by ps task 0 (``config.address``)."""
+    """Client of the lease table served by ps task 0 (``config.address``), or by shard 0's primary
+    (``config.members``)."""
 
-    def __init__(self, config: CoordinationConfig) -> None:
-        """Opens a (lazily connected) channel to ``config.address``; starts no thread yet."""
+    def __init__(self, config: CoordinationConfig, *, connect: Callable[[str, str], Channel] | None = None) -> None:
+        """Opens (lazily connected) channels to ``config.address`` and ``config.members``; starts no thread yet.
+
+        ``connect``: (task, address) -> a channel to that task's coordination service (default: gRPC; an
+        in-process test serves the members' handlers directly)."""
         self._config = config
-        self._channel = TaskChannel(
-            "/job:ps/task:0 (coordination)", config.address, COORDINATION_SERVICE,
-            ConnectConfig(connect_timeout=config.rpc_timeout, rpc_timeout=config.rpc_timeout, token=config.token,
-                          tls=config.tls),
-        )
+        self._members = list(config.members) or [("/job:ps/task:0", config.address)]
+        self._at = next((i for i, (_, address) in enumerate(self._members) if address == config.address), 0)
+        connect_config = ConnectConfig(connect_timeout=config.rpc_timeout, rpc_timeout=config.rpc_timeout,
+                                       token=config.token, tls=config.tls)
+        self._connect = connect or (lambda task, address: TaskChannel(f"{task} (coordination)", address,
+                                                                      COORDINATION_SERVICE, connect_config))
+        self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self._held: dict[str, Lease] = {}  # election -> latest lease
         self._lost: set[str] = set()        # holders whose lease was lost
@@ -153,18 +172,52 @@ class EmbeddedBackend(CoordinationBackend):
             self.resign(lease)
         if self._keepalive is not None:
             self._keepalive.join(timeout=self._config.rpc_timeout + 1)
-        self._channel.close()
+        with self._lock:
+            channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            channel.close()
 
     # ---- internals -----------------------------------------------------------
     def _call(self, method: str, meta: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return self._channel.call(method, meta, timeout=self._config.rpc_timeout).meta
-        except FailedPreconditionError as e:
-            raise LeaseLostError(str(e)) from e
-        except (TaskUnavailableError, DeadlineExceededError) as e:
-            raise _NotUpError(f"coordination service at {self._config.address}: {method}: {e}") from e
-        except RpcError as e:
-            raise BackendUnavailableError(f"coordination service at {self._config.address}: {method}: {e}") from e
+        """``method`` on the member found primary (the only one, unreplicated); each member tried once."""
+        error: BackendUnavailableError | None = None
+        for _ in self._members:
+            task, address, channel = self._route()
+            where = f"coordination service at {address}" + (f" ({task})" if len(self._members) > 1 else "")
+            try:
+                reply = dict(channel.call(method, meta, timeout=self._config.rpc_timeout).meta)
+            except FailedPreconditionError as e:
+                raise LeaseLostError(str(e)) from e
+            except (TaskUnavailableError, DeadlineExceededError) as e:
+                error = _NotUpError(f"{where}: {method}: {e}")
+                self._move(task, None)
+                continue
+            except RpcError as e:
+                raise BackendUnavailableError(f"{where}: {method}: {e}") from e
+            if NOT_PRIMARY not in reply:
+                return reply
+            error = _NotUpError(f"{where}: {method}: {reply[NOT_PRIMARY]}")
+            self._move(task, reply.get("primary"))
+        raise error or _NotUpError(f"coordination service: {method}: no member to call")
+
+    def _route(self) -> tuple[str, str, Channel]:
+        """The member calls go to now: (task, address, its channel)."""
+        with self._lock:
+            task, address = self._members[self._at]
+            channel = self._channels.get(task)
+            if channel is None:
+                channel = self._channels[task] = self._connect(task, address)
+            return task, address, channel
+
+    def _move(self, task: str, primary: object) -> None:
+        """``task`` did not answer as primary: the calls go to ``primary`` if it is another member, else to the
+        next member (unless another thread moved them already)."""
+        with self._lock:
+            if len(self._members) == 1 or self._members[self._at][0] != task:
+                return
+            names = [name for name, _ in self._members]
+            self._at = names.index(primary) if primary in names and primary != task else (self._at + 1) % len(names)
+            log.info("coordination calls go to %s now (%s did not answer as shard 0's primary)", names[self._at], task)
 
     def _hold(self, lease: Lease) -> None:
         with self._lock:

@@ -34,6 +34,7 @@ from typing import Any
 
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import shard_members
+from psflow.coord.lease_table import LeaseTable
 from psflow.ps.protocol import (
     DropBackupRequest,
     JoinReply,
@@ -61,8 +62,9 @@ from psflow.ps.replication.data_calls import DataCalls
 from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deposed import Deposal
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
+from psflow.ps.replication.leases import ReplicatedLeases
 from psflow.ps.replication.register_call import replicated_register
-from psflow.ps.replication.snapshot import full_entry, task_state, write_entries, write_entry
+from psflow.ps.replication.snapshot import full_entry, task_state, write_entries
 from psflow.ps.replication.startup import find_place, rebuild, rebuild_unwritten
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
 from psflow.ps.replication.view_checks import refuse_drop, refuse_promotion
@@ -134,6 +136,7 @@ class ShardReplication:
         self.counts = {"pushes_applied": 0}
         self.applier, self.chunks = InOrderApplier(self._write, self._write_many), ChunkAssembler()
         self.forwarder: Forwarder | None = None
+        self.leases: ReplicatedLeases | None = None  # shard 0's lease table, when served (serve_leases)
         self.channels = MemberChannels(config.cluster, token=config.token, tls=config.tls, transport=config.transport,
                                        status_timeout=config.status_timeout, replica_timeout=config.replica_timeout,
                                        connect=connect)
@@ -167,6 +170,11 @@ class ShardReplication:
             if method in table:
                 out[method] = self.applier.settled(table[method], self.config.replica_timeout)
         return out
+
+    def serve_leases(self, table: LeaseTable) -> dict[str, Handler]:
+        """Replicates ``table`` (the embedded election's, on shard 0) with this shard: its handlers (leases.py)."""
+        self.leases = ReplicatedLeases(self, table)
+        return self.leases.handlers()
 
     # ---- status -----------------------------------------------------------------------------------
     @property
@@ -232,7 +240,7 @@ class ShardReplication:
                     self.dedup.record(tag.worker, tag.incarnation, tag.push_id, dict(reply.to_frame().meta), seq)
                     self.counts["pushes_applied"] += 1
             if full:
-                return full_entry(seq, self.service, self.dedup, self.counts)
+                return self._full_entry(seq)
             return ReplicaEntry(seq, task_state(self.service, self.dedup, self.counts), tuple(parts()))
         return forwarder.record(build)
 
@@ -302,10 +310,16 @@ class ShardReplication:
         return _reply(ReplicateReply(promised))
 
     def _write(self, entry: ReplicaEntry) -> None:
-        write_entry(self.service, self.dedup, self.counts, entry)
+        self._write_many([entry])
 
     def _write_many(self, entries: list[ReplicaEntry]) -> None:
-        write_entries(self.service, self.dedup, self.counts, entries)
+        write_entries(self.service, self.dedup, self.counts, entries)  # one entry: write_entry
+        if self.leases is not None:
+            self.leases.written(entries)
+
+    def _full_entry(self, seq: int) -> ReplicaEntry:
+        entry = full_entry(seq, self.service, self.dedup, self.counts)
+        return entry if self.leases is None else self.leases.carried(entry)
 
     # ---- view changes -----------------------------------------------------------------------------
     def promote(self, frame: Frame) -> Reply:
@@ -384,7 +398,7 @@ class ShardReplication:
                                   self._on_ack,
                                   self._on_refused, rpc_timeout=max(self.config.replica_timeout, 5.0),
                                   chunk_bytes=self.config.chunk_bytes)
-            sender.enqueue(full_entry(seq, self.service, self.dedup, self.counts))
+            sender.enqueue(self._full_entry(seq))
             forwarder.senders[member] = sender
         return seq
 
@@ -458,6 +472,8 @@ class ShardReplication:
     def _become_primary(self, view: View) -> None:
         forwarder = Forwarder(self.shard, self.config.replica_timeout, first_seq=self.applier.applied_seq)
         self.forwarder = forwarder
+        if self.leases is not None:
+            self.leases.promoted()
         for member in view.backups:  # each rebuilds from this one's state
             self._add_sender(forwarder, member)
         forwarder.set_waited(view.backups)

@@ -1,0 +1,158 @@
+"""Shard 0's lease table replicated with the shard (issue 28, psflow/ps/replication/leases.py): a lease the
+primary grants is held by its backups' tables at the same epoch before the candidate hears of it; a promoted
+backup renews it for its holder and refuses it to anyone else while it lives; a joining member's snapshot
+carries the table; a member that is not the primary, or a deposed one, changes nothing and names the primary.
+In-process members (tests/replica_shard.py), no sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+from replica_shard import PRIMARY, InProcessShard, backup
+
+from psflow.coord import CampaignTimeoutError, CoordinationConfig
+from psflow.coord.embedded import EmbeddedBackend
+from psflow.coord.lease_table import NOT_PRIMARY, LeaseTable
+from psflow.rpc.api import FailedPreconditionError, Handler, TaskUnavailableError
+from psflow.rpc.framing import Frame
+from psflow.rpc.inprocess import InProcessChannel
+
+pytestmark = pytest.mark.timeout(60)
+
+TTL = 30.0  # no lease expires during a test by itself
+
+
+class Leases:
+    """Each member's lease table, served through its replication as psflow.server serves it."""
+
+    def __init__(self, shard: InProcessShard) -> None:
+        self.shard = shard
+        self.tables: dict[str, LeaseTable] = {}
+        self.handlers: dict[str, dict[str, Handler]] = {}
+        for member in shard.members:
+            self.serve(member)
+
+    def serve(self, member: str) -> None:
+        """(again after ``shard.add(member)``: a new process of it)"""
+        self.tables[member] = LeaseTable(member)
+        self.handlers[member] = self.shard.replicas[member].serve_leases(self.tables[member])
+
+    def call(self, member: str, method: str, **meta: Any) -> dict[str, Any]:
+        return dict(InProcessChannel(member, self.handlers[member]).call(method, meta).meta)
+
+    def backend(self, first: str = PRIMARY) -> EmbeddedBackend:
+        """The client the workers use, whose calls reach the members' handlers (UNAVAILABLE while cut off)."""
+        members = tuple((m, f"address-of-{m}") for m in self.shard.members)
+        config = CoordinationConfig("embedded", f"address-of-{first}", lease_ttl=TTL, members=members)
+        return EmbeddedBackend(config, connect=lambda task, address: _Channel(self, task))
+
+    def campaign(self, member: str, candidate: str) -> dict[str, Any]:
+        return self.call(member, "Campaign", election="chief", candidate=candidate, holder=f"{candidate}#1", ttl=TTL)
+
+    def renew(self, member: str, candidate: str, epoch: int) -> dict[str, Any]:
+        return self.call(member, "Renew", election="chief", holder=f"{candidate}#1", epoch=epoch, ttl=TTL)
+
+
+class _Channel:
+    def __init__(self, leases: Leases, task: str) -> None:
+        self.leases, self.task, self.address = leases, task, f"address-of-{task}"
+
+    def call(self, method: str, meta: Mapping[str, Any] | None = None,
+             arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame:
+        if self.task in self.leases.shard.cut:
+            raise TaskUnavailableError(f"{self.task} is cut off (test)")
+        return InProcessChannel(self.task, self.leases.handlers[self.task]).call(method, meta, arrays)
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+@pytest.fixture
+def leases(make_shard: Callable[..., InProcessShard]) -> Leases:
+    shard = make_shard(backups=1)
+    served = Leases(shard)
+    shard.start()
+    shard.wait_view()
+    return served
+
+
+def test_a_granted_lease_is_in_the_backups_table_at_the_same_epoch_before_the_reply(leases: Leases) -> None:
+    granted = leases.campaign(PRIMARY, "w0")
+    assert granted["granted"]
+    held = leases.tables[backup(0)].leader("chief")
+    assert held is not None and (held["candidate"], held["epoch"]) == ("w0", granted["epoch"])
+    assert leases.tables[backup(0)].export() == leases.tables[PRIMARY].export()
+    leases.call(PRIMARY, "Resign", election="chief", holder="w0#1", epoch=granted["epoch"])
+    assert leases.tables[backup(0)].leader("chief") is None
+
+
+def test_a_promoted_backup_renews_the_holders_lease_and_refuses_it_to_another_worker(leases: Leases) -> None:
+    epoch = leases.campaign(PRIMARY, "w0")["epoch"]
+    leases.shard.cut.add(PRIMARY)  # the primary is gone: a client promotes the backup
+    leases.shard.promote(backup(0), 1)
+    assert leases.renew(backup(0), "w0", epoch) == {"epoch": epoch, "ttl": TTL}
+    refused = leases.campaign(backup(0), "w1")
+    assert not refused["granted"] and (refused["leader"], refused["epoch"]) == ("w0", epoch)
+    leases.call(backup(0), "Resign", election="chief", holder="w0#1", epoch=epoch)
+    assert leases.campaign(backup(0), "w1")["epoch"] == epoch + 1  # the epochs go on from the replicated ones
+
+
+def test_a_member_that_is_not_the_primary_changes_nothing_and_names_the_primary(leases: Leases) -> None:
+    reply = leases.campaign(backup(0), "w1")
+    assert reply[NOT_PRIMARY] and reply["primary"] == PRIMARY
+    assert leases.tables[backup(0)].leader("chief") is None and leases.tables[PRIMARY].leader("chief") is None
+    assert leases.call(backup(0), "Leader", election="chief")["primary"] == PRIMARY
+
+
+def test_a_joining_members_snapshot_carries_the_table(leases: Leases) -> None:
+    epoch = leases.campaign(PRIMARY, "w0")["epoch"]
+    shard = leases.shard
+    shard.add(backup(0))  # a new process of the backup: empty, it rebuilds from the primary's snapshot
+    leases.serve(backup(0))
+    assert leases.tables[backup(0)].leader("chief") is None
+    shard.start(backup(0))
+    shard.wait_view()
+    held = leases.tables[backup(0)].leader("chief")
+    assert held is not None and (held["candidate"], held["epoch"]) == ("w0", epoch)
+
+
+def test_a_deposed_primary_refuses_coordination_writes(leases: Leases) -> None:
+    epoch = leases.campaign(PRIMARY, "w0")["epoch"]
+    shard = leases.shard
+    shard.cut.add(PRIMARY)  # cut off: a client promotes the backup...
+    shard.promote(backup(0), 1)
+    shard.cut.discard(PRIMARY)  # ...and the old primary is back, still believing it is primary
+    renewed = leases.renew(PRIMARY, "w0", epoch)  # its entry is refused by the new primary: it learns it is deposed
+    assert renewed[NOT_PRIMARY] and renewed["primary"] == backup(0), renewed
+    taken = leases.campaign(PRIMARY, "w1")
+    assert taken[NOT_PRIMARY] and taken["primary"] == backup(0), taken
+    assert leases.renew(backup(0), "w0", epoch)["epoch"] == epoch  # the lease lives on at the new primary
+    with pytest.raises(FailedPreconditionError, match="lost"):
+        leases.renew(backup(0), "w1", epoch + 1)
+
+
+def test_the_client_follows_shard_0s_primary_and_keeps_its_lease_across_the_promotion(leases: Leases) -> None:
+    chief, other = leases.backend(), leases.backend(first=backup(0))
+    try:
+        lease = chief.campaign("w0", timeout=5.0)
+        assert other.leader() is not None  # asked the backup first: it named the primary
+        leases.shard.cut.add(PRIMARY)  # the primary dies; a worker's data client promotes the backup
+        leases.shard.promote(backup(0), 1)
+        renewed = chief.renew(lease)  # the primary is unreachable: the call goes on to the new one
+        assert renewed.epoch == lease.epoch and chief.is_held(renewed)
+        with pytest.raises(CampaignTimeoutError, match="still led by 'w0'"):
+            other.campaign("w1", timeout=0.3)
+        leases.shard.cut.discard(PRIMARY)
+        leases.shard.add(PRIMARY)  # the old primary restarted: it rebuilds from the new one, the table with it
+        leases.serve(PRIMARY)
+        leases.shard.start(PRIMARY)
+        leases.shard.wait_view(backup(0), (PRIMARY,))
+        restarted = leases.backend()  # asks the restarted ps task first: it names the new primary
+        assert restarted.renew(renewed).epoch == lease.epoch
+        restarted.close()
+    finally:
+        chief.close()
+        other.close()
