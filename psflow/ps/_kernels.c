@@ -21,6 +21,8 @@
  *   rmsprop(var, rms, mom, mg, grad, rows, lr, decay, momentum, epsilon)  (mg None unless centered; TF's
  *       dense formula where rows is None, its sparse kernel's where rows are given: they round differently)
  *   gather(value, rows, out)   (out[i] = value[rows[i]], any item size: the ps's reads)
+ *   scatter_rows(targets, rows, block)   (targets[j][rows[i]] = block[j, i]: a backup's write of a replicated
+ *       partition's rows, value and slots stacked in one block; any row size)
  *   first_touch(marks, rows, out) -> n   (a lazy partition's rows not built yet: each row of rows whose
  *       mark is 0, once, in order of first appearance, into out[:n], its mark set to 1; the numpy twin is
  *       psflow/ps/lazy_rows.py's ``~marks[rows]`` test and np.unique, which gives the same rows sorted)
@@ -814,6 +816,105 @@ static PyObject *merge_sum(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(count);
 }
 
+/* ---- a backup's write of a replicated partition's rows: one block into several arrays -------------------- */
+
+#define MAX_STACKED 16
+
+/* The arrays of `seq` (a tuple or list of 1 to MAX_STACKED C-contiguous buffers, `writable` for targets), each
+ * of `num_rows` rows of `row_bytes` bytes (the first sets both). -1 with ValueError on any mismatch. */
+static int stacked(PyObject *seq, int writable, Buf *b, Py_ssize_t *count, Py_ssize_t *num_rows, Py_ssize_t *row_bytes,
+                   const char *who) {
+    PyObject *fast = PySequence_Fast(seq, who);
+    if (!fast) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n < 1 || n > MAX_STACKED) {
+        PyErr_Format(PyExc_ValueError, "%s: want 1 to %d arrays, got %zd", who, MAX_STACKED, n);
+        Py_DECREF(fast);
+        return -1;
+    }
+    *count = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Buf *x = &b[j];
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, j), &x->view,
+                               (writable ? PyBUF_WRITABLE : 0) | PyBUF_ND | PyBUF_C_CONTIGUOUS) < 0) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        x->held = 1;
+        *count = j + 1;
+        Py_ssize_t rows_j = x->view.ndim >= 1 ? x->view.shape[0] : 0;
+        if (rows_j <= 0 || x->view.len % rows_j != 0) {
+            PyErr_Format(PyExc_ValueError, "%s: array %zd has no rows", who, j);
+            Py_DECREF(fast);
+            return -1;
+        }
+        if (j == 0) {
+            *num_rows = rows_j;
+            *row_bytes = x->view.len / rows_j;
+        } else if (rows_j != *num_rows || x->view.len / rows_j != *row_bytes) {
+            PyErr_Format(PyExc_ValueError, "%s: array %zd has %zd rows of %zd bytes, array 0 %zd of %zd", who, j,
+                         rows_j, x->view.len / rows_j, *num_rows, *row_bytes);
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* scatter_rows(targets, rows, block): targets[j][rows[i]] = block[j, i], in order of i (a repeated row keeps
+ * its last). Every size and row is checked before a byte is written (ValueError, nothing changed). */
+static PyObject *scatter_rows(PyObject *self, PyObject *args) {
+    PyObject *t_obj, *r_obj, *blk_obj;
+    if (!PyArg_ParseTuple(args, "OOO:scatter_rows", &t_obj, &r_obj, &blk_obj)) return NULL;
+    Buf b[MAX_STACKED + 2] = {{.held = 0}};
+    Py_ssize_t n = 0, num_rows = 0, row_bytes = 0;
+    if (stacked(t_obj, 1, b, &n, &num_rows, &row_bytes, "scatter_rows") < 0) {
+        release(b, MAX_STACKED + 2);
+        return NULL;
+    }
+    Buf *rows = &b[MAX_STACKED], *blk = &b[MAX_STACKED + 1];
+    if (get(r_obj, rows, 0, 'q', "rows") < 0 || PyObject_GetBuffer(blk_obj, &blk->view, PyBUF_C_CONTIGUOUS) < 0) {
+        release(b, MAX_STACKED + 2);
+        return NULL;
+    }
+    blk->held = 1;
+    Py_ssize_t k = rows->view.len / 8;
+    if (blk->view.len != n * k * row_bytes) {
+        PyErr_Format(PyExc_ValueError, "scatter_rows: the block has %zd bytes, not %zd arrays x %zd rows x %zd bytes",
+                     blk->view.len, n, k, row_bytes);
+        release(b, MAX_STACKED + 2);
+        return NULL;
+    }
+    const int64_t *r = rows->view.buf;
+    if (check_rows(r, k, num_rows, "scatter_rows: ") < 0) {
+        release(b, MAX_STACKED + 2);
+        return NULL;
+    }
+    const char *block = blk->view.buf;
+    UNLOCK_IF_LARGE(n * k * row_bytes);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        char *array = b[j].view.buf;
+        const char *part = block + j * k * row_bytes;
+        if (row_bytes == 4) {
+            float *a4 = (float *)array;
+            const float *p4 = (const float *)part;
+            for (Py_ssize_t i = 0; i < k; i++) {
+                if (i + ROW_PREFETCH_AHEAD < k) __builtin_prefetch(a4 + r[i + ROW_PREFETCH_AHEAD], 1);
+                a4[r[i]] = p4[i];
+            }
+        } else {
+            for (Py_ssize_t i = 0; i < k; i++) {
+                if (i + ROW_PREFETCH_AHEAD < k) __builtin_prefetch(array + r[i + ROW_PREFETCH_AHEAD] * row_bytes, 1);
+                memcpy(array + r[i] * row_bytes, part + i * row_bytes, (size_t)row_bytes);
+            }
+        }
+    }
+    RELOCK();
+    release(b, MAX_STACKED + 2);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"adagrad", adagrad, METH_VARARGS,
      "adagrad(var, accum, grad, rows, num_rows, lr): TF's Adagrad update, in place, on all of var (rows=None) "
@@ -828,6 +929,10 @@ static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS,
      "gather(value, rows, out): out[i] = value[rows[i]] for C-contiguous value [n, ...] and out [k, ...] of one "
      "item size; every row is checked first (ValueError, nothing written)."},
+    {"scatter_rows", scatter_rows, METH_VARARGS,
+     "scatter_rows(targets, rows, block): targets[j][rows[i]] = block[j, i] for 1 to 16 C-contiguous targets of "
+     "the same row count and row size, in order of i (a repeated row keeps its last); every size and row is "
+     "checked first (ValueError, nothing written)."},
     {"first_touch", first_touch, METH_VARARGS,
      "first_touch(marks, rows, out): the rows whose one-byte mark is 0, each once, in order of first appearance, "
      "written to out and marked 1; returns their count. Every row is checked first (ValueError, nothing written)."},

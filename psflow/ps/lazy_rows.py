@@ -169,12 +169,17 @@ class LazyRows:
 
     def mark(self, rows: np.ndarray | None) -> None:
         """Marks local ``rows`` (None: all; repeats allowed) materialized: their content was written whole from
-        elsewhere (a restore, a replica's entry). Sorted distinct rows (a push's) count only those not marked
-        before: a backup marks every push's rows, and recounting the whole partition's marks each time cost more
-        than writing the rows (W&D's 52 tables); other rows are recounted."""
+        elsewhere (a restore, a replica's entry). Only the rows not marked before are counted (the C loop
+        ``first_touch``, one pass; without it, sorted distinct rows as a push's, and other rows are recounted): a
+        backup marks every push's rows, and recounting the whole partition's marks each time cost more than
+        writing the rows (W&D's 52 tables)."""
         if rows is None:
             self.marks[:] = True
             self.count = self.rows
+            return
+        if _FIRST_TOUCH is not None and rows.dtype == np.int64 and rows.ndim == 1 and rows.flags.c_contiguous:
+            # one C pass: marks each row not marked yet, once (repeats too), and counts them
+            self.count += int(_FIRST_TOUCH(self.marks, rows, np.empty(rows.size, np.int64)))
             return
         if rows.size > 1 and not bool(np.all(rows[1:] > rows[:-1])):  # repeats possible: recount
             self.marks[rows] = True

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from psflow.native.loader import load_extension
 from psflow.ps.protocol import PartDelta
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.rpc.api import InvalidRequest
@@ -51,6 +52,10 @@ _PACK, _PACKED = "pack/", "|"  # "pack/value|slot/accumulator": those arrays' ro
 #: LR's ~20,000 of 2^20 per push), and saves the per-write work of partitions written a few hundred rows at a
 #: time (W&D's 52 tables; profile_replica_push.py).
 _MERGE_ROWS = 2048
+#: The C loop that writes a ``pack/`` array's rows into the arrays it stacks in one call (``scatter_rows`` of
+#: ``psflow.ps._kernels``), or None: numpy then (the same bytes). Its twin for the capture (a gather into the
+#: stack) was measured no cheaper than numpy's ``take`` with ``out=`` here, and is not used.
+_SCATTER_ROWS = getattr(load_extension("psflow.ps._kernels"), "scatter_rows", None)
 
 
 def capture(part: PartitionState, rows: np.ndarray | None, *, averages: bool = True) -> PartDelta:
@@ -222,8 +227,9 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
         raise InvalidRequest(f"{part.describe} is not lazy here; the primary's has rows not built yet")
     arrays = _unpacked(part, delta)
     with part.lock:
+        stacks = _scatter_stacks(part, delta) if rows is not None and _SCATTER_ROWS is not None else set()
         for name, array in arrays:
-            if name == _MARKS:
+            if name == _MARKS or name in stacks:
                 continue
             target = _target(part, name)
             if rows is None or target.ndim == 0:
@@ -235,8 +241,36 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
                 if array.shape[0] != rows.shape[0]:
                     raise InvalidRequest(f"{part.describe}: replicated {name} has {array.shape[0]} rows for "
                                          f"{rows.shape[0]} row numbers")
-                _put_rows(target, rows, array)
+                try:
+                    _put_rows(target, rows, array)
+                except IndexError as e:
+                    raise InvalidRequest(f"{part.describe}: replicated {name}: {e}") from e
         _mark(part, rows, marks, any(name == _VALUE for name, _ in arrays))
+
+
+def _scatter_stacks(part: PartitionState, delta: PartDelta) -> set[str]:
+    """(Under the partition's lock, ``delta`` of rows, the C loop built) Writes each ``pack/`` array of ``delta``
+    whose arrays all fit it (dtype, row shape, C-contiguous; int64 rows) with one ``scatter_rows`` call, the
+    same bytes as :func:`_put_rows` of each; returns the names of the arrays so written (the rest: numpy)."""
+    rows = delta.rows
+    if _SCATTER_ROWS is None or rows is None or rows.dtype != np.int64 or rows.ndim != 1:
+        return set()
+    done: set[str] = set()
+    for name, array in delta.arrays.items():
+        if not name.startswith(_PACK):
+            continue
+        names = name[len(_PACK):].split(_PACKED)
+        if array.ndim < 2 or array.shape[:2] != (len(names), len(rows)) or not array.flags.c_contiguous:
+            continue  # _unpacked refused it already, or numpy writes it
+        targets = [_target(part, n) for n in names]
+        if all(t.ndim >= 1 and t.dtype == array.dtype and t.shape[1:] == array.shape[2:] and t.flags.c_contiguous
+               and t.shape[0] > 0 for t in targets):
+            try:
+                _SCATTER_ROWS(targets, rows, array)
+            except ValueError as e:  # a row outside the partition: nothing was written
+                raise InvalidRequest(f"{part.describe}: replicated {name!r:.80}: {e}") from e
+            done.update(names)
+    return done
 
 
 def _unpacked(part: PartitionState, delta: PartDelta) -> list[tuple[str, np.ndarray]]:

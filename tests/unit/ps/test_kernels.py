@@ -250,3 +250,46 @@ def test_ftrl_on_single_element_rows_matches_numpy_at_block_edges(k, monkeypatch
             opt.apply_sparse(var, slots, rows, grad, distinct=True)
         out.append((var.tobytes(), slots["accum"].tobytes(), slots["linear"].tobytes()))
     assert out[0] == out[1]
+
+
+def _scatter_reference(targets: list[np.ndarray], rows: np.ndarray, block: np.ndarray) -> None:
+    for j, target in enumerate(targets):
+        for i, r in enumerate(rows.tolist()):  # in order: a repeated row keeps its last
+            target[r] = block[j, i]
+
+
+@pytest.mark.parametrize("shape", [(50, 8), (40, 1), (30,), (7, 3, 2), (40000, 16)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scatter_rows_writes_each_row_of_the_block_in_order(shape, dtype):
+    rng = np.random.default_rng(9)
+    for n in (1, 3):
+        targets = [(rng.normal(size=shape) * 10).astype(dtype) for _ in range(n)]
+        want = [t.copy() for t in targets]
+        for k in (0, 1, 7, shape[0]):  # the last: a permutation with repeats, past the GIL-free size for (40000, 16)
+            rows = rng.integers(0, shape[0], size=k).astype(np.int64)
+            block = rng.normal(size=(n, k, *shape[1:])).astype(dtype)
+            _scatter_reference(want, rows, block)
+            kernels.scatter_rows(targets, rows, block)
+            assert [t.tobytes() for t in targets] == [w.tobytes() for w in want]
+
+
+def test_scatter_rows_bad_calls_raise_and_write_nothing():
+    targets = [np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)]
+    block = np.ones((2, 2, 2), np.float32)
+    with pytest.raises(ValueError, match="row 4 is outside 0-3"):
+        kernels.scatter_rows(targets, np.array([1, 4], np.int64), block)
+    with pytest.raises(ValueError, match="row -1"):
+        kernels.scatter_rows(targets, np.array([-1, 0], np.int64), block)
+    with pytest.raises(ValueError, match="not 2 arrays x 1 rows"):
+        kernels.scatter_rows(targets, np.array([1], np.int64), block)
+    with pytest.raises(ValueError, match="array 1 has 3 rows"):
+        kernels.scatter_rows([targets[0], np.zeros((3, 2), np.float32)], np.array([1, 2], np.int64), block)
+    with pytest.raises(ValueError, match="want 1 to 16 arrays"):
+        kernels.scatter_rows([], np.array([1, 2], np.int64), block)
+    with pytest.raises(ValueError, match="int64"):
+        kernels.scatter_rows(targets, np.array([1, 2], np.int32), block)
+    ro = targets[1].copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        kernels.scatter_rows([targets[0], ro], np.array([1, 2], np.int64), block)
+    assert not any(t.any() for t in targets) and not ro.any()

@@ -163,9 +163,13 @@ def test_all_rows_touched_drops_the_marks(monkeypatch: pytest.MonkeyPatch) -> No
     _same(eager, lazy)
 
 
-def test_marking_rows_counts_each_row_once() -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_marking_rows_counts_each_row_once(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """mark(rows) (a replica's entry) counts only the rows not marked before, each once though repeated, so
-    the partition drops its marks exactly when the last row is marked (the count is kept, not recounted)."""
+    the partition drops its marks exactly when the last row is marked (the count is kept, not recounted); with
+    the C loop (first_touch) and without it."""
+    if not native:
+        monkeypatch.setattr(lazy_rows, "_FIRST_TOUCH", None)
     marks = lazy_rows.LazyRows({"name": "zeros"}, (10, 2), 0, 10, "float32", None)
     marks.mark(np.array([3, 3, 7], np.int64))
     assert marks.count == 2 and not marks.complete
