@@ -40,6 +40,7 @@ from psflow.checkpoint.manifest import POINTER_NAME, read_manifest
 from psflow.checkpoint.pointer import incomplete_checkpoints, latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import member_address, ps_replicas, shard_members
 from psflow.coord import CoordinationConfig
 from psflow.data import DatasetConfig, ReaderPosition, read_all
 from psflow.errors import CheckpointError
@@ -170,11 +171,15 @@ def elects_chief(config: TrainConfig) -> bool:
 
 def coordination_config(config: TrainConfig, cluster: ClusterSpec, *, token: str | None,
                         tls: TlsConfig | None = None) -> CoordinationConfig:
-    """Where the run's chief lease is kept: ps task 0's lease table (``embedded``) or ``config.chief.zookeeper``."""
-    address = config.chief.zookeeper if config.chief.coordination == "zookeeper" else \
-        cluster.task_address("ps", min(cluster.task_indices("ps")))
+    """Where the run's chief lease is kept: ps task 0's lease table (``embedded``; with replicated ps shards, that
+    of shard 0's primary, among its members) or ``config.chief.zookeeper``."""
+    first = min(cluster.task_indices("ps"))
+    address = config.chief.zookeeper if config.chief.coordination == "zookeeper" else cluster.task_address("ps", first)
+    members: tuple[tuple[str, str], ...] = ()
+    if config.chief.coordination == "embedded" and ps_replicas(cluster) > 0:
+        members = tuple((task, member_address(cluster, task)) for task in shard_members(cluster, first))
     return CoordinationConfig(config.chief.coordination, address or "", lease_ttl=config.chief.lease_ttl, token=token,
-                              tls=tls, rpc_timeout=min(5.0, config.cluster.rpc_timeout))
+                              tls=tls, rpc_timeout=min(5.0, config.cluster.rpc_timeout), members=members)
 
 
 def resume_position(session: MonitoredTrainingSession, dataset: DatasetConfig) -> ReaderPosition | None:

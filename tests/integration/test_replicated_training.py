@@ -164,3 +164,26 @@ def test_every_replica_of_a_shard_lost_at_once_is_restored_from_the_checkpoint_a
     # empty primary, which then rebuilt from it), so the shard ends replicated again.
     view = [shards[0]["primary"], *(b["task"] for b in shards[0]["backups"])]
     assert sorted(view) == ["/job:ps/task:0", "/job:ps_backup/task:0"], (shards[0], _logs(out, "ps*.log"))
+
+
+def test_the_chief_keeps_its_lease_when_shard_0s_primary_dies(tmp_path: Path) -> None:
+    """The embedded chief election's lease table is replicated with shard 0 (psflow/ps/replication/leases.py):
+    when its primary dies the promoted backup serves the same lease, so the chief renews it there and nobody
+    else is elected; at ps task 0 restarted empty (before), another worker was elected, or nobody could be."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "2",
+                "--batch-size", "32", "--epochs", "2", "--log-every", "10", "--quiet", "--seed", "7", "--output",
+                str(out), "--lease-ttl", "3", "--checkpoint-dir", str(out / "ckpt"), "--ps-replicas", "1",
+                "--restart-policy", "on-failure", "--chaos", "kill:ps:0@step=500", timeout=120)
+    metrics = metrics_of(out, r)
+    assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
+    assert metrics["updates_lost"] == 0 and metrics["pushes_applied"] == metrics["pushes_acknowledged"], metrics
+    workers = _logs(out, "worker-*.log", tail=None)
+    # Before the first worker's data ended (then the chief hands its duties to a worker that still trains, or
+    # keeps them, the last to finish) exactly one election: the chief's lease lived through the kill.
+    stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
+    finished = min(re.findall(stamp + r".*finished its data", workers, re.M))
+    elections = [e for e in re.findall(stamp + r".*elected chief \(epoch (\d+)\)", workers, re.M) if e[0] < finished]
+    assert len(elections) == 1, workers
+    assert "lost its lease" not in workers and "not acting as chief" not in workers, workers
+    _final_checkpoint_written(out / "ckpt", metrics)
