@@ -17,6 +17,9 @@ W&D at 1 ps + 2 workers; ``--transport tcp --log-every 1``); the data is in
 passed); ``--plain-steps-in-flight K`` gives the unreplicated side its own K (e.g. replicated at 2
 against today's default of 1), and ``--plain-replicas N`` makes that side replicated too (to compare two K's
 at the same ``--ps-replicas``; "plain" then names the other side, not an unreplicated one).
+``lr-user-p1w2`` and ``wd-user-p1w2`` run the same workloads as a user types them (psflow's defaults: no
+``--transport`` or ``--log-every``; W&D with issue 29's flags, 2^20 hash rows per field), timed from
+"initialized the variables" to the workers' last "done after" line (they log every 100 steps).
 ``--section`` names the RESULTS.md section and the
 ``results/<section>.json`` file written (default ``replicas``).
 
@@ -153,7 +156,9 @@ def one_run(src: str, shape: str, side: str, args: argparse.Namespace) -> dict[s
         raise RuntimeError(f"exited {proc.returncode}: {reason} (run directory {output})")
     with open(metrics_path) as f:
         m = json.load(f)
-    seconds = float(wd.parse_worker_logs(output, 512 * bench_ab.SHAPES[shape][3])["seconds"])
+    # a shape as a user types it logs every 100 steps: timed to the workers' "done after" lines (bench_ab.py)
+    seconds = float(wd.parse_worker_logs(output, 512 * bench_ab.SHAPES[shape][3],
+                                         until_done=bench_ab.SHAPES[shape][1].endswith("_user"))["seconds"])
     out: dict[str, Any] = {
         "steady": m["examples"] / seconds, "end_to_end": m["examples"] / wall, "wall_seconds": wall,
         "cpu_seconds": rusage.ru_utime + rusage.ru_stime, "examples": m["examples"], "global_step": m["global_step"],
@@ -301,7 +306,7 @@ def main() -> None:
     if not re.fullmatch(r"[a-z0-9_]+", args.section):
         p.error(f"--section: want lower-case letters, digits and _, got {args.section!r}")
     for workload, maker in (("sparse_lr", "bench_tf_peer.py --tf-venv ..."), ("ctr_wd", "bench_tf_peer_wd.py")):
-        if any(bench_ab.SHAPES[s][1] == workload for s in shapes):
+        if any(bench_ab.SHAPES[s][1].removesuffix("_user") == workload for s in shapes):
             if not os.path.exists(os.path.join(args.workdir, "data", workload, "manifest.json")):
                 p.error(f"no workload in {args.workdir}/data/{workload}: run benchmarks/{maker} once (it generates it)")
     os.makedirs(os.path.join(args.workdir, "runs_replicas"), exist_ok=True)
