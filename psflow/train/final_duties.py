@@ -40,7 +40,9 @@ def end_duties(leadership: Leadership, lease_ttl: float, connect_timeout: float,
     the lease, so its session's end writes the final checkpoint (:func:`take_final_duties` if not). Held means
     confirmed by the service (one renewal): a restarted ps task 0 forgets every embedded lease while the holder's
     own view of it lasts up to ``lease_ttl`` more, and another worker it elected meanwhile fenced the ps tasks
-    at a newer epoch, so a save under the forgotten lease would be refused."""
+    at a newer epoch, so a save under the forgotten lease would be refused. (With replicated ps shards the table
+    is replicated with shard 0 and the renewal finds the lease at its primary: it is forgotten only when every
+    replica of shard 0 was lost at once.)"""
     if not leadership.resigned and leadership.confirmed_lease() is None:
         take_final_duties(leadership, lease_ttl, connect_timeout, checkpoint_dir)
 
@@ -50,8 +52,9 @@ def take_final_duties(leadership: Leadership, lease_ttl: float, connect_timeout:
     """(The last worker to finish, without the lease) campaigns until it holds it, so its session's end
     writes the final checkpoint. Blocks until elected: a dead holder's lease lapses within ``lease_ttl``,
     and a coordination service that is down serves again once its task is back (the embedded one lives
-    on ps task 0, which a cluster with replicated shards trains without while it restarts), waited for as
-    long as a worker waits for any ps task to come up (``connect_timeout``; at least ``lease_ttl`` + 2 s).
+    on ps task 0; with replicated shards on shard 0's primary, a promoted backup serving the same leases),
+    waited for as long as a worker waits for any ps task to come up (``connect_timeout``; at least
+    ``lease_ttl`` + 2 s).
 
     Raises:
         TrainingError: not elected within that time while ``checkpoint_dir`` holds no final checkpoint:

@@ -21,7 +21,8 @@ lapses within the lease time), and writes the final checkpoint.
 
 With replicated ps shards (``--ps-replicas``) none of this runs when a shard's
 primary dies: the worker's client promotes a backup and resends to it
-(:mod:`psflow.ps.failover`), and no error reaches the worker. Only a shard that
+(:mod:`psflow.ps.failover`), and no error reaches the worker; the chief keeps its lease,
+replicated with shard 0 (:mod:`psflow.ps.replication.leases`). Only a shard that
 lost every replica at once comes back empty, and is restored as below (logged:
 its acknowledged pushes since the checkpoint are the run's ``updates_lost``).
 
@@ -198,9 +199,10 @@ class Leadership:
     def confirmed_lease(self) -> Lease | None:
         """Like :meth:`lease`, confirmed by a round trip to the service (a renewal).
 
-        Use it before acting on the lease after a failure: a restarted ps task 0
-        forgets every embedded lease, so a chief's local view can outlive its
-        lease while a successor is already elected. Blocks for one RPC at most.
+        Use it before acting on the lease after a failure: a restarted ps task 0 forgets every
+        embedded lease (replicated shards: only if every replica of shard 0 was lost), so a chief's
+        local view can outlive its lease while a successor is already elected. Blocks for one RPC
+        at most (replicated shards: one per member of shard 0).
         """
         lease = self.lease()
         if lease is None:

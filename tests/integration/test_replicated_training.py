@@ -9,7 +9,8 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
   the aggregation sums the workers' gradients in arrival order);
 * every replica of shard 0 killed at once, checkpoints every 100 steps: restored from the newest, each shard's
   ``pushes_applied`` goes on from the count the checkpoint recorded, so ``updates_lost`` (counted per worker
-  process) is exactly the pushes acknowledged after it; the restarted backup is in shard 0's view again at the end.
+  process) is exactly the pushes acknowledged after it; the restarted backup is in shard 0's view again at the end;
+* 1 ps, shard 0's primary killed: the chief's lease, replicated with shard 0, lives through the kill (one election).
 """
 
 from __future__ import annotations
