@@ -173,9 +173,9 @@ def test_the_chief_keeps_its_lease_when_shard_0s_primary_dies(tmp_path: Path) ->
     else is elected; at ps task 0 restarted empty (before), another worker was elected, or nobody could be."""
     out = tmp_path / "run"
     r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "2",
-                "--batch-size", "32", "--epochs", "2", "--log-every", "10", "--quiet", "--seed", "7", "--output",
+                "--batch-size", "32", "--epochs", "3", "--log-every", "10", "--quiet", "--seed", "7", "--output",
                 str(out), "--lease-ttl", "3", "--checkpoint-dir", str(out / "ckpt"), "--ps-replicas", "1",
-                "--restart-policy", "on-failure", "--chaos", "kill:ps:0@step=500", timeout=120)
+                "--restart-policy", "on-failure", "--chaos", "kill:ps:0@step=400", timeout=120)
     metrics = metrics_of(out, r)
     assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
     assert metrics["updates_lost"] == 0 and metrics["pushes_applied"] == metrics["pushes_acknowledged"], metrics
@@ -184,7 +184,10 @@ def test_the_chief_keeps_its_lease_when_shard_0s_primary_dies(tmp_path: Path) ->
     # keeps them, the last to finish) exactly one election: the chief's lease lived through the kill.
     stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) "
     finished = min(re.findall(stamp + r".*finished its data", workers, re.M))
-    elections = [e for e in re.findall(stamp + r".*elected chief \(epoch (\d+)\)", workers, re.M) if e[0] < finished]
+    elections = [e for e in re.findall(stamp + r".*(/job:worker/task:\d): elected chief", workers, re.M) if e[0] < finished]
     assert len(elections) == 1, workers
+    chief = _logs(out, f"worker-{elections[0][1][-1]}.log", tail=None)
+    moved = re.findall(stamp + r".*coordination calls go to /job:ps_backup/task:0", chief, re.M)
+    assert moved and moved[0] < finished, chief  # it renewed its lease at the promoted backup, still the chief
     assert "lost its lease" not in workers and "not acting as chief" not in workers, workers
     _final_checkpoint_written(out / "ckpt", metrics)
