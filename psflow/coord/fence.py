@@ -21,6 +21,10 @@ Guarantees:
       finished, and every write after that is refused to the old leader.
     * The guard lives in the ps process's memory: a restarted ps starts from
       0 and accepts the current leader's token again (epochs only grow).
+      With replicated ps shards the primary carries it to its backups
+      (:meth:`FenceGuard.export`, :meth:`FenceGuard.merge`;
+      :mod:`psflow.ps.replication.fence_state`), so a promoted backup refuses
+      what its primary refused.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from psflow.coord.api import DEFAULT_ELECTION, FencedError
 
@@ -65,6 +70,27 @@ class FenceGuard:
                 log.warning("%s", message)  # a deposed leader tried to write: visible in the ps task's log
                 raise FencedError(message)
             self._highest[scope] = (token, holder)
+
+    def export(self) -> dict[str, Any]:
+        """Every scope's highest token and its holder (JSON: ``{scope: [token, holder]}``)."""
+        with self._lock:
+            return {scope: [token, holder] for scope, (token, holder) in self._highest.items()}
+
+    def merge(self, state: object) -> None:
+        """Takes each scope's token of ``state`` (another guard's :meth:`export`) where it is higher than this
+        guard's: a token never decreases.
+
+        Raises:
+            ValueError: ``state`` is not an exported fence (names this task).
+        """
+        if not isinstance(state, dict) or not all(
+                isinstance(v, list) and len(v) == 2 and type(v[0]) is int and isinstance(v[1], str)
+                for v in state.values()):
+            raise ValueError(f"{self.task_name}: not a fence: {state!r:.80}")
+        with self._lock:
+            for scope, (token, holder) in state.items():
+                if token > self._highest.get(str(scope), (0, ""))[0]:
+                    self._highest[str(scope)] = (token, holder)
 
     @contextmanager
     def hold(self, token: int, *, scope: str = DEFAULT_ELECTION, holder: str = "") -> Iterator[None]:

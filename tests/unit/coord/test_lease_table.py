@@ -169,3 +169,21 @@ def test_a_malformed_state_is_refused_naming_the_table(state: object) -> None:
     table, _ = make_table()
     with pytest.raises(ValueError, match="/job:ps/task:0"):
         table.load(state)
+
+
+def test_a_fence_merged_from_another_members_refuses_what_that_member_refused() -> None:
+    primary, backup = FenceGuard("/job:ps/task:0"), FenceGuard("/job:ps_backup/task:0")
+    primary.check(6, holder="b#1")
+    backup.check(3, scope="other", holder="x#1")
+    backup.merge(primary.export())
+    with pytest.raises(FencedError, match="fenced at epoch 6 \\(by b#1\\)"):
+        backup.check(5, holder="a#1")
+    assert backup.highest("other") == 3  # a scope the export lacks stays
+    backup.merge({"chief": [4, "a#1"]})  # never lowered
+    assert backup.highest() == 6
+
+
+@pytest.mark.parametrize("state", [None, [], {"chief": 5}, {"chief": ["5", "h"]}])
+def test_a_malformed_fence_state_is_refused_naming_the_task(state: object) -> None:
+    with pytest.raises(ValueError, match="/job:ps/task:0"):
+        FenceGuard("/job:ps/task:0").merge(state)
