@@ -19,8 +19,9 @@ Modules (one concept each):
 * ``snapshot.py``: the small state every entry carries, the full snapshot a joining member starts from;
 * ``register_call.py``: ``Register`` replicated as the registration (the backups create the same partitions);
 * ``dedup.py``: the dedup table (exactly-once pushes across a failover);
-* ``leases.py``: shard 0's lease table (the embedded chief election), carried in the same stream, served by
-  the primary;
+* ``carried.py``: state the stream carries only when it changes (and in full entries);
+* ``leases.py``: shard 0's lease table (the embedded chief election), carried, served by the primary;
+* ``fence_state.py``: the shard's fence (the highest chief epoch it accepted), carried;
 * ``checkpoint_count.py``: the count of applied pushes a shard's checkpoints save and a restore sets back;
 * ``deposed.py``: a deposed primary (refuses writes, one warning, rebuilds);
 * ``view_checks.py``: what the member a view change names checks itself first (the other side answers: refused);

@@ -31,27 +31,23 @@ An unreplicated cluster builds none of this: ps task 0 serves its table as befor
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from psflow.coord.lease_table import NOT_PRIMARY, LeaseTable
-from psflow.ps.protocol import ReplicaEntry
-from psflow.ps.replication.snapshot import task_state
 from psflow.rpc.api import Handler, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
 if TYPE_CHECKING:
-    from psflow.ps.replication.forwarder import Forwarder
     from psflow.ps.replication.member import ShardReplication
 
-__all__ = ["LEASES", "ReplicatedLeases"]
-
-#: The key of an entry's state that carries the lease table.
-LEASES = "leases"
+__all__ = ["ReplicatedLeases"]
 
 
 class ReplicatedLeases:
-    """The lease table of one member of shard 0, served by the primary and carried to the backups. Thread-safe."""
+    """The lease table of one member of shard 0, served by the primary and carried to the backups under
+    ``"leases"`` (a :class:`~psflow.ps.replication.carried.CarriedState`). Thread-safe."""
+
+    key = "leases"
 
     def __init__(self, member: ShardReplication, table: LeaseTable) -> None:
         self.member, self.table = member, table
@@ -69,21 +65,11 @@ class ReplicatedLeases:
             meta, arrays = handler(frame)  # a lost lease's Renew raises here, as unreplicated
             if _changed(method, meta):
                 try:
-                    forwarder.wait(self._record(forwarder))
+                    forwarder.wait(self.member.carried.record(forwarder, self))
                 except PreconditionFailed as e:  # deposed while it waited: the change was never acknowledged
                     return self._not_primary(str(e))
             return meta, arrays
         return call
-
-    def _record(self, forwarder: Forwarder) -> int:
-        """The table as the shard's next entry (with the small state every entry carries); returns its seq."""
-        member = self.member
-
-        def build(seq: int) -> ReplicaEntry:
-            state = task_state(member.service, member.dedup, member.counts)
-            state[LEASES] = self.table.export()
-            return ReplicaEntry(seq, state)
-        return forwarder.record(build)
 
     def _not_primary(self, why: str) -> Reply:
         member = self.member
@@ -91,22 +77,12 @@ class ReplicatedLeases:
         primary = deposed_by[0] if deposed_by is not None else member.view.view.primary
         return {NOT_PRIMARY: why, "primary": primary if primary != member.task else None}, {}
 
-    # ---- the member's entries -----------------------------------------------------------------------
-    def carried(self, entry: ReplicaEntry) -> ReplicaEntry:
-        """``entry`` (a full one) with the table in its state."""
-        return replace(entry, state={**entry.state, LEASES: self.table.export()})
+    # ---- carried by the shard's stream (carried.py) -------------------------------------------------
+    def export(self) -> dict[str, Any]:
+        return self.table.export()
 
-    def written(self, entries: list[ReplicaEntry]) -> None:
-        """(a backup, after it wrote ``entries`` in order) Its table becomes the newest one they carry, if any.
-
-        Raises:
-            ValueError: that table is malformed (names this member).
-        """
-        for entry in reversed(entries):
-            state: Any = entry.state.get(LEASES)
-            if state is not None:
-                self.table.load(state)
-                return
+    def load(self, state: Any) -> None:
+        self.table.load(state)
 
     def promoted(self) -> None:
         """(this member became primary) Each lease lives its whole ttl from now."""

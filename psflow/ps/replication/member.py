@@ -3,8 +3,8 @@
 :class:`ShardReplication` joins the parts of this package to a :class:`~psflow.ps.service.ParameterService`:
 
 * On the primary, every call that changes state (Push, PushPull, a Pull that creates dynamic rows, Register,
-  LoadShard, SetReady, BeginRestore, Leave, Done, ReaderPositions) is served as unreplicated, then its
-  result is recorded as the next entry (the rows it wrote, the small state, the dedup table;
+  LoadShard, SetReady, BeginRestore, Leave, Done, ReaderPositions; Fence and shard 0's leases: carried.py) is
+  served as unreplicated, then its result is recorded as the next entry (the rows it wrote, the small state, the dedup table;
   :mod:`~psflow.ps.replication.snapshot`) and the call returns once every backup of the view acknowledged it
   (:mod:`~psflow.ps.replication.forwarder`; waiting ``replica_timeout``, a LoadShard's whole-shard entry as
   long as its caller waits for the reply). A push already applied for its (worker, incarnation, push_id)
@@ -37,6 +37,7 @@ from psflow.cluster.replicas import shard_members
 from psflow.coord.lease_table import LeaseTable
 from psflow.ps.protocol import (
     DropBackupRequest,
+    FenceRequest,
     JoinReply,
     JoinRequest,
     LeaveRequest,
@@ -55,12 +56,14 @@ from psflow.ps.protocol import (
     ReplicateRequest,
 )
 from psflow.ps.replication.applier import InOrderApplier
+from psflow.ps.replication.carried import CarriedStates
 from psflow.ps.replication.channels import MemberChannels
 from psflow.ps.replication.checkpoint_count import CheckpointCount
 from psflow.ps.replication.chunks import ChunkAssembler
 from psflow.ps.replication.data_calls import DataCalls
 from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deposed import Deposal
+from psflow.ps.replication.fence_state import ReplicatedFence
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
 from psflow.ps.replication.leases import ReplicatedLeases
 from psflow.ps.replication.register_call import replicated_register
@@ -134,9 +137,10 @@ class ShardReplication:
         self.deposal = Deposal(self.task, self.shard)
         self.dedup = DedupTable(self.task)
         self.counts = {"pushes_applied": 0}
-        self.applier, self.chunks = InOrderApplier(self._write, self._write_many), ChunkAssembler()
+        self.applier, self.chunks = InOrderApplier(lambda e: self._write_many([e]), self._write_many), ChunkAssembler()
         self.forwarder: Forwarder | None = None
-        self.leases: ReplicatedLeases | None = None  # shard 0's lease table, when served (serve_leases)
+        self.fence = ReplicatedFence(self)
+        self.carried = CarriedStates(self, self.fence)  # and shard 0's lease table, when served (serve_leases)
         self.channels = MemberChannels(config.cluster, token=config.token, tls=config.tls, transport=config.transport,
                                        status_timeout=config.status_timeout, replica_timeout=config.replica_timeout,
                                        connect=connect)
@@ -161,6 +165,7 @@ class ShardReplication:
             if method in table:
                 out[method] = self._replicated(table[method], full=method in _FULL_CALLS)
         out[RegisterRequest.METHOD] = replicated_register(self, table[RegisterRequest.METHOD])
+        out[FenceRequest.METHOD] = self.fence.handler(table[FenceRequest.METHOD])
         if LeaveRequest.METHOD in table:
             out[LeaveRequest.METHOD] = self._leave(table[LeaveRequest.METHOD])
         out.update({ReplicaStatusRequest.METHOD: self.replica_status, PromoteRequest.METHOD: self.promote,
@@ -173,8 +178,7 @@ class ShardReplication:
 
     def serve_leases(self, table: LeaseTable) -> dict[str, Handler]:
         """Replicates ``table`` (the embedded election's, on shard 0) with this shard: its handlers (leases.py)."""
-        self.leases = ReplicatedLeases(self, table)
-        return self.leases.handlers()
+        return self.carried.add(ReplicatedLeases(self, table)).handlers()
 
     # ---- status -----------------------------------------------------------------------------------
     @property
@@ -309,17 +313,12 @@ class ShardReplication:
         self.view.learn(request.epoch, request.primary, request.backups, role)
         return _reply(ReplicateReply(promised))
 
-    def _write(self, entry: ReplicaEntry) -> None:
-        self._write_many([entry])
-
     def _write_many(self, entries: list[ReplicaEntry]) -> None:
         write_entries(self.service, self.dedup, self.counts, entries)  # one entry: write_entry
-        if self.leases is not None:
-            self.leases.written(entries)
+        self.carried.written(entries)
 
     def _full_entry(self, seq: int) -> ReplicaEntry:
-        entry = full_entry(seq, self.service, self.dedup, self.counts)
-        return entry if self.leases is None else self.leases.carried(entry)
+        return self.carried.carried(full_entry(seq, self.service, self.dedup, self.counts))
 
     # ---- view changes -----------------------------------------------------------------------------
     def promote(self, frame: Frame) -> Reply:
@@ -472,8 +471,7 @@ class ShardReplication:
     def _become_primary(self, view: View) -> None:
         forwarder = Forwarder(self.shard, self.config.replica_timeout, first_seq=self.applier.applied_seq)
         self.forwarder = forwarder
-        if self.leases is not None:
-            self.leases.promoted()
+        self.carried.promoted()
         for member in view.backups:  # each rebuilds from this one's state
             self._add_sender(forwarder, member)
         forwarder.set_waited(view.backups)
