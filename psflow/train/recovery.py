@@ -78,6 +78,7 @@ from psflow.coord.api import (
     CoordinationBackend,
     CoordinationError,
     Lease,
+    LeaseLostError,
 )
 from psflow.errors import CheckpointError, TrainingError
 from psflow.optim import OptimizerSpec
@@ -202,7 +203,12 @@ class Leadership:
         Use it before acting on the lease after a failure: a restarted ps task 0 forgets every
         embedded lease (replicated shards: only if every replica of shard 0 was lost), so a chief's
         local view can outlive its lease while a successor is already elected. Blocks for one RPC
-        at most (replicated shards: one per member of shard 0).
+        at most (replicated shards: one per member of shard 0); not confirmed, two (the lease is resigned).
+
+        A lease not confirmed because the service did not answer (ps task 0 restarting; with replicated
+        shards, no member of shard 0 primary yet) is resigned: the backend stops renewing it, so it lapses
+        within its ttl and this worker's next campaign can win. Else the backend's renewals kept it alive at a
+        service that kept its table (a promoted backup of shard 0), refusing this worker's own campaign.
         """
         lease = self.lease()
         if lease is None:
@@ -214,6 +220,12 @@ class Leadership:
                 if self._lease is lease:
                     self._lease = None
             log.warning("%s: not acting as chief: lease epoch %d not confirmed: %s", self.candidate, lease.epoch, e)
+            if not isinstance(e, LeaseLostError):  # lost: the backend renews it no more already
+                try:
+                    self.backend.resign(lease)
+                except CoordinationError as resign_error:
+                    log.info("%s: resigning the unconfirmed lease epoch %d: %s", self.candidate, lease.epoch,
+                             resign_error)
             return None
         return lease
 

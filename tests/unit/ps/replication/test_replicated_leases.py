@@ -19,6 +19,8 @@ from psflow.coord.lease_table import NOT_PRIMARY, LeaseTable
 from psflow.rpc.api import FailedPreconditionError, Handler, TaskUnavailableError
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.final_duties import take_final_duties
+from psflow.train.recovery import Leadership
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -156,3 +158,27 @@ def test_the_client_follows_shard_0s_primary_and_keeps_its_lease_across_the_prom
     finally:
         chief.close()
         other.close()
+
+
+def test_a_chief_whose_lease_was_not_confirmed_stops_renewing_it_and_is_elected_again(leases: Leases) -> None:
+    """The last worker confirms its lease before its final duties (psflow/train/final_duties.py). Asked while
+    shard 0's primary is dead and no backup promoted yet, no member answers: it no longer acts under that lease
+    and campaigns anew. Before, its backend went on renewing the old lease in the background, which the promoted
+    backup serves (the table is replicated), so its own campaign was refused until it gave up (no final
+    checkpoint: the run failed)."""
+    ttl = 1.0
+    members = tuple((m, f"address-of-{m}") for m in leases.shard.members)
+    config = CoordinationConfig("embedded", f"address-of-{PRIMARY}", lease_ttl=ttl, members=members)
+    backend = EmbeddedBackend(config, connect=lambda task, address: _Channel(leases, task))
+    leadership = Leadership(backend, "w0")
+    try:
+        first = leadership.campaign(timeout=5.0)
+        assert first is not None
+        leases.shard.cut.add(PRIMARY)  # the primary dies; no worker's data client promoted the backup yet
+        assert leadership.confirmed_lease() is None
+        leases.shard.promote(backup(0), 1)
+        take_final_duties(leadership, ttl, 3 * ttl, None)  # campaigns for max(ttl + 2 s, 3 ttl) at most
+        lease = leadership.lease()
+        assert lease is not None and lease.epoch > first.epoch, lease
+    finally:
+        backend.close()
