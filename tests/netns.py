@@ -7,9 +7,10 @@ Test support (not part of psflow). :class:`NetnsLab` builds, as root::
       + "front" addresses 10.231.X.(110+i)/32, where the delaying relay listens
 
 * **Addresses.** Host ``i`` owns ``10.231.X.(10+i)`` (``X`` random, checked
-  unused); every name carries a random 4-hex suffix (namespaces, the bridge,
-  the veths; at most 15 characters), so parallel runs do not collide. Tests
-  send traffic only to these addresses.
+  unused and claimed under a lock file, so labs built at once, by ``pytest -n``
+  or parallel runs, never share it); every name carries a random 4-hex suffix
+  (namespaces, the bridge, the veths; at most 15 characters), so parallel runs
+  do not collide. Tests send traffic only to these addresses.
 * **Latency.** This kernel has no ``netem`` qdisc, so :func:`relay_main`
   (run as a process in the root namespace) accepts on each host's *front*
   address and forwards to the host's own address, holding every chunk
@@ -38,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -168,11 +170,16 @@ class NetnsLab:
 
     def _build(self) -> None:
         _sweep_dead_labs()
-        self.subnet = _free_subnet()
-        net = f"10.231.{self.subnet}"
-        self._record("link", self.bridge)
-        _ip("link", "add", self.bridge, "type", "bridge")
-        _ip("addr", "add", f"{net}.1/24", "dev", self.bridge)
+        LEDGER_DIR.mkdir(exist_ok=True)
+        # Labs built at the same time (pytest -n, parallel runs) each pick a subnet no address uses yet: the
+        # choice and the bridge's address that claims it happen under one lock, so two labs never pick the same.
+        with open(LEDGER_DIR / "subnet.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self.subnet = _free_subnet()
+            net = f"10.231.{self.subnet}"
+            self._record("link", self.bridge)
+            _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("addr", "add", f"{net}.1/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for i, name in enumerate(self.host_names):
             host = Host(name, f"pf{self.suffix}-{name}", f"pfv{self.suffix}{i}", f"{net}.{10 + i}", f"{net}.{110 + i}")
