@@ -161,8 +161,12 @@ class LeaseTable:
 
     def restart_expiries(self) -> None:
         """Every lease now lives its whole ttl from now (a promoted member's table: its backup clock said nothing
-        of when the old primary last renewed each lease)."""
+        of when the old primary last renewed each lease), but one already expired here: its last renewal was
+        carried here more than a ttl ago, so its holder's own view of it ended too (it is never renewed)."""
         with self._lock:
+            now = self._clock()
+            for election in list(self._grants):
+                self._live(election, now)
             self._restart_locked()
 
     def _restart_locked(self) -> None:

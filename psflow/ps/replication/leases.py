@@ -85,7 +85,7 @@ class ReplicatedLeases:
         self.table.load(state)
 
     def promoted(self) -> None:
-        """(this member became primary) Each lease lives its whole ttl from now."""
+        """(this member became primary) Each lease lives its whole ttl from now (one expired here stays so)."""
         self.table.restart_expiries()
 
 

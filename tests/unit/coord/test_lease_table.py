@@ -154,6 +154,19 @@ def test_restarting_the_expiries_gives_every_lease_its_whole_ttl_from_now() -> N
     assert table.campaign("chief", "b", "b#1", 2.0)["granted"]
 
 
+def test_restarting_the_expiries_revives_no_expired_lease() -> None:
+    """A backup's lease expired by its own clock (no renewal carried for a ttl: the holder's own view, which ends
+    a ttl after it sent its last renewal, ended before) stays expired when the backup is promoted: before, the
+    promotion gave it a whole ttl again, and its holder's renewal of a lease it considered lost was granted."""
+    table, clock = make_table()
+    table.campaign("chief", "a", "a#1", 2.0)
+    clock.now += 2.5
+    table.restart_expiries()
+    assert table.leader("chief") is None
+    with pytest.raises(PreconditionFailed, match="now free"):
+        table.renew("chief", "a#1", 5, 2.0)
+
+
 def test_an_exported_table_holds_no_expired_lease() -> None:
     table, clock = make_table()
     table.campaign("chief", "a", "a#1", 2.0)
