@@ -54,7 +54,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from psflow.checkpoint.ledger import SaveStatusWatcher
+from psflow.checkpoint.ledger import SaveStatusWatcher, checkpoint_status
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster.replicas import BACKUP_JOB
@@ -223,7 +223,8 @@ def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: f
     while True:
         lc.signals.check()
         for t in lc.poll():
-            if t.exit_code != 0 and not (lc.resilience is not None and lc.resilience.on_exit(t)):
+            if t.exit_code != 0 and not (lc.resilience is not None and lc.resilience.on_exit(
+                    t, refuse=_saves_failed(lc, t, checkpoints, client, progress))):
                 failed.append(t)
         if lc.resilience is not None and not failed:
             lc.resilience.tick(client)
@@ -282,6 +283,28 @@ def _send_shutdown(lc: LocalCluster, tasks: list[tuple[str, str]], service: str)
             log.debug("%s: shutdown: %s", name, e)
         finally:
             channel.close()
+
+
+def _saves_failed(lc: LocalCluster, task: TaskProcess, checkpoints: SaveStatusWatcher | None, client: Any,
+                  progress: TextIO | None) -> str | None:
+    """(``task`` exited non-zero) Why it is not restarted, whatever the policy: the cluster's ledger shows
+    ``--max-failed-saves`` checkpoint saves failed in a row, so the run stops as the launcher's line said. The
+    limit counts the cluster's saves, not one process's: a chief restarted after its limit, or after a failed final
+    save, would save again from a count of zero, up to ``--max-restarts`` times. Reads the ledger now (one call,
+    2 s at most; the last reading if it fails) and prints its new failures. None for a ps task, a run without
+    checkpoints or without the limit, or a policy that restarts nothing (no call then)."""
+    if (checkpoints is None or checkpoints.max_failed_saves <= 0 or lc.resilience is None
+            or not lc.resilience.restarts or task.job in ("ps", BACKUP_JOB)):
+        return None
+    try:
+        for line in checkpoints.update(checkpoint_status(client, timeout=2.0)):
+            print(line, file=progress or sys.stderr, flush=True)
+    except RpcError as e:
+        log.debug("checkpoint ledger not read after %s exited: %s", task.name, e)
+    in_a_row, limit = int(checkpoints.ledger()["failed_in_a_row"] or 0), checkpoints.max_failed_saves
+    if in_a_row < limit:
+        return None
+    return f"{in_a_row} checkpoint saves failed in a row (--max-failed-saves {limit}): not restarted, the run stops"
 
 
 def _report_checkpoints(checkpoints: SaveStatusWatcher | None, client: Any, progress: TextIO | None, *,

@@ -313,9 +313,15 @@ class Resilience:
             self.monitor.forget(task.name)
         return new
 
-    def on_exit(self, task: Any) -> bool:
-        """A task exited non-zero: True if a restart is scheduled, False if the run must fail."""
-        return self.supervisor.on_exit(task, task.exit_code).restart
+    def on_exit(self, task: Any, *, refuse: str | None = None) -> bool:
+        """A task exited non-zero: True if a restart is scheduled, False if the run must fail (``refuse``: the
+        reason it must, whatever the policy)."""
+        return self.supervisor.on_exit(task, task.exit_code, refuse=refuse).restart
+
+    @property
+    def restarts(self) -> bool:
+        """Whether the policy restarts a task that failed (not ``never``)."""
+        return self.config.restart.policy != "never"
 
     def tick(self, client: Any) -> None:
         """Restarts tasks whose backoff passed; see the module docstring."""

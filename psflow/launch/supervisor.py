@@ -157,11 +157,14 @@ class Supervisor:
         self._due: list[tuple[float, Any, RestartEvent]] = []
         self.events: list[RestartEvent] = []
 
-    def on_exit(self, task: Any, exit_code: int) -> Decision:
+    def on_exit(self, task: Any, exit_code: int, *, refuse: str | None = None) -> Decision:
         """Logs the death of ``task`` and decides; schedules a restart if allowed. A ps task that is
-        not restarted lost its variables: the reason says so (and what would have restored them)."""
+        not restarted lost its variables: the reason says so (and what would have restored them).
+        ``refuse``: the policy would restart it, but the run must stop; the reason says why."""
         count = self.restarts.get(task.name, 0)
         decision = decide(self.config, exit_code, count)
+        if decision.restart and refuse is not None:
+            decision = Decision(False, 0.0, refuse)
         if not decision.restart and exit_code != 0 and getattr(task, "job", None) == "ps":
             hint = " (--restart-policy on-failure restores them from a checkpoint)" if self.config.policy == "never" else ""
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; the variables it held are lost, so "

@@ -76,6 +76,17 @@ def test_supervisor_schedules_restarts_after_the_backoff_and_gives_up_at_the_lim
     assert [e.restarted for e in sup.events] == [True, True, False]
 
 
+def test_a_restart_the_launcher_refuses_is_not_scheduled_and_its_reason_recorded() -> None:
+    sup = Supervisor(RestartConfig("on-failure"), lambda task: task)
+    why = "3 checkpoint saves failed in a row (--max-failed-saves 3): not restarted, the run stops"
+    decision = sup.on_exit(FakeTask("/job:worker/task:1", 10), 1, refuse=why)
+    assert not decision.restart and decision.reason == why and sup.pending() == 0
+    assert (sup.events[0].decision, sup.events[0].restarted) == (why, False)
+    never = Supervisor(RestartConfig("never"), lambda task: task).on_exit(FakeTask("/job:worker/task:1", 11), 1,
+                                                                          refuse=why)
+    assert never.reason == "restart policy is 'never'"  # not restarted anyway: the policy's reason stands
+
+
 # ---- chaos specs ----------------------------------------------------------------
 def test_parse_specs() -> None:
     plan = ChaosPlan.parse(["kill:ps:1@step=200", "kill:chief@step=50", " stop:worker:0@step=3 "])
