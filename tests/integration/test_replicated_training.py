@@ -10,6 +10,7 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
 * every replica of shard 0 killed at once, checkpoints every 100 steps: restored from the newest, each shard's
   ``pushes_applied`` goes on from the count the checkpoint recorded, so ``updates_lost`` (counted per worker
   process) is exactly the pushes acknowledged after it; the restarted backup is in shard 0's view again at the end;
+* ssp with two steps in flight, shard 0's primary killed: nothing lost or applied twice;
 * 1 ps, shard 0's primary killed: the chief's lease, replicated with shard 0, lives through the kill (one election).
 """
 
@@ -91,6 +92,19 @@ def test_two_steps_in_flight_lose_and_repeat_nothing_when_a_primary_dies(tmp_pat
     # shard 0 holds global_step: each push it holds moved the step once (none applied twice, none lost)
     shard0 = next(s for s in metrics["shards"] if s["shard"] == 0)
     assert shard0["pushes_applied"] == metrics["global_step"], (shard0, metrics["global_step"])
+
+
+def test_ssp_with_two_steps_in_flight_loses_and_repeats_nothing_when_shard_0s_primary_dies(tmp_path: Path) -> None:
+    """``--mode ssp --steps-in-flight 2``: a worker's pushes wait for the slowest worker's clock and two travel at
+    once; shard 0 (global_step, the ssp clock) loses its primary mid-run and the promoted backup goes on."""
+    out = tmp_path / "run"
+    metrics = metrics_of(out, train(out, "--mode", "ssp", "--steps-in-flight", "2", "--ps-replicas", "1",
+                                    "--restart-policy", "on-failure", "--chaos", "kill:ps:0@step=300", epochs=1))
+    assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
+    assert metrics["updates_lost"] == 0, metrics
+    assert metrics["pushes_applied"] == metrics["pushes_acknowledged"] > 0, metrics
+    assert metrics["examples"] == A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
+    assert re.search(r"ps shard 0 routes to /job:ps_backup/task:0 at epoch \d+", _logs(out, "worker-*.log", tail=None))
 
 
 def _exported(tmp_path: Path, run: Path) -> dict[str, np.ndarray]:
