@@ -3,7 +3,7 @@
 Chief election (:class:`Leadership`): every worker that trains campaigns, on
 a background thread, for the ``chief`` lease of a coordination backend
 (:mod:`psflow.coord`: ``embedded`` on ps task 0, or ``zookeeper``). The
-holder runs the chief duties (:class:`LeaderOnlyHook` wraps the checkpoint,
+holder runs the chief duties (:class:`~psflow.train.leader_hooks.LeaderOnlyHook` wraps the checkpoint,
 summary and eval hooks), so when it dies or stops, another worker takes them
 over within the lease time while training goes on. Its checkpoint writes
 carry its lease epoch, which the ps tasks fence: a deposed chief's save is
@@ -12,7 +12,7 @@ refused (:meth:`psflow.checkpoint.save.CheckpointManager.save`).
 Only a worker that trains takes the lease: the duties run between its steps
 (the hooks), so a holder that runs no step would do none of them, and the
 checkpoints would stop until the run ends. So a worker campaigns from its
-first step on (:class:`CampaignWhileTrainingHook`; again after a restore
+first step on (:class:`~psflow.train.leader_hooks.CampaignWhileTrainingHook`; again after a restore
 rewinds it), stops campaigning the moment its data ends
 (:meth:`Leadership.stop_campaigning`) and hands a lease it holds to a worker
 that still trains (it resigns as soon as it sees one). The last worker to
@@ -67,7 +67,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
@@ -85,7 +84,7 @@ from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, SetReadyRequest, StatsReply
 from psflow.rpc.api import RpcError, gather
-from psflow.train.hooks import RunContext, RunValues, SessionRunHook
+from psflow.train.leader_hooks import CampaignWhileTrainingHook, LeaderOnlyHook
 from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
 from psflow.train.within_run import written_by
 
@@ -260,63 +259,6 @@ class Leadership:
             self.backend.close()
         except CoordinationError as e:
             log.warning("%s: closing the coordination backend: %s", self.candidate, e)
-
-
-class LeaderOnlyHook(SessionRunHook):
-    """Runs ``inner`` only while this worker holds the chief lease.
-
-    On gaining the lease, ``inner.after_create_session`` runs first (timers
-    start from the current step). A checkpoint or RPC failure inside the hook
-    (a ps task died, or this chief was deposed and its save fenced off) is
-    logged, not raised: the next chief, or the next period, saves again. The
-    final checkpoint has no next period: its failure for any reason but a
-    newer chief's fence is a :class:`~psflow.checkpoint.save.FinalCheckpointError`,
-    which is not caught here, so the session, the worker and the run fail.
-    """
-
-    def __init__(self, inner: SessionRunHook, leadership: Leadership) -> None:
-        self.inner = inner
-        self.leadership = leadership
-        self._active = False
-
-    def begin(self) -> None:
-        self.inner.begin()
-
-    def _leading(self, session: Any) -> bool:
-        leading = self.leadership.lease() is not None
-        if leading and not self._active:
-            self._guard(lambda: self.inner.after_create_session(session))
-        self._active = leading
-        return leading
-
-    def after_create_session(self, session: Any) -> None:
-        self._leading(session)
-
-    def after_run(self, context: RunContext, values: RunValues) -> None:
-        if self._leading(context.session):
-            self._guard(lambda: self.inner.after_run(context, values))
-
-    def end(self, session: Any) -> None:
-        if self._leading(session):
-            self._guard(lambda: self.inner.end(session))
-
-    def _guard(self, call: Callable[[], None]) -> None:
-        try:
-            call()
-        except (CheckpointError, RpcError) as e:
-            log.error("%s: chief duty %s skipped: %s", self.leadership.candidate, type(self.inner).__name__, e)
-
-
-class CampaignWhileTrainingHook(SessionRunHook):
-    """Starts this worker's campaign for the chief lease after each of its steps, when it is not
-    campaigning (its first step, or the first after a restore rewound it); see the module docstring."""
-
-    def __init__(self, leadership: Leadership) -> None:
-        self.leadership = leadership
-
-    def after_run(self, context: RunContext, values: RunValues) -> None:
-        if not self.leadership.campaigning():
-            self.leadership.start()
 
 
 class ClusterRecovery:

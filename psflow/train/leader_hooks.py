@@ -1,0 +1,80 @@
+"""The chief duties' hooks that follow the chief lease (:class:`~psflow.train.recovery.Leadership`): a duty runs
+only while this worker holds it (:class:`LeaderOnlyHook`), and a worker campaigns from its first step on
+(:class:`CampaignWhileTrainingHook`); see :mod:`psflow.train.recovery` for the election. Moved from there
+verbatim (layout limit); :mod:`psflow.train.recovery` still exports both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from psflow.errors import CheckpointError
+from psflow.rpc.api import RpcError
+from psflow.train.hooks import RunContext, RunValues, SessionRunHook
+
+if TYPE_CHECKING:
+    from psflow.train.recovery import Leadership
+
+__all__ = ["LeaderOnlyHook", "CampaignWhileTrainingHook"]
+
+#: The election's logger (psflow.train.recovery's): these lines read as they did.
+log = logging.getLogger("psflow.recovery")
+
+
+class LeaderOnlyHook(SessionRunHook):
+    """Runs ``inner`` only while this worker holds the chief lease.
+
+    On gaining the lease, ``inner.after_create_session`` runs first (timers
+    start from the current step). A checkpoint or RPC failure inside the hook
+    (a ps task died, or this chief was deposed and its save fenced off) is
+    logged, not raised: the next chief, or the next period, saves again. The
+    final checkpoint has no next period: its failure for any reason but a
+    newer chief's fence is a :class:`~psflow.checkpoint.save.FinalCheckpointError`,
+    which is not caught here, so the session, the worker and the run fail.
+    """
+
+    def __init__(self, inner: SessionRunHook, leadership: Leadership) -> None:
+        self.inner = inner
+        self.leadership = leadership
+        self._active = False
+
+    def begin(self) -> None:
+        self.inner.begin()
+
+    def _leading(self, session: Any) -> bool:
+        leading = self.leadership.lease() is not None
+        if leading and not self._active:
+            self._guard(lambda: self.inner.after_create_session(session))
+        self._active = leading
+        return leading
+
+    def after_create_session(self, session: Any) -> None:
+        self._leading(session)
+
+    def after_run(self, context: RunContext, values: RunValues) -> None:
+        if self._leading(context.session):
+            self._guard(lambda: self.inner.after_run(context, values))
+
+    def end(self, session: Any) -> None:
+        if self._leading(session):
+            self._guard(lambda: self.inner.end(session))
+
+    def _guard(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except (CheckpointError, RpcError) as e:
+            log.error("%s: chief duty %s skipped: %s", self.leadership.candidate, type(self.inner).__name__, e)
+
+
+class CampaignWhileTrainingHook(SessionRunHook):
+    """Starts this worker's campaign for the chief lease after each of its steps, when it is not
+    campaigning (its first step, or the first after a restore rewound it); see the module docstring."""
+
+    def __init__(self, leadership: Leadership) -> None:
+        self.leadership = leadership
+
+    def after_run(self, context: RunContext, values: RunValues) -> None:
+        if not self.leadership.campaigning():
+            self.leadership.start()
