@@ -1,30 +1,33 @@
 """A replicated shard's fence (the highest chief epoch it accepted, :class:`~psflow.coord.fence.FenceGuard`),
 carried to its backups (issue 28), so a promoted backup refuses a deposed chief's writes as its primary did.
 
-A ``Fence`` call the primary accepts with a higher token than it held (a new chief fences every ps task when
-it is elected, and before and after each save) records the fence as the shard's next entry
-(:mod:`~psflow.ps.replication.carried`) and is answered once the backups acknowledged it. A backup merges the
-fence it receives into its own (a token never decreases). A ``Fence`` that raised nothing, or served by a
-member that is not the primary, is served as on an unreplicated task (the clients route it to the primary);
-so is one whose acknowledgement failed (a backup too slow, or the primary deposed meanwhile; logged): the
-primary accepted the token, as it would unreplicated. A token a ``SaveShard`` raises (a chief that saves without
-fencing first) is carried with the next ``Fence`` call or full entry.
+A ``Fence`` call the primary accepts (a new chief fences every ps task when it is elected, and before and after
+each save) records the fence as the shard's next entry (:mod:`~psflow.ps.replication.carried`) and is answered
+once the backups acknowledged it, even when the token was held already (a Fence resent after a failed
+acknowledgement waits for the backups too). A backup merges the fence it receives into its own (a token never
+decreases). A ``Fence`` served by a backup or a joining member is served as on an unreplicated task (the
+clients route it to the primary).
+
+Refused as a push is, so the caller never believes a shard fenced that its primary did not record: a member
+deposed (it learned of a newer primary; until it rebuilt as that primary's backup) refuses every ``Fence``
+with FAILED_PRECONDITION naming the new primary, and so does a primary deposed while it waited for its
+backups' acknowledgement (both as before the token reached a backup, never answered as done); a primary whose
+backup did not acknowledge within ``replica_timeout`` answers UNAVAILABLE. The caller resends to the shard's
+primary (a router follows it: :mod:`psflow.ps.failover`). A token a ``SaveShard`` raises (a chief that saves
+without fencing first) is carried with the next ``Fence`` call or full entry.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
-from psflow.rpc.api import Handler, PreconditionFailed, Reply, RpcError
+from psflow.rpc.api import Handler, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
 if TYPE_CHECKING:
     from psflow.ps.replication.member import ShardReplication
 
 __all__ = ["ReplicatedFence"]
-
-log = logging.getLogger("psflow.ps.replication")
 
 
 class ReplicatedFence:
@@ -42,15 +45,14 @@ class ReplicatedFence:
             try:
                 forwarder = self.member._check_primary()
             except PreconditionFailed:
+                if self.member.deposal.by is not None:
+                    raise  # refused as its pushes are, naming the new primary: the caller resends there
                 return inner(frame)
-            before = self.guard.export()
             reply = inner(frame)  # a lower token is refused here, as unreplicated
-            if self.guard.export() != before:
-                try:
-                    forwarder.wait(self.member.carried.record(forwarder, self))
-                except RpcError as e:
-                    log.warning("%s: the fence at the token just accepted did not reach every backup: %s",
-                                self.member.task, e)
+            # Recorded even when the token was held already: a Fence resent after a failed acknowledgement is
+            # answered only once the backups hold it. Raises PreconditionFailed (deposed meanwhile) or
+            # Unavailable (a backup too slow), as a push's wait does.
+            forwarder.wait(self.member.carried.record(forwarder, self))
             return reply
         return call
 

@@ -10,7 +10,7 @@ import pytest
 from replica_shard import PRIMARY, InProcessShard, backup
 
 from psflow.ps.protocol import FenceRequest
-from psflow.rpc.api import FailedPreconditionError
+from psflow.rpc.api import FailedPreconditionError, TaskUnavailableError
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,3 +50,47 @@ def test_a_rebuilt_members_snapshot_carries_the_fence(shard: InProcessShard) -> 
 def test_a_fence_a_backup_serves_is_served_as_unreplicated(shard: InProcessShard) -> None:
     fence(shard, backup(0), 4)
     assert shard.services[backup(0)].fence.highest() == 4 and shard.services[PRIMARY].fence.highest() == 0
+
+
+def _deposed(shard: InProcessShard) -> None:
+    """The primary is cut off, a client promotes its backup, and the old primary is back, still believing it
+    is primary (it learns otherwise from its next entry, which the new primary refuses)."""
+    shard.cut.add(PRIMARY)
+    shard.promote(backup(0), 1)
+    shard.cut.discard(PRIMARY)
+
+
+def test_a_primary_deposed_while_it_waits_for_its_backups_refuses_the_fence_naming_the_new_primary(
+        shard: InProcessShard) -> None:
+    """Issue 28's review: answered as done, the new chief would believe every ps task fenced at its epoch while
+    the shard's new primary never heard of it (and would accept the deposed chief's writes)."""
+    fence(shard, PRIMARY, 5)
+    _deposed(shard)
+    with pytest.raises(FailedPreconditionError, match=f"deposed: shard 0's primary is {backup(0)}"):
+        fence(shard, PRIMARY, 6)  # its entry is refused by the new primary: deposed while it waited
+    assert shard.services[backup(0)].fence.highest() == 5
+
+
+def test_a_primary_that_knows_it_is_deposed_refuses_the_fence_naming_the_new_primary(shard: InProcessShard) -> None:
+    _deposed(shard)
+    with pytest.raises(FailedPreconditionError, match="deposed"):
+        fence(shard, PRIMARY, 6)
+    shard.replicas[PRIMARY].stop()  # no rebuild from the new primary during the next call
+    assert shard.replicas[PRIMARY].deposal.by is not None
+    with pytest.raises(FailedPreconditionError, match=f"deposed: shard 0's primary is {backup(0)}"):
+        fence(shard, PRIMARY, 7)  # deposed already: refused at once, as a push is
+    fence(shard, backup(0), 7)  # the caller resends to the new primary, which records it
+    assert shard.services[backup(0)].fence.highest() == 7
+
+
+def test_a_fence_its_backup_did_not_acknowledge_in_time_is_answered_unavailable(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    slow = make_shard(backups=1, replica_timeout=0.3)
+    slow.start()
+    slow.wait_view()
+    slow.cut.add(backup(0))  # unreachable, not dropped from the view yet (a client drops it)
+    with pytest.raises(TaskUnavailableError, match=f"backup {backup(0)} did not acknowledge"):
+        fence(slow, PRIMARY, 6)
+    slow.cut.discard(backup(0))
+    fence(slow, PRIMARY, 6)  # resent: the same token again, carried this time
+    assert slow.services[backup(0)].fence.highest() == 6
