@@ -18,10 +18,18 @@ shard 0 serves the table and its primary answers
 (:mod:`psflow.ps.replication.leases`): a call goes to the member this client
 last found primary; one that cannot be reached, or answers that it is not the
 primary, sends the call on to the member it names (else the next in member
-order), each member tried once per call. The data path's clients promote a
-backup over a dead primary; this client only follows. None answering as
-primary is :class:`~psflow.coord.api.BackendUnavailableError`, which every
-caller retries as it retries an unreachable ps task 0.
+order), each member tried at most once per call (a member named again, e.g.
+by two stale backups naming each other, is skipped for the next untried one).
+When no member answers as primary while a live one named a primary this call
+could not reach, and the client was given ``promote`` (a worker's, with a
+router of its own: :class:`psflow.ps.control_routes.ControlRouter`), it gets
+shard 0's primary found, a backup promoted as a data client's failover
+promotes it (same statuses, same proof that the primary is gone, same
+epochs), and sends the call there once more: so an election goes on when
+shard 0's primary dies while no data call follows (the last worker's final
+duties). Otherwise, or while the primary is not proven gone yet, the call
+raises :class:`~psflow.coord.api.BackendUnavailableError`, which every caller
+retries as it retries an unreachable ps task 0.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from psflow.coord.api import (
@@ -68,11 +76,20 @@ class EmbeddedBackend(CoordinationBackend):
     """Client of the lease table served by ps task 0 (``config.address``), or by shard 0's primary
     (``config.members``)."""
 
-    def __init__(self, config: CoordinationConfig, *, connect: Callable[[str, str], Channel] | None = None) -> None:
+    def __init__(self, config: CoordinationConfig, *, connect: Callable[[str, str], Channel] | None = None,
+                 promote: Callable[[Collection[str]], str | None] | None = None) -> None:
         """Opens (lazily connected) channels to ``config.address`` and ``config.members``; starts no thread yet.
 
-        ``connect``: (task, address) -> a channel to that task's coordination service (default: gRPC; an
-        in-process test serves the members' handlers directly)."""
+        Args:
+            config: where the table is served, the lease ttl, timeouts, token.
+            connect: (task, address) -> a channel to that task's coordination service (default: gRPC; an
+                in-process test serves the members' handlers directly).
+            promote: (replicated, ``config.members``) called when a call found no primary while a live
+                member named one that could not be reached: finds shard 0's primary, promoting a backup as
+                the data path would (:meth:`psflow.ps.control_routes.ControlRouter.primary`); given the
+                members this client reached, returns the primary's task name or None. None: this client
+                only follows promotions.
+        """
         self._config = config
         self._members = list(config.members) or [("/job:ps/task:0", config.address)]
         self._at = next((i for i, (_, address) in enumerate(self._members) if address == config.address), 0)
@@ -81,6 +98,8 @@ class EmbeddedBackend(CoordinationBackend):
         self._connect = connect or (lambda task, address: TaskChannel(f"{task} (coordination)", address,
                                                                       COORDINATION_SERVICE, connect_config))
         self._channels: dict[str, Channel] = {}
+        self._promote = promote if len(self._members) > 1 else None
+        self._reached: set[str] = set()  # members that answered a call (their process was there)
         self._lock = threading.Lock()
         self._held: dict[str, Lease] = {}  # election -> latest lease
         self._lost: set[str] = set()        # holders whose lease was lost
@@ -179,10 +198,34 @@ class EmbeddedBackend(CoordinationBackend):
 
     # ---- internals -----------------------------------------------------------
     def _call(self, method: str, meta: dict[str, Any]) -> dict[str, Any]:
-        """``method`` on the member found primary (the only one, unreplicated); each member tried once."""
-        error: BackendUnavailableError | None = None
-        for _ in self._members:
-            task, address, channel = self._route()
+        """``method`` on the member found primary (the only one, unreplicated); each member tried once. With
+        ``promote``, a call that found a live member naming an unreachable primary gets shard 0's primary found
+        (a backup promoted) and is sent there once more."""
+        reply, error, stranded = self._call_members(method, meta)
+        if reply is not None:
+            return reply
+        if stranded and self._promote is not None:
+            with self._lock:
+                reached = frozenset(self._reached)
+            primary = self._promote(reached)
+            if primary is not None and self._go_to(primary):
+                reply, error, _ = self._call_members(method, meta, only_first=True)
+                if reply is not None:
+                    return reply
+        raise error
+
+    def _call_members(self, method: str, meta: dict[str, Any], *, only_first: bool = False,
+                      ) -> tuple[dict[str, Any] | None, BackendUnavailableError, bool]:
+        """Tries each member at most once (the one calls go to first, then whichever it names, else the next
+        untried in member order) until one answers as primary: (its reply, None, False), or (None, the last
+        error, whether a member that answered named as primary one this call could not reach)."""
+        error: BackendUnavailableError = _NotUpError(f"coordination service: {method}: no member to call")
+        tried: set[str] = set()
+        unreachable: set[str] = set()
+        named: set[object] = set()
+        while len(tried) < (1 if only_first else len(self._members)):
+            task, address, channel = self._route(tried)
+            tried.add(task)
             where = f"coordination service at {address}" + (f" ({task})" if len(self._members) > 1 else "")
             try:
                 reply = dict(channel.call(method, meta, timeout=self._config.rpc_timeout).meta)
@@ -190,24 +233,41 @@ class EmbeddedBackend(CoordinationBackend):
                 raise LeaseLostError(str(e)) from e
             except (TaskUnavailableError, DeadlineExceededError) as e:
                 error = _NotUpError(f"{where}: {method}: {e}")
+                unreachable.add(task)
                 self._move(task, None)
                 continue
             except RpcError as e:
                 raise BackendUnavailableError(f"{where}: {method}: {e}") from e
+            with self._lock:
+                self._reached.add(task)
             if NOT_PRIMARY not in reply:
-                return reply
+                return reply, error, False
             error = _NotUpError(f"{where}: {method}: {reply[NOT_PRIMARY]}")
+            named.add(reply.get("primary"))
             self._move(task, reply.get("primary"))
-        raise error or _NotUpError(f"coordination service: {method}: no member to call")
+        return None, error, bool(named & unreachable)
 
-    def _route(self) -> tuple[str, str, Channel]:
-        """The member calls go to now: (task, address, its channel)."""
+    def _route(self, tried: Collection[str] = ()) -> tuple[str, str, Channel]:
+        """The member calls go to now, or the first after it in member order not in ``tried`` (calls go to it
+        from now on): (task, address, its channel)."""
         with self._lock:
+            names = [name for name, _ in self._members]
+            while names[self._at] in tried and len(tried) < len(names):
+                self._at = (self._at + 1) % len(names)
             task, address = self._members[self._at]
             channel = self._channels.get(task)
             if channel is None:
                 channel = self._channels[task] = self._connect(task, address)
             return task, address, channel
+
+    def _go_to(self, primary: str) -> bool:
+        """Calls go to member ``primary`` from now on; False if it is no member."""
+        with self._lock:
+            names = [name for name, _ in self._members]
+            if primary not in names:
+                return False
+            self._at = names.index(primary)
+            return True
 
     def _move(self, task: str, primary: object) -> None:
         """``task`` did not answer as primary: the calls go to ``primary`` if it is another member, else to the

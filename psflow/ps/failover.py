@@ -121,6 +121,7 @@ class ShardRouter:
         self.wait_timeout = (max(config.connect_timeout, self.failover_timeout + 2 * self.status_timeout)
                              if wait_timeout is None else wait_timeout)
         self._clock = clock
+        self._config = config
         # Per member: when it last answered anything; since when it has answered nothing (the first call left
         # unanswered after that); whether it refused a connection after it had answered (its process is gone).
         self._answered: dict[str, float] = {}
@@ -145,6 +146,20 @@ class ShardRouter:
         if channel is None:
             channel = self._member_channels[task] = self._open(task, member_address(self.cluster, task))
         return channel
+
+    def twin(self, client_name: str) -> ShardRouter:
+        """A router of its own over the same cluster, channel opener and timeouts (its own channels, routes and
+        evidence of who is gone), for calls made off the thread that uses this one
+        (:class:`~psflow.ps.control_routes.ControlRouter`)."""
+        return ShardRouter(self.cluster, self._open, client_name=client_name, config=self._config,
+                           failover_timeout=self.failover_timeout, status_timeout=self.status_timeout,
+                           wait_timeout=self.wait_timeout, clock=self._clock)
+
+    def reached(self, task: str) -> None:
+        """Member ``task``'s process answered this client through another service at its address (shard 0's
+        coordination service): from now on a refused connection proves it gone (:meth:`gone`), as after a
+        status it answered."""
+        self._answered.setdefault(task, self._clock())
 
     def epoch(self, shard: int) -> int | None:
         """The epoch shard ``shard``'s requests are routed by (None before the first status)."""

@@ -11,11 +11,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from replica_shard import PRIMARY, InProcessShard, backup
+from replica_shard import PRIMARY, InProcessShard, Link, backup
 
 from psflow.coord import CampaignTimeoutError, CoordinationConfig
 from psflow.coord.embedded import EmbeddedBackend
 from psflow.coord.lease_table import NOT_PRIMARY, LeaseTable
+from psflow.ps.control_routes import ControlRouter
+from psflow.ps.failover import ShardRouter
 from psflow.rpc.api import FailedPreconditionError, Handler, TaskUnavailableError
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
@@ -45,11 +47,20 @@ class Leases:
     def call(self, member: str, method: str, **meta: Any) -> dict[str, Any]:
         return dict(InProcessChannel(member, self.handlers[member]).call(method, meta).meta)
 
-    def backend(self, first: str = PRIMARY) -> EmbeddedBackend:
-        """The client the workers use, whose calls reach the members' handlers (UNAVAILABLE while cut off)."""
+    def backend(self, first: str = PRIMARY, *, ttl: float = TTL, promotes: bool = False) -> EmbeddedBackend:
+        """The client the workers use, whose calls reach the members' handlers (UNAVAILABLE while cut off);
+        ``promotes``: it gets a backup promoted over a dead primary as a worker's does (its own router to the
+        members' parameter services; a member silent for 0.3 s is gone)."""
         members = tuple((m, f"address-of-{m}") for m in self.shard.members)
-        config = CoordinationConfig("embedded", f"address-of-{first}", lease_ttl=TTL, members=members)
-        return EmbeddedBackend(config, connect=lambda task, address: _Channel(self, task))
+        config = CoordinationConfig("embedded", f"address-of-{first}", lease_ttl=ttl, members=members)
+        promote = None
+        if promotes:
+            router = ShardRouter(self.shard.cluster, lambda task, address: Link(self.shard, task),
+                                 client_name="/job:worker/task:0 (chief election)", failover_timeout=0.3,
+                                 status_timeout=1.0)
+            control = ControlRouter(router)
+            promote = lambda reached: control.primary(0, reached)  # noqa: E731
+        return EmbeddedBackend(config, connect=lambda task, address: _Channel(self, task), promote=promote)
 
     def campaign(self, member: str, candidate: str) -> dict[str, Any]:
         return self.call(member, "Campaign", election="chief", candidate=candidate, holder=f"{candidate}#1", ttl=TTL)
@@ -181,4 +192,43 @@ def test_a_chief_whose_lease_was_not_confirmed_stops_renewing_it_and_is_elected_
         lease = leadership.lease()
         assert lease is not None and lease.epoch > first.epoch, lease
     finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("promotes", [True, False])
+def test_the_election_gets_a_backup_promoted_when_shard_0s_primary_dies_and_no_data_call_follows(
+        leases: Leases, promotes: bool) -> None:
+    """Issue 28's review, item 1: the primary dies after the last worker's leave() and before its final duties,
+    so no data client's failover promotes the backup. The election's client promotes it the way a data client
+    would (the primary proven gone: here silent for the failover timeout). Without that (``promotes=False``,
+    as before) no member answers as primary and the campaign fails."""
+    backend = leases.backend(promotes=promotes)
+    try:
+        lease = backend.campaign("w0", timeout=5.0)
+        backend.resign(lease)  # its data ended: it hands the duties on
+        leases.shard.cut.add(PRIMARY)  # the primary dies; no data call follows
+        if not promotes:
+            with pytest.raises(CampaignTimeoutError):
+                backend.campaign("w1", timeout=2.0)
+            return
+        elected = backend.campaign("w1", timeout=5.0)  # the last worker's final campaign
+        assert elected.epoch > lease.epoch  # the replicated table's epochs go on
+        status = leases.shard.status(backup(0))
+        assert (status.role, status.epoch) == ("primary", 2), status
+        assert backend.renew(elected).epoch == elected.epoch
+    finally:
+        backend.close()
+
+
+def test_the_election_promotes_nothing_while_the_primary_only_is_slow_to_answer(leases: Leases) -> None:
+    """The same checks as the data path's: a primary that answers nothing is gone only after the failover
+    timeout (0.3 s here); until then the campaign is not answered and no backup is promoted."""
+    backend = leases.backend(promotes=True)
+    try:
+        leases.shard.cut.add(PRIMARY)
+        with pytest.raises(CampaignTimeoutError):
+            backend.campaign("w0", timeout=0.15)
+        assert leases.shard.status(backup(0)).role == "backup"
+    finally:
+        leases.shard.cut.discard(PRIMARY)
         backend.close()
