@@ -217,7 +217,8 @@ class BackupSender:
         with self._cond:
             if not self._stopped:
                 self._out = call
-                self._cond.notify_all()  # the sender's thread collects it if nobody else does
+                if not self.pumped:  # a backup's thread looks every _PUMP_GRACE s: no wake-up per push
+                    self._cond.notify()  # the sender's thread collects it if nobody else does
                 return
         self._complete(call)  # stopped: its thread is gone, and the call holds its channel until read
 
