@@ -8,7 +8,10 @@ entry (:meth:`Forwarder.record`, a short lock that orders sequence numbers with 
 then wait (:meth:`Forwarder.wait`), so many pushes are in flight at once. A waiting push whose backup has no
 call out sends the queued entries itself (:meth:`BackupSender.pump`): on a busy 2-core machine, waking the
 sender's thread for each entry and being woken back by it cost more than the call (py-spy: the wake-up was
-16% of the primary's GIL time). The sender's thread sends the rest (a joining member's, retries).
+16% of the primary's GIL time). A push may also send first and read the reply later (:meth:`Forwarder.start`,
+then :meth:`Forwarder.wait`: an async PushPull reads its rows in between); a reply nobody reads within
+``_PUMP_GRACE`` seconds is read by the sender's thread. The sender's thread sends the rest (a joining member's,
+retries).
 
 Guarantees:
 
