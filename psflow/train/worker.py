@@ -52,12 +52,14 @@ from typing import Any, Protocol
 
 from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
-from psflow.coord import Lease, create_backend
+from psflow.coord import CoordinationBackend, Lease, create_backend
+from psflow.coord.embedded import EmbeddedBackend
 from psflow.data import Batch, Dataset, DatasetConfig, ReaderPosition, open_dataset, read_all
 from psflow.errors import TrainingError
 from psflow.models.api import Model
 from psflow.placement import VariableSet
 from psflow.ps.client import ParameterClient
+from psflow.ps.control_routes import ControlRouter
 from psflow.ps.fencing import FencedWriter
 from psflow.rpc.api import ConnectConfig, RpcError
 from psflow.rpc.tls import TlsConfig
@@ -179,7 +181,7 @@ def run_worker(
     task = f"/job:worker/task:{task_index}"
     model, variables = build_model(config, cluster)
     log.info("worker %d: %s", task_index, model.describe())
-    leadership = None
+    leadership, control = None, None
     own_client = client is None
     if client is None:
         if config.data.reader_process:
@@ -188,7 +190,7 @@ def run_worker(
                               "channels cannot fork its reader")
         client = connect_client(config, cluster, variables, task, token, register=False, tls=tls)
         if elects_chief(config):
-            leadership = _leadership(config, cluster, task, token, client, tls)
+            leadership, control = _leadership(config, cluster, task, token, client, tls)
     if stop is not None:
         stop.on_interrupt(client.close)  # fails a call blocked when a stop comes (a sync barrier)
     data_config = dataset_config(config, task_index, cluster.num_tasks("worker"))
@@ -244,6 +246,8 @@ def run_worker(
     finally:
         if leadership is not None:
             leadership.close()
+        if control is not None:
+            control.close()
         client.close()
     out = WorkerResult(task, progress.local_steps, progress.examples, progress.first_step, progress.step,
                        time.monotonic() - progress.started, reason, progress.stale, progress.bad_records,
@@ -302,13 +306,25 @@ def _new_cluster(client: ParameterClient) -> bool:
 
 
 def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str | None,
-                client: ParameterClient, tls: TlsConfig | None = None) -> Leadership:
+                client: ParameterClient, tls: TlsConfig | None = None) -> tuple[Leadership, ControlRouter | None]:
+    """The worker's part in the chief election, and (replicated ps shards) the router its calls off the training
+    thread use: the election's client gets shard 0's backup promoted over a dead primary through it, and the
+    new chief's fence follows each shard's primary (a deposed member refuses it) within the fence's timeout."""
     coord = coordination_config(config, cluster, token=token, tls=tls)
+    timeout = min(5.0, config.cluster.rpc_timeout)
+    control = ControlRouter(client.router.twin(f"{task} (chief election)")) if client.router is not None else None
+    channels = control.channels(wait=timeout) if control is not None else client.channels
 
     def fence(lease: Lease) -> None:  # a new chief fences every ps task at once: no write of its predecessor after
-        FencedWriter(client.channels, lease, timeout=min(5.0, config.cluster.rpc_timeout)).check()
+        FencedWriter(channels, lease, timeout=timeout).check()
 
-    return Leadership(create_backend(coord), task, on_elected=fence)
+    if control is not None and coord.members:  # embedded, served by shard 0's members
+        shard = min(cluster.task_indices("ps"))
+        backend: CoordinationBackend = EmbeddedBackend(
+            coord, promote=lambda reached: control.primary(shard, reached))
+    else:
+        backend = create_backend(coord)
+    return Leadership(backend, task, on_elected=fence), control
 
 
 def _train(session: MonitoredTrainingSession, model: Model,

@@ -22,9 +22,14 @@ from safetensors.numpy import load as safetensors_load
 from support import REPO, TOKEN, wait_until
 
 from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import member_address
+from psflow.coord import CampaignTimeoutError, CoordinationConfig
+from psflow.coord.embedded import EmbeddedBackend
 from psflow.launch.ports import free_ports
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.control_routes import ControlRouter
+from psflow.ps.failover import ShardRouter
 from psflow.ps.protocol import (
     PromoteRequest,
     PushReply,
@@ -208,3 +213,38 @@ def _stopped(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def test_the_chief_election_gets_the_backup_promoted_when_the_primary_dies_and_no_data_call_follows(
+        shard: _Shard) -> None:
+    """Issue 28's review: shard 0's primary SIGKILLed while only coordination calls follow (the last worker's
+    final duties). The election's client asks its own router (a twin of a worker's data router) to find the
+    primary: the primary refused the connection after the client had reached it, so it is gone at once, and the
+    backup is promoted as a data client's failover promotes it. The failover timeout here (120 s) is longer
+    than the test may take: only that proof can promote. The chief renews its lease at the promoted backup."""
+    shard.start(PRIMARY)
+    shard.start(BACKUP)
+    shard.wait_view(PRIMARY, BACKUP)
+    frame = _layout(shard.cluster).to_frame()
+    shard.channels[PRIMARY].call(RegisterRequest.METHOD, frame.meta, timeout=30)
+    config = ConnectConfig(token=TOKEN, rpc_timeout=10.0, connect_timeout=30.0)
+    router = ShardRouter(shard.cluster, lambda task, address: TaskChannel(task, address, PARAMETER_SERVICE, config),
+                         client_name=WORKER, config=config, failover_timeout=120.0)
+    control = ControlRouter(router.twin(f"{WORKER} (chief election)"))
+    members = tuple((task, member_address(shard.cluster, task)) for task in (PRIMARY, BACKUP))
+    coordination = CoordinationConfig("embedded", members[0][1], lease_ttl=20.0, token=TOKEN, members=members)
+    backend = EmbeddedBackend(coordination, promote=lambda reached: control.primary(0, reached))
+    try:
+        lease = backend.campaign(WORKER, timeout=30)
+        shard.procs[PRIMARY].kill()  # SIGKILL, by pid
+        shard.procs[PRIMARY].wait(timeout=30)
+        renewed = backend.renew(lease)  # no member answers as primary: the backup is promoted, then renews it
+        assert renewed.epoch == lease.epoch and backend.is_held(renewed)
+        status = shard.status(BACKUP)
+        assert status is not None and (status.role, status.epoch) == ("primary", 2), status
+        with pytest.raises(CampaignTimeoutError, match="still led by"):
+            backend.campaign("/job:worker/task:1", timeout=0.5)
+    finally:
+        backend.close()
+        control.close()
+        router.close()
