@@ -66,7 +66,9 @@ class ControlRouter:
     def channels(self, *, wait: float) -> dict[int, Channel]:
         """Shard -> a channel whose calls go to the shard's primary and follow a failover as a data client's do
         (:meth:`~psflow.ps.failover.ShardRouter.call`: resent to the new primary, for at most ``wait`` s): for
-        calls that may be resent (``Fence``)."""
+        rare calls that may be resent (``Fence``). Each call first asks the shard's members their status (one
+        round, no wait): the route this router last followed may be stale, and a backup would serve a
+        ``Fence`` as an unreplicated task does (:mod:`psflow.ps.replication.fence_state`)."""
         return {shard: _FollowingChannel(self, shard, wait) for shard in self._router.members}
 
     def close(self) -> None:
@@ -78,6 +80,10 @@ class ControlRouter:
               arrays: Mapping[str, np.ndarray] | None, timeout: float | None, wait: float) -> PendingReply:
         router = self._router
         with self._lock:
+            try:
+                router.resolve(shard, timeout=0)
+            except RpcError as e:  # no member can serve it now: the call's own failure is followed
+                log.info("%s: %s", router.client_name, e)
             followed = router.call(
                 shard, lambda k: router.channels[k].call_async(method, meta, arrays, timeout=timeout), wait=wait)
         return _Held(self._lock, followed)

@@ -4,11 +4,17 @@ refuses a deposed chief's epoch as the primary did. In-process members (tests/re
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
 
 import pytest
-from replica_shard import PRIMARY, InProcessShard, backup
+from replica_shard import PRIMARY, WORKERS, InProcessShard, Link, backup
 
+from psflow.coord import FencedError, Lease
+from psflow.ps.control_routes import ControlRouter
+from psflow.ps.failover import ShardRouter
+from psflow.ps.fencing import FencedWriter
 from psflow.ps.protocol import FenceRequest
 from psflow.rpc.api import FailedPreconditionError, TaskUnavailableError
 from psflow.rpc.framing import Frame
@@ -94,3 +100,27 @@ def test_a_fence_its_backup_did_not_acknowledge_in_time_is_answered_unavailable(
     slow.cut.discard(backup(0))
     fence(slow, PRIMARY, 6)  # resent: the same token again, carried this time
     assert slow.services[backup(0)].fence.highest() == 6
+
+
+def test_the_new_chiefs_fence_reaches_the_shards_new_primary(shard: InProcessShard) -> None:
+    """The chief fences every shard when it is elected (psflow/train/worker.py). Sent to the member its client
+    last knew as primary, now deposed, the Fence is refused (above), which the FencedWriter reads as fenced;
+    through the ControlRouter's channels it reaches the new primary, which records the token."""
+    _deposed(shard)  # the old primary does not know yet
+    lease = Lease("chief", "/job:worker/task:1", "/job:worker/task:1#1", 9, 10.0, time.monotonic() + 10)
+    with pytest.raises(FencedError, match="deposed"):
+        FencedWriter({0: Link(shard, PRIMARY)}, lease).check()  # the route the data client last followed
+    router = ShardRouter(shard.cluster, lambda task, address: Link(shard, task), client_name=WORKERS[1],
+                         failover_timeout=0.3, status_timeout=1.0)
+    control = ControlRouter(router)
+    FencedWriter(control.channels(wait=5.0), lease).check()
+    assert shard.services[backup(0)].fence.highest() == 9
+    control.close()
+    # The old primary rebuilt as the new one's backup: it would take a Fence as done (a backup serves it as
+    # an unreplicated task), so a router that still routes there asks the members first.
+    shard.wait_view(backup(0), (PRIMARY,))
+    fresh = ControlRouter(ShardRouter(shard.cluster, lambda task, address: Link(shard, task),
+                                      client_name=WORKERS[1], failover_timeout=0.3, status_timeout=1.0))
+    FencedWriter(fresh.channels(wait=5.0), dataclasses.replace(lease, epoch=10)).check()
+    assert shard.services[backup(0)].fence.highest() == 10
+    fresh.close()
