@@ -9,12 +9,12 @@ decreases). A ``Fence`` served by a backup or a joining member is served as on a
 clients route it to the primary).
 
 Refused as a push is, so the caller never believes a shard fenced that its primary did not record: a member
-deposed (it learned of a newer primary; until it rebuilt as that primary's backup) refuses every ``Fence``
-with FAILED_PRECONDITION naming the new primary, and so does a primary deposed while it waited for its
-backups' acknowledgement (both as before the token reached a backup, never answered as done); a primary whose
-backup did not acknowledge within ``replica_timeout`` answers UNAVAILABLE. The caller resends to the shard's
-primary (a router follows it: :mod:`psflow.ps.failover`). A token a ``SaveShard`` raises (a chief that saves
-without fencing first) is carried with the next ``Fence`` call or full entry.
+deposed (it learned of a newer primary; until it rebuilt as that primary's backup) refuses every ``Fence`` with
+FAILED_PRECONDITION naming the new primary, and so does a primary deposed while it waited for its backups'
+acknowledgement; a primary whose backup did not acknowledge within ``replica_timeout`` answers UNAVAILABLE. The
+caller resends to the shard's primary (the new chief's fence: :class:`~psflow.ps.control_routes.ControlRouter`).
+A token a ``SaveShard`` raises (a chief that saves without fencing first) is carried with the next ``Fence``
+call or full entry.
 """
 
 from __future__ import annotations

@@ -14,13 +14,14 @@ embedded coordination service (:mod:`psflow.coord.lease_table`), and only the sh
   (:data:`~psflow.coord.lease_table.NOT_PRIMARY`): the client tries the member it names
   (:mod:`psflow.coord.embedded`). A deposed primary's change was never acknowledged, and it rebuilds from the new
   primary's snapshot, table included: no split brain in the lease table.
-* Promotion: the new primary serves the table it holds (same holders, same epochs, same last epoch of each
-  election, so epochs keep growing), each lease living its whole ttl from the promotion
-  (:meth:`~psflow.coord.lease_table.LeaseTable.restart_expiries`). Safe: every renewal the old primary answered
-  was acknowledged by this member first, so before its promotion; the holder's own view of the lease ends ttl
-  after it *sent* that renewal at the latest, so before the promoted table's expiry. The promoted table thus
-  refuses every campaign the old one would have refused; it can only keep a dead holder's lease up to one ttl
-  longer, delaying its successor.
+* Promotion (by a data client's failover, or by the election's own client when no data call follows:
+  :mod:`psflow.coord.embedded`, :class:`~psflow.ps.control_routes.ControlRouter`): the new primary serves the
+  table it holds (same holders, same epochs, same last epoch of each election, so epochs keep growing), each
+  lease living its whole ttl from the promotion (:meth:`~psflow.coord.lease_table.LeaseTable.restart_expiries`).
+  Safe: every renewal the old primary answered was acknowledged by this member first, so before its promotion;
+  the holder's own view of the lease ends ttl after it *sent* that renewal at the latest, so before the promoted
+  table's expiry. The promoted table thus refuses every campaign the old one would have refused; it can only
+  keep a dead holder's lease up to one ttl longer, delaying its successor.
 * ``Leader`` is a read, answered from the primary's table without waiting (a primary deposed without knowing it
   yet may answer from its older table, as it answers a Pull).
 
