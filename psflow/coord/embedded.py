@@ -238,8 +238,9 @@ class EmbeddedBackend(CoordinationBackend):
                 continue
             except RpcError as e:
                 raise BackendUnavailableError(f"{where}: {method}: {e}") from e
-            with self._lock:
-                self._reached.add(task)
+            if self._promote is not None and task not in self._reached:
+                with self._lock:
+                    self._reached.add(task)
             if NOT_PRIMARY not in reply:
                 return reply, error, False
             error = _NotUpError(f"{where}: {method}: {reply[NOT_PRIMARY]}")
@@ -251,9 +252,8 @@ class EmbeddedBackend(CoordinationBackend):
         """The member calls go to now, or the first after it in member order not in ``tried`` (calls go to it
         from now on): (task, address, its channel)."""
         with self._lock:
-            names = [name for name, _ in self._members]
-            while names[self._at] in tried and len(tried) < len(names):
-                self._at = (self._at + 1) % len(names)
+            while tried and self._members[self._at][0] in tried and len(tried) < len(self._members):
+                self._at = (self._at + 1) % len(self._members)
             task, address = self._members[self._at]
             channel = self._channels.get(task)
             if channel is None:
