@@ -4,8 +4,7 @@ over the network, no sockets; ``latency`` delays each Replicate call to a member
 member can be cut off (every call to it fails UNAVAILABLE) and each Replicate call a member receives is
 kept, so a test can replay a prefix of the primary's entries onto a fresh member. ``message_limit`` refuses a
 Replicate call whose arrays exceed it, as a carrier refuses a message over its limit (and the members split
-entries to fit: ``chunk_bytes``). ``slow_replies`` delays the reply of each Replicate call to a member, the
-call served at once. ``held_requests`` and ``held_replies`` hold up one call in the network: a
+entries to fit: ``chunk_bytes``). ``held_requests`` and ``held_replies`` hold up one call in the network: a
 request reaches whichever process serves the member when it is let go, as at a restarted task's address.
 ``lost_replies`` loses the replies of calls that were served, as a caller whose deadline passed sees them.
 ``after_reply`` names the members served as psflow's TCP carrier serves (work left for after a reply runs
@@ -85,17 +84,6 @@ class _Done:
         return self._outcome
 
 
-class _Later:
-    """A reply read only once ``event`` is set (30 s at most): the round trip of a call already served."""
-
-    def __init__(self, done: _Done, event: threading.Event) -> None:
-        self._done, self._event = done, event
-
-    def result(self) -> Frame:
-        self._event.wait(30.0)
-        return self._done.result()
-
-
 class Link:
     """A channel to one member that fails while the member is cut off, and records its Replicate entries."""
 
@@ -106,7 +94,7 @@ class Link:
         """Returns at once."""
 
     def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
-                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Done | _Later:
+                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Done:
         if self.task in self._shard.cut:
             return _Done(TaskUnavailableError(f"{self.task} is cut off (test)"))
         if method == ReplicateRequest.METHOD:
@@ -126,9 +114,7 @@ class Link:
             self._serve(method, meta, arrays)  # served; the caller never hears of it
             return _Done(DeadlineExceededError(f"{self.task}: {method}: no reply within the deadline (test)"))
         if held is None and reply_held is None:
-            done = self._serve(method, meta, arrays)
-            slow = self._shard.slow_replies.get(self.task) if method == ReplicateRequest.METHOD else None
-            return done if slow is None else _Later(done, slow)
+            return self._serve(method, meta, arrays)
         with self._shard.holding_call():
             if held is not None:  # the request is held up: whichever process serves the task then serves it
                 held.wait(30.0)
@@ -197,9 +183,6 @@ class InProcessShard:
         self.held_requests: dict[tuple[str, str], threading.Event] = {}
         self.held_replies: dict[tuple[str, str], threading.Event] = {}
         self.holding = 0
-        #: Member -> an event: a Replicate call to it is served at once, and its caller reads the reply
-        #: (``result()``) only once the event is set: a round trip the caller may spend on other work.
-        self.slow_replies: dict[str, threading.Event] = {}
         self._holding_lock = threading.Lock()
         #: (member, method) -> how many of the next such calls are served and their replies lost: the caller
         #: gets DEADLINE_EXCEEDED, as when its deadline passed while the call was served.

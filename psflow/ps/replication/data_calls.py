@@ -10,9 +10,7 @@ what it changed is recorded as the member's next entry (the rows it wrote, the s
   newer epoch than this primary's (it then asks the other members whether it was deposed, in the background).
 * **Acknowledged before the reply.** A call returns once every backup of the view acknowledged the entry
   holding its change (blocking up to ``replica_timeout``, then UNAVAILABLE), so a promoted backup holds
-  every update a client saw acknowledged. An async ``PushPull`` sends its entry first, then reads the rows it
-  pulls while the backups receive it, then waits: the read overlaps their round trip and sees the push, the
-  reply still waits for the acknowledgement (ssp and sync read after their waits, as before).
+  every update a client saw acknowledged.
 * **Once.** A push already applied for its (worker, incarnation, push_id) -- a resend after a failover, or a
   late reply -- is not applied again: it gets the reply recorded with it, once that record's entry is
   acknowledged (:mod:`~psflow.ps.replication.dedup`).
@@ -76,11 +74,7 @@ class DataCalls:
         request = PushRequest.from_frame(frame)
         return _reply(self._push(request, lambda: []))
 
-    def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]],
-              meanwhile: Callable[[], object] | None = None) -> PushReply:
-        """Serves ``request`` (the module docstring); ``meanwhile``, in async mode, runs once the push's entry
-        went to the backups and before their acknowledgement is awaited (a PushPull's read, which then overlaps
-        the backups' round trip), else not at all."""
+    def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]]) -> PushReply:
         member = self._member
         forwarder = member._check_primary(request.shard_epoch)
         tag, mode, pushes = request.worker, member.service.mode, member.service.pushes
@@ -97,9 +91,6 @@ class DataCalls:
             forwarder.wait(recorded.seq)
             return _waited(PushReply.from_frame(Frame(recorded.reply)), pushes.wait_for_slowest(request))
         if on_arrival:
-            if meanwhile is not None and mode.config.mode == "async":  # ssp reads after its wait for the slowest
-                forwarder.start(seq)
-                meanwhile()
             forwarder.wait(seq)
             return _waited(reply, pushes.wait_for_slowest(request))
         reply = pushes.apply(request)
@@ -156,10 +147,8 @@ class DataCalls:
         service = member.service
         forwarder = member._check_primary(request.push.shard_epoch)
         wanted = service._pull_entries(request.pull)
-        read: list[tuple[int | None, dict[str, np.ndarray]]] = []
-        pushed = self._push(request.push, lambda: [],
-                            lambda: read.append(service._read(wanted, create=request.pull.create)))
-        step, out = read[0] if read else service._read(wanted, create=request.pull.create)
+        pushed = self._push(request.push, lambda: [])
+        step, out = service._read(wanted, create=request.pull.create)
         tables = _tables(wanted) if request.pull.create else []
         if tables:  # the rows the lookup admitted
             forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))

@@ -8,10 +8,7 @@ entry (:meth:`Forwarder.record`, a short lock that orders sequence numbers with 
 then wait (:meth:`Forwarder.wait`), so many pushes are in flight at once. A waiting push whose backup has no
 call out sends the queued entries itself (:meth:`BackupSender.pump`): on a busy 2-core machine, waking the
 sender's thread for each entry and being woken back by it cost more than the call (py-spy: the wake-up was
-16% of the primary's GIL time). A push may also send first and read the reply later (:meth:`Forwarder.start`,
-then :meth:`Forwarder.wait`: an async PushPull reads its rows in between); a reply nobody reads within
-``_PUMP_GRACE`` seconds is read by the sender's thread. The sender's thread sends the rest (a joining member's,
-retries).
+16% of the primary's GIL time). The sender's thread sends the rest (a joining member's, retries).
 
 Guarantees:
 
@@ -34,18 +31,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from psflow.ps.protocol import ReplicaEntry, ReplicateReply, ReplicateRequest
 from psflow.ps.replication.chunks import entry_bytes, split
-from psflow.rpc.api import (
-    Channel,
-    FailedPreconditionError,
-    PendingReply,
-    PreconditionFailed,
-    RpcError,
-    Unavailable,
-)
+from psflow.rpc.api import Channel, FailedPreconditionError, PreconditionFailed, RpcError, Unavailable
 
 __all__ = ["BackupSender", "Forwarder"]
 
@@ -94,7 +83,6 @@ class BackupSender:
         #: Whether the calls waiting for this member send its entries (:meth:`pump`): a backup of the view.
         self.pumped = False
         self._busy = False  # a call is out
-        self._out: _Call | None = None  # a call start() sent whose reply nobody reads yet
         self._kicked = False  # send what is queued now (kick)
         self._retry_at, self._backoff = 0.0, _BACKOFF
         self._stopped = False
@@ -128,45 +116,21 @@ class BackupSender:
 
     def pump(self, timeout: float) -> bool:
         """Sends the queued entries in the calling thread (one call, at most ``timeout`` seconds), unless a call
-        is out, none is queued or a retry is not due yet; a call :meth:`start` left out and nobody collects is
-        collected instead. True if it sent or collected (the call may have failed)."""
-        return self.collect() or (self.start(timeout) and self.collect())
-
-    def start(self, timeout: float) -> bool:
-        """Sends the queued entries in the calling thread (one call, at most ``timeout`` seconds) and returns
-        without waiting for the reply, which :meth:`collect` reads (a waiting call's :meth:`pump`, or the sender's
-        thread once the call was out ``_PUMP_GRACE`` seconds uncollected); nothing if a call is out, none is
-        queued or a retry is not due yet. True if it sent."""
+        is out, none is queued or a retry is not due yet; True if it sent (the call may have failed)."""
         with self._cond:
             if self._stopped or self._busy or not self._queue or time.monotonic() < self._retry_at:
                 return False
             self._busy = True
-        self._begin(min(self._rpc_timeout, max(timeout, 0.05)))
-        return True
-
-    def collect(self) -> bool:
-        """Reads the reply of the call :meth:`start` left out, in the calling thread, unless another thread
-        reads it; True if it did."""
-        with self._cond:
-            out, self._out = self._out, None
-        if out is None:
-            return False
-        self._complete(out)
+        self._send(min(self._rpc_timeout, max(timeout, 0.05)))
         return True
 
     def _run(self) -> None:
         while True:
-            stopped = start = False
             with self._cond:
                 while not self._stopped:
                     # a backup's entries queue without waking this thread: it looks every _PUMP_GRACE seconds
                     now, wait = time.monotonic(), _PUMP_GRACE if self.pumped else None
-                    if self._out is not None:  # a call start() left out: collected by a waiting call, else here
-                        due = self._out.sent + _PUMP_GRACE
-                        if now >= due:
-                            break
-                        wait = due - now
-                    elif self._queue and not self._busy:
+                    if self._queue and not self._busy:
                         grace = self.pumped and not self._kicked
                         due = max(self._retry_at, self._queue[0][1] + _PUMP_GRACE if grace else 0.0)
                         if now >= due:
@@ -174,17 +138,9 @@ class BackupSender:
                         wait = due - now
                     self._cond.wait(wait)
                 if self._stopped:
-                    stopped = True
-                elif self._out is None:
-                    self._busy, self._kicked, start = True, False, True
-                else:
-                    start = False
-            if stopped:
-                self.collect()  # a call left out holds its channel until its reply is read
-                return
-            if start:
-                self._begin(self._rpc_timeout)
-            self.collect()
+                    return
+                self._busy, self._kicked = True, False
+            self._send(self._rpc_timeout)
 
     def _batch(self) -> tuple[list[ReplicaEntry], int | None]:
         """(under ``_cond``) The entries of the next call, within ``chunk_bytes``; and the seq of the entry it
@@ -204,35 +160,17 @@ class BackupSender:
             batch.append(entry)
         return batch, None
 
-    def _begin(self, timeout: float) -> None:
-        """Sends one Replicate call with the queued entries (the caller set ``_busy``) and leaves it in
-        :attr:`_out` for :meth:`collect`."""
+    def _send(self, timeout: float) -> None:
+        """One Replicate call with the queued entries (the caller set ``_busy``)."""
         with self._cond:
             batch, ends = self._batch() if self._queue else ([], None)
             chunked = bool(batch) and bool(self._chunks) and batch[0] is self._chunks[self._next_chunk]
-        try:
-            frame = self._request(self.member, batch).to_frame()
-            pending: PendingReply | BaseException = self._channel().call_async(
-                ReplicateRequest.METHOD, frame.meta, frame.arrays, timeout=timeout)
-        except (RpcError, OSError) as e:
-            pending = e
-        call = _Call(pending, ends, chunked, time.monotonic())
-        with self._cond:
-            if not self._stopped:
-                self._out = call
-                if not self.pumped:  # a backup's thread looks every _PUMP_GRACE s: no wake-up per push
-                    self._cond.notify()  # the sender's thread collects it if nobody else does
-                return
-        self._complete(call)  # stopped: its thread is gone, and the call holds its channel until read
-
-    def _complete(self, call: _Call) -> None:
-        """Reads the reply of ``call`` and counts what the member acknowledged (or the failure)."""
         error: str | None = None
         deposed = False
         try:
-            if isinstance(call.pending, BaseException):
-                raise call.pending
-            reply = ReplicateReply.from_frame(call.pending.result())
+            frame = self._request(self.member, batch).to_frame()
+            reply = ReplicateReply.from_frame(self._channel().call(ReplicateRequest.METHOD, frame.meta, frame.arrays,
+                                                                   timeout=timeout))
         except FailedPreconditionError as e:
             error, deposed = str(e), "deposed" in str(e)  # deposed: the one line this primary logs says so
         except (RpcError, OSError) as e:
@@ -243,11 +181,10 @@ class BackupSender:
                 self.last_error, self.answered = None, True
                 self._retry_at, self._backoff = 0.0, _BACKOFF
                 self.acked = max(self.acked, reply.applied_seq)
-                if call.chunked:  # a chunk went: the next one; after the last, done or sent again
-                    self._next_chunk = 0 if call.ends is not None else self._next_chunk + 1
-                    if call.ends is not None and self.acked < call.ends:
-                        log.info("%s did not apply entry %d after its last chunk: sending it again", self.member,
-                                 call.ends)
+                if chunked:  # a chunk went: the next one; after the last, done or sent again
+                    self._next_chunk = 0 if ends is not None else self._next_chunk + 1
+                    if ends is not None and self.acked < ends:
+                        log.info("%s did not apply entry %d after its last chunk: sending it again", self.member, ends)
                 while self._queue and self._queue[0][0].seq <= self.acked:
                     self._queue.popleft()
                 if self._chunks and (not self._queue or self._queue[0][0].seq != self._chunks[0].seq):
@@ -264,16 +201,6 @@ class BackupSender:
             self._on_deposed(self.member, error)
         elif error is None:
             self._on_ack()
-
-
-@dataclass
-class _Call:
-    """A Replicate call out (or that could not be sent: ``pending`` the error), its reply not read yet."""
-
-    pending: PendingReply | BaseException
-    ends: int | None  # the seq of the entry whose last chunk it carries
-    chunked: bool
-    sent: float  # time.monotonic() when it went
 
 
 class Forwarder:
@@ -357,14 +284,6 @@ class Forwarder:
     def notify(self) -> None:
         with self._cond:
             self._cond.notify_all()
-
-    def start(self, seq: int) -> None:
-        """Sends entry ``seq`` to the backups of the view that have no call out, in the calling thread, without
-        waiting for their replies (:meth:`BackupSender.start`): the caller does other work, then :meth:`wait`."""
-        with self._cond:
-            behind = [self.senders[b] for b in self._waited if b in self.senders and self.senders[b].acked < seq]
-        for sender in behind:
-            sender.start(self.replica_timeout)
 
     def wait(self, seq: int, timeout: float | None = None) -> None:
         """Returns once every backup of the view acknowledged entry ``seq``.
