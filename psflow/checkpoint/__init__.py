@@ -42,8 +42,10 @@ that has seen a newer chief's epoch refuses, and the save fails with
        the checkpoint must still be complete;
     6. the fence is checked again: refused (a successor was elected
        meanwhile), the previous pointer is put back if the pointer is still
-       this save's (not taken over by the successor's ``mark_final``), and
-       the save fails;
+       this save's (not taken over by the successor's ``mark_final`` or by
+       its restore, :func:`~psflow.checkpoint.adopt.adopt_latest`), the
+       directory is removed unless the pointer names it (under the same
+       ``flock``), and the save fails;
     7. only then are checkpoints of this lineage beyond ``max_to_keep`` (and
        leftovers of crashed saves) deleted, under the same ``flock``; a save
        in progress of a newer epoch is never touched.
@@ -141,6 +143,7 @@ Classes and functions, by file:
   :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies.
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
+* ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch.
 * ``ledger.py`` -- :func:`checkpoint_status` (the cluster's ledger), :class:`SaveStatusWatcher`
   (the launcher's console lines and counts from it).
 * ``shards.py`` -- :class:`ShardFiles` (a checkpoint's shard files, checked against the manifest),

@@ -334,14 +334,25 @@ class CheckpointManager:
             log.warning("%s: could not report the checkpoint outcome to the ledger: %s", client.client_name, e)
 
     def _remove_current(self) -> None:
-        """Deletes the directory of the save that failed, unless the pointer names it."""
+        """Deletes the directory of the save that failed, unless the pointer names it.
+
+        Under the directory's mutex, so a newer chief's restore that takes this checkpoint over
+        (:func:`psflow.checkpoint.adopt.adopt_latest`, the same mutex) either finds it gone or keeps it: a
+        checkpoint a restore used is never deleted here. Never raises (called while a save fails): a mutex
+        not had in time leaves the directory to a later save's cleanup or rotation (logged).
+        """
         path, self._current = self._current, None
         if path is None or not storage.exists(path):
             return
-        pointer = read_json(os.path.join(self.directory, POINTER_NAME)) or {}
-        if pointer.get("latest") == os.path.basename(path):
+        try:
+            with directory_mutex(self.directory):
+                pointer = read_json(os.path.join(self.directory, POINTER_NAME)) or {}
+                if pointer.get("latest") == os.path.basename(path):
+                    return
+                storage.remove_tree(path, ignore_errors=True)
+        except (CheckpointError, OSError) as e:
+            log.error("could not remove the checkpoint %s of a failed save: %s", path, e)
             return
-        storage.remove_tree(path, ignore_errors=True)
         if storage.exists(path):
             log.error("could not remove the partial checkpoint %s", path)
 

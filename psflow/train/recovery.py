@@ -68,6 +68,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from psflow.checkpoint.adopt import adopt_latest
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
@@ -409,6 +410,16 @@ class ClusterRecovery:
                     return True, position
             time.sleep(first_poll if time.monotonic() < fast_until else poll)
 
+    def _checkpoint(self, lease: Lease | None) -> str | None:
+        """The checkpoint a restore reads: the newest one, taken over with ``lease``'s epoch when there is a lease
+        and a run id (:func:`~psflow.checkpoint.adopt.adopt_latest`), so an older chief whose save of it is then
+        fenced off neither deletes it nor puts its previous pointer back; None: there is none."""
+        if not self.checkpoint_dir:
+            return None
+        if lease is None or self.run is None:  # the run's only chief (in-graph): no older one to fence off
+            return latest_checkpoint(self.checkpoint_dir)
+        return adopt_latest(self.checkpoint_dir, run_id=self.run, epoch=lease.epoch, holder=lease.holder)
+
     def restore(self, lease: Lease | None, states: dict[int, StatsReply | None]) -> None:
         """(Chief) restores every ps task from the newest checkpoint at a new generation.
 
@@ -420,7 +431,7 @@ class ClusterRecovery:
             CheckpointError, RpcError: the restore failed (the caller retries until its deadline).
         """
         client = self.client
-        latest = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
+        latest = self._checkpoint(lease)
         if latest is None:
             empty, kept = lost_tasks(states)
             unready = [t for t, s in sorted(states.items()) if s is not None and not s.ready]

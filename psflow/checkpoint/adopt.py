@@ -1,0 +1,70 @@
+"""Adoption: a chief that restores a checkpoint takes it over, so no older chief's fenced save takes it back.
+
+An older chief whose save was made current and then fenced off (its re-check after the pointer switch was
+refused: a newer chief was elected meanwhile) puts its previous pointer back and removes its checkpoint's
+directory -- but only a pointer of its own epoch, and only a directory the pointer does not name
+(:meth:`~psflow.checkpoint.save.CheckpointManager.save`). A newer chief may have restored the cluster from
+that very checkpoint in between (the pointer named it). :func:`adopt_latest`, called by the restoring chief
+before it reads the checkpoint, rewrites the pointer under the directory's mutex with the restorer's run id,
+epoch and holder (the same checkpoint; as :meth:`~psflow.checkpoint.save.CheckpointManager.mark_final` does
+for a final one): the older chief then finds a pointer of another epoch naming its checkpoint and leaves
+both. A checkpoint a restore used, or the pointer names, is never deleted by a fenced writer; rotation by a
+later save of the lineage deletes it in its turn (beyond ``max_to_keep``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from psflow import jsonio, storage
+from psflow.checkpoint.lock import directory_mutex
+from psflow.checkpoint.manifest import POINTER_NAME, read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint, parse_pointer
+from psflow.checkpoint.save import CheckpointFencedError
+
+__all__ = ["adopt_latest"]
+
+
+def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str | None:
+    """The newest complete checkpoint of ``directory`` (:func:`~psflow.checkpoint.pointer.latest_checkpoint`),
+    taken over by a restoring chief of run ``run_id`` at lease ``epoch``; None when there is none.
+
+    Under the directory's mutex (the one a save's pointer switch, its undo and its cleanup hold): the
+    checkpoint is found, and unless the pointer already names it with this run and epoch, the pointer is
+    rewritten naming it with ``run_id``, ``epoch`` and ``holder`` (its other fields kept; a pointer that was
+    missing, damaged or named another checkpoint gets the checkpoint's step and lineage from its manifest).
+    A pointer of another run is taken over whatever its epoch (a resumed run). Blocks for a few file
+    operations (at most the mutex's timeout behind another process). Idempotent. Thread-safe (the mutex).
+
+    Raises:
+        CheckpointFencedError: the pointer was written by a newer epoch of ``run_id`` (nothing written).
+        CheckpointError: the newest checkpoint's manifest cannot be read; the mutex was not had in time.
+        OSError: the pointer could not be written.
+    """
+    pointer = os.path.join(directory, POINTER_NAME)
+    if latest_checkpoint(directory) is None:  # nothing to take (and no mutex taken in an empty directory)
+        return None
+    with directory_mutex(directory):
+        path = latest_checkpoint(directory)
+        if path is None:
+            return None
+        name = os.path.basename(path)
+        try:
+            current = parse_pointer(storage.read_bytes(pointer))
+        except FileNotFoundError:
+            current = {}
+        theirs = current.get("epoch")
+        if current.get("run_id") == run_id and type(theirs) is int and epoch < theirs:
+            raise CheckpointFencedError(
+                f"checkpoint {path} not restored: the pointer {pointer} was written at epoch {theirs} (by "
+                f"{current.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
+        if current.get("latest") == name and (current.get("run_id"), theirs) == (run_id, epoch):
+            return path
+        taken = dict(current, latest=name, run_id=run_id, epoch=epoch, holder=holder)
+        if current.get("latest") != name:
+            manifest = read_manifest(path)
+            listed = current.get("all")
+            kept = [str(n) for n in listed if n != name] if isinstance(listed, list) else []
+            taken.update({"all": [*kept, name], "global_step": manifest.global_step, "lineage": manifest.lineage})
+        storage.write_atomically(pointer, jsonio.dumps(taken, nonfinite="error", what=pointer, indent=1).encode())
+    return path
