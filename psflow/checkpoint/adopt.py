@@ -14,6 +14,7 @@ later save of the lineage deletes it in its turn (beyond ``max_to_keep``).
 
 from __future__ import annotations
 
+import logging
 import os
 
 from psflow import jsonio, storage
@@ -23,6 +24,8 @@ from psflow.checkpoint.pointer import latest_checkpoint, parse_pointer
 from psflow.checkpoint.save import CheckpointFencedError
 
 __all__ = ["adopt_latest"]
+
+log = logging.getLogger(__name__)
 
 
 def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str | None:
@@ -67,4 +70,6 @@ def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str
             kept = [str(n) for n in listed if n != name] if isinstance(listed, list) else []
             taken.update({"all": [*kept, name], "global_step": manifest.global_step, "lineage": manifest.lineage})
         storage.write_atomically(pointer, jsonio.dumps(taken, nonfinite="error", what=pointer, indent=1).encode())
+    log.info("checkpoint %s: taken over for a restore by %s at epoch %d (the pointer %s had %s)", path, holder, epoch,
+             pointer, f"epoch {theirs} of run {current.get('run_id')}" if current else "nothing")
     return path
