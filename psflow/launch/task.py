@@ -151,11 +151,15 @@ def _stopped(task: str, stop: StopRequest) -> int:
 
 def expected_failure(task: str, error: Exception, *, error_file: str | None, verbose: bool) -> int:
     """An expected error ended ``task``: logs it as one ERROR line (with its traceback if ``verbose``),
-    writes it to ``error_file`` (JSON: ``task``, ``type``, ``message``; best effort) and returns 1."""
+    writes it to ``error_file`` (JSON: ``task``, ``type``, ``message``, and ``port_taken`` when another process
+    held the task's port; best effort) and returns 1."""
     named = str(error).startswith(f"{task}: ")  # a message that names the task already (a NaN loss) keeps one name
     log.error("%s", error if named else f"{task}: {error}", exc_info=error if verbose else None)
     if error_file:
         record: dict[str, Any] = {"task": task, "type": type(error).__name__, "message": str(error)}
+        taken = getattr(error, "port_taken", None)  # a ListenError: another process holds the task's port
+        if isinstance(taken, int):
+            record["port_taken"] = taken
         try:
             storage.write_atomically(error_file, jsonio.dumps(record).encode(), durable=False)
         except OSError as e:

@@ -226,7 +226,15 @@ class RemoteError(RpcError):
 
 class ListenError(RpcError, RuntimeError):
     """A server cannot listen on its task's address (the port is in use, or the host is not this
-    machine's); the message names the task, the address and why. A RuntimeError too, as it was."""
+    machine's); the message names the task, the address and why. A RuntimeError too, as it was.
+
+    ``port_taken``: the port, when another process held it at the time of the failure (a bind said
+    EADDRINUSE); None for any other reason. The local launcher starts its cluster again on new ports
+    then (:mod:`psflow.launch.port_retry`)."""
+
+    def __init__(self, message: str, *, port_taken: int | None = None) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 class InvalidRequest(PsflowError, ValueError):

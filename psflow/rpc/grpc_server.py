@@ -129,15 +129,20 @@ def build_grpc_server(
         else:
             port = server.add_secure_port(bind_address, server_credentials(tls))
     except RuntimeError as e:
-        raise ListenError(f"{task_name}: cannot listen on {bind_address}: {_why_not_bound(bind_address)}") from e
+        raise _listen_error(task_name, bind_address) from e
     if port == 0:
-        raise ListenError(f"{task_name}: cannot listen on {bind_address}: {_why_not_bound(bind_address)}")
+        raise _listen_error(task_name, bind_address)
     return server, port
 
 
-def _why_not_bound(address: str) -> str:
+def _listen_error(task_name: str, address: str) -> ListenError:
+    why, taken = _why_not_bound(address)
+    return ListenError(f"{task_name}: cannot listen on {address}: {why}", port_taken=taken)
+
+
+def _why_not_bound(address: str) -> tuple[str, int | None]:
     """Why gRPC could not bind ``host:port`` (its own message only says to set GRPC_VERBOSITY): a plain
-    socket's bind says (without SO_REUSEPORT, as gRPC here)."""
+    socket's bind says (without SO_REUSEPORT, as gRPC here). Also the port when another process holds it."""
     host, _, port_text = address.rpartition(":")
     host = host.strip("[]")
     try:
@@ -146,10 +151,10 @@ def _why_not_bound(address: str) -> str:
             probe.bind((host, port))
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            return f"port {port} is already in use (another process listens on it)"
+            return f"port {port} is already in use (another process listens on it)", port
         if e.errno == errno.EADDRNOTAVAIL:
-            return f"{host} is not an address of this machine"
-        return e.strerror or str(e)
+            return f"{host} is not an address of this machine", None
+        return e.strerror or str(e), None
     except ValueError:
-        return f"{port_text!r} is not a port"
-    return "gRPC refused it"
+        return f"{port_text!r} is not a port", None
+    return "gRPC refused it", None
