@@ -8,7 +8,11 @@
     1. picks free ports on 127.0.0.1 for ``num_ps`` ps tasks,
        ``num_workers`` worker tasks and, with ``--ps-replicas N``, the
        ``num_ps * N`` tasks of job ``ps_backup`` (each shard's backups,
-       :mod:`psflow.cluster.replicas`), and writes ``cluster.json``;
+       :mod:`psflow.cluster.replicas`), and writes ``cluster.json``; if
+       another process takes one of these ports before its task binds it,
+       and training has not started, every task is stopped and steps 1
+       to 3 are done again on new ports, at most 3 starts in all
+       (:mod:`psflow.launch.port_retry`);
     2. starts one process per task (``python -m psflow.launch.task``), each
        logging to ``logs/<job>-<index>.log``; all share a fresh cluster token;
     3. watches them from the start (exits, restart policy, hang detection,
@@ -46,6 +50,7 @@ with ``128 + n``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -61,6 +66,7 @@ from psflow.cluster.replicas import BACKUP_JOB
 from psflow.errors import CheckpointError
 from psflow.launch.eval_set import EvalSet
 from psflow.launch.lifeline import LaunchInterrupted
+from psflow.launch.port_retry import PORT_ATTEMPTS, PortTaken, StartupWatch, taken_port
 from psflow.launch.processes import LaunchError, LocalCluster, TaskHosts, TaskProcess, failure_report
 from psflow.launch.resilience import Resilience, ResilienceConfig, with_recovery_checkpoints
 from psflow.launch.run_end import RunEnd
@@ -131,8 +137,33 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     resumed = resumed_from(config.checkpoint.dir)  # what the chief restores: the examples before this run
     config_path = os.path.join(output_dir, "config.json")
     started = time.monotonic()
+    eval_sets: list[EvalSet] = []  # read once, from the first start on
+    start_cluster = functools.partial(
+        _run_cluster, config, output_dir, config_path, train_records=train_records, started=started, progress=progress,
+        progress_every=progress_every, resilience=resilience, status=status, verbose=verbose, placement=placement,
+        faults=faults, checkpoints=checkpoints, resumed=resumed, eval_sets=eval_sets)
+    with claimed:
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                return start_cluster(retry_ports=True)
+            except PortTaken as e:  # before training started; every task stopped: new ports, every task again
+                print(e.retry_line(), file=progress or sys.stderr, flush=True)
+        return start_cluster(retry_ports=False)  # the last start: a taken port fails the run as any failure does
+
+
+def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, train_records: int | None,
+                 started: float, progress: TextIO | None, progress_every: float,
+                 resilience: ResilienceConfig | None, status: StatusConfig | None, verbose: bool,
+                 placement: TaskHosts | None, faults: FaultInjection | None, checkpoints: SaveStatusWatcher | None,
+                 resumed: Any, eval_sets: list[EvalSet], retry_ports: bool) -> dict[str, Any]:
+    """One start of the run's cluster (new ports, every task), to its end; see :func:`run_local`.
+
+    Raises:
+        PortTaken: ``retry_ports`` and a task's port was taken by another process before training
+            started (every task stopped, no final snapshot written): the caller starts again.
+    """
     replicas = (resilience or ResilienceConfig()).ps_replicas
-    with claimed, LocalCluster.create(config.cluster.num_ps, config.cluster.num_workers, output_dir, placement=placement,
+    with LocalCluster.create(config.cluster.num_ps, config.cluster.num_workers, output_dir, placement=placement,
                                       ps_replicas=replicas) as lc:
         with open(config_path, "w") as f:
             f.write(task_config_json(config, faults))
@@ -145,6 +176,7 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
         lc.resilience.start()
         # Serves the page unless --no-status; writes status.json and metrics.prom at the end either way.
         page = end.page = LauncherStatus(config, lc, output_dir, status or StatusConfig(), progress or sys.stderr)
+        startup = StartupWatch(output_dir) if retry_ports else None  # before any task starts
         for i in range(config.cluster.num_ps):
             lc.start_task("ps", i, config_path)
         for j in range(config.cluster.num_ps * replicas):  # the shards' backups (--ps-replicas; none by default)
@@ -155,7 +187,9 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
         if driver == "client":  # the in-graph client: reads the data, drives every worker
             lc.start_task("client", 0, config_path)
         model, variables = build_model(config, lc.cluster)
-        eval_set = EvalSet(config)  # read while the tasks start and train: evaluated once they are done
+        if not eval_sets:
+            eval_sets.append(EvalSet(config))
+        eval_set = eval_sets[0]  # read while the tasks start and train: evaluated once they are done
         # Not connected yet: watching (exits, restarts, chaos, progress) starts at once, so a task
         # that dies early is reported at once rather than after the connect timeout.
         client = ParameterClient(lc.cluster, variables.placements(), client_name="launcher", config=ConnectConfig(
@@ -166,7 +200,8 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
             max_steps=config.data.max_steps, epochs=config.data.epochs, records=train_records), started=started)
         try:
             page.set_phase("training")
-            _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints, bar=bar, end=end)
+            _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints, bar=bar, end=end,
+                   startup=startup)
             train_seconds = time.monotonic() - started
             client.connect()
             page.set_phase("evaluating")
@@ -186,6 +221,8 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
                         t.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
                     except subprocess.TimeoutExpired:
                         pass
+        except PortTaken:
+            raise  # no snapshot: the run starts again (LocalCluster.__exit__ stops every task)
         except LaunchInterrupted:
             ended = "interrupted"  # LocalCluster.__exit__ ends it: RunEnd.interrupted
             raise
@@ -204,25 +241,31 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
 
 def _watch(lc: LocalCluster, client: Any, progress: TextIO | None, every: float, started: float,
            driver: str = "worker", *, checkpoints: SaveStatusWatcher | None = None, bar: Progress | None = None,
-           end: RunEnd | None = None) -> None:
+           end: RunEnd | None = None, startup: StartupWatch | None = None) -> None:
     """Waits until every ``driver`` task (workers, or the in-graph client) exited 0.
 
     Feeds ``bar`` the cluster's counters every ``every`` s (the caller closes it, with the run's metrics).
     With ``checkpoints``, prints a line for every failed checkpoint save (even without ``progress``).
     When a task fails, ``end`` captures the run's numbers before the other tasks are stopped.
+    With ``startup``: a task that exits because another process took its port, before training started,
+    stops every task and raises :class:`~psflow.launch.port_retry.PortTaken` (before any restart policy sees it).
     """
     with lc.signals.deferring():  # a signal is raised at the next check below, never inside a step of the loop
-        _watch_loop(lc, client, progress, every, started, driver, checkpoints, bar, end)
+        _watch_loop(lc, client, progress, every, started, driver, checkpoints, bar, end, startup)
 
 
 def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: float, started: float,
                 driver: str, checkpoints: SaveStatusWatcher | None = None, bar: Progress | None = None,
-                end: RunEnd | None = None) -> None:
+                end: RunEnd | None = None, startup: StartupWatch | None = None) -> None:
     last_print = time.monotonic()
     failed: list[TaskProcess] = []
     while True:
         lc.signals.check()
         for t in lc.poll():
+            port = taken_port(t) if startup is not None else None
+            if port is not None and startup is not None and not startup.training_started():
+                lc.stop_all()
+                raise PortTaken(t.error_line() or f"{t.name}: port {port} is taken", task=t.name, port=port)
             if t.exit_code != 0 and not (lc.resilience is not None and lc.resilience.on_exit(
                     t, refuse=_saves_failed(lc, t, checkpoints, client, progress))):
                 failed.append(t)

@@ -1,0 +1,89 @@
+"""The local launcher's answer to a port taken between its choice and a task's bind.
+
+The launcher picks its tasks' ports (:func:`psflow.launch.ports.free_ports`),
+writes them to ``cluster.json`` and starts the tasks, which bind them; another
+process can bind one in between. The task then fails with a
+:class:`~psflow.rpc.api.ListenError` whose ``port_taken`` its error file
+records (``error-<job>-<index>.json``, :func:`psflow.launch.task.expected_failure`).
+
+If that happens before training started, :func:`run_local
+<psflow.launch.local.run_local>` stops every task it started, picks new ports
+for all of them, rewrites ``cluster.json`` and starts them again, at most
+:data:`PORT_ATTEMPTS` times in all, with one console line per new start.
+"Training started" means a global_step value was handed out: ps task 0's step
+journal (``state/<job>-<index>/global_step.json`` under the run directory)
+was written after the attempt's tasks were started (:class:`StartupWatch`).
+Before that no push has been applied, so no training state is lost by starting
+again (a checkpoint the chief may have saved holds only the initial values,
+and the new chief restores it as any resumed run does). After it, a taken port
+is a task failure like any other (the restart policy, or the run fails).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+from psflow.launch.processes import LaunchError, TaskProcess
+from psflow.server import STEP_JOURNAL_FILE
+
+__all__ = ["PORT_ATTEMPTS", "PortTaken", "StartupWatch", "taken_port"]
+
+#: Starts of the cluster in all (the first one included) when its ports keep being taken.
+PORT_ATTEMPTS = 3
+
+
+class PortTaken(LaunchError):
+    """A task could not bind the port the launcher picked for it: another process held it.
+
+    Raised before training started (see the module docstring); ``run_local`` starts the cluster
+    again on new ports, or, after the last attempt, reports it as the run's failure.
+    """
+
+    def __init__(self, message: str, *, task: str, port: int) -> None:
+        super().__init__(message)
+        self.task = task
+        self.port = port
+
+    def retry_line(self) -> str:
+        """The console line for starting again."""
+        return (f"port {self.port} of {self.task} was taken by another process; "
+                "starting the cluster again on new ports")
+
+
+def taken_port(task: TaskProcess) -> int | None:
+    """The port ``task`` could not bind because another process held it, from its error file; None when
+    the task did not fail that way (or is still running, or wrote no readable error file)."""
+    if task.exit_code in (None, 0) or task.error_path is None:
+        return None
+    try:
+        with open(task.error_path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    port = record.get("port_taken") if isinstance(record, dict) else None
+    return port if isinstance(port, int) and not isinstance(port, bool) else None
+
+
+class StartupWatch:
+    """Whether training started since this was made: a global_step journal under ``output_dir/state``
+    is new or changed (an earlier run's journals in a reused run directory are not training of this one).
+    Reads a few small directories' entries; never raises for a missing one."""
+
+    def __init__(self, output_dir: str) -> None:
+        self._pattern = os.path.join(output_dir, "state", "*", STEP_JOURNAL_FILE)
+        self._before = self._journals()
+
+    def _journals(self) -> dict[str, tuple[int, int]]:
+        seen: dict[str, tuple[int, int]] = {}
+        for path in glob.glob(self._pattern):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            seen[path] = (st.st_mtime_ns, st.st_ino)
+        return seen
+
+    def training_started(self) -> bool:
+        return self._journals() != self._before
