@@ -34,6 +34,8 @@ Classes and functions, by file:
 * ``console.py`` -- one line per expected error, gRPC's C-core quiet (the command's and every task's).
 * ``token.py`` -- the cluster token from ``PSFLOW_TOKEN``, read at the edge (the command and each task).
 * ``ports.py`` -- free ports on this machine.
+* ``port_retry.py`` -- a port another process took before its task bound it, before training started: the
+  cluster starts again on new ports (at most 3 starts).
 
 Guarantees: every process started here is ended here, by pid, whatever happens (KeyboardInterrupt and
 signals included), and none outlives the launcher; a failed task is reported by name, the first one as the
