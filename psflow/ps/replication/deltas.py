@@ -225,11 +225,13 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
                              f"its {part.value.shape[0]} rows (or came with rows)")
     if marks is not None and part.lazy is None and not bool(marks.all()):
         raise InvalidRequest(f"{part.describe} is not lazy here; the primary's has rows not built yet")
-    arrays = _unpacked(part, delta)
+    arrays, packs = _unpacked(part, delta)
     with part.lock:
-        stacks = _scatter_stacks(part, delta) if rows is not None and _SCATTER_ROWS is not None else set()
+        for pack, names, block in packs:
+            if rows is None or not _scattered(part, rows, pack, names, block):
+                arrays.extend(zip(names, block, strict=True))  # numpy writes them, below
         for name, array in arrays:
-            if name == _MARKS or name in stacks:
+            if name == _MARKS:
                 continue
             target = _target(part, name)
             if rows is None or target.ndim == 0:
@@ -245,41 +247,38 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
                     _put_rows(target, rows, array)
                 except IndexError as e:
                     raise InvalidRequest(f"{part.describe}: replicated {name}: {e}") from e
-        _mark(part, rows, marks, any(name == _VALUE for name, _ in arrays))
+        wrote_value = any(name == _VALUE for name, _ in arrays) or any(_VALUE in names for _, names, _ in packs)
+        _mark(part, rows, marks, wrote_value)
 
 
-def _scatter_stacks(part: PartitionState, delta: PartDelta) -> set[str]:
-    """(Under the partition's lock, ``delta`` of rows, the C loop built) Writes each ``pack/`` array of ``delta``
-    whose arrays all fit it (dtype, row shape, C-contiguous; int64 rows) with one ``scatter_rows`` call, the
-    same bytes as :func:`_put_rows` of each; returns the names of the arrays so written (the rest: numpy)."""
-    rows = delta.rows
-    if _SCATTER_ROWS is None or rows is None or rows.dtype != np.int64 or rows.ndim != 1:
-        return set()
-    done: set[str] = set()
-    for name, array in delta.arrays.items():
-        if not name.startswith(_PACK):
-            continue
-        names = name[len(_PACK):].split(_PACKED)
-        if array.ndim < 2 or array.shape[:2] != (len(names), len(rows)) or not array.flags.c_contiguous:
-            continue  # _unpacked refused it already, or numpy writes it
-        targets = [_target(part, n) for n in names]
-        if all(t.ndim >= 1 and t.dtype == array.dtype and t.shape[1:] == array.shape[2:] and t.flags.c_contiguous
+def _scattered(part: PartitionState, rows: np.ndarray, pack: str, names: list[str], block: np.ndarray) -> bool:
+    """(Under the partition's lock) Writes ``pack/`` array ``block`` into the arrays ``names`` it stacks with
+    one ``scatter_rows`` call where the C loop was built and they all fit it (dtype, row shape, C-contiguous;
+    int64 rows), the same bytes as :func:`_put_rows` of each; False where they do not (numpy writes them)."""
+    if (_SCATTER_ROWS is None or rows.dtype != np.int64 or rows.ndim != 1 or block.shape[1] != len(rows)
+            or not block.flags.c_contiguous):
+        return False
+    targets = [_target(part, n) for n in names]
+    if not all(t.ndim >= 1 and t.dtype == block.dtype and t.shape[1:] == block.shape[2:] and t.flags.c_contiguous
                and t.shape[0] > 0 for t in targets):
-            try:
-                _SCATTER_ROWS(targets, rows, array)
-            except ValueError as e:  # a row outside the partition: nothing was written
-                raise InvalidRequest(f"{part.describe}: replicated {name!r:.80}: {e}") from e
-            done.update(names)
-    return done
+        return False
+    try:
+        _SCATTER_ROWS(targets, rows, block)
+    except ValueError as e:  # a row outside the partition: nothing was written
+        raise InvalidRequest(f"{part.describe}: replicated {pack!r:.80}: {e}") from e
+    return True
 
 
-def _unpacked(part: PartitionState, delta: PartDelta) -> list[tuple[str, np.ndarray]]:
-    """``delta``'s arrays by name, each ``pack/`` array split into the arrays it stacks.
+def _unpacked(part: PartitionState, delta: PartDelta) -> tuple[list[tuple[str, np.ndarray]],
+                                                                 list[tuple[str, list[str], np.ndarray]]]:
+    """``delta``'s arrays by name but its ``pack/`` arrays, and apart each ``pack/`` array (name, the names of
+    the arrays it stacks, the array).
 
     Raises:
         InvalidRequest: a ``pack/`` array without rows, or whose first axis does not match its names.
     """
     out: list[tuple[str, np.ndarray]] = []
+    packs: list[tuple[str, list[str], np.ndarray]] = []
     for name, array in delta.arrays.items():
         if not name.startswith(_PACK):
             out.append((name, array))
@@ -288,8 +287,8 @@ def _unpacked(part: PartitionState, delta: PartDelta) -> list[tuple[str, np.ndar
         if delta.rows is None or array.ndim < 2 or array.shape[0] != len(names):
             raise InvalidRequest(f"{part.describe}: replicated {name!r:.80} of shape {array.shape} does not stack "
                                  f"{len(names)} arrays of rows" + (" (it came without rows)" if delta.rows is None else ""))
-        out.extend(zip(names, array, strict=True))
-    return out
+        packs.append((name, names, array))
+    return out, packs
 
 
 def _put_rows(target: np.ndarray, rows: np.ndarray, array: np.ndarray) -> None:
