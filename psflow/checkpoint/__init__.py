@@ -138,9 +138,10 @@ Classes and functions, by file:
 * ``manifest.py`` -- the file names (:data:`MANIFEST_NAME`, :data:`POINTER_NAME`, :data:`WRITER_NAME`),
   :class:`Manifest` (``manifest.json``), :class:`SavedCheckpoint`, :func:`read_manifest`.
 * ``pointer.py`` -- :func:`latest_checkpoint` (the pointer and its fallbacks),
-  :func:`incomplete_checkpoints`, the complete checkpoints of a directory.
+  :func:`incomplete_checkpoints`, the complete checkpoints of a directory; :func:`read_pointer` and
+  :func:`write_pointer` for a writer under the directory's mutex.
 * ``save.py`` -- :class:`CheckpointManager` (the save, its fence and the pointer's compare-and-swap),
-  :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
+  :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies.
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
 * ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch.

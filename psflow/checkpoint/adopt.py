@@ -17,11 +17,10 @@ from __future__ import annotations
 import logging
 import os
 
-from psflow import jsonio, storage
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import POINTER_NAME, read_manifest
-from psflow.checkpoint.pointer import latest_checkpoint, parse_pointer
-from psflow.checkpoint.save import CheckpointFencedError
+from psflow.checkpoint.pointer import latest_checkpoint, read_pointer, write_pointer
+from psflow.checkpoint.save import refuse_newer_epoch
 
 __all__ = ["adopt_latest"]
 
@@ -52,15 +51,9 @@ def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str
         if path is None:
             return None
         name = os.path.basename(path)
-        try:
-            current = parse_pointer(storage.read_bytes(pointer))
-        except FileNotFoundError:
-            current = {}
+        current = read_pointer(pointer)
+        refuse_newer_epoch(current, pointer, run_id=run_id, epoch=epoch, refused=f"checkpoint {path} not restored")
         theirs = current.get("epoch")
-        if current.get("run_id") == run_id and type(theirs) is int and epoch < theirs:
-            raise CheckpointFencedError(
-                f"checkpoint {path} not restored: the pointer {pointer} was written at epoch {theirs} (by "
-                f"{current.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
         if current.get("latest") == name and (current.get("run_id"), theirs) == (run_id, epoch):
             return path
         taken = dict(current, latest=name, run_id=run_id, epoch=epoch, holder=holder)
@@ -69,7 +62,7 @@ def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str
             listed = current.get("all")
             kept = [str(n) for n in listed if n != name] if isinstance(listed, list) else []
             taken.update({"all": [*kept, name], "global_step": manifest.global_step, "lineage": manifest.lineage})
-        storage.write_atomically(pointer, jsonio.dumps(taken, nonfinite="error", what=pointer, indent=1).encode())
+        write_pointer(pointer, taken)
     log.info("checkpoint %s: taken over for a restore by %s at epoch %d (the pointer %s had %s)", path, holder, epoch,
              pointer, f"epoch {theirs} of run {current.get('run_id')}" if current else "nothing")
     return path

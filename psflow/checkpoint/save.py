@@ -42,7 +42,7 @@ from psflow.checkpoint.manifest import (
     read_json,
     read_manifest,
 )
-from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer
+from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer, read_pointer, write_pointer
 from psflow.checkpoint.rotation import deletable, delete_old, kept_after
 from psflow.checkpoint.save_manifest import build_manifest
 from psflow.errors import CheckpointError, TrainingError
@@ -57,7 +57,8 @@ from psflow.ps.protocol import (
 )
 from psflow.rpc.api import FailedPreconditionError, RpcError
 
-__all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError", "FinalCheckpointError"]
+__all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError", "FinalCheckpointError",
+           "refuse_newer_epoch"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,22 @@ class FinalCheckpointError(TrainingError, RuntimeError):
     Deliberately not a :class:`CheckpointError`, like :class:`CheckpointSavesFailedError`: the guards that
     let the chief duties go on after one failed save let it through.
     """
+
+
+def refuse_newer_epoch(current: dict[str, Any], pointer: str, *, run_id: str, epoch: int | None, refused: str) -> None:
+    """The fence on the pointer, for a chief of run ``run_id`` at lease ``epoch`` about to write it (a save's
+    switch, :meth:`CheckpointManager.mark_final`, :func:`~psflow.checkpoint.adopt.adopt_latest`; under the
+    directory's mutex): ``current``, the pointer's data, was written by a newer epoch of the same run (any
+    epoch, for a chief without one). A pointer of another run never refuses (a resumed run).
+
+    Raises:
+        CheckpointFencedError: refused; the message is ``refused``, then why (the pointer's epoch and holder).
+    """
+    theirs = current.get("epoch")
+    if current.get("run_id") == run_id and type(theirs) is int and (epoch is None or epoch < theirs):
+        raise CheckpointFencedError(
+            f"{refused}: the pointer {pointer} was written at epoch {theirs} "
+            f"(by {current.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
 
 
 def _fsync_dir(path: str) -> None:
@@ -216,23 +233,15 @@ class CheckpointManager:
         name = os.path.basename(path)
         pointer = os.path.join(self.directory, POINTER_NAME)
         with directory_mutex(self.directory):
-            try:
-                current = parse_pointer(storage.read_bytes(pointer))
-            except FileNotFoundError:
-                current = {}
+            current = read_pointer(pointer)
             if current.get("latest") != name:
                 raise CheckpointError(f"checkpoint {path} is not current any more (the pointer {pointer} names "
                                       f"{current.get('latest') or 'none'}): not marked final")
             manifest = read_manifest(path)
             if epoch is not None and (current.get("run_id"), current.get("epoch")) != (self.run_id, epoch):
-                theirs = current.get("epoch")
-                if current.get("run_id") == self.run_id and type(theirs) is int and epoch < theirs:
-                    raise CheckpointFencedError(
-                        f"checkpoint {name} not marked final: the pointer {pointer} was written at epoch {theirs} "
-                        f"(by {current.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
-                taken = dict(current, run_id=self.run_id, epoch=epoch, holder=holder)
-                storage.write_atomically(pointer, jsonio.dumps(taken, nonfinite="error", what=pointer,
-                                                               indent=1).encode())
+                refuse_newer_epoch(current, pointer, run_id=self.run_id, epoch=epoch,
+                                   refused=f"checkpoint {name} not marked final")
+                write_pointer(pointer, dict(current, run_id=self.run_id, epoch=epoch, holder=holder))
             if not manifest.final:
                 storage.write_atomically(os.path.join(path, MANIFEST_NAME),
                                          replace(manifest, final=True).to_json().encode())
@@ -425,20 +434,14 @@ class CheckpointManager:
                 previous_bytes: bytes | None = storage.read_bytes(pointer)
             except FileNotFoundError:
                 previous_bytes = None
-            previous = parse_pointer(previous_bytes)
-            theirs = previous.get("epoch")
-            if previous.get("run_id") == self.run_id and type(theirs) is int and (epoch is None or epoch < theirs):
-                raise CheckpointFencedError(
-                    f"checkpoint {name} not made current: the pointer {pointer} was written at epoch {theirs} "
-                    f"(by {previous.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
+            refuse_newer_epoch(parse_pointer(previous_bytes), pointer, run_id=self.run_id, epoch=epoch,
+                               refused=f"checkpoint {name} not made current")
             if not is_complete(os.path.join(self.directory, name)):
                 raise CheckpointError(f"checkpoint {os.path.join(self.directory, name)} was deleted before it was made "
                                       "current")
             kept = kept_after(self.directory, name, lineage, self.max_to_keep)
-            data = jsonio.dumps({"latest": name, "all": kept, "global_step": step, "lineage": lineage,
-                                 "run_id": self.run_id, "epoch": epoch, "holder": holder},
-                                nonfinite="error", what=pointer, indent=1).encode()
-            storage.write_atomically(pointer, data)
+            write_pointer(pointer, {"latest": name, "all": kept, "global_step": step, "lineage": lineage,
+                                    "run_id": self.run_id, "epoch": epoch, "holder": holder})
         return kept, previous_bytes
 
     def _undo_pointer(self, name: str, previous: bytes | None) -> None:
