@@ -290,9 +290,10 @@ def main() -> None:
     p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md and results/ as they are")
     args = p.parse_args()
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    if not shapes or set(shapes) - set(bench_ab.SHAPES) or "lr-fast" in shapes:
-        p.error(f"--shapes: want cluster shapes of {', '.join(s for s in bench_ab.SHAPES if s != 'lr-fast')}, "
-                f"got {args.shapes}")
+    # an --in-process shape has no backups to start (psflow train refuses --ps-replicas with it)
+    clusters = [s for s, (_, _, flags, _) in bench_ab.SHAPES.items() if "--in-process" not in flags]
+    if not shapes or set(shapes) - set(clusters):
+        p.error(f"--shapes: want cluster shapes of {', '.join(clusters)}, got {args.shapes}")
     if args.replicas < 1:
         p.error(f"--replicas: want at least 1, got {args.replicas}")
     if args.plain_steps_in_flight is None:
