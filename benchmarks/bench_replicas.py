@@ -220,7 +220,8 @@ def report(args: argparse.Namespace, shapes: list[str], runs: dict[str, list[dic
              f"by `python -m psflow train` of psflow at {args.rev} = {args.commit[:10]} (a git archive snapshot) in fresh "
              f"processes, {_sides(args)} "
              f"(commands in benchmarks/results/{args.section}.json). Steady = examples over \"initialized the variables\" to the "
-             "last `step=` line; end to end = examples over the command's wall time; CPU = every process of the command "
+             "last `step=` line (a shape as a user types it, which logs every 100 steps: the workers' last \"done after\" "
+             "line); end to end = examples over the command's wall time; CPU = every process of the command "
              "(wait4); peak RSS = the task process's VmHWM. Every replicated run that ended 0 ended with "
              "pushes_applied == pushes_acknowledged and updates_lost 0; a pair with a failed run is left out of the "
              f"figures{' and listed below the table' if failures else ' (none failed)'}.", "",
