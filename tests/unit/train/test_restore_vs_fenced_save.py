@@ -14,50 +14,20 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.adopt import adopt_latest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager
-from psflow.cluster import ClusterSpec
 from psflow.coord import Lease
-from psflow.gradients import DenseGradient
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
-from psflow.ps.service import ParameterService
-from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
 from psflow.train.recovery import ClusterRecovery
 from psflow.train.state_loss import ps_states
 
 pytestmark = pytest.mark.timeout(60)
 
-CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
-SGD = OptimizerSpec("sgd", {"learning_rate": 0.5})
 RUN = "run-a"
-
-
-def _cluster() -> tuple[ParameterClient, list[ParameterService]]:
-    vs = VariableSet(replica_device_setter(cluster=CLUSTER))
-    vs.get_variable("weights", (8, 2), initializer={"name": "random_normal", "seed": 3})  # ps task 0
-    vs.get_variable("bias", (2,))                                                          # ps task 1
-    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
-    channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
-    client = ParameterClient(CLUSTER, vs.placements(), client_name="/job:worker/task:0", channels=channels)
-    return client, services
-
-
-def _restart_ps(client: ParameterClient, services: list[ParameterService], index: int) -> None:
-    """ps task ``index`` died and came back empty, at the same address."""
-    services[index] = ParameterService(index, holds_global_step=index == 0)
-    client.channels[index] = InProcessChannel(f"/job:ps/task:{index}", services[index].handlers())
-
-
-def _train_a_step(client: ParameterClient) -> None:
-    client.push({"weights": DenseGradient(np.ones((8, 2), np.float32)), "bias": DenseGradient(np.ones(2, np.float32))},
-                generation=client.ps_stats().generation)
 
 
 def _lease(epoch: int, holder: str) -> Lease:
@@ -72,10 +42,10 @@ def _pointer(directory: Path) -> dict[str, object]:
 
 def test_a_checkpoint_a_newer_chief_restored_is_neither_deleted_nor_unpointed_by_the_fenced_writer(
         tmp_path: Path) -> None:
-    client, services = _cluster()
+    client, services = two_ps_cluster()
     join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
     first = CheckpointManager(str(tmp_path), run_id=RUN).save(client, epoch=5, holder="old chief")
-    _train_a_step(client)
+    train_a_step(client)
     new_chief = _lease(9, "/job:worker/task:1")
     restored_from: list[str | None] = []
 
@@ -84,7 +54,7 @@ def test_a_checkpoint_a_newer_chief_restored_is_neither_deleted_nor_unpointed_by
             restored_from.append(latest_checkpoint(str(tmp_path)))
             for channel in client.channels.values():  # the newer chief's election fences every ps task
                 channel.call("Fence", {"token": new_chief.epoch, "holder": new_chief.holder})
-            _restart_ps(client, services, 1)  # a ps task lost its state: the newer chief restores
+            restart_ps(client, services, 1)  # a ps task lost its state: the newer chief restores
             recovery = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=lambda: new_chief,
                                        timeout=30.0, run=RUN)
             recovery.restore(new_chief, ps_states(client))
@@ -100,7 +70,7 @@ def test_a_checkpoint_a_newer_chief_restored_is_neither_deleted_nor_unpointed_by
     assert (pointer["latest"], pointer["epoch"], pointer["holder"]) == (Path(restored).name, 9, new_chief.holder)
     assert old.failed_in_a_row == 0  # fenced off is not a failed save
     # Rotation still cleans up: the newer chief's next save, keeping one, deletes both older checkpoints.
-    _train_a_step(client)
+    train_a_step(client)
     newest = CheckpointManager(str(tmp_path), max_to_keep=1, run_id=RUN).save(client, epoch=9,
                                                                              holder=new_chief.holder)
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [Path(newest.path).name]
@@ -109,10 +79,10 @@ def test_a_checkpoint_a_newer_chief_restored_is_neither_deleted_nor_unpointed_by
 def test_a_fenced_save_nobody_restored_is_still_taken_back_and_removed(tmp_path: Path) -> None:
     """The rule is about what a restore took: an old chief's save fenced off after its switch, with no
     restore in between, puts the previous pointer back and leaves no directory (as before)."""
-    client, _ = _cluster()
+    client, _ = two_ps_cluster()
     join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
     first = CheckpointManager(str(tmp_path), run_id=RUN).save(client, epoch=5, holder="old chief")
-    _train_a_step(client)
+    train_a_step(client)
 
     def newer_chief_elected(phase: str) -> None:
         if phase == "pointer_switched":
@@ -127,7 +97,7 @@ def test_a_fenced_save_nobody_restored_is_still_taken_back_and_removed(tmp_path:
 
 
 def test_adopting_takes_the_pointer_over_with_the_restorers_epoch_and_never_from_a_newer_one(tmp_path: Path) -> None:
-    client, _ = _cluster()
+    client, _ = two_ps_cluster()
     join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
     saved = CheckpointManager(str(tmp_path), run_id=RUN).save(client, epoch=5, holder="old chief")
     before = _pointer(tmp_path)
@@ -148,7 +118,7 @@ def test_adopting_a_checkpoint_found_without_a_pointer_writes_one_naming_it(tmp_
     """The old chief's first save, fenced off, removes the pointer it made (there was none before); until its
     directory is gone a reader falls back to it. A restore that takes it writes a pointer, so the old chief's
     cleanup (under the same mutex) leaves it."""
-    client, _ = _cluster()
+    client, _ = two_ps_cluster()
     join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
     saved = CheckpointManager(str(tmp_path), run_id=RUN).save(client, epoch=5, holder="old chief")
     (tmp_path / "checkpoint").unlink()

@@ -9,57 +9,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.save import CheckpointManager
-from psflow.cluster import ClusterSpec
 from psflow.coord import Lease
-from psflow.gradients import DenseGradient
 from psflow.launch.resilience import ResilienceConfig, with_recovery_checkpoints
 from psflow.launch.supervisor import STATE_LOST_EXIT_CODE, RestartConfig, decide
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
-from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
 from psflow.train.config import TrainConfig
 from psflow.train.recovery import ClusterRecovery
 from psflow.train.state_loss import StateLostError
 
-CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
-SGD = OptimizerSpec("sgd", {"learning_rate": 0.5})
-
-
-def _cluster() -> tuple[ParameterClient, list[ParameterService]]:
-    vs = VariableSet(replica_device_setter(cluster=CLUSTER))
-    vs.get_variable("weights", (8, 2), initializer={"name": "random_normal", "seed": 3})  # ps task 0
-    vs.get_variable("bias", (2,))                                                          # ps task 1
-    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
-    channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
-    client = ParameterClient(CLUSTER, vs.placements(), client_name="/job:worker/task:0", channels=channels)
-    return client, services
-
-
-def _restart_ps(client: ParameterClient, services: list[ParameterService], index: int) -> ParameterService:
-    """ps task ``index`` died and came back empty, at the same address."""
-    fresh = ParameterService(index, holds_global_step=index == 0)
-    services[index] = fresh
-    client.channels[index] = InProcessChannel(f"/job:ps/task:{index}", fresh.handlers())
-    return fresh
-
-
-def _train_a_step(client: ParameterClient) -> None:
-    generation = client.ps_stats().generation  # as a worker reads it once it joined
-    client.push({"weights": DenseGradient(np.ones((8, 2), np.float32)), "bias": DenseGradient(np.ones(2, np.float32))},
-                generation=generation)
-
 
 def test_the_chief_never_initializes_an_empty_ps_task_beside_trained_ones() -> None:
-    client, services = _cluster()
+    client, services = two_ps_cluster()
     assert join_cluster(client, SGD, chief=True).created
-    _train_a_step(client)
+    train_a_step(client)
     trained = client.pull({"weights": None})["weights"].copy()
-    fresh = _restart_ps(client, services, 1)
+    fresh = restart_ps(client, services, 1)
     with pytest.raises(StateLostError) as e:  # the chief's process restarted too: it joins again
         join_cluster(client, SGD, chief=True)
     assert str(e.value) == (
@@ -70,9 +38,9 @@ def test_the_chief_never_initializes_an_empty_ps_task_beside_trained_ones() -> N
 
 
 def test_with_a_checkpoint_directory_that_has_none_yet_the_message_says_so(tmp_path: Path) -> None:
-    client, services = _cluster()
+    client, services = two_ps_cluster()
     join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
-    _restart_ps(client, services, 0)  # ps task 0 (global_step) this time: ps task 1 keeps its variables
+    restart_ps(client, services, 0)  # ps task 0 (global_step) this time: ps task 1 keeps its variables
     with pytest.raises(StateLostError, match=rf"^/job:ps/task:0 restarted with no checkpoint to restore from \(none "
                                              rf"in --checkpoint-dir {tmp_path} yet\): its variables \(weights\) would "
                                              r"be fresh beside trained ones on /job:ps/task:1; rerun"):
@@ -81,7 +49,7 @@ def test_with_a_checkpoint_directory_that_has_none_yet_the_message_says_so(tmp_p
 
 def test_a_chief_that_died_while_initializing_initializes_again() -> None:
     """ps task 0 registered but not ready (the chief died before the others were created): no loss."""
-    client, services = _cluster()
+    client, services = two_ps_cluster()
     client.channels[0].call("Register", {"layout": [p.to_json() for p in client.layout.values()],
                                          "optimizer": SGD.to_json(), "client": "dead chief", "chief": True,
                                          "defer_ready": True})
@@ -92,7 +60,7 @@ def test_a_chief_that_died_while_initializing_initializes_again() -> None:
 
 def test_the_chief_marks_ps_task_0_ready_last() -> None:
     """A ready ps task 0 means every task was initialized (non-chiefs ask it first)."""
-    client, services = _cluster()
+    client, services = two_ps_cluster()
     order: list[int] = []
     for i, service in enumerate(services):
         handlers = dict(service.handlers())
@@ -108,10 +76,10 @@ def _lease() -> Lease:
 
 
 def test_every_worker_stops_at_once_when_the_run_has_no_checkpoint_directory() -> None:
-    client, services = _cluster()
+    client, services = two_ps_cluster()
     join_cluster(client, SGD, chief=True)
-    _train_a_step(client)
-    _restart_ps(client, services, 1)
+    train_a_step(client)
+    restart_ps(client, services, 1)
     recovery = ClusterRecovery(client, SGD, checkpoint_dir=None, leader=lambda: None, timeout=600.0)
     assert recovery.needed()
     started = time.monotonic()
@@ -122,10 +90,10 @@ def test_every_worker_stops_at_once_when_the_run_has_no_checkpoint_directory() -
 
 
 def test_the_chief_restoring_with_no_checkpoint_yet_stops_the_run(tmp_path: Path) -> None:
-    client, services = _cluster()
+    client, services = two_ps_cluster()
     join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
-    _train_a_step(client)
-    _restart_ps(client, services, 1)
+    train_a_step(client)
+    restart_ps(client, services, 1)
     recovery = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=_lease, timeout=600.0)
     with pytest.raises(StateLostError, match=r"\(none in --checkpoint-dir .* yet\)"):
         recovery.wait()
@@ -134,12 +102,12 @@ def test_the_chief_restoring_with_no_checkpoint_yet_stops_the_run(tmp_path: Path
 
 def test_the_chief_restores_every_task_when_there_is_a_checkpoint(tmp_path: Path) -> None:
     """The guard does not get in the way of a restore."""
-    client, services = _cluster()
+    client, services = two_ps_cluster()
     join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
     CheckpointManager(str(tmp_path)).save(client)
     saved = client.pull({"bias": None})["bias"].copy()
-    _train_a_step(client)
-    _restart_ps(client, services, 1)
+    train_a_step(client)
+    restart_ps(client, services, 1)
     recovery = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=_lease, timeout=60.0)
     restored, _ = recovery.wait()
     assert restored and services[1].ready and np.array_equal(client.pull({"bias": None})["bias"], saved)

@@ -1,0 +1,46 @@
+"""Two ps tasks as services in this process, behind in-process channels, with one chief client: the shared set-up
+of the state-loss and restore unit tests (tests/unit/train/test_state_loss.py, test_restore_vs_fenced_save.py).
+No sockets: a "restart" of a ps task is a fresh service behind the same channel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from psflow.cluster import ClusterSpec
+from psflow.gradients import DenseGradient
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.service import ParameterService
+from psflow.rpc.inprocess import InProcessChannel
+
+CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
+SGD = OptimizerSpec("sgd", {"learning_rate": 0.5})
+
+
+def two_ps_cluster() -> tuple[ParameterClient, list[ParameterService]]:
+    """``weights`` (8 x 2, random normal, seed 3) on ps task 0 (which holds global_step), ``bias`` (2) on ps task 1;
+    the client is worker 0's, not yet joined."""
+    vs = VariableSet(replica_device_setter(cluster=CLUSTER))
+    vs.get_variable("weights", (8, 2), initializer={"name": "random_normal", "seed": 3})  # ps task 0
+    vs.get_variable("bias", (2,))                                                          # ps task 1
+    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
+    channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
+    client = ParameterClient(CLUSTER, vs.placements(), client_name="/job:worker/task:0", channels=channels)
+    return client, services
+
+
+def restart_ps(client: ParameterClient, services: list[ParameterService], index: int) -> ParameterService:
+    """ps task ``index`` died and came back empty, at the same address; returns its fresh service."""
+    fresh = ParameterService(index, holds_global_step=index == 0)
+    services[index] = fresh
+    client.channels[index] = InProcessChannel(f"/job:ps/task:{index}", fresh.handlers())
+    return fresh
+
+
+def train_a_step(client: ParameterClient) -> None:
+    """One push of gradients of ones to both variables, at the generation a worker reads once it joined."""
+    generation = client.ps_stats().generation
+    client.push({"weights": DenseGradient(np.ones((8, 2), np.float32)), "bias": DenseGradient(np.ones(2, np.float32))},
+                generation=generation)
