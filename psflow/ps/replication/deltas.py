@@ -254,9 +254,9 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
 def _scattered(part: PartitionState, rows: np.ndarray, pack: str, names: list[str], block: np.ndarray) -> bool:
     """(Under the partition's lock) Writes ``pack/`` array ``block`` into the arrays ``names`` it stacks with
     one ``scatter_rows`` call where the C loop was built and they all fit it (dtype, row shape, C-contiguous;
-    int64 rows), the same bytes as :func:`_put_rows` of each; False where they do not (numpy writes them)."""
-    if (_SCATTER_ROWS is None or rows.dtype != np.int64 or rows.ndim != 1 or block.shape[1] != len(rows)
-            or not block.flags.c_contiguous):
+    C-contiguous int64 rows), the same bytes as :func:`_put_rows` of each; False where they do not (numpy writes them)."""
+    if (_SCATTER_ROWS is None or rows.dtype != np.int64 or rows.ndim != 1 or not rows.flags.c_contiguous
+            or block.shape[1] != len(rows) or not block.flags.c_contiguous):
         return False
     targets = [_target(part, n) for n in names]
     if not all(t.ndim >= 1 and t.dtype == block.dtype and t.shape[1:] == block.shape[2:] and t.flags.c_contiguous

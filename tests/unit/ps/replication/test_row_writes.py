@@ -79,3 +79,17 @@ def test_a_stacked_row_outside_the_partition_is_refused_by_name(native: bool, mo
     with pytest.raises(InvalidRequest, match="variable 'w' partition 0 .*(row 8 is outside 0-7|out of bounds)"):
         write(store, PartDelta("w/part_0", np.array([1, 8], np.int64), {"pack/value|slot/accumulator": block}))
     assert not part.value.any()  # nothing written
+
+
+def test_a_stack_with_strided_row_numbers_is_written_as_numpy_writes_it() -> None:
+    """Row numbers that are a view with a stride (valid, not C-contiguous) go to numpy, not refused by the C loop."""
+    optimizer = make_optimizer(OptimizerSpec("adagrad", {"learning_rate": 0.1}))
+    store = ParameterStore()
+    part = store.create("w", 0, (8, 2), 0, 8, "float32", {"name": "zeros"}, optimizer)
+    rows = np.arange(8, dtype=np.int64)[::2]
+    block = np.arange(16, dtype=np.float32).reshape(2, 4, 2)
+    want_value, want_accumulator = part.value.copy(), part.slots["accumulator"].copy()
+    want_value[rows], want_accumulator[rows] = block[0], block[1]
+    write(store, PartDelta("w/part_0", rows, {"pack/value|slot/accumulator": block}))
+    assert part.value.tobytes() == want_value.tobytes()
+    assert part.slots["accumulator"].tobytes() == want_accumulator.tobytes()
