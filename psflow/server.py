@@ -153,10 +153,10 @@ class Server:
                                       transport="grpc" if tls is not None else "tcp"), self.parameter_service)
                 self._ps_handlers = self.replication.handlers(self._ps_handlers)
             services[PARAMETER_SERVICE] = {**self._ps_handlers, TRANSPORT_METHOD: self._transport}
-            if self.replication is not None and shard == min(self.cluster.task_indices("ps")):  # the embedded leases
-                services[COORDINATION_SERVICE] = self.replication.serve_leases(LeaseTable(self.task.name))
-            elif job_name == "ps" and task_index == min(self.cluster.task_indices("ps")):
-                services[COORDINATION_SERVICE] = LeaseTable(self.task.name).handlers()
+            if holds_step:  # the embedded leases: ps task 0's table (replicated, every member of shard 0's)
+                table = LeaseTable(self.task.name)
+                services[COORDINATION_SERVICE] = (self.replication.serve_leases(table) if self.replication is not None
+                                                  else table.handlers())
         services[WORKER_SERVICE] = {"Ping": self._ping, "Shutdown": self._shutdown, **(worker_handlers or {})}
         self._grpc = serve("grpc", ServeConfig(self.task.name, bind_address or address, services, token=token,
                                                tls=tls, max_workers=max_workers))
