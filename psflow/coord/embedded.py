@@ -92,6 +92,7 @@ class EmbeddedBackend(CoordinationBackend):
         """
         self._config = config
         self._members = list(config.members) or [("/job:ps/task:0", config.address)]
+        self._names = tuple(task for task, _ in self._members)
         self._at = next((i for i, (_, address) in enumerate(self._members) if address == config.address), 0)
         connect_config = ConnectConfig(connect_timeout=config.rpc_timeout, rpc_timeout=config.rpc_timeout,
                                        token=config.token, tls=config.tls)
@@ -252,7 +253,7 @@ class EmbeddedBackend(CoordinationBackend):
         """The member calls go to now, or the first after it in member order not in ``tried`` (calls go to it
         from now on): (task, address, its channel)."""
         with self._lock:
-            while tried and self._members[self._at][0] in tried and len(tried) < len(self._members):
+            while tried and self._names[self._at] in tried and len(tried) < len(self._members):
                 self._at = (self._at + 1) % len(self._members)
             task, address = self._members[self._at]
             channel = self._channels.get(task)
@@ -263,19 +264,18 @@ class EmbeddedBackend(CoordinationBackend):
     def _go_to(self, primary: str) -> bool:
         """Calls go to member ``primary`` from now on; False if it is no member."""
         with self._lock:
-            names = [name for name, _ in self._members]
-            if primary not in names:
+            if primary not in self._names:
                 return False
-            self._at = names.index(primary)
+            self._at = self._names.index(primary)
             return True
 
     def _move(self, task: str, primary: object) -> None:
         """``task`` did not answer as primary: the calls go to ``primary`` if it is another member, else to the
         next member (unless another thread moved them already)."""
         with self._lock:
-            if len(self._members) == 1 or self._members[self._at][0] != task:
+            names = self._names
+            if len(names) == 1 or names[self._at] != task:
                 return
-            names = [name for name, _ in self._members]
             self._at = names.index(primary) if primary in names and primary != task else (self._at + 1) % len(names)
             log.info("coordination calls go to %s now (%s did not answer as shard 0's primary)", names[self._at], task)
 
