@@ -6,6 +6,7 @@ In-process members (tests/replica_shard.py), no sockets."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -49,17 +50,18 @@ class Leases:
     def call(self, member: str, method: str, **meta: Any) -> dict[str, Any]:
         return dict(InProcessChannel(member, self.handlers[member]).call(method, meta).meta)
 
-    def backend(self, first: str = PRIMARY, *, ttl: float = TTL, promotes: bool = False) -> EmbeddedBackend:
+    def backend(self, first: str = PRIMARY, *, ttl: float = TTL, promotes: bool = False,
+                clock: Callable[[], float] = time.monotonic) -> EmbeddedBackend:
         """The client the workers use, whose calls reach the members' handlers (UNAVAILABLE while cut off);
         ``promotes``: it gets a backup promoted over a dead primary as a worker's does (its own router to the
-        members' parameter services; a member silent for 0.3 s is gone)."""
+        members' parameter services; a member silent for 0.3 s of ``clock`` is gone)."""
         members = tuple((m, f"address-of-{m}") for m in self.shard.members)
         config = CoordinationConfig("embedded", f"address-of-{first}", lease_ttl=ttl, members=members)
         promote = None
         if promotes:
             router = ShardRouter(self.shard.cluster, lambda task, address: Link(self.shard, task),
                                  client_name="/job:worker/task:0 (chief election)", failover_timeout=0.3,
-                                 status_timeout=1.0)
+                                 status_timeout=1.0, clock=clock)
             control = ControlRouter(router)
             promote = lambda reached: control.primary(0, reached)  # noqa: E731
         return EmbeddedBackend(config, connect=lambda task, address: _Channel(self, task), promote=promote)
@@ -190,7 +192,7 @@ def test_a_chief_whose_lease_was_not_confirmed_stops_renewing_it_and_is_elected_
         leases.shard.cut.add(PRIMARY)  # the primary dies; no worker's data client promoted the backup yet
         assert leadership.confirmed_lease() is None
         leases.shard.promote(backup(0), 1)
-        take_final_duties(leadership, ttl, 3 * ttl, None)  # campaigns for max(ttl + 2 s, 3 ttl) at most
+        take_final_duties(leadership, ttl, 30.0, None)  # campaigns for 30 s at most (a safety net)
         lease = leadership.lease()
         assert lease is not None and lease.epoch > first.epoch, lease
     finally:
@@ -213,7 +215,7 @@ def test_the_election_gets_a_backup_promoted_when_shard_0s_primary_dies_and_no_d
             with pytest.raises(CampaignTimeoutError):
                 backend.campaign("w1", timeout=2.0)
             return
-        elected = backend.campaign("w1", timeout=5.0)  # the last worker's final campaign
+        elected = backend.campaign("w1", timeout=30.0)  # the last worker's final campaign (30 s: a safety net)
         assert elected.epoch > lease.epoch  # the replicated table's epochs go on
         status = leases.shard.status(backup(0))
         assert (status.role, status.epoch) == ("primary", 2), status
@@ -224,13 +226,18 @@ def test_the_election_gets_a_backup_promoted_when_shard_0s_primary_dies_and_no_d
 
 def test_the_election_promotes_nothing_while_the_primary_only_is_slow_to_answer(leases: Leases) -> None:
     """The same checks as the data path's: a primary that answers nothing is gone only after the failover
-    timeout (0.3 s here); until then the campaign is not answered and no backup is promoted."""
-    backend = leases.backend(promotes=True)
+    timeout (0.3 s of the router's clock, moved by hand: the test does not race a real 0.3 s against a
+    0.15 s campaign); until then the campaign is not answered and no backup is promoted."""
+    now = [1000.0]
+    backend = leases.backend(promotes=True, clock=lambda: now[0])
     try:
         leases.shard.cut.add(PRIMARY)
         with pytest.raises(CampaignTimeoutError):
-            backend.campaign("w0", timeout=0.15)
+            backend.campaign("w0", timeout=0.5)
         assert leases.shard.status(backup(0)).role == "backup"
+        now[0] += 1.0  # silent for longer than the failover timeout: gone, the backup is promoted
+        assert backend.campaign("w0", timeout=30.0).epoch > 0
+        assert leases.shard.status(backup(0)).role == "primary"
     finally:
         leases.shard.cut.discard(PRIMARY)
         backend.close()
