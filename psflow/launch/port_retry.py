@@ -22,7 +22,6 @@ is a task failure like any other (the restart policy, or the run fails).
 from __future__ import annotations
 
 import glob
-import json
 import os
 
 from psflow.launch.processes import LaunchError, TaskProcess
@@ -55,14 +54,9 @@ class PortTaken(LaunchError):
 def taken_port(task: TaskProcess) -> int | None:
     """The port ``task`` could not bind because another process held it, from its error file; None when
     the task did not fail that way (or is still running, or wrote no readable error file)."""
-    if task.exit_code in (None, 0) or task.error_path is None:
+    if task.exit_code in (None, 0):
         return None
-    try:
-        with open(task.error_path, encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    port = record.get("port_taken") if isinstance(record, dict) else None
+    port = (task.error_record() or {}).get("port_taken")
     return port if isinstance(port, int) and not isinstance(port, bool) else None
 
 

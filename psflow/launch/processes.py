@@ -123,15 +123,21 @@ class TaskProcess:
     def pid(self) -> int:
         return self.popen.pid
 
-    def error_line(self) -> str | None:
-        """The one line the task wrote for an expected error (a bad record, a bad flag), or None."""
+    def error_record(self) -> dict[str, Any] | None:
+        """What the task wrote for an expected error (:func:`psflow.launch.task.expected_failure`: ``message``,
+        ``type``, ``port_taken``...), or None: no error file, or not a JSON object."""
         if self.error_path is None:
             return None
         try:
             with open(self.error_path, encoding="utf-8") as f:
-                message = json.load(f).get("message")
-        except (OSError, ValueError, AttributeError):
+                record = json.load(f)
+        except (OSError, ValueError):
             return None
+        return record if isinstance(record, dict) else None
+
+    def error_line(self) -> str | None:
+        """The one line the task wrote for an expected error (a bad record, a bad flag), or None."""
+        message = (self.error_record() or {}).get("message")
         return message if isinstance(message, str) and message else None
 
     def tail(self, lines: int = 15) -> str:
