@@ -42,6 +42,7 @@ from psflow.errors import PsflowError
 from psflow.launch.console import expected_in_task
 from psflow.launch.lifeline import StopRequest, set_parent_death_signal
 from psflow.launch.token import TOKEN_ENV, cluster_token
+from psflow.rpc.api import ListenError
 from psflow.rpc.tcp_server import TcpLimits
 from psflow.rpc.tls import TlsConfig
 from psflow.server import Server
@@ -157,9 +158,8 @@ def expected_failure(task: str, error: Exception, *, error_file: str | None, ver
     log.error("%s", error if named else f"{task}: {error}", exc_info=error if verbose else None)
     if error_file:
         record: dict[str, Any] = {"task": task, "type": type(error).__name__, "message": str(error)}
-        taken = getattr(error, "port_taken", None)  # a ListenError: another process holds the task's port
-        if isinstance(taken, int):
-            record["port_taken"] = taken
+        if isinstance(error, ListenError) and error.port_taken is not None:  # another process holds the task's port
+            record["port_taken"] = error.port_taken
         try:
             storage.write_atomically(error_file, jsonio.dumps(record).encode(), durable=False)
         except OSError as e:
