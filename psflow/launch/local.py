@@ -164,7 +164,7 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
     """
     replicas = (resilience or ResilienceConfig()).ps_replicas
     with LocalCluster.create(config.cluster.num_ps, config.cluster.num_workers, output_dir, placement=placement,
-                                      ps_replicas=replicas) as lc:
+                             ps_replicas=replicas) as lc:
         with open(config_path, "w") as f:
             f.write(task_config_json(config, faults))
         # From here on, however the run ends, its end is one final snapshot (psflow.launch.run_end).
@@ -262,8 +262,7 @@ def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: f
     while True:
         lc.signals.check()
         for t in lc.poll():
-            port = taken_port(t) if startup is not None else None
-            if port is not None and startup is not None and not startup.training_started():
+            if startup is not None and (port := taken_port(t)) is not None and not startup.training_started():
                 lc.stop_all()
                 raise PortTaken(t.error_line() or f"{t.name}: port {port} is taken", task=t.name, port=port)
             if t.exit_code != 0 and not (lc.resilience is not None and lc.resilience.on_exit(
