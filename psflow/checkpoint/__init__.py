@@ -141,7 +141,8 @@ Classes and functions, by file:
   :func:`incomplete_checkpoints`, the complete checkpoints of a directory; :func:`read_pointer` and
   :func:`write_pointer` for a writer under the directory's mutex.
 * ``save.py`` -- :class:`CheckpointManager` (the save, its fence and the pointer's compare-and-swap),
-  :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`, :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
+  :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`,
+  :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies.
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
 * ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch.
