@@ -126,7 +126,7 @@ class Leadership:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        #: Set by :meth:`resign`, cleared by :meth:`start`.
+        #: Set by :meth:`resign`, cleared by :meth:`start` and :meth:`rewound`.
         self.resigned = False
 
     def campaign(self, timeout: float) -> Lease | None:
@@ -184,6 +184,14 @@ class Leadership:
                 log.info("%s: resigned as chief (epoch %d)", self.candidate, lease.epoch)
             except CoordinationError as e:
                 log.warning("%s: resigning the chief lease (epoch %d): %s", self.candidate, lease.epoch, e)
+
+    def rewound(self) -> None:
+        """(A restore rewound this worker to a checkpoint) voids an earlier :meth:`resign`: that handed the duties on
+        when this worker's data had ended, which it no longer has, so whether it finishes last is decided again when
+        its data ends next (:func:`~psflow.train.final_duties.end_duties`). A stale ``resigned`` let a worker rewound
+        to the end of its data (it runs no step, so it never campaigns again) skip the final checkpoint while the
+        other worker, which saw it training, had resigned too: nobody wrote it (CI, test_final_snapshot)."""
+        self.resigned = False
 
     def lease(self) -> Lease | None:
         """The lease if this worker leads now, else None."""

@@ -235,6 +235,8 @@ def run_worker(
                         raise
                 if not restored:
                     break
+                if leadership is not None:  # its handover, if it had finished, is void: it finishes again
+                    leadership.rewound()
                 resume = fit_position(text, data_config, task)  # rewound: it campaigns again from its next step
             if leadership is not None:  # the last to finish writes the final checkpoint
                 end_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout, config.checkpoint.dir)

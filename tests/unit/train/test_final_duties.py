@@ -101,3 +101,20 @@ def test_the_last_worker_does_not_trust_a_lease_the_restarted_table_forgot(tmp_p
     end_duties(leadership, 2.0, 5.0, str(tmp_path))
     lease = leadership.lease()
     assert lease is not None and lease.epoch == 9  # elected again: its final save is not fenced off
+
+
+def test_a_worker_rewound_after_it_resigned_takes_the_final_duties_when_it_finishes_last(tmp_path: Path) -> None:
+    """CI, test_final_snapshot (1 in 4 runs here): worker 0 finished and resigned; ps task 0 was killed and the
+    restore rewound worker 0 to the end of its data (the checkpoint came after it finished), so it ran no step and
+    never campaigned again; worker 1 finished meanwhile, saw worker 0 training and resigned too. Worker 0, then
+    the last to finish, skipped the final duties on its stale resignation: nobody wrote the final checkpoint."""
+    backend = _ServiceBackAfter()
+    backend.back.set()
+    leadership = Leadership(backend, TASK)
+    leadership.resign()  # its data ended while the other worker trained
+    end_duties(leadership, 2.0, 5.0, str(tmp_path))
+    assert leadership.lease() is None and not backend.asked.is_set()  # handed on: the other worker's duty
+    leadership.rewound()  # a restore set it back; its data ends again, and now it is the last
+    end_duties(leadership, 2.0, 5.0, str(tmp_path))
+    lease = leadership.lease()
+    assert lease is not None and lease.epoch == 9  # its session's end writes the final checkpoint
