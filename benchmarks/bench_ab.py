@@ -9,7 +9,11 @@ runs one epoch of a tf_peer workload at two git revisions, as fresh ``psflow
 train`` processes, ``--pairs`` times per shape, the order of a pair flipped every
 other pair and the shapes interleaved (pair k of every shape, then pair k + 1),
 and reports the median and quartiles of the per-pair ratios ``rev / baseline``:
-machine drift hits both runs of a pair about equally.
+machine drift hits both runs of a pair about equally. ``--rev-flags`` and
+``--baseline-flags`` append psflow train flags to one side's runs, so one
+revision can be set against itself with a flag changed:
+
+    .venv/bin/python benchmarks/bench_ab.py --rev HEAD --baseline-rev HEAD --rev-flags '--steps-in-flight 2' --shapes lr-user-p1w2
 
 Shapes (``--shapes``, comma-separated; the default is the two 1 ps + 2 workers
 async shapes, one per workload, issue 27's before/after check):
@@ -110,9 +114,10 @@ DEFAULT_SHAPES = "lr-p1w2-async,wd-p1w2-async"
 RATES = ("steady", "end_to_end", "cpu", "cpu_total")
 
 
-def command(shape: str, args: argparse.Namespace, output: str) -> list[str]:
-    """The ``psflow train`` command line of one run of ``shape`` writing into ``output``."""
+def command(shape: str, args: argparse.Namespace, output: str, extra: list[str] | None = None) -> list[str]:
+    """The ``psflow train`` command line of one run of ``shape`` writing into ``output``, ``extra`` flags last."""
     _, workload, flags, _ = SHAPES[shape]
+    flags = [*flags, *(extra or [])]
     if workload == "ctr_wd":
         ns = argparse.Namespace(sync_averaging="sparse_sum", psflow_transport="tcp", psflow_model=wd.MODEL_FLAGS,
                                 psflow_extra="", workdir=args.workdir,
@@ -141,10 +146,10 @@ def check_snapshot(src: str) -> list[str]:
     return built
 
 
-def one_run(src: str, shape: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One epoch of ``shape`` by the snapshot at ``src``; its steady and end-to-end rates."""
+def one_run(src: str, shape: str, args: argparse.Namespace, extra: list[str] | None = None) -> dict[str, Any]:
+    """One epoch of ``shape`` by the snapshot at ``src`` (``extra`` flags appended); its steady and end-to-end rates."""
     output = tempfile.mkdtemp(prefix=f"ab-{shape}-", dir=os.path.join(args.workdir, "runs_ab"))
-    cmd = command(shape, args, output)
+    cmd = command(shape, args, output, extra)
     t0, used0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     p = subprocess.run([sys.executable, "-m", "psflow", *cmd[1:]], cwd=src, env=dict(os.environ, PYTHONPATH=src),
                        capture_output=True, text=True, timeout=args.run_timeout)
@@ -172,6 +177,10 @@ def one_run(src: str, shape: str, args: argparse.Namespace) -> dict[str, Any]:
             "auc": (m.get("eval") or {}).get("auc"), "run_dir": output}
 
 
+def _flags_text(flags: list[str]) -> str:
+    return f" with `{shlex.join(flags)}`" if flags else ""
+
+
 def summary(ratios: list[float]) -> dict[str, Any]:
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {"median": statistics.median(ratios), "quartiles": [q[0], q[2]], "ratios": ratios}
@@ -189,8 +198,13 @@ def main() -> None:
     p.add_argument("--workdir", default=os.environ.get("TF_PEER_WORKDIR", "/tmp/tf_peer"))
     p.add_argument("--section", default="ab",
                    help="the RESULTS.md section written, and results/<section>.json (default ab; a new name keeps earlier ones)")
+    p.add_argument("--rev-flags", default="",
+                   help="psflow train flags appended to every run of --rev (e.g. '--steps-in-flight 2'): with "
+                        "--baseline-rev the same revision, a flag against the defaults")
+    p.add_argument("--baseline-flags", default="", help="likewise for every run of --baseline-rev")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
+    flags = {"rev": shlex.split(args.rev_flags), "baseline": shlex.split(args.baseline_flags)}
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     if not shapes or set(shapes) - set(SHAPES):
         p.error(f"--shapes: want some of {', '.join(SHAPES)}, got {args.shapes}")
@@ -209,7 +223,7 @@ def main() -> None:
         for shape in shapes:
             got = {}
             for name in (("rev", "baseline") if k % 2 == 0 else ("baseline", "rev")):
-                got[name] = one_run(revs[name][1], shape, args)
+                got[name] = one_run(revs[name][1], shape, args, flags[name])
             runs[shape].append(dict(got, loadavg_1min=os.getloadavg()[0]))
             print(f"[{time.strftime('%H:%M:%S')} {shape} {k + 1}/{args.pairs}] steady rev {got['rev']['steady']:,.0f} "
                   f"baseline {got['baseline']['steady']:,.0f} ratio {got['rev']['steady'] / got['baseline']['steady']:.3f}; "
@@ -219,16 +233,19 @@ def main() -> None:
     for shape in shapes:
         pairs = runs[shape]
         entry: dict[str, Any] = {"shape": shape, "row": SHAPES[shape][0], "pairs": len(pairs),
-                                 "command": shlex.join(command(shape, args, "RUN_DIR")), "runs": pairs}
+                                 "command": shlex.join(command(shape, args, "RUN_DIR", flags["rev"])),
+                                 "baseline_command": shlex.join(command(shape, args, "RUN_DIR", flags["baseline"])),
+                                 "runs": pairs}
         for rate in RATES:
             entry[rate] = summary([pr["rev"][rate] / pr["baseline"][rate] for pr in pairs])
             entry[rate]["rev_median"] = statistics.median(pr["rev"][rate] for pr in pairs)
             entry[rate]["baseline_median"] = statistics.median(pr["baseline"][rate] for pr in pairs)
         results.append(entry)
     n = min(len(runs[s]) for s in shapes)
-    lines = [f"Command: `.venv/bin/python benchmarks/bench_ab.py {' '.join(sys.argv[1:])}` "
+    lines = [f"Command: `.venv/bin/python benchmarks/bench_ab.py {shlex.join(sys.argv[1:])}` "
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}). "
-             f"psflow at {args.rev} = {revs['rev'][0][:10]} against {args.baseline_rev} = {revs['baseline'][0][:10]}: "
+             f"psflow at {args.rev} = {revs['rev'][0][:10]}{_flags_text(flags['rev'])} against {args.baseline_rev} = "
+             f"{revs['baseline'][0][:10]}{_flags_text(flags['baseline'])}: "
              f"{n} alternated pairs per shape (shapes interleaved), each one epoch by the revision's own "
              "`python -m psflow train` in a fresh process (`--transport tcp --log-every 1`, but the user shapes: psflow's "
              f"defaults, timed to the last \"done\" line; commands in benchmarks/results/{args.section}.json). "
