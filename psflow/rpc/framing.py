@@ -35,7 +35,7 @@ import numpy as np
 from psflow import jsonio
 from psflow.errors import PsflowError
 
-__all__ = ["ALLOWED_DTYPES", "FrameError", "Frame", "encode", "decode"]
+__all__ = ["ALLOWED_DTYPES", "FrameError", "Frame", "encode", "encode_parts", "decode"]
 
 MAGIC = b"PSF1"
 _PREFIX = struct.Struct("<4sI")
@@ -43,6 +43,7 @@ _ALIGN = 8
 MAX_DIMS = 8
 # Guards the JSON parser against a hostile header; real headers are well under 64 KiB.
 MAX_HEADER_BYTES = 1 << 20
+_ZEROS = bytes(_ALIGN)  # an array's padding
 
 #: dtypes that may cross the wire, by their little-endian numpy name.
 ALLOWED_DTYPES: frozenset[str] = frozenset(
@@ -90,6 +91,21 @@ def encode(meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarra
     Raises:
         FrameError: an array has a dtype outside :data:`ALLOWED_DTYPES`.
     """
+    return b"".join(encode_parts(meta, arrays)[0])
+
+
+def encode_parts(meta: Mapping[str, Any] | None = None,
+                 arrays: Mapping[str, np.ndarray] | None = None) -> tuple[list[bytes | memoryview], int]:
+    """The frame :func:`encode` gives, in pieces, and its length: what a carrier that gathers buffers (the TCP
+    carrier's ``sendmsg``) sends without joining them into one copy first.
+
+    Each array that is C-contiguous, little-endian and of an allowed dtype is a piece as it is (a view of its
+    memory, not a copy): its bytes are read when the pieces are sent, so the caller must not change the array
+    until then. Joined, the pieces are :func:`encode`'s bytes.
+
+    Raises:
+        FrameError: as :func:`encode`.
+    """
     wire = [(name, _wire_array(name, a)) for name, a in (arrays or {}).items()]
     # The offsets depend on where the data starts, which depends on the header's length. The header
     # is written once: its length is bounded first (every offset given as many digits as the largest
@@ -110,11 +126,13 @@ def encode(meta: Mapping[str, Any] | None = None, arrays: Mapping[str, np.ndarra
     header_len = data_start - _PREFIX.size
     if len(header) > header_len:  # pragma: no cover - the bound above holds
         raise FrameError("internal framing error")
-    parts: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, header_len), header, b" " * (header_len - len(header))]
+    parts: list[bytes | memoryview] = [_PREFIX.pack(MAGIC, header_len) + header + b" " * (header_len - len(header))]
     for _, arr in wire:
-        parts.append(arr.data.cast("B") if arr.nbytes else b"")
-        parts.append(b"\0" * _pad(arr.nbytes))
-    return b"".join(parts)
+        if arr.nbytes:
+            parts.append(arr.data.cast("B"))
+        if _pad(arr.nbytes):
+            parts.append(_ZEROS[: _pad(arr.nbytes)])
+    return parts, data_start + payload
 
 
 def _meta_json(meta: Mapping[str, Any]) -> str:

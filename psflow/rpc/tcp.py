@@ -53,7 +53,7 @@ from psflow.rpc.api import (
     TaskUnavailableError,
     UnauthenticatedError,
 )
-from psflow.rpc.framing import Frame, decode, encode
+from psflow.rpc.framing import Frame, decode, encode_parts
 
 __all__ = ["TcpChannel", "DEFAULT_IDLE_TIMEOUT", "open_channel", "TRANSPORT_METHOD", "TCP_PORT_KEY"]
 
@@ -83,6 +83,8 @@ _REUSE_IDLE_LIMIT = DEFAULT_IDLE_TIMEOUT / 2
 _CHECK_IDLE_AFTER = 0.25
 #: The shortest idle timeout a server may have (seconds; see _CHECK_IDLE_AFTER).
 MIN_IDLE_TIMEOUT = 1.0
+#: Buffers one ``sendmsg`` takes at most (Linux's IOV_MAX; more fail with EMSGSIZE).
+_IOV_MAX = 1024
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
@@ -99,17 +101,19 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 
 def send_parts(sock: socket.socket, *parts: bytes | memoryview) -> None:
-    """Sends ``parts`` back to back: gathered by the kernel (``sendmsg``), not joined into a copy first."""
-    views = [memoryview(p).cast("B") for p in parts]
-    while views:
-        sent = sock.sendmsg(views)
-        while sent and views:
-            if sent >= len(views[0]):
-                sent -= len(views.pop(0))
+    """Sends ``parts`` back to back: gathered by the kernel (``sendmsg``), not joined into a copy first,
+    at most ``_IOV_MAX`` of them per ``sendmsg`` (a frame of many arrays has more pieces than the kernel
+    takes in one call)."""
+    views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]
+    first = 0
+    while first < len(views):
+        sent = sock.sendmsg(views[first:first + _IOV_MAX])
+        while sent and first < len(views):
+            if sent >= len(views[first]):
+                sent -= len(views[first])
+                first += 1
             else:
-                views[0], sent = views[0][sent:], 0
-        while views and not len(views[0]):
-            views.pop(0)
+                views[first], sent = views[first][sent:], 0
 
 
 class _Pending:
@@ -257,7 +261,8 @@ class TcpChannel:
     def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
                    arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> _Pending:
         limit = self._config.rpc_timeout if timeout is None else timeout
-        frame = encode(meta, arrays)
+        # The frame in pieces (its arrays' own memory), gathered by sendmsg: no joined copy of the arrays
+        frame, size = encode_parts(meta, arrays)
         name = method.encode()
         # Bounded like every call: a caller that never collected its previous call (a bug) or
         # another thread's long call fails this one after its deadline instead of hanging it.
@@ -273,7 +278,7 @@ class TcpChannel:
                 self._drop()
             sock = self._connect(limit)
             sock.settimeout(limit)
-            send_parts(sock, U32.pack(1 + len(name) + len(frame)), bytes([len(name)]), name, frame)
+            send_parts(sock, U32.pack(1 + len(name) + size), bytes([len(name)]) + name, *frame)
         except (RpcError, OSError, ConnectionError) as e:
             # Like a gRPC future, a call that cannot be sent fails at result(), never here:
             # a caller may have other calls in flight that it still has to collect.

@@ -47,7 +47,7 @@ from typing import Any
 from psflow.errors import ConfigError
 from psflow.rpc import after_reply
 from psflow.rpc.api import MAX_MESSAGE_BYTES, Handler, Refusal, ServeConfig, dispatch, refusal
-from psflow.rpc.framing import FrameError, encode
+from psflow.rpc.framing import FrameError, encode_parts
 from psflow.rpc.tcp import (
     DEFAULT_IDLE_TIMEOUT,
     HANDSHAKE_MAGIC,
@@ -384,9 +384,9 @@ class TcpServer:
                                           f"request of {length} bytes exceeds {MAX_MESSAGE_BYTES}")
                         return
                     body = memoryview(recv_exact(conn, length))
-                    status, payload = self._dispatch(body)
+                    status, payload, size = self._dispatch(body)
                     try:
-                        send_parts(conn, U32.pack(len(payload) + 1), bytes([status]), payload)
+                        send_parts(conn, U32.pack(size + 1), bytes([status]), *payload)
                     finally:  # what the handler left for after its reply, before this connection's next call
                         if work:
                             after_reply.run(work, self._task,
@@ -406,16 +406,19 @@ class TcpServer:
             self._serving.discard(conn)
         conn.close()
 
-    def _dispatch(self, body: memoryview) -> tuple[int, bytes]:
-        """One request (``u8 m | method | frame``) -> the reply's status byte and payload."""
+    def _dispatch(self, body: memoryview) -> tuple[int, list[bytes | memoryview], int]:
+        """One request (``u8 m | method | frame``) -> the reply's status byte, its payload in pieces (the
+        reply's arrays are sent from their own memory: :func:`~psflow.rpc.framing.encode_parts`) and its length."""
         if len(body) < 1 or len(body) < 1 + body[0]:
-            out: bytes | Refusal = refusal(self._task, "?", FrameError("request too short"))
+            out: tuple[list[bytes | memoryview], int] | Refusal = refusal(self._task, "?",
+                                                                         FrameError("request too short"))
         else:
             method = bytes(body[1 : 1 + body[0]]).decode("utf-8", errors="replace")
-            out = dispatch(self._task, method, self._handlers.get(method), body[1 + body[0] :], encode)
+            out = dispatch(self._task, method, self._handlers.get(method), body[1 + body[0] :], encode_parts)
         if isinstance(out, Refusal):
-            return out.status, out.text.encode()
-        return STATUS_OK, out
+            text = out.text.encode()
+            return out.status, [text], len(text)
+        return STATUS_OK, *out
 
     @staticmethod
     def _reply_error(conn: socket.socket, status: int, text: str) -> None:

@@ -96,6 +96,17 @@ class CarrierContract:
         np.testing.assert_array_equal(reply.arrays["ids"], ids * 2)
         assert reply.arrays["v"].dtype == np.float32 and reply.arrays["ids"].dtype == np.int64
 
+    def test_a_frame_of_many_arrays_and_a_big_one_travel_both_ways(self, channel: Channel) -> None:
+        """More arrays than a ``sendmsg`` takes buffers (IOV_MAX, 1024, counting each array's padding), of odd
+        byte lengths and none, and one array of 8 MiB (sent in several pieces by the kernel): the same bytes."""
+        rng = np.random.default_rng(7)
+        arrays = {f"a/{i}": rng.integers(0, 255, size=i % 13, dtype=np.uint8) for i in range(1500)}
+        arrays["big"] = rng.normal(size=(1 << 21,)).astype(np.float32)
+        reply = channel.call("Echo", {"n": len(arrays)}, arrays)
+        assert reply.meta["names"] == sorted(arrays)
+        for name, array in arrays.items():
+            np.testing.assert_array_equal(reply.arrays[name], array * 2, err_msg=name)
+
     def test_a_call_in_flight_is_collected_and_its_refusal_raised_there(self, channel: Channel) -> None:
         """(One call in flight per channel: the TCP carrier serves one at a time per connection.)"""
         for i in range(3):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from psflow.rpc.framing import Frame, FrameError, decode, encode
+from psflow.rpc.framing import Frame, FrameError, decode, encode, encode_parts
 
 
 def test_round_trip_arrays_and_meta() -> None:
@@ -98,3 +98,19 @@ def test_round_trip_property(meta: dict[str, int], shape: list[int]) -> None:
     frame = decode(encode(meta, {"x": arr}))
     assert frame.meta == meta
     np.testing.assert_array_equal(frame.arrays["x"], arr)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["<f4", "<i8", "|u1", "<i4"]), st.lists(st.integers(0, 5), max_size=3)),
+                max_size=6))
+def test_encode_parts_are_the_frame_in_pieces(specs: list[tuple[str, list[int]]]) -> None:
+    """What a carrier sends piece by piece (``encode_parts``) is, joined, the frame :func:`encode` gives, and
+    its length is the pieces' total; the arrays' bytes are views of the arrays, not copies."""
+    rng = np.random.default_rng(len(specs))
+    arrays = {f"x/{i}": rng.integers(0, 100, size=shape).astype(dtype) for i, (dtype, shape) in enumerate(specs)}
+    parts, size = encode_parts({"k": len(specs)}, arrays)
+    assert b"".join(parts) == encode({"k": len(specs)}, arrays)
+    assert size == sum(len(p) for p in parts)
+    for array in arrays.values():
+        if array.nbytes:
+            assert any(isinstance(p, memoryview) and p.obj is array for p in parts)
