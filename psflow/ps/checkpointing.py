@@ -83,7 +83,10 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     failed_in_a_row, last_saved_step, last_saved_path, failures: [{seq,
     global_step, error, writer, time}]}`` (the newest 20 failures, ``seq``
     counting from 1). The ledger lives in the process's memory: a restarted
-    task starts from zero (the restore sets the lineage again).
+    task starts from zero (the restore sets the lineage again). With
+    replicated shards it is replicated with its shard (a change is answered
+    once the backups hold it; :mod:`psflow.ps.replication.save_ledger`), so a
+    promoted backup serves it whole.
 
 Guarantees: a refused ``LoadShard`` (INVALID_ARGUMENT naming the task, the
 partition and the array) changes nothing; ``SaveShard`` never leaves a
@@ -467,3 +470,25 @@ class SaveLedger:
         with self._lock:
             return CheckpointStatusReply(self.lineage, self.saved, self.failed, self.failed_in_a_row,
                                          self.last_saved_step, self.last_saved_path, [dict(f) for f in self.failures])
+
+    def export(self) -> dict[str, Any]:
+        """The whole ledger (JSON; what ``CheckpointStatus`` replies), for a replicated shard's backups."""
+        return self.status().as_dict()
+
+    def load(self, state: Any) -> None:
+        """Replaces the whole ledger with ``state`` (an :meth:`export`).
+
+        Raises:
+            ValueError: ``state`` is malformed (nothing changed).
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"a checkpoint ledger is a mapping, got {type(state).__name__}")
+        try:
+            status = CheckpointStatusReply.from_frame(Frame(state))
+        except InvalidRequest as e:
+            raise ValueError(f"malformed checkpoint ledger: {e}") from e
+        with self._lock:
+            self.lineage, self.saved, self.failed = status.lineage, status.saved, status.failed
+            self.failed_in_a_row = status.failed_in_a_row
+            self.last_saved_step, self.last_saved_path = status.last_saved_step, status.last_saved_path
+            self.failures = [dict(f) for f in status.failures][-self._KEEP:]

@@ -22,6 +22,7 @@ Modules (one concept each):
 * ``carried.py``: state the stream carries only when it changes (and in full entries);
 * ``leases.py``: shard 0's lease table (the embedded chief election), carried, served by the primary;
 * ``fence_state.py``: the shard's fence (the highest chief epoch it accepted), carried;
+* ``save_ledger.py``: shard 0's checkpoint ledger (``CheckpointStatus``: saves done and failed, the newest), carried;
 * ``checkpoint_count.py``: the count of applied pushes a shard's checkpoints save and a restore sets back;
 * ``deposed.py``: a deposed primary (refuses writes, one warning, rebuilds);
 * ``view_checks.py``: what the member a view change names checks itself first (the other side answers: refused);

@@ -1,5 +1,6 @@
 """State a replicated shard's stream carries only when it changes: the chief election's lease table (shard 0,
-:mod:`~psflow.ps.replication.leases`) and the shard's fence (:mod:`~psflow.ps.replication.fence_state`).
+:mod:`~psflow.ps.replication.leases`), the shard's fence (:mod:`~psflow.ps.replication.fence_state`) and the
+checkpoint ledger (shard 0, :mod:`~psflow.ps.replication.save_ledger`).
 
 Unlike the small state every entry carries (:mod:`~psflow.ps.replication.snapshot`), these change a few times a
 minute at most, so a push's entry does not carry them: the entry the primary records for a change does (beside

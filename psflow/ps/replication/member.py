@@ -2,8 +2,8 @@
 
 :class:`ShardReplication` joins the parts of this package to a :class:`~psflow.ps.service.ParameterService`:
 
-* On the primary, every call that changes state (Push, PushPull, a Pull that creates dynamic rows, Register,
-  LoadShard, SetReady, BeginRestore, Leave, Done, ReaderPositions; Fence and shard 0's leases: carried.py) is
+* On the primary, every call that changes state (Push, PushPull, a Pull that creates dynamic rows, Register, LoadShard,
+  SetReady, BeginRestore, Leave, Done, ReaderPositions; Fence, shard 0's leases and checkpoint ledger: carried.py) is
   served as unreplicated, then its result is recorded as the next entry (the rows it wrote, the small state, the dedup table;
   :mod:`~psflow.ps.replication.snapshot`) and the call returns once every backup of the view acknowledged it
   (:mod:`~psflow.ps.replication.forwarder`; waiting ``replica_timeout``, a LoadShard's whole-shard entry as
@@ -67,6 +67,7 @@ from psflow.ps.replication.fence_state import ReplicatedFence
 from psflow.ps.replication.forwarder import BackupSender, Forwarder
 from psflow.ps.replication.leases import ReplicatedLeases
 from psflow.ps.replication.register_call import replicated_register
+from psflow.ps.replication.save_ledger import ReplicatedSaveLedger
 from psflow.ps.replication.snapshot import full_entry, task_state, write_entries
 from psflow.ps.replication.startup import find_place, rebuild, rebuild_unwritten
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
@@ -141,6 +142,7 @@ class ShardReplication:
         self.forwarder: Forwarder | None = None
         self.fence = ReplicatedFence(self)
         self.carried = CarriedStates(self, self.fence)  # and shard 0's lease table, when served (serve_leases)
+        self.saves = ReplicatedSaveLedger.of(self)  # the checkpoint ledger (None but where global_step lives)
         self.channels = MemberChannels(config.cluster, token=config.token, tls=config.tls, transport=config.transport,
                                        status_timeout=config.status_timeout, replica_timeout=config.replica_timeout,
                                        connect=connect)
@@ -166,6 +168,7 @@ class ShardReplication:
                 out[method] = self._replicated(table[method], full=method in _FULL_CALLS)
         out[RegisterRequest.METHOD] = replicated_register(self, table[RegisterRequest.METHOD])
         out[FenceRequest.METHOD] = self.fence.handler(table[FenceRequest.METHOD])
+        out.update(self.saves.handlers(table) if self.saves is not None else {})
         if LeaveRequest.METHOD in table:
             out[LeaveRequest.METHOD] = self._leave(table[LeaveRequest.METHOD])
         out.update({ReplicaStatusRequest.METHOD: self.replica_status, PromoteRequest.METHOD: self.promote,

@@ -15,9 +15,9 @@ primary's partitions, slots, averages, dynamic rows and small state bit for bit 
 :func:`write_entries` writes several entries at once to the same effect, with less work: each partition's
 deltas coalesced (:func:`~psflow.ps.replication.deltas.coalesce`), the small state of the newest entry only
 (every entry carries the whole small state, so the newest one's replaces the others').
-Not in the small state: the chief's fence and shard 0's lease table, which the entries recorded when they change
-and full entries carry (:mod:`~psflow.ps.replication.carried`). Not replicated: the checkpoint ledger
-(``CheckpointStatus``), which a restore sets again; ssp's worker clocks (refilled by the next pushes).
+Not in the small state: the chief's fence, shard 0's lease table and its checkpoint ledger (``CheckpointStatus``),
+which the entries recorded when they change and full entries carry (:mod:`~psflow.ps.replication.carried`). Not
+replicated: ssp's worker clocks (refilled by the next pushes).
 """
 
 from __future__ import annotations

@@ -1,0 +1,88 @@
+"""The checkpoint ledger, replicated with the shard holding global_step (issue 28): a promoted backup serves the
+run's save counts, newest checkpoint and failed-save streak as its primary did.
+
+The ledger (:class:`~psflow.ps.checkpointing.SaveLedger`, ``CheckpointStatus``: the lineage, saves done and
+failed, the consecutive failures ``--max-failed-saves`` reads, the newest saved step and path, the newest
+failures) lives on the task holding global_step; with ``--ps-replicas N`` every member of that shard keeps one:
+
+* A ``CheckpointStatus`` that changes it (a save's ``outcome``; a ``lineage_if_unset`` while none is set) is
+  served by the primary as on an unreplicated task, then the whole ledger is recorded as the shard's next entry
+  (:mod:`~psflow.ps.replication.carried`), in the same ordered stream as its pushes, and the call is answered
+  once every backup of the view acknowledged it: an outcome the chief was told is counted never lives on the
+  primary alone. A backup's ledger is replaced by the one the newest such entry carries; a full entry (a joining
+  member's snapshot, a ``LoadShard``'s, whose lineage the load set) carries it too.
+* A member that is not the primary (a backup, a joining or deposed member), and a primary deposed while it
+  waited for its backups' acknowledgement, refuses a change with FAILED_PRECONDITION naming the primary it
+  knows (nothing changed): the chief's client resends to the shard's primary
+  (:class:`~psflow.ps.failover.ShardRouter`), as it does a push.
+* A read (no outcome, a lineage already set) is served by any member from its own ledger without waiting:
+  a backup's is that of the newest entry it wrote.
+
+Not exact across a failover: an outcome the primary recorded whose reply was lost as it died, then resent by
+the chief to the promoted backup, is counted twice (a report carries no id); the window is one round trip.
+An unreplicated cluster builds none of this: ps task 0 keeps its ledger in memory as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from psflow.ps.checkpointing import SaveLedger
+from psflow.ps.protocol import CheckpointStatusRequest
+from psflow.rpc.api import Handler, Reply
+from psflow.rpc.framing import Frame
+
+if TYPE_CHECKING:
+    from psflow.ps.replication.member import ShardReplication
+
+__all__ = ["ReplicatedSaveLedger"]
+
+
+class ReplicatedSaveLedger:
+    """The checkpoint ledger of one member, carried under ``"saves"`` (a
+    :class:`~psflow.ps.replication.carried.CarriedState`). Thread-safe."""
+
+    key = "saves"
+
+    def __init__(self, member: ShardReplication, ledger: SaveLedger) -> None:
+        self.member, self.ledger = member, ledger
+
+    @classmethod
+    def of(cls, member: ShardReplication) -> ReplicatedSaveLedger | None:
+        """``member``'s ledger, carried by its stream (:meth:`CarriedStates.add
+        <psflow.ps.replication.carried.CarriedStates.add>`), where its shard holds global_step; else None."""
+        service = member.service
+        return member.carried.add(cls(member, service.saves)) if service.global_step is not None else None
+
+    def handlers(self, table: Mapping[str, Handler]) -> dict[str, Handler]:
+        """``CheckpointStatus`` of the service's ``table``, replicated (:meth:`handler`); empty if it has none."""
+        method = CheckpointStatusRequest.METHOD
+        return {method: self.handler(table[method])} if method in table else {}
+
+    def handler(self, inner: Handler) -> Handler:
+        """The ``CheckpointStatus`` call (``inner``: the service's own), its changes carried to the backups."""
+        def call(frame: Frame) -> Reply:
+            request = CheckpointStatusRequest.from_frame(frame)
+            if request.outcome is None and (request.lineage_if_unset is None or self.ledger.lineage is not None):
+                return inner(frame)  # a read (a lineage once set is never unset but by a LoadShard: a full entry)
+            # Raises PreconditionFailed naming the primary (this member is not it, or was deposed meanwhile) or
+            # Unavailable (a backup too slow), as a push's wait does: the chief's client resends to the primary.
+            forwarder = self.member._check_primary()
+            reply = inner(frame)
+            forwarder.wait(self.member.carried.record(forwarder, self))
+            return reply
+        return call
+
+    # ---- carried by the shard's stream (carried.py) -------------------------------------------------
+    def export(self) -> dict[str, Any]:
+        return self.ledger.export()
+
+    def load(self, state: Any) -> None:
+        try:
+            self.ledger.load(state)
+        except ValueError as e:
+            raise ValueError(f"{self.member.task}: {e}") from e
+
+    def promoted(self) -> None:
+        """Nothing: the ledger holds no clock."""
