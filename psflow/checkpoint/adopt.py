@@ -5,11 +5,13 @@ refused: a newer chief was elected meanwhile) puts its previous pointer back and
 directory -- but only a pointer of its own epoch, and only a directory the pointer does not name
 (:meth:`~psflow.checkpoint.save.CheckpointManager.save`). A newer chief may have restored the cluster from
 that very checkpoint in between (the pointer named it). :func:`adopt_latest`, called by the restoring chief
-before it reads the checkpoint, rewrites the pointer under the directory's mutex with the restorer's run id,
-epoch and holder (the same checkpoint; as :meth:`~psflow.checkpoint.save.CheckpointManager.mark_final` does
-for a final one): the older chief then finds a pointer of another epoch naming its checkpoint and leaves
-both. A checkpoint a restore used, or the pointer names, is never deleted by a fenced writer; rotation by a
-later save of the lineage deletes it in its turn (beyond ``max_to_keep``).
+before it reads the checkpoint (a restore after a ps death, :class:`psflow.train.recovery.ClusterRecovery`; the
+first restore of a fresh cluster, :func:`psflow.train.chief.join_cluster`, where the chief holds a lease),
+rewrites the pointer under the directory's mutex with the restorer's run id, epoch and holder (the same
+checkpoint; as :meth:`~psflow.checkpoint.save.CheckpointManager.mark_final` does for a final one): the older
+chief then finds a pointer of another epoch naming its checkpoint and leaves both. A checkpoint a restore used,
+or the pointer names, is never deleted by a fenced writer; rotation by a later save of the lineage deletes it in
+its turn (beyond ``max_to_keep``).
 """
 
 from __future__ import annotations

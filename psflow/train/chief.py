@@ -15,7 +15,10 @@ Chief, in order:
        ``defer_ready=True``: each task that is not ready yet creates its
        partitions (the one initialization of the cluster) and stays not ready.
        With a checkpoint it restores the checkpoint into the tasks
-       (:func:`psflow.checkpoint.restore.restore`) and logs
+       (:func:`psflow.checkpoint.restore.restore`; with its lease and the
+       run id it first takes the checkpoint over at its lease's epoch,
+       :func:`psflow.checkpoint.adopt.adopt_latest`, so an older chief whose
+       save of it is then fenced off leaves it in place) and logs
        ``restored checkpoint <path> at step <S>``; without one but with
        ``warm_start``, it loads the warm-start values instead
        (:func:`psflow.checkpoint.warm_start.warm_start`: variables only; slots and
@@ -57,11 +60,13 @@ from typing import Any
 
 import numpy as np
 
+from psflow.checkpoint.adopt import adopt_latest
 from psflow.checkpoint.manifest import Manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
 from psflow.checkpoint.warm_start import load_values, warm_start
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
+from psflow.coord import Lease
 from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
@@ -162,6 +167,8 @@ def join_cluster(
     ready_timeout: float | None = None,
     warm_start_from: str | None = None,
     initial_values: Callable[[], Mapping[str, np.ndarray]] | None = None,
+    leader: Callable[[], Lease | None] | None = None,
+    run: str | None = None,
 ) -> JoinResult:
     """Initializes (chief) or waits for (others) the cluster's variables.
 
@@ -178,9 +185,14 @@ def join_cluster(
         initial_values: (chief) the model's own initial values
             (:meth:`psflow.models.Model.initial_values`), loaded when it
             initializes a fresh cluster, before the warm start; called only then.
+        leader: (chief) its lease now (:meth:`psflow.train.recovery.Leadership.lease`), asked once before a
+            restore; with ``run`` the checkpoint is adopted at that lease's epoch (None, or no lease: read as it is).
+        run: the run's id (:func:`psflow.train.duties.run_id`), which the adopted pointer records.
 
     Raises:
-        CheckpointError: the newest checkpoint (or the warm start) cannot be read or loaded.
+        CheckpointError: the newest checkpoint (or the warm start) cannot be read or loaded, or was removed
+            before its adoption with no other left.
+        CheckpointFencedError: (a CheckpointError) the checkpoint's pointer was written by a newer epoch of ``run``.
         StateLostError: (chief) a ps task is empty beside ready ones and there is no checkpoint.
         FailedPreconditionError: this client's layout differs from the registered one.
         TaskUnavailableError: (non-chief) the chief did not make the cluster ready in time.
@@ -194,6 +206,7 @@ def join_cluster(
         # Every task stays not ready until all are initialized (ps task 0 made ready last).
         created = client.register(optimizer, chief=True, defer_ready=True)
         if created and latest is not None:
+            latest = _taken_over(checkpoint_dir, latest, leader, run)
             manifest = restore(client, latest)
             _set_ready(client)
             restored = latest
@@ -214,6 +227,28 @@ def join_cluster(
         created = client.register(optimizer, ready_timeout=ready_timeout)
     position = client.reader_positions().get(client.client_name)
     return JoinResult(created, restored, client.global_step(), position if isinstance(position, str) else None)
+
+
+def _taken_over(directory: str | None, latest: str, leader: Callable[[], Lease | None] | None,
+                run: str | None) -> str:
+    """The checkpoint the chief's first restore reads: ``latest``, or with a lease and a run id the newest one
+    taken over at the lease's epoch (:func:`~psflow.checkpoint.adopt.adopt_latest`, as
+    :class:`~psflow.train.recovery.ClusterRecovery` does), so an older chief whose save of it is then fenced off
+    neither deletes it nor puts its previous pointer back.
+
+    Raises:
+        CheckpointFencedError: the pointer was written by a newer epoch of the run (this chief was deposed).
+        CheckpointError: no checkpoint is left in ``directory`` (an older chief's fenced save, the only one, was
+            removed meanwhile), or the mutex was not had in time.
+    """
+    lease = leader() if leader is not None else None
+    if directory is None or lease is None or run is None:
+        return latest
+    taken = adopt_latest(directory, run_id=run, epoch=lease.epoch, holder=lease.holder)
+    if taken is None:
+        raise CheckpointError(f"checkpoint {latest} was removed before it could be restored (an older chief's save, "
+                              f"fenced off), and {directory} holds no other; the ps tasks stay not ready")
+    return taken
 
 
 def _set_ready(client: ParameterClient) -> None:

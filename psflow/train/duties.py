@@ -158,7 +158,9 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     (hooks if leadership is not None else chief_hooks).extend(release)
     return MonitoredTrainingSession(client, optimizer, is_chief=chief, checkpoint_dir=config.checkpoint.dir,
                                     hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.cluster.connect_timeout,
-                                    warm_start=config.model.warm_start, initial_values=model.initial_values)
+                                    warm_start=config.model.warm_start, initial_values=model.initial_values,
+                                    leader=leadership.lease if leadership is not None else None,
+                                    run=run_id(config, cluster))
 
 
 def elects_chief(config: TrainConfig) -> bool:

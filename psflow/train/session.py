@@ -38,6 +38,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from psflow.coord import Lease
 from psflow.data import BatchSource
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
@@ -86,6 +87,8 @@ class MonitoredTrainingSession:
         ready_timeout: float | None = None,
         warm_start: str | None = None,
         initial_values: Callable[[], Mapping[str, np.ndarray]] | None = None,
+        leader: Callable[[], Lease | None] | None = None,
+        run: str | None = None,
     ) -> None:
         """Args:
             client: a connected client (not yet registered).
@@ -99,6 +102,9 @@ class MonitoredTrainingSession:
                 (see :func:`psflow.train.chief.join_cluster`).
             initial_values: (chief) the model's own initial values, loaded when
                 it initializes a fresh cluster (see :func:`psflow.train.chief.join_cluster`).
+            leader: (chief) its lease now, and ``run`` the run's id: a restore adopts the checkpoint it reads
+                at the lease's epoch (see :func:`psflow.train.chief.join_cluster`).
+            run: the run's id.
         """
         self.client = client
         self.is_chief = is_chief
@@ -108,6 +114,7 @@ class MonitoredTrainingSession:
         self._ready_timeout = ready_timeout
         self._warm_start = warm_start
         self._initial_values = initial_values
+        self._leader, self._run = leader, run
         self._stop = False
         self._stop_reason: str | None = None
         self._local_step = 0
@@ -124,7 +131,8 @@ class MonitoredTrainingSession:
             hook.begin()
         self.join_result = join_cluster(self.client, self._optimizer, chief=self.is_chief,
                                         checkpoint_dir=self.checkpoint_dir, ready_timeout=self._ready_timeout,
-                                        warm_start_from=self._warm_start, initial_values=self._initial_values)
+                                        warm_start_from=self._warm_start, initial_values=self._initial_values,
+                                        leader=self._leader, run=self._run)
         self.global_step = self.join_result.global_step
         for hook in self.hooks:
             hook.after_create_session(self)

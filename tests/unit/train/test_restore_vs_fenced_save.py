@@ -4,7 +4,8 @@ sockets: ps services in this process, a "restart" is a fresh service behind the 
 The old chief's save is made current; before its second fence check a newer chief is elected and restores that
 checkpoint (the pointer named it); the old chief's re-check is then refused. Before the fix the old chief put its
 previous pointer back and deleted the checkpoint the cluster had just been restored from: the run named a
-restored checkpoint that no longer existed, and a second failure would have restored an older one.
+restored checkpoint that no longer existed, and a second failure would have restored an older one. The same race
+at a chief's first restore, when it joins a fresh cluster (join_cluster, not ClusterRecovery): adopted too.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from psflow.checkpoint.adopt import adopt_latest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager
 from psflow.coord import Lease
-from psflow.train.chief import join_cluster
+from psflow.train.chief import JoinResult, join_cluster
 from psflow.train.recovery import ClusterRecovery
 from psflow.train.state_loss import ps_states
 
@@ -132,3 +133,53 @@ def test_adopting_a_checkpoint_found_without_a_pointer_writes_one_naming_it(tmp_
 def test_adopting_an_empty_directory_finds_nothing_and_writes_nothing(tmp_path: Path) -> None:
     assert adopt_latest(str(tmp_path), run_id=RUN, epoch=9, holder="new chief") is None
     assert not (tmp_path / "checkpoint").exists()
+
+
+def test_a_chiefs_first_restore_of_a_fresh_cluster_takes_over_what_an_older_chiefs_fenced_save_made_current(
+        tmp_path: Path) -> None:
+    """The same race at a chief's first restore, when it joins a fresh cluster (every ps task came back empty:
+    :func:`~psflow.train.chief.join_cluster` restores, not :class:`ClusterRecovery`). With its lease and the run
+    id at hand it adopts the checkpoint it reads, as a restore after a ps death does; before, it read the newest
+    checkpoint without taking it over, and the fenced writer then put its previous pointer back and deleted the
+    checkpoint the fresh cluster had just been restored from."""
+    client, services = two_ps_cluster()
+    join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
+    first = CheckpointManager(str(tmp_path), run_id=RUN).save(client, epoch=5, holder="old chief")
+    train_a_step(client)
+    new_chief = _lease(9, "/job:worker/task:1")
+    joined: list[JoinResult] = []
+
+    def newer_chief_joins_a_fresh_cluster(phase: str) -> None:
+        if phase == "pointer_switched":  # the old chief's save is current; it has not re-checked its fence yet
+            for index in range(len(services)):  # every ps task came back empty: a fresh cluster
+                restart_ps(client, services, index)
+            for channel in client.channels.values():  # the newer chief's election fences every ps task
+                channel.call("Fence", {"token": new_chief.epoch, "holder": new_chief.holder})
+            joined.append(join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path),
+                                       leader=lambda: new_chief, run=RUN))
+
+    old = CheckpointManager(str(tmp_path), run_id=RUN, fault=newer_chief_joins_a_fresh_cluster)
+    with pytest.raises(CheckpointFencedError, match="epoch 5 refused"):
+        old.save(client, epoch=5, holder="old chief")
+    (result,) = joined
+    assert result.created and result.restored is not None and result.restored != first.path
+    assert os.path.isfile(os.path.join(result.restored, "manifest.json")), sorted(p.name for p in tmp_path.iterdir())
+    assert latest_checkpoint(str(tmp_path)) == result.restored  # what the cluster continues from
+    pointer = _pointer(tmp_path)
+    assert (pointer["latest"], pointer["epoch"], pointer["holder"]) == (Path(result.restored).name, 9,
+                                                                       new_chief.holder)
+
+
+def test_a_chiefs_first_restore_without_a_lease_reads_the_newest_checkpoint_as_it_is(tmp_path: Path) -> None:
+    """No lease (the run elects no chief, or the configured chief's campaign was not answered) or no run id: the
+    restore reads the newest checkpoint and writes nothing (the run's only chief has no older one to fence off)."""
+    client, services = two_ps_cluster()
+    join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
+    saved = CheckpointManager(str(tmp_path), run_id=RUN).save(client, epoch=5, holder="old chief")
+    before = _pointer(tmp_path)
+    for leader, run in ((lambda: None, RUN), (lambda: _lease(9, "new chief"), None)):
+        for index in range(len(services)):
+            restart_ps(client, services, index)
+        result = join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), leader=leader, run=run)
+        assert result.restored == saved.path
+        assert _pointer(tmp_path) == before
