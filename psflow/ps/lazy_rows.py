@@ -26,7 +26,9 @@ so its partitions are eager too.
 Cost on the hot path: one pass over the rows a request touches that finds and marks those not built yet
 (the C kernel ``first_touch``: ~8 us for 5,000 rows; without it numpy's ``~marks[rows]`` test, then
 ``np.unique`` of the new ones); once every row is materialized the partition drops its :class:`LazyRows`
-and the check is gone. A Zipf-like workload may never get there (sparse LR's 2^20-row table: 35% of its
+and the check is gone. Building a row of a constant initializer (zeros, ones, constant: sparse LR's weights,
+W&D's wide tables) writes one row computed at creation into the value and each slot, broadcast; a random one
+computes the rows from their indices. A Zipf-like workload may never get there (sparse LR's 2^20-row table: 35% of its
 rows touched after an epoch, a few hundred new ones in each request of ~5,300 rows), so the pass stays
 cheap. Thread safety: the caller holds the partition's lock around every method here.
 """
@@ -51,6 +53,9 @@ __all__ = ["LAZY_MIN_BYTES", "LazyRows", "lazy_eligible", "unbuilt_array"]
 #: saves nothing worth a check per access; every embedding table of a CTR model (2^16 rows x 4 floats
 #: and up) is above it, every dense layer of the built-in models below.
 LAZY_MIN_BYTES = 1 << 20
+
+#: Initializers whose every row is the same (:meth:`LazyRows._write_initial` writes one row, broadcast).
+_CONSTANT_INITIALIZERS = frozenset({"zeros", "ones", "constant"})
 
 #: Rows materialized (or substituted) at a time by the whole-partition paths: bounds their temporaries.
 _CHUNK_ELEMENTS = 1 << 18
@@ -100,6 +105,19 @@ class LazyRows:
     def __post_init__(self) -> None:
         self.marks = np.zeros(self.rows, dtype=np.bool_)  # one byte a row, committed as rows are touched
         self.count = 0  # rows marked
+        row_size = int(np.prod(self.full_shape[1:], dtype=np.int64)) if len(self.full_shape) > 1 else 1
+        self._chunk_rows = max(1, _CHUNK_ELEMENTS // max(1, row_size))
+        self._template = self._constant_rows()
+
+    def _constant_rows(self) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+        """A constant initializer's (zeros, ones, constant) row and each slot's initial row, the same for every row
+        of the partition; None for a random one (each row then built from its index)."""
+        if self.initializer.get("name") not in _CONSTANT_INITIALIZERS:
+            return None
+        initial = initial_rows(self.initializer, self.full_shape, np.array([self.row_start], dtype=np.int64), self.dtype)
+        fresh = self.optimizer.create_slots(initial) if self.optimizer is not None else {}
+        slot_names = self.optimizer.slot_names if self.optimizer is not None else ()
+        return initial[0], {name: fresh[name][0] for name in slot_names}
 
     @property
     def complete(self) -> bool:
@@ -107,14 +125,22 @@ class LazyRows:
         return self.count >= self.rows
 
     def _rows_per_chunk(self) -> int:
-        row_size = int(np.prod(self.full_shape[1:], dtype=np.int64)) if len(self.full_shape) > 1 else 1
-        return max(1, _CHUNK_ELEMENTS // max(1, row_size))
+        return self._chunk_rows
 
     def _write_initial(self, rows: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                        average: np.ndarray | None, *, out_rows: np.ndarray | None = None) -> None:
         """Writes the initial content of local ``rows`` into ``value``/``slots``/``average`` at ``out_rows``
         (default: ``rows``)."""
         at = rows if out_rows is None else out_rows
+        if self._template is not None:  # a constant initializer: one row, broadcast (the same bits as built rows)
+            row, slot_rows = self._template
+            value[at] = row
+            if average is not None:
+                average[at] = row
+            for name, slot_row in slot_rows.items():
+                if name in slots:
+                    slots[name][at] = slot_row
+            return
         initial = initial_rows(self.initializer, self.full_shape, rows + self.row_start, self.dtype)
         value[at] = initial
         if average is not None:

@@ -92,13 +92,14 @@ def _same(a: PartitionState, b: PartitionState) -> None:
 @pytest.mark.parametrize("opt", list(OPTIMIZERS))
 @pytest.mark.parametrize("average", [None, 0.99])
 @pytest.mark.parametrize("first_touch", ["c", "numpy"])
+@pytest.mark.parametrize("spec", [SPECS[4], SPECS[1]], ids=["random", "constant"])  # constant: one row, broadcast
 def test_lazy_partition_reads_and_updates_bit_equal_to_an_eager_one(
-        opt: str, average: float | None, first_touch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        opt: str, average: float | None, first_touch: str, spec: dict[str, object],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     if first_touch == "c" and lazy_rows._FIRST_TOUCH is None:
         pytest.skip("psflow.ps._kernels was not built")
     if first_touch == "numpy":
         monkeypatch.setattr(lazy_rows, "_FIRST_TOUCH", None)
-    spec = SPECS[4]
     eager, lazy = _pair(opt, spec, average, monkeypatch)
     _same(eager, lazy)  # a checkpoint of an untouched lazy partition holds the initial values
     assert lazy.lazy is None or lazy.lazy.count == 0  # ... without building a row
