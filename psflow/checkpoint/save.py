@@ -159,6 +159,7 @@ class CheckpointManager:
         self.saves_failed = 0
         self.failed_in_a_row = 0
         self.last_error: str | None = None
+        self._reports, self._process = 0, f"{os.getpid()}.{time.time_ns()}"  # this manager's reports' ids
         self._current: str | None = None
         self._step: int | None = None
         self.full_every = full_every
@@ -334,9 +335,11 @@ class CheckpointManager:
                 f"(--max-failed-saves {limit}): stopping rather than training without checkpoints; "
                 f"last: {self.last_error}") from error
 
-    @staticmethod
-    def _report(client: ParameterClient, outcome: SaveOutcome) -> None:
-        """Counts a save in the cluster's ledger (best effort: a ps task down loses the count, logged)."""
+    def _report(self, client: ParameterClient, outcome: SaveOutcome) -> None:
+        """Counts a save in the cluster's ledger (best effort: a ps task down loses the count, logged). Each report
+        has its own id, so one resent after a failover of the shard holding the ledger is counted once."""
+        self._reports += 1
+        outcome = replace(outcome, report=f"{client.client_name}/{self._process}/{self._reports}")
         try:
             client.call(client.step_task, CheckpointStatusRequest(outcome=outcome), timeout=5.0)
         except RpcError as e:

@@ -37,7 +37,8 @@ Files (the served side):
 * ``shard_snapshot.py``: :func:`~psflow.ps.shard_snapshot.shard_tensors` (a checkpoint shard's tensors, every
   row or the changed ones), the shard's tensor names.
 * ``checkpointing.py``: :class:`~psflow.ps.checkpointing.CheckpointHandlers` (a task's shard save/load,
-  readiness, restore calls), :class:`~psflow.ps.checkpointing.SaveLedger`.
+  readiness, restore calls); ``save_ledger.py``: :class:`~psflow.ps.save_ledger.SaveLedger` (the checkpoint
+  ledger, ``CheckpointStatus``).
 * ``counters.py``: :class:`~psflow.ps.counters.ServiceCounters` (``Stats``).
 * ``replication/``: replicated shards (issue 28), a primary forwarding what it applied to its backups,
   promotion, the dedup table; its own map is in ``psflow.ps.replication``.

@@ -79,7 +79,8 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     ``lineage`` sets it on a restore) and the save outcomes. ``meta =
     {"lineage_if_unset": str}`` sets the lineage only if none is set;
     ``{"outcome": {"saved": bool, "global_step": S, "path": str, "error": str,
-    "writer": str}}`` counts one save. Replies ``{lineage, saved, failed,
+    "writer": str, "report_id": str}}`` counts one save (once per
+    ``report_id``: a resent report is not counted again). Replies ``{lineage, saved, failed,
     failed_in_a_row, last_saved_step, last_saved_path, failures: [{seq,
     global_step, error, writer, time}]}`` (the newest 20 failures, ``seq``
     counting from 1). The ledger lives in the process's memory: a restarted
@@ -101,8 +102,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
-import time
 from contextlib import AbstractContextManager
 from typing import Any, NamedTuple, Protocol
 
@@ -121,13 +120,13 @@ from psflow.ps.protocol import (
     LoadShardRequest,
     ReaderPositionsReply,
     ReaderPositionsRequest,
-    SaveOutcome,
     SaveShardReply,
     SaveShardRequest,
     SetReadyReply,
     SetReadyRequest,
 )
 from psflow.ps.restore_gate import RestoreGate
+from psflow.ps.save_ledger import SaveLedger
 from psflow.ps.shard_snapshot import (
     DYNAMIC_SEPARATOR,
     SLOT_SEPARATOR,
@@ -430,65 +429,3 @@ def _reply(message: BeginRestoreReply | CheckpointStatusReply | LoadShardReply |
            | SetReadyReply) -> Reply:
     frame = message.to_frame()
     return frame.meta, frame.arrays
-
-
-class SaveLedger:
-    """The lineage and save outcomes of one ps task (see ``CheckpointStatus``); thread-safe. Its service owns
-    it, so gRPC and the TCP carrier serve the same one."""
-
-    _KEEP = 20  # failures kept for the status reply
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.lineage: str | None = None
-        self.saved = 0
-        self.failed = 0
-        self.failed_in_a_row = 0
-        self.last_saved_step: int | None = None
-        self.last_saved_path: str | None = None
-        self.failures: list[dict[str, Any]] = []
-
-    def set_lineage(self, lineage: str, *, only_if_unset: bool) -> None:
-        with self._lock:
-            if self.lineage is None or not only_if_unset:
-                self.lineage = lineage
-
-    def record(self, outcome: SaveOutcome) -> None:
-        with self._lock:
-            if outcome.saved:
-                self.saved += 1
-                self.failed_in_a_row = 0
-                self.last_saved_step, self.last_saved_path = outcome.global_step, outcome.path
-                return
-            self.failed += 1
-            self.failed_in_a_row += 1
-            self.failures.append({"seq": self.failed, "global_step": outcome.global_step, "error": outcome.error,
-                                  "writer": outcome.writer, "time": time.time()})
-            del self.failures[:-self._KEEP]
-
-    def status(self) -> CheckpointStatusReply:
-        with self._lock:
-            return CheckpointStatusReply(self.lineage, self.saved, self.failed, self.failed_in_a_row,
-                                         self.last_saved_step, self.last_saved_path, [dict(f) for f in self.failures])
-
-    def export(self) -> dict[str, Any]:
-        """The whole ledger (JSON; what ``CheckpointStatus`` replies), for a replicated shard's backups."""
-        return self.status().as_dict()
-
-    def load(self, state: Any) -> None:
-        """Replaces the whole ledger with ``state`` (an :meth:`export`).
-
-        Raises:
-            ValueError: ``state`` is malformed (nothing changed).
-        """
-        if not isinstance(state, dict):
-            raise ValueError(f"a checkpoint ledger is a mapping, got {type(state).__name__}")
-        try:
-            status = CheckpointStatusReply.from_frame(Frame(state))
-        except InvalidRequest as e:
-            raise ValueError(f"malformed checkpoint ledger: {e}") from e
-        with self._lock:
-            self.lineage, self.saved, self.failed = status.lineage, status.saved, status.failed
-            self.failed_in_a_row = status.failed_in_a_row
-            self.last_saved_step, self.last_saved_path = status.last_saved_step, status.last_saved_path
-            self.failures = [dict(f) for f in status.failures][-self._KEEP:]

@@ -384,13 +384,15 @@ class ReaderPositionsReply:
 # ---- CheckpointStatus -------------------------------------------------------------------------------------
 @message
 class SaveOutcome:
-    """One save's outcome, as the chief reports it to the ledger."""
+    """One save's outcome, as the chief reports it to the ledger. ``report``: the report's id, unique in the run
+    (a resend after a failover carries the same, and the ledger counts it once); empty: counted each time."""
 
     saved: bool
     global_step: int | None = None
     path: str = ""
     error: str = ""
     writer: str = ""
+    report: str = ""
 
 
 @message
@@ -408,7 +410,7 @@ class CheckpointStatusRequest:
         if self.outcome is not None:
             o = self.outcome
             meta["outcome"] = {"saved": o.saved, "global_step": o.global_step, "path": o.path, "error": o.error,
-                               "writer": o.writer}
+                               "writer": o.writer, **({"report_id": o.report} if o.report else {})}
         return Frame(meta)
 
     @classmethod
@@ -421,7 +423,7 @@ class CheckpointStatusRequest:
             step = outcome.get("global_step")
             parsed = SaveOutcome(outcome["saved"], step if type(step) is int else None,
                                  str(outcome.get("path", ""))[:1000], str(outcome.get("error", ""))[:2000],
-                                 str(outcome.get("writer", ""))[:200])
+                                 str(outcome.get("writer", ""))[:200], str(outcome.get("report_id", ""))[:200])
         return cls(_lineage(frame.meta, "lineage_if_unset"), parsed)
 
 

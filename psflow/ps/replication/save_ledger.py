@@ -1,7 +1,7 @@
 """The checkpoint ledger, replicated with the shard holding global_step (issue 28): a promoted backup serves the
 run's save counts, newest checkpoint and failed-save streak as its primary did.
 
-The ledger (:class:`~psflow.ps.checkpointing.SaveLedger`, ``CheckpointStatus``: the lineage, saves done and
+The ledger (:class:`~psflow.ps.save_ledger.SaveLedger`, ``CheckpointStatus``: the lineage, saves done and
 failed, the consecutive failures ``--max-failed-saves`` reads, the newest saved step and path, the newest
 failures) lives on the task holding global_step; with ``--ps-replicas N`` every member of that shard keeps one:
 
@@ -18,9 +18,9 @@ failures) lives on the task holding global_step; with ``--ps-replicas N`` every 
 * A read (no outcome, a lineage already set) is served by any member from its own ledger without waiting:
   a backup's is that of the newest entry it wrote.
 
-Not exact across a failover: an outcome the primary recorded whose reply was lost as it died, then resent by
-the chief to the promoted backup, is counted twice (a report carries no id); the window is one round trip.
-An unreplicated cluster builds none of this: ps task 0 keeps its ledger in memory as before.
+Exact across a failover: an outcome the primary recorded whose reply was lost as it died, resent by the chief
+to the promoted backup, is counted once (the report's id, :attr:`~psflow.ps.protocol.SaveOutcome.report`, is
+carried with the ledger). An unreplicated cluster builds none of this: ps task 0 keeps its ledger in memory as before.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from psflow.ps.checkpointing import SaveLedger
 from psflow.ps.protocol import CheckpointStatusRequest
+from psflow.ps.save_ledger import SaveLedger
 from psflow.rpc.api import Handler, Reply
 from psflow.rpc.framing import Frame
 

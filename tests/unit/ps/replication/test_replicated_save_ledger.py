@@ -15,7 +15,7 @@ from replica_shard import PRIMARY, InProcessShard, backup, layout
 
 from psflow.ps.protocol import CheckpointStatusRequest, SaveOutcome
 from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import FailedPreconditionError
+from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -105,3 +105,22 @@ def test_a_lineage_already_set_records_no_entry(shard: InProcessShard) -> None:
     seq = forwarder.last_seq
     assert report(shard, PRIMARY, CheckpointStatusRequest(lineage_if_unset="run-b"))["lineage"] == "run-a"
     assert forwarder.last_seq == seq
+
+
+def test_a_report_resent_to_the_promoted_backup_is_counted_once(shard: InProcessShard) -> None:
+    """The primary counts a report and its backups hold it, then it dies before its reply reaches the chief: the
+    chief's client resends the same report (same id) to the promoted backup, which counts it once."""
+    report_ = CheckpointStatusRequest(outcome=SaveOutcome(True, 100, path="/ckpt/ckpt-100", writer="chief",
+                                                          report="chief/1/7"))
+    shard.lost_replies[(PRIMARY, CheckpointStatusRequest.METHOD)] = 1
+    with pytest.raises(DeadlineExceededError):
+        report(shard, PRIMARY, report_)
+    assert ledger(shard, PRIMARY)["saved"] == 1
+    shard.cut.add(PRIMARY)
+    shard.promote(backup(0), 1)
+    assert report(shard, backup(0), report_)["saved"] == 1  # the resend
+    other = CheckpointStatusRequest(outcome=SaveOutcome(True, 200, path="/ckpt/ckpt-200", writer="chief",
+                                                        report="chief/1/8"))
+    assert report(shard, backup(0), other)["saved"] == 2
+    unnamed = CheckpointStatusRequest(outcome=SaveOutcome(False, 300, error="disk full", writer="older chief"))
+    assert [report(shard, backup(0), unnamed)["failed"] for _ in range(2)] == [1, 2]  # no id: each counted
