@@ -11,7 +11,9 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
   ``pushes_applied`` goes on from the count the checkpoint recorded, so ``updates_lost`` (counted per worker
   process) is exactly the pushes acknowledged after it; the restarted backup is in shard 0's view again at the end;
 * ssp with two steps in flight, shard 0's primary killed: nothing lost or applied twice;
-* 1 ps, shard 0's primary killed: the chief's lease, replicated with shard 0, lives through the kill (one election).
+* 1 ps, shard 0's primary killed: the chief's lease, replicated with shard 0, lives through the kill (one election);
+* checkpoints every 50 steps, shard 0's primary killed: the checkpoint ledger, replicated with shard 0, counts in
+  metrics.json exactly the saves the chiefs logged.
 """
 
 from __future__ import annotations
@@ -205,3 +207,27 @@ def test_the_chief_keeps_its_lease_when_shard_0s_primary_dies(tmp_path: Path) ->
     assert moved and moved[0] < finished, chief  # it renewed its lease at the promoted backup, still the chief
     assert "lost its lease" not in workers and "not acting as chief" not in workers, workers
     _final_checkpoint_written(out / "ckpt", metrics)
+
+
+def test_the_checkpoint_ledger_counts_every_save_the_chiefs_logged_when_shard_0s_primary_dies(tmp_path: Path) -> None:
+    """The ledger (``CheckpointStatus``, psflow/ps/replication/save_ledger.py) is replicated with shard 0: the
+    promoted backup serves the saves counted before the kill, so metrics.json's ``checkpoints`` says what the chiefs
+    logged. Before, the promoted backup's ledger was empty: the launcher's count lost the saves between its last
+    reading (every 2 s) and the kill, or missed the new ledger altogether once its count passed the old one's."""
+    out, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    metrics = metrics_of(out, train(out, "--ps-replicas", "1", "--restart-policy", "on-failure", "--checkpoint-dir",
+                                    str(ckpt), "--save-checkpoints-steps", "50", "--max-to-keep", "100",
+                                    "--chaos", "kill:ps:0@step=500", epochs=1))
+    assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
+    assert metrics["updates_lost"] == 0, metrics
+    workers = _logs(out, "worker-*.log", tail=None)  # the chief's duties may move: every worker's log
+    assert "could not report the checkpoint outcome" not in workers, workers
+    saves = [(path, int(step)) for path, step in re.findall(r": saved checkpoint (\S+) at step (\d+)", workers)]
+    assert any(step < 500 for _, step in saves) and any(step > 500 for _, step in saves), saves
+    ledger = metrics["checkpoints"]
+    assert (ledger["saved"], ledger["failed"], ledger["failed_in_a_row"]) == (len(saves), 0, 0), (ledger, saves)
+    assert metrics["checkpoints_saved"] == len(saves), metrics
+    newest = max(saves, key=lambda s: s[1])
+    assert (ledger["last_saved_path"], ledger["last_saved_step"]) == newest, (ledger, newest)
+    assert latest_checkpoint(str(ckpt)) == newest[0]
+    _final_checkpoint_written(ckpt, metrics)
