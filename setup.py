@@ -6,7 +6,9 @@
 walking Examples, matching their keys, packed varints and floats, string lists).  ``psflow.native._ids`` holds
 the id loops both sides use (a batch's distinct ids, a request's range and order check; numpy twins in
 ``psflow/native/ids.py``).  ``psflow.torch._lookup`` holds a worker's embedding gathers and their gradients'
-scatter-adds (torch twins in ``psflow/torch/lookup_rows.py``).  All are optional: when no C compiler is
+scatter-adds (torch twins in ``psflow/torch/lookup_rows.py``).  ``psflow.models._logistic`` holds the logistic
+model's per-entry forward products and gradient sums (numpy twins in ``psflow/models/logistic.py``).
+All are optional: when no C compiler is
 available the install goes on and psflow uses the numpy (or torch) versions of the same loops (see
 ``psflow/native/loader.py``).
 """
@@ -31,6 +33,13 @@ setup(
             "psflow.torch._lookup",
             ["psflow/torch/_lookup.c"],
             # No fused multiply-adds: the lookups' sums must round as PyTorch's mul and index_add_ (the twins) do.
+            extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            optional=True,
+        ),
+        Extension(
+            "psflow.models._logistic",
+            ["psflow/models/_logistic.c"],
+            # No fused multiply-adds: the products must round as numpy's twins' do.
             extra_compile_args=["-O3", "-std=c11", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,
         ),

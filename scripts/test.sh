@@ -22,7 +22,8 @@ python3 -m venv .venv
     || .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test,all,examples]' -c constraints.txt \
         --extra-index-url https://download.pytorch.org/whl/cpu
 # The C kernels (psflow/data/_native.c: input; psflow/native/_ids.c: ids; psflow/ps/_kernels.c: optimizer
-# updates; psflow/torch/_lookup.c: embedding gathers) are optional for users, but where they can be built (a C compiler and Python's headers) the
+# updates; psflow/torch/_lookup.c: embedding gathers; psflow/models/_logistic.c: the logistic model's
+# per-entry loops) are optional for users, but where they can be built (a C compiler and Python's headers) the
 # install must have built them: the tests then fail instead of skipping their C side.
 if { command -v cc >/dev/null || command -v gcc >/dev/null; } && .venv/bin/python -c \
     "import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then

@@ -19,7 +19,9 @@ Files:
 * ``features.py`` -- one shared hashed table for every sparse feature
   (:func:`shared_rows`), dense features as one matrix, segment sums.
 * ``losses.py``, ``metrics.py`` -- sigmoid cross-entropy; AUC, log-loss, accuracy.
-* ``logistic.py`` -- ``logistic``: sparse logistic regression.
+* ``logistic.py`` -- ``logistic``: sparse logistic regression; ``_logistic.c`` its
+  per-entry forward products and gradient sums in C (optional, built by
+  ``setup.py``; numpy twins in ``logistic.py``, the same numbers).
 * ``fm.py`` -- ``fm``: a factorization machine.
 
 Guarantees: a model never names the runtime's modules (it imports only

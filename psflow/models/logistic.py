@@ -29,6 +29,7 @@ from psflow.gradients import DenseGradient, SparseGradient
 from psflow.models.api import Lookups, Model, ModelConfig, ModelOutput, Values, VariableSpec, dynamic_table
 from psflow.models.features import SharedRows, SharedTableRows, dense_matrix, fold_ids
 from psflow.models.losses import sigmoid, sigmoid_cross_entropy
+from psflow.native.loader import load_extension
 from psflow.placement import fixed_size_partitioner
 
 __all__ = ["LogisticRegression", "fold_ids", "legacy_config"]
@@ -43,6 +44,37 @@ def legacy_config(shapes: Mapping[str, tuple[int, ...]]) -> ModelConfig | None:
     if set(shapes) != {"weights", "bias"} or len(shapes["weights"]) != 2 or shapes["weights"][1] != 1:
         return None
     return ModelConfig(num_features=int(shapes["weights"][0]))
+
+
+#: The C loops of :func:`_entry_products` and :func:`_row_gradients` (``psflow/models/_logistic.c``), or None:
+#: their numpy twins, which give the same numbers.
+_KERNELS = load_extension("psflow.models._logistic")
+
+
+def _native(rows: SharedRows) -> bool:
+    """Whether the C loops take ``rows``' arrays as they are (1-d, C-contiguous, the dtypes they read)."""
+    return (_KERNELS is not None and rows.values.dtype == np.float32 and rows.inverse.dtype == np.int64
+            and rows.indptr.dtype == np.int64 and rows.values.ndim == 1 and rows.values.flags.c_contiguous
+            and rows.inverse.flags.c_contiguous and rows.indptr.flags.c_contiguous)
+
+
+def _entry_products(rows: SharedRows, w: np.ndarray) -> np.ndarray:
+    """Per entry ``j``, ``rows.values[j] * w[rows.inverse[j]]`` as float64 (``w``: the rows' weights, float64)."""
+    if _KERNELS is not None and _native(rows) and w.dtype == np.float64 and w.ndim == 1 and w.flags.c_contiguous:
+        out = np.empty(rows.values.shape[0], dtype=np.float64)
+        _KERNELS.entry_products(rows.values, w, rows.inverse, out)
+        return out
+    products: np.ndarray = rows.values * w[rows.inverse]
+    return products
+
+
+def _row_gradients(rows: SharedRows, d: np.ndarray) -> np.ndarray:
+    """Per unique row, the sum of ``value * d[example]`` over its entries, added in entry order (float64)."""
+    if _KERNELS is not None and _native(rows) and d.dtype == np.float64 and d.flags.c_contiguous:
+        out = np.zeros(rows.uniq.size, dtype=np.float64)
+        _KERNELS.row_gradients(rows.values, rows.inverse, rows.indptr, d, out)
+        return out
+    return np.bincount(rows.inverse, weights=rows.values * np.repeat(d, np.diff(rows.indptr)), minlength=rows.uniq.size)
 
 
 def _row_sums(indptr: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -94,7 +126,7 @@ class LogisticRegression(Model):
         """(logits, the batch's shared rows, its dense features)."""
         rows = self._rows.get(batch)
         w = values["weights"][:, 0].astype(np.float64)
-        z = _row_sums(rows.indptr, rows.values * w[rows.inverse]) + float(values["bias"][0])
+        z = _row_sums(rows.indptr, _entry_products(rows, w)) + float(values["bias"][0])
         x = dense_matrix(batch, self._dense)
         if self._dense_width:
             z += x @ values["dense_weights"][:, 0].astype(np.float64)
@@ -107,8 +139,7 @@ class LogisticRegression(Model):
         probs = sigmoid(z)
         loss = float(np.mean(sigmoid_cross_entropy(z, labels))) if n else 0.0
         d = (probs - labels) / max(n, 1)
-        grad_w = np.bincount(rows.inverse, weights=rows.values * np.repeat(d, np.diff(rows.indptr)),
-                             minlength=rows.uniq.size)
+        grad_w = _row_gradients(rows, d)
         grads: dict[str, DenseGradient | SparseGradient] = {
             "weights": SparseGradient(rows.uniq, grad_w.astype(np.float32)[:, None]),
             "bias": DenseGradient(np.array([d.sum()], dtype=np.float32)),

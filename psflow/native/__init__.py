@@ -13,7 +13,8 @@ Files:
 
 The other extensions stay beside their one user: ``psflow/data/_native.c`` (parsing) and
 ``psflow/ps/_kernels.c`` (optimizer updates, row gathers, dynamic-table index, sync merge),
-``psflow/torch/_lookup.c`` (a worker's embedding gathers and their gradients' scatter-adds).
+``psflow/torch/_lookup.c`` (a worker's embedding gathers and their gradients' scatter-adds),
+``psflow/models/_logistic.c`` (the logistic model's per-entry products and gradient sums).
 
 Guarantees: every C loop has a numpy twin giving the same results, used where the extension was not
 built or ``PSFLOW_NATIVE=0``; the tests compare the two (and fail instead of skipping the C side under

@@ -12,7 +12,8 @@ psflow's per-byte and per-id loops exist twice, with the same results: in C, in 
 The extensions: ``psflow.native._ids`` (:mod:`psflow.native.ids`: a batch's distinct ids, the range and
 order check of a request's ids), ``psflow.data._native`` (the input pipeline's parsing loops,
 :mod:`psflow.data.native`), ``psflow.ps._kernels`` (the ps tasks' optimizer updates, row gathers,
-dynamic-table index and sync merge) and ``psflow.torch._lookup`` (a worker's embedding gathers and
+dynamic-table index and sync merge), ``psflow.models._logistic`` (the logistic model's per-entry
+products and gradient sums, :mod:`psflow.models.logistic`) and ``psflow.torch._lookup`` (a worker's embedding gathers and
 gradient scatter-adds, :mod:`psflow.torch.lookup_rows`; its twins are torch ops).
 
 ``PSFLOW_REQUIRE_NATIVE=1`` makes the test suite fail instead of skipping the C side when an extension

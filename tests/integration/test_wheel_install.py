@@ -25,7 +25,7 @@ from support import A9A, A9A_T, REPO, run_bounded
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 HINT = "psflow report: error: plots need matplotlib: pip install 'psflow[plots]'"
-EXTENSIONS = ("psflow.data._native", "psflow.native._ids", "psflow.ps._kernels")
+EXTENSIONS = ("psflow.data._native", "psflow.native._ids", "psflow.ps._kernels", "psflow.models._logistic")
 
 
 def _can_compile() -> bool:
@@ -66,7 +66,8 @@ def _check_contents(wheel: Path, native: bool) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"psflow", "psflow-0.1.0.dist-info"}, names  # no tests, no data
     for name in ("psflow/py.typed", "psflow/data/_native.c", "psflow/data/_native.pyi", "psflow/data/example.proto",
-                 "psflow/native/_ids.c", "psflow/native/_ids.pyi", "psflow/ps/_kernels.c", "psflow/cli/main.py",
+                 "psflow/native/_ids.c", "psflow/native/_ids.pyi", "psflow/ps/_kernels.c", "psflow/models/_logistic.c",
+                 "psflow/cli/main.py",
                  "psflow/status/page/index.html",
                  "psflow/status/page/status.js", "psflow/status/page/status.css"):
         assert name in names, name
