@@ -194,7 +194,7 @@ class LookupPlan:
 
         ``cache``: a dict shared by the plans of one batch; groups over the same
         features and vocabularies (Wide & Deep's wide and deep tables) then find
-        their unique ids once.
+        their unique ids, and whether each example has one id per feature, once.
 
         A dynamic table (:attr:`Embedding.dynamic`) takes any int64 id: its ids are
         not checked, and a group with one finds its unique (table, id) pairs by
@@ -217,7 +217,12 @@ class LookupPlan:
         counts = np.array([c.ids.size for c in columns], dtype=np.int64)
         table = np.repeat(np.arange(k, dtype=np.int64), counts)
         ids = np.concatenate([c.ids for c in columns]).astype(np.int64, copy=False)
-        one_each = _one_per_example([c.indptr for c in columns], n)
+        shape_key = ("one id per example", tuple(e.feature for _, e in embeddings))
+        one_each = cache.get(shape_key) if cache is not None else None
+        if one_each is None:
+            one_each = _one_per_example([c.indptr for c in columns], n)
+            if cache is not None:
+                cache[shape_key] = one_each
         example = (np.tile(np.arange(n, dtype=np.int64), k) if one_each
                    else np.concatenate([np.repeat(np.arange(n, dtype=np.int64), np.diff(c.indptr)) for c in columns]))
         dynamic = np.array([e.dynamic is not None for _, e in embeddings])
@@ -335,13 +340,11 @@ def _unique_pairs(table: npt.NDArray[np.int64], ids: npt.NDArray[np.int64],
 
 
 def _one_per_example(indptrs: Sequence[npt.NDArray[np.int64]], n: int) -> bool:
-    """True when every CSR column holds exactly one entry per example (Criteo's fields); columns
-    sharing one ``indptr`` array (as parsed batches do) are checked once."""
-    checked: set[int] = set()
-    for indptr in indptrs:
-        if id(indptr) in checked:
-            continue
-        if indptr.shape[0] != n + 1 or indptr[-1] != n or not np.array_equal(indptr, np.arange(n + 1)):
-            return False
-        checked.add(id(indptr))
-    return True
+    """True when every CSR column holds exactly one entry per example (Criteo's fields). Columns sharing one
+    ``indptr`` array (as parsed batches do) are checked once; the others (a sliced batch has one per column)
+    in one comparison of them all, stacked, against ``0 .. n``."""
+    distinct = list({id(p): p for p in indptrs}.values())
+    if any(p.shape != (n + 1,) for p in distinct):
+        return False
+    stacked = distinct[0][None, :] if len(distinct) == 1 else np.stack(distinct)
+    return bool((stacked == np.arange(n + 1, dtype=np.int64)).all())

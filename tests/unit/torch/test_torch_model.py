@@ -261,3 +261,26 @@ def test_the_launchers_thread_variable_is_psflow_torchs() -> None:
     from psflow.train.config import TORCH_THREADS_ENV
 
     assert THREADS_ENV == TORCH_THREADS_ENV
+
+
+def test_one_id_per_example_is_found_whether_or_not_the_columns_share_their_indptr() -> None:
+    """Parsed batches share one indptr; a sliced one has one per column (Batch.slice): both are one id per example,
+    and a single column with an example of 0 or 2 ids among them is not."""
+    rng = np.random.default_rng(8)
+    whole = random_batch(rng, 60, one_id=True)
+    shared = np.arange(61, dtype=np.int64)
+    parsed = Batch(whole.labels, {k: SparseColumn(shared, c.ids, c.values) for k, c in whole.sparse.items()}, whole.dense)
+    specs = [(f"t/{f}", Embedding(f, v, 2)) for f, v in VOCAB.items()]
+    for batch in (parsed, parsed.slice(7, 47), whole.slice(0, 60)):
+        assert LookupPlan.build(batch, specs, concat=True).per_bag == 1
+        assert LookupPlan.build(batch, specs, concat=False).per_bag == 3
+    for ids_of_example_5 in (0, 2):
+        columns = dict(parsed.sparse)
+        c = columns["b"]
+        counts = np.ones(60, dtype=np.int64)
+        counts[5] = ids_of_example_5
+        ids = np.repeat(c.ids, counts)
+        columns["b"] = SparseColumn(np.concatenate([[0], np.cumsum(counts)]), ids, np.ones(ids.size, np.float32))
+        batch = Batch(parsed.labels, columns, parsed.dense)
+        assert LookupPlan.build(batch, specs, concat=True).per_bag == 0
+        assert LookupPlan.build(batch, specs, concat=False).per_bag == 0
