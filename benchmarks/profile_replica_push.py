@@ -22,7 +22,8 @@ Workloads (gradients drawn once, at random, with the shapes of the real ones):
 ``--profile OUT.prof`` runs cProfile over one more block of replicated pushes and prints its top functions.
 ``--stages`` instead times each stage of one entry apart (no Replicate call; a primary's service and a
 backup's, one entry per push): the push's apply, the capture of its rows, the small state (and its JSON
-size), the request's ``to_frame``, ``encode``, ``decode``, ``from_frame``, and the backup's write; beside it
+size), the request's ``to_frame``, ``encode`` (the TCP carrier's ``encode_parts``: the frame in pieces that
+``sendmsg`` gathers, no joined copy), ``decode``, ``from_frame``, and the backup's write; beside it
 ("write coalesced"), the same entries written on a second backup as a backup over the TCP carrier writes
 them, ``COALESCE`` at a time (:func:`~psflow.ps.replication.snapshot.write_entries`), per push.
 """
@@ -53,7 +54,7 @@ from psflow.ps.replication.snapshot import full_entry, task_state, write_entries
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import Handler, Refusal, dispatch
-from psflow.rpc.framing import Frame, decode, encode
+from psflow.rpc.framing import Frame, decode, encode, encode_parts
 
 PRIMARY, BACKUP = "/job:ps/task:0", "/job:ps_backup/task:0"
 WORKERS = ("/job:worker/task:0", "/job:worker/task:1")
@@ -200,7 +201,9 @@ def stages(workload: str, pushes: int) -> None:
         marks.append(time.process_time())
         frame = ReplicateRequest(1, PRIMARY, BACKUP, (BACKUP,), [ReplicaEntry(n, state, tuple(parts))]).to_frame()
         marks.append(time.process_time())
-        data = encode(frame.meta, frame.arrays)
+        pieces, _ = encode_parts(frame.meta, frame.arrays)  # what the TCP carrier sends (sendmsg, no joined copy)
+        marks.append(time.process_time())
+        data = b"".join(pieces)  # (the kernel's copy, not timed)
         marks.append(time.process_time())
         decoded = decode(data)
         marks.append(time.process_time())
@@ -215,6 +218,7 @@ def stages(workload: str, pushes: int) -> None:
             if n > 20:
                 spent["write coalesced"] += time.process_time() - began
             waiting = []
+        del marks[5]  # the join's end: decode is timed from there
         if n > 20:  # after a warm-up
             for name, a, b in zip(names, marks[:-1], marks[1:], strict=True):
                 spent[name] += b - a
