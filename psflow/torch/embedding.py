@@ -250,11 +250,16 @@ class LookupPlan:
         # Combiner scales: sum -> w, mean -> w / sum(w), sqrtn -> w / sqrt(sum(w^2)), sums per (table, example).
         combiner = np.array([COMBINERS.index(e.combiner) for _, e in embeddings], dtype=np.int64)[table]
         scale = w
-        if (combiner != 0).any():
+        has_mean, has_sqrtn = (combiner == 1).any(), (combiner == 2).any()
+        if has_mean or has_sqrtn:  # each sum computed only where a table's combiner needs it (the same values)
             cell = table * n + example
-            sums = np.bincount(cell, weights=w, minlength=k * n)
-            norms = np.sqrt(np.bincount(cell, weights=w * w, minlength=k * n))
-            scale = np.where(combiner == 0, w, w / np.where(combiner == 1, sums[cell], norms[cell]))
+            sums = np.bincount(cell, weights=w, minlength=k * n)[cell] if has_mean else w
+            if has_sqrtn:
+                norms = np.sqrt(np.bincount(cell, weights=w * w, minlength=k * n))[cell]
+                divisor = np.where(combiner == 1, sums, norms) if has_mean else norms
+            else:
+                divisor = sums
+            scale = np.where(combiner == 0, w, w / divisor)
         # Unique (table, id) pairs, sorted by table then id: the stacked rows, and each entry's row among them.
         if pruned or cache is None:
             cache = {}  # nothing to share: the ids of this group are its own
@@ -270,19 +275,21 @@ class LookupPlan:
                 per_table = tuple((uniq[bounds[t]:bounds[t + 1]] - offsets[t]).astype(np.int64) for t in range(k))
                 found = cache[key] = (per_table, index.reshape(-1).astype(np.int64, copy=False))
         per_table, index = found
-        bag = example * k + table if concat else example
         if one_each and not pruned:
-            # Entries are table-major and every bag is (example[, table]): the order by bag is a transpose.
-            order = np.arange(k * n, dtype=np.int64).reshape(k, n).T.reshape(-1)
+            # Entries are table-major [k, n] and every bag is (example[, table]): the order by bag is a transpose,
+            # and the bags are 0 .. n*k - 1 (concat) or each example k times (sum).
+            by_bag_index = index.reshape(k, n).T.reshape(-1)
+            by_bag_scale = np.asarray(scale, dtype=np.float32).reshape(k, n).T.reshape(-1)
+            bags = (np.arange(n * k, dtype=np.int64) if concat
+                    else np.repeat(np.arange(n, dtype=np.int64), k))
+            per_bag = (1 if concat else k) if n * k else 0  # one entry per (example, table) bag, k per example's bag
         else:
+            bag = example * k + table if concat else example
             order = np.argsort(bag, kind="stable")
-        bags = bag[order]
-        if one_each and not pruned:  # one entry per (table, example): 1 per (example, table) bag, k per example's bag
-            per_bag = (1 if concat else k) if n * k else 0
-        else:
+            bags = bag[order]
+            by_bag_index, by_bag_scale = index[order], scale[order].astype(np.float32)
             per_bag = _entries_per_bag(bags, n * k if concat else n)
-        return cls(tuple(t for t, _ in embeddings), per_table, index[order], scale[order].astype(np.float32), bags,
-                   n, concat, per_bag)
+        return cls(tuple(t for t, _ in embeddings), per_table, by_bag_index, by_bag_scale, bags, n, concat, per_bag)
 
     def slice_examples(self, start: int, stop: int) -> LookupPlan:
         """The plan of examples ``[start, stop)`` alone, over the same pulled rows (a tower's share of a batch).

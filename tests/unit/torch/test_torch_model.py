@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from support import REPO  # noqa: E402
 
+import psflow.torch.embedding as embedding_module  # noqa: E402
 from psflow.data import Batch, BatchSpec, SparseColumn  # noqa: E402
 from psflow.gradients import DenseGradient, SparseGradient  # noqa: E402
 from psflow.models import EmbeddingLookup, ModelConfig, ModelError, create_model  # noqa: E402
@@ -284,3 +285,31 @@ def test_one_id_per_example_is_found_whether_or_not_the_columns_share_their_indp
         batch = Batch(parsed.labels, columns, parsed.dense)
         assert LookupPlan.build(batch, specs, concat=True).per_bag == 0
         assert LookupPlan.build(batch, specs, concat=False).per_bag == 0
+
+
+@pytest.mark.parametrize("combiners", [("sum", "mean", "sqrtn"), ("mean", "mean", "mean"), ("sqrtn", "sum", "sqrtn")])
+@pytest.mark.parametrize("concat", [True, False], ids=["concat", "sum-pooled"])
+def test_a_one_id_batchs_plan_is_the_general_paths_bit_for_bit(combiners: tuple[str, ...], concat: bool,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one id per example (Criteo's fields) the plan takes a short path (a transpose for the order by bag,
+    bags written out, only the combiners' sums it needs): the same arrays as the general path's sort."""
+    rng = np.random.default_rng(12)
+    batch = random_batch(rng, 50, one_id=True)
+    columns = {k: SparseColumn(c.indptr, c.ids, rng.uniform(0.5, 2.0, c.ids.size).astype(np.float32))
+               for k, c in batch.sparse.items()}  # positive weights: nothing pruned
+    batch = Batch(batch.labels, columns, batch.dense)
+    specs = [(f"t/{f}", Embedding(f, v, 2, combiner=c, weighted=i != 1))
+             for i, ((f, v), c) in enumerate(zip(VOCAB.items(), combiners, strict=True))]
+    fast = LookupPlan.build(batch, specs, concat=concat)
+    monkeypatch.setattr(embedding_module, "_one_per_example", lambda indptrs, n: False)
+    general = LookupPlan.build(batch, specs, concat=concat)
+    assert fast.per_bag == general.per_bag == (1 if concat else 3)
+    for name in ("index", "weights", "bags"):
+        a, b = getattr(fast, name), getattr(general, name)
+        assert a.dtype == b.dtype and a.flags.c_contiguous, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    # The scales against the formulas with every sum computed: sum -> w, mean -> w / sum(w), sqrtn -> w / |w|.
+    w = np.stack([batch.sparse[f].values.astype(np.float64) if i != 1 else np.ones(50) for i, f in enumerate(VOCAB)])
+    want = np.stack([w[i] if c == "sum" else w[i] / (w[i] if c == "mean" else np.sqrt(w[i] * w[i]))
+                     for i, c in enumerate(combiners)]).astype(np.float32)
+    np.testing.assert_array_equal(fast.weights, want.T.reshape(-1))
