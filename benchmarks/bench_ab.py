@@ -86,11 +86,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_tf_peer_wd as wd  # noqa: E402
-from bench_tf_peer import extract_psflow, machine  # noqa: E402
+from bench_tf_peer import extract_psflow, lr_command, machine  # noqa: E402
 from results_md import replace_section  # noqa: E402
 
-LR_FLAGS = ["--num-features", str(1 << 20), "--optimizer", "ftrl", "--learning-rate", "0.1", "--batch-size", "512",
-            "--epochs", "1"]
 CLUSTER = ["--transport", "tcp", "--log-every", "1"]
 #: name -> (row, workload, flags after the workload's own, examples per global step / 512)
 SHAPES: dict[str, tuple[str, str, list[str], int]] = {
@@ -127,10 +125,7 @@ def command(shape: str, args: argparse.Namespace, output: str, extra: list[str] 
         data = os.path.join(args.workdir, "data", "ctr_wd")
         return ["psflow", "train", "--format", "criteo", "--train", os.path.join(data, "train-*.tsv"), "--eval",
                 os.path.join(data, "eval-00000-of-00001.tsv"), *WD_USER_FLAGS, *flags, "--quiet", "--output", output]
-    data = os.path.join(args.workdir, "data", "sparse_lr")  # the 4 train shards of bench_tf_peer.data_files, as a glob
-    train, ev = os.path.join(data, "train-*-of-00004.tfrecord"), os.path.join(data, "eval-00000-of-00001.tfrecord")
-    return ["psflow", "train", "--format", "tfrecord", "--train", train, "--eval", ev, *LR_FLAGS, *flags,
-            "--quiet", "--output", output]
+    return lr_command(os.path.join(args.workdir, "data", "sparse_lr"), "tfrecord", flags, output)
 
 
 def check_snapshot(src: str) -> list[str]:

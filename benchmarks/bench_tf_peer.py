@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_tf_peer.py --tf-venv /tmp/tf_peer/venv --repeats 3   # ~25 min on 2 cores
     .venv/bin/python benchmarks/bench_tf_peer.py --quick                                   # psflow + NumPy only, 1 repeat
+    .venv/bin/python benchmarks/bench_tf_peer.py --tf-venv /tmp/tf_peer/venv --repeats 5 --user-defaults --shapes p1w2-async,p1w2-sync
 
 TensorFlow is never imported here: the shared harness (``shared/bench/tf_peer``,
 found next to this checkout or given by ``--harness``) is run from its own folder
@@ -42,9 +43,21 @@ configuration is also run in the harness's steady-state mode (W s warm-up, M s
 window, global_step delta), which excludes TF's slow start; the table gives
 psflow's ratio to both.
 
+``--user-defaults`` (issue 29; as bench_tf_peer_wd.py's): psflow runs the command a user types,
+``psflow train --format tfrecord --train ... --eval ... --num-features 1048576 --optimizer ftrl
+--learning-rate 0.1 --batch-size 512 --epochs 1 --ps 1 --workers 2 [--mode sync]`` (:func:`lr_command`; the
+workload's own settings, everything else psflow's defaults: carrier, sync averaging, ``--log-every 100``), as a
+``python -m psflow train`` child process, timed from the chief's "initialized the variables" line to the
+workers' last "done after" line. Beside that rate: the rate after 40 warm-up global steps (TF: from its
+workers' per-step samples; psflow: from its first logged step >= 40, i.e. 100), the end-to-end rate (psflow:
+the whole command's wall time, start-up, eval and final checkpoint included; TF: its start-up to GO plus
+its fixed work) and the CPU seconds of the whole command on both sides (RUSAGE_CHILDREN, every run). TF's
+steady-state window run is skipped unless ``--tf-window`` asks for it. Timing and CPU helpers are shared
+with bench_tf_peer_wd.py (``benchmarks/psflow_timing.py``).
+
 Writes benchmarks/results/tf_peer.json (every run) and the "tf_peer" section of
-benchmarks/RESULTS.md. psflow is measured at a snapshot of ``--psflow-rev``
-(default HEAD, extracted with ``git archive``) so concurrent edits to the
+benchmarks/RESULTS.md (``tf_peer_user`` with ``--user-defaults``; ``--section`` names another).
+psflow is measured at a snapshot of ``--psflow-rev`` (default HEAD, extracted with ``git archive``) so concurrent edits to the
 working tree cannot change the code mid-run; ``--psflow-rev worktree`` measures
 the working tree as it is.
 """
@@ -52,12 +65,11 @@ the working tree as it is.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import glob
 import json
 import os
 import platform
-import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -69,10 +81,20 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+# _STEP, _stamp and parse_worker_logs: bench_dynamic_e2e.py and netns_delay.py use them from here
+from psflow_timing import _STEP, WARMUP_STEPS, _stamp, measured, parse_worker_logs, run_psflow_train  # noqa: E402,F401
 from results_md import replace_section  # noqa: E402
 
 EPOCH_STEPS = 782  # ceil(400,000 / 512)
 NUM_IDS = 1 << 20
+BATCH = 512
+#: The sparse-LR workload's own settings, as a user types them (issue 29's sparse-LR command; everything else
+#: psflow's defaults: carrier, sync averaging, --log-every 100).
+LR_FLAGS = ["--num-features", str(NUM_IDS), "--optimizer", "ftrl", "--learning-rate", "0.1", "--batch-size", str(BATCH),
+            "--epochs", "1"]
+#: --user-defaults: each shape's cluster flags (``--in-process`` has one worker: no --workers).
+USER_CLUSTER = {"single": ["--in-process", "--ps", "1"], "p1w2-async": ["--ps", "1", "--workers", "2"],
+                "p2w2-async": ["--ps", "2", "--workers", "2"], "p1w2-sync": ["--ps", "1", "--workers", "2", "--mode", "sync"]}
 Run = dict[str, Any]
 
 
@@ -187,7 +209,10 @@ def tf_run(args: argparse.Namespace, data: str, launch: list[str], sync: bool, w
            "examples": r["fixed_work_examples"], "eval_auc": r["eval_auc"], "final_global_step": r["final_global_step"],
            "step_values_returned": r["global_step_values_returned"],
            "step_values_returned_by_2plus_workers": r["global_step_values_returned_by_2plus_workers"],
-           "startup_seconds": r["startup_seconds_to_go"], "wall_s": r["wall_s"], "tf_version": r.get("tf_version")}
+           "startup_seconds": r["startup_seconds_to_go"], "wall_s": r["wall_s"], "tf_version": r.get("tf_version"),
+           # start-up (launch to GO) + the fixed work: TF's side of the end-to-end comparison
+           "examples_per_sec_end_to_end": r["fixed_work_examples"] / (r["startup_seconds_to_go"] + r["fixed_work_seconds_from_go"]),
+           "examples_per_sec_after_warmup": tf_after_warmup(r.get("run_dir"), BATCH * (2 if sync else 1))}
     if window:
         w = run_harness(args, ["tf1_ps.py", "launch", *launch, "--data-dir", data, "--runs-dir", os.path.join(args.workdir, "runs"),
                                             "--warmup", str(window[0]), "--measure", str(window[1])], tag + "-window")
@@ -197,43 +222,37 @@ def tf_run(args: argparse.Namespace, data: str, launch: list[str], sync: bool, w
     return out
 
 
+def tf_after_warmup(run_dir: str | None, per_step: int) -> float | None:
+    """TF's rate after WARMUP_STEPS global steps, from its workers' own samples (``worker-*.json`` in the harness's
+    run folder: wall time and global_step after every step): from the first sample any worker took at a global step
+    >= WARMUP_STEPS to the last one, as bench_tf_peer_wd's instrument reports it and psflow's logs are read."""
+    samples = []
+    for path in glob.glob(os.path.join(run_dir or "", "worker-*.json")):
+        with open(path) as f:
+            samples += [(float(t), int(gs)) for t, gs, *_ in json.load(f).get("samples", [])]
+    warm = min(((t, gs) for t, gs in samples if gs >= WARMUP_STEPS), default=None)
+    if warm is None:
+        return None
+    end, top = max(t for t, _ in samples), max(gs for _, gs in samples)
+    return (top - warm[1]) * per_step / (end - warm[0]) if end > warm[0] else None
+
+
 # ------------------------------------------------------------------------------ the psflow side
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-_STEP = re.compile(r"psflow\.worker: worker (\d+): step=(\d+) ")
+def lr_command(data: str, fmt: str, flags: list[str], output: str) -> list[str]:
+    """``psflow train`` on the sparse-LR workload in ``data`` (format ``fmt``: tfrecord, libsvm) with its own settings
+    (:data:`LR_FLAGS`), ``flags`` after them, writing into ``output``; nothing else set (psflow's defaults)."""
+    train = os.path.join(data, f"train-*-of-00004.{fmt}")  # the 4 shards of data_files, as a glob
+    return ["psflow", "train", "--format", fmt, "--train", train, "--eval", data_files(data, fmt)[1], *LR_FLAGS, *flags,
+            "--quiet", "--output", output]
 
 
-def _stamp(line: str) -> float | None:
-    m = _STAMP.match(line)
-    return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
-
-
-def parse_worker_logs(run_dir: str) -> Run:
-    """Timing and step accounting from the workers' logs (see the module docstring)."""
-    start: float | None = None
-    first: dict[int, float] = {}
-    last = 0.0
-    owners: dict[int, set[int]] = {}
-    for path in sorted(glob.glob(os.path.join(run_dir, "logs", "worker-*.log"))):
-        with open(path, errors="replace") as f:
-            for line in f:
-                t = _stamp(line)
-                if t is None:
-                    continue
-                if "initialized the variables" in line:
-                    start = t
-                m = _STEP.search(line)
-                if m:
-                    worker, step = int(m.group(1)), int(m.group(2))
-                    first.setdefault(worker, t)
-                    last = max(last, t)
-                    owners.setdefault(step, set()).add(worker)
-    if start is None or not first:
-        raise RuntimeError(f"{run_dir}: no 'initialized the variables' or step= lines in the worker logs")
-    top = max(owners)
-    return {"seconds": last - start, "worker_start_skew_s": max(first.values()) - min(first.values()),
-            "step_values_logged": sum(len(v) for v in owners.values()),
-            "step_values_logged_by_2plus_workers": sum(1 for v in owners.values() if len(v) > 1),
-            "step_values_missing": sum(1 for s in range(1, top + 1) if s not in owners)}
+def user_run(args: argparse.Namespace, src: str, data: str, fmt: str, key: str) -> Run:
+    """``--user-defaults``: one epoch by the command a user types (:func:`lr_command`, the shape's
+    :data:`USER_CLUSTER` flags) with the psflow at ``src``; timed to its workers' "done after" lines."""
+    output = tempfile.mkdtemp(prefix=f"psflow-user-{key}-", dir=os.path.join(args.workdir, "runs"))
+    per_step = BATCH * (2 if key.endswith("sync") else 1)
+    return run_psflow_train(lr_command(data, fmt, USER_CLUSTER[key], output), src=src, output=output,
+                            timeout=args.run_timeout, per_step=per_step, until_done=True)
 
 
 def psflow_run(args: argparse.Namespace, data: str, fmt: str, num_ps: int, mode: str) -> Run:
@@ -343,7 +362,9 @@ def schedule(args: argparse.Namespace, data: str, formats: list[str]) -> list[li
     if args.baseline_src:
         revs.append((f"@{args.baseline_rev}", args.baseline_src))
 
-    def run(suffix: str, src: str | None, kind: str, *spec: Any) -> Callable[[], Run]:
+    def run(src: str | None, key: str, kind: str, *spec: Any) -> Callable[[], Run]:
+        if args.user_defaults:  # spec: data, format[, ps count, mode]
+            return bind(user_run, args, src or REPO, spec[0], spec[1], key)
         if src is None:
             return bind(psflow_run if kind == "cluster" else fast_path_run, args, *spec)
         return bind(child_run, args, src, kind, *spec)
@@ -353,7 +374,7 @@ def schedule(args: argparse.Namespace, data: str, formats: list[str]) -> list[li
     single: list[Item] = []
     if args.tf_python:
         single.append(("single", "tf", lambda: tf_run(args, data, ["--single"], False, window)))
-    single += [("single", f"psflow-{fast_fmt}{suffix}", run(suffix, src, "fast", data, fast_fmt)) for suffix, src in revs]
+    single += [("single", f"psflow-{fast_fmt}{suffix}", run(src, "single", "fast", data, fast_fmt)) for suffix, src in revs]
     if "single" in chosen:
         plan.append(single)
     for key, launch, num_ps, mode, _, _ in SHAPES:
@@ -364,7 +385,7 @@ def schedule(args: argparse.Namespace, data: str, formats: list[str]) -> list[li
             pair.append((key, "tf", bind(tf_run, args, data, launch, mode == "sync", window)))
         for suffix, src in revs:
             for fmt in formats:
-                pair.append((key, f"psflow-{fmt}{suffix}", run(suffix, src, "cluster", data, fmt, num_ps, mode)))
+                pair.append((key, f"psflow-{fmt}{suffix}", run(src, key, "cluster", data, fmt, num_ps, mode)))
         plan.append(pair)
     return plan
 
@@ -402,17 +423,21 @@ def table(runs: dict[str, dict[str, list[Run]]]) -> list[str]:
     np_auc = statistics.median(r["eval_auc"] for r in np_runs) if np_runs else None
     np_math = statistics.median(r["examples_per_sec"] for r in np_runs) if np_runs else None
     lines = ["| shape | system | examples/s: median [min–max] | psflow / TF, fixed work: ratio of medians [per-repetition min–max] "
-             "| psflow / TF steady-state window | goal: result | eval AUC after 1 epoch | AUC − NumPy (goal: within 0.002) "
-             "| global_step values returned to 2+ workers, per run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| psflow / TF steady-state window | goal: result "
+             f"| examples/s after {WARMUP_STEPS} warm-up global steps (psflow at --log-every 100: after step 100) "
+             "| psflow / TF after warm-up | examples/s end to end (psflow: whole command; TF: start-up to GO + work) "
+             "| psflow / TF end to end | CPU s, whole command | wall s, whole command "
+             "| eval AUC after 1 epoch | AUC − NumPy (goal: within 0.002) | global_step values returned to 2+ workers, per run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     np_auc_text = median_range([r["eval_auc"] for r in np_runs], "{:.4f}")
     for r_key, r_name in [("examples_per_sec", "NumPy, training loop only (math)"), ("examples_per_sec_with_parse", "NumPy incl. parsing")]:
-        lines.append(f"| 1 process | {r_name} | {median_range([r[r_key] for r in np_runs])} | | | | {np_auc_text} | | |")
+        lines.append(f"| 1 process | {r_name} | {median_range([r[r_key] for r in np_runs])} | | | | | | | | | | {np_auc_text} | | |")
     what = {"single": "1 process", **{k: w for k, _, _, _, w, _ in SHAPES}}
     for key in [k for k in SHAPE_KEYS if k in runs]:  # the shapes measured (--shapes)
         tf = ok_runs(runs[key].get("tf", []))
         tf_rate = [r["examples_per_sec"] for r in tf]
         tf_window = [r["window"]["examples_per_sec"] for r in tf if not r.get("window", {"failed": True}).get("failed")]
+        tf_warm, tf_e2e = _rates(tf, "examples_per_sec_after_warmup"), _rates(tf, "examples_per_sec_end_to_end")
         for side, rs in runs[key].items():
             ok = ok_runs(rs)
             rate, auc = [r["examples_per_sec"] for r in ok], [r["eval_auc"] for r in ok]
@@ -423,7 +448,8 @@ def table(runs: dict[str, dict[str, list[Run]]]) -> list[str]:
                 name = "TF 2.21 " + ("single process" if key == "single" else "PS")
                 name += f"; steady-state window: {median_range(tf_window)}" if tf_window else ""
             elif rs and rs[0].get("not_available"):
-                lines.append(f"| {what[key]} | {name} | TODO: not available ({rs[0]['reason']}) | | | ≥ 0.8× NumPy math | | | |")
+                lines.append(f"| {what[key]} | {name} | TODO: not available ({rs[0]['reason']}) | | | ≥ 0.8× NumPy math "
+                             "| | | | | | | | | |")
                 continue
             else:
                 ratio = ratio_of_medians(rate, tf_rate)
@@ -435,9 +461,19 @@ def table(runs: dict[str, dict[str, list[Run]]]) -> list[str]:
                 d = statistics.median(auc) - np_auc
                 dauc = f"{d:+.4f} ({'yes' if abs(d) <= 0.002 else 'no'})"
             failed = f" ({fails} failed)" if fails else ""
+            warm, e2e = _rates(ok, "examples_per_sec_after_warmup"), _rates(ok, "examples_per_sec_end_to_end")
+            psflow = side != "tf"
             lines.append(f"| {what[key]} | {name}{failed} | {median_range(rate)} | {ratio} | {window} | {goal} | "
+                         f"{median_range(warm)} | {ratio_of_medians(warm, tf_warm) if psflow else ''} | "
+                         f"{median_range(e2e)} | {ratio_of_medians(e2e, tf_e2e) if psflow else ''} | "
+                         f"{median_range(_rates(ok, 'cpu_seconds'), '{:.1f}')} | {median_range(_rates(ok, 'wall_s'), '{:.1f}')} | "
                          f"{median_range(auc, '{:.4f}')} | {dauc} | {', '.join(_steps(r) for r in ok)} |")
     return lines
+
+
+def _rates(runs: list[Run], name: str) -> list[float]:
+    """``name`` of every run that has it (runs saved before it was recorded lack it)."""
+    return [float(r[name]) for r in runs if r.get(name) is not None]
 
 
 def _goal(key: str, rate: list[float], tf_rate: list[float], np_math: float | None) -> str:
@@ -472,16 +508,30 @@ def notes(meta: Run, runs: dict[str, dict[str, list[Run]]]) -> list[str]:
         "Timing (process start-up excluded, reading and parsing included on both sides): TF = the harness's fixed-work "
         "`--max-global-steps` figure, from GO (all workers have a session and are released together) to the last worker step; "
         "psflow = from the chief's \"initialized the variables\" log line (its first batch is read right after) to the last "
-        "`step=` line any worker logs, so any stagger between the workers' starts counts against psflow "
-        f"(worker start skew: {median_range(skew, '{:.3f}')} s); NumPy = the training loop of the harness's numpy_ref.py. "
+        + ("worker's \"done after\" line (`--user-defaults`: the command a user types, psflow's defaults, `--log-every 100`; "
+           "the single-process row likewise, `--in-process`)" if meta.get("user_defaults") else
+           "`step=` line any worker logs, so any stagger between the workers' starts counts against psflow "
+           f"(worker start skew: {median_range(skew, '{:.3f}')} s)")
+        + "; NumPy = the training loop of the harness's numpy_ref.py. "
         "TF's steady-state window (harness default mode, "
         f"{meta['tf_window']} s warm-up,measure; global_step delta) is shown for reference: it excludes TF's slow first steps "
         f"and start-up (TF start-up to GO: {median_range(tf_start, '{:.1f}')} s). Sync: TF SyncReplicasOptimizer(2, 2); psflow "
-        f"`--mode sync --averaging {meta.get('sync_averaging', 'per_row')}`. psflow's ps data path: "
-        f"`--transport {meta.get('psflow_transport', 'grpc')}`.",
+        + (f"`--mode sync` (its default averaging). psflow's ps data path: its default. After {WARMUP_STEPS} warm-up global "
+           "steps: TF from its workers' per-step samples (the first at a global step >= 40 to the last); psflow from its "
+           "first logged step >= 40 (step 100) to the last \"done after\" line. End to end: psflow = examples over the "
+           "wall time of the whole `psflow train` command (start-up, training, eval, final checkpoint); TF = examples over "
+           "its start-up to GO plus its fixed work (its weight read-back and eval not counted). CPU s: user + system "
+           "seconds of every process the run waited for (RUSAGE_CHILDREN; TF: the harness's launcher and tasks)."
+           if meta.get("user_defaults") else
+           f"`--mode sync --averaging {meta.get('sync_averaging', 'per_row')}`. psflow's ps data path: "
+           f"`--transport {meta.get('psflow_transport', 'grpc')}`."),
         "",
+        *(["psflow commands (`RUN_DIR` = a fresh run directory):",
+           *(f"- {k}: `{c}`" for k, c in meta.get("psflow_commands", {}).items()), ""] if meta.get("psflow_commands") else []),
         "Duplicate global_step values: TF = values `sess.run([train_op, global_step])` returned to 2+ workers; psflow = step "
-        "values logged by 2+ workers with `--log-every 1` (every push logs the step it produced; \"missing\" = steps no worker logged).",
+        + ("values logged by 2+ workers (every 100th step and the workers' last)" if meta.get("user_defaults") else
+           "values logged by 2+ workers with `--log-every 1` (every push logs the step it produced; \"missing\" = steps no "
+           "worker logged)") + ".",
         "",
         (f"Baseline: psflow at {meta['baseline']} (rows `@...`), measured in the same run, alternately with the measured "
          "revision; with a baseline every psflow run is a fresh child process for both revisions alike.\n\n"
@@ -501,7 +551,12 @@ def main() -> None:
                    help="psflow's sync averaging (sparse_sum: what TF's SyncReplicas measured like)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 repetition, no TF steady-state window")
     p.add_argument("--formats", default="tfrecord", help="what psflow reads, comma-separated: tfrecord, libsvm")
-    p.add_argument("--tf-window", default="10,40", help="TF steady-state run: warm-up,measure seconds; 0 = skip")
+    p.add_argument("--tf-window", default=None,
+                   help="TF steady-state run: warm-up,measure seconds; 0 = skip (default 10,40; 0 with --user-defaults, "
+                        "whose steady comparison is the rate after warm-up steps)")
+    p.add_argument("--user-defaults", action="store_true",
+                   help="psflow runs the sparse-LR command a user types (psflow's defaults, --log-every 100), timed to "
+                        "its workers' \"done after\" lines, with end-to-end and after-warm-up rates (see above)")
     p.add_argument("--psflow-rev", default="HEAD", help="git revision of psflow to measure, or 'worktree'")
     p.add_argument("--baseline-rev", help="also measure psflow at this git revision, alternately in the same run "
                    "(rows psflow-<format>@<rev>): before/after figures side by side")
@@ -510,8 +565,9 @@ def main() -> None:
     p.add_argument("--workdir", default=os.environ.get("TF_PEER_WORKDIR", "/tmp/tf_peer"), help="data and run scratch")
     p.add_argument("--run-timeout", type=float, default=600.0, help="seconds one harness run may take")
     p.add_argument("--no-write", action="store_true", help="print the table only (no RESULTS.md / JSON)")
-    p.add_argument("--section", default="tf_peer",
-                   help="the RESULTS.md section written, and results/<section>.json (default tf_peer; a new name keeps earlier ones)")
+    p.add_argument("--section", default=None,
+                   help="the RESULTS.md section written, and results/<section>.json (default tf_peer, tf_peer_user with "
+                        "--user-defaults; a new name keeps earlier ones)")
     p.add_argument("--shapes", default=",".join(SHAPE_KEYS),
                    help=f"comma-separated, of {', '.join(SHAPE_KEYS)} (default: all; NumPy's reference always runs)")
     p.add_argument("--report-only", action="store_true", help="rewrite the RESULTS.md section from benchmarks/results/tf_peer.json")
@@ -519,14 +575,17 @@ def main() -> None:
     if args.child:
         run_child(json.loads(args.child))
         return
+    args.section = args.section or ("tf_peer_user" if args.user_defaults else "tf_peer")
     if args.report_only:
-        with open(os.path.join(HERE, "results", "tf_peer.json")) as f:
+        with open(os.path.join(HERE, "results", f"{args.section}.json")) as f:
             saved = json.load(f)
-        replace_section("tf_peer", "\n".join(notes(saved["meta"], saved["runs"]) + [""] + table(saved["runs"])))
+        replace_section(args.section, "\n".join(notes(saved["meta"], saved["runs"]) + [""] + table(saved["runs"])))
         return
     args.shapes = [k.strip() for k in args.shapes.split(",") if k.strip()]
     if not args.shapes or set(args.shapes) - set(SHAPE_KEYS):
         p.error(f"--shapes: want some of {', '.join(SHAPE_KEYS)}, got {','.join(args.shapes)}")
+    if args.tf_window is None:
+        args.tf_window = "0" if args.user_defaults else "10,40"
     if args.quick:
         args.repeats, args.tf_window = 1, "0"
     args.formats = [f.strip() for f in args.formats.split(",") if f.strip()]
@@ -547,6 +606,8 @@ def main() -> None:
         _, args.measured_src = extract_psflow(args.psflow_rev, args.workdir)
         baseline_commit, args.baseline_src = extract_psflow(args.baseline_rev, args.workdir)
     commit, label = snapshot_psflow(args.psflow_rev, args.workdir)
+    if args.user_defaults and args.measured_src is None:  # every run a `python -m psflow train` of this tree
+        args.measured_src = REPO if args.psflow_rev == "worktree" else extract_psflow(args.psflow_rev, args.workdir)[1]
     try:
         from psflow.data.native import implementation  # the measured snapshot's, imported after snapshot_psflow
         label += f"; input loops: {implementation()}"
@@ -557,7 +618,9 @@ def main() -> None:
     meta = {"command": "benchmarks/bench_tf_peer.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": machine(), "psflow": label, "psflow_commit": commit, "repeats": args.repeats, "data": data,
             "formats": formats, "tf_window": args.tf_window, "sync_averaging": args.sync_averaging,
-            "psflow_transport": args.psflow_transport, "section": args.section,
+            "psflow_transport": args.psflow_transport, "section": args.section, "user_defaults": args.user_defaults,
+            "psflow_commands": {key: shlex.join(lr_command(data, formats[0], USER_CLUSTER[key], "RUN_DIR"))
+                                for key in args.shapes} if args.user_defaults else {},
             "baseline": f"{args.baseline_rev} = {baseline_commit[:10]}" if args.baseline_rev else None,
             "tf_version": next((r.get("tf_version") for k in runs for r in ok_runs(runs[k].get("tf", []))), None)}
     body = notes(meta, runs) + [""] + table(runs)
@@ -576,7 +639,7 @@ def measure(args: argparse.Namespace, data: str, formats: list[str]) -> dict[str
         for group in plan:
             for key, side, fn in (group if rep % 2 == 0 else group[::-1]):
                 load = os.getloadavg()[0]
-                r = dict(fn(), repetition=rep, started=time.strftime("%H:%M:%S"), loadavg_1min_before=load)
+                r = dict(measured(fn), repetition=rep, started=time.strftime("%H:%M:%S"), loadavg_1min_before=load)
                 runs.setdefault(key, {}).setdefault(side, []).append(r)
                 shown = ("FAILED: " + " | ".join(r["tail"])) if r.get("failed") else ("not available" if r.get("not_available") else
                          f"{r['examples_per_sec']:,.0f} examples/s, eval AUC {r['eval_auc']:.4f}")
