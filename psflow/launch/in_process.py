@@ -24,6 +24,7 @@ from typing import Any
 from psflow import jsonio
 from psflow.checkpoint.ledger import checkpoint_status
 from psflow.cluster import ClusterSpec
+from psflow.launch.log_format import LineFormatter
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.ps.service import ParameterService
@@ -45,7 +46,7 @@ __all__ = ["run_in_process"]
 def _log_to(path: str) -> Iterator[None]:
     """Sends psflow's INFO log lines to ``path`` while the block runs (the task log of a cluster run)."""
     handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(LineFormatter())
     logger = logging.getLogger("psflow")
     old_level = logger.level
     logger.addHandler(handler)

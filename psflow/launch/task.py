@@ -41,6 +41,7 @@ from psflow.cluster import ClusterSpec
 from psflow.errors import PsflowError
 from psflow.launch.console import expected_in_task
 from psflow.launch.lifeline import StopRequest, set_parent_death_signal
+from psflow.launch.log_format import LineFormatter, lean_records
 from psflow.launch.token import TOKEN_ENV, cluster_token
 from psflow.rpc.api import ListenError
 from psflow.rpc.tcp_server import TcpLimits
@@ -55,12 +56,18 @@ log = logging.getLogger("psflow.launch")
 
 
 def configure_logging(*, verbose: bool = False) -> None:
-    """INFO lines to stderr (a task's log); ``verbose``: psflow's DEBUG lines too."""
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    """INFO lines to stderr (a task's log); ``verbose``: psflow's DEBUG lines too.
+
+    Lines in :data:`~psflow.launch.log_format.LOG_FORMAT`, made by a
+    :class:`~psflow.launch.log_format.LineFormatter`; records without the fields that format never shows
+    (:func:`~psflow.launch.log_format.lean_records`: this process is psflow's). Does nothing to a process whose
+    root logger already has a handler, but the level of psflow's logger with ``verbose``.
+    """
+    if not logging.getLogger().handlers:
+        lean_records()
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(LineFormatter())
+        logging.basicConfig(level=logging.INFO, handlers=[handler])
     if verbose:
         logging.getLogger("psflow").setLevel(logging.DEBUG)
 
