@@ -16,6 +16,8 @@ Classes and functions, by file:
 * ``in_process.py`` -- :func:`~psflow.launch.in_process.run_in_process`: the fast path with no RPC.
 * ``task.py`` -- the entry point of one task process (:func:`~psflow.launch.task.run_task`: a ps task
   serves, a worker trains), its logging and its one-line errors.
+* ``log_format.py`` -- the format of psflow's log lines, and a formatter and record settings that make a
+  line cheap to write (a worker at ``--log-every 1`` writes two a step).
 * ``lifeline.py`` -- tasks never outlive their launcher (a pipe and a parent-death signal); signals stop a
   task or a launcher in order (:class:`~psflow.launch.lifeline.LaunchInterrupted`).
 * ``supervisor.py`` -- the restart policy (``never``, ``on-failure``, ``always``, with backoff) and
