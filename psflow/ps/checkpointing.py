@@ -143,7 +143,7 @@ from psflow.ps.worker_ledger import WorkerLedger
 from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
-__all__ = ["CheckpointHandlers", "HeldPushes", "PushCount", "SaveLedger", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names",
+__all__ = ["CheckpointHandlers", "HeldPushes", "PushCount", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names",
            "dynamic_tensor_names"]
 
 log = logging.getLogger(__name__)

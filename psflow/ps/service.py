@@ -109,7 +109,7 @@ import numpy as np
 from psflow.coord.api import FencedError
 from psflow.coord.fence import FenceGuard
 from psflow.ps.averages import MovingAverages
-from psflow.ps.checkpointing import CheckpointHandlers, SaveLedger
+from psflow.ps.checkpointing import CheckpointHandlers
 from psflow.ps.counters import ServiceCounters
 from psflow.ps.global_step import GlobalStep, StepJournal
 from psflow.ps.protocol import (
@@ -132,6 +132,7 @@ from psflow.ps.push_apply import PushApplier
 from psflow.ps.push_order import PushOrder
 from psflow.ps.restore_gate import RestoreGate
 from psflow.ps.run_end import RunLedger
+from psflow.ps.save_ledger import SaveLedger
 from psflow.ps.step_clock import StepClock
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.ps.update_mode import UpdateMode
