@@ -39,10 +39,11 @@ static int get(PyObject *obj, Buf *b, int writable, char kind, const char *name)
     b->held = 1;
     const char *f = b->view.format ? b->view.format : "B";
     if (*f == '<' || *f == '=' || *f == '@') f++;
-    int ok = f[1] == 0 && b->view.ndim == 1;
-    if (kind == 'f') ok = ok && f[0] == 'f' && b->view.itemsize == 4;
-    else if (kind == 'd') ok = ok && f[0] == 'd' && b->view.itemsize == 8;
-    else ok = ok && (f[0] == 'q' || f[0] == 'l') && b->view.itemsize == 8;
+    /* f[0] is matched before f[1] is read: a format of one character ends there (no read past its 0). */
+    int ok = kind == 'f'   ? f[0] == 'f' && b->view.itemsize == 4
+             : kind == 'd' ? f[0] == 'd' && b->view.itemsize == 8
+                           : (f[0] == 'q' || f[0] == 'l') && b->view.itemsize == 8;
+    ok = ok && f[1] == 0 && b->view.ndim == 1;
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "%s must be a 1-d C-contiguous %s array", name,
                      kind == 'f' ? "float32" : kind == 'd' ? "float64" : "int64");
