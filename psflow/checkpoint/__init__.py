@@ -145,7 +145,8 @@ Classes and functions, by file:
   :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies.
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
-* ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch.
+* ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch
+  (:func:`checkpoint_to_restore`: when it has a lease and the run id).
 * ``ledger.py`` -- :func:`checkpoint_status` (the cluster's ledger), :class:`SaveStatusWatcher`
   (the launcher's console lines and counts from it).
 * ``shards.py`` -- :class:`ShardFiles` (a checkpoint's shard files, checked against the manifest),

@@ -23,8 +23,9 @@ from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import POINTER_NAME, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint, read_pointer, write_pointer
 from psflow.checkpoint.save import refuse_newer_epoch
+from psflow.coord import Lease
 
-__all__ = ["adopt_latest"]
+__all__ = ["adopt_latest", "checkpoint_to_restore"]
 
 log = logging.getLogger(__name__)
 
@@ -68,3 +69,17 @@ def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str
     log.info("checkpoint %s: taken over for a restore by %s at epoch %d (the pointer %s had %s)", path, holder, epoch,
              pointer, f"epoch {theirs} of run {current.get('run_id')}" if current else "nothing")
     return path
+
+
+def checkpoint_to_restore(directory: str, *, run_id: str | None, lease: Lease | None) -> str | None:
+    """The checkpoint a restoring chief reads: with its ``lease`` and the ``run_id``, the newest one taken over at
+    the lease's epoch (:func:`adopt_latest`); without either (the run's only chief: no older one to fence off),
+    the newest one as it is (:func:`~psflow.checkpoint.pointer.latest_checkpoint`, nothing written). None: there
+    is none.
+
+    Raises:
+        CheckpointFencedError, CheckpointError, OSError: as :func:`adopt_latest`.
+    """
+    if lease is None or run_id is None:
+        return latest_checkpoint(directory)
+    return adopt_latest(directory, run_id=run_id, epoch=lease.epoch, holder=lease.holder)

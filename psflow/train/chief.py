@@ -17,7 +17,7 @@ Chief, in order:
        With a checkpoint it restores the checkpoint into the tasks
        (:func:`psflow.checkpoint.restore.restore`; with its lease and the
        run id it first takes the checkpoint over at its lease's epoch,
-       :func:`psflow.checkpoint.adopt.adopt_latest`, so an older chief whose
+       :func:`psflow.checkpoint.adopt.checkpoint_to_restore`, so an older chief whose
        save of it is then fenced off leaves it in place) and logs
        ``restored checkpoint <path> at step <S>``; without one but with
        ``warm_start``, it loads the warm-start values instead
@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from psflow.checkpoint.adopt import adopt_latest
+from psflow.checkpoint.adopt import checkpoint_to_restore
 from psflow.checkpoint.manifest import Manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
@@ -205,7 +205,7 @@ def join_cluster(
         start_values = initial_values() if initial_values is not None and latest is None else {}
         # Every task stays not ready until all are initialized (ps task 0 made ready last).
         created = client.register(optimizer, chief=True, defer_ready=True)
-        if created and latest is not None:
+        if created and latest is not None and checkpoint_dir:
             latest = _taken_over(checkpoint_dir, latest, leader, run)
             manifest = restore(client, latest)
             _set_ready(client)
@@ -229,22 +229,18 @@ def join_cluster(
     return JoinResult(created, restored, client.global_step(), position if isinstance(position, str) else None)
 
 
-def _taken_over(directory: str | None, latest: str, leader: Callable[[], Lease | None] | None,
-                run: str | None) -> str:
-    """The checkpoint the chief's first restore reads: ``latest``, or with a lease and a run id the newest one
-    taken over at the lease's epoch (:func:`~psflow.checkpoint.adopt.adopt_latest`, as
-    :class:`~psflow.train.recovery.ClusterRecovery` does), so an older chief whose save of it is then fenced off
-    neither deletes it nor puts its previous pointer back.
+def _taken_over(directory: str, latest: str, leader: Callable[[], Lease | None] | None, run: str | None) -> str:
+    """The checkpoint the chief's first restore reads (:func:`~psflow.checkpoint.adopt.checkpoint_to_restore`, as
+    :class:`~psflow.train.recovery.ClusterRecovery`'s restore): with a lease and a run id taken over at the
+    lease's epoch, so an older chief whose save of it is then fenced off neither deletes it nor puts its previous
+    pointer back. ``latest``: the one the chief found before it registered (named if none is left).
 
     Raises:
         CheckpointFencedError: the pointer was written by a newer epoch of the run (this chief was deposed).
         CheckpointError: no checkpoint is left in ``directory`` (an older chief's fenced save, the only one, was
             removed meanwhile), or the mutex was not had in time.
     """
-    lease = leader() if leader is not None else None
-    if directory is None or lease is None or run is None:
-        return latest
-    taken = adopt_latest(directory, run_id=run, epoch=lease.epoch, holder=lease.holder)
+    taken = checkpoint_to_restore(directory, run_id=run, lease=leader() if leader is not None else None)
     if taken is None:
         raise CheckpointError(f"checkpoint {latest} was removed before it could be restored (an older chief's save, "
                               f"fenced off), and {directory} holds no other; the ps tasks stay not ready")

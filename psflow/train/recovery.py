@@ -68,9 +68,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from psflow.checkpoint.adopt import adopt_latest
+from psflow.checkpoint.adopt import checkpoint_to_restore
 from psflow.checkpoint.manifest import read_manifest
-from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
 from psflow.coord.api import (
     BackendUnavailableError,
@@ -420,13 +419,11 @@ class ClusterRecovery:
 
     def _checkpoint(self, lease: Lease | None) -> str | None:
         """The checkpoint a restore reads: the newest one, taken over with ``lease``'s epoch when there is a lease
-        and a run id (:func:`~psflow.checkpoint.adopt.adopt_latest`), so an older chief whose save of it is then
-        fenced off neither deletes it nor puts its previous pointer back; None: there is none."""
+        and a run id (:func:`~psflow.checkpoint.adopt.checkpoint_to_restore`), so an older chief whose save of it is
+        then fenced off neither deletes it nor puts its previous pointer back; None: there is none."""
         if not self.checkpoint_dir:
             return None
-        if lease is None or self.run is None:  # the run's only chief (in-graph): no older one to fence off
-            return latest_checkpoint(self.checkpoint_dir)
-        return adopt_latest(self.checkpoint_dir, run_id=self.run, epoch=lease.epoch, holder=lease.holder)
+        return checkpoint_to_restore(self.checkpoint_dir, run_id=self.run, lease=lease)  # no lease: in-graph's chief
 
     def restore(self, lease: Lease | None, states: dict[int, StatsReply | None]) -> None:
         """(Chief) restores every ps task from the newest checkpoint at a new generation.
