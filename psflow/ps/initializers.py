@@ -20,9 +20,12 @@ import numpy as np
 
 from psflow.errors import PsError
 
-__all__ = ["InitializerError", "INITIALIZER_NAMES", "initial_rows", "initial_value", "validate_initializer"]
+__all__ = ["CONSTANT_INITIALIZERS", "InitializerError", "INITIALIZER_NAMES", "initial_rows", "initial_value",
+           "validate_initializer"]
 
 INITIALIZER_NAMES = ("zeros", "ones", "constant", "random_uniform", "random_normal", "truncated_normal", "glorot_uniform")
+#: The initializers that give every element the same value (the others compute each from its flat index).
+CONSTANT_INITIALIZERS = frozenset({"zeros", "ones", "constant"})
 _PARAMS: dict[str, dict[str, float]] = {
     "zeros": {},
     "ones": {},
@@ -133,7 +136,7 @@ def initial_rows(spec: Mapping[str, Any], full_shape: tuple[int, ...], rows: np.
     p = validate_initializer(spec)
     shape = (int(rows.size), *full_shape[1:])
     name = p["name"]
-    if name in ("zeros", "ones", "constant"):
+    if name in CONSTANT_INITIALIZERS:
         return np.full(shape, {"zeros": 0.0, "ones": 1.0}.get(name, p.get("value", 0.0)), dtype=dtype)
     row_size = int(np.prod(full_shape[1:], dtype=np.int64)) if len(full_shape) > 1 else 1
     k = (rows.astype(np.uint64)[:, None] * np.uint64(row_size) + np.arange(row_size, dtype=np.uint64)).reshape(-1)

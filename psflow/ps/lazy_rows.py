@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from psflow.native.loader import load_extension
-from psflow.ps.initializers import initial_rows
+from psflow.ps.initializers import CONSTANT_INITIALIZERS, initial_rows
 from psflow.ps.memory import use_small_pages
 from psflow.ps.optimizers import Optimizer
 
@@ -53,9 +53,6 @@ __all__ = ["LAZY_MIN_BYTES", "LazyRows", "lazy_eligible", "unbuilt_array"]
 #: saves nothing worth a check per access; every embedding table of a CTR model (2^16 rows x 4 floats
 #: and up) is above it, every dense layer of the built-in models below.
 LAZY_MIN_BYTES = 1 << 20
-
-#: Initializers whose every row is the same (:meth:`LazyRows._write_initial` writes one row, broadcast).
-_CONSTANT_INITIALIZERS = frozenset({"zeros", "ones", "constant"})
 
 #: Rows materialized (or substituted) at a time by the whole-partition paths: bounds their temporaries.
 _CHUNK_ELEMENTS = 1 << 18
@@ -112,7 +109,7 @@ class LazyRows:
     def _constant_rows(self) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
         """A constant initializer's (zeros, ones, constant) row and each slot's initial row, the same for every row
         of the partition; None for a random one (each row then built from its index)."""
-        if self.initializer.get("name") not in _CONSTANT_INITIALIZERS:
+        if self.initializer.get("name") not in CONSTANT_INITIALIZERS:
             return None
         initial = initial_rows(self.initializer, self.full_shape, np.array([self.row_start], dtype=np.int64), self.dtype)
         fresh = self.optimizer.create_slots(initial) if self.optimizer is not None else {}
