@@ -103,7 +103,7 @@ class LazyRows:
         self.marks = np.zeros(self.rows, dtype=np.bool_)  # one byte a row, committed as rows are touched
         self.count = 0  # rows marked
         row_size = int(np.prod(self.full_shape[1:], dtype=np.int64)) if len(self.full_shape) > 1 else 1
-        self._chunk_rows = max(1, _CHUNK_ELEMENTS // max(1, row_size))
+        self._chunk_rows = max(1, _CHUNK_ELEMENTS // max(1, row_size))  # rows a whole-partition path takes at a time
         self._template = self._constant_rows()
 
     def _constant_rows(self) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
@@ -120,9 +120,6 @@ class LazyRows:
     def complete(self) -> bool:
         """Every row is materialized (the partition may drop this object)."""
         return self.count >= self.rows
-
-    def _rows_per_chunk(self) -> int:
-        return self._chunk_rows
 
     def _write_initial(self, rows: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                        average: np.ndarray | None, *, out_rows: np.ndarray | None = None) -> None:
@@ -178,13 +175,13 @@ class LazyRows:
 
     def _write_chunks(self, new: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                       average: np.ndarray | None) -> None:
-        step = self._rows_per_chunk()
+        step = self._chunk_rows
         for lo in range(0, new.size, step):
             self._write_initial(new[lo:lo + step], value, slots, average)
 
     def ensure_all(self, value: np.ndarray, slots: Mapping[str, np.ndarray], average: np.ndarray | None) -> None:
         """Materializes every row not yet marked, a chunk of rows at a time."""
-        step = self._rows_per_chunk()
+        step = self._chunk_rows
         for lo in range(0, self.rows, step):
             missing = np.flatnonzero(~self.marks[lo:lo + step])
             if missing.size:
@@ -218,7 +215,7 @@ class LazyRows:
         """Writes the initial content into the rows of copies ``value``/``slots``/``average`` that ``marks``
         (a copy of :attr:`marks` taken with them) leaves unmarked: the copies then hold what an eager
         partition holds. The partition itself is not touched; temporaries stay a chunk in size."""
-        step = self._rows_per_chunk()
+        step = self._chunk_rows
         for lo in range(0, self.rows, step):
             missing = np.flatnonzero(~marks[lo:lo + step]) + lo
             if missing.size:
