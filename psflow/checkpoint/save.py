@@ -339,7 +339,7 @@ class CheckpointManager:
         """Counts a save in the cluster's ledger (best effort: a ps task down loses the count, logged). Each report
         has its own id, so one resent after a failover of the shard holding the ledger is counted once."""
         self._reports += 1
-        outcome = replace(outcome, report=f"{client.client_name}/{self._process}/{self._reports}")
+        outcome = replace(outcome, report_id=f"{client.client_name}/{self._process}/{self._reports}")
         try:
             client.call(client.step_task, CheckpointStatusRequest(outcome=outcome), timeout=5.0)
         except RpcError as e:

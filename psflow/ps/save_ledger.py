@@ -2,7 +2,7 @@
 :mod:`psflow.ps.checkpointing`): the lineage of the model state, the saves done and failed, the failures in a
 row ``--max-failed-saves`` reads, the newest saved step and path, the newest failures.
 
-Guarantees: thread-safe; a report carrying an id (:attr:`~psflow.ps.protocol.SaveOutcome.report`) that was
+Guarantees: thread-safe; a report carrying an id (:attr:`~psflow.ps.protocol.SaveOutcome.report_id`) that was
 counted already (one of the newest 64: a resend after a failover) is not counted again. Kept in memory: a
 restarted task starts from zero; a replicated shard carries it to its backups
 (:mod:`psflow.ps.replication.save_ledger`, through :meth:`SaveLedger.export` and :meth:`SaveLedger.load`).
@@ -37,7 +37,7 @@ class SaveLedger:
         self.last_saved_step: int | None = None
         self.last_saved_path: str | None = None
         self.failures: list[dict[str, Any]] = []
-        self.reports: list[str] = []  # the newest reports' ids (SaveOutcome.report), oldest first
+        self.reports: list[str] = []  # the newest reports' ids (SaveOutcome.report_id), oldest first
 
     def set_lineage(self, lineage: str, *, only_if_unset: bool) -> None:
         with self._lock:
@@ -47,10 +47,10 @@ class SaveLedger:
     def record(self, outcome: SaveOutcome) -> None:
         """Counts ``outcome`` once: a report whose id was counted already (a resend) changes nothing."""
         with self._lock:
-            if outcome.report:
-                if outcome.report in self.reports:
+            if outcome.report_id:
+                if outcome.report_id in self.reports:
                     return
-                self.reports.append(outcome.report)
+                self.reports.append(outcome.report_id)
                 del self.reports[:-self._REPORTS]
             if outcome.saved:
                 self.saved += 1

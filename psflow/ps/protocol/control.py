@@ -384,7 +384,7 @@ class ReaderPositionsReply:
 # ---- CheckpointStatus -------------------------------------------------------------------------------------
 @message
 class SaveOutcome:
-    """One save's outcome, as the chief reports it to the ledger. ``report``: the report's id, unique in the run
+    """One save's outcome, as the chief reports it to the ledger. ``report_id``: the report's id, unique in the run
     (a resend after a failover carries the same, and the ledger counts it once); empty: counted each time."""
 
     saved: bool
@@ -392,7 +392,7 @@ class SaveOutcome:
     path: str = ""
     error: str = ""
     writer: str = ""
-    report: str = ""
+    report_id: str = ""
 
 
 @message
@@ -410,7 +410,7 @@ class CheckpointStatusRequest:
         if self.outcome is not None:
             o = self.outcome
             meta["outcome"] = {"saved": o.saved, "global_step": o.global_step, "path": o.path, "error": o.error,
-                               "writer": o.writer, **({"report_id": o.report} if o.report else {})}
+                               "writer": o.writer, **({"report_id": o.report_id} if o.report_id else {})}
         return Frame(meta)
 
     @classmethod

@@ -19,7 +19,7 @@ failures) lives on the task holding global_step; with ``--ps-replicas N`` every 
   a backup's is that of the newest entry it wrote.
 
 Exact across a failover: an outcome the primary recorded whose reply was lost as it died, resent by the chief
-to the promoted backup, is counted once (the report's id, :attr:`~psflow.ps.protocol.SaveOutcome.report`, is
+to the promoted backup, is counted once (the report's id, :attr:`~psflow.ps.protocol.SaveOutcome.report_id`, is
 carried with the ledger). An unreplicated cluster builds none of this: ps task 0 keeps its ledger in memory as before.
 """
 

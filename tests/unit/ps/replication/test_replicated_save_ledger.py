@@ -111,7 +111,7 @@ def test_a_report_resent_to_the_promoted_backup_is_counted_once(shard: InProcess
     """The primary counts a report and its backups hold it, then it dies before its reply reaches the chief: the
     chief's client resends the same report (same id) to the promoted backup, which counts it once."""
     report_ = CheckpointStatusRequest(outcome=SaveOutcome(True, 100, path="/ckpt/ckpt-100", writer="chief",
-                                                          report="chief/1/7"))
+                                                          report_id="chief/1/7"))
     shard.lost_replies[(PRIMARY, CheckpointStatusRequest.METHOD)] = 1
     with pytest.raises(DeadlineExceededError):
         report(shard, PRIMARY, report_)
@@ -120,7 +120,7 @@ def test_a_report_resent_to_the_promoted_backup_is_counted_once(shard: InProcess
     shard.promote(backup(0), 1)
     assert report(shard, backup(0), report_)["saved"] == 1  # the resend
     other = CheckpointStatusRequest(outcome=SaveOutcome(True, 200, path="/ckpt/ckpt-200", writer="chief",
-                                                        report="chief/1/8"))
+                                                        report_id="chief/1/8"))
     assert report(shard, backup(0), other)["saved"] == 2
     unnamed = CheckpointStatusRequest(outcome=SaveOutcome(False, 300, error="disk full", writer="older chief"))
     assert [report(shard, backup(0), unnamed)["failed"] for _ in range(2)] == [1, 2]  # no id: each counted
