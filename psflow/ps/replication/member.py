@@ -142,7 +142,7 @@ class ShardReplication:
         self.forwarder: Forwarder | None = None
         self.fence = ReplicatedFence(self)
         self.carried = CarriedStates(self, self.fence)  # and shard 0's lease table, when served (serve_leases)
-        self.saves = ReplicatedSaveLedger.of(self)  # the checkpoint ledger (None but where global_step lives)
+        self.saves = self.carried.add(ReplicatedSaveLedger(self, service.saves)) if service.global_step is not None else None
         self.channels = MemberChannels(config.cluster, token=config.token, tls=config.tls, transport=config.transport,
                                        status_timeout=config.status_timeout, replica_timeout=config.replica_timeout,
                                        connect=connect)

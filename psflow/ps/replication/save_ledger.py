@@ -41,19 +41,13 @@ __all__ = ["ReplicatedSaveLedger"]
 
 class ReplicatedSaveLedger:
     """The checkpoint ledger of one member, carried under ``"saves"`` (a
-    :class:`~psflow.ps.replication.carried.CarriedState`). Thread-safe."""
+    :class:`~psflow.ps.replication.carried.CarriedState`; the member adds it where its shard holds global_step).
+    Thread-safe."""
 
     key = "saves"
 
     def __init__(self, member: ShardReplication, ledger: SaveLedger) -> None:
         self.member, self.ledger = member, ledger
-
-    @classmethod
-    def of(cls, member: ShardReplication) -> ReplicatedSaveLedger | None:
-        """``member``'s ledger, carried by its stream (:meth:`CarriedStates.add
-        <psflow.ps.replication.carried.CarriedStates.add>`), where its shard holds global_step; else None."""
-        service = member.service
-        return member.carried.add(cls(member, service.saves)) if service.global_step is not None else None
 
     def handlers(self, table: Mapping[str, Handler]) -> dict[str, Handler]:
         """``CheckpointStatus`` of the service's ``table``, replicated (:meth:`handler`); empty if it has none."""
