@@ -74,10 +74,13 @@ def _auc(positive: np.ndarray, s: np.ndarray) -> float:
 
 def _logloss(y: np.ndarray, p: np.ndarray) -> float:
     """``-mean(y * log(p) + (1 - y) * log1p(-p))``, ``p`` clipped; ``y`` and ``p`` float64."""
-    p = np.minimum(np.maximum(p, _EPS), 1 - _EPS)  # np.clip's values, NaN kept
+    # np.clip's values, NaN kept, in this function's own array: an array even for a 0-d p, where a ufunc would
+    # return a scalar that the in-place log1p below cannot write into
+    p = np.maximum(p, _EPS, out=np.empty(np.shape(p)))
+    np.minimum(p, 1 - _EPS, out=p)
     total = np.log(p)
     total *= y
-    rest = np.log1p(np.negative(p, out=p), out=p)  # p is this function's own copy from here
+    rest = np.log1p(np.negative(p, out=p), out=p)
     rest *= 1 - y
     total += rest
     if total.size == 0:

@@ -104,6 +104,7 @@ def _batches() -> list[tuple[np.ndarray, np.ndarray]]:
     p[17] = np.nan
     out.append((y, p))
     out.append((np.array([True, False, True]), np.array([0.2, 0.2, 0.9])))  # bool labels
+    out.append((np.array(1.0), np.array(0.3)))  # 0-d arrays
     return out
 
 
