@@ -95,6 +95,13 @@ class BackupSender:
             if not self.pumped:
                 self._cond.notify()
 
+    def set_pumped(self, pumped: bool) -> None:
+        """Sets :attr:`pumped` and wakes the thread, which then looks every ``_PUMP_GRACE`` seconds (a backup's
+        entries queue without waking it): a thread idle since before the member became a backup slept on."""
+        with self._cond:
+            self.pumped = pumped
+            self._cond.notify()
+
     def pending(self) -> tuple[int, float]:
         """Entries queued and not acknowledged, and the age in seconds of the oldest (0.0: none)."""
         with self._cond:
@@ -272,7 +279,7 @@ class Forwarder:
         with self._cond:
             self._waited = backups
             for member, sender in list(self.senders.items()):
-                sender.pumped = member in backups
+                sender.set_pumped(member in backups)
             self._cond.notify_all()
 
     def fail(self, reason: str) -> None:
