@@ -202,7 +202,7 @@ def _decode_array(view: memoryview, spec: Any, data_start: int) -> tuple[str, np
     name, dtype, shape, offset, nbytes = spec
     if not isinstance(name, str):
         raise FrameError(f"array name {name!r:.40} is not a string")
-    if dtype not in ALLOWED_DTYPES:
+    if not isinstance(dtype, str) or dtype not in ALLOWED_DTYPES:  # a list is unhashable: TypeError, not refused
         raise FrameError(f"array {name!r}: dtype {dtype!r:.20} not allowed")
     if (
         not isinstance(shape, list)

@@ -59,6 +59,8 @@ def _frame_with_header(header: object, payload: bytes = b"") -> bytes:
         (_frame_with_header({"meta": {}, "arrays": {}}), "must be a list"),
         (_frame_with_header({"meta": {}, "arrays": [["a", "<f4", [2], 0, 8]]}), "bad offset"),
         (_frame_with_header({"meta": {}, "arrays": [["a", "|O", [1], 64, 8]]}), "not allowed"),
+        (_frame_with_header({"meta": {}, "arrays": [["a", ["<f4"], [1], 64, 8]]}), "not allowed"),  # unhashable
+        (_frame_with_header({"meta": {}, "arrays": [["a", {"<f4": 1}, [1], 64, 8]]}), "not allowed"),
         (_frame_with_header({"meta": {}, "arrays": [["a", "<f4", [-1], 64, 4]]}), "bad shape"),
         (_frame_with_header({"meta": {}, "arrays": [["a", "<f4", [10**6], 128, 4 * 10**6]]}), "beyond frame"),
     ],
