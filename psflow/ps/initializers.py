@@ -13,15 +13,15 @@ every ps task computes its part without talking to the others.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from psflow.errors import PsError
 
-__all__ = ["CONSTANT_INITIALIZERS", "InitializerError", "INITIALIZER_NAMES", "initial_rows", "initial_value",
-           "validate_initializer"]
+__all__ = ["CONSTANT_INITIALIZERS", "InitializerError", "INITIALIZER_NAMES", "initial_rows", "initial_rows_many",
+           "initial_value", "validate_initializer"]
 
 INITIALIZER_NAMES = ("zeros", "ones", "constant", "random_uniform", "random_normal", "truncated_normal", "glorot_uniform")
 #: The initializers that give every element the same value (the others compute each from its flat index).
@@ -73,15 +73,29 @@ def _uniform_streams(seeds: tuple[int, ...], k: np.ndarray) -> np.ndarray:
     pass (a lazy row's build is a few hundred elements, where each numpy call's overhead is the cost). Integer
     arithmetic, wrapping, then one exact conversion: the same bits as one stream at a time."""
     offsets = np.array([(seed * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) % (1 << 64) for seed in seeds], dtype=np.uint64)
+    return _mixed(k, offsets[:, None])
+
+
+def _stream_offsets(seeds: np.ndarray) -> np.ndarray:
+    """The offset each seed (uint64: the seed modulo 2**64) adds to a stream, as :func:`_uniform_streams` computes
+    it from a Python int (wrapping arithmetic is arithmetic modulo 2**64: the same bits)."""
     with np.errstate(over="ignore"):
-        z = (k * np.uint64(0x9E3779B97F4A7C15))[None, :] + offsets[:, None]
+        out: np.ndarray = seeds * np.uint64(0xBF58476D1CE4E5B9) + np.uint64(0x94D049BB133111EB)
+    return out
+
+
+def _mixed(k: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) doubles of the flat indices ``k`` (uint64) in the streams of ``offsets`` (uint64, ``[s, 1]``:
+    one offset per stream, or ``[s, k.size]``: one per element)."""
+    with np.errstate(over="ignore"):
+        z = (k * np.uint64(0x9E3779B97F4A7C15))[None, :] + offsets
         z ^= z >> np.uint64(30)
         z *= np.uint64(0xBF58476D1CE4E5B9)
         z ^= z >> np.uint64(27)
         z *= np.uint64(0x94D049BB133111EB)
         z ^= z >> np.uint64(31)
     z >>= np.uint64(11)
-    out = z.astype(np.float64)
+    out: np.ndarray = z.astype(np.float64)
     out *= 1.0 / (1 << 53)
     return out
 
@@ -144,6 +158,114 @@ def initial_rows(spec: Mapping[str, Any], full_shape: tuple[int, ...], rows: np.
     for lo in range(0, k.size, _CHUNK):
         out[lo:lo + _CHUNK] = _random_values(p, full_shape, k[lo:lo + _CHUNK]).astype(dtype)
     return out.reshape(shape)
+
+
+def initial_rows_many(requests: Sequence[tuple[Mapping[str, Any], tuple[int, ...], np.ndarray]],
+                      dtype: str = "float32") -> list[np.ndarray]:
+    """:func:`initial_rows` of each ``(spec, full_shape, rows)`` of ``requests``, bit for bit, computed together.
+
+    The random initializers of one kind (uniform: random_uniform and glorot_uniform; random_normal;
+    truncated_normal) go through one pass of numpy calls for all their requests, each element's seed,
+    scale and shift taken from its request: the rows a lazy partition builds on first touch are a few
+    dozen a table in a step, so per-call overhead, not arithmetic, is what 26 separate calls cost (W&D's
+    deep tables). The arithmetic is the same per element (wrapping integer hashes, then the same float64
+    operations in the same order), so each result is bit-equal to its own :func:`initial_rows` call.
+
+    Returns:
+        One new array per request, in order, of shape ``(rows.size, *full_shape[1:])``.
+
+    Raises:
+        InitializerError: a spec is unknown or has bad parameters (nothing is computed then).
+    """
+    checked = [validate_initializer(spec) for spec, _, _ in requests]
+    out: list[np.ndarray | None] = [None] * len(requests)
+    kinds: dict[str, list[int]] = {}
+    for i, p in enumerate(checked):
+        kind = _KINDS.get(p["name"])
+        if kind is None or requests[i][2].size == 0:
+            out[i] = initial_rows(p, requests[i][1], requests[i][2], dtype)
+        else:
+            kinds.setdefault(kind, []).append(i)
+    for kind, members in kinds.items():
+        flat = _kind_values(kind, [(checked[i], requests[i][1], requests[i][2]) for i in members], dtype)
+        for i, piece in zip(members, flat, strict=True):
+            out[i] = piece
+    return [o for o in out if o is not None]
+
+
+#: The random initializers computed together by :func:`initial_rows_many`, by the draw they transform.
+_KINDS = {"random_uniform": "uniform", "glorot_uniform": "uniform", "random_normal": "normal",
+          "truncated_normal": "truncated"}
+
+
+def _affine(p: Mapping[str, Any], full_shape: tuple[int, ...]) -> tuple[float, float]:
+    """``(a, b)`` such that :func:`_random_values` returns ``a + b * draw`` for the validated random ``p``: the
+    same Python floats its expressions compute."""
+    name = p["name"]
+    if name == "random_uniform":
+        lo, hi = float(p["minval"]), float(p["maxval"])
+        return lo, hi - lo
+    if name == "glorot_uniform":
+        fan_in = full_shape[0]
+        fan_out = full_shape[1] if len(full_shape) > 1 else full_shape[0]
+        limit = float(np.sqrt(6.0 / max(1, fan_in + fan_out)))
+        return -limit, 2 * limit
+    return float(p["mean"]), float(p["stddev"])
+
+
+def _kind_values(kind: str, requests: list[tuple[Mapping[str, Any], tuple[int, ...], np.ndarray]],
+                 dtype: str) -> list[np.ndarray]:
+    """:func:`initial_rows_many` of requests of one kind (none of them empty), the elements of all of them in one
+    stream of numpy calls, :data:`_CHUNK` at a time."""
+    row_sizes = [int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1 for _, shape, _ in requests]
+    counts = np.array([rows.size * size for (_, _, rows), size in zip(requests, row_sizes, strict=True)], dtype=np.int64)
+    all_rows = np.concatenate([rows for _, _, rows in requests]).astype(np.uint64)
+    k: np.ndarray
+    if min(row_sizes) == max(row_sizes):
+        size = np.uint64(row_sizes[0])
+        k = (all_rows[:, None] * size + np.arange(row_sizes[0], dtype=np.uint64)).reshape(-1)
+    else:  # each row's flat indices: its first element's, then +1 up to its row size
+        per_row = np.repeat(np.array(row_sizes, dtype=np.int64), [rows.size for _, _, rows in requests])
+        firsts = (np.cumsum(per_row) - per_row).astype(np.uint64)
+        k = np.repeat(all_rows * per_row.astype(np.uint64), per_row) + (
+            np.arange(int(counts.sum()), dtype=np.uint64) - np.repeat(firsts, per_row))
+    which = np.repeat(np.arange(len(requests)), counts)  # each element's request
+    affine = np.array([_affine(p, shape) for p, shape, _ in requests], dtype=np.float64)
+    seeds = np.array([int(p["seed"]) % (1 << 64) for p, _, _ in requests], dtype=np.uint64)
+    values = np.empty(k.size, dtype=dtype)
+    for lo in range(0, k.size, _CHUNK):
+        part_k, part_of = k[lo:lo + _CHUNK], which[lo:lo + _CHUNK]
+        if kind == "uniform":
+            draw = _mixed(part_k, _stream_offsets(seeds)[part_of][None, :])[0]
+        else:
+            draw = _normal_of(part_k, seeds, part_of)
+            if kind == "truncated":
+                draw = _truncated(draw, part_k, seeds, part_of)
+        a, b = affine[part_of, 0], affine[part_of, 1]
+        values[lo:lo + part_k.size] = (a + b * draw).astype(dtype)
+    pieces = np.split(values, np.cumsum(counts)[:-1])
+    return [piece.reshape(rows.size, *shape[1:]) for piece, (_, shape, rows) in zip(pieces, requests, strict=True)]
+
+
+def _normal_of(k: np.ndarray, seeds: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """:func:`_standard_normal` of each element ``k[i]`` with the seed ``seeds[which[i]]`` (uint64 seeds)."""
+    offsets = np.stack((_stream_offsets(seeds)[which], _stream_offsets(seeds ^ np.uint64(0x5DEECE66D))[which]))
+    u1, u2 = _mixed(k, offsets)
+    z: np.ndarray = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * np.pi * u2)
+    return z
+
+
+def _truncated(z: np.ndarray, k: np.ndarray, seeds: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """``z`` redrawn as :func:`_random_values` redraws a truncated normal's, each element in its own seed's streams."""
+    for redraw in range(1, 9):
+        outside = np.flatnonzero(np.abs(z) > 2.0)
+        if outside.size == 0:
+            break
+        with np.errstate(over="ignore"):
+            shifted = seeds + np.uint64(redraw * 0x632BE5AB)
+        z[outside] = _normal_of(k[outside], shifted, which[outside])
+    out: np.ndarray = np.clip(z, -2.0, 2.0)
+    return out
 
 
 #: Elements of a random initializer computed at a time: its temporaries are 256 KiB arrays (a

@@ -35,18 +35,18 @@ cheap. Thread safety: the caller holds the partition's lock around every method 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from psflow.native.loader import load_extension
-from psflow.ps.initializers import CONSTANT_INITIALIZERS, initial_rows
+from psflow.ps.initializers import CONSTANT_INITIALIZERS, initial_rows, initial_rows_many
 from psflow.ps.memory import use_small_pages
 from psflow.ps.optimizers import Optimizer
 
-__all__ = ["LAZY_MIN_BYTES", "LazyRows", "lazy_eligible", "unbuilt_array"]
+__all__ = ["LAZY_MIN_BYTES", "LazyRows", "ensure_together", "lazy_eligible", "unbuilt_array"]
 
 #: Partitions whose value takes at least this many bytes are created lazily. At the ~70 MB/s an eager
 #: random initialization runs at (value, slots), 1 MiB costs ~15-30 ms of start-up: below it laziness
@@ -105,6 +105,12 @@ class LazyRows:
         row_size = int(np.prod(self.full_shape[1:], dtype=np.int64)) if len(self.full_shape) > 1 else 1
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // max(1, row_size))  # rows a whole-partition path takes at a time
         self._template = self._constant_rows()
+        # Each slot's initial row: Optimizer.create_slots fills a slot with one constant whatever the value
+        # (only its shape is read), so a row built from a random initial value gets this row, broadcast.
+        row_shape = (1, *self.full_shape[1:])
+        self._slot_rows = ({name: slot[0] for name, slot in
+                            self.optimizer.create_slots(np.zeros(row_shape, np.float32)).items()
+                            if name in self.optimizer.slot_names} if self.optimizer is not None else {})
 
     def _constant_rows(self) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
         """A constant initializer's (zeros, ones, constant) row and each slot's initial row, the same for every row
@@ -135,15 +141,19 @@ class LazyRows:
                 if name in slots:
                     slots[name][at] = slot_row
             return
-        initial = initial_rows(self.initializer, self.full_shape, rows + self.row_start, self.dtype)
+        self._write_built(at, initial_rows(self.initializer, self.full_shape, rows + self.row_start, self.dtype),
+                          value, slots, average)
+
+    def _write_built(self, at: np.ndarray, initial: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
+                     average: np.ndarray | None) -> None:
+        """Writes a random initializer's ``initial`` rows into ``value`` (and ``average``) at ``at``, and each
+        slot's initial row there."""
         value[at] = initial
         if average is not None:
             average[at] = initial
-        if self.optimizer is not None and slots:
-            fresh = self.optimizer.create_slots(initial)
-            for name in self.optimizer.slot_names:
-                if name in slots:
-                    slots[name][at] = fresh[name]
+        for name, slot_row in self._slot_rows.items():
+            if name in slots:
+                slots[name][at] = slot_row
 
     def ensure(self, rows: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                average: np.ndarray | None) -> None:
@@ -154,24 +164,32 @@ class LazyRows:
         rows are built in order of first appearance, which gives the same content (a row's initial value is
         a function of its index alone). If building them fails, their marks are cleared again.
         """
+        new = self._claim(rows)
+        if new is None:
+            return
+        try:
+            self._write_chunks(new, value, slots, average)
+        except BaseException:
+            self._unclaim(new)
+            raise
+        self.count += int(new.size)
+
+    def _claim(self, rows: np.ndarray) -> np.ndarray | None:
+        """Marks those of the valid local ``rows`` not marked yet and returns them (None: none); the caller builds
+        them, or clears their marks again (:meth:`_unclaim`) if it cannot. :attr:`count` is not changed."""
         if _FIRST_TOUCH is not None and rows.dtype == np.int64 and rows.ndim == 1:
             found = np.empty(rows.shape[0], dtype=np.int64)
             new = found[:_FIRST_TOUCH(self.marks, np.ascontiguousarray(rows), found)]
-            if not new.size:
-                return
-            try:
-                self._write_chunks(new, value, slots, average)
-            except BaseException:
-                self.marks[new] = False
-                raise
         else:
             missing = ~self.marks[rows]
             if not missing.any():
-                return
+                return None
             new = np.unique(rows[missing])
-            self._write_chunks(new, value, slots, average)
             self.marks[new] = True
-        self.count += int(new.size)
+        return new if new.size else None
+
+    def _unclaim(self, new: np.ndarray) -> None:
+        self.marks[new] = False
 
     def _write_chunks(self, new: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                       average: np.ndarray | None) -> None:
@@ -220,3 +238,38 @@ class LazyRows:
             missing = np.flatnonzero(~marks[lo:lo + step]) + lo
             if missing.size:
                 self._write_initial(missing, value, slots, average)
+
+
+def ensure_together(jobs: Sequence[tuple[LazyRows, np.ndarray, np.ndarray, Mapping[str, np.ndarray], np.ndarray | None]]
+                    ) -> None:
+    """:meth:`LazyRows.ensure` of each ``(lazy, rows, value, slots, average)`` of ``jobs`` (distinct partitions,
+    the caller holding every one's lock), the new rows of all the random ones computed in one
+    :func:`~psflow.ps.initializers.initial_rows_many` call per dtype: the same content, bit for bit, as one
+    :meth:`~LazyRows.ensure` per partition, for one call's numpy overhead instead of one per table (W&D's 26 deep
+    tables gain a few dozen new rows each in a step). All or nothing: if building fails, every job's new rows
+    are unmarked again and no count changes."""
+    claimed: list[tuple[LazyRows, np.ndarray, np.ndarray, Mapping[str, np.ndarray], np.ndarray | None]] = []
+    try:
+        for lazy, rows, value, slots, average in jobs:
+            new = lazy._claim(rows)
+            if new is not None:
+                claimed.append((lazy, new, value, slots, average))
+        by_dtype: dict[str, list[tuple[LazyRows, np.ndarray, np.ndarray, Mapping[str, np.ndarray],
+                                       np.ndarray | None]]] = {}
+        for job in claimed:
+            lazy, new, value, slots, average = job
+            if lazy._template is not None or new.size > lazy._chunk_rows:  # constant, or too many for one pass
+                lazy._write_chunks(new, value, slots, average)
+            else:
+                by_dtype.setdefault(lazy.dtype, []).append(job)
+        for dtype, group in by_dtype.items():
+            built = initial_rows_many([(lazy.initializer, lazy.full_shape, new + lazy.row_start)
+                                       for lazy, new, _, _, _ in group], dtype)
+            for (lazy, new, value, slots, average), initial in zip(group, built, strict=True):
+                lazy._write_built(new, initial, value, slots, average)
+    except BaseException:
+        for lazy, new, _, _, _ in claimed:
+            lazy._unclaim(new)
+        raise
+    for lazy, new, _, _, _ in claimed:
+        lazy.count += int(new.size)

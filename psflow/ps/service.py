@@ -345,6 +345,7 @@ class ParameterService:
         store = variables.partitions
         if averages:  # the steps since this task's last push moved them too (psflow.ps.averages)
             variables.averages.catch_up(store.partitions(), table_step)
+        store.materialize_together(wanted)  # a request's new lazy rows, built in one pass
         out = {part.key: store.read(part, rows, step=table_step, create=create, average=averages)
                for part, rows in wanted}
         if wanted:

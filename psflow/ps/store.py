@@ -35,7 +35,7 @@ from psflow.errors import StoreError  # defined below the ps: placement's owner_
 from psflow.native.ids import scan_ids
 from psflow.native.loader import load_extension
 from psflow.ps.initializers import initial_value, validate_initializer
-from psflow.ps.lazy_rows import LazyRows, lazy_eligible, unbuilt_array
+from psflow.ps.lazy_rows import LazyRows, ensure_together, lazy_eligible, unbuilt_array
 from psflow.ps.memory import exclude_from_fork
 from psflow.ps.optimizers import Optimizer
 from psflow.ps.row_marks import MarkClock, RowMarks
@@ -242,6 +242,34 @@ class ParameterStore:
             else:
                 out = value[rows]
             return out
+
+    @staticmethod
+    def materialize_together(wanted: Sequence[tuple[PartitionState, np.ndarray | None]]) -> None:
+        """Builds, in one pass (:func:`~psflow.ps.lazy_rows.ensure_together`), the rows not built yet that the
+        reads of ``wanted`` (partition, valid local rows or None) will touch, for the lazy partitions among
+        them whose lock is free: what the reads then find is built (the same content they would build one
+        partition at a time). Never waits: a lock another thread holds is skipped (that partition's read builds
+        its rows itself), so holding the others cannot deadlock. Fewer than two lazy partitions: nothing to
+        gain, nothing done. Blocks the partitions' other users for the build's duration."""
+        if sum(1 for part, rows in wanted if part.lazy is not None and rows is not None) < 2:
+            return
+        held: list[PartitionState] = []
+        try:
+            jobs = []
+            for part, rows in wanted:
+                if part.lazy is None or rows is None or not part.lock.acquire(blocking=False):
+                    continue
+                held.append(part)
+                lazy = part.lazy  # read again under the lock
+                if lazy is not None:
+                    jobs.append((lazy, rows, part.value, part.slots, part.average))
+            ensure_together(jobs)
+            for part in held:
+                if part.lazy is not None and part.lazy.complete:
+                    part.lazy = None  # every row built: the checks are gone
+        finally:
+            for part in held:
+                part.lock.release()
 
     @staticmethod
     def apply_dense(part: PartitionState, grad: np.ndarray, *, step: int | None = None) -> None:
