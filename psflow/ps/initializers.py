@@ -13,6 +13,7 @@ every ps task computes its part without talking to the others.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -217,7 +218,7 @@ def _kind_values(kind: str, requests: list[tuple[Mapping[str, Any], tuple[int, .
                  dtype: str) -> list[np.ndarray]:
     """:func:`initial_rows_many` of requests of one kind (none of them empty), the elements of all of them in one
     stream of numpy calls, :data:`_CHUNK` at a time."""
-    row_sizes = [int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1 for _, shape, _ in requests]
+    row_sizes = [math.prod(shape[1:]) for _, shape, _ in requests]  # (np.prod: ~5 us a call)
     counts = np.array([rows.size * size for (_, _, rows), size in zip(requests, row_sizes, strict=True)], dtype=np.int64)
     all_rows = np.concatenate([rows for _, _, rows in requests]).astype(np.uint64)
     k: np.ndarray
@@ -264,7 +265,7 @@ def _truncated(z: np.ndarray, k: np.ndarray, seeds: np.ndarray, which: np.ndarra
         with np.errstate(over="ignore"):
             shifted = seeds + np.uint64(redraw * 0x632BE5AB)
         z[outside] = _normal_of(k[outside], shifted, which[outside])
-    out: np.ndarray = np.clip(z, -2.0, 2.0)
+    out: np.ndarray = np.minimum(np.maximum(z, -2.0, out=z), 2.0, out=z)  # np.clip's values, without its wrapper
     return out
 
 
