@@ -169,7 +169,10 @@ def one_run(src: str, shape: str, args: argparse.Namespace, extra: list[str] | N
     return {"steady": m["examples"] / seconds, "end_to_end": m["examples"] / wall, "cpu": m["examples"] / cpu,
             "cpu_seconds": cpu, "wall_seconds": wall, "cpu_seconds_total": cpu_total,
             "cpu_total": m["examples"] / cpu_total, "examples": m["examples"], "global_step": m["global_step"],
-            "auc": (m.get("eval") or {}).get("auc"), "run_dir": output}
+            "auc": (m.get("eval") or {}).get("auc"), "run_dir": output,
+            # the ps tasks' CPU per push (--in-process: the whole process's, workers included)
+            "ps_cpu_ms_per_push": 1e3 * ps_cpu / max(1, sum(int(t.get("pushes") or 0) for t in
+                                                            (ps if isinstance(ps, list) else [ps])))}
 
 
 def _flags_text(flags: list[str]) -> str:
@@ -223,7 +226,8 @@ def main() -> None:
             print(f"[{time.strftime('%H:%M:%S')} {shape} {k + 1}/{args.pairs}] steady rev {got['rev']['steady']:,.0f} "
                   f"baseline {got['baseline']['steady']:,.0f} ratio {got['rev']['steady'] / got['baseline']['steady']:.3f}; "
                   f"end to end ratio {got['rev']['end_to_end'] / got['baseline']['end_to_end']:.3f}; "
-                  f"per CPU second ratio {got['rev']['cpu'] / got['baseline']['cpu']:.3f}", flush=True)
+                  f"per CPU second ratio {got['rev']['cpu'] / got['baseline']['cpu']:.3f}; ps CPU per push "
+                  f"{got['rev']['ps_cpu_ms_per_push']:.2f} / {got['baseline']['ps_cpu_ms_per_push']:.2f} ms", flush=True)
     results = []
     for shape in shapes:
         pairs = runs[shape]
