@@ -163,6 +163,12 @@ class CoordinationBackend(abc.ABC):
     ``timeout`` or the config's ``rpc_timeout``).
     """
 
+    #: Whether :meth:`campaign` asks the service again and again until its ``timeout`` (its pauses are its
+    #: latency), rather than being woken by the service when the lease is free. A caller that must be able to
+    #: stop a campaign at once (:class:`psflow.train.recovery.Leadership`) makes such a campaign one ask at a
+    #: time (``timeout=0``) and pauses between asks itself.
+    campaign_polls: bool = False
+
     @abc.abstractmethod
     def campaign(self, candidate: str, *, election: str = DEFAULT_ELECTION, timeout: float | None = None) -> Lease:
         """Blocks until ``candidate`` leads ``election``.

@@ -76,6 +76,8 @@ class EmbeddedBackend(CoordinationBackend):
     """Client of the lease table served by ps task 0 (``config.address``), or by shard 0's primary
     (``config.members``)."""
 
+    campaign_polls = True  # ``Campaign`` calls with backoff; ``timeout=0``: one call
+
     def __init__(self, config: CoordinationConfig, *, connect: Callable[[str, str], Channel] | None = None,
                  promote: Callable[[Collection[str]], str | None] | None = None) -> None:
         """Opens (lazily connected) channels to ``config.address`` and ``config.members``; starts no thread yet.

@@ -93,6 +93,10 @@ __all__ = ["Leadership", "LeaderOnlyHook", "CampaignWhileTrainingHook", "Cluster
 log = logging.getLogger("psflow.recovery")
 
 
+#: Pauses of the background campaign between two asks of a polling backend (CoordinationBackend.campaign_polls).
+_FIRST_PAUSE, _MAX_PAUSE = 0.05, 0.4
+
+
 class RecoveryError(TrainingError, RuntimeError):
     """The cluster was not restored in time; names the tasks not ready (no checkpoint at all:
     :class:`~psflow.train.state_loss.StateLostError`)."""
@@ -160,8 +164,9 @@ class Leadership:
     def stop_campaigning(self) -> None:
         """Stops the background campaign, keeping a lease held (the backend goes on renewing it):
         once it returns, this worker takes no new lease until :meth:`start`; idempotent. Blocks until
-        the campaign thread ends (at most one campaign call, about a second); that call may still be
-        granted, and the lease is then held (and logged) like any other."""
+        the campaign thread ends (at most one campaign call: one RPC with a polling backend such as the
+        embedded one, about a second with one the service wakes); that call may still be granted, and
+        the lease is then held (and logged) like any other."""
         self._closed.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
@@ -237,11 +242,20 @@ class Leadership:
         return lease
 
     def _run(self) -> None:
+        # A polling backend is asked once per call and the pauses are waits on _closed: stop_campaigning then
+        # returns within one Campaign call (a call of a second's polling held the last worker's end until the
+        # lease was granted, up to 0.4 s after the other worker resigned). The pauses grow as that call's did
+        # (0.05 s, doubling up to 0.4 s), without its restart every second: fewer calls, not more.
+        polls = self.backend.campaign_polls
+        pause = _FIRST_PAUSE
         while not self._closed.is_set():
             if self.lease() is None:
                 try:
-                    lease = self.backend.campaign(self.candidate, timeout=1.0)
+                    lease = self.backend.campaign(self.candidate, timeout=0.0 if polls else 1.0)
                 except CampaignTimeoutError:
+                    if polls:
+                        self._closed.wait(pause)
+                        pause = min(pause * 2, _MAX_PAUSE)
                     continue
                 except CoordinationError as e:
                     log.info("%s: campaign failed: %s; retrying", self.candidate, e)
@@ -252,6 +266,7 @@ class Leadership:
                     self._lease = lease
                 # Said even when the campaign was stopped meanwhile (its data ended): the lease is held all the same.
                 log.info("%s: elected chief (epoch %d)", self.candidate, lease.epoch)
+                pause = _FIRST_PAUSE
                 if self._closed.is_set():
                     break
             self._closed.wait(self._poll)

@@ -54,3 +54,44 @@ def test_a_lease_granted_while_the_campaign_stops_is_held_and_logged(caplog: pyt
     lease = leadership.lease()
     assert lease is not None and lease.epoch == 7    # held: handed on by linger, or kept for the final checkpoint
     assert "/job:worker/task:0: elected chief (epoch 7)" in caplog.text
+
+
+class _PollingService(HeldLeases):
+    """A backend that polls its service (as :class:`~psflow.coord.embedded.EmbeddedBackend` does): a campaign
+    call asks until its ``timeout``, and the service grants nobody until the test ends; counts the calls in flight."""
+
+    campaign_polls = True
+
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+        self.released = threading.Event()
+        self.in_flight = 0
+        self.timeouts: list[float | None] = []
+
+    def campaign(self, candidate: str, *, election: str = DEFAULT_ELECTION, timeout: float | None = None) -> Lease:
+        self.in_flight += 1
+        self.timeouts.append(timeout)
+        self.asked.set()
+        try:
+            self.released.wait(timeout=timeout)  # the other holder keeps the lease meanwhile
+            raise CampaignTimeoutError(f"{candidate}: election {election!r} still led by another")
+        finally:
+            self.in_flight -= 1
+
+
+def test_stopping_the_campaign_on_a_polling_backend_waits_for_no_campaign_call() -> None:
+    # The last worker's data ends while its background campaign waits for the lease another worker still holds:
+    # it stops campaigning, then campaigns in its own thread for the final duties (take_final_duties). A campaign
+    # call of a second's polling left running until the call's end delayed every run's end (issue 29).
+    backend = _PollingService()
+    leadership = Leadership(backend, "/job:worker/task:1")
+    leadership.start()
+    assert backend.asked.wait(timeout=30)
+    try:
+        leadership.stop_campaigning()
+        assert not leadership.campaigning()
+        assert backend.in_flight == 0           # nothing of the campaign left running: no lease can come later
+        assert backend.timeouts and set(backend.timeouts) == {0.0}  # one ask per call; the pauses are Leadership's
+    finally:
+        backend.released.set()
+        leadership.close()
