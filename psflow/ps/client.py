@@ -153,8 +153,9 @@ class ParameterClient:
 
         Only the chief initializes (see :mod:`psflow.ps.service`, ``Register``).
         A non-chief client blocks until the chief has initialized (or
-        restored) every ps task, asking again with exponential backoff
-        (``backoff_initial`` .. ``backoff_max``); it never sleeps a fixed time.
+        restored) every ps task, asking again every 0.02 s for about a second,
+        then with exponential backoff (``backoff_initial`` .. ``backoff_max``;
+        :func:`psflow.ps.registration.ready_waits`); it never sleeps a fixed time.
 
         Args:
             optimizer: the model's optimizer.

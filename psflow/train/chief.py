@@ -31,7 +31,8 @@ Chief, in order:
 
 Any other client (non-chief workers, the launcher, tools) registers with
 ``chief=False``: it never initializes anything; it asks the ps tasks again
-with bounded exponential backoff until the chief has made them ready, and
+(every 0.02 s for about a second, then with bounded exponential backoff:
+:func:`psflow.ps.registration.ready_waits`) until the chief has made them ready, and
 fails with :class:`~psflow.rpc.api.TaskUnavailableError` after
 ``ready_timeout`` seconds. No fixed sleeps.
 

@@ -1,0 +1,80 @@
+"""How often a non-chief asks whether the chief made the ps tasks ready (psflow.ps.registration.ready_waits).
+
+Issue 29: the second worker of a short run asked at 0.05, 0.1, 0.2 s... and started its first step up to 0.35 s
+after the chief had initialized the variables; its data then ended that much after the chief's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+
+from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.registration import ready_waits
+from psflow.ps.service import ParameterService
+from psflow.rpc.api import ConnectConfig, TaskUnavailableError
+from psflow.rpc.inprocess import InProcessChannel
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_the_first_second_is_asked_every_20_ms_then_with_exponential_backoff() -> None:
+    config = ConnectConfig(backoff_initial=0.05, backoff_max=2.0)
+    waits = list(itertools.islice(ready_waits(config), 60))
+    fast = [w for w in waits if w <= 0.02]
+    assert waits[:len(fast)] == fast and all(w == 0.02 for w in fast)  # the fast asks come first
+    assert sum(fast) >= 1.0                                           # about the first second
+    assert waits[len(fast):len(fast) + 6] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.6]
+    assert waits[len(fast) + 6:] == [2.0] * (60 - len(fast) - 6)     # bounded by backoff_max
+
+
+def test_a_shorter_backoff_than_the_fast_pause_is_kept() -> None:
+    config = ConnectConfig(backoff_initial=0.01, backoff_max=0.04)
+    waits = list(itertools.islice(ready_waits(config), 60))
+    assert max(waits) <= 0.04 and waits[0] == 0.01
+
+
+def _clients() -> tuple[ParameterClient, ParameterClient]:
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
+    vs = VariableSet(replica_device_setter(cluster=cluster))
+    vs.get_variable("emb", (6, 2))   # ps task 0
+    vs.get_variable("bias", (2,))    # ps task 1
+    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
+
+    def client(name: str) -> ParameterClient:
+        channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
+        return ParameterClient(cluster, vs.placements(), client_name=name, channels=channels)
+
+    return client("/job:worker/task:0"), client("/job:worker/task:1")
+
+
+def test_a_worker_waits_for_the_chief_to_make_every_ps_task_ready() -> None:
+    chief, other = _clients()
+    optimizer = OptimizerSpec("sgd", {"learning_rate": 1.0})
+    outcome: list[bool | BaseException] = []
+
+    def join() -> None:
+        try:
+            outcome.append(other.register(optimizer, ready_timeout=30.0))
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            outcome.append(e)
+
+    waiter = threading.Thread(target=join, daemon=True)
+    waiter.start()
+    waiter.join(timeout=0.2)
+    assert outcome == []                                   # nothing is ready: it keeps asking
+    assert chief.register(optimizer, chief=True)           # the chief creates the variables
+    waiter.join(timeout=30)
+    assert outcome == [False]                              # ready for the other worker, created by the chief
+    assert other.pull({"bias": None})["bias"].shape == (2,)
+
+
+def test_a_worker_whose_chief_never_comes_names_the_tasks_not_ready() -> None:
+    _, other = _clients()
+    with pytest.raises(TaskUnavailableError, match=r"/job:ps/task:0, /job:ps/task:1 not initialized by the chief"):
+        other.register(OptimizerSpec("sgd", {"learning_rate": 1.0}), ready_timeout=0.3)
