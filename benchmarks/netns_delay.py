@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_tf_peer import _STEP, _stamp
+from bench_tf_peer import _STEP, _stamp, snapshot_psflow
 from netns import NetnsLab
 from results_md import replace_section
 
@@ -91,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="(--delay) the workers' --steps-in-flight values to run ('default': the flag left out)")
     p.add_argument("--sides", default="loopback,relay0,relayD", help="(--delay) which sides to run")
     p.add_argument("--run-timeout", type=float, default=900.0)
+    p.add_argument("--rev", default="worktree", help="(--delay) the psflow measured: a revision, extracted, built and "
+                   "run from a snapshot under /tmp/tf_peer/psflow-src (others' uncommitted edits in the checkout do "
+                   "not reach it), or 'worktree' (the checkout as it is; the default)")
     p.add_argument("--auc", action="store_true", help="(--delay) after the timed runs, one untimed run per "
                    "--steps-in-flight value through the relay at the delay with --eval: AUC per K")
 
@@ -223,12 +226,13 @@ def run_once(args: argparse.Namespace, side: str, k: str, *, evaluate: bool = Fa
 
 
 def main(args: argparse.Namespace) -> int:
-    # ``python -m psflow`` puts its working directory first on sys.path: from a checkout it would import that
-    # checkout, not the psflow PYTHONPATH names (a snapshot being measured).
     if args.auc:
         _eval_file(args)  # before the timed runs: a missing file fails at once
     name = section_name(args.delay, args.ps, args.workers)
     output = os.path.abspath(args.output or TRACKED_JSON.format(name=name))
+    _, psflow_label = snapshot_psflow(args.rev, "/tmp/tf_peer")
+    # ``python -m psflow`` puts its working directory first on sys.path: from a checkout it would import that
+    # checkout, not the psflow PYTHONPATH names (a snapshot being measured).
     os.chdir(tempfile.gettempdir())
     sides = [s for s in args.sides.split(",") if s]
     ks = [k for k in args.steps_in_flight.split(",") if k]
@@ -252,7 +256,7 @@ def main(args: argparse.Namespace) -> int:
                   f"final step {r['final_step']}  load {r['load_average_1min']:.1f}", flush=True)
     result = {"workload": f"sparse LR (400,000 examples, TFRecord, FTRL, batch 512), {args.ps} ps + {args.workers} "
                           f"workers, async, gRPC, {args.epochs} epoch(s), --log-every 1",
-              "delay_ms_one_way": args.delay, "round_trip_added_ms": 2 * args.delay, "pairs": args.pairs,
+              "psflow": psflow_label, "delay_ms_one_way": args.delay, "round_trip_added_ms": 2 * args.delay, "pairs": args.pairs,
               "summary": _summary(runs, sides, ks), "runs": runs, "auc_runs": auc_runs, "cpus": os.cpu_count(),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
@@ -303,7 +307,9 @@ def _markdown(result: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [
         f"Command: `benchmarks/bench_netns.py --delay {args.delay:g} --pairs {args.pairs} --epochs {args.epochs} "
         f"--ps {args.ps} --workers {args.workers} "
-        f"--steps-in-flight {args.steps_in_flight}` ({result['date']}, {result['cpus']} cores): {result['workload']}; "
+        f"--steps-in-flight {args.steps_in_flight}{' --auc' if result['auc_runs'] else ''}"
+        f"{'' if args.rev == 'worktree' else ' --rev ' + args.rev}` ({result['date']}, {result['cpus']} cores, psflow "
+        f"{result.get('psflow', 'working tree')}): {result['workload']}; "
         f"each task in its own network namespace, every call through tests/netns.py's relay at {args.delay:g} ms each way "
         f"({2 * args.delay:g} ms more per round trip) or 0 ms, and all on 127.0.0.1 (loopback), alternated in each "
         "repetition. Ratios: median of the per-repetition ratios. CPU: every process of the run (tasks and relay). "

@@ -57,7 +57,7 @@ def test_section_lists_per_repetition_ratios_and_auc_against_the_first_k(netns_d
             for side, steady in (("relay0", 100.0), ("relayD", 100.0 * d))]
     auc_runs = [{**_run(0, "relayD", "1", 50.0, 25.0), "auc": 0.8128, "examples": 800000, "final_step": 1564},
                 {**_run(0, "relayD", "4", 90.0, 45.0), "auc": 0.8110, "examples": 800000, "final_step": 1564}]
-    args = argparse.Namespace(delay=5.0, pairs=2, epochs=2, ps=2, workers=4, steps_in_flight="1,4")
+    args = argparse.Namespace(delay=5.0, pairs=2, epochs=2, ps=2, workers=4, steps_in_flight="1,4", rev="worktree")
     result = {"workload": "w", "date": "d", "cpus": 2, "runs": runs, "auc_runs": auc_runs,
               "summary": netns_delay._summary(runs, ["relay0", "relayD"], ["1", "4"])}
     text = netns_delay._markdown(result, args)
