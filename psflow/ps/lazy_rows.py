@@ -248,8 +248,8 @@ class LazyRows:
 
 def ensure_together(jobs: Sequence[tuple[LazyRows, np.ndarray, np.ndarray, Mapping[str, np.ndarray], np.ndarray | None]]
                     ) -> None:
-    """:meth:`LazyRows.ensure` of each ``(lazy, rows, value, slots, average)`` of ``jobs`` (distinct partitions,
-    the caller holding every one's lock), the new rows of all the random ones computed in one
+    """:meth:`LazyRows.ensure` of each ``(lazy, rows, value, slots, average)`` of ``jobs`` (a partition may come
+    twice; the caller holds every one's lock), the new rows of all the random ones computed in one
     :func:`~psflow.ps.initializers.initial_rows_many` call per dtype: the same content, bit for bit, as one
     :meth:`~LazyRows.ensure` per partition, for one call's numpy overhead instead of one per table (W&D's 26 deep
     tables gain a few dozen new rows each in a step). All or nothing: if building fails, every job's new rows

@@ -345,9 +345,9 @@ class ParameterService:
         store = variables.partitions
         if averages:  # the steps since this task's last push moved them too (psflow.ps.averages)
             variables.averages.catch_up(store.partitions(), table_step)
-        store.materialize_together(wanted)  # a request's new lazy rows, built in one pass
-        out = {part.key: store.read(part, rows, step=table_step, create=create, average=averages)
-               for part, rows in wanted}
+        built = store.materialize_together(wanted)  # a request's new lazy rows, built in one pass
+        out = {part.key: store.read(part, rows, step=table_step, create=create, average=averages,
+                                    built=part.key in built) for part, rows in wanted}
         if wanted:
             self.counters.pulled(sum(v.shape[0] for v in out.values()), sum(v.nbytes for v in out.values()),
                                  time.perf_counter() - started)

@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 __all__ = ["PartitionState", "ParameterStore", "partition_key", "StoreError"]
 
 
+#: What :meth:`ParameterStore.materialize_together` returns when it builds nothing.
+_NONE_BUILT: frozenset[str] = frozenset()
+
+
 def partition_key(var_name: str, index: int) -> str:
     """The name a partition has on the wire and in the store: ``w/part_0``."""
     return f"{var_name}/part_{index}"
@@ -212,8 +216,11 @@ class ParameterStore:
     # ---- data path ---------------------------------------------------------
     @staticmethod
     def read(part: PartitionState, rows: np.ndarray | None, *, step: int | None = None, create: bool = False,
-             average: bool = False) -> np.ndarray:
+             average: bool = False, built: bool = False) -> np.ndarray:
         """A copy of the whole partition or of ``rows`` (validated by the caller).
+
+        ``built``: the caller knows every one of ``rows`` is built (:meth:`materialize_together` named the
+        partition, and a built row never becomes unbuilt again): the pass that would look for new rows is skipped.
 
         A dynamic table's share: the rows of the ids ``rows`` (zeros for ids
         without one), as of global step ``step``; ``create``: a training
@@ -226,7 +233,8 @@ class ParameterStore:
                 raise StoreError(f"{part.describe} is read by ids, never whole")
             return part.table.lookup(rows, step=step, create=create)[0]
         with part.lock:
-            part.materialize(rows)
+            if not built:
+                part.materialize(rows)
             value: np.ndarray = part.average if average and part.average is not None else part.value
             if rows is None:
                 return value.copy()
@@ -244,31 +252,40 @@ class ParameterStore:
             return out
 
     @staticmethod
-    def materialize_together(wanted: Sequence[tuple[PartitionState, np.ndarray | None]]) -> None:
+    def materialize_together(wanted: Sequence[tuple[PartitionState, np.ndarray | None]]) -> frozenset[str]:
         """Builds, in one pass (:func:`~psflow.ps.lazy_rows.ensure_together`), the rows not built yet that the
         reads of ``wanted`` (partition, valid local rows or None) will touch, for the lazy partitions among
         them whose lock is free: what the reads then find is built (the same content they would build one
         partition at a time). Never waits: a lock another thread holds is skipped (that partition's read builds
         its rows itself), so holding the others cannot deadlock. Fewer than two lazy partitions: nothing to
-        gain, nothing done. Blocks the partitions' other users for the build's duration."""
+        gain, nothing done. Blocks the partitions' other users for the build's duration.
+
+        Returns:
+            The keys of the partitions whose rows in ``wanted`` are all built now (a read of them may pass
+            ``built=True``).
+        """
         if sum(1 for part, rows in wanted if part.lazy is not None and rows is not None) < 2:
-            return
-        held: list[PartitionState] = []
+            return _NONE_BUILT
+        held: dict[int, PartitionState] = {}  # by id(): a partition named twice is locked once, built for both
         try:
             jobs = []
             for part, rows in wanted:
-                if part.lazy is None or rows is None or not part.lock.acquire(blocking=False):
+                if part.lazy is None or rows is None:
                     continue
-                held.append(part)
+                if id(part) not in held:
+                    if not part.lock.acquire(blocking=False):
+                        continue
+                    held[id(part)] = part
                 lazy = part.lazy  # read again under the lock
                 if lazy is not None:
                     jobs.append((lazy, rows, part.value, part.slots, part.average))
             ensure_together(jobs)
-            for part in held:
+            for part in held.values():
                 if part.lazy is not None and part.lazy.complete:
                     part.lazy = None  # every row built: the checks are gone
+            return frozenset(part.key for part in held.values())
         finally:
-            for part in held:
+            for part in held.values():
                 part.lock.release()
 
     @staticmethod

@@ -85,10 +85,12 @@ def test_partitions_built_together_equal_eager_ones(first_touch: str, monkeypatc
     store = ParameterStore()
     for _ in range(6):
         wanted = [(p, rng.integers(0, p.value.shape[0], 50).astype(np.int64)) for p in lazy]
-        store.materialize_together(wanted)
+        built = store.materialize_together(wanted)
+        assert built == {p.key for p in lazy}
         for (part, rows), twin in zip(wanted, eager, strict=True):
             assert part.lazy is None or bool(part.lazy.marks[rows].all())  # built before the read
-            assert ParameterStore.read(part, rows).tobytes() == ParameterStore.read(twin, rows).tobytes()
+            got = ParameterStore.read(part, rows, built=True)  # no second look for new rows
+            assert got.tobytes() == ParameterStore.read(twin, rows).tobytes()
     for part, twin in zip(lazy, eager, strict=True):
         assert part.lazy is not None and 0 < part.lazy.count == int(np.count_nonzero(part.lazy.marks))
         value, slots = partition_copy(part)
@@ -121,12 +123,30 @@ def test_a_partition_locked_elsewhere_is_left_to_its_own_read(monkeypatch: pytes
     held = lazy[0]
     with held.lock:
         done = threading.Event()
-        worker = threading.Thread(target=lambda: (ParameterStore().materialize_together([(p, rows) for p in lazy]),
-                                                  done.set()))
+        built: list[frozenset[str]] = []
+        worker = threading.Thread(target=lambda: (built.append(ParameterStore().materialize_together(
+            [(p, rows) for p in lazy])), done.set()))
         worker.start()
         assert done.wait(60), "materialize_together waited for a lock held elsewhere"
         worker.join(60)
     assert held.lazy is not None and held.lazy.count == 0
+    assert built == [frozenset(p.key for p in lazy[1:])]  # the skipped one is not named: its read looks itself
     assert all(p.lazy is not None and p.lazy.count == 2 for p in lazy[1:])
     for part, twin in zip(lazy, eager, strict=True):
         assert ParameterStore.read(part, rows).tobytes() == ParameterStore.read(twin, rows).tobytes()
+
+
+def test_a_partition_named_twice_gets_the_rows_of_both() -> None:
+    """A request naming one partition twice: both entries' rows are built (its lock is taken once), so a read of
+    either with ``built=True`` holds the initial values."""
+    monkeypatch = pytest.MonkeyPatch()
+    try:
+        eager, lazy = _tables(False, monkeypatch), _tables(True, monkeypatch)
+    finally:
+        monkeypatch.undo()
+    first, second = np.array([5, 6], np.int64), np.array([9, 5, 40], np.int64)
+    wanted = [(lazy[0], first), (lazy[2], first), (lazy[0], second)]
+    assert ParameterStore().materialize_together(wanted) == {lazy[0].key, lazy[2].key}
+    assert lazy[0].lazy is not None and lazy[0].lazy.count == 4
+    for rows in (first, second):
+        assert ParameterStore.read(lazy[0], rows, built=True).tobytes() == ParameterStore.read(eager[0], rows).tobytes()
