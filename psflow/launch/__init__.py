@@ -12,6 +12,7 @@ Classes and functions, by file:
   process group, ended by pid), :class:`~psflow.launch.processes.TaskProcess`,
   :class:`~psflow.launch.processes.TaskHosts`, :class:`~psflow.launch.processes.LaunchError`,
   :func:`~psflow.launch.processes.failure_report`.
+* ``exits.py`` -- :func:`~psflow.launch.exits.wait_for_exit`: the watch loop's wait, woken by a task's exit.
 * ``eval_set.py`` -- :class:`~psflow.launch.eval_set.EvalSet`: the eval set, read while the tasks train.
 * ``in_process.py`` -- :func:`~psflow.launch.in_process.run_in_process`: the fast path with no RPC.
 * ``task.py`` -- the entry point of one task process (:func:`~psflow.launch.task.run_task`: a ps task

@@ -65,6 +65,7 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster.replicas import BACKUP_JOB
 from psflow.errors import CheckpointError
 from psflow.launch.eval_set import EvalSet
+from psflow.launch.exits import wait_for_exit
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.port_retry import PORT_ATTEMPTS, PortTaken, StartupWatch, taken_port
 from psflow.launch.processes import LaunchError, LocalCluster, TaskHosts, TaskProcess, failure_report
@@ -289,7 +290,8 @@ def _watch_loop(lc: LocalCluster, client: Any, progress: TextIO | None, every: f
             last_print = time.monotonic()
         if done:
             return
-        time.sleep(0.05)
+        # Woken at once when a task exits (the last worker's exit ends the training phase), else after 0.05 s.
+        wait_for_exit([t.popen for t in lc.tasks if t.exit_code is None], 0.05)
 
 
 def _shut_down_members(lc: LocalCluster) -> None:
