@@ -257,21 +257,23 @@ class ParameterStore:
         reads of ``wanted`` (partition, valid local rows or None) will touch, for the lazy partitions among
         them whose lock is free: what the reads then find is built (the same content they would build one
         partition at a time). Never waits: a lock another thread holds is skipped (that partition's read builds
-        its rows itself), so holding the others cannot deadlock. Fewer than two lazy partitions: nothing to
-        gain, nothing done. Blocks the partitions' other users for the build's duration.
+        its rows itself), so holding the others cannot deadlock. A partition ``wanted`` also reads whole is left
+        to that read (it builds every row). Fewer than two lazy partitions: nothing to gain, nothing done.
+        Blocks the partitions' other users for the build's duration.
 
         Returns:
             The keys of the partitions whose rows in ``wanted`` are all built now (a read of them may pass
             ``built=True``).
         """
-        if sum(1 for part, rows in wanted if part.lazy is not None and rows is not None) < 2:
+        whole = {id(part) for part, rows in wanted if rows is None}
+        by_rows = [(part, rows) for part, rows in wanted
+                   if rows is not None and part.lazy is not None and id(part) not in whole]
+        if len(by_rows) < 2:
             return _NONE_BUILT
         held: dict[int, PartitionState] = {}  # by id(): a partition named twice is locked once, built for both
         try:
             jobs = []
-            for part, rows in wanted:
-                if part.lazy is None or rows is None:
-                    continue
+            for part, rows in by_rows:
                 if id(part) not in held:
                     if not part.lock.acquire(blocking=False):
                         continue

@@ -150,3 +150,17 @@ def test_a_partition_named_twice_gets_the_rows_of_both() -> None:
     assert lazy[0].lazy is not None and lazy[0].lazy.count == 4
     for rows in (first, second):
         assert ParameterStore.read(lazy[0], rows, built=True).tobytes() == ParameterStore.read(eager[0], rows).tobytes()
+
+
+def test_a_partition_also_read_whole_is_not_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request reading one partition by rows and whole: only the rows are built together, so the partition is not
+    named (its whole read builds every row itself, as the service's read does with what is returned)."""
+    eager, lazy = _tables(False, monkeypatch), _tables(True, monkeypatch)
+    rows = np.array([5, 6], np.int64)
+    wanted: list[tuple[PartitionState, np.ndarray | None]] = [(lazy[0], rows), (lazy[2], rows), (lazy[4], rows),
+                                                              (lazy[0], None)]
+    built = ParameterStore().materialize_together(wanted)
+    assert built == {lazy[2].key, lazy[4].key}
+    for (part, part_rows), twin in zip(wanted, (eager[0], eager[2], eager[4], eager[0]), strict=True):
+        got = ParameterStore.read(part, part_rows, built=part.key in built)
+        assert got.tobytes() == ParameterStore.read(twin, part_rows).tobytes(), part.describe
