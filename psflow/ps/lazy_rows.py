@@ -110,23 +110,17 @@ class LazyRows:
         self.count = 0  # rows marked
         row_size = int(np.prod(self.full_shape[1:], dtype=np.int64)) if len(self.full_shape) > 1 else 1
         self._chunk_rows = max(1, _CHUNK_ELEMENTS // max(1, row_size))  # rows a whole-partition path takes at a time
-        self._template = self._constant_rows()
+        # A constant initializer's (zeros, ones, constant) row, the same for every row of the partition; None for
+        # a random one (each row then built from its index).
+        self._constant_row = (initial_rows(self.initializer, self.full_shape, np.array([self.row_start], np.int64),
+                                           self.dtype)[0]
+                              if self.initializer.get("name") in CONSTANT_INITIALIZERS else None)
         # Each slot's initial row: Optimizer.create_slots fills a slot with one constant whatever the value
-        # (only its shape is read), so a row built from a random initial value gets this row, broadcast.
+        # (only its shape is read), so a built row gets this row, broadcast.
         row_shape = (1, *self.full_shape[1:])
         self._slot_rows = ({name: slot[0] for name, slot in
                             self.optimizer.create_slots(np.zeros(row_shape, np.float32)).items()
                             if name in self.optimizer.slot_names} if self.optimizer is not None else {})
-
-    def _constant_rows(self) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
-        """A constant initializer's (zeros, ones, constant) row and each slot's initial row, the same for every row
-        of the partition; None for a random one (each row then built from its index)."""
-        if self.initializer.get("name") not in CONSTANT_INITIALIZERS:
-            return None
-        initial = initial_rows(self.initializer, self.full_shape, np.array([self.row_start], dtype=np.int64), self.dtype)
-        fresh = self.optimizer.create_slots(initial) if self.optimizer is not None else {}
-        slot_names = self.optimizer.slot_names if self.optimizer is not None else ()
-        return initial[0], {name: fresh[name][0] for name in slot_names}
 
     @property
     def complete(self) -> bool:
@@ -137,22 +131,13 @@ class LazyRows:
                        average: np.ndarray | None, *, out_rows: np.ndarray | None = None) -> None:
         """Writes the initial content of local ``rows`` into ``value``/``slots``/``average`` at ``out_rows``
         (default: ``rows``)."""
-        at = rows if out_rows is None else out_rows
-        if self._template is not None:  # a constant initializer: one row, broadcast (the same bits as built rows)
-            row, slot_rows = self._template
-            value[at] = row
-            if average is not None:
-                average[at] = row
-            for name, slot_row in slot_rows.items():
-                if name in slots:
-                    slots[name][at] = slot_row
-            return
-        self._write_built(at, initial_rows(self.initializer, self.full_shape, rows + self.row_start, self.dtype),
-                          value, slots, average)
+        initial = (self._constant_row if self._constant_row is not None  # one row, broadcast: the same bits
+                   else initial_rows(self.initializer, self.full_shape, rows + self.row_start, self.dtype))
+        self._write_built(rows if out_rows is None else out_rows, initial, value, slots, average)
 
     def _write_built(self, at: np.ndarray, initial: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                      average: np.ndarray | None) -> None:
-        """Writes a random initializer's ``initial`` rows into ``value`` (and ``average``) at ``at``, and each
+        """Writes the ``initial`` rows (or one row, broadcast) into ``value`` (and ``average``) at ``at``, and each
         slot's initial row there."""
         value[at] = initial
         if average is not None:
@@ -264,7 +249,7 @@ def ensure_together(jobs: Sequence[tuple[LazyRows, np.ndarray, np.ndarray, Mappi
                                        np.ndarray | None]]] = {}
         for job in claimed:
             lazy, new, value, slots, average = job
-            if lazy._template is not None or new.size > lazy._chunk_rows:  # constant, or too many for one pass
+            if lazy._constant_row is not None or new.size > lazy._chunk_rows:  # constant, or too many for one pass
                 lazy._write_chunks(new, value, slots, average)
             else:
                 by_dtype.setdefault(lazy.dtype, []).append(job)
