@@ -200,8 +200,8 @@ _KINDS = {"random_uniform": "uniform", "glorot_uniform": "uniform", "random_norm
 
 
 def _affine(p: Mapping[str, Any], full_shape: tuple[int, ...]) -> tuple[float, float]:
-    """``(a, b)`` such that :func:`_random_values` returns ``a + b * draw`` for the validated random ``p``: the
-    same Python floats its expressions compute."""
+    """``(a, b)``: the validated random ``p``'s values are ``a + b * draw`` (a uniform or normal draw), in
+    :func:`_random_values` and :func:`_kind_values` alike."""
     name = p["name"]
     if name == "random_uniform":
         lo, hi = float(p["minval"]), float(p["maxval"])
@@ -276,22 +276,13 @@ _CHUNK = 1 << 15
 
 def _random_values(p: Mapping[str, Any], full_shape: tuple[int, ...], k: np.ndarray) -> np.ndarray:
     """float64 values of a validated random initializer ``p`` at the flat indices ``k`` (uint64)."""
-    name = p["name"]
     seed = int(p["seed"])
-    if name == "random_uniform":
-        u = _uniform_at(seed, k)
-        lo, hi = float(p["minval"]), float(p["maxval"])
-        out: np.ndarray = lo + (hi - lo) * u
-        return out
-    if name == "glorot_uniform":
-        fan_in = full_shape[0]
-        fan_out = full_shape[1] if len(full_shape) > 1 else full_shape[0]
-        limit = float(np.sqrt(6.0 / max(1, fan_in + fan_out)))
-        u = _uniform_at(seed, k)
-        out = -limit + 2 * limit * u
+    a, b = _affine(p, full_shape)
+    if _KINDS[p["name"]] == "uniform":
+        out: np.ndarray = a + b * _uniform_at(seed, k)
         return out
     z = _standard_normal(seed, k)
-    if name == "truncated_normal":
+    if p["name"] == "truncated_normal":
         # TF's truncated_normal: a draw more than 2 stddev from the mean is drawn again. Here the
         # redraws are further counter-based streams (seed + r), so every element stays a function of
         # (seed, k) alone; after 8 redraws (probability 0.0455**9, about 1e-12) the draw is clipped.
@@ -301,7 +292,7 @@ def _random_values(p: Mapping[str, Any], full_shape: tuple[int, ...], k: np.ndar
                 break
             z[outside] = _standard_normal(seed + redraw * 0x632BE5AB, k[outside])
         z = np.clip(z, -2.0, 2.0)
-    out = float(p["mean"]) + float(p["stddev"]) * z
+    out = a + b * z
     return out
 
 
