@@ -128,12 +128,11 @@ class LazyRows:
         return self.count >= self.rows
 
     def _write_initial(self, rows: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
-                       average: np.ndarray | None, *, out_rows: np.ndarray | None = None) -> None:
-        """Writes the initial content of local ``rows`` into ``value``/``slots``/``average`` at ``out_rows``
-        (default: ``rows``)."""
+                       average: np.ndarray | None) -> None:
+        """Writes the initial content of local ``rows`` into ``value``/``slots``/``average``."""
         initial = (self._constant_row if self._constant_row is not None  # one row, broadcast: the same bits
                    else initial_rows(self.initializer, self.full_shape, rows + self.row_start, self.dtype))
-        self._write_built(rows if out_rows is None else out_rows, initial, value, slots, average)
+        self._write_built(rows, initial, value, slots, average)
 
     def _write_built(self, at: np.ndarray, initial: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
                      average: np.ndarray | None) -> None:
