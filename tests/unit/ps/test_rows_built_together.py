@@ -136,14 +136,10 @@ def test_a_partition_locked_elsewhere_is_left_to_its_own_read(monkeypatch: pytes
         assert ParameterStore.read(part, rows).tobytes() == ParameterStore.read(twin, rows).tobytes()
 
 
-def test_a_partition_named_twice_gets_the_rows_of_both() -> None:
+def test_a_partition_named_twice_gets_the_rows_of_both(monkeypatch: pytest.MonkeyPatch) -> None:
     """A request naming one partition twice: both entries' rows are built (its lock is taken once), so a read of
     either with ``built=True`` holds the initial values."""
-    monkeypatch = pytest.MonkeyPatch()
-    try:
-        eager, lazy = _tables(False, monkeypatch), _tables(True, monkeypatch)
-    finally:
-        monkeypatch.undo()
+    eager, lazy = _tables(False, monkeypatch), _tables(True, monkeypatch)
     first, second = np.array([5, 6], np.int64), np.array([9, 5, 40], np.int64)
     wanted = [(lazy[0], first), (lazy[2], first), (lazy[0], second)]
     assert ParameterStore().materialize_together(wanted) == {lazy[0].key, lazy[2].key}
