@@ -153,7 +153,8 @@ class ParameterClient:
 
         Only the chief initializes (see :mod:`psflow.ps.service`, ``Register``).
         A non-chief client blocks until the chief has initialized (or
-        restored) every ps task, asking again every 0.02 s for about a second,
+        restored) every ps task, asking again every 0.02 s times the number of
+        workers that wait (the cluster's other workers) for about a second,
         then with exponential backoff (``backoff_initial`` .. ``backoff_max``;
         :func:`psflow.ps.registration.ready_waits`); it never sleeps a fixed time.
 
@@ -175,7 +176,9 @@ class ParameterClient:
         request = RegisterRequest(tuple(self.layout.values()), optimizer, self.sync, self.client_name, chief,
                                   defer_ready)
         limit = self.config.connect_timeout if ready_timeout is None else ready_timeout
-        return register_layout(self.channels, self.step_task, request, self.config, limit, call=self.call_async)
+        workers = self.cluster.num_tasks("worker") if "worker" in self.cluster.jobs else 1
+        return register_layout(self.channels, self.step_task, request, self.config, limit, call=self.call_async,
+                               askers=workers - 1)
 
     # ---- data path ---------------------------------------------------------
     def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False,

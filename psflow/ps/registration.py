@@ -5,9 +5,10 @@ to the task holding global_step first, which decides whether this client's
 layout agrees with the registered one (so two clients never split the tasks
 between them), then to the others. Only the chief's call initializes (see
 :mod:`psflow.ps.service`, ``Register``); any other client asks again until every
-task is ready (:func:`ready_waits`: every 0.02 s for about the first second, when
-a starting chief usually makes them ready, then with exponential backoff,
-``backoff_initial`` .. ``backoff_max``): it never sleeps a fixed time. Idempotent.
+task is ready (:func:`ready_waits`: for about the first second, when a starting
+chief usually makes them ready, every 0.02 s times the number of workers that
+wait, then with exponential backoff, ``backoff_initial`` .. ``backoff_max``): it
+never sleeps a fixed time. Idempotent.
 """
 
 from __future__ import annotations
@@ -23,21 +24,29 @@ __all__ = ["register_layout", "ready_waits"]
 
 log = logging.getLogger("psflow.ps.client")
 
-#: A non-chief's asks while the chief initializes: every ``_FAST_POLL`` s, ``_FAST_ASKS`` times (about a second).
+#: The non-chiefs' asks while the chief initializes, all of them together: one every ``_FAST_POLL`` s at each ps
+#: task, ``_FAST_ASKS`` in all (about a second).
 _FAST_POLL, _FAST_ASKS = 0.02, 50
 
 
-def ready_waits(config: ConnectConfig) -> Iterator[float]:
+def ready_waits(config: ConnectConfig, *, askers: int = 1) -> Iterator[float]:
     """The pauses of a non-chief between two asks whether every ps task is ready; endless, pure.
 
-    ``_FAST_ASKS`` pauses of ``_FAST_POLL`` s (at most ``backoff_initial``) first: a run's workers start together and
-    the chief makes the tasks ready a fraction of a second after the others first ask (doubling from 0.05 s, a worker
-    started its first step up to 0.35 s after the chief's initialization, every run). Then exponential backoff from
-    ``backoff_initial`` to ``backoff_max``, for a chief that restores a checkpoint or is slow to start. A Register call
-    that finds the tasks not ready is cheap on the ps (a layout compared).
+    ``_FAST_ASKS // askers`` pauses of ``_FAST_POLL * askers`` s (at most ``backoff_initial``) first: a run's workers
+    start together and the chief makes the tasks ready a fraction of a second after the others first ask (doubling
+    from 0.05 s, a worker started its first step up to 0.35 s after the chief's initialization, every run). Then
+    exponential backoff from ``backoff_initial`` to ``backoff_max``, for a chief that restores a checkpoint or is slow
+    to start.
+
+    Args:
+        askers: the workers that wait together (all but the chief). The fast pause grows with them, so that each ps
+            task gets at most ``1 / _FAST_POLL`` asks a second from all of them (or as many as their backoff's first
+            pauses make): a Register call that finds the tasks not ready costs the ps 0.16-0.55 ms (2-30 variables;
+            4.5 ms at 300), and ps task 0 also serves the chief's initialization meanwhile.
     """
-    fast = min(_FAST_POLL, config.backoff_initial)
-    for _ in range(_FAST_ASKS):
+    spread = max(1, askers)
+    fast = min(_FAST_POLL * spread, config.backoff_initial)
+    for _ in range(_FAST_ASKS // spread):
         yield fast
     wait = config.backoff_initial
     while True:
@@ -47,12 +56,13 @@ def ready_waits(config: ConnectConfig) -> Iterator[float]:
 
 def register_layout(channels: Mapping[int, Channel], step_task: int, request: RegisterRequest,
                     config: ConnectConfig, limit: float,
-                    call: Callable[[int, RegisterRequest], PendingReply] | None = None) -> bool:
+                    call: Callable[[int, RegisterRequest], PendingReply] | None = None, *, askers: int = 1) -> bool:
     """Registers ``request`` on every ps task (``step_task`` first); a non-chief waits for the chief.
 
     Blocks for one round of calls (the chief), or until every task is ready (at most ``limit`` s).
     ``call(task, request)`` sends a call (default: on ``channels[task]``; a replicated client's follows a
-    shard to its new primary: Register is idempotent).
+    shard to its new primary: Register is idempotent). ``askers``: the non-chiefs that wait together
+    (:func:`ready_waits`).
 
     Returns:
         True if this call created the variables on ``step_task``.
@@ -63,7 +73,7 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
     """
     meta = request.to_frame().meta
     send = call or (lambda task, r: channels[task].call_async(r.METHOD, meta))
-    deadline, waits, attempt = time.monotonic() + limit, ready_waits(config), 0
+    deadline, waits, attempt = time.monotonic() + limit, ready_waits(config, askers=askers), 0
     while True:
         first = RegisterReply.from_frame(send(step_task, request).result())
         others = {i: send(i, request) for i in channels if i != step_task}

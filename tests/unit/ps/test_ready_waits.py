@@ -39,6 +39,20 @@ def test_a_shorter_backoff_than_the_fast_pause_is_kept() -> None:
     assert max(waits) <= 0.04 and waits[0] == 0.01
 
 
+def test_the_fast_asks_of_many_workers_together_stay_as_many_as_one_workers() -> None:
+    # 50 workers asking every 0.02 s for a second: 2500 Register calls a second at ps task 0, each 0.16-0.55 ms
+    # there (2-30 variables), while it serves the chief's initialization. Together they ask as one worker does.
+    config = ConnectConfig(backoff_initial=0.05, backoff_max=2.0)
+    one = list(itertools.islice(ready_waits(config), 50))
+    for askers in (2, 3, 10, 50):
+        waits = list(itertools.islice(ready_waits(config, askers=askers), 60))
+        fast = waits[:50 // askers]
+        assert all(w == min(0.02 * askers, 0.05) for w in fast), askers
+        assert askers * len(fast) <= len(one)                        # no more fast asks in all than one worker's
+        assert waits[len(fast):len(fast) + 4] == [0.05, 0.1, 0.2, 0.4]  # then the same backoff
+    assert list(itertools.islice(ready_waits(config, askers=0), 50)) == one  # a run with one worker: none wait
+
+
 def _clients() -> tuple[ParameterClient, ParameterClient]:
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
     vs = VariableSet(replica_device_setter(cluster=cluster))
