@@ -45,8 +45,10 @@ def wait_for_exit(processes: Iterable[subprocess.Popen[bytes]], timeout: float) 
         if not fds:
             time.sleep(timeout)
             return False
-        readable, _, _ = select.select(fds, [], [], timeout)
-        return bool(readable)
+        poller = select.poll()  # not select.select: a launcher of many tasks has descriptors past FD_SETSIZE (1024)
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        return bool(poller.poll(timeout * 1000))
     finally:
         for fd in fds:
             os.close(fd)

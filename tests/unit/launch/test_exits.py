@@ -56,3 +56,26 @@ def test_a_child_that_already_exited_returns_at_once_reaped_or_not() -> None:
     assert wait_for_exit([child], 30.0) is True  # exited (a zombie until reaped) or reaped by now
     child.wait(timeout=30)
     assert wait_for_exit([child], 30.0) is True  # reaped: its return code says it exited
+
+
+_MANY_DESCRIPTORS = """
+import os, resource, subprocess, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if hard != resource.RLIM_INFINITY and hard < 2048:
+    print("skip: hard limit", hard); sys.exit(0)
+resource.setrlimit(resource.RLIMIT_NOFILE, (2048, hard))
+held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # a launcher of many tasks: descriptors past 1024
+from psflow.launch.exits import wait_for_exit
+child = subprocess.Popen([sys.executable, "-c", "pass"])
+print(wait_for_exit([child], 30.0))
+child.wait()
+"""
+
+
+def test_descriptors_past_fd_setsize_are_waited_on() -> None:
+    # select.select refuses a descriptor >= 1024 (ValueError): the watch loop of a launcher with many tasks died
+    out = subprocess.run([sys.executable, "-c", _MANY_DESCRIPTORS], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("skip"):
+        pytest.skip(out.stdout.strip())
+    assert out.stdout.strip() == "True"
