@@ -82,7 +82,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 # _STEP, _stamp and parse_worker_logs: bench_dynamic_e2e.py and netns_delay.py use them from here
-from psflow_timing import _STEP, WARMUP_STEPS, _stamp, measured, parse_worker_logs, run_psflow_train  # noqa: E402,F401
+from psflow_timing import (  # noqa: E402,F401
+    _STEP,
+    WARMUP_STEPS,
+    _stamp,
+    measured,
+    parse_worker_logs,
+    rate_after_warmup,
+    run_psflow_train,
+)
 from results_md import replace_section  # noqa: E402
 
 EPOCH_STEPS = 782  # ceil(400,000 / 512)
@@ -230,11 +238,7 @@ def tf_after_warmup(run_dir: str | None, per_step: int) -> float | None:
     for path in glob.glob(os.path.join(run_dir or "", "worker-*.json")):
         with open(path) as f:
             samples += [(float(t), int(gs)) for t, gs, *_ in json.load(f).get("samples", [])]
-    warm = min(((t, gs) for t, gs in samples if gs >= WARMUP_STEPS), default=None)
-    if warm is None:
-        return None
-    end, top = max(t for t, _ in samples), max(gs for _, gs in samples)
-    return (top - warm[1]) * per_step / (end - warm[0]) if end > warm[0] else None
+    return rate_after_warmup(samples, per_step)
 
 
 # ------------------------------------------------------------------------------ the psflow side

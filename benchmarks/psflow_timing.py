@@ -6,6 +6,7 @@ Shared by bench_tf_peer.py (sparse LR) and bench_tf_peer_wd.py (W&D), which time
   worker logs (``--log-every 1``), or, for a run at psflow's default ``--log-every 100`` (``until_done``), to the
   workers' last "done after N local steps" line; plus the rate after ``warmup_steps`` global steps, read from
   the same lines (a run logging every 100 steps starts it at step 100, its first logged step >= 40).
+- :func:`rate_after_warmup`: that rate from (time, global step) samples, psflow's or TF's.
 - :func:`run_psflow_train`: one ``psflow train`` command in a child process, as a user types it.
 - :func:`measured`: a run plus the CPU seconds of every process it waited for (``RUSAGE_CHILDREN``) and the peak
   RSS (``VmHWM``) of its ps task processes (TF's and psflow's), sampled every 0.1 s.
@@ -85,10 +86,21 @@ def parse_worker_logs(run_dir: str, per_step: int = 512, *, until_done: bool = F
                 "step_values_logged": sum(len(v) for v in owners.values()),
                 "step_values_logged_by_2plus_workers": sum(1 for v in owners.values() if len(v) > 1),
                 "step_values_missing": None if until_done else sum(1 for s in range(1, max(owners) + 1) if s not in owners)}
-    warm = min(((t, step) for t, _, step in lines if step >= warmup_steps), default=None)
-    if warm is not None and end > warm[0]:
-        out["examples_per_sec_after_warmup"] = (max(owners) - warm[1]) * per_step / (end - warm[0])
+    warm = rate_after_warmup([(t, step) for t, _, step in lines], per_step, warmup_steps)
+    if warm is not None:
+        out["examples_per_sec_after_warmup"] = warm
     return out
+
+
+def rate_after_warmup(samples: list[tuple[float, int]], per_step: int, warmup_steps: int = WARMUP_STEPS) -> float | None:
+    """Examples a second from the first (time, global step) of ``samples`` at a step >= ``warmup_steps`` to the last
+    time, (highest step - that step) x ``per_step`` examples; None without such a sample or time after it. How psflow's
+    log lines (:func:`parse_worker_logs`) and TF's workers' samples (bench_tf_peer.tf_after_warmup) are read alike."""
+    warm = min(((t, step) for t, step in samples if step >= warmup_steps), default=None)
+    if warm is None:
+        return None
+    end, top = max(t for t, _ in samples), max(step for _, step in samples)
+    return (top - warm[1]) * per_step / (end - warm[0]) if end > warm[0] else None
 
 
 def run_psflow_train(cmd: list[str], *, src: str, output: str, timeout: float, per_step: int,
