@@ -87,6 +87,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_tf_peer_wd as wd  # noqa: E402
 from bench_tf_peer import extract_psflow, lr_command, machine  # noqa: E402
+from psflow_timing import parse_worker_logs  # noqa: E402
 from results_md import replace_section  # noqa: E402
 
 CLUSTER = ["--transport", "tcp", "--log-every", "1"]
@@ -158,21 +159,21 @@ def one_run(src: str, shape: str, args: argparse.Namespace, extra: list[str] | N
         m = json.load(f)
     if SHAPES[shape][1].endswith("_user"):  # logs every 100 steps: to the workers' "done" lines (in-process too:
         # its worker's wall_seconds holds the tables' initialization, 26 x 2^20 rows)
-        seconds = float(wd.parse_worker_logs(output, 512 * SHAPES[shape][3], until_done=True)["seconds"])
+        seconds = float(parse_worker_logs(output, 512 * SHAPES[shape][3], until_done=True)["seconds"])
     elif "--in-process" in SHAPES[shape][2]:
         seconds = float(m["workers"][0]["wall_seconds"])
     else:
-        seconds = float(wd.parse_worker_logs(output, 512 * SHAPES[shape][3])["seconds"])
+        seconds = float(parse_worker_logs(output, 512 * SHAPES[shape][3])["seconds"])
     ps = m.get("ps") or []
-    ps_cpu = sum(float(t.get("cpu_seconds_since_init") or 0.0) for t in (ps if isinstance(ps, list) else [ps]))
+    ps = ps if isinstance(ps, list) else [ps]  # --in-process: one entry
+    ps_cpu = sum(float(t.get("cpu_seconds_since_init") or 0.0) for t in ps)
     cpu = sum(float(w["train_cpu_seconds"]) for w in m["workers"]) + ps_cpu
     return {"steady": m["examples"] / seconds, "end_to_end": m["examples"] / wall, "cpu": m["examples"] / cpu,
             "cpu_seconds": cpu, "wall_seconds": wall, "cpu_seconds_total": cpu_total,
             "cpu_total": m["examples"] / cpu_total, "examples": m["examples"], "global_step": m["global_step"],
             "auc": (m.get("eval") or {}).get("auc"), "run_dir": output,
             # the ps tasks' CPU per push (--in-process: the whole process's, workers included)
-            "ps_cpu_ms_per_push": 1e3 * ps_cpu / max(1, sum(int(t.get("pushes") or 0) for t in
-                                                            (ps if isinstance(ps, list) else [ps])))}
+            "ps_cpu_ms_per_push": 1e3 * ps_cpu / max(1, sum(int(t.get("pushes") or 0) for t in ps))}
 
 
 def _flags_text(flags: list[str]) -> str:

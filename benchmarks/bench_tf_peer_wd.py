@@ -110,7 +110,7 @@ from bench_tf_peer import (  # noqa: E402
     snapshot_psflow,
 )
 
-# child_pids and parse_worker_logs: bench_ab.py and bench_replicas.py use them from here
+# child_pids and parse_worker_logs: bench_replicas.py uses them from here
 from psflow_timing import WARMUP_STEPS, child_pids, measured, parse_worker_logs, run_psflow_train  # noqa: E402,F401
 
 BATCH = 512
