@@ -38,8 +38,11 @@ def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str
     checkpoint is found, and unless the pointer already names it with this run and epoch, the pointer is
     rewritten naming it with ``run_id``, ``epoch`` and ``holder`` (its other fields kept; a pointer that was
     missing, damaged or named another checkpoint gets the checkpoint's step and lineage from its manifest).
-    A pointer of another run is taken over whatever its epoch (a resumed run). Blocks for a few file
-    operations (at most the mutex's timeout behind another process). Idempotent. Thread-safe (the mutex).
+    A pointer of another run that names the checkpoint (a resumed run's restore) is read as it is, nothing
+    written: no chief of ``run_id`` wrote that checkpoint, and a fenced save removes only its own directory, so
+    there is nothing to fence off (and a resumed run that then fails leaves the directory as it found it).
+    Blocks for a few file operations (at most the mutex's timeout behind another process). Idempotent.
+    Thread-safe (the mutex).
 
     Raises:
         CheckpointFencedError: the pointer was written by a newer epoch of ``run_id`` (nothing written).
@@ -59,6 +62,8 @@ def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str
         theirs = current.get("epoch")
         if current.get("latest") == name and (current.get("run_id"), theirs) == (run_id, epoch):
             return path
+        if current.get("latest") == name and current.get("run_id") not in (run_id, None):
+            return path  # another run's checkpoint, named by its pointer: no fenced save of this run removes it
         taken = dict(current, latest=name, run_id=run_id, epoch=epoch, holder=holder)
         if current.get("latest") != name:
             manifest = read_manifest(path)
