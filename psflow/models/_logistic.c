@@ -18,38 +18,18 @@
  * every inverse index in range), so a wrong call raises ValueError instead of reading or writing out of
  * bounds. The GIL is held: a batch's loop takes microseconds, less than releasing and retaking it.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../native/buffers.h"
 #include <stdint.h>
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} Buf;
-
-static void release(Buf *b, int n) {
-    for (int i = 0; i < n; i++)
-        if (b[i].held) PyBuffer_Release(&b[i].view);
-}
-
-/* A C-contiguous 1-d buffer of float32 ('f'), float64 ('d') or int64 ('q') items; ValueError naming it otherwise. */
-static int get(PyObject *obj, Buf *b, int writable, char kind, const char *name) {
-    if (PyObject_GetBuffer(obj, &b->view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    b->held = 1;
-    const char *f = b->view.format ? b->view.format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    /* f[0] is matched before f[1] is read: a format of one character ends there (no read past its 0). */
-    int ok = kind == 'f'   ? f[0] == 'f' && b->view.itemsize == 4
-             : kind == 'd' ? f[0] == 'd' && b->view.itemsize == 8
-                           : (f[0] == 'q' || f[0] == 'l') && b->view.itemsize == 8;
-    ok = ok && f[1] == 0 && b->view.ndim == 1;
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "%s must be a 1-d C-contiguous %s array", name,
-                     kind == 'f' ? "float32" : kind == 'd' ? "float64" : "int64");
-        return -1;
+/* get() for the 1-d arrays every argument here is: ValueError "<name> must be a 1-d C-contiguous <type> array"
+ * where the buffer was had but is not that (an object without one keeps its TypeError). */
+static int get1(PyObject *obj, Buf *b, int writable, char kind, const char *name) {
+    if (get(obj, b, writable, kind, name) == 0 && b->view.ndim == 1) return 0;
+    if (b->held) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be a 1-d C-contiguous %s array", name, kind_name(kind));
     }
-    return 0;
+    return -1;
 }
 
 static Py_ssize_t items(Buf *b) { return b->view.len / b->view.itemsize; }
@@ -69,8 +49,8 @@ static PyObject *entry_products(PyObject *self, PyObject *args) {
     PyObject *v_obj, *w_obj, *i_obj, *o_obj;
     if (!PyArg_ParseTuple(args, "OOOO:entry_products", &v_obj, &w_obj, &i_obj, &o_obj)) return NULL;
     Buf b[4] = {{.held = 0}};
-    if (get(v_obj, &b[0], 0, 'f', "values") < 0 || get(w_obj, &b[1], 0, 'd', "weights") < 0 ||
-        get(i_obj, &b[2], 0, 'q', "inverse") < 0 || get(o_obj, &b[3], 1, 'd', "out") < 0)
+    if (get1(v_obj, &b[0], 0, 'f', "values") < 0 || get1(w_obj, &b[1], 0, 'd', "weights") < 0 ||
+        get1(i_obj, &b[2], 0, 'q', "inverse") < 0 || get1(o_obj, &b[3], 1, 'd', "out") < 0)
         goto fail;
     Py_ssize_t n = items(&b[0]), rows = items(&b[1]);
     if (items(&b[2]) != n || items(&b[3]) != n) {
@@ -95,9 +75,9 @@ static PyObject *row_gradients(PyObject *self, PyObject *args) {
     PyObject *v_obj, *i_obj, *p_obj, *d_obj, *o_obj;
     if (!PyArg_ParseTuple(args, "OOOOO:row_gradients", &v_obj, &i_obj, &p_obj, &d_obj, &o_obj)) return NULL;
     Buf b[5] = {{.held = 0}};
-    if (get(v_obj, &b[0], 0, 'f', "values") < 0 || get(i_obj, &b[1], 0, 'q', "inverse") < 0 ||
-        get(p_obj, &b[2], 0, 'q', "indptr") < 0 || get(d_obj, &b[3], 0, 'd', "d") < 0 ||
-        get(o_obj, &b[4], 1, 'd', "out") < 0)
+    if (get1(v_obj, &b[0], 0, 'f', "values") < 0 || get1(i_obj, &b[1], 0, 'q', "inverse") < 0 ||
+        get1(p_obj, &b[2], 0, 'q', "indptr") < 0 || get1(d_obj, &b[3], 0, 'd', "d") < 0 ||
+        get1(o_obj, &b[4], 1, 'd', "out") < 0)
         goto fail;
     Py_ssize_t n = items(&b[0]), examples = items(&b[3]), rows = items(&b[4]);
     const float *values = b[0].view.buf;

@@ -10,6 +10,8 @@ Files:
 * ``ids.py``: :func:`unique_inverse` (``np.unique(ids, return_inverse=True)`` in O(n)) and
   :func:`scan_ids` (a request's ids: the first one out of range, and whether they are sorted).
 * ``_ids.c``: the C loops of ``ids.py`` (``psflow.native._ids``, typed in ``_ids.pyi``).
+* ``buffers.h``: the buffer helpers (take an array's buffer, check its item type, release it) that
+  ``_kernels.c``, ``_lookup.c`` and ``_logistic.c`` include.
 
 The other extensions stay beside their one user: ``psflow/data/_native.c`` (parsing) and
 ``psflow/ps/_kernels.c`` (optimizer updates, row gathers, dynamic-table index, sync merge),

@@ -67,16 +67,10 @@
  * distinct, merged with their values summed in float64 in piece order: the same
  * additions as the numpy code; -1 when a piece is not sorted (numpy sums then).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../native/buffers.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-typedef struct {
-    Py_buffer view;
-    int held;
-} Buf;
 
 /* Loops over fewer bytes than this run holding the GIL. Releasing it for a few microseconds of work hands
  * it to another thread of the ps, and taking it back then waits for that thread: with two workers'
@@ -85,27 +79,6 @@ typedef struct {
 #define GIL_FREE_BYTES (1 << 18)
 #define UNLOCK_IF_LARGE(bytes) PyThreadState *unlocked_ = (bytes) >= GIL_FREE_BYTES ? PyEval_SaveThread() : NULL
 #define RELOCK() if (unlocked_) PyEval_RestoreThread(unlocked_)
-
-static void release(Buf *b, int n) {
-    for (int i = 0; i < n; i++)
-        if (b[i].held) PyBuffer_Release(&b[i].view);
-}
-
-/* A C-contiguous buffer of `itemsize`-byte items of format `fmt` ('f' or 'q'/'l'). */
-static int get(PyObject *obj, Buf *b, int writable, char kind, const char *what) {
-    if (PyObject_GetBuffer(obj, &b->view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    b->held = 1;
-    const char *f = b->view.format ? b->view.format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    int ok = kind == 'f' ? (f[0] == 'f' && f[1] == 0 && b->view.itemsize == 4)
-                         : ((f[0] == 'q' || f[0] == 'l') && f[1] == 0 && b->view.itemsize == 8);
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "%s must be %s", what, kind == 'f' ? "float32" : "int64");
-        return -1;
-    }
-    return 0;
-}
 
 /* Checks that each of the k rows is in 0..num_rows-1: else ValueError "<who>row R is outside 0-N", -1. */
 static int check_rows(const int64_t *r, Py_ssize_t k, Py_ssize_t num_rows, const char *who) {

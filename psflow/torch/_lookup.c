@@ -18,38 +18,11 @@
  * least 256 KiB run with the GIL released (a CPU tower's thread computes while another runs Python);
  * smaller ones hold it, as releasing and retaking it would cost more than the loop.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../native/buffers.h"
 #include <stdint.h>
 #include <string.h>
 
 #define GIL_FREE_BYTES (1 << 18)
-
-typedef struct {
-    Py_buffer view;
-    int held;
-} Buf;
-
-static void release(Buf *b, int n) {
-    for (int i = 0; i < n; i++)
-        if (b[i].held) PyBuffer_Release(&b[i].view);
-}
-
-/* A C-contiguous buffer of float32 (kind 'f') or int64 (kind 'q') items; ValueError naming it otherwise. */
-static int get(PyObject *obj, Buf *b, int writable, char kind, const char *name) {
-    if (PyObject_GetBuffer(obj, &b->view, (writable ? PyBUF_WRITABLE : 0) | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    b->held = 1;
-    const char *f = b->view.format ? b->view.format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    int ok = kind == 'f' ? (f[0] == 'f' && f[1] == 0 && b->view.itemsize == 4)
-                         : ((f[0] == 'q' || f[0] == 'l') && f[1] == 0 && b->view.itemsize == 8);
-    if (!ok) {
-        PyErr_Format(PyExc_ValueError, "%s must be %s", name, kind == 'f' ? "float32" : "int64");
-        return -1;
-    }
-    return 0;
-}
 
 /* Parses (table, index, weights, entries) buffers and checks them: table [n, width] (2-d), entries
  * [len(index), width], one weight per index, every index in [0, n). Sets *num_rows, *width, *count. */

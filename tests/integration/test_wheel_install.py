@@ -66,7 +66,8 @@ def _check_contents(wheel: Path, native: bool) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"psflow", "psflow-0.1.0.dist-info"}, names  # no tests, no data
     for name in ("psflow/py.typed", "psflow/data/_native.c", "psflow/data/_native.pyi", "psflow/data/example.proto",
-                 "psflow/native/_ids.c", "psflow/native/_ids.pyi", "psflow/ps/_kernels.c", "psflow/models/_logistic.c",
+                 "psflow/native/_ids.c", "psflow/native/_ids.pyi", "psflow/native/buffers.h", "psflow/ps/_kernels.c",
+                 "psflow/models/_logistic.c", "psflow/torch/_lookup.c",
                  "psflow/cli/main.py",
                  "psflow/status/page/index.html",
                  "psflow/status/page/status.js", "psflow/status/page/status.css"):
