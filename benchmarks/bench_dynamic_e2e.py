@@ -76,7 +76,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_dynamic_table import ZipfIds  # noqa: E402
 from bench_memory import proc_status  # noqa: E402
-from bench_tf_peer import _STEP, _stamp, machine, median_range, parse_worker_logs  # noqa: E402
+from bench_tf_peer import machine, median_range, parse_worker_logs  # noqa: E402
+from psflow_timing import STEP_LINE, stamped_lines  # noqa: E402
 from results_md import replace_section  # noqa: E402
 from workload import _mix, ensure_workload, write_libsvm  # noqa: E402
 
@@ -189,14 +190,8 @@ def psflow_train(argv: list[str], run_dir: str, *, timeout: float, sample_ps: bo
 
 def last_step_time(run_dir: str) -> float:
     """Wall-clock time (epoch s) of the last ``step=`` line any worker logged."""
-    last = 0.0
-    for path in glob.glob(os.path.join(run_dir, "logs", "worker-*.log")):
-        with open(path, errors="replace") as f:
-            for line in f:
-                if _STEP.search(line):
-                    t = _stamp(line)
-                    last = max(last, t or 0.0)
-    return last
+    paths = glob.glob(os.path.join(run_dir, "logs", "worker-*.log"))
+    return max((t for t, line in stamped_lines(paths) if STEP_LINE.search(line)), default=0.0)
 
 
 def shown(argv: list[str]) -> str:

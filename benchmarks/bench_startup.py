@@ -26,11 +26,9 @@ each revision's ratio.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import glob
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -42,9 +40,8 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from bench_tf_peer import extract_psflow  # noqa: E402
+from psflow_timing import STEP_LINE, stamped_lines  # noqa: E402
 
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-_STEP = re.compile(r"psflow\.worker: worker \d+: step=\d+ ")
 _INIT = "initialized the variables"
 
 Run = dict[str, Any]
@@ -59,25 +56,16 @@ def command(data: str, rows: int, run_dir: str) -> list[str]:
             "--output", run_dir, "--quiet", "--no-status"]
 
 
-def _stamp(line: str) -> float | None:
-    m = _STAMP.match(line)
-    return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
-
-
 def _first(run_dir: str) -> tuple[float | None, float | None]:
     """(stamp of the first worker ``step=`` line, of the "initialized the variables" line), None where not yet."""
     step = init = None
     for path in glob.glob(os.path.join(run_dir, "logs", "*.log")):
-        with open(path, errors="replace") as f:
-            for line in f:
-                t = _stamp(line)
-                if t is None:
-                    continue
-                if init is None and _INIT in line:
-                    init = t
-                if _STEP.search(line):
-                    step = t if step is None else min(step, t)
-                    break
+        for t, line in stamped_lines([path]):
+            if init is None and _INIT in line:
+                init = t
+            if STEP_LINE.search(line):
+                step = t if step is None else min(step, t)
+                break
     return step, init
 
 

@@ -81,11 +81,9 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-# _STEP, _stamp and parse_worker_logs: bench_dynamic_e2e.py and netns_delay.py use them from here
+# parse_worker_logs: bench_dynamic_e2e.py uses it from here
 from psflow_timing import (  # noqa: E402,F401
-    _STEP,
     WARMUP_STEPS,
-    _stamp,
     measured,
     parse_worker_logs,
     rate_after_warmup,

@@ -57,8 +57,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_tf_peer import _STEP, _stamp, snapshot_psflow
+from bench_tf_peer import snapshot_psflow
 from netns import NetnsLab
+from psflow_timing import STEP_LINE, stamped_lines
 from results_md import replace_section
 
 from psflow.launch.ports import free_ports
@@ -124,20 +125,15 @@ def _parse(workdir: str, batch: int) -> dict[str, Any]:
     start: float | None = None
     steps: list[tuple[float, int]] = []
     examples = 0
-    for path in sorted(glob.glob(os.path.join(workdir, "worker-*.log"))):
-        with open(path, errors="replace") as f:
-            for line in f:
-                t = _stamp(line)
-                if t is None:
-                    continue
-                if "initialized the variables" in line:
-                    start = t
-                m = _STEP.search(line)
-                if m:
-                    steps.append((t, int(m.group(2))))
-                d = _DONE.search(line)
-                if d:
-                    examples += int(d.group(3))
+    for t, line in stamped_lines(sorted(glob.glob(os.path.join(workdir, "worker-*.log")))):
+        if "initialized the variables" in line:
+            start = t
+        m = STEP_LINE.search(line)
+        if m:
+            steps.append((t, int(m.group(2))))
+        d = _DONE.search(line)
+        if d:
+            examples += int(d.group(3))
     if start is None or not steps:
         raise RuntimeError(f"{workdir}: no 'initialized the variables' or step= lines in the worker logs")
     steps.sort()

@@ -7,6 +7,8 @@ Shared by bench_tf_peer.py (sparse LR) and bench_tf_peer_wd.py (W&D), which time
   workers' last "done after N local steps" line; plus the rate after ``warmup_steps`` global steps, read from
   the same lines (a run logging every 100 steps starts it at step 100, its first logged step >= 40).
 - :func:`rate_after_warmup`: that rate from (time, global step) samples, psflow's or TF's.
+- :func:`stamped_lines`, :func:`stamp`, :data:`STEP_LINE`: a run's log lines with their times, for the other
+  benchmarks that read them (bench_startup.py, bench_dynamic_e2e.py, netns_delay.py).
 - :func:`run_psflow_train`: one ``psflow train`` command in a child process, as a user types it.
 - :func:`measured`: a run plus the CPU seconds of every process it waited for (``RUSAGE_CHILDREN``) and the peak
   RSS (``VmHWM``) of its ps task processes (TF's and psflow's), sampled every 0.1 s.
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 Run = dict[str, Any]
@@ -34,14 +36,25 @@ Run = dict[str, Any]
 WARMUP_STEPS = 40
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-_STEP = re.compile(r"psflow\.worker: worker (\d+): step=(\d+) ")
+#: A worker's ``step=`` line: groups (worker, global step).
+STEP_LINE = re.compile(r"psflow\.worker: worker (\d+): step=(\d+) ")
 _DONE = re.compile(r"psflow\.worker: worker (\d+): done after \d+ local steps \(\d+ examples\), last global step (\d+)")
 
 
-def _stamp(line: str) -> float | None:
+def stamp(line: str) -> float | None:
     """The time of a log line (its ``asctime``, local time), or None for a line without one."""
     m = _STAMP.match(line)
     return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+def stamped_lines(paths: list[str]) -> Iterator[tuple[float, str]]:
+    """Each line of the log files ``paths`` (in that order) that has a time, with its time (:func:`stamp`)."""
+    for path in paths:
+        with open(path, errors="replace") as f:
+            for line in f:
+                t = stamp(line)
+                if t is not None:
+                    yield t, line
 
 
 def parse_worker_logs(run_dir: str, per_step: int = 512, *, until_done: bool = False,
@@ -58,20 +71,15 @@ def parse_worker_logs(run_dir: str, per_step: int = 512, *, until_done: bool = F
     start: float | None = None
     lines: list[tuple[float, int, int]] = []  # (time, worker, step)
     done: list[tuple[float, int, int]] = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "logs", "worker-*.log"))):
-        with open(path, errors="replace") as f:
-            for line in f:
-                t = _stamp(line)
-                if t is None:
-                    continue
-                if "initialized the variables" in line:
-                    start = t
-                s = _STEP.search(line)
-                if s:
-                    lines.append((t, int(s.group(1)), int(s.group(2))))
-                d = _DONE.search(line) if until_done else None
-                if d:
-                    done.append((t, int(d.group(1)), int(d.group(2))))
+    for t, line in stamped_lines(sorted(glob.glob(os.path.join(run_dir, "logs", "worker-*.log")))):
+        if "initialized the variables" in line:
+            start = t
+        s = STEP_LINE.search(line)
+        if s:
+            lines.append((t, int(s.group(1)), int(s.group(2))))
+        d = _DONE.search(line) if until_done else None
+        if d:
+            done.append((t, int(d.group(1)), int(d.group(2))))
     if start is None or not (done if until_done else lines):
         raise RuntimeError(f"{run_dir}: no 'initialized the variables' or step= (done) lines in the worker logs")
     if until_done:
