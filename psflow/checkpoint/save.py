@@ -374,16 +374,17 @@ class CheckpointManager:
             return
         epoch, holder = self._fence
         calls = {t: client.call_async(t, FenceRequest(epoch, holder=holder)) for t in client.channels}
-        refusals, fenced = [], True
+        refusals, fenced, first = [], True, None
         for t, call in calls.items():  # every call collected, even after a refusal
             try:
                 call.result()
             except RpcError as e:
                 refusals.append(f"/job:ps/task:{t} refused: {e}")
                 fenced = fenced and isinstance(e, FailedPreconditionError)
+                first = first or e
         if refusals:
             error = CheckpointFencedError if fenced else CheckpointError
-            raise error(f"checkpoint {path} not made current: {'; '.join(refusals)}")
+            raise error(f"checkpoint {path} not made current: {'; '.join(refusals)}") from first
 
     def _phase(self, phase: str) -> None:
         if self._fault is not None:

@@ -26,7 +26,7 @@ from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, Fin
 from psflow.data import BatchSource
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
-from psflow.rpc.api import RpcError
+from psflow.rpc.api import RpcError, TaskUnavailableError
 from psflow.train.hook_api import RunContext, RunValues, SessionRunHook
 from psflow.train.summary import SummaryWriter
 
@@ -128,8 +128,19 @@ class CheckpointSaverHook(SessionRunHook):
             self._save(session)
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
+        """Saves when the period is due. A save that fails raises (the manager counted it) and is tried again
+        at this chief's next step (a full disk stops the run within ``--max-failed-saves`` steps), except one
+        that failed because a ps task was unreachable: that task died, the cluster's restore deals with it, and
+        the save waits for the next period. Otherwise a chief with steps in flight (``--steps-in-flight`` 3 or
+        more), whose results of pushes acknowledged before the death still come back, failed one save per
+        result and reached ``--max-failed-saves`` before the restore could begin."""
         if self._timer.due(values.step):
-            self._save(context.session)
+            try:
+                self._save(context.session)
+            except (CheckpointError, RpcError) as e:
+                if _ps_task_unreachable(e):
+                    self._timer.mark(values.step)
+                raise
 
     def end(self, session: MonitoredTrainingSession) -> None:
         """Writes the final checkpoint (:attr:`Manifest.final`; an evaluator stops after it). Runs only when
@@ -192,6 +203,18 @@ class CheckpointSaverHook(SessionRunHook):
                                   holder=holder, final=final)
         self.saved.append((saved.path, saved.global_step))
         self._timer.mark(saved.global_step)
+
+
+def _ps_task_unreachable(error: BaseException) -> bool:
+    """Whether ``error`` or an error it was raised from is a ps task that could not be reached."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, TaskUnavailableError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _global_step_of(checkpoint: str) -> int | None:

@@ -1,0 +1,139 @@
+"""A periodic checkpoint save that failed because a ps task was unreachable is tried again at the next period.
+
+A chief whose save failed tries again at its next step (the saver's timer moves only on a success: a full disk
+stops the run within ``--max-failed-saves`` steps, as docs/checkpoints.md says). A ps task that died is the
+cluster restore's to deal with, but a chief with steps in flight (``--steps-in-flight 4``: the results of three
+pushes acknowledged before the kill still come back) failed three saves within milliseconds, and the run
+stopped with "3 checkpoint saves failed in a row" instead of restoring the killed task. Real in-process ps
+services; the unreachable task is one whose calls fail as gRPC's UNAVAILABLE does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from psflow.checkpoint.save import CheckpointManager, CheckpointSavesFailedError
+from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.service import ParameterService
+from psflow.rpc.api import TaskUnavailableError
+from psflow.rpc.inprocess import InProcessChannel, _Done
+from psflow.train.duties import _FailedSaveTolerant
+from psflow.train.hooks import CheckpointSaverHook, RunContext, RunValues
+from psflow.train.session import MonitoredTrainingSession
+
+pytestmark = pytest.mark.timeout(60)
+
+CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
+SGD = OptimizerSpec("sgd", {"learning_rate": 0.1})
+
+
+class _Killable(InProcessChannel):
+    """A channel to an in-process ps task that can be killed: while ``dead``, every call fails as gRPC's
+    UNAVAILABLE does for a task whose process is gone (``only``: the calls of that method alone)."""
+
+    dead = False
+    only: str | None = None
+
+    def call_async(self, method: str, meta: Any = None, arrays: Any = None, *, timeout: float | None = None) -> Any:
+        if self.dead and self.only in (None, method):  # as a gRPC call: the error comes with its result
+            return _Done(TaskUnavailableError(f"{self.task}: {method}: UNAVAILABLE: failed to connect to all addresses"))
+        return super().call_async(method, meta, arrays, timeout=timeout)
+
+
+def _cluster() -> tuple[list[ParameterService], dict[int, _Killable], Any]:
+    """Two in-process ps services holding one variable, initialized; their channels and placements."""
+    variables = VariableSet(replica_device_setter(cluster=CLUSTER))
+    variables.get_variable("w", (4, 2))
+    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
+    channels = {i: _Killable(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
+    placements = variables.placements()
+    ParameterClient(CLUSTER, placements, client_name="init", channels=dict(channels)).register(SGD, chief=True)
+    return services, channels, placements
+
+
+@pytest.mark.parametrize("fenced", [False, True])
+def test_a_save_failed_on_a_dead_ps_task_waits_for_the_next_period(tmp_path: Path, fenced: bool) -> None:
+    """``fenced``: an elected chief's save, failed at its fence check (the call the task died before)."""
+    services, channels, placements = _cluster()
+    counter = services[0].global_step
+    assert counter is not None
+    if fenced:
+        for channel in channels.values():
+            channel.call("Fence", {"token": 5, "holder": "/job:worker/task:0#1"})
+    manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=3)
+    saver = CheckpointSaverHook(manager, save_steps=10,
+                                fence=(lambda: (5, "/job:worker/task:0#1")) if fenced else None)
+    hook = _FailedSaveTolerant(saver, "/job:worker/task:0")
+    client = ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels))
+    session = MonitoredTrainingSession(client, SGD, is_chief=True)
+    hook.after_create_session(session)  # the initial checkpoint
+    assert len(saver.saved) == 1 and manager.saves_failed == 0
+
+    def step() -> None:
+        value = counter.increment()
+        hook.after_run(RunContext(session, value), RunValues(value, 0.5, 8))
+
+    for _ in range(9):
+        step()
+    channels[1].dead, channels[1].only = True, "Fence" if fenced else None  # ps task 1 is killed
+    step()  # step 10: the save is due and fails (logged, counted)
+    assert manager.saves_failed == 1
+    for _ in range(5):  # the results of steps pushed before the kill come back: no save is due before step 20
+        step()
+    assert manager.saves_failed == 1 and manager.failed_in_a_row == 1
+    channels[1].dead = False  # back (restored)
+    for _ in range(4):
+        step()
+    assert len(saver.saved) == 1  # step 19
+    step()
+    assert len(saver.saved) == 2 and manager.failed_in_a_row == 0  # step 20: the next period saves
+
+
+def test_the_limit_still_counts_saves_failed_on_a_dead_ps_task(tmp_path: Path) -> None:
+    """--max-failed-saves 3: the third failed period in a row still ends the session."""
+    services, channels, placements = _cluster()
+    counter = services[0].global_step
+    assert counter is not None
+    manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=3)
+    hook = _FailedSaveTolerant(CheckpointSaverHook(manager, save_steps=10), "/job:worker/task:0")
+    session = MonitoredTrainingSession(
+        ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels)), SGD, is_chief=True)
+    hook.after_create_session(session)
+    channels[1].dead = True
+    for value in range(1, 30):
+        counter.increment()
+        hook.after_run(RunContext(session, value), RunValues(value, 0.5, 8))
+    assert manager.saves_failed == 2  # steps 10 and 20
+    for value in range(30, 31):
+        counter.increment()
+        with pytest.raises(CheckpointSavesFailedError):
+            hook.after_run(RunContext(session, value), RunValues(value, 0.5, 8))
+
+
+def test_a_save_that_cannot_write_is_tried_again_at_the_next_step(tmp_path: Path) -> None:
+    """Any other failure (here the directory is a file, as a disk that refuses writes): the next step tries
+    again, and the third failure in a row ends the session."""
+    services, channels, placements = _cluster()
+    counter = services[0].global_step
+    assert counter is not None
+    directory = tmp_path / "ckpt"
+    manager = CheckpointManager(str(directory), run_id="run-a", max_failed_saves=3)
+    hook = _FailedSaveTolerant(CheckpointSaverHook(manager, save_steps=10), "/job:worker/task:0")
+    session = MonitoredTrainingSession(
+        ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels)), SGD, is_chief=True)
+    hook.after_create_session(session)
+    directory.rename(tmp_path / "ckpt.moved")
+    directory.write_text("not a directory\n")
+    for value in range(1, 12):
+        counter.increment()
+        hook.after_run(RunContext(session, value), RunValues(value, 0.5, 8))
+    assert manager.saves_failed == 2  # steps 10 and 11
+    counter.increment()
+    with pytest.raises(CheckpointSavesFailedError):
+        hook.after_run(RunContext(session, 12), RunValues(12, 0.5, 8))
