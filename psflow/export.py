@@ -394,11 +394,11 @@ def predict_file(model_dir: str, data: list[str], *, format: str | None = None, 
                  trust_model_module: bool = False) -> np.ndarray:
     """Scores ``data`` with the exported model (``moving_averages``: with its moving averages; ``model``,
     ``trust_model_module``: see :func:`load_model`); writes one line of predictions per example to ``out``
-    (default stdout)."""
+    (default stdout): nothing for data without records."""
     probs = load_model(model_dir, moving_averages=moving_averages, model=model,
                        trust_model_module=trust_model_module).predict(data, format)
     stream = out if out is not None else sys.stdout
-    rows = probs.reshape(probs.shape[0], -1)
+    rows = probs.reshape(probs.shape[0], int(np.prod(probs.shape[1:])))  # no records: no lines (-1 cannot size 0 rows)
     stream.write("".join(" ".join(f"{p:.17g}" for p in row) + "\n" for row in rows.tolist()))
     stream.flush()
     return probs

@@ -86,3 +86,13 @@ def test_predictions_replace_the_file_whole(tmp_path: Path) -> None:
     want = 1 / (1 + np.exp(-(x @ weights - 0.5)))
     np.testing.assert_allclose([float(v) for v in lines], want, rtol=1e-5)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("probs")) == ["probs.txt"]
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"], ids=["empty", "blank lines"])
+def test_a_data_file_without_records_gives_no_predictions(text: str, tmp_path: Path) -> None:
+    """Zero records, zero lines (exit 0). Before, the predictions' reshape raised ValueError with a traceback."""
+    out = tmp_path / "probs.txt"
+    out.write_text("stale\n")
+    code, stderr = predict(tmp_path, export(tmp_path), data(tmp_path, text), "--output", str(out))
+    assert code == 0, stderr[-3000:]
+    assert out.read_text() == ""
