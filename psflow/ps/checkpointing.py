@@ -61,7 +61,9 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     so non-chief clients' ``Register`` calls stop answering "not ready".
     ``meta.generation`` (after a restore) becomes the task's generation, and
     ``meta.global_step`` the step a sync run starts over at (see
-    :meth:`psflow.ps.sync.SyncAggregator.reset`).
+    :meth:`psflow.ps.sync.SyncAggregator.reset`). The task holding global_step
+    first records its journal's next block (:meth:`~psflow.ps.global_step.GlobalStep.reserve`),
+    so the first push does not wait for that write.
 ``BeginRestore``
     ``meta = {"generation": g, "epoch": e | null, "holder": str}``: the chief
     is about to restore every ps task (a ps task died). Fenced by ``epoch``
@@ -385,6 +387,8 @@ class CheckpointHandlers:
             raise InvalidRequest(f"{self.task_name}: cannot become ready before the chief registered the variables")
         if request.generation is not None:  # a restore is complete: in sync mode the step starts over there
             self._mode.restart(request.global_step)
+        if self._clock.global_step is not None:  # the first push's journal write, done before training
+            self._clock.global_step.reserve()
         self._gate.open(request.generation)
         log.info("%s: ready (initialized by %s, generation %d)", self.task_name, request.client, self._gate.generation)
         return _reply(SetReadyReply())

@@ -121,12 +121,29 @@ class GlobalStep:
         """
         with self._lock:
             value = self._value + 1
-            if self._journal is not None and value > self._bound:
-                bound = value + self._journal.block - 1
-                self._journal.record(bound)
-                self._bound = bound
+            self._cover(value)
             self._value = value
             return value
+
+    def reserve(self) -> None:
+        """Records now the bound the next :meth:`increment` would record, unless the recorded one covers it
+        already. The task holding global_step calls it when the cluster becomes ready (``SetReady``), so the
+        first push's increment writes nothing: the journal's write (fsync included) happens before training,
+        not in its first step. Idempotent; the guarantee, and the gap after a crash (up to one block), are the
+        increments' (module docstring).
+
+        Raises:
+            StepJournalError: the bound could not be recorded.
+        """
+        with self._lock:
+            self._cover(self._value + 1)
+
+    def _cover(self, value: int) -> None:
+        """(Under the lock) records a bound one block past ``value`` if the recorded one is below it."""
+        if self._journal is not None and value > self._bound:
+            bound = value + self._journal.block - 1
+            self._journal.record(bound)
+            self._bound = bound
 
     def set(self, value: int) -> None:
         """Sets the counter (restore from a checkpoint); the recorded bound never goes down.

@@ -6,6 +6,7 @@ import json
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from psflow.ps.global_step import GlobalStep, StepJournal, StepJournalError
@@ -94,3 +95,60 @@ def test_an_unwritable_bound_fails_the_increment_without_handing_out_a_value(tmp
     with pytest.raises(StepJournalError, match="global_step.json"):
         step.increment()
     assert step.value == 0
+
+
+def test_reserve_records_the_first_block_so_the_first_increments_write_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "global_step.json"
+    step = GlobalStep(journal=StepJournal(str(path), block=10))
+    step.reserve()
+    step.reserve()  # idempotent: the recorded bound already covers the next value
+    assert json.loads(path.read_text())["bound"] == 10
+    path.unlink()  # any write from here on recreates it
+    assert [step.increment() for _ in range(10)] == list(range(1, 11))
+    assert not path.exists()
+    assert step.increment() == 11
+    assert json.loads(path.read_text())["bound"] == 20
+
+
+def test_reserve_after_a_restore_covers_the_step_after_it(tmp_path: Path) -> None:
+    path = tmp_path / "global_step.json"
+    step = GlobalStep(journal=StepJournal(str(path), block=10))
+    step.set(35)  # a restore: recorded as the bound
+    step.reserve()
+    assert json.loads(path.read_text())["bound"] == 45
+    assert step.increment() == 36
+
+
+def test_an_unwritable_reservation_fails_naming_the_file_and_hands_out_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    step = GlobalStep(journal=StepJournal(str(state / "global_step.json"), block=5))
+    state.write_text("a file where the journal's directory should be")
+    with pytest.raises(StepJournalError, match="global_step.json"):
+        step.reserve()
+    assert step.value == 0
+
+
+def test_the_chief_s_initialization_records_the_first_block_before_any_push(tmp_path: Path) -> None:
+    """SetReady (the chief's initialization) writes the journal, so the first push does not."""
+    from psflow.cluster import ClusterSpec
+    from psflow.gradients import DenseGradient
+    from psflow.optim import OptimizerSpec
+    from psflow.placement import VariableSet, replica_device_setter
+    from psflow.ps.client import ParameterClient
+    from psflow.ps.service import ParameterService
+    from psflow.rpc.inprocess import InProcessChannel
+    from psflow.train.chief import join_cluster
+
+    path = tmp_path / "state" / "global_step.json"
+    service = ParameterService(0, holds_global_step=True, step_journal=StepJournal(str(path), block=4))
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1"]})
+    variables = VariableSet(replica_device_setter(cluster=cluster))
+    variables.get_variable("bias", (2,))
+    client = ParameterClient(cluster, variables.placements(), client_name="chief",
+                             channels={0: InProcessChannel("/job:ps/task:0", service.handlers())})
+    join_cluster(client, OptimizerSpec("sgd", {"learning_rate": 0.5}), chief=True)
+    assert json.loads(path.read_text())["bound"] == 4
+    path.unlink()
+    steps = [client.push_detailed({"bias": DenseGradient(np.ones(2, np.float32))}).step for _ in range(5)]
+    assert steps == [1, 2, 3, 4, 5]
+    assert json.loads(path.read_text())["bound"] == 8  # the fifth push recorded the next block
