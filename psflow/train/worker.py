@@ -11,7 +11,10 @@ Order of a worker's life (asynchronous mode):
        :mod:`psflow.train.chief` and :mod:`psflow.train.duties` for the hooks;
     3. open its own shard of the training data (see :mod:`psflow.data`),
        resuming at the reader position it last reported (or the restored
-       checkpoint recorded);
+       checkpoint recorded); its reader starts at the shard's beginning
+       before step 2 (:mod:`psflow.train.read_ahead`), so that the first
+       batches are read while it joins, and is kept only where the data
+       does start there;
     4. per batch: the model's step (:class:`~psflow.train.step.TrainStep`:
        pull, compute, push) run by the session between its hooks; the push
        returns the global_step that this worker's update produced; the
@@ -78,6 +81,7 @@ from psflow.train.duties import (
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.final_duties import end_duties, final_checkpoint, resign
 from psflow.train.pipeline import PipelinedStep
+from psflow.train.read_ahead import ReadAhead
 from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.step import StepResult, TrainStep
@@ -196,6 +200,8 @@ def run_worker(
     data_config = dataset_config(config, task_index, cluster.num_tasks("worker"))
     steps_in_flight = _steps_in_flight(config, client)
     progress = _Progress(time.monotonic())
+    # Its first batches are read while it joins (the chief initializes, the others wait for it): psflow.train.read_ahead.
+    read_ahead = None if config.data.reader_process else ReadAhead(data_config, model.prepare)
     try:
         if leadership is not None and is_chief(cluster, "worker", task_index) and _new_cluster(client):
             # The configured chief leads first, at a run's start (its session saves the initial checkpoint);
@@ -208,13 +214,16 @@ def run_worker(
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
                                        timeout=config.cluster.connect_timeout, run=run_id(config, cluster))
             resume = resume_position(session, data_config)
+            opened = read_ahead.take(resume) if read_ahead is not None else None  # None: it resumes elsewhere
             # Runs that can be restored keep a finished worker until every worker finished, so a
             # restore after a later ps death rewinds its records too (ClusterRecovery.linger).
             linger = leadership is not None and cluster.num_tasks("worker") > 1
             while True:
                 try:
+                    first, opened = opened, None
                     reason = _train(session, model, data_config, resume, task_index, progress, stop,
-                                    generation=recovery.generation, faults=faults, steps_in_flight=steps_in_flight)
+                                    generation=recovery.generation, faults=faults, steps_in_flight=steps_in_flight,
+                                    opened=first)
                     if leadership is not None:  # its data ended: it takes no new lease (a holder must run steps)
                         leadership.stop_campaigning()
                     client.leave()  # sync/ssp: the others stop waiting for this worker
@@ -246,6 +255,8 @@ def run_worker(
             client.report_done(checkpoint_dir=bool(config.checkpoint.dir),
                                final_checkpoint=final_checkpoint(config.checkpoint.dir))
     finally:
+        if read_ahead is not None:
+            read_ahead.close()
         if leadership is not None:
             leadership.close()
         if control is not None:
@@ -332,8 +343,10 @@ def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str
 def _train(session: MonitoredTrainingSession, model: Model,
            data_config: DatasetConfig, resume: ReaderPosition | None, task_index: int, progress: _Progress,
            stop: StopSource | None = None, *, generation: int | None = None,
-           faults: FaultInjection = NO_FAULTS, steps_in_flight: int = 1) -> str:
+           faults: FaultInjection = NO_FAULTS, steps_in_flight: int = 1, opened: Dataset | None = None) -> str:
     """Trains on this worker's data from ``resume`` to its end (or a stop); returns why it stopped.
+    ``opened``: the data already opened at ``resume`` (:class:`~psflow.train.read_ahead.ReadAhead`), closed here
+    as the one this function opens would be.
     Its pushes carry ``generation`` (the cluster's restore generation) and each batch's reader position.
     ``steps_in_flight`` (1 or 2): see :mod:`psflow.train.step`; with 2, a batch computed when the loop
     stops is not pushed (the reader position recorded is the last pushed batch's).
@@ -352,9 +365,10 @@ def _train(session: MonitoredTrainingSession, model: Model,
     prepare = model.prepare
     if steps_in_flight > 2:
         return _train_pipelined(session, model, data_config, resume, task_index, progress, stop,
-                                generation=generation, faults=faults, steps_in_flight=steps_in_flight)
+                                generation=generation, faults=faults, steps_in_flight=steps_in_flight, opened=opened)
     train_step = TrainStep(model, client, prepared=True, steps_in_flight=steps_in_flight)
-    with open_dataset(data_config, start=True, resume_from=resume, prepare=prepare) as dataset:
+    with opened if opened is not None else open_dataset(data_config, start=True, resume_from=resume,
+                                                        prepare=prepare) as dataset:
         # One batch of lookahead: the push of a step and the pull of the next share one RPC per ps task.
         # Two steps in flight: two, as the push of a step carries the pull of the one after the next.
         for (batch, position), following in _windows(dataset, steps_in_flight):
@@ -379,7 +393,8 @@ def _train(session: MonitoredTrainingSession, model: Model,
 
 def _train_pipelined(session: MonitoredTrainingSession, model: Model, data_config: DatasetConfig,
                      resume: ReaderPosition | None, task_index: int, progress: _Progress, stop: StopSource | None,
-                     *, generation: int | None, faults: FaultInjection, steps_in_flight: int) -> str:
+                     *, generation: int | None, faults: FaultInjection, steps_in_flight: int,
+                     opened: Dataset | None = None) -> str:
     """:func:`_train` with ``steps_in_flight`` >= 3 (:mod:`psflow.train.pipeline`): each step's result comes
     K-1 steps later, so the hooks see each push's result (its batch's epochs and source with it) when it
     arrives; at the end of the data, a stop by a hook or a stop request, the pushes in flight are collected
@@ -396,7 +411,8 @@ def _train_pipelined(session: MonitoredTrainingSession, model: Model, data_confi
         progress.count(result, batch.num_examples)
         return batch, position
 
-    with open_dataset(data_config, start=True, resume_from=resume, prepare=model.prepare) as dataset:
+    with opened if opened is not None else open_dataset(data_config, start=True, resume_from=resume,
+                                                        prepare=model.prepare) as dataset:
         def finish() -> None:  # the pushes in flight: collected, counted, shown to the hooks
             for result in pipe.drain():
                 batch, position = count(result)
