@@ -26,6 +26,10 @@
  *   first_touch(marks, rows, out) -> n   (a lazy partition's rows not built yet: each row of rows whose
  *       mark is 0, once, in order of first appearance, into out[:n], its mark set to 1; the numpy twin is
  *       psflow/ps/lazy_rows.py's ``~marks[rows]`` test and np.unique, which gives the same rows sorted)
+ *   touch_rows(marks, changed, epoch, rows, out) -> n   (a sparse update's one pass over its rows: first_touch's
+ *       claim where marks is not None, and changed[r] = epoch (uint32 row marks, psflow/ps/row_marks.py) for
+ *       every row built before the call, where changed is not None; the claimed rows (and their repeats) are
+ *       not stamped: the caller stamps them once built. Twins: first_touch's, and numpy's ``changed[rows] = epoch``)
  *
  * var and the slots are C-contiguous float32 buffers of the same size; rows is
  * None (dense: grad is shaped like var) or a C-contiguous int64 buffer of k
@@ -456,6 +460,103 @@ static PyObject *first_touch(PyObject *self, PyObject *args) {
         }
     }
     release(b, 3);
+    return PyLong_FromSsize_t(n);
+}
+
+/* Takes obj's writable C-contiguous buffer of uint32 items: -1 with ValueError "<name> must be uint32" otherwise. */
+static int get_u32(PyObject *obj, Buf *b, const char *name) {
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    b->held = 1;
+    const char *f = b->view.format ? b->view.format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (!(f[0] == 'I' && f[1] == 0 && b->view.itemsize == 4)) {
+        PyErr_Format(PyExc_ValueError, "%s must be uint32", name);
+        return -1;
+    }
+    return 0;
+}
+
+/* One pass over a sparse update's rows: the lazy partition's new rows claimed as first_touch claims them
+ * (marks not None), the built ones stamped changed[r] = epoch (changed not None). Both arrays, when given,
+ * hold one item per row of the partition; every row is checked before anything is written. */
+static PyObject *touch_rows(PyObject *self, PyObject *args) {
+    PyObject *m_obj, *c_obj, *r_obj, *o_obj;
+    unsigned long epoch_arg;
+    if (!PyArg_ParseTuple(args, "OOkOO:touch_rows", &m_obj, &c_obj, &epoch_arg, &r_obj, &o_obj)) return NULL;
+    if (epoch_arg > 0xFFFFFFFFUL) {
+        PyErr_SetString(PyExc_ValueError, "touch_rows: epoch must fit in uint32");
+        return NULL;
+    }
+    Buf b[4] = {{.held = 0}};
+    Py_ssize_t num_rows = -1;
+    if (m_obj != Py_None) {
+        if (PyObject_GetBuffer(m_obj, &b[0].view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        b[0].held = 1;
+        if (b[0].view.itemsize != 1) {
+            PyErr_SetString(PyExc_ValueError, "touch_rows: marks must hold one byte a row");
+            release(b, 4);
+            return NULL;
+        }
+        num_rows = b[0].view.len;
+    }
+    if (c_obj != Py_None) {
+        if (get_u32(c_obj, &b[1], "touch_rows: changed") < 0) {
+            release(b, 4);
+            return NULL;
+        }
+        Py_ssize_t n = b[1].view.len / 4;
+        if (num_rows >= 0 && n != num_rows) {
+            PyErr_SetString(PyExc_ValueError, "touch_rows: marks and changed differ in rows");
+            release(b, 4);
+            return NULL;
+        }
+        num_rows = n;
+    }
+    if (get(r_obj, &b[2], 0, 'q', "rows") < 0) {
+        release(b, 4);
+        return NULL;
+    }
+    Py_ssize_t k = b[2].view.len / 8;
+    if (m_obj != Py_None) {
+        if (get(o_obj, &b[3], 1, 'q', "out") < 0) {
+            release(b, 4);
+            return NULL;
+        }
+        if (b[3].view.len / 8 < k) {
+            PyErr_SetString(PyExc_ValueError, "touch_rows: out is shorter than rows");
+            release(b, 4);
+            return NULL;
+        }
+    }
+    const int64_t *r = b[2].view.buf;
+    if (num_rows < 0) num_rows = 0;  /* neither array: nothing to write, every row is out of range */
+    if (check_rows(r, k, num_rows, "touch_rows: ") < 0) {
+        release(b, 4);
+        return NULL;
+    }
+    unsigned char *marks = m_obj != Py_None ? b[0].view.buf : NULL;
+    uint32_t *changed = c_obj != Py_None ? b[1].view.buf : NULL;
+    int64_t *out = marks ? b[3].view.buf : NULL;
+    const uint32_t epoch = (uint32_t)epoch_arg;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (i + ROW_PREFETCH_AHEAD < k) {
+            int64_t ahead = r[i + ROW_PREFETCH_AHEAD];
+            if (marks) __builtin_prefetch(marks + ahead, 1);
+            if (changed) __builtin_prefetch(changed + ahead, 1);
+        }
+        int64_t row = r[i];
+        if (marks && marks[row] != 1) {
+            if (!marks[row]) {
+                marks[row] = 2; /* claimed by this call: a repeat of it further on is neither claimed nor stamped */
+                out[n++] = row;
+            }
+        } else if (changed) {
+            changed[row] = epoch;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) marks[out[i]] = 1;
+    release(b, 4);
     return PyLong_FromSsize_t(n);
 }
 
@@ -909,6 +1010,11 @@ static PyMethodDef methods[] = {
     {"first_touch", first_touch, METH_VARARGS,
      "first_touch(marks, rows, out): the rows whose one-byte mark is 0, each once, in order of first appearance, "
      "written to out and marked 1; returns their count. Every row is checked first (ValueError, nothing written)."},
+    {"touch_rows", touch_rows, METH_VARARGS,
+     "touch_rows(marks, changed, epoch, rows, out): one pass over a sparse update's rows: where marks (one byte a "
+     "row) is not None, each unmarked row is marked 1 and written to out once, in order of first appearance; where "
+     "changed (uint32 a row) is not None, changed[row] = epoch for every row marked before the call. Returns the "
+     "count written to out. Every row is checked first (ValueError, nothing written)."},
     {"merge_sum", merge_sum, METH_VARARGS,
      "merge_sum(rows, values, bounds, out_rows, out_sums, start_zero): strictly increasing pieces of sparse rows "
      "merged, values summed per row in float64 in piece order; returns the row count, or -1 if a piece is not "

@@ -51,6 +51,7 @@ from psflow.native.loader import load_extension
 from psflow.ps.initializers import CONSTANT_INITIALIZERS, initial_rows, initial_rows_many
 from psflow.ps.memory import use_small_pages
 from psflow.ps.optimizers import Optimizer
+from psflow.ps.row_marks import RowMarks
 
 __all__ = ["LAZY_MIN_BYTES", "LazyRows", "ensure_together", "lazy_eligible", "unbuilt_array"]
 
@@ -66,6 +67,11 @@ _CHUNK_ELEMENTS = 1 << 18
 #: The C loop that finds and marks a request's rows not built yet (``psflow.ps._kernels.first_touch``), or
 #: None: numpy's mark test and ``np.unique`` then (the same rows, sorted instead of in order of appearance).
 _FIRST_TOUCH = getattr(load_extension("psflow.ps._kernels"), "first_touch", None)
+
+#: The C loop that does ``first_touch``'s claim and stamps the rows already built as changed (incremental
+#: checkpoints' row marks) in the same pass: a sparse update's one walk over its rows (``psflow.ps._kernels.
+#: touch_rows``), or None: the claim as above, then :meth:`psflow.ps.row_marks.RowMarks.mark` of every row.
+_TOUCH_ROWS = getattr(load_extension("psflow.ps._kernels"), "touch_rows", None)
 
 
 def unbuilt_array(shape: tuple[int, ...], dtype: str | np.dtype[Any]) -> np.ndarray:
@@ -146,23 +152,44 @@ class LazyRows:
                 slots[name][at] = slot_row
 
     def ensure(self, rows: np.ndarray, value: np.ndarray, slots: Mapping[str, np.ndarray],
-               average: np.ndarray | None) -> None:
+               average: np.ndarray | None, *, changed: RowMarks | None = None) -> None:
         """Materializes those of the valid local ``rows`` (int64, repeats allowed) not yet marked.
 
         With the C kernel, one pass over ``rows`` finds and marks them (no sort: a request's rows arrive
         unsorted, and on a Zipf-like workload a few hundred of its thousands are new at every step); the
         rows are built in order of first appearance, which gives the same content (a row's initial value is
         a function of its index alone). If building them fails, their marks are cleared again.
+
+        ``changed``: the partition's row marks, where the caller is about to change ``rows`` (a sparse
+        update): every one of ``rows`` is stamped changed now (:meth:`RowMarks.mark`), those built already in
+        the same pass that finds the new ones (the C kernel ``touch_rows``), the new ones once they are built.
+        So a row is never marked changed before it is built (an incremental checkpoint saves a changed row's
+        content as it is): a build that fails leaves its rows unmarked both ways, the others stamped.
         """
-        new = self._claim(rows)
-        if new is None:
-            return
-        try:
-            self._write_chunks(new, value, slots, average)
-        except BaseException:
-            self._unclaim(new)
-            raise
-        self.count += int(new.size)
+        if changed is None:
+            new, unstamped = self._claim(rows), None
+        else:
+            new, unstamped = self._claim_stamping(rows, changed)
+        if new is not None:
+            try:
+                self._write_chunks(new, value, slots, average)
+            except BaseException:
+                self._unclaim(new)
+                raise
+            self.count += int(new.size)
+        if changed is not None and unstamped is not None:
+            changed.mark(unstamped)
+
+    def _claim_stamping(self, rows: np.ndarray, changed: RowMarks) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """:meth:`_claim`, and the rows already built stamped changed in the same pass where the C kernel runs.
+        Returns (the new rows or None, the rows the caller still stamps once the new ones are built, or None)."""
+        stamp = changed.per_row
+        if _TOUCH_ROWS is None or stamp is None or rows.dtype != np.int64 or rows.ndim != 1:
+            return self._claim(rows), rows
+        found = np.empty(rows.shape[0], dtype=np.int64)
+        n = _TOUCH_ROWS(self.marks, stamp, changed.clock.epoch, np.ascontiguousarray(rows), found)
+        new = found[:n] if n else None
+        return new, new
 
     def _claim(self, rows: np.ndarray) -> np.ndarray | None:
         """Marks those of the valid local ``rows`` not marked yet and returns them (None: none); the caller builds

@@ -82,18 +82,26 @@ class PartitionState:
     def __post_init__(self) -> None:
         self.key = partition_key(self.var_name, self.index)
 
-    def materialize(self, rows: np.ndarray | None) -> None:
+    def materialize(self, rows: np.ndarray | None, *, changed: RowMarks | None = None) -> bool:
         """Builds the initial content of those of the valid local ``rows`` (None: every row) not built yet;
-        a no-op on an eager partition. The caller holds :attr:`lock`."""
+        a no-op on an eager partition. The caller holds :attr:`lock`.
+
+        ``changed`` (with ``rows``): the row marks to stamp ``rows`` into, as the caller is about to change
+        them (:meth:`LazyRows.ensure`: in the pass that finds the new rows).
+
+        Returns:
+            Whether ``rows`` were stamped into ``changed`` (False on an eager partition: the caller stamps them).
+        """
         lazy = self.lazy
         if lazy is None:
-            return
+            return False
         if rows is None:
             lazy.ensure_all(self.value, self.slots, self.average)
         else:
-            lazy.ensure(rows, self.value, self.slots, self.average)
+            lazy.ensure(rows, self.value, self.slots, self.average, changed=changed)
         if lazy.complete:
             self.lazy = None  # every row built: the checks are gone
+        return rows is not None and changed is not None
 
     @property
     def describe(self) -> str:
@@ -312,10 +320,14 @@ class ParameterStore:
             part.table.apply_gradients(rows, values, part.table.step if step is None else step)
             return
         with part.lock:  # rows and values were validated on arrival (check_sparse); the slots are the optimizer's own
-            part.materialize(rows)
+            every_row = part.optimizer.sparse_touches_all_rows  # (such an optimizer's partitions are never lazy)
+            # A lazy partition's rows are stamped changed in the pass that finds the new ones (built first):
+            # before the update, so an update that raised leaves built rows marked changed, which an
+            # incremental checkpoint then saves as they are (harmless).
+            stamped = part.materialize(rows, changed=None if every_row else part.marks)
             part.optimizer.apply_sparse(part.value, part.slots, rows, values, checked=True, step=step)
-            if part.marks is not None:  # (an optimizer whose sparse update moves every row: every row)
-                part.marks.mark(None if part.optimizer.sparse_touches_all_rows else rows)
+            if part.marks is not None and not stamped:
+                part.marks.mark(None if every_row else rows)
 
     def parameter_bytes(self) -> int:
         """Bytes of variables plus optimizer slots (and moving averages) held by this task."""

@@ -238,6 +238,62 @@ def test_first_touch_bad_calls_raise_and_write_nothing():
     assert not marks.any() and (out == -1).all()
 
 
+def _touch_rows_reference(marks, changed, epoch, rows):
+    """touch_rows' meaning: first_touch's claim where marks is given, and ``changed[r] = epoch`` for each row
+    marked before the call where changed is given (a row claimed by the call, or repeated after its claim, is
+    not stamped)."""
+    before = marks.copy() if marks is not None else None
+    found = _first_touch_reference(marks, rows) if marks is not None else []
+    if changed is not None:
+        stamp = rows if before is None else rows[before[rows]]
+        changed[stamp] = epoch
+    return found
+
+
+@pytest.mark.parametrize("num_rows", [1, 9, 5000])
+@pytest.mark.parametrize("which", ["both", "marks", "changed"])
+def test_touch_rows_claims_new_rows_and_stamps_the_built_ones(num_rows, which):
+    rng = np.random.default_rng(11)
+    marks = rng.random(num_rows) < 0.4 if which != "changed" else None
+    changed = rng.integers(0, 5, num_rows).astype(np.uint32) if which != "marks" else None
+    want_marks = marks.copy() if marks is not None else None
+    want_changed = changed.copy() if changed is not None else None
+    for epoch, k in enumerate((0, 1, 17, 3 * num_rows), start=7):  # the last: many repeats
+        rows = rng.integers(0, num_rows, size=k).astype(np.int64)
+        want = _touch_rows_reference(want_marks, want_changed, epoch, rows)
+        out = np.full(k, -7, np.int64) if marks is not None else None
+        n = kernels.touch_rows(marks, changed, epoch, rows, out)
+        assert n == len(want)
+        if out is not None:
+            assert out[:n].tolist() == want and (out[n:] == -7).all()
+            assert marks.tobytes() == want_marks.tobytes()
+        if changed is not None:
+            assert changed.tobytes() == want_changed.tobytes()
+
+
+def test_touch_rows_bad_calls_raise_and_write_nothing():
+    marks = np.zeros(4, np.bool_)
+    changed = np.zeros(4, np.uint32)
+    out = np.full(3, -1, np.int64)
+    _refuses_bad_rows(lambda rows: kernels.touch_rows(marks, changed, 3, rows, out))
+    _refuses_bad_rows(lambda rows: kernels.touch_rows(None, changed, 3, rows, None))
+    with pytest.raises(ValueError, match="shorter than rows"):
+        kernels.touch_rows(marks, changed, 3, np.array([0, 1, 2, 3], np.int64), out)
+    with pytest.raises(ValueError, match="differ in rows"):
+        kernels.touch_rows(marks, np.zeros(5, np.uint32), 3, np.array([1], np.int64), out)
+    with pytest.raises(ValueError, match="uint32"):
+        kernels.touch_rows(marks, np.zeros(4, np.int32), 3, np.array([1], np.int64), out)
+    with pytest.raises(ValueError, match="one byte a row"):
+        kernels.touch_rows(np.zeros(4, np.int32), changed, 3, np.array([1], np.int64), out)
+    with pytest.raises(ValueError, match="uint32"):
+        kernels.touch_rows(marks, changed, 1 << 32, np.array([1], np.int64), out)
+    with pytest.raises(ValueError, match="read-only"):
+        ro = changed.copy()
+        ro.flags.writeable = False
+        kernels.touch_rows(None, ro, 3, np.array([1], np.int64), None)
+    assert not marks.any() and not changed.any() and (out == -1).all()
+
+
 @pytest.mark.parametrize("k", [1, 255, 256, 257, 1000])
 def test_ftrl_on_single_element_rows_matches_numpy_at_block_edges(k, monkeypatch):
     """A [n, 1] table's rows are updated in gathered blocks of 256 (vector registers): same bits as numpy."""

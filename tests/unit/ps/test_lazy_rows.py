@@ -10,6 +10,7 @@ import pytest
 from safetensors.numpy import load as safetensors_load
 
 import psflow.ps.lazy_rows as lazy_rows
+import psflow.ps.row_marks as row_marks
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
@@ -184,6 +185,69 @@ def test_marking_rows_counts_each_row_once(native: bool, monkeypatch: pytest.Mon
     assert marks.count == 10 and marks.complete
     marks.mark(np.arange(10, dtype=np.int64)[::-1].copy())
     assert marks.count == 10
+
+
+def _no_native_marks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy twins of the mark passes (first_touch, touch_rows, RowMarks.mark's stamp)."""
+    monkeypatch.setattr(lazy_rows, "_FIRST_TOUCH", None)
+    monkeypatch.setattr(lazy_rows, "_TOUCH_ROWS", None)
+    monkeypatch.setattr(row_marks, "_TOUCH_ROWS", None)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_sparse_update_marks_changed_exactly_its_rows_built_or_new(native: bool,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows of a sparse update are stamped changed (incremental checkpoints) in the pass that finds the new
+    ones: rows built before (by a read) and rows new to the partition alike, at the clock's epoch; rows only
+    read are not; the C pass and the numpy twins mark the same rows."""
+    if native and lazy_rows._TOUCH_ROWS is None:
+        pytest.skip("psflow.ps._kernels was not built")
+    if not native:
+        _no_native_marks(monkeypatch)
+    eager, lazy = _pair("adagrad", SPECS[4], None, monkeypatch)
+    assert lazy.lazy is not None and lazy.marks is not None
+    ParameterStore.read(lazy, np.array([5, 6, 7], np.int64))  # built, not changed
+    epoch = lazy.marks.clock.advance() + 1  # a snapshot: later changes carry the next epoch
+    rows = np.array([7, 40, 5, 41], np.int64)  # 7 and 5 built by the read, 40 and 41 new
+    grad = np.ones((4, 3), np.float32)
+    for part in (eager, lazy):
+        ParameterStore.apply_sparse(part, rows, grad, step=1)
+    assert lazy.marks.changed_since(lazy.marks.clock.token, epoch - 1).tolist() == [5, 7, 40, 41]
+    assert lazy.marks.changed_at[[5, 7, 40, 41]].tolist() == [epoch] * 4
+    assert int(np.count_nonzero(lazy.marks.changed_at)) == 4  # row 6 was read, never changed
+    assert np.flatnonzero(lazy.lazy.marks).tolist() == [5, 6, 7, 40, 41]
+    _same(eager, lazy)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_failed_build_in_a_sparse_update_marks_its_new_rows_neither_built_nor_changed(
+        native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row is never marked changed before it is built (an increment saves a changed row as it is): where
+    building an update's new rows fails, they stay unbuilt and unchanged; the rows built before are stamped
+    (they are saved as they are, which is harmless) and the next update builds and changes the rest."""
+    if native and lazy_rows._TOUCH_ROWS is None:
+        pytest.skip("psflow.ps._kernels was not built")
+    if not native:
+        _no_native_marks(monkeypatch)
+    eager, lazy = _pair("ftrl", SPECS[3], None, monkeypatch)
+    assert lazy.lazy is not None and lazy.marks is not None
+    ParameterStore.read(lazy, np.array([3, 4], np.int64))
+    rows = np.array([4, 9, 3, 11], np.int64)
+    grad = np.ones((4, 3), np.float32)
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise MemoryError("no memory for the rows")
+
+    with monkeypatch.context() as m:
+        m.setattr(lazy_rows.LazyRows, "_write_initial", fail)
+        with pytest.raises(MemoryError):
+            ParameterStore.apply_sparse(lazy, rows, grad, step=1)
+    assert np.flatnonzero(lazy.lazy.marks).tolist() == [3, 4]
+    assert lazy.marks.changed_at[[9, 11]].tolist() == [0, 0]
+    for part in (eager, lazy):
+        ParameterStore.apply_sparse(part, rows, grad, step=1)
+    assert lazy.marks.changed_since(lazy.marks.clock.token, 0).tolist() == [3, 4, 9, 11]
+    _same(eager, lazy)
 
 
 @pytest.mark.parametrize("opt", ["adagrad", "ftrl"])
