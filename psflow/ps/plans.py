@@ -65,6 +65,17 @@ def _check_table_gradient(client: str, placement: VariablePlacement, rows: np.nd
                           f"is not finite")
 
 
+def _read_only(ids: np.ndarray, views: dict[int, np.ndarray]) -> np.ndarray:
+    """A read-only view of ``ids``, the same one for the same array within one plan (``views``, by ``id()``; the
+    arrays outlive the plan's building): tables looked up by the same ids (a wide and a deep table over one
+    feature) then send them once (:mod:`psflow.ps.protocol.stacking`)."""
+    local = views.get(id(ids))
+    if local is None:
+        local = views[id(ids)] = ids.view()
+        local.flags.writeable = False
+    return local
+
+
 @dataclass
 class PullPlan:
     """One pull, split by ps task: what to ask each task and how to put the answers back."""
@@ -122,6 +133,7 @@ class Planner:
             ClientError: unknown variable; PlacementError: ids out of range or of the wrong dtype.
         """
         plan = PullPlan({always: []} if always is not None else {})
+        views: dict[int, np.ndarray] = {}
         for name, ids in requests.items():
             fast = self._whole.get(name)
             if (fast is not None and type(ids) is np.ndarray and ids.dtype == np.int64 and ids.ndim == 1
@@ -131,9 +143,7 @@ class Planner:
                 if not ids.shape[0]:
                     plan.empty.append(name)
                 else:
-                    local = ids.view()
-                    local.flags.writeable = False
-                    plan.per_task.setdefault(fast.task, []).append((fast.key, local))
+                    plan.per_task.setdefault(fast.task, []).append((fast.key, _read_only(ids, views)))
                     plan.scatter.append((name, fast.key, _IN_ORDER))
                 continue
             placement = self.placement(name)
@@ -193,6 +203,7 @@ class Planner:
             PlacementError: rows out of range or of the wrong dtype.
         """
         per_task: dict[int, list[GradPart]] = {t: [] for t in targets}
+        views: dict[int, np.ndarray] = {}
         for name, grad in grads.items():
             fast = self._whole.get(name)
             if fast is not None:
@@ -204,9 +215,7 @@ class Planner:
                             and scan_ids(rows, fast.num_rows)[0] < 0):
                         # A whole table's gradient, int64 rows in range (the ps checks the values' shape).
                         if rows.shape[0]:
-                            local = rows.view()
-                            local.flags.writeable = False
-                            per_task.setdefault(fast.task, []).append((fast.key, values, local))
+                            per_task.setdefault(fast.task, []).append((fast.key, values, _read_only(rows, views)))
                         continue
                 elif type(values) is np.ndarray and values.dtype == fast.dtype and values.shape == fast.shape:
                     # A whole variable's dense gradient of its dtype and shape: sent as it is (what the

@@ -11,6 +11,7 @@ import numpy as np
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
 from psflow.ps.protocol.fields import acked_counts, flag, list_field, message, optional_int, optional_str, refuse
+from psflow.ps.protocol.stacking import Stacker, cut, stackable_rows
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame
@@ -22,6 +23,10 @@ __all__ = [
 
 # Array names: a gradient's values and its rows, a pull's rows.
 _GRAD, _GRAD_ROWS, _PULL_ROWS = "g/", "i/", "r/"
+# Stacked (psflow.ps.protocol.stacking): a push's gradients' values (one array per block) and rows, a pull's rows, a
+# pull reply's values (one per block); a push entry's kind.
+_STACKED_GRADS, _STACKED_GRAD_ROWS, _STACKED_PULL_ROWS, _STACKED_VALUES = "gs/", "is/0", "rs/0", "vs/"
+_STACKED = "stacked"
 
 
 class Request(Protocol):
@@ -140,15 +145,23 @@ class PullRequest:
     shard_epoch: int | None = None
 
     def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-        """The pull's meta fields; its rows arrays are added to ``arrays``."""
-        entries = []
+        """The pull's meta fields; its rows arrays are added to ``arrays``: stacked into one (each entry
+        ``[key, start, count]``) when several partitions are read by int64 rows, else one array each
+        (``[key, name]``)."""
+        entries: list[list[Any]] = []
+        stack = Stacker() if _stack_rows(self.parts) else None
         for key, rows in self.parts:
             if rows is None:
                 entries.append([key, None])
+            elif stack is not None:
+                entries.append([key, stack.rows(rows), rows.shape[0]])
             else:
                 name = _PULL_ROWS + key
                 arrays[name] = rows
                 entries.append([key, name])
+        stacked = stack.stacked_rows() if stack is not None else None
+        if stacked is not None:
+            arrays[_STACKED_PULL_ROWS] = stacked
         meta: dict[str, Any] = {"vars": entries, "create": self.create, "step_hint": self.step_hint}
         if self.averages:
             meta["averages"] = True
@@ -164,12 +177,17 @@ class PullRequest:
     def from_frame(cls, frame: Frame) -> PullRequest:
         meta, arrays = frame.meta, frame.arrays
         parts: list[tuple[str, np.ndarray | None]] = []
+        stacked = arrays.get(_STACKED_PULL_ROWS)
         for item in list_field(meta, "vars"):
-            if type(item) is not list or len(item) != 2:
-                raise InvalidRequest(f"pull entry {item!r:.60} must be [name, rows]")
-            key, name = item
+            if type(item) is not list or len(item) not in (2, 3):
+                raise InvalidRequest(f"pull entry {item!r:.60} must be [name, rows] or [name, start, count]")
+            key = item[0]
             if type(key) is not str:
                 raise InvalidRequest(f"variable name must be a string, got {key!r:.40}")
+            if len(item) == 3:
+                parts.append((key, cut(stacked, item[1], item[2], key, "stacked rows")))
+                continue
+            name = item[1]
             if name is None:
                 parts.append((key, None))
                 continue
@@ -193,11 +211,48 @@ class PullReply:
     values: Mapping[str, np.ndarray]
 
     def to_frame(self) -> Frame:
-        return Frame({"step": self.step}, dict(self.values))
+        meta: dict[str, Any] = {"step": self.step}
+        return Frame(meta, _values_arrays(self.values, meta))
 
     @classmethod
     def from_frame(cls, frame: Frame) -> PullReply:
-        return cls(optional_int(frame.meta, "step"), frame.arrays)
+        return cls(optional_int(frame.meta, "step"), _values_of(frame))
+
+
+def _values_arrays(values: Mapping[str, np.ndarray], meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A pull reply's arrays: with several values, stacked by dtype and row shape (``meta["stacked"]``: per
+    partition ``[key, block, start, count]``); else (or a value of no dimension, or a key that could be taken
+    for a block's name) one array per partition, named by its key."""
+    if len(values) < 2 or not all(type(v) is np.ndarray and v.ndim for v in values.values()) or any(
+            key.startswith(_STACKED_VALUES) for key in values):
+        return dict(values)
+    stack = Stacker()
+    entries = []
+    for key, value in values.items():
+        block, start = stack.values(value)
+        entries.append([key, block, start, value.shape[0]])
+    meta["stacked"] = entries
+    return {f"{_STACKED_VALUES}{block}": v for block, v in enumerate(stack.stacked_values())}
+
+
+def _values_of(frame: Frame) -> dict[str, np.ndarray] | Mapping[str, np.ndarray]:
+    """The values of a pull reply's frame by partition key (read-only views of the frame; stacked ones cut out).
+
+    Raises:
+        InvalidRequest: a stacked entry that is malformed or lies outside its block (names the partition).
+    """
+    entries = frame.meta.get("stacked")
+    if entries is None:
+        return frame.arrays
+    arrays = frame.arrays
+    values = {key: a for key, a in arrays.items() if not key.startswith(_STACKED_VALUES)}
+    blocks = _blocks(arrays, _STACKED_VALUES)
+    for item in list_field(frame.meta, "stacked"):
+        if type(item) is not list or len(item) != 4 or type(item[0]) is not str or type(item[1]) is not int:
+            raise InvalidRequest(f"stacked value entry {item!r:.60} must be [name, block, start, count]")
+        key, block, start, count = item
+        values[key] = cut(blocks.get(block), start, count, key, "stacked values")
+    return values
 
 
 # ---- Push --------------------------------------------------------------------------------------------------
@@ -218,15 +273,29 @@ class PushRequest:
     shard_epoch: int | None = None
 
     def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-        """The push's meta fields; its gradient arrays are added to ``arrays``."""
-        entries = []
+        """The push's meta fields; its gradient arrays are added to ``arrays``. A dense gradient is one array
+        (``[key, "dense"]``). Several sparse ones of int64 rows are stacked (:mod:`~psflow.ps.protocol.stacking`):
+        ``[key, "stacked", block, start, rows_start, count]``, the values ``count`` rows of block ``block`` from
+        ``start``, the rows ``count`` ids of the stacked rows from ``rows_start``; otherwise each is two arrays
+        (``[key, "sparse"]``)."""
+        entries: list[list[Any]] = []
+        stack = Stacker() if _stack_grads(self.grads) else None
         for key, values, rows in self.grads:
-            arrays[_GRAD + key] = values
             if rows is None:
+                arrays[_GRAD + key] = values
                 entries.append([key, "dense"])
+            elif stack is not None:
+                block, start = stack.values(values)
+                entries.append([key, _STACKED, block, start, stack.rows(rows), rows.shape[0]])
             else:
+                arrays[_GRAD + key] = values
                 arrays[_GRAD_ROWS + key] = rows
                 entries.append([key, "sparse"])
+        if stack is not None:
+            stacked = stack.stacked_rows()
+            if stacked is not None:
+                arrays[_STACKED_GRAD_ROWS] = stacked
+            arrays.update((f"{_STACKED_GRADS}{block}", v) for block, v in enumerate(stack.stacked_values()))
         tag, steps = self.worker, self.steps
         meta: dict[str, Any] = {"grads": entries}
         if tag.worker is not None:
@@ -264,12 +333,20 @@ class PushRequest:
     def from_frame(cls, frame: Frame) -> PushRequest:
         meta, arrays = frame.meta, frame.arrays
         grads: list[GradPart] = []
+        blocks: dict[int, np.ndarray] | None = None
         for item in list_field(meta, "grads"):
-            if type(item) is not list or len(item) != 2 or item[1] not in ("dense", "sparse"):
-                raise InvalidRequest(f"push entry {item!r:.60} must be [name, 'dense'|'sparse']")
-            key, kind = item
+            if type(item) is not list or not (len(item) == 2 and item[1] in ("dense", "sparse")
+                                              or len(item) == 6 and item[1] == _STACKED):
+                raise InvalidRequest(f"push entry {item!r:.60} must be [name, 'dense'|'sparse'] or "
+                                     "[name, 'stacked', block, start, rows_start, count]")
+            key, kind = item[0], item[1]
             if type(key) is not str:
                 raise InvalidRequest(f"variable name must be a string, got {key!r:.40}")
+            if kind == _STACKED:
+                if blocks is None:
+                    blocks = _blocks(arrays, _STACKED_GRADS)
+                grads.append(_stacked_grad(arrays, blocks, key, item))
+                continue
             values = arrays.get(_GRAD + key)
             if values is None:
                 raise InvalidRequest(f"partition {key!r:.80}: gradient array missing")
@@ -305,6 +382,48 @@ class PushRequest:
         return cls(grads, WorkerTag(worker, incarnation, generation, position, push_id, acked,
                                     tuple(acked_all) if acked_all is not None else None, stream, seq),
                    StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss, epoch)
+
+
+def _stack_grads(grads: Sequence[GradPart]) -> bool:
+    """Whether a push stacks its sparse gradients: several, each of int64 rows and values of one row per id."""
+    sparse = 0
+    for _, values, rows in grads:
+        if rows is None:
+            continue
+        if not (stackable_rows(rows) and type(values) is np.ndarray and values.ndim and values.shape[0] == rows.shape[0]):
+            return False
+        sparse += 1
+    return sparse > 1
+
+
+def _stack_rows(parts: Sequence[tuple[str, np.ndarray | None]]) -> bool:
+    """Whether a pull stacks its rows: several partitions read by rows, each int64 ids."""
+    rows = [r for _, r in parts if r is not None]
+    return len(rows) > 1 and all(stackable_rows(r) for r in rows)
+
+
+def _blocks(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[int, np.ndarray]:
+    """The stacked blocks among a frame's arrays (named ``prefix`` and the block's number), by number."""
+    out: dict[int, np.ndarray] = {}
+    for name, array in arrays.items():
+        number = name[len(prefix):]
+        if name.startswith(prefix) and number.isascii() and number.isdigit():
+            out[int(number)] = array
+    return out
+
+
+def _stacked_grad(arrays: Mapping[str, np.ndarray], blocks: Mapping[int, np.ndarray], key: str,
+                  item: list[Any]) -> GradPart:
+    """The gradient of a push entry ``[key, "stacked", block, start, rows_start, count]``: views of the stacked
+    arrays (``blocks``: the values' blocks by number).
+
+    Raises:
+        InvalidRequest: a block that is not an integer or a range outside its array (names the partition).
+    """
+    _, _, block, start, rows_start, count = item
+    values = blocks.get(block) if type(block) is int else None
+    return (key, cut(values, start, count, key, "stacked gradient values"),
+            cut(arrays.get(_STACKED_GRAD_ROWS), rows_start, count, key, "stacked gradient rows"))
 
 
 def _refuse_push(meta: Mapping[str, Any]) -> None:
@@ -395,11 +514,11 @@ class PushPullReply:
     def to_frame(self) -> Frame:
         meta = self.push.meta()
         meta["pull_step"] = self.pull.step
-        return Frame(meta, dict(self.pull.values))
+        return Frame(meta, _values_arrays(self.pull.values, meta))
 
     @classmethod
     def from_frame(cls, frame: Frame) -> PushPullReply:
-        return cls(PushReply.from_frame(frame), PullReply(optional_int(frame.meta, "pull_step"), frame.arrays))
+        return cls(PushReply.from_frame(frame), PullReply(optional_int(frame.meta, "pull_step"), _values_of(frame)))
 
 
 def gradient_arrays(grads: Mapping[str, tuple[np.ndarray, np.ndarray | None]]) -> dict[str, np.ndarray]:

@@ -25,8 +25,9 @@ pytestmark = pytest.mark.timeout(60)
 PSFLOW = pathlib.Path(__file__).resolve().parents[3] / "psflow"
 PROTOCOL = PSFLOW / "ps" / "protocol"
 WORD = re.compile(r"[a-z][a-z0-9_]*")
-#: Array name prefixes: a gradient's values and rows, a pull's rows, a loaded value, slot, table, a RunStep output.
-PREFIXES = ("g/", "i/", "r/", "v/", "s/", "d/", "o/")
+#: Array name prefixes: a gradient's values and rows, a pull's rows, a loaded value, slot, table, a RunStep output,
+#: and the stacked ones (a push's values and rows, a pull's rows, a pull reply's values).
+PREFIXES = ("g/", "i/", "r/", "v/", "s/", "d/", "o/", "gs/", "is/", "rs/", "vs/")
 #: Words the protocol uses as keys that are also keys of other psflow documents or plain names elsewhere
 #: (the manifest, status.json, the Stats counters a status page reads, configs, CLI choices), so finding
 #: them outside the protocol says nothing. Every other word the protocol spells must appear nowhere else.

@@ -1,0 +1,100 @@
+"""Many partitions' arrays as a few: how a push, a pull and a pull's reply carry the rows and values of tens of
+partitions without an array each.
+
+A Wide & Deep step touches 52 table partitions: sent one array per partition, its push-and-pull frame held 164
+arrays, and each array costs a few microseconds of Python to frame and as many to read back, on both sides, every
+step. Stacked, the same frame holds a dozen: a partition's rows and values become ranges of a few stacked arrays,
+named in the meta by ``(block, start, count)``.
+
+* :class:`Stacker` stacks (the sender): each distinct rows array once (partitions looked up by the same ids
+  -- a wide and a deep table over one feature -- share their range), and values by dtype and row shape, one
+  block each, in the order given. Stacking copies the parts once into the blocks.
+* :func:`cut` reads a range back (the receiver): a read-only view of the block, no copy; every field is checked
+  first, and a bad one raises :class:`~psflow.rpc.api.InvalidRequest` naming it.
+
+What the receiver gets is what separate arrays would have given: the same values, shapes and dtypes, read-only
+views of the received frame. The messages of :mod:`psflow.ps.protocol.data` decide what they stack (see there);
+a sender may always send one array per partition instead, and the receiver reads both forms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from psflow.rpc.api import InvalidRequest
+
+__all__ = ["Stacker", "cut", "stackable_rows"]
+
+
+def stackable_rows(rows: np.ndarray) -> bool:
+    """Whether ``rows`` may go into a stacked rows array: int64 ids, one dimension (what a plan sends)."""
+    return type(rows) is np.ndarray and rows.dtype == np.int64 and rows.ndim == 1
+
+
+class Stacker:
+    """The stacked arrays of one message, filled part by part (see the module docstring). Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._rows: list[np.ndarray] = []
+        self._rows_at: dict[int, int] = {}  # id() of a rows array given -> its start in the stacked rows
+        self._num_rows = 0
+        self._blocks: dict[tuple[np.dtype[Any], tuple[int, ...]], int] = {}  # (dtype, row shape) -> block
+        self._values: list[list[np.ndarray]] = []
+        self._lengths: list[int] = []
+
+    def rows(self, rows: np.ndarray) -> int:
+        """Where ``rows`` (int64, one dimension: :func:`stackable_rows`) start in the stacked rows. The same array
+        object given again is stacked once; it must not change until :meth:`stacked_rows` was called."""
+        start = self._rows_at.get(id(rows))
+        if start is None:
+            start = self._rows_at[id(rows)] = self._num_rows
+            self._rows.append(rows)
+            self._num_rows += rows.shape[0]
+        return start
+
+    def values(self, values: np.ndarray) -> tuple[int, int]:
+        """``(block, start)``: where ``values`` (at least one dimension) go among the stacked values."""
+        key = (values.dtype, values.shape[1:])
+        block = self._blocks.get(key)
+        if block is None:
+            block = self._blocks[key] = len(self._values)
+            self._values.append([])
+            self._lengths.append(0)
+        start = self._lengths[block]
+        self._values[block].append(values)
+        self._lengths[block] = start + values.shape[0]
+        return block, start
+
+    def stacked_rows(self) -> np.ndarray | None:
+        """Every distinct rows array given, one after another (None: none was given)."""
+        if not self._rows:
+            return None
+        return self._rows[0] if len(self._rows) == 1 else np.concatenate(self._rows)
+
+    def stacked_values(self) -> list[np.ndarray]:
+        """Each block's values, one after another, in block order."""
+        return [parts[0] if len(parts) == 1 else np.concatenate(parts) for parts in self._values]
+
+
+def cut(block: np.ndarray | None, start: Any, count: Any, key: str, what: str) -> np.ndarray:
+    """``block[start:start + count]`` (a view), after checking that the range lies inside it.
+
+    Args:
+        block: the stacked array (None: the frame lacks it).
+        start, count: the range, as the frame's meta gave them.
+        key, what: the partition and the array, for the error (``partition 'emb/part_0': stacked rows``).
+
+    Raises:
+        InvalidRequest: the block is missing or has no dimension, or the range is not two non-negative
+            integers inside it (names the partition, the array and the values).
+    """
+    # (one test on the hot path: a push cuts about a hundred ranges)
+    if (block is not None and type(start) is int and type(count) is int and block.ndim and 0 <= start
+            and 0 <= count and start + count <= block.shape[0]):
+        return block[start:start + count]
+    if block is None or block.ndim == 0:
+        raise InvalidRequest(f"partition {key!r:.80}: {what}: the stacked array is missing")
+    raise InvalidRequest(f"partition {key!r:.80}: {what}: range {start!r:.20} + {count!r:.20} is not inside the "
+                         f"stacked array's {block.shape[0]} rows")

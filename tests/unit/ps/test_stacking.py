@@ -1,0 +1,159 @@
+"""Stacked arrays (psflow/ps/protocol/stacking.py, issue 29's W&D step): a push, a pull and a pull's reply of
+many partitions travel as a few arrays, and read back exactly what one array per partition gave; a stacked
+range that lies outside its array is refused naming the partition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from psflow.cluster import ClusterSpec
+from psflow.gradients import SparseGradient
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps import protocol as p
+from psflow.ps.plans import Planner
+from psflow.rpc.api import InvalidRequest
+from psflow.rpc.framing import Frame, decode, encode
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _wire(frame: Frame) -> Frame:
+    return decode(encode(frame.meta, frame.arrays))
+
+
+def _wide_deep_parts(tables: int = 4) -> list[p.GradPart]:
+    """A W&D push's shape: per feature a deep (width 8) and a wide (width 1) table over the same rows array,
+    then two dense gradients."""
+    rng = np.random.default_rng(5)
+    rows = [np.sort(rng.choice(1000, size=3 + t, replace=False)).astype(np.int64) for t in range(tables)]
+    deep = [(f"deep/emb_{t}/part_0", rng.standard_normal((r.size, 8)).astype(np.float32), r) for t, r in enumerate(rows)]
+    wide = [(f"wide/emb_{t}/part_0", rng.standard_normal((r.size, 1)).astype(np.float32), r) for t, r in enumerate(rows)]
+    dense = [("deep/kernel/part_0", rng.standard_normal((5, 3)).astype(np.float32), None),
+             ("deep/bias/part_0", rng.standard_normal(3).astype(np.float32), None)]
+    return [*deep, *wide, *dense]
+
+
+def _same(got: list[p.GradPart], want: list[p.GradPart]) -> None:
+    assert [k for k, _, _ in got] == [k for k, _, _ in want]
+    for (_, values, rows), (_, v, r) in zip(got, want, strict=True):
+        assert values.dtype == v.dtype and values.shape == v.shape and values.tobytes() == v.tobytes()
+        assert (rows is None) == (r is None)
+        if rows is not None and r is not None:
+            assert rows.dtype == r.dtype and rows.tolist() == r.tolist()
+
+
+def test_a_push_of_many_tables_travels_as_a_few_arrays_and_reads_back_the_same() -> None:
+    parts = _wide_deep_parts()
+    frame = p.PushRequest(parts, p.WorkerTag("/job:worker/task:0"), step=True, examples=7).to_frame()
+    # two dense gradients, one values block per row width (8 and 1), one rows array: each table's rows once
+    assert len(frame.arrays) == 5
+    assert sum(a.nbytes for name, a in frame.arrays.items() if a.dtype == np.int64) == sum(
+        r.nbytes for _, _, r in parts[:4] if r is not None)
+    back = p.PushRequest.from_frame(_wire(frame))
+    _same(list(back.grads), parts)
+    assert all(not v.flags.writeable for _, v, _ in back.grads)
+
+
+def test_one_array_per_partition_is_still_read() -> None:
+    """A sender that does not stack (one sparse part; rows of another dtype) sends one array per partition."""
+    deep, _, *dense = _wide_deep_parts(1)
+    parts = [deep, *dense]
+    one = p.PushRequest(parts).to_frame()
+    assert len(one.arrays) == 4 and all(kind in ("dense", "sparse") for _, kind in one.meta["grads"])
+    _same(list(p.PushRequest.from_frame(_wire(one)).grads), parts)
+    int32 = [(k, v, None if r is None else r.astype(np.int32)) for k, v, r in _wide_deep_parts(3)]
+    frame = p.PushRequest(int32).to_frame()
+    assert len(frame.arrays) == 2 + 2 * 6
+    _same(list(p.PushRequest.from_frame(_wire(frame)).grads), int32)
+
+
+def test_a_gradient_of_the_wrong_length_is_not_stacked_and_reaches_the_ps_as_it_was() -> None:
+    parts = _wide_deep_parts(2)
+    key, values, rows = parts[0]
+    bad = [(key, values[:-1], rows), *parts[1:]]
+    frame = p.PushRequest(bad).to_frame()
+    assert frame.arrays["g/" + key].shape[0] == rows.size - 1  # the ps refuses it, naming the partition, as before
+    _same(list(p.PushRequest.from_frame(_wire(frame)).grads), bad)
+
+
+def test_a_pull_of_many_partitions_sends_one_rows_array_and_keeps_the_order() -> None:
+    shared = np.array([9, 2, 5], np.int64)
+    parts = [("deep/emb_0/part_0", shared), ("w/part_0", None), ("wide/emb_0/part_0", shared),
+             ("deep/emb_1/part_0", np.array([1], np.int64))]
+    frame = p.PullRequest(parts, create=True).to_frame()
+    assert list(frame.arrays) == ["rs/0"] and frame.arrays["rs/0"].tolist() == [9, 2, 5, 1]
+    back = p.PullRequest.from_frame(_wire(frame))
+    assert [(k, None if r is None else r.tolist()) for k, r in back.parts] == [
+        (k, None if r is None else r.tolist()) for k, r in parts]
+    assert back.create
+
+
+def test_a_pull_reply_stacks_its_values_by_dtype_and_row_shape() -> None:
+    rng = np.random.default_rng(1)
+    values = {"deep/emb_0/part_0": rng.standard_normal((3, 8)).astype(np.float32),
+              "wide/emb_0/part_0": rng.standard_normal((3, 1)).astype(np.float32),
+              "deep/emb_1/part_0": rng.standard_normal((2, 8)).astype(np.float32),
+              "deep/kernel/part_0": rng.standard_normal((4, 1)).astype(np.float32),
+              "deep/bias/part_0": rng.standard_normal(4).astype(np.float32),
+              "steps/part_0": np.arange(3, dtype=np.int64)}
+    for reply, read in ((p.PullReply(6, values), p.PullReply.from_frame),
+                        (p.PushPullReply(p.PushReply(7), p.PullReply(6, values)),
+                         lambda f: p.PushPullReply.from_frame(f).pull)):
+        frame = reply.to_frame()
+        assert len(frame.arrays) == 4  # rows of 8, of 1, of one float, of one int64
+        got = read(_wire(frame))
+        assert got.step == 6 and set(got.values) == set(values)
+        for key, want in values.items():
+            assert got.values[key].dtype == want.dtype and got.values[key].tobytes() == want.tobytes()
+            assert got.values[key].shape == want.shape
+
+
+def test_a_reply_whose_key_looks_like_a_block_is_not_stacked() -> None:
+    values = {"vs/0": np.ones((2, 2), np.float32), "b/part_0": np.zeros((1, 2), np.float32)}
+    frame = p.PullReply(1, values).to_frame()
+    assert "stacked" not in frame.meta and set(frame.arrays) == set(values)
+    assert p.PullReply.from_frame(_wire(frame)).values["vs/0"].tolist() == [[1, 1], [1, 1]]
+
+
+@pytest.mark.parametrize("entry, error", [
+    (["e/part_0", "stacked", 0, 2, 0, 5], "partition 'e/part_0': stacked gradient values: range 2 \\+ 5"),
+    (["e/part_0", "stacked", 0, 0, 4, 2], "partition 'e/part_0': stacked gradient rows: range 4 \\+ 2"),
+    (["e/part_0", "stacked", 1, 0, 0, 1], "partition 'e/part_0': stacked gradient values: the stacked array is missing"),
+    (["e/part_0", "stacked", "0", 0, 0, 1], "stacked gradient values: the stacked array is missing"),
+    (["e/part_0", "stacked", 0, -1, 0, 1], "range -1 \\+ 1"),
+    (["e/part_0", "stacked", 0, 0, 0, True], "range 0 \\+ True"),
+    (["e/part_0", "stacked", 0, 0, 0], "must be \\[name, 'dense'\\|'sparse'\\] or \\[name, 'stacked'"),
+])
+def test_a_stacked_push_entry_outside_its_arrays_is_refused_naming_the_partition(entry: list[object],
+                                                                                  error: str) -> None:
+    arrays = {"gs/0": np.zeros((5, 2), np.float32), "is/0": np.arange(5, dtype=np.int64)}
+    with pytest.raises(InvalidRequest, match=error):
+        p.PushRequest.from_frame(Frame({"grads": [entry]}, arrays))
+
+
+def test_stacked_pull_and_reply_entries_outside_their_arrays_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match="partition 'e/part_0': stacked rows: range 3 \\+ 3"):
+        p.PullRequest.from_frame(Frame({"vars": [["e/part_0", 3, 3]]}, {"rs/0": np.arange(4, dtype=np.int64)}))
+    with pytest.raises(InvalidRequest, match="stacked rows: the stacked array is missing"):
+        p.PullRequest.from_frame(Frame({"vars": [["e/part_0", 0, 1]]}, {}))
+    with pytest.raises(InvalidRequest, match="partition 'e/part_0': stacked values: range 0 \\+ 9"):
+        p.PullReply.from_frame(Frame({"step": 1, "stacked": [["e/part_0", 0, 0, 9]]},
+                                     {"vs/0": np.zeros((2, 2), np.float32)}))
+    with pytest.raises(InvalidRequest, match="must be \\[name, block, start, count\\]"):
+        p.PullReply.from_frame(Frame({"step": 1, "stacked": [["e/part_0", "0", 0, 1]]}, {}))
+
+
+def test_the_planner_sends_ids_shared_by_two_tables_as_one_array() -> None:
+    vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["a:1"]})))
+    vs.get_variable("deep", (100, 4))
+    vs.get_variable("wide", (100, 1))
+    planner = Planner(list(vs.placements()), client_name="w")
+    ids = np.array([3, 7, 9], np.int64)
+    (pulled,) = planner.pull({"deep": ids, "wide": ids}).per_task.values()
+    assert pulled[0][1] is pulled[1][1] and not pulled[0][1].flags.writeable
+    (pushed,) = planner.push({"deep": SparseGradient(ids, np.ones((3, 4), np.float32)),
+                              "wide": SparseGradient(ids, np.ones((3, 1), np.float32))}, [0]).values()
+    assert pushed[0][2] is pushed[1][2]
+    frame = p.PushRequest(pushed).to_frame()
+    assert frame.arrays["is/0"].tolist() == [3, 7, 9]
