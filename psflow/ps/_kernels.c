@@ -27,7 +27,7 @@
  *       mark is 0, once, in order of first appearance, into out[:n], its mark set to 1; the numpy twin is
  *       psflow/ps/lazy_rows.py's ``~marks[rows]`` test and np.unique, which gives the same rows sorted)
  *   touch_rows(marks, changed, epoch, rows, out) -> n   (a sparse update's one pass over its rows: first_touch's
- *       claim where marks is not None, and changed[r] = epoch (uint32 row marks, psflow/ps/row_marks.py) for
+ *       claim where marks is not None, and changed[r] = epoch (uint8 or uint32 row marks, psflow/ps/row_marks.py) for
  *       every row built before the call, where changed is not None; the claimed rows (and their repeats) are
  *       not stamped: the caller stamps them once built. Twins: first_touch's, and numpy's ``changed[rows] = epoch``)
  *
@@ -463,14 +463,15 @@ static PyObject *first_touch(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
-/* Takes obj's writable C-contiguous buffer of uint32 items: -1 with ValueError "<name> must be uint32" otherwise. */
-static int get_u32(PyObject *obj, Buf *b, const char *name) {
+/* Takes obj's writable C-contiguous buffer of uint8 or uint32 items (row marks): -1 with ValueError
+ * "<name> must be uint8 or uint32" otherwise. */
+static int get_row_marks(PyObject *obj, Buf *b, const char *name) {
     if (PyObject_GetBuffer(obj, &b->view, PyBUF_WRITABLE | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
     b->held = 1;
     const char *f = b->view.format ? b->view.format : "B";
     if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (!(f[0] == 'I' && f[1] == 0 && b->view.itemsize == 4)) {
-        PyErr_Format(PyExc_ValueError, "%s must be uint32", name);
+    if (!((f[0] == 'I' && b->view.itemsize == 4) || (f[0] == 'B' && b->view.itemsize == 1)) || f[1] != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be uint8 or uint32", name);
         return -1;
     }
     return 0;
@@ -484,7 +485,7 @@ static PyObject *touch_rows(PyObject *self, PyObject *args) {
     unsigned long epoch_arg;
     if (!PyArg_ParseTuple(args, "OOkOO:touch_rows", &m_obj, &c_obj, &epoch_arg, &r_obj, &o_obj)) return NULL;
     if (epoch_arg > 0xFFFFFFFFUL) {
-        PyErr_SetString(PyExc_ValueError, "touch_rows: epoch must fit in uint32");
+        PyErr_SetString(PyExc_ValueError, "touch_rows: epoch does not fit in an item of changed");
         return NULL;
     }
     Buf b[4] = {{.held = 0}};
@@ -500,11 +501,16 @@ static PyObject *touch_rows(PyObject *self, PyObject *args) {
         num_rows = b[0].view.len;
     }
     if (c_obj != Py_None) {
-        if (get_u32(c_obj, &b[1], "touch_rows: changed") < 0) {
+        if (get_row_marks(c_obj, &b[1], "touch_rows: changed") < 0) {
             release(b, 4);
             return NULL;
         }
-        Py_ssize_t n = b[1].view.len / 4;
+        if (epoch_arg > (b[1].view.itemsize == 1 ? 0xFFUL : 0xFFFFFFFFUL)) {
+            PyErr_SetString(PyExc_ValueError, "touch_rows: epoch does not fit in an item of changed");
+            release(b, 4);
+            return NULL;
+        }
+        Py_ssize_t n = b[1].view.len / b[1].view.itemsize;
         if (num_rows >= 0 && n != num_rows) {
             PyErr_SetString(PyExc_ValueError, "touch_rows: marks and changed differ in rows");
             release(b, 4);
@@ -535,7 +541,8 @@ static PyObject *touch_rows(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char *marks = m_obj != Py_None ? b[0].view.buf : NULL;
-    uint32_t *changed = c_obj != Py_None ? b[1].view.buf : NULL;
+    uint32_t *changed = c_obj != Py_None && b[1].view.itemsize == 4 ? b[1].view.buf : NULL;
+    unsigned char *changed8 = c_obj != Py_None && b[1].view.itemsize == 1 ? b[1].view.buf : NULL;
     int64_t *out = marks ? b[3].view.buf : NULL;
     const uint32_t epoch = (uint32_t)epoch_arg;
     Py_ssize_t n = 0;
@@ -544,6 +551,7 @@ static PyObject *touch_rows(PyObject *self, PyObject *args) {
             int64_t ahead = r[i + ROW_PREFETCH_AHEAD];
             if (marks) __builtin_prefetch(marks + ahead, 1);
             if (changed) __builtin_prefetch(changed + ahead, 1);
+            if (changed8) __builtin_prefetch(changed8 + ahead, 1);
         }
         int64_t row = r[i];
         if (marks && marks[row] != 1) {
@@ -551,6 +559,8 @@ static PyObject *touch_rows(PyObject *self, PyObject *args) {
                 marks[row] = 2; /* claimed by this call: a repeat of it further on is neither claimed nor stamped */
                 out[n++] = row;
             }
+        } else if (changed8) {
+            changed8[row] = (unsigned char)epoch;
         } else if (changed) {
             changed[row] = epoch;
         }
@@ -1013,7 +1023,7 @@ static PyMethodDef methods[] = {
     {"touch_rows", touch_rows, METH_VARARGS,
      "touch_rows(marks, changed, epoch, rows, out): one pass over a sparse update's rows: where marks (one byte a "
      "row) is not None, each unmarked row is marked 1 and written to out once, in order of first appearance; where "
-     "changed (uint32 a row) is not None, changed[row] = epoch for every row marked before the call. Returns the "
+     "changed (uint8 or uint32 a row) is not None, changed[row] = epoch for every row marked before the call. Returns the "
      "count written to out. Every row is checked first (ValueError, nothing written)."},
     {"merge_sum", merge_sum, METH_VARARGS,
      "merge_sum(rows, values, bounds, out_rows, out_sums, start_zero): strictly increasing pieces of sparse rows "

@@ -183,11 +183,11 @@ class LazyRows:
     def _claim_stamping(self, rows: np.ndarray, changed: RowMarks) -> tuple[np.ndarray | None, np.ndarray | None]:
         """:meth:`_claim`, and the rows already built stamped changed in the same pass where the C kernel runs.
         Returns (the new rows or None, the rows the caller still stamps once the new ones are built, or None)."""
-        stamp = changed.per_row
+        stamp = changed.stamp_now()
         if _TOUCH_ROWS is None or stamp is None or rows.dtype != np.int64 or rows.ndim != 1:
             return self._claim(rows), rows
         found = np.empty(rows.shape[0], dtype=np.int64)
-        n = _TOUCH_ROWS(self.marks, stamp, changed.clock.epoch, np.ascontiguousarray(rows), found)
+        n = _TOUCH_ROWS(self.marks, stamp[0], stamp[1], np.ascontiguousarray(rows), found)
         new = found[:n] if n else None
         return new, new
 

@@ -252,10 +252,11 @@ def _touch_rows_reference(marks, changed, epoch, rows):
 
 @pytest.mark.parametrize("num_rows", [1, 9, 5000])
 @pytest.mark.parametrize("which", ["both", "marks", "changed"])
-def test_touch_rows_claims_new_rows_and_stamps_the_built_ones(num_rows, which):
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint32])
+def test_touch_rows_claims_new_rows_and_stamps_the_built_ones(num_rows, which, dtype):
     rng = np.random.default_rng(11)
     marks = rng.random(num_rows) < 0.4 if which != "changed" else None
-    changed = rng.integers(0, 5, num_rows).astype(np.uint32) if which != "marks" else None
+    changed = rng.integers(0, 5, num_rows).astype(dtype) if which != "marks" else None
     want_marks = marks.copy() if marks is not None else None
     want_changed = changed.copy() if changed is not None else None
     for epoch, k in enumerate((0, 1, 17, 3 * num_rows), start=7):  # the last: many repeats
@@ -281,12 +282,18 @@ def test_touch_rows_bad_calls_raise_and_write_nothing():
         kernels.touch_rows(marks, changed, 3, np.array([0, 1, 2, 3], np.int64), out)
     with pytest.raises(ValueError, match="differ in rows"):
         kernels.touch_rows(marks, np.zeros(5, np.uint32), 3, np.array([1], np.int64), out)
-    with pytest.raises(ValueError, match="uint32"):
+    with pytest.raises(ValueError, match="uint8 or uint32"):
         kernels.touch_rows(marks, np.zeros(4, np.int32), 3, np.array([1], np.int64), out)
+    with pytest.raises(ValueError, match="uint8 or uint32"):
+        kernels.touch_rows(marks, np.zeros(4, np.int8), 3, np.array([1], np.int64), out)
     with pytest.raises(ValueError, match="one byte a row"):
         kernels.touch_rows(np.zeros(4, np.int32), changed, 3, np.array([1], np.int64), out)
-    with pytest.raises(ValueError, match="uint32"):
+    with pytest.raises(ValueError, match="does not fit"):
         kernels.touch_rows(marks, changed, 1 << 32, np.array([1], np.int64), out)
+    small = np.zeros(4, np.uint8)
+    with pytest.raises(ValueError, match="does not fit"):
+        kernels.touch_rows(marks, small, 256, np.array([1], np.int64), out)
+    assert not small.any()
     with pytest.raises(ValueError, match="read-only"):
         ro = changed.copy()
         ro.flags.writeable = False

@@ -127,9 +127,11 @@ def test_a_lazy_partitions_pages_are_not_huge_page_advised_and_an_eager_ones_kee
         pytest.skip("transparent huge pages are unavailable or off here")
     store = ParameterStore()
     lazy = store.create("emb", 0, (1 << 20, 8), 0, 1 << 20, "float32", {"name": "zeros"}, _adagrad())
-    assert lazy.lazy is not None
-    assert lazy.marks is not None  # the row marks of incremental checkpoints: a uint32 per row, stamped sparsely
-    for array in (lazy.value, lazy.slots["accumulator"], lazy.marks.changed_at):
+    # The row marks of incremental checkpoints (a byte per row, stamped sparsely): 4 MiB for 2^22 rows.
+    wide = store.create("wide", 0, (1 << 22, 1), 0, 1 << 22, "float32", {"name": "zeros"}, _adagrad())
+    assert lazy.lazy is not None and wide.lazy is not None and wide.marks is not None
+    assert wide.marks.changed_at.nbytes >= MIN_BYTES
+    for array in (lazy.value, lazy.slots["accumulator"], wide.value, wide.marks.changed_at):
         mapping = _mapping_of(array.ctypes.data + array.nbytes // 2)
         assert " nh" in " " + mapping["VmFlags"] and " hg" not in " " + mapping["VmFlags"], mapping["VmFlags"]
         assert mapping.get("THPeligible", "0") == "0"
