@@ -180,7 +180,8 @@ class Planner:
                 continue
             if isinstance(positions, slice) and parts[key].shape == plan.shapes[name]:
                 # One partition answered for every id, in order: no scatter. A read-only array (a view of a
-                # received frame) is copied; a writable one is the ps task's own fresh copy (in-process).
+                # received frame) is copied; a writable one is the caller's already: the ps task's own fresh copy
+                # (in-process), or a view of a reply's buffer the carrier gave up (tcp: decode(writable=True)).
                 part = parts[key]
                 dtype = self.layout[name].var.dtype
                 out[name] = part if part.flags.writeable and part.dtype == dtype else np.array(part, dtype=dtype)

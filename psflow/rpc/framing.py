@@ -18,7 +18,8 @@ Guarantees:
       frame before touching the data, and raises :class:`FrameError` (a
       ``ValueError``) describing the first problem; it never reads past the
       buffer and never allocates more than the frame's own size.
-    * Decoded arrays are read-only zero-copy views of the frame's bytes.
+    * Decoded arrays are read-only zero-copy views of the frame's bytes; writable ones only where the caller
+      owns a writable buffer and asks for them (``decode(..., writable=True)``: a client's reply).
 """
 
 from __future__ import annotations
@@ -157,14 +158,17 @@ def _json_string(name: str) -> str:
     return f'"{name}"' if _PLAIN.fullmatch(name) else json.dumps(name)
 
 
-def decode(buf: bytes | memoryview) -> Frame:
+def decode(buf: bytes | memoryview, *, writable: bool = False) -> Frame:
     """Decodes a frame produced by :func:`encode`.
 
     Args:
         buf: the frame bytes.
+        writable: (a caller that owns ``buf`` and nothing else reads it, e.g. a reply it received) give
+            writable views where ``buf`` is writable, which the caller may then use as its own arrays
+            without copying them; ``bytes`` stay read-only.
 
     Returns:
-        The frame; its arrays are read-only views into ``buf``.
+        The frame; its arrays are views into ``buf``, read-only unless ``writable``.
 
     Raises:
         FrameError: the bytes are not a valid frame (names what is wrong).
@@ -188,15 +192,16 @@ def decode(buf: bytes | memoryview) -> Frame:
         raise FrameError("header 'arrays' must be a list")
     data_start = _PREFIX.size + header_len
     arrays: dict[str, np.ndarray] = {}
+    readonly = not writable or view.readonly
     for spec in specs:
-        name, arr = _decode_array(view, spec, data_start)
+        name, arr = _decode_array(view, spec, data_start, readonly)
         if name in arrays:
             raise FrameError(f"array {name!r} appears twice")
         arrays[name] = arr
     return Frame(meta=header["meta"], arrays=arrays)
 
 
-def _decode_array(view: memoryview, spec: Any, data_start: int) -> tuple[str, np.ndarray]:
+def _decode_array(view: memoryview, spec: Any, data_start: int, readonly: bool) -> tuple[str, np.ndarray]:
     if not (isinstance(spec, list) and len(spec) == 5):
         raise FrameError(f"array entry {spec!r:.80} must be [name, dtype, shape, offset, nbytes]")
     name, dtype, shape, offset, nbytes = spec
@@ -223,5 +228,6 @@ def _decode_array(view: memoryview, spec: Any, data_start: int) -> tuple[str, np
     if offset % dt.itemsize:
         raise FrameError(f"array {name!r}: offset {offset} not aligned to {dt.itemsize}")
     arr = np.frombuffer(view, dtype=dt, count=count, offset=offset).reshape(shape)
-    arr.flags.writeable = False
+    if readonly:
+        arr.flags.writeable = False
     return name, arr

@@ -307,7 +307,8 @@ class TcpChannel:
         if body[0] != STATUS_OK:
             status = _STATUS_BYTES.get(body[0], Status.INTERNAL)
             raise Refusal(status, bytes(body[1:]).decode("utf-8", errors="replace")).error()
-        return decode(memoryview(body)[1:])
+        # The reply's buffer is this call's alone: its arrays may be the caller's own (a pull's rows, uncopied).
+        return decode(memoryview(body)[1:], writable=True)
 
     def _error(self, method: str, e: BaseException) -> RpcError:
         if isinstance(e, TimeoutError | socket.timeout):

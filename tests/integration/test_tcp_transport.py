@@ -42,6 +42,18 @@ def ps(tmp_path_factory):  # type: ignore[no-untyped-def]
         handle.stop_all()
 
 
+def test_pulled_rows_are_the_callers_own(ps) -> None:  # type: ignore[no-untyped-def]
+    """A pull's rows come back writable (the reply's buffer, uncopied since it is the call's alone): changing them
+    changes nothing on the ps task, nor another variable's rows."""
+    _, client = ps
+    ids = np.array([3, 1, 4], np.int64)
+    first = client.pull({"w": ids})["w"]
+    again = client.pull({"w": ids})["w"].copy()
+    assert first.flags.writeable and first.tolist() == again.tolist()
+    first[:] = 0.0
+    assert client.pull({"w": ids})["w"].tolist() == again.tolist()
+
+
 def _connect(address: str, token: bytes) -> socket.socket:
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=5)

@@ -30,6 +30,19 @@ def test_round_trip_arrays_and_meta() -> None:
         assert not frame.arrays[name].flags.writeable
 
 
+def test_a_caller_owning_a_writable_buffer_may_get_writable_views_of_it() -> None:
+    """``writable=True`` (a client's reply, whose buffer is the call's alone): the arrays are the buffer's
+    bytes, writable, so the caller uses them without a copy; a ``bytes`` frame and the default stay read-only."""
+    wire = encode({}, {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([7, 8], np.int64)})
+    buf = bytearray(wire)
+    frame = decode(memoryview(buf), writable=True)
+    assert all(a.flags.writeable for a in frame.arrays.values())
+    frame.arrays["b"][0] = 9
+    assert decode(bytes(buf)).arrays["b"].tolist() == [9, 8]  # a view of the buffer, not a copy
+    assert not any(a.flags.writeable for a in decode(wire, writable=True).arrays.values())
+    assert not any(a.flags.writeable for a in decode(memoryview(buf)).arrays.values())
+
+
 def test_non_contiguous_and_big_endian_inputs_are_normalized() -> None:
     base = np.arange(20, dtype=np.float32).reshape(4, 5)
     frame = decode(encode({}, {"t": base.T, "be": np.arange(3, dtype=">i8")}))
