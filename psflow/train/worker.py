@@ -73,8 +73,8 @@ from psflow.train.duties import (
     coordination_config,
     elects_chief,
     epochs_completed,
-    fit_position,
     make_session,
+    resume_from_positions,
     resume_position,
     run_id,
 )
@@ -200,9 +200,10 @@ def run_worker(
     data_config = dataset_config(config, task_index, cluster.num_tasks("worker"))
     steps_in_flight = _steps_in_flight(config, client)
     progress = _Progress(time.monotonic())
-    # Its first batches are read while it joins (the chief initializes, the others wait for it): psflow.train.read_ahead.
-    read_ahead = None if config.data.reader_process else ReadAhead(data_config, model.prepare)
+    read_ahead: ReadAhead | None = None
     try:
+        # Its first batches are read while it joins (the chief initializes, the others wait): psflow.train.read_ahead.
+        read_ahead = None if config.data.reader_process else ReadAhead(data_config, model.prepare)
         if leadership is not None and is_chief(cluster, "worker", task_index) and _new_cluster(client):
             # The configured chief leads first, at a run's start (its session saves the initial checkpoint);
             # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
@@ -246,7 +247,8 @@ def run_worker(
                     break
                 if leadership is not None:  # its handover, if it had finished, is void: it finishes again
                     leadership.rewound()
-                resume = fit_position(text, data_config, task)  # rewound: it campaigns again from its next step
+                # Rewound (it campaigns again from its next step); the checkpoint may hold another sharding's positions.
+                resume = resume_from_positions(text, client.reader_positions(), data_config, task)
             if leadership is not None:  # the last to finish writes the final checkpoint
                 end_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout, config.checkpoint.dir)
         if own_client:  # the session ended normally: its final checkpoint is written
