@@ -15,7 +15,8 @@ Classes and functions, by file:
   :class:`ReaderPosition`, :class:`ShuffleState`, :class:`DatasetStats`,
   :class:`FileStats`.
 * ``dataset.py`` -- :class:`Dataset` (files -> reader -> shuffle -> batcher -> prefetch),
-  :func:`open_dataset`, :func:`read_all`.
+  :func:`open_dataset`, :func:`epoch_start` (where an epoch begins: a resume under another sharding),
+  :func:`read_all`.
 * ``checks.py`` -- :func:`require_records`, :func:`check_records` (the checks made before a run
   starts), :data:`~psflow.data.checks.HEAD_RECORDS`, :data:`~psflow.data.checks.COUNT_BYTES`.
 * ``batch.py`` -- :class:`Batch` (labels, named sparse features as :class:`SparseColumn`,
@@ -102,7 +103,7 @@ from psflow.data.api import (
 from psflow.data.batch import DEFAULT_SPARSE_FEATURE, Batch, BatchSource, BatchSpec, SparseColumn
 from psflow.data.checks import check_records, require_records
 from psflow.data.convert import add_convert_arguments, convert, run_convert
-from psflow.data.dataset import Dataset, open_dataset, read_all
+from psflow.data.dataset import Dataset, epoch_start, open_dataset, read_all
 from psflow.data.example import ParsedExamples, Ragged, encode_example, parse_examples
 from psflow.data.infer import InferredSchema, infer_schema
 from psflow.data.labels import BINARY_LABELS, FINITE_LABELS, LabelSpec
@@ -145,6 +146,7 @@ __all__ = [
     "default_sparse_schema",
     "encode_example",
     "epoch_file_order",
+    "epoch_start",
     "expand_paths",
     "infer_schema",
     "open_dataset",

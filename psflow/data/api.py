@@ -288,6 +288,9 @@ class ReaderPosition:
         seed: shuffle seed it was taken under (checked on resume).
         shuffle: shuffle replay state, ``None`` when not shuffling or before the
             first draw of the epoch.
+        start_epoch: the epoch this worker's reading began at: 0, or, in a run that resumed
+            positions taken under another sharding, the epoch every worker started at
+            (:func:`psflow.data.dataset.epoch_start`); kept by every later position.
     """
 
     epoch: int = 0
@@ -302,6 +305,7 @@ class ReaderPosition:
     min_after_dequeue: int = 0
     seed: int = 0
     shuffle: ShuffleState | None = None
+    start_epoch: int = 0
 
     def to_json(self) -> str:
         """Returns a JSON string that :meth:`from_json` turns back into an equal position.

@@ -49,7 +49,7 @@ from psflow.data.readers import empty_batch, iter_file
 from psflow.data.sharding import WorkerShard, epoch_file_order, expand_paths, shard_plan
 from psflow.data.shuffle import OutPiece, ReadPiece, Rows, sequential_pieces, shuffle_rows
 
-__all__ = ["Dataset", "open_dataset", "read_all"]
+__all__ = ["Dataset", "open_dataset", "epoch_start", "read_all"]
 
 logger = logging.getLogger("psflow.data")
 
@@ -198,9 +198,9 @@ class _Pipeline:
                 )
             epoch, resume = epoch + 1, None
 
-    def start_position(self) -> ReaderPosition:
-        """The position before the first record of epoch 0."""
-        return self._position(0, self.order(0), 0, 0, 0, None)
+    def start_position(self, epoch: int = 0) -> ReaderPosition:
+        """The position before the first record of ``epoch`` (default 0)."""
+        return self._position(epoch, self.order(epoch), 0, 0, 0, None)
 
     def _position(self, epoch: int, order: list[int], fi: int, record: int, offset: int, state: ShuffleState | None) -> ReaderPosition:
         path = self.shard.paths[order[fi]] if fi < len(order) else ""
@@ -344,6 +344,7 @@ class Dataset:
         first = resume_from if resume_from is not None else self._pipeline.start_position()
         if resume_from is not None:
             self._pipeline.check(resume_from)
+            self._pipeline.template = replace(self._pipeline.template, start_epoch=resume_from.start_epoch)
         self._position = first
         self._closed = False
         self._failure: BaseException | None = None
@@ -466,6 +467,21 @@ def open_dataset(config: DatasetConfig, *, start: bool, resume_from: ReaderPosit
         DataError: no file matches, or ``resume_from`` does not fit the config.
     """
     return Dataset(config, start=start, resume_from=resume_from, prepare=prepare)
+
+
+def epoch_start(config: DatasetConfig, epoch: int) -> ReaderPosition:
+    """The position before the first record of ``epoch`` of the worker's share that ``config`` names, with
+    ``start_epoch`` ``epoch``: resuming from it (``open_dataset(config, ..., resume_from=...)``) reads epochs
+    ``epoch`` to the last, each whole, and every position after it keeps that ``start_epoch``. An ``epoch`` at
+    or past ``config.num_epochs`` reads nothing.
+
+    Raises:
+        DataError: no file matches.
+    """
+    if epoch < 0:
+        raise DataError(f"epoch must be >= 0, got {epoch}")
+    shard = shard_plan(expand_paths(config.paths), config.num_workers)[config.worker_index]
+    return replace(_Pipeline(config, shard, _Counters(config)).start_position(epoch), start_epoch=epoch)
 
 
 def read_all(paths: Sequence[str] | str, format: str, **options: Any) -> Batch:

@@ -56,7 +56,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -151,12 +151,15 @@ class JoinResult:
         restored: the checkpoint restored, or None.
         global_step: global_step once the cluster is ready.
         reader_position: this client's ReaderPosition JSON to resume from, or None.
+        reader_positions: every client's ReaderPosition JSON the ps tasks hold, by client name (this one's
+            among them if it has one): a run resumed under another sharding reads its epoch from them.
     """
 
     created: bool
     restored: str | None
     global_step: int
     reader_position: str | None
+    reader_positions: Mapping[str, str] = field(default_factory=dict)
 
 
 def join_cluster(
@@ -226,8 +229,8 @@ def join_cluster(
             log.info("%s: initialized the variables on %d ps tasks", client.client_name, len(client.channels))
     else:
         created = client.register(optimizer, ready_timeout=ready_timeout)
-    position = client.reader_positions().get(client.client_name)
-    return JoinResult(created, restored, client.global_step(), position if isinstance(position, str) else None)
+    positions = {name: text for name, text in client.reader_positions().items() if isinstance(text, str)}
+    return JoinResult(created, restored, client.global_step(), positions.get(client.client_name), positions)
 
 
 def _taken_over(directory: str, latest: str, leader: Callable[[], Lease | None] | None, run: str | None) -> str:

@@ -31,18 +31,18 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from psflow import storage
 from psflow.checkpoint.lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
-from psflow.checkpoint.manifest import POINTER_NAME, read_manifest
+from psflow.checkpoint.manifest import POINTER_NAME, Manifest, read_manifest
 from psflow.checkpoint.pointer import incomplete_checkpoints, latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import member_address, ps_replicas, shard_members
 from psflow.coord import CoordinationConfig
-from psflow.data import DatasetConfig, ReaderPosition, read_all
+from psflow.data import DatasetConfig, ReaderPosition, epoch_start, read_all
 from psflow.errors import CheckpointError
 from psflow.models.api import Model
 from psflow.ps.client import ParameterClient
@@ -68,7 +68,8 @@ from psflow.train.recovery import CampaignWhileTrainingHook, LeaderOnlyHook, Lea
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
 
-__all__ = ["make_session", "elects_chief", "coordination_config", "resume_position", "fit_position",
+__all__ = ["make_session", "elects_chief", "coordination_config", "resume_position", "resume_from_positions",
+           "resharded_epoch", "fit_position",
            "epochs_completed", "fault_exit", "run_id",
            "checkpoint_dir_lock", "claim_checkpoint_dir", "claim_run"]
 
@@ -185,12 +186,58 @@ def coordination_config(config: TrainConfig, cluster: ClusterSpec, *, token: str
 
 
 def resume_position(session: MonitoredTrainingSession, dataset: DatasetConfig) -> ReaderPosition | None:
-    """Where this worker's data resumes: its reported (or checkpointed) position, if it fits ``dataset``.
+    """Where this worker's data resumes: :func:`resume_from_positions` of its reported (or checkpointed) position
+    and every position the ps tasks held when it joined."""
+    return resume_from_positions(session.reader_position, session.reader_positions, dataset,
+                                 session.client.client_name)
 
-    A position taken under another sharding or shuffle setting is ignored
-    (logged); the worker then starts its data from the beginning.
+
+def resume_from_positions(own: str | None, positions: Mapping[str, str], dataset: DatasetConfig,
+                          name: str) -> ReaderPosition | None:
+    """Where worker ``name``'s data resumes, from its own ReaderPosition JSON ``own`` (or None) and every
+    position the ps tasks hold (``positions``, by client name; its own among them or not).
+
+    * ``own`` taken under this run's sharding (workers, shuffle buffer, seed): from there, exactly.
+    * Otherwise, if a position was taken under another sharding (a run resumed with another ``--workers``,
+      ``--shuffle-buffer`` or ``--seed``; a position cannot be carried from one sharding to another), or the
+      other workers of this sharding started at a later epoch than 0 (they resumed such positions before this
+      worker joined): from the beginning of :func:`resharded_epoch`, logged as a WARNING. That epoch's records
+      read before the checkpoint are read again; the epochs before it never, and ``--epochs`` still bounds the
+      run's epochs.
+    * Otherwise (no position, or only other workers' of this sharding, started at epoch 0: this worker had
+      read nothing): None, the data from its beginning.
+
+    Raises:
+        DataError: a position that is not one, or no training file matches (the second case).
     """
-    return fit_position(session.reader_position, dataset, session.client.client_name)
+    mine = ReaderPosition.from_json(own) if own is not None else None
+    if mine is not None and _fits(mine, dataset):
+        log.info("%s: resuming data at epoch %d, %d records into it", name, mine.epoch, mine.records_consumed)
+        return mine
+    saved = [ReaderPosition.from_json(text) for key, text in positions.items() if key != name]
+    saved += [mine] if mine is not None else []
+    epoch = resharded_epoch(saved, _sharding_of(dataset))
+    if epoch is None:
+        return None
+    others = sorted({_sharding(p) for p in saved if _sharding(p) != _sharding_of(dataset)})
+    log.warning("%s: the saved reader positions were taken with (workers, shuffle buffer, seed) = %s, this run has "
+                "%s: a position cannot be carried over, so this worker starts epoch %d of its share from its "
+                "beginning (records of epoch %d read before the checkpoint are read again; epochs before it are "
+                "not)", name, ", ".join(map(str, others)) or "(the other workers resumed them)",
+                _sharding_of(dataset), epoch, epoch)
+    return epoch_start(dataset, epoch)
+
+
+def resharded_epoch(positions: list[ReaderPosition], sharding: tuple[int, int, int]) -> int | None:
+    """The epoch a worker of ``sharding`` (workers, shuffle buffer, seed) without a position of its own starts
+    at, from the saved ``positions``: None (epoch 0, from its beginning) when all of them were taken under this
+    sharding and started at epoch 0; else the least of each other sharding's position's completed epochs
+    (:func:`epochs_completed`) and each of this sharding's ``start_epoch``."""
+    other = [epochs_completed(p) for p in positions if _sharding(p) != sharding]
+    started = [p.start_epoch for p in positions if _sharding(p) == sharding]
+    if not other and not any(started):
+        return None
+    return min(other + started)
 
 
 def fit_position(text: str | None, dataset: DatasetConfig, name: str) -> ReaderPosition | None:
@@ -198,14 +245,25 @@ def fit_position(text: str | None, dataset: DatasetConfig, name: str) -> ReaderP
     if text is None:
         return None
     position = ReaderPosition.from_json(text)
-    wanted = (dataset.worker_index, dataset.num_workers, dataset.shuffle_buffer, dataset.seed)
-    have = (position.worker_index, position.num_workers, position.shuffle_buffer, position.seed)
-    if wanted != have:
+    if not _fits(position, dataset):
         log.warning("%s: saved reader position (worker, workers, shuffle, seed) = %s does not fit %s; "
-                    "starting the data from the beginning", name, have, wanted)
+                    "starting the data from the beginning", name, (position.worker_index, *_sharding(position)),
+                    (dataset.worker_index, *_sharding_of(dataset)))
         return None
     log.info("%s: resuming data at epoch %d, %d records into it", name, position.epoch, position.records_consumed)
     return position
+
+
+def _sharding(position: ReaderPosition) -> tuple[int, int, int]:
+    return position.num_workers, position.shuffle_buffer, position.seed
+
+
+def _sharding_of(dataset: DatasetConfig) -> tuple[int, int, int]:
+    return dataset.num_workers, dataset.shuffle_buffer, dataset.seed
+
+
+def _fits(position: ReaderPosition, dataset: DatasetConfig) -> bool:
+    return position.worker_index == dataset.worker_index and _sharding(position) == _sharding_of(dataset)
 
 
 def epochs_completed(position: ReaderPosition) -> int:
@@ -304,7 +362,25 @@ def _newest_checkpoint_warnings(config: TrainConfig) -> list[str]:
     latest = latest_checkpoint(config.checkpoint.dir)
     if latest is None:
         return _from_scratch(config.checkpoint.dir)
-    return check_restorable(latest, read_manifest(latest), model_record(config))
+    manifest = read_manifest(latest)
+    return check_restorable(latest, manifest, model_record(config)) + _other_sharding(latest, manifest, config)
+
+
+def _other_sharding(path: str, manifest: Manifest, config: TrainConfig) -> list[str]:
+    """The console's word on a checkpoint whose reader positions were taken under another sharding than this
+    between-graph run's: where its workers start (:func:`resume_from_positions`)."""
+    if config.sync.replication != "between-graph" or not manifest.reader_positions:
+        return []
+    positions = [ReaderPosition.from_json(text) for text in manifest.reader_positions.values()]
+    ours = (config.cluster.num_workers, config.data.shuffle_buffer, config.data.seed)
+    others = sorted({_sharding(p) for p in positions if _sharding(p) != ours})
+    epoch = resharded_epoch(positions, ours)
+    if not others or epoch is None:
+        return []
+    return [f"checkpoint {path} holds reader positions taken with (workers, shuffle buffer, seed) = "
+            f"{', '.join(map(str, others))}; this run has {ours}: positions cannot be carried over, so every worker "
+            f"starts epoch {epoch} of its share from its beginning (the records of epoch {epoch} read before the "
+            f"checkpoint are read again; the epochs before it are not)"]
 
 
 def _from_scratch(directory: str) -> list[str]:

@@ -126,6 +126,12 @@ class MonitoredTrainingSession:
         """This worker's ReaderPosition JSON to resume its data from, or None (valid after ``__enter__``)."""
         return self.join_result.reader_position if self.join_result else None
 
+    @property
+    def reader_positions(self) -> Mapping[str, str]:
+        """Every client's ReaderPosition JSON the ps tasks held when this session joined, by client name
+        (valid after ``__enter__``; empty before)."""
+        return self.join_result.reader_positions if self.join_result else {}
+
     def __enter__(self) -> MonitoredTrainingSession:
         for hook in self.hooks:
             hook.begin()

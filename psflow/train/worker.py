@@ -73,8 +73,8 @@ from psflow.train.duties import (
     coordination_config,
     elects_chief,
     epochs_completed,
-    fit_position,
     make_session,
+    resume_from_positions,
     resume_position,
     run_id,
 )
@@ -247,7 +247,8 @@ def run_worker(
                     break
                 if leadership is not None:  # its handover, if it had finished, is void: it finishes again
                     leadership.rewound()
-                resume = fit_position(text, data_config, task)  # rewound: it campaigns again from its next step
+                # Rewound (it campaigns again from its next step); the checkpoint may hold another sharding's positions.
+                resume = resume_from_positions(text, client.reader_positions(), data_config, task)
             if leadership is not None:  # the last to finish writes the final checkpoint
                 end_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout, config.checkpoint.dir)
         if own_client:  # the session ended normally: its final checkpoint is written
