@@ -26,7 +26,10 @@ so its partitions are eager too.
 Cost on the hot path: one pass over the rows a request touches that finds and marks those not built yet
 (the C kernel ``first_touch``: ~8 us for 5,000 rows; without it numpy's ``~marks[rows]`` test, then
 ``np.unique`` of the new ones); once every row is materialized the partition drops its :class:`LazyRows`
-and the check is gone. Building a row of a constant initializer (zeros, ones, constant: sparse LR's weights,
+and the check is gone. A sparse update's pass (the C kernel ``touch_rows``) also stamps the rows it changes in
+the incremental checkpoints' row marks (:mod:`psflow.ps.row_marks`, a byte a row): one walk over the pushed
+rows for both kinds of marks, each new row stamped only once it is built. Building a row of a constant
+initializer (zeros, ones, constant: sparse LR's weights,
 W&D's wide tables) writes one row computed at creation into the value and each slot, broadcast; a random one
 computes the rows from their indices. A Zipf-like workload may never get there (sparse LR's 2^20-row table: 35% of its
 rows touched after an epoch, a few hundred new ones in each request of ~5,300 rows), so the pass stays
