@@ -98,7 +98,8 @@ class ParameterClient:
             channels: ps task -> channel, to use instead of channels of the carrier
                 ``config.transport`` names (:func:`psflow.rpc.registry.open_channel`), e.g.
                 :class:`~psflow.rpc.inprocess.InProcessChannel` for a run in one process
-                (never replicated).
+                (never replicated). Calls on channels opened here send many partitions stacked in a few
+                arrays (:mod:`psflow.ps.protocol.stacking`); on given ones, one array per partition.
             failover_timeout: (replicated shards) seconds a shard member may answer nothing before this
                 client takes it as gone (:class:`~psflow.ps.failover.ShardRouter`; default 10 s).
 
@@ -133,6 +134,10 @@ class ParameterClient:
             dict(channels) if channels is not None else self.router.channels if self.router is not None else {
                 i: self._open_member(f"/job:ps/task:{i}", cluster.task_address("ps", i)) for i in ps})
         self._calls = TaskCalls(self.channels, self.router, self.pushes, client_name=client_name)
+        # Channels this client opened (a carrier: its frames are encoded) carry a push's and a pull's many
+        # partitions stacked in a few arrays (psflow.ps.protocol.stacking); given ones (in-process: frames
+        # passed as they are, where stacking would only copy) one array per partition.
+        self._stack = channels is None
 
     def _open_member(self, task: str, address: str) -> Channel:
         return open_channel(self.config.transport, task, address, PARAMETER_SERVICE, self.config)
@@ -203,7 +208,8 @@ class ParameterClient:
             RpcError: a ps task refused or failed.
         """
         plan = self._pull_plan(requests)
-        pulls = {t: PullRequest(parts, create, averages, self._step_hint) for t, parts in plan.per_task.items()}
+        pulls = {t: PullRequest(parts, create, averages, self._step_hint, stack=self._stack)
+                 for t, parts in plan.per_task.items()}
         return self._assemble(plan, {t: PullReply.from_frame(frame) for t, frame in self._calls.gather(pulls).items()})
 
     def _pull_plan(self, requests: Mapping[str, np.ndarray | None]) -> PullPlan:
@@ -341,7 +347,7 @@ class ParameterClient:
         pushes = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
         calls: dict[int, Request] = dict(pushes) if plan is None else push_pull_calls(
             pushes, plan.per_task, step_hint=self._step_hint, client_name=self.client_name,
-            replicated=self.pushes is not None)
+            replicated=self.pushes is not None, stack=self._stack)
         if ordered:
             calls = self._ordered.number(calls, self.incarnation)
         timeout = self._push_timeout()
@@ -383,7 +389,7 @@ class ParameterClient:
         per_task = self._plans.push(grads, list(self.channels) if mode == "sync" else [self.step_task])
         out = push_requests(per_task, self.step_task, WorkerTag(self.client_name, self.incarnation, generation, position),
                             StepTag(read_step, clock, read_step if mode == "sync" else None, self._step_hint),
-                            examples, loss)
+                            examples, loss, stack=self._stack)
         # Replicated shards: this call's push_id, each shard's acknowledged count.
         return out if self.pushes is None else self.pushes.number(out)
 

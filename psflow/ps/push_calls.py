@@ -136,33 +136,36 @@ class OrderedPushes:
 
 
 def push_requests(per_task: Mapping[int, list[GradPart]], step_task: int, worker: WorkerTag, step: StepTag,
-                  examples: int, loss: float | None) -> dict[int, PushRequest]:
+                  examples: int, loss: float | None, *, stack: bool = False) -> dict[int, PushRequest]:
     """Each ps task's push: its partitions' gradients (``per_task``) and the tags.
 
     ``step_task`` (the task holding global_step) gets ``worker`` and ``step`` whole and counts the step: the
     batch's ``examples`` and ``loss``; every other task gets the worker's name, process and generation (no
-    reader position) and the step's ``sync_tag`` and ``step_hint`` (no read step, no clock).
+    reader position) and the step's ``sync_tag`` and ``step_hint`` (no read step, no clock). ``stack``: their
+    sparse gradients travel stacked (:attr:`~psflow.ps.protocol.PushRequest.stack`).
     """
     out: dict[int, PushRequest] = {}
     others = [task for task in per_task if task != step_task]
     if others:  # sync mode, or variables on other tasks: the same tags for each
         tag = WorkerTag(worker.worker, worker.incarnation, worker.generation)
         steps = StepTag(sync_tag=step.sync_tag, step_hint=step.step_hint)
-        out.update({task: PushRequest(per_task[task], tag, steps) for task in others})
+        out.update({task: PushRequest(per_task[task], tag, steps, stack=stack) for task in others})
     if step_task in per_task:  # it counts the step: the batch, and the reader position after it
         out[step_task] = PushRequest(per_task[step_task], worker, step, True, int(examples),
-                                     None if loss is None else float(loss))
+                                     None if loss is None else float(loss), stack=stack)
     return out
 
 
 def push_pull_calls(pushes: Mapping[int, PushRequest], pulls: Mapping[int, Sequence[tuple[str, np.ndarray | None]]],
-                    *, step_hint: int | None, client_name: str, replicated: bool) -> dict[int, Request]:
+                    *, step_hint: int | None, client_name: str, replicated: bool, stack: bool = False
+                    ) -> dict[int, Request]:
     """One call per ps task pushed to or pulled from (in task order): a push and its task's pull (a training
     lookup, ``create=True``; no rows: an empty pull) as one ``PushPull``; a task pushed nothing gets an
-    empty push with its pull, or (``replicated``) a plain ``Pull``."""
+    empty push with its pull, or (``replicated``) a plain ``Pull``. ``stack``: the pulls' rows and their
+    replies' values travel stacked (:attr:`~psflow.ps.protocol.PullRequest.stack`)."""
     calls: dict[int, Request] = {}
     for task in sorted(set(pulls) | set(pushes)):
-        pull = PullRequest(pulls.get(task, ()), create=True, step_hint=step_hint)
+        pull = PullRequest(pulls.get(task, ()), create=True, step_hint=step_hint, stack=stack)
         if task not in pushes and replicated:
             calls[task] = pull  # replicated: a shard pushed nothing gets a plain pull, no empty push to count
         else:

@@ -285,7 +285,7 @@ class ParameterService:
         request = PullRequest.from_frame(frame)
         self.clock.hear(request.step_hint)
         step, out = self._read(self._pull_entries(request), create=request.create, averages=request.averages)
-        return _reply(PullReply(step, out))
+        return _reply(PullReply(step, out, request.stack))
 
     def push_pull(self, frame: Frame) -> Reply:
         """A push, then a pull, in one call: the pull part is validated first,
@@ -301,7 +301,7 @@ class ParameterService:
         wanted = self._pull_entries(request.pull)
         pushed = self.pushes.apply(request.push)
         step, out = self._read(wanted, create=request.pull.create)
-        return _reply(PushPullReply(pushed, PullReply(step, out)))
+        return _reply(PushPullReply(pushed, PullReply(step, out, request.pull.stack)))
 
     @contextlib.contextmanager
     def _turn(self, tag: WorkerTag) -> Iterator[None]:

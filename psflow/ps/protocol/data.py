@@ -134,7 +134,10 @@ class PullRequest:
 
     ``create``: a training lookup (dynamic tables count and admit ids); ``averages``: read moving
     averages instead of values (evaluation); ``step_hint``: the newest global_step the client heard of;
-    ``shard_epoch``: (a replicated shard) the epoch of the view the client routes by.
+    ``shard_epoch``: (a replicated shard) the epoch of the view the client routes by; ``stack``: send the
+    rows of several partitions stacked and ask for the reply's values stacked
+    (:mod:`~psflow.ps.protocol.stacking`), which pays where the frames are encoded (a carrier), not where
+    they are passed as they are (in-process).
     """
 
     METHOD: ClassVar[str] = "Pull"
@@ -143,13 +146,14 @@ class PullRequest:
     averages: bool = False
     step_hint: int | None = None
     shard_epoch: int | None = None
+    stack: bool = False
 
     def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         """The pull's meta fields; its rows arrays are added to ``arrays``: stacked into one (each entry
         ``[key, start, count]``) when several partitions are read by int64 rows, else one array each
         (``[key, name]``)."""
         entries: list[list[Any]] = []
-        stack = Stacker() if _stack_rows(self.parts) else None
+        stack = Stacker() if self.stack and _stack_rows(self.parts) else None
         for key, rows in self.parts:
             if rows is None:
                 entries.append([key, None])
@@ -167,6 +171,8 @@ class PullRequest:
             meta["averages"] = True
         if self.shard_epoch is not None:
             meta["shard_epoch"] = self.shard_epoch
+        if self.stack:
+            meta["stack"] = True
         return meta
 
     def to_frame(self) -> Frame:
@@ -200,19 +206,21 @@ class PullRequest:
             optional_int(meta, "step_hint")  # raises, naming it
         if epoch is not None and (type(epoch) is not int or epoch < 0):
             optional_int(meta, "shard_epoch", minimum=0)  # raises, naming it
-        return cls(parts, meta.get("create") is True, meta.get("averages") is True, hint, epoch)
+        return cls(parts, meta.get("create") is True, meta.get("averages") is True, hint, epoch, meta.get("stack") is True)
 
 
 @message
 class PullReply:
-    """The global_step the values belong to (on the task holding it), and each partition's values."""
+    """The global_step the values belong to (on the task holding it), and each partition's values; ``stack``:
+    several values travel stacked (the pull asked for it: :attr:`PullRequest.stack`)."""
 
     step: int | None
     values: Mapping[str, np.ndarray]
+    stack: bool = False
 
     def to_frame(self) -> Frame:
         meta: dict[str, Any] = {"step": self.step}
-        return Frame(meta, _values_arrays(self.values, meta))
+        return Frame(meta, _values_arrays(self.values, meta) if self.stack else dict(self.values))
 
     @classmethod
     def from_frame(cls, frame: Frame) -> PullReply:
@@ -261,7 +269,8 @@ class PushRequest:
     """Gradients for the partitions of one ps task, with who pushes (``worker``) and which step
     (``steps``). ``step``: increment global_step (only to the task holding it); ``examples`` and
     ``loss`` count the batch (sent with ``step``); ``shard_epoch``: (a replicated shard) the epoch of the
-    view the client routes by."""
+    view the client routes by; ``stack``: send several sparse gradients stacked (see :attr:`PullRequest.stack`;
+    a push read from a frame: whether it came so)."""
 
     METHOD: ClassVar[str] = "Push"
     grads: Sequence[GradPart]
@@ -271,6 +280,7 @@ class PushRequest:
     examples: int = 0
     loss: float | None = None
     shard_epoch: int | None = None
+    stack: bool = False
 
     def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         """The push's meta fields; its gradient arrays are added to ``arrays``. A dense gradient is one array
@@ -279,7 +289,7 @@ class PushRequest:
         ``start``, the rows ``count`` ids of the stacked rows from ``rows_start``; otherwise each is two arrays
         (``[key, "sparse"]``)."""
         entries: list[list[Any]] = []
-        stack = Stacker() if _stack_grads(self.grads) else None
+        stack = Stacker() if self.stack and _stack_grads(self.grads) else None
         for key, values, rows in self.grads:
             if rows is None:
                 arrays[_GRAD + key] = values
@@ -381,7 +391,8 @@ class PushRequest:
         loss = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
         return cls(grads, WorkerTag(worker, incarnation, generation, position, push_id, acked,
                                     tuple(acked_all) if acked_all is not None else None, stream, seq),
-                   StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss, epoch)
+                   StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss, epoch,
+                   blocks is not None)
 
 
 def _stack_grads(grads: Sequence[GradPart]) -> bool:
@@ -514,7 +525,7 @@ class PushPullReply:
     def to_frame(self) -> Frame:
         meta = self.push.meta()
         meta["pull_step"] = self.pull.step
-        return Frame(meta, _values_arrays(self.pull.values, meta))
+        return Frame(meta, _values_arrays(self.pull.values, meta) if self.pull.stack else dict(self.pull.values))
 
     @classmethod
     def from_frame(cls, frame: Frame) -> PushPullReply:

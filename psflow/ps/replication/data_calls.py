@@ -139,7 +139,7 @@ class DataCalls:
         tables = _tables(wanted) if request.create else []
         if tables:  # a training lookup admitted rows: they are state
             forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))
-        return _reply(PullReply(step, out))
+        return _reply(PullReply(step, out, request.stack))
 
     def push_pull(self, frame: Frame) -> Reply:
         request = PushPullRequest.from_frame(frame)
@@ -152,7 +152,7 @@ class DataCalls:
         tables = _tables(wanted) if request.pull.create else []
         if tables:  # the rows the lookup admitted
             forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))
-        return _reply(PushPullReply(pushed, PullReply(step, out)))
+        return _reply(PushPullReply(pushed, PullReply(step, out, request.pull.stack)))
 
 
 def _waited(reply: PushReply, min_clock: int | None) -> PushReply:

@@ -45,7 +45,7 @@ def _same(got: list[p.GradPart], want: list[p.GradPart]) -> None:
 
 def test_a_push_of_many_tables_travels_as_a_few_arrays_and_reads_back_the_same() -> None:
     parts = _wide_deep_parts()
-    frame = p.PushRequest(parts, p.WorkerTag("/job:worker/task:0"), step=True, examples=7).to_frame()
+    frame = p.PushRequest(parts, p.WorkerTag("/job:worker/task:0"), step=True, examples=7, stack=True).to_frame()
     # two dense gradients, one values block per row width (8 and 1), one rows array: each table's rows once
     assert len(frame.arrays) == 5
     assert sum(a.nbytes for name, a in frame.arrays.items() if a.dtype == np.int64) == sum(
@@ -59,11 +59,11 @@ def test_one_array_per_partition_is_still_read() -> None:
     """A sender that does not stack (one sparse part; rows of another dtype) sends one array per partition."""
     deep, _, *dense = _wide_deep_parts(1)
     parts = [deep, *dense]
-    one = p.PushRequest(parts).to_frame()
+    one = p.PushRequest(parts, stack=True).to_frame()
     assert len(one.arrays) == 4 and all(kind in ("dense", "sparse") for _, kind in one.meta["grads"])
     _same(list(p.PushRequest.from_frame(_wire(one)).grads), parts)
     int32 = [(k, v, None if r is None else r.astype(np.int32)) for k, v, r in _wide_deep_parts(3)]
-    frame = p.PushRequest(int32).to_frame()
+    frame = p.PushRequest(int32, stack=True).to_frame()
     assert len(frame.arrays) == 2 + 2 * 6
     _same(list(p.PushRequest.from_frame(_wire(frame)).grads), int32)
 
@@ -72,7 +72,7 @@ def test_a_gradient_of_the_wrong_length_is_not_stacked_and_reaches_the_ps_as_it_
     parts = _wide_deep_parts(2)
     key, values, rows = parts[0]
     bad = [(key, values[:-1], rows), *parts[1:]]
-    frame = p.PushRequest(bad).to_frame()
+    frame = p.PushRequest(bad, stack=True).to_frame()
     assert frame.arrays["g/" + key].shape[0] == rows.size - 1  # the ps refuses it, naming the partition, as before
     _same(list(p.PushRequest.from_frame(_wire(frame)).grads), bad)
 
@@ -81,12 +81,12 @@ def test_a_pull_of_many_partitions_sends_one_rows_array_and_keeps_the_order() ->
     shared = np.array([9, 2, 5], np.int64)
     parts = [("deep/emb_0/part_0", shared), ("w/part_0", None), ("wide/emb_0/part_0", shared),
              ("deep/emb_1/part_0", np.array([1], np.int64))]
-    frame = p.PullRequest(parts, create=True).to_frame()
+    frame = p.PullRequest(parts, create=True, stack=True).to_frame()
     assert list(frame.arrays) == ["rs/0"] and frame.arrays["rs/0"].tolist() == [9, 2, 5, 1]
     back = p.PullRequest.from_frame(_wire(frame))
     assert [(k, None if r is None else r.tolist()) for k, r in back.parts] == [
         (k, None if r is None else r.tolist()) for k, r in parts]
-    assert back.create
+    assert back.create and back.stack
 
 
 def test_a_pull_reply_stacks_its_values_by_dtype_and_row_shape() -> None:
@@ -97,8 +97,8 @@ def test_a_pull_reply_stacks_its_values_by_dtype_and_row_shape() -> None:
               "deep/kernel/part_0": rng.standard_normal((4, 1)).astype(np.float32),
               "deep/bias/part_0": rng.standard_normal(4).astype(np.float32),
               "steps/part_0": np.arange(3, dtype=np.int64)}
-    for reply, read in ((p.PullReply(6, values), p.PullReply.from_frame),
-                        (p.PushPullReply(p.PushReply(7), p.PullReply(6, values)),
+    for reply, read in ((p.PullReply(6, values, stack=True), p.PullReply.from_frame),
+                        (p.PushPullReply(p.PushReply(7), p.PullReply(6, values, stack=True)),
                          lambda f: p.PushPullReply.from_frame(f).pull)):
         frame = reply.to_frame()
         assert len(frame.arrays) == 4  # rows of 8, of 1, of one float, of one int64
@@ -109,9 +109,22 @@ def test_a_pull_reply_stacks_its_values_by_dtype_and_row_shape() -> None:
             assert got.values[key].shape == want.shape
 
 
+def test_without_stack_every_partition_is_one_array_as_before() -> None:
+    """What an in-process client sends (its frames are never encoded: stacking would only copy), and what a
+    ps task replies to a pull that did not ask for stacked values."""
+    parts = _wide_deep_parts(3)
+    push = p.PushRequest(parts).to_frame()
+    assert len(push.arrays) == 2 + 2 * 6 and not p.PushRequest.from_frame(push).stack
+    pull = p.PullRequest([(k, r) for k, _, r in parts]).to_frame()
+    assert "stack" not in pull.meta and len(pull.arrays) == 6 and not p.PullRequest.from_frame(pull).stack
+    values = {k: v for k, v, _ in parts}
+    assert p.PullReply(1, values).to_frame().arrays == values
+    assert p.PushRequest.from_frame(p.PushRequest(parts, stack=True).to_frame()).stack
+
+
 def test_a_reply_whose_key_looks_like_a_block_is_not_stacked() -> None:
     values = {"vs/0": np.ones((2, 2), np.float32), "b/part_0": np.zeros((1, 2), np.float32)}
-    frame = p.PullReply(1, values).to_frame()
+    frame = p.PullReply(1, values, stack=True).to_frame()
     assert "stacked" not in frame.meta and set(frame.arrays) == set(values)
     assert p.PullReply.from_frame(_wire(frame)).values["vs/0"].tolist() == [[1, 1], [1, 1]]
 
@@ -155,5 +168,5 @@ def test_the_planner_sends_ids_shared_by_two_tables_as_one_array() -> None:
     (pushed,) = planner.push({"deep": SparseGradient(ids, np.ones((3, 4), np.float32)),
                               "wide": SparseGradient(ids, np.ones((3, 1), np.float32))}, [0]).values()
     assert pushed[0][2] is pushed[1][2]
-    frame = p.PushRequest(pushed).to_frame()
+    frame = p.PushRequest(pushed, stack=True).to_frame()
     assert frame.arrays["is/0"].tolist() == [3, 7, 9]
