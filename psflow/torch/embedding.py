@@ -272,7 +272,11 @@ class LookupPlan:
                 offsets = np.concatenate([[0], np.cumsum(vocab)]).astype(np.int64)
                 uniq, index = unique_inverse(offsets[table] + ids)
                 bounds = np.searchsorted(uniq, offsets)
-                per_table = tuple((uniq[bounds[t]:bounds[t + 1]] - offsets[t]).astype(np.int64) for t in range(k))
+                # Each table's ids: one subtraction of every unique id's table offset, then a view per table
+                # (26 subtractions and copies of a few hundred ids each cost ~3x as much).
+                local = uniq - np.repeat(offsets[:-1], np.diff(bounds))
+                at = bounds.tolist()
+                per_table = tuple(local[at[t]:at[t + 1]] for t in range(k))
                 found = cache[key] = (per_table, index.reshape(-1).astype(np.int64, copy=False))
         per_table, index = found
         if one_each and not pruned:
