@@ -211,8 +211,10 @@ def check_resume(config: TrainConfig, layout: Sequence[VariablePlacement]) -> No
             continue
         had = tuple(str(slot) for slot in parts[0]["slots"] if slot != AVERAGE_SLOT)  # a moving average: not the optimizer's
         spec = _optimizer_of(placement, run_optimizer)
-        want = make_optimizer(spec).slot_names if spec is not None else ()
-        if sorted(had) == sorted(want):
+        optimizer = make_optimizer(spec) if spec is not None else None
+        want = optimizer.slot_names if optimizer is not None else ()
+        # A checkpoint holds the optimizer's row-shaped slots and its 0-d state (Adam's beta powers) alike.
+        if sorted(had) == sorted(want + (optimizer.state_names if optimizer is not None else ())):
             continue
         theirs = str((manifest.optimizer or {}).get("name") or "another optimizer")
         ours = spec.name if spec is not None else "none (not trainable)"

@@ -1,0 +1,66 @@
+"""The resume check (``psflow.train.preflight.check_resume``) lets every optimizer resume its own checkpoint.
+
+Adam's checkpoints hold its beta powers (``beta1_power``, ``beta2_power``: 0-d state saved beside ``m`` and ``v``
+in each partition's slots), which the check did not count as Adam's: every ``--optimizer adam`` run's checkpoint
+was refused by the next run with the same optimizer, as "written with --optimizer adam (... slots beta1_power,
+beta2_power, m, v); this run asks for adam (slots m, v)", so an Adam run could never be resumed. Real
+checkpoints written by in-process ps services, each optimizer on 1 and 2 partitions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from psflow.checkpoint.save import CheckpointManager
+from psflow.cluster import ClusterSpec
+from psflow.errors import ConfigError
+from psflow.ps.client import ParameterClient
+from psflow.ps.service import ParameterService
+from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.build import build_model
+from psflow.train.config import TrainConfig
+from psflow.train.preflight import check_resume
+
+pytestmark = pytest.mark.timeout(60)
+
+OPTIMIZERS = ["sgd", "momentum", "adagrad", "adam", "ftrl", "rmsprop", "rmsprop:centered=true"]
+
+
+def _save(directory: Path, config: TrainConfig) -> None:
+    """A checkpoint of ``config``'s model, written by in-process ps services as a run's chief writes it."""
+    cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(config.cluster.num_ps)]})
+    _, variables = build_model(config, cluster)
+    services = [ParameterService(i, holds_global_step=i == 0) for i in range(config.cluster.num_ps)]
+    client = ParameterClient(cluster, variables.placements(), client_name="chief",
+                             channels={i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)})
+    client.register(config.optimizer_spec(), chief=True)
+    CheckpointManager(str(directory), transport="rpc").save(client, optimizer=config.optimizer_spec().to_json())
+
+
+def _config(directory: Path, optimizer: str, partitions: int) -> TrainConfig:
+    name, _, params = optimizer.partition(":")
+    return TrainConfig.flat(train=("unused",), num_features=124, num_ps=partitions, partitions=partitions,
+                            optimizer=name, optimizer_params={"centered": True} if params else {},
+                            checkpoint_dir=str(directory))
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_a_checkpoint_resumes_with_its_own_optimizer(tmp_path: Path, optimizer: str, partitions: int) -> None:
+    config = _config(tmp_path / "ckpt", optimizer, partitions)
+    _save(tmp_path / "ckpt", config)
+    for resumed in (config, _config(tmp_path / "ckpt", optimizer, 3 - partitions)):  # also on another layout
+        _, layout = build_model(resumed, ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(resumed.cluster.num_ps)]}))
+        check_resume(resumed, layout.placements())
+
+
+@pytest.mark.parametrize(("saved", "asked"), [("adam", "adagrad"), ("ftrl", "adam"), ("rmsprop", "rmsprop:centered=true")])
+def test_another_optimizer_is_still_refused(tmp_path: Path, saved: str, asked: str) -> None:
+    _save(tmp_path / "ckpt", _config(tmp_path / "ckpt", saved, 1))
+    resumed = _config(tmp_path / "ckpt", asked, 1)
+    _, layout = build_model(resumed, ClusterSpec({"ps": ["127.0.0.1:1"]}))
+    with pytest.raises(ConfigError, match="was written with --optimizer rmsprop|was written with --optimizer "
+                                          f"{saved}"):
+        check_resume(resumed, layout.placements())
