@@ -213,8 +213,10 @@ def check_resume(config: TrainConfig, layout: Sequence[VariablePlacement]) -> No
         spec = _optimizer_of(placement, run_optimizer)
         optimizer = make_optimizer(spec) if spec is not None else None
         want = optimizer.slot_names if optimizer is not None else ()
-        # A checkpoint holds the optimizer's row-shaped slots and its 0-d state (Adam's beta powers) alike.
-        if sorted(had) == sorted(want + (optimizer.state_names if optimizer is not None else ())):
+        # A static variable's checkpoint holds the optimizer's 0-d state (Adam's beta powers) among its slots; a
+        # dynamic table's does not: the row-shaped slots are what must agree.
+        state = optimizer.state_names if optimizer is not None else ()
+        if sorted(slot for slot in had if slot not in state) == sorted(want):
             continue
         theirs = str((manifest.optimizer or {}).get("name") or "another optimizer")
         ours = spec.name if spec is not None else "none (not trainable)"

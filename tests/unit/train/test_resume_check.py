@@ -16,6 +16,7 @@ import pytest
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.errors import ConfigError
+from psflow.models.api import DYNAMIC_TABLE_PARAM
 from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
@@ -39,11 +40,12 @@ def _save(directory: Path, config: TrainConfig) -> None:
     CheckpointManager(str(directory), transport="rpc").save(client, optimizer=config.optimizer_spec().to_json())
 
 
-def _config(directory: Path, optimizer: str, partitions: int) -> TrainConfig:
+def _config(directory: Path, optimizer: str, partitions: int, *, dynamic: bool = False) -> TrainConfig:
     name, _, params = optimizer.partition(":")
+    model = {"model": "fm", "model_params": {DYNAMIC_TABLE_PARAM: {}}} if dynamic else {}
     return TrainConfig.flat(train=("unused",), num_features=124, num_ps=partitions, partitions=partitions,
                             optimizer=name, optimizer_params={"centered": True} if params else {},
-                            checkpoint_dir=str(directory))
+                            checkpoint_dir=str(directory), **model)
 
 
 @pytest.mark.parametrize("partitions", [1, 2])
@@ -54,6 +56,16 @@ def test_a_checkpoint_resumes_with_its_own_optimizer(tmp_path: Path, optimizer: 
     for resumed in (config, _config(tmp_path / "ckpt", optimizer, 3 - partitions)):  # also on another layout
         _, layout = build_model(resumed, ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(resumed.cluster.num_ps)]}))
         check_resume(resumed, layout.placements())
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "ftrl"])
+def test_a_dynamic_tables_checkpoint_resumes_with_its_own_optimizer(tmp_path: Path, optimizer: str) -> None:
+    """A dynamic table's checkpoint holds Adam's m and v without the beta powers (and static variables beside
+    it hold them): it resumes too."""
+    config = _config(tmp_path / "ckpt", optimizer, 2, dynamic=True)
+    _save(tmp_path / "ckpt", config)
+    _, layout = build_model(config, ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]}))
+    check_resume(config, layout.placements())
 
 
 @pytest.mark.parametrize(("saved", "asked"), [("adam", "adagrad"), ("ftrl", "adam"), ("rmsprop", "rmsprop:centered=true")])
