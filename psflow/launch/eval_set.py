@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
-from psflow.data import Batch
+from psflow.data import Batch, DataError
 from psflow.train.config import TrainConfig
 from psflow.train.worker import load_eval
 
-__all__ = ["EvalSet"]
+__all__ = ["EvalSet", "after_training"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -62,3 +63,20 @@ class EvalSet:
         if self._error is not None:
             raise self._error
         return self._batch
+
+
+def after_training(read: Callable[[], Batch | None]) -> Batch | None:
+    """``read()``, the eval set of a run whose every worker finished (its final checkpoint written); blocks as
+    ``read`` does.
+
+    Raises:
+        DataError: the eval files hold a record the launcher's first look did not reach and that cannot be read:
+            the reader's message behind ``--eval:``, and that the training finished (only its evaluation failed),
+            so that it does not read as a training failure.
+    """
+    try:
+        return read()
+    except DataError as e:
+        raise DataError(f"--eval: {e}: the training finished (every worker's data ended; with --checkpoint-dir its "
+                        "final checkpoint is written): only the final evaluation failed, and it is not in "
+                        "metrics.json") from e

@@ -12,6 +12,7 @@ so that parsing runs on another core while this one trains.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from typing import Any
 from psflow import jsonio
 from psflow.checkpoint.ledger import checkpoint_status
 from psflow.cluster import ClusterSpec
+from psflow.launch.eval_set import after_training
 from psflow.launch.log_format import LineFormatter
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
@@ -123,17 +125,19 @@ def _run_claimed(config: TrainConfig, output_dir: str,
     try:
         with _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
             result = run_worker(config, cluster, 0, client=client, faults=faults)
+        # The final evaluation too: an eval record that cannot be read, or a signal while it runs, ends the run
+        # with its snapshot (before, no metrics.json at all).
+        eval_batch = after_training(functools.partial(load_eval, config))
+        source = parameters(client, moving_averages=config.report.eval_moving_averages)
+        evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
+        final = run.snapshot("finished", rate_seconds=result.wall_seconds, evaluation=evaluation,
+                             extra={"examples_processed": result.examples, "workers": [asdict(result)]})
     except BaseException as e:  # a failed or interrupted run ends with its snapshot too
         try:
             on_end(run.ended_by(e), cluster)
         except Exception:  # noqa: BLE001 - the run's own error is the one the user must see
             logging.getLogger(__name__).exception("could not write the final snapshot of the run that failed")
         raise
-    eval_batch = load_eval(config)
-    source = parameters(client, moving_averages=config.report.eval_moving_averages)
-    evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
-    final = run.snapshot("finished", rate_seconds=result.wall_seconds, evaluation=evaluation,
-                         extra={"examples_processed": result.examples, "workers": [asdict(result)]})
     if final.get("checkpoints_failed"):
         print(f"psflow: {final['checkpoints_failed']} checkpoint saves FAILED (see {output_dir}/logs/worker-0.log)",
               file=sys.stderr, flush=True)

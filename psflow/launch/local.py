@@ -64,7 +64,7 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster.replicas import BACKUP_JOB
 from psflow.errors import CheckpointError
-from psflow.launch.eval_set import EvalSet
+from psflow.launch.eval_set import EvalSet, after_training
 from psflow.launch.exits import wait_for_exit
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.port_retry import PORT_ATTEMPTS, PortTaken, StartupWatch, taken_port
@@ -368,7 +368,7 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     for i in range(config.cluster.num_workers if driver == "worker" else 1):
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
             results.append(json.load(f))
-    eval_batch = eval_set.result()
+    eval_batch = after_training(eval_set.result)
     source = parameters(client, moving_averages=config.report.eval_moving_averages)
     evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
     if BACKUP_JOB in end.lc.cluster.jobs:  # replicated shards: each shard's primary answers for it
