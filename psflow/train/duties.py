@@ -368,11 +368,12 @@ def _newest_checkpoint_warnings(config: TrainConfig) -> list[str]:
 
 def _other_sharding(path: str, manifest: Manifest, config: TrainConfig) -> list[str]:
     """The console's word on a checkpoint whose reader positions were taken under another sharding than this
-    between-graph run's: where its workers start (:func:`resume_from_positions`)."""
-    if config.sync.replication != "between-graph" or not manifest.reader_positions:
+    run's (an in-graph run's client reads the data alone): where its readers start (:func:`resume_from_positions`)."""
+    if not manifest.reader_positions:
         return []
     positions = [ReaderPosition.from_json(text) for text in manifest.reader_positions.values()]
-    ours = (config.cluster.num_workers, config.data.shuffle_buffer, config.data.seed)
+    readers = config.cluster.num_workers if config.sync.replication == "between-graph" else 1  # in-graph: the client
+    ours = (readers, config.data.shuffle_buffer, config.data.seed)
     others = sorted({_sharding(p) for p in positions if _sharding(p) != ours})
     epoch = resharded_epoch(positions, ours)
     if not others or epoch is None:

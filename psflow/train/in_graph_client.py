@@ -79,7 +79,7 @@ from psflow.rpc.api import ConnectConfig, DeadlineExceededError, RpcError, TaskU
 from psflow.rpc.tls import TlsConfig
 from psflow.train.build import build_model, data_options
 from psflow.train.config import ConfigError, TrainConfig
-from psflow.train.duties import epochs_completed, fit_position, make_session, run_id
+from psflow.train.duties import epochs_completed, make_session, resume_from_positions, run_id
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.hooks import NanLossError, format_metrics, nan_loss_message
 from psflow.train.in_graph import BUILTIN_STEPS, Session, average_gradients
@@ -302,7 +302,8 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, driver: InGra
            data_config: DatasetConfig) -> tuple[int, str]:
     """Runs batches from the session's reader position to the end of the data or a stop; returns
     (the batches run, why it stopped)."""
-    resume = fit_position(session.reader_position, data_config, CLIENT_NAME)
+    # Positions of another sharding (a between-graph run's, another --shuffle-buffer or --seed): the oldest epoch.
+    resume = resume_from_positions(session.reader_position, session.reader_positions, data_config, CLIENT_NAME)
     batches, reason = 0, "end of data"
     with open_dataset(data_config, start=True, resume_from=resume) as data:
         for big in data:

@@ -50,3 +50,14 @@ def test_a_run_resumed_with_more_workers_trains_only_the_epochs_left(tmp_path: P
     stderr = str(second["stderr"])
     assert (f"holds reader positions taken with (workers, shuffle buffer, seed) = (2, 0, 0); this run has (3, 0, 0): "
             f"positions cannot be carried over, so every worker starts epoch {epoch} of its share") in stderr, stderr
+
+
+def test_an_in_graph_run_resuming_a_between_graph_checkpoint_trains_only_the_epochs_left(tmp_path: Path) -> None:
+    """The in-graph client reads the data alone: the workers' positions are another sharding's (before, it
+    started at epoch 0 and trained both epochs again)."""
+    first = _train(tmp_path, "between", "--workers", "2", "--epochs", "1")
+    second = _train(tmp_path, "in-graph", "--workers", "2", "--epochs", "2", "--replication", "in-graph")
+    assert second["examples_at_start"] == first["examples"] == A9A_RECORDS
+    assert second["examples_this_run"] == A9A_RECORDS
+    assert "this run has (1, 0, 0): positions cannot be carried over, so every worker starts epoch 1" in str(
+        second["stderr"])
