@@ -248,10 +248,14 @@ class LookupPlan:
                 table, ids, example, w = table[keep], ids[keep], example[keep], w[keep]
                 pruned = True
         # Combiner scales: sum -> w, mean -> w / sum(w), sqrtn -> w / sqrt(sum(w^2)), sums per (table, example).
-        combiner = np.array([COMBINERS.index(e.combiner) for _, e in embeddings], dtype=np.int64)[table]
+        # One entry of weight 1 per (table, example) (unweighted, one id per example: Criteo's): every combiner
+        # scales it by 1 (1/1, 1/sqrt(1)), the values the sums below give, without them.
+        unit = one_each and not weighted.any()
+        combiner = None if unit else np.array([COMBINERS.index(e.combiner) for _, e in embeddings], dtype=np.int64)[table]
         scale = w
-        has_mean, has_sqrtn = (combiner == 1).any(), (combiner == 2).any()
-        if has_mean or has_sqrtn:  # each sum computed only where a table's combiner needs it (the same values)
+        has_mean = combiner is not None and bool((combiner == 1).any())
+        has_sqrtn = combiner is not None and bool((combiner == 2).any())
+        if combiner is not None and (has_mean or has_sqrtn):  # sums only where a table's combiner needs them
             cell = table * n + example
             sums = np.bincount(cell, weights=w, minlength=k * n)[cell] if has_mean else w
             if has_sqrtn:

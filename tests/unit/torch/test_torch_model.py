@@ -313,3 +313,21 @@ def test_a_one_id_batchs_plan_is_the_general_paths_bit_for_bit(combiners: tuple[
     want = np.stack([w[i] if c == "sum" else w[i] / (w[i] if c == "mean" else np.sqrt(w[i] * w[i]))
                      for i, c in enumerate(combiners)]).astype(np.float32)
     np.testing.assert_array_equal(fast.weights, want.T.reshape(-1))
+
+
+@pytest.mark.parametrize("combiners", [("sum", "mean", "sqrtn"), ("mean", "mean", "mean"), ("sqrtn", "sqrtn", "sqrtn")])
+@pytest.mark.parametrize("concat", [True, False], ids=["concat", "sum-pooled"])
+def test_an_unweighted_one_id_batch_scales_every_entry_by_one_as_the_general_path(
+        combiners: tuple[str, ...], concat: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unweighted, one id per example (W&D's deep tables): each (table, example) holds one entry of weight 1, so
+    every combiner scales it by 1 and the plan skips the sums; the general path's sums give the same bits."""
+    batch = random_batch(np.random.default_rng(13), 40, one_id=True)
+    specs = [(f"t/{f}", Embedding(f, v, 2, combiner=c)) for (f, v), c in zip(VOCAB.items(), combiners, strict=True)]
+    fast = LookupPlan.build(batch, specs, concat=concat)
+    monkeypatch.setattr(embedding_module, "_one_per_example", lambda indptrs, n: False)
+    general = LookupPlan.build(batch, specs, concat=concat)
+    for name in ("index", "weights", "bags"):
+        a, b = getattr(fast, name), getattr(general, name)
+        assert a.dtype == b.dtype, name
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert fast.weights.dtype == np.float32 and (fast.weights == 1.0).all()
