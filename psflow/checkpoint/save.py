@@ -19,6 +19,7 @@ restarted, or a backup was promoted) saves its partitions whole inside an increm
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -26,6 +27,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from concurrent import futures
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -116,7 +118,8 @@ class CheckpointManager:
 
     def __init__(self, directory: str, *, max_to_keep: int = 5, transport: str = "local",
                  fault: Callable[[str], None] | None = None, lock: CheckpointDirLock | None = None,
-                 run_id: str | None = None, max_failed_saves: int = 0, full_every: int = 1) -> None:
+                 run_id: str | None = None, max_failed_saves: int = 0, full_every: int = 1,
+                 section: Callable[[], AbstractContextManager[object]] | None = None) -> None:
         """Args:
             directory: the checkpoint directory (created if missing).
             max_to_keep: complete checkpoints of this lineage kept (>= 1); older
@@ -136,6 +139,8 @@ class CheckpointManager:
                 :class:`CheckpointSavesFailedError` (0: never).
             full_every: every ``full_every``-th save of this manager is full, the others increments
                 (1: every save is full).
+            section: entered around each save, from its first write to its count in the ledger (the
+                ``--in-process`` launcher's: no signal cuts a save; it is raised once the save is over).
 
         Raises:
             CheckpointError: a bad ``max_to_keep``, ``transport``, ``max_failed_saves`` or ``full_every``.
@@ -163,6 +168,7 @@ class CheckpointManager:
         self._current: str | None = None
         self._step: int | None = None
         self.full_every = full_every
+        self._section = section
         self._base: tuple[str, Manifest] | None = None  # the last complete save of this manager (an increment's base)
         self._increments = 0  # increments since the last full save
 
@@ -196,6 +202,12 @@ class CheckpointManager:
             RpcError: the ps tasks could not be reached (counted as above).
             CheckpointSavesFailedError: that was the ``max_failed_saves``-th failure in a row.
         """
+        with self._section() if self._section is not None else contextlib.nullcontext():
+            return self._save_counted(client, optimizer, model, epoch, holder, final)
+
+    def _save_counted(self, client: ParameterClient, optimizer: Mapping[str, Any] | None,
+                      model: Mapping[str, Any] | None, epoch: int | None, holder: str, final: bool) -> SavedCheckpoint:
+        """:meth:`save`, inside its section."""
         self._fence = None if epoch is None else (epoch, holder)
         self._current, self._step = None, None
         try:

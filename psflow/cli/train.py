@@ -107,7 +107,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     signals = LauncherSignals()
     signals.install()  # main thread only (else a no-op)
     try:
-        return run_in_process(config, output, on_end=ending, faults=faults)
+        return run_in_process(config, output, on_end=ending, faults=faults, signals=signals)
     except LaunchInterrupted as e:
         final = ending.final or {}
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "

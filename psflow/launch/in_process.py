@@ -26,6 +26,7 @@ from psflow import jsonio
 from psflow.checkpoint.ledger import checkpoint_status
 from psflow.cluster import ClusterSpec
 from psflow.launch.eval_set import after_training
+from psflow.launch.lifeline import LauncherSignals
 from psflow.launch.log_format import LineFormatter
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
@@ -63,7 +64,7 @@ def _log_to(path: str) -> Iterator[None]:
 
 def run_in_process(config: TrainConfig, output_dir: str, *,
                    on_end: Callable[[dict[str, Any], ClusterSpec], None] | None = None,
-                   faults: FaultInjection = NO_FAULTS) -> dict[str, Any]:
+                   faults: FaultInjection = NO_FAULTS, signals: LauncherSignals | None = None) -> dict[str, Any]:
     """Trains with ``config.cluster.num_ps`` in-process ps services and one worker; returns the metrics.
 
     Blocks for the whole run. However it ends (finished, failed, interrupted: a
@@ -73,7 +74,8 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
     (default: written to ``output_dir/metrics.json``); then the metrics are
     returned or the error re-raised. As a cluster run does, it writes the
     worker's log to ``output_dir/logs/worker-0.log`` (the ps services' lines too).
-    ``faults``: tests' faults for its worker (:mod:`psflow.train.faults`).
+    ``faults``: tests' faults for its worker (:mod:`psflow.train.faults`). ``signals``: the launcher's
+    (installed), deferred while a checkpoint is saved, so that a save is whole and counted when the run ends.
 
     Raises:
         ConfigError: more than one worker asked for.
@@ -94,7 +96,7 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
     # (another live run's is refused, naming it); released when the run ends, however it ends.
     config, claimed = claim_run(config, output_dir, out=sys.stderr)
     with claimed:
-        return _run_claimed(config, output_dir, on_end or _metrics_json(output_dir), faults)
+        return _run_claimed(config, output_dir, on_end or _metrics_json(output_dir), faults, signals)
 
 
 def _metrics_json(output_dir: str) -> Callable[[dict[str, Any], ClusterSpec], None]:
@@ -105,8 +107,8 @@ def _metrics_json(output_dir: str) -> Callable[[dict[str, Any], ClusterSpec], No
     return write
 
 
-def _run_claimed(config: TrainConfig, output_dir: str,
-                 on_end: Callable[[dict[str, Any], ClusterSpec], None], faults: FaultInjection) -> dict[str, Any]:
+def _run_claimed(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any], ClusterSpec], None],
+                 faults: FaultInjection, signals: LauncherSignals | None) -> dict[str, Any]:
     """:func:`run_in_process` once the run holds its run and checkpoint directories."""
     # PyTorch models: the reader process parses on one core; this process's intra-op threads take the rest
     # (psflow.torch.configure_threads; OpenMP's spinning threads degrade badly on oversubscribed cores).
@@ -124,7 +126,8 @@ def _run_claimed(config: TrainConfig, output_dir: str,
     run = _Run(config, client, len(channels), resumed, started)
     try:
         with _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
-            result = run_worker(config, cluster, 0, client=client, faults=faults)
+            result = run_worker(config, cluster, 0, client=client, faults=faults,
+                                save_section=functools.partial(_uncut, signals) if signals is not None else None)
         # The final evaluation too: an eval record that cannot be read, or a signal while it runs, ends the run
         # with its snapshot (before, no metrics.json at all).
         eval_batch = after_training(functools.partial(load_eval, config))
@@ -143,6 +146,17 @@ def _run_claimed(config: TrainConfig, output_dir: str,
               file=sys.stderr, flush=True)
     on_end(final, cluster)
     return final
+
+
+@contextlib.contextmanager
+def _uncut(signals: LauncherSignals) -> Iterator[None]:
+    """A section no signal cuts (a checkpoint save); a signal received inside is raised on leaving it, in place of
+    an error leaving it too (the run ends either way; the interrupt is what the user asked for)."""
+    try:
+        with signals.deferring(check=False):
+            yield
+    finally:
+        signals.check()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TextIO
 
 from psflow import storage
@@ -96,12 +97,14 @@ def fault_exit(point: str | None) -> Callable[[str], None] | None:
 
 def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient, model: Model,
                  job: str, task_index: int, *, leadership: Leadership | None = None,
-                 chief: bool | None = None, faults: FaultInjection = NO_FAULTS) -> MonitoredTrainingSession:
+                 chief: bool | None = None, faults: FaultInjection = NO_FAULTS,
+                 save_section: Callable[[], AbstractContextManager[object]] | None = None) -> MonitoredTrainingSession:
     """The session of worker ``/job:<job>/task:<task_index>`` (not yet entered).
 
     ``chief``: whether this session holds the chief duties; None: the configured chief's
     (:func:`~psflow.train.chief.is_chief`). An in-graph run's client passes True: it is the run's chief.
     ``faults``: its checkpoint saves exit the process at ``faults.checkpoint_exit`` (tests).
+    ``save_section``: entered around each checkpoint save (:class:`~psflow.checkpoint.save.CheckpointManager`).
 
     With ``leadership`` (chief election), every worker gets the chief hooks,
     each wrapped in a :class:`~psflow.train.recovery.LeaderOnlyHook`: they act
@@ -130,7 +133,7 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         manager = CheckpointManager(config.checkpoint.dir, max_to_keep=config.checkpoint.max_to_keep,
                                     transport=config.checkpoint.transport, fault=fault_exit(faults.checkpoint_exit),
                                     lock=lock, max_failed_saves=config.checkpoint.max_failed_saves,
-                                    full_every=config.checkpoint.full_every)
+                                    full_every=config.checkpoint.full_every, section=save_section)
         fence = None
         if leadership is not None:
             def fence() -> tuple[int, str] | None:

@@ -50,6 +50,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -163,6 +164,7 @@ def run_worker(
     client: ParameterClient | None = None,
     stop: StopSource | None = None,
     faults: FaultInjection = NO_FAULTS,
+    save_section: Callable[[], AbstractContextManager[object]] | None = None,
 ) -> WorkerResult:
     """Trains worker ``task_index`` until its data ends or ``max_steps`` is reached.
 
@@ -173,6 +175,7 @@ def run_worker(
     ``stop``: checked before every step; see the module docstring.
     ``faults``: tests' and drills' faults (:mod:`psflow.train.faults`): this worker's step delay and lag,
     the chief's checkpoint exit.
+    ``save_section``: entered around each of its checkpoint saves (``--in-process``: no signal cuts one).
     ``tls``: the gRPC client's channels (to the ps tasks, checkpoints included, and to the
     embedded coordination backend) use it; ``None``: plain text.
 
@@ -209,7 +212,7 @@ def run_worker(
             # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
             leadership.campaign(timeout=min(config.cluster.connect_timeout, 3.0))
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership,
-                          faults=faults) as session:
+                          faults=faults, save_section=save_section) as session:
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir,
                                        generation=client.ps_stats().generation,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,

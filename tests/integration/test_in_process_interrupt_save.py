@@ -1,0 +1,57 @@
+"""``psflow train --in-process`` interrupted while a checkpoint is being saved reports the checkpoints it has.
+
+The in-process launcher raised its signal at once, wherever the run stood: inside a save, between switching
+the pointer to the new checkpoint and counting it in the ledger, the interrupted run's metrics.json named the
+previous checkpoint as the newest (``last_saved_step`` 650, ``saved`` 14) while the directory's pointer, and the
+next run's restore, had the new one (700); a signal inside the rotation could leave an old checkpoint half
+deleted. A save is now a section no signal cuts: the signal is raised once the save is over.
+
+The CLI runs in this test's process (``--in-process`` is one process), so that the save can be made to receive
+the signal at exactly that point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import A9A
+
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import complete_checkpoints, latest_checkpoint
+from psflow.checkpoint.save import CheckpointManager
+from psflow.cli.main import main
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+def test_a_signal_inside_a_save_is_raised_once_the_save_is_counted(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    switch = CheckpointManager._switch_pointer
+    switched: list[str] = []
+
+    def switch_then_signal(self: CheckpointManager, name: str, *args: Any, **kwargs: Any) -> Any:
+        out = switch(self, name, *args, **kwargs)
+        switched.append(name)
+        if len(switched) == 3:  # the third save: its pointer names it, its ledger count is still to come
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(CheckpointManager, "_switch_pointer", switch_then_signal)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "run"
+    code = main(["train", "--train", str(A9A), "--num-features", "124", "--in-process", "--batch-size", "128",
+                 "--epochs", "2", "--save-checkpoints-steps", "50", "--max-to-keep", "2", "--full-checkpoint-every", "1",
+                 "--checkpoint-dir", str(ckpt), "--output", str(out), "--quiet", "--no-status"])
+    assert code == 130
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["phase"] == "interrupted"
+    newest = latest_checkpoint(str(ckpt))
+    assert newest is not None and os.path.basename(newest) == switched[-1] == switched[2]
+    assert metrics["checkpoints"]["last_saved_path"] == newest, (metrics["checkpoints"], newest)
+    assert metrics["checkpoints"]["saved"] == 3
+    assert metrics["checkpoints"]["last_saved_step"] == read_manifest(newest).global_step
+    assert len(complete_checkpoints(str(ckpt))) == 2  # the rotation was done too: --max-to-keep 2
