@@ -25,7 +25,8 @@
  *       partition's rows, value and slots stacked in one block; any row size)
  *   first_touch(marks, rows, out) -> n   (a lazy partition's rows not built yet: each row of rows whose
  *       mark is 0, once, in order of first appearance, into out[:n], its mark set to 1; the numpy twin is
- *       psflow/ps/lazy_rows.py's ``~marks[rows]`` test and np.unique, which gives the same rows sorted)
+ *       psflow/ps/lazy_rows.py's ``~marks[rows]`` test and np.unique, which gives the same rows sorted; touch_rows'
+ *       pass with changed None)
  *   touch_rows(marks, changed, epoch, rows, out) -> n   (a sparse update's one pass over its rows: first_touch's
  *       claim where marks is not None, and changed[r] = epoch (uint8 or uint32 row marks, psflow/ps/row_marks.py) for
  *       every row built before the call, where changed is not None; the claimed rows (and their repeats) are
@@ -427,42 +428,6 @@ static PyObject *gather(PyObject *self, PyObject *args) {
 
 /* ---- a lazy partition's first touches ----------------------------------------------------------------- */
 
-static PyObject *first_touch(PyObject *self, PyObject *args) {
-    PyObject *m_obj, *r_obj, *o_obj;
-    if (!PyArg_ParseTuple(args, "OOO:first_touch", &m_obj, &r_obj, &o_obj)) return NULL;
-    Buf b[3] = {{.held = 0}};
-    if (PyObject_GetBuffer(m_obj, &b[0].view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    b[0].held = 1;
-    if (b[0].view.itemsize != 1 || get(r_obj, &b[1], 0, 'q', "rows") < 0 || get(o_obj, &b[2], 1, 'q', "out") < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "first_touch: marks must hold one byte a row");
-        release(b, 3);
-        return NULL;
-    }
-    Py_ssize_t num_rows = b[0].view.len, k = b[1].view.len / 8;
-    if (b[2].view.len / 8 < k) {
-        PyErr_SetString(PyExc_ValueError, "first_touch: out is shorter than rows");
-        release(b, 3);
-        return NULL;
-    }
-    const int64_t *r = b[1].view.buf;
-    if (check_rows(r, k, num_rows, "first_touch: ") < 0) {
-        release(b, 3);
-        return NULL;
-    }
-    unsigned char *marks = b[0].view.buf;
-    int64_t *out = b[2].view.buf;
-    Py_ssize_t n = 0;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (i + ROW_PREFETCH_AHEAD < k) __builtin_prefetch(marks + r[i + ROW_PREFETCH_AHEAD]);
-        if (!marks[r[i]]) {
-            marks[r[i]] = 1;
-            out[n++] = r[i];
-        }
-    }
-    release(b, 3);
-    return PyLong_FromSsize_t(n);
-}
-
 /* Takes obj's writable C-contiguous buffer of uint8 or uint32 items (row marks): -1 with ValueError
  * "<name> must be uint8 or uint32" otherwise. */
 static int get_row_marks(PyObject *obj, Buf *b, const char *name) {
@@ -477,24 +442,19 @@ static int get_row_marks(PyObject *obj, Buf *b, const char *name) {
     return 0;
 }
 
-/* One pass over a sparse update's rows: the lazy partition's new rows claimed as first_touch claims them
- * (marks not None), the built ones stamped changed[r] = epoch (changed not None). Both arrays, when given,
- * hold one item per row of the partition; every row is checked before anything is written. */
-static PyObject *touch_rows(PyObject *self, PyObject *args) {
-    PyObject *m_obj, *c_obj, *r_obj, *o_obj;
-    unsigned long epoch_arg;
-    if (!PyArg_ParseTuple(args, "OOkOO:touch_rows", &m_obj, &c_obj, &epoch_arg, &r_obj, &o_obj)) return NULL;
-    if (epoch_arg > 0xFFFFFFFFUL) {
-        PyErr_SetString(PyExc_ValueError, "touch_rows: epoch does not fit in an item of changed");
-        return NULL;
-    }
+/* One pass over a sparse update's rows: the lazy partition's new rows claimed (marks not None: each row whose
+ * mark is 0, once, in order of first appearance, into out, its mark set to 1), the built ones stamped
+ * changed[r] = epoch (changed not None). Both arrays, when given, hold one item per row of the partition; every
+ * row is checked before anything is written. who: "<kernel>: ", the errors' prefix. */
+static PyObject *touch(PyObject *m_obj, PyObject *c_obj, unsigned long epoch_arg, PyObject *r_obj, PyObject *o_obj,
+                       const char *who) {
     Buf b[4] = {{.held = 0}};
     Py_ssize_t num_rows = -1;
     if (m_obj != Py_None) {
         if (PyObject_GetBuffer(m_obj, &b[0].view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
         b[0].held = 1;
         if (b[0].view.itemsize != 1) {
-            PyErr_SetString(PyExc_ValueError, "touch_rows: marks must hold one byte a row");
+            PyErr_Format(PyExc_ValueError, "%smarks must hold one byte a row", who);
             release(b, 4);
             return NULL;
         }
@@ -506,13 +466,13 @@ static PyObject *touch_rows(PyObject *self, PyObject *args) {
             return NULL;
         }
         if (epoch_arg > (b[1].view.itemsize == 1 ? 0xFFUL : 0xFFFFFFFFUL)) {
-            PyErr_SetString(PyExc_ValueError, "touch_rows: epoch does not fit in an item of changed");
+            PyErr_Format(PyExc_ValueError, "%sepoch does not fit in an item of changed", who);
             release(b, 4);
             return NULL;
         }
         Py_ssize_t n = b[1].view.len / b[1].view.itemsize;
         if (num_rows >= 0 && n != num_rows) {
-            PyErr_SetString(PyExc_ValueError, "touch_rows: marks and changed differ in rows");
+            PyErr_Format(PyExc_ValueError, "%smarks and changed differ in rows", who);
             release(b, 4);
             return NULL;
         }
@@ -529,14 +489,14 @@ static PyObject *touch_rows(PyObject *self, PyObject *args) {
             return NULL;
         }
         if (b[3].view.len / 8 < k) {
-            PyErr_SetString(PyExc_ValueError, "touch_rows: out is shorter than rows");
+            PyErr_Format(PyExc_ValueError, "%sout is shorter than rows", who);
             release(b, 4);
             return NULL;
         }
     }
     const int64_t *r = b[2].view.buf;
     if (num_rows < 0) num_rows = 0;  /* neither array: nothing to write, every row is out of range */
-    if (check_rows(r, k, num_rows, "touch_rows: ") < 0) {
+    if (check_rows(r, k, num_rows, who) < 0) {
         release(b, 4);
         return NULL;
     }
@@ -568,6 +528,28 @@ static PyObject *touch_rows(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n; i++) marks[out[i]] = 1;
     release(b, 4);
     return PyLong_FromSsize_t(n);
+}
+
+static PyObject *touch_rows(PyObject *self, PyObject *args) {
+    PyObject *m_obj, *c_obj, *r_obj, *o_obj;
+    unsigned long epoch;
+    if (!PyArg_ParseTuple(args, "OOkOO:touch_rows", &m_obj, &c_obj, &epoch, &r_obj, &o_obj)) return NULL;
+    if (epoch > 0xFFFFFFFFUL) {
+        PyErr_SetString(PyExc_ValueError, "touch_rows: epoch does not fit in an item of changed");
+        return NULL;
+    }
+    return touch(m_obj, c_obj, epoch, r_obj, o_obj, "touch_rows: ");
+}
+
+/* touch_rows with no row marks: the claim alone (a read's build, a replica's marks). */
+static PyObject *first_touch(PyObject *self, PyObject *args) {
+    PyObject *m_obj, *r_obj, *o_obj;
+    if (!PyArg_ParseTuple(args, "OOO:first_touch", &m_obj, &r_obj, &o_obj)) return NULL;
+    if (m_obj == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "first_touch: marks must be a writable buffer, not None");
+        return NULL;
+    }
+    return touch(m_obj, Py_None, 0, r_obj, o_obj, "first_touch: ");
 }
 
 /* ---- the id index --------------------------------------------------------------------------------- */
