@@ -7,21 +7,22 @@ almost always those at the start of its shard, and reading them (opening the
 first file, parsing its first block, preparing two batches) took place between
 the chief's "initialized the variables" and the first step. :class:`ReadAhead`
 opens the shard at its start at once, so that this reading overlaps the chief's
-initialization, or another worker's wait for it; :meth:`ReadAhead.take` hands
-that dataset over only when the worker's data does start there.
+initialization, or another worker's wait for it; :meth:`ReadAhead.open` hands
+that dataset over only when the worker's data does start there, and otherwise
+opens the data at its position.
 
 Guarantees:
 
-* **Exactly once.** The dataset handed over is the one
-  ``open_dataset(config, start=True, prepare=prepare)`` would have returned
-  after the join: the same records, in the same order, with the same
-  positions. Where the worker resumes elsewhere, :meth:`take` closes the early
-  reader and hands nothing over; none of its batches reaches a step, and the
-  worker opens its data at the position as before.
+* **Exactly once.** :meth:`ReadAhead.open` returns what
+  ``open_dataset(config, start=True, resume_from=resume, prepare=prepare)``
+  would have: the same records, in the same order, with the same positions.
+  Where the worker resumes elsewhere, or opens its data again (after a
+  restore), the early reader is closed first and none of its batches reaches
+  a step.
 * **Bounded.** The early reader runs at most the dataset's prefetch depth
   ahead (plus the block being parsed), as any open dataset does.
 * **Closed.** :meth:`close` (or leaving the ``with`` block) closes a dataset
-  that was not handed over; one handed over belongs to its taker.
+  that was not handed over; one :meth:`open` returned belongs to its caller.
 
 Not thread-safe: one per worker, used from its training thread.
 """
@@ -37,31 +38,39 @@ __all__ = ["ReadAhead"]
 
 
 class ReadAhead:
-    """The worker's data opened at the start of its shard, its reader started (see the module docstring).
+    """The worker's data, opened at the start of its shard at once (see the module docstring).
 
     Args:
         config: the worker's data (:func:`psflow.train.build.dataset_config`).
         prepare: applied where each batch is made, as :func:`~psflow.data.open_dataset` takes it.
+        start: open the data and start its reader now; False (a reader process: the in-process path):
+            :meth:`open` opens it as ``open_dataset`` does.
 
     Raises:
         DataError: as :func:`~psflow.data.open_dataset` (no file matches).
     """
 
-    def __init__(self, config: DatasetConfig, prepare: Prepare | None) -> None:
-        self._dataset: Dataset | None = open_dataset(config, start=True, prepare=prepare)
+    def __init__(self, config: DatasetConfig, prepare: Prepare | None, *, start: bool) -> None:
+        self._config, self._prepare = config, prepare
+        self._dataset: Dataset | None = open_dataset(config, start=True, prepare=prepare) if start else None
 
-    def take(self, resume: ReaderPosition | None) -> Dataset | None:
-        """The early dataset if the worker's data starts at the beginning (``resume`` None), else None (the
-        early reader is then closed). Hands it over once: later calls return None. Never blocks for long
-        (closing a reader returns promptly)."""
+    def open(self, resume: ReaderPosition | None) -> Dataset:
+        """The worker's data from ``resume`` (None: from the beginning): the early dataset if this is the first
+        call and ``resume`` is None, else ``open_dataset(config, start=True, resume_from=resume, prepare=prepare)``,
+        the early reader closed first (closing a reader returns promptly).
+
+        Raises:
+            DataError: as :func:`~psflow.data.open_dataset`.
+        """
         dataset, self._dataset = self._dataset, None
-        if dataset is not None and resume is not None:
+        if dataset is not None and resume is None:
+            return dataset
+        if dataset is not None:
             dataset.close()
-            return None
-        return dataset
+        return open_dataset(self._config, start=True, resume_from=resume, prepare=self._prepare)
 
     def close(self) -> None:
-        """Closes the early dataset unless it was handed over. Idempotent."""
+        """Closes the early dataset unless :meth:`open` handed it over. Idempotent."""
         dataset, self._dataset = self._dataset, None
         if dataset is not None:
             dataset.close()

@@ -58,7 +58,7 @@ from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
 from psflow.coord import CoordinationBackend, Lease, create_backend
 from psflow.coord.embedded import EmbeddedBackend
-from psflow.data import Batch, Dataset, DatasetConfig, ReaderPosition, open_dataset, read_all
+from psflow.data import Batch, Dataset, ReaderPosition, read_all
 from psflow.errors import TrainingError
 from psflow.models.api import Model
 from psflow.placement import VariableSet
@@ -203,10 +203,13 @@ def run_worker(
     data_config = dataset_config(config, task_index, cluster.num_tasks("worker"))
     steps_in_flight = _steps_in_flight(config, client)
     progress = _Progress(time.monotonic())
-    read_ahead: ReadAhead | None = None
+    data: ReadAhead | None = None
     try:
         # Its first batches are read while it joins (the chief initializes, the others wait): psflow.train.read_ahead.
-        read_ahead = None if config.data.reader_process else ReadAhead(data_config, model.prepare)
+        # The model's prepare step (e.g. each batch's unique ids) runs where the batch is made: the reader
+        # process (the in-process fast path) or the prefetch thread, so it overlaps the step's PyTorch work and
+        # its wait for the ps tasks (a W&D worker: ~25% more examples/s than preparing on the step's thread).
+        data = ReadAhead(data_config, model.prepare, start=not config.data.reader_process)
         if leadership is not None and is_chief(cluster, "worker", task_index) and _new_cluster(client):
             # The configured chief leads first, at a run's start (its session saves the initial checkpoint);
             # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
@@ -218,16 +221,13 @@ def run_worker(
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
                                        timeout=config.cluster.connect_timeout, run=run_id(config, cluster))
             resume = resume_position(session, data_config)
-            opened = read_ahead.take(resume) if read_ahead is not None else None  # None: it resumes elsewhere
             # Runs that can be restored keep a finished worker until every worker finished, so a
             # restore after a later ps death rewinds its records too (ClusterRecovery.linger).
             linger = leadership is not None and cluster.num_tasks("worker") > 1
             while True:
                 try:
-                    first, opened = opened, None
-                    reason = _train(session, model, data_config, resume, task_index, progress, stop,
-                                    generation=recovery.generation, faults=faults, steps_in_flight=steps_in_flight,
-                                    opened=first)
+                    reason = _train(session, model, data, resume, task_index, progress, stop,
+                                    generation=recovery.generation, faults=faults, steps_in_flight=steps_in_flight)
                     if leadership is not None:  # its data ended: it takes no new lease (a holder must run steps)
                         leadership.stop_campaigning()
                     client.leave()  # sync/ssp: the others stop waiting for this worker
@@ -260,8 +260,8 @@ def run_worker(
             client.report_done(checkpoint_dir=bool(config.checkpoint.dir),
                                final_checkpoint=final_checkpoint(config.checkpoint.dir))
     finally:
-        if read_ahead is not None:
-            read_ahead.close()
+        if data is not None:
+            data.close()
         if leadership is not None:
             leadership.close()
         if control is not None:
@@ -346,12 +346,11 @@ def _leadership(config: TrainConfig, cluster: ClusterSpec, task: str, token: str
 
 
 def _train(session: MonitoredTrainingSession, model: Model,
-           data_config: DatasetConfig, resume: ReaderPosition | None, task_index: int, progress: _Progress,
+           data: ReadAhead, resume: ReaderPosition | None, task_index: int, progress: _Progress,
            stop: StopSource | None = None, *, generation: int | None = None,
-           faults: FaultInjection = NO_FAULTS, steps_in_flight: int = 1, opened: Dataset | None = None) -> str:
-    """Trains on this worker's data from ``resume`` to its end (or a stop); returns why it stopped.
-    ``opened``: the data already opened at ``resume`` (:class:`~psflow.train.read_ahead.ReadAhead`), closed here
-    as the one this function opens would be.
+           faults: FaultInjection = NO_FAULTS, steps_in_flight: int = 1) -> str:
+    """Trains on this worker's data (opened by ``data``) from ``resume`` to its end (or a stop); returns why
+    it stopped.
     Its pushes carry ``generation`` (the cluster's restore generation) and each batch's reader position.
     ``steps_in_flight`` (1 or 2): see :mod:`psflow.train.step`; with 2, a batch computed when the loop
     stops is not pushed (the reader position recorded is the last pushed batch's).
@@ -364,16 +363,11 @@ def _train(session: MonitoredTrainingSession, model: Model,
     # straggler: before each push, wait until global_step moved "lag" steps past its read.
     delay, lag = faults.delay(task_index), faults.lag(task_index)
     reason = "end of data"
-    # The model's prepare step (e.g. each batch's unique ids) runs where the batch is made: the reader
-    # process (the in-process fast path) or the prefetch thread, so it overlaps the step's PyTorch work and
-    # its wait for the ps tasks (a W&D worker: ~25% more examples/s than preparing on the step's thread).
-    prepare = model.prepare
     if steps_in_flight > 2:
-        return _train_pipelined(session, model, data_config, resume, task_index, progress, stop,
-                                generation=generation, faults=faults, steps_in_flight=steps_in_flight, opened=opened)
+        return _train_pipelined(session, model, data, resume, task_index, progress, stop,
+                                generation=generation, faults=faults, steps_in_flight=steps_in_flight)
     train_step = TrainStep(model, client, prepared=True, steps_in_flight=steps_in_flight)
-    with opened if opened is not None else open_dataset(data_config, start=True, resume_from=resume,
-                                                        prepare=prepare) as dataset:
+    with data.open(resume) as dataset:
         # One batch of lookahead: the push of a step and the pull of the next share one RPC per ps task.
         # Two steps in flight: two, as the push of a step carries the pull of the one after the next.
         for (batch, position), following in _windows(dataset, steps_in_flight):
@@ -396,10 +390,9 @@ def _train(session: MonitoredTrainingSession, model: Model,
     return reason
 
 
-def _train_pipelined(session: MonitoredTrainingSession, model: Model, data_config: DatasetConfig,
+def _train_pipelined(session: MonitoredTrainingSession, model: Model, data: ReadAhead,
                      resume: ReaderPosition | None, task_index: int, progress: _Progress, stop: StopSource | None,
-                     *, generation: int | None, faults: FaultInjection, steps_in_flight: int,
-                     opened: Dataset | None = None) -> str:
+                     *, generation: int | None, faults: FaultInjection, steps_in_flight: int) -> str:
     """:func:`_train` with ``steps_in_flight`` >= 3 (:mod:`psflow.train.pipeline`): each step's result comes
     K-1 steps later, so the hooks see each push's result (its batch's epochs and source with it) when it
     arrives; at the end of the data, a stop by a hook or a stop request, the pushes in flight are collected
@@ -416,8 +409,7 @@ def _train_pipelined(session: MonitoredTrainingSession, model: Model, data_confi
         progress.count(result, batch.num_examples)
         return batch, position
 
-    with opened if opened is not None else open_dataset(data_config, start=True, resume_from=resume,
-                                                        prepare=model.prepare) as dataset:
+    with data.open(resume) as dataset:
         def finish() -> None:  # the pushes in flight: collected, counted, shown to the hooks
             for result in pipe.drain():
                 batch, position = count(result)

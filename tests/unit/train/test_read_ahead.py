@@ -42,8 +42,12 @@ def _wait_until(what: str, done: Callable[[], bool]) -> None:
         time.sleep(0.005)
 
 
+def _readers(worker_index: int) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"psflow-data-w{worker_index}" and t.is_alive()]
+
+
 def _reader_alive(worker_index: int) -> bool:
-    return any(t.name == f"psflow-data-w{worker_index}" and t.is_alive() for t in threading.enumerate())
+    return bool(_readers(worker_index))
 
 
 def _rows(batches: list[Batch]) -> list[list[int]]:
@@ -62,11 +66,9 @@ def test_the_reader_prepares_batches_before_the_first_is_asked_for(tmp_path: Pat
         prepared.append(batch.num_examples)
         return batch
 
-    with ReadAhead(_config(_libsvm(tmp_path / "a.libsvm", 95)), prepare) as early:
+    with ReadAhead(_config(_libsvm(tmp_path / "a.libsvm", 95)), prepare, start=True) as early:
         _wait_until("the early reader prepared a batch", lambda: len(prepared) > 0)
-        dataset = early.take(None)
-        assert dataset is not None
-        with dataset:
+        with early.open(None) as dataset:
             assert sum(b.num_examples for b in dataset) == 95
     assert prepared[0] == 10
 
@@ -76,39 +78,46 @@ def test_taken_at_the_start_it_hands_out_what_a_fresh_open_would(tmp_path: Path)
     with open_dataset(config, start=True) as fresh:
         want = _rows(list(fresh))
         end = fresh.position()
-    with ReadAhead(config, None) as early:
-        dataset = early.take(None)
-        assert dataset is not None
-        with dataset:
+    with ReadAhead(config, None, start=True) as early:
+        with early.open(None) as dataset:
             assert _rows(list(dataset)) == want
             assert dataset.position() == end
-        assert early.take(None) is None  # handed over once
+        with early.open(None) as again:  # handed over once: opened anew from the beginning
+            assert again is not dataset
+            assert _rows(list(again)) == want
 
 
-def test_a_worker_resuming_elsewhere_gets_none_and_the_early_reader_stops(tmp_path: Path) -> None:
+def test_a_worker_resuming_elsewhere_gets_its_position_and_the_early_reader_stops(tmp_path: Path) -> None:
     config = _config(_libsvm(tmp_path / "a.libsvm", 95))
     with open_dataset(config, start=True) as first:
         next(first)
         next(first)
         resume = first.position()
         rest = _rows(list(first))
-    early = ReadAhead(config, None)
-    try:
+    with ReadAhead(config, None, start=True) as early:
         _wait_until("the early reader started", lambda: _reader_alive(0))
-        assert early.take(resume) is None
-        _wait_until("the early reader's thread ended", lambda: not _reader_alive(0))
-    finally:
-        early.close()
-    with open_dataset(config, start=True, resume_from=resume) as resumed:
-        assert _rows(list(resumed)) == rest
+        (reader,) = _readers(0)
+        with early.open(resume) as resumed:
+            _wait_until("the early reader's thread ended", lambda: not reader.is_alive())
+            assert _rows(list(resumed)) == rest
+
+
+def test_not_started_it_reads_nothing_until_opened(tmp_path: Path) -> None:
+    """A reader process (the in-process path) is not started early: the data is opened as before."""
+    config = _config(_libsvm(tmp_path / "a.libsvm", 35))
+    with open_dataset(config, start=True) as fresh:
+        want = _rows(list(fresh))
+    with ReadAhead(config, None, start=False) as data:
+        assert not _reader_alive(0)
+        with data.open(None) as dataset:
+            assert _rows(list(dataset)) == want
 
 
 def test_close_leaves_a_dataset_it_handed_over_open(tmp_path: Path) -> None:
-    early = ReadAhead(_config(_libsvm(tmp_path / "a.libsvm", 35)), None)
-    dataset = early.take(None)
+    early = ReadAhead(_config(_libsvm(tmp_path / "a.libsvm", 35)), None, start=True)
+    dataset = early.open(None)
     early.close()
     early.close()  # idempotent
-    assert dataset is not None
     with dataset:
         assert sum(b.num_examples for b in dataset) == 35
 
