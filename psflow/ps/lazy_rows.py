@@ -167,7 +167,9 @@ class LazyRows:
         update): every one of ``rows`` is stamped changed now (:meth:`RowMarks.mark`), those built already in
         the same pass that finds the new ones (the C kernel ``touch_rows``), the new ones once they are built.
         So a row is never marked changed before it is built (an incremental checkpoint saves a changed row's
-        content as it is): a build that fails leaves its rows unmarked both ways, the others stamped.
+        content as it is): a build that fails leaves its rows unmarked both ways (the rows built before are
+        stamped already where the C pass ran, and not at all without it: either is harmless, the update is not
+        applied).
         """
         if changed is None:
             new, unstamped = self._claim(rows), None
