@@ -144,7 +144,7 @@ class _Counters:
 class _Pipeline:
     """Steps 1-4 for one worker, as a generator of (batch, position after it)."""
 
-    def __init__(self, config: DatasetConfig, shard: WorkerShard, counters: _Counters) -> None:
+    def __init__(self, config: DatasetConfig, shard: WorkerShard, counters: _Counters, *, start_epoch: int = 0) -> None:
         self.config = config
         self.shard = shard
         self.counters = counters
@@ -154,6 +154,7 @@ class _Pipeline:
             shuffle_buffer=config.shuffle_buffer,
             min_after_dequeue=config.effective_min_after_dequeue,
             seed=config.seed,
+            start_epoch=start_epoch,
         )
 
     def order(self, epoch: int) -> list[int]:
@@ -339,12 +340,12 @@ class Dataset:
         self.config = config
         self.shard = shard_plan(files, config.num_workers)[config.worker_index]
         self._counters = _Counters(config)
-        self._pipeline = _Pipeline(config, self.shard, self._counters)
+        self._pipeline = _Pipeline(config, self.shard, self._counters,
+                                   start_epoch=resume_from.start_epoch if resume_from is not None else 0)
         self._prepare = prepare
         first = resume_from if resume_from is not None else self._pipeline.start_position()
         if resume_from is not None:
             self._pipeline.check(resume_from)
-            self._pipeline.template = replace(self._pipeline.template, start_epoch=resume_from.start_epoch)
         self._position = first
         self._closed = False
         self._failure: BaseException | None = None
@@ -481,7 +482,7 @@ def epoch_start(config: DatasetConfig, epoch: int) -> ReaderPosition:
     if epoch < 0:
         raise DataError(f"epoch must be >= 0, got {epoch}")
     shard = shard_plan(expand_paths(config.paths), config.num_workers)[config.worker_index]
-    return replace(_Pipeline(config, shard, _Counters(config)).start_position(epoch), start_epoch=epoch)
+    return _Pipeline(config, shard, _Counters(config), start_epoch=epoch).start_position(epoch)
 
 
 def read_all(paths: Sequence[str] | str, format: str, **options: Any) -> Batch:
