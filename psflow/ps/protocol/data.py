@@ -227,20 +227,30 @@ class PullReply:
         return cls(optional_int(frame.meta, "step"), _values_of(frame))
 
 
+#: A pull reply's values of more bytes than this travel as they are, unstacked: stacking saves a per-array cost
+#: that only small arrays feel, and copying a whole large variable (an export's read) would double it on the ps.
+_STACK_MAX_BYTES = 1 << 20
+
+
 def _values_arrays(values: Mapping[str, np.ndarray], meta: dict[str, Any]) -> dict[str, np.ndarray]:
-    """A pull reply's arrays: with several values, stacked by dtype and row shape (``meta["stacked"]``: per
-    partition ``[key, block, start, count]``); else (or a value of no dimension, or a key that could be taken
-    for a block's name) one array per partition, named by its key."""
-    if len(values) < 2 or not all(type(v) is np.ndarray and v.ndim for v in values.values()) or any(
+    """A pull reply's arrays: several values of at most :data:`_STACK_MAX_BYTES` stacked by dtype and row shape
+    (``meta["stacked"]``: per partition ``[key, block, start, count]``); the others (all of them when fewer than
+    two are small, a value has no dimension, or a key could be taken for a block's name) one array per
+    partition, named by its key."""
+    small = [key for key, v in values.items() if type(v) is np.ndarray and v.ndim and v.nbytes <= _STACK_MAX_BYTES]
+    if len(small) < 2 or any(type(v) is not np.ndarray or not v.ndim for v in values.values()) or any(
             key.startswith(_STACKED_VALUES) for key in values):
         return dict(values)
     stack = Stacker()
     entries = []
-    for key, value in values.items():
+    for key in small:
+        value = values[key]
         block, start = stack.values(value)
         entries.append([key, block, start, value.shape[0]])
     meta["stacked"] = entries
-    return {f"{_STACKED_VALUES}{block}": v for block, v in enumerate(stack.stacked_values())}
+    out = {key: v for key, v in values.items() if v.nbytes > _STACK_MAX_BYTES}
+    out.update((f"{_STACKED_VALUES}{block}", v) for block, v in enumerate(stack.stacked_values()))
+    return out
 
 
 def _values_of(frame: Frame) -> dict[str, np.ndarray] | Mapping[str, np.ndarray]:

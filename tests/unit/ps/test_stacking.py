@@ -122,6 +122,16 @@ def test_without_stack_every_partition_is_one_array_as_before() -> None:
     assert p.PushRequest.from_frame(p.PushRequest(parts, stack=True).to_frame()).stack
 
 
+def test_a_large_value_of_a_reply_travels_as_it_is_beside_the_stacked_ones() -> None:
+    """A whole large variable (more than 1 MiB) is not copied into a block; the small values still are."""
+    big = np.arange(300_000, dtype=np.float32).reshape(-1, 2)
+    values = {"big/part_0": big, "a/part_0": np.ones((2, 2), np.float32), "b/part_0": np.zeros((3, 2), np.float32)}
+    frame = p.PullReply(1, values, stack=True).to_frame()
+    assert frame.arrays["big/part_0"] is big and len(frame.arrays) == 2
+    got = p.PullReply.from_frame(_wire(frame)).values
+    assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in values.items()}
+
+
 def test_a_reply_whose_key_looks_like_a_block_is_not_stacked() -> None:
     values = {"vs/0": np.ones((2, 2), np.float32), "b/part_0": np.zeros((1, 2), np.float32)}
     frame = p.PullReply(1, values, stack=True).to_frame()
