@@ -371,20 +371,26 @@ def _newest_checkpoint_warnings(config: TrainConfig) -> list[str]:
 
 def _other_sharding(path: str, manifest: Manifest, config: TrainConfig) -> list[str]:
     """The console's word on a checkpoint whose reader positions were taken under another sharding than this
-    run's (an in-graph run's client reads the data alone): where its readers start (:func:`resume_from_positions`)."""
+    run's (an in-graph run's client reads the data alone): where the readers without a position of this sharding
+    start (:func:`resume_from_positions`); nothing when every reader has one (another sharding's positions are
+    then an earlier run's leftovers: a run with fewer workers keeps the old positions no worker replaces)."""
     if not manifest.reader_positions:
         return []
     positions = [ReaderPosition.from_json(text) for text in manifest.reader_positions.values()]
     readers = config.cluster.num_workers if config.sync.replication == "between-graph" else 1  # in-graph: the client
     ours = (readers, config.data.shuffle_buffer, config.data.seed)
     others = sorted({_sharding(p) for p in positions if _sharding(p) != ours})
+    resumed = {p.worker_index for p in positions if _sharding(p) == ours}  # each resumes its own position exactly
+    starting = [i for i in range(readers) if i not in resumed]
     epoch = resharded_epoch(positions, ours)
-    if not others or epoch is None:
+    if not others or not starting or epoch is None:
         return []
+    some = 1 < len(starting) < readers
+    who = "every worker" if len(starting) == readers else f"worker{'s' * some} {', '.join(map(str, starting))}"
     return [f"checkpoint {path} holds reader positions taken with (workers, shuffle buffer, seed) = "
-            f"{', '.join(map(str, others))}; this run has {ours}: positions cannot be carried over, so every worker "
-            f"starts epoch {epoch} of its share from its beginning (the records of epoch {epoch} read before the "
-            f"checkpoint are read again; the epochs before it are not)"]
+            f"{', '.join(map(str, others))}; this run has {ours}: positions cannot be carried over, so {who} "
+            f"start{'' if some else 's'} epoch {epoch} of {'their shares' if some else 'its share'} from its beginning "
+            f"(the records of epoch {epoch} read before the checkpoint are read again; the epochs before it are not)"]
 
 
 def _from_scratch(directory: str) -> list[str]:

@@ -11,13 +11,18 @@ resumed with the same sharding that has no position of its own starts at epoch 0
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import pytest
 
+from psflow.checkpoint.manifest import Manifest
 from psflow.data import open_dataset
 from psflow.data.api import DatasetConfig, ReaderPosition
-from psflow.train.duties import resume_from_positions
+from psflow.train.build import model_record
+from psflow.train.config import TrainConfig
+from psflow.train.duties import claim_checkpoint_dir, resume_from_positions
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -126,3 +131,43 @@ def test_a_worker_joining_after_the_others_resumed_starts_their_epoch(tmp_path: 
     start = resume_from_positions(None, new, config2, "/job:worker/task:2")
     assert start is not None and start.epoch == 1
     assert _read(config2, start)[0] == 2 * 30  # its share of epochs 1 and 2
+
+
+def _claim(ckpt: Path, positions: dict[str, ReaderPosition], workers: int) -> str:
+    """What the launcher prints before a run of ``workers`` workers resumes a checkpoint holding ``positions``."""
+    config = TrainConfig.flat(train=("unused",), num_features=124, num_workers=workers, checkpoint_dir=str(ckpt))
+    manifest = Manifest(global_step=10, variables={}, shards=[], model=model_record(config),
+                        reader_positions={name: p.to_json() for name, p in positions.items()})
+    (ckpt / "ckpt-000000010").mkdir(parents=True)
+    (ckpt / "ckpt-000000010" / "manifest.json").write_text(manifest.to_json())
+    (ckpt / "checkpoint").write_text(json.dumps({"latest": "ckpt-000000010", "all": ["ckpt-000000010"]}))
+    out = io.StringIO()
+    _, lock = claim_checkpoint_dir(config, out=out)
+    assert lock is not None
+    lock.release()
+    return out.getvalue()
+
+
+def test_the_console_says_nothing_when_every_worker_resumes_its_own_position(tmp_path: Path) -> None:
+    """A run resumed from 3 workers onto 2 leaves worker 2's old position in its checkpoints (no worker of the
+    new run replaces it); resumed again with 2 workers, each resumes its own position exactly: no line (it said
+    every worker starts epoch 1)."""
+    new = {f"/job:worker/task:{i}": ReaderPosition(epoch=3, worker_index=i, num_workers=2, start_epoch=1,
+                                                   file_index=1, path="train.libsvm") for i in (0, 1)}
+    stale = ReaderPosition(epoch=1, worker_index=2, num_workers=3, path="")
+    assert _claim(tmp_path / "ckpt", {**new, "/job:worker/task:2": stale}, 2) == ""
+
+
+def test_the_console_names_the_workers_that_start_the_epoch_when_the_others_resume_their_own(tmp_path: Path) -> None:
+    """Worker 0 of the new run had pushed when the checkpoint was taken, worker 1 had not: only worker 1 starts
+    the epoch from its beginning."""
+    positions = {"/job:worker/task:0": ReaderPosition(epoch=1, worker_index=0, num_workers=2, start_epoch=1),
+                 "/job:worker/task:1": ReaderPosition(epoch=2, worker_index=1, num_workers=3)}
+    line = _claim(tmp_path / "ckpt", positions, 2)
+    assert line.count("\n") == 1 and "(workers, shuffle buffer, seed) = (3, 0, 0); this run has (2, 0, 0)" in line
+    assert "so worker 1 starts epoch 1 of its share from its beginning" in line, line
+    # The same with 3 workers, worker 2 without a position at all: workers 1 and 2 start the epoch.
+    three = {"/job:worker/task:0": ReaderPosition(epoch=1, worker_index=0, num_workers=3, start_epoch=1),
+             "/job:worker/task:1": ReaderPosition(epoch=2, worker_index=1, num_workers=2)}
+    line = _claim(tmp_path / "three", three, 3)
+    assert "(2, 0, 0); this run has (3, 0, 0)" in line and "so workers 1, 2 start epoch 1 of their shares" in line, line
