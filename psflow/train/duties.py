@@ -70,8 +70,7 @@ from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
 
 __all__ = ["make_session", "elects_chief", "coordination_config", "resume_position", "resume_from_positions",
-           "resharded_epoch", "fit_position",
-           "epochs_completed", "fault_exit", "run_id",
+           "resharded_epoch", "epochs_completed", "fault_exit", "run_id",
            "checkpoint_dir_lock", "claim_checkpoint_dir", "claim_run"]
 
 log = logging.getLogger("psflow.worker")
@@ -241,20 +240,6 @@ def resharded_epoch(positions: list[ReaderPosition], sharding: tuple[int, int, i
     if not other and not any(started):
         return None
     return min(other + started)
-
-
-def fit_position(text: str | None, dataset: DatasetConfig, name: str) -> ReaderPosition | None:
-    """The ReaderPosition JSON ``text`` if it fits ``dataset`` (else None, logged); see :func:`resume_position`."""
-    if text is None:
-        return None
-    position = ReaderPosition.from_json(text)
-    if not _fits(position, dataset):
-        log.warning("%s: saved reader position (worker, workers, shuffle, seed) = %s does not fit %s; "
-                    "starting the data from the beginning", name, (position.worker_index, *_sharding(position)),
-                    (dataset.worker_index, *_sharding_of(dataset)))
-        return None
-    log.info("%s: resuming data at epoch %d, %d records into it", name, position.epoch, position.records_consumed)
-    return position
 
 
 def _sharding(position: ReaderPosition) -> tuple[int, int, int]:
