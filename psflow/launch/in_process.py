@@ -151,9 +151,10 @@ def _run_claimed(config: TrainConfig, output_dir: str, on_end: Callable[[dict[st
 @contextlib.contextmanager
 def _uncut(signals: LauncherSignals) -> Iterator[None]:
     """A section no signal cuts (a checkpoint save); a signal received inside is raised on leaving it, in place of
-    an error leaving it too (the run ends either way; the interrupt is what the user asked for)."""
+    an error leaving it too (the run ends either way; the interrupt is what the user asked for). A second signal
+    cuts it: a save that hangs (a stuck disk or store) must not keep the user from stopping the run."""
     try:
-        with signals.deferring(check=False):
+        with signals.deferring(check=False, second_cuts=True):
             yield
     finally:
         signals.check()

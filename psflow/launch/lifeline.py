@@ -51,7 +51,9 @@ Three pieces, one per side of a local cluster:
     raised at once, or, while the launcher is inside a section that must not
     be cut (starting a task, its watch loop, stopping every task), recorded
     and raised at the next check. Only the first signal counts: the cleanup it
-    starts is never interrupted by a second one.
+    starts is never interrupted by a second one. A section that may hang (an
+    ``--in-process`` checkpoint save) is deferred with ``second_cuts``: there a
+    second signal raises at once, so the user can still stop the run.
 """
 
 from __future__ import annotations
@@ -300,6 +302,7 @@ class LauncherSignals:
     def __init__(self) -> None:
         self.received: int | None = None   # the first signal (written by the handler only)
         self._deferred = False
+        self._second_cuts = False          # inside a deferred section that a second signal cuts
         self._previous: dict[int, object] = {}
 
     def install(self) -> bool:
@@ -319,6 +322,8 @@ class LauncherSignals:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
+            if self._deferred and self._second_cuts:
+                raise LaunchInterrupted(self.received)  # the section hangs: the user insists
             return  # a cleanup is under way: a second signal must not cut it
         self.received = signum
         if not self._deferred:
@@ -330,13 +335,15 @@ class LauncherSignals:
             raise LaunchInterrupted(self.received)
 
     @contextlib.contextmanager
-    def deferring(self, *, check: bool = True) -> Iterator[None]:
+    def deferring(self, *, check: bool = True, second_cuts: bool = False) -> Iterator[None]:
         """A section no signal cuts: a signal received inside is raised by :meth:`check` inside, or
-        on leaving the outermost such section (with ``check``, unless another exception leaves it)."""
+        on leaving the outermost such section (with ``check``, unless another exception leaves it).
+        ``second_cuts``: a second signal inside raises the first at once (a section that may hang)."""
         previous, self._deferred = self._deferred, True
+        previous_cuts, self._second_cuts = self._second_cuts, second_cuts
         try:
             yield
         finally:
-            self._deferred = previous
+            self._deferred, self._second_cuts = previous, previous_cuts
         if check and not previous:
             self.check()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +56,33 @@ def test_a_signal_inside_a_save_is_raised_once_the_save_is_counted(tmp_path: Pat
     assert metrics["checkpoints"]["saved"] == 3
     assert metrics["checkpoints"]["last_saved_step"] == read_manifest(newest).global_step
     assert len(complete_checkpoints(str(ckpt))) == 2  # the rotation was done too: --max-to-keep 2
+
+
+def test_a_second_signal_cuts_a_save_that_hangs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save that does not end (a stuck disk or store) must not keep the user from stopping the run: the first
+    signal waits for the save, a second one cuts it. The second is SIGTERM: two SIGINTs sent back to back may reach
+    the handler as one; of two different signals pending together, the handler gets SIGINT (the lower number) first."""
+    switch = CheckpointManager._switch_pointer
+    switched: list[str] = []
+    hung_to_the_end: list[bool] = []
+
+    def hang_after_the_signals(self: CheckpointManager, name: str, *args: Any, **kwargs: Any) -> Any:
+        switched.append(name)
+        if len(switched) == 2:  # the first periodic save
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 60.0  # a save that hangs; the second signal ends it
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            hung_to_the_end.append(True)
+        return switch(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(CheckpointManager, "_switch_pointer", hang_after_the_signals)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "run"
+    code = main(["train", "--train", str(A9A), "--num-features", "124", "--in-process", "--batch-size", "128",
+                 "--epochs", "1", "--save-checkpoints-steps", "50", "--checkpoint-dir", str(ckpt), "--output", str(out),
+                 "--quiet", "--no-status"])
+    assert code == 130 and not hung_to_the_end and len(switched) == 2
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["phase"] == "interrupted"
+    assert metrics["checkpoints"]["saved"] == 1  # the initial save; the cut one is not counted
