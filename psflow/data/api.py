@@ -291,6 +291,9 @@ class ReaderPosition:
         start_epoch: the epoch this worker's reading began at: 0, or, in a run that resumed
             positions taken under another sharding, the epoch every worker started at
             (:func:`psflow.data.dataset.epoch_start`); kept by every later position.
+        resharded: how many times the run's data was resharded before this position (0: never); kept by
+            every later position, so a position left by a run before the last resharding (a run with fewer
+            workers keeps the old positions no worker replaces) is told from the newer ones.
     """
 
     epoch: int = 0
@@ -306,6 +309,7 @@ class ReaderPosition:
     seed: int = 0
     shuffle: ShuffleState | None = None
     start_epoch: int = 0
+    resharded: int = 0
 
     def to_json(self) -> str:
         """Returns a JSON string that :meth:`from_json` turns back into an equal position.

@@ -144,18 +144,15 @@ class _Counters:
 class _Pipeline:
     """Steps 1-4 for one worker, as a generator of (batch, position after it)."""
 
-    def __init__(self, config: DatasetConfig, shard: WorkerShard, counters: _Counters, *, start_epoch: int = 0) -> None:
-        self.config = config
-        self.shard = shard
-        self.counters = counters
+    def __init__(self, config: DatasetConfig, shard: WorkerShard, counters: _Counters, *,
+                 origin: ReaderPosition | None = None) -> None:
+        """``origin``: where the reading starts; every position keeps its ``start_epoch`` and ``resharded``."""
+        self.config, self.shard, self.counters = config, shard, counters
+        kept = origin or ReaderPosition()
         self.template = ReaderPosition(
-            worker_index=config.worker_index,
-            num_workers=config.num_workers,
-            shuffle_buffer=config.shuffle_buffer,
-            min_after_dequeue=config.effective_min_after_dequeue,
-            seed=config.seed,
-            start_epoch=start_epoch,
-        )
+            worker_index=config.worker_index, num_workers=config.num_workers, shuffle_buffer=config.shuffle_buffer,
+            min_after_dequeue=config.effective_min_after_dequeue, seed=config.seed, start_epoch=kept.start_epoch,
+            resharded=kept.resharded)
 
     def order(self, epoch: int) -> list[int]:
         return epoch_file_order(self.shard, epoch, shuffle=self.config.shuffle_buffer > 0, seed=self.config.seed)
@@ -336,12 +333,10 @@ class Dataset:
 
     def __init__(self, config: DatasetConfig, *, start: bool, resume_from: ReaderPosition | None = None,
                  prepare: Prepare | None = None) -> None:
-        files = expand_paths(config.paths)
         self.config = config
-        self.shard = shard_plan(files, config.num_workers)[config.worker_index]
+        self.shard = shard_plan(expand_paths(config.paths), config.num_workers)[config.worker_index]
         self._counters = _Counters(config)
-        self._pipeline = _Pipeline(config, self.shard, self._counters,
-                                   start_epoch=resume_from.start_epoch if resume_from is not None else 0)
+        self._pipeline = _Pipeline(config, self.shard, self._counters, origin=resume_from)
         self._prepare = prepare
         first = resume_from if resume_from is not None else self._pipeline.start_position()
         if resume_from is not None:
@@ -470,11 +465,10 @@ def open_dataset(config: DatasetConfig, *, start: bool, resume_from: ReaderPosit
     return Dataset(config, start=start, resume_from=resume_from, prepare=prepare)
 
 
-def epoch_start(config: DatasetConfig, epoch: int) -> ReaderPosition:
-    """The position before the first record of ``epoch`` of the worker's share that ``config`` names, with
-    ``start_epoch`` ``epoch``: resuming from it (``open_dataset(config, ..., resume_from=...)``) reads epochs
-    ``epoch`` to the last, each whole, and every position after it keeps that ``start_epoch``. An ``epoch`` at
-    or past ``config.num_epochs`` reads nothing.
+def epoch_start(config: DatasetConfig, epoch: int, *, resharded: int) -> ReaderPosition:
+    """The position before ``epoch`` of ``config``'s worker share, with ``start_epoch`` ``epoch`` and ``resharded``
+    (:class:`~psflow.data.api.ReaderPosition`), which every position after it keeps: resumed from
+    (``open_dataset(config, ..., resume_from=...)``), it reads epochs ``epoch`` to the last, none past them.
 
     Raises:
         DataError: no file matches.
@@ -482,7 +476,7 @@ def epoch_start(config: DatasetConfig, epoch: int) -> ReaderPosition:
     if epoch < 0:
         raise DataError(f"epoch must be >= 0, got {epoch}")
     shard = shard_plan(expand_paths(config.paths), config.num_workers)[config.worker_index]
-    return _Pipeline(config, shard, _Counters(config), start_epoch=epoch).start_position(epoch)
+    return _Pipeline(config, shard, _Counters(config), origin=ReaderPosition(start_epoch=epoch, resharded=resharded)).start_position(epoch)
 
 
 def read_all(paths: Sequence[str] | str, format: str, **options: Any) -> Batch:

@@ -197,10 +197,11 @@ def resume_position(session: MonitoredTrainingSession, dataset: DatasetConfig) -
 def resume_from_positions(own: str | None, positions: Mapping[str, str], dataset: DatasetConfig,
                           name: str) -> ReaderPosition | None:
     """Where worker ``name``'s data resumes, from its own ReaderPosition JSON ``own`` (or None) and every
-    position the ps tasks hold (``positions``, by client name; its own among them or not).
+    position the ps tasks hold (``positions``, by client name; its own among them or not). Only the newest
+    positions count (the most ``resharded``): older ones were left by a run before the last resharding.
 
-    * ``own`` taken under this run's sharding (workers, shuffle buffer, seed): from there, exactly.
-    * Otherwise, if a position was taken under another sharding (a run resumed with another ``--workers``,
+    * ``own`` among them, taken under this run's sharding (workers, shuffle buffer, seed): from there, exactly.
+    * Otherwise, if they were taken under another sharding (a run resumed with another ``--workers``,
       ``--shuffle-buffer`` or ``--seed``; a position cannot be carried from one sharding to another), or the
       other workers of this sharding started at a later epoch than 0 (they resumed such positions before this
       worker joined): from the beginning of :func:`resharded_epoch`, logged as a WARNING. That epoch's records
@@ -213,33 +214,45 @@ def resume_from_positions(own: str | None, positions: Mapping[str, str], dataset
         DataError: a position that is not one, or no training file matches (the second case).
     """
     mine = ReaderPosition.from_json(own) if own is not None else None
-    if mine is not None and _fits(mine, dataset):
+    saved = [ReaderPosition.from_json(text) for key, text in positions.items() if key != name]
+    newest = _newest(saved + ([mine] if mine is not None else []))
+    if mine is not None and mine in newest and _fits(mine, dataset):
         log.info("%s: resuming data at epoch %d, %d records into it", name, mine.epoch, mine.records_consumed)
         return mine
-    saved = [ReaderPosition.from_json(text) for key, text in positions.items() if key != name]
-    saved += [mine] if mine is not None else []
-    epoch = resharded_epoch(saved, _sharding_of(dataset))
-    if epoch is None:
+    start = resharded_epoch(newest, _sharding_of(dataset))
+    if start is None:
         return None
-    others = sorted({_sharding(p) for p in saved if _sharding(p) != _sharding_of(dataset)})
+    epoch, resharded = start
+    others = sorted({_sharding(p) for p in newest if _sharding(p) != _sharding_of(dataset)})
     log.warning("%s: the saved reader positions were taken with (workers, shuffle buffer, seed) = %s, this run has "
                 "%s: a position cannot be carried over, so this worker starts epoch %d of its share from its "
                 "beginning (records of epoch %d read before the checkpoint are read again; epochs before it are "
                 "not)", name, ", ".join(map(str, others)) or "(the other workers resumed them)",
                 _sharding_of(dataset), epoch, epoch)
-    return epoch_start(dataset, epoch)
+    return epoch_start(dataset, epoch, resharded=resharded)
 
 
-def resharded_epoch(positions: list[ReaderPosition], sharding: tuple[int, int, int]) -> int | None:
-    """The epoch a worker of ``sharding`` (workers, shuffle buffer, seed) without a position of its own starts
-    at, from the saved ``positions``: None (epoch 0, from its beginning) when all of them were taken under this
-    sharding and started at epoch 0; else the least of each other sharding's position's completed epochs
-    (:func:`epochs_completed`) and each of this sharding's ``start_epoch``."""
-    other = [epochs_completed(p) for p in positions if _sharding(p) != sharding]
-    started = [p.start_epoch for p in positions if _sharding(p) == sharding]
-    if not other and not any(started):
-        return None
-    return min(other + started)
+def resharded_epoch(positions: list[ReaderPosition], sharding: tuple[int, int, int]) -> tuple[int, int] | None:
+    """Where a worker of ``sharding`` (workers, shuffle buffer, seed) without a position of its own starts, from
+    the newest saved ``positions`` (equally ``resharded``): None (epoch 0, from its beginning) when all of them
+    were taken under this sharding and started at epoch 0; else (the epoch, its ``resharded``): under this
+    sharding, the least ``start_epoch`` (where the others started, the same count); under another, the least of
+    each position's completed epochs (:func:`epochs_completed`) and, where a worker of that sharding left no
+    position, its ``start_epoch`` (that worker read nothing after it), resharded once more."""
+    if all(_sharding(p) == sharding for p in positions):
+        started = min((p.start_epoch for p in positions), default=0)
+        return (started, positions[0].resharded) if started else None
+    ends = [epochs_completed(p) for p in positions]
+    readers = {(_sharding(p), p.worker_index) for p in positions}
+    if len(readers) < sum(s[0] for s in {_sharding(p) for p in positions}):
+        ends.append(min(p.start_epoch for p in positions))
+    return min(ends), positions[0].resharded + 1
+
+
+def _newest(positions: list[ReaderPosition]) -> list[ReaderPosition]:
+    """The positions taken since the last resharding (the most ``resharded``)."""
+    latest = max((p.resharded for p in positions), default=0)
+    return [p for p in positions if p.resharded == latest]
 
 
 def _sharding(position: ReaderPosition) -> tuple[int, int, int]:
@@ -355,21 +368,22 @@ def _newest_checkpoint_warnings(config: TrainConfig) -> list[str]:
 
 
 def _other_sharding(path: str, manifest: Manifest, config: TrainConfig) -> list[str]:
-    """The console's word on a checkpoint whose reader positions were taken under another sharding than this
-    run's (an in-graph run's client reads the data alone): where the readers without a position of this sharding
-    start (:func:`resume_from_positions`); nothing when every reader has one (another sharding's positions are
-    then an earlier run's leftovers: a run with fewer workers keeps the old positions no worker replaces)."""
+    """The console's word on a checkpoint whose newest reader positions were taken under another sharding than
+    this run's (an in-graph run's client reads the data alone): where the readers without a newest position of
+    this sharding start (:func:`resume_from_positions`); nothing when every reader has one."""
     if not manifest.reader_positions:
         return []
-    positions = [ReaderPosition.from_json(text) for text in manifest.reader_positions.values()]
+    saved = [ReaderPosition.from_json(text) for text in manifest.reader_positions.values()]
+    positions = _newest(saved)
     readers = config.cluster.num_workers if config.sync.replication == "between-graph" else 1  # in-graph: the client
     ours = (readers, config.data.shuffle_buffer, config.data.seed)
-    others = sorted({_sharding(p) for p in positions if _sharding(p) != ours})
+    others = sorted({_sharding(p) for p in saved if _sharding(p) != ours})
     resumed = {p.worker_index for p in positions if _sharding(p) == ours}  # each resumes its own position exactly
     starting = [i for i in range(readers) if i not in resumed]
-    epoch = resharded_epoch(positions, ours)
-    if not others or not starting or epoch is None:
+    start = resharded_epoch(positions, ours)
+    if not others or not starting or start is None:
         return []
+    epoch = start[0]
     some = 1 < len(starting) < readers
     who = "every worker" if len(starting) == readers else f"worker{'s' * some} {', '.join(map(str, starting))}"
     return [f"checkpoint {path} holds reader positions taken with (workers, shuffle buffer, seed) = "

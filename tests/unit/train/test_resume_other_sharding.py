@@ -104,7 +104,7 @@ def test_a_position_of_another_sharding_under_its_own_name_counts_too(tmp_path: 
     """Worker 0 of the new run pushed (its position fits), worker 1's is still the old run's: worker 1 starts
     at the epoch of the oldest position, not at epoch 0."""
     path = _data(tmp_path)
-    old = _positions(path, (8 + 1, 8 * 2 + 3), workers=3)  # 30 records each per epoch: 8 batches
+    old = _positions(path, (8 + 1, 8 * 2 + 3, 8 + 2), workers=3)  # 30 records each per epoch: 8 batches
     config0 = _config(path, 0, 2)
     start0 = resume_from_positions(old["/job:worker/task:0"], old, config0, "/job:worker/task:0")
     assert start0 is not None and start0.epoch == 1
@@ -153,7 +153,7 @@ def test_the_console_says_nothing_when_every_worker_resumes_its_own_position(tmp
     new run replaces it); resumed again with 2 workers, each resumes its own position exactly: no line (it said
     every worker starts epoch 1)."""
     new = {f"/job:worker/task:{i}": ReaderPosition(epoch=3, worker_index=i, num_workers=2, start_epoch=1,
-                                                   file_index=1, path="train.libsvm") for i in (0, 1)}
+                                                   resharded=1, file_index=1, path="train.libsvm") for i in (0, 1)}
     stale = ReaderPosition(epoch=1, worker_index=2, num_workers=3, path="")
     assert _claim(tmp_path / "ckpt", {**new, "/job:worker/task:2": stale}, 2) == ""
 
@@ -161,13 +161,50 @@ def test_the_console_says_nothing_when_every_worker_resumes_its_own_position(tmp
 def test_the_console_names_the_workers_that_start_the_epoch_when_the_others_resume_their_own(tmp_path: Path) -> None:
     """Worker 0 of the new run had pushed when the checkpoint was taken, worker 1 had not: only worker 1 starts
     the epoch from its beginning."""
-    positions = {"/job:worker/task:0": ReaderPosition(epoch=1, worker_index=0, num_workers=2, start_epoch=1),
+    positions = {"/job:worker/task:0": ReaderPosition(epoch=1, worker_index=0, num_workers=2, start_epoch=1,
+                                                         resharded=1),
                  "/job:worker/task:1": ReaderPosition(epoch=2, worker_index=1, num_workers=3)}
     line = _claim(tmp_path / "ckpt", positions, 2)
     assert line.count("\n") == 1 and "(workers, shuffle buffer, seed) = (3, 0, 0); this run has (2, 0, 0)" in line
     assert "so worker 1 starts epoch 1 of its share from its beginning" in line, line
     # The same with 3 workers, worker 2 without a position at all: workers 1 and 2 start the epoch.
-    three = {"/job:worker/task:0": ReaderPosition(epoch=1, worker_index=0, num_workers=3, start_epoch=1),
+    three = {"/job:worker/task:0": ReaderPosition(epoch=1, worker_index=0, num_workers=3, start_epoch=1,
+                                                     resharded=1),
              "/job:worker/task:1": ReaderPosition(epoch=2, worker_index=1, num_workers=2)}
     line = _claim(tmp_path / "three", three, 3)
     assert "(2, 0, 0); this run has (3, 0, 0)" in line and "so workers 1, 2 start epoch 1 of their shares" in line, line
+
+
+def test_positions_left_by_a_run_before_the_last_resharding_do_not_count(tmp_path: Path) -> None:
+    """3 workers, then 2 (worker 2's 3-worker position stays: no worker of the 2-worker run replaces it), then 3
+    again: every worker starts the epoch the 2-worker run had reached. Before, worker 2 resumed its old position
+    (epoch 1, which the 2-worker run had trained) and workers 0 and 1 started epoch 0 (that position's
+    start_epoch 0 counted as where this sharding's workers started)."""
+    path = _data(tmp_path)
+    old = _positions(path, (8 + 1, 8 + 1, 8 + 1), workers=3)  # all 1 batch into epoch 1
+    saved = dict(old)
+    for worker in (0, 1):
+        name = f"/job:worker/task:{worker}"
+        start = resume_from_positions(old[name], old, _config(path, worker, 2), name)
+        assert start is not None and start.epoch == 1 and start.resharded == 1
+        saved[name] = _read(_config(path, worker, 2), start, 12 + 1)[1]  # all of epoch 1, 1 batch into epoch 2
+    total = 0
+    for worker in range(3):
+        name = f"/job:worker/task:{worker}"
+        start = resume_from_positions(saved.get(name), saved, _config(path, worker, 3), name)
+        assert start is not None and (start.epoch, start.records_consumed, start.resharded) == (2, 0, 2), start
+        total += _read(_config(path, worker, 3), start)[0]
+    assert total == RECORDS  # epoch 2 alone
+
+
+def test_a_worker_of_a_resharded_run_that_left_no_position_holds_the_epoch_back(tmp_path: Path) -> None:
+    """2 workers, then 3 (only worker 0 had pushed when the checkpoint was taken), then 4: workers 1 and 2 of the
+    3-worker run read nothing after the epoch it started (1), so the 4-worker run starts that epoch, not the
+    one worker 0 had reached (2)."""
+    path = _data(tmp_path)
+    old = _positions(path, (12 + 1, 12 + 1))  # 2 workers, 1 batch into epoch 1
+    start = resume_from_positions(old["/job:worker/task:0"], old, _config(path, 0, 3), "/job:worker/task:0")
+    assert start is not None and start.epoch == 1
+    saved = {**old, "/job:worker/task:0": _read(_config(path, 0, 3), start, 8 + 1)[1]}  # 1 batch into epoch 2
+    start = resume_from_positions(None, saved, _config(path, 3, 4), "/job:worker/task:3")
+    assert start is not None and start.epoch == 1 and start.resharded == 2
