@@ -11,7 +11,7 @@ import numpy as np
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
 from psflow.ps.protocol.fields import acked_counts, flag, list_field, message, optional_int, optional_str, refuse
-from psflow.ps.protocol.stacking import Stacker, cut, stackable_rows
+from psflow.ps.protocol.stacking import Stacker, blocks_of, cut, stack_grads, stack_rows, stack_values, values_of
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame
@@ -23,9 +23,9 @@ __all__ = [
 
 # Array names: a gradient's values and its rows, a pull's rows.
 _GRAD, _GRAD_ROWS, _PULL_ROWS = "g/", "i/", "r/"
-# Stacked (psflow.ps.protocol.stacking): a push's gradients' values (one array per block) and rows, a pull's rows, a
-# pull reply's values (one per block); a push entry's kind.
-_STACKED_GRADS, _STACKED_GRAD_ROWS, _STACKED_PULL_ROWS, _STACKED_VALUES = "gs/", "is/0", "rs/0", "vs/"
+# Stacked (psflow.ps.protocol.stacking): a push's gradients' values (one array per block) and rows, a pull's rows
+# (a pull reply's values: stacking.STACKED_VALUES); a push entry's kind.
+_STACKED_GRADS, _STACKED_GRAD_ROWS, _STACKED_PULL_ROWS = "gs/", "is/0", "rs/0"
 _STACKED = "stacked"
 
 
@@ -153,7 +153,7 @@ class PullRequest:
         ``[key, start, count]``) when several partitions are read by int64 rows, else one array each
         (``[key, name]``)."""
         entries: list[list[Any]] = []
-        stack = Stacker() if self.stack and _stack_rows(self.parts) else None
+        stack = Stacker() if self.stack and stack_rows(self.parts) else None
         for key, rows in self.parts:
             if rows is None:
                 entries.append([key, None])
@@ -220,57 +220,11 @@ class PullReply:
 
     def to_frame(self) -> Frame:
         meta: dict[str, Any] = {"step": self.step}
-        return Frame(meta, _values_arrays(self.values, meta) if self.stack else dict(self.values))
+        return Frame(meta, stack_values(self.values, meta) if self.stack else dict(self.values))
 
     @classmethod
     def from_frame(cls, frame: Frame) -> PullReply:
-        return cls(optional_int(frame.meta, "step"), _values_of(frame))
-
-
-#: A pull reply's values of more bytes than this travel as they are, unstacked: stacking saves a per-array cost
-#: that only small arrays feel, and copying a whole large variable (an export's read) would double it on the ps.
-_STACK_MAX_BYTES = 1 << 20
-
-
-def _values_arrays(values: Mapping[str, np.ndarray], meta: dict[str, Any]) -> dict[str, np.ndarray]:
-    """A pull reply's arrays: several values of at most :data:`_STACK_MAX_BYTES` stacked by dtype and row shape
-    (``meta["stacked"]``: per partition ``[key, block, start, count]``); the others (all of them when fewer than
-    two are small, a value has no dimension, or a key could be taken for a block's name) one array per
-    partition, named by its key."""
-    small = [key for key, v in values.items() if type(v) is np.ndarray and v.ndim and v.nbytes <= _STACK_MAX_BYTES]
-    if len(small) < 2 or any(type(v) is not np.ndarray or not v.ndim for v in values.values()) or any(
-            key.startswith(_STACKED_VALUES) for key in values):
-        return dict(values)
-    stack = Stacker()
-    entries = []
-    for key in small:
-        value = values[key]
-        block, start = stack.values(value)
-        entries.append([key, block, start, value.shape[0]])
-    meta["stacked"] = entries
-    out = {key: v for key, v in values.items() if v.nbytes > _STACK_MAX_BYTES}
-    out.update((f"{_STACKED_VALUES}{block}", v) for block, v in enumerate(stack.stacked_values()))
-    return out
-
-
-def _values_of(frame: Frame) -> dict[str, np.ndarray] | Mapping[str, np.ndarray]:
-    """The values of a pull reply's frame by partition key (read-only views of the frame; stacked ones cut out).
-
-    Raises:
-        InvalidRequest: a stacked entry that is malformed or lies outside its block (names the partition).
-    """
-    entries = frame.meta.get("stacked")
-    if entries is None:
-        return frame.arrays
-    arrays = frame.arrays
-    values = {key: a for key, a in arrays.items() if not key.startswith(_STACKED_VALUES)}
-    blocks = _blocks(arrays, _STACKED_VALUES)
-    for item in list_field(frame.meta, "stacked"):
-        if type(item) is not list or len(item) != 4 or type(item[0]) is not str or type(item[1]) is not int:
-            raise InvalidRequest(f"stacked value entry {item!r:.60} must be [name, block, start, count]")
-        key, block, start, count = item
-        values[key] = cut(blocks.get(block), start, count, key, "stacked values")
-    return values
+        return cls(optional_int(frame.meta, "step"), values_of(frame))
 
 
 # ---- Push --------------------------------------------------------------------------------------------------
@@ -299,7 +253,7 @@ class PushRequest:
         ``start``, the rows ``count`` ids of the stacked rows from ``rows_start``; otherwise each is two arrays
         (``[key, "sparse"]``)."""
         entries: list[list[Any]] = []
-        stack = Stacker() if self.stack and _stack_grads(self.grads) else None
+        stack = Stacker() if self.stack and stack_grads(self.grads) else None
         for key, values, rows in self.grads:
             if rows is None:
                 arrays[_GRAD + key] = values
@@ -364,7 +318,7 @@ class PushRequest:
                 raise InvalidRequest(f"variable name must be a string, got {key!r:.40}")
             if kind == _STACKED:
                 if blocks is None:
-                    blocks = _blocks(arrays, _STACKED_GRADS)
+                    blocks = blocks_of(arrays, _STACKED_GRADS)
                 grads.append(_stacked_grad(arrays, blocks, key, item))
                 continue
             values = arrays.get(_GRAD + key)
@@ -403,34 +357,6 @@ class PushRequest:
                                     tuple(acked_all) if acked_all is not None else None, stream, seq),
                    StepTag(read_step, clock, sync_tag, hint), bool(get("step", False)), examples, loss, epoch,
                    blocks is not None)
-
-
-def _stack_grads(grads: Sequence[GradPart]) -> bool:
-    """Whether a push stacks its sparse gradients: several, each of int64 rows and values of one row per id."""
-    sparse = 0
-    for _, values, rows in grads:
-        if rows is None:
-            continue
-        if not (stackable_rows(rows) and type(values) is np.ndarray and values.ndim and values.shape[0] == rows.shape[0]):
-            return False
-        sparse += 1
-    return sparse > 1
-
-
-def _stack_rows(parts: Sequence[tuple[str, np.ndarray | None]]) -> bool:
-    """Whether a pull stacks its rows: several partitions read by rows, each int64 ids."""
-    rows = [r for _, r in parts if r is not None]
-    return len(rows) > 1 and all(stackable_rows(r) for r in rows)
-
-
-def _blocks(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[int, np.ndarray]:
-    """The stacked blocks among a frame's arrays (named ``prefix`` and the block's number), by number."""
-    out: dict[int, np.ndarray] = {}
-    for name, array in arrays.items():
-        number = name[len(prefix):]
-        if name.startswith(prefix) and number.isascii() and number.isdigit():
-            out[int(number)] = array
-    return out
 
 
 def _stacked_grad(arrays: Mapping[str, np.ndarray], blocks: Mapping[int, np.ndarray], key: str,
@@ -535,11 +461,11 @@ class PushPullReply:
     def to_frame(self) -> Frame:
         meta = self.push.meta()
         meta["pull_step"] = self.pull.step
-        return Frame(meta, _values_arrays(self.pull.values, meta) if self.pull.stack else dict(self.pull.values))
+        return Frame(meta, stack_values(self.pull.values, meta) if self.pull.stack else dict(self.pull.values))
 
     @classmethod
     def from_frame(cls, frame: Frame) -> PushPullReply:
-        return cls(PushReply.from_frame(frame), PullReply(optional_int(frame.meta, "pull_step"), _values_of(frame)))
+        return cls(PushReply.from_frame(frame), PullReply(optional_int(frame.meta, "pull_step"), values_of(frame)))
 
 
 def gradient_arrays(grads: Mapping[str, tuple[np.ndarray, np.ndarray | None]]) -> dict[str, np.ndarray]:

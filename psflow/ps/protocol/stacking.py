@@ -13,19 +13,29 @@ named in the meta by ``(block, start, count)``.
   first, and a bad one raises :class:`~psflow.rpc.api.InvalidRequest` naming it.
 
 What the receiver gets is what separate arrays would have given: the same values, shapes and dtypes, read-only
-views of the received frame. The messages of :mod:`psflow.ps.protocol.data` decide what they stack (see there);
-a sender may always send one array per partition instead, and the receiver reads both forms.
+views of the received frame. The messages of :mod:`psflow.ps.protocol.data` decide what they stack
+(:func:`stack_grads`, :func:`stack_rows`; a pull reply's values: :func:`stack_values`, read back by
+:func:`values_of`); a sender may always send one array per partition instead, and the receiver reads both forms.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from psflow.ps.protocol.fields import list_field
 from psflow.rpc.api import InvalidRequest
+from psflow.rpc.framing import Frame
 
-__all__ = ["Stacker", "cut", "stackable_rows"]
+__all__ = [
+    "STACKED_VALUES", "STACK_MAX_BYTES", "Stacker", "blocks_of", "cut", "stack_grads", "stack_rows", "stack_values",
+    "stackable_rows", "values_of",
+]
+
+#: The array names of a pull reply's stacked values: this prefix and the block's number.
+STACKED_VALUES = "vs/"
 
 
 def stackable_rows(rows: np.ndarray) -> bool:
@@ -98,3 +108,77 @@ def cut(block: np.ndarray | None, start: Any, count: Any, key: str, what: str) -
         raise InvalidRequest(f"partition {key!r:.80}: {what}: the stacked array is missing")
     raise InvalidRequest(f"partition {key!r:.80}: {what}: range {start!r:.20} + {count!r:.20} is not inside the "
                          f"stacked array's {block.shape[0]} rows")
+
+
+#: A pull reply's values of more bytes than this travel as they are, unstacked: stacking saves a per-array cost
+#: that only small arrays feel, and copying a whole large variable (an export's read) would double it on the ps.
+STACK_MAX_BYTES = 1 << 20
+
+
+def stack_values(values: Mapping[str, np.ndarray], meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A pull reply's arrays: several values of at most :data:`STACK_MAX_BYTES` stacked by dtype and row shape
+    (``meta["stacked"]``: per partition ``[key, block, start, count]``); the others (all of them when fewer than
+    two are small, a value has no dimension, or a key could be taken for a block's name) one array per
+    partition, named by its key."""
+    small = [key for key, v in values.items() if type(v) is np.ndarray and v.ndim and v.nbytes <= STACK_MAX_BYTES]
+    if len(small) < 2 or any(type(v) is not np.ndarray or not v.ndim for v in values.values()) or any(
+            key.startswith(STACKED_VALUES) for key in values):
+        return dict(values)
+    stack = Stacker()
+    entries = []
+    for key in small:
+        value = values[key]
+        block, start = stack.values(value)
+        entries.append([key, block, start, value.shape[0]])
+    meta["stacked"] = entries
+    out = {key: v for key, v in values.items() if v.nbytes > STACK_MAX_BYTES}
+    out.update((f"{STACKED_VALUES}{block}", v) for block, v in enumerate(stack.stacked_values()))
+    return out
+
+
+def values_of(frame: Frame) -> dict[str, np.ndarray] | Mapping[str, np.ndarray]:
+    """The values of a pull reply's frame by partition key (read-only views of the frame; stacked ones cut out).
+
+    Raises:
+        InvalidRequest: a stacked entry that is malformed or lies outside its block (names the partition).
+    """
+    entries = frame.meta.get("stacked")
+    if entries is None:
+        return frame.arrays
+    arrays = frame.arrays
+    values = {key: a for key, a in arrays.items() if not key.startswith(STACKED_VALUES)}
+    blocks = blocks_of(arrays, STACKED_VALUES)
+    for item in list_field(frame.meta, "stacked"):
+        if type(item) is not list or len(item) != 4 or type(item[0]) is not str or type(item[1]) is not int:
+            raise InvalidRequest(f"stacked value entry {item!r:.60} must be [name, block, start, count]")
+        key, block, start, count = item
+        values[key] = cut(blocks.get(block), start, count, key, "stacked values")
+    return values
+
+
+def stack_grads(grads: Sequence[tuple[str, Any, np.ndarray | None]]) -> bool:
+    """Whether a push stacks its sparse gradients: several, each of int64 rows and values of one row per id."""
+    sparse = 0
+    for _, values, rows in grads:
+        if rows is None:
+            continue
+        if not (stackable_rows(rows) and type(values) is np.ndarray and values.ndim and values.shape[0] == rows.shape[0]):
+            return False
+        sparse += 1
+    return sparse > 1
+
+
+def stack_rows(parts: Sequence[tuple[str, np.ndarray | None]]) -> bool:
+    """Whether a pull stacks its rows: several partitions read by rows, each int64 ids."""
+    rows = [r for _, r in parts if r is not None]
+    return len(rows) > 1 and all(stackable_rows(r) for r in rows)
+
+
+def blocks_of(arrays: Mapping[str, np.ndarray], prefix: str) -> dict[int, np.ndarray]:
+    """The stacked blocks among a frame's arrays (named ``prefix`` and the block's number), by number."""
+    out: dict[int, np.ndarray] = {}
+    for name, array in arrays.items():
+        number = name[len(prefix):]
+        if name.startswith(prefix) and number.isascii() and number.isdigit():
+            out[int(number)] = array
+    return out
