@@ -57,7 +57,7 @@ from psflow.ps.protocol import (
     SaveShardReply,
     SaveShardRequest,
 )
-from psflow.rpc.api import FailedPreconditionError, RpcError
+from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, RpcError, TaskUnavailableError
 
 __all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError", "FinalCheckpointError",
            "refuse_newer_epoch"]
@@ -381,22 +381,35 @@ class CheckpointManager:
             log.error("could not remove the partial checkpoint %s", path)
 
     def _check_fence(self, client: ParameterClient, path: str) -> None:
-        """Every ps task still accepts this chief's epoch (before and after the pointer moves)."""
+        """Every ps task still accepts this chief's epoch (before and after the pointer moves).
+
+        Raises:
+            CheckpointFencedError: a ps task refused the epoch (one is enough: it holds a newer chief's epoch,
+                so this chief is deposed, whatever the other tasks said); that refusal is the cause.
+            CheckpointError: no task refused the epoch, but one could not be asked; the cause is a task that
+                could not be reached, if one could not (the saver hook then waits for the next period), else
+                the first error.
+        """
         if self._fence is None:
             return
         epoch, holder = self._fence
         calls = {t: client.call_async(t, FenceRequest(epoch, holder=holder)) for t in client.channels}
-        refusals, fenced, first = [], True, None
+        refusals: list[str] = []
+        errors: list[RpcError] = []
         for t, call in calls.items():  # every call collected, even after a refusal
             try:
                 call.result()
             except RpcError as e:
                 refusals.append(f"/job:ps/task:{t} refused: {e}")
-                fenced = fenced and isinstance(e, FailedPreconditionError)
-                first = first or e
-        if refusals:
-            error = CheckpointFencedError if fenced else CheckpointError
-            raise error(f"checkpoint {path} not made current: {'; '.join(refusals)}") from first
+                errors.append(e)
+        if not errors:
+            return
+        message = f"checkpoint {path} not made current: {'; '.join(refusals)}"
+        fenced = [e for e in errors if isinstance(e, FailedPreconditionError)]
+        if fenced:
+            raise CheckpointFencedError(message) from fenced[0]
+        unreachable = [e for e in errors if isinstance(e, (TaskUnavailableError, DeadlineExceededError))]
+        raise CheckpointError(message) from (unreachable or errors)[0]
 
     def _phase(self, phase: str) -> None:
         if self._fault is not None:

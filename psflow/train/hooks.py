@@ -26,7 +26,7 @@ from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, Fin
 from psflow.data import BatchSource
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
-from psflow.rpc.api import RpcError, TaskUnavailableError
+from psflow.rpc.api import DeadlineExceededError, RpcError, TaskUnavailableError
 from psflow.train.hook_api import RunContext, RunValues, SessionRunHook
 from psflow.train.summary import SummaryWriter
 
@@ -206,11 +206,13 @@ class CheckpointSaverHook(SessionRunHook):
 
 
 def _ps_task_unreachable(error: BaseException) -> bool:
-    """Whether ``error`` or an error it was raised from is a ps task that could not be reached."""
+    """Whether ``error`` or an error it was raised from is a ps task that could not be reached: refused the
+    connection (dead) or did not answer within the call's deadline (a host gone silent: the chief cannot tell it
+    from a dead one, and trying again at the next step would wait out the same deadline)."""
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, TaskUnavailableError):
+        if isinstance(cause, (TaskUnavailableError, DeadlineExceededError)):
             return True
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__

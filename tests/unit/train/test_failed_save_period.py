@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from psflow.checkpoint.save import CheckpointManager, CheckpointSavesFailedError
+from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, CheckpointSavesFailedError
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
-from psflow.rpc.api import TaskUnavailableError
+from psflow.rpc.api import DeadlineExceededError, RpcError, TaskUnavailableError
 from psflow.rpc.inprocess import InProcessChannel, _Done
 from psflow.train.duties import _FailedSaveTolerant
 from psflow.train.hooks import CheckpointSaverHook, RunContext, RunValues
@@ -39,10 +39,11 @@ class _Killable(InProcessChannel):
 
     dead = False
     only: str | None = None
+    error: type[RpcError] = TaskUnavailableError
 
     def call_async(self, method: str, meta: Any = None, arrays: Any = None, *, timeout: float | None = None) -> Any:
         if self.dead and self.only in (None, method):  # as a gRPC call: the error comes with its result
-            return _Done(TaskUnavailableError(f"{self.task}: {method}: UNAVAILABLE: failed to connect to all addresses"))
+            return _Done(self.error(f"{self.task}: {method}: failed (dead or silent: {self.error.__name__})"))
         return super().call_async(method, meta, arrays, timeout=timeout)
 
 
@@ -136,3 +137,42 @@ def test_a_save_that_cannot_write_is_tried_again_at_the_next_step(tmp_path: Path
     counter.increment()
     with pytest.raises(CheckpointSavesFailedError):
         hook.after_run(RunContext(session, 12), RunValues(12, 0.5, 8))
+
+
+def test_a_fence_refused_by_one_task_while_another_is_dead_is_not_a_failed_save(tmp_path: Path) -> None:
+    """Between the shards and the pointer a newer chief's epoch reaches ps task 0 and ps task 1 dies: task 0's
+    refusal proves this chief deposed, whatever task 1 says; the save is fenced off, not counted as failed (it
+    was counted, and with task 0's refusal as its cause it was tried again at every step)."""
+    services, channels, placements = _cluster()
+    for channel in channels.values():
+        channel.call("Fence", {"token": 5, "holder": "/job:worker/task:0#1"})
+
+    def depose(phase: str) -> None:
+        if phase == "manifest_written":
+            channels[0].call("Fence", {"token": 6, "holder": "/job:worker/task:1#1"})
+            channels[1].dead = True
+
+    manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=3, fault=depose)
+    client = ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels))
+    with pytest.raises(CheckpointFencedError, match=r"task:0 refused.*task:1 refused"):
+        manager.save(client, epoch=5, holder="/job:worker/task:0#1")
+    assert manager.saves_failed == 0 and manager.latest() is None
+
+
+def test_a_save_whose_ps_task_does_not_answer_in_time_waits_for_the_next_period(tmp_path: Path) -> None:
+    """A ps host gone silent (its calls end with DeadlineExceeded, not a refused connection) is a ps task that
+    could not be reached, as a dead one: the save waits for the next period instead of every step."""
+    services, channels, placements = _cluster()
+    counter = services[0].global_step
+    assert counter is not None
+    manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=3)
+    saver = CheckpointSaverHook(manager, save_steps=10)
+    hook = _FailedSaveTolerant(saver, "/job:worker/task:0")
+    session = MonitoredTrainingSession(
+        ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels)), SGD, is_chief=True)
+    hook.after_create_session(session)
+    channels[1].dead, channels[1].error = True, DeadlineExceededError
+    for value in range(1, 20):
+        counter.increment()
+        hook.after_run(RunContext(session, value), RunValues(value, 0.5, 8))
+    assert manager.saves_failed == 1 and manager.failed_in_a_row == 1  # step 10 only
