@@ -137,10 +137,15 @@ def stack_values(values: Mapping[str, np.ndarray], meta: dict[str, Any]) -> dict
 
 
 def values_of(frame: Frame) -> dict[str, np.ndarray] | Mapping[str, np.ndarray]:
-    """The values of a pull reply's frame by partition key (read-only views of the frame; stacked ones cut out).
+    """The values of a pull reply's frame by partition key (views of the frame; stacked ones cut out).
+
+    A block's ranges come in order and never overlap (what :func:`stack_values` sends): a client that decodes
+    its reply as writable views (:func:`psflow.rpc.framing.decode`) hands each partition's values to its caller
+    as that caller's own array, and two of them must not share bytes.
 
     Raises:
-        InvalidRequest: a stacked entry that is malformed or lies outside its block (names the partition).
+        InvalidRequest: a stacked entry that is malformed, lies outside its block or overlaps the block's
+            previous range (names the partition).
     """
     entries = frame.meta.get("stacked")
     if entries is None:
@@ -148,11 +153,17 @@ def values_of(frame: Frame) -> dict[str, np.ndarray] | Mapping[str, np.ndarray]:
     arrays = frame.arrays
     values = {key: a for key, a in arrays.items() if not key.startswith(STACKED_VALUES)}
     blocks = blocks_of(arrays, STACKED_VALUES)
+    ends: dict[int, int] = {}  # block -> where its last range ended
     for item in list_field(frame.meta, "stacked"):
         if type(item) is not list or len(item) != 4 or type(item[0]) is not str or type(item[1]) is not int:
             raise InvalidRequest(f"stacked value entry {item!r:.60} must be [name, block, start, count]")
         key, block, start, count = item
         values[key] = cut(blocks.get(block), start, count, key, "stacked values")
+        end = ends.get(block, 0)
+        if start < end:
+            raise InvalidRequest(f"partition {key!r:.80}: stacked values: range {start} + {count} of block {block} "
+                                 f"overlaps the block's previous range (which ends at {end})")
+        ends[block] = start + count
     return values
 
 

@@ -167,6 +167,24 @@ def test_stacked_pull_and_reply_entries_outside_their_arrays_are_refused() -> No
         p.PullReply.from_frame(Frame({"step": 1, "stacked": [["e/part_0", "0", 0, 1]]}, {}))
 
 
+def test_a_reply_read_as_writable_views_gives_each_partition_its_own_bytes() -> None:
+    """A tcp client decodes its reply as writable views of the reply's buffer (decode(writable=True)) and hands
+    each partition's values to its caller uncopied: writing one changes no other, and a reply whose ranges
+    overlap (two partitions over the same bytes) is refused, naming the partition."""
+    values = {f"deep/emb_{t}/part_0": np.full((2, 8), t, np.float32) for t in range(3)}
+    frame = p.PullReply(1, values, stack=True).to_frame()
+    assert len(frame.arrays) == 1
+    got = p.PullReply.from_frame(decode(memoryview(bytearray(encode(frame.meta, frame.arrays))), writable=True))
+    assert all(v.flags.writeable for v in got.values.values())
+    got.values["deep/emb_1/part_0"][:] = 9.0
+    assert [float(got.values[f"deep/emb_{t}/part_0"].max()) for t in range(3)] == [0.0, 9.0, 2.0]
+    block = {"vs/0": np.zeros((4, 8), np.float32)}
+    with pytest.raises(InvalidRequest, match="partition 'b': stacked values: range 1 \\+ 2 of block 0 overlaps"):
+        p.PullReply.from_frame(Frame({"step": 1, "stacked": [["a", 0, 0, 2], ["b", 0, 1, 2]]}, block))
+    with pytest.raises(InvalidRequest, match="partition 'a': stacked values: range 0 \\+ 1 of block 0 overlaps"):
+        p.PullReply.from_frame(Frame({"step": 1, "stacked": [["a", 0, 2, 2], ["a", 0, 0, 1]]}, block))
+
+
 def test_the_planner_sends_ids_shared_by_two_tables_as_one_array() -> None:
     vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["a:1"]})))
     vs.get_variable("deep", (100, 4))
