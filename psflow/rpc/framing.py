@@ -165,7 +165,8 @@ def decode(buf: bytes | memoryview, *, writable: bool = False) -> Frame:
         buf: the frame bytes.
         writable: (a caller that owns ``buf`` and nothing else reads it, e.g. a reply it received) give
             writable views where ``buf`` is writable, which the caller may then use as its own arrays
-            without copying them; ``bytes`` stay read-only.
+            without copying them (their bytes must then come one after another, as :func:`encode` lays them
+            out: no two share any); ``bytes`` stay read-only.
 
     Returns:
         The frame; its arrays are views into ``buf``, read-only unless ``writable``.
@@ -193,10 +194,17 @@ def decode(buf: bytes | memoryview, *, writable: bool = False) -> Frame:
     data_start = _PREFIX.size + header_len
     arrays: dict[str, np.ndarray] = {}
     readonly = not writable or view.readonly
+    end = data_start  # (writable) where the previous array's bytes end
     for spec in specs:
         name, arr = _decode_array(view, spec, data_start, readonly)
         if name in arrays:
             raise FrameError(f"array {name!r} appears twice")
+        if not readonly:  # writable views are their caller's own arrays: no two may share bytes
+            offset, nbytes = spec[3], spec[4]
+            if offset < end:
+                raise FrameError(f"array {name!r}: bytes {offset}..{offset + nbytes} overlap the previous array's "
+                                 f"(which end at {end}): writable views must not share bytes")
+            end = offset + nbytes
         arrays[name] = arr
     return Frame(meta=header["meta"], arrays=arrays)
 

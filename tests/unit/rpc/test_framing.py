@@ -83,6 +83,17 @@ def test_malformed_frames_refused(buf: bytes, message: str) -> None:
         decode(buf)
 
 
+def test_writable_views_never_share_bytes() -> None:
+    """Two arrays over the same bytes (a buggy or hostile peer's frame) are read as read-only views as before,
+    and refused as writable ones: writing one of a caller's arrays must not change another."""
+    data_start = 8 + 256
+    header = json.dumps({"meta": {}, "arrays": [["a", "<f4", [2], data_start, 8], ["b", "<f4", [2], data_start + 4, 8]]})
+    buf = bytearray(struct.pack("<4sI", b"PSF1", 256) + header.encode().ljust(256) + bytes(12))
+    assert decode(memoryview(buf)).arrays["b"].tolist() == [0.0, 0.0]
+    with pytest.raises(FrameError, match=f"array 'b': bytes {data_start + 4}..{data_start + 12} overlap"):
+        decode(memoryview(buf), writable=True)
+
+
 def test_shape_must_match_nbytes() -> None:
     good = encode({}, {"a": np.zeros(4, dtype=np.float32)})
     header_len = struct.unpack_from("<I", good, 4)[0]
