@@ -104,8 +104,10 @@ def cut(block: np.ndarray | None, start: Any, count: Any, key: str, what: str) -
     if (block is not None and type(start) is int and type(count) is int and block.ndim and 0 <= start
             and 0 <= count and start + count <= block.shape[0]):
         return block[start:start + count]
-    if block is None or block.ndim == 0:
+    if block is None:
         raise InvalidRequest(f"partition {key!r:.80}: {what}: the stacked array is missing")
+    if block.ndim == 0:
+        raise InvalidRequest(f"partition {key!r:.80}: {what}: the stacked array has no rows (a 0-d array)")
     raise InvalidRequest(f"partition {key!r:.80}: {what}: range {start!r:.20} + {count!r:.20} is not inside the "
                          f"stacked array's {block.shape[0]} rows")
 

@@ -165,6 +165,8 @@ def test_stacked_pull_and_reply_entries_outside_their_arrays_are_refused() -> No
                                      {"vs/0": np.zeros((2, 2), np.float32)}))
     with pytest.raises(InvalidRequest, match="must be \\[name, block, start, count\\]"):
         p.PullReply.from_frame(Frame({"step": 1, "stacked": [["e/part_0", "0", 0, 1]]}, {}))
+    with pytest.raises(InvalidRequest, match="partition 'e/part_0': stacked values: the stacked array has no rows"):
+        p.PullReply.from_frame(Frame({"step": 1, "stacked": [["e/part_0", 0, 0, 0]]}, {"vs/0": np.array(1.0, np.float32)}))
 
 
 def test_a_reply_read_as_writable_views_gives_each_partition_its_own_bytes() -> None:
