@@ -122,18 +122,23 @@ def stack_values(values: Mapping[str, np.ndarray], meta: dict[str, Any]) -> dict
     (``meta["stacked"]``: per partition ``[key, block, start, count]``); the others (all of them when fewer than
     two are small, a value has no dimension, or a key could be taken for a block's name) one array per
     partition, named by its key."""
-    small = [key for key, v in values.items() if type(v) is np.ndarray and v.ndim and v.nbytes <= STACK_MAX_BYTES]
-    if len(small) < 2 or any(type(v) is not np.ndarray or not v.ndim for v in values.values()) or any(
-            key.startswith(STACKED_VALUES) for key in values):
+    small: list[tuple[str, np.ndarray]] = []
+    out: dict[str, np.ndarray] = {}  # the large values, as they are
+    for key, value in values.items():
+        if type(value) is not np.ndarray or not value.ndim or key.startswith(STACKED_VALUES):
+            return dict(values)
+        if value.nbytes <= STACK_MAX_BYTES:
+            small.append((key, value))
+        else:
+            out[key] = value
+    if len(small) < 2:
         return dict(values)
     stack = Stacker()
     entries = []
-    for key in small:
-        value = values[key]
+    for key, value in small:
         block, start = stack.values(value)
         entries.append([key, block, start, value.shape[0]])
     meta["stacked"] = entries
-    out = {key: v for key, v in values.items() if v.nbytes > STACK_MAX_BYTES}
     out.update((f"{STACKED_VALUES}{block}", v) for block, v in enumerate(stack.stacked_values()))
     return out
 
