@@ -250,20 +250,19 @@ class LookupPlan:
         # Combiner scales: sum -> w, mean -> w / sum(w), sqrtn -> w / sqrt(sum(w^2)), sums per (table, example).
         # One entry of weight 1 per (table, example) (unweighted, one id per example: Criteo's): every combiner
         # scales it by 1 (1/1, 1/sqrt(1)), the values the sums below give, without them.
-        unit = one_each and not weighted.any()
-        combiner = None if unit else np.array([COMBINERS.index(e.combiner) for _, e in embeddings], dtype=np.int64)[table]
         scale = w
-        has_mean = combiner is not None and bool((combiner == 1).any())
-        has_sqrtn = combiner is not None and bool((combiner == 2).any())
-        if combiner is not None and (has_mean or has_sqrtn):  # sums only where a table's combiner needs them
-            cell = table * n + example
-            sums = np.bincount(cell, weights=w, minlength=k * n)[cell] if has_mean else w
-            if has_sqrtn:
-                norms = np.sqrt(np.bincount(cell, weights=w * w, minlength=k * n))[cell]
-                divisor = np.where(combiner == 1, sums, norms) if has_mean else norms
-            else:
-                divisor = sums
-            scale = np.where(combiner == 0, w, w / divisor)
+        if not (one_each and not weighted.any()):
+            combiner = np.array([COMBINERS.index(e.combiner) for _, e in embeddings], dtype=np.int64)[table]
+            has_mean, has_sqrtn = bool((combiner == 1).any()), bool((combiner == 2).any())
+            if has_mean or has_sqrtn:  # sums only where a table's combiner needs them
+                cell = table * n + example
+                sums = np.bincount(cell, weights=w, minlength=k * n)[cell] if has_mean else w
+                if has_sqrtn:
+                    norms = np.sqrt(np.bincount(cell, weights=w * w, minlength=k * n))[cell]
+                    divisor = np.where(combiner == 1, sums, norms) if has_mean else norms
+                else:
+                    divisor = sums
+                scale = np.where(combiner == 0, w, w / divisor)
         # Unique (table, id) pairs, sorted by table then id: the stacked rows, and each entry's row among them.
         if pruned or cache is None:
             cache = {}  # nothing to share: the ids of this group are its own
