@@ -43,15 +43,17 @@ def ps(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 def test_pulled_rows_are_the_callers_own(ps) -> None:  # type: ignore[no-untyped-def]
-    """A pull's rows come back writable (the reply's buffer, uncopied since it is the call's alone): changing them
-    changes nothing on the ps task, nor another variable's rows."""
+    """A pull's rows come back writable (the reply's buffer, uncopied since it is the call's alone): a later reply
+    of the same size on the same connection leaves them as they were, and changing them changes nothing on the
+    ps task."""
     _, client = ps
     ids = np.array([3, 1, 4], np.int64)
     first = client.pull({"w": ids})["w"]
-    again = client.pull({"w": ids})["w"].copy()
-    assert first.flags.writeable and first.tolist() == again.tolist()
+    kept = first.copy()
+    other = client.pull({"w": np.array([0, 2, 5], np.int64)})["w"]
+    assert first.flags.writeable and first.tolist() == kept.tolist() and other.tolist() != kept.tolist()
     first[:] = 0.0
-    assert client.pull({"w": ids})["w"].tolist() == again.tolist()
+    assert client.pull({"w": ids})["w"].tolist() == kept.tolist()
 
 
 def _connect(address: str, token: bytes) -> socket.socket:
