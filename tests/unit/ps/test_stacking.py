@@ -9,9 +9,11 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.gradients import SparseGradient
+from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps import protocol as p
 from psflow.ps.plans import Planner
+from psflow.ps.service import ParameterService
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame, decode, encode
 
@@ -153,6 +155,44 @@ def test_a_stacked_push_entry_outside_its_arrays_is_refused_naming_the_partition
     arrays = {"gs/0": np.zeros((5, 2), np.float32), "is/0": np.arange(5, dtype=np.int64)}
     with pytest.raises(InvalidRequest, match=error):
         p.PushRequest.from_frame(Frame({"grads": [entry]}, arrays))
+
+
+def _two_tables_service() -> ParameterService:
+    """A ps task holding two tables (10 x 2 and 10 x 1) and a bias, SGD."""
+    vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["a:1"]})))
+    vs.get_variable("deep", (10, 2), initializer={"name": "constant", "value": 1.0})
+    vs.get_variable("wide", (10, 1), initializer={"name": "constant", "value": 1.0})
+    vs.get_variable("bias", (1,))
+    svc = ParameterService(0, holds_global_step=True)
+    svc.register(Frame({"layout": [v.to_json() for v in vs.placements()],
+                        "optimizer": OptimizerSpec("sgd", {"learning_rate": 0.5}).to_json(), "client": "w", "chief": True}))
+    return svc
+
+
+@pytest.mark.parametrize("rows, values, error", [
+    (np.array([0, 1, 1, 2, 3.0]), np.ones((3, 1), np.float32), "'deep' partition 0 .*: gradient row must be a 1-D int64"),
+    (np.array([0, 1, 1, 2, 3]), np.ones((3, 1), np.int64), "'wide' partition 0 .*: sparse gradient .*got \\(3, 1\\) \\(int64\\)"),
+    (np.array([0, 1, 1, 2, 10]), np.ones((3, 1), np.float32), "'wide' partition 0 .*: gradient row 10 out of range"),
+    (np.array([0, 1, 1, 2, -1]), np.ones((3, 1), np.float32), "'wide' partition 0 .*: gradient row -1 out of range"),
+    (None, np.ones((3, 1), np.float32), "partition 'deep/part_0': stacked gradient rows: the stacked array is missing"),
+])
+def test_a_stacked_push_with_a_bad_partition_is_refused_and_nothing_of_it_is_applied(
+        rows: np.ndarray | None, values: np.ndarray, error: str) -> None:
+    """A hostile or buggy sender's stacked push (rows of the wrong dtype, values of the wrong dtype, rows out of
+    range, the rows missing) is refused naming the partition; the good partitions beside the bad one (a dense
+    gradient, a stacked table over rows 0-1) are not applied either, and no step is taken."""
+    svc = _two_tables_service()
+    arrays = {"gs/0": np.ones((2, 2), np.float32), "gs/1": values, "g/bias/part_0": np.ones(1, np.float32)}
+    if rows is not None:
+        arrays["is/0"] = rows
+    meta = {"grads": [["bias/part_0", "dense"], ["deep/part_0", "stacked", 0, 0, 0, 2],
+                      ["wide/part_0", "stacked", 1, 0, 2, 3]], "step": True, "examples": 1}
+    before = {key: svc.store.get(key).value.copy() for key in ("deep/part_0", "wide/part_0", "bias/part_0")}
+    with pytest.raises(InvalidRequest, match=error):
+        svc.push(Frame(meta, arrays))
+    for key, value in before.items():
+        np.testing.assert_array_equal(svc.store.get(key).value, value)
+    assert svc.global_step is not None and svc.global_step.value == 0
 
 
 def test_stacked_pull_and_reply_entries_outside_their_arrays_are_refused() -> None:
