@@ -34,7 +34,9 @@ that has seen a newer chief's epoch refuses, and the save fails with
        partitioning, slots, global_step, each worker's reader position, the
        cluster, the model, the lineage and the writing run, the psflow
        version, each shard's size and sha256, and a replicated shard's count
-       of the pushes it holds);
+       of the pushes it holds), then renames the directory after the
+       global_step the manifest holds (under the directory's ``flock``; the
+       workers pushed since the chief read the step it was first named after);
     4. every ps task confirms the chief's epoch (``Fence``);
     5. the chief switches the pointer ``checkpoint`` by atomic rename, as a
        compare-and-swap under the directory's ``flock``: a pointer written by
@@ -144,6 +146,7 @@ Classes and functions, by file:
   :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`,
   :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies.
+* ``naming.py`` -- a checkpoint's directory name, the global_step it holds (:func:`rename_after_step`).
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
 * ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch
   (:func:`checkpoint_to_restore`: when it has a lease and the run id).

@@ -37,13 +37,13 @@ from psflow.checkpoint.manifest import (
     INCREMENT,
     MANIFEST_NAME,
     POINTER_NAME,
-    PREFIX,
     WRITER_NAME,
     Manifest,
     SavedCheckpoint,
     read_json,
     read_manifest,
 )
+from psflow.checkpoint.naming import checkpoint_name, rename_after_step
 from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer, read_pointer, write_pointer
 from psflow.checkpoint.rotation import deletable, delete_old, kept_after
 from psflow.checkpoint.save_manifest import build_manifest
@@ -272,7 +272,7 @@ class CheckpointManager:
                 if not is_complete(stale):  # leftovers of crashed saves of this lineage
                     storage.remove_tree(stale, ignore_errors=True)
                     removed.add(os.path.basename(stale))
-            name = f"{PREFIX}{step_hint:09d}"
+            name = checkpoint_name(step_hint)  # renamed after the manifest's step once the shards are in
             # Never a name just removed: that "leftover" may be an older chief's save still going on (its lease
             # lived on in its own view), which would write its files into this save's directory, then remove it.
             if name in removed or storage.exists(os.path.join(self.directory, name)):
@@ -294,6 +294,8 @@ class CheckpointManager:
         if base is not None:
             manifest = replace(manifest, kind=INCREMENT, base=os.path.basename(base[0]))
         storage.write_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
+        path = self._current = rename_after_step(self.directory, path, manifest.global_step, removed)
+        name = os.path.basename(path)
         self._phase("manifest_written")
         self._check_fence(client, path)
         if epoch is not None:

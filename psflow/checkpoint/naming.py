@@ -1,0 +1,54 @@
+"""A checkpoint directory's name: ``ckpt-`` and the global_step its manifest holds (nine digits).
+
+:func:`rename_after_step` gives a save's directory, named when the save began, the name of the step its
+shards were snapshotted at: training goes on during a save, so the workers' pushes between the chief's
+reading of the step and the ps tasks' snapshots made the name older than the content (a 3-worker run's
+ckpt-000000102 held step 121).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Collection
+
+from psflow import storage
+from psflow.checkpoint.lock import directory_mutex
+from psflow.checkpoint.manifest import PREFIX
+
+__all__ = ["checkpoint_name", "rename_after_step"]
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_name(step: int) -> str:
+    """The directory name of a checkpoint of global_step ``step`` (before any suffix)."""
+    return f"{PREFIX}{step:09d}"
+
+
+def rename_after_step(directory: str, path: str, step: int, removed: Collection[str]) -> str:
+    """Renames the checkpoint ``path`` (inside ``directory``, its manifest written) after ``step``, the
+    global_step its manifest holds; returns its path, renamed or not.
+
+    Under the directory's mutex (a rotation or a restore sees it under one name or the other). A name in
+    use, or removed by this save as a crashed save's leftover (``removed``: an older chief's save may still
+    be writing into it), gets a suffix (``-`` and nanoseconds). A name already of this step is kept. An object
+    store keeps the first name (its "directories" cannot be renamed; the manifest's step is the checkpoint's),
+    as does a rename that fails (logged). Never raises for a failed rename; the mutex's errors are raised.
+    """
+    name, wanted = os.path.basename(path), checkpoint_name(step)
+    if name == wanted or name.startswith(f"{wanted}-") or storage.is_remote(path):
+        return path
+    with directory_mutex(directory):
+        if wanted in removed or storage.exists(os.path.join(directory, wanted)):
+            wanted = f"{wanted}-{time.time_ns()}"
+        target = os.path.join(directory, wanted)
+        try:
+            os.rename(path, target)
+        except OSError as e:
+            log.warning("checkpoint %s (global_step %d) keeps its name: renaming it to %s failed: %s",
+                        path, step, target, e)
+            return path
+    storage.sync_dir(directory)
+    return target
