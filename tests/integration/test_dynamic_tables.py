@@ -198,3 +198,19 @@ def test_a_killed_ps_task_is_restored_with_its_share_of_the_tables(tmp_path: Pat
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["dynamic_tables"]["embedding"]["rows"] == 123  # every a9a id has its row again, on its owner
     assert metrics["eval"]["auc"] > 0.85
+
+
+def test_a_promoted_backup_reports_the_tables_admissions_and_evictions(tmp_path: Path) -> None:
+    """--ps-replicas 1, shard 0's primary killed mid-run: the promoted backup held the rows but counted from zero,
+    so metrics.json said 56 rows admitted and 26 evicted of a table holding 60 (the unreplicated run: 105 and 45).
+    Every row was admitted once and is held or was evicted: admitted - evicted == rows, table by table."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--model", "fm", "--embedding-table", "dynamic", "--capacity", "60",
+                "--ps", "2", "--workers", "2", "--epochs", "2", "--ps-replicas", "1", "--restart-policy", "on-failure",
+                "--chaos", "kill:ps:0@step=60", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["faults"] and metrics["shards"][0]["primary"] == "/job:ps_backup/task:0", metrics["shards"]
+    for name, t in metrics["dynamic_tables"].items():
+        assert t["rows"] == 60 and t["evicted_capacity"] > 0, (name, t)
+        assert t["admitted"] - t["evicted_capacity"] - t["evicted_ttl"] == t["rows"], (name, t)

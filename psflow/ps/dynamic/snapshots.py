@@ -16,7 +16,29 @@ import numpy as np
 from psflow.placement.hashing import check_ids, owner_of
 from psflow.ps.dynamic.spec import DynamicTableError
 
-__all__ = ["check_snapshot", "resplit_snapshots"]
+__all__ = ["COUNTED", "check_counts", "check_snapshot", "counts_array", "resplit_snapshots"]
+
+#: The counters of a table's ``stats``, in the order a replicated change carries them (its ``counts``).
+COUNTED = ("admitted", "rejected_lookups", "absent_reads", "dropped_gradients", "evicted_ttl", "evicted_capacity")
+
+
+def counts_array(counts: Mapping[str, int]) -> np.ndarray:
+    """A table's counters as a replicated change carries them: int64 ``[len(COUNTED)]``, in ``COUNTED``'s order."""
+    return np.array([counts[k] for k in COUNTED], np.int64)
+
+
+def check_counts(counts: object, name: str) -> dict[str, int]:
+    """The counters of a replicated change's ``counts`` (int64 ``[len(COUNTED)]``, each >= 0), by name.
+
+    Raises:
+        DynamicTableError: missing or malformed; names the table.
+    """
+    if not (isinstance(counts, np.ndarray) and counts.dtype == np.int64 and counts.shape == (len(COUNTED),)
+            and bool((counts >= 0).all())):
+        got = f"{counts.dtype} {counts.shape}" if isinstance(counts, np.ndarray) else type(counts).__name__
+        raise DynamicTableError(f"dynamic table {name!r}: replicated counts must be {len(COUNTED)} int64 "
+                                f"counters >= 0, got {got}")
+    return dict(zip(COUNTED, (int(c) for c in counts), strict=True))
 
 
 def check_snapshot(arrays: Mapping[str, np.ndarray], *, name: str, dim: int, slot_names: Iterable[str],

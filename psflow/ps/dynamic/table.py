@@ -27,7 +27,7 @@ from psflow.ps.dynamic.eviction import eviction_keys, lowest, pick_victims
 from psflow.ps.dynamic.id_index import INDEX_BYTES_PER_ROW, MIN_BUCKETS, IdIndex, buckets_for
 from psflow.ps.dynamic.rows import initial_rows, sum_by_id, unique_ids
 from psflow.ps.dynamic.sketch import CountMinSketch
-from psflow.ps.dynamic.snapshots import check_snapshot
+from psflow.ps.dynamic.snapshots import COUNTED, check_snapshot, counts_array
 from psflow.ps.dynamic.spec import BoolArray, DynamicTableError, DynamicTableSpec, DynamicTableStats, FloatArray
 from psflow.ps.optimizers import make_optimizer
 
@@ -76,8 +76,7 @@ class DynamicTable:
         self._evict_rng = np.random.default_rng([spec.seed, 2])
         self._step = 0
         self._ttl_cursor = 0
-        self._counts = dict.fromkeys(("admitted", "rejected_lookups", "absent_reads", "dropped_gradients",
-                                      "evicted_ttl", "evicted_capacity"), 0)
+        self._counts = dict.fromkeys(COUNTED, 0)
         self._index = IdIndex(buckets_for(min(spec.initial_rows, self._row_limit)))
         self._reset_rows(min(spec.initial_rows, self._row_limit))
         # (a replicated primary's) ids changed and removed since take_changes; None: not recording
@@ -328,12 +327,12 @@ class DynamicTable:
 
         ``changes``: ``ids`` (int64, sorted) with their ``values``, ``slot/NAME``, ``last_step`` and
         ``frequency`` as they are now; ``removed``, the ids evicted since and not admitted again; ``step``
-        and ``state/NAME`` as in a snapshot.
+        and ``state/NAME`` as in a snapshot. Both carry ``counts``: :meth:`stats`' counters now (int64, ``COUNTED``'s order).
         """
         with self._lock:
             if self._changed is None:
                 self._changed, self._removed = [], []
-                return True, self._snapshot()
+                return True, {**self._snapshot(), "counts": counts_array(self._counts)}
             changed = np.unique(np.concatenate(self._changed)) if self._changed else np.zeros(0, np.int64)
             removed = np.unique(np.concatenate(self._removed)) if self._removed else np.zeros(0, np.int64)
             self._changed, self._removed = [], []
@@ -346,7 +345,7 @@ class DynamicTable:
                                           "last_step": self._last[slots], "frequency": self._freq[slots],
                                           "removed": removed, "step": np.array(self._step, np.int64)}
             out.update({f"slot/{name}": array[slots] for name, array in self._slots.items()})
-            out.update({f"state/{name}": array.copy() for name, array in self._state.items()})
+            out.update({f"state/{name}": array.copy() for name, array in self._state.items()}, counts=counts_array(self._counts))
             return False, out
 
     def apply_changes(self, changes: Mapping[str, np.ndarray]) -> None:
@@ -385,6 +384,11 @@ class DynamicTable:
             for name, array in self._state.items():
                 array[...] = changes[f"state/{name}"]
             self._step = int(changes["step"])
+
+    def set_counts(self, counts: Mapping[str, int]) -> None:
+        """Sets :meth:`stats`' counters (a backup: the primary's, carried by each change as ``counts``)."""
+        with self._lock:
+            self._counts.update(counts)
 
     @classmethod
     def restore(cls, spec: DynamicTableSpec, arrays: Mapping[str, np.ndarray]) -> DynamicTable:

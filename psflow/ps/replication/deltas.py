@@ -36,9 +36,12 @@ primary's rows, slots and metadata as of the newest.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 
 from psflow.native.loader import load_extension
+from psflow.ps.dynamic.snapshots import check_counts, counts_array
 from psflow.ps.protocol import PartDelta
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.rpc.api import InvalidRequest
@@ -64,7 +67,8 @@ def capture(part: PartitionState, rows: np.ndarray | None, *, averages: bool = T
     its changes since the previous capture (:func:`capture_table`)."""
     if part.table is not None:
         if rows is None:
-            return PartDelta(part.key, None, {_TABLE + k: v for k, v in part.table.snapshot().items()})
+            counted = counts_array(asdict(part.table.stats()))  # read first: a later change carries newer counts
+            return PartDelta(part.key, None, {_TABLE + k: v for k, v in {**part.table.snapshot(), "counts": counted}.items()})
         return capture_table(part)
     if rows is not None and part.optimizer is not None and part.optimizer.sparse_touches_all_rows:
         rows = None
@@ -211,10 +215,14 @@ def write(store: ParameterStore, delta: PartDelta) -> None:
     part = store.get(delta.key)
     if part.table is not None:
         try:
-            if any(k.startswith(_ROWS) for k in delta.arrays):
-                part.table.apply_changes({k[len(_ROWS):]: v for k, v in delta.arrays.items() if k.startswith(_ROWS)})
+            prefix = _ROWS if any(k.startswith(_ROWS) for k in delta.arrays) else _TABLE
+            given = {k[len(prefix):]: v for k, v in delta.arrays.items() if k.startswith(prefix)}
+            counted = check_counts(given.pop("counts", None), part.table.name)  # the primary's counters, as of this change
+            if prefix == _ROWS:
+                part.table.apply_changes(given)
             else:
-                part.table.load({k[len(_TABLE):]: v for k, v in delta.arrays.items() if k.startswith(_TABLE)})
+                part.table.load(given)
+            part.table.set_counts(counted)
         except StoreError as e:
             raise InvalidRequest(str(e)) from e
         return

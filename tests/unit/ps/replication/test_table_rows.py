@@ -33,6 +33,10 @@ def _assert_same_table(shard: InProcessShard, member: str) -> None:
     for name in a:
         assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
     assert len(mine) == len(theirs) > 0
+    # the counters travel with the rows: a promoted backup reports what the table did, not what it saw itself
+    counted = ("admitted", "rejected_lookups", "absent_reads", "dropped_gradients", "evicted_ttl", "evicted_capacity")
+    mine_stats, their_stats = mine.stats(), theirs.stats()
+    assert {k: getattr(their_stats, k) for k in counted} == {k: getattr(mine_stats, k) for k in counted}, member
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
@@ -92,6 +96,27 @@ def test_a_table_change_is_replicated_in_a_fraction_of_the_whole_tables_bytes() 
     assert copy.table is not None
     a, b = part.table.snapshot(), copy.table.snapshot()
     assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert copy.table.stats().admitted == part.table.stats().admitted == 100_000
+
+
+def test_a_whole_table_written_on_a_backup_carries_the_primarys_counters() -> None:
+    """A joining member (or a table's first capture) gets the counters with the rows: its Stats, once promoted,
+    go on from the primary's admissions and evictions, not from zero."""
+    spec = DynamicTableSpec("emb", 2, optimizer=OptimizerSpec("sgd", {"learning_rate": 0.1}), capacity_rows=5)
+    part = ParameterStore().create_dynamic(DynamicTable(spec), 0, None)
+    assert part.table is not None
+    part.table.lookup(np.arange(5, dtype=np.int64), step=1)
+    part.table.lookup(np.arange(5, 8, dtype=np.int64), step=2)            # 3 evicted to make room
+    part.table.apply_gradients(np.array([0, 7], np.int64), np.ones((2, 2), np.float32), step=2)
+    part.table.lookup(np.array([100], np.int64), step=2, create=False)    # an absent read
+    store = ParameterStore()
+    copy = store.create_dynamic(DynamicTable(spec), 0, None)
+    write(store, capture(part, np.zeros(0, np.int64)))
+    assert copy.table is not None
+    mine, theirs = part.table.stats(), copy.table.stats()
+    counted = ("admitted", "rejected_lookups", "absent_reads", "dropped_gradients", "evicted_ttl", "evicted_capacity")
+    assert {k: getattr(theirs, k) for k in counted} == {k: getattr(mine, k) for k in counted}
+    assert (mine.admitted, mine.evicted_capacity, mine.absent_reads) == (8, 3, 1), mine
 
 
 def test_a_replicated_table_change_refuses_arrays_that_do_not_fit() -> None:
