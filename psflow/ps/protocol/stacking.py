@@ -143,7 +143,7 @@ def stack_values(values: Mapping[str, np.ndarray], meta: dict[str, Any]) -> dict
     return out
 
 
-def values_of(frame: Frame) -> dict[str, np.ndarray] | Mapping[str, np.ndarray]:
+def values_of(frame: Frame) -> Mapping[str, np.ndarray]:
     """The values of a pull reply's frame by partition key (views of the frame; stacked ones cut out).
 
     A block's ranges come in order and never overlap (what :func:`stack_values` sends): a client that decodes
