@@ -9,13 +9,14 @@ named in the meta by ``(block, start, count)``.
 * :class:`Stacker` stacks (the sender): each distinct rows array once (partitions looked up by the same ids
   -- a wide and a deep table over one feature -- share their range), and values by dtype and row shape, one
   block each, in the order given. Stacking copies the parts once into the blocks.
-* :func:`cut` reads a range back (the receiver): a read-only view of the block, no copy; every field is checked
-  first, and a bad one raises :class:`~psflow.rpc.api.InvalidRequest` naming it.
+* :func:`cut` reads a range back (the receiver): a view of the block, no copy; every field is checked first, and
+  a bad one raises :class:`~psflow.rpc.api.InvalidRequest` naming it.
 
-What the receiver gets is what separate arrays would have given: the same values, shapes and dtypes, read-only
-views of the received frame. The messages of :mod:`psflow.ps.protocol.data` decide what they stack
-(:func:`stack_grads`, :func:`stack_rows`; a pull reply's values: :func:`stack_values`, read back by
-:func:`values_of`); a sender may always send one array per partition instead, and the receiver reads both forms.
+What the receiver gets is what separate arrays would have given: the same values, shapes and dtypes, views of the
+received frame (read-only, but a tcp client's reply: writable, its own, so a reply's ranges may not overlap).
+The messages of :mod:`psflow.ps.protocol.data` decide what they stack (:func:`stack_grads`, :func:`stack_rows`; a
+pull reply's values: :func:`stack_values`, read back by :func:`values_of`); a sender may always send one array per
+partition instead, and the receiver reads both forms.
 """
 
 from __future__ import annotations
