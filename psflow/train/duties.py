@@ -200,7 +200,9 @@ def resume_from_positions(own: str | None, positions: Mapping[str, str], dataset
     position the ps tasks hold (``positions``, by client name; its own among them or not). Only the newest
     positions count (the most ``resharded``): older ones were left by a run before the last resharding.
 
-    * ``own`` among them, taken under this run's sharding (workers, shuffle buffer, seed): from there, exactly.
+    * A position of this worker's share (its index) under this run's sharding (workers, shuffle buffer, seed):
+      from there, exactly. ``own`` or another client's (a 1-worker between-graph run and an in-graph run read
+      the same share under different names); of several, the one furthest into the data.
     * Otherwise, if they were taken under another sharding (a run resumed with another ``--workers``,
       ``--shuffle-buffer`` or ``--seed``; a position cannot be carried from one sharding to another), or the
       other workers of this sharding started at a later epoch than 0 (they resumed such positions before this
@@ -214,11 +216,17 @@ def resume_from_positions(own: str | None, positions: Mapping[str, str], dataset
         DataError: a position that is not one, or no training file matches (the second case).
     """
     mine = ReaderPosition.from_json(own) if own is not None else None
-    saved = [ReaderPosition.from_json(text) for key, text in positions.items() if key != name]
-    newest = _newest(saved + ([mine] if mine is not None else []))
-    if mine is not None and mine in newest and _fits(mine, dataset):
-        log.info("%s: resuming data at epoch %d, %d records into it", name, mine.epoch, mine.records_consumed)
-        return mine
+    saved = {key: ReaderPosition.from_json(text) for key, text in positions.items() if key != name}
+    newest = _newest(list(saved.values()) + ([mine] if mine is not None else []))
+    # This worker's share under this sharding, whoever read it: a 1-worker between-graph run and an in-graph run
+    # (its client reads alone) read the same share under different names. The furthest reading of it resumes.
+    share = [(p.epoch, p.records_consumed, key) for key, p in [*saved.items(), (name, mine)]
+             if p is not None and p in newest and _fits(p, dataset)]
+    if share:
+        epoch, records, key = max(share, key=lambda s: (s[0], s[1], s[2] == name))
+        log.info("%s: resuming data at epoch %d, %d records into it%s", name, epoch, records,
+                 "" if key == name else f" (the position {key} left of the same share)")
+        return mine if key == name else saved[key]
     start = resharded_epoch(newest, _sharding_of(dataset))
     if start is None:
         return None

@@ -61,3 +61,16 @@ def test_an_in_graph_run_resuming_a_between_graph_checkpoint_trains_only_the_epo
     assert second["examples_this_run"] == A9A_RECORDS
     assert "this run has (1, 0, 0): positions cannot be carried over, so every worker starts epoch 1" in str(
         second["stderr"])
+
+
+@pytest.mark.parametrize("first, then", [("between-graph", "in-graph"), ("in-graph", "between-graph")])
+def test_one_worker_and_an_in_graph_client_resume_each_others_position(tmp_path: Path, first: str, then: str) -> None:
+    """A 1-worker between-graph run and an in-graph run read the same share (one reader) under different client
+    names: stopped mid-epoch 1, the other resumes its position exactly (before: epoch 0, every record again)."""
+    steps = 200  # 256-record batches: 127.2 to an epoch
+    one = _train(tmp_path, "first", "--workers", "1", "--epochs", "2", "--max-steps", str(steps),
+                 "--replication", first)
+    two = _train(tmp_path, "then", "--workers", "1", "--epochs", "2", "--replication", then)
+    assert two["examples_at_start"] == one["examples"]
+    assert int(str(one["examples"])) + int(str(two["examples_this_run"])) == 2 * A9A_RECORDS, (one, two)
+    assert "cannot be carried over" not in str(two["stderr"])

@@ -208,3 +208,32 @@ def test_a_worker_of_a_resharded_run_that_left_no_position_holds_the_epoch_back(
     saved = {**old, "/job:worker/task:0": _read(_config(path, 0, 3), start, 8 + 1)[1]}  # 1 batch into epoch 2
     start = resume_from_positions(None, saved, _config(path, 3, 4), "/job:worker/task:3")
     assert start is not None and start.epoch == 1 and start.resharded == 2
+
+
+IN_GRAPH = "in-graph client"
+
+
+@pytest.mark.parametrize("before, after", [("/job:worker/task:0", IN_GRAPH), (IN_GRAPH, "/job:worker/task:0")])
+def test_the_same_share_under_another_client_name_resumes_exactly(tmp_path: Path, before: str, after: str) -> None:
+    """A 1-worker between-graph run and an in-graph run (whose client reads alone) read the same share under
+    the same sharding, their positions under different names: one resuming the other's checkpoint started at
+    epoch 0 and trained every epoch again (a9a, 1 epoch then in-graph --epochs 2: 65,122 examples, not 32,561)."""
+    path = _data(tmp_path)
+    config = _config(path, 0, 1)
+    read, position = _read(config, None, 30)  # the first epoch (23 batches) and 28 records into the second
+    assert read == RECORDS + 28
+    resumed = resume_from_positions(None, {before: position}, config, after)
+    assert resumed is not None and resumed.to_json() == position
+    assert _read(config, resumed)[0] == EPOCHS * RECORDS - read
+
+
+def test_an_own_position_behind_the_same_share_read_further_under_another_name_is_not_taken(tmp_path: Path) -> None:
+    """Between-graph to epoch 1, in-graph further (its own name), then between-graph again: the between-graph
+    worker's own position is the older reading of the share; the newer one resumes."""
+    path = _data(tmp_path)
+    config = _config(path, 0, 1)
+    _, older = _read(config, None, 10)
+    _, newer = _read(config, ReaderPosition.from_json(older), 40)
+    resumed = resume_from_positions(older, {"/job:worker/task:0": older, IN_GRAPH: newer}, config,
+                                    "/job:worker/task:0")
+    assert resumed is not None and resumed.to_json() == newer
