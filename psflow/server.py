@@ -88,6 +88,7 @@ class Server:
         checkpoint_root: str | None = None,
         tcp_limits: TcpLimits | None = None,
         stop_when_run_over: bool = False,
+        save_ledger_file: str | None = None,
     ) -> None:
         """Builds the server of task ``/job:<job_name>/task:<task_index>``.
 
@@ -119,6 +120,9 @@ class Server:
                 cluster sent ``Done`` (see :mod:`psflow.ps.run_end`); False: serve
                 until stopped (the local launcher, which reads the ps tasks after
                 the workers finish, stops them itself).
+            save_ledger_file: (the ps task holding global_step, unreplicated) where its checkpoint ledger
+                outlives a restart (:class:`~psflow.ps.save_ledger.SaveLedger`); the local launcher's, scoped
+                to one run. ``None``: in memory only.
 
         Raises:
             ClusterError: the job or task is not in the cluster.
@@ -143,6 +147,7 @@ class Server:
                 shard, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal,
                 checkpoint_root=checkpoint_root, confine_shards=True, training_workers=training_workers(self.cluster),
                 on_run_over=self._run_over if stop_when_run_over else None, extra_stats=self._extra_stats,
+                save_ledger_file=save_ledger_file if holds_step and not replicated else None,
             )
             # One table for both carriers, so that Stats says the same over gRPC and TCP.
             self._ps_handlers = self.parameter_service.handlers()

@@ -39,7 +39,9 @@ class SaveStatusWatcher:
     takes a ledger read elsewhere). Counts go on across a restart of the ps task
     holding the ledger (which starts it from zero), and so does the newest
     checkpoint (a restarted ledger knows none until its first save); failures in
-    its last moments before such a restart can be missed. With replicated ps shards
+    its last moments before such a restart can be missed. ``psflow train``'s ps task 0
+    keeps its ledger in a file (:class:`~psflow.ps.save_ledger.SaveLedger`): restarted, it
+    goes on with the same counts, so nothing is missed. With replicated ps shards
     a promoted backup of shard 0 serves the same ledger
     (:mod:`psflow.ps.replication.save_ledger`): nothing is missed then. Not thread-safe.
     """

@@ -165,6 +165,7 @@ class CheckpointManager:
         self.failed_in_a_row = 0
         self.last_error: str | None = None
         self._reports, self._process = 0, f"{os.getpid()}.{time.time_ns()}"  # this manager's reports' ids
+        self._unsent: list[SaveOutcome] = []  # reports the ledger did not take yet, oldest first
         self._current: str | None = None
         self._step: int | None = None
         self.full_every = full_every
@@ -350,14 +351,20 @@ class CheckpointManager:
                 f"last: {self.last_error}") from error
 
     def _report(self, client: ParameterClient, outcome: SaveOutcome) -> None:
-        """Counts a save in the cluster's ledger (best effort: a ps task down loses the count, logged). Each report
-        has its own id, so one resent after a failover of the shard holding the ledger is counted once."""
+        """Counts a save in the cluster's ledger, after the reports not delivered before (in order; the newest
+        32 kept): one sent while the task holding the ledger was down (logged) is sent with the next. Each
+        report has its own id, so one resent (after a failover, or counted but not answered) is counted once."""
         self._reports += 1
-        outcome = replace(outcome, report_id=f"{client.client_name}/{self._process}/{self._reports}")
-        try:
-            client.call(client.step_task, CheckpointStatusRequest(outcome=outcome), timeout=5.0)
-        except RpcError as e:
-            log.warning("%s: could not report the checkpoint outcome to the ledger: %s", client.client_name, e)
+        self._unsent = [*self._unsent[-31:], replace(outcome, report_id=f"{client.client_name}/{self._process}/"
+                                                                        f"{self._reports}")]
+        while self._unsent:
+            try:
+                client.call(client.step_task, CheckpointStatusRequest(outcome=self._unsent[0]), timeout=5.0)
+            except RpcError as e:
+                log.warning("%s: could not report the checkpoint outcome to the ledger (sent again with the next "
+                            "one): %s", client.client_name, e)
+                return
+            del self._unsent[0]
 
     def _remove_current(self) -> None:
         """Deletes the directory of the save that failed, unless the pointer names it.

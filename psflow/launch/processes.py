@@ -35,6 +35,7 @@ from psflow.launch.resilience import Resilience
 from psflow.launch.run_end import RunEnd
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
+from psflow.ps.save_ledger import SAVE_LEDGER_FILE
 from psflow.train.config import TORCH_THREADS_ENV
 
 __all__ = ["LaunchError", "LocalCluster", "TaskHosts", "TaskProcess", "failure_report", "task_env"]
@@ -210,6 +211,12 @@ class LocalCluster:
         ] + (["--verbose"] if self.verbose else [])
         if job in (PS_JOB, BACKUP_JOB):  # global_step's bound outlives a restart of its holder (psflow.ps.global_step)
             cmd += ["--state-dir", os.path.join(self.output_dir, "state", f"{job}-{index}")]
+        if job == PS_JOB:  # and so do the checkpoint ledger's counts (psflow.ps.save_ledger), for this run only
+            ledger = os.path.join(self.output_dir, "state", f"{job}-{index}", SAVE_LEDGER_FILE)
+            if not any(t.job == job and t.index == index for t in self.tasks):  # not a restart: a reused run dir's
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(ledger)
+            cmd += ["--save-ledger", ledger]
         if self._lifeline is None:
             self._lifeline = Lifeline()
         cmd += ["--lifeline", str(self._lifeline.task_fd)]

@@ -76,7 +76,8 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
              token: str | None, result_path: str | None = None, state_dir: str | None = None,
              checkpoint_root: str | None = None, tcp_limits: TcpLimits | None = None,
              stop: StopRequest | None = None, bind_address: str | None = None, tls: TlsConfig | None = None,
-             stop_when_run_over: bool = False, faults: FaultInjection = NO_FAULTS) -> int:
+             stop_when_run_over: bool = False, faults: FaultInjection = NO_FAULTS,
+             save_ledger_file: str | None = None) -> int:
     """Runs one task until it is done or stopped; returns the process exit status.
 
     Blocks. Returns 0 when the task finished (a ps task: asked to shut down, or with
@@ -87,7 +88,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     (:func:`main` starts one on the launcher's lifeline); None: one is made
     here, its signal handlers installed (main thread only) and its watcher started.
 
-    ``state_dir``, ``checkpoint_root``, ``tcp_limits`` (ps tasks), ``bind_address``: see
+    ``state_dir``, ``checkpoint_root``, ``tcp_limits``, ``save_ledger_file`` (ps tasks), ``bind_address``: see
     :class:`psflow.server.Server`; ``checkpoint_root`` defaults to the
     config's ``checkpoint_dir`` (what the local launcher passes).
 
@@ -126,7 +127,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
         checkpoint_root = config.checkpoint.dir
     server = Server(cluster, job, index, token=token, worker_handlers=handlers, state_dir=state_dir,
                     checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, bind_address=bind_address, tls=tls,
-                    stop_when_run_over=stop_when_run_over)
+                    stop_when_run_over=stop_when_run_over, save_ledger_file=save_ledger_file)
     try:
         if job in ("ps", "ps_backup") or in_graph:  # a ps shard's backup serves as its primary does
             stop.on_stop(functools.partial(server.stop, grace=0.0))  # ends join() below
@@ -183,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
                         "it (psflow.train.faults)")
     parser.add_argument("--result", help="where a worker writes its result JSON")
     parser.add_argument("--state-dir", help="ps task: where global_step's bound survives a restart")
+    parser.add_argument("--save-ledger", help="ps task 0: where its checkpoint ledger survives a restart "
+                        "(the local launcher's, one per run)")
     parser.add_argument("--checkpoint-root", help="ps task: write checkpoint shards only under this directory "
                         "(default: the config's checkpoint_dir)")
     parser.add_argument("--lifeline", type=int, metavar="FD",
@@ -208,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = run_task(cluster, args.job, args.task, config, token=cluster_token(os.environ),
                         result_path=args.result, state_dir=args.state_dir, stop=stop,
-                        checkpoint_root=args.checkpoint_root, faults=faults)
+                        checkpoint_root=args.checkpoint_root, faults=faults, save_ledger_file=args.save_ledger)
     except PsflowError as e:
         # The in-graph client drives every task: another task's failure (a ps task killed, a worker not
         # back in time) is its error too, told in one line naming that task, as a between-graph worker does.

@@ -3,22 +3,34 @@
 row ``--max-failed-saves`` reads, the newest saved step and path, the newest failures.
 
 Guarantees: thread-safe; a report carrying an id (:attr:`~psflow.ps.protocol.SaveOutcome.report_id`) that was
-counted already (one of the newest 64: a resend after a failover) is not counted again. Kept in memory: a
-restarted task starts from zero; a replicated shard carries it to its backups
-(:mod:`psflow.ps.replication.save_ledger`, through :meth:`SaveLedger.export` and :meth:`SaveLedger.load`).
+counted already (one of the newest 64: a resend after a failover) is not counted again. Kept in memory, and,
+with a ``file`` (``psflow train``'s ps task 0: ``RUN_DIR/state/ps-0/`` :data:`SAVE_LEDGER_FILE`), written there
+after every report, so that the task restarted by the launcher goes on with the same counts, newest checkpoint
+and failed-save streak (the lineage is not kept: the restore sets it). Without one a restarted task starts from
+zero; a replicated shard carries it to its backups (:mod:`psflow.ps.replication.save_ledger`, through
+:meth:`SaveLedger.export` and :meth:`SaveLedger.load`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
 import time
 from typing import Any
 
+from psflow import jsonio, storage
 from psflow.ps.protocol import CheckpointStatusReply, SaveOutcome
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame
 
-__all__ = ["SaveLedger"]
+__all__ = ["SaveLedger", "SAVE_LEDGER_FILE"]
+
+#: The ledger's file in a ps task's state directory (``psflow train``: ``RUN_DIR/state/ps-0/``).
+SAVE_LEDGER_FILE = "checkpoint_ledger.json"
+
+log = logging.getLogger(__name__)
 
 
 class SaveLedger:
@@ -28,8 +40,12 @@ class SaveLedger:
     _KEEP = 20  # failures kept for the status reply
     _REPORTS = 64  # ids of the newest reports kept: a resent one is counted once
 
-    def __init__(self) -> None:
+    def __init__(self, file: str | None = None) -> None:
+        """``file``: where the ledger is kept across restarts of its task (see the module doc); what it holds is
+        loaded now. A file that cannot be read or is not a ledger is logged (naming it) and the ledger starts
+        from zero: losing the counts loses no training. None: in memory only."""
         self._lock = threading.Lock()
+        self.file = file
         self.lineage: str | None = None
         self.saved = 0
         self.failed = 0
@@ -38,6 +54,31 @@ class SaveLedger:
         self.last_saved_path: str | None = None
         self.failures: list[dict[str, Any]] = []
         self.reports: list[str] = []  # the newest reports' ids (SaveOutcome.report_id), oldest first
+        if file is not None:
+            self._read(file)
+
+    def _read(self, file: str) -> None:
+        try:
+            with open(file, encoding="utf-8") as f:
+                state = json.load(f)
+            self.load({**state, "lineage": None} if isinstance(state, dict) else state)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            log.warning("checkpoint ledger %s not read (the counts start from zero): %s", file, e)
+
+    def _keep(self) -> None:
+        """Writes the ledger to its file (under the lock); a failed write is logged, the count in memory stands."""
+        if self.file is None:
+            return
+        state = {**self._status().as_dict(), "reports": list(self.reports)}
+        del state["lineage"]
+        try:
+            storage.makedirs(os.path.dirname(self.file) or ".")
+            storage.write_atomically(self.file, jsonio.dumps(state, what=self.file).encode())
+        except (OSError, ValueError) as e:
+            log.warning("checkpoint ledger %s not written (a restart of this task would lose the counts): %s",
+                        self.file, e)
 
     def set_lineage(self, lineage: str, *, only_if_unset: bool) -> None:
         with self._lock:
@@ -56,12 +97,13 @@ class SaveLedger:
                 self.saved += 1
                 self.failed_in_a_row = 0
                 self.last_saved_step, self.last_saved_path = outcome.global_step, outcome.path
-                return
-            self.failed += 1
-            self.failed_in_a_row += 1
-            self.failures.append({"seq": self.failed, "global_step": outcome.global_step, "error": outcome.error,
-                                  "writer": outcome.writer, "time": time.time()})
-            del self.failures[:-self._KEEP]
+            else:
+                self.failed += 1
+                self.failed_in_a_row += 1
+                self.failures.append({"seq": self.failed, "global_step": outcome.global_step, "error": outcome.error,
+                                      "writer": outcome.writer, "time": time.time()})
+                del self.failures[:-self._KEEP]
+            self._keep()
 
     def status(self) -> CheckpointStatusReply:
         with self._lock:

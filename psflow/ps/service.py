@@ -172,7 +172,8 @@ class ParameterService:
                  step_journal: StepJournal | None = None, checkpoint_root: str | None = None,
                  confine_shards: bool = False, training_workers: Sequence[str] | None = None,
                  on_run_over: Callable[[str], None] | None = None,
-                 extra_stats: Callable[[], Mapping[str, Any]] | None = None) -> None:
+                 extra_stats: Callable[[], Mapping[str, Any]] | None = None,
+                 save_ledger_file: str | None = None) -> None:
         """Creates an empty service.
 
         Args:
@@ -190,6 +191,8 @@ class ParameterService:
                 None: no ``Done``, e.g. an in-process service).
             on_run_over: with ``training_workers``, called once when the last one's ``Done`` arrived.
             extra_stats: more counters for ``Stats`` (the server's: authentication, the TCP carrier's).
+            save_ledger_file: where the checkpoint ledger outlives a restart of this task
+                (:class:`~psflow.ps.save_ledger.SaveLedger`); None: in memory only.
 
         Raises:
             StepJournalError: the journal file is damaged.
@@ -207,7 +210,7 @@ class ParameterService:
                                   mode=self.mode, counters=self.counters)
         # Highest chief epoch seen; fenced writes (checkpoints) check it (psflow.coord.fence).
         self.fence = FenceGuard(self.task_name)
-        self.saves = SaveLedger()
+        self.saves = SaveLedger(save_ledger_file)
         self.run_ledger = None if training_workers is None else RunLedger(
             self.task_name, training_workers, incarnation_of=self.workers.incarnation_of, on_over=on_run_over)
         self._checkpoints = CheckpointHandlers(

@@ -176,3 +176,28 @@ def test_a_save_whose_ps_task_does_not_answer_in_time_waits_for_the_next_period(
         counter.increment()
         hook.after_run(RunContext(session, value), RunValues(value, 0.5, 8))
     assert manager.saves_failed == 1 and manager.failed_in_a_row == 1  # step 10 only
+
+
+def test_a_save_reported_while_the_ledger_was_down_is_counted_with_the_next(tmp_path: Path) -> None:
+    """ps task 0 (the ledger) dies between a save's pointer switch and its report: the save is complete, and its
+    report goes with the next one (a9a, ps task 0 killed at step 300: the chief logged 37 saves, metrics.json
+    counted 36)."""
+    services, channels, placements = _cluster()
+
+    deaths = [1]
+
+    def ledger_dies(phase: str) -> None:
+        if phase == "manifest_written" and deaths:
+            deaths.pop()
+            channels[0].dead, channels[0].only = True, "CheckpointStatus"
+
+    manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", fault=ledger_dies)
+    client = ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels))
+    manager.save(client)
+    assert services[0].saves.status().saved == 0
+    channels[0].dead = False  # back
+    manager.save(client)
+    status = services[0].saves.status()
+    assert (status.saved, status.last_saved_step) == (2, 0)
+    manager.save(client)
+    assert services[0].saves.status().saved == 3  # each counted once
