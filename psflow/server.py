@@ -19,7 +19,9 @@ and, for a ps task built with ``stop_when_run_over`` (what ``psflow server``
 does unless ``--keep-serving``), once the run is over: every training worker
 of the cluster has sent ``Done`` (:mod:`psflow.ps.run_end`, which says when a
 worker sends it). The task then logs ``<task>: run over (workers 0-1
-finished, final checkpoint ckpt-... written): exiting`` and stops.
+finished, final checkpoint ckpt-... written): exiting`` and stops. In a replicated shard only the
+primary hears the workers' ``Done``; it stops the shard's other members first (each logs ``<task>:
+stopped by <primary>, its shard's primary: the run is over``), so backups started by hand exit too.
 
 Security: with a ``token`` every call (gRPC and the TCP carrier) must carry
 it, ``Shutdown`` included; without one the server logs a WARNING when it
@@ -34,22 +36,23 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psflow.cluster import ClusterSpec, TaskId
-from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, ps_replicas, shard_of
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, member_address, ps_replicas, shard_members, shard_of
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
 from psflow.ps.protocol import Ack
 from psflow.ps.replication import ReplicationConfig, ShardReplication
 from psflow.ps.run_end import training_workers
 from psflow.ps.service import ParameterService
-from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, CarrierServer, Handler, Reply, ServeConfig
+from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, CarrierServer, ConnectConfig, Handler, Reply, RpcError, ServeConfig
 from psflow.rpc.framing import Frame
-from psflow.rpc.registry import serve
+from psflow.rpc.registry import open_channel, serve
 from psflow.rpc.tcp import TCP_PORT_KEY, TRANSPORT_METHOD
 from psflow.rpc.tcp_server import TcpLimits
 from psflow.rpc.tls import TlsConfig
@@ -58,6 +61,9 @@ __all__ = ["Server", "STEP_JOURNAL_FILE"]
 
 #: The file in a ps task's ``state_dir`` that keeps global_step's bound.
 STEP_JOURNAL_FILE = "global_step.json"
+#: A ``Shutdown``'s meta key: the shard primary whose run is over, stopping the other members (_stop_after_run).
+_RUN_OVER_BY = "run_over_by"
+_TASK_NAME = re.compile(r"/job:[A-Za-z0-9_]{1,64}/task:\d{1,9}")  # what a log line may say of it
 
 log = logging.getLogger(__name__)
 
@@ -240,12 +246,35 @@ class Server:
         return extra
 
     def _run_over(self, description: str) -> None:
-        """(``stop_when_run_over``) The last training worker's ``Done`` arrived: stop serving."""
+        """(``stop_when_run_over``) The last training worker's ``Done`` arrived: stop serving, and (a replicated
+        shard's primary) stop the shard's other members first, which the workers' ``Done`` never reaches."""
         log.info("%s: run over (%s): exiting", self.task.name, description)
         # On another thread: the Done that completed the ledger gets its reply within stop()'s grace.
-        threading.Thread(target=self.stop, name="psflow-run-over", daemon=True).start()
+        threading.Thread(target=self._stop_after_run, name="psflow-run-over", daemon=True).start()
+
+    def _stop_after_run(self) -> None:
+        """Sends ``Shutdown`` (marked as the run's end) to every other member of this task's shard, each at most
+        2 s, never raising (one not stopped is logged: it serves until ``psflow shutdown``), then stops."""
+        if self.replication is not None:
+            shard = shard_of(self.task.job, self.task.index, self.cluster)
+            config = ConnectConfig(token=self._token, tls=self._tls, connect_timeout=2.0, rpc_timeout=2.0)
+            for name in shard_members(self.cluster, shard):
+                if name == self.task.name:
+                    continue
+                channel = open_channel("grpc", name, member_address(self.cluster, name), WORKER_SERVICE, config)
+                try:
+                    channel.call("Shutdown", {_RUN_OVER_BY: self.task.name})
+                except RpcError as e:
+                    log.warning("%s: could not stop %s, a member of its shard, at the run's end (%s); it serves "
+                                "until stopped (psflow shutdown)", self.task.name, name, e)
+                finally:
+                    channel.close()
+        self.stop()
 
     def _shutdown(self, frame: Frame) -> Reply:
+        by = frame.meta.get(_RUN_OVER_BY)
+        if isinstance(by, str) and _TASK_NAME.fullmatch(by):
+            log.info("%s: stopped by %s, its shard's primary: the run is over", self.task.name, by)
         threading.Thread(target=self.stop, name="psflow-shutdown", daemon=True).start()
         reply = Ack().to_frame()
         return reply.meta, reply.arrays

@@ -3,7 +3,8 @@
 ``psflow server``'s ps tasks exit by themselves once the run is over
 (:mod:`psflow.ps.run_end`); this command is for the others: a run that
 failed, tasks started with ``--keep-serving``, a ps task restarted after the
-run ended. It sends ``Shutdown`` to every ps task of the cluster at once,
+run ended. It sends ``Shutdown`` to every ps task of the cluster at once (and
+to every ``ps_backup`` task, the backups of replicated shards, listed after them),
 authenticated as every call is (the cluster token; TLS as ``psflow server``
 takes it), then checks that the task no longer answers at its address.
 
@@ -34,6 +35,7 @@ from typing import Any, TextIO
 
 from psflow.cli.tls_flags import add_tls_arguments, tls_config
 from psflow.cluster import ClusterSpec, parse_tf_config
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB
 from psflow.launch.token import TOKEN_ENV, cluster_token
 from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, RpcError, TaskUnavailableError, UnauthenticatedError
 from psflow.rpc.tls import TlsConfig
@@ -59,7 +61,8 @@ def add_shutdown_parser(sub: Any) -> None:
 
 def shutdown_cluster(cluster: ClusterSpec, *, token: str | None, tls: TlsConfig | None = None,
                      timeout: float = 10.0) -> dict[str, str]:
-    """Asks every ps task of ``cluster`` to stop, all at once; blocks until each answered or ``timeout``.
+    """Asks every ps task of ``cluster`` to stop (and every ``ps_backup`` task: replicated shards), all at once;
+    blocks until each answered or ``timeout``.
 
     Returns:
         Task name -> outcome (``stopped``, ``unreachable (...)``, ``refused (...)``, ``still serving (...)``),
@@ -68,8 +71,8 @@ def shutdown_cluster(cluster: ClusterSpec, *, token: str | None, tls: TlsConfig 
     from psflow.rpc.grpc_client import TaskChannel  # imports grpc: after the CLI set gRPC's logging
 
     config = ConnectConfig(token=token, tls=tls, connect_timeout=timeout, rpc_timeout=timeout)
-    indices = cluster.task_indices("ps") if "ps" in cluster.jobs else ()
-    tasks = [(f"/job:ps/task:{i}", cluster.task_address("ps", i)) for i in indices]
+    tasks = [(f"/job:{job}/task:{i}", cluster.task_address(job, i))
+             for job in (PS_JOB, BACKUP_JOB) if job in cluster.jobs for i in cluster.task_indices(job)]
 
     def stop(task: str, address: str) -> str:
         channel = TaskChannel(task, address, WORKER_SERVICE, config)

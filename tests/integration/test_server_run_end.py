@@ -70,11 +70,11 @@ class _Tasks:
 
         wait_until(serving, f"{name} serving", limit=_SAFETY)
 
-    def exit_code(self, name: str) -> int:
+    def exit_code(self, name: str, limit: float = _SAFETY) -> int:
         try:
-            return self.procs[name].wait(timeout=_SAFETY)
+            return self.procs[name].wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} still running after {_SAFETY} s:\n{self.log(name)[-3000:]}") from None
+            raise AssertionError(f"{name} still running after {limit} s:\n{self.log(name)[-3000:]}") from None
 
     def kill_all(self) -> None:
         for proc in self.procs.values():
@@ -297,3 +297,48 @@ def test_the_ps_tasks_of_an_in_graph_run_exit_0_once_the_client_is_done(
         line = (f"/job:ps/task:{i}: run over (workers 0-1 finished, final checkpoint {os.path.basename(final)} "
                 f"written): exiting")
         assert line in cluster.log(f"ps-{i}"), cluster.log(f"ps-{i}")[-3000:]
+
+
+def test_the_backups_of_a_replicated_hand_started_cluster_exit_0_after_training(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
+    """A cluster file with a ps_backup job (--ps-replicas by hand): every task exits by itself once the run is
+    over, the backups too (they never hear the workers' Done: the shard's primary, which does, stops them).
+    Before, both ps_backup tasks served for ever, and psflow shutdown did not name them."""
+    ports = free_ports(6)
+    cluster = tasks(ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:2]],
+                                 "ps_backup": [f"127.0.0.1:{p}" for p in ports[2:4]],
+                                 "worker": [f"127.0.0.1:{p}" for p in ports[4:]]}))
+    ckpt = tmp_path / "ckpt"
+    train = ["--train", str(A9A), "--num-features", "124", "--epochs", "1", "--batch-size", "1024", "--no-status",
+             "--checkpoint-dir", str(ckpt), "--log-every", "10"]
+    for job in ("ps", "ps_backup"):
+        for i in range(2):
+            cluster.start(job, i, "--checkpoint-dir", str(ckpt))
+    for i in range(2):
+        cluster.start("worker", i, *train)
+    for name in ("worker-0", "worker-1", "ps-0", "ps-1"):
+        assert cluster.exit_code(name) == 0, f"{name}:\n{cluster.log(name)[-3000:]}"
+    for name in ("ps_backup-0", "ps_backup-1"):  # stopped as their primaries exit: 30 s is far more than enough
+        assert cluster.exit_code(name, limit=30.0) == 0, f"{name}:\n{cluster.log(name)[-3000:]}"
+    for i in range(2):
+        assert f"/job:ps_backup/task:{i}: stopped by /job:ps/task:{i}, its shard's primary: the run is over" in \
+            cluster.log(f"ps_backup-{i}"), cluster.log(f"ps_backup-{i}")[-3000:]
+
+
+def test_psflow_shutdown_stops_the_backups_of_a_replicated_cluster_too(tasks: Callable[[ClusterSpec], _Tasks]) -> None:
+    """A failed run leaves its ps tasks serving; with a ps_backup job its backups too, which psflow shutdown
+    left running (it asked the ps job alone and said every task stopped)."""
+    ports = free_ports(5)
+    cluster = tasks(ClusterSpec({"ps": [f"127.0.0.1:{p}" for p in ports[:2]],
+                                 "ps_backup": [f"127.0.0.1:{p}" for p in ports[2:4]], "worker": [f"127.0.0.1:{ports[4]}"]}))
+    for job in ("ps", "ps_backup"):
+        for i in range(2):
+            cluster.start(job, i)
+    for i in range(2):
+        cluster.wait_serving(i)
+    done = _shutdown(cluster.file, "--timeout", "30", token=TOKEN)
+    members = ["/job:ps/task:0", "/job:ps/task:1", "/job:ps_backup/task:0", "/job:ps_backup/task:1"]
+    assert _outcomes(done.stdout) == dict.fromkeys(members, "stopped"), done
+    assert done.returncode == 0, done
+    for name in ("ps-0", "ps-1", "ps_backup-0", "ps_backup-1"):
+        assert cluster.exit_code(name, limit=30.0) == 0, f"{name}:\n{cluster.log(name)[-3000:]}"
