@@ -2,9 +2,10 @@
 
 Each case first trains a good run that leaves checkpoints, then starts a bad
 run on the same checkpoint directory (the chief restores from it and trains
-on; with another ``--seed`` the saved reader position does not fit, so the
-worker reads its data from the start): the run fails, the error names what is
-wrong, and every checkpoint file is byte-for-byte what the good run left.
+on: ``--epochs 2`` gives the worker, whose saved position is the end of the
+good run's one epoch, a second epoch to read from the start of its data): the
+run fails, the error names what is wrong, and every checkpoint file is
+byte-for-byte what the good run left.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def test_an_id_outside_a_declared_vocabulary(tmp_path: Path) -> None:
     code, err = train(tmp_path, "good", *common, "--train", str(good))
     assert code == 0, err[-3000:]
     before = stored(tmp_path / "ckpt")
-    code, err = train(tmp_path, "bad", *common, "--train", str(bad), "--seed", "1")
+    code, err = train(tmp_path, "bad", *common, "--train", str(bad), "--epochs", "2")
     assert code == 1
     assert f"{bad}: record 1" in err and "'C1'" in err and "12" in err and "vocabulary" in err, err[-3000:]
     assert stored(tmp_path / "ckpt") == before
@@ -81,7 +82,7 @@ def test_an_id_outside_a_table(tmp_path: Path) -> None:
     code, err = train(tmp_path, "good", *common, "--train", str(good))
     assert code == 0, err[-3000:]
     before = stored(tmp_path / "ckpt")
-    code, err = train(tmp_path, "bad", *common, "--train", str(bad), "--seed", "1")
+    code, err = train(tmp_path, "bad", *common, "--train", str(bad), "--epochs", "2")
     assert code == 1
     assert "feature 'C1': id 150" in err and "outside the vocabulary of table 'wide/C1' (100 rows)" in err, err[-3000:]
     assert stored(tmp_path / "ckpt") == before
