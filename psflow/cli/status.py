@@ -238,7 +238,23 @@ def render_status(s: dict[str, Any]) -> str:
         newest = f"; newest at step {c['last_saved_step']}: {c['last_saved_path']}" \
             if c.get("last_saved_step") is not None else ""
         lines.append(f"checkpoints: {_num(c.get('saved'))} saved, {_num(c.get('failed'))} failed{newest}")
+    lines += _replicas(s)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _replicas(s: dict[str, Any]) -> list[str]:
+    """(--ps-replicas) The run's pushes acknowledged, applied and lost, and per shard its primary, backups
+    (how far behind) and losses; nothing for an unreplicated run (its snapshot has none of them)."""
+    lines = []
+    if s.get("updates_lost") is not None:
+        lines.append(f"replicated shards: pushes acknowledged {_num(s.get('pushes_acknowledged'))} | "
+                     f"applied {_num(s.get('pushes_applied'))} | updates lost {_num(s.get('updates_lost'))}")
+    for shard in s.get("shards") or []:
+        backups = ", ".join(f"{b['task']} ({_num(b.get('lag_entries'))} entries, {_num(b.get('lag_seconds'), 2)} s behind)"
+                            for b in shard.get("backups") or [])
+        lines.append(f"shard {shard['shard']}: primary {shard.get('primary') or 'none'} (epoch {_num(shard.get('epoch'))}), "
+                     f"{'backups ' + backups if backups else 'no backup'}; {_num(shard.get('updates_lost'))} updates lost")
+    return lines
 
 
 def _render(snapshot: dict[str, Any], target: str) -> str:

@@ -133,6 +133,29 @@ def test_render_status_of_a_sync_run_names_who_the_step_waits_for() -> None:
     assert "waiting 2.5 s for /job:worker/task:1" in text and "0.5 s ago" in text
 
 
+def test_render_status_of_a_replicated_run_says_what_was_lost_and_who_is_primary() -> None:
+    """psflow status of a run that lost every replica of shard 0 (--ps-replicas 1) said nothing of the 211
+    acknowledged pushes its checkpoint lacked, nor which task was each shard's primary: status.json had both."""
+    snapshot: dict[str, Any] = {
+        "time": 100.0, "run": {"phase": "finished", "mode": "async"}, "global_step": 1195, "examples": 97683,
+        "tasks": [], "ps": [], "faults": [], "restarts": [], "hangs": [], "checkpoints": None,
+        "pushes_acknowledged": 607, "pushes_applied": 396, "updates_lost": 211,
+        "shards": [{"shard": 0, "primary": "/job:ps_backup/task:0", "role": "primary", "epoch": 2, "backups": [],
+                    "pushes_acknowledged": 302, "pushes_applied": 198, "updates_lost": 104},
+                   {"shard": 1, "primary": "/job:ps/task:1", "role": "primary", "epoch": 1,
+                    "backups": [{"task": "/job:ps_backup/task:1", "lag_entries": 3, "lag_seconds": 0.25}],
+                    "pushes_acknowledged": 305, "pushes_applied": 198, "updates_lost": 107}],
+    }
+    text = render_status(snapshot)
+    assert "replicated shards: pushes acknowledged 607 | applied 396 | updates lost 211" in text, text
+    assert "shard 0: primary /job:ps_backup/task:0 (epoch 2), no backup; 104 updates lost" in text, text
+    assert ("shard 1: primary /job:ps/task:1 (epoch 1), backups /job:ps_backup/task:1 (3 entries, 0.25 s behind); "
+            "107 updates lost") in text, text
+    unreplicated = render_status({**snapshot, "pushes_acknowledged": None, "pushes_applied": None,
+                                  "updates_lost": None, "shards": None})
+    assert "pushes acknowledged" not in unreplicated and "shard 0" not in unreplicated
+
+
 # ---- the doors (issue 30, item 2) ---------------------------------------------------------------
 def raw_request(port: int, request: bytes, host: str = "127.0.0.1") -> bytes:
     """Sends ``request`` as it is (no Host header added) and returns the whole reply."""
