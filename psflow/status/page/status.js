@@ -197,6 +197,33 @@ function renderCheckpoints(c) {
     (c.last_saved_step !== null && c.last_saved_step !== undefined ? `; newest at step ${fmt(c.last_saved_step)}: ${c.last_saved_path}` : "");
 }
 
+// (--ps-replicas) The run's pushes acknowledged, applied and lost, then one line per shard: its primary, backups
+// (how far behind) and losses. None for an unreplicated run (its snapshot has none of them).
+function replicasText(s) {
+  const lines = [];
+  if (s.updates_lost !== null && s.updates_lost !== undefined) {
+    lines.push(`pushes acknowledged ${fmt(s.pushes_acknowledged)} | applied ${fmt(s.pushes_applied)} | ` +
+      `updates lost ${fmt(s.updates_lost)}`);
+  }
+  for (const sh of s.shards || []) {
+    const backups = (sh.backups || []).map((b) =>
+      `${b.task} (${fmt(b.lag_entries)} entries, ${fmt(b.lag_seconds, 2)} s behind)`).join(", ");
+    lines.push(`shard ${sh.shard}: primary ${sh.primary || "none"} (epoch ${fmt(sh.epoch)}), ` +
+      `${backups ? "backups " + backups : "no backup"}; ${fmt(sh.updates_lost)} updates lost`);
+  }
+  return lines;
+}
+
+function renderReplicas(s) {
+  const lines = replicasText(s);
+  $("replicas-box").hidden = lines.length === 0;
+  $("replicas").replaceChildren(...lines.map((line) => {
+    const div = document.createElement("div");
+    div.textContent = line;
+    return div;
+  }));
+}
+
 function render(s) {
   const phase = $("phase");
   phase.textContent = s.run.phase;
@@ -226,6 +253,7 @@ function render(s) {
   renderSync(s);
   renderFaults(s);
   renderCheckpoints(s.checkpoints);
+  renderReplicas(s);
 }
 
 async function poll() {
