@@ -371,6 +371,7 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
             last_step = session.global_step
         log.info("in-graph client: done after %d batches (%d examples), global_step %d -> %d: %s",
                  batches, driver.examples, steps_before, last_step, reason)
+        client.leave()  # as a worker whose data ended: a replicated shard hears the final acknowledged counts
         _report_run_over(config, cluster, client)
     finally:
         for s in sessions:

@@ -231,3 +231,19 @@ def test_the_checkpoint_ledger_counts_every_save_the_chiefs_logged_when_shard_0s
     assert (ledger["last_saved_path"], ledger["last_saved_step"]) == newest, (ledger, newest)
     assert latest_checkpoint(str(ckpt)) == newest[0]
     _final_checkpoint_written(ckpt, metrics)
+
+
+def test_an_in_graph_runs_shards_count_every_push_they_acknowledged(tmp_path: Path) -> None:
+    """The in-graph client never told the shards its final acknowledged counts (a worker does when it leaves),
+    so every replicated in-graph run reported one push per shard fewer acknowledged than applied (126 of 128
+    for one epoch on 2 shards): a shard lost after the last push would have had that push missing from
+    updates_lost."""
+    out = tmp_path / "run"
+    metrics = metrics_of(out, run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "2",
+                                      "--workers", "2", "--batch-size", "512", "--epochs", "1", "--quiet",
+                                      "--replication", "in-graph", "--ps-replicas", "1", "--output", str(out),
+                                      timeout=240))
+    assert metrics["examples"] == A9A_RECORDS, metrics
+    assert metrics["pushes_acknowledged"] == metrics["pushes_applied"] == 2 * 64, metrics  # 32 batches x 2 slices
+    assert metrics["updates_lost"] == 0
+    assert all(s["pushes_acknowledged"] == s["pushes_applied"] == 64 for s in metrics["shards"]), metrics["shards"]
