@@ -22,7 +22,7 @@ from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import INCREMENT, MANIFEST_NAME, WRITER_NAME, lineage_of, read_json
 from psflow.checkpoint.pointer import checkpoint_dirs, complete_checkpoints, is_complete
 
-__all__ = ["kept_after", "deletable", "delete_old", "killed_while_created"]
+__all__ = ["kept_after", "deletable", "delete_old", "killed_while_created", "remove_leftovers"]
 
 
 def kept_after(directory: str, name: str, lineage: str, max_to_keep: int) -> list[str]:
@@ -74,6 +74,17 @@ def deletable(directory: str, run_id: str, lineage: str, epoch: int | None, keep
         if ours:
             out.append(path)
     return out
+
+
+def remove_leftovers(directory: str, run_id: str, lineage: str, epoch: int | None) -> set[str]:
+    """Removes the leftovers of crashed saves (directories without a manifest) among what :func:`deletable` lists
+    for a save of run ``run_id``; the caller holds the directory's mutex. Returns the names removed."""
+    removed = set()
+    for stale in deletable(directory, run_id, lineage, epoch, keep=()):
+        if not is_complete(stale):
+            storage.remove_tree(stale, ignore_errors=True)
+            removed.add(os.path.basename(stale))
+    return removed
 
 
 def delete_old(directory: str, run_id: str, kept: list[str], lineage: str, epoch: int | None) -> None:

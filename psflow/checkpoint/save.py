@@ -45,7 +45,7 @@ from psflow.checkpoint.manifest import (
 )
 from psflow.checkpoint.naming import checkpoint_name, rename_after_step
 from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer, read_pointer, write_pointer
-from psflow.checkpoint.rotation import deletable, delete_old, kept_after
+from psflow.checkpoint.rotation import delete_old, kept_after, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
@@ -236,7 +236,8 @@ class CheckpointManager:
         compare-and-swap as a save's switch), so a chief of an older epoch whose save of ``path`` is fenced
         off on its re-check no longer puts its previous pointer back nor removes ``path``: the checkpoint
         another chief took as the run's final one stays. The manifest is replaced whole (write, fsync,
-        rename): a reader sees the old or the new one, both valid. Idempotent.
+        rename): a reader sees the old or the new one, both valid. Leftovers of this lineage's crashed saves are
+        removed, as a save removes them (a resumed run that ends saving nothing leaves none). Idempotent.
 
         Raises:
             CheckpointFencedError: the pointer was written by a newer epoch of this run.
@@ -259,6 +260,8 @@ class CheckpointManager:
             if not manifest.final:
                 storage.write_atomically(os.path.join(path, MANIFEST_NAME),
                                          replace(manifest, final=True).to_json().encode())
+            if manifest.lineage is not None:  # as a save would have: a run that ends saving nothing leaves none
+                remove_leftovers(self.directory, self.run_id, manifest.lineage, epoch)
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
               epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
@@ -268,11 +271,7 @@ class CheckpointManager:
         self._step = step_hint = client.global_step()
         lineage = self._lineage(client)
         with directory_mutex(self.directory):
-            removed = set()
-            for stale in deletable(self.directory, self.run_id, lineage, epoch, keep=()):
-                if not is_complete(stale):  # leftovers of crashed saves of this lineage
-                    storage.remove_tree(stale, ignore_errors=True)
-                    removed.add(os.path.basename(stale))
+            removed = remove_leftovers(self.directory, self.run_id, lineage, epoch)  # crashed saves' of this lineage
             name = checkpoint_name(step_hint)  # renamed after the manifest's step once the shards are in
             # Never a name just removed: that "leftover" may be an older chief's save still going on (its lease
             # lived on in its own view), which would write its files into this save's directory, then remove it.

@@ -313,3 +313,24 @@ def test_a_checkpoint_of_another_model_is_refused_and_another_seed_warned() -> N
     other = _record()
     other["config"] = dict(other["config"], partitions=4)  # type: ignore[call-overload]
     assert check_restorable("ck", _manifest(_record()), other) == []
+
+
+def test_marking_the_final_checkpoint_removes_a_crashed_saves_leftover(tmp_path: Path) -> None:
+    """A run resumed after its predecessor was killed mid-save, with nothing left to train, only marks the newest
+    checkpoint final: the killed save's directory (its writer file, no manifest) was left behind, since only a save
+    removed such leftovers."""
+    client = _cluster()
+    manager = CheckpointManager(str(tmp_path), run_id="run-a")
+    saved = manager.save(client)
+    leftover = tmp_path / "ckpt-000000999"
+    leftover.mkdir()
+    (leftover / "writer.json").write_text((Path(saved.path) / "writer.json").read_text())
+    other = tmp_path / "ckpt-000000998"  # another lineage's: never touched
+    other.mkdir()
+    (other / "writer.json").write_text(json.dumps({"run_id": "run-b", "lineage": "elsewhere"}))
+    resumed = CheckpointManager(str(tmp_path), run_id="run-a")
+    resumed.mark_final(saved.path)
+    assert read_manifest(saved.path).final
+    assert not leftover.exists() and other.exists()
+    resumed.mark_final(saved.path)  # idempotent
+    assert os.path.isdir(saved.path) and latest_checkpoint(str(tmp_path)) == saved.path
