@@ -17,7 +17,7 @@ from psflow import storage
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import PREFIX
 
-__all__ = ["checkpoint_name", "rename_after_step"]
+__all__ = ["checkpoint_name", "free_name", "rename_after_step"]
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +27,22 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:09d}"
 
 
+def free_name(directory: str, step: int, removed: Collection[str]) -> str:
+    """The name a new checkpoint of ``step`` takes in ``directory`` (the caller holds its mutex):
+    :func:`checkpoint_name`, with a suffix (``-`` and nanoseconds) if that is in use or was removed by this save
+    as a crashed save's leftover (``removed``: an older chief's save may still be writing into it)."""
+    name = checkpoint_name(step)
+    if name in removed or storage.exists(os.path.join(directory, name)):
+        return f"{name}-{time.time_ns()}"
+    return name
+
+
 def rename_after_step(directory: str, path: str, step: int, removed: Collection[str]) -> str:
     """Renames the checkpoint ``path`` (inside ``directory``, its manifest written) after ``step``, the
     global_step its manifest holds; returns its path, renamed or not.
 
-    Under the directory's mutex (a rotation or a restore sees it under one name or the other). A name in
-    use, or removed by this save as a crashed save's leftover (``removed``: an older chief's save may still
-    be writing into it), gets a suffix (``-`` and nanoseconds). A name already of this step is kept. An object
+    Under the directory's mutex (a rotation or a restore sees it under one name or the other); the new name is
+    :func:`free_name`'s (``removed``: the leftovers this save removed). A name already of this step is kept. An object
     store keeps the first name (its "directories" cannot be renamed; the manifest's step is the checkpoint's),
     as does a rename that fails (logged). Never raises for a failed rename; the mutex's errors are raised.
     """
@@ -41,9 +50,7 @@ def rename_after_step(directory: str, path: str, step: int, removed: Collection[
     if name == wanted or name.startswith(f"{wanted}-") or storage.is_remote(path):
         return path
     with directory_mutex(directory):
-        if wanted in removed or storage.exists(os.path.join(directory, wanted)):
-            wanted = f"{wanted}-{time.time_ns()}"
-        target = os.path.join(directory, wanted)
+        target = os.path.join(directory, free_name(directory, step, removed))
         try:
             os.rename(path, target)
         except OSError as e:

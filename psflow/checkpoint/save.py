@@ -43,7 +43,7 @@ from psflow.checkpoint.manifest import (
     read_json,
     read_manifest,
 )
-from psflow.checkpoint.naming import checkpoint_name, rename_after_step
+from psflow.checkpoint.naming import free_name, rename_after_step
 from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer, read_pointer, write_pointer
 from psflow.checkpoint.rotation import delete_old, kept_after, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
@@ -272,11 +272,10 @@ class CheckpointManager:
         lineage = self._lineage(client)
         with directory_mutex(self.directory):
             removed = remove_leftovers(self.directory, self.run_id, lineage, epoch)  # crashed saves' of this lineage
-            name = checkpoint_name(step_hint)  # renamed after the manifest's step once the shards are in
             # Never a name just removed: that "leftover" may be an older chief's save still going on (its lease
             # lived on in its own view), which would write its files into this save's directory, then remove it.
-            if name in removed or storage.exists(os.path.join(self.directory, name)):
-                name = f"{name}-{time.time_ns()}"
+            # Renamed after the manifest's step once the shards are in.
+            name = free_name(self.directory, step_hint, removed)
             path = os.path.join(self.directory, name)
             if not storage.is_remote(path):  # (an object store has no directories: the writer file makes it)
                 os.makedirs(path)
