@@ -35,10 +35,10 @@ from typing import Any, TextIO
 
 from psflow.cli.tls_flags import add_tls_arguments, tls_config
 from psflow.cluster import ClusterSpec, parse_tf_config
-from psflow.cluster.replicas import BACKUP_JOB, PS_JOB
 from psflow.launch.token import TOKEN_ENV, cluster_token
 from psflow.rpc.api import WORKER_SERVICE, ConnectConfig, RpcError, TaskUnavailableError, UnauthenticatedError
 from psflow.rpc.tls import TlsConfig
+from psflow.status.replication import ps_members
 from psflow.train.config import ConfigError
 
 __all__ = ["add_shutdown_parser", "run_shutdown", "shutdown_cluster", "print_outcomes"]
@@ -71,8 +71,7 @@ def shutdown_cluster(cluster: ClusterSpec, *, token: str | None, tls: TlsConfig 
     from psflow.rpc.grpc_client import TaskChannel  # imports grpc: after the CLI set gRPC's logging
 
     config = ConnectConfig(token=token, tls=tls, connect_timeout=timeout, rpc_timeout=timeout)
-    tasks = [(f"/job:{job}/task:{i}", cluster.task_address(job, i))
-             for job in (PS_JOB, BACKUP_JOB) if job in cluster.jobs for i in cluster.task_indices(job)]
+    tasks = ps_members(cluster)
 
     def stop(task: str, address: str) -> str:
         channel = TaskChannel(task, address, WORKER_SERVICE, config)
