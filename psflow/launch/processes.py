@@ -209,10 +209,11 @@ class LocalCluster:
             "--job", job, "--task", str(index), "--config", config_path,
             "--result", os.path.join(self.output_dir, f"result-{job}-{index}.json"), "--error-file", error_path,
         ] + (["--verbose"] if self.verbose else [])
+        state_dir = os.path.join(self.output_dir, "state", f"{job}-{index}")
         if job in (PS_JOB, BACKUP_JOB):  # global_step's bound outlives a restart of its holder (psflow.ps.global_step)
-            cmd += ["--state-dir", os.path.join(self.output_dir, "state", f"{job}-{index}")]
+            cmd += ["--state-dir", state_dir]
         if job == PS_JOB:  # and so do the checkpoint ledger's counts (psflow.ps.save_ledger), for this run only
-            ledger = os.path.join(self.output_dir, "state", f"{job}-{index}", SAVE_LEDGER_FILE)
+            ledger = os.path.join(state_dir, SAVE_LEDGER_FILE)
             if not any(t.job == job and t.index == index for t in self.tasks):  # not a restart: a reused run dir's
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(ledger)
