@@ -220,13 +220,12 @@ def resume_from_positions(own: str | None, positions: Mapping[str, str], dataset
     newest = _newest(list(saved.values()) + ([mine] if mine is not None else []))
     # This worker's share under this sharding, whoever read it: a 1-worker between-graph run and an in-graph run
     # (its client reads alone) read the same share under different names. The furthest reading of it resumes.
-    share = [(p.epoch, p.records_consumed, key) for key, p in [*saved.items(), (name, mine)]
-             if p is not None and p in newest and _fits(p, dataset)]
+    share = {key: p for key, p in [*saved.items(), (name, mine)] if p is not None and p in newest and _fits(p, dataset)}
     if share:
-        epoch, records, key = max(share, key=lambda s: (s[0], s[1], s[2] == name))
-        log.info("%s: resuming data at epoch %d, %d records into it%s", name, epoch, records,
-                 "" if key == name else f" (the position {key} left of the same share)")
-        return mine if key == name else saved[key]
+        key = max(share, key=lambda k: (share[k].epoch, share[k].records_consumed, k == name))
+        log.info("%s: resuming data at epoch %d, %d records into it%s", name, share[key].epoch,
+                 share[key].records_consumed, "" if key == name else f" (the position {key} left of the same share)")
+        return share[key]
     start = resharded_epoch(newest, _sharding_of(dataset))
     if start is None:
         return None
