@@ -130,10 +130,11 @@ class CheckpointSaverHook(SessionRunHook):
     def after_run(self, context: RunContext, values: RunValues) -> None:
         """Saves when the period is due. A save that fails raises (the manager counted it) and is tried again
         at this chief's next step (a full disk stops the run within ``--max-failed-saves`` steps), except one
-        that failed because a ps task was unreachable: that task died, the cluster's restore deals with it, and
-        the save waits for the next period. Otherwise a chief with steps in flight (``--steps-in-flight`` 3 or
-        more), whose results of pushes acknowledged before the death still come back, failed one save per
-        result and reached ``--max-failed-saves`` before the restore could begin."""
+        that failed because a ps task was unreachable (:func:`_ps_task_unreachable`: it died, the cluster's restore
+        deals with it, or its host went silent past the call's deadline): the save waits for the next period.
+        Otherwise a chief with steps in flight (``--steps-in-flight`` 3 or more), whose results of pushes
+        acknowledged before the death still come back, failed one save per result and reached
+        ``--max-failed-saves`` before the restore could begin."""
         if self._timer.due(values.step):
             try:
                 self._save(context.session)
