@@ -319,13 +319,20 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, driver: InGra
 
 
 def _report_run_over(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient) -> None:
-    """The session ended normally (its end wrote the final checkpoint): every ps task hears ``Done`` for each
-    training worker of the cluster (:mod:`psflow.ps.run_end`), as each worker of a between-graph run sends its
-    own, so that the ps tasks of ``psflow server`` exit. The in-graph workers run no session of their own: the
-    client, which drives them all, speaks for them. Never raises (a ps task that did not hear it is a WARNING)."""
+    """The session ended normally (its end wrote the final checkpoint): the client leaves, as a worker whose
+    data ended does (a replicated shard hears its final acknowledged counts), then every ps task hears ``Done``
+    for each training worker of the cluster (:mod:`psflow.ps.run_end`), as each worker of a between-graph run
+    sends its own, so that the ps tasks of ``psflow server`` exit. The in-graph workers run no session of their
+    own: the client, which drives them all, speaks for them. Never raises (a ps task that did not hear either
+    is a WARNING): the run's work is done."""
     from psflow.ps.run_end import training_workers
     from psflow.train.final_duties import final_checkpoint
 
+    try:
+        client.leave()
+    except RpcError as e:
+        log.warning("in-graph client: a ps task did not hear it leave (%s); its shard's pushes_acknowledged may "
+                    "count the last push short", e)
     final = final_checkpoint(config.checkpoint.dir)
     for worker in training_workers(cluster):
         client.report_done(checkpoint_dir=bool(config.checkpoint.dir), final_checkpoint=final, worker=worker)
@@ -371,7 +378,6 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
             last_step = session.global_step
         log.info("in-graph client: done after %d batches (%d examples), global_step %d -> %d: %s",
                  batches, driver.examples, steps_before, last_step, reason)
-        client.leave()  # as a worker whose data ended: a replicated shard hears the final acknowledged counts
         _report_run_over(config, cluster, client)
     finally:
         for s in sessions:

@@ -1,7 +1,7 @@
 """The in-graph client's batch (issue 26, item 7): a worker that failed its step runs its slice again once it is
 back, and every slice's gradient is pushed once, by the client; a worker that does not come back ends the run
-with one error naming it. Fake worker sessions and a fake ps client, no sockets: the real thing runs in
-tests/integration/test_in_graph.py."""
+with one error naming it; at the session's end a Leave that fails does not keep Done from the ps tasks. Fake
+worker sessions and a fake ps client, no sockets: the real thing runs in tests/integration/test_in_graph.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from psflow.cluster import ClusterSpec
 from psflow.data import Batch
 from psflow.gradients import DenseGradient
 from psflow.ps.client import PushResult
@@ -19,7 +20,7 @@ from psflow.ps.protocol import RunStepReply
 from psflow.rpc.api import TaskUnavailableError
 from psflow.train.config import TrainConfig
 from psflow.train.hooks import NanLossError
-from psflow.train.in_graph_client import InGraphDriver
+from psflow.train.in_graph_client import InGraphDriver, _report_run_over
 from psflow.train.recovery import RecoveryError
 
 
@@ -107,3 +108,30 @@ def test_a_slice_whose_loss_is_not_finite_is_named_and_nothing_is_pushed() -> No
     with pytest.raises(NanLossError, match=r"^/job:worker/task:1: loss is nan at global_step 7, "):
         d.run_batch(BATCH, "p")
     assert client.pushes == []
+
+
+@dataclass
+class EndingClient:
+    """The client at the session's end: its Leave fails (a ps task gone since the final checkpoint)."""
+
+    done_for: list[str] = field(default_factory=list)
+
+    def leave(self) -> None:
+        raise TaskUnavailableError("/job:ps/task:1: Leave: UNAVAILABLE: connection refused")
+
+    def report_done(self, *, checkpoint_dir: bool, final_checkpoint: str | None, worker: str) -> list[str]:
+        self.done_for.append(worker)
+        return []
+
+
+def test_a_leave_that_fails_after_the_final_checkpoint_still_reports_every_worker_done(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The session ended (its final checkpoint written): a Leave no ps task heard is a WARNING naming the error,
+    not a failed run, and every ps task still hears Done for each worker (else psflow server's ps tasks serve on)."""
+    config = TrainConfig.flat(train=("unused",), num_features=3)
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
+    client = EndingClient()
+    _report_run_over(config, cluster, client)  # type: ignore[arg-type]
+    assert client.done_for == ["/job:worker/task:0", "/job:worker/task:1"]
+    assert any("did not hear it leave" in r.getMessage() and "/job:ps/task:1: Leave: UNAVAILABLE" in r.getMessage()
+               and r.levelname == "WARNING" for r in caplog.records), caplog.records
