@@ -253,19 +253,19 @@ class DynamicTable:
         return self._sketch
 
     # ---- checkpoints -------------------------------------------------------
-    def snapshot(self) -> dict[str, np.ndarray]:
+    def snapshot(self, *, counts: bool = False) -> dict[str, np.ndarray]:
         """Every row, sorted by id: a consistent copy taken under the lock.
 
         Returns:
             ``ids`` int64 [n], ``values`` float32 [n, dim], ``slot/NAME`` float32
             [n, dim] per optimizer slot, ``state/NAME`` float32 0-d (Adam's beta
             powers), ``last_step`` and ``frequency`` int64 [n], ``step`` int64 0-d
-            (the latest step the table saw).
+            (the latest step the table saw); with ``counts``, also :meth:`take_changes`' ``counts``.
         """
         with self._lock:
-            return self._snapshot()
+            return self._snapshot(counts)
 
-    def _snapshot(self) -> dict[str, np.ndarray]:
+    def _snapshot(self, counts: bool = False) -> dict[str, np.ndarray]:
         slots = np.flatnonzero(self._live[:self._top])
         slots = slots[np.argsort(self._ids[slots], kind="stable")]
         out: dict[str, np.ndarray] = {"ids": self._ids[slots], "values": self._values[slots],
@@ -273,7 +273,7 @@ class DynamicTable:
                                       "step": np.array(self._step, np.int64)}
         out.update({f"slot/{name}": array[slots] for name, array in self._slots.items()})
         out.update({f"state/{name}": array.copy() for name, array in self._state.items()})
-        return out
+        return {**out, "counts": counts_array(self._counts)} if counts else out
 
     def check_snapshot(self, arrays: Mapping[str, np.ndarray]) -> int:
         """The row count of ``arrays`` if :meth:`load` would take it; changes nothing.
@@ -332,7 +332,7 @@ class DynamicTable:
         with self._lock:
             if self._changed is None:
                 self._changed, self._removed = [], []
-                return True, {**self._snapshot(), "counts": counts_array(self._counts)}
+                return True, self._snapshot(counts=True)
             changed = np.unique(np.concatenate(self._changed)) if self._changed else np.zeros(0, np.int64)
             removed = np.unique(np.concatenate(self._removed)) if self._removed else np.zeros(0, np.int64)
             self._changed, self._removed = [], []

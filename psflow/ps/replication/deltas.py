@@ -36,12 +36,10 @@ primary's rows, slots and metadata as of the newest.
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import numpy as np
 
 from psflow.native.loader import load_extension
-from psflow.ps.dynamic.snapshots import check_counts, counts_array
+from psflow.ps.dynamic.snapshots import check_counts
 from psflow.ps.protocol import PartDelta
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.rpc.api import InvalidRequest
@@ -67,8 +65,7 @@ def capture(part: PartitionState, rows: np.ndarray | None, *, averages: bool = T
     its changes since the previous capture (:func:`capture_table`)."""
     if part.table is not None:
         if rows is None:
-            counted = counts_array(asdict(part.table.stats()))  # read first: a later change carries newer counts
-            return PartDelta(part.key, None, {_TABLE + k: v for k, v in {**part.table.snapshot(), "counts": counted}.items()})
+            return PartDelta(part.key, None, {_TABLE + k: v for k, v in part.table.snapshot(counts=True).items()})
         return capture_table(part)
     if rows is not None and part.optimizer is not None and part.optimizer.sparse_touches_all_rows:
         rows = None
