@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psflow.cluster import ClusterSpec, TaskId
-from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, member_address, ps_replicas, shard_members, shard_of
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, member_address, ps_replicas, shard_of
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
 from psflow.ps.protocol import Ack
@@ -63,7 +62,6 @@ __all__ = ["Server", "STEP_JOURNAL_FILE"]
 STEP_JOURNAL_FILE = "global_step.json"
 #: A ``Shutdown``'s meta key: the shard primary whose run is over, stopping the other members (_stop_after_run).
 _RUN_OVER_BY = "run_over_by"
-_TASK_NAME = re.compile(r"/job:[A-Za-z0-9_]{1,64}/task:\d{1,9}")  # what a log line may say of it
 
 log = logging.getLogger(__name__)
 
@@ -256,9 +254,8 @@ class Server:
         """Sends ``Shutdown`` (marked as the run's end) to every other member of this task's shard, each at most
         2 s, never raising (one not stopped is logged: it serves until ``psflow shutdown``), then stops."""
         if self.replication is not None:
-            shard = shard_of(self.task.job, self.task.index, self.cluster)
             config = ConnectConfig(token=self._token, tls=self._tls, connect_timeout=2.0, rpc_timeout=2.0)
-            for name in shard_members(self.cluster, shard):
+            for name in self.replication.members:
                 if name == self.task.name:
                     continue
                 channel = open_channel("grpc", name, member_address(self.cluster, name), WORKER_SERVICE, config)
@@ -273,7 +270,7 @@ class Server:
 
     def _shutdown(self, frame: Frame) -> Reply:
         by = frame.meta.get(_RUN_OVER_BY)
-        if isinstance(by, str) and _TASK_NAME.fullmatch(by):
+        if self.replication is not None and by in self.replication.members:  # a name of the cluster's, safe to log
             log.info("%s: stopped by %s, its shard's primary: the run is over", self.task.name, by)
         threading.Thread(target=self.stop, name="psflow-shutdown", daemon=True).start()
         reply = Ack().to_frame()
