@@ -83,6 +83,7 @@ __all__ = [
     "remove",
     "remove_tree",
     "sync_dir",
+    "rename_dir",
     "version",
     "download",
 ]
@@ -364,6 +365,19 @@ def sync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def rename_dir(path: str, target: str) -> None:
+    """Renames the local directory ``path`` to ``target`` in one step (one filesystem: a reader sees it under
+    one name or the other); the caller syncs the parent (:func:`sync_dir`) where that must survive a crash.
+
+    Raises:
+        StorageError: ``path`` or ``target`` is in an object store (its "directories" are prefixes: no rename).
+        OSError: as ``os.rename``.
+    """
+    if is_remote(path) or is_remote(target):
+        raise StorageError(f"cannot rename {path} to {target}: an object store has no rename")
+    os.rename(_local(path), _local(target))
 
 
 def remove(path: str) -> None:

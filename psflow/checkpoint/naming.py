@@ -52,7 +52,7 @@ def rename_after_step(directory: str, path: str, step: int, removed: Collection[
     with directory_mutex(directory):
         target = os.path.join(directory, free_name(directory, step, removed))
         try:
-            os.rename(path, target)
+            storage.rename_dir(path, target)
         except OSError as e:
             log.warning("checkpoint %s (global_step %d) keeps its name: renaming it to %s failed: %s",
                         path, step, target, e)
