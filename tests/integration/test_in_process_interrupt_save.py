@@ -6,8 +6,9 @@ previous checkpoint as the newest (``last_saved_step`` 650, ``saved`` 14) while 
 next run's restore, had the new one (700); a signal inside the rotation could leave an old checkpoint half
 deleted. A save is now a section no signal cuts: the signal is raised once the save is over.
 
-The CLI runs in this test's process (``--in-process`` is one process), so that the save can be made to receive
-the signal at exactly that point.
+The CLI runs in one process (``--in-process``), patched so that the save receives the signal at exactly that
+point: a fresh one (:func:`support.in_fresh_process`), since its reader is a forked process and a fork of the
+pytest process copies the gRPC threads earlier tests left running (these tests failed in the whole suite).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import A9A
+from support import A9A, in_fresh_process
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import complete_checkpoints, latest_checkpoint
@@ -30,8 +31,8 @@ from psflow.cli.main import main
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-def test_a_signal_inside_a_save_is_raised_once_the_save_is_counted(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def _interrupted_inside_the_third_save(tmp: str) -> tuple[int, list[str]]:
+    """In a fresh process: the CLI's run, SIGINT sent to itself right after the third save switched the pointer."""
     switch = CheckpointManager._switch_pointer
     switched: list[str] = []
 
@@ -42,11 +43,16 @@ def test_a_signal_inside_a_save_is_raised_once_the_save_is_counted(tmp_path: Pat
             os.kill(os.getpid(), signal.SIGINT)
         return out
 
-    monkeypatch.setattr(CheckpointManager, "_switch_pointer", switch_then_signal)
-    ckpt, out = tmp_path / "ckpt", tmp_path / "run"
+    CheckpointManager._switch_pointer = switch_then_signal  # type: ignore[method-assign]
     code = main(["train", "--train", str(A9A), "--num-features", "124", "--in-process", "--batch-size", "128",
                  "--epochs", "2", "--save-checkpoints-steps", "50", "--max-to-keep", "2", "--full-checkpoint-every", "1",
-                 "--checkpoint-dir", str(ckpt), "--output", str(out), "--quiet", "--no-status"])
+                 "--checkpoint-dir", f"{tmp}/ckpt", "--output", f"{tmp}/run", "--quiet", "--no-status"])
+    return code, switched
+
+
+def test_a_signal_inside_a_save_is_raised_once_the_save_is_counted(tmp_path: Path) -> None:
+    code, switched = in_fresh_process(_interrupted_inside_the_third_save, str(tmp_path), limit=100.0)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "run"
     assert code == 130
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["phase"] == "interrupted"
@@ -58,10 +64,8 @@ def test_a_signal_inside_a_save_is_raised_once_the_save_is_counted(tmp_path: Pat
     assert len(complete_checkpoints(str(ckpt))) == 2  # the rotation was done too: --max-to-keep 2
 
 
-def test_a_second_signal_cuts_a_save_that_hangs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A save that does not end (a stuck disk or store) must not keep the user from stopping the run: the first
-    signal waits for the save, a second one cuts it. The second is SIGTERM: two SIGINTs sent back to back may reach
-    the handler as one; of two different signals pending together, the handler gets SIGINT (the lower number) first."""
+def _two_signals_inside_a_save_that_hangs(tmp: str) -> tuple[int, list[str], list[bool]]:
+    """In a fresh process: the CLI's run, whose first periodic save receives SIGINT then SIGTERM and then hangs."""
     switch = CheckpointManager._switch_pointer
     switched: list[str] = []
     hung_to_the_end: list[bool] = []
@@ -77,12 +81,20 @@ def test_a_second_signal_cuts_a_save_that_hangs(tmp_path: Path, monkeypatch: pyt
             hung_to_the_end.append(True)
         return switch(self, name, *args, **kwargs)
 
-    monkeypatch.setattr(CheckpointManager, "_switch_pointer", hang_after_the_signals)
-    ckpt, out = tmp_path / "ckpt", tmp_path / "run"
+    CheckpointManager._switch_pointer = hang_after_the_signals  # type: ignore[method-assign]
     code = main(["train", "--train", str(A9A), "--num-features", "124", "--in-process", "--batch-size", "128",
-                 "--epochs", "1", "--save-checkpoints-steps", "50", "--checkpoint-dir", str(ckpt), "--output", str(out),
-                 "--quiet", "--no-status"])
+                 "--epochs", "1", "--save-checkpoints-steps", "50", "--checkpoint-dir", f"{tmp}/ckpt",
+                 "--output", f"{tmp}/run", "--quiet", "--no-status"])
+    return code, switched, hung_to_the_end
+
+
+def test_a_second_signal_cuts_a_save_that_hangs(tmp_path: Path) -> None:
+    """A save that does not end (a stuck disk or store) must not keep the user from stopping the run: the first
+    signal waits for the save, a second one cuts it. The second is SIGTERM: two SIGINTs sent back to back may reach
+    the handler as one; of two different signals pending together, the handler gets SIGINT (the lower number) first."""
+    code, switched, hung_to_the_end = in_fresh_process(_two_signals_inside_a_save_that_hangs, str(tmp_path),
+                                                       limit=100.0)
     assert code == 130 and not hung_to_the_end and len(switched) == 2
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["phase"] == "interrupted"
     assert metrics["checkpoints"]["saved"] == 1  # the initial save; the cut one is not counted
