@@ -259,8 +259,9 @@ def test_a_cut_off_task_is_detected_and_recovers(make_lab: Callable[[list[str]],
     # health monitor's watch) before the cutter thread saw its first step; the CI run of
     # eeb3815 then reported no hang. A ps victim stops every worker, but the run must still be going when the
     # cut lands: the whole suite at e3f00d2 once reported no hang for the ps victim (the run over first), so
-    # worker 1 is slowed there too.
-    faults = FaultInjection(step_delay={1: 0.1})
+    # worker 1 is slowed there too. 0.2 s a step (~13 s of training), not 0.1: the whole suite beside two busy
+    # processes at 6be80bd again reported no hang for the worker victim.
+    faults = FaultInjection(step_delay={1: 0.2})
     host, name = f"{victim[0]}{victim[1]}", f"/job:{victim[0]}/task:{victim[1]}"
     worker_log = out / "logs" / "worker-1.log"
     victim_log = out / "logs" / f"{victim[0]}-{victim[1]}.log"
