@@ -187,6 +187,16 @@ def test_marking_rows_counts_each_row_once(native: bool, monkeypatch: pytest.Mon
     assert marks.count == 10
 
 
+def _marked_pair(native: bool, optimizer: str, spec: dict[str, object],
+                 monkeypatch: pytest.MonkeyPatch) -> tuple[PartitionState, PartitionState]:
+    """:func:`_pair` with row marks, the mark passes in C (skipped where the kernels were not built) or numpy."""
+    if native and lazy_rows._TOUCH_ROWS is None:
+        pytest.skip("psflow.ps._kernels was not built")
+    if not native:
+        _no_native_marks(monkeypatch)
+    return _pair(optimizer, spec, None, monkeypatch)
+
+
 def _no_native_marks(monkeypatch: pytest.MonkeyPatch) -> None:
     """The numpy twins of the mark passes (first_touch, touch_rows, RowMarks.mark's stamp)."""
     monkeypatch.setattr(lazy_rows, "_FIRST_TOUCH", None)
@@ -200,11 +210,7 @@ def test_a_sparse_update_marks_changed_exactly_its_rows_built_or_new(native: boo
     """The rows of a sparse update are stamped changed (incremental checkpoints) in the pass that finds the new
     ones: rows built before (by a read) and rows new to the partition alike, at the clock's epoch; rows only
     read are not; the C pass and the numpy twins mark the same rows."""
-    if native and lazy_rows._TOUCH_ROWS is None:
-        pytest.skip("psflow.ps._kernels was not built")
-    if not native:
-        _no_native_marks(monkeypatch)
-    eager, lazy = _pair("adagrad", SPECS[4], None, monkeypatch)
+    eager, lazy = _marked_pair(native, "adagrad", SPECS[4], monkeypatch)
     assert lazy.lazy is not None and lazy.marks is not None
     ParameterStore.read(lazy, np.array([5, 6, 7], np.int64))  # built, not changed
     epoch = lazy.marks.clock.advance() + 1  # a snapshot: later changes carry the next epoch
@@ -225,11 +231,7 @@ def test_a_failed_build_in_a_sparse_update_marks_its_new_rows_neither_built_nor_
     """A row is never marked changed before it is built (an increment saves a changed row as it is): where
     building an update's new rows fails, they stay unbuilt and unchanged; the rows built before are stamped
     (they are saved as they are, which is harmless) and the next update builds and changes the rest."""
-    if native and lazy_rows._TOUCH_ROWS is None:
-        pytest.skip("psflow.ps._kernels was not built")
-    if not native:
-        _no_native_marks(monkeypatch)
-    eager, lazy = _pair("ftrl", SPECS[3], None, monkeypatch)
+    eager, lazy = _marked_pair(native, "ftrl", SPECS[3], monkeypatch)
     assert lazy.lazy is not None and lazy.marks is not None
     ParameterStore.read(lazy, np.array([3, 4], np.int64))
     rows = np.array([4, 9, 3, 11], np.int64)

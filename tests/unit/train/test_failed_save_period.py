@@ -58,6 +58,18 @@ def _cluster() -> tuple[list[ParameterService], dict[int, _Killable], Any]:
     return services, channels, placements
 
 
+def _chief(manager: CheckpointManager, channels: dict[int, _Killable], placements: Any,
+           **saver: Any) -> tuple[CheckpointSaverHook, _FailedSaveTolerant, MonitoredTrainingSession]:
+    """worker 0 as the chief: its saver (every 10 steps; ``saver``: more arguments), as its worker wraps it, and
+    its session, created (the initial checkpoint saved)."""
+    hook = CheckpointSaverHook(manager, save_steps=10, **saver)
+    tolerant = _FailedSaveTolerant(hook, "/job:worker/task:0")
+    session = MonitoredTrainingSession(
+        ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels)), SGD, is_chief=True)
+    tolerant.after_create_session(session)
+    return hook, tolerant, session
+
+
 @pytest.mark.parametrize("fenced", [False, True])
 def test_a_save_failed_on_a_dead_ps_task_waits_for_the_next_period(tmp_path: Path, fenced: bool) -> None:
     """``fenced``: an elected chief's save, failed at its fence check (the call the task died before)."""
@@ -68,12 +80,8 @@ def test_a_save_failed_on_a_dead_ps_task_waits_for_the_next_period(tmp_path: Pat
         for channel in channels.values():
             channel.call("Fence", {"token": 5, "holder": "/job:worker/task:0#1"})
     manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=3)
-    saver = CheckpointSaverHook(manager, save_steps=10,
-                                fence=(lambda: (5, "/job:worker/task:0#1")) if fenced else None)
-    hook = _FailedSaveTolerant(saver, "/job:worker/task:0")
-    client = ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels))
-    session = MonitoredTrainingSession(client, SGD, is_chief=True)
-    hook.after_create_session(session)  # the initial checkpoint
+    saver, hook, session = _chief(manager, channels, placements,
+                                  fence=(lambda: (5, "/job:worker/task:0#1")) if fenced else None)
     assert len(saver.saved) == 1 and manager.saves_failed == 0
 
     def step() -> None:
@@ -102,10 +110,7 @@ def test_the_limit_still_counts_saves_failed_on_a_dead_ps_task(tmp_path: Path) -
     counter = services[0].global_step
     assert counter is not None
     manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=3)
-    hook = _FailedSaveTolerant(CheckpointSaverHook(manager, save_steps=10), "/job:worker/task:0")
-    session = MonitoredTrainingSession(
-        ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels)), SGD, is_chief=True)
-    hook.after_create_session(session)
+    _, hook, session = _chief(manager, channels, placements)
     channels[1].dead = True
     for value in range(1, 30):
         counter.increment()
@@ -124,10 +129,7 @@ def test_a_save_that_cannot_write_is_tried_again_at_the_next_step(tmp_path: Path
     assert counter is not None
     directory = tmp_path / "ckpt"
     manager = CheckpointManager(str(directory), run_id="run-a", max_failed_saves=3)
-    hook = _FailedSaveTolerant(CheckpointSaverHook(manager, save_steps=10), "/job:worker/task:0")
-    session = MonitoredTrainingSession(
-        ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels)), SGD, is_chief=True)
-    hook.after_create_session(session)
+    _, hook, session = _chief(manager, channels, placements)
     directory.rename(tmp_path / "ckpt.moved")
     directory.write_text("not a directory\n")
     for value in range(1, 12):
@@ -166,11 +168,7 @@ def test_a_save_whose_ps_task_does_not_answer_in_time_waits_for_the_next_period(
     counter = services[0].global_step
     assert counter is not None
     manager = CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=3)
-    saver = CheckpointSaverHook(manager, save_steps=10)
-    hook = _FailedSaveTolerant(saver, "/job:worker/task:0")
-    session = MonitoredTrainingSession(
-        ParameterClient(CLUSTER, placements, client_name="/job:worker/task:0", channels=dict(channels)), SGD, is_chief=True)
-    hook.after_create_session(session)
+    _, hook, session = _chief(manager, channels, placements)
     channels[1].dead, channels[1].error = True, DeadlineExceededError
     for value in range(1, 20):
         counter.increment()
