@@ -76,6 +76,8 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
     worker's log to ``output_dir/logs/worker-0.log`` (the ps services' lines too).
     ``faults``: tests' faults for its worker (:mod:`psflow.train.faults`). ``signals``: the launcher's
     (installed), deferred while a checkpoint is saved, so that a save is whole and counted when the run ends.
+    PyTorch's intra-op threads are the run's only while it runs (:func:`_torch_threads_for_the_run`): the
+    caller's environment and PyTorch's count are as they were when it returns or raises.
 
     Raises:
         ConfigError: more than one worker asked for.
@@ -83,6 +85,13 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
         RunDirLockedError: another live run holds ``output_dir`` (names it; nothing written there).
         CheckpointLockedError: another live run holds the checkpoint directory (likewise).
     """
+    with _torch_threads_for_the_run():  # the preflight's model too: it is built as the run's is
+        return _run(config, output_dir, on_end, faults, signals)
+
+
+def _run(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any], ClusterSpec], None] | None,
+         faults: FaultInjection, signals: LauncherSignals | None) -> dict[str, Any]:
+    """:func:`run_in_process` inside its threads' scope."""
     if config.cluster.num_workers != 1:
         raise ConfigError(f"--in-process runs one worker, got --workers {config.cluster.num_workers}")
     if config.sync.replication != "between-graph":
@@ -110,9 +119,6 @@ def _metrics_json(output_dir: str) -> Callable[[dict[str, Any], ClusterSpec], No
 def _run_claimed(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any], ClusterSpec], None],
                  faults: FaultInjection, signals: LauncherSignals | None) -> dict[str, Any]:
     """:func:`run_in_process` once the run holds its run and checkpoint directories."""
-    # PyTorch models: the reader process parses on one core; this process's intra-op threads take the rest
-    # (psflow.torch.configure_threads; OpenMP's spinning threads degrade badly on oversubscribed cores).
-    os.environ.setdefault(TORCH_THREADS_ENV, str(max(1, (os.cpu_count() or 1) - 1)))
     # Placeholder addresses: nothing listens or connects; the channels below replace them.
     cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(config.cluster.num_ps)], "worker": ["127.0.0.1:65535"]})
     services = [ParameterService(i, holds_global_step=i == 0) for i in range(config.cluster.num_ps)]
@@ -146,6 +152,48 @@ def _run_claimed(config: TrainConfig, output_dir: str, on_end: Callable[[dict[st
               file=sys.stderr, flush=True)
     on_end(final, cluster)
     return final
+
+
+@contextlib.contextmanager
+def _torch_threads_for_the_run() -> Iterator[None]:
+    """PyTorch's intra-op threads for the run, given back to the caller's process when it ends, however it ends.
+
+    PyTorch models: the reader process parses on one core; this process's intra-op threads take the rest
+    (OpenMP's spinning threads degrade badly on oversubscribed cores), unless ``$PSFLOW_TORCH_THREADS`` says
+    otherwise. The count reaches the model through that variable, which
+    :func:`psflow.torch.configure_threads` reads when the model is built; it is set for the run only. On
+    leaving, the variable is as it was, and so is PyTorch's count: the one before the run, or, if the run
+    first imported PyTorch, PyTorch's own (a second run or the caller's own PyTorch code inherit nothing).
+    """
+    given = os.environ.get(TORCH_THREADS_ENV)
+    before = _torch_threads()
+    if given is None:
+        os.environ[TORCH_THREADS_ENV] = str(max(1, (os.cpu_count() or 1) - 1))
+    try:
+        yield
+    finally:
+        if given is None:
+            os.environ.pop(TORCH_THREADS_ENV, None)
+        _restore_torch_threads(before)
+
+
+def _torch_threads() -> int | None:
+    """PyTorch's intra-op threads in this process; None where PyTorch is not imported (nothing imports it here)."""
+    torch = sys.modules.get("torch")
+    return int(torch.get_num_threads()) if torch is not None else None
+
+
+def _restore_torch_threads(before: int | None) -> None:
+    """Sets PyTorch's intra-op threads back to ``before``, or (None: PyTorch was not imported before the run) to
+    its count before psflow.torch first changed it."""
+    if _torch_threads() is None:
+        return
+    if before is None and "psflow.torch.model" in sys.modules:  # already imported: no import happens here
+        from psflow.torch.model import threads_before_configured
+
+        before = threads_before_configured()
+    if before is not None and before != _torch_threads():
+        sys.modules["torch"].set_num_threads(before)
 
 
 @contextlib.contextmanager

@@ -78,11 +78,12 @@ from psflow.torch.embedding import Embedding, EmbeddingCollection, LookupPlan
 from psflow.torch.inputs import Inputs
 from psflow.torch.towers import Tower, TowerPool, check_devices, split_batch, sum_on_cpu
 
-__all__ = ["TorchModel", "ParamGroup", "Dense", "configure_threads", "THREADS_ENV"]
+__all__ = ["TorchModel", "ParamGroup", "Dense", "configure_threads", "threads_before_configured", "THREADS_ENV"]
 
 #: Environment variable: intra-op threads of PyTorch in this process (the launcher sets it per task).
 THREADS_ENV = "PSFLOW_TORCH_THREADS"
 _threads_set = False
+_threads_before: int | None = None  # PyTorch's intra-op threads before configure_threads first changed them
 
 
 def configure_threads(threads: int | None = None) -> int:
@@ -97,9 +98,11 @@ def configure_threads(threads: int | None = None) -> int:
     core, W&D trained slower, 37-44k against 47-51k examples/s).
     Inter-op threads are set to 1 (a step is one chain of ops).
     """
-    global _threads_set
+    global _threads_set, _threads_before
     wanted = threads if threads is not None else int(os.environ.get(THREADS_ENV, "0") or 0)
     if wanted > 0 and wanted != torch.get_num_threads():
+        if _threads_before is None:
+            _threads_before = int(torch.get_num_threads())
         torch.set_num_threads(wanted)
     if not _threads_set:
         _threads_set = True
@@ -108,6 +111,13 @@ def configure_threads(threads: int | None = None) -> int:
         except RuntimeError:  # already set, or parallel work has already started in this process
             pass
     return int(torch.get_num_threads())
+
+
+def threads_before_configured() -> int | None:
+    """PyTorch's intra-op threads in this process before :func:`configure_threads` first changed them; None if
+    it never did. What a caller that scoped a run's threads restores when PyTorch was first imported by the run
+    (``run_in_process``)."""
+    return _threads_before
 
 
 @dataclass(frozen=True)
