@@ -237,6 +237,8 @@ def render_status(s: dict[str, Any]) -> str:
     if c is not None:
         newest = f"; newest at step {c['last_saved_step']}: {c['last_saved_path']}" \
             if c.get("last_saved_step") is not None else ""
+        if c.get("last_saved_by_this_run") is False:
+            newest += " (restored at the start, saved by an earlier run)"
         lines.append(f"checkpoints: {_num(c.get('saved'))} saved, {_num(c.get('failed'))} failed{newest}")
     lines += _replicas(s)
     return "\n".join(lines).rstrip() + "\n"

@@ -25,7 +25,9 @@ The shared figures (``None`` where nothing answered, e.g. every ps task down):
 ``checkpoints``        ``saved``, ``failed``, ``failed_in_a_row``, ``last_saved_step``,
                        ``last_saved_path`` over the whole run (None without a
                        checkpoint directory); also flat, as ``checkpoints_saved`` and
-                       ``checkpoints_failed``
+                       ``checkpoints_failed``. A run that saved no checkpoint names the
+                       one it restored as the newest: ``last_saved_by_this_run`` False
+                       (True: saved by this run; None: no checkpoint at all)
 ``faults``, ``faults_not_fired``, ``restarts``, ``hangs``   the launcher's (resilience)
 ``eval``               the final evaluation, where there was one
 ``ps``                 each ps task's ``Stats``, as read for this snapshot; with replicated shards
@@ -143,8 +145,7 @@ def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_se
         snapshot.update({k: replication[k] for k in REPLICATION_FIGURES})
         snapshot["shards"] = replication["shards"]  # ("replication" is the run's between-graph or in-graph)
     if checkpoints is not None:
-        view = {k: checkpoints.get(k) for k in ("saved", "failed", "failed_in_a_row", "last_saved_step",
-                                                "last_saved_path")}
+        view = _newest_checkpoint(checkpoints, resumed)
         snapshot["checkpoints"] = view
         snapshot["checkpoints_saved"] = int(view["saved"] or 0)
         snapshot["checkpoints_failed"] = int(view["failed"] or 0)
@@ -154,6 +155,24 @@ def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_se
     if evaluation is not None:
         snapshot["eval"] = dict(evaluation)
     return snapshot
+
+
+def _newest_checkpoint(ledger: Mapping[str, Any], resumed: Resumed | None) -> dict[str, Any]:
+    """The ``checkpoints`` figures: the ledger's counts (this run's saves) and the newest checkpoint.
+
+    A run that saved none (resumed with nothing left to train, stopped before its first save, every save
+    failed) has the checkpoint it restored as its newest: nothing else was written to its directory since (the
+    run held it). ``last_saved_by_this_run`` says which: True (the ledger's own), False (the one restored,
+    saved by an earlier run), None (no checkpoint at all); ``saved`` stays this run's count either way.
+    """
+    view = {k: ledger.get(k) for k in ("saved", "failed", "failed_in_a_row", "last_saved_step", "last_saved_path")}
+    if view["last_saved_path"] is not None:
+        view["last_saved_by_this_run"] = True
+    elif resumed is not None:
+        view.update(last_saved_step=resumed.global_step, last_saved_path=resumed.path, last_saved_by_this_run=False)
+    else:
+        view["last_saved_by_this_run"] = None
+    return view
 
 
 def _int(value: Any) -> int | None:

@@ -223,3 +223,28 @@ def test_psflow_status_of_a_finished_run_shows_the_final_figures(tmp_path: Path)
     assert shown.returncode == 0, shown.stderr
     assert f"global_step {metrics['global_step']:,} | examples {metrics['examples']:,}" in shown.stdout, shown.stdout
     assert "finished" in shown.stdout
+
+
+def test_a_run_resumed_at_its_final_step_names_the_checkpoint_it_restored(tmp_path: Path) -> None:
+    """A run resumed with nothing left to train saves nothing: its metrics said ``last_saved_path: null`` (no
+    checkpoint) while the directory held the one it restored. The newest is that one, marked as restored:
+    ``last_saved_by_this_run`` false, and ``saved`` still counts this run's saves (none)."""
+    ckpt = tmp_path / "ckpt"
+    common = ("train", "--train", str(A9A), "--num-features", "124", "--checkpoint-dir", str(ckpt),
+              "--batch-size", "512", "--epochs", "1")
+    first = run_cli(*common, "--in-process", "--output", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = assert_one_snapshot(tmp_path / "first", "finished")["checkpoints"]
+    assert saved["last_saved_by_this_run"] is True and saved["last_saved_path"] == latest_checkpoint(str(ckpt))
+    for how, extra in (("cluster", ("--ps", "1", "--workers", "1")), ("in-process", ("--in-process",))):
+        again = run_cli(*common, *extra, "--output", str(tmp_path / how))
+        assert again.returncode == 0, (how, again.stderr[-3000:])
+        metrics = assert_one_snapshot(tmp_path / how, "finished")
+        assert metrics["resumed_from"]["path"] == saved["last_saved_path"], how
+        assert metrics["checkpoints"] == {"saved": 0, "failed": 0, "failed_in_a_row": 0,
+                                          "last_saved_step": saved["last_saved_step"],
+                                          "last_saved_path": saved["last_saved_path"],
+                                          "last_saved_by_this_run": False}, how
+    shown = run_cli("status", str(tmp_path / how))
+    assert (f"checkpoints: 0 saved, 0 failed; newest at step {saved['last_saved_step']}: {saved['last_saved_path']} "
+            "(restored at the start, saved by an earlier run)") in shown.stdout, shown.stdout + shown.stderr

@@ -194,7 +194,8 @@ function renderCheckpoints(c) {
   el.className = "";
   el.textContent = `${fmt(c.saved)} saved, ${fmt(c.failed)} failed` +
     (c.failed_in_a_row ? ` (${c.failed_in_a_row} in a row)` : "") +
-    (c.last_saved_step !== null && c.last_saved_step !== undefined ? `; newest at step ${fmt(c.last_saved_step)}: ${c.last_saved_path}` : "");
+    (c.last_saved_step !== null && c.last_saved_step !== undefined ? `; newest at step ${fmt(c.last_saved_step)}: ${c.last_saved_path}` : "") +
+    (c.last_saved_by_this_run === false ? " (restored at the start, saved by an earlier run)" : "");
 }
 
 // (--ps-replicas) The run's pushes acknowledged, applied and lost, then one line per shard: its primary, backups

@@ -50,8 +50,24 @@ def test_the_ledger_seen_over_a_restart_of_its_task_keeps_counts_and_the_newest_
     assert watcher.ledger() == {"saved": 7, "failed": 1, "failed_in_a_row": 0, "last_saved_step": 512,
                                 "last_saved_path": "/c/ckpt-000000512"}
     s = final_snapshot(phase="finished", ps_stats=[ps0()], wall_seconds=1.0, checkpoints=watcher.ledger())
-    assert s["checkpoints"] == watcher.ledger()
+    assert s["checkpoints"] == {**watcher.ledger(), "last_saved_by_this_run": True}
     assert (s["checkpoints_saved"], s["checkpoints_failed"]) == (7, 1)
+
+
+def test_a_run_that_saved_nothing_names_the_checkpoint_it_restored_as_the_newest() -> None:
+    """Resumed with nothing left to train (or stopped before its first save): the ledger knows no checkpoint,
+    the directory holds the one restored; a fresh run that saved none has none."""
+    nothing = {"saved": 0, "failed": 1, "failed_in_a_row": 1, "last_saved_step": None, "last_saved_path": None}
+    resumed = Resumed("/c/ckpt-000000600", 600, 60_000)
+    s = final_snapshot(phase="interrupted", ps_stats=[ps0()], wall_seconds=1.0, resumed=resumed, checkpoints=nothing)
+    assert s["checkpoints"] == {**nothing, "last_saved_step": 600, "last_saved_path": "/c/ckpt-000000600",
+                                "last_saved_by_this_run": False}
+    assert (s["checkpoints_saved"], s["checkpoints_failed"]) == (0, 1)  # this run's saves: none restored counted
+    fresh = final_snapshot(phase="interrupted", ps_stats=[ps0()], wall_seconds=1.0, checkpoints=nothing)
+    assert fresh["checkpoints"] == {**nothing, "last_saved_by_this_run": None}
+    saved = {**nothing, "saved": 1, "last_saved_step": 700, "last_saved_path": "/c/ckpt-000000700"}
+    after = final_snapshot(phase="finished", ps_stats=[ps0()], wall_seconds=1.0, resumed=resumed, checkpoints=saved)
+    assert after["checkpoints"] == {**saved, "last_saved_by_this_run": True}
 
 
 def test_resumed_from_is_none_without_a_directory_or_checkpoint(tmp_path: Path) -> None:
