@@ -22,10 +22,15 @@ Chief, in order:
        ``restored checkpoint <path> at step <S>``; without one but with
        ``warm_start``, it loads the warm-start values instead
        (:func:`psflow.checkpoint.warm_start.warm_start`: variables only; slots and
-       global_step keep their initial values). Then it marks every task ready,
+       global_step keep their initial values). Having initialized (not restored)
+       the cluster, it calls ``initialized`` (the session's hooks'
+       ``after_initialize``: the initial checkpoint is written there) while no
+       other client can join or push yet. Then it marks every task ready,
        ps task 0 (which non-chiefs ask first) last: so a ready ps task 0 means
-       every task was initialized, and a chief that dies half-way leaves tasks
-       that are not ready, which its next process initializes again;
+       every task was initialized (and, with a checkpoint directory, that its
+       initial checkpoint was written or its save failed), and a chief that dies
+       half-way leaves tasks that are not ready, which its next process
+       initializes again;
     3. if the tasks were already ready (the chief was restarted), nothing is
        created or restored: the ps tasks hold newer state than any checkpoint.
 
@@ -173,6 +178,7 @@ def join_cluster(
     initial_values: Callable[[], Mapping[str, np.ndarray]] | None = None,
     leader: Callable[[], Lease | None] | None = None,
     run: str | None = None,
+    initialized: Callable[[], None] | None = None,
 ) -> JoinResult:
     """Initializes (chief) or waits for (others) the cluster's variables.
 
@@ -192,6 +198,9 @@ def join_cluster(
         leader: (chief) its lease now (:meth:`psflow.train.recovery.Leadership.lease`), asked once before a
             restore; with ``run`` the checkpoint is adopted at that lease's epoch (None, or no lease: read as it is).
         run: the run's id (:func:`psflow.train.duties.run_id`), which the adopted pointer records.
+        initialized: (chief) called once this call initialized a fresh cluster (created the variables and loaded
+            their values; not a restore), before any ps task is made ready: no other client has joined or pushed.
+            What it raises propagates, and the ps tasks stay not ready.
 
     Raises:
         CheckpointError: the newest checkpoint (or the warm start) cannot be read or loaded, or was removed
@@ -215,18 +224,17 @@ def join_cluster(
             _set_ready(client)
             restored = latest
             log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
-        elif created and (warm_start_from is not None or start_values):
+        elif created:
             own = load_values(client, start_values, "the model's initial values") if start_values else []
             names = warm_start(client, warm_start_from) if warm_start_from is not None else []
-            _set_ready(client)
             kept = [n for n in client.layout if n not in names and n not in own]
             log.info("%s: initialized the variables on %d ps tasks%s%s%s", client.client_name, len(client.channels),
                      f", the model's own values for {', '.join(own)}" if own else "",
                      f", warm-started {', '.join(names) or 'none'} from {warm_start_from}" if warm_start_from else "",
                      f" (initializers kept for {', '.join(kept)})" if kept and warm_start_from else "")
-        elif created:
+            if initialized is not None:  # before any other worker can push (the initial checkpoint: step 0)
+                initialized()
             _set_ready(client)
-            log.info("%s: initialized the variables on %d ps tasks", client.client_name, len(client.channels))
     else:
         created = client.register(optimizer, ready_timeout=ready_timeout)
     positions = {name: text for name, text in client.reader_positions().items() if isinstance(text, str)}

@@ -438,6 +438,9 @@ class _FailedSaveTolerant(SessionRunHook):
     def begin(self) -> None:
         self.inner.begin()
 
+    def after_initialize(self, session: MonitoredTrainingSession) -> None:
+        self._guard(lambda: self.inner.after_initialize(session))
+
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         self._guard(lambda: self.inner.after_create_session(session))
 

@@ -4,22 +4,30 @@ Lifecycle of every hook of a :class:`~psflow.train.session.MonitoredTrainingSess
 in this order (hooks are called in the order given, for each call):
 
 1. ``begin()`` -- once, before the session joins the cluster; no RPCs yet.
-2. ``after_create_session(session)`` -- once, after the variables are
+2. ``after_initialize(session)`` -- the chief only, and only when its session
+   initialized a fresh cluster (created the variables and loaded their
+   initial or warm-start values; no checkpoint restored, the cluster not
+   ready before): once, *before* the ps tasks are made ready, so no other
+   worker has joined or pushed yet (global_step is 0 in a new run). The
+   checkpoint saver writes the initial checkpoint here.
+3. ``after_create_session(session)`` -- once, after the variables are
    initialized or restored and the cluster is ready; ``session.global_step``
    is valid.
-3. for each step:
+4. for each step:
    a. ``before_run(context)`` -- a hook may call ``context.request_stop()``;
       if any hook did, the step is *not* run and the loop ends;
    b. the step runs (pull, compute, push);
    c. ``after_run(context, values)`` -- ``values`` is what the step produced;
       ``request_stop()`` here ends the loop after this step.
-4. ``end(session)`` -- once, when the loop ends normally (data exhausted or a
+5. ``end(session)`` -- once, when the loop ends normally (data exhausted or a
    stop requested). Checkpoint and summary hooks save their last state here.
 
 On an exception (from the step or from a hook) no further hook method runs:
 ``end()`` is skipped, so nothing is saved from a failed step, and the
-exception propagates out of the session. A hook that raises in ``begin`` or
-``after_create_session`` stops the session from starting.
+exception propagates out of the session. A hook that raises in ``begin``,
+``after_initialize`` or ``after_create_session`` stops the session from
+starting; one that raises in ``after_initialize`` leaves the ps tasks not ready
+(the chief's next process initializes them again).
 
 Users write their own hooks by subclassing :class:`SessionRunHook` and overriding any of the methods;
 the built-in ones are in :mod:`psflow.train.hooks`, which also exports these names.
@@ -98,6 +106,9 @@ class SessionRunHook:
 
     def begin(self) -> None:
         """Called once before the session joins the cluster."""
+
+    def after_initialize(self, session: MonitoredTrainingSession) -> None:
+        """Called on the chief once it initialized a fresh cluster, before the ps tasks are made ready."""
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         """Called once the cluster is ready (variables initialized or restored)."""

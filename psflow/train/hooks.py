@@ -89,11 +89,19 @@ class _Timer:
 
 
 class CheckpointSaverHook(SessionRunHook):
-    """Saves a checkpoint when the session starts (if the directory has none yet), every
-    N seconds (default 600) or N global steps, and at the end.
+    """Saves the initial checkpoint, a checkpoint every N seconds (default 600) or N global steps, and one at
+    the end.
+
+    The initial checkpoint, as TF's saver does at step 0, so a ps task that dies at any later step can be
+    restored: written when the chief initialized a fresh cluster (:meth:`after_initialize`), before the ps
+    tasks are made ready, so it holds the initial values at global_step 0 and no other worker's push. A
+    chief that did not initialize the cluster (it restored a checkpoint, or found the ps tasks ready) writes
+    none, unless the directory has no checkpoint at all: then it saves when its session is created (or, with
+    chief election, when it takes the lease), at the step the cluster is at (a chief restarted after its
+    predecessor's initial save failed; one elected after the configured chief could not take the lease).
 
     Chief only. A save blocks this worker's loop while the ps tasks write
-    their shards (other workers keep training).
+    their shards (other workers keep training; the initial one: they wait for it).
     """
 
     def __init__(self, manager: CheckpointManager, *, save_secs: float | None = None, save_steps: int | None = None,
@@ -118,13 +126,25 @@ class CheckpointSaverHook(SessionRunHook):
         self._optimizer = optimizer
         self._model = model
         self._session: MonitoredTrainingSession | None = None
+        self._initial_failed = False
         self.saved: list[tuple[str, int]] = []
+
+    def after_initialize(self, session: MonitoredTrainingSession) -> None:
+        """Writes the initial checkpoint if the directory has none, before any other worker can push. A failure
+        raises as a periodic save's does (the manager counted it) and is not tried again when the session is
+        created: the next period saves."""
+        if latest_checkpoint(self.manager.directory) is None:
+            try:
+                self._save(session)
+            except BaseException:
+                self._initial_failed = True
+                raise
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         self._session = session
         self._timer.mark(session.global_step)
-        if latest_checkpoint(self.manager.directory) is None:
-            # As TF's saver does at step 0: from now on a ps task that dies can always be restored.
+        if not self._initial_failed and latest_checkpoint(self.manager.directory) is None:
+            # The cluster was initialized without this hook (see the class docstring): the first checkpoint now.
             self._save(session)
 
     def after_run(self, context: RunContext, values: RunValues) -> None:

@@ -27,7 +27,9 @@ class LeaderOnlyHook(SessionRunHook):
     """Runs ``inner`` only while this worker holds the chief lease.
 
     On gaining the lease, ``inner.after_create_session`` runs first (timers
-    start from the current step). A checkpoint or RPC failure inside the hook
+    start from the current step). ``inner.after_initialize`` (the configured chief,
+    which initialized a fresh cluster: the initial checkpoint) runs if this worker
+    holds the lease then (it campaigns before it joins). A checkpoint or RPC failure inside the hook
     (a ps task died, or this chief was deposed and its save fenced off) is
     logged, not raised: the next chief, or the next period, saves again. The
     final checkpoint has no next period: its failure for any reason but a
@@ -49,6 +51,10 @@ class LeaderOnlyHook(SessionRunHook):
             self._guard(lambda: self.inner.after_create_session(session))
         self._active = leading
         return leading
+
+    def after_initialize(self, session: Any) -> None:
+        if self.leadership.lease() is not None:
+            self._guard(lambda: self.inner.after_initialize(session))
 
     def after_create_session(self, session: Any) -> None:
         self._leading(session)

@@ -12,8 +12,11 @@ In order:
     1. ``__enter__``: every hook's ``begin()``; then the session joins the
        cluster (:func:`psflow.train.chief.join_cluster`): the chief
        initializes the variables or restores the newest checkpoint in
-       ``checkpoint_dir``, other workers wait for it (bounded backoff); then
-       every hook's ``after_create_session(session)``.
+       ``checkpoint_dir``, other workers wait for it (bounded backoff). A chief
+       that initialized a fresh cluster runs every hook's
+       ``after_initialize(session)`` before it makes the ps tasks ready (the
+       initial checkpoint: no other worker has pushed yet); then every hook's
+       ``after_create_session(session)``.
     2. :meth:`run`: ``before_run`` hooks (a stop requested there skips the
        step), the step, ``after_run`` hooks (a stop requested there ends the
        loop after this step). :meth:`should_stop` says whether to go on and
@@ -138,11 +141,17 @@ class MonitoredTrainingSession:
         self.join_result = join_cluster(self.client, self._optimizer, chief=self.is_chief,
                                         checkpoint_dir=self.checkpoint_dir, ready_timeout=self._ready_timeout,
                                         warm_start_from=self._warm_start, initial_values=self._initial_values,
-                                        leader=self._leader, run=self._run)
+                                        leader=self._leader, run=self._run,
+                                        initialized=self._initialized if self.is_chief else None)
         self.global_step = self.join_result.global_step
         for hook in self.hooks:
             hook.after_create_session(self)
         return self
+
+    def _initialized(self) -> None:
+        """(Chief, fresh cluster, not yet ready) every hook's ``after_initialize``."""
+        for hook in self.hooks:
+            hook.after_initialize(self)
 
     def should_stop(self) -> bool:
         """True once a hook requested a stop (the loop ends; :attr:`stop_reason` says why)."""

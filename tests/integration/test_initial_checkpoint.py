@@ -1,0 +1,128 @@
+"""The chief's initial checkpoint lands before any other worker can push: it truly holds global step 0.
+
+Before, the chief made the ps tasks ready (``SetReady``) and only then, in its saver's
+``after_create_session``, wrote the initial checkpoint; the other workers, waiting for readiness only,
+trained meanwhile. Under load worker 1 was seen at global step 45 (and 120) before the "initial"
+checkpoint landed: a ps task killed then could not be restored ("restarted with no checkpoint to restore
+from"), and ckpt-000000000 held pushes of other workers. Now the chief writes it after initializing and
+before ``SetReady`` (the hooks' ``after_initialize``).
+
+Real ps task processes (``local_cluster``), the chief's and a non-chief's clients in this process. The
+chief's initial save is held by an event (never a sleep) while the non-chief tries to join: the ps tasks
+must not be ready then, whatever the machine's speed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import A9A, TOKEN
+
+from psflow.checkpoint.manifest import SavedCheckpoint, read_manifest
+from psflow.checkpoint.save import CheckpointManager
+from psflow.data import read_all
+from psflow.ps.client import ParameterClient
+from psflow.rpc.api import ConnectConfig, TaskUnavailableError
+from psflow.train.build import build_model
+from psflow.train.chief import join_cluster
+from psflow.train.config import TrainConfig
+from psflow.train.hooks import CheckpointSaverHook
+from psflow.train.session import MonitoredTrainingSession
+from psflow.train.step import TrainStep
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+CONFIG = TrainConfig.flat(train=(str(A9A),), num_features=124, optimizer="adagrad", batch_size=256, num_ps=2,
+                          num_workers=2, connect_timeout=60.0)
+#: Generous bound of every wait on the other thread (a passing run never meets it).
+LIMIT = 120.0
+
+
+class _HeldFirstSave(CheckpointManager):
+    """A manager whose first save waits (``saving`` set) until the test sets ``go``."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.saving, self.go = threading.Event(), threading.Event()
+
+    def save(self, client: ParameterClient, **kw: Any) -> SavedCheckpoint:
+        if not self.saving.is_set():
+            self.saving.set()
+            if not self.go.wait(LIMIT):
+                raise AssertionError("the test never let the initial save go")
+        return super().save(client, **kw)
+
+
+def _client(handle: Any, name: str) -> ParameterClient:
+    _, variables = build_model(CONFIG, handle.cluster)
+    client = ParameterClient(handle.cluster, variables.placements(), client_name=name,
+                             config=ConnectConfig(connect_timeout=30, token=TOKEN))
+    client.connect()
+    return client
+
+
+def _steps(client: ParameterClient, first: int, count: int) -> list[int]:
+    """``count`` pushes of a worker (its generation and a reader position carried, as a worker's are); their steps."""
+    model, _ = build_model(CONFIG, client.cluster)
+    batch, step = read_all([str(A9A)], "libsvm"), TrainStep(model, client)
+    return [step(batch.slice(k * 256, k * 256 + 256), generation=0).step for k in range(first, first + count)]
+
+
+def test_no_worker_pushes_before_the_chief_s_initial_checkpoint(local_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    handle = local_cluster(2)
+    ckpt = tmp_path / "ckpt"
+    chief, other = _client(handle, "/job:worker/task:0"), _client(handle, "/job:worker/task:1")
+    manager = _HeldFirstSave(str(ckpt))
+    saver = CheckpointSaverHook(manager, save_steps=1000)
+    session = MonitoredTrainingSession(chief, CONFIG.optimizer_spec(), is_chief=True, checkpoint_dir=str(ckpt),
+                                       chief_only_hooks=[saver])
+    entered: list[BaseException | None] = []
+
+    def enter() -> None:
+        try:
+            session.__enter__()
+            entered.append(None)
+        except BaseException as e:  # reported below
+            entered.append(e)
+
+    starting = threading.Thread(target=enter, daemon=True)
+    starting.start()
+    try:
+        assert manager.saving.wait(LIMIT), "the chief never began its initial checkpoint"
+        # Worker 1, as fast as can be: it asks whether the cluster is ready while the chief's save is held.
+        try:
+            join_cluster(other, CONFIG.optimizer_spec(), chief=False, ready_timeout=1.0)
+            early = _steps(other, 0, 3)
+        except TaskUnavailableError:
+            early = []
+    finally:
+        manager.go.set()
+        starting.join(LIMIT)
+    assert entered == [None], entered
+    assert not early, f"worker 1 joined and pushed global steps {early} before the chief's initial checkpoint"
+    (path, step), = saver.saved
+    assert (Path(path).name, step) == ("ckpt-000000000", 0)
+    initial = read_manifest(path)
+    assert initial.global_step == 0 and initial.examples == 0 and not initial.reader_positions, initial
+
+    # Training goes on once the cluster is ready: worker 1 joins, and its pushes are the first steps.
+    assert not join_cluster(other, CONFIG.optimizer_spec(), chief=False, ready_timeout=LIMIT).created
+    assert _steps(other, 0, 3) == [1, 2, 3]
+    session.__exit__(None, None, None)  # the final checkpoint, at step 3
+    assert [s for _, s in saver.saved] == [0, 3] and read_manifest(saver.saved[-1][0]).final
+    assert [chief.stats(t)["init_count"] for t in (0, 1)] == [1, 1]
+    other.close()
+
+    # A run that restores from that directory writes no initial checkpoint of its own.
+    again = local_cluster(2)
+    resumed = _client(again, "/job:worker/task:0")
+    plain = CheckpointSaverHook(CheckpointManager(str(ckpt)), save_steps=1000)
+    with MonitoredTrainingSession(resumed, CONFIG.optimizer_spec(), is_chief=True, checkpoint_dir=str(ckpt),
+                                  chief_only_hooks=[plain]) as restored:
+        assert restored.join_result is not None and restored.join_result.restored == saver.saved[-1][0]
+        assert plain.saved == []
+    chief.close()
+    resumed.close()
