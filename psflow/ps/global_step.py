@@ -13,6 +13,13 @@ earlier process handed out is at most the floor, so a restore that sets the
 counter to ``max(checkpoint step, floor)`` never hands out a value twice. The
 cost is one small synchronous file write per ``block`` steps; the price is a
 gap of up to ``block`` step values that no push takes after a crash.
+
+Beside the bound, the journal keeps the exact last value (:attr:`StepJournal.live_path`): each value is
+written there (8 bytes, no fsync) before it is handed out, with the id of the machine's boot. A killed
+process's writes stay in the kernel's page cache, so a process restarted on the same boot takes that value as
+its floor: a restore goes on right after the kill's step, and a learning-rate schedule or ``--max-steps``
+loses no steps to the gap. After a reboot (the machine crashed: unsynced writes may be lost), or where the
+file is missing or damaged, the floor is the fsync'd bound, as above.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from functools import cache
 
 from psflow import storage
 from psflow.errors import PsError
@@ -53,6 +61,7 @@ class StepJournal:
             raise ValueError(f"journal block must be a positive number of steps, got {block}")
         self.path = path
         self.block = block
+        self._live: int | None = None  # the open file of the exact last value (written by this process)
 
     def load(self) -> int:
         """The recorded bound (0 when the file does not exist yet).
@@ -77,6 +86,46 @@ class StepJournal:
                                    f"not a non-negative integer")
         return bound
 
+    @property
+    def live_path(self) -> str:
+        """The file of the exact last value (see the module docstring)."""
+        return self.path + ".live"
+
+    def last_value(self, bound: int) -> int | None:
+        """The last value an earlier process wrote with :meth:`note` on this boot, if the file holds one of this
+        boot at most ``bound`` (the durable bound); else None (no file, another boot, damaged: the bound counts)."""
+        boot = _boot_id()
+        if boot is None:
+            return None
+        try:
+            with open(self.live_path, "rb") as f:
+                data = f.read(_LIVE_SIZE + 1)
+        except OSError:
+            return None
+        if len(data) != _LIVE_SIZE or data[:_LIVE_VALUE] != _live_header(boot):
+            return None
+        value = int.from_bytes(data[_LIVE_VALUE:], "little", signed=True)
+        return value if 0 <= value <= bound else None
+
+    def note(self, value: int) -> None:
+        """Writes ``value`` as the exact last value (no fsync: it must outlive the process, not the machine).
+        Best effort: where the file cannot be written, a restart falls back to the durable bound."""
+        if self._live is None:
+            boot = _boot_id()
+            if boot is None:
+                return
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+                fd = os.open(self.live_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.write(fd, _live_header(boot) + bytes(8))
+            except OSError:
+                return
+            self._live = fd
+        try:
+            os.pwrite(self._live, value.to_bytes(8, "little", signed=True), _LIVE_VALUE)
+        except OSError:
+            pass
+
     def record(self, bound: int) -> None:
         """Records ``bound`` durably (complete file or the previous one, never a partial one).
 
@@ -88,6 +137,25 @@ class StepJournal:
             storage.write_atomically(self.path, json.dumps({"bound": bound}).encode())
         except OSError as e:
             raise StepJournalError(f"cannot write the global_step journal {self.path}: {e}") from e
+
+
+_LIVE_MAGIC = b"psflow-global-step-live\n"
+_LIVE_VALUE = 64  # the header (magic, boot id, padding), then the value: int64, little-endian
+_LIVE_SIZE = _LIVE_VALUE + 8
+
+
+@cache
+def _boot_id() -> bytes | None:
+    """This boot's id (Linux: ``/proc/sys/kernel/random/boot_id``); None where there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().strip()[:_LIVE_VALUE - len(_LIVE_MAGIC)] or None
+    except OSError:
+        return None
+
+
+def _live_header(boot: bytes) -> bytes:
+    return (_LIVE_MAGIC + boot).ljust(_LIVE_VALUE, b"\0")
 
 
 class GlobalStep:
@@ -104,9 +172,11 @@ class GlobalStep:
         self._value = value
         self._lock = threading.Lock()
         self._journal = journal
-        #: Every value an earlier process with this journal handed out is at most this (0: none).
-        self.floor = journal.load() if journal is not None else 0
-        self._bound = self.floor
+        self._bound = journal.load() if journal is not None else 0
+        last = journal.last_value(self._bound) if journal is not None else None
+        #: Every value an earlier process with this journal handed out is at most this (0: none): the last one,
+        #: when it was killed on this boot, else the durable bound.
+        self.floor = last if last is not None else self._bound
 
     @property
     def value(self) -> int:
@@ -122,6 +192,8 @@ class GlobalStep:
         with self._lock:
             value = self._value + 1
             self._cover(value)
+            if self._journal is not None:
+                self._journal.note(value)
             self._value = value
             return value
 
@@ -152,7 +224,9 @@ class GlobalStep:
             StepJournalError: a higher bound could not be recorded.
         """
         with self._lock:
-            if self._journal is not None and value > self._bound:
-                self._journal.record(value)
-                self._bound = value
+            if self._journal is not None:
+                if value > self._bound:
+                    self._journal.record(value)
+                    self._bound = value
+                self._journal.note(value)
             self._value = value

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from psflow.ps import global_step as global_step_module
 from psflow.ps.global_step import GlobalStep, StepJournal, StepJournalError
 
 
@@ -145,3 +149,54 @@ def test_the_chief_s_initialization_records_the_first_block_before_any_push(tmp_
     steps = [client.push_detailed({"bias": DenseGradient(np.ones(2, np.float32))}).step for _ in range(5)]
     assert steps == [1, 2, 3, 4, 5]
     assert json.loads(path.read_text())["bound"] == 8  # the fifth push recorded the next block
+
+
+# ---- the exact last value, for a restart on the same boot ------------------------------------------------------
+_KILLED_COUNTER = """
+import os, signal, sys
+from psflow.ps.global_step import GlobalStep, StepJournal
+step = GlobalStep(journal=StepJournal(sys.argv[1], block=100))
+for _ in range(int(sys.argv[2])):
+    step.increment()
+os.kill(os.getpid(), signal.SIGKILL)  # no clean-up of any kind: what a killed ps task 0 leaves
+"""
+
+
+def _killed_after(path: Path, increments: int) -> None:
+    """A real process that hands out ``increments`` values with ``path``'s journal (block 100), then is SIGKILLed."""
+    done = subprocess.run([sys.executable, "-c", _KILLED_COUNTER, str(path), str(increments)], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+
+
+def test_a_counter_killed_on_this_boot_leaves_its_exact_last_value_as_the_floor(tmp_path: Path) -> None:
+    """A restarted ps task 0 goes on from the last value handed out, not from the block's bound: a restore then
+    sets global_step past the kill by nothing, so a schedule and --max-steps lose no steps to the gap."""
+    path = tmp_path / "global_step.json"
+    _killed_after(path, 250)
+    assert StepJournal(str(path)).load() == 300  # the durable bound, for a machine that crashed
+    second = GlobalStep(journal=StepJournal(str(path), block=100))
+    assert second.floor == 250
+    second.set(second.floor)  # the restore within the run
+    assert second.increment() == 251
+    _killed_after(path, 0)  # a restarted process that handed out nothing keeps the floor
+    assert GlobalStep(journal=StepJournal(str(path), block=100)).floor == 251
+
+
+def test_after_a_reboot_the_floor_is_the_durable_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exact value lives in the page cache until written back: another boot (the machine crashed) may have lost
+    it, so only the fsync'd bound counts there."""
+    path = tmp_path / "global_step.json"
+    _killed_after(path, 250)
+    monkeypatch.setattr(global_step_module, "_boot_id", lambda: b"another-boot")
+    assert GlobalStep(journal=StepJournal(str(path), block=100)).floor == 300
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "above the bound"])
+def test_a_damaged_last_value_falls_back_to_the_durable_bound(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "global_step.json"
+    _killed_after(path, 250)
+    live = Path(StepJournal(str(path)).live_path)
+    data = live.read_bytes()
+    live.write_bytes({"empty": b"", "truncated": data[:-3],
+                      "above the bound": data[:-8] + (301).to_bytes(8, "little")}[damage])
+    assert GlobalStep(journal=StepJournal(str(path), block=100)).floor == 300

@@ -2,7 +2,8 @@
 
 ps services in this process with ps task 0's global_step journal in a file; every ps task "dies" (fresh
 services behind the same channels, ps task 0 reading the same journal). Within the run that wrote the newest
-checkpoint the restore goes on past the journal's bound, so no step value is handed out twice; a new run
+checkpoint the restore goes on past the last step value the journal holds (on another boot: its fsync'd
+bound), so no step value is handed out twice; a new run
 resuming the same checkpoint starts at the checkpoint's step (an ordinary resume never jumps).
 tests/integration/test_in_graph_ps_all_lost.py runs it with ``psflow train --replication in-graph``.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from psflow.cluster import ClusterSpec
 from psflow.gradients import DenseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps import global_step
 from psflow.ps.client import ParameterClient
 from psflow.ps.global_step import StepJournal
 from psflow.ps.service import ParameterService
@@ -60,27 +63,37 @@ def _push(client: ParameterClient) -> int:
                                 generation=client.ps_stats().generation).step
 
 
-def _run_then_lose_every_ps_task(tmp_path: Path, journal: Path | None) -> tuple[str, ParameterClient]:
-    """Run ``run-a``: 3 steps, a checkpoint at step 3, 4 more steps (7 handed out), then every ps task dies.
-    Returns the checkpoint directory and a client of the restarted, empty cluster."""
+def _run_then_lose_every_ps_task(tmp_path: Path, journal: Path | None,
+                                 reboot: pytest.MonkeyPatch | Literal[False] = False) -> tuple[str, ParameterClient]:
+    """Run ``run-a``: 3 steps, a checkpoint at step 3, 4 more steps (7 handed out), then every ps task dies (and,
+    with ``reboot``, the machine restarted: another boot id). Returns the checkpoint directory and a client of the
+    restarted, empty cluster."""
     ckpt = str(tmp_path / "ckpt")
     client = _client(_services(journal))
     join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)
     assert [_push(client) for _ in range(3)] == [1, 2, 3]
     CheckpointManager(ckpt, run_id="run-a").save(client)
     assert [_push(client) for _ in range(4)] == [4, 5, 6, 7]
+    if reboot:
+        reboot.setattr(global_step, "_boot_id", lambda: b"another-boot")
     return ckpt, _client(_services(journal))
 
 
-def test_a_restart_within_the_run_goes_on_past_every_step_value_handed_out(tmp_path: Path) -> None:
-    ckpt, client = _run_then_lose_every_ps_task(tmp_path, tmp_path / "state" / "global_step.json")
+@pytest.mark.parametrize("boot", ["same", "another"])
+def test_a_restart_within_the_run_goes_on_past_every_step_value_handed_out(tmp_path: Path, boot: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the same boot ps task 0's journal holds the last value handed out (7), after a reboot only its fsync'd
+    bound (10): either way the restore goes on past step 7."""
+    journal = tmp_path / "state" / "global_step.json"
+    ckpt, client = _run_then_lose_every_ps_task(tmp_path, journal, reboot=(boot == "another") and monkeypatch)
+    floor = 7 if boot == "same" else BLOCK  # steps 1-7 were handed out under bound 10
     states = ps_states(client)
     assert not any(s is not None and s.ready for s in states.values())
-    assert states[0] is not None and states[0].step_floor == BLOCK  # steps 1-7 were handed out under bound 10
+    assert states[0] is not None and states[0].step_floor == floor
     assert lost_within_run(ckpt, "run-a", states, client.step_task)
     ClusterRecovery(client, SGD, checkpoint_dir=ckpt, leader=lambda: None, timeout=30.0).restore(None, states)
-    assert client.global_step() == BLOCK
-    assert _push(client) == BLOCK + 1  # never one of 4-7 again
+    assert client.global_step() == floor
+    assert _push(client) == floor + 1  # never one of 4-7 again
 
 
 def test_a_new_run_resuming_the_checkpoint_starts_at_its_step(tmp_path: Path) -> None:
