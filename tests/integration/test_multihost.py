@@ -322,16 +322,15 @@ def test_chaos_kills_tasks_on_their_own_hosts_and_the_run_recovers(make_lab: Cal
         hosts={(job, i): lab.hosts[f"{job}{i}"].address for job, i in tasks},
         prefixes={(job, i): ("ip", "netns", "exec", lab.hosts[f"{job}{i}"].netns) for job, i in tasks})
     resilience = ResilienceConfig(RestartConfig(policy="on-failure", max_restarts=3),
-                                  chaos=ChaosPlan.parse(["kill:ps:0@step=100", "kill:worker:1@step=100"]))
+                                  chaos=ChaosPlan.parse(["kill:ps:0@step=40", "kill:worker:1@step=40"]))
     # One round: both faults fire at the same poll, however late a loaded machine lets it come (one saw step 40 at
     # 319), and the restore rewinds both workers to the checkpoint, so training goes on after both replacements
-    # started. At step 100, not 40: a ps task killed before the chief's first checkpoint landed cannot be restored
-    # (the run fails, saying so, by design), and on a loaded machine (tests on two processes beside two busy ones)
-    # worker 1 pushed 45 steps while the chief's initial save was still being written. A second round 40 steps after
-    # the first one's recovery needed the run to have 40 steps left then:
+    # started. A kill at any step finds a checkpoint to restore: the chief writes the initial one (step 0) before
+    # it makes the ps tasks ready, so no worker pushes before it lands (tests/integration/test_initial_checkpoint.py).
+    # A second round 40 steps after the first one's recovery needed the run to have 40 steps left then:
     # with the first fault seen at 319 of ~510, worker 1 was killed at the end of the data and its recovery was
     # never seen. (The spacing of rounds after a restore's step jump: test_chaos_schedule.py.)
-    epochs = 5  # ~640 global steps: a fault seen late (step 100 polled at ~400) still leaves steps to recover in
+    epochs = 4
     config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, num_ps=2, num_workers=2,
                               epochs=epochs, batch_size=256, transport="tcp", connect_timeout=120.0,
                               checkpoint_dir=str(tmp_path / "ckpt"), save_checkpoints_steps=20)
