@@ -30,7 +30,11 @@ The evaluator reads files and opens no channel to any task, so it cannot slow
 training. It does need to see the checkpoint directory: a shared file system,
 or on Kubernetes a volume that the chief writes to. If rotation deletes a
 checkpoint while it is being read, the evaluator logs that and moves on to the
-next newest; it never evaluates a partial checkpoint.
+next newest; it never evaluates a partial checkpoint. A checkpoint still there
+that cannot be read (a shard damaged or missing) is named once, in a WARNING
+with the file and why, and not read again: the evaluator waits for a newer one.
+When that checkpoint is the run's last (final, or at ``--max-steps``), nothing
+newer will come, and the evaluator fails with a :class:`CheckpointError` naming it.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
         ConfigError: no ``checkpoint_dir`` or no ``eval`` data; ``--eval-moving-averages`` and a checkpoint
             without moving averages.
         DataError: the eval data cannot be read (names the file and record).
+        CheckpointError: the run's final checkpoint cannot be read (names it and the file).
         ModelError: a checkpoint's model cannot be rebuilt (names the checkpoint), or is a user's module
             that this task's --model does not name (a manifest is data: it does not choose code to run).
     """
@@ -94,11 +99,18 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
     batch = read_all(list(config.data.eval), config.data.format, **data_options(config))  # as the chief's EvalHook reads it
     writer = SummaryWriter(os.path.join(config.report.summary_dir, "eval")) if config.report.summary_dir else None
     done: list[Evaluation] = []
+    unreadable: tuple[str, int] | None = None  # the newest checkpoint, found damaged: not read again
     log.info("evaluator: watching %s every %.1f s; evaluating on %s", config.checkpoint.dir, poll_secs,
              ", ".join(config.data.eval))
     try:
         while not stop.is_set():
             newest = _newest(config.checkpoint.dir)
+            if newest is not None and newest[:2] == unreadable:
+                if _ends_training(newest, config.data.max_steps):  # marked final since: nothing newer will come
+                    raise CheckpointError(f"evaluator: the final checkpoint {newest[0]} cannot be read (see the "
+                                          "WARNING above); nothing newer will come")
+                stop.wait(poll_secs)
+                continue
             if newest is None or (done and newest[:2] == (done[-1].checkpoint, done[-1].global_step)):
                 if newest is not None and newest[2]:  # marked final after it was evaluated (the last
                     log.info("evaluator: %s is the final checkpoint", os.path.basename(newest[0]))  # save's step)
@@ -106,8 +118,19 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
                     break
                 stop.wait(poll_secs)
                 continue
-            result = _evaluate(newest[0], batch, search_path, config.report.eval_moving_averages, config.model.name)
-            if result is None:  # deleted by rotation while read: the next poll takes the newest
+            try:
+                result = _evaluate(newest[0], batch, search_path, config.report.eval_moving_averages,
+                                   config.model.name)
+            except (CheckpointError, OSError) as e:
+                if _newest(config.checkpoint.dir) != newest:  # deleted by rotation while read: take the newest
+                    log.info("evaluator: skipped %s (%s)", newest[0], e)
+                    continue
+                if _ends_training(newest, config.data.max_steps):
+                    raise CheckpointError(f"evaluator: the final checkpoint {newest[0]} cannot be read: {e}; "
+                                          "nothing newer will come") from e
+                log.warning("evaluator: cannot read checkpoint %s, skipped: %s; waiting for a newer one",
+                            newest[0], e)
+                unreadable = newest[:2]
                 continue
             done.append(result)
             log.info("evaluator: step=%d %s (%s%s)", result.global_step, format_metrics(result.metrics),
@@ -137,18 +160,23 @@ def _newest(directory: str) -> tuple[str, int, bool] | None:
     return path, manifest.global_step, manifest.final
 
 
-def _evaluate(path: str, batch: Batch, search_path: str | None, moving_averages: bool,
-              model: str) -> Evaluation | None:
-    try:
-        manifest = read_manifest(path)
-        if moving_averages and not averaged_variables(manifest):  # every later checkpoint would lack them too
-            raise ConfigError(f"evaluator: --eval-moving-averages, but checkpoint {path} holds no moving averages "
-                              "(train with --moving-average-decay)")
-        # The manifest is data: a user's module it names is imported only if this task's --model names it too.
-        loaded = load_checkpoint_model(path, search_path=search_path, moving_averages=moving_averages, model=model)
-        final = manifest.final
-    except (CheckpointError, OSError) as e:
-        log.info("evaluator: skipped %s (%s)", path, e)
-        return None
+def _ends_training(newest: tuple[str, int, bool], max_steps: int | None) -> bool:
+    """Whether checkpoint ``newest`` (path, global_step, final) is the last one the run writes."""
+    return newest[2] or (max_steps is not None and newest[1] >= max_steps)
+
+
+def _evaluate(path: str, batch: Batch, search_path: str | None, moving_averages: bool, model: str) -> Evaluation:
+    """Evaluates checkpoint ``path``.
+
+    Raises:
+        CheckpointError, OSError: it cannot be read (gone since, or damaged: the message names the file).
+    """
+    manifest = read_manifest(path)
+    if moving_averages and not averaged_variables(manifest):  # every later checkpoint would lack them too
+        raise ConfigError(f"evaluator: --eval-moving-averages, but checkpoint {path} holds no moving averages "
+                          "(train with --moving-average-decay)")
+    # The manifest is data: a user's module it names is imported only if this task's --model names it too.
+    loaded = load_checkpoint_model(path, search_path=search_path, moving_averages=moving_averages, model=model)
+    final = manifest.final
     metrics = evaluate(loaded.model, ArrayParameters(loaded.values, what=path), batch)
     return Evaluation(path, loaded.global_step, metrics, final)

@@ -135,3 +135,74 @@ def test_a_run_whose_last_periodic_save_falls_on_its_last_step_still_marks_it_fi
     config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
     done = run_evaluator(config, poll_secs=0.05)
     assert [(e.global_step, e.final) for e in done] == [(20, True)]
+
+
+def _trained(tmp_path: Path) -> Path:
+    """A finished run's checkpoint directory: ckpt-000000000, -10, -20 (final), one ps task, one worker; every
+    save full (an increment reads its base's shards too)."""
+    from support import run_cli
+
+    ckpt = tmp_path / "ckpt"
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "1", "--quiet",
+                "--max-steps", "20", "--save-checkpoints-steps", "10", "--full-checkpoint-every", "1",
+                "--checkpoint-dir", str(ckpt), "--output", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return ckpt
+
+
+def _damage(checkpoint: Path) -> Path:
+    shard = sorted(checkpoint.glob("shard-*"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    return shard
+
+
+def test_a_damaged_checkpoint_is_named_once_and_the_evaluator_waits_for_a_newer_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The newest checkpoint cannot be read (a shard cut short): one WARNING names it and the shard, and the
+    evaluator waits for the next checkpoint instead of reading the damaged one again at every turn of its loop
+    (it did, without pause: thousands of lines a second). The final checkpoint that follows is evaluated."""
+    ckpt = _trained(tmp_path)
+    final = ckpt / "ckpt-000000020"
+    aside = tmp_path / "aside"
+    final.rename(aside)  # the pointer names it; gone, the newest complete one it lists is ckpt-000000010
+    shard = _damage(ckpt / "ckpt-000000010")
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    stop = threading.Event()
+    result: list[list[tuple[int, bool]]] = []
+    caplog.set_level("INFO", logger="psflow.evaluator")
+    thread = threading.Thread(target=lambda: result.append(
+        [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05, stop=stop)]))
+    thread.start()
+    try:
+        def named() -> list[str]:
+            return [f"{r.levelname} {r.getMessage()}" for r in caplog.records
+                    if r.name == "psflow.evaluator" and "ckpt-000000010" in r.getMessage()]
+
+        wait_until(lambda: named() or None, "the evaluator named the damaged checkpoint")
+        aside.rename(final)  # polls went by meanwhile (wait_until looks every 0.1 s; the evaluator, 0.05 s)
+        thread.join(timeout=120)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert result == [[(20, True)]], (result, caplog.text[-3000:])
+    lines = named()
+    assert len(lines) == 1, lines[:5]
+    assert lines[0].startswith("WARNING ") and str(shard) in lines[0], lines
+
+
+def test_a_damaged_final_checkpoint_stops_the_evaluator_naming_it(tmp_path: Path) -> None:
+    """The run's final checkpoint cannot be read: nothing newer will come, so the evaluator fails with one
+    line naming the checkpoint and the shard (exit status 1), instead of reading it again for ever."""
+    ckpt = _trained(tmp_path)
+    shard = _damage(ckpt / "ckpt-000000020")
+    port = free_ports(1)[0]
+    env = dict(os.environ, PSFLOW_TOKEN=TOKEN, TF_CONFIG=json.dumps(
+        {"cluster": {"ps": [f"127.0.0.1:{port}"], "worker": [f"127.0.0.1:{port + 1}"]},
+         "task": {"type": "evaluator", "index": 0}}))
+    done = run_bounded([sys.executable, "-m", "psflow", "server", "--train", str(A9A), "--eval", str(A9A_T),
+                        "--num-features", "124", "--checkpoint-dir", str(ckpt), "--eval-poll-secs", "0.05"],
+                       timeout=120, env=env)
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "ckpt-000000020" in done.stderr and str(shard) in done.stderr and "final" in done.stderr, done.stderr
+    assert done.stderr.count("ckpt-000000020") <= 3, done.stderr[-3000:]  # not one line per poll
