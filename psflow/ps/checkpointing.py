@@ -133,6 +133,7 @@ from psflow.ps.shard_snapshot import (
     DYNAMIC_SEPARATOR,
     SLOT_SEPARATOR,
     dynamic_tensor_names,
+    non_finite,
     shard_tensor_names,
     shard_tensors,
 )
@@ -257,6 +258,12 @@ class CheckpointHandlers:
         counter = self.push_count
         with counter.holding() if counter is not None else contextlib.nullcontext(None) as held:
             step, positions, examples, tensors, parts, marks = self._snapshot(since)
+        bad = non_finite(tensors)
+        if bad:  # a diverged model: a checkpoint of it would rotate away the good ones (nothing is written)
+            held_by = ", ".join(f"{name} holds {n} non-finite value{'s' if n > 1 else ''}" for name, n in bad[:5])
+            raise InvalidRequest(f"{self.task_name}: refused to save the checkpoint shard of global_step {step}: "
+                                 f"{held_by}{f' (and {len(bad) - 5} more)' if len(bad) > 5 else ''} (NaN or infinite): "
+                                 "the model diverged; the checkpoints already saved are kept")
         data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
         reply = SaveShardReply(self.task_name, parts, step, positions, examples, len(data),
                                hashlib.sha256(data).hexdigest(), pushes_applied=held.total if held else None,

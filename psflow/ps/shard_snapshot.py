@@ -23,7 +23,7 @@ from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.store import PartitionState
 
 __all__ = ["SLOT_SEPARATOR", "DYNAMIC_SEPARATOR", "CHANGED_ROWS", "shard_tensor_names", "dynamic_tensor_names",
-           "changed_rows_name", "partition_copy", "saved_slots", "shard_tensors"]
+           "changed_rows_name", "non_finite", "partition_copy", "saved_slots", "shard_tensors"]
 
 #: Separates a partition key from a slot name in a shard's tensor names:
 #: ``weights/part_0`` is the value, ``weights/part_0:accum`` one of its slots.
@@ -137,3 +137,23 @@ def shard_tensors(partitions: Sequence[PartitionState], since: Mapping[str, Any]
             tensors[name] = slots[slot]
         parts.append({**record, "slots": sorted(slots)})
     return tensors, parts
+
+
+def non_finite(tensors: Mapping[str, np.ndarray]) -> list[tuple[str, int]]:
+    """``(name, count)`` of every floating-point tensor holding NaN or infinite values (a diverged model), by name.
+
+    One pass per tensor, a float64 sum (NaN and infinities carry through it; float32 values cannot overflow it),
+    and an element-wise count only for a tensor whose sum is not finite: no temporary as large as a table.
+    """
+    out = []
+    for name in sorted(tensors):
+        array = tensors[name]
+        if array.dtype.kind != "f" or not array.size:
+            continue
+        with np.errstate(all="ignore"):
+            if np.isfinite(np.sum(array, dtype=np.float64)):
+                continue
+            count = int(array.size - np.count_nonzero(np.isfinite(array)))
+        if count:
+            out.append((name, count))
+    return out
