@@ -20,8 +20,10 @@ does unless ``--keep-serving``), once the run is over: every training worker
 of the cluster has sent ``Done`` (:mod:`psflow.ps.run_end`, which says when a
 worker sends it). The task then logs ``<task>: run over (workers 0-1
 finished, final checkpoint ckpt-... written): exiting`` and stops. In a replicated shard only the
-primary hears the workers' ``Done``; it stops the shard's other members first (each logs ``<task>:
-stopped by <primary>, its shard's primary: the run is over``), so backups started by hand exit too.
+primary hears the workers' ``Done``; once every backup holds the last one, it stops the shard's other
+members first (each logs ``<task>: stopped by <primary>, its shard's primary: the run is over``), so
+backups started by hand exit too. A backup promoted after some workers' ``Done`` holds them (replicated with
+the shard), so it ends the run as its primary would have.
 
 Security: with a ``token`` every call (gRPC and the TCP carrier) must carry
 it, ``Shutdown`` included; without one the server logs a WARNING when it
@@ -47,6 +49,7 @@ from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
 from psflow.ps.global_step import StepJournal
 from psflow.ps.protocol import Ack
 from psflow.ps.replication import ReplicationConfig, ShardReplication
+from psflow.ps.replication.after_acked import AfterAcked
 from psflow.ps.run_end import training_workers
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, CarrierServer, ConnectConfig, Handler, Reply, RpcError, ServeConfig
@@ -139,6 +142,7 @@ class Server:
         self._stopped = threading.Event()
         self.parameter_service: ParameterService | None = None
         self.replication: ShardReplication | None = None
+        self._after_acked = AfterAcked()
         services: dict[str, Mapping[str, Handler]] = {}
         self._ps_handlers: dict[str, Handler] = {}
         replicated = ps_replicas(self.cluster) > 0 and job_name in (PS_JOB, BACKUP_JOB)
@@ -161,6 +165,8 @@ class Server:
                     ReplicationConfig(self.cluster, self.task.name, shard, token=token, tls=tls,
                                       transport="grpc" if tls is not None else "tcp"), self.parameter_service)
                 self._ps_handlers = self.replication.handlers(self._ps_handlers)
+                if "Done" in self._ps_handlers:  # the run's end waits for the last Done's entry (_run_over)
+                    self._ps_handlers["Done"] = self._after_acked.wrap(self._ps_handlers["Done"])
             services[PARAMETER_SERVICE] = {**self._ps_handlers, TRANSPORT_METHOD: self._transport}
             if holds_step:  # the embedded leases: ps task 0's table (replicated, every member of shard 0's)
                 table = LeaseTable(self.task.name)
@@ -247,8 +253,9 @@ class Server:
         """(``stop_when_run_over``) The last training worker's ``Done`` arrived: stop serving, and (a replicated
         shard's primary) stop the shard's other members first, which the workers' ``Done`` never reaches."""
         log.info("%s: run over (%s): exiting", self.task.name, description)
-        # On another thread: the Done that completed the ledger gets its reply within stop()'s grace.
-        threading.Thread(target=self._stop_after_run, name="psflow-run-over", daemon=True).start()
+        # On another thread: the Done that completed the ledger gets its reply within stop()'s grace. A replicated
+        # primary's backups are stopped once they hold that Done (after_acked.py), not while it reaches them.
+        self._after_acked.run(threading.Thread(target=self._stop_after_run, name="psflow-run-over", daemon=True).start)
 
     def _stop_after_run(self) -> None:
         """Sends ``Shutdown`` (marked as the run's end) to every other member of this task's shard, each at most

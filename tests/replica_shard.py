@@ -35,6 +35,7 @@ from psflow.ps.protocol import (
     ReplicateRequest,
 )
 from psflow.ps.replication import ReplicationConfig, ShardReplication
+from psflow.ps.replication.after_acked import AfterAcked
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc import after_reply
@@ -166,7 +167,11 @@ class InProcessShard:
     """Shard 0 with ``backups`` ps_backup members; :meth:`start` makes the ps task primary of a fresh shard."""
 
     def __init__(self, backups: int = 1, replica_timeout: float = 5.0, message_limit: int | None = None,
-                 chunk_bytes: int | None = None) -> None:
+                 chunk_bytes: int | None = None, run_end: bool = False) -> None:
+        #: With ``run_end``: each member serves ``Done`` for :data:`WORKERS`, composed as psflow.server does
+        #: (its run-over work waits for the last Done's entry: AfterAcked); ``run_over`` records (member, what).
+        self.run_end = run_end
+        self.run_over: list[tuple[str, str]] = []
         self.members = (PRIMARY, *(backup(i) for i in range(backups)))
         self.cluster = ClusterSpec({"ps": ["127.0.0.1:1"],
                                     "ps_backup": [f"127.0.0.1:{2 + i}" for i in range(backups)]})
@@ -202,7 +207,9 @@ class InProcessShard:
 
     def add(self, member: str) -> ShardReplication:
         """A fresh process of ``member`` (empty service, new incarnation), reachable at once."""
-        service = ParameterService(0, holds_global_step=True)
+        after = AfterAcked()
+        service = ParameterService(0, holds_global_step=True, training_workers=list(WORKERS) if self.run_end else None,
+                                   on_run_over=lambda what: after.run(lambda: self.run_over.append((member, what))))
         chunking = {} if self.chunk_bytes is None else {"chunk_bytes": self.chunk_bytes}
         replica = ShardReplication(ReplicationConfig(self.cluster, member, 0, replica_timeout=self.replica_timeout,
                                                      status_timeout=1.0, **chunking), service,
@@ -212,6 +219,8 @@ class InProcessShard:
             old.stop()
         self.services[member], self.replicas[member] = service, replica
         self.handlers[member] = replica.handlers(service.handlers())
+        if self.run_end:
+            self.handlers[member]["Done"] = after.wrap(self.handlers[member]["Done"])
         return replica
 
     def start(self, member: str = PRIMARY) -> None:

@@ -30,6 +30,12 @@ later process of that worker has been seen (a higher incarnation, from its
 pushes or its ``ReaderPositions`` claim), so a late ``Done`` of an earlier
 process does not count either.
 
+Replicated shards (:mod:`psflow.ps.replication`): the ledger is part of the shard's small state
+(:meth:`RunLedger.replica_state`), so a backup holds every ``Done`` its primary acknowledged; promoted, it
+counts the ``Done`` sent before (a worker that finished earlier) and, if they complete the run, announces
+it then (:meth:`RunLedger.announce_if_over`). A backup never announces the run over itself: its primary,
+which heard the last ``Done``, stops it.
+
 Not guaranteed: a worker that fails never sends ``Done``, so the ps tasks of a
 failed run keep serving (a restarted worker can still rejoin; ``psflow
 shutdown`` stops them); a ps task restarted after the workers sent ``Done``
@@ -117,6 +123,7 @@ class RunLedger:
         self._lock = threading.Lock()
         self._done: dict[str, _Done] = {}
         self._over = False
+        self._announced = False  # on_over called (here: a ledger loaded as over has not announced it)
 
     def handlers(self) -> dict[str, Handler]:
         """``{"Done": ...}``, for the ps task's services."""
@@ -127,12 +134,48 @@ class RunLedger:
         worker, report = self._parse(frame)
         with self._lock:
             self._done[worker] = report
-            fire = not self._over and self._complete()
-            self._over = self._over or fire
-        if fire and self._on_over is not None:
-            self._on_over(self.describe())
+            self._over = self._over or self._complete()
+        self.announce_if_over()
         reply = DoneReply(self.over).to_frame()
         return reply.meta, reply.arrays
+
+    def announce_if_over(self) -> None:
+        """Calls ``on_over`` if the run is over and this ledger has not called it yet: after a ``Done``, or on a
+        backup promoted to primary whose replicated ledger says the run is over (its old primary died before
+        stopping the shard)."""
+        with self._lock:
+            fire = self._over and not self._announced
+            self._announced = self._announced or fire
+        if fire and self._on_over is not None:
+            self._on_over(self.describe())
+
+    def replica_state(self) -> dict[str, Any]:
+        """The ledger as a replicated shard's small state carries it (JSON): each ``Done`` and whether the run is
+        over."""
+        with self._lock:
+            return {"done": [[w, d.incarnation, d.checkpoint_dir, d.final_checkpoint] for w, d in self._done.items()],
+                    "over": self._over}
+
+    def load_replica_state(self, state: Any) -> None:
+        """Replaces the ledger's reports with the primary's (:meth:`replica_state`); announces nothing (a backup's
+        primary stops it). A malformed state changes nothing.
+
+        Raises:
+            ValueError: ``state`` is malformed (names what).
+        """
+        if not isinstance(state, dict) or not isinstance(state.get("done"), list):
+            raise ValueError(f"{self.task_name}: a run ledger state is {{'done': [...], 'over': bool}}, "
+                             f"got {state!r:.100}")
+        done: dict[str, _Done] = {}
+        for item in state["done"]:
+            if not (isinstance(item, list) and len(item) == 4 and item[0] in self._expected
+                    and isinstance(item[1], int) and isinstance(item[2], bool)
+                    and (item[3] is None or isinstance(item[3], str) and _CHECKPOINT_NAME.fullmatch(item[3]))):
+                raise ValueError(f"{self.task_name}: malformed Done in a run ledger state: {item!r:.100}")
+            done[item[0]] = _Done(item[1], item[2], item[3])
+        with self._lock:
+            self._done = done
+            self._over = bool(state.get("over"))
 
     def joined(self, worker: object) -> None:
         """``worker`` registered (a process of it joins the cluster): a ``Done`` it sent before no longer counts.

@@ -23,6 +23,7 @@ from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
 from psflow.launch.supervisor import STATE_LOST_EXIT_CODE
 from psflow.optim import OptimizerSpec
+from psflow.ps.protocol import PromoteRequest, ReplicaStatusReply, ReplicaStatusRequest
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 
@@ -342,3 +343,63 @@ def test_psflow_shutdown_stops_the_backups_of_a_replicated_cluster_too(tasks: Ca
     assert done.returncode == 0, done
     for name in ("ps-0", "ps-1", "ps_backup-0", "ps_backup-1"):
         assert cluster.exit_code(name, limit=30.0) == 0, f"{name}:\n{cluster.log(name)[-3000:]}"
+
+
+def _replicated_shard(tasks: Callable[[ClusterSpec], _Tasks], workers: int, *backup_flags: str) -> _Tasks:
+    """ps task 0 and its backup (``psflow server``; ``backup_flags`` its own), serving: the backup holds the
+    shard (it joined the view from the primary's snapshot)."""
+    ports = free_ports(2 + workers)
+    cluster = tasks(ClusterSpec({"ps": [f"127.0.0.1:{ports[0]}"], "ps_backup": [f"127.0.0.1:{ports[1]}"],
+                                 "worker": [f"127.0.0.1:{p}" for p in ports[2:]]}))
+    cluster.start("ps", 0)
+    cluster.start("ps_backup", 0, *backup_flags)
+    cluster.wait_serving(0)
+    backup = _channel(cluster, "ps_backup", 0)
+
+    def holds_the_shard() -> bool:
+        assert cluster.procs["ps_backup-0"].poll() is None, cluster.log("ps_backup-0")[-3000:]
+        try:
+            return ReplicaStatusReply.from_frame(backup.call(ReplicaStatusRequest.METHOD, {})).has_state
+        except RpcError:  # not serving yet
+            return False
+
+    try:
+        wait_until(holds_the_shard, "the backup holding the shard", limit=_SAFETY)
+    finally:
+        backup.close()
+    return cluster
+
+
+def _channel(cluster: _Tasks, job: str, index: int) -> TaskChannel:
+    config = ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30)
+    return TaskChannel(f"/job:{job}/task:{index}", cluster.cluster.task_address(job, index), PARAMETER_SERVICE, config)
+
+
+def _done(channel: TaskChannel, worker: int) -> bool:
+    """What worker ``worker`` sends when its session has ended (psflow.train.worker); whether the run is over."""
+    return bool(channel.call("Done", {"worker": f"/job:worker/task:{worker}", "incarnation": 1,
+                                      "checkpoint_dir": False}).meta["run_over"])
+
+
+def test_a_backup_promoted_after_a_worker_finished_ends_the_run_when_the_others_do(
+        tasks: Callable[[ClusterSpec], _Tasks]) -> None:
+    """Worker 0 finished, then shard 0's primary died and its backup was promoted: the backup never heard
+    worker 0's Done (not replicated), so once worker 1 finished too it still waited for worker 0, serving for
+    ever, its Stats naming worker 1 alone done."""
+    cluster = _replicated_shard(tasks, 2)
+    primary, backup = _channel(cluster, "ps", 0), _channel(cluster, "ps_backup", 0)
+    try:
+        assert _done(primary, 0) is False
+        cluster.procs["ps-0"].kill()  # SIGKILL: it stops nothing, tells no one
+        cluster.procs["ps-0"].wait(timeout=_SAFETY)
+        # What worker 1's client does when its push finds the primary gone (psflow.ps.failover)
+        backup.call(PromoteRequest.METHOD, PromoteRequest(0, 1, "/job:worker/task:1").to_frame().meta)
+        assert backup.call("Stats").meta["run_end"]["workers_done"] == ["/job:worker/task:0"]
+        assert _done(backup, 1) is True
+    finally:
+        primary.close()
+        backup.close()
+    assert cluster.exit_code("ps_backup-0") == 0
+    assert "/job:ps_backup/task:0: run over (workers 0-1 finished, no checkpoint directory): exiting" in \
+        cluster.log("ps_backup-0"), cluster.log("ps_backup-0")[-3000:]
+

@@ -24,6 +24,7 @@ Modules (one concept each):
 * ``fence_state.py``: the shard's fence (the highest chief epoch it accepted), carried;
 * ``save_ledger.py``: shard 0's checkpoint ledger (``CheckpointStatus``: saves done and failed, the newest), carried;
 * ``checkpoint_count.py``: the count of applied pushes a shard's checkpoints save and a restore sets back;
+* ``after_acked.py``: work held until a call's entry is acknowledged (a primary ends the run after the last ``Done``);
 * ``deposed.py``: a deposed primary (refuses writes, one warning, rebuilds);
 * ``view_checks.py``: what the member a view change names checks itself first (the other side answers: refused);
 * ``startup.py``: a member's place when its process starts (fresh primary, join, promote its successor)

@@ -16,7 +16,7 @@
 * Counts (``Stats``' ``replication`` entry): ``pushes_applied`` (numbered pushes applied here, each once) and
   ``pushes_acknowledged`` (the largest ``acked`` each client process reported, summed): docs/replication.md.
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
-  knows; ``Replicate`` writes the primary's entries in order (:mod:`~psflow.ps.replication.applier`).
+  knows; ``Replicate`` writes the primary's entries in order (applier.py). Promoted, it announces a run over.
 * ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`.
 * Start (:meth:`ShardReplication.start`): where the member stands, :mod:`~psflow.ps.replication.startup`.
 
@@ -82,8 +82,7 @@ __all__ = ["ReplicationConfig", "ShardReplication"]
 
 log = logging.getLogger("psflow.ps.replication")
 
-#: Calls that change state and are replicated whole (a full entry) or by their small state.
-_FULL_CALLS = ("LoadShard",)  # Register: register_call.py
+_FULL_CALLS = ("LoadShard",)  # calls replicated whole (a full entry; Register: register_call.py), then by small state:
 _STATE_CALLS = ("SetReady", "BeginRestore", "Done", "ReaderPositions")
 #: A joining member this few entries behind the newest: new entries wait (at most _JOIN_HOLD seconds, then
 #: not again for _JOIN_HOLD) until it acked the newest and entered the view; so it enters under any load.
@@ -478,6 +477,8 @@ class ShardReplication:
         for member in view.backups:  # each rebuilds from this one's state
             self._add_sender(forwarder, member)
         forwarder.set_waited(view.backups)
+        if self.service.run_ledger is not None:  # the workers' Done it holds may say the run is over already
+            self.service.run_ledger.announce_if_over()
 
     def _check_shard(self, shard: int) -> None:
         if shard != self.shard:

@@ -3,8 +3,9 @@ a joining member starts from, and writing either on a backup.
 
 The small state (:func:`task_state`, JSON): global_step and the clocks, the worker ledger (incarnations,
 reader positions, examples, finished workers), readiness and generation, the sync aggregator's workers
-that left and its counts, the moving averages' step, the dedup table, and the counters
-``pushes_applied``/``pushes_acknowledged``. A full entry (:func:`full_entry`) adds the registration (layout,
+that left and its counts, the moving averages' step, the dedup table, the counters
+``pushes_applied``/``pushes_acknowledged``, and the run's end (the workers' ``Done``:
+:meth:`~psflow.ps.run_end.RunLedger.replica_state`). A full entry (:func:`full_entry`) adds the registration (layout,
 optimizer, update mode) and every partition whole: a joining member's snapshot, a checkpoint's load. A
 registration entry (:func:`registration_entry`, the chief's creating ``Register``) adds only the registration:
 the backup creates the same partitions from the same initializers, which are counter-based per element
@@ -41,7 +42,8 @@ def task_state(service: ParameterService, dedup: DedupTable, counts: dict[str, i
     return {"step_clock": service.clock.replica_state(), "workers": service.workers.replica_state(),
             "gate": service.gate.replica_state(),
             "sync": aggregator.replica_state() if aggregator is not None else None,
-            "average_step": service.variables.averages.last_step, "dedup": dedup.export(), "counts": dict(counts)}
+            "average_step": service.variables.averages.last_step, "dedup": dedup.export(), "counts": dict(counts),
+            "run_end": service.run_ledger.replica_state() if service.run_ledger is not None else None}
 
 
 def full_entry(seq: int, service: ParameterService, dedup: DedupTable, counts: dict[str, int]) -> ReplicaEntry:
@@ -83,6 +85,9 @@ def write_entry(service: ParameterService, dedup: DedupTable, counts: dict[str, 
     averages = state.get("average_step")
     if averages is None or isinstance(averages, int):
         service.variables.averages.restored(averages)
+    run_end = state.get("run_end")
+    if run_end is not None and service.run_ledger is not None:
+        service.run_ledger.load_replica_state(run_end)
     dedup.load(state.get("dedup"))
     got = state.get("counts")
     if isinstance(got, dict):
