@@ -37,7 +37,9 @@ constant                  learning_rate (psflow's own: to put a warm-up in front
 ========================  ========================================================================
 
 Every step count (``decay_steps``, ``first_decay_steps``, ``boundaries``) is an
-integer (``decay_steps`` >= 1), every other number finite, ``t_mul`` > 0.
+integer (``decay_steps`` >= 1), every other number finite, ``t_mul`` > 0. psflow's own
+ranges, where TF computes a NaN or infinite rate: ``exponential_decay``'s ``decay_rate`` > 0,
+``inverse_time_decay``'s ``decay_rate`` >= 0, ``polynomial_decay``'s ``power`` >= 0.
 
 Linear warm-up (any schedule; psflow's own, TF1 has none): with
 ``warmup_steps = W > 0`` the learning rate rises linearly from
@@ -121,19 +123,28 @@ def _positive(x: float) -> bool:
     return x > 0.0
 
 
+def _non_negative(x: float) -> bool:
+    return x >= 0.0
+
+
 _LR = _Param("number")
 _DECAY_STEPS = _Param("steps", minimum=1)
 _STAIRCASE = _Param("bool", False)
 _PARAMS: Mapping[str, Mapping[str, _Param]] = {
-    "exponential_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS, "decay_rate": _Param("number"),
-                          "staircase": _STAIRCASE},
+    "exponential_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS,
+                          "decay_rate": _Param("number", rule="> 0 (a negative base to a fractional power is NaN)",
+                                               check=_positive), "staircase": _STAIRCASE},
     "natural_exp_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS, "decay_rate": _Param("number"),
                           "staircase": _STAIRCASE},
-    "inverse_time_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS, "decay_rate": _Param("number"),
+    "inverse_time_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS,
+                           "decay_rate": _Param("number", check=_non_negative,
+                                                rule=">= 0 (1 + decay_rate x step would reach 0: an infinite rate)"),
                            "staircase": _STAIRCASE},
     "piecewise_constant": {"boundaries": _Param("int_list"), "values": _Param("number_list")},
     "polynomial_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS, "end_learning_rate": _Param("number", 0.0001),
-                         "power": _Param("number", 1.0), "cycle": _Param("bool", False)},
+                         "power": _Param("number", 1.0, check=_non_negative,
+                                         rule=">= 0 (0 to a negative power is infinite, at step decay_steps)"),
+                         "cycle": _Param("bool", False)},
     "cosine_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS, "alpha": _Param("number", 0.0)},
     "cosine_decay_restarts": {"learning_rate": _LR, "first_decay_steps": _DECAY_STEPS,
                               "t_mul": _Param("number", 2.0, rule="> 0", check=_positive),
@@ -278,6 +289,22 @@ class ScheduleSpec:
             raise ScheduleError(f"learning-rate schedule {dict(data)!r} has no 'schedule' (its name); "
                                 f"valid names: {', '.join(SCHEDULE_NAMES)}")
         return cls(_check_name(data["schedule"]), {k: v for k, v in data.items() if k != "schedule"})
+
+    def reaches_zero(self) -> str | None:
+        """Why the rate is <= 0 at some step (a float32 decay's underflow far out aside), or None: it never is."""
+        p = self.params
+        if self.warmup_steps and p["warmup_learning_rate"] <= 0:
+            return f"its warm-up starts at 'warmup_learning_rate' {p['warmup_learning_rate']} at step 0"
+        if "learning_rate" in p and p["learning_rate"] <= 0:
+            return f"'learning_rate' is {p['learning_rate']}"
+        ends = {"cosine_decay": ("alpha", "it reaches learning_rate x 'alpha' = {} at step decay_steps"),
+                "polynomial_decay": ("end_learning_rate", "it reaches 'end_learning_rate' {} at step decay_steps"),
+                "cosine_decay_restarts": ("m_mul", "'m_mul' is {}: every period after the first has rate 0")}
+        key, reason = ends.get(self.name, ("", ""))
+        if key and p[key] <= 0:
+            return reason.format(p[key])
+        bad = [(i, v) for i, v in enumerate(p["values"]) if v <= 0] if self.name == "piecewise_constant" else []
+        return f"'values'[{bad[0][0]}] is {bad[0][1]}" if bad else None
 
     def value(self, step: int) -> np.float32:
         """The learning rate of an update at global step ``step`` (read before its increment), in float32."""

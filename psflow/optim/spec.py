@@ -26,8 +26,9 @@ TF accepts such values, but Adam then breaks: beta1 = 1 makes
 1 - beta1_power zero, and epsilon = 0 gives 0/0 on rows that have had no
 gradient yet. RMSProp's ranges are psflow's too (TF checks none): epsilon = 0
 gives 0/0 once rms (or, centered, rms - mg * mg) reaches 0. A learning rate
-that is a schedule is checked as a schedule (FTRL's > 0 cannot be checked for
-every step).
+that is a schedule is checked as a schedule, and FTRL's > 0 at every step: a
+warm-up from 0, a cosine decay to ``alpha`` 0, a polynomial decay to 0, a piecewise
+value of 0 are refused (FTRL divides by the rate: NaN at that step).
 
 A spec's JSON form (:meth:`OptimizerSpec.to_json`) is what layouts and checkpoint manifests carry;
 :func:`parse_optimizer` reads the ``--optimizer`` flag.
@@ -152,9 +153,13 @@ def _check_value(optimizer: str, key: str, param: _Param, value: object) -> Hype
     where = f"optimizer {optimizer!r}: hyperparameter {key!r}"
     if param.schedulable and isinstance(value, (ScheduleSpec, Mapping)):
         try:
-            return value if isinstance(value, ScheduleSpec) else ScheduleSpec.from_json(value)
+            schedule = value if isinstance(value, ScheduleSpec) else ScheduleSpec.from_json(value)
         except ScheduleError as e:
             raise OptimizerError(f"{where}: {e}") from e
+        reason = schedule.reaches_zero() if param.check is _positive else None
+        if reason is not None:  # FTRL divides by its rate: NaN at that step
+            raise OptimizerError(f"{where} must be > 0 at every step: schedule {schedule.name!r}: {reason}")
+        return schedule
     if param.is_bool:
         if not isinstance(value, (bool, np.bool_)):
             raise OptimizerError(f"{where} must be a bool, got {value!r}")

@@ -248,3 +248,53 @@ def test_sync_mode_advances_the_schedule_once_per_aggregated_step() -> None:
         assert step.value == s + 1
     # averaged gradient 2.0 at steps 0..3, rates 0.1, 0.1, 0.05, 0.05
     np.testing.assert_allclose(part.value, [-0.6], rtol=1e-6)
+
+
+# ---- rates that would be NaN, infinite or 0 ---------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "params", "message"), [
+    ("exponential_decay", {"learning_rate": 0.1, "decay_steps": 10, "decay_rate": -0.5},
+     "'decay_rate' must be > 0 \\(a negative base to a fractional power is NaN\\), got -0.5"),
+    ("inverse_time_decay", {"learning_rate": 0.1, "decay_steps": 1, "decay_rate": -0.1},
+     "'decay_rate' must be >= 0 \\(1 \\+ decay_rate x step would reach 0: an infinite rate\\), got -0.1"),
+    ("polynomial_decay", {"learning_rate": 0.1, "decay_steps": 5, "power": -1},
+     "'power' must be >= 0 \\(0 to a negative power is infinite, at step decay_steps\\), got -1"),
+])
+def test_parameters_whose_rates_turn_nan_or_infinite_are_refused(name: str, params: dict[str, Any], message: str) -> None:
+    """TF computes these rates (NaN at step 1, infinite at step 10 or 5) and the run diverges; the loss's NaN then
+    named the data, not the flag."""
+    with pytest.raises(ScheduleError, match=f"schedule '{name}': {message}"):
+        ScheduleSpec(name, params)
+
+
+@pytest.mark.parametrize(("schedule", "message"), [
+    ({"schedule": "cosine_decay", "learning_rate": 0.1, "decay_steps": 1000, "warmup_steps": 10},
+     "its warm-up starts at 'warmup_learning_rate' 0.0 at step 0"),
+    ({"schedule": "cosine_decay", "learning_rate": 0.1, "decay_steps": 1000},
+     "it reaches learning_rate x 'alpha' = 0.0 at step decay_steps"),
+    ({"schedule": "polynomial_decay", "learning_rate": 0.1, "decay_steps": 1000, "end_learning_rate": 0.0},
+     "it reaches 'end_learning_rate' 0.0 at step decay_steps"),
+    ({"schedule": "piecewise_constant", "boundaries": [10], "values": [0.1, 0.0]}, "'values'\\[1\\] is 0.0"),
+    ({"schedule": "constant", "learning_rate": -0.1}, "'learning_rate' is -0.1"),
+    ({"schedule": "exponential_decay", "learning_rate": 0.0, "decay_steps": 10, "decay_rate": 0.5},
+     "'learning_rate' is 0.0"),
+    ({"schedule": "cosine_decay_restarts", "learning_rate": 0.1, "first_decay_steps": 10, "m_mul": 0.0},
+     "'m_mul' is 0.0: every period after the first has rate 0"),
+])
+def test_ftrl_refuses_a_schedule_whose_rate_reaches_zero(schedule: dict[str, Any], message: str) -> None:
+    """FTRL divides by its learning rate: a rate of 0 at any step is NaN there (the default optimizer with any
+    warm-up trained one step, then stopped on a NaN loss that named the data)."""
+    with pytest.raises(OptimizerError, match=f"optimizer 'ftrl': hyperparameter 'learning_rate' must be > 0 at every "
+                                             f"step: schedule '{schedule['schedule']}': {message}"):
+        OptimizerSpec("ftrl", {"learning_rate": schedule})
+    OptimizerSpec("sgd", {"learning_rate": schedule})  # others take a rate of 0 (no update)
+
+
+def test_ftrl_takes_the_schedules_that_stay_above_zero() -> None:
+    for schedule in ({"schedule": "cosine_decay", "learning_rate": 0.1, "decay_steps": 1000, "alpha": 0.01,
+                      "warmup_steps": 10, "warmup_learning_rate": 0.001},
+                     {"schedule": "cosine_decay_restarts", "learning_rate": 0.1, "first_decay_steps": 100},
+                     {"schedule": "exponential_decay", "learning_rate": 0.1, "decay_steps": 10, "decay_rate": 0.5},
+                     {"schedule": "inverse_time_decay", "learning_rate": 0.1, "decay_steps": 10, "decay_rate": 0.0},
+                     {"schedule": "natural_exp_decay", "learning_rate": 0.1, "decay_steps": 10, "decay_rate": -0.5},
+                     {"schedule": "polynomial_decay", "learning_rate": 0.1, "decay_steps": 10}):
+        OptimizerSpec("ftrl", {"learning_rate": schedule})
