@@ -22,7 +22,8 @@ worker sends it). The task then logs ``<task>: run over (workers 0-1
 finished, final checkpoint ckpt-... written): exiting`` and stops. In a replicated shard only the
 primary hears the workers' ``Done``; once every backup holds the last one, it stops the shard's other
 members first (each logs ``<task>: stopped by <primary>, its shard's primary: the run is over``), so
-backups started by hand exit too. A backup promoted after some workers' ``Done`` holds them (replicated with
+backups started by hand exit too; a member started with ``stop_when_run_over`` False (``--keep-serving``)
+serves on, as a primary would. A backup promoted after some workers' ``Done`` holds them (replicated with
 the shard), so it ends the run as its primary would have.
 
 Security: with a ``token`` every call (gRPC and the TCP carrier) must carry
@@ -143,6 +144,7 @@ class Server:
         self.parameter_service: ParameterService | None = None
         self.replication: ShardReplication | None = None
         self._after_acked = AfterAcked()
+        self._keep_serving = not stop_when_run_over
         services: dict[str, Mapping[str, Handler]] = {}
         self._ps_handlers: dict[str, Handler] = {}
         replicated = ps_replicas(self.cluster) > 0 and job_name in (PS_JOB, BACKUP_JOB)
@@ -278,6 +280,11 @@ class Server:
     def _shutdown(self, frame: Frame) -> Reply:
         by = frame.meta.get(_RUN_OVER_BY)
         if self.replication is not None and by in self.replication.members:  # a name of the cluster's, safe to log
+            if self._keep_serving:  # a backup serves on after the run as its primary would (--keep-serving)
+                log.info("%s: the run is over (%s, its shard's primary, said so): serving on until stopped "
+                         "(psflow shutdown)", self.task.name, by)
+                reply = Ack().to_frame()
+                return reply.meta, reply.arrays
             log.info("%s: stopped by %s, its shard's primary: the run is over", self.task.name, by)
         threading.Thread(target=self.stop, name="psflow-shutdown", daemon=True).start()
         reply = Ack().to_frame()

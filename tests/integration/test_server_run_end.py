@@ -403,3 +403,26 @@ def test_a_backup_promoted_after_a_worker_finished_ends_the_run_when_the_others_
     assert "/job:ps_backup/task:0: run over (workers 0-1 finished, no checkpoint directory): exiting" in \
         cluster.log("ps_backup-0"), cluster.log("ps_backup-0")[-3000:]
 
+
+def test_a_backup_started_with_keep_serving_serves_on_after_the_run(tasks: Callable[[ClusterSpec], _Tasks]) -> None:
+    """--keep-serving on a backup: its primary's Shutdown at the run's end stopped it anyway. It now serves on,
+    holding the workers' Done (the primary stopped its backups once they held the last one), until psflow
+    shutdown stops it."""
+    cluster = _replicated_shard(tasks, 1, "--keep-serving")
+    primary, backup = _channel(cluster, "ps", 0), _channel(cluster, "ps_backup", 0)
+    try:
+        assert _done(primary, 0) is True
+        assert cluster.exit_code("ps-0") == 0
+        told = "serving on until stopped"
+        wait_until(lambda: told in cluster.log("ps_backup-0") or cluster.procs["ps_backup-0"].poll() is not None,
+                   "the backup told the run is over", limit=_SAFETY)
+        assert cluster.procs["ps_backup-0"].poll() is None, cluster.log("ps_backup-0")[-3000:]
+        assert backup.call("Stats").meta["run_end"] == {"workers_done": ["/job:worker/task:0"], "workers_expected": 1,
+                                                        "run_over": True}
+    finally:
+        primary.close()
+        backup.close()
+    assert "WARNING" not in cluster.log("ps-0"), cluster.log("ps-0")
+    result = _shutdown(cluster.file, "--timeout", "5", token=TOKEN)
+    assert _outcomes(result.stdout)["/job:ps_backup/task:0"] == "stopped", result
+    assert cluster.exit_code("ps_backup-0") == 0
