@@ -247,10 +247,23 @@ def _global_step_of(checkpoint: str) -> int | None:
         return None
 
 
+#: A ps task's request counters that SummarySaverHook writes as rates (a restarted task counts them from zero).
+_REQUEST_COUNTERS = ("pulls", "pushes", "bytes_in", "bytes_out")
+
+
+def _set_back(prev: Mapping[str, Any], now: Mapping[str, Any], counts: tuple[str, ...]) -> bool:
+    """Whether a restore came between two ``Stats`` of the ps task holding global_step: its generation changed,
+    or one of ``counts`` went down (a restore sets them back to the checkpoint's)."""
+    return now.get("generation") != prev.get("generation") or any(now[k] < prev[k] for k in counts)
+
+
 class SummarySaverHook(SessionRunHook):
     """Writes loss, rates and per-ps request/byte rates every N global steps (default 100), and at the end.
 
-    Chief only. See :mod:`psflow.train.summary` for the tags.
+    Chief only. See :mod:`psflow.train.summary` for the tags. A rate is never made up across a break: an
+    interval in which a ps task restarted (its counters start again from zero) has no rates for that task, and
+    one in which the cluster was restored from a checkpoint (examples and global_step set back) no
+    ``train/examples_per_sec`` or ``train/global_step_per_sec``, as the console's progress line has none.
     """
 
     def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
@@ -294,15 +307,16 @@ class SummarySaverHook(SessionRunHook):
         if head is not None and isinstance(head.get("learning_rate"), (int, float)):
             out["learning_rate"] = float(head["learning_rate"])  # in force: the next update's, as ps task 0 reads it
         if head is not None and prev_head is not None:
-            out["train/examples_per_sec"] = (head["examples"] - prev_head["examples"]) / seconds
-            out["train/global_step_per_sec"] = (head["global_step"] - prev_head["global_step"]) / seconds
+            if not _set_back(prev_head, head, ("examples", "global_step")):
+                out["train/examples_per_sec"] = (head["examples"] - prev_head["examples"]) / seconds
+                out["train/global_step_per_sec"] = (head["global_step"] - prev_head["global_step"]) / seconds
             if head.get("loss_ema") is not None:
                 out["train/loss_ema"] = float(head["loss_ema"])
         for task, s in stats.items():
             prev = self._last.get(task)
-            if prev is None:
+            if prev is None or any(s[key] < prev[key] for key in _REQUEST_COUNTERS):  # restarted: counts from 0
                 continue
-            for key in ("pulls", "pushes", "bytes_in", "bytes_out"):
+            for key in _REQUEST_COUNTERS:
                 out[f"ps/{task}/{key}_per_sec"] = (s[key] - prev[key]) / seconds
         self.writer.scalars(out, step)
         self._last, self._last_time = stats, now

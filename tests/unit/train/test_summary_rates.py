@@ -1,0 +1,63 @@
+"""The chief's per-second summaries (SummarySaverHook) over a ps task's restart: no negative rate, none made up.
+
+Real ps services in this process (tests/two_ps_in_process.py); a "restart" is a fresh service behind the same
+channel, whose counters start again from zero, as a restarted ps process's do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
+
+from psflow.checkpoint.save import CheckpointManager
+from psflow.coord import Lease
+from psflow.train.chief import join_cluster
+from psflow.train.hook_api import RunContext, RunValues
+from psflow.train.hooks import SummarySaverHook
+from psflow.train.recovery import ClusterRecovery
+from psflow.train.summary import SummaryWriter, read_scalars
+
+_RATES = ("pulls", "pushes", "bytes_in", "bytes_out")
+_LEASE = Lease("chief", "/job:worker/task:0", "/job:worker/task:0#1", 7, 10.0, float("inf"))
+
+
+@pytest.mark.parametrize("restarted", [0, 1])
+def test_a_restarted_ps_task_gets_no_rate_for_the_interval_of_its_restart(tmp_path: Path, restarted: int) -> None:
+    """Summaries at steps 2, 4, 6 and 8 (rates from 4 on); ps task ``restarted`` came back between 4 and 6. It wrote
+    ps/1/pushes_per_sec -227 at the step after a real run's ps task 1 was killed and restarted (its counters
+    against the dead process's). The interval of the restart has no rate for that task, and the restore that
+    followed (every ps task, from the checkpoint at step 2) none for examples and global_step, which it set
+    back; the next interval has them again."""
+    client, services = two_ps_cluster()
+    ckpt = str(tmp_path / "ckpt")
+    join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)
+    writer = SummaryWriter(str(tmp_path / "summaries"))
+    hook = SummarySaverHook(writer, save_steps=2)
+    session = SimpleNamespace(client=client, global_step=0)
+    hook.after_create_session(session)  # type: ignore[arg-type]
+
+    def train_to(step: int) -> None:
+        for _ in range(2):
+            train_a_step(client)
+        hook.after_run(RunContext(session, 0), RunValues(step=step, loss=0.5, examples=1))  # type: ignore[arg-type]
+
+    train_to(2)
+    CheckpointManager(ckpt).save(client)
+    train_to(4)
+    restart_ps(client, services, restarted)
+    recovery = ClusterRecovery(client, SGD, checkpoint_dir=ckpt, leader=lambda: _LEASE, timeout=60.0)
+    assert recovery.wait()[0]  # the chief restored every ps task from the checkpoint at step 2: a new generation
+    train_to(6)
+    train_to(8)
+    writer.close()
+    scalars = {tag: dict(points) for tag, points in read_scalars(str(tmp_path / "summaries")).items()}
+    assert all(v >= 0 for tag, points in scalars.items() if tag.endswith("_per_sec") for v in points.values()), scalars
+    for task in (0, 1):
+        for key in _RATES:
+            assert set(scalars[f"ps/{task}/{key}_per_sec"]) == ({4, 8} if task == restarted else {4, 6, 8}), task
+    head = {4, 8}  # the restore set examples and global_step back, on ps task 0 (restarted or not)
+    assert set(scalars["train/examples_per_sec"]) == head and set(scalars["train/global_step_per_sec"]) == head
+    assert set(scalars["train/loss"]) == {2, 4, 6, 8}
