@@ -275,7 +275,7 @@ class SummarySaverHook(SessionRunHook):
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         self._timer.mark(session.global_step)
-        self._snapshot(session.client)
+        self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # the first rates' start
 
     def _snapshot(self, client: ParameterClient) -> dict[int, dict[str, Any]]:
         stats = {}
