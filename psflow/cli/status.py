@@ -186,8 +186,9 @@ def render_status(s: dict[str, Any]) -> str:
     auc = (s.get("eval") or {}).get("auc")
     if auc is None and s.get("scalars", {}).get("eval/auc"):
         auc = s["scalars"]["eval/auc"][-1][1]
+    name = run.get("run_dir") or f"served by {run.get('served_by', '?')}"  # psflow server's chief: no run directory
     lines = [
-        f"run {run.get('run_dir', '')}: {run.get('phase', '?')} after {_num(run.get('elapsed'), 1)} s "
+        f"run {name}: {run.get('phase', '?')} after {_num(run.get('elapsed'), 1)} s "
         f"({run.get('mode', '?')}, {run.get('replication', '?')}, model {run.get('model', '?')})",
         f"global_step {_num(s.get('global_step'))} | examples {_num(s.get('examples'))} | "
         f"{_num(s.get('examples_per_sec'))} examples/s | loss {_num(s.get('loss'), 4)} | eval AUC {_num(auc, 4)} | "

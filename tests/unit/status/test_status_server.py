@@ -263,3 +263,15 @@ def test_close_ends_the_serving_thread_of_an_idle_server_and_frees_the_port(coll
         with pytest.raises(urllib.error.URLError):
             urllib.request.urlopen(server.url + "api/status", timeout=5)
         server.close()  # idempotent
+
+
+def test_render_status_of_a_psflow_server_chiefs_page_names_who_serves_it() -> None:
+    """Under psflow server the run has no run directory: the headline said 'run : training ...', an empty name."""
+    snapshot: dict[str, Any] = {
+        "time": 100.0, "run": {"phase": "training", "mode": "async", "served_by": "/job:chief/task:0"},
+        "global_step": 7, "examples": 900, "tasks": [], "ps": [], "faults": [], "restarts": [], "hangs": [],
+        "checkpoints": None,
+    }
+    assert render_status(snapshot).splitlines()[0].startswith("run served by /job:chief/task:0: training after ")
+    snapshot["run"] = {"phase": "finished", "run_dir": "/runs/demo"}
+    assert render_status(snapshot).splitlines()[0].startswith("run /runs/demo: finished after ")
