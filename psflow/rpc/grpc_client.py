@@ -44,22 +44,28 @@ __all__ = ["TaskChannel", "PendingCall"]
 
 log = logging.getLogger(__name__)
 
-def _translate(task: str, method: str, e: grpc.RpcError) -> RpcError:
-    """The RpcError of a failed call: chosen by its status code (psflow.rpc.api.STATUS_ERRORS, by name)."""
+def _translate(task: str, address: str, method: str, e: grpc.RpcError) -> RpcError:
+    """The RpcError of a failed call: chosen by its status code (psflow.rpc.api.STATUS_ERRORS, by name).
+
+    UNIMPLEMENTED, which gRPC itself answers for a method the server does not have, names the address and
+    says what it most likely means: another task (not ``task``) listens there, a slip in a cluster file."""
     code = e.code() if hasattr(e, "code") else None
     details = e.details() if hasattr(e, "details") else str(e)
     status = Status.__members__.get(code.name) if code is not None else None
     cls = STATUS_ERRORS.get(status, RemoteError) if status is not None else RemoteError
     if cls in (InvalidArgumentError, FailedPreconditionError, UnauthenticatedError):
         return cls(details)  # the server already prefixed task and method
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return cls(f"{task}: {method}: UNIMPLEMENTED: {details} (the process at {address} serves no such call: "
+                   f"is another task listening there? check the cluster's address for {task})")
     return cls(f"{task}: {method}: {code.name if code else 'error'}: {details}")
 
 
 class PendingCall:
     """A call in flight; :meth:`result` blocks until the reply or its deadline."""
 
-    def __init__(self, task: str, method: str, future: Any) -> None:
-        self._task, self._method, self._future = task, method, future
+    def __init__(self, task: str, method: str, future: Any, address: str = "?") -> None:
+        self._task, self._method, self._future, self._address = task, method, future, address
 
     def result(self) -> Frame:
         """Returns the decoded reply.
@@ -70,7 +76,7 @@ class PendingCall:
         try:
             return decode(self._future.result())
         except grpc.RpcError as e:
-            raise _translate(self._task, self._method, e) from e
+            raise _translate(self._task, self._address, self._method, e) from e
 
 
 #: The method :meth:`TaskChannel.wait_ready` calls: no psflow service has it, so gRPC answers UNIMPLEMENTED.
@@ -192,7 +198,7 @@ class TaskChannel:
             timeout=self._config.rpc_timeout if timeout is None else timeout,
             metadata=self._metadata,
         )
-        return PendingCall(self.task, method, fut)
+        return PendingCall(self.task, method, fut, self.address)
 
     def call(
         self,

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from support import REPO, run_bounded, run_cli
+from support import REPO, run_bounded, run_cli, wait_until
 
 from psflow.data import TFRecordWriter, encode_example
 from psflow.data.checks import COUNT_BYTES
@@ -388,3 +389,34 @@ def test_verbose_shows_the_traceback_too(tmp_path: Path) -> None:
     r = run_cli(*train(tmp_path, "--train", good(tmp_path), "--batch-size", "-5", "--verbose"), timeout=120)
     assert r.returncode == 1
     assert "Traceback" in r.stderr and r.stderr.rstrip().endswith("--batch-size must be >= 1, got -5"), r.stderr
+
+
+def test_a_cluster_file_that_gives_a_ps_task_another_tasks_address(tmp_path: Path) -> None:
+    """A worker's cluster file names, as ps task 0's, the address of a task that serves no ps (a worker of
+    the cluster, by a slip in one host's copy): the line says the process there is no ps task and which
+    address to check, beside gRPC's bare 'Register: UNIMPLEMENTED: Method not found!'."""
+    ps, other, taken, mine = (f"127.0.0.1:{p}" for p in free_ports(4))
+    right = tmp_path / "cluster.json"
+    right.write_text(json.dumps({"ps": [ps], "worker": [mine, taken]}))
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"ps": [taken], "worker": [mine, other]}))
+    env = {k: v for k, v in os.environ.items() if k not in ("PSFLOW_TOKEN", "TF_CONFIG")}
+    log = tmp_path / "worker-1.log"
+    with open(log, "wb") as out:  # worker 1 serves at `taken` and waits for its ps task, which never comes
+        worker1 = subprocess.Popen([sys.executable, "-m", "psflow", "server", "--cluster", str(right), "--job", "worker",
+                                    "--task", "1", "--insecure", "--train", good(tmp_path), *TRAIN[:2], "--no-status",
+                                    "--connect-timeout", "250"],
+                                   stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(REPO), env=env)
+    try:
+        wait_until(lambda: f"serving at {taken}" in log.read_text(errors="replace"), "worker 1 serving")
+        r = run_bounded([sys.executable, "-m", "psflow", "server", "--cluster", str(wrong), "--job", "worker",
+                         "--task", "0", "--insecure", "--train", good(tmp_path), *TRAIN[:2], "--no-status"],
+                        timeout=120, env=env)
+    finally:
+        worker1.kill()
+        worker1.wait(timeout=30)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert ("psflow server: error: /job:ps/task:0: Register: UNIMPLEMENTED: Method not found! "
+            f"(the process at {taken} serves no such call: is another task listening there? check the "
+            "cluster's address for /job:ps/task:0)") in r.stderr, r.stderr[-3000:]
+    check_one_line(r.stderr)
