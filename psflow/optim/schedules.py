@@ -297,12 +297,14 @@ class ScheduleSpec:
             return f"its warm-up starts at 'warmup_learning_rate' {p['warmup_learning_rate']} at step 0"
         if "learning_rate" in p and p["learning_rate"] <= 0:
             return f"'learning_rate' is {p['learning_rate']}"
-        ends = {"cosine_decay": ("alpha", "it reaches learning_rate x 'alpha' = {} at step decay_steps"),
-                "polynomial_decay": ("end_learning_rate", "it reaches 'end_learning_rate' {} at step decay_steps"),
-                "cosine_decay_restarts": ("m_mul", "'m_mul' is {}: every period after the first has rate 0")}
-        key, reason = ends.get(self.name, ("", ""))
-        if key and p[key] <= 0:
-            return reason.format(p[key])
+        ends = {"cosine_decay": [("alpha", "it reaches learning_rate x 'alpha' = {} at step decay_steps")],
+                "polynomial_decay": [("end_learning_rate", "it reaches 'end_learning_rate' {} at step decay_steps")],
+                "cosine_decay_restarts": [("m_mul", "'m_mul' is {}: every period after the first has rate 0"),
+                                          ("alpha", "its periods end at learning_rate x 'alpha' = {} (in float32, "
+                                                    "0 itself at some of their last steps)")]}
+        for key, reason in ends.get(self.name, []):
+            if p[key] <= 0:
+                return reason.format(p[key])
         bad = [(i, v) for i, v in enumerate(p["values"]) if v <= 0] if self.name == "piecewise_constant" else []
         return f"'values'[{bad[0][0]}] is {bad[0][1]}" if bad else None
 

@@ -279,6 +279,8 @@ def test_parameters_whose_rates_turn_nan_or_infinite_are_refused(name: str, para
      "'learning_rate' is 0.0"),
     ({"schedule": "cosine_decay_restarts", "learning_rate": 0.1, "first_decay_steps": 10, "m_mul": 0.0},
      "'m_mul' is 0.0: every period after the first has rate 0"),
+    ({"schedule": "cosine_decay_restarts", "learning_rate": 0.1, "first_decay_steps": 100},  # 0.0 at step 51099
+     "its periods end at learning_rate x 'alpha' = 0.0"),
 ])
 def test_ftrl_refuses_a_schedule_whose_rate_reaches_zero(schedule: dict[str, Any], message: str) -> None:
     """FTRL divides by its learning rate: a rate of 0 at any step is NaN there (the default optimizer with any
@@ -287,12 +289,15 @@ def test_ftrl_refuses_a_schedule_whose_rate_reaches_zero(schedule: dict[str, Any
                                              f"step: schedule '{schedule['schedule']}': {message}"):
         OptimizerSpec("ftrl", {"learning_rate": schedule})
     OptimizerSpec("sgd", {"learning_rate": schedule})  # others take a rate of 0 (no update)
+    if schedule["schedule"] == "cosine_decay_restarts" and "m_mul" not in schedule:
+        assert ScheduleSpec.from_json(schedule).value(51099) == 0.0  # what FTRL would divide by
 
 
 def test_ftrl_takes_the_schedules_that_stay_above_zero() -> None:
     for schedule in ({"schedule": "cosine_decay", "learning_rate": 0.1, "decay_steps": 1000, "alpha": 0.01,
                       "warmup_steps": 10, "warmup_learning_rate": 0.001},
-                     {"schedule": "cosine_decay_restarts", "learning_rate": 0.1, "first_decay_steps": 100},
+                     {"schedule": "cosine_decay_restarts", "learning_rate": 0.1, "first_decay_steps": 100,
+                      "alpha": 0.001},
                      {"schedule": "exponential_decay", "learning_rate": 0.1, "decay_steps": 10, "decay_rate": 0.5},
                      {"schedule": "inverse_time_decay", "learning_rate": 0.1, "decay_steps": 10, "decay_rate": 0.0},
                      {"schedule": "natural_exp_decay", "learning_rate": 0.1, "decay_steps": 10, "decay_rate": -0.5},
