@@ -47,6 +47,7 @@ from typing import Any
 from psflow.cluster import ClusterSpec, TaskId
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, member_address, ps_replicas, shard_of
 from psflow.coord.lease_table import COORDINATION_SERVICE, LeaseTable
+from psflow.ps.failover import refused
 from psflow.ps.global_step import StepJournal
 from psflow.ps.protocol import Ack
 from psflow.ps.replication import ReplicationConfig, ShardReplication
@@ -271,6 +272,9 @@ class Server:
                 try:
                     channel.call("Shutdown", {_RUN_OVER_BY: self.task.name})
                 except RpcError as e:
+                    if refused(e):  # nothing listens there (e.g. the primary this one was promoted over): no warning
+                        log.info("%s: %s, a member of its shard, is not running (%s)", self.task.name, name, e)
+                        continue
                     log.warning("%s: could not stop %s, a member of its shard, at the run's end (%s); it serves "
                                 "until stopped (psflow shutdown)", self.task.name, name, e)
                 finally:
