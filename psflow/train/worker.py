@@ -210,10 +210,13 @@ def run_worker(
         # process (the in-process fast path) or the prefetch thread, so it overlaps the step's PyTorch work and
         # its wait for the ps tasks (a W&D worker: ~25% more examples/s than preparing on the step's thread).
         data = ReadAhead(data_config, model.prepare, start=not config.data.reader_process)
-        if leadership is not None and is_chief(cluster, "worker", task_index) and _new_cluster(client):
-            # The configured chief leads first, at a run's start (its session saves the initial checkpoint);
-            # a restarted one campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
-            leadership.campaign(timeout=min(config.cluster.connect_timeout, 3.0))
+        if leadership is not None and is_chief(cluster, "worker", task_index) and _never_ready(client):
+            # The configured chief leads first until the cluster was first made ready (its session saves the
+            # initial checkpoint before that): at a run's start, or restarted after its predecessor died before
+            # (that one's lease lapses within lease_ttl; nobody else campaigns before training). A chief
+            # restarted later campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
+            ttl = config.chief.lease_ttl
+            leadership.campaign(timeout=ttl + max(2.0, ttl / 2))
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership,
                           faults=faults, save_section=save_section) as session:
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir,
@@ -315,10 +318,12 @@ def _steps_in_flight(config: TrainConfig, client: ParameterClient) -> int:
     return k
 
 
-def _new_cluster(client: ParameterClient) -> bool:
-    """Whether the chief has not initialized the cluster yet (ps task 0 holds no variables), or it cannot tell."""
+def _never_ready(client: ParameterClient) -> bool:
+    """Whether ps task 0 was never made ready (generation 0, not ready: the cluster not initialized yet, or a chief
+    died before making it ready; not a restore within the run, whose generation is above 0), or it cannot tell."""
     try:
-        return not client.ps_stats().registered
+        stats = client.ps_stats()
+        return not stats.ready and stats.generation == 0
     except RpcError:
         return True
 

@@ -14,6 +14,7 @@ must not be ready then, whatever the machine's speed.
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pytest
 from support import A9A, TOKEN
 
 from psflow.checkpoint.manifest import SavedCheckpoint, read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
 from psflow.data import read_all
 from psflow.ps.client import ParameterClient
@@ -29,6 +31,7 @@ from psflow.rpc.api import ConnectConfig, TaskUnavailableError
 from psflow.train.build import build_model
 from psflow.train.chief import join_cluster
 from psflow.train.config import TrainConfig
+from psflow.train.faults import FaultInjection, task_config_json
 from psflow.train.hooks import CheckpointSaverHook
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.step import TrainStep
@@ -126,3 +129,34 @@ def test_no_worker_pushes_before_the_chief_s_initial_checkpoint(local_cluster, t
         assert plain.saved == []
     chief.close()
     resumed.close()
+
+
+def test_a_chief_killed_during_its_initial_save_is_followed_by_one_that_saves_step_0(local_cluster,  # type: ignore[no-untyped-def]
+                                                                                       tmp_path: Path) -> None:
+    """Worker processes, chief election on (a checkpoint directory: the default of between-graph runs): the chief's
+    first process exits (the test's fault point) once the ps tasks wrote the initial checkpoint's shards, before its
+    manifest. Its next process finds the ps tasks registered but not ready, and the dead one's lease not yet
+    expired: it must still write the initial checkpoint (step 0) before it makes them ready, so no worker trains
+    without a checkpoint to restore; the dead process's partial directory is never restored."""
+    ckpt = tmp_path / "ckpt"
+    config = CONFIG.with_(epochs=1, checkpoint_dir=str(ckpt), save_checkpoints_steps=100000, log_every=10)
+    handle = local_cluster(2, 2)
+    faulty, plain = tmp_path / "faulty.json", tmp_path / "plain.json"
+    faulty.write_text(task_config_json(config, FaultInjection(checkpoint_exit="shards_written")))
+    plain.write_text(task_config_json(config))
+    first = handle.start("worker", 0, "--config", str(faulty), "--result", str(tmp_path / "first.json"))
+    assert first.wait(timeout=LIMIT) == 75, handle.logs()
+    assert latest_checkpoint(str(ckpt)) is None and list(ckpt.glob("ckpt-*")), handle.logs()  # the partial one
+    # As a restart policy does: the chief's next process at once, the other worker beside it.
+    for i in (0, 1):
+        handle.start("worker", i, "--config", str(plain), "--result", str(tmp_path / f"r{i}.json"))
+    for i in (0, 1):
+        assert handle.procs[("worker", i)].wait(timeout=LIMIT) == 0, handle.logs()
+    log = handle.log("worker", 0)
+    saves = re.findall(r"saved checkpoint (\S+) at step (\d+)", log)
+    assert saves and int(saves[0][1]) == 0, f"the restarted chief's first checkpoint: {saves}\n{log[-3000:]}"
+    assert read_manifest(saves[0][0]).global_step == 0
+    assert not re.search(r"restored checkpoint", log)
+    # ckpt-000000000 was in use (the partial one) when the save began; the save's sweep removed it.
+    assert Path(saves[0][0]).name.startswith("ckpt-000000000-")
+    assert all((d / "manifest.json").exists() for d in ckpt.glob("ckpt-*")), sorted(ckpt.iterdir())
