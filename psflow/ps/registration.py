@@ -59,7 +59,10 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
                     call: Callable[[int, RegisterRequest], PendingReply] | None = None, *, askers: int = 1) -> bool:
     """Registers ``request`` on every ps task (``step_task`` first); a non-chief waits for the chief.
 
-    Blocks for one round of calls (the chief), or until every task is ready (at most ``limit`` s).
+    Blocks for one round of calls (the chief), or until every task is ready: at most ``limit`` s, and once the
+    chief has created the variables on every task (it then restores a checkpoint or writes the initial one before
+    making them ready, which takes as long as the model is big) ``config.rpc_timeout`` s more (those calls'
+    deadline), counted from then (and ``limit`` s at least).
     ``call(task, request)`` sends a call (default: on ``channels[task]``; a replicated client's follows a
     shard to its new primary: Register is idempotent). ``askers``: the non-chiefs that wait together
     (:func:`ready_waits`).
@@ -69,25 +72,32 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
 
     Raises:
         FailedPreconditionError: another client registered a different layout.
-        TaskUnavailableError: (non-chief) the ps tasks were not ready within ``limit`` s (names them).
+        TaskUnavailableError: (non-chief) the ps tasks were not ready in time (names them).
     """
     meta = request.to_frame().meta
     send = call or (lambda task, r: channels[task].call_async(r.METHOD, meta))
-    deadline, waits, attempt = time.monotonic() + limit, ready_waits(config, askers=askers), 0
+    start = time.monotonic()
+    deadline, waits, attempt, initialized = start + limit, ready_waits(config, askers=askers), 0, False
     while True:
         first = RegisterReply.from_frame(send(step_task, request).result())
         others = {i: send(i, request) for i in channels if i != step_task}
-        ready = {step_task: first.ready}
-        ready.update({i: RegisterReply.from_frame(reply).ready for i, reply in gather(others).items()})
-        if request.chief or all(ready.values()):
+        replies = {step_task: first, **{i: RegisterReply.from_frame(reply) for i, reply in gather(others).items()}}
+        if request.chief or all(reply.ready for reply in replies.values()):
             return first.created
-        waiting = [channels[i].task for i, ok in sorted(ready.items()) if not ok]
+        waiting = [channels[i].task for i, reply in sorted(replies.items()) if not reply.ready]
+        if not initialized and all(reply.init_count > 0 for reply in replies.values()):
+            # The chief created the variables: it now restores a checkpoint or writes the initial one before making
+            # the tasks ready, as long as the model is big; that save's own deadline comes on top of the limit.
+            initialized, deadline = True, max(deadline, time.monotonic() + limit) + config.rpc_timeout
         attempt += 1
         wait = next(waits)
+        doing = "made ready by the chief (it created the variables; its restore or initial checkpoint went on)" \
+            if initialized else "initialized by the chief"
         if time.monotonic() + wait > deadline:
-            raise TaskUnavailableError(f"{request.client}: {', '.join(waiting)} not initialized by the chief "
-                                       f"after {limit:.1f} s ({attempt} attempts)")
+            raise TaskUnavailableError(f"{request.client}: {', '.join(waiting)} not {doing} after "
+                                       f"{time.monotonic() - start:.1f} s ({attempt} attempts)")
         if attempt % 10 == 0 and attempt >= _FAST_ASKS:
-            log.info("%s: waiting for the chief to initialize %s (attempt %d)", request.client, ", ".join(waiting),
-                     attempt)
+            log.info("%s: waiting for the chief to %s %s (attempt %d)", request.client,
+                     "restore or save the initial checkpoint of" if initialized else "initialize",
+                     ", ".join(waiting), attempt)
         time.sleep(wait)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 
@@ -15,6 +16,7 @@ from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import SetReadyRequest
 from psflow.ps.registration import ready_waits
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import ConnectConfig, TaskUnavailableError
@@ -92,3 +94,40 @@ def test_a_worker_whose_chief_never_comes_names_the_tasks_not_ready() -> None:
     _, other = _clients()
     with pytest.raises(TaskUnavailableError, match=r"/job:ps/task:0, /job:ps/task:1 not initialized by the chief"):
         other.register(OptimizerSpec("sgd", {"learning_rate": 1.0}), ready_timeout=0.3)
+
+
+def test_a_worker_waits_past_its_limit_while_the_chief_saves_the_initial_checkpoint() -> None:
+    """The chief created the variables and holds the tasks not ready while it writes the initial checkpoint (or
+    restores one), which takes as long as the model is big (a W&D model's: over a minute on a loaded machine): the
+    non-chief's ``ready_timeout`` bounds its wait for the initialization; the save's own deadline (``rpc_timeout``)
+    comes on top. Before, the other worker failed after ``ready_timeout`` while the chief was still saving, and the
+    run with it (it used to train during that save)."""
+    chief, other = _clients()
+    other.config = ConnectConfig(rpc_timeout=60.0, backoff_initial=0.01, backoff_max=0.05)
+    optimizer = OptimizerSpec("sgd", {"learning_rate": 1.0})
+    assert chief.register(optimizer, chief=True, defer_ready=True)  # initialized, not ready: the save goes on
+    limit, asks = 0.3, []  # type: float, list[float]
+    outcome: list[bool | BaseException] = []
+    sent = other.call_async
+
+    def counted(task: int, request: object) -> object:
+        asks.append(time.monotonic())
+        return sent(task, request)  # type: ignore[arg-type]
+
+    other.call_async = counted  # type: ignore[assignment,method-assign]
+
+    def join() -> None:
+        try:
+            outcome.append(other.register(optimizer, ready_timeout=limit))
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            outcome.append(e)
+
+    start = time.monotonic()
+    waiter = threading.Thread(target=join, daemon=True)
+    waiter.start()
+    while waiter.is_alive() and not (asks and asks[-1] - start > 3 * limit):  # it still asks well past its limit
+        waiter.join(timeout=0.01)
+    for task in (1, 0):  # the save is over: ps task 0 last, as the chief does
+        chief.call(task, SetReadyRequest(chief.client_name))
+    waiter.join(timeout=30)
+    assert outcome == [False], outcome
