@@ -4,6 +4,7 @@ with global_step, the chief writes it as the ``learning_rate`` summary, the run'
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -62,3 +63,30 @@ def test_a_bad_schedule_is_one_line_before_any_task_starts(tmp_path: Path) -> No
         "psflow train: error: --learning-rate-schedule: schedule 'cosine_decay': 'decay_steps' must be an integer "
         ">= 1, got 0")
     assert not (out / "logs").exists()  # no task was started
+
+
+def test_a_killed_ps_task_0_resumes_the_schedule_after_its_last_step_not_a_thousand_later(tmp_path: Path) -> None:
+    """ps task 0 (global_step) killed at step 30, restored from the checkpoint of step 20: global_step goes on right
+    after the last value handed out, so the schedule reads the steps after the kill and --max-steps 50 trains on.
+    Before, the restarted task went on from its journal's block bound: global_step 1001 at once, the run 'finished'
+    with 21 steps trained and the rate of step 1000 (psflow.ps.global_step)."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--batch-size", "256",
+                "--optimizer", "rmsprop:momentum=0.9", "--learning-rate", "0.02",
+                "--learning-rate-schedule", "exponential_decay:decay_steps=10,decay_rate=0.5,staircase=true",
+                "--ps", "2", "--workers", "1", "--max-steps", "50", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                "--save-checkpoints-steps", "20", "--restart-policy", "on-failure", "--chaos", "kill:ps:0@step=30",
+                "--save-summaries-steps", "1", "--output", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    (fault,) = metrics["faults"]
+    assert fault["task"] == "/job:ps/task:0" and 30 <= fault["at_step"] < fault["recovered_at_step"] <= 50, fault
+    assert metrics["global_step"] == 50 and metrics["phase"] == "finished"
+    restored = re.search(r"restored checkpoint \S+ \(step 20\) onto every ps task; generation \d+, global_step (\d+)",
+                         (out / "logs" / "worker-0.log").read_text())
+    assert restored, (out / "logs" / "worker-0.log").read_text()[-3000:]
+    step = int(restored.group(1))  # the last value ps task 0 handed out before it died
+    assert fault["at_step"] <= step < 50
+    assert metrics["examples"] == 256 * (20 + 50 - step)  # 20 steps to the checkpoint, then the steps after the kill
+    rates = dict(read_scalars(str(out / "summaries")).get("learning_rate", []))
+    assert max(rates) <= 50 and rates, rates
