@@ -429,3 +429,29 @@ def test_a_backup_started_with_keep_serving_serves_on_after_the_run(tasks: Calla
     result = _shutdown(cluster.file, "--timeout", "5", token=TOKEN)
     assert _outcomes(result.stdout)["/job:ps_backup/task:0"] == "stopped", result
     assert cluster.exit_code("ps_backup-0") == 0
+
+
+def test_a_backup_promoted_after_a_finished_worker_registered_again_waits_for_its_new_process(
+        tasks: Callable[[ClusterSpec], _Tasks]) -> None:
+    """Worker 0 finished, was restarted (its new process registered: its Done no longer counts), then shard 0's
+    primary died before recording anything else: the promoted backup still counted the old Done (a Register that
+    creates nothing recorded no entry), so worker 1's Done ended the run while worker 0's new process trained."""
+    cluster = _replicated_shard(tasks, 2)
+    primary, backup = _channel(cluster, "ps", 0), _channel(cluster, "ps_backup", 0)
+    w0 = "/job:worker/task:0"
+    try:
+        assert _done(primary, 0) is False
+        primary.call("Register", {"layout": [], "optimizer": OptimizerSpec("sgd", {"learning_rate": 0.1}).to_json(),
+                                  "client": w0, "chief": False})
+        assert primary.call("Stats").meta["run_end"]["workers_done"] == []
+        cluster.procs["ps-0"].kill()  # SIGKILL: it records nothing more
+        cluster.procs["ps-0"].wait(timeout=_SAFETY)
+        backup.call(PromoteRequest.METHOD, PromoteRequest(0, 1, "/job:worker/task:1").to_frame().meta)
+        assert backup.call("Stats").meta["run_end"]["workers_done"] == []
+        assert _done(backup, 1) is False
+        assert cluster.procs["ps_backup-0"].poll() is None, cluster.log("ps_backup-0")[-3000:]
+        assert backup.call("Done", {"worker": w0, "incarnation": 2, "checkpoint_dir": False}).meta["run_over"] is True
+    finally:
+        primary.close()
+        backup.close()
+    assert cluster.exit_code("ps_backup-0") == 0

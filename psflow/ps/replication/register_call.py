@@ -9,7 +9,10 @@
   took here (each backup does the same work).
 * A call that creates nothing (a non-chief's, while it waits for the chief or compares its layout; the
   chief's repeat on a ready task) records no entry: it returns once every backup acknowledged the newest
-  entry, which holds whatever it saw (readiness, the registration).
+  entry, which holds whatever it saw (readiness, the registration). Unless it dropped a ``Done`` of its
+  worker (a process restarted after its worker finished, :meth:`~psflow.ps.run_end.RunLedger.joined`): then
+  it records the small state, so that a backup promoted next does not count that ``Done`` and end the run
+  while the new process trains.
 
 A joining member still starts from a full snapshot (:meth:`ShardReplication._add_sender`), and ``LoadShard``
 (a checkpoint's values) is still a full entry.
@@ -21,7 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from psflow.ps.protocol import RegisterRequest, ReplicaEntry
-from psflow.ps.replication.snapshot import registration_entry
+from psflow.ps.replication.snapshot import registration_entry, task_state
 from psflow.rpc.api import Handler, Reply
 from psflow.rpc.framing import Frame
 
@@ -35,22 +38,37 @@ def replicated_register(member: ShardReplication, handler: Handler) -> Handler:
     """``handler`` (the service's ``Register``) served on ``member``'s primary and replicated as above."""
     def call(frame: Frame) -> Reply:
         forwarder = member._check_primary()
-        if not RegisterRequest.from_frame(frame).chief:  # never creates: nothing to record
+        if not RegisterRequest.from_frame(frame).chief:  # never creates: nothing to record but a dropped Done
+            done = _run_end(member)
             result = handler(frame)
-            forwarder.wait(forwarder.last_seq)
+            if _run_end(member) == done:
+                forwarder.wait(forwarder.last_seq)
+            else:
+                forwarder.wait(forwarder.record(lambda seq: _state_entry(member, seq)))
             return result
         results: list[Reply] = []
         took = [0.0]
 
         def build(seq: int) -> ReplicaEntry | None:
             variables = member.service.variables
-            before, began = variables.init_count, time.monotonic()
+            before, done, began = variables.init_count, _run_end(member), time.monotonic()
             results.append(handler(frame))
             took[0] = time.monotonic() - began
-            if variables.init_count == before:  # a repeat: the partitions were there, nothing changed
-                return None
+            if variables.init_count == before:  # a repeat: the partitions were there, nothing changed but a Done
+                return None if _run_end(member) == done else _state_entry(member, seq)
             return registration_entry(seq, member.service, member.dedup, member.counts)
         seq = forwarder.record(build)
         forwarder.wait(seq, timeout=forwarder.replica_timeout + 2 * took[0])
         return results[0]
     return call
+
+
+def _run_end(member: ShardReplication) -> object:
+    """The shard's run ledger as replicated (the workers' ``Done``); None without one."""
+    ledger = member.service.run_ledger
+    return ledger.replica_state() if ledger is not None else None
+
+
+def _state_entry(member: ShardReplication, seq: int) -> ReplicaEntry:
+    """Entry ``seq``: the small state alone (a ``Done`` the call dropped)."""
+    return ReplicaEntry(seq, task_state(member.service, member.dedup, member.counts), ())
