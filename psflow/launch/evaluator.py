@@ -25,6 +25,19 @@ calls it). ``psflow server`` runs it as follows:
    (:attr:`psflow.checkpoint.manifest.Manifest.final`, written when training
    ends normally), or a checkpoint at or past ``--max-steps``. A stop
    (SIGTERM, SIGINT) ends it sooner, with ``128 + n``.
+5. A final checkpoint is not the end while a run *resumed* from it is going:
+   one whose lock of the directory (``checkpoint.lock``,
+   :class:`~psflow.checkpoint.lock.CheckpointDirLock`, taken by ``psflow train``'s
+   launcher before any task starts and by a ``psflow server`` chief before it
+   joins; released when the run ends) is of another run than the checkpoint's
+   writer, or was taken after the checkpoint was written, and whose process is
+   not known to be gone. The evaluator says so once and waits for that run's
+   checkpoints; it ends on the resumed run's final one, or on the same final
+   checkpoint once the lock is released without a newer one (a run resumed with
+   nothing left to train). The lock's ``since`` and the manifest's ``created``
+   are the two chiefs' clocks. Non-guarantee: an evaluator that has evaluated
+   the old final checkpoint before the resumed run took the lock cannot know
+   that run is coming and exits; start it once the run has started.
 
 The evaluator reads files and opens no channel to any task, so it cannot slow
 training. It does need to see the checkpoint directory: a shared file system,
@@ -44,7 +57,8 @@ import os
 import threading
 from dataclasses import dataclass, replace
 
-from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.lock import LOCK_NAME, holder_alive
+from psflow.checkpoint.manifest import Manifest, read_json, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.variables import averaged_variables
 from psflow.data import Batch, read_all
@@ -100,21 +114,23 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
     writer = SummaryWriter(os.path.join(config.report.summary_dir, "eval")) if config.report.summary_dir else None
     done: list[Evaluation] = []
     unreadable: tuple[str, int] | None = None  # the newest checkpoint, found damaged: not read again
+    going = _ResumedRun(config.checkpoint.dir)
     log.info("evaluator: watching %s every %.1f s; evaluating on %s", config.checkpoint.dir, poll_secs,
              ", ".join(config.data.eval))
     try:
         while not stop.is_set():
             newest = _newest(config.checkpoint.dir)
             if newest is not None and newest[:2] == unreadable:
-                if _ends_training(newest, config.data.max_steps):  # marked final since: nothing newer will come
+                if _ends_training(newest, config.data.max_steps, going):  # marked final since: nothing newer comes
                     raise CheckpointError(f"evaluator: the final checkpoint {newest[0]} cannot be read (see the "
                                           "WARNING above); nothing newer will come")
                 stop.wait(poll_secs)
                 continue
             if newest is None or (done and newest[:2] == (done[-1].checkpoint, done[-1].global_step)):
-                if newest is not None and newest[2]:  # marked final after it was evaluated (the last
-                    log.info("evaluator: %s is the final checkpoint", os.path.basename(newest[0]))  # save's step)
-                    done[-1] = replace(done[-1], final=True)
+                if newest is not None and newest[2] and not going(newest[0]):  # marked final after it was
+                    if not done[-1].final:  # evaluated (the last save's step)
+                        log.info("evaluator: %s is the final checkpoint", os.path.basename(newest[0]))
+                        done[-1] = replace(done[-1], final=True)
                     break
                 stop.wait(poll_secs)
                 continue
@@ -125,7 +141,7 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
                 if _newest(config.checkpoint.dir) != newest:  # deleted by rotation while read: take the newest
                     log.info("evaluator: skipped %s (%s)", newest[0], e)
                     continue
-                if _ends_training(newest, config.data.max_steps):
+                if _ends_training(newest, config.data.max_steps, going):
                     raise CheckpointError(f"evaluator: the final checkpoint {newest[0]} cannot be read: {e}; "
                                           "nothing newer will come") from e
                 log.warning("evaluator: cannot read checkpoint %s, skipped: %s; waiting for a newer one",
@@ -138,7 +154,7 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
             if writer is not None:
                 writer.scalars({f"eval/{k}": v for k, v in result.metrics.items() if k != "examples"},
                                result.global_step)
-            if result.final or (config.data.max_steps is not None and result.global_step >= config.data.max_steps):
+            if _ends_training((result.checkpoint, result.global_step, result.final), config.data.max_steps, going):
                 break
     finally:
         if writer is not None:
@@ -160,9 +176,42 @@ def _newest(directory: str) -> tuple[str, int, bool] | None:
     return path, manifest.global_step, manifest.final
 
 
-def _ends_training(newest: tuple[str, int, bool], max_steps: int | None) -> bool:
-    """Whether checkpoint ``newest`` (path, global_step, final) is the last one the run writes."""
-    return newest[2] or (max_steps is not None and newest[1] >= max_steps)
+def _ends_training(newest: tuple[str, int, bool], max_steps: int | None, going: _ResumedRun) -> bool:
+    """Whether checkpoint ``newest`` (path, global_step, final) is the last one the run writes: final (and no
+    run resumed from it is going), or at or past ``max_steps``."""
+    return (newest[2] and not going(newest[0])) or (max_steps is not None and newest[1] >= max_steps)
+
+
+class _ResumedRun:
+    """Whether a run resumed from a final checkpoint is going (module docstring, 5.); says so once per run."""
+
+    def __init__(self, directory: str) -> None:
+        self.lock = os.path.join(directory, LOCK_NAME)
+        self.said: set[tuple[str, str]] = set()
+
+    def __call__(self, path: str) -> bool:
+        holder = read_json(self.lock)  # None: no lock (the run ended), or unreadable
+        try:
+            manifest = read_manifest(path)
+        except CheckpointError:  # deleted by rotation since: a newer one is there
+            return True
+        if holder is None or not _taken_after(holder, manifest) or holder_alive(holder) is False:
+            return False
+        run = str(holder.get("run_id"))
+        if (run, path) not in self.said:
+            self.said.add((run, path))
+            log.info("evaluator: %s is final, but run %s took the checkpoint directory since (%s, pid %s on %s): "
+                     "waiting for its checkpoints", os.path.basename(path), run, holder.get("since_text"),
+                     holder.get("pid"), holder.get("host"))
+        return True
+
+
+def _taken_after(holder: dict[str, object], manifest: Manifest) -> bool:
+    """Whether lock ``holder`` is another run's than the checkpoint's writer, or was taken after it was written."""
+    writer = (manifest.run or {}).get("run_id")
+    since = holder.get("since")
+    return (writer is not None and holder.get("run_id") != writer) or (
+        isinstance(since, (int, float)) and since > manifest.created)
 
 
 def _evaluate(path: str, batch: Batch, search_path: str | None, moving_averages: bool, model: str) -> Evaluation:

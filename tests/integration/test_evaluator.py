@@ -206,3 +206,79 @@ def test_a_damaged_final_checkpoint_stops_the_evaluator_naming_it(tmp_path: Path
     assert "Traceback" not in done.stderr, done.stderr
     assert "ckpt-000000020" in done.stderr and str(shard) in done.stderr and "final" in done.stderr, done.stderr
     assert done.stderr.count("ckpt-000000020") <= 3, done.stderr[-3000:]  # not one line per poll
+
+
+def test_an_evaluator_beside_a_resumed_run_evaluates_the_resumed_run_up_to_its_final_checkpoint(tmp_path: Path) -> None:
+    """A finished run's final checkpoint (ckpt-000000020) is newest when a resumed run (--max-steps 60) starts:
+    the evaluator evaluated it and exited at once, and the resumed run's checkpoints were never evaluated. The
+    resumed run took the directory's lock after that checkpoint was written, so the evaluator waits for its
+    checkpoints and ends on its final one. Real processes: ``psflow train`` resumes; the evaluator runs here."""
+    ckpt = _trained(tmp_path)
+    resumed = subprocess.Popen(
+        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--ps", "1",
+         "--workers", "1", "--quiet", "--max-steps", "60", "--save-checkpoints-steps", "20",
+         "--checkpoint-dir", str(ckpt), "--output", str(tmp_path / "resumed")],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "resumed.err", "wb"), stdin=subprocess.DEVNULL,
+        cwd=str(REPO), start_new_session=True)
+    lock = ckpt / "checkpoint.lock"
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    stop = threading.Event()
+    result: list[list[tuple[int, bool]]] = []
+    thread = threading.Thread(target=lambda: result.append(
+        [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05, stop=stop)]))
+    try:
+        # Started once the resumed run holds the directory (its launcher takes it before any task starts).
+        wait_until(lambda: lock.exists() and str(tmp_path / "resumed") in lock.read_text(), "the resumed run's lock")
+        thread.start()
+        assert resumed.wait(timeout=180) == 0, (tmp_path / "resumed.err").read_text()[-3000:]
+        thread.join(timeout=120)
+        ended_by_itself = not thread.is_alive()
+    finally:
+        stop.set()
+        if thread.ident is not None:
+            thread.join(timeout=30)
+        _kill([resumed])
+    assert ended_by_itself and result, result
+    assert result[0][-1] == (60, True), result  # the resumed run's final checkpoint, not only the old one (20)
+
+
+def test_an_evaluator_started_after_a_run_ended_ends_on_its_final_checkpoint_unless_a_live_run_holds_the_dir(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The lock tells a resumed run from a finished one: no lock (the run ended), a lock taken before the final
+    checkpoint (its own run, ending), or a lock of a process that is gone: the evaluator evaluates the final
+    checkpoint and exits. A live run's lock taken after it: the evaluator says so once and waits."""
+    ckpt = _trained(tmp_path)
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    assert [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05)] == [(20, True)]
+    manifest = read_manifest(str(ckpt / "ckpt-000000020"))
+    created, writer = manifest.created, (manifest.run or {})["run_id"]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = ckpt / "checkpoint.lock"
+    holder = {"run_id": "20261127-000000-00000000", "host": os.uname().nodename, "boot_id": None,
+              "since": created + 60, "since_text": "later", "run_dir": None}
+    lock.write_text(json.dumps(dict(holder, pid=dead.pid, pid_start=None)))  # a resumed run that died
+    assert [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05)] == [(20, True)]
+    lock.write_text(json.dumps(dict(holder, run_id=writer, pid=os.getpid(), since=created - 1)))  # its run, ending
+    assert [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05)] == [(20, True)]
+
+    lock.write_text(json.dumps(dict(holder, pid=os.getpid())))  # a live run that took the directory since
+    caplog.set_level("INFO", logger="psflow.evaluator")
+    stop = threading.Event()
+    result: list[list[tuple[int, bool]]] = []
+    thread = threading.Thread(target=lambda: result.append(
+        [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05, stop=stop)]))
+    thread.start()
+    try:
+        def waiting() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "took the checkpoint directory" in r.getMessage()]
+
+        wait_until(waiting, "the evaluator said it waits for the resumed run")
+        lock.unlink()  # that run ended without a checkpoint (nothing left to train): the final one is still newest
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert result == [[(20, True)]], result
+    assert len(waiting()) == 1 and "20261127-000000-00000000" in waiting()[0], waiting()
