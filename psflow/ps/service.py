@@ -70,7 +70,8 @@ reads each averaged partition's moving average instead of its value.
     ``step_floor`` bounds every step an earlier process of this task handed out;
     ``finished`` lists the workers whose ``Leave`` arrived since the last restore;
     ``dynamic_tables``, when there are any: each share's rows and counters, by partition key;
-    ``learning_rate``: the run's optimizer's learning rate at the step the next update is applied at).
+    ``learning_rate``: the run's optimizer's learning rate at the step the next update is applied at,
+    ``learning_rate_step``: that step).
 ``Leave``
     ``meta = {"worker": task}``: that worker finished its data (sync and ssp
     stop waiting for it).
@@ -397,12 +398,14 @@ class ParameterService:
         if self._extra_stats is not None:
             counters.update(self._extra_stats())
         finished = self.workers.finished()
+        # The rate and the step it is the schedule's at, read once: the chief labels its summary with that step.
+        counters["learning_rate_step"] = rate_step = self.mode.schedule_step()
         return StatsReply(
             self.task_name, global_step.value if global_step is not None else None,
             global_step.floor if global_step is not None else None, self.variables.init_count,
             self.variables.registered, self.gate.ready, self.gate.generation, self.mode.config.mode,
             tuple(finished) if finished is not None else None,
-            self.variables.learning_rate(self.mode.schedule_step()), counters)
+            self.variables.learning_rate(rate_step), counters)
 
     def fence_call(self, frame: Frame) -> Reply:
         """The ``Fence`` call: the leader's epoch checked against (and recorded in) this task's fence."""

@@ -304,8 +304,9 @@ class SummarySaverHook(SessionRunHook):
         out: dict[str, float] = {"train/loss": self._loss}
         head = stats.get(client.step_task)
         prev_head = self._last.get(client.step_task)
+        rate: dict[str, float] = {}
         if head is not None and isinstance(head.get("learning_rate"), (int, float)):
-            out["learning_rate"] = float(head["learning_rate"])  # in force: the next update's, as ps task 0 reads it
+            rate["learning_rate"] = float(head["learning_rate"])  # in force: the next update's, as ps task 0 reads it
         if head is not None and prev_head is not None:
             if not _set_back(prev_head, head, ("examples", "global_step")):
                 out["train/examples_per_sec"] = (head["examples"] - prev_head["examples"]) / seconds
@@ -319,6 +320,9 @@ class SummarySaverHook(SessionRunHook):
             for key in _REQUEST_COUNTERS:
                 out[f"ps/{task}/{key}_per_sec"] = (s[key] - prev[key]) / seconds
         self.writer.scalars(out, step)
+        if rate:  # labelled with the step the schedule read it at (other workers' pushes may be ahead of `step`)
+            rate_step = head.get("learning_rate_step") if head is not None else None
+            self.writer.scalars(rate, rate_step if isinstance(rate_step, int) else step)
         self._last, self._last_time = stats, now
         self._timer.mark(step)
 

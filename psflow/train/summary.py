@@ -10,7 +10,8 @@ the format TensorBoard reads (``events.out.tfevents.*``). Tags psflow writes:
 ``train/examples_per_sec``         cluster-wide examples/s since the last summary
 ``train/global_step_per_sec``      global steps/s since the last summary
 ``learning_rate``                  the run's learning rate in force (the next update's, at ps task 0's
-                                   global_step; a schedule's value, see psflow.optim.schedules)
+                                   global_step, and written at that step, which other workers' pushes may
+                                   have taken past the chief's; a schedule's value, see psflow.optim.schedules)
 ``ps/<i>/pulls_per_sec``           requests and bytes per second of ps task i
 ``ps/<i>/pushes_per_sec``
 ``ps/<i>/bytes_in_per_sec``

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
@@ -61,3 +62,27 @@ def test_a_restarted_ps_task_gets_no_rate_for_the_interval_of_its_restart(tmp_pa
     head = {2, 4, 8}  # the restore set examples and global_step back, on ps task 0 (restarted or not)
     assert set(scalars["train/examples_per_sec"]) == head and set(scalars["train/global_step_per_sec"]) == head
     assert set(scalars["train/loss"]) == {2, 4, 6, 8}
+
+
+def test_the_learning_rate_is_labelled_with_the_step_it_belongs_to(tmp_path: Path) -> None:
+    """The chief's push got step 2, then other workers' pushes took global_step to 6 before its summary read ps task
+    0's Stats (backup workers: the Inception set-up's summary at step 25 showed step 29's rate). The rate read is
+    the schedule's at step 6, so it is written at step 6, not at the chief's step 2."""
+    from psflow.optim import OptimizerSpec
+    from psflow.optim.schedules import ScheduleSpec
+
+    schedule = ScheduleSpec("exponential_decay", {"learning_rate": 0.5, "decay_steps": 1, "decay_rate": 0.5})
+    client, _ = two_ps_cluster()
+    join_cluster(client, OptimizerSpec("sgd", {"learning_rate": schedule}), chief=True)
+    writer = SummaryWriter(str(tmp_path / "summaries"))
+    hook = SummarySaverHook(writer, save_steps=2)
+    session = SimpleNamespace(client=client, global_step=0)
+    hook.after_create_session(session)  # type: ignore[arg-type]
+    for _ in range(6):  # the chief's push got step 2; the other workers' 4 more came before its summary
+        train_a_step(client)
+    hook.after_run(RunContext(session, 0), RunValues(step=2, loss=0.5, examples=1))  # type: ignore[arg-type]
+    writer.close()
+    scalars = read_scalars(str(tmp_path / "summaries"))
+    assert [step for step, _ in scalars["train/loss"]] == [2]
+    ((step, rate),) = scalars["learning_rate"]
+    assert (step, np.float32(rate)) == (6, schedule.value(6))
