@@ -9,6 +9,7 @@ A cluster (``--cluster`` or ``TF_CONFIG``) with a ``ps_backup`` job replicates i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import threading
 from typing import TYPE_CHECKING
@@ -117,6 +118,8 @@ def run_server(args: argparse.Namespace) -> int:
             raise ConfigError(f"/job:{job}/task:{index} trains: --train is required")
         trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)  # a chief trains too
         config = config_from_args(args, num_ps=cluster.num_tasks("ps"), num_workers=trainers)
+        if config.data.eval:  # no launcher evaluates at the end, as psflow train's does: the chief duties do
+            config = dataclasses.replace(config, report=dataclasses.replace(config.report, eval_at_end=True))
         if job == "client" or config.sync.replication == "between-graph":  # this task reads the data
             check_inputs(config)
         from psflow.train.preflight import check_settings  # imports grpc (checkpoints): here, see the module docstring

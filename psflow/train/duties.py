@@ -7,7 +7,8 @@ The chief also gets, when configured: :class:`CheckpointSaverHook`
 (``checkpoint_dir``; every ``save_checkpoints_steps`` steps or
 ``save_checkpoints_secs`` seconds, default 600 s), :class:`SummarySaverHook`
 (``summary_dir``, every ``save_summaries_steps``) and :class:`EvalHook`
-(``eval_every_steps`` on the ``--eval`` set; also at the end).
+(``eval_every_steps`` on the ``--eval`` set; also at the end; with ``eval_at_end``, which
+``psflow server`` sets for ``--eval``, at the end only if there is no period).
 
 Checkpoint safety (see :mod:`psflow.checkpoint.lock` and
 :mod:`psflow.checkpoint`): every worker that may save (the chief, and
@@ -147,7 +148,7 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     writer = SummaryWriter(config.report.summary_dir) if duties and config.report.summary_dir else None
     if writer is not None:
         chief_hooks.append(SummarySaverHook(writer, save_steps=config.report.save_summaries_steps))
-    if duties and config.data.eval and config.report.eval_every_steps:
+    if duties and config.data.eval and (config.report.eval_every_steps or config.report.eval_at_end):
         eval_batch = read_all(list(config.data.eval), config.data.format, **data_options(config))
         source = parameters(client, moving_averages=config.report.eval_moving_averages)
         chief_hooks.append(EvalHook(functools.partial(evaluate, model, source, eval_batch),
@@ -170,8 +171,9 @@ def elects_chief(config: TrainConfig) -> bool:
     """Whether the workers of the run elect who holds the chief duties (:class:`~psflow.train.recovery.Leadership`):
     between-graph runs with duties to hold (checkpoints, summaries or evaluation). Without election the
     configured chief holds them (:func:`~psflow.train.chief.chief_task`)."""
-    return config.sync.replication == "between-graph" and bool(config.checkpoint.dir or config.report.summary_dir
-                                                          or config.report.eval_every_steps)
+    return config.sync.replication == "between-graph" and bool(
+        config.checkpoint.dir or config.report.summary_dir or config.report.eval_every_steps
+        or (config.data.eval and config.report.eval_at_end))  # the last worker to finish evaluates the run's model
 
 
 def coordination_config(config: TrainConfig, cluster: ClusterSpec, *, token: str | None,

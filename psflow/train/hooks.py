@@ -462,22 +462,23 @@ class EvalHook(SessionRunHook):
         evaluate: returns the model's metrics of the current parameters
             (e.g. ``{"auc", "logloss", "accuracy", "examples"}``); see
             :func:`psflow.train.evaluation.evaluate`.
-        every_steps: period in global steps.
+        every_steps: period in global steps; None: only at the end.
         writer: where ``eval/<metric>`` summaries go (optional).
     """
 
-    def __init__(self, evaluate: Callable[[], dict[str, float]], *, every_steps: int,
+    def __init__(self, evaluate: Callable[[], dict[str, float]], *, every_steps: int | None,
                  writer: SummaryWriter | None = None) -> None:
         self._evaluate = evaluate
-        self._timer = _Timer(None, every_steps, "eval")
+        self._timer = _Timer(None, every_steps, "eval") if every_steps is not None else None
         self.writer = writer
         self.history: list[tuple[int, dict[str, float]]] = []
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
-        self._timer.mark(session.global_step)
+        if self._timer is not None:
+            self._timer.mark(session.global_step)
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
-        if self._timer.due(values.step):
+        if self._timer is not None and self._timer.due(values.step):
             self._run(values.step)
 
     def end(self, session: MonitoredTrainingSession) -> None:
@@ -492,4 +493,5 @@ class EvalHook(SessionRunHook):
         if self.writer is not None:
             self.writer.scalars({f"eval/{k}": v for k, v in metrics.items() if k != "examples"}, step)
             self.writer.flush()
-        self._timer.mark(step)
+        if self._timer is not None:
+            self._timer.mark(step)

@@ -282,3 +282,28 @@ def test_an_evaluator_started_after_a_run_ended_ends_on_its_final_checkpoint_unl
         thread.join(timeout=30)
     assert result == [[(20, True)]], result
     assert len(waiting()) == 1 and "20261127-000000-00000000" in waiting()[0], waiting()
+
+
+def test_psflow_server_training_tasks_evaluate_on_eval_when_training_ended(tmp_path: Path) -> None:
+    """``--eval`` without ``--eval-every-steps`` under ``psflow server``: the chief duties' holder evaluates once
+    training ended, as ``psflow train``'s launcher does (it was ignored: no evaluation, and nothing said so)."""
+    ports = free_ports(3)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"], "ps": [f"127.0.0.1:{ports[2]}"]}
+    summaries = tmp_path / "summaries"
+    args = ["--train", str(A9A), "--eval", str(A9A_T), "--num-features", "124", "--max-steps", "40",
+            "--batch-size", "256", "--summary-dir", str(summaries), "--no-status"]
+    procs = [_spawn("ps", 0, cluster, [], tmp_path / "ps.log")]
+    try:
+        trainers = {name: _spawn(name, 0, cluster, args, tmp_path / f"{name}.log") for name in ("chief", "worker")}
+        procs += trainers.values()
+        for name, proc in trainers.items():
+            assert proc.wait(timeout=180) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    finally:
+        _kill(procs)
+    lines = [line for name in ("chief", "worker") for line in (tmp_path / f"{name}.log").read_text().splitlines()
+             if re.search(r"eval step=\d+ auc=", line)]
+    assert len(lines) == 1, lines  # once, by the task that held the chief duties at the end
+    step = int(re.findall(r"eval step=(\d+)", lines[0])[0])
+    assert step >= 40, lines
+    auc = read_scalars(str(summaries))["eval/auc"]
+    assert [s for s, _ in auc] == [step] and auc[0][1] > 0.85, auc

@@ -261,6 +261,8 @@ class ReportSettings:
     summary_dir: str | None = None       # TensorBoard event files; None: no summaries
     save_summaries_steps: int = 100
     eval_every_steps: int | None = None  # chief evaluates on --eval every N global steps
+    eval_at_end: bool = False            # chief evaluates on --eval once training ended (psflow server sets it;
+                                         # psflow train's launcher evaluates the ps tasks' model itself)
     eval_moving_averages: bool = False   # evaluations (chief, launcher, evaluator task) read the variables' moving averages
 
     def __post_init__(self) -> None:
