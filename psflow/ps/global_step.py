@@ -24,6 +24,7 @@ file is missing or damaged, the floor is the fsync'd bound, as above.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -61,7 +62,8 @@ class StepJournal:
             raise ValueError(f"journal block must be a positive number of steps, got {block}")
         self.path = path
         self.block = block
-        self._live: int | None = None  # the open file of the exact last value (written by this process)
+        #: the open file of the exact last value (written by this process); -1: a write failed, no more notes
+        self._live: int | None = None
 
     def load(self) -> int:
         """The recorded bound (0 when the file does not exist yet).
@@ -109,22 +111,58 @@ class StepJournal:
 
     def note(self, value: int) -> None:
         """Writes ``value`` as the exact last value (no fsync: it must outlive the process, not the machine).
-        Best effort: where the file cannot be written, a restart falls back to the durable bound."""
+        Best effort: where the file cannot be written, a restart falls back to the durable bound. The file never
+        keeps a value below one handed out: the first write carries the value itself (no zero in between), and a
+        failed write makes the file unreadable as a last value (truncated, else removed) and ends the notes.
+
+        Raises:
+            StepJournalError: a write failed and the file still holds an older value (it could be neither
+                truncated nor removed): the value must not be handed out.
+        """
         if self._live is None:
             boot = _boot_id()
             if boot is None:
                 return
+            record = _live_header(boot) + value.to_bytes(8, "little", signed=True)
+            fd = -1
             try:
                 os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
                 fd = os.open(self.live_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.write(fd, _live_header(boot) + bytes(8))
+                if os.write(fd, record) != len(record):
+                    raise OSError(f"short write to {self.live_path}")
             except OSError:
+                self._give_up(fd)  # empty or partial: not a last value
                 return
             self._live = fd
+            return
+        if self._live < 0:
+            return  # an earlier write failed: the bound counts
         try:
-            os.pwrite(self._live, value.to_bytes(8, "little", signed=True), _LIVE_VALUE)
+            if os.pwrite(self._live, value.to_bytes(8, "little", signed=True), _LIVE_VALUE) != 8:
+                raise OSError(f"short write to {self.live_path}")
+        except OSError:
+            self._give_up(self._live)
+
+    def _give_up(self, fd: int) -> None:
+        """After a failed write of the last value: no further notes, and no value left in the file to read."""
+        self._live = -1
+        try:
+            if fd >= 0:
+                os.ftruncate(fd, 0)
+                return
         except OSError:
             pass
+        finally:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        try:
+            os.unlink(self.live_path)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise StepJournalError(f"cannot write the exact global_step value to {self.live_path}, nor remove the "
+                                   f"older value it holds: {e}") from e
 
     def record(self, bound: int) -> None:
         """Records ``bound`` durably (complete file or the previous one, never a partial one).

@@ -200,3 +200,31 @@ def test_a_damaged_last_value_falls_back_to_the_durable_bound(tmp_path: Path, da
     live.write_bytes({"empty": b"", "truncated": data[:-3],
                       "above the bound": data[:-8] + (301).to_bytes(8, "little")}[damage])
     assert GlobalStep(journal=StepJournal(str(path), block=100)).floor == 300
+
+
+_FAILING_COUNTER = """
+import os, signal, sys
+from psflow.ps.global_step import GlobalStep, StepJournal
+real, calls = os.pwrite, [0]
+def pwrite(fd, data, offset):  # the disk refuses the exact value's writes after the first N (EIO)
+    calls[0] += 1
+    if calls[0] > int(sys.argv[3]):
+        raise OSError(5, "Input/output error")
+    return real(fd, data, offset)
+os.pwrite = pwrite
+step = GlobalStep(journal=StepJournal(sys.argv[1], block=100))
+for _ in range(int(sys.argv[2])):
+    step.increment()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("written", [0, 100])
+def test_a_last_value_that_could_not_be_written_never_lowers_the_floor(tmp_path: Path, written: int) -> None:
+    """Where a write of the exact value fails (after ``written`` good ones), the file must not keep an older value:
+    a restart would take it as the floor and restore below values already handed out (duplicate steps). The floor
+    is then the durable bound."""
+    path = tmp_path / "global_step.json"
+    done = subprocess.run([sys.executable, "-c", _FAILING_COUNTER, str(path), "250", str(written)], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    assert GlobalStep(journal=StepJournal(str(path), block=100)).floor >= 250
