@@ -303,12 +303,12 @@ class CheckpointManager:
         if epoch is not None:
             self._phase("pointer_switched")
             try:
-                self._check_fence(client, path)
+                self._check_fence(client, path, current=True)
             except CheckpointFencedError:
                 self._undo_pointer(name, previous)
                 raise
             except CheckpointError as e:  # a ps task unreachable: the checkpoint is complete and current
-                log.warning("%s: could not re-check the fence after making %s current: %s", client.client_name, path, e)
+                log.warning("%s: %s", client.client_name, e)
         self._current = None
         self._increments = self._increments + 1 if base is not None else 0
         self._base = (path, manifest)  # complete: the next increment's base
@@ -387,15 +387,16 @@ class CheckpointManager:
         if storage.exists(path):
             log.error("could not remove the partial checkpoint %s", path)
 
-    def _check_fence(self, client: ParameterClient, path: str) -> None:
-        """Every ps task still accepts this chief's epoch (before and after the pointer moves).
+    def _check_fence(self, client: ParameterClient, path: str, *, current: bool = False) -> None:
+        """Every ps task still accepts this chief's epoch (before and, ``current``, after the pointer named ``path``).
 
         Raises:
             CheckpointFencedError: a ps task refused the epoch (one is enough: it holds a newer chief's epoch,
                 so this chief is deposed, whatever the other tasks said); that refusal is the cause.
             CheckpointError: no task refused the epoch, but one could not be asked; the cause is a task that
                 could not be reached, if one could not (the saver hook then waits for the next period), else
-                the first error.
+                the first error. The message says whether ``path`` was made current (``current``: it was, and
+                stays so).
         """
         if self._fence is None:
             return
@@ -407,16 +408,18 @@ class CheckpointManager:
             try:
                 call.result()
             except RpcError as e:
-                refusals.append(f"/job:ps/task:{t} refused: {e}")
+                what = "refused" if isinstance(e, FailedPreconditionError) else "could not be asked"
+                refusals.append(f"/job:ps/task:{t} {what}: {e}")
                 errors.append(e)
         if not errors:
             return
-        message = f"checkpoint {path} not made current: {'; '.join(refusals)}"
         fenced = [e for e in errors if isinstance(e, FailedPreconditionError)]
         if fenced:
-            raise CheckpointFencedError(message) from fenced[0]
+            raise CheckpointFencedError(f"checkpoint {path} not made current: {'; '.join(refusals)}") from fenced[0]
         unreachable = [e for e in errors if isinstance(e, (TaskUnavailableError, DeadlineExceededError))]
-        raise CheckpointError(message) from (unreachable or errors)[0]
+        outcome = (f"checkpoint {path} is current (complete; kept), but this chief's fence could not be re-checked "
+                   "after the switch" if current else f"checkpoint {path} not made current")
+        raise CheckpointError(f"{outcome}: {'; '.join(refusals)}") from (unreachable or errors)[0]
 
     def _phase(self, phase: str) -> None:
         if self._fault is not None:

@@ -248,6 +248,32 @@ def test_a_chief_fenced_right_after_its_switch_puts_the_pointer_back(tmp_path: P
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [Path(previous.path).name]
 
 
+def test_a_fence_re_check_that_cannot_reach_a_ps_task_says_the_checkpoint_is_current(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """ps task 1 stops answering once the pointer names the new checkpoint: the save is complete and current, and its
+    warning says so. It read 'could not re-check the fence after making X current: checkpoint X not made current:
+    ...', which contradicts itself."""
+    from psflow.rpc.api import Unavailable
+
+    client = _cluster()
+
+    def unreachable(frame: object) -> object:
+        raise Unavailable("/job:ps/task:1: connection refused")
+
+    def ps_1_gone(phase: str) -> None:
+        if phase == "pointer_switched":
+            handlers = dict(client.channels[1]._handlers)  # type: ignore[attr-defined]
+            handlers["Fence"] = unreachable
+            client.channels[1] = InProcessChannel("/job:ps/task:1", handlers)
+
+    with caplog.at_level(logging.WARNING, logger="psflow.checkpoint.save"):
+        saved = CheckpointManager(str(tmp_path), run_id="run-a", fault=ps_1_gone).save(client, epoch=5, holder="c")
+    assert latest_checkpoint(str(tmp_path)) == saved.path
+    (line,) = [r.getMessage() for r in caplog.records if "fence" in r.getMessage()]
+    assert "not made current" not in line, line
+    assert f"checkpoint {saved.path} is current" in line and "/job:ps/task:1" in line, line
+
+
 def test_a_successor_saving_the_same_step_never_shares_its_directory_with_the_fenced_chief(tmp_path: Path) -> None:
     """Issue 28: two lease holders saved the run's final step at once (the old chief's lease lived on in its own view
     after ps task 0, the lease table, restarted and elected another worker). The successor deleted the old chief's
