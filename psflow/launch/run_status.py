@@ -207,8 +207,9 @@ def chief_status_page(cluster: ClusterSpec, job: str, index: int, config: TrainC
     """
     if not is_chief(cluster, job, index):
         return None
+    trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)  # a chief trains too
     run = {"mode": config.sync.mode, "replication": config.sync.replication, "model": config.model.name, "run_id": config.run_id,
-           "num_ps": cluster.num_tasks("ps"), "num_workers": cluster.num_tasks("worker"), "phase": "training",
+           "num_ps": cluster.num_tasks("ps"), "num_workers": trainers, "phase": "training",
            "ps_replicas": ps_replicas(cluster),
            "served_by": f"/job:{job}/task:{index}"}
     collector = StatusCollector(cluster, token=token, run=run, interval=status.interval,
