@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from psflow.errors import ConfigError
-from psflow.optim import OptimizerSpec
+from psflow.optim import OptimizerError, OptimizerSpec
 from psflow.optim.schedules import ScheduleError, ScheduleSpec, schedule_parameters
 from psflow.ps.optimizers import make_optimizer
 
@@ -119,7 +119,8 @@ class OptimizerSettings:
 
         Raises:
             OptimizerError: an invalid hyperparameter; ConfigError: the initial
-                learning rate given twice, or an invalid schedule (names the flag).
+                learning rate given twice, or an invalid schedule, or one the optimizer refuses (FTRL: a rate
+                of 0 at some step): names the flag.
         """
         given = [flag for flag, ok in (("--learning-rate", self.learning_rate is not None),
                                        ("--optimizer ...:learning_rate", "learning_rate" in self.params),
@@ -137,9 +138,13 @@ class OptimizerSettings:
         elif self.name == "momentum":
             hp.update(momentum=0.9)
         hp.update(self.params)
+        spec = OptimizerSpec(self.name, hp)  # the optimizer's own hyperparameters (an error names the optimizer)
         if self.schedule is not None:
             hp["learning_rate"] = self._schedule(hp["learning_rate"])
-        spec = OptimizerSpec(self.name, hp)
+            try:
+                spec = OptimizerSpec(self.name, hp)
+            except OptimizerError as e:  # the optimizer refuses the schedule's rates (FTRL: > 0 at every step)
+                raise ConfigError(f"--learning-rate-schedule: {e}") from None
         make_optimizer(spec)  # raises OptimizerError with the valid names
         return spec
 

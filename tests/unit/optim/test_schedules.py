@@ -303,3 +303,18 @@ def test_ftrl_takes_the_schedules_that_stay_above_zero() -> None:
                      {"schedule": "natural_exp_decay", "learning_rate": 0.1, "decay_steps": 10, "decay_rate": -0.5},
                      {"schedule": "polynomial_decay", "learning_rate": 0.1, "decay_steps": 10}):
         OptimizerSpec("ftrl", {"learning_rate": schedule})
+
+
+def test_a_run_s_schedule_that_ftrl_refuses_names_the_flag() -> None:
+    """psflow train's default optimizer with a warm-up: the user typed --learning-rate-schedule, and the line must
+    name it (it named the optimizer's hyperparameter alone); a hyperparameter of the optimizer's own still names
+    the optimizer."""
+    schedule = {"schedule": "cosine_decay", "decay_steps": 1000, "alpha": 0.01, "warmup_steps": 10}
+    with pytest.raises(ConfigError, match="^--learning-rate-schedule: optimizer 'ftrl': hyperparameter 'learning_rate' "
+                                          "must be > 0 at every step: schedule 'cosine_decay': its warm-up starts at "
+                                          "'warmup_learning_rate' 0.0 at step 0"):
+        TrainConfig.flat(train=("x",), optimizer="ftrl", learning_rate_schedule=schedule)
+    TrainConfig.flat(train=("x",), optimizer="ftrl", learning_rate_schedule={**schedule, "warmup_learning_rate": 0.001})
+    with pytest.raises(OptimizerError, match="^optimizer 'ftrl': hyperparameter 'learning_rate_power'"):
+        TrainConfig.flat(train=("x",), optimizer="ftrl", optimizer_params={"learning_rate_power": 0.5},
+                         learning_rate_schedule=schedule)
