@@ -95,6 +95,8 @@ class Optimizer(ABC):
     state_names: ClassVar[tuple[str, ...]] = ()
     # True where TF's sparse update changes every row (non-lazy Adam).
     _sparse_touches_all_rows: ClassVar[bool] = False
+    #: A scheduled rate below this is refused at the step it is reached (FTRL: see :meth:`learning_rate`).
+    min_scheduled_rate: ClassVar[float] = 0.0
 
     @property
     def sparse_touches_all_rows(self) -> bool:
@@ -128,8 +130,13 @@ class Optimizer(ABC):
     def learning_rate(self, step: int | None = None) -> np.float32:
         """The learning rate of an update applied at global step ``step`` (read before its increment).
 
+        A schedule's rate below :attr:`min_scheduled_rate` is refused (FTRL divides by its rate: a decay that
+        falls below float32's smallest normal number, 1.2e-38, far out, would give NaN a few steps later; the
+        check is made once per step, on its first update).
+
         Raises:
             ValueError: the learning rate is a schedule and ``step`` is None or negative.
+            OptimizerError: the schedule's rate at ``step`` is below :attr:`min_scheduled_rate`; nothing changed.
         """
         if self.schedule is None:
             return self._lr
@@ -139,6 +146,12 @@ class Optimizer(ABC):
         cached_step, rate = self._scheduled
         if cached_step != step:
             rate = self.schedule.value(step)
+            if rate < self.min_scheduled_rate:
+                raise OptimizerError(
+                    f"optimizer {self.name!r}: the learning rate of schedule {self.schedule.name!r} "
+                    f"(--learning-rate-schedule) is {rate:.3g} at global_step {step}, below {self.min_scheduled_rate:.3g} "
+                    f"({self.name} divides by its rate: NaN); end the run before that step (--max-steps) or "
+                    "choose a schedule that stays above it")
             self._scheduled = (step, rate)
         return rate
 

@@ -290,6 +290,8 @@ class FtrlOptimizer(Optimizer):
 
     name = "ftrl"
     slot_names = ("accum", "linear")
+    #: float32's smallest normal number: below it 1/rate overflows (a decayed rate far out).
+    min_scheduled_rate = float(np.finfo(np.float32).tiny)
 
     def __init__(self, hyperparameters: Hyperparameters | None = None) -> None:
         super().__init__(hyperparameters)

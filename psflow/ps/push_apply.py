@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from psflow.optim.spec import OptimizerError
 from psflow.ps.counters import ServiceCounters
 from psflow.ps.protocol import PushReply, PushRequest
 from psflow.ps.restore_gate import RestoreGate
@@ -135,6 +136,7 @@ class PushApplier:
         clock.hear(request.steps.step_hint)
         started = time.perf_counter()
         table_step = clock.table_step()  # before this push's increment: a schedule's step, the tables' clock
+        _check_rates(plan, table_step)
         variables.averages.catch_up(store.partitions(), table_step)  # steps without a push here (psflow.ps.averages)
         for part, rows, grad in plan:
             if rows is None:
@@ -158,6 +160,7 @@ class PushApplier:
         if tag is None:
             raise InvalidRequest("a sync push must carry the step it was computed from ('tag')")
         self._clock.hear(tag)
+        _check_rates(plan, self._mode.schedule_step())
         result = aggregator.contribute(tag, Contribution(_worker(request.worker.worker), plan, request))
         if result.accepted and not self._mode.counts_at_step:  # (else counted with its step: UpdateMode)
             self.count(request, plan)
@@ -168,6 +171,21 @@ class PushApplier:
         for part, _, _ in plan:
             if part.table is not None and part.table.spec.ttl_steps is not None:
                 part.table.evict(self._clock.table_step())
+
+
+def _check_rates(plan: list[Planned], step: int) -> None:
+    """Refuses the push before anything is applied if a partition's optimizer refuses its scheduled rate at ``step``
+    (FTRL's rate decayed below float32's smallest normal number: :meth:`~psflow.ps.optimizer_base.Optimizer.learning_rate`).
+
+    Raises:
+        InvalidRequest: naming the optimizer, the schedule, its flag and the step.
+    """
+    for part, _, _ in plan:
+        if part.optimizer is not None and part.optimizer.schedule is not None:
+            try:
+                part.optimizer.learning_rate(step)
+            except OptimizerError as e:
+                raise InvalidRequest(str(e)) from e
 
 
 def _worker(worker: str | None) -> str:

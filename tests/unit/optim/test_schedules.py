@@ -318,3 +318,24 @@ def test_a_run_s_schedule_that_ftrl_refuses_names_the_flag() -> None:
     with pytest.raises(OptimizerError, match="^optimizer 'ftrl': hyperparameter 'learning_rate_power'"):
         TrainConfig.flat(train=("x",), optimizer="ftrl", optimizer_params={"learning_rate_power": 0.5},
                          learning_rate_schedule=schedule)
+
+
+def test_ftrl_refuses_a_decayed_rate_that_underflows_at_the_step_it_does() -> None:
+    """exponential_decay with decay_rate 0.5 per step from 0.1 falls below float32's smallest normal number at step
+    123 (0 itself at 147), where FTRL's 1/rate overflows: a real run stopped at step 133 on a NaN loss naming the
+    data and --learning-rate. The update at that step is refused naming the schedule's flag and the step, and
+    changes nothing; the steps before it train."""
+    schedule = ScheduleSpec("exponential_decay", {"learning_rate": 0.1, "decay_steps": 1, "decay_rate": 0.5})
+    first = next(s for s in range(1000) if schedule.value(s) < np.finfo(np.float32).tiny)
+    assert first == 123
+    ftrl = make_optimizer(OptimizerSpec("ftrl", {"learning_rate": schedule}))
+    var = np.ones((4, 2), np.float32)
+    slots = ftrl.create_slots(var)
+    ftrl.apply_dense(var, slots, np.full((4, 2), 0.5, np.float32), step=first - 1)
+    before = var.copy(), {k: v.copy() for k, v in slots.items()}
+    with pytest.raises(OptimizerError, match=r"^optimizer 'ftrl': the learning rate of schedule 'exponential_decay' "
+                                             r"\(--learning-rate-schedule\) is \S+ at global_step 123, below"):
+        ftrl.apply_dense(var, slots, np.full((4, 2), 0.5, np.float32), step=first)
+    assert np.array_equal(var, before[0]) and all(np.array_equal(slots[k], v) for k, v in before[1].items())
+    sgd = make_optimizer(OptimizerSpec("sgd", {"learning_rate": schedule}))
+    assert sgd.learning_rate(200) == 0.0  # a rate of 0 is no update for the others
