@@ -264,6 +264,9 @@ class SummarySaverHook(SessionRunHook):
     interval in which a ps task restarted (its counters start again from zero) has no rates for that task, and
     one in which the cluster was restored from a checkpoint (examples and global_step set back) no
     ``train/examples_per_sec`` or ``train/global_step_per_sec``, as the console's progress line has none.
+    A session that restored a checkpoint when it joined writes a ``SessionLog`` START at the restored step
+    first (:meth:`~psflow.train.summary.SummaryWriter.session_start`), as TensorFlow's chief does: TensorBoard
+    then drops the steps an earlier run wrote past it into the same directory, which this run writes again.
     """
 
     def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
@@ -274,6 +277,9 @@ class SummarySaverHook(SessionRunHook):
         self._loss = float("nan")
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
+        joined = session.join_result
+        if joined is not None and joined.restored is not None and session.global_step == joined.global_step:
+            self.writer.session_start(joined.global_step, joined.restored)  # not one elected later, steps on
         self._timer.mark(session.global_step)
         self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # the first rates' start
 

@@ -78,12 +78,13 @@ class SummaryWriter:
 
     The file (``events.out.tfevents.<time>.<host>.<pid>.<n>``, unique per writer) is
     TFRecord-framed ``Event`` messages, the first holding the file version
-    (``brain.Event:2``), as TensorFlow's own writer makes them. Thread-safe; each
-    :meth:`scalars` call is flushed to the file before it returns, so a reader
-    (a live status page) sees it at once.
+    (``brain.Event:2``), as TensorFlow's own writer makes them. It is created by the
+    first write, so a writer that writes nothing (a worker that could have been
+    elected chief and was not) leaves no empty file. Thread-safe; each write is
+    flushed to the file before it returns, so a reader (a live status page) sees it at once.
 
     Raises:
-        DataError: the file cannot be created (names it).
+        DataError: ``logdir`` or the file cannot be created (names it; the file: at the first write).
     """
 
     def __init__(self, logdir: str) -> None:
@@ -92,9 +93,9 @@ class SummaryWriter:
         name = f"{_EVENTS_PREFIX}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_WRITERS)}"
         self.path = os.path.join(logdir, name)
         self._lock = threading.Lock()
-        self._file = TFRecordWriter(self.path)
+        self._file: TFRecordWriter | None = None
+        self._closed = False
         self._event = _event_class()
-        self._append(self._event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         """Writes each ``tag: value`` at ``step`` (one event; non-finite values are written as they are)."""
@@ -103,19 +104,41 @@ class SummaryWriter:
             event.summary.value.add(tag=tag, simple_value=float(value))
         self._append(event)
 
+    def session_start(self, step: int, checkpoint: str | None = None) -> None:
+        """Writes a ``SessionLog`` START at ``step``: training (re)starts from the model state of ``step``.
+
+        TensorFlow's chief writes one when its session restores a checkpoint, and TensorBoard then drops the
+        events of this directory's earlier files at ``step`` or later (the steps a resumed run writes
+        again). psflow's own readers (:func:`read_scalars`, :class:`ScalarTail`) skip it: for them the newest
+        write of a step wins, and older steps past it stay.
+        """
+        event = self._event(wall_time=time.time(), step=int(step))
+        event.session_log.status = 1  # SessionLog.START
+        if checkpoint is not None:
+            event.session_log.checkpoint_path = checkpoint
+        self._append(event)
+
     def _append(self, event: Any) -> None:
         with self._lock:
+            if self._closed:
+                raise ValueError(f"summary writer of {self.path}: closed")
+            if self._file is None:
+                self._file = TFRecordWriter(self.path)
+                self._file.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
             self._file.write(event.SerializeToString())
             self._file.flush()
 
     def flush(self) -> None:
         with self._lock:
-            self._file.flush()
+            if self._file is not None:
+                self._file.flush()
 
     def close(self) -> None:
         """Flushes and closes; idempotent."""
         with self._lock:
-            self._file.close()
+            self._closed = True
+            if self._file is not None:
+                self._file.close()
 
 
 @dataclass
@@ -235,7 +258,16 @@ message_type { name: "Event"
   field { name: "wall_time" number: 1 label: LABEL_OPTIONAL type: TYPE_DOUBLE }
   field { name: "step" number: 2 label: LABEL_OPTIONAL type: TYPE_INT64 }
   field { name: "file_version" number: 3 label: LABEL_OPTIONAL type: TYPE_STRING }
-  field { name: "summary" number: 5 label: LABEL_OPTIONAL type: TYPE_MESSAGE type_name: ".psflow.summary.Summary" } }
+  field { name: "summary" number: 5 label: LABEL_OPTIONAL type: TYPE_MESSAGE type_name: ".psflow.summary.Summary" }
+  field { name: "session_log" number: 7 label: LABEL_OPTIONAL type: TYPE_MESSAGE
+          type_name: ".psflow.summary.SessionLog" } }
+message_type { name: "SessionLog"
+  field { name: "status" number: 1 label: LABEL_OPTIONAL type: TYPE_ENUM
+          type_name: ".psflow.summary.SessionLog.SessionStatus" }
+  field { name: "checkpoint_path" number: 2 label: LABEL_OPTIONAL type: TYPE_STRING }
+  field { name: "msg" number: 3 label: LABEL_OPTIONAL type: TYPE_STRING }
+  enum_type { name: "SessionStatus" value { name: "STATUS_UNSPECIFIED" number: 0 } value { name: "START" number: 1 }
+              value { name: "STOP" number: 2 } value { name: "CHECKPOINT" number: 3 } } }
 """
 
 

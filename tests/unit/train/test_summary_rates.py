@@ -37,7 +37,7 @@ def test_a_restarted_ps_task_gets_no_rate_for_the_interval_of_its_restart(tmp_pa
     join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)
     writer = SummaryWriter(str(tmp_path / "summaries"))
     hook = SummarySaverHook(writer, save_steps=2)
-    session = SimpleNamespace(client=client, global_step=0)
+    session = SimpleNamespace(client=client, global_step=0, join_result=None)  # a fresh cluster: nothing restored
     hook.after_create_session(session)  # type: ignore[arg-type]
 
     def train_to(step: int) -> None:
@@ -76,7 +76,7 @@ def test_the_learning_rate_is_labelled_with_the_step_it_belongs_to(tmp_path: Pat
     join_cluster(client, OptimizerSpec("sgd", {"learning_rate": schedule}), chief=True)
     writer = SummaryWriter(str(tmp_path / "summaries"))
     hook = SummarySaverHook(writer, save_steps=2)
-    session = SimpleNamespace(client=client, global_step=0)
+    session = SimpleNamespace(client=client, global_step=0, join_result=None)  # a fresh cluster: nothing restored
     hook.after_create_session(session)  # type: ignore[arg-type]
     for _ in range(6):  # the chief's push got step 2; the other workers' 4 more came before its summary
         train_a_step(client)

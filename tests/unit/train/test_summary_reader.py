@@ -92,9 +92,14 @@ def test_each_write_is_readable_before_the_writer_closes(tmp_path: Path) -> None
         assert tail.poll() == {"train/loss": [(20, 0.25)], "eval/auc": [(20, 0.75)]}
     finally:
         writer.close()
+    unused = SummaryWriter(str(tmp_path))  # a worker that could have been elected chief and was not: no file
+    unused.close()
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("events.out.tfevents")]) == 1
     second = SummaryWriter(str(tmp_path))  # another writer in the same second: a file of its own
+    second.session_start(20)  # read by TensorBoard, skipped by psflow's readers
     second.close()
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("events.out.tfevents")]) == 2
+    assert read_scalars(str(tmp_path)) == {"train/loss": [(10, 0.5), (20, 0.25)], "eval/auc": [(20, 0.75)]}
 
 
 def test_newest_write_wins_across_event_files(tmp_path: Path) -> None:
