@@ -32,7 +32,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.status.final_snapshot import Resumed, final_snapshot, resumed_from
+from psflow.status.final_snapshot import Resumed, final_snapshot, newest_if_unnamed, resumed_from
 from psflow.train.build import build_model
 from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
 from psflow.train.duties import claim_run
@@ -229,6 +229,7 @@ class _Run:
             more["dynamic_tables"] = dynamic
         return final_snapshot(phase=phase, ps_stats=ps_stats, wall_seconds=time.monotonic() - self.started,
                               resumed=self.resumed, rate_seconds=rate_seconds, checkpoints=ledger,
+                              newest=newest_if_unnamed(ledger, self.config.checkpoint.dir),
                               events={"faults": [], "restarts": [], "hangs": []},  # one process: nothing restarts
                               evaluation=evaluation, extra=more)
 

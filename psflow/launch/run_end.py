@@ -36,7 +36,7 @@ from psflow.launch.run_status import METRICS_JSON, LauncherStatus, write_run_fil
 from psflow.launch.supervisor import describe_exit
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.status.final_snapshot import Resumed, final_snapshot, step_task_stats
+from psflow.status.final_snapshot import Resumed, final_snapshot, newest_if_unnamed, step_task_stats
 from psflow.status.replication import ps_members, shard_primaries
 
 __all__ = ["RunEnd"]
@@ -55,16 +55,18 @@ class RunEnd:
         started: the run's start (``time.monotonic()``).
         checkpoints: the launcher's view of the checkpoint ledger (None: the run has no checkpoint directory).
         resumed: the checkpoint the run resumed (:func:`psflow.status.final_snapshot.resumed_from`).
+        checkpoint_dir: the run's (``--checkpoint-dir``): where a ledger that names no save has its newest read.
         page: the run's status page, whose collector writes status.json and metrics.prom (None: only metrics.json).
         run: fields every snapshot of this run carries (mode, replication).
         out: where console lines go (failed saves seen at the end, files not written).
     """
 
     def __init__(self, lc: Any, output_dir: str, *, started: float, checkpoints: SaveStatusWatcher | None = None,
-                 resumed: Resumed | None = None, page: LauncherStatus | None = None,
+                 resumed: Resumed | None = None, checkpoint_dir: str | None = None, page: LauncherStatus | None = None,
                  run: Mapping[str, Any] | None = None, out: TextIO | None = None) -> None:
         self.lc, self.output_dir, self.started = lc, output_dir, started
         self.checkpoints, self.resumed, self.page = checkpoints, resumed, page
+        self.checkpoint_dir = checkpoint_dir
         self.run = dict(run or {})
         self.out = out
         self.snapshot: dict[str, Any] | None = None  # the final snapshot, once written
@@ -129,8 +131,9 @@ class RunEnd:
         resilience = self.lc.resilience
         if resilience is not None:  # a fault that recovered after the chaos thread's last poll counts
             resilience.settle(ps_stats)
+        ledger = self.checkpoints.ledger() if self.checkpoints is not None else None
         return final_snapshot(phase=phase, ps_stats=ps_stats, wall_seconds=seconds, resumed=self.resumed,
-                              checkpoints=self.checkpoints.ledger() if self.checkpoints is not None else None,
+                              checkpoints=ledger, newest=newest_if_unnamed(ledger, self.checkpoint_dir),
                               events=resilience.metrics() if resilience is not None else None,
                               evaluation=evaluation, extra={**self.run, **extra})
 

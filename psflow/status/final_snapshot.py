@@ -25,9 +25,10 @@ The shared figures (``None`` where nothing answered, e.g. every ps task down):
 ``checkpoints``        ``saved``, ``failed``, ``failed_in_a_row``, ``last_saved_step``,
                        ``last_saved_path`` over the whole run (None without a
                        checkpoint directory); also flat, as ``checkpoints_saved`` and
-                       ``checkpoints_failed``. A run that saved no checkpoint names the
-                       one it restored as the newest: ``last_saved_by_this_run`` False
-                       (True: saved by this run; None: no checkpoint at all)
+                       ``checkpoints_failed``. A run whose ledger counted no save names the
+                       directory's newest at the end: the one it restored
+                       (``last_saved_by_this_run`` False) or one it wrote uncounted (True;
+                       True also for a counted save; None: no checkpoint at all)
 ``faults``, ``faults_not_fired``, ``restarts``, ``hangs``   the launcher's (resilience)
 ``eval``               the final evaluation, where there was one
 ``ps``                 each ps task's ``Stats``, as read for this snapshot; with replicated shards
@@ -53,7 +54,7 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.errors import CheckpointError
 from psflow.status.replication import REPLICATION_FIGURES, replication_view, shard_primaries
 
-__all__ = ["PHASES", "Resumed", "final_snapshot", "resumed_from", "step_task_stats"]
+__all__ = ["PHASES", "Resumed", "final_snapshot", "newest_if_unnamed", "resumed_from", "step_task_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,8 @@ def step_task_stats(ps_stats: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] 
 
 def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_seconds: float,
                    resumed: Resumed | None = None, rate_seconds: float | None = None,
-                   checkpoints: Mapping[str, Any] | None = None, events: Mapping[str, Any] | None = None,
+                   checkpoints: Mapping[str, Any] | None = None, newest: Resumed | None = None,
+                   events: Mapping[str, Any] | None = None,
                    evaluation: Mapping[str, Any] | None = None,
                    extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The final snapshot (see the module docstring); JSON-ready, a fresh dict.
@@ -110,6 +112,8 @@ def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_se
         resumed: the checkpoint the run resumed (:func:`resumed_from`).
         rate_seconds: the seconds ``examples_per_sec`` is over (default ``wall_seconds``).
         checkpoints: the run's checkpoint ledger (``SaveStatusWatcher.ledger()`` or a ``CheckpointStatus``).
+        newest: where the ledger names no checkpoint, the newest complete one in the directory at the end
+            (:func:`resumed_from` read then); None: ``resumed``.
         events: ``faults``, ``faults_not_fired``, ``restarts``, ``hangs``.
         evaluation: the final eval's metrics.
         extra: more fields (workers' results, mode, ``interrupted`` ...); never replaces a shared figure.
@@ -145,7 +149,7 @@ def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_se
         snapshot.update({k: replication[k] for k in REPLICATION_FIGURES})
         snapshot["shards"] = replication["shards"]  # ("replication" is the run's between-graph or in-graph)
     if checkpoints is not None:
-        view = _newest_checkpoint(checkpoints, resumed)
+        view = _newest_checkpoint(checkpoints, resumed, newest)
         snapshot["checkpoints"] = view
         snapshot["checkpoints_saved"] = int(view["saved"] or 0)
         snapshot["checkpoints_failed"] = int(view["failed"] or 0)
@@ -157,22 +161,35 @@ def final_snapshot(*, phase: str, ps_stats: Sequence[Mapping[str, Any]], wall_se
     return snapshot
 
 
-def _newest_checkpoint(ledger: Mapping[str, Any], resumed: Resumed | None) -> dict[str, Any]:
+def _newest_checkpoint(ledger: Mapping[str, Any], resumed: Resumed | None,
+                       newest: Resumed | None) -> dict[str, Any]:
     """The ``checkpoints`` figures: the ledger's counts (this run's saves) and the newest checkpoint.
 
-    A run that saved none (resumed with nothing left to train, stopped before its first save, every save
-    failed) has the checkpoint it restored as its newest: nothing else was written to its directory since (the
-    run held it). ``last_saved_by_this_run`` says which: True (the ledger's own), False (the one restored,
-    saved by an earlier run), None (no checkpoint at all); ``saved`` stays this run's count either way.
+    A run whose ledger names no save (resumed with nothing left to train, stopped before its first save, every
+    save failed) has the directory's newest at its end (``newest``; else ``resumed``) as its newest: the
+    checkpoint it restored, or one it wrote that the ledger never counted (its chief died as the save
+    completed). ``last_saved_by_this_run`` says which: True (the ledger's own, or not the one restored: the
+    run held the directory), False (the one restored, saved by an earlier run), None (no checkpoint at all);
+    ``saved`` stays the ledger's count either way.
     """
     view = {k: ledger.get(k) for k in ("saved", "failed", "failed_in_a_row", "last_saved_step", "last_saved_path")}
+    found = newest if newest is not None else resumed
     if view["last_saved_path"] is not None:
         view["last_saved_by_this_run"] = True
-    elif resumed is not None:
-        view.update(last_saved_step=resumed.global_step, last_saved_path=resumed.path, last_saved_by_this_run=False)
+    elif found is not None:
+        view.update(last_saved_step=found.global_step, last_saved_path=found.path,
+                    last_saved_by_this_run=resumed is None or found.path != resumed.path)
     else:
         view["last_saved_by_this_run"] = None
     return view
+
+
+def newest_if_unnamed(ledger: Mapping[str, Any] | None, checkpoint_dir: str | None) -> Resumed | None:
+    """:func:`final_snapshot`'s ``newest``: the directory's newest complete checkpoint, read at the run's end,
+    where the ledger names no save (None where it names one: nothing is read)."""
+    if ledger is None or ledger.get("last_saved_path"):
+        return None
+    return resumed_from(checkpoint_dir)
 
 
 def _int(value: Any) -> int | None:

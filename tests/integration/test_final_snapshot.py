@@ -22,6 +22,7 @@ import pytest
 from support import A9A, A9A_T, REPO, run_cli, wait_until
 from test_checkpoint_safety import background_run, read_only, wait_for
 
+from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -248,3 +249,25 @@ def test_a_run_resumed_at_its_final_step_names_the_checkpoint_it_restored(tmp_pa
     shown = run_cli("status", str(tmp_path / how))
     assert (f"checkpoints: 0 saved, 0 failed; newest at step {saved['last_saved_step']}: {saved['last_saved_path']} "
             "(restored at the start, saved by an earlier run)") in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_a_run_whose_chief_died_as_its_save_completed_names_that_checkpoint_not_the_restored_one(
+        tmp_path: Path) -> None:
+    """A resumed run's chief exits once its first save is current, before the ledger counts it (the run fails):
+    the directory's newest is that save, but the snapshot named the checkpoint restored at the start as the
+    newest, 'saved by an earlier run'."""
+    ckpt = tmp_path / "ckpt"
+    common = ("train", "--train", str(A9A), "--num-features", "124", "--checkpoint-dir", str(ckpt), "--ps", "1",
+              "--workers", "1", "--batch-size", "512", "--save-checkpoints-steps", "20")
+    first = run_cli(*common, "--max-steps", "30", "--output", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    restored = latest_checkpoint(str(ckpt))
+    again = run_cli(*common, "--max-steps", "90", "--fault-point", "pointer_switched", "--output", str(tmp_path / "again"))
+    assert again.returncode == 1, again.stderr[-3000:]
+    newest = latest_checkpoint(str(ckpt))
+    assert newest is not None and newest != restored
+    metrics = assert_one_snapshot(tmp_path / "again", "failed")
+    assert metrics["resumed_from"]["path"] == restored
+    checkpoints = metrics["checkpoints"]
+    assert (checkpoints["last_saved_path"], checkpoints["last_saved_by_this_run"]) == (newest, True), checkpoints
+    assert checkpoints["last_saved_step"] == read_manifest(newest).global_step
