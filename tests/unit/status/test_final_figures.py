@@ -70,6 +70,18 @@ def test_a_run_that_saved_nothing_names_the_checkpoint_it_restored_as_the_newest
     assert after["checkpoints"] == {**saved, "last_saved_by_this_run": True}
 
 
+def test_a_run_whose_ledger_counted_no_save_names_the_directorys_newest_at_the_end() -> None:
+    """The ledger knows no save, the directory's newest at the end (``newest``) is the restored one (False) or one
+    this run wrote that the ledger never counted (True: its chief died as the save completed)."""
+    nothing = {"saved": 0, "failed": 0, "failed_in_a_row": 0, "last_saved_step": None, "last_saved_path": None}
+    resumed = Resumed("/c/ckpt-000000600", 600, 60_000)
+    for newest, mine in ((resumed, False), (Resumed("/c/ckpt-000000640", 640, 64_000), True)):
+        s = final_snapshot(phase="failed", ps_stats=[ps0()], wall_seconds=1.0, resumed=resumed, checkpoints=nothing,
+                           newest=newest)
+        assert s["checkpoints"] == {**nothing, "last_saved_step": newest.global_step, "last_saved_path": newest.path,
+                                    "last_saved_by_this_run": mine}
+
+
 def test_resumed_from_is_none_without_a_directory_or_checkpoint(tmp_path: Path) -> None:
     assert resumed_from(None) is None
     assert resumed_from(str(tmp_path)) is None
