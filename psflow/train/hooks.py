@@ -264,9 +264,8 @@ class SummarySaverHook(SessionRunHook):
     interval in which a ps task restarted (its counters start again from zero) has no rates for that task, and
     one in which the cluster was restored from a checkpoint (examples and global_step set back) no
     ``train/examples_per_sec`` or ``train/global_step_per_sec``, as the console's progress line has none.
-    A session that restored a checkpoint when it joined writes a ``SessionLog`` START at the restored step
-    first (:meth:`~psflow.train.summary.SummaryWriter.session_start`), as TensorFlow's chief does: TensorBoard
-    then drops the steps an earlier run wrote past it into the same directory, which this run writes again.
+    A session that restored a checkpoint when it joined first writes a SessionLog START at that step, as TF's
+    chief does (:meth:`~psflow.train.summary.SummaryWriter.session_start`: TensorBoard drops older steps past it).
     """
 
     def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
@@ -475,16 +474,15 @@ class EvalHook(SessionRunHook):
     def __init__(self, evaluate: Callable[[], dict[str, float]], *, every_steps: int | None,
                  writer: SummaryWriter | None = None) -> None:
         self._evaluate = evaluate
-        self._timer = _Timer(None, every_steps, "eval") if every_steps is not None else None
+        self._timer = _Timer(None, every_steps or 1 << 62, "eval")  # None: a period never reached, the end only
         self.writer = writer
         self.history: list[tuple[int, dict[str, float]]] = []
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
-        if self._timer is not None:
-            self._timer.mark(session.global_step)
+        self._timer.mark(session.global_step)
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
-        if self._timer is not None and self._timer.due(values.step):
+        if self._timer.due(values.step):
             self._run(values.step)
 
     def end(self, session: MonitoredTrainingSession) -> None:
@@ -499,5 +497,4 @@ class EvalHook(SessionRunHook):
         if self.writer is not None:
             self.writer.scalars({f"eval/{k}": v for k, v in metrics.items() if k != "examples"}, step)
             self.writer.flush()
-        if self._timer is not None:
-            self._timer.mark(step)
+        self._timer.mark(step)

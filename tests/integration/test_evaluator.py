@@ -12,6 +12,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -255,7 +256,7 @@ def test_an_evaluator_started_after_a_run_ended_ends_on_its_final_checkpoint_unl
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     lock = ckpt / "checkpoint.lock"
-    holder = {"run_id": "20261127-000000-00000000", "host": os.uname().nodename, "boot_id": None,
+    holder = {"run_id": "20261127-000000-00000000", "host": socket.gethostname(), "boot_id": None,
               "since": created + 60, "since_text": "later", "run_dir": None}
     lock.write_text(json.dumps(dict(holder, pid=dead.pid, pid_start=None)))  # a resumed run that died
     assert [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05)] == [(20, True)]
