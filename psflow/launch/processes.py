@@ -12,6 +12,7 @@ the first one as the root cause.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -35,7 +36,9 @@ from psflow.launch.resilience import Resilience
 from psflow.launch.run_end import RunEnd
 from psflow.launch.supervisor import describe_exit
 from psflow.launch.task import TOKEN_ENV
+from psflow.ps.global_step import StepJournal
 from psflow.ps.save_ledger import SAVE_LEDGER_FILE
+from psflow.server import STEP_JOURNAL_FILE
 from psflow.train.config import TORCH_THREADS_ENV
 
 __all__ = ["LaunchError", "LocalCluster", "TaskHosts", "TaskProcess", "failure_report", "task_env"]
@@ -190,6 +193,12 @@ class LocalCluster:
                                 for j, p in enumerate(ports[num_ps + num_workers:])]
         spec = ClusterSpec(jobs)
         os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
+        # A reused run directory's global_step journals are an earlier run's: their floor would send this run's
+        # restores on past that run's last step (psflow.ps.global_step); a restart within this run keeps them.
+        for journal in glob.glob(os.path.join(glob.escape(output_dir), "state", "*", STEP_JOURNAL_FILE)):
+            for path in (journal, StepJournal(journal).live_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
         with open(os.path.join(output_dir, "cluster.json"), "w") as f:
             f.write(spec.to_json())
         return cls(spec, output_dir, secrets.token_hex(16), placement=placement)

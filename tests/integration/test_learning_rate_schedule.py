@@ -90,3 +90,25 @@ def test_a_killed_ps_task_0_resumes_the_schedule_after_its_last_step_not_a_thous
     assert metrics["examples"] == 256 * (20 + 50 - step)  # 20 steps to the checkpoint, then the steps after the kill
     rates = dict(read_scalars(str(out / "summaries")).get("learning_rate", []))
     assert max(rates) <= 50 and rates, rates
+
+
+def test_a_reused_run_directory_s_earlier_global_step_is_not_this_run_s(tmp_path: Path) -> None:
+    """A second psflow train into the same --output: ps task 0's global_step journal there is the first run's. When
+    ps task 1 dies, the restore goes on past ps task 0's floor: it was the first run's last step (120), so global_step
+    jumped from 30 to 120 and the run 'finished' at once with 22 of its 50 steps trained (the schedule at step 120)."""
+    out = tmp_path / "run"
+    common = ("train", "--train", str(A9A), "--num-features", "124", "--batch-size", "256", "--ps", "2",
+              "--workers", "1", "--output", str(out), "--quiet")
+    first = run_cli(*common, "--max-steps", "120")
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert json.loads((out / "metrics.json").read_text())["global_step"] == 120
+    r = run_cli(*common, "--max-steps", "50", "--checkpoint-dir", str(tmp_path / "ckpt"), "--save-checkpoints-steps",
+                "20", "--restart-policy", "on-failure", "--chaos", "kill:ps:1@step=30")
+    assert r.returncode == 0, r.stderr[-3000:]
+    restored = re.search(r"restored checkpoint \S+ \(step 20\) onto every ps task; generation \d+, global_step (\d+)",
+                         (out / "logs" / "worker-0.log").read_text())
+    assert restored, (out / "logs" / "worker-0.log").read_text()[-3000:]
+    step = int(restored.group(1))  # the surviving ps task 0's value: this run's
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert 30 <= step < 50 and metrics["global_step"] == 50 and metrics["phase"] == "finished", (step, metrics)
+    assert metrics["examples"] == 256 * (20 + 50 - step)
