@@ -47,6 +47,7 @@ from psflow.checkpoint.naming import free_name, rename_after_step
 from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer, read_pointer, write_pointer
 from psflow.checkpoint.rotation import delete_old, kept_after, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
+from psflow.checkpoint.save_notice import notify_save
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import (
@@ -102,10 +103,6 @@ def refuse_newer_epoch(current: dict[str, Any], pointer: str, *, run_id: str, ep
         raise CheckpointFencedError(
             f"{refused}: the pointer {pointer} was written at epoch {theirs} "
             f"(by {current.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
-
-
-def _fsync_dir(path: str) -> None:
-    storage.sync_dir(path)  # (an object store: nothing to do)
 
 
 class CheckpointManager:
@@ -183,7 +180,9 @@ class CheckpointManager:
         """Saves every ps task's variables and slots; see :mod:`psflow.checkpoint` for the order.
 
         Blocks until the checkpoint is complete and the pointer names it.
-        Training may continue meanwhile; each partition is snapshotted whole.
+        Training may continue meanwhile; each partition is snapshotted whole. In sync mode the ps tasks are told
+        of the save while it lasts (:mod:`psflow.checkpoint.save_notice`): a step waiting for this chief's
+        gradient does not time out meanwhile, however long the save takes.
         Never retried here; a failed save leaves no directory behind (a crash
         of the process may: the next save of this lineage deletes it).
 
@@ -203,7 +202,9 @@ class CheckpointManager:
             RpcError: the ps tasks could not be reached (counted as above).
             CheckpointSavesFailedError: that was the ``max_failed_saves``-th failure in a row.
         """
-        with self._section() if self._section is not None else contextlib.nullcontext():
+        # The ps tasks hear that this chief saves: a sync step waiting for it does not time out meanwhile.
+        with self._section() if self._section is not None else contextlib.nullcontext(), \
+                notify_save(client, self.directory):
             return self._save_counted(client, optimizer, model, epoch, holder, final)
 
     def _save_counted(self, client: ParameterClient, optimizer: Mapping[str, Any] | None,
@@ -443,7 +444,7 @@ class CheckpointManager:
             pending = {t: pool.submit(self._finish_shard, call, os.path.join(path, files[t])) for t, call in calls.items()}
             for t, fut in pending.items():
                 replies[t] = (files[t], fut.result())
-        _fsync_dir(path)
+        storage.sync_dir(path)  # (an object store: nothing to do)
         return replies
 
     def _finish_shard(self, call: Any, file: str) -> SaveShardReply:

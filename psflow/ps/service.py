@@ -80,6 +80,10 @@ reads each averaged partition's moving average instead of its value.
     :mod:`psflow.ps.run_end`. A worker that registers again must finish again.
 ``Fence``
     the chief's epoch, checked against this task's fence (:mod:`psflow.coord.fence`).
+``SaveNotice``
+    ``meta = {"writer", "saving_into", "step", "active"}``: the chief's checkpoint save started, goes on or ended;
+    a sync step it is missing from does not time out meanwhile (:mod:`psflow.ps.save_hold`). Replies
+    ``{"renew_every": seconds | null}``.
 
 Generations: every restore from a checkpoint after a ps death gives the
 cluster a new generation number (``SetReady`` carries it); a push of another
@@ -126,6 +130,8 @@ from psflow.ps.protocol import (
     PushRequest,
     RegisterReply,
     RegisterRequest,
+    SaveNoticeReply,
+    SaveNoticeRequest,
     StatsReply,
     WorkerTag,
 )
@@ -231,6 +237,7 @@ class ParameterService:
             LeaveRequest.METHOD: self.leave,
             "Shutdown": self.shutdown,
             FenceRequest.METHOD: self.fence_call,
+            SaveNoticeRequest.METHOD: self.save_notice,
             **self._checkpoints.handlers(),
         }
         if self.run_ledger is not None:
@@ -416,13 +423,18 @@ class ParameterService:
             raise PreconditionFailed(str(e)) from e
         return _reply(FenceReply(request.token))
 
+    def save_notice(self, frame: Frame) -> Reply:
+        """The ``SaveNotice`` call: the chief's checkpoint save started, goes on or ended (:mod:`psflow.ps.save_hold`)."""
+        return _reply(SaveNoticeReply(self.mode.save_notice(SaveNoticeRequest.from_frame(frame))))
+
     def shutdown(self, frame: Frame) -> Reply:
         if self._on_shutdown is not None:
             threading.Thread(target=self._on_shutdown, name="psflow-shutdown", daemon=True).start()
         return _reply(Ack())
 
 
-def _reply(message: Ack | FenceReply | PullReply | PushPullReply | PushReply | RegisterReply | StatsReply) -> Reply:
+def _reply(message: Ack | FenceReply | PullReply | PushPullReply | PushReply | RegisterReply | SaveNoticeReply
+           | StatsReply) -> Reply:
     frame = message.to_frame()
     return frame.meta, frame.arrays
 

@@ -50,7 +50,8 @@ bounded-staleness :class:`~psflow.ps.staleness.StalenessClock` (``mode="ssp"``,
        step is applied with the contributions it has (averaged over their
        number); with ``on_timeout="fail"`` every waiting push fails with an
        error naming the workers that did not contribute, and so does every
-       later push (the run stops with that error).
+       later push (the run stops with that error). A missing worker saving a checkpoint (the chief) holds the
+       step without timing out: :mod:`psflow.ps.save_hold`; an error then names the save.
     5. A worker that runs out of data calls ``leave``; it no longer counts as
        live, so the others are never left waiting for it.
     6. A restore after a ps task died (:mod:`psflow.train.recovery`):
@@ -73,6 +74,7 @@ from typing import Any
 import numpy as np
 
 from psflow.native.loader import load_extension
+from psflow.ps.save_hold import SaveHold
 from psflow.ps.store import ParameterStore, PartitionState
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
 
@@ -223,6 +225,7 @@ class SyncAggregator:
         # worker -> when it last contributed (start: when this aggregator was made)
         self._last_seen: dict[str, float] = {f"/job:worker/task:{i}": clock() for i in range(config.total_num_replicas)}
         self._failure: str | None = None
+        self._hold = SaveHold(clock)  # the saves the workers told of (psflow.ps.save_hold)
         self.stale_dropped = 0
         self.steps_applied = 0
         self.timeouts = 0
@@ -285,6 +288,16 @@ class SyncAggregator:
             if self._contributors and len(self._contributors) >= self.needed():
                 self._apply()
 
+    def save_notice(self, worker: str, directory: str, step: int | None, active: bool) -> float:
+        """``worker``'s checkpoint save started, goes on or (not ``active``) ended: a step waiting for it does not
+        time out meanwhile (:mod:`psflow.ps.save_hold`). Returns the seconds within which to renew the notice."""
+        with self._cond:
+            self._hold.notice(worker, directory, step, active)
+            if worker in self._last_seen:  # a sign of life: not presumed gone (backups absorb dead workers)
+                self._last_seen[worker] = self._clock()
+            self._cond.notify_all()
+        return self.config.timeout / 4
+
     def abort(self, reason: str) -> None:
         """Abandons the step being collected: every waiting and later push fails with
         PreconditionFailed(``reason``) until :meth:`reset` (a restore after a ps death)."""
@@ -301,6 +314,7 @@ class SyncAggregator:
             self._sums, self._contributors, self._first_at = _Sums(), [], None
             self._left.clear()
             self._absent.clear()
+            self._hold.forget()
             now = self._clock()
             self._last_seen = dict.fromkeys(self._last_seen, now)
 
@@ -358,6 +372,7 @@ class SyncAggregator:
         while self._current() == step:
             self._raise_if_failed()
             first = self._first_at if self._first_at is not None else self._clock()
+            first = max(first, self._hold.heard(self._missing()) or first)  # a missing worker saving: heard from
             remaining = first + self.config.timeout - self._clock()
             if remaining <= 0:
                 self._on_timeout(step)
@@ -384,7 +399,7 @@ class SyncAggregator:
                         self.task_name, step, ", ".join(gone), self.config.timeout, have)
             self._apply()
             return
-        missing = ", ".join(self._missing()) or "none"
+        missing = (", ".join(self._missing()) or "none") + self._hold.describe(self._missing())
         if self.config.on_timeout == "proceed":
             log.warning("%s: step %d timed out after %.1f s with %d of %d gradients (missing: %s); "
                         "applying what arrived", self.task_name, step, self.config.timeout, have, need, missing)

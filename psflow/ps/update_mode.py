@@ -10,20 +10,26 @@
   ahead of the slowest live one.
 
 A restore aborts the step being collected (its pushes fail; their workers
-recover) and starts the sync count over at the restored step.
+recover) and starts the sync count over at the restored step. The chief's notices of a
+checkpoint save it is making (``SaveNotice``) hold a sync step it is missing from
+without timing out (:mod:`psflow.ps.save_hold`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
+from psflow.ps.protocol import SaveNoticeRequest
 from psflow.ps.staleness import StalenessClock
 from psflow.ps.step_clock import StepClock
 from psflow.ps.sync import AppliedStep, SyncAggregator, SyncConfig
 from psflow.ps.variable_store import VariableStore
 
 __all__ = ["UpdateMode"]
+
+log = logging.getLogger("psflow.ps.sync")
 
 
 class UpdateMode:
@@ -40,6 +46,7 @@ class UpdateMode:
         #: (a replicated shard's primary) called with what each applied sync step wrote and whose pushes it
         #: applied; it records those pushes too (the service then does not, :attr:`counts_at_step`).
         self.on_step_applied: Callable[[AppliedStep], None] | None = None
+        self._saving: set[str] = set()  # the workers whose save is under way (for the log lines)
 
     def configure(self, config: SyncConfig) -> None:
         """The variables were (re)created with update mode ``config`` (called inside the registration)."""
@@ -78,6 +85,21 @@ class UpdateMode:
             self.aggregator.leave(worker)
         if self.staleness is not None:
             self.staleness.leave(worker)
+
+    def save_notice(self, notice: SaveNoticeRequest) -> float | None:
+        """A worker's checkpoint save started, goes on or ended (:mod:`psflow.ps.save_hold`); returns the seconds
+        within which to renew the notice, or None: no sync step here waits for anyone (async, ssp), send no more."""
+        if self.aggregator is None:
+            return None
+        where = f"a checkpoint into {notice.directory} at global_step {notice.step}"
+        if notice.active and notice.writer not in self._saving:
+            self._saving.add(notice.writer)
+            log.info("%s: %s is saving %s; a sync step waits for it without timing out", self.task_name,
+                     notice.writer, where)
+        elif not notice.active:
+            self._saving.discard(notice.writer)
+            log.info("%s: %s saved %s; its sync steps' timeout runs again", self.task_name, notice.writer, where)
+        return self.aggregator.save_notice(notice.writer, notice.directory, notice.step, notice.active)
 
     def abort(self, reason: str) -> None:
         """A restore begins: sync pushes waiting for a step give up with ``reason``."""

@@ -19,7 +19,7 @@ Files:
     * ``data.py``: the data path -- ``Register``, ``Pull``, ``Push`` (with
       its :class:`WorkerTag` and :class:`StepTag`), ``PushPull``.
     * ``lifecycle.py``: every client's calls around it -- ``Stats``,
-      ``Leave``, ``Done`` (and :class:`Ack`).
+      ``Leave``, ``Done``, ``SaveNotice`` (and :class:`Ack`).
     * ``control.py``: the chief's and the checkpoints' calls -- ``Fence``,
       ``SaveShard``, ``LoadShard``, ``SetReady``, ``BeginRestore``,
       ``ReaderPositions``, ``CheckpointStatus``.
@@ -44,6 +44,7 @@ Leave             :class:`LeaveRequest`             :class:`Ack`
 Done              :class:`DoneRequest`              :class:`DoneReply`
 Shutdown          (empty)                           :class:`Ack`
 Fence             :class:`FenceRequest`             :class:`FenceReply`
+SaveNotice        :class:`SaveNoticeRequest`        :class:`SaveNoticeReply`
 SaveShard         :class:`SaveShardRequest`         :class:`SaveShardReply`
 LoadShard         :class:`LoadShardRequest`         :class:`LoadShardReply`
 SetReady          :class:`SetReadyRequest`          :class:`SetReadyReply`
@@ -99,7 +100,15 @@ from psflow.ps.protocol.data import (
     gradients_of,
 )
 from psflow.ps.protocol.in_graph import RunStepReply, RunStepRequest, SparseArrays
-from psflow.ps.protocol.lifecycle import Ack, DoneReply, DoneRequest, LeaveRequest, StatsReply
+from psflow.ps.protocol.lifecycle import (
+    Ack,
+    DoneReply,
+    DoneRequest,
+    LeaveRequest,
+    SaveNoticeReply,
+    SaveNoticeRequest,
+    StatsReply,
+)
 from psflow.ps.protocol.replication import (
     ROLES,
     DropBackupRequest,
@@ -119,7 +128,7 @@ __all__ = [
     "DoneReply", "DoneRequest", "FenceReply", "FenceRequest", "GradPart", "LeaveRequest", "LoadShardReply",
     "LoadShardRequest", "PullReply", "PullRequest", "PushPullReply", "PushPullRequest", "PushReply", "PushRequest",
     "ReaderPositionsReply", "ReaderPositionsRequest", "RegisterReply", "RegisterRequest", "Request", "RunStepReply",
-    "RunStepRequest", "SaveOutcome", "SparseArrays",
+    "RunStepRequest", "SaveNoticeReply", "SaveNoticeRequest", "SaveOutcome", "SparseArrays",
     "SaveShardReply", "SaveShardRequest", "SetReadyReply", "SetReadyRequest", "StatsReply", "StepTag",
     "WorkerTag", "gradient_arrays", "gradients_of",
     "ROLES", "DropBackupRequest", "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",

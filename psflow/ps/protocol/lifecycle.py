@@ -1,5 +1,5 @@
 """A client's calls around the data path: Stats (a task's state and counters), Leave (a worker finished its
-data), Done (its session ended), and Ack, the reply of a call that only acknowledges (see
+data), Done (its session ended), SaveNotice (the chief is saving a checkpoint), and Ack, the reply of a call that only acknowledges (see
 :mod:`psflow.ps.protocol`; their semantics: :mod:`psflow.ps.service`, :mod:`psflow.ps.run_end`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from psflow.ps.protocol.fields import acked_counts, message, optional_int, optional_str, refuse, strict_bool
 from psflow.rpc.framing import Frame
 
-__all__ = ["Ack", "DoneReply", "DoneRequest", "LeaveRequest", "StatsReply"]
+__all__ = ["Ack", "DoneReply", "DoneRequest", "LeaveRequest", "SaveNoticeReply", "SaveNoticeRequest", "StatsReply"]
 
 
 # ---- Stats / Leave / Done --------------------------------------------------------------------------
@@ -141,3 +141,47 @@ class DoneReply:
     @classmethod
     def from_frame(cls, frame: Frame) -> DoneReply:
         return cls(strict_bool(frame.meta, "run_over"))
+
+
+# ---- SaveNotice ----------------------------------------------------------------------------------------
+@message
+class SaveNoticeRequest:
+    """Worker ``writer`` (the chief) is saving a checkpoint into ``directory`` at global_step ``step``
+    (``active``), sent at the save's start and again every ``renew_every`` seconds of the reply while it lasts;
+    ``active`` False: the save is over (:mod:`psflow.ps.save_hold`)."""
+
+    METHOD: ClassVar[str] = "SaveNotice"
+    writer: str
+    directory: str
+    step: int | None
+    active: bool
+
+    def to_frame(self) -> Frame:
+        return Frame({"writer": self.writer, "saving_into": self.directory, "step": self.step, "active": self.active})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> SaveNoticeRequest:
+        meta = frame.meta
+        writer = optional_str(meta, "writer", max_length=200)
+        if not writer:
+            raise refuse("writer", "a task name", meta.get("writer"))
+        return cls(writer, optional_str(meta, "saving_into", max_length=2000) or "", optional_int(meta, "step", minimum=0),
+                   strict_bool(meta, "active"))
+
+
+@message
+class SaveNoticeReply:
+    """``renew_every``: seconds within which the notice is to be sent again while the save lasts (None: this
+    task holds nothing for a save: no sync step; send no more)."""
+
+    renew_every: float | None = None
+
+    def to_frame(self) -> Frame:
+        return Frame({"renew_every": self.renew_every})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> SaveNoticeReply:
+        value = frame.meta.get("renew_every")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise refuse("renew_every", "a number > 0", value)
+        return cls(None if value is None else float(value))

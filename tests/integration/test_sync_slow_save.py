@@ -1,0 +1,76 @@
+"""A sync run whose chief's checkpoint save outlasts --sync-timeout (the object store stops answering for a
+while): the run goes on and finishes. Real ``psflow train`` processes, a real GCS emulator
+(tests/object_store_servers.py) stopped with SIGSTOP during a save and resumed with SIGCONT, so the save lasts
+as long as the test holds it, whatever the machine's speed.
+
+Before psflow.ps.save_hold the other worker's gradient for the next step waited for the chief's only
+``--sync-timeout`` seconds, and the whole run failed with ``sync step 10 timed out ... missing:
+/job:worker/task:0``, naming nothing of the save (seen with the emulator down for 20 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import A9A, wait_until
+
+from psflow.checkpoint.pointer import latest_checkpoint
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SYNC_TIMEOUT = 2.0
+
+
+def _log(out: Path, name: str) -> str:
+    path = out / "logs" / f"{name}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
+        gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from object_store_servers import StoreServer, new_bucket
+
+    assert isinstance(gcs_server, StoreServer)
+    for key, value in gcs_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    ckpt = f"{new_bucket(gcs_server)}/ckpt"
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", "sync",
+         "--ps", "2", "--workers", "2", "--batch-size", "32", "--max-steps", "30", "--sync-timeout", str(SYNC_TIMEOUT),
+         "--checkpoint-dir", ckpt, "--save-checkpoints-steps", "10", "--output", str(out), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = False
+    try:
+        # The initial checkpoint is in; the store then stops answering, so the save at step 10 waits for it.
+        wait_until(lambda: "saved checkpoint" in _log(out, "worker-0") or run.poll() is not None,
+                   "the chief's initial checkpoint")
+        os.kill(gcs_server.pid, signal.SIGSTOP)
+        stopped = True
+        wait_until(lambda: "is saving a checkpoint into gs://" in _log(out, "ps-1") or run.poll() is not None,
+                   "the chief's save at step 10 begun, told to the ps tasks")
+        time.sleep(4 * SYNC_TIMEOUT)  # the fault's length: the save cannot end before the store answers again
+        os.kill(gcs_server.pid, signal.SIGCONT)
+        stopped = False
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        if stopped:
+            os.kill(gcs_server.pid, signal.SIGCONT)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["global_step"] == 30 and metrics["phase"] == "finished", metrics
+    ps_logs = _log(out, "ps-0") + _log(out, "ps-1")
+    assert "timed out" not in ps_logs
+    assert "/job:worker/task:0 saved a checkpoint into gs://" in ps_logs  # the end notice: the timeout runs again
+    latest = latest_checkpoint(ckpt)
+    assert latest is not None and latest.endswith("30"), latest

@@ -1,0 +1,105 @@
+"""A sync step waiting for a chief that saves a checkpoint (psflow.ps.save_hold): it does not time out while the
+chief's notices come, and an error after they stopped names the save. Threads stand in for workers; the
+aggregator's clock is the test's, moved by hand, so nothing depends on how fast the machine is."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from psflow.optim import OptimizerSpec
+from psflow.ps.global_step import GlobalStep
+from psflow.ps.optimizers import make_optimizer
+from psflow.ps.store import ParameterStore, PartitionState
+from psflow.ps.sync import Contribution, SyncAggregator, SyncConfig, SyncResult
+from psflow.rpc.api import PreconditionFailed
+
+CHIEF, OTHER = "/job:worker/task:0", "/job:worker/task:1"
+CKPT = "gs://bucket/ckpt"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _setup(clock: Clock) -> tuple[SyncAggregator, PartitionState, GlobalStep]:
+    store = ParameterStore()
+    part = store.create("w", 0, (3, 1), 0, 3, "float32", {"name": "zeros"},
+                        make_optimizer(OptimizerSpec("sgd", {"learning_rate": 1.0})))
+    step = GlobalStep()
+    config = SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=10.0, on_timeout="fail")
+    return SyncAggregator(config, store, task_name="/job:ps/task:0", advance=step.increment,
+                          current=lambda: step.value, clock=clock), part, step
+
+
+def _grad(part: PartitionState, worker: str) -> Contribution:
+    return Contribution(worker, [(part, np.array([0], np.int64), np.array([[2.0]], np.float32))])
+
+
+def _waiting(agg: SyncAggregator, part: PartitionState) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def push() -> None:
+        try:
+            out["result"] = agg.contribute(0, _grad(part, OTHER))
+        except PreconditionFailed as e:
+            out["error"] = e
+
+    thread = threading.Thread(target=push, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_step_waits_for_a_saving_chief_past_its_timeout_then_applies_with_its_gradient() -> None:
+    """The chief's save lasts 40 s of a 10 s sync timeout, renewing its notice every 4 s: the other worker's
+    gradient waits (before, the step failed after 10 s naming only the chief), the end notice gives the step its
+    whole timeout again, and the chief's gradient completes it."""
+    clock = Clock()
+    agg, part, step = _setup(clock)
+    thread, out = _waiting(agg, part)
+    assert agg.save_notice(CHIEF, CKPT, 1, True) == 2.5  # renew within a quarter of the timeout
+    for _ in range(10):
+        clock.now += 4.0
+        agg.save_notice(CHIEF, CKPT, 1, True)
+        thread.join(0.02)
+        assert thread.is_alive() and not out, out
+    clock.now += 1.0
+    agg.save_notice(CHIEF, CKPT, 1, False)  # the save is over at 41 s
+    clock.now += 9.0  # 9 s later: within the step's timeout again
+    agg.save_notice("/job:worker/task:7", CKPT, None, True)  # wakes the waiting push; no worker of the step
+    thread.join(0.05)
+    assert thread.is_alive() and not out, out
+    assert agg.contribute(0, _grad(part, CHIEF)) == SyncResult(1, accepted=True, completed=True)
+    thread.join(10)
+    assert out == {"result": SyncResult(1, accepted=True, completed=False)}
+    assert step.value == 1 and part.value[0, 0] == -2.0 and agg.timeouts == 0
+
+
+def test_a_chief_that_stops_noticing_its_save_times_the_step_out_and_the_error_names_the_save() -> None:
+    """The chief's notices stop at 20 s (it died or hung while saving): the step times out 10 s after the last one,
+    and every waiting push's error names the missing chief and its save: directory, global_step, how long."""
+    clock = Clock()
+    agg, part, step = _setup(clock)
+    thread, out = _waiting(agg, part)
+    agg.save_notice(CHIEF, CKPT, 130, True)
+    for _ in range(5):
+        clock.now += 4.0
+        agg.save_notice(CHIEF, CKPT, 130, True)
+    clock.now = 29.0
+    agg.save_notice("/job:worker/task:7", CKPT, None, True)  # wakes it: 9 s after the last notice, still waiting
+    thread.join(0.05)
+    assert thread.is_alive() and not out, out
+    clock.now = 31.0
+    agg.save_notice("/job:worker/task:7", CKPT, None, True)
+    thread.join(10)
+    message = str(out["error"])
+    assert "sync step 0 timed out" in message and "missing: /job:worker/task:0; " in message, message
+    assert (f"/job:worker/task:0 was saving a checkpoint into {CKPT} at global_step 130 (for 31.0 s, its save last "
+            "heard of 11.0 s ago") in message, message
+    assert step.value == 0 and part.value[0, 0] == 0.0
