@@ -132,11 +132,13 @@ class Optimizer(ABC):
 
         A schedule's rate below :attr:`min_scheduled_rate` is refused (FTRL divides by its rate: a decay that
         falls below float32's smallest normal number, 1.2e-38, far out, would give NaN a few steps later; the
-        check is made once per step, on its first update).
+        check is made once per step, on its first update), and so is one that is not finite (a growing schedule,
+        ``exponential_decay`` with ``decay_rate`` > 1, overflows float32 at some step).
 
         Raises:
             ValueError: the learning rate is a schedule and ``step`` is None or negative.
-            OptimizerError: the schedule's rate at ``step`` is below :attr:`min_scheduled_rate`; nothing changed.
+            OptimizerError: the schedule's rate at ``step`` is below :attr:`min_scheduled_rate` or not finite;
+                nothing changed.
         """
         if self.schedule is None:
             return self._lr
@@ -146,6 +148,12 @@ class Optimizer(ABC):
         cached_step, rate = self._scheduled
         if cached_step != step:
             rate = self.schedule.value(step)
+            if not np.isfinite(rate):  # a growing schedule overflowed float32: every variable it updates would too
+                raise OptimizerError(
+                    f"optimizer {self.name!r}: the learning rate of schedule {self.schedule.name!r} "
+                    f"(--learning-rate-schedule) is {rate} at global_step {step}: not finite (the update would make "
+                    "the variables infinite or NaN); end the run before that step (--max-steps) or choose a "
+                    "schedule that stays finite")
             if rate < self.min_scheduled_rate:
                 raise OptimizerError(
                     f"optimizer {self.name!r}: the learning rate of schedule {self.schedule.name!r} "

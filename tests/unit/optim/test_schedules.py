@@ -339,3 +339,27 @@ def test_ftrl_refuses_a_decayed_rate_that_underflows_at_the_step_it_does() -> No
     assert np.array_equal(var, before[0]) and all(np.array_equal(slots[k], v) for k, v in before[1].items())
     sgd = make_optimizer(OptimizerSpec("sgd", {"learning_rate": schedule}))
     assert sgd.learning_rate(200) == 0.0  # a rate of 0 is no update for the others
+
+
+@pytest.mark.parametrize(("optimizer", "name", "params"), [
+    ("sgd", "exponential_decay", {"learning_rate": 0.1, "decay_steps": 1, "decay_rate": 10.0}),
+    ("rmsprop", "natural_exp_decay", {"learning_rate": 0.1, "decay_steps": 1, "decay_rate": -1.0}),
+    ("ftrl", "exponential_decay", {"learning_rate": 0.1, "decay_steps": 1, "decay_rate": 10.0}),
+])
+def test_a_scheduled_rate_that_grows_past_float32_is_refused_at_that_step(optimizer: str, name: str,
+                                                                          params: dict[str, Any]) -> None:
+    """A growing schedule (TF takes decay_rate > 1, or natural_exp_decay's < 0, e.g. for a rate range test) overflows
+    float32 at some step: a real sgd run with decay_rate 10 per step stopped at step 41 on a NaN loss that named the
+    data and --learning-rate. The update at that step is refused naming the schedule's flag and the step, and
+    changes nothing; the steps before it train."""
+    schedule = ScheduleSpec(name, params)
+    first = next(s for s in range(1000) if not np.isfinite(schedule.value(s)))
+    opt = make_optimizer(OptimizerSpec(optimizer, {"learning_rate": schedule}))
+    var = np.ones((4, 2), np.float32)
+    slots = opt.create_slots(var)
+    opt.apply_dense(var, slots, np.full((4, 2), 0.5, np.float32), step=first - 1)
+    before = var.copy(), {k: v.copy() for k, v in slots.items()}
+    with pytest.raises(OptimizerError, match=rf"^optimizer '{optimizer}': the learning rate of schedule '{name}' "
+                                             rf"\(--learning-rate-schedule\) is inf at global_step {first}: not finite"):
+        opt.apply_dense(var, slots, np.full((4, 2), 0.5, np.float32), step=first)
+    assert np.array_equal(var, before[0]) and all(np.array_equal(slots[k], v) for k, v in before[1].items())
