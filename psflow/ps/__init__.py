@@ -22,7 +22,8 @@ Files (the served side):
 * ``restore_gate.py``: :class:`~psflow.ps.restore_gate.RestoreGate` (readiness, restore generation).
 * ``update_mode.py``: :class:`~psflow.ps.update_mode.UpdateMode` (async, sync or ssp, by
   :class:`~psflow.ps.sync.SyncConfig`); ``sync.py``: :class:`~psflow.ps.sync.SyncConfig`,
-  :class:`~psflow.ps.sync.SyncAggregator` (SyncReplicas semantics); ``save_hold.py``:
+  :class:`~psflow.ps.sync.SyncAggregator` (SyncReplicas semantics; ``sync_sums.py``: a step's sparse sums);
+  ``save_hold.py``:
   :class:`~psflow.ps.save_hold.SaveHold` (a chief's checkpoint save holds a sync step without timing out);
   ``staleness.py``: :class:`~psflow.ps.staleness.StalenessClock` (bounded staleness).
 * ``optimizer_base.py``: :class:`~psflow.ps.optimizer_base.Optimizer` (checks, schedules, duplicate rows,

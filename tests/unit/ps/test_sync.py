@@ -256,8 +256,8 @@ def test_abort_fails_the_waiting_push_and_reset_starts_over_at_the_restored_step
 def test_sum_rows_equals_add_at_bit_for_bit(width: int | None, most_pieces: int, row_space: int, sorted_share: float,
                                             path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The C merge (every piece sorted and distinct) and the numpy sums give np.add.at's float64 sums exactly."""
-    from psflow.ps import sync as sync_module
-    from psflow.ps.sync import _sum_rows
+    from psflow.ps import sync_sums as sync_module
+    from psflow.ps.sync_sums import sum_rows as _sum_rows
 
     if path == "c" and sync_module._KERNELS is None:
         if os.environ.get("PSFLOW_REQUIRE_NATIVE") == "1":
@@ -308,7 +308,7 @@ def test_stats_name_the_workers_the_step_waits_for() -> None:
 
 def test_merge_sum_kernel_checks_and_falls_back() -> None:
     """merge_sum: -1 (caller sums with numpy) for a piece that is not strictly increasing; ValueError for bad buffers."""
-    from psflow.ps import sync as sync_module
+    from psflow.ps import sync_sums as sync_module
 
     kernels = sync_module._KERNELS
     if kernels is None:
