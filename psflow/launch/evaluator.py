@@ -35,7 +35,10 @@ calls it). ``psflow server`` runs it as follows:
    checkpoints; it ends on the resumed run's final one, or on the same final
    checkpoint once the lock is released without a newer one (a run resumed with
    nothing left to train). The lock's ``since`` and the manifest's ``created``
-   are the two chiefs' clocks. Non-guarantee: an evaluator that has evaluated
+   are the two chiefs' clocks. A holder on another host is never judged gone
+   (its pid means nothing here): a resumed run that crashed there leaves its
+   lock, and the evaluator waits until the lock file is deleted, as its line
+   says. Non-guarantee: an evaluator that has evaluated
    the old final checkpoint before the resumed run took the lock cannot know
    that run is coming and exits; start it once the run has started.
 
@@ -195,14 +198,17 @@ class _ResumedRun:
             manifest = read_manifest(path)
         except CheckpointError:  # deleted by rotation since: a newer one is there
             return True
-        if holder is None or not _taken_after(holder, manifest) or holder_alive(holder) is False:
+        alive = holder_alive(holder) if holder is not None else False
+        if holder is None or not _taken_after(holder, manifest) or alive is False:
             return False
         run = str(holder.get("run_id"))
         if (run, path) not in self.said:
             self.said.add((run, path))
+            unknown = (f"; psflow cannot tell from this host whether it still runs: if it is over (it crashed), "
+                       f"delete {self.lock} to end the wait" if alive is None else "")
             log.info("evaluator: %s is final, but run %s took the checkpoint directory since (%s, pid %s on %s): "
-                     "waiting for its checkpoints", os.path.basename(path), run, holder.get("since_text"),
-                     holder.get("pid"), holder.get("host"))
+                     "waiting for its checkpoints%s", os.path.basename(path), run, holder.get("since_text"),
+                     holder.get("pid"), holder.get("host"), unknown)
         return True
 
 

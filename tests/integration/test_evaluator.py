@@ -308,3 +308,40 @@ def test_psflow_server_training_tasks_evaluate_on_eval_when_training_ended(tmp_p
     assert step >= 40, lines
     auc = read_scalars(str(summaries))["eval/auc"]
     assert [s for s, _ in auc] == [step] and auc[0][1] > 0.85, auc
+
+
+def test_an_evaluator_waits_for_a_resumed_run_on_another_host_and_says_how_to_end_the_wait(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A resumed run's lock names another host: whether its process lives cannot be told here (its pid means
+    nothing on this host, even one that is dead here), so the evaluator waits; and since a run that crashed
+    there leaves its lock for ever, the line says so and names the lock file to delete once that run is over
+    (it said only 'waiting for its checkpoints'). Deleting it ends the wait on the final checkpoint."""
+    ckpt = _trained(tmp_path)
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = ckpt / "checkpoint.lock"
+    lock.write_text(json.dumps({"run_id": "20261127-000000-00000000", "host": f"not-{socket.gethostname()}",
+                                "pid": dead.pid, "pid_start": None, "boot_id": None,
+                                "since": read_manifest(str(ckpt / "ckpt-000000020")).created + 60,
+                                "since_text": "later", "run_dir": None}))
+    caplog.set_level("INFO", logger="psflow.evaluator")
+    stop = threading.Event()
+    result: list[list[tuple[int, bool]]] = []
+    thread = threading.Thread(target=lambda: result.append(
+        [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05, stop=stop)]))
+    thread.start()
+    try:
+        def waiting() -> list[str]:
+            return [r.getMessage() for r in caplog.records if "took the checkpoint directory" in r.getMessage()]
+
+        wait_until(waiting, "the evaluator said it waits for the resumed run")
+        assert thread.is_alive()  # the dead local pid is not that host's process: it still waits
+        assert str(lock) in waiting()[0] and "delete" in waiting()[0], waiting()
+        lock.unlink()
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert result == [[(20, True)]], result
