@@ -264,8 +264,8 @@ class SummarySaverHook(SessionRunHook):
     interval in which a ps task restarted (its counters start again from zero) has no rates for that task, and
     one in which the cluster was restored from a checkpoint (examples and global_step set back) no
     ``train/examples_per_sec`` or ``train/global_step_per_sec``, as the console's progress line has none.
-    A session that restored a checkpoint when it joined first writes a SessionLog START at that step, as TF's
-    chief does (:meth:`~psflow.train.summary.SummaryWriter.session_start`: TensorBoard drops older steps past it).
+    A session that restored a checkpoint when it joined first writes a SessionLog START, as TF's chief does
+    (:meth:`~psflow.train.summary.SummaryWriter.session_start`: TensorBoard drops older steps past that one).
     """
 
     def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:

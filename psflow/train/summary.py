@@ -105,14 +105,17 @@ class SummaryWriter:
         self._append(event)
 
     def session_start(self, step: int, checkpoint: str | None = None) -> None:
-        """Writes a ``SessionLog`` START at ``step``: training (re)starts from the model state of ``step``.
+        """Writes a ``SessionLog`` START: training (re)starts from the model state of ``step``.
 
         TensorFlow's chief writes one when its session restores a checkpoint, and TensorBoard then drops the
-        events of this directory's earlier files at ``step`` or later (the steps a resumed run writes
-        again). psflow's own readers (:func:`read_scalars`, :class:`ScalarTail`) skip it: for them the newest
+        events of this directory's earlier files at the START's step or later. It is written at ``step + 1``,
+        so TensorBoard drops the steps past ``step`` (which a resumed run trains and writes again) and keeps
+        ``step`` itself: the history of the model restored, its loss and its evaluation (a finished run's
+        final one), which the resumed run does not write again (TensorFlow writes it at ``step`` and loses
+        them). psflow's own readers (:func:`read_scalars`, :class:`ScalarTail`) skip it: for them the newest
         write of a step wins, and older steps past it stay.
         """
-        event = self._event(wall_time=time.time(), step=int(step))
+        event = self._event(wall_time=time.time(), step=int(step) + 1)
         event.session_log.status = 1  # SessionLog.START
         if checkpoint is not None:
             event.session_log.checkpoint_path = checkpoint

@@ -68,15 +68,18 @@ def test_clear_errors_for_missing_checkpoint_and_summaries(tmp_path: Path) -> No
 
 
 def test_a_resumed_run_sharing_a_summary_dir_shows_each_step_once_in_tensorboard(tmp_path: Path) -> None:
-    """The first run summarized steps 10..50, and its newest checkpoint left is ckpt-000000040 (the final one,
-    50, is gone: a crash after the summary, before the save). The resumed run restores step 40 and summarizes 50
-    and 60 again into the same --summary-dir: its chief writes a SessionLog START at step 40 first, as
-    TensorFlow's does, so TensorBoard drops the first run's events from step 40 on and shows each step once
-    (it showed 40 and 50 twice: the old curve and the new one overlapping)."""
+    """The first run summarized steps 10..50 and evaluated at 20, 40 and 50, and its newest checkpoint left is
+    ckpt-000000040 (the final one, 50, is gone: a crash after the summary, before the save). The resumed run
+    restores step 40 and summarizes 50 and 60 again into the same --summary-dir: its chief writes a SessionLog
+    START first, as TensorFlow's does, so TensorBoard drops the first run's events past step 40 and shows each
+    step once (it showed 50 twice: the old curve and the new one overlapping). The first run's step 40 stays:
+    it is the history of the model restored, which the resumed run does not write again (a START at step 40
+    dropped its loss and its evaluation at 40, and a resumed run's START dropped the finished run's final
+    evaluation)."""
     ckpt, summaries = tmp_path / "ckpt", tmp_path / "summaries"
     common = ["--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "1", "--quiet",
               "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "20", "--save-summaries-steps", "10",
-              "--summary-dir", str(summaries)]
+              "--summary-dir", str(summaries), "--eval", str(A9A_T), "--eval-every-steps", "20"]
     r = run_cli("train", *common, "--max-steps", "50", "--output", str(tmp_path / "first"))
     assert r.returncode == 0, r.stderr[-3000:]
     for f in (ckpt / "ckpt-000000050").iterdir():
@@ -87,5 +90,6 @@ def test_a_resumed_run_sharing_a_summary_dir_shows_each_step_once_in_tensorboard
     acc = EventAccumulator(str(summaries))
     acc.Reload()
     steps = [e.step for e in acc.Scalars("train/loss")]
-    assert steps == [10, 20, 30, 50, 60], steps  # the first run's 40 and 50 dropped; the resumed run's 50, 60
+    assert steps == [10, 20, 30, 40, 50, 60], steps  # the first run's 50 dropped; the resumed run's 50, 60
+    assert [e.step for e in acc.Scalars("eval/auc")] == [20, 40, 60]  # the first run's 40 kept, its 50 dropped
     assert sum(1 for p in summaries.iterdir() if p.name.startswith("events.out.tfevents")) == 2  # one per chief
