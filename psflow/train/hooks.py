@@ -28,7 +28,7 @@ from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import DeadlineExceededError, RpcError, TaskUnavailableError
 from psflow.train.hook_api import RunContext, RunValues, SessionRunHook
-from psflow.train.summary import SummaryWriter
+from psflow.train.summary import REQUEST_COUNTERS, SummaryWriter, ps_restarted, set_back
 
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
@@ -247,16 +247,6 @@ def _global_step_of(checkpoint: str) -> int | None:
         return None
 
 
-#: A ps task's request counters that SummarySaverHook writes as rates (a restarted task counts them from zero).
-_REQUEST_COUNTERS = ("pulls", "pushes", "bytes_in", "bytes_out")
-
-
-def _set_back(prev: Mapping[str, Any], now: Mapping[str, Any], counts: tuple[str, ...]) -> bool:
-    """Whether a restore came between two ``Stats`` of the ps task holding global_step: its generation changed,
-    or one of ``counts`` went down (a restore sets them back to the checkpoint's)."""
-    return now.get("generation") != prev.get("generation") or any(now[k] < prev[k] for k in counts)
-
-
 class SummarySaverHook(SessionRunHook):
     """Writes loss, rates and per-ps request/byte rates every N global steps (default 100), and at the end.
 
@@ -283,10 +273,10 @@ class SummarySaverHook(SessionRunHook):
         self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # the first rates' start
 
     def _snapshot(self, client: ParameterClient) -> dict[int, dict[str, Any]]:
-        stats = {}
+        stats = {}  # each with "read_at": this process's monotonic clock once it was read (ps_restarted)
         for task in sorted(client.channels):
             try:
-                stats[task] = client.stats(task)
+                stats[task] = {**client.stats(task), "read_at": time.monotonic()}
             except RpcError as e:
                 log.warning("summary: stats of /job:ps/task:%d unavailable: %s", task, e)
         return stats
@@ -313,16 +303,16 @@ class SummarySaverHook(SessionRunHook):
         if head is not None and isinstance(head.get("learning_rate"), (int, float)):
             rate["learning_rate"] = float(head["learning_rate"])  # in force: the next update's, as ps task 0 reads it
         if head is not None and prev_head is not None:
-            if not _set_back(prev_head, head, ("examples", "global_step")):
+            if not set_back(prev_head, head, ("examples", "global_step")):
                 out["train/examples_per_sec"] = (head["examples"] - prev_head["examples"]) / seconds
                 out["train/global_step_per_sec"] = (head["global_step"] - prev_head["global_step"]) / seconds
             if head.get("loss_ema") is not None:
                 out["train/loss_ema"] = float(head["loss_ema"])
         for task, s in stats.items():
             prev = self._last.get(task)
-            if prev is None or any(s[key] < prev[key] for key in _REQUEST_COUNTERS):  # restarted: counts from 0
+            if prev is None or ps_restarted(prev, s):  # its counters start again from zero
                 continue
-            for key in _REQUEST_COUNTERS:
+            for key in REQUEST_COUNTERS:
                 out[f"ps/{task}/{key}_per_sec"] = (s[key] - prev[key]) / seconds
         self.writer.scalars(out, step)
         if rate:  # labelled with the step the schedule read it at (other workers' pushes may be ahead of `step`)

@@ -64,7 +64,7 @@ import numpy as np
 from psflow.data.api import BadRecordError, DataError
 from psflow.data.tfrecord import TFRecordWriter, check_data_crcs, iter_record_chunks, looks_like_tfrecord
 
-__all__ = ["ScalarTail", "SummaryWriter", "read_scalars"]
+__all__ = ["REQUEST_COUNTERS", "ScalarTail", "SummaryWriter", "ps_restarted", "read_scalars", "set_back"]
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +142,29 @@ class SummaryWriter:
             self._closed = True
             if self._file is not None:
                 self._file.close()
+
+
+#: A ps task's request counters written as ``ps/<i>/<counter>_per_sec`` (a restarted task counts them from zero).
+REQUEST_COUNTERS = ("pulls", "pushes", "bytes_in", "bytes_out")
+
+
+def set_back(prev: Mapping[str, Any], now: Mapping[str, Any], counts: tuple[str, ...]) -> bool:
+    """Whether a restore came between two ``Stats`` of the ps task holding global_step: its generation changed,
+    or one of ``counts`` went down (a restore sets them back to the checkpoint's)."""
+    return now.get("generation") != prev.get("generation") or any(now[k] < prev[k] for k in counts)
+
+
+def ps_restarted(prev: Mapping[str, Any], now: Mapping[str, Any]) -> bool:
+    """Whether a ps task restarted between two of its ``Stats``, each with ``read_at`` (the reader's monotonic
+    clock once read): a request counter went down, or, across a restore (the generation changed; a restarted
+    task is restored), its ``uptime`` is shorter than the time between the two reads: it started after the
+    first. Counters alone miss a restart whose new process has counted past the old one's figure (an
+    interval that began with low counts: the session's start)."""
+    if any(now[k] < prev[k] for k in REQUEST_COUNTERS):
+        return True
+    uptime, read, read_before = now.get("uptime"), now.get("read_at"), prev.get("read_at")
+    return (now.get("generation") != prev.get("generation") and isinstance(uptime, (int, float))
+            and isinstance(read, float) and isinstance(read_before, float) and uptime < read - read_before)
 
 
 @dataclass

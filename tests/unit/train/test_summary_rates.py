@@ -86,3 +86,30 @@ def test_the_learning_rate_is_labelled_with_the_step_it_belongs_to(tmp_path: Pat
     assert [step for step, _ in scalars["train/loss"]] == [2]
     ((step, rate),) = scalars["learning_rate"]
     assert (step, np.float32(rate)) == (6, schedule.value(6))
+
+
+def test_a_ps_task_restarted_in_an_interval_that_began_with_low_counts_gets_no_rate_for_it(tmp_path: Path) -> None:
+    """ps task 1 restarted in the first interval, when the session's start had counted nothing yet: its counters
+    since the restart were above the dead process's, so going down did not show the restart, and the summary
+    at step 4 made up ps/1 rates over the whole interval from a new process's counts (the last interval's
+    'never made up' broken). Its uptime, shorter than the interval, shows it; the next interval has rates."""
+    client, services = two_ps_cluster()
+    ckpt = str(tmp_path / "ckpt")
+    join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)
+    CheckpointManager(ckpt).save(client)
+    writer = SummaryWriter(str(tmp_path / "summaries"))
+    hook = SummarySaverHook(writer, save_steps=4)
+    session = SimpleNamespace(client=client, global_step=0, join_result=None)
+    hook.after_create_session(session)  # type: ignore[arg-type]
+    restart_ps(client, services, 1)
+    recovery = ClusterRecovery(client, SGD, checkpoint_dir=ckpt, leader=lambda: _LEASE, timeout=60.0)
+    assert recovery.wait()[0]
+    for step in (4, 8):
+        for _ in range(4):
+            train_a_step(client)
+        hook.after_run(RunContext(session, 0), RunValues(step=step, loss=0.5, examples=1))  # type: ignore[arg-type]
+    writer.close()
+    scalars = {tag: dict(points) for tag, points in read_scalars(str(tmp_path / "summaries")).items()}
+    for key in _RATES:
+        assert set(scalars[f"ps/1/{key}_per_sec"]) == {8}, (key, scalars[f"ps/1/{key}_per_sec"])
+        assert set(scalars[f"ps/0/{key}_per_sec"]) == {4, 8}, key
