@@ -53,6 +53,7 @@ import itertools
 import logging
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -84,11 +85,16 @@ class SummaryWriter:
     flushed to the file before it returns, so a reader (a live status page) sees it at once.
 
     Raises:
-        DataError: ``logdir`` or the file cannot be created (names it; the file: at the first write).
+        DataError: ``logdir``, or a file in it, cannot be created (names it); the event file itself, at the
+            first write.
     """
 
     def __init__(self, logdir: str) -> None:
         os.makedirs(logdir, exist_ok=True)
+        try:  # a file can be created there: refused now, not at the first write (after training, maybe)
+            tempfile.TemporaryFile(dir=logdir).close()
+        except OSError as e:
+            raise DataError(f"summary directory {logdir}: cannot create a file there: {e.strerror or e}") from e
         self.logdir = logdir
         name = f"{_EVENTS_PREFIX}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_WRITERS)}"
         self.path = os.path.join(logdir, name)

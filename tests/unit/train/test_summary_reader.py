@@ -179,3 +179,17 @@ def test_a_file_replaced_by_a_shorter_one_is_read_again(tmp_path: Path) -> None:
     short = _write(tmp_path / "short", {500: {"train/loss": 5.0}})
     shutil.copyfile(short, long)
     assert tail.poll() == {"train/loss": [(500, 5.0)]}
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/kernel"), reason="needs Linux's /sys, where no one can create a file")
+def test_a_summary_directory_where_no_file_can_be_created_is_refused_when_the_writer_is_made(tmp_path: Path) -> None:
+    """The event file is created by the first write (no empty file from a worker never elected chief), but a
+    directory where nothing can be created is still refused at once, naming it: a real run with --summary-dir
+    /sys/kernel trained all its steps, saved its checkpoints and only then failed at the chief's first summary
+    (phase failed). Nothing is left in a directory that works."""
+    from psflow.data.api import DataError
+
+    with pytest.raises(DataError, match="/sys/kernel"):
+        SummaryWriter("/sys/kernel")
+    SummaryWriter(str(tmp_path)).close()
+    assert list(tmp_path.iterdir()) == []
