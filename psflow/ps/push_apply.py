@@ -162,9 +162,9 @@ class PushApplier:
         self._clock.hear(tag)
         _check_rates(plan, self._mode.schedule_step())
         result = aggregator.contribute(tag, Contribution(_worker(request.worker.worker), plan, request))
-        if result.accepted and not self._mode.counts_at_step:  # (else counted with its step: UpdateMode)
+        if result.accepted and not result.held and not self._mode.counts_at_step:  # (else counted with its step)
             self.count(request, plan)
-        return PushReply(result.step, result.accepted, result.completed, aggregated=True)
+        return PushReply(result.step, result.accepted, result.completed, aggregated=True, held=result.held)
 
     def _sweep_tables(self, plan: list[Planned]) -> None:
         """Drops rows past their ttl_steps from the dynamic tables this push touched (a bounded slice each)."""

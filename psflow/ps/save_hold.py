@@ -16,6 +16,12 @@ the step times out ``timeout`` seconds after the last one, as it would have for 
 names the save (:meth:`SaveHold.describe`: directory, global_step, how long it lasted, when it was last heard
 of). The same notices count as signs of life for the rule that backups absorb dead workers.
 
+A held step may outlast the waiting workers' own push deadline (``--rpc-timeout`` + ``--sync-timeout``): a push
+that waited ``timeout`` seconds while a save holds its step is answered *held*
+(:attr:`~psflow.ps.sync.SyncResult.held`: its gradient stays in the step, it is not counted yet), and the
+client sends the same push again (:meth:`psflow.ps.task_calls.TaskCalls.collect`), which waits on and is
+counted once (a PushPull's pull is read only then).
+
 Guarantees: nothing is applied or dropped for a notice; a notice of a worker the step does not wait for changes
 nothing. Thread-safety: the caller (the :class:`~psflow.ps.sync.SyncAggregator`) holds its lock around every
 method.

@@ -311,6 +311,8 @@ class ParameterService:
     def _push_pull(self, request: PushPullRequest) -> Reply:
         wanted = self._pull_entries(request.pull)
         pushed = self.pushes.apply(request.push)
+        if pushed.held:  # the step is not applied yet: the same call comes again (psflow.ps.save_hold)
+            return _reply(PushPullReply(pushed, PullReply(None, {}, request.pull.stack)))
         step, out = self._read(wanted, create=request.pull.create)
         return _reply(PushPullReply(pushed, PullReply(step, out, request.pull.stack)))
 

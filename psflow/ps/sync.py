@@ -51,7 +51,8 @@ bounded-staleness :class:`~psflow.ps.staleness.StalenessClock` (``mode="ssp"``,
        number); with ``on_timeout="fail"`` every waiting push fails with an
        error naming the workers that did not contribute, and so does every
        later push (the run stops with that error). A missing worker saving a checkpoint (the chief) holds the
-       step without timing out: :mod:`psflow.ps.save_hold`; an error then names the save.
+       step without timing out: :mod:`psflow.ps.save_hold`; an error then names the save. A push waiting that
+       long is answered ``held`` and sent again (the same gradient: not added twice).
     5. A worker that runs out of data calls ``leave``; it no longer counts as
        live, so the others are never left waiting for it.
     6. A restore after a ps task died (:mod:`psflow.train.recovery`):
@@ -177,6 +178,7 @@ class SyncResult:
     step: int            # this task's step after the push (S + 1 once its step was applied)
     accepted: bool       # False: stale, dropped
     completed: bool      # True for exactly one push per step: the one that completed it
+    held: bool = False   # not applied yet: the step waits for a saving chief; the push is sent again (save_hold)
 
 
 @dataclass
@@ -222,6 +224,7 @@ class SyncAggregator:
         self._last_seen: dict[str, float] = {f"/job:worker/task:{i}": clock() for i in range(config.total_num_replicas)}
         self._failure: str | None = None
         self._hold = SaveHold(clock)  # the saves the workers told of (psflow.ps.save_hold)
+        self._held: dict[str, int] = {}  # worker -> the step its push was answered held at: its next is the same
         self.stale_dropped = 0
         self.steps_applied = 0
         self.timeouts = 0
@@ -243,6 +246,9 @@ class SyncAggregator:
             self._raise_if_failed()
             step = self._current()
             worker = contribution.worker
+            if self._held.get(worker) == tag:  # the same push again after a held answer: its gradient is in
+                del self._held[worker]
+                return self._wait_for(tag, worker)
             if tag == step + 1 and worker not in self._contributors:
                 # The worker read step + 1 from ps task 0, so its gradient for `step` reached the
                 # tasks that completed it but will never reach this one (it was killed between its
@@ -271,7 +277,7 @@ class SyncAggregator:
             self._add(contribution)
             if len(self._contributors) >= self.needed():
                 return SyncResult(self._apply(contribution), accepted=True, completed=True)
-            return self._wait_for(step)
+            return self._wait_for(step, worker)
 
     def leave(self, worker: str) -> None:
         """``worker`` has finished (out of data); it is no longer waited for."""
@@ -300,6 +306,7 @@ class SyncAggregator:
         with self._cond:
             self._failure = reason
             self._sums, self._contributors, self._first_at = _Sums(), [], None
+            self._held.clear()
             self._cond.notify_all()
 
     def reset(self) -> None:
@@ -311,6 +318,7 @@ class SyncAggregator:
             self._left.clear()
             self._absent.clear()
             self._hold.forget()
+            self._held.clear()
             now = self._clock()
             self._last_seen = dict.fromkeys(self._last_seen, now)
 
@@ -364,16 +372,24 @@ class SyncAggregator:
             elif rows.size:
                 self._sums.sparse.setdefault(part.key, []).append((rows, values))
 
-    def _wait_for(self, step: int) -> SyncResult:
+    def _wait_for(self, step: int, worker: str | None = None) -> SyncResult:
+        """Waits until ``step`` is applied; ``worker``'s push is answered held (it is sent again) once it waited
+        ``timeout`` s while a missing worker's save holds the step: before its caller's deadline runs out."""
+        arrived = self._clock()
         while self._current() == step:
             self._raise_if_failed()
-            first = self._first_at if self._first_at is not None else self._clock()
-            first = max(first, self._hold.heard(self._missing()) or first)  # a missing worker saving: heard from
-            remaining = first + self.config.timeout - self._clock()
+            now = self._clock()
+            first = self._first_at if self._first_at is not None else now
+            heard = self._hold.heard(self._missing())  # a missing worker saving: heard from
+            if worker is not None and heard is not None and heard > first and now - arrived >= self.config.timeout:
+                self._held[worker] = step
+                return SyncResult(step, accepted=True, completed=False, held=True)
+            remaining = max(first, heard or first) + self.config.timeout - now
             if remaining <= 0:
                 self._on_timeout(step)
                 continue
-            self._cond.wait(timeout=remaining)
+            answer = arrived + self.config.timeout - now
+            self._cond.wait(timeout=min(remaining, answer) if worker is not None and answer > 0 else remaining)
         self._raise_if_failed()
         return SyncResult(self._current(), accepted=True, completed=False)
 

@@ -29,7 +29,7 @@ from concurrent import futures
 from typing import Any
 
 from psflow.ps.failover import ShardRouter, resolve_all
-from psflow.ps.protocol import Request
+from psflow.ps.protocol import Request, held_push
 from psflow.ps.push_numbers import PushNumbers, at_epoch
 from psflow.rpc.api import Channel, PendingReply, RpcError, gather
 from psflow.rpc.framing import Frame
@@ -87,16 +87,22 @@ class TaskCalls:
                 timeout: float | None = None, pushed: Collection[int] = ()) -> dict[int, Frame]:
         """Blocks until every call :meth:`send_all` sent for ``requests`` replied; returns task -> reply.
 
-        Unreplicated: each was sent once. Replicated shards: a failed-over shard's request is resent to its
-        new primary (the router), and each shard of ``pushed`` (those whose request carries a push) that
-        replied counts the push acknowledged, also when another shard's call fails for good.
+        Unreplicated: each was sent once, but a sync push answered held (a chief's save holds its step,
+        :mod:`psflow.ps.save_hold`) is sent again until its step is applied. Replicated shards: a failed-over
+        shard's request is resent to its new primary (the router), and each shard of ``pushed`` (those whose
+        request carries a push) that replied counts the push acknowledged, also when another shard's call fails
+        for good.
 
         Raises:
             RpcError: a task refused or failed (the first, after every call finished).
         """
         router = self.router
         if router is None:
-            return gather(sent)
+            frames = gather(sent)
+            # A sync push held while the chief saves (psflow.ps.save_hold): the same call again, until applied.
+            while held := [t for t, frame in frames.items() if held_push(frame)]:
+                frames.update(gather({t: self.send(t, requests[t], timeout=timeout) for t in held}))
+            return frames
 
         def resend(task: int) -> PendingReply:
             return self.send(task, at_epoch(requests[task], router.epoch(task)), timeout=timeout)

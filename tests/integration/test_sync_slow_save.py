@@ -1,11 +1,13 @@
-"""A sync run whose chief's checkpoint save outlasts --sync-timeout (the object store stops answering for a
-while): the run goes on and finishes. Real ``psflow train`` processes, a real GCS emulator
+"""A sync run whose chief's checkpoint save outlasts --sync-timeout, and the waiting workers' own push deadline
+(--rpc-timeout + --sync-timeout), because the object store stops answering for a while: the run goes on and
+finishes. Real ``psflow train`` processes, a real GCS emulator
 (tests/object_store_servers.py) stopped with SIGSTOP during a save and resumed with SIGCONT, so the save lasts
 as long as the test holds it, whatever the machine's speed.
 
 Before psflow.ps.save_hold the other worker's gradient for the next step waited for the chief's only
 ``--sync-timeout`` seconds, and the whole run failed with ``sync step 10 timed out ... missing:
-/job:worker/task:0``, naming nothing of the save (seen with the emulator down for 20 s)."""
+/job:worker/task:0``, naming nothing of the save (seen with the emulator down for 20 s); a step held longer than
+the other worker's push deadline failed that push, unless the ps answers it held and it is sent again."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from psflow.checkpoint.pointer import latest_checkpoint
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SYNC_TIMEOUT = 2.0
+RPC_TIMEOUT = 4.0  # a waiting push's deadline: RPC_TIMEOUT + SYNC_TIMEOUT
 
 
 def _log(out: Path, name: str) -> str:
@@ -45,6 +48,7 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
     run = subprocess.Popen(
         [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", "sync",
          "--ps", "2", "--workers", "2", "--batch-size", "32", "--max-steps", "30", "--sync-timeout", str(SYNC_TIMEOUT),
+         "--rpc-timeout", str(RPC_TIMEOUT),
          "--checkpoint-dir", ckpt, "--save-checkpoints-steps", "10", "--output", str(out), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stopped = False
@@ -56,7 +60,8 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
         stopped = True
         wait_until(lambda: "is saving a checkpoint into gs://" in _log(out, "ps-1") or run.poll() is not None,
                    "the chief's save at step 10 begun, told to the ps tasks")
-        time.sleep(4 * SYNC_TIMEOUT)  # the fault's length: the save cannot end before the store answers again
+        # The fault's length: the save cannot end before the store answers again.
+        time.sleep(2 * (RPC_TIMEOUT + SYNC_TIMEOUT))
         os.kill(gcs_server.pid, signal.SIGCONT)
         stopped = False
         stdout, stderr = run.communicate(timeout=240)

@@ -98,6 +98,7 @@ from psflow.ps.protocol.data import (
     WorkerTag,
     gradient_arrays,
     gradients_of,
+    held_push,
 )
 from psflow.ps.protocol.in_graph import RunStepReply, RunStepRequest, SparseArrays
 from psflow.ps.protocol.lifecycle import (
@@ -130,7 +131,7 @@ __all__ = [
     "ReaderPositionsReply", "ReaderPositionsRequest", "RegisterReply", "RegisterRequest", "Request", "RunStepReply",
     "RunStepRequest", "SaveNoticeReply", "SaveNoticeRequest", "SaveOutcome", "SparseArrays",
     "SaveShardReply", "SaveShardRequest", "SetReadyReply", "SetReadyRequest", "StatsReply", "StepTag",
-    "WorkerTag", "gradient_arrays", "gradients_of",
+    "WorkerTag", "gradient_arrays", "gradients_of", "held_push",
     "ROLES", "DropBackupRequest", "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
     "ReplicaStatusReply", "ReplicaStatusRequest", "ReplicateReply", "ReplicateRequest",
 ]

@@ -19,6 +19,7 @@ from psflow.rpc.framing import Frame
 __all__ = [
     "Request", "GradPart", "PullReply", "PullRequest", "PushPullReply", "PushPullRequest", "PushReply", "PushRequest",
     "RegisterReply", "RegisterRequest", "StepTag", "WorkerTag", "gradient_arrays", "gradients_of",
+    "held_push",
 ]
 
 # Array names: a gradient's values and its rows, a pull's rows.
@@ -402,13 +403,15 @@ def _refuse_push(meta: Mapping[str, Any]) -> None:
 @message
 class PushReply:
     """What a push produced (see :class:`psflow.ps.client.PushResult`). ``aggregated``: a sync push's
-    reply, which carries ``accepted`` and ``completed``."""
+    reply, which carries ``accepted`` and ``completed``; ``held``: the step waits for a saving chief, send the
+    same push again (:mod:`psflow.ps.save_hold`)."""
 
     step: int | None
     accepted: bool = True
     completed: bool = True
     min_clock: int | None = None
     aggregated: bool = False
+    held: bool = False
 
     def meta(self) -> dict[str, Any]:
         meta: dict[str, Any] = {"step": self.step}
@@ -416,6 +419,8 @@ class PushReply:
             meta.update(accepted=self.accepted, completed=self.completed)
         if self.min_clock is not None:
             meta["min_clock"] = self.min_clock
+        if self.held:
+            meta["held"] = True
         return meta
 
     def to_frame(self) -> Frame:
@@ -429,7 +434,12 @@ class PushReply:
             optional_int(meta, "step")  # raises, naming the field
             optional_int(meta, "min_clock")
         return cls(step, meta.get("accepted", True) is True, meta.get("completed", True) is True, min_clock,
-                   "accepted" in meta)
+                   "accepted" in meta, meta.get("held") is True)
+
+
+def held_push(frame: Frame) -> bool:
+    """Whether ``frame``, a Push's or a PushPull's reply, says the push is held (:attr:`PushReply.held`)."""
+    return frame.meta.get("held") is True
 
 
 @message
