@@ -49,7 +49,8 @@ global_step jump past its durable bound (up to 1,000 values, see
 :mod:`psflow.ps.global_step`), and without this rule every later ``@step=``
 fault would fire at once. A fault whose task is not running when its round
 fires (being restarted) fires as soon as the task is back. A round that never
-recovers (a task that is not restarted) holds every later fault back: they
+recovers (a task that is not restarted; a replicated shard's member whose
+shard went on recovers with its promoted backup) holds every later fault back: they
 are reported as ``faults_not_fired``. So are the faults still waiting when
 every worker has finished its data (:meth:`ChaosInjector.training_ended`):
 they are not fired (logged ``chaos: SPEC not fired: training ended at step

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from psflow.cluster import ClusterSpec
-from psflow.cluster.replicas import BACKUP_JOB, PS_JOB
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, shard_members
 from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline
@@ -252,6 +252,17 @@ class LocalCluster:
                     t.exit_code, t.exited_at = code, now
                     newly.append(t)
         return newly
+
+    def shard_running(self, shard: int) -> tuple[int, list[str]]:
+        """(Replicated ps shards) ``shard`` and those of its members whose process runs, in member order. Asks each
+        process (``Popen.poll``: an exit :meth:`poll` has not recorded yet counts), and again 0.2 s later where
+        some run, so that members killed in the same moment (one chaos round) are seen dead."""
+        def running() -> list[str]:
+            names = {t.name for t in list(self.tasks) if t.popen.poll() is None}
+            return [name for name in shard_members(self.cluster, shard) if name in names]
+        if running():
+            time.sleep(0.2)
+        return shard, running()
 
     def stop_all(self, grace: float = 3.0) -> None:
         """Ends every task still running: SIGTERM, then SIGKILL after ``grace`` s, each to the task's

@@ -23,10 +23,11 @@ fault until global_step advances after the task's replacement started (for a
 ps task: past the value the chief restored, not the restore's jump itself), or
 until a replacement with nothing left to train exits 0; see
 :mod:`psflow.launch.fault_recovery`. A fault whose task was not restarted has
-none. That recovery is also what lets the next round of faults
-fire (their spacing is counted from the step it was seen at; see
-:mod:`psflow.launch.chaos`), so a step jump after a restore of ps task 0
-does not fire every later fault at once.
+none, unless it was a replicated shard's member whose shard went on (the
+promoted backup replaced it). That recovery is also what lets the next round
+of faults fire (their spacing is counted from the step it was seen at; see
+:mod:`psflow.launch.chaos`), so a step jump after a restore of ps task 0 does
+not fire every later fault at once.
 
 Hang detection runs on its own thread (:meth:`Resilience.start`, stopped by
 :meth:`Resilience.close`, which ``LocalCluster.stop_all`` calls), so a watch
@@ -52,6 +53,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
@@ -63,7 +65,7 @@ from typing import Any, TextIO
 from psflow import jsonio
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
-from psflow.cluster.replicas import ps_replicas
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, ps_replicas, shard_of
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
 from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, InjectedFault, chief_task
 from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, step_reading
@@ -136,6 +138,7 @@ class Resilience:
         self._coordination: CoordinationBackend | None = None  # asks who holds the chief lease (kill:chief)
         self._train_config: TrainConfig | None = None
         self._restarted_at: dict[str, float] = {}  # task -> wall time its current process was started by a restart
+        self._gone_on: set[str] = set()  # shard members not restarted whose shard went on (under self._lock)
         self.monitor = None
         if config.health is not None:
             self.monitor = HealthMonitor(lc.cluster, token=lc.token, config=config.health,
@@ -292,7 +295,8 @@ class Resilience:
                 if t.exit_code is None:
                     return Replacement.RUNNING
                 return Replacement.FINISHED if t.exit_code == 0 else Replacement.NONE
-        return Replacement.NONE
+        # A shard member not restarted while its shard went on: the promoted backup replaced it.
+        return Replacement.RUNNING if name in self._gone_on else Replacement.NONE
 
     def _running(self) -> set[str]:
         return {t.name for t in list(self.lc.tasks) if t.exit_code is None}
@@ -314,9 +318,17 @@ class Resilience:
         return new
 
     def on_exit(self, task: Any, *, refuse: str | None = None) -> bool:
-        """A task exited non-zero: True if a restart is scheduled, False if the run must fail (``refuse``: the
-        reason it must, whatever the policy)."""
-        return self.supervisor.on_exit(task, task.exit_code, refuse=refuse).restart
+        """A task exited non-zero: True if a restart is scheduled or the run goes on without it (a replicated
+        shard's member while another member of its shard runs: :meth:`Supervisor.on_exit`), False if the run
+        must fail (``refuse``: the reason it must, whatever the policy)."""
+        live = None
+        if self._replicated and task.job in (PS_JOB, BACKUP_JOB):
+            live = functools.partial(self.lc.shard_running, shard_of(task.job, task.index, self.lc.cluster))
+        decision = self.supervisor.on_exit(task, task.exit_code, refuse=refuse, shard_live=live)
+        if decision.goes_on:
+            with self._lock:
+                self._gone_on.add(task.name)
+        return decision.restart or decision.goes_on
 
     @property
     def restarts(self) -> bool:
@@ -366,7 +378,6 @@ class Resilience:
             "restarts": [e.to_json() for e in self.supervisor.events],
             "hangs": self._hangs(),
         }
-
 
     def _hangs(self) -> list[str]:
         with self._lock:
@@ -458,7 +469,9 @@ def add_resilience_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("failures")
     g.add_argument("--restart-policy", default="never", choices=list(RESTART_POLICIES[:2]),
                    help="restart a task that dies (on-failure; without --checkpoint-dir, checkpoints then go to "
-                        "OUTPUT/checkpoints, so a dead ps task is restored) or stop the run naming it (never, default)")
+                        "OUTPUT/checkpoints, so a dead ps task is restored) or stop the run naming it (never, default; "
+                        "with --ps-replicas a dead shard member is not restarted and the run goes on while its shard "
+                        "has a member running)")
     g.add_argument("--max-restarts", type=int, default=3, help="restarts allowed per task (3)")
     g.add_argument("--liveness-timeout", type=float, default=30.0,
                    help="seconds without an answer to a 1 s ping before a task is killed as hung (30; 0: off)")

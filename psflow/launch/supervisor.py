@@ -27,6 +27,13 @@ A task that exits with :data:`STATE_LOST_EXIT_CODE` found a ps task's
 variables lost with no checkpoint to restore them from
 (:mod:`psflow.train.state_loss`): no policy restarts it, since its next
 process would find the same cluster, and the run fails at once.
+
+A member of a replicated ps shard (``--ps-replicas``) that is not restarted
+(policy ``never``, or ``--max-restarts`` reached) is no loss while another
+member of its shard runs: a backup holds every acknowledged update and is
+promoted in its place (docs/replication.md), so the decision ``goes_on``
+and the run goes on with one replica fewer. Only a shard with no member
+left running lost its variables, and the run stops as for a ps task.
 """
 
 from __future__ import annotations
@@ -35,9 +42,11 @@ import dataclasses
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB
 
 __all__ = ["RESTART_POLICIES", "STATE_LOST_EXIT_CODE", "RestartConfig", "Decision", "decide", "describe_exit",
            "Supervisor", "RestartEvent"]
@@ -81,11 +90,13 @@ class RestartConfig:
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do with a task that exited."""
+    """What to do with a task that exited. ``goes_on``: not restarted, but the run goes on without it (a
+    replicated ps shard member whose shard has live members left)."""
 
     restart: bool
     delay: float
     reason: str
+    goes_on: bool = False
 
 
 def describe_exit(code: int) -> str:
@@ -157,15 +168,25 @@ class Supervisor:
         self._due: list[tuple[float, Any, RestartEvent]] = []
         self.events: list[RestartEvent] = []
 
-    def on_exit(self, task: Any, exit_code: int, *, refuse: str | None = None) -> Decision:
+    def on_exit(self, task: Any, exit_code: int, *, refuse: str | None = None,
+                shard_live: Callable[[], tuple[int, Sequence[str]]] | None = None) -> Decision:
         """Logs the death of ``task`` and decides; schedules a restart if allowed. A ps task that is
         not restarted lost its variables: the reason says so (and what would have restored them).
-        ``refuse``: the policy would restart it, but the run must stop; the reason says why."""
+        ``refuse``: the policy would restart it, but the run must stop; the reason says why.
+        ``shard_live``: (a member of a replicated ps shard) returns its shard and the shard's other members still
+        running, called only where it is not restarted; with any, it is no loss: the decision ``goes_on`` and
+        says with whom."""
         count = self.restarts.get(task.name, 0)
         decision = decide(self.config, exit_code, count)
         if decision.restart and refuse is not None:
             decision = Decision(False, 0.0, refuse)
-        if not decision.restart and exit_code != 0 and getattr(task, "job", None) == "ps":
+        elif not decision.restart and exit_code not in (0, STATE_LOST_EXIT_CODE) and shard_live is not None:
+            shard, live = shard_live()
+            if live:
+                hint = ": --restart-policy on-failure restarts it as a backup" if self.config.policy == "never" else ""
+                decision = Decision(False, 0.0, f"{decision.reason}; ps shard {shard} goes on with {', '.join(live)} "
+                                    f"(not restarted{hint})", goes_on=True)
+        if not decision.restart and not decision.goes_on and exit_code != 0 and getattr(task, "job", None) in (PS_JOB, BACKUP_JOB):
             hint = " (--restart-policy on-failure restores them from a checkpoint)" if self.config.policy == "never" else ""
             decision = dataclasses.replace(decision, reason=f"{decision.reason}; the variables it held are lost, so "
                                            f"the run stops{hint}")

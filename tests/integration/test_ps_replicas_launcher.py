@@ -1,6 +1,7 @@
 """``psflow train --ps-replicas 1`` as the launcher runs it (issue 28): the backup tasks are started, logged,
-reported and ended with the run; the run's files carry the replication figures. No fault: the failovers are
-tests/integration/test_replicated_training.py's."""
+reported and ended with the run; the run's files carry the replication figures. The failovers under
+--restart-policy on-failure are tests/integration/test_replicated_training.py's; here, a dead member under the
+default policy, which restarts nothing: the run goes on while its shard has a member running."""
 
 from __future__ import annotations
 
@@ -42,4 +43,41 @@ def test_an_undisturbed_replicated_run_ends_0_with_every_figure(tmp_path: Path) 
     prom = (out / "metrics.prom").read_text()
     assert "psflow_updates_lost 0.0" in prom
     assert 'psflow_shard_primary{shard="1",task="/job:ps/task:1"} 1.0' in prom
+    assert leftover_processes(str(out)) == []
+
+
+
+def _goes_on(task: str, pid: int, live: list[str]) -> str:
+    return (f"{task} (pid {pid}) was killed by signal SIGKILL: restart policy is 'never'; ps shard 0 goes on with "
+            f"{', '.join(live)} (not restarted: --restart-policy on-failure restarts it as a backup)")
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_dead_primary_whose_backup_took_over_does_not_stop_a_run_without_a_restart_policy(
+        tmp_path: Path, replicas: int) -> None:
+    """The default policy (never) restarts nothing, but a replicated shard with a live member is not lost: the run
+    goes on with the promoted backup, says so in one line, and loses no update. A second kill of shard 0's (new)
+    primary fires once the first recovered; with --ps-replicas 1 that leaves the shard no live member: lost."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--eval", str(A9A_T), "--num-features", "124", "--ps", "2",
+                "--workers", "2", "--epochs", "2", "--batch-size", "256", "--ps-replicas", str(replicas),
+                "--chaos", "kill:ps:0@step=20", "--chaos", "kill:ps:0@step=60", "--no-status", "--output", str(out),
+                timeout=200)
+    faults = json.loads((out / ("faults.json" if r.returncode else "metrics.json")).read_text())["faults"]
+    assert [f["task"] for f in faults] == ["/job:ps/task:0", "/job:ps_backup/task:0"], (faults, r.stderr[-3000:])
+    backups = ["/job:ps_backup/task:0", "/job:ps_backup/task:2"][:replicas]
+    assert _goes_on("/job:ps/task:0", faults[0]["pid"], backups) in r.stderr, r.stderr[-3000:]
+    assert faults[0]["recovered_at_step"] is not None, faults  # the shard trained on: the next round could fire
+    if replicas == 1:  # the second kill hit the shard's last member: its variables are lost
+        assert r.returncode == 1, r.stderr[-3000:]
+        assert (f"/job:ps_backup/task:0 (pid {faults[1]['pid']}) was killed by signal SIGKILL: restart policy is "
+                "'never'; the variables it held are lost, so the run stops") in r.stderr, r.stderr[-3000:]
+    else:
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert _goes_on("/job:ps_backup/task:0", faults[1]["pid"], backups[1:]) in r.stderr, r.stderr[-3000:]
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["examples"] == 2 * 32561 and metrics["eval"]["auc"] > 0.85, metrics
+        assert (metrics["updates_lost"], metrics["faults_not_fired"]) == (0, 0), metrics
+        assert metrics["shards"][0]["primary"] == "/job:ps_backup/task:2", metrics["shards"]
+        assert [e["restarted"] for e in metrics["restarts"]] == [False, False], metrics["restarts"]
     assert leftover_processes(str(out)) == []

@@ -88,3 +88,25 @@ def test_a_ps_task_that_is_not_restarted_says_its_variables_are_lost() -> None:
     spent = Supervisor(RestartConfig("on-failure", max_restarts=0), restart=lambda task: task)
     assert spent.on_exit(FakeTask("/job:ps/task:0", 40, job="ps"), 1).reason == \
         "gave up after 0 restart(s) (--max-restarts 0); the variables it held are lost, so the run stops"
+
+
+def test_a_replicated_shard_member_not_restarted_goes_on_while_its_shard_has_a_live_member() -> None:
+    supervisor = Supervisor(RestartConfig("never"), restart=lambda task: task)
+    primary = supervisor.on_exit(FakeTask("/job:ps/task:0", 40, job="ps"), -signal.SIGKILL,
+                                 shard_live=lambda: (0, ["/job:ps_backup/task:0", "/job:ps_backup/task:2"]))
+    assert (primary.restart, primary.goes_on) == (False, True) and supervisor.pending() == 0
+    assert primary.reason == ("restart policy is 'never'; ps shard 0 goes on with /job:ps_backup/task:0, "
+                              "/job:ps_backup/task:2 (not restarted: --restart-policy on-failure restarts it as a backup)")
+    last = supervisor.on_exit(FakeTask("/job:ps_backup/task:0", 45, job="ps_backup"), 1, shard_live=lambda: (0, []))
+    assert (last.restart, last.goes_on) == (False, False)  # the shard's last member: lost, as an unreplicated ps task
+    assert last.reason == ("restart policy is 'never'; the variables it held are lost, so the run stops "
+                           "(--restart-policy on-failure restores them from a checkpoint)")
+    spent = Supervisor(RestartConfig("on-failure", max_restarts=0), restart=lambda task: task)
+    assert spent.on_exit(FakeTask("/job:ps_backup/task:1", 46, job="ps_backup"), 1,
+                         shard_live=lambda: (1, ["/job:ps/task:1"])).reason == \
+        "gave up after 0 restart(s) (--max-restarts 0); ps shard 1 goes on with /job:ps/task:1 (not restarted)"
+    def not_asked() -> tuple[int, list[str]]:
+        raise AssertionError("a member restarted needs no live members (reading them waits 0.2 s)")
+    restarted = Supervisor(RestartConfig("on-failure"), restart=lambda task: task).on_exit(
+        FakeTask("/job:ps/task:0", 47, job="ps"), 1, shard_live=not_asked)
+    assert (restarted.restart, restarted.goes_on) == (True, False)  # a policy that restarts it still does
