@@ -25,6 +25,7 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping
 
+from psflow.errors import PsflowError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveNoticeReply, SaveNoticeRequest, StatsReply
 from psflow.rpc.api import PARAMETER_SERVICE, Channel, RpcError
@@ -48,7 +49,13 @@ def notify_save(client: ParameterClient, directory: str) -> Iterator[None]:
     if getattr(client, "router", None) is not None or sync is None or sync.mode != "sync":
         yield  # replicated shards (see the module docstring); async and ssp hold no step for a save
         return
-    notices = _Notices(client, directory)
+    try:
+        notices = _Notices(client, directory)
+    except (PsflowError, OSError) as e:  # channels not opened: the save goes on without notices
+        log.warning("%s: the ps tasks are not told of this save (a sync step may time out during it): %s",
+                    client.client_name, e)
+        yield
+        return
     notices.start()
     try:
         yield
