@@ -132,7 +132,7 @@ _DECAY_STEPS = _Param("steps", minimum=1)
 _STAIRCASE = _Param("bool", False)
 _PARAMS: Mapping[str, Mapping[str, _Param]] = {
     "exponential_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS,
-                          "decay_rate": _Param("number", rule="> 0 (a negative base to a fractional power is NaN)",
+                          "decay_rate": _Param("number", rule="> 0 (a negative base to a fractional power is NaN, 0 a rate of 0)",
                                                check=_positive), "staircase": _STAIRCASE},
     "natural_exp_decay": {"learning_rate": _LR, "decay_steps": _DECAY_STEPS, "decay_rate": _Param("number"),
                           "staircase": _STAIRCASE},

@@ -447,7 +447,7 @@ def nan_loss_message(worker: str, loss: float, step: int, source: BatchSource | 
     """``"/job:worker/task:1: loss is nan at global_step 31, on the batch of a9a lines 1409-1536, epoch 1"``."""
     where = f"on the batch of {source.describe()}" if source is not None else "on a batch of unknown source"
     return (f"{worker}: loss is {loss} at global_step {step}, {where}; look for extreme feature values or labels "
-            "there or in the batches before it, or lower --learning-rate")
+            "there or in the batches before it, or lower --learning-rate (or the rates of --learning-rate-schedule)")
 
 
 class EvalHook(SessionRunHook):

@@ -253,7 +253,7 @@ def test_sync_mode_advances_the_schedule_once_per_aggregated_step() -> None:
 # ---- rates that would be NaN, infinite or 0 ---------------------------------------------------------------------
 @pytest.mark.parametrize(("name", "params", "message"), [
     ("exponential_decay", {"learning_rate": 0.1, "decay_steps": 10, "decay_rate": -0.5},
-     "'decay_rate' must be > 0 \\(a negative base to a fractional power is NaN\\), got -0.5"),
+     "'decay_rate' must be > 0 \\(a negative base to a fractional power is NaN, 0 a rate of 0\\), got -0.5"),
     ("inverse_time_decay", {"learning_rate": 0.1, "decay_steps": 1, "decay_rate": -0.1},
      "'decay_rate' must be >= 0 \\(1 \\+ decay_rate x step would reach 0: an infinite rate\\), got -0.1"),
     ("polynomial_decay", {"learning_rate": 0.1, "decay_steps": 5, "power": -1},
