@@ -24,7 +24,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import LoadShardRequest
 from psflow.ps.protocol.control import applied_by_process
 from psflow.ps.store import partition_key
-from psflow.rpc.api import InvalidRequest, RpcError
+from psflow.rpc.api import DeadlineExceededError, InvalidRequest, RpcError
 
 log = logging.getLogger(__name__)
 
@@ -147,20 +147,22 @@ class ShardLoad:
 
 def load_shards(client: ParameterClient, requests: Mapping[int, LoadShardRequest], what: str) -> None:
     """Sends each ps task its ``LoadShard`` (all in flight at once) and waits for every reply. Each call's
-    deadline (the client's ``rpc_timeout``) goes with it: a replicated shard's primary waits that long for its
-    backups to take the load.
+    deadline is the client's ``save_timeout`` (``--save-timeout``: a load takes as long as the shard is big, not
+    one small call's ``rpc_timeout``), and goes with it: a replicated shard's primary waits that long for its
+    backups to take the load. A task that dies fails its call at once (the connection breaks).
 
     Raises:
         CheckpointError: naming every task that refused, after all replied.
     """
-    within = int(client.config.rpc_timeout * 1000)
-    calls = {task: client.call_async(task, dataclasses.replace(request, reply_within_ms=within))
+    timeout = client.config.save_timeout
+    calls = {task: client.call_async(task, dataclasses.replace(request, reply_within_ms=int(timeout * 1000)), timeout=timeout)
              for task, request in requests.items()}
     errors = []
     for task, call in calls.items():  # every call collected, even after a refusal
         try:
             call.result()
         except RpcError as e:
-            errors.append(f"/job:ps/task:{task}: {e}")
+            late = f" (no reply within --save-timeout, {timeout:g} s)" if isinstance(e, DeadlineExceededError) else ""
+            errors.append(f"/job:ps/task:{task}: {e}{late}")
     if errors:
         raise CheckpointError(f"{what} failed: " + "; ".join(errors))

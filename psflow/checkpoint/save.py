@@ -426,11 +426,10 @@ class CheckpointManager:
         if self._fault is not None:
             self._fault(phase)
 
-    def _write_shards(self, client: ParameterClient, path: str,
-                      base: Manifest | None = None) -> dict[int, tuple[str, SaveShardReply]]:
-        """Every ps task's shard: task -> (its file name, what the task said it holds); ``base``: an
-        increment's base (each task saves the rows changed since its shard of the base)."""
-        tasks = sorted(client.channels)
+    def _write_shards(self, client: ParameterClient, path: str, base: Manifest | None = None) -> dict[int, tuple[str, SaveShardReply]]:
+        """Every ps task's shard: task -> (its file name, what the task said it holds); ``base``: an increment's base
+        (each task saves the rows changed since its shard of the base). Each SaveShard's deadline: ``save_timeout``."""
+        tasks, timeout = sorted(client.channels), client.config.save_timeout
         files = {t: f"shard-{n:05d}-of-{len(tasks):05d}.safetensors" for n, t in enumerate(tasks)}
         epoch, holder = self._fence if self._fence is not None else (None, "")
         calls = {}
@@ -438,21 +437,22 @@ class CheckpointManager:
             target = os.path.join(storage.absolute(path), files[t]) if self.transport == "local" else None
             since = base.shards[n].get("marks") if base is not None else None
             calls[t] = client.call_async(t, SaveShardRequest(target, n, len(tasks), epoch, holder,
-                                                             since if isinstance(since, dict) else None))
+                                                             since if isinstance(since, dict) else None), timeout=timeout)
         replies: dict[int, tuple[str, SaveShardReply]] = {}
         with futures.ThreadPoolExecutor(len(tasks)) as pool:
-            pending = {t: pool.submit(self._finish_shard, call, os.path.join(path, files[t])) for t, call in calls.items()}
+            pending = {t: pool.submit(self._finish_shard, c, os.path.join(path, files[t]), timeout) for t, c in calls.items()}
             for t, fut in pending.items():
                 replies[t] = (files[t], fut.result())
         storage.sync_dir(path)  # (an object store: nothing to do)
         return replies
 
-    def _finish_shard(self, call: Any, file: str) -> SaveShardReply:
+    def _finish_shard(self, call: Any, file: str, timeout: float) -> SaveShardReply:
         try:
             reply = SaveShardReply.from_frame(call.result())
         except RpcError as e:
             fenced = self._fence is not None and isinstance(e, FailedPreconditionError)
-            raise (CheckpointFencedError if fenced else CheckpointError)(f"saving shard {file} failed: {e}") from e
+            late = f" (no reply within --save-timeout, {timeout:g} s)" if isinstance(e, DeadlineExceededError) else ""
+            raise (CheckpointFencedError if fenced else CheckpointError)(f"saving shard {file} failed: {e}{late}") from e
         if reply.data is not None:
             data = reply.data.data  # the bytes, unchanged (a view)
             if hashlib.sha256(data).hexdigest() != reply.sha256:

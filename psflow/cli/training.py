@@ -150,7 +150,11 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--averaging", default="replicas", choices=["replicas", "per_row", "sparse_sum"],
                    help="sync: divide by N (replicas), per row by its contributors (TF's sparse accumulator), "
                         "or sum sparse rows (what TF's SyncReplicas measured like in the peer benchmark)")
-    g.add_argument("--rpc-timeout", type=float, default=60.0, help="deadline of one RPC, seconds")
+    g.add_argument("--rpc-timeout", type=float, default=60.0, help="deadline of one RPC, seconds (60)")
+    g.add_argument("--save-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="deadline of a ps task's checkpoint shard save or load, which takes as long as its shard is "
+                        "big, and the other workers' wait for the chief's restore or initial checkpoint (600); a ps "
+                        "task that dies fails the save at once, one that hangs after this long")
     g = p.add_argument_group("output")
     g.add_argument("--log-every", type=int, default=100, help="a worker logs step=S when S %% N == 0")
     g.add_argument("--output", help="run directory: logs/, metrics.json (default: a new temp dir)")
@@ -324,7 +328,7 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
                 args.workers if args.workers is not None else (1 if args.in_process else 2)),
             placement=args.placement, partitions=args.partitions,
             transport=args.transport or ("tcp" if args.command == "train" else "grpc"),
-            connect_timeout=args.connect_timeout, rpc_timeout=args.rpc_timeout,
+            connect_timeout=args.connect_timeout, rpc_timeout=args.rpc_timeout, save_timeout=args.save_timeout,
             ps_failover_timeout=args.ps_failover_timeout),
         sync=SyncSettings(
             mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness,

@@ -195,7 +195,8 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
         # Not connected yet: watching (exits, restarts, chaos, progress) starts at once, so a task
         # that dies early is reported at once rather than after the connect timeout.
         client = ParameterClient(lc.cluster, variables.placements(), client_name="launcher", config=ConnectConfig(
-            connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout, token=lc.token),
+            connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout,
+            save_timeout=config.cluster.save_timeout, token=lc.token),
             failover_timeout=config.cluster.ps_failover_timeout)
         ended = "failed"
         bar = None if progress is None else Progress(progress, progress_total(

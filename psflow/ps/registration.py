@@ -61,8 +61,8 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
 
     Blocks for one round of calls (the chief), or until every task is ready: at most ``limit`` s, and once the
     chief has created the variables on every task (it then restores a checkpoint or writes the initial one before
-    making them ready, which takes as long as the model is big) ``config.rpc_timeout`` s more (those calls'
-    deadline), counted from then (and ``limit`` s at least).
+    making them ready, which takes as long as the model is big) ``config.save_timeout`` s more (``--save-timeout``,
+    the deadline of that save's or restore's calls), counted from then (and ``limit`` s at least).
     ``call(task, request)`` sends a call (default: on ``channels[task]``; a replicated client's follows a
     shard to its new primary: Register is idempotent). ``askers``: the non-chiefs that wait together
     (:func:`ready_waits`).
@@ -88,7 +88,7 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
         if not initialized and all(reply.init_count > 0 for reply in replies.values()):
             # The chief created the variables: it now restores a checkpoint or writes the initial one before making
             # the tasks ready, as long as the model is big; that save's own deadline comes on top of the limit.
-            initialized, deadline = True, max(deadline, time.monotonic() + limit) + config.rpc_timeout
+            initialized, deadline = True, max(deadline, time.monotonic() + limit) + config.save_timeout
         attempt += 1
         wait = next(waits)
         doing = "made ready by the chief (it created the variables; its restore or initial checkpoint went on)" \

@@ -87,6 +87,10 @@ class ConnectConfig:
             :class:`TaskUnavailableError` (start order of tasks must not matter,
             so this covers a slow start of a whole cluster).
         rpc_timeout: deadline of one call, in seconds.
+        save_timeout: deadline of a call whose work grows with a ps task's whole shard, in seconds: a
+            checkpoint's ``SaveShard`` and ``LoadShard``, and a non-chief's wait for the chief's restore or
+            initial checkpoint (``--save-timeout``). A task that dies fails such a call at once (its connection
+            breaks); only a task that hangs is waited for that long.
         backoff_initial: first wait between connection attempts, seconds.
         backoff_max: cap of the exponentially growing wait, seconds. Both also bound
             gRPC's own reconnect backoff of a channel (whose default grows to 120 s):
@@ -100,6 +104,7 @@ class ConnectConfig:
 
     connect_timeout: float = 60.0
     rpc_timeout: float = 60.0
+    save_timeout: float = 600.0
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
     token: str | None = None

@@ -135,7 +135,8 @@ class StepService:
                 client = ParameterClient(
                     self.cluster, variables.placements(), client_name=f"/job:worker/task:{self.task_index}",
                     config=ConnectConfig(connect_timeout=self.config.cluster.connect_timeout,
-                                         rpc_timeout=self.config.cluster.rpc_timeout, token=self.token, tls=self.tls,
+                                         rpc_timeout=self.config.cluster.rpc_timeout,
+                                         save_timeout=self.config.cluster.save_timeout, token=self.token, tls=self.tls,
                                          transport=self.config.cluster.transport),
                     failover_timeout=self.config.cluster.ps_failover_timeout)
                 client.connect()

@@ -356,8 +356,8 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
     if config.sync.mode == "ssp":
         raise ConfigError("--mode ssp needs between-graph replication")
     started = time.monotonic()
-    connect = ConnectConfig(connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout, token=token,
-                            tls=tls, transport=config.cluster.transport)
+    connect = ConnectConfig(connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout,
+                            save_timeout=config.cluster.save_timeout, token=token, tls=tls, transport=config.cluster.transport)
     sessions = [Session(f"grpc://{cluster.task_address('worker', i)}", task=f"/job:worker/task:{i}", config=connect)
                 for i in cluster.task_indices("worker")]
     model, variables = build_model(config, cluster)

@@ -142,8 +142,8 @@ def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: Variabl
         cluster,
         variables.placements(),
         client_name=client_name,
-        config=ConnectConfig(connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout, token=token,
-                             tls=tls, transport=config.cluster.transport),
+        config=ConnectConfig(connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout,
+                             save_timeout=config.cluster.save_timeout, token=token, tls=tls, transport=config.cluster.transport),
         sync=config.sync_config(),
         failover_timeout=config.cluster.ps_failover_timeout,
     )

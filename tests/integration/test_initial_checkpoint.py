@@ -97,8 +97,8 @@ def test_no_worker_pushes_before_the_chief_s_initial_checkpoint(local_cluster, t
     try:
         assert manager.saving.wait(LIMIT), "the chief never began its initial checkpoint"
         # Worker 1, as fast as can be: it asks whether the cluster is ready while the chief's save is held. Once the
-        # chief created the variables a worker waits rpc_timeout past its ready_timeout (the save's deadline): 1 s.
-        patient, other.config = other.config, dataclasses.replace(other.config, rpc_timeout=1.0)
+        # chief created the variables a worker waits save_timeout past its ready_timeout (the save's deadline): 1 s.
+        patient, other.config = other.config, dataclasses.replace(other.config, save_timeout=1.0)
         try:
             join_cluster(other, CONFIG.optimizer_spec(), chief=False, ready_timeout=1.0)
             early = _steps(other, 0, 3)

@@ -170,6 +170,9 @@ class ClusterSettings:
     transport: str = "grpc"              # grpc | tcp (psflow's lean carrier for the ps data path; no TLS)
     connect_timeout: float = 60.0        # seconds a task waits for the others to come up
     rpc_timeout: float = 60.0            # seconds one call may take
+    # Seconds a ps task's shard save or load (SaveShard, LoadShard) may take, and a non-chief waits for the chief's
+    # restore or initial checkpoint once the variables exist: as long as the shard is big (ConnectConfig.save_timeout).
+    save_timeout: float = 600.0
     # (--ps-replicas) seconds a shard member may answer nothing before a client takes it as gone (promotes a
     # backup over a silent primary): psflow.ps.failover's rule; a refused connection is taken at once.
     ps_failover_timeout: float = 10.0
@@ -177,6 +180,7 @@ class ClusterSettings:
     def __post_init__(self) -> None:
         _check([
             (self.num_ps >= 1, f"--ps must be >= 1, got {self.num_ps}"),
+            (self.save_timeout > 0, f"--save-timeout must be > 0, got {self.save_timeout}"),
             (0 < self.ps_failover_timeout <= 3600,
              f"--ps-failover-timeout must be within (0, 3600] s, got {self.ps_failover_timeout}"),
             (self.num_workers >= 1, f"--workers must be >= 1, got {self.num_workers}"),

@@ -99,11 +99,11 @@ def test_a_worker_whose_chief_never_comes_names_the_tasks_not_ready() -> None:
 def test_a_worker_waits_past_its_limit_while_the_chief_saves_the_initial_checkpoint() -> None:
     """The chief created the variables and holds the tasks not ready while it writes the initial checkpoint (or
     restores one), which takes as long as the model is big (a W&D model's: over a minute on a loaded machine): the
-    non-chief's ``ready_timeout`` bounds its wait for the initialization; the save's own deadline (``rpc_timeout``)
+    non-chief's ``ready_timeout`` bounds its wait for the initialization; the save's own deadline (``save_timeout``)
     comes on top. Before, the other worker failed after ``ready_timeout`` while the chief was still saving, and the
     run with it (it used to train during that save)."""
     chief, other = _clients()
-    other.config = ConnectConfig(rpc_timeout=60.0, backoff_initial=0.01, backoff_max=0.05)
+    other.config = ConnectConfig(save_timeout=60.0, backoff_initial=0.01, backoff_max=0.05)
     optimizer = OptimizerSpec("sgd", {"learning_rate": 1.0})
     assert chief.register(optimizer, chief=True, defer_ready=True)  # initialized, not ready: the save goes on
     limit, asks = 0.3, []  # type: float, list[float]
