@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +29,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SYNC_TIMEOUT = 2.0
 RPC_TIMEOUT = 4.0  # a waiting push's deadline: RPC_TIMEOUT + SYNC_TIMEOUT
+MAX_STEPS = 200
+
+
+def _save_under_way(ps_log: str) -> bool:
+    """Whether the ps task heard of a periodic save (not the final one) that has not ended."""
+    begun = re.findall(r"is saving a checkpoint into gs://\S+ at global_step (\d+)", ps_log)
+    ended = ps_log.count("saved a checkpoint into gs://")
+    return len(begun) > ended and int(begun[-1]) < MAX_STEPS
 
 
 def _log(out: Path, name: str) -> str:
@@ -47,19 +56,24 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
     out = tmp_path / "run"
     run = subprocess.Popen(
         [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", "sync",
-         "--ps", "2", "--workers", "2", "--batch-size", "32", "--max-steps", "30", "--sync-timeout", str(SYNC_TIMEOUT),
+         "--ps", "2", "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--sync-timeout", str(SYNC_TIMEOUT),
          "--rpc-timeout", str(RPC_TIMEOUT),
-         "--checkpoint-dir", ckpt, "--save-checkpoints-steps", "10", "--output", str(out), "--quiet"],
+         "--checkpoint-dir", ckpt, "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out),
+         "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stopped = False
     try:
-        # The initial checkpoint is in; the store then stops answering, so the save at step 10 waits for it.
-        wait_until(lambda: "saved checkpoint" in _log(out, "worker-0") or run.poll() is not None,
-                   "the chief's initial checkpoint")
+        # The chief trains (its session's start, which reads the store, is over); the store then stops answering,
+        # so the chief's next periodic save waits for it. Not right after the initial checkpoint: the chief's
+        # session then still reads the store outside any save, and step 0 timed out, as it did before the notices.
+        wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
+                   "the chief's first steps")
         os.kill(gcs_server.pid, signal.SIGSTOP)
         stopped = True
-        wait_until(lambda: "is saving a checkpoint into gs://" in _log(out, "ps-1") or run.poll() is not None,
-                   "the chief's save at step 10 begun, told to the ps tasks")
+        # A save under way, told to the ps tasks (on a ps task without notices the step times out instead, and
+        # the run fails below, naming it).
+        wait_until(lambda: _save_under_way(_log(out, "ps-1")) or "timed out" in _log(out, "ps-1")
+                   or run.poll() is not None, "a periodic save of the chief begun, told to the ps tasks")
         # The fault's length: the save cannot end before the store answers again.
         time.sleep(2 * (RPC_TIMEOUT + SYNC_TIMEOUT))
         os.kill(gcs_server.pid, signal.SIGCONT)
@@ -73,9 +87,9 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
             run.wait()
     assert run.returncode == 0, stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["global_step"] == 30 and metrics["phase"] == "finished", metrics
+    assert metrics["global_step"] == MAX_STEPS and metrics["phase"] == "finished", metrics
     ps_logs = _log(out, "ps-0") + _log(out, "ps-1")
     assert "timed out" not in ps_logs
     assert "/job:worker/task:0 saved a checkpoint into gs://" in ps_logs  # the end notice: the timeout runs again
     latest = latest_checkpoint(ckpt)
-    assert latest is not None and latest.endswith("30"), latest
+    assert latest is not None and latest.endswith(str(MAX_STEPS)), latest
