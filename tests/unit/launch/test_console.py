@@ -12,10 +12,20 @@ from psflow.coord.api import CoordinationError, LeaseLostError
 from psflow.data import BadRecordError, DataError
 from psflow.errors import ConfigError, PsflowError
 from psflow.launch.console import expected_in_task, quiet_grpc, wants_verbose
+from psflow.optim import OptimizerSpec
+from psflow.optim.schedules import ScheduleSpec
+from psflow.optim.spec import OptimizerError
 from psflow.placement import PlacementError
 from psflow.ps.client import ClientError
+from psflow.ps.optimizers import make_optimizer
 from psflow.ps.store import StoreError
-from psflow.rpc.api import DeadlineExceededError, ListenError, RpcError, TaskUnavailableError
+from psflow.rpc.api import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    ListenError,
+    RpcError,
+    TaskUnavailableError,
+)
 from psflow.train.hooks import NanLossError
 from psflow.train.recovery import RecoveryError
 from psflow.train.state_loss import StateLostError
@@ -51,6 +61,21 @@ def test_a_task_shows_psflow_errors_as_one_line_but_not_another_tasks_failure() 
                  LeaseLostError("x"), RecoveryError("x"), ValueError("x"), RuntimeError("x"), OSError("x"), KeyError("x")]
     assert not any(expected_in_task(e) for e in traceback)
 
+
+
+def test_a_ps_tasks_refusal_of_the_learning_rate_schedule_is_one_line() -> None:
+    """A ps task refuses the update at the step where the schedule's rate underflows for FTRL or overflows
+    (psflow.ps.optimizer_base): the user's --learning-rate-schedule, not another task's failure. It reaches the
+    worker as the message of an InvalidArgumentError, which ended the worker with a traceback's tail."""
+    schedule = ScheduleSpec("exponential_decay", {"learning_rate": 0.1, "decay_steps": 1, "decay_rate": 0.5})
+    with pytest.raises(OptimizerError) as refused:
+        make_optimizer(OptimizerSpec("ftrl", {"learning_rate": schedule})).learning_rate(123)
+    grows = ScheduleSpec("exponential_decay", {"learning_rate": 0.1, "decay_steps": 1, "decay_rate": 10.0})
+    with pytest.raises(OptimizerError) as overflowed:
+        make_optimizer(OptimizerSpec("sgd", {"learning_rate": grows})).learning_rate(60)
+    for e in (refused.value, overflowed.value):
+        assert expected_in_task(InvalidArgumentError(f"/job:ps/task:0: PushPull: {e}"))
+    assert not expected_in_task(InvalidArgumentError("/job:ps/task:0: Push: gradient of 'w' has shape (3,), not (4,)"))
 
 class _NewError(PsflowError):
     """Stands for any error psflow raises on purpose, one added after the command line was written included."""
