@@ -20,7 +20,8 @@ A held step may outlast the waiting workers' own push deadline (``--rpc-timeout`
 that waited ``timeout`` seconds while a save holds its step is answered *held*
 (:attr:`~psflow.ps.sync.SyncResult.held`: its gradient stays in the step, it is not counted yet), and the
 client sends the same push again (:meth:`psflow.ps.task_calls.TaskCalls.collect`), which waits on and is
-counted once (a PushPull's pull is read only then).
+counted once (a PushPull's pull is read only then). A restarted worker's push of the batch its killed process
+contributed is answered held too, and counted if that process's push was answered held (its client gone).
 
 Guarantees: nothing is applied or dropped for a notice; a notice of a worker the step does not wait for changes
 nothing. Thread-safety: the caller (the :class:`~psflow.ps.sync.SyncAggregator`) holds its lock around every

@@ -23,7 +23,8 @@ bounded-staleness :class:`~psflow.ps.staleness.StalenessClock` (``mode="ssp"``,
        (backups): ``S`` is completed without it, then its gradient counts for
        ``S + 1``. A second gradient of one worker for one step (a restarted
        worker redoing the batch its killed process contributed) waits for the
-       step and is dropped as stale.
+       step and is dropped as stale (unless its killed process's push was
+       answered held: :mod:`psflow.ps.save_hold`).
     3. When ``needed = min(replicas_to_aggregate, live workers)`` contributions
        are in, the sums are averaged (``averaging="replicas"``: divided by the
        number of contributions, for every row, so N workers of batch b equal
@@ -268,12 +269,16 @@ class SyncAggregator:
             if tag > step:
                 raise InvalidRequest(f"gradient of {worker} is tagged step {tag}, ahead of step {step}")
             if worker in self._contributors:
-                # A restarted worker redoing the batch its killed process already contributed
-                # (that one is applied and counted): wait for the step, then drop this one.
-                self.stale_dropped += 1
-                log.info("%s: %s contributed to step %d already; dropping its second gradient", self.task_name,
+                # A restarted worker redoing the batch its killed process already contributed (that one is applied
+                # and counted): wait for the step, then drop this one. During a save it is answered held, as that
+                # one is; it is counted instead of that one if that one was answered held (to a client now gone).
+                log.info("%s: %s contributed to step %d already; its second gradient is not added", self.task_name,
                          worker, step)
-                return dataclasses.replace(self._wait_for(step), accepted=False)
+                result = self._wait_for(step, worker)
+                if result.held or self._held.pop(worker, None) == step:
+                    return result
+                self.stale_dropped += 1
+                return dataclasses.replace(result, accepted=False)
             self._add(contribution)
             if len(self._contributors) >= self.needed():
                 return SyncResult(self._apply(contribution), accepted=True, completed=True)

@@ -4,10 +4,12 @@ aggregator's clock is the test's, moved by hand, so nothing depends on how fast 
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
 from psflow.optim import OptimizerSpec
 from psflow.ps.global_step import GlobalStep
@@ -108,3 +110,47 @@ def test_a_chief_that_stops_noticing_its_save_times_the_step_out_and_the_error_n
     assert (f"/job:worker/task:0 was saving a checkpoint into {CKPT} at global_step 130 (for 31.0 s, its save last "
             "heard of 11.0 s ago") in message, message
     assert step.value == 0 and part.value[0, 0] == 0.0
+
+
+def _once(agg: SyncAggregator, part: PartitionState, out: dict[str, Any]) -> threading.Thread:
+    """A push of the other worker whose client never sends it again (its process was killed while it waited)."""
+    thread = threading.Thread(target=lambda: out.setdefault("result", agg.contribute(0, _grad(part, OTHER))),
+                              daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_restarted_workers_redo_during_a_save_is_held_too_and_its_batch_counted_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The other worker's process is killed while its push waits for the saving chief, and its restarted process
+    pushes the same batch again (restart policy on-failure) before the first push is answered held. The first
+    push's gradient is in the step; that push was answered held (not counted), to a client that is gone. Before,
+    the redo waited without held answers (past its own deadline if the save lasted longer) and was answered
+    stale, so the batch whose gradient was applied was counted by no push. Now the redo is answered held like a
+    resend, and the push that is answered accepted once the step is applied (not held) is the one counted."""
+    clock = Clock()
+    agg, part, step = _setup(clock)
+    agg.save_notice(CHIEF, CKPT, 0, True)
+    killed: dict[str, Any] = {}
+    first = _once(agg, part, killed)
+    while agg.stats()["sync_contributed"] != [OTHER]:
+        first.join(0.01)
+    clock.now += 4.0
+    agg.save_notice(CHIEF, CKPT, 0, True)
+    caplog.set_level(logging.INFO, logger="psflow.ps.sync")
+    thread, out = _waiting(agg, part)  # the restarted process's push (it sends again after a held answer)
+    while not any("contributed to step 0 already" in r.getMessage() for r in caplog.records):
+        thread.join(0.01)  # it waits, before the first push's held answer (at 10 s)
+    for _ in range(3000):  # a poll with a generous bound: the save goes on, renewed, while the threads run
+        if "result" in killed and out["held"] >= 1:
+            break
+        clock.now += 4.0
+        agg.save_notice(CHIEF, CKPT, 0, True)
+        thread.join(0.01)
+    assert killed["result"].held, killed  # answered to a client that is gone: nothing counted for it
+    assert thread.is_alive() and out["held"] >= 1, out  # the redo is held as well: within its own deadline
+    agg.save_notice(CHIEF, CKPT, 0, False)
+    assert agg.contribute(0, _grad(part, CHIEF)) == SyncResult(1, accepted=True, completed=True)
+    thread.join(10)
+    assert out["result"] == SyncResult(1, accepted=True, completed=False), out  # counted: the batch once
+    assert step.value == 1 and part.value[0, 0] == -2.0 and agg.stale_dropped == 0  # its gradient applied once
