@@ -162,7 +162,9 @@ class PushApplier:
         self._clock.hear(tag)
         _check_rates(plan, self._mode.schedule_step())
         result = aggregator.contribute(tag, Contribution(_worker(request.worker.worker), plan, request))
-        if result.accepted and not result.held and not self._mode.counts_at_step:  # (else counted with its step)
+        # A push answered held is counted then (its gradient is in the step, and its client may be gone before it
+        # sends it again); sent again, it is not counted again (psflow.ps.save_hold).
+        if result.accepted and not result.counted and not self._mode.counts_at_step:  # (else counted with its step)
             self.count(request, plan)
         return PushReply(result.step, result.accepted, result.completed, aggregated=True, held=result.held)
 

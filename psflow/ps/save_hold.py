@@ -18,10 +18,11 @@ of). The same notices count as signs of life for the rule that backups absorb de
 
 A held step may outlast the waiting workers' own push deadline (``--rpc-timeout`` + ``--sync-timeout``): a push
 that waited ``timeout`` seconds while a save holds its step is answered *held*
-(:attr:`~psflow.ps.sync.SyncResult.held`: its gradient stays in the step, it is not counted yet), and the
-client sends the same push again (:meth:`psflow.ps.task_calls.TaskCalls.collect`), which waits on and is
-counted once (a PushPull's pull is read only then). A restarted worker's push of the batch its killed process
-contributed is answered held too, and counted if that process's push was answered held (its client gone).
+(:attr:`~psflow.ps.sync.SyncResult.held`: its gradient stays in the step, and the push is counted then: its
+examples and its worker's reader position, as a push applied is, so a worker killed before it sends it again
+does not train that batch twice), and the client sends the same push again
+(:meth:`psflow.ps.task_calls.TaskCalls.collect`), which waits on and is not counted again (a PushPull's pull is
+read only then). A restarted worker's push of the batch its killed process contributed is answered held too.
 
 Guarantees: nothing is applied or dropped for a notice; a notice of a worker the step does not wait for changes
 nothing. Thread-safety: the caller (the :class:`~psflow.ps.sync.SyncAggregator`) holds its lock around every

@@ -23,8 +23,7 @@ bounded-staleness :class:`~psflow.ps.staleness.StalenessClock` (``mode="ssp"``,
        (backups): ``S`` is completed without it, then its gradient counts for
        ``S + 1``. A second gradient of one worker for one step (a restarted
        worker redoing the batch its killed process contributed) waits for the
-       step and is dropped as stale (unless its killed process's push was
-       answered held: :mod:`psflow.ps.save_hold`).
+       step and is dropped as stale.
     3. When ``needed = min(replicas_to_aggregate, live workers)`` contributions
        are in, the sums are averaged (``averaging="replicas"``: divided by the
        number of contributions, for every row, so N workers of batch b equal
@@ -53,7 +52,8 @@ bounded-staleness :class:`~psflow.ps.staleness.StalenessClock` (``mode="ssp"``,
        error naming the workers that did not contribute, and so does every
        later push (the run stops with that error). A missing worker saving a checkpoint (the chief) holds the
        step without timing out: :mod:`psflow.ps.save_hold`; an error then names the save. A push waiting that
-       long is answered ``held`` and sent again (the same gradient: not added twice).
+       long is answered ``held`` (and counted) and sent again (the same gradient:
+       not added or counted twice).
     5. A worker that runs out of data calls ``leave``; it no longer counts as
        live, so the others are never left waiting for it.
     6. A restore after a ps task died (:mod:`psflow.train.recovery`):
@@ -180,6 +180,7 @@ class SyncResult:
     accepted: bool       # False: stale, dropped
     completed: bool      # True for exactly one push per step: the one that completed it
     held: bool = False   # not applied yet: the step waits for a saving chief; the push is sent again (save_hold)
+    counted: bool = False  # the same push again (sent again after a held answer, which counted it): not counted
 
 
 @dataclass
@@ -249,7 +250,7 @@ class SyncAggregator:
             worker = contribution.worker
             if self._held.get(worker) == tag:  # the same push again after a held answer: its gradient is in
                 del self._held[worker]
-                return self._wait_for(tag, worker)
+                return dataclasses.replace(self._wait_for(tag, worker), counted=True)
             if tag == step + 1 and worker not in self._contributors:
                 # The worker read step + 1 from ps task 0, so its gradient for `step` reached the
                 # tasks that completed it but will never reach this one (it was killed between its
@@ -270,13 +271,13 @@ class SyncAggregator:
                 raise InvalidRequest(f"gradient of {worker} is tagged step {tag}, ahead of step {step}")
             if worker in self._contributors:
                 # A restarted worker redoing the batch its killed process already contributed (that one is applied
-                # and counted): wait for the step, then drop this one. During a save it is answered held, as that
-                # one is; it is counted instead of that one if that one was answered held (to a client now gone).
+                # and counted, at its held answer during a save): wait for the step, then drop this one. During a
+                # save it is answered held too (before its own deadline), and sent again: counted by neither.
                 log.info("%s: %s contributed to step %d already; its second gradient is not added", self.task_name,
                          worker, step)
                 result = self._wait_for(step, worker)
-                if result.held or self._held.pop(worker, None) == step:
-                    return result
+                if result.held:
+                    return dataclasses.replace(result, counted=True)
                 self.stale_dropped += 1
                 return dataclasses.replace(result, accepted=False)
             self._add(contribution)

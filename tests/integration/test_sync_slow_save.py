@@ -88,6 +88,8 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
     assert run.returncode == 0, stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["global_step"] == MAX_STEPS and metrics["phase"] == "finished", metrics
+    # Each step's two pushes of 32 counted once, held and sent again or not.
+    assert metrics["examples"] == MAX_STEPS * 2 * 32, metrics
     ps_logs = _log(out, "ps-0") + _log(out, "ps-1")
     assert "timed out" not in ps_logs
     assert "/job:worker/task:0 saved a checkpoint into gs://" in ps_logs  # the end notice: the timeout runs again

@@ -83,7 +83,8 @@ def test_a_step_waits_for_a_saving_chief_past_its_timeout_then_applies_with_its_
     assert thread.is_alive() and set(out) == {"held"}, out
     assert agg.contribute(0, _grad(part, CHIEF)) == SyncResult(1, accepted=True, completed=True)
     thread.join(10)
-    assert out["result"] == SyncResult(1, accepted=True, completed=False) and out["held"] >= 1, out
+    # counted at its first held answer, not again
+    assert out["result"] == SyncResult(1, accepted=True, completed=False, counted=True) and out["held"] >= 1, out
     assert step.value == 1 and part.value[0, 0] == -2.0 and agg.timeouts == 0  # (2 + 2) / 2: each gradient once
     assert agg.stale_dropped == 0
 
@@ -124,10 +125,11 @@ def test_a_restarted_workers_redo_during_a_save_is_held_too_and_its_batch_counte
         caplog: pytest.LogCaptureFixture) -> None:
     """The other worker's process is killed while its push waits for the saving chief, and its restarted process
     pushes the same batch again (restart policy on-failure) before the first push is answered held. The first
-    push's gradient is in the step; that push was answered held (not counted), to a client that is gone. Before,
-    the redo waited without held answers (past its own deadline if the save lasted longer) and was answered
-    stale, so the batch whose gradient was applied was counted by no push. Now the redo is answered held like a
-    resend, and the push that is answered accepted once the step is applied (not held) is the one counted."""
+    push's gradient is in the step; that push is answered held to a client that is gone. Before, a held push was
+    counted only when sent again, so that batch was counted by no push (nor its reader position recorded: the
+    restarted worker trains it again), and the redo waited without held answers (past its own deadline if the
+    save lasted longer). Now a held answer counts its push, and the redo is answered held too, counted by
+    neither it nor its resend."""
     clock = Clock()
     agg, part, step = _setup(clock)
     agg.save_notice(CHIEF, CKPT, 0, True)
@@ -147,10 +149,11 @@ def test_a_restarted_workers_redo_during_a_save_is_held_too_and_its_batch_counte
         clock.now += 4.0
         agg.save_notice(CHIEF, CKPT, 0, True)
         thread.join(0.01)
-    assert killed["result"].held, killed  # answered to a client that is gone: nothing counted for it
+    # answered to a client that is gone, and counted then: its batch (examples, reader position) is the step's
+    assert killed["result"].held and not killed["result"].counted, killed
     assert thread.is_alive() and out["held"] >= 1, out  # the redo is held as well: within its own deadline
     agg.save_notice(CHIEF, CKPT, 0, False)
     assert agg.contribute(0, _grad(part, CHIEF)) == SyncResult(1, accepted=True, completed=True)
     thread.join(10)
-    assert out["result"] == SyncResult(1, accepted=True, completed=False), out  # counted: the batch once
+    assert out["result"] == SyncResult(1, accepted=True, completed=False, counted=True), out  # not counted again
     assert step.value == 1 and part.value[0, 0] == -2.0 and agg.stale_dropped == 0  # its gradient applied once
