@@ -1,8 +1,10 @@
-"""Chaos faults keep their order and spacing after a global_step jump (issue 17, item 9), and
+"""Chaos faults keep their order and spacing after a ps task 0 kill (issue 17, item 9), and
 metrics.json's ``examples`` stays the exactly-once count through the faults (item 8).
 
-Killing ps task 0 makes global_step jump past its durable bound (~1,000 values): the worker kill
-scheduled 200 steps after the ps kill must fire 200 steps after the ps kill *recovered*, not at once.
+The worker kill scheduled 200 steps after the ps kill must fire 200 steps after the ps kill *recovered*, not
+at once. On the same boot the restored global_step goes on right after the last value the killed ps task 0
+handed out (its journal's exact last value, psflow.ps.global_step); where that value is lost (another boot) it
+jumps past the durable bound (~1,000 values), and the spacing is counted from the recovery all the same.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def test_a_fault_after_a_ps_0_kill_keeps_its_spacing_and_examples_count_each_rec
     metrics = json.loads((out / "metrics.json").read_text())
     ps0, worker1 = metrics["faults"]  # fired in step order, not in the order given
     assert ps0["task"] == "/job:ps/task:0" and worker1["task"] == "/job:worker/task:1", metrics["faults"]
-    assert ps0["recovered_at_step"] is not None and ps0["recovered_at_step"] >= 1000, ps0  # the jump happened
+    assert ps0["recovered_at_step"] is not None and ps0["recovered_at_step"] >= ps0["at_step"], ps0
     assert worker1["at_step"] >= ps0["recovered_at_step"] + SPACING, metrics["faults"]
     assert worker1["recovery_seconds"] is not None and metrics["faults_not_fired"] == 0
     # The two injected kills were restarted in step order. (A worker still joining when ps 0 died exits with an
