@@ -7,6 +7,7 @@ as a TFJob's Evaluator replica is), watches the checkpoint directory.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -265,22 +267,15 @@ def test_an_evaluator_started_after_a_run_ended_ends_on_its_final_checkpoint_unl
 
     lock.write_text(json.dumps(dict(holder, pid=os.getpid())))  # a live run that took the directory since
     caplog.set_level("INFO", logger="psflow.evaluator")
-    stop = threading.Event()
-    result: list[list[tuple[int, bool]]] = []
-    thread = threading.Thread(target=lambda: result.append(
-        [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05, stop=stop)]))
-    thread.start()
-    try:
-        def waiting() -> list[str]:
-            return [r.getMessage() for r in caplog.records if "took the checkpoint directory" in r.getMessage()]
 
+    def waiting() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "took the checkpoint directory" in r.getMessage()]
+
+    with _evaluator_in_thread(config) as (thread, result):
         wait_until(waiting, "the evaluator said it waits for the resumed run")
         lock.unlink()  # that run ended without a checkpoint (nothing left to train): the final one is still newest
         thread.join(timeout=120)
         assert not thread.is_alive()
-    finally:
-        stop.set()
-        thread.join(timeout=30)
     assert result == [[(20, True)]], result
     assert len(waiting()) == 1 and "20261127-000000-00000000" in waiting()[0], waiting()
 
@@ -328,22 +323,31 @@ def test_an_evaluator_waits_for_a_resumed_run_on_another_host_and_says_how_to_en
                                 "since": read_manifest(str(ckpt / "ckpt-000000020")).created + 60,
                                 "since_text": "later", "run_dir": None}))
     caplog.set_level("INFO", logger="psflow.evaluator")
-    stop = threading.Event()
-    result: list[list[tuple[int, bool]]] = []
-    thread = threading.Thread(target=lambda: result.append(
-        [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05, stop=stop)]))
-    thread.start()
-    try:
-        def waiting() -> list[str]:
-            return [r.getMessage() for r in caplog.records if "took the checkpoint directory" in r.getMessage()]
 
+    def waiting() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "took the checkpoint directory" in r.getMessage()]
+
+    with _evaluator_in_thread(config) as (thread, result):
         wait_until(waiting, "the evaluator said it waits for the resumed run")
         assert thread.is_alive()  # the dead local pid is not that host's process: it still waits
         assert str(lock) in waiting()[0] and "delete" in waiting()[0], waiting()
         lock.unlink()
         thread.join(timeout=120)
         assert not thread.is_alive()
+    assert result == [[(20, True)]], result
+
+
+@contextlib.contextmanager
+def _evaluator_in_thread(config: TrainConfig) -> Iterator[tuple[threading.Thread, list[list[tuple[int, bool]]]]]:
+    """``run_evaluator`` in a thread: (the thread, [its (global_step, final) list] once it returned); stopped and
+    joined on the way out."""
+    stop = threading.Event()
+    result: list[list[tuple[int, bool]]] = []
+    thread = threading.Thread(target=lambda: result.append(
+        [(e.global_step, e.final) for e in run_evaluator(config, poll_secs=0.05, stop=stop)]))
+    thread.start()
+    try:
+        yield thread, result
     finally:
         stop.set()
         thread.join(timeout=30)
-    assert result == [[(20, True)]], result
