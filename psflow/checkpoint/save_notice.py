@@ -4,10 +4,15 @@ In sync mode the chief's save holds the next step on every ps task (the other wo
 chief's); the ps tasks let it, without the step's ``--sync-timeout`` running out, as long as these notices come
 (:mod:`psflow.ps.save_hold`). :func:`notify_save` wraps a save:
 
-1. on entering, a thread of its own asks ps task 0 (the step task) for global_step, then sends every ps task a
-   ``SaveNotice`` (writer, directory, that step, active);
+1. on entering, a thread of its own sends every ps task a ``SaveNotice`` (writer and its process, directory, the
+   newest global_step the chief pulled, active, the save's bound ``--save-timeout``) at once, then asks ps task
+   0 (the step task) for global_step, which the next notices carry: a slow ``Stats`` never delays the first
+   notice past a step's timeout;
 2. it sends the notice again within the ``renew_every`` seconds each task replied (a quarter of the sync
-   timeout) until the save is over; a task that replied None (async, ssp: nothing to hold) gets no more;
+   timeout) until the save is over, or until ``--save-timeout`` after its start: a save stuck in storage longer
+   than that holds no step (the ps tasks let a step time out ``--sync-timeout`` after it, and the error names the
+   save and the flag, :mod:`psflow.ps.save_hold`), so the run fails instead of hanging; a task that replied
+   None (async, ssp: nothing to hold) gets no more;
 3. on leaving (the save succeeded or failed), the thread is stopped and every task told gets the end notice.
 
 Never fails the save: a notice that cannot be sent is logged (DEBUG; a dead ps task's save fails on its own)
@@ -23,12 +28,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping
 
 from psflow.errors import PsflowError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveNoticeReply, SaveNoticeRequest, StatsReply
-from psflow.rpc.api import PARAMETER_SERVICE, Channel, RpcError
+from psflow.rpc.api import PARAMETER_SERVICE, Channel, PendingReply, RpcError
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.rpc.registry import open_channel
 
@@ -68,13 +74,15 @@ class _Notices:
 
     def __init__(self, client: ParameterClient, directory: str) -> None:
         self._writer, self._directory = client.client_name, directory
+        self._incarnation = client.incarnation
+        self._bound = client.config.save_timeout
         self._step_task = client.step_task
         self._owned = not all(isinstance(c, InProcessChannel) for c in client.channels.values())
         self._channels: Mapping[int, Channel] = (
             {t: open_channel(client.config.transport, f"/job:ps/task:{t}", client.cluster.task_address("ps", t),
                              PARAMETER_SERVICE, client.config) for t in client.channels}
             if self._owned else dict(client.channels))
-        self._step: int | None = None
+        self._step: int | None = client.last_pull_step  # (the save's own step, from Stats, once known)
         self._told: set[int] = set()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="psflow-save-notice", daemon=True)
@@ -92,21 +100,31 @@ class _Notices:
                 channel.close()
 
     def _run(self) -> None:
-        try:
-            self._step = StatsReply.from_frame(self._channels[self._step_task].call(
-                "Stats", timeout=_CALL_TIMEOUT)).global_step
-        except RpcError as e:
-            log.debug("%s: save notice: global_step unknown: %s", self._writer, e)
+        started = time.monotonic()
         tasks = sorted(self._channels)
+        stats: PendingReply | None = None
         while tasks and not self._stopped.is_set():
+            left = started + self._bound - time.monotonic()
+            if left <= 0:
+                log.warning("%s: the checkpoint save into %s has lasted longer than --save-timeout (%g s): the ps "
+                            "tasks are no longer told of it, and a sync step waiting for this worker times out "
+                            "--sync-timeout later", self._writer, self._directory, self._bound)
+                return
             renew = self._send(tasks, active=True)
             tasks = [t for t in tasks if renew.get(t, 1.0) is not None]
+            if stats is None and self._step_task in self._channels:  # after the first notices, never before them
+                stats = self._channels[self._step_task].call_async("Stats", timeout=_CALL_TIMEOUT)
+                try:
+                    self._step = StatsReply.from_frame(stats.result()).global_step  # the step the next ones carry
+                except RpcError as e:
+                    log.debug("%s: save notice: global_step unknown: %s", self._writer, e)
             every = [r for r in renew.values() if r is not None]
-            self._stopped.wait(min(every) if every else 1.0)
+            self._stopped.wait(min(min(every) if every else 1.0, left))
 
     def _send(self, tasks: list[int], *, active: bool) -> dict[int, float | None]:
         """Sends the notice to ``tasks``; returns each answering task's ``renew_every``."""
-        request = SaveNoticeRequest(self._writer, self._directory, self._step, active)
+        request = SaveNoticeRequest(self._writer, self._directory, self._step, active, self._bound,
+                                    self._incarnation)
         calls = {}
         for t in tasks:
             try:

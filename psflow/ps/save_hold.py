@@ -24,6 +24,21 @@ does not train that batch twice), and the client sends the same push again
 (:meth:`psflow.ps.task_calls.TaskCalls.collect`), which waits on and is not counted again (a PushPull's pull is
 read only then). A restarted worker's push of the batch its killed process contributed is answered held too.
 
+Ends (a save holds nothing for ever, and an error names only a save somebody is or was doing for this step):
+
+* its end notice;
+* its bound: a notice carries the save's ``--save-timeout`` (``bound``); a save longer than that holds no step
+  past ``bound`` seconds after its start, even if notices still came (the chief stops sending them then:
+  :mod:`psflow.checkpoint.save_notice`), so a save stuck in storage fails the step ``timeout`` seconds later,
+  and the error names the save and the flag instead of the run hanging;
+* its chief gone: a registration of the writer (:meth:`SaveHold.registered`: its restarted process) or a notice
+  of another process of it or of another worker (a new chief) ends it at once, as an end notice would (a sign
+  of life: the step's timeout runs again from then);
+* a restore (:meth:`SaveHold.forget`).
+
+:meth:`SaveHold.describe` names a save under way, and one that ended after the step began collecting (it held
+that step); an older one held nothing of it and is not named.
+
 Guarantees: nothing is applied or dropped for a notice; a notice of a worker the step does not wait for changes
 nothing. Thread-safety: the caller (the :class:`~psflow.ps.sync.SyncAggregator`) holds its lock around every
 method.
@@ -46,7 +61,14 @@ class ChiefSave:
     step: int | None
     started: float
     heard: float  # the newest notice
-    ended: float | None = None  # its end notice, if one came
+    ended: float | None = None  # its end notice (or its chief gone), if one came
+    bound: float | None = None  # its --save-timeout: it holds nothing past started + bound
+    incarnation: int | None = None  # the writer's process
+    why: str = ""  # how it ended, when not by its end notice
+
+    def held_until(self) -> float:
+        """The newest time it holds a step from (its newest notice, at most its bound)."""
+        return self.heard if self.bound is None else min(self.heard, self.started + self.bound)
 
 
 class SaveHold:
@@ -56,38 +78,67 @@ class SaveHold:
         self._clock = clock
         self._saves: dict[str, ChiefSave] = {}
 
-    def notice(self, worker: str, directory: str, step: int | None, active: bool) -> ChiefSave:
-        """Records a notice of ``worker``'s save; returns the save as now known."""
+    def notice(self, worker: str, directory: str, step: int | None, active: bool, *, bound: float | None = None,
+               incarnation: int | None = None) -> ChiefSave:
+        """Records a notice of ``worker``'s save; returns the save as now known. An active one ends every other
+        save under way: another process of ``worker``'s or another worker's (a new chief)."""
         now = self._clock()
         save = self._saves.get(worker)
-        if save is None or save.ended is not None or (save.directory, save.step) != (directory, step):
+        if active:
+            for other in self._saves.values():
+                if other.ended is None and (other.worker != worker or other.incarnation != incarnation):
+                    other.heard = other.ended = now
+                    other.why = (f"its process ended (a later one of {worker} saves)" if other.worker == worker
+                                 else f"{worker} saves now")
+        if save is None or save.ended is not None or save.directory != directory:
             if not active and save is not None and save.ended is None:
                 save.heard = save.ended = now  # the end of the save under way (its step hint may differ)
                 return save
-            save = self._saves[worker] = ChiefSave(worker, directory, step, now, now)
+            save = self._saves[worker] = ChiefSave(worker, directory, step, now, now, bound=bound,
+                                                   incarnation=incarnation)
         save.heard = now
+        save.step = step if step is not None else save.step  # (its first notice may not know it yet)
+        save.bound = bound if bound is not None else save.bound
         if not active:
             save.ended = now
         return save
 
+    def registered(self, worker: str) -> bool:
+        """``worker`` registered (a process of it started): a save of its under way is over, its process gone.
+        Returns whether one was."""
+        save = self._saves.get(worker)
+        if save is None or save.ended is not None:
+            return False
+        save.heard = save.ended = self._clock()
+        save.why = "its process ended (a new one registered)"
+        return True
+
     def heard(self, missing: Iterable[str]) -> float | None:
-        """The newest notice of a save by any of ``missing`` (the workers a step waits for), or None."""
-        times = [self._saves[w].heard for w in missing if w in self._saves]
+        """The newest notice of a save by any of ``missing`` (the workers a step waits for), at most each save's
+        bound after its start, or None."""
+        times = [self._saves[w].held_until() for w in missing if w in self._saves]
         return max(times) if times else None
 
-    def describe(self, missing: Iterable[str]) -> str:
+    def describe(self, missing: Iterable[str], since: float | None = None) -> str:
         """``"; /job:worker/task:0 was saving checkpoint into DIR at global_step 130 (for 41.2 s, last heard of
-        30.1 s ago)"``, for each of ``missing`` that told of a save, or ``""``."""
+        30.1 s ago)"``, for each of ``missing`` whose save is under way, or ended after ``since`` (the step's
+        first contribution: it held that step), or ``""``."""
         now = self._clock()
         parts = []
         for worker in missing:
             save = self._saves.get(worker)
-            if save is None:
+            if save is None or (save.ended is not None and since is not None and save.ended < since):
                 continue
             where = f"into {save.directory} at global_step {save.step if save.step is not None else '?'}"
-            if save.ended is None:
+            if save.ended is None and save.bound is not None and now - save.started >= save.bound:
+                parts.append(f"{worker} was saving a checkpoint {where} for {now - save.started:.1f} s, longer than "
+                             f"its --save-timeout ({save.bound:g} s): not waited for past that (stuck in storage?)")
+            elif save.ended is None:
                 parts.append(f"{worker} was saving a checkpoint {where} (for {now - save.started:.1f} s, its save "
                              f"last heard of {now - save.heard:.1f} s ago: the chief died or hung while saving?)")
+            elif save.why:
+                parts.append(f"{worker}'s checkpoint save {where} ended unfinished {now - save.ended:.1f} s ago: "
+                             f"{save.why}")
             else:
                 parts.append(f"{worker} saved a checkpoint {where} in {save.ended - save.started:.1f} s, which ended "
                              f"{now - save.ended:.1f} s ago")

@@ -296,15 +296,23 @@ class SyncAggregator:
             if self._contributors and len(self._contributors) >= self.needed():
                 self._apply()
 
-    def save_notice(self, worker: str, directory: str, step: int | None, active: bool) -> float:
+    def save_notice(self, worker: str, directory: str, step: int | None, active: bool, *,
+                    bound: float | None = None, incarnation: int | None = None) -> float:
         """``worker``'s checkpoint save started, goes on or (not ``active``) ended: a step waiting for it does not
-        time out meanwhile (:mod:`psflow.ps.save_hold`). Returns the seconds within which to renew the notice."""
+        time out meanwhile, up to ``bound`` s after its start (:mod:`psflow.ps.save_hold`). Returns the seconds
+        within which to renew the notice."""
         with self._cond:
-            self._hold.notice(worker, directory, step, active)
+            self._hold.notice(worker, directory, step, active, bound=bound, incarnation=incarnation)
             if worker in self._last_seen:  # a sign of life: not presumed gone (backups absorb dead workers)
                 self._last_seen[worker] = self._clock()
             self._cond.notify_all()
         return self.config.timeout / 4
+
+    def registered(self, worker: str) -> None:
+        """A process of ``worker`` registered: a save of its earlier one holds nothing more (save_hold)."""
+        with self._cond:
+            if self._hold.registered(worker):
+                self._cond.notify_all()
 
     def abort(self, reason: str) -> None:
         """Abandons the step being collected: every waiting and later push fails with
@@ -417,7 +425,7 @@ class SyncAggregator:
                         self.task_name, step, ", ".join(gone), self.config.timeout, have)
             self._apply()
             return
-        missing = (", ".join(self._missing()) or "none") + self._hold.describe(self._missing())
+        missing = (", ".join(self._missing()) or "none") + self._hold.describe(self._missing(), self._first_at)
         if self.config.on_timeout == "proceed":
             log.warning("%s: step %d timed out after %.1f s with %d of %d gradients (missing: %s); "
                         "applying what arrived", self.task_name, step, self.config.timeout, have, need, missing)

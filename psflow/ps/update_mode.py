@@ -91,7 +91,8 @@ class UpdateMode:
         within which to renew the notice, or None: no sync step here waits for anyone (async, ssp), send no more."""
         if self.aggregator is None:
             return None
-        where = f"a checkpoint into {notice.directory} at global_step {notice.step}"
+        where = f"a checkpoint into {notice.directory}" + (f" at global_step {notice.step}" if notice.step is not None
+                                                           else "")  # (a first notice may not know it)
         if notice.active and notice.writer not in self._saving:
             self._saving.add(notice.writer)
             log.info("%s: %s is saving %s; a sync step waits for it without timing out", self.task_name,
@@ -99,7 +100,13 @@ class UpdateMode:
         elif not notice.active:
             self._saving.discard(notice.writer)
             log.info("%s: %s saved %s; its sync steps' timeout runs again", self.task_name, notice.writer, where)
-        return self.aggregator.save_notice(notice.writer, notice.directory, notice.step, notice.active)
+        return self.aggregator.save_notice(notice.writer, notice.directory, notice.step, notice.active,
+                                           bound=notice.bound, incarnation=notice.incarnation)
+
+    def registered(self, worker: str) -> None:
+        """A process of ``worker`` registered: a save its earlier process told of is over (its chief is gone)."""
+        if self.aggregator is not None:
+            self.aggregator.registered(worker)
 
     def abort(self, reason: str) -> None:
         """A restore begins: sync pushes waiting for a step give up with ``reason``."""

@@ -148,16 +148,21 @@ class DoneReply:
 class SaveNoticeRequest:
     """Worker ``writer`` (the chief) is saving a checkpoint into ``directory`` at global_step ``step``
     (``active``), sent at the save's start and again every ``renew_every`` seconds of the reply while it lasts;
-    ``active`` False: the save is over (:mod:`psflow.ps.save_hold`)."""
+    ``active`` False: the save is over (:mod:`psflow.ps.save_hold`). ``bound``: the save's ``--save-timeout``
+    (seconds after its start past which it holds no step); ``incarnation``: the writer's process (a notice or a
+    registration of a later one ends this one's save)."""
 
     METHOD: ClassVar[str] = "SaveNotice"
     writer: str
     directory: str
     step: int | None
     active: bool
+    bound: float | None = None
+    incarnation: int | None = None
 
     def to_frame(self) -> Frame:
-        return Frame({"writer": self.writer, "saving_into": self.directory, "step": self.step, "active": self.active})
+        return Frame({"writer": self.writer, "saving_into": self.directory, "step": self.step, "active": self.active,
+                      "save_timeout": self.bound, "incarnation": self.incarnation})
 
     @classmethod
     def from_frame(cls, frame: Frame) -> SaveNoticeRequest:
@@ -165,8 +170,12 @@ class SaveNoticeRequest:
         writer = optional_str(meta, "writer", max_length=200)
         if not writer:
             raise refuse("writer", "a task name", meta.get("writer"))
+        bound = meta.get("save_timeout")
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0):
+            raise refuse("save_timeout", "a number > 0", bound)
         return cls(writer, optional_str(meta, "saving_into", max_length=2000) or "", optional_int(meta, "step", minimum=0),
-                   strict_bool(meta, "active"))
+                   strict_bool(meta, "active"), None if bound is None else float(bound),
+                   optional_int(meta, "incarnation", minimum=0))
 
 
 @message

@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
+from support import wait_until
 
 from psflow.checkpoint.save_notice import notify_save
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import SaveNoticeRequest
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import ConnectConfig, Handler, Reply
+from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
 
 CKPT = "/tmp/ckpt-of-the-test"
@@ -49,7 +55,7 @@ def test_a_failing_sync_save_is_told_begun_and_ended_to_every_ps_task_and_leaves
         assert _notice_threads()  # (in-process channels: the first notices are sent by the time it is seen)
         raise OSError("disk full")
     assert not _notice_threads()
-    begun = _lines(caplog, f"/job:worker/task:0 is saving a checkpoint into {CKPT} at global_step 0")
+    begun = _lines(caplog, f"/job:worker/task:0 is saving a checkpoint into {CKPT}")
     ended = _lines(caplog, f"/job:worker/task:0 saved a checkpoint into {CKPT} at global_step 0")
     assert sorted(line.split(":")[2] for line in begun) == ["0", "1"], begun  # each ps task once
     assert sorted(line.split(":")[2] for line in ended) == ["0", "1"], ended
@@ -62,3 +68,72 @@ def test_no_notice_and_no_thread_outside_sync_mode(mode: str, caplog: pytest.Log
     with notify_save(client, CKPT):
         assert not _notice_threads()
     assert not _lines(caplog, "a checkpoint into")
+
+
+def _client_with(sync: SyncConfig, wrap: dict[str, Callable[[int, Handler], Handler]], *,
+                 save_timeout: float = 600.0) -> ParameterClient:
+    """:func:`_client` whose ps tasks' handlers ``wrap`` names are wrapped (method -> (task, handler) -> handler)."""
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
+    vs = VariableSet(replica_device_setter(cluster=cluster))
+    vs.get_variable("w", (4, 2), initializer={"name": "zeros"})
+    services = [ParameterService(i, holds_global_step=i == 0) for i in range(2)]
+    tables = []
+    for i, s in enumerate(services):
+        table = s.handlers()
+        tables.append({m: wrap[m](i, h) if m in wrap else h for m, h in table.items()})
+    channels = {i: InProcessChannel(f"/job:ps/task:{i}", t) for i, t in enumerate(tables)}
+    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels, sync=sync,
+                             config=ConnectConfig(save_timeout=save_timeout))
+    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    return client
+
+
+def test_the_first_notice_does_not_wait_for_a_slow_stats(caplog: pytest.LogCaptureFixture) -> None:
+    """ps task 0 answers Stats only when the test lets it: every ps task hears the save begin all the same (before,
+    the notice thread asked Stats first, so a save that began while Stats was slow was told to nobody for up to
+    5 s, past a short --sync-timeout). The notices after Stats answered carry its global_step."""
+    release = threading.Event()
+
+    def slow_stats(task: int, handler: Handler) -> Handler:
+        def call(frame: Frame) -> Reply:
+            release.wait(30)
+            return handler(frame)
+        return call
+
+    client = _client_with(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=8.0),
+                          {"Stats": slow_stats})
+    caplog.set_level(logging.INFO, logger="psflow.ps.sync")
+    try:
+        with notify_save(client, CKPT):
+            wait_until(lambda: len(_lines(caplog, "/job:worker/task:0 is saving a checkpoint into")) == 2,
+                       "both ps tasks told of the save while Stats does not answer", limit=20)
+            release.set()
+    finally:
+        release.set()
+    assert len(_lines(caplog, f"/job:worker/task:0 saved a checkpoint into {CKPT} at global_step 0")) == 2
+
+
+def test_no_notice_past_the_save_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    """A save stuck past --save-timeout (0.5 s here, notices renewed every 0.25 s) is told of no more: at most the
+    notices sent within the bound reach a ps task, however long the save goes on (before, they came as long as
+    it lasted, and a stuck save held the run for ever); each carries the bound. The end notice still comes."""
+    notices: list[SaveNoticeRequest] = []
+
+    def counted(task: int, handler: Handler) -> Handler:
+        def call(frame: Frame) -> Reply:
+            if task == 1:
+                notices.append(SaveNoticeRequest.from_frame(frame))
+            return handler(frame)
+        return call
+
+    client = _client_with(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=1.0),
+                          {"SaveNotice": counted}, save_timeout=0.5)
+    caplog.set_level(logging.WARNING, logger="psflow.checkpoint.save_notice")
+    with notify_save(client, CKPT):
+        wait_until(lambda: _lines(caplog, "has lasted longer than --save-timeout (0.5 s)"),
+                   "the notice thread giving up at the bound", limit=60)
+        time.sleep(1.0)  # the save goes on: no notice more (a late one would show in the count below)
+    active = [n for n in notices if n.active]
+    assert 1 <= len(active) <= 3, notices  # sent at 0, 0.25 and (at most) just before 0.5 s
+    assert all(n.bound == 0.5 and n.incarnation == client.incarnation for n in notices), notices
+    assert not notices[-1].active, notices

@@ -14,6 +14,7 @@ import pytest
 from psflow.optim import OptimizerSpec
 from psflow.ps.global_step import GlobalStep
 from psflow.ps.optimizers import make_optimizer
+from psflow.ps.save_hold import SaveHold
 from psflow.ps.store import ParameterStore, PartitionState
 from psflow.ps.sync import Contribution, SyncAggregator, SyncConfig, SyncResult
 from psflow.rpc.api import PreconditionFailed
@@ -78,7 +79,7 @@ def test_a_step_waits_for_a_saving_chief_past_its_timeout_then_applies_with_its_
     clock.now += 1.0
     agg.save_notice(CHIEF, CKPT, 1, False)  # the save is over at 41 s
     clock.now += 9.0  # 9 s later: within the step's timeout again
-    agg.save_notice("/job:worker/task:7", CKPT, None, True)  # wakes the waiting push; no worker of the step
+    agg.save_notice("/job:worker/task:7", CKPT, None, False)  # wakes the waiting push; no worker of the step
     thread.join(0.05)
     assert thread.is_alive() and set(out) == {"held"}, out
     assert agg.contribute(0, _grad(part, CHIEF)) == SyncResult(1, accepted=True, completed=True)
@@ -100,11 +101,11 @@ def test_a_chief_that_stops_noticing_its_save_times_the_step_out_and_the_error_n
         clock.now += 4.0
         agg.save_notice(CHIEF, CKPT, 130, True)
     clock.now = 29.0
-    agg.save_notice("/job:worker/task:7", CKPT, None, True)  # wakes it: 9 s after the last notice, still waiting
+    agg.save_notice("/job:worker/task:7", CKPT, None, False)  # wakes it: 9 s after the last notice, still waiting
     thread.join(0.05)
     assert thread.is_alive() and "error" not in out, out
     clock.now = 31.0
-    agg.save_notice("/job:worker/task:7", CKPT, None, True)
+    agg.save_notice("/job:worker/task:7", CKPT, None, False)
     thread.join(10)
     message = str(out["error"])
     assert "sync step 0 timed out" in message and "missing: /job:worker/task:0; " in message, message
@@ -157,3 +158,88 @@ def test_a_restarted_workers_redo_during_a_save_is_held_too_and_its_batch_counte
     thread.join(10)
     assert out["result"] == SyncResult(1, accepted=True, completed=False, counted=True), out  # not counted again
     assert step.value == 1 and part.value[0, 0] == -2.0 and agg.stale_dropped == 0  # its gradient applied once
+
+
+def test_a_save_past_its_save_timeout_holds_the_step_no_longer_and_the_error_names_the_flag() -> None:
+    """The chief's save is stuck in storage: its notices, carrying its --save-timeout of 30 s, come on for ever
+    (before, the step waited as long as they came: the run hung). The step waits for it up to 30 s after the
+    save's start, then times out 10 s later, and the error names the save and the flag."""
+    clock = Clock()
+    agg, part, step = _setup(clock)
+    thread, out = _waiting(agg, part)
+    agg.save_notice(CHIEF, CKPT, 130, True, bound=30.0)
+    while thread.is_alive() and clock.now < 200.0:
+        clock.now += 2.0
+        agg.save_notice(CHIEF, CKPT, 130, True, bound=30.0)
+        thread.join(0.02)
+    thread.join(10)
+    assert clock.now <= 42.0, clock.now  # 30 s of the save, then the step's 10 s
+    message = str(out["error"])
+    assert "sync step 0 timed out" in message, message
+    assert (f"/job:worker/task:0 was saving a checkpoint into {CKPT} at global_step 130 for 40.0 s, longer than its "
+            "--save-timeout (30 s)") in message, message
+    assert step.value == 0 and part.value[0, 0] == 0.0
+
+
+def test_a_restarted_chief_ends_its_save_and_a_later_timeout_names_no_save() -> None:
+    """The chief dies while saving (its notices stop at 8 s) and its new process registers at 9 s: the save is
+    over (the hold ends with its chief, the step's timeout runs from the registration); the new process's
+    gradient completes the step. A later step that times out waiting for the chief names no save: before, it
+    said the chief 'was saving' the dead process's checkpoint, which nobody was doing."""
+    clock = Clock()
+    agg, part, step = _setup(clock)
+    thread, out = _waiting(agg, part)
+    agg.save_notice(CHIEF, CKPT, 130, True, incarnation=1)
+    clock.now = 8.0
+    agg.save_notice(CHIEF, CKPT, 130, True, incarnation=1)
+    clock.now = 9.0
+    agg.registered(CHIEF)
+    clock.now = 18.5  # within 10 s of the registration
+    agg.save_notice("/job:worker/task:7", CKPT, None, False)  # wakes the waiting push; no worker of the step
+    thread.join(0.05)
+    assert thread.is_alive() and "error" not in out, out
+    assert agg.contribute(0, _grad(part, CHIEF)).completed
+    thread.join(10)
+    assert out["result"].accepted and step.value == 1, out
+    later, late = _waiting_at(agg, part, 1)
+    while agg.stats()["sync_contributed"] != [OTHER]:
+        later.join(0.01)
+    clock.now = 30.0
+    agg.save_notice("/job:worker/task:7", CKPT, None, False)
+    later.join(10)
+    message = str(late["error"])
+    assert "sync step 1 timed out" in message and "missing: /job:worker/task:0" in message, message
+    assert "sav" not in message.split("missing:")[1], message
+
+
+def test_another_chiefs_save_ends_the_dead_chiefs_and_the_message_says_it_ended() -> None:
+    """Worker 0 (the chief) dies while saving; worker 1, elected, starts saving: worker 0's save is over, not 'under
+    way', in what a step names; so is a save of an earlier process of the same worker when a later one saves."""
+    clock = Clock()
+    hold = SaveHold(clock)
+    hold.notice(CHIEF, CKPT, 130, True, incarnation=1)
+    clock.now = 5.0
+    hold.notice(OTHER, CKPT, 140, True, incarnation=2)
+    clock.now = 7.0
+    described = hold.describe([CHIEF, OTHER], since=1.0)
+    assert "task:0 was saving" not in described and f"{CHIEF}'s checkpoint save into {CKPT} at global_step 130 " \
+        f"ended unfinished 2.0 s ago: {OTHER} saves now" in described, described
+    assert f"{OTHER} was saving a checkpoint into {CKPT} at global_step 140" in described, described
+    assert hold.heard([CHIEF]) == 5.0
+    hold.notice(OTHER, CKPT, 150, True, incarnation=3)  # a later process of worker 1: its save, not the earlier
+    assert "global_step 140" not in hold.describe([OTHER]) and "global_step 150" in hold.describe([OTHER])
+    assert hold.describe([CHIEF], since=6.0) == ""  # ended before the step began: it held nothing of it
+
+
+def _waiting_at(agg: SyncAggregator, part: PartitionState, tag: int) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def push() -> None:
+        try:
+            out["result"] = agg.contribute(tag, _grad(part, OTHER))
+        except PreconditionFailed as e:
+            out["error"] = e
+
+    thread = threading.Thread(target=push, daemon=True)
+    thread.start()
+    return thread, out
