@@ -69,7 +69,10 @@ class Manifest:
             reached): no newer checkpoint of this run follows. An evaluator stops after it.
         kind: ``"full"`` (every row) or ``"increment"`` (the rows changed since ``base``; see
             :mod:`psflow.checkpoint.chain`). A static partition of an increment with ``"changed": n`` holds
-            only those rows; a shard record's ``marks`` (``{"token", "epoch"}``) dates its snapshot.
+            only those rows; a shard record's ``marks`` (``{"token", "epoch"}``) dates its snapshot. A static
+            partition with ``"built": n`` (a lazy one, in a full checkpoint or saved whole in an increment) holds
+            only its ``n`` built rows; its other rows are the initial ones of its ``"initializer"`` spec
+            (:mod:`psflow.ps.built_rows`).
         base: an increment's base: the name of the previous complete checkpoint (in the same directory).
     """
 

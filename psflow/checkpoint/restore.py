@@ -2,7 +2,9 @@
 
 :func:`restore` re-slices every variable and its optimizer slots onto the current partitions (another number
 of ps tasks, placement strategy or partition count), re-splits dynamic tables by owner, and sends each ps task
-its partitions in one ``LoadShard`` call, all tasks in parallel (:func:`load_shards`). Every variable is checked
+its partitions in one ``LoadShard`` call, all tasks in parallel (:func:`load_shards`). A lazy partition saved as
+its built rows travels as the rows the checkpoint holds (whatever the partitioning that saved it), and the ps
+task keeps its partition lazy, the other rows unbuilt (:mod:`psflow.ps.built_rows`). Every variable is checked
 (missing, another shape, dtype or kind: refused, naming it) before its rows are read.
 """
 
@@ -87,6 +89,11 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
             key = partition_key(name, part.index)
             load = per_task[part.task]
             load.keys.append(key)
+            built = reader.built(name, part.row_start, part.row_stop)
+            if built is not None:  # only the rows saved travel: a lazy partition stays lazy (psflow.ps.built_rows)
+                _load_built(reader, load, key, name, part.row_start, tuple(var.shape), slots, built,
+                            var.moving_average_decay is not None, saved_average)
+                continue
             load.values[key] = value = reader.rows(name, part.row_start, part.row_stop, None)
             part_slots = load.slots.setdefault(key, {})
             for slot in slots:
@@ -107,6 +114,23 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
             calls[task] = load.request(restored_step=restored_step, **counts.get(task, {}))
     load_shards(client, calls, f"restoring {path}")
     return manifest
+
+
+def _load_built(reader: ChainReader, load: ShardLoad, key: str, name: str, row_start: int, shape: tuple[int, ...],
+                slots: list[str], built: tuple[np.ndarray, dict[str, Any], dict[str, np.ndarray]], averaged: bool,
+                saved_average: bool) -> None:
+    """Partition ``key`` (from global row ``row_start``) sent as the rows the checkpoint's chain saved (``built``:
+    :meth:`ChainReader.built`), each row-laid slot's initial row and the initializer giving the others."""
+    rows, spec, initial = built
+    load.values[key] = value = reader.rows_at(name, rows, None, spec, initial)
+    part_slots = load.slots.setdefault(key, {})
+    for slot in slots:
+        part_slots[slot] = (reader.rows_at(name, rows, slot, spec, initial) if slot in initial
+                            else reader.rows(name, row_start, row_start + 1, slot))  # 0-d state: whole
+    if averaged:  # the saved average, else one starting at the restored value
+        part_slots[AVERAGE_SLOT] = reader.rows_at(name, rows, AVERAGE_SLOT, spec, initial) if saved_average else value
+    load.built[key] = (rows - row_start, {"initializer": spec, "shape": list(shape)},
+                       {slot: row for slot, row in initial.items() if slot in slots})
 
 
 def _push_counts(path: str, manifest: Manifest, num_tasks: int) -> dict[int, dict[str, Any]]:
@@ -140,9 +164,11 @@ class ShardLoad:
     values: dict[str, np.ndarray] = field(default_factory=dict)
     slots: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     tables: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: partitions sent as their saved rows: key -> (local rows, {"initializer", "shape"}, slots' initial rows)
+    built: dict[str, tuple[np.ndarray, dict[str, Any], dict[str, np.ndarray]]] = field(default_factory=dict)
 
     def request(self, **fields: Any) -> LoadShardRequest:
-        return LoadShardRequest.build(self.values, self.slots, self.tables, self.keys, **fields)
+        return LoadShardRequest.build(self.values, self.slots, self.tables, self.keys, self.built, **fields)
 
 
 def load_shards(client: ParameterClient, requests: Mapping[int, LoadShardRequest], what: str) -> None:

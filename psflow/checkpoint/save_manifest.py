@@ -63,6 +63,8 @@ def build_manifest(client: ParameterClient, replies: dict[int, tuple[str, SaveSh
                 record.update(rows=saved["rows"], dynamic=saved["dynamic"])
             if "changed" in saved:  # an increment's partition: only these rows
                 record["changed"] = saved["changed"]
+            if "built" in saved:  # a lazy partition: only its built rows, the others from the initializer
+                record.update(built=saved["built"], initializer=saved["initializer"])
             parts.append(record)
         var = placement.var
         variables[name] = {"shape": list(var.shape), "dtype": var.dtype, "trainable": var.trainable, "partitions": parts}

@@ -2,7 +2,9 @@
 
 :class:`ShardFiles` opens the safetensors files of one checkpoint (fetched once into a local temp directory
 from an object store); :func:`saved_rows` assembles any row range of a variable or of one of its slots from
-the saved partitions that overlap it; :func:`saved_table` re-splits a dynamic table's saved snapshots onto a
+the saved partitions that overlap it (a lazy partition saved as its built rows, ``"built": n``, gives its
+other rows from its initializer and slot initial rows, bit for bit what an eager one holds:
+:func:`part_rows`, :mod:`psflow.ps.built_rows`); :func:`saved_table` re-splits a dynamic table's saved snapshots onto a
 number of partitions (by :func:`~psflow.ps.dynamic.owner_of`). Nothing is ever unpickled: tensors are
 safetensors.
 """
@@ -23,11 +25,13 @@ from safetensors import safe_open
 from psflow import storage
 from psflow.checkpoint.manifest import Manifest
 from psflow.errors import CheckpointError
+from psflow.ps.averages import AVERAGE_SLOT
+from psflow.ps.built_rows import built_rows_name, initial_slot_name, whole_rows
 from psflow.ps.checkpointing import dynamic_tensor_names, shard_tensor_names
 from psflow.ps.dynamic import DynamicTableError, resplit_snapshots
 from psflow.ps.store import partition_key
 
-__all__ = ["ShardFiles", "saved_rows", "saved_table", "dynamic_snapshot", "verify_shard"]
+__all__ = ["ShardFiles", "saved_rows", "part_rows", "stored_tensor", "saved_table", "dynamic_snapshot", "verify_shard"]
 
 
 class ShardFiles:
@@ -88,9 +92,49 @@ def verify_shard(file: str, expected: Mapping[str, Any], *, shown: str | None = 
         raise CheckpointError(f"{shown}: sha256 differs from the manifest's (damaged shard)")
 
 
+def stored_tensor(shards: ShardFiles, part: Mapping[str, Any], name: str, var: str) -> np.ndarray:
+    """Tensor ``name`` of the shard holding saved partition ``part`` of ``var``, whole.
+
+    Raises:
+        CheckpointError: the shard lacks it (names the file, the variable and the tensor).
+    """
+    tensor = shards.get(part["shard"])
+    if name not in tensor.keys():
+        raise CheckpointError(f"{os.path.join(shards.path, part['shard'])}: variable {var!r} partition "
+                              f"{part['index']} has no tensor {name!r}")
+    return np.asarray(tensor.get_tensor(name))
+
+
+def part_rows(shards: ShardFiles, var: str, part: Mapping[str, Any], name: str, slot: str | None, lo: int,
+              hi: int, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Global rows ``lo:hi`` (within it) of saved partition ``part``'s tensor ``name`` (the value or ``slot``), as an
+    eager partition holds them: sliced from the tensor, or (``"built"``) the initial rows with the built ones laid
+    over them. ``shape``, ``dtype``: the variable's.
+
+    Raises:
+        CheckpointError: a built partition's shard or record lacks what gives its rows (names the file and variable).
+    """
+    row_start = part["row_start"]
+    if "built" not in part:
+        return np.asarray(shards.get(part["shard"]).get_slice(name)[lo - row_start:hi - row_start])
+    key = partition_key(var, part["index"])
+    spec = part.get("initializer")
+    if not isinstance(spec, dict):
+        raise CheckpointError(f"{os.path.join(shards.path, part['shard'])}: variable {var!r} partition "
+                              f"{part['index']} holds only its built rows but the manifest records no initializer")
+    built = stored_tensor(shards, part, built_rows_name(key), var)
+    saved = stored_tensor(shards, part, name, var)
+    if built.ndim != 1 or saved.shape[:1] != built.shape:
+        raise CheckpointError(f"{os.path.join(shards.path, part['shard'])}: variable {var!r} partition "
+                              f"{part['index']}: {built.size} built rows but tensor {name!r} has shape {saved.shape}")
+    initial = None if slot in (None, AVERAGE_SLOT) else stored_tensor(shards, part, initial_slot_name(key, slot), var)
+    return whole_rows(spec, shape, dtype, row_start, lo - row_start, hi - row_start, built, saved, initial)
+
+
 def saved_rows(shards: ShardFiles, var: str, saved: list[dict[str, Any]], start: int, stop: int,
-          slot: str | None) -> np.ndarray:
-    """Rows ``start:stop`` of a variable (or of one of its slots) from the saved partitions."""
+               slot: str | None, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Rows ``start:stop`` of a variable (or of one of its slots) from the saved partitions; ``shape``,
+    ``dtype``: the variable's (a lazy partition's rows not saved are computed from them)."""
     pieces = []
     for part in saved:
         value_name, slot_names = shard_tensor_names(partition_key(var, part["index"]), part["slots"])
@@ -104,7 +148,7 @@ def saved_rows(shards: ShardFiles, var: str, saved: list[dict[str, Any]], start:
             continue
         lo, hi = max(start, part["row_start"]), min(stop, part["row_stop"])
         if lo < hi:
-            pieces.append(np.asarray(tensor.get_slice(name)[lo - part["row_start"] : hi - part["row_start"]]))
+            pieces.append(part_rows(shards, var, part, name, slot, lo, hi, shape, dtype))
     if not pieces:
         raise CheckpointError(f"{shards.path}: no saved rows {start}:{stop} of variable {var!r}")
     return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)

@@ -35,6 +35,10 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     is checked against the partition's shape and dtype and every slot name
     against the partition's slots before anything changes; then each
     partition is overwritten under its lock. Used by the chief to restore.
+    A lazy partition's checkpoint holding only its built rows comes as ``b/<key>`` (its saved local rows,
+    sorted; ``v/<key>`` and ``s/<key>/<slot>`` hold those rows), ``i/<key>/<slot>`` (each slot's initial row)
+    and ``meta["initializers"][key] = {"initializer", "shape"}``: a lazy partition of the same initial content
+    stays lazy, its rows not saved unbuilt (:func:`psflow.ps.built_rows.load_built`).
     ``"lineage": str`` (the task holding global_step) sets the ledger's
     lineage (see ``CheckpointStatus``).
     With ``"values_only": true`` (a warm start) only the values are loaded:
@@ -113,6 +117,7 @@ from safetensors.numpy import save as safetensors_save
 from psflow import storage
 from psflow.coord.api import FencedError
 from psflow.coord.fence import FenceGuard
+from psflow.ps.built_rows import check_built, load_built
 from psflow.ps.protocol import (
     BeginRestoreReply,
     BeginRestoreRequest,
@@ -300,12 +305,17 @@ class CheckpointHandlers:
             raise InvalidRequest("a values-only load carries no optimizer slots")
         plan: list[tuple[PartitionState, np.ndarray, dict[str, np.ndarray]]] = []
         tables: list[tuple[PartitionState, dict[str, np.ndarray]]] = []
+        plans_built: list[tuple[PartitionState, Any, np.ndarray, dict[str, np.ndarray]]] = []  # saved rows only
         for key in request.parts:
             if not isinstance(key, str) or key not in store:
                 raise InvalidRequest(f"unknown variable partition {key!r:.80}")
             part = store.get(key)
             if part.table is not None:
                 tables.append((part, self._table_snapshot(request, key, part, values_only)))
+                continue
+            built = request.built(key)
+            if built is not None and not values_only:
+                plans_built.append(self._built(request, key, part, built))
                 continue
             value = self._checked(request.value(key), part.value, part.describe)
             slots = {} if values_only else self._slots(request, key, part)
@@ -335,6 +345,11 @@ class CheckpointHandlers:
                 if part.lazy is not None:  # value and every saved slot were loaded whole: every row is built
                     part.lazy.mark(None)
                     part.lazy = None
+        for part, (rows, record, initial), value, slots in plans_built:
+            with part.lock:
+                load_built(part, _saved_slots(part), rows, record, value, slots, initial)
+                if part.marks is not None:
+                    part.marks.mark(None)
         if step is not None and global_step is not None:
             global_step.set(step)
         if not values_only:  # the averages (and, in sync mode, the step count) belong to the restored step
@@ -347,9 +362,27 @@ class CheckpointHandlers:
         counter = self.push_count
         if counter is not None and request.pushes_applied is not None and self._gate.generation > 0:
             counter.restored(request.pushes_applied, request.pushes_applied_by)  # a restore within the run (LoadShard)
-        log.info("%s: loaded %d partitions%s", self.task_name, len(plan) + len(tables),
+        log.info("%s: loaded %d partitions%s", self.task_name, len(plan) + len(tables) + len(plans_built),
                  f", global_step {step}" if step is not None else "")
-        return _reply(LoadShardReply(len(plan) + len(tables)))
+        return _reply(LoadShardReply(len(plan) + len(tables) + len(plans_built)))
+
+    @staticmethod
+    def _built(request: LoadShardRequest, key: str, part: PartitionState, built: Any
+               ) -> tuple[PartitionState, Any, np.ndarray, dict[str, np.ndarray]]:
+        """A partition sent as its saved rows (:mod:`psflow.ps.built_rows`): checked, nothing changes."""
+        rows, record, initial = built
+        value, slots = request.value(key), request.slots(key)
+        if value is None:
+            raise InvalidRequest(f"{part.describe}: no array sent")
+        targets = _saved_slots(part)
+        extra = sorted(name for name in slots if name not in targets)
+        if extra:
+            raise InvalidRequest(f"{part.describe}: the checkpoint has slots {extra} this optimizer does not have "
+                                 f"({sorted(targets) or 'none'})")
+        why = check_built(part, targets, rows, record, value, slots, initial)
+        if why is not None:
+            raise InvalidRequest(why)
+        return part, built, value, slots
 
     @staticmethod
     def _table_snapshot(request: LoadShardRequest, key: str, part: PartitionState,

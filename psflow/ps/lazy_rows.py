@@ -132,6 +132,11 @@ class LazyRows:
                             if name in self.optimizer.slot_names} if self.optimizer is not None else {})
 
     @property
+    def slot_rows(self) -> Mapping[str, np.ndarray]:
+        """Each optimizer slot's initial row (what a built row's slot gets), by slot name."""
+        return self._slot_rows
+
+    @property
     def complete(self) -> bool:
         """Every row is materialized (the partition may drop this object)."""
         return self.count >= self.rows
@@ -218,6 +223,12 @@ class LazyRows:
         step = self._chunk_rows
         for lo in range(0, new.size, step):
             self._write_initial(new[lo:lo + step], value, slots, average)
+
+    def forget(self, rows: np.ndarray) -> None:
+        """Marks local ``rows`` (built, distinct) not built again: their content no longer counts (a restore from a
+        checkpoint that did not save them, where they hold their initial content); a later touch builds them."""
+        self.marks[rows] = False
+        self.count -= int(rows.size)
 
     def ensure_all(self, value: np.ndarray, slots: Mapping[str, np.ndarray], average: np.ndarray | None) -> None:
         """Materializes every row not yet marked, a chunk of rows at a time."""

@@ -1,14 +1,19 @@
 """The tensors of one ps task's checkpoint shard: every partition whole, or (an increment) its changed rows.
 
 :func:`shard_tensors` snapshots every partition of a task (each under its own lock) into safetensors
-tensors plus each partition's manifest record. A full shard holds every row of every partition (a lazy
-partition's rows not built yet as their initial content, :func:`partition_copy`). An incremental shard, given
+tensors plus each partition's manifest record. A full shard holds every row of every eager partition, and of
+a lazy one only its built rows (record ``"built": n``, ``"initializer"``; tensors ``<key>@built_rows`` and
+``<key>@initial/<slot>``: :mod:`psflow.ps.built_rows`), so the chief's step-0 save of W&D's tables is
+O(built rows), not O(table); a lazy partition with so many rows built that they and their indices take as
+many bytes as the whole is saved whole (its rows not built yet as their initial content,
+:func:`partition_copy`). An incremental shard, given
 the base snapshot's marks (``since``: its token and epoch, see :mod:`psflow.ps.row_marks`), holds of each
 static partition only the rows changed since then: the tensor ``<key>@changed_rows`` (local rows, sorted int64)
 and the value's and each slot's rows at those positions under the usual names; its record says
 ``"changed": n``. A partition saved whole in an increment (another task's token, a 0-d value, a moving
 average, an optimizer without row-wise slots, so many rows changed that they and their indices
-would take as many bytes as the whole partition) has no ``changed``; a dynamic table's share is always saved
+would take as many bytes as the whole partition) has no ``changed`` (a lazy one is then saved as a full shard
+saves it: its built rows, or every row); a dynamic table's share is always saved
 whole (its snapshot). 0-d slots (Adam's beta powers) are always held whole.
 """
 
@@ -20,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from psflow.ps.averages import AVERAGE_SLOT
+from psflow.ps.built_rows import built_rows_name, initial_slot_name, worth_it
 from psflow.ps.store import PartitionState
 
 __all__ = ["SLOT_SEPARATOR", "DYNAMIC_SEPARATOR", "CHANGED_ROWS", "shard_tensor_names", "dynamic_tensor_names",
@@ -84,6 +90,28 @@ def partition_copy(part: PartitionState) -> tuple[np.ndarray, dict[str, np.ndarr
     return value, slots
 
 
+def _built_copy(part: PartitionState) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], dict[str, Any],
+                                                dict[str, np.ndarray]] | None:
+    """(built local rows, the value's and saved slots' rows there, the initializer spec, each row-laid slot's
+    initial row) of a lazy partition, taken under its lock; None: save it whole (an eager partition, a slot
+    without a known initial row, too many rows built)."""
+    with part.lock:
+        lazy, n = part.lazy, part.value.shape[0] if part.value.ndim else 0
+        if lazy is None or n == 0:
+            return None
+        slots = saved_slots(part)
+        laid = {k for k, s in slots.items() if s.ndim}
+        if any(slots[k].shape[0] != n for k in laid) or any(k not in lazy.slot_rows for k in laid - {AVERAGE_SLOT}):
+            return None
+        row_bytes = sum(a.nbytes // n for a in (part.value, *slots.values()) if a.ndim)
+        rows = np.flatnonzero(lazy.marks).astype(np.int64)
+        if not worth_it(rows.size, n, row_bytes):
+            return None
+        saved = {k: (s[rows] if s.ndim else np.array(s, copy=True)) for k, s in slots.items()}
+        initial = {k: np.asarray(lazy.slot_rows[k], dtype=slots[k].dtype) for k in sorted(laid - {AVERAGE_SLOT})}
+        return rows, part.value[rows], saved, dict(lazy.initializer), initial
+
+
 def _changed_copy(part: PartitionState, token: str,
                   epoch: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None:
     """(local rows, the value's and slots' rows there) changed since the snapshot ``(token, epoch)``, taken
@@ -125,7 +153,13 @@ def shard_tensors(partitions: Sequence[PartitionState], since: Mapping[str, Any]
                                   "row_start": part.row_start,
                                   "rows": int(part.value.shape[0]) if part.value.ndim else 1}
         changed = (_changed_copy(part, token, epoch) if isinstance(token, str) and type(epoch) is int else None)
-        if changed is None:
+        built = _built_copy(part) if changed is None else None
+        if built is not None:
+            rows, value, slots, spec, initial = built
+            tensors[built_rows_name(part.key)] = rows
+            tensors.update({initial_slot_name(part.key, k): row for k, row in initial.items()})
+            record.update(built=int(rows.size), initializer=spec)
+        elif changed is None:
             value, slots = partition_copy(part)
         else:
             rows, value, slots = changed

@@ -23,6 +23,7 @@ __all__ = [
 
 # Array names of a LoadShard: a partition's value, its slots, a dynamic table's snapshot arrays; a SaveShard's bytes.
 _VALUE, _SLOT, _TABLE, _SHARD = "v/", "s/", "d/", "shard"
+_BUILT, _INITIAL = "b/", "i/"  # a lazy partition's load: its saved local rows; each slot's initial row
 _LINEAGE_MAX = 200
 
 
@@ -190,12 +191,22 @@ class LoadShardRequest:
     pushes_applied: int | None = None
     pushes_applied_by: list[list[Any]] | None = None
     reply_within_ms: int | None = None
+    initializers: Mapping[str, Any] | None = None
 
     @classmethod
     def build(cls, values: Mapping[str, np.ndarray], slots: Mapping[str, Mapping[str, np.ndarray]],
-              tables: Mapping[str, Mapping[str, np.ndarray]], parts: Sequence[str], **fields: Any) -> LoadShardRequest:
-        """A request for ``parts``: each static partition's value (and slots), each dynamic one's snapshot."""
+              tables: Mapping[str, Mapping[str, np.ndarray]], parts: Sequence[str],
+              built: Mapping[str, tuple[np.ndarray, Mapping[str, Any], Mapping[str, np.ndarray]]] | None = None,
+              **fields: Any) -> LoadShardRequest:
+        """A request for ``parts``: each static partition's value (and slots), each dynamic one's snapshot.
+        ``built``: key -> (local rows, initializer spec, each slot's initial row) of the partitions whose value
+        and slots hold only those rows (the others: their initial content, :mod:`psflow.ps.built_rows`)."""
         arrays = {_VALUE + key: value for key, value in values.items()}
+        for key, (rows, _, initial) in (built or {}).items():
+            arrays[_BUILT + key] = rows
+            arrays.update({f"{_INITIAL}{key}/{slot}": row for slot, row in initial.items()})
+        if built:
+            fields["initializers"] = {key: dict(spec) for key, (_, spec, _) in built.items()}
         for key, named in slots.items():
             arrays.update({f"{_SLOT}{key}/{slot}": arr for slot, arr in named.items()})
         for key, named in tables.items():
@@ -216,6 +227,16 @@ class LoadShardRequest:
         prefix = f"{_TABLE}{key}/"
         return {n[len(prefix):]: a for n, a in self.arrays.items() if n.startswith(prefix)}
 
+    def built(self, key: str) -> tuple[np.ndarray, Any, dict[str, np.ndarray]] | None:
+        """(local rows, initializer spec, each slot's initial row) of partition ``key`` sent as its saved rows
+        only, or None (sent whole)."""
+        rows = self.arrays.get(_BUILT + key)
+        if rows is None:
+            return None
+        prefix = f"{_INITIAL}{key}/"
+        initial = {n[len(prefix):]: a for n, a in self.arrays.items() if n.startswith(prefix)}
+        return rows, (self.initializers or {}).get(key), initial
+
     def has_slots(self) -> bool:
         return any(n.startswith(_SLOT) for n in self.arrays)
 
@@ -233,6 +254,8 @@ class LoadShardRequest:
             meta["pushes_applied_by"] = self.pushes_applied_by
         if self.reply_within_ms is not None:
             meta["reply_within_ms"] = self.reply_within_ms
+        if self.initializers:
+            meta["initializers"] = dict(self.initializers)
         return Frame(meta, dict(self.arrays))
 
     @classmethod
@@ -248,7 +271,17 @@ class LoadShardRequest:
                    restored if type(restored) is int and restored >= 0 else None,
                    optional_int(meta, "pushes_applied", minimum=0),
                    applied_by_process(meta.get("pushes_applied_by")),
-                   optional_int(meta, "reply_within_ms", minimum=0))
+                   optional_int(meta, "reply_within_ms", minimum=0), _initializers(meta))
+
+
+def _initializers(meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``initializers``: partition key -> initializer spec (an object), or None."""
+    value = meta.get("initializers")
+    if value is None:
+        return None
+    if not (isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, dict) for k, v in value.items())):
+        raise refuse("initializers", "partition keys to initializer specs", value)
+    return dict(value)
 
 
 def applied_by_process(value: object) -> list[list[Any]] | None:

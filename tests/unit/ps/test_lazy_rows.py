@@ -15,6 +15,7 @@ from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.averages import MovingAverages
+from psflow.ps.built_rows import whole_rows
 from psflow.ps.initializers import initial_rows, initial_value
 from psflow.ps.lazy_rows import lazy_eligible
 from psflow.ps.optimizers import make_optimizer
@@ -285,7 +286,7 @@ def _single(part: PartitionState) -> ParameterStore:
     return store
 
 
-def test_checkpoint_shard_of_a_lazy_partition_holds_eager_values_and_builds_no_row(
+def test_checkpoint_shard_of_a_lazy_partition_holds_its_built_rows_reading_as_eager_values_and_builds_no_row(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lazy_rows, "LAZY_MIN_BYTES", 1)
     variables = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["127.0.0.1:1"]})))
@@ -301,17 +302,26 @@ def test_checkpoint_shard_of_a_lazy_partition_holds_eager_values_and_builds_no_r
     meta, arrays = svc.handlers()["SaveShard"](Frame({"path": None, "shard": 0, "num_shards": 1}))
     tensors = safetensors_load(arrays["shard"].tobytes())
     assert part.lazy is not None and part.lazy.count == 2  # the save built nothing in the partition
+    (record,) = meta["partitions"]
+    assert record["built"] == 2 and record["initializer"] == {"name": "random_normal", "seed": 9}
+    assert tensors["emb/part_0@built_rows"].tolist() == [5, 2999]  # only the built rows are stored
+    assert tensors["emb/part_0"].shape == tensors["emb/part_0:accumulator"].shape == (2, 4)
+    spec = record["initializer"]
+    value = whole_rows(spec, (3000, 4), "float32", 0, 0, 3000, tensors["emb/part_0@built_rows"],
+                       tensors["emb/part_0"], None)
+    accum_saved = whole_rows(spec, (3000, 4), "float32", 0, 0, 3000, tensors["emb/part_0@built_rows"],
+                             tensors["emb/part_0:accumulator"], tensors["emb/part_0@initial/accumulator"])
     want_value = initial_value({"name": "random_normal", "seed": 9}, (3000, 4), 0, 3000)
     accum = np.full((3000, 4), 0.7, np.float32)
     untouched = np.setdiff1d(np.arange(3000), [5, 2999])
-    assert tensors["emb/part_0"][untouched].tobytes() == want_value[untouched].tobytes()
-    assert tensors["emb/part_0:accumulator"][untouched].tobytes() == accum[untouched].tobytes()
-    assert not np.array_equal(tensors["emb/part_0"][[5, 2999]], want_value[[5, 2999]])  # the pushed rows moved
-    # Restore: the loaded partition is whole (no marks), and reads what was saved.
-    load = {"v/emb/part_0": tensors["emb/part_0"], "s/emb/part_0/accumulator": tensors["emb/part_0:accumulator"]}
+    assert value[untouched].tobytes() == want_value[untouched].tobytes()
+    assert accum_saved[untouched].tobytes() == accum[untouched].tobytes()
+    assert not np.array_equal(value[[5, 2999]], want_value[[5, 2999]])  # the pushed rows moved
+    # Restore whole (a checkpoint of every row): the loaded partition is whole (no marks), and reads what was saved.
+    load = {"v/emb/part_0": value, "s/emb/part_0/accumulator": accum_saved}
     svc.handlers()["LoadShard"](Frame({"parts": ["emb/part_0"], "global_step": 1, "restored_step": 1}, load))
     assert part.lazy is None
-    assert ParameterStore.read(part, None).tobytes() == tensors["emb/part_0"].tobytes()
+    assert ParameterStore.read(part, None).tobytes() == value.tobytes()
 
 
 def _rss_bytes() -> int:
