@@ -150,6 +150,10 @@ CASES = {
     "--ps 0": Case(
         lambda t: train(t, "--train", good(t), "--ps", "0"),
         lambda t: "psflow train: error: --ps must be >= 1, got 0"),
+    "--mode ssp with in-graph replication": Case(  # was found by the in-graph client, restarted --max-restarts times
+        lambda t: train(t, "--train", good(t), "--replication", "in-graph", "--mode", "ssp",
+                        "--restart-policy", "on-failure"),
+        lambda t: "psflow train: error: --mode ssp needs between-graph replication"),
     "unknown --model": Case(
         lambda t: train(t, "--train", good(t), "--model", "nosuch"),
         lambda t: "psflow train: error: unknown model 'nosuch': use one of"),

@@ -223,6 +223,8 @@ class SyncSettings:
     def __post_init__(self) -> None:
         if self.replication not in ("between-graph", "in-graph"):
             raise ConfigError(f"--replication must be between-graph or in-graph, got {self.replication!r}")
+        if self.mode == "ssp" and self.replication != "between-graph":  # refused before any task starts
+            raise ConfigError("--mode ssp needs between-graph replication")
         k = self.steps_in_flight
         valid = type(k) is int and 1 <= k <= MAX_STEPS_IN_FLIGHT
         _check([

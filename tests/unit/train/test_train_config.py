@@ -67,6 +67,8 @@ def test_each_group_checks_its_own_fields() -> None:
         CheckpointSettings(save_secs=1.0, save_steps=2)
     with pytest.raises(ConfigError, match="--replication must be"):
         SyncSettings(replication="mirrored")
+    with pytest.raises(ConfigError, match="--mode ssp needs between-graph replication"):
+        SyncSettings(mode="ssp", replication="in-graph")
 
 
 def test_the_config_checks_the_rules_across_groups() -> None:
