@@ -3,7 +3,7 @@
 The ``object_store`` fixture of tests/conftest.py uses them. Each server is a
 process started here, on 127.0.0.1 and a free port, once per test session,
 and killed here by its pid. Each test gets a fresh bucket, and the client
-settings psflow reads (through s3fs and gcsfs, see psflow/storage.py) in its
+settings psflow reads (through s3fs and gcsfs, see psflow/storage/) in its
 environment, so the ``psflow`` processes it starts inherit them. Nothing
 reaches the internet: every endpoint is 127.0.0.1, credentials are dummies,
 and gcsfs is told not to probe the GCE metadata server.

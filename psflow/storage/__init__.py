@@ -42,18 +42,29 @@ What each operation guarantees, local and remote:
 
 Not here: the meaning of files (checkpoints: :mod:`psflow.checkpoint`;
 the run lock over a store: :mod:`psflow.checkpoint.lock`).
+
+Files: ``__init__.py`` -- the operations above, on any location; ``client.py`` -- a store's client: the
+schemes and the library serving each (:data:`SCHEMES`, :func:`check_location`), the fsspec filesystem of a URL,
+and :class:`StorageError`.
 """
 
 from __future__ import annotations
 
 import glob as _glob
 import os
-import re
 import shutil
-import threading
 from typing import IO, Any
 
-from psflow.errors import PsflowError
+from psflow.storage.client import (
+    SCHEMES,
+    URL,
+    StorageError,
+    UnknownSchemeError,
+    check_location,
+    filesystem,
+    scheme,
+    url_prefix,
+)
 
 __all__ = [
     "SCHEMES",
@@ -88,38 +99,12 @@ __all__ = [
     "download",
 ]
 
-#: Scheme -> (the module that serves it, how to install it, whether psflow's tests run it).
-SCHEMES: dict[str, tuple[str, str, bool]] = {
-    "s3": ("s3fs", "pip install 'psflow[cloud]'", True),
-    "gs": ("gcsfs", "pip install 'psflow[cloud]'", True),
-    "gcs": ("gcsfs", "pip install 'psflow[cloud]'", True),
-    "hdfs": ("pyarrow", "pip install pyarrow (and a Hadoop client: libhdfs, CLASSPATH)", False),
-}
-
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 #: Bytes fetched per request when a remote file is streamed (fsspec's readahead block).
 READ_BLOCK = 8 << 20
 
 
-class StorageError(PsflowError):
-    """A location psflow cannot use (the message names it)."""
-
-
-class UnknownSchemeError(StorageError, ValueError):
-    """A URL whose scheme psflow does not read or write (names the URL and the schemes it knows)."""
-
-
 class NotLocalError(StorageError, ValueError):
     """A URL given where psflow writes only to the local filesystem (names the flag and the URL)."""
-
-
-def scheme(path: str) -> str | None:
-    """The URL scheme of ``path`` (lower case), ``None`` for a local path (``file://`` included)."""
-    match = _URL.match(path)
-    if match is None:
-        return None
-    name = match.group(1).lower()
-    return None if name == "file" else name
 
 
 def is_remote(path: str) -> bool:
@@ -130,28 +115,6 @@ def is_remote(path: str) -> bool:
 def _local(path: str) -> str:
     """A local path as the OS takes it (``file://`` removed)."""
     return path[len("file://"):] if path[:7].lower() == "file://" else path
-
-
-def check_location(path: str) -> None:
-    """Refuses a location psflow cannot use, without touching it.
-
-    Raises:
-        UnknownSchemeError: a URL of a scheme psflow does not know.
-        MissingExtraError: the scheme's client library is not installed (names the extra).
-    """
-    name = scheme(path)
-    if name is None:
-        return
-    known = SCHEMES.get(name)
-    if known is None:
-        tested = ", ".join(f"{s}://" for s, (_, _, ok) in SCHEMES.items() if ok)
-        raise UnknownSchemeError(f"{path}: unknown scheme {name!r}: psflow reads and writes local paths, {tested} "
-                                 "and hdfs:// (untested)")
-    import importlib.util
-
-    for module in ("fsspec", known[0]):
-        if importlib.util.find_spec(module) is None:
-            raise _missing(path, module)
 
 
 def local_only(path: str, flag: str, what: str) -> None:
@@ -165,47 +128,11 @@ def local_only(path: str, flag: str, what: str) -> None:
             one line naming ``flag``, the URL, ``what`` is written there, and the flags that take
             object storage.
     """
-    if _URL.match(path) is None:
+    if URL.match(path) is None:
         return
     raise NotLocalError(f"{flag} {path}: {what} are written to a local directory, not to a URL: give a local "
                         "path (object storage, s3:// or gs://, is for --checkpoint-dir, --train, --eval and "
                         "--warm-start)")
-
-
-def _missing(path: str, module: str) -> Exception:
-    from psflow.extras import MissingExtraError
-
-    name = scheme(path) or ""
-    how = SCHEMES[name][1]
-    extra = "cloud" if "psflow[cloud]" in how else ""
-    return MissingExtraError(f"{path}: {name}:// paths need {module}: {how}", module=module, extra=extra)
-
-
-_FS_LOCK = threading.Lock()
-
-
-def _fs(path: str) -> tuple[Any, str]:
-    """(the fsspec filesystem of URL ``path``, the path as that filesystem names it).
-
-    Raises:
-        UnknownSchemeError, MissingExtraError: see :func:`check_location`.
-    """
-    check_location(path)
-    import fsspec.core
-
-    with _FS_LOCK:  # fsspec builds one instance per (class, options) and caches it
-        try:
-            fs, inner = fsspec.core.url_to_fs(path, use_listings_cache=False)
-        except ImportError as e:
-            raise _missing(path, getattr(e, "name", None) or SCHEMES[scheme(path) or ""][0]) from e
-    return fs, inner.rstrip("/") or inner
-
-
-def _prefix(url: str, inner: str) -> str:
-    """What ``url`` has before the filesystem's own path ``inner`` (``s3://``, ``hdfs://nn:8020``)."""
-    stripped = inner.rstrip("/")
-    body = url.rstrip("/")
-    return body[: len(body) - len(stripped)] if stripped and body.endswith(stripped) else f"{scheme(url)}://"
 
 
 def absolute(path: str) -> str:
@@ -235,7 +162,7 @@ def open_for_read(path: str) -> IO[bytes]:
     """
     if not is_remote(path):
         return open(_local(path), "rb")
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     handle: IO[bytes] = fs.open(inner, "rb", block_size=READ_BLOCK, cache_type="readahead")
     return handle
 
@@ -245,7 +172,7 @@ def read_bytes(path: str) -> bytes:
     if not is_remote(path):
         with open(_local(path), "rb") as f:
             return f.read()
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     data: bytes = fs.cat_file(inner)
     return data
 
@@ -255,7 +182,7 @@ def read_head(path: str, size: int) -> bytes:
     if not is_remote(path):
         with open(_local(path), "rb") as f:
             return f.read(size)
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     data: bytes = fs.cat_file(inner, start=0, end=size)
     return data
 
@@ -265,7 +192,7 @@ def download(path: str, local_file: str) -> None:
     if not is_remote(path):
         shutil.copyfile(_local(path), local_file)
         return
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     fs.get_file(inner, local_file)
 
 
@@ -278,7 +205,7 @@ def version(path: str) -> tuple[Any, ...]:
     if not is_remote(path):
         st = os.stat(_local(path))
         return (st.st_size, st.st_mtime_ns)
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     info = fs.info(inner)
     return (info.get("size"), str(info.get("ETag") or info.get("generation") or info.get("mtime") or ""))
 
@@ -299,7 +226,7 @@ def write_atomically(path: str, data: bytes | memoryview, *, durable: bool = Tru
         OSError: the directory (or bucket) is not writable; locally the temp file is removed.
     """
     if is_remote(path):
-        fs, inner = _fs(path)
+        fs, inner = filesystem(path)
         if scheme(path) == "hdfs":  # HDFS shows a file while it is written; its rename is atomic
             tmp = f"{inner}.tmp-{os.getpid()}"
             fs.pipe_file(tmp, bytes(data))
@@ -332,7 +259,7 @@ def create_exclusive(path: str, data: bytes) -> bool:
         OSError: the location is not writable.
     """
     if is_remote(path):
-        fs, inner = _fs(path)
+        fs, inner = filesystem(path)
         try:
             fs.pipe_file(inner, data, mode="create")
         except FileExistsError:
@@ -385,7 +312,7 @@ def remove(path: str) -> None:
     if not is_remote(path):
         os.unlink(_local(path))
         return
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     if not fs.isfile(inner):
         raise FileNotFoundError(f"{path}: no such file")
     fs.rm_file(inner)
@@ -400,7 +327,7 @@ def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
     if not is_remote(path):
         shutil.rmtree(_local(path), ignore_errors=ignore_errors)
         return
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     try:
         fs.rm(inner + "/", recursive=True)
     except OSError:
@@ -413,7 +340,7 @@ def exists(path: str) -> bool:
     """A file or a directory (a prefix with objects under it) is there. Never raises for a missing one."""
     if not is_remote(path):
         return os.path.exists(_local(path))
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     return bool(fs.exists(inner))
 
 
@@ -421,7 +348,7 @@ def isfile(path: str) -> bool:
     """``path`` is a file (an object)."""
     if not is_remote(path):
         return os.path.isfile(_local(path))
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     return bool(fs.isfile(inner))
 
 
@@ -429,7 +356,7 @@ def isdir(path: str) -> bool:
     """``path`` is a directory (remotely: objects lie under the prefix)."""
     if not is_remote(path):
         return os.path.isdir(_local(path))
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     return bool(fs.isdir(inner))
 
 
@@ -446,7 +373,7 @@ def listdir(path: str) -> list[str]:
     """
     if not is_remote(path):
         return os.listdir(_local(path))
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     entries = fs.ls(inner, detail=False)
     names = [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries if str(e).rstrip("/") != inner]
     return [n for n in names if n]
@@ -464,7 +391,7 @@ def subdirectories(path: str, prefix: str = "") -> list[str]:
             return []
         paths = [os.path.join(path, n) for n in names]
         return [p for p in paths if os.path.isdir(_local(p)) and not os.path.islink(_local(p))]
-    fs, inner = _fs(path)
+    fs, inner = filesystem(path)
     try:
         entries = fs.ls(inner, detail=True)
     except FileNotFoundError:
@@ -491,8 +418,8 @@ def glob(pattern: str) -> list[str]:
         local = _local(pattern)
         found = [m for m in _glob.glob(local) if os.path.isfile(m)]
         return sorted(found if local == pattern else [f"file://{m}" for m in found])
-    fs, inner = _fs(pattern)
-    head = _prefix(pattern, inner)
+    fs, inner = filesystem(pattern)
+    head = url_prefix(pattern, inner)
     matches = fs.glob(inner, detail=True)
     return sorted(f"{head}{'' if name.startswith('/') or head.endswith('/') else '/'}{name}"
                   for name, info in matches.items() if info.get("type") == "file")
