@@ -133,6 +133,12 @@ checkpoint and every increment after it, :mod:`psflow.checkpoint.chain`), onto a
 chief's first save is full (after a failover, a resume). Rotation keeps what kept increments need. See
 :mod:`psflow.checkpoint.save` and :mod:`psflow.ps.row_marks`.
 
+A lazy table's partition (:mod:`psflow.ps.lazy_rows`: rows built on first touch) is saved, in a full
+checkpoint, as its built rows only (``"built": n`` and its ``"initializer"`` in its record; the tensors
+``<key>@built_rows`` and ``<key>@initial/<slot>``, :mod:`psflow.ps.built_rows`): W&D's initial checkpoint is
+O(built rows), not O(table). Every reader gives the eager table's values bit for bit, and a restore sends only
+the saved rows, so the restored partition stays lazy (docs/checkpoints.md, "A lazy table's shard").
+
 Tensors are stored with safetensors; nothing is ever pickled.
 
 Classes and functions, by file:
@@ -155,9 +161,11 @@ Classes and functions, by file:
 * ``ledger.py`` -- :func:`checkpoint_status` (the cluster's ledger), :class:`SaveStatusWatcher`
   (the launcher's console lines and counts from it).
 * ``shards.py`` -- :class:`ShardFiles` (a checkpoint's shard files, checked against the manifest),
-  :func:`saved_rows`, :func:`saved_table` (rows and dynamic tables re-sliced from them).
+  :func:`saved_rows`, :func:`saved_table` (rows and dynamic tables re-sliced from them; a lazy table's
+  partition saved as its built rows read as the eager one, :mod:`psflow.ps.built_rows`).
 * ``chain.py`` -- incremental checkpoints read back: :func:`checkpoint_chain` (a full checkpoint and the
-  increments after it), :class:`ChainReader` (rows of a variable through the chain).
+  increments after it), :class:`ChainReader` (rows of a variable through the chain; the rows saved alone,
+  for a restore that keeps a lazy partition lazy).
 * ``restore.py`` -- :func:`restore` (a checkpoint onto the current layout), :func:`load_shards`.
 * ``variables.py`` -- :func:`read_variables`, :func:`averaged_variables`, :data:`DYNAMIC_IDS`,
   :func:`read_safetensors`: variables read whole (export, evaluation).

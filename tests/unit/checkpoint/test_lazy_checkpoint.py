@@ -278,3 +278,26 @@ def test_an_increment_holding_a_restored_lazy_partition_whole_puts_back_the_rows
     restore(target, got[True][-1])  # type: ignore[arg-type]
     assert sum(p.lazy.count for p in target.parts("weights")) == 1
     _same(read_variables(_save(target, tmp_path / "again"), slots=True), read_variables(got[False][-1], slots=True))
+
+
+@pytest.mark.parametrize("rows,why", [(np.array([5, 3]), "not sorted distinct local rows"),
+                                      (np.array([3, 2048]), "not sorted distinct local rows"),
+                                      (np.array([3]), "1 rows loaded, but a value of shape")])
+def test_a_load_of_saved_rows_that_do_not_fit_the_partition_is_refused_and_changes_nothing(
+        monkeypatch: pytest.MonkeyPatch, rows: np.ndarray, why: str) -> None:
+    from psflow.ps.protocol import LoadShardRequest
+    from psflow.rpc.api import InvalidRequest
+
+    cluster = _trained(True, monkeypatch, 1, "adagrad", emb=False)
+    part = cluster.parts("weights")[0]
+    before, count = part.value.copy(), part.lazy.count
+    record = {"initializer": {"name": "random_normal", "stddev": 0.3, "seed": 5}, "shape": [ROWS, 1]}
+    value = np.zeros((2, 1), np.float32)
+    request = LoadShardRequest.build({"weights/part_0": value}, {"weights/part_0": {"accumulator": value}}, {},
+                                     ["weights/part_0"],
+                                     {"weights/part_0": (rows.astype(np.int64), record,
+                                                         {"accumulator": np.zeros((1,), np.float32)})},
+                                     restored_step=0)
+    with pytest.raises(InvalidRequest, match=f"variable 'weights' partition 0 .*{why}"):
+        cluster.call(0, request)
+    assert part.value.tobytes() == before.tobytes() and part.lazy.count == count
