@@ -14,7 +14,7 @@ Files (the served side):
 * ``step_clock.py``: :class:`~psflow.ps.step_clock.StepClock`; ``global_step.py``:
   :class:`~psflow.ps.global_step.GlobalStep`, :class:`~psflow.ps.global_step.StepJournal` (its durable bound).
 * ``worker_ledger.py``: :class:`~psflow.ps.worker_ledger.WorkerLedger` (incarnations, reader positions,
-  finished workers); ``run_end.py``: :class:`~psflow.ps.run_end.RunLedger` (which workers are done).
+  finished workers); ``run_end.py``: :class:`~psflow.ps.run_end.RunLedger` (which workers are done, and the final evaluation).
 * ``push_apply.py``: :class:`~psflow.ps.push_apply.PushApplier` (a push admitted, checked whole, applied or
   aggregated, counted).
 * ``push_order.py``: :class:`~psflow.ps.push_order.PushOrder` (a worker process's numbered pushes applied in

@@ -1,4 +1,5 @@
-"""The end of a run, as one ps task sees it: which training workers are done, and whether that is all.
+"""The end of a run, as one ps task sees it: which training workers are done, whether that is all, and (ps task 0)
+who evaluated the final model.
 
 A ps task started by ``psflow server`` exits once the run is over
 (:class:`psflow.server.Server` with ``stop_when_run_over``). The run is over
@@ -18,6 +19,16 @@ checkpoints and the final checkpoint's name.
     the cluster (``/job:worker/task:i``, as :func:`psflow.train.chief.training_view`
     names them: with a ``chief`` job the chief is worker 0). Replies
     ``{"ok": true, "run_over": bool}``. Idempotent: a worker may send it again.
+
+``FinalEval``
+    ``meta = {"worker": task, "step": n, "evaluated": bool}`` (sent to ps task 0). With ``evaluated``,
+    records that ``worker`` evaluated the final model at global_step ``step``; without, only asks.
+    Replies the newest record, ``{"step": n | null, "worker": task | null}``. A worker that holds the
+    chief duties at its session's end asks before it evaluates the final model and records once it has,
+    before it gives the duties up (:mod:`psflow.train.final_eval`): two workers that finish together
+    both hold them at their own end, one after the other, and the second skips the model the first
+    evaluated; one that died mid-evaluation recorded nothing, so the next holder evaluates. Kept with
+    the ledger (replicated with it) and named in the run-over line. A restarted ps task 0 forgets it.
 
 Each ps task keeps its own ledger: none depends on another to learn that the
 run is over, so ps task 0 may exit first.
@@ -54,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from psflow.cluster import ClusterSpec
-from psflow.ps.protocol import DoneReply, DoneRequest
+from psflow.ps.protocol import DoneReply, DoneRequest, FinalEvalReply, FinalEvalRequest
 from psflow.rpc.api import Handler, InvalidRequest, Reply
 from psflow.rpc.framing import Frame
 
@@ -63,6 +74,8 @@ __all__ = ["RunLedger", "training_workers", "describe_workers"]
 _WORKER = re.compile(r"/job:worker/task:(\d+)")
 # A checkpoint's directory name, as the manifests have it (it goes into a log line: no other characters).
 _CHECKPOINT_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+# A task's name, as a FinalEval record names its worker (it goes into a log line too).
+_TASK_NAME = re.compile(r"/job:[A-Za-z0-9_]{1,50}/task:\d{1,9}")
 
 
 def training_workers(cluster: ClusterSpec) -> list[str]:
@@ -122,12 +135,13 @@ class RunLedger:
         self._on_over = on_over
         self._lock = threading.Lock()
         self._done: dict[str, _Done] = {}
+        self._final_eval: tuple[int, str] | None = None  # (global_step, worker) of the newest final evaluation
         self._over = False
         self._announced = False  # on_over called (here: a ledger loaded as over has not announced it)
 
     def handlers(self) -> dict[str, Handler]:
-        """``{"Done": ...}``, for the ps task's services."""
-        return {"Done": self.done}
+        """``{"Done": ..., "FinalEval": ...}``, for the ps task's services."""
+        return {DoneRequest.METHOD: self.done, FinalEvalRequest.METHOD: self.final_eval}
 
     def done(self, frame: Frame) -> Reply:
         """Records a worker's ``Done`` (see the module docstring); the one that completes the ledger calls ``on_over``."""
@@ -137,6 +151,23 @@ class RunLedger:
             self._over = self._over or self._complete()
         self.announce_if_over()
         reply = DoneReply(self.over).to_frame()
+        return reply.meta, reply.arrays
+
+    def final_eval(self, frame: Frame) -> Reply:
+        """Answers (and with ``evaluated``, first records) ``FinalEval`` (see the module docstring): the newest
+        record wins, so a record of an earlier step never replaces a later one."""
+        try:
+            request = FinalEvalRequest.from_frame(frame)
+        except InvalidRequest as e:
+            raise InvalidRequest(f"{self.task_name}: FinalEval: {e}") from e
+        if not _TASK_NAME.fullmatch(request.worker):
+            raise InvalidRequest(f"{self.task_name}: FinalEval: 'worker' must be a task name, got "
+                                 f"{request.worker!r:.100}")
+        with self._lock:
+            if request.evaluated and (self._final_eval is None or request.step >= self._final_eval[0]):
+                self._final_eval = (request.step, request.worker)
+            step, worker = self._final_eval if self._final_eval is not None else (None, None)
+        reply = FinalEvalReply(step, worker).to_frame()
         return reply.meta, reply.arrays
 
     def announce_if_over(self) -> None:
@@ -150,11 +181,11 @@ class RunLedger:
             self._on_over(self.describe())
 
     def replica_state(self) -> dict[str, Any]:
-        """The ledger as a replicated shard's small state carries it (JSON): each ``Done`` and whether the run is
-        over."""
+        """The ledger as a replicated shard's small state carries it (JSON): each ``Done``, whether the run is
+        over, and the final evaluation's record."""
         with self._lock:
             return {"done": [[w, d.incarnation, d.checkpoint_dir, d.final_checkpoint] for w, d in self._done.items()],
-                    "over": self._over}
+                    "over": self._over, "final_eval": list(self._final_eval) if self._final_eval else None}
 
     def load_replica_state(self, state: Any) -> None:
         """Replaces the ledger's reports with the primary's (:meth:`replica_state`); announces nothing (a backup's
@@ -173,9 +204,15 @@ class RunLedger:
                     and (item[3] is None or isinstance(item[3], str) and _CHECKPOINT_NAME.fullmatch(item[3]))):
                 raise ValueError(f"{self.task_name}: malformed Done in a run ledger state: {item!r:.100}")
             done[item[0]] = _Done(item[1], item[2], item[3])
+        final_eval = state.get("final_eval")
+        if not (final_eval is None or isinstance(final_eval, list) and len(final_eval) == 2
+                and type(final_eval[0]) is int and isinstance(final_eval[1], str)
+                and _TASK_NAME.fullmatch(final_eval[1])):
+            raise ValueError(f"{self.task_name}: malformed final evaluation in a run ledger state: {final_eval!r:.100}")
         with self._lock:
             self._done = done
             self._over = bool(state.get("over"))
+            self._final_eval = (final_eval[0], final_eval[1]) if final_eval is not None else None
 
     def joined(self, worker: object) -> None:
         """``worker`` registered (a process of it joins the cluster): a ``Done`` it sent before no longer counts.
@@ -197,10 +234,12 @@ class RunLedger:
             return {"workers_done": counted, "workers_expected": len(self._expected), "run_over": self._over}
 
     def describe(self) -> str:
-        """``workers 0-1 finished, final checkpoint ckpt-... written`` (or why there is none)."""
+        """``workers 0-1 finished, final checkpoint ckpt-... written`` (or why there is none), and, where this
+        task recorded it (ps task 0), ``, final model evaluated at step S by /job:worker/task:i``."""
         with self._lock:
             reports = list(self._done.values())
             finished = [w for w in self._expected if self._counts(w)]
+            final_eval = self._final_eval
         named = sorted(r.final_checkpoint for r in reports if r.final_checkpoint is not None)
         if named:
             checkpoint = f"final checkpoint {named[-1]} written"
@@ -208,7 +247,8 @@ class RunLedger:
             checkpoint = "no final checkpoint reported: see the chief's log"
         else:
             checkpoint = "no checkpoint directory"
-        return f"{describe_workers(finished)} finished, {checkpoint}"
+        evaluated = "" if final_eval is None else f", final model evaluated at step {final_eval[0]} by {final_eval[1]}"
+        return f"{describe_workers(finished)} finished, {checkpoint}{evaluated}"
 
     def _complete(self) -> bool:  # caller holds _lock
         return bool(self._expected) and all(self._counts(w) for w in self._expected)

@@ -8,7 +8,8 @@ The chief also gets, when configured: :class:`CheckpointSaverHook`
 ``save_checkpoints_secs`` seconds, default 600 s), :class:`SummarySaverHook`
 (``summary_dir``, every ``save_summaries_steps``) and :class:`EvalHook`
 (``eval_every_steps`` on the ``--eval`` set; also at the end; with ``eval_at_end``, which
-``psflow server`` sets for ``--eval``, at the end only if there is no period).
+``psflow server`` sets for ``--eval``, at the end only if there is no period; with chief election, the
+final model once however many workers hold the duties at their end: :mod:`psflow.train.final_eval`).
 
 Checkpoint safety (see :mod:`psflow.checkpoint.lock` and
 :mod:`psflow.checkpoint`): every worker that may save (the chief, and
@@ -54,6 +55,7 @@ from psflow.train.chief import check_restorable, is_chief
 from psflow.train.config import TrainConfig
 from psflow.train.evaluation import evaluate, parameters
 from psflow.train.faults import NO_FAULTS, FaultInjection
+from psflow.train.final_eval import FinalEvalOnce
 from psflow.train.hooks import (
     CheckpointSaverHook,
     EvalHook,
@@ -151,8 +153,10 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     if duties and config.data.eval and (config.report.eval_every_steps or config.report.eval_at_end):
         eval_batch = read_all(list(config.data.eval), config.data.format, **data_options(config))
         source = parameters(client, moving_averages=config.report.eval_moving_averages)
-        chief_hooks.append(EvalHook(functools.partial(evaluate, model, source, eval_batch),
-                                    every_steps=config.report.eval_every_steps, writer=writer))
+        evaluation = EvalHook(functools.partial(evaluate, model, source, eval_batch),
+                              every_steps=config.report.eval_every_steps, writer=writer)
+        # With election, two workers finishing together both hold the duties at their end: the final model once.
+        chief_hooks.append(FinalEvalOnce(evaluation) if leadership is not None else evaluation)
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
         hooks += [CampaignWhileTrainingHook(leadership), *(LeaderOnlyHook(h, leadership) for h in chief_hooks)]
         chief_hooks = []

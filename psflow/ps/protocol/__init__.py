@@ -19,7 +19,7 @@ Files:
     * ``data.py``: the data path -- ``Register``, ``Pull``, ``Push`` (with
       its :class:`WorkerTag` and :class:`StepTag`), ``PushPull``.
     * ``lifecycle.py``: every client's calls around it -- ``Stats``,
-      ``Leave``, ``Done``, ``SaveNotice`` (and :class:`Ack`).
+      ``Leave``, ``Done``, ``FinalEval``, ``SaveNotice`` (and :class:`Ack`).
     * ``control.py``: the chief's and the checkpoints' calls -- ``Fence``,
       ``SaveShard``, ``LoadShard``, ``SetReady``, ``BeginRestore``,
       ``ReaderPositions``, ``CheckpointStatus``.
@@ -42,6 +42,7 @@ PushPull          :class:`PushPullRequest`          :class:`PushPullReply`
 Stats             (empty)                           :class:`StatsReply`
 Leave             :class:`LeaveRequest`             :class:`Ack`
 Done              :class:`DoneRequest`              :class:`DoneReply`
+FinalEval         :class:`FinalEvalRequest`         :class:`FinalEvalReply`
 Shutdown          (empty)                           :class:`Ack`
 Fence             :class:`FenceRequest`             :class:`FenceReply`
 SaveNotice        :class:`SaveNoticeRequest`        :class:`SaveNoticeReply`
@@ -105,6 +106,8 @@ from psflow.ps.protocol.lifecycle import (
     Ack,
     DoneReply,
     DoneRequest,
+    FinalEvalReply,
+    FinalEvalRequest,
     LeaveRequest,
     SaveNoticeReply,
     SaveNoticeRequest,
@@ -126,7 +129,8 @@ from psflow.ps.protocol.replication import (
 
 __all__ = [
     "Ack", "BeginRestoreReply", "BeginRestoreRequest", "CheckpointStatusReply", "CheckpointStatusRequest",
-    "DoneReply", "DoneRequest", "FenceReply", "FenceRequest", "GradPart", "LeaveRequest", "LoadShardReply",
+    "DoneReply", "DoneRequest", "FenceReply", "FinalEvalReply", "FinalEvalRequest", "FenceRequest", "GradPart",
+    "LeaveRequest", "LoadShardReply",
     "LoadShardRequest", "PullReply", "PullRequest", "PushPullReply", "PushPullRequest", "PushReply", "PushRequest",
     "ReaderPositionsReply", "ReaderPositionsRequest", "RegisterReply", "RegisterRequest", "Request", "RunStepReply",
     "RunStepRequest", "SaveNoticeReply", "SaveNoticeRequest", "SaveOutcome", "SparseArrays",

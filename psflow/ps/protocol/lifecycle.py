@@ -1,5 +1,6 @@
 """A client's calls around the data path: Stats (a task's state and counters), Leave (a worker finished its
-data), Done (its session ended), SaveNotice (the chief is saving a checkpoint), and Ack, the reply of a call that only acknowledges (see
+data), Done (its session ended), FinalEval (the final model's evaluation), SaveNotice (the chief is saving a
+checkpoint), and Ack, the reply of a call that only acknowledges (see
 :mod:`psflow.ps.protocol`; their semantics: :mod:`psflow.ps.service`, :mod:`psflow.ps.run_end`)."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Any, ClassVar
 from psflow.ps.protocol.fields import acked_counts, message, optional_int, optional_str, refuse, strict_bool
 from psflow.rpc.framing import Frame
 
-__all__ = ["Ack", "DoneReply", "DoneRequest", "LeaveRequest", "SaveNoticeReply", "SaveNoticeRequest", "StatsReply"]
+__all__ = ["Ack", "DoneReply", "DoneRequest", "FinalEvalReply", "FinalEvalRequest", "LeaveRequest", "SaveNoticeReply",
+           "SaveNoticeRequest", "StatsReply"]
 
 
 # ---- Stats / Leave / Done --------------------------------------------------------------------------
@@ -141,6 +143,46 @@ class DoneReply:
     @classmethod
     def from_frame(cls, frame: Frame) -> DoneReply:
         return cls(strict_bool(frame.meta, "run_over"))
+
+
+@message
+class FinalEvalRequest:
+    """(A worker holding the chief duties at its session's end) asks ps task 0 whether the final model at
+    global_step ``step`` was evaluated already (``evaluated`` False), or records that ``worker`` evaluated it
+    (True); see :mod:`psflow.ps.run_end` and :mod:`psflow.train.final_eval`."""
+
+    METHOD: ClassVar[str] = "FinalEval"
+    worker: str
+    step: int
+    evaluated: bool = False
+
+    def to_frame(self) -> Frame:
+        return Frame({"worker": self.worker, "step": self.step, "evaluated": self.evaluated})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> FinalEvalRequest:
+        meta = frame.meta
+        worker, step = optional_str(meta, "worker", max_length=200), optional_int(meta, "step", minimum=0)
+        if not worker:
+            raise refuse("worker", "a task name", meta.get("worker"))
+        if step is None:
+            raise refuse("step", "a non-negative integer", None)
+        return cls(worker, step, strict_bool(meta, "evaluated"))
+
+
+@message
+class FinalEvalReply:
+    """The newest final evaluation the task recorded: its global_step and the worker that made it (None: none)."""
+
+    step: int | None = None
+    worker: str | None = None
+
+    def to_frame(self) -> Frame:
+        return Frame({"step": self.step, "worker": self.worker})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> FinalEvalReply:
+        return cls(optional_int(frame.meta, "step", minimum=0), optional_str(frame.meta, "worker", max_length=200))
 
 
 # ---- SaveNotice ----------------------------------------------------------------------------------------

@@ -83,7 +83,7 @@ __all__ = ["ReplicationConfig", "ShardReplication"]
 log = logging.getLogger("psflow.ps.replication")
 
 _FULL_CALLS = ("LoadShard",)  # calls replicated whole (a full entry; Register: register_call.py), then by small state:
-_STATE_CALLS = ("SetReady", "BeginRestore", "Done", "ReaderPositions")
+_STATE_CALLS = ("SetReady", "BeginRestore", "Done", "FinalEval", "ReaderPositions")
 #: A joining member this few entries behind the newest: new entries wait (at most _JOIN_HOLD seconds, then
 #: not again for _JOIN_HOLD) until it acked the newest and entered the view; so it enters under any load.
 _JOIN_NEAR, _JOIN_HOLD = 64, 1.0

@@ -129,3 +129,44 @@ def test_workers_are_described_by_index_runs() -> None:
     assert describe_workers([W0]) == "worker 0"
     assert describe_workers([W2, W0, W1]) == "workers 0-2"
     assert describe_workers([f"/job:worker/task:{i}" for i in (0, 1, 4, 6, 7)]) == "workers 0-1, 4, 6-7"
+
+
+def final_eval(ledger: RunLedger, worker: Any, step: Any, evaluated: bool = False) -> dict[str, Any]:
+    return ledger.final_eval(Frame({"worker": worker, "step": step, "evaluated": evaluated}))[0]
+
+
+def test_the_final_evaluation_is_recorded_the_newest_kept_and_named_in_the_exit_line() -> None:
+    runs, over = ledger([W0, W1])
+    assert final_eval(runs, W0, 40) == {"step": None, "worker": None}  # asking records nothing
+    assert final_eval(runs, W0, 40, evaluated=True) == {"step": 40, "worker": W0}
+    assert final_eval(runs, W1, 30, evaluated=True) == {"step": 40, "worker": W0}  # an older model's: not kept
+    assert final_eval(runs, W1, 40) == {"step": 40, "worker": W0}
+    done(runs, W0)
+    done(runs, W1)
+    assert over == [f"workers 0-1 finished, no checkpoint directory, final model evaluated at step 40 by {W0}"]
+
+
+def test_the_final_evaluation_travels_with_a_replicated_ledger_and_a_bad_one_is_refused() -> None:
+    runs, _ = ledger([W0, W1])
+    final_eval(runs, W1, 7, evaluated=True)
+    backup, _ = ledger([W0, W1])
+    backup.load_replica_state(runs.replica_state())
+    assert final_eval(backup, W0, 7) == {"step": 7, "worker": W1}
+    backup.load_replica_state({"done": [], "over": False})  # a primary's state without one: none
+    assert final_eval(backup, W0, 7) == {"step": None, "worker": None}
+    with pytest.raises(ValueError, match="malformed final evaluation"):
+        backup.load_replica_state({"done": [], "over": False, "final_eval": [7, "worker 1\n"]})
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    ({"worker": W0}, "'step' must be a non-negative integer"),
+    ({"worker": W0, "step": -1}, "'step' must be a non-negative integer"),
+    ({"step": 3}, "'worker' must be a task name"),
+    ({"worker": "w0\nINFO forged line", "step": 3}, "'worker' must be a task name"),
+    ({"worker": W0, "step": 3, "evaluated": "yes"}, "'evaluated' must be true or false"),
+])
+def test_a_malformed_final_evaluation_is_refused_naming_the_field(meta: dict[str, Any], message: str) -> None:
+    runs, _ = ledger([W0])
+    with pytest.raises(InvalidRequest, match=f"/job:ps/task:1: FinalEval: {message}"):
+        runs.final_eval(Frame(meta))
+    assert final_eval(runs, W0, 3) == {"step": None, "worker": None}
