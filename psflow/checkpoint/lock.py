@@ -25,7 +25,11 @@ The lock file (JSON) names the run holding the directory and a process of it
 that vouches for it being alive::
 
     {"run_id": "20261124-231702-5f3a9c1e", "host": "node-3", "pid": 4711, "pid_start": 8812345,
-     "boot_id": "...", "since": 1795000000.0, "since_text": "2026-11-24 23:17:02", "run_dir": "runs/r1"}
+     "boot_id": "...", "pid_ns": "pid:[4026531836]", "since": 1795000000.0, "since_text": "...", "run_dir": "runs/r1"}
+
+A pid is judged only on its host, boot and pid namespace (``pid_ns``): containers sharing a kernel (a boot
+id) and, with host networking, a host name number their own processes; another namespace's lock is another
+host's (:func:`holder_alive`). A lock without ``pid_ns`` (an older psflow's) is judged by host and boot.
 
 :meth:`DirectoryLock.acquire`, under the directory's mutex:
 
@@ -197,7 +201,7 @@ def _object_mutex(directory: str, *, timeout: float, what: str, error: type[Exce
     pid = os.getpid()
     token = secrets.token_hex(8)
     body = json.dumps({"token": token, "host": socket.gethostname(), "pid": pid, "pid_start": _pid_start(pid),
-                       "boot_id": _boot_id(), "since": time.time()}).encode()
+                       "boot_id": _boot_id(), "pid_ns": _pid_namespace(), "since": time.time()}).encode()
     deadline, wait = time.monotonic() + timeout, 0.005
     while not storage.create_exclusive(path, body):
         holder = _mutex_holder(path)
@@ -259,6 +263,14 @@ def _boot_id() -> str | None:
         return None
 
 
+def _pid_namespace() -> str | None:
+    """This process's pid namespace (``pid:[inode]``), or None without /proc."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
 def _proc_stat(pid: int) -> tuple[str, int] | None:
     """(state, start time in clock ticks since boot) of ``pid`` from /proc, or None without /proc."""
     try:
@@ -281,12 +293,16 @@ def _pid_start(pid: int) -> int | None:
 
 
 def holder_alive(holder: dict[str, Any]) -> bool | None:
-    """Whether the process a lock names is alive: True, False, or None (another host: unknown)."""
+    """Whether the process a lock names is alive: True, False, or None (another host, or another pid namespace
+    on this one, e.g. another container: unknown; its pid means nothing here)."""
     if holder.get("host") != socket.gethostname():
         return None
     boot, here = holder.get("boot_id"), _boot_id()
     if boot is not None and here is not None and boot != here:
         return False  # written before this machine rebooted
+    namespace = holder.get("pid_ns")
+    if namespace is not None and namespace != _pid_namespace():
+        return None  # numbered in another pid namespace (a container beside this one, sharing its host name)
     pid = holder.get("pid")
     if type(pid) is not int or pid <= 0:
         return False
@@ -372,7 +388,8 @@ class DirectoryLock:
         pid = os.getpid()
         now = time.time()
         return {"run_id": self.run_id, "host": socket.gethostname(), "pid": pid, "pid_start": _pid_start(pid),
-                "boot_id": _boot_id(), "since": now, "since_text": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
+                "boot_id": _boot_id(), "pid_ns": _pid_namespace(), "since": now,
+                "since_text": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
                 "run_dir": os.path.abspath(self.run_dir) if self.run_dir else None}
 
     def _write(self) -> None:
@@ -426,7 +443,7 @@ class DirectoryLock:
 
     def _is_this_process(self, holder: dict[str, Any]) -> bool:
         return (holder.get("run_id") == self.run_id and holder.get("pid") == os.getpid()
-                and holder.get("host") == socket.gethostname())
+                and holder.get("host") == socket.gethostname() and holder.get("pid_ns") in (None, _pid_namespace()))
 
     def release(self) -> bool:
         """Removes the lock if this process holds it for this run; idempotent, never raises.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from psflow.checkpoint.ledger import checkpoint_status
-from psflow.checkpoint.lock import LOCK_NAME, CheckpointDirLock, CheckpointLockedError
+from psflow.checkpoint.lock import LOCK_NAME, CheckpointDirLock, CheckpointLockedError, holder_alive
 from psflow.checkpoint.manifest import Manifest, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
@@ -113,6 +113,37 @@ def test_a_lock_from_another_host_or_unreadable_is_never_taken_over(tmp_path: Pa
     (tmp_path / LOCK_NAME).write_text("{not json")
     with pytest.raises(CheckpointLockedError, match="unreadable lock file"):
         CheckpointDirLock(str(tmp_path), "run-b").acquire()
+
+
+def test_a_live_runs_lock_from_another_pid_namespace_is_never_judged_by_a_pid_here(tmp_path: Path) -> None:
+    """A run in a container beside this one shares the kernel (its boot id) and, with host networking, the host
+    name, but numbers its processes in its own pid namespace: its pid means nothing here. A real holder, run under
+    ``unshare --pid``: it is pid 1 there, and pid 1 here is another process (started at another time), so judged by
+    that pid its live lock was taken over as a dead run's."""
+    script = (f"import sys; from psflow.checkpoint.lock import CheckpointDirLock; "
+              f"CheckpointDirLock({str(tmp_path)!r}, 'run-a').acquire(); print('held', flush=True); sys.stdin.read()")
+    try:
+        holder_process = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          cwd=str(Path(__file__).resolve().parents[3]))
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    try:
+        assert holder_process.stdout is not None
+        if holder_process.stdout.readline().strip() != b"held":
+            holder_process.wait(timeout=60)
+            assert holder_process.stderr is not None
+            pytest.skip(f"cannot run a process in a new pid namespace here: {holder_process.stderr.read()[-300:]!r}")
+        holder = json.loads((tmp_path / LOCK_NAME).read_text())
+        assert holder["pid"] == 1 and holder["pid_ns"] != os.readlink("/proc/self/ns/pid"), holder
+        assert holder_alive(holder) is None
+        with pytest.raises(CheckpointLockedError, match=r"in use by run run-a \(pid 1 on .*cannot tell from this host"):
+            CheckpointDirLock(str(tmp_path), "run-b").acquire()
+        assert json.loads((tmp_path / LOCK_NAME).read_text()) == holder  # nothing written
+    finally:
+        assert holder_process.stdin is not None
+        holder_process.stdin.close()
+        holder_process.wait(timeout=60)
 
 
 def test_every_save_confirms_the_lock(tmp_path: Path) -> None:
