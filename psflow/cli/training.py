@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from psflow.extras import require
-from psflow.models.api import DYNAMIC_TABLE_PARAM, Model, ModelError
+from psflow.models.api import DYNAMIC_TABLE_FLAGS, DYNAMIC_TABLE_PARAM, Model, ModelError
 from psflow.models.registry import create_model, model_names
 from psflow.optim import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.optim.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
@@ -256,10 +256,8 @@ def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
         try:
             share_spec("embedding table", 1, dynamic, optimizer=None, initializer={"name": "zeros"}, num_shares=1)
         except DynamicTableError as e:
-            flags = {"capacity_rows": "--capacity", "capacity_bytes": "--capacity-bytes", "admit_after": "--admit-after",
-                     "admit_probability": "--admit-probability", "ttl_steps": "--ttl-steps", "policy": "--eviction-policy"}
             message = str(e).removeprefix("dynamic table 'embedding table': ")
-            for key, flag in flags.items():
+            for key, flag in DYNAMIC_TABLE_FLAGS.items():
                 message = message.replace(key, flag)
             raise ConfigError(f"--embedding-table dynamic: {message}") from None
         params[DYNAMIC_TABLE_PARAM] = dynamic

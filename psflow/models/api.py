@@ -85,6 +85,7 @@ __all__ = [
     "ModelOutput",
     "VariableSpec",
     "DYNAMIC_TABLE_PARAM",
+    "DYNAMIC_TABLE_FLAGS",
     "dynamic_table",
     "Lookups",
     "Values",
@@ -104,6 +105,10 @@ class ModelError(PsflowError, ValueError):
 
 #: The model parameter holding the run's dynamic table options (``--embedding-table dynamic``).
 DYNAMIC_TABLE_PARAM = "dynamic_table"
+#: The ``psflow train`` flag that sets each dynamic table option (:data:`psflow.ps.dynamic.OPTIONS`) of the run.
+DYNAMIC_TABLE_FLAGS = {"capacity_rows": "--capacity", "capacity_bytes": "--capacity-bytes", "admit_after": "--admit-after",
+                       "admit_probability": "--admit-probability", "ttl_steps": "--ttl-steps",
+                       "policy": "--eviction-policy"}
 
 
 def dynamic_table(config: ModelConfig) -> dict[str, Any] | None:

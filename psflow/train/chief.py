@@ -74,6 +74,7 @@ from psflow.checkpoint.warm_start import load_values, warm_start
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.coord import Lease
 from psflow.errors import CheckpointError
+from psflow.models.api import DYNAMIC_TABLE_FLAGS, DYNAMIC_TABLE_PARAM
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SetReadyRequest
@@ -276,6 +277,23 @@ _MUST_AGREE = (
 )
 
 
+def _dynamic_differences(theirs: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
+    """The dynamic table settings in which model parameters ``theirs`` (the checkpoint's) and ``mine`` differ,
+    each as the flag that sets it with both values (:data:`~psflow.models.api.DYNAMIC_TABLE_FLAGS`)."""
+    saved, ours = theirs.get(DYNAMIC_TABLE_PARAM), mine.get(DYNAMIC_TABLE_PARAM)
+    if saved == ours:
+        return []
+    if saved is None or ours is None or not isinstance(saved, Mapping) or not isinstance(ours, Mapping):
+        kinds = ("static", "dynamic")
+        return [f"--embedding-table {kinds[saved is not None]} (this run: {kinds[ours is not None]})"]
+
+    def shown(value: object) -> str:
+        return "none" if value is None else f"{value!r:.80}"
+    keys = [*DYNAMIC_TABLE_FLAGS, *sorted((set(saved) | set(ours)) - set(DYNAMIC_TABLE_FLAGS))]  # the flags' order
+    return [f"{DYNAMIC_TABLE_FLAGS.get(key, key)} {shown(saved.get(key))} (this run: {shown(ours.get(key))})"
+            for key in keys if saved.get(key) != ours.get(key)]
+
+
 def check_restorable(path: str, manifest: Manifest, model: Mapping[str, Any]) -> list[str]:
     """Whether checkpoint ``path`` may be restored into a run of model record ``model``.
 
@@ -298,6 +316,9 @@ def check_restorable(path: str, manifest: Manifest, model: Mapping[str, Any]) ->
         differences.append(f"--model {saved.get('name')!r} (this run: {ours.get('name')!r})")
     for part, key, what in _MUST_AGREE:
         theirs, mine = (saved.get(part) or {}).get(key), (ours.get(part) or {}).get(key)
+        if key == "params" and isinstance(theirs, Mapping) and isinstance(mine, Mapping):
+            differences += _dynamic_differences(theirs, mine)  # named by their own flags
+            theirs, mine = ({k: v for k, v in p.items() if k != DYNAMIC_TABLE_PARAM} for p in (theirs, mine))
         if theirs != mine:
             shown = f" {theirs!r:.80} (this run: {mine!r:.80})" if not isinstance(theirs, (dict, list)) else ""
             differences.append(f"{what}{shown}")

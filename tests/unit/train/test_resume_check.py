@@ -76,3 +76,32 @@ def test_another_optimizer_is_still_refused(tmp_path: Path, saved: str, asked: s
     with pytest.raises(ConfigError, match=f"was written with --optimizer {saved.partition(':')[0]} .*; this run asks "
                                           f"for {asked.partition(':')[0]} "):
         check_resume(resumed, layout.placements())
+
+
+def _record(params: dict[str, object]) -> dict[str, object]:
+    """A model record (:func:`psflow.train.build.model_record`) of logistic with these model parameters."""
+    return {"name": "logistic", "config": {"features": {}, "num_features": 124, "partitions": 1, "embedding_dim": 8,
+                                           "params": params, "seed": 0},
+            "data": {"format": "libsvm", "schema": None, "num_features": 124}}
+
+
+def test_a_checkpoint_of_other_dynamic_table_options_names_their_flags() -> None:
+    """A run resumed with another --capacity (or --admit-after, ...) than its checkpoint was told only that 'the
+    model's parameters (--model-param, --hidden, --wide-optimizer, --deep-optimizer)' differ: none of the flags the
+    user changed, nor the values."""
+    from psflow.checkpoint.manifest import Manifest
+    from psflow.errors import CheckpointError
+    from psflow.train.chief import check_restorable
+
+    saved = Manifest(global_step=3, variables={}, shards=[], model=_record({DYNAMIC_TABLE_PARAM: {"capacity_rows": 1000,
+                                                                                                   "admit_after": 2}}))
+    with pytest.raises(CheckpointError, match=r"another model: --capacity 1000 \(this run: 5000\); --admit-after 2 "
+                                              r"\(this run: none\); --ttl-steps none \(this run: 9\)\. Refusing"):
+        check_restorable("ck", saved, _record({DYNAMIC_TABLE_PARAM: {"capacity_rows": 5000, "ttl_steps": 9}}))
+    with pytest.raises(CheckpointError, match=r"another model: --embedding-table dynamic \(this run: static\)\. Refusing"):
+        check_restorable("ck", saved, _record({}))
+    with pytest.raises(CheckpointError, match=r"another model: --embedding-table static \(this run: dynamic\); the "
+                                              r"model's parameters \(--model-param, --hidden"):
+        check_restorable("ck", Manifest(global_step=3, variables={}, shards=[], model=_record({"hidden": [4]})),
+                         _record({DYNAMIC_TABLE_PARAM: {}}))
+    assert check_restorable("ck", saved, _record({DYNAMIC_TABLE_PARAM: {"admit_after": 2, "capacity_rows": 1000}})) == []
