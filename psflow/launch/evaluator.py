@@ -41,6 +41,15 @@ calls it). ``psflow server`` runs it as follows:
    says. Non-guarantee: an evaluator that has evaluated
    the old final checkpoint before the resumed run took the lock cannot know
    that run is coming and exits; start it once the run has started.
+6. Waiting on a checkpoint that is not final while no run is writing the
+   directory (no lock: the run ended without its final checkpoint, or crashed;
+   or a lock whose process is gone) says so once, in a WARNING naming the
+   checkpoint and how to end the wait (resume the run, or stop the evaluator):
+   the evaluator waits for a newer checkpoint until stopped, and a crashed run
+   writes none. A lock held on another host (whose process psflow cannot see)
+   is taken for a live run until no newer checkpoint came for
+   :data:`UNSEEN_HOLDER_QUIET` s; the line then also names the lock file to
+   delete once that run is over.
 
 The evaluator reads files and opens no channel to any task, so it cannot slow
 training. It does need to see the checkpoint directory: a shared file system,
@@ -58,9 +67,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, replace
 
-from psflow.checkpoint.lock import LOCK_NAME, holder_alive
+from psflow.checkpoint.lock import LOCK_NAME, describe_holder, holder_alive
 from psflow.checkpoint.manifest import Manifest, read_json, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.variables import averaged_variables
@@ -73,12 +83,16 @@ from psflow.train.evaluation import ArrayParameters, evaluate
 from psflow.train.hooks import format_metrics
 from psflow.train.summary import SummaryWriter
 
-__all__ = ["EVALUATOR_JOB", "Evaluation", "run_evaluator"]
+__all__ = ["EVALUATOR_JOB", "UNSEEN_HOLDER_QUIET", "Evaluation", "run_evaluator"]
 
 log = logging.getLogger("psflow.evaluator")
 
 #: The task type TensorFlow (and a TFJob) gives the evaluator.
 EVALUATOR_JOB = "evaluator"
+
+#: Seconds without a newer checkpoint after which a run whose lock names another host (its process unseen) may
+#: have crashed, as the evaluator then says once: a live run saves every --save-checkpoints-secs (600 s by default).
+UNSEEN_HOLDER_QUIET = 1800.0
 
 
 @dataclass(frozen=True)
@@ -117,7 +131,7 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
     writer = SummaryWriter(os.path.join(config.report.summary_dir, "eval")) if config.report.summary_dir else None
     done: list[Evaluation] = []
     unreadable: tuple[str, int] | None = None  # the newest checkpoint, found damaged: not read again
-    going = _ResumedRun(config.checkpoint.dir)
+    going, stalled = _ResumedRun(config.checkpoint.dir), _Stalled(config.checkpoint.dir)
     log.info("evaluator: watching %s every %.1f s; evaluating on %s", config.checkpoint.dir, poll_secs,
              ", ".join(config.data.eval))
     try:
@@ -135,6 +149,8 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
                         log.info("evaluator: %s is the final checkpoint", os.path.basename(newest[0]))
                         done[-1] = replace(done[-1], final=True)
                     break
+                if newest is not None and not newest[2]:
+                    stalled(newest[0], newest[1])
                 stop.wait(poll_secs)
                 continue
             try:
@@ -210,6 +226,39 @@ class _ResumedRun:
                      "waiting for its checkpoints%s", os.path.basename(path), run, holder.get("since_text"),
                      holder.get("pid"), holder.get("host"), unknown)
         return True
+
+
+class _Stalled:
+    """Says once per checkpoint, in a WARNING, that the evaluator waits past a checkpoint that is not final while
+    no run is seen writing the directory, and how to end the wait (module docstring, 6.)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.lock = os.path.join(directory, LOCK_NAME)
+        self.first_seen: dict[str, float] = {}  # when the evaluator began waiting past each checkpoint
+        self.said: set[str] = set()
+
+    def __call__(self, path: str, step: int) -> None:
+        if path in self.said:
+            return
+        first = self.first_seen.setdefault(path, time.monotonic())
+        holder = read_json(self.lock)  # None: no lock (the run ended or crashed), or unreadable
+        alive = holder_alive(holder) if holder is not None else False
+        if alive is True or (alive is None and time.monotonic() - first < UNSEEN_HOLDER_QUIET):
+            return
+        self.said.add(path)
+        if holder is None:
+            why = f"no run holds the directory (no {LOCK_NAME}: the run that wrote it ended or crashed)"
+        elif alive is False:
+            why = f"the run that holds the directory is gone: {describe_holder(holder)}"
+        else:
+            why = (f"none came for {UNSEEN_HOLDER_QUIET / 60:.0f} min from {describe_holder(holder)}, "
+                   "whose process psflow cannot see from this host")
+        delete = f", or delete {self.lock} once that run is over" if alive is None else ""
+        log.warning("evaluator: waiting for a checkpoint newer than %s (global_step %d, not final) in %s, but %s: "
+                    "if that run crashed, none comes until it is resumed with this --checkpoint-dir; stop the "
+                    "evaluator (SIGTERM or Ctrl-C) to end the wait%s", os.path.basename(path), step, self.directory,
+                    why, delete)
 
 
 def _taken_after(holder: dict[str, object], manifest: Manifest) -> bool:

@@ -340,6 +340,55 @@ def test_an_evaluator_waits_for_a_resumed_run_on_another_host_and_says_how_to_en
     assert result == [[(20, True)]], result
 
 
+def test_an_evaluator_past_a_crashed_runs_last_checkpoint_says_once_what_it_waits_for_and_how_to_end_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A run killed mid-training leaves only periodic checkpoints: the evaluator waits for a newer one, which never
+    comes. While a live run holds the directory that is the normal wait; once none does (its lock released, or
+    naming a process gone) one WARNING names the checkpoint and how to end the wait (it waited silently for ever)."""
+    from support import run_cli
+
+    ckpt = tmp_path / "ckpt"
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "1", "--quiet",
+                "--max-steps", "400", "--save-checkpoints-steps", "10", "--full-checkpoint-every", "1",
+                "--chaos", "kill:worker:0@step=15", "--checkpoint-dir", str(ckpt), "--output", str(tmp_path / "run"))
+    assert r.returncode != 0, r.stdout[-2000:]
+    newest = latest_checkpoint(str(ckpt))
+    assert newest is not None and not read_manifest(newest).final, newest
+    name, step = os.path.basename(newest), read_manifest(newest).global_step
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    caplog.set_level("INFO", logger="psflow.evaluator")
+
+    def lines(text: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+    from psflow.checkpoint.lock import CheckpointDirLock
+
+    resumed = CheckpointDirLock(str(ckpt), "20261127-000000-resumed")  # a live run (this process) holds it
+    resumed.acquire()
+    with _evaluator_in_thread(config) as (thread, result):
+        wait_until(lambda: lines(f"evaluator: step={step} "), "the evaluator evaluated the newest checkpoint")
+        resumed.release()  # that run ended (or crashed) without a newer checkpoint
+        wait_until(lambda: lines("waiting for a checkpoint newer than"), "the evaluator said what it waits for")
+    assert result == [[(step, False)]], result
+    said = [r for r in caplog.records if "waiting for a checkpoint newer than" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING", said
+    assert said[0].getMessage() == (
+        f"evaluator: waiting for a checkpoint newer than {name} (global_step {step}, not final) in {ckpt}, but no run "
+        "holds the directory (no checkpoint.lock: the run that wrote it ended or crashed): if that run crashed, none "
+        "comes until it is resumed with this --checkpoint-dir; stop the evaluator (SIGTERM or Ctrl-C) to end the wait")
+
+    caplog.clear()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    resumed.acquire()
+    holder = json.loads((ckpt / "checkpoint.lock").read_text())
+    (ckpt / "checkpoint.lock").write_text(json.dumps(dict(holder, pid=dead.pid)))  # a run here that crashed
+    with _evaluator_in_thread(config):
+        wait_until(lambda: lines("waiting for a checkpoint newer than"), "the evaluator said what it waits for")
+    assert [m for m in lines("waiting for a checkpoint newer than") if f"the run that holds the directory is gone: run "
+            f"20261127-000000-resumed (pid {dead.pid} on {socket.gethostname()}" in m and "SIGTERM" in m], caplog.text
+
+
 @contextlib.contextmanager
 def _evaluator_in_thread(config: TrainConfig) -> Iterator[tuple[threading.Thread, list[list[tuple[int, bool]]]]]:
     """``run_evaluator`` in a thread: (the thread, [its (global_step, final) list] once it returned); stopped and
