@@ -1,8 +1,9 @@
 """The chief tells every ps task that it is saving a checkpoint, for as long as the save lasts.
 
 In sync mode the chief's save holds the next step on every ps task (the other workers' gradients wait for the
-chief's); the ps tasks let it, without the step's ``--sync-timeout`` running out, as long as these notices come
-(:mod:`psflow.ps.save_hold`). :func:`notify_save` wraps a save:
+chief's), in ssp mode the workers its clock holds back (:mod:`psflow.ps.staleness`); the ps tasks let it,
+without ``--sync-timeout`` running out, as long as these notices come (:mod:`psflow.ps.save_hold`). Async mode
+sends none. :func:`notify_save` wraps a save:
 
 1. on entering, a thread of its own sends every ps task a ``SaveNotice`` (writer and its process, directory, the
    newest global_step the chief pulled, active, the save's bound ``--save-timeout``) at once, then asks ps task
@@ -12,15 +13,15 @@ chief's); the ps tasks let it, without the step's ``--sync-timeout`` running out
    timeout) until the save is over, or until ``--save-timeout`` after its start: a save stuck in storage longer
    than that holds no step (the ps tasks let a step time out ``--sync-timeout`` after it, and the error names the
    save and the flag, :mod:`psflow.ps.save_hold`), so the run fails instead of hanging; a task that replied
-   None (async, ssp: nothing to hold) gets no more;
+   None (in ssp mode every task but the one holding global_step: nothing to hold) gets no more;
 3. on leaving (the save succeeded or failed), the thread is stopped and every task told gets the end notice.
 
 Never fails the save: a notice that cannot be sent is logged (DEBUG; a dead ps task's save fails on its own)
 and the next one is tried at the next renewal. The notices travel on channels of their own where the client
 opened its own (a carrier's connection may serve one call at a time, and the save's calls use the client's),
-on the client's in-process channels otherwise (called directly); with replicated ps shards none is sent (a
-shard's primary moves, and the client's router belongs to its training thread): a save there holds a sync step
-only up to ``--sync-timeout``, as before.
+on the client's in-process channels otherwise (called directly). With replicated ps shards every member of
+every shard is told (a shard's primary moves, and the client's router belongs to its training thread): the
+backups record the save as the primary does, so a backup promoted during a save holds the step as well.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
+from psflow.cluster.replicas import member_address, shard_members
 from psflow.errors import PsflowError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveNoticeReply, SaveNoticeRequest, StatsReply
@@ -52,8 +54,8 @@ def notify_save(client: ParameterClient, directory: str) -> Iterator[None]:
     (see the module docstring). Blocks on leaving until the notice thread stopped (at most one notice's
     timeout) and the end notices were sent; raises nothing of its own."""
     sync = getattr(client, "sync", None)  # (a stand-in of the client, in tests, may have neither)
-    if getattr(client, "router", None) is not None or sync is None or sync.mode != "sync":
-        yield  # replicated shards (see the module docstring); async and ssp hold no step for a save
+    if sync is None or sync.mode == "async":
+        yield  # async holds nothing for a save
         return
     try:
         notices = _Notices(client, directory)
@@ -76,14 +78,19 @@ class _Notices:
         self._writer, self._directory = client.client_name, directory
         self._incarnation = client.incarnation
         self._bound = client.config.save_timeout
-        self._step_task = client.step_task
         self._owned = not all(isinstance(c, InProcessChannel) for c in client.channels.values())
-        self._channels: Mapping[int, Channel] = (
-            {t: open_channel(client.config.transport, f"/job:ps/task:{t}", client.cluster.task_address("ps", t),
-                             PARAMETER_SERVICE, client.config) for t in client.channels}
-            if self._owned else dict(client.channels))
+        # Each ps task by name; a replicated shard's every member (its first: the task of that number).
+        self._step_task = f"/job:ps/task:{client.step_task}"
+        names = {f"/job:ps/task:{t}": t for t in client.channels}
+        if client.router is not None:
+            names = {m: t for t in client.channels for m in shard_members(client.cluster, t)}
+        self._channels: Mapping[str, Channel] = (
+            {m: open_channel(client.config.transport, m, member_address(client.cluster, m), PARAMETER_SERVICE,
+                             client.config) for m in names}
+            if self._owned else {m: client.channels[t] for m, t in names.items()})
         self._step: int | None = client.last_pull_step  # (the save's own step, from Stats, once known)
-        self._told: set[int] = set()
+        self._told: set[str] = set()
+        self._call_timeout = _CALL_TIMEOUT  # at most the renewal period: a dead member delays no renewal
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="psflow-save-notice", daemon=True)
 
@@ -119,9 +126,10 @@ class _Notices:
                 except RpcError as e:
                     log.debug("%s: save notice: global_step unknown: %s", self._writer, e)
             every = [r for r in renew.values() if r is not None]
+            self._call_timeout = min([_CALL_TIMEOUT, *every])
             self._stopped.wait(min(min(every) if every else 1.0, left))
 
-    def _send(self, tasks: list[int], *, active: bool) -> dict[int, float | None]:
+    def _send(self, tasks: list[str], *, active: bool) -> dict[str, float | None]:
         """Sends the notice to ``tasks``; returns each answering task's ``renew_every``."""
         request = SaveNoticeRequest(self._writer, self._directory, self._step, active, self._bound,
                                     self._incarnation)
@@ -129,15 +137,15 @@ class _Notices:
         for t in tasks:
             try:
                 calls[t] = self._channels[t].call_async(request.METHOD, request.to_frame().meta,
-                                                        timeout=_CALL_TIMEOUT)
+                                                        timeout=self._call_timeout)
             except RpcError as e:
-                log.debug("%s: save notice to /job:ps/task:%d not sent: %s", self._writer, t, e)
-        renew: dict[int, float | None] = {}
+                log.debug("%s: save notice to %s not sent: %s", self._writer, t, e)
+        renew: dict[str, float | None] = {}
         for t, call in calls.items():
             try:
                 renew[t] = SaveNoticeReply.from_frame(call.result()).renew_every
             except RpcError as e:
-                log.debug("%s: save notice to /job:ps/task:%d failed: %s", self._writer, t, e)
+                log.debug("%s: save notice to %s failed: %s", self._writer, t, e)
                 continue
             if active and renew[t] is not None:
                 self._told.add(t)

@@ -26,6 +26,7 @@ Thread-safe: each part holds its own lock; no lock of this class.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -34,6 +35,7 @@ from psflow.optim.spec import OptimizerError
 from psflow.ps.counters import ServiceCounters
 from psflow.ps.protocol import PushReply, PushRequest
 from psflow.ps.restore_gate import RestoreGate
+from psflow.ps.staleness import Waited
 from psflow.ps.step_clock import StepClock
 from psflow.ps.store import PartitionState, StoreError
 from psflow.ps.sync import Contribution
@@ -90,11 +92,12 @@ class PushApplier:
         self._counters.pushed(rows, nbytes, request.loss, seconds)
         self._workers.record_push(request.worker.worker, request.worker.position, request.examples)
 
-    def wait_for_slowest(self, request: PushRequest) -> int | None:
+    def wait_for_slowest(self, request: PushRequest) -> Waited | None:
         """(ssp) Advances the pushing worker's clock to the push's and blocks while it is more than
-        ``staleness`` ahead of the slowest live worker; returns the slowest worker's clock then. Idempotent (a
-        clock never goes back), so a push answered again (a resend) waits the same way. None at once: not an ssp
-        push that steps global_step on this task.
+        ``staleness`` ahead of the slowest live worker; returns the slowest worker's clock then, or
+        held: it waited ``timeout`` s while that worker saves a checkpoint (:mod:`psflow.ps.staleness`).
+        Idempotent (a clock never goes back), so a push answered again (a resend) waits the same way. None at
+        once: not an ssp push that steps global_step on this task.
 
         Raises:
             InvalidRequest: the push's worker is not one of the run's workers, or it carries no clock.
@@ -132,6 +135,11 @@ class PushApplier:
             return self._push_sync(request, plan)
         if mode == "ssp" and request.step and request.steps.clock is None and self._mode.staleness is not None:
             raise InvalidRequest("an ssp push must carry the worker's clock")  # before anything is applied
+        staleness = self._mode.staleness
+        if mode == "ssp" and wait and request.step and staleness is not None:
+            again, took = staleness.resent(_worker(request.worker.worker), request.steps.clock)
+            if again:  # sent again after a held answer: applied and counted then; its wait goes on
+                return self._waited(PushReply(took), request, took)
         read_step = request.steps.read_step
         clock.hear(request.steps.step_hint)
         started = time.perf_counter()
@@ -150,7 +158,16 @@ class PushApplier:
         self.count(request, plan, applied)
         if step is not None and read_step is not None:
             self._counters.stale_by(step - 1 - read_step)
-        return PushReply(step, min_clock=self.wait_for_slowest(request) if wait and mode == "ssp" else None)
+        return self._waited(PushReply(step), request, step) if wait and mode == "ssp" else PushReply(step)
+
+    def _waited(self, reply: PushReply, request: PushRequest, step: int | None) -> PushReply:
+        """(ssp, unreplicated) ``reply`` once the push's wait for the slowest worker ended, or held."""
+        waited = self.wait_for_slowest(request)
+        if waited is None:
+            return reply
+        if waited.held and self._mode.staleness is not None:
+            self._mode.staleness.held(_worker(request.worker.worker), request.steps.clock or 0, step)
+        return dataclasses.replace(reply, min_clock=waited.min_clock, held=waited.held)
 
     def _push_sync(self, request: PushRequest, plan: list[Planned]) -> PushReply:
         aggregator = self._mode.aggregator

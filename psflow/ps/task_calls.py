@@ -87,11 +87,11 @@ class TaskCalls:
                 timeout: float | None = None, pushed: Collection[int] = ()) -> dict[int, Frame]:
         """Blocks until every call :meth:`send_all` sent for ``requests`` replied; returns task -> reply.
 
-        Unreplicated: each was sent once, but a sync push answered held (a chief's save holds its step,
-        :mod:`psflow.ps.save_hold`) is sent again until its step is applied. Replicated shards: a failed-over
+        A push answered held (a chief's save holds its sync step, or in ssp its wait for the slowest worker:
+        :mod:`psflow.ps.save_hold`) is sent again until let go. Replicated shards: a failed-over
         shard's request is resent to its new primary (the router), and each shard of ``pushed`` (those whose
-        request carries a push) that replied counts the push acknowledged, also when another shard's call fails
-        for good.
+        request carries a push) that replied counts the push acknowledged (once: a held push's resends do not
+        count), also when another shard's call fails for good.
 
         Raises:
             RpcError: a task refused or failed (the first, after every call finished).
@@ -113,7 +113,12 @@ class TaskCalls:
             if pushes is not None:
                 pushes.acknowledged(t for t in tasks if t in pushed)
 
-        return router.gather(dict(sent), resend, replied=replied if pushed else None)
+        frames = router.gather(dict(sent), resend, replied=replied if pushed else None)
+        # An ssp push held while the slowest worker saves (psflow.ps.staleness), applied and acknowledged at its
+        # held answer: the same call again (its dedup record keeps it from being applied twice), until let go.
+        while held := [t for t, frame in frames.items() if held_push(frame)]:
+            frames.update(router.gather({t: resend(t) for t in held}, resend))
+        return frames
 
     def gather(self, requests: Mapping[int, Request], *, timeout: float | None = None,
                pushed: Collection[int] = ()) -> dict[int, Frame]:

@@ -12,7 +12,7 @@
 A restore aborts the step being collected (its pushes fail; their workers
 recover) and starts the sync count over at the restored step. The chief's notices of a
 checkpoint save it is making (``SaveNotice``) hold a sync step it is missing from
-without timing out (:mod:`psflow.ps.save_hold`).
+without timing out, and in ssp the others' wait for its clock (:mod:`psflow.ps.save_hold`).
 """
 
 from __future__ import annotations
@@ -88,25 +88,28 @@ class UpdateMode:
 
     def save_notice(self, notice: SaveNoticeRequest) -> float | None:
         """A worker's checkpoint save started, goes on or ended (:mod:`psflow.ps.save_hold`); returns the seconds
-        within which to renew the notice, or None: no sync step here waits for anyone (async, ssp), send no more."""
-        if self.aggregator is None:
+        within which to renew the notice, or None: nothing here waits for anyone (async; ssp off the task holding
+        global_step), send no more."""
+        coordinator = self.aggregator or self.staleness
+        if coordinator is None:
             return None
         where = f"a checkpoint into {notice.directory}" + (f" at global_step {notice.step}" if notice.step is not None
                                                            else "")  # (a first notice may not know it)
         if notice.active and notice.writer not in self._saving:
             self._saving.add(notice.writer)
             log.info("%s: %s is saving %s; a sync step waits for it without timing out", self.task_name,
-                     notice.writer, where)
+                     notice.writer, where)  # (ssp: the others wait for its clock, not declaring it lost)
         elif not notice.active:
             self._saving.discard(notice.writer)
             log.info("%s: %s saved %s; its sync steps' timeout runs again", self.task_name, notice.writer, where)
-        return self.aggregator.save_notice(notice.writer, notice.directory, notice.step, notice.active,
-                                           bound=notice.bound, incarnation=notice.incarnation)
+        return coordinator.save_notice(notice.writer, notice.directory, notice.step, notice.active,
+                                       bound=notice.bound, incarnation=notice.incarnation)
 
     def registered(self, worker: str) -> None:
         """A process of ``worker`` registered: a save its earlier process told of is over (its chief is gone)."""
-        if self.aggregator is not None:
-            self.aggregator.registered(worker)
+        coordinator = self.aggregator or self.staleness
+        if coordinator is not None:
+            coordinator.registered(worker)
 
     def abort(self, reason: str) -> None:
         """A restore begins: sync pushes waiting for a step give up with ``reason``."""

@@ -7,7 +7,12 @@ as long as the test holds it, whatever the machine's speed.
 Before psflow.ps.save_hold the other worker's gradient for the next step waited for the chief's only
 ``--sync-timeout`` seconds, and the whole run failed with ``sync step 10 timed out ... missing:
 /job:worker/task:0``, naming nothing of the save (seen with the emulator down for 20 s); a step held longer than
-the other worker's push deadline failed that push, unless the ps answers it held and it is sent again."""
+the other worker's push deadline failed that push, unless the ps answers it held and it is sent again.
+
+The same with ``--mode ssp`` (the other worker runs --staleness steps ahead and waits for the saving chief's
+clock: before, the chief was declared lost, 'made no progress', and the run failed; also the other worker,
+waiting for the chief's initial checkpoint, was declared lost at the chief's first wait) and with
+``--ps-replicas 1`` (before, no notice was sent to replicated shards: the step timed out)."""
 
 from __future__ import annotations
 
@@ -32,11 +37,16 @@ RPC_TIMEOUT = 4.0  # a waiting push's deadline: RPC_TIMEOUT + SYNC_TIMEOUT
 MAX_STEPS = 200
 
 
+def _ps_logs(out: Path) -> str:
+    """Every ps task's log (ps-0, ps-1 and, with --ps-replicas, their backups)."""
+    return "".join(p.read_text(errors="replace") for p in sorted((out / "logs").glob("ps*.log")))
+
+
 def _save_under_way(ps_log: str) -> bool:
     """Whether the ps task heard of a periodic save (not the final one) that has not ended."""
-    begun = re.findall(r"is saving a checkpoint into gs://\S+ at global_step (\d+)", ps_log)
+    begun = re.findall(r"is saving a checkpoint into gs://\S+?(?: at global_step (\d+))?;", ps_log)
     ended = ps_log.count("saved a checkpoint into gs://")
-    return len(begun) > ended and int(begun[-1]) < MAX_STEPS
+    return len(begun) > ended and int(begun[-1] or 0) < MAX_STEPS
 
 
 def _log(out: Path, name: str) -> str:
@@ -44,8 +54,10 @@ def _log(out: Path, name: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+@pytest.mark.parametrize("mode,extra", [("sync", []), ("ssp", []), ("sync", ["--ps-replicas", "1"])],
+                         ids=["sync", "ssp", "sync-replicated"])
 def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
-        gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        mode: str, extra: list[str], gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from object_store_servers import StoreServer, new_bucket
 
     assert isinstance(gcs_server, StoreServer)
@@ -55,7 +67,7 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
     ckpt = f"{new_bucket(gcs_server)}/ckpt"
     out = tmp_path / "run"
     run = subprocess.Popen(
-        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", "sync",
+        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", mode, *extra,
          "--ps", "2", "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--sync-timeout", str(SYNC_TIMEOUT),
          "--rpc-timeout", str(RPC_TIMEOUT),
          "--checkpoint-dir", ckpt, "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out),
@@ -72,8 +84,9 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
         stopped = True
         # A save under way, told to the ps tasks (on a ps task without notices the step times out instead, and
         # the run fails below, naming it).
-        wait_until(lambda: _save_under_way(_log(out, "ps-1")) or "timed out" in _log(out, "ps-1")
-                   or run.poll() is not None, "a periodic save of the chief begun, told to the ps tasks")
+        wait_until(lambda: _save_under_way(_ps_logs(out)) or "timed out" in _ps_logs(out)
+                   or "made no progress" in _ps_logs(out) or run.poll() is not None,
+                   "a periodic save of the chief begun, told to the ps tasks")
         # The fault's length: the save cannot end before the store answers again.
         time.sleep(2 * (RPC_TIMEOUT + SYNC_TIMEOUT))
         os.kill(gcs_server.pid, signal.SIGCONT)
@@ -87,11 +100,13 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
             run.wait()
     assert run.returncode == 0, stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["global_step"] == MAX_STEPS and metrics["phase"] == "finished", metrics
-    # Each step's two pushes of 32 counted once, held and sent again or not.
-    assert metrics["examples"] == MAX_STEPS * 2 * 32, metrics
-    ps_logs = _log(out, "ps-0") + _log(out, "ps-1")
-    assert "timed out" not in ps_logs
+    # (ssp: each push is a step; the two workers may both take a step at the end: one more)
+    steps = metrics["global_step"]
+    assert (steps == MAX_STEPS or mode == "ssp" and steps == MAX_STEPS + 1) and metrics["phase"] == "finished", metrics
+    # Each step's two pushes of 32 counted once, held and sent again or not (ssp: one push a step).
+    assert metrics["examples"] == steps * (2 if mode == "sync" else 1) * 32, metrics
+    ps_logs = _ps_logs(out)
+    assert "timed out" not in ps_logs and "made no progress" not in ps_logs
     assert "/job:worker/task:0 saved a checkpoint into gs://" in ps_logs  # the end notice: the timeout runs again
     latest = latest_checkpoint(ckpt)
-    assert latest is not None and latest.endswith(str(MAX_STEPS)), latest
+    assert latest is not None and latest.endswith(str(steps)), latest

@@ -23,6 +23,11 @@ what it changed is recorded as the member's next entry (the rows it wrote, the s
   averages it moved and the records of every push it applied are one entry (:meth:`DataCalls.step_applied`,
   under the step's lock); a push counted at its step returns once that entry is acknowledged, a refused one
   records its own.
+* **Held during a chief's save** (:mod:`psflow.ps.save_hold`). A sync push whose step a saving chief holds past
+  ``--sync-timeout`` is answered held and recorded nowhere yet (its gradient is in the step, recorded with the
+  step's entry once applied); an ssp push held while the slowest worker saves is recorded as any push and
+  answered held after it, its wait not over. Either way the client sends it again: a sync one waits on in its
+  step (or gets its step's record), an ssp one is answered from its record and waits again.
 * **Rows a lookup admits are state.** A ``Pull`` or ``PushPull`` with ``create`` that reads a dynamic table
   records the tables' rows as an entry and returns once it is acknowledged.
 
@@ -50,6 +55,7 @@ from psflow.ps.protocol import (
 )
 from psflow.ps.replication.deltas import capture, capture_averages, capture_table
 from psflow.ps.replication.view import PRIMARY
+from psflow.ps.staleness import Waited
 from psflow.ps.store import PartitionState
 from psflow.ps.sync import AppliedStep
 from psflow.rpc.api import Reply
@@ -94,6 +100,8 @@ class DataCalls:
             forwarder.wait(seq)
             return _waited(reply, pushes.wait_for_slowest(request))
         reply = pushes.apply(request)
+        if reply.held:  # its step waits for a saving chief (psflow.ps.save_hold): the gradient is in the step, recorded
+            return reply  # with it once applied (step_applied); the client sends the push again, nothing recorded yet
         if mode.counts_at_step and reply.accepted:  # recorded with its step's rows (step_applied)
             mine = member.dedup.get(tag.worker, tag.incarnation, tag.push_id)
             if mine is not None:
@@ -148,6 +156,8 @@ class DataCalls:
         forwarder = member._check_primary(request.push.shard_epoch)
         wanted = service._pull_entries(request.pull)
         pushed = self._push(request.push, lambda: [])
+        if pushed.held:  # a chief's save holds it: the same call comes again, read then (psflow.ps.save_hold)
+            return _reply(PushPullReply(pushed, PullReply(None, {}, request.pull.stack)))
         step, out = service._read(wanted, create=request.pull.create)
         tables = _tables(wanted) if request.pull.create else []
         if tables:  # the rows the lookup admitted
@@ -155,9 +165,11 @@ class DataCalls:
         return _reply(PushPullReply(pushed, PullReply(step, out, request.pull.stack)))
 
 
-def _waited(reply: PushReply, min_clock: int | None) -> PushReply:
-    """``reply`` with the slowest worker's clock its ssp wait ended at (None: no wait)."""
-    return reply if min_clock is None else dataclasses.replace(reply, min_clock=min_clock)
+def _waited(reply: PushReply, waited: Waited | None) -> PushReply:
+    """``reply`` with the slowest worker's clock its ssp wait ended at (None: no wait); held: the wait is not over
+    (a saving worker holds it), the client sends the push again, which its dedup record keeps from being applied
+    again (:mod:`psflow.ps.staleness`)."""
+    return reply if waited is None else dataclasses.replace(reply, min_clock=waited.min_clock, held=waited.held)
 
 
 def _tables(wanted: list[tuple[PartitionState, np.ndarray | None]]) -> list[PartitionState]:

@@ -61,13 +61,24 @@ def test_a_failing_sync_save_is_told_begun_and_ended_to_every_ps_task_and_leaves
     assert sorted(line.split(":")[2] for line in ended) == ["0", "1"], ended
 
 
-@pytest.mark.parametrize("mode", ["async", "ssp"])
-def test_no_notice_and_no_thread_outside_sync_mode(mode: str, caplog: pytest.LogCaptureFixture) -> None:
-    client = _client(SyncConfig(mode=mode, total_num_replicas=2, staleness=1 if mode == "ssp" else 0))
+def test_no_notice_and_no_thread_in_async_mode(caplog: pytest.LogCaptureFixture) -> None:
+    client = _client(SyncConfig(mode="async", total_num_replicas=2))
     caplog.set_level(logging.INFO, logger="psflow.ps.sync")
     with notify_save(client, CKPT):
         assert not _notice_threads()
     assert not _lines(caplog, "a checkpoint into")
+
+
+def test_an_ssp_save_is_told_to_the_task_holding_global_step_only(caplog: pytest.LogCaptureFixture) -> None:
+    """In ssp mode the workers' clocks live on ps task 0 (psflow.ps.staleness), where a saving chief's clock holds
+    the others back: it hears the save begin and end; ps task 1 (nothing to hold) replies None, and hears no more."""
+    client = _client(SyncConfig(mode="ssp", total_num_replicas=2, staleness=1, timeout=8.0))
+    caplog.set_level(logging.INFO, logger="psflow.ps.sync")
+    with notify_save(client, CKPT):
+        pass
+    assert not _notice_threads()
+    assert [line.split(":")[2] for line in _lines(caplog, "/job:worker/task:0 is saving a checkpoint")] == ["0"]
+    assert [line.split(":")[2] for line in _lines(caplog, "/job:worker/task:0 saved a checkpoint")] == ["0"]
 
 
 def _client_with(sync: SyncConfig, wrap: dict[str, Callable[[int, Handler], Handler]], *,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from psflow.optim import OptimizerSpec
 from psflow.ps.global_step import GlobalStep
 from psflow.ps.optimizers import make_optimizer
 from psflow.ps.save_hold import SaveHold
+from psflow.ps.staleness import StalenessClock, Waited
 from psflow.ps.store import ParameterStore, PartitionState
 from psflow.ps.sync import Contribution, SyncAggregator, SyncConfig, SyncResult
 from psflow.rpc.api import PreconditionFailed
@@ -243,3 +245,97 @@ def _waiting_at(agg: SyncAggregator, part: PartitionState, tag: int) -> tuple[th
     thread = threading.Thread(target=push, daemon=True)
     thread.start()
     return thread, out
+
+
+def test_an_ssp_worker_waits_for_a_saving_chief_answered_held_and_never_declares_it_lost() -> None:
+    """ssp, staleness 0: the other worker's push waits for the chief's clock while the chief saves for 40 s of a
+    10 s timeout, renewing its notice every 4 s. Before, the chief was declared lost after 10 s (on_timeout=fail:
+    the run failed with 'made no progress', naming nothing of the save). Now the wait is answered held every 10 s
+    (before its caller's deadline), and the resend only waits; the chief's next clock lets it go."""
+    clock = Clock()
+    ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=10.0, on_timeout="fail"),
+                         task_name="/job:ps/task:0", clock=clock)
+    out: dict[str, Any] = {"held": 0}
+
+    def push() -> None:
+        try:
+            while (waited := ssp.advance(OTHER, 1)).held:
+                out["held"] += 1
+            out["result"] = waited
+        except PreconditionFailed as e:
+            out["error"] = e
+
+    thread = threading.Thread(target=push, daemon=True)
+    thread.start()
+    assert ssp.save_notice(CHIEF, CKPT, 1, True) == 2.5
+    for _ in range(10):
+        clock.now += 4.0
+        ssp.save_notice(CHIEF, CKPT, 1, True)
+        thread.join(0.02)
+        assert thread.is_alive() and set(out) == {"held"}, out
+    ssp.save_notice(CHIEF, CKPT, 1, False)
+    assert ssp.advance(CHIEF, 1).min_clock == 1
+    thread.join(10)
+    assert out["result"].min_clock == 1 and not out["result"].held and out["held"] >= 1, out
+    assert ssp.stats()["ssp_lost"] == []
+    ssp.held(OTHER, 2, 7)
+    assert ssp.resent(OTHER, 2) == (True, 7) and ssp.resent(OTHER, 2) == (False, None)  # once: the resend
+
+
+def test_an_ssp_chief_past_its_save_timeout_is_declared_lost_naming_the_save() -> None:
+    clock = Clock()
+    ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=10.0, on_timeout="fail"),
+                         task_name="/job:ps/task:0", clock=clock)
+    out: dict[str, Any] = {}
+
+    def push() -> None:
+        try:
+            while ssp.advance(OTHER, 1).held:
+                pass
+        except PreconditionFailed as e:
+            out["error"] = e
+
+    thread = threading.Thread(target=push, daemon=True)
+    thread.start()
+    ssp.save_notice(CHIEF, CKPT, 1, True, bound=20.0)
+    while thread.is_alive() and clock.now < 100.0:
+        clock.now += 2.0
+        ssp.save_notice(CHIEF, CKPT, 1, True, bound=20.0)
+        thread.join(0.02)
+    thread.join(10)
+    message = str(out["error"])
+    assert clock.now <= 32.0 and "/job:worker/task:0 made no progress for 10.0 s" in message, (clock.now, message)
+    assert "was saving a checkpoint into gs://bucket/ckpt at global_step 1 for 30.0 s, longer than its " \
+        "--save-timeout (20 s)" in message, message
+
+
+def test_an_ssp_worker_waiting_for_the_chiefs_initial_checkpoint_is_not_lost_at_the_chiefs_first_wait() -> None:
+    """The other worker starts only once the chief saved the initial checkpoint (30 s here, of a 10 s timeout);
+    the chief then runs 2 clocks ahead and waits for it. Before, its clock had not moved for 30 s, so it was
+    declared lost at once (a real ssp run failed so, 'task:1 made no progress for 2.0 s (clock 0)', its initial
+    save slowed by the object store); now it gets the timeout from the start of the chief's wait."""
+    clock = Clock()
+    ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=2, timeout=10.0, on_timeout="fail"),
+                         task_name="/job:ps/task:0", clock=clock)
+    clock.now = 30.0
+    assert ssp.advance(CHIEF, 1).min_clock == 0 and ssp.advance(CHIEF, 2).min_clock == 0
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.setdefault("result", _or_error(lambda: ssp.advance(CHIEF, 3))),
+                              daemon=True)
+    thread.start()
+    while ssp.stats()["ssp_waits"] == 0 and thread.is_alive() and ssp.stats()["ssp_clocks"][CHIEF] != 3:
+        thread.join(0.01)
+    clock.now = 39.0
+    ssp.save_notice("/job:worker/task:7", CKPT, None, False)  # wakes it: 9 s into its wait
+    thread.join(0.05)
+    assert thread.is_alive() and not out, out
+    assert ssp.advance(OTHER, 1).min_clock == 1
+    thread.join(10)
+    assert out["result"] == Waited(1) and ssp.stats()["ssp_lost"] == [], out
+
+
+def _or_error(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except PreconditionFailed as e:
+        return e

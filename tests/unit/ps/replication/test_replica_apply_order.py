@@ -17,6 +17,7 @@ from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
 from psflow.ps.protocol import PullReply, PullRequest, PushReply, PushRequest, StepTag, WorkerTag
 from psflow.ps.service import ParameterService
+from psflow.ps.staleness import Waited
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
@@ -157,7 +158,7 @@ def test_an_ssp_push_waiting_for_the_slowest_worker_is_never_half_held_by_a_back
     real_advance = staleness.advance
     a_waits, a_let_go, go = threading.Event(), threading.Event(), threading.Event()
 
-    def slow_to_run_on(worker: str, clock: int) -> int:  # A's thread, let go by B, is not scheduled in time
+    def slow_to_run_on(worker: str, clock: int) -> Waited:  # A's thread, let go by B, is not scheduled in time
         if worker == WORKERS[0]:
             a_waits.set()
         min_clock = real_advance(worker, clock)

@@ -1,0 +1,69 @@
+"""A replicated primary's sync push held while the chief saves (psflow.ps.save_hold): answered held, recorded
+nowhere until its step is applied, and answered from the step's record when sent again. In process
+(tests/replica_shard.py), a real --sync-timeout of 1 s.
+
+Before, the held answer was recorded as the push's dedup reply: every resend got it back at once (the client
+spun on it), the step's own record never replaced it, and the shard's backups took the push as answered."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
+
+from psflow.ps.protocol import PushReply, PushRequest, SaveNoticeRequest, StepTag, WorkerTag
+from psflow.ps.sync import SyncConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+CKPT = "gs://bucket/ckpt"
+
+
+def _push(worker: str) -> PushRequest:
+    grad = np.ones((2, 4), np.float32)
+    return PushRequest([("w/part_0", grad, np.array([1, 2], np.int64))], WorkerTag(worker, 1, push_id=1, acked=0),
+                       StepTag(read_step=0, sync_tag=0), step=True, examples=8)
+
+
+def test_a_held_sync_push_is_recorded_with_its_step_and_a_resend_gets_that_record(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig("sync", 2, 2, timeout=1.0)))
+    chief, other = WORKERS
+    saving, stop = threading.Event(), threading.Event()
+
+    def notices() -> None:  # the chief's save, renewed every quarter of the timeout, to every member
+        while not stop.is_set():
+            for member in (PRIMARY, backup(0)):
+                shard.call(member, SaveNoticeRequest.METHOD, SaveNoticeRequest(chief, CKPT, 0, True).to_frame())
+            saving.set()
+            stop.wait(0.25)
+        for member in (PRIMARY, backup(0)):
+            shard.call(member, SaveNoticeRequest.METHOD, SaveNoticeRequest(chief, CKPT, 0, False).to_frame())
+
+    thread = threading.Thread(target=notices, daemon=True)
+    thread.start()
+    try:
+        assert saving.wait(10)
+        first = shard.push(PRIMARY, _push(other))  # waits its 1 s, then held: before its caller's deadline
+        assert first.held and not first.completed, first
+        again = shard.push(PRIMARY, _push(other))  # the resend waits on (before: the held answer, at once)
+        assert again.held, again
+    finally:
+        stop.set()
+        thread.join(10)
+    out: dict[str, PushReply] = {}
+    resend = threading.Thread(target=lambda: out.setdefault("reply", shard.push(PRIMARY, _push(other))), daemon=True)
+    resend.start()
+    shard.wait(lambda: shard.services[PRIMARY].mode.stats()["sync_contributed"] == [other], "the resend waiting")
+    assert shard.push(PRIMARY, _push(chief)).completed
+    resend.join(20)
+    assert out["reply"] == PushReply(1, True, False, aggregated=True), out  # the step's record, not held
+    assert shard.push(PRIMARY, _push(other)) == out["reply"]  # a later resend: the same record, applied once
+    held = shard.services[backup(0)].clock.global_step
+    shard.wait(lambda: held is not None and held.value == 1, "the backup at step 1")
