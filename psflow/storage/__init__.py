@@ -39,13 +39,20 @@ What each operation guarantees, local and remote:
   writes are seen at the next call, as S3 and GCS list consistently.
 * A "directory" in an object store is a prefix: it exists while an object lies
   under it; :func:`makedirs` does nothing there and :func:`sync_dir` neither.
+* A call a store refuses or fails raises an ``OSError`` (as the same failure of
+  a disk does) whose one line names the URL and what to set
+  (:func:`~psflow.storage.client.client_errors`): a write into a bucket that does
+  not exist (:class:`BucketMissingError`), no or refused credentials
+  (:class:`StoreDeniedError`), an endpoint that did not answer within the
+  client's own retries (:class:`StoreUnreachableError`). Before, some reached
+  the user without the URL, and botocore's and google-auth's as a traceback.
 
 Not here: the meaning of files (checkpoints: :mod:`psflow.checkpoint`;
 the run lock over a store: :mod:`psflow.checkpoint.lock`).
 
 Files: ``__init__.py`` -- the operations above, on any location; ``client.py`` -- a store's client: the
 schemes and the library serving each (:data:`SCHEMES`, :func:`check_location`), the fsspec filesystem of a URL,
-and :class:`StorageError`.
+:class:`StorageError` and the store errors made one line (:func:`~psflow.storage.client.client_errors`).
 """
 
 from __future__ import annotations
@@ -58,9 +65,14 @@ from typing import IO, Any
 from psflow.storage.client import (
     SCHEMES,
     URL,
+    BucketMissingError,
     StorageError,
+    StoreDeniedError,
+    StoreError,
+    StoreUnreachableError,
     UnknownSchemeError,
     check_location,
+    client_errors,
     filesystem,
     scheme,
     url_prefix,
@@ -70,6 +82,10 @@ __all__ = [
     "SCHEMES",
     "StorageError",
     "UnknownSchemeError",
+    "StoreError",
+    "BucketMissingError",
+    "StoreDeniedError",
+    "StoreUnreachableError",
     "NotLocalError",
     "local_only",
     "scheme",
@@ -163,7 +179,8 @@ def open_for_read(path: str) -> IO[bytes]:
     if not is_remote(path):
         return open(_local(path), "rb")
     fs, inner = filesystem(path)
-    handle: IO[bytes] = fs.open(inner, "rb", block_size=READ_BLOCK, cache_type="readahead")
+    with client_errors(path):
+        handle: IO[bytes] = fs.open(inner, "rb", block_size=READ_BLOCK, cache_type="readahead")
     return handle
 
 
@@ -173,7 +190,8 @@ def read_bytes(path: str) -> bytes:
         with open(_local(path), "rb") as f:
             return f.read()
     fs, inner = filesystem(path)
-    data: bytes = fs.cat_file(inner)
+    with client_errors(path):
+        data: bytes = fs.cat_file(inner)
     return data
 
 
@@ -183,7 +201,8 @@ def read_head(path: str, size: int) -> bytes:
         with open(_local(path), "rb") as f:
             return f.read(size)
     fs, inner = filesystem(path)
-    data: bytes = fs.cat_file(inner, start=0, end=size)
+    with client_errors(path):
+        data: bytes = fs.cat_file(inner, start=0, end=size)
     return data
 
 
@@ -193,7 +212,8 @@ def download(path: str, local_file: str) -> None:
         shutil.copyfile(_local(path), local_file)
         return
     fs, inner = filesystem(path)
-    fs.get_file(inner, local_file)
+    with client_errors(path):
+        fs.get_file(inner, local_file)
 
 
 def version(path: str) -> tuple[Any, ...]:
@@ -206,7 +226,8 @@ def version(path: str) -> tuple[Any, ...]:
         st = os.stat(_local(path))
         return (st.st_size, st.st_mtime_ns)
     fs, inner = filesystem(path)
-    info = fs.info(inner)
+    with client_errors(path):
+        info = fs.info(inner)
     return (info.get("size"), str(info.get("ETag") or info.get("generation") or info.get("mtime") or ""))
 
 
@@ -227,12 +248,13 @@ def write_atomically(path: str, data: bytes | memoryview, *, durable: bool = Tru
     """
     if is_remote(path):
         fs, inner = filesystem(path)
-        if scheme(path) == "hdfs":  # HDFS shows a file while it is written; its rename is atomic
-            tmp = f"{inner}.tmp-{os.getpid()}"
-            fs.pipe_file(tmp, bytes(data))
-            fs.mv(tmp, inner)
-        else:
-            fs.pipe_file(inner, bytes(data))
+        with client_errors(path, writing=True):
+            if scheme(path) == "hdfs":  # HDFS shows a file while it is written; its rename is atomic
+                tmp = f"{inner}.tmp-{os.getpid()}"
+                fs.pipe_file(tmp, bytes(data))
+                fs.mv(tmp, inner)
+            else:
+                fs.pipe_file(inner, bytes(data))
         return
     path = _local(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -261,7 +283,8 @@ def create_exclusive(path: str, data: bytes) -> bool:
     if is_remote(path):
         fs, inner = filesystem(path)
         try:
-            fs.pipe_file(inner, data, mode="create")
+            with client_errors(path, writing=True):
+                fs.pipe_file(inner, data, mode="create")
         except FileExistsError:
             return False
         return True
@@ -313,9 +336,10 @@ def remove(path: str) -> None:
         os.unlink(_local(path))
         return
     fs, inner = filesystem(path)
-    if not fs.isfile(inner):
-        raise FileNotFoundError(f"{path}: no such file")
-    fs.rm_file(inner)
+    with client_errors(path):
+        if not fs.isfile(inner):
+            raise FileNotFoundError(f"{path}: no such file")
+        fs.rm_file(inner)
 
 
 def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
@@ -329,7 +353,8 @@ def remove_tree(path: str, *, ignore_errors: bool = False) -> None:
         return
     fs, inner = filesystem(path)
     try:
-        fs.rm(inner + "/", recursive=True)
+        with client_errors(path):
+            fs.rm(inner + "/", recursive=True)
     except OSError:
         if not ignore_errors:
             raise
@@ -341,7 +366,8 @@ def exists(path: str) -> bool:
     if not is_remote(path):
         return os.path.exists(_local(path))
     fs, inner = filesystem(path)
-    return bool(fs.exists(inner))
+    with client_errors(path):
+        return bool(fs.exists(inner))
 
 
 def isfile(path: str) -> bool:
@@ -349,7 +375,8 @@ def isfile(path: str) -> bool:
     if not is_remote(path):
         return os.path.isfile(_local(path))
     fs, inner = filesystem(path)
-    return bool(fs.isfile(inner))
+    with client_errors(path):
+        return bool(fs.isfile(inner))
 
 
 def isdir(path: str) -> bool:
@@ -357,7 +384,8 @@ def isdir(path: str) -> bool:
     if not is_remote(path):
         return os.path.isdir(_local(path))
     fs, inner = filesystem(path)
-    return bool(fs.isdir(inner))
+    with client_errors(path):
+        return bool(fs.isdir(inner))
 
 
 def islink(path: str) -> bool:
@@ -374,7 +402,8 @@ def listdir(path: str) -> list[str]:
     if not is_remote(path):
         return os.listdir(_local(path))
     fs, inner = filesystem(path)
-    entries = fs.ls(inner, detail=False)
+    with client_errors(path):
+        entries = fs.ls(inner, detail=False)
     names = [str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries if str(e).rstrip("/") != inner]
     return [n for n in names if n]
 
@@ -393,7 +422,8 @@ def subdirectories(path: str, prefix: str = "") -> list[str]:
         return [p for p in paths if os.path.isdir(_local(p)) and not os.path.islink(_local(p))]
     fs, inner = filesystem(path)
     try:
-        entries = fs.ls(inner, detail=True)
+        with client_errors(path):
+            entries = fs.ls(inner, detail=True)
     except FileNotFoundError:
         return []
     names = sorted({str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
@@ -420,7 +450,8 @@ def glob(pattern: str) -> list[str]:
         return sorted(found if local == pattern else [f"file://{m}" for m in found])
     fs, inner = filesystem(pattern)
     head = url_prefix(pattern, inner)
-    matches = fs.glob(inner, detail=True)
+    with client_errors(pattern):
+        matches = fs.glob(inner, detail=True)
     return sorted(f"{head}{'' if name.startswith('/') or head.endswith('/') else '/'}{name}"
                   for name, info in matches.items() if info.get("type") == "file")
 

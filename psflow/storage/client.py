@@ -6,13 +6,17 @@ else in psflow imports fsspec or a store's client library.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from psflow.errors import PsflowError
 
-__all__ = ["SCHEMES", "URL", "StorageError", "UnknownSchemeError", "scheme", "check_location", "filesystem",
+__all__ = ["SCHEMES", "URL", "StorageError", "UnknownSchemeError", "StoreError", "BucketMissingError",
+           "StoreDeniedError", "StoreUnreachableError", "scheme", "check_location", "filesystem", "client_errors",
            "url_prefix"]
 
 #: Scheme -> (the module that serves it, how to install it, whether psflow's tests run it).
@@ -33,6 +37,32 @@ class StorageError(PsflowError):
 
 class UnknownSchemeError(StorageError, ValueError):
     """A URL whose scheme psflow does not read or write (names the URL and the schemes it knows)."""
+
+
+class StoreError(StorageError, OSError):
+    """A store refused or failed a call (:func:`client_errors`): one line naming the URL and what to set. An
+    ``OSError``, as the same failure of a local disk is, so every caller that copes with one (a checkpoint save
+    counted as failed, a reader's retry) copes with it."""
+
+
+class BucketMissingError(StoreError, FileNotFoundError):
+    """A write into a bucket that does not exist."""
+
+
+class StoreDeniedError(StoreError, PermissionError):
+    """No credentials, or credentials the store refuses."""
+
+
+class StoreUnreachableError(StoreError, ConnectionError):
+    """The store's endpoint did not answer (after the client's own retries)."""
+
+
+#: Scheme -> (the settings of its credentials, of its endpoint): what a refused call's line tells to set.
+SETTINGS = {
+    "s3": ("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE", "AWS_ENDPOINT_URL"),
+    "gs": ("GOOGLE_APPLICATION_CREDENTIALS (a service account's key file)", "STORAGE_EMULATOR_HOST for an emulator"),
+}
+SETTINGS["gcs"] = SETTINGS["gs"]
 
 
 def scheme(path: str) -> str | None:
@@ -100,3 +130,77 @@ def url_prefix(url: str, inner: str) -> str:
     stripped = inner.rstrip("/")
     body = url.rstrip("/")
     return body[: len(body) - len(stripped)] if stripped and body.endswith(stripped) else f"{scheme(url)}://"
+
+
+@contextlib.contextmanager
+def client_errors(url: str, *, writing: bool = False) -> Iterator[None]:
+    """Makes the errors of a call on URL ``url`` one line naming it and what to set.
+
+    s3fs and gcsfs let some errors through without the URL (a missing bucket: ``The specified bucket does not
+    exist``, or the emulator's own URL), or as no ``OSError`` at all: botocore's ``NoCredentialsError`` and
+    ``EndpointConnectionError``, google-auth's errors; those reached the user as a traceback, and a save that
+    met one was no failed save but the end of the chief. An ``OSError`` that names the URL is left as it is.
+
+    Args:
+        writing: the call puts an object; a store has no directories, so its ``FileNotFoundError`` means the
+            bucket is missing.
+
+    Raises:
+        BucketMissingError: a write into a bucket that does not exist (s3://, gs://).
+        StoreDeniedError: no credentials, or refused ones.
+        StoreUnreachableError: the endpoint did not answer.
+        StoreError: another error of the client library that is no ``OSError``.
+    """
+    try:
+        yield
+    except StorageError:
+        raise
+    except FileNotFoundError as e:
+        if writing and scheme(url) in SETTINGS:
+            bucket = url.split("://", 1)[1].split("/", 1)[0]
+            raise BucketMissingError(f"{url}: the bucket {bucket!r} does not exist: create it, or correct the URL "
+                                     f"(or the store's endpoint, {SETTINGS[scheme(url) or ''][1]})") from e
+        raise
+    except PermissionError as e:
+        credentials = SETTINGS.get(scheme(url) or "", ("the store's credentials", ""))[0]
+        raise StoreDeniedError(f"{url}: access denied ({_one_line(e)}): the credentials psflow's tasks find "
+                               f"({credentials}) may not {'write' if writing else 'read'} there") from e
+    except OSError:
+        raise
+    except Exception as e:
+        kind = _client_error(e)
+        if kind is None:
+            raise
+        credentials, endpoint = SETTINGS.get(scheme(url) or "", ("the store's credentials", "the store's endpoint"))
+        if kind == "credentials":
+            raise StoreDeniedError(f"{url}: no credentials for {scheme(url)}:// ({_one_line(e)}): set {credentials}, "
+                                   "in the environment of every psflow task") from e
+        if kind == "unreachable":
+            raise StoreUnreachableError(f"{url}: the store did not answer ({_one_line(e)}): check the endpoint "
+                                        f"({endpoint}) and the network") from e
+        raise StoreError(f"{url}: {type(e).__name__}: {_one_line(e)}") from e
+
+
+def _client_error(error: Exception) -> str | None:
+    """What the client library's ``error`` (no ``OSError``) says: ``credentials``, ``unreachable``, ``other``,
+    or None when it is none of theirs. Only a library already loaded is asked (it raised the error)."""
+    botocore = sys.modules.get("botocore.exceptions")
+    if botocore is not None:
+        if isinstance(error, (botocore.NoCredentialsError, botocore.PartialCredentialsError,
+                              botocore.CredentialRetrievalError)):
+            return "credentials"
+        if isinstance(error, (botocore.ConnectionError, botocore.HTTPClientError)):
+            return "unreachable"
+        if isinstance(error, botocore.BotoCoreError):
+            return "other"
+    google = sys.modules.get("google.auth.exceptions")
+    if google is not None and isinstance(error, google.GoogleAuthError):
+        return "credentials"
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(error, aiohttp.ClientError):
+        return "unreachable"
+    return None
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__

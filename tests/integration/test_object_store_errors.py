@@ -1,0 +1,83 @@
+"""A store that refuses psflow's calls, against real local stores (the ``object_store`` fixture: moto's S3 server
+and gcp-storage-emulator; tests/object_store_servers.py): a bucket that does not exist, no credentials, an
+endpoint nobody answers. Each reaches the user as one line naming the URL and what to set, never a traceback;
+and each is an ``OSError`` (psflow.storage.StorageError too), so a checkpoint save that meets it is a failed
+save, counted, as one on a full disk.
+
+Before, ``psflow train --checkpoint-dir s3://no-such-bucket/ckpt`` ended with ``error: The specified bucket does
+not exist`` (gs://: ``error: http://127.0.0.1:PORT/upload/storage/v1/b/no-such-bucket/o``), without credentials
+with botocore's traceback, and an S3 endpoint that stopped answering raised botocore's
+``EndpointConnectionError``, no ``OSError``: the tasks and the launcher ended on its traceback.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from support import A9A, run_cli
+
+from psflow import storage
+from psflow.launch.ports import free_ports
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def train(out: Path, ckpt: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "1",
+                   "--max-steps", "5", "--quiet", "--output", str(out), "--checkpoint-dir", ckpt, timeout=240)
+
+
+def error_line(r: subprocess.CompletedProcess[str]) -> str:
+    """The one line ``psflow train`` ended with (stderr holds nothing else: no traceback)."""
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("psflow train: error: "), r.stderr[-3000:]
+    return lines[0]
+
+
+def test_a_bucket_that_does_not_exist(object_store: str, tmp_path: Path) -> None:
+    scheme = object_store.split("://")[0]
+    bucket = f"psflow-missing-{uuid.uuid4().hex[:8]}"
+    line = error_line(train(tmp_path / "run", f"{scheme}://{bucket}/ckpt"))
+    assert f"{scheme}://{bucket}/ckpt/" in line and f"bucket '{bucket}' does not exist" in line, line
+    with pytest.raises(storage.StorageError, match=f"^{scheme}://{bucket}/x: the bucket '{bucket}' does not exist") as e:
+        storage.write_atomically(f"{scheme}://{bucket}/x", b"1")
+    assert isinstance(e.value, FileNotFoundError)  # a save meeting it fails as on a missing disk
+    with pytest.raises(FileNotFoundError):
+        storage.create_exclusive(f"{scheme}://{bucket}/x", b"1")
+
+
+def test_s3_without_credentials(object_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not object_store.startswith("s3://"):
+        pytest.skip("the GCS emulator takes anonymous calls: gcsfs asks for no credentials there")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")  # and the fixture points AWS's files at nothing
+    line = error_line(train(tmp_path / "run", f"{object_store}/ckpt"))
+    assert f"{object_store}/ckpt" in line and "no credentials" in line, line
+    assert "AWS_ACCESS_KEY_ID" in line and "AWS_PROFILE" in line, line
+
+
+CALLS = """
+import sys
+from psflow import storage
+try:
+    storage.write_atomically(sys.argv[1], b"1")
+except OSError as e:
+    assert isinstance(e, storage.StorageError), repr(e)
+    print(e)
+"""
+
+
+def test_an_s3_endpoint_nobody_answers(object_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not object_store.startswith("s3://"):
+        pytest.skip("gcsfs already raises an OSError (aiohttp's) for an emulator that does not answer")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_ports(1)[0]}")  # nothing listens there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore tries once (five times: ~20 s)
+    r = subprocess.run([sys.executable, "-c", CALLS, f"{object_store}/x"], capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0 and not r.stderr, r.stderr[-3000:]
+    assert r.stdout.startswith(f"{object_store}/x: the store did not answer"), r.stdout
