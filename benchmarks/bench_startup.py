@@ -3,7 +3,7 @@
 One command::
 
     python benchmarks/bench_startup.py [--pairs 3] [--data /tmp/tf_peer/data/ctr_wd] [--out FILE.json]
-    python benchmarks/bench_startup.py --rev 178668d --baseline-rev 47e10cf [--pairs 3]
+    python benchmarks/bench_startup.py --rev 178668d --baseline-rev 47e10cf [--pairs 3] [--checkpoint-dir]
 
 runs issue 29's W&D command (``psflow train --format criteo --model wide_deep --embedding-dim 8
 --hidden 256,128 --batch-size 512 --ps 1 --workers 2 --epochs 1``) with ``--num-features 2^20`` (26
@@ -21,6 +21,11 @@ apart). Prints a markdown table; ``--out`` also writes every run as JSON.
 bench_tf_peer.extract_psflow; default: this working tree); with ``--baseline-rev`` too, each pair runs both
 revisions (large and small tables each, the revisions' order flipped every other pair) and the table shows
 each revision's ratio.
+
+``--checkpoint-dir``: each run has a ``--checkpoint-dir`` (in its temp run directory), so the chief writes the
+initial checkpoint before the other workers may train (its save is then part of the start-up); each run also
+records that checkpoint's bytes (``ckpt-000000000``'s files) and seconds (the chief's "initialized the
+variables" line to its "saved checkpoint" line).
 """
 
 from __future__ import annotations
@@ -43,30 +48,42 @@ from bench_tf_peer import extract_psflow  # noqa: E402
 from psflow_timing import STEP_LINE, stamped_lines  # noqa: E402
 
 _INIT = "initialized the variables"
+_SAVED = "saved checkpoint"
 
 Run = dict[str, Any]
 
 
-def command(data: str, rows: int, run_dir: str) -> list[str]:
-    """Issue 29's W&D command with ``rows`` hash buckets a field, logging every step into ``run_dir``."""
+def command(data: str, rows: int, run_dir: str, checkpoint: bool = False) -> list[str]:
+    """Issue 29's W&D command with ``rows`` hash buckets a field, logging every step into ``run_dir`` (``checkpoint``:
+    with ``--checkpoint-dir run_dir/ckpt``)."""
+    extra = ["--checkpoint-dir", os.path.join(run_dir, "ckpt")] if checkpoint else []
     return [sys.executable, "-m", "psflow", "train", "--format", "criteo",
             "--train", os.path.join(data, "train-*.tsv"), "--eval", os.path.join(data, "eval-00000-of-00001.tsv"),
             "--model", "wide_deep", "--embedding-dim", "8", "--hidden", "256,128", "--batch-size", "512",
             "--ps", "1", "--workers", "2", "--epochs", "1", "--num-features", str(rows), "--log-every", "1",
-            "--output", run_dir, "--quiet", "--no-status"]
+            "--output", run_dir, "--quiet", "--no-status", *extra]
 
 
-def _first(run_dir: str) -> tuple[float | None, float | None]:
-    """(stamp of the first worker ``step=`` line, of the "initialized the variables" line), None where not yet."""
-    step = init = None
+def _first(run_dir: str) -> tuple[float | None, float | None, float | None]:
+    """(stamp of the first worker ``step=`` line, of the "initialized the variables" line, of the first "saved
+    checkpoint" line), None where not yet."""
+    step = init = saved = None
     for path in glob.glob(os.path.join(run_dir, "logs", "*.log")):
         for t, line in stamped_lines([path]):
             if init is None and _INIT in line:
                 init = t
+            if saved is None and _SAVED in line:
+                saved = t
             if STEP_LINE.search(line):
                 step = t if step is None else min(step, t)
                 break
-    return step, init
+    return step, init, saved
+
+
+def _initial_bytes(run_dir: str) -> int | None:
+    """Bytes of the initial checkpoint's files (``ckpt/ckpt-000000000*``), or None (none written)."""
+    found = glob.glob(os.path.join(run_dir, "ckpt", "ckpt-000000000*", "*"))
+    return sum(os.path.getsize(f) for f in found) if found else None
 
 
 def _stop(p: subprocess.Popen[bytes]) -> None:
@@ -80,31 +97,36 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
             p.wait()
 
 
-def one_run(data: str, rows: int, timeout: float, src: str = REPO) -> Run:
+def one_run(data: str, rows: int, timeout: float, src: str = REPO, checkpoint: bool = False) -> Run:
     """Launches the command with psflow from ``src`` and returns its start-up (or a failure)."""
     load = os.getloadavg()[0]
     env = dict(os.environ) if src == REPO else dict(os.environ, PYTHONPATH=src)
     with tempfile.TemporaryDirectory(prefix="psflow-startup-") as run_dir, \
             tempfile.TemporaryFile("w+") as out:
         t0 = time.time()
-        p = subprocess.Popen(command(data, rows, run_dir), cwd=src, env=env, stdout=out, stderr=subprocess.STDOUT,
+        p = subprocess.Popen(command(data, rows, run_dir, checkpoint), cwd=src, env=env, stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
-        step = init = None
+        step = init = saved = None
         try:
             while time.time() - t0 < timeout and p.poll() is None:
-                step, init = _first(run_dir)
+                step, init, saved = _first(run_dir)
                 if step is not None:
                     break
                 time.sleep(0.05)
-            step, init = _first(run_dir)
+            step, init, saved = _first(run_dir)
         finally:
             _stop(p)
+        ckpt_bytes = _initial_bytes(run_dir)
         if step is None:
             out.seek(0)
             return {"rows": rows, "failed": True, "returncode": p.returncode, "loadavg_1min_before": load,
                     "tail": out.read().strip().splitlines()[-12:]}
-        return {"rows": rows, "startup_s": step - t0, "init_s": None if init is None else init - t0,
-                "loadavg_1min_before": load}
+        run = {"rows": rows, "startup_s": step - t0, "init_s": None if init is None else init - t0,
+               "loadavg_1min_before": load}
+        if checkpoint:
+            run.update(initial_ckpt_bytes=ckpt_bytes,
+                       initial_save_s=None if saved is None or init is None else saved - init)
+        return run
 
 
 def main() -> None:
@@ -115,6 +137,8 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=14, help="log2 of the small tables' rows (14)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take to its first step")
     parser.add_argument("--out", help="write every run as JSON")
+    parser.add_argument("--checkpoint-dir", action="store_true",
+                        help="run with --checkpoint-dir (the initial checkpoint is saved before training starts)")
     parser.add_argument("--rev", help="psflow at this revision (a git archive snapshot); default: the working tree")
     parser.add_argument("--baseline-rev", help="also run psflow at this revision in every pair (needs --rev)")
     args = parser.parse_args()
@@ -128,14 +152,17 @@ def main() -> None:
     for i in range(args.pairs):
         for label, src in (revs if i % 2 == 0 else revs[::-1]):
             order = (large, small) if i % 2 == 0 else (small, large)
-            runs = {str(rows): one_run(args.data, rows, args.timeout, src) for rows in order}
+            runs = {str(rows): one_run(args.data, rows, args.timeout, src, args.checkpoint_dir) for rows in order}
             pairs[label].append(runs)
             print(f"pair {i} {label}: " + json.dumps(runs), file=sys.stderr, flush=True)
     for label, _ in revs:
         print(f"\npsflow {label}:\n" + report(pairs[label], large, small))
+        if args.checkpoint_dir:
+            print(checkpoint_report(pairs[label], large, small))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"pairs": pairs, "command": " ".join(command(args.data, large, "RUN_DIR")[1:])}, f, indent=1)
+            json.dump({"pairs": pairs, "command": " ".join(command(args.data, large, "RUN_DIR", args.checkpoint_dir)[1:])},
+                      f, indent=1)
 
 
 def report(pairs: list[dict[str, Run]], large: int, small: int) -> str:
@@ -159,6 +186,19 @@ def report(pairs: list[dict[str, Run]], large: int, small: int) -> str:
         lines.append(f"\nmedian ratio {statistics.median(ratios):.2f} over {len(ratios)} pairs "
                      f"(range {min(ratios):.2f}-{max(ratios):.2f}); the large tables' first step after "
                      f"\"initialized\": median {statistics.median(after_init):.2f} s")
+    return "\n".join(lines)
+
+
+def checkpoint_report(pairs: list[dict[str, Run]], large: int, small: int) -> str:
+    """The initial checkpoint of each run: its bytes and its save's seconds (large / small tables)."""
+    lines = ["| pair | initial checkpoint MB, large / small | its save s, large / small |", "|---|---|---|"]
+    for i, runs in enumerate(pairs):
+        cells = []
+        for key in ("initial_ckpt_bytes", "initial_save_s"):
+            got = [runs[str(rows)].get(key) for rows in (large, small)]
+            scale = 1e6 if key == "initial_ckpt_bytes" else 1.0
+            cells.append(" / ".join("-" if v is None else f"{v / scale:.2f}" for v in got))
+        lines.append(f"| {i} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
