@@ -189,6 +189,7 @@ def load_shards(client: ParameterClient, requests: Mapping[int, LoadShardRequest
             call.result()
         except RpcError as e:
             late = f" (no reply within --save-timeout, {timeout:g} s)" if isinstance(e, DeadlineExceededError) else ""
-            errors.append(f"/job:ps/task:{task}: {e}{late}")
+            name = client.channels[task].task  # a call's error names its task already (the carriers prefix it)
+            errors.append(f"{e}{late}" if str(e).startswith(name) else f"{name}: {e}{late}")
     if errors:
         raise CheckpointError(f"{what} failed: " + "; ".join(errors))

@@ -54,6 +54,16 @@ def ready_waits(config: ConnectConfig, *, askers: int = 1) -> Iterator[float]:
         wait = min(wait * 2, config.backoff_max)
 
 
+def _limits(limit: float, config: ConnectConfig, initialized: bool) -> str:
+    """The limits a non-chief's wait for the ready tasks ran out of, with their flags (``limit`` is
+    ``--connect-timeout`` unless a caller chose another)."""
+    wait = f"--connect-timeout, {limit:g} s" if limit == config.connect_timeout else f"{limit:g} s"
+    if not initialized:
+        return f"the limit: {wait}"
+    return (f"the limit: {wait}, then --save-timeout, {config.save_timeout:g} s, for the chief's restore or initial "
+            "checkpoint: raise --save-timeout for a bigger model or slower storage")
+
+
 def register_layout(channels: Mapping[int, Channel], step_task: int, request: RegisterRequest,
                     config: ConnectConfig, limit: float,
                     call: Callable[[int, RegisterRequest], PendingReply] | None = None, *, askers: int = 1) -> bool:
@@ -95,7 +105,8 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
             if initialized else "initialized by the chief"
         if time.monotonic() + wait > deadline:
             raise TaskUnavailableError(f"{request.client}: {', '.join(waiting)} not {doing} after "
-                                       f"{time.monotonic() - start:.1f} s ({attempt} attempts)")
+                                       f"{time.monotonic() - start:.1f} s ({attempt} attempts; "
+                                       f"{_limits(limit, config, initialized)})")
         if attempt % 10 == 0 and attempt >= _FAST_ASKS:
             log.info("%s: waiting for the chief to %s %s (attempt %d)", request.client,
                      "restore or save the initial checkpoint of" if initialized else "initialize",

@@ -29,7 +29,7 @@ from psflow.checkpoint.save import CheckpointManager
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveShardReply
-from psflow.rpc.api import ConnectConfig
+from psflow.rpc.api import ConnectConfig, TaskUnavailableError
 from psflow.train.build import build_model
 from psflow.train.chief import join_cluster
 from psflow.train.config import TrainConfig
@@ -159,4 +159,60 @@ def test_a_restore_s_load_longer_than_rpc_timeout_but_within_save_timeout_succee
     loading.join(LIMIT)
     assert not loading.is_alive() and len(restored) == 1
     assert restored[0].global_step == 0
+    chief.close()
+
+
+def test_a_restore_s_load_longer_than_save_timeout_fails_naming_the_task_once_and_the_flag(  # type: ignore[no-untyped-def]
+        local_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    handle = local_cluster(2)
+    chief = _chief(handle, save_timeout=3 * RPC_TIMEOUT)
+    path = CheckpointManager(str(tmp_path / "ckpt")).save(chief).path
+    pid = handle.procs[("ps", 1)].pid
+    real = restore_module.load_shards
+
+    def hung(client: ParameterClient, requests: Mapping[int, Any], what: str) -> None:
+        os.kill(pid, signal.SIGSTOP)  # until the load gave up
+        real(client, requests, what)
+
+    monkeypatch.setattr(restore_module, "load_shards", hung)
+    with _continued(pid), pytest.raises(CheckpointError) as caught:
+        restore_module.restore(chief, path)
+    message = str(caught.value)
+    assert message.count("/job:ps/task:1") == 1 and "LoadShard" in message, message  # it read 'task:1: /job:ps/task:1:'
+    assert "(no reply within --save-timeout, 3 s)" in message, message
+    chief.close()
+
+
+def _waiting_worker(handle: Any, *, connect_timeout: float, save_timeout: float) -> ParameterClient:
+    _, variables = build_model(CONFIG, handle.cluster)
+    client = ParameterClient(handle.cluster, variables.placements(), client_name="/job:worker/task:1",
+                             config=ConnectConfig(connect_timeout=connect_timeout, rpc_timeout=RPC_TIMEOUT,
+                                                  save_timeout=save_timeout, token=TOKEN))
+    client.connect()
+    return client
+
+
+def test_a_worker_that_waited_out_the_chief_s_restore_or_initial_checkpoint_names_save_timeout(  # type: ignore[no-untyped-def]
+        local_cluster) -> None:
+    """The chief created the variables and never made the tasks ready (its restore or initial checkpoint hung): the
+    other worker's wait ends after --connect-timeout plus --save-timeout, and its line names both flags (it named
+    neither, and --save-timeout is the one to raise for a bigger model). Before the chief created anything, the limit
+    is --connect-timeout alone."""
+    handle = local_cluster(2)
+    worker = _waiting_worker(handle, connect_timeout=2.0, save_timeout=3.0)
+    with pytest.raises(TaskUnavailableError) as before:
+        worker.register(CONFIG.optimizer_spec())
+    assert "not initialized by the chief" in str(before.value), before.value
+    assert "--connect-timeout, 2 s" in str(before.value) and "--save-timeout" not in str(before.value), before.value
+    _, variables = build_model(CONFIG, handle.cluster)
+    chief = ParameterClient(handle.cluster, variables.placements(), client_name="/job:worker/task:0",
+                            config=ConnectConfig(connect_timeout=30, rpc_timeout=RPC_TIMEOUT, token=TOKEN))
+    chief.connect()
+    chief.register(CONFIG.optimizer_spec(), chief=True, defer_ready=True)  # created; its restore never ends
+    with pytest.raises(TaskUnavailableError) as after:
+        worker.register(CONFIG.optimizer_spec())
+    message = str(after.value)
+    assert message.startswith("/job:worker/task:1: /job:ps/task:0, /job:ps/task:1 not made ready by the chief"), message
+    assert "--connect-timeout, 2 s" in message and "--save-timeout, 3 s" in message, message
+    worker.close()
     chief.close()
