@@ -374,19 +374,18 @@ class CheckpointManager:
         not had in time leaves the directory to a later save's cleanup or rotation (logged).
         """
         path, self._current = self._current, None
-        if path is None or not storage.exists(path):
-            return
-        try:
+        try:  # the store's own look too: one that stopped answering failed the save, and raised here as well
+            if path is None or not storage.exists(path):
+                return
             with directory_mutex(self.directory):
                 pointer = read_json(os.path.join(self.directory, POINTER_NAME)) or {}
                 if pointer.get("latest") == os.path.basename(path):
                     return
                 storage.remove_tree(path, ignore_errors=True)
+            if storage.exists(path):
+                log.error("could not remove the partial checkpoint %s", path)
         except (CheckpointError, OSError) as e:
             log.error("could not remove the checkpoint %s of a failed save: %s", path, e)
-            return
-        if storage.exists(path):
-            log.error("could not remove the partial checkpoint %s", path)
 
     def _check_fence(self, client: ParameterClient, path: str, *, current: bool = False) -> None:
         """Every ps task still accepts this chief's epoch (before and, ``current``, after the pointer named ``path``).

@@ -12,16 +12,29 @@ with botocore's traceback, and an S3 endpoint that stopped answering raised boto
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from support import A9A, run_cli
+from object_store_servers import run_s3
+from support import A9A, in_fresh_process, run_cli, wait_until
 
 from psflow import storage
+from psflow.checkpoint.ledger import checkpoint_status
+from psflow.checkpoint.save import CheckpointManager
+from psflow.cluster import ClusterSpec
+from psflow.errors import CheckpointError
 from psflow.launch.ports import free_ports
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.service import ParameterService
+from psflow.rpc.inprocess import InProcessChannel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -81,3 +94,61 @@ def test_an_s3_endpoint_nobody_answers(object_store: str, monkeypatch: pytest.Mo
                        timeout=240)
     assert r.returncode == 0 and not r.stderr, r.stderr[-3000:]
     assert r.stdout.startswith(f"{object_store}/x: the store did not answer"), r.stdout
+
+
+def _in_process_cluster() -> ParameterClient:
+    """Two in-process ps services holding ``w`` (2 partitions) and ``b``, initialized, and a chief's client."""
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
+    vs = VariableSet(replica_device_setter(cluster=cluster))
+    vs.get_variable("w", (10, 2), partitioner=fixed_size_partitioner(2))
+    vs.get_variable("b", (1,))
+    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
+    channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
+    client = ParameterClient(cluster, vs.placements(), client_name="chief", channels=channels)
+    client.register(OptimizerSpec("adagrad", {"learning_rate": 0.5}), chief=True)
+    return client
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def save_while_the_store_goes_away(env: dict[str, str], store_pid: int, port: int) -> tuple[str, int, int]:
+    """In a fresh process (fsspec keeps one client per settings): a save on the store, then one whose store is
+    killed once the shards are in; returns that save's error, its manager's failures in a row and the ledger's."""
+    os.environ.update(env)
+    import fsspec
+
+    fsspec.filesystem("s3").mkdir("psflow-going")
+    client = _in_process_cluster()
+    CheckpointManager("s3://psflow-going/ckpt", run_id="run-a").save(client)
+
+    def store_gone(phase: str) -> None:
+        if phase == "shards_written":
+            os.kill(store_pid, signal.SIGKILL)
+            wait_until(lambda: _refused(port), "the killed store refuses connections")
+
+    manager = CheckpointManager("s3://psflow-going/ckpt", run_id="run-a", fault=store_gone)
+    with pytest.raises(CheckpointError) as e:
+        manager.save(client)
+    return str(e.value), manager.failed_in_a_row, int(checkpoint_status(client)["failed"])
+
+
+def test_a_save_whose_store_stops_answering_is_a_failed_save(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The chief's save counts the failure and the chief duties go on (the next period saves again): the save's
+    cleanup asked the dead store whether its partial checkpoint was there, outside its guard, and that error
+    ended the chief's session (``session ended by StoreUnreachableError``), the run with it."""
+    servers = run_s3(tmp_path_factory)  # a store of this test's own, to kill
+    server = next(servers)
+    try:
+        port = int(server.env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+        error, in_a_row, failed = in_fresh_process(save_while_the_store_goes_away,
+                                                   {**server.env, "AWS_MAX_ATTEMPTS": "1"}, server.pid, port, limit=200)
+    finally:
+        servers.close()  # reaps the server
+    assert "s3://psflow-going/ckpt/ckpt-" in error and "the store did not answer" in error, error
+    assert (in_a_row, failed) == (1, 1)
