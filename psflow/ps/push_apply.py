@@ -137,7 +137,8 @@ class PushApplier:
             raise InvalidRequest("an ssp push must carry the worker's clock")  # before anything is applied
         staleness = self._mode.staleness
         if mode == "ssp" and wait and request.step and staleness is not None:
-            again, took = staleness.resent(_worker(request.worker.worker), request.steps.clock)
+            again, took = staleness.resent(_worker(request.worker.worker), request.steps.clock,
+                                           request.worker.incarnation)
             if again:  # sent again after a held answer: applied and counted then; its wait goes on
                 return self._waited(PushReply(took), request, took)
         read_step = request.steps.read_step
@@ -166,7 +167,8 @@ class PushApplier:
         if waited is None:
             return reply
         if waited.held and self._mode.staleness is not None:
-            self._mode.staleness.held(_worker(request.worker.worker), request.steps.clock or 0, step)
+            self._mode.staleness.held(_worker(request.worker.worker), request.steps.clock or 0, step,
+                                      request.worker.incarnation)
         return dataclasses.replace(reply, min_clock=waited.min_clock, held=waited.held)
 
     def _push_sync(self, request: PushRequest, plan: list[Planned]) -> PushReply:

@@ -40,8 +40,9 @@ Ends (a save holds nothing for ever, and an error names only a save somebody is 
 that step); an older one held nothing of it and is not named.
 
 Guarantees: nothing is applied or dropped for a notice; a notice of a worker the step does not wait for changes
-nothing. Thread-safety: the caller (the :class:`~psflow.ps.sync.SyncAggregator`) holds its lock around every
-method.
+nothing. Thread-safety: the caller (the :class:`~psflow.ps.sync.SyncAggregator`, or in ssp mode the
+:class:`~psflow.ps.staleness.StalenessClock`, which holds a saving slowest worker's clock the same way) holds
+its lock around every method.
 """
 
 from __future__ import annotations

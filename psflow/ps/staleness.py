@@ -69,7 +69,8 @@ class StalenessClock:
         self.lost: list[str] = []
         self.waits = 0
         self._hold = SaveHold(clock)  # the saves the workers told of (psflow.ps.save_hold)
-        self._held: dict[str, tuple[int, int | None]] = {}  # worker -> (clock, its push's step) answered held
+        # worker -> (clock, the step its push took, its process) of its push answered held
+        self._held: dict[str, tuple[int, int | None, int | None]] = {}
         self._since: dict[str, tuple[int, float]] = {}  # worker -> (clock, since when its push of it waits)
 
     def _live(self) -> dict[str, int]:
@@ -116,20 +117,19 @@ class StalenessClock:
             self.waits += int(waited)
             return Waited(self.min_clock())
 
-    def held(self, worker: str, clock: int, step: int | None) -> None:
-        """``worker``'s push of ``clock``, which took global_step ``step``, was answered held: its resend is not
-        applied again (:meth:`resent`)."""
+    def held(self, worker: str, clock: int, step: int | None, incarnation: int | None = None) -> None:
+        """``worker``'s push of ``clock`` from its process ``incarnation``, which took global_step ``step``, was
+        answered held: its resend is not applied again (:meth:`resent`)."""
         with self._cond:
-            self._held[worker] = (clock, step)
+            self._held[worker] = (clock, step, incarnation)
 
-    def resent(self, worker: str, clock: int | None) -> tuple[bool, int | None]:
+    def resent(self, worker: str, clock: int | None, incarnation: int | None = None) -> tuple[bool, int | None]:
         """Whether ``worker``'s push of ``clock`` is the resend of one answered held (then only its wait goes on),
-        and the global_step that push took."""
+        and the global_step that push took. A push of another process of ``worker`` is not (it is applied)."""
         with self._cond:
-            held = self._held.get(worker)
-            if held is None or held[0] != clock:
+            held = self._held.pop(worker, None)
+            if held is None or held[0] != clock or held[2] != incarnation:
                 return False, None
-            del self._held[worker]
             return True, held[1]
 
     def save_notice(self, worker: str, directory: str, step: int | None, active: bool, *,

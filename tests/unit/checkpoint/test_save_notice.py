@@ -9,11 +9,13 @@ import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from support import wait_until
 
 from psflow.checkpoint.save_notice import notify_save
 from psflow.cluster import ClusterSpec
+from psflow.gradients import DenseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
@@ -148,3 +150,38 @@ def test_no_notice_past_the_save_timeout(caplog: pytest.LogCaptureFixture) -> No
     assert 1 <= len(active) <= 3, notices  # sent at 0, 0.25 and (at most) just before 0.5 s
     assert all(n.bound == 0.5 and n.incarnation == client.incarnation for n in notices), notices
     assert not notices[-1].active, notices
+
+
+def test_an_ssp_push_held_by_a_saving_chief_is_applied_and_counted_once() -> None:
+    """In-process ps tasks, ssp with staleness 0 and a 1 s --sync-timeout: the other worker's push waits for the
+    chief's clock while the chief saves (its notices renewed every 0.25 s) until it has been answered held at least
+    twice and sent again by its client; the chief's push then lets it go. Its gradient and examples counted once,
+    global_step moved once per push."""
+    sync = SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=1.0)
+    held: list[bool] = []
+
+    def seen(task: int, handler: Handler) -> Handler:
+        def call(frame: Frame) -> Reply:
+            meta, arrays = handler(frame)
+            if task == 0:
+                held.append(meta.get("held") is True or meta.get("push", {}).get("held") is True)
+            return meta, arrays
+        return call
+
+    chief = _client_with(sync, {"Push": seen, "PushPull": seen})
+    other = ParameterClient(chief.cluster, list(chief.layout.values()), client_name="/job:worker/task:1",
+                            channels=chief.channels, sync=sync)
+    other.register(OptimizerSpec("sgd", {"learning_rate": 0.1}))
+    out: dict[str, object] = {}
+    grads = {"w": DenseGradient(np.ones((4, 2), np.float32))}
+    with notify_save(chief, CKPT):
+        pushing = threading.Thread(target=lambda: out.setdefault("step", other.push_detailed(
+            grads, examples=8, clock=1).step), daemon=True)
+        pushing.start()
+        wait_until(lambda: held.count(True) >= 2, "the other worker's push answered held twice", limit=60)
+    assert pushing.is_alive(), out
+    chief.push_detailed(grads, examples=8, clock=1)
+    pushing.join(30)
+    stats = chief.stats()
+    assert out["step"] == 1 and stats["global_step"] == 2, (out, stats)
+    assert stats["examples"] == 16, stats  # each push's 8 once

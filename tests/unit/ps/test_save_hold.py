@@ -278,8 +278,10 @@ def test_an_ssp_worker_waits_for_a_saving_chief_answered_held_and_never_declares
     thread.join(10)
     assert out["result"].min_clock == 1 and not out["result"].held and out["held"] >= 1, out
     assert ssp.stats()["ssp_lost"] == []
-    ssp.held(OTHER, 2, 7)
-    assert ssp.resent(OTHER, 2) == (True, 7) and ssp.resent(OTHER, 2) == (False, None)  # once: the resend
+    ssp.held(OTHER, 2, 7, incarnation=1)
+    assert ssp.resent(OTHER, 2, 1) == (True, 7) and ssp.resent(OTHER, 2, 1) == (False, None)  # once: the resend
+    ssp.held(OTHER, 3, 8, incarnation=1)
+    assert ssp.resent(OTHER, 3, 2) == (False, None)  # a restarted process's push of that clock: applied
 
 
 def test_an_ssp_chief_past_its_save_timeout_is_declared_lost_naming_the_save() -> None:
