@@ -7,8 +7,8 @@ sends none. :func:`notify_save` wraps a save:
 
 1. on entering, a thread of its own sends every ps task a ``SaveNotice`` (writer and its process, directory, the
    newest global_step the chief pulled, active, the save's bound ``--save-timeout``) at once, then asks ps task
-   0 (the step task) for global_step, which the next notices carry: a slow ``Stats`` never delays the first
-   notice past a step's timeout;
+   0 (the step task) for global_step, in another thread, which the next notices carry: a slow ``Stats`` never
+   delays a notice past a step's timeout;
 2. it sends the notice again within the ``renew_every`` seconds each task replied (a quarter of the sync
    timeout) until the save is over, or until ``--save-timeout`` after its start: a save stuck in storage longer
    than that holds no step (the ps tasks let a step time out ``--sync-timeout`` after it, and the error names the
@@ -36,7 +36,7 @@ from psflow.cluster.replicas import member_address, shard_members
 from psflow.errors import PsflowError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveNoticeReply, SaveNoticeRequest, StatsReply
-from psflow.rpc.api import PARAMETER_SERVICE, Channel, PendingReply, RpcError
+from psflow.rpc.api import PARAMETER_SERVICE, Channel, RpcError
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.rpc.registry import open_channel
 
@@ -109,7 +109,7 @@ class _Notices:
     def _run(self) -> None:
         started = time.monotonic()
         tasks = sorted(self._channels)
-        stats: PendingReply | None = None
+        asked = False
         while tasks and not self._stopped.is_set():
             left = started + self._bound - time.monotonic()
             if left <= 0:
@@ -119,15 +119,20 @@ class _Notices:
                 return
             renew = self._send(tasks, active=True)
             tasks = [t for t in tasks if renew.get(t, 1.0) is not None]
-            if stats is None and self._step_task in self._channels:  # after the first notices, never before them
-                stats = self._channels[self._step_task].call_async("Stats", timeout=_CALL_TIMEOUT)
-                try:
-                    self._step = StatsReply.from_frame(stats.result()).global_step  # the step the next ones carry
-                except RpcError as e:
-                    log.debug("%s: save notice: global_step unknown: %s", self._writer, e)
+            if not asked and self._step_task in self._channels:  # after the first notices, never before them
+                asked = True  # (a thread of its own: a slow answer delays no renewal)
+                threading.Thread(target=self._ask_step, name="psflow-save-notice-step", daemon=True).start()
             every = [r for r in renew.values() if r is not None]
             self._call_timeout = min([_CALL_TIMEOUT, *every])
             self._stopped.wait(min(min(every) if every else 1.0, left))
+
+    def _ask_step(self) -> None:
+        """Sets the global_step the next notices carry to ps task 0's (the save's own step)."""
+        try:
+            self._step = StatsReply.from_frame(self._channels[self._step_task].call(
+                "Stats", timeout=_CALL_TIMEOUT)).global_step
+        except (PsflowError, ValueError) as e:  # (RpcError; a channel closed by the save's end)
+            log.debug("%s: save notice: global_step unknown: %s", self._writer, e)
 
     def _send(self, tasks: list[str], *, active: bool) -> dict[str, float | None]:
         """Sends the notice to ``tasks``; returns each answering task's ``renew_every``."""

@@ -101,11 +101,13 @@ def _client_with(sync: SyncConfig, wrap: dict[str, Callable[[int, Handler], Hand
     return client
 
 
-def test_the_first_notice_does_not_wait_for_a_slow_stats(caplog: pytest.LogCaptureFixture) -> None:
-    """ps task 0 answers Stats only when the test lets it: every ps task hears the save begin all the same (before,
-    the notice thread asked Stats first, so a save that began while Stats was slow was told to nobody for up to
-    5 s, past a short --sync-timeout). The notices after Stats answered carry its global_step."""
+def test_the_notices_do_not_wait_for_a_slow_stats(caplog: pytest.LogCaptureFixture) -> None:
+    """ps task 0 answers Stats only when the test lets it: every ps task hears the save begin, and the notice is
+    renewed, all the same (before, the notice thread asked Stats first, so a save that began while Stats was slow
+    was told to nobody for up to 5 s, past a short --sync-timeout). The notices after Stats answered carry its
+    global_step."""
     release = threading.Event()
+    notices: list[SaveNoticeRequest] = []
 
     def slow_stats(task: int, handler: Handler) -> Handler:
         def call(frame: Frame) -> Reply:
@@ -113,14 +115,23 @@ def test_the_first_notice_does_not_wait_for_a_slow_stats(caplog: pytest.LogCaptu
             return handler(frame)
         return call
 
-    client = _client_with(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=8.0),
-                          {"Stats": slow_stats})
+    def counted(task: int, handler: Handler) -> Handler:
+        def call(frame: Frame) -> Reply:
+            if task == 1:
+                notices.append(SaveNoticeRequest.from_frame(frame))
+            return handler(frame)
+        return call
+
+    client = _client_with(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=1.0),
+                          {"Stats": slow_stats, "SaveNotice": counted})
     caplog.set_level(logging.INFO, logger="psflow.ps.sync")
     try:
         with notify_save(client, CKPT):
             wait_until(lambda: len(_lines(caplog, "/job:worker/task:0 is saving a checkpoint into")) == 2,
                        "both ps tasks told of the save while Stats does not answer", limit=20)
+            wait_until(lambda: len(notices) >= 3, "the notice renewed while Stats does not answer", limit=20)
             release.set()
+            wait_until(lambda: notices[-1].step == 0, "a notice carrying Stats' global_step", limit=20)
     finally:
         release.set()
     assert len(_lines(caplog, f"/job:worker/task:0 saved a checkpoint into {CKPT} at global_step 0")) == 2
