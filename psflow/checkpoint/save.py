@@ -266,10 +266,10 @@ class CheckpointManager:
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
               epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
+        self._step = step_hint = client.global_step()  # first: a save failing at the lock names its step too
         if self._lock is not None:
             self._lock.acquire()
         storage.makedirs(self.directory)
-        self._step = step_hint = client.global_step()
         lineage = self._lineage(client)
         with directory_mutex(self.directory):
             removed = remove_leftovers(self.directory, self.run_id, lineage, epoch)  # crashed saves' of this lineage

@@ -26,6 +26,7 @@ from support import A9A, in_fresh_process, run_cli, wait_until
 
 from psflow import storage
 from psflow.checkpoint.ledger import checkpoint_status
+from psflow.checkpoint.lock import CheckpointDirLock
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.errors import CheckpointError
@@ -117,38 +118,44 @@ def _refused(port: int) -> bool:
     return False
 
 
-def save_while_the_store_goes_away(env: dict[str, str], store_pid: int, port: int) -> tuple[str, int, int]:
+def save_while_the_store_goes_away(env: dict[str, str], store_pid: int, port: int) -> tuple[str, int, list[object]]:
     """In a fresh process (fsspec keeps one client per settings): a save on the store, then one whose store is
-    killed once the shards are in; returns that save's error, its manager's failures in a row and the ledger's."""
+    killed once the shards are in, then one more (its run lock cannot be confirmed); returns the first failed
+    save's error, the manager's failures in a row and the global_step of each failure in the ledger."""
     os.environ.update(env)
     import fsspec
 
     fsspec.filesystem("s3").mkdir("psflow-going")
     client = _in_process_cluster()
-    CheckpointManager("s3://psflow-going/ckpt", run_id="run-a").save(client)
+    lock = CheckpointDirLock("s3://psflow-going/ckpt", "run-a")
+    CheckpointManager("s3://psflow-going/ckpt", run_id="run-a", lock=lock).save(client)
 
     def store_gone(phase: str) -> None:
         if phase == "shards_written":
             os.kill(store_pid, signal.SIGKILL)
             wait_until(lambda: _refused(port), "the killed store refuses connections")
 
-    manager = CheckpointManager("s3://psflow-going/ckpt", run_id="run-a", fault=store_gone)
+    manager = CheckpointManager("s3://psflow-going/ckpt", run_id="run-a", fault=store_gone, lock=lock)
     with pytest.raises(CheckpointError) as e:
         manager.save(client)
-    return str(e.value), manager.failed_in_a_row, int(checkpoint_status(client)["failed"])
+    with pytest.raises(CheckpointError, match="directory.mutex: the store did not answer"):  # the lock's
+        manager.save(client)
+    return str(e.value), manager.failed_in_a_row, [f["global_step"] for f in checkpoint_status(client)["failures"]]
 
 
 def test_a_save_whose_store_stops_answering_is_a_failed_save(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The chief's save counts the failure and the chief duties go on (the next period saves again): the save's
     cleanup asked the dead store whether its partial checkpoint was there, outside its guard, and that error
-    ended the chief's session (``session ended by StoreUnreachableError``), the run with it."""
+    ended the chief's session (``session ended by StoreUnreachableError``), the run with it. A save that fails
+    at its first call on the store, the run lock's, names its step too (``checkpoint at global_step None FAILED``)."""
     servers = run_s3(tmp_path_factory)  # a store of this test's own, to kill
     server = next(servers)
     try:
         port = int(server.env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
-        error, in_a_row, failed = in_fresh_process(save_while_the_store_goes_away,
+        error, in_a_row, steps = in_fresh_process(save_while_the_store_goes_away,
                                                    {**server.env, "AWS_MAX_ATTEMPTS": "1"}, server.pid, port, limit=200)
     finally:
         servers.close()  # reaps the server
     assert "s3://psflow-going/ckpt/ckpt-" in error and "the store did not answer" in error, error
-    assert (in_a_row, failed) == (1, 1)
+    assert in_a_row == 2
+    assert steps == [0, 0], steps  # each failure names its step (not None, as one failing at the run lock did)
