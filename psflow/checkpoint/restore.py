@@ -23,6 +23,7 @@ from psflow.checkpoint.manifest import Manifest, read_manifest
 from psflow.errors import CheckpointError
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.client import ParameterClient
+from psflow.ps.dynamic import skip_steps
 from psflow.ps.protocol import LoadShardRequest
 from psflow.ps.protocol.control import applied_by_process
 from psflow.ps.store import partition_key
@@ -58,7 +59,9 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     partitions in one ``LoadShard`` call (tasks in parallel); the task
     holding global_step also gets global_step (``global_step`` if given,
     else the checkpoint's), the reader positions, the example count and the
-    checkpoint's lineage (which the restored cluster continues). A replicated
+    checkpoint's lineage (which the restored cluster continues). With a ``global_step`` past the checkpoint's (a
+    restore within the run goes on after the last step handed out), every dynamic table row's last use moves up by
+    the difference: steps no push of the restored history took age no row (``--ttl-steps``, lru). A replicated
     shard's checkpoint of the same number of ps tasks gives each task its
     shard's ``pushes_applied`` (which the task keeps in a restore within the
     run: see :mod:`psflow.ps.checkpointing`, ``LoadShard``); ``push_counts`` False sends
@@ -72,6 +75,8 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     manifest = read_manifest(path)
     reader = ChainReader(path, manifest)  # an increment: its full checkpoint and the increments up to it
     per_task = {t: ShardLoad() for t in client.channels}
+    # A restore within the run goes on after the last step handed out: the steps skipped age no dynamic table row.
+    skipped = max(0, global_step - manifest.global_step) if global_step is not None else 0
     for name, placement in client.layout.items():
         var = placement.var
         saved = _check_variable(path, manifest, name, tuple(var.shape), var.dtype, placement.is_dynamic)
@@ -80,7 +85,7 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
                 key = partition_key(name, part.index)
                 load = per_task[part.task]
                 load.keys.append(key)
-                load.tables[key] = snapshot
+                load.tables[key] = skip_steps(snapshot, skipped) if skipped else snapshot
             continue
         saved_parts = sorted(saved["partitions"], key=lambda p: p["row_start"])
         slots = [slot for slot in saved_parts[0]["slots"] if slot != AVERAGE_SLOT]

@@ -15,6 +15,7 @@ from support import A9A, A9A_T, TOKEN, run_cli
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.shards import ShardFiles, saved_table
 from psflow.checkpoint.variables import read_variables
 from psflow.data import read_all
 from psflow.gradients import SparseGradient
@@ -214,3 +215,34 @@ def test_a_promoted_backup_reports_the_tables_admissions_and_evictions(tmp_path:
     for name, t in metrics["dynamic_tables"].items():
         assert t["rows"] == 60 and t["evicted_capacity"] > 0, (name, t)
         assert t["admitted"] - t["evicted_capacity"] - t["evicted_ttl"] == t["rows"], (name, t)
+
+
+def test_a_restore_within_the_run_ages_no_row_by_the_steps_it_skipped(tmp_path: Path) -> None:
+    """A ps task killed mid-run is restored from the checkpoint of step S, and the run goes on after the last step
+    handed out, G (no step value is taken twice): the step values S+1..G belong to no push of the restored history,
+    yet they aged every restored row. With --ttl-steps 50 and each id used every 40 steps (1 worker, 2,000 records of
+    batch 50), an undisturbed run evicts nothing; with the kill (G - S >= 15 here) the old code evicted every row
+    whose uses spanned the restore (rows used every 40 + 15 or more steps), trained again from zero."""
+    records = 2000
+    data = tmp_path / "unique.libsvm"  # record r: two shared ids and one of its own
+    data.write_text("".join(f"{r % 2} 1:1 2:1 {100_000 + r}:1\n" for r in range(records)))
+    out, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    r = run_cli("train", "--train", str(data), "--embedding-table", "dynamic", "--ttl-steps", "50", "--optimizer",
+                "adagrad", "--ps", "2", "--workers", "1", "--epochs", "3", "--batch-size", "50", "--checkpoint-dir",
+                str(ckpt), "--save-checkpoints-steps", "40", "--full-checkpoint-every", "1", "--restart-policy",
+                "on-failure", "--chaos", "kill:ps:1@step=55", "--quiet", "--no-status", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (out / "logs" / "worker-0.log").read_text()
+    found = re.search(r"restored checkpoint \S+ \(step (\d+)\) onto every ps task; generation \d+, global_step (\d+)", log)
+    assert found, log[-3000:]
+    assert int(found[2]) - int(found[1]) >= 15, found[0]  # the kill fired at step 55 or later, after the save of 40
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["examples"] == 3 * records
+    assert metrics["dynamic_tables"]["weights"]["evicted_ttl"] == 0, metrics["dynamic_tables"]
+    latest = ckpt / json.loads((ckpt / "checkpoint").read_text())["latest"]
+    manifest = read_manifest(str(latest))
+    saved = manifest.variables["weights"]["partitions"]
+    table = saved_table(ShardFiles(str(latest), manifest), "weights", saved, 1)[0]
+    own = table["ids"] >= 100_000
+    assert int(own.sum()) == records  # every record's own row is held, and was never evicted and admitted again:
+    assert int(table["frequency"][own].min()) >= 3, np.unique(table["frequency"][own], return_counts=True)

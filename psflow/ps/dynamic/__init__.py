@@ -103,7 +103,7 @@ Modules (everything public is re-exported here):
 
 from psflow.placement.hashing import owner_of
 from psflow.ps.dynamic.sketch import CountMinSketch
-from psflow.ps.dynamic.snapshots import resplit_snapshots
+from psflow.ps.dynamic.snapshots import resplit_snapshots, skip_steps
 from psflow.ps.dynamic.spec import (
     EVICTION_POLICIES,
     OPTIONS,
@@ -127,5 +127,6 @@ __all__ = [
     "owner_of",
     "resplit_snapshots",
     "share_spec",
+    "skip_steps",
     "table_totals",
 ]

@@ -16,7 +16,7 @@ import numpy as np
 from psflow.placement.hashing import check_ids, owner_of
 from psflow.ps.dynamic.spec import DynamicTableError
 
-__all__ = ["COUNTED", "check_counts", "check_snapshot", "counts_array", "resplit_snapshots"]
+__all__ = ["COUNTED", "check_counts", "check_snapshot", "counts_array", "resplit_snapshots", "skip_steps"]
 
 #: The counters of a table's ``stats``, in the order a replicated change carries them (its ``counts``).
 COUNTED = ("admitted", "rejected_lookups", "absent_reads", "dropped_gradients", "evicted_ttl", "evicted_capacity")
@@ -112,3 +112,13 @@ def resplit_snapshots(name: str, snapshots: Sequence[Mapping[str, np.ndarray]], 
         mine = np.flatnonzero(owners == task)
         out.append({**{key: array[mine] for key, array in merged.items()}, **{k: v.copy() for k, v in shared.items()}})
     return out
+
+
+def skip_steps(snapshot: Mapping[str, np.ndarray], steps: int) -> dict[str, np.ndarray]:
+    """``snapshot`` with its rows' ``last_step`` and its ``step`` moved ``steps`` later (a copy; the rest shared).
+
+    A restore within a run goes on after the last global_step value handed out, not at the checkpoint's: the values
+    between them are taken by no push of the restored history, so they must age no row (``--ttl-steps``, lru).
+    """
+    return {**snapshot, "last_step": snapshot["last_step"] + np.int64(steps),
+            "step": np.array(int(snapshot["step"]) + steps, np.int64)}
