@@ -114,8 +114,9 @@ class TaskCalls:
                 pushes.acknowledged(t for t in tasks if t in pushed)
 
         frames = router.gather(dict(sent), resend, replied=replied if pushed else None)
-        # An ssp push held while the slowest worker saves (psflow.ps.staleness), applied and acknowledged at its
-        # held answer: the same call again (its dedup record keeps it from being applied twice), until let go.
+        # A push held while the chief saves (psflow.ps.save_hold), acknowledged at its held answer: the same call
+        # again, until let go. sync: not recorded yet, it waits on in its step (or gets the step's record); ssp:
+        # applied and recorded, its dedup record keeps it from being applied twice, and it waits again.
         while held := [t for t, frame in frames.items() if held_push(frame)]:
             frames.update(router.gather({t: resend(t) for t in held}, resend))
         return frames
