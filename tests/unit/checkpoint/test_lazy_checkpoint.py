@@ -3,7 +3,8 @@ table's checkpoint gives, bit for bit, and a restored partition stays lazy with 
 
 Each test trains the same few rows on a lazy cluster and on an eager one (the same layout with laziness off)
 and compares: the saved variables and slots (read_variables), a restore onto 1 and 2 ps tasks (resharded),
-increments chained on the full checkpoint, export and the evaluator's reader (load_checkpoint_model). The ps
+increments chained on the full checkpoint, export, the evaluator's reader (load_checkpoint_model) and
+warm start's. The ps
 tasks are in-process ParameterServices, called through the real frame encoding."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.restore import restore
 from psflow.checkpoint.save import CheckpointManager
 from psflow.checkpoint.variables import read_variables
+from psflow.checkpoint.warm_start import read_warm_start
 from psflow.cluster import ClusterSpec
 from psflow.errors import CheckpointError
 from psflow.export import export_model, load_checkpoint_model
@@ -189,7 +191,7 @@ def test_a_restore_keeps_the_partitions_lazy_and_gives_the_eager_values(
         _same(read_variables(_save(target, tmp_path / f"again-{lazy_target}"), slots=True), want)
 
 
-def test_increments_on_a_lazy_full_checkpoint_and_export_and_the_evaluator_read_the_eager_values(
+def test_increments_on_a_lazy_full_checkpoint_export_the_evaluator_and_warm_start_read_the_eager_values(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     got: dict[bool, list[str]] = {}
     for lazy in (False, True):
@@ -215,6 +217,7 @@ def test_increments_on_a_lazy_full_checkpoint_and_export_and_the_evaluator_read_
           load_file(str(tmp_path / "export-False" / "model.safetensors")))
     evaluated = {lazy: load_checkpoint_model(got[lazy][0]).values for lazy in (False, True)}
     _same(evaluated[True], evaluated[False])
+    _same(read_warm_start(got[True][0]), read_warm_start(got[False][0]))
 
 
 def test_a_checkpoint_holding_every_row_still_restores_lazily_built_rows_whole(
