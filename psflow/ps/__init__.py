@@ -37,7 +37,9 @@ Files (the served side):
 * ``row_marks.py``: :class:`~psflow.ps.row_marks.MarkClock`, :class:`~psflow.ps.row_marks.RowMarks` (which
   rows of a partition changed since a checkpoint snapshot: incremental checkpoints).
 * ``shard_snapshot.py``: :func:`~psflow.ps.shard_snapshot.shard_tensors` (a checkpoint shard's tensors, every
-  row or the changed ones), the shard's tensor names.
+  row, a lazy partition's built ones or the changed ones), the shard's tensor names; ``built_rows.py``: a lazy
+  partition in a checkpoint as its built rows (their names, :func:`~psflow.ps.built_rows.whole_rows` reading
+  them as the eager partition, :func:`~psflow.ps.built_rows.load_built` restoring them and keeping it lazy).
 * ``checkpointing.py``: :class:`~psflow.ps.checkpointing.CheckpointHandlers` (a task's shard save/load,
   readiness, restore calls); ``save_ledger.py``: :class:`~psflow.ps.save_ledger.SaveLedger` (the checkpoint
   ledger, ``CheckpointStatus``).

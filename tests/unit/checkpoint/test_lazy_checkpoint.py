@@ -4,8 +4,7 @@ table's checkpoint gives, bit for bit, and a restored partition stays lazy with 
 Each test trains the same few rows on a lazy cluster and on an eager one (the same layout with laziness off)
 and compares: the saved variables and slots (read_variables), a restore onto 1 and 2 ps tasks (resharded),
 increments chained on the full checkpoint, export, the evaluator's reader (load_checkpoint_model) and
-warm start's. The ps
-tasks are in-process ParameterServices, called through the real frame encoding."""
+warm start's. The ps tasks are in-process ParameterServices, called through the real frame encoding."""
 
 from __future__ import annotations
 
