@@ -130,8 +130,9 @@ def _load_built(reader: ChainReader, load: ShardLoad, key: str, name: str, row_s
     load.values[key] = value = reader.rows_at(name, rows, None, spec, initial)
     part_slots = load.slots.setdefault(key, {})
     for slot in slots:
-        part_slots[slot] = (reader.rows_at(name, rows, slot, spec, initial) if slot in initial
-                            else reader.rows(name, row_start, row_start + 1, slot))  # 0-d state: whole
+        state = None if slot in initial else reader.rows(name, row_start, row_start + 1, slot)
+        # 0-d state (Adam's beta powers) whole; a row-laid slot at the saved rows (none without its initial row)
+        part_slots[slot] = state if state is not None and state.ndim == 0 else reader.rows_at(name, rows, slot, spec, initial)
     if averaged:  # the saved average, else one starting at the restored value
         part_slots[AVERAGE_SLOT] = reader.rows_at(name, rows, AVERAGE_SLOT, spec, initial) if saved_average else value
     load.built[key] = (rows - row_start, {"initializer": spec, "shape": list(shape)},

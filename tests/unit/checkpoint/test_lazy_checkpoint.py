@@ -37,6 +37,9 @@ pytestmark = pytest.mark.timeout(120)
 ROWS = 4096
 TOUCHED = [3, 17, 1500, 2048, 2049, 4000]
 OPTIMIZERS = {"adagrad": OptimizerSpec("adagrad", {"learning_rate": 0.5, "initial_accumulator_value": 0.7}),
+              "sgd": OptimizerSpec("sgd", {"learning_rate": 0.5}),
+              "momentum": OptimizerSpec("momentum", {"learning_rate": 0.5, "momentum": 0.9}),
+              "rmsprop": OptimizerSpec("rmsprop", {"learning_rate": 0.05, "centered": True}),
               "ftrl": OptimizerSpec("ftrl", {"learning_rate": 0.2, "initial_accumulator_value": 0.4,
                                              "l1_regularization_strength": 0.01})}
 
@@ -155,7 +158,8 @@ def _stored_rows(path: str, name: str) -> int:
     return total
 
 
-@pytest.mark.parametrize("optimizer,average", [("adagrad", False), ("ftrl", True)])
+@pytest.mark.parametrize("optimizer,average", [("adagrad", False), ("ftrl", True), ("sgd", False),
+                                               ("momentum", True), ("rmsprop", False)])
 def test_a_full_shard_holds_only_the_built_rows_and_reads_as_an_eager_tables(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, optimizer: str, average: bool) -> None:
     eager = _save(_trained(False, monkeypatch, 2, optimizer, average=average), tmp_path / "eager")
