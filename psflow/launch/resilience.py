@@ -478,7 +478,7 @@ def add_resilience_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--chaos", action="append", default=[], metavar="SPEC",
                    help="inject a fault: kill:JOB:INDEX@step=N, kill:chief@step=N, stop:JOB:INDEX@step=N (repeatable; "
                         "an in-graph run's client is client:0, and its chief; with --ps-replicas, ps:N is shard N's "
-                        "current primary and ps-backup:N one of its backups)")
+                        "current primary and ps-backup:N one of its backups; not with --in-process)")
     g.add_argument("--ps-replicas", type=int, default=0, metavar="N",
                    help="backup tasks of every ps shard (0, default: none): a push is acknowledged once every backup "
                         "has it, and a dead primary's backup takes over with nothing lost (docs/replication.md)")

@@ -154,6 +154,10 @@ CASES = {
         lambda t: train(t, "--train", good(t), "--replication", "in-graph", "--mode", "ssp",
                         "--restart-policy", "on-failure"),
         lambda t: "psflow train: error: --mode ssp needs between-graph replication"),
+    "--chaos with --in-process": Case(  # was ignored: a clean run, no fault injected, nothing said
+        lambda t: train(t, "--train", good(t), "--in-process", "--chaos", "kill:ps:0@step=5"),
+        lambda t: "psflow train: error: --chaos kill:ps:0@step=5 kills tasks of a cluster of processes: not with "
+                  "--in-process"),
     "unknown --model": Case(
         lambda t: train(t, "--train", good(t), "--model", "nosuch"),
         lambda t: "psflow train: error: unknown model 'nosuch': use one of"),
