@@ -164,11 +164,11 @@ def test_no_notice_past_the_save_timeout(caplog: pytest.LogCaptureFixture) -> No
 
 
 def test_an_ssp_push_held_by_a_saving_chief_is_applied_and_counted_once() -> None:
-    """In-process ps tasks, ssp with staleness 0 and a 1 s --sync-timeout: the other worker's push waits for the
-    chief's clock while the chief saves (its notices renewed every 0.25 s) until it has been answered held at least
+    """In-process ps tasks, ssp with staleness 0 and a 2 s --sync-timeout: the other worker's push waits for the
+    chief's clock while the chief saves (its notices renewed every 0.5 s) until it has been answered held at least
     twice and sent again by its client; the chief's push then lets it go. Its gradient and examples counted once,
     global_step moved once per push."""
-    sync = SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=1.0)
+    sync = SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=2.0)
     held: list[bool] = []
 
     def seen(task: int, handler: Handler) -> Handler:

@@ -1,6 +1,6 @@
 """A replicated primary's sync push held while the chief saves (psflow.ps.save_hold): answered held, recorded
 nowhere until its step is applied, and answered from the step's record when sent again. In process
-(tests/replica_shard.py), a real --sync-timeout of 1 s.
+(tests/replica_shard.py), a real --sync-timeout of 2 s.
 
 Before, the held answer was recorded as the push's dedup reply: every resend got it back at once (the client
 spun on it), the step's own record never replaced it, and the shard's backups took the push as answered."""
@@ -33,7 +33,7 @@ def test_a_held_sync_push_is_recorded_with_its_step_and_a_resend_gets_that_recor
     shard = make_shard()
     shard.start()
     shard.wait_view()
-    shard.register(layout(SyncConfig("sync", 2, 2, timeout=1.0)))
+    shard.register(layout(SyncConfig("sync", 2, 2, timeout=2.0)))
     chief, other = WORKERS
     saving, stop = threading.Event(), threading.Event()
 
@@ -50,7 +50,7 @@ def test_a_held_sync_push_is_recorded_with_its_step_and_a_resend_gets_that_recor
     thread.start()
     try:
         assert saving.wait(10)
-        first = shard.push(PRIMARY, _push(other))  # waits its 1 s, then held: before its caller's deadline
+        first = shard.push(PRIMARY, _push(other))  # waits its 2 s, then held: before its caller's deadline
         assert first.held and not first.completed, first
         again = shard.push(PRIMARY, _push(other))  # the resend waits on (before: the held answer, at once)
         assert again.held, again
