@@ -37,6 +37,7 @@ from psflow.cluster import ClusterSpec  # noqa: E402
 from psflow.optim import OptimizerSpec  # noqa: E402
 from psflow.placement import VariableSet, replica_device_setter  # noqa: E402
 from psflow.ps.service import ParameterService  # noqa: E402
+from psflow.rpc.api import ConnectConfig  # noqa: E402
 from psflow.rpc.framing import Frame  # noqa: E402
 
 
@@ -58,6 +59,7 @@ class InProcess:
             vs.get_variable(f"emb{t}", (rows, dim), initializer={"name": "random_normal", "stddev": 0.01, "seed": t})
         self.layout = {p.var.name: p for p in vs.placements()}
         self.client_name, self.step_task = "bench", 0
+        self.config = ConnectConfig()  # its save_timeout: a shard save's deadline
         self.service = ParameterService(0, holds_global_step=True)
         self.handlers = self.service.handlers()
         self.channels = {0: self.handlers}
