@@ -36,9 +36,10 @@ from psflow.train.summary import read_scalars
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
-def _spawn(job: str, index: int, cluster: dict[str, list[str]], args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(job: str, index: int, cluster: dict[str, list[str]], args: list[str], log: Path,
+           **extra_env: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PSFLOW_TOKEN=TOKEN, PYTHONUNBUFFERED="1",
-               TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}))
+               TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": job, "index": index}}), **extra_env)
     with open(log, "wb") as out:
         return subprocess.Popen([sys.executable, "-m", "psflow", "server", *args], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, cwd=str(REPO))
@@ -280,9 +281,14 @@ def test_an_evaluator_started_after_a_run_ended_ends_on_its_final_checkpoint_unl
     assert len(waiting()) == 1 and "20261127-000000-00000000" in waiting()[0], waiting()
 
 
-def test_psflow_server_training_tasks_evaluate_on_eval_when_training_ended(tmp_path: Path) -> None:
+@pytest.mark.parametrize("both_hold", [False, True], ids=["as-it-comes", "both-workers-hold-the-duties"])
+def test_psflow_server_training_tasks_evaluate_on_eval_when_training_ended(tmp_path: Path, both_hold: bool) -> None:
     """``--eval`` without ``--eval-every-steps`` under ``psflow server``: the chief duties' holder evaluates once
-    training ended, as ``psflow train``'s launcher does (it was ignored: no evaluation, and nothing said so)."""
+    training ended, as ``psflow train``'s launcher does (it was ignored: no evaluation, and nothing said so).
+    Two workers finishing together both hold the duties at their own end, one after the other (both_hold: every
+    time, tests/integration/both_hold_duties); the final model is evaluated once all the same (it was twice)."""
+    hold = os.pathsep.join([str(Path(__file__).parent / "both_hold_duties"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {"PYTHONPATH": hold} if both_hold else {}
     ports = free_ports(3)
     cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"], "ps": [f"127.0.0.1:{ports[2]}"]}
     summaries = tmp_path / "summaries"
@@ -290,7 +296,7 @@ def test_psflow_server_training_tasks_evaluate_on_eval_when_training_ended(tmp_p
             "--batch-size", "256", "--summary-dir", str(summaries), "--no-status"]
     procs = [_spawn("ps", 0, cluster, [], tmp_path / "ps.log")]
     try:
-        trainers = {name: _spawn(name, 0, cluster, args, tmp_path / f"{name}.log") for name in ("chief", "worker")}
+        trainers = {name: _spawn(name, 0, cluster, args, tmp_path / f"{name}.log", **env) for name in ("chief", "worker")}
         procs += trainers.values()
         for name, proc in trainers.items():
             assert proc.wait(timeout=180) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
@@ -308,6 +314,10 @@ def test_psflow_server_training_tasks_evaluate_on_eval_when_training_ended(tmp_p
     # ps task 0 recorded it (FinalEval) and its exit line says so.
     assert re.search(rf"run over \(.*, final model evaluated at step {step} by /job:worker/task:[01]\): exiting",
                      (tmp_path / "ps.log").read_text()), (tmp_path / "ps.log").read_text()[-2000:]
+    if both_hold:
+        skipped = [line for name in ("chief", "worker") for line in (tmp_path / f"{name}.log").read_text().splitlines()
+                   if f"the final model (global_step {step}) was evaluated by /job:worker/task:" in line]
+        assert len(skipped) == 1 and skipped[0].endswith("already: not again"), skipped
 
 
 def test_an_evaluator_waits_for_a_resumed_run_on_another_host_and_says_how_to_end_the_wait(
