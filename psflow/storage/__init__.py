@@ -44,8 +44,9 @@ What each operation guarantees, local and remote:
   (:func:`~psflow.storage.client.client_errors`): a write into a bucket that does
   not exist (:class:`BucketMissingError`), no or refused credentials
   (:class:`StoreDeniedError`), an endpoint that did not answer within the
-  client's own retries (:class:`StoreUnreachableError`). Before, some reached
-  the user without the URL, and botocore's and google-auth's as a traceback.
+  client's own retries (:class:`StoreUnreachableError`); so do the reads and
+  seeks of a stream :func:`open_for_read` opened. Before, some reached the user
+  without the URL, and botocore's and google-auth's as a traceback.
 
 Not here: the meaning of files (checkpoints: :mod:`psflow.checkpoint`;
 the run lock over a store: :mod:`psflow.checkpoint.lock`).
@@ -60,7 +61,7 @@ from __future__ import annotations
 import glob as _glob
 import os
 import shutil
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from psflow.storage.client import (
     SCHEMES,
@@ -69,6 +70,7 @@ from psflow.storage.client import (
     StorageError,
     StoreDeniedError,
     StoreError,
+    StoreReader,
     StoreUnreachableError,
     UnknownSchemeError,
     check_location,
@@ -180,8 +182,8 @@ def open_for_read(path: str) -> IO[bytes]:
         return open(_local(path), "rb")
     fs, inner = filesystem(path)
     with client_errors(path):
-        handle: IO[bytes] = fs.open(inner, "rb", block_size=READ_BLOCK, cache_type="readahead")
-    return handle
+        handle = fs.open(inner, "rb", block_size=READ_BLOCK, cache_type="readahead")
+    return cast(IO[bytes], StoreReader(path, handle))  # its reads and seeks raise the store's errors in one line
 
 
 def read_bytes(path: str) -> bytes:

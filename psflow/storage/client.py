@@ -7,6 +7,7 @@ else in psflow imports fsspec or a store's client library.
 from __future__ import annotations
 
 import contextlib
+import io
 import re
 import sys
 import threading
@@ -16,8 +17,8 @@ from typing import Any
 from psflow.errors import PsflowError
 
 __all__ = ["SCHEMES", "URL", "StorageError", "UnknownSchemeError", "StoreError", "BucketMissingError",
-           "StoreDeniedError", "StoreUnreachableError", "scheme", "check_location", "filesystem", "client_errors",
-           "url_prefix"]
+           "StoreDeniedError", "StoreUnreachableError", "StoreReader", "scheme", "check_location", "filesystem",
+           "client_errors", "url_prefix"]
 
 #: Scheme -> (the module that serves it, how to install it, whether psflow's tests run it).
 SCHEMES: dict[str, tuple[str, str, bool]] = {
@@ -204,3 +205,46 @@ def _client_error(error: Exception) -> str | None:
 
 def _one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
+
+
+class StoreReader(io.RawIOBase):
+    """An object of a store opened for reading (the client's file ``handle``), whose every read and seek makes
+    the client's errors one line (:func:`client_errors`): a stream asks the store again at each block, long
+    after the open, and a store gone meanwhile raised botocore's ``EndpointConnectionError`` (no ``OSError``)
+    from a reader's ``read``."""
+
+    def __init__(self, url: str, handle: Any) -> None:
+        super().__init__()
+        self._url, self._handle = url, handle
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        with client_errors(self._url):
+            data: bytes = self._handle.read(-1 if size is None else size)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with client_errors(self._url):
+            return int(self._handle.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._handle.tell())
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            with client_errors(self._url):
+                self._handle.close()
+        finally:
+            super().close()

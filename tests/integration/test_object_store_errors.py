@@ -29,6 +29,8 @@ from psflow.checkpoint.ledger import checkpoint_status
 from psflow.checkpoint.lock import CheckpointDirLock
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
+from psflow.data.api import DataError
+from psflow.data.source import iter_blocks
 from psflow.errors import CheckpointError
 from psflow.launch.ports import free_ports
 from psflow.optim import OptimizerSpec
@@ -159,3 +161,38 @@ def test_a_save_whose_store_stops_answering_is_a_failed_save(tmp_path_factory: p
     assert "s3://psflow-going/ckpt/ckpt-" in error and "the store did not answer" in error, error
     assert in_a_row == 2
     assert steps == [0, 0], steps  # each failure names its step (not None, as one failing at the run lock did)
+
+
+def read_while_the_store_goes_away(env: dict[str, str], store_pid: int, port: int) -> str:
+    """In a fresh process: streams an object of four read blocks and kills the store after the first block;
+    returns the error the reader raised."""
+    os.environ.update(env)
+    import fsspec
+
+    fsspec.filesystem("s3").mkdir("psflow-reading")
+    url = "s3://psflow-reading/train-0"
+    storage.write_atomically(url, b"1 1:1\n" * (4 * storage.READ_BLOCK // 6 + 1))
+    blocks = iter_blocks(url, "none", block_size=storage.READ_BLOCK)
+    assert len(next(blocks)) == storage.READ_BLOCK
+    os.kill(store_pid, signal.SIGKILL)
+    wait_until(lambda: _refused(port), "the killed store refuses connections")
+    with pytest.raises(DataError) as e:
+        for _ in range(4):  # the stream fetched a block ahead: a later read asks the store
+            next(blocks)
+    return str(e.value)
+
+
+def test_a_stream_whose_store_stops_answering_fails_in_one_line(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A worker reading its --train objects when the store goes away ends with the readers' one line naming the
+    object and the byte reached: the stream's own reads (after the first block) let botocore's
+    EndpointConnectionError through, no OSError, and the worker ended on its traceback."""
+    servers = run_s3(tmp_path_factory)  # a store of this test's own, to kill
+    server = next(servers)
+    try:
+        port = int(server.env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+        error = in_fresh_process(read_while_the_store_goes_away, {**server.env, "AWS_MAX_ATTEMPTS": "1"},
+                                 server.pid, port, limit=200)
+    finally:
+        servers.close()  # reaps the server
+    assert error.startswith("s3://psflow-reading/train-0: read failed at byte "), error
+    assert "the store did not answer" in error, error
