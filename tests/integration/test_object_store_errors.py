@@ -1,8 +1,9 @@
 """A store that refuses psflow's calls, against real local stores (the ``object_store`` fixture: moto's S3 server
 and gcp-storage-emulator; tests/object_store_servers.py): a bucket that does not exist, no credentials, an
-endpoint nobody answers. Each reaches the user as one line naming the URL and what to set, never a traceback;
-and each is an ``OSError`` (psflow.storage.StorageError too), so a checkpoint save that meets it is a failed
-save, counted, as one on a full disk.
+endpoint nobody answers, a store killed during a save or while a reader streams an object. Each reaches the
+user as one line naming the URL and what to set, never a traceback; and each is an ``OSError``
+(psflow.storage.StorageError too), so a checkpoint save that meets it is a failed save, counted, as one on a
+full disk, and a reader's is its DataError naming the byte reached.
 
 Before, ``psflow train --checkpoint-dir s3://no-such-bucket/ckpt`` ended with ``error: The specified bucket does
 not exist`` (gs://: ``error: http://127.0.0.1:PORT/upload/storage/v1/b/no-such-bucket/o``), without credentials
