@@ -10,7 +10,7 @@ they start anything, refuses what can be known up front:
    placement depends on the task counts, not the addresses);
 2. each dynamic table's ``--capacity-bytes``: every ps task's share must hold
    at least one row with its optimizer slots, metadata and index
-   (:func:`psflow.ps.dynamic.table.row_bytes`);
+   (:func:`psflow.ps.dynamic.sizes.row_bytes`);
 3. memory: each ps task's variables with their optimizer slots
    (:func:`ps_memory`), all together, against the memory this machine has
    available (``MemAvailable`` of ``/proc/meminfo``, lowered by a cgroup
@@ -46,7 +46,7 @@ from psflow.optim import OptimizerSpec
 from psflow.placement import DTYPE_SIZES, VariablePlacement
 from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.dynamic import DynamicTableError, share_spec
-from psflow.ps.dynamic.table import row_bytes
+from psflow.ps.dynamic.sizes import row_bytes
 from psflow.ps.optimizers import make_optimizer
 from psflow.train.build import build_model
 from psflow.train.config import ConfigError, TrainConfig

@@ -89,7 +89,9 @@ Modules (everything public is re-exported here):
                               (defined in :mod:`psflow.errors`), :data:`EVICTION_POLICIES`,
                               the row and mask array types
     ``table.py``              :class:`DynamicTable` (lookup, apply_gradients, evict, snapshot,
-                              load/restore, memory accounting), :data:`FIXED_OVERHEAD_BYTES`
+                              load/restore, memory accounting)
+    ``sizes.py``              a row's bytes against ``capacity_bytes`` (``row_bytes``),
+                              :data:`FIXED_OVERHEAD_BYTES`
     ``sketch.py``             :class:`CountMinSketch` (the ``admit_after`` counts)
     ``id_index.py``           ``IdIndex``: the id -> slot open-addressing hash table
     ``rows.py``               initial rows of new ids, a call's distinct ids, gradients summed per id
@@ -102,6 +104,7 @@ Modules (everything public is re-exported here):
 """
 
 from psflow.placement.hashing import owner_of
+from psflow.ps.dynamic.sizes import FIXED_OVERHEAD_BYTES
 from psflow.ps.dynamic.sketch import CountMinSketch
 from psflow.ps.dynamic.snapshots import resplit_snapshots, skip_steps
 from psflow.ps.dynamic.spec import (
@@ -113,7 +116,7 @@ from psflow.ps.dynamic.spec import (
     share_spec,
     table_totals,
 )
-from psflow.ps.dynamic.table import FIXED_OVERHEAD_BYTES, DynamicTable
+from psflow.ps.dynamic.table import DynamicTable
 
 __all__ = [
     "EVICTION_POLICIES",

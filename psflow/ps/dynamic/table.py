@@ -24,31 +24,15 @@ import numpy.typing as npt
 
 from psflow.placement.hashing import IdArray, check_ids
 from psflow.ps.dynamic.eviction import eviction_keys, lowest, pick_victims
-from psflow.ps.dynamic.id_index import INDEX_BYTES_PER_ROW, MIN_BUCKETS, IdIndex, buckets_for
+from psflow.ps.dynamic.id_index import MIN_BUCKETS, IdIndex, buckets_for
 from psflow.ps.dynamic.rows import initial_rows, sum_by_id, unique_ids
+from psflow.ps.dynamic.sizes import ROW_META_BYTES, row_bytes
 from psflow.ps.dynamic.sketch import CountMinSketch
 from psflow.ps.dynamic.snapshots import COUNTED, check_snapshot, counts_array
 from psflow.ps.dynamic.spec import BoolArray, DynamicTableError, DynamicTableSpec, DynamicTableStats, FloatArray
 from psflow.ps.optimizers import make_optimizer
 
-__all__ = ["FIXED_OVERHEAD_BYTES", "DynamicTable", "row_bytes"]
-
-#: Python objects of one table (the object, its dicts, lock, generators): a generous upper bound.
-FIXED_OVERHEAD_BYTES = 64 * 1024
-# Per row besides values and slots: id, last step, frequency, free-list entry (int64 each), live flag.
-_ROW_META_BYTES = 33
-
-
-def row_bytes(spec: DynamicTableSpec) -> int:
-    """Bytes one row of a table of ``spec`` takes against ``capacity_bytes``: values, optimizer slots, per-row
-    metadata and its index entry. Pure (builds no table), so a launcher can check ``capacity_bytes`` before any
-    ps task starts.
-
-    Raises:
-        OptimizerError: ``spec.optimizer`` names no optimizer.
-    """
-    slots = len(make_optimizer(spec.optimizer).slot_names) if spec.optimizer is not None else 0
-    return 4 * spec.dim * (1 + slots) + _ROW_META_BYTES + INDEX_BYTES_PER_ROW
+__all__ = ["DynamicTable"]
 
 
 class DynamicTable:
@@ -68,7 +52,7 @@ class DynamicTable:
         self._slot_names: tuple[str, ...] = self._optimizer.slot_names if self._optimizer else ()
         self._slot_init = {name: template[name][0].copy() for name in self._slot_names}
         self._state = {name: template[name] for name in (self._optimizer.state_names if self._optimizer else ())}
-        self._row_bytes = 4 * spec.dim * (1 + len(self._slot_names)) + _ROW_META_BYTES
+        self._row_bytes = 4 * spec.dim * (1 + len(self._slot_names)) + ROW_META_BYTES
         self._row_limit = self._limit()
         self._sketch = (CountMinSketch(spec.sketch_width, spec.sketch_depth, seed=spec.seed)
                         if spec.admit_after is not None and spec.admit_after > 1 else None)
