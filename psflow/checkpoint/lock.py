@@ -29,7 +29,8 @@ that vouches for it being alive::
 
 A pid is judged only on its host, boot and pid namespace (``pid_ns``): containers sharing a kernel (a boot
 id) and, with host networking, a host name number their own processes; another namespace's lock is another
-host's (:func:`holder_alive`). A lock without ``pid_ns`` (an older psflow's) is judged by host and boot.
+host's (:func:`~psflow.checkpoint.holder.holder_alive`, in :mod:`psflow.checkpoint.holder`). A lock without
+``pid_ns`` (an older psflow's) is judged by host and boot.
 
 :meth:`DirectoryLock.acquire`, under the directory's mutex:
 
@@ -80,6 +81,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Self
 
 from psflow import jsonio, storage
+from psflow.checkpoint.holder import boot_id, describe_holder, holder_alive, pid_namespace, pid_start
 from psflow.errors import CheckpointError, PsflowError
 
 __all__ = [
@@ -200,8 +202,8 @@ def _object_mutex(directory: str, *, timeout: float, what: str, error: type[Exce
     path = os.path.join(directory, MUTEX_NAME)
     pid = os.getpid()
     token = secrets.token_hex(8)
-    body = json.dumps({"token": token, "host": socket.gethostname(), "pid": pid, "pid_start": _pid_start(pid),
-                       "boot_id": _boot_id(), "pid_ns": _pid_namespace(), "since": time.time()}).encode()
+    body = json.dumps({"token": token, "host": socket.gethostname(), "pid": pid, "pid_start": pid_start(pid),
+                       "boot_id": boot_id(), "pid_ns": pid_namespace(), "since": time.time()}).encode()
     deadline, wait = time.monotonic() + timeout, 0.005
     while not storage.create_exclusive(path, body):
         holder = _mutex_holder(path)
@@ -253,80 +255,6 @@ def _warn_no_flock(directory: str, what: str, error: OSError) -> None:
     if directory not in _NO_FLOCK:
         _NO_FLOCK.add(directory)
         log.warning("%s %s: no flock on this filesystem (%s); the run lock is best effort", what, directory, error)
-
-
-def _boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
-
-def _pid_namespace() -> str | None:
-    """This process's pid namespace (``pid:[inode]``), or None without /proc."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks since boot) of ``pid`` from /proc, or None without /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except FileNotFoundError:
-        return ("X", -1)
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()
-    try:
-        return fields[0], int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def _pid_start(pid: int) -> int | None:
-    stat = _proc_stat(pid)
-    return stat[1] if stat is not None and stat[1] >= 0 else None
-
-
-def holder_alive(holder: dict[str, Any]) -> bool | None:
-    """Whether the process a lock names is alive: True, False, or None (another host, or another pid namespace
-    on this one, e.g. another container: unknown; its pid means nothing here)."""
-    if holder.get("host") != socket.gethostname():
-        return None
-    boot, here = holder.get("boot_id"), _boot_id()
-    if boot is not None and here is not None and boot != here:
-        return False  # written before this machine rebooted
-    namespace = holder.get("pid_ns")
-    if namespace is not None and namespace != _pid_namespace():
-        return None  # numbered in another pid namespace (a container beside this one, sharing its host name)
-    pid = holder.get("pid")
-    if type(pid) is not int or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True
-    state, start = stat
-    if state in ("Z", "X"):
-        return False  # exited, not yet reaped
-    recorded = holder.get("pid_start")
-    return not (type(recorded) is int and start != recorded)  # else the pid was reused
-
-
-def describe_holder(holder: dict[str, Any]) -> str:
-    """``run R (pid N on HOST, since T, run directory D)``."""
-    run_dir = holder.get("run_dir")
-    return (f"run {holder.get('run_id')} (pid {holder.get('pid')} on {holder.get('host')}, since "
-            f"{holder.get('since_text') or holder.get('since')}{f', run directory {run_dir}' if run_dir else ''})")
 
 
 class DirectoryLock:
@@ -387,8 +315,8 @@ class DirectoryLock:
     def _mine(self) -> dict[str, Any]:
         pid = os.getpid()
         now = time.time()
-        return {"run_id": self.run_id, "host": socket.gethostname(), "pid": pid, "pid_start": _pid_start(pid),
-                "boot_id": _boot_id(), "pid_ns": _pid_namespace(), "since": now,
+        return {"run_id": self.run_id, "host": socket.gethostname(), "pid": pid, "pid_start": pid_start(pid),
+                "boot_id": boot_id(), "pid_ns": pid_namespace(), "since": now,
                 "since_text": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
                 "run_dir": os.path.abspath(self.run_dir) if self.run_dir else None}
 
@@ -443,7 +371,7 @@ class DirectoryLock:
 
     def _is_this_process(self, holder: dict[str, Any]) -> bool:
         return (holder.get("run_id") == self.run_id and holder.get("pid") == os.getpid()
-                and holder.get("host") == socket.gethostname() and holder.get("pid_ns") in (None, _pid_namespace()))
+                and holder.get("host") == socket.gethostname() and holder.get("pid_ns") in (None, pid_namespace()))
 
     def release(self) -> bool:
         """Removes the lock if this process holds it for this run; idempotent, never raises.
