@@ -142,7 +142,7 @@ def shard_tensors(partitions: Sequence[PartitionState], since: Mapping[str, Any]
     epoch = since.get("epoch") if since is not None else None
     for part in sorted(partitions, key=lambda p: p.key):
         if part.table is not None:
-            snap = part.table.snapshot()
+            snap = part.table.snapshot(counts=True)  # its counters too: a restore goes on counting
             names = dynamic_tensor_names(part.key, sorted(snap))
             tensors.update({names[k]: np.array(v, order="C") for k, v in snap.items()})  # (0-d stays 0-d)
             parts.append({"key": part.key, "var": part.var_name, "index": part.index, "row_start": 0,

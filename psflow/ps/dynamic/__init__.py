@@ -57,8 +57,9 @@ Guarantees:
       :data:`FIXED_OVERHEAD_BYTES`; a call's temporaries are proportional to
       its batch, and a growth step briefly holds old and new arrays.
     * **Checkpoints**: :meth:`DynamicTable.snapshot` gives every row sorted by
-      id; :func:`resplit_snapshots` re-splits M tasks' snapshots onto N tasks
-      by :func:`owner_of`; :meth:`DynamicTable.load` takes one back.
+      id (a checkpoint's with the counters, ``counts``); :func:`resplit_snapshots` re-splits M tasks'
+      snapshots onto N tasks by :func:`owner_of` (the counters: each task's own onto as many tasks, else
+      their sums split evenly); :meth:`DynamicTable.load` takes one back and goes on from its counters.
     * **Errors** (:class:`DynamicTableError`, a :class:`StoreError`) name the
       table; every check happens before any state changes, so a refused call
       changes nothing.

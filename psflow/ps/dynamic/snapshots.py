@@ -3,7 +3,10 @@
 A snapshot (:meth:`DynamicTable.snapshot`) is a dict of numpy arrays, every
 row sorted by id: ``ids`` int64 [n], ``values`` float32 [n, dim], ``slot/NAME``
 float32 [n, dim] per optimizer slot, ``state/NAME`` float32 0-d (Adam's beta
-powers), ``last_step`` and ``frequency`` int64 [n], ``step`` int64 0-d.
+powers), ``last_step`` and ``frequency`` int64 [n], ``step`` int64 0-d; a checkpoint's also ``counts``, the
+table's counters (int64 ``[len(COUNTED)]``, :func:`counts_array`), which a load then continues from. A re-split
+keeps each task's counters where the task count stays; onto another count it sums them and splits each sum as
+evenly as it goes (the table's totals are exact, a task's share of them is not its own history).
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ def check_snapshot(arrays: Mapping[str, np.ndarray], *, name: str, dim: int, slo
         "frequency": (np.int64, (n,)), "step": (np.int64, ())}
     want.update({f"slot/{slot}": (np.float32, (n, dim)) for slot in slot_names})
     want.update({f"state/{state}": (np.float32, ()) for state in state_names})
+    if "counts" in arrays:  # a checkpoint's: the counters the table goes on from
+        check_counts(arrays["counts"], name)
+        want["counts"] = (np.int64, (len(COUNTED),))
     if set(arrays) != set(want):
         raise DynamicTableError(f"{where} has arrays {sorted(arrays)}; this table needs {sorted(want)}")
     for key, (dtype, shape) in want.items():
@@ -87,7 +93,7 @@ def resplit_snapshots(name: str, snapshots: Sequence[Mapping[str, np.ndarray]], 
     if not snapshots:
         raise DynamicTableError(f"{where}: no snapshots given")
     keys = set(snapshots[0])
-    row_keys = sorted(key for key in keys if key != "step" and not key.startswith("state/"))
+    row_keys = sorted(key for key in keys if key not in ("step", "counts") and not key.startswith("state/"))
     for task, snap in enumerate(snapshots):
         if set(snap) != keys or "ids" not in keys:
             raise DynamicTableError(f"{where}: task {task} has arrays {sorted(snap)}; task 0 has {sorted(keys)}")
@@ -107,11 +113,24 @@ def resplit_snapshots(name: str, snapshots: Sequence[Mapping[str, np.ndarray]], 
     owners = owner_of(ids, num_ps)
     shared = {key: np.array(snapshots[0][key]) for key in keys if key.startswith("state/")}
     shared["step"] = np.array(max(int(snap["step"]) for snap in snapshots), np.int64)
+    counts = _split_counts([snap["counts"] for snap in snapshots], num_ps) if "counts" in keys else None
     out = []
     for task in range(num_ps):
         mine = np.flatnonzero(owners == task)
         out.append({**{key: array[mine] for key, array in merged.items()}, **{k: v.copy() for k, v in shared.items()}})
+        if counts is not None:
+            out[-1]["counts"] = counts[task]
     return out
+
+
+def _split_counts(counts: Sequence[np.ndarray], num_ps: int) -> list[np.ndarray]:
+    """Each of ``num_ps`` tasks' counters from the saved tasks' ``counts``: their own where the count of tasks
+    stays (each gets its own rows back), else the sums split as evenly as they go (task t gets one more of a
+    sum's remainder while t < remainder): the totals stay exact."""
+    if len(counts) == num_ps:
+        return [np.array(c, np.int64) for c in counts]
+    total = np.sum(np.stack(counts), axis=0, dtype=np.int64)
+    return [np.asarray(total // num_ps + (task < total % num_ps), np.int64) for task in range(num_ps)]
 
 
 def skip_steps(snapshot: Mapping[str, np.ndarray], steps: int) -> dict[str, np.ndarray]:

@@ -28,7 +28,7 @@ from psflow.ps.dynamic.id_index import MIN_BUCKETS, IdIndex, buckets_for
 from psflow.ps.dynamic.rows import initial_rows, sum_by_id, unique_ids
 from psflow.ps.dynamic.sizes import ROW_META_BYTES, row_bytes
 from psflow.ps.dynamic.sketch import CountMinSketch
-from psflow.ps.dynamic.snapshots import COUNTED, check_snapshot, counts_array
+from psflow.ps.dynamic.snapshots import COUNTED, check_counts, check_snapshot, counts_array
 from psflow.ps.dynamic.spec import BoolArray, DynamicTableError, DynamicTableSpec, DynamicTableStats, FloatArray
 from psflow.ps.optimizers import make_optimizer
 
@@ -244,7 +244,8 @@ class DynamicTable:
             ``ids`` int64 [n], ``values`` float32 [n, dim], ``slot/NAME`` float32
             [n, dim] per optimizer slot, ``state/NAME`` float32 0-d (Adam's beta
             powers), ``last_step`` and ``frequency`` int64 [n], ``step`` int64 0-d
-            (the latest step the table saw); with ``counts``, also :meth:`take_changes`' ``counts``.
+            (the latest step the table saw); with ``counts`` (a checkpoint's, a replica's), also the counters,
+            :meth:`take_changes`' ``counts``.
         """
         with self._lock:
             return self._snapshot(counts)
@@ -272,7 +273,8 @@ class DynamicTable:
         """Replaces every row with those of a :meth:`snapshot`; returns how many it evicted to fit.
 
         Rows beyond the row limit are evicted by policy (exactly, not sampled)
-        and counted. Counters, the admission sketch and the generators stay.
+        and counted. The counters become the snapshot's ``counts`` where it has
+        them (a checkpoint's), else they stay; the admission sketch and the generators stay.
 
         Raises:
             DynamicTableError: keys, dtypes or shapes differ from this table's
@@ -301,6 +303,8 @@ class DynamicTable:
             self._index.insert(self._ids[used], np.arange(keep.size, dtype=np.int64))
             self._step = max(self._step, int(arrays["step"]))
             self._ttl_cursor = 0
+            if "counts" in arrays:
+                self._counts = check_counts(arrays["counts"], self.name)
             self._counts["evicted_capacity"] += n - keep.size
             return n - int(keep.size)
 
