@@ -60,6 +60,12 @@ that cannot be read (a shard damaged or missing) is named once, in a WARNING
 with the file and why, and not read again: the evaluator waits for a newer one.
 When that checkpoint is the run's last (final, or at ``--max-steps``), nothing
 newer will come, and the evaluator fails with a :class:`CheckpointError` naming it.
+
+7. A checkpoint directory that does not answer (a store's outage, its endpoint
+   unreachable; a network file system gone) is transient: the evaluator says so
+   once per outage, in a WARNING naming the directory and the error, and polls on;
+   a checkpoint whose read met the outage is read again once the store answers, not
+   taken for a damaged one. It ends only on the run's last checkpoint or a stop.
 """
 
 from __future__ import annotations
@@ -132,11 +138,18 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
     done: list[Evaluation] = []
     unreadable: tuple[str, int] | None = None  # the newest checkpoint, found damaged: not read again
     going, stalled = _ResumedRun(config.checkpoint.dir), _Stalled(config.checkpoint.dir)
+    outage = _Outage(config.checkpoint.dir, poll_secs)
     log.info("evaluator: watching %s every %.1f s; evaluating on %s", config.checkpoint.dir, poll_secs,
              ", ".join(config.data.eval))
     try:
         while not stop.is_set():
-            newest = _newest(config.checkpoint.dir)
+            try:
+                newest = _newest(config.checkpoint.dir)
+            except OSError as e:  # the store (or a network file system) did not answer: an outage passes
+                outage.met(e)
+                stop.wait(poll_secs)
+                continue
+            outage.over()
             if newest is not None and newest[:2] == unreadable:
                 if _ends_training(newest, config.data.max_steps, going):  # marked final since: nothing newer comes
                     raise CheckpointError(f"evaluator: the final checkpoint {newest[0]} cannot be read (see the "
@@ -157,6 +170,10 @@ def run_evaluator(config: TrainConfig, *, poll_secs: float = 5.0, stop: threadin
                 result = _evaluate(newest[0], batch, search_path, config.report.eval_moving_averages,
                                    config.model.name)
             except (CheckpointError, OSError) as e:
+                if _unreachable(e):  # not a damaged checkpoint: read it again once the store answers
+                    outage.met(e)
+                    stop.wait(poll_secs)
+                    continue
                 if _newest(config.checkpoint.dir) != newest:  # deleted by rotation while read: take the newest
                     log.info("evaluator: skipped %s (%s)", newest[0], e)
                     continue
@@ -193,6 +210,37 @@ def _newest(directory: str) -> tuple[str, int, bool] | None:
     except CheckpointError:  # deleted by rotation since
         return None
     return path, manifest.global_step, manifest.final
+
+
+def _unreachable(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an error it was raised from) says the store did not answer: an outage, which
+    passes, not a damaged checkpoint."""
+    while error is not None:
+        if isinstance(error, (ConnectionError, TimeoutError)):
+            return True
+        error = error.__cause__
+    return False
+
+
+class _Outage:
+    """Says once per outage, in a WARNING, that the checkpoint directory's store does not answer and that the
+    evaluator polls on (module docstring, 7.); and, in an INFO line, when it answers again."""
+
+    def __init__(self, directory: str, poll_secs: float) -> None:
+        self.directory, self.poll_secs = directory, poll_secs
+        self.down = False
+
+    def met(self, error: BaseException) -> None:
+        if not self.down:
+            self.down = True
+            log.warning("evaluator: cannot look for checkpoints in %s: %s; polling on every %.1f s until it "
+                        "answers (stop the evaluator with SIGTERM or Ctrl-C to end the wait)", self.directory,
+                        " ".join(str(error).split()) or type(error).__name__, self.poll_secs)
+
+    def over(self) -> None:
+        if self.down:
+            self.down = False
+            log.info("evaluator: %s answers again", self.directory)
 
 
 def _ends_training(newest: tuple[str, int, bool], max_steps: int | None, going: _ResumedRun) -> bool:
