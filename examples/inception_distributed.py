@@ -7,7 +7,8 @@ the ps tasks. Its shape, and what psflow runs for each piece:
 
 * ``SyncReplicasOptimizer(replicas_to_aggregate=N, total_num_replicas=N + B)``:
   each step averages the first N gradients that arrive and drops the B slowest
-  (*backup workers*) -- ``psflow train --mode sync --replicas-to-aggregate N
+  (*backup workers*), on each ps task as TF's per-variable accumulators do
+  (docs/replication.md) -- ``psflow train --mode sync --replicas-to-aggregate N
   --workers N+B`` (:mod:`psflow.ps.sync`);
 * ``RMSPropOptimizer(lr, decay=0.9, momentum=0.9, epsilon=1.0)`` applied on the
   ps tasks -- ``--optimizer rmsprop:decay=0.9,momentum=0.9,epsilon=1.0``;
