@@ -63,7 +63,10 @@ def expected_in_task(error: BaseException) -> bool:
     (:class:`~psflow.train.recovery.RecoveryError`). The launcher reports that other task's exit as the
     root cause; this task's log keeps the traceback. An ``OSError`` is not expected here either. But a ps task's
     refusal of the user's ``--learning-rate-schedule`` at the step its rate stops being usable
-    (:meth:`psflow.ps.optimizer_base.Optimizer.learning_rate`) is the user's to fix, one line.
+    (:meth:`psflow.ps.optimizer_base.Optimizer.learning_rate`) is the user's to fix, one line, and so is a sync
+    step or ssp wait failed because the chief's save lasted longer than ``--save-timeout``
+    (:mod:`psflow.ps.save_hold`): the line names the save and the flag (the chief, stuck in its save, never
+    fails on its own).
     """
     if not isinstance(error, PsflowError):
         return False
@@ -71,7 +74,7 @@ def expected_in_task(error: BaseException) -> bool:
     from psflow.rpc.api import ListenError, RpcError
 
     if isinstance(error, RpcError):
-        return isinstance(error, ListenError) or _schedule_refused(error)
+        return isinstance(error, ListenError) or _schedule_refused(error) or _save_past_its_timeout(error)
     # Not imported, so not raised: a ps task never imports the trainer's modules, not even while it ends.
     recovery = sys.modules.get("psflow.train.recovery")
     others = (CoordinationError,) if recovery is None else (CoordinationError, recovery.RecoveryError)
@@ -85,3 +88,11 @@ def _schedule_refused(error: BaseException) -> bool:
     from psflow.rpc.api import InvalidArgumentError
 
     return isinstance(error, InvalidArgumentError) and "(--learning-rate-schedule) is " in str(error)
+
+
+def _save_past_its_timeout(error: BaseException) -> bool:
+    """Whether ``error`` is a ps task's refusal of a push whose sync step (or ssp wait) a chief's save held past its
+    --save-timeout (:meth:`psflow.ps.save_hold.SaveHold.describe`'s words: tests/unit/launch/test_console.py)."""
+    from psflow.rpc.api import FailedPreconditionError
+
+    return isinstance(error, FailedPreconditionError) and "longer than its --save-timeout (" in str(error)

@@ -18,9 +18,11 @@ from psflow.optim.spec import OptimizerError
 from psflow.placement import PlacementError
 from psflow.ps.client import ClientError
 from psflow.ps.optimizers import make_optimizer
+from psflow.ps.save_hold import SaveHold
 from psflow.ps.store import StoreError
 from psflow.rpc.api import (
     DeadlineExceededError,
+    FailedPreconditionError,
     InvalidArgumentError,
     ListenError,
     RpcError,
@@ -76,6 +78,24 @@ def test_a_ps_tasks_refusal_of_the_learning_rate_schedule_is_one_line() -> None:
     for e in (refused.value, overflowed.value):
         assert expected_in_task(InvalidArgumentError(f"/job:ps/task:0: PushPull: {e}"))
     assert not expected_in_task(InvalidArgumentError("/job:ps/task:0: Push: gradient of 'w' has shape (3,), not (4,)"))
+
+
+def test_a_step_failed_by_a_save_past_its_save_timeout_is_one_line() -> None:
+    """A sync step (or an ssp wait) whose chief's save lasted longer than --save-timeout fails the waiting push
+    naming the save and the flag (psflow.ps.save_hold): the user's --save-timeout or storage, not another task's
+    failure. It ended the worker with a traceback's tail, which the launcher showed as the root cause."""
+    now = [0.0]
+    hold = SaveHold(lambda: now[0])
+    hold.notice("/job:worker/task:0", "gs://b/ckpt", 10, True, bound=5.0)
+    now[0] = 7.0
+    why = hold.describe(["/job:worker/task:0"])
+    assert "--save-timeout" in why
+    for message in (f"sync step 10 timed out after 2.0 s with 1 of 2 gradients; missing: /job:worker/task:0{why}",
+                    f"/job:worker/task:0 made no progress for 2.0 s (clock 9){why}"):
+        assert expected_in_task(FailedPreconditionError(f"/job:ps/task:0: PushPull: /job:ps/task:0: {message}"))
+    assert not expected_in_task(FailedPreconditionError(
+        "/job:ps/task:0: PushPull: /job:ps/task:0: sync step 10 timed out after 2.0 s with 1 of 2 gradients; "
+        "missing: /job:worker/task:0"))  # no save named: another task's failure (the launcher names it)
 
 class _NewError(PsflowError):
     """Stands for any error psflow raises on purpose, one added after the command line was written included."""
