@@ -39,6 +39,7 @@ from typing import TextIO
 
 from psflow import storage
 from psflow.checkpoint.lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
+from psflow.checkpoint.lock_release import BoundedRelease
 from psflow.checkpoint.manifest import POINTER_NAME, Manifest, read_manifest
 from psflow.checkpoint.pointer import incomplete_checkpoints, latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
@@ -353,7 +354,8 @@ def claim_run(config: TrainConfig, run_dir: str, *,
 
     Returns:
         The config with its run id, and what to leave when the run ends (every lock this call took,
-        released on exit, however the run ends).
+        released on exit, however the run ends; the checkpoint directory's waited for at most
+        :data:`~psflow.checkpoint.lock_release.RELEASE_TIMEOUT` s, then named as left behind).
 
     Raises:
         RunDirLockedError: another live run holds ``run_dir`` (names it: run id, pid, host).
@@ -366,7 +368,8 @@ def claim_run(config: TrainConfig, run_dir: str, *,
         held.enter_context(RunDirLock(run_dir, config.run_id or ""))
         config, checkpoint_lock = claim_checkpoint_dir(config, run_dir=run_dir, out=out)
         if checkpoint_lock is not None:
-            held.push(checkpoint_lock)  # taken already: only its release is left to do
+            # Taken already: only its release is left to do, bounded (a store that stopped answering never ends it).
+            held.enter_context(BoundedRelease(checkpoint_lock, out=out))
         return config, held.pop_all()
 
 

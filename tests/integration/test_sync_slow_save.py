@@ -12,7 +12,10 @@ the other worker's push deadline failed that push, unless the ps answers it held
 The same with ``--mode ssp`` (the other worker runs --staleness steps ahead and waits for the saving chief's
 clock: before, the chief was declared lost, 'made no progress', and the run failed; also the other worker,
 waiting for the chief's initial checkpoint, was declared lost at the chief's first wait) and with
-``--ps-replicas 1`` (before, no notice was sent to replicated shards: the step timed out)."""
+``--ps-replicas 1`` (before, no notice was sent to replicated shards: the step timed out).
+
+And the store stopped for good: the step fails once the save outlasted --save-timeout, and ``psflow train`` ends,
+naming the save in one line and the checkpoint lock it could not release (it waited for ever on that release)."""
 
 from __future__ import annotations
 
@@ -110,3 +113,49 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
     assert "/job:worker/task:0 saved a checkpoint into gs://" in ps_logs  # the end notice: the timeout runs again
     latest = latest_checkpoint(ckpt)
     assert latest is not None and latest.endswith(str(steps)), latest
+
+
+def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_left_behind(
+        gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The store stops for good during a save: the step fails once --save-timeout is over, and ``psflow train``
+    then ends (it waited for ever to release the run lock on the stopped store), non-zero, its error line the
+    save's (not the failed worker's traceback), and one line naming the lock it could not release and the URL."""
+    from object_store_servers import StoreServer, new_bucket
+
+    assert isinstance(gcs_server, StoreServer)
+    for key, value in gcs_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    ckpt = f"{new_bucket(gcs_server)}/ckpt"
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", "sync",
+         "--ps", "1", "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--sync-timeout", str(SYNC_TIMEOUT),
+         "--rpc-timeout", str(RPC_TIMEOUT), "--save-timeout", "5", "--checkpoint-dir", ckpt,
+         "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = False
+    try:
+        wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
+                   "the chief's first steps")
+        os.kill(gcs_server.pid, signal.SIGSTOP)  # for good: resumed only once the run has ended
+        stopped = True
+        try:
+            _, stderr = run.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            pytest.fail("psflow train did not end within 180 s of the store stopping (--save-timeout 5): "
+                        + run.communicate()[1][-3000:])
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+        if stopped:
+            os.kill(gcs_server.pid, signal.SIGCONT)
+    assert run.returncode != 0
+    lines = stderr.splitlines()
+    # The root cause's one line: the save and the flag (it was the failed worker's traceback tail).
+    error = next(i for i, line in enumerate(lines) if line.startswith("psflow train: error:"))
+    assert "root cause" in lines[error] and "--save-timeout (5 s)" in lines[error + 1], stderr[-3000:]
+    assert "Traceback" not in stderr and "last lines of its log" not in stderr, stderr[-3000:]
+    assert any(f"could not release the lock {ckpt}/checkpoint.lock" in line for line in lines), stderr[-3000:]

@@ -1,0 +1,68 @@
+"""A launcher's release of a run's checkpoint lock, within a bounded time (:class:`BoundedRelease`).
+
+Releasing a lock is a few calls on its directory (:meth:`psflow.checkpoint.lock.DirectoryLock.release`); in an
+object store that stopped answering, none of them ends (the store's clients retry without a deadline), so a
+run that failed because its store stopped then never exited: ``psflow train`` waited for ever at its very end.
+The release runs in a thread of its own here, waited for at most :data:`RELEASE_TIMEOUT` seconds; past that the
+launcher goes on with one line naming the lock file left behind and its directory, and a run that had
+succeeded fails on it (exit status non-zero). A run that failed already keeps its own error as the headline,
+the line printed before it. The abandoned thread is a daemon: it never keeps the process from exiting.
+
+The lock left behind names a process that is gone: a later run on this host takes it over at once, one on
+another host is refused until it is deleted (see :mod:`psflow.checkpoint.lock`).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import TracebackType
+from typing import TextIO
+
+from psflow.checkpoint.lock import MUTEX_TIMEOUT, DirectoryLock
+from psflow.errors import CheckpointError
+
+__all__ = ["RELEASE_TIMEOUT", "BoundedRelease", "LockNotReleasedError"]
+
+#: Seconds a release may take: the wait for another holder of the directory's mutex (at most
+#: :data:`~psflow.checkpoint.lock.MUTEX_TIMEOUT`), then as long again for the lock file's few calls.
+RELEASE_TIMEOUT = 2 * MUTEX_TIMEOUT
+
+
+class LockNotReleasedError(CheckpointError):
+    """A run's lock could not be released in time (names the lock file and its directory)."""
+
+
+class BoundedRelease:
+    """On exit, ``lock``'s own exit (its release, if it took the directory), waited for at most ``timeout`` s.
+
+    Raises (on exit, only when no other error ends the block):
+        LockNotReleasedError: the release did not end in time (the line is printed to ``out`` as well
+            when another error ends the block, which stays the one raised).
+    """
+
+    def __init__(self, lock: DirectoryLock, *, timeout: float = RELEASE_TIMEOUT, out: TextIO | None = None) -> None:
+        self.lock, self.timeout, self.out = lock, timeout, out
+
+    def __enter__(self) -> BoundedRelease:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        done = threading.Event()
+
+        def release() -> None:
+            try:
+                self.lock.__exit__(exc_type, exc, tb)
+            finally:
+                done.set()
+
+        threading.Thread(target=release, name="psflow-lock-release", daemon=True).start()
+        if done.wait(self.timeout):
+            return
+        line = (f"could not release the lock {self.lock.path} of {self.lock.what} {self.lock.directory}: no answer "
+                f"within {self.timeout:g} s (the store stopped answering?); a later run on this host takes it over, "
+                "from another host delete it once this run is over")
+        if exc is None:
+            raise LockNotReleasedError(line)
+        print(f"psflow: {line}", file=self.out or sys.stderr, flush=True)

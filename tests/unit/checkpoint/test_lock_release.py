@@ -1,0 +1,53 @@
+"""A launcher's release of the run's checkpoint lock ends within its bound (psflow.checkpoint.lock_release): a
+store that stopped answering kept ``psflow train`` from ever exiting. Here the release is held up for real: another
+open file of the directory holds its flock (the mutex every release takes), as a stopped store holds every call."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import os
+from pathlib import Path
+
+import pytest
+from support import wait_until
+
+from psflow.checkpoint.lock import LOCK_NAME, CheckpointDirLock
+from psflow.checkpoint.lock_release import BoundedRelease, LockNotReleasedError
+
+
+def test_a_release_in_time_removes_the_lock(tmp_path: Path) -> None:
+    lock = CheckpointDirLock(str(tmp_path), "run-a")
+    with BoundedRelease(lock.__enter__(), timeout=60):
+        assert (tmp_path / LOCK_NAME).exists()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_release_held_up_past_its_bound_is_named_and_fails_a_run_that_had_succeeded(tmp_path: Path) -> None:
+    lock = CheckpointDirLock(str(tmp_path), "run-a").__enter__()
+    holder = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # the directory's mutex, held: the release waits for it
+    try:
+        with pytest.raises(LockNotReleasedError, match=f"could not release the lock {tmp_path / LOCK_NAME} of "
+                                                       f"checkpoint directory {tmp_path}: no answer within 0.5 s"):
+            with BoundedRelease(lock, timeout=0.5):
+                pass
+    finally:
+        os.close(holder)  # the abandoned release then ends on its own
+    wait_until(lambda: not (tmp_path / LOCK_NAME).exists(), "the abandoned release's end")
+
+
+def test_a_failed_run_keeps_its_own_error_and_the_lock_left_behind_is_printed(tmp_path: Path) -> None:
+    lock = CheckpointDirLock(str(tmp_path), "run-a").__enter__()
+    holder = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    out = io.StringIO()
+    try:
+        with pytest.raises(RuntimeError, match="the run's own failure"):
+            with BoundedRelease(lock, timeout=0.5, out=out):
+                raise RuntimeError("the run's own failure")
+    finally:
+        os.close(holder)
+    assert out.getvalue().startswith(f"psflow: could not release the lock {tmp_path / LOCK_NAME} ")
+    assert out.getvalue().count("\n") == 1
+    wait_until(lambda: not (tmp_path / LOCK_NAME).exists(), "the abandoned release's end")
