@@ -2,11 +2,12 @@
 
 TensorFlow's ``cifar10_multi_gpu_train.py`` keeps the variables on the CPU,
 builds one replica of the model -- a *tower* -- on each GPU, gives each tower
-its own slice of every batch, averages the towers' gradients and applies them
-once per step with gradient descent. psflow does the same inside a worker
-process (``psflow train --towers N``, ``--device cuda``, ``--devices
-cuda:0,cuda:1``; :mod:`psflow.torch.towers`): the variables live on the ps
-tasks and are pulled once per step, copied to every tower, the batch is cut
+a batch of its own (``--batch_size`` examples each), averages the towers'
+gradients and applies them once per step with gradient descent. psflow does the
+same inside a worker process (``psflow train --towers N``, ``--device cuda``,
+``--devices cuda:0,cuda:1``; :mod:`psflow.torch.towers`), with ``--batch-size``
+the worker's whole batch (TF's ``num_gpus * batch_size``): the variables live on
+the ps tasks and are pulled once per step, copied to every tower, the batch is cut
 into one slice per tower, the towers run at once (CPU towers in threads), and
 their gradients -- each slice's weighted by its share of the batch, so N
 towers on a batch push exactly what one model on it pushes -- are summed on
