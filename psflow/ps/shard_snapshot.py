@@ -36,7 +36,8 @@ __all__ = ["SLOT_SEPARATOR", "DYNAMIC_SEPARATOR", "CHANGED_ROWS", "shard_tensor_
 SLOT_SEPARATOR = ":"
 
 #: Separates a dynamic table partition's key from its snapshot arrays other than values and slots:
-#: ``emb/part_0@ids``, ``emb/part_0@last_step``, ``emb/part_0@frequency``, ``emb/part_0@step``, ``emb/part_0@state/NAME``.
+#: ``emb/part_0@ids``, ``emb/part_0@last_step``, ``emb/part_0@frequency``, ``emb/part_0@step``, ``emb/part_0@state/NAME``,
+#: ``emb/part_0@counts`` (the share's counters).
 DYNAMIC_SEPARATOR = "@"
 
 #: An increment's tensor of a partition's saved local rows: ``<key>@changed_rows``.
