@@ -31,9 +31,10 @@ Ends (a save holds nothing for ever, and an error names only a save somebody is 
   past ``bound`` seconds after its start, even if notices still came (the chief stops sending them then:
   :mod:`psflow.checkpoint.save_notice`), so a save stuck in storage fails the step ``timeout`` seconds later,
   and the error names the save and the flag instead of the run hanging;
-* its chief gone: a registration of the writer (:meth:`SaveHold.registered`: its restarted process) or a notice
-  of another process of it or of another worker (a new chief) ends it at once, as an end notice would (a sign
-  of life: the step's timeout runs again from then);
+* its chief gone: a registration of the writer (:meth:`SaveHold.registered`: its restarted process; on a
+  replicated shard's backup, which sees no ``Register``, a newer process of the writer in the primary's entries,
+  :mod:`psflow.ps.replication.snapshot`) or a notice of another process of it or of another worker (a new chief)
+  ends it at once, as an end notice would (a sign of life: the step's timeout runs again from then);
 * a restore (:meth:`SaveHold.forget`).
 
 :meth:`SaveHold.describe` names a save under way, and one that ended after the step began collecting (it held
@@ -104,12 +105,15 @@ class SaveHold:
             save.ended = now
         return save
 
-    def registered(self, worker: str) -> bool:
-        """``worker`` registered (a process of it started): a save of its under way is over, its process gone.
-        Returns whether one was."""
+    def registered(self, worker: str, incarnation: int | None = None) -> bool:
+        """``worker`` registered (a process of it started), or (``incarnation``: that process) a backup learnt of
+        it from its primary: a save of its under way by an earlier process is over, its process gone. Returns
+        whether one was."""
         save = self._saves.get(worker)
         if save is None or save.ended is not None:
             return False
+        if incarnation is not None and save.incarnation is not None and save.incarnation >= incarnation:
+            return False  # that process's own save (its notice reached this member before its incarnation)
         save.heard = save.ended = self._clock()
         save.why = "its process ended (a new one registered)"
         return True

@@ -141,10 +141,10 @@ class StalenessClock:
             self._cond.notify_all()
         return self.config.timeout / 4
 
-    def registered(self, worker: str) -> None:
-        """A process of ``worker`` registered: a save of its earlier one holds nothing more (save_hold)."""
+    def registered(self, worker: str, incarnation: int | None = None) -> None:
+        """A process of ``worker`` (``incarnation``) registered: a save of an earlier one holds nothing (save_hold)."""
         with self._cond:
-            if self._hold.registered(worker):
+            if self._hold.registered(worker, incarnation):
                 self._cond.notify_all()
 
     def leave(self, worker: str) -> None:

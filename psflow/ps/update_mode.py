@@ -105,11 +105,12 @@ class UpdateMode:
         return coordinator.save_notice(notice.writer, notice.directory, notice.step, notice.active,
                                        bound=notice.bound, incarnation=notice.incarnation)
 
-    def registered(self, worker: str) -> None:
-        """A process of ``worker`` registered: a save its earlier process told of is over (its chief is gone)."""
+    def registered(self, worker: str, incarnation: int | None = None) -> None:
+        """A process of ``worker`` registered (``incarnation``: that process, when known): a save an earlier
+        process told of is over (its chief is gone)."""
         coordinator = self.aggregator or self.staleness
         if coordinator is not None:
-            coordinator.registered(worker)
+            coordinator.registered(worker, incarnation)
 
     def abort(self, reason: str) -> None:
         """A restore begins: sync pushes waiting for a step give up with ``reason``."""

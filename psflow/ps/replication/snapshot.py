@@ -76,6 +76,7 @@ def write_entry(service: ParameterService, dedup: DedupTable, counts: dict[str, 
     if isinstance(clock, dict):
         service.clock.load_replica_state(clock)
     if isinstance(workers, dict):
+        _replaced(service, workers.get("incarnations"))
         service.workers.load_replica_state(workers)
     if isinstance(gate, dict):
         service.gate.load_replica_state(gate)
@@ -112,6 +113,17 @@ def write_entries(service: ParameterService, dedup: DedupTable, counts: dict[str
         for delta in coalesce(deltas) if len(deltas) > 1 else deltas:
             write(store, delta)
     write_entry(service, dedup, counts, ReplicaEntry(entries[-1].seq, entries[-1].state))
+
+
+def _replaced(service: ParameterService, incarnations: object) -> None:
+    """Each worker the primary saw a newer process of: a save its earlier process told this member of is over, as
+    that process's ``Register`` ended it on the primary (:mod:`psflow.ps.save_hold`); nothing else tells a backup,
+    which, promoted later, named that dead process's save in a step's timeout."""
+    if not isinstance(incarnations, dict):
+        return
+    for worker, incarnation in incarnations.items():
+        if isinstance(incarnation, int) and incarnation > service.workers.incarnation_of(str(worker)):
+            service.mode.registered(str(worker), incarnation)
 
 
 def _register(service: ParameterService, meta: object) -> None:

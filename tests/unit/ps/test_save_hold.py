@@ -341,3 +341,15 @@ def _or_error(call: Callable[[], Any]) -> Any:
         return call()
     except PreconditionFailed as e:
         return e
+
+
+def test_a_newer_process_ends_an_earlier_ones_save_but_not_its_own() -> None:
+    """A backup learns of a chief's new process from its primary's entries (psflow.ps.replication.snapshot), which
+    may reach it after that process's own first save notice (notices go to every member directly): the new
+    process's save stays under way, the dead one's ends."""
+    hold = SaveHold(lambda: 0.0)
+    hold.notice(CHIEF, CKPT, 10, True, bound=600.0, incarnation=2)
+    assert not hold.registered(CHIEF, 2) and "was saving" in hold.describe([CHIEF])  # its own: kept
+    dead = SaveHold(lambda: 0.0)
+    dead.notice(CHIEF, CKPT, 10, True, bound=600.0, incarnation=1)
+    assert dead.registered(CHIEF, 2) and "its process ended" in dead.describe([CHIEF])

@@ -3,7 +3,10 @@ nowhere until its step is applied, and answered from the step's record when sent
 (tests/replica_shard.py), a real --sync-timeout of 2 s.
 
 Before, the held answer was recorded as the push's dedup reply: every resend got it back at once (the client
-spun on it), the step's own record never replaced it, and the shard's backups took the push as answered."""
+spun on it), the step's own record never replaced it, and the shard's backups took the push as answered.
+
+Also: a backup ends a dead chief's save when its new process shows in the primary's entries, as the primary did at
+that process's Register, so a backup promoted later does not name the dead save."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
 from psflow.ps.protocol import PushReply, PushRequest, SaveNoticeRequest, StepTag, WorkerTag
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import FailedPreconditionError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,3 +71,40 @@ def test_a_held_sync_push_is_recorded_with_its_step_and_a_resend_gets_that_recor
     assert shard.push(PRIMARY, _push(other)) == out["reply"]  # a later resend: the same record, applied once
     held = shard.services[backup(0)].clock.global_step
     shard.wait(lambda: held is not None and held.value == 1, "the backup at step 1")
+
+
+def _push_of(worker: str, incarnation: int, step: int) -> PushRequest:
+    grad = np.ones((2, 4), np.float32)
+    return PushRequest([("w/part_0", grad, np.array([1, 2], np.int64))],
+                       WorkerTag(worker, incarnation, push_id=step + 1, acked=step),
+                       StepTag(read_step=step, sync_tag=step), step=True, examples=8)
+
+
+def test_a_backup_promoted_after_the_chief_restarted_names_no_save_of_its_dead_process(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """The chief died saving and its new process registered and trained: the primary ended that save at the
+    Register (1d44067), but nothing told the backups, so a backup promoted later named the dead process's save in
+    a later step's timeout ('was saving a checkpoint ... the chief died or hung while saving?'), a save nobody was
+    doing. The new process's push, replicated with its incarnation, ends it on the backups too."""
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig("sync", 2, 2, timeout=2.0)))
+    chief, other = WORKERS
+    for member in (PRIMARY, backup(0)):  # the chief's save, then its process dies: no more notices
+        shard.call(member, SaveNoticeRequest.METHOD, SaveNoticeRequest(chief, CKPT, 0, True, 600.0, 1).to_frame())
+    shard.register(layout(SyncConfig("sync", 2, 2, timeout=2.0)))  # its new process registers (the primary only)
+    out: dict[str, PushReply] = {}
+    waiting = threading.Thread(target=lambda: out.setdefault("other", shard.push(PRIMARY, _push_of(other, 1, 0))),
+                               daemon=True)
+    waiting.start()
+    shard.wait(lambda: shard.services[PRIMARY].mode.stats()["sync_contributed"] == [other], "the other's push")
+    assert shard.push(PRIMARY, _push_of(chief, 2, 0)).completed  # the new process trains step 1 with the other
+    waiting.join(20)
+    assert out["other"].step == 1, out
+    shard.wait(lambda: shard.services[backup(0)].workers.incarnation_of(chief) == 2, "the backup at step 1")
+    shard.cut.add(PRIMARY)
+    shard.promote(backup(0), 1)
+    with pytest.raises(FailedPreconditionError, match="sync step 1 timed out") as timed_out:  # the chief missing
+        shard.push(backup(0), _push_of(other, 1, 1))
+    assert "saving" not in str(timed_out.value) and CKPT not in str(timed_out.value), timed_out.value
