@@ -94,6 +94,21 @@ class TrainConfig:
             self.sync_config()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+        self._check_in_graph_sync()
+
+    def _check_in_graph_sync(self) -> None:
+        """In-graph sync pushes the mean of every worker's slice (psflow.train.in_graph): backups or another
+        averaging, which it would not do, are refused rather than ignored."""
+        sync, workers = self.sync, self.cluster.num_workers
+        if sync.replication != "in-graph" or sync.mode != "sync":
+            return
+        if sync.replicas_to_aggregate is not None and sync.replicas_to_aggregate < workers:
+            raise ConfigError(f"--replicas-to-aggregate {sync.replicas_to_aggregate} (backup workers) needs "
+                              f"between-graph replication: in-graph sync averages all {workers} workers' slices "
+                              "every step")
+        if sync.averaging != "replicas":
+            raise ConfigError(f"--averaging {sync.averaging} needs between-graph replication: in-graph sync divides "
+                              "every row by the number of workers (replicas)")
 
     @classmethod
     def flat(cls, **settings: Any) -> TrainConfig:

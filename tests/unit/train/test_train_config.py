@@ -88,3 +88,19 @@ def test_the_ps_failover_timeout_is_a_cluster_setting_from_its_flag_and_checked(
     assert TrainConfig().cluster.ps_failover_timeout == 10.0  # the lease ttl's default; under --liveness-timeout's 30
     with pytest.raises(ConfigError, match=r"--ps-failover-timeout must be within \(0, 3600\] s, got 0"):
         ClusterSettings(ps_failover_timeout=0)
+
+
+def test_in_graph_sync_refuses_backups_and_an_averaging_it_would_not_do() -> None:
+    """In-graph sync pushes the mean of every worker's slice, once per step (docs/replication.md): asked for backups
+    (--replicas-to-aggregate below --workers) or another --averaging, it trained on every slice, averaged, without
+    a word (3 workers, --replicas-to-aggregate 2: 3 x 512 examples per step)."""
+    in_graph = {"mode": "sync", "num_workers": 3, "replication": "in-graph"}
+    TrainConfig.flat(**in_graph)
+    TrainConfig.flat(**in_graph, replicas_to_aggregate=3, averaging="replicas")  # what it does: allowed
+    with pytest.raises(ConfigError, match=r"^--replicas-to-aggregate 2 \(backup workers\) needs between-graph "
+                                          r"replication: in-graph sync averages all 3 workers' slices every step$"):
+        TrainConfig.flat(**in_graph, replicas_to_aggregate=2)
+    with pytest.raises(ConfigError, match=r"^--averaging per_row needs between-graph replication: in-graph sync "
+                                          r"divides every row by the number of workers \(replicas\)$"):
+        TrainConfig.flat(**in_graph, averaging="per_row")
+    TrainConfig.flat(mode="sync", num_workers=3, replicas_to_aggregate=2, averaging="sparse_sum")  # between-graph
