@@ -173,7 +173,8 @@ Classes and functions, by file:
 * ``lock.py`` -- one run per directory: :class:`CheckpointDirLock`, :class:`RunDirLock`
   (``run.lock`` of a run directory), :func:`directory_mutex`, the run's id (:func:`new_run_id`,
   :func:`cluster_run_id`); ``holder.py`` -- who holds a lock and whether it is alive (:func:`holder_alive`:
-  host, boot, pid namespace, pid and its start time; :func:`describe_holder`).
+  host, boot, pid namespace, pid and its start time; :func:`describe_holder`); ``lock_release.py`` -- a
+  launcher's release of the checkpoint lock within a bounded time (a store that stopped answering).
 
 :class:`~psflow.errors.CheckpointError` is the error of every refused or failed checkpoint operation.
 This package imports the ps client and protocol, never the worker loop or the launcher.
