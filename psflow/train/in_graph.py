@@ -13,8 +13,9 @@ or pickle ever crosses the wire.
 A worker pulls and computes, and returns its gradient
 (:func:`psflow.train.step.compute_gradients`); the client pushes (in
 ``async`` mode each slice's gradient, one step each; in ``sync`` mode the
-average of the W gradients, once: N workers of batch b = one process with
-batch N·b, as in between-graph sync mode). So a step the client runs again
+average of the W gradients, each weighted by its slice's share of the batch,
+once: N workers of batch b = one process with batch N·b, the epoch's last,
+uneven batch included). So a step the client runs again
 on a restarted worker is pushed once. ``RunStep`` with ``push`` set has the
 worker push itself (:class:`Session` users; the client does not).
 ``ssp`` is a between-graph mode only.
@@ -203,18 +204,31 @@ class Session:
         self._channel.close()
 
 
-def average_gradients(all_grads: Sequence[Gradients]) -> Gradients:
-    """Mean of the workers' gradients; sparse rows summed over workers, then divided by their number."""
+def average_gradients(all_grads: Sequence[Gradients], weights: Sequence[int] | None = None) -> Gradients:
+    """Mean of the workers' gradients; sparse rows summed over workers, then divided by their number.
+
+    ``weights`` (the examples of each worker's slice): each gradient, the mean over its slice, counts by its
+    share of the batch, so the result is the gradient of one process on the whole batch (an epoch's last batch
+    splits unevenly); equal weights, or none, give the plain mean.
+    """
     n = len(all_grads)
+    shares = None
+    if weights is not None and len(set(weights)) > 1:
+        shares = [float(w) / float(sum(weights)) for w in weights]
+
+    def combined(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        values = [np.asarray(a, np.float64) for a in arrays]
+        return values if shares is None else [v * (share * n) for v, share in zip(values, shares, strict=True)]
+
     out: dict[str, DenseGradient | SparseGradient] = {}
     for name in all_grads[0]:
         parts = [g[name] for g in all_grads]
         if isinstance(parts[0], DenseGradient):
-            total = np.sum([np.asarray(p.values, np.float64) for p in parts], axis=0)
+            total = np.sum(combined([p.values for p in parts]), axis=0)
             out[name] = DenseGradient((total / n).astype(np.float32))
             continue
         rows = np.concatenate([p.rows for p in parts if isinstance(p, SparseGradient)])
-        values = np.concatenate([np.asarray(p.values, np.float64) for p in parts])
+        values = np.concatenate(combined([p.values for p in parts]))
         uniq, inverse = unique_inverse(rows)
         summed = np.zeros((uniq.size, *values.shape[1:]), np.float64)
         np.add.at(summed, inverse, values)

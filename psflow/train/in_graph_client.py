@@ -30,13 +30,15 @@ Order of the client's life (:func:`run_in_graph_client`):
        worker runs the model's step on its slice (pull and compute, in
        parallel) and returns its gradients; workers never push. Then the
        client pushes: ``async``, each slice's gradient (one global step each,
-       in worker order); ``sync``, their average, once (one step). Every push
+       in worker order); ``sync``, their average, each slice's weighted by its
+       share of the batch (an epoch's last batch splits unevenly), once (one
+       step): one process's gradient on the batch. Every push
        carries the examples it trained and the reader position after this
        batch; the hooks (checkpoints among them) run after the batch's last
        push, so a checkpoint never holds part of a batch, and its example
        count and reader position agree;
     6. log ``step=S loss=L`` (the step's own loss: the slice's in async mode,
-       the slices' mean in sync mode) for every step ``S % --log-every == 0``;
+       the slices' mean, weighted as the gradients, in sync mode) for every step ``S % --log-every == 0``;
        stop at the end of the data or at ``--max-steps``; the session's end
        writes the final checkpoint and summaries.
 
@@ -183,11 +185,12 @@ class InGraphDriver:
 
     def _push_sync(self, slices: Sequence[_Slice], big: Batch, position: str) -> tuple[list[int], list[float]]:
         """One push of the slices' mean gradient (one step); logs it."""
-        loss = float(np.mean([s.loss for s in slices]))
+        sizes = [s.batch.num_examples for s in slices]  # each slice's mean counts by its share of the batch
+        loss = float(np.average([s.loss for s in slices], weights=sizes))
         reads = [s.reply.read_step for s in slices if s.reply.read_step is not None]
         if not math.isfinite(loss):
             self._raise_nan(slices, big)
-        grads = average_gradients([s.grads for s in slices])
+        grads = average_gradients([s.grads for s in slices], sizes)
         step = self.client.push_detailed(grads, examples=big.num_examples, loss=loss,
                                          read_step=min(reads) if reads else None, position=position,
                                          generation=self.generation).step

@@ -70,6 +70,7 @@ class Digits:
     test: str               # the held-out split
     schema: str
     five_steps: str         # the first STEPS * WORKERS * BATCH training examples, one file
+    uneven: str             # the first (STEPS - 1) * WORKERS * BATCH + 3: the last batch splits into 1 and 2
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,10 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Digits:
     x_train, y_train, _, _ = cnn_digits.load_split()
     n = STEPS * WORKERS * BATCH
     cnn_digits.write_records(out / "five_steps.tfrecord", x_train[:n], y_train[:n])
-    return Digits(written["train"], written["test"], written["schema"], str(out / "five_steps.tfrecord"))
+    m = n - WORKERS * BATCH + 3
+    cnn_digits.write_records(out / "uneven.tfrecord", x_train[:m], y_train[:m])
+    return Digits(written["train"], written["test"], written["schema"], str(out / "five_steps.tfrecord"),
+                  str(out / "uneven.tfrecord"))
 
 
 @pytest.fixture(autouse=True)
@@ -92,8 +96,8 @@ def one_torch_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def five_step_config(digits: Digits, **kw: Any) -> TrainConfig:
-    return TrainConfig.flat(train=(digits.five_steps,), eval=(digits.test,), format="tfrecord", schema=digits.schema,
+def five_step_config(digits: Digits, data: str | None = None, **kw: Any) -> TrainConfig:
+    return TrainConfig.flat(train=(data or digits.five_steps,), eval=(digits.test,), format="tfrecord", schema=digits.schema,
                             model=MODEL, model_path=str(REPO), optimizer="sgd", learning_rate=LEARNING_RATE,
                             batch_size=BATCH, epochs=1, num_ps=2, num_workers=WORKERS, mode="sync", averaging="replicas",
                             log_every=1, **kw)
@@ -101,13 +105,24 @@ def five_step_config(digits: Digits, **kw: Any) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def reference(digits: Digits) -> dict[str, np.ndarray]:
-    """One process, no psflow runtime: STEPS SGD steps of the model on the combined batches of WORKERS * BATCH.
+    """One process, no psflow runtime: STEPS SGD steps of the model on the combined batches of WORKERS * BATCH."""
+    return one_process(digits, digits.five_steps)
+
+
+@pytest.fixture(scope="module")
+def uneven_reference(digits: Digits) -> dict[str, np.ndarray]:
+    """:func:`one_process` on ``digits.uneven``: its last step is the 3 examples left."""
+    return one_process(digits, digits.uneven)
+
+
+def one_process(digits: Digits, data_file: str) -> dict[str, np.ndarray]:
+    """STEPS SGD steps of the model on ``data_file``'s combined batches of WORKERS * BATCH (the last: what is left).
 
     The initial values are the ps tasks' (each variable's initializer, then the module's own values the chief
     loads); the update is TensorFlow's ``var -= learning_rate * grad`` (psflow's sgd, as the ps tasks run it).
     """
     before = torch.get_num_threads()
-    config = five_step_config(digits)
+    config = five_step_config(digits, data_file)
     model, variables = build_model(config, ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}))
     torch.set_num_threads(1)
     values: dict[str, np.ndarray] = {}
@@ -118,9 +133,9 @@ def reference(digits: Digits) -> dict[str, np.ndarray]:
     slots = {name: sgd.create_slots(v) for name, v in values.items()}
     data = read_all(list(config.data.train), config.data.format, **data_options(config))
     big = WORKERS * BATCH
-    assert data.num_examples == STEPS * big
+    assert -(-data.num_examples // big) == STEPS
     for start in range(0, data.num_examples, big):
-        batch = model.prepare(data.slice(start, start + big))
+        batch = model.prepare(data.slice(start, min(start + big, data.num_examples)))
         out = model.compute(batch, ArrayParameters(values).pull(model.lookups(batch)))
         assert set(out.gradients) == set(values)
         for name, grad in out.gradients.items():
@@ -180,15 +195,20 @@ def test_psflow_train_sync_equals_one_process_on_the_combined_batch(how: str, di
     compare(read_variables(checkpoint), reference, how)
 
 
-def test_in_graph_sync_equals_one_process_on_the_combined_batch(digits: Digits, reference: dict[str, np.ndarray],
-                                                                 local_cluster: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", ["five_steps", "uneven"])
+def test_in_graph_sync_equals_one_process_on_the_combined_batch(digits: Digits, which: str, local_cluster: Any,
+                                                                 tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """In-graph (one client, a tower per worker task), as ``psflow train --replication in-graph`` runs it.
 
     The processes are started here (2 ps, 2 worker tasks serving RunStep, the client task) so that the
     variables can be read from the ps tasks when the client is done (this config gives no checkpoint directory).
+    ``uneven``: the last batch, 3 examples, splits into slices of 1 and 2, and each slice's gradient counts by its
+    share, as in one process on the batch (the plain mean of the two gave the 1-example slice half the step).
     """
+    reference = request.getfixturevalue("reference" if which == "five_steps" else "uneven_reference")
+    examples = STEPS * WORKERS * BATCH if which == "five_steps" else (STEPS - 1) * WORKERS * BATCH + 3
     handle: ClusterHandle = local_cluster(2, WORKERS)
-    config = five_step_config(digits, replication="in-graph")
+    config = five_step_config(digits, getattr(digits, which), replication="in-graph")
     path = tmp_path / "config.json"
     path.write_text(config.to_json())
     for i in range(WORKERS):
@@ -196,7 +216,7 @@ def test_in_graph_sync_equals_one_process_on_the_combined_batch(digits: Digits, 
     client_proc = handle.start("client", 0, "--config", str(path), "--result", str(tmp_path / "client.json"))
     assert client_proc.wait(timeout=120) == 0, handle.log("client", 0)[-4000:]
     result = json.loads((tmp_path / "client.json").read_text())
-    assert result["steps"] == STEPS and result["examples"] == STEPS * WORKERS * BATCH
+    assert result["steps"] == STEPS and result["examples"] == examples
     log = handle.log("client", 0)
     assert f"step={STEPS} " in log and "workers=2" in log, log[-3000:]
 

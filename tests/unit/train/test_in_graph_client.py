@@ -135,3 +135,15 @@ def test_a_leave_that_fails_after_the_final_checkpoint_still_reports_every_worke
     assert client.done_for == ["/job:worker/task:0", "/job:worker/task:1"]
     assert any("did not hear it leave" in r.getMessage() and "/job:ps/task:1: Leave: UNAVAILABLE" in r.getMessage()
                and r.levelname == "WARNING" for r in caplog.records), caplog.records
+
+
+def test_sync_weights_each_slice_by_its_examples_as_one_process_on_the_batch() -> None:
+    """A batch that does not split evenly (an epoch's last: 5 examples on 3 workers, slices of 1, 2 and 2): the
+    pushed gradient and the loss are those of one process on the batch, each slice's mean weighted by its share
+    (the unweighted mean of the slices' gave the 1-example slice 1/3 of the step instead of 1/5)."""
+    sessions = [FakeSession(f"/job:worker/task:{i}", loss=loss) for i, loss in enumerate((0.1, 0.4, 0.4))]
+    d, client = driver(sessions, "sync")
+    result = d.run_batch(Batch(np.zeros(5, np.float32), {}, {}), "p")
+    (gradient, examples, _), = client.pushes  # each slice's gradient is its number of examples
+    assert examples == 5 and gradient == pytest.approx((1 * 1 + 2 * 2 + 2 * 2) / 5)
+    assert result.loss == pytest.approx((1 * 0.1 + 2 * 0.4 + 2 * 0.4) / 5)
