@@ -198,7 +198,8 @@ class Leadership:
         self.resigned = False
 
     def lease(self) -> Lease | None:
-        """The lease if this worker leads now, else None."""
+        """The lease if this worker leads now, else None. A held lease found lost here is resigned (best effort,
+        one call to the service): the backend renews it no more, so this worker's next campaign can win."""
         with self._lock:
             lease = self._lease
         if lease is not None and not self.backend.is_held(lease):
@@ -206,6 +207,12 @@ class Leadership:
                 if self._lease is lease:
                     self._lease = None
             log.warning("%s: no longer chief (lease epoch %d lost)", self.candidate, lease.epoch)
+            # Given up for good: a lease lapsed only in this worker's view (its grant came back after its ttl)
+            # is still renewed by the backend and held at the service, refusing this worker's next campaign.
+            try:
+                self.backend.resign(lease)
+            except CoordinationError as e:
+                log.info("%s: resigning the lost lease epoch %d: %s", self.candidate, lease.epoch, e)
             return None
         return lease
 
