@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from support import run_cli
 
+from psflow.ps.dynamic.snapshots import COUNTED
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 RECORDS = 2000
@@ -58,3 +60,25 @@ def test_a_resumed_run_on_more_ps_tasks_goes_on_counting_from_its_checkpoint(tmp
     after = _table(tmp_path / "two")
     # The second epoch's admissions and evictions add to the first's (the old code: counted from zero).
     assert after["admitted"] > before["admitted"] and after["evicted_capacity"] > before["evicted_capacity"], after
+
+
+def test_a_ps_kill_leaves_the_table_and_its_counters_as_an_undisturbed_run_of_the_same_seed(tmp_path: Path) -> None:
+    """--ttl-steps 25 with ids reused every 20 steps (never expired) and every 40 (1 worker, so the order of steps is
+    the data's): a run whose ps task 1 is killed and the cluster restored admits and evicts exactly as the run
+    without the kill, and ends with the same rows. The steps it redoes take new global_step values (f127f88): had
+    they aged the restored rows, the rows reused every 20 steps across the restore would expire."""
+    data = tmp_path / "periodic.libsvm"  # record r: a shared id, one of 20 reused every 20 steps, one of its own
+    data.write_text("".join(f"{r % 2} 1:1 {1000 + (r // 50) % 20}:1 {100_000 + r}:1\n" for r in range(RECORDS)))
+    tables = {}
+    for name, chaos in (("undisturbed", ()), ("killed", ("--chaos", "kill:ps:1@step=50"))):
+        out = tmp_path / name
+        r = run_cli("train", "--train", str(data), "--embedding-table", "dynamic", "--ttl-steps", "25", "--optimizer",
+                    "adagrad", "--ps", "2", "--workers", "1", "--epochs", "3", "--batch-size", "50", "--seed", "7",
+                    "--checkpoint-dir", str(tmp_path / f"ckpt-{name}"), "--save-checkpoints-steps", "20",
+                    "--restart-policy", "on-failure", *chaos, "--quiet", "--no-status", "--output", str(out), timeout=250)
+        assert r.returncode == 0, r.stderr[-3000:]
+        tables[name] = {k: v for k, v in _table(out).items() if k in ("rows", *COUNTED)}
+    log = (tmp_path / "killed" / "logs" / "worker-0.log").read_text()
+    assert re.search(r"restored checkpoint \S+ \(step \d+\) onto every ps task", log), log[-3000:]
+    assert tables["undisturbed"]["evicted_ttl"] > RECORDS, tables  # each epoch's own ids expire before the next
+    assert tables["killed"] == tables["undisturbed"]
