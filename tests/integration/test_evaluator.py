@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -397,6 +398,57 @@ def test_an_evaluator_past_a_crashed_runs_last_checkpoint_says_once_what_it_wait
         wait_until(lambda: lines("waiting for a checkpoint newer than"), "the evaluator said what it waits for")
     assert [m for m in lines("waiting for a checkpoint newer than") if f"the run that holds the directory is gone: run "
             f"20261127-000000-resumed (pid {dead.pid} on {socket.gethostname()}" in m and "SIGTERM" in m], caplog.text
+
+
+
+def test_an_evaluator_past_a_checkpoint_says_nothing_while_a_live_run_may_still_write_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other side of the crashed run's warning (843b4e0): past a checkpoint that is not final, the evaluator
+    waits in silence however often it looks while a run that may still save holds the directory: a live run on
+    this host (a normal run between two saves), a lock naming another host, or one written in another pid
+    namespace on this host (another container: its pid, dead here, says nothing, a9022bc). A lock of another
+    host gets the line once no newer checkpoint came for UNSEEN_HOLDER_QUIET, naming the lock file to delete."""
+    import psflow.launch.evaluator as evaluator
+    from psflow.checkpoint.lock import CheckpointDirLock
+
+    ckpt = _trained(tmp_path)
+    shutil.rmtree(ckpt / "ckpt-000000020")  # the run was killed after its save at step 10: ckpt-10 is not final
+    config = TrainConfig.flat(train=(str(A9A),), eval=(str(A9A_T),), num_features=124, checkpoint_dir=str(ckpt))
+    caplog.set_level("INFO", logger="psflow.evaluator")
+    looks: list[int] = []  # the evaluator's looks past ckpt-10 (each one judges the lock)
+    judge = evaluator._Stalled.__call__
+
+    def counted(self: object, path: str, step: int) -> None:
+        judge(self, path, step)  # type: ignore[arg-type]
+        looks.append(step)
+
+    monkeypatch.setattr(evaluator._Stalled, "__call__", counted)
+
+    def said() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "waiting for a checkpoint newer than" in r.getMessage()]
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = CheckpointDirLock(str(ckpt), "20261127-000000-live")  # a live run here (this process) holds it
+    live.acquire()
+    mine = json.loads((ckpt / "checkpoint.lock").read_text())
+    holders = {"a live run on this host": mine,
+               "another host": dict(mine, host=f"not-{socket.gethostname()}", pid=dead.pid),
+               "another pid namespace": dict(mine, pid=dead.pid, pid_ns="pid:[1]")}
+    for what, holder in holders.items():
+        (ckpt / "checkpoint.lock").write_text(json.dumps(holder))
+        looks.clear()
+        with _evaluator_in_thread(config) as (thread, _):
+            wait_until(lambda: len(looks) >= 40, f"the evaluator looked past ckpt-10 40 times ({what})")
+            assert thread.is_alive()
+        assert looks and set(looks) == {10}, looks
+        assert not said(), (what, said())
+    monkeypatch.setattr(evaluator, "UNSEEN_HOLDER_QUIET", 0.5)  # the 30 min, shortened: no newer checkpoint came
+    (ckpt / "checkpoint.lock").write_text(json.dumps(holders["another host"]))
+    with _evaluator_in_thread(config):
+        wait_until(said, "the evaluator said what it waits for, once the other host's run was quiet")
+    assert len(said()) == 1 and str(ckpt / "checkpoint.lock") in said()[0] and "delete" in said()[0], said()
+    assert f"not-{socket.gethostname()}" in said()[0] and "ckpt-000000010" in said()[0], said()
 
 
 @contextlib.contextmanager
