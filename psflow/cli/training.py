@@ -36,6 +36,7 @@ from psflow.train.config import (
     ReportSettings,
     SyncSettings,
     TrainConfig,
+    in_graph_timeout_refusal,
 )
 from psflow.train.faults import FaultInjection
 
@@ -144,9 +145,13 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
                         "flight, for ps tasks a long round trip away (a gradient lacks the worker's own K-1 latest "
                         f"updates; at most {MAX_STEPS_IN_FLIGHT}); 1 waits for each push first (the default). Not with "
                         "--mode sync or --ps-replicas")
-    g.add_argument("--sync-timeout", type=float, default=30.0, help="sync/ssp: seconds to wait for a missing worker (30)")
-    g.add_argument("--on-timeout", default="fail", choices=["fail", "proceed"],
-                   help="when a worker is missing past --sync-timeout: stop naming it, or go on without it")
+    # --sync-timeout and --on-timeout default to None so that in-graph replication refuses them even at their
+    # default values (train_config): SyncSettings holds the defaults.
+    g.add_argument("--sync-timeout", type=float, help="sync/ssp: seconds to wait for a missing worker (30); "
+                   "between-graph only")
+    g.add_argument("--on-timeout", choices=["fail", "proceed"],
+                   help="when a worker is missing past --sync-timeout: stop naming it (fail, the default), or go on "
+                        "without it (proceed); between-graph only")
     g.add_argument("--averaging", default="replicas", choices=["replicas", "per_row", "sparse_sum"],
                    help="sync: divide by N (replicas), per row by its contributors (TF's sparse accumulator), "
                         "or sum sparse rows (what TF's SyncReplicas measured like in the peer benchmark)")
@@ -306,6 +311,11 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
     model_params = _model_params(args.model_param) | _flag_params(args)
     if args.coordination == "zookeeper" and args.command == "train":
         require("kazoo", "zookeeper", "--coordination zookeeper")
+    if args.replication == "in-graph":  # given at all, even at its default: the config cannot tell
+        for flag, value in (("--sync-timeout", args.sync_timeout), ("--on-timeout", args.on_timeout)):
+            if value is not None:
+                raise ConfigError(in_graph_timeout_refusal(flag, f"{value:g}" if isinstance(value, float) else value))
+    defaults = SyncSettings()
     return TrainConfig(
         data=DataSettings(
             train=tuple(args.train), eval=tuple(args.eval), format=args.format, num_features=args.num_features,
@@ -330,7 +340,8 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
             ps_failover_timeout=args.ps_failover_timeout),
         sync=SyncSettings(
             mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness,
-            timeout=args.sync_timeout, on_timeout=args.on_timeout, averaging=args.averaging,
+            timeout=defaults.timeout if args.sync_timeout is None else args.sync_timeout,
+            on_timeout=args.on_timeout or defaults.on_timeout, averaging=args.averaging,
             replication=args.replication, steps_in_flight=args.steps_in_flight),
         checkpoint=CheckpointSettings(
             dir=args.checkpoint_dir, save_secs=args.save_checkpoints_secs, save_steps=args.save_checkpoints_steps,

@@ -154,6 +154,14 @@ CASES = {
         lambda t: train(t, "--train", good(t), "--replication", "in-graph", "--mode", "ssp",
                         "--restart-policy", "on-failure"),
         lambda t: "psflow train: error: --mode ssp needs between-graph replication"),
+    "--sync-timeout with in-graph replication": Case(  # had no effect and said nothing (the flag's default value too)
+        lambda t: train(t, "--train", good(t), "--replication", "in-graph", "--mode", "sync", "--sync-timeout", "30"),
+        lambda t: "psflow train: error: --sync-timeout 30 is for between-graph replication: an in-graph step waits "
+                  "for a failed worker up to --connect-timeout and runs its slice again, never without it"),
+    "--on-timeout with in-graph replication": Case(
+        lambda t: train(t, "--train", good(t), "--replication", "in-graph", "--on-timeout", "proceed"),
+        lambda t: "psflow train: error: --on-timeout proceed is for between-graph replication: an in-graph step "
+                  "waits for a failed worker up to --connect-timeout and runs its slice again, never without it"),
     "--chaos with --in-process": Case(  # was ignored: a clean run, no fault injected, nothing said
         lambda t: train(t, "--train", good(t), "--in-process", "--chaos", "kill:ps:0@step=5"),
         lambda t: "psflow train: error: --chaos kill:ps:0@step=5 kills tasks of a cluster of processes: not with "

@@ -30,7 +30,7 @@ from psflow.train.config.groups import (
     SyncSettings,
 )
 
-__all__ = ["TrainConfig", "FLAT_FIELDS"]
+__all__ = ["TrainConfig", "FLAT_FIELDS", "in_graph_timeout_refusal"]
 
 _GROUPS: dict[str, type[Any]] = {
     "data": DataSettings, "model": ModelSettings, "optimizer": OptimizerSettings, "cluster": ClusterSettings,
@@ -58,6 +58,13 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     **{f.name: ("chief", f.name) for f in dataclasses.fields(ChiefSettings)},
     **{f.name: ("compute", f.name) for f in dataclasses.fields(ComputeSettings)},
 }
+
+
+def in_graph_timeout_refusal(flag: str, value: str) -> str:
+    """The one line refusing ``--sync-timeout`` or ``--on-timeout`` (``flag``, given as ``value``) in-graph."""
+    return (f"{flag} {value} is for between-graph replication: an in-graph step waits for a failed worker up to "
+            "--connect-timeout and runs its slice again, never without it")
+
 
 #: Group fields JSON holds as lists and the config as tuples.
 _TUPLES = {"data": ("train", "eval", "features"), "sync": ("allowed_steps",), "compute": ("devices",)}
@@ -95,6 +102,7 @@ class TrainConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from e
         self._check_in_graph_sync()
+        self._check_in_graph_timeouts()
 
     def _check_in_graph_sync(self) -> None:
         """In-graph sync pushes the mean of every worker's slice (psflow.train.in_graph): backups or another
@@ -109,6 +117,17 @@ class TrainConfig:
         if sync.averaging != "replicas":
             raise ConfigError(f"--averaging {sync.averaging} needs between-graph replication: in-graph sync divides "
                               "every row by the number of workers (replicas)")
+
+    def _check_in_graph_timeouts(self) -> None:
+        """An in-graph step waits for a failed worker and runs its slice again (psflow.train.in_graph_client):
+        --sync-timeout and --on-timeout, which it would not honour, are refused rather than ignored (any mode)."""
+        sync, default = self.sync, SyncSettings()
+        if sync.replication != "in-graph":
+            return
+        for flag, value, unset in (("--sync-timeout", f"{sync.timeout:g}", sync.timeout == default.timeout),
+                                   ("--on-timeout", sync.on_timeout, sync.on_timeout == default.on_timeout)):
+            if not unset:
+                raise ConfigError(in_graph_timeout_refusal(flag, value))
 
     @classmethod
     def flat(cls, **settings: Any) -> TrainConfig:

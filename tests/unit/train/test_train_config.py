@@ -104,3 +104,20 @@ def test_in_graph_sync_refuses_backups_and_an_averaging_it_would_not_do() -> Non
                                           r"divides every row by the number of workers \(replicas\)$"):
         TrainConfig.flat(**in_graph, averaging="per_row")
     TrainConfig.flat(mode="sync", num_workers=3, replicas_to_aggregate=2, averaging="sparse_sum")  # between-graph
+
+
+def test_in_graph_replication_refuses_a_sync_timeout_it_would_not_honour() -> None:
+    """An in-graph step waits for a failed worker (--connect-timeout) and runs its slice again; it never goes on
+    without a slice, so --sync-timeout and --on-timeout had no effect there and said nothing (any --mode)."""
+    for mode in ("sync", "async"):
+        in_graph = {"mode": mode, "num_workers": 2, "replication": "in-graph"}
+        TrainConfig.flat(**in_graph)  # the defaults: allowed
+        with pytest.raises(ConfigError, match=r"^--sync-timeout 5 is for between-graph replication: an in-graph "
+                                              r"step waits for a failed worker up to --connect-timeout and runs its "
+                                              r"slice again, never without it$"):
+            TrainConfig.flat(**in_graph, sync_timeout=5)
+        with pytest.raises(ConfigError, match=r"^--on-timeout proceed is for between-graph replication: an in-graph "
+                                              r"step waits for a failed worker up to --connect-timeout and runs its "
+                                              r"slice again, never without it$"):
+            TrainConfig.flat(**in_graph, on_timeout="proceed")
+    TrainConfig.flat(mode="sync", num_workers=2, sync_timeout=5, on_timeout="proceed")  # between-graph
