@@ -46,8 +46,11 @@ calls it). ``psflow server`` runs it as follows:
    or a lock whose process is gone) says so once, in a WARNING naming the
    checkpoint and how to end the wait (resume the run, or stop the evaluator):
    the evaluator waits for a newer checkpoint until stopped, and a crashed run
-   writes none. A lock held on another host (whose process psflow cannot see)
-   is taken for a live run until no newer checkpoint came for
+   writes none. A lock whose process is gone may still be a live run's: with
+   chief election, when the worker that took it dies, the others train on and
+   the one holding the chief duties takes the lock over at its next save; the
+   line says so (it said the run was gone). A lock held on another host (whose
+   process psflow cannot see) is taken for a live run until no newer checkpoint came for
    :data:`UNSEEN_HOLDER_QUIET` s; the line then also names the lock file to
    delete once that run is over.
 
@@ -298,7 +301,8 @@ class _Stalled:
         if holder is None:
             why = f"no run holds the directory (no {LOCK_NAME}: the run that wrote it ended or crashed)"
         elif alive is False:
-            why = f"the run that holds the directory is gone: {describe_holder(holder)}"
+            why = (f"the process that holds it is gone: {describe_holder(holder)} (the whole run, or only that process: "
+                   "the worker holding the chief duties takes the lock over at its next save)")
         else:
             why = (f"none came for {UNSEEN_HOLDER_QUIET / 60:.0f} min from {describe_holder(holder)}, "
                    "whose process psflow cannot see from this host")

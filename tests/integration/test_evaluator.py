@@ -396,8 +396,13 @@ def test_an_evaluator_past_a_crashed_runs_last_checkpoint_says_once_what_it_wait
     (ckpt / "checkpoint.lock").write_text(json.dumps(dict(holder, pid=dead.pid)))  # a run here that crashed
     with _evaluator_in_thread(config):
         wait_until(lambda: lines("waiting for a checkpoint newer than"), "the evaluator said what it waits for")
-    assert [m for m in lines("waiting for a checkpoint newer than") if f"the run that holds the directory is gone: run "
-            f"20261127-000000-resumed (pid {dead.pid} on {socket.gethostname()}" in m and "SIGTERM" in m], caplog.text
+    # Only that process may be gone: with chief election the other workers of a live run train on, and the one holding
+    # the chief duties takes the lock over at its next save (a psflow server run, the worker that took the lock
+    # killed: the line said the run was gone).
+    assert [m for m in lines("waiting for a checkpoint newer than") if f"the process that holds it is gone: run "
+            f"20261127-000000-resumed (pid {dead.pid} on {socket.gethostname()}" in m and "SIGTERM" in m
+            and "or only that process: the worker holding the chief duties takes the lock over at its next save"
+            in m], caplog.text
 
 
 
