@@ -15,7 +15,8 @@ A worker pulls and computes, and returns its gradient
 ``async`` mode each slice's gradient, one step each; in ``sync`` mode the
 average of the W gradients, each weighted by its slice's share of the batch,
 once: N workers of batch b = one process with batch N·b, the epoch's last,
-uneven batch included). So a step the client runs again
+uneven batch included; not with a clip norm: each worker clips its own
+slice's gradient first, as a between-graph sync worker does). So a step the client runs again
 on a restarted worker is pushed once. ``RunStep`` with ``push`` set has the
 worker push itself (:class:`Session` users; the client does not).
 ``ssp`` is a between-graph mode only.

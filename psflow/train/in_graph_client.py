@@ -32,7 +32,8 @@ Order of the client's life (:func:`run_in_graph_client`):
        client pushes: ``async``, each slice's gradient (one global step each,
        in worker order); ``sync``, their average, each slice's weighted by its
        share of the batch (an epoch's last batch splits unevenly), once (one
-       step): one process's gradient on the batch. Every push
+       step): one process's gradient on the batch (but with a clip norm each
+       worker clipped its slice's gradient first). Every push
        carries the examples it trained and the reader position after this
        batch; the hooks (checkpoints among them) run after the batch's last
        push, so a checkpoint never holds part of a batch, and its example

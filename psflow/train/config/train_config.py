@@ -115,8 +115,8 @@ class TrainConfig:
                               f"between-graph replication: in-graph sync averages all {workers} workers' slices "
                               "every step")
         if sync.averaging != "replicas":
-            raise ConfigError(f"--averaging {sync.averaging} needs between-graph replication: in-graph sync divides "
-                              "every row by the number of workers (replicas)")
+            raise ConfigError(f"--averaging {sync.averaging} needs between-graph replication: in-graph sync weights "
+                              "each worker's slice by its examples (replicas)")
 
     def _check_in_graph_timeouts(self) -> None:
         """An in-graph step waits for a failed worker and runs its slice again (psflow.train.in_graph_client):

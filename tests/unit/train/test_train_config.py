@@ -101,7 +101,7 @@ def test_in_graph_sync_refuses_backups_and_an_averaging_it_would_not_do() -> Non
                                           r"replication: in-graph sync averages all 3 workers' slices every step$"):
         TrainConfig.flat(**in_graph, replicas_to_aggregate=2)
     with pytest.raises(ConfigError, match=r"^--averaging per_row needs between-graph replication: in-graph sync "
-                                          r"divides every row by the number of workers \(replicas\)$"):
+                                          r"weights each worker's slice by its examples \(replicas\)$"):
         TrainConfig.flat(**in_graph, averaging="per_row")
     TrainConfig.flat(mode="sync", num_workers=3, replicas_to_aggregate=2, averaging="sparse_sum")  # between-graph
 
