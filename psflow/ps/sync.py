@@ -431,9 +431,10 @@ class SyncAggregator:
                         "applying what arrived", self.task_name, step, self.config.timeout, have, need, missing)
             self._apply()
             return
-        self._failure = (f"{self.task_name}: sync step {step} timed out after {self.config.timeout:.1f} s "
+        # (No task name: the refusal a push gets names the serving task and the method, psflow.rpc.api.refusal.)
+        self._failure = (f"sync step {step} timed out after {self.config.timeout:.1f} s "
                          f"with {have} of {need} gradients; missing: {missing}")
-        log.error("%s", self._failure)
+        log.error("%s: %s", self.task_name, self._failure)
         self._cond.notify_all()
 
     def _apply(self, completer: Contribution | None = None) -> int:

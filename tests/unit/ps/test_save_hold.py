@@ -19,7 +19,7 @@ from psflow.ps.save_hold import SaveHold
 from psflow.ps.staleness import StalenessClock, Waited
 from psflow.ps.store import ParameterStore, PartitionState
 from psflow.ps.sync import Contribution, SyncAggregator, SyncConfig, SyncResult
-from psflow.rpc.api import PreconditionFailed
+from psflow.rpc.api import PreconditionFailed, refusal
 
 CHIEF, OTHER = "/job:worker/task:0", "/job:worker/task:1"
 CKPT = "gs://bucket/ckpt"
@@ -181,6 +181,22 @@ def test_a_save_past_its_save_timeout_holds_the_step_no_longer_and_the_error_nam
     assert (f"/job:worker/task:0 was saving a checkpoint into {CKPT} at global_step 130 for 40.0 s, longer than its "
             "--save-timeout (30 s)") in message, message
     assert step.value == 0 and part.value[0, 0] == 0.0
+
+
+def test_a_timed_out_steps_refusal_names_the_ps_task_once() -> None:
+    """The refusal a worker gets (psflow.rpc.api.refusal adds the serving task and the method) named the task
+    twice: '/job:ps/task:0: PushPull: /job:ps/task:0: sync step ...'."""
+    clock = Clock()
+    agg, part, _ = _setup(clock)
+    thread, out = _waiting(agg, part)
+    while thread.is_alive() and clock.now < 100.0:
+        clock.now += 2.0
+        agg.save_notice("/job:worker/task:7", CKPT, None, False)  # (only wakes the waiting push)
+        thread.join(0.02)
+    thread.join(10)
+    text = refusal("/job:ps/task:0", "PushPull", out["error"]).text
+    assert text.startswith("/job:ps/task:0: PushPull: sync step 0 timed out after 10.0 s"), text
+    assert text.count("/job:ps/task:0") == 1, text
 
 
 def test_a_restarted_chief_ends_its_save_and_a_later_timeout_names_no_save() -> None:
