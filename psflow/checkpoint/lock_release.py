@@ -1,4 +1,5 @@
-"""A launcher's release of a run's checkpoint lock, within a bounded time (:class:`BoundedRelease`).
+"""A launcher's (or a chief worker's own) release of a run's checkpoint lock, within a bounded time
+(:class:`BoundedRelease`).
 
 Releasing a lock is a few calls on its directory (:meth:`psflow.checkpoint.lock.DirectoryLock.release`); in an
 object store that stopped answering, none of them ends (the store's clients retry without a deadline), so a
@@ -6,7 +7,9 @@ run that failed because its store stopped then never exited: ``psflow train`` wa
 The release runs in a thread of its own here, waited for at most :data:`RELEASE_TIMEOUT` seconds; past that the
 launcher goes on with one line naming the lock file left behind and its directory, and a run that had
 succeeded fails on it (exit status non-zero). A run that failed already keeps its own error as the headline,
-the line printed before it. The abandoned thread is a daemon: it never keeps the process from exiting.
+the line printed before it. The abandoned thread is a daemon: it never keeps the process from exiting. A chief
+worker that took the lock itself (``psflow server``, no launcher to stop it) releases it at its session's end the
+same way (:mod:`psflow.train.duties`): past the bound, its session ends on that line.
 
 The lock left behind names a process that is gone: a later run on this host takes it over at once, one on
 another host is refused until it is deleted (see :mod:`psflow.checkpoint.lock`).
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import TextIO
 
@@ -41,8 +45,10 @@ class BoundedRelease:
             when another error ends the block, which stays the one raised).
     """
 
-    def __init__(self, lock: DirectoryLock, *, timeout: float = RELEASE_TIMEOUT, out: TextIO | None = None) -> None:
-        self.lock, self.timeout, self.out = lock, timeout, out
+    def __init__(self, lock: DirectoryLock, *, timeout: float = RELEASE_TIMEOUT, out: TextIO | None = None,
+                 release: Callable[[], object] | None = None) -> None:
+        """``release``: the call to bound, in place of ``lock``'s exit (a chief worker's :meth:`DirectoryLock.release`)."""
+        self.lock, self.timeout, self.out, self.release = lock, timeout, out, release
 
     def __enter__(self) -> BoundedRelease:
         return self
@@ -53,7 +59,7 @@ class BoundedRelease:
 
         def release() -> None:
             try:
-                self.lock.__exit__(exc_type, exc, tb)
+                self.lock.__exit__(exc_type, exc, tb) if self.release is None else self.release()
             finally:
                 done.set()
 

@@ -39,7 +39,7 @@ from typing import TextIO
 
 from psflow import storage
 from psflow.checkpoint.lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
-from psflow.checkpoint.lock_release import BoundedRelease
+from psflow.checkpoint.lock_release import RELEASE_TIMEOUT, BoundedRelease
 from psflow.checkpoint.manifest import POINTER_NAME, Manifest, read_manifest
 from psflow.checkpoint.pointer import incomplete_checkpoints, latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
@@ -425,13 +425,17 @@ def _check_newest_checkpoint(config: TrainConfig, name: str) -> None:
 
 class _ReleaseLockAtEnd(SessionRunHook):
     """Releases the run's checkpoint-directory lock when the session ends, if this process holds it
-    (without a launcher; a launcher's lock is the launcher's to release)."""
+    (without a launcher; a launcher's lock is the launcher's to release), waited for at most
+    :data:`~psflow.checkpoint.lock_release.RELEASE_TIMEOUT` s: past it the session ends on
+    :class:`~psflow.checkpoint.lock_release.LockNotReleasedError`, one line naming the lock file and its URL
+    (a store that stopped answering held ``psflow server`` for ever)."""
 
-    def __init__(self, lock: CheckpointDirLock) -> None:
-        self.lock = lock
+    def __init__(self, lock: CheckpointDirLock, timeout: float = RELEASE_TIMEOUT) -> None:
+        self.lock, self.timeout = lock, timeout
 
     def end(self, session: MonitoredTrainingSession) -> None:
-        self.lock.release()
+        with BoundedRelease(self.lock, timeout=self.timeout, release=self.lock.release):
+            pass
 
 
 class _FailedSaveTolerant(SessionRunHook):
