@@ -7,6 +7,7 @@ else in psflow imports fsspec or a store's client library.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import re
 import sys
@@ -55,7 +56,8 @@ class StoreDeniedError(StoreError, PermissionError):
 
 
 class StoreUnreachableError(StoreError, ConnectionError):
-    """The store's endpoint did not answer (after the client's own retries)."""
+    """The store's endpoint did not answer, or answered that it throttles or fails calls (503 SlowDown, 500,
+    429), after the client's own retries: an outage, which passes."""
 
 
 #: Scheme -> (the settings of its credentials, of its endpoint): what a refused call's line tells to set.
@@ -140,7 +142,11 @@ def client_errors(url: str, *, writing: bool = False) -> Iterator[None]:
     s3fs and gcsfs let some errors through without the URL (a missing bucket: ``The specified bucket does not
     exist``, or the emulator's own URL), or as no ``OSError`` at all: botocore's ``NoCredentialsError`` and
     ``EndpointConnectionError``, google-auth's errors; those reached the user as a traceback, and a save that
-    met one was no failed save but the end of the chief. An ``OSError`` that names the URL is left as it is.
+    met one was no failed save but the end of the chief. So did what gcsfs's retries give up on (``HttpError``:
+    a 503, a 429, a 401 of credentials expired mid-run); s3fs's throttled call (SlowDown) was an ``OSError``
+    without the URL, gcsfs's refused write (403) two lines naming the store's upload endpoint. The client's
+    ``FileNotFoundError``, ``FileExistsError`` and other ``OSError`` are left as they are (callers take a missing
+    file or a lock held by another from them).
 
     Args:
         writing: the call puts an object; a store has no directories, so its ``FileNotFoundError`` means the
@@ -148,8 +154,8 @@ def client_errors(url: str, *, writing: bool = False) -> Iterator[None]:
 
     Raises:
         BucketMissingError: a write into a bucket that does not exist (s3://, gs://).
-        StoreDeniedError: no credentials, or refused ones.
-        StoreUnreachableError: the endpoint did not answer.
+        StoreDeniedError: no credentials, refused (expired) ones, or ones that may not read or write there.
+        StoreUnreachableError: the endpoint did not answer, or throttles or fails calls (503, 429, 500).
         StoreError: another error of the client library that is no ``OSError``.
     """
     try:
@@ -162,29 +168,48 @@ def client_errors(url: str, *, writing: bool = False) -> Iterator[None]:
             raise BucketMissingError(f"{url}: the bucket {bucket!r} does not exist: create it, or correct the URL "
                                      f"(or the store's endpoint, {SETTINGS[scheme(url) or ''][1]})") from e
         raise
-    except PermissionError as e:
-        credentials = SETTINGS.get(scheme(url) or "", ("the store's credentials", ""))[0]
-        raise StoreDeniedError(f"{url}: access denied ({_one_line(e)}): the credentials psflow's tasks find "
-                               f"({credentials}) may not {'write' if writing else 'read'} there") from e
-    except OSError:
-        raise
     except Exception as e:
         kind = _client_error(e)
         if kind is None:
             raise
         credentials, endpoint = SETTINGS.get(scheme(url) or "", ("the store's credentials", "the store's endpoint"))
+        if kind == "denied":
+            raise StoreDeniedError(f"{url}: access denied ({_one_line(e)}): the credentials psflow's tasks find "
+                                   f"({credentials}) may not {'write' if writing else 'read'} there") from e
         if kind == "credentials":
             raise StoreDeniedError(f"{url}: no credentials for {scheme(url)}:// ({_one_line(e)}): set {credentials}, "
                                    "in the environment of every psflow task") from e
+        if kind == "refused":
+            raise StoreDeniedError(f"{url}: the store refused the credentials ({_one_line(e)}): expired or "
+                                   f"revoked: renew {credentials}, in the environment of every psflow task") from e
         if kind == "unreachable":
             raise StoreUnreachableError(f"{url}: the store did not answer ({_one_line(e)}): check the endpoint "
                                         f"({endpoint}) and the network") from e
+        if kind == "unavailable":
+            raise StoreUnreachableError(f"{url}: the store is unavailable ({_one_line(e)}) after the client's "
+                                        "retries: it throttles or fails calls for now; a later call may go "
+                                        "through") from e
         raise StoreError(f"{url}: {type(e).__name__}: {_one_line(e)}") from e
 
 
+#: HTTP statuses of a store's call that pass (a timeout, throttling, the store failing), as gcsfs retries them.
+PASSING_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
 def _client_error(error: Exception) -> str | None:
-    """What the client library's ``error`` (no ``OSError``) says: ``credentials``, ``unreachable``, ``other``,
-    or None when it is none of theirs. Only a library already loaded is asked (it raised the error)."""
+    """What ``error`` says: ``denied`` (the credentials may not), ``credentials`` (none), ``refused`` (expired or
+    revoked), ``unreachable``, ``unavailable`` (throttling, the store failing: each passes), ``other``; or None
+    to let it through as it is (the builtin ``OSError`` of its kind, or none of the client library's). Only a
+    library already loaded is asked (it raised the error)."""
+    if isinstance(error, PermissionError):
+        return "denied"
+    if isinstance(error, OSError):
+        return _os_error(error)
+    gcsfs = sys.modules.get("gcsfs.retry")
+    if gcsfs is not None and isinstance(error, gcsfs.HttpError):  # what gcsfs's retries gave up on
+        code = getattr(error, "code", None)
+        return "refused" if code == 401 else "denied" if code == 403 else (
+            "unavailable" if code in PASSING_STATUSES else "other")
     botocore = sys.modules.get("botocore.exceptions")
     if botocore is not None:
         if isinstance(error, (botocore.NoCredentialsError, botocore.PartialCredentialsError,
@@ -200,6 +225,24 @@ def _client_error(error: Exception) -> str | None:
     aiohttp = sys.modules.get("aiohttp")
     if aiohttp is not None and isinstance(error, aiohttp.ClientError):
         return "unreachable"
+    return None
+
+
+def _os_error(error: OSError) -> str | None:
+    """What a client library's ``OSError`` says that its type does not: s3fs's throttled or failed call
+    (SlowDown, 503: ``EBUSY``, no URL), gcsfs's refusal (403: ``Forbidden: ENDPOINT``, two lines) or a 502
+    (requests' ``ProxyError``); aiohttp's connection errors (gcsfs: an endpoint that does not answer)."""
+    if type(error) is OSError:
+        if error.errno == errno.EBUSY:
+            return "unavailable"
+        if str(error).startswith("Forbidden: "):
+            return "denied"
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(error, aiohttp.ClientConnectionError):
+        return "unreachable"
+    requests = sys.modules.get("requests.exceptions")
+    if requests is not None and isinstance(error, requests.ProxyError):
+        return "unavailable"
     return None
 
 
