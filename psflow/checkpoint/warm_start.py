@@ -4,6 +4,13 @@ TensorFlow's warm start. :func:`read_warm_start` reads the values from a safeten
 written by ``psflow export``, a checkpoint or a checkpoint directory (its newest checkpoint);
 :func:`load_values` checks every array against the layout before anything is sent, then loads each ps task's
 partitions in one ``LoadShard`` call.
+
+From a checkpoint, :func:`warm_start` reads partition by partition. A lazy table's partition saved as its built
+rows (:mod:`psflow.ps.built_rows`) whose variable has the checkpoint's initializer spec (seed included) and
+shape travels as those rows only (``LoadShard`` values-only with ``b/<key>``): the rows not saved hold what
+the model's initializer gives them already, so a lazy partition on the ps task stays lazy, building only the
+saved rows (issue 29: W&D's 2^20-row tables). Another initializer or seed, or a checkpoint of every row: the
+partition is sent whole, as before, and built whole. The values are those of the whole variables either way.
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ from collections.abc import Mapping
 import numpy as np
 
 from psflow import storage
-from psflow.checkpoint.manifest import MANIFEST_NAME
+from psflow.checkpoint.chain import ChainReader
+from psflow.checkpoint.manifest import MANIFEST_NAME, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import ShardLoad, load_shards
 from psflow.checkpoint.variables import DYNAMIC_IDS, read_safetensors, read_variables
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
+from psflow.ps.initializers import InitializerError, validate_initializer
 from psflow.ps.store import partition_key
 
 __all__ = ["warm_start", "read_warm_start", "load_values"]
@@ -35,15 +44,11 @@ def read_warm_start(path: str) -> dict[str, np.ndarray]:
     Raises:
         CheckpointError: nothing readable at ``path`` (names it).
     """
+    checkpoint = _checkpoint_at(path)
+    if checkpoint is not None:
+        return read_variables(checkpoint)
     if storage.isdir(path):
-        exported = os.path.join(path, "model.safetensors")
-        if storage.exists(exported):
-            path = exported
-        else:
-            checkpoint = path if storage.exists(os.path.join(path, MANIFEST_NAME)) else latest_checkpoint(path)
-            if checkpoint is None:
-                raise CheckpointError(f"warm start: {path} holds no checkpoint, exported model or safetensors file")
-            return read_variables(checkpoint)
+        path = os.path.join(path, "model.safetensors")
     try:
         return read_safetensors(path)
     except Exception as e:  # safetensors raises its own error types
@@ -65,7 +70,80 @@ def warm_start(client: ParameterClient, path: str) -> list[str]:
         CheckpointError: ``path`` is unreadable, or holds a variable the model
             did not declare or one of another shape or dtype (names it).
     """
+    checkpoint = _checkpoint_at(path)
+    if checkpoint is not None:
+        return _load_checkpoint(client, checkpoint, f"warm start {path}")
     return load_values(client, read_warm_start(path), f"warm start {path}")
+
+
+def _checkpoint_at(path: str) -> str | None:
+    """The checkpoint ``path`` names (itself, or a checkpoint directory's newest), or None: a file or an
+    exported model.
+
+    Raises:
+        CheckpointError: a directory holding no checkpoint, exported model or safetensors file (names it).
+    """
+    if not storage.isdir(path) or storage.exists(os.path.join(path, "model.safetensors")):
+        return None
+    checkpoint = path if storage.exists(os.path.join(path, MANIFEST_NAME)) else latest_checkpoint(path)
+    if checkpoint is None:
+        raise CheckpointError(f"warm start: {path} holds no checkpoint, exported model or safetensors file")
+    return checkpoint
+
+
+def _load_checkpoint(client: ParameterClient, checkpoint: str, what: str) -> list[str]:
+    """:func:`load_values` of checkpoint ``checkpoint``'s variables, read a partition at a time: a partition saved
+    as its built rows of the variable's own initializer spec and shape is sent as those rows (the ps task builds
+    only them, :func:`psflow.ps.built_rows.warm_built`), any other whole. The same checks, the same values."""
+    manifest = read_manifest(checkpoint)
+    if any("dynamic" in saved for saved in manifest.variables.values()):
+        return load_values(client, read_variables(checkpoint), what)  # refused there, naming the table
+    for name, saved in manifest.variables.items():  # every variable checked before anything is read
+        _check(client, name, tuple(saved["shape"]), str(saved["dtype"]), what)
+    reader = ChainReader(checkpoint, manifest)
+    per_task: dict[int, ShardLoad] = {}
+    for name in manifest.variables:
+        var = client.layout[name].var
+        for part in client.layout[name].partitions:
+            load = per_task.setdefault(part.task, ShardLoad())
+            key = partition_key(name, part.index)
+            load.keys.append(key)
+            if not var.shape:  # a scalar
+                load.values[key] = reader.rows(name, 0, 1, None)
+                continue
+            built = reader.built(name, part.row_start, part.row_stop)
+            if built is not None and _same_spec(built[1], var.initializer):
+                rows, spec, initial = built
+                load.values[key] = reader.rows_at(name, rows, None, spec, initial)
+                load.built[key] = (rows - part.row_start, {"initializer": spec, "shape": list(var.shape)}, {})
+            else:  # another initializer (or seed), or saved with every row: sent whole, built whole
+                load.values[key] = reader.rows(name, part.row_start, part.row_stop, None)
+    load_shards(client, {task: load.request(values_only=True) for task, load in per_task.items()}, what)
+    return sorted(manifest.variables)
+
+
+def _same_spec(saved: dict[str, object], mine: Mapping[str, object]) -> bool:
+    """Whether the checkpoint's initializer spec ``saved`` gives every row what the model's ``mine`` gives."""
+    try:
+        return validate_initializer(saved) == validate_initializer(mine)
+    except InitializerError:
+        return False
+
+
+def _check(client: ParameterClient, name: str, shape: tuple[int, ...], dtype: str, what: str) -> None:
+    """Refuses variable ``name`` of ``shape`` and ``dtype`` at the warm start's source, naming it, where the model did
+    not declare it, declared a dynamic table, or declared it of another shape or dtype."""
+    placement = client.layout.get(name.removesuffix(DYNAMIC_IDS))
+    if placement is None:
+        raise CheckpointError(f"{what}: variable {name!r} is not a variable of the model "
+                              f"(it has {', '.join(client.layout)})")
+    if placement.is_dynamic:
+        raise CheckpointError(f"{what}: {placement.var.name!r} is a dynamic table, which is not warm-started "
+                              f"(restore a checkpoint to continue its rows)")
+    var = placement.var
+    if shape != tuple(var.shape) or dtype != var.dtype:
+        raise CheckpointError(f"{what}: variable {name!r} has shape {shape} ({dtype}); "
+                              f"the model's has {tuple(var.shape)} ({var.dtype})")
 
 
 def load_values(client: ParameterClient, values: Mapping[str, np.ndarray], what: str) -> list[str]:
@@ -86,17 +164,7 @@ def load_values(client: ParameterClient, values: Mapping[str, np.ndarray], what:
             another shape or dtype (names it).
     """
     for name, array in values.items():
-        placement = client.layout.get(name.removesuffix(DYNAMIC_IDS))
-        if placement is None:
-            raise CheckpointError(f"{what}: variable {name!r} is not a variable of the model "
-                                  f"(it has {', '.join(client.layout)})")
-        if placement.is_dynamic:
-            raise CheckpointError(f"{what}: {placement.var.name!r} is a dynamic table, which is not warm-started "
-                                  f"(restore a checkpoint to continue its rows)")
-        var = placement.var
-        if tuple(array.shape) != tuple(var.shape) or str(array.dtype) != var.dtype:
-            raise CheckpointError(f"{what}: variable {name!r} has shape {tuple(array.shape)} ({array.dtype}); "
-                                  f"the model's has {tuple(var.shape)} ({var.dtype})")
+        _check(client, name, tuple(array.shape), str(array.dtype), what)
     per_task: dict[int, ShardLoad] = {}
     for name, array in values.items():
         for part in client.layout[name].partitions:

@@ -16,7 +16,9 @@ partition whose built rows and their indices would take as many bytes as the who
 (no ``built``); so is an eager one.
 
 A restore sends a ps task such a partition's saved rows (``LoadShard``'s ``b/<key>``, ``i/<key>/<slot>``):
-:func:`check_built` checks them and :func:`load_built` writes them, keeping a lazy partition lazy.
+:func:`check_built` checks them and :func:`load_built` writes them, keeping a lazy partition lazy. A warm start
+from such a checkpoint sends only the value's saved rows where the model's initializer is the checkpoint's
+(``LoadShard`` values only): :func:`warm_built` writes them, the slots kept, the partition lazy.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.initializers import CONSTANT_INITIALIZERS, InitializerError, initial_rows, validate_initializer
 
 __all__ = ["BUILT_ROWS", "INITIAL_PREFIX", "built_rows_name", "check_built", "initial_slot_name", "initial_block",
-           "load_built", "whole_rows", "worth_it"]
+           "load_built", "warm_built", "whole_rows", "worth_it"]
 
 #: A full shard's tensor of a lazy partition's built local rows: ``<key>@built_rows``.
 BUILT_ROWS = "built_rows"
@@ -147,6 +149,36 @@ def load_built(part: Any, targets: Mapping[str, np.ndarray], rows: np.ndarray, r
     if lazy is not None:
         lazy.mark(None)
         part.lazy = None
+
+
+def warm_built(part: Any, rows: np.ndarray, record: Mapping[str, Any], value: np.ndarray) -> None:
+    """Overwrites the value of partition ``part`` (checked by :func:`check_built` with no slots; the caller holds
+    its lock) with a warm start's checkpoint holding only its ``rows``; the slots keep theirs, a moving average
+    starts at the new value. The same content as the whole variable's values-only load, bit for bit. A lazy
+    partition whose initializer and shape are ``record``'s stays lazy: the saved rows are built (their slots
+    initial) and written; rows built here before but not saved get the initializer's value (what the
+    checkpoint holds for them); the others stay unbuilt, holding that value already. Any other partition is
+    built whole and written whole, its rows not saved computed from ``record``'s initializer."""
+    lazy, spec, shape = part.lazy, record["initializer"], tuple(record["shape"])
+    average, dtype = part.average, str(part.value.dtype)
+    if lazy is not None and tuple(lazy.full_shape) == shape and \
+            validate_initializer(lazy.initializer) == validate_initializer(spec):
+        before = np.setdiff1d(np.flatnonzero(lazy.marks), rows, assume_unique=True)
+        if before.size:
+            fresh = initial_block(spec, shape, dtype, before + part.row_start)
+            part.value[before] = fresh
+            if average is not None:
+                average[before] = fresh
+        part.materialize(rows)
+        part.value[rows] = value
+        if average is not None:
+            average[rows] = value
+        return
+    part.materialize(None)  # the slots keep their initial values: every row built first, as a whole load does
+    whole = whole_rows(spec, shape, dtype, part.row_start, 0, part.value.shape[0], rows, value, None)
+    np.copyto(part.value, whole)
+    if average is not None:
+        np.copyto(average, whole)
 
 
 def _same_initial(lazy: Any, spec: Mapping[str, Any], shape: tuple[int, ...], initial: Mapping[str, np.ndarray]) -> bool:

@@ -44,6 +44,8 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     With ``"values_only": true`` (a warm start) only the values are loaded:
     slots keep their initial values and no slot array may be sent; a moving
     average starts at the loaded value (as it starts at the initial value).
+    A values-only load may send a partition as its saved rows (``b/<key>``, no ``i/``): a lazy partition of
+    that initializer and shape builds only those rows (:func:`psflow.ps.built_rows.warm_built`).
     An averaged partition's moving average is its slot ``ExponentialMovingAverage``.
     ``"restored_step": S`` (every task; the task holding global_step reads
     ``global_step`` without it) is the checkpoint's global_step: the moving
@@ -117,7 +119,7 @@ from safetensors.numpy import save as safetensors_save
 from psflow import storage
 from psflow.coord.api import FencedError
 from psflow.coord.fence import FenceGuard
-from psflow.ps.built_rows import check_built, load_built
+from psflow.ps.built_rows import check_built, load_built, warm_built
 from psflow.ps.protocol import (
     BeginRestoreReply,
     BeginRestoreRequest,
@@ -314,8 +316,8 @@ class CheckpointHandlers:
                 tables.append((part, self._table_snapshot(request, key, part, values_only)))
                 continue
             built = request.built(key)
-            if built is not None and not values_only:
-                plans_built.append(self._built(request, key, part, built))
+            if built is not None:  # a warm start's (values only) too: psflow.ps.built_rows.warm_built
+                plans_built.append(self._built(request, key, part, built, values_only))
                 continue
             value = self._checked(request.value(key), part.value, part.describe)
             slots = {} if values_only else self._slots(request, key, part)
@@ -347,7 +349,10 @@ class CheckpointHandlers:
                     part.lazy = None
         for part, (rows, record, initial), value, slots in plans_built:
             with part.lock:
-                load_built(part, _saved_slots(part), rows, record, value, slots, initial)
+                if values_only:
+                    warm_built(part, rows, record, value)
+                else:
+                    load_built(part, _saved_slots(part), rows, record, value, slots, initial)
                 if part.marks is not None:
                     part.marks.mark(None)
         if step is not None and global_step is not None:
@@ -367,14 +372,15 @@ class CheckpointHandlers:
         return _reply(LoadShardReply(len(plan) + len(tables) + len(plans_built)))
 
     @staticmethod
-    def _built(request: LoadShardRequest, key: str, part: PartitionState, built: Any
+    def _built(request: LoadShardRequest, key: str, part: PartitionState, built: Any, values_only: bool
                ) -> tuple[PartitionState, Any, np.ndarray, dict[str, np.ndarray]]:
-        """A partition sent as its saved rows (:mod:`psflow.ps.built_rows`): checked, nothing changes."""
+        """A partition sent as its saved rows (:mod:`psflow.ps.built_rows`): checked, nothing changes. Values
+        only (a warm start): its value's rows alone, the slots are not checked (they keep theirs)."""
         rows, record, initial = built
         value, slots = request.value(key), request.slots(key)
         if value is None:
             raise InvalidRequest(f"{part.describe}: no array sent")
-        targets = _saved_slots(part)
+        targets = {} if values_only else _saved_slots(part)
         extra = sorted(name for name in slots if name not in targets)
         if extra:
             raise InvalidRequest(f"{part.describe}: the checkpoint has slots {extra} this optimizer does not have "

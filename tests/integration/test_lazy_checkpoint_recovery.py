@@ -4,7 +4,8 @@
 slots beside it) is lazy on its ps tasks, and a9a touches at most 124 of its rows. Every checkpoint, the
 initial one included, stores only the built rows; ps task 0 killed mid-run is restored from one, its
 partition lazy again (the checkpoints saved after the restore still hold only the built rows), and the run
-ends as an undisturbed one does.
+ends as an undisturbed one does. A run warm-started from such a checkpoint (``--warm-start DIR``) builds only
+the checkpoint's rows on its ps tasks.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 import pytest
 from support import A9A, A9A_T, run_cli
 
+from psflow.checkpoint.chain import ChainReader
 from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.variables import read_variables
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
@@ -68,3 +71,24 @@ def test_a_killed_ps_task_restores_a_lazy_table_from_its_built_rows_and_the_run_
         assert all(n is not None for n in built) and 0 < sum(built) <= 124 or path == checkpoints[0], (path, built)
     final = read_variables(str(checkpoints[-1]), slots=True)
     assert final["weights"].shape == (FEATURES, 1) and final["weights:accum"].shape == (FEATURES, 1)
+
+
+def test_a_run_warm_started_from_a_lazy_checkpoint_builds_only_the_checkpoints_rows(tmp_path: Path) -> None:
+    """``--warm-start DIR`` from a run's checkpoints (the newest an increment over a full checkpoint of built
+    rows): the warm-started run's initial checkpoint, saved after the warm start and before any worker trains,
+    stores exactly the source's built rows, with the source's values. So its ps tasks built only those rows;
+    before, the warm start sent and built all 2^20, and that checkpoint stored every one."""
+    source = tmp_path / "source"
+    _train(source, "--epochs", "1")
+    out = tmp_path / "warm"
+    _train(out, "--epochs", "1", "--warm-start", str(source / "ckpt"))
+    logs = "".join(p.read_text() for p in sorted((out / "logs").glob("worker-*.log")))
+    assert f"warm-started bias, weights from {source / 'ckpt'}" in logs, logs[-3000:]
+    newest = latest_checkpoint(str(source / "ckpt"))
+    assert newest is not None
+    held = ChainReader(newest).built("weights", 0, FEATURES)
+    assert held is not None and 0 < held[0].size <= 124, held
+    initial = out / "ckpt" / "ckpt-000000000"
+    assert sum(n or 0 for n in _built(initial)) == held[0].size and None not in _built(initial), _built(initial)
+    want, got = read_variables(newest), read_variables(str(initial))
+    assert all(got[name].tobytes() == want[name].tobytes() for name in ("weights", "bias"))

@@ -4,9 +4,11 @@ table's checkpoint gives, bit for bit, and a restored partition stays lazy with 
 Each test trains the same few rows on a lazy cluster and on an eager one (the same layout with laziness off)
 and compares: the saved variables and slots (read_variables), a restore onto 1 and 2 ps tasks (resharded),
 increments chained on the full checkpoint, export, the evaluator's reader (load_checkpoint_model) and
-warm start's; and, for every optimizer and for constant initializers as well as random ones, a run resumed on
-other ps tasks and partitions, then rotated to a new full checkpoint, moving averages included. The ps tasks
-are in-process ParameterServices, called through the real frame encoding."""
+warm start's (which sends only the saved rows where the model's initializer is the checkpoint's, keeping the
+table lazy, and gives the values the whole-variable load gives); and, for every optimizer and for constant
+initializers as well as random ones, a run resumed on other ps tasks and partitions, then rotated to a new full
+checkpoint, moving averages included. The ps tasks are in-process ParameterServices, called through the real
+frame encoding."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.restore import restore
 from psflow.checkpoint.save import CheckpointManager
 from psflow.checkpoint.variables import read_variables
-from psflow.checkpoint.warm_start import read_warm_start
+from psflow.checkpoint.warm_start import load_values, read_warm_start, warm_start
 from psflow.cluster import ClusterSpec
 from psflow.errors import CheckpointError
 from psflow.export import export_model, load_checkpoint_model
@@ -60,19 +62,19 @@ class _Cluster:
     random initializer, 2 partitions) and ``bias``, and a 2-column ``emb`` (optionally averaged)."""
 
     def __init__(self, num_ps: int, optimizer: str, *, average: bool = False, emb: bool = True,
-                 constant: bool = False, parts: tuple[int, int] = (2, 3)) -> None:
+                 constant: bool = False, parts: tuple[int, int] = (2, 3), seed: int = 0) -> None:
         """``constant``: constant initializers (zeros, 0.25) in place of random ones; ``parts``: the two tables'
-        partitions."""
+        partitions; ``seed``: added to the random initializers' seeds."""
         self.cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(num_ps)]})
         vs = VariableSet(replica_device_setter(cluster=self.cluster))
         vs.get_variable("weights", (ROWS, 1), partitioner=fixed_size_partitioner(parts[0]),
                         initializer={"name": "zeros"} if constant else
-                        {"name": "random_normal", "stddev": 0.3, "seed": 5})
+                        {"name": "random_normal", "stddev": 0.3, "seed": 5 + seed})
         vs.get_variable("bias", (1,))
         if emb:
             vs.get_variable("emb", (ROWS, 2), partitioner=fixed_size_partitioner(parts[1]),
                             initializer={"name": "constant", "value": 0.25} if constant else
-                            {"name": "truncated_normal", "stddev": 0.1, "seed": 9},
+                            {"name": "truncated_normal", "stddev": 0.1, "seed": 9 + seed},
                             moving_average_decay=0.9 if average else None)
         self.layout = {p.var.name: p for p in vs.placements()}
         self.client_name, self.step_task = "chief", 0
@@ -256,6 +258,52 @@ def test_increments_on_a_lazy_full_checkpoint_export_the_evaluator_and_warm_star
     evaluated = {lazy: load_checkpoint_model(got[lazy][0]).values for lazy in (False, True)}
     _same(evaluated[True], evaluated[False])
     _same(read_warm_start(got[True][0]), read_warm_start(got[False][0]))
+
+
+@pytest.mark.parametrize("saved_ps,target_ps,optimizer,constant,average,seed,trained,increment", [
+    (2, 1, "adagrad", False, True, 0, False, False),   # the same initializers: only the saved rows sent
+    (1, 2, "ftrl", True, False, 0, False, True),       # constant initializers, read through an increment
+    (2, 2, "momentum", False, True, 0, True, False),   # rows built on the target before: the checkpoint's values
+    (2, 1, "adagrad", False, False, 1, False, False),  # another seed: every row sent, the table built whole
+    (1, 1, "adam", False, True, 0, False, False),      # an eager target (Adam's): written whole
+])
+def test_a_warm_start_from_a_lazy_checkpoint_keeps_the_table_lazy_and_gives_the_whole_loads_values(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, saved_ps: int, target_ps: int, optimizer: str,
+        constant: bool, average: bool, seed: int, trained: bool, increment: bool) -> None:
+    """--warm-start from a checkpoint whose tables hold their built rows only: each ps task ends with the values,
+    slots and moving averages the old whole-variable load (load_values of read_variables) gave, bit for bit, and
+    where the model's initializer is the checkpoint's its lazy partitions have built only the checkpoint's rows."""
+    source = _trained(True, monkeypatch, saved_ps, "adagrad", average=average, constant=constant)
+    manager = CheckpointManager(str(tmp_path / "source"), max_to_keep=5, full_every=5)
+    manager.save(source)  # type: ignore[arg-type]
+    built = set(TOUCHED)
+    if increment:
+        source.train(3, [9, 3000])
+        built |= {9, 3000}
+        manager.save(source)  # type: ignore[arg-type]
+    got = {}
+    for new in (False, True):
+        target = _cluster(True, monkeypatch, target_ps, optimizer, average=average, constant=constant,
+                          parts=(3, 2), seed=seed)
+        if trained:
+            target.train(7, [5, 6, 1500])  # rows built before: they get the checkpoint's values, slots kept
+        if new:
+            assert warm_start(target, str(tmp_path / "source")) == ["bias", "emb", "weights"]  # type: ignore[arg-type]
+        else:  # the old path: every variable read whole and sent whole
+            load_values(target, read_warm_start(str(tmp_path / "source")), "warm start")  # type: ignore[arg-type]
+        after = _save(target, tmp_path / f"after-{new}")
+        got[new] = {**read_variables(after, slots=True),
+                    **{f"{k}@average": v for k, v in read_variables(after, moving_averages=True).items()}}
+        if new:
+            for name in ("weights", "emb"):
+                parts = target.parts(name)
+                if optimizer == "adam" or seed:  # eager, or built whole: the old behaviour
+                    assert all(p.lazy is None for p in parts), name
+                else:
+                    assert all(p.lazy is not None for p in parts), name
+                    count = sum(p.lazy.count for p in parts)
+                    assert count == len(built | ({5, 6, 1500} if trained else set())), name
+    _same(got[True], got[False])
 
 
 def test_a_checkpoint_holding_every_row_still_restores_lazily_built_rows_whole(
