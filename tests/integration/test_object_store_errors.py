@@ -93,7 +93,8 @@ except Exception as e:
 
 
 def test_an_endpoint_nobody_answers(object_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """gs:// too (it was skipped, taken for aiohttp's OSError without the URL; it is the one line as well)."""
+    """gs:// too: it was skipped as 'gcsfs already raises an OSError', but that was aiohttp's ClientConnectorError,
+    'Cannot connect to host 127.0.0.1:PORT ...', no StorageError and without the URL (db66ad2 maps it)."""
     nobody = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     monkeypatch.setenv("AWS_ENDPOINT_URL", nobody)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", nobody)
