@@ -153,7 +153,9 @@ Classes and functions, by file:
   :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies;
   ``save_notice.py`` -- :func:`~psflow.checkpoint.save_notice.notify_save`: the ps tasks hear of a save while it
-  lasts (a sync step waiting for the chief does not time out meanwhile).
+  lasts (a sync step waiting for the chief does not time out meanwhile); ``bounded_save.py`` --
+  :class:`~psflow.checkpoint.bounded_save.BoundedSaves`: the chief's save given up (a failed save) past
+  ``--save-timeout``, the store stuck.
 * ``naming.py`` -- a checkpoint's directory name, the global_step it holds (:func:`rename_after_step`).
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
 * ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch

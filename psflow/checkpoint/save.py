@@ -108,9 +108,9 @@ def refuse_newer_epoch(current: dict[str, Any], pointer: str, *, run_id: str, ep
 class CheckpointManager:
     """Saves checkpoints of a cluster into one directory and keeps the newest few of its lineage.
 
-    Only the chief uses it; it is not thread-safe (one save at a time).
-    Counters: ``saves_failed`` (in all) and ``failed_in_a_row`` (reset by a
-    completed save); ``last_error``.
+    Only the chief uses it; it is not thread-safe (one save at a time). Counters: ``saves_failed`` (in all) and
+    ``failed_in_a_row`` (reset by a completed save); ``last_error``. A caller that gives a save up counts it
+    (:meth:`count_failure`, which raises at the limit) and sets ``abandoned``: its own late failure is not counted.
     """
 
     def __init__(self, directory: str, *, max_to_keep: int = 5, transport: str = "local",
@@ -161,6 +161,7 @@ class CheckpointManager:
         self.saves_failed = 0
         self.failed_in_a_row = 0
         self.last_error: str | None = None
+        self.abandoned = False  # the save under way was given up (and counted) by its caller's bounded wait
         self._reports, self._process = 0, f"{os.getpid()}.{time.time_ns()}"  # this manager's reports' ids
         self._unsent: list[SaveOutcome] = []  # reports the ledger did not take yet, oldest first
         self._current: str | None = None
@@ -179,12 +180,10 @@ class CheckpointManager:
              final: bool = False) -> SavedCheckpoint:
         """Saves every ps task's variables and slots; see :mod:`psflow.checkpoint` for the order.
 
-        Blocks until the checkpoint is complete and the pointer names it.
-        Training may continue meanwhile; each partition is snapshotted whole. In sync mode the ps tasks are told
-        of the save while it lasts (:mod:`psflow.checkpoint.save_notice`): a step waiting for this chief's
-        gradient does not time out meanwhile, however long the save takes.
-        Never retried here; a failed save leaves no directory behind (a crash
-        of the process may: the next save of this lineage deletes it).
+        Blocks until the checkpoint is complete and the pointer names it. Training may continue meanwhile; each
+        partition is snapshotted whole. In sync mode the ps tasks are told of the save while it lasts
+        (:mod:`psflow.checkpoint.save_notice`): a step waiting for this chief's gradient does not time out meanwhile.
+        Never retried here; a failed save leaves no directory behind (a crash of the process may: the next save deletes it).
 
         Args:
             client: connected to every ps task.
@@ -220,7 +219,8 @@ class CheckpointManager:
             raise
         except (CheckpointError, OSError, RpcError) as e:
             self._remove_current()
-            self._count_failure(client, e)
+            if not self.abandoned:  # (one given up already counted: psflow.checkpoint.bounded_save)
+                self.count_failure(client, e)
             if isinstance(e, OSError):
                 raise CheckpointError(f"checkpoint of global_step {self._step} into {self.directory} failed: {e}") from e
             raise
@@ -334,7 +334,7 @@ class CheckpointManager:
             client.call(client.step_task, CheckpointStatusRequest(lineage_if_unset=self.run_id))).lineage
         return lineage or self.run_id
 
-    def _count_failure(self, client: ParameterClient, error: BaseException) -> None:
+    def count_failure(self, client: ParameterClient, error: BaseException) -> None:
         self.saves_failed += 1
         self.failed_in_a_row += 1
         self.last_error = f"{type(error).__name__}: {error}"

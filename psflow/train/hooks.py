@@ -14,12 +14,14 @@ subclassing :class:`SessionRunHook` and overriding any of the methods.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from psflow.checkpoint.bounded_save import BoundedSaves, SaveAbandonedError
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, FinalCheckpointError
@@ -100,8 +102,8 @@ class CheckpointSaverHook(SessionRunHook):
     chief election, when it takes the lease), at the step the cluster is at (a chief restarted after its
     predecessor's initial save failed; one elected after the configured chief could not take the lease).
 
-    Chief only. A save blocks this worker's loop while the ps tasks write
-    their shards (other workers keep training; the initial one: they wait for it).
+    Chief only. A save blocks this worker's loop while the ps tasks write their shards (other workers keep
+    training; the initial one: they wait for it), for at most ``--save-timeout`` (:mod:`psflow.checkpoint.bounded_save`).
     """
 
     def __init__(self, manager: CheckpointManager, *, save_secs: float | None = None, save_steps: int | None = None,
@@ -120,6 +122,7 @@ class CheckpointSaverHook(SessionRunHook):
                 False (``--max-failed-saves 0``): it is logged as an error, like a periodic one.
         """
         self.manager = manager
+        self._bounded = BoundedSaves(manager)  # each save (and the final one's work) within --save-timeout
         self._fence = fence
         self._final_must_succeed = final_must_succeed
         self._timer = _Timer(600.0 if save_secs is None and save_steps is None else save_secs, save_steps, "checkpoint saver")
@@ -159,7 +162,7 @@ class CheckpointSaverHook(SessionRunHook):
             try:
                 self._save(context.session)
             except (CheckpointError, RpcError) as e:
-                if _ps_task_unreachable(e):
+                if _ps_task_unreachable(e) or isinstance(e, SaveAbandonedError):  # (given up: the store may be stuck)
                     self._timer.mark(values.step)
                 raise
 
@@ -182,10 +185,7 @@ class CheckpointSaverHook(SessionRunHook):
         step: int | None = None
         try:
             step = session.client.global_step()
-            latest = latest_checkpoint(self.manager.directory)
-            if latest is not None and _global_step_of(latest) == step and self._mark_final(latest):
-                return
-            self._save(session, final=True)
+            self._bounded.run(session.client, "the final checkpoint's save", functools.partial(self._final, session, step))
         except CheckpointFencedError:
             raise
         except (CheckpointError, RpcError, OSError) as e:
@@ -195,6 +195,11 @@ class CheckpointSaverHook(SessionRunHook):
                 log.error("%s (--max-failed-saves 0: the run does not fail for it)", message)
                 return
             raise FinalCheckpointError(message) from e
+
+    def _final(self, session: MonitoredTrainingSession, step: int) -> None:
+        latest = latest_checkpoint(self.manager.directory)
+        if latest is None or _global_step_of(latest) != step or not self._mark_final(latest):
+            self._save(session, final=True, bounded=False)  # (inside the final work's bound already)
 
     def _mark_final(self, latest: str) -> bool:
         """Marks ``latest`` final under this chief's fence; False if it must be saved anew (no longer current)."""
@@ -212,7 +217,7 @@ class CheckpointSaverHook(SessionRunHook):
             return False
         return True
 
-    def _save(self, session: MonitoredTrainingSession, *, final: bool = False) -> None:
+    def _save(self, session: MonitoredTrainingSession, *, final: bool = False, bounded: bool = True) -> None:
         epoch, holder = None, ""
         if self._fence is not None:
             lease = self._fence()
@@ -220,8 +225,9 @@ class CheckpointSaverHook(SessionRunHook):
                 log.warning("%s: checkpoint skipped: no longer the chief", session.client.client_name)
                 return
             epoch, holder = lease
-        saved = self.manager.save(session.client, optimizer=self._optimizer, model=self._model, epoch=epoch,
-                                  holder=holder, final=final)
+        save = functools.partial(self.manager.save, session.client, optimizer=self._optimizer, model=self._model,
+                                 epoch=epoch, holder=holder, final=final)
+        saved = self._bounded.run(session.client, "the checkpoint save", save) if bounded else save()
         self.saved.append((saved.path, saved.global_step))
         self._timer.mark(saved.global_step)
 

@@ -14,8 +14,10 @@ clock: before, the chief was declared lost, 'made no progress', and the run fail
 waiting for the chief's initial checkpoint, was declared lost at the chief's first wait) and with
 ``--ps-replicas 1`` (before, no notice was sent to replicated shards: the step timed out).
 
-And the store stopped for good: the step fails once the save outlasted --save-timeout, and ``psflow train`` ends,
-naming the save in one line and the checkpoint lock it could not release (it waited for ever on that release)."""
+And the store stopped for good: the save is given up once it outlasted --save-timeout (psflow.checkpoint.bounded_save),
+and ``psflow train`` ends, naming the save in one line and the checkpoint lock it could not release (it waited for ever
+on that release; in async mode, where nothing holds a step, on the chief stuck in its save). In async mode with the store
+stopped for a while only: the chief gives its save up, trains on and finishes, its final checkpoint the newest."""
 
 from __future__ import annotations
 
@@ -115,11 +117,13 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
     assert latest is not None and latest.endswith(str(steps)), latest
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_left_behind(
-        gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The store stops for good during a save: the step fails once --save-timeout is over, and ``psflow train``
-    then ends (it waited for ever to release the run lock on the stopped store), non-zero, its error line the
-    save's (not the failed worker's traceback), and one line naming the lock it could not release and the URL."""
+        mode: str, gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The store stops for good during a save: the save is given up once --save-timeout is over (a failed save;
+    sync: or the step fails), the next ones as well, and ``psflow train`` then ends (it waited for ever to release
+    the run lock on the stopped store; async: on the chief stuck in its save), non-zero, its error line the save's
+    (not the failed worker's traceback), and one line naming the lock it could not release and the URL."""
     from object_store_servers import StoreServer, new_bucket
 
     assert isinstance(gcs_server, StoreServer)
@@ -129,7 +133,7 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
     ckpt = f"{new_bucket(gcs_server)}/ckpt"
     out = tmp_path / "run"
     run = subprocess.Popen(
-        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", "sync",
+        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", mode,
          "--ps", "1", "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--sync-timeout", str(SYNC_TIMEOUT),
          "--rpc-timeout", str(RPC_TIMEOUT), "--save-timeout", "5", "--checkpoint-dir", ckpt,
          "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out), "--quiet"],
@@ -159,3 +163,51 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
     assert "root cause" in lines[error] and "--save-timeout (5 s)" in lines[error + 1], stderr[-3000:]
     assert "Traceback" not in stderr and "last lines of its log" not in stderr, stderr[-3000:]
     assert any(f"could not release the lock {ckpt}/checkpoint.lock" in line for line in lines), stderr[-3000:]
+
+
+def test_an_async_chief_gives_up_a_save_past_its_save_timeout_and_trains_on(
+        gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Async mode (nothing holds a step for a save): the store stops answering during the chief's periodic save.
+    The chief gives the save up once --save-timeout is over, counts it as a failed save and trains on, while the
+    store is still stopped (it waited in the save for ever: the other worker finished, and the launcher waited
+    on the chief). Once the store answers again the abandoned save may end late; the run's final checkpoint is
+    still the newest, the pointer names it, and metrics.json counts the failed save."""
+    from object_store_servers import StoreServer, new_bucket
+
+    assert isinstance(gcs_server, StoreServer)
+    for key, value in gcs_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    ckpt = f"{new_bucket(gcs_server)}/ckpt"
+    out = tmp_path / "run"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", "async",
+         "--ps", "1", "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--save-timeout", "5",
+         "--max-failed-saves", "20", "--checkpoint-dir", ckpt, "--save-checkpoints-steps", "10", "--log-every", "1",
+         "--output", str(out), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = False
+    try:
+        wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
+                   "the chief's first steps")
+        os.kill(gcs_server.pid, signal.SIGSTOP)
+        stopped = True
+        # While the store is still stopped: the save is given up and counted, and the chief trains on.
+        wait_until(lambda: "FAILED" in _log(out, "worker-0") or run.poll() is not None,
+                   "the chief's save given up after --save-timeout, the store still stopped")
+        assert "--save-timeout (5 s)" in _log(out, "worker-0"), _log(out, "worker-0")[-3000:]
+        os.kill(gcs_server.pid, signal.SIGCONT)
+        stopped = False
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        if stopped:
+            os.kill(gcs_server.pid, signal.SIGCONT)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 0, stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["phase"] == "finished" and metrics["checkpoints_failed"] >= 1, metrics
+    latest = latest_checkpoint(ckpt)
+    assert latest is not None and latest.endswith(str(metrics["global_step"])), (latest, metrics)
+    assert metrics["checkpoints"]["last_saved_path"] == latest, metrics["checkpoints"]  # the last truly written
