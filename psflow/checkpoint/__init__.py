@@ -155,7 +155,8 @@ Classes and functions, by file:
   ``save_notice.py`` -- :func:`~psflow.checkpoint.save_notice.notify_save`: the ps tasks hear of a save while it
   lasts (a sync step waiting for the chief does not time out meanwhile); ``bounded_save.py`` --
   :class:`~psflow.checkpoint.bounded_save.BoundedSaves`: the chief's save given up (a failed save) past
-  ``--save-timeout``, the store stuck.
+  ``--save-timeout``, the store stuck; ``daemon_calls.py`` -- :func:`~psflow.checkpoint.daemon_calls.in_daemon_threads`:
+  a save's shard writes side by side, none of them waited for at the process's exit.
 * ``naming.py`` -- a checkpoint's directory name, the global_step it holds (:func:`rename_after_step`).
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
 * ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch

@@ -20,6 +20,7 @@ restarted, or a backup was promoted) saves its partitions whole inside an increm
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -32,6 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from psflow import jsonio, storage
+from psflow.checkpoint.daemon_calls import in_daemon_threads
 from psflow.checkpoint.lock import CheckpointDirLock, directory_mutex, new_run_id
 from psflow.checkpoint.manifest import (
     INCREMENT,
@@ -50,14 +52,7 @@ from psflow.checkpoint.save_manifest import build_manifest
 from psflow.checkpoint.save_notice import notify_save
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
-from psflow.ps.protocol import (
-    CheckpointStatusReply,
-    CheckpointStatusRequest,
-    FenceRequest,
-    SaveOutcome,
-    SaveShardReply,
-    SaveShardRequest,
-)
+from psflow.ps.protocol import CheckpointStatusReply, CheckpointStatusRequest, FenceRequest, SaveOutcome, SaveShardReply, SaveShardRequest
 from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, RpcError, TaskUnavailableError
 
 __all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError", "FinalCheckpointError",
@@ -124,9 +119,8 @@ class CheckpointManager:
             transport: ``"local"``: each ps task writes its shard into
                 ``directory`` itself (a filesystem shared with the chief);
                 ``"rpc"``: shards are streamed to the chief, which writes them.
-            fault: test hook, called with the name of each phase
-                (``"shards_written"``, ``"manifest_written"``; with an epoch also
-                ``"fence_checked"`` and ``"pointer_switched"``); it may end the process.
+            fault: test hook, called with the name of each phase (``"writer_written"``, ``"shards_written"``,
+                ``"manifest_written"``; with an epoch also ``"fence_checked"`` and ``"pointer_switched"``); it may end the process.
             lock: the run's lock of ``directory``, confirmed before every save
                 (None: not locked; a library user's own arrangement).
             run_id: this run's id (default: the lock's, else a fresh one): pointers
@@ -287,6 +281,7 @@ class CheckpointManager:
                       "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
             storage.write_atomically(os.path.join(path, WRITER_NAME),
                                   jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
+        self._phase("writer_written")
         base = self._increment_base(client, lineage)
         replies = self._write_shards(client, path, base[1] if base is not None else None)
         self._phase("shards_written")
@@ -426,8 +421,9 @@ class CheckpointManager:
             self._fault(phase)
 
     def _write_shards(self, client: ParameterClient, path: str, base: Manifest | None = None) -> dict[int, tuple[str, SaveShardReply]]:
-        """Every ps task's shard: task -> (its file name, what the task said it holds); ``base``: an increment's base
-        (each task saves the rows changed since its shard of the base). Each SaveShard's deadline: ``save_timeout``."""
+        """Every ps task's shard: task -> (its file name, what it holds); ``base``: an increment's base (each task saves the
+        rows changed since its shard of it). SaveShard's deadline: ``save_timeout``; each shard in a daemon thread (rpc:
+        its write stuck in the store never holds the process's exit, :mod:`psflow.checkpoint.daemon_calls`)."""
         tasks, timeout = sorted(client.channels), client.config.save_timeout
         files = {t: f"shard-{n:05d}-of-{len(tasks):05d}.safetensors" for n, t in enumerate(tasks)}
         epoch, holder = self._fence if self._fence is not None else (None, "")
@@ -437,11 +433,10 @@ class CheckpointManager:
             since = base.shards[n].get("marks") if base is not None else None
             calls[t] = client.call_async(t, SaveShardRequest(target, n, len(tasks), epoch, holder,
                                                              since if isinstance(since, dict) else None), timeout=timeout)
-        replies: dict[int, tuple[str, SaveShardReply]] = {}
-        with futures.ThreadPoolExecutor(len(tasks)) as pool:
-            pending = {t: pool.submit(self._finish_shard, c, os.path.join(path, files[t]), timeout) for t, c in calls.items()}
-            for t, fut in pending.items():
-                replies[t] = (files[t], fut.result())
+        pending = in_daemon_threads({t: functools.partial(self._finish_shard, c, os.path.join(path, files[t]), timeout)
+                                     for t, c in calls.items()}, name="psflow-shard-write")
+        futures.wait(pending.values())  # every shard's write ended, a failed one's too, before the save goes on
+        replies = {t: (files[t], fut.result()) for t, fut in pending.items()}
         storage.sync_dir(path)  # (an object store: nothing to do)
         return replies
 

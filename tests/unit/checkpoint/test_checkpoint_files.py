@@ -85,7 +85,7 @@ def test_save_pointer_retention_and_crash(tmp_path: Path) -> None:
         assert client.services[0].global_step is not None
         client.services[0].global_step.increment()
         paths.append(manager.save(client).path)  # type: ignore[arg-type]
-    assert phases == ["shards_written", "manifest_written"] * 3
+    assert phases == ["writer_written", "shards_written", "manifest_written"] * 3
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [Path(p).name for p in paths[1:]]
     pointer = json.loads((tmp_path / "checkpoint").read_text())
     assert pointer["latest"] == Path(paths[2]).name and pointer["global_step"] == 3
