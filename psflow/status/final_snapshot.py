@@ -28,7 +28,8 @@ The shared figures (``None`` where nothing answered, e.g. every ps task down):
                        ``checkpoints_failed``. A run whose ledger counted no save names the
                        directory's newest at the end: the one it restored
                        (``last_saved_by_this_run`` False) or one it wrote uncounted (True;
-                       True also for a counted save; None: no checkpoint at all)
+                       True also for a counted save; None: no checkpoint at all, or none
+                       read within ``NEWEST_READ_TIMEOUT`` s: a store that stopped answering)
 ``faults``, ``faults_not_fired``, ``restarts``, ``hangs``   the launcher's (resilience)
 ``eval``               the final evaluation, where there was one
 ``ps``                 each ps task's ``Stats``, as read for this snapshot; with replicated shards
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -54,12 +56,16 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.errors import CheckpointError
 from psflow.status.replication import REPLICATION_FIGURES, replication_view, shard_primaries
 
-__all__ = ["PHASES", "Resumed", "final_snapshot", "newest_if_unnamed", "resumed_from", "step_task_stats"]
+__all__ = ["NEWEST_READ_TIMEOUT", "PHASES", "Resumed", "final_snapshot", "newest_if_unnamed", "resumed_from", "step_task_stats"]
 
 log = logging.getLogger(__name__)
 
 #: How a run can end.
 PHASES = ("finished", "failed", "interrupted")
+
+#: Seconds a run's end waits for its directory's newest checkpoint (a pointer and a manifest) where the ledger
+#: names no save: a store that stopped answering never ends that read (see :func:`newest_if_unnamed`).
+NEWEST_READ_TIMEOUT = 15.0
 
 
 @dataclass(frozen=True)
@@ -184,12 +190,27 @@ def _newest_checkpoint(ledger: Mapping[str, Any], resumed: Resumed | None,
     return view
 
 
-def newest_if_unnamed(ledger: Mapping[str, Any] | None, checkpoint_dir: str | None) -> Resumed | None:
+def newest_if_unnamed(ledger: Mapping[str, Any] | None, checkpoint_dir: str | None, *,
+                      timeout: float = NEWEST_READ_TIMEOUT) -> Resumed | None:
     """:func:`final_snapshot`'s ``newest``: the directory's newest complete checkpoint, read at the run's end,
-    where the ledger names no save (None where it names one: nothing is read)."""
-    if ledger is None or ledger.get("last_saved_path"):
+    where the ledger names no save (None where it names one: nothing is read).
+
+    Blocks ``timeout`` s at most: the read runs in a daemon thread, and one that has not ended by then (an object
+    store that stopped answering never ends it) is left behind, logged as a warning, and None returned. Before, a
+    failed run whose launcher never read a ledger naming a save (none made yet, or every reading of it failed)
+    waited here for ever once its store stopped, after every task had ended."""
+    if ledger is None or ledger.get("last_saved_path") or not checkpoint_dir:
         return None
-    return resumed_from(checkpoint_dir)
+    found: list[Resumed | None] = []
+    reader = threading.Thread(target=lambda: found.append(resumed_from(checkpoint_dir)), name="psflow-newest-read",
+                              daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not found:
+        log.warning("the newest checkpoint in %s was not read within %g s (the store stopped answering?): the "
+                    "final snapshot names none", checkpoint_dir, timeout)
+        return None
+    return found[0]
 
 
 def _int(value: Any) -> int | None:

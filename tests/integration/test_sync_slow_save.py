@@ -27,6 +27,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -211,3 +212,35 @@ def test_an_async_chief_gives_up_a_save_past_its_save_timeout_and_trains_on(
     latest = latest_checkpoint(ckpt)
     assert latest is not None and latest.endswith(str(metrics["global_step"])), (latest, metrics)
     assert metrics["checkpoints"]["last_saved_path"] == latest, metrics["checkpoints"]  # the last truly written
+
+
+def test_a_failed_runs_end_does_not_wait_for_a_stopped_store(gcs_server: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's end reads its directory's newest checkpoint where the launcher's ledger names no save (none made yet,
+    or no reading of the ledger came back: the launcher's channel backing off its reconnects on a loaded machine).
+    With the store stopped for good that read never ended, so ``psflow train`` waited for ever after every task of
+    its failed run had ended (one way the test above can hang with the launcher alive). Now the read is given up
+    after NEWEST_READ_TIMEOUT s and the snapshot names no newest checkpoint."""
+    from object_store_servers import StoreServer, new_bucket
+
+    from psflow.status.final_snapshot import newest_if_unnamed
+
+    assert isinstance(gcs_server, StoreServer)
+    for key, value in gcs_server.env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    ckpt = f"{new_bucket(gcs_server)}/ckpt"
+    got: list[object] = []
+    ended = threading.Event()
+
+    def read() -> None:
+        got.append(newest_if_unnamed({"saved": 0, "failed": 3, "last_saved_path": None}, ckpt))
+        ended.set()
+
+    os.kill(gcs_server.pid, signal.SIGSTOP)
+    try:
+        threading.Thread(target=read, name="test-newest-read", daemon=True).start()
+        # NEWEST_READ_TIMEOUT (15 s) and a generous margin for a loaded machine; the old code never ended.
+        assert ended.wait(75.0), f"the run's end still reading {ckpt} from the stopped store after 75 s"
+    finally:
+        os.kill(gcs_server.pid, signal.SIGCONT)
+    assert got == [None]
