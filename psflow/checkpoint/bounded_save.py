@@ -13,6 +13,12 @@ begins before it ended: the next one first waits for it, for at most ``--save-ti
 telling the ps tasks, :func:`~psflow.checkpoint.save_notice.notify_save`, as a save does), and is a failed save
 itself if it has not ended. So the abandoned save never writes the pointer after a newer save did, nor uses the
 manager's state (its directory, its fence) while another save does.
+
+The save's calls go on a client of its own (:func:`save_client`: its own connections, and with replicated ps
+shards its own router), never on the training thread's: a given-up save still in a call (a ps task's shard
+write stuck on its disk) would otherwise hold the tcp carrier's connection, which serves one call at a time,
+and the chief's next push to that task failed after ``--rpc-timeout`` ("the connection stayed busy"); with
+replicated shards that silence could even promote a backup over a live primary.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from psflow.checkpoint.save import CheckpointManager
 from psflow.checkpoint.save_notice import notify_save
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
+from psflow.rpc.inprocess import InProcessChannel
 
-__all__ = ["BoundedSaves", "SaveAbandonedError"]
+__all__ = ["BoundedSaves", "SaveAbandonedError", "save_client"]
 
 T = TypeVar("T")
 
@@ -42,9 +49,10 @@ class BoundedSaves:
         self.manager = manager
         self._stuck: tuple[threading.Event, str] | None = None  # the call given up, until it ends
 
-    def run(self, client: ParameterClient, what: str, call: Callable[[], T]) -> T:
-        """``call()`` (``what``: e.g. "the checkpoint save"), in a thread waited for at most the client's
-        ``save_timeout``.
+    def run(self, client: ParameterClient, what: str, call: Callable[[ParameterClient], T]) -> T:
+        """``call(save_client)`` (``what``: e.g. "the checkpoint save"), in a thread waited for at most the client's
+        ``save_timeout``; ``save_client`` is :func:`save_client`'s of ``client``, closed when the call ends
+        (``client`` itself where it has no connections of its own).
 
         Raises:
             SaveAbandonedError: it did not end in time, or the call given up before it has still not ended
@@ -67,12 +75,16 @@ class BoundedSaves:
         outcome: list[T] = []
         failure: list[BaseException] = []
 
+        own = save_client(client)  # (here: the data client's routes are read on its own thread)
+
         def work() -> None:
             try:
-                outcome.append(call())
+                outcome.append(call(own))
             except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
                 failure.append(e)
             finally:
+                if own is not client:
+                    own.close()
                 done.set()
 
         threading.Thread(target=work, name="psflow-checkpoint-save", daemon=True).start()
@@ -89,3 +101,24 @@ class BoundedSaves:
         error = SaveAbandonedError(message)
         self.manager.count_failure(client, error)  # (raises at --max-failed-saves in a row)
         return error
+
+
+def save_client(client: ParameterClient) -> ParameterClient:
+    """A client for a save's calls off the training thread: ``client``'s cluster, layout, sync, timeouts, name and
+    incarnation, with connections of its own, opened at its first calls (replicated shards: a router of its own,
+    routing each shard where ``client``'s routes it now, and following a failover by itself). ``client`` itself
+    where its channels are in-process (called directly, several threads at once) or it is a stand-in (tests).
+    Call it on ``client``'s thread."""
+    channels = getattr(client, "channels", None)
+    if not isinstance(client, ParameterClient) or channels is None or all(
+            isinstance(c, InProcessChannel) for c in channels.values()):
+        return client
+    router = client.router
+    own = ParameterClient(client.cluster, list(client.layout.values()), client_name=client.client_name,
+                          config=client.config, sync=client.sync,
+                          failover_timeout=router.failover_timeout if router is not None else None)
+    if router is not None and own.router is not None:
+        own.router.start_at(router)
+    own.incarnation = client.incarnation
+    own.last_pull_step = client.last_pull_step  # (the save notices' step until the save's own is known)
+    return own

@@ -21,7 +21,14 @@ Guarantees:
     * :meth:`ParameterClient.register` is idempotent; it goes to ps task 0 first, which decides whether
       this client's layout agrees with the registered one (so two clients never split the tasks).
 
-Not thread-safe: one client per training thread.
+Not thread-safe: one client per training thread, and no call of another thread on it (a call from another
+thread waits behind the training thread's on the tcp carrier, one call at a time per connection, and with
+replicated shards it would share the router's failover state). Code off the training thread opens a client or
+channels of its own: a chief's save (:func:`psflow.checkpoint.bounded_save.save_client`), its save notices
+(:mod:`psflow.checkpoint.save_notice`), the chief election (:mod:`psflow.ps.control_routes`). On given in-process
+channels (a run in one process) a save uses the client itself: :meth:`~ParameterClient.call`, ``call_async`` and
+``ps_stats`` change no client state and run in the calling thread on the ps tasks' handlers, which serve concurrent
+calls as over the network.
 """
 
 from __future__ import annotations

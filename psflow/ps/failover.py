@@ -155,6 +155,13 @@ class ShardRouter:
                            failover_timeout=self.failover_timeout, status_timeout=self.status_timeout,
                            wait_timeout=self.wait_timeout, clock=self._clock)
 
+    def start_at(self, other: ShardRouter) -> None:
+        """Routes each shard where ``other`` routes it now (a twin taking over another router's view, e.g. a save's
+        client beginning at the data client's primaries rather than at each shard's first member)."""
+        for shard, route in dict(other.routes).items():
+            self.routes[shard] = route
+            self.channels[shard] = self._channel(route[0])
+
     def reached(self, task: str) -> None:
         """Member ``task``'s process answered this client through another service at its address (shard 0's
         coordination service): from now on a refused connection proves it gone (:meth:`gone`), as after a

@@ -196,10 +196,10 @@ class CheckpointSaverHook(SessionRunHook):
                 return
             raise FinalCheckpointError(message) from e
 
-    def _final(self, session: MonitoredTrainingSession, step: int) -> None:
+    def _final(self, session: MonitoredTrainingSession, step: int, client: ParameterClient) -> None:
         latest = latest_checkpoint(self.manager.directory)
         if latest is None or _global_step_of(latest) != step or not self._mark_final(latest):
-            self._save(session, final=True, bounded=False)  # (inside the final work's bound already)
+            self._save(session, final=True, client=client)  # (inside the final work's bound already, on its client)
 
     def _mark_final(self, latest: str) -> bool:
         """Marks ``latest`` final under this chief's fence; False if it must be saved anew (no longer current)."""
@@ -217,7 +217,10 @@ class CheckpointSaverHook(SessionRunHook):
             return False
         return True
 
-    def _save(self, session: MonitoredTrainingSession, *, final: bool = False, bounded: bool = True) -> None:
+    def _save(self, session: MonitoredTrainingSession, *, final: bool = False,
+              client: ParameterClient | None = None) -> None:
+        """Saves a checkpoint: bounded by ``--save-timeout`` on a client of its own (:class:`BoundedSaves`), or
+        on ``client`` as it is (already inside a bounded call)."""
         epoch, holder = None, ""
         if self._fence is not None:
             lease = self._fence()
@@ -225,9 +228,9 @@ class CheckpointSaverHook(SessionRunHook):
                 log.warning("%s: checkpoint skipped: no longer the chief", session.client.client_name)
                 return
             epoch, holder = lease
-        save = functools.partial(self.manager.save, session.client, optimizer=self._optimizer, model=self._model,
+        save = functools.partial(self.manager.save, optimizer=self._optimizer, model=self._model,
                                  epoch=epoch, holder=holder, final=final)
-        saved = self._bounded.run(session.client, "the checkpoint save", save) if bounded else save()
+        saved = self._bounded.run(session.client, "the checkpoint save", save) if client is None else save(client)
         self.saved.append((saved.path, saved.global_step))
         self._timer.mark(saved.global_step)
 

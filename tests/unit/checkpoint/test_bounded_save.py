@@ -47,16 +47,16 @@ def test_a_stuck_save_is_given_up_counted_and_no_newer_save_begins_before_it_end
     stuck = threading.Event()
     with pytest.raises(SaveAbandonedError, match=r"the checkpoint save into gs://b/ckpt given up: no end within "
                                                  r"--save-timeout \(0.3 s\)"):
-        saves.run(CLIENT, "the checkpoint save", lambda: manager.save("ckpt-10", stuck))  # type: ignore[arg-type]
+        saves.run(CLIENT, "the checkpoint save", lambda _client: manager.save("ckpt-10", stuck))  # type: ignore[arg-type]
     assert manager.failed == 1 and manager.abandoned
     # Still stuck: the next save does not begin (its own call is never made), and is a failed save too.
     began = threading.Event()
     with pytest.raises(SaveAbandonedError, match="not begun: the checkpoint save given up before it has still not"):
-        saves.run(CLIENT, "the checkpoint save", began.set)  # type: ignore[arg-type]
+        saves.run(CLIENT, "the checkpoint save", lambda _client: began.set())  # type: ignore[arg-type]
     assert manager.failed == 2 and not began.is_set() and manager.written == []
     # The store answers: the save given up ends first, then the newer one; the pointer's last writer is the newer.
     stuck.set()
-    assert saves.run(PATIENT, "the checkpoint save", lambda: manager.save("ckpt-30", _set())) == "ckpt-30"  # type: ignore[arg-type]
+    assert saves.run(PATIENT, "the checkpoint save", lambda _client: manager.save("ckpt-30", _set())) == "ckpt-30"  # type: ignore[arg-type]
     assert manager.written == ["ckpt-10", "ckpt-30"] and manager.failed == 2 and not manager.abandoned
 
 
@@ -65,10 +65,10 @@ def test_a_late_failure_of_the_save_given_up_is_not_counted_twice() -> None:
     saves = BoundedSaves(manager)  # type: ignore[arg-type]
     stuck = threading.Event()
     with pytest.raises(SaveAbandonedError):
-        saves.run(CLIENT, "the checkpoint save", lambda: manager.save("ckpt-10", stuck, fail=True))  # type: ignore[arg-type]
+        saves.run(CLIENT, "the checkpoint save", lambda _client: manager.save("ckpt-10", stuck, fail=True))  # type: ignore[arg-type]
     stuck.set()  # it fails now, late
     with pytest.raises(CheckpointError, match="ckpt-20 failed"):
-        saves.run(PATIENT, "the checkpoint save", lambda: manager.save("ckpt-20", _set(), fail=True))  # type: ignore[arg-type]
+        saves.run(PATIENT, "the checkpoint save", lambda _client: manager.save("ckpt-20", _set(), fail=True))  # type: ignore[arg-type]
     assert manager.failed == 2, manager.failed  # the one given up once, the next one once
 
 
