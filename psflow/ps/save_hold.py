@@ -48,10 +48,15 @@ its lock around every method.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["ChiefSave", "SaveHold"]
+if TYPE_CHECKING:
+    from psflow.ps.sync import SyncConfig
+
+__all__ = ["ChiefSave", "SaveHold", "SaveNotices"]
 
 
 @dataclass
@@ -152,3 +157,33 @@ class SaveHold:
     def forget(self) -> None:
         """Drops every save (a restore starts over)."""
         self._saves.clear()
+
+
+class SaveNotices:
+    """The save-notice calls of a coordinator that keeps a :class:`SaveHold` under its lock (the sync step,
+    :class:`~psflow.ps.sync.SyncAggregator`, and the ssp clock, :class:`~psflow.ps.staleness.StalenessClock`):
+    one place for both modes."""
+
+    config: SyncConfig
+    _cond: threading.Condition
+    _hold: SaveHold
+
+    def save_notice(self, worker: str, directory: str, step: int | None, active: bool, *,
+                    bound: float | None = None, incarnation: int | None = None) -> float:
+        """``worker``'s checkpoint save started, goes on or (not ``active``) ended: while it lasts, up to ``bound`` s
+        after its start, a step or wait held up by it does not time out. Returns the seconds within which to renew
+        the notice."""
+        with self._cond:
+            self._hold.notice(worker, directory, step, active, bound=bound, incarnation=incarnation)
+            self._heard_from(worker)
+            self._cond.notify_all()
+        return self.config.timeout / 4
+
+    def registered(self, worker: str, incarnation: int | None = None) -> None:
+        """A process of ``worker`` (``incarnation``) registered: a save of an earlier one holds nothing."""
+        with self._cond:
+            if self._hold.registered(worker, incarnation):
+                self._cond.notify_all()
+
+    def _heard_from(self, worker: str) -> None:
+        """A notice of ``worker`` came (under the lock): what else the coordinator counts as its sign of life."""

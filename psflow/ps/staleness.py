@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from psflow.ps.save_hold import SaveHold
+from psflow.ps.save_hold import SaveHold, SaveNotices
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
 
@@ -55,7 +55,7 @@ class Waited:
     held: bool = False
 
 
-class StalenessClock:
+class StalenessClock(SaveNotices):
     """Bounded staleness: holds a worker back while it is too far ahead."""
 
     def __init__(self, config: SyncConfig, *, task_name: str, clock: Callable[[], float] = time.monotonic) -> None:
@@ -131,21 +131,6 @@ class StalenessClock:
             if held is None or held[0] != clock or held[2] != incarnation:
                 return False, None
             return True, held[1]
-
-    def save_notice(self, worker: str, directory: str, step: int | None, active: bool, *,
-                    bound: float | None = None, incarnation: int | None = None) -> float:
-        """``worker``'s checkpoint save started, goes on or ended (:mod:`psflow.ps.save_hold`): while it lasts it
-        is not declared lost. Returns the seconds within which to renew the notice."""
-        with self._cond:
-            self._hold.notice(worker, directory, step, active, bound=bound, incarnation=incarnation)
-            self._cond.notify_all()
-        return self.config.timeout / 4
-
-    def registered(self, worker: str, incarnation: int | None = None) -> None:
-        """A process of ``worker`` (``incarnation``) registered: a save of an earlier one holds nothing (save_hold)."""
-        with self._cond:
-            if self._hold.registered(worker, incarnation):
-                self._cond.notify_all()
 
     def leave(self, worker: str) -> None:
         with self._cond:

@@ -75,7 +75,7 @@ from typing import Any
 
 import numpy as np
 
-from psflow.ps.save_hold import SaveHold
+from psflow.ps.save_hold import SaveHold, SaveNotices
 from psflow.ps.store import ParameterStore, PartitionState
 from psflow.ps.sync_sums import sum_rows
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
@@ -191,7 +191,7 @@ class _Sums:
     contributions: list[Contribution] = field(default_factory=list)  # kept only for on_applied
 
 
-class SyncAggregator:
+class SyncAggregator(SaveNotices):
     """Aggregates the gradients of one step, then applies them once."""
 
     def __init__(self, config: SyncConfig, store: ParameterStore, *, task_name: str,
@@ -296,23 +296,10 @@ class SyncAggregator:
             if self._contributors and len(self._contributors) >= self.needed():
                 self._apply()
 
-    def save_notice(self, worker: str, directory: str, step: int | None, active: bool, *,
-                    bound: float | None = None, incarnation: int | None = None) -> float:
-        """``worker``'s checkpoint save started, goes on or (not ``active``) ended: a step waiting for it does not
-        time out meanwhile, up to ``bound`` s after its start (:mod:`psflow.ps.save_hold`). Returns the seconds
-        within which to renew the notice."""
-        with self._cond:
-            self._hold.notice(worker, directory, step, active, bound=bound, incarnation=incarnation)
-            if worker in self._last_seen:  # a sign of life: not presumed gone (backups absorb dead workers)
-                self._last_seen[worker] = self._clock()
-            self._cond.notify_all()
-        return self.config.timeout / 4
-
-    def registered(self, worker: str, incarnation: int | None = None) -> None:
-        """A process of ``worker`` (``incarnation``) registered: a save of an earlier one holds nothing (save_hold)."""
-        with self._cond:
-            if self._hold.registered(worker, incarnation):
-                self._cond.notify_all()
+    def _heard_from(self, worker: str) -> None:
+        """A save notice is a sign of life: ``worker`` is not presumed gone (backups absorb dead workers)."""
+        if worker in self._last_seen:
+            self._last_seen[worker] = self._clock()
 
     def abort(self, reason: str) -> None:
         """Abandons the step being collected: every waiting and later push fails with
