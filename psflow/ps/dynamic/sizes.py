@@ -11,12 +11,12 @@ from psflow.ps.dynamic.id_index import INDEX_BYTES_PER_ROW
 from psflow.ps.dynamic.spec import DynamicTableSpec
 from psflow.ps.optimizers import make_optimizer
 
-__all__ = ["FIXED_OVERHEAD_BYTES", "ROW_META_BYTES", "row_bytes"]
+__all__ = ["FIXED_OVERHEAD_BYTES", "row_bytes"]
 
 #: Python objects of one table (the object, its dicts, lock, generators): a generous upper bound.
 FIXED_OVERHEAD_BYTES = 64 * 1024
-#: Per row besides values and slots: id, last step, frequency, free-list entry (int64 each), live flag.
-ROW_META_BYTES = 33
+# Per row besides values and slots: id, last step, frequency, free-list entry (int64 each), live flag.
+_ROW_META_BYTES = 33
 
 
 def row_bytes(spec: DynamicTableSpec) -> int:
@@ -28,4 +28,4 @@ def row_bytes(spec: DynamicTableSpec) -> int:
         OptimizerError: ``spec.optimizer`` names no optimizer.
     """
     slots = len(make_optimizer(spec.optimizer).slot_names) if spec.optimizer is not None else 0
-    return 4 * spec.dim * (1 + slots) + ROW_META_BYTES + INDEX_BYTES_PER_ROW
+    return 4 * spec.dim * (1 + slots) + _ROW_META_BYTES + INDEX_BYTES_PER_ROW

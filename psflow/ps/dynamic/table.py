@@ -26,7 +26,7 @@ from psflow.placement.hashing import IdArray, check_ids
 from psflow.ps.dynamic.eviction import eviction_keys, lowest, pick_victims
 from psflow.ps.dynamic.id_index import MIN_BUCKETS, IdIndex, buckets_for
 from psflow.ps.dynamic.rows import initial_rows, sum_by_id, unique_ids
-from psflow.ps.dynamic.sizes import ROW_META_BYTES, row_bytes
+from psflow.ps.dynamic.sizes import row_bytes
 from psflow.ps.dynamic.sketch import CountMinSketch
 from psflow.ps.dynamic.snapshots import COUNTED, check_counts, check_snapshot, counts_array
 from psflow.ps.dynamic.spec import BoolArray, DynamicTableError, DynamicTableSpec, DynamicTableStats, FloatArray
@@ -52,7 +52,6 @@ class DynamicTable:
         self._slot_names: tuple[str, ...] = self._optimizer.slot_names if self._optimizer else ()
         self._slot_init = {name: template[name][0].copy() for name in self._slot_names}
         self._state = {name: template[name] for name in (self._optimizer.state_names if self._optimizer else ())}
-        self._row_bytes = 4 * spec.dim * (1 + len(self._slot_names)) + ROW_META_BYTES
         self._row_limit = self._limit()
         self._sketch = (CountMinSketch(spec.sketch_width, spec.sketch_depth, seed=spec.seed)
                         if spec.admit_after is not None and spec.admit_after > 1 else None)
