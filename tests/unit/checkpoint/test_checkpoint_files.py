@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from framed_ps import FramedPs
 
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
@@ -17,8 +18,8 @@ from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
 from psflow.ps.service import ParameterService
-from psflow.rpc.api import ConnectConfig, InvalidRequest
-from psflow.rpc.framing import Frame, decode, encode
+from psflow.rpc.api import InvalidRequest
+from psflow.rpc.framing import Frame
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
 ADAGRAD = OptimizerSpec("adagrad", {"learning_rate": 0.5})
@@ -31,53 +32,12 @@ def _layout() -> list[Any]:
     return vs.placements()
 
 
-class _Call:
-    def __init__(self, frame: Frame) -> None:
-        self.frame = frame
-
-    def result(self) -> Frame:
-        return self.frame
-
-
-class _Channel:
-    """Calls a ParameterService handler through the real frame encoding."""
-
-    def __init__(self, svc: ParameterService) -> None:
-        self.svc, self.handlers, self.task = svc, svc.handlers(), svc.task_name
-
-    def call_async(self, method: str, meta: Any = None, arrays: Any = None, **kw: Any) -> _Call:
-        out_meta, out_arrays = self.handlers[method](decode(encode(meta or {}, arrays or {})))
-        return _Call(decode(encode(out_meta, out_arrays)))
-
-    def call(self, method: str, meta: Any = None, arrays: Any = None, **kw: Any) -> Frame:
-        return self.call_async(method, meta, arrays).result()
-
-
-class _Client:
-    def __init__(self) -> None:
-        self.layout = {p.var.name: p for p in _layout()}
-        self.cluster, self.client_name, self.step_task = CLUSTER, "chief", 0
-        self.config = ConnectConfig()  # its rpc_timeout: the deadline a LoadShard carries
-        self.services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
-        self.channels = {i: _Channel(s) for i, s in enumerate(self.services)}
-        meta = {"layout": [p.to_json() for p in self.layout.values()], "optimizer": ADAGRAD.to_json(), "chief": True}
-        for ch in self.channels.values():
-            ch.call("Register", meta)
-
-    def global_step(self) -> int:
-        gs = self.services[0].global_step
-        return gs.value if gs is not None else 0
-
-    def call_async(self, task: int, request: Any, **kw: Any) -> _Call:
-        frame = request.to_frame()
-        return self.channels[task].call_async(request.METHOD, frame.meta, frame.arrays)
-
-    def call(self, task: int, request: Any, **kw: Any) -> Frame:
-        return self.call_async(task, request).result()
+def _client() -> FramedPs:
+    return FramedPs(CLUSTER, _layout(), ADAGRAD)
 
 
 def test_save_pointer_retention_and_crash(tmp_path: Path) -> None:
-    client = _Client()
+    client = _client()
     phases: list[str] = []
     manager = CheckpointManager(str(tmp_path), max_to_keep=2, fault=phases.append)
     paths = []
@@ -106,7 +66,7 @@ def test_save_pointer_retention_and_crash(tmp_path: Path) -> None:
 
 
 def test_damaged_shard_and_bad_load_are_refused(tmp_path: Path) -> None:
-    client = _Client()
+    client = _client()
     path = CheckpointManager(str(tmp_path)).save(client).path  # type: ignore[arg-type]
     shard = next(Path(path).glob("shard-*"))
     data = bytearray(shard.read_bytes())

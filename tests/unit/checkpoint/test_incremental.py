@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from framed_ps import FramedPs, ps_cluster, same_arrays
 
 import psflow.ps.lazy_rows as lazy_rows
 from psflow.checkpoint.chain import checkpoint_chain
@@ -18,13 +18,9 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
 from psflow.checkpoint.save import CheckpointManager
 from psflow.checkpoint.variables import read_variables
-from psflow.cluster import ClusterSpec
 from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
-from psflow.ps.service import ParameterService
-from psflow.rpc.api import ConnectConfig
-from psflow.rpc.framing import Frame, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,49 +28,18 @@ OPTIMIZERS = {"adagrad": OptimizerSpec("adagrad", {"learning_rate": 0.5}),
               "adam": OptimizerSpec("adam", {"learning_rate": 0.01})}
 
 
-class _Call:
-    def __init__(self, frame: Frame) -> None:
-        self.frame = frame
-
-    def result(self) -> Frame:
-        return self.frame
-
-
-class _Cluster:
+class _Cluster(FramedPs):
     """A ParameterClient's surface over ``num_ps`` in-process services, calls through the real frame encoding."""
 
     def __init__(self, num_ps: int, optimizer: str = "adagrad", average: bool = False) -> None:
-        self.cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(num_ps)]})
-        vs = VariableSet(replica_device_setter(cluster=self.cluster))
+        cluster = ps_cluster(num_ps)
+        vs = VariableSet(replica_device_setter(cluster=cluster))
         vs.get_variable("emb", (64, 3), partitioner=fixed_size_partitioner(3),
                         initializer={"name": "random_normal", "seed": 3})
         vs.get_variable("w", (4, 2), initializer={"name": "constant", "value": 0.5},
                         moving_average_decay=0.9 if average else None)
         vs.get_variable("b", ())
-        self.layout = {p.var.name: p for p in vs.placements()}
-        self.client_name, self.step_task = "chief", 0
-        self.config = ConnectConfig()  # its rpc_timeout: the deadline a LoadShard carries
-        self.services = [ParameterService(i, holds_global_step=i == 0) for i in range(num_ps)]
-        self.channels = {i: s.handlers() for i, s in enumerate(self.services)}
-        meta = {"layout": [p.to_json() for p in self.layout.values()], "optimizer": OPTIMIZERS[optimizer].to_json(),
-                "chief": True}
-        for task in self.channels:
-            self._call(task, "Register", meta, {})
-
-    def _call(self, task: int, method: str, meta: Any, arrays: Any) -> Frame:
-        out_meta, out_arrays = self.channels[task][method](decode(encode(meta, arrays)))
-        return decode(encode(out_meta, out_arrays))
-
-    def global_step(self) -> int:
-        gs = self.services[0].global_step
-        return gs.value if gs is not None else 0
-
-    def call_async(self, task: int, request: Any, **kw: Any) -> _Call:
-        frame = request.to_frame()
-        return _Call(self._call(task, request.METHOD, frame.meta, frame.arrays))
-
-    def call(self, task: int, request: Any, **kw: Any) -> Frame:
-        return self.call_async(task, request).result()
+        super().__init__(cluster, vs.placements(), OPTIMIZERS[optimizer])
 
     def train(self, rng: np.random.Generator, rows: list[int] | None = None) -> None:
         """One step: sparse gradients on a few rows of ``emb`` (``rows`` or random ones), dense on ``w`` and ``b``."""
@@ -94,14 +59,8 @@ class _Cluster:
             entries.append([f"{name}/part_0", "dense"])
             arrays[f"g/{name}/part_0"] = np.asarray(rng.standard_normal(shape), dtype=np.float32)
         for task, (entries, arrays) in per_task.items():
-            self._call(task, "Push", {"grads": entries, "step": task == 0, "step_hint": self.global_step()}, arrays)
-
-
-def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    assert sorted(a) == sorted(b)
-    for name in a:
-        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
-        assert a[name].tobytes() == b[name].tobytes(), name
+            self.channels[task].call("Push", {"grads": entries, "step": task == 0, "step_hint": self.global_step()},
+                                     arrays)
 
 
 @pytest.mark.parametrize("optimizer,average,lazy", [("adagrad", False, False), ("adagrad", True, True),
@@ -129,7 +88,7 @@ def test_full_plus_five_increments_equals_a_full_checkpoint(tmp_path: Path, opti
     full = CheckpointManager(str(tmp_path / "full"), full_every=1).save(cluster).path  # type: ignore[arg-type]
     assert read_manifest(full).kind == "full"
     want = read_variables(full, slots=True)
-    _same(read_variables(saved[-1], slots=True), want)
+    same_arrays(read_variables(saved[-1], slots=True), want)
     inc_bytes = sum(s["bytes"] for s in manifests[-1].shards)
     full_bytes = sum(s["bytes"] for s in read_manifest(full).shards)
     assert inc_bytes < full_bytes if optimizer == "adagrad" else inc_bytes == full_bytes
@@ -139,7 +98,7 @@ def test_full_plus_five_increments_equals_a_full_checkpoint(tmp_path: Path, opti
         restore(other, saved[-1])  # type: ignore[arg-type]
         assert other.global_step() == manifests[-1].global_step
         again = CheckpointManager(str(tmp_path / f"again{num_ps}")).save(other).path  # type: ignore[arg-type]
-        _same(read_variables(again, slots=True), want)
+        same_arrays(read_variables(again, slots=True), want)
 
 
 def _changed_rows(path: str) -> set[int]:
@@ -189,7 +148,7 @@ def test_a_failed_increment_keeps_the_marks_and_a_crash_leaves_the_previous_rest
     want = read_variables(third, slots=True)
     restored = _Cluster(1)
     restore(restored, third)  # type: ignore[arg-type]
-    _same(read_variables(CheckpointManager(str(tmp_path / "x")).save(restored).path, slots=True),  # type: ignore[arg-type]
+    same_arrays(read_variables(CheckpointManager(str(tmp_path / "x")).save(restored).path, slots=True),  # type: ignore[arg-type]
           want)
 
 

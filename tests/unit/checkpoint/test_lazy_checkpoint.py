@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from framed_ps import FramedPs, ps_cluster, same_arrays
 from safetensors.numpy import load_file, save_file
 
 import psflow.ps.lazy_rows as lazy_rows
@@ -27,14 +28,10 @@ from psflow.checkpoint.restore import restore
 from psflow.checkpoint.save import CheckpointManager
 from psflow.checkpoint.variables import read_variables
 from psflow.checkpoint.warm_start import load_values, read_warm_start, warm_start
-from psflow.cluster import ClusterSpec
 from psflow.errors import CheckpointError
 from psflow.export import export_model, load_checkpoint_model
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, fixed_size_partitioner, replica_device_setter
-from psflow.ps.service import ParameterService
-from psflow.rpc.api import ConnectConfig
-from psflow.rpc.framing import Frame, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,15 +46,7 @@ OPTIMIZERS = {"adagrad": OptimizerSpec("adagrad", {"learning_rate": 0.5, "initia
               "adam": OptimizerSpec("adam", {"learning_rate": 0.01})}
 
 
-class _Call:
-    def __init__(self, frame: Frame) -> None:
-        self.frame = frame
-
-    def result(self) -> Frame:
-        return self.frame
-
-
-class _Cluster:
+class _Cluster(FramedPs):
     """A ParameterClient's surface over ``num_ps`` in-process services: logistic regression's ``weights`` (a
     random initializer, 2 partitions) and ``bias``, and a 2-column ``emb`` (optionally averaged)."""
 
@@ -65,8 +54,8 @@ class _Cluster:
                  constant: bool = False, parts: tuple[int, int] = (2, 3), seed: int = 0) -> None:
         """``constant``: constant initializers (zeros, 0.25) in place of random ones; ``parts``: the two tables'
         partitions; ``seed``: added to the random initializers' seeds."""
-        self.cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(num_ps)]})
-        vs = VariableSet(replica_device_setter(cluster=self.cluster))
+        cluster = ps_cluster(num_ps)
+        vs = VariableSet(replica_device_setter(cluster=cluster))
         vs.get_variable("weights", (ROWS, 1), partitioner=fixed_size_partitioner(parts[0]),
                         initializer={"name": "zeros"} if constant else
                         {"name": "random_normal", "stddev": 0.3, "seed": 5 + seed})
@@ -76,30 +65,7 @@ class _Cluster:
                             initializer={"name": "constant", "value": 0.25} if constant else
                             {"name": "truncated_normal", "stddev": 0.1, "seed": 9 + seed},
                             moving_average_decay=0.9 if average else None)
-        self.layout = {p.var.name: p for p in vs.placements()}
-        self.client_name, self.step_task = "chief", 0
-        self.config = ConnectConfig()
-        self.services = [ParameterService(i, holds_global_step=i == 0) for i in range(num_ps)]
-        self.channels = {i: s.handlers() for i, s in enumerate(self.services)}
-        meta = {"layout": [p.to_json() for p in self.layout.values()], "optimizer": OPTIMIZERS[optimizer].to_json(),
-                "chief": True}
-        for task in self.channels:
-            self._call(task, "Register", meta, {})
-
-    def _call(self, task: int, method: str, meta: Any, arrays: Any) -> Frame:
-        out_meta, out_arrays = self.channels[task][method](decode(encode(meta, arrays)))
-        return decode(encode(out_meta, out_arrays))
-
-    def global_step(self) -> int:
-        gs = self.services[0].global_step
-        return gs.value if gs is not None else 0
-
-    def call_async(self, task: int, request: Any, **kw: Any) -> _Call:
-        frame = request.to_frame()
-        return _Call(self._call(task, request.METHOD, frame.meta, frame.arrays))
-
-    def call(self, task: int, request: Any, **kw: Any) -> Frame:
-        return self.call_async(task, request).result()
+        super().__init__(cluster, vs.placements(), OPTIMIZERS[optimizer])
 
     def parts(self, name: str) -> list[Any]:
         """The ps-side PartitionStates of variable ``name``, by partition index."""
@@ -130,7 +96,8 @@ class _Cluster:
         entries.append(["bias/part_0", "dense"])
         arrays["g/bias/part_0"] = rng.standard_normal((1,)).astype(np.float32)
         for task, (entries, arrays) in per_task.items():
-            self._call(task, "Push", {"grads": entries, "step": task == 0, "step_hint": self.global_step()}, arrays)
+            self.channels[task].call("Push", {"grads": entries, "step": task == 0, "step_hint": self.global_step()},
+                                     arrays)
 
 
 def _cluster(lazy: bool, monkeypatch: pytest.MonkeyPatch, num_ps: int, optimizer: str, **kw: Any) -> _Cluster:
@@ -147,13 +114,6 @@ def _trained(lazy: bool, monkeypatch: pytest.MonkeyPatch, num_ps: int, optimizer
     cluster.train(1, TOUCHED)
     cluster.train(2, TOUCHED[::2])
     return cluster
-
-
-def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
-    assert sorted(a) == sorted(b)
-    for name in a:
-        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
-        assert a[name].tobytes() == b[name].tobytes(), name
 
 
 def _save(cluster: _Cluster, directory: Path, **kw: Any) -> str:
@@ -182,9 +142,9 @@ def test_a_full_shard_holds_only_the_built_rows_and_reads_as_an_eager_tables(
     assert all(p["initializer"]["name"] == "truncated_normal" for p in parts)
     lazy_bytes = sum(s["bytes"] for s in read_manifest(lazy).shards)
     assert lazy_bytes * 20 < sum(s["bytes"] for s in read_manifest(eager).shards)
-    _same(read_variables(lazy, slots=True), read_variables(eager, slots=True))
+    same_arrays(read_variables(lazy, slots=True), read_variables(eager, slots=True))
     if average:
-        _same(read_variables(lazy, moving_averages=True), read_variables(eager, moving_averages=True))
+        same_arrays(read_variables(lazy, moving_averages=True), read_variables(eager, moving_averages=True))
 
 
 @pytest.mark.parametrize("saved_ps,restored_ps", [(1, 1), (1, 2), (2, 1)])
@@ -202,7 +162,7 @@ def test_a_restore_keeps_the_partitions_lazy_and_gives_the_eager_values(
                 parts = target.parts(name)
                 assert all(p.lazy is not None for p in parts)
                 assert sum(p.lazy.count for p in parts) == len(TOUCHED)
-        _same(read_variables(_save(target, tmp_path / f"again-{lazy_target}"), slots=True), want)
+        same_arrays(read_variables(_save(target, tmp_path / f"again-{lazy_target}"), slots=True), want)
 
 
 @pytest.mark.parametrize("constant", [False, True])
@@ -228,7 +188,7 @@ def test_a_run_resumed_on_other_ps_tasks_and_partitions_then_rotated_reads_as_th
         assert [read_manifest(p).kind for p in saved] == ["full", "increment", "full", "increment", "full"]
         got[lazy] = [read_variables(p, slots=True) for p in saved] + [read_variables(saved[-1], moving_averages=True)]
     for eager, lazy_read in zip(got[False], got[True], strict=True):
-        _same(lazy_read, eager)
+        same_arrays(lazy_read, eager)
 
 
 def test_increments_on_a_lazy_full_checkpoint_export_the_evaluator_and_warm_start_read_the_eager_values(
@@ -244,20 +204,20 @@ def test_increments_on_a_lazy_full_checkpoint_export_the_evaluator_and_warm_star
         assert [read_manifest(p).kind for p in saved] == ["full"] + ["increment"] * 3
         got[lazy] = saved
     for eager, lazy in zip(got[False], got[True], strict=True):
-        _same(read_variables(lazy, slots=True), read_variables(eager, slots=True))
+        same_arrays(read_variables(lazy, slots=True), read_variables(eager, slots=True))
     restored = _cluster(True, monkeypatch, 1, "adagrad", emb=False)
     restore(restored, got[True][-1])  # type: ignore[arg-type]
     parts = restored.parts("weights")
     assert all(p.lazy is not None for p in parts)
     assert sum(p.lazy.count for p in parts) == len(set(TOUCHED) | {100, 101, 102, 2100, 2101, 2102})
-    _same(read_variables(_save(restored, tmp_path / "again"), slots=True), read_variables(got[False][-1], slots=True))
+    same_arrays(read_variables(_save(restored, tmp_path / "again"), slots=True), read_variables(got[False][-1], slots=True))
     for lazy in (False, True):
         export_model(got[lazy][-1], str(tmp_path / f"export-{lazy}"))
-    _same(load_file(str(tmp_path / "export-True" / "model.safetensors")),
+    same_arrays(load_file(str(tmp_path / "export-True" / "model.safetensors")),
           load_file(str(tmp_path / "export-False" / "model.safetensors")))
     evaluated = {lazy: load_checkpoint_model(got[lazy][0]).values for lazy in (False, True)}
-    _same(evaluated[True], evaluated[False])
-    _same(read_warm_start(got[True][0]), read_warm_start(got[False][0]))
+    same_arrays(evaluated[True], evaluated[False])
+    same_arrays(read_warm_start(got[True][0]), read_warm_start(got[False][0]))
 
 
 @pytest.mark.parametrize("saved_ps,target_ps,optimizer,constant,average,seed,trained,increment", [
@@ -303,7 +263,7 @@ def test_a_warm_start_from_a_lazy_checkpoint_keeps_the_table_lazy_and_gives_the_
                     assert all(p.lazy is not None for p in parts), name
                     count = sum(p.lazy.count for p in parts)
                     assert count == len(built | ({5, 6, 1500} if trained else set())), name
-    _same(got[True], got[False])
+    same_arrays(got[True], got[False])
 
 
 def test_a_checkpoint_holding_every_row_still_restores_lazily_built_rows_whole(
@@ -315,7 +275,7 @@ def test_a_checkpoint_holding_every_row_still_restores_lazily_built_rows_whole(
     assert _stored_rows(old, "emb") == ROWS and "built" not in read_manifest(old).variables["emb"]["partitions"][0]
     target = _cluster(True, monkeypatch, 2, "adagrad")
     restore(target, old)  # type: ignore[arg-type]
-    _same(read_variables(_save(target, tmp_path / "again"), slots=True), read_variables(old, slots=True))
+    same_arrays(read_variables(_save(target, tmp_path / "again"), slots=True), read_variables(old, slots=True))
 
 
 def test_a_lazy_checkpoint_missing_its_initializer_or_initial_rows_is_refused_naming_file_and_variable(
@@ -362,11 +322,11 @@ def test_an_increment_holding_a_restored_lazy_partition_whole_puts_back_the_rows
     parts = read_manifest(got[True][-1]).variables["weights"]["partitions"]
     assert [p.get("built") for p in parts] == [1, 0]  # whole, as built rows: row 7 alone
     for eager, lazy_path in zip(got[False], got[True], strict=True):
-        _same(read_variables(lazy_path, slots=True), read_variables(eager, slots=True))
+        same_arrays(read_variables(lazy_path, slots=True), read_variables(eager, slots=True))
     target = _cluster(True, monkeypatch, 2, "adagrad", emb=False)
     restore(target, got[True][-1])  # type: ignore[arg-type]
     assert sum(p.lazy.count for p in target.parts("weights")) == 1
-    _same(read_variables(_save(target, tmp_path / "again"), slots=True), read_variables(got[False][-1], slots=True))
+    same_arrays(read_variables(_save(target, tmp_path / "again"), slots=True), read_variables(got[False][-1], slots=True))
 
 
 @pytest.mark.parametrize("rows,why", [(np.array([5, 3]), "not sorted distinct local rows"),
