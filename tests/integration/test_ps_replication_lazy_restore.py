@@ -5,17 +5,17 @@ load of its saved rows only (:mod:`psflow.ps.built_rows`) leaves it lazy, its ro
 but not saved in it unbuilt again. The backup must end bit-equal to the primary (its built rows too), and once
 promoted serve the checkpoint's rows and the initial content of every other row, as the primary would.
 
-The shard's two members are :class:`test_ps_replication._Shard`'s processes; the client is a plain channel.
+The shard's two members are :class:`test_ps_replication._Shard`'s processes (its ``shard`` fixture); the client is a
+plain channel.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import test_ps_replication
 from support import wait_until
 from test_ps_replication import BACKUP, PRIMARY, WORKER, _Shard, _tensors
 
@@ -39,19 +39,12 @@ from psflow.ps.sync import SyncConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
+shard = test_ps_replication.shard  # the fixture: a _Shard whose processes are killed after the test
+
 KEY = "emb/part_0"
 SHAPE = (1 << 16, 4)  # 1 MiB of float32: lazy (psflow.ps.lazy_rows.LAZY_MIN_BYTES)
 SPEC: dict[str, Any] = {"name": "random_normal", "stddev": 0.1, "seed": 7}
 SAVED, LATER = np.arange(0, 40, 2, dtype=np.int64), np.arange(1000, 1040, dtype=np.int64)
-
-
-@pytest.fixture
-def shard(tmp_path: Path) -> Iterator[_Shard]:
-    handle = _Shard(tmp_path)
-    try:
-        yield handle
-    finally:
-        handle.kill_all()
 
 
 def _register(shard: _Shard) -> None:
