@@ -27,8 +27,8 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import ShardLoad, load_shards
 from psflow.checkpoint.variables import DYNAMIC_IDS, read_safetensors, read_variables
 from psflow.errors import CheckpointError
+from psflow.ps.built_rows import same_initializer
 from psflow.ps.client import ParameterClient
-from psflow.ps.initializers import InitializerError, validate_initializer
 from psflow.ps.store import partition_key
 
 __all__ = ["warm_start", "read_warm_start", "load_values"]
@@ -112,7 +112,7 @@ def _load_checkpoint(client: ParameterClient, checkpoint: str, what: str) -> lis
                 load.values[key] = reader.rows(name, 0, 1, None)
                 continue
             built = reader.built(name, part.row_start, part.row_stop)
-            if built is not None and _same_spec(built[1], var.initializer):
+            if built is not None and same_initializer(built[1], var.initializer):
                 rows, spec, initial = built
                 load.values[key] = reader.rows_at(name, rows, None, spec, initial)
                 load.built[key] = (rows - part.row_start, {"initializer": spec, "shape": list(var.shape)}, {})
@@ -120,14 +120,6 @@ def _load_checkpoint(client: ParameterClient, checkpoint: str, what: str) -> lis
                 load.values[key] = reader.rows(name, part.row_start, part.row_stop, None)
     load_shards(client, {task: load.request(values_only=True) for task, load in per_task.items()}, what)
     return sorted(manifest.variables)
-
-
-def _same_spec(saved: dict[str, object], mine: Mapping[str, object]) -> bool:
-    """Whether the checkpoint's initializer spec ``saved`` gives every row what the model's ``mine`` gives."""
-    try:
-        return validate_initializer(saved) == validate_initializer(mine)
-    except InitializerError:
-        return False
 
 
 def _check(client: ParameterClient, name: str, shape: tuple[int, ...], dtype: str, what: str) -> None:

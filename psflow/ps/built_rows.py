@@ -32,7 +32,7 @@ from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.initializers import CONSTANT_INITIALIZERS, InitializerError, initial_rows, validate_initializer
 
 __all__ = ["BUILT_ROWS", "INITIAL_PREFIX", "built_rows_name", "check_built", "initial_slot_name", "initial_block",
-           "load_built", "warm_built", "whole_rows", "worth_it"]
+           "load_built", "same_initializer", "warm_built", "whole_rows", "worth_it"]
 
 #: A full shard's tensor of a lazy partition's built local rows: ``<key>@built_rows``.
 BUILT_ROWS = "built_rows"
@@ -161,8 +161,7 @@ def warm_built(part: Any, rows: np.ndarray, record: Mapping[str, Any], value: np
     built whole and written whole, its rows not saved computed from ``record``'s initializer."""
     lazy, spec, shape = part.lazy, record["initializer"], tuple(record["shape"])
     average, dtype = part.average, str(part.value.dtype)
-    if lazy is not None and tuple(lazy.full_shape) == shape and \
-            validate_initializer(lazy.initializer) == validate_initializer(spec):
+    if lazy is not None and _builds_as(lazy, spec, shape):
         before = np.setdiff1d(np.flatnonzero(lazy.marks), rows, assume_unique=True)
         if before.size:
             fresh = initial_block(spec, shape, dtype, before + part.row_start)
@@ -183,9 +182,23 @@ def warm_built(part: Any, rows: np.ndarray, record: Mapping[str, Any], value: np
 
 def _same_initial(lazy: Any, spec: Mapping[str, Any], shape: tuple[int, ...], initial: Mapping[str, np.ndarray]) -> bool:
     """Whether lazy partition ``lazy`` builds a row as the checkpoint's ``spec`` and slot ``initial`` rows do."""
-    if tuple(lazy.full_shape) != shape or validate_initializer(lazy.initializer) != validate_initializer(spec):
+    if not _builds_as(lazy, spec, shape):
         return False
     mine = lazy.slot_rows
     if set(mine) != set(initial):
         return False
     return all(np.asarray(mine[k], dtype=initial[k].dtype).tobytes() == initial[k].tobytes() for k in mine)
+
+
+def _builds_as(lazy: Any, spec: Mapping[str, Any], shape: tuple[int, ...]) -> bool:
+    """Whether lazy partition ``lazy`` gives a row the value a variable of ``shape`` and initializer ``spec`` has."""
+    return tuple(lazy.full_shape) == shape and same_initializer(lazy.initializer, spec)
+
+
+def same_initializer(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether initializer specs ``a`` and ``b`` give every row the same value (their seeds included); an invalid
+    spec gives no row the other's."""
+    try:
+        return validate_initializer(a) == validate_initializer(b)
+    except InitializerError:
+        return False
