@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -102,9 +103,21 @@ def object_store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
     """A fresh, empty bucket, ``s3://NAME`` and then ``gs://NAME`` (the test runs once with each), with the
     client settings of its emulator in this process's environment (and so in every process the test starts).
     Skipped when the emulator's or the client's package is missing."""
+    return _fresh_bucket(request.getfixturevalue(f"{'s3' if request.param == 's3' else 'gcs'}_server"), monkeypatch)
+
+
+@pytest.fixture
+def gcs_bucket(gcs_server: object, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh, empty ``gs://NAME`` on the session's GCS emulator, its client settings in the environment as
+    :func:`object_store` sets them (a test stopping the store asks for ``gcs_server`` too, for its pid)."""
+    return _fresh_bucket(gcs_server, monkeypatch)
+
+
+def _fresh_bucket(server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A new bucket on ``server``, with its client settings in this process's environment (and so in every
+    process the test starts), no credentials of the machine's own."""
     from object_store_servers import new_bucket
 
-    server = request.getfixturevalue(f"{'s3' if request.param == 's3' else 'gcs'}_server")
     for key, value in server.env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)

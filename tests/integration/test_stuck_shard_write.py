@@ -70,14 +70,11 @@ CHIEF = textwrap.dedent("""
 
 
 def test_a_chief_exits_while_a_shard_write_is_stuck_in_the_store(
-        local_cluster, gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from object_store_servers import StoreServer, new_bucket
+        local_cluster, gcs_server: object, gcs_bucket: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from object_store_servers import StoreServer
 
     assert isinstance(gcs_server, StoreServer)
-    for key, value in gcs_server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    ckpt = f"{new_bucket(gcs_server)}/ckpt"
+    ckpt = f"{gcs_bucket}/ckpt"
     handle = local_cluster(1)
     log = tmp_path / "chief.log"
     with open(log, "w") as err:

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import pytest
+from object_store_servers import StoreServer
 from support import A9A, wait_until
 
 from psflow.checkpoint.pointer import latest_checkpoint
@@ -60,33 +61,37 @@ def _log(out: Path, name: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+def _train(ckpt: str, out: Path, *flags: str) -> subprocess.Popen[str]:
+    """``psflow train`` on a9a, 2 workers of batch 32, MAX_STEPS steps, a save into ``ckpt`` every 10 steps, a log
+    line every step, and ``flags`` (the mode, the ps tasks, the timeouts)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", *flags,
+         "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--checkpoint-dir", ckpt,
+         "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out), "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stop_once_the_chief_trains(store: StoreServer, run: subprocess.Popen[str], out: Path) -> None:
+    """Stops ``store`` (SIGSTOP) once the chief trains (its session's start, which reads the store, is over), so
+    its next periodic save waits for it. Not right after the initial checkpoint: the
+    chief's session then still reads the store outside any save, and step 0 timed out, as it did before the
+    notices."""
+    wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
+               "the chief's first steps")
+    os.kill(store.pid, signal.SIGSTOP)
+
+
 @pytest.mark.parametrize("mode,extra", [("sync", []), ("ssp", []), ("sync", ["--ps-replicas", "1"])],
                          ids=["sync", "ssp", "sync-replicated"])
 def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
-        mode: str, extra: list[str], gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from object_store_servers import StoreServer, new_bucket
-
+        mode: str, extra: list[str], gcs_server: object, gcs_bucket: str, tmp_path: Path) -> None:
     assert isinstance(gcs_server, StoreServer)
-    for key, value in gcs_server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    ckpt = f"{new_bucket(gcs_server)}/ckpt"
-    out = tmp_path / "run"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", mode, *extra,
-         "--ps", "2", "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--sync-timeout", str(SYNC_TIMEOUT),
-         "--rpc-timeout", str(RPC_TIMEOUT),
-         "--checkpoint-dir", ckpt, "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out),
-         "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
+    run = _train(ckpt, out, "--mode", mode, *extra, "--ps", "2", "--sync-timeout", str(SYNC_TIMEOUT),
+                 "--rpc-timeout", str(RPC_TIMEOUT))
     stopped = False
     try:
-        # The chief trains (its session's start, which reads the store, is over); the store then stops answering,
-        # so the chief's next periodic save waits for it. Not right after the initial checkpoint: the chief's
-        # session then still reads the store outside any save, and step 0 timed out, as it did before the notices.
-        wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
-                   "the chief's first steps")
-        os.kill(gcs_server.pid, signal.SIGSTOP)
+        _stop_once_the_chief_trains(gcs_server, run, out)
         stopped = True
         # A save under way, told to the ps tasks (on a ps task without notices the step times out instead, and
         # the run fails below, naming it).
@@ -120,30 +125,18 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_left_behind(
-        mode: str, gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        mode: str, gcs_server: object, gcs_bucket: str, tmp_path: Path) -> None:
     """The store stops for good during a save: the save is given up once --save-timeout is over (a failed save;
     sync: or the step fails), the next ones as well, and ``psflow train`` then ends (it waited for ever to release
     the run lock on the stopped store; async: on the chief stuck in its save), non-zero, its error line the save's
     (not the failed worker's traceback), and one line naming the lock it could not release and the URL."""
-    from object_store_servers import StoreServer, new_bucket
-
     assert isinstance(gcs_server, StoreServer)
-    for key, value in gcs_server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    ckpt = f"{new_bucket(gcs_server)}/ckpt"
-    out = tmp_path / "run"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", mode,
-         "--ps", "1", "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--sync-timeout", str(SYNC_TIMEOUT),
-         "--rpc-timeout", str(RPC_TIMEOUT), "--save-timeout", "5", "--checkpoint-dir", ckpt,
-         "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
+    run = _train(ckpt, out, "--mode", mode, "--ps", "1", "--sync-timeout", str(SYNC_TIMEOUT),
+                 "--rpc-timeout", str(RPC_TIMEOUT), "--save-timeout", "5")
     stopped = False
     try:
-        wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
-                   "the chief's first steps")
-        os.kill(gcs_server.pid, signal.SIGSTOP)  # for good: resumed only once the run has ended
+        _stop_once_the_chief_trains(gcs_server, run, out)  # for good: resumed once the run has ended
         stopped = True
         try:
             _, stderr = run.communicate(timeout=180)
@@ -167,31 +160,18 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
 
 
 def test_an_async_chief_gives_up_a_save_past_its_save_timeout_and_trains_on(
-        gcs_server: object, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        gcs_server: object, gcs_bucket: str, tmp_path: Path) -> None:
     """Async mode (nothing holds a step for a save): the store stops answering during the chief's periodic save.
     The chief gives the save up once --save-timeout is over, counts it as a failed save and trains on, while the
     store is still stopped (it waited in the save for ever: the other worker finished, and the launcher waited
     on the chief). Once the store answers again the abandoned save may end late; the run's final checkpoint is
     still the newest, the pointer names it, and metrics.json counts the failed save."""
-    from object_store_servers import StoreServer, new_bucket
-
     assert isinstance(gcs_server, StoreServer)
-    for key, value in gcs_server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    ckpt = f"{new_bucket(gcs_server)}/ckpt"
-    out = tmp_path / "run"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", "--mode", "async",
-         "--ps", "1", "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--save-timeout", "5",
-         "--max-failed-saves", "20", "--checkpoint-dir", ckpt, "--save-checkpoints-steps", "10", "--log-every", "1",
-         "--output", str(out), "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
+    run = _train(ckpt, out, "--mode", "async", "--ps", "1", "--save-timeout", "5", "--max-failed-saves", "20")
     stopped = False
     try:
-        wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
-                   "the chief's first steps")
-        os.kill(gcs_server.pid, signal.SIGSTOP)
+        _stop_once_the_chief_trains(gcs_server, run, out)
         stopped = True
         # While the store is still stopped: the save is given up and counted, and the chief trains on.
         wait_until(lambda: "FAILED" in _log(out, "worker-0") or run.poll() is not None,
@@ -214,21 +194,16 @@ def test_an_async_chief_gives_up_a_save_past_its_save_timeout_and_trains_on(
     assert metrics["checkpoints"]["last_saved_path"] == latest, metrics["checkpoints"]  # the last truly written
 
 
-def test_a_failed_runs_end_does_not_wait_for_a_stopped_store(gcs_server: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_runs_end_does_not_wait_for_a_stopped_store(gcs_server: object, gcs_bucket: str) -> None:
     """A run's end reads its directory's newest checkpoint where the launcher's ledger names no save (none made yet,
     or no reading of the ledger came back: the launcher's channel backing off its reconnects on a loaded machine).
     With the store stopped for good that read never ended, so ``psflow train`` waited for ever after every task of
     its failed run had ended (one way the test above can hang with the launcher alive). Now the read is given up
     after NEWEST_READ_TIMEOUT s and the snapshot names no newest checkpoint."""
-    from object_store_servers import StoreServer, new_bucket
-
     from psflow.status.final_snapshot import newest_if_unnamed
 
     assert isinstance(gcs_server, StoreServer)
-    for key, value in gcs_server.env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    ckpt = f"{new_bucket(gcs_server)}/ckpt"
+    ckpt = f"{gcs_bucket}/ckpt"
     got: list[object] = []
     ended = threading.Event()
 
