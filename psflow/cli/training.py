@@ -253,10 +253,8 @@ def _schedule_flag(text: str) -> dict[str, Any]:
 def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
     """Model parameters given by their own flags (--hidden, --wide-optimizer, --deep-optimizer, dynamic tables)."""
     params: dict[str, Any] = {}
-    dynamic = {key: value for key, value in (
-        ("capacity_rows", args.capacity), ("capacity_bytes", args.capacity_bytes), ("admit_after", args.admit_after),
-        ("admit_probability", args.admit_probability), ("ttl_steps", args.ttl_steps), ("policy", args.eviction_policy),
-    ) if value is not None}
+    given = {flag: getattr(args, flag.removeprefix("--").replace("-", "_")) for flag in DYNAMIC_TABLE_FLAGS.values()}
+    dynamic = {key: given[flag] for key, flag in DYNAMIC_TABLE_FLAGS.items() if given[flag] is not None}
     if args.embedding_table == "dynamic":
         try:
             share_spec("embedding table", 1, dynamic, optimizer=None, initializer={"name": "zeros"}, num_shares=1)
@@ -267,7 +265,8 @@ def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError(f"--embedding-table dynamic: {message}") from None
         params[DYNAMIC_TABLE_PARAM] = dynamic
     elif dynamic:
-        raise ConfigError(f"{', '.join(sorted(dynamic))}: these options are for dynamic tables; add --embedding-table dynamic")
+        flags = ", ".join(f"{flag} {value}" for flag, value in given.items() if value is not None)
+        raise ConfigError(f"{flags}: these options are for dynamic tables; add --embedding-table dynamic")
     if args.hidden is not None:
         try:
             params["hidden"] = [int(h) for h in args.hidden.split(",") if h.strip()]

@@ -189,6 +189,10 @@ CASES = {
     "--seed -1": Case(
         lambda t: train(t, "--train", good(t), "--seed", "-1"),
         lambda t: "psflow train: error: --seed must be in [0, 2**63 - 1], got -1"),
+    "dynamic table flags without --embedding-table dynamic": Case(  # named the options (capacity_rows), not the flags
+        lambda t: train(t, "--train", good(t), "--capacity", "1000", "--ttl-steps", "5"),
+        lambda t: "psflow train: error: --capacity 1000, --ttl-steps 5: these options are for dynamic tables; add "
+                  "--embedding-table dynamic"),
     "dynamic table smaller than one row": Case(
         lambda t: train(t, "--train", good(t), "--embedding-table", "dynamic", "--capacity-bytes", "1"),
         lambda t: "psflow train: error: --capacity-bytes 1 cannot hold one row of dynamic table 'weights': a row takes "
