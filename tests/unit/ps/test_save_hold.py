@@ -47,21 +47,31 @@ def _grad(part: PartitionState, worker: str) -> Contribution:
     return Contribution(worker, [(part, np.array([0], np.int64), np.array([[2.0]], np.float32))])
 
 
-def _waiting(agg: SyncAggregator, part: PartitionState) -> tuple[threading.Thread, dict[str, Any]]:
-    """The other worker's push, sent again after each held answer (as its client does: psflow.ps.task_calls)."""
-    out: dict[str, Any] = {"held": 0}
+def _pushing(push: Callable[[], Any], *, resent: bool = True) -> tuple[threading.Thread, dict[str, Any]]:
+    """``push`` in a thread of its own, started: sent again after each held answer, as a worker's client does
+    (psflow.ps.task_calls; ``out["held"]`` counts them), or (not ``resent``) once, its process killed while it
+    waited; then ``out["result"]`` its answer, or ``out["error"]`` the PreconditionFailed it raised."""
+    out: dict[str, Any] = {"held": 0} if resent else {}
 
-    def push() -> None:
+    def run() -> None:
         try:
-            while (result := agg.contribute(0, _grad(part, OTHER))).held:
+            result = push()
+            while resent and result.held:
                 out["held"] += 1
+                result = push()
             out["result"] = result
         except PreconditionFailed as e:
             out["error"] = e
 
-    thread = threading.Thread(target=push, daemon=True)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, out
+
+
+def _waiting(agg: SyncAggregator, part: PartitionState, tag: int = 0, *,
+             resent: bool = True) -> tuple[threading.Thread, dict[str, Any]]:
+    """The other worker's push of step ``tag`` (:func:`_pushing`)."""
+    return _pushing(lambda: agg.contribute(tag, _grad(part, OTHER)), resent=resent)
 
 
 def test_a_step_waits_for_a_saving_chief_past_its_timeout_then_applies_with_its_gradient() -> None:
@@ -116,14 +126,6 @@ def test_a_chief_that_stops_noticing_its_save_times_the_step_out_and_the_error_n
     assert step.value == 0 and part.value[0, 0] == 0.0
 
 
-def _once(agg: SyncAggregator, part: PartitionState, out: dict[str, Any]) -> threading.Thread:
-    """A push of the other worker whose client never sends it again (its process was killed while it waited)."""
-    thread = threading.Thread(target=lambda: out.setdefault("result", agg.contribute(0, _grad(part, OTHER))),
-                              daemon=True)
-    thread.start()
-    return thread
-
-
 def test_a_restarted_workers_redo_during_a_save_is_held_too_and_its_batch_counted_once(
         caplog: pytest.LogCaptureFixture) -> None:
     """The other worker's process is killed while its push waits for the saving chief, and its restarted process
@@ -136,8 +138,7 @@ def test_a_restarted_workers_redo_during_a_save_is_held_too_and_its_batch_counte
     clock = Clock()
     agg, part, step = _setup(clock)
     agg.save_notice(CHIEF, CKPT, 0, True)
-    killed: dict[str, Any] = {}
-    first = _once(agg, part, killed)
+    first, killed = _waiting(agg, part, resent=False)  # its client never sends it again
     while agg.stats()["sync_contributed"] != [OTHER]:
         first.join(0.01)
     clock.now += 4.0
@@ -219,7 +220,7 @@ def test_a_restarted_chief_ends_its_save_and_a_later_timeout_names_no_save() -> 
     assert agg.contribute(0, _grad(part, CHIEF)).completed
     thread.join(10)
     assert out["result"].accepted and step.value == 1, out
-    later, late = _waiting_at(agg, part, 1)
+    later, late = _waiting(agg, part, 1, resent=False)
     while agg.stats()["sync_contributed"] != [OTHER]:
         later.join(0.01)
     clock.now = 30.0
@@ -249,20 +250,6 @@ def test_another_chiefs_save_ends_the_dead_chiefs_and_the_message_says_it_ended(
     assert hold.describe([CHIEF], since=6.0) == ""  # ended before the step began: it held nothing of it
 
 
-def _waiting_at(agg: SyncAggregator, part: PartitionState, tag: int) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def push() -> None:
-        try:
-            out["result"] = agg.contribute(tag, _grad(part, OTHER))
-        except PreconditionFailed as e:
-            out["error"] = e
-
-    thread = threading.Thread(target=push, daemon=True)
-    thread.start()
-    return thread, out
-
-
 def test_an_ssp_worker_waits_for_a_saving_chief_answered_held_and_never_declares_it_lost() -> None:
     """ssp, staleness 0: the other worker's push waits for the chief's clock while the chief saves for 40 s of a
     10 s timeout, renewing its notice every 4 s. Before, the chief was declared lost after 10 s (on_timeout=fail:
@@ -271,18 +258,7 @@ def test_an_ssp_worker_waits_for_a_saving_chief_answered_held_and_never_declares
     clock = Clock()
     ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=10.0, on_timeout="fail"),
                          task_name="/job:ps/task:0", clock=clock)
-    out: dict[str, Any] = {"held": 0}
-
-    def push() -> None:
-        try:
-            while (waited := ssp.advance(OTHER, 1)).held:
-                out["held"] += 1
-            out["result"] = waited
-        except PreconditionFailed as e:
-            out["error"] = e
-
-    thread = threading.Thread(target=push, daemon=True)
-    thread.start()
+    thread, out = _pushing(lambda: ssp.advance(OTHER, 1))
     assert ssp.save_notice(CHIEF, CKPT, 1, True) == 2.5
     for _ in range(10):
         clock.now += 4.0
@@ -304,17 +280,7 @@ def test_an_ssp_chief_past_its_save_timeout_is_declared_lost_naming_the_save() -
     clock = Clock()
     ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=10.0, on_timeout="fail"),
                          task_name="/job:ps/task:0", clock=clock)
-    out: dict[str, Any] = {}
-
-    def push() -> None:
-        try:
-            while ssp.advance(OTHER, 1).held:
-                pass
-        except PreconditionFailed as e:
-            out["error"] = e
-
-    thread = threading.Thread(target=push, daemon=True)
-    thread.start()
+    thread, out = _pushing(lambda: ssp.advance(OTHER, 1))
     ssp.save_notice(CHIEF, CKPT, 1, True, bound=20.0)
     while thread.is_alive() and clock.now < 100.0:
         clock.now += 2.0
@@ -337,10 +303,7 @@ def test_an_ssp_worker_waiting_for_the_chiefs_initial_checkpoint_is_not_lost_at_
                          task_name="/job:ps/task:0", clock=clock)
     clock.now = 30.0
     assert ssp.advance(CHIEF, 1).min_clock == 0 and ssp.advance(CHIEF, 2).min_clock == 0
-    out: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: out.setdefault("result", _or_error(lambda: ssp.advance(CHIEF, 3))),
-                              daemon=True)
-    thread.start()
+    thread, out = _pushing(lambda: ssp.advance(CHIEF, 3), resent=False)
     while ssp.stats()["ssp_waits"] == 0 and thread.is_alive() and ssp.stats()["ssp_clocks"][CHIEF] != 3:
         thread.join(0.01)
     clock.now = 39.0
@@ -350,13 +313,6 @@ def test_an_ssp_worker_waiting_for_the_chiefs_initial_checkpoint_is_not_lost_at_
     assert ssp.advance(OTHER, 1).min_clock == 1
     thread.join(10)
     assert out["result"] == Waited(1) and ssp.stats()["ssp_lost"] == [], out
-
-
-def _or_error(call: Callable[[], Any]) -> Any:
-    try:
-        return call()
-    except PreconditionFailed as e:
-        return e
 
 
 def test_a_newer_process_ends_an_earlier_ones_save_but_not_its_own() -> None:
