@@ -101,6 +101,17 @@ def _client_with(sync: SyncConfig, wrap: dict[str, Callable[[int, Handler], Hand
     return client
 
 
+def _recorded(notices: list[SaveNoticeRequest]) -> Callable[[int, Handler], Handler]:
+    """A wrapper of the SaveNotice handlers that appends each notice ps task 1 gets to ``notices``."""
+    def wrap(task: int, handler: Handler) -> Handler:
+        def call(frame: Frame) -> Reply:
+            if task == 1:
+                notices.append(SaveNoticeRequest.from_frame(frame))
+            return handler(frame)
+        return call
+    return wrap
+
+
 def test_the_notices_do_not_wait_for_a_slow_stats(caplog: pytest.LogCaptureFixture) -> None:
     """ps task 0 answers Stats only when the test lets it: every ps task hears the save begin, and the notice is
     renewed, all the same (before, the notice thread asked Stats first, so a save that began while Stats was slow
@@ -115,15 +126,8 @@ def test_the_notices_do_not_wait_for_a_slow_stats(caplog: pytest.LogCaptureFixtu
             return handler(frame)
         return call
 
-    def counted(task: int, handler: Handler) -> Handler:
-        def call(frame: Frame) -> Reply:
-            if task == 1:
-                notices.append(SaveNoticeRequest.from_frame(frame))
-            return handler(frame)
-        return call
-
     client = _client_with(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=1.0),
-                          {"Stats": slow_stats, "SaveNotice": counted})
+                          {"Stats": slow_stats, "SaveNotice": _recorded(notices)})
     caplog.set_level(logging.INFO, logger="psflow.ps.sync")
     try:
         with notify_save(client, CKPT):
@@ -143,15 +147,8 @@ def test_no_notice_past_the_save_timeout(caplog: pytest.LogCaptureFixture) -> No
     it lasted, and a stuck save held the run for ever); each carries the bound. The end notice still comes."""
     notices: list[SaveNoticeRequest] = []
 
-    def counted(task: int, handler: Handler) -> Handler:
-        def call(frame: Frame) -> Reply:
-            if task == 1:
-                notices.append(SaveNoticeRequest.from_frame(frame))
-            return handler(frame)
-        return call
-
     client = _client_with(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=1.0),
-                          {"SaveNotice": counted}, save_timeout=0.5)
+                          {"SaveNotice": _recorded(notices)}, save_timeout=0.5)
     caplog.set_level(logging.WARNING, logger="psflow.checkpoint.save_notice")
     with notify_save(client, CKPT):
         wait_until(lambda: _lines(caplog, "has lasted longer than --save-timeout (0.5 s)"),
