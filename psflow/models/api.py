@@ -105,7 +105,9 @@ class ModelError(PsflowError, ValueError):
 
 #: The model parameter holding the run's dynamic table options (``--embedding-table dynamic``).
 DYNAMIC_TABLE_PARAM = "dynamic_table"
-#: The ``psflow train`` flag that sets each dynamic table option (:data:`psflow.ps.dynamic.OPTIONS`) of the run.
+#: The ``psflow train`` flag of each dynamic table option that has one (the others of
+#: :data:`psflow.ps.dynamic.OPTIONS` have none): the CLI reads the options from these flags, and its errors and
+#: a resume's refusal name the flag.
 DYNAMIC_TABLE_FLAGS = {"capacity_rows": "--capacity", "capacity_bytes": "--capacity-bytes", "admit_after": "--admit-after",
                        "admit_probability": "--admit-probability", "ttl_steps": "--ttl-steps",
                        "policy": "--eviction-policy"}
