@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -43,6 +44,20 @@ class StoreServer:
     env: dict[str, str]
     pid: int
     log: Path
+
+    @property
+    def port(self) -> int:
+        """The port it listens on, on 127.0.0.1."""
+        return int(self.env["AWS_ENDPOINT_URL" if self.scheme == "s3" else "STORAGE_EMULATOR_HOST"].rsplit(":", 1)[1])
+
+
+def refuses_connections(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:``port`` (a server killed there is gone), as a client connecting finds."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
 
 
 def _executable(name: str) -> str | None:

@@ -12,27 +12,18 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
-from object_store_servers import _executable, _wait_answering, run_s3
+from object_store_servers import _executable, _wait_answering, refuses_connections, run_s3
 from support import A9A, A9A_T, in_fresh_process, run_cli, wait_until
 
 from psflow.launch.evaluator import run_evaluator
 from psflow.train.config import TrainConfig
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-
-def _refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    except ConnectionRefusedError:
-        return True
-    return False
 
 
 def evaluate_through_an_outage(env: dict[str, str], store_pid: int, port: int, local: str, workdir: str
@@ -72,7 +63,7 @@ def evaluate_through_an_outage(env: dict[str, str], store_pid: int, port: int, l
         wait_until(lambda: any("evaluator: step=10" in m for m in lines) or not thread.is_alive(),
                    "the evaluator evaluated ckpt-10")
         os.kill(store_pid, signal.SIGKILL)
-        wait_until(lambda: _refused(port), "the killed store refuses connections")
+        wait_until(lambda: refuses_connections(port), "the killed store refuses connections")
         wait_until(lambda: any(m.startswith("WARNING") and "s3://psflow-eval/ckpt" in m for m in lines)
                    or not thread.is_alive(), "the evaluator met the outage")
         stop.wait(1.0)  # twenty polls into the outage
@@ -104,9 +95,8 @@ def test_an_evaluator_whose_store_stops_answering_warns_once_and_goes_on_polling
     servers = run_s3(tmp_path_factory)  # a store of this test's own, to kill
     server = next(servers)
     try:
-        port = int(server.env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
         done, warnings, polling = in_fresh_process(
-            evaluate_through_an_outage, {**server.env, "AWS_MAX_ATTEMPTS": "1"}, server.pid, port, str(ckpt),
+            evaluate_through_an_outage, {**server.env, "AWS_MAX_ATTEMPTS": "1"}, server.pid, server.port, str(ckpt),
             str(tmp_path), limit=250)
     finally:
         servers.close()  # reaps the killed server

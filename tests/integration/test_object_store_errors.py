@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from object_store_servers import run_s3
+from object_store_servers import refuses_connections, run_s3
 from support import A9A, in_fresh_process, run_cli, wait_until
 
 from psflow import storage
@@ -125,14 +124,6 @@ def _in_process_cluster() -> ParameterClient:
     return client
 
 
-def _refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
-    except ConnectionRefusedError:
-        return True
-    return False
-
-
 def save_while_the_store_goes_away(env: dict[str, str], store_pid: int, port: int) -> tuple[str, int, list[object]]:
     """In a fresh process (fsspec keeps one client per settings): a save on the store, then one whose store is
     killed once the shards are in, then one more (its run lock cannot be confirmed); returns the first failed
@@ -148,7 +139,7 @@ def save_while_the_store_goes_away(env: dict[str, str], store_pid: int, port: in
     def store_gone(phase: str) -> None:
         if phase == "shards_written":
             os.kill(store_pid, signal.SIGKILL)
-            wait_until(lambda: _refused(port), "the killed store refuses connections")
+            wait_until(lambda: refuses_connections(port), "the killed store refuses connections")
 
     manager = CheckpointManager("s3://psflow-going/ckpt", run_id="run-a", fault=store_gone, lock=lock)
     with pytest.raises(CheckpointError) as e:
@@ -166,9 +157,8 @@ def test_a_save_whose_store_stops_answering_is_a_failed_save(tmp_path_factory: p
     servers = run_s3(tmp_path_factory)  # a store of this test's own, to kill
     server = next(servers)
     try:
-        port = int(server.env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
-        error, in_a_row, steps = in_fresh_process(save_while_the_store_goes_away,
-                                                   {**server.env, "AWS_MAX_ATTEMPTS": "1"}, server.pid, port, limit=200)
+        error, in_a_row, steps = in_fresh_process(save_while_the_store_goes_away, {**server.env, "AWS_MAX_ATTEMPTS": "1"},
+                                                   server.pid, server.port, limit=200)
     finally:
         servers.close()  # reaps the server
     assert "s3://psflow-going/ckpt/ckpt-" in error and "the store did not answer" in error, error
@@ -188,7 +178,7 @@ def read_while_the_store_goes_away(env: dict[str, str], store_pid: int, port: in
     blocks = iter_blocks(url, "none", block_size=storage.READ_BLOCK)
     assert len(next(blocks)) == storage.READ_BLOCK
     os.kill(store_pid, signal.SIGKILL)
-    wait_until(lambda: _refused(port), "the killed store refuses connections")
+    wait_until(lambda: refuses_connections(port), "the killed store refuses connections")
     with pytest.raises(DataError) as e:
         for _ in range(4):  # the stream fetched a block ahead: a later read asks the store
             next(blocks)
@@ -202,9 +192,8 @@ def test_a_stream_whose_store_stops_answering_fails_in_one_line(tmp_path_factory
     servers = run_s3(tmp_path_factory)  # a store of this test's own, to kill
     server = next(servers)
     try:
-        port = int(server.env["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
         error = in_fresh_process(read_while_the_store_goes_away, {**server.env, "AWS_MAX_ATTEMPTS": "1"},
-                                 server.pid, port, limit=200)
+                                 server.pid, server.port, limit=200)
     finally:
         servers.close()  # reaps the server
     assert error.startswith("s3://psflow-reading/train-0: read failed at byte "), error
@@ -256,7 +245,7 @@ def test_a_store_that_answers_an_http_error_fails_in_one_line(kind: str, status:
     server = subprocess.Popen([sys.executable, "-c", FAILING_STORE, str(port), str(status), kind],
                               stdin=subprocess.DEVNULL)
     try:
-        wait_until(lambda: not _refused(port), "the failing store listens")
+        wait_until(lambda: not refuses_connections(port), "the failing store listens")
         endpoint = f"http://127.0.0.1:{port}"
         env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="psflow-test",
                    AWS_SECRET_ACCESS_KEY="psflow-test", AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="1",
