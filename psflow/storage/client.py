@@ -195,12 +195,27 @@ def client_errors(url: str, *, writing: bool = False) -> Iterator[None]:
 #: HTTP statuses of a store's call that pass (a timeout, throttling, the store failing), as gcsfs retries them.
 PASSING_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
+#: (module, its error classes, what they say) of a client library's errors that are no ``OSError``, asked in order.
+_LIBRARY_ERRORS = (
+    ("botocore.exceptions", ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"),
+     "credentials"),
+    ("botocore.exceptions", ("ConnectionError", "HTTPClientError"), "unreachable"),
+    ("botocore.exceptions", ("BotoCoreError",), "other"),
+    ("google.auth.exceptions", ("GoogleAuthError",), "credentials"),
+    ("aiohttp", ("ClientError",), "unreachable"),
+)
+
+#: The same of a client library's ``OSError`` whose builtin type says nothing of what it is.
+_LIBRARY_OS_ERRORS = (
+    ("aiohttp", ("ClientConnectionError",), "unreachable"),  # gcsfs: an endpoint that does not answer
+    ("requests.exceptions", ("ProxyError",), "unavailable"),  # a 502
+)
+
 
 def _client_error(error: Exception) -> str | None:
     """What ``error`` says: ``denied`` (the credentials may not), ``credentials`` (none), ``refused`` (expired or
     revoked), ``unreachable``, ``unavailable`` (throttling, the store failing: each passes), ``other``; or None
-    to let it through as it is (the builtin ``OSError`` of its kind, or none of the client library's). Only a
-    library already loaded is asked (it raised the error)."""
+    to let it through as it is (the builtin ``OSError`` of its kind, or none of the client library's)."""
     if isinstance(error, PermissionError):
         return "denied"
     if isinstance(error, OSError):
@@ -210,22 +225,7 @@ def _client_error(error: Exception) -> str | None:
         code = getattr(error, "code", None)
         return "refused" if code == 401 else "denied" if code == 403 else (
             "unavailable" if code in PASSING_STATUSES else "other")
-    botocore = sys.modules.get("botocore.exceptions")
-    if botocore is not None:
-        if isinstance(error, (botocore.NoCredentialsError, botocore.PartialCredentialsError,
-                              botocore.CredentialRetrievalError)):
-            return "credentials"
-        if isinstance(error, (botocore.ConnectionError, botocore.HTTPClientError)):
-            return "unreachable"
-        if isinstance(error, botocore.BotoCoreError):
-            return "other"
-    google = sys.modules.get("google.auth.exceptions")
-    if google is not None and isinstance(error, google.GoogleAuthError):
-        return "credentials"
-    aiohttp = sys.modules.get("aiohttp")
-    if aiohttp is not None and isinstance(error, aiohttp.ClientError):
-        return "unreachable"
-    return None
+    return _library_error(error, _LIBRARY_ERRORS)
 
 
 def _os_error(error: OSError) -> str | None:
@@ -237,12 +237,16 @@ def _os_error(error: OSError) -> str | None:
             return "unavailable"
         if str(error).startswith("Forbidden: "):
             return "denied"
-    aiohttp = sys.modules.get("aiohttp")
-    if aiohttp is not None and isinstance(error, aiohttp.ClientConnectionError):
-        return "unreachable"
-    requests = sys.modules.get("requests.exceptions")
-    if requests is not None and isinstance(error, requests.ProxyError):
-        return "unavailable"
+    return _library_error(error, _LIBRARY_OS_ERRORS)
+
+
+def _library_error(error: BaseException, known: tuple[tuple[str, tuple[str, ...], str], ...]) -> str | None:
+    """What the first row of ``known`` (module, classes, what they say) whose classes ``error`` is one of says,
+    or None. Only a library already loaded is asked (one not loaded raised nothing): none is imported here."""
+    for module, classes, kind in known:
+        library = sys.modules.get(module)
+        if library is not None and isinstance(error, tuple(getattr(library, name) for name in classes)):
+            return kind
     return None
 
 

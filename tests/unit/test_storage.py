@@ -135,3 +135,31 @@ def test_is_under(tmp_path: Path) -> None:
     for outside in ("s3://b/ckpt2/x", "s3://b/ckpt/../x", "gs://b/ckpt/x", "s3://other/ckpt/x", str(tmp_path)):
         assert not storage.is_under("s3://b/ckpt", outside), outside
     assert not storage.is_under(str(tmp_path), "s3://b/ckpt/x")
+
+
+def test_each_client_librarys_error_becomes_one_line_naming_the_url_of_its_kind() -> None:
+    """client_errors on the errors the client libraries raise (instances of their own classes): each table row of
+    psflow/storage/client.py, also those no test store answers with (tests/integration/test_object_store_errors.py
+    meets some from real stores); an error of no client library passes as it is."""
+    botocore = pytest.importorskip("botocore.exceptions")
+    google = pytest.importorskip("google.auth.exceptions")
+    aiohttp = pytest.importorskip("aiohttp")
+    requests = pytest.importorskip("requests.exceptions")
+    cases: list[tuple[str, BaseException, type[storage.StoreError], str]] = [
+        ("s3://b/x", botocore.NoCredentialsError(), storage.StoreDeniedError, "no credentials for s3://"),
+        ("s3://b/x", botocore.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"),
+         storage.StoreUnreachableError, "the store did not answer"),
+        ("s3://b/x", botocore.ParamValidationError(report="bad"), storage.StoreError, "ParamValidationError: "),
+        ("gs://b/x", google.DefaultCredentialsError("none found"), storage.StoreDeniedError, "no credentials for gs://"),
+        ("gs://b/x", aiohttp.ClientPayloadError("cut short"), storage.StoreUnreachableError, "the store did not answer"),
+        ("gs://b/x", aiohttp.ClientConnectionError("refused"), storage.StoreUnreachableError,  # an OSError
+         "the store did not answer"),
+        ("gs://b/x", requests.ProxyError("502"), storage.StoreUnreachableError, "the store is unavailable"),
+    ]
+    for url, error, kind, says in cases:
+        with pytest.raises(storage.StorageError) as raised, storage.client.client_errors(url):
+            raise error
+        assert type(raised.value) is kind and isinstance(raised.value, OSError), (error, raised.value)
+        assert str(raised.value).startswith(f"{url}: {says}") and "\n" not in str(raised.value), raised.value
+    with pytest.raises(ValueError, match="^not a store's$"), storage.client.client_errors("s3://b/x"):
+        raise ValueError("not a store's")
