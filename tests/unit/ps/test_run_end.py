@@ -154,8 +154,13 @@ def test_the_final_evaluation_travels_with_a_replicated_ledger_and_a_bad_one_is_
     assert final_eval(backup, W0, 7) == {"step": 7, "worker": W1}
     backup.load_replica_state({"done": [], "over": False})  # a primary's state without one: none
     assert final_eval(backup, W0, 7) == {"step": None, "worker": None}
+    backup.load_replica_state(runs.replica_state())
+    other, _ = ledger([W0, W1])
+    done(other, W0)  # a state of other reports, whose final evaluation is malformed: none of it is taken
     with pytest.raises(ValueError, match="malformed final evaluation"):
-        backup.load_replica_state({"done": [], "over": False, "final_eval": [7, "worker 1\n"]})
+        backup.load_replica_state(dict(other.replica_state(), final_eval=[7, "worker 1\n"]))
+    assert final_eval(backup, W0, 7) == {"step": 7, "worker": W1}  # the state refused left the ledger as it was
+    assert backup.replica_state() == runs.replica_state()
 
 
 @pytest.mark.parametrize(("meta", "message"), [
