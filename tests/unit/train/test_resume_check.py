@@ -4,7 +4,8 @@ Adam's checkpoints hold its beta powers (``beta1_power``, ``beta2_power``: 0-d s
 in each partition's slots), which the check did not count as Adam's: every ``--optimizer adam`` run's checkpoint
 was refused by the next run with the same optimizer, as "written with --optimizer adam (... slots beta1_power,
 beta2_power, m, v); this run asks for adam (slots m, v)", so an Adam run could never be resumed. Real
-checkpoints written by in-process ps services, each optimizer on 1 and 2 partitions.
+checkpoints written by in-process ps services, each optimizer on 1 and 2 partitions. And a checkpoint written with
+other dynamic table options is refused naming each flag and both values (``psflow.train.chief.check_restorable``).
 """
 
 from __future__ import annotations
@@ -13,14 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from psflow.checkpoint.manifest import Manifest
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
-from psflow.errors import ConfigError
+from psflow.errors import CheckpointError, ConfigError
 from psflow.models.api import DYNAMIC_TABLE_PARAM
 from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.build import build_model
+from psflow.train.chief import check_restorable
 from psflow.train.config import TrainConfig
 from psflow.train.preflight import check_resume
 
@@ -89,10 +92,6 @@ def test_a_checkpoint_of_other_dynamic_table_options_names_their_flags() -> None
     """A run resumed with another --capacity (or --admit-after, ...) than its checkpoint was told only that 'the
     model's parameters (--model-param, --hidden, --wide-optimizer, --deep-optimizer)' differ: none of the flags the
     user changed, nor the values."""
-    from psflow.checkpoint.manifest import Manifest
-    from psflow.errors import CheckpointError
-    from psflow.train.chief import check_restorable
-
     saved = Manifest(global_step=3, variables={}, shards=[], model=_record({DYNAMIC_TABLE_PARAM: {"capacity_rows": 1000,
                                                                                                    "admit_after": 2}}))
     with pytest.raises(CheckpointError, match=r"another model: --capacity 1000 \(this run: 5000\); --admit-after 2 "
