@@ -313,7 +313,7 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
     if args.replication == "in-graph":  # given at all, even at its default: the config cannot tell
         for flag, value in (("--sync-timeout", args.sync_timeout), ("--on-timeout", args.on_timeout)):
             if value is not None:
-                raise ConfigError(in_graph_timeout_refusal(flag, f"{value:g}" if isinstance(value, float) else value))
+                raise ConfigError(in_graph_timeout_refusal(flag, value))
     defaults = SyncSettings()
     return TrainConfig(
         data=DataSettings(

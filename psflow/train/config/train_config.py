@@ -60,9 +60,10 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
-def in_graph_timeout_refusal(flag: str, value: str) -> str:
+def in_graph_timeout_refusal(flag: str, value: float | str) -> str:
     """The one line refusing ``--sync-timeout`` or ``--on-timeout`` (``flag``, given as ``value``) in-graph."""
-    return (f"{flag} {value} is for between-graph replication: an in-graph step waits for a failed worker up to "
+    shown = f"{value:g}" if isinstance(value, float) else value
+    return (f"{flag} {shown} is for between-graph replication: an in-graph step waits for a failed worker up to "
             "--connect-timeout and runs its slice again, never without it")
 
 
@@ -124,7 +125,7 @@ class TrainConfig:
         sync, default = self.sync, SyncSettings()
         if sync.replication != "in-graph":
             return
-        for flag, value, unset in (("--sync-timeout", f"{sync.timeout:g}", sync.timeout == default.timeout),
+        for flag, value, unset in (("--sync-timeout", sync.timeout, sync.timeout == default.timeout),
                                    ("--on-timeout", sync.on_timeout, sync.on_timeout == default.on_timeout)):
             if not unset:
                 raise ConfigError(in_graph_timeout_refusal(flag, value))
