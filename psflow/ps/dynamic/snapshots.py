@@ -30,8 +30,9 @@ def counts_array(counts: Mapping[str, int]) -> np.ndarray:
     return np.array([counts[k] for k in COUNTED], np.int64)
 
 
-def check_counts(counts: object, name: str) -> dict[str, int]:
-    """The counters of a replicated change's ``counts`` (int64 ``[len(COUNTED)]``, each >= 0), by name.
+def check_counts(counts: object, name: str, *, what: str = "replicated counts") -> dict[str, int]:
+    """The counters of a replicated change's ``counts`` (int64 ``[len(COUNTED)]``, each >= 0), by name; ``what``
+    names them in the error (a snapshot's: a checkpoint's or a replica's copy).
 
     Raises:
         DynamicTableError: missing or malformed; names the table.
@@ -39,7 +40,7 @@ def check_counts(counts: object, name: str) -> dict[str, int]:
     if not (isinstance(counts, np.ndarray) and counts.dtype == np.int64 and counts.shape == (len(COUNTED),)
             and bool((counts >= 0).all())):
         got = f"{counts.dtype} {counts.shape}" if isinstance(counts, np.ndarray) else type(counts).__name__
-        raise DynamicTableError(f"dynamic table {name!r}: replicated counts must be {len(COUNTED)} int64 "
+        raise DynamicTableError(f"dynamic table {name!r}: {what} must be {len(COUNTED)} int64 "
                                 f"counters >= 0, got {got}")
     return dict(zip(COUNTED, (int(c) for c in counts), strict=True))
 
@@ -61,7 +62,7 @@ def check_snapshot(arrays: Mapping[str, np.ndarray], *, name: str, dim: int, slo
     want.update({f"slot/{slot}": (np.float32, (n, dim)) for slot in slot_names})
     want.update({f"state/{state}": (np.float32, ()) for state in state_names})
     if "counts" in arrays:  # a checkpoint's: the counters the table goes on from
-        check_counts(arrays["counts"], name)
+        check_counts(arrays["counts"], name, what="snapshot counts")
         want["counts"] = (np.int64, (len(COUNTED),))
     if set(arrays) != set(want):
         raise DynamicTableError(f"{where} has arrays {sorted(arrays)}; this table needs {sorted(want)}")

@@ -44,7 +44,7 @@ def test_a_load_goes_on_from_the_snapshots_counters_and_one_without_them_keeps_i
     older.load(saved.snapshot())
     assert _counts(older)["admitted"] == 1
     bad = {**saved.snapshot(), "counts": np.array([1, 2], np.int64)}
-    with pytest.raises(DynamicTableError, match="'emb': replicated counts must be 6 int64"):
+    with pytest.raises(DynamicTableError, match="'emb': snapshot counts must be 6 int64"):
         fresh.check_snapshot(bad)
 
 
