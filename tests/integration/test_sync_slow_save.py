@@ -21,6 +21,7 @@ stopped for a while only: the chief gives its save up, trains on and finishes, i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -71,14 +73,32 @@ def _train(ckpt: str, out: Path, *flags: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _stop_once_the_chief_trains(store: StoreServer, run: subprocess.Popen[str], out: Path) -> None:
+@contextlib.contextmanager
+def _store_stopped(store: StoreServer, run: subprocess.Popen[str], out: Path) -> Iterator[Callable[[], None]]:
     """Stops ``store`` (SIGSTOP) once the chief trains (its session's start, which reads the store, is over), so
-    its next periodic save waits for it. Not right after the initial checkpoint: the
-    chief's session then still reads the store outside any save, and step 0 timed out, as it did before the
-    notices."""
-    wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
-               "the chief's first steps")
-    os.kill(store.pid, signal.SIGSTOP)
+    its next periodic save waits for it, and yields the call that resumes it (SIGCONT). Not right after the
+    initial checkpoint: the chief's session then still reads the store outside any save, and step 0 timed out,
+    as it did before the notices. On exit, ``run`` is killed if it still runs, and the store resumed if it is
+    still stopped."""
+    stopped = False
+
+    def resume() -> None:
+        nonlocal stopped
+        if stopped:
+            os.kill(store.pid, signal.SIGCONT)
+            stopped = False
+
+    try:
+        wait_until(lambda: re.search(r"worker 0: step=[1-9]", _log(out, "worker-0")) or run.poll() is not None,
+                   "the chief's first steps")
+        os.kill(store.pid, signal.SIGSTOP)
+        stopped = True
+        yield resume
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+        resume()
 
 
 @pytest.mark.parametrize("mode,extra", [("sync", []), ("ssp", []), ("sync", ["--ps-replicas", "1"])],
@@ -89,10 +109,7 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
     ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
     run = _train(ckpt, out, "--mode", mode, *extra, "--ps", "2", "--sync-timeout", str(SYNC_TIMEOUT),
                  "--rpc-timeout", str(RPC_TIMEOUT))
-    stopped = False
-    try:
-        _stop_once_the_chief_trains(gcs_server, run, out)
-        stopped = True
+    with _store_stopped(gcs_server, run, out) as resume:
         # A save under way, told to the ps tasks (on a ps task without notices the step times out instead, and
         # the run fails below, naming it).
         wait_until(lambda: _save_under_way(_ps_logs(out)) or "timed out" in _ps_logs(out)
@@ -100,15 +117,8 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
                    "a periodic save of the chief begun, told to the ps tasks")
         # The fault's length: the save cannot end before the store answers again.
         time.sleep(2 * (RPC_TIMEOUT + SYNC_TIMEOUT))
-        os.kill(gcs_server.pid, signal.SIGCONT)
-        stopped = False
+        resume()
         stdout, stderr = run.communicate(timeout=240)
-    finally:
-        if stopped:
-            os.kill(gcs_server.pid, signal.SIGCONT)
-        if run.poll() is None:
-            run.kill()
-            run.wait()
     assert run.returncode == 0, stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     # (ssp: each push is a step; the two workers may both take a step at the end: one more)
@@ -134,22 +144,13 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
     ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
     run = _train(ckpt, out, "--mode", mode, "--ps", "1", "--sync-timeout", str(SYNC_TIMEOUT),
                  "--rpc-timeout", str(RPC_TIMEOUT), "--save-timeout", "5")
-    stopped = False
-    try:
-        _stop_once_the_chief_trains(gcs_server, run, out)  # for good: resumed once the run has ended
-        stopped = True
+    with _store_stopped(gcs_server, run, out):  # for good: resumed once the run has ended
         try:
             _, stderr = run.communicate(timeout=180)
         except subprocess.TimeoutExpired:
             run.kill()
             pytest.fail("psflow train did not end within 180 s of the store stopping (--save-timeout 5): "
                         + run.communicate()[1][-3000:])
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        if stopped:
-            os.kill(gcs_server.pid, signal.SIGCONT)
     assert run.returncode != 0
     lines = stderr.splitlines()
     # The root cause's one line: the save and the flag (it was the failed worker's traceback tail).
@@ -169,23 +170,13 @@ def test_an_async_chief_gives_up_a_save_past_its_save_timeout_and_trains_on(
     assert isinstance(gcs_server, StoreServer)
     ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
     run = _train(ckpt, out, "--mode", "async", "--ps", "1", "--save-timeout", "5", "--max-failed-saves", "20")
-    stopped = False
-    try:
-        _stop_once_the_chief_trains(gcs_server, run, out)
-        stopped = True
+    with _store_stopped(gcs_server, run, out) as resume:
         # While the store is still stopped: the save is given up and counted, and the chief trains on.
         wait_until(lambda: "FAILED" in _log(out, "worker-0") or run.poll() is not None,
                    "the chief's save given up after --save-timeout, the store still stopped")
         assert "--save-timeout (5 s)" in _log(out, "worker-0"), _log(out, "worker-0")[-3000:]
-        os.kill(gcs_server.pid, signal.SIGCONT)
-        stopped = False
+        resume()
         stdout, stderr = run.communicate(timeout=240)
-    finally:
-        if stopped:
-            os.kill(gcs_server.pid, signal.SIGCONT)
-        if run.poll() is None:
-            run.kill()
-            run.wait()
     assert run.returncode == 0, stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["phase"] == "finished" and metrics["checkpoints_failed"] >= 1, metrics
