@@ -44,13 +44,15 @@ Pure: reads nothing itself (:func:`resumed_from` reads a manifest).
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import logging
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from psflow.checkpoint.daemon_calls import in_daemon_threads
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.errors import CheckpointError
@@ -195,22 +197,20 @@ def newest_if_unnamed(ledger: Mapping[str, Any] | None, checkpoint_dir: str | No
     """:func:`final_snapshot`'s ``newest``: the directory's newest complete checkpoint, read at the run's end,
     where the ledger names no save (None where it names one: nothing is read).
 
-    Blocks ``timeout`` s at most: the read runs in a daemon thread, and one that has not ended by then (an object
-    store that stopped answering never ends it) is left behind, logged as a warning, and None returned. Before, a
+    Blocks ``timeout`` s at most: the read runs in a daemon thread (:func:`~psflow.checkpoint.daemon_calls.in_daemon_threads`;
+    what it raises is raised here), and one that has not ended by then (an object store that stopped answering
+    never ends it) is left behind, logged as a warning, and None returned. Before, a
     failed run whose launcher never read a ledger naming a save (none made yet, or every reading of it failed)
     waited here for ever once its store stopped, after every task had ended."""
     if ledger is None or ledger.get("last_saved_path") or not checkpoint_dir:
         return None
-    found: list[Resumed | None] = []
-    reader = threading.Thread(target=lambda: found.append(resumed_from(checkpoint_dir)), name="psflow-newest-read",
-                              daemon=True)
-    reader.start()
-    reader.join(timeout)
-    if not found:
+    read = in_daemon_threads({"read": functools.partial(resumed_from, checkpoint_dir)}, name="psflow-newest")["read"]
+    try:
+        return read.result(timeout)
+    except concurrent.futures.TimeoutError:
         log.warning("the newest checkpoint in %s was not read within %g s (the store stopped answering?): the "
                     "final snapshot names none", checkpoint_dir, timeout)
         return None
-    return found[0]
 
 
 def _int(value: Any) -> int | None:

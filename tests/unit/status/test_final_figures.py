@@ -85,3 +85,20 @@ def test_a_run_whose_ledger_counted_no_save_names_the_directorys_newest_at_the_e
 def test_resumed_from_is_none_without_a_directory_or_checkpoint(tmp_path: Path) -> None:
     assert resumed_from(None) is None
     assert resumed_from(str(tmp_path)) is None
+
+
+def test_a_newest_read_that_fails_raises_its_error_not_a_stopped_store_warning(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The run's end reads the newest checkpoint in a daemon thread, bounded (a store that stopped answering never
+    ends the read); a read that failed at once (an error resumed_from does not take as 'no checkpoint') was logged
+    as 'not read within 15 s (the store stopped answering?)' and its traceback printed by the thread: it is
+    raised to the caller, as it was before the read had a bound."""
+    from psflow.status import final_snapshot as module
+
+    def broken(checkpoint_dir: str | None) -> Resumed | None:
+        raise ValueError(f"a broken read of {checkpoint_dir}")
+
+    monkeypatch.setattr(module, "resumed_from", broken)
+    with pytest.raises(ValueError, match="a broken read of"):
+        module.newest_if_unnamed({"saved": 0, "last_saved_path": None}, str(tmp_path), timeout=60.0)
+    assert "not read within" not in caplog.text
