@@ -17,8 +17,14 @@ Three pieces, one per side of a local cluster:
     signal and write one byte to a self-pipe: no lock is taken and nothing is
     raised into the code the signal interrupted (a handler that raised while
     a push held the TCP channel's lock deadlocked the ``finally`` that closed
-    the channel). A daemon thread (``psflow-stop``) watches the self-pipe and
-    the lifeline; on a signal or on the lifeline's EOF it, in order:
+    the channel). The self-pipe is also the process's wakeup fd
+    (``signal.set_wakeup_fd``): CPython's C handler writes the signal's number
+    there at once, from whichever thread the kernel handed the signal to,
+    while the Python handler runs only when the main thread next runs Python
+    code; a ps task's main thread sleeps in ``Server.join()`` until the stop,
+    so a signal handed to another of its threads did nothing before. A daemon
+    thread (``psflow-stop``) watches the self-pipe and the lifeline; on a
+    signal or on the lifeline's EOF it, in order:
 
         1. marks the request (:meth:`StopRequest.requested` turns non-None);
            the worker loop checks it before every step and unwinds cleanly;
@@ -147,7 +153,7 @@ class StopRequest:
         if not 0 <= drain <= grace:
             raise ValueError(f"stop timings must satisfy 0 <= drain ({drain}) <= grace ({grace})")
         self.name, self.grace, self.drain = name, grace, drain
-        self.signum: int | None = None        # written by the signal handler only (first signal wins)
+        self.signum: int | None = None        # the first signal: by the handler, or the watcher (wakeup fd)
         self.launcher_gone = False            # written by the watcher thread only
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_write, False)
@@ -173,11 +179,13 @@ class StopRequest:
 
     # ---- set-up ------------------------------------------------------------
     def install_handlers(self) -> bool:
-        """Handles :data:`STOP_SIGNALS` from now on; False (nothing installed) off the main thread."""
+        """Handles :data:`STOP_SIGNALS` from now on, the self-pipe being the process's wakeup fd (module
+        docstring); False (nothing installed) off the main thread."""
         if threading.current_thread() is not threading.main_thread():
             return False
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._handle)
+        signal.set_wakeup_fd(self._wake_write, warn_on_full_buffer=False)
         return True
 
     def start(self, lifeline_fd: int | None = None) -> None:
@@ -228,8 +236,10 @@ class StopRequest:
         parent = os.getppid()
         while self.requested() is None:
             for fd, events in poller.poll():
-                if fd == self._wake_read:
-                    os.read(self._wake_read, 64)
+                if fd == self._wake_read:  # signal numbers (the wakeup fd's) and the handler's zero bytes
+                    for signum in os.read(self._wake_read, 64):
+                        if signum in STOP_SIGNALS and self.signum is None:
+                            self.signum = signum
                     continue
                 try:
                     if events & select.POLLNVAL:

@@ -1,0 +1,78 @@
+"""A stop signal the kernel hands to a thread other than the main one still stops the process.
+
+A signal sent to a process goes to whichever of its threads the kernel picks (one with no signal pending: the
+main thread, if it has one pending already, is passed over). CPython's C handler runs in that thread and only
+marks the signal; the Python handler runs on the main thread when it next runs Python code. A main thread
+asleep in one long wait (a ps task's ``Server.join()``: for ever) never ran it: ``kill PID`` of a serving ps
+task did nothing, and the launcher's stop of such a task ended in SIGKILL after its grace.
+
+The signal is sent here to one named thread of a real task process (``tgkill``, from this process), the case the
+kernel's choice gives now and then.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import REPO, wait_until
+
+from psflow.cluster import ClusterSpec
+from psflow.launch.ports import free_ports
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+LIMIT = 60.0  # safety net, seconds: a passing run takes well under one
+
+_SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+def tgkill(pid: int, tid: int, sig: int) -> None:
+    """Sends ``sig`` to thread ``tid`` of process ``pid`` (Linux's tgkill; os.kill picks no thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    number = _SYS_TGKILL.get(os.uname().machine)
+    if number is None:
+        pytest.skip(f"tgkill's syscall number unknown on {os.uname().machine}")
+    if libc.syscall(number, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {sig})")
+
+
+def other_threads(pid: int) -> list[int]:
+    """The ids of ``pid``'s threads other than its main one (whose id is the pid)."""
+    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="tgkill and /proc are Linux's")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_serving_ps_task_stops_on_a_signal_handed_to_another_thread(tmp_path: Path, sig: int) -> None:
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(ClusterSpec({"ps": [address], "worker": ["127.0.0.1:1"]}).to_json())
+    log = tmp_path / "ps-0.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "psflow", "server", "--cluster", str(cluster), "--job", "ps",
+                                 "--task", "0", "--insecure"], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=str(REPO), env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        wait_until(lambda: "serving at" in log.read_text(errors="replace") or proc.poll() is not None,
+                   "the ps task serving", limit=LIMIT)
+        assert proc.poll() is None, log.read_text(errors="replace")
+        threads = other_threads(proc.pid)
+        assert threads, "the ps task runs one thread only"
+        tgkill(proc.pid, threads[-1], sig)  # (the newest: a server's thread, not the main one)
+        try:
+            code = proc.wait(timeout=LIMIT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the ps task still serves {LIMIT:.0f} s after {signal.Signals(sig).name} to its thread "
+                        f"{threads[-1]}:\n{log.read_text(errors='replace')[-3000:]}")
+        assert code == 128 + sig, log.read_text(errors="replace")[-3000:]
+        assert f"stopping ({signal.Signals(sig).name})" in log.read_text(errors="replace")
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
