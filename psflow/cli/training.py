@@ -25,6 +25,7 @@ from psflow.ps.dynamic import DynamicTableError, share_spec
 from psflow.train.build import model_config
 from psflow.train.config import (
     MAX_STEPS_IN_FLIGHT,
+    MODE_FLAGS,
     CheckpointSettings,
     ChiefSettings,
     ClusterSettings,
@@ -37,6 +38,7 @@ from psflow.train.config import (
     SyncSettings,
     TrainConfig,
     in_graph_timeout_refusal,
+    other_mode_refusal,
 )
 from psflow.train.faults import FaultInjection
 
@@ -135,26 +137,28 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
                         "says it is not primary is replaced at once, a slow one never")
     g = p.add_argument_group("update mode")
     g.add_argument("--mode", default="async", choices=["async", "sync", "ssp"],
-                   help="async: apply on arrival; sync: aggregate N gradients per step; ssp: bounded staleness")
+                   help="async: apply on arrival; sync: aggregate N gradients per step; ssp: bounded staleness "
+                        "(the flags below marked for one mode are refused in another)")
+    # The flags of one mode (MODE_FLAGS: --replicas-to-aggregate, --staleness, --sync-timeout, --on-timeout,
+    # --averaging) default to None so that another mode refuses them given at all, even at their default values
+    # (train_config), as in-graph replication refuses --sync-timeout and --on-timeout: SyncSettings holds the defaults.
     g.add_argument("--replicas-to-aggregate", type=int, help="sync: gradients per step (default: every worker; "
                    "fewer makes the rest backups)")
-    g.add_argument("--staleness", type=int, default=2, help="ssp: steps a worker may run ahead of the slowest (2)")
+    g.add_argument("--staleness", type=int, help="ssp: steps a worker may run ahead of the slowest (2)")
     g.add_argument("--steps-in-flight", type=int, default=1, metavar="K",  # 1 .. MAX_STEPS_IN_FLIGHT: checked by SyncSettings
                    help="async/ssp: 2 computes a worker's next step while its push travels (the step's gradient "
                         "then lacks the worker's own previous update); 3 to 8 (async, gRPC) keep K-1 pushes in "
                         "flight, for ps tasks a long round trip away (a gradient lacks the worker's own K-1 latest "
                         f"updates; at most {MAX_STEPS_IN_FLIGHT}); 1 waits for each push first (the default). Not with "
                         "--mode sync or --ps-replicas")
-    # --sync-timeout and --on-timeout default to None so that in-graph replication refuses them even at their
-    # default values (train_config): SyncSettings holds the defaults.
     g.add_argument("--sync-timeout", type=float, help="sync/ssp: seconds to wait for a missing worker (30); "
                    "between-graph only")
     g.add_argument("--on-timeout", choices=["fail", "proceed"],
                    help="when a worker is missing past --sync-timeout: stop naming it (fail, the default), or go on "
                         "without it (proceed); between-graph only")
-    g.add_argument("--averaging", default="replicas", choices=["replicas", "per_row", "sparse_sum"],
-                   help="sync: divide by N (replicas), per row by its contributors (TF's sparse accumulator), "
-                        "or sum sparse rows (what TF's SyncReplicas measured like in the peer benchmark)")
+    g.add_argument("--averaging", choices=["replicas", "per_row", "sparse_sum"],
+                   help="sync: divide by N (replicas, the default), per row by its contributors (TF's sparse "
+                        "accumulator), or sum sparse rows (what TF's SyncReplicas measured like in the peer benchmark)")
     g.add_argument("--rpc-timeout", type=float, default=60.0, help="deadline of one RPC, seconds (60)")
     g.add_argument("--save-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="deadline of a ps task's checkpoint shard save or load, which takes as long as its shard is "
@@ -310,10 +314,7 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
     model_params = _model_params(args.model_param) | _flag_params(args)
     if args.coordination == "zookeeper" and args.command == "train":
         require("kazoo", "zookeeper", "--coordination zookeeper")
-    if args.replication == "in-graph":  # given at all, even at its default: the config cannot tell
-        for flag, value in (("--sync-timeout", args.sync_timeout), ("--on-timeout", args.on_timeout)):
-            if value is not None:
-                raise ConfigError(in_graph_timeout_refusal(flag, value))
+    _check_mode_flags(args)
     defaults = SyncSettings()
     return TrainConfig(
         data=DataSettings(
@@ -338,9 +339,10 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
             connect_timeout=args.connect_timeout, rpc_timeout=args.rpc_timeout, save_timeout=args.save_timeout,
             ps_failover_timeout=args.ps_failover_timeout),
         sync=SyncSettings(
-            mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate, staleness=args.staleness,
+            mode=args.mode, replicas_to_aggregate=args.replicas_to_aggregate,
+            staleness=defaults.staleness if args.staleness is None else args.staleness,
             timeout=defaults.timeout if args.sync_timeout is None else args.sync_timeout,
-            on_timeout=args.on_timeout or defaults.on_timeout, averaging=args.averaging,
+            on_timeout=args.on_timeout or defaults.on_timeout, averaging=args.averaging or defaults.averaging,
             replication=args.replication, steps_in_flight=args.steps_in_flight),
         checkpoint=CheckpointSettings(
             dir=args.checkpoint_dir, save_secs=args.save_checkpoints_secs, save_steps=args.save_checkpoints_steps,
@@ -354,6 +356,21 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
             device=args.device, towers=args.towers,
             devices=tuple(d.strip() for d in (args.devices or "").split(",") if d.strip())),
     )
+
+
+def _check_mode_flags(args: argparse.Namespace) -> None:
+    """A sync flag the run would not read, given at all (even at its default value: the config cannot tell), is
+    refused naming it: with --replication in-graph, --sync-timeout and --on-timeout; then each flag of another
+    --mode (MODE_FLAGS)."""
+    if args.replication == "in-graph":
+        for flag, value in (("--sync-timeout", args.sync_timeout), ("--on-timeout", args.on_timeout)):
+            if value is not None:
+                raise ConfigError(in_graph_timeout_refusal(flag, value))
+    for flag in MODE_FLAGS:
+        value = getattr(args, flag.removeprefix("--").replace("-", "_"))
+        refusal = other_mode_refusal(flag, value, args.mode) if value is not None else None
+        if refusal:
+            raise ConfigError(refusal)
 
 
 def _check_devices(config: TrainConfig, model: Model) -> None:

@@ -32,7 +32,13 @@ from psflow.train.config.groups import (
     ReportSettings,
     SyncSettings,
 )
-from psflow.train.config.train_config import FLAT_FIELDS, TrainConfig, in_graph_timeout_refusal
+from psflow.train.config.train_config import (
+    FLAT_FIELDS,
+    MODE_FLAGS,
+    TrainConfig,
+    in_graph_timeout_refusal,
+    other_mode_refusal,
+)
 
 #: Intra-op threads of PyTorch in a task process (psflow.torch.THREADS_ENV, named here so that the
 #: launcher and the in-process path set it without importing PyTorch).
@@ -41,4 +47,4 @@ TORCH_THREADS_ENV = "PSFLOW_TORCH_THREADS"
 __all__ = ["TrainConfig", "FLAT_FIELDS", "DataSettings", "ModelSettings", "OptimizerSettings", "ClusterSettings",
            "SyncSettings", "CheckpointSettings", "ReportSettings", "ChiefSettings", "ComputeSettings",
            "DEFAULT_LEARNING_RATES", "ConfigError", "MAX_SEED", "MAX_STEPS_IN_FLIGHT", "TORCH_THREADS_ENV",
-           "in_graph_timeout_refusal"]
+           "in_graph_timeout_refusal", "MODE_FLAGS", "other_mode_refusal"]

@@ -15,6 +15,7 @@ from psflow.errors import ConfigError
 from psflow.optim import OptimizerError, OptimizerSpec
 from psflow.optim.schedules import ScheduleError, ScheduleSpec, schedule_parameters
 from psflow.ps.optimizers import make_optimizer
+from psflow.ps.sync import AVERAGINGS, MODES
 
 __all__ = ["DataSettings", "ModelSettings", "OptimizerSettings", "ClusterSettings", "SyncSettings",
            "CheckpointSettings", "ReportSettings", "ChiefSettings", "ComputeSettings",
@@ -227,7 +228,14 @@ class SyncSettings:
             raise ConfigError("--mode ssp needs between-graph replication")
         k = self.steps_in_flight
         valid = type(k) is int and 1 <= k <= MAX_STEPS_IN_FLIGHT
-        _check([
+        r = self.replicas_to_aggregate
+        _check([  # by their flags: psflow.ps.sync.SyncConfig checks them again, by its own names
+            (r is None or r >= 1, f"--replicas-to-aggregate must be >= 1, got {r}"),
+            (self.staleness >= 0, f"--staleness must be >= 0, got {self.staleness}"),
+            (self.mode in MODES, f"--mode must be one of {', '.join(MODES)}, got {self.mode!r}"),
+            (self.timeout > 0, f"--sync-timeout must be > 0 seconds, got {self.timeout:g}"),
+            (self.on_timeout in ("fail", "proceed"), f"--on-timeout must be fail or proceed, got {self.on_timeout!r}"),
+            (self.averaging in AVERAGINGS, f"--averaging must be one of {', '.join(AVERAGINGS)}, got {self.averaging!r}"),
             (valid,
              f"--steps-in-flight must be 1 to {MAX_STEPS_IN_FLIGHT}, got {k!r}"),
             (not valid or k == 1 or self.mode != "sync", f"--steps-in-flight {k} needs --mode async or ssp: a sync step "

@@ -30,7 +30,7 @@ from psflow.train.config.groups import (
     SyncSettings,
 )
 
-__all__ = ["TrainConfig", "FLAT_FIELDS", "in_graph_timeout_refusal"]
+__all__ = ["TrainConfig", "FLAT_FIELDS", "MODE_FLAGS", "in_graph_timeout_refusal", "other_mode_refusal"]
 
 _GROUPS: dict[str, type[Any]] = {
     "data": DataSettings, "model": ModelSettings, "optimizer": OptimizerSettings, "cluster": ClusterSettings,
@@ -67,6 +67,28 @@ def in_graph_timeout_refusal(flag: str, value: float | str) -> str:
             "--connect-timeout and runs its slice again, never without it")
 
 
+#: The sync group's flags that only some --mode reads (psflow.ps.sync, psflow.ps.staleness), each with those modes
+#: and its field: ssp applies each push on arrival as async does (no aggregation), but holds a worker that runs
+#: --staleness steps ahead, up to --sync-timeout.
+MODE_FLAGS: dict[str, tuple[tuple[str, ...], str]] = {
+    "--replicas-to-aggregate": (("sync",), "replicas_to_aggregate"), "--averaging": (("sync",), "averaging"),
+    "--sync-timeout": (("sync", "ssp"), "timeout"), "--on-timeout": (("sync", "ssp"), "on_timeout"),
+    "--staleness": (("ssp",), "staleness"),
+}
+_MODE_DOES = {"async": "applies each push on arrival and waits for no worker",
+              "ssp": "applies each push on arrival, alone", "sync": "steps every worker together"}
+
+
+def other_mode_refusal(flag: str, value: object, mode: str) -> str | None:
+    """The one line refusing ``flag`` (a key of :data:`MODE_FLAGS`, given as ``value``) in a run of ``mode``
+    that does not read it, or None where ``mode`` reads it: accepted, it would change nothing, silently."""
+    modes = MODE_FLAGS[flag][0]
+    if mode in modes:
+        return None
+    shown = f"{value:g}" if isinstance(value, float) else value
+    return f"{flag} {shown} is for --mode {' or '.join(modes)} (this run: --mode {mode}, which {_MODE_DOES[mode]})"
+
+
 #: Group fields JSON holds as lists and the config as tuples.
 _TUPLES = {"data": ("train", "eval", "features"), "sync": ("allowed_steps",), "compute": ("devices",)}
 
@@ -98,12 +120,27 @@ class TrainConfig:
         if k > 2 and self.cluster.transport != "grpc":
             raise ConfigError(f"--steps-in-flight {k} needs --transport grpc: K-1 pushes travel at once on a "
                               f"connection, and the {self.cluster.transport} carrier serves one call at a time")
+        self._check_in_graph_sync()
+        self._check_in_graph_timeouts()
+        self._check_mode_settings()
         try:
             self.sync_config()
         except ValueError as e:
             raise ConfigError(str(e)) from e
-        self._check_in_graph_sync()
-        self._check_in_graph_timeouts()
+
+    def _check_mode_settings(self) -> None:
+        """A sync setting --mode does not read (:data:`MODE_FLAGS`) is refused, not ignored, where it is not its
+        default; then --replicas-to-aggregate against --workers, by the flags' names."""
+        sync, default = self.sync, SyncSettings()
+        for flag, (_, name) in MODE_FLAGS.items():
+            value = getattr(sync, name)
+            refusal = other_mode_refusal(flag, value, sync.mode) if value != getattr(default, name) else None
+            if refusal:
+                raise ConfigError(refusal)
+        workers = self.cluster.num_workers
+        if sync.replicas_to_aggregate is not None and sync.replicas_to_aggregate > workers:
+            raise ConfigError(f"--replicas-to-aggregate {sync.replicas_to_aggregate} exceeds --workers ({workers}): "
+                              "a sync step aggregates at most one gradient per worker")
 
     def _check_in_graph_sync(self) -> None:
         """In-graph sync pushes the mean of every worker's slice (psflow.train.in_graph): backups or another

@@ -404,7 +404,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
      "the training arguments after --: --hidden '0': want layer sizes >= 1"),
     ({"ps": ["a:1"], "worker": ["b:1", "c:1"]},
      ["--", "--train", "/data/t", "--mode", "sync", "--replicas-to-aggregate", "3"],
-     "the training arguments after --: replicas_to_aggregate"),
+     "the training arguments after --: --replicas-to-aggregate 3 exceeds --workers (2)"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--train", "/data/t", "--partitions", "2", "--num-features", "1"],
      "the training arguments after --: --partitions (2) exceeds --num-features (1)"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--evaluator"],

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(30)
 
 def test_json_is_nested_and_reads_back_equal() -> None:
     config = TrainConfig.flat(train=("a", "b"), features=("x:categorical",), format="tfrecord", devices=("cpu",),
-                              allowed_steps=("m:f",), checkpoint_dir="/tmp/ck", sync_timeout=5.0, model="fm",
+                              allowed_steps=("m:f",), checkpoint_dir="/tmp/ck", sync_timeout=5.0, mode="sync", model="fm",
                               optimizer="adam", learning_rate_schedule={"schedule": "constant"}, run_id="r1")
     data = json.loads(config.to_json())
     assert data["data"]["train"] == ["a", "b"] and data["checkpoint"]["dir"] == "/tmp/ck"
@@ -73,7 +73,7 @@ def test_each_group_checks_its_own_fields() -> None:
 
 def test_the_config_checks_the_rules_across_groups() -> None:
     # the sync mode's rules need the number of workers (cluster), checked by the config
-    with pytest.raises(ConfigError, match="replicas_to_aggregate"):
+    with pytest.raises(ConfigError, match=r"^--replicas-to-aggregate 5 exceeds --workers \(2\)"):
         TrainConfig.flat(mode="sync", num_workers=2, replicas_to_aggregate=5)
     with pytest.raises(ConfigError, match="--partitions"):
         TrainConfig(data=DataSettings(num_features=2), cluster=ClusterSettings(partitions=3))
