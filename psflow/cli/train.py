@@ -42,6 +42,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.in_process and args.ps_replicas:
         raise ConfigError(f"--ps-replicas {args.ps_replicas} needs a cluster of processes (each backup is a task): "
                           "not with --in-process")
+    if args.in_process and args.workers not in (None, 1):  # before the in-process banner and the run directory
+        raise ConfigError(f"--in-process runs one worker, got --workers {args.workers}")
     if args.in_process and args.chaos:  # no task to kill: the run would go on without the faults, saying nothing
         raise ConfigError(f"--chaos {args.chaos[0]} kills tasks of a cluster of processes: not with --in-process")
     if args.ps_replicas and args.steps_in_flight > 2:  # (psflow.train.worker checks it again, for other callers)

@@ -162,6 +162,17 @@ CASES = {
         lambda t: train(t, "--train", good(t), "--replication", "in-graph", "--on-timeout", "proceed"),
         lambda t: "psflow train: error: --on-timeout proceed is for between-graph replication: an in-graph step "
                   "waits for a failed worker up to --connect-timeout and runs its slice again, never without it"),
+    "a flag of another --mode": Case(  # --mode async trained and said nothing of the timeout it never used
+        lambda t: train(t, "--train", good(t), "--mode", "async", "--sync-timeout", "5"),
+        lambda t: "psflow train: error: --sync-timeout 5 is for --mode sync or ssp (this run: --mode async, which "
+                  "applies each push on arrival and waits for no worker)", alone=True),
+    "--replicas-to-aggregate above --workers": Case(  # named replicas_to_aggregate, the ps module's name
+        lambda t: train(t, "--train", good(t), "--mode", "sync", "--replicas-to-aggregate", "3"),
+        lambda t: "psflow train: error: --replicas-to-aggregate 3 exceeds --workers (1): a sync step aggregates "
+                  "at most one gradient per worker", alone=True),
+    "--workers with --in-process": Case(  # the in-process banner was printed before it
+        lambda t: train(t, "--train", good(t), "--in-process", "--workers", "2"),
+        lambda t: "psflow train: error: --in-process runs one worker, got --workers 2", alone=True),
     "--chaos with --in-process": Case(  # was ignored: a clean run, no fault injected, nothing said
         lambda t: train(t, "--train", good(t), "--in-process", "--chaos", "kill:ps:0@step=5"),
         lambda t: "psflow train: error: --chaos kill:ps:0@step=5 kills tasks of a cluster of processes: not with "
