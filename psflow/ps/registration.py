@@ -69,7 +69,8 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
                     call: Callable[[int, RegisterRequest], PendingReply] | None = None, *, askers: int = 1) -> bool:
     """Registers ``request`` on every ps task (``step_task`` first); a non-chief waits for the chief.
 
-    Blocks for one round of calls (the chief), or until every task is ready: at most ``limit`` s, and once the
+    Blocks for one round of calls (the chief), or until every task is ready: ``limit`` s (the last pause is cut to
+    end there, and a last round asked then), and once the
     chief has created the variables on every task (it then restores a checkpoint or writes the initial one before
     making them ready, which takes as long as the model is big) ``config.save_timeout`` s more (``--save-timeout``,
     the deadline of that save's or restore's calls), counted from then (and ``limit`` s at least).
@@ -103,7 +104,8 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
         wait = next(waits)
         doing = "made ready by the chief (it created the variables; its restore or initial checkpoint went on)" \
             if initialized else "initialized by the chief"
-        if time.monotonic() + wait > deadline:
+        left = deadline - time.monotonic()  # the last pause ends at the limit, and one more ask is made there
+        if left <= 0:
             raise TaskUnavailableError(f"{request.client}: {', '.join(waiting)} not {doing} after "
                                        f"{time.monotonic() - start:.1f} s ({attempt} attempts; "
                                        f"{_limits(limit, config, initialized)})")
@@ -111,4 +113,4 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
             log.info("%s: waiting for the chief to %s %s (attempt %d)", request.client,
                      "restore or save the initial checkpoint of" if initialized else "initialize",
                      ", ".join(waiting), attempt)
-        time.sleep(wait)
+        time.sleep(min(wait, left))

@@ -131,3 +131,18 @@ def test_a_worker_waits_past_its_limit_while_the_chief_saves_the_initial_checkpo
         chief.call(task, SetReadyRequest(chief.client_name))
     waiter.join(timeout=30)
     assert outcome == [False], outcome
+
+
+def test_a_worker_whose_chief_never_comes_waits_its_whole_limit_before_giving_up() -> None:
+    """It gave up one pause early: with a 1 s backoff and a 1.5 s limit it stopped after about 1.0 s, when the next
+    pause would have ended past the limit ('... after 2.9 s ... (the limit: --connect-timeout, 4 s)'). The last
+    pause is now cut to the limit, and the last ask made at it. A lower bound: load only makes the wait longer."""
+    _, other = _clients()
+    other.config = ConnectConfig(backoff_initial=1.0, backoff_max=1.0)
+    limit = 1.5
+    start = time.monotonic()
+    with pytest.raises(TaskUnavailableError, match=r"not initialized by the chief after ") as e:
+        other.register(OptimizerSpec("sgd", {"learning_rate": 1.0}), ready_timeout=limit)
+    assert time.monotonic() - start >= limit
+    waited = float(str(e.value).split(" after ", 1)[1].split(" s ", 1)[0])
+    assert waited >= limit, str(e.value)
