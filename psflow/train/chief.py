@@ -279,7 +279,8 @@ _MUST_AGREE = (
 
 def _dynamic_differences(theirs: Mapping[str, Any], mine: Mapping[str, Any]) -> list[str]:
     """The dynamic table settings in which model parameters ``theirs`` (the checkpoint's) and ``mine`` differ,
-    each as the flag that sets it with both values (:data:`~psflow.models.api.DYNAMIC_TABLE_FLAGS`)."""
+    each as the flag that sets it with both values (:data:`~psflow.models.api.DYNAMIC_TABLE_FLAGS`; an option
+    without one as ``--model-param dynamic_table``'s)."""
     saved, ours = theirs.get(DYNAMIC_TABLE_PARAM), mine.get(DYNAMIC_TABLE_PARAM)
     if saved == ours:
         return []
@@ -290,7 +291,9 @@ def _dynamic_differences(theirs: Mapping[str, Any], mine: Mapping[str, Any]) -> 
     def shown(value: object) -> str:
         return "none" if value is None else f"{value!r:.80}"
     keys = [*DYNAMIC_TABLE_FLAGS, *sorted((set(saved) | set(ours)) - set(DYNAMIC_TABLE_FLAGS))]  # the flags' order
-    return [f"{DYNAMIC_TABLE_FLAGS.get(key, key)} {shown(saved.get(key))} (this run: {shown(ours.get(key))})"
+    def flag(key: str) -> str:  # an option without a flag of its own is set in --model-param dynamic_table={...}
+        return DYNAMIC_TABLE_FLAGS.get(key) or f"--model-param {DYNAMIC_TABLE_PARAM}'s {key}"
+    return [f"{flag(key)} {shown(saved.get(key))} (this run: {shown(ours.get(key))})"
             for key in keys if saved.get(key) != ours.get(key)]
 
 

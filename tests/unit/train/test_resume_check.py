@@ -104,3 +104,13 @@ def test_a_checkpoint_of_other_dynamic_table_options_names_their_flags() -> None
         check_restorable("ck", Manifest(global_step=3, variables={}, shards=[], model=_record({"hidden": [4]})),
                          _record({DYNAMIC_TABLE_PARAM: {}}))
     assert check_restorable("ck", saved, _record({DYNAMIC_TABLE_PARAM: {"admit_after": 2, "capacity_rows": 1000}})) == []
+
+
+def test_a_dynamic_table_option_without_a_flag_is_named_by_the_flag_that_sets_it() -> None:
+    """An option only --model-param dynamic_table={...} sets (sketch_width, seed, ...) was shown by its raw name,
+    'sketch_width 1024 (this run: 2048)', which no flag of psflow train is called."""
+    saved = Manifest(global_step=3, variables={}, shards=[],
+                     model=_record({DYNAMIC_TABLE_PARAM: {"capacity_rows": 1000, "sketch_width": 1024}}))
+    with pytest.raises(CheckpointError, match=r"another model: --model-param dynamic_table's sketch_width 1024 "
+                                              r"\(this run: 2048\)\. Refusing"):
+        check_restorable("ck", saved, _record({DYNAMIC_TABLE_PARAM: {"capacity_rows": 1000, "sketch_width": 2048}}))
