@@ -20,16 +20,16 @@ write stuck on its disk) would otherwise hold the tcp carrier's connection, whic
 and the chief's next push to that task failed after ``--rpc-timeout`` ("the connection stayed busy"); with
 replicated shards that silence could even promote a backup over a live primary.
 
-The caller's wait wakes every :data:`WAKE_EVERY` s: Python runs a signal's handler on the main thread, and a
-signal the kernel handed to another thread (the save's own, say) trips it only when the main thread next wakes.
-A save waited for in one piece left a second Ctrl-C of ``psflow train --in-process`` (which cuts a save that
-hangs) without effect until the save ended or ``--save-timeout`` passed.
+The caller waits with :func:`psflow.waits.wait_woken`, woken every :data:`~psflow.waits.WAKE_EVERY` s: Python
+runs a signal's handler on the main thread, and a signal the kernel handed to another thread (the save's own, say)
+trips it only when the main thread next wakes. A save waited for in one piece left a second Ctrl-C of
+``psflow train --in-process`` (which cuts a save that hangs) without effect until the save ended or
+``--save-timeout`` passed.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -38,14 +38,11 @@ from psflow.checkpoint.save_notice import notify_save
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.inprocess import InProcessChannel
+from psflow.waits import wait_woken
 
-__all__ = ["WAKE_EVERY", "BoundedSaves", "SaveAbandonedError", "save_client"]
+__all__ = ["BoundedSaves", "SaveAbandonedError", "save_client"]
 
 T = TypeVar("T")
-
-#: Seconds the thread waiting for a save sleeps at most at once (so its signal handlers run; module docstring).
-WAKE_EVERY = 0.2
-
 
 class SaveAbandonedError(CheckpointError):
     """A checkpoint save did not end within ``--save-timeout`` and was given up (names the save and the flag)."""
@@ -73,7 +70,7 @@ class BoundedSaves:
         if self._stuck is not None:
             done, stuck = self._stuck
             with notify_save(client, self.manager.directory):  # (a sync step waiting for this chief is held)
-                ended = _wait(done, timeout)
+                ended = wait_woken(done, timeout)
             if not ended:
                 raise self._given_up(client, f"{what} into {self.manager.directory} not begun: {stuck} given up "
                                              f"before it has still not ended, after another --save-timeout ({timeout:g} "
@@ -97,7 +94,7 @@ class BoundedSaves:
                 done.set()
 
         threading.Thread(target=work, name="psflow-checkpoint-save", daemon=True).start()
-        if not _wait(done, timeout):
+        if not wait_woken(done, timeout):
             self._stuck = (done, what)
             self.manager.abandoned = True
             raise self._given_up(client, f"{what} into {self.manager.directory} given up: no end within --save-timeout "
@@ -110,15 +107,6 @@ class BoundedSaves:
         error = SaveAbandonedError(message)
         self.manager.count_failure(client, error)  # (raises at --max-failed-saves in a row)
         return error
-
-
-def _wait(done: threading.Event, timeout: float) -> bool:
-    """``done.wait(timeout)``, woken every :data:`WAKE_EVERY` s (a signal handler raising ends it)."""
-    deadline = time.monotonic() + timeout
-    while not done.wait(max(0.0, min(WAKE_EVERY, deadline - time.monotonic()))):
-        if time.monotonic() >= deadline:
-            return False
-    return True
 
 
 def save_client(client: ParameterClient) -> ParameterClient:

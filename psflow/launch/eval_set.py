@@ -9,6 +9,10 @@ launcher's own priority, 6 alternated pairs of a sparse-LR epoch at load ~6: the
 wall time 2.73 s against 2.91 s, medians; within the noise). The price, on a machine the tasks saturate:
 while the reader holds the GIL and waits for a core, the launcher's watch loop (exits, restarts, progress)
 waits behind it, for as long as the read lasts at most; the tasks themselves are not slowed.
+
+The launcher waits for the read with :func:`psflow.waits.wait_woken`: a stop signal the kernel handed to the
+reading thread ran the launcher's handler only once the main thread woke, and a join of the thread woke when
+the read ended (a read from a store that stopped answering: never).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Callable
 from psflow.data import Batch, DataError
 from psflow.train.config import TrainConfig
 from psflow.train.worker import load_eval
+from psflow.waits import wait_woken
 
 __all__ = ["EvalSet", "after_training"]
 
@@ -40,6 +45,7 @@ class EvalSet:
     def __init__(self, config: TrainConfig) -> None:
         self._batch: Batch | None = None
         self._error: BaseException | None = None
+        self._read_done = threading.Event()
         self._thread = threading.Thread(target=self._read, args=(config,), name="psflow-eval-set", daemon=True)
         self._thread.start()
 
@@ -52,14 +58,17 @@ class EvalSet:
             self._batch = load_eval(config)
         except BaseException as e:  # handed to result(), on the launcher's thread
             self._error = e
+        finally:
+            self._read_done.set()
 
     def result(self) -> Batch | None:
-        """The eval set as one batch (None without ``--eval``). Blocks until it is read.
+        """The eval set as one batch (None without ``--eval``). Blocks until it is read (woken for the
+        launcher's signal handlers: module docstring).
 
         Raises:
             Whatever ``load_eval`` raised (DataError for a malformed record, naming the file and record).
         """
-        self._thread.join()
+        wait_woken(self._read_done)
         if self._error is not None:
             raise self._error
         return self._batch

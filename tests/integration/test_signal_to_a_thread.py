@@ -13,14 +13,18 @@ kernel's choice gives now and then.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support import REPO, wait_until
+from support import A9A, A9A_T, REPO, in_fresh_process, wait_until
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
@@ -76,3 +80,50 @@ def test_a_serving_ps_task_stops_on_a_signal_handed_to_another_thread(tmp_path: 
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def _main_thread_in(function: str, file: str) -> bool:
+    """Whether the main thread is inside ``function`` of a file named ``file`` (a frame on its stack)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == function and frame.f_code.co_filename.endswith(file):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _interrupted_while_the_eval_set_is_read(tmp: str) -> tuple[int, list[bool]]:
+    """In a fresh process: a local run (real tasks) whose eval set is still being read when the workers are done,
+    and whose launcher gets SIGINT on the reading thread while its main thread waits for the read (which then
+    hangs, as a read from a store that stopped answering does)."""
+    from psflow.cli.main import main
+    from psflow.launch import eval_set
+
+    load_eval = eval_set.load_eval
+    hung_to_the_end: list[bool] = []
+
+    def signalled_then_hung(config: Any) -> Any:
+        wait_until(lambda: _main_thread_in("result", "eval_set.py"), "the launcher waiting for the eval set",
+                   limit=LIMIT)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        deadline = time.monotonic() + LIMIT  # a read that hangs; the signal must end the run before it ends
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        hung_to_the_end.append(True)
+        return load_eval(config)
+
+    eval_set.load_eval = signalled_then_hung  # type: ignore[assignment]
+    code = main(["train", "--train", str(A9A), "--eval", str(A9A_T), "--num-features", "124", "--ps", "1",
+                 "--workers", "1", "--batch-size", "128", "--max-steps", "20", "--output", f"{tmp}/run", "--quiet",
+                 "--no-status"])
+    return code, hung_to_the_end
+
+
+def test_a_launcher_waiting_for_its_eval_set_stops_on_a_signal_handed_to_the_reading_thread(tmp_path: Path) -> None:
+    """The local launcher reads the eval set on a thread of its own while the tasks train (EvalSet) and waits for
+    it once they are done: a signal handed to that thread ended the run only once the read did."""
+    code, hung_to_the_end = in_fresh_process(_interrupted_while_the_eval_set_is_read, str(tmp_path),
+                                             limit=LIMIT + 120)
+    assert code == 130 and not hung_to_the_end
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["phase"] == "interrupted", metrics
