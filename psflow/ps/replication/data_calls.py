@@ -10,7 +10,9 @@ what it changed is recorded as the member's next entry (the rows it wrote, the s
   newer epoch than this primary's (it then asks the other members whether it was deposed, in the background).
 * **Acknowledged before the reply.** A call returns once every backup of the view acknowledged the entry
   holding its change (blocking up to ``replica_timeout``, then UNAVAILABLE), so a promoted backup holds
-  every update a client saw acknowledged.
+  every update a client saw acknowledged. An async PushPull reads the rows it returns while its entry is out
+  to the backups (:meth:`~psflow.ps.replication.forwarder.Forwarder.wait`'s ``meanwhile``), not after: the
+  read needs no acknowledgement, and the reply still waits for it.
 * **Once.** A push already applied for its (worker, incarnation, push_id) -- a resend after a failover, or a
   late reply -- is not applied again: it gets the reply recorded with it, once that record's entry is
   acknowledged (:mod:`~psflow.ps.replication.dedup`).
@@ -80,7 +82,9 @@ class DataCalls:
         request = PushRequest.from_frame(frame)
         return _reply(self._push(request, lambda: []))
 
-    def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]]) -> PushReply:
+    def _push(self, request: PushRequest, more: Callable[[], list[PartDelta]],
+              meanwhile: Callable[[], None] | None = None) -> PushReply:
+        """``meanwhile``: (a PushPull's read) run while an async push's entry is out to the backups, if it is."""
         member = self._member
         forwarder = member._check_primary(request.shard_epoch)
         tag, mode, pushes = request.worker, member.service.mode, member.service.pushes
@@ -96,8 +100,8 @@ class DataCalls:
         if recorded is not None:  # applied before (a resend after a failover or a late reply): not again
             forwarder.wait(recorded.seq)
             return _waited(PushReply.from_frame(Frame(recorded.reply)), pushes.wait_for_slowest(request))
-        if on_arrival:
-            forwarder.wait(seq)
+        if on_arrival:  # ssp: what the call does next waits for the slowest worker first
+            forwarder.wait(seq, meanwhile=meanwhile if mode.config.mode == "async" else None)
             return _waited(reply, pushes.wait_for_slowest(request))
         reply = pushes.apply(request)
         if reply.held:  # its step waits for a saving chief (psflow.ps.save_hold): the gradient is in the step, recorded
@@ -155,10 +159,14 @@ class DataCalls:
         service = member.service
         forwarder = member._check_primary(request.push.shard_epoch)
         wanted = service._pull_entries(request.pull)
-        pushed = self._push(request.push, lambda: [])
+        read: list[tuple[int | None, dict[str, np.ndarray]]] = []
+        # async: the rows are read while the push's entry is out to the backups, not after their acknowledgement
+        # (the read does not need it; the reply still waits for it): the two overlap instead of adding up
+        pushed = self._push(request.push, lambda: [],
+                            meanwhile=lambda: read.append(service._read(wanted, create=request.pull.create)))
         if pushed.held:  # a chief's save holds it: the same call comes again, read then (psflow.ps.save_hold)
             return _reply(PushPullReply(pushed, PullReply(None, {}, request.pull.stack)))
-        step, out = service._read(wanted, create=request.pull.create)
+        step, out = read[0] if read else service._read(wanted, create=request.pull.create)
         tables = _tables(wanted) if request.pull.create else []
         if tables:  # the rows the lookup admitted
             forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))

@@ -8,7 +8,11 @@ entry (:meth:`Forwarder.record`, a short lock that orders sequence numbers with 
 then wait (:meth:`Forwarder.wait`), so many pushes are in flight at once. A waiting push whose backup has no
 call out sends the queued entries itself (:meth:`BackupSender.pump`): on a busy 2-core machine, waking the
 sender's thread for each entry and being woken back by it cost more than the call (py-spy: the wake-up was
-16% of the primary's GIL time). The sender's thread sends the rest (a joining member's, retries).
+16% of the primary's GIL time). The sender's thread sends the rest (a joining member's, retries). A waiting call may hand
+:meth:`Forwarder.wait` work of its own that does not need the acknowledgement (a PushPull's read of the rows it
+returns): it runs once, while the call to the backup is out (between sending the entries and reading the reply),
+so the backup's receipt and that work overlap instead of adding up; the call still returns only after the
+acknowledgement.
 
 Guarantees:
 
@@ -121,14 +125,15 @@ class BackupSender:
             self._kicked = True
             self._cond.notify()
 
-    def pump(self, timeout: float) -> bool:
+    def pump(self, timeout: float, meanwhile: Callable[[], object] | None = None) -> bool:
         """Sends the queued entries in the calling thread (one call, at most ``timeout`` seconds), unless a call
-        is out, none is queued or a retry is not due yet; True if it sent (the call may have failed)."""
+        is out, none is queued or a retry is not due yet; True if it sent (the call may have failed).
+        ``meanwhile`` (which must not raise) runs once the entries are sent, before the reply is read."""
         with self._cond:
             if self._stopped or self._busy or not self._queue or time.monotonic() < self._retry_at:
                 return False
             self._busy = True
-        self._send(min(self._rpc_timeout, max(timeout, 0.05)))
+        self._send(min(self._rpc_timeout, max(timeout, 0.05)), meanwhile)
         return True
 
     def _run(self) -> None:
@@ -167,8 +172,9 @@ class BackupSender:
             batch.append(entry)
         return batch, None
 
-    def _send(self, timeout: float) -> None:
-        """One Replicate call with the queued entries (the caller set ``_busy``)."""
+    def _send(self, timeout: float, meanwhile: Callable[[], object] | None = None) -> None:
+        """One Replicate call with the queued entries (the caller set ``_busy``); ``meanwhile`` runs while it is
+        out, if it was sent."""
         with self._cond:
             batch, ends = self._batch() if self._queue else ([], None)
             chunked = bool(batch) and bool(self._chunks) and batch[0] is self._chunks[self._next_chunk]
@@ -176,8 +182,13 @@ class BackupSender:
         deposed = False
         try:
             frame = self._request(self.member, batch).to_frame()
-            reply = ReplicateReply.from_frame(self._channel().call(ReplicateRequest.METHOD, frame.meta, frame.arrays,
-                                                                   timeout=timeout))
+            if meanwhile is None:
+                answer = self._channel().call(ReplicateRequest.METHOD, frame.meta, frame.arrays, timeout=timeout)
+            else:
+                pending = self._channel().call_async(ReplicateRequest.METHOD, frame.meta, frame.arrays, timeout=timeout)
+                meanwhile()
+                answer = pending.result()
+            reply = ReplicateReply.from_frame(answer)
         except FailedPreconditionError as e:
             error, deposed = str(e), "deposed" in str(e)  # deposed: the one line this primary logs says so
         except (RpcError, OSError) as e:
@@ -292,8 +303,12 @@ class Forwarder:
         with self._cond:
             self._cond.notify_all()
 
-    def wait(self, seq: int, timeout: float | None = None) -> None:
+    def wait(self, seq: int, timeout: float | None = None, meanwhile: Callable[[], None] | None = None) -> None:
         """Returns once every backup of the view acknowledged entry ``seq``.
+
+        ``meanwhile``: work of the caller's that does not need the acknowledgement, run exactly once before
+        this returns, while the entries are out where this call sends them (:meth:`BackupSender.pump`) or
+        another call is out; an error it raises is raised once the wait is over (the wait's own error first).
 
         Raises:
             Unavailable: a backup did not within ``timeout`` (default ``replica_timeout``; names it and the shard).
@@ -301,19 +316,24 @@ class Forwarder:
         """
         limit = self.replica_timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
+        once = _Once(meanwhile)
         while True:
             with self._cond:
                 behind = self._behind(seq, deadline, limit)
                 if not behind:
-                    return
+                    break
             # send them in this thread where no call is out (BackupSender.pump); else wait for the acks
-            if any([sender.pump(deadline - time.monotonic()) for sender in behind]):
+            if any([sender.pump(deadline - time.monotonic(), once.run) for sender in behind]):
+                continue
+            if once.run():  # a call is out: the caller's work overlaps it
                 continue
             with self._cond:
                 behind = self._behind(seq, deadline, limit)
                 if not behind:
-                    return
+                    break
                 self._cond.wait(timeout=min(deadline - time.monotonic(), 0.5))
+        once.run()
+        once.raise_error()
 
     def _behind(self, seq: int, deadline: float, limit: float) -> list[BackupSender]:
         """(under ``_cond``) The senders of the view's backups that have not acknowledged ``seq``; raises as
@@ -338,3 +358,26 @@ class Forwarder:
             for sender in self.senders.values():
                 sender.stop()
             self.senders = {}
+
+
+class _Once:
+    """Work run at most once (:meth:`run`), its error kept for :meth:`raise_error`."""
+
+    def __init__(self, work: Callable[[], None] | None) -> None:
+        self._work = work
+        self._error: Exception | None = None
+
+    def run(self) -> bool:
+        """Runs the work if it has not run; True if it ran now."""
+        work, self._work = self._work, None
+        if work is None:
+            return False
+        try:
+            work()
+        except Exception as e:  # noqa: BLE001 - the caller's error, raised once the wait is over
+            self._error = e
+        return True
+
+    def raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
