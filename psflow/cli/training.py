@@ -254,12 +254,22 @@ def _schedule_flag(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
-    """Model parameters given by their own flags (--hidden, --wide-optimizer, --deep-optimizer, dynamic tables)."""
+def _flag_params(args: argparse.Namespace, model_param: object) -> dict[str, Any]:
+    """Model parameters given by their own flags (--hidden, --wide-optimizer, --deep-optimizer, dynamic tables).
+
+    A dynamic table's flags are merged into the options ``--model-param dynamic_table={...}`` gave (``model_param``,
+    the only way to set those without a flag), which also make the table dynamic; an option given both ways is
+    refused.
+    """
     params: dict[str, Any] = {}
     given = {flag: getattr(args, flag.removeprefix("--").replace("-", "_")) for flag in DYNAMIC_TABLE_FLAGS.values()}
     dynamic = {key: given[flag] for key, flag in DYNAMIC_TABLE_FLAGS.items() if given[flag] is not None}
-    if args.embedding_table == "dynamic":
+    base = model_param if isinstance(model_param, dict) else None
+    if args.embedding_table == "dynamic" or (base is not None and dynamic):
+        for key in dynamic.keys() & (base or {}).keys():
+            raise ConfigError(f"{DYNAMIC_TABLE_FLAGS[key]} {dynamic[key]} and --model-param {DYNAMIC_TABLE_PARAM}'s "
+                              f"{key} {(base or {})[key]}: give it once")
+        dynamic = {**(base or {}), **dynamic}
         try:
             share_spec("embedding table", 1, dynamic, optimizer=None, initializer={"name": "zeros"}, num_shares=1)
         except DynamicTableError as e:
@@ -311,7 +321,8 @@ def train_config(args: argparse.Namespace, *, num_ps: int | None, num_workers: i
         MissingExtraError: ``psflow train --coordination zookeeper`` without kazoo
             (``psflow[zookeeper]``): refused here, before any task process starts.
     """
-    model_params = _model_params(args.model_param) | _flag_params(args)
+    model_params = _model_params(args.model_param)
+    model_params |= _flag_params(args, model_params.get(DYNAMIC_TABLE_PARAM))
     if args.coordination == "zookeeper" and args.command == "train":
         require("kazoo", "zookeeper", "--coordination zookeeper")
     _check_mode_flags(args)

@@ -1,0 +1,43 @@
+"""A dynamic table's options given both by their flags (--embedding-table dynamic, --capacity, ...) and in
+``--model-param dynamic_table={...}`` (the only way to set those without a flag: sketch_width, seed, ...) are
+merged, not dropped: the flags' options replaced the --model-param's whole, silently (psflow.cli.training)."""
+
+from __future__ import annotations
+
+import pytest
+
+from psflow.cli.main import build_parser
+from psflow.cli.training import train_config
+from psflow.models.api import DYNAMIC_TABLE_PARAM
+from psflow.train.config import ConfigError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _options(*flags: str) -> object:
+    args = build_parser().parse_args(["train", "--train", "x", *flags])
+    return train_config(args, num_ps=None, num_workers=None).model.params.get(DYNAMIC_TABLE_PARAM)
+
+
+def test_the_flags_and_the_model_param_options_are_merged() -> None:
+    options = _options("--embedding-table", "dynamic", "--capacity", "100",
+                       "--model-param", 'dynamic_table={"sketch_width": 64}')
+    assert options == {"capacity_rows": 100, "sketch_width": 64}
+    # --model-param dynamic_table makes the table dynamic: its flags are taken, not refused
+    assert _options("--model-param", 'dynamic_table={"sketch_width": 64}', "--capacity", "5") == \
+        {"capacity_rows": 5, "sketch_width": 64}
+    assert _options("--model-param", 'dynamic_table={"sketch_width": 64}') == {"sketch_width": 64}
+    assert _options("--embedding-table", "dynamic", "--admit-after", "2") == {"admit_after": 2}
+
+
+def test_an_option_given_both_ways_is_refused_naming_both() -> None:
+    with pytest.raises(ConfigError) as e:
+        _options("--embedding-table", "dynamic", "--capacity", "100",
+                 "--model-param", 'dynamic_table={"capacity_rows": 200}')
+    assert str(e.value) == "--capacity 100 and --model-param dynamic_table's capacity_rows 200: give it once"
+
+
+def test_flags_of_a_static_table_are_still_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^--capacity 5: these options are for dynamic tables; add "
+                                          r"--embedding-table dynamic$"):
+        _options("--capacity", "5")
