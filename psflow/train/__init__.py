@@ -19,7 +19,9 @@ Classes and functions, by file:
 * ``clipping.py`` -- gradient clipping by global norm.
 * ``worker.py`` -- :func:`~psflow.train.worker.run_worker`: the between-graph training loop of one worker;
   ``final_duties.py`` -- a worker's chief duties once its data ended: hand them on, or (the last to finish)
-  hold the lease so its session writes the final checkpoint; ``final_eval.py`` -- the final model evaluated once
+  hold the lease so its session writes the final checkpoint; ``holder.py`` -- a finished worker takes the duties
+  back when no worker that trains is left (the chief killed for good: :class:`~psflow.train.holder.TakeOver`);
+  ``final_eval.py`` -- the final model evaluated once
   when two workers hold the duties at their end in turn (:class:`~psflow.train.final_eval.FinalEvalOnce`, a record
   on ps task 0); ``read_ahead.py`` -- its reader started at the
   shard's beginning before it joins, kept only where its data starts there (:class:`~psflow.train.read_ahead.ReadAhead`).

@@ -1,7 +1,8 @@
 """A worker's chief duties once its data ended: hand them on, or write the run's final checkpoint.
 
 A worker whose data ended while others still train resigns its lease (:func:`resign`), so the chief
-duties go to a worker that still trains. The last to finish (it did not hand its duties on) makes sure,
+duties go to a worker that still trains (it takes them back once none is left: :mod:`psflow.train.holder`).
+The last to finish (it did not hand its duties on) makes sure,
 before its session ends, that it holds the lease confirmed by the service (:func:`end_duties`),
 campaigning until elected if not (:func:`take_final_duties`, bounded by the lease's ttl and the connect
 timeout), so its session's end writes the run's final checkpoint. Not elected in time while the directory

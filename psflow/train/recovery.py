@@ -15,9 +15,9 @@ checkpoints would stop until the run ends. So a worker campaigns from its
 first step on (:class:`~psflow.train.leader_hooks.CampaignWhileTrainingHook`; again after a restore
 rewinds it), stops campaigning the moment its data ends
 (:meth:`Leadership.stop_campaigning`) and hands a lease it holds to a worker
-that still trains (it resigns as soon as it sees one). The last worker to
-finish keeps the lease, or waits until it can take it (a dead holder's lease
-lapses within the lease time), and writes the final checkpoint.
+that still trains (it resigns as soon as it sees one), taking it back only once none is left
+(:mod:`psflow.train.holder`). The last worker to finish keeps the lease, or waits until it can take it
+(a dead holder's lease lapses within the lease time), and writes the final checkpoint.
 
 With replicated ps shards (``--ps-replicas``) none of this runs when a shard's
 primary dies: the worker's client promotes a backup and resends to it
@@ -382,6 +382,7 @@ class ClusterRecovery:
         return True, position if isinstance(position, str) else None
 
     def linger(self, num_workers: int, *, before_waiting: Callable[[], None] | None = None,
+               take_over: Callable[[float, int | None, tuple[str, ...], int], bool] | None = None,
                poll: float = 0.2, first_poll: float = 0.025, first_for: float = 1.0) -> tuple[bool, str | None]:
         """(A worker that finished its data and sent ``Leave``) waits for the others to finish,
         ready to be rewound: a restore after a ps death sets every worker back to the
@@ -392,7 +393,9 @@ class ClusterRecovery:
         every worker rewound with it, rather than left behind by workers that already exited), or until
         global_step has not moved for ``timeout`` s with the cluster settled (the others
         are gone; logged), or until a restore happened. ``before_waiting`` runs once,
-        when another worker is found still training (e.g. resign the chief lease).
+        when another worker is found still training (e.g. resign the chief lease); ``take_over``
+        (:class:`psflow.train.holder.TakeOver`) at each poll after, with the seconds global_step stood
+        still, its value, the workers finished and ``num_workers``: True ends the wait (it took the duties).
 
         Asks ``Stats`` every ``first_poll`` s for the first ``first_for`` s, then every ``poll`` s: with
         equal shares of the data the others usually finish within a fraction of a second of this one, and
@@ -426,6 +429,9 @@ class ClusterRecovery:
                     before_waiting = None
                 if stats.global_step != last_step:
                     last_step, last_move = stats.global_step, time.monotonic()
+                elif take_over is not None and take_over(time.monotonic() - last_move, last_step,
+                                                         stats.finished or (), num_workers):
+                    return False, None
                 elif time.monotonic() - last_move > self.timeout:
                     log.warning("%s: global_step stayed at %s for %.0f s while waiting for the other workers "
                                 "(finished: %s); leaving", client.client_name, last_step, self.timeout,

@@ -81,6 +81,7 @@ from psflow.train.duties import (
 )
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.final_duties import end_duties, final_checkpoint, resign
+from psflow.train.holder import TakeOver
 from psflow.train.pipeline import PipelinedStep
 from psflow.train.read_ahead import ReadAhead
 from psflow.train.recovery import ClusterRecovery, Leadership
@@ -237,9 +238,11 @@ def run_worker(
                     if not linger or leadership is None:
                         break
                     _check_stop(stop, task, f"after its data ended ({reason})")
-                    # The chief duties go to a worker that still trains, if any.
+                    # The chief duties go to a worker that still trains, if any; back to this one if none is left.
                     restored, text = recovery.linger(cluster.num_tasks("worker"), before_waiting=functools.partial(
-                        resign, leadership, task_index, reason))
+                        resign, leadership, task_index, reason), take_over=TakeOver(
+                        leadership, client, task_index, lease_ttl=config.chief.lease_ttl,
+                        checkpoint_dir=config.checkpoint.dir))
                 except RpcError as e:
                     if stop is not None and stop.requested() is not None:  # the stop closed the channels
                         raise WorkerStopped(f"{task}: stopped ({stop.requested()}): {e}") from e

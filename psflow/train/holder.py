@@ -1,0 +1,119 @@
+"""A worker whose data ended takes the chief duties over when no worker that trains is left to hold them.
+
+A finished worker hands the chief lease on and waits for the others (:func:`psflow.train.final_duties.resign`,
+:meth:`psflow.train.recovery.ClusterRecovery.linger`): the duties run between a worker's steps, so they belong to a
+worker that still trains, which campaigns after each step and is elected within the lease ttl of the holder's
+death. When the workers still training are all gone (the chief killed for good, no supervisor restarting it),
+nobody would take the lease, and the finished worker used to leave after ``connect_timeout`` (60 s) without the
+final checkpoint or the final evaluation: the model trained since the last periodic save was lost.
+
+:class:`TakeOver` is asked at each of the lingering worker's polls while another worker has not finished. In order:
+
+1. while global_step moved within the last ``lease_ttl`` s, or anyone holds the lease (a live holder, or a dead
+   one's lease not lapsed yet), it waits: a worker that trains pushes, and campaigns whenever the lease is free
+   (its campaign pauses at most 0.4 s), so it holds the duties; a live holder is never displaced;
+2. the newest checkpoint is already the final one at this global_step (another finished worker took the duties
+   over first and gave them up): this worker leaves without them;
+3. else it campaigns once (its election fences every ps task at the new epoch, as any chief's does); not elected:
+   back to 1;
+4. elected, it reads global_step again: moved (a worker that trains pushed meanwhile), it resigns the lease to that
+   worker and goes back to 1; else it logs WARNING ``worker N: took the chief duties over from the workers still
+   training (...)`` and the lingering ends: the worker's session ends holding the lease, so the final
+   checkpoint is written at this global_step and the final model evaluated once
+   (:class:`~psflow.train.final_eval.FinalEvalOnce`), and the worker sends ``Done`` and exits 0.
+
+Guarantees: a worker that pushes or holds the lease keeps the duties (steps 1 and 4); the final checkpoint and
+evaluation are of the last pushed step; no extra work per push (only the lingering worker's polls ask the
+coordination backend, and only once global_step stood still for a lease ttl).
+
+Not guaranteed: a worker that neither pushed nor held the lease for a whole ``lease_ttl`` (stopped, or one step
+that long) but lives is taken for gone. It loses nothing: when it trains again it campaigns and holds the duties
+(periodic saves go on), and as the last to finish writes the final checkpoint of its own last step
+(:func:`~psflow.train.final_duties.end_duties`), which then supersedes this one; the ps tasks of ``psflow
+server`` still serve until it sends ``Done`` (:mod:`psflow.ps.run_end`), and a dead worker never does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.coord import CoordinationError
+from psflow.errors import CheckpointError
+from psflow.ps.client import ParameterClient
+from psflow.rpc.api import RpcError
+from psflow.train.recovery import Leadership
+
+__all__ = ["TakeOver"]
+
+#: The worker's logger: these lines read as the loop's.
+log = logging.getLogger("psflow.worker")
+
+
+class TakeOver:
+    """The lingering worker's take-over of the chief duties; see the module docstring. Not thread-safe (the
+    lingering loop's thread calls it)."""
+
+    def __init__(self, leadership: Leadership, client: ParameterClient, task_index: int, *, lease_ttl: float,
+                 checkpoint_dir: str | None) -> None:
+        self.leadership = leadership
+        self.client = client
+        self.task_index = task_index
+        self.lease_ttl = lease_ttl
+        self.checkpoint_dir = checkpoint_dir
+
+    def __call__(self, quiet: float, step: int | None, finished: tuple[str, ...], num_workers: int) -> bool:
+        """Whether this worker is to end its lingering now (holding the lease, or the final checkpoint written).
+
+        Args:
+            quiet: seconds global_step has stood at ``step`` as this worker saw it.
+            finished: the workers that finished, per ps task 0.
+            num_workers: how many training workers the cluster has.
+
+        Blocks for a few RPCs at most (one campaign: at most 1 s with a backend the service wakes).
+        """
+        if quiet < self.lease_ttl or not self._lease_free():
+            return False
+        if self._final_at(step):
+            log.info("worker %d: the final checkpoint at global_step %s is written already (by a worker that took "
+                     "the chief duties over); leaving", self.task_index, step)
+            return True
+        if self.leadership.campaign(timeout=0.0 if self.leadership.backend.campaign_polls else 1.0) is None:
+            return False
+        try:
+            now = self.client.ps_stats().global_step
+        except RpcError as e:
+            now = None
+            log.info("worker %d: reading global_step after its election: %s", self.task_index, e)
+        if now != step or now is None:
+            log.info("worker %d: global_step moved (%s -> %s) as it was elected: a worker still trains; handing the "
+                     "chief duties on", self.task_index, step, now)
+            self.leadership.resign()
+            return False
+        gone = [f"/job:worker/task:{i}" for i in range(num_workers) if f"/job:worker/task:{i}" not in finished]
+        log.warning("worker %d: took the chief duties over from the workers still training (%s): nobody pushed or "
+                    "held the chief lease for %.0f s (--lease-ttl); writing the final checkpoint at global_step %s",
+                    self.task_index, ", ".join(gone), quiet, step)
+        return True
+
+    def _lease_free(self) -> bool:
+        try:
+            return self.leadership.backend.leader() is None
+        except CoordinationError as e:
+            log.info("worker %d: asking who holds the chief lease: %s", self.task_index, e)
+            return False
+
+    def _final_at(self, step: int | None) -> bool:
+        """Whether the newest checkpoint is a final one at ``step`` (a read error: no)."""
+        if not self.checkpoint_dir:
+            return False
+        try:
+            latest = latest_checkpoint(self.checkpoint_dir)
+            if latest is None:
+                return False
+            manifest = read_manifest(latest)
+        except (CheckpointError, OSError) as e:
+            log.info("worker %d: reading the newest checkpoint in %s: %s", self.task_index, self.checkpoint_dir, e)
+            return False
+        return manifest.final and manifest.global_step == step

@@ -1,0 +1,112 @@
+"""TakeOver (psflow.train.holder): a lingering worker takes the chief duties only when nobody pushed or held the
+lease for a lease ttl, and hands them straight back when a push came as it was elected.
+
+The real processes (the chief killed for good under ``psflow server``) are tests/integration/test_chief_lost_at_end;
+these pin the guards that those runs do not reach: a live holder is never displaced, and a worker that still
+trains keeps the duties.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from support import HeldLeases
+
+from psflow.checkpoint.save import CheckpointManager
+from psflow.cluster import ClusterSpec
+from psflow.coord.api import DEFAULT_ELECTION, LeaderInfo, Lease
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import StatsReply
+from psflow.ps.service import ParameterService
+from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.holder import TakeOver
+from psflow.train.recovery import Leadership
+
+pytestmark = pytest.mark.timeout(60)
+
+TTL = 2.0
+
+
+class _Leases(HeldLeases):
+    """Grants every campaign (epoch 9) unless ``holder`` names a live leader; counts campaigns and resigns."""
+
+    campaign_polls = True
+
+    def __init__(self, holder: str | None = None) -> None:
+        self.holder = holder
+        self.campaigns = 0
+        self.resigned: list[int] = []
+
+    def campaign(self, candidate: str, *, election: str = DEFAULT_ELECTION, timeout: float | None = None) -> Lease:
+        self.campaigns += 1
+        return Lease(election, candidate, f"{candidate}#1", 9, TTL, time.monotonic() + TTL)
+
+    def leader(self, election: str = DEFAULT_ELECTION) -> LeaderInfo | None:
+        return None if self.holder is None else LeaderInfo(election, self.holder, 8)
+
+    def resign(self, lease: Lease) -> None:
+        self.resigned.append(lease.epoch)
+
+
+class _Steps:
+    """ps task 0's global_step as the take-over reads it after its election."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def ps_stats(self) -> StatsReply:
+        return StatsReply("/job:ps/task:0", global_step=self.step, ready=True)
+
+
+def _take_over(backend: _Leases, step: int) -> tuple[TakeOver, Leadership]:
+    leadership = Leadership(backend, "/job:worker/task:1")
+    return TakeOver(leadership, _Steps(step), 1, lease_ttl=TTL, checkpoint_dir=None), leadership  # type: ignore[arg-type]
+
+
+def test_nobody_pushing_or_holding_for_a_ttl_is_taken_over() -> None:
+    backend = _Leases()
+    take_over, leadership = _take_over(backend, 70)
+    assert take_over(TTL - 0.1, 70, ("/job:worker/task:1",), 2) is False and backend.campaigns == 0
+    assert take_over(TTL, 70, ("/job:worker/task:1",), 2) is True
+    lease = leadership.lease()
+    assert lease is not None and lease.epoch == 9 and backend.resigned == []
+
+
+def test_a_live_holder_is_never_displaced() -> None:
+    backend = _Leases(holder="/job:worker/task:2")
+    take_over, leadership = _take_over(backend, 70)
+    assert take_over(10 * TTL, 70, ("/job:worker/task:1",), 3) is False
+    assert backend.campaigns == 0 and leadership.lease() is None
+
+
+def test_a_push_as_it_is_elected_hands_the_duties_back() -> None:
+    backend = _Leases()
+    take_over, leadership = _take_over(backend, 71)  # a worker that trains pushed step 71 meanwhile
+    assert take_over(TTL, 70, ("/job:worker/task:1",), 2) is False
+    assert backend.campaigns == 1 and backend.resigned == [9] and leadership.lease() is None
+
+
+def test_a_final_checkpoint_at_this_step_already_written_is_left_as_it_is(tmp_path: Path) -> None:
+    """Two workers linger when the chief dies: the first takes the duties over and writes the final checkpoint;
+    the second, finding it at this global_step, leaves without the lease (no second final checkpoint). A real
+    CheckpointManager on an in-process ps service."""
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1"]})
+    variables = VariableSet(replica_device_setter(cluster=cluster))
+    variables.get_variable("w", (4, 2))
+    service = ParameterService(0, holds_global_step=True)
+    client = ParameterClient(cluster, variables.placements(), client_name="/job:worker/task:2",
+                             channels={0: InProcessChannel("/job:ps/task:0", service.handlers())})
+    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    assert service.global_step is not None
+    step = [service.global_step.increment() for _ in range(3)][-1]
+    CheckpointManager(str(tmp_path), run_id="run-a").save(client, final=True)
+    backend = _Leases()
+    take_over = TakeOver(Leadership(backend, "/job:worker/task:2"), client, 2, lease_ttl=TTL,
+                         checkpoint_dir=str(tmp_path))
+    assert take_over(TTL, step, ("/job:worker/task:1", "/job:worker/task:2"), 3) is True and backend.campaigns == 0
+    later = service.global_step.increment()  # a step past the final checkpoint: the duties are taken over
+    assert take_over(TTL, later, ("/job:worker/task:1", "/job:worker/task:2"), 3) is True and backend.campaigns == 1
