@@ -31,11 +31,19 @@ Ends (a save holds nothing for ever, and an error names only a save somebody is 
   past ``bound`` seconds after its start, even if notices still came (the chief stops sending them then:
   :mod:`psflow.checkpoint.save_notice`), so a save stuck in storage fails the step ``timeout`` seconds later,
   and the error names the save and the flag instead of the run hanging;
-* its chief gone: a registration of the writer (:meth:`SaveHold.registered`: its restarted process; on a
-  replicated shard's backup, which sees no ``Register``, a newer process of the writer in the primary's entries,
-  :mod:`psflow.ps.replication.snapshot`) or a notice of another process of it or of another worker (a new chief)
-  ends it at once, as an end notice would (a sign of life: the step's timeout runs again from then);
+* its chief gone: a registration of a later process of the writer (:meth:`SaveHold.registered`: its restarted
+  process; on a replicated shard's backup, which sees no ``Register``, a newer process of the writer in the
+  primary's entries, :mod:`psflow.ps.replication.snapshot`) or a notice of a later process of it or of another
+  worker (a new chief) ends it at once, as an end notice would (a sign of life: the step's timeout runs again
+  from then);
 * a restore (:meth:`SaveHold.forget`).
+
+Processes: a notice and a ``Register`` carry the writer's process (``incarnation``, its client's start time in
+ns, as its pushes do). A notice of a process of the writer earlier than one heard of (a notice or a registration
+of a later one: the killed chief's late call, or its notice thread outliving it) changes nothing: it ends no
+save, starts none, and is answered "send no more" (:meth:`SaveNotices.save_notice` returns None). The saving
+process's own ``Register`` (its client registering again mid-save) ends nothing either, so its save keeps its
+start and its bound; a registration without a process (a client older than this field) ends the save as before.
 
 :meth:`SaveHold.describe` names a save under way, and one that ended after the step began collecting (it held
 that step); an older one held nothing of it and is not named.
@@ -84,11 +92,15 @@ class SaveHold:
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._saves: dict[str, ChiefSave] = {}
+        self._newest: dict[str, int] = {}  # each worker's latest process heard of (a notice or a registration)
 
     def notice(self, worker: str, directory: str, step: int | None, active: bool, *, bound: float | None = None,
-               incarnation: int | None = None) -> ChiefSave:
-        """Records a notice of ``worker``'s save; returns the save as now known. An active one ends every other
-        save under way: another process of ``worker``'s or another worker's (a new chief)."""
+               incarnation: int | None = None) -> ChiefSave | None:
+        """Records a notice of ``worker``'s save; returns the save as now known, or None: the notice is of a process
+        of ``worker`` earlier than one heard of, and changes nothing. An active one ends every other save under
+        way: an earlier process's of ``worker`` or another worker's (a new chief)."""
+        if self._earlier(worker, incarnation):
+            return None
         now = self._clock()
         save = self._saves.get(worker)
         if active:
@@ -111,9 +123,12 @@ class SaveHold:
         return save
 
     def registered(self, worker: str, incarnation: int | None = None) -> bool:
-        """``worker`` registered (a process of it started), or (``incarnation``: that process) a backup learnt of
-        it from its primary: a save of its under way by an earlier process is over, its process gone. Returns
-        whether one was."""
+        """A process of ``worker`` registered (``incarnation``: that process, None from a client that does not say),
+        or a backup learnt of it from its primary: a save of its under way by an earlier process (or, None, by
+        any) is over, its process gone; the saving process's own registration ends nothing. Returns whether one
+        was."""
+        if self._earlier(worker, incarnation):
+            return False  # (a backup learning late of a process it has heard a later one of)
         save = self._saves.get(worker)
         if save is None or save.ended is not None:
             return False
@@ -122,6 +137,16 @@ class SaveHold:
         save.heard = save.ended = self._clock()
         save.why = "its process ended (a new one registered)"
         return True
+
+    def _earlier(self, worker: str, incarnation: int | None) -> bool:
+        """Whether ``incarnation`` is a process of ``worker`` earlier than one heard of; else records it as the
+        latest (None: unknown, never earlier)."""
+        if incarnation is None:
+            return False
+        if incarnation < self._newest.get(worker, incarnation):
+            return True
+        self._newest[worker] = incarnation
+        return False
 
     def heard(self, missing: Iterable[str]) -> float | None:
         """The newest notice of a save by any of ``missing`` (the workers a step waits for), at most each save's
@@ -155,7 +180,8 @@ class SaveHold:
         return "".join(f"; {p}" for p in parts)
 
     def forget(self) -> None:
-        """Drops every save (a restore starts over)."""
+        """Drops every save (a restore starts over); the processes heard of are kept (a process does not
+        become newer by a restore)."""
         self._saves.clear()
 
 
@@ -169,12 +195,14 @@ class SaveNotices:
     _hold: SaveHold
 
     def save_notice(self, worker: str, directory: str, step: int | None, active: bool, *,
-                    bound: float | None = None, incarnation: int | None = None) -> float:
+                    bound: float | None = None, incarnation: int | None = None) -> float | None:
         """``worker``'s checkpoint save started, goes on or (not ``active``) ended: while it lasts, up to ``bound`` s
         after its start, a step or wait held up by it does not time out. Returns the seconds within which to renew
-        the notice."""
+        the notice, or None: the notice is of an earlier process of ``worker`` than one heard of, ignored (send
+        no more)."""
         with self._cond:
-            self._hold.notice(worker, directory, step, active, bound=bound, incarnation=incarnation)
+            if self._hold.notice(worker, directory, step, active, bound=bound, incarnation=incarnation) is None:
+                return None
             self._heard_from(worker)
             self._cond.notify_all()
         return self.config.timeout / 4

@@ -88,22 +88,26 @@ class UpdateMode:
 
     def save_notice(self, notice: SaveNoticeRequest) -> float | None:
         """A worker's checkpoint save started, goes on or ended (:mod:`psflow.ps.save_hold`); returns the seconds
-        within which to renew the notice, or None: nothing here waits for anyone (async; ssp off the task holding
-        global_step), send no more."""
+        within which to renew the notice, or None: send no more (nothing here waits for anyone: async, ssp off the
+        task holding global_step; or the notice is of an earlier process of the writer than one heard of)."""
         coordinator = self.aggregator or self.staleness
         if coordinator is None:
             return None
+        renew = coordinator.save_notice(notice.writer, notice.directory, notice.step, notice.active,
+                                        bound=notice.bound, incarnation=notice.incarnation)
         where = f"a checkpoint into {notice.directory}" + (f" at global_step {notice.step}" if notice.step is not None
                                                            else "")  # (a first notice may not know it)
-        if notice.active and notice.writer not in self._saving:
+        if renew is None:  # (answered "send no more": its sender stops)
+            log.info("%s: %s's notice of %s ignored: it is of an earlier process of that worker than one heard "
+                     "of since", self.task_name, notice.writer, where)
+        elif notice.active and notice.writer not in self._saving:
             self._saving.add(notice.writer)
             log.info("%s: %s is saving %s; a sync step waits for it without timing out", self.task_name,
                      notice.writer, where)  # (ssp: the others wait for its clock, not declaring it lost)
         elif not notice.active:
             self._saving.discard(notice.writer)
             log.info("%s: %s saved %s; its sync steps' timeout runs again", self.task_name, notice.writer, where)
-        return coordinator.save_notice(notice.writer, notice.directory, notice.step, notice.active,
-                                       bound=notice.bound, incarnation=notice.incarnation)
+        return renew
 
     def registered(self, worker: str, incarnation: int | None = None) -> None:
         """A process of ``worker`` registered (``incarnation``: that process, when known): a save an earlier
