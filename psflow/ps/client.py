@@ -186,7 +186,7 @@ class ParameterClient:
             TaskUnavailableError: (non-chief) the ps tasks were not ready in time.
         """
         request = RegisterRequest(tuple(self.layout.values()), optimizer, self.sync, self.client_name, chief,
-                                  defer_ready)
+                                  defer_ready, self.incarnation)
         limit = self.config.connect_timeout if ready_timeout is None else ready_timeout
         workers = self.cluster.num_tasks("worker") if "worker" in self.cluster.jobs else 1
         return register_layout(self.channels, self.step_task, request, self.config, limit, call=self.call_async,

@@ -288,7 +288,8 @@ class ParameterService:
             self.gate.initialized(ready=not request.defer_ready)
 
         made = self.variables.register(request, ready=lambda: self.gate.ready, created=created)
-        self.mode.registered(request.client)  # a new process: its earlier one's save is over (psflow.ps.save_hold)
+        # A new process: its earlier one's save is over; the saving process's own (again) ends nothing (save_hold).
+        self.mode.registered(request.client, request.incarnation)
         return _reply(RegisterReply(made, self.gate.ready if self.variables.registered else False,
                                     self.variables.init_count))
 

@@ -85,7 +85,9 @@ GradPart = tuple[str, np.ndarray, np.ndarray | None]
 # ---- Register ----------------------------------------------------------------------------------------------
 @message
 class RegisterRequest:
-    """A client's layout, optimizer and update mode; only the chief's call initializes."""
+    """A client's layout, optimizer and update mode; only the chief's call initializes. ``incarnation``: the
+    client's process (None: not said, as by a client older than this field): its own save holds on through its
+    registration, an earlier process's ends (:mod:`psflow.ps.save_hold`)."""
 
     METHOD: ClassVar[str] = "Register"
     layout: tuple[VariablePlacement, ...]
@@ -94,11 +96,13 @@ class RegisterRequest:
     client: str
     chief: bool = False
     defer_ready: bool = False
+    incarnation: int | None = None
 
     def to_frame(self) -> Frame:
+        process = {} if self.incarnation is None else {"incarnation": self.incarnation}  # (omitted: as before)
         return Frame({"layout": [p.to_json() for p in self.layout], "optimizer": self.optimizer.to_json(),
                       "sync": self.sync.to_json(), "client": self.client, "chief": self.chief,
-                      "defer_ready": self.defer_ready})
+                      "defer_ready": self.defer_ready, **process})
 
     @classmethod
     def from_frame(cls, frame: Frame) -> RegisterRequest:
@@ -110,7 +114,7 @@ class RegisterRequest:
         except (ValueError, TypeError, KeyError) as e:
             raise InvalidRequest(f"bad layout or optimizer: {e}") from e
         return cls(layout, optimizer, sync, str(meta.get("client", "a client")), flag(meta, "chief"),
-                   flag(meta, "defer_ready"))
+                   flag(meta, "defer_ready"), optional_int(meta, "incarnation", minimum=0))
 
 
 @message

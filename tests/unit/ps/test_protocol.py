@@ -5,6 +5,7 @@ refused naming it."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
 import re
 from collections.abc import Iterator
@@ -141,6 +142,11 @@ def test_register_and_the_checkpoint_calls_round_trip() -> None:
     register = p.RegisterRequest(layout, OptimizerSpec("sgd", {"learning_rate": 0.5}), SyncConfig(), "w0",  # type: ignore[arg-type]
                                  chief=True, defer_ready=True)
     assert p.RegisterRequest.from_frame(_wire(register.to_frame())) == register
+    assert "incarnation" not in register.to_frame().meta  # a client that does not say: the same frame as before
+    process = dataclasses.replace(register, incarnation=1_700_000_000_123_456_789)
+    assert p.RegisterRequest.from_frame(_wire(process.to_frame())) == process
+    with pytest.raises(InvalidRequest, match="'incarnation' must be a non-negative integer"):
+        p.RegisterRequest.from_frame(Frame({**register.to_frame().meta, "incarnation": -1}))
     status = p.CheckpointStatusRequest("run-1", p.SaveOutcome(False, 7, "", "disk full", "w0"))
     assert p.CheckpointStatusRequest.from_frame(_wire(status.to_frame())) == status
     load = p.LoadShardRequest.build({"w/part_0": np.ones((5, 2), np.float32)},

@@ -6,7 +6,13 @@ service's, on in-process ps tasks and the real client."""
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
+import numpy as np
+
 from psflow.cluster import ClusterSpec
+from psflow.gradients import DenseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
@@ -66,7 +72,7 @@ def test_an_older_processs_notice_after_the_newer_one_registered_holds_nothing()
     assert hold.heard([CHIEF]) == 1.0
 
 
-def _cluster(save_timeout: float) -> tuple[list[ParameterService], ParameterClient, ParameterClient]:
+def _cluster(save_timeout: float) -> tuple[ParameterClient, ParameterClient]:
     """Two in-process ps tasks in sync mode (a 1 s --sync-timeout), the chief and the other worker registered."""
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
     vs = VariableSet(replica_device_setter(cluster=cluster))
@@ -79,13 +85,52 @@ def _cluster(save_timeout: float) -> tuple[list[ParameterService], ParameterClie
     chief.register(SGD, chief=True)
     other = ParameterClient(cluster, vs.placements(), client_name=OTHER, channels=channels, sync=sync)
     other.register(SGD)
-    return services, chief, other
+    return chief, other
+
+
+def _push(client: ParameterClient) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["step"] = client.push_detailed({"w": DenseGradient(np.ones((4, 2), np.float32))}, examples=8,
+                                            read_step=0).step
+        except Exception as e:  # the step's refusal, as the client raises it
+            out["error"] = str(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_the_saving_chief_re_registering_keeps_its_save_bounded_by_its_save_timeout() -> None:
+    """The chief saves (its notices renewed every 0.2 s, --save-timeout 1.5 s) and registers again while it does
+    (as a chief's client does after a ps task restarted). Before, Register carried no process, so each ended the
+    chief's own save and the next notice began it anew: the step was held for as long as that went on, past the
+    bound. Now the step times out --sync-timeout after the bound and the error names the flag."""
+    chief, other = _cluster(save_timeout=1.5)
+    notice = SaveNoticeRequest(CHIEF, CKPT, 0, True, 1.5, chief.incarnation)
+    replies: list[SaveNoticeReply] = []
+    thread: threading.Thread | None = None
+    for _ in range(300):  # 60 s: far past the bound and the timeout, however loaded the machine
+        replies += [SaveNoticeReply.from_frame(c.call(notice.METHOD, notice.to_frame().meta))
+                    for c in chief.channels.values()]
+        chief.register(SGD, chief=True)
+        if thread is None:  # once every task heard of the save
+            thread, out = _push(other)
+        thread.join(0.2)
+        if not thread.is_alive():
+            break
+    assert thread is not None
+    assert not thread.is_alive(), "the step was still held after 60 s of re-registrations"
+    assert "sync step 0 timed out" in out["error"] and "longer than its --save-timeout (1.5 s)" in out["error"], out
+    assert all(r.renew_every is not None for r in replies)
 
 
 def test_an_older_processs_notice_is_answered_send_no_more() -> None:
     """A notice of a process older than the one that registered last is answered None (the ps task holds nothing
     for it), so a notice thread that outlived its process stops sending."""
-    services, chief, _ = _cluster(save_timeout=600.0)
+    chief, _ = _cluster(save_timeout=600.0)
     stale = SaveNoticeRequest(CHIEF, CKPT, 0, True, 600.0, chief.incarnation - 1)
     reply = SaveNoticeReply.from_frame(chief.channels[0].call(stale.METHOD, stale.to_frame().meta))
     assert reply.renew_every is None
