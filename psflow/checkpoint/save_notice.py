@@ -14,7 +14,9 @@ sends none. :func:`notify_save` wraps a save:
    than that holds no step (the ps tasks let a step time out ``--sync-timeout`` after it, and the error names the
    save and the flag, :mod:`psflow.ps.save_hold`), so the run fails instead of hanging; a task that replied
    None (in ssp mode every task but the one holding global_step: nothing to hold) gets no more;
-3. on leaving (the save succeeded or failed), the thread is stopped and every task told gets the end notice.
+3. on leaving (the save succeeded or failed), the thread is stopped and every task told gets the end notice;
+   if the thread does not stop in time (a call stuck past its deadline, e.g. an in-process task that does not
+   answer), every task gets it all the same, and the thread sends no active notice once the save is over.
 
 Never fails the save: a notice that cannot be sent is logged (DEBUG; a dead ps task's save fails on its own)
 and the next one is tried at the next renewal. The notices travel on channels of their own where the client
@@ -92,6 +94,7 @@ class _Notices:
         self._told: set[str] = set()
         self._call_timeout = _CALL_TIMEOUT  # at most the renewal period: a dead member delays no renewal
         self._stopped = threading.Event()
+        self._outlived = threading.Event()  # the thread outlived the save's end (stop's join)
         self._thread = threading.Thread(target=self._run, name="psflow-save-notice", daemon=True)
 
     def start(self) -> None:
@@ -100,8 +103,11 @@ class _Notices:
     def stop(self) -> None:
         self._stopped.set()
         self._thread.join(timeout=2 * _CALL_TIMEOUT + 1.0)
-        if not self._thread.is_alive():
-            self._send(sorted(self._told), active=False)
+        if self._thread.is_alive():  # (a call stuck past its deadline): it sends no active notice from now on
+            self._outlived.set()
+        # The end notice even then: without it a told task held its steps for a save that is over (until its
+        # bound). A task whose first answer has not come yet may have taken that notice: told too.
+        self._send(sorted(self._channels if self._outlived.is_set() else self._told), active=False)
         if self._owned:
             for channel in self._channels.values():
                 channel.close()
@@ -140,6 +146,8 @@ class _Notices:
                                     self._incarnation)
         calls = {}
         for t in tasks:
+            if active and self._outlived.is_set():
+                break  # its end notice is sent (or about to be): never an active one after it
             try:
                 calls[t] = self._channels[t].call_async(request.METHOD, request.to_frame().meta,
                                                         timeout=self._call_timeout)

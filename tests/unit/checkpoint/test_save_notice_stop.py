@@ -1,0 +1,73 @@
+"""The end of a save's notices (psflow.checkpoint.save_notice) when the notice thread outlives the save: every ps
+task told of the save still hears its end, so no step stays held by a save that is over. In-process ps tasks
+whose SaveNotice handler the test holds."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+from support import wait_until
+
+import psflow.checkpoint.save_notice as save_notice
+from psflow.checkpoint.save_notice import notify_save
+from psflow.cluster import ClusterSpec
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import SaveNoticeRequest
+from psflow.ps.service import ParameterService
+from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import Handler, Reply
+from psflow.rpc.framing import Frame
+from psflow.rpc.inprocess import InProcessChannel
+
+CKPT = "/tmp/ckpt-of-the-test"
+
+
+def test_a_notice_thread_that_outlives_the_save_still_ends_the_save_on_every_task(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """ps task 1 does not answer the notice's renewal until the test lets it (a call stuck past its deadline), so
+    the notice thread outlives the save's end (its join's bound shortened here). Before, no end notice was sent
+    then: both tasks kept the save under way, holding the next sync steps until its --save-timeout. Now both hear
+    its end, and the stuck thread, once let go, sends no more."""
+    monkeypatch.setattr(save_notice, "_CALL_TIMEOUT", 0.2)  # the join waits 2 * 0.2 + 1 s
+    release, stuck = threading.Event(), threading.Event()
+    notices: list[SaveNoticeRequest] = []
+
+    def held_renewal(task: int, handler: Handler) -> Handler:
+        def call(frame: Frame) -> Reply:
+            notice = SaveNoticeRequest.from_frame(frame)
+            reply = handler(frame)  # applied, its answer held back
+            if task == 1:
+                notices.append(notice)
+                if notice.active and len(notices) >= 2:
+                    stuck.set()
+                    release.wait(60)
+            return reply
+        return call
+
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
+    vs = VariableSet(replica_device_setter(cluster=cluster))
+    vs.get_variable("w", (4, 2), initializer={"name": "zeros"})
+    vs.get_variable("b", (2,), initializer={"name": "zeros"})
+    services = [ParameterService(i, holds_global_step=i == 0) for i in range(2)]
+    channels = {i: InProcessChannel(f"/job:ps/task:{i}", {m: held_renewal(i, h) if m == "SaveNotice" else h
+                                                          for m, h in s.handlers().items()})
+                for i, s in enumerate(services)}
+    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels,
+                             sync=SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=0.8))
+    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    caplog.set_level(logging.INFO, logger="psflow.ps.sync")
+    try:
+        with notify_save(client, CKPT):
+            assert stuck.wait(60), "the notice never renewed"
+        thread = [t for t in threading.enumerate() if t.name == "psflow-save-notice"]
+        assert thread, "the notice thread ended in time: nothing of this test ran"
+        ended = [r.getMessage() for r in caplog.records if f"saved a checkpoint into {CKPT}" in r.getMessage()]
+        assert sorted(line.split(":")[2] for line in ended) == ["0", "1"], ended
+    finally:
+        release.set()
+    wait_until(lambda: not thread[0].is_alive(), "the notice thread gone once let go", limit=60)
+    assert not notices[-1].active, notices  # nothing active after the end
