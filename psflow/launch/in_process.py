@@ -34,7 +34,7 @@ from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.status.final_snapshot import Resumed, final_snapshot, newest_if_unnamed, resumed_from
 from psflow.train.build import build_model
-from psflow.train.config import TORCH_THREADS_ENV, ConfigError, TrainConfig
+from psflow.train.config import MODE_FLAGS, TORCH_THREADS_ENV, ConfigError, SyncSettings, TrainConfig
 from psflow.train.duties import claim_run
 from psflow.train.evaluation import evaluate, parameters
 from psflow.train.faults import NO_FAULTS, FaultInjection
@@ -98,8 +98,12 @@ def _run(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any],
         raise ConfigError("--in-process has no in-graph replication")
     check_inputs(config)
     check_settings(config)  # memory, dynamic tables: refused in one line before anything starts
-    if config.sync.mode == "ssp":
-        config = replace(config, sync=replace(config.sync, mode="async"))
+    if config.sync.mode == "ssp":  # one worker: nobody to wait for or run ahead of, so ssp runs as async; the
+        # mode's own settings (--staleness, --sync-timeout, ...), moot here, go back to their defaults, which async
+        # takes (it refuses them set, MODE_FLAGS: the user typed them with --mode ssp)
+        defaults = SyncSettings()
+        unread = {name: getattr(defaults, name) for _, name in MODE_FLAGS.values()}
+        config = replace(config, sync=replace(config.sync, mode="async", **unread))
     config = replace(config, data=replace(config.data, reader_process=True))
     # The run's id; its run directory, then its checkpoint directory, taken before anything is written there
     # (another live run's is refused, naming it); released when the run ends, however it ends.

@@ -159,3 +159,15 @@ def test_in_process_fast_path_trains_like_the_cluster(tmp_path: Path) -> None:
     assert {"weights/part_0", "weights/part_1", "weights/part_2"} <= {k for ps in metrics["ps"] for k in ps["partitions"]}
     r = run_cli("train", "--in-process", "--workers", "2", "--train", str(A9A), "--output", str(tmp_path / "x"))
     assert r.returncode == 1 and "--in-process runs one worker" in r.stderr
+
+
+def test_in_process_takes_the_ssp_flags_the_user_typed(tmp_path: Path) -> None:
+    """``--in-process --mode ssp --staleness 3`` was refused '--staleness 3 is for --mode ssp (this run: --mode
+    async ...)', after the in-process banner: with one worker the fast path runs ssp as async (no worker to wait for)
+    and the mode check of d6dfe2f then refused the ssp flags the user typed with --mode ssp."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--in-process", "--train", str(A9A), "--num-features", "124", "--mode", "ssp",
+                "--staleness", "3", "--sync-timeout", "5", "--on-timeout", "proceed", "--max-steps", "7",
+                "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((out / "metrics.json").read_text())["global_step"] == 7
