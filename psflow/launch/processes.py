@@ -217,6 +217,7 @@ class LocalCluster:
             "--cluster", os.path.join(self.output_dir, "cluster.json"),
             "--job", job, "--task", str(index), "--config", config_path,
             "--result", os.path.join(self.output_dir, f"result-{job}-{index}.json"), "--error-file", error_path,
+            "--supervised",  # the watch loop restarts a dead task or stops the run
         ] + (["--verbose"] if self.verbose else [])
         state_dir = os.path.join(self.output_dir, "state", f"{job}-{index}")
         if job in (PS_JOB, BACKUP_JOB):  # global_step's bound outlives a restart of its holder (psflow.ps.global_step)

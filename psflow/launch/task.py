@@ -77,7 +77,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
              checkpoint_root: str | None = None, tcp_limits: TcpLimits | None = None,
              stop: StopRequest | None = None, bind_address: str | None = None, tls: TlsConfig | None = None,
              stop_when_run_over: bool = False, faults: FaultInjection = NO_FAULTS,
-             save_ledger_file: str | None = None) -> int:
+             save_ledger_file: str | None = None, supervised: bool = False) -> int:
     """Runs one task until it is done or stopped; returns the process exit status.
 
     Blocks. Returns 0 when the task finished (a ps task: asked to shut down, or with
@@ -102,6 +102,10 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     first of the training workers (:func:`psflow.train.chief.training_view`).
 
     ``faults``: tests' and drills' faults for a worker or the in-graph client (:mod:`psflow.train.faults`).
+
+    ``supervised``: the local launcher watches this task and restarts a dead worker or stops the run
+    (:mod:`psflow.launch.supervisor`), so a worker whose data ended never takes the chief duties over from a
+    chief that is only restarting (:mod:`psflow.train.holder` is for a chief that nothing restarts).
     """
     if stop is None:
         stop = StopRequest(f"/job:{job}/task:{index}")
@@ -141,7 +145,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
         trainers, trainer_index = training_view(cluster, job, index)  # a chief job trains too, as worker 0
         try:
             run_worker(config, trainers, trainer_index, token=token, tls=tls, result_path=result_path, stop=stop,
-                       faults=faults)
+                       faults=faults, take_over=not supervised)
         except Exception as e:
             if stop.requested() is None:
                 raise
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Linux: SIGHUP when the thread that started this task exits (prctl PR_SET_PDEATHSIG)")
     parser.add_argument("--error-file", help="where an expected error's one line is written (JSON), for the launcher")
     parser.add_argument("--verbose", action="store_true", help="DEBUG lines; tracebacks of expected errors too")
+    parser.add_argument("--supervised", action="store_true", help="started by the local launcher, which restarts "
+                        "a dead worker or stops the run: a finished worker never takes the chief duties over")
     args = parser.parse_args(argv)
     configure_logging(verbose=args.verbose)
     # First, before anything slow: from here on a signal or the launcher's death stops the task in order.
@@ -211,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = run_task(cluster, args.job, args.task, config, token=cluster_token(os.environ),
                         result_path=args.result, state_dir=args.state_dir, stop=stop,
-                        checkpoint_root=args.checkpoint_root, faults=faults, save_ledger_file=args.save_ledger)
+                        checkpoint_root=args.checkpoint_root, faults=faults, save_ledger_file=args.save_ledger,
+                        supervised=args.supervised)
     except PsflowError as e:
         # The in-graph client drives every task: another task's failure (a ps task killed, a worker not
         # back in time) is its error too, told in one line naming that task, as a between-graph worker does.

@@ -7,6 +7,11 @@ death. When the workers still training are all gone (the chief killed for good, 
 nobody would take the lease, and the finished worker used to leave after ``connect_timeout`` (60 s) without the
 final checkpoint or the final evaluation: the model trained since the last periodic save was lost.
 
+Only where nothing restarts a dead worker (``psflow server``): the local launcher (``psflow train``) restarts it
+(``--restart-policy``) or stops the run, so its workers never take over (:func:`~psflow.train.worker.run_worker`'s
+``take_over``). There a chief restarted in more than the lease's ttl (the restart's pause, then its start-up) was
+taken for gone: a finished worker wrote a checkpoint marked final in the middle of the run and left.
+
 :class:`TakeOver` is asked at each of the lingering worker's polls while another worker has not finished. In order:
 
 1. while global_step moved within the last ``lease_ttl`` s, or anyone holds the lease (a live holder, or a dead
@@ -27,10 +32,13 @@ evaluation are of the last pushed step; no extra work per push (only the lingeri
 coordination backend, and only once global_step stood still for a lease ttl).
 
 Not guaranteed: a worker that neither pushed nor held the lease for a whole ``lease_ttl`` (stopped, or one step
-that long) but lives is taken for gone. It loses nothing: when it trains again it campaigns and holds the duties
-(periodic saves go on), and as the last to finish writes the final checkpoint of its own last step
-(:func:`~psflow.train.final_duties.end_duties`), which then supersedes this one; the ps tasks of ``psflow
-server`` still serve until it sends ``Done`` (:mod:`psflow.ps.run_end`), and a dead worker never does.
+that long), or one restarted by a cluster manager, but lives is taken for gone. No trained step is lost: when it
+trains again it campaigns and holds the duties (periodic saves go on), and as the last to finish writes the final
+checkpoint of its own last step (:func:`~psflow.train.final_duties.end_duties`), which then supersedes this one;
+the ps tasks of ``psflow server`` still serve until it sends ``Done`` (:mod:`psflow.ps.run_end`), and a dead worker
+never does. But the take-over's checkpoint is marked final in the middle of the run: an evaluator task
+(:mod:`psflow.launch.evaluator`) that reads it ends there, and the model is evaluated twice (at the take-over's
+step and at the end).
 """
 
 from __future__ import annotations

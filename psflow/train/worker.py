@@ -166,6 +166,7 @@ def run_worker(
     stop: StopSource | None = None,
     faults: FaultInjection = NO_FAULTS,
     save_section: Callable[[], AbstractContextManager[object]] | None = None,
+    take_over: bool = True,
 ) -> WorkerResult:
     """Trains worker ``task_index`` until its data ends or ``max_steps`` is reached.
 
@@ -177,6 +178,8 @@ def run_worker(
     ``faults``: tests' and drills' faults (:mod:`psflow.train.faults`): this worker's step delay and lag,
     the chief's checkpoint exit.
     ``save_section``: entered around each of its checkpoint saves (``--in-process``: no signal cuts one).
+    ``take_over``: once its data ended, it takes the chief duties over when nobody pushed or held the lease for
+    the lease's ttl (:mod:`psflow.train.holder`); False where a supervisor restarts a dead worker (the local launcher).
     ``tls``: the gRPC client's channels (to the ps tasks, checkpoints included, and to the
     embedded coordination backend) use it; ``None``: plain text.
 
@@ -238,11 +241,12 @@ def run_worker(
                     if not linger or leadership is None:
                         break
                     _check_stop(stop, task, f"after its data ended ({reason})")
-                    # The chief duties go to a worker that still trains, if any; back to this one if none is left.
+                    # The chief duties go to a worker that still trains, if any; back to this one if none is left
+                    # (take_over: where no supervisor restarts a dead chief).
                     restored, text = recovery.linger(cluster.num_tasks("worker"), before_waiting=functools.partial(
                         resign, leadership, task_index, reason), take_over=TakeOver(
                         leadership, client, task_index, lease_ttl=config.chief.lease_ttl,
-                        checkpoint_dir=config.checkpoint.dir))
+                        checkpoint_dir=config.checkpoint.dir) if take_over else None)
                 except RpcError as e:
                     if stop is not None and stop.requested() is not None:  # the stop closed the channels
                         raise WorkerStopped(f"{task}: stopped ({stop.requested()}): {e}") from e

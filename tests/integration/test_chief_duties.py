@@ -107,3 +107,23 @@ def check_saves_after(out: Path, fault: dict[str, Any], metrics: dict[str, Any])
     assert after and after[-1] == metrics["global_step"], (saves(out), fault)
     gaps = [b - a for a, b in zip(after, after[1:], strict=False)]
     assert all(gap <= SAVE_EVERY + SAVE_EVERY // 2 for gap in gaps), (after, fault)
+
+
+def test_a_chief_the_launcher_restarts_keeps_its_duties_however_slow_its_restart(tmp_path: Path) -> None:
+    """psflow train restarts a killed chief (--restart-policy on-failure) or stops the run (never): no finished
+    worker takes the duties over meanwhile (psflow.train.holder is for a chief that nothing restarts). With a 2 s
+    lease the restarted chief pushes again only after nobody pushed or held the lease for the lease's ttl (its
+    restart's 0.5 s pause, then its start-up): before, worker 1 or 2 took the duties over then, wrote a checkpoint
+    marked final at step 1,900 and left while worker 0 trained on (~500 steps more)."""
+    out = tmp_path / "run"
+    r = train(out, data(tmp_path, [None, 3000, 3000]), "--epochs", "2", "--lease-ttl", "2",
+              "--chaos", "kill:chief@step=1900")
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = check_final(out)
+    assert len(metrics["restarts"]) == 1 and metrics["global_step"] > metrics["faults"][0]["at_step"], metrics
+    finals = [ckpt.name for ckpt in sorted((out / "ckpt").glob("ckpt-*")) if read_manifest(str(ckpt)).final]
+    assert finals == [f"ckpt-{metrics['global_step']:09d}"], finals
+    for w in (1, 2):  # a worker whose data ended never took the lease
+        (life,) = lives(out, w)
+        assert "finished its data" in life and "elected chief" not in life[life.index("finished its data"):], life[-3000:]
+        assert "took the chief duties over" not in life and "is written already" not in life, life[-3000:]
