@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import os
+import re
 from typing import Any
 
 from psflow.extras import require
@@ -21,7 +22,7 @@ from psflow.models.api import DYNAMIC_TABLE_FLAGS, DYNAMIC_TABLE_PARAM, Model, M
 from psflow.models.registry import create_model, model_names
 from psflow.optim import OPTIMIZER_NAMES, OptimizerError, parse_optimizer
 from psflow.optim.schedules import SCHEDULE_NAMES, ScheduleError, parse_schedule
-from psflow.ps.dynamic import DynamicTableError, share_spec
+from psflow.ps.dynamic import OPTIONS, DynamicTableError, share_spec
 from psflow.train.build import model_config
 from psflow.train.config import (
     MAX_STEPS_IN_FLIGHT,
@@ -254,6 +255,21 @@ def _schedule_flag(text: str) -> dict[str, Any]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _dynamic_refusal(message: str, typed: bool, flagged: set[str]) -> str:
+    """share_spec's refusal of the run's dynamic table options, each named where the user gave it: ``flagged`` by
+    its flag, the others in ``--model-param dynamic_table`` (the line's head when ``--embedding-table dynamic`` was
+    not ``typed``); the known options of an unknown one's line by the names --model-param takes."""
+    message = message.removeprefix("dynamic table 'embedding table': ")
+    head, known, tail = message.partition(" (known: ")
+    for key in DYNAMIC_TABLE_FLAGS.keys() | set(OPTIONS):
+        if key in flagged:
+            head = re.sub(rf"\b{key}\b", DYNAMIC_TABLE_FLAGS[key], head)
+        elif typed:
+            head = re.sub(rf"\b{key}\b", f"--model-param {DYNAMIC_TABLE_PARAM}'s {key}", head)
+    where = "--embedding-table dynamic" if typed else f"--model-param {DYNAMIC_TABLE_PARAM}"
+    return f"{where}: {head}{known}{tail}"
+
+
 def _flag_params(args: argparse.Namespace, model_param: object) -> dict[str, Any]:
     """Model parameters given by their own flags (--hidden, --wide-optimizer, --deep-optimizer, dynamic tables).
 
@@ -264,6 +280,7 @@ def _flag_params(args: argparse.Namespace, model_param: object) -> dict[str, Any
     params: dict[str, Any] = {}
     given = {flag: getattr(args, flag.removeprefix("--").replace("-", "_")) for flag in DYNAMIC_TABLE_FLAGS.values()}
     dynamic = {key: given[flag] for key, flag in DYNAMIC_TABLE_FLAGS.items() if given[flag] is not None}
+    flagged = set(dynamic)
     base = model_param if isinstance(model_param, dict) else None
     if args.embedding_table == "dynamic" or (base is not None and dynamic):
         for key in dynamic.keys() & (base or {}).keys():
@@ -273,10 +290,7 @@ def _flag_params(args: argparse.Namespace, model_param: object) -> dict[str, Any
         try:
             share_spec("embedding table", 1, dynamic, optimizer=None, initializer={"name": "zeros"}, num_shares=1)
         except DynamicTableError as e:
-            message = str(e).removeprefix("dynamic table 'embedding table': ")
-            for key, flag in DYNAMIC_TABLE_FLAGS.items():
-                message = message.replace(key, flag)
-            raise ConfigError(f"--embedding-table dynamic: {message}") from None
+            raise ConfigError(_dynamic_refusal(str(e), args.embedding_table == "dynamic", flagged)) from None
         params[DYNAMIC_TABLE_PARAM] = dynamic
     elif dynamic:
         flags = ", ".join(f"{flag} {value}" for flag, value in given.items() if value is not None)

@@ -41,3 +41,29 @@ def test_flags_of_a_static_table_are_still_refused() -> None:
     with pytest.raises(ConfigError, match=r"^--capacity 5: these options are for dynamic tables; add "
                                           r"--embedding-table dynamic$"):
         _options("--capacity", "5")
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    # an option --model-param gave is named as given there, not by a flag the user never typed (--capacity), and
+    # a table made dynamic by --model-param alone is not said to be --embedding-table dynamic's
+    (["--model-param", 'dynamic_table={"capacity_rows": 0}', "--admit-after", "2"],
+     "--model-param dynamic_table: capacity_rows must be an int >= 1, got 0"),
+    (["--embedding-table", "dynamic", "--model-param", 'dynamic_table={"capacity_rows": -5}'],
+     "--embedding-table dynamic: --model-param dynamic_table's capacity_rows must be an int >= 1, got -5"),
+    # an option given by its flag is still named by it
+    (["--embedding-table", "dynamic", "--capacity", "0", "--model-param", 'dynamic_table={"sketch_width": 64}'],
+     "--embedding-table dynamic: --capacity must be an int >= 1, got 0"),
+])
+def test_a_bad_option_is_named_where_it_was_given(flags: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        _options(*flags)
+    assert str(e.value) == line
+
+
+def test_a_misspelt_model_param_option_lists_the_names_model_param_takes() -> None:
+    """--model-param dynamic_table={"sketch_widht": ...} listed the known options as flags (--capacity, ...), which
+    --model-param does not take."""
+    with pytest.raises(ConfigError) as e:
+        _options("--embedding-table", "dynamic", "--model-param", 'dynamic_table={"sketch_widht": 64}')
+    assert "unknown options ['sketch_widht']" in str(e.value) and "capacity_rows" in str(e.value)
+    assert "--capacity" not in str(e.value)
