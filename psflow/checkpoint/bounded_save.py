@@ -70,7 +70,7 @@ class BoundedSaves:
         if self._stuck is not None:
             done, stuck = self._stuck
             with notify_save(client, self.manager.directory):  # (a sync step waiting for this chief is held)
-                ended = wait_woken(done, timeout)
+                ended = wait_woken(done.wait, timeout)
             if not ended:
                 raise self._given_up(client, f"{what} into {self.manager.directory} not begun: {stuck} given up "
                                              f"before it has still not ended, after another --save-timeout ({timeout:g} "
@@ -94,7 +94,7 @@ class BoundedSaves:
                 done.set()
 
         threading.Thread(target=work, name="psflow-checkpoint-save", daemon=True).start()
-        if not wait_woken(done, timeout):
+        if not wait_woken(done.wait, timeout):
             self._stuck = (done, what)
             self.manager.abandoned = True
             raise self._given_up(client, f"{what} into {self.manager.directory} given up: no end within --save-timeout "

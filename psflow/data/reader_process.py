@@ -64,6 +64,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from psflow.data.api import DataError
+from psflow.waits import wait_woken
 
 __all__ = ["ReaderProcess", "Split", "SLOT_BYTES", "grpc_threads"]
 
@@ -197,7 +198,10 @@ class ReaderProcess(Generic[T]):
 
     # ---- parent ------------------------------------------------------------
     def get(self) -> T:
-        """Returns the next item; blocks until the child has produced it.
+        """Returns the next item; blocks until the child has produced it, in waits of
+        :data:`~psflow.waits.WAKE_EVERY` s: a signal the kernel handed to another thread of a process waiting here
+        on its main thread (``psflow train --in-process``) ran the handler only when the next item came, and from a
+        reader stuck on its input (a store that stopped answering) never.
 
         Raises:
             StopIteration: the generator is exhausted.
@@ -213,6 +217,7 @@ class ReaderProcess(Generic[T]):
         if items is None or free is None or ring is None or self._closed:
             raise DataError("the reader process was closed")
         try:
+            wait_woken(items.poll)  # (the main thread's signal handlers run meanwhile: psflow.waits)
             message = items.recv()
         except (EOFError, OSError) as e:
             if self._closed:

@@ -68,7 +68,7 @@ class EvalSet:
         Raises:
             Whatever ``load_eval`` raised (DataError for a malformed record, naming the file and record).
         """
-        wait_woken(self._read_done)
+        wait_woken(self._read_done.wait)
         if self._error is not None:
             raise self._error
         return self._batch

@@ -127,3 +127,45 @@ def test_a_launcher_waiting_for_its_eval_set_stops_on_a_signal_handed_to_the_rea
     assert code == 130 and not hung_to_the_end
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["phase"] == "interrupted", metrics
+
+
+def _interrupted_while_waiting_for_a_batch(tmp: str) -> tuple[int, bool]:
+    """In a fresh process: an in-process run whose reader process hangs before its 6th batch (a read from a store
+    that stopped answering), and whose main thread, waiting for that batch, gets SIGINT by way of another thread.
+    Returns the exit status and whether the reader's hang had ended when the run did."""
+    from psflow.cli.main import main
+    from psflow.data import reader_process
+
+    layout = reader_process._layout
+    seen: list[int] = []
+    hung, ended = Path(tmp) / "reader-hung", Path(tmp) / "reader-hang-ended"
+
+    def hangs_at_the_sixth(*args: Any) -> Any:  # runs in the reader process
+        seen.append(1)
+        if len(seen) == 6:
+            hung.touch()
+            deadline = time.monotonic() + LIMIT
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+            ended.touch()
+        return layout(*args)
+
+    def signal_the_run() -> None:
+        wait_until(lambda: hung.exists() and _main_thread_in("get", "reader_process.py"),
+                   "the run waiting for a batch the reader hangs on", limit=LIMIT)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+
+    reader_process._layout = hangs_at_the_sixth  # type: ignore[assignment]
+    threading.Thread(target=signal_the_run, name="signaller", daemon=True).start()
+    code = main(["train", "--train", str(A9A), "--num-features", "124", "--in-process", "--batch-size", "128",
+                 "--epochs", "1", "--output", f"{tmp}/run", "--quiet", "--no-status"])
+    return code, ended.exists()
+
+
+def test_an_in_process_run_waiting_for_a_batch_stops_on_a_signal_handed_to_another_thread(tmp_path: Path) -> None:
+    """``psflow train --in-process`` waits in its main thread for the reader process's next batch: a signal handed
+    to another thread ended the run only once the batch came (from a store that stopped answering: never)."""
+    code, hang_ended = in_fresh_process(_interrupted_while_waiting_for_a_batch, str(tmp_path), limit=LIMIT + 120)
+    assert code == 130 and not hang_ended
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["phase"] == "interrupted", metrics

@@ -31,8 +31,8 @@ def _main_thread_asleep() -> bool:
 def test_it_returns_once_the_event_is_set_and_false_past_its_timeout() -> None:
     done = threading.Event()
     threading.Timer(0.05, done.set).start()
-    assert wait_woken(done, LIMIT) is True
-    assert wait_woken(threading.Event(), 0.01) is False
+    assert wait_woken(done.wait, LIMIT) is True
+    assert wait_woken(threading.Event().wait, 0.01) is False
 
 
 def test_a_handler_raising_for_a_signal_handed_to_another_thread_ends_a_wait_with_no_bound() -> None:
@@ -54,7 +54,7 @@ def test_a_handler_raising_for_a_signal_handed_to_another_thread_ends_a_wait_wit
     try:
         with pytest.raises(_Cut):
             thread.start()
-            wait_woken(done)
+            wait_woken(done.wait)
         assert not done.is_set()  # cut by the handler, not ended by the safety net
     finally:
         done.set()
