@@ -3,11 +3,14 @@
 A signal sent to a process goes to whichever of its threads the kernel picks (one with no signal pending: the
 main thread, if it has one pending already, is passed over). CPython's C handler runs in that thread and only
 marks the signal; the Python handler runs on the main thread when it next runs Python code. A main thread
-asleep in one long wait (a ps task's ``Server.join()``: for ever) never ran it: ``kill PID`` of a serving ps
-task did nothing, and the launcher's stop of such a task ended in SIGKILL after its grace.
+asleep in one long wait ran it only when the wait ended:
 
-The signal is sent here to one named thread of a real task process (``tgkill``, from this process), the case the
-kernel's choice gives now and then.
+* a ps task in ``Server.join()`` (for ever): such a SIGTERM did nothing (StopRequest's wakeup fd now);
+* the local launcher waiting for its eval set's read, an in-process run waiting for its reader process's next
+  batch (:func:`psflow.waits.wait_woken` now); the in-process save's wait is test_in_process_interrupt_save's.
+
+The signal goes to one named thread: of a real task process (``tgkill``, from this process), or of a real run in
+a fresh process (``pthread_kill``), the case the kernel's choice gives now and then.
 """
 
 from __future__ import annotations

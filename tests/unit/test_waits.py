@@ -1,4 +1,4 @@
-"""psflow.waits.wait_woken: an Event's wait that a signal handler on the main thread can still cut."""
+"""psflow.waits.wait_woken: a wait that a signal handler on the main thread can still cut."""
 
 from __future__ import annotations
 
