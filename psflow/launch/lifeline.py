@@ -59,7 +59,11 @@ Three pieces, one per side of a local cluster:
     and raised at the next check. Only the first signal counts: the cleanup it
     starts is never interrupted by a second one. A section that may hang (an
     ``--in-process`` checkpoint save) is deferred with ``second_cuts``: there a
-    second signal raises at once, so the user can still stop the run.
+    second signal raises at once, so the user can still stop the run. The
+    handler runs on the main thread, when it next runs Python code: the
+    launcher's long waits there (a save, the eval set's read, the reader
+    process's next batch) are made of short ones (:mod:`psflow.waits`), so
+    that a signal the kernel handed to another thread is raised in time.
 """
 
 from __future__ import annotations
