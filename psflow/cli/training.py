@@ -72,7 +72,8 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-features", type=int, default=1 << 20,
                    help="rows of the shared hashed table (logistic, fm) and hash buckets of each hashed feature (2^20)")
     g.add_argument("--embedding-dim", type=int, default=8, help="width of embedding tables (8)")
-    g.add_argument("--embedding-table", choices=("static", "dynamic"), default="static",
+    # default None: typed static is refused beside --model-param dynamic_table (_flag_params), which makes tables dynamic
+    g.add_argument("--embedding-table", choices=("static", "dynamic"),
                    help="static: tables of --num-features rows, ids folded in; dynamic: rows keyed by the raw 64-bit id, "
                         "created on first use, spread over the ps tasks by id (static)")
     g.add_argument("--capacity", type=int, metavar="ROWS", help="dynamic tables: most rows of each table (all ps tasks "
@@ -282,6 +283,9 @@ def _flag_params(args: argparse.Namespace, model_param: object) -> dict[str, Any
     dynamic = {key: given[flag] for key, flag in DYNAMIC_TABLE_FLAGS.items() if given[flag] is not None}
     flagged = set(dynamic)
     base = model_param if isinstance(model_param, dict) else None
+    if args.embedding_table == "static" and base is not None:
+        raise ConfigError(f"--embedding-table static and --model-param {DYNAMIC_TABLE_PARAM} (which makes the tables "
+                          "dynamic): give one")
     if args.embedding_table == "dynamic" or (base is not None and dynamic):
         for key in dynamic.keys() & (base or {}).keys():
             raise ConfigError(f"{DYNAMIC_TABLE_FLAGS[key]} {dynamic[key]} and --model-param {DYNAMIC_TABLE_PARAM}'s "

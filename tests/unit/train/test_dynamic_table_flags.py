@@ -67,3 +67,13 @@ def test_a_misspelt_model_param_option_lists_the_names_model_param_takes() -> No
         _options("--embedding-table", "dynamic", "--model-param", 'dynamic_table={"sketch_widht": 64}')
     assert "unknown options ['sketch_widht']" in str(e.value) and "capacity_rows" in str(e.value)
     assert "--capacity" not in str(e.value)
+
+
+def test_a_static_table_typed_with_dynamic_options_is_refused() -> None:
+    """--embedding-table static --model-param dynamic_table={...} trained dynamic tables without a word: the
+    --model-param options make them dynamic, and static was the flag's default, so psflow could not tell it typed."""
+    with pytest.raises(ConfigError) as e:
+        _options("--embedding-table", "static", "--model-param", 'dynamic_table={"sketch_width": 64}')
+    assert str(e.value) == ("--embedding-table static and --model-param dynamic_table (which makes the tables "
+                            "dynamic): give one")
+    assert _options("--embedding-table", "static") is None
