@@ -26,29 +26,41 @@ pytestmark = pytest.mark.timeout(60)
 CKPT = "gs://bucket/ckpt"
 
 
-def _push(worker: str) -> PushRequest:
+def _push(worker: str, incarnation: int = 1, step: int = 0) -> PushRequest:
+    """``worker``'s (its process ``incarnation``) gradient for sync step ``step``."""
     grad = np.ones((2, 4), np.float32)
-    return PushRequest([("w/part_0", grad, np.array([1, 2], np.int64))], WorkerTag(worker, 1, push_id=1, acked=0),
-                       StepTag(read_step=0, sync_tag=0), step=True, examples=8)
+    return PushRequest([("w/part_0", grad, np.array([1, 2], np.int64))],
+                       WorkerTag(worker, incarnation, push_id=step + 1, acked=step),
+                       StepTag(read_step=step, sync_tag=step), step=True, examples=8)
 
 
-def test_a_held_sync_push_is_recorded_with_its_step_and_a_resend_gets_that_record(
-        make_shard: Callable[..., InProcessShard]) -> None:
+def _sync_shard(make_shard: Callable[..., InProcessShard]) -> InProcessShard:
+    """A started shard (a primary and its backup), its workers registered in sync mode, --sync-timeout 2 s."""
     shard = make_shard()
     shard.start()
     shard.wait_view()
     shard.register(layout(SyncConfig("sync", 2, 2, timeout=2.0)))
+    return shard
+
+
+def _notice(shard: InProcessShard, notice: SaveNoticeRequest) -> None:
+    """``notice`` to every member of the shard, as a chief sends it."""
+    for member in (PRIMARY, backup(0)):
+        shard.call(member, SaveNoticeRequest.METHOD, notice.to_frame())
+
+
+def test_a_held_sync_push_is_recorded_with_its_step_and_a_resend_gets_that_record(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard = _sync_shard(make_shard)
     chief, other = WORKERS
     saving, stop = threading.Event(), threading.Event()
 
     def notices() -> None:  # the chief's save, renewed every quarter of the timeout, to every member
         while not stop.is_set():
-            for member in (PRIMARY, backup(0)):
-                shard.call(member, SaveNoticeRequest.METHOD, SaveNoticeRequest(chief, CKPT, 0, True).to_frame())
+            _notice(shard, SaveNoticeRequest(chief, CKPT, 0, True))
             saving.set()
             stop.wait(0.25)
-        for member in (PRIMARY, backup(0)):
-            shard.call(member, SaveNoticeRequest.METHOD, SaveNoticeRequest(chief, CKPT, 0, False).to_frame())
+        _notice(shard, SaveNoticeRequest(chief, CKPT, 0, False))
 
     thread = threading.Thread(target=notices, daemon=True)
     thread.start()
@@ -73,38 +85,27 @@ def test_a_held_sync_push_is_recorded_with_its_step_and_a_resend_gets_that_recor
     shard.wait(lambda: held is not None and held.value == 1, "the backup at step 1")
 
 
-def _push_of(worker: str, incarnation: int, step: int) -> PushRequest:
-    grad = np.ones((2, 4), np.float32)
-    return PushRequest([("w/part_0", grad, np.array([1, 2], np.int64))],
-                       WorkerTag(worker, incarnation, push_id=step + 1, acked=step),
-                       StepTag(read_step=step, sync_tag=step), step=True, examples=8)
-
-
 def test_a_backup_promoted_after_the_chief_restarted_names_no_save_of_its_dead_process(
         make_shard: Callable[..., InProcessShard]) -> None:
     """The chief died saving and its new process registered and trained: the primary ended that save at the
     Register (1d44067), but nothing told the backups, so a backup promoted later named the dead process's save in
     a later step's timeout ('was saving a checkpoint ... the chief died or hung while saving?'), a save nobody was
     doing. The new process's push, replicated with its incarnation, ends it on the backups too."""
-    shard = make_shard()
-    shard.start()
-    shard.wait_view()
-    shard.register(layout(SyncConfig("sync", 2, 2, timeout=2.0)))
+    shard = _sync_shard(make_shard)
     chief, other = WORKERS
-    for member in (PRIMARY, backup(0)):  # the chief's save, then its process dies: no more notices
-        shard.call(member, SaveNoticeRequest.METHOD, SaveNoticeRequest(chief, CKPT, 0, True, 600.0, 1).to_frame())
+    _notice(shard, SaveNoticeRequest(chief, CKPT, 0, True, 600.0, 1))  # the chief's save, then its process dies
     shard.register(layout(SyncConfig("sync", 2, 2, timeout=2.0)))  # its new process registers (the primary only)
     out: dict[str, PushReply] = {}
-    waiting = threading.Thread(target=lambda: out.setdefault("other", shard.push(PRIMARY, _push_of(other, 1, 0))),
+    waiting = threading.Thread(target=lambda: out.setdefault("other", shard.push(PRIMARY, _push(other, 1, 0))),
                                daemon=True)
     waiting.start()
     shard.wait(lambda: shard.services[PRIMARY].mode.stats()["sync_contributed"] == [other], "the other's push")
-    assert shard.push(PRIMARY, _push_of(chief, 2, 0)).completed  # the new process trains step 1 with the other
+    assert shard.push(PRIMARY, _push(chief, 2, 0)).completed  # the new process trains step 1 with the other
     waiting.join(20)
     assert out["other"].step == 1, out
     shard.wait(lambda: shard.services[backup(0)].workers.incarnation_of(chief) == 2, "the backup at step 1")
     shard.cut.add(PRIMARY)
     shard.promote(backup(0), 1)
     with pytest.raises(FailedPreconditionError, match="sync step 1 timed out") as timed_out:  # the chief missing
-        shard.push(backup(0), _push_of(other, 1, 1))
+        shard.push(backup(0), _push(other, 1, 1))
     assert "saving" not in str(timed_out.value) and CKPT not in str(timed_out.value), timed_out.value
