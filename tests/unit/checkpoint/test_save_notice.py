@@ -29,14 +29,20 @@ from psflow.rpc.inprocess import InProcessChannel
 CKPT = "/tmp/ckpt-of-the-test"
 
 
-def _client(sync: SyncConfig) -> ParameterClient:
+def _client(sync: SyncConfig, wrap: dict[str, Callable[[int, Handler], Handler]] | None = None, *,
+            save_timeout: float = 600.0) -> ParameterClient:
+    """The chief's client of two in-process ps tasks (``w`` on ps task 0, ``b`` on 1), registered; the handlers of
+    the methods ``wrap`` names are wrapped (method -> (task, handler) -> handler)."""
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
     vs = VariableSet(replica_device_setter(cluster=cluster))
     vs.get_variable("w", (4, 2), initializer={"name": "zeros"})
     vs.get_variable("b", (2,), initializer={"name": "zeros"})
     services = [ParameterService(i, holds_global_step=i == 0) for i in range(2)]
-    channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
-    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels, sync=sync)
+    wrap = wrap or {}
+    tables = [{m: wrap[m](i, h) if m in wrap else h for m, h in s.handlers().items()} for i, s in enumerate(services)]
+    channels = {i: InProcessChannel(f"/job:ps/task:{i}", t) for i, t in enumerate(tables)}
+    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels, sync=sync,
+                             config=ConnectConfig(save_timeout=save_timeout))
     client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
     return client
 
@@ -83,24 +89,6 @@ def test_an_ssp_save_is_told_to_the_task_holding_global_step_only(caplog: pytest
     assert [line.split(":")[2] for line in _lines(caplog, "/job:worker/task:0 saved a checkpoint")] == ["0"]
 
 
-def _client_with(sync: SyncConfig, wrap: dict[str, Callable[[int, Handler], Handler]], *,
-                 save_timeout: float = 600.0) -> ParameterClient:
-    """:func:`_client` whose ps tasks' handlers ``wrap`` names are wrapped (method -> (task, handler) -> handler)."""
-    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
-    vs = VariableSet(replica_device_setter(cluster=cluster))
-    vs.get_variable("w", (4, 2), initializer={"name": "zeros"})
-    services = [ParameterService(i, holds_global_step=i == 0) for i in range(2)]
-    tables = []
-    for i, s in enumerate(services):
-        table = s.handlers()
-        tables.append({m: wrap[m](i, h) if m in wrap else h for m, h in table.items()})
-    channels = {i: InProcessChannel(f"/job:ps/task:{i}", t) for i, t in enumerate(tables)}
-    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels, sync=sync,
-                             config=ConnectConfig(save_timeout=save_timeout))
-    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
-    return client
-
-
 def _recorded(notices: list[SaveNoticeRequest]) -> Callable[[int, Handler], Handler]:
     """A wrapper of the SaveNotice handlers that appends each notice ps task 1 gets to ``notices``."""
     def wrap(task: int, handler: Handler) -> Handler:
@@ -126,7 +114,7 @@ def test_the_notices_do_not_wait_for_a_slow_stats(caplog: pytest.LogCaptureFixtu
             return handler(frame)
         return call
 
-    client = _client_with(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=1.0),
+    client = _client(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=1.0),
                           {"Stats": slow_stats, "SaveNotice": _recorded(notices)})
     caplog.set_level(logging.INFO, logger="psflow.ps.sync")
     try:
@@ -147,7 +135,7 @@ def test_no_notice_past_the_save_timeout(caplog: pytest.LogCaptureFixture) -> No
     it lasted, and a stuck save held the run for ever); each carries the bound. The end notice still comes."""
     notices: list[SaveNoticeRequest] = []
 
-    client = _client_with(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=1.0),
+    client = _client(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=1.0),
                           {"SaveNotice": _recorded(notices)}, save_timeout=0.5)
     caplog.set_level(logging.WARNING, logger="psflow.checkpoint.save_notice")
     with notify_save(client, CKPT):
@@ -176,7 +164,7 @@ def test_an_ssp_push_held_by_a_saving_chief_is_applied_and_counted_once() -> Non
             return meta, arrays
         return call
 
-    chief = _client_with(sync, {"Push": seen, "PushPull": seen})
+    chief = _client(sync, {"Push": seen, "PushPull": seen})
     other = ParameterClient(chief.cluster, list(chief.layout.values()), client_name="/job:worker/task:1",
                             channels=chief.channels, sync=sync)
     other.register(OptimizerSpec("sgd", {"learning_rate": 0.1}))
