@@ -28,8 +28,10 @@ CKPT = "gs://bucket/ckpt"
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
+        self.read: dict[int | None, float] = {}  # thread id -> the time it last read
 
     def __call__(self) -> float:
+        self.read[threading.get_ident()] = self.now
         return self.now
 
 
@@ -68,6 +70,39 @@ def _pushing(push: Callable[[], Any], *, resent: bool = True) -> tuple[threading
     return thread, out
 
 
+def _until_answered(thread: threading.Thread, clock: Clock, lock: threading.Condition, notice: Callable[[], object],
+                    *, limit: float = 100.0) -> None:
+    """Moves ``clock`` 2 s at a time, calling ``notice`` (which wakes the waiting push) after each, until ``thread``'s
+    push is answered or the clock reaches ``limit``; then waits for the thread. Each move is made under ``lock`` (the
+    coordinator's) and waits for the push to read the clock at it: the push sees every time, the one it is answered
+    at included, and its error names that time, however late the machine runs the thread."""
+    while thread.is_alive() and clock.now < limit:
+        with lock:
+            clock.now += 2.0
+            notice()
+        for _ in range(1000):  # (a generous bound: 10 s)
+            if not thread.is_alive() or clock.read.get(thread.ident) == clock.now:
+                break
+            thread.join(0.01)
+    thread.join(10)
+
+
+def _saving_40_s(thread: threading.Thread, out: dict[str, Any], clock: Clock, notice: Callable[[], object]) -> None:
+    """The chief's save renewed (``notice``) every 4 s for 40 s: after each, ``thread``'s push still waits, only
+    ever answered held (and sent again)."""
+    for _ in range(10):
+        clock.now += 4.0
+        notice()
+        thread.join(0.02)
+        assert thread.is_alive() and set(out) == {"held"}, out
+
+
+def _ssp(clock: Clock, *, staleness: int) -> StalenessClock:
+    """The ssp clock of two workers on the test's ``clock``, a 10 s timeout that fails the push."""
+    return StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=staleness, timeout=10.0,
+                                     on_timeout="fail"), task_name="/job:ps/task:0", clock=clock)
+
+
 def _waiting(agg: SyncAggregator, part: PartitionState, tag: int = 0, *,
              resent: bool = True) -> tuple[threading.Thread, dict[str, Any]]:
     """The other worker's push of step ``tag`` (:func:`_pushing`)."""
@@ -83,11 +118,7 @@ def test_a_step_waits_for_a_saving_chief_past_its_timeout_then_applies_with_its_
     agg, part, step = _setup(clock)
     thread, out = _waiting(agg, part)
     assert agg.save_notice(CHIEF, CKPT, 1, True) == 2.5  # renew within a quarter of the timeout
-    for _ in range(10):
-        clock.now += 4.0
-        agg.save_notice(CHIEF, CKPT, 1, True)
-        thread.join(0.02)
-        assert thread.is_alive() and set(out) == {"held"}, out
+    _saving_40_s(thread, out, clock, lambda: agg.save_notice(CHIEF, CKPT, 1, True))
     clock.now += 1.0
     agg.save_notice(CHIEF, CKPT, 1, False)  # the save is over at 41 s
     clock.now += 9.0  # 9 s later: within the step's timeout again
@@ -171,11 +202,7 @@ def test_a_save_past_its_save_timeout_holds_the_step_no_longer_and_the_error_nam
     agg, part, step = _setup(clock)
     thread, out = _waiting(agg, part)
     agg.save_notice(CHIEF, CKPT, 130, True, bound=30.0)
-    while thread.is_alive() and clock.now < 200.0:
-        clock.now += 2.0
-        agg.save_notice(CHIEF, CKPT, 130, True, bound=30.0)
-        thread.join(0.02)
-    thread.join(10)
+    _until_answered(thread, clock, agg._cond, lambda: agg.save_notice(CHIEF, CKPT, 130, True, bound=30.0), limit=200.0)
     assert clock.now <= 42.0, clock.now  # 30 s of the save, then the step's 10 s
     message = str(out["error"])
     assert "sync step 0 timed out" in message, message
@@ -190,11 +217,7 @@ def test_a_timed_out_steps_refusal_names_the_ps_task_once() -> None:
     clock = Clock()
     agg, part, _ = _setup(clock)
     thread, out = _waiting(agg, part)
-    while thread.is_alive() and clock.now < 100.0:
-        clock.now += 2.0
-        agg.save_notice("/job:worker/task:7", CKPT, None, False)  # (only wakes the waiting push)
-        thread.join(0.02)
-    thread.join(10)
+    _until_answered(thread, clock, agg._cond, lambda: agg.save_notice("/job:worker/task:7", CKPT, None, False))  # (wakes it)
     text = refusal("/job:ps/task:0", "PushPull", out["error"]).text
     assert text.startswith("/job:ps/task:0: PushPull: sync step 0 timed out after 10.0 s"), text
     assert text.count("/job:ps/task:0") == 1, text
@@ -256,15 +279,10 @@ def test_an_ssp_worker_waits_for_a_saving_chief_answered_held_and_never_declares
     the run failed with 'made no progress', naming nothing of the save). Now the wait is answered held every 10 s
     (before its caller's deadline), and the resend only waits; the chief's next clock lets it go."""
     clock = Clock()
-    ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=10.0, on_timeout="fail"),
-                         task_name="/job:ps/task:0", clock=clock)
+    ssp = _ssp(clock, staleness=0)
     thread, out = _pushing(lambda: ssp.advance(OTHER, 1))
     assert ssp.save_notice(CHIEF, CKPT, 1, True) == 2.5
-    for _ in range(10):
-        clock.now += 4.0
-        ssp.save_notice(CHIEF, CKPT, 1, True)
-        thread.join(0.02)
-        assert thread.is_alive() and set(out) == {"held"}, out
+    _saving_40_s(thread, out, clock, lambda: ssp.save_notice(CHIEF, CKPT, 1, True))
     ssp.save_notice(CHIEF, CKPT, 1, False)
     assert ssp.advance(CHIEF, 1).min_clock == 1
     thread.join(10)
@@ -278,15 +296,10 @@ def test_an_ssp_worker_waits_for_a_saving_chief_answered_held_and_never_declares
 
 def test_an_ssp_chief_past_its_save_timeout_is_declared_lost_naming_the_save() -> None:
     clock = Clock()
-    ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=10.0, on_timeout="fail"),
-                         task_name="/job:ps/task:0", clock=clock)
+    ssp = _ssp(clock, staleness=0)
     thread, out = _pushing(lambda: ssp.advance(OTHER, 1))
     ssp.save_notice(CHIEF, CKPT, 1, True, bound=20.0)
-    while thread.is_alive() and clock.now < 100.0:
-        clock.now += 2.0
-        ssp.save_notice(CHIEF, CKPT, 1, True, bound=20.0)
-        thread.join(0.02)
-    thread.join(10)
+    _until_answered(thread, clock, ssp._cond, lambda: ssp.save_notice(CHIEF, CKPT, 1, True, bound=20.0))
     message = str(out["error"])
     assert clock.now <= 32.0 and "/job:worker/task:0 made no progress for 10.0 s" in message, (clock.now, message)
     assert "was saving a checkpoint into gs://bucket/ckpt at global_step 1 for 30.0 s, longer than its " \
@@ -299,8 +312,7 @@ def test_an_ssp_worker_waiting_for_the_chiefs_initial_checkpoint_is_not_lost_at_
     declared lost at once (a real ssp run failed so, 'task:1 made no progress for 2.0 s (clock 0)', its initial
     save slowed by the object store); now it gets the timeout from the start of the chief's wait."""
     clock = Clock()
-    ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=2, timeout=10.0, on_timeout="fail"),
-                         task_name="/job:ps/task:0", clock=clock)
+    ssp = _ssp(clock, staleness=2)
     clock.now = 30.0
     assert ssp.advance(CHIEF, 1).min_clock == 0 and ssp.advance(CHIEF, 2).min_clock == 0
     thread, out = _pushing(lambda: ssp.advance(CHIEF, 3), resent=False)
