@@ -286,7 +286,7 @@ def _flag_params(args: argparse.Namespace, model_param: object) -> dict[str, Any
     if args.embedding_table == "static" and base is not None:
         raise ConfigError(f"--embedding-table static and --model-param {DYNAMIC_TABLE_PARAM} (which makes the tables "
                           "dynamic): give one")
-    if args.embedding_table == "dynamic" or (base is not None and dynamic):
+    if args.embedding_table == "dynamic" or base is not None:  # checked here, without flags too (psflow k8s render)
         for key in dynamic.keys() & (base or {}).keys():
             raise ConfigError(f"{DYNAMIC_TABLE_FLAGS[key]} {dynamic[key]} and --model-param {DYNAMIC_TABLE_PARAM}'s "
                               f"{key} {(base or {})[key]}: give it once")

@@ -77,3 +77,11 @@ def test_a_static_table_typed_with_dynamic_options_is_refused() -> None:
     assert str(e.value) == ("--embedding-table static and --model-param dynamic_table (which makes the tables "
                             "dynamic): give one")
     assert _options("--embedding-table", "static") is None
+
+
+def test_the_model_param_options_alone_are_checked_as_with_a_flag() -> None:
+    """--model-param dynamic_table={"capacity_rows": 0} alone was not checked by train_config (so psflow k8s render
+    wrote manifests whose every pod then failed), while with any dynamic table flag beside it it was refused."""
+    with pytest.raises(ConfigError) as e:
+        _options("--model-param", 'dynamic_table={"capacity_rows": 0}')
+    assert str(e.value) == "--model-param dynamic_table: capacity_rows must be an int >= 1, got 0"
