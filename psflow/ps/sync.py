@@ -223,7 +223,8 @@ class SyncAggregator(SaveNotices):
         # Workers already at the next step, not waited for in the current one (see contribute).
         self._absent: set[str] = set()
         # worker -> when it last contributed (start: when this aggregator was made)
-        self._last_seen: dict[str, float] = {f"/job:worker/task:{i}": clock() for i in range(config.total_num_replicas)}
+        self._workers = tuple(f"/job:worker/task:{i}" for i in range(config.total_num_replicas))
+        self._last_seen: dict[str, float] = {w: clock() for w in self._workers}
         self._failure: str | None = None
         self._hold = SaveHold(clock)  # the saves the workers told of (psflow.ps.save_hold)
         self._held: dict[str, int] = {}  # worker -> the step its push was answered held at: its next is the same
@@ -395,8 +396,10 @@ class SyncAggregator(SaveNotices):
         return SyncResult(self._current(), accepted=True, completed=False)
 
     def _missing(self) -> list[str]:
-        expected = [f"/job:worker/task:{i}" for i in range(self.config.total_num_replicas)]
-        return [w for w in expected if w not in self._contributors and w not in self._left and w not in self._absent]
+        """The live workers the step waits for, in task order. Read by every waiting push each time it wakes (a save
+        under way or not): one pass over the workers, sets only (a contributor list's ``in`` made it quadratic)."""
+        contributed = set(self._contributors)
+        return [w for w in self._workers if w not in contributed and w not in self._left and w not in self._absent]
 
     def _on_timeout(self, step: int) -> None:
         self.timeouts += 1
