@@ -97,9 +97,11 @@ class UpdateMode:
                                         bound=notice.bound, incarnation=notice.incarnation)
         where = f"a checkpoint into {notice.directory}" + (f" at global_step {notice.step}" if notice.step is not None
                                                            else "")  # (a first notice may not know it)
-        if renew is None:  # (answered "send no more": its sender stops)
-            log.info("%s: %s's notice of %s ignored: it is of an earlier process of that worker than one heard "
-                     "of since", self.task_name, notice.writer, where)
+        if renew is None:  # (answered "send no more": its sender stops; one line per process and task)
+            log.warning("%s: %s's notice of %s ignored: it is of process %s, earlier than one of that worker heard "
+                        "of since (a killed process's late notice; or, if that process is the live one, its clock "
+                        "is behind the other's: its saves hold no sync step)", self.task_name, notice.writer, where,
+                        notice.incarnation)
         elif notice.active and notice.writer not in self._saving:
             self._saving.add(notice.writer)
             log.info("%s: %s is saving %s; a sync step waits for it without timing out", self.task_name,

@@ -2,7 +2,8 @@
 position, and whether it finished its data.
 
 Incarnations: each worker process picks one (``time.time_ns()`` at start, so a
-restarted worker's is higher) and sends it with every push and with its
+restarted worker's is higher, unless its host's clock is behind the replaced
+process's: it is then refused as the earlier one, the line saying so) and sends it with every push and with its
 ``ReaderPositions`` request. A push carrying a lower incarnation than the
 highest seen for that worker is refused (FAILED_PRECONDITION, before anything
 is applied); a ``ReaderPositions`` request with an incarnation records it and
@@ -30,6 +31,10 @@ from psflow.rpc.api import InvalidRequest, PreconditionFailed
 __all__ = ["WorkerLedger"]
 
 log = logging.getLogger("psflow.ps.service")
+# An incarnation is its process's start time on its own host's clock: a live process whose clock is behind the
+# one it replaced is taken for the earlier one (its every call refused), which the line says.
+_EARLIER = ("push from an earlier process of {worker} (incarnation {incarnation} < {highest}) refused: the worker "
+            "was restarted (if this is its live process, its host's clock is behind the replaced one's)")
 
 
 class WorkerLedger:
@@ -86,10 +91,9 @@ class WorkerLedger:
             raise InvalidRequest(f"'incarnation' must be sent with 'worker', got {incarnation!r:.40}")
         highest = self._incarnations.get(worker, 0)
         if incarnation < highest:
-            log.warning("%s: push from an earlier process of %s (incarnation %d < %d) refused: the worker "
-                        "was restarted", self.task_name, worker, incarnation, highest)
-            raise PreconditionFailed(f"{self.task_name}: push from an earlier process of {worker} (incarnation "
-                                     f"{incarnation} < {highest}) refused: the worker was restarted")
+            why = _EARLIER.format(worker=worker, incarnation=incarnation, highest=highest)
+            log.warning("%s: %s", self.task_name, why)
+            raise PreconditionFailed(f"{self.task_name}: {why}")
         self._incarnations[worker] = incarnation
 
     # ---- processes --------------------------------------------------------------------------------

@@ -6,12 +6,15 @@ service's, on in-process ps tasks and the real client."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
 from psflow.cluster import ClusterSpec
+from psflow.errors import PsflowError
 from psflow.gradients import DenseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
@@ -136,3 +139,25 @@ def test_an_older_processs_notice_is_answered_send_no_more() -> None:
     assert reply.renew_every is None
     own = SaveNoticeRequest(CHIEF, CKPT, 0, True, 600.0, chief.incarnation)
     assert SaveNoticeReply.from_frame(chief.channels[0].call(own.METHOD, own.to_frame().meta)).renew_every == 0.25
+
+
+def test_a_notice_ignored_as_an_earlier_processs_is_a_warning_naming_the_worker_and_the_process(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A process's identity is its start time (ns): a restarted chief on a host whose clock is behind its killed
+    process's (a clock stepped back, another host) is taken for the earlier one, and its save holds no step. The
+    ps task's line saying so was INFO, which nobody reads by default; it is a WARNING naming the worker, the
+    process and what may be wrong."""
+    chief, _ = _cluster(save_timeout=600.0)
+    behind = chief.incarnation - 5_000_000_000  # started 5 s "before" the registered process, by its clock
+    stale = SaveNoticeRequest(CHIEF, CKPT, 0, True, 600.0, behind)
+    with caplog.at_level(logging.WARNING, logger="psflow"):
+        chief.channels[0].call(stale.METHOD, stale.to_frame().meta)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(lines) == 1, lines
+    assert CHIEF in lines[0] and f"process {behind}" in lines[0] and "clock" in lines[0], lines[0]
+    chief.reader_positions()  # the registered process claims its reader position: the latest process
+    restarted = ParameterClient(chief.cluster, list(chief.layout.values()), client_name=CHIEF, channels=chief.channels,
+                                sync=chief.sync)
+    restarted.incarnation = behind
+    with pytest.raises(PsflowError, match=f"earlier process of {CHIEF}.*its host's clock is behind"):
+        restarted.reader_positions()  # its first call refused, saying why it may be wrong
