@@ -337,3 +337,19 @@ def test_a_newer_process_ends_an_earlier_ones_save_but_not_its_own() -> None:
     dead = SaveHold(lambda: 0.0)
     dead.notice(CHIEF, CKPT, 10, True, bound=600.0, incarnation=1)
     assert dead.registered(CHIEF, 2) and "its process ended" in dead.describe([CHIEF])
+
+
+def test_an_ssp_chiefs_new_process_ends_its_save_and_the_wait_names_it_ended() -> None:
+    """The ssp side of SaveNotices.registered (the sync side: the restarted-chief test above): the chief dies while
+    saving and its new process registers at 9 s; its save holds the other worker's wait no more, and the chief,
+    its clock unmoved, is declared lost 10 s later, the error naming the save as ended with its process."""
+    clock = Clock()
+    ssp = _ssp(clock, staleness=0)
+    thread, out = _pushing(lambda: ssp.advance(OTHER, 1))
+    ssp.save_notice(CHIEF, CKPT, 1, True, incarnation=1)
+    clock.now = 9.0
+    ssp.registered(CHIEF, 2)
+    _until_answered(thread, clock, ssp._cond, lambda: ssp.save_notice("/job:worker/task:7", CKPT, None, False))
+    message = str(out["error"])
+    assert clock.now == 19.0 and "/job:worker/task:0 made no progress for 10.0 s" in message, (clock.now, message)
+    assert "its process ended (a new one registered)" in message and "was saving" not in message, message
