@@ -27,6 +27,13 @@ taken for gone: a finished worker wrote a checkpoint marked final in the middle 
    checkpoint is written at this global_step and the final model evaluated once
    (:class:`~psflow.train.final_eval.FinalEvalOnce`), and the worker sends ``Done`` and exits 0.
 
+Once every worker finished, one that handed the duties on does not leave at once: the last to finish holds them
+and writes the final checkpoint after its ``Leave``, and killed in that save it left nobody to write it (the newest
+checkpoint was the last periodic one). :meth:`TakeOver.await_holder` waits for the holder's end (its ``Done``
+reached ps task 0, or the final checkpoint at the last step is there) and, if nobody holds the lease for
+``lease_ttl`` before, takes the duties over by steps 1-4 (WARNING ``... took the chief duties over from the last
+to finish (...), whose session never ended``). This worker's ``Done`` then comes after the holder's (a poll, 0.2 s).
+
 Guarantees: a worker that pushes or holds the lease keeps the duties (steps 1 and 4); the final checkpoint and
 evaluation are of the last pushed step; no extra work per push (only the lingering worker's polls ask the
 coordination backend, and only once global_step stood still for a lease ttl).
@@ -44,6 +51,7 @@ step and at the end).
 from __future__ import annotations
 
 import logging
+import time
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
@@ -81,6 +89,35 @@ class TakeOver:
 
         Blocks for a few RPCs at most (one campaign: at most 1 s with a backend the service wakes).
         """
+        gone = [f"/job:worker/task:{i}" for i in range(num_workers) if f"/job:worker/task:{i}" not in finished]
+        return self._take(quiet, step, f"the workers still training ({', '.join(gone)})")
+
+    def await_holder(self, num_workers: int, *, poll: float = 0.2) -> None:
+        """(Every worker finished; this one had handed the duties on) waits until the worker that holds them at the
+        end has ended its session (its ``Done`` reached ps task 0, or the final checkpoint at the last step is
+        written). If nobody holds the lease for ``lease_ttl`` before that (the last to finish killed after its
+        ``Leave``, in its final save), it takes the duties over as :meth:`__call__` does and returns holding the
+        lease, so its own session's end writes the final checkpoint and evaluates. Returns at once when not every
+        worker finished (the lingering left on its timeout), and when ps task 0 cannot be asked (logged)."""
+        started = time.monotonic()
+        while self.leadership.lease() is None:
+            try:
+                stats = self.client.ps_stats()
+            except RpcError as e:
+                log.info("worker %d: asking ps task 0 whether the chief duties' holder ended: %s", self.task_index, e)
+                return
+            finished = set(stats.finished or ())
+            run_end = stats.counters.get("run_end")
+            done = set(run_end.get("workers_done") or ()) if isinstance(run_end, dict) else set()
+            if len(finished) < num_workers or finished - {self.client.client_name} <= done:
+                return
+            whom = f"the last to finish ({', '.join(sorted(finished - done - {self.client.client_name}))})"
+            if self._take(time.monotonic() - started, stats.global_step, f"{whom}, whose session never ended"):
+                return
+            time.sleep(poll)
+
+    def _take(self, quiet: float, step: int | None, whom: str) -> bool:
+        """The take-over's steps 1-4 (module docstring); ``whom``: who had the duties, for the WARNING."""
         if quiet < self.lease_ttl or not self._lease_free():
             return False
         if self._final_at(step):
@@ -99,10 +136,8 @@ class TakeOver:
                      "chief duties on", self.task_index, step, now)
             self.leadership.resign()
             return False
-        gone = [f"/job:worker/task:{i}" for i in range(num_workers) if f"/job:worker/task:{i}" not in finished]
-        log.warning("worker %d: took the chief duties over from the workers still training (%s): nobody pushed or "
-                    "held the chief lease for %.0f s (--lease-ttl); writing the final checkpoint at global_step %s",
-                    self.task_index, ", ".join(gone), quiet, step)
+        log.warning("worker %d: took the chief duties over from %s: nobody pushed or held the chief lease for %.0f s "
+                    "(--lease-ttl); writing the final checkpoint at global_step %s", self.task_index, whom, quiet, step)
         return True
 
     def _lease_free(self) -> bool:

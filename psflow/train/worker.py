@@ -231,6 +231,8 @@ def run_worker(
             # Runs that can be restored keep a finished worker until every worker finished, so a
             # restore after a later ps death rewinds its records too (ClusterRecovery.linger).
             linger = leadership is not None and cluster.num_tasks("worker") > 1
+            holder = TakeOver(leadership, client, task_index, lease_ttl=config.chief.lease_ttl,
+                              checkpoint_dir=config.checkpoint.dir) if take_over and leadership is not None else None
             while True:
                 try:
                     reason = _train(session, model, data, resume, task_index, progress, stop,
@@ -244,9 +246,7 @@ def run_worker(
                     # The chief duties go to a worker that still trains, if any; back to this one if none is left
                     # (take_over: where no supervisor restarts a dead chief).
                     restored, text = recovery.linger(cluster.num_tasks("worker"), before_waiting=functools.partial(
-                        resign, leadership, task_index, reason), take_over=TakeOver(
-                        leadership, client, task_index, lease_ttl=config.chief.lease_ttl,
-                        checkpoint_dir=config.checkpoint.dir) if take_over else None)
+                        resign, leadership, task_index, reason), take_over=holder)
                 except RpcError as e:
                     if stop is not None and stop.requested() is not None:  # the stop closed the channels
                         raise WorkerStopped(f"{task}: stopped ({stop.requested()}): {e}") from e
@@ -263,6 +263,8 @@ def run_worker(
                 # Rewound (it campaigns again from its next step); the checkpoint may hold another sharding's positions.
                 resume = resume_from_positions(text, client.reader_positions(), data_config, task)
             if leadership is not None:  # the last to finish writes the final checkpoint
+                if holder is not None and leadership.resigned:  # handed on: the holder's end, or its duties taken
+                    holder.await_holder(cluster.num_tasks("worker"))
                 end_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout, config.checkpoint.dir)
         if own_client:  # the session ended normally: its final checkpoint is written
             if leadership is not None:  # resign first: the lease lives on ps task 0, which may now exit

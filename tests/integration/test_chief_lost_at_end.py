@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,14 +58,15 @@ def _start(cluster: _Tasks, tmp_path: Path, worker_lines: list[int | None]) -> P
     return ckpt
 
 
-def _check_end(cluster: _Tasks, ckpt: Path) -> None:
-    """Worker 1 exited 0 after it took the duties over, with a final checkpoint at the last step and one final
-    evaluation of it; it never waited the linger timeout out."""
+def _check_end(cluster: _Tasks, ckpt: Path, *, took_over: bool = True) -> None:
+    """Worker 1 exited 0 (after it took the duties over from the workers still training, where ``took_over``),
+    with a final checkpoint at the last step and one final evaluation of it; it never waited the linger timeout
+    out."""
     assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
     log = cluster.log("worker-1")
     assert "global_step stayed at" not in log, log[-3000:]
-    assert re.search(r"worker 1: took the chief duties over from the workers still training \(/job:worker/task:0\)",
-                     log), log[-3000:]
+    assert not took_over or re.search(
+        r"worker 1: took the chief duties over from the workers still training \(/job:worker/task:0\)", log), log[-3000:]
     ps0 = TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0), PARAMETER_SERVICE,
                       ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30))
     try:
@@ -116,3 +118,36 @@ def test_a_worker_that_took_the_duties_while_training_takes_them_back_at_its_end
              if re.search(r"elected chief|finished its data|resigned as chief|took the chief duties over", line)]
     assert [re.sub(r".*(elected|finished|resigned|took).*", r"\1", line) for line in lines] == [
         "elected", "finished", "resigned", "elected", "took"], lines
+
+
+def test_a_finished_worker_takes_the_duties_of_the_last_to_finish_killed_before_its_final_save(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
+    """Worker 0, the chief, is the last to finish: it sends ``Leave`` and then writes the final checkpoint. Killed
+    as its ``Leave`` shows on ps task 0 (stopped there at once, then killed), before its final save ends: worker 1,
+    which had handed the duties on, saw every worker finished and left at once, with the newest checkpoint the
+    last periodic one (in the reproduction ckpt-000000300 at global_step 312) and no final evaluation. Now it waits
+    for the holder's end (its ``Done``, or the final checkpoint) and, nobody holding the lease for the lease's ttl,
+    takes the duties over."""
+    cluster = tasks(_cluster(1, 2))
+    ckpt = _start(cluster, tmp_path, [3000, 300])
+    ps0 = TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0), PARAMETER_SERVICE,
+                      ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30))
+    try:
+        wait_until(lambda: "finished its data" in cluster.log("worker-1"), "worker 1 finished its data",
+                   limit=_SAFETY)
+        deadline = time.monotonic() + _SAFETY
+        while "/job:worker/task:0" not in (ps0.call("Stats").meta.get("finished") or ()):  # no pause: its final
+            assert time.monotonic() < deadline, cluster.log("worker-0")[-3000:]  # save takes milliseconds
+        os.kill(cluster.procs["worker-0"].pid, signal.SIGSTOP)
+    finally:
+        ps0.close()
+    newest = latest_checkpoint(str(ckpt))
+    if newest is not None and read_manifest(newest).final:
+        _kill_chief(cluster)
+        pytest.skip("worker 0's final save ended before it was stopped (this test's poll lost the race)")
+    _kill_chief(cluster)
+    assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
+    log = cluster.log("worker-1")
+    assert "worker 1: took the chief duties over from the last to finish (/job:worker/task:0), whose session " \
+           "never ended" in log, log[-3000:]
+    _check_end(cluster, ckpt, took_over=False)  # its own line, asserted above

@@ -110,3 +110,50 @@ def test_a_final_checkpoint_at_this_step_already_written_is_left_as_it_is(tmp_pa
     assert take_over(TTL, step, ("/job:worker/task:1", "/job:worker/task:2"), 3) is True and backend.campaigns == 0
     later = service.global_step.increment()  # a step past the final checkpoint: the duties are taken over
     assert take_over(TTL, later, ("/job:worker/task:1", "/job:worker/task:2"), 3) is True and backend.campaigns == 1
+
+
+class _End(_Steps):
+    """ps task 0 once every worker finished: each ``Stats`` takes the next of ``done`` (the workers whose ``Done``
+    it received); asked again after the last, it fails the test (the waiting worker did not see the last)."""
+
+    def __init__(self, step: int, done: list[list[str]]) -> None:
+        super().__init__(step)
+        self.client_name = "/job:worker/task:1"
+        self.done = done
+
+    def ps_stats(self) -> StatsReply:
+        assert self.done, "asked ps task 0 again after the holder's Done"
+        return StatsReply("/job:ps/task:0", global_step=self.step, ready=True,
+                          finished=("/job:worker/task:0", "/job:worker/task:1"),
+                          counters={"run_end": {"workers_done": self.done.pop(0), "workers_expected": 2,
+                                                "run_over": False}})
+
+
+def _await(backend: _Leases, done: list[list[str]], ttl: float) -> Leadership:
+    leadership = Leadership(backend, "/job:worker/task:1")
+    take_over = TakeOver(leadership, _End(70, done), 1, lease_ttl=ttl, checkpoint_dir=None)  # type: ignore[arg-type]
+    take_over.await_holder(2, poll=0.0)
+    return leadership
+
+
+def test_a_worker_that_handed_the_duties_on_waits_for_the_holders_done_and_takes_nothing() -> None:
+    """Every worker finished; worker 0, the holder, writes the final checkpoint and sends Done: worker 1 ends its
+    wait on that Done, without a campaign (the lease is free, its ttl not passed)."""
+    backend = _Leases()
+    leadership = _await(backend, [[], [], ["/job:worker/task:0"]], ttl=3600.0)
+    assert backend.campaigns == 0 and leadership.lease() is None
+
+
+def test_a_live_holder_at_the_end_is_waited_for_and_never_displaced() -> None:
+    backend = _Leases(holder="/job:worker/task:0")
+    leadership = _await(backend, [[], [], [], ["/job:worker/task:0"]], ttl=0.0)
+    assert backend.campaigns == 0 and leadership.lease() is None
+
+
+def test_a_worker_that_handed_the_duties_on_takes_them_when_the_holder_never_ends() -> None:
+    """Every worker finished and the holder neither sends Done (killed in its final save) nor holds the lease:
+    worker 1 takes the duties over and returns holding the lease (its session's end writes the final checkpoint)."""
+    backend = _Leases()
+    leadership = _await(backend, [[], []], ttl=0.0)  # the second: global_step read again once elected
+    lease = leadership.lease()
+    assert backend.campaigns == 1 and lease is not None and lease.epoch == 9
