@@ -25,6 +25,7 @@ from psflow.ps.protocol import (
     WorkerTag,
 )
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -135,3 +136,73 @@ def test_an_ssp_push_pull_reads_only_after_the_ack(make_shard: Callable[..., InP
     gate.release.set()
     thread.join(_WAIT)
     assert replies and read.is_set()
+
+
+def test_an_async_push_pulls_read_error_comes_after_the_ack_with_the_push_applied_once(
+        make_shard: Callable[..., InProcessShard], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read run while the entry is out fails: the error is the call's reply, but only once the backup
+    acknowledged the push's entry (the push is applied and replicated, as before the overlap: a resend is
+    answered from its dedup record, not applied again), and primary and backup hold the same state."""
+    gate = _Gate()
+    shard = _shard(make_shard, monkeypatch, gate, SyncConfig())
+    service, read = shard.services[PRIMARY], threading.Event()
+    real = service._read
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if not read.is_set():
+            read.set()
+            raise InvalidRequest("the read failed (test)")
+        return real(*args, **kwargs)
+    service._read = failing  # type: ignore[method-assign]
+    gate.armed = True
+    request = _push_pull(1)
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            shard.call(PRIMARY, PushPullRequest.METHOD, request.to_frame())
+        except Exception as e:  # the call's error, as a client gets it
+            errors.append(e)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert gate.sent.wait(_WAIT), "the push's entry was never sent to the backup"
+    assert read.wait(_WAIT), "the rows were not read while the backup's acknowledgement was out"
+    thread.join(0.5)
+    assert thread.is_alive() and not errors  # the read's error waits for the acknowledgement
+    gate.release.set()
+    thread.join(_WAIT)
+    assert not thread.is_alive() and len(errors) == 1, errors
+    assert "the read failed (test)" in str(errors[0]), errors[0]
+    assert shard.replicas[BACKUP].applier.settle(_WAIT)
+    replica_shard.assert_same_state(shard.services[PRIMARY], shard.services[BACKUP])
+    applied = shard.services[PRIMARY].store.get("w/part_0").value.copy()
+    gate.armed = False
+    thread, replies = _call(shard, request)  # the same push again (its id): answered, not applied twice
+    thread.join(_WAIT)
+    assert replies and replies[0].push.step == 1, replies
+    np.testing.assert_array_equal(shard.services[PRIMARY].store.get("w/part_0").value, applied)
+
+
+def test_a_failed_replicate_call_during_the_read_leaves_one_read_and_the_reply_after_the_ack(
+        make_shard: Callable[..., InProcessShard], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Replicate call out during the read fails (the backup served it, its reply lost: a deadline): the
+    read is not done again, the entry is sent again and acknowledged, and the reply returns the rows as of the
+    push, the push applied once on either member."""
+    shard = _shard(make_shard, monkeypatch, _Gate(), SyncConfig())
+    service, reads = shard.services[PRIMARY], [0]
+    real = service._read
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        reads[0] += 1
+        return real(*args, **kwargs)
+    service._read = counted  # type: ignore[method-assign]
+    shard.lost_replies[(BACKUP, ReplicateRequest.METHOD)] = 1
+    thread, replies = _call(shard, _push_pull(1))
+    thread.join(_WAIT)
+    assert replies, "no reply after the backup's lost reply"
+    assert reads == [1], reads
+    assert shard.lost_replies[(BACKUP, ReplicateRequest.METHOD)] == 0  # the lost reply was this push's entry's
+    np.testing.assert_array_equal(replies[0].pull.values["w/part_0"],
+                                  shard.services[PRIMARY].store.get("w/part_0").value[[1, 3]])
+    assert shard.replicas[BACKUP].applier.settle(_WAIT)
+    replica_shard.assert_same_state(shard.services[PRIMARY], shard.services[BACKUP])
