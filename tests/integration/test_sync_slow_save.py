@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from object_store_servers import StoreServer
@@ -63,14 +64,39 @@ def _log(out: Path, name: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _train(ckpt: str, out: Path, *flags: str) -> subprocess.Popen[str]:
+# ``psflow train`` with its lock release bounded at RELEASE_BOUND s instead of
+# psflow.checkpoint.lock_release.RELEASE_TIMEOUT (60 s, all of it waited on a stopped store: 60 of a case's ~77 s).
+# Only the bound's length changes: the same release, on the same stopped store, given up the same way.
+RELEASE_BOUND = 10.0
+_RELEASE_BOUNDED = ("import sys; import psflow.checkpoint.lock_release as r; from psflow.cli.main import main; "
+                    f"r.BoundedRelease.__init__.__kwdefaults__['timeout'] = {RELEASE_BOUND}; sys.exit(main())")
+
+
+def _train(ckpt: str, out: Path, *flags: str, release_bounded: bool = False) -> subprocess.Popen[str]:
     """``psflow train`` on a9a, 2 workers of batch 32, MAX_STEPS steps, a save into ``ckpt`` every 10 steps, a log
-    line every step, and ``flags`` (the mode, the ps tasks, the timeouts)."""
+    line every step, and ``flags`` (the mode, the ps tasks, the timeouts); ``release_bounded``: its lock's release
+    given up after RELEASE_BOUND s."""
     return subprocess.Popen(
-        [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124", *flags,
+        [sys.executable, *(["-c", _RELEASE_BOUNDED] if release_bounded else ["-m", "psflow"]),
+         "train", "--train", str(A9A), "--num-features", "124", *flags,
          "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--checkpoint-dir", ckpt,
          "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finished(run: subprocess.Popen[str], out: Path) -> dict[str, Any]:
+    """Waits for ``run`` (the store answering again) and checks it succeeded; returns its metrics.json."""
+    _, stderr = run.communicate(timeout=240)
+    assert run.returncode == 0, stderr[-3000:]
+    metrics: dict[str, Any] = json.loads((out / "metrics.json").read_text())
+    return metrics
+
+
+def _newest_is_final(ckpt: str, metrics: dict[str, Any]) -> str:
+    """Checks that the newest checkpoint in ``ckpt`` is the run's final one (of its last global_step); returns it."""
+    latest = latest_checkpoint(ckpt)
+    assert latest is not None and latest.endswith(str(metrics["global_step"])), (latest, metrics)
+    return latest
 
 
 @contextlib.contextmanager
@@ -118,9 +144,7 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
         # The fault's length: the save cannot end before the store answers again.
         time.sleep(2 * (RPC_TIMEOUT + SYNC_TIMEOUT))
         resume()
-        stdout, stderr = run.communicate(timeout=240)
-    assert run.returncode == 0, stderr[-3000:]
-    metrics = json.loads((out / "metrics.json").read_text())
+        metrics = _finished(run, out)
     # (ssp: each push is a step; the two workers may both take a step at the end: one more)
     steps = metrics["global_step"]
     assert (steps == MAX_STEPS or mode == "ssp" and steps == MAX_STEPS + 1) and metrics["phase"] == "finished", metrics
@@ -129,8 +153,7 @@ def test_a_sync_run_outlives_a_chief_save_longer_than_its_sync_timeout(
     ps_logs = _ps_logs(out)
     assert "timed out" not in ps_logs and "made no progress" not in ps_logs
     assert "/job:worker/task:0 saved a checkpoint into gs://" in ps_logs  # the end notice: the timeout runs again
-    latest = latest_checkpoint(ckpt)
-    assert latest is not None and latest.endswith(str(steps)), latest
+    _newest_is_final(ckpt, metrics)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -142,8 +165,9 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
     (not the failed worker's traceback), and one line naming the lock it could not release and the URL."""
     assert isinstance(gcs_server, StoreServer)
     ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
-    run = _train(ckpt, out, "--mode", mode, "--ps", "1", "--sync-timeout", str(SYNC_TIMEOUT),
-                 "--rpc-timeout", str(RPC_TIMEOUT), "--save-timeout", "5")
+    sync = ["--sync-timeout", str(SYNC_TIMEOUT)] if mode == "sync" else []  # (refused with --mode async: d6dfe2f)
+    run = _train(ckpt, out, "--mode", mode, "--ps", "1", *sync, "--rpc-timeout", str(RPC_TIMEOUT),
+                 "--save-timeout", "5", release_bounded=True)
     with _store_stopped(gcs_server, run, out):  # for good: resumed once the run has ended
         try:
             _, stderr = run.communicate(timeout=180)
@@ -157,7 +181,8 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
     error = next(i for i, line in enumerate(lines) if line.startswith("psflow train: error:"))
     assert "root cause" in lines[error] and "--save-timeout (5 s)" in lines[error + 1], stderr[-3000:]
     assert "Traceback" not in stderr and "last lines of its log" not in stderr, stderr[-3000:]
-    assert any(f"could not release the lock {ckpt}/checkpoint.lock" in line for line in lines), stderr[-3000:]
+    assert any(f"could not release the lock {ckpt}/checkpoint.lock" in line
+               and f"no answer within {RELEASE_BOUND:g} s" in line for line in lines), stderr[-3000:]
 
 
 def test_an_async_chief_gives_up_a_save_past_its_save_timeout_and_trains_on(
@@ -176,12 +201,9 @@ def test_an_async_chief_gives_up_a_save_past_its_save_timeout_and_trains_on(
                    "the chief's save given up after --save-timeout, the store still stopped")
         assert "--save-timeout (5 s)" in _log(out, "worker-0"), _log(out, "worker-0")[-3000:]
         resume()
-        stdout, stderr = run.communicate(timeout=240)
-    assert run.returncode == 0, stderr[-3000:]
-    metrics = json.loads((out / "metrics.json").read_text())
+        metrics = _finished(run, out)
     assert metrics["phase"] == "finished" and metrics["checkpoints_failed"] >= 1, metrics
-    latest = latest_checkpoint(ckpt)
-    assert latest is not None and latest.endswith(str(metrics["global_step"])), (latest, metrics)
+    latest = _newest_is_final(ckpt, metrics)
     assert metrics["checkpoints"]["last_saved_path"] == latest, metrics["checkpoints"]  # the last truly written
 
 
