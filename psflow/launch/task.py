@@ -105,7 +105,7 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
 
     ``supervised``: the local launcher watches this task and restarts a dead worker or stops the run
     (:mod:`psflow.launch.supervisor`), so a worker whose data ended never takes the chief duties over from a
-    chief that is only restarting (:mod:`psflow.train.holder` is for a chief that nothing restarts).
+    chief that is only restarting (:mod:`psflow.train.take_over` is for a chief that nothing restarts).
     """
     if stop is None:
         stop = StopRequest(f"/job:{job}/task:{index}")

@@ -1,7 +1,7 @@
 """A worker's chief duties once its data ended: hand them on, or write the run's final checkpoint.
 
 A worker whose data ended while others still train resigns its lease (:func:`resign`), so the chief
-duties go to a worker that still trains (it takes them back once none is left: :mod:`psflow.train.holder`).
+duties go to a worker that still trains (it takes them back once none is left: :mod:`psflow.train.take_over`).
 The last to finish (it did not hand its duties on) makes sure,
 before its session ends, that it holds the lease confirmed by the service (:func:`end_duties`),
 campaigning until elected if not (:func:`take_final_duties`, bounded by the lease's ttl and the connect

@@ -16,7 +16,7 @@ first step on (:class:`~psflow.train.leader_hooks.CampaignWhileTrainingHook`; ag
 rewinds it), stops campaigning the moment its data ends
 (:meth:`Leadership.stop_campaigning`) and hands a lease it holds to a worker
 that still trains (it resigns as soon as it sees one), taking it back only once none is left
-(:mod:`psflow.train.holder`). The last worker to finish keeps the lease, or waits until it can take it
+(:mod:`psflow.train.take_over`). The last worker to finish keeps the lease, or waits until it can take it
 (a dead holder's lease lapses within the lease time), and writes the final checkpoint.
 
 With replicated ps shards (``--ps-replicas``) none of this runs when a shard's
@@ -394,7 +394,7 @@ class ClusterRecovery:
         global_step has not moved for ``timeout`` s with the cluster settled (the others
         are gone; logged), or until a restore happened. ``before_waiting`` runs once,
         when another worker is found still training (e.g. resign the chief lease); ``take_over``
-        (:class:`psflow.train.holder.TakeOver`) at each poll after, with the seconds global_step stood
+        (:class:`psflow.train.take_over.TakeOver`) at each poll after, with the seconds global_step stood
         still, its value, the workers finished and ``num_workers``: True ends the wait (it took the duties).
 
         Asks ``Stats`` every ``first_poll`` s for the first ``first_for`` s, then every ``poll`` s: with

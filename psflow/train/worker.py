@@ -81,12 +81,12 @@ from psflow.train.duties import (
 )
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.final_duties import end_duties, final_checkpoint, resign
-from psflow.train.holder import TakeOver
 from psflow.train.pipeline import PipelinedStep
 from psflow.train.read_ahead import ReadAhead
 from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.step import StepResult, TrainStep
+from psflow.train.take_over import TakeOver
 
 __all__ = ["connect_client", "run_worker", "WorkerResult", "WorkerStopped", "StopSource", "load_eval"]
 
@@ -179,7 +179,7 @@ def run_worker(
     the chief's checkpoint exit.
     ``save_section``: entered around each of its checkpoint saves (``--in-process``: no signal cuts one).
     ``take_over``: once its data ended, it takes the chief duties over when nobody pushed or held the lease for
-    the lease's ttl (:mod:`psflow.train.holder`); False where a supervisor restarts a dead worker (the local launcher).
+    the lease's ttl (:mod:`psflow.train.take_over`); False where a supervisor restarts a dead worker (the local launcher).
     ``tls``: the gRPC client's channels (to the ps tasks, checkpoints included, and to the
     embedded coordination backend) use it; ``None``: plain text.
 
@@ -231,7 +231,7 @@ def run_worker(
             # Runs that can be restored keep a finished worker until every worker finished, so a
             # restore after a later ps death rewinds its records too (ClusterRecovery.linger).
             linger = leadership is not None and cluster.num_tasks("worker") > 1
-            holder = TakeOver(leadership, client, task_index, lease_ttl=config.chief.lease_ttl,
+            duties = TakeOver(leadership, client, task_index, lease_ttl=config.chief.lease_ttl,
                               checkpoint_dir=config.checkpoint.dir) if take_over and leadership is not None else None
             while True:
                 try:
@@ -246,7 +246,7 @@ def run_worker(
                     # The chief duties go to a worker that still trains, if any; back to this one if none is left
                     # (take_over: where no supervisor restarts a dead chief).
                     restored, text = recovery.linger(cluster.num_tasks("worker"), before_waiting=functools.partial(
-                        resign, leadership, task_index, reason), take_over=holder)
+                        resign, leadership, task_index, reason), take_over=duties)
                 except RpcError as e:
                     if stop is not None and stop.requested() is not None:  # the stop closed the channels
                         raise WorkerStopped(f"{task}: stopped ({stop.requested()}): {e}") from e
@@ -263,8 +263,8 @@ def run_worker(
                 # Rewound (it campaigns again from its next step); the checkpoint may hold another sharding's positions.
                 resume = resume_from_positions(text, client.reader_positions(), data_config, task)
             if leadership is not None:  # the last to finish writes the final checkpoint
-                if holder is not None and leadership.resigned:  # handed on: the holder's end, or its duties taken
-                    holder.await_holder(cluster.num_tasks("worker"))
+                if duties is not None and leadership.resigned:  # handed on: the holder's end, or its duties taken
+                    duties.await_holder(cluster.num_tasks("worker"))
                 end_duties(leadership, config.chief.lease_ttl, config.cluster.connect_timeout, config.checkpoint.dir)
         if own_client:  # the session ended normally: its final checkpoint is written
             if leadership is not None:  # resign first: the lease lives on ps task 0, which may now exit

@@ -111,7 +111,7 @@ def check_saves_after(out: Path, fault: dict[str, Any], metrics: dict[str, Any])
 
 def test_a_chief_the_launcher_restarts_keeps_its_duties_however_slow_its_restart(tmp_path: Path) -> None:
     """psflow train restarts a killed chief (--restart-policy on-failure) or stops the run (never): no finished
-    worker takes the duties over meanwhile (psflow.train.holder is for a chief that nothing restarts). With a 2 s
+    worker takes the duties over meanwhile (psflow.train.take_over is for a chief that nothing restarts). With a 2 s
     lease the restarted chief pushes again only after nobody pushed or held the lease for the lease's ttl (its
     restart's 0.5 s pause, then its start-up): before, worker 1 or 2 took the duties over then, wrote a checkpoint
     marked final at step 1,900 and left while worker 0 trained on (~500 steps more)."""

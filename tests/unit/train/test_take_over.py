@@ -1,4 +1,4 @@
-"""TakeOver (psflow.train.holder): a lingering worker takes the chief duties only when nobody pushed or held the
+"""TakeOver (psflow.train.take_over): a lingering worker takes the chief duties only when nobody pushed or held the
 lease for a lease ttl, and hands them straight back when a push came as it was elected.
 
 The real processes (the chief killed for good under ``psflow server``) are tests/integration/test_chief_lost_at_end;
@@ -23,8 +23,8 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import StatsReply
 from psflow.ps.service import ParameterService
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.train.holder import TakeOver
 from psflow.train.recovery import Leadership
+from psflow.train.take_over import TakeOver
 
 pytestmark = pytest.mark.timeout(60)
 
