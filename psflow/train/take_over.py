@@ -33,6 +33,9 @@ checkpoint was the last periodic one). :meth:`TakeOver.await_holder` waits for t
 reached ps task 0, or the final checkpoint at the last step is there) and, if nobody holds the lease for
 ``lease_ttl`` before, takes the duties over by steps 1-4 (WARNING ``... took the chief duties over from the last
 to finish (...), whose session never ended``). This worker's ``Done`` then comes after the holder's (a poll, 0.2 s).
+A holder resigns its lease just before its ``Done``: without a checkpoint directory (``--eval`` only), one whose
+session's end took more than ``lease_ttl`` can be taken over in that moment (the WARNING logged, the final model
+not evaluated again: :class:`~psflow.train.final_eval.FinalEvalOnce`).
 
 Guarantees: a worker that pushes or holds the lease keeps the duties (steps 1 and 4); the final checkpoint and
 evaluation are of the last pushed step; no extra work per push (only the lingering worker's polls ask the
