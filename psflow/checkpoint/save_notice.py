@@ -16,7 +16,8 @@ sends none. :func:`notify_save` wraps a save:
    None (in ssp mode every task but the one holding global_step: nothing to hold) gets no more;
 3. on leaving (the save succeeded or failed), the thread is stopped and every task told gets the end notice;
    if the thread does not stop in time (a call stuck past its deadline, e.g. an in-process task that does not
-   answer), every task gets it all the same, and the thread sends no active notice once the save is over.
+   answer), every task gets it all the same, from a thread of its own whose answers the save's end waits for no
+   longer than for the notice thread, and the notice thread sends no active notice once the save is over.
 
 Never fails the save: a notice that cannot be sent is logged (DEBUG; a dead ps task's save fails on its own)
 and the next one is tried at the next renewal. The notices travel on channels of their own where the client
@@ -102,12 +103,20 @@ class _Notices:
 
     def stop(self) -> None:
         self._stopped.set()
-        self._thread.join(timeout=2 * _CALL_TIMEOUT + 1.0)
-        if self._thread.is_alive():  # (a call stuck past its deadline): it sends no active notice from now on
+        bound = 2 * _CALL_TIMEOUT + 1.0
+        self._thread.join(timeout=bound)
+        if not self._thread.is_alive():
+            self._send(sorted(self._told), active=False)
+        else:  # (a call stuck past its deadline): it sends no active notice from now on
             self._outlived.set()
-        # The end notice even then: without it a told task held its steps for a save that is over (until its
-        # bound). A task whose first answer has not come yet may have taken that notice: told too.
-        self._send(sorted(self._channels if self._outlived.is_set() else self._told), active=False)
+            # The end notice even then: without it a told task held its steps for a save that is over (until its
+            # bound). A task whose first answer has not come yet may have taken that notice: told too. Sent from a
+            # thread of its own, waited for as long as the join: a task that answers nothing (an in-process one's
+            # call runs in the calling thread, its deadline unheeded) would keep the save from ending.
+            ending = threading.Thread(target=self._send, args=(sorted(self._channels),), kwargs={"active": False},
+                                      name="psflow-save-notice-end", daemon=True)
+            ending.start()
+            ending.join(timeout=bound)
         if self._owned:
             for channel in self._channels.values():
                 channel.close()

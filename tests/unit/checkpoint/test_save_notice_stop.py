@@ -71,3 +71,54 @@ def test_a_notice_thread_that_outlives_the_save_still_ends_the_save_on_every_tas
         release.set()
     wait_until(lambda: not thread[0].is_alive(), "the notice thread gone once let go", limit=60)
     assert not notices[-1].active, notices  # nothing active after the end
+
+
+def test_a_task_that_answers_no_notice_at_all_does_not_hold_the_save_past_the_join(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """ps task 1 (in process: its calls run in the caller's thread, their deadline unheeded) answers no notice from
+    its second on, the end notice included, until the test lets it. Before, once the notice thread outlived the
+    save, the end notice was sent to it in the save's own thread and the save's end waited for that answer: the
+    save never ended while the task did not answer. Now the save ends once the join's bound is over, task 0
+    having heard the end; task 1 hears it when it answers again."""
+    monkeypatch.setattr(save_notice, "_CALL_TIMEOUT", 0.2)  # the join waits 2 * 0.2 + 1 s
+    release, stuck = threading.Event(), threading.Event()
+    heard: list[SaveNoticeRequest] = []
+
+    def unanswered(task: int, handler: Handler) -> Handler:
+        def call(frame: Frame) -> Reply:
+            if task == 1:
+                heard.append(SaveNoticeRequest.from_frame(frame))
+                if len(heard) >= 2:
+                    stuck.set()
+                    assert release.wait(120), "the test never let ps task 1 answer"
+            return handler(frame)
+        return call
+
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
+    vs = VariableSet(replica_device_setter(cluster=cluster))
+    vs.get_variable("w", (4, 2), initializer={"name": "zeros"})
+    vs.get_variable("b", (2,), initializer={"name": "zeros"})
+    services = [ParameterService(i, holds_global_step=i == 0) for i in range(2)]
+    channels = {i: InProcessChannel(f"/job:ps/task:{i}", {m: unanswered(i, h) if m == "SaveNotice" else h
+                                                          for m, h in s.handlers().items()})
+                for i, s in enumerate(services)}
+    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels,
+                             sync=SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=0.8))
+    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    caplog.set_level(logging.INFO, logger="psflow.ps.sync")
+    ended = threading.Event()
+
+    def save() -> None:
+        with notify_save(client, CKPT):
+            assert stuck.wait(60), "the notice never renewed"
+        ended.set()
+    saving = threading.Thread(target=save, daemon=True)
+    try:
+        saving.start()
+        assert ended.wait(60), "the save did not end while ps task 1 answered nothing"
+        lines = [r.getMessage() for r in caplog.records if f"saved a checkpoint into {CKPT}" in r.getMessage()]
+        assert [line.split(":")[2] for line in lines] == ["0"], lines
+    finally:
+        release.set()
+    wait_until(lambda: any(n.active is False for n in heard), "ps task 1 given the end notice", limit=60)
+    saving.join(60)
