@@ -1,6 +1,6 @@
 """The end of a save's notices (psflow.checkpoint.save_notice) when the notice thread outlives the save: every ps
 task told of the save still hears its end, so no step stays held by a save that is over. In-process ps tasks
-whose SaveNotice handler the test holds."""
+whose SaveNotice handler the test holds (test_save_notice's client, its handler wrapped)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,16 @@ import threading
 
 import pytest
 from support import wait_until
+from test_save_notice import CKPT, _client
 
 import psflow.checkpoint.save_notice as save_notice
 from psflow.checkpoint.save_notice import notify_save
-from psflow.cluster import ClusterSpec
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveNoticeRequest
-from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import Handler, Reply
 from psflow.rpc.framing import Frame
-from psflow.rpc.inprocess import InProcessChannel
 
-CKPT = "/tmp/ckpt-of-the-test"
+SYNC = SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=0.8)
 
 
 def test_a_notice_thread_that_outlives_the_save_still_ends_the_save_on_every_task(
@@ -48,17 +43,7 @@ def test_a_notice_thread_that_outlives_the_save_still_ends_the_save_on_every_tas
             return reply
         return call
 
-    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
-    vs = VariableSet(replica_device_setter(cluster=cluster))
-    vs.get_variable("w", (4, 2), initializer={"name": "zeros"})
-    vs.get_variable("b", (2,), initializer={"name": "zeros"})
-    services = [ParameterService(i, holds_global_step=i == 0) for i in range(2)]
-    channels = {i: InProcessChannel(f"/job:ps/task:{i}", {m: held_renewal(i, h) if m == "SaveNotice" else h
-                                                          for m, h in s.handlers().items()})
-                for i, s in enumerate(services)}
-    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels,
-                             sync=SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=0.8))
-    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    client = _client(SYNC, {"SaveNotice": held_renewal})
     caplog.set_level(logging.INFO, logger="psflow.ps.sync")
     try:
         with notify_save(client, CKPT):
@@ -94,17 +79,7 @@ def test_a_task_that_answers_no_notice_at_all_does_not_hold_the_save_past_the_jo
             return handler(frame)
         return call
 
-    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
-    vs = VariableSet(replica_device_setter(cluster=cluster))
-    vs.get_variable("w", (4, 2), initializer={"name": "zeros"})
-    vs.get_variable("b", (2,), initializer={"name": "zeros"})
-    services = [ParameterService(i, holds_global_step=i == 0) for i in range(2)]
-    channels = {i: InProcessChannel(f"/job:ps/task:{i}", {m: unanswered(i, h) if m == "SaveNotice" else h
-                                                          for m, h in s.handlers().items()})
-                for i, s in enumerate(services)}
-    client = ParameterClient(cluster, vs.placements(), client_name="/job:worker/task:0", channels=channels,
-                             sync=SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=0.8))
-    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    client = _client(SYNC, {"SaveNotice": unanswered})
     caplog.set_level(logging.INFO, logger="psflow.ps.sync")
     ended = threading.Event()
 
