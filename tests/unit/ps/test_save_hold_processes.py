@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_save_hold import Clock
 
 from psflow.cluster import ClusterSpec
 from psflow.errors import PsflowError
@@ -29,14 +30,6 @@ from psflow.rpc.inprocess import InProcessChannel
 CHIEF, OTHER = "/job:worker/task:0", "/job:worker/task:1"
 CKPT = "gs://bucket/ckpt"
 SGD = OptimizerSpec("sgd", {"learning_rate": 0.1})
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_an_older_processs_late_notices_leave_the_newer_processs_save_under_way() -> None:
