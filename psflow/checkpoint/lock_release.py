@@ -4,12 +4,14 @@
 Releasing a lock is a few calls on its directory (:meth:`psflow.checkpoint.lock.DirectoryLock.release`); in an
 object store that stopped answering, none of them ends (the store's clients retry without a deadline), so a
 run that failed because its store stopped then never exited: ``psflow train`` waited for ever at its very end.
-The release runs in a thread of its own here, waited for at most :data:`RELEASE_TIMEOUT` seconds; past that the
-launcher goes on with one line naming the lock file left behind and its directory, and a run that had
-succeeded fails on it (exit status non-zero). A run that failed already keeps its own error as the headline,
-the line printed before it. The abandoned thread is a daemon: it never keeps the process from exiting. A chief
-worker that took the lock itself (``psflow server``, no launcher to stop it) releases it at its session's end the
-same way (:mod:`psflow.train.duties`): past the bound, its session ends on that line.
+The release runs in a thread of its own here, waited for at most :data:`RELEASE_TIMEOUT` seconds; one not ended
+after :data:`NOTICE_AFTER` seconds is told in one line (the lock file, the bound), so that the wait at the end of a
+failed run is not a silent one; past the bound the launcher goes on with one line naming the lock file left
+behind and its directory, and a run that had succeeded fails on it (exit status non-zero). A run that failed
+already keeps its own error as the headline, the line printed before it. The abandoned thread is a daemon: it
+never keeps the process from exiting. A chief worker that took the lock itself (``psflow server``, no launcher to
+stop it) releases it at its session's end the same way (:mod:`psflow.train.duties`): past the bound, its session
+ends on that line.
 
 The lock left behind names a process that is gone: a later run on this host takes it over at once, one on
 another host is refused until it is deleted (see :mod:`psflow.checkpoint.lock`).
@@ -26,11 +28,14 @@ from typing import TextIO
 from psflow.checkpoint.lock import MUTEX_TIMEOUT, DirectoryLock
 from psflow.errors import CheckpointError
 
-__all__ = ["RELEASE_TIMEOUT", "BoundedRelease", "LockNotReleasedError"]
+__all__ = ["NOTICE_AFTER", "RELEASE_TIMEOUT", "BoundedRelease", "LockNotReleasedError"]
 
 #: Seconds a release may take: the wait for another holder of the directory's mutex (at most
 #: :data:`~psflow.checkpoint.lock.MUTEX_TIMEOUT`), then as long again for the lock file's few calls.
 RELEASE_TIMEOUT = 2 * MUTEX_TIMEOUT
+
+#: Seconds a release may take before the wait is told (a release on a store that answers ends well within it).
+NOTICE_AFTER = 3.0
 
 
 class LockNotReleasedError(CheckpointError):
@@ -38,7 +43,8 @@ class LockNotReleasedError(CheckpointError):
 
 
 class BoundedRelease:
-    """On exit, ``lock``'s own exit (its release, if it took the directory), waited for at most ``timeout`` s.
+    """On exit, ``lock``'s own exit (its release, if it took the directory), waited for at most ``timeout`` s; a
+    release not ended after ``notice_after`` s is told in one line on ``out`` (stderr by default).
 
     Raises (on exit, only when no other error ends the block):
         LockNotReleasedError: the release did not end in time (the line is printed to ``out`` as well
@@ -46,9 +52,10 @@ class BoundedRelease:
     """
 
     def __init__(self, lock: DirectoryLock, *, timeout: float = RELEASE_TIMEOUT, out: TextIO | None = None,
-                 release: Callable[[], object] | None = None) -> None:
+                 release: Callable[[], object] | None = None, notice_after: float = NOTICE_AFTER) -> None:
         """``release``: the call to bound, in place of ``lock``'s exit (a chief worker's :meth:`DirectoryLock.release`)."""
         self.lock, self.timeout, self.out, self.release = lock, timeout, out, release
+        self.notice_after = notice_after
 
     def __enter__(self) -> BoundedRelease:
         return self
@@ -64,8 +71,13 @@ class BoundedRelease:
                 done.set()
 
         threading.Thread(target=release, name="psflow-lock-release", daemon=True).start()
-        if done.wait(self.timeout):
+        if done.wait(min(self.notice_after, self.timeout)):
             return
+        if self.notice_after < self.timeout:
+            print(f"psflow: releasing the lock {self.lock.path}: waiting up to {self.timeout:g} s for the store...",
+                  file=self.out or sys.stderr, flush=True)
+            if done.wait(self.timeout - self.notice_after):
+                return
         line = (f"could not release the lock {self.lock.path} of {self.lock.what} {self.lock.directory}: no answer "
                 f"within {self.timeout:g} s (the store stopped answering?); a later run on this host takes it over, "
                 "from another host delete it once this run is over")

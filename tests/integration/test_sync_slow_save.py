@@ -162,7 +162,8 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
     """The store stops for good during a save: the save is given up once --save-timeout is over (a failed save;
     sync: or the step fails), the next ones as well, and ``psflow train`` then ends (it waited for ever to release
     the run lock on the stopped store; async: on the chief stuck in its save), non-zero, its error line the save's
-    (not the failed worker's traceback), and one line naming the lock it could not release and the URL."""
+    (not the failed worker's traceback), a line saying it waits to release the lock, and one line naming the lock it
+    could not release and the URL."""
     assert isinstance(gcs_server, StoreServer)
     ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
     sync = ["--sync-timeout", str(SYNC_TIMEOUT)] if mode == "sync" else []  # (refused with --mode async: d6dfe2f)
@@ -183,6 +184,9 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
     assert "Traceback" not in stderr and "last lines of its log" not in stderr, stderr[-3000:]
     assert any(f"could not release the lock {ckpt}/checkpoint.lock" in line
                and f"no answer within {RELEASE_BOUND:g} s" in line for line in lines), stderr[-3000:]
+    # Told while it waited (NOTICE_AFTER s into the bound), not only once the bound was over.
+    assert f"psflow: releasing the lock {ckpt}/checkpoint.lock: waiting up to {RELEASE_BOUND:g} s for the store..." \
+        in lines, stderr[-3000:]
 
 
 def test_an_async_chief_gives_up_a_save_past_its_save_timeout_and_trains_on(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,42 @@ from psflow.checkpoint.lock import LOCK_NAME, CheckpointDirLock
 from psflow.checkpoint.lock_release import BoundedRelease, LockNotReleasedError
 
 
-def test_a_release_in_time_removes_the_lock(tmp_path: Path) -> None:
+class _Console(io.StringIO):
+    """The launcher's console: ``written`` is set at the first thing printed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = threading.Event()
+
+    def write(self, text: str) -> int:
+        count = super().write(text)
+        self.written.set()
+        return count
+
+
+def test_a_release_in_time_removes_the_lock_and_prints_nothing(tmp_path: Path) -> None:
     lock = CheckpointDirLock(str(tmp_path), "run-a")
-    with BoundedRelease(lock.__enter__(), timeout=60):
+    out = _Console()
+    with BoundedRelease(lock.__enter__(), timeout=60, out=out, notice_after=60):
         assert (tmp_path / LOCK_NAME).exists()
+    assert not (tmp_path / LOCK_NAME).exists()
+    assert out.getvalue() == ""
+
+
+def test_a_release_still_waiting_after_a_few_seconds_says_so_and_for_how_long(tmp_path: Path) -> None:
+    """A store that stopped answering kept ``psflow train`` silent for up to the whole bound (60 s) at the end of a
+    failed run. The release here is held up until the console has a line: it ends only once that line is printed
+    (no line: held until the test's safety net, 120 s, past the 60 s bound, and the block raises)."""
+    lock = CheckpointDirLock(str(tmp_path), "run-a").__enter__()
+    out = _Console()
+
+    def release() -> None:
+        out.written.wait(120)  # the store's answer, which comes only once the user was told of the wait
+        lock.release()
+
+    with BoundedRelease(lock, out=out, release=release, notice_after=0.2):
+        pass
+    assert out.getvalue() == f"psflow: releasing the lock {tmp_path / LOCK_NAME}: waiting up to 60 s for the store...\n"
     assert not (tmp_path / LOCK_NAME).exists()
 
 
