@@ -80,27 +80,39 @@ def _push_pull(push_id: int) -> PushPullRequest:
     return PushPullRequest(push, PullRequest([("w/part_0", rows)]))
 
 
-def _traced_reads(shard: InProcessShard) -> threading.Event:
-    """Set when the primary's service reads rows for a reply."""
-    service, read = shard.services[PRIMARY], threading.Event()
+def _before_reads(shard: InProcessShard, before: Callable[[], None]) -> None:
+    """Calls ``before`` (which may raise, failing the read) each time the primary's service reads rows for a
+    reply, before the read."""
+    service = shard.services[PRIMARY]
     real = service._read
 
     def traced(*args: Any, **kwargs: Any) -> Any:
-        read.set()
+        before()
         return real(*args, **kwargs)
     service._read = traced  # type: ignore[method-assign]
+
+
+def _traced_reads(shard: InProcessShard) -> threading.Event:
+    """Set when the primary's service reads rows for a reply."""
+    read = threading.Event()
+    _before_reads(shard, read.set)
     return read
 
 
-def _call(shard: InProcessShard, request: PushPullRequest) -> tuple[threading.Thread, list[PushPullReply]]:
+def _call(shard: InProcessShard,
+          request: PushPullRequest) -> tuple[threading.Thread, list[PushPullReply], list[Exception]]:
+    """``request`` sent to the primary from a thread of its own: its reply, or its error as a client gets it."""
     replies: list[PushPullReply] = []
+    errors: list[Exception] = []
 
     def run() -> None:
-        frame = request.to_frame()
-        replies.append(PushPullReply.from_frame(shard.call(PRIMARY, PushPullRequest.METHOD, frame)))
+        try:
+            replies.append(PushPullReply.from_frame(shard.call(PRIMARY, PushPullRequest.METHOD, request.to_frame())))
+        except Exception as e:
+            errors.append(e)
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    return thread, replies
+    return thread, replies, errors
 
 
 def test_an_async_push_pull_reads_while_its_entry_is_out_and_replies_after_the_ack(
@@ -109,7 +121,7 @@ def test_an_async_push_pull_reads_while_its_entry_is_out_and_replies_after_the_a
     shard = _shard(make_shard, monkeypatch, gate, SyncConfig())
     read = _traced_reads(shard)
     gate.armed = True
-    thread, replies = _call(shard, _push_pull(1))
+    thread, replies, _ = _call(shard, _push_pull(1))
     assert gate.sent.wait(_WAIT), "the push's entry was never sent to the backup"
     assert read.wait(_WAIT), "the rows were not read while the backup's acknowledgement was out"
     assert thread.is_alive() and not replies  # no reply before the acknowledgement
@@ -130,7 +142,7 @@ def test_an_ssp_push_pull_reads_only_after_the_ack(make_shard: Callable[..., InP
     shard = _shard(make_shard, monkeypatch, gate, SyncConfig(mode="ssp", staleness=3))
     read = _traced_reads(shard)
     gate.armed = True
-    thread, replies = _call(shard, _push_pull(1))
+    thread, replies, _ = _call(shard, _push_pull(1))
     assert gate.sent.wait(_WAIT), "the push's entry was never sent to the backup"
     assert thread.is_alive() and not read.is_set()  # its wait for the slowest worker comes before the read
     gate.release.set()
@@ -145,26 +157,16 @@ def test_an_async_push_pulls_read_error_comes_after_the_ack_with_the_push_applie
     answered from its dedup record, not applied again), and primary and backup hold the same state."""
     gate = _Gate()
     shard = _shard(make_shard, monkeypatch, gate, SyncConfig())
-    service, read = shard.services[PRIMARY], threading.Event()
-    real = service._read
+    read = threading.Event()
 
-    def failing(*args: Any, **kwargs: Any) -> Any:
+    def fail_the_first() -> None:
         if not read.is_set():
             read.set()
             raise InvalidRequest("the read failed (test)")
-        return real(*args, **kwargs)
-    service._read = failing  # type: ignore[method-assign]
+    _before_reads(shard, fail_the_first)
     gate.armed = True
     request = _push_pull(1)
-    errors: list[Exception] = []
-
-    def run() -> None:
-        try:
-            shard.call(PRIMARY, PushPullRequest.METHOD, request.to_frame())
-        except Exception as e:  # the call's error, as a client gets it
-            errors.append(e)
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, _, errors = _call(shard, request)
     assert gate.sent.wait(_WAIT), "the push's entry was never sent to the backup"
     assert read.wait(_WAIT), "the rows were not read while the backup's acknowledgement was out"
     thread.join(0.5)
@@ -177,7 +179,7 @@ def test_an_async_push_pulls_read_error_comes_after_the_ack_with_the_push_applie
     replica_shard.assert_same_state(shard.services[PRIMARY], shard.services[BACKUP])
     applied = shard.services[PRIMARY].store.get("w/part_0").value.copy()
     gate.armed = False
-    thread, replies = _call(shard, request)  # the same push again (its id): answered, not applied twice
+    thread, replies, _ = _call(shard, request)  # the same push again (its id): answered, not applied twice
     thread.join(_WAIT)
     assert replies and replies[0].push.step == 1, replies
     np.testing.assert_array_equal(shard.services[PRIMARY].store.get("w/part_0").value, applied)
@@ -189,18 +191,13 @@ def test_a_failed_replicate_call_during_the_read_leaves_one_read_and_the_reply_a
     read is not done again, the entry is sent again and acknowledged, and the reply returns the rows as of the
     push, the push applied once on either member."""
     shard = _shard(make_shard, monkeypatch, _Gate(), SyncConfig())
-    service, reads = shard.services[PRIMARY], [0]
-    real = service._read
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        reads[0] += 1
-        return real(*args, **kwargs)
-    service._read = counted  # type: ignore[method-assign]
+    reads: list[int] = []
+    _before_reads(shard, lambda: reads.append(1))
     shard.lost_replies[(BACKUP, ReplicateRequest.METHOD)] = 1
-    thread, replies = _call(shard, _push_pull(1))
+    thread, replies, _ = _call(shard, _push_pull(1))
     thread.join(_WAIT)
     assert replies, "no reply after the backup's lost reply"
-    assert reads == [1], reads
+    assert reads == [1], reads  # one read
     assert shard.lost_replies[(BACKUP, ReplicateRequest.METHOD)] == 0  # the lost reply was this push's entry's
     np.testing.assert_array_equal(replies[0].pull.values["w/part_0"],
                                   shard.services[PRIMARY].store.get("w/part_0").value[[1, 3]])
