@@ -5,9 +5,8 @@ merged, not dropped: the flags' options replaced the --model-param's whole, sile
 from __future__ import annotations
 
 import pytest
+from test_mode_flags import _cli
 
-from psflow.cli.main import build_parser
-from psflow.cli.training import train_config
 from psflow.models.api import DYNAMIC_TABLE_PARAM
 from psflow.train.config import ConfigError
 
@@ -15,8 +14,8 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def _options(*flags: str) -> object:
-    args = build_parser().parse_args(["train", "--train", "x", *flags])
-    return train_config(args, num_ps=None, num_workers=None).model.params.get(DYNAMIC_TABLE_PARAM)
+    """The dynamic table options of ``psflow train --train x`` with ``flags``."""
+    return _cli(*flags).model.params.get(DYNAMIC_TABLE_PARAM)
 
 
 def test_the_flags_and_the_model_param_options_are_merged() -> None:
