@@ -21,14 +21,12 @@ from pathlib import Path
 
 import pytest
 import test_server_run_end
-from support import A9A, A9A_T, TOKEN, wait_until
-from test_server_run_end import _SAFETY, _cluster, _global_step, _Tasks
+from support import A9A, A9A_T, wait_until
+from test_server_run_end import _SAFETY, _channel, _cluster, _global_step, _Tasks, _wait_for_step
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
-from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
-from psflow.rpc.grpc_client import TaskChannel
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -67,8 +65,7 @@ def _check_end(cluster: _Tasks, ckpt: Path, *, took_over: bool = True) -> None:
     assert "global_step stayed at" not in log, log[-3000:]
     assert not took_over or re.search(
         r"worker 1: took the chief duties over from the workers still training \(/job:worker/task:0\)", log), log[-3000:]
-    ps0 = TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0), PARAMETER_SERVICE,
-                      ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30))
+    ps0 = _channel(cluster, "ps", 0)
     try:
         step = _global_step(ps0)
     finally:
@@ -105,12 +102,7 @@ def test_a_worker_that_took_the_duties_while_training_takes_them_back_at_its_end
     0 has not finished: the duties go to a worker that trains), and takes them back once nobody trains."""
     cluster = tasks(_cluster(1, 2))
     ckpt = _start(cluster, tmp_path, [None, 20000])
-    ps0 = TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0), PARAMETER_SERVICE,
-                      ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30))
-    try:
-        wait_until(lambda: _global_step(ps0) >= 60, "training reached step 60", limit=_SAFETY)
-    finally:
-        ps0.close()
+    _wait_for_step(cluster, 60)
     assert "finished its data" not in cluster.log("worker-1")  # it still trains
     _kill_chief(cluster)
     _check_end(cluster, ckpt)
@@ -130,8 +122,7 @@ def test_a_finished_worker_takes_the_duties_of_the_last_to_finish_killed_before_
     takes the duties over."""
     cluster = tasks(_cluster(1, 2))
     ckpt = _start(cluster, tmp_path, [3000, 300])
-    ps0 = TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0), PARAMETER_SERVICE,
-                      ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30))
+    ps0 = _channel(cluster, "ps", 0)
     try:
         wait_until(lambda: "finished its data" in cluster.log("worker-1"), "worker 1 finished its data",
                    limit=_SAFETY)

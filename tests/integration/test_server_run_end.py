@@ -239,6 +239,15 @@ def _global_step(ch: TaskChannel) -> int:
         return 0
 
 
+def _wait_for_step(cluster: _Tasks, step: int) -> None:
+    """Waits (at most _SAFETY s) until ps task 0's global_step reached ``step``."""
+    ps0 = _channel(cluster, "ps", 0)
+    try:
+        wait_until(lambda: _global_step(ps0) >= step, f"training reached step {step}", limit=_SAFETY)
+    finally:
+        ps0.close()
+
+
 def test_psflow_server_workers_exit_3_when_a_ps_task_comes_back_empty(
         tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
     """A cluster run by hand without --checkpoint-dir: ps task 1 killed and started again (empty). The workers
@@ -251,12 +260,7 @@ def test_psflow_server_workers_exit_3_when_a_ps_task_comes_back_empty(
         cluster.start("ps", i)
     for i in range(2):
         cluster.start("worker", i, *train)
-    ps0 = TaskChannel("/job:ps/task:0", cluster.cluster.task_address("ps", 0), PARAMETER_SERVICE,
-                      ConnectConfig(token=TOKEN, connect_timeout=_SAFETY, rpc_timeout=30))
-    try:
-        wait_until(lambda: _global_step(ps0) >= 200, "training reached step 200", limit=_SAFETY)
-    finally:
-        ps0.close()
+    _wait_for_step(cluster, 200)
     os.kill(cluster.procs["ps-1"].pid, signal.SIGKILL)
     cluster.procs["ps-1"].wait(timeout=30)
     cluster.start("ps", 1)  # back at its address, empty
