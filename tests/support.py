@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from psflow.cluster import ClusterSpec
 from psflow.coord.api import DEFAULT_ELECTION, CoordinationBackend, LeaderInfo, Lease
+from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
 
 REPO = Path(__file__).resolve().parent.parent
@@ -228,6 +229,23 @@ def registered_ps_task() -> ParameterService:
                         "optimizer": OptimizerSpec("sgd", {"learning_rate": 0.5}).to_json(), "client": "w0",
                         "chief": True}))
     return svc
+
+
+def one_ps_chief(client_name: str = "chief") -> tuple[ParameterClient, ParameterService]:
+    """An in-process ps task 0 (the only one, holding global_step) with ``w`` (4 x 2), and the chief's client
+    ``client_name`` of it, registered (SGD at 0.1)."""
+    from psflow.optim import OptimizerSpec
+    from psflow.placement import VariableSet, replica_device_setter
+    from psflow.rpc.inprocess import InProcessChannel
+
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1"]})
+    variables = VariableSet(replica_device_setter(cluster=cluster))
+    variables.get_variable("w", (4, 2))
+    service = ParameterService(0, holds_global_step=True)
+    client = ParameterClient(cluster, variables.placements(), client_name=client_name,
+                             channels={0: InProcessChannel("/job:ps/task:0", service.handlers())})
+    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    return client, service
 
 
 class HeldLeases(CoordinationBackend):

@@ -7,30 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import one_ps_chief
 
 from psflow.checkpoint.save import CheckpointManager
-from psflow.cluster import ClusterSpec
 from psflow.launch.local import check_final_checkpoint
 from psflow.launch.processes import LaunchError
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
-from psflow.rpc.inprocess import InProcessChannel
 
 pytestmark = pytest.mark.timeout(60)
-
-CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1"]})
-
-
-def _cluster() -> tuple[ParameterClient, ParameterService]:
-    variables = VariableSet(replica_device_setter(cluster=CLUSTER))
-    variables.get_variable("w", (4, 2))
-    service = ParameterService(0, holds_global_step=True)
-    client = ParameterClient(CLUSTER, variables.placements(), client_name="chief",
-                             channels={0: InProcessChannel("/job:ps/task:0", service.handlers())})
-    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
-    return client, service
 
 
 def _steps(service: ParameterService, n: int) -> int:
@@ -41,7 +25,7 @@ def _steps(service: ParameterService, n: int) -> int:
 
 
 def test_a_final_checkpoint_at_the_last_step_passes(tmp_path: Path) -> None:
-    client, service = _cluster()
+    client, service = one_ps_chief()
     manager = CheckpointManager(str(tmp_path), run_id="run-a")
     manager.save(client)
     last = _steps(service, 3)
@@ -50,7 +34,7 @@ def test_a_final_checkpoint_at_the_last_step_passes(tmp_path: Path) -> None:
 
 
 def test_an_older_checkpoint_as_the_newest_fails_the_run_naming_both(tmp_path: Path) -> None:
-    client, service = _cluster()
+    client, service = one_ps_chief()
     CheckpointManager(str(tmp_path), run_id="run-a").save(client)
     last = _steps(service, 3)
     with pytest.raises(LaunchError, match=rf"the run ended at global_step {last}, but the newest checkpoint in "
@@ -59,7 +43,7 @@ def test_an_older_checkpoint_as_the_newest_fails_the_run_naming_both(tmp_path: P
 
 
 def test_a_final_checkpoint_of_an_earlier_step_fails_the_run(tmp_path: Path) -> None:
-    client, service = _cluster()
+    client, service = one_ps_chief()
     _steps(service, 2)
     CheckpointManager(str(tmp_path), run_id="run-a").save(client, final=True)
     last = _steps(service, 1)

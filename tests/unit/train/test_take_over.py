@@ -12,17 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-from support import HeldLeases
+from support import HeldLeases, one_ps_chief
 
 from psflow.checkpoint.save import CheckpointManager
-from psflow.cluster import ClusterSpec
 from psflow.coord.api import DEFAULT_ELECTION, LeaderInfo, Lease
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import StatsReply
-from psflow.ps.service import ParameterService
-from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.recovery import Leadership
 from psflow.train.take_over import TakeOver
 
@@ -94,13 +88,7 @@ def test_a_final_checkpoint_at_this_step_already_written_is_left_as_it_is(tmp_pa
     """Two workers linger when the chief dies: the first takes the duties over and writes the final checkpoint;
     the second, finding it at this global_step, leaves without the lease (no second final checkpoint). A real
     CheckpointManager on an in-process ps service."""
-    cluster = ClusterSpec({"ps": ["127.0.0.1:1"]})
-    variables = VariableSet(replica_device_setter(cluster=cluster))
-    variables.get_variable("w", (4, 2))
-    service = ParameterService(0, holds_global_step=True)
-    client = ParameterClient(cluster, variables.placements(), client_name="/job:worker/task:2",
-                             channels={0: InProcessChannel("/job:ps/task:0", service.handlers())})
-    client.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    client, service = one_ps_chief("/job:worker/task:2")
     assert service.global_step is not None
     step = [service.global_step.increment() for _ in range(3)][-1]
     CheckpointManager(str(tmp_path), run_id="run-a").save(client, final=True)
