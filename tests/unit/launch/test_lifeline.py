@@ -125,6 +125,67 @@ def test_a_stuck_main_thread_is_ended_by_the_deadline_with_the_same_status(child
     assert "exiting now with status 143" in out, out
 
 
+def test_a_signal_handed_to_another_thread_stops_a_main_thread_blocked_for_good(child: Starter) -> None:
+    """The kernel may hand the process's signal to any thread, and Python's handler runs on the main thread only
+    when it next runs Python code: one blocked in a wait that nothing but the stop ends (a ps task's
+    ``Server.join()``, a sync barrier) ran it never, and without the wakeup fd nothing woke the watcher either."""
+    body = """
+    import signal
+    def main_thread_waits():  # in barrier.wait() (not in Thread.start()'s own wait, say)
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        while frame is not None and frame.f_locals.get("self") is not barrier:
+            frame = frame.f_back
+        return frame is not None
+    def signal_this_thread():
+        deadline = time.monotonic() + 60
+        while not (main_thread_waits() and time.sleep(0.05) is None and main_thread_waits()):  # asleep in it
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+    barrier = threading.Event()
+    stop.on_interrupt(barrier.set)
+    threading.Thread(target=signal_this_thread, daemon=True).start()
+    barrier.wait()
+    print(f"released: {stop.requested()}\\n", end="", flush=True)
+    sys.exit(stop.exit_code)
+    """
+    proc = child(body, grace=30.0, drain=0.2)
+    code, out = finish(proc)
+    assert code == 143 and "released: SIGTERM" in out, out
+
+
+def test_signals_into_a_full_self_pipe_neither_block_nor_warn(child: Starter) -> None:
+    """Once the stop is under way the watcher reads the self-pipe no more, and every later signal writes a byte to
+    it (the C handler, as wakeup fd, and the Python handler): a full pipe must not block the handler nor print
+    'Exception ignored when trying to write to the signal wakeup fd'. The first signal still decides the status."""
+    body = """
+    import os, signal
+    os.kill(os.getpid(), signal.SIGTERM)
+    while not stop._stopping:  # the watcher left its loop: nothing reads the pipe any more
+        time.sleep(0.01)
+    filled = 0
+    for chunk in (4096, 1):  # (a write of up to 4096 bytes is all or nothing: the last bytes one by one)
+        try:
+            while True:
+                filled += os.write(stop._wake_write, b"\\0" * chunk)
+        except BlockingIOError:
+            pass
+    other = threading.Thread(target=time.sleep, args=(30,), daemon=True)
+    other.start()
+    for _ in range(20):
+        signal.pthread_kill(other.ident, signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.001)
+    print(f"still running, the pipe full after {filled} bytes: {stop.requested()}\\n", end="", flush=True)
+    sys.exit(stop.exit_code)
+    """
+    proc = child(body, grace=30.0, drain=0.1)
+    code, out = finish(proc)
+    assert code == 143 and "still running, the pipe full" in out and ": SIGTERM" in out, out
+    assert "Exception ignored" not in out and "Traceback" not in out, out
+
+
 def test_stop_timings_are_checked() -> None:
     with pytest.raises(ValueError, match="drain"):
         StopRequest("/job:ps/task:0", grace=1.0, drain=2.0)
