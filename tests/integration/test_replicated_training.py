@@ -10,6 +10,8 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
 * every replica of shard 0 killed at once, checkpoints every 100 steps: restored from the newest, each shard's
   ``pushes_applied`` goes on from the count the checkpoint recorded, so ``updates_lost`` (counted per worker
   process) is exactly the pushes acknowledged after it; the restarted backup is in shard 0's view again at the end;
+* sync, shard 0's primary killed, then the chief, then shard 0's promoted primary: the restarted ps task 0
+  rejoined as the backup, so the second kill promoted it and lost nothing;
 * ssp with two steps in flight, shard 0's primary killed: nothing lost or applied twice;
 * 1 ps, shard 0's primary killed: the chief's lease, replicated with shard 0, lives through the kill (one election);
 * checkpoints every 50 steps, shard 0's primary killed: the checkpoint ledger, replicated with shard 0, counts in
@@ -138,6 +140,32 @@ def test_a_sync_run_whose_primary_dies_ends_with_an_undisturbed_runs_variables(t
     assert sorted(want) == sorted(got)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_a_restarted_primary_rejoins_as_the_backup_the_next_kill_of_its_shard_promotes(tmp_path: Path) -> None:
+    """Sync, shard 0's primary killed, then the chief, then shard 0's (promoted) primary again: the restarted ps
+    task 0 rebuilt from the promoted primary while training went on, so the second kill promoted it and lost
+    nothing. The promoted primary logs "backups: none" at its promotion (the dead member is no backup then); the
+    member's return is its "caught up" line. Without the rebuild the second kill leaves shard 0 no member with
+    its state: the cluster is restored from a checkpoint and acknowledged pushes are lost."""
+    out = tmp_path / "run"
+    metrics = metrics_of(out, train(out, "--mode", "sync", "--ps-replicas", "1", "--restart-policy", "on-failure",
+                                    "--chaos", "kill:ps:0@step=200", "--chaos", "kill:chief@step=205",
+                                    "--chaos", "kill:ps:0@step=700"))
+    faults = [f["task"] for f in metrics["faults"]]
+    assert faults == ["/job:ps/task:0", "/job:worker/task:0", "/job:ps_backup/task:0"], metrics["faults"]
+    assert metrics["updates_lost"] == 0, metrics
+    assert metrics["examples"] == 3 * A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
+    workers = _logs(out, "worker-*.log", tail=None)
+    assert "restored checkpoint" not in workers and "cluster restored" not in workers, workers
+    first = _logs(out, "ps_backup-0.log", tail=None)  # primary at epoch 2, from the first kill to the second
+    promoted = first.index("/job:ps_backup/task:0: promoted to primary of shard 0 at epoch 2")
+    rejoined = first.index("/job:ps/task:0 caught up: shard 0's backups are /job:ps/task:0")
+    assert promoted < rejoined, first
+    assert "/job:ps/task:0: promoted to primary of shard 0 at epoch 3" in _logs(out, "ps-0.log", tail=None)
+    shard0 = next(s for s in metrics["shards"] if s["shard"] == 0)  # the second kill's victim is back as well
+    assert (shard0["primary"], [b["task"] for b in shard0["backups"]]) == (
+        "/job:ps/task:0", ["/job:ps_backup/task:0"]), (shard0, _logs(out, "ps*.log"))
 
 
 def test_every_replica_of_a_shard_lost_at_once_is_restored_from_the_checkpoint_and_the_loss_reported(
