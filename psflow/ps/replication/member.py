@@ -332,7 +332,7 @@ class ShardReplication:
         view, changed = self.view.promote(request.expected_epoch, self.has_state)
         if changed:
             log.warning("%s: promoted to primary of shard %d at epoch %d by %s (backups: %s)", self.task, self.shard,
-                        view.epoch, request.requester, ", ".join(view.backups) or "none")
+                        view.epoch, request.requester, ", ".join(view.backups) or "none until a member rejoins")
             self._become_primary(view)
         return _reply(self.status())
 
