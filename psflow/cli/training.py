@@ -287,10 +287,12 @@ def _flag_params(args: argparse.Namespace, model_param: object) -> dict[str, Any
         raise ConfigError(f"--embedding-table static and --model-param {DYNAMIC_TABLE_PARAM} (which makes the tables "
                           "dynamic): give one")
     if args.embedding_table == "dynamic" or base is not None:  # checked here, without flags too (psflow k8s render)
-        for key in dynamic.keys() & (base or {}).keys():
-            raise ConfigError(f"{DYNAMIC_TABLE_FLAGS[key]} {dynamic[key]} and --model-param {DYNAMIC_TABLE_PARAM}'s "
-                              f"{key} {(base or {})[key]}: give it once")
-        dynamic = {**(base or {}), **dynamic}
+        base = base or {}
+        both = [key for key in dynamic if key in base]  # in the flags' order: the same line on every run
+        if both:
+            raise ConfigError(f"{DYNAMIC_TABLE_FLAGS[both[0]]} {dynamic[both[0]]} and --model-param "
+                              f"{DYNAMIC_TABLE_PARAM}'s {both[0]} {base[both[0]]}: give it once")
+        dynamic = {**base, **dynamic}
         try:
             share_spec("embedding table", 1, dynamic, optimizer=None, initializer={"name": "zeros"}, num_shares=1)
         except DynamicTableError as e:

@@ -36,6 +36,15 @@ def test_an_option_given_both_ways_is_refused_naming_both() -> None:
     assert str(e.value) == "--capacity 100 and --model-param dynamic_table's capacity_rows 200: give it once"
 
 
+def test_of_two_options_given_both_ways_the_first_flag_is_named_on_every_run() -> None:
+    """Both ways twice: the refusal names the first in the flags' order (--capacity before --admit-after). It named
+    one of a set's, whichever the process's string hashing put first, so the line changed from run to run."""
+    with pytest.raises(ConfigError) as e:
+        _options("--embedding-table", "dynamic", "--capacity", "100", "--admit-after", "2",
+                 "--model-param", 'dynamic_table={"admit_after": 3, "capacity_rows": 200}')
+    assert str(e.value) == "--capacity 100 and --model-param dynamic_table's capacity_rows 200: give it once"
+
+
 def test_flags_of_a_static_table_are_still_refused() -> None:
     with pytest.raises(ConfigError, match=r"^--capacity 5: these options are for dynamic tables; add "
                                           r"--embedding-table dynamic$"):
