@@ -34,8 +34,9 @@ saw (``lease_epoch``), so it can be matched with the victim's
 Schedule: faults fire in the order of their steps, in *rounds*: the faults
 with the same ``N`` form one round and fire together; the next round waits
 until every fault of this one has recovered (the launcher records that:
-global_step advancing again after the task's replacement started, see
-:mod:`psflow.launch.resilience`) and then keeps the spacing the specs give,
+global_step advancing again after the task's replacement started, and a
+restarted ps shard member back in its shard's view, see
+:mod:`psflow.launch.fault_recovery`) and then keeps the spacing the specs give,
 counted from the global_step seen at that recovery. So with rounds at steps
 ``N1 < N2 < ...``:
 

@@ -8,6 +8,12 @@ read that way after the replacement started. Ordered, for one fault:
 2. the first ready reading after that is the fault's baseline;
 3. the first ready reading past the baseline is its recovery (that step, the seconds since the fault).
 
+A restarted member of a replicated ps shard (``--ps-replicas``) counts as running only once it is back in its
+shard's view (the primary's, or a backup in it: :func:`primary_reading`). Its shard trains on as soon as a
+backup is promoted, before the restarted process even serves; a next round that killed the new primary then
+found it with no backup and every replica of the shard was lost (978 of 3,014 acknowledged pushes, with
+``kill:ps:0@step=200`` and ``kill:ps:0@step=202``).
+
 What does not count as training again:
 
 * a restore's jump: a restarted ps task 0 answers 0 until the chief restores it, then (not yet ready) the
@@ -27,24 +33,27 @@ Not thread-safe: the caller serializes (the chaos thread and the run's end take 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB
 from psflow.launch.chaos import InjectedFault
 
-__all__ = ["StepReading", "Replacement", "RecoveryWatch", "step_reading"]
+__all__ = ["StepReading", "Replacement", "RecoveryWatch", "primary_reading", "step_reading"]
 
 
 @dataclass(frozen=True)
 class StepReading:
     """global_step as the step task answered it, whether that task was ready (restored, serving), and
-    how many workers it counted as finished with their data (``Leave``)."""
+    how many workers it counted as finished with their data (``Leave``); ``in_view``: the ps shard members
+    in their shard's view (each shard's primary and its backups; None: not a replicated cluster's reading)."""
 
     step: int
     ready: bool
     finished: int = 0
+    in_view: frozenset[str] | None = None
 
 
 class Replacement(Enum):
@@ -52,6 +61,7 @@ class Replacement(Enum):
 
     NONE = "none"          # not started yet (restart backoff), or it died too and its own is not started yet
     RUNNING = "running"
+    WENT_ON = "went on"    # a shard member not restarted: its shard went on with the promoted backup
     FINISHED = "finished"  # exited 0: it did its part
 
 
@@ -62,6 +72,29 @@ def step_reading(stats: dict[str, Any]) -> StepReading | None:
         return None
     finished = stats.get("finished")
     return StepReading(step, stats.get("ready") is True, len(finished) if isinstance(finished, list) else 0)
+
+
+def primary_reading(primaries: list[dict[str, Any]]) -> StepReading | None:
+    """The reading of the shard primaries' ``Stats`` (:func:`~psflow.status.replication.shard_primaries`): the
+    first holding global_step, with ``in_view`` every member their views name; None if none holds it."""
+    in_view: set[str] = set()
+    for stats in primaries:
+        entry = stats.get("replication")
+        if isinstance(entry, Mapping):
+            backups = entry.get("backups")
+            in_view.update(str(m) for m in [entry.get("primary"), *(backups if isinstance(backups, (list, tuple)) else [])]
+                           if m is not None)
+    for stats in primaries:
+        reading = step_reading(stats)
+        if reading is not None:
+            return replace(reading, in_view=frozenset(in_view))
+    return None
+
+
+def _rejoining(task: str, reading: StepReading) -> bool:
+    """Whether ``task`` is a restarted ps shard member not back in its shard's view yet (module docstring)."""
+    member = task.startswith((f"/job:{PS_JOB}/", f"/job:{BACKUP_JOB}/"))
+    return member and reading.in_view is not None and task not in reading.in_view
 
 
 @dataclass
@@ -98,7 +131,9 @@ class RecoveryWatch:
             state = self._replacement(watched.fault.task, watched.fault.pid)
             if state is Replacement.FINISHED and self._last_step is not None:
                 self._recover(watched, self._last_step, now)
-            elif state is not Replacement.RUNNING or reading is None or not reading.ready:
+            elif state not in (Replacement.RUNNING, Replacement.WENT_ON) or reading is None or not reading.ready:
+                continue
+            elif state is Replacement.RUNNING and _rejoining(watched.fault.task, reading):
                 continue
             elif watched.baseline is None:
                 watched.baseline = reading.step

@@ -68,7 +68,7 @@ from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, ps_replicas, shard_of
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
 from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, InjectedFault, chief_task
-from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, step_reading
+from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, primary_reading, step_reading
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.shard_targets import ask_statuses, shard_target
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
@@ -296,7 +296,7 @@ class Resilience:
                     return Replacement.RUNNING
                 return Replacement.FINISHED if t.exit_code == 0 else Replacement.NONE
         # A shard member not restarted while its shard went on: the promoted backup replaced it.
-        return Replacement.RUNNING if name in self._gone_on else Replacement.NONE
+        return Replacement.WENT_ON if name in self._gone_on else Replacement.NONE
 
     def _running(self) -> set[str]:
         return {t.name for t in list(self.lc.tasks) if t.exit_code is None}
@@ -431,11 +431,7 @@ def _primary_reading(channels: list[TaskChannel]) -> StepReading | None:
             answers.append(dict(call.result().meta))
         except RpcError:
             ch.reconnect()
-    for stats in shard_primaries(answers):
-        reading = step_reading(stats)
-        if reading is not None:
-            return reading
-    return None
+    return primary_reading(shard_primaries(answers))
 
 
 #: Where a run with a restart policy and no --checkpoint-dir keeps its checkpoints, inside its run directory.

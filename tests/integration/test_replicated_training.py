@@ -12,6 +12,8 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
   process) is exactly the pushes acknowledged after it; the restarted backup is in shard 0's view again at the end;
 * sync, shard 0's primary killed, then the chief, then shard 0's promoted primary: the restarted ps task 0
   rejoined as the backup, so the second kill promoted it and lost nothing;
+* ``--chaos`` kills of shard 0's primary 2 steps apart: the second round waits until the restarted ps task 0
+  is back in shard 0's view (psflow/launch/fault_recovery.py), so it is promoted and nothing is lost;
 * ssp with two steps in flight, shard 0's primary killed: nothing lost or applied twice;
 * 1 ps, shard 0's primary killed: the chief's lease, replicated with shard 0, lives through the kill (one election);
 * checkpoints every 50 steps, shard 0's primary killed: the checkpoint ledger, replicated with shard 0, counts in
@@ -166,6 +168,19 @@ def test_a_restarted_primary_rejoins_as_the_backup_the_next_kill_of_its_shard_pr
     shard0 = next(s for s in metrics["shards"] if s["shard"] == 0)  # the second kill's victim is back as well
     assert (shard0["primary"], [b["task"] for b in shard0["backups"]]) == (
         "/job:ps/task:0", ["/job:ps_backup/task:0"]), (shard0, _logs(out, "ps*.log"))
+
+
+def test_a_chaos_round_after_a_primarys_kill_waits_for_the_restarted_member_to_be_a_backup(tmp_path: Path) -> None:
+    """Two kills of shard 0's primary 2 steps apart: the second round waits until the first one's restarted ps
+    task 0 is back in shard 0's view, so it promotes it and loses nothing. It fired once the promoted backup
+    trained on, before ps task 0 served again: every replica lost, 978 acknowledged pushes of 3,014."""
+    out = tmp_path / "run"
+    metrics = metrics_of(out, train(out, "--mode", "sync", "--ps-replicas", "1", "--restart-policy", "on-failure",
+                                    "--chaos", "kill:ps:0@step=200", "--chaos", "kill:ps:0@step=202", epochs=1))
+    assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0", "/job:ps_backup/task:0"], metrics["faults"]
+    assert metrics["updates_lost"] == 0, metrics
+    assert "cluster restored" not in _logs(out, "worker-*.log", tail=None)
+    assert "/job:ps/task:0: promoted to primary of shard 0 at epoch 3" in _logs(out, "ps-0.log", tail=None)
 
 
 def test_every_replica_of_a_shard_lost_at_once_is_restored_from_the_checkpoint_and_the_loss_reported(

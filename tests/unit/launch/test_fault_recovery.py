@@ -8,8 +8,10 @@ had nothing left to train, and nothing moved global_step after it started.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from psflow.launch.chaos import InjectedFault
-from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, step_reading
+from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, primary_reading, step_reading
 
 
 def _fault(task: str, pid: int, at_step: int) -> InjectedFault:
@@ -92,3 +94,40 @@ def test_step_reading_takes_only_the_task_holding_global_step() -> None:
     assert step_reading({"global_step": 7}) == StepReading(7, False)
     assert step_reading({"global_step": None, "ready": True}) is None   # ps task 1: no global_step here
     assert step_reading({"global_step": True, "ready": True}) is None
+
+
+def _view(*members: str) -> StepReading:
+    return StepReading(240, ready=True, in_view=frozenset(members))
+
+
+def test_a_restarted_shard_member_recovers_once_back_in_its_shards_view() -> None:
+    """(--ps-replicas) The promoted backup trains on at once; the restarted ps task 0 is no backup yet, so a
+    next round killing the new primary would lose every replica: not recovered until its view holds it."""
+    ps0 = _fault("/job:ps/task:0", 41, 200)
+    watch, tasks = _watch(ps0)
+    tasks.state[ps0.task] = Replacement.RUNNING
+    for step in (240, 250, 260):  # the promoted backup trains on; ps task 0 is starting, or rebuilding
+        assert watch.observe(replace(_view("/job:ps_backup/task:0", "/job:ps/task:1"), step=step), 101.0) == []
+    back = _view("/job:ps_backup/task:0", "/job:ps/task:0", "/job:ps/task:1")
+    assert watch.observe(replace(back, step=270), 102.0) == []          # caught up: the baseline
+    assert watch.observe(replace(back, step=271), 102.2) == [ps0]
+    assert (ps0.recovered_at_step, ps0.recovery_seconds) == (271, 2.2)
+
+
+def test_a_member_not_restarted_and_other_tasks_do_not_wait_for_a_view() -> None:
+    backup = _fault("/job:ps_backup/task:0", 42, 20)
+    worker1 = _fault("/job:worker/task:1", 43, 30)
+    watch, tasks = _watch(backup)
+    watch.fired(worker1, now=100.0)
+    tasks.state[backup.task] = Replacement.WENT_ON    # restart policy 'never': its shard went on without it
+    tasks.state[worker1.task] = Replacement.RUNNING
+    assert watch.observe(_view("/job:ps/task:0"), 101.0) == []
+    assert watch.observe(replace(_view("/job:ps/task:0"), step=241), 101.5) == [backup, worker1]
+
+
+def test_primary_reading_names_every_member_the_primaries_views_hold() -> None:
+    primaries = [{"global_step": 9, "ready": True, "replication": {"primary": "/job:ps_backup/task:0", "backups": []}},
+                 {"replication": {"primary": "/job:ps/task:1", "backups": ["/job:ps_backup/task:1"]}}]
+    assert primary_reading(primaries) == StepReading(9, True, in_view=frozenset(
+        {"/job:ps_backup/task:0", "/job:ps/task:1", "/job:ps_backup/task:1"}))
+    assert primary_reading(primaries[1:]) is None
