@@ -68,7 +68,12 @@ def _log(out: Path, name: str) -> str:
 # psflow.checkpoint.lock_release.RELEASE_TIMEOUT (60 s, all of it waited on a stopped store: 60 of a case's ~77 s).
 # Only the bound's length changes: the same release, on the same stopped store, given up the same way.
 RELEASE_BOUND = 10.0
-_RELEASE_BOUNDED = ("import sys; import psflow.checkpoint.lock_release as r; from psflow.cli.main import main; "
+# Every ``psflow train`` here writes its Python stacks to its stderr on SIGUSR1 (psflow registers no handler for
+# it): a run that does not end in time shows where it waited (:func:`_stacks_then_killed`).
+_STACKS_ON_SIGUSR1 = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+_PSFLOW = _STACKS_ON_SIGUSR1 + "import sys; from psflow.cli.main import main; sys.exit(main())"
+_RELEASE_BOUNDED = (_STACKS_ON_SIGUSR1 + "import sys; import psflow.checkpoint.lock_release as r; "
+                    "from psflow.cli.main import main; "
                     f"r.BoundedRelease.__init__.__kwdefaults__['timeout'] = {RELEASE_BOUND}; sys.exit(main())")
 
 
@@ -77,11 +82,20 @@ def _train(ckpt: str, out: Path, *flags: str, release_bounded: bool = False) -> 
     line every step, and ``flags`` (the mode, the ps tasks, the timeouts); ``release_bounded``: its lock's release
     given up after RELEASE_BOUND s."""
     return subprocess.Popen(
-        [sys.executable, *(["-c", _RELEASE_BOUNDED] if release_bounded else ["-m", "psflow"]),
+        [sys.executable, "-c", _RELEASE_BOUNDED if release_bounded else _PSFLOW,
          "train", "--train", str(A9A), "--num-features", "124", *flags,
          "--workers", "2", "--batch-size", "32", "--max-steps", str(MAX_STEPS), "--checkpoint-dir", ckpt,
          "--save-checkpoints-steps", "10", "--log-every", "1", "--output", str(out), "--quiet"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stacks_then_killed(run: subprocess.Popen[str]) -> str:
+    """``run``'s stderr, its Python stacks written at its end (SIGUSR1, given 10 s), after it was killed."""
+    os.kill(run.pid, signal.SIGUSR1)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        run.communicate(timeout=10)  # (what it reads is kept for the next call)
+    run.kill()
+    return run.communicate()[1]
 
 
 def _finished(run: subprocess.Popen[str], out: Path) -> dict[str, Any]:
@@ -173,9 +187,8 @@ def test_a_save_past_its_save_timeout_ends_the_run_naming_the_save_and_the_lock_
         try:
             _, stderr = run.communicate(timeout=180)
         except subprocess.TimeoutExpired:
-            run.kill()
-            pytest.fail("psflow train did not end within 180 s of the store stopping (--save-timeout 5): "
-                        + run.communicate()[1][-3000:])
+            pytest.fail("psflow train did not end within 180 s of the store stopping (--save-timeout 5); its stderr "
+                        "ends with its Python stacks:\n" + _stacks_then_killed(run)[-12000:])
     assert run.returncode != 0
     lines = stderr.splitlines()
     # The root cause's one line: the save and the flag (it was the failed worker's traceback tail).
