@@ -4,6 +4,10 @@ evaluator evaluates each new checkpoint), its flags, token, TLS and TCP limits r
 A cluster (``--cluster`` or ``TF_CONFIG``) with a ``ps_backup`` job replicates its ps shards: a
 ``ps_backup`` task serves as a ps task does, as a backup of shard ``index % num_ps``
 (:mod:`psflow.cluster.replicas`); ``psflow k8s render --ps-replicas N`` writes such a cluster.
+
+``--restarted-by-manager``: something restarts this task when it dies (Kubernetes' ``restartPolicy: OnFailure``, as
+``psflow k8s render`` writes its pods), so a worker whose data ended waits for a restarting chief instead of taking
+the chief duties over (``run_task(supervised=True)``, :mod:`psflow.train.take_over`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ def add_server_arguments(server: argparse.ArgumentParser) -> None:
     server.add_argument("--keep-serving", action="store_true",
                         help="ps task: serve until stopped (psflow shutdown, a signal), as TensorFlow's server.join(); "
                              "default: exit 0 once every training worker finished (after the final checkpoint)")
+    server.add_argument("--restarted-by-manager", action="store_true",
+                        help="a cluster manager restarts this task when it dies (Kubernetes restartPolicy "
+                             "OnFailure): a finished worker waits for the chief instead of taking its duties over "
+                             "(default: it takes them over once nobody pushed or held the chief lease for "
+                             "--lease-ttl); psflow k8s render gives it to every worker and chief")
     _add_server_security_arguments(server)
     add_training_arguments(server)
 
@@ -133,7 +142,7 @@ def run_server(args: argparse.Namespace) -> int:
         return run_task(cluster, job, index, config, token=token, state_dir=args.state_dir, tcp_limits=limits,
                         checkpoint_root=args.checkpoint_root or args.checkpoint_dir, bind_address=bind, tls=tls,
                         stop_when_run_over=serves and not args.keep_serving,
-                        faults=faults_from_args(args))
+                        faults=faults_from_args(args), supervised=args.restarted_by_manager)
     finally:
         if page is not None:
             page.close()

@@ -61,7 +61,9 @@ on its pod's addresses at its port, rather than resolving its own Service
 name, which DNS may not have yet when the process starts), ``--checkpoint-dir`` on the
 claim, ps tasks ``--state-dir`` (and in the StatefulSet ``--keep-serving``), workers
 ``--status-port`` (the chief serves the
-status page on 127.0.0.1 in its pod: ``kubectl port-forward``), then the
+status page on 127.0.0.1 in its pod: ``kubectl port-forward``) and ``--restarted-by-manager`` (their pods are
+restarted in place, ``restartPolicy: OnFailure``: a finished worker waits for a restarting chief rather than
+take its duties over, :mod:`psflow.train.take_over`), then the
 training arguments given after ``--``, which therefore win. Kubernetes expands
 ``$(VAR)`` in a container's args, so every ``$`` of the training arguments is
 written ``$$`` (which it turns back into one ``$``): an argument reaches

@@ -193,7 +193,9 @@ def _args(config: RenderConfig, job: str, *, kind: str = "plain") -> list[str]:
         if kind == "plain":  # a StatefulSet restarts a pod that exits; a TFJob's or JobSet's ps pod exits 0 at the end
             args += ["--keep-serving"]
     else:
-        args += ["--status-port", str(config.status_port)]
+        # Restarted in place when it dies (OnFailure): a finished worker must not take a restarting chief's duties
+        # over, whose restart (an image pull, CrashLoopBackOff's pause) may outlast --lease-ttl.
+        args += ["--status-port", str(config.status_port), "--restarted-by-manager"]
     return args + train_args
 
 

@@ -104,7 +104,8 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     ``faults``: tests' and drills' faults for a worker or the in-graph client (:mod:`psflow.train.faults`).
 
     ``supervised``: the local launcher watches this task and restarts a dead worker or stops the run
-    (:mod:`psflow.launch.supervisor`), so a worker whose data ended never takes the chief duties over from a
+    (:mod:`psflow.launch.supervisor`), or a cluster manager restarts it (``psflow server
+    --restarted-by-manager``), so a worker whose data ended never takes the chief duties over from a
     chief that is only restarting (:mod:`psflow.train.take_over` is for a chief that nothing restarts).
     """
     if stop is None:

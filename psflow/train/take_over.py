@@ -7,10 +7,13 @@ death. When the workers still training are all gone (the chief killed for good, 
 nobody would take the lease, and the finished worker used to leave after ``connect_timeout`` (60 s) without the
 final checkpoint or the final evaluation: the model trained since the last periodic save was lost.
 
-Only where nothing restarts a dead worker (``psflow server``): the local launcher (``psflow train``) restarts it
-(``--restart-policy``) or stops the run, so its workers never take over (:func:`~psflow.train.worker.run_worker`'s
-``take_over``). There a chief restarted in more than the lease's ttl (the restart's pause, then its start-up) was
-taken for gone: a finished worker wrote a checkpoint marked final in the middle of the run and left.
+Only where nothing restarts a dead worker (``psflow server`` without ``--restarted-by-manager``): the local launcher
+(``psflow train``) restarts it (``--restart-policy``) or stops the run, so its workers never take over
+(:func:`~psflow.train.worker.run_worker`'s ``take_over``); nor do those of ``psflow server --restarted-by-manager``,
+which ``psflow k8s render`` gives every worker and chief pod (Kubernetes restarts them in place,
+``restartPolicy: OnFailure``). There a chief restarted in more than the lease's ttl (the restart's pause, an image
+pull, CrashLoopBackOff's 10-20 s back-off, then its start-up) was taken for gone: a finished worker wrote a
+checkpoint marked final in the middle of the run and left.
 
 :class:`TakeOver` is asked at each of the lingering worker's polls while another worker has not finished. In order:
 
@@ -42,7 +45,8 @@ evaluation are of the last pushed step; no extra work per push (only the lingeri
 coordination backend, and only once global_step stood still for a lease ttl).
 
 Not guaranteed: a worker that neither pushed nor held the lease for a whole ``lease_ttl`` (stopped, or one step
-that long), or one restarted by a cluster manager, but lives is taken for gone. No trained step is lost: when it
+that long), or one restarted by a cluster manager that the tasks were not told of (``psflow server`` without
+``--restarted-by-manager``), but lives is taken for gone. No trained step is lost: when it
 trains again it campaigns and holds the duties (periodic saves go on), and as the last to finish writes the final
 checkpoint of its own last step (:func:`~psflow.train.final_duties.end_duties`), which then supersedes this one;
 the ps tasks of ``psflow server`` still serve until it sends ``Done`` (:mod:`psflow.ps.run_end`), and a dead worker

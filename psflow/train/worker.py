@@ -179,7 +179,8 @@ def run_worker(
     the chief's checkpoint exit.
     ``save_section``: entered around each of its checkpoint saves (``--in-process``: no signal cuts one).
     ``take_over``: once its data ended, it takes the chief duties over when nobody pushed or held the lease for
-    the lease's ttl (:mod:`psflow.train.take_over`); False where a supervisor restarts a dead worker (the local launcher).
+    the lease's ttl (:mod:`psflow.train.take_over`); False where a supervisor restarts a dead worker (the local launcher,
+    a cluster manager: ``psflow server --restarted-by-manager``).
     ``tls``: the gRPC client's channels (to the ps tasks, checkpoints included, and to the
     embedded coordination backend) use it; ``None``: plain text.
 

@@ -153,6 +153,9 @@ def _check_started(seen: dict[str, Any], cluster: ClusterSpec, task: TaskId) -> 
     if task.job != "evaluator":
         assert (seen["cluster"], seen["task"]) == (cluster, task)
         assert seen["bind_address"] == "0.0.0.0:2222"
+        # Every pod is restarted in place when it dies (OnFailure, a StatefulSet): a finished worker waits for a
+        # restarting chief instead of taking its duties over (psflow.train.take_over); a ps task never takes them.
+        assert seen["supervised"] is (task.job in ("chief", "worker"))
         return
     assert "task" not in seen and seen["stop"] == f"/job:evaluator/task:{task.index}"  # not run_task: no server
     config = seen["evaluator"]
@@ -372,6 +375,26 @@ def test_psflow_server_takes_its_task_index_from_the_environment(tmp_path: Path,
             task_index_from_env(bad)
     with pytest.raises(ConfigError, match="apps.kubernetes.io/pod-index"):
         task_index_from_env("")
+
+
+def test_psflow_server_restarted_by_manager_never_takes_the_chief_duties_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--restarted-by-manager`` reaches run_task as ``supervised`` (run_worker's ``take_over=False``); without it a
+    worker of ``psflow server`` may take the duties of a chief that nothing restarts."""
+    cluster_file = tmp_path / "c.json"
+    cluster_file.write_text(json.dumps({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]}))
+    data = tmp_path / "train.libsvm"
+    data.write_text("1 1:1 2:0.5\n0 3:1\n")
+    args = ["server", "--cluster", str(cluster_file), "--job", "worker", "--task", "1", "--train", str(data),
+            "--num-features", "4", "--no-status"]
+    env = {"PSFLOW_TOKEN": TOKEN}
+    assert _run_server(monkeypatch, args, env)["supervised"] is False
+    assert _run_server(monkeypatch, [*args, "--restarted-by-manager"], env)["supervised"] is True
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["server", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "restartPolicy OnFailure" in help_text and "waits for the chief" in help_text
 
 
 def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
