@@ -30,6 +30,7 @@ backups record the save as the primary does, so a backup promoted during a save 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -113,7 +114,7 @@ class _Notices:
             # bound). A task whose first answer has not come yet may have taken that notice: told too. Sent from a
             # thread of its own, waited for as long as the join: a task that answers nothing (an in-process one's
             # call runs in the calling thread, its deadline unheeded) would keep the save from ending.
-            ending = threading.Thread(target=self._send, args=(sorted(self._channels),), kwargs={"active": False},
+            ending = threading.Thread(target=functools.partial(self._send, sorted(self._channels), active=False),
                                       name="psflow-save-notice-end", daemon=True)
             ending.start()
             ending.join(timeout=bound)
