@@ -42,7 +42,9 @@ def run_train(args: argparse.Namespace) -> int:
     if args.in_process and args.ps_replicas:
         raise ConfigError(f"--ps-replicas {args.ps_replicas} needs a cluster of processes (each backup is a task): "
                           "not with --in-process")
-    if args.in_process and args.workers not in (None, 1):  # before the in-process banner and the run directory
+    # Before the in-process banner and the run directory. 0 or less is not a worker count, whatever the mode:
+    # config_from_args below says so ("--workers must be >= 1"), as every other mode does.
+    if args.in_process and args.workers is not None and args.workers > 1:
         raise ConfigError(f"--in-process runs one worker, got --workers {args.workers}")
     if args.in_process and args.chaos:  # no task to kill: the run would go on without the faults, saying nothing
         raise ConfigError(f"--chaos {args.chaos[0]} kills tasks of a cluster of processes: not with --in-process")
