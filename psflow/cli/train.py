@@ -65,7 +65,8 @@ def run_train(args: argparse.Namespace) -> int:
     with RunDirLock(output, run):
         _show_inferred_schema(config, output)
         if args.in_process:
-            print(f"psflow: in-process, {config.cluster.num_ps} ps services + 1 worker, run directory {output}", file=sys.stderr)
+            print(f"psflow: in-process, {config.cluster.num_ps} ps services + 1 worker, {_mode_words(config)}, "
+                  f"run directory {output}", file=sys.stderr)
             metrics = _in_process(config, output, faults_from_args(args))
             if not args.quiet:
                 print(final_line(metrics), file=sys.stderr, flush=True)
@@ -89,6 +90,16 @@ def run_train(args: argparse.Namespace) -> int:
         summary["eval"] = metrics["eval"]
     print(jsonio.dumps(summary, indent=1))
     return 0
+
+
+def _mode_words(config: TrainConfig) -> str:
+    """The in-process banner's mode: what the user asked for, and what one worker runs it as where that differs
+    (``--mode ssp --staleness 3 (runs as async: one worker)``)."""
+    from psflow.launch.in_process import mode_fields
+
+    fields = mode_fields(config.sync)
+    words = f"--mode {fields['mode']}" + (f" --staleness {fields['staleness']}" if "staleness" in fields else "")
+    return words + (f" (runs as {fields['ran_as']}: one worker)" if "ran_as" in fields else "")
 
 
 def _check_output(output: str | None) -> None:

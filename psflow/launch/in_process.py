@@ -7,6 +7,12 @@ placement, optimizers, step accounting, hooks and checkpoints as a cluster,
 without sockets, framing or copies. One worker; its input is read and parsed
 in a child process (``reader_process``, see :mod:`psflow.data.reader_process`)
 so that parsing runs on another core while this one trains.
+
+With one worker ``--mode ssp`` runs as async (nobody to wait for or run ahead
+of): the run reports the mode the user asked for, with its staleness, and says
+what ran (:func:`mode_fields`: ``"ran_as": "async"`` in metrics.json and on the
+status page), and the worker's log says so once; ``sync`` and ``async`` run as
+asked.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval, run_worker
 
-__all__ = ["run_in_process"]
+__all__ = ["mode_fields", "run_in_process"]
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -98,18 +106,36 @@ def _run(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any],
         raise ConfigError("--in-process has no in-graph replication")
     check_inputs(config)
     check_settings(config)  # memory, dynamic tables: refused in one line before anything starts
-    if config.sync.mode == "ssp":  # one worker: nobody to wait for or run ahead of, so ssp runs as async; the
-        # mode's own settings (--staleness, --sync-timeout, ...), moot here, go back to their defaults, which async
-        # takes (it refuses them set, MODE_FLAGS: the user typed them with --mode ssp)
-        defaults = SyncSettings()
-        unread = {name: getattr(defaults, name) for _, name in MODE_FLAGS.values()}
-        config = replace(config, sync=replace(config.sync, mode="async", **unread))
-    config = replace(config, data=replace(config.data, reader_process=True))
+    asked = config.sync
+    config = replace(config, sync=_runs_as(config.sync), data=replace(config.data, reader_process=True))
     # The run's id; its run directory, then its checkpoint directory, taken before anything is written there
     # (another live run's is refused, naming it); released when the run ends, however it ends.
     config, claimed = claim_run(config, output_dir, out=sys.stderr)
     with claimed:
-        return _run_claimed(config, output_dir, on_end or _metrics_json(output_dir), faults, signals)
+        return _run_claimed(config, asked, output_dir, on_end or _metrics_json(output_dir), faults, signals)
+
+
+def mode_fields(sync: SyncSettings) -> dict[str, Any]:
+    """What an in-process run with ``sync`` reports of its mode (metrics.json, the status page): the mode the user
+    asked for, ssp with its ``staleness``, and ``ran_as`` where one worker runs it as another mode."""
+    fields: dict[str, Any] = {"mode": sync.mode}
+    ran_as = _runs_as(sync).mode
+    if sync.mode == "ssp":
+        fields["staleness"] = sync.staleness
+    if ran_as != sync.mode:
+        fields["ran_as"] = ran_as
+    return fields
+
+
+def _runs_as(sync: SyncSettings) -> SyncSettings:
+    """The settings one worker runs: ssp as async (nobody to wait for or run ahead of), the rest as asked.
+
+    The mode's own settings (--staleness, --sync-timeout, ...), moot here, go back to their defaults, which async
+    takes (it refuses them set, MODE_FLAGS: the user typed them with --mode ssp)."""
+    if sync.mode != "ssp":
+        return sync
+    defaults = SyncSettings()
+    return replace(sync, mode="async", **{name: getattr(defaults, name) for _, name in MODE_FLAGS.values()})
 
 
 def _metrics_json(output_dir: str) -> Callable[[dict[str, Any], ClusterSpec], None]:
@@ -120,9 +146,11 @@ def _metrics_json(output_dir: str) -> Callable[[dict[str, Any], ClusterSpec], No
     return write
 
 
-def _run_claimed(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any], ClusterSpec], None],
-                 faults: FaultInjection, signals: LauncherSignals | None) -> dict[str, Any]:
-    """:func:`run_in_process` once the run holds its run and checkpoint directories."""
+def _run_claimed(config: TrainConfig, asked: SyncSettings, output_dir: str,
+                 on_end: Callable[[dict[str, Any], ClusterSpec], None], faults: FaultInjection,
+                 signals: LauncherSignals | None) -> dict[str, Any]:
+    """:func:`run_in_process` once the run holds its run and checkpoint directories; ``config.sync`` is what runs,
+    ``asked`` what the user asked for (what the run reports)."""
     # Placeholder addresses: nothing listens or connects; the channels below replace them.
     cluster = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(config.cluster.num_ps)], "worker": ["127.0.0.1:65535"]})
     services = [ParameterService(i, holds_global_step=i == 0) for i in range(config.cluster.num_ps)]
@@ -133,9 +161,13 @@ def _run_claimed(config: TrainConfig, output_dir: str, on_end: Callable[[dict[st
     resumed = resumed_from(config.checkpoint.dir)  # what the worker's session restores: the examples before this run
     os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)
     started = time.monotonic()
-    run = _Run(config, client, len(channels), resumed, started)
+    run = _Run(config, mode_fields(asked), client, len(channels), resumed, started)
     try:
         with _log_to(os.path.join(output_dir, "logs", "worker-0.log")):
+            if asked.mode != config.sync.mode:
+                log.info("--mode %s with one worker runs as %s: no other worker to wait for or run ahead of "
+                         "(metrics.json reports mode %s, ran_as %s)", asked.mode, config.sync.mode, asked.mode,
+                         config.sync.mode)
             result = run_worker(config, cluster, 0, client=client, faults=faults,
                                 save_section=functools.partial(_uncut, signals) if signals is not None else None)
         # The final evaluation too: an eval record that cannot be read, or a signal while it runs, ends the run
@@ -217,6 +249,7 @@ class _Run:
     """What an in-process run's final snapshot is taken from."""
 
     config: TrainConfig
+    mode: dict[str, Any]  # what it reports of its mode (mode_fields)
     client: ParameterClient
     num_ps: int
     resumed: Resumed | None
@@ -227,7 +260,7 @@ class _Run:
         ps_stats = [self.client.stats(i) for i in range(self.num_ps)]
         # The ledger on ps service 0, which never restarts here.
         ledger = checkpoint_status(self.client) if self.config.checkpoint.dir else None
-        more: dict[str, Any] = {"mode": self.config.sync.mode, "replication": "in-process", **extra}
+        more: dict[str, Any] = {**self.mode, "replication": "in-process", **extra}
         dynamic = table_totals(ps_stats)
         if dynamic:
             more["dynamic_tables"] = dynamic

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB, ps_replicas
+from psflow.launch.in_process import mode_fields
 from psflow.launch.supervisor import describe_exit
 from psflow.rpc.tls import TlsConfig
 from psflow.status.collector import ProcessInfo, StatusCollector
@@ -160,7 +161,9 @@ class LauncherStatus:
 class InProcessEnding:
     """The end of an ``--in-process`` run (``run_in_process``'s ``on_end``): the same three files as a
     cluster run's, from its final snapshot. The tasks are services in this process: status.json lists
-    them with this process's pid. ``final``: the snapshot, once the run ended."""
+    them with this process's pid. ``config``: the one given to ``run_in_process`` (the mode the user asked for,
+    which the page reports with what ran: :func:`~psflow.launch.in_process.mode_fields`). ``final``: the
+    snapshot, once the run ended."""
 
     def __init__(self, config: TrainConfig, output_dir: str, out: TextIO | None = None) -> None:
         self._config, self._output_dir, self._out = config, output_dir, out
@@ -170,7 +173,7 @@ class InProcessEnding:
         """Writes the files; a file that cannot be written is a line on ``out``, never an error."""
         self.final = final
         config, phase = self._config, str(final.get("phase"))
-        run = {"run_dir": os.path.abspath(self._output_dir), "run_id": config.run_id, "mode": config.sync.mode,
+        run = {"run_dir": os.path.abspath(self._output_dir), "run_id": config.run_id, **mode_fields(config.sync),
                "replication": "in-process", "model": config.model.name, "num_ps": config.cluster.num_ps, "num_workers": 1}
         state = {"finished": "finished", "failed": "dead"}.get(phase, "stopped")
         names = [f"/job:{job}/task:{i}" for job in cluster.jobs for i in cluster.task_indices(job)]

@@ -170,4 +170,25 @@ def test_in_process_takes_the_ssp_flags_the_user_typed(tmp_path: Path) -> None:
                 "--staleness", "3", "--sync-timeout", "5", "--on-timeout", "proceed", "--max-steps", "7",
                 "--output", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
-    assert json.loads((out / "metrics.json").read_text())["global_step"] == 7
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["global_step"] == 7
+    # What the user asked for, and that one worker made it run as async: metrics.json said "mode": "async".
+    assert (metrics["mode"], metrics["staleness"], metrics["ran_as"]) == ("ssp", 3, "async")
+    status = json.loads((out / "status.json").read_text())["run"]
+    assert (status["mode"], status["staleness"], status["ran_as"]) == ("ssp", 3, "async")
+    assert "--mode ssp --staleness 3 (runs as async: one worker)" in r.stderr  # the banner
+    log = (out / "logs" / "worker-0.log").read_text()
+    assert log.count("--mode ssp with one worker runs as async") == 1, log[-3000:]
+
+
+def test_in_process_sync_reports_sync(tmp_path: Path) -> None:
+    """One in-process worker in sync mode runs sync (each step aggregates its one gradient): nothing renamed."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--in-process", "--train", str(A9A), "--num-features", "124", "--mode", "sync",
+                "--max-steps", "7", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["mode"] == "sync" and "ran_as" not in metrics and "staleness" not in metrics
+    assert {ps["mode"] for ps in metrics["ps"]} == {"sync"}
+    assert json.loads((out / "status.json").read_text())["run"]["mode"] == "sync"
+    assert "--mode sync," in r.stderr and "runs as" not in r.stderr
