@@ -21,7 +21,8 @@ Classes and functions, by file:
   ``final_duties.py`` -- a worker's chief duties once its data ended: hand them on, or (the last to finish)
   hold the lease so its session writes the final checkpoint; ``take_over.py`` -- a finished worker takes the duties
   back when no worker that trains is left (the chief killed for good: :class:`~psflow.train.take_over.TakeOver`);
-  ``final_eval.py`` -- the final model evaluated once
+  ``taken_over.py`` -- a worker resumed after a take-over ended the run stops before its duties write
+  (:class:`~psflow.train.taken_over.TakenOverHook`); ``final_eval.py`` -- the final model evaluated once
   when two workers hold the duties at their end in turn (:class:`~psflow.train.final_eval.FinalEvalOnce`, a record
   on ps task 0); ``read_ahead.py`` -- its reader started at the
   shard's beginning before it joins, kept only where its data starts there (:class:`~psflow.train.read_ahead.ReadAhead`).

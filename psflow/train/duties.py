@@ -72,6 +72,7 @@ from psflow.train.hooks import (
 from psflow.train.recovery import CampaignWhileTrainingHook, LeaderOnlyHook, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
+from psflow.train.taken_over import TakenOverHook
 
 __all__ = ["make_session", "elects_chief", "coordination_config", "resume_position", "resume_from_positions",
            "resharded_epoch", "epochs_completed", "fault_exit", "run_id",
@@ -159,7 +160,9 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         # With election, two workers finishing together both hold the duties at their end: the final model once.
         chief_hooks.append(FinalEvalOnce(evaluation) if leadership is not None else evaluation)
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
-        hooks += [CampaignWhileTrainingHook(leadership), *(LeaderOnlyHook(h, leadership) for h in chief_hooks)]
+        # Before the duties: a worker resumed after a take-over ended the run saves and evaluates nothing.
+        hooks += [CampaignWhileTrainingHook(leadership), TakenOverHook(leadership, config.checkpoint.dir),
+                  *(LeaderOnlyHook(h, leadership) for h in chief_hooks)]
         chief_hooks = []
     # Last of all (a session ends its hooks in order, the chief-only ones after the others; without election, a
     # session with duties is the chief's): the final save takes the lock again if it was deleted meanwhile, so a

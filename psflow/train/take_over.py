@@ -46,13 +46,11 @@ coordination backend, and only once global_step stood still for a lease ttl).
 
 Not guaranteed: a worker that neither pushed nor held the lease for a whole ``lease_ttl`` (stopped, or one step
 that long), or one restarted by a cluster manager that the tasks were not told of (``psflow server`` without
-``--restarted-by-manager``), but lives is taken for gone. No trained step is lost: when it
-trains again it campaigns and holds the duties (periodic saves go on), and as the last to finish writes the final
-checkpoint of its own last step (:func:`~psflow.train.final_duties.end_duties`), which then supersedes this one;
-the ps tasks of ``psflow server`` still serve until it sends ``Done`` (:mod:`psflow.ps.run_end`), and a dead worker
-never does. But the take-over's checkpoint is marked final in the middle of the run: an evaluator task
-(:mod:`psflow.launch.evaluator`) that reads it ends there, and the model is evaluated twice (at the take-over's
-step and at the end).
+``--restarted-by-manager``), but lives is taken for gone. The take-over's final checkpoint and evaluation are the
+run's (an evaluator task, :mod:`psflow.launch.evaluator`, may have ended on it already): when that worker trains
+again and is elected, it stops with one line before its duties run (:mod:`psflow.train.taken_over`), and the steps
+it pushed since it resumed are in no checkpoint. (It used to train on and write a second checkpoint marked final,
+the model evaluated twice.)
 """
 
 from __future__ import annotations

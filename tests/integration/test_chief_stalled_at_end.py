@@ -1,0 +1,68 @@
+"""A chief stalled (SIGSTOP) past ``--lease-ttl`` under ``psflow server`` while a finished worker lingers: that
+worker takes the chief duties over, writes the final checkpoint and evaluates the final model; the chief, resumed
+(SIGCONT), must neither write a second checkpoint marked final nor evaluate again (:mod:`psflow.train.taken_over`).
+
+Before: the resumed chief campaigned again, was elected (the take-over's worker had left), trained its data to the
+end and wrote its own final checkpoint (in the reproduction ckpt-000000067 by worker 1, then ckpt-000003084 by
+worker 0, both marked final, and ``eval step=67`` then ``eval step=3084``); an evaluator task had ended at the first.
+
+Real ``psflow server`` processes, as test_chief_lost_at_end starts them. Asserted on the log lines, the exit codes
+and the checkpoints' manifests, never on time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import test_server_run_end
+from support import wait_until
+from test_chief_lost_at_end import _start
+from test_server_run_end import _SAFETY, _cluster, _Tasks
+
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.cluster import ClusterSpec
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+tasks = test_server_run_end.tasks  # the fixture: its psflow server processes are killed by pid after the test
+
+
+def test_a_chief_stalled_past_the_lease_ttl_and_resumed_leaves_the_take_overs_final_checkpoint_alone(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
+    """Worker 1 (300 lines: ~30 steps) finishes and lingers; worker 0, the chief (all of a9a, 3 epochs: ~3,000
+    steps), is stopped once worker 1 waits for it, and resumed once worker 1 took the duties over and exited."""
+    cluster = tasks(_cluster(1, 2))
+    ckpt = _start(cluster, tmp_path, [None, 300])
+    chief = cluster.procs["worker-0"]
+    wait_until(lambda: "finished its data" in cluster.log("worker-1"), "worker 1 finished its data", limit=_SAFETY)
+    assert chief.poll() is None, cluster.log("worker-0")[-3000:]
+    os.kill(chief.pid, signal.SIGSTOP)
+    try:
+        assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
+    finally:
+        os.kill(chief.pid, signal.SIGCONT)
+    took = re.search(r"worker 1: took the chief duties over from the workers still training \(/job:worker/task:0\)"
+                     r".*at global_step (\d+)", cluster.log("worker-1"))
+    assert took, cluster.log("worker-1")[-3000:]
+    step = int(took.group(1))
+    code = cluster.exit_code("worker-0")
+    log = cluster.log("worker-0")
+    assert code != 0, log[-3000:]  # it did not end its part of the run: the run ended without it
+    assert "Traceback" not in log, log[-3000:]
+    assert re.search(r"/job:worker/task:0: the run was ended without this worker: /job:worker/task:1 took the chief "
+                     rf"duties over .*global_step {step}", log), log[-3000:]
+    final = latest_checkpoint(str(ckpt))
+    assert final is not None and read_manifest(final).final and read_manifest(final).global_step == step, final
+    finals = [name for name in sorted(os.listdir(ckpt)) if name.startswith("ckpt-")
+              and (ckpt / name / "manifest.json").exists() and read_manifest(str(ckpt / name)).final]
+    assert finals == [os.path.basename(final)], finals
+    newer = [name for name in os.listdir(ckpt) if name.startswith("ckpt-") and name > os.path.basename(final)]
+    assert newer == [], newer  # not even a periodic one past the final
+    evals = re.findall(r"eval step=(\d+)", cluster.log("worker-1") + log)
+    assert evals == [str(step)], evals
