@@ -146,6 +146,25 @@ def run_cli(*args: str, timeout: float = 200) -> subprocess.CompletedProcess[str
     return run_bounded([sys.executable, "-m", "psflow", *args], timeout=timeout)
 
 
+#: Sets psflow's stop signals (argv[1]: those to ignore, comma-separated numbers) and execs argv[2:].
+_SIGNALS_THEN_EXEC = """
+import os, signal, sys
+ignored = {int(n) for n in sys.argv[1].split(",") if n}
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def with_stop_signals(cmd: list[str], *, ignored: tuple[int, ...] = ()) -> list[str]:
+    """``cmd`` (its first item a path, e.g. ``sys.executable``), started by a tiny Python wrapper that sets SIGTERM,
+    SIGHUP and SIGINT to their default action but those in ``ignored``, which it ignores (``SIG_IGN``, as ``nohup``
+    leaves SIGHUP), and then execs ``cmd``: an ignored signal stays ignored across ``exec``, exactly as the command
+    inherits it from ``nohup``. Whatever this pytest process ignores, the command starts as asked (no preexec_fn
+    runs in this process, which has threads)."""
+    return [sys.executable, "-c", _SIGNALS_THEN_EXEC, ",".join(str(int(sig)) for sig in ignored), *cmd]
+
+
 def wait_until(condition: Callable[[], T | None], what: str, limit: float = 120.0) -> T:
     """Polls ``condition`` every 0.1 s until it returns a true value (returned); fails naming ``what``.
 

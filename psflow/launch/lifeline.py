@@ -13,7 +13,8 @@ Three pieces, one per side of a local cluster:
     then stops the tasks in order.
 
 :class:`StopRequest` (task side)
-    Installs handlers for SIGTERM, SIGHUP and SIGINT that only record the
+    Installs handlers for SIGTERM, SIGHUP and SIGINT (each one not ignored
+    already: see *Ignored signals* below) that only record the
     signal and write one byte to a self-pipe: no lock is taken and nothing is
     raised into the code the signal interrupted (a handler that raised while
     a push held the TCP channel's lock deadlocked the ``finally`` that closed
@@ -64,6 +65,23 @@ Three pieces, one per side of a local cluster:
     launcher's long waits there (a save, the eval set's read, the reader
     process's next batch) are made of short ones (:mod:`psflow.waits`), so
     that a signal the kernel handed to another thread is raised in time.
+
+Ignored signals (both sides)
+    A stop signal that is ignored (``SIG_IGN``) when the handlers are
+    installed stays ignored: ``nohup psflow server ...`` or ``nohup psflow
+    train ... &`` survives the terminal's hangup, and a background job of a
+    non-interactive shell (``psflow server ... &`` in a script) is not stopped
+    by SIGINT. This is the POSIX convention (``nohup`` sets SIGHUP to be
+    ignored and execs the command; the GNU C Library's manual, *Initial
+    Signal Actions*, asks a program to check for an inherited ``SIG_IGN``
+    before it installs a handler) and Python's own (it raises
+    KeyboardInterrupt on SIGINT only where SIGINT was not ignored at start).
+    The process logs once which signals stop it (``SIGHUP is ignored
+    (inherited): stop with SIGTERM or SIGINT``). An ignored signal is
+    inherited across ``exec``, so the tasks that ``psflow train`` starts
+    ignore what their launcher ignores, and behave as it was asked to: a
+    SIGHUP to one of them is ignored too. The launcher's death still stops
+    them (the lifeline pipe; the parent-death signal is SIGHUP, ignored then).
 """
 
 from __future__ import annotations
@@ -78,10 +96,11 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 __all__ = [
     "STOP_SIGNALS", "Lifeline", "StopRequest", "LaunchInterrupted", "LauncherSignals", "set_parent_death_signal",
-    "signal_name",
+    "signal_name", "ignored_stop_signals", "stop_signals_notice",
 ]
 
 log = logging.getLogger("psflow.launch")
@@ -99,6 +118,25 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def ignored_stop_signals() -> tuple[int, ...]:
+    """The :data:`STOP_SIGNALS` this process ignores now (``SIG_IGN``; inherited, as under ``nohup``)."""
+    return tuple(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
+
+
+def stop_signals_notice(ignored: tuple[int, ...]) -> str | None:
+    """The line that says which stop signals are ignored and which still stop; None when none is ignored.
+
+    ``SIGHUP is ignored (inherited): stop with SIGTERM or SIGINT``.
+    """
+    if not ignored:
+        return None
+    names = [signal_name(sig) for sig in STOP_SIGNALS if sig in ignored]
+    stoppers = [signal_name(sig) for sig in STOP_SIGNALS if sig not in ignored]
+    said = names[0] + " is" if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]} are"
+    how = f"stop with {' or '.join(stoppers)}" if stoppers else "only SIGKILL (or a launcher's exit) stops it"
+    return f"{said} ignored (inherited): {how}"
 
 
 def set_parent_death_signal(signum: int) -> bool:
@@ -166,6 +204,7 @@ class StopRequest:
         self._on_stop: list[Callable[[], object]] = []
         self._on_interrupt: list[Callable[[], object]] = []
         self._thread: threading.Thread | None = None
+        self.ignored: tuple[int, ...] = ()   # the stop signals left ignored by install_handlers
 
     # ---- state -------------------------------------------------------------
     def requested(self) -> str | None:
@@ -184,12 +223,21 @@ class StopRequest:
     # ---- set-up ------------------------------------------------------------
     def install_handlers(self) -> bool:
         """Handles :data:`STOP_SIGNALS` from now on, the self-pipe being the process's wakeup fd (module
-        docstring); False (nothing installed) off the main thread."""
+        docstring); False (nothing installed) off the main thread.
+
+        A stop signal ignored now (inherited ``SIG_IGN``: ``nohup``) stays ignored, listed in :attr:`ignored`
+        and logged once (module docstring, *Ignored signals*).
+        """
         if threading.current_thread() is not threading.main_thread():
             return False
+        self.ignored = ignored_stop_signals()
         for sig in STOP_SIGNALS:
-            signal.signal(sig, self._handle)
+            if sig not in self.ignored:
+                signal.signal(sig, self._handle)
         signal.set_wakeup_fd(self._wake_write, warn_on_full_buffer=False)
+        notice = stop_signals_notice(self.ignored)
+        if notice is not None:
+            log.info("%s: %s", self.name, notice)
         return True
 
     def start(self, lifeline_fd: int | None = None) -> None:
@@ -305,6 +353,10 @@ class LaunchInterrupted(KeyboardInterrupt):
         return self.report or f"interrupted by {signal_name(self.signum)}"
 
 
+#: The launcher's notices of ignored stop signals said so far in this process (each once).
+_SAID: set[str] = set()
+
+
 class LauncherSignals:
     """SIGTERM, SIGHUP and SIGINT to the launcher as :class:`LaunchInterrupted`; see the module docstring.
 
@@ -317,21 +369,33 @@ class LauncherSignals:
         self.received: int | None = None   # the first signal (written by the handler only)
         self._deferred = False
         self._second_cuts = False          # inside a deferred section that a second signal cuts
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # signal -> the handler install replaced
+        self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
 
     def install(self) -> bool:
-        """Installs the handlers; False (nothing installed) off the main thread. Idempotent."""
+        """Installs the handlers; False (nothing installed) off the main thread. Idempotent.
+
+        A stop signal ignored now (``nohup``) stays ignored (module docstring, *Ignored signals*), and so
+        for the tasks started from here; the first install in the process that leaves one ignored says so
+        on stderr, once (``psflow: SIGHUP is ignored (inherited): stop with SIGTERM or SIGINT``).
+        """
         if threading.current_thread() is not threading.main_thread():
             return False
+        if not self._previous:  # (not installed, or restored since)
+            self.ignored = ignored_stop_signals()
         for sig in STOP_SIGNALS:
-            if sig not in self._previous:
+            if sig not in self._previous and sig not in self.ignored:
                 self._previous[sig] = signal.signal(sig, self._handle)
+        notice = stop_signals_notice(self.ignored)
+        if notice is not None and notice not in _SAID:
+            _SAID.add(notice)
+            print(f"psflow: {notice}", file=sys.stderr, flush=True)
         return True
 
     def restore(self) -> None:
         """Puts the previous handlers back (main thread); idempotent."""
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)  # type: ignore[arg-type]  # what signal.signal returned
+            signal.signal(sig, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -7,13 +7,15 @@ task serves its WorkerService and runs the training loop, then exits 0.
 The cluster token comes from the ``PSFLOW_TOKEN`` environment variable,
 read here, at the edge.
 
-Stopping (see :mod:`psflow.launch.lifeline`): SIGTERM, SIGHUP or SIGINT,
-or the launcher's death (``--lifeline FD``, ``--exit-with-parent``), ends a
-task in order, without a lock taken or an exception raised in a signal
-handler: a ps task stops serving, a worker leaves its loop before its next
-step (a call blocked in a sync barrier is failed by closing its channels),
-and the process exits with ``128 + n`` (143 on SIGTERM; 129 when the
-launcher died) within the stop's grace (2 s), by force if it must.
+Stopping (see :mod:`psflow.launch.lifeline`): SIGTERM, SIGHUP or SIGINT
+(but one the process inherited ignored, as ``nohup`` leaves SIGHUP: it stays
+ignored, and the task's log says so once), or the launcher's death
+(``--lifeline FD``, ``--exit-with-parent``), ends a task in order, without
+a lock taken or an exception raised in a signal handler: a ps task stops
+serving, a worker leaves its loop before its next step (a call blocked in a
+sync barrier is failed by closing its channels), and the process exits
+with ``128 + n`` (143 on SIGTERM; 129 when the launcher died) within the
+stop's grace (2 s), by force if it must.
 
 Errors: an expected one (a :class:`~psflow.errors.PsflowError` that
 :func:`psflow.launch.console.expected_in_task` accepts: a malformed record,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import A9A, REPO, wait_until
+from support import A9A, REPO, wait_until, with_stop_signals
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -84,12 +84,14 @@ def steps_logged(path: Path) -> int:
 class Launcher:
     """One ``psflow train`` on a9a (2 ps, 2 workers, batch 32, more epochs than any test waits for)."""
 
-    def __init__(self, out: Path, *extra: str) -> None:
+    def __init__(self, out: Path, *extra: str, ignored: tuple[int, ...] = ()) -> None:
         self.out = out
         self.stderr_path = out.parent / f"{out.name}.stderr"
         cmd = [sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124",
                "--ps", "2", "--workers", "2", "--batch-size", "32", "--epochs", "500", "--log-every", "10",
                "--quiet", "--output", str(out), *extra]
+        # Its stop signals at their default action but ``ignored`` (nohup's SIGHUP), whatever pytest's are.
+        cmd = with_stop_signals(cmd, ignored=ignored)
         with open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
                                          cwd=str(REPO), start_new_session=True)
@@ -136,8 +138,8 @@ class Launcher:
 def launch(tmp_path: Path) -> Iterator[Callable[..., Launcher]]:
     started: list[Launcher] = []
 
-    def make(*extra: str) -> Launcher:
-        launcher = Launcher(tmp_path / f"run{len(started)}", *extra)
+    def make(*extra: str, ignored: tuple[int, ...] = ()) -> Launcher:
+        launcher = Launcher(tmp_path / f"run{len(started)}", *extra, ignored=ignored)
         started.append(launcher)
         return launcher
 
@@ -167,6 +169,32 @@ def test_signal_to_launcher_stops_every_task_and_reports(launch: Callable[..., L
         # The launcher sends SIGTERM and each task exits 143 on its own; SIGKILL after 3 s is its safety net.
         assert t["exit"].startswith(("exited on SIGTERM", "was killed by signal SIGKILL")), t
     assert metrics["hangs"] == [] and metrics["restarts"] == []
+
+
+def test_a_launcher_started_with_sighup_ignored_trains_on_through_a_hangup_and_so_do_its_tasks(
+        launch: Callable[..., Launcher]) -> None:
+    """``nohup psflow train ... &``, then the user logs out: the run lost its launcher and every task to the hangup
+    (129), the launcher's handlers and each task's StopRequest having replaced the SIG_IGN nohup set. The tasks
+    inherit the ignore through exec, as their launcher was asked; SIGTERM still stops the run in order."""
+    run = launch(ignored=(signal.SIGHUP,))
+    tasks = run.wait_training()
+    notice = "SIGHUP is ignored (inherited): stop with SIGTERM or SIGINT"
+    assert f"psflow: {notice}" in run.stderr(), run.stderr()[-3000:]
+    for pid in [run.pid, *tasks]:
+        os.kill(pid, signal.SIGHUP)  # discarded as it is sent, by a process that ignores it
+    log = run.out / "logs" / "worker-0.log"
+    steps = steps_logged(log)
+    wait_until(lambda: steps_logged(log) > steps or run.proc.poll() is not None, "worker 0 training on",
+               START_LIMIT)
+    assert run.proc.poll() is None and all(alive(p, s) for p, s in tasks.items()), run.stderr()[-3000:]
+    os.kill(run.pid, signal.SIGTERM)
+    assert run.wait() == 143, run.stderr()[-3000:]
+    wait_gone(tasks)
+    metrics = run.metrics()
+    assert (metrics["interrupted"], metrics["restarts"]) == ("SIGTERM", []), metrics
+    for name in ("ps-0", "ps-1", "worker-0", "worker-1"):
+        text = (run.out / "logs" / f"{name}.log").read_text(errors="replace")
+        assert notice in text, text[-2000:]  # inherited: each task says it too
 
 
 def test_sigkill_to_launcher_leaves_no_task(launch: Callable[..., Launcher]) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from support import REPO
 
+from psflow.launch import lifeline
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, StopRequest, signal_name
 from psflow.launch.supervisor import describe_exit
 
@@ -26,9 +27,12 @@ LIMIT = 60.0  # safety net, seconds
 
 Starter = Callable[..., subprocess.Popen[str]]
 
-# A child that starts a StopRequest (lifeline fd in argv[1], or -1), says "ready", then runs BODY.
+# A child that starts a StopRequest (lifeline fd in argv[1], or -1), says "ready", then runs BODY. Its stop signals
+# start at their default action, whatever this pytest process ignores (run under nohup, say).
 CHILD = """
-import logging, sys, threading, time
+import logging, signal, sys, threading, time
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):  # as a task not started ignoring any (nohup)
+    signal.signal(sig, signal.SIG_DFL)
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
 from psflow.launch.lifeline import StopRequest
 stop = StopRequest("/job:test/task:0", grace=GRACE, drain=DRAIN)
@@ -207,6 +211,21 @@ def _deliver(sig: int) -> None:
         time.sleep(0.01)
 
 
+@pytest.fixture
+def stop_signals_default() -> Iterator[None]:
+    """This process's stop signals at their default action for the test (a pytest run under nohup ignores SIGHUP,
+    which LauncherSignals would leave ignored), as they were after it."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig in before:
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+@pytest.mark.usefixtures("stop_signals_default")
 def test_launcher_signal_in_a_deferred_section_waits_for_the_check() -> None:
     before = signal.getsignal(signal.SIGTERM)
     signals = LauncherSignals()
@@ -229,6 +248,7 @@ def test_launcher_signal_in_a_deferred_section_waits_for_the_check() -> None:
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+@pytest.mark.usefixtures("stop_signals_default")
 def test_launcher_signal_outside_a_deferred_section_raises_at_once() -> None:
     signals = LauncherSignals()
     assert signals.install()
@@ -238,3 +258,31 @@ def test_launcher_signal_outside_a_deferred_section_raises_at_once() -> None:
         assert caught.value.exit_code == 129 and "SIGHUP" in str(caught.value)
     finally:
         signals.restore()
+
+
+@pytest.mark.usefixtures("stop_signals_default")
+def test_the_launcher_leaves_an_inherited_ignored_signal_ignored_and_says_so_once(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``nohup psflow train``: SIGHUP stays ignored (its tasks inherit the ignore through exec), SIGTERM and SIGINT
+    stop the run; one line on stderr says so, once however often the handlers are installed."""
+    monkeypatch.setattr(lifeline, "_SAID", set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for _ in range(2):
+        signals = LauncherSignals()
+        assert signals.install()
+        try:
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and signals.ignored == (signal.SIGHUP,)
+            assert signal.getsignal(signal.SIGTERM) == signals._handle
+            os.kill(os.getpid(), signal.SIGHUP)  # discarded as it is sent: nothing to raise
+        finally:
+            signals.restore()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert capsys.readouterr().err == "psflow: SIGHUP is ignored (inherited): stop with SIGTERM or SIGINT\n"
+
+
+def test_the_notice_names_what_still_stops() -> None:
+    assert lifeline.stop_signals_notice(()) is None
+    assert lifeline.stop_signals_notice((signal.SIGHUP, signal.SIGINT)) == \
+        "SIGHUP and SIGINT are ignored (inherited): stop with SIGTERM"
+    assert lifeline.stop_signals_notice(lifeline.STOP_SIGNALS) == \
+        "SIGTERM, SIGHUP and SIGINT are ignored (inherited): only SIGKILL (or a launcher's exit) stops it"
