@@ -21,7 +21,8 @@ checkpoint marked final in the middle of the run and left.
    one's lease not lapsed yet), it waits: a worker that trains pushes, and campaigns whenever the lease is free
    (its campaign pauses at most 0.4 s), so it holds the duties; a live holder is never displaced;
 2. the newest checkpoint is already the final one at this global_step (another finished worker took the duties
-   over first and gave them up): this worker leaves without them;
+   over first and gave them up; without a checkpoint directory: ps task 0 records the final model's evaluation at
+   this global_step, :mod:`psflow.train.final_eval`): this worker leaves without them;
 3. else it campaigns once (its election fences every ps task at the new epoch, as any chief's does); not elected:
    back to 1;
 4. elected, it reads global_step again: moved (a worker that trains pushed meanwhile), it resigns the lease to that
@@ -37,8 +38,10 @@ reached ps task 0, or the final checkpoint at the last step is there) and, if no
 ``lease_ttl`` before, takes the duties over by steps 1-4 (WARNING ``... took the chief duties over from the last
 to finish (...), whose session never ended``). This worker's ``Done`` then comes after the holder's (a poll, 0.2 s).
 A holder resigns its lease just before its ``Done``: without a checkpoint directory (``--eval`` only), one whose
-session's end took more than ``lease_ttl`` can be taken over in that moment (the WARNING logged, the final model
-not evaluated again: :class:`~psflow.train.final_eval.FinalEvalOnce`).
+session's end took more than ``lease_ttl`` is not taken over in that moment: its record of the final evaluation on
+ps task 0 (step 2) says its session ended. (It was, with a WARNING that its session never ended and that this
+worker was writing the final checkpoint, where there is none to write.) Without a checkpoint directory the WARNING
+of step 4 says ``ending the run (no --checkpoint-dir)``.
 
 Guarantees: a worker that pushes or holds the lease keeps the duties (steps 1 and 4); the final checkpoint and
 evaluation are of the last pushed step; no extra work per push (only the lingering worker's polls ask the
@@ -63,6 +66,7 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.coord import CoordinationError
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import FinalEvalReply, FinalEvalRequest
 from psflow.rpc.api import RpcError
 from psflow.train.recovery import Leadership
 
@@ -125,9 +129,9 @@ class TakeOver:
         """The take-over's steps 1-4 (module docstring); ``whom``: who had the duties, for the WARNING."""
         if quiet < self.lease_ttl or not self._lease_free():
             return False
-        if self._final_at(step):
-            log.info("worker %d: the final checkpoint at global_step %s is written already (by a worker that took "
-                     "the chief duties over); leaving", self.task_index, step)
+        final = self._final_at(step)
+        if final is not None:
+            log.info("worker %d: %s; leaving", self.task_index, final)
             return True
         if self.leadership.campaign(timeout=0.0 if self.leadership.backend.campaign_polls else 1.0) is None:
             return False
@@ -141,8 +145,9 @@ class TakeOver:
                      "chief duties on", self.task_index, step, now)
             self.leadership.resign()
             return False
+        duty = "writing the final checkpoint" if self.checkpoint_dir else "ending the run (no --checkpoint-dir)"
         log.warning("worker %d: took the chief duties over from %s: nobody pushed or held the chief lease for %.0f s "
-                    "(--lease-ttl); writing the final checkpoint at global_step %s", self.task_index, whom, quiet, step)
+                    "(--lease-ttl); %s at global_step %s", self.task_index, whom, quiet, duty, step)
         return True
 
     def _lease_free(self) -> bool:
@@ -152,16 +157,35 @@ class TakeOver:
             log.info("worker %d: asking who holds the chief lease: %s", self.task_index, e)
             return False
 
-    def _final_at(self, step: int | None) -> bool:
-        """Whether the newest checkpoint is a final one at ``step`` (a read error: no)."""
+    def _final_at(self, step: int | None) -> str | None:
+        """What says the run's final duties at ``step`` are done, or None: the newest checkpoint is a final one at
+        ``step``; without a checkpoint directory, ps task 0 records the final model's evaluation at ``step`` (a
+        read error: None)."""
         if not self.checkpoint_dir:
-            return False
+            return self._evaluated_at(step)
         try:
             latest = latest_checkpoint(self.checkpoint_dir)
             if latest is None:
-                return False
+                return None
             manifest = read_manifest(latest)
         except (CheckpointError, OSError) as e:
             log.info("worker %d: reading the newest checkpoint in %s: %s", self.task_index, self.checkpoint_dir, e)
-            return False
-        return manifest.final and manifest.global_step == step
+            return None
+        if not manifest.final or manifest.global_step != step:
+            return None
+        return (f"the final checkpoint at global_step {step} is written already (by a worker that took the chief "
+                "duties over)")
+
+    def _evaluated_at(self, step: int | None) -> str | None:
+        """Who evaluated the final model at ``step``, per ps task 0's record (:mod:`psflow.train.final_eval`)."""
+        if step is None:
+            return None
+        try:
+            record = FinalEvalReply.from_frame(self.client.call(self.client.step_task,
+                                                                FinalEvalRequest(self.client.client_name, step)))
+        except RpcError as e:
+            log.info("worker %d: asking ps task 0 whether the final model was evaluated: %s", self.task_index, e)
+            return None
+        if record.step != step:
+            return None
+        return f"the final model (global_step {step}) was evaluated by {record.worker} already (its session ended)"

@@ -8,6 +8,7 @@ trains keeps the duties.
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -15,8 +16,15 @@ import pytest
 from support import HeldLeases, one_ps_chief
 
 from psflow.checkpoint.save import CheckpointManager
+from psflow.cluster import ClusterSpec
 from psflow.coord.api import DEFAULT_ELECTION, LeaderInfo, Lease
-from psflow.ps.protocol import StatsReply
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import FinalEvalReply, FinalEvalRequest, StatsReply
+from psflow.ps.service import ParameterService
+from psflow.rpc.framing import Frame
+from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.recovery import Leadership
 from psflow.train.take_over import TakeOver
 
@@ -47,13 +55,19 @@ class _Leases(HeldLeases):
 
 
 class _Steps:
-    """ps task 0's global_step as the take-over reads it after its election."""
+    """ps task 0's global_step as the take-over reads it after its election; it records no final evaluation."""
+
+    client_name = "/job:worker/task:1"
+    step_task = 0
 
     def __init__(self, step: int) -> None:
         self.step = step
 
     def ps_stats(self) -> StatsReply:
         return StatsReply("/job:ps/task:0", global_step=self.step, ready=True)
+
+    def call(self, task: int, request: FinalEvalRequest) -> Frame:
+        return FinalEvalReply(None, None).to_frame()
 
 
 def _take_over(backend: _Leases, step: int) -> tuple[TakeOver, Leadership]:
@@ -145,3 +159,57 @@ def test_a_worker_that_handed_the_duties_on_takes_them_when_the_holder_never_end
     leadership = _await(backend, [[], []], ttl=0.0)  # the second: global_step read again once elected
     lease = leadership.lease()
     assert backend.campaigns == 1 and lease is not None and lease.epoch == 9
+
+
+def _two_workers() -> tuple[ParameterClient, ParameterClient, int]:
+    """An in-process ps task 0 of a 2-worker run (it keeps the run's ledger, as under ``psflow server``), both
+    workers' clients, registered and finished (``Leave``); the global_step they ended at."""
+    workers = ["/job:worker/task:0", "/job:worker/task:1"]
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1"]})
+    variables = VariableSet(replica_device_setter(cluster=cluster))
+    variables.get_variable("w", (4, 2))
+    service = ParameterService(0, holds_global_step=True, training_workers=workers)
+    holder, waiter = (ParameterClient(cluster, variables.placements(), client_name=name,
+                                      channels={0: InProcessChannel("/job:ps/task:0", service.handlers())})
+                      for name in workers)
+    holder.register(OptimizerSpec("sgd", {"learning_rate": 0.1}), chief=True)
+    waiter.register(OptimizerSpec("sgd", {"learning_rate": 0.1}))
+    assert service.global_step is not None
+    step = [service.global_step.increment() for _ in range(3)][-1]
+    holder.leave()
+    waiter.leave()
+    return holder, waiter, step
+
+
+def test_without_a_checkpoint_dir_a_holder_that_evaluated_the_final_model_is_not_taken_over(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``--eval`` without ``--checkpoint-dir``: the last to finish evaluated the final model (recorded on ps task 0)
+    and resigned its lease before its ``Done``; its end took more than the lease's ttl. The waiting worker used to
+    take the duties over with a WARNING that the holder's session never ended and that it was 'writing the final
+    checkpoint' (there is none to write); nothing was wrong. Now it sees the record and leaves, with no campaign and
+    no WARNING."""
+    holder, waiter, step = _two_workers()
+    holder.call(holder.step_task, FinalEvalRequest(holder.client_name, step, evaluated=True))
+    backend = _Leases()
+    take_over = TakeOver(Leadership(backend, waiter.client_name), waiter, 1, lease_ttl=0.0, checkpoint_dir=None)
+    with caplog.at_level(logging.INFO, logger="psflow.worker"):
+        take_over.await_holder(2, poll=0.0)
+    assert backend.campaigns == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any(f"final model (global_step {step}) was evaluated by /job:worker/task:0" in r.getMessage()
+               for r in caplog.records), caplog.text
+
+
+def test_without_a_checkpoint_dir_a_holder_that_never_evaluated_is_taken_over_without_a_checkpoint_named(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The same without the holder's record (killed before its evaluation): taken over, and the WARNING says what
+    this worker will do, not that it writes a checkpoint."""
+    _, waiter, step = _two_workers()
+    backend = _Leases()
+    take_over = TakeOver(Leadership(backend, waiter.client_name), waiter, 1, lease_ttl=0.0, checkpoint_dir=None)
+    with caplog.at_level(logging.INFO, logger="psflow.worker"):
+        take_over.await_holder(2, poll=0.0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert backend.campaigns == 1 and len(warnings) == 1, caplog.text
+    assert "writing the final checkpoint" not in warnings[0], warnings
+    assert f"ending the run (no --checkpoint-dir) at global_step {step}" in warnings[0], warnings
