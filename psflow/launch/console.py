@@ -16,6 +16,7 @@ This module imports nothing that imports ``grpc``.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import MutableMapping, Sequence
 
@@ -66,7 +67,10 @@ def expected_in_task(error: BaseException) -> bool:
     (:meth:`psflow.ps.optimizer_base.Optimizer.learning_rate`) is the user's to fix, one line, and so is a sync
     step or ssp wait failed because the chief's save lasted longer than ``--save-timeout``
     (:mod:`psflow.ps.save_hold`): the line names the save and the flag (the chief, stuck in its save, never
-    fails on its own).
+    fails on its own). So is a sync step that timed out under ``--on-timeout fail``, or an ssp worker declared
+    lost (:func:`_timed_out`): every worker's push fails with it until a restore, the restarted ones' at once,
+    and each exit showed a traceback; the line names the ps task, the step (the clock) and what timed out,
+    and the launcher still names the first task that failed as the root cause.
     """
     if not isinstance(error, PsflowError):
         return False
@@ -74,7 +78,8 @@ def expected_in_task(error: BaseException) -> bool:
     from psflow.rpc.api import ListenError, RpcError
 
     if isinstance(error, RpcError):
-        return isinstance(error, ListenError) or _schedule_refused(error) or _save_past_its_timeout(error)
+        return (isinstance(error, ListenError) or _schedule_refused(error) or _save_past_its_timeout(error)
+                or _timed_out(error))
     # Not imported, so not raised: a ps task never imports the trainer's modules, not even while it ends.
     recovery = sys.modules.get("psflow.train.recovery")
     others = (CoordinationError,) if recovery is None else (CoordinationError, recovery.RecoveryError)
@@ -96,3 +101,17 @@ def _save_past_its_timeout(error: BaseException) -> bool:
     from psflow.rpc.api import FailedPreconditionError
 
     return isinstance(error, FailedPreconditionError) and "longer than its --save-timeout (" in str(error)
+
+
+#: A ps task's words for a sync step that timed out (psflow.ps.sync) and an ssp worker declared lost
+#: (psflow.ps.staleness), as a refusal carries them: tests/unit/launch/test_console.py makes them with those modules.
+_TIMED_OUT = re.compile(r"sync step \d+ timed out after [\d.]+ s with \d+ of \d+ gradients"
+                        r"|/job:\w+/task:\d+ made no progress for [\d.]+ s \(clock \d+\)")
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether ``error`` is a ps task's refusal of a push whose sync step timed out, or whose ssp wait declared a
+    worker lost (``--sync-timeout`` with ``--on-timeout fail``)."""
+    from psflow.rpc.api import FailedPreconditionError
+
+    return isinstance(error, FailedPreconditionError) and _TIMED_OUT.search(str(error)) is not None

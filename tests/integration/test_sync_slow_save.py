@@ -17,7 +17,10 @@ waiting for the chief's initial checkpoint, was declared lost at the chief's fir
 And the store stopped for good: the save is given up once it outlasted --save-timeout (psflow.checkpoint.bounded_save),
 and ``psflow train`` ends, naming the save in one line and the checkpoint lock it could not release (it waited for ever
 on that release; in async mode, where nothing holds a step, on the chief stuck in its save). In async mode with the store
-stopped for a while only: the chief gives its save up, trains on and finishes, its final checkpoint the newest."""
+stopped for a while only: the chief gives its save up, trains on and finishes, its final checkpoint the newest.
+
+And the chief killed mid-save with a short --sync-timeout: its step times out and every worker, the restarted ones
+at once, ends on that timeout, each with one line (it was a full traceback, whose tail the failure report showed)."""
 
 from __future__ import annotations
 
@@ -249,3 +252,57 @@ def test_a_failed_runs_end_does_not_wait_for_a_stopped_store(gcs_server: object,
     finally:
         os.kill(gcs_server.pid, signal.SIGCONT)
     assert got == [None]
+
+
+def _task_pid(out: Path, job: str, index: int) -> int | None:
+    """The pid of the run's live ``/job:JOB/task:INDEX`` process (its command line names the run's cluster file)."""
+    marker = [str(out / "cluster.json"), "--job", job, "--task", str(index)]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                args = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if any(args[i:i + len(marker)] == marker for i in range(len(args))):
+                return int(entry)
+    return None
+
+
+def test_a_chief_killed_mid_save_fails_each_worker_in_one_line(
+        gcs_server: object, gcs_bucket: str, tmp_path: Path) -> None:
+    """Sync mode, a short --sync-timeout: the chief is killed while its save waits for the stopped store, so the
+    step it was missing from times out, and every later push fails with that timeout (the step's failure stays until
+    a restore). Each worker's exit, the restarted ones' too, said so with a full Python traceback; now one line naming
+    the task, the step and what timed out, and the run still fails (exit status non-zero)."""
+    assert isinstance(gcs_server, StoreServer)
+    ckpt, out = f"{gcs_bucket}/ckpt", tmp_path / "run"
+    run = _train(ckpt, out, "--mode", "sync", "--ps", "1", "--sync-timeout", str(SYNC_TIMEOUT),
+                 "--rpc-timeout", str(RPC_TIMEOUT), "--restart-policy", "on-failure", "--max-restarts", "1")
+    with _store_stopped(gcs_server, run, out) as resume:
+        wait_until(lambda: _save_under_way(_ps_logs(out)) or run.poll() is not None,
+                   "a periodic save of the chief begun, told to the ps task")
+        chief = _task_pid(out, "worker", 0)
+        assert chief is not None, "no live /job:worker/task:0 process"
+        os.kill(chief, signal.SIGKILL)
+        wait_until(lambda: "timed out" in _ps_logs(out) or run.poll() is not None, "the chief's step timed out")
+        resume()
+        try:
+            _, stderr = run.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            pytest.fail("psflow train did not end within 180 s of the chief's kill; its stderr ends with its "
+                        "Python stacks:\n" + _stacks_then_killed(run)[-12000:])
+    assert run.returncode != 0, stderr[-3000:]
+    # The launcher's report: the root cause's one line (it showed the tail of that worker's traceback).
+    assert "Traceback" not in stderr and "last lines of its log" not in stderr and 'File "' not in stderr, \
+        stderr[-6000:]
+    lines = stderr.splitlines()
+    cause = next(i for i, line in enumerate(lines) if line.startswith("psflow train: error:"))
+    assert "root cause" in lines[cause] and re.match(
+        rf"  /job:ps/task:0: PushPull: sync step \d+ timed out after {SYNC_TIMEOUT} s with 1 of 2 gradients; "
+        r"missing: /job:worker/task:0", lines[cause + 1]), stderr[-3000:]
+    # Each worker's exit on it is one ERROR line in its log, naming the worker, the step and what timed out.
+    for name in ("worker-0", "worker-1"):
+        text = _log(out, name)
+        assert "Traceback" not in text, f"{name}.log:\n{text[-6000:]}"
+    assert re.search(rf"ERROR .*/job:worker/task:1: /job:ps/task:0: PushPull: sync step \d+ timed out after "
+                     rf"{SYNC_TIMEOUT} s", _log(out, "worker-1")), _log(out, "worker-1")[-3000:]

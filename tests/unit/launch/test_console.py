@@ -19,14 +19,18 @@ from psflow.placement import PlacementError
 from psflow.ps.client import ClientError
 from psflow.ps.optimizers import make_optimizer
 from psflow.ps.save_hold import SaveHold
-from psflow.ps.store import StoreError
+from psflow.ps.staleness import StalenessClock
+from psflow.ps.store import ParameterStore, StoreError
+from psflow.ps.sync import Contribution, SyncAggregator, SyncConfig
 from psflow.rpc.api import (
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
     ListenError,
+    PreconditionFailed,
     RpcError,
     TaskUnavailableError,
+    refusal,
 )
 from psflow.train.hooks import NanLossError
 from psflow.train.recovery import RecoveryError
@@ -93,9 +97,32 @@ def test_a_step_failed_by_a_save_past_its_save_timeout_is_one_line() -> None:
     for message in (f"sync step 10 timed out after 2.0 s with 1 of 2 gradients; missing: /job:worker/task:0{why}",
                     f"/job:worker/task:0 made no progress for 2.0 s (clock 9){why}"):
         assert expected_in_task(FailedPreconditionError(f"/job:ps/task:0: PushPull: /job:ps/task:0: {message}"))
-    assert not expected_in_task(FailedPreconditionError(
-        "/job:ps/task:0: PushPull: /job:ps/task:0: sync step 10 timed out after 2.0 s with 1 of 2 gradients; "
-        "missing: /job:worker/task:0"))  # no save named: another task's failure (the launcher names it)
+
+
+def test_a_timed_out_sync_step_or_ssp_wait_is_one_line() -> None:
+    """A sync step that timed out under --on-timeout fail (every later push of the run fails with it, until a
+    restore), or an ssp worker declared lost: the user's --sync-timeout against a worker that died or hung. Each
+    worker's exit, the restarted ones' too, ended with a traceback, whose tail the launcher showed as the root
+    cause's log; now one line naming the ps task, the step and what timed out. Made with the ps modules' own words."""
+    agg = SyncAggregator(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=0.01),
+                         ParameterStore(), task_name="/job:ps/task:0", advance=lambda: 1, current=lambda: 10)
+    with pytest.raises(PreconditionFailed) as timed_out:
+        agg.contribute(10, Contribution("/job:worker/task:1", []))
+    now = [0.0]
+
+    def ticking() -> float:  # a second a reading: the wait below ends with its timeout, in no real time
+        now[0] += 1.0
+        return now[0]
+
+    ssp = StalenessClock(SyncConfig(mode="ssp", total_num_replicas=2, staleness=0, timeout=2.0),
+                         task_name="/job:ps/task:0", clock=ticking)
+    with pytest.raises(PreconditionFailed) as lost:  # task:1 never moved past clock 0
+        ssp.advance("/job:worker/task:0", 8)
+    for e in (timed_out.value, lost.value):
+        text = refusal("/job:ps/task:0", "PushPull", e).text
+        assert "sync step 10 timed out" in text or "made no progress for 2.0 s" in text, text
+        assert expected_in_task(FailedPreconditionError(text)), text
+    assert not expected_in_task(FailedPreconditionError("/job:ps/task:0: Push: the lease of epoch 3 was lost"))
 
 class _NewError(PsflowError):
     """Stands for any error psflow raises on purpose, one added after the command line was written included."""
