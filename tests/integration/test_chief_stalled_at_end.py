@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 import test_server_run_end
-from support import wait_until
+from support import A9A_T, wait_until
 from test_chief_lost_at_end import _start
+from test_evaluator import _spawn
 from test_server_run_end import _SAFETY, _cluster, _Tasks
 
 from psflow.checkpoint.manifest import read_manifest
@@ -40,6 +41,11 @@ def test_a_chief_stalled_past_the_lease_ttl_and_resumed_leaves_the_take_overs_fi
     cluster = tasks(_cluster(1, 2))
     ckpt = _start(cluster, tmp_path, [None, 300])
     chief = cluster.procs["worker-0"]
+    # An evaluator task beside them (TF_CONFIG, as a TFJob starts it): it ends at the run's final checkpoint.
+    cluster.procs["evaluator-0"] = _spawn(
+        "evaluator", 0, {job: list(cluster.cluster.job_tasks(job)) for job in ("ps", "worker")},
+        ["--checkpoint-dir", str(ckpt), "--eval", str(A9A_T), "--num-features", "124", "--no-status",
+         "--eval-poll-secs", "0.2"], tmp_path / "evaluator-0.log")
     wait_until(lambda: "finished its data" in cluster.log("worker-1"), "worker 1 finished its data", limit=_SAFETY)
     assert chief.poll() is None, cluster.log("worker-0")[-3000:]
     os.kill(chief.pid, signal.SIGSTOP)
@@ -66,3 +72,6 @@ def test_a_chief_stalled_past_the_lease_ttl_and_resumed_leaves_the_take_overs_fi
     assert newer == [], newer  # not even a periodic one past the final
     evals = re.findall(r"eval step=(\d+)", cluster.log("worker-1") + log)
     assert evals == [str(step)], evals
+    assert cluster.exit_code("evaluator-0") == 0, cluster.log("evaluator-0")[-3000:]
+    evaluated = re.findall(r"evaluator: step=\d+ .*\((ckpt-[0-9-]+)(, final)?\)", cluster.log("evaluator-0"))
+    assert evaluated and evaluated[-1][0] == os.path.basename(final), evaluated  # it ended at the run's final
