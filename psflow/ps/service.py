@@ -45,6 +45,13 @@ fields below are those messages'):
     A dynamic table's gradient applies to the ids that have a row (the others
     are dropped and counted); after the push, rows older than the table's
     ``ttl_steps`` are swept (a bounded slice of the table per push).
+    A refused push (bad input, an earlier process, one from before a restore,
+    a sync step that timed out) changes no counter of ``Stats``.
+``PushPull``
+    A push, then a pull, in one call (:meth:`ParameterService.push_pull`): its
+    lookup is made only once the push is applied, so a refused push's lookup
+    is not made and counts nothing. A ``Pull``'s lookup counts once made,
+    whether or not the step's push lands later (docs/dynamic_tables.md).
 
 Dynamic tables keep time in global steps: on the task holding global_step,
 its value; elsewhere the newest ``step_hint`` a client sent (the newest step it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from safetensors.numpy import load as safetensors_load
@@ -10,7 +12,7 @@ from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.dynamic import DynamicTableError, share_spec, table_totals
 from psflow.ps.service import ParameterService
-from psflow.rpc.api import InvalidRequest
+from psflow.rpc.api import InvalidRequest, PreconditionFailed
 from psflow.rpc.framing import Frame
 
 ADAGRAD = OptimizerSpec("adagrad", {"learning_rate": 0.5})
@@ -84,3 +86,84 @@ def test_a_saved_share_loads_back_and_a_bad_snapshot_changes_nothing() -> None:
     assert len(fresh.store.get("emb/part_0").table or []) == 0
     load(Frame({"parts": ["emb/part_0"]}, {f"d/emb/part_0/{k}": v for k, v in snapshot.items()}))
     np.testing.assert_array_equal(_pull(fresh, np.array([1, 2, 3], dtype=np.int64), create=False), tensors["emb/part_0"])
+
+
+#: Stats fields that move with time or memory, not with what was applied.
+_NOT_COUNTS = {"uptime", "cpu_seconds", "cpu_seconds_since_init", "read_seconds", "apply_seconds", "memory_bytes",
+               "sync_waiting_seconds"}
+
+
+def _counts(service: ParameterService) -> dict[str, Any]:
+    """Every figure of the task's ``Stats`` (what metrics.json and /metrics report of it), flattened."""
+    def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out.update(flat(v, f"{prefix}{k}."))
+            elif k not in _NOT_COUNTS:
+                out[f"{prefix}{k}"] = v
+        return out
+
+    return flat(service.get_stats(Frame({}, {}))[0])
+
+
+def _sync_or_async_service(sync: dict[str, object] | None) -> ParameterService:
+    variables = VariableSet(replica_device_setter(1))
+    variables.get_variable("emb", (0, 2), dynamic={}, initializer={"name": "constant", "value": 0.5})
+    variables.get_variable("b", (2,), initializer={"name": "zeros"})
+    service = ParameterService(0, holds_global_step=True)
+    meta = {"layout": [p.to_json() for p in variables.placements()], "optimizer": ADAGRAD.to_json(), "chief": True,
+            "sync": sync}
+    assert service.register(Frame(meta, {}))[0]["created"]
+    return service
+
+
+def _push_pull(service: ParameterService, lookups: list[int], **changed: object) -> None:
+    """A worker's PushPull: a gradient for ids 1 and 2 and the bias, then a training lookup of ``lookups``."""
+    meta: dict[str, object] = {"grads": [["emb/part_0", "sparse"], ["b/part_0", "dense"]], "step": True,
+                               "vars": [["emb/part_0", "r"]], "create": True, "examples": 4,
+                               "worker": "/job:worker/task:0", "incarnation": 5}
+    arrays = {"i/emb/part_0": np.array([1, 2], np.int64), "g/emb/part_0": np.ones((2, 2), np.float32),
+              "g/b/part_0": np.ones(2, np.float32), "r": np.array(lookups, np.int64)}
+    for key, value in changed.items():
+        (arrays if isinstance(value, np.ndarray) else meta)[key.replace("__", "/")] = value
+    service.push_pull(Frame(meta, arrays))
+
+
+@pytest.mark.parametrize("refused, error", [
+    ({"incarnation": 4}, r"push from an earlier process of /job:worker/task:0 \(incarnation 4 < 5\)"),
+    ({"generation": 7}, r"push of generation 7 refused: the cluster was restored"),
+    ({"g__b__part_0": np.ones(3, np.float32)}, r"variable 'b' partition 0 .* pushed gradient has \(3,\)"),
+    ({"g__emb__part_0": np.full((2, 2), np.nan, np.float32)}, r"the gradient of id 1 is not finite"),
+], ids=["earlier process", "before a restore", "bad shape", "non-finite table gradient"])
+def test_a_refused_push_counts_nothing_and_its_lookups_are_not_made(refused: dict[str, object], error: str) -> None:
+    """What a task reports (Stats: metrics.json, /metrics) is what it applied. A PushPull's lookup goes with its
+    push: the push refused (bad input, an earlier process, one from before a restore), the lookup is not made,
+    so no sighting, admission or read counts, and neither does the push (rows, bytes, examples, loss, staleness).
+    A lookup made by a Pull counts once made, whether or not the step's push lands later (docs/dynamic_tables.md)."""
+    service = _sync_or_async_service(None)
+    _push_pull(service, [1, 2])  # the worker's process (incarnation 5) is known; ids 1 and 2 have rows
+    before = _counts(service)
+    with pytest.raises((InvalidRequest, PreconditionFailed), match=error):
+        _push_pull(service, [100, 101], **refused)
+    assert _counts(service) == before
+    _push_pull(service, [100, 101])  # the same call, accepted: counted
+    after = _counts(service)
+    assert (after["pushes"], after["examples"], after["dynamic_tables.emb/part_0.admitted"]) == (2, 8, 4), after
+
+
+def test_a_push_whose_sync_step_timed_out_counts_nothing() -> None:
+    """Sync, --on-timeout fail: the push's step timed out (the other worker never came), so nothing of it was applied;
+    the step's timeout is counted, the push, its examples and its lookup are not."""
+    service = _sync_or_async_service({"mode": "sync", "replicas_to_aggregate": 2, "total_num_replicas": 2,
+                                      "timeout": 0.05, "on_timeout": "fail"})
+    before = _counts(service)
+    with pytest.raises(PreconditionFailed, match=r"sync step 0 timed out after 0\.1 s with 1 of 2 gradients"):
+        _push_pull(service, [100, 101], tag=0)
+    after = _counts(service)
+    assert after.pop("sync_timeouts") == before.pop("sync_timeouts") + 1
+    # (the step being collected, as it stopped: state, not counts)
+    assert after.pop("sync_contributed") == ["/job:worker/task:0"]
+    assert after.pop("sync_waiting_for") == ["/job:worker/task:1"]
+    before.pop("sync_contributed"), before.pop("sync_waiting_for")
+    assert after == before
