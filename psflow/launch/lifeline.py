@@ -44,6 +44,11 @@ Three pieces, one per side of a local cluster:
     exits as on SIGHUP (129), the signal a process gets when what controls it
     goes away.
 
+    :meth:`StopRequest.close` (or leaving it as a context manager) puts the
+    previous handlers and wakeup fd back and ends the watcher, for a program
+    that runs a task and goes on (``run_task(stop=None)`` closes the one it
+    makes). A stop already requested still ends the process by its deadline.
+
 :func:`set_parent_death_signal` (task side)
     Linux ``prctl(PR_SET_PDEATHSIG)``: the kernel sends the task a signal when
     the *thread* that started it exits. The launcher asks for it
@@ -110,6 +115,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 #: PR_SET_PDEATHSIG from <linux/prctl.h>.
 _PR_SET_PDEATHSIG = 1
+
+#: Seconds :meth:`StopRequest.close` waits for its watcher thread to see the close (it wakes at once).
+_CLOSE_JOIN = 10.0
 
 
 def signal_name(signum: int) -> str:
@@ -178,7 +186,8 @@ class StopRequest:
     """A task's stop: by a signal or by its launcher's death; see the module docstring.
 
     Thread-safety: :meth:`requested` may be read from any thread, and from
-    a signal handler; callbacks may be added from any thread.
+    a signal handler; callbacks may be added from any thread. A context
+    manager: leaving it calls :meth:`close`.
     """
 
     def __init__(self, name: str, *, grace: float = 2.0, drain: float = 0.5) -> None:
@@ -205,6 +214,9 @@ class StopRequest:
         self._on_interrupt: list[Callable[[], object]] = []
         self._thread: threading.Thread | None = None
         self.ignored: tuple[int, ...] = ()   # the stop signals left ignored by install_handlers
+        self._previous: dict[int, Any] = {}  # signal -> the handler install_handlers replaced
+        self._previous_wakeup: int | None = None  # the wakeup fd it replaced (-1: none)
+        self._closed = threading.Event()
 
     # ---- state -------------------------------------------------------------
     def requested(self) -> str | None:
@@ -223,34 +235,75 @@ class StopRequest:
     # ---- set-up ------------------------------------------------------------
     def install_handlers(self) -> bool:
         """Handles :data:`STOP_SIGNALS` from now on, the self-pipe being the process's wakeup fd (module
-        docstring); False (nothing installed) off the main thread.
+        docstring); False (nothing installed) off the main thread, if installed already, or once closed.
 
         A stop signal ignored now (inherited ``SIG_IGN``: ``nohup``) stays ignored, listed in :attr:`ignored`
-        and logged once (module docstring, *Ignored signals*).
+        and logged once (module docstring, *Ignored signals*). :meth:`close` puts back what this replaced.
         """
-        if threading.current_thread() is not threading.main_thread():
+        installed = self._previous_wakeup is not None or self._closed.is_set()
+        if installed or threading.current_thread() is not threading.main_thread():
             return False
         self.ignored = ignored_stop_signals()
         for sig in STOP_SIGNALS:
             if sig not in self.ignored:
-                signal.signal(sig, self._handle)
-        signal.set_wakeup_fd(self._wake_write, warn_on_full_buffer=False)
+                self._previous[sig] = signal.signal(sig, self._handle)
+        self._previous_wakeup = signal.set_wakeup_fd(self._wake_write, warn_on_full_buffer=False)
         notice = stop_signals_notice(self.ignored)
         if notice is not None:
             log.info("%s: %s", self.name, notice)
         return True
 
     def start(self, lifeline_fd: int | None = None) -> None:
-        """Starts the watcher thread (daemon); idempotent.
+        """Starts the watcher thread (daemon); idempotent; nothing once closed.
 
         Args:
             lifeline_fd: the read end of the launcher's :class:`Lifeline`
                 (None: a task started by hand; only signals stop it).
         """
-        if self._thread is None:
+        if self._thread is None and not self._closed.is_set():
             self._thread = threading.Thread(target=self._watch, args=(lifeline_fd,), name="psflow-stop",
                                             daemon=True)
             self._thread.start()
+
+    def close(self) -> None:
+        """Puts back the handlers and the wakeup fd :meth:`install_handlers` replaced, ends the watcher
+        thread and closes the self-pipe; idempotent. Call it on the main thread (where the handlers were
+        installed). A stop requested before (by a signal, or the launcher's death) goes on: its callbacks
+        run, and the process still exits by the deadline (``grace``), as it was asked to. The previous wakeup
+        fd gets Python's default ``warn_on_full_buffer`` (True): what it was set with cannot be read back.
+
+        Raises:
+            RuntimeError: handlers to put back, off the main thread (Python sets handlers there only).
+        """
+        if self._previous_wakeup is not None:
+            if threading.current_thread() is not threading.main_thread():
+                raise RuntimeError(f"{self.name}: StopRequest.close() must run on the main thread, where its "
+                                   "signal handlers were installed")
+            for sig, previous in self._previous.items():
+                # None: a handler not set from Python; the default is the closest Python can put back.
+                signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+            self._previous.clear()
+            current = signal.set_wakeup_fd(self._previous_wakeup)
+            if current != self._wake_write:  # replaced after ours by someone else: theirs stays
+                signal.set_wakeup_fd(current)
+            self._previous_wakeup = None
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        thread = self._thread
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"\0")  # wakes the watcher, which sees the close
+        if thread is not None and self.requested() is None:
+            thread.join(_CLOSE_JOIN)
+        if thread is None or not thread.is_alive() or self._stopping:  # no poll on the pipe any more
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+
+    def __enter__(self) -> StopRequest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def on_stop(self, callback: Callable[[], object]) -> None:
         """Runs ``callback`` (on a thread of its own) when the stop is requested, or now if it was."""
@@ -287,6 +340,8 @@ class StopRequest:
             poller.register(lifeline_fd, select.POLLIN | select.POLLHUP)
         parent = os.getppid()
         while self.requested() is None:
+            if self._closed.is_set():
+                return  # closed: the task ended, nothing to stop
             for fd, events in poller.poll():
                 if fd == self._wake_read:  # signal numbers (the wakeup fd's) and the handler's zero bytes
                     for signum in os.read(self._wake_read, 64):

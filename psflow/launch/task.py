@@ -88,7 +88,11 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
 
     ``stop``: the task's started :class:`~psflow.launch.lifeline.StopRequest`
     (:func:`main` starts one on the launcher's lifeline); None: one is made
-    here, its signal handlers installed (main thread only) and its watcher started.
+    here, its signal handlers installed (main thread only) and its watcher started,
+    and closed when the task returns: the caller's own SIGTERM, SIGHUP and SIGINT
+    handlers and wakeup fd (``signal.set_wakeup_fd``) are back, so a program can run
+    a task and go on, or run another (a stop signal that came during the task still
+    ends the process within the stop's grace, as it asked).
 
     ``state_dir``, ``checkpoint_root``, ``tcp_limits``, ``save_ledger_file`` (ps tasks), ``bind_address``: see
     :class:`psflow.server.Server`; ``checkpoint_root`` defaults to the
@@ -111,9 +115,13 @@ def run_task(cluster: ClusterSpec, job: str, index: int, config: TrainConfig | N
     chief that is only restarting (:mod:`psflow.train.take_over` is for a chief that nothing restarts).
     """
     if stop is None:
-        stop = StopRequest(f"/job:{job}/task:{index}")
-        stop.install_handlers()
-        stop.start()
+        with StopRequest(f"/job:{job}/task:{index}") as own:
+            own.install_handlers()
+            own.start()
+            return run_task(cluster, job, index, config, token=token, result_path=result_path, state_dir=state_dir,
+                            checkpoint_root=checkpoint_root, tcp_limits=tcp_limits, stop=own,
+                            bind_address=bind_address, tls=tls, stop_when_run_over=stop_when_run_over,
+                            faults=faults, save_ledger_file=save_ledger_file, supervised=supervised)
     if job == "client":
         if config is None:
             raise SystemExit("the in-graph client needs a training config")

@@ -260,6 +260,48 @@ def test_launcher_signal_outside_a_deferred_section_raises_at_once() -> None:
         signals.restore()
 
 
+# A caller with handlers and a wakeup fd of its own runs StopRequests, one after another, and goes on.
+CALLER = """
+import os, signal, sys, time
+from psflow.launch.lifeline import STOP_SIGNALS, StopRequest
+got = []
+def mine(signum, frame):
+    got.append(signum)
+signal.signal(signal.SIGTERM, mine)
+signal.signal(signal.SIGINT, mine)
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # ignored by the caller: a StopRequest leaves it so
+read, write = os.pipe()
+os.set_blocking(write, False)
+signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+for round in range(2):
+    with StopRequest("/job:test/task:0") as stop:
+        assert stop.install_handlers(), round
+        stop.start()
+        assert signal.getsignal(signal.SIGTERM) == stop._handle and stop.ignored == (signal.SIGHUP,), round
+        watcher = stop._thread
+    assert {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} == before, round
+    assert signal.set_wakeup_fd(write, warn_on_full_buffer=False) == write, round  # the caller's, back
+    assert watcher is not None and not watcher.is_alive() and stop.requested() is None, round
+    assert not stop.install_handlers(), round  # closed: installs nothing again
+os.kill(os.getpid(), signal.SIGTERM)
+deadline = time.monotonic() + 60
+while not got and time.monotonic() < deadline:  # the handler runs on this thread between two bytecodes
+    time.sleep(0.01)
+print(f"caller got {got}; wakeup fd read {list(os.read(read, 16))}", flush=True)
+"""
+
+
+def test_close_puts_back_the_callers_handlers_and_wakeup_fd_and_a_second_request_works() -> None:
+    """A program that runs a task (``run_task(stop=None)``) and goes on: once the StopRequest is closed, its own
+    SIGTERM and SIGINT handlers and its wakeup fd are in place again (they were psflow's for the rest of the
+    process), its ignored SIGHUP still ignored, the watcher thread ended; a second StopRequest works the same."""
+    proc = subprocess.run([sys.executable, "-c", CALLER], capture_output=True, text=True, cwd=str(REPO),
+                          timeout=LIMIT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"caller got [{int(signal.SIGTERM)}]; wakeup fd read [{int(signal.SIGTERM)}]" in proc.stdout, proc.stdout
+
+
 @pytest.mark.usefixtures("stop_signals_default")
 def test_the_launcher_leaves_an_inherited_ignored_signal_ignored_and_says_so_once(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
