@@ -5,10 +5,10 @@ chief's), in ssp mode the workers its clock holds back (:mod:`psflow.ps.stalenes
 without ``--sync-timeout`` running out, as long as these notices come (:mod:`psflow.ps.save_hold`). Async mode
 sends none. :func:`notify_save` wraps a save:
 
-1. on entering, a thread of its own sends every ps task a ``SaveNotice`` (writer and its process, directory, the
-   newest global_step the chief pulled, active, the save's bound ``--save-timeout``) at once, then asks ps task
-   0 (the step task) for global_step, in another thread, which the next notices carry: a slow ``Stats`` never
-   delays a notice past a step's timeout;
+1. on entering, a thread of its own sends every ps task a ``SaveNotice`` (writer and its process, the save's id
+   among that process's saves, directory, the newest global_step the chief pulled, active, the save's bound
+   ``--save-timeout``) at once, then asks ps task 0 (the step task) for global_step, in another thread, which the
+   next notices carry: a slow ``Stats`` never delays a notice past a step's timeout;
 2. it sends the notice again within the ``renew_every`` seconds each task replied (a quarter of the sync
    timeout) until the save is over, or until ``--save-timeout`` after its start: a save stuck in storage longer
    than that holds no step (the ps tasks let a step time out ``--sync-timeout`` after it, and the error names the
@@ -17,7 +17,9 @@ sends none. :func:`notify_save` wraps a save:
 3. on leaving (the save succeeded or failed), the thread is stopped and every task told gets the end notice;
    if the thread does not stop in time (a call stuck past its deadline, e.g. an in-process task that does not
    answer), every task gets it all the same, from a thread of its own whose answers the save's end waits for no
-   longer than for the notice thread, and the notice thread sends no active notice once the save is over.
+   longer than for the notice thread, and the notice thread sends no active notice once the save is over. A
+   renewal already in flight may still reach a task after the end notice: the save's id makes the task ignore it
+   (it reopened the save, which then held that task's steps up to ``--save-timeout``).
 
 Never fails the save: a notice that cannot be sent is logged (DEBUG; a dead ps task's save fails on its own)
 and the next one is tried at the next renewal. The notices travel on channels of their own where the client
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -47,6 +50,9 @@ from psflow.rpc.registry import open_channel
 __all__ = ["notify_save"]
 
 log = logging.getLogger(__name__)
+
+#: The saves' ids of this process (its incarnation): each save's notices carry the next (:mod:`psflow.ps.save_hold`).
+_SAVE_IDS = itertools.count(1)
 
 #: Seconds one notice may take (a notice is small; a ps task that does not answer in time is tried again later).
 _CALL_TIMEOUT = 5.0
@@ -81,6 +87,7 @@ class _Notices:
     def __init__(self, client: ParameterClient, directory: str) -> None:
         self._writer, self._directory = client.client_name, directory
         self._incarnation = client.incarnation
+        self._save_id = next(_SAVE_IDS)  # this save's, among this process's: a late renewal of it reopens nothing
         self._bound = client.config.save_timeout
         self._owned = not all(isinstance(c, InProcessChannel) for c in client.channels.values())
         # Each ps task by name; a replicated shard's every member (its first: the task of that number).
@@ -153,7 +160,7 @@ class _Notices:
     def _send(self, tasks: list[str], *, active: bool) -> dict[str, float | None]:
         """Sends the notice to ``tasks``; returns each answering task's ``renew_every``."""
         request = SaveNoticeRequest(self._writer, self._directory, self._step, active, self._bound,
-                                    self._incarnation)
+                                    self._incarnation, self._save_id)
         calls = {}
         for t in tasks:
             if active and self._outlived.is_set():

@@ -45,6 +45,13 @@ save, starts none, and is answered "send no more" (:meth:`SaveNotices.save_notic
 process's own ``Register`` (its client registering again mid-save) ends nothing either, so its save keeps its
 start and its bound; a registration without a process (a client older than this field) ends the save as before.
 
+Saves: a notice also names its save among its process's (``save_id``, a counter per process). A notice of a save
+of that process whose end was heard, or older than one heard ending, changes nothing: a renewal sent before the end
+notice but arriving after it (the notice thread's call in flight as the save ended,
+:mod:`psflow.checkpoint.save_notice`) used to reopen the save, which then held the steps up to its bound; and an
+end notice of the previous save arriving once the next is under way ends nothing. A notice without an id (a client
+older than the field) follows the rules above as before.
+
 :meth:`SaveHold.describe` names a save under way, and one that ended after the step began collecting (it held
 that step); an older one held nothing of it and is not named.
 
@@ -79,6 +86,7 @@ class ChiefSave:
     ended: float | None = None  # its end notice (or its chief gone), if one came
     bound: float | None = None  # its --save-timeout: it holds nothing past started + bound
     incarnation: int | None = None  # the writer's process
+    save_id: int | None = None  # which save of that process (None: a client that does not say)
     why: str = ""  # how it ended, when not by its end notice
 
     def held_until(self) -> float:
@@ -93,28 +101,40 @@ class SaveHold:
         self._clock = clock
         self._saves: dict[str, ChiefSave] = {}
         self._newest: dict[str, int] = {}  # each worker's latest process heard of (a notice or a registration)
+        self._ended: dict[str, tuple[int | None, int]] = {}  # each worker's (process, newest save id) heard ending
 
     def notice(self, worker: str, directory: str, step: int | None, active: bool, *, bound: float | None = None,
-               incarnation: int | None = None) -> ChiefSave | None:
+               incarnation: int | None = None, save_id: int | None = None) -> ChiefSave | None:
         """Records a notice of ``worker``'s save; returns the save as now known, or None: the notice is of a process
         of ``worker`` earlier than one heard of, and changes nothing. An active one ends every other save under
-        way: an earlier process's of ``worker`` or another worker's (a new chief)."""
+        way: an earlier process's of ``worker`` or another worker's (a new chief). A notice of a save (``save_id``)
+        of this process whose end was heard already, or that is older than one heard ending, changes nothing either
+        (a renewal overtaken by its save's end notice; a late end of the save before): the save as known is
+        returned."""
         if self._earlier(worker, incarnation):
             return None
         now = self._clock()
         save = self._saves.get(worker)
+        if self._ended_already(worker, incarnation, save_id):
+            return save if save is not None and save.save_id == save_id else ChiefSave(
+                worker, directory, step, now, now, ended=now, bound=bound, incarnation=incarnation, save_id=save_id)
+        if not active and save_id is not None:
+            self._ended[worker] = (incarnation, save_id)
+        if (not active and save is not None and save.ended is None and save_id is not None
+                and save.save_id is not None and save.incarnation == incarnation and save_id < save.save_id):
+            return save  # the end of an earlier save of this process: the one under way goes on
         if active:
             for other in self._saves.values():
                 if other.ended is None and (other.worker != worker or other.incarnation != incarnation):
                     other.heard = other.ended = now
                     other.why = (f"its process ended (a later one of {worker} saves)" if other.worker == worker
                                  else f"{worker} saves now")
-        if save is None or save.ended is not None or save.directory != directory:
+        if save is None or save.ended is not None or save.directory != directory or save.save_id != save_id:
             if not active and save is not None and save.ended is None:
                 save.heard = save.ended = now  # the end of the save under way (its step hint may differ)
                 return save
             save = self._saves[worker] = ChiefSave(worker, directory, step, now, now, bound=bound,
-                                                   incarnation=incarnation)
+                                                   incarnation=incarnation, save_id=save_id)
         save.heard = now
         save.step = step if step is not None else save.step  # (its first notice may not know it yet)
         save.bound = bound if bound is not None else save.bound
@@ -137,6 +157,13 @@ class SaveHold:
         save.heard = save.ended = self._clock()
         save.why = "its process ended (a new one registered)"
         return True
+
+    def _ended_already(self, worker: str, incarnation: int | None, save_id: int | None) -> bool:
+        """Whether save ``save_id`` of process ``incarnation`` of ``worker`` is one heard ending, or older."""
+        if save_id is None or worker not in self._ended:
+            return False
+        process, newest = self._ended[worker]
+        return process == incarnation and save_id <= newest
 
     def _earlier(self, worker: str, incarnation: int | None) -> bool:
         """Whether ``incarnation`` is a process of ``worker`` earlier than one heard of; else records it as the
@@ -195,13 +222,15 @@ class SaveNotices:
     _hold: SaveHold
 
     def save_notice(self, worker: str, directory: str, step: int | None, active: bool, *,
-                    bound: float | None = None, incarnation: int | None = None) -> float | None:
+                    bound: float | None = None, incarnation: int | None = None,
+                    save_id: int | None = None) -> float | None:
         """``worker``'s checkpoint save started, goes on or (not ``active``) ended: while it lasts, up to ``bound`` s
         after its start, a step or wait held up by it does not time out. Returns the seconds within which to renew
         the notice, or None: the notice is of an earlier process of ``worker`` than one heard of, ignored (send
         no more)."""
         with self._cond:
-            if self._hold.notice(worker, directory, step, active, bound=bound, incarnation=incarnation) is None:
+            if self._hold.notice(worker, directory, step, active, bound=bound, incarnation=incarnation,
+                                 save_id=save_id) is None:
                 return None
             self._heard_from(worker)
             self._cond.notify_all()

@@ -94,7 +94,7 @@ class UpdateMode:
         if coordinator is None:
             return None
         renew = coordinator.save_notice(notice.writer, notice.directory, notice.step, notice.active,
-                                        bound=notice.bound, incarnation=notice.incarnation)
+                                        bound=notice.bound, incarnation=notice.incarnation, save_id=notice.save_id)
         where = f"a checkpoint into {notice.directory}" + (f" at global_step {notice.step}" if notice.step is not None
                                                            else "")  # (a first notice may not know it)
         if renew is None:  # (answered "send no more": its sender stops; one line per process and task)

@@ -192,7 +192,9 @@ class SaveNoticeRequest:
     (``active``), sent at the save's start and again every ``renew_every`` seconds of the reply while it lasts;
     ``active`` False: the save is over (:mod:`psflow.ps.save_hold`). ``bound``: the save's ``--save-timeout``
     (seconds after its start past which it holds no step); ``incarnation``: the writer's process (a notice or a
-    registration of a later one ends this one's save)."""
+    registration of a later one ends this one's save); ``save_id``: which save of that process (a counter, greater
+    for each later save), so a notice of a save whose end was heard changes nothing (None: a client older than
+    the field)."""
 
     METHOD: ClassVar[str] = "SaveNotice"
     writer: str
@@ -201,10 +203,11 @@ class SaveNoticeRequest:
     active: bool
     bound: float | None = None
     incarnation: int | None = None
+    save_id: int | None = None
 
     def to_frame(self) -> Frame:
         return Frame({"writer": self.writer, "saving_into": self.directory, "step": self.step, "active": self.active,
-                      "save_timeout": self.bound, "incarnation": self.incarnation})
+                      "save_timeout": self.bound, "incarnation": self.incarnation, "save_id": self.save_id})
 
     @classmethod
     def from_frame(cls, frame: Frame) -> SaveNoticeRequest:
@@ -217,7 +220,7 @@ class SaveNoticeRequest:
             raise refuse("save_timeout", "a number > 0", bound)
         return cls(writer, optional_str(meta, "saving_into", max_length=2000) or "", optional_int(meta, "step", minimum=0),
                    strict_bool(meta, "active"), None if bound is None else float(bound),
-                   optional_int(meta, "incarnation", minimum=0))
+                   optional_int(meta, "incarnation", minimum=0), optional_int(meta, "save_id", minimum=0))
 
 
 @message
