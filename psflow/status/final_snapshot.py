@@ -44,10 +44,10 @@ Pure: reads nothing itself (:func:`resumed_from` reads a manifest).
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import logging
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -57,6 +57,7 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.errors import CheckpointError
 from psflow.status.replication import REPLICATION_FIGURES, replication_view, shard_primaries
+from psflow.waits import wait_woken
 
 __all__ = ["NEWEST_READ_TIMEOUT", "PHASES", "Resumed", "final_snapshot", "newest_if_unnamed", "resumed_from", "step_task_stats"]
 
@@ -201,16 +202,21 @@ def newest_if_unnamed(ledger: Mapping[str, Any] | None, checkpoint_dir: str | No
     what it raises is raised here), and one that has not ended by then (an object store that stopped answering
     never ends it) is left behind, logged as a warning, and None returned. Before, a
     failed run whose launcher never read a ledger naming a save (none made yet, or every reading of it failed)
-    waited here for ever once its store stopped, after every task had ended."""
+    waited here for ever once its store stopped, after every task had ended.
+
+    The wait is made of short ones (:func:`psflow.waits.wait_woken`): the launcher's stop signal, handed by the
+    kernel to another thread while the main thread waits here, raises within
+    :data:`~psflow.waits.WAKE_EVERY` s, not once the whole ``timeout`` has passed."""
     if ledger is None or ledger.get("last_saved_path") or not checkpoint_dir:
         return None
     read = in_daemon_threads({"read": functools.partial(resumed_from, checkpoint_dir)}, name="psflow-newest")["read"]
-    try:
-        return read.result(timeout)
-    except concurrent.futures.TimeoutError:
+    done = threading.Event()
+    read.add_done_callback(lambda _: done.set())
+    if not wait_woken(done.wait, timeout):
         log.warning("the newest checkpoint in %s was not read within %g s (the store stopped answering?): the "
                     "final snapshot names none", checkpoint_dir, timeout)
         return None
+    return read.result()
 
 
 def _int(value: Any) -> int | None:

@@ -3,12 +3,18 @@ the last step's loss, and a checkpoint ledger that survives a restart of the ps 
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 from psflow.checkpoint.ledger import SaveStatusWatcher
 from psflow.status.final_snapshot import Resumed, final_snapshot, resumed_from
+
+LIMIT = 60.0  # safety net, seconds
 
 
 def ps0(**stats: object) -> dict[str, object]:
@@ -102,3 +108,54 @@ def test_a_newest_read_that_fails_raises_its_error_not_a_stopped_store_warning(
     with pytest.raises(ValueError, match="a broken read of"):
         module.newest_if_unnamed({"saved": 0, "last_saved_path": None}, str(tmp_path), timeout=60.0)
     assert "not read within" not in caplog.text
+
+
+class _Cut(Exception):
+    pass
+
+
+def _main_thread_waits_in(function: str) -> bool:
+    """Whether the main thread is asleep (in threading's Condition.wait: on its lock, a C call) within ``function``."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    if frame is None or frame.f_code.co_name != "wait" or frame.f_code.co_filename != threading.__file__:
+        return False
+    while frame is not None and frame.f_code.co_name != function:
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_a_stop_signal_handed_to_another_thread_cuts_the_wait_for_a_newest_read_that_hangs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The run's end waits up to 15 s for the newest checkpoint's read (a store that stopped answering never ends
+    it). The launcher's stop raises from a handler that runs on the main thread when it next runs Python code: a
+    signal the kernel handed to another thread was handled only when that one wait ended. Made of short waits
+    (psflow.waits.wait_woken), it is cut at once; the read here hangs to the safety net, which fails the test."""
+    from psflow.status import final_snapshot as module
+
+    hang_over, hang_ended = threading.Event(), threading.Event()
+
+    def hangs(checkpoint_dir: str | None) -> Resumed | None:
+        hang_over.wait(LIMIT)  # the safety net
+        hang_ended.set()
+        return None
+
+    def cut(signum: int, frame: object) -> None:
+        raise _Cut
+
+    def other_thread() -> None:
+        wait_until(lambda: _main_thread_waits_in("newest_if_unnamed"), "the main thread waiting for the read",
+                   limit=LIMIT)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+    monkeypatch.setattr(module, "resumed_from", hangs)
+    previous = signal.signal(signal.SIGUSR1, cut)
+    thread = threading.Thread(target=other_thread, name="signalled", daemon=True)
+    try:
+        with pytest.raises(_Cut):
+            thread.start()
+            module.newest_if_unnamed({"saved": 0, "last_saved_path": None}, str(tmp_path), timeout=LIMIT)
+        assert not hang_ended.is_set()  # cut by the handler, not after the read's end
+    finally:
+        hang_over.set()
+        thread.join(LIMIT)
+        signal.signal(signal.SIGUSR1, previous)
