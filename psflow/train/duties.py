@@ -102,13 +102,17 @@ def fault_exit(point: str | None) -> Callable[[str], None] | None:
 def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient, model: Model,
                  job: str, task_index: int, *, leadership: Leadership | None = None,
                  chief: bool | None = None, faults: FaultInjection = NO_FAULTS,
-                 save_section: Callable[[], AbstractContextManager[object]] | None = None) -> MonitoredTrainingSession:
+                 save_section: Callable[[], AbstractContextManager[object]] | None = None,
+                 take_over: bool = False) -> MonitoredTrainingSession:
     """The session of worker ``/job:<job>/task:<task_index>`` (not yet entered).
 
     ``chief``: whether this session holds the chief duties; None: the configured chief's
     (:func:`~psflow.train.chief.is_chief`). An in-graph run's client passes True: it is the run's chief.
     ``faults``: its checkpoint saves exit the process at ``faults.checkpoint_exit`` (tests).
     ``save_section``: entered around each checkpoint save (:class:`~psflow.checkpoint.save.CheckpointManager`).
+    ``take_over``: a finished worker of this run may take the chief duties over (:mod:`psflow.train.take_over`);
+    then this worker, resumed after one ended the run, stops before its duties run
+    (:class:`~psflow.train.taken_over.TakenOverHook`).
 
     With ``leadership`` (chief election), every worker gets the chief hooks,
     each wrapped in a :class:`~psflow.train.recovery.LeaderOnlyHook`: they act
@@ -160,9 +164,10 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         # With election, two workers finishing together both hold the duties at their end: the final model once.
         chief_hooks.append(FinalEvalOnce(evaluation) if leadership is not None else evaluation)
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
-        # Before the duties: a worker resumed after a take-over ended the run saves and evaluates nothing.
-        hooks += [CampaignWhileTrainingHook(leadership), TakenOverHook(leadership, config.checkpoint.dir),
-                  *(LeaderOnlyHook(h, leadership) for h in chief_hooks)]
+        hooks.append(CampaignWhileTrainingHook(leadership))
+        if take_over:  # before the duties: a worker resumed after a take-over ended the run saves and evaluates nothing
+            hooks.append(TakenOverHook(leadership, config.checkpoint.dir))
+        hooks += [LeaderOnlyHook(h, leadership) for h in chief_hooks]
         chief_hooks = []
     # Last of all (a session ends its hooks in order, the chief-only ones after the others; without election, a
     # session with duties is the chief's): the final save takes the lock again if it was deleted meanwhile, so a

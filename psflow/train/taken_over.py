@@ -11,7 +11,9 @@ the first.
 
 The take-over's final stands (the resumed worker's loses): it was written first, the run was declared over with it
 (its worker's ``Done``), and what read it as the end (an evaluator, a user) cannot be told otherwise. So
-:class:`TakenOverHook`, placed before the chief duties' hooks, checks each time this worker, still training, holds a
+:class:`TakenOverHook`, placed before the chief duties' hooks of a run whose finished workers may take the duties
+over (``psflow server`` without ``--restarted-by-manager``; never under ``psflow train``: ``make_session``'s
+``take_over``), checks each time this worker, still training, holds a
 new lease (an epoch it has not checked: the only way its duties could write again), in order:
 
 1. ps task 0 counts another worker's ``Done``: a worker ended its part of the run while this one trains, which only

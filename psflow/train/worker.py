@@ -223,7 +223,7 @@ def run_worker(
             ttl = config.chief.lease_ttl
             leadership.campaign(timeout=ttl + max(2.0, ttl / 2))
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership,
-                          faults=faults, save_section=save_section) as session:
+                          faults=faults, save_section=save_section, take_over=take_over) as session:
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir,
                                        generation=client.ps_stats().generation,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
