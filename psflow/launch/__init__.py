@@ -20,7 +20,10 @@ Classes and functions, by file:
 * ``log_format.py`` -- the format of psflow's log lines, and a formatter and record settings that make a
   line cheap to write (a worker at ``--log-every 1`` writes two a step).
 * ``lifeline.py`` -- tasks never outlive their launcher (a pipe and a parent-death signal); signals stop a
-  task or a launcher in order (:class:`~psflow.launch.lifeline.LaunchInterrupted`).
+  task in order (:class:`~psflow.launch.lifeline.StopRequest`).
+* ``launcher_signals.py`` -- signals stop the launcher in order
+  (:class:`~psflow.launch.launcher_signals.LaunchInterrupted`; both re-exported by ``lifeline``).
+* ``stop_signals.py`` -- the stop signals (SIGTERM, SIGHUP, SIGINT); one inherited ignored (``nohup``) stays so.
 * ``supervisor.py`` -- the restart policy (``never``, ``on-failure``, ``always``, with backoff) and
   :func:`~psflow.launch.supervisor.describe_exit`.
 * ``resilience.py`` -- what the watch loop does about failures: restarts, hang detection, chaos, and its flags.

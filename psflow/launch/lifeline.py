@@ -1,6 +1,6 @@
 """Tasks never outlive their launcher; signals stop a task or a launcher without taking a lock.
 
-Three pieces, one per side of a local cluster:
+The pieces, one per side of a local cluster:
 
 :class:`Lifeline` (launcher side)
     One pipe per launcher. The launcher alone holds its write end (the fd is
@@ -57,36 +57,17 @@ Three pieces, one per side of a local cluster:
     everywhere (other systems, tasks restarted from another thread, a parent
     that died before the task called prctl).
 
-:class:`LauncherSignals` (launcher side)
-    SIGTERM, SIGHUP and SIGINT to the launcher all become
-    :class:`LaunchInterrupted` (a ``KeyboardInterrupt``, as SIGINT always was):
-    raised at once, or, while the launcher is inside a section that must not
-    be cut (starting a task, its watch loop, stopping every task), recorded
-    and raised at the next check. Only the first signal counts: the cleanup it
-    starts is never interrupted by a second one. A section that may hang (an
-    ``--in-process`` checkpoint save) is deferred with ``second_cuts``: there a
-    second signal raises at once, so the user can still stop the run. The
-    handler runs on the main thread, when it next runs Python code: the
-    launcher's long waits there (a save, the eval set's read, the reader
-    process's next batch) are made of short ones (:mod:`psflow.waits`), so
-    that a signal the kernel handed to another thread is raised in time.
+:class:`LauncherSignals` (launcher side), :class:`LaunchInterrupted`
+    SIGTERM, SIGHUP and SIGINT to the launcher: :mod:`psflow.launch.launcher_signals`
+    (re-exported here).
 
 Ignored signals (both sides)
-    A stop signal that is ignored (``SIG_IGN``) when the handlers are
-    installed stays ignored: ``nohup psflow server ...`` or ``nohup psflow
-    train ... &`` survives the terminal's hangup, and a background job of a
-    non-interactive shell (``psflow server ... &`` in a script) is not stopped
-    by SIGINT. This is the POSIX convention (``nohup`` sets SIGHUP to be
-    ignored and execs the command; the GNU C Library's manual, *Initial
-    Signal Actions*, asks a program to check for an inherited ``SIG_IGN``
-    before it installs a handler) and Python's own (it raises
-    KeyboardInterrupt on SIGINT only where SIGINT was not ignored at start).
-    The process logs once which signals stop it (``SIGHUP is ignored
-    (inherited): stop with SIGTERM or SIGINT``). An ignored signal is
-    inherited across ``exec``, so the tasks that ``psflow train`` starts
-    ignore what their launcher ignores, and behave as it was asked to: a
-    SIGHUP to one of them is ignored too. The launcher's death still stops
-    them (the lifeline pipe; the parent-death signal is SIGHUP, ignored then).
+    A stop signal ignored when the handlers are installed (``nohup``'s SIGHUP)
+    stays ignored, for the launcher and for its tasks, which inherit the ignore
+    through ``exec``: :mod:`psflow.launch.stop_signals` (:data:`STOP_SIGNALS`,
+    :func:`signal_name`, re-exported here) says why. The launcher's death still
+    stops its tasks (the lifeline pipe; the parent-death signal is SIGHUP,
+    ignored then).
 """
 
 from __future__ import annotations
@@ -99,9 +80,12 @@ import select
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
+
+from psflow.launch.launcher_signals import LauncherSignals, LaunchInterrupted
+from psflow.launch.stop_signals import STOP_SIGNALS, ignored_stop_signals, signal_name, stop_signals_notice
 
 __all__ = [
     "STOP_SIGNALS", "Lifeline", "StopRequest", "LaunchInterrupted", "LauncherSignals", "set_parent_death_signal",
@@ -110,41 +94,11 @@ __all__ = [
 
 log = logging.getLogger("psflow.launch")
 
-#: The signals that stop a task or the launcher in order (the first one wins).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-
 #: PR_SET_PDEATHSIG from <linux/prctl.h>.
 _PR_SET_PDEATHSIG = 1
 
 #: Seconds :meth:`StopRequest.close` waits for its watcher thread to see the close (it wakes at once).
 _CLOSE_JOIN = 10.0
-
-
-def signal_name(signum: int) -> str:
-    """``SIGTERM`` for 15; ``signal 99`` for a number that names no signal."""
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def ignored_stop_signals() -> tuple[int, ...]:
-    """The :data:`STOP_SIGNALS` this process ignores now (``SIG_IGN``; inherited, as under ``nohup``)."""
-    return tuple(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
-
-
-def stop_signals_notice(ignored: tuple[int, ...]) -> str | None:
-    """The line that says which stop signals are ignored and which still stop; None when none is ignored.
-
-    ``SIGHUP is ignored (inherited): stop with SIGTERM or SIGINT``.
-    """
-    if not ignored:
-        return None
-    names = [signal_name(sig) for sig in STOP_SIGNALS if sig in ignored]
-    stoppers = [signal_name(sig) for sig in STOP_SIGNALS if sig not in ignored]
-    said = names[0] + " is" if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]} are"
-    how = f"stop with {' or '.join(stoppers)}" if stoppers else "only SIGKILL (or a launcher's exit) stops it"
-    return f"{said} ignored (inherited): {how}"
 
 
 def set_parent_death_signal(signum: int) -> bool:
@@ -384,99 +338,3 @@ class StopRequest:
             with contextlib.suppress(Exception):
                 handler.flush()
         os._exit(self.exit_code)
-
-
-class LaunchInterrupted(KeyboardInterrupt):
-    """The launcher was sent SIGTERM, SIGHUP or SIGINT; every task has been (or is being) stopped.
-
-    Attributes:
-        signum: the signal.
-        exit_code: ``128 + signum``, the launcher's exit status.
-        report: lines for the user (set once the tasks are stopped).
-    """
-
-    def __init__(self, signum: int, report: str = "") -> None:
-        super().__init__(signum)
-        self.signum = signum
-        self.report = report
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-    def __str__(self) -> str:
-        return self.report or f"interrupted by {signal_name(self.signum)}"
-
-
-#: The launcher's notices of ignored stop signals said so far in this process (each once).
-_SAID: set[str] = set()
-
-
-class LauncherSignals:
-    """SIGTERM, SIGHUP and SIGINT to the launcher as :class:`LaunchInterrupted`; see the module docstring.
-
-    Use from the main thread: :meth:`install` ... :meth:`restore`, with
-    :meth:`deferring` around sections that must not be cut and :meth:`check`
-    at the points where a deferred signal may be raised.
-    """
-
-    def __init__(self) -> None:
-        self.received: int | None = None   # the first signal (written by the handler only)
-        self._deferred = False
-        self._second_cuts = False          # inside a deferred section that a second signal cuts
-        self._previous: dict[int, Any] = {}  # signal -> the handler install replaced
-        self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
-
-    def install(self) -> bool:
-        """Installs the handlers; False (nothing installed) off the main thread. Idempotent.
-
-        A stop signal ignored now (``nohup``) stays ignored (module docstring, *Ignored signals*), and so
-        for the tasks started from here; the first install in the process that leaves one ignored says so
-        on stderr, once (``psflow: SIGHUP is ignored (inherited): stop with SIGTERM or SIGINT``).
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        if not self._previous:  # (not installed, or restored since)
-            self.ignored = ignored_stop_signals()
-        for sig in STOP_SIGNALS:
-            if sig not in self._previous and sig not in self.ignored:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        notice = stop_signals_notice(self.ignored)
-        if notice is not None and notice not in _SAID:
-            _SAID.add(notice)
-            print(f"psflow: {notice}", file=sys.stderr, flush=True)
-        return True
-
-    def restore(self) -> None:
-        """Puts the previous handlers back (main thread); idempotent."""
-        for sig, previous in self._previous.items():
-            signal.signal(sig, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.received is not None:
-            if self._deferred and self._second_cuts:
-                raise LaunchInterrupted(self.received)  # the section hangs: the user insists
-            return  # a cleanup is under way: a second signal must not cut it
-        self.received = signum
-        if not self._deferred:
-            raise LaunchInterrupted(signum)
-
-    def check(self) -> None:
-        """Raises :class:`LaunchInterrupted` if a signal was received; never blocks."""
-        if self.received is not None:
-            raise LaunchInterrupted(self.received)
-
-    @contextlib.contextmanager
-    def deferring(self, *, check: bool = True, second_cuts: bool = False) -> Iterator[None]:
-        """A section no signal cuts: a signal received inside is raised by :meth:`check` inside, or
-        on leaving the outermost such section (with ``check``, unless another exception leaves it).
-        ``second_cuts``: a second signal inside raises the first at once (a section that may hang)."""
-        previous, self._deferred = self._deferred, True
-        previous_cuts, self._second_cuts = self._second_cuts, second_cuts
-        try:
-            yield
-        finally:
-            self._deferred, self._second_cuts = previous, previous_cuts
-        if check and not previous:
-            self.check()

@@ -22,7 +22,7 @@ NOT_IMPORTED = {"psflow.__main__"}
 #: Defined in psflow, derived from BaseException but deliberately not from Exception, so not from PsflowError
 #: either: a signal to the launcher is a KeyboardInterrupt (as SIGINT always was), which ``except Exception``
 #: (psflow's own cleanup paths among them) must let through.
-SIGNALS = {"psflow.launch.lifeline.LaunchInterrupted"}
+SIGNALS = {"psflow.launch.launcher_signals.LaunchInterrupted"}
 
 
 def _modules() -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from support import REPO
 
-from psflow.launch import lifeline
+from psflow.launch import launcher_signals, lifeline
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, StopRequest, signal_name
 from psflow.launch.supervisor import describe_exit
 
@@ -307,7 +307,7 @@ def test_the_launcher_leaves_an_inherited_ignored_signal_ignored_and_says_so_onc
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """``nohup psflow train``: SIGHUP stays ignored (its tasks inherit the ignore through exec), SIGTERM and SIGINT
     stop the run; one line on stderr says so, once however often the handlers are installed."""
-    monkeypatch.setattr(lifeline, "_SAID", set())
+    monkeypatch.setattr(launcher_signals, "_SAID", set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     for _ in range(2):
         signals = LauncherSignals()

@@ -1,0 +1,124 @@
+"""SIGTERM, SIGHUP and SIGINT to the launcher (``psflow train``, a cluster or ``--in-process``).
+
+:class:`LauncherSignals` turns each into :class:`LaunchInterrupted` (a ``KeyboardInterrupt``, as SIGINT always
+was): raised at once, or, while the launcher is inside a section that must not be cut (starting a task, its
+watch loop, stopping every task), recorded and raised at the next check. Only the first signal counts: the
+cleanup it starts is never interrupted by a second one. A section that may hang (an ``--in-process``
+checkpoint save) is deferred with ``second_cuts``: there a second signal raises at once, so the user can still
+stop the run. The handler runs on the main thread, when it next runs Python code: the launcher's long waits
+there (a save, the eval set's read, the reader process's next batch) are made of short ones
+(:mod:`psflow.waits`), so that a signal the kernel handed to another thread is raised in time.
+
+A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so for its tasks
+(:mod:`psflow.launch.stop_signals`). The task side of a stop is :mod:`psflow.launch.lifeline`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from psflow.launch.stop_signals import STOP_SIGNALS, ignored_stop_signals, signal_name, stop_signals_notice
+
+__all__ = ["LaunchInterrupted", "LauncherSignals"]
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """The launcher was sent SIGTERM, SIGHUP or SIGINT; every task has been (or is being) stopped.
+
+    Attributes:
+        signum: the signal.
+        exit_code: ``128 + signum``, the launcher's exit status.
+        report: lines for the user (set once the tasks are stopped).
+    """
+
+    def __init__(self, signum: int, report: str = "") -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.report = report
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return self.report or f"interrupted by {signal_name(self.signum)}"
+
+
+#: The launcher's notices of ignored stop signals said so far in this process (each once).
+_SAID: set[str] = set()
+
+
+class LauncherSignals:
+    """SIGTERM, SIGHUP and SIGINT to the launcher as :class:`LaunchInterrupted`; see the module docstring.
+
+    Use from the main thread: :meth:`install` ... :meth:`restore`, with
+    :meth:`deferring` around sections that must not be cut and :meth:`check`
+    at the points where a deferred signal may be raised.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None   # the first signal (written by the handler only)
+        self._deferred = False
+        self._second_cuts = False          # inside a deferred section that a second signal cuts
+        self._previous: dict[int, Any] = {}  # signal -> the handler install replaced
+        self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
+
+    def install(self) -> bool:
+        """Installs the handlers; False (nothing installed) off the main thread. Idempotent.
+
+        A stop signal ignored now (``nohup``) stays ignored (module docstring, *Ignored signals*), and so
+        for the tasks started from here; the first install in the process that leaves one ignored says so
+        on stderr, once (``psflow: SIGHUP is ignored (inherited): stop with SIGTERM or SIGINT``).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if not self._previous:  # (not installed, or restored since)
+            self.ignored = ignored_stop_signals()
+        for sig in STOP_SIGNALS:
+            if sig not in self._previous and sig not in self.ignored:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        notice = stop_signals_notice(self.ignored)
+        if notice is not None and notice not in _SAID:
+            _SAID.add(notice)
+            print(f"psflow: {notice}", file=sys.stderr, flush=True)
+        return True
+
+    def restore(self) -> None:
+        """Puts the previous handlers back (main thread); idempotent."""
+        for sig, previous in self._previous.items():
+            signal.signal(sig, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None:
+            if self._deferred and self._second_cuts:
+                raise LaunchInterrupted(self.received)  # the section hangs: the user insists
+            return  # a cleanup is under way: a second signal must not cut it
+        self.received = signum
+        if not self._deferred:
+            raise LaunchInterrupted(signum)
+
+    def check(self) -> None:
+        """Raises :class:`LaunchInterrupted` if a signal was received; never blocks."""
+        if self.received is not None:
+            raise LaunchInterrupted(self.received)
+
+    @contextlib.contextmanager
+    def deferring(self, *, check: bool = True, second_cuts: bool = False) -> Iterator[None]:
+        """A section no signal cuts: a signal received inside is raised by :meth:`check` inside, or
+        on leaving the outermost such section (with ``check``, unless another exception leaves it).
+        ``second_cuts``: a second signal inside raises the first at once (a section that may hang)."""
+        previous, self._deferred = self._deferred, True
+        previous_cuts, self._second_cuts = self._second_cuts, second_cuts
+        try:
+            yield
+        finally:
+            self._deferred, self._second_cuts = previous, previous_cuts
+        if check and not previous:
+            self.check()
