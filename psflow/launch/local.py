@@ -45,7 +45,8 @@ raise :class:`~psflow.launch.lifeline.LaunchInterrupted`: every task is
 stopped, the final snapshot records the interruption (``interrupted``: the
 signal, ``global_step``, ``tasks``: how each one ended, plus ``faults``,
 ``restarts``, ``hangs``, the checkpoint ledger), and ``psflow train`` exits
-with ``128 + n``.
+with ``128 + n``. One the launcher inherited ignored (``nohup``'s SIGHUP)
+stays ignored, by it and by its tasks (:mod:`psflow.launch.stop_signals`).
 """
 
 from __future__ import annotations

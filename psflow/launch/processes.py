@@ -4,9 +4,10 @@
 group, each with a lifeline (:mod:`psflow.launch.lifeline`) and its log file, and ends every one of them by
 pid (SIGTERM, then SIGKILL, to the task's own group) whatever happens, KeyboardInterrupt included. As a
 context manager on the main thread it turns SIGTERM, SIGHUP and SIGINT into
-:class:`~psflow.launch.lifeline.LaunchInterrupted`. :class:`TaskHosts` says where each task runs (a seam for
-harnesses that put each task in its own network namespace); :func:`failure_report` names the failed tasks,
-the first one as the root cause.
+:class:`~psflow.launch.lifeline.LaunchInterrupted` (but one it inherited ignored, which stays ignored, by
+it and by the tasks it starts: :mod:`psflow.launch.stop_signals`). :class:`TaskHosts` says where each task
+runs (a seam for harnesses that put each task in its own network namespace); :func:`failure_report` names
+the failed tasks, the first one as the root cause.
 """
 
 from __future__ import annotations
