@@ -80,3 +80,26 @@ def test_the_save_id_crosses_the_wire_and_each_save_of_a_process_gets_a_new_one(
     first, second = ids[0][0], ids[-1][0]
     assert first is not None and second is not None and second > first, ids
     assert {i for i, _ in ids} == {first, second} and (first, False) in ids and (second, False) in ids, ids
+
+
+def test_a_restarted_chiefs_saves_count_from_1_again_and_are_saves() -> None:
+    """Each process counts its saves from 1 (psflow.checkpoint.save_notice's counter): the restarted chief's save 1
+    (a new process) is a save under way though save 1 and 2 of the process before ended; that process's late
+    notices change nothing."""
+    clock = Clock()
+    hold = SaveHold(clock)
+    for save_id in (1, 2):
+        hold.notice(CHIEF, CKPT, 50 * save_id, True, bound=600.0, incarnation=7, save_id=save_id)
+        hold.notice(CHIEF, CKPT, 50 * save_id, False, bound=600.0, incarnation=7, save_id=save_id)
+    clock.now = 10.0
+    save = hold.notice(CHIEF, CKPT, 150, True, bound=600.0, incarnation=9, save_id=1)
+    assert save is not None and save.ended is None and save.incarnation == 9, save
+    clock.now = 11.0
+    assert hold.notice(CHIEF, CKPT, 100, False, bound=600.0, incarnation=7, save_id=2) is None  # the process before
+    described = hold.describe([CHIEF])
+    assert f"{CHIEF} was saving a checkpoint into {CKPT} at global_step 150 (for 1.0 s" in described, described
+    clock.now = 12.0
+    hold.notice(CHIEF, CKPT, 150, False, bound=600.0, incarnation=9, save_id=1)
+    clock.now = 13.0
+    late = hold.notice(CHIEF, CKPT, 150, True, bound=600.0, incarnation=9, save_id=1)  # its renewal, overtaken
+    assert late is not None and late.ended == 12.0 and "was saving" not in hold.describe([CHIEF]), late
