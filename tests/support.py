@@ -221,8 +221,16 @@ def in_fresh_process(case: Callable[..., T], *args: Any, limit: float = 90.0) ->
 
 
 def _run_case(path: str, module_name: str, qualname: str, args: tuple[Any, ...], out: Connection) -> None:
-    """In the fresh process: imports the case's module (its directory first) and sends (ok, result or traceback)."""
+    """In the fresh process: imports the case's module (its directory first) and sends (ok, result or traceback).
+
+    The case starts with the stop signals at their default action (SIGINT: Python's KeyboardInterrupt), as a
+    command started from a terminal: a signal this pytest process inherited ignored (a run under ``nohup``, or as
+    a background job of a script, which ignores SIGINT) is inherited by the fork server, and psflow leaves an
+    inherited ignore in place (:mod:`psflow.launch.stop_signals`)."""
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         sys.path.insert(0, os.path.dirname(path))
         case = importlib.import_module(module_name)
         for part in qualname.split("."):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import A9A, A9A_T, REPO, in_fresh_process, wait_until
+from support import A9A, A9A_T, REPO, in_fresh_process, wait_until, with_stop_signals
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
@@ -62,8 +62,10 @@ def test_a_serving_ps_task_stops_on_a_signal_handed_to_another_thread(tmp_path: 
     cluster.write_text(ClusterSpec({"ps": [address], "worker": ["127.0.0.1:1"]}).to_json())
     log = tmp_path / "ps-0.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "psflow", "server", "--cluster", str(cluster), "--job", "ps",
-                                 "--task", "0", "--insecure"], stdout=out, stderr=subprocess.STDOUT,
+        # (with_stop_signals: SIGINT not ignored even where this pytest process inherited it ignored)
+        command = [sys.executable, "-m", "psflow", "server", "--cluster", str(cluster), "--job", "ps", "--task", "0",
+                   "--insecure"]
+        proc = subprocess.Popen(with_stop_signals(command), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=str(REPO), env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         wait_until(lambda: "serving at" in log.read_text(errors="replace") or proc.poll() is not None,

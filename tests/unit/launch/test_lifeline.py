@@ -214,10 +214,10 @@ def _deliver(sig: int) -> None:
 @pytest.fixture
 def stop_signals_default() -> Iterator[None]:
     """This process's stop signals at their default action for the test (a pytest run under nohup ignores SIGHUP,
-    which LauncherSignals would leave ignored), as they were after it."""
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    and one in the background of a script SIGINT, which LauncherSignals would leave ignored), as they were after."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     for sig in before:
-        signal.signal(sig, signal.SIG_DFL)
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     try:
         yield
     finally:
