@@ -180,6 +180,13 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
+def _mode(run: dict[str, Any]) -> str:
+    """The run's mode as status.json has it: with its staleness, and the mode it ran as where that differs (an
+    ``--in-process --mode ssp`` run's one worker runs as async: :func:`psflow.launch.in_process.mode_fields`)."""
+    words = str(run.get("mode", "?")) + (f" --staleness {run['staleness']}" if run.get("staleness") is not None else "")
+    return words + (f", ran as {run['ran_as']}" if run.get("ran_as") else "")
+
+
 def render_status(s: dict[str, Any]) -> str:
     """The snapshot as text: headline, tasks, ps tasks, sync/staleness, faults, checkpoints."""
     run = s.get("run", {})
@@ -189,7 +196,7 @@ def render_status(s: dict[str, Any]) -> str:
     name = run.get("run_dir") or f"served by {run.get('served_by', '?')}"  # psflow server's chief: no run directory
     lines = [
         f"run {name}: {run.get('phase', '?')} after {_num(run.get('elapsed'), 1)} s "
-        f"({run.get('mode', '?')}, {run.get('replication', '?')}, model {run.get('model', '?')})",
+        f"({_mode(run)}, {run.get('replication', '?')}, model {run.get('model', '?')})",
         f"global_step {_num(s.get('global_step'))} | examples {_num(s.get('examples'))} | "
         f"{_num(s.get('examples_per_sec'))} examples/s | loss {_num(s.get('loss'), 4)} | eval AUC {_num(auc, 4)} | "
         f"learning rate {_rate(s.get('learning_rate'))}",

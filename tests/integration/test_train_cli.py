@@ -179,6 +179,11 @@ def test_in_process_takes_the_ssp_flags_the_user_typed(tmp_path: Path) -> None:
     assert "--mode ssp --staleness 3 (runs as async: one worker)" in r.stderr  # the banner
     log = (out / "logs" / "worker-0.log").read_text()
     assert log.count("--mode ssp with one worker runs as async") == 1, log[-3000:]
+    # psflow status of the run directory, the text of status.json: it said "(ssp, in-process, ...)", nothing of
+    # the staleness nor of what ran, which status.json has.
+    shown = run_cli("status", str(out))
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "(ssp --staleness 3, ran as async, in-process, model logistic)" in shown.stdout, shown.stdout
 
 
 def test_in_process_sync_reports_sync(tmp_path: Path) -> None:
