@@ -46,7 +46,11 @@ fields below are those messages'):
     are dropped and counted); after the push, rows older than the table's
     ``ttl_steps`` are swept (a bounded slice of the table per push).
     A refused push (bad input, an earlier process, one from before a restore,
-    a sync step that timed out) changes no counter of ``Stats``.
+    a sync step that timed out) changes no counter of ``Stats`` of its own:
+    the step's timeout itself is counted once (``sync_timeouts``), and its
+    contributors stay listed (``sync_contributed``) until a restore; nothing
+    of the failed step is applied, not even once the worker missing from it
+    leaves.
 ``PushPull``
     A push, then a pull, in one call (:meth:`ParameterService.push_pull`): its
     lookup is made only once the push is applied, so a refused push's lookup

@@ -55,7 +55,8 @@ bounded-staleness :class:`~psflow.ps.staleness.StalenessClock` (``mode="ssp"``,
        long is answered ``held`` (and counted) and sent again (the same gradient:
        not added or counted twice).
     5. A worker that runs out of data calls ``leave``; it no longer counts as
-       live, so the others are never left waiting for it.
+       live, so the others are never left waiting for it. A leave after a step
+       failed (timed out) applies nothing: that step's pushes were refused.
     6. A restore after a ps task died (:mod:`psflow.train.recovery`):
        ``abort`` at its start fails the waiting pushes (their workers wait for
        the restore), ``reset`` at its end starts over at the restored step.
@@ -294,7 +295,9 @@ class SyncAggregator(SaveNotices):
             self._left.add(worker)
             log.info("%s: %s left; %d live replicas", self.task_name, worker,
                      self.config.total_num_replicas - len(self._left))
-            if self._contributors and len(self._contributors) >= self.needed():
+            # A step that failed (timed out) stays failed until a restore: its pushes were refused, so a leave
+            # after it must not apply what they sent.
+            if self._failure is None and self._contributors and len(self._contributors) >= self.needed():
                 self._apply()
 
     def _heard_from(self, worker: str) -> None:

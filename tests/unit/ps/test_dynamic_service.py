@@ -11,6 +11,7 @@ from safetensors.numpy import load as safetensors_load
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.dynamic import DynamicTableError, share_spec, table_totals
+from psflow.ps.protocol import LeaveRequest
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import InvalidRequest, PreconditionFailed
 from psflow.rpc.framing import Frame
@@ -167,3 +168,23 @@ def test_a_push_whose_sync_step_timed_out_counts_nothing() -> None:
     assert after.pop("sync_waiting_for") == ["/job:worker/task:1"]
     before.pop("sync_contributed"), before.pop("sync_waiting_for")
     assert after == before
+
+
+def test_a_leave_after_a_sync_step_timed_out_applies_nothing() -> None:
+    """The worker the timed-out step waited for leaves (its data ended) after the timeout: the step failed, its one
+    push was refused, and stays refused until a restore. The Leave applied that failed step all the same (fewer
+    workers left to wait for): global_step moved, the refused push's gradient and examples were in the model and its
+    counts, behind a refusal the pushing worker had already met and died of."""
+    service = _sync_or_async_service({"mode": "sync", "replicas_to_aggregate": 2, "total_num_replicas": 2,
+                                      "timeout": 0.05, "on_timeout": "fail"})
+    with pytest.raises(PreconditionFailed, match=r"sync step 0 timed out"):
+        _push_pull(service, [100, 101], tag=0)
+    before = _counts(service)
+    service.leave(LeaveRequest("/job:worker/task:1").to_frame())
+    after = _counts(service)
+    assert after.pop("live_replicas") == before.pop("live_replicas") - 1  # it left: not waited for any more
+    assert (before.pop("finished"), after.pop("finished")) == ([], ["/job:worker/task:1"])
+    assert after.pop("sync_waiting_for") == [] and before.pop("sync_waiting_for") == ["/job:worker/task:1"]
+    assert after == before
+    with pytest.raises(PreconditionFailed, match=r"sync step 0 timed out"):  # the step's failure stays
+        _push_pull(service, [100, 101], tag=0)
