@@ -29,6 +29,7 @@ __all__ = ["run_train"]
 def run_train(args: argparse.Namespace) -> int:
     from psflow.checkpoint.lock import RunDirLock, new_run_id
     from psflow.cli.status import status_config
+    from psflow.launch.in_process import IN_GRAPH_REFUSED
     from psflow.launch.local import run_local
     from psflow.launch.resilience import resilience_config
     from psflow.launch.task import configure_logging
@@ -46,6 +47,8 @@ def run_train(args: argparse.Namespace) -> int:
     # config_from_args below says so ("--workers must be >= 1"), as every other mode does.
     if args.in_process and args.workers is not None and args.workers > 1:
         raise ConfigError(f"--in-process runs one worker, got --workers {args.workers}")
+    if args.in_process and args.replication == "in-graph":
+        raise ConfigError(IN_GRAPH_REFUSED)
     if args.in_process and args.chaos:  # no task to kill: the run would go on without the faults, saying nothing
         raise ConfigError(f"--chaos {args.chaos[0]} kills tasks of a cluster of processes: not with --in-process")
     if args.ps_replicas and args.steps_in_flight > 2:  # (psflow.train.worker checks it again, for other callers)

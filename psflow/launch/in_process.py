@@ -48,7 +48,11 @@ from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval, run_worker
 
-__all__ = ["mode_fields", "run_in_process"]
+__all__ = ["IN_GRAPH_REFUSED", "mode_fields", "run_in_process"]
+
+#: In-graph replication is a client task driving worker tasks: refused with --in-process in this one line (psflow
+#: train refuses it before its in-process banner).
+IN_GRAPH_REFUSED = "--replication in-graph needs a client task and worker tasks: not with --in-process"
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +107,7 @@ def _run(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any],
     if config.cluster.num_workers != 1:
         raise ConfigError(f"--in-process runs one worker, got --workers {config.cluster.num_workers}")
     if config.sync.replication != "between-graph":
-        raise ConfigError("--in-process has no in-graph replication")
+        raise ConfigError(IN_GRAPH_REFUSED)
     check_inputs(config)
     check_settings(config)  # memory, dynamic tables: refused in one line before anything starts
     asked = config.sync

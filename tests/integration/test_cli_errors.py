@@ -176,6 +176,10 @@ CASES = {
     "--workers 0 with --in-process": Case(  # said "--in-process runs one worker", as if 0 were a worker count
         lambda t: train(t, "--train", good(t), "--in-process", "--workers", "0"),
         lambda t: "psflow train: error: --workers must be >= 1, got 0", alone=True),
+    "--replication in-graph with --in-process": Case(  # the in-process banner ("--mode async") was printed before it
+        lambda t: train(t, "--train", good(t), "--in-process", "--replication", "in-graph"),
+        lambda t: "psflow train: error: --replication in-graph needs a client task and worker tasks: not with "
+                  "--in-process", alone=True),
     "--chaos with --in-process": Case(  # was ignored: a clean run, no fault injected, nothing said
         lambda t: train(t, "--train", good(t), "--in-process", "--chaos", "kill:ps:0@step=5"),
         lambda t: "psflow train: error: --chaos kill:ps:0@step=5 kills tasks of a cluster of processes: not with "
