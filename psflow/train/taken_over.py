@@ -16,8 +16,10 @@ over (``psflow server`` without ``--restarted-by-manager``; never under ``psflow
 ``take_over``), checks each time this worker, still training, holds a
 new lease (an epoch it has not checked: the only way its duties could write again), in order:
 
-1. ps task 0 counts another worker's ``Done``: a worker ended its part of the run while this one trains, which only
-   a take-over (or a linger that timed out) does: the others wait for every worker to finish first;
+1. ps task 0 counts another worker's ``Done`` and the run is not over: a worker ended its part of the run while
+   this one trains, which only a take-over (or a linger that timed out) does: the others wait for every worker to
+   finish first. A run that is over (every worker's ``Done``, ps tasks that ``--keep-serving``) was ended by its
+   workers, not taken over: a worker started again then trains and writes its final checkpoint, as before;
 2. the run's final was made: the checkpoint directory's newest checkpoint is marked final, or (no directory) ps task
    0 records a final evaluation (:mod:`psflow.train.final_eval`);
 3. both: it raises :class:`RunTakenOverError` (one line naming who took over and the final's step) before any duty
@@ -86,7 +88,9 @@ def _ended_by(client: ParameterClient, checkpoint_dir: str | None) -> str | None
     try:
         stats = client.ps_stats()
         run_end = stats.counters.get("run_end")
-        done = set(run_end.get("workers_done") or ()) if isinstance(run_end, dict) else set()
+        if not isinstance(run_end, dict) or run_end.get("run_over"):  # every worker's Done: no take-over (a worker
+            return None  # started again against ps tasks that --keep-serving trains again, as before the run's end)
+        done = set(run_end.get("workers_done") or ())
         done.discard(client.client_name)
         if not done:
             return None

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import test_server_run_end
 from support import A9A_T, wait_until
-from test_chief_lost_at_end import _start
+from test_chief_lost_at_end import _files, _start
 from test_evaluator import _spawn
 from test_server_run_end import _SAFETY, _cluster, _Tasks
 
@@ -75,3 +75,31 @@ def test_a_chief_stalled_past_the_lease_ttl_and_resumed_leaves_the_take_overs_fi
     assert cluster.exit_code("evaluator-0") == 0, cluster.log("evaluator-0")[-3000:]
     evaluated = re.findall(r"evaluator: step=\d+ .*\((ckpt-[0-9-]+)(, final)?\)", cluster.log("evaluator-0"))
     assert evaluated and evaluated[-1][0] == os.path.basename(final), evaluated  # it ended at the run's final
+
+
+def test_a_worker_restarted_after_the_run_ended_normally_trains_again(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
+    """Both workers finish (no take-over: the run is over, worker 0 wrote the final checkpoint); ps task 0 keeps
+    serving (``--keep-serving``) and worker 0 is started again with ``--epochs 2``. It trains its second epoch and
+    writes the final checkpoint. Before, elected at its first step, it read worker 1's ``Done`` and the final
+    checkpoint as a take-over's and stopped with 'the run was ended without this worker: /job:worker/task:1 took
+    the chief duties over' (exit 1), when nobody had taken anything over."""
+    cluster = tasks(_cluster(1, 2))
+    ckpt = tmp_path / "ckpt"
+    flags = [*_files(tmp_path, [600, 300]), "--num-features", "124", "--batch-size", "32", "--no-status",
+             "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "50", "--eval", str(A9A_T),
+             "--lease-ttl", "2"]
+    cluster.start("ps", 0, "--checkpoint-dir", str(ckpt), "--keep-serving")
+    for i in range(2):
+        cluster.start("worker", i, *flags, "--epochs", "1")
+    for i in range(2):
+        assert cluster.exit_code(f"worker-{i}") == 0, cluster.log(f"worker-{i}")[-3000:]
+    first = latest_checkpoint(str(ckpt))
+    assert first is not None and read_manifest(first).final, first
+    cluster.start("worker", 0, *flags, "--epochs", "2")
+    log = cluster.log  # (read once it exited)
+    assert cluster.exit_code("worker-0") == 0, log("worker-0")[-3000:]
+    assert "the run was ended without this worker" not in log("worker-0"), log("worker-0")[-3000:]
+    final = latest_checkpoint(str(ckpt))
+    assert final is not None and read_manifest(final).final, final
+    assert read_manifest(final).global_step > read_manifest(first).global_step, (first, final)
