@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 import tempfile
@@ -68,8 +69,6 @@ def run_train(args: argparse.Namespace) -> int:
     with RunDirLock(output, run):
         _show_inferred_schema(config, output)
         if args.in_process:
-            print(f"psflow: in-process, {config.cluster.num_ps} ps services + 1 worker, {_mode_words(config)}, "
-                  f"run directory {output}", file=sys.stderr)
             metrics = _in_process(config, output, faults_from_args(args))
             if not args.quiet:
                 print(final_line(metrics), file=sys.stderr, flush=True)
@@ -93,6 +92,13 @@ def run_train(args: argparse.Namespace) -> int:
         summary["eval"] = metrics["eval"]
     print(jsonio.dumps(summary, indent=1))
     return 0
+
+
+def _in_process_banner(config: TrainConfig, output: str) -> None:
+    """The in-process run's first line, once its inputs and settings passed their checks (a refused one is the
+    command's only line, as a cluster run's is)."""
+    print(f"psflow: in-process, {config.cluster.num_ps} ps services + 1 worker, {_mode_words(config)}, "
+          f"run directory {output}", file=sys.stderr)
 
 
 def _mode_words(config: TrainConfig) -> str:
@@ -127,7 +133,8 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     signals = LauncherSignals()
     signals.install()  # main thread only (else a no-op)
     try:
-        return run_in_process(config, output, on_end=ending, faults=faults, signals=signals)
+        return run_in_process(config, output, on_end=ending, faults=faults, signals=signals,
+                              announce=functools.partial(_in_process_banner, config, output))
     except LaunchInterrupted as e:
         final = ending.final or {}
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "

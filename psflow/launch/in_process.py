@@ -76,7 +76,8 @@ def _log_to(path: str) -> Iterator[None]:
 
 def run_in_process(config: TrainConfig, output_dir: str, *,
                    on_end: Callable[[dict[str, Any], ClusterSpec], None] | None = None,
-                   faults: FaultInjection = NO_FAULTS, signals: LauncherSignals | None = None) -> dict[str, Any]:
+                   faults: FaultInjection = NO_FAULTS, signals: LauncherSignals | None = None,
+                   announce: Callable[[], None] | None = None) -> dict[str, Any]:
     """Trains with ``config.cluster.num_ps`` in-process ps services and one worker; returns the metrics.
 
     Blocks for the whole run. However it ends (finished, failed, interrupted: a
@@ -89,7 +90,9 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
     ``faults``: tests' faults for its worker (:mod:`psflow.train.faults`). ``signals``: the launcher's
     (installed), deferred while a checkpoint is saved, so that a save is whole and counted when the run ends.
     PyTorch's intra-op threads are the run's only while it runs (:func:`_torch_threads_for_the_run`): the
-    caller's environment and PyTorch's count are as they were when it returns or raises.
+    caller's environment and PyTorch's count are as they were when it returns or raises. ``announce``: called
+    once the inputs and settings passed their checks, before anything starts (``psflow train``'s banner: a
+    refused input or setting is then the command's only line, as a cluster run's is).
 
     Raises:
         ConfigError: more than one worker asked for.
@@ -98,11 +101,12 @@ def run_in_process(config: TrainConfig, output_dir: str, *,
         CheckpointLockedError: another live run holds the checkpoint directory (likewise).
     """
     with _torch_threads_for_the_run():  # the preflight's model too: it is built as the run's is
-        return _run(config, output_dir, on_end, faults, signals)
+        return _run(config, output_dir, on_end, faults, signals, announce)
 
 
 def _run(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any], ClusterSpec], None] | None,
-         faults: FaultInjection, signals: LauncherSignals | None) -> dict[str, Any]:
+         faults: FaultInjection, signals: LauncherSignals | None,
+         announce: Callable[[], None] | None = None) -> dict[str, Any]:
     """:func:`run_in_process` inside its threads' scope."""
     if config.cluster.num_workers != 1:
         raise ConfigError(f"--in-process runs one worker, got --workers {config.cluster.num_workers}")
@@ -110,6 +114,8 @@ def _run(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any],
         raise ConfigError(IN_GRAPH_REFUSED)
     check_inputs(config)
     check_settings(config)  # memory, dynamic tables: refused in one line before anything starts
+    if announce is not None:
+        announce()
     asked = config.sync
     config = replace(config, sync=_runs_as(config.sync), data=replace(config.data, reader_process=True))
     # The run's id; its run directory, then its checkpoint directory, taken before anything is written there

@@ -106,6 +106,9 @@ CASES = {
     "empty train file": Case(
         lambda t: train(t, "--train", write(t / "empty.libsvm", "")),
         lambda t: f"psflow train: error: --train {t / 'empty.libsvm'}: the file holds no libsvm records"),
+    "missing train file, --in-process": Case(  # the in-process banner said the run was starting, before it
+        lambda t: train(t, "--train", str(t / "nope.libsvm"), "--in-process"),
+        lambda t: f"psflow train: error: --train: {t / 'nope.libsvm'}: no such file", alone=True),
     "missing eval file": Case(
         lambda t: train(t, "--train", good(t), "--eval", str(t / "nope.t")),
         lambda t: f"psflow train: error: --eval: {t / 'nope.t'}: no such file"),
