@@ -157,10 +157,10 @@ def _evaluator(args: argparse.Namespace, cluster: ClusterSpec, index: int) -> in
     trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)
     config = config_from_args(args, num_ps=cluster.num_tasks("ps"), num_workers=max(trainers, 1))
     configure_logging(verbose=args.verbose)  # run_evaluator reads --eval first: a bad file is one clear line
-    stop = StopRequest(f"/job:evaluator/task:{index}")
-    stop.install_handlers()
-    stop.start()
-    stopped = threading.Event()
-    stop.on_stop(stopped.set)
-    run_evaluator(config, poll_secs=args.eval_poll_secs, stop=stopped)
-    return stop.exit_code if stop.requested() is not None else 0
+    with StopRequest(f"/job:evaluator/task:{index}") as stop:  # closed: a program calling main() gets its handlers back
+        stop.install_handlers()
+        stop.start()
+        stopped = threading.Event()
+        stop.on_stop(stopped.set)
+        run_evaluator(config, poll_secs=args.eval_poll_secs, stop=stopped)
+        return stop.exit_code if stop.requested() is not None else 0
