@@ -197,15 +197,60 @@ def test_a_launcher_started_with_sighup_ignored_trains_on_through_a_hangup_and_s
         assert notice in text, text[-2000:]  # inherited: each task says it too
 
 
-def test_sigkill_to_launcher_leaves_no_task(launch: Callable[..., Launcher]) -> None:
+def test_ctrl_c_in_a_terminal_stops_every_task_and_reports(launch: Callable[..., Launcher]) -> None:
+    """A terminal's Ctrl-C is SIGINT to its foreground process group: the launcher's (here its own session's).
+    Each task runs in a group of its own, so the launcher alone gets it and stops the tasks in order."""
     run = launch()
+    tasks = run.wait_training()
+    os.killpg(run.pid, signal.SIGINT)
+    assert run.wait() == 130, run.stderr()[-3000:]
+    wait_gone(tasks)
+    assert "interrupted by SIGINT at global_step" in run.stderr(), run.stderr()[-3000:]
+    metrics = run.metrics()
+    assert (metrics["interrupted"], metrics["exit_code"], metrics["restarts"]) == ("SIGINT", 130, []), metrics
+    assert sorted(t["pid"] for t in metrics["tasks"]) == sorted(tasks)
+    assert all(t["stopped_by_launcher"] for t in metrics["tasks"]), metrics["tasks"]
+
+
+def test_a_launcher_started_with_sigint_ignored_stops_its_tasks_on_sigterm(launch: Callable[..., Launcher]) -> None:
+    """``psflow train ... &`` in a script: SIGINT ignored (and so by every task, through exec). A group SIGINT
+    changes nothing; SIGTERM still stops the run in order, and each task exits on the launcher's SIGTERM."""
+    run = launch(ignored=(signal.SIGINT,))
+    tasks = run.wait_training()
+    assert "psflow: SIGINT is ignored (inherited): stop with SIGTERM or SIGHUP" in run.stderr(), run.stderr()[-3000:]
+    os.killpg(run.pid, signal.SIGINT)  # discarded as it is sent, by a process that ignores it
+    for pid in tasks:
+        os.kill(pid, signal.SIGINT)
+    log = run.out / "logs" / "worker-0.log"
+    steps = steps_logged(log)
+    wait_until(lambda: steps_logged(log) > steps or run.proc.poll() is not None, "worker 0 training on",
+               START_LIMIT)
+    assert run.proc.poll() is None and all(alive(p, s) for p, s in tasks.items()), run.stderr()[-3000:]
+    os.kill(run.pid, signal.SIGTERM)
+    assert run.wait() == 143, run.stderr()[-3000:]
+    wait_gone(tasks)
+    metrics = run.metrics()
+    assert (metrics["interrupted"], metrics["restarts"]) == ("SIGTERM", []), metrics
+    assert sorted(t["pid"] for t in metrics["tasks"]) == sorted(tasks)
+    for t in metrics["tasks"]:
+        assert t["stopped_by_launcher"], t
+        assert t["exit"].startswith(("exited on SIGTERM", "was killed by signal SIGKILL")), t
+
+
+@pytest.mark.parametrize("ignored", [(), (signal.SIGHUP,)], ids=["default", "SIGHUP-ignored"])
+def test_sigkill_to_launcher_leaves_no_task(launch: Callable[..., Launcher], ignored: tuple[int, ...]) -> None:
+    """With SIGHUP ignored (``nohup``, inherited by every task) the parent-death signal (SIGHUP) is discarded:
+    the lifeline pipe alone stops the tasks, each with 129 (its launcher is gone)."""
+    run = launch(ignored=ignored)
     tasks = run.wait_training()
     os.kill(run.pid, signal.SIGKILL)
     assert run.wait() == -signal.SIGKILL
-    wait_gone(tasks)  # the lifeline: each task read EOF (and got SIGHUP) and stopped itself
+    wait_gone(tasks)  # the lifeline: each task read EOF (and got SIGHUP unless ignored) and stopped itself
     for name in ("ps-0", "ps-1", "worker-0", "worker-1"):
         log = (run.out / "logs" / f"{name}.log").read_text(errors="replace")
         assert "exit status 129" in log or "exiting now with status 129" in log, log[-2000:]
+        if ignored:
+            assert "stopping (the launcher is gone)" in log, log[-2000:]
 
 
 # ---- a task is signalled ----------------------------------------------------------------------
