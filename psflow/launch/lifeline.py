@@ -313,7 +313,8 @@ class StopRequest:
                 if not data:  # EOF: the launcher is gone (nobody ever writes to the pipe)
                     self.launcher_gone = True
         reason = self.requested()
-        if self.signum is not None and os.getppid() != parent:
+        if self.signum is not None and lifeline_fd is not None and os.getppid() != parent:
+            # (started by a launcher: a task started by hand, whose shell ended, had no launcher to name)
             reason = f"{reason}; the launcher (pid {parent}) is gone"
         log.warning("%s: stopping (%s); exiting with status %d within %.1f s", self.name, reason, self.exit_code,
                     self.grace)

@@ -121,3 +121,43 @@ def test_an_in_process_run_started_with_sighup_ignored_goes_on_through_a_hangup(
     assert f"psflow: {NOTICE}" in log.read_text(errors="replace")
     metrics = json.loads((out / "metrics.json").read_text())
     assert (metrics["phase"], metrics["interrupted"], metrics["exit_code"]) == ("interrupted", "SIGTERM", 143), metrics
+
+
+def test_a_ps_task_whose_shell_ended_stops_on_sigterm_without_naming_a_launcher(tmp_path: Path) -> None:
+    """``ssh host 'nohup psflow server ... &'``: the shell that started the task exits at once and the task, started
+    by hand (no lifeline), lives on reparented. Its SIGTERM line said 'the launcher (pid N) is gone', naming the
+    shell as a launcher that never was."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(ClusterSpec({"ps": [address], "worker": ["127.0.0.1:1"]}).to_json())
+    log = tmp_path / "ps-0.log"
+    command = with_stop_signals([sys.executable, "-m", "psflow", "server", "--cluster", str(cluster), "--job", "ps",
+                                 "--task", "0", "--insecure"], ignored=(signal.SIGHUP,))
+    # The session's shell: starts the task, then lives until its input ends (the logout), after the task serves.
+    shell = subprocess.Popen(["sh", "-c", '"$@" > "$0" 2>&1 < /dev/null & echo $!; read _ || true', str(log), *command],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(REPO),
+                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert shell.stdout is not None and shell.stdin is not None
+    pid = int(shell.stdout.readline())  # the task's (the wrapper execs it)
+    try:
+        wait_until(lambda: "serving at" in log.read_text(errors="replace") or not _alive(pid), "the ps task serving",
+                   limit=LIMIT)
+        shell.stdin.close()
+        assert shell.wait(timeout=LIMIT) == 0  # the shell is gone; the task lives on
+        assert _alive(pid), log.read_text(errors="replace")
+        os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: not _alive(pid), "the ps task gone", limit=LIMIT)
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    assert "stopping (SIGTERM); exiting with status 143" in text and "launcher" not in text, text[-3000:]
+
+
+def _alive(pid: int) -> bool:
+    """Not a child of this process (it cannot be waited for): alive while /proc shows it, not as a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
