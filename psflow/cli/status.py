@@ -234,7 +234,8 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append("staleness (steps: pushes): " + ", ".join(f"{k}: {v}" for k, v in
                                                                sorted(histogram.items(), key=lambda kv: int(kv[0]))))
     for f in s.get("faults", []):
-        recovery = "not recovered" if f.get("recovery_seconds") is None else f"recovered in {f['recovery_seconds']:.2f} s"
+        recovery = f"recovered in {f['recovery_seconds']:.2f} s" if f.get("recovery_seconds") is not None else (
+            f"not recovered: {f['why']}" if f.get("why") else "not recovered")
         lines.append(f"fault: {f['spec']}: {f['signal']} to {f['task']} (pid {f['pid']}) at step {f['at_step']}; "
                      f"{recovery}")
     for r in s.get("restarts", []):

@@ -31,7 +31,8 @@ Classes and functions, by file:
 * ``chaos.py`` -- ``--chaos``: faults injected on a schedule (:class:`~psflow.launch.chaos.ChaosInjector`).
 * ``shard_targets.py`` -- which member a fault on a replicated ps shard hits (``ps:N``: its current primary,
   ``ps-backup:N``: one of its backups), asked of the members when it fires.
-* ``fault_recovery.py`` -- when an injected fault recovered (``recovery_seconds``, ``recovered_at_step``).
+* ``fault_recovery.py`` -- when an injected fault recovered (``recovery_seconds``, ``recovered_at_step``), or why
+  not by the run's end (``why``); the chaos thread's global_step readings.
 * ``run_end.py`` -- :class:`~psflow.launch.run_end.RunEnd`: how one local run ends, its final snapshot taken once.
 * ``run_status.py`` -- who serves the status page and writes ``metrics.json``, ``status.json`` and
   ``metrics.prom``: the local launcher (:class:`~psflow.launch.run_status.LauncherStatus`), the in-process

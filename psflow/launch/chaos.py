@@ -231,9 +231,11 @@ class InjectedFault:
     recovery_seconds: float | None = None   # fault -> global_step advancing again (set by the launcher)
     recovered_at_step: int | None = None
     lease_epoch: int | None = None           # a ``chief`` fault: the epoch of the lease its task held
+    why: str | None = None                   # not recovered by the run's end: why (set by the launcher then)
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        """Its fields, and ``recovered``: whether ``recovered_at_step`` is set."""
+        return {**self.__dict__, "recovered": self.recovered_at_step is not None}
 
 
 class ChaosInjector:

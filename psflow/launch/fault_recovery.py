@@ -25,8 +25,13 @@ What does not count as training again:
 And what recovers without a step: a replacement with nothing left to train (a worker killed once its data
 had ended, or in the run's last steps) moves no step; it has recovered when it ends its part cleanly
 (exit 0), at the newest step read (its ``recovery_seconds`` then ends at the reading that saw the exit).
-When the run ends, the launcher observes once more, with its final snapshot's reading, so a recovery in
-the run's last moments is not missed between two polls of the chaos thread.
+When the run ends, the launcher settles the faults with its final snapshot's reading
+(:meth:`RecoveryWatch.settle`; with ``--ps-replicas`` the shard primaries' reading, views included), so a
+recovery in the run's last moments is not missed between two polls of the chaos thread. A replicated shard
+member's replacement back in its shard's view then has recovered, the shard having trained past the fault
+(its promoted primary did, and it has its backup again), step or no step since. A fault left is not
+recovered: ``recovered`` false in metrics.json, with ``why`` (e.g. ``/job:ps/task:0's replacement had not
+rejoined its ps shard's view by the run's end``: the shard ended the run one backup short).
 
 Not thread-safe: the caller serializes (the chaos thread and the run's end take the launcher's lock).
 """
@@ -40,8 +45,11 @@ from typing import Any
 
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB
 from psflow.launch.chaos import InjectedFault
+from psflow.rpc.api import RpcError
+from psflow.rpc.grpc_client import TaskChannel
+from psflow.status.replication import shard_primaries
 
-__all__ = ["StepReading", "Replacement", "RecoveryWatch", "primary_reading", "step_reading"]
+__all__ = ["StepReading", "Replacement", "RecoveryWatch", "final_reading", "poll_reading", "primary_reading", "step_reading"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,46 @@ def primary_reading(primaries: list[dict[str, Any]]) -> StepReading | None:
     return None
 
 
+def poll_reading(channels: list[TaskChannel], *, replicated: bool = False) -> StepReading | None:
+    """global_step (and whether its task is ready) from the first ps task that answers holding it (None if
+    none does). A channel whose call failed reconnects (:meth:`TaskChannel.reconnect`): a failed gRPC
+    channel backs off its reconnects (up to its ``backoff_max``, 2 s), and the ps tasks are not listening
+    yet when this starts, so the first calls fail; a backed-off channel would see the steps only long after
+    they passed (training runs hundreds of steps a second).
+
+    ``replicated``: ``channels`` are every shard member's; each is asked (in parallel) and the shard
+    primaries' answers are read (:func:`~psflow.status.replication.shard_primaries`), never a backup's copy."""
+    if replicated:
+        return _primaries_reading(channels)
+    for ch in channels:
+        try:
+            reading = step_reading(dict(ch.call("Stats").meta))
+        except RpcError:
+            ch.reconnect()
+            continue
+        if reading is not None:
+            return reading
+    return None
+
+
+def _primaries_reading(channels: list[TaskChannel]) -> StepReading | None:
+    calls = [(ch, ch.call_async("Stats", {})) for ch in channels]
+    answers = []
+    for ch, call in calls:
+        try:
+            answers.append(dict(call.result().meta))
+        except RpcError:
+            ch.reconnect()
+    return primary_reading(shard_primaries(answers))
+
+
+def final_reading(ps_stats: list[dict[str, Any]], *, replicated: bool) -> StepReading | None:
+    """The reading of the run's final snapshot's ``Stats`` (``replicated``: the shard primaries', views included)."""
+    if replicated:
+        return primary_reading(shard_primaries(ps_stats))
+    return next((r for r in map(step_reading, ps_stats) if r is not None), None)
+
+
 def _rejoining(task: str, reading: StepReading) -> bool:
     """Whether ``task`` is a restarted ps shard member not back in its shard's view yet (module docstring)."""
     member = task.startswith((f"/job:{PS_JOB}/", f"/job:{BACKUP_JOB}/"))
@@ -102,6 +150,7 @@ class _Watched:
     fault: InjectedFault
     fired: float             # time.monotonic() when it fired
     baseline: int | None = None
+    back: float | None = None  # time.monotonic() of the baseline's reading: its replacement seen back
 
 
 class RecoveryWatch:
@@ -136,7 +185,7 @@ class RecoveryWatch:
             elif state is Replacement.RUNNING and _rejoining(watched.fault.task, reading):
                 continue
             elif watched.baseline is None:
-                watched.baseline = reading.step
+                watched.baseline, watched.back = reading.step, now
                 continue
             elif reading.step > watched.baseline:
                 self._recover(watched, reading.step, now)
@@ -145,7 +194,45 @@ class RecoveryWatch:
             recovered.append(watched.fault)
         return recovered
 
+    def settle(self, reading: StepReading | None, now: float) -> list[InjectedFault]:
+        """(The run's end) :meth:`observe` once more with the final snapshot's reading, then settles each fault
+        left: a replicated shard member's replacement back in its shard's view, the shard having trained past
+        the fault, has recovered at the final step (as of the reading that first saw it back, else ``now``);
+        every other fault left is not recovered, and gets ``why``. Returns the faults it recovered."""
+        recovered = self.observe(reading, now)
+        for watched in list(self._watched):
+            fault = watched.fault
+            state = self._replacement(fault.task, fault.pid)
+            if reading is not None and _back_in_view(fault, state, reading):
+                self._recover(watched, reading.step, watched.back if watched.back is not None else now)
+                recovered.append(fault)
+            else:
+                fault.why = _why(fault, state, reading)
+        return recovered
+
     def _recover(self, watched: _Watched, step: int, now: float) -> None:
         watched.fault.recovered_at_step = step
         watched.fault.recovery_seconds = round(now - watched.fired, 3)
         self._watched.remove(watched)
+
+
+def _back_in_view(fault: InjectedFault, state: Replacement, reading: StepReading) -> bool:
+    """Whether ``fault``'s task is a replicated shard member whose replacement is in its shard's view, the
+    shard (its promoted primary) having trained past the fault: its shard has its backup again."""
+    member = reading.in_view is not None and fault.task in reading.in_view
+    return state is Replacement.RUNNING and member and reading.ready and reading.step > fault.at_step
+
+
+def _why(fault: InjectedFault, state: Replacement, reading: StepReading | None) -> str:
+    """Why ``fault`` had not recovered by the run's end, in one line."""
+    task = fault.task
+    if state is Replacement.NONE:
+        return f"{task} was not running again by the run's end"
+    if reading is None:
+        return "no ps task answered global_step at the run's end"
+    if state is Replacement.RUNNING and _rejoining(task, reading):
+        return (f"{task}'s replacement had not rejoined its ps shard's view by the run's end: the shard ran "
+                "without it as a backup")
+    if not reading.ready:
+        return f"the step task was not ready at the run's end (global_step {reading.step})"
+    return f"global_step did not advance past {reading.step} after {task}'s replacement started"

@@ -68,13 +68,13 @@ from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, ps_replicas, shard_of
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
 from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, InjectedFault, chief_task
-from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, primary_reading, step_reading
+from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, final_reading, poll_reading
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.shard_targets import ask_statuses, shard_target
 from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
-from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
+from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
 from psflow.rpc.grpc_client import TaskChannel
-from psflow.status.replication import ps_members, shard_primaries
+from psflow.status.replication import ps_members
 from psflow.train.chief import trainer_task
 from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import coordination_config, elects_chief
@@ -172,7 +172,7 @@ class Resilience:
         try:
             while (self.injector is not None and (self.injector.pending() or self.recovery.watching())
                    and not self._closed.wait(_CHAOS_POLL)):
-                reading = _step_reading(channels, replicated=self._replicated)
+                reading = poll_reading(channels, replicated=self._replicated)
                 if reading is None:
                     continue
                 if reading.step > 0 and self.monitor is not None:  # training advanced: every ps task is serving
@@ -222,7 +222,7 @@ class Resilience:
                     os.kill(t.pid, signal.SIGSTOP)
                     stopped.append(t.pid)
             _wait_stopped(stopped)
-            reading = _step_reading(channels, replicated=self._replicated) or reading
+            reading = poll_reading(channels, replicated=self._replicated) or reading
             fired = self._fire(reading)
         finally:
             keep = {f.pid for f in fired if f.signal == signal.SIGSTOP.name}
@@ -278,16 +278,19 @@ class Resilience:
     def _observe(self, reading: StepReading | None, now: float) -> None:
         with self._lock:
             recovered = self.recovery.observe(reading, now)
-        for fault in recovered:
-            log.warning("chaos: %s: recovered at global_step %s, %.2f s after the fault", fault.spec,
-                        fault.recovered_at_step, fault.recovery_seconds)
+        _say_recovered(recovered)
 
     def settle(self, ps_stats: list[dict[str, Any]]) -> None:
-        """(The run's end, before its final snapshot) observes the faults' recovery once more with the
-        snapshot's ``Stats`` of the ps tasks: a replacement that finished, or a step, after the chaos
-        thread's last poll counts (:mod:`psflow.launch.fault_recovery`)."""
-        readings = [r for r in map(step_reading, ps_stats) if r is not None]
-        self._observe(readings[0] if readings else None, time.monotonic())
+        """(The run's end, before its final snapshot) settles the faults' recovery with the snapshot's
+        ``Stats`` of the ps tasks (:meth:`RecoveryWatch.settle`): a replacement that finished, or a step,
+        after the chaos thread's last poll counts; with ``--ps-replicas`` the shard primaries' views are read
+        too, so a restarted member not back in its shard's view is not recovered. Each fault left says why."""
+        with self._lock:
+            recovered = self.recovery.settle(final_reading(ps_stats, replicated=self._replicated), time.monotonic())
+            left = [f for f in self.injector.injected if f.why is not None] if self.injector is not None else []
+        _say_recovered(recovered)
+        for fault in left:
+            log.warning("chaos: %s: not recovered: %s", fault.spec, fault.why)
 
     def _replacement(self, name: str, old_pid: int) -> Replacement:
         for t in list(self.lc.tasks):
@@ -384,6 +387,12 @@ class Resilience:
             return list(self.hang_kills)
 
 
+def _say_recovered(faults: list[InjectedFault]) -> None:
+    for fault in faults:
+        log.warning("chaos: %s: recovered at global_step %s, %.2f s after the fault", fault.spec,
+                    fault.recovered_at_step, fault.recovery_seconds)
+
+
 def _wait_stopped(pids: list[int], *, timeout: float = 1.0) -> None:
     """Waits until each process is stopped (state T in ``/proc/PID/stat``): a SIGSTOP takes effect when
     its target next runs, not when ``kill`` returns. Bounded by ``timeout`` s; a process whose state
@@ -399,39 +408,6 @@ def _wait_stopped(pids: list[int], *, timeout: float = 1.0) -> None:
             if state in ("T", "t", "Z", "X"):
                 break
             time.sleep(0.0005)
-
-
-def _step_reading(channels: list[TaskChannel], *, replicated: bool = False) -> StepReading | None:
-    """global_step (and whether its task is ready) from the first ps task that answers holding it (None if
-    none does). A channel whose call failed reconnects (:meth:`TaskChannel.reconnect`): a failed gRPC
-    channel backs off its reconnects (up to its ``backoff_max``, 2 s), and the ps tasks are not listening
-    yet when this starts, so the first calls fail; a backed-off channel would see the steps only long after
-    they passed (training runs hundreds of steps a second).
-
-    ``replicated``: ``channels`` are every shard member's; each is asked (in parallel) and the shard
-    primaries' answers are read (:func:`~psflow.status.replication.shard_primaries`), never a backup's copy."""
-    if replicated:
-        return _primary_reading(channels)
-    for ch in channels:
-        try:
-            reading = step_reading(dict(ch.call("Stats").meta))
-        except RpcError:
-            ch.reconnect()
-            continue
-        if reading is not None:
-            return reading
-    return None
-
-
-def _primary_reading(channels: list[TaskChannel]) -> StepReading | None:
-    calls = [(ch, ch.call_async("Stats", {})) for ch in channels]
-    answers = []
-    for ch, call in calls:
-        try:
-            answers.append(dict(call.result().meta))
-        except RpcError:
-            ch.reconnect()
-    return primary_reading(shard_primaries(answers))
 
 
 #: Where a run with a restart policy and no --checkpoint-dir keeps its checkpoints, inside its run directory.

@@ -81,3 +81,35 @@ def test_a_dead_primary_whose_backup_took_over_does_not_stop_a_run_without_a_res
         assert metrics["shards"][0]["primary"] == "/job:ps_backup/task:2", metrics["shards"]
         assert [e["restarted"] for e in metrics["restarts"]] == [False, False], metrics["restarts"]
     assert leftover_processes(str(out)) == []
+
+
+@pytest.mark.parametrize("step", [80, 112])  # of 128: its replacement is usually back by the end; usually not
+def test_a_killed_primary_counts_as_recovered_only_with_its_replacement_back_in_the_shard(
+        tmp_path: Path, step: int) -> None:
+    """--restart-policy on-failure, shard 0's primary killed late: its replacement rebuilds as a backup, and the
+    fault is recovered only if it was back in the shard's view at the run's end (metrics.json's ``shards`` says
+    who was); otherwise ``recovered`` is false and ``why`` says so (the run's end counted it recovered, reading
+    no view). Whichever the timing gave, the two agree, and psflow status says the same."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "2", "--epochs", "1",
+                "--batch-size", "256", "--ps-replicas", "1", "--restart-policy", "on-failure",
+                "--chaos", f"kill:ps:0@step={step}", "--no-status", "--output", str(out), timeout=200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    [fault], [shard] = metrics["faults"], metrics["shards"]
+    assert fault["task"] == "/job:ps/task:0" and metrics["updates_lost"] == 0, (fault, shard)
+    back = "/job:ps/task:0" in [b["task"] for b in shard["backups"]]
+    assert fault["recovered"] is back and (fault["recovered_at_step"] is not None) is back, (fault, shard)
+    status = run_cli("status", str(out), timeout=60).stdout
+    if back:
+        assert fault["why"] is None and fault["at_step"] < fault["recovered_at_step"] <= metrics["global_step"], fault
+        assert f"recovered in {fault['recovery_seconds']:.2f} s" in status, status
+    else:
+        assert fault["why"] in (
+            "/job:ps/task:0's replacement had not rejoined its ps shard's view by the run's end: the shard ran "
+            "without it as a backup",
+            "/job:ps/task:0 was not running again by the run's end"), (fault, shard)
+        assert f"chaos: kill:ps:0@step={step}: not recovered: {fault['why']}" in r.stderr, r.stderr[-3000:]
+        assert f"not recovered: {fault['why']}" in status, status
+    assert leftover_processes(str(out)) == []
+

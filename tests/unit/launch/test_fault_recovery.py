@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from psflow.launch.chaos import InjectedFault
-from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, primary_reading, step_reading
+from psflow.launch.fault_recovery import (
+    RecoveryWatch,
+    Replacement,
+    StepReading,
+    final_reading,
+    primary_reading,
+    step_reading,
+)
 
 
 def _fault(task: str, pid: int, at_step: int) -> InjectedFault:
@@ -131,3 +138,49 @@ def test_primary_reading_names_every_member_the_primaries_views_hold() -> None:
     assert primary_reading(primaries) == StepReading(9, True, in_view=frozenset(
         {"/job:ps_backup/task:0", "/job:ps/task:1", "/job:ps_backup/task:1"}))
     assert primary_reading(primaries[1:]) is None
+
+
+def _final(step: int, primary: str, *backups: str) -> list[dict[str, object]]:
+    """The final snapshot's Stats of a one-shard replicated run (its primary's)."""
+    return [{"global_step": step, "ready": True, "replication": {"shard": 0, "role": "primary", "epoch": 2,
+                                                                "primary": primary, "backups": list(backups)}}]
+
+
+def test_the_runs_end_does_not_count_a_replacement_missing_from_its_shards_view() -> None:
+    """(--ps-replicas) The run's end reads the shard primaries' views too: ps task 0's replacement, seen back once
+    (the baseline), was out of the view at the end; the step the promoted primary trained on is no recovery.
+    (Read as a plain step reading, with no view, this counted as recovered at 300.)"""
+    ps0 = _fault("/job:ps/task:0", 41, 200)
+    watch, tasks = _watch(ps0)
+    tasks.state[ps0.task] = Replacement.RUNNING
+    assert watch.observe(_view("/job:ps_backup/task:0", "/job:ps/task:0"), 102.0) == []   # the baseline, 240
+    assert watch.settle(final_reading(_final(300, "/job:ps_backup/task:0"), replicated=True), 110.0) == []
+    assert (ps0.recovered_at_step, ps0.to_json()["recovered"]) == (None, False)
+    assert ps0.why == ("/job:ps/task:0's replacement had not rejoined its ps shard's view by the run's end: the shard "
+                       "ran without it as a backup")
+
+
+def test_the_runs_end_counts_a_replacement_back_in_its_shards_view_with_no_step_since() -> None:
+    """Back in the view after the shard's last step: the shard trained past the fault and has its backup again."""
+    ps0 = _fault("/job:ps/task:0", 41, 200)
+    watch, tasks = _watch(ps0)
+    tasks.state[ps0.task] = Replacement.RUNNING
+    assert watch.observe(_view("/job:ps_backup/task:0"), 101.0) == []             # trained on; ps task 0 rebuilding
+    assert watch.observe(_view("/job:ps_backup/task:0", "/job:ps/task:0"), 102.5) == []  # caught up at 240: baseline
+    final = final_reading(_final(240, "/job:ps_backup/task:0", "/job:ps/task:0"), replicated=True)
+    assert watch.settle(final, 110.0) == [ps0]
+    assert (ps0.recovered_at_step, ps0.recovery_seconds, ps0.why) == (240, 2.5, None)   # as of the reading that saw it
+
+
+def test_the_runs_end_says_why_a_fault_is_not_recovered() -> None:
+    worker1 = _fault("/job:worker/task:1", 43, 1040)
+    ps1 = _fault("/job:ps/task:1", 44, 1040)
+    watch, tasks = _watch(worker1)
+    watch.fired(ps1, now=100.0)
+    tasks.state[ps1.task] = Replacement.RUNNING
+    final = final_reading([{"global_step": None}, {"global_step": 1050, "ready": True}], replicated=False)
+    assert final == StepReading(1050, True)
+    assert watch.settle(final, 110.0) == [] and watch.watching() == 2
+    assert worker1.why == "/job:worker/task:1 was not running again by the run's end"
+    assert ps1.why == "global_step did not advance past 1050 after /job:ps/task:1's replacement started"
+    assert [f.to_json()["recovered"] for f in (worker1, ps1)] == [False, False]
