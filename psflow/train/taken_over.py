@@ -27,7 +27,13 @@ new lease (an epoch it has not checked: the only way its duties could write agai
    exits non-zero without ``Done`` (the ps tasks of ``psflow server`` serve until ``psflow shutdown``, as after a
    killed chief). Its steps since it resumed are in no checkpoint.
 
-Costs: one ``Stats`` call, and one pointer read or ``FinalEval`` call, per lease this worker gains; none per step.
+The same check runs once before this worker's first step, lease or not: a worker started again by hand after the
+take-over (killed, not stalled) campaigns only once it trains, and pushed a few steps past the run's final (ps task
+0's global_step moved on from the final checkpoint's, on ps tasks that serve until ``psflow shutdown``) before it
+was elected and stopped; now it stops before its first pull (``... it trains no step``).
+
+Costs: one ``Stats`` call, and one pointer read or ``FinalEval`` call, at the first step and per lease this worker
+gains; none per step.
 A ps task 0 that cannot be asked lets the duties go on (logged): two finals rather than none.
 
 Not guaranteed: a worker stalled after its last push (its data ended as it resumed) runs no step, so this hook never
@@ -62,25 +68,35 @@ class RunTakenOverError(TrainingError):
 
 
 class TakenOverHook(SessionRunHook):
-    """Raises :class:`RunTakenOverError` after a step once this worker holds a new lease of a run a take-over
-    already ended (see the module docstring). Blocks for two RPCs (or one RPC and a pointer read) per new lease."""
+    """Raises :class:`RunTakenOverError` before this worker's first step, and after a step once it holds a new
+    lease, of a run a take-over already ended (see the module docstring). Blocks for two RPCs (or one RPC and a
+    pointer read) at its first step and per new lease."""
 
     def __init__(self, leadership: Leadership, checkpoint_dir: str | None) -> None:
         self.leadership = leadership
         self.checkpoint_dir = checkpoint_dir
         self._checked: int | None = None  # the epoch of the last lease checked
+        self._started = False  # whether its first step was checked
+
+    def before_run(self, context: RunContext) -> None:
+        if self._started:
+            return
+        self._started = True  # a process started after the take-over: it pushes nothing past the run's final
+        self._check(context, "it trains no step (started again after the run's end?)")
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         lease = self.leadership.lease()
         if lease is None or lease.epoch == self._checked:
             return
         self._checked = lease.epoch
+        self._check(context, "it stops without a checkpoint or an evaluation of its steps since (stalled past "
+                             "--lease-ttl?)")
+
+    def _check(self, context: RunContext, then: str) -> None:
         client = context.session.client
         ended = _ended_by(client, self.checkpoint_dir)
         if ended is not None:
-            raise RunTakenOverError(f"{client.client_name}: the run was ended without this worker: {ended}; it "
-                                    "stops without a checkpoint or an evaluation of its steps since (stalled past "
-                                    "--lease-ttl?)")
+            raise RunTakenOverError(f"{client.client_name}: the run was ended without this worker: {ended}; {then}")
 
 
 def _ended_by(client: ParameterClient, checkpoint_dir: str | None) -> str | None:

@@ -23,7 +23,7 @@ import test_server_run_end
 from support import A9A_T, wait_until
 from test_chief_lost_at_end import _files, _start
 from test_evaluator import _spawn
-from test_server_run_end import _SAFETY, _cluster, _Tasks
+from test_server_run_end import _SAFETY, _channel, _cluster, _global_step, _Tasks
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
@@ -103,3 +103,33 @@ def test_a_worker_restarted_after_the_run_ended_normally_trains_again(
     final = latest_checkpoint(str(ckpt))
     assert final is not None and read_manifest(final).final, final
     assert read_manifest(final).global_step > read_manifest(first).global_step, (first, final)
+
+
+def test_a_chief_started_again_by_hand_after_a_take_over_pushes_no_step_past_the_final(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path) -> None:
+    """Worker 0, the chief, killed once worker 1 finished, is started again by hand (same flags) once worker 1 took
+    the duties over and exited: it stops with one line before its first step, and ps task 0's global_step stays
+    at the final checkpoint's. Before, it campaigned only once it trained: it pushed a few batches (3 in a run
+    here) past the run's final checkpoint on ps tasks that serve on, then was elected and stopped."""
+    cluster = tasks(_cluster(1, 2))
+    ckpt = _start(cluster, tmp_path, [None, 300])
+    wait_until(lambda: "finished its data" in cluster.log("worker-1"), "worker 1 finished its data", limit=_SAFETY)
+    flags = [str(a) for a in cluster.procs["worker-0"].args][10:]  # (after ... --job worker --task 0)
+    os.kill(cluster.procs["worker-0"].pid, signal.SIGKILL)
+    cluster.procs["worker-0"].wait(timeout=_SAFETY)
+    assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
+    final = latest_checkpoint(str(ckpt))
+    assert final is not None and read_manifest(final).final, final
+    step = read_manifest(final).global_step
+    cluster.start("worker", 0, *flags)
+    code = cluster.exit_code("worker-0")
+    log = cluster.log("worker-0")
+    assert code != 0 and "Traceback" not in log, log[-3000:]
+    assert re.search(r"/job:worker/task:0: the run was ended without this worker: /job:worker/task:1 took the chief "
+                     rf"duties over .*global_step {step}; it trains no step", log), log[-3000:]
+    ps0 = _channel(cluster, "ps", 0)
+    try:
+        assert _global_step(ps0) == step, log[-3000:]
+    finally:
+        ps0.close()
+    assert latest_checkpoint(str(ckpt)) == final and "eval step=" not in log, log[-3000:]
