@@ -223,10 +223,14 @@ def render_status(s: dict[str, Any]) -> str:
     lines.append("")
     sync = s.get("sync")
     if sync is not None:
+        failed = sync.get("failed") or {}  # a failed step waits for nobody: its pushes are refused until a restore
+        for why in dict.fromkeys(failed.values()):  # each ps task's part of the step fails alike: one line each why
+            on = ", ".join(task for task, said in failed.items() if said == why)
+            lines.append(f"sync: step failed on {on}: {why}; every push is refused until a restore")
         if sync.get("waiting_for"):
             lines.append(f"sync: step has gradients from {', '.join(sync['contributed']) or 'nobody'}; waiting "
                          f"{_num(sync.get('waiting_seconds'), 1)} s for {', '.join(sync['waiting_for'])}")
-        else:
+        elif not failed:
             lines.append(f"sync: no step waiting; {_num(sync.get('steps_applied'))} steps applied, "
                          f"{_num(sync.get('stale_dropped'))} stale gradients dropped")
     histogram = s.get("staleness_histogram") or {}

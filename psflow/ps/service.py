@@ -47,8 +47,10 @@ fields below are those messages'):
     ``ttl_steps`` are swept (a bounded slice of the table per push).
     A refused push (bad input, an earlier process, one from before a restore,
     a sync step that timed out) changes no counter of ``Stats`` of its own:
-    the step's timeout itself is counted once (``sync_timeouts``), and its
-    contributors stay listed (``sync_contributed``) until a restore; nothing
+    the step's timeout itself is counted once (``sync_timeouts``), its
+    contributors stay listed (``sync_contributed``) until a restore, and
+    ``sync_failed`` says why it failed (the refusal's words; it then waits for
+    nobody: ``sync_waiting_for`` is empty); nothing
     of the failed step is applied, not even once the worker missing from it
     leaves.
 ``PushPull``

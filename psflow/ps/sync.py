@@ -341,17 +341,21 @@ class SyncAggregator(SaveNotices):
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
+            waiting = self._failure is None and bool(self._contributors)
             return {
                 "stale_dropped": self.stale_dropped,
                 "sync_steps_applied": self.steps_applied,
                 "sync_timeouts": self.timeouts,
                 "live_replicas": self.config.total_num_replicas - len(self._left),
                 # The step being collected: who contributed, the live workers it may still wait for
-                # (any ``needed() - contributed`` of them complete it), and for how long.
+                # (any ``needed() - contributed`` of them complete it), and for how long. A failed step (timed out
+                # under on_timeout="fail", or abandoned for a restore) waits for nobody: every push is refused
+                # until :meth:`reset`, and ``sync_failed`` is the refusal's words.
                 "sync_contributed": list(self._contributors),
                 "sync_waiting_for": [w for w in self._last_seen if w not in self._contributors
-                                     and w not in self._left and w not in self._absent] if self._contributors else [],
-                "sync_waiting_seconds": self._clock() - self._first_at if self._first_at is not None else None,
+                                     and w not in self._left and w not in self._absent] if waiting else [],
+                "sync_waiting_seconds": self._clock() - self._first_at if waiting and self._first_at is not None else None,
+                "sync_failed": self._failure,
             }
 
     # ---- internals (hold self._cond) ---------------------------------------

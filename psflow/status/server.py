@@ -45,6 +45,8 @@ Metrics (counters end in ``_total``; all values from the same snapshot):
 ``psflow_ps_parameter_bytes{job,task}``
 ``psflow_gradient_staleness``               histogram of async pushes' staleness (steps)
 ``psflow_sync_waiting_workers``             workers the sync step being collected waits for
+``psflow_sync_failed_ps_tasks``             ps tasks whose sync step failed (timed out under
+                                            ``--on-timeout fail``): each refuses every push until a restore
 ``psflow_faults_total``, ``psflow_checkpoints_saved_total``, ``psflow_checkpoints_failed_total``
 ``psflow_checkpoint_last_saved_step``       global_step of the newest checkpoint saved
 ==========================================  ===========================================
@@ -202,6 +204,8 @@ class _Metrics:
         if s.get("sync") is not None:
             yield GaugeMetricFamily("psflow_sync_waiting_workers", "workers the sync step being collected waits for",
                                     value=float(len(s["sync"].get("waiting_for") or [])))
+            yield GaugeMetricFamily("psflow_sync_failed_ps_tasks", "ps tasks whose sync step failed (refusing every "
+                                    "push until a restore)", value=float(len(s["sync"].get("failed") or {})))
         yield CounterMetricFamily("psflow_faults", "faults injected (--chaos)", value=float(len(s.get("faults", []))))
         ledger = s.get("checkpoints")
         if ledger is not None:

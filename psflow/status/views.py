@@ -74,13 +74,16 @@ def ps_index(stats: Mapping[str, Any]) -> int | None:
 def sync_view(head: Mapping[str, Any], every_ps: list[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The step being collected, over every ps task: each aggregates its own part of a sync step, so a
     worker stopped between its pushes to two ps tasks holds up only the one it has not reached yet
-    (``per_ps``); ``contributed`` and ``waiting_for`` are the unions, ``waiting_seconds`` the longest wait."""
+    (``per_ps``); ``contributed`` and ``waiting_for`` are the unions, ``waiting_seconds`` the longest wait.
+    ``failed``: ps task -> why its step failed (timed out under ``--on-timeout fail``, or abandoned for a restore;
+    the words of the refusal every push to it meets until a restore): such a step waits for nobody."""
     if head.get("mode") != "sync":
         return None
     contributed: list[str] = []
     waiting: list[str] = []
     longest: float | None = None
     per_ps = {}
+    failed: dict[str, str] = {}
     for stats in every_ps:
         mine, missing = stats.get("sync_contributed") or [], stats.get("sync_waiting_for") or []
         contributed += [w for w in mine if w not in contributed]
@@ -88,8 +91,12 @@ def sync_view(head: Mapping[str, Any], every_ps: list[Mapping[str, Any]]) -> dic
         seconds = stats.get("sync_waiting_seconds")
         if isinstance(seconds, (int, float)) and missing:
             longest = max(longest or 0.0, float(seconds))
-        per_ps[str(stats.get("task"))] = {"contributed": mine, "waiting_for": missing, "waiting_seconds": seconds}
+        per_ps[str(stats.get("task"))] = {"contributed": mine, "waiting_for": missing, "waiting_seconds": seconds,
+                                          "failed": stats.get("sync_failed")}
+        if stats.get("sync_failed"):
+            failed[str(stats.get("task"))] = str(stats["sync_failed"])
     return {"contributed": contributed, "waiting_for": waiting, "waiting_seconds": longest, "per_ps": per_ps,
+            "failed": failed,
             "live_replicas": head.get("live_replicas"), "steps_applied": head.get("sync_steps_applied"),
             "timeouts": head.get("sync_timeouts"), "stale_dropped": head.get("stale_dropped")}
 

@@ -325,6 +325,35 @@ def test_a_sync_step_names_the_worker_it_waits_for(run_factory: Callable[..., Ru
     wait_until(lambda: run.status(url)["global_step"] > step, "sync steps go on once the worker resumes")
 
 
+def test_a_sync_step_that_timed_out_shows_as_failed_not_waiting(run_factory: Callable[..., Run]) -> None:
+    """--on-timeout fail: worker 1 stops, the step times out and every push is refused; the run fails. psflow status
+    RUN_DIR of the failed run said "waiting 3.4 s for /job:worker/task:1"; it says the step failed, in the words of
+    the refusal worker 0 met (which step, after how long, 1 of 2 gradients, missing whom)."""
+    run = run_factory("run", "--mode", "sync", "--batch-size", "32", "--epochs", "500", "--quiet",
+                      "--sync-timeout", "3", "--on-timeout", "fail", "--liveness-timeout", "300")
+    url = run.url()
+    wait_until(lambda: (run.status(url).get("global_step") or 0) > 0, "sync training started")
+    slow = next(t for t in run.status(url)["tasks"] if t["task"] == "/job:worker/task:1")
+    os.kill(slow["pid"], signal.SIGSTOP)  # a task of the launcher this test started; the run's failure ends it
+    try:
+        assert run.proc.wait(timeout=LIMIT) == 1, run.stderr()
+    finally:
+        try:
+            if b"psflow.launch.task" in Path(f"/proc/{slow['pid']}/cmdline").read_bytes():
+                os.kill(slow["pid"], signal.SIGCONT)
+        except (OSError, ProcessLookupError):
+            pass
+    refusal = re.search(r"(sync step \d+ timed out after 3\.0 s with 1 of 2 gradients; missing: /job:worker/task:1)",
+                        run.stderr())
+    assert refusal, run.stderr()
+    sync = json.loads((run.out / "status.json").read_text())["sync"]
+    assert sync["waiting_for"] == [] and sync["waiting_seconds"] is None, sync
+    assert refusal.group(1) in sync["failed"].values(), sync
+    text = subprocess.run([sys.executable, "-m", "psflow", "status", str(run.out)], capture_output=True, text=True,
+                          timeout=60, cwd=str(REPO)).stdout
+    assert f": {refusal.group(1)}; every push is refused until a restore" in text and "waiting" not in text, text
+
+
 def test_off_loopback_the_page_requires_psflow_token(run_factory: Callable[..., Run], tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PSFLOW_TOKEN"}
     refused = run_factory("refused", "--status-host", "0.0.0.0", "--quiet", env=env)

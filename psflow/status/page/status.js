@@ -147,10 +147,17 @@ function renderSync(s) {
   const el = $("sync");
   if (s.sync) {
     const w = s.sync.waiting_for || [];
+    // A failed step (timed out under --on-timeout fail) waits for nobody: its pushes are refused until a restore.
+    const failedOn = Object.entries(s.sync.failed || {});
+    const failed = [...new Set(failedOn.map(([, why]) => why))].map((why) =>
+      `step failed on ${failedOn.filter(([, said]) => said === why).map(([task]) => task).join(", ")}: ${why}; ` +
+      "every push is refused until a restore");
     el.className = "";
-    el.textContent = w.length
-      ? `step ${fmt((s.global_step ?? 0) + 1)} has gradients from ${s.sync.contributed.join(", ") || "nobody"}; ` +
-        `waiting ${fmt(s.sync.waiting_seconds, 1)} s for ${w.join(", ")}`
+    const waiting = w.length
+      ? [`step ${fmt((s.global_step ?? 0) + 1)} has gradients from ${s.sync.contributed.join(", ") || "nobody"}; ` +
+         `waiting ${fmt(s.sync.waiting_seconds, 1)} s for ${w.join(", ")}`]
+      : [];
+    el.textContent = failed.length || w.length ? [...failed, ...waiting].join("; ")
       : `no step waiting; ${fmt(s.sync.steps_applied)} steps applied, ${fmt(s.sync.stale_dropped)} stale gradients dropped, ` +
         `${fmt(s.sync.live_replicas)} live replicas`;
   } else if (s.ssp) {

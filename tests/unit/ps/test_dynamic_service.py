@@ -163,11 +163,27 @@ def test_a_push_whose_sync_step_timed_out_counts_nothing() -> None:
         _push_pull(service, [100, 101], tag=0)
     after = _counts(service)
     assert after.pop("sync_timeouts") == before.pop("sync_timeouts") + 1
-    # (the step being collected, as it stopped: state, not counts)
+    # (the step as it stopped: state, not counts; it failed, so it waits for nobody)
     assert after.pop("sync_contributed") == ["/job:worker/task:0"]
-    assert after.pop("sync_waiting_for") == ["/job:worker/task:1"]
-    before.pop("sync_contributed"), before.pop("sync_waiting_for")
+    assert after.pop("sync_failed").startswith("sync step 0 timed out")
+    before.pop("sync_contributed"), before.pop("sync_failed")
     assert after == before
+
+
+def test_stats_of_a_sync_step_that_timed_out_say_it_failed_not_that_it_waits() -> None:
+    """Sync, --on-timeout fail: once the step timed out, every push is refused until a restore, and Stats (psflow
+    status, the status page) said the step was still "waiting N s for" the missing worker, N growing. Stats now
+    carry the refusal's own words (which step, after how long, k of N gradients, missing whom), and no wait."""
+    service = _sync_or_async_service({"mode": "sync", "replicas_to_aggregate": 2, "total_num_replicas": 2,
+                                      "timeout": 0.05, "on_timeout": "fail"})
+    assert service.get_stats(Frame({}, {}))[0]["sync_failed"] is None  # (a Stats call, as the collector makes)
+    with pytest.raises(PreconditionFailed) as refused:
+        _push_pull(service, [100, 101], tag=0)
+    stats = service.get_stats(Frame({}, {}))[0]
+    assert stats["sync_failed"] == str(refused.value) == ("sync step 0 timed out after 0.1 s with 1 of 2 gradients; "
+                                                         "missing: /job:worker/task:1")
+    assert (stats["sync_waiting_for"], stats["sync_waiting_seconds"]) == ([], None)
+    assert stats["sync_contributed"] == ["/job:worker/task:0"]  # what arrived before it failed
 
 
 def test_a_leave_after_a_sync_step_timed_out_applies_nothing() -> None:
@@ -184,7 +200,6 @@ def test_a_leave_after_a_sync_step_timed_out_applies_nothing() -> None:
     after = _counts(service)
     assert after.pop("live_replicas") == before.pop("live_replicas") - 1  # it left: not waited for any more
     assert (before.pop("finished"), after.pop("finished")) == ([], ["/job:worker/task:1"])
-    assert after.pop("sync_waiting_for") == [] and before.pop("sync_waiting_for") == ["/job:worker/task:1"]
     assert after == before
     with pytest.raises(PreconditionFailed, match=r"sync step 0 timed out"):  # the step's failure stays
         _push_pull(service, [100, 101], tag=0)

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -22,6 +22,7 @@ from psflow.cluster import ClusterSpec
 from psflow.launch.ports import free_ports
 from psflow.status.collector import StatusCollector
 from psflow.status.server import StatusServer, is_loopback, prometheus_text
+from psflow.status.views import sync_view
 from psflow.train.config import ConfigError
 
 TOKEN = "status-token-0123"
@@ -131,6 +132,33 @@ def test_render_status_of_a_sync_run_names_who_the_step_waits_for() -> None:
     }
     text = render_status(snapshot)
     assert "waiting 2.5 s for /job:worker/task:1" in text and "0.5 s ago" in text
+
+
+def test_render_status_of_a_sync_run_whose_step_timed_out_says_it_failed_not_waiting() -> None:
+    """--on-timeout fail: the step timed out on ps task 0, and every push is refused until a restore. psflow status
+    said "waiting 3.4 s for /job:worker/task:1" (the seconds growing); it now says the step failed, in the refusal's
+    words, and which ps task refused it."""
+    reason = "sync step 7 timed out after 3.0 s with 1 of 2 gradients; missing: /job:worker/task:1"
+    failed = {"task": "/job:ps/task:0", "sync_contributed": ["/job:worker/task:0"], "sync_waiting_for": [],
+              "sync_waiting_seconds": None, "sync_failed": reason}
+    waiting = {"task": "/job:ps/task:1", "sync_contributed": [], "sync_waiting_for": [], "sync_waiting_seconds": None,
+               "sync_failed": None}
+    sync = sync_view({"mode": "sync", "sync_steps_applied": 7, "sync_timeouts": 1}, [failed, waiting])
+    assert sync is not None and sync["failed"] == {"/job:ps/task:0": reason} and sync["waiting_for"] == []
+    snapshot: dict[str, Any] = {"time": 100.0, "run": {"phase": "failed", "mode": "sync"}, "global_step": 7,
+                                "tasks": [], "sync": sync, "ps": [], "faults": []}
+    text = render_status(snapshot)
+    assert f"sync: step failed on /job:ps/task:0: {reason}; every push is refused until a restore" in text, text
+    assert "waiting" not in text, text
+
+    class Snapshot:  # /metrics of that snapshot (the collector's one method the exposition reads)
+        def snapshot(self) -> dict[str, Any]:
+            return snapshot
+
+    from prometheus_client.parser import text_string_to_metric_families
+    gauges = {f.name: f.samples[0].value for f in text_string_to_metric_families(
+        prometheus_text(cast(StatusCollector, Snapshot())).decode()) if f.name.startswith("psflow_sync_")}
+    assert gauges == {"psflow_sync_waiting_workers": 0, "psflow_sync_failed_ps_tasks": 1}
 
 
 def test_render_status_of_a_replicated_run_says_what_was_lost_and_who_is_primary() -> None:
