@@ -128,10 +128,8 @@ def _run(config: TrainConfig, output_dir: str, on_end: Callable[[dict[str, Any],
 def mode_fields(sync: SyncSettings) -> dict[str, Any]:
     """What an in-process run with ``sync`` reports of its mode (metrics.json, the status page): the mode the user
     asked for, ssp with its ``staleness``, and ``ran_as`` where one worker runs it as another mode."""
-    fields: dict[str, Any] = {"mode": sync.mode}
+    fields = sync.reported()
     ran_as = _runs_as(sync).mode
-    if sync.mode == "ssp":
-        fields["staleness"] = sync.staleness
     if ran_as != sync.mode:
         fields["ran_as"] = ran_as
     return fields

@@ -172,7 +172,7 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
         # From here on, however the run ends, its end is one final snapshot (psflow.launch.run_end).
         end = RunEnd(lc, output_dir, started=started, checkpoints=checkpoints, resumed=resumed,
                      checkpoint_dir=config.checkpoint.dir,
-                     run={"mode": config.sync.mode, "replication": config.sync.replication}, out=progress or sys.stderr)
+                     run={**config.sync.reported(), "replication": config.sync.replication}, out=progress or sys.stderr)
         lc.on_interrupt = end.interrupted
         lc.verbose = verbose
         lc.resilience = Resilience(lc, resilience or ResilienceConfig(), in_graph=config.sync.replication == "in-graph")

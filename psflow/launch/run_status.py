@@ -87,7 +87,7 @@ class LauncherStatus:
         """
         self._lc = lc
         self._output_dir = output_dir
-        run = {"run_dir": os.path.abspath(output_dir), "run_id": config.run_id, "mode": config.sync.mode,
+        run = {"run_dir": os.path.abspath(output_dir), "run_id": config.run_id, **config.sync.reported(),
                "replication": config.sync.replication, "model": config.model.name, "num_ps": config.cluster.num_ps,
                "num_workers": config.cluster.num_workers, "ps_replicas": ps_replicas(lc.cluster)}
         self.collector = StatusCollector(lc.cluster, token=lc.token, run=run, interval=status.interval,
@@ -211,7 +211,7 @@ def chief_status_page(cluster: ClusterSpec, job: str, index: int, config: TrainC
     if not is_chief(cluster, job, index):
         return None
     trainers = sum(cluster.num_tasks(j) for j in ("chief", "worker") if j in cluster.jobs)  # a chief trains too
-    run = {"mode": config.sync.mode, "replication": config.sync.replication, "model": config.model.name, "run_id": config.run_id,
+    run = {**config.sync.reported(), "replication": config.sync.replication, "model": config.model.name, "run_id": config.run_id,
            "num_ps": cluster.num_tasks("ps"), "num_workers": trainers, "phase": "training",
            "ps_replicas": ps_replicas(cluster),
            "served_by": f"/job:{job}/task:{index}"}

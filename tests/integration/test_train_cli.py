@@ -186,6 +186,21 @@ def test_in_process_takes_the_ssp_flags_the_user_typed(tmp_path: Path) -> None:
     assert "(ssp --staleness 3, ran as async, in-process, model logistic)" in shown.stdout, shown.stdout
 
 
+def test_a_cluster_ssp_run_reports_its_staleness(tmp_path: Path) -> None:
+    """A cluster ``--mode ssp --staleness 3`` run's metrics.json and status.json had "mode": "ssp" and no staleness,
+    which an --in-process one reports (7c451d6): both now take it from one source, SyncSettings.reported."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "1", "--workers", "2", "--mode", "ssp",
+                "--staleness", "3", "--max-steps", "7", "--quiet", "--output", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["mode"], metrics["staleness"]) == ("ssp", 3) and "ran_as" not in metrics, metrics
+    status = json.loads((out / "status.json").read_text())["run"]
+    assert (status["mode"], status["staleness"]) == ("ssp", 3) and "ran_as" not in status, status
+    shown = run_cli("status", str(out))
+    assert "(ssp --staleness 3, between-graph, model logistic)" in shown.stdout, shown.stdout
+
+
 def test_in_process_sync_reports_sync(tmp_path: Path) -> None:
     """One in-process worker in sync mode runs sync (each step aggregates its one gradient): nothing renamed."""
     out = tmp_path / "run"

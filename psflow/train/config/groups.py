@@ -245,6 +245,11 @@ class SyncSettings:
              f"--steps-in-flight {k} is for between-graph workers; in-graph replication drives each step itself"),
         ])
 
+    def reported(self) -> dict[str, Any]:
+        """What a run reports of its mode (metrics.json, status.json, the status page), cluster or in-process
+        (:func:`psflow.launch.in_process.mode_fields` adds what one worker ran): the mode, an ssp run's staleness."""
+        return {"mode": self.mode, **({"staleness": self.staleness} if self.mode == "ssp" else {})}
+
 
 @dataclass(frozen=True)
 class CheckpointSettings:
