@@ -343,7 +343,8 @@ def test_a_sync_step_that_timed_out_shows_as_failed_not_waiting(run_factory: Cal
                 os.kill(slow["pid"], signal.SIGCONT)
         except (OSError, ProcessLookupError):
             pass
-    refusal = re.search(r"(sync step \d+ timed out after 3\.0 s with 1 of 2 gradients; missing: /job:worker/task:1)",
+    # (worker 1, normally; any worker a loaded machine kept from one step for 3 s fails it the same way)
+    refusal = re.search(r"(sync step \d+ timed out after 3\.0 s with 1 of 2 gradients; missing: /job:worker/task:\d)",
                         run.stderr())
     assert refusal, run.stderr()
     sync = json.loads((run.out / "status.json").read_text())["sync"]
