@@ -34,7 +34,11 @@ calls it). ``psflow server`` runs it as follows:
    not known to be gone. The evaluator says so once and waits for that run's
    checkpoints; it ends on the resumed run's final one, or on the same final
    checkpoint once the lock is released without a newer one (a run resumed with
-   nothing left to train). The lock's ``since`` and the manifest's ``created``
+   nothing left to train). Nor is a final checkpoint the end once a newer one is in
+   the directory: a resumed run wrote it, and may have ended and released the lock
+   while the evaluator was still reading the old final one; the evaluator goes on to
+   the newest (the lock is read before the directory, and a run writes its last
+   checkpoint before it releases the lock). The lock's ``since`` and the manifest's ``created``
    are the two chiefs' clocks. A holder on another host is never judged gone
    (its pid means nothing here): a resumed run that crashed there leaves its
    lock, and the evaluator waits until the lock file is deleted, as its line
@@ -256,6 +260,7 @@ class _ResumedRun:
     """Whether a run resumed from a final checkpoint is going (module docstring, 5.); says so once per run."""
 
     def __init__(self, directory: str) -> None:
+        self.directory = directory
         self.lock = os.path.join(directory, LOCK_NAME)
         self.said: set[tuple[str, str]] = set()
 
@@ -267,7 +272,9 @@ class _ResumedRun:
             return True
         alive = holder_alive(holder) if holder is not None else False
         if holder is None or not _taken_after(holder, manifest) or alive is False:
-            return False
+            # Read after the lock: a run writes its last checkpoint before it releases the lock, so a run that
+            # resumed from ``path`` and ended meanwhile has left its newer checkpoints here.
+            return self._newer_than(path)
         run = str(holder.get("run_id"))
         if (run, path) not in self.said:
             self.said.add((run, path))
@@ -277,6 +284,15 @@ class _ResumedRun:
                      "waiting for its checkpoints%s", os.path.basename(path), run, holder.get("since_text"),
                      holder.get("pid"), holder.get("host"), unknown)
         return True
+
+    def _newer_than(self, path: str) -> bool:
+        """Whether a checkpoint newer than ``path`` is in the directory: a run resumed from it wrote it (and may
+        have ended and released the lock while ``path`` was being evaluated), so ``path`` is not the end."""
+        try:
+            newest = latest_checkpoint(self.directory)
+        except OSError:  # the store did not answer: not the end yet; the next poll meets the outage and says so
+            return True
+        return newest is not None and newest != path
 
 
 class _Stalled:
