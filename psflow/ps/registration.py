@@ -9,6 +9,12 @@ task is ready (:func:`ready_waits`: for about the first second, when a starting
 chief usually makes them ready, every 0.02 s times the number of workers that
 wait, then with exponential backoff, ``backoff_initial`` .. ``backoff_max``): it
 never sleeps a fixed time. Idempotent.
+
+A non-chief whose call meets a ps task that is unreachable (:class:`~psflow.rpc.api.TaskUnavailableError`: the
+task died, and its supervisor restarts it) asks again with the same pauses, within the same limit, as it waits
+while training; a refusal (another layout: ``FailedPreconditionError``) still fails at once. The chief's call is
+not asked again: a ps task restarted empty would get its variables created by it after :mod:`psflow.train.chief`
+checked that no task lost its state, so the chief's process ends and its restart checks again.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from psflow.ps.protocol import RegisterReply, RegisterRequest
-from psflow.rpc.api import Channel, ConnectConfig, PendingReply, TaskUnavailableError, gather
+from psflow.rpc.api import Channel, ConnectConfig, PendingReply, RpcError, TaskUnavailableError
 
 __all__ = ["register_layout", "ready_waits"]
 
@@ -83,28 +89,40 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
 
     Raises:
         FailedPreconditionError: another client registered a different layout.
-        TaskUnavailableError: (non-chief) the ps tasks were not ready in time (names them).
+        TaskUnavailableError: (non-chief) the ps tasks were not ready in time, or one stayed unreachable that long
+            (names them, how long it waited and the limit); (chief) a ps task was unreachable.
     """
     meta = request.to_frame().meta
     send = call or (lambda task, r: channels[task].call_async(r.METHOD, meta))
     start = time.monotonic()
     deadline, waits, attempt, initialized = start + limit, ready_waits(config, askers=askers), 0, False
     while True:
-        first = RegisterReply.from_frame(send(step_task, request).result())
-        others = {i: send(i, request) for i in channels if i != step_task}
-        replies = {step_task: first, **{i: RegisterReply.from_frame(reply) for i, reply in gather(others).items()}}
-        if request.chief or all(reply.ready for reply in replies.values()):
-            return first.created
+        replies, gone = _ask(send, channels, step_task, request)
+        if gone and request.chief:
+            raise next(iter(gone.values()))
+        if not gone and (request.chief or all(reply.ready for reply in replies.values())):
+            return replies[step_task].created
         waiting = [channels[i].task for i, reply in sorted(replies.items()) if not reply.ready]
-        if not initialized and all(reply.init_count > 0 for reply in replies.values()):
+        if not gone and not initialized and all(reply.init_count > 0 for reply in replies.values()):
             # The chief created the variables: it now restores a checkpoint or writes the initial one before making
             # the tasks ready, as long as the model is big; that save's own deadline comes on top of the limit.
             initialized, deadline = True, max(deadline, time.monotonic() + limit) + config.save_timeout
         attempt += 1
         wait = next(waits)
+        left = deadline - time.monotonic()  # the last pause ends at the limit, and one more ask is made there
+        if gone:
+            unreachable = ", ".join(channels[i].task for i in sorted(gone))
+            if left <= 0:
+                raise TaskUnavailableError(f"{request.client}: {unreachable} unreachable after "
+                                           f"{time.monotonic() - start:.1f} s ({attempt} attempts; "
+                                           f"{_limits(limit, config, initialized)}): {gone[min(gone)]}")
+            if attempt % 10 == 0:
+                log.info("%s: %s unreachable (a ps task restarting?); asking again for %.0f s more (attempt %d)",
+                         request.client, unreachable, left, attempt)
+            time.sleep(min(wait, left))
+            continue
         doing = "made ready by the chief (it created the variables; its restore or initial checkpoint went on)" \
             if initialized else "initialized by the chief"
-        left = deadline - time.monotonic()  # the last pause ends at the limit, and one more ask is made there
         if left <= 0:
             raise TaskUnavailableError(f"{request.client}: {', '.join(waiting)} not {doing} after "
                                        f"{time.monotonic() - start:.1f} s ({attempt} attempts; "
@@ -114,3 +132,32 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
                      "restore or save the initial checkpoint of" if initialized else "initialize",
                      ", ".join(waiting), attempt)
         time.sleep(min(wait, left))
+
+
+def _ask(send: Callable[[int, RegisterRequest], PendingReply], channels: Mapping[int, Channel], step_task: int,
+         request: RegisterRequest) -> tuple[dict[int, RegisterReply], dict[int, TaskUnavailableError]]:
+    """One round of Register calls: ``step_task`` first (it decides whether the layout agrees), then the others
+    together, each collected. Returns the replies and the tasks found unreachable (none of the others is asked when
+    ``step_task`` is one).
+
+    Raises:
+        RpcError: any other failure of a call (e.g. ``FailedPreconditionError``), once every call finished.
+    """
+    try:
+        first = RegisterReply.from_frame(send(step_task, request).result())
+    except TaskUnavailableError as e:
+        return {}, {step_task: e}
+    calls = {i: send(i, request) for i in channels if i != step_task}
+    replies: dict[int, RegisterReply] = {step_task: first}
+    gone: dict[int, TaskUnavailableError] = {}
+    error: RpcError | None = None
+    for i, pending in calls.items():
+        try:
+            replies[i] = RegisterReply.from_frame(pending.result())
+        except TaskUnavailableError as e:
+            gone[i] = e
+        except RpcError as e:
+            error = error or e
+    if error is not None:
+        raise error
+    return replies, gone
