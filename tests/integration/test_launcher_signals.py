@@ -182,6 +182,15 @@ def test_a_launcher_started_with_sighup_ignored_trains_on_through_a_hangup_and_s
     assert f"psflow: {notice}" in run.stderr(), run.stderr()[-3000:]
     for pid in [run.pid, *tasks]:
         os.kill(pid, signal.SIGHUP)  # discarded as it is sent, by a process that ignores it
+    _trains_on_then_stops_on_sigterm(run, tasks)
+    for name in ("ps-0", "ps-1", "worker-0", "worker-1"):
+        text = (run.out / "logs" / f"{name}.log").read_text(errors="replace")
+        assert notice in text, text[-2000:]  # inherited: each task says it too
+
+
+def _trains_on_then_stops_on_sigterm(run: Launcher, tasks: dict[int, int]) -> dict[str, Any]:
+    """After a stop signal the run ignores: worker 0 logs more steps and every process lives; then SIGTERM to the
+    launcher ends the run in order (143, every task gone, reported as SIGTERM with no restart). metrics.json."""
     log = run.out / "logs" / "worker-0.log"
     steps = steps_logged(log)
     wait_until(lambda: steps_logged(log) > steps or run.proc.poll() is not None, "worker 0 training on",
@@ -192,9 +201,7 @@ def test_a_launcher_started_with_sighup_ignored_trains_on_through_a_hangup_and_s
     wait_gone(tasks)
     metrics = run.metrics()
     assert (metrics["interrupted"], metrics["restarts"]) == ("SIGTERM", []), metrics
-    for name in ("ps-0", "ps-1", "worker-0", "worker-1"):
-        text = (run.out / "logs" / f"{name}.log").read_text(errors="replace")
-        assert notice in text, text[-2000:]  # inherited: each task says it too
+    return metrics
 
 
 def test_ctrl_c_in_a_terminal_stops_every_task_and_reports(launch: Callable[..., Launcher]) -> None:
@@ -221,16 +228,7 @@ def test_a_launcher_started_with_sigint_ignored_stops_its_tasks_on_sigterm(launc
     os.killpg(run.pid, signal.SIGINT)  # discarded as it is sent, by a process that ignores it
     for pid in tasks:
         os.kill(pid, signal.SIGINT)
-    log = run.out / "logs" / "worker-0.log"
-    steps = steps_logged(log)
-    wait_until(lambda: steps_logged(log) > steps or run.proc.poll() is not None, "worker 0 training on",
-               START_LIMIT)
-    assert run.proc.poll() is None and all(alive(p, s) for p, s in tasks.items()), run.stderr()[-3000:]
-    os.kill(run.pid, signal.SIGTERM)
-    assert run.wait() == 143, run.stderr()[-3000:]
-    wait_gone(tasks)
-    metrics = run.metrics()
-    assert (metrics["interrupted"], metrics["restarts"]) == ("SIGTERM", []), metrics
+    metrics = _trains_on_then_stops_on_sigterm(run, tasks)
     assert sorted(t["pid"] for t in metrics["tasks"]) == sorted(tasks)
     for t in metrics["tasks"]:
         assert t["stopped_by_launcher"], t
