@@ -19,7 +19,8 @@ stop's grace (2 s), by force if it must.
 
 Errors: an expected one (a :class:`~psflow.errors.PsflowError` that
 :func:`psflow.launch.console.expected_in_task` accepts: a malformed record,
-a bad setting, a port in use; not a call to another task that failed) ends the task with exit
+a bad setting, a port in use, a ps task's refusal of a sync step that timed out; not a
+call to another task that failed for another reason) ends the task with exit
 status 1 and one ERROR line in its log, no traceback (``--verbose`` adds it);
 with ``--error-file`` the line is also written there as JSON (``task``,
 ``type``, ``message``) for the launcher's failure report. A ps task's variables
