@@ -139,6 +139,12 @@ def _run_server(monkeypatch: pytest.MonkeyPatch, args: list[str], env: dict[str,
         def requested(self) -> None:
             return None
 
+        def __enter__(self) -> Stop:  # the evaluator closes its StopRequest when it returns (a784ce4)
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            seen["stop_closed"] = True
+
     monkeypatch.setattr(task_module, "run_task", run_task)
     monkeypatch.setattr(task_module, "configure_logging", lambda **kwargs: None)
     monkeypatch.setattr(evaluator_module, "run_evaluator", lambda config, **kwargs: seen.update(evaluator=config))
@@ -158,6 +164,7 @@ def _check_started(seen: dict[str, Any], cluster: ClusterSpec, task: TaskId) -> 
         assert seen["supervised"] is (task.job in ("chief", "worker"))
         return
     assert "task" not in seen and seen["stop"] == f"/job:evaluator/task:{task.index}"  # not run_task: no server
+    assert seen.get("stop_closed"), seen  # the evaluator gives a program that called main() its handlers back
     config = seen["evaluator"]
     assert config.checkpoint.dir == CHECKPOINTS and len(config.data.eval) == 1
     assert config.cluster.num_ps == cluster.num_tasks("ps")
