@@ -76,11 +76,21 @@ def take_final_duties(leadership: Leadership, lease_ttl: float, connect_timeout:
 
 def final_checkpoint(directory: str | None) -> str | None:
     """The name of the newest checkpoint in ``directory`` if it is the run's final one (else None)."""
+    final = newest_final(directory)
+    return final[0] if final is not None else None
+
+
+def newest_final(directory: str | None) -> tuple[str, int] | None:
+    """(name, global_step) of the newest checkpoint in ``directory`` if it is marked final (else None; a read error
+    is logged, never raised: what asks only reports it or decides whether to write again)."""
     if not directory:
         return None
     try:
         latest = latest_checkpoint(directory)
-        return os.path.basename(latest) if latest is not None and read_manifest(latest).final else None
-    except (CheckpointError, OSError) as e:  # only reported to the ps tasks: never fails the worker
+        manifest = read_manifest(latest) if latest is not None else None
+    except (CheckpointError, OSError) as e:
         log.warning("could not read the final checkpoint in %s: %s", directory, e)
         return None
+    if latest is None or manifest is None or not manifest.final:
+        return None
+    return os.path.basename(latest), manifest.global_step

@@ -61,13 +61,11 @@ from __future__ import annotations
 import logging
 import time
 
-from psflow.checkpoint.manifest import read_manifest
-from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.coord import CoordinationError
-from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import FinalEvalReply, FinalEvalRequest
 from psflow.rpc.api import RpcError
+from psflow.train.final_duties import newest_final
 from psflow.train.recovery import Leadership
 
 __all__ = ["TakeOver"]
@@ -163,15 +161,8 @@ class TakeOver:
         read error: None)."""
         if not self.checkpoint_dir:
             return self._evaluated_at(step)
-        try:
-            latest = latest_checkpoint(self.checkpoint_dir)
-            if latest is None:
-                return None
-            manifest = read_manifest(latest)
-        except (CheckpointError, OSError) as e:
-            log.info("worker %d: reading the newest checkpoint in %s: %s", self.task_index, self.checkpoint_dir, e)
-            return None
-        if not manifest.final or manifest.global_step != step:
+        final = newest_final(self.checkpoint_dir)
+        if final is None or final[1] != step:
             return None
         return (f"the final checkpoint at global_step {step} is written already (by a worker that took the chief "
                 "duties over)")

@@ -44,14 +44,12 @@ marked final once) and skips the evaluation (:class:`~psflow.train.final_eval.Fi
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
-from psflow.checkpoint.manifest import read_manifest
-from psflow.checkpoint.pointer import latest_checkpoint
-from psflow.errors import CheckpointError, TrainingError
+from psflow.errors import TrainingError
 from psflow.ps.protocol import FinalEvalReply, FinalEvalRequest
 from psflow.rpc.api import RpcError
+from psflow.train.final_duties import newest_final
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 
 if TYPE_CHECKING:
@@ -112,7 +110,7 @@ def _ended_by(client: ParameterClient, checkpoint_dir: str | None) -> str | None
             return None
         whom = ", ".join(sorted(done))
         if checkpoint_dir:
-            final = _final(checkpoint_dir)
+            final = newest_final(checkpoint_dir)
             return None if final is None else (f"{whom} took the chief duties over and wrote the final checkpoint "
                                                f"{final[0]} at global_step {final[1]}")
         record = FinalEvalReply.from_frame(client.call(client.step_task, FinalEvalRequest(client.client_name, 0)))
@@ -124,16 +122,3 @@ def _ended_by(client: ParameterClient, checkpoint_dir: str | None) -> str | None
         return None
     return f"{record.worker} took the chief duties over and evaluated the final model at global_step {record.step}"
 
-
-def _final(directory: str) -> tuple[str, int] | None:
-    """(name, global_step) of the newest checkpoint in ``directory`` if it is marked final; None (a read error
-    logged) if not."""
-    try:
-        latest = latest_checkpoint(directory)
-        manifest = read_manifest(latest) if latest is not None else None
-    except (CheckpointError, OSError) as e:
-        log.warning("could not read the newest checkpoint in %s: %s", directory, e)
-        return None
-    if latest is None or manifest is None or not manifest.final:
-        return None
-    return os.path.basename(latest), manifest.global_step
