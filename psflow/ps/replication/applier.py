@@ -16,7 +16,10 @@ exactly what is applied or promised are promised; anything else (a snapshot, a g
 Promised entries are written together, with ``apply_many`` (coalesced: :func:`~psflow.ps.replication.snapshot.
 write_entries`), once ``coalesce`` of them wait (or ``_PENDING_BYTES`` of arrays), and before anything else
 touches the state: an offer, a :meth:`InOrderApplier.settle` (a promotion, SaveShard, Stats), a snapshot
-expected. The member's state holds every promised entry once :meth:`InOrderApplier.settle` returns True.
+expected. An entry whose rows would not merge with others' (:func:`~psflow.ps.replication.deltas.
+merges_little`: sparse LR's) is written at once, with those waiting, by its own call's after-reply work: kept
+back, ``coalesce`` of them were written by one call's (~1.6 ms for LR) while the connection's next call waited.
+The member's state holds every promised entry once :meth:`InOrderApplier.settle` returns True.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 from psflow.ps.protocol import ReplicaEntry
 from psflow.ps.replication.chunks import entry_bytes
+from psflow.ps.replication.deltas import merges_little
 from psflow.rpc.api import Handler, Reply
 from psflow.rpc.framing import Frame
 
@@ -85,17 +89,18 @@ class InOrderApplier:
             return self._promised
 
     def apply_promised(self, entries: Sequence[ReplicaEntry], failed: Callable[[Exception], None]) -> None:
-        """Takes promised ``entries`` to be written with those waiting (at once when ``coalesce`` of them wait;
-        else by a later call, :meth:`settle` or :meth:`offer`); if they cannot be written, ``failed`` is called
-        with the error (the member's state lacks entries it acknowledged: it must stop counting as holding the
-        state and rebuild), and the promise is dropped."""
+        """Takes promised ``entries`` to be written with those waiting (at once when ``coalesce`` of them wait,
+        or one of them has rows that would not merge; else by a later call, :meth:`settle` or :meth:`offer`); if
+        they cannot be written, ``failed`` is called with the error (the member's state lacks entries it
+        acknowledged: it must stop counting as holding the state and rebuild), and the promise is dropped."""
         with self._cond:
             tail = self._pending[-1].seq if self._pending else self._applied
             if tail is not None and entries and entries[0].seq == tail + 1:  # else a snapshot was expected since
                 self._pending.extend(entries)
                 self._pending_bytes += sum(entry_bytes(e) for e in entries)
                 self._failed = failed
-                if len(self._pending) >= self._coalesce or self._pending_bytes >= _PENDING_BYTES:
+                if (len(self._pending) >= self._coalesce or self._pending_bytes >= _PENDING_BYTES
+                        or any(merges_little(e.parts) for e in entries)):
                     self._flush()
                 self._cond.notify_all()  # a settle() waiting for these entries writes them
                 return

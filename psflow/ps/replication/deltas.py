@@ -36,6 +36,8 @@ primary's rows, slots and metadata as of the newest.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from psflow.native.loader import load_extension
@@ -44,7 +46,7 @@ from psflow.ps.protocol import PartDelta
 from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.rpc.api import InvalidRequest
 
-__all__ = ["capture", "capture_averages", "capture_table", "coalesce", "write"]
+__all__ = ["capture", "capture_averages", "capture_table", "coalesce", "merges_little", "write"]
 
 _VALUE, _AVERAGE, _SLOT, _TABLE, _ROWS, _MARKS = "value", "average", "slot/", "table/", "rows/", "marks"
 _PACK, _PACKED = "pack/", "|"  # "pack/value|slot/accumulator": those arrays' rows, stacked
@@ -145,6 +147,13 @@ def coalesce(deltas: list[PartDelta]) -> list[PartDelta]:
         else:
             out.extend(run)
     return out
+
+
+def merges_little(deltas: Sequence[PartDelta]) -> bool:
+    """Whether ``deltas`` (an entry's) hold a delta of rows that :func:`coalesce` would not merge with others:
+    more than ``_MERGE_ROWS`` rows (sparse LR's ~20,000). Writing such an entry with its neighbours saves only
+    the small arrays' and the small state's writes, not worth keeping it back for."""
+    return any(d.rows is not None and len(d.rows) > _MERGE_ROWS and not _is_table(d) for d in deltas)
 
 
 def _is_table(delta: PartDelta) -> bool:
