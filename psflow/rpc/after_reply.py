@@ -10,7 +10,8 @@ in-process carrier do not: there :func:`deferrable` is False and the handler doe
 Guarantees: work handed to :func:`defer` runs exactly once, in the thread that served the call, in the order
 it was deferred, after the reply was sent; what it raises is logged (naming the task and the method), never
 sent to the caller and never stops the carrier. A call's work never runs before that call's reply, nor after
-the same connection's next call started.
+the same connection's next call started. The work can ask whether that next call's request has arrived
+already (:func:`request_waiting`), to put off what can wait (a backup's write of entries it holds).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["collecting", "deferrable", "defer", "run"]
+__all__ = ["collecting", "deferrable", "defer", "request_waiting", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -31,16 +32,26 @@ Work = list[Callable[[], None]]
 
 
 @contextlib.contextmanager
-def collecting() -> Iterator[Work]:
+def collecting(waiting: Callable[[], bool] | None = None) -> Iterator[Work]:
     """(A carrier, around one call's dispatch or a thread's whole series of them.) The work the handlers
-    defer is collected into the list yielded; the carrier runs it with :func:`run` once each reply is sent."""
-    previous: Work | None = getattr(_local, "work", None)
+    defer is collected into the list yielded; the carrier runs it with :func:`run` once each reply is sent.
+    ``waiting``: whether the connection's next request has arrived (:func:`request_waiting`), if it can tell."""
+    previous: tuple[Work | None, Callable[[], bool] | None] = (getattr(_local, "work", None),
+                                                                getattr(_local, "waiting", None))
     work: Work = []
-    _local.work = work
+    _local.work, _local.waiting = work, waiting
     try:
         yield work
     finally:
-        _local.work = previous
+        _local.work, _local.waiting = previous
+
+
+def request_waiting() -> bool:
+    """(Work run after a reply.) Whether the next request on the connection this thread serves has arrived
+    (its first bytes wait unread): the work holds that call up. False where the carrier cannot tell, and
+    outside a carrier's call. Non-blocking (over TCP, one ``recv`` with ``MSG_PEEK``)."""
+    waiting: Callable[[], bool] | None = getattr(_local, "waiting", None)
+    return waiting is not None and waiting()
 
 
 def deferrable() -> bool:

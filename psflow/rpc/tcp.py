@@ -100,6 +100,14 @@ def recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
+def readable(sock: socket.socket) -> bool:
+    """Whether bytes wait unread on ``sock`` (never blocks; False at EOF or on an error)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # BlockingIOError: nothing waits
+        return False
+
+
 def send_parts(sock: socket.socket, *parts: bytes | memoryview) -> None:
     """Sends ``parts`` back to back: gathered by the kernel (``sendmsg``), not joined into a copy first,
     at most ``_IOV_MAX`` of them per ``sendmsg`` (a frame of many arrays has more pieces than the kernel

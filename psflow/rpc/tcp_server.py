@@ -58,6 +58,7 @@ from psflow.rpc.tcp import (
     STATUS_UNAVAILABLE,
     U16,
     U32,
+    readable,
     recv_exact,
     send_parts,
     tls_refused,
@@ -376,7 +377,7 @@ class TcpServer:
         # Collected for the whole connection, not per call: a call that defers nothing (every call of an
         # unreplicated task) pays one empty-list test.
         try:
-            with after_reply.collecting() as work:
+            with after_reply.collecting(lambda: readable(conn)) as work:
                 while True:
                     length = U32.unpack(recv_exact(conn, 4))[0]
                     if length > MAX_MESSAGE_BYTES:

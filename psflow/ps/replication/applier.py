@@ -19,6 +19,8 @@ touches the state: an offer, a :meth:`InOrderApplier.settle` (a promotion, SaveS
 expected. An entry whose rows would not merge with others' (:func:`~psflow.ps.replication.deltas.
 merges_little`: sparse LR's) is written at once, with those waiting, by its own call's after-reply work: kept
 back, ``coalesce`` of them were written by one call's (~1.6 ms for LR) while the connection's next call waited.
+Entries due to be written are kept, up to ``2 * coalesce``, while the connection's next request has arrived
+already (:func:`psflow.rpc.after_reply.request_waiting`): that call's work, or a read, writes them.
 The member's state holds every promised entry once :meth:`InOrderApplier.settle` returns True.
 """
 
@@ -31,6 +33,7 @@ from collections.abc import Callable, Sequence
 from psflow.ps.protocol import ReplicaEntry
 from psflow.ps.replication.chunks import entry_bytes
 from psflow.ps.replication.deltas import merges_little
+from psflow.rpc import after_reply
 from psflow.rpc.api import Handler, Reply
 from psflow.rpc.framing import Frame
 
@@ -41,6 +44,9 @@ __all__ = ["InOrderApplier"]
 COALESCE = 8
 #: Bytes of arrays of promised entries that are written at once, however few the entries.
 _PENDING_BYTES = 64 << 20
+#: Entries due to be written are kept while the connection's next request waits (the write would hold that
+#: call up), up to this many times ``coalesce`` of them.
+_PUT_OFF = 2
 
 
 class InOrderApplier:
@@ -90,7 +96,8 @@ class InOrderApplier:
 
     def apply_promised(self, entries: Sequence[ReplicaEntry], failed: Callable[[Exception], None]) -> None:
         """Takes promised ``entries`` to be written with those waiting (at once when ``coalesce`` of them wait,
-        or one of them has rows that would not merge; else by a later call, :meth:`settle` or :meth:`offer`); if
+        or one of them has rows that would not merge, unless the connection's next request waits (up to twice
+        ``coalesce`` of them); else by a later call, :meth:`settle` or :meth:`offer`); if
         they cannot be written, ``failed`` is called with the error (the member's state lacks entries it
         acknowledged: it must stop counting as holding the state and rebuild), and the promise is dropped."""
         with self._cond:
@@ -99,8 +106,9 @@ class InOrderApplier:
                 self._pending.extend(entries)
                 self._pending_bytes += sum(entry_bytes(e) for e in entries)
                 self._failed = failed
-                if (len(self._pending) >= self._coalesce or self._pending_bytes >= _PENDING_BYTES
-                        or any(merges_little(e.parts) for e in entries)):
+                due = len(self._pending) >= self._coalesce or any(merges_little(e.parts) for e in entries)
+                if (due and not after_reply.request_waiting()) or len(self._pending) >= _PUT_OFF * self._coalesce \
+                        or self._pending_bytes >= _PENDING_BYTES:
                     self._flush()
                 self._cond.notify_all()  # a settle() waiting for these entries writes them
                 return

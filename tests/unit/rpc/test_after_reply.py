@@ -6,6 +6,7 @@ process, as tests/unit/rpc/test_carrier_contract.py serves its carriers."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -87,3 +88,39 @@ def test_in_process_the_handler_does_the_work_before_replying() -> None:
     reply = InProcessChannel(TASK, {"Record": recorder.handler}).call("Record", {"n": 1})
     assert reply.meta == {"n": 1, "deferred": False}
     assert recorder.events == ["call 1", "after reply 1"]
+
+
+def test_the_work_can_tell_whether_the_connections_next_request_has_arrived() -> None:
+    """What a backup's applier asks before it writes entries kept for later (applier.py): over TCP, False while
+    the client sends nothing, True once the next call's request waits unread; elsewhere always False."""
+    seen: list[bool] = []
+    looked, release = threading.Event(), threading.Event()
+
+    def handler(frame: Frame) -> Reply:
+        def later() -> None:
+            seen.append(after_reply.request_waiting())
+            looked.set()
+            release.wait(10)
+            deadline = time.monotonic() + 30  # until call 2's bytes are in this end's buffer
+            while not after_reply.request_waiting() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen.append(after_reply.request_waiting())
+        if frame.meta["n"] == 1:
+            after_reply.defer(later)
+        return {"n": frame.meta["n"]}, {}
+    tcp, grpc, channel = _tcp({"Call": handler})
+    try:
+        assert channel.call("Call", {"n": 1}, timeout=10).meta == {"n": 1}
+        assert looked.wait(10)
+        second: list[Frame] = []
+        caller = threading.Thread(target=lambda: second.append(channel.call("Call", {"n": 2}, timeout=40)))
+        caller.start()
+        release.set()
+        caller.join(40)
+        assert second and second[0].meta == {"n": 2}
+        assert seen == [False, True]
+    finally:
+        channel.close()
+        tcp.stop(0)
+        grpc.stop(0)
+    assert not after_reply.request_waiting()  # no carrier's call in this thread

@@ -3,7 +3,9 @@ keeping it to be written with the next ones (issue 28, option 1(a)): coalescing 
 while its deltas carry at most ``_MERGE_ROWS`` rows each on average (psflow/ps/replication/deltas.py), so
 sparse LR's ~20,000-row entries never merge, and keeping ``COALESCE`` of them made every ``COALESCE``-th reply's
 after-reply work write them all (~1.6 ms) while the connection's next Replicate call waited unread. Entries of
-few rows (W&D's) are still kept and written together (test_ack_before_write.py, test_coalesced_writes.py)."""
+few rows (W&D's) are still kept and written together (test_ack_before_write.py, test_coalesced_writes.py).
+Either kind is kept, up to ``2 * COALESCE``, while the connection's next request already waits (option 1(b)):
+the write would hold that call up, and the work of a later call (or a read) writes them."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from replica_shard import PRIMARY, WORKERS, InProcessShard, backup
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.protocol import PushRequest, RegisterRequest, ReplicaEntry, WorkerTag
-from psflow.ps.replication.applier import COALESCE
+from psflow.ps.protocol import PartDelta, PushRequest, RegisterRequest, ReplicaEntry, WorkerTag
+from psflow.ps.replication.applier import COALESCE, InOrderApplier
 from psflow.ps.replication.deltas import _MERGE_ROWS
 from psflow.ps.sync import SyncConfig
+from psflow.rpc import after_reply
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -79,3 +82,29 @@ def test_an_entry_of_more_rows_than_a_merge_takes_is_written_right_after_its_rep
 
 def test_entries_of_few_rows_are_still_written_coalesce_at_a_time(make_shard: Callable[..., InProcessShard]) -> None:
     assert _written_together(make_shard, FEW) == [COALESCE, COALESCE]
+
+
+def test_entries_wait_while_the_connections_next_request_does_up_to_twice_coalesce() -> None:
+    written: list[list[int]] = []
+    applier = InOrderApplier(lambda entry: None, lambda entries: written.append([e.seq for e in entries]))
+    applier.offer([ReplicaEntry(1, {}, (), full=True)])
+    failed: list[Exception] = []
+    waiting = True
+
+    def entry(seq: int) -> ReplicaEntry:
+        return ReplicaEntry(seq, {}, (PartDelta("w/part_0", np.arange(MANY, dtype=np.int64),
+                                                {"value": np.zeros((MANY, 1), np.float32)}),))
+
+    def handed_over(seq: int) -> None:
+        assert applier.promise([entry(seq)]) == seq
+        applier.apply_promised([entry(seq)], failed.append)
+    with after_reply.collecting(lambda: waiting):  # as the TCP carrier runs a call's after-reply work
+        for seq in range(2, 2 + 2 * COALESCE):  # every one with the connection's next request waiting
+            handed_over(seq)
+            assert applier.applied_seq == (1 if seq < 1 + 2 * COALESCE else seq), seq
+        waiting = False
+        handed_over(2 + 2 * COALESCE)
+        waiting = True
+        handed_over(3 + 2 * COALESCE)
+    assert written == [list(range(2, 2 + 2 * COALESCE)), [2 + 2 * COALESCE]] and not failed
+    assert applier.settle(10) and written[-1] == [3 + 2 * COALESCE]
