@@ -34,7 +34,7 @@ calls as over the network.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ from psflow.ps.push_calls import (
     OrderedPushes,
     PendingPushPull,
     PushResult,
+    acks_later,
     push_pull_calls,
     push_pull_replies,
     push_requests,
@@ -319,19 +320,11 @@ class ParameterClient:
                                              clock=clock, position=position, generation=generation).result()
         return result, values if values is not None else {}
 
-    def send_push_pull(
-        self,
-        grads: Mapping[str, DenseGradient | SparseGradient],
-        requests: Mapping[str, np.ndarray | None] | None,
-        *,
-        examples: int = 0,
-        loss: float | None = None,
-        read_step: int | None = None,
-        clock: int | None = None,
-        position: str | None = None,
-        generation: int | None = None,
-        ordered: bool = False,
-    ) -> PendingPushPull:
+    def send_push_pull(self, grads: Mapping[str, DenseGradient | SparseGradient],
+                       requests: Mapping[str, np.ndarray | None] | None, *, examples: int = 0, loss: float | None = None,
+                       read_step: int | None = None, clock: int | None = None, position: str | None = None,
+                       generation: int | None = None, ordered: bool = False, ack_later: bool = False
+                       ) -> PendingPushPull:
         """:meth:`push_pull` (``requests`` None: :meth:`push_detailed`), sent but not waited for.
 
         Returns at once, with the calls in flight (a request that cannot be built raises here, nothing
@@ -345,19 +338,22 @@ class ParameterClient:
         to that task (``seq``; a pull-only half too) and the ps task applies them in that order, nothing
         after a refused one (:mod:`psflow.ps.push_order`). Collect them in the order sent.
 
+        ``ack_later`` (ignored unless :attr:`acks_later`): :meth:`PendingPushPull.rows` returns the rows before
+        the push is acknowledged, :meth:`~PendingPushPull.result` collects that (``TaskCalls.send_acked``).
+
         Raises:
             ClientError: ``ordered`` with replicated ps shards or before :meth:`start_ordered`; bad names,
                 shapes or rows (as :meth:`push_detailed`). Nothing is sent then.
         """
         if ordered:
-            self._check_ordered()
+            self._ordered.check(replicated=self.router is not None)
         plan = self._pull_plan(requests) if requests is not None else None
         pushes = self._push_requests(grads, examples, loss, read_step, clock, position, generation)
         calls: dict[int, Request] = dict(pushes) if plan is None else push_pull_calls(
             pushes, plan.per_task, step_hint=self._step_hint, client_name=self.client_name,
             replicated=self.pushes is not None, stack=self._stack)
-        if ordered:
-            calls = self._ordered.number(calls, self.incarnation)
+        later = ack_later and plan is not None and self.acks_later
+        calls = self._ordered.number(calls, self.incarnation) if ordered else acks_later(calls) if later else calls
         timeout = self._push_timeout()
         sent = self._calls.send_all(calls, timeout=timeout)
 
@@ -367,15 +363,21 @@ class ParameterClient:
             result = self._push_result(pushed)  # (its step heard before the pull's: as push_detailed, then pull)
             return result, None if plan is None else self._assemble(plan, pulled)
 
-        return PendingPushPull(self.client_name, finish)
+        def rows() -> tuple[dict[str, np.ndarray] | None, Callable[[], PushResult]]:
+            frames = self._calls.collect(calls, sent, timeout=timeout)  # not acknowledged yet
+            pushed, pulled = push_pull_replies(calls, pushes, frames)
+            self._push_result(pushed)  # (its step heard before the pull's)
+            values = None if plan is None else self._assemble(plan, pulled)
+            acks = self._calls.send_acked(calls, {t: frames[t] for t in pushes}, timeout=timeout)
+            return values, lambda: self._push_result(
+                {**pushed, **{t: PushReply.from_frame(frame) for t, frame in acks().items()}})
 
-    def _check_ordered(self) -> None:
-        """Raises ClientError, saying why, unless ordered pushes may be sent now."""
-        if self.router is not None:
-            raise ClientError(f"{self.client_name}: ordered pushes (several in flight) are not supported with "
-                              "replicated ps shards")
-        if not self._ordered.started:
-            raise ClientError(f"{self.client_name}: ordered pushes (several in flight) need start_ordered() first")
+        return PendingPushPull(self.client_name, rows=rows) if later else PendingPushPull(self.client_name, finish)
+
+    @property
+    def acks_later(self) -> bool:
+        """Whether ``send_push_pull(ack_later=True)`` gets rows before the acknowledgement: replicated, async."""
+        return self.pushes is not None and self.sync.mode == "async"
 
     def start_ordered(self) -> None:
         """Starts a new sequence of ordered pushes (``send_push_pull(ordered=True)``), numbered from 0 on every

@@ -39,6 +39,7 @@ from psflow.ps.protocol import (
     GradPart,
     PullReply,
     PullRequest,
+    PushPullAckLater,
     PushPullReply,
     PushPullRequest,
     PushReply,
@@ -49,7 +50,8 @@ from psflow.ps.protocol import (
 )
 from psflow.rpc.framing import Frame
 
-__all__ = ["PushResult", "PendingPushPull", "OrderedPushes", "push_requests", "push_pull_calls", "push_pull_replies"]
+__all__ = ["PushResult", "PendingPushPull", "OrderedPushes", "push_requests", "push_pull_calls", "push_pull_replies",
+           "acks_later"]
 
 
 @dataclass(frozen=True)
@@ -73,21 +75,43 @@ class PushResult:
 
 class PendingPushPull:
     """A push (and pull) :meth:`~psflow.ps.client.ParameterClient.send_push_pull` sent: :meth:`result` waits
-    for it.
+    for it; sent with ``ack_later``, :meth:`rows` first waits for the pulled rows alone.
 
     Not thread-safe; collected once (a second :meth:`result` raises ClientError).
     """
 
     def __init__(self, client_name: str,
-                 finish: Callable[[], tuple[PushResult, dict[str, np.ndarray] | None]]) -> None:
-        """``finish``: waits for the calls sent and reads their replies (called by the first :meth:`result`)."""
+                 finish: Callable[[], tuple[PushResult, dict[str, np.ndarray] | None]] | None = None, *,
+                 rows: Callable[[], tuple[dict[str, np.ndarray] | None, Callable[[], PushResult]]] | None = None
+                 ) -> None:
+        """``finish``: waits for the calls sent and reads their replies (called by the first :meth:`result`);
+        or ``rows``: waits for the rows (called by the first :meth:`rows` or :meth:`result`), and returns them
+        with the wait for the push's acknowledgement, which returns its result (called by :meth:`result`)."""
         self._client_name = client_name
-        self._finish: Callable[[], tuple[PushResult, dict[str, np.ndarray] | None]] | None = finish
+        self._finish = finish
+        self._rows = rows
+        self._values: dict[str, np.ndarray] | None = None
+        self._fetched = False
+
+    def rows(self) -> dict[str, np.ndarray] | None:
+        """Blocks until the pulled rows are in (sent with ``ack_later``: before the push is acknowledged; else
+        with :meth:`result`'s wait) and returns them (None: nothing was pulled). Raises as :meth:`result`."""
+        if self._rows is not None:
+            rows, self._rows = self._rows, None
+            self._values, acked = rows()
+            self._finish = lambda: (acked(), self._values)
+        elif not self._fetched and self._finish is not None:
+            result, self._values = self._finish()
+            self._finish = lambda: (result, self._values)
+        self._fetched = True
+        return self._values
 
     def result(self) -> tuple[PushResult, dict[str, np.ndarray] | None]:
-        """Blocks until every ps task replied; returns the push's result and the pulled values (None when
-        nothing was pulled). Raises as :meth:`~psflow.ps.client.ParameterClient.push_pull` does (after every
-        call finished)."""
+        """Blocks until every ps task replied (and acknowledged the push); returns the push's result and the pulled
+        values (None when nothing was pulled). Raises as :meth:`~psflow.ps.client.ParameterClient.push_pull` does
+        (after every call finished)."""
+        if self._rows is not None:
+            self.rows()
         if self._finish is None:
             raise ClientError(f"{self._client_name}: this push's reply was collected already")
         finish, self._finish = self._finish, None
@@ -108,6 +132,15 @@ class OrderedPushes:
     def started(self) -> bool:
         """Whether :meth:`start` was called (ordered pushes may be numbered)."""
         return self.stream != 0
+
+    def check(self, *, replicated: bool) -> None:
+        """Raises ClientError, saying why, unless ordered pushes may be sent now (``replicated``: the client's
+        ps shards are)."""
+        if replicated:
+            raise ClientError(f"{self._client_name}: ordered pushes (several in flight) are not supported with "
+                              "replicated ps shards")
+        if not self.started:
+            raise ClientError(f"{self._client_name}: ordered pushes (several in flight) need start_ordered() first")
 
     def start(self) -> None:
         """Starts a new sequence: every ps task's numbers begin at 0 again, under a larger ``stream``."""
@@ -191,3 +224,9 @@ def push_pull_replies(calls: Mapping[int, Request], pushes: Collection[int], fra
         else:
             pulled[task] = PullReply.from_frame(frame)
     return pushed, pulled
+
+
+def acks_later(calls: Mapping[int, Request]) -> dict[int, Request]:
+    """``calls`` with each PushPull sent as a ``PushPullAckLater`` (its reply may come before the backups
+    acknowledged the push: :meth:`PendingPushPull.rows`)."""
+    return {t: PushPullAckLater(c.push, c.pull) if isinstance(c, PushPullRequest) else c for t, c in calls.items()}

@@ -56,6 +56,6 @@ def at_epoch(request: Request, epoch: int | None) -> Request:
     if isinstance(request, PullRequest | PushRequest):
         return dataclasses.replace(request, shard_epoch=epoch)
     if isinstance(request, PushPullRequest):
-        return PushPullRequest(dataclasses.replace(request.push, shard_epoch=epoch),
-                               dataclasses.replace(request.pull, shard_epoch=epoch))
+        return dataclasses.replace(request, push=dataclasses.replace(request.push, shard_epoch=epoch),  # (its class:
+                                   pull=dataclasses.replace(request.pull, shard_epoch=epoch))  # PushPullAckLater too)
     return request

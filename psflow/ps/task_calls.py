@@ -13,7 +13,8 @@ Guarantees:
       fails over is resent, the same request at the new epoch, to the new primary only, which applies a push
       at most once (its ``push_id``): each push is applied exactly once.
     * Acknowledgements (replicated): each shard named in ``pushed`` that replied counts the push acknowledged
-      (:class:`~psflow.ps.push_numbers.PushNumbers`), also when another shard's call fails for good.
+      (:class:`~psflow.ps.push_numbers.PushNumbers`), also when another shard's call fails for good. A push
+      replied ``ack_pending`` (:meth:`TaskCalls.send_acked`) counts once its ``Acked`` call replied.
     * Only :meth:`TaskCalls.collect`, :meth:`TaskCalls.gather`, :meth:`TaskCalls.call_one`,
       :meth:`TaskCalls.wait_ready` and :meth:`TaskCalls.shutdown` block; the ``send`` calls return with the
       call in flight.
@@ -24,12 +25,12 @@ Not thread-safe: one per client (the client's training thread).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent import futures
 from typing import Any
 
 from psflow.ps.failover import ShardRouter, resolve_all
-from psflow.ps.protocol import Request, held_push
+from psflow.ps.protocol import AckedRequest, PushPullRequest, PushRequest, Request, ack_pending, held_push
 from psflow.ps.push_numbers import PushNumbers, at_epoch
 from psflow.rpc.api import Channel, PendingReply, RpcError, gather
 from psflow.rpc.framing import Frame
@@ -120,6 +121,38 @@ class TaskCalls:
         while held := [t for t, frame in frames.items() if held_push(frame)]:
             frames.update(router.gather({t: resend(t) for t in held}, resend))
         return frames
+
+    def send_acked(self, requests: Mapping[int, Request], frames: Mapping[int, Frame], *,
+                   timeout: float | None = None) -> Callable[[], dict[int, Frame]]:
+        """(Replicated shards) For each shard of ``frames`` (a PushPullAckLater's reply, its push's and rows):
+        one marked ``ack_pending`` gets its ``Acked`` call, sent now; the others count acknowledged now. Returns
+        the wait for those calls (call it once): shard -> its push's reply, each shard counted acknowledged as
+        it replied. A shard whose Acked call fails over gets its push resent alone, to its primary now, which
+        applies it at most once (its ``push_id``): a backup promoted without it applies it then.
+
+        Raises (the wait): RpcError as :meth:`collect`."""
+        router, pushes = self.router, self.pushes
+        if router is None or pushes is None:
+            raise ValueError(f"{self.client_name}: Acked calls go to replicated shards only")
+        pending = {t for t, frame in frames.items() if ack_pending(frame) is not None}
+        pushes.acknowledged(t for t in frames if t not in pending)
+
+        def push_of(task: int) -> PushRequest:
+            call = requests[task]
+            if not isinstance(call, PushPullRequest):  # only a PushPullAckLater's reply is marked pending
+                raise ValueError(f"{self.client_name}: {call.METHOD} to ps task {task} carries no push to acknowledge")
+            return call.push
+
+        def acked(task: int) -> PendingReply:
+            tag = push_of(task).worker
+            request = AckedRequest(tag.worker or self.client_name, tag.incarnation, tag.push_id or 0, router.epoch(task))
+            return self.send(task, request, timeout=timeout)
+
+        def resend(task: int) -> PendingReply:  # the push alone: its rows were read already
+            return self.send(task, at_epoch(push_of(task), router.epoch(task)), timeout=timeout)
+
+        sent = {t: acked(t) for t in sorted(pending)}
+        return lambda: router.gather(sent, resend, replied=pushes.acknowledged) if sent else {}
 
     def gather(self, requests: Mapping[int, Request], *, timeout: float | None = None,
                pushed: Collection[int] = ()) -> dict[int, Frame]:

@@ -36,6 +36,16 @@ shards keep all of this: a push whose shard's primary dies while batch t+1
 computes is resent, alone, to the promoted backup when its reply is
 collected (:mod:`psflow.ps.failover`), and applied once (its ``push_id``).
 
+One step in flight on replicated ps shards, asynchronous mode (:attr:`ParameterClient.acks_later
+<psflow.ps.client.ParameterClient.acks_later>`): the push of batch t travels with batch t+1's pull, as above,
+and the shards reply with the rows (read after the push was applied) before their backups acknowledged the
+push; batch t+1's gradients are computed while the acknowledgement comes, and the call returns batch t's
+result only once every shard acknowledged the push (``Acked``, :mod:`psflow.ps.replication.data_calls`). The
+gradients are exactly those of one step in flight; what the backup's round trip costs overlaps the compute.
+Kept as with two in flight: one call per shard in flight, push t+1 sent only after push t was acknowledged,
+nothing in flight between calls, a batch computed whose call never came is never pushed, and a push whose
+primary dies before its acknowledgement is resent alone to the promoted backup (applied once).
+
 Three or more steps in flight (pushes in flight between calls, each result
 returned later): :mod:`psflow.train.pipeline`, which uses this class's
 per-batch parts (:meth:`TrainStep.prepare_lookups`,
@@ -278,7 +288,7 @@ class TrainStep:
             return self._overlapped(batch, clock=clock, pause=pause, lag=lag, next_batch=next_batch,
                                     position=position, generation=generation, after_next=after_next)
         client = self.client
-        computed = self.compute_batch(batch, *self.rows_of(batch))
+        computed = self._computed_of(batch)
         read_step, output, n = computed.read_step, computed.output, computed.batch.num_examples
         if pause:
             time.sleep(pause)
@@ -287,6 +297,8 @@ class TrainStep:
         if next_batch is None:
             r = client.push_detailed(output.gradients, examples=n, loss=output.loss, clock=clock, read_step=read_step,
                                      position=position, generation=generation)
+        elif client.acks_later:
+            return self._rows_first(computed, next_batch, clock=clock, position=position, generation=generation)
         else:
             prepared_next, next_lookups = self.prepare_lookups(next_batch)
             r, next_values = client.push_pull(output.gradients, next_lookups, examples=n, loss=output.loss,
@@ -316,13 +328,36 @@ class TrainStep:
         values = self.client.pull(lookups, create=True)
         return batch, values, self.client.last_pull_step
 
+    def _computed_of(self, given: Batch) -> ComputedBatch:
+        """``given``'s gradients: those the previous call computed, when they are ``given``'s (taken; any others
+        dropped, never pushed), else computed now."""
+        computed, self._computed = self._computed, None
+        if computed is None or computed.given is not given:
+            computed = self.compute_batch(given, *self.rows_of(given))
+        return computed
+
+    def _rows_first(self, computed: ComputedBatch, next_batch: Batch, *, clock: int | None, position: str | None,
+                    generation: int | None) -> StepResult:
+        """One step in flight on replicated shards, async: pushes ``computed``'s gradients with ``next_batch``'s
+        pull, computes ``next_batch``'s gradients from those rows (read after this push was applied) while the
+        shards' backups acknowledge the push, then collects that (module docstring)."""
+        client = self.client
+        prepared_next, next_lookups = self.prepare_lookups(next_batch)
+        output = computed.output
+        pending = client.send_push_pull(output.gradients, next_lookups, examples=computed.batch.num_examples,
+                                        loss=output.loss, clock=clock, read_step=computed.read_step,
+                                        position=position, generation=generation, ack_later=True)
+        values = pending.rows()
+        following = self._compute_while(pending, next_batch, (prepared_next, values or {}, client.last_pull_step))
+        r, _ = pending.result()
+        self._computed = following
+        return self.result_of(computed, r)
+
     def _overlapped(self, given: Batch, *, clock: int | None, pause: float, lag: int, next_batch: Batch | None,
                     position: str | None, generation: int | None, after_next: Batch | None) -> StepResult:
         """Two steps in flight: pushes ``given``'s gradients, computes ``next_batch``'s meanwhile (module docstring)."""
         client = self.client
-        computed, self._computed = self._computed, None
-        if computed is None or computed.given is not given:
-            computed = self.compute_batch(given, *self.rows_of(given))
+        computed = self._computed_of(given)
         # Every pull happens before the push is sent: one call per ps task in flight, never two.
         upcoming = self.rows_of(next_batch) if next_batch is not None else None
         if pause:

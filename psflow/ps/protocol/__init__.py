@@ -58,6 +58,8 @@ Promote           :class:`PromoteRequest`           :class:`ReplicaStatusReply`
 DropBackup        :class:`DropBackupRequest`        :class:`ReplicaStatusReply`
 Join              :class:`JoinRequest`              :class:`JoinReply`
 Replicate         :class:`ReplicateRequest`         :class:`ReplicateReply`
+PushPullAckLater  :class:`PushPullAckLater`         :class:`PushPullAckLaterReply`
+Acked             :class:`AckedRequest`             :class:`PushReply`
 ================  ================================  ==============================
 
 The calls' semantics are the service's (:mod:`psflow.ps.service`,
@@ -115,16 +117,20 @@ from psflow.ps.protocol.lifecycle import (
 )
 from psflow.ps.protocol.replication import (
     ROLES,
+    AckedRequest,
     DropBackupRequest,
     JoinReply,
     JoinRequest,
     PartDelta,
     PromoteRequest,
+    PushPullAckLater,
+    PushPullAckLaterReply,
     ReplicaEntry,
     ReplicaStatusReply,
     ReplicaStatusRequest,
     ReplicateReply,
     ReplicateRequest,
+    ack_pending,
 )
 
 __all__ = [
@@ -138,4 +144,5 @@ __all__ = [
     "WorkerTag", "gradient_arrays", "gradients_of", "held_push",
     "ROLES", "DropBackupRequest", "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
     "ReplicaStatusReply", "ReplicaStatusRequest", "ReplicateReply", "ReplicateRequest",
+    "AckedRequest", "PushPullAckLater", "PushPullAckLaterReply", "ack_pending",
 ]

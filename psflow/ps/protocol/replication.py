@@ -1,5 +1,6 @@
 """The replicated shards' messages (issue 28): ReplicaStatus, Promote, DropBackup (a client's calls) and
-Replicate, Join (between the members of one shard). Semantics: :mod:`psflow.ps.replication`.
+Replicate, Join (between the members of one shard); and a worker's async PushPull whose acknowledgement it
+collects later (``PushPullAckLater``, then ``Acked``). Semantics: :mod:`psflow.ps.replication`.
 
 A shard's state changes travel as :class:`ReplicaEntry` values: the primary's sequence number, the small
 state of the task (a JSON object the replication package writes and reads: global_step, the worker ledger,
@@ -15,12 +16,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from psflow.ps.protocol.data import PushPullReply, PushPullRequest
 from psflow.ps.protocol.fields import flag, list_field, message, optional_int, optional_str, refuse
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame
 
 __all__ = [
-    "ROLES", "DropBackupRequest", "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
+    "ROLES", "AckedRequest", "DropBackupRequest", "PushPullAckLater", "PushPullAckLaterReply", "ack_pending",
+    "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
     "ReplicaStatusReply", "ReplicaStatusRequest", "ReplicateReply", "ReplicateRequest",
 ]
 
@@ -292,3 +295,54 @@ class ReplicateReply:
     @classmethod
     def from_frame(cls, frame: Frame) -> ReplicateReply:
         return cls(_count(frame.meta, "applied_seq"))
+
+
+# ---- PushPullAckLater / Acked ------------------------------------------------------------------------------
+@message
+class PushPullAckLater(PushPullRequest):
+    """(async, a replicated shard) A PushPull whose reply may come before the backups acknowledged the push: it
+    then carries the rows and ``ack_pending``, and the worker collects the acknowledgement with ``Acked``."""
+
+    METHOD: ClassVar[str] = "PushPullAckLater"
+
+
+@message
+class PushPullAckLaterReply:
+    """A :class:`PushPullReply`; ``ack_pending``: the seq of the push's entry, not acknowledged yet (None: it
+    was, or the call waited for it)."""
+
+    reply: PushPullReply
+    ack_pending: int | None = None
+
+    def to_frame(self) -> Frame:
+        frame = self.reply.to_frame()
+        if self.ack_pending is not None:
+            frame.meta["ack_pending"] = self.ack_pending
+        return frame
+
+
+def ack_pending(frame: Frame) -> int | None:
+    """The ``ack_pending`` of a PushPullAckLater's reply (None: acknowledged)."""
+    return optional_int(frame.meta, "ack_pending", minimum=0)
+
+
+@message
+class AckedRequest:
+    """Returns once every backup of the view acknowledged push ``push_id`` of that worker process (its recorded
+    entry); the reply is the push's :class:`~psflow.ps.protocol.PushReply`, as recorded."""
+
+    METHOD: ClassVar[str] = "Acked"
+    worker: str
+    incarnation: int | None
+    push_id: int
+    shard_epoch: int | None = None
+
+    def to_frame(self) -> Frame:
+        return Frame({"worker": self.worker, "incarnation": self.incarnation, "push_id": self.push_id,
+                      "shard_epoch": self.shard_epoch})
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> AckedRequest:
+        meta = frame.meta
+        return cls(_task(meta, "worker"), optional_int(meta, "incarnation", minimum=0), _count(meta, "push_id"),
+                   optional_int(meta, "shard_epoch", minimum=0))

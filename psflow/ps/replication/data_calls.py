@@ -1,4 +1,5 @@
-"""A replicated shard primary's data calls: ``Push``, ``PushPull`` and ``Pull``, each push applied once.
+"""A replicated shard primary's data calls: ``Push``, ``PushPull`` (and ``PushPullAckLater`` with its ``Acked``)
+and ``Pull``, each push applied once.
 
 :class:`DataCalls` serves them on a :class:`~psflow.ps.replication.member.ShardReplication`. Each is served
 as an unreplicated task serves it (:class:`~psflow.ps.push_apply.PushApplier`, the service's reads), then
@@ -12,7 +13,10 @@ what it changed is recorded as the member's next entry (the rows it wrote, the s
   holding its change (blocking up to ``replica_timeout``, then UNAVAILABLE), so a promoted backup holds
   every update a client saw acknowledged. An async PushPull reads the rows it returns while its entry is out
   to the backups (:meth:`~psflow.ps.replication.forwarder.Forwarder.wait`'s ``meanwhile``), not after: the
-  read needs no acknowledgement, and the reply still waits for it.
+  read needs no acknowledgement, and the reply still waits for it. The exception: an async
+  ``PushPullAckLater`` (a worker at one step in flight) replies with the rows at once, its entry marked
+  ``ack_pending``; the worker's ``Acked`` call then returns once every backup acknowledged it (the same wait
+  and errors), and only then does the worker count the push acknowledged or return its step.
 * **Once.** A push already applied for its (worker, incarnation, push_id) -- a resend after a failover, or a
   late reply -- is not applied again: it gets the reply recorded with it, once that record's entry is
   acknowledged (:mod:`~psflow.ps.replication.dedup`).
@@ -38,7 +42,6 @@ Thread-safe: the member's forwarder orders the entries; :attr:`DataCalls.apply_l
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -47,9 +50,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from psflow.ps.protocol import (
+    AckedRequest,
     PartDelta,
     PullReply,
     PullRequest,
+    PushPullAckLater,
+    PushPullAckLaterReply,
     PushPullReply,
     PushPullRequest,
     PushReply,
@@ -60,10 +66,11 @@ from psflow.ps.replication.view import PRIMARY
 from psflow.ps.staleness import Waited
 from psflow.ps.store import PartitionState
 from psflow.ps.sync import AppliedStep
-from psflow.rpc.api import Reply
+from psflow.rpc.api import Handler, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
 if TYPE_CHECKING:
+    from psflow.ps.replication.forwarder import Forwarder
     from psflow.ps.replication.member import ShardReplication
 
 __all__ = ["DataCalls"]
@@ -78,6 +85,11 @@ class DataCalls:
         #: CheckpointCount).
         self.apply_lock = threading.Lock()
 
+    def handlers(self) -> dict[str, Handler]:
+        """Method -> handler of the data calls."""
+        return {PushRequest.METHOD: self.push, PullRequest.METHOD: self.pull, PushPullRequest.METHOD: self.push_pull,
+                PushPullAckLater.METHOD: self.push_pull_ack_later, AckedRequest.METHOD: self.acked}
+
     def push(self, frame: Frame) -> Reply:
         request = PushRequest.from_frame(frame)
         return _reply(self._push(request, lambda: []))
@@ -88,21 +100,15 @@ class DataCalls:
         member = self._member
         forwarder = member._check_primary(request.shard_epoch)
         tag, mode, pushes = request.worker, member.service.mode, member.service.pushes
-        on_arrival = mode.config.mode in ("async", "ssp")
-        # async, ssp: checked, applied, recorded as one (an entry recorded in between would hold this push's rows
-        # without its dedup record: a resend would apply it twice); ssp waits for the slowest worker after.
-        # sync records at the step.
-        with self.apply_lock if on_arrival else contextlib.nullcontext():
-            recorded = member.dedup.check(tag.worker, tag.incarnation, tag.push_id)
-            if recorded is None and on_arrival:
-                reply = pushes.apply(request, wait=False)
-                seq = member._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
-        if recorded is not None:  # applied before (a resend after a failover or a late reply): not again
-            forwarder.wait(recorded.seq)
-            return _waited(PushReply.from_frame(Frame(recorded.reply)), pushes.wait_for_slowest(request))
+        on_arrival = mode.config.mode in ("async", "ssp")  # (sync records at the step)
         if on_arrival:  # ssp: what the call does next waits for the slowest worker first
+            seq, reply, _ = self._apply_once(forwarder, request, more)
             forwarder.wait(seq, meanwhile=meanwhile if mode.config.mode == "async" else None)
             return _waited(reply, pushes.wait_for_slowest(request))
+        recorded = member.dedup.check(tag.worker, tag.incarnation, tag.push_id)
+        if recorded is not None:  # applied before (a resend after a failover or a late reply): not again
+            forwarder.wait(recorded.seq)
+            return PushReply.from_frame(Frame(recorded.reply))
         reply = pushes.apply(request)
         if reply.held:  # its step waits for a saving chief (psflow.ps.save_hold): the gradient is in the step, recorded
             return reply  # with it once applied (step_applied); the client sends the push again, nothing recorded yet
@@ -116,6 +122,21 @@ class DataCalls:
                              [(request, reply)])
         forwarder.wait(seq)
         return reply
+
+    def _apply_once(self, forwarder: Forwarder, request: PushRequest,
+                    more: Callable[[], list[PartDelta]]) -> tuple[int, PushReply, bool]:
+        """(async, ssp) ``request`` checked, applied and recorded as one, under :attr:`apply_lock` (an entry
+        recorded in between would hold its rows without its dedup record: a resend would apply it twice); or,
+        applied before (a resend after a failover, a late reply), not again. Returns the seq of the entry
+        holding it, its reply, and whether it was applied before."""
+        tag, member = request.worker, self._member
+        with self.apply_lock:
+            recorded = member.dedup.check(tag.worker, tag.incarnation, tag.push_id)
+            if recorded is None:
+                reply = member.service.pushes.apply(request, wait=False)
+                seq = member._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
+                return seq, reply, False
+        return recorded.seq, PushReply.from_frame(Frame(recorded.reply)), True
 
     def _push_parts(self, request: PushRequest) -> list[PartDelta]:
         variables = self._member.service.variables
@@ -153,8 +174,42 @@ class DataCalls:
             forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))
         return _reply(PullReply(step, out, request.stack))
 
+    def push_pull_ack_later(self, frame: Frame) -> Reply:
+        """async: the push applied and recorded, the rows read after it, and the reply sent at once, its entry
+        ``ack_pending`` (the worker's ``Acked`` call waits for it); otherwise (ssp, sync, or a lookup that
+        admitted dynamic rows) a PushPull's reply, acknowledged before it."""
+        request = PushPullAckLater.from_frame(frame)
+        member = self._member
+        service = member.service
+        if service.mode.config.mode != "async":
+            return self._push_pull(request)
+        forwarder = member._check_primary(request.push.shard_epoch)
+        wanted = service._pull_entries(request.pull)
+        seq, pushed, _ = self._apply_once(forwarder, request.push, lambda: [])
+        step, out = service._read(wanted, create=request.pull.create)
+        pulled = PullReply(step, out, request.pull.stack)
+        tables = _tables(wanted) if request.pull.create else []
+        if tables:  # the rows the lookup admitted: acknowledged before the reply, with the push (an earlier entry)
+            forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))
+            return _reply(PushPullReply(pushed, pulled))
+        return _reply(PushPullAckLaterReply(PushPullReply(pushed, pulled), seq))
+
+    def acked(self, frame: Frame) -> Reply:
+        """Acked: once every backup of the view acknowledged the push's recorded entry, its reply as recorded."""
+        request = AckedRequest.from_frame(frame)
+        member = self._member
+        forwarder = member._check_primary(request.shard_epoch)
+        recorded = member.dedup.get(request.worker, request.incarnation, request.push_id)
+        if recorded is None:
+            raise PreconditionFailed(f"{member.task}: push {request.push_id} of {request.worker} is not the last "
+                                     f"one recorded on shard {member.shard}: nothing to acknowledge")
+        forwarder.wait(recorded.seq)
+        return _reply(PushReply.from_frame(Frame(recorded.reply)))
+
     def push_pull(self, frame: Frame) -> Reply:
-        request = PushPullRequest.from_frame(frame)
+        return self._push_pull(PushPullRequest.from_frame(frame))
+
+    def _push_pull(self, request: PushPullRequest) -> Reply:
         member = self._member
         service = member.service
         forwarder = member._check_primary(request.push.shard_epoch)

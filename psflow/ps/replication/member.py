@@ -44,8 +44,6 @@ from psflow.ps.protocol import (
     LoadShardRequest,
     PartDelta,
     PromoteRequest,
-    PullRequest,
-    PushPullRequest,
     PushReply,
     PushRequest,
     RegisterRequest,
@@ -159,9 +157,7 @@ class ShardReplication:
     def handlers(self, table: dict[str, Handler]) -> dict[str, Handler]:
         """The service's handler table with the replicated calls in place of its own, and this package's."""
         out = dict(table)
-        out[PushRequest.METHOD] = self.data.push
-        out[PullRequest.METHOD] = self.data.pull
-        out[PushPullRequest.METHOD] = self.data.push_pull
+        out.update(self.data.handlers())
         for method in _FULL_CALLS + _STATE_CALLS:
             if method in table:
                 out[method] = self._replicated(table[method], full=method in _FULL_CALLS)
