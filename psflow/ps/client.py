@@ -184,8 +184,8 @@ class ParameterClient:
 
         Raises:
             FailedPreconditionError: another client registered a different layout.
-            TaskUnavailableError: (non-chief) the ps tasks were not ready in time, or one stayed unreachable
-                that long (a dead task is waited for: its restart answers); (chief) one was unreachable.
+            TaskUnavailableError: the ps tasks were not ready in time (non-chief), or one stayed unreachable
+                that long (a dead task is waited for, the chief's call's too: its restart answers).
         """
         request = RegisterRequest(tuple(self.layout.values()), optimizer, self.sync, self.client_name, chief,
                                   defer_ready, self.incarnation)

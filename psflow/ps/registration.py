@@ -10,11 +10,13 @@ chief usually makes them ready, every 0.02 s times the number of workers that
 wait, then with exponential backoff, ``backoff_initial`` .. ``backoff_max``): it
 never sleeps a fixed time. Idempotent.
 
-A non-chief whose call meets a ps task that is unreachable (:class:`~psflow.rpc.api.TaskUnavailableError`: the
-task died, and its supervisor restarts it) asks again with the same pauses, within the same limit, as it waits
-while training; a refusal (another layout: ``FailedPreconditionError``) still fails at once. The chief's call is
-not asked again: a ps task restarted empty would get its variables created by it after :mod:`psflow.train.chief`
-checked that no task lost its state, so the chief's process ends and its restart checks again.
+A client whose call meets a ps task that is unreachable (:class:`~psflow.rpc.api.TaskUnavailableError`: the
+task died, and its supervisor restarts it) asks again with the same pauses, within the same limit, as a non-chief
+waits while training; a refusal (another layout: ``FailedPreconditionError``) still fails at once. The chief asks
+again too: :func:`register_tasks` tells it which tasks its call created the variables on, and on which of them as a
+new process's first (:class:`Registration`), so :mod:`psflow.train.chief` sees a task that restarted empty beside
+ready ones however late it restarted. :func:`ask_until_reachable` asks one other call again the same way (the
+reader positions and global_step a client reads right after it registered).
 """
 
 from __future__ import annotations
@@ -22,17 +24,38 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
 
 from psflow.ps.protocol import RegisterReply, RegisterRequest
 from psflow.rpc.api import Channel, ConnectConfig, PendingReply, RpcError, TaskUnavailableError
 
-__all__ = ["register_layout", "ready_waits"]
+__all__ = ["register_layout", "register_tasks", "Registration", "ready_waits", "ask_until_reachable"]
 
 log = logging.getLogger("psflow.ps.client")
 
 #: The non-chiefs' asks while the chief initializes, all of them together: one every ``_FAST_POLL`` s at each ps
 #: task, ``_FAST_ASKS`` in all (about a second).
 _FAST_POLL, _FAST_ASKS = 0.02, 50
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What one :func:`register_tasks` call found, by ps task index (a chief's; a non-chief's creates nothing).
+
+    Attributes:
+        created: the tasks this call created the variables on (each was not ready), in any of its rounds.
+        new: of those, the tasks where that was the first creation of their process (it held no variables: a
+            new cluster's task, or one that died and came back empty); the others held variables that were never
+            made ready (a chief died while initializing), which are created again.
+        kept: the tasks that were ready: their variables (trained ones, for all the chief knows) were kept.
+    """
+
+    created: frozenset[int]
+    new: frozenset[int]
+    kept: frozenset[int]
 
 
 def ready_waits(config: ConnectConfig, *, askers: int = 1) -> Iterator[float]:
@@ -73,9 +96,17 @@ def _limits(limit: float, config: ConnectConfig, initialized: bool) -> str:
 def register_layout(channels: Mapping[int, Channel], step_task: int, request: RegisterRequest,
                     config: ConnectConfig, limit: float,
                     call: Callable[[int, RegisterRequest], PendingReply] | None = None, *, askers: int = 1) -> bool:
+    """:func:`register_tasks`; True if the call created the variables on ``step_task``."""
+    return step_task in register_tasks(channels, step_task, request, config, limit, call, askers=askers).created
+
+
+def register_tasks(channels: Mapping[int, Channel], step_task: int, request: RegisterRequest,
+                   config: ConnectConfig, limit: float,
+                   call: Callable[[int, RegisterRequest], PendingReply] | None = None, *,
+                   askers: int = 1) -> Registration:
     """Registers ``request`` on every ps task (``step_task`` first); a non-chief waits for the chief.
 
-    Blocks for one round of calls (the chief), or until every task is ready: ``limit`` s (the last pause is cut to
+    Blocks until every task answered (the chief), or until every task is ready: ``limit`` s (the last pause is cut to
     end there, and a last round asked then), and once the
     chief has created the variables on every task (it then restores a checkpoint or writes the initial one before
     making them ready, which takes as long as the model is big) ``config.save_timeout`` s more (``--save-timeout``,
@@ -84,24 +115,30 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
     shard to its new primary: Register is idempotent). ``askers``: the non-chiefs that wait together
     (:func:`ready_waits`).
 
+    An unreachable task is asked again within the same limit (the chief's too: a round with one asks every task
+    again; what earlier rounds created is counted in the result).
+
     Returns:
-        True if this call created the variables on ``step_task``.
+        The tasks the call created the variables on, and which held none before (:class:`Registration`).
 
     Raises:
         FailedPreconditionError: another client registered a different layout.
-        TaskUnavailableError: (non-chief) the ps tasks were not ready in time, or one stayed unreachable that long
-            (names them, how long it waited and the limit); (chief) a ps task was unreachable.
+        TaskUnavailableError: the ps tasks were not ready in time (non-chief), or one stayed unreachable that long
+            (names them, how long it waited and the limit).
     """
     meta = request.to_frame().meta
     send = call or (lambda task, r: channels[task].call_async(r.METHOD, meta))
     start = time.monotonic()
     deadline, waits, attempt, initialized = start + limit, ready_waits(config, askers=askers), 0, False
+    created: set[int] = set()
+    new: set[int] = set()
     while True:
         replies, gone = _ask(send, channels, step_task, request)
-        if gone and request.chief:
-            raise next(iter(gone.values()))
+        created |= {i for i, reply in replies.items() if reply.created}
+        new |= {i for i, reply in replies.items() if reply.created and reply.init_count == 1}
         if not gone and (request.chief or all(reply.ready for reply in replies.values())):
-            return replies[step_task].created
+            kept = frozenset(i for i, reply in replies.items() if not reply.created and reply.ready) - created
+            return Registration(frozenset(created), frozenset(new), kept)
         waiting = [channels[i].task for i, reply in sorted(replies.items()) if not reply.ready]
         if not gone and not initialized and all(reply.init_count > 0 for reply in replies.values()):
             # The chief created the variables: it now restores a checkpoint or writes the initial one before making
@@ -111,14 +148,8 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
         wait = next(waits)
         left = deadline - time.monotonic()  # the last pause ends at the limit, and one more ask is made there
         if gone:
-            unreachable = ", ".join(channels[i].task for i in sorted(gone))
-            if left <= 0:
-                raise TaskUnavailableError(f"{request.client}: {unreachable} unreachable after "
-                                           f"{time.monotonic() - start:.1f} s ({attempt} attempts; "
-                                           f"{_limits(limit, config, initialized)}): {gone[min(gone)]}")
-            if attempt % 10 == 0:
-                log.info("%s: %s unreachable (a ps task restarting?); asking again for %.0f s more (attempt %d)",
-                         request.client, unreachable, left, attempt)
+            _unreachable(request.client, ", ".join(channels[i].task for i in sorted(gone)), gone[min(gone)],
+                         time.monotonic() - start, attempt, left, _limits(limit, config, initialized))
             time.sleep(min(wait, left))
             continue
         doing = "made ready by the chief (it created the variables; its restore or initial checkpoint went on)" \
@@ -132,6 +163,41 @@ def register_layout(channels: Mapping[int, Channel], step_task: int, request: Re
                      "restore or save the initial checkpoint of" if initialized else "initialize",
                      ", ".join(waiting), attempt)
         time.sleep(min(wait, left))
+
+
+def _unreachable(client: str, tasks: str, error: TaskUnavailableError, waited: float, attempt: int, left: float,
+                 limits: str) -> None:
+    """After ``attempt`` calls met ``tasks`` unreachable: logs one INFO line every 10 attempts, or raises at the limit.
+
+    Raises:
+        TaskUnavailableError: ``left <= 0`` (one line: the tasks, how long, the limit, the channel's last error).
+    """
+    if left <= 0:
+        raise TaskUnavailableError(f"{client}: {tasks} unreachable after {waited:.1f} s ({attempt} attempts; "
+                                   f"{limits}): {error}")
+    if attempt % 10 == 0:
+        log.info("%s: %s unreachable (a ps task restarting?); asking again for %.0f s more (attempt %d)",
+                 client, tasks, left, attempt)
+
+
+def ask_until_reachable(ask: Callable[[], _T], *, client: str, task: str, config: ConnectConfig,
+                        limit: float) -> _T:
+    """``ask()``, asked again while it raises :class:`~psflow.rpc.api.TaskUnavailableError` (``task``, e.g. ps
+    task 0, restarting), with :func:`ready_waits`' pauses and log lines, for at most ``limit`` s; ``client`` names
+    the asker in them. Any other error propagates at once.
+
+    Raises:
+        TaskUnavailableError: still unreachable after ``limit`` s (one line, as :func:`register_tasks`').
+    """
+    start, waits, attempt = time.monotonic(), ready_waits(config), 0
+    while True:
+        try:
+            return ask()
+        except TaskUnavailableError as e:
+            attempt += 1
+            left = start + limit - time.monotonic()
+            _unreachable(client, task, e, time.monotonic() - start, attempt, left, _limits(limit, config, False))
+            time.sleep(min(next(waits), left))
 
 
 def _ask(send: Callable[[int, RegisterRequest], PendingReply], channels: Mapping[int, Channel], step_task: int,

@@ -14,6 +14,14 @@ Chief, in order:
     2. registers the layout on every ps task with ``chief=True`` and
        ``defer_ready=True``: each task that is not ready yet creates its
        partitions (the one initialization of the cluster) and stays not ready.
+       A task that is unreachable meanwhile (restarting) is asked again within
+       ``--connect-timeout``, as a non-chief asks
+       (:func:`psflow.ps.registration.register_tasks`), and the Register says which
+       tasks it created the variables on: a task whose process held none (it
+       restarted empty, however late: after step 1's check, or while it was
+       asked again) beside a ready one, with no checkpoint, raises the same
+       :class:`~psflow.train.state_loss.StateLostError` as step 1 (the fresh
+       variables stay not ready: no pull or push ever reads them).
        With a checkpoint it restores the checkpoint into the tasks
        (:func:`psflow.checkpoint.restore.restore`; with its lease and the
        run id it first takes the checkpoint over at its lease's epoch,
@@ -43,7 +51,9 @@ fails with :class:`~psflow.rpc.api.TaskUnavailableError` after
 
 Every client then reads its reader position (the one its pushes last
 reported, or the one the restored checkpoint recorded) so its data resumes
-where it stopped.
+where it stopped, and global_step; a ps task 0 unreachable then (restarting) is
+asked again as in the Register, within the same limit
+(:func:`psflow.ps.registration.ask_until_reachable`).
 
 Before the chief restores at start, :func:`check_restorable` compares the
 checkpoint's manifest with the run's model: a checkpoint written by another
@@ -62,7 +72,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -77,8 +87,9 @@ from psflow.errors import CheckpointError
 from psflow.models.api import DYNAMIC_TABLE_FLAGS, DYNAMIC_TABLE_PARAM
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
-from psflow.ps.protocol import SetReadyRequest
-from psflow.train.state_loss import check_state_kept, ps_states
+from psflow.ps.protocol import RegisterRequest, SetReadyRequest
+from psflow.ps.registration import Registration, ask_until_reachable, register_tasks
+from psflow.train.state_loss import StateLostError, check_state_kept, ps_states, state_lost_message
 
 __all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable", "training_view", "trainer_task"]
 
@@ -207,9 +218,11 @@ def join_cluster(
         CheckpointError: the newest checkpoint (or the warm start) cannot be read or loaded, or was removed
             before its adoption with no other left.
         CheckpointFencedError: (a CheckpointError) the checkpoint's pointer was written by a newer epoch of ``run``.
-        StateLostError: (chief) a ps task is empty beside ready ones and there is no checkpoint.
+        StateLostError: (chief) a ps task is empty beside ready ones and there is no checkpoint (found before the
+            Register, or by it).
         FailedPreconditionError: this client's layout differs from the registered one.
-        TaskUnavailableError: (non-chief) the chief did not make the cluster ready in time.
+        TaskUnavailableError: (non-chief) the chief did not make the cluster ready in time; a ps task stayed
+            unreachable past the limit (``ready_timeout``, the chief's ``--connect-timeout``).
     """
     restored = None
     if chief:
@@ -218,7 +231,11 @@ def join_cluster(
             check_state_kept(client, ps_states(client), checkpoint_dir=checkpoint_dir)
         start_values = initial_values() if initial_values is not None and latest is None else {}
         # Every task stays not ready until all are initialized (ps task 0 made ready last).
-        created = client.register(optimizer, chief=True, defer_ready=True)
+        registration = _register(client, optimizer)
+        if registration.new and registration.kept and latest is None:  # a task restarted empty after the check
+            raise StateLostError(state_lost_message(client, sorted(registration.new), sorted(registration.kept),
+                                                    checkpoint_dir=checkpoint_dir))
+        created = client.step_task in registration.created
         if created and latest is not None and checkpoint_dir:
             latest = _taken_over(checkpoint_dir, latest, leader, run)
             manifest = restore(client, latest)
@@ -238,8 +255,29 @@ def join_cluster(
             _set_ready(client)
     else:
         created = client.register(optimizer, ready_timeout=ready_timeout)
-    positions = {name: text for name, text in client.reader_positions().items() if isinstance(text, str)}
-    return JoinResult(created, restored, client.global_step(), positions.get(client.client_name), positions)
+    limit = client.config.connect_timeout if chief or ready_timeout is None else ready_timeout
+    positions = {name: text for name, text in _asked(client, client.reader_positions, limit).items()
+                 if isinstance(text, str)}
+    return JoinResult(created, restored, _asked(client, client.global_step, limit), positions.get(client.client_name),
+                      positions)
+
+
+def _register(client: ParameterClient, optimizer: OptimizerSpec) -> Registration:
+    """The chief's Register (as :meth:`ParameterClient.register` with ``chief=True, defer_ready=True``), with the
+    tasks it created the variables on: an unreachable task is asked again within ``--connect-timeout``."""
+    request = RegisterRequest(tuple(client.layout.values()), optimizer, client.sync, client.client_name, True, True,
+                              client.incarnation)
+    return register_tasks(client.channels, client.step_task, request, client.config, client.config.connect_timeout,
+                          call=client.call_async)
+
+
+_T = TypeVar("_T")
+
+
+def _asked(client: ParameterClient, ask: Callable[[], _T], limit: float) -> _T:
+    """``ask()`` (a call to the task holding global_step), asked again while that task is unreachable."""
+    return ask_until_reachable(ask, client=client.client_name, task=client.channels[client.step_task].task,
+                               config=client.config, limit=limit)
 
 
 def _taken_over(directory: str, latest: str, leader: Callable[[], Lease | None] | None, run: str | None) -> str:

@@ -13,7 +13,8 @@ happened. It never does:
   also after a restart of its own process), initializes variables only on a
   cluster where no ps task is ready, or restores every task from a checkpoint;
   it raises :class:`StateLostError` where a task is empty beside one that is
-  ready and there is no checkpoint;
+  ready and there is no checkpoint (found before its Register, or by it: a
+  task that restarted empty in between);
 * the chief restoring the cluster after a ps death
   (:meth:`psflow.train.recovery.ClusterRecovery.restore`) raises it when there
   is no checkpoint; every other worker raises it at once, without waiting for
