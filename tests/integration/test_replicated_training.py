@@ -14,6 +14,8 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
   rejoined as the backup, so the second kill promoted it and lost nothing;
 * ``--chaos`` kills of shard 0's primary 2 steps apart: the second round waits until the restarted ps task 0
   is back in shard 0's view (psflow/launch/fault_recovery.py), so it is promoted and nothing is lost;
+* one step in flight (the rows first, the acknowledgement collected after the next batch computed) and two, shard
+  0's primary killed: nothing lost or applied twice, shard 0's pushes_applied equal to global_step;
 * ssp with two steps in flight, shard 0's primary killed: nothing lost or applied twice;
 * 1 ps, shard 0's primary killed: the chief's lease, replicated with shard 0, lives through the kill (one election);
 * checkpoints every 50 steps, shard 0's primary killed: the checkpoint ledger, replicated with shard 0, counts in
@@ -80,12 +82,15 @@ def test_killing_each_shards_primary_mid_run_loses_no_acknowledged_update(tmp_pa
     _final_checkpoint_written(out / "checkpoints", metrics)  # --restart-policy's default checkpoint directory
 
 
-def test_two_steps_in_flight_lose_and_repeat_nothing_when_a_primary_dies(tmp_path: Path) -> None:
-    """``--steps-in-flight 2``: the push of a step travels while the next batch computes; the primary killed
-    mid-run, the push it held (or never got) is resent to the promoted backup and applied once."""
+@pytest.mark.parametrize("in_flight", ["1", "2"])
+def test_two_steps_in_flight_lose_and_repeat_nothing_when_a_primary_dies(tmp_path: Path, in_flight: str) -> None:
+    """``--steps-in-flight 2``: the push of a step travels while the next batch computes; 1 (async): the rows
+    come first and the next batch computes while the push's acknowledgement comes (psflow/train/step.py). The
+    primary killed mid-run, the push it held (or never got, or never had acknowledged) is resent to the promoted
+    backup and applied once."""
     out = tmp_path / "run"
     metrics = metrics_of(out, train(out, "--ps-replicas", "1", "--restart-policy", "on-failure",
-                                    "--steps-in-flight", "2", "--chaos", "kill:ps:0@step=700", epochs=2))
+                                    "--steps-in-flight", in_flight, "--chaos", "kill:ps:0@step=700", epochs=2))
     assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
     assert metrics["updates_lost"] == 0, metrics
     assert metrics["pushes_applied"] == metrics["pushes_acknowledged"] > 0, metrics

@@ -4,6 +4,8 @@ no service and no sockets."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,7 @@ from psflow.ps.protocol import (
     GradPart,
     PullReply,
     PullRequest,
+    PushPullAckLater,
     PushPullReply,
     PushPullRequest,
     PushReply,
@@ -24,10 +27,12 @@ from psflow.ps.push_calls import (
     OrderedPushes,
     PendingPushPull,
     PushResult,
+    acks_later,
     push_pull_calls,
     push_pull_replies,
     push_requests,
 )
+from psflow.ps.push_numbers import at_epoch
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -124,3 +129,36 @@ def test_a_pending_push_is_collected_once() -> None:
     with pytest.raises(ClientError, match="collected already"):
         pending.result()
     assert finished == [1]
+
+
+def test_a_pending_push_with_its_rows_first_waits_for_its_acknowledgement_once_after_them() -> None:
+    """``rows`` (a PushPullAckLater's): the rows come first, each stage runs once, in order; result() after them."""
+    stages: list[str] = []
+    values = {"w": np.zeros(1, np.float32)}
+
+    def acked() -> PushResult:
+        stages.append("acked")
+        return PushResult(5)
+
+    def rows() -> tuple[dict[str, np.ndarray] | None, Callable[[], PushResult]]:
+        stages.append("rows")
+        return values, acked
+
+    pending = PendingPushPull(W0, rows=rows)
+    assert pending.rows() is values and pending.rows() is values and stages == ["rows"]  # no wait for the ack
+    assert pending.result() == (PushResult(5), values) and stages == ["rows", "acked"]
+    with pytest.raises(ClientError, match="collected already"):
+        pending.result()
+    alone = PendingPushPull(W0, rows=rows)
+    assert alone.result() == (PushResult(5), values)  # result() alone runs both stages
+    assert stages == ["rows", "acked", "rows", "acked"]
+
+
+def test_acks_later_sends_each_push_pull_as_a_push_pull_ack_later_and_the_rest_as_they_are() -> None:
+    pushes = push_requests({0: _grad("w/part_0")}, 0, WorkerTag(W0), StepTag(), 1, None)
+    calls = push_pull_calls(pushes, {0: [("w/part_0", None)], 1: [("v/part_0", None)]}, step_hint=None,
+                            client_name=W0, replicated=True)
+    later = acks_later(calls)
+    assert isinstance(later[0], PushPullAckLater) and later[0].METHOD == "PushPullAckLater"
+    assert later[0].push == calls[0].push and later[1] is calls[1]  # type: ignore[attr-defined]
+    assert isinstance(at_epoch(later[0], 3), PushPullAckLater)  # routed at an epoch, still sent as one
