@@ -364,7 +364,7 @@ class ParameterClient:
             return result, None if plan is None else self._assemble(plan, pulled)
 
         def rows() -> tuple[dict[str, np.ndarray] | None, Callable[[], PushResult]]:
-            frames = self._calls.collect(calls, sent, timeout=timeout)  # not acknowledged yet
+            frames = self._calls.collect_rows(calls, sent, pushes, timeout=timeout)  # not acknowledged yet
             pushed, pulled = push_pull_replies(calls, pushes, frames)
             self._push_result(pushed)  # (its step heard before the pull's)
             values = None if plan is None else self._assemble(plan, pulled)

@@ -122,6 +122,34 @@ class TaskCalls:
             frames.update(router.gather({t: resend(t) for t in held}, resend))
         return frames
 
+    def collect_rows(self, requests: Mapping[int, Request], sent: Mapping[int, PendingReply], pushed: Collection[int],
+                     *, timeout: float | None = None) -> dict[int, Frame]:
+        """:meth:`collect` for PushPullAckLater calls (replicated shards), counting nothing acknowledged yet: the
+        replies go to :meth:`send_acked`. If a shard's call fails for good, each shard of ``pushed`` that replied
+        is sent its Acked call, waited for (and counted, as :meth:`collect` counts a push another shard failed)
+        before the error is raised: no push is left applied and neither acknowledged nor in flight.
+
+        Raises:
+            RpcError: as :meth:`collect`.
+        """
+        router = self.router
+        if router is None:
+            raise ValueError(f"{self.client_name}: rows before the acknowledgement come from replicated shards only")
+        replied: list[int] = []
+
+        def resend(task: int) -> PendingReply:
+            return self.send(task, at_epoch(requests[task], router.epoch(task)), timeout=timeout)
+
+        try:
+            return router.gather(dict(sent), resend, replied=replied.extend)
+        except RpcError:
+            applied = {t: Frame({"ack_pending": 0}) for t in replied if t in pushed}  # (their entries' seqs unread)
+            try:
+                self.send_acked(requests, applied, timeout=timeout)()
+            except RpcError as e:
+                log.info("%s: a push another shard applied was not acknowledged: %s", self.client_name, e)
+            raise
+
     def send_acked(self, requests: Mapping[int, Request], frames: Mapping[int, Frame], *,
                    timeout: float | None = None) -> Callable[[], dict[int, Frame]]:
         """(Replicated shards) For each shard of ``frames`` (a PushPullAckLater's reply, its push's and rows):

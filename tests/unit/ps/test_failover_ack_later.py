@@ -1,0 +1,56 @@
+"""The client's side of a PushPull whose rows come before its acknowledgement (psflow/ps/task_calls.py,
+``collect_rows`` and ``send_acked``; issue 28): which shards get an ``Acked`` call, when a push counts as
+acknowledged, and that a push one shard applied while another shard's call failed for good is acknowledged
+(and counted) before the error is raised, as a plain push's is. Fake members (tests/unit/ps/test_failover.py);
+the real members meet the client in tests/unit/train/test_ack_later_failover.py and
+tests/integration/test_replicated_training.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_failover import P0, P1, _two_shard_client, healthy
+
+from psflow.gradients import DenseGradient
+from psflow.ps.protocol import PullReply, PushPullAckLaterReply, PushPullReply, PushReply
+from psflow.rpc.api import InvalidArgumentError
+
+pytestmark = pytest.mark.timeout(60)
+
+GRADS = {"w": DenseGradient(np.ones(2, np.float32)), "b": DenseGradient(np.ones(1, np.float32))}
+
+
+def _rows(step: int, pending: int | None) -> PushPullAckLaterReply:
+    return PushPullAckLaterReply(PushPullReply(PushReply(step), PullReply(step, {})), pending)
+
+
+def test_only_the_shards_that_left_the_ack_pending_get_an_acked_call_and_count_once_it_replied(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    assert client.acks_later
+    shards.members[P0].replies += [_rows(7, 3).to_frame(), PushReply(7).to_frame()]  # pending; then its Acked
+    shards.members[P1].replies.append(_rows(0, None).to_frame())  # acknowledged before its reply
+    pending = client.send_push_pull(GRADS, {}, ack_later=True)
+    assert pending.rows() == {}
+    assert shards.members[P0].calls[-2:] == ["PushPullAckLater", "Acked"] and "Acked" not in shards.members[P1].calls
+    assert client.acked == {1: 1}  # shard 0's is not acknowledged yet
+    assert pending.result()[0].step == 7
+    assert client.acked == {0: 1, 1: 1}
+    acked = shards.members[P0].metas[-1]
+    assert (acked["worker"], acked["push_id"], acked["incarnation"]) == ("/job:worker/task:0", 1, client.incarnation)
+
+
+def test_a_push_that_fails_for_good_on_one_shard_is_acknowledged_by_the_shards_that_replied_before_it_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    shards.members[P0].replies.append(InvalidArgumentError("bad gradient"))  # not a failover: raised
+    shards.members[P1].replies.append(_rows(0, 5).to_frame())  # applied, its acknowledgement pending
+    pending = client.send_push_pull(GRADS, {}, ack_later=True)
+    with pytest.raises(InvalidArgumentError, match="bad gradient"):
+        pending.rows()
+    # Shard 1 applied it: its Acked call went out and replied before the error (nothing left in flight), and its
+    # count has it (else pushes_applied would exceed pushes_acknowledged with nothing lost).
+    assert shards.members[P1].calls[-2:] == ["PushPullAckLater", "Acked"]
+    assert client.acked == {1: 1}
