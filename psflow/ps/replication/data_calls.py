@@ -102,7 +102,7 @@ class DataCalls:
         tag, mode, pushes = request.worker, member.service.mode, member.service.pushes
         on_arrival = mode.config.mode in ("async", "ssp")  # (sync records at the step)
         if on_arrival:  # ssp: what the call does next waits for the slowest worker first
-            seq, reply, _ = self._apply_once(forwarder, request, more)
+            seq, reply = self._apply_once(forwarder, request, more)
             forwarder.wait(seq, meanwhile=meanwhile if mode.config.mode == "async" else None)
             return _waited(reply, pushes.wait_for_slowest(request))
         recorded = member.dedup.check(tag.worker, tag.incarnation, tag.push_id)
@@ -124,19 +124,19 @@ class DataCalls:
         return reply
 
     def _apply_once(self, forwarder: Forwarder, request: PushRequest,
-                    more: Callable[[], list[PartDelta]]) -> tuple[int, PushReply, bool]:
+                    more: Callable[[], list[PartDelta]]) -> tuple[int, PushReply]:
         """(async, ssp) ``request`` checked, applied and recorded as one, under :attr:`apply_lock` (an entry
         recorded in between would hold its rows without its dedup record: a resend would apply it twice); or,
         applied before (a resend after a failover, a late reply), not again. Returns the seq of the entry
-        holding it, its reply, and whether it was applied before."""
+        holding it and its reply (as recorded)."""
         tag, member = request.worker, self._member
         with self.apply_lock:
             recorded = member.dedup.check(tag.worker, tag.incarnation, tag.push_id)
             if recorded is None:
                 reply = member.service.pushes.apply(request, wait=False)
                 seq = member._record(forwarder, lambda: more() + self._push_parts(request), [(request, reply)])
-                return seq, reply, False
-        return recorded.seq, PushReply.from_frame(Frame(recorded.reply)), True
+                return seq, reply
+        return recorded.seq, PushReply.from_frame(Frame(recorded.reply))
 
     def _push_parts(self, request: PushRequest) -> list[PartDelta]:
         variables = self._member.service.variables
@@ -185,7 +185,7 @@ class DataCalls:
             return self._push_pull(request)
         forwarder = member._check_primary(request.push.shard_epoch)
         wanted = service._pull_entries(request.pull)
-        seq, pushed, _ = self._apply_once(forwarder, request.push, lambda: [])
+        seq, pushed = self._apply_once(forwarder, request.push, lambda: [])
         step, out = service._read(wanted, create=request.pull.create)
         pulled = PullReply(step, out, request.pull.stack)
         tables = _tables(wanted) if request.pull.create else []
