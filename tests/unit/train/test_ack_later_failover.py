@@ -54,7 +54,8 @@ class Network:
         if at_kill and method == ACKED and self.when == "at_ack":
             replica, forwarder = self.shard.replicas[BACKUP], self.shard.replicas[PRIMARY].forwarder
             assert forwarder is not None
-            self.shard.wait(lambda: replica.applier.received_seq >= forwarder.last_seq, "the backup has the entry")
+            self.shard.wait(lambda: replica.applier.received_seq >= forwarder.last_seq, "the backup has the entry",
+                           limit=30.0)
             self.kill()
         self._refuse_if_dead(task, method)
         frame = Link(self.shard, task).call(method, meta, arrays, timeout=timeout)
