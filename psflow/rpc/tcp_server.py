@@ -9,7 +9,9 @@ How it holds its resources:
 * A connection that presented the cluster token gets a thread of its own,
   which serves its calls in order, up to ``max_connections`` such connections.
   What a handler leaves for after its reply (:mod:`psflow.rpc.after_reply`)
-  runs in that thread once the reply is sent, before the next call is read.
+  runs in that thread once the reply is sent, before the next call is read;
+  it can ask whether that call's request has arrived already
+  (:func:`~psflow.rpc.after_reply.request_waiting`: a ``MSG_PEEK``).
 
 Guarantees (limits from :class:`TcpLimits`):
 
