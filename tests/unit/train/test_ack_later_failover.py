@@ -20,14 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 from replica_shard import PRIMARY, InProcessShard, Link, backup
-from travelling_ps import WORKER, Recorder, TravellingCall
+from travelling_ps import WORKER, Recorder
 from travelling_ps import batches as _batches
 from travelling_ps import position as _position
+from travelling_shard import ShardNetwork, shard_client
 
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
-from psflow.rpc.api import ConnectConfig, TaskUnavailableError
 from psflow.rpc.framing import Frame
 from psflow.train.step import TrainStep
 
@@ -38,14 +35,14 @@ ROWS, ACKED = "PushPullAckLater", "Acked"
 LOGGED = (ROWS, ACKED, "Push", "PushPull")
 
 
-class Network:
+class Network(ShardNetwork):
     """The worker's side of the network to the shard's members: calls travel until their reply is collected;
     the primary dies at its ``kill_at``-th PushPullAckLater (1-based): ``"after_rows"``, once it replied with the
     rows (the reply gets through), or ``"at_ack"``, as that push's Acked call reaches it once the backup
     received the push's entry (the Acked call is refused)."""
 
     def __init__(self, shard: InProcessShard, kill_at: int, when: str, events: list[tuple[str, ...]]) -> None:
-        self.shard, self.kill_at, self.when, self.events = shard, kill_at, when, events
+        super().__init__(shard, kill_at, when, events, LOGGED)
         self.rows = 0
 
     def deliver(self, task: str, method: str, meta: Mapping[str, Any] | None,
@@ -57,67 +54,13 @@ class Network:
             self.shard.wait(lambda: replica.applier.received_seq >= forwarder.last_seq, "the backup has the entry",
                            limit=30.0)
             self.kill()
-        self._refuse_if_dead(task, method)
+        self.refuse_if_dead(task, method)
         frame = Link(self.shard, task).call(method, meta, arrays, timeout=timeout)
         if task == PRIMARY and method == ROWS:
             self.rows += 1
             if self.rows == self.kill_at and self.when == "after_rows":
                 self.kill()  # its reply still gets through: the rows were on their way
         return frame
-
-    def kill(self) -> None:
-        self.events.append(("killed", PRIMARY))
-        self.shard.cut.add(PRIMARY)  # its backup cannot reach it either (Promote checks)
-
-    def _refuse_if_dead(self, task: str, method: str) -> None:
-        if task in self.shard.cut:  # what a channel says of a dead process's address
-            raise TaskUnavailableError(f"{task}: {method}: UNAVAILABLE: Connection refused (test: the process died)")
-
-
-class TravellingLink:
-    """A channel to one member over :class:`Network`: logs each send and reply of a data call in ``events``."""
-
-    def __init__(self, network: Network, task: str) -> None:
-        self.network, self.task, self.address = network, task, "in-process"
-
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Returns at once."""
-
-    def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
-                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> TravellingCall:
-        events = self.network.events
-        if method in LOGGED:
-            events.append(("send", self.task, method))
-
-        def run() -> Frame:
-            if method in LOGGED:
-                events.append(("reply", self.task, method))
-            return self.network.deliver(self.task, method, meta, arrays, timeout)
-
-        return TravellingCall(run)
-
-    def call(self, method: str, meta: Mapping[str, Any] | None = None,
-             arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame:
-        return self.call_async(method, meta, arrays, timeout=timeout).result()
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
-def _client(shard: InProcessShard, network: Network, model: Recorder, monkeypatch: pytest.MonkeyPatch
-            ) -> ParameterClient:
-    """The worker's client of ``model`` (w zero, SGD at rate 1) on the replicated shard, registered."""
-    monkeypatch.setattr("psflow.ps.client.open_channel", lambda transport, task, address, service, config:
-                        TravellingLink(network, task))
-    variables = VariableSet(replica_device_setter(cluster=shard.cluster))
-    for spec in model.variables():
-        variables.get_variable(spec.name, spec.shape)
-    client = ParameterClient(shard.cluster, variables.placements(), client_name=WORKER,
-                             config=ConnectConfig(backoff_initial=0.001, connect_timeout=10.0), failover_timeout=10.0)
-    client.connect()
-    client.register(OptimizerSpec("sgd", {"learning_rate": 1.0}), chief=True)
-    assert client.router is not None and client.acks_later
-    return client
 
 
 @pytest.mark.parametrize("when", ["none", "after_rows", "at_ack"])
@@ -129,7 +72,8 @@ def test_a_primary_dying_between_the_rows_and_the_ack_loses_and_repeats_nothing(
     shard.wait_view()
     network = Network(shard, kill_at=3 if when != "none" else 0, when=when, events=events)  # batch 2's push
     model = Recorder(events)
-    client = _client(shard, network, model, monkeypatch)
+    client = shard_client(shard, network, model, monkeypatch)
+    assert client.acks_later
     step = TrainStep(model, client)
     batches = _batches(6)
     results = []

@@ -19,14 +19,11 @@ from typing import Any
 import numpy as np
 import pytest
 from replica_shard import PRIMARY, InProcessShard, Link, backup
-from travelling_ps import WORKER, Recorder, TravellingCall
+from travelling_ps import WORKER, Recorder
 from travelling_ps import batches as _batches
 from travelling_ps import position as _position
+from travelling_shard import ShardNetwork, shard_client
 
-from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
-from psflow.rpc.api import ConnectConfig, TaskUnavailableError
 from psflow.rpc.framing import Frame
 from psflow.train.step import TrainStep
 
@@ -36,17 +33,14 @@ BACKUP = backup(0)
 PUSHES = ("Push", "PushPull")
 
 
-class Network:
+class Network(ShardNetwork):
     """The worker's side of the network to the shard's members: calls travel until their reply is collected;
     the primary dies at its ``kill_at``-th push call (1-based), ``"before"`` it is delivered or ``"after"`` it
     was applied (and replicated), its reply lost."""
 
     def __init__(self, shard: InProcessShard, kill_at: int, when: str, events: list[tuple[str, ...]]) -> None:
-        self.shard, self.kill_at, self.when, self.events = shard, kill_at, when, events
+        super().__init__(shard, kill_at, when, events, PUSHES)
         self.pushes = 0
-
-    def open(self, task: str) -> TravellingLink:
-        return TravellingLink(self, task)
 
     def deliver(self, task: str, method: str, meta: Mapping[str, Any] | None,
                 arrays: Mapping[str, np.ndarray] | None, timeout: float | None) -> Frame:
@@ -54,66 +48,12 @@ class Network:
             self.pushes += 1
             if self.pushes == self.kill_at and self.when == "before":
                 self.kill()
-        self._refuse_if_dead(task, method)
+        self.refuse_if_dead(task, method)
         frame = Link(self.shard, task).call(method, meta, arrays, timeout=timeout)
         if task == PRIMARY and method in PUSHES and self.pushes == self.kill_at and self.when == "after":
             self.kill()
-            self._refuse_if_dead(task, method)
+            self.refuse_if_dead(task, method)
         return frame
-
-    def kill(self) -> None:
-        self.events.append(("killed", PRIMARY))
-        self.shard.cut.add(PRIMARY)  # its backup cannot reach it either (Promote checks)
-
-    def _refuse_if_dead(self, task: str, method: str) -> None:
-        if task in self.shard.cut:  # what a channel says of a dead process's address
-            raise TaskUnavailableError(f"{task}: {method}: UNAVAILABLE: Connection refused (test: the process died)")
-
-
-class TravellingLink:
-    """A channel to one member over :class:`Network`: logs each send and reply in ``events``."""
-
-    def __init__(self, network: Network, task: str) -> None:
-        self.network, self.task, self.address = network, task, "in-process"
-
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Returns at once."""
-
-    def call_async(self, method: str, meta: Mapping[str, Any] | None = None,
-                   arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> TravellingCall:
-        events = self.network.events
-        if method in PUSHES:
-            events.append(("send", self.task, method))
-
-        def run() -> Frame:
-            if method in PUSHES:
-                events.append(("reply", self.task, method))
-            return self.network.deliver(self.task, method, meta, arrays, timeout)
-
-        return TravellingCall(run)
-
-    def call(self, method: str, meta: Mapping[str, Any] | None = None,
-             arrays: Mapping[str, np.ndarray] | None = None, *, timeout: float | None = None) -> Frame:
-        return self.call_async(method, meta, arrays, timeout=timeout).result()
-
-    def close(self) -> None:
-        """Nothing to close."""
-
-
-def _client(shard: InProcessShard, network: Network, model: Recorder, monkeypatch: pytest.MonkeyPatch
-            ) -> ParameterClient:
-    """The worker's client of ``model`` (w zero, SGD at rate 1) on the replicated shard, registered."""
-    monkeypatch.setattr("psflow.ps.client.open_channel", lambda transport, task, address, service, config:
-                        network.open(task))
-    variables = VariableSet(replica_device_setter(cluster=shard.cluster))
-    for spec in model.variables():
-        variables.get_variable(spec.name, spec.shape)
-    client = ParameterClient(shard.cluster, variables.placements(), client_name=WORKER,
-                             config=ConnectConfig(backoff_initial=0.001, connect_timeout=10.0), failover_timeout=10.0)
-    client.connect()
-    client.register(OptimizerSpec("sgd", {"learning_rate": 1.0}), chief=True)
-    assert client.router is not None
-    return client
 
 
 def _started(make_shard: Callable[..., InProcessShard]) -> InProcessShard:
@@ -130,7 +70,7 @@ def test_a_primary_dying_while_a_push_travels_and_the_next_batch_computes_loses_
     shard = _started(make_shard)
     network = Network(shard, kill_at=3, when=when, events=events)  # batch 2's push
     model = Recorder(events)
-    client = _client(shard, network, model, monkeypatch)
+    client = shard_client(shard, network, model, monkeypatch)
     step = TrainStep(model, client, steps_in_flight=2)
     batches = _batches(6)
     results = []
