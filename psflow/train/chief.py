@@ -41,6 +41,11 @@ Chief, in order:
        initializes again;
     3. if the tasks were already ready (the chief was restarted), nothing is
        created or restored: the ps tasks hold newer state than any checkpoint.
+       With a checkpoint, a task that came back empty beside a ready ps task 0
+       only gets its variables created here (not ready): the chief's first push
+       then fails, and it restores every task at a new generation as after any
+       ps task's death (:class:`psflow.train.recovery.ClusterRecovery`; waiting,
+       it campaigns for the chief lease, which nobody else may be left to take).
 
 Any other client (non-chief workers, the launcher, tools) registers with
 ``chief=False``: it never initializes anything; it asks the ps tasks again

@@ -13,7 +13,8 @@ Only a worker that trains takes the lease: the duties run between its steps
 (the hooks), so a holder that runs no step would do none of them, and the
 checkpoints would stop until the run ends. So a worker campaigns from its
 first step on (:class:`~psflow.train.leader_hooks.CampaignWhileTrainingHook`; again after a restore
-rewinds it), stops campaigning the moment its data ends
+rewinds it), or from the moment it waits for a restore before its first step (a chief restarted beside a
+ps task that came back empty: nobody else may be left to take the lease and restore), stops campaigning the moment its data ends
 (:meth:`Leadership.stop_campaigning`) and hands a lease it holds to a worker
 that still trains (it resigns as soon as it sees one), taking it back only once none is left
 (:mod:`psflow.train.take_over`). The last worker to finish keeps the lease, or waits until it can take it

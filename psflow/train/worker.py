@@ -219,7 +219,7 @@ def run_worker(
             # The configured chief leads first until the cluster was first made ready (its session saves the
             # initial checkpoint before that): at a run's start, or restarted after its predecessor died before
             # (that one's lease lapses within lease_ttl; nobody else campaigns before training). A chief
-            # restarted later campaigns once it trains, like any worker (recovery: CampaignWhileTrainingHook).
+            # restarted later campaigns once it trains or waits for a restore, like any worker (CampaignWhileTrainingHook).
             ttl = config.chief.lease_ttl
             leadership.campaign(timeout=ttl + max(2.0, ttl / 2))
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership,
@@ -254,6 +254,8 @@ def run_worker(
                     if leadership is None or not recovery.needed():
                         raise
                     log.warning("worker %d: a ps task failed; waiting for the chief to restore the cluster", task_index)
+                    if not leadership.campaigning():  # no step yet (a chief restarted beside an empty ps task 1:
+                        leadership.start()  # its join restored nothing); else nobody may take the lease to restore
                     restored, text = recovery.wait()
                     if not restored:
                         raise
