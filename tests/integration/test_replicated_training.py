@@ -17,6 +17,8 @@ undisturbed run gives. Real processes: the launcher, 2 ps + 2 ps_backup + 2 work
 * one step in flight (the rows first, the acknowledgement collected after the next batch computed) and two, shard
   0's primary killed: nothing lost or applied twice, shard 0's pushes_applied equal to global_step;
 * ssp with two steps in flight, shard 0's primary killed: nothing lost or applied twice;
+* one worker, async, one step in flight, each shard's primary killed over the TCP carrier: the model ends bit for bit
+  an unreplicated run's (each push applied once, in order, and batch t+1's rows read after push t);
 * 1 ps, shard 0's primary killed: the chief's lease, replicated with shard 0, lives through the kill (one election);
 * checkpoints every 50 steps, shard 0's primary killed: the checkpoint ledger, replicated with shard 0, counts in
   metrics.json exactly the saves the chiefs logged.
@@ -116,6 +118,33 @@ def test_ssp_with_two_steps_in_flight_loses_and_repeats_nothing_when_shard_0s_pr
     assert metrics["pushes_applied"] == metrics["pushes_acknowledged"] > 0, metrics
     assert metrics["examples"] == A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
     assert re.search(r"ps shard 0 routes to /job:ps_backup/task:0 at epoch \d+", _logs(out, "worker-*.log", tail=None))
+
+
+def test_one_worker_with_its_rows_first_ends_with_an_unreplicated_runs_model_when_both_primaries_die(
+        tmp_path: Path) -> None:
+    """Async at one step in flight, replicated: the rows come before the backups' acknowledgement
+    (PushPullAckLater, then Acked; psflow/train/step.py). With one worker the run is deterministic, so the model
+    must be bit for bit an unreplicated run's, however the kills land (between the rows and the Acked call the
+    push alone is resent to the promoted backup): a push applied twice or lost, or batch t+1's rows read before
+    push t was applied, changes the weights."""
+    def one_worker(out: Path, *extra: str) -> dict[str, np.ndarray]:
+        metrics = metrics_of(out, run_cli(
+            "train", "--train", str(A9A), "--num-features", "124", "--ps", "2", "--workers", "1", "--batch-size",
+            "32", "--epochs", "1", "--log-every", "100", "--quiet", "--seed", "7", "--output", str(out),
+            "--checkpoint-dir", str(out / "ckpt"), *extra, timeout=240))
+        assert metrics["examples"] == A9A_RECORDS and metrics["global_step"] == 1018, metrics
+        _final_checkpoint_written(out / "ckpt", metrics)
+        return _exported(tmp_path, out)
+
+    base = one_worker(tmp_path / "base")
+    killed = one_worker(tmp_path / "run", "--ps-replicas", "1", "--transport", "tcp", "--restart-policy",
+                        "on-failure", "--chaos", "kill:ps:0@step=300", "--chaos", "kill:ps:1@step=600")
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert sorted(f["task"] for f in metrics["faults"]) == ["/job:ps/task:0", "/job:ps/task:1"], metrics["faults"]
+    assert metrics["updates_lost"] == 0 and metrics["pushes_applied"] == metrics["pushes_acknowledged"], metrics
+    assert sorted(killed) == sorted(base)
+    for name, value in base.items():
+        assert np.array_equal(killed[name], value), (name, np.max(np.abs(killed[name] - value)))
 
 
 def _exported(tmp_path: Path, run: Path) -> dict[str, np.ndarray]:
