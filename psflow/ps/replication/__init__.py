@@ -12,7 +12,8 @@ Modules (one concept each):
 * ``view.py``: the view and epoch of a member, Promote's compare-and-set, refusing an older epoch;
 * ``forwarder.py``: the primary's ordered forwarding, one sender per backup, batched, acked by sequence number;
 * ``channels.py``: how a member reaches the others (gRPC for control, the run's carrier for Replicate);
-* ``data_calls.py``: the primary's Push, PushPull and Pull: served, recorded, acknowledged, each push once;
+* ``data_calls.py``: the primary's Push, PushPull (PushPullAckLater, Acked) and Pull: served, recorded, acknowledged, each
+  push once;
 * ``applier.py``: a backup's in-order applier (buffers entries that arrive early);
 * ``chunks.py``: an entry bigger than a message (a big shard's full entry) split into chunks and joined again;
 * ``deltas.py``: capture and write of what a change wrote to a partition;

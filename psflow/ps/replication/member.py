@@ -11,8 +11,8 @@
   gets its recorded reply (:mod:`~psflow.ps.replication.dedup`). In sync mode a step's rows, the records
   of every push it applied (dedup, examples, reader positions) and their count are one entry, so a backup
   never holds a step without its pushes' records (a resend after a failover gets its reply, never "stale").
-  Push, PushPull and Pull are :mod:`~psflow.ps.replication.data_calls`; the other calls, and the entries'
-  recording (:meth:`ShardReplication._record`), are here.
+  Push, PushPull (and PushPullAckLater with its Acked) and Pull are :mod:`~psflow.ps.replication.data_calls`;
+  the other calls, and the entries' recording (:meth:`ShardReplication._record`), are here.
 * Counts (``Stats``' ``replication`` entry): ``pushes_applied`` (numbered pushes applied here, each once) and
   ``pushes_acknowledged`` (the largest ``acked`` each client process reported, summed): docs/replication.md.
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
