@@ -363,7 +363,7 @@ class ClusterRecovery:
             lease = self.leader()
             if lease is not None and all(s is not None for s in states.values()) and generation is None:
                 try:
-                    self.restore(lease, states)
+                    self.restore(lease, states, limit=max(deadline - time.monotonic(), 0.0))
                     continue
                 except (CheckpointError, RpcError) as e:
                     log.error("%s: restore failed: %s; retrying", self.client.client_name, e)
@@ -454,11 +454,12 @@ class ClusterRecovery:
             return None
         return checkpoint_to_restore(self.checkpoint_dir, run_id=self.run, lease=lease)  # no lease: in-graph's chief
 
-    def restore(self, lease: Lease | None, states: dict[int, StatsReply | None]) -> None:
+    def restore(self, lease: Lease | None, states: dict[int, StatsReply | None], *, limit: float | None = None) -> None:
         """(Chief) restores every ps task from the newest checkpoint at a new generation.
 
         ``lease``: the elected chief's, whose epoch fences the restore; None where no election
         is held (an in-graph run's client, the run's only chief: :mod:`psflow.train.in_graph_client`).
+        ``limit``: how long its Register asks a ps task that is unreachable again (:meth:`wait`: the time left).
 
         Raises:
             StateLostError: there is no checkpoint (names the tasks that lost their variables).
@@ -475,7 +476,7 @@ class ClusterRecovery:
         generation = max(time.time_ns() // 1_000_000, max(gens) + 1)
         step_state = states[client.step_task]
         step_survived = step_state is not None and step_state.registered
-        client.register(self.optimizer, chief=True, defer_ready=True)
+        client.register(self.optimizer, chief=True, defer_ready=True, ready_timeout=limit)
         begin = BeginRestoreRequest(generation, *((lease.epoch, lease.holder) if lease is not None else ()))
         calls = {t: client.call_async(t, begin, timeout=30.0) for t in client.channels}
         replies = {t: BeginRestoreReply.from_frame(reply) for t, reply in gather(calls).items()}

@@ -1,0 +1,75 @@
+"""The chief's restore after a ps death stays within the workers' wait (ClusterRecovery.wait's ``timeout``).
+
+Since 8f9f8e1 a chief's Register asks an unreachable ps task again, for ``--connect-timeout`` s by default; the
+restore's Register (psflow.train.recovery.ClusterRecovery.restore) did so too, inside wait()'s own deadline: a ps
+task that died again as the restore registered held the chief's wait for its timeout plus --connect-timeout, and the
+RecoveryError then said "not restored after <timeout> s". Its Register now asks for the time left, no more.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
+
+from psflow.checkpoint.save import CheckpointManager
+from psflow.coord import Lease
+from psflow.rpc.api import ConnectConfig, PendingReply, TaskUnavailableError
+from psflow.rpc.framing import Frame
+from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.chief import join_cluster
+from psflow.train.recovery import ClusterRecovery, RecoveryError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _DiesAtRegister:
+    """A channel whose task dies for good at the first Register call: every call from then on is unreachable."""
+
+    def __init__(self, channel: InProcessChannel) -> None:
+        self.channel, self.task, self.dead = channel, channel.task, False
+
+    def call_async(self, method: str, meta: Mapping[str, Any] | None = None, *args: Any,
+                   **kwargs: Any) -> PendingReply:
+        self.dead = self.dead or method == "Register"
+        if self.dead:
+            return _Unreachable(self.task, method)
+        return self.channel.call_async(method, meta, *args, **kwargs)
+
+    def call(self, method: str, meta: Mapping[str, Any] | None = None, *args: Any, **kwargs: Any) -> Frame:
+        return self.call_async(method, meta, *args, **kwargs).result()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.channel, name)
+
+
+class _Unreachable:
+    def __init__(self, task: str, method: str) -> None:
+        self.task, self.method = task, method
+
+    def result(self) -> Frame:
+        raise TaskUnavailableError(f"{self.task}: {self.method}: UNAVAILABLE: Connection refused")
+
+
+def _lease() -> Lease:
+    return Lease("chief", "/job:worker/task:0", "/job:worker/task:0#1", 7, 10.0, time.monotonic() + 10.0)
+
+
+def test_a_ps_task_dying_again_during_the_restore_fails_the_wait_at_its_timeout(tmp_path: Path) -> None:
+    client, services = two_ps_cluster()
+    join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
+    CheckpointManager(str(tmp_path)).save(client)
+    train_a_step(client)
+    restart_ps(client, services, 1)  # came back empty: the chief restores
+    # --connect-timeout far beyond the test's limit: the old restore's Register waited that long for ps task 1.
+    client.config = ConnectConfig(connect_timeout=600.0, backoff_initial=0.01, backoff_max=0.05)
+    dying = client.channels[1] = _DiesAtRegister(client.channels[1])  # type: ignore[assignment]
+    recovery = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=_lease, timeout=1.0)
+    with pytest.raises(RecoveryError, match=r"^/job:worker/task:0: cluster not restored after 1 s "
+                                            r"\(not ready: /job:ps/task:1\)$"):
+        recovery.wait()
+    assert dying.dead  # the restore's Register met the task's death
