@@ -27,7 +27,10 @@ Chief, in order:
        run id it first takes the checkpoint over at its lease's epoch,
        :func:`psflow.checkpoint.adopt.checkpoint_to_restore`, so an older chief whose
        save of it is then fenced off leaves it in place) and logs
-       ``restored checkpoint <path> at step <S>``; without one but with
+       ``restored checkpoint <path> at step <S>``; global_step is then the
+       checkpoint's, or, where ps task 0 came back empty beside tasks that
+       kept their state, past every step its journal says was handed out
+       (as a restore after a ps death); without one but with
        ``warm_start``, it loads the warm-start values instead
        (:func:`psflow.checkpoint.warm_start.warm_start`: variables only; slots and
        global_step keep their initial values). Having initialized (not restored)
@@ -82,7 +85,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from psflow.checkpoint.adopt import checkpoint_to_restore
-from psflow.checkpoint.manifest import Manifest
+from psflow.checkpoint.manifest import Manifest, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
 from psflow.checkpoint.warm_start import load_values, warm_start
@@ -243,7 +246,7 @@ def join_cluster(
         created = client.step_task in registration.created
         if created and latest is not None and checkpoint_dir:
             latest = _taken_over(checkpoint_dir, latest, leader, run)
-            manifest = restore(client, latest)
+            manifest = restore(client, latest, global_step=_step_past_handed_out(client, latest, registration))
             _set_ready(client)
             restored = latest
             log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
@@ -274,6 +277,17 @@ def _register(client: ParameterClient, optimizer: OptimizerSpec) -> Registration
                               client.incarnation)
     return register_tasks(client.channels, client.step_task, request, client.config, client.config.connect_timeout,
                           call=client.call_async)
+
+
+def _step_past_handed_out(client: ParameterClient, latest: str, registration: Registration) -> int | None:
+    """global_step for the chief's restore at start: None (the checkpoint's) on a cluster that starts anew; where
+    ps task 0 came back empty beside tasks that kept their state (the run went on while the chief restarted), past
+    every step handed out, its journal's floor (``--state-dir``), as :class:`~psflow.train.recovery.ClusterRecovery`
+    restores: the steps since the checkpoint were logged once already."""
+    if not registration.kept:
+        return None
+    floor = client.ps_stats().step_floor
+    return max(read_manifest(latest).global_step, floor) if floor is not None else None
 
 
 _T = TypeVar("_T")

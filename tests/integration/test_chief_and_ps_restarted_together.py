@@ -42,3 +42,25 @@ def test_a_chief_restarted_beside_an_empty_ps_task_1_restores_the_cluster(tmp_pa
     # One pass over a9a (32,561 records): the records since the restored checkpoint were trained again, none
     # lost or counted twice.
     assert final.examples == 32561, final
+
+
+def test_a_chief_restarted_beside_an_empty_ps_task_0_hands_out_no_step_twice(tmp_path: Path) -> None:
+    """Its join restores the checkpoint (ps task 0 came back empty): global_step went back to the checkpoint's
+    (step=300 was logged by both lives, the chaos report said recovered at 206 after the fault at 303), though ps
+    task 0's journal (--state-dir) bounds the steps handed out, as a restore after a ps death uses."""
+    out = tmp_path / "run"
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "2", "--workers", "1",
+                "--batch-size", "32", "--epochs", "1", "--no-status", "--output", str(out),
+                "--checkpoint-dir", str(out / "ckpt"), "--save-checkpoints-steps", "100",
+                "--restart-policy", "on-failure", "--max-restarts", "1", "--lease-ttl", "2",
+                "--connect-timeout", "60", "--chaos", "kill:ps:0@step=300", "--chaos", "kill:chief@step=300",
+                timeout=360)
+    log = (out / "logs" / "worker-0.log").read_text()
+    assert r.returncode == 0, r.stderr[-3000:] + log[-3000:]
+    assert "restored checkpoint" in log.split("serving at")[2], log[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    for fault in metrics["faults"]:
+        assert fault["recovered"] and fault["recovered_at_step"] > fault["at_step"], metrics["faults"]
+    assert log.count("worker 0: step=300 ") == 1, log[-3000:]
+    final = read_manifest(latest_checkpoint(str(out / "ckpt")) or "")
+    assert final.final and final.examples == 32561, final
