@@ -369,8 +369,8 @@ class ClusterRecovery:
                     log.error("%s: restore failed: %s; retrying", self.client.client_name, e)
             if time.monotonic() + wait > deadline:
                 down = [f"/job:ps/task:{t}" for t, s in sorted(states.items()) if s is None or not s.ready]
-                raise RecoveryError(f"{self.client.client_name}: cluster not restored after {self.timeout:.0f} s "
-                                    f"(not ready: {', '.join(down) or 'none'})")
+                raise RecoveryError(f"{self.client.client_name}: cluster not restored within {self.timeout:.0f} s "
+                                    f"(waited {time.monotonic() - started:.1f} s; not ready: {', '.join(down) or 'none'})")
             time.sleep(wait)
             # At most 0.25 s between polls: a worker that is not the chief sees the restore that much after it
             # ended, and a sync run waits for its slowest worker (a 1.0 s cap cost up to 1 s per restore, most
