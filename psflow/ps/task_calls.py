@@ -30,7 +30,7 @@ from concurrent import futures
 from typing import Any
 
 from psflow.ps.failover import ShardRouter, resolve_all
-from psflow.ps.protocol import AckedRequest, PushPullRequest, PushRequest, Request, ack_pending, held_push
+from psflow.ps.protocol import AckedRequest, PushPullRequest, PushRequest, Request, ack_pending, held_push, pending_ack
 from psflow.ps.push_numbers import PushNumbers, at_epoch
 from psflow.rpc.api import Channel, PendingReply, RpcError, gather
 from psflow.rpc.framing import Frame
@@ -143,7 +143,7 @@ class TaskCalls:
         try:
             return router.gather(dict(sent), resend, replied=replied.extend)
         except RpcError:
-            applied = {t: Frame({"ack_pending": 0}) for t in replied if t in pushed}  # (their entries' seqs unread)
+            applied = {t: pending_ack() for t in replied if t in pushed}  # (their entries' seqs unread)
             try:
                 self.send_acked(requests, applied, timeout=timeout)()
             except RpcError as e:

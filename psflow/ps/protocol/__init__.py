@@ -131,6 +131,7 @@ from psflow.ps.protocol.replication import (
     ReplicateReply,
     ReplicateRequest,
     ack_pending,
+    pending_ack,
 )
 
 __all__ = [
@@ -144,5 +145,5 @@ __all__ = [
     "WorkerTag", "gradient_arrays", "gradients_of", "held_push",
     "ROLES", "DropBackupRequest", "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
     "ReplicaStatusReply", "ReplicaStatusRequest", "ReplicateReply", "ReplicateRequest",
-    "AckedRequest", "PushPullAckLater", "PushPullAckLaterReply", "ack_pending",
+    "AckedRequest", "PushPullAckLater", "PushPullAckLaterReply", "ack_pending", "pending_ack",
 ]

@@ -23,6 +23,7 @@ from psflow.rpc.framing import Frame
 
 __all__ = [
     "ROLES", "AckedRequest", "DropBackupRequest", "PushPullAckLater", "PushPullAckLaterReply", "ack_pending",
+    "pending_ack",
     "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
     "ReplicaStatusReply", "ReplicaStatusRequest", "ReplicateReply", "ReplicateRequest",
 ]
@@ -324,6 +325,12 @@ class PushPullAckLaterReply:
 def ack_pending(frame: Frame) -> int | None:
     """The ``ack_pending`` of a PushPullAckLater's reply (None: acknowledged)."""
     return optional_int(frame.meta, "ack_pending", minimum=0)
+
+
+def pending_ack(seq: int = 0) -> Frame:
+    """A stand-in reply marked ``ack_pending`` at ``seq``: a push known applied whose reply was not read (its
+    Acked call is still owed)."""
+    return Frame({"ack_pending": seq})
 
 
 @message
