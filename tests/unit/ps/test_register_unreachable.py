@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from dead_task import UnreachableCall
 
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
@@ -18,23 +19,11 @@ from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import ConnectConfig, FailedPreconditionError, TaskUnavailableError
-from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
 
 pytestmark = pytest.mark.timeout(60)
 
 OPTIMIZER = OptimizerSpec("sgd", {"learning_rate": 1.0})
-
-
-class _Unreachable:
-    """A call to a task that died: fails at ``result()``, as a gRPC future does."""
-
-    def __init__(self, task: int) -> None:
-        self.task = task
-
-    def result(self) -> Frame:
-        raise TaskUnavailableError(f"/job:ps/task:{self.task}: Register: UNAVAILABLE: failed to connect to all "
-                                   "addresses; last error: UNKNOWN: Connection refused")
 
 
 def _clients(extra: str | None = None) -> tuple[ParameterClient, ParameterClient]:
@@ -62,7 +51,7 @@ def _dead_for(client: ParameterClient, task: int, calls: int) -> list[int]:
     def call(t: int, request: object, **kwargs: object) -> object:
         called.append(t)
         if t == task and called.count(task) <= calls:
-            return _Unreachable(t)
+            return UnreachableCall(f"/job:ps/task:{t}", "Register")
         return sent(t, request, **kwargs)  # type: ignore[arg-type]
 
     client.call_async = call  # type: ignore[assignment,method-assign]

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from dead_task import UnreachableCall
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 import psflow.train.chief as chief_module
@@ -75,7 +76,7 @@ class _DeadFirst:
             self.asked += 1
             if self.left > 0:
                 self.left -= 1
-                return _Unreachable(self.task, method)
+                return UnreachableCall(self.task, method)
         return self.channel.call_async(method, meta, *args, **kwargs)
 
     def call(self, method: str, meta: Mapping[str, Any] | None = None, *args: Any, **kwargs: Any) -> Frame:
@@ -83,15 +84,6 @@ class _DeadFirst:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.channel, name)
-
-
-class _Unreachable:
-    def __init__(self, task: str, method: str) -> None:
-        self.task, self.method = task, method
-
-    def result(self) -> Frame:
-        raise TaskUnavailableError(f"{self.task}: {self.method}: UNAVAILABLE: failed to connect to all addresses; "
-                                   "last error: UNKNOWN: Connection refused")
 
 
 @pytest.mark.parametrize("index, method", [(0, "Register"), (1, "Register"), (0, "ReaderPositions"),

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dead_task import UnreachableCall
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.save import CheckpointManager
 from psflow.coord import Lease
-from psflow.rpc.api import ConnectConfig, PendingReply, TaskUnavailableError
+from psflow.rpc.api import ConnectConfig, PendingReply
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
@@ -38,7 +39,7 @@ class _DiesAtRegister:
                    **kwargs: Any) -> PendingReply:
         self.dead = self.dead or method == "Register"
         if self.dead:
-            return _Unreachable(self.task, method)
+            return UnreachableCall(self.task, method)
         return self.channel.call_async(method, meta, *args, **kwargs)
 
     def call(self, method: str, meta: Mapping[str, Any] | None = None, *args: Any, **kwargs: Any) -> Frame:
@@ -46,14 +47,6 @@ class _DiesAtRegister:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.channel, name)
-
-
-class _Unreachable:
-    def __init__(self, task: str, method: str) -> None:
-        self.task, self.method = task, method
-
-    def result(self) -> Frame:
-        raise TaskUnavailableError(f"{self.task}: {self.method}: UNAVAILABLE: Connection refused")
 
 
 def _lease() -> Lease:
