@@ -246,10 +246,13 @@ def join_cluster(
         created = client.step_task in registration.created
         if created and latest is not None and checkpoint_dir:
             latest = _taken_over(checkpoint_dir, latest, leader, run)
-            manifest = restore(client, latest, global_step=_step_past_handed_out(client, latest, registration))
+            past = _step_past_handed_out(client, latest, registration)
+            manifest = restore(client, latest, global_step=past)
             _set_ready(client)
             restored = latest
-            log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
+            log.info("%s: restored checkpoint %s at step %d%s", client.client_name, latest, manifest.global_step,
+                     f", global_step {past} (past the steps handed out since)" if past not in (None, manifest.global_step)
+                     else "")
         elif created:
             own = load_values(client, start_values, "the model's initial values") if start_values else []
             names = warm_start(client, warm_start_from) if warm_start_from is not None else []

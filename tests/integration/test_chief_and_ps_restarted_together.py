@@ -62,5 +62,9 @@ def test_a_chief_restarted_beside_an_empty_ps_task_0_hands_out_no_step_twice(tmp
     for fault in metrics["faults"]:
         assert fault["recovered"] and fault["recovered_at_step"] > fault["at_step"], metrics["faults"]
     assert log.count("worker 0: step=300 ") == 1, log[-3000:]
+    # The restore's line says which global_step it set, not only the checkpoint's (which was behind it).
+    restored_line = next(ln for ln in log.splitlines() if "restored checkpoint" in ln)
+    set_step = int(restored_line.split(", global_step ")[1].split()[0])
+    assert set_step >= metrics["faults"][0]["at_step"], restored_line
     final = read_manifest(latest_checkpoint(str(out / "ckpt")) or "")
     assert final.final and final.examples == 32561, final
