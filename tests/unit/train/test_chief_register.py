@@ -12,18 +12,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pytest
-from dead_task import UnreachableCall
+from dead_task import DyingChannel
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 import psflow.train.chief as chief_module
 from psflow.ps.client import ParameterClient
-from psflow.rpc.api import ConnectConfig, PendingReply, TaskUnavailableError
-from psflow.rpc.framing import Frame
+from psflow.rpc.api import ConnectConfig, TaskUnavailableError
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
 from psflow.train.state_loss import StateLostError
@@ -63,27 +61,20 @@ def test_a_ps_task_restarted_between_the_check_and_the_register_stops_the_run(
     assert np.array_equal(client.pull({kept_name: None})[kept_name], trained[kept_name])  # the trained shard as it was
 
 
-class _DeadFirst:
+class _DeadFirst(DyingChannel):
     """A channel whose first ``calls`` calls of ``method`` fail as to a task that died (at ``result()``, as a gRPC
     future does), then the service answers."""
 
     def __init__(self, channel: InProcessChannel, method: str, calls: int) -> None:
-        self.channel, self.method, self.left, self.task, self.asked = channel, method, calls, channel.task, 0
+        super().__init__(channel)
+        self.method, self.left, self.asked = method, calls, 0
 
-    def call_async(self, method: str, meta: Mapping[str, Any] | None = None, *args: Any,
-                   **kwargs: Any) -> PendingReply:
-        if method == self.method:
-            self.asked += 1
-            if self.left > 0:
-                self.left -= 1
-                return UnreachableCall(self.task, method)
-        return self.channel.call_async(method, meta, *args, **kwargs)
-
-    def call(self, method: str, meta: Mapping[str, Any] | None = None, *args: Any, **kwargs: Any) -> Frame:
-        return self.call_async(method, meta, *args, **kwargs).result()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.channel, name)
+    def dies(self, method: str) -> bool:
+        if method != self.method:
+            return False
+        self.asked += 1
+        self.left -= 1
+        return self.left >= 0
 
 
 @pytest.mark.parametrize("index, method", [(0, "Register"), (1, "Register"), (0, "ReaderPositions"),

@@ -10,18 +10,15 @@ the error gives the limit and the time it waited ("not restored within 1 s (wait
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
-from dead_task import UnreachableCall
+from dead_task import DyingChannel
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.save import CheckpointManager
 from psflow.coord import Lease
-from psflow.rpc.api import ConnectConfig, PendingReply
-from psflow.rpc.framing import Frame
+from psflow.rpc.api import ConnectConfig
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
 from psflow.train.recovery import ClusterRecovery, RecoveryError
@@ -29,24 +26,16 @@ from psflow.train.recovery import ClusterRecovery, RecoveryError
 pytestmark = pytest.mark.timeout(60)
 
 
-class _DiesAtRegister:
+class _DiesAtRegister(DyingChannel):
     """A channel whose task dies for good at the first Register call: every call from then on is unreachable."""
 
     def __init__(self, channel: InProcessChannel) -> None:
-        self.channel, self.task, self.dead = channel, channel.task, False
+        super().__init__(channel)
+        self.dead = False
 
-    def call_async(self, method: str, meta: Mapping[str, Any] | None = None, *args: Any,
-                   **kwargs: Any) -> PendingReply:
+    def dies(self, method: str) -> bool:
         self.dead = self.dead or method == "Register"
-        if self.dead:
-            return UnreachableCall(self.task, method)
-        return self.channel.call_async(method, meta, *args, **kwargs)
-
-    def call(self, method: str, meta: Mapping[str, Any] | None = None, *args: Any, **kwargs: Any) -> Frame:
-        return self.call_async(method, meta, *args, **kwargs).result()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.channel, name)
+        return self.dead
 
 
 def _lease() -> Lease:
