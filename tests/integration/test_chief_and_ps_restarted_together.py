@@ -1,16 +1,18 @@
-"""The chief and a ps task other than 0 dying together, with a checkpoint: real processes, the launcher restarts both.
+"""The chief and a ps task dying together, with a checkpoint: real processes, the launcher restarts both.
 
-The chief's new process joins a cluster whose ps task 0 kept its state and whose ps task 1 came back empty: its
-Register creates ps task 1's variables (not ready) and, ps task 0 being ready, restores nothing there
-(:func:`psflow.train.chief.join_cluster`); its first push then fails and it waits for the lease holder to restore
-the cluster. Before, nobody held the lease (the dead chief's lapsed, and a restarted chief campaigns only after a
-step of its own): each of its processes failed with "cluster not restored after N s (not ready: /job:ps/task:1)"
-until the launcher gave up. A worker that waits for a restore now campaigns, and restores every ps task.
+ps task 1: the chief's new process joins a cluster whose ps task 0 kept its state and whose ps task 1 came
+back empty: its Register creates ps task 1's variables (not ready) and, ps task 0 being ready, restores nothing
+there (:func:`psflow.train.chief.join_cluster`); its first push then fails and it waits for the lease holder to
+restore the cluster. Before, nobody held the lease (the dead chief's lapsed, and a restarted chief campaigns only
+after a step of its own): each of its processes failed with "cluster not restored after N s (not ready:
+/job:ps/task:1)" until the launcher gave up. A worker that waits for a restore now campaigns, and restores every
+ps task. ps task 0: see its test.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,15 +24,21 @@ from psflow.checkpoint.pointer import latest_checkpoint
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 
-def test_a_chief_restarted_beside_an_empty_ps_task_1_restores_the_cluster(tmp_path: Path) -> None:
-    out = tmp_path / "run"
+def _kill_the_chief_and_ps_task(out: Path, task: int) -> tuple[subprocess.CompletedProcess[str], str]:
+    """One pass over a9a (2 ps, 1 worker, checkpoints every 100 steps) whose chief and ps task ``task`` are
+    killed at step 300 and restarted once; its result and worker 0's log."""
     r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "2", "--workers", "1",
-                "--batch-size", "32", "--epochs", "1", "--quiet", "--no-status", "--output", str(out),
+                "--batch-size", "32", "--epochs", "1", "--no-status", "--output", str(out),
                 "--checkpoint-dir", str(out / "ckpt"), "--save-checkpoints-steps", "100",
                 "--restart-policy", "on-failure", "--max-restarts", "1", "--lease-ttl", "2",
-                "--connect-timeout", "60", "--chaos", "kill:ps:1@step=300", "--chaos", "kill:chief@step=300",
+                "--connect-timeout", "60", "--chaos", f"kill:ps:{task}@step=300", "--chaos", "kill:chief@step=300",
                 timeout=360)
-    log = (out / "logs" / "worker-0.log").read_text()
+    return r, (out / "logs" / "worker-0.log").read_text()
+
+
+def test_a_chief_restarted_beside_an_empty_ps_task_1_restores_the_cluster(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r, log = _kill_the_chief_and_ps_task(out, 1)
     assert r.returncode == 0, r.stderr[-3000:] + log[-3000:]
     lives = log.split("serving at")[1:]
     assert len(lives) == 2, log[-3000:]  # restarted once, by the chaos kill
@@ -49,13 +57,7 @@ def test_a_chief_restarted_beside_an_empty_ps_task_0_hands_out_no_step_twice(tmp
     (step=300 was logged by both lives, the chaos report said recovered at 206 after the fault at 303), though ps
     task 0's journal (--state-dir) bounds the steps handed out, as a restore after a ps death uses."""
     out = tmp_path / "run"
-    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "2", "--workers", "1",
-                "--batch-size", "32", "--epochs", "1", "--no-status", "--output", str(out),
-                "--checkpoint-dir", str(out / "ckpt"), "--save-checkpoints-steps", "100",
-                "--restart-policy", "on-failure", "--max-restarts", "1", "--lease-ttl", "2",
-                "--connect-timeout", "60", "--chaos", "kill:ps:0@step=300", "--chaos", "kill:chief@step=300",
-                timeout=360)
-    log = (out / "logs" / "worker-0.log").read_text()
+    r, log = _kill_the_chief_and_ps_task(out, 0)
     assert r.returncode == 0, r.stderr[-3000:] + log[-3000:]
     assert "restored checkpoint" in log.split("serving at")[2], log[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
