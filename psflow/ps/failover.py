@@ -40,7 +40,8 @@ starting beside its ps tasks once promoted a backup that way, the primary alive)
 :meth:`resolve` returns True when the route changed (a new primary, epoch or view: the caller resends
 the same request, whose ``push_id`` makes the new primary apply a push at most once) and False when it
 did not (the error was not a failover's: the caller raises it). :meth:`gather` does both for one call
-per shard: replies of the shards that succeeded are kept, only the failed shards' requests are resent;
+per shard: replies of the shards that succeeded are kept, only the failed shards' requests are resent (every
+failed-over shard's, also when another shard's error is final: that error is raised once they replied);
 :meth:`call` for one call to one shard (Register, ReaderPositions, Stats, and the chief's SetReady,
 BeginRestore, LoadShard, SaveShard, Fence, CheckpointStatus through ``ParameterClient.call``: each
 idempotent, so a worker or chief whose call was in flight to a primary that died follows the failover).
@@ -341,13 +342,19 @@ class ShardRouter:
         launcher's loop while a shard has no primary).
         ``replied`` is called once with the shards that replied, whether the call as a whole succeeds or
         raises (a push one shard applied is counted acknowledged there even when another shard failed).
+        A shard's error that is final does not stop the others: each failed-over shard is still resolved and
+        its request resent until it replied or failed for good too, whatever its place in shard order (a push
+        the dead primary had forwarded is held by the promoted backup: raised without its resend, it stayed
+        applied there and was never counted acknowledged).
 
         Raises:
             RpcError: a shard's error that was not a failover (its route did not change), or the first
-                error when a failed shard could not be resolved in time. Raised once every call finished.
+                error when a failed shard could not be resolved in time; the first such (in shard order, then
+                round), raised once every call finished.
         """
         sent = self._clock()  # no later than the calls were sent: a silence counted from here is never too long
         replies, errors = _collect(calls)
+        final: RpcError | None = None  # the first error that is final, raised once no shard is left to resend
         try:
             if self._silent_since and not errors:  # a member that was silent answered: its silence is over
                 self._heard_from(replies, errors, sent)
@@ -356,25 +363,38 @@ class ShardRouter:
                 self._heard_from(replies, errors, sent)
                 resent: dict[int, PendingReply] = {}
                 for shard, error in sorted(errors.items()):
-                    left = deadline - time.monotonic()
-                    if not isinstance(error, FAILOVER_ERRORS) or left <= 0:
-                        replies.update(_collect(resent)[0])  # every call finished before the error is raised
-                        raise error
-                    if not self.resolve(shard, error, timeout=left):
-                        if not (isinstance(error, TaskUnavailableError | DeadlineExceededError) and self._serving(shard)):
-                            replies.update(_collect(resent)[0])
-                            raise error
-                        # The primary is alive and serving: it failed the call as unavailable (a backup slow to
-                        # acknowledge) or the call was late; sent again (a push with its push_id is applied once).
-                        time.sleep(min(self._backoff[1], max(0.0, left)))
-                    resent[shard] = resend(shard)
+                    failed = self._follow(shard, error, deadline - time.monotonic())
+                    if failed is not None:
+                        final = final or failed
+                    else:
+                        resent[shard] = resend(shard)
                 sent = self._clock()
                 more, errors = _collect(resent)
                 replies.update(more)
+            if final is not None:
+                raise final
             return replies
         finally:
             if replied is not None:
                 replied(tuple(replies))
+
+    def _follow(self, shard: int, error: RpcError, left: float) -> RpcError | None:
+        """(:meth:`gather`) Whether shard ``shard``'s failed call may be resent, within ``left`` s: None if so (its
+        route changed, or its primary is serving and only failed it as unavailable or late), else the error to
+        raise (the call's own, or the failover's when no member could serve the shard in time)."""
+        if not isinstance(error, FAILOVER_ERRORS) or left <= 0:
+            return error
+        try:
+            if self.resolve(shard, error, timeout=left):
+                return None
+        except RpcError as e:
+            return e
+        if not (isinstance(error, TaskUnavailableError | DeadlineExceededError) and self._serving(shard)):
+            return error
+        # The primary is alive and serving: it failed the call as unavailable (a backup slow to acknowledge) or the
+        # call was late; sent again (a push with its push_id is applied once).
+        time.sleep(min(self._backoff[1], max(0.0, left)))
+        return None
 
     def call(self, shard: int, send: Callable[[int], PendingReply], *, wait: float | None = None) -> PendingReply:
         """One call to shard ``shard``'s primary, sent now (``send(shard)``); waiting for its reply follows a

@@ -1,19 +1,21 @@
 """The client's side of a PushPull whose rows come before its acknowledgement (psflow/ps/task_calls.py,
 ``collect_rows`` and ``send_acked``; issue 28): which shards get an ``Acked`` call, when a push counts as
 acknowledged, and that a push one shard applied while another shard's call failed for good is acknowledged
-(and counted) before the error is raised, as a plain push's is. Fake members (tests/unit/ps/test_failover.py);
-the real members meet the client in tests/unit/train/test_ack_later_failover.py and
+(and counted) before the error is raised, as a plain push's is, also when that other shard comes first and the
+replying shard's call had failed over (psflow/ps/failover.py, ``ShardRouter.gather``). Fake members of two
+shards (tests/unit/ps/test_failover.py); the real members meet the client in tests/unit/train/test_ack_later_failover.py and
 tests/integration/test_replicated_training.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_failover import P0, P1, _two_shard_client, healthy
+from test_failover import B1, P0, P1, FakeShards, _two_shard_client, healthy
 
 from psflow.gradients import DenseGradient
 from psflow.ps.protocol import PullReply, PushPullAckLaterReply, PushPullReply, PushReply
 from psflow.rpc.api import InvalidArgumentError
+from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -54,3 +56,39 @@ def test_a_push_that_fails_for_good_on_one_shard_is_acknowledged_by_the_shards_t
     # count has it (else pushes_applied would exceed pushes_acknowledged with nothing lost).
     assert shards.members[P1].calls[-2:] == ["PushPullAckLater", "Acked"]
     assert client.acked == {1: 1}
+
+
+def _failed_over(shards: FakeShards, reply: Frame | None = None) -> None:
+    """Shard 1's primary dies with this call in flight (its push may be applied and held by its backup, which this
+    client's resend promotes); ``reply``: what the promoted backup answers the resend (default: a push reply)."""
+    shards.set(P1, None)  # its host refuses the connection: gone (the client reached it at connect)
+    if reply is not None:
+        shards.members[B1].replies.append(reply)
+
+
+def test_a_shard_that_failed_over_is_resent_and_counted_though_a_lower_shard_failed_for_good(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Shard 0's error is final; shard 1's primary died with the push in flight (applied there and forwarded to its
+    # backup, say). Raising at shard 0 left shard 1's push applied on the promoted backup and never counted
+    # acknowledged: pushes_applied above pushes_acknowledged in the failing run's metrics.json.
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    shards.members[P0].replies.append(InvalidArgumentError("bad gradient"))  # not a failover: raised
+    _failed_over(shards)
+    with pytest.raises(InvalidArgumentError, match="bad gradient"):
+        client.push(GRADS)
+    assert shards.members[B1].calls.count("Push") == 1  # resent to the promoted backup, which applies it once
+    assert client.channels[1].task == B1 and client.acked == {1: 1}
+
+
+def test_a_rows_first_push_that_failed_over_is_resent_and_acknowledged_though_a_lower_shard_failed_for_good(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    shards.members[P0].replies.append(InvalidArgumentError("bad gradient"))
+    _failed_over(shards, _rows(0, 5).to_frame())  # the promoted backup's rows, acknowledgement pending
+    pending = client.send_push_pull(GRADS, {}, ack_later=True)
+    with pytest.raises(InvalidArgumentError, match="bad gradient"):
+        pending.rows()
+    assert shards.members[B1].calls[-2:] == ["PushPullAckLater", "Acked"] and client.acked == {1: 1}
+
