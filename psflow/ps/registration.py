@@ -51,6 +51,10 @@ class Registration:
             new cluster's task, or one that died and came back empty); the others held variables that were never
             made ready (a chief died while initializing), which are created again.
         kept: the tasks that were ready: their variables (trained ones, for all the chief knows) were kept.
+
+    A task in neither ``created`` nor ``kept`` was being restored (``BeginRestore`` until ``SetReady``,
+    :attr:`~psflow.ps.restore_gate.RestoreGate.restoring`): its Register created nothing (``created: false,
+    ready: false``) and the values loaded so far stayed.
     """
 
     created: frozenset[int]

@@ -1,11 +1,21 @@
 """Whether a ps task takes pushes: its readiness and restore generation, and the pushes in flight.
 
-States: *not ready* (fresh, or being restored) and *ready* (the chief
-initialized or restored the task). Transitions: the chief's registration
-creates the variables (ready unless the chief restores a checkpoint first);
-``SetReady`` opens the gate (at a new generation after a restore);
-``BeginRestore`` closes it at the restore's generation and waits for the
-pushes in flight (:meth:`RestoreGate.drain`).
+States: *not ready* (fresh, or initialized and awaiting the chief's
+restore at start), *restoring* (not ready, a restore in progress) and *ready*
+(the chief initialized or restored the task). Transitions: the chief's
+registration creates the variables (ready unless the chief restores a
+checkpoint first); ``BeginRestore`` closes the gate at the restore's
+generation (*restoring*) and waits for the pushes in flight
+(:meth:`RestoreGate.drain`); ``SetReady`` opens it (at the new generation
+after a restore), which ends the restore.
+
+While a restore is in progress (:attr:`RestoreGate.restoring`) a chief's
+``Register`` creates nothing on the task (it replies ``created: false,
+ready: false``): the variables ``LoadShard`` loaded so far stay as they are,
+so the restore's ``SetReady`` never makes the task ready holding initial
+values (:mod:`psflow.ps.variable_store`). A task that is not ready with no
+restore in progress (a chief died while initializing it or restoring it at
+start, which sends no ``BeginRestore``) is initialized again.
 
 A push that carries a generation is refused (FAILED_PRECONDITION, before
 anything is applied) when the task is not ready or holds another generation:
@@ -25,7 +35,7 @@ __all__ = ["RestoreGate"]
 
 
 class RestoreGate:
-    """Readiness, generation and pushes in flight of one ps task. Thread-safe."""
+    """Readiness, generation, a restore in progress and pushes in flight of one ps task. Thread-safe."""
 
     def __init__(self, task_name: str) -> None:
         self.task_name = task_name
@@ -35,12 +45,20 @@ class RestoreGate:
         self._ready = False
         # 0 until a restore after a ps death; pushes naming another one are refused.
         self._generation = 0
+        # BeginRestore closed the gate and no SetReady opened it since: a chief's Register creates nothing.
+        self._restoring = False
         self._inflight = 0
 
     @property
     def ready(self) -> bool:
         """Whether the chief has initialized or restored this task."""
         return self._ready
+
+    @property
+    def restoring(self) -> bool:
+        """Whether a restore is in progress: ``BeginRestore`` closed the gate and no ``SetReady`` opened it since.
+        While it is, a chief's ``Register`` creates nothing here (the loaded variables stay)."""
+        return self._restoring
 
     @property
     def generation(self) -> int:
@@ -70,21 +88,27 @@ class RestoreGate:
                 self._cond.notify_all()
 
     def initialized(self, *, ready: bool) -> None:
-        """The chief created the variables here; ``ready``: not deferred to a restore (:meth:`open` later)."""
+        """The chief created the variables here; ``ready``: not deferred to a restore (:meth:`open` later). A
+        restore in progress (a fresh task's variables created for it) goes on unless ``ready``."""
         with self._lock:
             self._ready = ready
+            self._restoring = self._restoring and not ready
 
     def open(self, generation: int | None = None) -> None:
-        """``SetReady``: the chief finished initializing or restoring; after a restore, at ``generation``."""
+        """``SetReady``: the chief finished initializing or restoring; after a restore, at ``generation``. Ends a
+        restore in progress."""
         with self._lock:
             if generation is not None:
                 self._generation = generation
             self._ready = True
+            self._restoring = False
 
     def close(self, generation: int) -> None:
-        """``BeginRestore``: not ready at ``generation``; pushes of any other generation are refused from now on."""
+        """``BeginRestore``: not ready at ``generation``, a restore in progress (:attr:`restoring`) until
+        :meth:`open`; pushes of any other generation are refused from now on."""
         with self._lock:
             self._ready = False
+            self._restoring = True
             self._generation = generation
 
     def drain(self, timeout: float) -> bool:
@@ -93,15 +117,18 @@ class RestoreGate:
             return self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
 
     def replica_state(self) -> dict[str, object]:
-        """Readiness and generation (:mod:`psflow.ps.replication`)."""
+        """Readiness, generation and whether a restore is in progress (:mod:`psflow.ps.replication`)."""
         with self._lock:
-            return {"ready": self._ready, "generation": self._generation}
+            return {"ready": self._ready, "generation": self._generation, "restoring": self._restoring}
 
     def load_replica_state(self, state: dict[str, object]) -> None:
-        """Sets readiness and generation to ``state`` (a :meth:`replica_state` of the shard's primary)."""
-        ready, generation = state.get("ready"), state.get("generation")
+        """Sets readiness, generation and the restore in progress to ``state`` (a :meth:`replica_state` of the
+        shard's primary)."""
+        ready, generation, restoring = state.get("ready"), state.get("generation"), state.get("restoring")
         with self._lock:
             if isinstance(ready, bool):
                 self._ready = ready
+            if isinstance(restoring, bool):
+                self._restoring = restoring
             if isinstance(generation, int):
                 self._generation = generation

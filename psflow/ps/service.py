@@ -24,7 +24,10 @@ fields below are those messages'):
     once a layout is recorded, every later call compares its layout with it
     and is refused with FAILED_PRECONDITION naming the first differing
     variable. A chief call on a task that is registered but not yet ready
-    (the chief died mid-restore) initializes again. Idempotent otherwise.
+    with no restore in progress (a chief died while initializing it or
+    restoring it at start, which sends no ``BeginRestore``) initializes again; during a restore (``BeginRestore`` until ``SetReady``)
+    it creates nothing and replies ``{"created": false, "ready": false}``,
+    so what ``LoadShard`` loaded stays. Idempotent otherwise.
 ``SaveShard``, ``LoadShard``, ``SetReady``, ``ReaderPositions``, ``CheckpointStatus``
     checkpoints and the chief's protocol: :mod:`psflow.ps.checkpointing`.
     A push whose meta has ``worker`` and ``position`` (ReaderPosition JSON)
@@ -300,7 +303,8 @@ class ParameterService:
             self.mode.configure(request.sync)
             self.gate.initialized(ready=not request.defer_ready)
 
-        made = self.variables.register(request, ready=lambda: self.gate.ready, created=created)
+        made = self.variables.register(request, ready=lambda: self.gate.ready, restoring=lambda: self.gate.restoring,
+                                       created=created)
         # A new process: its earlier one's save is over; the saving process's own (again) ends nothing (save_hold).
         self.mode.registered(request.client, request.incarnation)
         return _reply(RegisterReply(made, self.gate.ready if self.variables.registered else False,

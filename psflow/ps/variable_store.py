@@ -8,7 +8,11 @@ one initialization of this task (a bad spec leaves nothing created). Once a
 layout is recorded, every later call is compared with it and refused with
 FAILED_PRECONDITION naming the first differing variable (or the optimizer, or
 the update mode). A chief call on a task that is registered but not yet ready
-(the chief died mid-restore) creates the partitions again. Registrations are
+with no restore in progress (a chief died while initializing it or restoring
+it at start, which sends no ``BeginRestore``) creates the partitions again. While a restore is in
+progress (``BeginRestore`` until ``SetReady``, :attr:`~psflow.ps.restore_gate.RestoreGate.restoring`)
+a chief call creates nothing: what ``LoadShard`` loaded stays, so the restore
+never makes the task ready holding initial values. Registrations are
 serialized; each partition has its own lock for updates and reads.
 """
 
@@ -68,10 +72,12 @@ class VariableStore:
         """The run's optimizer (None before registration)."""
         return self._optimizer
 
-    def register(self, request: RegisterRequest, *, ready: Callable[[], bool], created: Callable[[], None]) -> bool:
+    def register(self, request: RegisterRequest, *, ready: Callable[[], bool], restoring: Callable[[], bool],
+                 created: Callable[[], None]) -> bool:
         """A client's ``Register``: True if this call created the partitions.
 
-        ``ready`` says whether the task is ready (a ready task is never initialized again); ``created``
+        ``ready`` says whether the task is ready, ``restoring`` whether a restore is in progress (a registered
+        task that is either is never initialized again: its values are trained or being loaded); ``created``
         runs after a creation, still inside the registration (before any other call registers).
 
         Raises:
@@ -93,7 +99,7 @@ class VariableStore:
                 if request.sync != self.sync:
                     raise PreconditionFailed(f"{client} uses update mode {request.sync.to_json()}, registered: "
                                              f"{self.sync.to_json()}")
-                if ready() or not request.chief:
+                if ready() or restoring() or not request.chief:
                     return False
             self.partitions = self._create(layout, request.optimizer)
             # Every task applies every step in sync mode: its averages never skip one.

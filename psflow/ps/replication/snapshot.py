@@ -138,4 +138,4 @@ def _register(service: ParameterService, meta: object) -> None:
         service.mode.configure(request.sync)
         service.gate.initialized(ready=False)
 
-    variables.register(request, ready=lambda: False, created=created)
+    variables.register(request, ready=lambda: False, restoring=lambda: False, created=created)

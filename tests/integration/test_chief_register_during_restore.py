@@ -1,0 +1,70 @@
+"""A chief's Register arriving while a restore is in progress, over real gRPC: two real ps processes.
+
+Between a restore's ``BeginRestore`` and its ``SetReady`` every ps task is registered and not ready, as a task is
+after a chief died mid-initialization, which a chief's Register initializes again. A Register arriving then (a
+restarted chief joining while a surviving worker restores; a second restorer) re-created the variables, wiping what
+``LoadShard`` had already loaded, and the restore's ``SetReady`` then made the cluster ready holding initial
+values: the trained model gone, no error. Now a Register during a restore creates nothing
+(:attr:`psflow.ps.restore_gate.RestoreGate.restoring`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from support import TOKEN
+
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, RegisterRequest, SetReadyRequest
+from psflow.ps.registration import register_tasks
+from psflow.rpc.api import ConnectConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+OPTIMIZER = OptimizerSpec("sgd", {"learning_rate": 1.0})
+EMB = np.arange(12, dtype=np.float32).reshape(6, 2) + 1   # the checkpoint's values (the initial ones are zeros)
+BIAS = np.array([7.0, -7.0], np.float32)
+
+
+def _client(handle: Any, name: str) -> ParameterClient:
+    vs = VariableSet(replica_device_setter(cluster=handle.cluster))
+    vs.get_variable("emb", (6, 2))   # ps task 0
+    vs.get_variable("bias", (2,))    # ps task 1
+    client = ParameterClient(handle.cluster, vs.placements(), client_name=name,
+                             config=ConnectConfig(connect_timeout=120.0, token=TOKEN))
+    client.connect()
+    return client
+
+
+@pytest.mark.parametrize("loaded_before_register", [(0, 1), (0,)])
+def test_a_chiefs_register_during_a_restore_keeps_what_the_restore_loaded(
+        local_cluster, loaded_before_register: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
+    handle = local_cluster(2)
+    restorer = _client(handle, "/job:worker/task:1")  # a surviving worker holding the lease, restoring
+    restorer.register(OPTIMIZER, chief=True)
+    loads = {0: LoadShardRequest.build({"emb/part_0": EMB}, {}, {}, ["emb/part_0"], global_step=40, restored_step=40),
+             1: LoadShardRequest.build({"bias/part_0": BIAS}, {}, {}, ["bias/part_0"], restored_step=40)}
+    for task in (0, 1):
+        restorer.call(task, BeginRestoreRequest(1))
+    for task in loaded_before_register:
+        restorer.call(task, loads[task])
+
+    chief = _client(handle, "/job:worker/task:0")  # the restarted chief joins meanwhile
+    request = RegisterRequest(tuple(chief.layout.values()), OPTIMIZER, chief.sync, chief.client_name, True, True,
+                              chief.incarnation)  # the chief's join (psflow.train.chief)
+    joined = register_tasks(chief.channels, chief.step_task, request, chief.config, 60.0, call=chief.call_async)
+
+    for task in (0, 1):
+        if task not in loaded_before_register:
+            restorer.call(task, loads[task])
+    for task in (1, 0):
+        restorer.call(task, SetReadyRequest("/job:worker/task:1", 1, 40))
+    assert all(chief.ps_stats(t).ready for t in (0, 1))
+    values = chief.pull({"emb": None, "bias": None})
+    assert np.array_equal(values["emb"], EMB) and np.array_equal(values["bias"], BIAS), values
+    assert joined.created == frozenset() and joined.kept == frozenset()  # neither created there nor found ready
+    assert [chief.ps_stats(t).init_count for t in (0, 1)] == [1, 1]

@@ -1,0 +1,62 @@
+"""RestoreGate.restoring (psflow/ps/restore_gate.py): set when ``BeginRestore`` closes the gate, cleared when
+``SetReady`` opens it; a chief's Register creates nothing on a task while it is set (in-process service; the
+same over real ps processes: tests/integration/test_chief_register_during_restore.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.protocol import LoadShardRequest, RegisterReply, RegisterRequest
+from psflow.ps.restore_gate import RestoreGate
+from psflow.ps.service import ParameterService
+from psflow.ps.sync import SyncConfig
+from psflow.rpc.framing import Frame
+
+pytestmark = pytest.mark.timeout(60)
+
+SGD = OptimizerSpec("sgd", {"learning_rate": 1.0})
+
+
+def test_a_restore_is_in_progress_from_begin_restore_until_set_ready() -> None:
+    gate = RestoreGate("/job:ps/task:0")
+    assert not gate.restoring
+    gate.initialized(ready=False)  # the chief created the variables and restores a checkpoint at start
+    assert not gate.restoring and not gate.ready
+    gate.open()
+    gate.close(3)  # BeginRestore
+    assert gate.restoring and not gate.ready and gate.generation == 3
+    gate.initialized(ready=False)  # a fresh task's variables created within the restore: still restoring
+    assert gate.restoring
+    gate.open(3)  # SetReady
+    assert not gate.restoring and gate.ready
+    gate.close(4)
+    backup = RestoreGate("/job:ps/task:0")  # a replicated shard's backup holds it too
+    backup.load_replica_state(gate.replica_state())
+    assert backup.restoring and backup.generation == 4
+
+
+def _register(service: ParameterService, request: RegisterRequest) -> RegisterReply:
+    meta, arrays = service.register(request.to_frame())
+    return RegisterReply.from_frame(Frame(dict(meta), dict(arrays)))
+
+
+def test_a_chiefs_register_creates_nothing_during_a_restore_and_again_once_none_is_in_progress() -> None:
+    vs = VariableSet(replica_device_setter(ps_tasks=1))
+    vs.get_variable("w", (3,), initializer={"name": "constant", "value": 0.5})
+    chief = RegisterRequest(tuple(vs.placements()), SGD, SyncConfig(), "/job:worker/task:0", chief=True,
+                            defer_ready=True)
+    service = ParameterService(0, holds_global_step=True)
+    assert _register(service, chief) == RegisterReply(True, False, 1)  # created, left for the chief's restore
+    assert _register(service, chief) == RegisterReply(True, False, 2)  # not ready, no restore: created again
+    service.handlers()["BeginRestore"](Frame({"generation": 1}))
+    loaded = np.array([1.0, 2.0, 3.0], np.float32)
+    load = LoadShardRequest.build({"w/part_0": loaded}, {}, {}, ["w/part_0"]).to_frame()
+    service.handlers()["LoadShard"](load)
+    assert _register(service, chief) == RegisterReply(False, False, 2)  # a restore is in progress: kept
+    assert np.array_equal(service.store.get("w/part_0").value, loaded)
+    service.handlers()["SetReady"](Frame({"client": "/job:worker/task:1", "generation": 1, "global_step": 0}))
+    assert _register(service, chief) == RegisterReply(False, True, 2)  # ready: kept, as before
+    assert np.array_equal(service.store.get("w/part_0").value, loaded)
