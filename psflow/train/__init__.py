@@ -37,7 +37,8 @@ Classes and functions, by file:
   task died (:class:`~psflow.train.recovery.ClusterRecovery`); ``leader_hooks.py`` -- the chief duties' hooks
   that follow its lease (:class:`~psflow.train.leader_hooks.LeaderOnlyHook`); ``state_loss.py`` -- a ps task that lost
   its variables with no checkpoint to restore them from stops the run (:class:`~psflow.train.state_loss.StateLostError`);
-  ``within_run.py`` -- every ps task empty: lost within this run (restored past global_step's journal bound) or a new run.
+  ``within_run.py`` -- every ps task empty: lost within this run (restored past global_step's journal bound) or a new run;
+  ``generation_restore.py`` -- a restore within a run at a new generation (the lease holder's, a restarted chief's join).
 * ``evaluation.py`` -- evaluation and prediction of any model, the one implementation every caller uses.
 * ``summary.py`` -- TensorBoard summaries: written by the chief, read back for reports and the status page.
 * ``in_graph.py`` -- in-graph replication, the worker's side (:class:`~psflow.train.in_graph.StepService`);

@@ -36,7 +36,8 @@ A ps task that died is restarted empty by the supervisor. Then, in order:
 2. the workers wait, with bounded backoff, until every ps task is ready at
    one generation (:meth:`ClusterRecovery.wait`, at most ``timeout``);
 3. meanwhile the chief (the lease holder) restores EVERY ps task from the
-   newest checkpoint (:meth:`ClusterRecovery.restore`): registers the layout
+   newest checkpoint (:meth:`ClusterRecovery.restore`, through
+   :func:`psflow.train.generation_restore.restore_at_new_generation`): registers the layout
    (creating the restarted task's variables), sends ``BeginRestore`` with a
    new generation (pushes of the old one are refused from then on, and the
    ones in flight finish first), loads variables, slots, reader positions and
@@ -70,8 +71,6 @@ import time
 from collections.abc import Callable
 
 from psflow.checkpoint.adopt import checkpoint_to_restore
-from psflow.checkpoint.manifest import read_manifest
-from psflow.checkpoint.restore import restore
 from psflow.coord.api import (
     BackendUnavailableError,
     CampaignTimeoutError,
@@ -83,11 +82,11 @@ from psflow.coord.api import (
 from psflow.errors import CheckpointError, TrainingError
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
-from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, SetReadyRequest, StatsReply
-from psflow.rpc.api import RpcError, gather
+from psflow.ps.protocol import StatsReply
+from psflow.rpc.api import RpcError
+from psflow.train.generation_restore import restore_at_new_generation
 from psflow.train.leader_hooks import CampaignWhileTrainingHook, LeaderOnlyHook
 from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
-from psflow.train.within_run import written_by
 
 __all__ = ["Leadership", "LeaderOnlyHook", "CampaignWhileTrainingHook", "ClusterRecovery", "RecoveryError"]
 
@@ -472,23 +471,10 @@ class ClusterRecovery:
             unready = [t for t, s in sorted(states.items()) if s is not None and not s.ready]
             raise StateLostError(state_lost_message(client, empty or unready, [t for t in kept if t not in unready],
                                                     checkpoint_dir=self.checkpoint_dir))
-        gens = [s.generation for s in states.values() if s is not None]
-        generation = max(time.time_ns() // 1_000_000, max(gens) + 1)
         step_state = states[client.step_task]
-        step_survived = step_state is not None and step_state.registered
-        client.register(self.optimizer, chief=True, defer_ready=True, ready_timeout=limit)
-        begin = BeginRestoreRequest(generation, *((lease.epoch, lease.holder) if lease is not None else ()))
-        calls = {t: client.call_async(t, begin, timeout=30.0) for t in client.channels}
-        replies = {t: BeginRestoreReply.from_frame(reply) for t, reply in gather(calls).items()}
-        manifest = read_manifest(latest)
-        step_reply = replies[client.step_task]
-        # Past every value handed out: the surviving counter's, or the restarted task's journal floor.
-        step = max(manifest.global_step, step_reply.step_floor or 0)
-        if step_survived:
-            step = max(step, step_reply.global_step or 0)
-        restore(client, latest, global_step=step, push_counts=written_by(manifest, self.run))
-        for task in sorted(client.channels, key=lambda t: t == client.step_task):
-            client.call(task, SetReadyRequest(client.client_name, generation, step))
+        done = restore_at_new_generation(client, self.optimizer, latest, lease, states, run=self.run, limit=limit,
+                                         step_survived=step_state is not None and step_state.registered)
+        generation, step, manifest = done.generation, done.global_step, done.manifest
         self.restores += 1
         log.warning("%s: restored checkpoint %s (step %d) onto every ps task; generation %d, global_step %d",
                     client.client_name, latest, manifest.global_step, generation, step)
