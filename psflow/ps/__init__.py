@@ -55,7 +55,9 @@ Files (the calling side):
   ``task_calls.py``: :class:`~psflow.ps.task_calls.TaskCalls` (a client's requests sent to each ps task, or
   a replicated shard's primary, and the replies waited for); ``push_calls.py``: a push as calls (each task's
   request, push and pull in one call, :class:`~psflow.ps.push_calls.OrderedPushes`,
-  :class:`~psflow.ps.push_calls.PendingPushPull`, :class:`~psflow.ps.push_calls.PushResult`);
+  :class:`~psflow.ps.push_calls.PendingPushPull`, :class:`~psflow.ps.push_calls.PushResult`); ``rows_first.py``:
+  :func:`~psflow.ps.rows_first.read_rows` (a ``PushPullAckLater``'s rows read before its push is acknowledged,
+  every applied push's ``Acked`` sent also when its reply cannot be read);
   ``plans.py``: pull/push routing (:class:`~psflow.ps.plans.Planner`, :class:`~psflow.ps.plans.ClientError`);
   ``registration.py``: :func:`~psflow.ps.registration.register_layout` and the wait for the chief.
 * ``failover.py``: (replicated shards) :class:`~psflow.ps.failover.ShardRouter`, routing each shard to its

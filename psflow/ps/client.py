@@ -73,6 +73,7 @@ from psflow.ps.push_calls import (
 from psflow.ps.push_numbers import PushNumbers
 from psflow.ps.registration import register_layout
 from psflow.ps.report_done import send_done
+from psflow.ps.rows_first import read_rows
 from psflow.ps.sync import SyncConfig
 from psflow.ps.task_calls import TaskCalls
 from psflow.rpc.api import PARAMETER_SERVICE, Channel, ConnectConfig, PendingReply
@@ -363,14 +364,13 @@ class ParameterClient:
             result = self._push_result(pushed)  # (its step heard before the pull's: as push_detailed, then pull)
             return result, None if plan is None else self._assemble(plan, pulled)
 
-        def rows() -> tuple[dict[str, np.ndarray] | None, Callable[[], PushResult]]:
-            frames = self._calls.collect_rows(calls, sent, pushes, timeout=timeout)  # not acknowledged yet
-            pushed, pulled = push_pull_replies(calls, pushes, frames)
+        def read(pushed: dict[int, PushReply], pulled: dict[int, PullReply]) -> dict[str, np.ndarray] | None:
             self._push_result(pushed)  # (its step heard before the pull's)
-            values = None if plan is None else self._assemble(plan, pulled)
-            acks = self._calls.send_acked(calls, {t: frames[t] for t in pushes}, timeout=timeout)
-            return values, lambda: self._push_result(
-                {**pushed, **{t: PushReply.from_frame(frame) for t, frame in acks().items()}})
+            return None if plan is None else self._assemble(plan, pulled)
+
+        def rows() -> tuple[dict[str, np.ndarray] | None, Callable[[], PushResult]]:
+            return read_rows(calls, sent, pushes, self._calls, read=read, result=self._push_result, timeout=timeout,
+                             client_name=self.client_name)
 
         return PendingPushPull(self.client_name, rows=rows) if later else PendingPushPull(self.client_name, finish)
 

@@ -168,27 +168,35 @@ class Planner:
         return plan
 
     def assemble(self, plan: PullPlan, replies: Mapping[int, PullReply]) -> dict[str, np.ndarray]:
-        """Each variable's rows, in the order asked, from the tasks' replies to ``plan``."""
+        """Each variable's rows, in the order asked, from the tasks' replies to ``plan``.
+
+        Raises:
+            ClientError: a reply holds no rows of a partition it was asked for (names the variable and task).
+        """
         parts: dict[str, np.ndarray] = {}
         for reply in replies.values():
             parts.update(reply.values)
         out: dict[str, np.ndarray] = {}
         whole: dict[str, list[np.ndarray]] = {}
         for name, key, positions in plan.scatter:
+            part = parts.get(key)
+            if part is None:
+                task = next(t for t, asked in plan.per_task.items() if any(k == key for k, _ in asked))
+                raise ClientError(f"{self.client_name}: variable {name!r}: the reply of ps task {task} holds no rows "
+                                  f"of its partition {key!r}")
             if positions is None:
-                whole.setdefault(name, []).append(parts[key])
+                whole.setdefault(name, []).append(part)
                 continue
-            if isinstance(positions, slice) and parts[key].shape == plan.shapes[name]:
+            if isinstance(positions, slice) and part.shape == plan.shapes[name]:
                 # One partition answered for every id, in order: no scatter. A read-only array (a view of a
                 # received frame) is copied; a writable one is the caller's already: the ps task's own fresh copy
                 # (in-process), or a view of a reply's buffer the carrier gave up (tcp: decode(writable=True)).
-                part = parts[key]
                 dtype = self.layout[name].var.dtype
                 out[name] = part if part.flags.writeable and part.dtype == dtype else np.array(part, dtype=dtype)
                 continue
             if name not in out:
                 out[name] = np.empty(plan.shapes[name], dtype=self.layout[name].var.dtype)
-            out[name][positions] = parts[key]
+            out[name][positions] = part
         for name, pieces in whole.items():
             out[name] = pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces, axis=0)
         for name in plan.empty:

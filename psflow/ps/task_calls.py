@@ -143,12 +143,21 @@ class TaskCalls:
         try:
             return router.gather(dict(sent), resend, replied=replied.extend)
         except RpcError:
-            applied = {t: pending_ack() for t in replied if t in pushed}  # (their entries' seqs unread)
-            try:
-                self.send_acked(requests, applied, timeout=timeout)()
-            except RpcError as e:
-                log.info("%s: a push another shard applied was not acknowledged: %s", self.client_name, e)
+            self.acknowledge_applied(requests, [t for t in replied if t in pushed], timeout=timeout)
             raise
+
+    def acknowledge_applied(self, requests: Mapping[int, Request], tasks: Collection[int], *,
+                            timeout: float | None = None) -> None:
+        """(Replicated shards) Each shard of ``tasks`` applied its PushPullAckLater's push and replied, but the
+        call as a whole fails (another shard's call failed for good, or a reply cannot be read): sends each its
+        ``Acked`` call and waits for them, each counted acknowledged as it replies, so that no push is left
+        applied and neither acknowledged nor in flight. A failure is logged, not raised: the caller raises its
+        own error."""
+        applied = {t: pending_ack() for t in tasks}  # (their entries' seqs unread)
+        try:
+            self.send_acked(requests, applied, timeout=timeout)()
+        except RpcError as e:
+            log.info("%s: a push a shard applied was not acknowledged: %s", self.client_name, e)
 
     def send_acked(self, requests: Mapping[int, Request], frames: Mapping[int, Frame], *,
                    timeout: float | None = None) -> Callable[[], dict[int, Frame]]:

@@ -13,6 +13,7 @@ import pytest
 from test_failover import B1, P0, P1, FakeShards, _two_shard_client, healthy
 
 from psflow.gradients import DenseGradient
+from psflow.ps.plans import ClientError
 from psflow.ps.protocol import PullReply, PushPullAckLaterReply, PushPullReply, PushReply
 from psflow.rpc.api import InvalidArgumentError
 from psflow.rpc.framing import Frame
@@ -92,3 +93,33 @@ def test_a_rows_first_push_that_failed_over_is_resent_and_acknowledged_though_a_
         pending.rows()
     assert shards.members[B1].calls[-2:] == ["PushPullAckLater", "Acked"] and client.acked == {1: 1}
 
+
+def test_rows_that_cannot_be_read_still_get_their_acked_call_and_raise_one_error_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rows came, their push applied, but reading them failed: no Acked call went out, so the push stayed applied
+    # on the primary and was never counted acknowledged, and the error was a bare KeyError('w/part_0').
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    shards.members[P0].replies += [_rows(7, 3).to_frame(), PushReply(7).to_frame()]  # no rows of w; then Acked
+    shards.members[P1].replies.append(_rows(0, None).to_frame())
+    pending = client.send_push_pull(GRADS, {"w": None}, ack_later=True)
+    with pytest.raises(ClientError, match=r"^/job:worker/task:0: variable 'w': the reply of ps task 0 holds "
+                                          r"no rows of its partition 'w/part_0'$"):
+        pending.rows()
+    assert shards.members[P0].calls[-2:] == ["PushPullAckLater", "Acked"]
+    assert client.acked == {0: 1, 1: 1}
+
+
+def test_a_reply_that_does_not_decode_still_gets_its_acked_call_and_raises_one_error_naming_the_task(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    bad = _rows(7, 3).to_frame()
+    shards.members[P0].replies += [Frame({**bad.meta, "step": "seven"}, dict(bad.arrays)), PushReply(7).to_frame()]
+    shards.members[P1].replies.append(_rows(0, None).to_frame())
+    pending = client.send_push_pull(GRADS, {}, ack_later=True)
+    with pytest.raises(ClientError, match=r"^/job:worker/task:0: the reply of /job:ps/task:0 \(ps shard 0\) to "
+                                          r"PushPullAckLater cannot be read: .*step"):
+        pending.rows()
+    assert shards.members[P0].calls[-2:] == ["PushPullAckLater", "Acked"]
+    assert client.acked == {0: 1, 1: 1}
