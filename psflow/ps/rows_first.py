@@ -58,13 +58,15 @@ def read_rows(calls: Mapping[int, Request], sent: Mapping[int, PendingReply], pu
     try:
         pushed, pulled = _replies(calls, pushes, frames, task_calls, client_name)
         values = read(pushed, pulled)
+        # Every reply's ack_pending is read before an Acked call goes out: one that cannot be read leaves them all to
+        # acknowledge_applied below.
+        acks = task_calls.send_acked(calls, {t: frames[t] for t in pushes}, timeout=timeout)
     except READ_ERRORS as e:
         task_calls.acknowledge_applied(calls, [t for t in sorted(frames) if t in pushes], timeout=timeout)
         if isinstance(e, ClientError):
             raise
         tasks = ", ".join(_name(task_calls, t) for t in sorted(frames))
         raise ClientError(f"{client_name}: the rows from {tasks} cannot be read: {e}") from e
-    acks = task_calls.send_acked(calls, {t: frames[t] for t in pushes}, timeout=timeout)
     return values, lambda: result({**pushed, **{t: PushReply.from_frame(frame) for t, frame in acks().items()}})
 
 

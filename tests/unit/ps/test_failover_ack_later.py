@@ -123,3 +123,18 @@ def test_a_reply_that_does_not_decode_still_gets_its_acked_call_and_raises_one_e
         pending.rows()
     assert shards.members[P0].calls[-2:] == ["PushPullAckLater", "Acked"]
     assert client.acked == {0: 1, 1: 1}
+
+
+def test_a_reply_whose_ack_pending_does_not_decode_still_gets_its_acked_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    bad = _rows(7, 3).to_frame()
+    shards.members[P0].replies += [Frame({**bad.meta, "ack_pending": "three"}, dict(bad.arrays)),
+                                   PushReply(7).to_frame()]
+    shards.members[P1].replies.append(_rows(0, None).to_frame())
+    pending = client.send_push_pull(GRADS, {}, ack_later=True)
+    with pytest.raises(ClientError, match=r"^/job:worker/task:0: the rows from /job:ps/task:0 \(ps shard 0\), "
+                                          r"/job:ps/task:1 \(ps shard 1\) cannot be read: .*ack_pending"):
+        pending.rows()
+    assert shards.members[P0].calls[-2:] == ["PushPullAckLater", "Acked"]
+    assert client.acked == {0: 1, 1: 1}
