@@ -22,15 +22,34 @@ Chief, in order:
        asked again) beside a ready one, with no checkpoint, raises the same
        :class:`~psflow.train.state_loss.StateLostError` as step 1 (the fresh
        variables stay not ready: no pull or push ever reads them).
-       With a checkpoint it restores the checkpoint into the tasks
-       (:func:`psflow.checkpoint.restore.restore`; with its lease and the
-       run id it first takes the checkpoint over at its lease's epoch,
-       :func:`psflow.checkpoint.adopt.checkpoint_to_restore`, so an older chief whose
-       save of it is then fenced off leaves it in place) and logs
-       ``restored checkpoint <path> at step <S>``; global_step is then the
-       checkpoint's, or, where ps task 0 came back empty beside tasks that
-       kept their state, past every step its journal says was handed out
-       (as a restore after a ps death); without one but with
+       With a checkpoint (ps task 0 created) it restores the checkpoint into the
+       tasks (with its lease and the run id it first takes the checkpoint over at
+       its lease's epoch, :func:`psflow.checkpoint.adopt.checkpoint_to_restore`, so
+       an older chief whose save of it is then fenced off leaves it in place):
+
+       * on a cluster that starts anew (no task kept its state, and ps task 0's
+         journal bounds no step past the checkpoint's:
+         :func:`psflow.train.within_run.lost_within_run`; a resumed run) at
+         generation 0 and the checkpoint's global_step
+         (:func:`psflow.checkpoint.restore.restore`), logging
+         ``restored checkpoint <path> at step <S>``;
+       * within the run (another task kept its state, or the journal bounds steps
+         past the checkpoint: the chief died with ps task 0 while workers trained
+         on) as after any ps death
+         (:func:`psflow.train.generation_restore.restore_at_new_generation`): at a
+         new generation, so the workers still training are refused, wait and are
+         rewound to the checkpoint, with global_step past every step handed out,
+         logging ``... onto every ps task, generation G, global_step S2``. If
+         it holds no lease while there is an election (another worker holds it),
+         or its BeginRestore is fenced, it restores nothing: the tasks stay
+         not ready, the lease holder restores them, and this chief waits for that
+         like a worker (``JoinResult.restore_pending``);
+
+       a task whose Register created nothing while it was not ready (a restore is in
+       progress there: the ps tasks' guard, :mod:`psflow.ps.restore_gate`) makes the
+       join wait for that restore the same way, with or without a checkpoint;
+
+       without one but with
        ``warm_start``, it loads the warm-start values instead
        (:func:`psflow.checkpoint.warm_start.warm_start`: variables only; slots and
        global_step keep their initial values). Having initialized (not restored)
@@ -85,7 +104,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from psflow.checkpoint.adopt import checkpoint_to_restore
-from psflow.checkpoint.manifest import Manifest, read_manifest
+from psflow.checkpoint.manifest import Manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
 from psflow.checkpoint.warm_start import load_values, warm_start
@@ -97,7 +116,10 @@ from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RegisterRequest, SetReadyRequest
 from psflow.ps.registration import Registration, ask_until_reachable, register_tasks
+from psflow.rpc.api import FailedPreconditionError
+from psflow.train.generation_restore import restore_at_new_generation
 from psflow.train.state_loss import StateLostError, check_state_kept, ps_states, state_lost_message
+from psflow.train.within_run import lost_within_run
 
 __all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable", "training_view", "trainer_task"]
 
@@ -178,6 +200,10 @@ class JoinResult:
         reader_position: this client's ReaderPosition JSON to resume from, or None.
         reader_positions: every client's ReaderPosition JSON the ps tasks hold, by client name (this one's
             among them if it has one): a run resumed under another sharding reads its epoch from them.
+        generation: the restore generation ps task 0 was ready at, read before the positions (None: pending).
+        restore_pending: (chief) its join left the restore within the run to the lease holder: the tasks are not
+            ready; it waits like a worker (:meth:`psflow.train.recovery.ClusterRecovery.wait`, generation None)
+            and resumes at the position that returns (global_step and the positions here are empty).
     """
 
     created: bool
@@ -185,6 +211,8 @@ class JoinResult:
     global_step: int
     reader_position: str | None
     reader_positions: Mapping[str, str] = field(default_factory=dict)
+    generation: int | None = None
+    restore_pending: bool = False
 
 
 def join_cluster(
@@ -232,7 +260,7 @@ def join_cluster(
         TaskUnavailableError: (non-chief) the chief did not make the cluster ready in time; a ps task stayed
             unreachable past the limit (``ready_timeout``, the chief's ``--connect-timeout``).
     """
-    restored = None
+    restored, generation = None, None
     if chief:
         latest = latest_checkpoint(checkpoint_dir) if checkpoint_dir else None
         if latest is None:  # nothing to restore from: a ps task that lost its variables stops the run here
@@ -244,15 +272,15 @@ def join_cluster(
             raise StateLostError(state_lost_message(client, sorted(registration.new), sorted(registration.kept),
                                                     checkpoint_dir=checkpoint_dir))
         created = client.step_task in registration.created
+        if pending := sorted(set(client.channels) - registration.created - registration.kept):
+            log.warning("%s: a restore is in progress on /job:ps/task:%s (its Register created nothing there): "
+                        "waiting for it", client.client_name, ", /job:ps/task:".join(map(str, pending)))
+            return JoinResult(created, None, 0, None, {}, generation=None, restore_pending=True)
         if created and latest is not None and checkpoint_dir:
-            latest = _taken_over(checkpoint_dir, latest, leader, run)
-            past = _step_past_handed_out(client, latest, registration)
-            manifest = restore(client, latest, global_step=past)
-            _set_ready(client)
-            restored = latest
-            log.info("%s: restored checkpoint %s at step %d%s", client.client_name, latest, manifest.global_step,
-                     f", global_step {past} (past the steps handed out since)" if past not in (None, manifest.global_step)
-                     else "")
+            restored, generation = _restore_at_join(client, optimizer, checkpoint_dir, latest, registration,
+                                                    leader, run)
+            if restored is None:  # the lease holder restores: this chief waits for it like a worker
+                return JoinResult(created, None, 0, None, {}, generation=None, restore_pending=True)
         elif created:
             own = load_values(client, start_values, "the model's initial values") if start_values else []
             names = warm_start(client, warm_start_from) if warm_start_from is not None else []
@@ -267,10 +295,12 @@ def join_cluster(
     else:
         created = client.register(optimizer, ready_timeout=ready_timeout)
     limit = client.config.connect_timeout if chief or ready_timeout is None else ready_timeout
+    if generation is None:  # read before the positions: a restore after them moves it on (the worker sees it)
+        generation = _asked(client, lambda: client.ps_stats().generation, limit)
     positions = {name: text for name, text in _asked(client, client.reader_positions, limit).items()
                  if isinstance(text, str)}
     return JoinResult(created, restored, _asked(client, client.global_step, limit), positions.get(client.client_name),
-                      positions)
+                      positions, generation=generation)
 
 
 def _register(client: ParameterClient, optimizer: OptimizerSpec) -> Registration:
@@ -282,15 +312,37 @@ def _register(client: ParameterClient, optimizer: OptimizerSpec) -> Registration
                           call=client.call_async)
 
 
-def _step_past_handed_out(client: ParameterClient, latest: str, registration: Registration) -> int | None:
-    """global_step for the chief's restore at start: None (the checkpoint's) on a cluster that starts anew; where
-    ps task 0 came back empty beside tasks that kept their state (the run went on while the chief restarted), past
-    every step handed out, its journal's floor (``--state-dir``), as :class:`~psflow.train.recovery.ClusterRecovery`
-    restores: the steps since the checkpoint were logged once already."""
-    if not registration.kept:
-        return None
-    floor = client.ps_stats().step_floor
-    return max(read_manifest(latest).global_step, floor) if floor is not None else None
+def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, directory: str, latest: str,
+                     registration: Registration, leader: Callable[[], Lease | None] | None,
+                     run: str | None) -> tuple[str | None, int | None]:
+    """(Chief, ps task 0 created) restores checkpoint ``latest``: ``(restored, generation)``, the restored checkpoint
+    and the generation the tasks are ready at (None: 0, a cluster that starts anew), or ``(None, None)`` where the
+    restore is left to the lease holder (the tasks stay not ready). See step 2 of the module docstring."""
+    within = bool(registration.kept) or (run is not None and lost_within_run(
+        directory, run, {client.step_task: client.ps_stats()}, client.step_task))
+    if not within:  # a resumed run on a fresh cluster: generation 0, the checkpoint's step
+        latest = _taken_over(directory, latest, leader, run)
+        manifest = restore(client, latest)
+        _set_ready(client)
+        log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
+        return latest, None
+    lease = leader() if leader is not None else None
+    if leader is not None and lease is None:
+        log.warning("%s: the run went on past checkpoint %s while this chief restarted; another worker holds the "
+                    "chief lease, which restores the cluster: waiting for it", client.client_name, latest)
+        return None, None
+    latest = _taken_over(directory, latest, lambda: lease, run)
+    try:
+        done = restore_at_new_generation(client, optimizer, latest, lease, ps_states(client), run=run,
+                                         limit=client.config.connect_timeout, step_survived=False, registered=True)
+    except FailedPreconditionError as e:  # fenced: a newer lease's holder restores
+        log.warning("%s: restore of %s refused (%s): waiting for the lease holder to restore the cluster",
+                    client.client_name, latest, e)
+        return None, None
+    log.info("%s: restored checkpoint %s at step %d onto every ps task, generation %d, global_step %d%s",
+             client.client_name, latest, done.manifest.global_step, done.generation, done.global_step,
+             " (past the steps handed out since)" if done.global_step != done.manifest.global_step else "")
+    return latest, done.generation
 
 
 _T = TypeVar("_T")

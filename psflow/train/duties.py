@@ -176,7 +176,7 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     return MonitoredTrainingSession(client, optimizer, is_chief=chief, checkpoint_dir=config.checkpoint.dir,
                                     hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.cluster.connect_timeout,
                                     warm_start=config.model.warm_start, initial_values=model.initial_values,
-                                    leader=leadership.lease if leadership is not None else None,
+                                    leader=leadership.confirmed_lease if leadership is not None else None,
                                     run=run_id(config, cluster))
 
 

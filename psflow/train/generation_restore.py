@@ -1,7 +1,9 @@
 """A restore within a run: every ps task loaded from a checkpoint at a new generation.
 
-One function, :func:`restore_at_new_generation`: the lease holder's restore after a ps task died
-(:meth:`psflow.train.recovery.ClusterRecovery.restore`). In order, it:
+One function, :func:`restore_at_new_generation`, used by both restorers of a running cluster: the lease holder
+after a ps task died (:meth:`psflow.train.recovery.ClusterRecovery.restore`), and a restarted chief whose join
+finds the run went on past its checkpoint (:func:`psflow.train.chief.join_cluster`: some ps task kept its state,
+or ps task 0's journal bounds steps handed out past the checkpoint). In order, it:
 
 1. (unless the caller registered already) registers the layout with ``chief=True, defer_ready=True``,
    creating an empty task's variables, not ready;

@@ -37,7 +37,8 @@ A ps task that died is restarted empty by the supervisor. Then, in order:
    one generation (:meth:`ClusterRecovery.wait`, at most ``timeout``);
 3. meanwhile the chief (the lease holder) restores EVERY ps task from the
    newest checkpoint (:meth:`ClusterRecovery.restore`, through
-   :func:`psflow.train.generation_restore.restore_at_new_generation`): registers the layout
+   :func:`psflow.train.generation_restore.restore_at_new_generation`, as a
+   restarted chief's join within the run does): registers the layout
    (creating the restarted task's variables), sends ``BeginRestore`` with a
    new generation (pushes of the old one are refused from then on, and the
    ones in flight finish first), loads variables, slots, reader positions and
@@ -295,7 +296,7 @@ class ClusterRecovery:
     """What one worker does when the data path fails; see the module docstring."""
 
     def __init__(self, client: ParameterClient, optimizer: OptimizerSpec, *, checkpoint_dir: str | None,
-                 leader: Callable[[], Lease | None], timeout: float, generation: int = 0,
+                 leader: Callable[[], Lease | None], timeout: float, generation: int | None = 0,
                  run: str | None = None) -> None:
         """Args:
             client: this worker's client.
@@ -303,12 +304,13 @@ class ClusterRecovery:
             checkpoint_dir: where the newest checkpoint is.
             leader: this worker's lease if it is the chief now, else None.
             timeout: seconds a worker waits for the cluster to be restored.
-            generation: the restore generation the cluster is at now.
+            generation: the restore generation the cluster is at now; None: a restore is pending (a restarted
+                chief's join left it to the lease holder), and the first generation it settles at counts as one.
             run: this run's id (:func:`psflow.train.duties.run_id`): a restore takes replicated shards'
                 ``pushes_applied`` only from a checkpoint this run wrote (None: from any checkpoint).
         """
         #: The restore generation this worker trains in (its pushes carry it); a restore moves it on.
-        self.generation = generation
+        self.generation: int | None = generation
         self.client = client
         self.optimizer = optimizer
         self.checkpoint_dir = checkpoint_dir
@@ -329,8 +331,7 @@ class ClusterRecovery:
 
     def needed(self) -> bool:
         """After a data-path error: is (or was) the cluster being restored?"""
-        states = self._states()
-        return self._settled(states) != self.generation
+        return self.generation is None or self._settled(self._states()) != self.generation
 
     def wait(self) -> tuple[bool, str | None]:
         """Blocks until every ps task is ready at one generation (restoring it if this worker is chief).
@@ -352,7 +353,7 @@ class ClusterRecovery:
         while True:
             states = self._states()
             generation = self._settled(states)
-            if generation == self.generation:
+            if generation is not None and generation == self.generation:
                 return False, None
             if generation is not None:
                 break
@@ -380,6 +381,18 @@ class ClusterRecovery:
         log.warning("%s: cluster restored (generation %d) after %.1f s; resuming data at the checkpoint's position",
                     self.client.client_name, generation, time.monotonic() - started)
         return True, position if isinstance(position, str) else None
+
+    def await_restore(self, leadership: Leadership | None) -> str | None:
+        """(A chief whose join left the restore within the run to the lease holder: generation None) campaigns, and
+        waits for the cluster to settle at a new generation (restoring it if elected); its position to resume from.
+
+        Raises:
+            StateLostError, RecoveryError: as :meth:`wait`.
+        """
+        log.warning("%s: waiting for the cluster to be restored before the first step", self.client.client_name)
+        if leadership is not None:  # nobody else may be left to take the lease and restore
+            leadership.start()
+        return self.wait()[1]
 
     def linger(self, num_workers: int, *, before_waiting: Callable[[], None] | None = None,
                take_over: Callable[[float, int | None, tuple[str, ...], int], bool] | None = None,

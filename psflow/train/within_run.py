@@ -11,7 +11,8 @@ A chief that starts and finds no ps task ready sees one of two things that look 
   Restored at the checkpoint's step, the run would hand those values out again (guarantee 2). It must
   go on past the bound ps task 0's global_step journal kept (:mod:`psflow.ps.global_step`, the
   ``step_floor`` of its ``Stats``), as the workers of a between-graph run do when they restore such a
-  cluster within their run (:meth:`psflow.train.recovery.ClusterRecovery.restore`).
+  cluster within their run (:meth:`psflow.train.recovery.ClusterRecovery.restore`); a restarted chief's
+  join then restores at a new generation as they do (:mod:`psflow.train.generation_restore`).
 
 :func:`lost_within_run` tells the second from the first by two facts, both needed: the newest
 checkpoint was written by this run (its manifest's ``run.run_id`` is this run's id, which every

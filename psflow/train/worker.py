@@ -225,12 +225,14 @@ def run_worker(
         with make_session(config, cluster, client, model, "worker", task_index, leadership=leadership,
                           faults=faults, save_section=save_section, take_over=take_over) as session:
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir,
-                                       generation=client.ps_stats().generation,
+                                       generation=session.join_result.generation if session.join_result else 0,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
                                        timeout=config.cluster.connect_timeout, run=run_id(config, cluster))
             resume = resume_position(session, data_config)
-            # Runs that can be restored keep a finished worker until every worker finished, so a
-            # restore after a later ps death rewinds its records too (ClusterRecovery.linger).
+            if recovery.generation is None:  # its join left the restore within the run to the lease holder: it waits
+                resume = resume_from_positions(recovery.await_restore(leadership), client.reader_positions(), data_config, task)
+            # Runs that can be restored keep a finished worker until every worker finished, so a restore after a
+            # later ps death rewinds its records too (ClusterRecovery.linger).
             linger = leadership is not None and cluster.num_tasks("worker") > 1
             duties = TakeOver(leadership, client, task_index, lease_ttl=config.chief.lease_ttl,
                               checkpoint_dir=config.checkpoint.dir) if take_over and leadership is not None else None
@@ -334,8 +336,7 @@ def _never_ready(client: ParameterClient) -> bool:
     """Whether ps task 0 was never made ready (generation 0, not ready: the cluster not initialized yet, or a chief
     died before making it ready; not a restore within the run, whose generation is above 0), or it cannot tell."""
     try:
-        stats = client.ps_stats()
-        return not stats.ready and stats.generation == 0
+        return not (stats := client.ps_stats()).ready and stats.generation == 0
     except RpcError:
         return True
 

@@ -12,6 +12,7 @@ ps task. ps task 0: see its test.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -24,10 +25,12 @@ from psflow.checkpoint.pointer import latest_checkpoint
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 
-def _kill_the_chief_and_ps_task(out: Path, task: int) -> tuple[subprocess.CompletedProcess[str], str]:
-    """One pass over a9a (2 ps, 1 worker, checkpoints every 100 steps) whose chief and ps task ``task`` are
-    killed at step 300 and restarted once; its result and worker 0's log."""
-    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "2", "--workers", "1",
+def _kill_the_chief_and_ps_task(out: Path, task: int, *options: str,
+                                workers: int = 1) -> tuple[subprocess.CompletedProcess[str], str]:
+    """One pass over a9a (2 ps, ``workers`` workers, checkpoints every 100 steps) whose chief and ps task ``task``
+    are killed at step 300 and restarted once; its result and worker 0's log."""
+    r = run_cli("train", "--train", str(A9A), "--num-features", "124", "--ps", "2", "--workers", str(workers),
+                *options,
                 "--batch-size", "32", "--epochs", "1", "--no-status", "--output", str(out),
                 "--checkpoint-dir", str(out / "ckpt"), "--save-checkpoints-steps", "100",
                 "--restart-policy", "on-failure", "--max-restarts", "1", "--lease-ttl", "2",
@@ -68,5 +71,29 @@ def test_a_chief_restarted_beside_an_empty_ps_task_0_hands_out_no_step_twice(tmp
     restored_line = next(ln for ln in log.splitlines() if "restored checkpoint" in ln)
     set_step = int(restored_line.split(", global_step ")[1].split()[0])
     assert set_step >= metrics["faults"][0]["at_step"], restored_line
+    final = read_manifest(latest_checkpoint(str(out / "ckpt")) or "")
+    assert final.final and final.examples == 32561, final
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_chief_restarted_beside_an_empty_ps_task_0_restores_at_a_new_generation(tmp_path: Path, mode: str) -> None:
+    """With a second worker still training, the join's restore moves the cluster to a new generation: the worker
+    is rewound to the checkpoint as after any ps death. Before, the join restored with no new generation: worker 1
+    saw the cluster settled at its old one and died with a TaskUnavailableError traceback (a restart), or had its
+    next push admitted over a model rewound to the checkpoint (its records since then never trained)."""
+    out = tmp_path / "run"
+    r, log0 = _kill_the_chief_and_ps_task(out, 0, "--mode", mode, "--log-every", "1", workers=2)
+    log1 = (out / "logs" / "worker-1.log").read_text()
+    assert r.returncode == 0, r.stderr[-3000:] + log0[-2000:] + log1[-2000:]
+    assert log1.count("serving at") == 1 and "Traceback" not in log1, log1[-3000:]
+    assert "cluster restored (generation" in log1, log1[-3000:]
+    # Restored once, by whoever held the lease: the chief's join, or worker 1 (the chief then waited for it).
+    assert "restored checkpoint" in log0.split("serving at")[2] + log1, log0[-3000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert not [e for e in metrics["restarts"] if e["task"] == "/job:worker/task:1"], metrics["restarts"]
+    for fault in metrics["faults"]:
+        assert fault["recovered"] and fault["recovered_at_step"] > fault["at_step"], metrics["faults"]
+    steps = [int(s) for text in (log0, log1) for s in re.findall(r"worker \d+: step=(\d+) ", text)]
+    assert steps and len(steps) == len(set(steps)), sorted(s for s in set(steps) if steps.count(s) > 1)[:20]
     final = read_manifest(latest_checkpoint(str(out / "ckpt")) or "")
     assert final.final and final.examples == 32561, final

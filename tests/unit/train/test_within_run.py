@@ -96,11 +96,20 @@ def test_a_restart_within_the_run_goes_on_past_every_step_value_handed_out(tmp_p
     assert _push(client) == floor + 1  # never one of 4-7 again
 
 
+def test_a_chief_restarted_within_the_run_joins_at_a_new_generation_past_every_step_value(tmp_path: Path) -> None:
+    """The chief's join after every ps task died with it (none kept its state): it restored at generation 0 and the
+    checkpoint's step, so steps 4-7 were handed out again and a worker still at generation 0 was admitted."""
+    ckpt, client = _run_then_lose_every_ps_task(tmp_path, tmp_path / "state" / "global_step.json")
+    result = join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt, run="run-a")
+    assert result.restored is not None and result.generation is not None and result.generation > 0
+    assert result.global_step == 7 and _push(client) == 8
+
+
 def test_a_new_run_resuming_the_checkpoint_starts_at_its_step(tmp_path: Path) -> None:
     ckpt, client = _run_then_lose_every_ps_task(tmp_path, tmp_path / "state" / "global_step.json")
     assert not lost_within_run(ckpt, "run-b", ps_states(client), client.step_task)  # another run's checkpoint
-    result = join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)  # what that run's chief then does
-    assert result.restored is not None and result.global_step == 3
+    result = join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt, run="run-b")  # what that run's chief then does
+    assert result.restored is not None and result.global_step == 3 and result.generation == 0
     assert _push(client) == 4
 
 
