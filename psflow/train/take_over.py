@@ -51,9 +51,9 @@ Not guaranteed: a worker that neither pushed nor held the lease for a whole ``le
 that long), or one restarted by a cluster manager that the tasks were not told of (``psflow server`` without
 ``--restarted-by-manager``), but lives is taken for gone. The take-over's final checkpoint and evaluation are the
 run's (an evaluator task, :mod:`psflow.launch.evaluator`, may have ended on it already): when that worker trains
-again and is elected, it stops with one line before its duties run (:mod:`psflow.train.taken_over`), and the steps
-it pushed since it resumed are in no checkpoint. (It used to train on and write a second checkpoint marked final,
-the model evaluated twice.)
+again and is elected, or (stalled right after its last push) reaches its session's end under a new lease, it stops
+with one line before its duties run (:mod:`psflow.train.taken_over`), and the steps it pushed since it resumed are
+in no checkpoint. (It used to train on and write a second checkpoint marked final, the model evaluated twice.)
 """
 
 from __future__ import annotations

@@ -32,13 +32,21 @@ take-over (killed, not stalled) campaigns only once it trains, and pushed a few 
 0's global_step moved on from the final checkpoint's, on ps tasks that serve until ``psflow shutdown``) before it
 was elected and stopped; now it stops before its first pull (``... it trains no step``).
 
-Costs: one ``Stats`` call, and one pointer read or ``FinalEval`` call, at the first step and per lease this worker
-gains; none per step.
+And once more at the session's end, when this worker holds another lease than the one it pushed its last step
+under: a holder stalled right after its last push (past ``--lease-ttl``) runs no step once resumed; as the last to
+finish it campaigns again, is elected (the take-over's worker had left) and its duties' end would run: it marked the
+take-over's final checkpoint final again under its own epoch (the pointer rewritten, naming it), sent ``Done`` and
+exited 0, as if its session had ended the run. Now it stops there as above (``... it saves and evaluates nothing``).
+
+Costs: one ``Stats`` call, and one pointer read or ``FinalEval`` call, at the first step, per lease this worker
+gains and at an end under a lease its last step was not under; none per step.
 A ps task 0 that cannot be asked lets the duties go on (logged): two finals rather than none.
 
-Not guaranteed: a worker stalled after its last push (its data ended as it resumed) runs no step, so this hook never
-checks: as the last to finish it writes the final checkpoint of the same global_step again (the same checkpoint,
-marked final once) and skips the evaluation (:class:`~psflow.train.final_eval.FinalEvalOnce`).
+Not guaranteed: a worker that held no lease at its last step (another worker was the holder, then handed the duties
+on as it finished) and was stalled from then past ``--lease-ttl`` is not told from one that finished at the same
+time as the holder (both hold the duties at their end, one after the other, :mod:`psflow.train.final_eval`): at its
+end it marks the take-over's final checkpoint final again and skips the evaluation; every step it pushed is in that
+checkpoint.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 if TYPE_CHECKING:
     from psflow.ps.client import ParameterClient
     from psflow.train.recovery import Leadership
+    from psflow.train.session import MonitoredTrainingSession
 
 __all__ = ["RunTakenOverError", "TakenOverHook"]
 
@@ -66,32 +75,40 @@ class RunTakenOverError(TrainingError):
 
 
 class TakenOverHook(SessionRunHook):
-    """Raises :class:`RunTakenOverError` before this worker's first step, and after a step once it holds a new
-    lease, of a run a take-over already ended (see the module docstring). Blocks for two RPCs (or one RPC and a
-    pointer read) at its first step and per new lease."""
+    """Raises :class:`RunTakenOverError` before this worker's first step, after a step once it holds a new
+    lease, and at its session's end under another lease than its last step's, of a run a take-over already ended
+    (see the module docstring). Blocks for two RPCs (or one RPC and a pointer read) at its first step, per new
+    lease and at such an end."""
 
     def __init__(self, leadership: Leadership, checkpoint_dir: str | None) -> None:
         self.leadership = leadership
         self.checkpoint_dir = checkpoint_dir
         self._checked: int | None = None  # the epoch of the last lease checked
         self._started = False  # whether its first step was checked
+        self._stepped_under: int | None = None  # the epoch of the lease held at its last step (None: none held)
 
     def before_run(self, context: RunContext) -> None:
         if self._started:
             return
         self._started = True  # a process started after the take-over: it pushes nothing past the run's final
-        self._check(context, "it trains no step (started again after the run's end?)")
+        self._check(context.session.client, "it trains no step (started again after the run's end?)")
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         lease = self.leadership.lease()
+        self._stepped_under = lease.epoch if lease is not None else None
         if lease is None or lease.epoch == self._checked:
             return
         self._checked = lease.epoch
-        self._check(context, "it stops without a checkpoint or an evaluation of its steps since (stalled past "
-                             "--lease-ttl?)")
+        self._check(context.session.client, "it stops without a checkpoint or an evaluation of its steps since "
+                                            "(stalled past --lease-ttl?)")
 
-    def _check(self, context: RunContext, then: str) -> None:
-        client = context.session.client
+    def end(self, session: MonitoredTrainingSession) -> None:
+        lease = self.leadership.lease()
+        if lease is None or self._stepped_under is None or lease.epoch == self._stepped_under:
+            return  # its duties' end runs under the lease of its last step (or it had none then): not taken for gone
+        self._check(session.client, "it saves and evaluates nothing (stalled past --lease-ttl after its last step?)")
+
+    def _check(self, client: ParameterClient, then: str) -> None:
         ended = _ended_by(client, self.checkpoint_dir)
         if ended is not None:
             raise RunTakenOverError(f"{client.client_name}: the run was ended without this worker: {ended}; {then}")

@@ -6,6 +6,9 @@ Before: the resumed chief campaigned again, was elected (the take-over's worker 
 end and wrote its own final checkpoint (in the reproduction ckpt-000000067 by worker 1, then ckpt-000003084 by
 worker 0, both marked final, and ``eval step=67`` then ``eval step=3084``); an evaluator task had ended at the first.
 
+The same for a chief stalled right after its last push (it runs no step once resumed: checked at its session's
+end): there worker 0 stops itself at that point (tests/integration/stall_chief on the processes' PYTHONPATH).
+
 Real ``psflow server`` processes, as test_chief_lost_at_end starts them. Asserted on the log lines, the exit codes
 and the checkpoints' manifests, never on time.
 """
@@ -133,3 +136,52 @@ def test_a_chief_started_again_by_hand_after_a_take_over_pushes_no_step_past_the
     finally:
         ps0.close()
     assert latest_checkpoint(str(ckpt)) == final and "eval step=" not in log, log[-3000:]
+
+
+def _stall(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    """The psflow server processes started next run tests/integration/stall_chief: worker 0 stops itself (SIGSTOP)
+    at ``point``."""
+    here = Path(__file__).parent / "stall_chief"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(here), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    monkeypatch.setenv("PSFLOW_TEST_STALL", point)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (its state in /proc/PID/stat is T)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+def test_a_chief_stalled_after_its_last_push_and_resumed_after_the_take_over_saves_and_evaluates_nothing(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker 0, the chief and the last to finish (3,000 lines against worker 1's 300), stops itself right after its
+    last push (its ``Leave`` sent, its session's end to come), and is resumed once worker 1 took the duties over,
+    wrote the final checkpoint, evaluated and exited. It stops with one line naming the take-over and its final,
+    exit 1, writing nothing: the pointer stays the take-over's, no 'eval step='. Before, no check ran (it pushed no
+    step after it resumed): it was elected, marked the take-over's checkpoint final again under its own epoch,
+    sent ``Done`` and exited 0 as if its session had ended the run."""
+    _stall(monkeypatch, "after_last_push")
+    cluster = tasks(_cluster(1, 2))
+    ckpt = _start(cluster, tmp_path, [3000, 300])
+    chief = cluster.procs["worker-0"]
+    try:
+        wait_until(lambda: _stopped(chief.pid) or chief.poll() is not None, "worker 0 stopped after its last push",
+                   limit=_SAFETY)
+        assert chief.poll() is None, cluster.log("worker-0")[-3000:]
+        assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
+        pointer = (ckpt / "checkpoint").read_bytes()
+    finally:
+        os.kill(chief.pid, signal.SIGCONT)
+    took = re.search(r"worker 1: took the chief duties over from .*at global_step (\d+)", cluster.log("worker-1"))
+    assert took, cluster.log("worker-1")[-3000:]
+    step = int(took.group(1))
+    code = cluster.exit_code("worker-0")
+    log = cluster.log("worker-0")
+    assert code != 0 and "Traceback" not in log, log[-3000:]
+    assert re.search(r"/job:worker/task:0: the run was ended without this worker: /job:worker/task:1 took the chief "
+                     rf"duties over and wrote the final checkpoint ckpt-\d+ at global_step {step}", log), log[-3000:]
+    assert (ckpt / "checkpoint").read_bytes() == pointer  # not marked final again, nor saved
+    final = latest_checkpoint(str(ckpt))
+    assert final is not None and read_manifest(final).final and read_manifest(final).global_step == step, final
+    evals = re.findall(r"eval step=(\d+)", cluster.log("worker-1") + log)
+    assert evals == [str(step)], evals
