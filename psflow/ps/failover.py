@@ -47,7 +47,8 @@ BeginRestore, LoadShard, SaveShard, Fence, CheckpointStatus through ``ParameterC
 idempotent, so a worker or chief whose call was in flight to a primary that died follows the failover).
 
 Not thread-safe: one router per client, used by its training thread (:func:`resolve_all` resolves distinct
-shards from several threads at connect time). An unreplicated cluster has no
+shards from several threads at connect time, and :meth:`ShardRouter.gather` the shards of one call that failed
+together). An unreplicated cluster has no
 router: its client's calls are never resent.
 """
 
@@ -342,8 +343,9 @@ class ShardRouter:
         launcher's loop while a shard has no primary).
         ``replied`` is called once with the shards that replied, whether the call as a whole succeeds or
         raises (a push one shard applied is counted acknowledged there even when another shard failed).
-        A shard's error that is final does not stop the others: each failed-over shard is still resolved and
-        its request resent until it replied or failed for good too, whatever its place in shard order (a push
+        A shard's error that is final does not stop the others: each failed-over shard is still resolved (the
+        failed shards of a round in parallel, so one whose members never answer does not use up the others' time)
+        and its request resent until it replied or failed for good too, whatever its place in shard order (a push
         the dead primary had forwarded is held by the promoted backup: raised without its resend, it stayed
         applied there and was never counted acknowledged).
 
@@ -362,8 +364,7 @@ class ShardRouter:
             while errors:
                 self._heard_from(replies, errors, sent)
                 resent: dict[int, PendingReply] = {}
-                for shard, error in sorted(errors.items()):
-                    failed = self._follow(shard, error, deadline - time.monotonic())
+                for shard, failed in self._follow_all(errors, deadline - time.monotonic()).items():
                     if failed is not None:
                         final = final or failed
                     else:
@@ -377,6 +378,18 @@ class ShardRouter:
         finally:
             if replied is not None:
                 replied(tuple(replies))
+
+    def _follow_all(self, errors: Mapping[int, RpcError], left: float) -> dict[int, RpcError | None]:
+        """(:meth:`gather`) :meth:`_follow` for every failed shard at once, each within ``left`` s, in shard order. In
+        parallel: a shard no member of which answers waits all of ``left`` and fails; followed one after the other, a
+        failed-over shard after it had no time left and was never resent (its push, held by the promoted backup, never
+        counted acknowledged). Distinct shards, as :func:`resolve_all`."""
+        if len(errors) == 1:
+            ((shard, error),) = errors.items()
+            return {shard: self._follow(shard, error, left)}
+        with futures.ThreadPoolExecutor(len(errors)) as pool:
+            followed = {shard: pool.submit(self._follow, shard, error, left) for shard, error in sorted(errors.items())}
+        return {shard: f.result() for shard, f in followed.items()}
 
     def _follow(self, shard: int, error: RpcError, left: float) -> RpcError | None:
         """(:meth:`gather`) Whether shard ``shard``'s failed call may be resent, within ``left`` s: None if so (its

@@ -8,14 +8,18 @@ tests/integration/test_replicated_training.py."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pytest
-from test_failover import B1, P0, P1, FakeShards, _two_shard_client, healthy
+from test_failover import B0, B1, P0, P1, FakeShards, Member, _two_shard_client, healthy
 
 from psflow.gradients import DenseGradient
 from psflow.ps.plans import ClientError
 from psflow.ps.protocol import PullReply, PushPullAckLaterReply, PushPullReply, PushReply
-from psflow.rpc.api import InvalidArgumentError
+from psflow.rpc.api import InvalidArgumentError, RpcError, TaskUnavailableError
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -79,6 +83,32 @@ def test_a_shard_that_failed_over_is_resent_and_counted_though_a_lower_shard_fai
     with pytest.raises(InvalidArgumentError, match="bad gradient"):
         client.push(GRADS)
     assert shards.members[B1].calls.count("Push") == 1  # resent to the promoted backup, which applies it once
+    assert client.channels[1].task == B1 and client.acked == {1: 1}
+
+
+def test_a_shard_that_failed_over_is_resent_though_a_lower_shard_has_no_member_left_to_wait_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Shard 0's members stopped (each status call answered only at its deadline), and shard 1's primary died with the
+    # push in flight: shard 0's resolve waits the whole wait_timeout for a member and fails. Resolved after it in
+    # turn, shard 1 had no time left and was never resent: its push, held by the backup another worker promotes,
+    # applied and never counted acknowledged.
+    shards = healthy()
+    client = _two_shard_client(shards, monkeypatch)
+    assert client.router is not None
+    client.router.wait_timeout = 0.5
+    shards.stalled |= {P0, B0}
+    answer = shards.answer
+
+    def late(member: Member, method: str, meta: Mapping[str, Any]) -> Frame | RpcError:
+        if member.task in shards.stalled:
+            time.sleep(0.3)  # a status call's deadline: shard 0's resolve then ends past the gather's deadline
+        return answer(member, method, meta)
+
+    monkeypatch.setattr(shards, "answer", late)
+    _failed_over(shards)
+    with pytest.raises(TaskUnavailableError, match="no member of ps shard 0 can serve it"):
+        client.push(GRADS)
+    assert shards.members[B1].calls.count("Push") == 1
     assert client.channels[1].task == B1 and client.acked == {1: 1}
 
 
