@@ -65,7 +65,9 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
 ``SetReady``
     marks this task ready: the chief finished initializing or restoring it,
     so non-chief clients' ``Register`` calls stop answering "not ready".
-    ``meta.generation`` (after a restore) becomes the task's generation, and
+    ``meta.generation`` (after a restore) must be the generation this task's
+    ``BeginRestore`` set (else FAILED_PRECONDITION, nothing changed: a deposed
+    restorer's late ``SetReady`` while a newer restore goes on), and
     ``meta.global_step`` the step a sync run starts over at (see
     :meth:`psflow.ps.sync.SyncAggregator.reset`). The task holding global_step
     first records its journal's next block (:meth:`~psflow.ps.global_step.GlobalStep.reserve`),
@@ -431,11 +433,12 @@ class CheckpointHandlers:
         request = SetReadyRequest.from_frame(frame)
         if not self._variables.registered:
             raise InvalidRequest(f"{self.task_name}: cannot become ready before the chief registered the variables")
+        self._gate.check_open(request.generation, request.client)  # a deposed restorer's: refused, nothing changed
         if request.generation is not None:  # a restore is complete: in sync mode the step starts over there
             self._mode.restart(request.global_step)
         if self._clock.global_step is not None:  # the first push's journal write, done before training
             self._clock.global_step.reserve()
-        self._gate.open(request.generation)
+        self._gate.open(request.generation, request.client)
         log.info("%s: ready (initialized by %s, generation %d)", self.task_name, request.client, self._gate.generation)
         return _reply(SetReadyReply())
 

@@ -21,8 +21,11 @@ A push that carries a generation is refused (FAILED_PRECONDITION, before
 anything is applied) when the task is not ready or holds another generation:
 the worker's data position belongs to a model state that was rewound, so it
 must re-read it first (:mod:`psflow.train.recovery`). A push without one (a
-tool's) is not checked. Every admitted push is counted until it is released,
-so a restore can wait for them.
+tool's) is not checked. A ``SetReady`` of a restore is refused the same way
+when the task holds another generation: a deposed restorer's late one would
+open the task in the middle of the newer restore, at the older generation.
+Every admitted push is counted until it is released, so a restore can wait
+for them.
 """
 
 from __future__ import annotations
@@ -94,10 +97,32 @@ class RestoreGate:
             self._ready = ready
             self._restoring = self._restoring and not ready
 
-    def open(self, generation: int | None = None) -> None:
-        """``SetReady``: the chief finished initializing or restoring; after a restore, at ``generation``. Ends a
-        restore in progress."""
+    def check_open(self, generation: int | None, client: str) -> None:
+        """Whether ``client``'s ``SetReady`` of ``generation`` may open the task (:meth:`open`), asked before its
+        other effects.
+
+        Raises:
+            PreconditionFailed: ``generation`` is not the one this task holds: the ``BeginRestore`` of another
+                restore came since (a newer lease's holder restores; this one was deposed), or the task restarted.
+        """
         with self._lock:
+            self._check_open(generation, client)
+
+    def _check_open(self, generation: int | None, client: str) -> None:
+        if generation is not None and generation != self._generation:
+            raise PreconditionFailed(f"SetReady of generation {generation} from {client} refused: {self.task_name} "
+                                     f"is at generation {self._generation} (another restore began here since, and "
+                                     f"its own SetReady makes the task ready)")
+
+    def open(self, generation: int | None = None, client: str = "the chief") -> None:
+        """``SetReady``: the chief finished initializing or restoring; after a restore, at ``generation``. Ends a
+        restore in progress.
+
+        Raises:
+            PreconditionFailed: as :meth:`check_open` (nothing changed).
+        """
+        with self._lock:
+            self._check_open(generation, client)
             if generation is not None:
                 self._generation = generation
             self._ready = True

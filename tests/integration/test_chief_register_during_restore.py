@@ -21,7 +21,7 @@ from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, RegisterRequest, SetReadyRequest
 from psflow.ps.registration import register_tasks
-from psflow.rpc.api import ConnectConfig
+from psflow.rpc.api import ConnectConfig, FailedPreconditionError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -68,3 +68,30 @@ def test_a_chiefs_register_during_a_restore_keeps_what_the_restore_loaded(
     assert np.array_equal(values["emb"], EMB) and np.array_equal(values["bias"], BIAS), values
     assert joined.created == frozenset() and joined.kept == frozenset()  # neither created there nor found ready
     assert [chief.ps_stats(t).init_count for t in (0, 1)] == [1, 1]
+
+
+def test_a_deposed_restorers_late_set_ready_leaves_the_newer_restore_in_progress(
+        local_cluster) -> None:  # type: ignore[no-untyped-def]
+    """Restorer A (stopped until its lease lapsed) sends SetReady after restorer B began: it opened every task at
+    A's older generation while B was loading, so workers resumed there and B's load then rewound them under them."""
+    handle = local_cluster(2)
+    a = _client(handle, "/job:worker/task:1")
+    a.register(OPTIMIZER, chief=True)
+    b = _client(handle, "/job:worker/task:2")
+    for task in (0, 1):
+        a.call(task, BeginRestoreRequest(10))
+    for task in (0, 1):
+        b.call(task, BeginRestoreRequest(20))
+    for task in (1, 0):
+        with pytest.raises(FailedPreconditionError, match=rf"^/job:ps/task:{task}: SetReady: SetReady of generation 10 "
+                                                          rf"from /job:worker/task:1 refused: /job:ps/task:{task} is "
+                                                          r"at generation 20 \(another restore began here since"):
+            a.call(task, SetReadyRequest("/job:worker/task:1", 10, 40))
+    assert [(b.ps_stats(t).ready, b.ps_stats(t).generation) for t in (0, 1)] == [(False, 20), (False, 20)]
+    b.call(0, LoadShardRequest.build({"emb/part_0": EMB}, {}, {}, ["emb/part_0"], global_step=40, restored_step=40))
+    b.call(1, LoadShardRequest.build({"bias/part_0": BIAS}, {}, {}, ["bias/part_0"], restored_step=40))
+    for task in (1, 0):
+        b.call(task, SetReadyRequest("/job:worker/task:2", 20, 40))
+    assert [(b.ps_stats(t).ready, b.ps_stats(t).generation) for t in (0, 1)] == [(True, 20), (True, 20)]
+    values = b.pull({"emb": None, "bias": None})
+    assert np.array_equal(values["emb"], EMB) and np.array_equal(values["bias"], BIAS), values

@@ -13,6 +13,7 @@ from psflow.ps.protocol import LoadShardRequest, RegisterReply, RegisterRequest
 from psflow.ps.restore_gate import RestoreGate
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import PreconditionFailed
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,3 +61,25 @@ def test_a_chiefs_register_creates_nothing_during_a_restore_and_again_once_none_
     service.handlers()["SetReady"](Frame({"client": "/job:worker/task:1", "generation": 1, "global_step": 0}))
     assert _register(service, chief) == RegisterReply(False, True, 2)  # ready: kept, as before
     assert np.array_equal(service.store.get("w/part_0").value, loaded)
+
+
+def test_a_set_ready_of_a_restore_a_newer_one_replaced_is_refused() -> None:
+    """A deposed restorer (its lease lapsed while it was stopped; a newer holder began its own restore) sends its
+    SetReady late: it opened the task in the middle of the newer restore, at the older generation, so workers
+    resumed at it beside the newer restore's loads and the newer restore then set global_step back under them."""
+    vs = VariableSet(replica_device_setter(ps_tasks=1))
+    vs.get_variable("w", (3,))
+    chief = RegisterRequest(tuple(vs.placements()), SGD, SyncConfig(), "/job:worker/task:0", chief=True)
+    service = ParameterService(0, holds_global_step=True)
+    _register(service, chief)
+    service.handlers()["BeginRestore"](Frame({"generation": 10}))  # restorer A
+    service.handlers()["BeginRestore"](Frame({"generation": 20}))  # restorer B, the newer lease's holder
+    with pytest.raises(PreconditionFailed, match=r"^SetReady of generation 10 from /job:worker/task:1 refused: "
+                                                 r"/job:ps/task:0 is at generation 20 \(another restore began"):
+        service.handlers()["SetReady"](Frame({"client": "/job:worker/task:1", "generation": 10, "global_step": 5}))
+    assert service.gate.restoring and not service.gate.ready and service.gate.generation == 20
+    service.handlers()["SetReady"](Frame({"client": "/job:worker/task:2", "generation": 20, "global_step": 5}))
+    assert service.gate.ready and service.gate.generation == 20
+    with pytest.raises(PreconditionFailed, match="SetReady of generation 10"):  # nor once B's restore is done
+        service.handlers()["SetReady"](Frame({"client": "/job:worker/task:1", "generation": 10, "global_step": 5}))
+    assert service.gate.ready and service.gate.generation == 20
