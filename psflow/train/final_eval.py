@@ -9,7 +9,11 @@ meanwhile, is then elected and ends its own session, and evaluated the same fina
 
 1. it asks ps task 0 for its record of the final evaluation (``FinalEval``, :mod:`psflow.ps.run_end`); one at
    this global_step means the final model was evaluated already: skipped, logged (INFO) naming who did it;
-2. else the evaluation hook's end runs (it evaluates unless it did at this step already, a periodic one);
+2. else, unless a periodic evaluation was of this step, it evaluates the model, then asks ps task 0 again: a record
+   at this step made meanwhile is its successor's (this worker stalled, SIGSTOP, past ``--lease-ttl`` in the
+   evaluation; a finished worker took the duties over and evaluated the same model): its own evaluation is dropped,
+   logged (INFO), neither logged as ``eval step=S`` nor written as ``eval/*`` points. (It was reported as well: two
+   evaluations of one model, and its record replaced the successor's.) Else the evaluation hook reports it;
 3. once this step was evaluated, ps task 0 records it, before the session's end goes on, so before this
    worker gives the lease up.
 
@@ -18,8 +22,9 @@ died before its record recorded nothing, and the next holder evaluates. A ps tas
 not stop the evaluation (logged): the model evaluated twice rather than not at all.
 
 Not guaranteed: a ps task 0 restarted between the two holders' ends has forgotten the record (with replicated
-shards it is kept with the run ledger), and a holder stopped (SIGSTOP) past its lease mid-evaluation evaluates
-when it resumes while its successor does too: two evaluations of that model, never none.
+shards it is kept with the run ledger); a holder stalled mid-evaluation that resumes while its successor evaluates
+and ends its evaluation within the few milliseconds between the successor's second ask and its record (ps task 0
+keeps the last record made at a step, not the first) reports it too: two evaluations of that model, never none.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ log = logging.getLogger("psflow.worker")
 
 class FinalEvalOnce(SessionRunHook):
     """Runs ``inner`` (the chief's :class:`~psflow.train.hooks.EvalHook`) as it is, except that its evaluation
-    at the session's end is skipped when ps task 0 recorded one of the model at this global_step, and is
-    recorded there once made (see the module docstring). Blocks for two ``FinalEval`` calls at the end."""
+    at the session's end is skipped when ps task 0 recorded one of the model at this global_step (asked before
+    and after it evaluates), and is recorded there once made (see the module docstring). Blocks for three
+    ``FinalEval`` calls at the end."""
 
     def __init__(self, inner: EvalHook) -> None:
         self.inner = inner
@@ -71,9 +77,16 @@ class FinalEvalOnce(SessionRunHook):
             log.info("%s: the final model (global_step %d) was evaluated by %s already: not again",
                      client.client_name, step, record.worker)
             return
-        self.inner.end(session)
-        if self.inner.history and self.inner.history[-1][0] == step:
-            _final_eval(client, FinalEvalRequest(client.client_name, step, evaluated=True))
+        if not self.inner.history or self.inner.history[-1][0] != step:  # (else a periodic one evaluated it)
+            metrics = self.inner.evaluate()
+            record = _final_eval(client, FinalEvalRequest(client.client_name, step))
+            if record is not None and record.step == step:  # its successor's, while this one was stalled
+                log.info("%s: the final model (global_step %d) was evaluated by %s while this worker evaluated it "
+                         "(stalled past --lease-ttl?): its own evaluation is not reported", client.client_name, step,
+                         record.worker)
+                return
+            self.inner.report(step, metrics)
+        _final_eval(client, FinalEvalRequest(client.client_name, step, evaluated=True))
 
 
 def _final_eval(client: ParameterClient, request: FinalEvalRequest) -> FinalEvalReply | None:

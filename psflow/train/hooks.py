@@ -472,7 +472,7 @@ class EvalHook(SessionRunHook):
 
     def __init__(self, evaluate: Callable[[], dict[str, float]], *, every_steps: int | None,
                  writer: SummaryWriter | None = None) -> None:
-        self._evaluate = evaluate
+        self.evaluate = evaluate
         self._timer = _Timer(None, every_steps or 1 << 62, "eval")  # None: a period never reached, the end only
         self.writer = writer
         self.history: list[tuple[int, dict[str, float]]] = []
@@ -482,15 +482,15 @@ class EvalHook(SessionRunHook):
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         if self._timer.due(values.step):
-            self._run(values.step)
+            self.report(values.step, self.evaluate())
 
     def end(self, session: MonitoredTrainingSession) -> None:
         step = session.client.global_step()
         if not self.history or self.history[-1][0] != step:
-            self._run(step)
+            self.report(step, self.evaluate())
 
-    def _run(self, step: int) -> None:
-        metrics = self._evaluate()
+    def report(self, step: int, metrics: dict[str, float]) -> None:
+        """Keeps ``metrics`` (the model's at global_step ``step``) in :attr:`history`, logs them, writes them."""
         self.history.append((step, metrics))
         log.info("eval step=%d %s", step, format_metrics(metrics))
         if self.writer is not None:

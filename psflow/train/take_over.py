@@ -53,7 +53,8 @@ that long), or one restarted by a cluster manager that the tasks were not told o
 run's (an evaluator task, :mod:`psflow.launch.evaluator`, may have ended on it already): when that worker trains
 again and is elected, or (stalled right after its last push) reaches its session's end under a new lease, it stops
 with one line before its duties run (:mod:`psflow.train.taken_over`), and the steps it pushed since it resumed are
-in no checkpoint. (It used to train on and write a second checkpoint marked final, the model evaluated twice.)
+in no checkpoint; one stalled in its final evaluation does not report it (:mod:`psflow.train.final_eval`). (It used
+to train on and write a second checkpoint marked final, the model evaluated twice.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ end and wrote its own final checkpoint (in the reproduction ckpt-000000067 by wo
 worker 0, both marked final, and ``eval step=67`` then ``eval step=3084``); an evaluator task had ended at the first.
 
 The same for a chief stalled right after its last push (it runs no step once resumed: checked at its session's
-end): there worker 0 stops itself at that point (tests/integration/stall_chief on the processes' PYTHONPATH).
+end) and for one stalled in its final evaluation (its evaluation is not reported once the take-over's is recorded):
+there worker 0 stops itself at that point (tests/integration/stall_chief on the processes' PYTHONPATH).
 
 Real ``psflow server`` processes, as test_chief_lost_at_end starts them. Asserted on the log lines, the exit codes
 and the checkpoints' manifests, never on time.
@@ -31,6 +32,7 @@ from test_server_run_end import _SAFETY, _channel, _cluster, _global_step, _Task
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
+from psflow.train.summary import read_scalars
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -185,3 +187,44 @@ def test_a_chief_stalled_after_its_last_push_and_resumed_after_the_take_over_sav
     assert final is not None and read_manifest(final).final and read_manifest(final).global_step == step, final
     evals = re.findall(r"eval step=(\d+)", cluster.log("worker-1") + log)
     assert evals == [str(step)], evals
+
+
+def test_a_holder_stalled_mid_final_evaluation_and_resumed_after_the_take_over_reports_no_second_evaluation(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``--checkpoint-dir`` (the run ends with its evaluation only): worker 0, the chief and the last to finish,
+    stops itself in its final evaluation, after ps task 0 said nobody had evaluated the final model. Worker 1 takes
+    the duties over, evaluates that model, records it and exits; worker 0, resumed, finishes its evaluation and
+    drops it: one ``eval step=`` line, one ``eval/auc`` point, and ps task 0's record names worker 1. Before, the
+    resumed chief logged its own ``eval step=S`` (a second evaluation of the same model, with its own figures) and
+    its record replaced the take-over's."""
+    _stall(monkeypatch, "mid_final_eval")
+    cluster = tasks(_cluster(1, 2))
+    summaries = tmp_path / "summaries"
+    cluster.start("ps", 0)
+    for i in range(2):
+        cluster.start("worker", i, *_files(tmp_path, [3000, 300]), "--num-features", "124", "--epochs", "3",
+                      "--batch-size", "32", "--no-status", "--eval", str(A9A_T), "--summary-dir", str(summaries),
+                      "--lease-ttl", "2")
+    chief = cluster.procs["worker-0"]
+    try:
+        wait_until(lambda: _stopped(chief.pid) or chief.poll() is not None, "worker 0 stopped in its final evaluation",
+                   limit=_SAFETY)
+        assert chief.poll() is None, cluster.log("worker-0")[-3000:]
+        assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
+    finally:
+        os.kill(chief.pid, signal.SIGCONT)
+    took = re.search(r"worker 1: took the chief duties over from .*ending the run \(no --checkpoint-dir\) at "
+                     r"global_step (\d+)", cluster.log("worker-1"))
+    assert took, cluster.log("worker-1")[-3000:]
+    step = int(took.group(1))
+    assert cluster.exit_code("worker-0") == 0, cluster.log("worker-0")[-3000:]
+    log = cluster.log("worker-0")
+    assert "Traceback" not in log, log[-3000:]
+    assert re.search(rf"/job:worker/task:0: the final model \(global_step {step}\) was evaluated by "
+                     r"/job:worker/task:1 while this worker evaluated it", log), log[-3000:]
+    evals = re.findall(r"eval step=(\d+)", cluster.log("worker-1") + log)
+    assert evals == [str(step)], evals
+    auc = read_scalars(str(summaries))["eval/auc"]
+    assert [s for s, _ in auc] == [step], auc
+    assert cluster.exit_code("ps-0") == 0, cluster.log("ps-0")[-3000:]
+    assert f"final model evaluated at step {step} by /job:worker/task:1" in cluster.log("ps-0"), cluster.log("ps-0")

@@ -3,7 +3,9 @@ resume it (SIGCONT) when it chooses (for tests/integration/test_chief_stalled_at
 where a test puts this directory on PYTHONPATH). ``PSFLOW_TEST_STALL`` names the point:
 
 * ``after_last_push``: its data ended and it sent ``Leave``: it has pushed its last step, and its session's end
-  (final checkpoint, final evaluation) is still to come.
+  (final checkpoint, final evaluation) is still to come;
+* ``mid_final_eval``: in its first evaluation (the final one where the run evaluates only at its end), after it
+  asked ps task 0 whether the final model was evaluated already.
 
 Any other process (ps tasks, other workers) runs unchanged.
 """
@@ -12,9 +14,15 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from typing import Any
 
 _POINT = os.environ.get("PSFLOW_TEST_STALL")
+
+
+def _worker_0() -> bool:
+    argv = f" {' '.join(sys.argv)} "
+    return " --job worker " in argv and " --task 0 " in argv
 
 
 def _stop() -> None:
@@ -32,3 +40,17 @@ if _POINT == "after_last_push":
         return _linger(self, num_workers, **kwargs)
 
     recovery.ClusterRecovery.linger = _stalled_linger  # type: ignore[method-assign]
+
+elif _POINT == "mid_final_eval":
+    from psflow.train import duties
+
+    _evaluate = duties.evaluate
+    _stalled: list[bool] = []
+
+    def _stalled_evaluate(*args: Any, **kwargs: Any) -> Any:
+        if _worker_0() and not _stalled:
+            _stalled.append(True)
+            _stop()
+        return _evaluate(*args, **kwargs)
+
+    duties.evaluate = _stalled_evaluate  # type: ignore[assignment]

@@ -119,3 +119,30 @@ def test_a_ps_task_that_cannot_be_asked_does_not_stop_the_evaluation(caplog: pyt
     assert evaluations == [(W0, 0), (W1, 0)]  # twice rather than not at all
     assert any("could not ask /job:ps/task:0 whether the final model (global_step 0) was evaluated already" in m
                and m.endswith("evaluating it") for m in caplog.messages), caplog.messages
+
+
+def test_a_holder_stalled_mid_evaluation_drops_its_own_once_its_successor_recorded_one(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Worker 0's evaluation lasts while worker 1 (which took the duties over) evaluates the same model and records
+    it: worker 0's is not reported (no history, no 'eval step=' line) and the record stays worker 1's. Before, both
+    were reported and worker 0's record replaced worker 1's."""
+    service, (w0, w1) = _cluster()
+    _step(w0)
+    evaluations: list[tuple[str, int]] = []
+    second = _holder(w1, evaluations)
+
+    def stalled() -> dict[str, float]:
+        evaluations.append((W0, w0.global_step()))
+        second[0].end(second[1])  # type: ignore[arg-type]  # while worker 0 is stopped mid-evaluation
+        return {"auc": 0.5}
+
+    first = _holder(w0, evaluations, stalled)
+    caplog.set_level("INFO")
+    first[0].end(first[1])  # type: ignore[arg-type]
+    assert evaluations == [(W0, 1), (W1, 1)]
+    assert first[0].inner.history == [] and second[0].inner.history == [(1, {"auc": 0.9})]
+    assert [m for m in caplog.messages if m.startswith("eval step=")] == ["eval step=1 auc=0.9000"], caplog.messages
+    assert f"{W0}: the final model (global_step 1) was evaluated by {W1} while this worker evaluated it (stalled " \
+           "past --lease-ttl?): its own evaluation is not reported" in caplog.messages
+    assert service.run_ledger is not None
+    assert service.run_ledger.describe().endswith(f", final model evaluated at step 1 by {W1}")
