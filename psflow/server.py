@@ -61,10 +61,20 @@ from psflow.rpc.tcp import TCP_PORT_KEY, TRANSPORT_METHOD
 from psflow.rpc.tcp_server import TcpLimits
 from psflow.rpc.tls import TlsConfig
 
-__all__ = ["Server", "STEP_JOURNAL_FILE"]
+__all__ = ["Server", "STEP_JOURNAL_FILE", "step_journal"]
 
 #: The file in a ps task's ``state_dir`` that keeps global_step's bound.
 STEP_JOURNAL_FILE = "global_step.json"
+
+
+def step_journal(state_dir: str | None, job_name: str, holds_step: bool) -> StepJournal | None:
+    """global_step's journal (:mod:`psflow.ps.global_step`) in ``state_dir``, on a task of shard 0 (``holds_step``):
+    ps task 0 and, replicated, shard 0's backups, which hand values out once promoted and follow their primary's
+    meanwhile, so whichever member a restore after the whole shard's loss finds, its floor bounds the values the
+    shard handed out. None on any other task, or without ``state_dir``."""
+    if not state_dir or not holds_step or job_name not in (PS_JOB, BACKUP_JOB):
+        return None
+    return StepJournal(os.path.join(state_dir, STEP_JOURNAL_FILE))
 #: A ``Shutdown``'s meta key: the shard primary whose run is over, stopping the other members (_stop_after_run).
 _RUN_OVER_BY = "run_over_by"
 
@@ -152,8 +162,7 @@ class Server:
         if job_name == "ps" or replicated:
             shard = shard_of(job_name, task_index, self.cluster) if replicated else task_index
             holds_step = shard == min(self.cluster.task_indices("ps"))
-            journal = (StepJournal(os.path.join(state_dir, STEP_JOURNAL_FILE))
-                       if state_dir and holds_step and job_name == "ps" else None)
+            journal = step_journal(state_dir, job_name, holds_step)
             self.parameter_service = ParameterService(
                 shard, holds_global_step=holds_step, on_shutdown=self.stop, step_journal=journal,
                 checkpoint_root=checkpoint_root, confine_shards=True, training_workers=training_workers(self.cluster),

@@ -12,7 +12,10 @@ process reads that bound as its :attr:`GlobalStep.floor`: every value any
 earlier process handed out is at most the floor, so a restore that sets the
 counter to ``max(checkpoint step, floor)`` never hands out a value twice. The
 cost is one small synchronous file write per ``block`` steps; the price is a
-gap of up to ``block`` step values that no push takes after a crash.
+gap of up to ``block`` step values that no push takes after a crash. A
+replicated shard 0's backups keep one too (:meth:`GlobalStep.follow`: their
+primary's values, a block at a time), so a restore after the whole shard was
+lost finds that floor on whichever member it promoted.
 
 Beside the bound, the journal keeps the exact last value (:attr:`StepJournal.live_path`): each value is
 written there (8 bytes, no fsync) before it is handed out, with the id of the machine's boot. A killed
@@ -254,6 +257,22 @@ class GlobalStep:
             bound = value + self._journal.block - 1
             self._journal.record(bound)
             self._bound = bound
+
+    def follow(self, value: int) -> None:
+        """(A backup of a replicated shard 0, :mod:`psflow.ps.replication`) its primary's counter is at ``value``,
+        each value of which the primary handed out: the recorded bound covers it, one block at a time as
+        :meth:`increment` records it (not a write and fsync per entry, as :meth:`set` would), and the last value is
+        noted. So a backup promoted, then lost with the rest of its shard, restarts with a floor past every value
+        the shard handed out.
+
+        Raises:
+            StepJournalError: a higher bound could not be recorded.
+        """
+        with self._lock:
+            self._cover(value)
+            if self._journal is not None:
+                self._journal.note(value)
+            self._value = value
 
     def set(self, value: int) -> None:
         """Sets the counter (restore from a checkpoint); the recorded bound never goes down.

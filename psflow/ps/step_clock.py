@@ -71,8 +71,8 @@ class StepClock:
     def load_replica_state(self, state: dict[str, int | None]) -> None:
         """Sets this clock to ``state`` (a :meth:`replica_state` of the shard's primary)."""
         step, sync_step, heard = state.get("global_step"), state.get("sync_step"), state.get("heard")
-        if step is not None and self.global_step is not None:
-            self.global_step.set(step)
+        if step is not None and self.global_step is not None:  # its journal bounds the primary's values too
+            self.global_step.follow(step)
         if sync_step is not None and self._sync_step is not self.global_step:
             self._sync_step.set(sync_step)
         if heard is not None:

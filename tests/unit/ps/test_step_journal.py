@@ -12,8 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import shard_of
 from psflow.ps import global_step as global_step_module
 from psflow.ps.global_step import GlobalStep, StepJournal, StepJournalError
+from psflow.ps.step_clock import StepClock
+from psflow.server import step_journal
 
 
 def test_every_value_handed_out_stays_below_the_recorded_bound(tmp_path: Path) -> None:
@@ -228,3 +232,25 @@ def test_a_last_value_that_could_not_be_written_never_lowers_the_floor(tmp_path:
     done = subprocess.run([sys.executable, "-c", _FAILING_COUNTER, str(path), "250", str(written)], timeout=120)
     assert done.returncode == -signal.SIGKILL
     assert GlobalStep(journal=StepJournal(str(path), block=100)).floor >= 250
+
+
+def test_a_backup_of_shard_0_bounds_every_value_its_primary_handed_out_once_a_block(tmp_path: Path) -> None:
+    """A replicated shard 0's backup follows its primary's global_step (each entry's small state) into its own
+    journal, one block at a time: promoted, then lost with its shard at once, its restarted process's floor bounds
+    the values it and its primary handed out (the restore goes on past them). It kept no journal: a restore after
+    every replica of shard 0 was lost went on from the checkpoint's step, and step=300 was logged twice."""
+    path = str(tmp_path / "global_step.json")
+    backup = StepClock(holds_global_step=True, journal=StepJournal(path, block=100))
+    for value in range(1, 251):  # the primary's entries, each after it handed the value out
+        backup.load_replica_state({"global_step": value, "sync_step": value, "heard": None})
+    assert StepJournal(path).load() == 300  # three blocks of 100: not a write (and fsync) per entry
+    assert GlobalStep(journal=StepJournal(path, block=100)).floor == 250  # killed on this boot: the exact value
+
+
+def test_only_shard_0s_members_keep_a_step_journal(tmp_path: Path) -> None:
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "ps_backup": ["127.0.0.1:3", "127.0.0.1:4"],
+                           "worker": ["127.0.0.1:5"]})
+    made = {(job, i): step_journal(str(tmp_path / f"{job}-{i}"), job, shard_of(job, i, cluster) == 0)
+            for job in ("ps", "ps_backup") for i in (0, 1)}
+    assert {k for k, journal in made.items() if journal is not None} == {("ps", 0), ("ps_backup", 0)}
+    assert step_journal(None, "ps", True) is None and step_journal(str(tmp_path), "worker", True) is None
