@@ -24,6 +24,9 @@ must re-read it first (:mod:`psflow.train.recovery`). A push without one (a
 tool's) is not checked. A ``SetReady`` of a restore is refused the same way
 when the task holds another generation: a deposed restorer's late one would
 open the task in the middle of the newer restore, at the older generation.
+A ``SetReady`` with no generation (a chief's after it initialized or restored
+at start) is refused while a restore is in progress: it would open the task in
+the middle of that restore.
 Every admitted push is counted until it is released, so a restore can wait
 for them.
 """
@@ -103,12 +106,18 @@ class RestoreGate:
 
         Raises:
             PreconditionFailed: ``generation`` is not the one this task holds: the ``BeginRestore`` of another
-                restore came since (a newer lease's holder restores; this one was deposed), or the task restarted.
+                restore came since (a newer lease's holder restores; this one was deposed), or the task restarted;
+                or ``generation`` is None (a chief's SetReady at start, no restore of its own) while a restore is in
+                progress: only that restore's SetReady ends it.
         """
         with self._lock:
             self._check_open(generation, client)
 
     def _check_open(self, generation: int | None, client: str) -> None:
+        if generation is None and self._restoring:  # a chief's at start (no BeginRestore): not this restore's end
+            raise PreconditionFailed(f"SetReady from {client} refused: {self.task_name} is being restored at "
+                                     f"generation {self._generation} (BeginRestore came since this client registered, "
+                                     f"and that restore's own SetReady makes the task ready)")
         if generation is not None and generation != self._generation:
             raise PreconditionFailed(f"SetReady of generation {generation} from {client} refused: {self.task_name} "
                                      f"is at generation {self._generation} (another restore began here since, and "

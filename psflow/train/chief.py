@@ -47,7 +47,10 @@ Chief, in order:
 
        a task whose Register created nothing while it was not ready (a restore is in
        progress there: the ps tasks' guard, :mod:`psflow.ps.restore_gate`) makes the
-       join wait for that restore the same way, with or without a checkpoint;
+       join wait for that restore the same way, with or without a checkpoint; so
+       does a join that took the cluster for a fresh one when a lease holder's
+       ``BeginRestore`` came after its Register (its SetReady, of no generation,
+       is refused while that restore is in progress);
 
        without one but with
        ``warm_start``, it loads the warm-start values instead
@@ -323,7 +326,11 @@ def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, director
     if not within:  # a resumed run on a fresh cluster: generation 0, the checkpoint's step
         latest = _taken_over(directory, latest, leader, run)
         manifest = restore(client, latest)
-        _set_ready(client)
+        try:
+            _set_ready(client)
+        except FailedPreconditionError as e:  # a lease holder's BeginRestore came since: its SetReady opens the tasks
+            log.warning("%s: %s: waiting for that restore", client.client_name, e)
+            return None, None
         log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
         return latest, None
     lease = leader() if leader is not None else None

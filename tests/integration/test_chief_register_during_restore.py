@@ -95,3 +95,30 @@ def test_a_deposed_restorers_late_set_ready_leaves_the_newer_restore_in_progress
     assert [(b.ps_stats(t).ready, b.ps_stats(t).generation) for t in (0, 1)] == [(True, 20), (True, 20)]
     values = b.pull({"emb": None, "bias": None})
     assert np.array_equal(values["emb"], EMB) and np.array_equal(values["bias"], BIAS), values
+
+
+def test_a_restarted_chiefs_set_ready_with_no_generation_leaves_a_restore_in_progress(
+        local_cluster) -> None:  # type: ignore[no-untyped-def]
+    """A restarted chief that took its cluster for a fresh one (a resumed run: restore at generation 0) sends SetReady
+    with no generation. Sent while a surviving worker holding the lease restores (BeginRestore, LoadShard), it opened
+    every task in the middle of that restore: workers resumed over half-loaded shards, at the restorer's generation."""
+    handle = local_cluster(2)
+    restorer = _client(handle, "/job:worker/task:1")
+    restorer.register(OPTIMIZER, chief=True)
+    for task in (0, 1):
+        restorer.call(task, BeginRestoreRequest(3))
+    restorer.call(0, LoadShardRequest.build({"emb/part_0": EMB}, {}, {}, ["emb/part_0"], global_step=40,
+                                            restored_step=40))
+    chief = _client(handle, "/job:worker/task:0")
+    for task in (1, 0):
+        with pytest.raises(FailedPreconditionError, match=rf"^/job:ps/task:{task}: SetReady: SetReady from "
+                                                          rf"/job:worker/task:0 refused: /job:ps/task:{task} is "
+                                                          r"being restored at generation 3"):
+            chief.call(task, SetReadyRequest(chief.client_name))
+    assert [(chief.ps_stats(t).ready, chief.ps_stats(t).generation) for t in (0, 1)] == [(False, 3), (False, 3)]
+    restorer.call(1, LoadShardRequest.build({"bias/part_0": BIAS}, {}, {}, ["bias/part_0"], restored_step=40))
+    for task in (1, 0):
+        restorer.call(task, SetReadyRequest("/job:worker/task:1", 3, 40))
+    assert [(chief.ps_stats(t).ready, chief.ps_stats(t).generation) for t in (0, 1)] == [(True, 3), (True, 3)]
+    values = chief.pull({"emb": None, "bias": None})
+    assert np.array_equal(values["emb"], EMB) and np.array_equal(values["bias"], BIAS), values

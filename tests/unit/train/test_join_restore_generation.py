@@ -99,3 +99,24 @@ def test_a_join_meeting_a_restore_in_progress_waits_for_it(tmp_path: Path) -> No
     chief.await_restore(None)
     assert chief.generation is not None and chief.generation > 0
     assert np.array_equal(client.pull({"weights": None})["weights"], saved)
+
+
+def test_a_holders_restore_begun_during_a_resumed_joins_restore_is_left_to_finish(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The join took the cluster for a fresh one (a resumed run: generation 0), and a lease holder's BeginRestore came
+    between its Register and its SetReady: the join's SetReady (no generation) is refused, and it waits for that
+    restore instead of opening the tasks in the middle of it (or failing the chief with the refusal)."""
+    import psflow.train.chief as chief_module
+    client, services, saved = _trained_past_a_checkpoint(tmp_path)
+    restart_ps(client, services, 0)
+    restart_ps(client, services, 1)
+    real_restore = chief_module.restore
+
+    def restore_then_the_holder_begins(*args, **kwargs):  # type: ignore[no-untyped-def]
+        manifest = real_restore(*args, **kwargs)
+        for task in client.channels:
+            client.call(task, BeginRestoreRequest(5))
+        return manifest
+    monkeypatch.setattr(chief_module, "restore", restore_then_the_holder_begins)
+    joined = join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run")
+    assert joined.restore_pending and joined.restored is None and not any(s.ready for s in services)
