@@ -53,7 +53,8 @@ def test_a_chief_stalled_past_the_lease_ttl_and_resumed_leaves_the_take_overs_fi
          "--eval-poll-secs", "0.2"], tmp_path / "evaluator-0.log")
     wait_until(lambda: "finished its data" in cluster.log("worker-1"), "worker 1 finished its data", limit=_SAFETY)
     assert chief.poll() is None, cluster.log("worker-0")[-3000:]
-    os.kill(chief.pid, signal.SIGSTOP)
+    # Stopped outside the checkpoint directory's mutex: a chief stopped inside it is the next test's case.
+    wait_until(lambda: _stop_outside_the_mutex(chief.pid), "worker 0 stopped outside a locked section", limit=_SAFETY)
     try:
         assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
     finally:
@@ -148,6 +149,23 @@ def _stall(monkeypatch: pytest.MonkeyPatch, point: str) -> None:
     monkeypatch.setenv("PSFLOW_TEST_STALL", point)
 
 
+def _holds_flock(pid: int) -> bool:
+    """Whether process ``pid`` holds a ``flock`` (/proc/locks; a waiter's line has ``->``): the checkpoint
+    directory's mutex is the only one psflow takes."""
+    return any(f[1] == "FLOCK" and f[4] == str(pid) for f in
+               (line.split() for line in Path("/proc/locks").read_text().splitlines()) if len(f) > 4 and "->" not in f)
+
+
+def _stop_outside_the_mutex(pid: int) -> bool:
+    """Stops ``pid`` (SIGSTOP); resumes it at once, returning False, if it held a ``flock`` there."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: _stopped(pid), f"pid {pid} stopped", limit=_SAFETY)
+    if not _holds_flock(pid):
+        return True
+    os.kill(pid, signal.SIGCONT)
+    return False
+
+
 def _stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (its state in /proc/PID/stat is T)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
@@ -228,3 +246,41 @@ def test_a_holder_stalled_mid_final_evaluation_and_resumed_after_the_take_over_r
     assert [s for s, _ in auc] == [step], auc
     assert cluster.exit_code("ps-0") == 0, cluster.log("ps-0")[-3000:]
     assert f"final model evaluated at step {step} by /job:worker/task:1" in cluster.log("ps-0"), cluster.log("ps-0")
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "known bug: the take-over's final save waits MUTEX_TIMEOUT (30 s) for the checkpoint directory's flock, which "
+    "the stopped chief keeps, then fails (psflow/checkpoint/lock.py directory_mutex): worker 1 exits 1 and the run "
+    "has no final checkpoint. A newer epoch may not simply go past the mutex: the pointer's compare-and-swap "
+    "(save.py _switch_pointer, mark_final, _undo_pointer, adopt.py) is a check then an unconditional rename, so "
+    "the chief, resumed there, would replace the newer pointer with its own, then put back its stale previous one"))
+def test_a_chief_stopped_inside_a_saves_locked_section_leaves_the_take_over_its_final_checkpoint(
+        tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the first test, but worker 0 stops itself inside a periodic save's locked section (the checkpoint
+    directory's mutex held, its pointer about to be switched), once worker 1 finished its data. Worker 1 takes
+    the duties over and must still write the run's final checkpoint and exit 0; worker 0, resumed, must not take
+    the pointer from it. Found flaky (2 in 8 beside two CPU hogs) where the test's own SIGSTOP fell there: the
+    take-over's final save waited 30 s for the mutex, failed, and the run ended with no final checkpoint."""
+    trigger = tmp_path / "stall-now"
+    _stall(monkeypatch, "in_save_lock")
+    monkeypatch.setenv("PSFLOW_TEST_STALL_FILE", str(trigger))
+    cluster = tasks(_cluster(1, 2))
+    ckpt = _start(cluster, tmp_path, [None, 300])
+    chief = cluster.procs["worker-0"]
+    wait_until(lambda: "finished its data" in cluster.log("worker-1"), "worker 1 finished its data", limit=_SAFETY)
+    trigger.touch()
+    try:
+        wait_until(lambda: _stopped(chief.pid) or chief.poll() is not None, "worker 0 stopped inside a save",
+                   limit=_SAFETY)
+        assert chief.poll() is None and _holds_flock(chief.pid), cluster.log("worker-0")[-3000:]
+        assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
+    finally:
+        os.kill(chief.pid, signal.SIGCONT)
+    took = re.search(r"worker 1: took the chief duties over from .*at global_step (\d+)", cluster.log("worker-1"))
+    assert took, cluster.log("worker-1")[-3000:]
+    step = int(took.group(1))
+    code = cluster.exit_code("worker-0")
+    log = cluster.log("worker-0")
+    assert code != 0 and "Traceback" not in log, log[-3000:]
+    final = latest_checkpoint(str(ckpt))
+    assert final is not None and read_manifest(final).final and read_manifest(final).global_step == step, final

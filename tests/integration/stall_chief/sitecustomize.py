@@ -5,7 +5,10 @@ where a test puts this directory on PYTHONPATH). ``PSFLOW_TEST_STALL`` names the
 * ``after_last_push``: its data ended and it sent ``Leave``: it has pushed its last step, and its session's end
   (final checkpoint, final evaluation) is still to come;
 * ``mid_final_eval``: in its first evaluation (the final one where the run evaluates only at its end), after it
-  asked ps task 0 whether the final model was evaluated already.
+  asked ps task 0 whether the final model was evaluated already;
+* ``in_save_lock``: inside a save's locked section (the checkpoint directory's mutex held, its pointer about to be
+  switched), at its first save once the file ``PSFLOW_TEST_STALL_FILE`` names exists (the test creates it when
+  it wants the stop).
 
 Any other process (ps tasks, other workers) runs unchanged.
 """
@@ -54,3 +57,18 @@ elif _POINT == "mid_final_eval":
         return _evaluate(*args, **kwargs)
 
     duties.evaluate = _stalled_evaluate  # type: ignore[assignment]
+
+elif _POINT == "in_save_lock":
+    from psflow.checkpoint import save
+
+    _write_pointer = save.write_pointer
+    _trigger = os.environ["PSFLOW_TEST_STALL_FILE"]
+    _stopped_once: list[bool] = []
+
+    def _stalled_write_pointer(*args: Any, **kwargs: Any) -> Any:
+        if _worker_0() and not _stopped_once and os.path.exists(_trigger):
+            _stopped_once.append(True)
+            _stop()
+        return _write_pointer(*args, **kwargs)
+
+    save.write_pointer = _stalled_write_pointer
