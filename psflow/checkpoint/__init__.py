@@ -86,8 +86,11 @@ failure ends the run too (:class:`FinalCheckpointError`, raised by the
 chief's :class:`~psflow.train.hooks.CheckpointSaverHook`), so a run never
 ends with an older checkpoint as its newest. A save refused by a newer
 chief's epoch (:class:`CheckpointFencedError`) is not a failure: the newer
-chief saves. A chief that finds a checkpoint of the last step current marks
-it final (:meth:`CheckpointManager.mark_final`) under its own epoch: the
+chief saves. Not guaranteed: a chief stopped inside the directory's ``flock``
+(steps 1, 3, 5-7) holds it while stopped, so a newer chief's save there fails
+after 30 s, its final save included (:mod:`psflow.checkpoint.lock`). A
+chief that finds a checkpoint of the last step current marks it final
+(:meth:`CheckpointManager.mark_final`) under its own epoch: the
 pointer is rewritten with that epoch, so the chief that wrote it, fenced
 off on its re-check (step 6), leaves the pointer and the checkpoint as they
 are.

@@ -61,7 +61,13 @@ deleted after; the same guarantee holds where the store honours the
 condition, and is best effort where it does not (the GCS emulator ignores
 it). Non-guarantees: a holder on another host is never declared stale (delete the
 lock file by hand once that run is over); a process that is alive but stuck
-keeps its run's lock.
+keeps its run's lock. A process stopped (SIGSTOP, a frozen host) inside the
+directory's mutex keeps it while stopped: every other writer of the directory
+waits :data:`MUTEX_TIMEOUT` s, then fails, a newer chief's final save included
+(the run then ends with no final checkpoint; a known bug, see
+tests/integration/test_chief_stalled_at_end.py). Nobody may go past it: the
+pointer's compare-and-swap is a check, then an unconditional rename, so the
+stopped holder, resumed, would replace a newer pointer.
 """
 
 from __future__ import annotations
