@@ -50,7 +50,7 @@ def _check_variable(path: str, manifest: Manifest, name: str, shape: tuple[int, 
 
 
 def restore(client: ParameterClient, path: str, *, global_step: int | None = None,
-            push_counts: bool = True) -> Manifest:
+            push_counts: bool = True, generation: int | None = None) -> Manifest:
     """Loads checkpoint ``path`` into the ps tasks of ``client``'s layout.
 
     Re-slices every variable and its optimizer slots onto the current
@@ -65,12 +65,16 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     shard's checkpoint of the same number of ps tasks gives each task its
     shard's ``pushes_applied`` (which the task keeps in a restore within the
     run: see :mod:`psflow.ps.checkpointing`, ``LoadShard``); ``push_counts`` False sends
-    none (a checkpoint another run wrote: its counts are not this run's).
+    none (a checkpoint another run wrote: its counts are not this run's). ``generation``: the restore's, which
+    every ``LoadShard`` carries: the one its ``BeginRestore`` set, or 0 for a first restore with none (tasks
+    not ready yet); a task holding another, or ready, refuses the load and changes nothing (a deposed
+    restorer's late load). None: not sent, not checked.
     Does not mark the tasks ready (the chief does that afterwards).
 
     Raises:
         CheckpointError: the checkpoint is incomplete or damaged, a variable
-            is missing or has another shape, dtype or set of slots (names it).
+            is missing or has another shape, dtype or set of slots (names it); a task refused its load
+            (``generation`` is not the one it holds: names the task and both generations).
     """
     manifest = read_manifest(path)
     reader = ChainReader(path, manifest)  # an increment: its full checkpoint and the increments up to it
@@ -114,9 +118,9 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
         if task == client.step_task:  # the restored cluster continues the checkpoint's lineage
             calls[task] = load.request(restored_step=restored_step, global_step=restored_step,
                                        positions=manifest.reader_positions, examples=manifest.examples,
-                                       lineage=manifest.lineage or None, **counts.get(task, {}))
+                                       lineage=manifest.lineage or None, generation=generation, **counts.get(task, {}))
         else:
-            calls[task] = load.request(restored_step=restored_step, **counts.get(task, {}))
+            calls[task] = load.request(restored_step=restored_step, generation=generation, **counts.get(task, {}))
     load_shards(client, calls, f"restoring {path}")
     return manifest
 

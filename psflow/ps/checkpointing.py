@@ -35,6 +35,9 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     is checked against the partition's shape and dtype and every slot name
     against the partition's slots before anything changes; then each
     partition is overwritten under its lock. Used by the chief to restore.
+    ``"generation": g`` (the restore's) is refused with FAILED_PRECONDITION, nothing changed, unless the task
+    holds ``g`` and is not ready (:meth:`~psflow.ps.restore_gate.RestoreGate.check_load`): a deposed restorer's
+    late load; a first restore with no ``BeginRestore`` sends 0. Without it the load is not checked.
     A lazy partition's checkpoint holding only its built rows comes as ``b/<key>`` (its saved local rows,
     sorted; ``v/<key>`` and ``s/<key>/<slot>`` hold those rows), ``i/<key>/<slot>`` (each slot's initial row)
     and ``meta["initializers"][key] = {"initializer", "shape"}``: a lazy partition of the same initial content
@@ -304,6 +307,7 @@ class CheckpointHandlers:
     def load_shard(self, frame: Frame) -> Reply:
         store, global_step = self._variables.partitions, self._clock.global_step
         request = LoadShardRequest.from_frame(frame)
+        self._gate.check_load(request.generation)  # a deposed restorer's late load: refused, nothing changed
         values_only = request.values_only
         if values_only and request.has_slots():
             raise InvalidRequest("a values-only load carries no optimizer slots")

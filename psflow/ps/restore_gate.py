@@ -27,6 +27,12 @@ open the task in the middle of the newer restore, at the older generation.
 A ``SetReady`` with no generation (a chief's after it initialized or restored
 at start) is refused while a restore is in progress: it would open the task in
 the middle of that restore.
+A ``LoadShard`` that carries a generation is refused (:meth:`RestoreGate.check_load`)
+unless the task holds that generation and is not ready: a restore's loads come
+between its ``BeginRestore`` and its ``SetReady`` (a chief's first restore or
+warm start, with no ``BeginRestore``, may send generation 0: the task is not
+ready yet); a deposed restorer's late one would overwrite the newer restore's
+values. A ``LoadShard`` with no generation is not checked.
 Every admitted push is counted until it is released, so a restore can wait
 for them.
 """
@@ -112,6 +118,21 @@ class RestoreGate:
         """
         with self._lock:
             self._check_open(generation, client)
+
+    def check_load(self, generation: int | None) -> None:
+        """Whether a ``LoadShard`` of ``generation`` (None: not checked) may change this task, asked before it does.
+
+        Raises:
+            PreconditionFailed: the task holds another generation (another restore began here since, or the task
+                restarted), or is ready (the restore the load belongs to ended).
+        """
+        with self._lock:
+            if generation is None or (generation == self._generation and not self._ready):
+                return
+            state = ("ready at" if self._ready else "at") + f" generation {self._generation}"
+            why = "no restore in progress" if generation == self._generation else "another restore began here since"
+            raise PreconditionFailed(f"LoadShard of generation {generation} refused: {self.task_name} is {state} "
+                                     f"({why}); nothing loaded")
 
     def _check_open(self, generation: int | None, client: str) -> None:
         if generation is None and self._restoring:  # a chief's at start (no BeginRestore): not this restore's end

@@ -176,7 +176,8 @@ class LoadShardRequest:
     Build with :meth:`build`; read a partition's arrays with :meth:`value`, :meth:`slots` and :meth:`table`.
     ``reply_within_ms``: how long the caller waits for the reply (its call's deadline; None: not sent). A
     replicated shard's primary waits that long for its backups to acknowledge the load (a full entry, the
-    whole shard) instead of its ``replica_timeout`` (:mod:`psflow.ps.replication.member`).
+    whole shard) instead of its ``replica_timeout`` (:mod:`psflow.ps.replication.member`). ``generation``: the
+    restore's (its ``BeginRestore``'s; 0: a first restore, none begun); None: not sent, not checked.
     """
 
     METHOD: ClassVar[str] = "LoadShard"
@@ -192,6 +193,7 @@ class LoadShardRequest:
     pushes_applied_by: list[list[Any]] | None = None
     reply_within_ms: int | None = None
     initializers: Mapping[str, Any] | None = None
+    generation: int | None = None
 
     @classmethod
     def build(cls, values: Mapping[str, np.ndarray], slots: Mapping[str, Mapping[str, np.ndarray]],
@@ -256,6 +258,8 @@ class LoadShardRequest:
             meta["reply_within_ms"] = self.reply_within_ms
         if self.initializers:
             meta["initializers"] = dict(self.initializers)
+        if self.generation is not None:
+            meta["generation"] = self.generation
         return Frame(meta, dict(self.arrays))
 
     @classmethod
@@ -271,7 +275,8 @@ class LoadShardRequest:
                    restored if type(restored) is int and restored >= 0 else None,
                    optional_int(meta, "pushes_applied", minimum=0),
                    applied_by_process(meta.get("pushes_applied_by")),
-                   optional_int(meta, "reply_within_ms", minimum=0), _initializers(meta))
+                   optional_int(meta, "reply_within_ms", minimum=0), _initializers(meta),
+                   optional_int(meta, "generation", minimum=0))
 
 
 def _initializers(meta: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -83,3 +83,55 @@ def test_a_set_ready_of_a_restore_a_newer_one_replaced_is_refused() -> None:
     with pytest.raises(PreconditionFailed, match="SetReady of generation 10"):  # nor once B's restore is done
         service.handlers()["SetReady"](Frame({"client": "/job:worker/task:1", "generation": 10, "global_step": 5}))
     assert service.gate.ready and service.gate.generation == 20
+
+
+def _restoring_service() -> ParameterService:
+    vs = VariableSet(replica_device_setter(ps_tasks=1))
+    vs.get_variable("w", (3,))
+    service = ParameterService(0, holds_global_step=True)
+    _register(service, RegisterRequest(tuple(vs.placements()), SGD, SyncConfig(), "/job:worker/task:0", chief=True))
+    return service
+
+
+def _load(values: list[float], generation: int | None) -> Frame:
+    """A LoadShard of ``w/part_0`` as the wire carries it (``generation``: None, not sent)."""
+    frame = LoadShardRequest.build({"w/part_0": np.array(values, np.float32)}, {}, {}, ["w/part_0"]).to_frame()
+    return Frame({**frame.meta, **({"generation": generation} if generation is not None else {})}, frame.arrays)
+
+
+def test_a_load_shard_of_a_restore_a_newer_one_replaced_is_refused() -> None:
+    """A deposed restorer's LoadShard sent late (after a newer lease's holder began its own restore) overwrote the
+    newer restore's values: LoadShard carries its restore's generation and is refused, nothing changed, when the
+    task holds another, or holds no restore in progress."""
+    service = _restoring_service()
+    load = service.handlers()["LoadShard"]
+    service.handlers()["BeginRestore"](Frame({"generation": 10}))  # restorer A
+    service.handlers()["BeginRestore"](Frame({"generation": 20}))  # restorer B, the newer lease's holder
+    load(_load([2, 2, 2], 20))
+    with pytest.raises(PreconditionFailed, match=r"^LoadShard of generation 10 refused: /job:ps/task:0 is at "
+                                                 r"generation 20 \(another restore began here since\); nothing loaded"):
+        load(_load([1, 1, 1], 10))
+    assert service.store.get("w/part_0").value.tolist() == [2, 2, 2]
+    service.handlers()["SetReady"](Frame({"client": "/job:worker/task:2", "generation": 20, "global_step": 5}))
+    with pytest.raises(PreconditionFailed, match=r"^LoadShard of generation 20 refused: /job:ps/task:0 is ready "
+                                                 r"at generation 20 \(no restore in progress\); nothing loaded"):
+        load(_load([3, 3, 3], 20))  # nor once B's restore is done
+    assert service.store.get("w/part_0").value.tolist() == [2, 2, 2]
+
+
+def test_a_load_shard_with_no_begin_restore_is_taken_on_a_task_not_ready() -> None:
+    """A chief's first restore (a fresh cluster, a resumed run) or warm start sends no BeginRestore: generation 0
+    on a task not ready; a load with no generation (a tool's, an older client's) is not checked."""
+    vs = VariableSet(replica_device_setter(ps_tasks=1))
+    vs.get_variable("w", (3,))
+    service = ParameterService(0, holds_global_step=True)
+    _register(service, RegisterRequest(tuple(vs.placements()), SGD, SyncConfig(), "/job:worker/task:0", chief=True,
+                                       defer_ready=True))
+    service.handlers()["LoadShard"](_load([4, 4, 4], 0))
+    assert service.store.get("w/part_0").value.tolist() == [4, 4, 4]
+    service.handlers()["LoadShard"](_load([5, 5, 5], None))
+    assert service.store.get("w/part_0").value.tolist() == [5, 5, 5]
+    with pytest.raises(PreconditionFailed, match="LoadShard of generation 3 refused"):
+        service.handlers()["LoadShard"](_load([6, 6, 6], 3))
+    assert service.store.get("w/part_0").value.tolist() == [5, 5, 5]
+
