@@ -34,9 +34,13 @@ checkpoint marked final in the middle of the run and left.
 Once every worker finished, one that handed the duties on does not leave at once: the last to finish holds them
 and writes the final checkpoint after its ``Leave``, and killed in that save it left nobody to write it (the newest
 checkpoint was the last periodic one). :meth:`TakeOver.await_holder` waits for the holder's end (its ``Done``
-reached ps task 0, or the final checkpoint at the last step is there) and, if nobody holds the lease for
-``lease_ttl`` before, takes the duties over by steps 1-4 (WARNING ``... took the chief duties over from the last
-to finish (...), whose session never ended``). This worker's ``Done`` then comes after the holder's (a poll, 0.2 s).
+reached ps task 0) and, if nobody holds the lease for ``lease_ttl`` before, takes the duties over by steps 1-4
+(WARNING ``... took the chief duties over from the last to finish (...), whose session never ended``). There a
+final checkpoint at the last step (step 2) counts as the end only once another worker's ``Done`` followed it (a
+take-over that ended): the holder's own, with no ``Done``, means it was killed after its final save, in its final
+evaluation, and the take-over evaluates the final model (``... ending the run (its final checkpoint is written
+already)``). (It left without: the run's final evaluation was never made.) This worker's ``Done`` then comes
+after the holder's (a poll, 0.2 s).
 A holder resigns its lease just before its ``Done``: without a checkpoint directory (``--eval`` only), one whose
 session's end took more than ``lease_ttl`` is not taken over in that moment: its record of the final evaluation on
 ps task 0 (step 2) says its session ended. (It was, with a WARNING that its session never ended and that this
@@ -102,10 +106,11 @@ class TakeOver:
 
     def await_holder(self, num_workers: int, *, poll: float = 0.2) -> None:
         """(Every worker finished; this one had handed the duties on) waits until the worker that holds them at the
-        end has ended its session (its ``Done`` reached ps task 0, or the final checkpoint at the last step is
-        written). If nobody holds the lease for ``lease_ttl`` before that (the last to finish killed after its
-        ``Leave``, in its final save), it takes the duties over as :meth:`__call__` does and returns holding the
-        lease, so its own session's end writes the final checkpoint and evaluates. Returns at once when not every
+        end has ended its session (its ``Done`` reached ps task 0). If nobody holds the lease for ``lease_ttl``
+        before that (the last to finish killed after its ``Leave``, in its final save or its final evaluation), it
+        takes the duties over as :meth:`__call__` does (a final checkpoint at the last step that no other worker's
+        ``Done`` followed is the holder's own: not the end) and returns holding the lease, so its own session's end
+        writes the final checkpoint (if not written) and evaluates. Returns at once when not every
         worker finished (the lingering left on its timeout), and when ps task 0 cannot be asked (logged)."""
         started = time.monotonic()
         while self.leadership.lease() is None:
@@ -120,16 +125,20 @@ class TakeOver:
             if len(finished) < num_workers or finished - {self.client.client_name} <= done:
                 return
             whom = f"the last to finish ({', '.join(sorted(finished - done - {self.client.client_name}))})"
-            if self._take(time.monotonic() - started, stats.global_step, f"{whom}, whose session never ended"):
+            # A final checkpoint that nobody's Done followed is the holder's own: killed after its final save, in its
+            # final evaluation, it left the rest of its session's end undone.
+            if self._take(time.monotonic() - started, stats.global_step, f"{whom}, whose session never ended",
+                          final_ends=bool(done - {self.client.client_name})):
                 return
             time.sleep(poll)
 
-    def _take(self, quiet: float, step: int | None, whom: str) -> bool:
-        """The take-over's steps 1-4 (module docstring); ``whom``: who had the duties, for the WARNING."""
+    def _take(self, quiet: float, step: int | None, whom: str, *, final_ends: bool = True) -> bool:
+        """The take-over's steps 1-4 (module docstring); ``whom``: who had the duties, for the WARNING;
+        ``final_ends``: whether a final checkpoint at ``step`` means the run's end was done (step 2)."""
         if quiet < self.lease_ttl or not self._lease_free():
             return False
         final = self._final_at(step)
-        if final is not None:
+        if final is not None and (final_ends or not self.checkpoint_dir):
             log.info("worker %d: %s; leaving", self.task_index, final)
             return True
         if self.leadership.campaign(timeout=0.0 if self.leadership.backend.campaign_polls else 1.0) is None:
@@ -144,7 +153,8 @@ class TakeOver:
                      "chief duties on", self.task_index, step, now)
             self.leadership.resign()
             return False
-        duty = "writing the final checkpoint" if self.checkpoint_dir else "ending the run (no --checkpoint-dir)"
+        duty = ("ending the run (no --checkpoint-dir)" if not self.checkpoint_dir else "writing the final checkpoint"
+                if final is None else "ending the run (its final checkpoint is written already)")
         log.warning("worker %d: took the chief duties over from %s: nobody pushed or held the chief lease for %.0f s "
                     "(--lease-ttl); %s at global_step %s", self.task_index, whom, quiet, duty, step)
         return True
