@@ -24,7 +24,9 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     on the task holding global_step the reader positions with the count of
     examples pushed with them (read together). With ``epoch`` (the chief's
     lease epoch) the write is fenced: refused with FAILED_PRECONDITION if a
-    newer chief's epoch was seen, and no newer epoch is accepted meanwhile.
+    newer chief's epoch was seen, and no newer epoch is accepted meanwhile. Refused with FAILED_PRECONDITION
+    while a restore is in progress (``BeginRestore`` came, ``SetReady`` not yet) or when one began during the
+    snapshot (:meth:`~psflow.ps.restore_gate.RestoreGate.check_save`): the shard would hold part of the restore.
     On a replicated shard's primary (:attr:`CheckpointHandlers.push_count` set) the reply's
     ``pushes_applied`` is the count of the pushes the snapshot holds and ``pushes_applied_by`` that of each
     client process (``[[worker, incarnation, n], ...]``): read with it while no push is applied
@@ -267,9 +269,10 @@ class CheckpointHandlers:
         return os.path.join(directory, name)
 
     def _save_shard(self, path: str | None, since: dict[str, Any] | None) -> SaveShardReply:
-        counter = self.push_count
+        counter, generation = self.push_count, self._gate.check_save()  # no shard holding part of a restore
         with counter.holding() if counter is not None else contextlib.nullcontext(None) as held:
             step, positions, examples, tensors, parts, marks = self._snapshot(since)
+        self._gate.check_save(generation)  # nor one begun during the snapshot
         bad = non_finite(tensors)
         if bad:  # a diverged model: a checkpoint of it would rotate away the good ones (nothing is written)
             held_by = ", ".join(f"{name} holds {n} non-finite value{'s' if n > 1 else ''}" for name, n in bad[:5])

@@ -32,7 +32,10 @@ unless the task holds that generation and is not ready: a restore's loads come
 between its ``BeginRestore`` and its ``SetReady`` (a chief's first restore or
 warm start, with no ``BeginRestore``, may send generation 0: the task is not
 ready yet); a deposed restorer's late one would overwrite the newer restore's
-values. A ``LoadShard`` with no generation is not checked.
+values. A ``LoadShard`` with no generation is not checked. A ``SaveShard`` is
+refused while a restore is in progress, or when one began during the save
+(:meth:`RestoreGate.check_save`): its shard would hold part of the restore, the
+other tasks' shards none of it.
 Every admitted push is counted until it is released, so a restore can wait
 for them.
 """
@@ -133,6 +136,22 @@ class RestoreGate:
             why = "no restore in progress" if generation == self._generation else "another restore began here since"
             raise PreconditionFailed(f"LoadShard of generation {generation} refused: {self.task_name} is {state} "
                                      f"({why}); nothing loaded")
+
+    def check_save(self, generation: int | None = None) -> int:
+        """Whether a ``SaveShard`` may snapshot this task: asked before the snapshot, and after it with the
+        generation the first ask returned. Returns the task's generation.
+
+        Raises:
+            PreconditionFailed: a restore is in progress, or (``generation``) one began since the first ask.
+        """
+        with self._lock:
+            if self._restoring or (generation is not None and generation != self._generation):
+                raise PreconditionFailed(
+                    f"{self.task_name}: refused to save a checkpoint shard: a restore (generation {self._generation}) "
+                    f"{'is in progress here' if self._restoring else 'began here during the save'}, so the shard would "
+                    "hold part of it; the checkpoints already saved are kept, and the next save takes the restored "
+                    "state")
+            return self._generation
 
     def _check_open(self, generation: int | None, client: str) -> None:
         if generation is None and self._restoring:  # a chief's at start (no BeginRestore): not this restore's end

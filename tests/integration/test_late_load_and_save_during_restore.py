@@ -1,20 +1,28 @@
-"""A deposed restorer's late LoadShard, over real gRPC: two real ps processes.
+"""A deposed restorer's late LoadShard, and a checkpoint save overlapping a restore, over real gRPC: two real ps
+processes.
 
 A restorer whose lease lapsed (stopped past ``--lease-ttl``) may still send the LoadShard calls of its restore
 after a newer lease's holder began its own (BeginRestore at a newer generation, fenced by the lease's epoch): they
 overwrote the newer restore's values, and its SetReady then made the cluster ready holding the older checkpoint's.
 LoadShard now carries its restore's generation and is refused, nothing changed, where the task holds another
-(:meth:`psflow.ps.restore_gate.RestoreGate.check_load`).
+(:meth:`psflow.ps.restore_gate.RestoreGate.check_load`). A SaveShard between a restore's BeginRestore and its
+SetReady snapshotted a shard holding part of the restore, beside the other tasks' shards holding none of it: it
+is refused (:meth:`~psflow.ps.restore_gate.RestoreGate.check_save`), the chief's save fails as one counted,
+logged failure, and the next save, after the restore, is written.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from support import TOKEN
 
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.save import CheckpointManager, CheckpointSavesFailedError
+from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
@@ -70,3 +78,29 @@ def test_a_deposed_restorers_late_load_shard_changes_nothing(local_cluster) -> N
     assert np.array_equal(values["emb"], EMB) and np.array_equal(values["bias"], BIAS), values
     assert b.global_step() == 40
 
+
+def test_a_save_during_a_restore_fails_as_one_counted_failure_and_the_next_one_is_written(
+        local_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    handle = local_cluster(2)
+    chief = _client(handle, "/job:worker/task:0")
+    chief.register(OPTIMIZER, chief=True)
+    manager = CheckpointManager(str(tmp_path / "ckpt"), transport="rpc", max_failed_saves=2)
+    first = manager.save(chief)
+    chief.call(1, BeginRestoreRequest(5))  # a restore begins (ps task 1 first; task 0 not yet)
+    with pytest.raises(CheckpointError, match=r"saving shard .*shard-00001-of-00002.safetensors failed: /job:ps/task:1: "
+                                              r"SaveShard: /job:ps/task:1: refused to save a checkpoint shard: a "
+                                              r"restore \(generation 5\) is in progress here") as refused:
+        manager.save(chief)
+    assert not isinstance(refused.value, CheckpointSavesFailedError)  # counted, the run goes on
+    assert (manager.failed_in_a_row, manager.saves_failed) == (1, 1)
+    assert latest_checkpoint(str(tmp_path / "ckpt")) == first.path  # no checkpoint mixing restored shards
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("ckpt-")) == \
+        [Path(first.path).name]
+    chief.call(0, BeginRestoreRequest(5))
+    for task, load in _loads(EMB, BIAS, 5).items():
+        chief.call(task, load)
+    for task in (1, 0):
+        chief.call(task, SetReadyRequest(chief.client_name, 5, 40))
+    again = manager.save(chief)
+    assert again.global_step == 40 and latest_checkpoint(str(tmp_path / "ckpt")) == again.path
+    assert manager.failed_in_a_row == 0

@@ -135,3 +135,16 @@ def test_a_load_shard_with_no_begin_restore_is_taken_on_a_task_not_ready() -> No
         service.handlers()["LoadShard"](_load([6, 6, 6], 3))
     assert service.store.get("w/part_0").value.tolist() == [5, 5, 5]
 
+
+def test_a_save_during_a_restore_is_refused() -> None:
+    """A SaveShard between BeginRestore and SetReady wrote a shard holding part of the restore: with the other
+    tasks' shards (saved before the restore, or after it) a checkpoint that mixes restored and unrestored state."""
+    service = _restoring_service()
+    save = service.handlers()["SaveShard"]
+    save(Frame({"path": None}))
+    service.handlers()["BeginRestore"](Frame({"generation": 7}))
+    with pytest.raises(PreconditionFailed, match=r"^/job:ps/task:0: refused to save a checkpoint shard: a restore "
+                                                 r"\(generation 7\) is in progress here"):
+        save(Frame({"path": None}))
+    service.handlers()["SetReady"](Frame({"client": "/job:worker/task:1", "generation": 7, "global_step": 0}))
+    save(Frame({"path": None}))
