@@ -82,7 +82,7 @@ def restore_at_new_generation(client: ParameterClient, optimizer: OptimizerSpec,
     step = max(manifest.global_step, step_reply.step_floor or 0)
     if step_survived:
         step = max(step, step_reply.global_step or 0)
-    restore(client, latest, global_step=step, push_counts=written_by(manifest, run))
+    restore(client, latest, global_step=step, push_counts=written_by(manifest, run), generation=generation)
     for task in sorted(client.channels, key=lambda t: t == client.step_task):
         client.call(task, SetReadyRequest(client.client_name, generation, step))
     return GenerationRestore(generation, step, manifest)
