@@ -49,8 +49,8 @@ Chief, in order:
        progress there: the ps tasks' guard, :mod:`psflow.ps.restore_gate`) makes the
        join wait for that restore the same way, with or without a checkpoint; so
        does a join that took the cluster for a fresh one when a lease holder's
-       ``BeginRestore`` came after its Register (its SetReady, of no generation,
-       is refused while that restore is in progress);
+       ``BeginRestore`` came after its Register (its loads, of generation 0, and
+       its SetReady, of none, are refused while that restore is in progress);
 
        without one but with
        ``warm_start``, it loads the warm-start values instead
@@ -325,11 +325,13 @@ def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, director
         directory, run, {client.step_task: client.ps_stats()}, client.step_task))
     if not within:  # a resumed run on a fresh cluster: generation 0, the checkpoint's step
         latest = _taken_over(directory, latest, leader, run)
-        manifest = restore(client, latest)
-        try:
+        try:  # generation 0: a load or SetReady after a lease holder's BeginRestore is refused, nothing changed there
+            manifest = restore(client, latest, generation=0)
             _set_ready(client)
-        except FailedPreconditionError as e:  # a lease holder's BeginRestore came since: its SetReady opens the tasks
-            log.warning("%s: %s: waiting for that restore", client.client_name, e)
+        except (FailedPreconditionError, CheckpointError) as e:
+            if isinstance(e, CheckpointError) and not _restore_began(client):
+                raise
+            log.warning("%s: %s: waiting for that restore", client.client_name, e)  # its SetReady opens the tasks
             return None, None
         log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
         return latest, None
@@ -350,6 +352,12 @@ def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, director
              client.client_name, latest, done.manifest.global_step, done.generation, done.global_step,
              " (past the steps handed out since)" if done.global_step != done.manifest.global_step else "")
     return latest, done.generation
+
+
+def _restore_began(client: ParameterClient) -> bool:
+    """Whether another restorer's ``BeginRestore`` reached a ps task (not ready at a generation above 0): the join's
+    loads of generation 0 were refused there (:func:`psflow.checkpoint.restore.restore`)."""
+    return any(not (stats := client.ps_stats(task)).ready and stats.generation != 0 for task in client.channels)
 
 
 _T = TypeVar("_T")

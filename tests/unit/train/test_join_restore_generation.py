@@ -120,3 +120,25 @@ def test_a_holders_restore_begun_during_a_resumed_joins_restore_is_left_to_finis
     monkeypatch.setattr(chief_module, "restore", restore_then_the_holder_begins)
     joined = join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run")
     assert joined.restore_pending and joined.restored is None and not any(s.ready for s in services)
+
+
+def test_a_holders_restore_begun_before_a_resumed_joins_loads_keeps_what_it_holds(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """As above, the holder's BeginRestore before the join's LoadShards: they carried no generation and overwrote the
+    holder's restore (global_step set back to the checkpoint's under steps handed out since); now they carry
+    generation 0 and are refused, nothing changed, and the join waits for that restore."""
+    import psflow.train.chief as chief_module
+    client, services, saved = _trained_past_a_checkpoint(tmp_path)
+    restart_ps(client, services, 0)
+    restart_ps(client, services, 1)
+    real_restore = chief_module.restore
+
+    def the_holder_begins_then_restore(*args, **kwargs):  # type: ignore[no-untyped-def]
+        for task in client.channels:
+            client.call(task, BeginRestoreRequest(5))
+        return real_restore(*args, **kwargs)
+    monkeypatch.setattr(chief_module, "restore", the_holder_begins_then_restore)
+    before = [client.ps_stats(t).global_step for t in client.channels]
+    joined = join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run")
+    assert joined.restore_pending and joined.restored is None and not any(s.ready for s in services)
+    assert [client.ps_stats(t).global_step for t in client.channels] == before
