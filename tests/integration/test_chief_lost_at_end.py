@@ -44,12 +44,13 @@ def _files(tmp_path: Path, lines: list[int | None]) -> list[str]:
     return flags
 
 
-def _start(cluster: _Tasks, tmp_path: Path, worker_lines: list[int | None]) -> Path:
-    """ps task 0 and the workers, with checkpoints every 50 steps, ``--eval`` and a 2 s lease; the checkpoint dir."""
+def _start(cluster: _Tasks, tmp_path: Path, worker_lines: list[int | None], *, lease_ttl: float = 2) -> Path:
+    """ps task 0 and the workers, with checkpoints every 50 steps, ``--eval`` and a ``lease_ttl`` s lease; the
+    checkpoint dir."""
     ckpt = tmp_path / "ckpt"
     train = [*_files(tmp_path, worker_lines), "--num-features", "124", "--epochs", "3", "--batch-size", "32",
              "--no-status", "--checkpoint-dir", str(ckpt), "--save-checkpoints-steps", "50", "--log-every", "50",
-             "--eval", str(A9A_T), "--lease-ttl", "2"]
+             "--eval", str(A9A_T), "--lease-ttl", str(lease_ttl)]
     cluster.start("ps", 0, "--checkpoint-dir", str(ckpt))
     for i in range(2):
         cluster.start("worker", i, *train)

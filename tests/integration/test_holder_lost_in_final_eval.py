@@ -29,6 +29,11 @@ from psflow.cluster import ClusterSpec
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
+#: The chief lease's ttl: worker 1 finishes its data seconds before worker 0's final save, and a stall of worker 0
+#: (or of ps task 0, which serves its renewals) as long as the ttl under load would hand the duties over while worker 0
+#: still trains, which is not the case these tests are about.
+_TTL = 6
+
 tasks = test_server_run_end.tasks  # the fixture: its psflow server processes are killed by pid after the test
 
 
@@ -52,7 +57,7 @@ def test_a_holder_killed_in_its_final_evaluation_leaves_the_evaluation_to_a_take
     evaluates the final model: one ``eval step=S`` line, S the final checkpoint's global_step; it exits 0."""
     _stall_in_final_eval(monkeypatch)
     cluster = tasks(_cluster(1, 2))
-    ckpt = _start(cluster, tmp_path, [3000, 300])
+    ckpt = _start(cluster, tmp_path, [3000, 300], lease_ttl=_TTL)
     chief = cluster.procs["worker-0"]
     wait_until(lambda: _stopped(chief.pid) or chief.poll() is not None, "worker 0 stopped in its final evaluation",
                limit=_SAFETY)
@@ -75,7 +80,7 @@ def test_a_holder_stalled_in_its_final_evaluation_and_resumed_reports_no_second_
     0's evaluation was the run's: it held up, and must still."""
     _stall_in_final_eval(monkeypatch)
     cluster = tasks(_cluster(1, 2))
-    ckpt = _start(cluster, tmp_path, [3000, 300])
+    ckpt = _start(cluster, tmp_path, [3000, 300], lease_ttl=_TTL)
     chief = cluster.procs["worker-0"]
     try:
         wait_until(lambda: _stopped(chief.pid) or chief.poll() is not None, "worker 0 stopped in its final evaluation",
