@@ -10,18 +10,14 @@ values: the trained model gone, no error. Now a Register during a restore create
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
-from support import TOKEN
+from two_ps_client import emb_bias_client
 
 from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, RegisterRequest, SetReadyRequest
 from psflow.ps.registration import register_tasks
-from psflow.rpc.api import ConnectConfig, FailedPreconditionError
+from psflow.rpc.api import FailedPreconditionError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -30,21 +26,11 @@ EMB = np.arange(12, dtype=np.float32).reshape(6, 2) + 1   # the checkpoint's val
 BIAS = np.array([7.0, -7.0], np.float32)
 
 
-def _client(handle: Any, name: str) -> ParameterClient:
-    vs = VariableSet(replica_device_setter(cluster=handle.cluster))
-    vs.get_variable("emb", (6, 2))   # ps task 0
-    vs.get_variable("bias", (2,))    # ps task 1
-    client = ParameterClient(handle.cluster, vs.placements(), client_name=name,
-                             config=ConnectConfig(connect_timeout=120.0, token=TOKEN))
-    client.connect()
-    return client
-
-
 @pytest.mark.parametrize("loaded_before_register", [(0, 1), (0,)])
 def test_a_chiefs_register_during_a_restore_keeps_what_the_restore_loaded(
         local_cluster, loaded_before_register: tuple[int, ...]) -> None:  # type: ignore[no-untyped-def]
     handle = local_cluster(2)
-    restorer = _client(handle, "/job:worker/task:1")  # a surviving worker holding the lease, restoring
+    restorer = emb_bias_client(handle, "/job:worker/task:1")  # a surviving worker holding the lease, restoring
     restorer.register(OPTIMIZER, chief=True)
     loads = {0: LoadShardRequest.build({"emb/part_0": EMB}, {}, {}, ["emb/part_0"], global_step=40, restored_step=40),
              1: LoadShardRequest.build({"bias/part_0": BIAS}, {}, {}, ["bias/part_0"], restored_step=40)}
@@ -53,7 +39,7 @@ def test_a_chiefs_register_during_a_restore_keeps_what_the_restore_loaded(
     for task in loaded_before_register:
         restorer.call(task, loads[task])
 
-    chief = _client(handle, "/job:worker/task:0")  # the restarted chief joins meanwhile
+    chief = emb_bias_client(handle, "/job:worker/task:0")  # the restarted chief joins meanwhile
     request = RegisterRequest(tuple(chief.layout.values()), OPTIMIZER, chief.sync, chief.client_name, True, True,
                               chief.incarnation)  # the chief's join (psflow.train.chief)
     joined = register_tasks(chief.channels, chief.step_task, request, chief.config, 60.0, call=chief.call_async)
@@ -75,9 +61,9 @@ def test_a_deposed_restorers_late_set_ready_leaves_the_newer_restore_in_progress
     """Restorer A (stopped until its lease lapsed) sends SetReady after restorer B began: it opened every task at
     A's older generation while B was loading, so workers resumed there and B's load then rewound them under them."""
     handle = local_cluster(2)
-    a = _client(handle, "/job:worker/task:1")
+    a = emb_bias_client(handle, "/job:worker/task:1")
     a.register(OPTIMIZER, chief=True)
-    b = _client(handle, "/job:worker/task:2")
+    b = emb_bias_client(handle, "/job:worker/task:2")
     for task in (0, 1):
         a.call(task, BeginRestoreRequest(10))
     for task in (0, 1):
@@ -103,13 +89,13 @@ def test_a_restarted_chiefs_set_ready_with_no_generation_leaves_a_restore_in_pro
     with no generation. Sent while a surviving worker holding the lease restores (BeginRestore, LoadShard), it opened
     every task in the middle of that restore: workers resumed over half-loaded shards, at the restorer's generation."""
     handle = local_cluster(2)
-    restorer = _client(handle, "/job:worker/task:1")
+    restorer = emb_bias_client(handle, "/job:worker/task:1")
     restorer.register(OPTIMIZER, chief=True)
     for task in (0, 1):
         restorer.call(task, BeginRestoreRequest(3))
     restorer.call(0, LoadShardRequest.build({"emb/part_0": EMB}, {}, {}, ["emb/part_0"], global_step=40,
                                             restored_step=40))
-    chief = _client(handle, "/job:worker/task:0")
+    chief = emb_bias_client(handle, "/job:worker/task:0")
     for task in (1, 0):
         with pytest.raises(FailedPreconditionError, match=rf"^/job:ps/task:{task}: SetReady: SetReady from "
                                                           rf"/job:worker/task:0 refused: /job:ps/task:{task} is "

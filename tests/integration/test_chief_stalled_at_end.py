@@ -172,6 +172,17 @@ def _stopped(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] == "T"
 
 
+def _taken_over_chief(cluster: _Tasks) -> tuple[int, str]:
+    """Worker 1 took the chief duties over at global_step S and worker 0, resumed, failed with no traceback:
+    (S, worker 0's log)."""
+    took = re.search(r"worker 1: took the chief duties over from .*at global_step (\d+)", cluster.log("worker-1"))
+    assert took, cluster.log("worker-1")[-3000:]
+    code = cluster.exit_code("worker-0")
+    log = cluster.log("worker-0")
+    assert code != 0 and "Traceback" not in log, log[-3000:]
+    return int(took.group(1)), log
+
+
 def test_a_chief_stalled_after_its_last_push_and_resumed_after_the_take_over_saves_and_evaluates_nothing(
         tasks: Callable[[ClusterSpec], _Tasks], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Worker 0, the chief and the last to finish (3,000 lines against worker 1's 300), stops itself right after its
@@ -192,12 +203,7 @@ def test_a_chief_stalled_after_its_last_push_and_resumed_after_the_take_over_sav
         pointer = (ckpt / "checkpoint").read_bytes()
     finally:
         os.kill(chief.pid, signal.SIGCONT)
-    took = re.search(r"worker 1: took the chief duties over from .*at global_step (\d+)", cluster.log("worker-1"))
-    assert took, cluster.log("worker-1")[-3000:]
-    step = int(took.group(1))
-    code = cluster.exit_code("worker-0")
-    log = cluster.log("worker-0")
-    assert code != 0 and "Traceback" not in log, log[-3000:]
+    step, log = _taken_over_chief(cluster)
     assert re.search(r"/job:worker/task:0: the run was ended without this worker: /job:worker/task:1 took the chief "
                      rf"duties over and wrote the final checkpoint ckpt-\d+ at global_step {step}", log), log[-3000:]
     assert (ckpt / "checkpoint").read_bytes() == pointer  # not marked final again, nor saved
@@ -276,11 +282,6 @@ def test_a_chief_stopped_inside_a_saves_locked_section_leaves_the_take_over_its_
         assert cluster.exit_code("worker-1") == 0, cluster.log("worker-1")[-3000:]
     finally:
         os.kill(chief.pid, signal.SIGCONT)
-    took = re.search(r"worker 1: took the chief duties over from .*at global_step (\d+)", cluster.log("worker-1"))
-    assert took, cluster.log("worker-1")[-3000:]
-    step = int(took.group(1))
-    code = cluster.exit_code("worker-0")
-    log = cluster.log("worker-0")
-    assert code != 0 and "Traceback" not in log, log[-3000:]
+    step, _ = _taken_over_chief(cluster)
     final = latest_checkpoint(str(ckpt))
     assert final is not None and read_manifest(final).final and read_manifest(final).global_step == step, final

@@ -14,20 +14,17 @@ logged failure, and the next save, after the restore, is written.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from support import TOKEN
+from two_ps_client import emb_bias_client
 
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager, CheckpointSavesFailedError
 from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
-from psflow.placement import VariableSet, replica_device_setter
-from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, SetReadyRequest
-from psflow.rpc.api import ConnectConfig, FailedPreconditionError
+from psflow.rpc.api import FailedPreconditionError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -35,16 +32,6 @@ OPTIMIZER = OptimizerSpec("sgd", {"learning_rate": 1.0})
 OLD_EMB = np.full((6, 2), -1.0, np.float32)   # the deposed restorer's (older) checkpoint
 EMB = np.arange(12, dtype=np.float32).reshape(6, 2) + 1   # the newer restore's
 BIAS = np.array([7.0, -7.0], np.float32)
-
-
-def _client(handle: Any, name: str) -> ParameterClient:
-    vs = VariableSet(replica_device_setter(cluster=handle.cluster))
-    vs.get_variable("emb", (6, 2))   # ps task 0
-    vs.get_variable("bias", (2,))    # ps task 1
-    client = ParameterClient(handle.cluster, vs.placements(), client_name=name,
-                             config=ConnectConfig(connect_timeout=120.0, token=TOKEN))
-    client.connect()
-    return client
 
 
 def _loads(emb: np.ndarray, bias: np.ndarray, generation: int) -> dict[int, LoadShardRequest]:
@@ -57,9 +44,9 @@ def _loads(emb: np.ndarray, bias: np.ndarray, generation: int) -> dict[int, Load
 
 def test_a_deposed_restorers_late_load_shard_changes_nothing(local_cluster) -> None:  # type: ignore[no-untyped-def]
     handle = local_cluster(2)
-    a = _client(handle, "/job:worker/task:1")   # restorer A: its lease lapsed while it was stopped
+    a = emb_bias_client(handle, "/job:worker/task:1")   # restorer A: its lease lapsed while it was stopped
     a.register(OPTIMIZER, chief=True)
-    b = _client(handle, "/job:worker/task:2")   # restorer B, the newer lease's holder
+    b = emb_bias_client(handle, "/job:worker/task:2")   # restorer B, the newer lease's holder
     for task in (0, 1):
         a.call(task, BeginRestoreRequest(10))
     for task in (0, 1):
@@ -82,7 +69,7 @@ def test_a_deposed_restorers_late_load_shard_changes_nothing(local_cluster) -> N
 def test_a_save_during_a_restore_fails_as_one_counted_failure_and_the_next_one_is_written(
         local_cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     handle = local_cluster(2)
-    chief = _client(handle, "/job:worker/task:0")
+    chief = emb_bias_client(handle, "/job:worker/task:0")
     chief.register(OPTIMIZER, chief=True)
     manager = CheckpointManager(str(tmp_path / "ckpt"), transport="rpc", max_failed_saves=2)
     first = manager.save(chief)
