@@ -232,7 +232,7 @@ class ParameterClient:
         step = step_reply.step if step_reply is not None and self.step_task in plan.per_task else None
         self.last_pull_step = step
         self._hear_step(step)
-        return self._plans.assemble(plan, replies)
+        return self._plans.assemble(plan, replies, task_name=lambda shard: self.channels[shard].task)
 
     def push(
         self,

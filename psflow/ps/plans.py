@@ -13,7 +13,7 @@ copied except where a cast, a slice or a scatter needs it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,8 +167,15 @@ class Planner:
                 plan.scatter.append((name, key, _IN_ORDER if whole else routed.positions))
         return plan
 
-    def assemble(self, plan: PullPlan, replies: Mapping[int, PullReply]) -> dict[str, np.ndarray]:
+    def assemble(self, plan: PullPlan, replies: Mapping[int, PullReply], *,
+                 task_name: Callable[[int], str]) -> dict[str, np.ndarray]:
         """Each variable's rows, in the order asked, from the tasks' replies to ``plan``.
+
+        Args:
+            plan: the pull's plan.
+            replies: ps task (shard) index -> its reply.
+            task_name: shard index -> the task that answered for it (the client's channel's, e.g.
+                ``/job:ps_backup/task:0`` after a failover), for errors.
 
         Raises:
             ClientError: a reply holds no rows of a partition it was asked for (names the variable and task).
@@ -181,9 +188,9 @@ class Planner:
         for name, key, positions in plan.scatter:
             part = parts.get(key)
             if part is None:
-                task = next(t for t, asked in plan.per_task.items() if any(k == key for k, _ in asked))
-                raise ClientError(f"{self.client_name}: variable {name!r}: the reply of ps task {task} holds no rows "
-                                  f"of its partition {key!r}")
+                shard = next(t for t, asked in plan.per_task.items() if any(k == key for k, _ in asked))
+                raise ClientError(f"{self.client_name}: variable {name!r}: the reply of {task_name(shard)} (ps shard "
+                                  f"{shard}) holds no rows of its partition {key!r}")
             if positions is None:
                 whole.setdefault(name, []).append(part)
                 continue

@@ -54,8 +54,8 @@ def test_a_reply_whose_rows_cannot_be_read_is_still_acknowledged_and_counted(
     assert client.acks_later
     assert client.send_push_pull(GRADS, {"w": None}, ack_later=True).result()[0].step == 1
     pending = client.send_push_pull(GRADS, {"w": None}, ack_later=True)
-    with pytest.raises(ClientError, match=r"^/job:worker/task:0: variable 'w': the reply of ps task 0 holds no rows of "
-                                          r"its partition 'w/part_0'$"):
+    with pytest.raises(ClientError, match=r"^/job:worker/task:0: variable 'w': the reply of /job:ps/task:0 \(ps shard 0\) "
+                                          r"holds no rows of its partition 'w/part_0'$"):
         pending.rows()
     assert network.rows == 2 and events[-2:] == [("send", PRIMARY, "Acked"), ("reply", PRIMARY, "Acked")]
     assert client.acked == {0: 2}  # the second push, applied, is counted acknowledged too

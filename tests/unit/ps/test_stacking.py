@@ -12,7 +12,7 @@ from psflow.gradients import SparseGradient
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps import protocol as p
-from psflow.ps.plans import Planner
+from psflow.ps.plans import ClientError, Planner
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame, decode, encode
@@ -240,3 +240,19 @@ def test_the_planner_sends_ids_shared_by_two_tables_as_one_array() -> None:
     assert pushed[0][2] is pushed[1][2]
     frame = p.PushRequest(pushed, stack=True).to_frame()
     assert frame.arrays["is/0"].tolist() == [3, 7, 9]
+
+
+def test_a_reply_missing_a_partition_names_the_task_that_sent_it_not_its_shard_number() -> None:
+    """A shard's reply is its primary's, which after a failover is not /job:ps/task:<shard>: the error names the task
+    (the client's channel to the shard), where 'ps task 1' read like /job:ps/task:1."""
+    vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["a:1", "b:1"]})))
+    vs.get_variable("w", (4,))
+    vs.get_variable("b", (1,))
+    planner = Planner(list(vs.placements()), client_name="/job:worker/task:0")
+    plan = planner.pull({"w": None, "b": None})
+    assert sorted(plan.per_task) == [0, 1]
+    replies = {0: p.PullReply(1, {"w/part_0": np.zeros(4, np.float32)}), 1: p.PullReply(None, {})}
+    tasks = {0: "/job:ps/task:0", 1: "/job:ps_backup/task:1"}
+    with pytest.raises(ClientError, match=r"^/job:worker/task:0: variable 'b': the reply of /job:ps_backup/task:1 "
+                                          r"\(ps shard 1\) holds no rows of its partition 'b/part_0'$"):
+        planner.assemble(plan, replies, task_name=tasks.__getitem__)
