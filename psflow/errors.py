@@ -26,12 +26,15 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     ├── StorageError                               [storage] a storage URL or its client
     │   └── UnknownSchemeError (ValueError)
     ├── RpcError                                   [rpc.api] a remote call failed
-    │   ├── TaskUnavailableError, InvalidArgumentError, FailedPreconditionError,
-    │   │   DeadlineExceededError, UnauthenticatedError, RemoteError
+    │   ├── TaskUnavailableError, InvalidArgumentError, DeadlineExceededError,
+    │   │   UnauthenticatedError, RemoteError
+    │   ├── FailedPreconditionError                the call conflicts with the task's state
+    │   │   └── FencedOffError                     its fencing token was superseded (ABORTED)
     │   └── ListenError (RuntimeError)             a task cannot listen on its port
     ├── FrameError (ValueError)                    [rpc.framing] bytes that are not a frame
     ├── InvalidRequest (ValueError)                [rpc.api] a handler refuses a request
     ├── PreconditionFailed                         [rpc.api] a handler cannot serve it now
+    │   └── FencedOff                              [rpc.api] the request's fencing token superseded
     ├── CoordinationError                          [coord.api] leases and elections
     │   ├── BackendUnavailableError, CampaignTimeoutError, LeaseLostError, FencedError
     ├── PsError                                    the ps tasks' state and their client

@@ -2,7 +2,8 @@
 
 Server side, every ps task owns a :class:`FenceGuard` (``ParameterService.fence``);
 the service serves it as its ``Fence`` call (a token, the lease's epoch, for a
-scope, the election; FAILED_PRECONDITION when the token is lower than the
+scope, the election; ABORTED (:class:`~psflow.rpc.api.FencedOff`, a FailedPreconditionError to the caller)
+when the token is lower than the
 highest seen for the scope: :class:`psflow.ps.protocol.FenceRequest`).
 
 Writers that must be fenced (checkpoint shards, manifests) call

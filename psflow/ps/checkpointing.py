@@ -23,10 +23,11 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     meta describes the shard (partitions, slot names, sha256, byte size), and
     on the task holding global_step the reader positions with the count of
     examples pushed with them (read together). With ``epoch`` (the chief's
-    lease epoch) the write is fenced: refused with FAILED_PRECONDITION if a
+    lease epoch) the write is fenced: refused with ABORTED (:class:`~psflow.rpc.api.FencedOff`) if a
     newer chief's epoch was seen, and no newer epoch is accepted meanwhile. Refused with FAILED_PRECONDITION
     while a restore is in progress (``BeginRestore`` came, ``SetReady`` not yet) or when one began during the
-    snapshot (:meth:`~psflow.ps.restore_gate.RestoreGate.check_save`): the shard would hold part of the restore.
+    snapshot (:meth:`~psflow.ps.restore_gate.RestoreGate.check_save`): the shard would hold part of the restore
+    (not ABORTED: no newer chief fenced the save; the chief counts it as a failed save).
     On a replicated shard's primary (:attr:`CheckpointHandlers.push_count` set) the reply's
     ``pushes_applied`` is the count of the pushes the snapshot holds and ``pushes_applied_by`` that of each
     client process (``[[worker, incarnation, n], ...]``): read with it while no push is applied
@@ -37,7 +38,7 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     is checked against the partition's shape and dtype and every slot name
     against the partition's slots before anything changes; then each
     partition is overwritten under its lock. Used by the chief to restore.
-    ``"generation": g`` (the restore's) is refused with FAILED_PRECONDITION, nothing changed, unless the task
+    ``"generation": g`` (the restore's) is refused with ABORTED (the restore fence), nothing changed, unless the task
     holds ``g`` and is not ready (:meth:`~psflow.ps.restore_gate.RestoreGate.check_load`): a deposed restorer's
     late load; a first restore with no ``BeginRestore`` sends 0. Without it the load is not checked.
     A lazy partition's checkpoint holding only its built rows comes as ``b/<key>`` (its saved local rows,
@@ -157,7 +158,7 @@ from psflow.ps.store import PartitionState, StoreError
 from psflow.ps.update_mode import UpdateMode
 from psflow.ps.variable_store import VariableStore
 from psflow.ps.worker_ledger import WorkerLedger
-from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
+from psflow.rpc.api import FencedOff, Handler, InvalidRequest, Reply
 from psflow.rpc.framing import Frame
 
 __all__ = ["CheckpointHandlers", "HeldPushes", "PushCount", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names",
@@ -233,7 +234,7 @@ class CheckpointHandlers:
         try:
             self._fence.check(epoch, holder=holder)
         except FencedError as e:
-            raise PreconditionFailed(str(e)) from e
+            raise FencedOff(str(e)) from e
         return self._fence.hold(epoch, holder=holder)
 
     # ---- SaveShard ---------------------------------------------------------

@@ -27,7 +27,7 @@ open the task in the middle of the newer restore, at the older generation.
 A ``SetReady`` with no generation (a chief's after it initialized or restored
 at start) is refused while a restore is in progress: it would open the task in
 the middle of that restore.
-A ``LoadShard`` that carries a generation is refused (:meth:`RestoreGate.check_load`)
+A ``LoadShard`` that carries a generation is refused (:meth:`RestoreGate.check_load`; ABORTED, the restore fence)
 unless the task holds that generation and is not ready: a restore's loads come
 between its ``BeginRestore`` and its ``SetReady`` (a chief's first restore or
 warm start, with no ``BeginRestore``, may send generation 0: the task is not
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import threading
 
-from psflow.rpc.api import PreconditionFailed
+from psflow.rpc.api import FencedOff, PreconditionFailed
 
 __all__ = ["RestoreGate"]
 
@@ -126,15 +126,16 @@ class RestoreGate:
         """Whether a ``LoadShard`` of ``generation`` (None: not checked) may change this task, asked before it does.
 
         Raises:
-            PreconditionFailed: the task holds another generation (another restore began here since, or the task
-                restarted), or is ready (the restore the load belongs to ended).
+            FencedOff: the task holds another generation (another restore began here since, or the task
+                restarted), or is ready (the restore the load belongs to ended): the restore fence (ABORTED, not
+                FAILED_PRECONDITION, so a restorer tells it from any other refusal of its load).
         """
         with self._lock:
             if generation is None or (generation == self._generation and not self._ready):
                 return
             state = ("ready at" if self._ready else "at") + f" generation {self._generation}"
             why = "no restore in progress" if generation == self._generation else "another restore began here since"
-            raise PreconditionFailed(f"LoadShard of generation {generation} refused: {self.task_name} is {state} "
+            raise FencedOff(f"LoadShard of generation {generation} refused: {self.task_name} is {state} "
                                      f"({why}); nothing loaded")
 
     def check_save(self, generation: int | None = None) -> int:

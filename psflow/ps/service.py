@@ -161,7 +161,7 @@ from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.ps.update_mode import UpdateMode
 from psflow.ps.variable_store import VariableStore
 from psflow.ps.worker_ledger import WorkerLedger
-from psflow.rpc.api import Handler, InvalidRequest, PreconditionFailed, Reply
+from psflow.rpc.api import FencedOff, Handler, InvalidRequest, Reply
 from psflow.rpc.framing import Frame
 
 __all__ = ["ParameterService"]
@@ -441,7 +441,7 @@ class ParameterService:
         try:
             self.fence.check(request.token, scope=request.scope, holder=request.holder)
         except FencedError as e:
-            raise PreconditionFailed(str(e)) from e
+            raise FencedOff(str(e)) from e
         return _reply(FenceReply(request.token))
 
     def save_notice(self, frame: Frame) -> Reply:

@@ -7,7 +7,8 @@ sent back, in one place:
 
     * :class:`~psflow.rpc.framing.FrameError`, :class:`InvalidRequest`, an
       unknown method -> ``INVALID_ARGUMENT``
-    * :class:`PreconditionFailed` -> ``FAILED_PRECONDITION``
+    * :class:`PreconditionFailed` -> ``FAILED_PRECONDITION``; its subclass
+      :class:`FencedOff` (a fencing token refused) -> ``ABORTED``
     * any other ``Exception`` -> ``INTERNAL`` (logged with its traceback; the
       server keeps serving)
 
@@ -51,12 +52,14 @@ __all__ = [
     "TaskUnavailableError",
     "InvalidArgumentError",
     "FailedPreconditionError",
+    "FencedOffError",
     "DeadlineExceededError",
     "UnauthenticatedError",
     "RemoteError",
     "ListenError",
     "InvalidRequest",
     "PreconditionFailed",
+    "FencedOff",
     "Unavailable",
 ]
 
@@ -217,6 +220,13 @@ class FailedPreconditionError(RpcError):
     """The request conflicts with the remote state, e.g. a different layout."""
 
 
+class FencedOffError(FailedPreconditionError):
+    """The remote task refused a request whose fencing token it has seen superseded (gRPC ABORTED, the status of a
+    failed sequencer check): a leader's lease epoch below a newer leader's, a restore's generation another restore
+    replaced. A FailedPreconditionError too, as these refusals were before they had a status of their own; told
+    from any other conflict with the task's state by its status, never by its text."""
+
+
 class DeadlineExceededError(RpcError):
     """The call did not finish within its deadline."""
 
@@ -250,6 +260,11 @@ class PreconditionFailed(PsflowError):
     """Raised by a handler: the request conflicts with state (FAILED_PRECONDITION)."""
 
 
+class FencedOff(PreconditionFailed):
+    """Raised by a handler: the request's fencing token (a lease epoch, a restore generation) was superseded here
+    (becomes ABORTED; the caller gets :class:`FencedOffError`)."""
+
+
 class Unavailable(PsflowError):
     """Raised by a handler: a task this call depends on cannot be reached now (UNAVAILABLE; the caller may
     retry), e.g. a replicated shard's backup that did not acknowledge a push."""
@@ -272,6 +287,7 @@ class Status(IntEnum):
     INTERNAL = 4
     UNAVAILABLE = 5
     DEADLINE_EXCEEDED = 6
+    ABORTED = 7
 
 
 #: The error a caller gets for each status (any status not listed: :class:`RemoteError`).
@@ -282,6 +298,7 @@ STATUS_ERRORS: Mapping[Status, type[RpcError]] = {
     Status.INTERNAL: RemoteError,
     Status.UNAVAILABLE: TaskUnavailableError,
     Status.DEADLINE_EXCEEDED: DeadlineExceededError,
+    Status.ABORTED: FencedOffError,
 }
 
 
@@ -307,11 +324,13 @@ class Refusal:
 def refusal(task: str, method: str, error: Exception) -> Refusal:
     """The status and error text of ``error`` raised while serving ``method`` on ``task``: the one mapping.
 
-    ``FrameError`` and ``InvalidRequest`` -> INVALID_ARGUMENT, ``PreconditionFailed``
+    ``FrameError`` and ``InvalidRequest`` -> INVALID_ARGUMENT, ``FencedOff`` -> ABORTED, ``PreconditionFailed``
     -> FAILED_PRECONDITION, ``Unavailable`` -> UNAVAILABLE, anything else -> INTERNAL (logged here with its traceback).
     """
     if isinstance(error, FrameError | InvalidRequest):
         return Refusal(Status.INVALID_ARGUMENT, f"{task}: {method}: {error}", error)
+    if isinstance(error, FencedOff):
+        return Refusal(Status.ABORTED, f"{task}: {method}: {error}", error)
     if isinstance(error, PreconditionFailed):
         return Refusal(Status.FAILED_PRECONDITION, f"{task}: {method}: {error}", error)
     if isinstance(error, Unavailable):

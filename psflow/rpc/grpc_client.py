@@ -30,6 +30,7 @@ from psflow.rpc.api import (
     TOKEN_METADATA_KEY,
     ConnectConfig,
     FailedPreconditionError,
+    FencedOffError,
     InvalidArgumentError,
     RemoteError,
     RpcError,
@@ -53,7 +54,7 @@ def _translate(task: str, address: str, method: str, e: grpc.RpcError) -> RpcErr
     details = e.details() if hasattr(e, "details") else str(e)
     status = Status.__members__.get(code.name) if code is not None else None
     cls = STATUS_ERRORS.get(status, RemoteError) if status is not None else RemoteError
-    if cls in (InvalidArgumentError, FailedPreconditionError, UnauthenticatedError):
+    if cls in (InvalidArgumentError, FailedPreconditionError, FencedOffError, UnauthenticatedError):
         return cls(details)  # the server already prefixed task and method
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return cls(f"{task}: {method}: UNIMPLEMENTED: {details} (the process at {address} serves no such call: "

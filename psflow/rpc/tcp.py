@@ -19,7 +19,7 @@ Wire format (all integers little-endian):
     reply              u32 length | u8 status | frame (status 0) or UTF-8 error text
 
 The status byte is a :class:`~psflow.rpc.api.Status` (1 INVALID_ARGUMENT,
-2 FAILED_PRECONDITION, 3 UNAUTHENTICATED, 4 INTERNAL, 5 UNAVAILABLE), the error
+2 FAILED_PRECONDITION, 3 UNAUTHENTICATED, 4 INTERNAL, 5 UNAVAILABLE, 7 ABORTED: a fencing token refused), the error
 text is :func:`~psflow.rpc.api.dispatch`'s, and the caller gets the same
 :class:`~psflow.rpc.api.RpcError` subclass as over gRPC. Guarantees: as for gRPC — every call has a
 deadline, a refused request changes nothing and the server keeps serving, no

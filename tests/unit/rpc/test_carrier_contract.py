@@ -20,6 +20,8 @@ from psflow.rpc.api import (
     Channel,
     ConnectConfig,
     FailedPreconditionError,
+    FencedOff,
+    FencedOffError,
     Handler,
     InvalidArgumentError,
     InvalidRequest,
@@ -55,6 +57,10 @@ def _conflict(frame: Frame) -> Reply:
     raise PreconditionFailed("another client registered a different layout")
 
 
+def _fenced_off(frame: Frame) -> Reply:
+    raise FencedOff("write from chief A with epoch 5 refused: 'chief' is fenced at epoch 9 (by chief B)")
+
+
 def _malformed(frame: Frame) -> Reply:
     raise FrameError("array 'g/w' has 3 rows, ids 2")
 
@@ -64,7 +70,7 @@ def _boom(frame: Frame) -> Reply:
 
 
 HANDLERS: dict[str, Handler] = {"Echo": _echo, "Bad": _bad, "Conflict": _conflict, "Malformed": _malformed,
-                                "Boom": _boom}
+                                "Boom": _boom, "FencedOff": _fenced_off}
 
 
 class CarrierContract:
@@ -129,6 +135,18 @@ class CarrierContract:
         with pytest.raises(FailedPreconditionError) as e:
             channel.call("Conflict")
         assert str(e.value) == f"{TASK}: Conflict: another client registered a different layout"
+
+    def test_a_write_fenced_off_is_its_own_refusal_and_still_a_failed_precondition(self, channel: Channel) -> None:
+        """A fencing token refused (a newer leader's epoch seen) travels as its own status, so a caller tells it
+        from any other conflict without reading the text; a caller catching FailedPreconditionError still gets it."""
+        with pytest.raises(FencedOffError) as e:
+            channel.call("FencedOff")
+        assert isinstance(e.value, FailedPreconditionError)
+        assert str(e.value) == (f"{TASK}: FencedOff: write from chief A with epoch 5 refused: 'chief' is fenced at "
+                                "epoch 9 (by chief B)")
+        with pytest.raises(FailedPreconditionError) as other:
+            channel.call("Conflict")
+        assert not isinstance(other.value, FencedOffError)
 
     def test_an_unexpected_error_is_a_remote_error_and_the_carrier_serves_on(self, channel: Channel) -> None:
         with pytest.raises(RemoteError, match=f"{TASK}: Boom: internal error: RuntimeError: boom"):

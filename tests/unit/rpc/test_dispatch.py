@@ -12,6 +12,8 @@ from psflow.rpc.api import (
     STATUS_ERRORS,
     DeadlineExceededError,
     FailedPreconditionError,
+    FencedOff,
+    FencedOffError,
     InvalidArgumentError,
     InvalidRequest,
     PreconditionFailed,
@@ -60,6 +62,7 @@ def test_an_encoded_request_is_decoded_and_the_reply_encoded() -> None:
     (InvalidRequest("bad shape"), Status.INVALID_ARGUMENT, f"{TASK}: Push: bad shape"),
     (FrameError("truncated"), Status.INVALID_ARGUMENT, f"{TASK}: Push: truncated"),
     (PreconditionFailed("other layout"), Status.FAILED_PRECONDITION, f"{TASK}: Push: other layout"),
+    (FencedOff("epoch 5 refused"), Status.ABORTED, f"{TASK}: Push: epoch 5 refused"),
     (KeyError("w"), Status.INTERNAL, f"{TASK}: Push: internal error: KeyError: 'w'"),
 ])
 def test_each_error_becomes_one_status_and_a_text_naming_task_and_method(
@@ -105,6 +108,7 @@ def test_the_caller_sees_the_rpc_error_of_each_status() -> None:
         Status.INVALID_ARGUMENT: InvalidArgumentError, Status.FAILED_PRECONDITION: FailedPreconditionError,
         Status.UNAUTHENTICATED: UnauthenticatedError, Status.INTERNAL: RemoteError,
         Status.UNAVAILABLE: TaskUnavailableError, Status.DEADLINE_EXCEEDED: DeadlineExceededError,
+        Status.ABORTED: FencedOffError,
     }
     error = Refusal(Status.FAILED_PRECONDITION, f"{TASK}: Push: other layout").error()
     assert type(error) is FailedPreconditionError and str(error) == f"{TASK}: Push: other layout"
@@ -115,4 +119,4 @@ def test_the_tcp_wire_keeps_its_status_bytes() -> None:
     """The TCP carrier sends Status values as one byte: they are psflow's wire, they must not move."""
     assert [(s.name, int(s)) for s in Status] == [
         ("OK", 0), ("INVALID_ARGUMENT", 1), ("FAILED_PRECONDITION", 2), ("UNAUTHENTICATED", 3), ("INTERNAL", 4),
-        ("UNAVAILABLE", 5), ("DEADLINE_EXCEEDED", 6)]
+        ("UNAVAILABLE", 5), ("DEADLINE_EXCEEDED", 6), ("ABORTED", 7)]
