@@ -133,8 +133,8 @@ def test_rows_that_cannot_be_read_still_get_their_acked_call_and_raise_one_error
     shards.members[P0].replies += [_rows(7, 3).to_frame(), PushReply(7).to_frame()]  # no rows of w; then Acked
     shards.members[P1].replies.append(_rows(0, None).to_frame())
     pending = client.send_push_pull(GRADS, {"w": None}, ack_later=True)
-    with pytest.raises(ClientError, match=r"^/job:worker/task:0: variable 'w': the reply of ps task 0 holds "
-                                          r"no rows of its partition 'w/part_0'$"):
+    with pytest.raises(ClientError, match=r"^/job:worker/task:0: variable 'w': the reply of /job:ps/task:0 "
+                                          r"\(ps shard 0\) holds no rows of its partition 'w/part_0'$"):
         pending.rows()
     assert shards.members[P0].calls[-2:] == ["PushPullAckLater", "Acked"]
     assert client.acked == {0: 1, 1: 1}
