@@ -53,7 +53,7 @@ from psflow.checkpoint.save_notice import notify_save
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import CheckpointStatusReply, CheckpointStatusRequest, FenceRequest, SaveOutcome, SaveShardReply, SaveShardRequest
-from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, RpcError, TaskUnavailableError
+from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, FencedOffError, RpcError, TaskUnavailableError
 
 __all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError", "FinalCheckpointError",
            "refuse_newer_epoch"]
@@ -444,7 +444,9 @@ class CheckpointManager:
         try:
             reply = SaveShardReply.from_frame(call.result())
         except RpcError as e:
-            fenced = self._fence is not None and isinstance(e, FailedPreconditionError)
+            # only the fence's own refusal (ABORTED): a restore in progress on the task refuses too (FAILED_PRECONDITION),
+            # and that save failed (counted, retried at the next one), no newer chief took it over
+            fenced = self._fence is not None and isinstance(e, FencedOffError)
             late = f" (no reply within --save-timeout, {timeout:g} s)" if isinstance(e, DeadlineExceededError) else ""
             raise (CheckpointFencedError if fenced else CheckpointError)(f"saving shard {file} failed: {e}{late}") from e
         if reply.data is not None:

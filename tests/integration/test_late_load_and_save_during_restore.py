@@ -20,10 +20,10 @@ import pytest
 from two_ps_client import emb_bias_client
 
 from psflow.checkpoint.pointer import latest_checkpoint
-from psflow.checkpoint.save import CheckpointManager, CheckpointSavesFailedError
+from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, CheckpointSavesFailedError
 from psflow.errors import CheckpointError
 from psflow.optim import OptimizerSpec
-from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, SetReadyRequest
+from psflow.ps.protocol import BeginRestoreRequest, FenceRequest, LoadShardRequest, SetReadyRequest
 from psflow.rpc.api import FailedPreconditionError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -91,3 +91,36 @@ def test_a_save_during_a_restore_fails_as_one_counted_failure_and_the_next_one_i
     again = manager.save(chief)
     assert again.global_step == 40 and latest_checkpoint(str(tmp_path / "ckpt")) == again.path
     assert manager.failed_in_a_row == 0
+
+
+@pytest.mark.parametrize("transport", ["grpc", "tcp"])
+def test_under_an_election_a_save_during_a_restore_is_a_failed_save_not_one_fenced_off(
+        local_cluster, tmp_path: Path, transport: str) -> None:  # type: ignore[no-untyped-def]
+    """A chief with a lease (its saves carry its epoch) meets a restore in progress on ps task 1: the refusal is not a
+    newer chief's fence, so the save is an ordinary failure (counted, the next save retries; a final one would fail
+    the run), not "not made current ... left to that chief", a chief that does not exist. A newer chief's epoch,
+    seen by the tasks afterwards, still fences the old chief's save off (not counted)."""
+    handle = local_cluster(2)
+    chief = emb_bias_client(handle, "/job:worker/task:0", transport)
+    chief.register(OPTIMIZER, chief=True)
+    manager = CheckpointManager(str(tmp_path / "ckpt"), transport="rpc", max_failed_saves=3, run_id="run-a")
+    first = manager.save(chief, epoch=3, holder="chief 3")
+    chief.call(1, BeginRestoreRequest(5))
+    with pytest.raises(CheckpointError, match=r"shard-00001-of-00002.safetensors failed: /job:ps/task:1: SaveShard: "
+                                              r"/job:ps/task:1: refused to save a checkpoint shard: a restore "
+                                              r"\(generation 5\) is in progress here") as refused:
+        manager.save(chief, epoch=3, holder="chief 3")
+    assert not isinstance(refused.value, CheckpointFencedError), refused.value
+    assert (manager.failed_in_a_row, manager.saves_failed) == (1, 1)
+    assert latest_checkpoint(str(tmp_path / "ckpt")) == first.path
+    chief.call(0, BeginRestoreRequest(5))
+    for task, load in _loads(EMB, BIAS, 5).items():
+        chief.call(task, load)
+    for task in (1, 0):
+        chief.call(task, SetReadyRequest(chief.client_name, 5, 40))
+    assert manager.save(chief, epoch=3, holder="chief 3").global_step == 40 and manager.failed_in_a_row == 0
+    for task in (0, 1):  # a newer chief is elected
+        chief.call(task, FenceRequest(4, holder="chief 4"))
+    with pytest.raises(CheckpointFencedError, match=r"epoch 3 refused: 'chief' is fenced at epoch 4 \(by chief 4\)"):
+        manager.save(chief, epoch=3, holder="chief 3")
+    assert manager.failed_in_a_row == 0  # fenced off is not a failed save
