@@ -302,14 +302,19 @@ class ShardRouter:
         self.channels[shard] = self._channel(decision.task)
         if known[1] is not None:  # not the first status: a failover (or a view change)
             self.failovers += 1
-            log.warning("%s: ps shard %d routes to %s at epoch %d (was %s at epoch %s)%s", self.client_name, shard,
-                        decision.task, decision.epoch, known[0], known[1],
-                        "" if decision.has_state else "; no member holds its variables")
+            # Every client of the shard follows a failover: INFO, so one failover is one WARNING line (the client's
+            # whose Promote or DropBackup made it, and the member's), not one per client; a shard whose variables
+            # no member holds is each client's news.
+            log.log(logging.INFO if decision.has_state else logging.WARNING,
+                    "%s: ps shard %d routes to %s at epoch %d (was %s at epoch %s)%s", self.client_name, shard,
+                    decision.task, decision.epoch, known[0], known[1],
+                    "" if decision.has_state else "; no member holds its variables")
         return True
 
     def _act(self, shard: int, decision: Decision, statuses: Mapping[str, ReplicaStatusReply | None],
              gone: Mapping[str, str]) -> ReplicaStatusReply | None:
-        """Sends the ``Promote`` or ``DropBackup`` of ``decision``; its reply, or None if refused or lost."""
+        """Sends the ``Promote`` or ``DropBackup`` of ``decision``; its reply, or None if refused or lost. Its line is
+        a WARNING only where this call changed the view: one promotion, one line, not one per client that sent it."""
         if decision.action == "promote":
             target = decision.task
             request: PromoteRequest | DropBackupRequest = PromoteRequest(shard, decision.epoch, self.client_name)
@@ -317,21 +322,28 @@ class ShardRouter:
             primary = backup.primary if backup is not None and backup.primary else "its primary"
             said = statuses.get(primary)
             why = gone.get(primary) or (f"it says {_said(said)}" if said is not None else "gone")
-            log.warning("%s: ps shard %d has no primary holding its variables (%s: %s); promoting %s (epoch %d)",
-                        self.client_name, shard, primary, why, target, decision.epoch)
+            line: tuple[object, ...] = (
+                "%s: ps shard %d has no primary holding its variables (%s: %s); promoting %s (epoch %d)",
+                self.client_name, shard, primary, why, target, decision.epoch)
         else:
             target = decision.primary
             request = DropBackupRequest(shard, decision.epoch, decision.task, self.client_name)
-            log.warning("%s: ps shard %d: backup %s unreachable from %s and from here (%s); asking %s to drop it "
-                        "(epoch %d)", self.client_name, shard, decision.task, target, gone.get(decision.task, "gone"),
-                        target, decision.epoch)
+            line = ("%s: ps shard %d: backup %s unreachable from %s and from here (%s); asking %s to drop it "
+                    "(epoch %d)", self.client_name, shard, decision.task, target, gone.get(decision.task, "gone"),
+                    target, decision.epoch)
         try:
             frame = self._channel(target).call(request.METHOD, request.to_frame().meta, timeout=self.status_timeout * 5)
         except RpcError as e:  # another client acted first, or the member went away: statuses again
+            log.info(*line)
             log.info("%s: ps shard %d: %s to %s: %s", self.client_name, shard, request.METHOD, target, e)
             return None
         self._heard(target)
-        return ReplicaStatusReply.from_frame(frame)
+        reply = ReplicaStatusReply.from_frame(frame)
+        if reply.view_changed:
+            log.warning(*line)
+        else:
+            log.info(f"{line[0]}: done already by another client", *line[1:])
+        return reply
 
     def gather(self, calls: Mapping[int, PendingReply], resend: Callable[[int], PendingReply], *,
                replied: Callable[[Collection[int]], None] | None = None, wait: float | None = None) -> dict[int, Frame]:

@@ -111,13 +111,21 @@ def test_ssp_with_two_steps_in_flight_loses_and_repeats_nothing_when_shard_0s_pr
     """``--mode ssp --steps-in-flight 2``: a worker's pushes wait for the slowest worker's clock and two travel at
     once; shard 0 (global_step, the ssp clock) loses its primary mid-run and the promoted backup goes on."""
     out = tmp_path / "run"
-    metrics = metrics_of(out, train(out, "--mode", "ssp", "--steps-in-flight", "2", "--ps-replicas", "1",
-                                    "--restart-policy", "on-failure", "--chaos", "kill:ps:0@step=300", epochs=1))
+    r = train(out, "--mode", "ssp", "--steps-in-flight", "2", "--ps-replicas", "1", "--restart-policy", "on-failure",
+              "--chaos", "kill:ps:0@step=300", epochs=1)
+    metrics = metrics_of(out, r)
     assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
     assert metrics["updates_lost"] == 0, metrics
     assert metrics["pushes_applied"] == metrics["pushes_acknowledged"] > 0, metrics
     assert metrics["examples"] == A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
     assert re.search(r"ps shard 0 routes to /job:ps_backup/task:0 at epoch \d+", _logs(out, "worker-*.log", tail=None))
+    # One promotion, one client WARNING line (the client whose Promote made it) beside the member's own, however many
+    # clients (both workers, the chief's other clients, the launcher's) sent a Promote or followed it.
+    logs = _logs(out, tail=None)
+    warned = re.findall(r"WARNING psflow\.ps\.client: .*(?:promoting|routes to) .*", logs)
+    assert len(warned) == 1 and "promoting /job:ps_backup/task:0 (epoch 1)" in warned[0], warned
+    assert len(re.findall(r"WARNING .*promoted to primary of shard 0 at epoch 2 by", logs)) == 1, _logs(out)
+    assert "routes to" not in r.stderr, r.stderr[-3000:]
 
 
 def test_one_worker_with_its_rows_first_ends_with_an_unreplicated_runs_model_when_both_primaries_die(

@@ -76,7 +76,9 @@ class ReplicaStatusReply:
     ``role``: one of :data:`ROLES`; ``epoch``: the view's epoch (0: none yet); ``primary``/``backups``: the view it
     knows; ``applied_seq``: the newest entry it holds; ``has_state``: it holds every acknowledged update (a
     primary, or a backup in the view; a fresh, joining or deposed member says False); ``incarnation``: its
-    process (start time, ns); ``lag`` (primary only): backup -> entries sent but not acknowledged.
+    process (start time, ns); ``lag`` (primary only): backup -> entries sent but not acknowledged; ``view_changed``
+    (a ``Promote`` or ``DropBackup`` reply only): this call changed the view (False: another client's call had
+    made the same change first: its client follows it and logs its promotion line at INFO only).
     """
 
     task: str
@@ -89,11 +91,16 @@ class ReplicaStatusReply:
     has_state: bool
     incarnation: int
     lag: Mapping[str, int] = field(default_factory=dict)
+    view_changed: bool = False
 
     def to_frame(self) -> Frame:
-        return Frame({"task": self.task, "shard": self.shard, "role": self.role, "epoch": self.epoch,
-                      "primary": self.primary, "backups": list(self.backups), "applied_seq": self.applied_seq,
-                      "has_state": self.has_state, "incarnation": self.incarnation, "lag": dict(self.lag)})
+        meta: dict[str, Any] = {
+            "task": self.task, "shard": self.shard, "role": self.role, "epoch": self.epoch, "primary": self.primary,
+            "backups": list(self.backups), "applied_seq": self.applied_seq, "has_state": self.has_state,
+            "incarnation": self.incarnation, "lag": dict(self.lag)}
+        if self.view_changed:
+            meta["view_changed"] = True
+        return Frame(meta)
 
     @classmethod
     def from_frame(cls, frame: Frame) -> ReplicaStatusReply:
@@ -106,7 +113,8 @@ class ReplicaStatusReply:
             raise refuse("lag", "a map of task names to counts", lag)
         return cls(_task(meta, "task"), _count(meta, "shard"), role, _count(meta, "epoch"),
                    optional_str(meta, "primary", max_length=_TASK_MAX), _tasks(meta, "backups"),
-                   _count(meta, "applied_seq"), flag(meta, "has_state"), _count(meta, "incarnation"), dict(lag))
+                   _count(meta, "applied_seq"), flag(meta, "has_state"), _count(meta, "incarnation"), dict(lag),
+                   flag(meta, "view_changed"))
 
 
 # ---- Promote / DropBackup --------------------------------------------------------------------------------

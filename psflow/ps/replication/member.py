@@ -330,7 +330,7 @@ class ShardReplication:
             log.warning("%s: promoted to primary of shard %d at epoch %d by %s (backups: %s)", self.task, self.shard,
                         view.epoch, request.requester, ", ".join(view.backups) or "none until a member rejoins")
             self._become_primary(view)
-        return _reply(self.status())
+        return _reply(replace(self.status(), view_changed=changed))
 
     def drop_backup(self, frame: Frame) -> Reply:
         request = DropBackupRequest.from_frame(frame)
@@ -346,7 +346,7 @@ class ShardReplication:
             if sender is not None:
                 sender.stop()
             forwarder.set_waited(view.backups)
-        return _reply(self.status())
+        return _reply(replace(self.status(), view_changed=changed))
 
     def join(self, frame: Frame) -> Reply:
         request = JoinRequest.from_frame(frame)
