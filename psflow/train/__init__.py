@@ -29,7 +29,8 @@ Classes and functions, by file:
 * ``session.py`` -- :class:`~psflow.train.session.MonitoredTrainingSession`: a loop's session with hooks;
   ``hook_api.py`` -- the hook interface (:class:`~psflow.train.hook_api.SessionRunHook`, the order of its calls);
   ``hooks.py`` -- the built-in hooks (stop at a step, log, checkpoint, summaries, evaluation, NaN loss): they decide
-  when a loop stops and what it logs; the loop reads the session's decision.
+  when a loop stops and what it logs; the loop reads the session's decision; ``summary_hook.py`` -- the summaries'
+  hook (:class:`~psflow.train.summary_hook.SummarySaverHook`, exported from ``hooks.py``).
 * ``duties.py`` -- a worker's session and hooks built from a TrainConfig; who takes the run and
   checkpoint locks when.
 * ``chief.py`` -- who the chief is, and how a client joins the cluster (initialize, restore, warm start).

@@ -12,7 +12,9 @@ in this order (hooks are called in the order given, for each call):
    checkpoint saver writes the initial checkpoint here.
 3. ``after_create_session(session)`` -- once, after the variables are
    initialized or restored and the cluster is ready; ``session.global_step``
-   is valid.
+   is valid. (A chief whose join left the restore within the run to the lease
+   holder, ``session.join_result.restore_pending``: before that restore, with
+   global_step 0; it waits for the restore before its first ``before_run``.)
 4. for each step:
    a. ``before_run(context)`` -- a hook may call ``context.request_stop()``;
       if any hook did, the step is *not* run and the loop ends;
@@ -35,6 +37,7 @@ the built-in ones are in :mod:`psflow.train.hooks`, which also exports these nam
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -44,7 +47,7 @@ from psflow.data import BatchSource
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
 
-__all__ = ["RunContext", "RunValues", "SessionRunHook"]
+__all__ = ["RunContext", "RunValues", "SessionRunHook", "StepTimer"]
 
 
 @dataclass
@@ -121,3 +124,23 @@ class SessionRunHook:
 
     def end(self, session: MonitoredTrainingSession) -> None:
         """Called once when the loop ends without an exception."""
+
+
+class StepTimer:
+    """Fires every ``every_secs`` seconds or every ``every_steps`` global steps (the built-in hooks' periods)."""
+
+    def __init__(self, every_secs: float | None, every_steps: int | None, what: str) -> None:
+        if (every_secs is None) == (every_steps is None):
+            raise ValueError(f"{what}: give exactly one of every_secs ({every_secs}) and every_steps ({every_steps})")
+        if (every_secs is not None and every_secs <= 0) or (every_steps is not None and every_steps < 1):
+            raise ValueError(f"{what}: the period must be positive (secs={every_secs}, steps={every_steps})")
+        self.every_secs, self.every_steps = every_secs, every_steps
+        self.last_time, self.last_step = time.monotonic(), 0
+
+    def due(self, step: int) -> bool:
+        if self.every_steps is not None:
+            return step // self.every_steps > self.last_step // self.every_steps
+        return time.monotonic() - self.last_time >= (self.every_secs or 0.0)
+
+    def mark(self, step: int) -> None:
+        self.last_time, self.last_step = time.monotonic(), step

@@ -4,7 +4,7 @@ The hook interface (:class:`SessionRunHook`, :class:`RunContext`, :class:`RunVal
 session calls its hooks and what an exception skips are in :mod:`psflow.train.hook_api`; those names are
 exported from here too.
 
-Built-in hooks: :class:`CheckpointSaverHook`, :class:`SummarySaverHook`,
+Built-in hooks: :class:`CheckpointSaverHook`, :class:`SummarySaverHook` (in :mod:`psflow.train.summary_hook`),
 :class:`StopAtStepHook`, :class:`StopAfterEpochsHook`,
 :class:`StepCounterHook` (step rate and loss logging),
 :class:`WorkerProgressHook` (a worker's ``step=S`` lines),
@@ -29,8 +29,9 @@ from psflow.data import BatchSource
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import DeadlineExceededError, RpcError, TaskUnavailableError
-from psflow.train.hook_api import RunContext, RunValues, SessionRunHook
-from psflow.train.summary import REQUEST_COUNTERS, SummaryWriter, ps_restarted, set_back
+from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer
+from psflow.train.summary import SummaryWriter
+from psflow.train.summary_hook import SummarySaverHook
 
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
@@ -70,26 +71,6 @@ class NanLossError(TrainingError, RuntimeError):
     """
 
 
-class _Timer:
-    """Fires every ``every_secs`` seconds or every ``every_steps`` global steps."""
-
-    def __init__(self, every_secs: float | None, every_steps: int | None, what: str) -> None:
-        if (every_secs is None) == (every_steps is None):
-            raise ValueError(f"{what}: give exactly one of every_secs ({every_secs}) and every_steps ({every_steps})")
-        if (every_secs is not None and every_secs <= 0) or (every_steps is not None and every_steps < 1):
-            raise ValueError(f"{what}: the period must be positive (secs={every_secs}, steps={every_steps})")
-        self.every_secs, self.every_steps = every_secs, every_steps
-        self.last_time, self.last_step = time.monotonic(), 0
-
-    def due(self, step: int) -> bool:
-        if self.every_steps is not None:
-            return step // self.every_steps > self.last_step // self.every_steps
-        return time.monotonic() - self.last_time >= (self.every_secs or 0.0)
-
-    def mark(self, step: int) -> None:
-        self.last_time, self.last_step = time.monotonic(), step
-
-
 class CheckpointSaverHook(SessionRunHook):
     """Saves the initial checkpoint, a checkpoint every N seconds (default 600) or N global steps, and one at
     the end.
@@ -125,7 +106,7 @@ class CheckpointSaverHook(SessionRunHook):
         self._bounded = BoundedSaves(manager)  # each save (and the final one's work) within --save-timeout
         self._fence = fence
         self._final_must_succeed = final_must_succeed
-        self._timer = _Timer(600.0 if save_secs is None and save_steps is None else save_secs, save_steps, "checkpoint saver")
+        self._timer = StepTimer(600.0 if save_secs is None and save_steps is None else save_secs, save_steps, "checkpoint saver")
         self._optimizer = optimizer
         self._model = model
         self._session: MonitoredTrainingSession | None = None
@@ -254,81 +235,6 @@ def _global_step_of(checkpoint: str) -> int | None:
         return read_manifest(checkpoint).global_step
     except CheckpointError:  # deleted since (rotation)
         return None
-
-
-class SummarySaverHook(SessionRunHook):
-    """Writes loss, rates and per-ps request/byte rates every N global steps (default 100), and at the end.
-
-    Chief only. See :mod:`psflow.train.summary` for the tags. A rate is never made up across a break: an
-    interval in which a ps task restarted (its counters start again from zero) has no rates for that task, and
-    one in which the cluster was restored from a checkpoint (examples and global_step set back) no
-    ``train/examples_per_sec`` or ``train/global_step_per_sec``, as the console's progress line has none.
-    A session that restored a checkpoint when it joined first writes a SessionLog START, as TF's chief does
-    (:meth:`~psflow.train.summary.SummaryWriter.session_start`: TensorBoard drops older steps past that one).
-    """
-
-    def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
-        self.writer = writer
-        self._timer = _Timer(None, save_steps, "summary saver")
-        self._last: dict[int, dict[str, Any]] = {}
-        self._last_time = time.monotonic()
-        self._loss = float("nan")
-
-    def after_create_session(self, session: MonitoredTrainingSession) -> None:
-        joined = session.join_result
-        if joined is not None and joined.restored is not None and session.global_step == joined.global_step:
-            self.writer.session_start(joined.global_step, joined.restored)  # not one elected later, steps on
-        self._timer.mark(session.global_step)
-        self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # the first rates' start
-
-    def _snapshot(self, client: ParameterClient) -> dict[int, dict[str, Any]]:
-        stats = {}  # each with "read_at": this process's monotonic clock once it was read (ps_restarted)
-        for task in sorted(client.channels):
-            try:
-                stats[task] = {**client.stats(task), "read_at": time.monotonic()}
-            except RpcError as e:
-                log.warning("summary: stats of /job:ps/task:%d unavailable: %s", task, e)
-        return stats
-
-    def after_run(self, context: RunContext, values: RunValues) -> None:
-        self._loss = values.loss
-        if self._timer.due(values.step):
-            self._write(context.session.client, values.step)
-
-    def end(self, session: MonitoredTrainingSession) -> None:
-        step = session.client.global_step()
-        if step != self._timer.last_step:
-            self._write(session.client, step)
-        self.writer.flush()
-
-    def _write(self, client: ParameterClient, step: int) -> None:
-        now = time.monotonic()
-        seconds = max(now - self._last_time, 1e-9)
-        stats = self._snapshot(client)
-        out: dict[str, float] = {"train/loss": self._loss}
-        head = stats.get(client.step_task)
-        prev_head = self._last.get(client.step_task)
-        rate: dict[str, float] = {}
-        if head is not None and isinstance(head.get("learning_rate"), (int, float)):
-            rate["learning_rate"] = float(head["learning_rate"])  # in force: the next update's, as ps task 0 reads it
-        if head is not None and prev_head is not None:
-            if not set_back(prev_head, head, ("examples", "global_step")):
-                out["train/examples_per_sec"] = (head["examples"] - prev_head["examples"]) / seconds
-                out["train/global_step_per_sec"] = (head["global_step"] - prev_head["global_step"]) / seconds
-            if head.get("loss_ema") is not None:
-                out["train/loss_ema"] = float(head["loss_ema"])
-        for task, s in stats.items():
-            prev = self._last.get(task)
-            if prev is None or ps_restarted(prev, s):  # its counters start again from zero
-                continue
-            for key in REQUEST_COUNTERS:
-                out[f"ps/{task}/{key}_per_sec"] = (s[key] - prev[key]) / seconds
-        self.writer.scalars(out, step)
-        if rate:  # labelled with the step the schedule read it at (other workers' pushes may be ahead of `step`)
-            rate_step = head.get("learning_rate_step") if head is not None else None
-            self.writer.scalars(rate, rate_step if isinstance(rate_step, int) else step)
-        self._last, self._last_time = stats, now
-        self._timer.mark(step)
 
 
 class StopAtStepHook(SessionRunHook):
@@ -473,7 +379,7 @@ class EvalHook(SessionRunHook):
     def __init__(self, evaluate: Callable[[], dict[str, float]], *, every_steps: int | None,
                  writer: SummaryWriter | None = None) -> None:
         self.evaluate = evaluate
-        self._timer = _Timer(None, every_steps or 1 << 62, "eval")  # None: a period never reached, the end only
+        self._timer = StepTimer(None, every_steps or 1 << 62, "eval")  # None: a period never reached, the end only
         self.writer = writer
         self.history: list[tuple[int, dict[str, float]]] = []
 

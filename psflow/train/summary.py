@@ -22,7 +22,7 @@ the format TensorBoard reads (``events.out.tfevents.*``). Tags psflow writes:
 
 A rate is left out (a gap in TensorBoard, never a negative or made-up value) for an interval in which the
 cluster was restored from a checkpoint (``train/examples_per_sec``, ``train/global_step_per_sec``) or ps
-task i restarted (its ``ps/<i>/*``): see :class:`psflow.train.hooks.SummarySaverHook`.
+task i restarted (its ``ps/<i>/*``): see :class:`psflow.train.summary_hook.SummarySaverHook`.
 
 Reading needs no TensorBoard: :func:`read_scalars` (everything, once) and
 :class:`ScalarTail` (what was appended since the last poll, for a live status

@@ -1,0 +1,124 @@
+"""The chief's TensorBoard summaries hook (:class:`SummarySaverHook`): loss, rates and per-ps request/byte rates
+every N global steps, and a SessionLog START where the model it trains on was restored. Exported from
+:mod:`psflow.train.hooks` with the other built-in hooks; the writer and the tags are :mod:`psflow.train.summary`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.errors import CheckpointError
+from psflow.ps.client import ParameterClient
+from psflow.rpc.api import RpcError
+from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer
+from psflow.train.summary import REQUEST_COUNTERS, SummaryWriter, ps_restarted, set_back
+
+if TYPE_CHECKING:
+    from psflow.train.session import MonitoredTrainingSession
+
+__all__ = ["SummarySaverHook"]
+
+log = logging.getLogger("psflow.hooks")
+
+
+def _global_step_of(checkpoint: str) -> int | None:
+    try:
+        return read_manifest(checkpoint).global_step
+    except CheckpointError:  # deleted since (rotation)
+        return None
+
+
+class SummarySaverHook(SessionRunHook):
+    """Writes loss, rates and per-ps request/byte rates every N global steps (default 100), and at the end.
+
+    Chief only. See :mod:`psflow.train.summary` for the tags. A rate is never made up across a break: an
+    interval in which a ps task restarted (its counters start again from zero) has no rates for that task, and
+    one in which the cluster was restored from a checkpoint (examples and global_step set back) no
+    ``train/examples_per_sec`` or ``train/global_step_per_sec``, as the console's progress line has none.
+    A session that restored a checkpoint when it joined first writes a SessionLog START, as TF's chief does
+    (:meth:`~psflow.train.summary.SummaryWriter.session_start`: TensorBoard drops older steps past that one); so does
+    a chief whose join left the restore to the lease holder (``JoinResult.restore_pending``: restored None, step 0,
+    the model not restored yet), before its first step, once that restore ended: at the newest checkpoint's step,
+    the one that holder restored.
+    """
+
+    def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
+        self.writer = writer
+        self._timer = StepTimer(None, save_steps, "summary saver")
+        self._last: dict[int, dict[str, Any]] = {}
+        self._last_time = time.monotonic()
+        self._loss = float("nan")
+        self._start_pending = False
+
+    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+        joined = session.join_result
+        if joined is not None and joined.restored is not None and session.global_step == joined.global_step:
+            self.writer.session_start(joined.global_step, joined.restored)  # not one elected later, steps on
+        self._start_pending = joined is not None and joined.restore_pending
+        self._timer.mark(session.global_step)
+        self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # the first rates' start
+
+    def before_run(self, context: RunContext) -> None:
+        if self._start_pending:  # the restore its join waited for has ended: the first step trains on its model
+            self._start_pending = False
+            session = context.session
+            checkpoint = latest_checkpoint(session.checkpoint_dir) if session.checkpoint_dir else None
+            step = _global_step_of(checkpoint) if checkpoint is not None else None
+            if step is None:  # rotated away since: the step the restore left is the nearest known
+                checkpoint, step = None, session.client.global_step()
+            self.writer.session_start(step, checkpoint)
+            self._timer.mark(step)
+            self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # not the empty tasks'
+
+    def _snapshot(self, client: ParameterClient) -> dict[int, dict[str, Any]]:
+        stats = {}  # each with "read_at": this process's monotonic clock once it was read (ps_restarted)
+        for task in sorted(client.channels):
+            try:
+                stats[task] = {**client.stats(task), "read_at": time.monotonic()}
+            except RpcError as e:
+                log.warning("summary: stats of /job:ps/task:%d unavailable: %s", task, e)
+        return stats
+
+    def after_run(self, context: RunContext, values: RunValues) -> None:
+        self._loss = values.loss
+        if self._timer.due(values.step):
+            self._write(context.session.client, values.step)
+
+    def end(self, session: MonitoredTrainingSession) -> None:
+        step = session.client.global_step()
+        if step != self._timer.last_step:
+            self._write(session.client, step)
+        self.writer.flush()
+
+    def _write(self, client: ParameterClient, step: int) -> None:
+        now = time.monotonic()
+        seconds = max(now - self._last_time, 1e-9)
+        stats = self._snapshot(client)
+        out: dict[str, float] = {"train/loss": self._loss}
+        head = stats.get(client.step_task)
+        prev_head = self._last.get(client.step_task)
+        rate: dict[str, float] = {}
+        if head is not None and isinstance(head.get("learning_rate"), (int, float)):
+            rate["learning_rate"] = float(head["learning_rate"])  # in force: the next update's, as ps task 0 reads it
+        if head is not None and prev_head is not None:
+            if not set_back(prev_head, head, ("examples", "global_step")):
+                out["train/examples_per_sec"] = (head["examples"] - prev_head["examples"]) / seconds
+                out["train/global_step_per_sec"] = (head["global_step"] - prev_head["global_step"]) / seconds
+            if head.get("loss_ema") is not None:
+                out["train/loss_ema"] = float(head["loss_ema"])
+        for task, s in stats.items():
+            prev = self._last.get(task)
+            if prev is None or ps_restarted(prev, s):  # its counters start again from zero
+                continue
+            for key in REQUEST_COUNTERS:
+                out[f"ps/{task}/{key}_per_sec"] = (s[key] - prev[key]) / seconds
+        self.writer.scalars(out, step)
+        if rate:  # labelled with the step the schedule read it at (other workers' pushes may be ahead of `step`)
+            rate_step = head.get("learning_rate_step") if head is not None else None
+            self.writer.scalars(rate, rate_step if isinstance(rate_step, int) else step)
+        self._last, self._last_time = stats, now
+        self._timer.mark(step)
