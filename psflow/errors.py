@@ -47,7 +47,8 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     │   └── ClientError (ValueError)               [ps client] unknown variable, wrong shape
     ├── CheckpointError                            a checkpoint cannot be written, found, read
     │   ├── CheckpointLockedError                  [checkpoint.lock] another run holds it
-    │   └── CheckpointFencedError                  [checkpoint.save] a newer chief fenced it off
+    │   ├── CheckpointFencedError                  [checkpoint.save] a newer chief fenced it off
+    │   └── RestoreRefusedError                    [checkpoint.restore] another restore began since
     ├── DirectoryLockError                         [checkpoint.lock] a run directory's lock
     │   └── RunDirLockedError
     ├── TrainingError                              a training run cannot go on

@@ -172,7 +172,8 @@ Classes and functions, by file:
 * ``chain.py`` -- incremental checkpoints read back: :func:`checkpoint_chain` (a full checkpoint and the
   increments after it), :class:`ChainReader` (rows of a variable through the chain; the rows saved alone,
   for a restore that keeps a lazy partition lazy).
-* ``restore.py`` -- :func:`restore` (a checkpoint onto the current layout), :func:`load_shards`.
+* ``restore.py`` -- :func:`restore` (a checkpoint onto the current layout), :func:`load_shards`,
+  :class:`RestoreRefusedError` (every load refused by the restore fence: another restore began since).
 * ``variables.py`` -- :func:`read_variables`, :func:`averaged_variables`, :data:`DYNAMIC_IDS`,
   :func:`read_safetensors`: variables read whole (export, evaluation).
 * ``warm_start.py`` -- :func:`warm_start`, :func:`read_warm_start`, :func:`load_values`.

@@ -5,7 +5,9 @@ of ps tasks, placement strategy or partition count), re-splits dynamic tables by
 its partitions in one ``LoadShard`` call, all tasks in parallel (:func:`load_shards`). A lazy partition saved as
 its built rows travels as the rows the checkpoint holds (whatever the partitioning that saved it), and the ps
 task keeps its partition lazy, the other rows unbuilt (:mod:`psflow.ps.built_rows`). Every variable is checked
-(missing, another shape, dtype or kind: refused, naming it) before its rows are read.
+(missing, another shape, dtype or kind: refused, naming it) before its rows are read. A restore whose loads the
+restore fence refused (another restore began on the tasks since: this restorer was deposed, or a first restore met
+a lease holder's) raises :class:`RestoreRefusedError`, so its caller waits for that restore instead of failing.
 """
 
 from __future__ import annotations
@@ -27,11 +29,18 @@ from psflow.ps.dynamic import skip_steps
 from psflow.ps.protocol import LoadShardRequest
 from psflow.ps.protocol.control import applied_by_process
 from psflow.ps.store import partition_key
-from psflow.rpc.api import DeadlineExceededError, InvalidRequest, RpcError
+from psflow.rpc.api import DeadlineExceededError, FencedOffError, InvalidRequest, RpcError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["restore", "ShardLoad", "load_shards"]
+__all__ = ["restore", "ShardLoad", "load_shards", "RestoreRefusedError"]
+
+
+class RestoreRefusedError(CheckpointError):
+    """Every ps task that failed its ``LoadShard`` refused it by the restore fence (the task holds another restore's
+    generation, or is ready: :meth:`~psflow.ps.restore_gate.RestoreGate.check_load`), nothing loaded there: another
+    restorer's restore began on the tasks since, so this one's is left to it. The message names every task."""
+
 
 
 def _check_variable(path: str, manifest: Manifest, name: str, shape: tuple[int, ...], dtype: str,
@@ -72,9 +81,11 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     Does not mark the tasks ready (the chief does that afterwards).
 
     Raises:
+        RestoreRefusedError: (a CheckpointError) every task that failed its load refused it by the restore fence
+            (``generation`` is not the one it holds, or it is ready: names each task and both generations).
         CheckpointError: the checkpoint is incomplete or damaged, a variable
-            is missing or has another shape, dtype or set of slots (names it); a task refused its load
-            (``generation`` is not the one it holds: names the task and both generations).
+            is missing or has another shape, dtype or set of slots (names it); a task failed its load otherwise
+            (names every task that failed, the refusals among them).
     """
     manifest = read_manifest(path)
     reader = ChainReader(path, manifest)  # an increment: its full checkpoint and the increments up to it
@@ -188,18 +199,21 @@ def load_shards(client: ParameterClient, requests: Mapping[int, LoadShardRequest
     backups to take the load. A task that dies fails its call at once (the connection breaks).
 
     Raises:
-        CheckpointError: naming every task that refused, after all replied.
+        RestoreRefusedError: every task that failed refused by the restore fence (names each), after all replied.
+        CheckpointError: any other failure among them (names every task that failed), after all replied.
     """
     timeout = client.config.save_timeout
     calls = {task: client.call_async(task, dataclasses.replace(request, reply_within_ms=int(timeout * 1000)), timeout=timeout)
              for task, request in requests.items()}
     errors = []
+    fenced = 0  # refused by the restore fence (its own status, ABORTED: FencedOffError), not failed otherwise
     for task, call in calls.items():  # every call collected, even after a refusal
         try:
             call.result()
         except RpcError as e:
+            fenced += isinstance(e, FencedOffError)
             late = f" (no reply within --save-timeout, {timeout:g} s)" if isinstance(e, DeadlineExceededError) else ""
             name = client.channels[task].task  # a call's error names its task already (the carriers prefix it)
             errors.append(f"{e}{late}" if str(e).startswith(name) else f"{name}: {e}{late}")
     if errors:
-        raise CheckpointError(f"{what} failed: " + "; ".join(errors))
+        raise (RestoreRefusedError if fenced == len(errors) else CheckpointError)(f"{what} failed: " + "; ".join(errors))

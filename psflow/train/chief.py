@@ -41,7 +41,8 @@ Chief, in order:
          rewound to the checkpoint, with global_step past every step handed out,
          logging ``... onto every ps task, generation G, global_step S2``. If
          it holds no lease while there is an election (another worker holds it),
-         or its BeginRestore is fenced, it restores nothing: the tasks stay
+         or its BeginRestore or its loads are fenced (:class:`~psflow.checkpoint.restore.RestoreRefusedError`),
+         it restores nothing: the tasks stay
          not ready, the lease holder restores them, and this chief waits for that
          like a worker (``JoinResult.restore_pending``);
 
@@ -109,7 +110,7 @@ import numpy as np
 from psflow.checkpoint.adopt import checkpoint_to_restore
 from psflow.checkpoint.manifest import Manifest
 from psflow.checkpoint.pointer import latest_checkpoint
-from psflow.checkpoint.restore import restore
+from psflow.checkpoint.restore import RestoreRefusedError, restore
 from psflow.checkpoint.warm_start import load_values, warm_start
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.coord import Lease
@@ -328,9 +329,7 @@ def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, director
         try:  # generation 0: a load or SetReady after a lease holder's BeginRestore is refused, nothing changed there
             manifest = restore(client, latest, generation=0)
             _set_ready(client)
-        except (FailedPreconditionError, CheckpointError) as e:
-            if isinstance(e, CheckpointError) and not _restore_began(client):
-                raise
+        except (FailedPreconditionError, RestoreRefusedError) as e:  # any other failed load fails the chief
             log.warning("%s: %s: waiting for that restore", client.client_name, e)  # its SetReady opens the tasks
             return None, None
         log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
@@ -344,7 +343,7 @@ def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, director
     try:
         done = restore_at_new_generation(client, optimizer, latest, lease, ps_states(client), run=run,
                                          limit=client.config.connect_timeout, step_survived=False, registered=True)
-    except FailedPreconditionError as e:  # fenced: a newer lease's holder restores
+    except (FailedPreconditionError, RestoreRefusedError) as e:  # fenced: a newer lease's holder restores
         log.warning("%s: restore of %s refused (%s): waiting for the lease holder to restore the cluster",
                     client.client_name, latest, e)
         return None, None
@@ -352,12 +351,6 @@ def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, director
              client.client_name, latest, done.manifest.global_step, done.generation, done.global_step,
              " (past the steps handed out since)" if done.global_step != done.manifest.global_step else "")
     return latest, done.generation
-
-
-def _restore_began(client: ParameterClient) -> bool:
-    """Whether another restorer's ``BeginRestore`` reached a ps task (not ready at a generation above 0): the join's
-    loads of generation 0 were refused there (:func:`psflow.checkpoint.restore.restore`)."""
-    return any(not (stats := client.ps_stats(task)).ready and stats.generation != 0 for task in client.channels)
 
 
 _T = TypeVar("_T")
