@@ -46,10 +46,8 @@ failed-over shard's, also when another shard's error is final: that error is rai
 BeginRestore, LoadShard, SaveShard, Fence, CheckpointStatus through ``ParameterClient.call``: each
 idempotent, so a worker or chief whose call was in flight to a primary that died follows the failover).
 
-Not thread-safe: one router per client, used by its training thread (:func:`resolve_all` resolves distinct
-shards from several threads at connect time, and :meth:`ShardRouter.gather` the shards of one call that failed
-together). An unreplicated cluster has no
-router: its client's calls are never resent.
+Not thread-safe: one router per client, used by its training thread (:func:`resolve_all` resolves distinct shards from several threads
+at connect time, and :meth:`ShardRouter.gather` the shards of one call that failed together). An unreplicated cluster has no router.
 """
 
 from __future__ import annotations
@@ -129,6 +127,7 @@ class ShardRouter:
         self._answered: dict[str, float] = {}
         self._silent_since: dict[str, float] = {}
         self._refused: set[str] = set()
+        self._in_doubt: dict[int, tuple[str, str]] = {}  # shard -> (target, error): a Promote/DropBackup, reply lost
         self._backoff = (config.backoff_initial, min(1.0, config.backoff_max))
         self._open = open_member
         shards = cluster.task_indices("ps")
@@ -302,19 +301,19 @@ class ShardRouter:
         self.channels[shard] = self._channel(decision.task)
         if known[1] is not None:  # not the first status: a failover (or a view change)
             self.failovers += 1
-            # Every client of the shard follows a failover: INFO, so one failover is one WARNING line (the client's
-            # whose Promote or DropBackup made it, and the member's), not one per client; a shard whose variables
-            # no member holds is each client's news.
-            log.log(logging.INFO if decision.has_state else logging.WARNING,
-                    "%s: ps shard %d routes to %s at epoch %d (was %s at epoch %s)%s", self.client_name, shard,
+            # INFO: one failover is one WARNING (the member's, the client's whose call made it), not one per client;
+            # a WARNING where no member holds the variables, or after this client's call that lost its reply (none knows)
+            lost = f" after this client's {d[1]}" if (d := self._in_doubt.pop(shard, None)) and d[0] == route[0] else ""
+            log.log(logging.INFO if decision.has_state and not lost else logging.WARNING,
+                    "%s: ps shard %d routes to %s at epoch %d (was %s at epoch %s)%s%s", self.client_name, shard,
                     decision.task, decision.epoch, known[0], known[1],
-                    "" if decision.has_state else "; no member holds its variables")
+                    "" if decision.has_state else "; no member holds its variables", lost)
         return True
 
     def _act(self, shard: int, decision: Decision, statuses: Mapping[str, ReplicaStatusReply | None],
              gone: Mapping[str, str]) -> ReplicaStatusReply | None:
-        """Sends the ``Promote`` or ``DropBackup`` of ``decision``; its reply, or None if refused or lost. Its line is
-        a WARNING only where this call changed the view: one promotion, one line, not one per client that sent it."""
+        """Sends the ``Promote`` or ``DropBackup`` of ``decision``; its reply, or None if refused or lost. Its line is a
+        WARNING only where this call changed the view (a lost reply: :meth:`_route`'s), not one per client sending it."""
         if decision.action == "promote":
             target = decision.task
             request: PromoteRequest | DropBackupRequest = PromoteRequest(shard, decision.epoch, self.client_name)
@@ -334,10 +333,13 @@ class ShardRouter:
         try:
             frame = self._channel(target).call(request.METHOD, request.to_frame().meta, timeout=self.status_timeout * 5)
         except RpcError as e:  # another client acted first, or the member went away: statuses again
+            if isinstance(e, TaskUnavailableError | DeadlineExceededError):  # it may have been served: see _route
+                self._in_doubt[shard] = (target, f"{request.METHOD}, whose reply was lost ({e})")
             log.info(*line)
             log.info("%s: ps shard %d: %s to %s: %s", self.client_name, shard, request.METHOD, target, e)
             return None
         self._heard(target)
+        self._in_doubt.pop(shard, None)
         reply = ReplicaStatusReply.from_frame(frame)
         if reply.view_changed:
             log.warning(*line)

@@ -18,7 +18,7 @@ from test_failover import B0, CLUSTER, P0, FakeShards, Member, healthy, status
 
 from psflow.ps.failover import ShardRouter
 from psflow.ps.protocol.replication import PromoteRequest
-from psflow.rpc.api import ConnectConfig, RpcError, TaskUnavailableError
+from psflow.rpc.api import ConnectConfig, DeadlineExceededError, RpcError, TaskUnavailableError
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -102,3 +102,33 @@ def test_the_real_members_promote_says_whether_this_call_changed_the_view(
     again = shard.promote(backup(0), 1)  # a second client's Promote at the same epoch: served, nothing changed
     assert (first.role, first.epoch, first.view_changed) == ("primary", 2, True)
     assert (again.role, again.epoch, again.view_changed) == ("primary", 2, False)
+
+
+class LostReplyShards(RacingShards):
+    """The backup is promoted by the Promote, but its reply never reaches the client (DEADLINE_EXCEEDED: the member
+    was settling the entries it acknowledged past the call's deadline, or the link broke after it served it)."""
+
+    def answer(self, member: Member, method: str, meta: Mapping[str, Any]) -> Frame | RpcError:
+        reply = super().answer(member, method, meta)
+        if method == PromoteRequest.METHOD and not isinstance(reply, RpcError):
+            return DeadlineExceededError(f"{member.task}: {method}: DEADLINE_EXCEEDED")
+        return reply
+
+
+def test_a_promotion_whose_reply_was_lost_is_still_a_clients_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The only client that sent the Promote cannot know it made the promotion: the next round finds the backup
+    promoted and routes to it. That promotion must not read as INFO lines only (as 'done already by another
+    client' would, had one replied): the client's route to the member its own Promote named is its WARNING."""
+    shards = LostReplyShards()
+    shards.members = healthy().members
+    client = _router(shards, "/job:worker/task:0")
+    client.resolve(0)
+    shards.set(P0, None)
+    caplog.set_level(logging.INFO, logger="psflow.ps.client")
+    assert client.resolve(0, TaskUnavailableError("down"))
+    assert client.routes[0] == (B0, 2)
+    assert shards.members[B0].calls.count(PromoteRequest.METHOD) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ["/job:worker/task:0: ps shard 0 routes to /job:ps_backup/task:0 at epoch 2 (was "
+                        "/job:ps/task:0 at epoch 1) after this client's Promote, whose reply was lost "
+                        "(/job:ps_backup/task:0: Promote: DEADLINE_EXCEEDED)"], warnings
