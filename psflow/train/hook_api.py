@@ -14,7 +14,9 @@ in this order (hooks are called in the order given, for each call):
    initialized or restored and the cluster is ready; ``session.global_step``
    is valid. (A chief whose join left the restore within the run to the lease
    holder, ``session.join_result.restore_pending``: before that restore, with
-   global_step 0; it waits for the restore before its first ``before_run``.)
+   global_step 0; it waits for the restore before its first ``before_run``.
+   With a chief election, a chief duty's hook gets this call again, steps on,
+   when its worker gains the lease: :class:`~psflow.train.leader_hooks.LeaderOnlyHook`.)
 4. for each step:
    a. ``before_run(context)`` -- a hook may call ``context.request_stop()``;
       if any hook did, the step is *not* run and the loop ends;

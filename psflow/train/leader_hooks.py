@@ -24,7 +24,7 @@ log = logging.getLogger("psflow.recovery")
 
 
 class LeaderOnlyHook(SessionRunHook):
-    """Runs ``inner`` only while this worker holds the chief lease.
+    """Runs ``inner`` only while this worker holds the chief lease (each call, ``before_run`` included).
 
     On gaining the lease, ``inner.after_create_session`` runs first (timers
     start from the current step). ``inner.after_initialize`` (the configured chief,
@@ -58,6 +58,10 @@ class LeaderOnlyHook(SessionRunHook):
 
     def after_create_session(self, session: Any) -> None:
         self._leading(session)
+
+    def before_run(self, context: RunContext) -> None:
+        if self._leading(context.session):  # e.g. SummarySaverHook's START after a restore its join waited for
+            self._guard(lambda: self.inner.before_run(context))
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         if self._leading(context.session):

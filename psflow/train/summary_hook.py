@@ -58,7 +58,8 @@ class SummarySaverHook(SessionRunHook):
         joined = session.join_result
         if joined is not None and joined.restored is not None and session.global_step == joined.global_step:
             self.writer.session_start(joined.global_step, joined.restored)  # not one elected later, steps on
-        self._start_pending = joined is not None and joined.restore_pending
+        # At the session's start only: a chief elected later, steps on (LeaderOnlyHook calls this then), restored nothing
+        self._start_pending = joined is not None and joined.restore_pending and session.global_step == joined.global_step
         self._timer.mark(session.global_step)
         self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # the first rates' start
 

@@ -18,7 +18,8 @@ from psflow.checkpoint.save import CheckpointManager
 from psflow.coord import Lease
 from psflow.train.chief import JoinResult, join_cluster
 from psflow.train.hook_api import RunContext, RunValues
-from psflow.train.hooks import SummarySaverHook
+from psflow.train.hooks import SessionRunHook, SummarySaverHook
+from psflow.train.leader_hooks import LeaderOnlyHook
 from psflow.train.recovery import ClusterRecovery
 from psflow.train.summary import SummaryWriter
 
@@ -32,7 +33,28 @@ def _events(logdir: Path) -> list[Any]:
     return [e for path in sorted(logdir.iterdir()) for e in loader.EventFileLoader(str(path)).Load()]
 
 
-def test_a_chief_that_waited_for_another_workers_restore_writes_a_start_at_the_restored_step(tmp_path: Path) -> None:
+class _Leadership:
+    """The chief lease as LeaderOnlyHook asks it: held (``lease``) or not."""
+
+    candidate = "/job:worker/task:0"
+
+    def __init__(self) -> None:
+        self.held: Lease | None = _LEASE
+
+    def lease(self) -> Lease | None:
+        return self.held
+
+
+def _wrapped(writer: SummaryWriter, leadership: _Leadership) -> SessionRunHook:
+    """The hook as every run with a chief election gets it (psflow/train/duties.py: make_session)."""
+    return LeaderOnlyHook(SummarySaverHook(writer, save_steps=100), leadership)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("election", [False, True], ids=["bare", "leader_only"])
+def test_a_chief_that_waited_for_another_workers_restore_writes_a_start_at_the_restored_step(
+        tmp_path: Path, election: bool) -> None:
+    """Also as the hook runs in a real run: every run with --checkpoint-dir or summaries elects its chief, and
+    make_session wraps the hook in LeaderOnlyHook, which must pass the START's before_run on."""
     client, services = two_ps_cluster()
     ckpt = str(tmp_path / "ckpt")
     join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)
@@ -45,7 +67,7 @@ def test_a_chief_that_waited_for_another_workers_restore_writes_a_start_at_the_r
         restart_ps(client, services, index)
 
     writer = SummaryWriter(str(tmp_path / "summaries"))
-    hook = SummarySaverHook(writer, save_steps=100)
+    hook = _wrapped(writer, _Leadership()) if election else SummarySaverHook(writer, save_steps=100)
     joined = JoinResult(False, None, 0, None, {}, generation=None, restore_pending=True)
     session = SimpleNamespace(client=client, global_step=0, join_result=joined, checkpoint_dir=ckpt)
     hook.after_create_session(session)  # type: ignore[arg-type]
@@ -63,3 +85,31 @@ def test_a_chief_that_waited_for_another_workers_restore_writes_a_start_at_the_r
 
     starts = [e for e in _events(tmp_path / "summaries") if e.HasField("session_log")]
     assert [(e.step, e.session_log.status, e.session_log.checkpoint_path) for e in starts] == [(4, 1, saved.path)], starts
+
+
+def test_a_chief_elected_later_writes_no_start(tmp_path: Path) -> None:
+    """The chief whose join waited did not hold the lease at its first step (the holder wrote the summaries on):
+    gaining the lease later (LeaderOnlyHook runs after_create_session then, steps on) is no restore, so no START,
+    which would make TensorBoard drop the holder's summaries past the checkpoint's step."""
+    client, services = two_ps_cluster()
+    ckpt = str(tmp_path / "ckpt")
+    join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt)
+    train_a_step(client)
+    CheckpointManager(ckpt).save(client)
+    writer = SummaryWriter(str(tmp_path / "summaries"))
+    leadership = _Leadership()
+    leadership.held = None  # another worker holds the lease: this chief's duties wait
+    hook = _wrapped(writer, leadership)
+    joined = JoinResult(False, None, 0, None, {}, generation=None, restore_pending=True)
+    session = SimpleNamespace(client=client, global_step=0, join_result=joined, checkpoint_dir=ckpt)
+    hook.after_create_session(session)  # type: ignore[arg-type]
+    context = RunContext(session, 0)  # type: ignore[arg-type]
+    for step in (2, 3):
+        hook.before_run(context)
+        train_a_step(client)
+        session.global_step = step
+        hook.after_run(context, RunValues(step=step, loss=0.5, examples=1))
+        leadership.held = _LEASE  # elected after its first step
+    hook.end(session)  # type: ignore[arg-type]
+    writer.close()
+    assert not [e for e in _events(tmp_path / "summaries") if e.HasField("session_log")]
