@@ -5,6 +5,7 @@ On disk (``checkpoint_dir``)::
     checkpoint.lock                   the run writing here (psflow.checkpoint.lock)
     checkpoint                        pointer: {"latest": "ckpt-000000120", "all": [...], "global_step": 120,
                                                 "lineage": L, "run_id": R, "epoch": E, "holder": H}
+    checkpoint.e<E>                   the same, written (before ``checkpoint``) only by the chief of lease epoch E
     ckpt-000000120/
         writer.json                        written first: run id, lineage, epoch of the writer
         shard-00000-of-00002.safetensors   ps task 0's partitions and optimizer slots
@@ -86,9 +87,16 @@ failure ends the run too (:class:`FinalCheckpointError`, raised by the
 chief's :class:`~psflow.train.hooks.CheckpointSaverHook`), so a run never
 ends with an older checkpoint as its newest. A save refused by a newer
 chief's epoch (:class:`CheckpointFencedError`) is not a failure: the newer
-chief saves. Not guaranteed: a chief stopped inside the directory's ``flock``
-(steps 1, 3, 5-7) holds it while stopped, so a newer chief's save there fails
-after 30 s, its final save included (:mod:`psflow.checkpoint.lock`). A
+chief saves. A chief stopped inside the directory's ``flock`` (steps 1, 3,
+5-7) holds it while stopped; a chief of a newer lease epoch goes on past it
+after 30 s (:mod:`psflow.checkpoint.lock`), so its save, the final one
+included, is still written and made current. It publishes the pointer through
+its own epoch's file ``checkpoint.e<E>``, which no other chief writes, and
+readers follow the newest epoch file of the pointer's run
+(:func:`~psflow.checkpoint.pointer.effective_pointer`): the stopped chief,
+resumed, writes only its older epoch's file, finds the newer one deciding and
+is fenced off. Past the mutex nothing is deleted (no rotation, no leftovers
+removed): the next save holding it does that. A
 chief that finds a checkpoint of the last step current marks it final
 (:meth:`CheckpointManager.mark_final`) under its own epoch: the
 pointer is rewritten with that epoch, so the chief that wrote it, fenced
@@ -149,11 +157,12 @@ Classes and functions, by file:
 * ``manifest.py`` -- the file names (:data:`MANIFEST_NAME`, :data:`POINTER_NAME`, :data:`WRITER_NAME`),
   :class:`Manifest` (``manifest.json``), :class:`SavedCheckpoint`, :func:`read_manifest`.
 * ``pointer.py`` -- :func:`latest_checkpoint` (the pointer and its fallbacks),
-  :func:`incomplete_checkpoints`, the complete checkpoints of a directory; :func:`read_pointer` and
-  :func:`write_pointer` for a writer under the directory's mutex.
-* ``save.py`` -- :class:`CheckpointManager` (the save, its fence and the pointer's compare-and-swap),
-  :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`,
-  :class:`CheckpointSavesFailedError`, :class:`FinalCheckpointError`;
+  :func:`incomplete_checkpoints`, the complete checkpoints of a directory; the per-epoch pointer files
+  (:func:`~psflow.checkpoint.pointer.effective_pointer`, :func:`~psflow.checkpoint.pointer.publish`);
+  :func:`read_pointer` and :func:`write_pointer`.
+* ``save.py`` -- :class:`CheckpointManager` (the save and its fence), :class:`CheckpointSavesFailedError`,
+  :class:`FinalCheckpointError`; ``switch.py`` -- the pointer's compare-and-swap and its undo,
+  :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies;
   ``save_notice.py`` -- :func:`~psflow.checkpoint.save_notice.notify_save`: the ps tasks hear of a save while it
   lasts (a sync step waiting for the chief does not time out meanwhile); ``bounded_save.py`` --

@@ -21,8 +21,8 @@ import os
 
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import POINTER_NAME, read_manifest
-from psflow.checkpoint.pointer import latest_checkpoint, read_pointer, write_pointer
-from psflow.checkpoint.save import refuse_newer_epoch
+from psflow.checkpoint.pointer import effective_pointer, latest_checkpoint, publish
+from psflow.checkpoint.switch import refuse_newer_epoch, refuse_unless_ours
 from psflow.coord import Lease
 
 __all__ = ["adopt_latest", "checkpoint_to_restore"]
@@ -41,23 +41,27 @@ def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str
     A pointer of another run that names the checkpoint (a resumed run's restore) is read as it is, nothing
     written: no chief of ``run_id`` wrote that checkpoint, and a fenced save removes only its own directory, so
     there is nothing to fence off (and a resumed run that then fails leaves the directory as it found it).
-    Blocks for a few file operations (at most the mutex's timeout behind another process). Idempotent.
-    Thread-safe (the mutex).
+    Blocks for a few file operations; behind a process stopped inside the mutex it goes on past it after the
+    mutex's timeout and publishes through its epoch's pointer file (:func:`~psflow.checkpoint.pointer.publish`).
+    Not closed: an older chief stopped inside its failed save's cleanup (after its check that the pointer does
+    not name its checkpoint) and resumed after this take-over past the mutex deletes that checkpoint; readers then
+    fall back to the pointer's ``all`` and the restore fails and is retried. Idempotent. Thread-safe (the mutex).
 
     Raises:
-        CheckpointFencedError: the pointer was written by a newer epoch of ``run_id`` (nothing written).
+        CheckpointFencedError: the pointer was written by a newer epoch of ``run_id`` (nothing written), or a
+            newer epoch's pointer file decides after this one's write.
         CheckpointError: the newest checkpoint's manifest cannot be read; the mutex was not had in time.
         OSError: the pointer could not be written.
     """
     pointer = os.path.join(directory, POINTER_NAME)
     if latest_checkpoint(directory) is None:  # nothing to take (and no mutex taken in an empty directory)
         return None
-    with directory_mutex(directory):
+    with directory_mutex(directory, may_pass=True) as held:
         path = latest_checkpoint(directory)
         if path is None:
             return None
         name = os.path.basename(path)
-        current = read_pointer(pointer)
+        current = effective_pointer(directory)[0] or {}
         refuse_newer_epoch(current, pointer, run_id=run_id, epoch=epoch, refused=f"checkpoint {path} not restored")
         theirs = current.get("epoch")
         if current.get("latest") == name and (current.get("run_id"), theirs) == (run_id, epoch):
@@ -70,7 +74,7 @@ def adopt_latest(directory: str, *, run_id: str, epoch: int, holder: str) -> str
             listed = current.get("all")
             kept = [str(n) for n in listed if n != name] if isinstance(listed, list) else []
             taken.update({"all": [*kept, name], "global_step": manifest.global_step, "lineage": manifest.lineage})
-        write_pointer(pointer, taken)
+        refuse_unless_ours(publish(directory, taken, held=held), taken, pointer, f"checkpoint {path} not restored")
     log.info("checkpoint %s: taken over for a restore by %s at epoch %d (the pointer %s had %s)", path, holder, epoch,
              pointer, f"epoch {theirs} of run {current.get('run_id')}" if current else "nothing")
     return path

@@ -62,12 +62,15 @@ condition, and is best effort where it does not (the GCS emulator ignores
 it). Non-guarantees: a holder on another host is never declared stale (delete the
 lock file by hand once that run is over); a process that is alive but stuck
 keeps its run's lock. A process stopped (SIGSTOP, a frozen host) inside the
-directory's mutex keeps it while stopped: every other writer of the directory
-waits :data:`MUTEX_TIMEOUT` s, then fails, a newer chief's final save included
-(the run then ends with no final checkpoint; a known bug, see
-tests/integration/test_chief_stalled_at_end.py). Nobody may go past it: the
-pointer's compare-and-swap is a check, then an unconditional rename, so the
-stopped holder, resumed, would replace a newer pointer.
+directory's mutex keeps it while stopped: a writer without a lease epoch waits
+:data:`MUTEX_TIMEOUT` s, then fails. Guaranteed: a chief with a lease epoch
+(a save, marking a checkpoint final, a restore's take-over) goes on past it
+after that wait (one WARNING; ``may_pass``), so a newer chief's final save is
+written and made current. It is safe because such a chief writes the pointer
+through its own epoch's file ``checkpoint.e<epoch>`` (one writer per file;
+:mod:`psflow.checkpoint.pointer`), which readers follow over the shared
+``checkpoint``: the stopped holder, resumed, cannot replace it. Past the mutex
+it deletes nothing (no rotation, no leftovers) and writes no lock file.
 """
 
 from __future__ import annotations
@@ -144,35 +147,47 @@ def cluster_run_id(cluster_json: str, directory: str) -> str:
 
 
 @contextlib.contextmanager
-def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT, what: str = "checkpoint directory",
-                    error: type[Exception] = CheckpointError) -> Iterator[None]:
-    """Holds an exclusive ``flock`` on ``directory`` for the block (between processes and threads).
+def directory_mutex(directory: str, *, timeout: float | None = None, what: str = "checkpoint directory",
+                    error: type[Exception] = CheckpointError, may_pass: bool = False) -> Iterator[bool]:
+    """Holds an exclusive ``flock`` on ``directory`` for the block (between processes and threads); yields
+    whether it is held.
 
-    Blocks at most ``timeout`` s for another holder (polling). Filesystems
-    without ``flock`` (some network filesystems) are used without it (logged once).
+    Blocks at most ``timeout`` s (default :data:`MUTEX_TIMEOUT`, read at the call) for another holder
+    (polling). Filesystems without ``flock`` (some network filesystems) are used without it (logged once).
     In an object store (``s3://``, ``gs://``) it is the lock object
     ``directory.mutex`` instead (see :func:`_object_mutex`).
 
     Args:
         what: what the directory is, in messages.
         error: raised when the wait times out.
+        may_pass: for a chief holding a lease epoch (its pointer writes are per-epoch files, see
+            :mod:`psflow.checkpoint.pointer`): past the wait, the block runs without the mutex and gets False
+            (one WARNING); later such waits on this directory in this process last at most 1 s, until the
+            mutex is had again. The caller then writes nothing another writer may be writing and deletes nothing.
 
     Raises:
-        error: another process held it for ``timeout`` s (a process stopped inside it).
+        error: another process held it for ``timeout`` s (a process stopped inside it), unless ``may_pass``.
     """
+    timeout = MUTEX_TIMEOUT if timeout is None else timeout
+    if may_pass and directory in _PASSED:
+        timeout = min(timeout, 1.0)
     if storage.is_remote(directory):
-        with _object_mutex(directory, timeout=timeout, what=what, error=error):
-            yield
+        with _object_mutex(directory, timeout=timeout, what=what, error=error, may_pass=may_pass) as held:
+            yield held
         return
     fd = os.open(directory, os.O_RDONLY)
     try:
-        deadline, wait = time.monotonic() + timeout, 0.001
+        deadline, wait, held = time.monotonic() + timeout, 0.001, True
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _PASSED.discard(directory)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
+                    if may_pass:
+                        held = _passed(directory, what, timeout)
+                        break
                     raise error(f"{what} {directory}: another process held its lock for {timeout:.0f} s "
                                 "(stopped inside a save or a claim?)") from None
                 time.sleep(wait)
@@ -182,9 +197,23 @@ def directory_mutex(directory: str, *, timeout: float = MUTEX_TIMEOUT, what: str
                     raise
                 _warn_no_flock(directory, what, e)
                 break
-        yield
+        yield held
     finally:
         os.close(fd)  # releases the flock
+
+
+#: Directories whose mutex this process went past (see :func:`directory_mutex`'s ``may_pass``).
+_PASSED: set[str] = set()
+
+
+def _passed(directory: str, what: str, timeout: float) -> bool:
+    """Notes (one WARNING per run of passes) that this process goes on past ``directory``'s mutex; returns False."""
+    if directory not in _PASSED:
+        _PASSED.add(directory)
+        log.warning("%s %s: another process held its lock for %.0f s (stopped inside a save?); going on past it: "
+                    "this process writes only its own epoch's pointer file and deletes nothing there but its own "
+                    "lock file", what, directory, timeout)
+    return False
 
 
 #: The lock object of a directory in an object store (see :func:`_object_mutex`).
@@ -192,7 +221,8 @@ MUTEX_NAME = "directory.mutex"
 
 
 @contextlib.contextmanager
-def _object_mutex(directory: str, *, timeout: float, what: str, error: type[Exception]) -> Iterator[None]:
+def _object_mutex(directory: str, *, timeout: float, what: str, error: type[Exception],
+                  may_pass: bool = False) -> Iterator[bool]:
     """:func:`directory_mutex` in an object store, which has no ``flock``: the lock object ``directory.mutex``.
 
     Taken by creating it with a conditional put (:func:`psflow.storage.create_exclusive`: S3
@@ -223,12 +253,16 @@ def _object_mutex(directory: str, *, timeout: float, what: str, error: type[Exce
                 storage.remove(path)
             continue
         if time.monotonic() > deadline:
+            if may_pass:
+                yield _passed(directory, what, timeout)
+                return
             raise error(f"{what} {directory}: another process held its lock object {path} for {timeout:.0f} s "
                         "(stopped inside a save or a claim?)")
         time.sleep(wait)
         wait = min(wait * 2, 0.1)
+    _PASSED.discard(directory)
     try:
-        yield
+        yield True
     finally:
         try:
             holder = _mutex_holder(path)
@@ -333,8 +367,12 @@ class DirectoryLock:
             raise self.error(f"cannot write the lock file {self.path}: {e}") from e
         self._took = True
 
-    def acquire(self) -> None:
+    def acquire(self, *, may_pass: bool = False) -> None:
         """Makes sure this run holds the directory; see the module docstring for the cases.
+
+        ``may_pass``: a chief with a lease epoch, which goes on past a mutex held too long
+        (:func:`directory_mutex`); it then only reads: another live run's lock is refused, anything else is left
+        as it is.
 
         Blocks for a few file operations (at most :data:`MUTEX_TIMEOUT` s behind another process).
         This lock *took* the directory if one of its acquisitions wrote the lock file for this
@@ -349,8 +387,10 @@ class DirectoryLock:
             storage.makedirs(self.directory)
         except OSError as e:
             raise self.error(f"cannot create {self.what} {self.directory}: {e}") from e
-        with directory_mutex(self.directory, what=self.what, error=self.error):
+        with directory_mutex(self.directory, what=self.what, error=self.error, may_pass=may_pass) as held:
             holder = self.holder()
+            if not held and (holder is None or holder["run_id"] == self.run_id or holder_alive(holder) is False):
+                return  # nothing written without the mutex
             if holder is None:
                 self._write()
                 log.info("run %s: holds %s %s (pid %d)", self.run_id, self.what, self.directory, os.getpid())
@@ -387,7 +427,8 @@ class DirectoryLock:
         """
         self._took = False
         try:
-            with directory_mutex(self.directory, what=self.what, error=self.error):
+            # Goes past a mutex held too long: only this process's own lock file is removed.
+            with directory_mutex(self.directory, what=self.what, error=self.error, may_pass=True):
                 holder = self.holder()
                 if holder is None or not self._is_this_process(holder):
                     return False

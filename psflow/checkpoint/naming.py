@@ -37,19 +37,22 @@ def free_name(directory: str, step: int, removed: Collection[str]) -> str:
     return name
 
 
-def rename_after_step(directory: str, path: str, step: int, removed: Collection[str]) -> str:
+def rename_after_step(directory: str, path: str, step: int, removed: Collection[str], *, may_pass: bool = False) -> str:
     """Renames the checkpoint ``path`` (inside ``directory``, its manifest written) after ``step``, the
     global_step its manifest holds; returns its path, renamed or not.
 
     Under the directory's mutex (a rotation or a restore sees it under one name or the other); the new name is
     :func:`free_name`'s (``removed``: the leftovers this save removed). A name already of this step is kept. An object
     store keeps the first name (its "directories" cannot be renamed; the manifest's step is the checkpoint's),
-    as does a rename that fails (logged). Never raises for a failed rename; the mutex's errors are raised.
+    as does a rename that fails (logged), and one past a mutex held too long (``may_pass``, a chief with a lease
+    epoch: its name is unique already). Never raises for a failed rename; the mutex's errors are raised.
     """
     name, wanted = os.path.basename(path), checkpoint_name(step)
     if name == wanted or name.startswith(f"{wanted}-") or storage.is_remote(path):
         return path
-    with directory_mutex(directory):
+    with directory_mutex(directory, may_pass=may_pass) as held:
+        if not held:
+            return path
         target = os.path.join(directory, free_name(directory, step, removed))
         try:
             storage.rename_dir(path, target)

@@ -5,6 +5,12 @@ checkpoint directory; a pointer that names one that is gone falls back to the ne
 a pointer that is missing, damaged or names anything else is reported (once per process, a WARNING naming
 the file) and ignored: the newest complete checkpoint inside the directory is used. What is complete is read
 from the directory (the manifests), never from the pointer.
+
+Per-epoch pointer files: a chief holding lease epoch E writes ``checkpoint.e<E>`` (the pointer's JSON, its
+``epoch`` E) before ``checkpoint`` (:func:`publish`). Each epoch has one holder, so each such file has one
+writer, and a chief of an older epoch, resumed after a stop, can never replace a newer epoch's file.
+:func:`effective_pointer` reads ``checkpoint``, then the newest epoch file of its run: that one decides when its
+epoch is newer than ``checkpoint``'s. A directory without epoch files reads ``checkpoint`` alone, as before.
 """
 
 from __future__ import annotations
@@ -12,13 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from typing import Any
 
 from psflow import jsonio, storage
 from psflow.checkpoint.manifest import MANIFEST_NAME, POINTER_NAME, PREFIX, read_json
 
 __all__ = ["latest_checkpoint", "incomplete_checkpoints", "complete_checkpoints", "checkpoint_dirs", "is_complete",
-           "parse_pointer", "read_pointer", "write_pointer"]
+           "parse_pointer", "read_pointer", "write_pointer", "effective_pointer", "epoch_files", "publish",
+           "epoch_file", "same_pointer"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +59,7 @@ _POINTER_WARNED: set[str] = set()
 def _latest(directory: str) -> tuple[str | None, str | None]:
     """(the newest complete checkpoint, what was wrong with the pointer, or None when nothing was)."""
     pointer = os.path.join(directory, POINTER_NAME)
-    data, problem = _pointer_data(pointer)
+    data, problem = effective_pointer(directory)
     if data is not None:
         name = data.get("latest")
         if not _checkpoint_name(name) or storage.islink(os.path.join(directory, str(name))):
@@ -74,6 +82,104 @@ def _latest(directory: str) -> tuple[str | None, str | None]:
     using = (f"using the newest complete checkpoint inside it, {os.path.basename(newest)}" if newest is not None
              else "it holds no complete checkpoint")
     return newest, f"checkpoint pointer {pointer} {problem}; ignored: {using}"
+
+
+#: A per-epoch pointer file's name: ``checkpoint.e<epoch>`` (not its temps, ``checkpoint.e7.tmp-*``).
+_EPOCH_FILE = re.compile(rf"^{re.escape(POINTER_NAME)}\.e(\d+)$")
+
+
+def epoch_file(directory: str, epoch: int) -> str:
+    """The per-epoch pointer file of lease ``epoch`` in ``directory``."""
+    return os.path.join(directory, f"{POINTER_NAME}.e{epoch}")
+
+
+def epoch_files(directory: str) -> list[dict[str, Any]]:
+    """The readable per-epoch pointer files of ``directory``: JSON objects with a ``run_id`` and the ``epoch`` their
+    name says. A damaged one, or one whose epoch is not its name's, is left out (a WARNING once per process)."""
+    try:
+        names = storage.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for name in names:
+        match = _EPOCH_FILE.match(name)
+        if match is None:
+            continue
+        data, problem = _pointer_data(os.path.join(directory, name))
+        if data is not None and (data.get("epoch") != int(match.group(1)) or not isinstance(data.get("run_id"), str)):
+            problem = f"holds epoch {data.get('epoch')!r} of run {data.get('run_id')!r}, not the epoch its name says"
+        if problem is not None:
+            _warn_once(f"checkpoint pointer {os.path.join(directory, name)} {problem}; ignored")
+        elif data is not None:
+            found.append(data)
+    return found
+
+
+def effective_pointer(directory: str) -> tuple[dict[str, Any] | None, str | None]:
+    """The pointer that decides in ``directory`` and what was wrong with ``checkpoint`` (None: nothing).
+
+    The newest epoch file of ``checkpoint``'s run decides if its epoch is newer than ``checkpoint``'s (one without
+    an epoch counts as -1), else ``checkpoint`` does. A ``checkpoint`` that is missing or damaged is reported as
+    before, and no epoch file is read (every writer writes ``checkpoint`` after its epoch file: only a hand or
+    a damaged disk takes it away). (None, None): there is no pointer at all.
+    """
+    data, problem = _pointer_data(os.path.join(directory, POINTER_NAME))
+    if data is None:
+        return data, problem
+    files = epoch_files(directory)
+    theirs = data.get("epoch")
+    ours = [f for f in files if f["run_id"] == data.get("run_id")]
+    newest = max(ours, key=lambda f: int(f["epoch"])) if ours else None
+    if newest is not None and int(newest["epoch"]) > (theirs if type(theirs) is int else -1):
+        return newest, None
+    return data, problem
+
+
+def same_pointer(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether two pointers name the same checkpoint for the same run and epoch."""
+    keys = ("latest", "run_id", "epoch")
+    return a is not None and b is not None and all(a.get(k) == b.get(k) for k in keys)
+
+
+def publish(directory: str, data: dict[str, Any], *, held: bool) -> dict[str, Any]:
+    """Makes ``data`` (with its ``run_id`` and ``epoch``) the pointer of ``directory``; returns the pointer that
+    decides afterwards (:func:`effective_pointer`): ``data``, or a newer epoch's, which then wins.
+
+    With an int ``epoch``, ``checkpoint.e<epoch>`` is written first, then ``checkpoint`` (each replaced whole).
+    ``checkpoint`` is then read back with the epoch files: where a newer epoch's file of the run decides (a
+    newer chief published while this one was stopped), ``checkpoint`` is set to it (for readers of older
+    psflow versions). ``held``: the caller holds the directory's mutex; only then, when ``data`` decides, are the
+    epoch files of other runs and older epochs of this run deleted.
+
+    Raises:
+        OSError: a file could not be written.
+    """
+    epoch = data.get("epoch")
+    if type(epoch) is int:
+        write_pointer(epoch_file(directory, epoch), data)
+    pointer = os.path.join(directory, POINTER_NAME)
+    write_pointer(pointer, data)
+    current: dict[str, Any] | None = data
+    for _ in range(3):  # another writer may have written the shared file meanwhile: read it again
+        current, _problem = effective_pointer(directory)
+        raw, _problem = _pointer_data(pointer)
+        if current is None or current == raw:
+            break
+        write_pointer(pointer, current)
+    if held and same_pointer(current, data):
+        for other in epoch_files(directory):
+            if other["run_id"] != data.get("run_id") or (type(epoch) is int and int(other["epoch"]) < epoch):
+                try:
+                    storage.remove(epoch_file(directory, int(other["epoch"])))
+                except FileNotFoundError:
+                    pass
+    return current if current is not None else data
+
+
+def _warn_once(problem: str) -> None:
+    if problem not in _POINTER_WARNED:
+        _POINTER_WARNED.add(problem)
+        log.warning("%s", problem)
 
 
 def _pointer_data(pointer: str) -> tuple[dict[str, Any] | None, str | None]:

@@ -14,6 +14,7 @@ checkpoint or an increment that a kept checkpoint still needs.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Collection
 
@@ -23,6 +24,8 @@ from psflow.checkpoint.manifest import INCREMENT, MANIFEST_NAME, WRITER_NAME, li
 from psflow.checkpoint.pointer import checkpoint_dirs, complete_checkpoints, is_complete
 
 __all__ = ["kept_after", "deletable", "delete_old", "killed_while_created", "remove_leftovers"]
+
+log = logging.getLogger("psflow.checkpoint")
 
 
 def kept_after(directory: str, name: str, lineage: str, max_to_keep: int) -> list[str]:
@@ -88,8 +91,13 @@ def remove_leftovers(directory: str, run_id: str, lineage: str, epoch: int | Non
 
 
 def delete_old(directory: str, run_id: str, kept: list[str], lineage: str, epoch: int | None) -> None:
-    """Deletes, under the directory's mutex, what :func:`deletable` lists beside ``kept``."""
-    with directory_mutex(directory):
+    """Deletes, under the directory's mutex, what :func:`deletable` lists beside ``kept``. With an ``epoch``,
+    past a mutex held too long, nothing is deleted (logged): the next save that holds it rotates."""
+    with directory_mutex(directory, may_pass=epoch is not None) as held:
+        if not held:
+            log.info("checkpoint directory %s: old checkpoints not rotated (its mutex not held); the next save does",
+                     directory)
+            return
         for path in deletable(directory, run_id, lineage, epoch, keep=kept):
             storage.remove_tree(path, ignore_errors=True)
 

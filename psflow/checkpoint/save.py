@@ -42,14 +42,20 @@ from psflow.checkpoint.manifest import (
     WRITER_NAME,
     Manifest,
     SavedCheckpoint,
-    read_json,
     read_manifest,
 )
-from psflow.checkpoint.naming import free_name, rename_after_step
-from psflow.checkpoint.pointer import is_complete, latest_checkpoint, parse_pointer, read_pointer, write_pointer
-from psflow.checkpoint.rotation import delete_old, kept_after, remove_leftovers
+from psflow.checkpoint.naming import checkpoint_name, free_name, rename_after_step
+from psflow.checkpoint.pointer import effective_pointer, is_complete, latest_checkpoint, publish
+from psflow.checkpoint.rotation import delete_old, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
 from psflow.checkpoint.save_notice import notify_save
+from psflow.checkpoint.switch import (
+    CheckpointFencedError,
+    refuse_newer_epoch,
+    refuse_unless_ours,
+    switch_pointer,
+    undo_pointer,
+)
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import CheckpointStatusReply, CheckpointStatusRequest, FenceRequest, SaveOutcome, SaveShardReply, SaveShardRequest
@@ -59,10 +65,6 @@ __all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedE
            "refuse_newer_epoch"]
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointFencedError(CheckpointError):
-    """A newer chief's epoch fenced this save off; the pointer does not name it (not a failed save)."""
 
 
 class CheckpointSavesFailedError(TrainingError, RuntimeError):
@@ -82,22 +84,6 @@ class FinalCheckpointError(TrainingError, RuntimeError):
     Deliberately not a :class:`CheckpointError`, like :class:`CheckpointSavesFailedError`: the guards that
     let the chief duties go on after one failed save let it through.
     """
-
-
-def refuse_newer_epoch(current: dict[str, Any], pointer: str, *, run_id: str, epoch: int | None, refused: str) -> None:
-    """The fence on the pointer, for a chief of run ``run_id`` at lease ``epoch`` about to write it (a save's
-    switch, :meth:`CheckpointManager.mark_final`, :func:`~psflow.checkpoint.adopt.adopt_latest`; under the
-    directory's mutex): ``current``, the pointer's data, was written by a newer epoch of the same run (any
-    epoch, for a chief without one). A pointer of another run never refuses (a resumed run).
-
-    Raises:
-        CheckpointFencedError: refused; the message is ``refused``, then why (the pointer's epoch and holder).
-    """
-    theirs = current.get("epoch")
-    if current.get("run_id") == run_id and type(theirs) is int and (epoch is None or epoch < theirs):
-        raise CheckpointFencedError(
-            f"{refused}: the pointer {pointer} was written at epoch {theirs} "
-            f"(by {current.get('holder') or 'a newer chief'}); this chief's epoch {epoch} is older")
 
 
 class CheckpointManager:
@@ -242,8 +228,8 @@ class CheckpointManager:
         """
         name = os.path.basename(path)
         pointer = os.path.join(self.directory, POINTER_NAME)
-        with directory_mutex(self.directory):
-            current = read_pointer(pointer)
+        with directory_mutex(self.directory, may_pass=epoch is not None) as held:
+            current = effective_pointer(self.directory)[0] or {}
             if current.get("latest") != name:
                 raise CheckpointError(f"checkpoint {path} is not current any more (the pointer {pointer} names "
                                       f"{current.get('latest') or 'none'}): not marked final")
@@ -251,36 +237,33 @@ class CheckpointManager:
             if epoch is not None and (current.get("run_id"), current.get("epoch")) != (self.run_id, epoch):
                 refuse_newer_epoch(current, pointer, run_id=self.run_id, epoch=epoch,
                                    refused=f"checkpoint {name} not marked final")
-                write_pointer(pointer, dict(current, run_id=self.run_id, epoch=epoch, holder=holder))
+                taken = dict(current, run_id=self.run_id, epoch=epoch, holder=holder)
+                refuse_unless_ours(publish(self.directory, taken, held=held), taken, pointer,
+                                   f"checkpoint {name} not marked final")
             if not manifest.final:
                 storage.write_atomically(os.path.join(path, MANIFEST_NAME),
                                          replace(manifest, final=True).to_json().encode())
-            if manifest.lineage is not None:  # as a save would have: a run that ends saving nothing leaves none
+            if manifest.lineage is not None and held:  # as a save would have: a run that ends saving nothing leaves none
                 remove_leftovers(self.directory, self.run_id, manifest.lineage, epoch)
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
               epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
         self._step = step_hint = client.global_step()  # first: a save failing at the lock names its step too
         if self._lock is not None:
-            self._lock.acquire()
+            self._lock.acquire(may_pass=epoch is not None)
         storage.makedirs(self.directory)
         lineage = self._lineage(client)
-        with directory_mutex(self.directory):
-            removed = remove_leftovers(self.directory, self.run_id, lineage, epoch)  # crashed saves' of this lineage
+        writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
+                  "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
+        with directory_mutex(self.directory, may_pass=epoch is not None) as held:
+            # Without the mutex (passed by a newer epoch) nothing is removed, and the directory gets a name no one else
+            # takes (see _create).
+            removed = remove_leftovers(self.directory, self.run_id, lineage, epoch) if held else set()
             # Never a name just removed: that "leftover" may be an older chief's save still going on (its lease
             # lived on in its own view), which would write its files into this save's directory, then remove it.
             # Renamed after the manifest's step once the shards are in.
-            name = free_name(self.directory, step_hint, removed)
-            path = os.path.join(self.directory, name)
-            if not storage.is_remote(path):  # (an object store has no directories: the writer file makes it)
-                os.makedirs(path)
-            self._current = path
-            # Written before the mutex is let go: a checkpoint directory without its writer file, seen under the
-            # mutex, is a leftover of a save killed in between (see rotation.deletable).
-            writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
-                      "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
-            storage.write_atomically(os.path.join(path, WRITER_NAME),
-                                  jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode())
+            name = free_name(self.directory, step_hint, removed) if held else f"{checkpoint_name(step_hint)}-{time.time_ns()}"
+            path = self._current = self._create(os.path.join(self.directory, name), writer, held=held)
         self._phase("writer_written")
         base = self._increment_base(client, lineage)
         replies = self._write_shards(client, path, base[1] if base is not None else None)
@@ -289,7 +272,8 @@ class CheckpointManager:
         if base is not None:
             manifest = replace(manifest, kind=INCREMENT, base=os.path.basename(base[0]))
         storage.write_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())
-        path = self._current = rename_after_step(self.directory, path, manifest.global_step, removed)
+        path = self._current = rename_after_step(self.directory, path, manifest.global_step, removed,
+                                                 may_pass=epoch is not None)
         name = os.path.basename(path)
         self._phase("manifest_written")
         self._check_fence(client, path)
@@ -311,6 +295,30 @@ class CheckpointManager:
         delete_old(self.directory, self.run_id, kept, lineage, epoch)
         log.info("%s: saved checkpoint %s at step %d", client.client_name, path, manifest.global_step)
         return SavedCheckpoint(path, manifest.global_step)
+
+    def _create(self, path: str, writer: dict[str, Any], *, held: bool) -> str:
+        """Creates the save's directory ``path`` with its writer file; returns ``path``.
+
+        Under the mutex: made, then the writer file written (a directory without one, seen under the mutex, is a
+        leftover of a save killed in between: see rotation.deletable). Without it (``held`` False), it is built
+        under a hidden name and renamed to ``path`` once its writer file is in, so a stopped holder, resumed,
+        never sees it without one. An object store has no directories: the writer file makes it.
+        """
+        body = jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode()
+        if storage.is_remote(path):
+            storage.write_atomically(os.path.join(path, WRITER_NAME), body)
+            return path
+        building = path if held else os.path.join(self.directory, f".creating-{os.getpid()}-{time.time_ns()}")
+        os.makedirs(building)
+        try:
+            storage.write_atomically(os.path.join(building, WRITER_NAME), body)
+            if building != path:
+                storage.rename_dir(building, path)
+        except OSError:
+            if building != path:
+                storage.remove_tree(building, ignore_errors=True)
+            raise
+        return path
 
     def _increment_base(self, client: ParameterClient, lineage: str) -> tuple[str, Manifest] | None:
         """The base of this save if it is an increment (see the module doc), else None (a full save)."""
@@ -373,7 +381,7 @@ class CheckpointManager:
             if path is None or not storage.exists(path):
                 return
             with directory_mutex(self.directory):
-                pointer = read_json(os.path.join(self.directory, POINTER_NAME)) or {}
+                pointer = effective_pointer(self.directory)[0] or {}
                 if pointer.get("latest") == os.path.basename(path):
                     return
                 storage.remove_tree(path, ignore_errors=True)
@@ -457,40 +465,13 @@ class CheckpointManager:
         return reply
 
     def _switch_pointer(self, name: str, step: int, lineage: str, epoch: int | None,
-                        holder: str) -> tuple[list[str], bytes | None]:
-        """Compare-and-swap of the pointer (see :mod:`psflow.checkpoint`); returns (kept, the previous pointer's bytes).
+                        holder: str) -> tuple[list[str], dict[str, Any] | None]:
+        """See :func:`~psflow.checkpoint.switch.switch_pointer`; returns (kept, the previous pointer)."""
+        return switch_pointer(self.directory, {"latest": name, "global_step": step, "lineage": lineage,
+                                               "run_id": self.run_id, "epoch": epoch, "holder": holder},
+                              max_to_keep=self.max_to_keep)
 
-        Raises:
-            CheckpointFencedError: the pointer was written by a newer epoch of this run.
-            CheckpointError: the new checkpoint is no longer complete.
-        """
-        pointer = os.path.join(self.directory, POINTER_NAME)
-        with directory_mutex(self.directory):
-            try:
-                previous_bytes: bytes | None = storage.read_bytes(pointer)
-            except FileNotFoundError:
-                previous_bytes = None
-            refuse_newer_epoch(parse_pointer(previous_bytes), pointer, run_id=self.run_id, epoch=epoch,
-                               refused=f"checkpoint {name} not made current")
-            if not is_complete(os.path.join(self.directory, name)):
-                raise CheckpointError(f"checkpoint {os.path.join(self.directory, name)} was deleted before it was made "
-                                      "current")
-            kept = kept_after(self.directory, name, lineage, self.max_to_keep)
-            write_pointer(pointer, {"latest": name, "all": kept, "global_step": step, "lineage": lineage,
-                                    "run_id": self.run_id, "epoch": epoch, "holder": holder})
-        return kept, previous_bytes
-
-    def _undo_pointer(self, name: str, previous: bytes | None) -> None:
-        """Puts the previous pointer back if the pointer still names ``name`` (this save's)."""
-        pointer = os.path.join(self.directory, POINTER_NAME)
-        with directory_mutex(self.directory):
-            current = read_json(pointer) or {}
-            ours = self._fence[0] if self._fence is not None else None
-            if current.get("latest") != name or current.get("run_id") != self.run_id or current.get("epoch") != ours:
-                return  # a newer chief's pointer replaced it already, or took this checkpoint as its own (mark_final)
-            if previous is None:
-                storage.remove(pointer)
-            else:
-                storage.write_atomically(pointer, previous)
-        log.warning("checkpoint %s: pointer %s put back to the previous checkpoint (this chief was fenced off)",
-                    os.path.join(self.directory, name), pointer)
+    def _undo_pointer(self, name: str, previous: dict[str, Any] | None) -> None:
+        """See :func:`~psflow.checkpoint.switch.undo_pointer`."""
+        epoch, holder = self._fence if self._fence is not None else (None, "")
+        undo_pointer(self.directory, name, previous, run_id=self.run_id, epoch=epoch, holder=holder)

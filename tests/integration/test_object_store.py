@@ -248,3 +248,30 @@ def test_readers_stream_objects_as_they_read_files(object_store: str, tmp_path: 
     assert b"".join(iter_blocks(f"{object_store}/in/sparse_lr.tfrecord", "none", 100, 64)) == plain[100:]
     inferred = infer_first_file([f"{object_store}/in/sparse_lr.tfrecord*"])
     assert inferred.schema.to_dict() == infer_first_file([str(local["sparse_lr.tfrecord"])]).schema.to_dict()
+
+
+def test_a_chief_with_an_epoch_goes_past_a_lock_object_held_too_long(object_store: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live process of this host holds ``directory.mutex`` (stopped inside a save): a save with a lease epoch
+    goes on past it and publishes through ``checkpoint.e<epoch>`` and ``checkpoint``; one without fails."""
+    from two_ps_in_process import SGD, two_ps_cluster
+
+    from psflow.checkpoint import lock
+    from psflow.checkpoint.save import CheckpointManager
+
+    if not object_store.startswith("s3://"):
+        pytest.skip("the GCS emulator ignores preconditions: the lock object is never held there")
+    monkeypatch.setattr(lock, "MUTEX_TIMEOUT", 1.0)
+    ckpt = f"{object_store}/passed"
+    client, _ = two_ps_cluster()
+    client.register(SGD, chief=True)
+    live = {"token": "z", "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    storage.write_atomically(f"{ckpt}/{MUTEX_NAME}", json.dumps(live).encode())
+    with pytest.raises(CheckpointError, match="held its lock object"):
+        CheckpointManager(ckpt, run_id="run-a").save(client)
+    saved = CheckpointManager(ckpt, run_id="run-a").save(client, epoch=4, holder="new chief")
+    assert latest_checkpoint(ckpt) == saved.path
+    published = json.loads(storage.read_bytes(f"{ckpt}/checkpoint.e4"))
+    assert published["latest"] == saved.path.rsplit("/", 1)[1] and published["epoch"] == 4
+    assert json.loads(storage.read_bytes(f"{ckpt}/checkpoint")) == published
+    assert json.loads(storage.read_bytes(f"{ckpt}/{MUTEX_NAME}"))["token"] == "z"  # the holder's is kept

@@ -59,9 +59,9 @@ elif _POINT == "mid_final_eval":
     duties.evaluate = _stalled_evaluate  # type: ignore[assignment]
 
 elif _POINT == "in_save_lock":
-    from psflow.checkpoint import save
+    from psflow.checkpoint import pointer
 
-    _write_pointer = save.write_pointer
+    _write_pointer = pointer.write_pointer
     _trigger = os.environ["PSFLOW_TEST_STALL_FILE"]
     _stopped_once: list[bool] = []
 
@@ -71,4 +71,4 @@ elif _POINT == "in_save_lock":
             _stop()
         return _write_pointer(*args, **kwargs)
 
-    save.write_pointer = _stalled_write_pointer
+    pointer.write_pointer = _stalled_write_pointer
