@@ -23,6 +23,13 @@ process's writes stay in the kernel's page cache, so a process restarted on the 
 its floor: a restore goes on right after the kill's step, and a learning-rate schedule or ``--max-steps``
 loses no steps to the gap. After a reboot (the machine crashed: unsynced writes may be lost), or where the
 file is missing or damaged, the floor is the fsync'd bound, as above.
+
+The journal also names the run whose values it bounds (:meth:`GlobalStep.claim`: the chief's ``Register`` says its
+run id; :attr:`GlobalStep.floor_run` is the one a restarted process read, ``StatsReply.step_run``). A chief
+restarted with every ps task tells by it that the values were its own run's even before that run wrote a checkpoint
+(:mod:`psflow.train.within_run`); a journal of another run (a ``--state-dir`` reused by a new run), or one written
+before this field (no run), never says so. When a new run claims a journal of another run, its bound restarts at
+the counter's value: another run's values are not this run's to go past.
 """
 
 from __future__ import annotations
@@ -65,11 +72,13 @@ class StepJournal:
             raise ValueError(f"journal block must be a positive number of steps, got {block}")
         self.path = path
         self.block = block
+        #: the run named in the file, read by :meth:`load` (None: none, or a journal written before runs were named)
+        self.run: str | None = None
         #: the open file of the exact last value (written by this process); -1: a write failed, no more notes
         self._live: int | None = None
 
     def load(self) -> int:
-        """The recorded bound (0 when the file does not exist yet).
+        """The recorded bound (0 when the file does not exist yet); sets :attr:`run` to the run the file names.
 
         Raises:
             StepJournalError: the file exists but is not a journal (it is left as it is).
@@ -82,13 +91,17 @@ class StepJournal:
         except OSError as e:
             raise StepJournalError(f"cannot read the global_step journal {self.path}: {e}") from e
         try:
-            bound = json.loads(text)["bound"]
-        except (ValueError, TypeError, KeyError) as e:
+            record = json.loads(text)
+            bound, run = record["bound"], record.get("run")
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise StepJournalError(f"the global_step journal {self.path} is damaged ({text[:60]!r}); "
                                    f"move it away to start over (step values may then repeat)") from e
         if isinstance(bound, bool) or not isinstance(bound, int) or bound < 0:
             raise StepJournalError(f"the global_step journal {self.path} holds bound {bound!r:.40}, "
                                    f"not a non-negative integer")
+        if run is not None and not isinstance(run, str):
+            raise StepJournalError(f"the global_step journal {self.path} names run {run!r:.40}, not a string")
+        self.run = run
         return bound
 
     @property
@@ -167,15 +180,17 @@ class StepJournal:
             raise StepJournalError(f"cannot write the exact global_step value to {self.live_path}, nor remove the "
                                    f"older value it holds: {e}") from e
 
-    def record(self, bound: int) -> None:
-        """Records ``bound`` durably (complete file or the previous one, never a partial one).
+    def record(self, bound: int, run: str | None = None) -> None:
+        """Records ``bound`` durably (complete file or the previous one, never a partial one), for run ``run``
+        (None: none named).
 
         Raises:
             StepJournalError: the file cannot be written.
         """
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-            storage.write_atomically(self.path, json.dumps({"bound": bound}).encode())
+            named = {} if run is None else {"run": run}
+            storage.write_atomically(self.path, json.dumps({"bound": bound, **named}).encode())
         except OSError as e:
             raise StepJournalError(f"cannot write the global_step journal {self.path}: {e}") from e
 
@@ -218,6 +233,9 @@ class GlobalStep:
         #: Every value an earlier process with this journal handed out is at most this (0: none): the last one,
         #: when it was killed on this boot, else the durable bound.
         self.floor = last if last is not None else self._bound
+        #: The run whose values :attr:`floor` bounds, as the journal named it (None: not named).
+        self.floor_run = journal.run if journal is not None else None
+        self._run = self.floor_run
 
     @property
     def value(self) -> int:
@@ -251,11 +269,30 @@ class GlobalStep:
         with self._lock:
             self._cover(self._value + 1)
 
+    def claim(self, run: str) -> None:
+        """The values handed out from now on are run ``run``'s (the chief's ``Register`` names it): the journal
+        says so from now on. Where it named another run, its bound restarts at the counter's value, which is noted
+        first as the exact last value (another run's values are not this run's to go past); where it named none (a
+        journal written before runs were named) its bound is kept, as it may be this run's.
+
+        Raises:
+            StepJournalError: the journal could not be written.
+        """
+        with self._lock:
+            if self._journal is None or run == self._run:
+                return
+            bound = max(self._bound, self._value)
+            if self._run is not None:
+                self._journal.note(self._value)
+                bound = self._value
+            self._journal.record(bound, run)
+            self._bound, self._run = bound, run
+
     def _cover(self, value: int) -> None:
         """(Under the lock) records a bound one block past ``value`` if the recorded one is below it."""
         if self._journal is not None and value > self._bound:
             bound = value + self._journal.block - 1
-            self._journal.record(bound)
+            self._journal.record(bound, self._run)
             self._bound = bound
 
     def follow(self, value: int) -> None:
@@ -283,7 +320,7 @@ class GlobalStep:
         with self._lock:
             if self._journal is not None:
                 if value > self._bound:
-                    self._journal.record(value)
+                    self._journal.record(value, self._run)
                     self._bound = value
                 self._journal.note(value)
             self._value = value

@@ -83,7 +83,8 @@ reads each averaged partition's moving average instead of its value.
 ``Stats``
     counters for progress lines and metrics (``ready``, ``registered``,
     ``generation``, ``global_step`` tell a worker whether a restore happened;
-    ``step_floor`` bounds every step an earlier process of this task handed out;
+    ``step_floor`` bounds every step an earlier process of this task handed out, ``step_run`` names the run
+    that handed them out where the journal says (the chief's ``Register`` names its run: ``GlobalStep.claim``);
     ``finished`` lists the workers whose ``Leave`` arrived since the last restore;
     ``dynamic_tables``, when there are any: each share's rows and counters, by partition key;
     ``learning_rate``: the run's optimizer's learning rate at the step the next update is applied at,
@@ -305,6 +306,8 @@ class ParameterService:
 
         made = self.variables.register(request, ready=lambda: self.gate.ready, restoring=lambda: self.gate.restoring,
                                        created=created)
+        if request.chief and request.run is not None and self.clock.global_step is not None:
+            self.clock.global_step.claim(request.run)  # the values handed out from now on are this run's
         # A new process: its earlier one's save is over; the saving process's own (again) ends nothing (save_hold).
         self.mode.registered(request.client, request.incarnation)
         return _reply(RegisterReply(made, self.gate.ready if self.variables.registered else False,
@@ -433,7 +436,8 @@ class ParameterService:
             global_step.floor if global_step is not None else None, self.variables.init_count,
             self.variables.registered, self.gate.ready, self.gate.generation, self.mode.config.mode,
             tuple(finished) if finished is not None else None,
-            self.variables.learning_rate(rate_step), counters)
+            self.variables.learning_rate(rate_step), counters,
+            global_step.floor_run if global_step is not None else None)
 
     def fence_call(self, frame: Frame) -> Reply:
         """The ``Fence`` call: the leader's epoch checked against (and recorded in) this task's fence."""

@@ -271,7 +271,7 @@ def join_cluster(
             check_state_kept(client, ps_states(client), checkpoint_dir=checkpoint_dir)
         start_values = initial_values() if initial_values is not None and latest is None else {}
         # Every task stays not ready until all are initialized (ps task 0 made ready last).
-        registration = _register(client, optimizer)
+        registration = _register(client, optimizer, run)
         if registration.new and registration.kept and latest is None:  # a task restarted empty after the check
             raise StateLostError(state_lost_message(client, sorted(registration.new), sorted(registration.kept),
                                                     checkpoint_dir=checkpoint_dir))
@@ -307,11 +307,12 @@ def join_cluster(
                       positions, generation=generation)
 
 
-def _register(client: ParameterClient, optimizer: OptimizerSpec) -> Registration:
+def _register(client: ParameterClient, optimizer: OptimizerSpec, run: str | None) -> Registration:
     """The chief's Register (as :meth:`ParameterClient.register` with ``chief=True, defer_ready=True``), with the
-    tasks it created the variables on: an unreachable task is asked again within ``--connect-timeout``."""
+    tasks it created the variables on: an unreachable task is asked again within ``--connect-timeout``. It names
+    run ``run``, which ps task 0's global_step journal records (:meth:`psflow.ps.global_step.GlobalStep.claim`)."""
     request = RegisterRequest(tuple(client.layout.values()), optimizer, client.sync, client.client_name, True, True,
-                              client.incarnation)
+                              client.incarnation, run)
     return register_tasks(client.channels, client.step_task, request, client.config, client.config.connect_timeout,
                           call=client.call_async)
 

@@ -14,16 +14,21 @@ A chief that starts and finds no ps task ready sees one of two things that look 
   cluster within their run (:meth:`psflow.train.recovery.ClusterRecovery.restore`); a restarted chief's
   join then restores at a new generation as they do (:mod:`psflow.train.generation_restore`).
 
-:func:`lost_within_run` tells the second from the first by two facts, both needed: the newest
-checkpoint was written by this run (its manifest's ``run.run_id`` is this run's id, which every
-process of the run, restarted ones included, reads from its config:
-:func:`psflow.train.duties.run_id`), and ps task 0's journal bounds values that an earlier process of
-it handed out above that checkpoint's step. A new run never has the first (its id is new), so a
-resume never jumps. Without a journal (ps task 0 started without ``--state-dir``; ``psflow train``
-always gives it one) the two cannot be told apart: the checkpoint's step is used, and the values
-handed out since it are handed out again, as :mod:`psflow.train.recovery` says.
+:func:`lost_within_run` tells the second from the first by two facts, both needed: the values were
+this run's, and ps task 0's journal bounds values that an earlier process of it handed out above the
+newest checkpoint's step. The values were this run's where the newest checkpoint was written by this
+run (its manifest's ``run.run_id`` is this run's id, which every process of the run, restarted ones
+included, reads from its config: :func:`psflow.train.duties.run_id`), or where the journal names this
+run as the one that handed them out (``StatsReply.step_run``: the chief's ``Register`` names its run,
+:meth:`psflow.ps.global_step.GlobalStep.claim`), as it does in a resumed run that lost every ps task
+before its first checkpoint (the newest is then the earlier run's). A new run has neither: its id is
+new, and a journal it finds in a reused ``--state-dir`` names the run that wrote it, or no run (one
+written before runs were named, which counts as another run's), so a resume never jumps. Without a
+journal (ps task 0 started without ``--state-dir``; ``psflow train`` always gives it one) the two
+cannot be told apart: the checkpoint's step is used, and the values handed out since it are handed
+out again, as :mod:`psflow.train.recovery` says.
 
-:func:`written_by` is the first fact alone: a restore within a run takes a replicated shard's count of
+:func:`written_by` is the checkpoint's half of the first fact: a restore within a run takes a replicated shard's count of
 applied pushes from a checkpoint of this run only (a new run's counts start at 0, not at an older run's).
 """
 
@@ -57,11 +62,13 @@ def lost_within_run(checkpoint_dir: str | None, run: str, states: Mapping[int, S
     if latest is None or floor is None:
         return False
     manifest = read_manifest(latest)
-    if not written_by(manifest, run) or floor <= manifest.global_step:
+    own = written_by(manifest, run)
+    if not (own or step_state is not None and step_state.step_run == run) or floor <= manifest.global_step:
         return False
     log.warning("every ps task came back empty within run %s: ps task 0's journal bounds the step values it "
-                "handed out before it died at %d, past the newest checkpoint %s (step %d, written by this run); "
-                "global_step goes on past that bound", run, floor, latest, manifest.global_step)
+                "handed out before it died at %d, past the newest checkpoint %s (step %d, %s); global_step goes on "
+                "past that bound", run, floor, latest, manifest.global_step,
+                "written by this run" if own else "an earlier run's: the journal says this run handed them out")
     return True
 
 

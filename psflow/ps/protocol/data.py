@@ -85,9 +85,9 @@ GradPart = tuple[str, np.ndarray, np.ndarray | None]
 # ---- Register ----------------------------------------------------------------------------------------------
 @message
 class RegisterRequest:
-    """A client's layout, optimizer and update mode; only the chief's call initializes. ``incarnation``: the
-    client's process (None: not said, as by a client older than this field): its own save holds on through its
-    registration, an earlier process's ends (:mod:`psflow.ps.save_hold`)."""
+    """A client's layout, optimizer and update mode; only the chief's call initializes. ``incarnation``: the client's
+    process (None: not said): its own save holds on through its registration, an earlier process's ends
+    (:mod:`psflow.ps.save_hold`). ``run``: the chief's run id, for global_step's journal (``GlobalStep.claim``)."""
 
     METHOD: ClassVar[str] = "Register"
     layout: tuple[VariablePlacement, ...]
@@ -97,9 +97,10 @@ class RegisterRequest:
     chief: bool = False
     defer_ready: bool = False
     incarnation: int | None = None
+    run: str | None = None
 
-    def to_frame(self) -> Frame:
-        process = {} if self.incarnation is None else {"incarnation": self.incarnation}  # (omitted: as before)
+    def to_frame(self) -> Frame:  # incarnation and run omitted where None: as before them
+        process = {k: v for k, v in (("incarnation", self.incarnation), ("step_run", self.run)) if v is not None}
         return Frame({"layout": [p.to_json() for p in self.layout], "optimizer": self.optimizer.to_json(),
                       "sync": self.sync.to_json(), "client": self.client, "chief": self.chief,
                       "defer_ready": self.defer_ready, **process})
@@ -114,7 +115,7 @@ class RegisterRequest:
         except (ValueError, TypeError, KeyError) as e:
             raise InvalidRequest(f"bad layout or optimizer: {e}") from e
         return cls(layout, optimizer, sync, str(meta.get("client", "a client")), flag(meta, "chief"),
-                   flag(meta, "defer_ready"), optional_int(meta, "incarnation", minimum=0))
+                   flag(meta, "defer_ready"), optional_int(meta, "incarnation", minimum=0), optional_str(meta, "step_run"))
 
 
 @message

@@ -22,6 +22,7 @@ class StatsReply:
     """A ps task's state (typed: what clients act on) and its counters (for progress lines and status pages).
 
     ``global_step``, ``step_floor`` and ``finished`` only on the task holding global_step (else None);
+    ``step_run``: the run whose values ``step_floor`` bounds, as the global_step journal names it (None: none named);
     ``generation``: the restore generation; ``learning_rate``: the run optimizer's rate at the step the
     next update is applied at (None before registration); ``counters``: every other field, by name.
     """
@@ -37,6 +38,7 @@ class StatsReply:
     finished: tuple[str, ...] | None = None
     learning_rate: float | None = None
     counters: Mapping[str, Any] = field(default_factory=dict)
+    step_run: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Every field by its wire name, counters included (what ``Stats`` replies)."""
@@ -44,7 +46,7 @@ class StatsReply:
                 "init_count": self.init_count, "registered": self.registered, "ready": self.ready,
                 "generation": self.generation, "mode": self.mode,
                 "finished": list(self.finished) if self.finished is not None else None,
-                "learning_rate": self.learning_rate}
+                "learning_rate": self.learning_rate, "step_run": self.step_run}
 
     def to_frame(self) -> Frame:
         return Frame(self.as_dict())
@@ -53,6 +55,8 @@ class StatsReply:
     def from_frame(cls, frame: Frame) -> StatsReply:
         meta = dict(frame.meta)
         finished, rate = meta.pop("finished", None), meta.pop("learning_rate", None)
+        step_run = optional_str(meta, "step_run", max_length=200)
+        meta.pop("step_run", None)
         if finished is not None and not (isinstance(finished, list) and all(isinstance(w, str) for w in finished)):
             raise refuse("finished", "a list of task names", finished)
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
@@ -64,7 +68,7 @@ class StatsReply:
         for key in ("task", "global_step", "step_floor", "init_count", "registered", "ready", "generation", "mode"):
             meta.pop(key, None)
         return cls(reply.task, reply.global_step, reply.step_floor, reply.init_count, reply.registered, reply.ready,
-                   reply.generation, reply.mode, reply.finished, reply.learning_rate, meta)
+                   reply.generation, reply.mode, reply.finished, reply.learning_rate, meta, step_run)
 
 
 @message

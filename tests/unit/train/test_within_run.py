@@ -160,3 +160,51 @@ def test_a_restore_takes_the_checkpoints_push_counts_only_from_a_checkpoint_of_t
     ClusterRecovery(client, SGD, checkpoint_dir=ckpt, leader=lambda: None, timeout=30.0,
                     run=run).restore(None, ps_states(client))
     assert sent == counts
+
+
+def _lose_every_ps_task(journal: Path) -> ParameterClient:
+    """Every ps task dies: a client of the restarted, empty cluster (ps task 0 reading ``journal``)."""
+    return _client(_services(journal))
+
+
+def test_a_resumed_run_that_lost_every_ps_task_before_its_first_checkpoint_goes_on_past_its_own_values(
+        tmp_path: Path) -> None:
+    """Run B resumes run A's checkpoint (step 3) with the same ps state directory, hands out 4-6 and loses every ps
+    task before a checkpoint of its own. The newest checkpoint is A's, so only the journal can say the values were
+    B's: it names the run whose chief registered (before, the join restored at step 3 and generation 0 and handed
+    out 4-6 again). A's journal, found by B's first join, does not make B go past A's values."""
+    journal, ckpt = tmp_path / "state" / "global_step.json", str(tmp_path / "ckpt")
+    client = _client(_services(journal))
+    join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt, run="run-a")
+    assert [_push(client) for _ in range(3)] == [1, 2, 3]
+    CheckpointManager(ckpt, run_id="run-a").save(client)
+    assert [_push(client) for _ in range(4)] == [4, 5, 6, 7]  # run A ends (or dies) here
+    client = _lose_every_ps_task(journal)
+    states = ps_states(client)
+    assert states[0] is not None and (states[0].step_floor, states[0].step_run) == (7, "run-a")
+    assert not lost_within_run(ckpt, "run-b", states, client.step_task)  # A's values are not B's to go past
+    result = join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt, run="run-b")
+    assert (result.global_step, result.generation) == (3, 0)
+    assert [_push(client) for _ in range(3)] == [4, 5, 6]  # run B's own
+    client = _lose_every_ps_task(journal)
+    states = ps_states(client)
+    assert states[0] is not None and (states[0].step_floor, states[0].step_run) == (6, "run-b")
+    assert lost_within_run(ckpt, "run-b", states, client.step_task)
+    assert not lost_within_run(ckpt, "run-c", states, client.step_task)  # a third run resuming A's checkpoint
+    result = join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt, run="run-b")
+    assert result.restored is not None and result.generation is not None and result.generation > 0
+    assert result.global_step == 6 and _push(client) == 7
+
+
+def test_a_journal_written_before_runs_were_named_counts_only_with_a_checkpoint_of_this_run(tmp_path: Path) -> None:
+    """An old journal (``{"bound": N}``, no run) names no run: as before, only a checkpoint of this run makes the
+    loss one within the run."""
+    journal = tmp_path / "state" / "global_step.json"
+    ckpt, _ = _run_then_lose_every_ps_task(tmp_path, journal)
+    journal.write_text(json.dumps({"bound": 9}))
+    Path(StepJournal(str(journal)).live_path).unlink(missing_ok=True)  # (its exact last value: none)
+    client = _lose_every_ps_task(journal)
+    states = ps_states(client)
+    assert states[0] is not None and (states[0].step_floor, states[0].step_run) == (9, None)
+    assert lost_within_run(ckpt, "run-a", states, client.step_task)  # run A wrote the newest checkpoint
+    assert not lost_within_run(ckpt, "run-b", states, client.step_task)
