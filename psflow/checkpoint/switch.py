@@ -15,7 +15,15 @@ from typing import Any
 from psflow import storage
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import POINTER_NAME, read_json
-from psflow.checkpoint.pointer import effective_pointer, epoch_file, is_complete, publish, same_pointer, write_pointer
+from psflow.checkpoint.pointer import (
+    effective_pointer,
+    epoch_file,
+    epoch_files,
+    is_complete,
+    publish,
+    same_pointer,
+    write_pointer,
+)
 from psflow.checkpoint.rotation import kept_after
 from psflow.errors import CheckpointError
 
@@ -91,7 +99,9 @@ def undo_pointer(directory: str, name: str, previous: dict[str, Any] | None, *, 
     The previous checkpoint is published again under this chief's run and epoch (its epoch file and
     ``checkpoint``), so the pointer's run never goes back to another run's (that would hide this run's epoch
     files from readers). Where a newer epoch's pointer decides, ``checkpoint`` is only set to it if it still
-    names ``name``. Never past the mutex.
+    names ``name``. With no previous pointer, the epoch file and ``checkpoint`` are removed; a newer epoch's file
+    of this run found afterwards (its chief published while this one was stopped past its check) is written back
+    as ``checkpoint``. Never past the mutex.
     """
     pointer = os.path.join(directory, POINTER_NAME)
     mine = {"latest": name, "run_id": run_id, "epoch": epoch}
@@ -106,6 +116,14 @@ def undo_pointer(directory: str, name: str, previous: dict[str, Any] | None, *, 
             if epoch is not None:
                 storage.remove(epoch_file(directory, epoch))
             storage.remove(pointer)
+            # This chief may have stopped past its check, and a newer chief then published past the mutex: the
+            # ``checkpoint`` just removed was that chief's, and without one no epoch file is read. Its epoch file
+            # is still there: put it back as ``checkpoint`` (listed after the removal, as publish re-reads).
+            newer = [f for f in epoch_files(directory)
+                     if f["run_id"] == run_id and (epoch is None or int(f["epoch"]) > epoch)]
+            if newer:
+                write_pointer(pointer, max(newer, key=lambda f: int(f["epoch"])))
+                return
         else:
             publish(directory, dict(previous, run_id=run_id, epoch=epoch, holder=holder), held=True)
     log.warning("checkpoint %s: pointer %s put back to the previous checkpoint (this chief was fenced off)",

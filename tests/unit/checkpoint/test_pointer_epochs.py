@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from two_ps_in_process import SGD, two_ps_cluster
 
-from psflow.checkpoint import lock, pointer, save
+from psflow.checkpoint import lock, pointer, save, switch
 from psflow.checkpoint.adopt import adopt_latest
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import read_manifest
@@ -216,3 +216,46 @@ def test_an_older_chiefs_mark_final_after_a_newer_epoch_file_is_fenced(tmp_path:
         manager.mark_final(older.path, epoch=6, holder="old chief")
     assert not read_manifest(older.path).final
     assert latest_checkpoint(str(tmp_path)) == newer.path
+
+
+def test_a_chief_stopped_inside_its_first_saves_undo_leaves_the_newer_chiefs_pointer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old chief's first save (no pointer before it) is fenced off after its switch; it stops inside the undo,
+    past its check that the pointer names its checkpoint, and a newer chief's final save goes past the mutex. The
+    old chief, resumed, removes its epoch file and ``checkpoint``: the newer chief's ``checkpoint`` must come back
+    (a missing ``checkpoint`` hides every epoch file: readers warned 'is missing' and guessed from the directory)."""
+    client = _cluster()
+    armed: list[bool] = []
+    successor_saved: list[Any] = []
+
+    def successor_elected(phase: str) -> None:
+        if phase == "pointer_switched":
+            for channel in client.channels.values():
+                channel.call("Fence", {"token": 7, "holder": "new chief"})
+            armed.append(True)
+
+    real, old_thread = switch.effective_pointer, threading.current_thread()
+
+    def stopped_after_the_check(directory: str) -> Any:
+        seen = real(directory)
+        # the undo's check: the old chief stops here, holding the mutex
+        if armed and not successor_saved and threading.current_thread() is old_thread:
+            _step(client)
+
+            def successor() -> None:
+                successor_saved.append(CheckpointManager(str(tmp_path), run_id="run-a").save(
+                    client, epoch=7, holder="new chief", final=True))
+
+            thread = threading.Thread(target=successor, daemon=True)
+            thread.start()
+            thread.join(60)
+            assert successor_saved
+        return seen
+
+    monkeypatch.setattr(switch, "effective_pointer", stopped_after_the_check)
+    old = CheckpointManager(str(tmp_path), run_id="run-a", fault=successor_elected)
+    with pytest.raises(CheckpointFencedError):
+        old.save(client, epoch=5, holder="old chief")
+    new = successor_saved[0]
+    assert json.loads((tmp_path / "checkpoint").read_text()) == json.loads((tmp_path / "checkpoint.e7").read_text())
+    assert latest_checkpoint(str(tmp_path)) == new.path and read_manifest(new.path).final
