@@ -28,8 +28,9 @@ The journal also names the run whose values it bounds (:meth:`GlobalStep.claim`:
 run id; :attr:`GlobalStep.floor_run` is the one a restarted process read, ``StatsReply.step_run``). A chief
 restarted with every ps task tells by it that the values were its own run's even before that run wrote a checkpoint
 (:mod:`psflow.train.within_run`); a journal of another run (a ``--state-dir`` reused by a new run), or one written
-before this field (no run), never says so. When a new run claims a journal of another run, its bound restarts at
-the counter's value: another run's values are not this run's to go past.
+before this field (no run), never says so. When a new run claims a journal of another run, its bound and the floor
+restart at the counter's value: another run's values are not this run's to go past (neither by a restarted chief
+nor by a restore at a new generation, whose global_step starts at the floor ``BeginRestore`` replies).
 """
 
 from __future__ import annotations
@@ -233,7 +234,8 @@ class GlobalStep:
         #: Every value an earlier process with this journal handed out is at most this (0: none): the last one,
         #: when it was killed on this boot, else the durable bound.
         self.floor = last if last is not None else self._bound
-        #: The run whose values :attr:`floor` bounds, as the journal named it (None: not named).
+        #: The run whose values :attr:`floor` bounds, as the journal named it (None: not named); both restart at the
+        #: counter where another run claims the journal (:meth:`claim`).
         self.floor_run = journal.run if journal is not None else None
         self._run = self.floor_run
 
@@ -272,8 +274,10 @@ class GlobalStep:
     def claim(self, run: str) -> None:
         """The values handed out from now on are run ``run``'s (the chief's ``Register`` names it): the journal
         says so from now on. Where it named another run, its bound restarts at the counter's value, which is noted
-        first as the exact last value (another run's values are not this run's to go past); where it named none (a
-        journal written before runs were named) its bound is kept, as it may be this run's.
+        first as the exact last value, and so does :attr:`floor` (:attr:`floor_run` is then ``run``): another run's
+        values are not this run's to go past, not even by a restore at a new generation, which starts from the floor
+        ``BeginRestore`` replies. Where it named none (a journal written before runs were named) its bound and floor
+        are kept, as they may be this run's.
 
         Raises:
             StepJournalError: the journal could not be written.
@@ -285,6 +289,7 @@ class GlobalStep:
             if self._run is not None:
                 self._journal.note(self._value)
                 bound = self._value
+                self.floor, self.floor_run = self._value, run
             self._journal.record(bound, run)
             self._bound, self._run = bound, run
 

@@ -56,6 +56,7 @@ def test_another_run_claiming_the_journal_starts_it_over_at_the_counter(tmp_path
     second = GlobalStep(journal=_journal(tmp_path))
     assert (second.floor, second.floor_run) == (25, "run-a")
     second.claim("run-b")
+    assert (second.floor, second.floor_run) == (0, "run-b")  # what BeginRestore replies from now on
     assert json.loads((tmp_path / "global_step.json").read_text()) == {"bound": 0, "run": "run-b"}
     third = GlobalStep(journal=_journal(tmp_path))  # died before the run's restore and its first value
     assert (third.floor, third.floor_run) == (0, "run-b")

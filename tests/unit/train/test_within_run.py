@@ -208,3 +208,25 @@ def test_a_journal_written_before_runs_were_named_counts_only_with_a_checkpoint_
     assert states[0] is not None and (states[0].step_floor, states[0].step_run) == (9, None)
     assert lost_within_run(ckpt, "run-a", states, client.step_task)  # run A wrote the newest checkpoint
     assert not lost_within_run(ckpt, "run-b", states, client.step_task)
+
+
+def test_a_new_run_reusing_another_runs_journal_restores_a_lost_ps_task_at_its_own_steps(tmp_path: Path) -> None:
+    """``psflow server`` reusing ps task 0's ``--state-dir``: run A handed out 25 values; run B (its own checkpoint
+    directory) saves at step 3, reaches 5 and loses ps task 1 only. The restore at a new generation goes on past the
+    values B handed out (5), not past A's 25: B's claim made the journal B's, and the floor A's process left must not
+    count either (before, BeginRestore replied A's floor and B skipped 6-25)."""
+    journal = tmp_path / "state" / "global_step.json"
+    client = _client(_services(journal))
+    join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path / "ckpt-a"), run="run-a")
+    assert [_push(client) for _ in range(25)][-1] == 25  # run A ends
+    services = _services(journal)  # run B's ps tasks, ps task 0 on the same --state-dir
+    client, ckpt = _client(services), str(tmp_path / "ckpt-b")
+    join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt, run="run-b")
+    assert [_push(client) for _ in range(3)] == [1, 2, 3]
+    CheckpointManager(ckpt, run_id="run-b").save(client)
+    assert [_push(client) for _ in range(2)] == [4, 5]
+    client = _client([services[0], ParameterService(1, holds_global_step=False)])  # ps task 1 restarted empty
+    ClusterRecovery(client, SGD, checkpoint_dir=ckpt, leader=lambda: None, timeout=30.0,
+                    run="run-b").restore(None, ps_states(client))
+    assert client.ps_stats().global_step == 5
+    assert _push(client) == 6
