@@ -136,6 +136,10 @@ class _Pending:
         return self._channel._finish(self._method)
 
 
+class _OverLimitError(TaskUnavailableError):
+    """The task refused the connection: it serves as many as its limit allows (not asked again at once)."""
+
+
 class TcpChannel:
     """A client's connection to one task's TCP carrier (same surface as TaskChannel).
 
@@ -179,11 +183,33 @@ class TcpChannel:
         return TaskUnavailableError(f"{self.task}: {what}: the channel to {self.address} is closed")
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Connects (once) and authenticates; raises TaskUnavailableError or UnauthenticatedError."""
-        if self._closed:
-            raise self._closed_error("connect")
-        with self._busy:
-            self._connect(self._config.connect_timeout if timeout is None else timeout)
+        """Blocks until the task accepts a connection and authenticates it (``timeout`` s; None:
+        ``connect_timeout``), as the gRPC channel's ``wait_ready`` does: a failed attempt (nothing listens yet,
+        the task died in the middle of the handshake) is tried again with exponential backoff
+        (``backoff_initial`` .. ``backoff_max``) until the timeout. A task that refuses the connection
+        because it serves as many as ``--tcp-max-connections`` allows is not asked again.
+
+        Raises:
+            TaskUnavailableError: not reachable within the timeout (the last attempt's error), or the channel
+                is closed.
+            UnauthenticatedError: the task refused the cluster token (not tried again).
+        """
+        limit = self._config.connect_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        wait = self._config.backoff_initial
+        while True:
+            if self._closed:
+                raise self._closed_error("connect")
+            try:
+                with self._busy:
+                    self._connect(max(0.01, deadline - time.monotonic()))
+                return
+            except TaskUnavailableError as e:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed or isinstance(e, _OverLimitError):
+                    raise
+                time.sleep(min(wait, remaining))
+                wait = min(wait * 2, self._config.backoff_max)
 
     def _connect(self, timeout: float) -> socket.socket:
         if self._sock is not None:
@@ -237,7 +263,7 @@ class TcpChannel:
             raise TaskUnavailableError(f"{self.task}: cannot reach its tcp transport at {self.address}: {e}") from e
         if status == STATUS_UNAVAILABLE:
             sock.close()
-            raise TaskUnavailableError(f"{self.task}: its tcp transport at {self.address} refused the connection: "
+            raise _OverLimitError(f"{self.task}: its tcp transport at {self.address} refused the connection: "
                                        "it serves as many connections as its limit allows (--tcp-max-connections)")
         if status != STATUS_OK:
             sock.close()
