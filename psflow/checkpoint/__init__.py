@@ -159,7 +159,7 @@ Classes and functions, by file:
 * ``pointer.py`` -- :func:`latest_checkpoint` (the pointer and its fallbacks),
   :func:`incomplete_checkpoints`, the complete checkpoints of a directory; the per-epoch pointer files
   (:func:`~psflow.checkpoint.pointer.effective_pointer`, :func:`~psflow.checkpoint.pointer.publish`);
-  :func:`read_pointer` and :func:`write_pointer`.
+  :func:`write_pointer`.
 * ``save.py`` -- :class:`CheckpointManager` (the save and its fence), :class:`CheckpointSavesFailedError`,
   :class:`FinalCheckpointError`; ``switch.py`` -- the pointer's compare-and-swap and its undo,
   :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`;

@@ -25,7 +25,7 @@ from psflow import jsonio, storage
 from psflow.checkpoint.manifest import MANIFEST_NAME, POINTER_NAME, PREFIX, read_json
 
 __all__ = ["latest_checkpoint", "incomplete_checkpoints", "complete_checkpoints", "checkpoint_dirs", "is_complete",
-           "parse_pointer", "read_pointer", "write_pointer", "effective_pointer", "epoch_files", "publish",
+           "parse_pointer", "write_pointer", "effective_pointer", "epoch_files", "publish",
            "epoch_file", "same_pointer"]
 
 log = logging.getLogger(__name__)
@@ -249,19 +249,6 @@ def parse_pointer(data: bytes | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return parsed if isinstance(parsed, dict) else {}
-
-
-def read_pointer(pointer: str) -> dict[str, Any]:
-    """The pointer file's JSON object, for a writer that holds the directory's mutex: {} when there is no
-    pointer file or it is damaged (the writer replaces it).
-
-    Raises:
-        OSError: the pointer exists but cannot be read.
-    """
-    try:
-        return parse_pointer(storage.read_bytes(pointer))
-    except FileNotFoundError:
-        return {}
 
 
 def write_pointer(pointer: str, data: dict[str, Any]) -> None:
