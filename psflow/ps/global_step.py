@@ -14,8 +14,9 @@ counter to ``max(checkpoint step, floor)`` never hands out a value twice. The
 cost is one small synchronous file write per ``block`` steps; the price is a
 gap of up to ``block`` step values that no push takes after a crash. A
 replicated shard 0's backups keep one too (:meth:`GlobalStep.follow`: their
-primary's values, a block at a time), so a restore after the whole shard was
-lost finds that floor on whichever member it promoted.
+primary's values, a block at a time, and the run its journal names), so a
+restore after the whole shard was lost finds that floor, and that run, on
+whichever member it promoted.
 
 Beside the bound, the journal keeps the exact last value (:attr:`StepJournal.live_path`): each value is
 written there (8 bytes, no fsync) before it is handed out, with the id of the machine's boot. A killed
@@ -271,27 +272,40 @@ class GlobalStep:
         with self._lock:
             self._cover(self._value + 1)
 
+    @property
+    def run(self) -> str | None:
+        """The run the values handed out from now on are for (the newest :meth:`claim`'s; before any, the run the
+        journal named; None: not named). What a replicated shard 0's backups record in their journals too."""
+        return self._run
+
     def claim(self, run: str) -> None:
         """The values handed out from now on are run ``run``'s (the chief's ``Register`` names it): the journal
         says so from now on. Where it named another run, its bound restarts at the counter's value, which is noted
         first as the exact last value, and so does :attr:`floor` (:attr:`floor_run` is then ``run``): another run's
         values are not this run's to go past, not even by a restore at a new generation, which starts from the floor
         ``BeginRestore`` replies. Where it named none (a journal written before runs were named) its bound and floor
-        are kept, as they may be this run's.
+        are kept, as they may be this run's. Without a journal only :attr:`run` changes.
 
         Raises:
             StepJournalError: the journal could not be written.
         """
         with self._lock:
-            if self._journal is None or run == self._run:
-                return
-            bound = max(self._bound, self._value)
-            if self._run is not None:
-                self._journal.note(self._value)
-                bound = self._value
-                self.floor, self.floor_run = self._value, run
-            self._journal.record(bound, run)
-            self._bound, self._run = bound, run
+            self._claim(run)
+
+    def _claim(self, run: str) -> None:
+        """(Under the lock) :meth:`claim`."""
+        if run == self._run:
+            return
+        if self._journal is None:
+            self._run = run
+            return
+        bound = max(self._bound, self._value)
+        if self._run is not None:
+            self._journal.note(self._value)
+            bound = self._value
+            self.floor, self.floor_run = self._value, run
+        self._journal.record(bound, run)
+        self._bound, self._run = bound, run
 
     def _cover(self, value: int) -> None:
         """(Under the lock) records a bound one block past ``value`` if the recorded one is below it."""
@@ -300,17 +314,22 @@ class GlobalStep:
             self._journal.record(bound, self._run)
             self._bound = bound
 
-    def follow(self, value: int) -> None:
+    def follow(self, value: int, *, run: str | None = None) -> None:
         """(A backup of a replicated shard 0, :mod:`psflow.ps.replication`) its primary's counter is at ``value``,
-        each value of which the primary handed out: the recorded bound covers it, one block at a time as
-        :meth:`increment` records it (not a write and fsync per entry, as :meth:`set` would), and the last value is
-        noted. So a backup promoted, then lost with the rest of its shard, restarts with a floor past every value
-        the shard handed out.
+        each value of which the primary handed out for run ``run`` (its :attr:`run`; None: it names none). First the
+        run is claimed as :meth:`claim` does (a journal naming another run, such as a ``--state-dir`` reused from an
+        earlier run, restarts its bound and :attr:`floor` at this counter; one naming none keeps them; None claims
+        nothing); then the recorded bound covers ``value``, one block at a time as :meth:`increment` records it (not
+        a write and fsync per entry, as :meth:`set` would), and the last value is noted. So a backup promoted hands
+        values out for its primary's run, and, lost later with the rest of its shard, restarts with a floor past
+        every value the shard handed out and names the run they were for.
 
         Raises:
-            StepJournalError: a higher bound could not be recorded.
+            StepJournalError: the run or a higher bound could not be recorded.
         """
         with self._lock:
+            if run is not None:
+                self._claim(run)
             self._cover(value)
             if self._journal is not None:
                 self._journal.note(value)

@@ -1,9 +1,10 @@
 """A shard member's whole state as replica entries: the small state every entry carries, the full snapshot
 a joining member starts from, and writing either on a backup.
 
-The small state (:func:`task_state`, JSON): global_step and the clocks, the worker ledger (incarnations,
-reader positions, examples, finished workers), readiness and generation, the sync aggregator's workers
-that left and its counts, the moving averages' step, the dedup table, the counters
+The small state (:func:`task_state`, JSON): global_step and the clocks (with the run global_step hands values out
+for, which a backup of shard 0 records in its journal: :meth:`~psflow.ps.step_clock.StepClock.load_replica_state`),
+the worker ledger (incarnations, reader positions, examples, finished workers), readiness and generation, the sync
+aggregator's workers that left and its counts, the moving averages' step, the dedup table, the counters
 ``pushes_applied``/``pushes_acknowledged``, and the run's end (the workers' ``Done``:
 :meth:`~psflow.ps.run_end.RunLedger.replica_state`). A full entry (:func:`full_entry`) adds the registration (layout,
 optimizer, update mode) and every partition whole: a joining member's snapshot, a checkpoint's load. A
