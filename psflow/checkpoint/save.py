@@ -394,12 +394,12 @@ class CheckpointManager:
         """Every ps task still accepts this chief's epoch (before and, ``current``, after the pointer named ``path``).
 
         Raises:
-            CheckpointFencedError: a ps task refused the epoch (one is enough: it holds a newer chief's epoch,
-                so this chief is deposed, whatever the other tasks said); that refusal is the cause.
-            CheckpointError: no task refused the epoch, but one could not be asked; the cause is a task that
-                could not be reached, if one could not (the saver hook then waits for the next period), else
-                the first error. The message says whether ``path`` was made current (``current``: it was, and
-                stays so).
+            CheckpointFencedError: a ps task's fence refused the epoch (ABORTED, one is enough: it holds a newer
+                chief's epoch, so this chief is deposed, whatever the other tasks said); that refusal is the cause.
+            CheckpointError: no fence refused the epoch, but a task refused it otherwise (a replicated shard's
+                deposed member) or could not be asked; the cause is a task that could not be reached, if one could
+                not (the saver hook then waits for the next period), else the first error. The message says
+                whether ``path`` was made current (``current``: it was, and stays so).
         """
         if self._fence is None:
             return
@@ -416,7 +416,9 @@ class CheckpointManager:
                 errors.append(e)
         if not errors:
             return
-        fenced = [e for e in errors if isinstance(e, FailedPreconditionError)]
+        # only the fence's own refusal (ABORTED): a replicated shard's deposed member refuses too (FAILED_PRECONDITION,
+        # naming its new primary), and no newer chief fenced this one off then
+        fenced = [e for e in errors if isinstance(e, FencedOffError)]
         if fenced:
             raise CheckpointFencedError(f"checkpoint {path} not made current: {'; '.join(refusals)}") from fenced[0]
         unreachable = [e for e in errors if isinstance(e, (TaskUnavailableError, DeadlineExceededError))]
