@@ -72,7 +72,7 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     marks this task ready: the chief finished initializing or restoring it,
     so non-chief clients' ``Register`` calls stop answering "not ready".
     ``meta.generation`` (after a restore) must be the generation this task's
-    ``BeginRestore`` set (else FAILED_PRECONDITION, nothing changed: a deposed
+    ``BeginRestore`` set (else ABORTED, the restore fence, nothing changed: a deposed
     restorer's late ``SetReady`` while a newer restore goes on), and
     ``meta.global_step`` the step a sync run starts over at (see
     :meth:`psflow.ps.sync.SyncAggregator.reset`). The task holding global_step

@@ -21,9 +21,10 @@ A push that carries a generation is refused (FAILED_PRECONDITION, before
 anything is applied) when the task is not ready or holds another generation:
 the worker's data position belongs to a model state that was rewound, so it
 must re-read it first (:mod:`psflow.train.recovery`). A push without one (a
-tool's) is not checked. A ``SetReady`` of a restore is refused the same way
-when the task holds another generation: a deposed restorer's late one would
-open the task in the middle of the newer restore, at the older generation.
+tool's) is not checked. A ``SetReady`` of a restore is refused when the task
+holds another generation (ABORTED, the restore fence, as ``LoadShard``'s below):
+a deposed restorer's late one would open the task in the middle of the newer
+restore, at the older generation.
 A ``SetReady`` with no generation (a chief's after it initialized or restored
 at start) is refused while a restore is in progress: it would open the task in
 the middle of that restore.
@@ -114,10 +115,11 @@ class RestoreGate:
         other effects.
 
         Raises:
-            PreconditionFailed: ``generation`` is not the one this task holds: the ``BeginRestore`` of another
-                restore came since (a newer lease's holder restores; this one was deposed), or the task restarted;
-                or ``generation`` is None (a chief's SetReady at start, no restore of its own) while a restore is in
-                progress: only that restore's SetReady ends it.
+            FencedOff: ``generation`` is not the one this task holds: the ``BeginRestore`` of another restore came
+                since (a newer lease's holder restores; this one was deposed), or the task restarted: the restore
+                fence (ABORTED, as :meth:`check_load`'s refusal of the same restore's load).
+            PreconditionFailed: ``generation`` is None (a chief's SetReady at start, no restore of its own, so no
+                fencing token) while a restore is in progress: only that restore's SetReady ends it.
         """
         with self._lock:
             self._check_open(generation, client)
@@ -159,17 +161,17 @@ class RestoreGate:
             raise PreconditionFailed(f"SetReady from {client} refused: {self.task_name} is being restored at "
                                      f"generation {self._generation} (BeginRestore came since this client registered, "
                                      f"and that restore's own SetReady makes the task ready)")
-        if generation is not None and generation != self._generation:
-            raise PreconditionFailed(f"SetReady of generation {generation} from {client} refused: {self.task_name} "
-                                     f"is at generation {self._generation} (another restore began here since, and "
-                                     f"its own SetReady makes the task ready)")
+        if generation is not None and generation != self._generation:  # the restore fence, as check_load's
+            raise FencedOff(f"SetReady of generation {generation} from {client} refused: {self.task_name} "
+                            f"is at generation {self._generation} (another restore began here since, and "
+                            f"its own SetReady makes the task ready)")
 
     def open(self, generation: int | None = None, client: str = "the chief") -> None:
         """``SetReady``: the chief finished initializing or restoring; after a restore, at ``generation``. Ends a
         restore in progress.
 
         Raises:
-            PreconditionFailed: as :meth:`check_open` (nothing changed).
+            PreconditionFailed: as :meth:`check_open` (FencedOff for a replaced generation; nothing changed).
         """
         with self._lock:
             self._check_open(generation, client)

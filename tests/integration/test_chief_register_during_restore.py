@@ -17,7 +17,7 @@ from two_ps_client import emb_bias_client
 from psflow.optim import OptimizerSpec
 from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, RegisterRequest, SetReadyRequest
 from psflow.ps.registration import register_tasks
-from psflow.rpc.api import FailedPreconditionError
+from psflow.rpc.api import FailedPreconditionError, FencedOffError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -69,9 +69,10 @@ def test_a_deposed_restorers_late_set_ready_leaves_the_newer_restore_in_progress
     for task in (0, 1):
         b.call(task, BeginRestoreRequest(20))
     for task in (1, 0):
-        with pytest.raises(FailedPreconditionError, match=rf"^/job:ps/task:{task}: SetReady: SetReady of generation 10 "
-                                                          rf"from /job:worker/task:1 refused: /job:ps/task:{task} is "
-                                                          r"at generation 20 \(another restore began here since"):
+        # the restore fence (ABORTED), as a late LoadShard's: the restorer tells it from any other refusal
+        with pytest.raises(FencedOffError, match=rf"^/job:ps/task:{task}: SetReady: SetReady of generation 10 "
+                                                 rf"from /job:worker/task:1 refused: /job:ps/task:{task} is "
+                                                 r"at generation 20 \(another restore began here since"):
             a.call(task, SetReadyRequest("/job:worker/task:1", 10, 40))
     assert [(b.ps_stats(t).ready, b.ps_stats(t).generation) for t in (0, 1)] == [(False, 20), (False, 20)]
     b.call(0, LoadShardRequest.build({"emb/part_0": EMB}, {}, {}, ["emb/part_0"], global_step=40, restored_step=40))
@@ -99,8 +100,9 @@ def test_a_restarted_chiefs_set_ready_with_no_generation_leaves_a_restore_in_pro
     for task in (1, 0):
         with pytest.raises(FailedPreconditionError, match=rf"^/job:ps/task:{task}: SetReady: SetReady from "
                                                           rf"/job:worker/task:0 refused: /job:ps/task:{task} is "
-                                                          r"being restored at generation 3"):
+                                                          r"being restored at generation 3") as refused:
             chief.call(task, SetReadyRequest(chief.client_name))
+        assert not isinstance(refused.value, FencedOffError)  # no fencing token: a conflict with the task's state
     assert [(chief.ps_stats(t).ready, chief.ps_stats(t).generation) for t in (0, 1)] == [(False, 3), (False, 3)]
     restorer.call(1, LoadShardRequest.build({"bias/part_0": BIAS}, {}, {}, ["bias/part_0"], restored_step=40))
     for task in (1, 0):

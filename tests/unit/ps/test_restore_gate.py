@@ -13,7 +13,7 @@ from psflow.ps.protocol import LoadShardRequest, RegisterReply, RegisterRequest
 from psflow.ps.restore_gate import RestoreGate
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import PreconditionFailed
+from psflow.rpc.api import FencedOff, PreconditionFailed
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -74,16 +74,32 @@ def test_a_set_ready_of_a_restore_a_newer_one_replaced_is_refused() -> None:
     _register(service, chief)
     service.handlers()["BeginRestore"](Frame({"generation": 10}))  # restorer A
     service.handlers()["BeginRestore"](Frame({"generation": 20}))  # restorer B, the newer lease's holder
-    with pytest.raises(PreconditionFailed, match=r"^SetReady of generation 10 from /job:worker/task:1 refused: "
-                                                 r"/job:ps/task:0 is at generation 20 \(another restore began"):
+    # The restore fence, as a LoadShard of generation 10 is: ABORTED (FencedOff), not FAILED_PRECONDITION.
+    with pytest.raises(FencedOff, match=r"^SetReady of generation 10 from /job:worker/task:1 refused: "
+                                        r"/job:ps/task:0 is at generation 20 \(another restore began"):
         service.handlers()["SetReady"](Frame({"client": "/job:worker/task:1", "generation": 10, "global_step": 5}))
     assert service.gate.restoring and not service.gate.ready and service.gate.generation == 20
     service.handlers()["SetReady"](Frame({"client": "/job:worker/task:2", "generation": 20, "global_step": 5}))
     assert service.gate.ready and service.gate.generation == 20
-    with pytest.raises(PreconditionFailed, match="SetReady of generation 10"):  # nor once B's restore is done
+    with pytest.raises(FencedOff, match="SetReady of generation 10"):  # nor once B's restore is done
         service.handlers()["SetReady"](Frame({"client": "/job:worker/task:1", "generation": 10, "global_step": 5}))
     assert service.gate.ready and service.gate.generation == 20
 
+
+
+def test_a_set_ready_with_no_generation_during_a_restore_is_refused_but_not_fenced() -> None:
+    """A chief's SetReady at start carries no generation (no fencing token): refused while a restore is in
+    progress as any conflict with the task's state is (FAILED_PRECONDITION), not as the restore fence."""
+    vs = VariableSet(replica_device_setter(ps_tasks=1))
+    vs.get_variable("w", (3,))
+    service = ParameterService(0, holds_global_step=True)
+    _register(service, RegisterRequest(tuple(vs.placements()), SGD, SyncConfig(), "/job:worker/task:0", chief=True,
+                                       defer_ready=True))
+    service.handlers()["BeginRestore"](Frame({"generation": 10}))
+    with pytest.raises(PreconditionFailed, match="SetReady from /job:worker/task:0 refused") as refused:
+        service.handlers()["SetReady"](Frame({"client": "/job:worker/task:0"}))
+    assert not isinstance(refused.value, FencedOff)
+    assert service.gate.restoring and service.gate.generation == 10
 
 def _restoring_service() -> ParameterService:
     vs = VariableSet(replica_device_setter(ps_tasks=1))
