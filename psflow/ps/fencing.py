@@ -11,7 +11,7 @@ from typing import Any
 
 from psflow.coord.api import CoordinationBackend, FencedError, Lease, LeaseLostError
 from psflow.ps.protocol import FenceRequest
-from psflow.rpc.api import Channel, FailedPreconditionError, RpcError
+from psflow.rpc.api import Channel, FencedOffError, RpcError
 
 __all__ = ["FencedWriter"]
 
@@ -39,8 +39,9 @@ class FencedWriter:
 
         Raises:
             LeaseLostError: the backend says the lease is no longer held.
-            FencedError: a ps task saw a higher epoch (names the task).
-            RpcError: a ps task could not be reached.
+            FencedError: a ps task's fence saw a higher epoch (its refusal, ABORTED: names the task).
+            RpcError: no fence refused the epoch, but a ps task could not be reached or refused otherwise (a
+                replicated shard's deposed member, naming its new primary: not a newer leader's epoch).
         """
         if self._backend is not None and not self._backend.is_held(self.lease):
             raise LeaseLostError(f"{self.lease.candidate}: lease on {self.lease.election!r} "
@@ -52,7 +53,7 @@ class FencedWriter:
         for call in pending:  # every call collected, even after a failure
             try:
                 call.result()
-            except FailedPreconditionError as e:
+            except FencedOffError as e:  # only the fence's own refusal: its status, not its text or a wider type
                 refusals.append(str(e))
             except RpcError as e:
                 error = error or e

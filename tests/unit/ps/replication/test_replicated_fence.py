@@ -17,7 +17,7 @@ from psflow.ps.control_routes import ControlRouter
 from psflow.ps.failover import ShardRouter
 from psflow.ps.fencing import FencedWriter
 from psflow.ps.protocol import FenceRequest, JoinRequest
-from psflow.rpc.api import FailedPreconditionError, TaskUnavailableError
+from psflow.rpc.api import FailedPreconditionError, FencedOffError, TaskUnavailableError
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -118,17 +118,21 @@ def test_a_fence_its_backup_did_not_acknowledge_in_time_is_answered_unavailable(
 
 def test_the_new_chiefs_fence_reaches_the_shards_new_primary(shard: InProcessShard) -> None:
     """The chief fences every shard when it is elected (psflow/train/worker.py). Sent to the member its client
-    last knew as primary, now deposed, the Fence is refused (above), which the FencedWriter reads as fenced;
-    through the ControlRouter's channels it reaches the new primary, which records the token."""
+    last knew as primary, now deposed, the Fence is refused (above): not by the fence (no newer chief's epoch was
+    seen), so the FencedWriter raises that refusal, not FencedError; through the ControlRouter's channels it
+    reaches the new primary, which records the token, and refuses an older chief's epoch as fenced."""
     _deposed(shard)  # the old primary does not know yet
     lease = Lease("chief", "/job:worker/task:1", "/job:worker/task:1#1", 9, 10.0, time.monotonic() + 10)
-    with pytest.raises(FencedError, match="deposed"):
+    with pytest.raises(FailedPreconditionError, match="deposed") as refused:
         FencedWriter({0: Link(shard, PRIMARY)}, lease).check()  # the route the data client last followed
+    assert not isinstance(refused.value, FencedOffError)
     router = ShardRouter(shard.cluster, lambda task, address: Link(shard, task), client_name=WORKERS[1],
                          failover_timeout=0.3, status_timeout=1.0)
     control = ControlRouter(router)
     FencedWriter(control.channels(wait=5.0), lease).check()
     assert shard.services[backup(0)].fence.highest() == 9
+    with pytest.raises(FencedError, match="epoch 8 refused: 'chief' is fenced at epoch 9"):
+        FencedWriter(control.channels(wait=5.0), dataclasses.replace(lease, epoch=8)).check()  # a deposed chief
     control.close()
     # The old primary rebuilt as the new one's backup: it would take a Fence as done (a backup serves it as
     # an unreplicated task), so a router that still routes there asks the members first.
