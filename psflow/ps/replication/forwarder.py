@@ -21,8 +21,11 @@ Guarantees:
 * :meth:`Forwarder.wait` returns when every backup of the current view acknowledged the entry; after
   ``replica_timeout`` it raises UNAVAILABLE naming the backup and the shard. The sender keeps trying; the
   primary never drops a backup on its own (only ``DropBackup`` or the backup's ``Join`` change the view).
-* A member that refuses the entries as ``deposed`` (it knows a higher epoch) is reported through
-  ``on_deposed``.
+* A member that refuses the entries by the epoch's fence (ABORTED, :class:`~psflow.rpc.api.FencedOffError`: it
+  knows a higher epoch, :meth:`~psflow.ps.replication.view.ViewState.check_entries`) is reported through
+  ``on_deposed``, without the retry's warning (the deposed member logs its one line); any other refusal (one whose
+  text says "deposed" too: the member was itself deposed and rebuilds from this primary) is retried, with one
+  warning.
 * :meth:`Forwarder.hold` (a member joining is within a few entries of the newest) makes new entries wait,
   for at most the seconds given, so the member can ack the newest one and enter the view even under
   continuous pushes; :meth:`Forwarder.release` (it entered) lets them go.
@@ -38,7 +41,7 @@ from collections.abc import Callable
 
 from psflow.ps.protocol import ReplicaEntry, ReplicateReply, ReplicateRequest
 from psflow.ps.replication.chunks import entry_bytes, split
-from psflow.rpc.api import Channel, FailedPreconditionError, PreconditionFailed, RpcError, Unavailable
+from psflow.rpc.api import Channel, FencedOffError, PreconditionFailed, RpcError, Unavailable
 
 __all__ = ["BackupSender", "Forwarder"]
 
@@ -189,8 +192,8 @@ class BackupSender:
                 meanwhile()
                 answer = pending.result()
             reply = ReplicateReply.from_frame(answer)
-        except FailedPreconditionError as e:
-            error, deposed = str(e), "deposed" in str(e)  # deposed: the one line this primary logs says so
+        except FencedOffError as e:  # the epoch's fence, told by its status: the one line this primary logs says so
+            error, deposed = str(e), True
         except (RpcError, OSError) as e:
             error = str(e)
         with self._cond:

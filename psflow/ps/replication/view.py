@@ -2,8 +2,10 @@
 
 Rules (issue 28's design, :mod:`psflow.ps.replication`):
 
-* The epoch only grows. A member refuses entries (``Replicate``) of an epoch older than its own with
-  FAILED_PRECONDITION starting ``deposed``, naming the primary and epoch it knows.
+* The epoch only grows. A member refuses entries (``Replicate``) of an epoch older than its own with ABORTED
+  (:class:`~psflow.rpc.api.FencedOff`: the epoch is the shard's fencing token) starting ``deposed``, naming the
+  primary and epoch it knows: the sender tells by that status that it may be deposed
+  (:mod:`psflow.ps.replication.forwarder`), never by the text.
 * ``Promote(expected_epoch)`` is a compare-and-set: accepted by a member with state whose epoch equals
   ``expected_epoch``; it becomes primary at ``expected_epoch + 1``. Asked again, a member already primary at
   ``expected_epoch + 1`` answers its status (idempotent). Anything else: FAILED_PRECONDITION naming the
@@ -24,7 +26,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, replace
 
-from psflow.rpc.api import PreconditionFailed
+from psflow.rpc.api import FencedOff, PreconditionFailed
 
 __all__ = ["PRIMARY", "BACKUP", "JOINING", "DEPOSED", "View", "ViewState"]
 
@@ -162,13 +164,14 @@ class ViewState:
         moves on to it).
 
         Raises:
-            PreconditionFailed: ``deposed: ...``, the entries are of an older epoch, or the member is a primary.
+            FencedOff: ``deposed: ...``: the entries are of an older epoch, or of this epoch while this member is its
+                primary (ABORTED: the sender's epoch superseded here; it asks who is primary, deposed.py).
         """
         with self._lock:
             view = self._view
             if epoch < view.epoch or (epoch == view.epoch and view.role == PRIMARY and primary != self.task):
-                raise PreconditionFailed(f"deposed: shard {self.shard}'s primary is {view.primary} at epoch "
-                                         f"{view.epoch}; entries of {primary} at epoch {epoch} refused")
+                raise FencedOff(f"deposed: shard {self.shard}'s primary is {view.primary} at epoch "
+                                f"{view.epoch}; entries of {primary} at epoch {epoch} refused")
             if epoch > view.epoch or view.primary != primary:
                 self._view = replace(view, epoch=epoch, primary=primary)
             return self._view
