@@ -27,7 +27,11 @@ fields below are those messages'):
     with no restore in progress (a chief died while initializing it or
     restoring it at start, which sends no ``BeginRestore``) initializes again; during a restore (``BeginRestore`` until ``SetReady``)
     it creates nothing and replies ``{"created": false, "ready": false}``,
-    so what ``LoadShard`` loaded stays. Idempotent otherwise.
+    so what ``LoadShard`` loaded stays. Idempotent otherwise. On the task holding
+    global_step a chief's ``step_run`` (its run id) is recorded in the global_step
+    journal; a journal that cannot be written refuses the call with FAILED_PRECONDITION
+    naming the task and the file (one ERROR line here, no traceback; the variables it
+    created stay, not ready, as after a chief that died before its ``SetReady``).
 ``SaveShard``, ``LoadShard``, ``SetReady``, ``ReaderPositions``, ``CheckpointStatus``
     checkpoints and the chief's protocol: :mod:`psflow.ps.checkpointing`.
     A push whose meta has ``worker`` and ``position`` (ReaderPosition JSON)
@@ -133,7 +137,7 @@ from psflow.coord.fence import FenceGuard
 from psflow.ps.averages import MovingAverages
 from psflow.ps.checkpointing import CheckpointHandlers
 from psflow.ps.counters import ServiceCounters
-from psflow.ps.global_step import GlobalStep, StepJournal
+from psflow.ps.global_step import GlobalStep, StepJournal, StepJournalError
 from psflow.ps.protocol import (
     Ack,
     FenceReply,
@@ -162,7 +166,7 @@ from psflow.ps.store import ParameterStore, PartitionState, StoreError
 from psflow.ps.update_mode import UpdateMode
 from psflow.ps.variable_store import VariableStore
 from psflow.ps.worker_ledger import WorkerLedger
-from psflow.rpc.api import FencedOff, Handler, InvalidRequest, Reply
+from psflow.rpc.api import FencedOff, Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
 __all__ = ["ParameterService"]
@@ -307,11 +311,25 @@ class ParameterService:
         made = self.variables.register(request, ready=lambda: self.gate.ready, restoring=lambda: self.gate.restoring,
                                        created=created)
         if request.chief and request.run is not None and self.clock.global_step is not None:
-            self.clock.global_step.claim(request.run)  # the values handed out from now on are this run's
+            self._claim(self.clock.global_step, request.run, request.client)
         # A new process: its earlier one's save is over; the saving process's own (again) ends nothing (save_hold).
         self.mode.registered(request.client, request.incarnation)
         return _reply(RegisterReply(made, self.gate.ready if self.variables.registered else False,
                                     self.variables.init_count))
+
+    def _claim(self, step: GlobalStep, run: str, client: str) -> None:
+        """The values handed out from now on are run ``run``'s (its chief ``client`` registered).
+
+        Raises:
+            PreconditionFailed: the global_step journal cannot be written (names this task and the file): the
+                user's disk or directory, not a bug, so one line here and to the chief, no traceback.
+        """
+        try:
+            step.claim(run)
+        except StepJournalError as e:
+            log.error("%s: Register of %s (run %s) refused: %s", self.task_name, client, run, e)
+            raise PreconditionFailed(f"{e}; run {run} not registered: {self.task_name} must record it there before "
+                                     "it hands out the run's global_step values") from e
 
     # ---- Pull -----------------------------------------------------------------------------------------
     def pull(self, frame: Frame) -> Reply:
