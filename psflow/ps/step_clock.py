@@ -65,23 +65,23 @@ class StepClock:
 
     def replica_state(self) -> dict[str, int | str | None]:
         """What a replicated shard's backup needs to hold this clock (:mod:`psflow.ps.replication`): the counts,
-        and ``step_run``, the run global_step hands values out for (:attr:`~psflow.ps.global_step.GlobalStep.run`;
+        and ``journal_run``, the run global_step hands values out for (:attr:`~psflow.ps.global_step.GlobalStep.run`;
         None: none named, or not the task holding global_step)."""
         step = self.global_step
         return {"global_step": step.value if step is not None else None, "sync_step": self._sync_step.value,
-                "heard": self._heard, "step_run": step.run if step is not None else None}
+                "heard": self._heard, "journal_run": step.run if step is not None else None}
 
     def load_replica_state(self, state: dict[str, int | str | None]) -> None:
         """Sets this clock to ``state`` (a :meth:`replica_state` of the shard's primary). global_step follows the
         primary's (:meth:`~psflow.ps.global_step.GlobalStep.follow`): its journal names the primary's run from
-        then on, as the primary's does (a state without ``step_run``, of an older primary: the journal's run is
+        then on, as the primary's does (a state without ``journal_run``, of an older primary: the journal's run is
         kept), and bounds the primary's values.
 
         Raises:
             StepJournalError: global_step's journal could not be written.
         """
         step, sync_step, heard = state.get("global_step"), state.get("sync_step"), state.get("heard")
-        run = state.get("step_run")
+        run = state.get("journal_run")
         if isinstance(step, int) and self.global_step is not None:  # its journal bounds the primary's values too
             self.global_step.follow(step, run=run if isinstance(run, str) else None)
         if isinstance(sync_step, int) and self._sync_step is not self.global_step:

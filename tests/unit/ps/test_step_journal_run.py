@@ -127,14 +127,14 @@ def _run_a_journal(path: Path, *, value: int = 25) -> None:
 
 def test_the_clock_s_replica_state_names_the_run_its_global_step_hands_values_out_for(tmp_path: Path) -> None:
     clock = StepClock(holds_global_step=True, journal=_journal(tmp_path))
-    assert clock.global_step is not None and clock.replica_state()["step_run"] is None
+    assert clock.global_step is not None and clock.replica_state()["journal_run"] is None
     clock.global_step.claim("run-b")
-    assert clock.replica_state()["step_run"] == "run-b"
+    assert clock.replica_state()["journal_run"] == "run-b"
     unjournaled = StepClock(holds_global_step=True)  # ps task 0 without --state-dir: its backups still learn the run
     assert unjournaled.global_step is not None
     unjournaled.global_step.claim("run-b")
-    assert unjournaled.global_step.run == "run-b" and unjournaled.replica_state()["step_run"] == "run-b"
-    assert StepClock(holds_global_step=False).replica_state()["step_run"] is None
+    assert unjournaled.global_step.run == "run-b" and unjournaled.replica_state()["journal_run"] == "run-b"
+    assert StepClock(holds_global_step=False).replica_state()["journal_run"] is None
 
 
 def test_a_backup_following_another_run_s_primary_names_its_run_and_starts_its_floor_over(tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ def test_a_backup_following_another_run_s_primary_names_its_run_and_starts_its_f
 def test_a_backup_s_journal_naming_no_run_keeps_its_bound_and_names_the_primary_s_run(tmp_path: Path) -> None:
     (tmp_path / "global_step.json").write_text(json.dumps({"bound": 40}))
     backup = StepClock(holds_global_step=True, journal=_journal(tmp_path))
-    backup.load_replica_state({"global_step": 2, "sync_step": 2, "heard": None, "step_run": "run-b"})
+    backup.load_replica_state({"global_step": 2, "sync_step": 2, "heard": None, "journal_run": "run-b"})
     assert json.loads((tmp_path / "global_step.json").read_text()) == {"bound": 40, "run": "run-b"}
     assert backup.global_step is not None and (backup.global_step.floor, backup.global_step.floor_run) == (40, None)
 
