@@ -95,8 +95,11 @@ its own epoch's file ``checkpoint.e<E>``, which no other chief writes, and
 readers follow the newest epoch file of the pointer's run
 (:func:`~psflow.checkpoint.pointer.effective_pointer`): the stopped chief,
 resumed, writes only its older epoch's file, finds the newer one deciding and
-is fenced off. Past the mutex nothing is deleted (no rotation, no leftovers
-removed): the next save holding it does that. A
+is fenced off. Past the mutex a save still rotates, deleting less: only
+complete checkpoints of its own run and lineage, of its epoch or an older one,
+that no pointer file names (:mod:`psflow.checkpoint.rotation`), and leftovers
+whose writer is certainly gone (:mod:`psflow.checkpoint.leftovers`); the next
+save holding it deletes the rest. A
 chief that finds a checkpoint of the last step current marks it final
 (:meth:`CheckpointManager.mark_final`) under its own epoch: the
 pointer is rewritten with that epoch, so the chief that wrote it, fenced
@@ -170,7 +173,9 @@ Classes and functions, by file:
   ``--save-timeout``, the store stuck; ``daemon_calls.py`` -- :func:`~psflow.checkpoint.daemon_calls.in_daemon_threads`:
   a save's shard writes side by side, none of them waited for at the process's exit.
 * ``naming.py`` -- a checkpoint's directory name, the global_step it holds (:func:`rename_after_step`).
-* ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`).
+* ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`; past the mutex
+  :func:`~psflow.checkpoint.rotation.deletable_unheld`); ``leftovers.py`` -- whether a save's writer is
+  certainly gone (:func:`~psflow.checkpoint.leftovers.writer_gone`), the ``.creating-*`` leftovers.
 * ``adopt.py`` -- :func:`adopt_latest`: a restoring chief takes the checkpoint it reads over with its epoch
   (:func:`checkpoint_to_restore`: when it has a lease and the run id).
 * ``ledger.py`` -- :func:`checkpoint_status` (the cluster's ledger), :class:`SaveStatusWatcher`

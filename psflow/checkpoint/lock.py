@@ -70,7 +70,9 @@ written and made current. It is safe because such a chief writes the pointer
 through its own epoch's file ``checkpoint.e<epoch>`` (one writer per file;
 :mod:`psflow.checkpoint.pointer`), which readers follow over the shared
 ``checkpoint``: the stopped holder, resumed, cannot replace it. Past the mutex
-it deletes nothing (no rotation, no leftovers) and writes no lock file.
+it writes no lock file and deletes only what is safe without it: its own run's
+older-epoch checkpoints no pointer file names (:mod:`psflow.checkpoint.rotation`)
+and leftovers of writers certainly gone (:mod:`psflow.checkpoint.leftovers`).
 """
 
 from __future__ import annotations
@@ -163,7 +165,8 @@ def directory_mutex(directory: str, *, timeout: float | None = None, what: str =
         may_pass: for a chief holding a lease epoch (its pointer writes are per-epoch files, see
             :mod:`psflow.checkpoint.pointer`): past the wait, the block runs without the mutex and gets False
             (one WARNING); later such waits on this directory in this process last at most 1 s, until the
-            mutex is had again. The caller then writes nothing another writer may be writing and deletes nothing.
+            mutex is had again. The caller then writes nothing another writer may be writing and deletes only
+            what is safe without the mutex (:mod:`psflow.checkpoint.rotation`).
 
     Raises:
         error: another process held it for ``timeout`` s (a process stopped inside it), unless ``may_pass``.
@@ -211,8 +214,8 @@ def _passed(directory: str, what: str, timeout: float) -> bool:
     if directory not in _PASSED:
         _PASSED.add(directory)
         log.warning("%s %s: another process held its lock for %.0f s (stopped inside a save?); going on past it: "
-                    "this process writes only its own epoch's pointer file and deletes nothing there but its own "
-                    "lock file", what, directory, timeout)
+                    "this process writes only its own epoch's pointer file and deletes only its own run's older "
+                    "checkpoints that no pointer names and leftovers of writers that are gone", what, directory, timeout)
     return False
 
 

@@ -4,12 +4,45 @@ Read from the directory, never from the pointer (which may be missing, damaged o
 it): a save keeps its own checkpoint and the newest ``max_to_keep - 1`` other complete checkpoints of its
 lineage (by global_step, then save time) and deletes only checkpoints of its own lineage, and leftovers of
 crashed saves; a save in progress of a newer epoch of the same run is never touched. Called under the
-directory's mutex (:func:`~psflow.checkpoint.lock.directory_mutex`).
+directory's mutex (:func:`~psflow.checkpoint.lock.directory_mutex`), or past it deleting less (below).
 
 Incremental checkpoints (:mod:`psflow.checkpoint.chain`): ``max_to_keep`` counts restorable checkpoints
 (full ones and increments alike); every checkpoint a kept increment's chain needs (its base, the base's
 base, ... back to its full checkpoint) is kept too, beyond ``max_to_keep``, so rotation never deletes a full
 checkpoint or an increment that a kept checkpoint still needs.
+
+Past the mutex (:func:`delete_old` with ``held`` False: a chief of lease epoch E went on past a mutex kept by a
+process stopped inside it, maybe for good, or by one holding the ``flock`` on a network filesystem), a save still
+rotates, so checkpoints do not pile up, but deletes only a checkpoint (:func:`deletable_unheld`) that is
+
+    (a) of its own run and its own lineage (its manifest's ``run`` and ``lineage``, and its writer file's run);
+    (b) complete (its manifest readable);
+    (c) written at epoch E or an older one (its manifest's and its writer file's; never a newer epoch's, nor one
+        without an epoch);
+    (d) not in ``kept``;
+    (e) not named (``latest``) by ``checkpoint`` nor by any epoch file ``checkpoint.e<N>``, nor listed in the
+        ``all`` of the pointer that decides, nor the base (recursively) of any of these or of a kept increment;
+        the pointer files are read again right before each deletion.
+
+Why this is safe against the stopped holder resuming mid-save: every such chief writes only into its own
+checkpoint's directory, and it is of an older epoch (a newer one's holder decides; the ps tasks refuse an older
+fence). Resumed, it may (1) finish creating or writing its own directory: (b) keeps an incomplete one; (2) finish
+its switch: its pointer, written after this chief's epoch file, never decides (:mod:`psflow.checkpoint.pointer`),
+and its checkpoint, if this chief deleted it as complete-and-older before that switch, makes the switch fail as
+fenced off (:func:`~psflow.checkpoint.switch.switch_pointer`): a checkpoint it is about to publish is complete
+and older, but it can never become the one readers follow, since this chief's epoch file already decides; one it
+published before this chief's switch is named by its epoch file, kept by (e); (3) rotate under the mutex it
+holds: its own :func:`deletable` never lists a newer epoch's checkpoint, and two deleters of one old checkpoint
+are fine (each removal tolerates the other's); (4) undo its fenced switch or remove its fenced checkpoint: only
+its own. Readers (a restore, the evaluator, an export) hold no lock: under the mutex, a rotation deletes whatever
+is not in ``kept`` (the newest ``max_to_keep`` of the lineage and their bases), the one a reader is reading too;
+past it, the set deleted is a subset of what the held rotation would delete (it adds (a), (c) and (e)), so the
+guarantee is the same, and a checkpoint any pointer file names is never deleted. Checkpoints of other runs, of
+other lineages and without an epoch are left to a save that holds the mutex.
+
+Leftovers past the mutex (:func:`remove_leftovers`, ``held`` False): an incomplete ``ckpt-*`` of this run or
+lineage whose writer is certainly gone, and ``.creating-*`` directories as :mod:`psflow.checkpoint.leftovers`
+says; under the mutex also what :func:`deletable` lists incomplete.
 """
 
 from __future__ import annotations
@@ -19,11 +52,12 @@ import os
 from collections.abc import Collection
 
 from psflow import storage
+from psflow.checkpoint.leftovers import remove_creating, writer_gone
 from psflow.checkpoint.lock import directory_mutex
-from psflow.checkpoint.manifest import INCREMENT, MANIFEST_NAME, WRITER_NAME, lineage_of, read_json
-from psflow.checkpoint.pointer import checkpoint_dirs, complete_checkpoints, is_complete
+from psflow.checkpoint.manifest import INCREMENT, MANIFEST_NAME, POINTER_NAME, WRITER_NAME, lineage_of, read_json
+from psflow.checkpoint.pointer import checkpoint_dirs, complete_checkpoints, effective_pointer, epoch_files, is_complete
 
-__all__ = ["kept_after", "deletable", "delete_old", "killed_while_created", "remove_leftovers"]
+__all__ = ["kept_after", "deletable", "deletable_unheld", "delete_old", "killed_while_created", "remove_leftovers"]
 
 log = logging.getLogger("psflow.checkpoint")
 
@@ -79,27 +113,84 @@ def deletable(directory: str, run_id: str, lineage: str, epoch: int | None, keep
     return out
 
 
-def remove_leftovers(directory: str, run_id: str, lineage: str, epoch: int | None) -> set[str]:
-    """Removes the leftovers of crashed saves (directories without a manifest) among what :func:`deletable` lists
-    for a save of run ``run_id``; the caller holds the directory's mutex. Returns the names removed."""
-    removed = set()
-    for stale in deletable(directory, run_id, lineage, epoch, keep=()):
-        if not is_complete(stale):
-            storage.remove_tree(stale, ignore_errors=True)
-            removed.add(os.path.basename(stale))
+def remove_leftovers(directory: str, run_id: str, lineage: str, epoch: int | None, *, held: bool = True) -> set[str]:
+    """Removes the leftovers of crashed saves for a save of run ``run_id`` at lease ``epoch``; returns the names
+    removed. ``held`` (the caller holds the directory's mutex): the directories without a manifest among what
+    :func:`deletable` lists. Past it: those of this run or ``lineage`` whose writer is certainly gone
+    (:func:`~psflow.checkpoint.leftovers.writer_gone`). Either way, the ``.creating-*`` directories
+    :func:`~psflow.checkpoint.leftovers.remove_creating` may remove."""
+    removed = remove_creating(directory, run_id, epoch, held=held)
+    if held:
+        stale = [p for p in deletable(directory, run_id, lineage, epoch, keep=()) if not is_complete(p)]
+    else:
+        stale = [p for p in checkpoint_dirs(directory) if not is_complete(p) and _gone_writer_of(p, run_id, lineage)]
+    for path in stale:
+        storage.remove_tree(path, ignore_errors=True)
+        removed.add(os.path.basename(path))
     return removed
+
+
+def _gone_writer_of(path: str, run_id: str, lineage: str) -> bool:
+    writer = read_json(os.path.join(path, WRITER_NAME))
+    return (writer is not None and (writer.get("run_id") == run_id or writer.get("lineage") == lineage)
+            and writer_gone(writer))
 
 
 def delete_old(directory: str, run_id: str, kept: list[str], lineage: str, epoch: int | None) -> None:
     """Deletes, under the directory's mutex, what :func:`deletable` lists beside ``kept``. With an ``epoch``,
-    past a mutex held too long, nothing is deleted (logged): the next save that holds it rotates."""
+    past a mutex held too long: what :func:`deletable_unheld` lists (see the module docstring), each checked
+    again against the pointer files right before its deletion."""
     with directory_mutex(directory, may_pass=epoch is not None) as held:
-        if not held:
-            log.info("checkpoint directory %s: old checkpoints not rotated (its mutex not held); the next save does",
-                     directory)
+        if held:
+            for path in deletable(directory, run_id, lineage, epoch, keep=kept):
+                storage.remove_tree(path, ignore_errors=True)
             return
-        for path in deletable(directory, run_id, lineage, epoch, keep=kept):
+        if epoch is None:
+            return  # (not reached: directory_mutex raised, a writer without an epoch never goes past it)
+        gone = []
+        for path in deletable_unheld(directory, run_id, lineage, epoch, kept):
+            if os.path.basename(path) in _protected(directory, kept):  # a pointer file written meanwhile
+                continue
             storage.remove_tree(path, ignore_errors=True)
+            gone.append(os.path.basename(path))
+        if gone:
+            log.info("checkpoint directory %s: rotated past its mutex (held by another process): deleted %s",
+                     directory, ", ".join(gone))
+
+
+def deletable_unheld(directory: str, run_id: str, lineage: str, epoch: int, kept: Collection[str]) -> list[str]:
+    """The checkpoints a save of run ``run_id`` at lease ``epoch`` may delete past the directory's mutex: (a) to (e)
+    of the module docstring, the pointer files read once here."""
+    protected = _protected(directory, kept)
+    return [path for path in checkpoint_dirs(directory)
+            if os.path.basename(path) not in protected and _older_and_ours(path, run_id, lineage, epoch)]
+
+
+def _older_and_ours(path: str, run_id: str, lineage: str, epoch: int) -> bool:
+    """(a) to (c): complete, of run ``run_id`` and ``lineage``, written at ``epoch`` or an older one (its manifest
+    and its writer file agree)."""
+    manifest = read_json(os.path.join(path, MANIFEST_NAME))
+    writer = read_json(os.path.join(path, WRITER_NAME))
+    if manifest is None or writer is None or manifest.get("lineage") != lineage:
+        return False
+    run = manifest.get("run")
+    for record in (run if isinstance(run, dict) else {}, writer):
+        theirs = record.get("epoch")
+        if record.get("run_id") != run_id or type(theirs) is not int or theirs > epoch:
+            return False
+    return True
+
+
+def _protected(directory: str, kept: Collection[str]) -> set[str]:
+    """(d) and (e): ``kept``, what ``checkpoint`` and every epoch file name, the deciding pointer's ``all``, and
+    the bases of all of these."""
+    names = set(kept)
+    for data in (read_json(os.path.join(directory, POINTER_NAME)), *epoch_files(directory)):
+        if data is not None and isinstance(data.get("latest"), str):
+            names.add(data["latest"])
+    listed = (effective_pointer(directory)[0] or {}).get("all")
+    names.update(n for n in (listed if isinstance(listed, list) else []) if isinstance(n, str))
+    return _with_bases(directory, names)
 
 
 def killed_while_created(path: str) -> bool:

@@ -24,7 +24,6 @@ import functools
 import hashlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -34,6 +33,7 @@ from typing import Any
 
 from psflow import jsonio, storage
 from psflow.checkpoint.daemon_calls import in_daemon_threads
+from psflow.checkpoint.leftovers import CREATING_PREFIX, writer_identity
 from psflow.checkpoint.lock import CheckpointDirLock, directory_mutex, new_run_id
 from psflow.checkpoint.manifest import (
     INCREMENT,
@@ -218,7 +218,8 @@ class CheckpointManager:
         off on its re-check no longer puts its previous pointer back nor removes ``path``: the checkpoint
         another chief took as the run's final one stays. The manifest is replaced whole (write, fsync,
         rename): a reader sees the old or the new one, both valid. Leftovers of this lineage's crashed saves are
-        removed, as a save removes them (a resumed run that ends saving nothing leaves none). Idempotent.
+        removed, as a save removes them (a resumed run that ends saving nothing leaves none; past the mutex only
+        those of writers certainly gone). Idempotent.
 
         Raises:
             CheckpointFencedError: the pointer was written by a newer epoch of this run.
@@ -243,8 +244,8 @@ class CheckpointManager:
             if not manifest.final:
                 storage.write_atomically(os.path.join(path, MANIFEST_NAME),
                                          replace(manifest, final=True).to_json().encode())
-            if manifest.lineage is not None and held:  # as a save would have: a run that ends saving nothing leaves none
-                remove_leftovers(self.directory, self.run_id, manifest.lineage, epoch)
+            if manifest.lineage is not None:  # as a save would have: a run that ends saving nothing leaves none
+                remove_leftovers(self.directory, self.run_id, manifest.lineage, epoch, held=held)
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
               epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
@@ -254,11 +255,11 @@ class CheckpointManager:
         storage.makedirs(self.directory)
         lineage = self._lineage(client)
         writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
-                  "writer": client.client_name, "host": socket.gethostname(), "pid": os.getpid()}
+                  "writer": client.client_name, **writer_identity()}  # (host, pid: whether it is gone)
         with directory_mutex(self.directory, may_pass=epoch is not None) as held:
-            # Without the mutex (passed by a newer epoch) nothing is removed, and the directory gets a name no one else
-            # takes (see _create).
-            removed = remove_leftovers(self.directory, self.run_id, lineage, epoch) if held else set()
+            # Without the mutex (passed by a newer epoch) only the leftovers of writers certainly gone are removed,
+            # and the directory gets a name no one else takes (see _create).
+            removed = remove_leftovers(self.directory, self.run_id, lineage, epoch, held=held)
             # Never a name just removed: that "leftover" may be an older chief's save still going on (its lease
             # lived on in its own view), which would write its files into this save's directory, then remove it.
             # Renamed after the manifest's step once the shards are in.
@@ -302,13 +303,15 @@ class CheckpointManager:
         Under the mutex: made, then the writer file written (a directory without one, seen under the mutex, is a
         leftover of a save killed in between: see rotation.deletable). Without it (``held`` False), it is built
         under a hidden name and renamed to ``path`` once its writer file is in, so a stopped holder, resumed,
-        never sees it without one. An object store has no directories: the writer file makes it.
+        never sees it without one; one killed meanwhile leaves ``.creating-*``, removed once its writer is
+        certainly gone (:mod:`psflow.checkpoint.leftovers`). An object store has no directories: the writer file
+        makes it.
         """
         body = jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode()
         if storage.is_remote(path):
             storage.write_atomically(os.path.join(path, WRITER_NAME), body)
             return path
-        building = path if held else os.path.join(self.directory, f".creating-{os.getpid()}-{time.time_ns()}")
+        building = path if held else os.path.join(self.directory, f"{CREATING_PREFIX}{os.getpid()}-{time.time_ns()}")
         os.makedirs(building)
         try:
             storage.write_atomically(os.path.join(building, WRITER_NAME), body)

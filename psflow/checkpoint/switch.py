@@ -74,9 +74,9 @@ def switch_pointer(directory: str, data: dict[str, Any], *, max_to_keep: int) ->
     other chief writes.
 
     Raises:
-        CheckpointFencedError: the pointer was written by a newer epoch of this run (read before, or found
-            deciding after this chief's write).
-        CheckpointError: the new checkpoint is no longer complete.
+        CheckpointFencedError: the pointer was written by a newer epoch of this run (read before, found deciding
+            after this chief's write, or when the new checkpoint is found deleted: that chief rotated it away).
+        CheckpointError: the new checkpoint is no longer complete (and no newer epoch's pointer decides).
     """
     name, epoch = data["latest"], data.get("epoch")
     pointer = os.path.join(directory, POINTER_NAME)
@@ -85,6 +85,10 @@ def switch_pointer(directory: str, data: dict[str, Any], *, max_to_keep: int) ->
         refuse_newer_epoch(previous or {}, pointer, run_id=data["run_id"], epoch=epoch,
                            refused=f"checkpoint {name} not made current")
         if not is_complete(os.path.join(directory, name)):
+            # A newer chief past the mutex rotates an older epoch's complete checkpoints it does not keep: this
+            # one, while this chief was stopped after its check above. Its epoch file decides now: fenced off.
+            refuse_newer_epoch(effective_pointer(directory)[0] or {}, pointer, run_id=data["run_id"], epoch=epoch,
+                               refused=f"checkpoint {name} not made current (deleted by a newer chief's rotation)")
             raise CheckpointError(f"checkpoint {os.path.join(directory, name)} was deleted before it was made current")
         kept = kept_after(directory, name, data["lineage"], max_to_keep)
         data = dict(data, all=kept)

@@ -147,7 +147,7 @@ def test_a_newer_chiefs_final_save_goes_past_a_chief_stopped_inside_the_switch(
     assert json.loads((tmp_path / "checkpoint").read_text()) == json.loads((tmp_path / "checkpoint.e7").read_text())
     names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("ckpt-", ".creating")))
     assert Path(new.path).name in names and all(not n.startswith(".creating") for n in names), names
-    assert Path(first.path).exists()  # (the successor did not hold the mutex: it rotated nothing)
+    assert Path(first.path).exists()  # (past the mutex: checkpoint.e5 named it when the successor rotated)
     assert len(names) == 2, names  # the old chief's fenced save is gone
 
 

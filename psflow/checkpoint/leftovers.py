@@ -1,0 +1,97 @@
+"""Leftovers of saves that did not finish, and when a save may remove them: whether their writer is certainly gone.
+
+A save's writer file (``writer.json``) names the writing process as a lock file does (:func:`writer_identity`):
+``host``, ``pid``, ``pid_start`` (its start time in clock ticks since boot), ``boot_id`` and ``pid_ns``.
+:func:`writer_gone` is True only when all of them are recorded, the host, boot and pid namespace are this
+process's, and that pid is gone, a zombie, or another process now (its start time differs): a reused pid is never
+taken for the writer, and a writer on another host, of another boot (possibly another machine of the same name)
+or pid namespace, or whose file lacks a field (an older psflow's) is never judged gone.
+
+``.creating-<pid>-<ns>`` directories (:func:`remove_creating`): a chief with a lease epoch that went past the
+directory's mutex (:func:`~psflow.checkpoint.lock.directory_mutex`'s ``may_pass``) builds its save's directory
+under that hidden name, writes its writer file into it and renames it to ``ckpt-<step>-<ns>``; one killed in
+between leaves it behind. Nothing else ever writes into it (the shards are written after the rename) and no
+reader looks at it. It is removed:
+
+    * at any save, under the mutex or past it, when its writer is certainly gone;
+    * under the mutex, also when its writer file names the saving run and an epoch older than the saver's: that
+      writer, if alive, is a deposed chief (epochs only grow) whose save cannot be made current (the newer
+      epoch's pointer decides, the ps tasks refuse its fence); taking its directory away makes its rename or its
+      writer file's write fail, and its save fail before any shard is written. The directory is first renamed
+      (one atomic step against the writer's own rename: one of the two wins) and then removed.
+
+A ``.creating-*`` directory without a readable writer file (a chief killed between making it and writing the
+file) cannot be judged and is kept (an empty directory). An object store has no such directories.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from psflow import storage
+from psflow.checkpoint.holder import boot_id, holder_alive, pid_namespace, pid_start
+from psflow.checkpoint.manifest import WRITER_NAME, read_json
+
+__all__ = ["CREATING_PREFIX", "writer_identity", "writer_gone", "remove_creating"]
+
+log = logging.getLogger("psflow.checkpoint")
+
+#: The prefix of a save's directory being built past the mutex.
+CREATING_PREFIX = ".creating-"
+
+_IDENTITY = ("host", "pid", "pid_start", "boot_id", "pid_ns")
+
+
+def writer_identity() -> dict[str, Any]:
+    """This process, as a writer file records it: ``host``, ``pid``, ``pid_start``, ``boot_id``, ``pid_ns``
+    (None where /proc has no answer: such a writer is never judged gone)."""
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "pid_start": pid_start(pid), "boot_id": boot_id(),
+            "pid_ns": pid_namespace()}
+
+
+def writer_gone(writer: Mapping[str, Any] | None) -> bool:
+    """Whether the process a writer file names is certainly gone (see the module docstring); False when unsure."""
+    if writer is None or any(writer.get(k) is None for k in _IDENTITY) or type(writer.get("pid_start")) is not int:
+        return False
+    here = writer_identity()
+    if any(writer.get(k) != here[k] for k in ("host", "boot_id", "pid_ns")):
+        return False
+    return holder_alive(dict(writer)) is False
+
+
+def _older_epoch_of(writer: Mapping[str, Any] | None, run_id: str, epoch: int | None) -> bool:
+    theirs = writer.get("epoch") if writer is not None else None
+    return (writer is not None and writer.get("run_id") == run_id and type(theirs) is int and epoch is not None
+            and theirs < epoch)
+
+
+def remove_creating(directory: str, run_id: str, epoch: int | None, *, held: bool) -> set[str]:
+    """Removes the ``.creating-*`` directories of ``directory`` that a save of run ``run_id`` at lease ``epoch``
+    may remove (see the module docstring); ``held``: the caller holds the directory's mutex. Returns the names
+    removed. Never raises for a directory another process removed or renamed meanwhile."""
+    if storage.is_remote(directory):
+        return set()
+    removed = set()
+    for path in storage.subdirectories(directory, CREATING_PREFIX):
+        writer = read_json(os.path.join(path, WRITER_NAME))
+        gone = writer_gone(writer)
+        if writer is None or not (gone or (held and _older_epoch_of(writer, run_id, epoch))):
+            continue
+        # Taken under a name of this process first: the writer's rename to ckpt-* and this one are one each.
+        taken = os.path.join(directory, f"{CREATING_PREFIX}{os.getpid()}-{time.time_ns()}")
+        try:
+            storage.rename_dir(path, taken)
+        except OSError:
+            continue  # renamed by its writer, or removed by another save, meanwhile
+        storage.remove_tree(taken, ignore_errors=True)
+        removed.add(os.path.basename(path))
+        log.info("checkpoint directory %s: removed %s, left by a save of pid %s on %s (run %s, epoch %s) that %s",
+                 directory, os.path.basename(path), writer.get("pid"), writer.get("host"), writer.get("run_id"),
+                 writer.get("epoch"), "is gone" if gone else "a newer epoch fenced off")
+    return removed
