@@ -320,9 +320,12 @@ class GlobalStep:
         run is claimed as :meth:`claim` does (a journal naming another run, such as a ``--state-dir`` reused from an
         earlier run, restarts its bound and :attr:`floor` at this counter; one naming none keeps them; None claims
         nothing); then the recorded bound covers ``value``, one block at a time as :meth:`increment` records it (not
-        a write and fsync per entry, as :meth:`set` would), and the last value is noted. So a backup promoted hands
-        values out for its primary's run, and, lost later with the rest of its shard, restarts with a floor past
-        every value the shard handed out and names the run they were for.
+        a write and fsync per entry, as :meth:`set` would), and the last value is noted: ``value``, or :attr:`floor`
+        where that is higher (a primary restarted empty after the whole shard was lost sends its counter, 0, before
+        any restore set it past the floor: noted, a restart of this member on the same boot would read 0 as its
+        floor, and a restore would hand the run's values out again). So a backup promoted hands values out for its
+        primary's run, and, lost later with the rest of its shard, restarts with a floor past every value the shard
+        handed out and names the run they were for.
 
         Raises:
             StepJournalError: the run or a higher bound could not be recorded.
@@ -332,7 +335,7 @@ class GlobalStep:
                 self._claim(run)
             self._cover(value)
             if self._journal is not None:
-                self._journal.note(value)
+                self._journal.note(max(value, self.floor))  # the floor is at most the bound: a last value
             self._value = value
 
     def set(self, value: int) -> None:
