@@ -120,7 +120,7 @@ from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RegisterRequest, SetReadyRequest
 from psflow.ps.registration import Registration, ask_until_reachable, register_tasks
-from psflow.rpc.api import FailedPreconditionError
+from psflow.rpc.api import FailedPreconditionError, FencedOffError
 from psflow.train.generation_restore import restore_at_new_generation
 from psflow.train.state_loss import StateLostError, check_state_kept, ps_states, state_lost_message
 from psflow.train.within_run import lost_within_run
@@ -344,7 +344,8 @@ def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, director
     try:
         done = restore_at_new_generation(client, optimizer, latest, lease, ps_states(client), run=run,
                                          limit=client.config.connect_timeout, step_survived=False, registered=True)
-    except (FailedPreconditionError, RestoreRefusedError) as e:  # fenced: a newer lease's holder restores
+    except (FencedOffError, RestoreRefusedError) as e:  # fenced (ABORTED): a newer lease's holder restores
+        # only the fence's own refusal: another (a replicated shard's deposed member) is no holder's restore
         log.warning("%s: restore of %s refused (%s): waiting for the lease holder to restore the cluster",
                     client.client_name, latest, e)
         return None, None

@@ -66,8 +66,8 @@ def restore_at_new_generation(client: ParameterClient, optimizer: OptimizerSpec,
 
     Raises:
         CheckpointError: the checkpoint cannot be read or loaded.
-        RpcError: a call failed; FailedPreconditionError where ``BeginRestore`` was fenced (a newer lease's
-            holder restores instead). The tasks stay not ready.
+        RpcError: a call failed; FencedOffError (ABORTED) where ``BeginRestore`` or a ``SetReady`` was fenced (a
+            newer lease's holder restores instead). The tasks stay not ready.
     """
     gens = [s.generation for s in states.values() if s is not None]
     generation = max(time.time_ns() // 1_000_000, max(gens, default=0) + 1)
