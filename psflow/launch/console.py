@@ -70,7 +70,10 @@ def expected_in_task(error: BaseException) -> bool:
     fails on its own). So is a sync step that timed out under ``--on-timeout fail``, or an ssp worker declared
     lost (:func:`_timed_out`): every worker's push fails with it until a restore, the restarted ones' at once,
     and each exit showed a traceback; the line names the ps task, the step (the clock) and what timed out,
-    and the launcher still names the first task that failed as the root cause.
+    and the launcher still names the first task that failed as the root cause. So is the chief's ``Register``
+    refused because ps task 0 cannot write its global_step journal (:func:`_journal_unwritable`: a full disk, its
+    ``--state-dir`` gone): ps task 0 logs one line and stays up, so the chief's exit is the only report; the line
+    names the task and the file.
     """
     if not isinstance(error, PsflowError):
         return False
@@ -79,7 +82,7 @@ def expected_in_task(error: BaseException) -> bool:
 
     if isinstance(error, RpcError):
         return (isinstance(error, ListenError) or _schedule_refused(error) or _save_past_its_timeout(error)
-                or _timed_out(error))
+                or _timed_out(error) or _journal_unwritable(error))
     # Not imported, so not raised: a ps task never imports the trainer's modules, not even while it ends.
     recovery = sys.modules.get("psflow.train.recovery")
     others = (CoordinationError,) if recovery is None else (CoordinationError, recovery.RecoveryError)
@@ -115,3 +118,17 @@ def _timed_out(error: BaseException) -> bool:
     from psflow.rpc.api import FailedPreconditionError
 
     return isinstance(error, FailedPreconditionError) and _TIMED_OUT.search(str(error)) is not None
+
+
+#: ps task 0's words for a chief's Register it refused because its global_step journal cannot be written
+#: (psflow.ps.service, ``register``): tests/unit/launch/test_console.py makes them with that service.
+_JOURNAL_UNWRITABLE = re.compile(r"; run .+ not registered: /job:\w+/task:\d+ must record it there before it hands "
+                                 r"out the run's global_step values")
+
+
+def _journal_unwritable(error: BaseException) -> bool:
+    """Whether ``error`` is ps task 0's refusal of the chief's ``Register`` whose run its global_step journal cannot
+    record (the file cannot be written: the user's disk or ``--state-dir``, named in the line)."""
+    from psflow.rpc.api import FailedPreconditionError
+
+    return isinstance(error, FailedPreconditionError) and _JOURNAL_UNWRITABLE.search(str(error)) is not None

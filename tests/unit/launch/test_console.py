@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,10 +16,13 @@ from psflow.launch.console import expected_in_task, quiet_grpc, wants_verbose
 from psflow.optim import OptimizerSpec
 from psflow.optim.schedules import ScheduleSpec
 from psflow.optim.spec import OptimizerError
-from psflow.placement import PlacementError
+from psflow.placement import PlacementError, VariableSet, replica_device_setter
 from psflow.ps.client import ClientError
+from psflow.ps.global_step import StepJournal
 from psflow.ps.optimizers import make_optimizer
+from psflow.ps.protocol import RegisterRequest
 from psflow.ps.save_hold import SaveHold
+from psflow.ps.service import ParameterService
 from psflow.ps.staleness import StalenessClock
 from psflow.ps.store import ParameterStore, StoreError
 from psflow.ps.sync import Contribution, SyncAggregator, SyncConfig
@@ -32,6 +36,7 @@ from psflow.rpc.api import (
     TaskUnavailableError,
     refusal,
 )
+from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.hooks import NanLossError
 from psflow.train.recovery import RecoveryError
 from psflow.train.state_loss import StateLostError
@@ -126,6 +131,26 @@ def test_a_timed_out_sync_step_or_ssp_wait_is_one_line() -> None:
 
 class _NewError(PsflowError):
     """Stands for any error psflow raises on purpose, one added after the command line was written included."""
+
+
+def test_a_chiefs_register_refused_for_an_unwritable_global_step_journal_is_one_line(tmp_path: Path) -> None:
+    """ps task 0 refuses the chief's Register when its global_step journal cannot be written (a full disk, its
+    --state-dir gone: psflow.ps.service), logs one line and stays up: the chief's exit is the run's only report, the
+    user's disk to fix, and it ended with a traceback under the launcher. Made by the ps service itself; any other
+    refusal of a Register (another layout) still keeps its traceback."""
+    state = tmp_path / "state"
+    service = ParameterService(0, holds_global_step=True, step_journal=StepJournal(str(state / "global_step.json")))
+    state.write_text("not a directory")  # the journal's next write fails
+    vs = VariableSet(replica_device_setter(ps_tasks=1))
+    vs.get_variable("w", (3,))
+    chief = RegisterRequest(tuple(vs.placements()), OptimizerSpec("sgd", {"learning_rate": 1.0}), SyncConfig(),
+                            "/job:worker/task:0", chief=True, defer_ready=True, run="run-b")
+    with pytest.raises(FailedPreconditionError) as refused:
+        InProcessChannel("/job:ps/task:0", service.handlers()).call(RegisterRequest.METHOD, chief.to_frame().meta)
+    assert "cannot write the global_step journal" in str(refused.value)
+    assert expected_in_task(refused.value), refused.value
+    assert not expected_in_task(FailedPreconditionError(
+        "/job:ps/task:0: Register: variable 'w' is registered with shape (3,), this client has (4,)"))
 
 
 @pytest.fixture()
