@@ -10,9 +10,11 @@
 * A call that creates nothing (a non-chief's, while it waits for the chief or compares its layout; the
   chief's repeat on a ready task) records no entry: it returns once every backup acknowledged the newest
   entry, which holds whatever it saw (readiness, the registration). Unless it dropped a ``Done`` of its
-  worker (a process restarted after its worker finished, :meth:`~psflow.ps.run_end.RunLedger.joined`): then
-  it records the small state, so that a backup promoted next does not count that ``Done`` and end the run
-  while the new process trains.
+  worker (a process restarted after its worker finished, :meth:`~psflow.ps.run_end.RunLedger.joined`), or a
+  chief's named another run than the one shard 0's global_step handed values out for (its claim,
+  :meth:`~psflow.ps.global_step.GlobalStep.claim`): then it records the small state, so that a backup promoted
+  next does not count that ``Done`` and end the run while the new process trains, nor keep naming the earlier
+  run in its journal for the rest of the new one (:mod:`psflow.train.within_run`).
 
 A joining member still starts from a full snapshot (:meth:`ShardReplication._add_sender`), and ``LoadShard``
 (a checkpoint's values) is still a full entry.
@@ -52,10 +54,12 @@ def replicated_register(member: ShardReplication, handler: Handler) -> Handler:
         def build(seq: int) -> ReplicaEntry | None:
             variables = member.service.variables
             before, done, began = variables.init_count, _run_end(member), time.monotonic()
+            run = _step_run(member)
             results.append(handler(frame))
             took[0] = time.monotonic() - began
-            if variables.init_count == before:  # a repeat: the partitions were there, nothing changed but a Done
-                return None if _run_end(member) == done else _state_entry(member, seq)
+            if variables.init_count == before:  # a repeat: the partitions were there; a Done or the run may change
+                changed = _run_end(member) != done or _step_run(member) != run
+                return _state_entry(member, seq) if changed else None
             return registration_entry(seq, member.service, member.dedup, member.counts)
         seq = forwarder.record(build)
         forwarder.wait(seq, timeout=forwarder.replica_timeout + 2 * took[0])
@@ -67,6 +71,12 @@ def _run_end(member: ShardReplication) -> object:
     """The shard's run ledger as replicated (the workers' ``Done``); None without one."""
     ledger = member.service.run_ledger
     return ledger.replica_state() if ledger is not None else None
+
+
+def _step_run(member: ShardReplication) -> str | None:
+    """The run shard 0's global_step hands values out for (None: none named, or another shard)."""
+    step = member.service.clock.global_step
+    return step.run if step is not None else None
 
 
 def _state_entry(member: ShardReplication, seq: int) -> ReplicaEntry:
