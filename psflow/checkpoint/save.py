@@ -12,8 +12,10 @@ are increments (:mod:`psflow.checkpoint.chain`): each ps task saves only the row
 of the base, the previous checkpoint this manager completed (:mod:`psflow.ps.row_marks`; the base's shard
 records name each task's mark token and epoch). The base advances only when a save is complete (the
 pointer names it), so after a failed save the next increment still holds every row changed since the last
-complete one. A manager's first save is full (a new chief after a failover, a resumed run), and so is a save
-whose base is gone or was written by another number of ps tasks; a ps task whose marks are not the base's (it
+complete one. A manager's first save is full (a new chief after a failover, a resumed run), and so is its first
+at another lease epoch (it lost the lease and regained it: the chief between, resumed late, may rotate away an
+older epoch's checkpoint, as it never reads a newer epoch's bases), a save whose base is gone or was written by
+another number of ps tasks; a ps task whose marks are not the base's (it
 restarted, or a backup was promoted) saves its partitions whole inside an increment.
 """
 
@@ -266,7 +268,7 @@ class CheckpointManager:
             name = free_name(self.directory, step_hint, removed) if held else f"{checkpoint_name(step_hint)}-{time.time_ns()}"
             path = self._current = self._create(os.path.join(self.directory, name), writer, held=held)
         self._phase("writer_written")
-        base = self._increment_base(client, lineage)
+        base = self._increment_base(client, lineage, epoch)
         replies = self._write_shards(client, path, base[1] if base is not None else None)
         self._phase("shards_written")
         manifest = build_manifest(client, replies, optimizer, model, lineage, writer, final)
@@ -323,14 +325,14 @@ class CheckpointManager:
             raise
         return path
 
-    def _increment_base(self, client: ParameterClient, lineage: str) -> tuple[str, Manifest] | None:
+    def _increment_base(self, client: ParameterClient, lineage: str, epoch: int | None) -> tuple[str, Manifest] | None:
         """The base of this save if it is an increment (see the module doc), else None (a full save)."""
         base = self._base
         if base is None or self._increments + 1 >= self.full_every:
             return None
         path, manifest = base
         if (manifest.lineage != lineage or len(manifest.shards) != len(client.channels) or not is_complete(path)
-                or os.path.dirname(path) != self.directory):
+                or os.path.dirname(path) != self.directory or (manifest.run or {}).get("epoch") != epoch):
             return None
         return base
 
