@@ -16,9 +16,9 @@ reader looks at it. It is removed:
     * at any save, under the mutex or past it, when its writer is certainly gone;
     * under the mutex, also when its writer file names the saving run and an epoch older than the saver's: that
       writer, if alive, is a deposed chief (epochs only grow) whose save cannot be made current (the newer
-      epoch's pointer decides, the ps tasks refuse its fence); taking its directory away makes its rename or its
-      writer file's write fail, and its save fail before any shard is written. The directory is first renamed
-      (one atomic step against the writer's own rename: one of the two wins) and then removed.
+      epoch's pointer decides, the ps tasks refuse its fence); taking its directory away makes its rename fail,
+      and its save end fenced off (CheckpointFencedError, not counted) before any shard is written. The directory
+      is first renamed (one atomic step against the writer's own rename: one of the two wins) and then removed.
 
 A ``.creating-*`` directory without a readable writer file (a chief killed between making it and writing the
 file) cannot be judged and is kept (an empty directory). An object store has no such directories.

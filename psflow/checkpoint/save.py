@@ -306,8 +306,9 @@ class CheckpointManager:
         leftover of a save killed in between: see rotation.deletable). Without it (``held`` False), it is built
         under a hidden name and renamed to ``path`` once its writer file is in, so a stopped holder, resumed,
         never sees it without one; one killed meanwhile leaves ``.creating-*``, removed once its writer is
-        certainly gone (:mod:`psflow.checkpoint.leftovers`). An object store has no directories: the writer file
-        makes it.
+        certainly gone (:mod:`psflow.checkpoint.leftovers`); one taken away before its rename (by a newer epoch's
+        save: this chief is deposed) raises CheckpointFencedError. An object store has no directories: the writer
+        file makes it.
         """
         body = jsonio.dumps(writer, nonfinite="error", what=WRITER_NAME, indent=1).encode()
         if storage.is_remote(path):
@@ -319,9 +320,13 @@ class CheckpointManager:
             storage.write_atomically(os.path.join(building, WRITER_NAME), body)
             if building != path:
                 storage.rename_dir(building, path)
-        except OSError:
+        except OSError as e:
             if building != path:
+                taken = not os.path.lexists(building)  # by a newer epoch's save, under the mutex (leftovers.py)
                 storage.remove_tree(building, ignore_errors=True)
+                if taken:
+                    raise CheckpointFencedError(f"checkpoint {path} not made: its directory {building} was taken by a "
+                                                f"save of a newer epoch than this chief's ({writer.get('epoch')})") from e
             raise
         return path
 

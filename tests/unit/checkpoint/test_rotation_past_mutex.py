@@ -27,8 +27,10 @@ from typing import Any
 import pytest
 from test_pointer_epochs import _cluster, _step
 
+from psflow import storage
 from psflow.checkpoint import lock, switch
 from psflow.checkpoint.holder import boot_id, pid_namespace, pid_start
+from psflow.checkpoint.leftovers import remove_creating
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager
@@ -279,3 +281,26 @@ def test_a_checkpoint_rotated_away_before_its_older_chiefs_switch_is_reported_fe
     assert len(outcome) == 1 and isinstance(outcome[0], CheckpointFencedError), outcome
     assert old.failed_in_a_row == 0
     assert latest_checkpoint(str(tmp_path)) == new.path
+
+
+def test_a_deposed_chief_whose_creating_directory_a_newer_chief_takes_is_fenced_not_failed(
+        tmp_path: Path, held_mutex: threading.Event, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deposed chief (epoch 5, alive) went past the mutex and wrote its ``.creating-*`` writer file; before its
+    rename, a save of the newer chief (epoch 7) under the mutex takes the directory away (an older epoch's). The
+    deposed chief's save is fenced off (CheckpointFencedError, not counted): before, its rename's OSError was a
+    failed save, counted (at --max-failed-saves, or its final save, the deposed worker failed the run)."""
+    client = _cluster()
+    real, taken = storage.rename_dir, []
+
+    def newer_chief_first(path: str, target: str) -> None:
+        if not taken:  # the deposed chief's rename: the newer chief's save (under the mutex) takes it first
+            taken.append(path)
+            assert remove_creating(str(tmp_path), "run-a", 7, held=True) == {os.path.basename(path)}
+        real(path, target)
+
+    monkeypatch.setattr(storage, "rename_dir", newer_chief_first)
+    deposed = CheckpointManager(str(tmp_path), run_id="run-a")
+    with pytest.raises(CheckpointFencedError, match="newer epoch"):
+        deposed.save(client, epoch=5, holder="deposed chief")
+    assert (deposed.saves_failed, deposed.failed_in_a_row) == (0, 0)
+    assert _leftovers(tmp_path) == set() and _checkpoints(tmp_path) == []
