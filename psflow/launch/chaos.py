@@ -55,8 +55,18 @@ shard went on recovers with its promoted backup) holds every later fault back: t
 are reported as ``faults_not_fired``. So are the faults still waiting when
 every worker has finished its data (:meth:`ChaosInjector.training_ended`):
 they are not fired (logged ``chaos: SPEC not fired: training ended at step
-T``), since a fault after the end of training cannot be recovered by rewinding
-the workers. The launcher reads global_step and fires a due round with every
+T`` and why: e.g. ``before kill:ps:0@step=100 (fired at global_step 102)
+recovered: a round fires once the round before it recovered, then 200 steps
+later``), since a fault after the end of training cannot be recovered by
+rewinding the workers. At the run's end the launcher lists every fault of the
+plan (:meth:`ChaosInjector.summary`, ``chaos: F of N faults fired``): fired,
+with its recovery, or not fired, and why; a schedule that did less than it
+was given never does so silently. (A replicated shard's killed primary
+recovers only once its replacement rebuilt and rejoined the shard's view,
+which takes the restart backoff and a process start: in a short run a second
+``kill:ps:N`` round may be due only after training ended.)
+
+The launcher reads global_step and fires a due round with every
 training process held (SIGSTOP, for the moment of that reading and the
 signals: :class:`psflow.launch.resilience.Resilience`), so no worker can end
 between the reading that says training goes on and the fault: the run's
@@ -277,12 +287,66 @@ class ChaosInjector:
         self._begun = False                    # the first round has fired (some of) its faults
         self._last: list[InjectedFault] = []   # the faults fired by the last round begun
         self._last_step = 0                    # that round's step (N(k-1))
+        self._begun_at = 0                     # the global_step that began the round firing now
+        self._seen = 0                         # the newest global_step given to poll or training_ended
+        self._specs = [fault.spec for fault, _, _ in resolved]  # the order given
         #: Faults dropped because training ended before their round fired (:meth:`training_ended`).
         self.skipped: list[str] = []
+        #: Why each fault dropped (training ended, its task already gone) was not fired: spec -> one line.
+        self.not_fired: dict[str, str] = {}
 
     def pending(self) -> int:
         """Faults not fired yet (and not dropped by :meth:`training_ended`)."""
         return sum(len(r) for r in self._rounds)
+
+    def not_fired_count(self) -> int:
+        """Faults of the plan not fired (yet): waiting, dropped at training's end, or their task already gone."""
+        return len(self._specs) - len(self.injected)
+
+    def summary(self) -> list[str]:
+        """(The run's end) ``chaos: F of N faults fired``, then one line per fault in the order given: fired
+        (signal, task, pid, global_step; recovered at which step, or why not) or not fired, and why."""
+        fired = {f.spec: f for f in self.injected}
+        waiting = {fault.spec: self._waiting(k) for k, round_ in enumerate(self._rounds) for fault, _, _ in round_}
+        lines = [f"chaos: {len(fired)} of {len(self._specs)} faults fired"]
+        for spec in self._specs:
+            if spec in fired:
+                f = fired[spec]
+                outcome = (f"recovered at global_step {f.recovered_at_step}" if f.recovered_at_step is not None
+                           else f"not recovered: {f.why}" if f.why is not None else "not recovered yet")
+                lines.append(f"chaos:   {spec}: fired: {f.signal} to {f.task} (pid {f.pid}) at global_step "
+                             f"{f.at_step}; {outcome}")
+            elif spec in self.not_fired:
+                lines.append(f"chaos:   {spec}: not fired: {self.not_fired[spec]}")
+            else:
+                lines.append(f"chaos:   {spec}: not fired by the run's end (global_step {self._seen} seen last): "
+                             f"{waiting.get(spec, 'not reached')}")
+        return lines
+
+    def _waiting(self, k: int) -> str:
+        """What round ``k`` of those left waits for (a clause of the run's end summary)."""
+        if k > 0:
+            return f"waiting for the round before it (step {self._rounds[k - 1][0][0].step}) to fire"
+        if self._begun:
+            return (f"its round came due at global_step {self._begun_at}; it waited for its target (a ps shard's "
+                    "primary or backup, the chief duties' holder, or its task running again)")
+        return self._held_back(self._seen, "waiting until")
+
+    def _held_back(self, global_step: int, lead: str) -> str:
+        """Why the next round, not begun, had not fired by ``global_step`` (a clause after ``lead``)."""
+        step = self._rounds[0][0][0].step
+        waiting = [f for f in self._last if f.recovered_at_step is None]
+        if waiting:
+            names = " and ".join(f"{f.spec} (fired at global_step {f.at_step})" for f in waiting)
+            return (f"{lead} {names} recovered: a round fires once the round before it recovered, then "
+                    f"{step - self._last_step} steps later")
+        due = self.due_at()
+        if due is not None and global_step >= due:
+            return f"as its round came due (at global_step {due})"
+        if not self._last:
+            return f"{lead} its step"
+        return (f"{lead} it was due at global_step {due} ({step - self._last_step} steps after the round before "
+                f"it recovered, at global_step {max(f.recovered_at_step or 0 for f in self._last)})")
 
     def training_ended(self, global_step: int) -> list[str]:
         """Every worker finished its data (seen at ``global_step``): drops the faults of the rounds
@@ -294,12 +358,18 @@ class ChaosInjector:
         the fault came a few milliseconds before or after the last worker's end. A round already begun
         (some of its faults fired) keeps firing its others: those are part of a recovery under way.
         """
+        self._seen = max(self._seen, global_step)
         if self._begun:
             return []
-        dropped = [fault.spec for round_ in self._rounds for fault, _, _ in round_]
+        dropped = []
+        for k, round_ in enumerate(self._rounds):
+            why = (self._held_back(global_step, "before") if k == 0
+                   else f"before the round before it (step {self._rounds[k - 1][0][0].step}) fired")
+            for fault, _, _ in round_:
+                dropped.append(fault.spec)
+                self.not_fired[fault.spec] = f"training ended at step {global_step} {why}"
+                log.warning("chaos: %s not fired: %s", fault.spec, self.not_fired[fault.spec])
         self._rounds = []
-        for spec in dropped:
-            log.warning("chaos: %s not fired: training ended at step %d", spec, global_step)
         self.skipped += dropped
         return dropped
 
@@ -324,6 +394,7 @@ class ChaosInjector:
         Returns:
             The faults fired by this call, in the order given.
         """
+        self._seen = max(self._seen, global_step)
         if not self._rounds:
             return []
         if not self._begun:
@@ -331,6 +402,7 @@ class ChaosInjector:
             if due is None or global_step < due:
                 return []
             self._begun, self._last, self._last_step = True, [], self._rounds[0][0][0].step
+            self._begun_at = global_step
         head = self._rounds[0]
         fired = []
         targets, unresolved = self._targets(head)
@@ -346,6 +418,7 @@ class ChaosInjector:
                 self._send(task.pid, fault.signal)
             except ProcessLookupError:
                 log.warning("chaos: %s: %s (pid %d) already gone", fault.spec, task.name, task.pid)
+                self.not_fired[fault.spec] = f"{task.name} (pid {task.pid}) was already gone at global_step {global_step}"
                 continue
             event = InjectedFault(fault.spec, task.name, task.pid, fault.signal.name, global_step, lease_epoch=epoch)
             log.warning("chaos: %s: sent %s to %s (pid %d) at global_step %d%s",

@@ -284,13 +284,17 @@ class Resilience:
         """(The run's end, before its final snapshot) settles the faults' recovery with the snapshot's
         ``Stats`` of the ps tasks (:meth:`RecoveryWatch.settle`): a replacement that finished, or a step,
         after the chaos thread's last poll counts; with ``--ps-replicas`` the shard primaries' views are read
-        too, so a restarted member not back in its shard's view is not recovered. Each fault left says why."""
+        too, so a restarted member not back in its shard's view is not recovered. Each fault left says why; then
+        every fault of the plan is listed, fired or not and why (:meth:`ChaosInjector.summary`)."""
         with self._lock:
             recovered = self.recovery.settle(final_reading(ps_stats, replicated=self._replicated), time.monotonic())
             left = [f for f in self.injector.injected if f.why is not None] if self.injector is not None else []
+            summary = self.injector.summary() if self.injector is not None else []
         _say_recovered(recovered)
         for fault in left:
             log.warning("chaos: %s: not recovered: %s", fault.spec, fault.why)
+        for line in summary:  # every fault of the plan, fired or not, and why: a schedule that did less says so
+            log.warning("%s", line)
 
     def _replacement(self, name: str, old_pid: int) -> Replacement:
         for t in list(self.lc.tasks):
@@ -374,7 +378,7 @@ class Resilience:
         """``faults``, ``restarts`` and ``hangs`` for metrics.json."""
         with self._lock:
             faults = [f.to_json() for f in self.injector.injected] if self.injector is not None else []
-            not_fired = self.injector.pending() + len(self.injector.skipped) if self.injector is not None else 0
+            not_fired = self.injector.not_fired_count() if self.injector is not None else 0
         return {
             "faults": faults,
             "faults_not_fired": not_fired,
