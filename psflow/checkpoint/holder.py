@@ -6,7 +6,8 @@ time, in clock ticks since boot), ``boot_id`` and ``pid_ns`` (its pid namespace)
 judges a pid only on its own host, boot and pid namespace; a lock of another host or of another pid
 namespace on this one (another container sharing the kernel and, with host networking, the host name) is
 unknown (None), never judged by a pid here. A lock without ``pid_ns`` (an older psflow's) is judged by host
-and boot. :func:`describe_holder` names the holder in messages.
+and boot. Another user's process that /proc hides (mounted ``hidepid``) is alive: it exists (``kill`` says so),
+and its missing /proc entry says nothing. :func:`describe_holder` names the holder in messages.
 
 Used by :mod:`psflow.checkpoint.lock` (what a lock records, whether it is stale) and the evaluator
 (:mod:`psflow.launch.evaluator`: whether the run it waits on is still alive).
@@ -73,14 +74,15 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
     pid = holder.get("pid")
     if type(pid) is not int or pid <= 0:
         return False
+    hidden = False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # another user's process: it exists
+        hidden = True  # another user's process: it exists (/proc may hide it: hidepid)
     stat = _proc_stat(pid)
-    if stat is None:
+    if stat is None or (hidden and stat == ("X", -1)):
         return True
     state, start = stat
     if state in ("Z", "X"):
