@@ -16,7 +16,9 @@ gap of up to ``block`` step values that no push takes after a crash. A
 replicated shard 0's backups keep one too (:meth:`GlobalStep.follow`: their
 primary's values, a block at a time, and the run its journal names), so a
 restore after the whole shard was lost finds that floor, and that run, on
-whichever member it promoted.
+whichever member it promoted; where none was promoted (every member restarted
+empty), member 0, primary of the fresh shard, takes the highest floor of its
+run from the others' journals first (:meth:`GlobalStep.adopt`).
 
 Beside the bound, the journal keeps the exact last value (:attr:`StepJournal.live_path`): each value is
 written there (8 bytes, no fsync) before it is handed out, with the id of the machine's boot. A killed
@@ -337,6 +339,36 @@ class GlobalStep:
             if self._journal is not None:
                 self._journal.note(max(value, self.floor))  # the floor is at most the bound: a last value
             self._value = value
+
+    def handed_out(self) -> tuple[int, str | None]:
+        """(A member of a replicated shard 0, its ``ReplicaStatus``) a bound on every value this process handed out
+        or followed and every value its journal's earlier processes did (the higher of :attr:`floor` and the
+        counter), and the run the journal names for them (:attr:`run`; None: none)."""
+        with self._lock:
+            return max(self.floor, self._value), self._run
+
+    def adopt(self, floor: int, run: str | None) -> bool:
+        """(The primary of a fresh replicated shard 0, :mod:`psflow.ps.replication.startup`) another member's
+        journal bounds the values of run ``run`` at ``floor`` (its :meth:`handed_out`): where ``run`` is the run this
+        journal names, :attr:`floor` rises to ``floor`` if that is higher, recorded first as the bound (fsync'd)
+        and noted as the last value, so a restore at a new generation, or this process restarted, goes on past it.
+        Where this journal holds nothing (no bound, no run: a lost ``--state-dir``), it takes ``floor`` and ``run``
+        as its own. Another run's floor is not adopted (a ``--state-dir`` reused from an earlier run: that run's
+        values are not this one's to go past). The floor never goes down. Returns whether it rose.
+
+        Raises:
+            StepJournalError: the journal could not be written (the floor is raised in this process only).
+        """
+        with self._lock:
+            empty = self._run is None and self._bound == 0 and self.floor == 0
+            if floor <= self.floor or run != self._run and not (empty and run is not None):
+                return False
+            self.floor, self.floor_run, self._run = floor, run, run  # first: raised in memory even if not recorded
+            if self._journal is not None:
+                self._journal.record(max(floor, self._bound), run)
+                self._bound = max(floor, self._bound)
+                self._journal.note(max(floor, self._value))
+            return True
 
     def set(self, value: int) -> None:
         """Sets the counter (restore from a checkpoint); the recorded bound never goes down.

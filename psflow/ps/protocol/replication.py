@@ -78,7 +78,10 @@ class ReplicaStatusReply:
     primary, or a backup in the view; a fresh, joining or deposed member says False); ``incarnation``: its
     process (start time, ns); ``lag`` (primary only): backup -> entries sent but not acknowledged; ``view_changed``
     (a ``Promote`` or ``DropBackup`` reply only): this call changed the view (False: another client's call had
-    made the same change first: its client follows it and logs its promotion line at INFO only).
+    made the same change first: its client follows it and logs its promotion line at INFO only). ``step_floor`` and
+    ``step_run`` (a member of shard 0 only; else None): every global_step value this member's process and its
+    journal's earlier ones handed out or followed is at most ``step_floor``, for run ``step_run``
+    (:meth:`psflow.ps.global_step.GlobalStep.handed_out`): a fresh shard's primary takes the highest of its run.
     """
 
     task: str
@@ -92,6 +95,8 @@ class ReplicaStatusReply:
     incarnation: int
     lag: Mapping[str, int] = field(default_factory=dict)
     view_changed: bool = False
+    step_floor: int | None = None
+    step_run: str | None = None
 
     def to_frame(self) -> Frame:
         meta: dict[str, Any] = {
@@ -100,6 +105,8 @@ class ReplicaStatusReply:
             "incarnation": self.incarnation, "lag": dict(self.lag)}
         if self.view_changed:
             meta["view_changed"] = True
+        if self.step_floor is not None:
+            meta.update(step_floor=self.step_floor, step_run=self.step_run)
         return Frame(meta)
 
     @classmethod
@@ -114,7 +121,8 @@ class ReplicaStatusReply:
         return cls(_task(meta, "task"), _count(meta, "shard"), role, _count(meta, "epoch"),
                    optional_str(meta, "primary", max_length=_TASK_MAX), _tasks(meta, "backups"),
                    _count(meta, "applied_seq"), flag(meta, "has_state"), _count(meta, "incarnation"), dict(lag),
-                   flag(meta, "view_changed"))
+                   flag(meta, "view_changed"), optional_int(meta, "step_floor", minimum=0),
+                   optional_str(meta, "step_run", max_length=_TASK_MAX))
 
 
 # ---- Promote / DropBackup --------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ from psflow.ps.replication.leases import ReplicatedLeases
 from psflow.ps.replication.register_call import replicated_register
 from psflow.ps.replication.save_ledger import ReplicatedSaveLedger
 from psflow.ps.replication.snapshot import full_entry, task_state, write_entries
-from psflow.ps.replication.startup import find_place, rebuild, rebuild_unwritten
+from psflow.ps.replication.startup import adopt_floors, find_place, rebuild, rebuild_unwritten
 from psflow.ps.replication.view import BACKUP, DEPOSED, JOINING, PRIMARY, View, ViewState
 from psflow.ps.replication.view_checks import refuse_drop, refuse_promotion
 from psflow.ps.service import ParameterService
@@ -187,8 +187,9 @@ class ShardReplication:
     def status(self) -> ReplicaStatusReply:
         view, forwarder = self.view.view, self.forwarder
         lag = {m: n for m, (n, _) in forwarder.lag().items()} if forwarder is not None and view.role == PRIMARY else {}
+        floor, run = step.handed_out() if (step := self.service.global_step) is not None else (None, None)
         return ReplicaStatusReply(self.task, self.shard, view.role, view.epoch, view.primary, view.backups,
-                                  self._applied_seq(), self.has_state, self.incarnation, lag)
+                                  self._applied_seq(), self.has_state, self.incarnation, lag, False, floor, run)
 
     def stats(self) -> dict[str, Any]:
         """The ``replication`` entry of ``Stats``: shard, role, epoch, primary, backups, lag, the push counts."""
@@ -462,6 +463,7 @@ class ShardReplication:
                 status = self._status_of(member)
             except RpcError:
                 continue
+            adopt_floors(self, [status], late=True)  # a member back after the fresh shard started (startup.py)
             if status.role == PRIMARY and status.epoch > self.view.view.epoch and status.has_state:
                 self._deposed(status.primary, status.epoch)
                 return

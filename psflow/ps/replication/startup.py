@@ -4,7 +4,11 @@
   rebuilds from it (:func:`rebuild`); some member has state and names this very task as primary (its dead
   predecessor) -> it promotes the first of them in member order, then rebuilds from the winner; none has
   state and it is member 0 -> it is primary at epoch 1 with every other member as a backup (a fresh
-  cluster: once every other member answered, or after 30 s); else it asks again every 0.2 s.
+  cluster: once every other member answered, or after 30 s); else it asks again every 0.2 s. On shard 0 a
+  fresh shard's primary first raises its global_step floor to the highest its members' journals hold for its
+  run (:func:`adopt_floors`; a member answering later counts while its counter is still 0): else a restore
+  after the whole shard was lost would go on from member 0's own floor and hand out again the values a
+  promoted backup handed out above it.
 * :func:`rebuild`: ``Join`` the primary (retried until it answers); its snapshot and every entry after it
   follow through ``Replicate`` (:mod:`psflow.ps.replication.applier`). :func:`rebuild_unwritten`: the same,
   at once, for a backup that could not write an entry it had acknowledged (it stops counting as holding
@@ -25,6 +29,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from psflow.ps.global_step import StepJournalError
 from psflow.ps.protocol import JoinReply, JoinRequest, PromoteRequest, ReplicaStatusReply
 from psflow.ps.replication.view import BACKUP, JOINING, PRIMARY
 from psflow.rpc.api import RpcError
@@ -32,7 +37,7 @@ from psflow.rpc.api import RpcError
 if TYPE_CHECKING:
     from psflow.ps.replication.member import ShardReplication
 
-__all__ = ["find_place", "rebuild", "rebuild_unwritten", "watch_view"]
+__all__ = ["adopt_floors", "find_place", "rebuild", "rebuild_unwritten", "watch_view"]
 
 log = logging.getLogger("psflow.ps.replication")
 
@@ -70,12 +75,36 @@ def _place(self: ShardReplication) -> None:
             _promote_successor(self, with_state)  # this task's dead predecessor was primary
         elif not with_state and self.members[0] == self.task and (
                 len(statuses) == len(self.members) - 1 or time.monotonic() - began > _FRESH_WAIT):
+            adopt_floors(self, list(statuses.values()))
             view = self.view.start_primary(1, tuple(m for m in self.members if m != self.task))
             log.info("%s: primary of shard %d at epoch 1 (a fresh shard; backups %s)", self.task, self.shard,
                      ", ".join(view.backups) or "none")
             self._become_primary(view)
             return
         self._stopped.wait(0.2)
+
+
+def adopt_floors(self: ShardReplication, statuses: list[ReplicaStatusReply], *, late: bool = False) -> None:
+    """Member ``self`` of shard 0, becoming primary of a fresh shard (or, ``late``, primary already and its counter
+    still at 0: nothing handed out, no restore yet), raises its global_step floor to the highest ``step_floor`` of
+    ``statuses`` (other members' journals) that names its journal's run (its own journal empty: the highest one's,
+    run and all): :meth:`~psflow.ps.global_step.GlobalStep.adopt`. A journal that could not be written is logged:
+    the floor is raised in this process only."""
+    step = self.service.global_step
+    if step is None or late and step.value != 0:
+        return
+    for status in sorted(statuses, key=lambda s: s.step_floor or 0, reverse=True):
+        if status.step_floor is None:
+            continue
+        try:
+            raised = step.adopt(status.step_floor, status.step_run)
+        except StepJournalError as e:
+            log.error("%s: global_step floor raised to %d, run %s (%s's journal), in this process only: %s",
+                      self.task, status.step_floor, status.step_run, status.task, e)
+            continue
+        if raised:
+            log.warning("%s: global_step floor raised to %d, run %s: %s's journal bounds the values handed out "
+                        "there", self.task, status.step_floor, status.step_run, status.task)
 
 
 def _promote_successor(self: ShardReplication, with_state: list[ReplicaStatusReply]) -> None:

@@ -1,0 +1,137 @@
+"""A fresh shard 0 after every member was lost at once takes the highest global_step floor its members' journals
+hold for its run (:func:`psflow.ps.replication.startup.find_place`, :meth:`psflow.ps.global_step.GlobalStep.adopt`).
+
+Member 0 becomes primary of a fresh shard when no member has state. Its floor (``Stats`` ``step_floor``, the floor
+``BeginRestore`` replies, from which a restore at a new generation starts global_step) was only its own journal's:
+ps:0 killed at 700, ps_backup:0 promoted and handing out up to 800, then killed before ps:0 rejoined: both restarted,
+ps:0 primary with floor 700, and a restore within the run handed 701-800 out again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from replica_shard import PRIMARY, InProcessShard, Link, backup
+
+from psflow.ps.global_step import GlobalStep, StepJournal
+from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest
+from psflow.ps.replication import ReplicationConfig, ShardReplication, startup
+from psflow.ps.service import ParameterService
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _handed_out(path: Path, run: str, count: int) -> None:
+    """A member of shard 0 that handed out ``count`` values of run ``run``, then was killed (on this boot)."""
+    step = GlobalStep(journal=StepJournal(str(path), block=10))
+    step.claim(run)
+    for _ in range(count):
+        step.increment()
+
+
+class _JournaledShard(InProcessShard):
+    """Shard 0 whose members keep their global_step journals under ``root``/<member>/."""
+
+    def __init__(self, root: Path, backups: int = 1) -> None:
+        self.root = root
+        super().__init__(backups)
+
+    def add(self, member: str) -> ShardReplication:
+        journal = StepJournal(str(self.journal(member)), block=10)
+        service = ParameterService(0, holds_global_step=True, step_journal=journal)
+        replica = ShardReplication(ReplicationConfig(self.cluster, member, 0, status_timeout=1.0), service,
+                                   connect=lambda other: Link(self, other))
+        self.services[member], self.replicas[member] = service, replica
+        self.handlers[member] = replica.handlers(service.handlers())
+        return replica
+
+    def journal(self, member: str) -> Path:
+        return self.root / member.replace("/", "_") / "global_step.json"
+
+
+@pytest.fixture
+def journaled(tmp_path: Path) -> Iterator[_JournaledShard]:
+    shard = _JournaledShard(tmp_path)
+    yield shard
+    shard.stop()
+
+
+def _fresh_shard(shard: _JournaledShard) -> tuple[int | None, str | None]:
+    """Restarts every member (their journals as left), lets member 0 start the fresh shard; its (floor, run)."""
+    for member in shard.members:
+        shard.add(member)
+    shard.start()
+    shard.wait_view()
+    stats = shard.services[PRIMARY].stats_reply()
+    return stats.step_floor, stats.step_run
+
+
+def test_the_fresh_primary_takes_its_backup_s_higher_floor_of_the_same_run(journaled: _JournaledShard) -> None:
+    _handed_out(journaled.journal(PRIMARY), "run-a", 700)
+    _handed_out(journaled.journal(backup(0)), "run-a", 800)  # promoted, handed out 701-800, then lost too
+    assert _fresh_shard(journaled) == (800, "run-a")
+    frame = journaled.call(PRIMARY, BeginRestoreRequest.METHOD, BeginRestoreRequest(1).to_frame())
+    assert BeginRestoreReply.from_frame(frame).step_floor == 800
+    restarted = GlobalStep(journal=StepJournal(str(journaled.journal(PRIMARY)), block=10))
+    assert (restarted.floor, restarted.floor_run) == (800, "run-a"), "the raised floor is in the primary's journal"
+
+
+def test_another_run_s_journal_does_not_raise_the_floor(journaled: _JournaledShard) -> None:
+    """The backup's --state-dir was reused from another run: its floor is not this run's to go past."""
+    _handed_out(journaled.journal(PRIMARY), "run-a", 700)
+    _handed_out(journaled.journal(backup(0)), "run-z", 5000)
+    assert _fresh_shard(journaled) == (700, "run-a")
+
+
+def test_a_primary_whose_journal_was_lost_takes_the_backup_s_floor_and_run(journaled: _JournaledShard) -> None:
+    """ps:0's --state-dir is gone (a new machine): its journal holds nothing, the backup's is the shard's."""
+    _handed_out(journaled.journal(backup(0)), "run-a", 800)
+    assert _fresh_shard(journaled) == (800, "run-a")
+
+
+def test_a_lower_floor_of_the_same_run_keeps_the_primary_s(journaled: _JournaledShard) -> None:
+    _handed_out(journaled.journal(PRIMARY), "run-a", 800)
+    _handed_out(journaled.journal(backup(0)), "run-a", 700)
+    assert _fresh_shard(journaled) == (800, "run-a")
+
+
+def test_a_member_back_after_the_fresh_shard_started_raises_the_floor_before_any_value(
+        journaled: _JournaledShard, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ps_backup:0 unreachable while ps:0 waited for it (startup._FRESH_WAIT): ps:0 started the fresh shard with its
+    own floor; once ps_backup:0 answers, the primary, its counter still at 0 (no restore yet), takes its floor."""
+    monkeypatch.setattr(startup, "_FRESH_WAIT", 0.3)
+    _handed_out(journaled.journal(PRIMARY), "run-a", 700)
+    _handed_out(journaled.journal(backup(0)), "run-a", 800)
+    for member in journaled.members:
+        journaled.add(member)
+    journaled.cut.add(backup(0))
+    journaled.start()
+    primary = journaled.services[PRIMARY]
+    journaled.wait(lambda: journaled.replicas[PRIMARY].view.view.role == "primary", "ps:0 primary of a fresh shard")
+    assert primary.stats_reply().step_floor == 700
+    journaled.cut.discard(backup(0))
+    journaled.wait(lambda: primary.stats_reply().step_floor == 800, "the primary's floor raised to ps_backup:0's")
+
+
+def test_a_primary_that_handed_values_out_keeps_its_floor(journaled: _JournaledShard,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its counter's first move (a restore or a push) a member coming back no longer moves the floor: the
+    restore that read it is done (docs/replication.md, what still loses data)."""
+    monkeypatch.setattr(startup, "_FRESH_WAIT", 0.3)
+    _handed_out(journaled.journal(PRIMARY), "run-a", 700)
+    _handed_out(journaled.journal(backup(0)), "run-a", 800)
+    for member in journaled.members:
+        journaled.add(member)
+    journaled.cut.add(backup(0))
+    journaled.start()
+    primary = journaled.services[PRIMARY]
+    journaled.wait(lambda: journaled.replicas[PRIMARY].view.view.role == "primary", "ps:0 primary of a fresh shard")
+    assert primary.global_step is not None
+    primary.global_step.set(750)  # a restore at the checkpoint's step (or pushes) moved the counter
+    journaled.cut.discard(backup(0))
+    status = journaled.status(backup(0))
+    assert (status.step_floor, status.step_run) == (800, "run-a")
+    startup.adopt_floors(journaled.replicas[PRIMARY], [status], late=True)  # as its watch does each second
+    assert primary.stats_reply().step_floor == 700
