@@ -86,10 +86,11 @@ def _place(self: ShardReplication) -> None:
 
 def adopt_floors(self: ShardReplication, statuses: list[ReplicaStatusReply], *, late: bool = False) -> None:
     """Member ``self`` of shard 0, becoming primary of a fresh shard (or, ``late``, primary already and its counter
-    still at 0: nothing handed out, no restore yet), raises its global_step floor to the highest ``step_floor`` of
-    ``statuses`` (other members' journals) that names its journal's run (its own journal empty: the highest one's,
+    still at 0: nothing handed out, no restore's load yet), raises its global_step floor to the highest ``step_floor``
+    of ``statuses`` (other members' journals) that names its journal's run (its own journal empty: the highest one's,
     run and all): :meth:`~psflow.ps.global_step.GlobalStep.adopt`. A journal that could not be written is logged:
-    the floor is raised in this process only."""
+    the floor is raised in this process only. Late, a restore whose ``BeginRestore`` read the floor already (the
+    counter stays 0 until its load) goes on from the lower one: docs/replication.md, what still loses data."""
     step = self.service.global_step
     if step is None or late and step.value != 0:
         return

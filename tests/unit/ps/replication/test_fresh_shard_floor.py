@@ -9,16 +9,18 @@ ps:0 primary with floor 700, and a restore within the run handed 701-800 out aga
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from replica_shard import PRIMARY, InProcessShard, Link, backup
+from replica_shard import PRIMARY, InProcessShard, Link, backup, layout
 
 from psflow.ps.global_step import GlobalStep, StepJournal
 from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest
 from psflow.ps.replication import ReplicationConfig, ShardReplication, startup
 from psflow.ps.service import ParameterService
+from psflow.ps.sync import SyncConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -135,3 +137,19 @@ def test_a_primary_that_handed_values_out_keeps_its_floor(journaled: _JournaledS
     assert (status.step_floor, status.step_run) == (800, "run-a")
     startup.adopt_floors(journaled.replicas[PRIMARY], [status], late=True)  # as its watch does each second
     assert primary.stats_reply().step_floor == 700
+
+
+def test_an_older_run_s_floor_taken_by_an_empty_journal_starts_over_at_a_new_run_s_register(
+        journaled: _JournaledShard) -> None:
+    """ps:0's --state-dir lost, ps_backup:0's reused from an earlier run: the fresh primary takes that run's floor
+    (a journal that is empty takes the highest), and a new run's Register starts it over at the counter (its values
+    are not the new run's to go past): the new run starts at step 1, not past the earlier run's 5000."""
+    _handed_out(journaled.journal(backup(0)), "run-old", 5000)
+    assert _fresh_shard(journaled) == (5000, "run-old")
+    journaled.register(dataclasses.replace(layout(SyncConfig()), run="run-new"))
+    stats = journaled.services[PRIMARY].stats_reply()
+    assert (stats.step_floor, stats.step_run) == (0, "run-new")
+    copy = journaled.services[backup(0)].global_step
+    assert copy is not None and (copy.run, copy.value) == ("run-new", 0)
+    restarted = GlobalStep(journal=StepJournal(str(journaled.journal(PRIMARY)), block=10))
+    assert (restarted.floor, restarted.floor_run) == (0, "run-new"), "the primary's journal starts over too"
