@@ -241,6 +241,8 @@ class GlobalStep:
         #: counter where another run claims the journal (:meth:`claim`).
         self.floor_run = journal.run if journal is not None else None
         self._run = self.floor_run
+        # run -> the highest floor other members' journals hold for it (:meth:`adopt` of another run): a claim of it
+        self._heard: dict[str, int] = {}
 
     @property
     def value(self) -> int:
@@ -295,19 +297,28 @@ class GlobalStep:
             self._claim(run)
 
     def _claim(self, run: str) -> None:
-        """(Under the lock) :meth:`claim`."""
+        """(Under the lock) :meth:`claim`; a floor another member's journal holds for ``run`` (:meth:`adopt`) is
+        taken first: the counter's value or the bound then restarts at it where it is higher."""
         if run == self._run:
             return
+        heard = self._heard.get(run, 0)  # dropped once claimed: a failed record keeps it for the next claim
         if self._journal is None:
+            self.floor = max(self.floor, heard)
             self._run = run
+            self._heard.pop(run, None)
             return
-        bound = max(self._bound, self._value)
+        bound = max(self._bound, self._value, heard)
         if self._run is not None:
-            self._journal.note(self._value)
-            bound = self._value
-            self.floor, self.floor_run = self._value, run
+            start = max(self._value, heard)
+            self._journal.note(start)
+            bound = start
+            self.floor, self.floor_run = start, run
+        elif heard > self.floor:
+            self._journal.note(heard)
+            self.floor, self.floor_run = heard, run
         self._journal.record(bound, run)
         self._bound, self._run = bound, run
+        self._heard.pop(run, None)
 
     def _cover(self, value: int) -> None:
         """(Under the lock) records a bound one block past ``value`` if the recorded one is below it."""
@@ -354,13 +365,17 @@ class GlobalStep:
         and noted as the last value, so a restore at a new generation, or this process restarted, goes on past it.
         Where this journal holds nothing (no bound, no run: a lost ``--state-dir``), it takes ``floor`` and ``run``
         as its own. Another run's floor is not adopted (a ``--state-dir`` reused from an earlier run: that run's
-        values are not this one's to go past). The floor never goes down. Returns whether it rose.
+        values are not this one's to go past) but kept: a later :meth:`claim` of that run starts at it (this
+        journal named an earlier run than the one the others followed). The floor never goes down. Returns whether
+        it rose.
 
         Raises:
             StepJournalError: the journal could not be written (the floor is raised in this process only).
         """
         with self._lock:
             empty = self._run is None and self._bound == 0 and self.floor == 0
+            if run is not None and run != self._run and not empty:
+                self._heard[run] = max(floor, self._heard.get(run, 0))
             if floor <= self.floor or run != self._run and not (empty and run is not None):
                 return False
             self.floor, self.floor_run, self._run = floor, run, run  # first: raised in memory even if not recorded

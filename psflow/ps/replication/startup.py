@@ -88,7 +88,8 @@ def adopt_floors(self: ShardReplication, statuses: list[ReplicaStatusReply], *, 
     """Member ``self`` of shard 0, becoming primary of a fresh shard (or, ``late``, primary already and its counter
     still at 0: nothing handed out, no restore's load yet), raises its global_step floor to the highest ``step_floor``
     of ``statuses`` (other members' journals) that names its journal's run (its own journal empty: the highest one's,
-    run and all): :meth:`~psflow.ps.global_step.GlobalStep.adopt`. A journal that could not be written is logged:
+    run and all; another run's is kept, a later claim of that run starts at it):
+    :meth:`~psflow.ps.global_step.GlobalStep.adopt`. A journal that could not be written is logged:
     the floor is raised in this process only. Late, a restore whose ``BeginRestore`` read the floor already (the
     counter stays 0 until its load) goes on from the lower one: docs/replication.md, what still loses data."""
     step = self.service.global_step

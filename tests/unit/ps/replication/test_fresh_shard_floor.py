@@ -153,3 +153,19 @@ def test_an_older_run_s_floor_taken_by_an_empty_journal_starts_over_at_a_new_run
     assert copy is not None and (copy.run, copy.value) == ("run-new", 0)
     restarted = GlobalStep(journal=StepJournal(str(journaled.journal(PRIMARY)), block=10))
     assert (restarted.floor, restarted.floor_run) == (0, "run-new"), "the primary's journal starts over too"
+
+
+def test_a_primary_whose_journal_names_an_older_run_takes_the_heard_floor_at_that_run_s_register(
+        journaled: _JournaledShard) -> None:
+    """ps:0 was down through the whole of run-a's primary's time (its journal still names run-z, an earlier run on
+    the same --state-dir); ps_backup:0 handed out run-a's values up to 800; both lost, restarted. The fresh primary
+    cannot tell which run is current, so it keeps run-z's floor; run-a's chief's Register (before its restore's
+    BeginRestore reads the floor) must then start run-a at the floor heard for run-a, not at the counter (0)."""
+    _handed_out(journaled.journal(PRIMARY), "run-z", 300)
+    _handed_out(journaled.journal(backup(0)), "run-a", 800)
+    assert _fresh_shard(journaled) == (300, "run-z")
+    journaled.register(dataclasses.replace(layout(SyncConfig()), run="run-a"))
+    frame = journaled.call(PRIMARY, BeginRestoreRequest.METHOD, BeginRestoreRequest(1).to_frame())
+    assert BeginRestoreReply.from_frame(frame).step_floor == 800
+    restarted = GlobalStep(journal=StepJournal(str(journaled.journal(PRIMARY)), block=10))
+    assert (restarted.floor, restarted.floor_run) == (800, "run-a"), "the floor is in the primary's journal"
