@@ -356,15 +356,25 @@ class ChaosInjector:
         A fault fired then could not be recovered the way one during training is: the workers that
         finished leave, so a restore could not rewind them; the run's result would depend on whether
         the fault came a few milliseconds before or after the last worker's end. A round already begun
-        (some of its faults fired) keeps firing its others: those are part of a recovery under way.
+        (some of its faults fired) keeps firing its others: those are part of a recovery under way. A round
+        that came due but none of whose faults found its target yet (a shard's failover under way, nobody
+        holding the chief duties, its task being restarted) is not under way: it is dropped too, else it
+        would fire once its target answered, during the final save or evaluation.
         """
         self._seen = max(self._seen, global_step)
-        if self._begun:
+        if self._begun and self._last:
             return []
+        unfired = self._begun  # came due at self._begun_at, nothing of it fired
+        self._begun = False
         dropped = []
         for k, round_ in enumerate(self._rounds):
-            why = (self._held_back(global_step, "before") if k == 0
-                   else f"before the round before it (step {self._rounds[k - 1][0][0].step}) fired")
+            if k == 0 and unfired:
+                why = (f"before any fault of its round found its target (the round came due at global_step "
+                       f"{self._begun_at}; a ps shard's primary or backup, the chief duties' holder, or its task "
+                       "running again, was waited for)")
+            else:
+                why = (self._held_back(global_step, "before") if k == 0
+                       else f"before the round before it (step {self._rounds[k - 1][0][0].step}) fired")
             for fault, _, _ in round_:
                 dropped.append(fault.spec)
                 self.not_fired[fault.spec] = f"training ended at step {global_step} {why}"
