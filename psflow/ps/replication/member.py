@@ -222,6 +222,8 @@ class ShardReplication:
         if self.deposal.by is not None:
             raise PreconditionFailed(self.deposal.message())
         view, forwarder = self.view.view, self.forwarder
+        if view.role == PRIMARY and forwarder is None:  # becoming primary (promote, startup): wait until it is
+            view, forwarder = self.view.settled(), self.forwarder
         if view.role != PRIMARY or forwarder is None:
             raise PreconditionFailed(f"{self.task}: not the primary of shard {self.shard} ({view.role}); "
                                      f"{view.describe()}")
@@ -289,8 +291,7 @@ class ShardReplication:
         if request.member != self.task:
             raise InvalidRequest(f"{self.task}: entries addressed to {request.member}")
         # a replaced sender's call (held up across a restart or a Join) would set back what newer calls told it
-        self.view.check_sender(request.primary, request.epoch, request.incarnation, self.incarnation,
-                               request.join_id)
+        self.view.check_sender(request.primary, request.epoch, request.incarnation, self.incarnation, request.join_id)
         view = self.view.view
         if view.role == PRIMARY and request.epoch > view.epoch:  # another member was promoted over this one
             self._deposed(request.primary, request.epoch)
@@ -326,11 +327,12 @@ class ShardReplication:
         if not self.applier.settle(self.config.replica_timeout):  # the entries it acknowledged, all written
             raise PreconditionFailed(f"{self.task}: still writing the entries it acknowledged; ask again")
         refuse_promotion(self._status_of, self.task, self.view.view, request.expected_epoch, self.shard)
-        view, changed = self.view.promote(request.expected_epoch, self.has_state)
-        if changed:
-            log.warning("%s: promoted to primary of shard %d at epoch %d by %s (backups: %s)", self.task, self.shard,
-                        view.epoch, request.requester, ", ".join(view.backups) or "none until a member rejoins")
-            self._become_primary(view)
+        with self.view.becoming:  # a push its new view brings here waits until the forwarder is made
+            view, changed = self.view.promote(request.expected_epoch, self.has_state)
+            if changed:
+                log.warning("%s: promoted to primary of shard %d at epoch %d by %s (backups: %s)", self.task,
+                            self.shard, view.epoch, request.requester, ", ".join(view.backups) or "none until a member rejoins")
+                self._become_primary(view)
         return _reply(replace(self.status(), view_changed=changed))
 
     def drop_backup(self, frame: Frame) -> Reply:

@@ -76,10 +76,11 @@ def _place(self: ShardReplication) -> None:
         elif not with_state and self.members[0] == self.task and (
                 len(statuses) == len(self.members) - 1 or time.monotonic() - began > _FRESH_WAIT):
             adopt_floors(self, list(statuses.values()))
-            view = self.view.start_primary(1, tuple(m for m in self.members if m != self.task))
-            log.info("%s: primary of shard %d at epoch 1 (a fresh shard; backups %s)", self.task, self.shard,
-                     ", ".join(view.backups) or "none")
-            self._become_primary(view)
+            with self.view.becoming:  # a call its view brings here waits until the forwarder is made (member.py)
+                view = self.view.start_primary(1, tuple(m for m in self.members if m != self.task))
+                log.info("%s: primary of shard %d at epoch 1 (a fresh shard; backups %s)", self.task, self.shard,
+                         ", ".join(view.backups) or "none")
+                self._become_primary(view)
             return
         self._stopped.wait(0.2)
 

@@ -52,6 +52,9 @@ class ViewState:
     def __init__(self, task: str, shard: int, members: tuple[str, ...]) -> None:
         self.task, self.shard, self.members = task, shard, members
         self._lock = threading.Lock()
+        #: Held by the member while it becomes primary (:meth:`promote` or :meth:`start_primary`, then its
+        #: forwarder made): its view says primary before it can serve as one; :meth:`settled` waits for it.
+        self.becoming = threading.RLock()
         self._view = View(0, None, (), JOINING)
         #: The primary this member's latest Join went to, and the epoch of its reply (None: not answered yet).
         self._join: tuple[str, int | None] | None = None
@@ -61,6 +64,11 @@ class ViewState:
     @property
     def view(self) -> View:
         return self._view
+
+    def settled(self) -> View:
+        """The view once no becoming primary of this member is under way (:attr:`becoming` waited for)."""
+        with self.becoming:
+            return self._view
 
     def set(self, view: View) -> View:
         with self._lock:
