@@ -106,7 +106,15 @@ class RunEnd:
 
     def interrupted(self, signum: int) -> str:
         """After ``signum`` reached the launcher: captures, stops every task, writes the snapshot and
-        returns the report for the user. Blocks ~4 s at most (1 s reading, 3 s stopping)."""
+        returns the report for the user. Blocks ~4 s at most (1 s reading, 3 s stopping).
+
+        A signal that arrives after the run's end was written (a finished run's metrics.json, before the
+        launcher defers signals for its shutdown; a failed run's, while it closes its client and page) stops
+        every task still running and writes nothing: that end stands, and the report says so (with a failed
+        run's error, which the user reads nowhere else: the signal replaced the failure's exception)."""
+        if self.snapshot is not None:
+            self.lc.stop_all()
+            return self._after_the_end(signum, self.snapshot)
         self.capture()  # before the ps tasks go
         self.lc.stop_all()
         final = self._end("interrupted", {"interrupted": signal_name(signum), "exit_code": 128 + signum})
@@ -116,6 +124,16 @@ class RunEnd:
         lines.append(f"metrics: {self.output_dir}/{METRICS_JSON}")
         resilience = self.lc.resilience
         return "\n".join(lines) + (resilience.on_failure() if resilience is not None else "")
+
+    def _after_the_end(self, signum: int, final: Mapping[str, Any]) -> str:
+        """The report of ``signum`` that reached the launcher after ``final`` was written."""
+        phase = {"interrupted": "been interrupted"}.get(str(final["phase"]), str(final["phase"]))
+        lines = [f"{signal_name(signum)} arrived after the run had {phase} at global_step {final['global_step']}: "
+                 "its end stands; every task stopped"]
+        if final.get("error"):
+            lines += [f"  {line}" for line in str(final["error"]).splitlines()]
+        lines.append(f"metrics: {self.output_dir}/{METRICS_JSON}")
+        return "\n".join(lines)
 
     # ---- the snapshot --------------------------------------------------------------------------
     def _end(self, phase: str, extra: dict[str, Any]) -> dict[str, Any]:

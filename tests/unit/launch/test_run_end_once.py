@@ -1,0 +1,96 @@
+"""A run's end is written once: a signal that reaches the launcher after its end was written (a finished run's
+metrics.json, or a failed run's) stops the tasks still running, but neither rewrites that end nor tells the user
+a second, different one (psflow.launch.run_end).
+
+The window is real: ``_run_cluster`` returns from ``RunEnd.finished`` (metrics.json written) and closes the
+progress bar before it defers signals; a failed run's ``RunEnd.failed`` is followed by closing the client and the
+status page. A SIGTERM there raises ``LaunchInterrupted``, and ``LocalCluster.__exit__`` calls
+``RunEnd.interrupted``. These tests call the methods in that order, on a real (task-less) cluster, with one real
+task process running that the late signal must still stop.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from psflow.launch.processes import LocalCluster, TaskProcess
+from psflow.launch.run_end import RunEnd
+
+PS_STATS = [{"task": "/job:ps/task:0", "global_step": 42, "pushes_applied": 42}]
+
+
+@pytest.fixture
+def lc(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster of one ps task (nothing listens on its port) and one running task process (its own group)."""
+    cluster = LocalCluster.create(1, 1, str(tmp_path))
+    log = open(tmp_path / "worker-0.log", "w")
+    popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], process_group=0)
+    cluster.tasks.append(TaskProcess("worker", 0, popen, str(tmp_path / "worker-0.log"), log))
+    try:
+        yield cluster
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait(timeout=10)
+        log.close()
+
+
+def metrics(tmp_path: Path) -> dict[str, object]:
+    with open(tmp_path / "metrics.json") as f:
+        loaded: dict[str, object] = json.load(f)
+    return loaded
+
+
+def test_a_signal_after_a_finished_run_s_end_keeps_it_finished(lc: LocalCluster, tmp_path: Path) -> None:
+    out = io.StringIO()
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=out)
+    final = end.finished(ps_stats=PS_STATS, train_seconds=1.5, evaluation=None, extra={}, client=None)
+    assert metrics(tmp_path)["phase"] == "finished"
+
+    report = end.interrupted(signal.SIGTERM)
+
+    written = metrics(tmp_path)
+    assert written["phase"] == "finished" and "interrupted" not in written and "exit_code" not in written
+    assert written == json.loads(json.dumps(final)) and end.snapshot is final
+    assert lc.tasks[0].popen.poll() is not None, "the late signal still stops every task"
+    assert "interrupted by SIGTERM at global_step" not in report, report
+    assert report.splitlines()[0] == (
+        "SIGTERM arrived after the run had finished at global_step 42: its end stands; every task stopped"), report
+
+
+def test_a_signal_after_a_failed_run_s_end_keeps_its_failure(lc: LocalCluster, tmp_path: Path) -> None:
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    end.failed("/job:worker/task:0 (pid 7) exited with code 1: root cause")
+    first = metrics(tmp_path)
+    assert (first["phase"], first["exit_code"]) == ("failed", 1)
+
+    report = end.interrupted(signal.SIGINT)
+
+    assert metrics(tmp_path) == first, "the failure's end stands: phase, error and exit code"
+    assert lc.tasks[0].popen.poll() is not None
+    lines = report.splitlines()
+    assert lines[0].startswith("SIGINT arrived after the run had failed at global_step "), report
+    # LaunchInterrupted replaced the failure's exception: its report is the only place the user reads the error
+    assert "  /job:worker/task:0 (pid 7) exited with code 1: root cause" in lines, report
+
+
+def test_an_interrupted_run_is_written_once_and_reported_once(lc: LocalCluster, tmp_path: Path) -> None:
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    report = end.interrupted(signal.SIGTERM)
+    first = metrics(tmp_path)
+    assert (first["phase"], first["interrupted"], first["exit_code"]) == ("interrupted", "SIGTERM", 143)
+    assert report.startswith("interrupted by SIGTERM at global_step ")
+
+    end.failed("the tasks stopped by the interruption, seen as a failure")
+    again = end.interrupted(signal.SIGHUP)
+
+    assert metrics(tmp_path) == first
+    assert again.startswith("SIGHUP arrived after the run had been interrupted at global_step "), again
