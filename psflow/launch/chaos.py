@@ -66,7 +66,8 @@ recovers only once its replacement rebuilt and rejoined the shard's view,
 which takes the restart backoff and a process start: in a short run a second
 ``kill:ps:N`` round may be due only after training ended.)
 
-The launcher reads global_step and fires a due round with every
+The launcher reads global_step and fires a due round, or a fault of a begun
+round whose target answers (:meth:`ChaosInjector.may_fire`), with every
 training process held (SIGSTOP, for the moment of that reading and the
 signals: :class:`psflow.launch.resilience.Resilience`), so no worker can end
 between the reading that says training goes on and the fault: the run's
@@ -396,6 +397,18 @@ class ChaosInjector:
         if any(r is None for r in recovered):
             return None
         return max(r for r in recovered if r is not None) + step - self._last_step
+
+    def may_fire(self, global_step: int) -> bool:
+        """Whether :meth:`poll` at ``global_step`` may fire a fault now (the launcher holds the trainers for that
+        poll only): the next round comes due, or a begun round has a fault whose target answers and runs (asked
+        now, unheld: the held poll asks again)."""
+        if not self._rounds:
+            return False
+        if not self._begun:
+            due = self.due_at()
+            return due is not None and global_step >= due
+        targets, unresolved = self._targets(self._rounds[0])
+        return not (unresolved and not self._last) and any(self._find(job, i) is not None for _, job, i, _ in targets)
 
     def poll(self, global_step: int) -> list[InjectedFault]:
         """Fires the faults of the next round whose task is running, once the round is due (see the

@@ -177,17 +177,22 @@ class Resilience:
                     continue
                 if reading.step > 0 and self.monitor is not None:  # training advanced: every ps task is serving
                     self.monitor.mark_up([ch.task for ch in channels])
-                due = self.injector.due_at()
-                if due is not None and reading.step >= due:  # a round fires now: decide with the trainers held
-                    reading = self._fire_held(channels, reading)
-                else:
-                    self._fire(reading)
-                self._observe(reading, time.monotonic())
+                self._observe(self._act(channels, reading), time.monotonic())
         finally:
             for ch in channels:
                 ch.close()
             if self._coordination is not None:
                 self._coordination.close()
+
+    def _act(self, channels: list[TaskChannel], reading: StepReading) -> StepReading:
+        """One poll of the chaos thread: fires with the trainers held (:meth:`_fire_held`) where a fault may fire
+        now (a round comes due, or a begun round's target answers: :meth:`ChaosInjector.may_fire`), so no fault
+        ever fires unheld; else only drops the faults left if training ended (holding the trainers at every
+        poll would stop training every few ms). Returns the reading the faults were decided on."""
+        if self.injector is not None and self.injector.may_fire(reading.step):
+            return self._fire_held(channels, reading)
+        self._fire(reading)
+        return reading
 
     def _fire(self, reading: StepReading) -> list[InjectedFault]:
         """Drops the faults left if training ended, else fires those due (see :mod:`psflow.launch.chaos`)."""
@@ -233,9 +238,14 @@ class Resilience:
         return reading
 
     def _training_ended(self, reading: StepReading) -> bool:
-        """Every worker of the cluster finished its data, per the step task (chaos faults left are not fired)."""
+        """Every trainer finished its data, per the step task's count of ``Leave`` (chaos faults left are not
+        fired): each chief and worker task; in an in-graph run its client alone (its workers run the client's
+        steps and never leave; the client leaves once, :mod:`psflow.train.in_graph_client`). The client leaves
+        after its final save and evaluation, so a fault may still fire during those: the client, the only
+        trainer, then fails and its restart restores the cluster and trains the records since again."""
         cluster: ClusterSpec = self.lc.cluster
-        trainers = sum(cluster.num_tasks(job) for job in ("chief", "worker") if job in cluster.jobs)
+        trainers = 1 if self._chief == IN_GRAPH_CLIENT else sum(
+            cluster.num_tasks(job) for job in ("chief", "worker") if job in cluster.jobs)
         return trainers > 0 and reading.finished >= trainers
 
     def _duty_holder(self) -> DutyHolder | None:
@@ -284,15 +294,13 @@ class Resilience:
         """(The run's end, before its final snapshot) settles the faults' recovery with the snapshot's
         ``Stats`` of the ps tasks (:meth:`RecoveryWatch.settle`): a replacement that finished, or a step,
         after the chaos thread's last poll counts; with ``--ps-replicas`` the shard primaries' views are read
-        too, so a restarted member not back in its shard's view is not recovered. Each fault left says why; then
-        every fault of the plan is listed, fired or not and why (:meth:`ChaosInjector.summary`)."""
+        too, so a restarted member not back in its shard's view is not recovered. Then every fault of the plan
+        is listed, one line each (:meth:`ChaosInjector.summary`): fired, with its recovery or why it has none,
+        or not fired and why."""
         with self._lock:
             recovered = self.recovery.settle(final_reading(ps_stats, replicated=self._replicated), time.monotonic())
-            left = [f for f in self.injector.injected if f.why is not None] if self.injector is not None else []
             summary = self.injector.summary() if self.injector is not None else []
         _say_recovered(recovered)
-        for fault in left:
-            log.warning("chaos: %s: not recovered: %s", fault.spec, fault.why)
         for line in summary:  # every fault of the plan, fired or not, and why: a schedule that did less says so
             log.warning("%s", line)
 

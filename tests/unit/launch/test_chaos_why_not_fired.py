@@ -121,3 +121,22 @@ def test_a_fault_still_waiting_when_the_run_ends_is_listed_with_why() -> None:
 
 def _reading(step: int, *, finished: int) -> StepReading:
     return StepReading(step, True, finished)
+
+
+def test_the_runs_end_says_why_a_fault_did_not_recover_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Seen reviewing 7f8551b: settle logged 'chaos: SPEC: not recovered: WHY' for each fault left, then the
+    summary's line for that fault said the same again ('fired: ...; not recovered: WHY'); one line per fault."""
+    tasks = [FakeTask("ps", 0, 1 << 30), FakeTask("ps", 1, 1 << 30), FakeTask("worker", 0, 1 << 30),
+             FakeTask("worker", 1, 1 << 30)]
+    resilience = Resilience(FakeCluster(CLUSTER, tasks), ResilienceConfig(health=None, chaos=ChaosPlan.parse(TWO_KILLS)))
+    assert resilience.injector is not None
+    resilience.injector._send = lambda pid, sig: None
+    resilience._fire(_reading(102, finished=0))
+    tasks[0] = FakeTask("ps", 0, (1 << 30) + 1)        # the replacement runs; global_step never moves past 601
+    resilience._fire(_reading(601, finished=2))
+    with caplog.at_level(logging.WARNING, logger="psflow.launch"):
+        resilience.settle([{"global_step": 601, "ready": True}])
+    why = "global_step did not advance past 601 after /job:ps/task:0's replacement started"
+    assert [r.getMessage() for r in caplog.records if why in r.getMessage()] == [
+        f"chaos:   kill:ps:0@step=100: fired: SIGKILL to /job:ps/task:0 (pid {1 << 30}) at global_step 102; "
+        f"not recovered: {why}"], caplog.text
