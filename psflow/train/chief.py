@@ -51,7 +51,10 @@ Chief, in order:
        join wait for that restore the same way, with or without a checkpoint; so
        does a join that took the cluster for a fresh one when a lease holder's
        ``BeginRestore`` came after its Register (its loads, of generation 0, and
-       its SetReady, of none, are refused while that restore is in progress);
+       its SetReady, of none, are refused while that restore is in progress); any
+       other refusal of them (a task that refuses its SetReady at generation 0,
+       e.g. a replicated shard's member that is not the primary) fails the chief
+       with one line naming the task and the checkpoint: no restore would open them;
 
        without one but with
        ``warm_start``, it loads the warm-start values instead
@@ -120,7 +123,7 @@ from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RegisterRequest, SetReadyRequest
 from psflow.ps.registration import Registration, ask_until_reachable, register_tasks
-from psflow.rpc.api import FailedPreconditionError, FencedOffError
+from psflow.rpc.api import FailedPreconditionError, FencedOffError, RpcError
 from psflow.train.generation_restore import restore_at_new_generation
 from psflow.train.state_loss import StateLostError, check_state_kept, ps_states, state_lost_message
 from psflow.train.within_run import lost_within_run
@@ -327,11 +330,12 @@ def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, director
         directory, run, {client.step_task: client.ps_stats()}, client.step_task))
     if not within:  # a resumed run on a fresh cluster: generation 0, the checkpoint's step
         latest = _taken_over(directory, latest, leader, run)
-        try:  # generation 0: a load or SetReady after a lease holder's BeginRestore is refused, nothing changed there
+        try:  # generation 0: a load after a lease holder's BeginRestore is refused by the fence, nothing changed there
             manifest = restore(client, latest, generation=0)
-            _set_ready(client)
-        except (FailedPreconditionError, RestoreRefusedError) as e:  # any other failed load fails the chief
+        except RestoreRefusedError as e:  # any other failed load fails the chief (CheckpointError)
             log.warning("%s: %s: waiting for that restore", client.client_name, e)  # its SetReady opens the tasks
+            return None, None
+        if not _ready_at_start(client, latest):
             return None, None
         log.info("%s: restored checkpoint %s at step %d", client.client_name, latest, manifest.global_step)
         return latest, None
@@ -380,6 +384,37 @@ def _taken_over(directory: str, latest: str, leader: Callable[[], Lease | None] 
         raise CheckpointError(f"checkpoint {latest} was removed before it could be restored (an older chief's save, "
                               f"fenced off), and {directory} holds no other; the ps tasks stay not ready")
     return taken
+
+
+def _ready_at_start(client: ParameterClient, latest: str) -> bool:
+    """(After the restore at start, generation 0, of checkpoint ``latest``) marks every task ready as
+    :func:`_set_ready` does: True. False where a lease holder's restore began on a task since the loads, which makes
+    the tasks ready itself (the chief waits for it): that task refused the ``SetReady`` (of no generation: plain
+    FAILED_PRECONDITION, there is no fencing token to refuse) and its ``Stats`` show the ``BeginRestore``'s
+    generation (a restore within the run is at one above 0). Told by that state, not by the refusal's text.
+
+    Raises:
+        CheckpointError: a task refused its ``SetReady`` and no restore began there (e.g. a replicated shard's
+            member that is not the primary, or was deposed, and no other route was found): names the task and the
+            checkpoint. The tasks not made ready stay so (ps task 0, made ready last, among them: workers wait).
+        RpcError: a ``SetReady`` failed otherwise (a task unreachable, the variables not registered there).
+    """
+    for task in sorted(client.channels, key=lambda t: t == client.step_task):
+        try:
+            client.call(task, SetReadyRequest(client.client_name))
+        except FailedPreconditionError as e:
+            try:
+                generation, why = client.ps_stats(task).generation, " with no restore begun there (generation 0)"
+            except RpcError as asked:
+                generation, why = 0, f"; its Stats failed too ({asked})"
+            if generation:  # a BeginRestore came since the loads: that restore's SetReady opens the tasks
+                log.warning("%s: %s: waiting for that restore (generation %d)", client.client_name, e, generation)
+                return False
+            raise CheckpointError(
+                f"{client.client_name}: checkpoint {latest} was loaded onto every ps task at generation 0, but "
+                f"{client.channels[task].task} refused to become ready ({e}){why}: no lease holder's restore will "
+                "make the tasks ready, so this chief fails") from e
+    return True
 
 
 def _set_ready(client: ParameterClient) -> None:

@@ -1,0 +1,100 @@
+"""A resumed chief's restore at start (generation 0: psflow/train/chief.py, ``_restore_at_join``) waits for a lease
+holder's restore only when one began on the tasks: its loads refused by the restore fence (``RestoreRefusedError``),
+or its ``SetReady`` (no generation) refused by a task that a ``BeginRestore`` moved to another generation since.
+
+Any other refusal of the ``SetReady`` (FAILED_PRECONDITION too: a replicated shard's member that is not the primary,
+or was deposed, when the router found no other route) was read as that restore's: the chief logged "waiting for that
+restore" and left every task not ready behind it, waiting for a restore no one makes. It now fails the chief with one
+line naming the task and the checkpoint. Real in-process ps services behind in-process channels (the same dispatch as
+over a network); one task's ``SetReady`` answers as the test says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
+
+from psflow.checkpoint.save import CheckpointManager
+from psflow.errors import CheckpointError
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import BeginRestoreRequest
+from psflow.ps.replication.deposed import Deposal
+from psflow.ps.replication.view import View
+from psflow.ps.service import ParameterService
+from psflow.rpc.api import Handler, PreconditionFailed, Reply
+from psflow.rpc.framing import Frame
+from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.chief import join_cluster
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _not_the_primary(shard: int) -> PreconditionFailed:
+    """A replicated shard's backup's refusal of a state call (member.py ``_check_primary``'s words)."""
+    view = View(2, f"/job:ps_backup/task:{shard}", (), "backup")
+    return PreconditionFailed(f"/job:ps/task:{shard}: not the primary of shard {shard} ({view.role}); "
+                              f"{view.describe()}")
+
+
+def _deposed(shard: int) -> PreconditionFailed:
+    """A replicated shard's deposed member's refusal (member.py, deposed.py)."""
+    deposal = Deposal(f"/job:ps/task:{shard}", shard)
+    deposal.depose(f"/job:ps_backup/task:{shard}", 2)
+    return PreconditionFailed(deposal.message())
+
+
+def _resumed(tmp_path: Path, task: int, set_ready: Callable[[list[ParameterService], Handler], Handler]
+             ) -> tuple[ParameterClient, list[ParameterService]]:
+    """Trained a step past a checkpoint, then every ps task restarted empty (a new run resuming it: generation 0);
+    ps task ``task``'s ``SetReady`` is ``set_ready(services, its real handler)``."""
+    client, services = two_ps_cluster()
+    join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
+    train_a_step(client)
+    CheckpointManager(str(tmp_path)).save(client)
+    restart_ps(client, services, 0)
+    restart_ps(client, services, 1)
+    handlers = services[task].handlers()
+    table: dict[str, Handler] = {**handlers, "SetReady": set_ready(services, handlers["SetReady"])}
+    client.channels[task] = InProcessChannel(f"/job:ps/task:{task}", table)
+    return client, services
+
+
+def _refused_by(refusal: Callable[[int], Exception], task: int) -> Callable[[list[ParameterService], Handler], Handler]:
+    def set_ready(services: list[ParameterService], real: Handler) -> Handler:
+        def refused(frame: Frame) -> Reply:
+            raise refusal(task)
+        return refused
+    return set_ready
+
+
+@pytest.mark.parametrize("task", [1, 0], ids=["ps1", "ps0-last"])
+@pytest.mark.parametrize("refusal", [_not_the_primary, _deposed], ids=["not-primary", "deposed"])
+def test_a_set_ready_refused_with_no_restore_begun_fails_the_chief_naming_the_task_and_checkpoint(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, refusal: Callable[[int], Exception], task: int) -> None:
+    client, services = _resumed(tmp_path, task, _refused_by(refusal, task))
+    with pytest.raises(CheckpointError) as e:
+        join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run")
+    line = str(e.value)
+    assert "\n" not in line and f"/job:ps/task:{task}" in line and str(tmp_path) in line
+    assert "waiting for that restore" not in caplog.text
+    assert not services[task].ready and not services[0].ready  # ps task 0 (made ready last) tells workers to wait
+
+
+def test_a_set_ready_refused_because_a_holders_restore_began_waits_for_that_restore(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The contrast: a lease holder's BeginRestore reached every task after the chief's loads, so ps task 1's own
+    restore gate refuses the SetReady (FAILED_PRECONDITION, no fencing token): the chief waits for that restore."""
+    def holder_begins_first(services: list[ParameterService], real: Handler) -> Handler:
+        def set_ready(frame: Frame) -> Reply:
+            begin = BeginRestoreRequest(5).to_frame()
+            for service in services:
+                service.handlers()["BeginRestore"](begin)
+            return real(frame)
+        return set_ready
+    client, services = _resumed(tmp_path, 1, holder_begins_first)
+    joined = join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run")
+    assert joined.restore_pending and joined.restored is None and not any(s.ready for s in services)
+    assert "waiting for that restore" in caplog.text
