@@ -14,6 +14,9 @@ Modules (one concept each):
 * ``channels.py``: how a member reaches the others (gRPC for control, the run's carrier for Replicate);
 * ``data_calls.py``: the primary's Push, PushPull (PushPullAckLater, Acked) and Pull: served, recorded, acknowledged, each
   push once;
+* ``control_calls.py``: the primary's LoadShard, SetReady, BeginRestore, Done, FinalEval, ReaderPositions and Leave:
+  served, recorded, acknowledged;
+* ``joins.py``: the primary's senders: a member's Join, its start from a snapshot, its entry into the view once caught up;
 * ``applier.py``: a backup's in-order applier (buffers entries that arrive early);
 * ``chunks.py``: an entry bigger than a message (a big shard's full entry) split into chunks and joined again;
 * ``deltas.py``: capture and write of what a change wrote to a partition;

@@ -12,12 +12,14 @@
   of every push it applied (dedup, examples, reader positions) and their count are one entry, so a backup
   never holds a step without its pushes' records (a resend after a failover gets its reply, never "stale").
   Push, PushPull (and PushPullAckLater with its Acked) and Pull are :mod:`~psflow.ps.replication.data_calls`;
-  the other calls, and the entries' recording (:meth:`ShardReplication._record`), are here.
+  LoadShard, SetReady, BeginRestore, Done, FinalEval, ReaderPositions and Leave
+  :mod:`~psflow.ps.replication.control_calls`; the entries' recording (:meth:`ShardReplication._record`) is here.
 * Counts (``Stats``' ``replication`` entry): ``pushes_applied`` (numbered pushes applied here, each once) and
   ``pushes_acknowledged`` (the largest ``acked`` each client process reported, summed): docs/replication.md.
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
   knows; ``Replicate`` writes the primary's entries in order (applier.py). Promoted, it announces a run over.
-* ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`.
+* ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`. A Join's
+  sender, from a snapshot, and its entry into the view once caught up: :mod:`~psflow.ps.replication.joins`.
 * Start (:meth:`ShardReplication.start`): where the member stands, :mod:`~psflow.ps.replication.startup`.
 
 An unreplicated service never builds one of these: its handlers are the service's own.
@@ -38,10 +40,7 @@ from psflow.coord.lease_table import LeaseTable
 from psflow.ps.protocol import (
     DropBackupRequest,
     FenceRequest,
-    JoinReply,
     JoinRequest,
-    LeaveRequest,
-    LoadShardRequest,
     PartDelta,
     PromoteRequest,
     PushReply,
@@ -58,11 +57,13 @@ from psflow.ps.replication.carried import CarriedStates
 from psflow.ps.replication.channels import MemberChannels
 from psflow.ps.replication.checkpoint_count import CheckpointCount
 from psflow.ps.replication.chunks import ChunkAssembler
+from psflow.ps.replication.control_calls import control_handlers
 from psflow.ps.replication.data_calls import DataCalls
 from psflow.ps.replication.dedup import DedupTable
 from psflow.ps.replication.deposed import Deposal
 from psflow.ps.replication.fence_state import ReplicatedFence
-from psflow.ps.replication.forwarder import BackupSender, Forwarder
+from psflow.ps.replication.forwarder import Forwarder
+from psflow.ps.replication.joins import Joins
 from psflow.ps.replication.leases import ReplicatedLeases
 from psflow.ps.replication.register_call import replicated_register
 from psflow.ps.replication.save_ledger import ReplicatedSaveLedger
@@ -79,15 +80,6 @@ from psflow.rpc.tls import TlsConfig
 __all__ = ["ReplicationConfig", "ShardReplication"]
 
 log = logging.getLogger("psflow.ps.replication")
-
-_FULL_CALLS = ("LoadShard",)  # calls replicated whole (a full entry; Register: register_call.py), then by small state:
-_STATE_CALLS = ("SetReady", "BeginRestore", "Done", "FinalEval", "ReaderPositions")
-#: A joining member this few entries behind the newest: new entries wait (at most _JOIN_HOLD seconds, then
-#: not again for _JOIN_HOLD) until it acked the newest and entered the view; so it enters under any load.
-_JOIN_NEAR, _JOIN_HOLD = 64, 1.0
-#: Seconds a LoadShard's wait for its backups ends before its caller's deadline (at most a tenth of it), so
-#: its UNAVAILABLE reply, naming the backup, reaches the caller before the caller gives up.
-_REPLY_MARGIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -145,9 +137,7 @@ class ShardReplication:
                                        connect=connect)
         self._channel, self._status_of = self.channels.get, self.channels.status_of  # control calls to a member
         self._stopped = threading.Event()
-        self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
-        self._join_lock = threading.Lock()  # Joins served one at a time (join)
-        self._joins: dict[str, tuple[int, int]] = {}  # member -> (incarnation, id) of its newest Join served
+        self.joins = Joins(self)  # Join, and the forwarder's senders
         self.data = DataCalls(self)  # Push, PushPull, Pull
         service.mode.on_step_applied = self.data.step_applied
         service._checkpoints.push_count = CheckpointCount(self.counts, self.dedup, self.data.apply_lock,
@@ -158,14 +148,10 @@ class ShardReplication:
         """The service's handler table with the replicated calls in place of its own, and this package's."""
         out = dict(table)
         out.update(self.data.handlers())
-        for method in _FULL_CALLS + _STATE_CALLS:
-            if method in table:
-                out[method] = self._replicated(table[method], full=method in _FULL_CALLS)
+        out.update(control_handlers(self, table))  # LoadShard, SetReady, BeginRestore, Done, ..., Leave
         out[RegisterRequest.METHOD] = replicated_register(self, table[RegisterRequest.METHOD])
         out[FenceRequest.METHOD] = self.fence.handler(table[FenceRequest.METHOD])
         out.update(self.saves.handlers(table) if self.saves is not None else {})
-        if LeaveRequest.METHOD in table:
-            out[LeaveRequest.METHOD] = self._leave(table[LeaveRequest.METHOD])
         out.update({ReplicaStatusRequest.METHOD: self.replica_status, PromoteRequest.METHOD: self.promote,
                     DropBackupRequest.METHOD: self.drop_backup, JoinRequest.METHOD: self.join,
                     ReplicateRequest.METHOD: self.replicate})
@@ -217,7 +203,7 @@ class ShardReplication:
             return forwarder.last_seq
         return self.applier.applied_seq
 
-    # ---- the primary's write path (Push, PushPull, Pull: data_calls.py) ----------------------------
+    # ---- the primary's write path (data_calls.py, control_calls.py) --------------------------------
     def _check_primary(self, shard_epoch: int | None = None) -> Forwarder:
         if self.deposal.by is not None:
             raise PreconditionFailed(self.deposal.message())
@@ -248,42 +234,6 @@ class ShardReplication:
                 return self._full_entry(seq)
             return ReplicaEntry(seq, task_state(self.service, self.dedup, self.counts), tuple(parts()))
         return forwarder.record(build)
-
-    def _replicated(self, handler: Handler, *, full: bool) -> Handler:
-        def call(frame: Frame) -> Reply:
-            forwarder = self._check_primary()
-            began = time.monotonic()
-            result = handler(frame)
-            seq = self._record(forwarder, lambda: [], full=full)
-            forwarder.wait(seq, timeout=self._full_wait(frame, began) if full else None)
-            return result
-        return call
-
-    def _full_wait(self, frame: Frame, began: float) -> float:
-        """Seconds a ``LoadShard`` served since ``began`` waits for its backups' acknowledgement of its full entry
-        (the whole shard, which may take a backup longer than ``replica_timeout`` to receive and write): until
-        just before its caller stops waiting (``reply_within_ms``, the call's deadline), so the caller hears
-        which backup failed; ``replica_timeout`` at least. A call without it: ``replica_timeout`` plus twice
-        the seconds the load took here (each backup writes the same), as ``Register`` waits."""
-        within = LoadShardRequest.from_frame(frame).reply_within_ms
-        timeout = self.config.replica_timeout
-        elapsed = time.monotonic() - began
-        if within is None:
-            return timeout + 2 * elapsed
-        return max(timeout, within / 1000 - elapsed - min(_REPLY_MARGIN, within / 10000))
-
-    def _leave(self, handler: Handler) -> Handler:
-        """``Leave``: served, with the final ``acked`` count of the process that leaves (its incarnation; an
-        older client's Leave: the worker's newest), then replicated."""
-        def call(frame: Frame) -> Reply:
-            forwarder = self._check_primary()
-            request = LeaveRequest.from_frame(frame)
-            result = handler(frame)
-            incarnation = request.incarnation or self.service.workers.incarnation_of(request.worker)
-            self.dedup.report_acked(request.worker, incarnation, request.acked, request.acked_all)
-            forwarder.wait(self._record(forwarder, lambda: []))
-            return result
-        return call
 
     # ---- a backup's side --------------------------------------------------------------------------
     def replicate(self, frame: Frame) -> Reply:
@@ -352,89 +302,8 @@ class ShardReplication:
         return _reply(replace(self.status(), view_changed=changed))
 
     def join(self, frame: Frame) -> Reply:
-        request = JoinRequest.from_frame(frame)
-        self._check_shard(request.shard)
-        if request.member not in self.members or request.member == self.task:
-            raise InvalidRequest(f"{self.task}: {request.member} is not another member of shard {self.shard}")
-        forwarder = self._check_primary()
-        with self._join_lock:  # one Join at a time: the newest one's sender is the one that stays
-            self._refuse_older_join(request)
-            view = self.view.view
-            if request.member in view.backups:  # its own return: it catches up before it is waited for again
-                view = self.view.set(replace(view, backups=tuple(b for b in view.backups if b != request.member)))
-                forwarder.set_waited(view.backups)
-            seq = self._add_sender(forwarder, request.member, request.incarnation, request.join_id)
-        log.info("%s: %s joins shard %d from snapshot %d", self.task, request.member, self.shard, seq)
-        return _reply(JoinReply(view.epoch, seq))
-
-    def _refuse_older_join(self, request: JoinRequest) -> None:
-        """Records ``request`` as its member's newest Join (under ``_join_lock``).
-
-        Raises:
-            PreconditionFailed: a Join of the same process was served with this id or a higher one (this one
-                was held up in the network, or arrived twice): its sender would replace the newer one's,
-                whose calls alone the member takes.
-        """
-        if request.join_id is None:
-            return
-        newest = self._joins.get(request.member)
-        if newest is not None and newest[0] == request.incarnation and request.join_id <= newest[1]:
-            raise PreconditionFailed(f"{self.task}: Join {request.join_id} of {request.member} (process "
-                                     f"{request.incarnation}) refused: its Join {newest[1]} was served already")
-        self._joins[request.member] = (request.incarnation, request.join_id)
-
-    def _add_sender(self, forwarder: Forwarder, member: str, incarnation: int | None = None,
-                    join_id: int | None = None) -> int:
-        """A sender to ``member`` whose first entry is the whole state as of the newest seq; returns that seq.
-        ``incarnation``: the member's process that asked (Join), which alone takes its calls (None: any);
-        ``join_id``: that Join's id, which its calls carry (the member takes only its newest Join's)."""
-        with forwarder.lock:
-            old = forwarder.senders.pop(member, None)
-            if old is not None:
-                old.stop()
-            seq = forwarder.last_seq
-            sender = BackupSender(member, lambda: self.channels.get(member, data=True),
-                                  lambda to, entries: self._request(to, entries, incarnation, join_id),
-                                  self._on_ack,
-                                  self._on_refused, rpc_timeout=max(self.config.replica_timeout, 5.0),
-                                  chunk_bytes=self.config.chunk_bytes)
-            sender.enqueue(self._full_entry(seq))
-            forwarder.senders[member] = sender
-        return seq
-
-    def _request(self, member: str, entries: list[ReplicaEntry], incarnation: int | None,
-                 join_id: int | None) -> ReplicateRequest:
-        view = self.view.view
-        return ReplicateRequest(view.epoch, self.task, member, view.backups, entries, incarnation, join_id)
-
-    def _on_ack(self) -> None:
-        """A sender's member acknowledged: wake the waiting calls; a joining member caught up enters the view."""
-        forwarder = self.forwarder
-        if forwarder is None:
-            return
-        forwarder.notify()
-        view = self.view.view
-        joined, near = [], False
-        with forwarder.lock:
-            for member, sender in forwarder.senders.items():
-                if member in view.backups or not sender.answered:
-                    continue
-                if sender.acked >= forwarder.last_seq:
-                    joined.append(member)
-                elif forwarder.last_seq - sender.acked <= _JOIN_NEAR:
-                    near = True
-            if joined and self.view.view.role == PRIMARY:
-                view = self.view.set(replace(view, backups=view.backups + tuple(joined)))
-        if joined:
-            forwarder.release()
-            forwarder.set_waited(view.backups)
-            log.info("%s: %s caught up: shard %d's backups are %s", self.task, ", ".join(joined), self.shard,
-                     ", ".join(view.backups))
-            self._record(forwarder, lambda: [])  # tells the members the view (each Replicate carries it)
-            forwarder.kick()  # now: no call waits for that entry
-        elif near and not forwarder.held and time.monotonic() - self._held_at > 2 * _JOIN_HOLD:
-            self._held_at = time.monotonic()  # a barrier: the newest entry stays the newest until it acks it
-            forwarder.hold(_JOIN_HOLD)
+        """``Join``: a sender to the member that asks, from a snapshot (:meth:`Joins.join`)."""
+        return self.joins.join(frame)
 
     def _on_refused(self, member: str, error: str) -> None:
         """``member`` refused entries as deposed: ask it who is primary at which epoch; this one is deposed."""
@@ -475,7 +344,7 @@ class ShardReplication:
         self.forwarder = forwarder
         self.carried.promoted()
         for member in view.backups:  # each rebuilds from this one's state
-            self._add_sender(forwarder, member)
+            self.joins.add_sender(forwarder, member)
         forwarder.set_waited(view.backups)
         if self.service.run_ledger is not None:  # the workers' Done it holds may say the run is over already
             self.service.run_ledger.announce_if_over()

@@ -16,8 +16,8 @@
   next does not count that ``Done`` and end the run while the new process trains, nor keep naming the earlier
   run in its journal for the rest of the new one (:mod:`psflow.train.within_run`).
 
-A joining member still starts from a full snapshot (:meth:`ShardReplication._add_sender`), and ``LoadShard``
-(a checkpoint's values) is still a full entry.
+A joining member still starts from a full snapshot (:meth:`~psflow.ps.replication.joins.Joins.add_sender`), and
+``LoadShard`` (a checkpoint's values) is still a full entry.
 """
 
 from __future__ import annotations

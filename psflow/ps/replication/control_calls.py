@@ -1,0 +1,89 @@
+"""A replicated shard primary's control calls, recorded after they are served: ``LoadShard``, ``SetReady``,
+``BeginRestore``, ``Done``, ``FinalEval``, ``ReaderPositions`` and ``Leave``.
+
+:func:`control_handlers` wraps the service's own handlers of these calls on a
+:class:`~psflow.ps.replication.member.ShardReplication` (``Register``: :mod:`~psflow.ps.replication.register_call`;
+``Fence``, shard 0's leases and checkpoint ledger: :mod:`~psflow.ps.replication.carried`). Guarantees:
+
+* **Primary only.** A call on a member that is not the primary of its view, or is deposed, is refused with
+  FAILED_PRECONDITION naming the primary it knows, before it is served.
+* **Served, then recorded, then acknowledged.** The call is served as an unreplicated task serves it; then its
+  result is recorded as the member's next entry (:meth:`ShardReplication._record`) and the call returns once
+  every backup of the view acknowledged that entry (UNAVAILABLE naming the backup after the wait below).
+  ``LoadShard`` (a checkpoint's values) is a full entry, the whole shard; the others carry the small state
+  (:func:`~psflow.ps.replication.snapshot.task_state`).
+* **The wait.** ``replica_timeout``; a ``LoadShard``'s: until just before its caller stops waiting
+  (:attr:`~psflow.ps.protocol.LoadShardRequest.reply_within_ms`), ``replica_timeout`` at least, so the caller hears
+  which backup failed (:func:`full_wait`).
+* **Leave counts.** A ``Leave``'s final ``acked`` count of the process that leaves is taken into the dedup
+  table's counts (``pushes_acknowledged``) before its entry is recorded.
+
+Thread-safe: the member's forwarder orders the entries.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from psflow.ps.protocol import LeaveRequest, LoadShardRequest
+from psflow.rpc.api import Handler, Reply
+from psflow.rpc.framing import Frame
+
+if TYPE_CHECKING:
+    from psflow.ps.replication.member import ShardReplication
+
+__all__ = ["control_handlers", "full_wait"]
+
+_FULL_CALLS = ("LoadShard",)  # calls replicated whole (a full entry; Register: register_call.py), then by small state:
+_STATE_CALLS = ("SetReady", "BeginRestore", "Done", "FinalEval", "ReaderPositions")
+#: Seconds a LoadShard's wait for its backups ends before its caller's deadline (at most a tenth of it), so
+#: its UNAVAILABLE reply, naming the backup, reaches the caller before the caller gives up.
+_REPLY_MARGIN = 1.0
+
+
+def control_handlers(member: ShardReplication, table: dict[str, Handler]) -> dict[str, Handler]:
+    """The replicated handlers, on ``member``, of the calls above that ``table`` (the service's) serves."""
+    out = {method: _replicated(member, table[method], full=method in _FULL_CALLS)
+           for method in _FULL_CALLS + _STATE_CALLS if method in table}
+    if LeaveRequest.METHOD in table:
+        out[LeaveRequest.METHOD] = _leave(member, table[LeaveRequest.METHOD])
+    return out
+
+
+def _replicated(member: ShardReplication, handler: Handler, *, full: bool) -> Handler:
+    def call(frame: Frame) -> Reply:
+        forwarder = member._check_primary()
+        began = time.monotonic()
+        result = handler(frame)
+        seq = member._record(forwarder, lambda: [], full=full)
+        forwarder.wait(seq, timeout=full_wait(frame, began, member.config.replica_timeout) if full else None)
+        return result
+    return call
+
+
+def full_wait(frame: Frame, began: float, replica_timeout: float) -> float:
+    """Seconds a ``LoadShard`` served since ``began`` waits for its backups' acknowledgement of its full entry
+    (the whole shard, which may take a backup longer than ``replica_timeout`` to receive and write): until
+    just before its caller stops waiting (``reply_within_ms``, the call's deadline), so the caller hears
+    which backup failed; ``replica_timeout`` at least. A call without it: ``replica_timeout`` plus twice
+    the seconds the load took here (each backup writes the same), as ``Register`` waits."""
+    within = LoadShardRequest.from_frame(frame).reply_within_ms
+    elapsed = time.monotonic() - began
+    if within is None:
+        return replica_timeout + 2 * elapsed
+    return max(replica_timeout, within / 1000 - elapsed - min(_REPLY_MARGIN, within / 10000))
+
+
+def _leave(member: ShardReplication, handler: Handler) -> Handler:
+    """``Leave``: served, with the final ``acked`` count of the process that leaves (its incarnation; an
+    older client's Leave: the worker's newest), then replicated."""
+    def call(frame: Frame) -> Reply:
+        forwarder = member._check_primary()
+        request = LeaveRequest.from_frame(frame)
+        result = handler(frame)
+        incarnation = request.incarnation or member.service.workers.incarnation_of(request.worker)
+        member.dedup.report_acked(request.worker, incarnation, request.acked, request.acked_all)
+        forwarder.wait(member._record(forwarder, lambda: []))
+        return result
+    return call
