@@ -16,8 +16,10 @@ checks them against the partitions they name. A request's ``METHOD`` is its
 call's name.
 
 Files:
-    * ``data.py``: the data path -- ``Register``, ``Pull``, ``Push`` (with
-      its :class:`WorkerTag` and :class:`StepTag`), ``PushPull``.
+    * ``data.py``: the data path -- ``Register``, ``Pull``, ``PushPull``.
+    * ``push.py``: a push -- ``Push`` (with its :class:`WorkerTag` and
+      :class:`StepTag`) and its reply, and named gradients as a push's
+      arrays (:func:`gradient_arrays`).
     * ``lifecycle.py``: every client's calls around it -- ``Stats``,
       ``Leave``, ``Done``, ``FinalEval``, ``SaveNotice`` (and :class:`Ack`).
     * ``control.py``: the chief's and the checkpoints' calls -- ``Fence``,
@@ -87,21 +89,13 @@ from psflow.ps.protocol.control import (
     SetReadyRequest,
 )
 from psflow.ps.protocol.data import (
-    GradPart,
     PullReply,
     PullRequest,
     PushPullReply,
     PushPullRequest,
-    PushReply,
-    PushRequest,
     RegisterReply,
     RegisterRequest,
     Request,
-    StepTag,
-    WorkerTag,
-    gradient_arrays,
-    gradients_of,
-    held_push,
 )
 from psflow.ps.protocol.in_graph import RunStepReply, RunStepRequest, SparseArrays
 from psflow.ps.protocol.lifecycle import (
@@ -114,6 +108,16 @@ from psflow.ps.protocol.lifecycle import (
     SaveNoticeReply,
     SaveNoticeRequest,
     StatsReply,
+)
+from psflow.ps.protocol.push import (
+    GradPart,
+    PushReply,
+    PushRequest,
+    StepTag,
+    WorkerTag,
+    gradient_arrays,
+    gradients_of,
+    held_push,
 )
 from psflow.ps.protocol.replication import (
     ROLES,

@@ -1,6 +1,6 @@
 """The in-graph path's ``RunStep`` (a worker task's WorkerService, :mod:`psflow.train.in_graph`): a batch
 slice in, the step's loss, outputs and gradients out. The gradients travel as a push's
-(:func:`~psflow.ps.protocol.data.gradient_arrays`), so the client pushes what a worker computed
+(:func:`~psflow.ps.protocol.push.gradient_arrays`), so the client pushes what a worker computed
 unchanged."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from psflow.ps.protocol.data import gradient_arrays, gradients_of
 from psflow.ps.protocol.fields import flag, message, optional_int
+from psflow.ps.protocol.push import gradient_arrays, gradients_of
 from psflow.rpc.api import InvalidRequest
 from psflow.rpc.framing import Frame
 

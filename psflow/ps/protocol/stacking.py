@@ -14,9 +14,9 @@ named in the meta by ``(block, start, count)``.
 
 What the receiver gets is what separate arrays would have given: the same values, shapes and dtypes, views of the
 received frame (read-only, but a tcp client's reply: writable, its own, so a reply's ranges may not overlap).
-The messages of :mod:`psflow.ps.protocol.data` decide what they stack (:func:`stack_grads`, :func:`stack_rows`; a
-pull reply's values: :func:`stack_values`, read back by :func:`values_of`); a sender may always send one array per
-partition instead, and the receiver reads both forms.
+The messages of :mod:`psflow.ps.protocol.data` and :mod:`psflow.ps.protocol.push` decide what they stack
+(:func:`stack_grads`, :func:`stack_rows`; a pull reply's values: :func:`stack_values`, read back by
+:func:`values_of`); a sender may always send one array per partition instead, and the receiver reads both forms.
 """
 
 from __future__ import annotations
