@@ -36,7 +36,8 @@ Classes and functions, by file:
 * ``chief.py`` -- who the chief is, and how a client joins the cluster (initialize, restore, warm start).
 * ``recovery.py`` -- an elected chief (:class:`~psflow.train.recovery.Leadership`) and restores after a ps
   task died (:class:`~psflow.train.recovery.ClusterRecovery`); ``leader_hooks.py`` -- the chief duties' hooks
-  that follow its lease (:class:`~psflow.train.leader_hooks.LeaderOnlyHook`); ``state_loss.py`` -- a ps task that lost
+  that follow its lease (:class:`~psflow.train.leader_hooks.LeaderOnlyHook`); ``leadership.py`` -- the lease's
+  campaign (:class:`~psflow.train.leadership.Leadership`, exported by ``recovery.py``); ``state_loss.py`` -- a ps task that lost
   its variables with no checkpoint to restore them from stops the run (:class:`~psflow.train.state_loss.StateLostError`);
   ``within_run.py`` -- every ps task empty: lost within this run (restored past global_step's journal bound) or a new run;
   ``generation_restore.py`` -- a restore within a run at a new generation (the lease holder's, a restarted chief's join).

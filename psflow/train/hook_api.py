@@ -23,6 +23,10 @@ in this order (hooks are called in the order given, for each call):
    b. the step runs (pull, compute, push);
    c. ``after_run(context, values)`` -- ``values`` is what the step produced;
       ``request_stop()`` here ends the loop after this step.
+
+   Between two steps, after a restore within the run (a ps task lost its state; the worker waited for the
+   cluster to be set back to a checkpoint: :class:`~psflow.train.recovery.ClusterRecovery`):
+   ``after_restore(session, checkpoint, step)``, before the next ``before_run``.
 5. ``end(session)`` -- once, when the loop ends normally (data exhausted or a
    stop requested). Checkpoint and summary hooks save their last state here.
 
@@ -117,6 +121,11 @@ class SessionRunHook:
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         """Called once the cluster is ready (variables initialized or restored)."""
+
+    def after_restore(self, session: MonitoredTrainingSession, checkpoint: str | None, step: int | None) -> None:
+        """Called after the cluster was restored within the session (a ps task lost its state: every ps task
+        set back to ``checkpoint``, the model of global_step ``step``; None: not known), before the next step;
+        global_step itself need not go back (:mod:`psflow.train.recovery`)."""
 
     def before_run(self, context: RunContext) -> None:
         """Called before each step."""

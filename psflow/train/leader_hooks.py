@@ -59,6 +59,10 @@ class LeaderOnlyHook(SessionRunHook):
     def after_create_session(self, session: Any) -> None:
         self._leading(session)
 
+    def after_restore(self, session: Any, checkpoint: str | None, step: int | None) -> None:
+        if self._leading(session):  # SummarySaverHook's START after a restore within the run
+            self._guard(lambda: self.inner.after_restore(session, checkpoint, step))
+
     def before_run(self, context: RunContext) -> None:
         if self._leading(context.session):  # e.g. SummarySaverHook's START after a restore its join waited for
             self._guard(lambda: self.inner.before_run(context))

@@ -148,6 +148,12 @@ class MonitoredTrainingSession:
             hook.after_create_session(self)
         return self
 
+    def restored(self, checkpoint: str | None, step: int | None) -> None:
+        """Every hook's ``after_restore``: the cluster was restored within this session, from ``checkpoint`` (None:
+        not known) at ``step`` (:class:`~psflow.train.recovery.ClusterRecovery` calls it, before the next step)."""
+        for hook in self.hooks:
+            hook.after_restore(self, checkpoint, step)
+
     def _initialized(self) -> None:
         """(Chief, fresh cluster, not yet ready) every hook's ``after_initialize``."""
         for hook in self.hooks:

@@ -1,6 +1,7 @@
 """The chief's TensorBoard summaries hook (:class:`SummarySaverHook`): loss, rates and per-ps request/byte rates
-every N global steps, and a SessionLog START where the model it trains on was restored. Exported from
-:mod:`psflow.train.hooks` with the other built-in hooks; the writer and the tags are :mod:`psflow.train.summary`'s.
+every N global steps, and a SessionLog START where the model it trains on was restored (at its join, or within
+its session). Exported from :mod:`psflow.train.hooks` with the other built-in hooks; the writer and the tags are
+:mod:`psflow.train.summary`'s.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class SummarySaverHook(SessionRunHook):
     (:meth:`~psflow.train.summary.SummaryWriter.session_start`: TensorBoard drops older steps past that one); so does
     a chief whose join left the restore to the lease holder (``JoinResult.restore_pending``: restored None, step 0,
     the model not restored yet), before its first step, once that restore ended: at the newest checkpoint's step,
-    the one that holder restored.
+    the one that holder restored; and so does the chief after a restore within its session
+    (:meth:`after_restore`, from :class:`~psflow.train.recovery.ClusterRecovery`), before its next step. Each
+    START is at the checkpoint's step, also where global_step went on past the steps lost (the journal's, or ps
+    task 0 kept it): TensorBoard then drops the lost steps' points, which described a model no longer trained.
     """
 
     def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
@@ -57,7 +61,10 @@ class SummarySaverHook(SessionRunHook):
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         joined = session.join_result
         if joined is not None and joined.restored is not None and session.global_step == joined.global_step:
-            self.writer.session_start(joined.global_step, joined.restored)  # not one elected later, steps on
+            # At the checkpoint's step: a restore within the run goes on past every step value handed out
+            # (psflow.train.within_run), and a START at that step dropped none of the lost steps past the checkpoint.
+            restored_step = _global_step_of(joined.restored)
+            self.writer.session_start(joined.global_step if restored_step is None else restored_step, joined.restored)
         # At the session's start only: a chief elected later, steps on (LeaderOnlyHook calls this then), restored nothing
         self._start_pending = joined is not None and joined.restore_pending and session.global_step == joined.global_step
         self._timer.mark(session.global_step)
@@ -65,15 +72,20 @@ class SummarySaverHook(SessionRunHook):
 
     def before_run(self, context: RunContext) -> None:
         if self._start_pending:  # the restore its join waited for has ended: the first step trains on its model
-            self._start_pending = False
-            session = context.session
+            self.after_restore(context.session, None, None)
+
+    def after_restore(self, session: MonitoredTrainingSession, checkpoint: str | None, step: int | None) -> None:
+        """The cluster was set back to ``checkpoint`` at ``step`` (None: the newest checkpoint's, which the restore
+        read): a START there, before the next step's summaries, whether or not global_step went back."""
+        self._start_pending = False  # (a chief whose join waited for this restore: this is its START)
+        if step is None:
             checkpoint = latest_checkpoint(session.checkpoint_dir) if session.checkpoint_dir else None
             step = _global_step_of(checkpoint) if checkpoint is not None else None
-            if step is None:  # rotated away since: the step the restore left is the nearest known
-                checkpoint, step = None, session.client.global_step()
-            self.writer.session_start(step, checkpoint)
-            self._timer.mark(step)
-            self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # not the empty tasks'
+        if step is None:  # rotated away since: the step the restore left is the nearest known
+            checkpoint, step = None, session.client.global_step()
+        self.writer.session_start(step, checkpoint)
+        self._timer.mark(step)
+        self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # not the empty tasks'
 
     def _snapshot(self, client: ParameterClient) -> dict[int, dict[str, Any]]:
         stats = {}  # each with "read_at": this process's monotonic clock once it was read (ps_restarted)

@@ -227,7 +227,7 @@ def run_worker(
             recovery = ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir,
                                        generation=session.join_result.generation if session.join_result else 0,
                                        leader=leadership.confirmed_lease if leadership is not None else lambda: None,
-                                       timeout=config.cluster.connect_timeout, run=run_id(config, cluster))
+                                       timeout=config.cluster.connect_timeout, run=run_id(config, cluster), on_restored=session.restored)
             resume = resume_position(session, data_config)
             if recovery.generation is None:  # its join left the restore within the run to the lease holder: it waits
                 resume = resume_from_positions(recovery.await_restore(leadership), client.reader_positions(), data_config, task)
