@@ -6,7 +6,10 @@ finds the run went on past its checkpoint (:func:`psflow.train.chief.join_cluste
 or ps task 0's journal bounds steps handed out past the checkpoint). In order, it:
 
 1. (unless the caller registered already) registers the layout with ``chief=True, defer_ready=True``,
-   creating an empty task's variables, not ready;
+   creating an empty task's variables, not ready, and naming the run: ps task 0's global_step journal claims it
+   (:meth:`psflow.ps.global_step.GlobalStep.claim`) before ``BeginRestore`` reads its floor, so a replicated
+   shard 0 whose member 0 restarted with an older run's journal goes on past the floor another member's journal
+   holds for this run, not from the older run's (as the chief's join does: :func:`psflow.train.chief.join_cluster`);
 2. sends ``BeginRestore`` with a generation above every task's (the wall clock in ms, or one more): each task
    refuses pushes of an older generation from then on, finishes the ones in flight, aborts sync/ssp waits and
    forgets finished workers; with a lease, the lease's epoch fences it (a deposed chief's restore is refused);
@@ -30,7 +33,8 @@ from psflow.checkpoint.restore import restore
 from psflow.coord.api import Lease
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
-from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, SetReadyRequest, StatsReply
+from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, RegisterRequest, SetReadyRequest, StatsReply
+from psflow.ps.registration import register_tasks
 from psflow.rpc.api import gather
 from psflow.train.within_run import written_by
 
@@ -59,7 +63,8 @@ def restore_at_new_generation(client: ParameterClient, optimizer: OptimizerSpec,
         lease: the restorer's lease, whose epoch fences ``BeginRestore``; None where no election is held.
         states: every task's ``Stats`` as the caller read them (None: unreachable); the new generation is above
             each one's.
-        run: this run's id: a replicated shard's ``pushes_applied`` is taken from a checkpoint of this run only.
+        run: this run's id, named by the Register (step 1): a replicated shard's ``pushes_applied`` is taken from a
+            checkpoint of this run only.
         limit: how long the Register asks an unreachable task again (None: ``--connect-timeout``).
         step_survived: ps task 0 kept its global_step (the counter's value is then a floor too).
         registered: the caller has just registered the layout as step 1 does (the join's Register).
@@ -71,8 +76,11 @@ def restore_at_new_generation(client: ParameterClient, optimizer: OptimizerSpec,
     """
     gens = [s.generation for s in states.values() if s is not None]
     generation = max(time.time_ns() // 1_000_000, max(gens, default=0) + 1)
-    if not registered:
-        client.register(optimizer, chief=True, defer_ready=True, ready_timeout=limit)
+    if not registered:  # as ParameterClient.register(chief=True, defer_ready=True), naming the run
+        request = RegisterRequest(tuple(client.layout.values()), optimizer, client.sync, client.client_name, True, True,
+                                  client.incarnation, run)
+        register_tasks(client.channels, client.step_task, request, client.config,
+                       client.config.connect_timeout if limit is None else limit, call=client.call_async)
     begin = BeginRestoreRequest(generation, *((lease.epoch, lease.holder) if lease is not None else ()))
     calls = {t: client.call_async(t, begin, timeout=30.0) for t in client.channels}
     replies = {t: BeginRestoreReply.from_frame(reply) for t, reply in gather(calls).items()}

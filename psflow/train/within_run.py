@@ -23,7 +23,14 @@ run as the one that handed them out (``StatsReply.step_run``: the chief's ``Regi
 :meth:`psflow.ps.global_step.GlobalStep.claim`), as it does in a resumed run that lost every ps task
 before its first checkpoint (the newest is then the earlier run's). A new run has neither: its id is
 new, and a journal it finds in a reused ``--state-dir`` names the run that wrote it, or no run (one
-written before runs were named, which counts as another run's), so a resume never jumps. Without a
+written before runs were named, which counts as another run's), so a resume never jumps. A journal that
+names another run bounds none of this run's values, even beside a checkpoint of this run: a replicated
+shard 0 whose member 0 was down through the whole of this run's primary's time comes back naming an
+older run, with that run's floor (above or below the checkpoint's step), while another member's journal
+bounds this run's values; member 0 takes that floor only when a Register names this run
+(:meth:`psflow.ps.global_step.GlobalStep.claim`). So a caller that asks before its Register (the
+in-graph client) leaves such a loss to the chief's join, which asks again after its Register; and a
+restore within the run names the run in its own Register (:mod:`psflow.train.generation_restore`). Without a
 journal (ps task 0 started without ``--state-dir``; ``psflow train`` always gives it one) the two
 cannot be told apart: the checkpoint's step is used, and the values handed out since it are handed
 out again, as :mod:`psflow.train.recovery` says.
@@ -61,9 +68,12 @@ def lost_within_run(checkpoint_dir: str | None, run: str, states: Mapping[int, S
     latest = latest_checkpoint(checkpoint_dir) if checkpoint_dir and floor else None
     if latest is None or floor is None:
         return False
+    named = step_state.step_run if step_state is not None else None
+    if named is not None and named != run:
+        return False  # another run's floor, even beside a checkpoint of this run: see the module docstring
     manifest = read_manifest(latest)
     own = written_by(manifest, run)
-    if not (own or step_state is not None and step_state.step_run == run) or floor <= manifest.global_step:
+    if not (own or named == run) or floor <= manifest.global_step:
         return False
     log.warning("every ps task came back empty within run %s: ps task 0's journal bounds the step values it "
                 "handed out before it died at %d, past the newest checkpoint %s (step %d, %s); global_step goes on "

@@ -90,8 +90,11 @@ def adopt_floors(self: ShardReplication, statuses: list[ReplicaStatusReply], *, 
     still at 0: nothing handed out, no restore's load yet), raises its global_step floor to the highest ``step_floor``
     of ``statuses`` (other members' journals) that names its journal's run (its own journal empty: the highest one's,
     run and all; another run's is kept, a later claim of that run starts at it):
-    :meth:`~psflow.ps.global_step.GlobalStep.adopt`. A journal that could not be written is logged:
-    the floor is raised in this process only. Late, a restore whose ``BeginRestore`` read the floor already (the
+    :meth:`~psflow.ps.global_step.GlobalStep.adopt`. A floor naming no run counts only where its own journal names
+    none: a member's journal names the run of the first entry it follows (entries carry the primary's run, which
+    ``psflow train``'s every chief Register names, a restore's too), so one that names none handed out none of a
+    named run's values (written before runs were named, or by a run without an id). A journal that could not be
+    written is logged: the floor is raised in this process only. Late, a restore whose ``BeginRestore`` read the floor already (the
     counter stays 0 until its load) goes on from the lower one: docs/replication.md, what still loses data."""
     step = self.service.global_step
     if step is None or late and step.value != 0:

@@ -14,98 +14,58 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from replica_shard import PRIMARY, InProcessShard, Link, backup, layout
+from journaled_shard import JournaledShard, handed_out, reread
+from replica_shard import PRIMARY, backup, layout
 
-from psflow.ps.global_step import GlobalStep, StepJournal
 from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest
-from psflow.ps.replication import ReplicationConfig, ShardReplication, startup
-from psflow.ps.service import ParameterService
+from psflow.ps.replication import startup
 from psflow.ps.sync import SyncConfig
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _handed_out(path: Path, run: str, count: int) -> None:
-    """A member of shard 0 that handed out ``count`` values of run ``run``, then was killed (on this boot)."""
-    step = GlobalStep(journal=StepJournal(str(path), block=10))
-    step.claim(run)
-    for _ in range(count):
-        step.increment()
-
-
-class _JournaledShard(InProcessShard):
-    """Shard 0 whose members keep their global_step journals under ``root``/<member>/."""
-
-    def __init__(self, root: Path, backups: int = 1) -> None:
-        self.root = root
-        super().__init__(backups)
-
-    def add(self, member: str) -> ShardReplication:
-        journal = StepJournal(str(self.journal(member)), block=10)
-        service = ParameterService(0, holds_global_step=True, step_journal=journal)
-        replica = ShardReplication(ReplicationConfig(self.cluster, member, 0, status_timeout=1.0), service,
-                                   connect=lambda other: Link(self, other))
-        self.services[member], self.replicas[member] = service, replica
-        self.handlers[member] = replica.handlers(service.handlers())
-        return replica
-
-    def journal(self, member: str) -> Path:
-        return self.root / member.replace("/", "_") / "global_step.json"
-
-
 @pytest.fixture
-def journaled(tmp_path: Path) -> Iterator[_JournaledShard]:
-    shard = _JournaledShard(tmp_path)
+def journaled(tmp_path: Path) -> Iterator[JournaledShard]:
+    shard = JournaledShard(tmp_path)
     yield shard
     shard.stop()
 
 
-def _fresh_shard(shard: _JournaledShard) -> tuple[int | None, str | None]:
-    """Restarts every member (their journals as left), lets member 0 start the fresh shard; its (floor, run)."""
-    for member in shard.members:
-        shard.add(member)
-    shard.start()
-    shard.wait_view()
-    stats = shard.services[PRIMARY].stats_reply()
-    return stats.step_floor, stats.step_run
-
-
-def test_the_fresh_primary_takes_its_backup_s_higher_floor_of_the_same_run(journaled: _JournaledShard) -> None:
-    _handed_out(journaled.journal(PRIMARY), "run-a", 700)
-    _handed_out(journaled.journal(backup(0)), "run-a", 800)  # promoted, handed out 701-800, then lost too
-    assert _fresh_shard(journaled) == (800, "run-a")
+def test_the_fresh_primary_takes_its_backup_s_higher_floor_of_the_same_run(journaled: JournaledShard) -> None:
+    handed_out(journaled.journal(PRIMARY), "run-a", 700)
+    handed_out(journaled.journal(backup(0)), "run-a", 800)  # promoted, handed out 701-800, then lost too
+    assert journaled.restart_all() == (800, "run-a")
     frame = journaled.call(PRIMARY, BeginRestoreRequest.METHOD, BeginRestoreRequest(1).to_frame())
     assert BeginRestoreReply.from_frame(frame).step_floor == 800
-    restarted = GlobalStep(journal=StepJournal(str(journaled.journal(PRIMARY)), block=10))
-    assert (restarted.floor, restarted.floor_run) == (800, "run-a"), "the raised floor is in the primary's journal"
+    assert reread(journaled.journal(PRIMARY)) == (800, "run-a"), "the raised floor is in the primary's journal"
 
 
-def test_another_run_s_journal_does_not_raise_the_floor(journaled: _JournaledShard) -> None:
+def test_another_run_s_journal_does_not_raise_the_floor(journaled: JournaledShard) -> None:
     """The backup's --state-dir was reused from another run: its floor is not this run's to go past."""
-    _handed_out(journaled.journal(PRIMARY), "run-a", 700)
-    _handed_out(journaled.journal(backup(0)), "run-z", 5000)
-    assert _fresh_shard(journaled) == (700, "run-a")
+    handed_out(journaled.journal(PRIMARY), "run-a", 700)
+    handed_out(journaled.journal(backup(0)), "run-z", 5000)
+    assert journaled.restart_all() == (700, "run-a")
 
 
-def test_a_primary_whose_journal_was_lost_takes_the_backup_s_floor_and_run(journaled: _JournaledShard) -> None:
+def test_a_primary_whose_journal_was_lost_takes_the_backup_s_floor_and_run(journaled: JournaledShard) -> None:
     """ps:0's --state-dir is gone (a new machine): its journal holds nothing, the backup's is the shard's."""
-    _handed_out(journaled.journal(backup(0)), "run-a", 800)
-    assert _fresh_shard(journaled) == (800, "run-a")
+    handed_out(journaled.journal(backup(0)), "run-a", 800)
+    assert journaled.restart_all() == (800, "run-a")
 
 
-def test_a_lower_floor_of_the_same_run_keeps_the_primary_s(journaled: _JournaledShard) -> None:
-    _handed_out(journaled.journal(PRIMARY), "run-a", 800)
-    _handed_out(journaled.journal(backup(0)), "run-a", 700)
-    assert _fresh_shard(journaled) == (800, "run-a")
+def test_a_lower_floor_of_the_same_run_keeps_the_primary_s(journaled: JournaledShard) -> None:
+    handed_out(journaled.journal(PRIMARY), "run-a", 800)
+    handed_out(journaled.journal(backup(0)), "run-a", 700)
+    assert journaled.restart_all() == (800, "run-a")
 
 
 def test_a_member_back_after_the_fresh_shard_started_raises_the_floor_before_any_value(
-        journaled: _JournaledShard, monkeypatch: pytest.MonkeyPatch) -> None:
+        journaled: JournaledShard, monkeypatch: pytest.MonkeyPatch) -> None:
     """ps_backup:0 unreachable while ps:0 waited for it (startup._FRESH_WAIT): ps:0 started the fresh shard with its
     own floor; once ps_backup:0 answers, the primary, its counter still at 0 (no restore yet), takes its floor."""
     monkeypatch.setattr(startup, "_FRESH_WAIT", 0.3)
-    _handed_out(journaled.journal(PRIMARY), "run-a", 700)
-    _handed_out(journaled.journal(backup(0)), "run-a", 800)
+    handed_out(journaled.journal(PRIMARY), "run-a", 700)
+    handed_out(journaled.journal(backup(0)), "run-a", 800)
     for member in journaled.members:
         journaled.add(member)
     journaled.cut.add(backup(0))
@@ -117,13 +77,13 @@ def test_a_member_back_after_the_fresh_shard_started_raises_the_floor_before_any
     journaled.wait(lambda: primary.stats_reply().step_floor == 800, "the primary's floor raised to ps_backup:0's")
 
 
-def test_a_primary_that_handed_values_out_keeps_its_floor(journaled: _JournaledShard,
+def test_a_primary_that_handed_values_out_keeps_its_floor(journaled: JournaledShard,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Past its counter's first move (a restore or a push) a member coming back no longer moves the floor: the
     restore that read it is done (docs/replication.md, what still loses data)."""
     monkeypatch.setattr(startup, "_FRESH_WAIT", 0.3)
-    _handed_out(journaled.journal(PRIMARY), "run-a", 700)
-    _handed_out(journaled.journal(backup(0)), "run-a", 800)
+    handed_out(journaled.journal(PRIMARY), "run-a", 700)
+    handed_out(journaled.journal(backup(0)), "run-a", 800)
     for member in journaled.members:
         journaled.add(member)
     journaled.cut.add(backup(0))
@@ -140,32 +100,30 @@ def test_a_primary_that_handed_values_out_keeps_its_floor(journaled: _JournaledS
 
 
 def test_an_older_run_s_floor_taken_by_an_empty_journal_starts_over_at_a_new_run_s_register(
-        journaled: _JournaledShard) -> None:
+        journaled: JournaledShard) -> None:
     """ps:0's --state-dir lost, ps_backup:0's reused from an earlier run: the fresh primary takes that run's floor
     (a journal that is empty takes the highest), and a new run's Register starts it over at the counter (its values
     are not the new run's to go past): the new run starts at step 1, not past the earlier run's 5000."""
-    _handed_out(journaled.journal(backup(0)), "run-old", 5000)
-    assert _fresh_shard(journaled) == (5000, "run-old")
+    handed_out(journaled.journal(backup(0)), "run-old", 5000)
+    assert journaled.restart_all() == (5000, "run-old")
     journaled.register(dataclasses.replace(layout(SyncConfig()), run="run-new"))
     stats = journaled.services[PRIMARY].stats_reply()
     assert (stats.step_floor, stats.step_run) == (0, "run-new")
     copy = journaled.services[backup(0)].global_step
     assert copy is not None and (copy.run, copy.value) == ("run-new", 0)
-    restarted = GlobalStep(journal=StepJournal(str(journaled.journal(PRIMARY)), block=10))
-    assert (restarted.floor, restarted.floor_run) == (0, "run-new"), "the primary's journal starts over too"
+    assert reread(journaled.journal(PRIMARY)) == (0, "run-new"), "the primary's journal starts over too"
 
 
 def test_a_primary_whose_journal_names_an_older_run_takes_the_heard_floor_at_that_run_s_register(
-        journaled: _JournaledShard) -> None:
+        journaled: JournaledShard) -> None:
     """ps:0 was down through the whole of run-a's primary's time (its journal still names run-z, an earlier run on
     the same --state-dir); ps_backup:0 handed out run-a's values up to 800; both lost, restarted. The fresh primary
     cannot tell which run is current, so it keeps run-z's floor; run-a's chief's Register (before its restore's
     BeginRestore reads the floor) must then start run-a at the floor heard for run-a, not at the counter (0)."""
-    _handed_out(journaled.journal(PRIMARY), "run-z", 300)
-    _handed_out(journaled.journal(backup(0)), "run-a", 800)
-    assert _fresh_shard(journaled) == (300, "run-z")
+    handed_out(journaled.journal(PRIMARY), "run-z", 300)
+    handed_out(journaled.journal(backup(0)), "run-a", 800)
+    assert journaled.restart_all() == (300, "run-z")
     journaled.register(dataclasses.replace(layout(SyncConfig()), run="run-a"))
     frame = journaled.call(PRIMARY, BeginRestoreRequest.METHOD, BeginRestoreRequest(1).to_frame())
     assert BeginRestoreReply.from_frame(frame).step_floor == 800
-    restarted = GlobalStep(journal=StepJournal(str(journaled.journal(PRIMARY)), block=10))
-    assert (restarted.floor, restarted.floor_run) == (800, "run-a"), "the floor is in the primary's journal"
+    assert reread(journaled.journal(PRIMARY)) == (800, "run-a"), "the floor is in the primary's journal"
