@@ -99,7 +99,8 @@ is fenced off. Past the mutex a save still rotates, deleting less: only
 complete checkpoints of its own run and lineage, of its epoch or an older one,
 that no pointer file names (:mod:`psflow.checkpoint.rotation`), and leftovers
 whose writer is certainly gone (:mod:`psflow.checkpoint.leftovers`); the next
-save holding it deletes the rest. A
+save holding it deletes the rest, shard files a ps task wrote after its save's
+directory was removed included (:func:`~psflow.checkpoint.rotation.late_shards_only`). A
 chief that finds a checkpoint of the last step current marks it final
 (:meth:`CheckpointManager.mark_final`) under its own epoch: the
 pointer is rewritten with that epoch, so the chief that wrote it, fenced
@@ -116,7 +117,9 @@ checkpoints), unreadable, not a JSON object, or names anything else (an
 absolute path, ``..``, a symlink) is reported (a WARNING naming the pointer
 file and what was wrong, once per process) and ignored: the newest complete
 checkpoint inside the directory is used (by ``global_step``, then
-``created``). The next save writes a good pointer.
+``created``). The next save writes a good pointer. A directory that cannot be
+listed raises :class:`~psflow.checkpoint.pointer.CheckpointListingError` (a
+``CheckpointError`` and an ``OSError``) naming it.
 
 Restore (:func:`restore`) reads the manifest and, for each partition of the
 *current* layout, assembles its rows (and its optimizer slots' rows) from the

@@ -7,6 +7,16 @@ process's, and that pid is gone, a zombie, or another process now (its start tim
 taken for the writer, and a writer on another host, of another boot (possibly another machine of the same name)
 or pid namespace, or whose file lacks a field (an older psflow's) is never judged gone.
 
+Not even one of this host name and another boot id, though the host may only have rebooted (its processes are all
+gone then): the boot id is the kernel's, one per boot of a machine, and nothing psflow can read tells a reboot from
+another machine of the same name (containers and pods are given host names, a pod rescheduled elsewhere keeps its
+name while the old one may still run on a node cut off from the cluster, and ``/etc/machine-id`` is often the
+image's, the same on every machine). Such a writer may be a live (deposed) chief whose directory, taken, would make
+its save fail or, on an object store, its late manifest make a checkpoint without some of its shards. Its leftovers are
+removed under the mutex as any writer's are (an incomplete ``ckpt-*`` of the run or lineage, a ``.creating-*`` of
+an older epoch of the run); only a ``.creating-*`` of another run, or of the run's current epoch, stays (hidden,
+an empty directory but its writer file, read by nothing).
+
 ``.creating-<pid>-<ns>`` directories (:func:`remove_creating`): a chief with a lease epoch that went past the
 directory's mutex (:func:`~psflow.checkpoint.lock.directory_mutex`'s ``may_pass``) builds its save's directory
 under that hidden name, writes its writer file into it and renames it to ``ckpt-<step>-<ns>``; one killed in

@@ -11,24 +11,49 @@ Per-epoch pointer files: a chief holding lease epoch E writes ``checkpoint.e<E>`
 writer, and a chief of an older epoch, resumed after a stop, can never replace a newer epoch's file.
 :func:`effective_pointer` reads ``checkpoint``, then the newest epoch file of its run: that one decides when its
 epoch is newer than ``checkpoint``'s. A directory without epoch files reads ``checkpoint`` alone, as before.
+
+A directory that cannot be listed (a disk's or a network filesystem's error, a store's refusal, a file where the
+directory should be) makes :func:`latest_checkpoint` and :func:`incomplete_checkpoints` raise
+:class:`CheckpointListingError` naming the directory: a :class:`~psflow.errors.CheckpointError` (a task ends on it
+with one line) and an ``OSError`` (the callers that wait out a store's outage still do), raised from the error met.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from psflow import jsonio, storage
 from psflow.checkpoint.manifest import MANIFEST_NAME, POINTER_NAME, PREFIX, read_json
+from psflow.errors import CheckpointError
 
 __all__ = ["latest_checkpoint", "incomplete_checkpoints", "complete_checkpoints", "checkpoint_dirs", "is_complete",
            "parse_pointer", "write_pointer", "effective_pointer", "epoch_files", "publish",
-           "epoch_file", "same_pointer"]
+           "epoch_file", "same_pointer", "pointer_files", "CheckpointListingError"]
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointListingError(CheckpointError, OSError):
+    """The checkpoint directory could not be listed or read while looking for its checkpoints (names it and the
+    error met, which is its cause)."""
+
+
+@contextlib.contextmanager
+def _listing(directory: str) -> Iterator[None]:
+    """Makes an ``OSError`` met while looking into ``directory`` a :class:`CheckpointListingError` naming it."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, CheckpointListingError):
+            raise
+        raise CheckpointListingError(f"checkpoint directory {directory} cannot be listed: "
+                                     f"{' '.join(str(e).split()) or type(e).__name__}") from e
 
 
 def latest_checkpoint(directory: str) -> str | None:
@@ -44,8 +69,12 @@ def latest_checkpoint(directory: str) -> str | None:
     ``directory`` (by global_step, then save time, from the manifests) is
     used. Each such problem is logged once per process as a WARNING naming
     the pointer file and what was wrong.
+
+    Raises:
+        CheckpointListingError: ``directory`` could not be listed (see the module docstring).
     """
-    path, problem = _latest(directory)
+    with _listing(directory):
+        path, problem = _latest(directory)
     if problem is not None and problem not in _POINTER_WARNED:
         _POINTER_WARNED.add(problem)
         log.warning("%s", problem)
@@ -225,9 +254,29 @@ def complete_checkpoints(directory: str) -> list[tuple[str, dict[str, Any]]]:
 
 def incomplete_checkpoints(directory: str) -> list[str]:
     """The ``ckpt-*`` directories directly inside ``directory`` that are no checkpoint one can restore (no
-    manifest, or one that cannot be read: saves that did not complete), by name."""
-    complete = {path for path, _ in complete_checkpoints(directory)}
-    return [path for path in checkpoint_dirs(directory) if path not in complete]
+    manifest, or one that cannot be read: saves that did not complete), by name.
+
+    Raises:
+        CheckpointListingError: ``directory`` could not be listed.
+    """
+    with _listing(directory):
+        complete = {path for path, _ in complete_checkpoints(directory)}
+        return [path for path in checkpoint_dirs(directory) if path not in complete]
+
+
+def pointer_files(directory: str) -> list[str]:
+    """The names of the pointer files in ``directory``, readable or not: ``checkpoint`` and the epoch files
+    ``checkpoint.e<N>`` (not their temps); none for a missing directory.
+
+    Raises:
+        CheckpointListingError: ``directory`` could not be listed.
+    """
+    with _listing(directory):
+        try:
+            names = storage.listdir(directory)
+        except FileNotFoundError:
+            return []
+    return sorted(n for n in names if n == POINTER_NAME or _EPOCH_FILE.match(n))
 
 
 def _age(item: tuple[str, dict[str, Any]]) -> tuple[int, float, str]:

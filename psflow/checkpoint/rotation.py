@@ -43,12 +43,24 @@ other lineages and without an epoch are left to a save that holds the mutex.
 Leftovers past the mutex (:func:`remove_leftovers`, ``held`` False): an incomplete ``ckpt-*`` of this run or
 lineage whose writer is certainly gone, and ``.creating-*`` directories as :mod:`psflow.checkpoint.leftovers`
 says; under the mutex also what :func:`deletable` lists incomplete.
+
+Shards written after their save's directory was removed (:func:`late_shards_only`): a ps task may still write its
+shard when its save's directory goes (the chief's own failed save, a ps task slower than ``--save-timeout``, removed
+by its cleanup; a deposed chief's save removed by a newer one's rotation). On an object store the late put makes
+the prefix again; locally a file made while ``rmtree`` runs keeps the directory (the ps task's temp file, renamed
+to the shard). What is left holds shard files and no writer file: nothing else can tell whose it is, so
+:func:`deletable` lists it under the mutex (every save's directory has its writer file from its first moment:
+made under the mutex, renamed from ``.creating-*``, or, on a store, made by the writer file itself), and it is
+never restorable (no manifest). Past the mutex it is kept: a save under the mutex may be between making its
+directory and writing its writer file. A late write that lands again after the removal is removed at the next
+save under the mutex.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Collection
 
 from psflow import storage
@@ -57,7 +69,8 @@ from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import INCREMENT, MANIFEST_NAME, POINTER_NAME, WRITER_NAME, lineage_of, read_json
 from psflow.checkpoint.pointer import checkpoint_dirs, complete_checkpoints, effective_pointer, epoch_files, is_complete
 
-__all__ = ["kept_after", "deletable", "deletable_unheld", "delete_old", "killed_while_created", "remove_leftovers"]
+__all__ = ["kept_after", "deletable", "deletable_unheld", "delete_old", "killed_while_created", "late_shards_only",
+           "remove_leftovers"]
 
 log = logging.getLogger("psflow.checkpoint")
 
@@ -90,13 +103,14 @@ def deletable(directory: str, run_id: str, lineage: str, epoch: int | None, keep
     epoch's save.
 
     A directory whose writer or manifest is unreadable, or of another lineage, is never listed, except an
-    empty one (a save killed while creating it: see :func:`killed_while_created`).
+    empty one (a save killed while creating it: see :func:`killed_while_created`) and one holding shard files
+    alone (:func:`late_shards_only`).
     """
     out = []
     for path in checkpoint_dirs(directory):
         if os.path.basename(path) in keep:
             continue
-        if killed_while_created(path):
+        if killed_while_created(path) or late_shards_only(path):
             out.append(path)
             continue
         writer = read_json(os.path.join(path, WRITER_NAME))
@@ -203,3 +217,22 @@ def killed_while_created(path: str) -> bool:
     except OSError:
         return False
     return all(e.startswith(f"{WRITER_NAME}.tmp-") for e in entries)
+
+
+#: A shard file's name (:meth:`~psflow.checkpoint.save.CheckpointManager._write_shards`) or its writer's temp
+#: (:func:`~psflow.storage.write_atomically`).
+_SHARD_FILE = re.compile(r"^shard-\d+-of-\d+\.safetensors(\.tmp-\d+)?$")
+
+
+def late_shards_only(path: str) -> bool:
+    """A save's directory holding shard files (or their temps) and nothing else, no writer file, no manifest: what a
+    ps task's late shard write leaves of a directory removed (see the module docstring).
+
+    Only meaningful under ``directory_mutex``, as :func:`killed_while_created`. Anything else inside (a file a person
+    put there, an unreadable writer file) keeps it out.
+    """
+    try:
+        entries = storage.listdir(path)
+    except OSError:
+        return False
+    return bool(entries) and all(_SHARD_FILE.match(e) or e.startswith(f"{WRITER_NAME}.tmp-") for e in entries)

@@ -37,11 +37,10 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import TextIO
 
-from psflow import storage
 from psflow.checkpoint.lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
 from psflow.checkpoint.lock_release import RELEASE_TIMEOUT, BoundedRelease
-from psflow.checkpoint.manifest import POINTER_NAME, Manifest, read_manifest
-from psflow.checkpoint.pointer import incomplete_checkpoints, latest_checkpoint
+from psflow.checkpoint.manifest import Manifest, read_manifest
+from psflow.checkpoint.pointer import incomplete_checkpoints, latest_checkpoint, pointer_files
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import member_address, ps_replicas, shard_members
@@ -417,10 +416,11 @@ def _other_sharding(path: str, manifest: Manifest, config: TrainConfig) -> list[
 
 
 def _from_scratch(directory: str) -> list[str]:
-    """A directory that held checkpoints (a pointer, or ``ckpt-*`` directories) but has no complete one left:
-    the run starts from scratch, which a user resuming a run must hear about. A fresh directory: nothing."""
+    """A directory that held checkpoints (a pointer file, ``checkpoint`` or an epoch's ``checkpoint.e<N>``, written
+    only once a checkpoint was complete, or ``ckpt-*`` directories) but has no complete one left: the run starts
+    from scratch, which a user resuming a run must hear about. A fresh directory: nothing."""
     incomplete = incomplete_checkpoints(directory)
-    if not incomplete and not storage.exists(os.path.join(directory, POINTER_NAME)):
+    if not incomplete and not pointer_files(directory):
         return []
     return [f"no complete checkpoint in {directory} ({len(incomplete)} incomplete directories): starting from scratch"]
 

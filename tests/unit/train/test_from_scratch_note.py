@@ -43,3 +43,13 @@ def test_a_pointer_left_alone_says_so_too(tmp_path: Path) -> None:
 def test_a_fresh_directory_says_nothing(tmp_path: Path) -> None:
     assert _claim(tmp_path / "new") == ""
     assert _claim(tmp_path / "new") == ""  # holding only the lock (released) is fresh too
+
+
+def test_an_epoch_pointer_file_left_alone_says_so_too(tmp_path: Path) -> None:
+    """A chief with a lease epoch writes ``checkpoint.e<N>`` before ``checkpoint``, only once a checkpoint was
+    complete: a directory holding one held checkpoints (it said nothing: taken as fresh)."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "checkpoint.e3").write_text(json.dumps({"latest": "ckpt-000000020", "all": ["ckpt-000000020"],
+                                                    "run_id": "run-a", "epoch": 3}))
+    assert _claim(ckpt).endswith(f"no complete checkpoint in {ckpt} (0 incomplete directories): starting from scratch\n")
