@@ -51,10 +51,10 @@ Chief, in order:
        join wait for that restore the same way, with or without a checkpoint; so
        does a join that took the cluster for a fresh one when a lease holder's
        ``BeginRestore`` came after its Register (its loads, of generation 0, and
-       its SetReady, of none, are refused while that restore is in progress); any
-       other refusal of them (a task that refuses its SetReady at generation 0,
-       e.g. a replicated shard's member that is not the primary) fails the chief
-       with one line naming the task and the checkpoint: no restore would open them;
+       its SetReady, of none, are refused while that restore is in progress: some
+       task's Stats then show its generation); any other refusal of them (no task
+       shows a restore begun, e.g. a replicated shard's member that is not the
+       primary) fails the chief with one line naming the task and the checkpoint;
 
        without one but with
        ``warm_start``, it loads the warm-start values instead
@@ -123,7 +123,7 @@ from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RegisterRequest, SetReadyRequest
 from psflow.ps.registration import Registration, ask_until_reachable, register_tasks
-from psflow.rpc.api import FailedPreconditionError, FencedOffError, RpcError
+from psflow.rpc.api import FailedPreconditionError, FencedOffError
 from psflow.train.generation_restore import restore_at_new_generation
 from psflow.train.state_loss import StateLostError, check_state_kept, ps_states, state_lost_message
 from psflow.train.within_run import lost_within_run
@@ -388,32 +388,32 @@ def _taken_over(directory: str, latest: str, leader: Callable[[], Lease | None] 
 
 def _ready_at_start(client: ParameterClient, latest: str) -> bool:
     """(After the restore at start, generation 0, of checkpoint ``latest``) marks every task ready as
-    :func:`_set_ready` does: True. False where a lease holder's restore began on a task since the loads, which makes
-    the tasks ready itself (the chief waits for it): that task refused the ``SetReady`` (of no generation: plain
-    FAILED_PRECONDITION, there is no fencing token to refuse) and its ``Stats`` show the ``BeginRestore``'s
-    generation (a restore within the run is at one above 0). Told by that state, not by the refusal's text.
+    :func:`_set_ready` does: True. False where a lease holder's restore began since the loads, which makes the tasks
+    ready itself (the chief waits for it): a task refused the ``SetReady`` (FAILED_PRECONDITION: of no generation,
+    there is no fencing token to refuse) and some task's ``Stats`` show a generation above 0 (every loaded task was
+    at 0; a restore within the run is at one above it). Every task's, not the refusing one's alone: the holder's
+    BeginRestores reach the tasks in any order, and the refusing one may have restarted (generation 0) or died since.
 
     Raises:
-        CheckpointError: a task refused its ``SetReady`` and no restore began there (e.g. a replicated shard's
-            member that is not the primary, or was deposed, and no other route was found): names the task and the
-            checkpoint. The tasks not made ready stay so (ps task 0, made ready last, among them: workers wait).
+        CheckpointError: a task refused its ``SetReady`` and no task shows a restore begun (e.g. a replicated shard's
+            member that is not the primary, or was deposed, and no other route was found): names the task, the
+            checkpoint and what each task's Stats said. The tasks not made ready stay so (ps task 0 among them).
         RpcError: a ``SetReady`` failed otherwise (a task unreachable, the variables not registered there).
     """
     for task in sorted(client.channels, key=lambda t: t == client.step_task):
         try:
             client.call(task, SetReadyRequest(client.client_name))
         except FailedPreconditionError as e:
-            try:
-                generation, why = client.ps_stats(task).generation, " with no restore begun there (generation 0)"
-            except RpcError as asked:
-                generation, why = 0, f"; its Stats failed too ({asked})"
-            if generation:  # a BeginRestore came since the loads: that restore's SetReady opens the tasks
-                log.warning("%s: %s: waiting for that restore (generation %d)", client.client_name, e, generation)
+            states = ps_states(client, timeout=client.config.rpc_timeout)  # in parallel: one deadline in all
+            if began := max((s.generation for s in states.values() if s is not None), default=0):
+                log.warning("%s: %s: waiting for that restore (generation %d)", client.client_name, e, began)
                 return False
+            said = ", ".join(f"{client.channels[t].task} {'no answer' if s is None else 'at generation 0'}"
+                             for t, s in sorted(states.items()))
             raise CheckpointError(
                 f"{client.client_name}: checkpoint {latest} was loaded onto every ps task at generation 0, but "
-                f"{client.channels[task].task} refused to become ready ({e}){why}: no lease holder's restore will "
-                "make the tasks ready, so this chief fails") from e
+                f"{client.channels[task].task} refused to become ready ({e}) and no restore has begun ({said}): no "
+                "lease holder's restore will make the tasks ready, so this chief fails") from e
     return True
 
 

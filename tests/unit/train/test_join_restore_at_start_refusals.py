@@ -1,6 +1,7 @@
 """A resumed chief's restore at start (generation 0: psflow/train/chief.py, ``_restore_at_join``) waits for a lease
 holder's restore only when one began on the tasks: its loads refused by the restore fence (``RestoreRefusedError``),
-or its ``SetReady`` (no generation) refused by a task that a ``BeginRestore`` moved to another generation since.
+or its ``SetReady`` (no generation) refused while some task's ``Stats`` show a ``BeginRestore``'s
+generation (the refusing task's own may not: it restarted or died since, or refused for another reason).
 
 Any other refusal of the ``SetReady`` (FAILED_PRECONDITION too: a replicated shard's member that is not the primary,
 or was deposed, when the router found no other route) was read as that restore's: the chief logged "waiting for that
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from dead_task import DyingChannel
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.save import CheckpointManager
@@ -27,7 +29,7 @@ from psflow.ps.service import ParameterService
 from psflow.rpc.api import Handler, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.train.chief import join_cluster
+from psflow.train.chief import JoinResult, join_cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,3 +100,76 @@ def test_a_set_ready_refused_because_a_holders_restore_began_waits_for_that_rest
     joined = join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run")
     assert joined.restore_pending and joined.restored is None and not any(s.ready for s in services)
     assert "waiting for that restore" in caplog.text
+
+
+class _StatsDead(DyingChannel):
+    """ps task 1 died right after it refused the SetReady: its Stats fail as to a dead process's address."""
+
+    def dies(self, method: str) -> bool:
+        return method == "Stats"
+
+
+def _holders_restore_began(on: tuple[int, ...], then: Callable[[list[ParameterService]], None] | None = None,
+                           refusal: Callable[[int], Exception] | None = None
+                           ) -> Callable[[list[ParameterService], Handler], Handler]:
+    """ps task 1's SetReady: a lease holder's real BeginRestore reaches the tasks ``on`` first; then ps task 1
+    answers with ``refusal`` (None: its own restore gate's), and ``then(services)`` runs before the chief reads
+    anything more."""
+    def set_ready(services: list[ParameterService], real: Handler) -> Handler:
+        def refused(frame: Frame) -> Reply:
+            begin = BeginRestoreRequest(5).to_frame()
+            for task in on:
+                services[task].handlers()["BeginRestore"](begin)
+            try:
+                if refusal is not None:
+                    raise refusal(1)
+                return real(frame)
+            finally:
+                if then is not None:
+                    then(services)
+        return refused
+    return set_ready
+
+
+def _waits(joined: JoinResult, caplog: pytest.LogCaptureFixture) -> None:
+    assert joined.restore_pending and joined.restored is None
+    assert "waiting for that restore" in caplog.text
+
+
+def test_a_set_ready_refused_by_a_restore_whose_task_restarted_before_its_stats_waits_for_that_restore(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The holder's BeginRestore reached both tasks; ps task 1's real gate refused the chief's SetReady, then ps task
+    1 restarted (empty, generation 0) before the chief read its Stats. A restore did begin (ps task 0 shows its
+    generation; the holder restores the restarted task too): the chief waits, it does not fail saying no restore
+    began there."""
+    client: ParameterClient | None = None
+
+    def restarted(services: list[ParameterService]) -> None:
+        assert client is not None
+        restart_ps(client, services, 1)
+    client, services = _resumed(tmp_path, 1, _holders_restore_began((0, 1), restarted))
+    _waits(join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run"), caplog)
+    assert services[0].gate.restoring and not services[0].ready
+
+
+def test_a_set_ready_refused_by_a_restore_whose_task_died_before_its_stats_waits_for_that_restore(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """As above, ps task 1 unreachable after its refusal (its Stats fail): ps task 0's Stats show the restore."""
+    client: ParameterClient | None = None
+
+    def died(services: list[ParameterService]) -> None:
+        assert client is not None
+        client.channels[1] = _StatsDead(client.channels[1])
+    client, services = _resumed(tmp_path, 1, _holders_restore_began((0, 1), died))
+    _waits(join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run"), caplog)
+
+
+@pytest.mark.parametrize("refusal", [_not_the_primary, _deposed], ids=["not-primary", "deposed"])
+def test_another_refusal_while_a_holders_restore_began_on_another_task_waits_for_that_restore(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, refusal: Callable[[int], Exception]) -> None:
+    """ps task 1 refused for another reason (a replicated shard's member), its generation 0, while the holder's
+    BeginRestore had reached ps task 0 (sent to every task at once, it reaches them in any order): that restore
+    makes the tasks ready (it waits for ps task 1's shard as the chief cannot): the chief waits for it."""
+    client, services = _resumed(tmp_path, 1, _holders_restore_began((0,), refusal=refusal))
+    _waits(join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path), run="another run"), caplog)
+    assert not services[1].ready and not services[0].ready
