@@ -401,7 +401,8 @@ class ChaosInjector:
     def may_fire(self, global_step: int) -> bool:
         """Whether :meth:`poll` at ``global_step`` may fire a fault now (the launcher holds the trainers for that
         poll only): the next round comes due, or a begun round has a fault whose target answers and runs (asked
-        now, unheld: the held poll asks again)."""
+        now, unheld: the held poll asks again). ``global_step`` counts as seen (the run's end summary)."""
+        self._seen = max(self._seen, global_step)
         if not self._rounds:
             return False
         if not self._begun:

@@ -188,10 +188,16 @@ class Resilience:
         """One poll of the chaos thread: fires with the trainers held (:meth:`_fire_held`) where a fault may fire
         now (a round comes due, or a begun round's target answers: :meth:`ChaosInjector.may_fire`), so no fault
         ever fires unheld; else only drops the faults left if training ended (holding the trainers at every
-        poll would stop training every few ms). Returns the reading the faults were decided on."""
-        if self.injector is not None and self.injector.may_fire(reading.step):
+        poll would stop training every few ms). The unheld branch never polls: a poll asks the targets again
+        (a shard's members, the chief lease), and one that answered between that ask and may_fire's would be
+        hit unheld; it is hit at the next poll, held. Returns the reading the faults were decided on."""
+        if self.injector is None:
+            return reading
+        if self.injector.may_fire(reading.step):
             return self._fire_held(channels, reading)
-        self._fire(reading)
+        with self._lock:
+            if self._training_ended(reading):
+                self.injector.training_ended(reading.step)
         return reading
 
     def _fire(self, reading: StepReading) -> list[InjectedFault]:
@@ -216,9 +222,12 @@ class Resilience:
         fault already there (a lingering worker waits for it, :meth:`ClusterRecovery.linger`), so the
         cluster is restored with every worker rewound; otherwise it is not fired. Without the hold, the
         last worker could pass its final check between the reading and the signal and leave, and the
-        run's result would depend on that race. A task a ``stop`` fault of this round hit stays stopped.
+        run's result would depend on that race. A task a ``stop`` fault hit stays stopped: one of this poll,
+        and one of an earlier poll (not held, so not resumed: a begun round fires its other faults later).
         """
-        held = [t for t in list(self.lc.tasks) if t.job in ("worker", "chief", IN_GRAPH_CLIENT[0]) and t.exit_code is None]
+        hung = {f.pid for f in self.injector.injected if f.signal == signal.SIGSTOP.name} if self.injector else set()
+        held = [t for t in list(self.lc.tasks)
+                if t.job in ("worker", "chief", IN_GRAPH_CLIENT[0]) and t.exit_code is None and t.pid not in hung]
         stopped: list[int] = []
         fired: list[InjectedFault] = []
         try:
@@ -240,9 +249,9 @@ class Resilience:
     def _training_ended(self, reading: StepReading) -> bool:
         """Every trainer finished its data, per the step task's count of ``Leave`` (chaos faults left are not
         fired): each chief and worker task; in an in-graph run its client alone (its workers run the client's
-        steps and never leave; the client leaves once, :mod:`psflow.train.in_graph_client`). The client leaves
-        after its final save and evaluation, so a fault may still fire during those: the client, the only
-        trainer, then fails and its restart restores the cluster and trains the records since again."""
+        steps and never leave; the client leaves once its data ended, before its final save and evaluation, as a
+        between-graph worker does: :mod:`psflow.train.in_graph_client`; a restore forgets it, and its restart
+        leaves again under the same name, counted once)."""
         cluster: ClusterSpec = self.lc.cluster
         trainers = 1 if self._chief == IN_GRAPH_CLIENT else sum(
             cluster.num_tasks(job) for job in ("chief", "worker") if job in cluster.jobs)

@@ -40,7 +40,8 @@ Order of the client's life (:func:`run_in_graph_client`):
        count and reader position agree;
     6. log ``step=S loss=L`` (the step's own loss: the slice's in async mode,
        the slices' mean, weighted as the gradients, in sync mode) for every step ``S % --log-every == 0``;
-       stop at the end of the data or at ``--max-steps``; the session's end
+       stop at the end of the data or at ``--max-steps``, and leave (``Leave``,
+       as a between-graph worker whose data ended); then the session's end
        writes the final checkpoint and summaries.
 
 Failures:
@@ -322,21 +323,28 @@ def _train(config: TrainConfig, session: MonitoredTrainingSession, driver: InGra
     return batches, reason
 
 
-def _report_run_over(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient) -> None:
-    """The session ended normally (its end wrote the final checkpoint): the client leaves, as a worker whose
-    data ended does (a replicated shard hears its final acknowledged counts), then every ps task hears ``Done``
-    for each training worker of the cluster (:mod:`psflow.ps.run_end`), as each worker of a between-graph run
-    sends its own, so that the ps tasks of ``psflow server`` exit. The in-graph workers run no session of their
-    own: the client, which drives them all, speaks for them. Never raises (a ps task that did not hear either
-    is a WARNING): the run's work is done."""
-    from psflow.ps.run_end import training_workers
-    from psflow.train.final_duties import final_checkpoint
-
+def _leave(client: ParameterClient) -> None:
+    """The client's data ended (every push of it answered): it leaves, as a between-graph worker whose data
+    ended does, before its session's end (the final checkpoint and evaluation): a replicated shard hears its
+    final acknowledged counts, and the launcher counts training as ended at the step task's count of ``Leave``
+    (:meth:`psflow.launch.resilience.Resilience._training_ended`: a ``--chaos`` fault left is then not fired
+    during the final save or evaluation). The ps tasks forget it at a restore (a restarted client that trains
+    again leaves again; it is one name, counted once). Never raises (a ps task that did not hear it is a WARNING)."""
     try:
         client.leave()
     except RpcError as e:
         log.warning("in-graph client: a ps task did not hear it leave (%s); its shard's pushes_acknowledged may "
                     "count the last push short", e)
+
+
+def _report_run_over(config: TrainConfig, cluster: ClusterSpec, client: ParameterClient) -> None:
+    """The session ended normally (its end wrote the final checkpoint): every ps task hears ``Done`` for each
+    training worker of the cluster (:mod:`psflow.ps.run_end`), as each worker of a between-graph run sends its
+    own, so that the ps tasks of ``psflow server`` exit. The in-graph workers run no session of their own: the
+    client, which drives them all, speaks for them. Never raises: the run's work is done."""
+    from psflow.ps.run_end import training_workers
+    from psflow.train.final_duties import final_checkpoint
+
     final = final_checkpoint(config.checkpoint.dir)
     for worker in training_workers(cluster):
         client.report_done(checkpoint_dir=bool(config.checkpoint.dir), final_checkpoint=final, worker=worker)
@@ -380,6 +388,7 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
             driver = InGraphDriver(config, model, client, sessions, generation=client.ps_stats().generation)
             batches, reason = _train(config, session, driver, _dataset_config(config, len(sessions)))
             last_step = session.global_step
+            _leave(client)  # before the session's end: its final save and evaluation are no training
         log.info("in-graph client: done after %d batches (%d examples), global_step %d -> %d: %s",
                  batches, driver.examples, steps_before, last_step, reason)
         _report_run_over(config, cluster, client)

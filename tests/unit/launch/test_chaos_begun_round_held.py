@@ -12,6 +12,8 @@ own signal goes to a fake.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -133,3 +135,58 @@ def test_may_fire_asks_whether_a_begun_rounds_target_runs() -> None:
     running[0] = True
     assert injector.may_fire(101) and [f.task for f in injector.poll(101)] == ["/job:worker/task:1"]
     assert not injector.may_fire(10_000)                          # the next round waits for this one's recovery
+
+
+def test_a_target_that_answers_between_may_fire_and_the_poll_is_not_hit_unheld(
+        workers: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reviewing 515ef99: _act asked may_fire, then (told no) called poll unheld, which asks the targets again
+    # (a shard's members, the chief lease): a target that answers between the two asks was hit unheld. Here
+    # the holder answers from its third ask on: the round's held poll (1st), may_fire's (2nd), then the poll's.
+    tasks = [FakeTask("ps", 0, 1 << 30), *(FakeTask("worker", i, p.pid) for i, p in enumerate(workers))]
+    resilience = Resilience(FakeCluster(CLUSTER, tasks), ResilienceConfig(health=None, chaos=ChaosPlan.parse(
+        ["kill:chief@step=100"])))
+    injector = resilience.injector
+    assert injector is not None
+    asks: list[int] = []
+    states: list[list[str]] = []
+    injector._holder = lambda: DutyHolder("worker", 1, 7) if asks.append(1) or len(asks) >= 3 else None
+    injector._send = lambda pid, sig: states.append([_state(p.pid) for p in workers])
+    try:
+        _run_loop(monkeypatch, resilience, lambda n: 102 + n)
+        _wait(lambda: bool(injector.injected), "the chief fault never fired")
+    finally:
+        resilience.close()
+    assert [f.task for f in injector.injected] == ["/job:worker/task:1"]
+    assert states == [["T", "T"]], states                  # both workers were held when the fault was sent
+
+
+def test_a_stop_fault_s_task_stays_stopped_when_its_round_fires_another_fault_later(
+        workers: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reviewing 515ef99: the held poll of a begun round stopped every trainer and resumed (SIGCONT) each but
+    # the ones a stop fault of that very poll hit, so worker 1, stopped by stop:worker:1 at the round's first
+    # poll, was resumed when the round's chief fault fired later ("stop: it hangs; it is not resumed").
+    tasks = [FakeTask("ps", 0, 1 << 30), *(FakeTask("worker", i, p.pid) for i, p in enumerate(workers))]
+    resilience = Resilience(FakeCluster(CLUSTER, tasks), ResilienceConfig(health=None, chaos=ChaosPlan.parse(
+        ["stop:worker:1@step=100", "kill:chief@step=100"])))
+    injector = resilience.injector
+    assert injector is not None
+    read: list[int] = []
+    sent: list[tuple[int, str]] = []
+
+    def send(pid: int, sig: int) -> None:
+        sent.append((pid, signal.Signals(sig).name))
+        if sig == signal.SIGSTOP:
+            os.kill(pid, sig)  # our child: really stopped, as the fault would
+
+    # Nobody holds the chief lease when the round comes due; worker 0 takes it from step 130.
+    injector._holder = lambda: DutyHolder("worker", 0, 7) if read and read[-1] >= 130 else None
+    injector._send = send
+    try:
+        read = _run_loop(monkeypatch, resilience, lambda n: 102 + n)
+        _wait(lambda: len(injector.injected) == 2, "the round's faults never fired")
+    finally:
+        resilience.close()
+    assert sent == [(workers[1].pid, "SIGSTOP"), (workers[0].pid, "SIGKILL")], sent
+    _wait(lambda: _state(workers[0].pid) == "S", "worker 0 was left stopped")
+    time.sleep(0.2)
+    assert _state(workers[1].pid) == "T"                    # the stop fault's task was not resumed

@@ -2,7 +2,7 @@
 
 Seen reviewing 7f8551b: the launcher decided training ended once the step task counted every chief and
 worker task finished (``Leave``); in an in-graph run the workers only run the client's steps and never
-leave: the client alone does, once (:func:`psflow.train.in_graph_client._report_run_over`), so the count
+leave: the client alone does, once (:func:`psflow.train.in_graph_client._leave`), so the count
 never reached the number of tasks and no fault was ever dropped. A round that came due without a target
 (a replicated shard's failover under way) then fired once its target answered, after the last training
 step; a round not due yet waited to the run's end and was listed as still waiting. An in-graph run has one
