@@ -127,6 +127,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     one final snapshot), SIGTERM, SIGHUP and SIGINT included (they end it as :class:`LaunchInterrupted`)."""
     from psflow.launch.in_process import run_in_process
     from psflow.launch.lifeline import LauncherSignals, signal_name
+    from psflow.launch.run_end import after_the_end
     from psflow.launch.run_status import METRICS_JSON, InProcessEnding
 
     ending = InProcessEnding(config, output, sys.stderr)
@@ -137,6 +138,9 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
                               announce=functools.partial(_in_process_banner, config, output))
     except LaunchInterrupted as e:
         final = ending.final or {}
+        if final.get("phase") not in (None, "interrupted"):  # its end was written before the signal: it stands
+            e.report = after_the_end(e.signum, final, output)
+            raise
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
                     f"{float(final.get('wall_seconds') or 0.0):.1f} s\nmetrics: {os.path.join(output, METRICS_JSON)}")
         raise

@@ -39,7 +39,7 @@ from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.final_snapshot import Resumed, final_snapshot, newest_if_unnamed, step_task_stats
 from psflow.status.replication import ps_members, shard_primaries
 
-__all__ = ["RunEnd"]
+__all__ = ["RunEnd", "after_the_end"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -126,14 +126,7 @@ class RunEnd:
         return "\n".join(lines) + (resilience.on_failure() if resilience is not None else "")
 
     def _after_the_end(self, signum: int, final: Mapping[str, Any]) -> str:
-        """The report of ``signum`` that reached the launcher after ``final`` was written."""
-        phase = {"interrupted": "been interrupted"}.get(str(final["phase"]), str(final["phase"]))
-        lines = [f"{signal_name(signum)} arrived after the run had {phase} at global_step {final['global_step']}: "
-                 "its end stands; every task stopped"]
-        if final.get("error"):
-            lines += [f"  {line}" for line in str(final["error"]).splitlines()]
-        lines.append(f"metrics: {self.output_dir}/{METRICS_JSON}")
-        return "\n".join(lines)
+        return after_the_end(signum, final, self.output_dir, "; every task stopped")
 
     # ---- the snapshot --------------------------------------------------------------------------
     def _end(self, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -211,3 +204,16 @@ def _shard_stats(channels: Mapping[str, TaskChannel], timeout: float, num_ps: in
         except RpcError as e:
             log.debug("%s: no Stats for the final snapshot: %s", name, e)
     return shard_primaries(stats) if len(channels) > num_ps else stats
+
+
+def after_the_end(signum: int, final: Mapping[str, Any], output_dir: str, stopped: str = "") -> str:
+    """The report of ``signum`` that reached the launcher after the run's end ``final`` was written (a cluster run's
+    :meth:`RunEnd.interrupted`, an ``--in-process`` run's): that end stands; a failed run's error follows (the
+    signal replaced the failure's exception, so the user reads it nowhere else). ``stopped``: said after it."""
+    phase = {"interrupted": "been interrupted"}.get(str(final.get("phase")), str(final.get("phase")))
+    lines = [f"{signal_name(signum)} arrived after the run had {phase} at global_step {final.get('global_step')}: "
+             f"its end stands{stopped}"]
+    if final.get("error"):
+        lines += [f"  {line}" for line in str(final["error"]).splitlines()]
+    lines.append(f"metrics: {output_dir}/{METRICS_JSON}")
+    return "\n".join(lines)

@@ -16,7 +16,7 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -94,3 +94,32 @@ def test_an_interrupted_run_is_written_once_and_reported_once(lc: LocalCluster, 
 
     assert metrics(tmp_path) == first
     assert again.startswith("SIGHUP arrived after the run had been interrupted at global_step "), again
+
+
+@pytest.mark.parametrize("phase", ["finished", "failed"])
+def test_an_in_process_run_s_end_written_before_the_signal_is_the_one_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phase: str) -> None:
+    """``psflow train --in-process``: the run wrote its end (InProcessEnding) and the signal came after (a finished
+    run's, between writing it and restoring the signal handlers; a failed run's, while it was written): the user
+    read 'interrupted by SIGTERM' beside a metrics.json that says otherwise."""
+    from psflow.cli import train as cli_train
+    from psflow.cluster import ClusterSpec
+    from psflow.launch import in_process
+    from psflow.launch.lifeline import LaunchInterrupted
+    from psflow.status.final_snapshot import final_snapshot
+    from psflow.train.config import TrainConfig
+
+    extra = {"error": "ValueError: boom", "exit_code": 1} if phase == "failed" else {}
+    final = final_snapshot(phase=phase, ps_stats=PS_STATS, wall_seconds=1.0, extra=extra)
+
+    def ends_then_signalled(config: object, output: str, *, on_end: Callable[..., None], **_: object) -> None:
+        on_end(final, ClusterSpec({"ps": ["127.0.0.1:1"]}))
+        raise LaunchInterrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(in_process, "run_in_process", ends_then_signalled)
+    with pytest.raises(LaunchInterrupted) as raised:
+        cli_train._in_process(TrainConfig(), str(tmp_path), None)  # type: ignore[arg-type]
+    assert metrics(tmp_path)["phase"] == phase
+    report = str(raised.value)
+    assert report.startswith(f"SIGTERM arrived after the run had {phase} at global_step 42: its end stands"), report
+    assert ("  ValueError: boom" in report.splitlines()) == (phase == "failed"), report
