@@ -52,9 +52,11 @@ Chief, in order:
        does a join that took the cluster for a fresh one when a lease holder's
        ``BeginRestore`` came after its Register (its loads, of generation 0, and
        its SetReady, of none, are refused while that restore is in progress: some
-       task's Stats then show its generation); any other refusal of them (no task
-       shows a restore begun, e.g. a replicated shard's member that is not the
-       primary) fails the chief with one line naming the task and the checkpoint;
+       task's Stats then show its generation); after any other refusal of the
+       SetReady (no task shows a restore begun, e.g. a replicated shard's member
+       that is not the primary mid-failover) it waits likewise, logging the task
+       and the checkpoint: it campaigns, and the lease's holder (it, once
+       elected) restores the cluster at a new generation;
 
        without one but with
        ``warm_start``, it loads the warm-start values instead
@@ -388,16 +390,18 @@ def _taken_over(directory: str, latest: str, leader: Callable[[], Lease | None] 
 
 def _ready_at_start(client: ParameterClient, latest: str) -> bool:
     """(After the restore at start, generation 0, of checkpoint ``latest``) marks every task ready as
-    :func:`_set_ready` does: True. False where a lease holder's restore began since the loads, which makes the tasks
-    ready itself (the chief waits for it): a task refused the ``SetReady`` (FAILED_PRECONDITION: of no generation,
-    there is no fencing token to refuse) and some task's ``Stats`` show a generation above 0 (every loaded task was
-    at 0; a restore within the run is at one above it). Every task's, not the refusing one's alone: the holder's
-    BeginRestores reach the tasks in any order, and the refusing one may have restarted (generation 0) or died since.
+    :func:`_set_ready` does: True. False where a task refused the ``SetReady`` (FAILED_PRECONDITION: of no
+    generation, there is no fencing token to refuse): the tasks not made ready stay so (ps task 0 among them), and the
+    chief, as a worker whose cluster is being restored (:meth:`~psflow.train.recovery.ClusterRecovery.await_restore`),
+    campaigns and waits for the cluster to settle at a new generation, restoring it itself once it holds the chief
+    lease (bounded by the recovery timeout: a ``RecoveryError`` naming the tasks not ready). Logged as what it is:
+    waiting for a lease holder's restore where some task's ``Stats`` show a generation above 0 (every loaded task was
+    at 0; a restore within the run is at one above it; every task's, not the refusing one's alone: the holder's
+    BeginRestores reach the tasks in any order, and the refusing one may have restarted or died since); else (e.g. a
+    replicated shard's member that is not the primary, or was deposed, mid-failover) the refusal, the task and the
+    checkpoint, and that the cluster is restored at a new generation instead.
 
     Raises:
-        CheckpointError: a task refused its ``SetReady`` and no task shows a restore begun (e.g. a replicated shard's
-            member that is not the primary, or was deposed, and no other route was found): names the task, the
-            checkpoint and what each task's Stats said. The tasks not made ready stay so (ps task 0 among them).
         RpcError: a ``SetReady`` failed otherwise (a task unreachable, the variables not registered there).
     """
     for task in sorted(client.channels, key=lambda t: t == client.step_task):
@@ -410,10 +414,11 @@ def _ready_at_start(client: ParameterClient, latest: str) -> bool:
                 return False
             said = ", ".join(f"{client.channels[t].task} {'no answer' if s is None else 'at generation 0'}"
                              for t, s in sorted(states.items()))
-            raise CheckpointError(
-                f"{client.client_name}: checkpoint {latest} was loaded onto every ps task at generation 0, but "
-                f"{client.channels[task].task} refused to become ready ({e}) and no restore has begun ({said}): no "
-                "lease holder's restore will make the tasks ready, so this chief fails") from e
+            log.warning("%s: checkpoint %s was loaded onto every ps task at generation 0, but %s refused to become "
+                        "ready (%s) and no restore has begun (%s): the cluster is restored at a new generation by "
+                        "the chief lease's holder (this chief campaigns for it)", client.client_name, latest,
+                        client.channels[task].task, e, said)
+            return False
     return True
 
 
