@@ -123,10 +123,10 @@ from psflow.errors import CheckpointError
 from psflow.models.api import DYNAMIC_TABLE_FLAGS, DYNAMIC_TABLE_PARAM
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
-from psflow.ps.protocol import RegisterRequest, SetReadyRequest
-from psflow.ps.registration import Registration, ask_until_reachable, register_tasks
+from psflow.ps.protocol import SetReadyRequest
+from psflow.ps.registration import Registration, ask_until_reachable
 from psflow.rpc.api import FailedPreconditionError, FencedOffError
-from psflow.train.generation_restore import restore_at_new_generation
+from psflow.train.generation_restore import register_as_chief, restore_at_new_generation
 from psflow.train.state_loss import StateLostError, check_state_kept, ps_states, state_lost_message
 from psflow.train.within_run import lost_within_run
 
@@ -315,11 +315,9 @@ def join_cluster(
 def _register(client: ParameterClient, optimizer: OptimizerSpec, run: str | None) -> Registration:
     """The chief's Register (as :meth:`ParameterClient.register` with ``chief=True, defer_ready=True``), with the
     tasks it created the variables on: an unreachable task is asked again within ``--connect-timeout``. It names
-    run ``run``, which ps task 0's global_step journal records (:meth:`psflow.ps.global_step.GlobalStep.claim`)."""
-    request = RegisterRequest(tuple(client.layout.values()), optimizer, client.sync, client.client_name, True, True,
-                              client.incarnation, run)
-    return register_tasks(client.channels, client.step_task, request, client.config, client.config.connect_timeout,
-                          call=client.call_async)
+    run ``run``, which ps task 0's global_step journal records (:meth:`psflow.ps.global_step.GlobalStep.claim`):
+    :func:`~psflow.train.generation_restore.register_as_chief`, the Register of a restore at a new generation too."""
+    return register_as_chief(client, optimizer, run)
 
 
 def _restore_at_join(client: ParameterClient, optimizer: OptimizerSpec, directory: str, latest: str,

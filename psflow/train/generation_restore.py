@@ -5,11 +5,12 @@ after a ps task died (:meth:`psflow.train.recovery.ClusterRecovery.restore`), an
 finds the run went on past its checkpoint (:func:`psflow.train.chief.join_cluster`: some ps task kept its state,
 or ps task 0's journal bounds steps handed out past the checkpoint). In order, it:
 
-1. (unless the caller registered already) registers the layout with ``chief=True, defer_ready=True``,
-   creating an empty task's variables, not ready, and naming the run: ps task 0's global_step journal claims it
-   (:meth:`psflow.ps.global_step.GlobalStep.claim`) before ``BeginRestore`` reads its floor, so a replicated
-   shard 0 whose member 0 restarted with an older run's journal goes on past the floor another member's journal
-   holds for this run, not from the older run's (as the chief's join does: :func:`psflow.train.chief.join_cluster`);
+1. (unless the caller registered already) registers the layout with ``chief=True, defer_ready=True``
+   (:func:`register_as_chief`), creating an empty task's variables, not ready, and naming the run: ps task 0's
+   global_step journal claims it (:meth:`psflow.ps.global_step.GlobalStep.claim`) before ``BeginRestore`` reads
+   its floor, so a replicated shard 0 whose member 0 restarted with an older run's journal goes on past the floor
+   another member's journal holds for this run, not from the older run's (as the chief's join does:
+   :func:`psflow.train.chief.join_cluster`);
 2. sends ``BeginRestore`` with a generation above every task's (the wall clock in ms, or one more): each task
    refuses pushes of an older generation from then on, finishes the ones in flight, aborts sync/ssp waits and
    forgets finished workers; with a lease, the lease's epoch fences it (a deposed chief's restore is refused);
@@ -20,6 +21,9 @@ or ps task 0's journal bounds steps handed out past the checkpoint). In order, i
 
 Every worker still training then sees its next push refused, waits for the cluster to settle at the new
 generation and resumes at the checkpoint's reader position (:meth:`~psflow.train.recovery.ClusterRecovery.wait`).
+
+Step 1's Register, :func:`register_as_chief`, is also the one a chief's join sends (:mod:`psflow.train.chief`,
+which imports this module): one request for both, so the two never differ in what they name.
 """
 
 from __future__ import annotations
@@ -34,11 +38,33 @@ from psflow.coord.api import Lease
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, RegisterRequest, SetReadyRequest, StatsReply
-from psflow.ps.registration import register_tasks
+from psflow.ps.registration import Registration, register_tasks
 from psflow.rpc.api import gather
 from psflow.train.within_run import written_by
 
-__all__ = ["GenerationRestore", "restore_at_new_generation"]
+__all__ = ["GenerationRestore", "restore_at_new_generation", "register_as_chief"]
+
+
+def register_as_chief(client: ParameterClient, optimizer: OptimizerSpec, run: str | None, *,
+                      limit: float | None = None) -> Registration:
+    """The chief's Register: as :meth:`ParameterClient.register` with ``chief=True, defer_ready=True``, naming run
+    ``run``, which ps task 0's global_step journal claims (:meth:`psflow.ps.global_step.GlobalStep.claim`; None:
+    claims nothing). The Register of a restarted chief's join (:func:`psflow.train.chief.join_cluster`) and of a
+    restore at a new generation (step 1). Blocks until every task answered; an unreachable task is asked again
+    within ``limit`` s (None: ``--connect-timeout``).
+
+    Returns:
+        The tasks the call created the variables on, and which held none before (:class:`Registration`).
+
+    Raises:
+        FailedPreconditionError: another client registered a different layout, or ps task 0 could not record the
+            run in its journal (names the file).
+        TaskUnavailableError: a task stayed unreachable past the limit.
+    """
+    request = RegisterRequest(tuple(client.layout.values()), optimizer, client.sync, client.client_name, True, True,
+                              client.incarnation, run)
+    return register_tasks(client.channels, client.step_task, request, client.config,
+                          client.config.connect_timeout if limit is None else limit, call=client.call_async)
 
 
 @dataclass(frozen=True)
@@ -76,11 +102,8 @@ def restore_at_new_generation(client: ParameterClient, optimizer: OptimizerSpec,
     """
     gens = [s.generation for s in states.values() if s is not None]
     generation = max(time.time_ns() // 1_000_000, max(gens, default=0) + 1)
-    if not registered:  # as ParameterClient.register(chief=True, defer_ready=True), naming the run
-        request = RegisterRequest(tuple(client.layout.values()), optimizer, client.sync, client.client_name, True, True,
-                                  client.incarnation, run)
-        register_tasks(client.channels, client.step_task, request, client.config,
-                       client.config.connect_timeout if limit is None else limit, call=client.call_async)
+    if not registered:
+        register_as_chief(client, optimizer, run, limit=limit)
     begin = BeginRestoreRequest(generation, *((lease.epoch, lease.holder) if lease is not None else ()))
     calls = {t: client.call_async(t, begin, timeout=30.0) for t in client.channels}
     replies = {t: BeginRestoreReply.from_frame(reply) for t, reply in gather(calls).items()}

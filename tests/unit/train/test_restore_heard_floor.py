@@ -29,7 +29,11 @@ from psflow.ps.service import ParameterService
 from psflow.rpc.api import Handler
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
+from psflow.train.config import TrainConfig
+from psflow.train.duties import run_id
+from psflow.train.in_graph_client import _restore_initialized_cluster
 from psflow.train.recovery import ClusterRecovery
+from psflow.train.session import MonitoredTrainingSession
 from psflow.train.state_loss import ps_states
 from psflow.train.within_run import lost_within_run
 
@@ -127,3 +131,23 @@ def test_the_in_graph_client_restarted_with_every_task_leaves_the_loss_to_its_jo
     result = join_cluster(client, SGD, chief=True, checkpoint_dir=ckpt, run="run-a")
     assert result.generation is not None and result.generation > 0
     _went_on_past_800(journaled, client)
+
+
+@pytest.mark.parametrize("older_floor", [300, 5000], ids=["below-the-checkpoint", "above-the-checkpoint"])
+def test_the_in_graph_client_s_own_restore_and_then_its_session_s_join_go_on_past_that_floor(
+        tmp_path: Path, journaled: JournaledShard, older_floor: int) -> None:
+    """The in-graph client's path itself, in its order (:func:`~psflow.train.in_graph_client.run_in_graph_client`):
+    ``_restore_initialized_cluster`` restores nothing (no generation begun, ps task 0 still naming run-z), then its
+    session (chief, the run's id as ``make_session`` gives it) joins: its Register claims run-a, its join reads ps
+    task 0's Stats again and restores at a new generation past 800."""
+    ckpt = _checkpoint_of_run_a(tmp_path / "ckpt")
+    client = _lost_shard(journaled, older_floor)
+    config = TrainConfig().with_(checkpoint_dir=ckpt, run_id="run-a", connect_timeout=30.0)
+    assert _restore_initialized_cluster(config, client) is None
+    assert client.ps_stats().generation == 0 and client.ps_stats().step_run == "run-z", "nothing registered yet"
+    with MonitoredTrainingSession(client, SGD, is_chief=True, checkpoint_dir=ckpt,
+                                  run=run_id(config, client.cluster)) as session:
+        joined = session.join_result
+        assert joined is not None and joined.restored is not None
+        assert joined.generation is not None and joined.generation > 0 and session.global_step == 800
+        _went_on_past_800(journaled, client)
