@@ -142,10 +142,12 @@ def test_the_in_graph_client_s_own_restore_and_then_its_session_s_join_go_on_pas
     task 0's Stats again and restores at a new generation past 800."""
     ckpt = _checkpoint_of_run_a(tmp_path / "ckpt")
     client = _lost_shard(journaled, older_floor)
-    config = TrainConfig().with_(checkpoint_dir=ckpt, run_id="run-a", connect_timeout=30.0)
+    config = TrainConfig().with_(checkpoint_dir=ckpt, run_id="run-a", connect_timeout=30.0, optimizer="sgd",
+                                 learning_rate=0.5)
+    assert config.optimizer_spec() == SGD
     assert _restore_initialized_cluster(config, client) is None
     assert client.ps_stats().generation == 0 and client.ps_stats().step_run == "run-z", "nothing registered yet"
-    with MonitoredTrainingSession(client, SGD, is_chief=True, checkpoint_dir=ckpt,
+    with MonitoredTrainingSession(client, config.optimizer_spec(), is_chief=True, checkpoint_dir=ckpt,
                                   run=run_id(config, client.cluster)) as session:
         joined = session.join_result
         assert joined is not None and joined.restored is not None
