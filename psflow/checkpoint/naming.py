@@ -4,22 +4,52 @@
 shards were snapshotted at: training goes on during a save, so the workers' pushes between the chief's
 reading of the step and the ps tasks' snapshots made the name older than the content (a 3-worker run's
 ckpt-000000102 held step 121).
+
+A name this process removed as a save's (:func:`retire`: a failed save's own directory, a crashed save's leftover)
+is never given again by :func:`free_name` in this process: a ps task may still be writing its shard of that save
+(its SaveShard past ``--save-timeout``), and its late file would land in the new checkpoint of the same name
+(the final save right after a failed periodic one, at the same global_step), whose manifest's sha256 it does not
+match: a checkpoint that cannot be restored. Without the name, the late write finds no directory (locally) or
+leaves a prefix of shard files alone (an object store), removed by the next save under the mutex
+(:func:`~psflow.checkpoint.rotation.late_shards_only`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 from psflow import storage
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import PREFIX
 
-__all__ = ["checkpoint_name", "free_name", "rename_after_step"]
+__all__ = ["checkpoint_name", "free_name", "rename_after_step", "retire"]
 
 log = logging.getLogger(__name__)
+
+_RETIRED: dict[str, set[str]] = {}  # checkpoint directory -> the names this process removed there as a save's
+_RETIRED_LOCK = threading.Lock()
+
+
+def _key(directory: str) -> str:
+    return directory if storage.is_remote(directory) else os.path.abspath(directory)
+
+
+def retire(directory: str, names: Iterable[str]) -> None:
+    """Records that this process removed the save directories ``names`` (basenames) of ``directory``: no later
+    save of the process takes one of them (see the module docstring)."""
+    names = list(names)
+    if names:
+        with _RETIRED_LOCK:
+            _RETIRED.setdefault(_key(directory.rstrip("/") or directory), set()).update(names)
+
+
+def _retired(directory: str) -> set[str]:
+    with _RETIRED_LOCK:
+        return set(_RETIRED.get(_key(directory.rstrip("/") or directory), ()))
 
 
 def checkpoint_name(step: int) -> str:
@@ -29,10 +59,11 @@ def checkpoint_name(step: int) -> str:
 
 def free_name(directory: str, step: int, removed: Collection[str]) -> str:
     """The name a new checkpoint of ``step`` takes in ``directory`` (the caller holds its mutex):
-    :func:`checkpoint_name`, with a suffix (``-`` and nanoseconds) if that is in use or was removed by this save
-    as a crashed save's leftover (``removed``: an older chief's save may still be writing into it)."""
+    :func:`checkpoint_name`, with a suffix (``-`` and nanoseconds) if that is in use, was removed by this save
+    as a crashed save's leftover (``removed``: an older chief's save may still be writing into it) or by any save
+    of this process (:func:`retire`: a failed save's ps task may still be writing into it)."""
     name = checkpoint_name(step)
-    if name in removed or storage.exists(os.path.join(directory, name)):
+    if name in removed or name in _retired(directory) or storage.exists(os.path.join(directory, name)):
         return f"{name}-{time.time_ns()}"
     return name
 

@@ -229,10 +229,13 @@ def late_shards_only(path: str) -> bool:
     ps task's late shard write leaves of a directory removed (see the module docstring).
 
     Only meaningful under ``directory_mutex``, as :func:`killed_while_created`. Anything else inside (a file a person
-    put there, an unreadable writer file) keeps it out.
+    put there, an unreadable writer file) keeps it out. The writer file and the manifest are also asked for by
+    name (a store's listing may lag an object just written, its read does not): either there keeps it.
     """
     try:
         entries = storage.listdir(path)
+        if not entries or not all(_SHARD_FILE.match(e) or e.startswith(f"{WRITER_NAME}.tmp-") for e in entries):
+            return False
+        return not any(storage.exists(os.path.join(path, n)) for n in (WRITER_NAME, MANIFEST_NAME))
     except OSError:
         return False
-    return bool(entries) and all(_SHARD_FILE.match(e) or e.startswith(f"{WRITER_NAME}.tmp-") for e in entries)

@@ -46,7 +46,7 @@ from psflow.checkpoint.manifest import (
     SavedCheckpoint,
     read_manifest,
 )
-from psflow.checkpoint.naming import checkpoint_name, free_name, rename_after_step
+from psflow.checkpoint.naming import checkpoint_name, free_name, rename_after_step, retire
 from psflow.checkpoint.pointer import effective_pointer, is_complete, latest_checkpoint, publish
 from psflow.checkpoint.rotation import delete_old, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
@@ -247,7 +247,7 @@ class CheckpointManager:
                 storage.write_atomically(os.path.join(path, MANIFEST_NAME),
                                          replace(manifest, final=True).to_json().encode())
             if manifest.lineage is not None:  # as a save would have: a run that ends saving nothing leaves none
-                remove_leftovers(self.directory, self.run_id, manifest.lineage, epoch, held=held)
+                retire(self.directory, remove_leftovers(self.directory, self.run_id, manifest.lineage, epoch, held=held))
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
               epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
@@ -262,6 +262,7 @@ class CheckpointManager:
             # Without the mutex (passed by a newer epoch) only the leftovers of writers certainly gone are removed,
             # and the directory gets a name no one else takes (see _create).
             removed = remove_leftovers(self.directory, self.run_id, lineage, epoch, held=held)
+            retire(self.directory, removed)
             # Never a name just removed: that "leftover" may be an older chief's save still going on (its lease
             # lived on in its own view), which would write its files into this save's directory, then remove it.
             # Renamed after the manifest's step once the shards are in.
@@ -379,7 +380,8 @@ class CheckpointManager:
             del self._unsent[0]
 
     def _remove_current(self) -> None:
-        """Deletes the directory of the save that failed, unless the pointer names it.
+        """Deletes the directory of the save that failed, unless the pointer names it; no later save of this process
+        takes its name (:func:`~psflow.checkpoint.naming.retire`: a ps task may still be writing its shard there).
 
         Under the directory's mutex, so a newer chief's restore that takes this checkpoint over
         (:func:`psflow.checkpoint.adopt.adopt_latest`, the same mutex) either finds it gone or keeps it: a
@@ -394,6 +396,7 @@ class CheckpointManager:
                 pointer = effective_pointer(self.directory)[0] or {}
                 if pointer.get("latest") == os.path.basename(path):
                     return
+                retire(self.directory, [os.path.basename(path)])
                 storage.remove_tree(path, ignore_errors=True)
             if storage.exists(path):
                 log.error("could not remove the partial checkpoint %s", path)

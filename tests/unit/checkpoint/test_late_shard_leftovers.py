@@ -120,3 +120,24 @@ def test_a_directory_that_cannot_be_listed_is_named_in_a_checkpoint_error(tmp_pa
     assert expected_in_task(raised.value)  # the chief ends with one line (a bare OSError: a traceback)
     with pytest.raises(CheckpointError, match=f"checkpoint directory {directory} cannot be listed"):
         incomplete_checkpoints(str(directory))
+
+
+def test_a_listing_that_lags_the_writer_file_keeps_a_save_in_progress(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store whose listing lags a just-written object (list-after-write not guaranteed by every S3-compatible
+    store) may list a save's shard files without its writer file: the writer file is asked for itself (a read of
+    a written object) before the directory is taken for a late shard's. Here a newer epoch's save in progress,
+    whose directory taken would make its manifest, written later, a checkpoint missing shards on a store."""
+    from psflow.checkpoint.rotation import deletable
+
+    live = tmp_path / "ckpt-000000005"
+    live.mkdir()
+    (live / "writer.json").write_text('{"run_id": "run-a", "lineage": "lin", "epoch": 9}')
+    (live / "shard-00000-of-00002.safetensors").write_bytes(b"x")
+    listdir = storage.listdir
+
+    def lagging(path: str) -> list[str]:
+        return [n for n in listdir(path) if n != "writer.json"]
+
+    monkeypatch.setattr(storage, "listdir", lagging)
+    assert deletable(str(tmp_path), "run-a", "lin", 4, keep=()) == []
