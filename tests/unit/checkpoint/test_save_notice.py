@@ -60,7 +60,10 @@ def test_a_failing_sync_save_is_told_begun_and_ended_to_every_ps_task_and_leaves
     client = _client(SyncConfig(mode="sync", replicas_to_aggregate=2, total_num_replicas=2, timeout=8.0))
     caplog.set_level(logging.INFO, logger="psflow.ps.sync")
     with pytest.raises(OSError, match="disk full"), notify_save(client, CKPT):
-        assert _notice_threads()  # (in-process channels: the first notices are sent by the time it is seen)
+        assert _notice_threads()
+        # The save fails once every ps task heard it begin: a save over before the thread's first notice holds
+        # nothing and is told nothing (the thread, seen started, may not have sent yet).
+        wait_until(lambda: len(_lines(caplog, "is saving a checkpoint")) == 2, "both ps tasks told the save began")
         raise OSError("disk full")
     assert not _notice_threads()
     begun = _lines(caplog, f"/job:worker/task:0 is saving a checkpoint into {CKPT}")
