@@ -125,6 +125,7 @@ def _check_output(output: str | None) -> None:
 def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dict[str, Any]:
     """``--in-process``: the run, its end written as a cluster run's (metrics.json, status.json, metrics.prom from
     one final snapshot), SIGTERM, SIGHUP and SIGINT included (they end it as :class:`LaunchInterrupted`)."""
+    from psflow.cluster import ClusterSpec
     from psflow.launch.in_process import run_in_process
     from psflow.launch.lifeline import LauncherSignals, signal_name
     from psflow.launch.run_end import after_the_end
@@ -133,8 +134,15 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     ending = InProcessEnding(config, output, sys.stderr)
     signals = LauncherSignals()
     signals.install()  # main thread only (else a no-op)
+
+    def on_end(final: dict[str, Any], cluster: ClusterSpec) -> None:
+        # No signal cuts the writing of the end (ending.final is set first: a cut left no metrics.json while the
+        # report below said that end stood); one received meanwhile is raised once it is written.
+        with signals.deferring():
+            ending(final, cluster)
+
     try:
-        return run_in_process(config, output, on_end=ending, faults=faults, signals=signals,
+        return run_in_process(config, output, on_end=on_end, faults=faults, signals=signals,
                               announce=functools.partial(_in_process_banner, config, output))
     except LaunchInterrupted as e:
         final = ending.final or {}

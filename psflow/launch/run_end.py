@@ -17,7 +17,8 @@ are written, so they agree on every figure they share:
 3. *interrupted* (SIGTERM, SIGHUP, SIGINT): :meth:`RunEnd.interrupted` captures,
    stops every task, writes, and returns the report for the user.
 
-A snapshot is written once (the first of these wins); a file that cannot be
+A snapshot is written once (the first of these wins), its files with signals deferred (a signal while they are
+written is raised once they are: *after the end*, reported as such); a file that cannot be
 written is said on the console (and, for a finished run, raised), never
 hidden. Not thread-safe: the launcher's main thread calls it.
 """
@@ -149,8 +150,12 @@ class RunEnd:
                               evaluation=evaluation, extra={**self.run, **extra})
 
     def _write(self, final: dict[str, Any]) -> dict[str, str]:
-        self.snapshot = final
-        failed = write_run_files(final, self.output_dir, self.page.collector if self.page is not None else None)
+        # No signal cuts the writing (raised once it is written): it is this run's end from the moment snapshot is
+        # set, and interrupted() then writes nothing; cut, it left no metrics.json (or no status.json, metrics.prom)
+        # while the user was told that end stood.
+        with self.lc.signals.deferring():
+            self.snapshot = final
+            failed = write_run_files(final, self.output_dir, self.page.collector if self.page is not None else None)
         self._say(f"psflow: {line}" for line in failed.values())
         return failed
 

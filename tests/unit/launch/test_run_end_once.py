@@ -123,3 +123,61 @@ def test_an_in_process_run_s_end_written_before_the_signal_is_the_one_reported(
     report = str(raised.value)
     assert report.startswith(f"SIGTERM arrived after the run had {phase} at global_step 42: its end stands"), report
     assert ("  ValueError: boom" in report.splitlines()) == (phase == "failed"), report
+
+
+def _signalled_while_writing(monkeypatch: pytest.MonkeyPatch, module: object) -> None:
+    """``module.write_run_files`` gets SIGTERM (this process's own handler) as it starts writing the run's end."""
+    write = module.write_run_files  # type: ignore[attr-defined]
+
+    def signalled(*args: object, **kwargs: object) -> object:
+        signal.raise_signal(signal.SIGTERM)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(module, "write_run_files", signalled)
+
+
+def test_a_signal_while_a_finished_run_s_end_is_written_does_not_cut_it(
+        lc: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RunEnd.finished marks its end written (snapshot) before it writes the files: a signal arriving while it writes
+    them (the launcher defers none there) cut the writing, and RunEnd.interrupted, seeing the snapshot, wrote nothing
+    and said 'its end stands': no metrics.json at all (or the status page's files missing), the user told it stood."""
+    from psflow.launch import run_end
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    _signalled_while_writing(monkeypatch, run_end)
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    lc.on_interrupt = end.interrupted
+    with pytest.raises(LaunchInterrupted) as raised, lc:  # installs the launcher's handlers, as _run_cluster's
+        end.finished(ps_stats=PS_STATS, train_seconds=1.5, evaluation=None, extra={}, client=None)
+
+    written = metrics(tmp_path)
+    assert written["phase"] == "finished" and written["global_step"] == 42, written
+    report = str(raised.value)
+    assert report.startswith("SIGTERM arrived after the run had finished at global_step 42: its end stands"), report
+    assert raised.value.exit_code == 128 + signal.SIGTERM
+
+
+def test_a_signal_while_an_in_process_run_s_end_is_written_does_not_cut_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--in-process``: InProcessEnding keeps the final snapshot before it writes the files; a signal while it writes
+    them left no metrics.json, and the report (b490cf9) said the run's end stood."""
+    from psflow.cli import train as cli_train
+    from psflow.cluster import ClusterSpec
+    from psflow.launch import in_process, run_status
+    from psflow.launch.lifeline import LaunchInterrupted
+    from psflow.status.final_snapshot import final_snapshot
+    from psflow.train.config import TrainConfig
+
+    final = final_snapshot(phase="finished", ps_stats=PS_STATS, wall_seconds=1.0)
+
+    def ends(config: object, output: str, *, on_end: Callable[..., None], **_: object) -> dict[str, object]:
+        on_end(final, ClusterSpec({"ps": ["127.0.0.1:1"]}))
+        return final
+
+    monkeypatch.setattr(in_process, "run_in_process", ends)
+    _signalled_while_writing(monkeypatch, run_status)
+    with pytest.raises(LaunchInterrupted) as raised:
+        cli_train._in_process(TrainConfig(), str(tmp_path), None)  # type: ignore[arg-type]
+    assert metrics(tmp_path)["phase"] == "finished"
+    report = str(raised.value)
+    assert report.startswith("SIGTERM arrived after the run had finished at global_step 42: its end stands"), report
