@@ -197,13 +197,14 @@ class ClusterRecovery:
         """The checkpoint the cluster was just restored from and its global_step: this worker's restore's; another
         worker's restore: the newest checkpoint now, which that restore read (a save since, by its lease holder
         after a step there, is newer: the step then is later, and the summaries' START drops fewer lost steps);
-        (None, None) where none can be read."""
+        (None, None) where none can be read: the cluster is restored all the same, and this worker goes on."""
         if self._restored is not None:
             return self._restored
-        checkpoint = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
-        try:
+        try:  # a directory that cannot be listed now (CheckpointListingError) must not fail a restored worker
+            checkpoint = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
             return (checkpoint, read_manifest(checkpoint).global_step) if checkpoint is not None else (None, None)
-        except CheckpointError:  # deleted since (rotation)
+        except CheckpointError as e:  # deleted since (rotation), or not listed
+            log.info("%s: the checkpoint the cluster was restored from is not known: %s", self.client.client_name, e)
             return None, None
 
     def await_restore(self, leadership: Leadership | None) -> str | None:

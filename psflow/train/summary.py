@@ -84,6 +84,13 @@ class SummaryWriter:
     elected chief and was not) leaves no empty file. Thread-safe; each write is
     flushed to the file before it returns, so a reader (a live status page) sees it at once.
 
+    TensorBoard reads a directory's files one after the other, in the order of their names, and a START
+    (:meth:`session_start`) drops what it read before at the START's step or later. With a chief election every
+    worker writes into the directory while it holds the duties, so a file is named, when it is created, to sort
+    after every event file in the directory then; :meth:`continue_last` (on taking the duties over, and before a
+    START) moves on to a new file where another writer's sorts after this one's: the files are read in the order
+    they were written, and a START drops exactly the points written before it past its step.
+
     Raises:
         DataError: ``logdir``, or a file in it, cannot be created (names it); the event file itself, at the
             first write.
@@ -96,8 +103,7 @@ class SummaryWriter:
         except OSError as e:
             raise DataError(f"summary directory {logdir}: cannot create a file there: {e.strerror or e}") from e
         self.logdir = logdir
-        name = f"{_EVENTS_PREFIX}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_WRITERS)}"
-        self.path = os.path.join(logdir, name)
+        self.path = os.path.join(logdir, _file_name())  # made to sort last when the file is created
         self._lock = threading.Lock()
         self._file: TFRecordWriter | None = None
         self._closed = False
@@ -125,13 +131,27 @@ class SummaryWriter:
         event.session_log.status = 1  # SessionLog.START
         if checkpoint is not None:
             event.session_log.checkpoint_path = checkpoint
+        self.continue_last()  # read after every point written before it, whichever writer wrote them
         self._append(event)
+
+    def continue_last(self) -> None:
+        """The next write goes to a file whose name sorts after every event file in the directory now: this
+        writer's current file if it does, else a new one (another writer's was created since: a worker that held
+        the chief duties meanwhile). Without it TensorBoard reads this writer's later points before the other's
+        earlier ones, and a START in the later-sorting file drops this writer's later points at its step or past."""
+        with self._lock:
+            if self._file is None or _sorting_last(self.path) == self.path:
+                return
+            self._file.close()
+            self._file = None
+            self.path = os.path.join(self.logdir, _file_name())
 
     def _append(self, event: Any) -> None:
         with self._lock:
             if self._closed:
                 raise ValueError(f"summary writer of {self.path}: closed")
             if self._file is None:
+                self.path = _sorting_last(self.path)
                 self._file = TFRecordWriter(self.path)
                 self._file.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
             self._file.write(event.SerializeToString())
@@ -148,6 +168,28 @@ class SummaryWriter:
             self._closed = True
             if self._file is not None:
                 self._file.close()
+
+
+def _file_name() -> str:
+    """A new event file's name, unique to this writer: ``events.out.tfevents.<time>.<host>.<pid>.<n>``."""
+    return f"{_EVENTS_PREFIX}.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{next(_WRITERS)}"
+
+
+def _sorting_last(path: str) -> str:
+    """``path``, or the same name with a later time, so that it sorts after every event file in its directory (other
+    workers' writers made in the same second sort by host and pid; a clock behind another host's). A directory that
+    cannot be listed, or a newest name not of this form, leaves ``path`` as it is (its order is not ours to make)."""
+    logdir, name = os.path.split(path)
+    try:
+        newest = max((f for f in os.listdir(logdir) if f.startswith(_EVENTS_PREFIX) and f != name), default="")
+    except OSError:
+        return path
+    if name > newest:
+        return path
+    theirs, mine = newest[len(_EVENTS_PREFIX) + 1:].split(".", 1)[0], name[len(_EVENTS_PREFIX) + 1:].split(".", 1)
+    if not theirs.isdigit() or len(mine) != 2:
+        return path
+    return os.path.join(logdir, f"{_EVENTS_PREFIX}.{int(theirs) + 1}.{mine[1]}")
 
 
 #: A ps task's request counters written as ``ps/<i>/<counter>_per_sec`` (a restarted task counts them from zero).

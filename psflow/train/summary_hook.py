@@ -59,6 +59,8 @@ class SummarySaverHook(SessionRunHook):
         self._start_pending = False
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
+        # Also on taking the duties over (LeaderOnlyHook): after the points of the worker that held them till now
+        self.writer.continue_last()
         joined = session.join_result
         if joined is not None and joined.restored is not None and session.global_step == joined.global_step:
             # At the checkpoint's step: a restore within the run goes on past every step value handed out
@@ -79,7 +81,11 @@ class SummarySaverHook(SessionRunHook):
         read): a START there, before the next step's summaries, whether or not global_step went back."""
         self._start_pending = False  # (a chief whose join waited for this restore: this is its START)
         if step is None:
-            checkpoint = latest_checkpoint(session.checkpoint_dir) if session.checkpoint_dir else None
+            try:
+                checkpoint = latest_checkpoint(session.checkpoint_dir) if session.checkpoint_dir else None
+            except CheckpointError as e:  # not listed now (CheckpointListingError): the START all the same
+                log.warning("summary: the restored checkpoint is not known (%s): SessionLog START at global_step", e)
+                checkpoint = None
             step = _global_step_of(checkpoint) if checkpoint is not None else None
         if step is None:  # rotated away since: the step the restore left is the nearest known
             checkpoint, step = None, session.client.global_step()
