@@ -355,8 +355,8 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
     """The in-graph client: reads all the data and drives every worker until it ends (module docstring).
 
     Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds", "restored"}`` of this
-    process (``restored``: the checkpoint it restored at start, or None). Its channels (to every
-    worker's StepService and every ps task) use ``tls`` (``None``: plain text).
+    process (``restored``: the checkpoint it restored at start, itself or by its session's join, or None). Its
+    channels (to every worker's StepService and every ps task) use ``tls`` (``None``: plain text).
 
     Raises:
         ConfigError: ``--mode ssp`` (between-graph only).
@@ -384,6 +384,8 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
         for s in sessions:
             s.connect()
         with monitored as session:
+            if restored is None and session.join_result is not None:  # the join restored (a resume, or within the run)
+                restored = session.join_result.restored
             steps_before = session.global_step
             driver = InGraphDriver(config, model, client, sessions, generation=client.ps_stats().generation)
             batches, reason = _train(config, session, driver, _dataset_config(config, len(sessions)))

@@ -58,6 +58,7 @@ class FakeMonitored:
     """The session: its end is the final checkpoint and evaluation."""
 
     global_step = 0
+    join_result = None  # its join restored nothing
 
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
