@@ -1,5 +1,6 @@
 """A replicated shard primary's control calls, recorded after they are served: ``LoadShard``, ``SetReady``,
-``BeginRestore``, ``Done``, ``FinalEval``, ``ReaderPositions`` and ``Leave``.
+``BeginRestore``, ``Done``, ``FinalEval``, ``ReaderPositions`` and ``Leave``; and ``SaveShard``, served by the
+primary alone.
 
 :func:`control_handlers` wraps the service's own handlers of these calls on a
 :class:`~psflow.ps.replication.member.ShardReplication` (``Register``: :mod:`~psflow.ps.replication.register_call`;
@@ -15,6 +16,16 @@
 * **The wait.** ``replica_timeout``; a ``LoadShard``'s: until just before its caller stops waiting
   (:attr:`~psflow.ps.protocol.LoadShardRequest.reply_within_ms`), ``replica_timeout`` at least, so the caller hears
   which backup failed (:func:`full_wait`).
+* **A save reads the primary's state.** ``SaveShard`` (a checkpoint's shard) changes nothing and is not
+  recorded, but only the primary serves it (the primary-only refusal above, asked before the snapshot and again
+  after it: a member deposed meanwhile refuses, its snapshot may hold entries the new primary lacks). A member
+  that is not the primary reads the wrong state: a restarted one rebuilding from the primary holds none of the
+  shard's values (it answered a final save with an empty 72-byte shard file once, and the run rolled back to an
+  older checkpoint with the promoted primary holding every update), a backup may lag what its primary served
+  (dropped while unreachable, it says backup until it looks, :func:`~psflow.ps.replication.startup.watch_view`),
+  and a save holds pushes at the primary only (:mod:`~psflow.ps.replication.checkpoint_count`). The chief's
+  client sends a save to the primary it knows; refused, it follows the shard to its primary now
+  (:class:`~psflow.ps.failover.ShardRouter`) and sends it there.
 * **Leave counts.** A ``Leave``'s final ``acked`` count of the process that leaves is taken into the dedup
   table's counts (``pushes_acknowledged``) before its entry is recorded.
 
@@ -27,7 +38,7 @@ import time
 from typing import TYPE_CHECKING
 
 from psflow.ps.protocol import LeaveRequest, LoadShardRequest
-from psflow.rpc.api import Handler, Reply
+from psflow.rpc.api import Handler, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
 if TYPE_CHECKING:
@@ -37,6 +48,7 @@ __all__ = ["control_handlers", "full_wait"]
 
 _FULL_CALLS = ("LoadShard",)  # calls replicated whole (a full entry; Register: register_call.py), then by small state:
 _STATE_CALLS = ("SetReady", "BeginRestore", "Done", "FinalEval", "ReaderPositions")
+_SAVE = "SaveShard"  # a read of the whole shard, the primary's alone (not recorded)
 #: Seconds a LoadShard's wait for its backups ends before its caller's deadline (at most a tenth of it), so
 #: its UNAVAILABLE reply, naming the backup, reaches the caller before the caller gives up.
 _REPLY_MARGIN = 1.0
@@ -48,7 +60,22 @@ def control_handlers(member: ShardReplication, table: dict[str, Handler]) -> dic
            for method in _FULL_CALLS + _STATE_CALLS if method in table}
     if LeaveRequest.METHOD in table:
         out[LeaveRequest.METHOD] = _leave(member, table[LeaveRequest.METHOD])
+    if _SAVE in table:
+        out[_SAVE] = _primary_read(member, member.applier.settled(table[_SAVE], member.config.replica_timeout))
     return out
+
+
+def _primary_read(member: ShardReplication, handler: Handler) -> Handler:
+    """``handler`` (a read of the shard's state: ``SaveShard``) served on the primary only: refused with
+    FAILED_PRECONDITION naming the primary this member knows before it reads, and after it where the member was
+    deposed meanwhile (the module docstring)."""
+    def call(frame: Frame) -> Reply:
+        member._check_primary()
+        result = handler(frame)
+        if member.deposal.by is not None:
+            raise PreconditionFailed(f"{member.deposal.message()}; its {_SAVE} is not the shard's")
+        return result
+    return call
 
 
 def _replicated(member: ShardReplication, handler: Handler, *, full: bool) -> Handler:

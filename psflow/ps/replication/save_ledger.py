@@ -15,8 +15,14 @@ failures) lives on the task holding global_step; with ``--ps-replicas N`` every 
   waited for its backups' acknowledgement, refuses a change with FAILED_PRECONDITION naming the primary it
   knows (nothing changed): the chief's client resends to the shard's primary
   (:class:`~psflow.ps.failover.ShardRouter`), as it does a push.
-* A read (no outcome, a lineage already set) is served by any member from its own ledger without waiting:
-  a backup's is that of the newest entry it wrote.
+* A read (no outcome, a lineage already set) is served by any member holding the shard's state (the primary, a
+  backup of its view) from its own ledger without waiting: a backup's is that of the newest entry it wrote. A
+  member without it (restarted and rebuilding from the primary, deposed) refuses with FAILED_PRECONDITION naming
+  the primary it knows, as a change: its ledger is empty, or its own file's from before it died, and a reader
+  routing to it by an old route (the launcher's client, whose calls to a restarted task at the same address
+  never fail) took the lower counts for a restart of the ledger's task and counted every save again once it
+  read the primary's (:class:`~psflow.checkpoint.ledger.SaveStatusWatcher`); refused, the reader's router
+  follows the shard to its primary.
 
 Exact across a failover: an outcome the primary recorded whose reply was lost as it died, resent by the chief
 to the promoted backup, is counted once (the report's id, :attr:`~psflow.ps.protocol.SaveOutcome.report_id`, is
@@ -59,7 +65,9 @@ class ReplicatedSaveLedger:
         def call(frame: Frame) -> Reply:
             request = CheckpointStatusRequest.from_frame(frame)
             if request.outcome is None and (request.lineage_if_unset is None or self.ledger.lineage is not None):
-                return inner(frame)  # a read (a lineage once set is never unset but by a LoadShard: a full entry)
+                if not self.member.has_state:  # a read (a lineage once set is never unset but by a LoadShard's entry)
+                    self.member._check_primary()  # raises PreconditionFailed naming the primary it knows
+                return inner(frame)
             # Raises PreconditionFailed naming the primary (this member is not it, or was deposed meanwhile) or
             # Unavailable (a backup too slow), as a push's wait does: the chief's client resends to the primary.
             forwarder = self.member._check_primary()

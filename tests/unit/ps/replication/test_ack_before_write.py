@@ -1,7 +1,7 @@
 """A backup served over psflow's TCP carrier acknowledges the entries it received and writes them right after
 its reply (issue 28's cost: the write leaves the push's round trip; psflow/ps/replication/applier.py's
 promise). What must not move: a promoted backup holds every acknowledged push bit for bit (a Promote waits
-for the writes), so does what a backup's SaveShard returns, and a backup that could not write an entry it
+for the writes), so do a backup's Stats, and a backup that could not write an entry it
 acknowledged stops counting as holding the state and rebuilds from the primary. The entries are written
 together, coalesced, every ``COALESCE`` of them or at the first read (applier.py)."""
 
@@ -19,12 +19,12 @@ from psflow.ps.protocol import (
     PushRequest,
     ReplicaEntry,
     ReplicaStatusReply,
-    SaveShardReply,
-    SaveShardRequest,
+    StatsReply,
     WorkerTag,
 )
 from psflow.ps.replication.applier import COALESCE
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,17 +152,17 @@ def test_a_backup_that_cannot_write_an_acknowledged_entry_rebuilds_from_the_prim
     assert _same(shard, BACKUP)
 
 
-def test_a_backups_saved_shard_holds_every_entry_it_acknowledged(make_shard: Callable[..., InProcessShard]) -> None:
+def test_a_backups_stats_hold_every_entry_it_acknowledged(make_shard: Callable[..., InProcessShard]) -> None:
+    """(A backup serves no SaveShard: the primary's alone, tests/unit/ps/replication/test_save_on_primary_only.py.)"""
     shard = _shard(make_shard)
     shard.after_reply_held = True
     shard.push(PRIMARY, _grads(4))
-    saved: list[SaveShardReply] = []
-    frame = SaveShardRequest(None, 0, 1).to_frame()
-    reader = threading.Thread(target=lambda: saved.append(SaveShardReply.from_frame(
-        shard.call(BACKUP, SaveShardRequest.METHOD, frame))))
+    read: list[StatsReply] = []
+    reader = threading.Thread(target=lambda: read.append(StatsReply.from_frame(
+        shard.call(BACKUP, "Stats", Frame({})))))
     reader.start()
     reader.join(0.3)
-    assert not saved  # it waits for the write of the entry it acknowledged
+    assert not read  # it waits for the write of the entry it acknowledged
     shard.run_after_reply(BACKUP)
     reader.join(10)
-    assert saved and saved[0].global_step == 4
+    assert read and read[0].global_step == 4

@@ -1,0 +1,178 @@
+"""A replicated shard's ``SaveShard`` is served by its primary only (psflow/ps/replication/control_calls.py).
+
+Seen in a real run (``--ps 2 --workers 2 --ps-replicas 1 --chaos kill:ps:1@step=<the last step>``): ps:1 was
+killed, ps_backup:1 promoted, and the restarted ps:1 -- empty, rebuilding from the new primary -- answered the
+chief's final ``SaveShard`` from its own state: an empty shard file, a failed final save, the client restarted
+and rolled back to an older checkpoint although the promoted backup held every acknowledged update. A member
+that is not the shard's primary (joining, a backup, deposed) now refuses with FAILED_PRECONDITION naming the
+primary it knows, which the client's router follows (psflow/ps/failover.py): the save lands on the primary and
+holds its values. In-process members (tests/replica_shard.py), no sockets.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from replica_shard import PRIMARY, WORKERS, InProcessShard, Link, backup, layout
+from safetensors.numpy import load, load_file
+
+from psflow.checkpoint.ledger import checkpoint_status
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.save import CheckpointManager
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import (
+    CheckpointStatusRequest,
+    JoinRequest,
+    PushRequest,
+    SaveOutcome,
+    SaveShardReply,
+    SaveShardRequest,
+    WorkerTag,
+)
+from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import Channel, FailedPreconditionError
+from psflow.rpc.framing import Frame
+
+pytestmark = pytest.mark.timeout(60)
+
+BACKUP = backup(0)
+
+
+def _push(i: int) -> PushRequest:
+    rows = np.array([i % 20, (i * 7 + 1) % 20], np.int64)
+    return PushRequest([("w/part_0", np.full((2, 4), 0.01 * i, np.float32), rows),
+                        ("b/part_0", np.full(4, 0.01, np.float32), None)],
+                       WorkerTag(WORKERS[0], 1, push_id=i, acked=i - 1), step=True, examples=8)
+
+
+def _save(shard: InProcessShard, member: str) -> SaveShardReply:
+    return SaveShardReply.from_frame(shard.call(member, SaveShardRequest.METHOD,
+                                                SaveShardRequest(None, 0, 1).to_frame()))
+
+
+def _failed_over(make_shard: Callable[..., InProcessShard]) -> tuple[InProcessShard, threading.Event]:
+    """ps:0 served 5 pushes, was killed; ps_backup:0 promoted (epoch 2); ps:0 restarted empty, its Join to the
+    new primary held (the returned event lets it go): it is joining, with none of the shard's values."""
+    shard = make_shard(backups=1)
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    for i in range(1, 6):
+        shard.push(PRIMARY, _push(i))
+    shard.cut.add(PRIMARY)  # killed
+    assert shard.promote(BACKUP, 1).epoch == 2
+    joined = threading.Event()
+    shard.held_requests[(BACKUP, JoinRequest.METHOD)] = joined
+    shard.add(PRIMARY)  # restarted: a fresh, empty process
+    shard.cut.discard(PRIMARY)
+    shard.start(PRIMARY)
+    shard.wait(lambda: shard.holding > 0, "the restarted ps:0's Join held at the new primary")
+    return shard, joined
+
+
+def test_a_restarted_member_rebuilding_refuses_saveshard_naming_the_primary(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    shard, joined = _failed_over(make_shard)
+    assert shard.replicas[PRIMARY].view.view.role == "joining"
+    with pytest.raises(FailedPreconditionError, match=r"not the primary of shard 0 \(joining\)"):
+        _save(shard, PRIMARY)  # before: an empty shard (global_step 0)
+    assert _save(shard, BACKUP).global_step == 5  # the primary's save holds every acknowledged push
+    joined.set()
+
+
+def test_a_backup_in_the_view_refuses_saveshard_too(make_shard: Callable[..., InProcessShard]) -> None:
+    """A backup's state may lag what its primary serves (a member dropped while unreachable keeps saying backup
+    for up to a second, watch_view), and a save holds pushes at the primary only (CheckpointCount): the router
+    sends a save to the primary, so one that reaches a backup came by a stale route and is sent back."""
+    shard, joined = _failed_over(make_shard)
+    joined.set()
+    shard.wait_view(BACKUP, (PRIMARY,))  # ps:0 rebuilt: a backup holding every acknowledged push
+    with pytest.raises(FailedPreconditionError, match=f"backup.*primary {BACKUP} at epoch 2"):
+        _save(shard, PRIMARY)
+
+
+def _client(shard: InProcessShard) -> ParameterClient:
+    """The chief's client of a replicated cluster, its members reached in process; it routes shard 0 to ps:0
+    (the route it knew: no call of it failed since the kill, its pushes were done)."""
+    class Client(ParameterClient):
+        def _open_member(self, task: str, address: str) -> Channel:
+            return Link(shard, task)
+
+    client = Client(shard.cluster, layout(SyncConfig()).layout, client_name=WORKERS[0], failover_timeout=0.3)
+    assert client.router is not None and client.channels[0].task == PRIMARY
+    return client
+
+
+def test_a_shard_save_through_the_client_is_answered_by_the_primary(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """The chief's SaveShard (psflow/checkpoint/save.py: ``client.call_async``, the first call to that shard
+    since the kill) is refused at the restarted ps:0 and resent to ps_backup:0."""
+    shard, joined = _failed_over(make_shard)
+    client = _client(shard)
+    try:
+        reply = SaveShardReply.from_frame(client.call(0, SaveShardRequest(None, 0, 1)))
+        assert reply.global_step == 5, reply.global_step  # before: 0, the empty member's
+        assert client.channels[0].task == BACKUP
+    finally:
+        joined.set()
+        client.close()
+
+
+def test_the_chiefs_save_follows_the_shard_to_its_primary_and_holds_its_values(
+        make_shard: Callable[..., InProcessShard], tmp_path: Path) -> None:
+    """A whole checkpoint after the failover holds the promoted primary's values (every acknowledged push),
+    not an empty shard."""
+    shard, joined = _failed_over(make_shard)
+    client = _client(shard)
+    try:
+        saved = CheckpointManager(str(tmp_path)).save(client)
+    finally:
+        joined.set()
+        client.close()
+    assert read_manifest(saved.path).global_step == 5
+    want = _save(shard, BACKUP)  # the promoted primary's shard as it holds it now
+    assert want.global_step == 5 and want.data is not None
+    files = [p for p in Path(saved.path).iterdir() if p.name.startswith("shard-") and p.name.endswith(".safetensors")]
+    assert len(files) == 1, files
+    got, expected = load_file(str(files[0])), load(want.data.tobytes())
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        assert got[name].tobytes() == value.tobytes(), name
+
+
+def test_a_restarted_member_rebuilding_refuses_a_ledger_read_and_the_client_reads_the_primarys(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """``CheckpointStatus`` (the checkpoint ledger: saves done and failed, the newest checkpoint; the launcher's
+    counts and ``--max-failed-saves`` read it) read at the restarted ps:0 before it holds the shard's state
+    answered its own empty ledger (the launcher took that for a restart of the ledger's task and counted its
+    saves twice once the route came back); it now refuses, and the client reads the promoted primary's."""
+    shard = make_shard(backups=1)
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    for step in (100, 200):
+        outcome = SaveOutcome(True, step, path=f"/ckpt/ckpt-{step}", writer="chief")
+        shard.call(PRIMARY, CheckpointStatusRequest.METHOD, CheckpointStatusRequest(outcome=outcome).to_frame())
+    shard.cut.add(PRIMARY)
+    assert shard.promote(BACKUP, 1).epoch == 2
+    joined = threading.Event()
+    shard.held_requests[(BACKUP, JoinRequest.METHOD)] = joined
+    shard.add(PRIMARY)
+    shard.cut.discard(PRIMARY)
+    shard.start(PRIMARY)
+    shard.wait(lambda: shard.holding > 0, "the restarted ps:0's Join held at the new primary")
+    client = _client(shard)
+    try:
+        with pytest.raises(FailedPreconditionError, match=r"not the primary of shard 0 \(joining\)"):
+            shard.call(PRIMARY, CheckpointStatusRequest.METHOD, Frame({}))  # before: saved 0, no newest checkpoint
+        status = checkpoint_status(client)
+        assert (status["saved"], status["last_saved_step"]) == (2, 200), status
+    finally:
+        joined.set()
+        client.close()
+    shard.wait_view(BACKUP, (PRIMARY,))
+    assert dict(shard.call(PRIMARY, CheckpointStatusRequest.METHOD, Frame({})).meta)["saved"] == 2  # a backup: read
