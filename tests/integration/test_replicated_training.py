@@ -266,8 +266,9 @@ def test_every_replica_of_a_shard_lost_at_once_is_restored_from_the_checkpoint_a
     assert metrics["updates_lost"] == sum(s["updates_lost"] for s in shards.values()), metrics
     assert metrics["examples"] == 2 * A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
     # Both restarted members are in shard 0's view again (a client may have had the backup dropped an instant after
-    # both restarted, its channel still holding the dead process's refused connection, or promoted it over the
-    # empty primary, which then rebuilt from it), so the shard ends replicated again.
+    # both restarted, its channel still holding the dead process's refused connection, or asked for that drop while
+    # the backup's Join was served, or promoted it over the empty primary, which then rebuilt from it), so the shard
+    # ends replicated again.
     view = [shards[0]["primary"], *(b["task"] for b in shards[0]["backups"])]
     assert sorted(view) == ["/job:ps/task:0", "/job:ps_backup/task:0"], (shards[0], _logs(out, "ps*.log"))
 

@@ -100,7 +100,10 @@ class ViewState:
             return self._view, True
 
     def drop_backup(self, expected_epoch: int, backup: str) -> tuple[View, bool]:
-        """``DropBackup`` on the primary: goes to ``expected_epoch + 1`` without ``backup``.
+        """``DropBackup`` on the primary: goes to ``expected_epoch + 1`` without ``backup``. A member that is no
+        backup of the view at ``expected_epoch`` is not dropped (``(view, False)``): nothing waits for it, and a
+        joining one (out of the backups until it caught up, at the same epoch: a restarted member's Join) keeps
+        its Join's sender, else it would wait for entries for ever.
 
         Raises:
             PreconditionFailed: not the primary, or at another epoch (names both).
@@ -113,6 +116,8 @@ class ViewState:
                 raise PreconditionFailed(f"{self.task}: cannot drop {backup} from shard {self.shard} at epoch "
                                          f"{expected_epoch}: this member is {view.role} at epoch {view.epoch}, "
                                          f"{view.describe()}")
+            if backup not in view.backups:
+                return view, False
             self._view = replace(view, epoch=view.epoch + 1, backups=tuple(b for b in view.backups if b != backup))
             return self._view, True
 

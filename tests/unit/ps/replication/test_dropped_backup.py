@@ -10,12 +10,13 @@ primary still counts it (:func:`psflow.ps.replication.startup.watch_view`) and r
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
 from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
-from psflow.ps.protocol import DropBackupRequest
+from psflow.ps.protocol import DropBackupRequest, ReplicateRequest
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import FailedPreconditionError
 
@@ -37,6 +38,40 @@ def test_a_backup_the_primary_dropped_while_it_was_alive_joins_the_view_again(
     shard.wait(lambda: shard.status(PRIMARY).backups == (backup(0),), "the dropped backup back in the view")
     status = shard.status(backup(0))
     assert (status.role, status.epoch, status.primary, status.has_state) == ("backup", 2, PRIMARY, True)
+
+
+def test_a_drop_that_comes_while_the_restarted_backup_joins_leaves_its_join_to_finish(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """Both members restarted (every replica of shard 0 lost): a worker still holding the dead backup's refused
+    connection saw the view of epoch 1 with the backup in it and asked the primary to drop it, while the restarted
+    backup's Join was being served (out of the view's backups until it catches up, at the same epoch). The primary
+    asked nothing (the member was no backup of its view), went to epoch 2 and stopped the Join's sender: the member,
+    alive and joining, got nothing more, and no check brings a joining member back (startup.watch_view rebuilds a
+    backup), so the shard ran unreplicated to the end (tests/integration/test_replicated_training.py's
+    every-replica-lost run, 1 in 14: shard 0's view at the end without ps_backup:0)."""
+    shard = make_shard()
+    shard.start()
+    shard.start(backup(0))
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    held = shard.held_requests[(backup(0), ReplicateRequest.METHOD)] = threading.Event()
+    shard.add(backup(0))  # its restarted process Joins; the snapshot its Join's sender sends is held up
+    shard.start(backup(0))
+    shard.wait(lambda: shard.holding >= 1 and shard.status(PRIMARY).backups == (),
+               "the restarted backup's Join served (out of the backups: not waited for), its snapshot held up")
+    del shard.held_requests[(backup(0), ReplicateRequest.METHOD)]
+    assert shard.status(PRIMARY).epoch == 1
+    dropped = DropBackupRequest(0, 1, backup(0), WORKERS[0])  # the view of epoch 1 that the worker read before
+    try:
+        shard.call(PRIMARY, DropBackupRequest.METHOD, dropped.to_frame())
+    except FailedPreconditionError:
+        pass  # refused (the member answers): as good
+    held.set()
+    shard.wait(lambda: shard.status(PRIMARY).backups == (backup(0),), "the joining backup in the view")
+    # the entry that tells it the view follows the primary's change
+    shard.wait(lambda: shard.status(backup(0)).role == "backup", "the member a backup")
+    status, primary = shard.status(backup(0)), shard.status(PRIMARY)
+    assert (status.primary, status.has_state, status.epoch) == (PRIMARY, True, primary.epoch)
 
 
 def test_a_primary_a_backup_was_promoted_over_while_it_was_alive_rejoins_as_its_backup(

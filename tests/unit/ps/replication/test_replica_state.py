@@ -183,3 +183,5 @@ def test_promote_is_a_compare_and_set_and_an_older_epoch_is_refused_as_deposed()
         state.drop_backup(3, members[2])
     dropped, changed = state.drop_backup(4, members[2])
     assert changed and dropped.epoch == 5 and dropped.backups == ()
+    # a member no backup of the view (joining, at that epoch) is not dropped: its Join's sender goes on
+    assert state.drop_backup(5, members[0]) == (dropped, False)
