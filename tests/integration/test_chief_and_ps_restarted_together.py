@@ -58,19 +58,27 @@ def test_a_chief_restarted_beside_an_empty_ps_task_1_restores_the_cluster(tmp_pa
 def test_a_chief_restarted_beside_an_empty_ps_task_0_hands_out_no_step_twice(tmp_path: Path) -> None:
     """Its join restores the checkpoint (ps task 0 came back empty): global_step went back to the checkpoint's
     (step=300 was logged by both lives, the chaos report said recovered at 206 after the fault at 303), though ps
-    task 0's journal (--state-dir) bounds the steps handed out, as a restore after a ps death uses."""
+    task 0's journal (--state-dir) bounds the steps handed out, as a restore after a ps death uses.
+
+    Each step is logged (--log-every 1): every step the second life logs is past every step the first logged.
+    Not that step=300 is logged once: the launcher kills when ps task 0 has handed out 300, which may come before
+    the first life logs that step (the push's reply, then the hooks), and the second life goes on past it."""
     out = tmp_path / "run"
-    r, log = _kill_the_chief_and_ps_task(out, 0)
+    r, log = _kill_the_chief_and_ps_task(out, 0, "--log-every", "1")
     assert r.returncode == 0, r.stderr[-3000:] + log[-3000:]
-    assert "restored checkpoint" in log.split("serving at")[2], log[-3000:]
+    lives = log.split("serving at")[1:]
+    assert len(lives) == 2 and "restored checkpoint" in lives[1], log[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     for fault in metrics["faults"]:
         assert fault["recovered"] and fault["recovered_at_step"] > fault["at_step"], metrics["faults"]
-    assert log.count("worker 0: step=300 ") == 1, log[-3000:]
+    first, second = ([int(s) for s in re.findall(r"worker 0: step=(\d+) ", life)] for life in lives)
+    assert first and second, log[-3000:]
     # The restore's line says which global_step it set, not only the checkpoint's (which was behind it).
     restored_line = next(ln for ln in log.splitlines() if "restored checkpoint" in ln)
     set_step = int(restored_line.split(", global_step ")[1].split()[0])
     assert set_step >= metrics["faults"][0]["at_step"], restored_line
+    # No step value twice: the first life logged none past the step the restore set, the second none up to it.
+    assert max(first) <= set_step < min(second), (first[-5:], restored_line, second[:5])
     final = read_manifest(latest_checkpoint(str(out / "ckpt")) or "")
     assert final.final and final.examples == 32561, final
 
