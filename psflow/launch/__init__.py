@@ -14,6 +14,10 @@ Classes and functions, by file:
   :func:`~psflow.launch.processes.failure_report`.
 * ``exits.py`` -- :func:`~psflow.launch.exits.wait_for_exit`: the watch loop's wait, woken by a task's exit.
 * ``eval_set.py`` -- :class:`~psflow.launch.eval_set.EvalSet`: the eval set, read while the tasks train.
+* ``final_model.py`` -- :func:`~psflow.launch.final_model.evaluate_final`: a finished run evaluates its live ps tasks,
+  or its final checkpoint where a ps task lost its state after training.
+* ``restore_loss.py`` -- :func:`~psflow.launch.restore_loss.restore_loss`: what a restore within a run took from
+  its final model (``metrics.json`` ``restore_loss``, a line at the end).
 * ``in_process.py`` -- :func:`~psflow.launch.in_process.run_in_process`: the fast path with no RPC.
 * ``task.py`` -- the entry point of one task process (:func:`~psflow.launch.task.run_task`: a ps task
   serves, a worker trains), its logging and its one-line errors.

@@ -18,7 +18,9 @@
     3. watches them from the start (exits, restart policy, hang detection,
        chaos), printing a progress line (global step, examples/s, loss); its
        own client connects only after training, for evaluation;
-    4. when every worker has exited 0: pulls the model, evaluates it on the
+    4. when every worker has exited 0: pulls the model (from the final
+       checkpoint where a ps task lost its state after training:
+       :mod:`psflow.launch.final_model`), evaluates it on the
        eval set (read meanwhile, from step 2 on, by a thread of low CPU
        priority: :mod:`psflow.launch.eval_set`), checks that the newest
        checkpoint (with a checkpoint directory) is the run's final one at its
@@ -67,10 +69,12 @@ from psflow.cluster.replicas import BACKUP_JOB
 from psflow.errors import CheckpointError
 from psflow.launch.eval_set import EvalSet, after_training
 from psflow.launch.exits import wait_for_exit
+from psflow.launch.final_model import evaluate_final, stats_or_silent, with_step_of
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.port_retry import PORT_ATTEMPTS, PortTaken, StartupWatch, taken_port
 from psflow.launch.processes import LaunchError, LocalCluster, TaskHosts, TaskProcess, failure_report
 from psflow.launch.resilience import Resilience, ResilienceConfig, with_recovery_checkpoints
+from psflow.launch.restore_loss import restore_loss, restore_loss_line
 from psflow.launch.run_end import RunEnd
 from psflow.launch.run_status import LauncherStatus
 from psflow.ps.client import ParameterClient
@@ -84,7 +88,6 @@ from psflow.status.server import StatusConfig
 from psflow.train.build import build_model
 from psflow.train.config import TrainConfig
 from psflow.train.duties import claim_run
-from psflow.train.evaluation import evaluate, parameters
 from psflow.train.faults import FaultInjection, task_config_json
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
@@ -372,12 +375,11 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
             results.append(json.load(f))
     eval_batch = after_training(eval_set.result)
-    source = parameters(client, moving_averages=config.report.eval_moving_averages)
-    evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
-    if BACKUP_JOB in end.lc.cluster.jobs:  # replicated shards: each shard's primary answers for it
-        ps_stats = end.read_shards(config.cluster.rpc_timeout)
-    else:
-        ps_stats = [client.stats(i) for i in sorted(client.channels)]
+    # The live ps tasks' model, or the final checkpoint's where a ps task lost its state past it (final_model).
+    evaluation, from_checkpoint = evaluate_final(
+        model, client, eval_batch, _ps_stats(config, client, end, before=True), checkpoint_dir=config.checkpoint.dir,
+        moving_averages=config.report.eval_moving_averages, out=end.out)
+    ps_stats = with_step_of(_ps_stats(config, client, end), from_checkpoint)
     exactly_once_examples(ps_stats)  # raises if no ps task holds global_step
     if config.checkpoint.dir:
         try:
@@ -395,11 +397,30 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
         "bad_records_skipped": sum(int(r.get("bad_records_skipped", 0)) for r in results),
         "workers" if driver == "worker" else "client": results,
     }
+    if from_checkpoint is not None:
+        extra["eval_model"] = from_checkpoint.record()
+    # What a restore within the run took from the final model (psflow.launch.restore_loss); None: no restore.
+    extra["restore_loss"] = loss = restore_loss(ps_stats, examples_pushed=extra["examples_processed"],
+                                                examples_at_start=end.resumed.examples if end.resumed else 0)
     dynamic = table_totals(ps_stats)
     if dynamic:  # admission, rejections, dropped gradients, evictions and memory of each dynamic table
         extra["dynamic_tables"] = dynamic
-    return end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
-                        client=client)
+    final = end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
+                         client=client)
+    if (line := restore_loss_line(loss)) is not None:
+        print(line, file=end.out or sys.stderr, flush=True)
+    return final
+
+
+def _ps_stats(config: TrainConfig, client: Any, end: RunEnd, *, before: bool = False) -> list[dict[str, Any]]:
+    """Each ps task's ``Stats`` (replicated shards: each shard's primary's, asked of every member). ``before``
+    (the evaluation): a task that does not answer is counted lost (:func:`~psflow.launch.final_model.stats_or_silent`),
+    not raised."""
+    if BACKUP_JOB in end.lc.cluster.jobs:
+        return end.read_shards(config.cluster.rpc_timeout)
+    if before:
+        return stats_or_silent(client.stats, sorted(client.channels))
+    return [client.stats(i) for i in sorted(client.channels)]
 
 
 def check_final_checkpoint(directory: str, global_step: int) -> None:

@@ -1,0 +1,144 @@
+"""Which model a finished local run evaluates: the live ps tasks', or its final checkpoint's when they lost it.
+
+Every driver task exited 0, so the chief wrote the run's final checkpoint and nothing pushed after it: the live
+ps tasks and that checkpoint hold the same model. The launcher reads the live ps tasks (no files read) unless a
+ps task lost its state after training: killed and restarted empty (no chief is left to restore it; its ``Stats``
+say it is not ready), or its pull failed. Then :func:`evaluate_final` evaluates the final checkpoint's variables
+from the files (``--eval-moving-averages``: their moving averages, as from the ps tasks), prints one line saying
+so and why, and the run's end says where its model came from (``metrics.json`` ``eval_model``). The ps task that
+held global_step may be the one lost: :func:`with_step_of` then takes the run's last global_step and examples from
+that final checkpoint (they are the run's: the chief wrote it at the run's last step).
+
+Guarantee: a finished run whose final checkpoint is complete is evaluated, whichever ps task was lost past it.
+A run without ``--checkpoint-dir``, or whose newest checkpoint is not final, has no copy of the lost state:
+:class:`~psflow.launch.processes.LaunchError` says that training finished and that the model is lost (the run
+fails, exit status 1), naming the ps tasks and the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from psflow.checkpoint.manifest import Manifest, read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.variables import read_variables
+from psflow.data import Batch
+from psflow.errors import CheckpointError
+from psflow.launch.processes import LaunchError
+from psflow.rpc.api import RpcError
+from psflow.train.evaluation import ArrayParameters, evaluate, parameters
+
+#: The task that holds global_step in a local run (the ps client's step task: the lowest ps index).
+STEP_TASK = "/job:ps/task:0"
+
+__all__ = ["FinalCheckpoint", "evaluate_final", "lost_after_training", "stats_or_silent", "with_step_of"]
+
+
+@dataclass(frozen=True)
+class FinalCheckpoint:
+    """The run's final checkpoint, read in place of the live ps tasks; ``why``: what the ps tasks lost."""
+
+    path: str
+    manifest: Manifest
+    why: str
+
+    def record(self) -> dict[str, Any]:
+        """``metrics.json``'s ``eval_model``: where the evaluated model came from, and why."""
+        return {"from": "checkpoint", "path": self.path, "global_step": self.manifest.global_step, "why": self.why}
+
+
+def stats_or_silent(read: Callable[[int], dict[str, Any]], tasks: Iterable[int]) -> list[dict[str, Any]]:
+    """``read(i)`` (ps task ``i``'s ``Stats``) of each task; a task that does not answer (an RpcError: killed,
+    or restarted and not serving yet) as ``{"task", "ready": False, "error"}``: counted lost."""
+    stats = []
+    for i in tasks:
+        try:
+            stats.append(read(i))
+        except RpcError as e:
+            stats.append({"task": f"/job:ps/task:{i}", "ready": False, "error": str(e)})
+    return stats
+
+
+def lost_after_training(ps_stats: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why the live ps tasks no longer hold the run's model (each task whose ``Stats`` say it is not ready:
+    restarted after training, with no chief to restore it; or that did not answer), or None where every task
+    is ready."""
+    lost = [str(s.get("task")) for s in ps_stats if not s.get("ready")]
+    if not lost:
+        return None
+    return (f"{', '.join(lost)} lost {'its' if len(lost) == 1 else 'their'} state after training "
+            "(restarted empty, not restored, or not answering)")
+
+
+def evaluate_final(model: Any, client: Any, batch: Batch | None, ps_stats: Sequence[Mapping[str, Any]], *,
+                   checkpoint_dir: str | None, moving_averages: bool,
+                   out: TextIO | None = None) -> tuple[dict[str, float] | None, FinalCheckpoint | None]:
+    """The finished run's evaluation on ``batch`` (None: no ``--eval``, nothing evaluated) and the final
+    checkpoint it read, None where the live ps tasks were read. ``ps_stats``: each ps task's ``Stats``, read
+    after training.
+
+    Raises:
+        LaunchError: a ps task lost its state (or a pull failed) and no final checkpoint holds the model.
+    """
+    why = lost_after_training(ps_stats)
+    if why is None:
+        if batch is None:
+            return None, None
+        try:
+            return evaluate(model, parameters(client, moving_averages=moving_averages), batch), None
+        except RpcError as e:
+            why = f"the ps tasks could not be read after training ({e})"
+    final = final_checkpoint(checkpoint_dir, why)
+    what = ("evaluating the final checkpoint {} (global_step {}) instead" if batch is not None
+            else "the run's model is its final checkpoint {} (global_step {})")
+    print(f"psflow: {why}: " + what.format(final.path, final.manifest.global_step), file=out or sys.stderr, flush=True)
+    if batch is None:
+        return None, final
+    values = read_variables(final.path, moving_averages=moving_averages)
+    return evaluate(model, ArrayParameters(values, what=final.path), batch), final
+
+
+def final_checkpoint(checkpoint_dir: str | None, why: str) -> FinalCheckpoint:
+    """The run's final checkpoint in ``checkpoint_dir`` (the newest, its manifest ``final``).
+
+    Raises:
+        LaunchError: there is none (no directory, none complete, the newest not final, unreadable): training
+            finished, but ``why``, and no copy of the model is left (the message says so).
+    """
+    lost = f"training finished, but {why}"
+    if not checkpoint_dir:
+        raise LaunchError(f"{lost}, and the run has no --checkpoint-dir: the final model is lost, not evaluated")
+    try:
+        path = latest_checkpoint(checkpoint_dir)
+        manifest = read_manifest(path) if path is not None else None
+    except (CheckpointError, OSError) as e:
+        raise LaunchError(f"{lost}, and the newest checkpoint in {checkpoint_dir} cannot be read ({e}): the final "
+                          "model is not evaluated") from e
+    if path is None or manifest is None:
+        raise LaunchError(f"{lost}, and {checkpoint_dir} holds no complete checkpoint: the final model is lost, "
+                          "not evaluated")
+    if not manifest.final:
+        raise LaunchError(f"{lost}, and the newest checkpoint in {checkpoint_dir} is {os.path.basename(path)} "
+                          f"(global_step {manifest.global_step}, not final): the final model is lost, not evaluated")
+    return FinalCheckpoint(path, manifest, why)
+
+
+def with_step_of(ps_stats: list[dict[str, Any]], final: FinalCheckpoint | None) -> list[dict[str, Any]]:
+    """``ps_stats``, where the task holding global_step lost its state after training (not ready: restarted
+    empty, its step at 0 or its journal's bound; or none holds it) and the final checkpoint was read: that task's
+    (else ps task 0's, else the first's) with the checkpoint's ``global_step`` and ``examples`` (the run's last:
+    nothing pushed after the final save) and ``global_step_from`` naming it. Else unchanged."""
+    if final is None or not ps_stats:
+        return ps_stats
+    at = next((i for i, s in enumerate(ps_stats) if s.get("global_step") is not None),
+              next((i for i, s in enumerate(ps_stats) if s.get("task") == STEP_TASK), 0))
+    if ps_stats[at].get("ready") and ps_stats[at].get("global_step") is not None:
+        return ps_stats  # the holder kept its state: its figures are the run's
+    stats = list(ps_stats)
+    stats[at] = {**stats[at], "global_step": final.manifest.global_step, "examples": final.manifest.examples,
+                 "global_step_from": final.path}
+    return stats

@@ -1,0 +1,50 @@
+"""A restore within a ``--max-steps`` run that sets the model back: the run's end says how much the final model lost.
+
+global_step goes on past every step value handed out before the restore (each value belongs to one push), and
+``--max-steps`` counts them, so the restarted run stops sooner, its final model holding fewer steps than
+global_step says (by design). Before, the end said only ``global_step 120`` beside an ``examples`` figure smaller
+than the workers' ``examples_processed``, nothing plainly: the user read a finished run of 120 steps. Real
+``psflow train`` processes; a ps task is killed (``--chaos``) with no checkpoint but the initial one, so the
+restore goes back to it. Asserted on exit status, console lines and metrics.json, never on time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from support import A9A, REPO, run_bounded
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def test_the_end_says_what_the_final_model_lost_to_a_restore(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run_bounded([sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124",
+                     "--ps", "2", "--workers", "2", "--batch-size", "64", "--max-steps", "120",
+                     "--checkpoint-dir", str(tmp_path / "ckpt"), "--save-checkpoints-steps", "100000",
+                     "--restart-policy", "on-failure", "--chaos", "kill:ps:1@step=60", "--output", str(out),
+                     "--no-status", "--quiet"], timeout=250, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-4000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["phase"] == "finished" and metrics["global_step"] >= 120
+    loss = metrics["restore_loss"]
+    assert loss["generation"] >= 1 and loss["global_step"] == metrics["global_step"]
+    assert loss["examples_in_model"] == metrics["examples"]  # a fresh model: all of it this run's
+    assert loss["examples_pushed"] == metrics["examples_processed"]
+    assert loss["examples_discarded"] == loss["examples_pushed"] - loss["examples_in_model"] > 0
+    line = next((ln for ln in r.stderr.splitlines() if "a restore within the run" in ln), None)
+    assert line is not None, r.stderr[-3000:]
+    assert f"global_step {metrics['global_step']}" in line and f"holds {loss['examples_in_model']} of the" in line
+
+
+def test_a_run_without_a_restore_has_no_restore_loss(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = run_bounded([sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124",
+                     "--ps", "2", "--workers", "2", "--batch-size", "64", "--max-steps", "40", "--output", str(out),
+                     "--no-status", "--quiet"], timeout=250, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert json.loads((out / "metrics.json").read_text())["restore_loss"] is None
+    assert "a restore within the run" not in r.stderr

@@ -1,0 +1,66 @@
+"""The launcher's choice of the model a finished run evaluates (psflow.launch.final_model) and what a restore
+within the run took from it (psflow.launch.restore_loss), on Stats replies and checkpoint directories alone;
+the real runs are tests/integration/test_ps_lost_after_training.py and test_restore_loss_at_end.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from psflow.checkpoint.manifest import Manifest
+from psflow.launch.final_model import FinalCheckpoint, final_checkpoint, lost_after_training, stats_or_silent, with_step_of
+from psflow.launch.processes import LaunchError
+from psflow.launch.restore_loss import restore_loss, restore_loss_line
+from psflow.rpc.api import RpcError
+
+
+def _ready(i: int, **kw: Any) -> dict[str, Any]:
+    return {"task": f"/job:ps/task:{i}", "ready": True, "global_step": None, **kw}
+
+
+def test_a_task_that_does_not_answer_or_is_not_ready_is_lost() -> None:
+    def read(i: int) -> dict[str, Any]:
+        if i == 1:
+            raise RpcError("/job:ps/task:1: unavailable")
+        return _ready(i, global_step=60)
+
+    stats = stats_or_silent(read, [0, 1])
+    assert stats[1] == {"task": "/job:ps/task:1", "ready": False, "error": "/job:ps/task:1: unavailable"}
+    assert lost_after_training(stats) == ("/job:ps/task:1 lost its state after training (restarted empty, "
+                                          "not restored, or not answering)")
+    assert lost_after_training([_ready(0), _ready(1)]) is None
+
+
+def test_no_final_checkpoint_says_the_training_finished_and_the_model_is_lost(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="training finished, but X, and the run has no --checkpoint-dir"):
+        final_checkpoint(None, "X")
+    with pytest.raises(LaunchError, match="holds no complete checkpoint: the final model is lost"):
+        final_checkpoint(str(tmp_path), "X")
+
+
+def _final(step: int, examples: int) -> FinalCheckpoint:
+    manifest = Manifest(global_step=step, variables={}, shards=[], examples=examples, final=True)
+    return FinalCheckpoint("/ckpt/ckpt-000000061", manifest, "why")
+
+
+def test_the_step_holder_lost_takes_the_final_checkpoint_s_step_and_examples() -> None:
+    lost = [{"task": "/job:ps/task:0", "ready": False, "global_step": 0, "examples": 0}, _ready(1)]
+    head = with_step_of(lost, _final(61, 7808))[0]
+    assert (head["global_step"], head["examples"], head["global_step_from"]) == (61, 7808, "/ckpt/ckpt-000000061")
+    kept = [_ready(0, global_step=61, examples=7808), {"task": "/job:ps/task:1", "ready": False}]
+    assert with_step_of(kept, _final(61, 7808)) == kept  # the holder kept its state: its figures stand
+    assert with_step_of(lost, None) == lost
+
+
+def test_restore_loss_only_after_a_restore_within_the_run() -> None:
+    assert restore_loss([_ready(0, global_step=120, examples=900, generation=0)], examples_pushed=7680,
+                        examples_at_start=0) is None
+    loss = restore_loss([_ready(0, global_step=120, examples=1000, generation=1)], examples_pushed=7680,
+                        examples_at_start=100)
+    assert loss == {"generation": 1, "global_step": 120, "examples_in_model": 900, "examples_pushed": 7680,
+                    "examples_discarded": 6780}
+    line = restore_loss_line(loss)
+    assert line is not None and "global_step 120" in line and "holds 900 of the 7680" in line
+    assert restore_loss_line({**loss, "examples_discarded": 0}) is None
