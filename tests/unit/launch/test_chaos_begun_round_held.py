@@ -18,9 +18,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pytest
+from launched_tasks import FakeCluster, FakeTask
 
 import psflow.launch.resilience as resilience_module
 from psflow.cluster import ClusterSpec
@@ -31,26 +31,6 @@ from psflow.launch.resilience import Resilience, ResilienceConfig
 pytestmark = pytest.mark.timeout(60)
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
-
-
-@dataclass
-class FakeTask:
-    job: str
-    index: int
-    pid: int
-    exit_code: int | None = None
-
-    @property
-    def name(self) -> str:
-        return f"/job:{self.job}/task:{self.index}"
-
-
-@dataclass
-class FakeCluster:
-    cluster: ClusterSpec
-    tasks: list[FakeTask]
-    token: str | None = None
-    output_dir: str = "."
 
 
 @pytest.fixture

@@ -11,9 +11,8 @@ trainer, its client. Pure logic, no processes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
+from launched_tasks import FakeCluster, FakeTask
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.chaos import ChaosPlan
@@ -25,26 +24,6 @@ pytestmark = pytest.mark.timeout(60)
 REPLICATED = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:3", "127.0.0.1:4"],
                           "ps_backup": ["127.0.0.1:5"]})
 PLAIN = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
-
-
-@dataclass
-class FakeTask:
-    job: str
-    index: int
-    pid: int
-    exit_code: int | None = None
-
-    @property
-    def name(self) -> str:
-        return f"/job:{self.job}/task:{self.index}"
-
-
-@dataclass
-class FakeCluster:
-    cluster: ClusterSpec
-    tasks: list[FakeTask]
-    token: str | None = None
-    output_dir: str = "."
 
 
 def _resilience(cluster: ClusterSpec, specs: list[str], *, in_graph: bool) -> Resilience:

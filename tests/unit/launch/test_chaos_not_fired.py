@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from launched_tasks import FakeCluster
+from launched_tasks import FakeTask as FakeProcess
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.chaos import ChaosInjector, ChaosPlan
@@ -61,26 +63,6 @@ def test_the_step_reading_counts_the_finished_workers() -> None:
     assert reading is not None and (reading.step, reading.ready, reading.finished) == (7, True, 2)
     reading = step_reading({"global_step": 7, "ready": True, "finished": None})
     assert reading is not None and reading.finished == 0
-
-
-@dataclass
-class FakeProcess:
-    job: str
-    index: int
-    pid: int
-    exit_code: int | None = None
-
-    @property
-    def name(self) -> str:
-        return f"/job:{self.job}/task:{self.index}"
-
-
-@dataclass
-class FakeCluster:
-    cluster: ClusterSpec
-    tasks: list[FakeProcess]
-    token: str | None = None
-    output_dir: str = "."
 
 
 def _state(pid: int) -> str:

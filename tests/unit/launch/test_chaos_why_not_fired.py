@@ -11,9 +11,9 @@ run's end did not say which faults fired. Pure logic, no processes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import pytest
+from launched_tasks import FakeCluster, FakeTask
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.chaos import ChaosInjector, ChaosPlan
@@ -22,18 +22,6 @@ from psflow.launch.resilience import Resilience, ResilienceConfig
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
 TWO_KILLS = ["kill:ps:0@step=100", "kill:ps:0@step=300"]
-
-
-@dataclass
-class FakeTask:
-    job: str
-    index: int
-    pid: int
-    exit_code: int | None = None
-
-    @property
-    def name(self) -> str:
-        return f"/job:{self.job}/task:{self.index}"
 
 
 def _injector(specs: list[str]) -> ChaosInjector:
@@ -71,14 +59,6 @@ def test_a_first_round_past_the_end_names_its_step_and_later_rounds_the_round_be
     assert "chaos: kill:worker:1@step=900 not fired: training ended at step 601 before its step" in caplog.text
     assert ("chaos: kill:ps:1@step=950 not fired: training ended at step 601 before the round before it "
             "(step 900) fired") in caplog.text, caplog.text
-
-
-@dataclass
-class FakeCluster:
-    cluster: ClusterSpec
-    tasks: list[FakeTask]
-    token: str | None = None
-    output_dir: str = "."
 
 
 def test_the_runs_end_lists_every_fault_fired_or_not(caplog: pytest.LogCaptureFixture) -> None:

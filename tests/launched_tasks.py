@@ -1,0 +1,34 @@
+"""Stand-ins of the launcher's task processes and of its cluster, for the chaos and resilience tests that drive
+:class:`~psflow.launch.resilience.Resilience` and :class:`~psflow.launch.chaos.ChaosInjector` without starting a
+cluster: what they read of a task (job, index, name, pid, exit code) and of the cluster (spec, tasks, token, output
+directory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psflow.cluster import ClusterSpec
+
+
+@dataclass
+class FakeTask:
+    """A launched task: a pid (a real process's where a test signals it), running while ``exit_code`` is None."""
+
+    job: str
+    index: int
+    pid: int
+    exit_code: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"/job:{self.job}/task:{self.index}"
+
+
+@dataclass
+class FakeCluster:
+    """A launched cluster: its spec and its tasks (a test replaces one to restart it)."""
+
+    cluster: ClusterSpec
+    tasks: list[FakeTask]
+    token: str | None = None
+    output_dir: str = "."
