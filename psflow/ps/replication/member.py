@@ -287,8 +287,9 @@ class ShardReplication:
     def drop_backup(self, frame: Frame) -> Reply:
         request = DropBackupRequest.from_frame(frame)
         self._check_shard(request.shard)
-        refuse_drop(self._status_of, self.task, self.view.view, request.backup)
-        view, changed = self.view.drop_backup(request.expected_epoch, request.backup)
+        checked = self.view.view  # a member joining here, caught up before the drop, was asked nothing: kept
+        refuse_drop(self._status_of, self.task, checked, request.backup)
+        view, changed = self.view.drop_backup(request.expected_epoch, request.backup, checked)
         forwarder = self.forwarder
         if changed and forwarder is not None:
             log.warning("%s: shard %d goes on without %s at epoch %d (%s cannot reach it either)", self.task,

@@ -99,11 +99,13 @@ class ViewState:
             self._view = View(expected_epoch + 1, self.task, others, PRIMARY)
             return self._view, True
 
-    def drop_backup(self, expected_epoch: int, backup: str) -> tuple[View, bool]:
+    def drop_backup(self, expected_epoch: int, backup: str, checked: View | None = None) -> tuple[View, bool]:
         """``DropBackup`` on the primary: goes to ``expected_epoch + 1`` without ``backup``. A member that is no
         backup of the view at ``expected_epoch`` is not dropped (``(view, False)``): nothing waits for it, and a
         joining one (out of the backups until it caught up, at the same epoch: a restarted member's Join) keeps
-        its Join's sender, else it would wait for entries for ever.
+        its Join's sender, else it would wait for entries for ever. Nor is one that was no backup of ``checked``
+        (the view the caller read to ask the backup whether it answers): it caught up since, unasked, and
+        dropping it would stop its sender before the entry telling it the view reached it (joining for good).
 
         Raises:
             PreconditionFailed: not the primary, or at another epoch (names both).
@@ -116,7 +118,7 @@ class ViewState:
                 raise PreconditionFailed(f"{self.task}: cannot drop {backup} from shard {self.shard} at epoch "
                                          f"{expected_epoch}: this member is {view.role} at epoch {view.epoch}, "
                                          f"{view.describe()}")
-            if backup not in view.backups:
+            if backup not in view.backups or checked is not None and backup not in checked.backups:
                 return view, False
             self._view = replace(view, epoch=view.epoch + 1, backups=tuple(b for b in view.backups if b != backup))
             return self._view, True

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
 from psflow.ps.protocol import DropBackupRequest, ReplicateRequest
+from psflow.ps.replication import member
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import FailedPreconditionError
 
@@ -70,6 +72,45 @@ def test_a_drop_that_comes_while_the_restarted_backup_joins_leaves_its_join_to_f
     shard.wait(lambda: shard.status(PRIMARY).backups == (backup(0),), "the joining backup in the view")
     # the entry that tells it the view follows the primary's change
     shard.wait(lambda: shard.status(backup(0)).role == "backup", "the member a backup")
+    status, primary = shard.status(backup(0)), shard.status(PRIMARY)
+    assert (status.primary, status.has_state, status.epoch) == (PRIMARY, True, primary.epoch)
+
+
+def test_a_joining_member_that_catches_up_while_a_drop_is_checked_is_not_dropped_unasked(
+        make_shard: Callable[..., InProcessShard], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DropBackup naming the restarted backup while its Join is served: the primary's refuse_drop reads the
+    view (the member joining, out of the backups: nothing to ask) and, before ViewState.drop_backup took its lock,
+    the member caught up and entered the backups. The drop then took it out again unasked and stopped its sender
+    before the entry telling it the view reached it: the member stayed 'joining' for good (startup.watch_view
+    looks after a backup only) and the shard ran unreplicated."""
+    shard = make_shard()
+    shard.start()
+    shard.start(backup(0))
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    held = shard.held_requests[(backup(0), ReplicateRequest.METHOD)] = threading.Event()
+    shard.add(backup(0))  # its restarted process Joins; the snapshot its Join's sender sends is held up
+    shard.start(backup(0))
+    shard.wait(lambda: shard.holding >= 1 and shard.status(PRIMARY).backups == (),
+               "the restarted backup's Join served (out of the backups: not waited for), its snapshot held up")
+    del shard.held_requests[(backup(0), ReplicateRequest.METHOD)]
+    checked = member.refuse_drop
+
+    def check_then_catch_up(*args: Any) -> None:
+        checked(*args)  # the member is no backup of the view read: nothing asked
+        shard.cut.add(backup(0))  # the entry telling it the view (after its snapshot's) does not reach it yet
+        held.set()  # its snapshot arrives, is acknowledged: it enters the view's backups
+        shard.wait(lambda: backup(0) in shard.status(PRIMARY).backups, "the joining member in the backups")
+
+    monkeypatch.setattr(member, "refuse_drop", check_then_catch_up)
+    dropped = DropBackupRequest(0, 1, backup(0), WORKERS[0])  # the view of epoch 1 that the worker read before
+    try:
+        shard.call(PRIMARY, DropBackupRequest.METHOD, dropped.to_frame())
+    except FailedPreconditionError:
+        pass  # refused: as good
+    shard.cut.discard(backup(0))
+    shard.wait(lambda: shard.status(PRIMARY).backups == (backup(0),) and shard.status(backup(0)).role == "backup",
+               "the member that caught up a backup of the view")
     status, primary = shard.status(backup(0)), shard.status(PRIMARY)
     assert (status.primary, status.has_state, status.epoch) == (PRIMARY, True, primary.epoch)
 

@@ -3,6 +3,8 @@ applier, the dedup table and the view's epoch rules (psflow/ps/replication/)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from replica_shard import assert_same_state
@@ -185,3 +187,7 @@ def test_promote_is_a_compare_and_set_and_an_older_epoch_is_refused_as_deposed()
     assert changed and dropped.epoch == 5 and dropped.backups == ()
     # a member no backup of the view (joining, at that epoch) is not dropped: its Join's sender goes on
     assert state.drop_backup(5, members[0]) == (dropped, False)
+    # nor one that entered the backups after the view its drop was checked against (it caught up meanwhile)
+    joined = state.set(replace(dropped, backups=(members[0],)))
+    assert state.drop_backup(5, members[0], checked=dropped) == (joined, False)
+    assert state.drop_backup(5, members[0], checked=joined)[0].backups == ()
