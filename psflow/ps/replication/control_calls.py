@@ -18,7 +18,8 @@ primary alone.
   which backup failed (:func:`full_wait`).
 * **A save reads the primary's state.** ``SaveShard`` (a checkpoint's shard) changes nothing and is not
   recorded, but only the primary serves it (the primary-only refusal above, asked before the snapshot and again
-  after it: a member deposed meanwhile refuses, its snapshot may hold entries the new primary lacks). A member
+  after it: a member deposed meanwhile refuses, still deposed or rebuilding from the new primary already, its
+  snapshot may lack what the new primary applied since or hold entries it lacks). A member
   that is not the primary reads the wrong state: a restarted one rebuilding from the primary holds none of the
   shard's values (it answered a final save with an empty 72-byte shard file once, and the run rolled back to an
   older checkpoint with the promoted primary holding every update), a backup may lag what its primary served
@@ -70,10 +71,14 @@ def _primary_read(member: ShardReplication, handler: Handler) -> Handler:
     FAILED_PRECONDITION naming the primary this member knows before it reads, and after it where the member was
     deposed meanwhile (the module docstring)."""
     def call(frame: Frame) -> Reply:
-        member._check_primary()
+        forwarder = member._check_primary()
         result = handler(frame)
-        if member.deposal.by is not None:
-            raise PreconditionFailed(f"{member.deposal.message()}; its {_SAVE} is not the shard's")
+        # Deposed meanwhile: still, or deposed and rebuilt already (a Join takes milliseconds, a big shard's write
+        # longer: the deposal is cleared then, the member joining). Its forwarder goes with a deposal, and a member
+        # primary again has a new one: the same forwarder is a primary never deposed since the snapshot.
+        if member.deposal.by is not None or member.forwarder is not forwarder:
+            raise PreconditionFailed(f"{member.task}: deposed while its {_SAVE} was served (shard {member.shard}'s "
+                                     f"{member.view.view.describe()}); its snapshot is not the shard's")
         return result
     return call
 

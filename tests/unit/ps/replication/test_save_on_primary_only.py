@@ -176,3 +176,48 @@ def test_a_restarted_member_rebuilding_refuses_a_ledger_read_and_the_client_read
         client.close()
     shard.wait_view(BACKUP, (PRIMARY,))
     assert dict(shard.call(PRIMARY, CheckpointStatusRequest.METHOD, Frame({})).meta)["saved"] == 2  # a backup: read
+
+
+def test_a_primary_deposed_and_rebuilt_while_its_save_was_written_refuses_that_save(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """A save whose snapshot the primary took before a client promoted its backup over it (it could not reach
+    it): a slow write outlasts the deposal, which the member learns within a second (watch_view), and its rebuild
+    from the new primary (a Join, milliseconds), which clears the deposal. The snapshot lacks what the new primary
+    applied since: refused, as a save whose member is deposed when it ends, not answered as the shard's."""
+    shard = make_shard(backups=1)
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    for i in range(1, 6):
+        shard.push(PRIMARY, _push(i))
+    checkpoints = shard.services[PRIMARY]._checkpoints
+    snapshot, snapped, written = checkpoints._save_shard, threading.Event(), threading.Event()
+
+    def slow_write(path: str | None, since: dict[str, object] | None) -> SaveShardReply:
+        reply = snapshot(path, since)
+        snapped.set()
+        written.wait(30.0)  # a big shard's write
+        return reply
+
+    checkpoints._save_shard = slow_write  # type: ignore[method-assign]
+    outcome: list[SaveShardReply | Exception] = []
+
+    def save() -> None:
+        try:
+            outcome.append(_save(shard, PRIMARY))
+        except Exception as e:
+            outcome.append(e)
+
+    saving = threading.Thread(target=save, daemon=True)
+    saving.start()
+    assert snapped.wait(10.0)
+    shard.cut.add(PRIMARY)  # a client cannot reach it: it promotes the backup
+    assert shard.promote(BACKUP, 1).epoch == 2
+    shard.push(BACKUP, _push(6))
+    shard.cut.discard(PRIMARY)
+    old = shard.replicas[PRIMARY]
+    shard.wait(lambda: old.deposal.by is None and old.view.view.primary == BACKUP,
+               "ps:0 deposed (watch_view) and rebuilding from ps_backup:0")
+    written.set()
+    saving.join(30.0)
+    assert len(outcome) == 1 and isinstance(outcome[0], FailedPreconditionError), outcome  # before: global_step 5
