@@ -19,7 +19,11 @@
   returning member: it rebuilds from that primary (Join). A primary never sends a dropped member anything, so
   without this a backup restarted after every replica of its shard was lost could stay out of the view for the
   rest of the run. Likewise a primary asks the other members: one that says primary at a higher epoch (a
-  client promoted it over this one, e.g. over a restarted empty primary it could not reach) deposes it.
+  client promoted it over this one, e.g. over a restarted empty primary it could not reach) deposes it. And a
+  joining member (its Join answered) whose primary counts it among its backups at two looks in a row (same
+  epoch and process, its own view unchanged) Joins it again: the primary's sender is not its Join's, whose
+  entries it refuses for good (the primary's process was lost while it joined and restarted as a fresh shard's
+  primary with it as a backup: every push waited for it); one that caught up hears the view within milliseconds.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from psflow.ps.global_step import StepJournalError
 from psflow.ps.protocol import JoinReply, JoinRequest, PromoteRequest, ReplicaStatusReply
-from psflow.ps.replication.view import BACKUP, JOINING, PRIMARY
+from psflow.ps.replication.view import BACKUP, JOINING, PRIMARY, View
 from psflow.rpc.api import RpcError
 
 if TYPE_CHECKING:
@@ -162,12 +166,18 @@ def rebuild(self: ShardReplication, primary: str) -> None:
 def watch_view(self: ShardReplication) -> None:
     """(Until the member stops) Every :data:`_WATCH_EVERY` s, a backup whose primary is at a higher epoch and
     counts it no more among its backups rebuilds from it (the module docstring); a primary that another member
-    says it replaced at a higher epoch is deposed and rebuilds from it. Other roles: nothing."""
+    says it replaced at a higher epoch is deposed and rebuilds from it; a joining member its primary counts among
+    its backups twice in a row Joins it again (:func:`_joining`). Other roles: nothing."""
+    counted: tuple[str, int, int] | None = None  # (primary, epoch, its process) that counted it joining, last look
     while not self._stopped.wait(_WATCH_EVERY):
         view = self.view.view
         if view.role == PRIMARY:
             self._check_deposed()  # a backup promoted over it that no call told it of: deposed, it rebuilds
             continue
+        if view.role == JOINING and view.primary is not None:
+            counted = _joining(self, view, counted)
+            continue
+        counted = None
         if view.role != BACKUP or view.primary is None:
             continue
         try:
@@ -181,3 +191,25 @@ def watch_view(self: ShardReplication) -> None:
         log.warning("%s: %s is shard %d's primary at epoch %d without this member (dropped at epoch %d while "
                     "unreachable): rejoining", self.task, status.task, self.shard, status.epoch, view.epoch)
         rebuild(self, status.task)
+
+
+def _joining(self: ShardReplication, view: View, counted: tuple[str, int, int] | None) -> tuple[str, int, int] | None:
+    """(:func:`watch_view`) A joining member whose primary counts it among its backups at this look and the last
+    one, at the same epoch and process, its own view unchanged, Joins it again: that primary's sender was not
+    started by this member's Join, which the member refuses for good (a primary process lost while the member
+    joined it, restarted as a fresh shard's primary with it as a backup: every push waited for it). A member
+    that caught up is told the view by the next entry, within milliseconds. Returns this look's count."""
+    try:
+        status = self._status_of(view.primary or "")
+    except RpcError:
+        return None
+    seen = (status.task, status.epoch, status.incarnation)
+    if status.role != PRIMARY or self.task not in status.backups:
+        return None
+    if seen != counted or self.view.view != view or self.view.join_in_flight:
+        return seen
+    log.warning("%s: %s counts this joining member among shard %d's backups at epoch %d but sends it nothing it "
+                "takes (a sender its Join did not start: that primary's process restarted meanwhile): joining it "
+                "again", self.task, status.task, self.shard, status.epoch)
+    rebuild(self, status.task)
+    return None

@@ -123,6 +123,12 @@ class ViewState:
             self._view = replace(view, epoch=view.epoch + 1, backups=tuple(b for b in view.backups if b != backup))
             return self._view, True
 
+    @property
+    def join_in_flight(self) -> bool:
+        """Whether this member sent a Join not answered yet (:meth:`begin_join`, then :meth:`joined`)."""
+        with self._lock:
+            return self._join is not None and self._join[1] is None
+
     def begin_join(self, primary: str) -> None:
         """This member is about to send ``primary`` a Join: from now on it takes ``primary``'s entries only from
         the sender that Join starts (:meth:`check_sender`); a backup is joining (it holds no more than it did,

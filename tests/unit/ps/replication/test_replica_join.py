@@ -174,3 +174,31 @@ def test_a_join_held_up_in_the_network_never_replaces_a_newer_joins_sender(
     shard.push(PRIMARY, _push(WORKERS[0], 4))  # acknowledged by the member, which still takes the sender's calls
     assert replica.has_state and replica.view.view.role == "backup", replica.view.view
     assert_same_state(shard.services[PRIMARY], shard.services[member])
+
+
+def test_a_member_joining_when_its_primarys_process_is_lost_joins_the_fresh_primary(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """The backup restarted and Joined ps:0, whose process was then lost before the backup caught up: ps:0
+    restarted, found no member with the shard's state (the backup joining holds none) and started a fresh shard
+    with it as a backup, whose sender (no Join) the member refused for good ('sent without a Join refused: this
+    member joined it since'), so every push waited for it and the shard stalled; nothing looked after a joining
+    member (startup.watch_view: a backup only). A joining member its primary counts among its backups at two
+    looks in a row Joins it again."""
+    shard = make_shard()
+    shard.start()
+    shard.start(backup(0))
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    held = shard.held_requests[(backup(0), ReplicateRequest.METHOD)] = threading.Event()
+    shard.add(backup(0))  # restarted: it Joins ps:0; the snapshot its Join's sender sends is held up
+    shard.start(backup(0))
+    shard.wait(lambda: shard.holding >= 1 and shard.status(PRIMARY).backups == (), "the Join served, snapshot held")
+    del shard.held_requests[(backup(0), ReplicateRequest.METHOD)]
+    shard.add(PRIMARY)  # ps:0's process lost (its held snapshot still reaches the member), a fresh one starts
+    held.set()
+    shard.start(PRIMARY)
+    shard.wait(lambda: shard.status(PRIMARY).backups == (backup(0),) and shard.status(backup(0)).role == "backup",
+               "the fresh primary's view with the member a backup")
+    shard.register(layout(SyncConfig()))
+    shard.push(PRIMARY, _push(WORKERS[0], 1))  # waits for the backup: acknowledged
+    assert_same_state(shard.services[PRIMARY], shard.services[backup(0)])
