@@ -135,17 +135,30 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     signals = LauncherSignals()
     signals.install()  # main thread only (else a no-op)
 
+    cut: list[dict[str, Any]] = []  # the end whose writing a second signal cut
+
     def on_end(final: dict[str, Any], cluster: ClusterSpec) -> None:
         # No signal cuts the writing of the end (ending.final is set first: a cut left no metrics.json while the
-        # report below said that end stood); one received meanwhile is raised once it is written.
-        with signals.deferring():
-            ending(final, cluster)
+        # report below said that end stood); one received meanwhile is raised once it is written. A second one cuts
+        # it (a write that hangs, a stuck mount, must not keep the user from stopping the run); not the second of a
+        # signal that ended the run (a double Ctrl-C), which is ignored as in every cleanup it starts.
+        with signals.deferring(second_cuts=signals.received is None):
+            try:
+                ending(final, cluster)
+            except LaunchInterrupted:
+                cut.append(final)
+                raise
 
     try:
         return run_in_process(config, output, on_end=on_end, faults=faults, signals=signals,
                               announce=functools.partial(_in_process_banner, config, output))
     except LaunchInterrupted as e:
         final = ending.final or {}
+        if cut:  # its files may be missing, or some of them
+            e.report = (f"interrupted by {signal_name(e.signum)} while the run's end ({cut[0].get('phase')} at "
+                        f"global_step {cut[0].get('global_step')}) was written: a second signal cut the writing; "
+                        f"{os.path.join(output, METRICS_JSON)} and the status files may be missing")
+            raise
         if final.get("phase") not in (None, "interrupted"):  # its end was written before the signal: it stands
             e.report = after_the_end(e.signum, final, output)
             raise

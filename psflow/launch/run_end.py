@@ -18,7 +18,8 @@ are written, so they agree on every figure they share:
    stops every task, writes, and returns the report for the user.
 
 A snapshot is written once (the first of these wins), its files with signals deferred (a signal while they are
-written is raised once they are: *after the end*, reported as such); a file that cannot be
+written is raised once they are: *after the end*, reported as such; a second one cuts the writing, a stuck disk's,
+and the end is then the interrupted one); a file that cannot be
 written is said on the console (and, for a finished run, raised), never
 hidden. Not thread-safe: the launcher's main thread calls it.
 """
@@ -32,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from psflow.checkpoint.ledger import SaveStatusWatcher
-from psflow.launch.lifeline import signal_name
+from psflow.launch.lifeline import LaunchInterrupted, signal_name
 from psflow.launch.run_status import METRICS_JSON, LauncherStatus, write_run_files
 from psflow.launch.supervisor import describe_exit
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
@@ -152,10 +153,19 @@ class RunEnd:
     def _write(self, final: dict[str, Any]) -> dict[str, str]:
         # No signal cuts the writing (raised once it is written): it is this run's end from the moment snapshot is
         # set, and interrupted() then writes nothing; cut, it left no metrics.json (or no status.json, metrics.prom)
-        # while the user was told that end stood.
-        with self.lc.signals.deferring():
+        # while the user was told that end stood. A second signal does cut it (a write that hangs, a stuck mount,
+        # must not keep the user from stopping the launcher): not written, it is no end, and interrupted() writes
+        # its own. Not the second of a signal that ended the run (a double Ctrl-C, interrupted()'s own write): the
+        # cleanup a signal starts ignores a second one.
+        signals = self.lc.signals
+        with signals.deferring(second_cuts=signals.received is None):
             self.snapshot = final
-            failed = write_run_files(final, self.output_dir, self.page.collector if self.page is not None else None)
+            try:
+                failed = write_run_files(final, self.output_dir,
+                                         self.page.collector if self.page is not None else None)
+            except LaunchInterrupted:
+                self.snapshot = None
+                raise
         self._say(f"psflow: {line}" for line in failed.values())
         return failed
 

@@ -181,3 +181,134 @@ def test_a_signal_while_an_in_process_run_s_end_is_written_does_not_cut_it(
     assert metrics(tmp_path)["phase"] == "finished"
     report = str(raised.value)
     assert report.startswith("SIGTERM arrived after the run had finished at global_step 42: its end stands"), report
+
+
+def _hangs_until_cut(monkeypatch: pytest.MonkeyPatch, module: object) -> dict[str, bool]:
+    """``module.write_run_files``'s first call hangs (a stuck disk whose writes Python retries after each signal
+    handler, as it does on EINTR) until a signal's handler raises, or gives up after 30 s; SIGINT reaches it as it
+    starts, and again once the first was recorded (the user pressing Ctrl-C twice). Later calls write."""
+    import os
+    import threading
+    import time
+
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    write = module.write_run_files  # type: ignore[attr-defined]
+    seen = {"hung": False, "gave_up": False}
+
+    def hangs(*args: object, **kwargs: object) -> object:
+        if seen["hung"]:
+            return write(*args, **kwargs)
+        seen["hung"] = True
+        signal.raise_signal(signal.SIGINT)  # deferred: the first one never cuts the end's writing
+        threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT), daemon=True).start()
+        try:
+            for _ in range(600):  # short sleeps: the handler runs between them
+                time.sleep(0.05)
+        except LaunchInterrupted:
+            raise
+        seen["gave_up"] = True
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(module, "write_run_files", hangs)
+    return seen
+
+
+def test_a_second_signal_cuts_a_finished_run_s_end_that_hangs(
+        lc: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end's files are written with signals deferred; a write that hangs (a stuck NFS mount) kept the launcher
+    from stopping at all: the second Ctrl-C was ignored as the first was. It cuts the writing (as a hanging
+    checkpoint save's, in_process._uncut); the end is then the interrupted one, written whole, and said so."""
+    from psflow.launch import run_end
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    seen = _hangs_until_cut(monkeypatch, run_end)
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    lc.on_interrupt = end.interrupted
+    with pytest.raises(LaunchInterrupted) as raised, lc:  # installs the launcher's handlers, as _run_cluster's
+        end.finished(ps_stats=PS_STATS, train_seconds=1.5, evaluation=None, extra={}, client=None)
+
+    assert seen == {"hung": True, "gave_up": False}, seen
+    assert metrics(tmp_path)["phase"] == "interrupted"
+    report = str(raised.value)
+    assert report.startswith("interrupted by SIGINT at global_step "), report
+    assert raised.value.exit_code == 128 + signal.SIGINT
+
+
+def test_a_second_signal_cuts_an_in_process_run_s_end_that_hangs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--in-process``: the same hang, the same second Ctrl-C; the report does not say an end stands that was not
+    written."""
+    from psflow.cli import train as cli_train
+    from psflow.cluster import ClusterSpec
+    from psflow.launch import in_process, run_status
+    from psflow.launch.lifeline import LaunchInterrupted
+    from psflow.status.final_snapshot import final_snapshot
+    from psflow.train.config import TrainConfig
+
+    final = final_snapshot(phase="finished", ps_stats=PS_STATS, wall_seconds=1.0)
+
+    def ends(config: object, output: str, *, on_end: Callable[..., None], **_: object) -> dict[str, object]:
+        on_end(final, ClusterSpec({"ps": ["127.0.0.1:1"]}))
+        return final
+
+    monkeypatch.setattr(in_process, "run_in_process", ends)
+    seen = _hangs_until_cut(monkeypatch, run_status)
+    with pytest.raises(LaunchInterrupted) as raised:
+        cli_train._in_process(TrainConfig(), str(tmp_path), None)  # type: ignore[arg-type]
+    assert seen == {"hung": True, "gave_up": False}, seen
+    report = str(raised.value)
+    assert "its end stands" not in report, report
+    assert report.startswith("interrupted by SIGINT while the run's end (finished at global_step 42) was written"), \
+        report
+    assert raised.value.exit_code == 128 + signal.SIGINT
+
+
+def test_a_double_signal_leaves_the_interrupted_end_whole(
+        lc: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second signal of a double Ctrl-C reaching the launcher while the interrupted end is written is ignored (the
+    cleanup the first started), not the cut of a hanging write: metrics.json, and the report, are the interrupted
+    run's."""
+    from psflow.launch import run_end
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    _signalled_while_writing(monkeypatch, run_end)
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    lc.on_interrupt = end.interrupted
+    with pytest.raises(LaunchInterrupted) as raised, lc:
+        signal.raise_signal(signal.SIGTERM)  # the first: ends the run
+
+    assert metrics(tmp_path)["phase"] == "interrupted"
+    report = str(raised.value)
+    assert report.startswith("interrupted by SIGTERM at global_step "), report
+
+
+def test_a_double_signal_leaves_an_in_process_run_s_interrupted_end_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--in-process``, a real run's double SIGTERM (20 ms apart): the second reached the writing of the interrupted
+    end and cut it (no metrics.prom), the report saying so."""
+    from psflow.cli import train as cli_train
+    from psflow.cluster import ClusterSpec
+    from psflow.launch import in_process, run_status
+    from psflow.launch.lifeline import LaunchInterrupted
+    from psflow.status.final_snapshot import final_snapshot
+    from psflow.train.config import TrainConfig
+
+    final = final_snapshot(phase="interrupted", ps_stats=PS_STATS, wall_seconds=1.0,
+                           extra={"interrupted": "SIGTERM", "exit_code": 143})
+
+    def interrupted(config: object, output: str, *, on_end: Callable[..., None], **_: object) -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)  # the first: ends the run
+        except LaunchInterrupted:
+            on_end(final, ClusterSpec({"ps": ["127.0.0.1:1"]}))
+            raise
+
+    monkeypatch.setattr(in_process, "run_in_process", interrupted)
+    _signalled_while_writing(monkeypatch, run_status)
+    with pytest.raises(LaunchInterrupted) as raised:
+        cli_train._in_process(TrainConfig(), str(tmp_path), None)  # type: ignore[arg-type]
+    assert metrics(tmp_path)["phase"] == "interrupted"
+    assert (tmp_path / "metrics.prom").exists()
+    report = str(raised.value)
+    assert report.startswith("interrupted by SIGTERM at global_step 42"), report
