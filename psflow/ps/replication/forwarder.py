@@ -21,6 +21,9 @@ Guarantees:
 * :meth:`Forwarder.wait` returns when every backup of the current view acknowledged the entry; after
   ``replica_timeout`` it raises UNAVAILABLE naming the backup and the shard. The sender keeps trying; the
   primary never drops a backup on its own (only ``DropBackup`` or the backup's ``Join`` change the view).
+  A sender given ``on_silent`` (a joining member's, :mod:`~psflow.ps.replication.joins`) reports, after a failed
+  call while its member is no backup of the view, that the member answered nothing for ``silent_limit``
+  seconds: its owner stops it, which frees its queue (else a member gone for good kept every new entry).
 * A member that refuses the entries by the epoch's fence (ABORTED, :class:`~psflow.rpc.api.FencedOffError`: it
   knows a higher epoch, :meth:`~psflow.ps.replication.view.ViewState.check_entries`) is reported through
   ``on_deposed``, without the retry's warning (the deposed member logs its one line); any other refusal (one whose
@@ -75,10 +78,17 @@ class BackupSender:
 
     def __init__(self, member: str, channel: Callable[[], Channel], request: Callable[[str, list[ReplicaEntry]],
                  ReplicateRequest], on_ack: Callable[[], None], on_deposed: Callable[[str, str], None],
-                 rpc_timeout: float, chunk_bytes: int = 64 << 20) -> None:
+                 rpc_timeout: float, chunk_bytes: int = 64 << 20,
+                 on_silent: Callable[[BackupSender, str], None] | None = None, silent_limit: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``on_silent``: called (outside any lock) with this sender and a reason after a failed call, while
+        not :attr:`pumped`, when the member answered no call for ``silent_limit`` seconds (by ``clock``) since
+        this sender started or its last answer (None: never)."""
         self.member = member
         self._channel, self._request, self._on_ack, self._on_deposed = channel, request, on_ack, on_deposed
         self._rpc_timeout, self._chunk_bytes = rpc_timeout, chunk_bytes
+        self._on_silent, self._silent_limit, self._clock = on_silent, silent_limit, clock
+        self._answered_at = clock()  # when this sender started, then when the member last answered (clock)
         self._cond = threading.Condition()
         self._queue: deque[tuple[ReplicaEntry, float, int]] = deque()  # entry, when queued, its array bytes
         self._chunks: list[ReplicaEntry] = []  # the chunks of the queue's first entry, when it is split
@@ -157,6 +167,16 @@ class BackupSender:
                 self._busy, self._kicked = True, False
             self._send(self._rpc_timeout)
 
+    def _silent(self, error: str) -> str | None:
+        """(under ``_cond``, after a failed call) Why to give this sender up (see ``on_silent``), else None."""
+        if self._on_silent is None:
+            return None
+        silent = self._clock() - self._answered_at
+        if self.pumped or self._stopped or silent < self._silent_limit:
+            return None
+        return (f"it answered no call for {silent:.0f} s (limit {self._silent_limit:g} s), {len(self._queue)} "
+                f"entries unacknowledged; last error: {error}")
+
     def _batch(self) -> tuple[list[ReplicaEntry], int | None]:
         """(under ``_cond``) The entries of the next call, within ``chunk_bytes``; and the seq of the entry it
         ends (a last chunk), else None."""
@@ -196,9 +216,11 @@ class BackupSender:
             error, deposed = str(e), True
         except (RpcError, OSError) as e:
             error = str(e)
+        silent: str | None = None
         with self._cond:
             self._busy = False
             if error is None:
+                self._answered_at = self._clock()
                 self.last_error, self.answered = None, True
                 self._retry_at, self._backoff = 0.0, _BACKOFF
                 self.acked = max(self.acked, reply.applied_seq)
@@ -216,8 +238,11 @@ class BackupSender:
                 self.last_error = error
                 self._retry_at = time.monotonic() + self._backoff
                 self._backoff = min(_BACKOFF_MAX, self._backoff * 2)
+                silent = self._silent(error)
             if self._queue and not self.pumped:
                 self._cond.notify()  # the thread sends what queued meanwhile, or retries when due
+        if silent is not None and self._on_silent is not None:
+            self._on_silent(self, silent)
         if deposed and error is not None:
             self._on_deposed(self.member, error)
         elif error is None:

@@ -17,6 +17,14 @@ Guarantees:
   backups (each call waits for it from then on), and an entry tells the members the new view. One within
   ``_JOIN_NEAR`` entries of the newest holds new entries back (at most ``_JOIN_HOLD`` s, then not again for
   ``_JOIN_HOLD`` s) until it acknowledged the newest: so it enters under any load.
+* **A joining member gone is let go.** A member that is no backup of the view and answered none of its
+  sender's calls for ``_SILENT_CALLS`` Replicate deadlines (``max(replica_timeout, 5)`` s each: 30 s by default)
+  loses its sender, and with it the queue of every entry since its snapshot (else it grew with every push
+  until the primary ran out of memory), with one warning naming it. A healthy joiner, however slow to catch
+  up (a big snapshot in chunks), answers each call within its deadline, so it is never let go; its queue holds
+  what it is behind. A backup of the view is never let go this way (``DropBackup`` alone drops one). The
+  member, reachable again (:func:`~psflow.ps.replication.startup.watch_view` sees no sender to it) or
+  restarted, Joins again (a new snapshot).
 
 Thread-safe: Joins under their own lock, the senders and the view's backups under the forwarder's.
 """
@@ -26,6 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +54,8 @@ log = logging.getLogger("psflow.ps.replication")
 #: A joining member this few entries behind the newest: new entries wait (at most _JOIN_HOLD seconds, then
 #: not again for _JOIN_HOLD) until it acked the newest and entered the view; so it enters under any load.
 _JOIN_NEAR, _JOIN_HOLD = 64, 1.0
+#: A joining member that answered none of its sender's calls for this many Replicate deadlines loses its sender.
+_SILENT_CALLS = 6
 
 
 class Joins:
@@ -55,6 +66,8 @@ class Joins:
         self._lock = threading.Lock()  # Joins served one at a time (join)
         self._newest: dict[str, tuple[int, int]] = {}  # member -> (incarnation, id) of its newest Join served
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
+        #: The senders' clock for their members' silence (a test's fake clock lets one go without waiting).
+        self.clock: Callable[[], float] = time.monotonic
 
     def join(self, frame: Frame) -> Reply:
         """``Join``: a sender to the member that asks, from a snapshot; replies the view's epoch and its seq."""
@@ -96,6 +109,7 @@ class Joins:
         ``incarnation``: the member's process that asked (Join), which alone takes its calls (None: any);
         ``join_id``: that Join's id, which its calls carry (the member takes only its newest Join's)."""
         owner = self._member
+        rpc_timeout = max(owner.config.replica_timeout, 5.0)
         with forwarder.lock:
             old = forwarder.senders.pop(member, None)
             if old is not None:
@@ -104,11 +118,26 @@ class Joins:
             sender = BackupSender(member, lambda: owner.channels.get(member, data=True),
                                   lambda to, entries: self._request(to, entries, incarnation, join_id),
                                   self.on_ack,
-                                  owner._on_refused, rpc_timeout=max(owner.config.replica_timeout, 5.0),
-                                  chunk_bytes=owner.config.chunk_bytes)
+                                  owner._on_refused, rpc_timeout=rpc_timeout,
+                                  chunk_bytes=owner.config.chunk_bytes,
+                                  on_silent=lambda s, why: self._let_go(forwarder, s, why),
+                                  silent_limit=_SILENT_CALLS * rpc_timeout, clock=self.clock)
             sender.enqueue(owner._full_entry(seq))
             forwarder.senders[member] = sender
         return seq
+
+    def _let_go(self, forwarder: Forwarder, sender: BackupSender, why: str) -> None:
+        """A joining member silent too long (the module docstring): stops its sender, unless it is no longer the
+        member's or the member is a backup of the view (checked under the forwarder's lock, as :meth:`on_ack`
+        puts a member into the view)."""
+        owner = self._member
+        with forwarder.lock:
+            if forwarder.senders.get(sender.member) is not sender or sender.member in owner.view.view.backups:
+                return
+            del forwarder.senders[sender.member]
+            sender.stop()
+        log.warning("%s: stopped replicating shard %d to joining member %s: %s; it Joins again when reachable",
+                    owner.task, owner.shard, sender.member, why)
 
     def _request(self, member: str, entries: list[ReplicaEntry], incarnation: int | None,
                  join_id: int | None) -> ReplicateRequest:

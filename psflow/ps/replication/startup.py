@@ -24,6 +24,7 @@
   epoch and process, its own view unchanged) Joins it again: the primary's sender is not its Join's, whose
   entries it refuses for good (the primary's process was lost while it joined and restarted as a fresh shard's
   primary with it as a backup: every push waited for it); one that caught up hears the view within milliseconds.
+  So does one its primary has no sender to at two looks (it let it go while it answered nothing).
 """
 
 from __future__ import annotations
@@ -198,18 +199,25 @@ def _joining(self: ShardReplication, view: View, counted: tuple[str, int, int] |
     one, at the same epoch and process, its own view unchanged, Joins it again: that primary's sender was not
     started by this member's Join, which the member refuses for good (a primary process lost while the member
     joined it, restarted as a fresh shard's primary with it as a backup: every push waited for it). A member
-    that caught up is told the view by the next entry, within milliseconds. Returns this look's count."""
+    that caught up is told the view by the next entry, within milliseconds. Likewise one that primary has no
+    sender to at both looks (no ``lag`` entry: it let the member go after it answered nothing for long,
+    :mod:`~psflow.ps.replication.joins`). Returns this look's count."""
     try:
         status = self._status_of(view.primary or "")
     except RpcError:
         return None
     seen = (status.task, status.epoch, status.incarnation)
-    if status.role != PRIMARY or self.task not in status.backups:
+    counts_it, sends = self.task in status.backups, self.task in status.lag
+    if status.role != PRIMARY or (sends and not counts_it):
         return None
     if seen != counted or self.view.view != view or self.view.join_in_flight:
         return seen
-    log.warning("%s: %s counts this joining member among shard %d's backups at epoch %d but sends it nothing it "
-                "takes (a sender its Join did not start: that primary's process restarted meanwhile): joining it "
-                "again", self.task, status.task, self.shard, status.epoch)
+    if counts_it:
+        log.warning("%s: %s counts this joining member among shard %d's backups at epoch %d but sends it nothing it "
+                    "takes (a sender its Join did not start: that primary's process restarted meanwhile): joining it "
+                    "again", self.task, status.task, self.shard, status.epoch)
+    else:
+        log.warning("%s: %s has no sender to this joining member of shard %d at epoch %d (it let it go, unanswered "
+                    "too long): joining it again", self.task, status.task, self.shard, status.epoch)
     rebuild(self, status.task)
     return None
