@@ -400,8 +400,10 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     if from_checkpoint is not None:
         extra["eval_model"] = from_checkpoint.record()
     # What a restore within the run took from the final model (psflow.launch.restore_loss); None: no restore.
+    # (a push dropped as stale held at most one batch: never applied, restore or not)
     extra["restore_loss"] = loss = restore_loss(ps_stats, examples_pushed=extra["examples_processed"],
-                                                examples_at_start=end.resumed.examples if end.resumed else 0)
+                                                examples_at_start=end.resumed.examples if end.resumed else 0,
+                                                examples_stale_at_most=extra["stale_dropped"] * config.data.batch_size)
     dynamic = table_totals(ps_stats)
     if dynamic:  # admission, rejections, dropped gradients, evictions and memory of each dynamic table
         extra["dynamic_tables"] = dynamic

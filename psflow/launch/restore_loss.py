@@ -8,12 +8,15 @@ leave a run that stops at once after its restore, with a final model of far fewe
 
 * ``metrics.json`` ``restore_loss`` (None where no restore happened within the run: the task holding global_step
   is at generation 0): ``generation``, ``global_step``, ``examples_in_model`` (this run's part of the model's
-  exactly-once count), ``examples_pushed`` (what the finished driver processes report having pushed) and
-  ``examples_discarded`` (the second less the first, at least 0);
+  exactly-once count), ``examples_pushed`` (what the finished driver processes report having pushed),
+  ``examples_stale_at_most`` (their pushes dropped as stale, each at most one batch: never applied, restore or
+  not, e.g. a sync run's backup worker's) and ``examples_discarded`` (pushed less stale less in the model, at
+  least 0);
 * one console line at the end (:func:`restore_loss_line`).
 
 ``examples_discarded`` is a lower bound: a killed worker process's pushes are in no result file (its restarted
-process counts from its restart), so they count neither as pushed nor as discarded.
+process counts from its restart), so they count neither as pushed nor as discarded; a stale push counts as a
+whole batch (a worker's last may be smaller).
 """
 
 from __future__ import annotations
@@ -24,18 +27,20 @@ from typing import Any
 __all__ = ["restore_loss", "restore_loss_line"]
 
 
-def restore_loss(ps_stats: Sequence[Mapping[str, Any]], *, examples_pushed: int,
-                 examples_at_start: int) -> dict[str, int] | None:
+def restore_loss(ps_stats: Sequence[Mapping[str, Any]], *, examples_pushed: int, examples_at_start: int,
+                 examples_stale_at_most: int = 0) -> dict[str, int] | None:
     """``metrics.json``'s ``restore_loss`` (module docstring), from each ps task's ``Stats`` at the end, what the
-    driver processes pushed and the examples of the checkpoint the run resumed (0 for a fresh model); None where
-    the task holding global_step reports no restore within the run (generation 0), or none holds it."""
+    driver processes pushed, the examples of the checkpoint the run resumed (0 for a fresh model) and a bound on
+    the pushed examples dropped as stale (their pushes times the batch size); None where the task holding
+    global_step reports no restore within the run (generation 0), or none holds it."""
     head = next((s for s in ps_stats if s.get("global_step") is not None), None)
     if head is None or not int(head.get("generation") or 0):
         return None
     in_model = max(0, int(head.get("examples") or 0) - examples_at_start)
     return {"generation": int(head["generation"]), "global_step": int(head["global_step"]),
             "examples_in_model": in_model, "examples_pushed": examples_pushed,
-            "examples_discarded": max(0, examples_pushed - in_model)}
+            "examples_stale_at_most": examples_stale_at_most,
+            "examples_discarded": max(0, examples_pushed - examples_stale_at_most - in_model)}
 
 
 def restore_loss_line(loss: Mapping[str, int] | None) -> str | None:

@@ -48,3 +48,24 @@ def test_a_run_without_a_restore_has_no_restore_loss(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-4000:]
     assert json.loads((out / "metrics.json").read_text())["restore_loss"] is None
     assert "a restore within the run" not in r.stderr
+
+
+def test_a_sync_run_s_stale_pushes_are_not_counted_discarded_by_the_restore(tmp_path: Path) -> None:
+    """Sync mode with a backup worker (3 workers, 2 pushes per step): the third push of each step is dropped as
+    stale, never in the model, restore or not. Before, ``examples_discarded`` was every pushed example the model
+    did not hold, the stale ones included: 13,888 'at least discarded' where the model had held at most 7,936
+    before the restore (each of global_step's steps holds 2 pushes of at most 64 examples)."""
+    out = tmp_path / "run"
+    r = run_bounded([sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124",
+                     "--ps", "2", "--workers", "3", "--batch-size", "64", "--max-steps", "120", "--mode", "sync",
+                     "--replicas-to-aggregate", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                     "--save-checkpoints-steps", "100000", "--restart-policy", "on-failure",
+                     "--chaos", "kill:ps:1@step=60", "--output", str(out), "--no-status", "--quiet"],
+                    timeout=250, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-4000:]
+    metrics = json.loads((out / "metrics.json").read_text())
+    loss = metrics["restore_loss"]
+    assert loss is not None and metrics["stale_dropped"] > 0, metrics
+    # every example the run's model ever held: global_step's steps, 2 pushes of at most 64 examples each
+    assert 0 < loss["examples_discarded"] <= metrics["global_step"] * 2 * 64 - loss["examples_in_model"], loss
+    assert loss["examples_stale_at_most"] == metrics["stale_dropped"] * 64

@@ -60,7 +60,19 @@ def test_restore_loss_only_after_a_restore_within_the_run() -> None:
     loss = restore_loss([_ready(0, global_step=120, examples=1000, generation=1)], examples_pushed=7680,
                         examples_at_start=100)
     assert loss == {"generation": 1, "global_step": 120, "examples_in_model": 900, "examples_pushed": 7680,
-                    "examples_discarded": 6780}
+                    "examples_stale_at_most": 0, "examples_discarded": 6780}
     line = restore_loss_line(loss)
     assert line is not None and "global_step 120" in line and "holds 900 of the 7680" in line
     assert restore_loss_line({**loss, "examples_discarded": 0}) is None
+
+
+def test_stale_pushes_are_not_counted_discarded() -> None:
+    """Sync mode drops a backup worker's push as stale (never applied, restore or not): at most its batch's
+    examples are left out of what the restore discarded, so the figure stays a lower bound."""
+    loss = restore_loss([_ready(0, global_step=120, examples=7424, generation=1)], examples_pushed=21312,
+                        examples_at_start=0, examples_stale_at_most=96 * 64)
+    assert loss is not None
+    assert (loss["examples_stale_at_most"], loss["examples_discarded"]) == (6144, 7744)
+    all_stale = restore_loss([_ready(0, global_step=9, examples=100, generation=1)], examples_pushed=200,
+                             examples_at_start=0, examples_stale_at_most=640)
+    assert all_stale is not None and all_stale["examples_discarded"] == 0
