@@ -368,7 +368,8 @@ class Forwarder:
         :meth:`wait` says."""
         if self._failure is not None:
             raise PreconditionFailed(self._failure)
-        behind = [(b, self.senders[b]) for b in self._waited if b in self.senders and self.senders[b].acked < seq]
+        senders = [(b, self.senders.get(b)) for b in self._waited]  # .get: one removed meanwhile is not waited for
+        behind = [(b, sender) for b, sender in senders if sender is not None and sender.acked < seq]
         if behind and time.monotonic() >= deadline:
             member, sender = behind[0]
             error = sender.last_error
@@ -377,8 +378,11 @@ class Forwarder:
         return [sender for _, sender in behind]
 
     def lag(self) -> dict[str, tuple[int, float]]:
-        """Member -> (entries not acknowledged, seconds of the oldest)."""
-        return {member: sender.pending() for member, sender in self.senders.items()}
+        """Member -> (entries not acknowledged, seconds of the oldest): every sender at one moment (taken under
+        :attr:`lock`, under which senders are added and removed)."""
+        with self.lock:
+            senders = list(self.senders.items())
+        return {member: sender.pending() for member, sender in senders}
 
     def stop(self) -> None:
         self.release()
