@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from psflow.ps.global_step import StepJournalError
 from psflow.ps.protocol import JoinReply, JoinRequest, PromoteRequest, ReplicaStatusReply
 from psflow.ps.replication.view import BACKUP, JOINING, PRIMARY, View
-from psflow.rpc.api import RpcError
+from psflow.rpc.api import FailedPreconditionError, RpcError
 
 if TYPE_CHECKING:
     from psflow.ps.replication.member import ShardReplication
@@ -142,7 +142,8 @@ def rebuild_unwritten(self: ShardReplication, error: Exception) -> None:
 
 
 def rebuild(self: ShardReplication, primary: str) -> None:
-    """Rebuilds member ``self`` from ``primary``'s snapshot (Join), retrying until it answers. From the first
+    """Rebuilds member ``self`` from ``primary``'s snapshot (Join), retrying until it answers; a Join refused
+    as not the primary's (deposed since it was read) goes to the member that says primary now. From the first
     try on, ``primary``'s entries count only from the sender the newest try started (each try has its own id:
     :meth:`ViewState.check_sender`)."""
     self.view.begin_join(primary)
@@ -153,6 +154,11 @@ def rebuild(self: ShardReplication, primary: str) -> None:
             frame = JoinRequest(self.shard, self.task, self.incarnation, self.view.next_join_id()).to_frame()
             reply = JoinReply.from_frame(self._channel(primary).call(JoinRequest.METHOD, frame.meta,
                                                                       timeout=self.config.status_timeout * 5))
+        except FailedPreconditionError as e:  # not the primary (deposed meanwhile), or an older try's refusal
+            log.info("%s: joining %s: %s", self.task, primary, e)
+            self._stopped.wait(0.5)
+            primary = _primary_now(self, primary)
+            continue
         except RpcError as e:
             log.info("%s: joining %s: %s", self.task, primary, e)
             self._stopped.wait(0.5)
@@ -162,6 +168,28 @@ def rebuild(self: ShardReplication, primary: str) -> None:
         log.info("%s: rebuilding shard %d from %s (epoch %d, snapshot %d)", self.task, self.shard, primary,
                  reply.epoch, reply.snapshot_seq)
         return
+
+
+def _primary_now(self: ShardReplication, primary: str) -> str:
+    """(:func:`rebuild`, its Join refused) The member that says it is the shard's primary at the highest epoch:
+    ``primary`` itself where it does (an older try's Join refused: the next try's id is higher) or none answers;
+    else the one it was deposed by (a Join read its status, then a client promoted another), which this member
+    Joins instead, where it retried one that refuses every Join for ever (its Join in flight: no look again)."""
+    statuses: list[ReplicaStatusReply] = []
+    for member in self.members:
+        if member != self.task:
+            try:
+                statuses.append(self._status_of(member))
+            except RpcError:
+                pass
+    primaries = [s for s in statuses if s.role == PRIMARY]
+    found = max(primaries, key=lambda s: s.epoch).task if primaries else primary
+    if found == primary:
+        return primary
+    log.warning("%s: %s refused its Join (not shard %d's primary): joining %s", self.task, primary, self.shard,
+                found)
+    self.view.begin_join(found)
+    return found
 
 
 def watch_view(self: ShardReplication) -> None:

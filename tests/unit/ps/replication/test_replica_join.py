@@ -202,3 +202,55 @@ def test_a_member_joining_when_its_primarys_process_is_lost_joins_the_fresh_prim
     shard.register(layout(SyncConfig()))
     shard.push(PRIMARY, _push(WORKERS[0], 1))  # waits for the backup: acknowledged
     assert_same_state(shard.services[PRIMARY], shard.services[backup(0)])
+
+
+def test_a_join_sent_to_a_member_deposed_meanwhile_follows_the_shards_primary(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """watch_view read a member as the primary and Joins it (a let-go or counted joining member, a dropped
+    backup), but that member was deposed (a client promoted another) before the Join reached it: it refuses
+    every Join ('not the primary'). The joining member used to retry that member for ever, its Join in flight
+    for good (so watch_view never looked again): out of the view for the rest of the run. Now a refused Join
+    asks the members who is primary and Joins that one. Here: ps_backup:1 rebuilds from ps_backup:0, a backup."""
+    from psflow.ps.replication.startup import rebuild
+    shard = make_shard(backups=2)
+    shard.start()
+    shard.start(backup(0))
+    shard.start(backup(1))
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    shard.push(PRIMARY, _push(WORKERS[0], 1))
+    member = shard.replicas[backup(1)]
+    threading.Thread(target=rebuild, args=(member, backup(0)), name="test-rebuild", daemon=True).start()
+    shard.wait(lambda: set(shard.status(PRIMARY).backups) == {backup(0), backup(1)}
+               and shard.status(backup(1)).role == "backup" and not member.view.join_in_flight,
+               "the member that Joined a non-primary back in the primary's view", limit=20.0)
+    shard.push(PRIMARY, _push(WORKERS[0], 2))
+    assert_same_state(shard.services[PRIMARY], shard.services[backup(1)])
+
+
+def test_a_member_joining_a_primary_deposed_meanwhile_joins_the_new_primary(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """ps_backup:1 restarted and Joined ps:0; before it caught up, ps:0 was cut off and a client promoted
+    ps_backup:0. The joining member must end a backup of the new primary's view."""
+    shard = make_shard(backups=2)
+    shard.start()
+    shard.start(backup(0))
+    shard.start(backup(1))
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    shard.push(PRIMARY, _push(WORKERS[0], 1))
+    held = shard.held_requests[(backup(1), ReplicateRequest.METHOD)] = threading.Event()
+    shard.add(backup(1))
+    shard.start(backup(1))
+    shard.wait(lambda: shard.holding >= 1 and backup(1) not in shard.status(PRIMARY).backups,
+               "the Join served, snapshot held")
+    del shard.held_requests[(backup(1), ReplicateRequest.METHOD)]
+    shard.cut.add(PRIMARY)
+    epoch = shard.status(backup(0)).epoch
+    shard.promote(backup(0), epoch)
+    held.set()
+    shard.wait(lambda: backup(1) in shard.status(backup(0)).backups and shard.status(backup(1)).role == "backup"
+               and shard.status(backup(1)).primary == backup(0), "the joining member a backup of the new primary",
+               limit=20.0)
+    shard.push(backup(0), _push(WORKERS[0], 2))
+    assert_same_state(shard.services[backup(0)], shard.services[backup(1)])
