@@ -75,11 +75,11 @@ def lost_after_training(ps_stats: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def evaluate_final(model: Any, client: Any, batch: Batch | None, ps_stats: Sequence[Mapping[str, Any]], *,
-                   checkpoint_dir: str | None, moving_averages: bool,
+                   checkpoint_dir: str | None, moving_averages: bool, reached: int | None = None,
                    out: TextIO | None = None) -> tuple[dict[str, float] | None, FinalCheckpoint | None]:
     """The finished run's evaluation on ``batch`` (None: no ``--eval``, nothing evaluated) and the final
     checkpoint it read, None where the live ps tasks were read. ``ps_stats``: each ps task's ``Stats``, read
-    after training.
+    after training; ``reached``: the run's last global_step, where known (:func:`final_checkpoint`).
 
     Raises:
         LaunchError: a ps task lost its state (or a pull failed) and no final checkpoint holds the model.
@@ -92,7 +92,7 @@ def evaluate_final(model: Any, client: Any, batch: Batch | None, ps_stats: Seque
             return evaluate(model, parameters(client, moving_averages=moving_averages), batch), None
         except RpcError as e:
             why = f"the ps tasks could not be read after training ({e})"
-    final = final_checkpoint(checkpoint_dir, why)
+    final = final_checkpoint(checkpoint_dir, why, reached=reached)
     what = ("evaluating the final checkpoint {} (global_step {}) instead" if batch is not None
             else "the run's model is its final checkpoint {} (global_step {})")
     print(f"psflow: {why}: " + what.format(final.path, final.manifest.global_step), file=out or sys.stderr, flush=True)
@@ -102,12 +102,14 @@ def evaluate_final(model: Any, client: Any, batch: Batch | None, ps_stats: Seque
     return evaluate(model, ArrayParameters(values, what=final.path), batch), final
 
 
-def final_checkpoint(checkpoint_dir: str | None, why: str) -> FinalCheckpoint:
-    """The run's final checkpoint in ``checkpoint_dir`` (the newest, its manifest ``final``).
+def final_checkpoint(checkpoint_dir: str | None, why: str, *, reached: int | None = None) -> FinalCheckpoint:
+    """The run's final checkpoint in ``checkpoint_dir`` (the newest, its manifest ``final``, at ``reached`` or past
+    it: the run's last global_step where the workers reported it; None: not known, an in-graph run's client).
 
     Raises:
-        LaunchError: there is none (no directory, none complete, the newest not final, unreadable): training
-            finished, but ``why``, and no copy of the model is left (the message says so).
+        LaunchError: there is none (no directory, none complete, the newest not final, unreadable, or older than
+            ``reached``: an earlier run's, this run's own final save having failed under ``--max-failed-saves 0``):
+            training finished, but ``why``, and no copy of the model is left (the message says so).
     """
     lost = f"training finished, but {why}"
     if not checkpoint_dir:
@@ -124,6 +126,10 @@ def final_checkpoint(checkpoint_dir: str | None, why: str) -> FinalCheckpoint:
     if not manifest.final:
         raise LaunchError(f"{lost}, and the newest checkpoint in {checkpoint_dir} is {os.path.basename(path)} "
                           f"(global_step {manifest.global_step}, not final): the final model is lost, not evaluated")
+    if reached is not None and manifest.global_step < reached:
+        raise LaunchError(f"{lost}, and the newest final checkpoint in {checkpoint_dir}, {os.path.basename(path)} "
+                          f"(global_step {manifest.global_step}) is older than the run's last step {reached}: the "
+                          "final model is lost, not evaluated")
     return FinalCheckpoint(path, manifest, why)
 
 

@@ -376,9 +376,10 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
             results.append(json.load(f))
     eval_batch = after_training(eval_set.result)
     # The live ps tasks' model, or the final checkpoint's where a ps task lost its state past it (final_model).
+    reached = max((int(r["last_step"]) for r in results if r.get("last_step") is not None), default=None)
     evaluation, from_checkpoint = evaluate_final(
         model, client, eval_batch, _ps_stats(config, client, end, before=True), checkpoint_dir=config.checkpoint.dir,
-        moving_averages=config.report.eval_moving_averages, out=end.out)
+        moving_averages=config.report.eval_moving_averages, reached=reached, out=end.out)
     ps_stats = with_step_of(_ps_stats(config, client, end), from_checkpoint)
     exactly_once_examples(ps_stats)  # raises if no ps task holds global_step
     if config.checkpoint.dir:

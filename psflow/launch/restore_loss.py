@@ -47,7 +47,7 @@ def restore_loss_line(loss: Mapping[str, int] | None) -> str | None:
     """The console line of a run whose restore discarded pushed work; None where it discarded none."""
     if loss is None or not loss["examples_discarded"]:
         return None
-    return (f"psflow: a restore within the run (generation {loss['generation']}) set the model back to an older "
+    return ("psflow: a restore within the run set the model back to an older "
             f"checkpoint: global_step {loss['global_step']} counts every step handed out, but the final model holds "
             f"{loss['examples_in_model']} of the {loss['examples_pushed']} examples this run's workers pushed "
             f"(at least {loss['examples_discarded']} discarded; --max-steps counts the steps lost too)")

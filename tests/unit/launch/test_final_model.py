@@ -76,3 +76,21 @@ def test_stale_pushes_are_not_counted_discarded() -> None:
     all_stale = restore_loss([_ready(0, global_step=9, examples=100, generation=1)], examples_pushed=200,
                              examples_at_start=0, examples_stale_at_most=640)
     assert all_stale is not None and all_stale["examples_discarded"] == 0
+
+
+def _saved(directory: Path, step: int, *, final: bool = True) -> None:
+    path = directory / f"ckpt-{step:09d}"
+    path.mkdir(parents=True)
+    (path / "manifest.json").write_text(Manifest(global_step=step, variables={}, shards=[], examples=step * 64,
+                                                 final=final).to_json())
+
+
+def test_a_final_checkpoint_older_than_the_runs_last_step_is_not_taken_for_the_runs_model(tmp_path: Path) -> None:
+    """A resumed run whose own final save failed (--max-failed-saves 0) and nothing saved since the resume: the
+    newest final checkpoint is the earlier run's; evaluating it would report another model as this run's."""
+    _saved(tmp_path, 100)
+    with pytest.raises(LaunchError, match=r"ckpt-000000100 \(global_step 100\) is older than the run's last step "
+                                          r"160: the final model is lost, not evaluated"):
+        final_checkpoint(str(tmp_path), "X", reached=160)
+    assert final_checkpoint(str(tmp_path), "X", reached=100).manifest.global_step == 100  # nothing trained since
+    assert final_checkpoint(str(tmp_path), "X").manifest.global_step == 100  # the last step not known (in-graph)
