@@ -1,6 +1,6 @@
 """A replicated shard primary's control calls, recorded after they are served: ``LoadShard``, ``SetReady``,
 ``BeginRestore``, ``Done``, ``FinalEval``, ``ReaderPositions`` and ``Leave``; and ``SaveShard``, served by the
-primary alone.
+members holding the shard's state alone.
 
 :func:`control_handlers` wraps the service's own handlers of these calls on a
 :class:`~psflow.ps.replication.member.ShardReplication` (``Register``: :mod:`~psflow.ps.replication.register_call`;
@@ -16,17 +16,16 @@ primary alone.
 * **The wait.** ``replica_timeout``; a ``LoadShard``'s: until just before its caller stops waiting
   (:attr:`~psflow.ps.protocol.LoadShardRequest.reply_within_ms`), ``replica_timeout`` at least, so the caller hears
   which backup failed (:func:`full_wait`).
-* **A save reads the primary's state.** ``SaveShard`` (a checkpoint's shard) changes nothing and is not
-  recorded, but only the primary serves it (the primary-only refusal above, asked before the snapshot and again
-  after it: a member deposed meanwhile refuses, still deposed or rebuilding from the new primary already, its
-  snapshot may lack what the new primary applied since or hold entries it lacks). A member
-  that is not the primary reads the wrong state: a restarted one rebuilding from the primary holds none of the
+* **A save reads a member holding the shard's state.** ``SaveShard`` (a checkpoint's shard) changes nothing and
+  is not recorded; the primary serves it, and a backup of its view (its state as of every entry it acknowledged,
+  every acknowledged push among them: the bit-for-bit checks of a backup read it). A member without the state
+  refuses it (the primary-only refusal above, asked before the snapshot and again after it: a member deposed
+  meanwhile refuses, still deposed or rebuilding from the new primary already, its snapshot may lack what the new
+  primary applied since or hold entries it lacks): a restarted one rebuilding from the primary holds none of the
   shard's values (it answered a final save with an empty 72-byte shard file once, and the run rolled back to an
-  older checkpoint with the promoted primary holding every update), a backup may lag what its primary served
-  (dropped while unreachable, it says backup until it looks, :func:`~psflow.ps.replication.startup.watch_view`),
-  and a save holds pushes at the primary only (:mod:`~psflow.ps.replication.checkpoint_count`). The chief's
-  client sends a save to the primary it knows; refused, it follows the shard to its primary now
-  (:class:`~psflow.ps.failover.ShardRouter`) and sends it there.
+  older checkpoint with the promoted primary holding every update). The chief's client sends a save to the
+  primary it knows; refused, it follows the shard to its primary now (:class:`~psflow.ps.failover.ShardRouter`)
+  and sends it there.
 * **Leave counts.** A ``Leave``'s final ``acked`` count of the process that leaves is taken into the dedup
   table's counts (``pushes_acknowledged``) before its entry is recorded.
 
@@ -39,6 +38,7 @@ import time
 from typing import TYPE_CHECKING
 
 from psflow.ps.protocol import LeaveRequest, LoadShardRequest
+from psflow.ps.replication.view import BACKUP
 from psflow.rpc.api import Handler, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
@@ -67,10 +67,16 @@ def control_handlers(member: ShardReplication, table: dict[str, Handler]) -> dic
 
 
 def _primary_read(member: ShardReplication, handler: Handler) -> Handler:
-    """``handler`` (a read of the shard's state: ``SaveShard``) served on the primary only: refused with
-    FAILED_PRECONDITION naming the primary this member knows before it reads, and after it where the member was
-    deposed meanwhile (the module docstring)."""
+    """``handler`` (a read of the shard's state: ``SaveShard``) served by a member holding it, the primary or a
+    backup of its view; refused with FAILED_PRECONDITION naming the primary this member knows by any other before
+    it reads, and after it where the member lost the state meanwhile (the module docstring)."""
     def call(frame: Frame) -> Reply:
+        if member.view.view.role == BACKUP and member.has_state:
+            result = handler(frame)
+            if not member.has_state:  # deposed, dropped or rejoining while it read: not the shard's
+                raise PreconditionFailed(f"{member.task}: lost shard {member.shard}'s state while its {_SAVE} was "
+                                         f"served ({member.view.view.describe()}); its snapshot is not the shard's")
+            return result
         forwarder = member._check_primary()
         result = handler(frame)
         # Deposed meanwhile: still, or deposed and rebuilt already (a Join takes milliseconds, a big shard's write
