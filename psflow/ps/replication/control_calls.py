@@ -49,7 +49,7 @@ __all__ = ["control_handlers", "full_wait"]
 
 _FULL_CALLS = ("LoadShard",)  # calls replicated whole (a full entry; Register: register_call.py), then by small state:
 _STATE_CALLS = ("SetReady", "BeginRestore", "Done", "FinalEval", "ReaderPositions")
-_SAVE = "SaveShard"  # a read of the whole shard, the primary's alone (not recorded)
+_SAVE = "SaveShard"  # a read of the whole shard, by a member holding its state (not recorded)
 #: Seconds a LoadShard's wait for its backups ends before its caller's deadline (at most a tenth of it), so
 #: its UNAVAILABLE reply, naming the backup, reaches the caller before the caller gives up.
 _REPLY_MARGIN = 1.0

@@ -12,12 +12,12 @@
   of every push it applied (dedup, examples, reader positions) and their count are one entry, so a backup
   never holds a step without its pushes' records (a resend after a failover gets its reply, never "stale").
   Push, PushPull (and PushPullAckLater with its Acked) and Pull are :mod:`~psflow.ps.replication.data_calls`;
-  LoadShard, SetReady, BeginRestore, Done, FinalEval, ReaderPositions and Leave (and SaveShard, the primary's
-  alone) :mod:`~psflow.ps.replication.control_calls`; the entries' recording (:meth:`ShardReplication._record`) is here.
+  LoadShard, SetReady, BeginRestore, Done, FinalEval, ReaderPositions and Leave (and SaveShard, by a member
+  holding the state) :mod:`~psflow.ps.replication.control_calls`; the entries' recording (:meth:`ShardReplication._record`) is here.
 * Counts (``Stats``' ``replication`` entry): ``pushes_applied`` (numbered pushes applied here, each once) and
   ``pushes_acknowledged`` (the largest ``acked`` each client process reported, summed): docs/replication.md.
-* On a backup or joining member, pushes, pulls and saves are refused with FAILED_PRECONDITION naming the primary it
-  knows; ``Replicate`` writes the primary's entries in order (applier.py). Promoted, it announces a run over.
+* On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
+  knows (saves too, on a joining or deposed one); ``Replicate`` writes the primary's entries in order (applier.py). Promoted, it announces a run over.
 * ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`. A Join's
   sender, from a snapshot, and its entry into the view once caught up: :mod:`~psflow.ps.replication.joins`.
 * Start (:meth:`ShardReplication.start`): where the member stands, :mod:`~psflow.ps.replication.startup`.
