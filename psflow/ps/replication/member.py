@@ -17,7 +17,8 @@
 * Counts (``Stats``' ``replication`` entry): ``pushes_applied`` (numbered pushes applied here, each once) and
   ``pushes_acknowledged`` (the largest ``acked`` each client process reported, summed): docs/replication.md.
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
-  knows (saves too, on a joining or deposed one); ``Replicate`` writes the primary's entries in order (applier.py). Promoted, it announces a run over.
+  knows (saves too, on a joining or deposed one); ``Replicate`` writes the primary's entries in order
+  (applier.py). Promoted, it announces a run over.
 * ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`. A Join's
   sender, from a snapshot, and its entry into the view once caught up: :mod:`~psflow.ps.replication.joins`.
 * Start (:meth:`ShardReplication.start`): where the member stands, :mod:`~psflow.ps.replication.startup`.
