@@ -6,7 +6,8 @@ killed, ps_backup:1 promoted, and the restarted ps:1 -- empty, rebuilding from t
 chief's final ``SaveShard`` from its own state: an empty shard file, a failed final save, the client restarted
 and rolled back to an older checkpoint although the promoted backup held every acknowledged update. A member
 without the shard's state (joining, deposed) now refuses with FAILED_PRECONDITION naming the primary it knows,
-which the client's router follows (psflow/ps/failover.py): the save lands on the primary and holds its values. In-process members (tests/replica_shard.py), no sockets.
+which the client's router follows (psflow/ps/failover.py): the save lands on the primary and holds its values.
+In-process members (tests/replica_shard.py), no sockets.
 """
 
 from __future__ import annotations
