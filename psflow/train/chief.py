@@ -402,7 +402,7 @@ def _ready_at_start(client: ParameterClient, latest: str) -> bool:
     Raises:
         RpcError: a ``SetReady`` failed otherwise (a task unreachable, the variables not registered there).
     """
-    for task in sorted(client.channels, key=lambda t: t == client.step_task):
+    for task in _ready_order(client):
         try:
             client.call(task, SetReadyRequest(client.client_name))
         except FailedPreconditionError as e:
@@ -422,8 +422,13 @@ def _ready_at_start(client: ParameterClient, latest: str) -> bool:
 
 def _set_ready(client: ParameterClient) -> None:
     """Marks every ps task ready, ps task 0 (which non-chiefs ask first) last."""
-    for task in sorted(client.channels, key=lambda t: t == client.step_task):
+    for task in _ready_order(client):
         client.call(task, SetReadyRequest(client.client_name))
+
+
+def _ready_order(client: ParameterClient) -> list[int]:
+    """The ps tasks in the order a chief marks them ready: the one holding global_step (non-chiefs ask it) last."""
+    return sorted(client.channels, key=lambda t: t == client.step_task)
 
 
 #: Model-record fields that must agree for a checkpoint to be restored: (part, key, what the user changes).

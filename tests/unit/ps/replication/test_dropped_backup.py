@@ -42,15 +42,9 @@ def test_a_backup_the_primary_dropped_while_it_was_alive_joins_the_view_again(
     assert (status.role, status.epoch, status.primary, status.has_state) == ("backup", 2, PRIMARY, True)
 
 
-def test_a_drop_that_comes_while_the_restarted_backup_joins_leaves_its_join_to_finish(
-        make_shard: Callable[..., InProcessShard]) -> None:
-    """Both members restarted (every replica of shard 0 lost): a worker still holding the dead backup's refused
-    connection saw the view of epoch 1 with the backup in it and asked the primary to drop it, while the restarted
-    backup's Join was being served (out of the view's backups until it catches up, at the same epoch). The primary
-    asked nothing (the member was no backup of its view), went to epoch 2 and stopped the Join's sender: the member,
-    alive and joining, got nothing more, and no check brings a joining member back (startup.watch_view rebuilds a
-    backup), so the shard ran unreplicated to the end (tests/integration/test_replicated_training.py's
-    every-replica-lost run, 1 in 14: shard 0's view at the end without ps_backup:0)."""
+def _restarted_backup_joining(make_shard: Callable[..., InProcessShard]) -> tuple[InProcessShard, threading.Event]:
+    """A shard whose backup was restarted: its Join served (out of the view's backups, not waited for), the
+    snapshot its Join's sender sends held up until the returned event is set."""
     shard = make_shard()
     shard.start()
     shard.start(backup(0))
@@ -62,6 +56,19 @@ def test_a_drop_that_comes_while_the_restarted_backup_joins_leaves_its_join_to_f
     shard.wait(lambda: shard.holding >= 1 and shard.status(PRIMARY).backups == (),
                "the restarted backup's Join served (out of the backups: not waited for), its snapshot held up")
     del shard.held_requests[(backup(0), ReplicateRequest.METHOD)]
+    return shard, held
+
+
+def test_a_drop_that_comes_while_the_restarted_backup_joins_leaves_its_join_to_finish(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """Both members restarted (every replica of shard 0 lost): a worker still holding the dead backup's refused
+    connection saw the view of epoch 1 with the backup in it and asked the primary to drop it, while the restarted
+    backup's Join was being served (out of the view's backups until it catches up, at the same epoch). The primary
+    asked nothing (the member was no backup of its view), went to epoch 2 and stopped the Join's sender: the member,
+    alive and joining, got nothing more, and no check brings a joining member back (startup.watch_view rebuilds a
+    backup), so the shard ran unreplicated to the end (tests/integration/test_replicated_training.py's
+    every-replica-lost run, 1 in 14: shard 0's view at the end without ps_backup:0)."""
+    shard, held = _restarted_backup_joining(make_shard)
     assert shard.status(PRIMARY).epoch == 1
     dropped = DropBackupRequest(0, 1, backup(0), WORKERS[0])  # the view of epoch 1 that the worker read before
     try:
@@ -83,17 +90,7 @@ def test_a_joining_member_that_catches_up_while_a_drop_is_checked_is_not_dropped
     the member caught up and entered the backups. The drop then took it out again unasked and stopped its sender
     before the entry telling it the view reached it: the member stayed 'joining' for good (startup.watch_view
     looks after a backup only) and the shard ran unreplicated."""
-    shard = make_shard()
-    shard.start()
-    shard.start(backup(0))
-    shard.wait_view()
-    shard.register(layout(SyncConfig()))
-    held = shard.held_requests[(backup(0), ReplicateRequest.METHOD)] = threading.Event()
-    shard.add(backup(0))  # its restarted process Joins; the snapshot its Join's sender sends is held up
-    shard.start(backup(0))
-    shard.wait(lambda: shard.holding >= 1 and shard.status(PRIMARY).backups == (),
-               "the restarted backup's Join served (out of the backups: not waited for), its snapshot held up")
-    del shard.held_requests[(backup(0), ReplicateRequest.METHOD)]
+    shard, held = _restarted_backup_joining(make_shard)
     checked = member.refuse_drop
 
     def check_then_catch_up(*args: Any) -> None:
