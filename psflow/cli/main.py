@@ -26,7 +26,9 @@ the task, the status page, checkpoints) in the functions that use them.
 
 Exit status: 0 done; 1 an error (named; a usage error too); ``128 + n`` after signal n:
 ``psflow train`` stops every task on SIGTERM, SIGHUP or SIGINT and reports
-(143, 129, 130; see :mod:`psflow.launch.lifeline`); ``psflow server`` stops
+(143, 129, 130; see :mod:`psflow.launch.lifeline`), but one that arrives after the
+run's end was written leaves the run's own status (0 finished, 1 failed:
+:mod:`psflow.launch.launcher_signals`, *After the end*); ``psflow server`` stops
 its task in order on the same signals.
 """
 
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return _error_status(e)
     except LaunchInterrupted as e:  # SIGTERM, SIGHUP or SIGINT to psflow train: every task stopped, reported
         print(f"psflow {args.command}: {e}", file=sys.stderr)
-        return e.exit_code
+        return e.exit_code  # 128 + n; after the run's end was written, that end's (a failed run's 1)
     except KeyboardInterrupt:
         print(f"psflow {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -68,15 +68,23 @@ def run_train(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, report=dataclasses.replace(config.report, summary_dir=summaries))
     with RunDirLock(output, run):
         _show_inferred_schema(config, output)
-        if args.in_process:
-            metrics = _in_process(config, output, faults_from_args(args))
-            if not args.quiet:
-                print(final_line(metrics), file=sys.stderr, flush=True)
-        else:
-            # The status URL is the run's first line, then "N ps + M workers, run directory ..." (LauncherStatus).
-            metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
-                                resilience=resilience_config(args), status=status, verbose=args.verbose,
-                                faults=faults_from_args(args))
+        try:
+            if args.in_process:
+                metrics = _in_process(config, output, faults_from_args(args))
+                if not args.quiet:
+                    print(final_line(metrics), file=sys.stderr, flush=True)
+            else:
+                # The status URL is the run's first line, then "N ps + M workers, run directory ..." (LauncherStatus).
+                metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
+                                    resilience=resilience_config(args), status=status, verbose=args.verbose,
+                                    faults=faults_from_args(args))
+        except LaunchInterrupted as e:
+            if e.ended is None or e.ended.get("phase") != "finished":
+                raise  # cli.main reports it: 128 + n, or a failed run's end's status (launcher_signals)
+            # The signal arrived after the run had finished (every task stopped): its end stands, and so does what
+            # follows a finished run: its summary on stdout, exit status 0 (a script reads the run's outcome).
+            print(f"psflow train: {e}", file=sys.stderr, flush=True)
+            metrics = dict(e.ended)
     summary = {k: metrics[k] for k in ("global_step", "examples", "examples_this_run", "wall_seconds",
                                        "examples_per_sec")}
     if metrics.get("bad_records_skipped"):
@@ -148,6 +156,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
             except LaunchInterrupted:
                 cut.append(final)
                 raise
+            signals.ended = final  # written whole: a signal from now on leaves the run's exit status (launcher_signals)
 
     try:
         return run_in_process(config, output, on_end=on_end, faults=faults, signals=signals,
@@ -160,7 +169,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
                         f"{os.path.join(output, METRICS_JSON)} and the status files may be missing")
             raise
         if final.get("phase") not in (None, "interrupted"):  # its end was written before the signal: it stands
-            e.report = after_the_end(e.signum, final, output)
+            e.report, e.ended = after_the_end(e.signum, final, output), final  # and so does its exit status
             raise
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
                     f"{float(final.get('wall_seconds') or 0.0):.1f} s\nmetrics: {os.path.join(output, METRICS_JSON)}")

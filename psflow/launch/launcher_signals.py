@@ -9,6 +9,12 @@ stop the run. The handler runs on the main thread, when it next runs Python code
 there (a save, the eval set's read, the reader process's next batch) are made of short ones
 (:mod:`psflow.waits`), so that a signal the kernel handed to another thread is raised in time.
 
+*After the end.* Once the run's end is written (:attr:`LauncherSignals.ended`: metrics.json and the status files, a
+finished or a failed run's), a signal no longer decides how the run ended: its :class:`LaunchInterrupted` still
+stops every task, but carries that end, and the launcher's exit status is the end's own (0 finished; a failed run's
+code, 1), not ``128 + n``: a script or a scheduler reading the status reads the run's outcome, which metrics.json
+says too. Only an end written whole counts: a second signal that cuts the writing (``second_cuts``) leaves none.
+
 A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so for its tasks
 (:mod:`psflow.launch.stop_signals`). The task side of a stop is :mod:`psflow.launch.lifeline`.
 """
@@ -19,13 +25,13 @@ import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any
 
 from psflow.launch.stop_signals import STOP_SIGNALS, ignored_stop_signals, signal_name, stop_signals_notice
 
-__all__ = ["LaunchInterrupted", "LauncherSignals"]
+__all__ = ["LaunchInterrupted", "LauncherSignals", "end_status"]
 
 
 class LaunchInterrupted(KeyboardInterrupt):
@@ -33,21 +39,33 @@ class LaunchInterrupted(KeyboardInterrupt):
 
     Attributes:
         signum: the signal.
-        exit_code: ``128 + signum``, the launcher's exit status.
+        ended: the run's end (its final snapshot) where it was written before the signal arrived, else None.
+        exit_code: the launcher's exit status: ``128 + signum``; but the status of the run's end where it was
+            written before the signal (:func:`end_status`: 0 finished, a failed run's code).
         report: lines for the user (set once the tasks are stopped).
     """
 
-    def __init__(self, signum: int, report: str = "") -> None:
+    def __init__(self, signum: int, report: str = "", *, ended: Mapping[str, Any] | None = None) -> None:
         super().__init__(signum)
         self.signum = signum
         self.report = report
+        self.ended = ended
 
     @property
     def exit_code(self) -> int:
-        return 128 + self.signum
+        return 128 + self.signum if self.ended is None else end_status(self.ended)
 
     def __str__(self) -> str:
         return self.report or f"interrupted by {signal_name(self.signum)}"
+
+
+def end_status(final: Mapping[str, Any]) -> int:
+    """The exit status of a run whose end is ``final`` (its final snapshot): 0 finished, else its ``exit_code``
+    (a failed run's 1; an interrupted one's ``128 + n``), 1 where it names none."""
+    if final.get("phase") == "finished":
+        return 0
+    code = final.get("exit_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else 1
 
 
 #: The launcher's notices of ignored stop signals said so far in this process (each once).
@@ -68,6 +86,8 @@ class LauncherSignals:
         self._second_cuts = False          # inside a deferred section that a second signal cuts
         self._previous: dict[int, Any] = {}  # signal -> the handler install replaced
         self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
+        #: The run's end once written whole (set by whoever wrote it: module docstring, *After the end*).
+        self.ended: Mapping[str, Any] | None = None
 
     def install(self) -> bool:
         """Installs the handlers; False (nothing installed) off the main thread. Idempotent.
@@ -98,16 +118,16 @@ class LauncherSignals:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
             if self._deferred and self._second_cuts:
-                raise LaunchInterrupted(self.received)  # the section hangs: the user insists
+                raise LaunchInterrupted(self.received, ended=self.ended)  # the section hangs: the user insists
             return  # a cleanup is under way: a second signal must not cut it
         self.received = signum
         if not self._deferred:
-            raise LaunchInterrupted(signum)
+            raise LaunchInterrupted(signum, ended=self.ended)
 
     def check(self) -> None:
         """Raises :class:`LaunchInterrupted` if a signal was received; never blocks."""
         if self.received is not None:
-            raise LaunchInterrupted(self.received)
+            raise LaunchInterrupted(self.received, ended=self.ended)
 
     @contextlib.contextmanager
     def deferring(self, *, check: bool = True, second_cuts: bool = False) -> Iterator[None]:

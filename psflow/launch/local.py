@@ -214,9 +214,13 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
             page.set_phase("evaluating")
             metrics = _finish(config, client, model, train_seconds, output_dir, driver, end=end, eval_set=eval_set)
             ended = "finished"
-            if bar is not None:
-                bar.close(metrics)  # the last line, from the final snapshot: this run's examples/s, the last loss
-            with lc.signals.deferring(check=False):  # metrics.json is written: a signal now is ignored (tasks end below)
+            # The end is written. A signal from here on (or during its writing: RunEnd._write) is a LaunchInterrupted
+            # carrying that end, raised here once the tasks were asked to end (the last line whole): it stops those
+            # still running, is said to have come after the end, and leaves the exit status 0 (launcher_signals).
+            # One that came here used to be swallowed without a word; one a line earlier made the launcher exit 143.
+            with lc.signals.deferring():
+                if bar is not None:
+                    bar.close(metrics)  # the last line, from the final snapshot: this run's examples/s, the last loss
                 client.shutdown_servers()
                 if replicas:
                     _shut_down_members(lc)

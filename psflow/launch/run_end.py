@@ -18,8 +18,8 @@ are written, so they agree on every figure they share:
    stops every task, writes, and returns the report for the user.
 
 A snapshot is written once (the first of these wins), its files with signals deferred (a signal while they are
-written is raised once they are: *after the end*, reported as such; a second one cuts the writing, a stuck disk's,
-and the end is then the interrupted one); a file that cannot be
+written is raised once they are: *after the end*, reported as such, the exit status the end's own; a second one cuts
+the writing, a stuck disk's, and the end is then the interrupted one); a file that cannot be
 written is said on the console (and, for a finished run, raised), never
 hidden. Not thread-safe: the launcher's main thread calls it.
 """
@@ -166,6 +166,8 @@ class RunEnd:
             except LaunchInterrupted:
                 self.snapshot = None
                 raise
+            if METRICS_JSON not in failed:  # written: a signal from now on leaves this end's exit status
+                signals.ended = final
         self._say(f"psflow: {line}" for line in failed.values())
         return failed
 

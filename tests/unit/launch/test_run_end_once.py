@@ -123,6 +123,7 @@ def test_an_in_process_run_s_end_written_before_the_signal_is_the_one_reported(
     report = str(raised.value)
     assert report.startswith(f"SIGTERM arrived after the run had {phase} at global_step 42: its end stands"), report
     assert ("  ValueError: boom" in report.splitlines()) == (phase == "failed"), report
+    assert raised.value.exit_code == {"finished": 0, "failed": 1}[phase]  # the end's own status, not 143
 
 
 def _signalled_while_writing(monkeypatch: pytest.MonkeyPatch, module: object) -> None:
@@ -154,7 +155,30 @@ def test_a_signal_while_a_finished_run_s_end_is_written_does_not_cut_it(
     assert written["phase"] == "finished" and written["global_step"] == 42, written
     report = str(raised.value)
     assert report.startswith("SIGTERM arrived after the run had finished at global_step 42: its end stands"), report
-    assert raised.value.exit_code == 128 + signal.SIGTERM
+    # The finished run's own exit status, not 128 + signum: a script reading it believed the run failed.
+    assert raised.value.ended is not None and raised.value.exit_code == 0
+
+
+def test_a_signal_while_a_failed_run_s_end_is_written_leaves_its_failure_s_exit_status(
+        lc: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed run's end (RunEnd.failed, after its tasks stopped) with a SIGTERM as it is written: raised once written,
+    it replaced the failure's LaunchError and the launcher exited 143 for a run whose metrics.json says failed, exit
+    code 1. The exit status is the failure's, and its error is in the report."""
+    from psflow.launch import run_end
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    _signalled_while_writing(monkeypatch, run_end)
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    lc.on_interrupt = end.interrupted
+    with pytest.raises(LaunchInterrupted) as raised, lc:
+        end.failed("/job:worker/task:0 (pid 7) exited with code 1: root cause")
+
+    written = metrics(tmp_path)
+    assert (written["phase"], written["exit_code"]) == ("failed", 1), written
+    report = str(raised.value)
+    assert report.startswith("SIGTERM arrived after the run had failed at global_step "), report
+    assert "  /job:worker/task:0 (pid 7) exited with code 1: root cause" in report.splitlines(), report
+    assert raised.value.exit_code == 1
 
 
 def test_a_signal_while_an_in_process_run_s_end_is_written_does_not_cut_it(
@@ -181,6 +205,7 @@ def test_a_signal_while_an_in_process_run_s_end_is_written_does_not_cut_it(
     assert metrics(tmp_path)["phase"] == "finished"
     report = str(raised.value)
     assert report.startswith("SIGTERM arrived after the run had finished at global_step 42: its end stands"), report
+    assert raised.value.exit_code == 0
 
 
 def _hangs_until_cut(monkeypatch: pytest.MonkeyPatch, module: object) -> dict[str, bool]:

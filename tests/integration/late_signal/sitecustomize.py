@@ -1,0 +1,64 @@
+"""Sends the ``psflow train`` launcher a SIGTERM (to itself, by pid: a real signal, handled as any other) at one
+point after its finished run's end was written (for tests/integration/test_signal_after_the_end.py; on a process's
+path only where a test puts this directory on PYTHONPATH). ``PSFLOW_TEST_LATE_SIGNAL`` names the point:
+
+* ``while_written``: as the finished run's metrics.json, status.json and metrics.prom have just been written, inside
+  the section that defers signals while they are (``RunEnd._write``): raised once it is left;
+* ``after_written``: as ``RunEnd.finished`` returns (the end written, signals not deferred: raised at once);
+* ``in_shutdown``: as the launcher asks the ps tasks to shut down (the section after the end that defers signals).
+
+Only the first time; the task processes (which also read this file) are never signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+_POINT = os.environ.get("PSFLOW_TEST_LATE_SIGNAL")
+_sent: list[bool] = []
+
+
+def _signal_the_launcher() -> None:
+    if not _sent and "psflow.launch.task" not in " ".join(sys.argv) and "train" in sys.argv:
+        _sent.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+if _POINT == "while_written":
+    from psflow.launch import run_end
+
+    _write = run_end.write_run_files
+
+    def _signalled_write(final: Any, *args: Any, **kwargs: Any) -> Any:
+        written = _write(final, *args, **kwargs)
+        if final.get("phase") == "finished":
+            _signal_the_launcher()
+        return written
+
+    run_end.write_run_files = _signalled_write
+
+elif _POINT == "after_written":
+    from psflow.launch import run_end
+
+    _finished = run_end.RunEnd.finished
+
+    def _signalled_finished(self: Any, **kwargs: Any) -> Any:
+        final = _finished(self, **kwargs)
+        _signal_the_launcher()
+        return final
+
+    run_end.RunEnd.finished = _signalled_finished  # type: ignore[method-assign]
+
+elif _POINT == "in_shutdown":
+    from psflow.ps import client
+
+    _shutdown = client.ParameterClient.shutdown_servers
+
+    def _signalled_shutdown(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _signal_the_launcher()
+        return _shutdown(self, *args, **kwargs)
+
+    client.ParameterClient.shutdown_servers = _signalled_shutdown  # type: ignore[method-assign]
