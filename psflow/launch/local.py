@@ -408,7 +408,9 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     # (a push dropped as stale held at most one batch: never applied, restore or not)
     extra["restore_loss"] = loss = restore_loss(ps_stats, examples_pushed=extra["examples_processed"],
                                                 examples_at_start=end.resumed.examples if end.resumed else 0,
-                                                examples_stale_at_most=extra["stale_dropped"] * config.data.batch_size)
+                                                examples_stale_at_most=extra["stale_dropped"] * config.data.batch_size,
+                                                restores=[r.get("restore") for r in results],
+                                                drivers_restarted=_drivers_restarted(end.lc, driver))
     dynamic = table_totals(ps_stats)
     if dynamic:  # admission, rejections, dropped gradients, evictions and memory of each dynamic table
         extra["dynamic_tables"] = dynamic
@@ -417,6 +419,14 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     if (line := restore_loss_line(loss)) is not None:
         print(line, file=end.out or sys.stderr, flush=True)
     return final
+
+
+def _drivers_restarted(lc: LocalCluster, driver: str) -> int:
+    """How many times a process that pushes was restarted: the in-graph client, or a between-graph run's workers
+    and chief (an in-graph worker pushes nothing). Each earlier life's pushes are in no result file."""
+    jobs = ("client",) if driver == "client" else ("worker", "chief")
+    events = lc.resilience.supervisor.events if lc.resilience is not None else []
+    return sum(1 for e in events if e.restarted and any(e.task.startswith(f"/job:{j}/") for j in jobs))
 
 
 def _ps_stats(config: TrainConfig, client: Any, end: RunEnd, *, before: bool = False) -> list[dict[str, Any]]:

@@ -17,7 +17,11 @@ Order of the client's life (:func:`run_in_graph_client`):
        unless it was lost within this run (:mod:`psflow.train.within_run`):
        then global_step goes on past ps task 0's journal bound. Without a checkpoint the ps tasks'
        state is kept, and a ps task that lost its variables stops the run
-       (:class:`~psflow.train.state_loss.StateLostError`);
+       (:class:`~psflow.train.state_loss.StateLostError`). The restore is
+       recorded (:class:`RestoreAtStart`: the checkpoint's step and examples, and
+       the examples ps task 0 held before it, the earlier processes' pushes in
+       them) for the result file, and told to the session's hooks once it is
+       entered (3.), so the summaries start again at the checkpoint's step;
     3. connect to every worker task's ``RunStep`` (:class:`~psflow.train.in_graph.Session`,
        a bounded wait) and enter the session: it initializes the
        variables or restores the newest checkpoint, saves checkpoints
@@ -73,9 +77,11 @@ from typing import Any
 
 import numpy as np
 
+from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterSpec
 from psflow.data import Batch, DatasetConfig, open_dataset
+from psflow.errors import CheckpointError
 from psflow.models.api import Model
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import RunStepReply
@@ -93,7 +99,7 @@ from psflow.train.state_loss import ps_states
 from psflow.train.step import LazyMetrics
 from psflow.train.within_run import lost_within_run
 
-__all__ = ["CLIENT_NAME", "InGraphDriver", "InGraphStepResult", "run_in_graph_client"]
+__all__ = ["CLIENT_NAME", "InGraphDriver", "InGraphStepResult", "RestoreAtStart", "run_in_graph_client"]
 
 log = logging.getLogger("psflow.in_graph")
 
@@ -267,9 +273,36 @@ class InGraphDriver:
             return reply, grads
 
 
-def _restore_initialized_cluster(config: TrainConfig, client: ParameterClient) -> str | None:
+@dataclass(frozen=True)
+class RestoreAtStart:
+    """The restore this client process made before its session (module docstring, 2.) and what it threw away.
+
+    Attributes:
+        checkpoint: the checkpoint restored onto every ps task.
+        restored_step: its global_step: the step of the model the run goes on from (global_step itself goes on
+            past every value handed out).
+        examples_restored: its example count, the model's after the restore.
+        examples_before: the count of the task holding global_step just before the restore: the model's, every
+            applied push of the client's earlier processes in it (None: that task had lost its state).
+    """
+
+    checkpoint: str
+    restored_step: int
+    examples_restored: int
+    examples_before: int | None
+
+    def record(self) -> dict[str, Any]:
+        """The result file's ``restore`` (:mod:`psflow.launch.restore_loss` reads it): these fields and
+        ``examples_discarded``, the examples the model held that the restore set back (None: not known)."""
+        discarded = None if self.examples_before is None else max(0, self.examples_before - self.examples_restored)
+        return {"checkpoint": self.checkpoint, "restored_step": self.restored_step,
+                "examples_restored": self.examples_restored, "examples_before": self.examples_before,
+                "examples_discarded": discarded}
+
+
+def _restore_initialized_cluster(config: TrainConfig, client: ParameterClient) -> RestoreAtStart | None:
     """(Module docstring, 2.) If the ps tasks were initialized already, restores every one of them from the
-    newest checkpoint and returns its path; None on a fresh cluster, or without a checkpoint (logged).
+    newest checkpoint and returns what it did; None on a fresh cluster, or without a checkpoint (logged).
 
     Raises:
         RecoveryError: a ps task did not answer within ``connect_timeout``.
@@ -292,9 +325,24 @@ def _restore_initialized_cluster(config: TrainConfig, client: ParameterClient) -
                     "restore: training goes on from their state and the reader position they recorded",
                     client.client_name)
         return None
+    manifest = read_manifest(latest)  # the client is the run's only chief: nothing saves or rotates meanwhile
+    head = states[client.step_task]
+    before = head.counters.get("examples") if head is not None and head.registered else None
     ClusterRecovery(client, config.optimizer_spec(), checkpoint_dir=config.checkpoint.dir, leader=lambda: None,
                     timeout=config.cluster.connect_timeout, run=run_id(config, client.cluster)).restore(None, states)
-    return latest
+    return RestoreAtStart(latest, manifest.global_step, manifest.examples,
+                          int(before) if isinstance(before, int) else None)
+
+
+def _joined_restore(checkpoint: str) -> RestoreAtStart | None:
+    """The restore the session's join made (a fresh cluster: a resumed run's, or one within the run whose ps tasks
+    were all lost): what the model held before it is not known. None: its manifest is gone (rotated away)."""
+    try:
+        manifest = read_manifest(checkpoint)
+    except CheckpointError as e:
+        log.warning("in-graph client: the checkpoint its session restored is not readable now: %s", e)
+        return None
+    return RestoreAtStart(checkpoint, manifest.global_step, manifest.examples, None)
 
 
 def _dataset_config(config: TrainConfig, workers: int) -> DatasetConfig:
@@ -354,8 +402,11 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
                         tls: TlsConfig | None = None, faults: FaultInjection = NO_FAULTS) -> dict[str, Any]:
     """The in-graph client: reads all the data and drives every worker until it ends (module docstring).
 
-    Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds", "restored"}`` of this
-    process (``restored``: the checkpoint it restored at start, itself or by its session's join, or None). Its
+    Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds", "restored", "restore"}`` of this
+    process (``restored``: the checkpoint it restored at start, itself or by its session's join, or None;
+    ``restore``: :meth:`RestoreAtStart.record` of that restore, or None). A restore of its own, before its
+    session, is reported to the session's hooks (``after_restore``) before the first step: the summaries'
+    SessionLog START at the checkpoint's step, as a between-graph chief's restore within its session writes. Its
     channels (to every worker's StepService and every ps task) use ``tls`` (``None``: plain text).
 
     Raises:
@@ -380,12 +431,16 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
         # Made before the restore: it takes the run's lock of the checkpoint directory and checks the newest
         # checkpoint against the run's model first.
         monitored = make_session(config, cluster, client, model, "client", 0, chief=True, faults=faults)
-        restored = _restore_initialized_cluster(config, client)
+        restore = _restore_initialized_cluster(config, client)
         for s in sessions:
             s.connect()
         with monitored as session:
-            if restored is None and session.join_result is not None:  # the join restored (a resume, or within the run)
-                restored = session.join_result.restored
+            restored = restore.checkpoint if restore is not None else None
+            if restore is not None:  # before the session: its join found the tasks ready and restored nothing
+                session.restored(restore.checkpoint, restore.restored_step)  # the summaries' START, as a chief's
+            elif session.join_result is not None and session.join_result.restored is not None:
+                restored = session.join_result.restored  # the join restored (a resume, or within the run)
+                restore = _joined_restore(restored)
             steps_before = session.global_step
             driver = InGraphDriver(config, model, client, sessions, generation=client.ps_stats().generation)
             batches, reason = _train(config, session, driver, _dataset_config(config, len(sessions)))
@@ -398,5 +453,5 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
         for s in sessions:
             s.close()
         client.close()
-    return {"steps": driver.steps, "examples": driver.examples,
-            "wall_seconds": time.monotonic() - started, "restored": restored}
+    return {"steps": driver.steps, "examples": driver.examples, "wall_seconds": time.monotonic() - started,
+            "restored": restored, "restore": restore.record() if restore is not None else None}

@@ -40,12 +40,17 @@ class _Client:
 
 
 class _Session:
-    """The session: entering it is its join, which restored ``joined`` (None: it restored nothing)."""
+    """The session: entering it is its join, which restored ``joined`` (None: it restored nothing). ``restores``:
+    the restores told to its hooks (``restored``)."""
 
     global_step = 500
 
     def __init__(self, joined: str | None) -> None:
         self.join_result = JoinResult(True, joined, 500, None, {}, generation=7)
+        self.restores: list[tuple[str | None, int | None]] = []
+
+    def restored(self, checkpoint: str | None, step: int | None) -> None:
+        self.restores.append((checkpoint, step))
 
     def __enter__(self) -> _Session:
         return self
@@ -54,7 +59,8 @@ class _Session:
         pass
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, before: str | None, joined: str | None) -> Any:
+def _run(monkeypatch: pytest.MonkeyPatch, before: str | None, joined: str | None,
+         session: _Session | None = None) -> Any:
     class Driver:
         steps = examples = 0
 
@@ -66,8 +72,9 @@ def _run(monkeypatch: pytest.MonkeyPatch, before: str | None, joined: str | None
     monkeypatch.setattr(client_module, "build_model", lambda config, cluster: (None, type("V", (), {
         "placements": lambda self: {}})()))
     monkeypatch.setattr(client_module, "ParameterClient", lambda *a, **k: _Client())
-    monkeypatch.setattr(client_module, "make_session", lambda *a, **k: _Session(joined))
-    monkeypatch.setattr(client_module, "_restore_initialized_cluster", lambda config, client: before)
+    monkeypatch.setattr(client_module, "make_session", lambda *a, **k: session or _Session(joined))
+    own = None if before is None else client_module.RestoreAtStart(before, 400, 12800, 16000)
+    monkeypatch.setattr(client_module, "_restore_initialized_cluster", lambda config, client: own)
     monkeypatch.setattr(client_module, "InGraphDriver", Driver)
     monkeypatch.setattr(client_module, "_train", lambda *a: (0, "end of data"))
     return client_module.run_in_graph_client(TrainConfig.flat(train=("unused",), num_features=3), CLUSTER)
@@ -81,3 +88,31 @@ def _run(monkeypatch: pytest.MonkeyPatch, before: str | None, joined: str | None
 def test_the_result_names_the_checkpoint_restored_at_start(monkeypatch: pytest.MonkeyPatch, before: str | None,
                                                            joined: str | None, reported: str | None) -> None:
     assert _run(monkeypatch, before, joined)["restored"] == reported
+
+
+def test_the_client_s_own_restore_is_told_to_the_hooks_and_reported_with_its_discard(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own restore (before the session, whose join then restored nothing) goes to the hooks at the checkpoint's
+    step (the summaries' START: 27a9824's after_restore), and the result's ``restore`` says what it threw away
+    (psflow.launch.restore_loss). Before, the hooks heard nothing and the result had no ``restore``."""
+    session = _Session(None)
+    result = _run(monkeypatch, "/ckpt/ckpt-000000400", None, session)
+    assert session.restores == [("/ckpt/ckpt-000000400", 400)]
+    assert result["restore"] == {"checkpoint": "/ckpt/ckpt-000000400", "restored_step": 400,
+                                 "examples_restored": 12800, "examples_before": 16000, "examples_discarded": 3200}
+
+
+def test_the_join_s_restore_is_not_told_again_and_its_discard_is_not_known(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Any) -> None:
+    """The join's restore wrote its own START (SummarySaverHook.after_create_session); what the model held
+    before it is not known (the ps tasks were empty)."""
+    from psflow.checkpoint.manifest import MANIFEST_NAME, Manifest
+
+    checkpoint = tmp_path / "ckpt-000000300"
+    checkpoint.mkdir()
+    (checkpoint / MANIFEST_NAME).write_text(Manifest(global_step=300, variables={}, shards=[], examples=9600).to_json())
+    session = _Session(str(checkpoint))
+    result = _run(monkeypatch, None, str(checkpoint), session)
+    assert session.restores == []
+    assert result["restore"] == {"checkpoint": str(checkpoint), "restored_step": 300, "examples_restored": 9600,
+                                 "examples_before": None, "examples_discarded": None}

@@ -1,0 +1,56 @@
+"""``restore_loss`` where a driver process was restarted (psflow.launch.restore_loss): the restores the result
+files report, and a figure that never says "nothing discarded" when it cannot know.
+
+Before: an in-graph run whose client was killed and restarted counted only the second process's pushes (the first
+wrote no result file), so ``examples_discarded`` (pushed less in the model) came out 0 although the restore threw
+away every push since its checkpoint (a real run: 3,264 examples, ckpt-000000200 restored at global_step 302), and
+no line was printed. The real run is tests/integration/test_in_graph_client_restore_loss.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psflow.launch.restore_loss import restore_loss, restore_loss_line
+
+# ps task 0 at the end of that run: 6,400 examples of ckpt-000000200 and the second process's 15,936
+HEAD = [{"task": "/job:ps/task:0", "ready": True, "global_step": 800, "examples": 22336, "generation": 5}]
+OWN = {"checkpoint": "/ckpt/ckpt-000000200", "restored_step": 200, "examples_restored": 6400,
+       "examples_before": 9664, "examples_discarded": 3264}
+
+
+def _loss(restores: list[Any], restarted: int, pushed: int = 15936) -> dict[str, Any]:
+    loss = restore_loss(HEAD, examples_pushed=pushed, examples_at_start=0, restores=restores,
+                        drivers_restarted=restarted)
+    assert loss is not None
+    return loss
+
+
+def test_a_restarted_client_s_restore_counts_what_it_threw_away() -> None:
+    loss = _loss([OWN], 1)
+    assert (loss["examples_discarded"], loss["examples_discarded_complete"], loss["restored_step"]) == (3264, True, 200)
+    line = restore_loss_line(loss)
+    assert line is not None and "the checkpoint of global_step 200" in line and "at least 3264 discarded" in line
+    assert "holds 22336 examples of this run" in line and "more may have been" not in line
+
+
+def test_a_restore_whose_discard_is_not_known_says_more_may_have_been_discarded() -> None:
+    """ps task 0 lost its state (its count before the restore is gone), or the client was restarted twice (only
+    its last restore is in a result file), or a between-graph worker was killed (its pushes in no result file)."""
+    for restores, restarted in (([{**OWN, "examples_before": None, "examples_discarded": None}], 1),
+                                ([OWN], 2), ([None, None], 1)):
+        loss = _loss(restores, restarted)
+        assert loss["examples_discarded_complete"] is False, (restores, restarted)
+        line = restore_loss_line(loss)
+        assert line is not None and f"{restarted} driver process(es) restarted" in line
+        assert "more may have been discarded" in line, line
+    assert _loss([OWN], 2)["examples_discarded"] == 3264  # what is known still counts
+
+
+def test_a_run_without_a_restart_is_counted_from_its_pushes_as_before() -> None:
+    loss = _loss([None, None], 0, pushed=30000)
+    assert (loss["examples_discarded"], loss["examples_discarded_complete"]) == (30000 - 22336, True)
+    assert loss["restored_step"] is None
+    line = restore_loss_line(loss)
+    assert line is not None and "back to an older checkpoint" in line and "holds 22336 of the 30000" in line
+    assert restore_loss_line({**_loss([None], 0, pushed=22336)}) is None  # nothing discarded, all counted
