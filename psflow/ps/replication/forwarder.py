@@ -21,9 +21,12 @@ Guarantees:
 * :meth:`Forwarder.wait` returns when every backup of the current view acknowledged the entry; after
   ``replica_timeout`` it raises UNAVAILABLE naming the backup and the shard. The sender keeps trying; the
   primary never drops a backup on its own (only ``DropBackup`` or the backup's ``Join`` change the view).
-  A sender given ``on_silent`` (a joining member's, :mod:`~psflow.ps.replication.joins`) reports, after a failed
-  call while its member is no backup of the view, that the member answered nothing for ``silent_limit``
-  seconds: its owner stops it, which frees its queue (else a member gone for good kept every new entry).
+  A sender given ``on_let_go`` (a joining member's, :mod:`~psflow.ps.replication.joins`) reports, while its
+  member is no backup of the view, that the member answered nothing for ``silent_limit`` seconds (after a
+  failed call), or that more than its :class:`QueueBound` is queued after its first entry (the snapshot; at
+  the entry that passed it, in :meth:`Forwarder.record`, outside the lock): its owner stops it, which frees its
+  queue (else a member gone for good, or one that applies slower than the primary records, kept every new
+  entry until the primary ran out of memory). A backup of the view is bounded by the calls waiting for it.
 * A member that refuses the entries by the epoch's fence (ABORTED, :class:`~psflow.rpc.api.FencedOffError`: it
   knows a higher epoch, :meth:`~psflow.ps.replication.view.ViewState.check_entries`) is reported through
   ``on_deposed``, without the retry's warning (the deposed member logs its one line); any other refusal (one whose
@@ -41,12 +44,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from psflow.ps.protocol import ReplicaEntry, ReplicateReply, ReplicateRequest
 from psflow.ps.replication.chunks import entry_bytes, split
 from psflow.rpc.api import Channel, FencedOffError, PreconditionFailed, RpcError, Unavailable
 
-__all__ = ["BackupSender", "Forwarder"]
+__all__ = ["BackupSender", "Forwarder", "QueueBound"]
 
 log = logging.getLogger("psflow.ps.replication")
 
@@ -57,6 +61,28 @@ _BACKOFF, _BACKOFF_MAX = 0.05, 1.0
 #: Seconds a backup's entry waits for a waiting call to send it (:meth:`BackupSender.pump`) before the
 #: sender's thread does (it looks this often).
 _PUMP_GRACE = 0.02
+
+
+@dataclass(frozen=True)
+class QueueBound:
+    """How much may queue for a joining member after its snapshot (its sender's first entry) before it is let go:
+    more than ``entries`` entries, or more bytes of arrays (:func:`~psflow.ps.replication.chunks.entry_bytes`)
+    than ``bytes`` or ``snapshots`` times the snapshot's, whichever is more (a big shard's snapshot travels
+    longer, while pushes queue). A limit on the primary's memory, not on time."""
+
+    entries: int
+    bytes: int
+    snapshots: float = 2.0
+
+    def for_snapshot(self, snapshot_bytes: int) -> QueueBound:
+        """This bound for a sender whose snapshot has ``snapshot_bytes`` bytes of arrays: its bytes fixed."""
+        return QueueBound(self.entries, max(self.bytes, int(self.snapshots * snapshot_bytes)), 0.0)
+
+    def passed(self, entries: int, size: int) -> bool:
+        return entries > self.entries or size > self.bytes
+
+    def __str__(self) -> str:
+        return f"{self.entries:,} entries or {self.bytes:,} bytes after its snapshot"
 
 
 class BackupSender:
@@ -79,18 +105,22 @@ class BackupSender:
     def __init__(self, member: str, channel: Callable[[], Channel], request: Callable[[str, list[ReplicaEntry]],
                  ReplicateRequest], on_ack: Callable[[], None], on_deposed: Callable[[str, str], None],
                  rpc_timeout: float, chunk_bytes: int = 64 << 20,
-                 on_silent: Callable[[BackupSender, str], None] | None = None, silent_limit: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        """``on_silent``: called (outside any lock) with this sender and a reason after a failed call, while
-        not :attr:`pumped`, when the member answered no call for ``silent_limit`` seconds (by ``clock``) since
-        this sender started or its last answer (None: never)."""
+                 on_let_go: Callable[[BackupSender, str], None] | None = None, silent_limit: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic, bound: QueueBound | None = None) -> None:
+        """``on_let_go``: called (outside any lock) with this sender and a reason, while not :attr:`pumped`: after
+        a failed call when the member answered no call for ``silent_limit`` seconds (by ``clock``) since this
+        sender started or its last answer; and by :meth:`Forwarder.record` once more than ``bound`` is queued
+        after the first entry (the snapshot, whose size fixes the bound's bytes: :meth:`QueueBound.for_snapshot`)
+        (None: never)."""
         self.member = member
         self._channel, self._request, self._on_ack, self._on_deposed = channel, request, on_ack, on_deposed
         self._rpc_timeout, self._chunk_bytes = rpc_timeout, chunk_bytes
-        self._on_silent, self._silent_limit, self._clock = on_silent, silent_limit, clock
+        self._on_let_go, self._silent_limit, self._clock, self._bound = on_let_go, silent_limit, clock, bound
         self._answered_at = clock()  # when this sender started, then when the member last answered (clock)
         self._cond = threading.Condition()
         self._queue: deque[tuple[ReplicaEntry, float, int]] = deque()  # entry, when queued, its array bytes
+        self._first: int | None = None  # the seq of the first entry queued (a Join's snapshot)
+        self._after_first = [0, 0]  # entries queued after it, and their array bytes (bound)
         self._chunks: list[ReplicaEntry] = []  # the chunks of the queue's first entry, when it is split
         self._next_chunk = 0
         self.acked = 0
@@ -106,11 +136,31 @@ class BackupSender:
         self._thread = threading.Thread(target=self._run, name=f"psflow-replicate-{member}", daemon=True)
         self._thread.start()
 
-    def enqueue(self, entry: ReplicaEntry) -> None:
+    def enqueue(self, entry: ReplicaEntry) -> str | None:
+        """Queues ``entry``; returns why to let this sender go when that put more than its ``bound`` in the queue
+        after the first entry while it is not :attr:`pumped` (:meth:`Forwarder.record` reports it), else None."""
         with self._cond:
-            self._queue.append((entry, time.monotonic(), entry_bytes(entry)))
+            size = entry_bytes(entry)
+            self._queue.append((entry, time.monotonic(), size))
+            if self._first is None:
+                self._first = entry.seq
+                if self._bound is not None:
+                    self._bound = self._bound.for_snapshot(size)
+            else:
+                self._after_first[0] += 1
+                self._after_first[1] += size
             if not self.pumped:
                 self._cond.notify()
+            entries, queued = self._after_first
+            if self._bound is None or self.pumped or self._stopped or not self._bound.passed(entries, queued):
+                return None
+            return (f"{entries:,} entries ({queued:,} bytes) queued after its snapshot and not acknowledged, past the "
+                    f"bound of {self._bound} (it acknowledges slower than this primary records)")
+
+    def let_go(self, why: str) -> None:
+        """Reports ``why`` to ``on_let_go`` (outside any lock)."""
+        if self._on_let_go is not None:
+            self._on_let_go(self, why)
 
     def set_pumped(self, pumped: bool) -> None:
         """Sets :attr:`pumped` and wakes the thread, which then looks every ``_PUMP_GRACE`` seconds (a backup's
@@ -130,6 +180,7 @@ class BackupSender:
         with self._cond:
             self._stopped = True
             self._queue.clear()
+            self._after_first = [0, 0]
             self._cond.notify_all()
 
     def kick(self) -> None:
@@ -168,8 +219,8 @@ class BackupSender:
             self._send(self._rpc_timeout)
 
     def _silent(self, error: str) -> str | None:
-        """(under ``_cond``, after a failed call) Why to give this sender up (see ``on_silent``), else None."""
-        if self._on_silent is None:
+        """(under ``_cond``, after a failed call) Why to give this sender up (see ``on_let_go``), else None."""
+        if self._on_let_go is None:
             return None
         silent = self._clock() - self._answered_at
         if self.pumped or self._stopped or silent < self._silent_limit:
@@ -229,7 +280,10 @@ class BackupSender:
                     if ends is not None and self.acked < ends:
                         log.info("%s did not apply entry %d after its last chunk: sending it again", self.member, ends)
                 while self._queue and self._queue[0][0].seq <= self.acked:
-                    self._queue.popleft()
+                    done, _, size = self._queue.popleft()
+                    if done.seq != self._first:
+                        self._after_first[0] -= 1
+                        self._after_first[1] -= size
                 if self._chunks and (not self._queue or self._queue[0][0].seq != self._chunks[0].seq):
                     self._chunks = []
             else:
@@ -241,8 +295,8 @@ class BackupSender:
                 silent = self._silent(error)
             if self._queue and not self.pumped:
                 self._cond.notify()  # the thread sends what queued meanwhile, or retries when due
-        if silent is not None and self._on_silent is not None:
-            self._on_silent(self, silent)
+        if silent is not None:
+            self.let_go(silent)
         if deposed and error is not None:
             self._on_deposed(self.member, error)
         elif error is None:
@@ -268,9 +322,11 @@ class Forwarder:
         """Builds entry ``last_seq + 1`` with ``build(seq)`` (under :attr:`lock`, so the rows it copies are
         ordered like the sequence numbers) and queues it for every sender; returns its seq. ``build`` returning
         None (the call changed nothing): no entry, and the newest seq is returned (what the caller may have
-        seen). While :meth:`hold` holds, waits first (never holding :attr:`lock` meanwhile)."""
+        seen). While :meth:`hold` holds, waits first (never holding :attr:`lock` meanwhile). A sender the entry put
+        past its bound is reported (:meth:`BackupSender.let_go`) once :attr:`lock` is released, before this returns."""
         if self._held_until is not None:
             self._pass_gate()
+        behind: list[tuple[BackupSender, str]] = []
         with self.lock:
             seq = self.last_seq + 1
             entry = build(seq)
@@ -278,8 +334,11 @@ class Forwarder:
                 return self.last_seq
             self.last_seq = seq
             for sender in self.senders.values():
-                sender.enqueue(entry)
-            return seq
+                if (why := sender.enqueue(entry)) is not None:
+                    behind.append((sender, why))
+        for sender, why in behind:
+            sender.let_go(why)
+        return seq
 
     def hold(self, seconds: float) -> None:
         """New entries wait (in :meth:`record`) until :meth:`release`, or ``seconds`` from now at most."""

@@ -22,9 +22,22 @@ Guarantees:
   loses its sender, and with it the queue of every entry since its snapshot (else it grew with every push
   until the primary ran out of memory), with one warning naming it. A healthy joiner, however slow to catch
   up (a big snapshot in chunks), answers each call within its deadline, so it is never let go; its queue holds
-  what it is behind. A backup of the view is never let go this way (``DropBackup`` alone drops one). The
+  what it is behind (up to the bound below). A backup of the view is never let go this way (``DropBackup`` alone drops one). The
   member, reachable again (:func:`~psflow.ps.replication.startup.watch_view` sees no sender to it) or
   restarted, Joins again (a new snapshot).
+* **A joining member too far behind is let go.** One that answers but applies slower than this primary records
+  entries (a slow or starved host, a snapshot it never finishes applying) would make its queue grow with every
+  push, as a silent one did: once more than :attr:`Joins.bound` waits for it after its snapshot
+  (:data:`JOIN_QUEUE_BOUND`: 100,000 entries, or 1 GiB of arrays or twice its snapshot's, whichever is more),
+  its sender stops at that entry, its queue is freed, and one warning names the member and the bound; it
+  Joins again from a new snapshot (as a silent one, above). So a joining member costs this primary at most
+  its snapshot plus the bound. A member that keeps up (applies at least as fast as the primary records)
+  stays under it: what queues is the pushes of the time its snapshot travels (the bound grows with the
+  snapshot), and it shrinks after. One that never keeps up is let go again after each new snapshot. A backup
+  of the view is never let go this way: every call waits for its acknowledgement (and fails UNAVAILABLE after
+  ``replica_timeout``; a worker's push is resent with its push number, waiting for the same entry), so what
+  queues for it is bounded by the calls waiting (a few per worker: its steps in flight), plus the rare
+  entries no call waits for (a view's change).
 
 Thread-safe: Joins under their own lock, the senders and the view's backups under the forwarder's.
 """
@@ -39,7 +52,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from psflow.ps.protocol import JoinReply, JoinRequest, ReplicaEntry, ReplicateRequest
-from psflow.ps.replication.forwarder import BackupSender, Forwarder
+from psflow.ps.replication.forwarder import BackupSender, Forwarder, QueueBound
 from psflow.ps.replication.view import PRIMARY
 from psflow.rpc.api import InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
@@ -47,7 +60,7 @@ from psflow.rpc.framing import Frame
 if TYPE_CHECKING:
     from psflow.ps.replication.member import ShardReplication
 
-__all__ = ["Joins"]
+__all__ = ["JOIN_QUEUE_BOUND", "Joins"]
 
 log = logging.getLogger("psflow.ps.replication")
 
@@ -56,6 +69,12 @@ log = logging.getLogger("psflow.ps.replication")
 _JOIN_NEAR, _JOIN_HOLD = 64, 1.0
 #: A joining member that answered none of its sender's calls for this many Replicate deadlines loses its sender.
 _SILENT_CALLS = 6
+#: What may queue for a joining member after its snapshot before it is let go (a bound on this primary's memory).
+#: Bytes: 1 GiB holds ~700 of the heaviest pushes measured (W&D's 1.45 MB; benchmarks/RESULTS.md), and twice
+#: the snapshot (a bigger shard's snapshot travels longer) more than what queues while it travels and is applied.
+#: Entries: 100,000 is about 100 s of the fastest pushes (sparse LR, two workers) and caps the objects around
+#: small entries' arrays (a few KB each).
+JOIN_QUEUE_BOUND = QueueBound(entries=100_000, bytes=1 << 30, snapshots=2.0)
 
 
 class Joins:
@@ -68,6 +87,8 @@ class Joins:
         self._held_at = 0.0  # when the last hold for a joining member began (monotonic)
         #: The senders' clock for their members' silence (a test's fake clock lets one go without waiting).
         self.clock: Callable[[], float] = time.monotonic
+        #: What may queue for a joining member after its snapshot (read when its sender starts; a test's smaller).
+        self.bound = JOIN_QUEUE_BOUND
 
     def join(self, frame: Frame) -> Reply:
         """``Join``: a sender to the member that asks, from a snapshot; replies the view's epoch and its seq."""
@@ -120,14 +141,14 @@ class Joins:
                                   self.on_ack,
                                   owner._on_refused, rpc_timeout=rpc_timeout,
                                   chunk_bytes=owner.config.chunk_bytes,
-                                  on_silent=lambda s, why: self._let_go(forwarder, s, why),
-                                  silent_limit=_SILENT_CALLS * rpc_timeout, clock=self.clock)
+                                  on_let_go=lambda s, why: self._let_go(forwarder, s, why),
+                                  silent_limit=_SILENT_CALLS * rpc_timeout, clock=self.clock, bound=self.bound)
             sender.enqueue(owner._full_entry(seq))
             forwarder.senders[member] = sender
         return seq
 
     def _let_go(self, forwarder: Forwarder, sender: BackupSender, why: str) -> None:
-        """A joining member silent too long (the module docstring): stops its sender, unless it is no longer the
+        """A joining member silent too long or too far behind (the module docstring): stops its sender, unless it is no longer the
         member's or the member is a backup of the view (checked under the forwarder's lock, as :meth:`on_ack`
         puts a member into the view)."""
         owner = self._member
@@ -136,7 +157,7 @@ class Joins:
                 return
             del forwarder.senders[sender.member]
             sender.stop()
-        log.warning("%s: stopped replicating shard %d to joining member %s: %s; it Joins again when reachable",
+        log.warning("%s: stopped replicating shard %d to joining member %s: %s; it Joins again (a new snapshot)",
                     owner.task, owner.shard, sender.member, why)
 
     def _request(self, member: str, entries: list[ReplicaEntry], incarnation: int | None,

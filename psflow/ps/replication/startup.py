@@ -228,8 +228,8 @@ def _joining(self: ShardReplication, view: View, counted: tuple[str, int, int] |
     started by this member's Join, which the member refuses for good (a primary process lost while the member
     joined it, restarted as a fresh shard's primary with it as a backup: every push waited for it). A member
     that caught up is told the view by the next entry, within milliseconds. Likewise one that primary has no
-    sender to at both looks (no ``lag`` entry: it let the member go after it answered nothing for long,
-    :mod:`~psflow.ps.replication.joins`). Returns this look's count."""
+    sender to at both looks (no ``lag`` entry: it let the member go, unanswered too long or too far
+    behind, :mod:`~psflow.ps.replication.joins`). Returns this look's count."""
     try:
         status = self._status_of(view.primary or "")
     except RpcError:
@@ -245,7 +245,7 @@ def _joining(self: ShardReplication, view: View, counted: tuple[str, int, int] |
                     "takes (a sender its Join did not start: that primary's process restarted meanwhile): joining it "
                     "again", self.task, status.task, self.shard, status.epoch)
     else:
-        log.warning("%s: %s has no sender to this joining member of shard %d at epoch %d (it let it go, unanswered "
-                    "too long): joining it again", self.task, status.task, self.shard, status.epoch)
+        log.warning("%s: %s has no sender to this joining member of shard %d at epoch %d (it let it go: unanswered "
+                    "too long, or too far behind): joining it again", self.task, status.task, self.shard, status.epoch)
     rebuild(self, status.task)
     return None

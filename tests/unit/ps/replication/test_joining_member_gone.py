@@ -72,6 +72,8 @@ def test_a_joining_member_that_never_answers_loses_its_sender_and_queue(
         assert gone in forwarder.senders  # within the limit: kept
         clock.now += 30.0  # six Replicate deadlines of 5 s with no answer
         shard.wait(lambda: gone not in forwarder.senders, f"{gone}'s sender stopped")
+        # its thread logs the line once it released the forwarder's lock: after the test may see it stopped
+        shard.wait(lambda: any("stopped replicating" in r.getMessage() for r in caplog.records), "the line logged")
     assert sender.pending() == (0, 0.0)  # its queue freed
     lines = [r.getMessage() for r in caplog.records if "stopped replicating" in r.getMessage()]
     assert len(lines) == 1 and gone in lines[0], lines
