@@ -57,9 +57,11 @@ class StateLostError(TrainingError, RuntimeError):
 def ps_states(client: ParameterClient, *, timeout: float = 2.0) -> dict[int, StatsReply | None]:
     """Every ps task's ``Stats`` (asked in parallel), None for a task that did not answer.
 
-    A replicated shard whose primary did not answer is followed to its primary now (one round of the
-    members' statuses, a backup promoted where none is primary: :meth:`psflow.ps.failover.ShardRouter.reroute`)
-    and asked again: the states are the shards' primaries', so a failover is never taken for a lost task.
+    A replicated shard whose primary did not answer, or whose member refused (one without the shard's state:
+    restarted and rebuilding, or deposed; :mod:`psflow.ps.replication.control_calls`), is followed to its primary
+    now (one round of the members' statuses, a backup promoted where none is primary:
+    :meth:`psflow.ps.failover.ShardRouter.reroute`) and asked again: the states are the shards' primaries' (or a
+    backup's of the view), so a failover is never taken for a lost task; a shard none can serve now is None.
     """
     calls = {t: ch.call_async("Stats", timeout=timeout) for t, ch in client.channels.items()}
     out: dict[int, StatsReply | None] = {}

@@ -1,6 +1,6 @@
 """A replicated shard primary's control calls, recorded after they are served: ``LoadShard``, ``SetReady``,
-``BeginRestore``, ``Done``, ``FinalEval``, ``ReaderPositions`` and ``Leave``; and ``SaveShard``, served by the
-members holding the shard's state alone.
+``BeginRestore``, ``Done``, ``FinalEval``, ``ReaderPositions`` and ``Leave``; and the reads of the shard's state,
+``SaveShard`` and ``Stats``, served by the members holding it alone.
 
 :func:`control_handlers` wraps the service's own handlers of these calls on a
 :class:`~psflow.ps.replication.member.ShardReplication` (``Register``: :mod:`~psflow.ps.replication.register_call`;
@@ -26,6 +26,16 @@ members holding the shard's state alone.
   older checkpoint with the promoted primary holding every update). The chief's client sends a save to the
   primary it knows; refused, it follows the shard to its primary now (:class:`~psflow.ps.failover.ShardRouter`)
   and sends it there.
+* **Stats, the same rule.** ``Stats`` (a member's state and counters: global_step, registered, ready, the
+  generation, examples, the ``replication`` entry) is served as ``SaveShard`` is, by the primary and the backups
+  of its view (as of every entry they acknowledged), refused by a member without the state. Every reader of a
+  shard's figures goes through this one rule: a client (the chief's and a worker's state-loss and restore checks,
+  :func:`psflow.train.state_loss.ps_states`; ``ParameterClient.stats``: summaries, the launcher's progress)
+  follows the refusal to the primary as a save does; a reader of every member (the launcher's end, the status
+  page: :func:`psflow.status.replication.shard_primaries`) leaves it out. A rebuilding member's answer
+  (registered false, global_step 0) once read as a lost shard: a worker without a checkpoint directory stopped
+  with StateLostError while the promoted backup held every acknowledged push, and one with a checkpoint waited
+  for the chief to restore every task from it.
 * **Leave counts.** A ``Leave``'s final ``acked`` count of the process that leaves is taken into the dedup
   table's counts (``pushes_acknowledged``) before its entry is recorded.
 
@@ -49,7 +59,7 @@ __all__ = ["control_handlers", "full_wait"]
 
 _FULL_CALLS = ("LoadShard",)  # calls replicated whole (a full entry; Register: register_call.py), then by small state:
 _STATE_CALLS = ("SetReady", "BeginRestore", "Done", "FinalEval", "ReaderPositions")
-_SAVE = "SaveShard"  # a read of the whole shard, by a member holding its state (not recorded)
+_READS = ("SaveShard", "Stats")  # reads of the shard's state (a checkpoint's shard, its figures), not recorded
 #: Seconds a LoadShard's wait for its backups ends before its caller's deadline (at most a tenth of it), so
 #: its UNAVAILABLE reply, naming the backup, reaches the caller before the caller gives up.
 _REPLY_MARGIN = 1.0
@@ -61,21 +71,23 @@ def control_handlers(member: ShardReplication, table: dict[str, Handler]) -> dic
            for method in _FULL_CALLS + _STATE_CALLS if method in table}
     if LeaveRequest.METHOD in table:
         out[LeaveRequest.METHOD] = _leave(member, table[LeaveRequest.METHOD])
-    if _SAVE in table:
-        out[_SAVE] = _primary_read(member, member.applier.settled(table[_SAVE], member.config.replica_timeout))
+    for method in _READS:
+        if method in table:
+            out[method] = _state_read(member, method,
+                                      member.applier.settled(table[method], member.config.replica_timeout))
     return out
 
 
-def _primary_read(member: ShardReplication, handler: Handler) -> Handler:
-    """``handler`` (a read of the shard's state: ``SaveShard``) served by a member holding it, the primary or a
-    backup of its view; refused with FAILED_PRECONDITION naming the primary this member knows by any other before
-    it reads, and after it where the member lost the state meanwhile (the module docstring)."""
+def _state_read(member: ShardReplication, method: str, handler: Handler) -> Handler:
+    """``handler`` (``method``, a read of the shard's state: ``SaveShard``, ``Stats``) served by a member holding
+    it, the primary or a backup of its view; refused with FAILED_PRECONDITION naming the primary this member knows
+    by any other before it reads, and after it where the member lost the state meanwhile (the module docstring)."""
     def call(frame: Frame) -> Reply:
         if member.view.view.role == BACKUP and member.has_state:
             result = handler(frame)
             if not member.has_state:  # deposed, dropped or rejoining while it read: not the shard's
-                raise PreconditionFailed(f"{member.task}: lost shard {member.shard}'s state while its {_SAVE} was "
-                                         f"served ({member.view.view.describe()}); its snapshot is not the shard's")
+                raise PreconditionFailed(f"{member.task}: lost shard {member.shard}'s state while its {method} was "
+                                         f"served ({member.view.view.describe()}); its answer is not the shard's")
             return result
         forwarder = member._check_primary()
         result = handler(frame)
@@ -83,8 +95,8 @@ def _primary_read(member: ShardReplication, handler: Handler) -> Handler:
         # longer: the deposal is cleared then, the member joining). Its forwarder goes with a deposal, and a member
         # primary again has a new one: the same forwarder is a primary never deposed since the snapshot.
         if member.deposal.by is not None or member.forwarder is not forwarder:
-            raise PreconditionFailed(f"{member.task}: deposed while its {_SAVE} was served (shard {member.shard}'s "
-                                     f"{member.view.view.describe()}); its snapshot is not the shard's")
+            raise PreconditionFailed(f"{member.task}: deposed while its {method} was served (shard {member.shard}'s "
+                                     f"{member.view.view.describe()}); its answer is not the shard's")
         return result
     return call
 

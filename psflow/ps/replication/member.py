@@ -12,12 +12,12 @@
   of every push it applied (dedup, examples, reader positions) and their count are one entry, so a backup
   never holds a step without its pushes' records (a resend after a failover gets its reply, never "stale").
   Push, PushPull (and PushPullAckLater with its Acked) and Pull are :mod:`~psflow.ps.replication.data_calls`;
-  LoadShard, SetReady, BeginRestore, Done, FinalEval, ReaderPositions and Leave (and SaveShard, by a member
-  holding the state) :mod:`~psflow.ps.replication.control_calls`; the entries' recording (:meth:`ShardReplication._record`) is here.
+  LoadShard, SetReady, BeginRestore, Done, FinalEval, ReaderPositions and Leave (and SaveShard and Stats, by a
+  member holding the state) :mod:`~psflow.ps.replication.control_calls`; the entries' recording (:meth:`ShardReplication._record`) is here.
 * Counts (``Stats``' ``replication`` entry): ``pushes_applied`` (numbered pushes applied here, each once) and
   ``pushes_acknowledged`` (the largest ``acked`` each client process reported, summed): docs/replication.md.
 * On a backup or joining member, pushes and pulls are refused with FAILED_PRECONDITION naming the primary it
-  knows (saves too, on a joining or deposed one); ``Replicate`` writes the primary's entries in order
+  knows (saves and Stats too, on a joining or deposed one); ``Replicate`` writes the primary's entries in order
   (applier.py). Promoted, it announces a run over.
 * ``ReplicaStatus``, ``Promote``, ``DropBackup``, ``Join``: :mod:`psflow.ps.protocol.replication`. A Join's
   sender, from a snapshot, and its entry into the view once caught up: :mod:`~psflow.ps.replication.joins`.
@@ -149,15 +149,13 @@ class ShardReplication:
         """The service's handler table with the replicated calls in place of its own, and this package's."""
         out = dict(table)
         out.update(self.data.handlers())
-        out.update(control_handlers(self, table))  # LoadShard, SetReady, BeginRestore, Done, ..., Leave
+        out.update(control_handlers(self, table))  # LoadShard, SetReady, ..., Leave; SaveShard, Stats (reads)
         out[RegisterRequest.METHOD] = replicated_register(self, table[RegisterRequest.METHOD])
         out[FenceRequest.METHOD] = self.fence.handler(table[FenceRequest.METHOD])
         out.update(self.saves.handlers(table) if self.saves is not None else {})
         out.update({ReplicaStatusRequest.METHOD: self.replica_status, PromoteRequest.METHOD: self.promote,
                     DropBackupRequest.METHOD: self.drop_backup, JoinRequest.METHOD: self.join,
                     ReplicateRequest.METHOD: self.replicate})
-        if "Stats" in table:  # a backup's state as of every entry it acknowledged (applier.py); SaveShard: control_calls
-            out["Stats"] = self.applier.settled(table["Stats"], self.config.replica_timeout)
         return out
 
     def serve_leases(self, table: LeaseTable) -> dict[str, Handler]:
