@@ -149,8 +149,9 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
         # No signal cuts the writing of the end (ending.final is set first: a cut left no metrics.json while the
         # report below said that end stood); one received meanwhile is raised once it is written. A second one cuts
         # it (a write that hangs, a stuck mount, must not keep the user from stopping the run); not the second of a
-        # signal that ended the run (a double Ctrl-C), which is ignored as in every cleanup it starts.
-        with signals.deferring(second_cuts=signals.received is None):
+        # signal that ended the run (a double Ctrl-C), which is ignored as in every cleanup it starts, unless a
+        # writing was cut before (the interrupted end's, to the same stuck directory, hung with no way out).
+        with signals.deferring(second_cuts=signals.received is None or bool(cut)):
             try:
                 ending(final, cluster)
             except LaunchInterrupted:

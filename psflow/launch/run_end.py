@@ -19,7 +19,8 @@ are written, so they agree on every figure they share:
 
 A snapshot is written once (the first of these wins), its files with signals deferred (a signal while they are
 written is raised once they are: *after the end*, reported as such, the exit status the end's own; a second one cuts
-the writing, a stuck disk's, and the end is then the interrupted one); a file that cannot be
+the writing, a stuck disk's, and the end is then the interrupted one, whose writing the next signal cuts too: then no
+end is written, and the report says so); a file that cannot be
 written is said on the console (and, for a finished run, raised), never
 hidden. Not thread-safe: the launcher's main thread calls it.
 """
@@ -72,6 +73,7 @@ class RunEnd:
         self.run = dict(run or {})
         self.out = out
         self.snapshot: dict[str, Any] | None = None  # the final snapshot, once written
+        self._cut = False  # a signal cut the writing of an end: the run directory may not answer (a stuck mount)
         self._captured: tuple[list[dict[str, Any]], float, set[int]] | None = None  # ps Stats, seconds, running
 
     # ---- the three ways to end -----------------------------------------------------------------
@@ -119,13 +121,25 @@ class RunEnd:
             return self._after_the_end(signum, self.snapshot)
         self.capture()  # before the ps tasks go
         self.lc.stop_all()
-        final = self._end("interrupted", {"interrupted": signal_name(signum), "exit_code": 128 + signum})
+        try:
+            final = self._end("interrupted", {"interrupted": signal_name(signum), "exit_code": 128 + signum})
+        except LaunchInterrupted:  # its writing cut as well, after a cut one (_write): the directory does not answer
+            return self._not_written(signum)
         lines = [f"interrupted by {signal_name(signum)} at global_step {final['global_step']} after "
                  f"{final['wall_seconds']:.1f} s; every task stopped:"]
         lines += [f"  {t['task']} (pid {t['pid']}) {t['exit']}" for t in final["tasks"]]
         lines.append(f"metrics: {self.output_dir}/{METRICS_JSON}")
         resilience = self.lc.resilience
         return "\n".join(lines) + (resilience.on_failure() if resilience is not None else "")
+
+    def _not_written(self, signum: int) -> str:
+        """The report of an interrupted run whose end could not be written: a signal cut its writing twice."""
+        ps_stats, seconds, _ = self.capture()
+        lines = [f"interrupted by {signal_name(signum)} at global_step {(step_task_stats(ps_stats) or {}).get('global_step')}"
+                 f" after {seconds:.1f} s; its end was not written: a signal cut the writing of {self.output_dir}'s "
+                 "files twice (does its disk answer?); every task stopped:"]
+        lines += [f"  {t.name} (pid {t.pid}) {describe_exit(t.popen.returncode or 0)}" for t in self.lc.tasks]
+        return "\n".join(lines)
 
     def _after_the_end(self, signum: int, final: Mapping[str, Any]) -> str:
         return after_the_end(signum, final, self.output_dir, "; every task stopped")
@@ -156,15 +170,16 @@ class RunEnd:
         # while the user was told that end stood. A second signal does cut it (a write that hangs, a stuck mount,
         # must not keep the user from stopping the launcher): not written, it is no end, and interrupted() writes
         # its own. Not the second of a signal that ended the run (a double Ctrl-C, interrupted()'s own write): the
-        # cleanup a signal starts ignores a second one.
+        # cleanup a signal starts ignores a second one; but after a cut, the next signal cuts this writing too: the
+        # directory did not answer (a stuck mount), and the cleanup's write to it hung with no way to stop the launcher.
         signals = self.lc.signals
-        with signals.deferring(second_cuts=signals.received is None):
+        with signals.deferring(second_cuts=signals.received is None or self._cut):
             self.snapshot = final
             try:
                 failed = write_run_files(final, self.output_dir,
                                          self.page.collector if self.page is not None else None)
             except LaunchInterrupted:
-                self.snapshot = None
+                self.snapshot, self._cut = None, True
                 raise
             if METRICS_JSON not in failed:  # written: a signal from now on leaves this end's exit status
                 signals.ended = final

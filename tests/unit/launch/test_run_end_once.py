@@ -337,3 +337,92 @@ def test_a_double_signal_leaves_an_in_process_run_s_interrupted_end_whole(
     assert (tmp_path / "metrics.prom").exists()
     report = str(raised.value)
     assert report.startswith("interrupted by SIGTERM at global_step 42"), report
+
+
+def _stuck(monkeypatch: pytest.MonkeyPatch, module: object) -> dict[str, int]:
+    """``module.write_run_files`` hangs at every call (a stuck mount: every write to the run directory blocks, retried
+    after each signal handler) until a signal's handler raises, or gives up after 30 s and writes. The first call gets
+    SIGINT as it starts and again once the first was recorded (Ctrl-C twice); each later call gets one more."""
+    import os
+    import threading
+    import time
+
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    write = module.write_run_files  # type: ignore[attr-defined]
+    seen = {"calls": 0, "cut": 0, "gave_up": 0}
+
+    def hangs(*args: object, **kwargs: object) -> object:
+        seen["calls"] += 1
+        try:
+            if seen["calls"] == 1:
+                signal.raise_signal(signal.SIGINT)  # deferred: the first one never cuts the end's writing
+            threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT), daemon=True).start()
+            for _ in range(600):  # short sleeps: the handler runs between them
+                time.sleep(0.05)
+        except LaunchInterrupted:
+            seen["cut"] += 1
+            raise
+        seen["gave_up"] += 1
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(module, "write_run_files", hangs)
+    return seen
+
+
+def test_a_stuck_run_directory_does_not_keep_the_launcher_from_stopping(
+        lc: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second Ctrl-C cuts a finished end's writing that hangs (a596763); the interrupted end is then written, to
+    the same stuck directory: it hung too, and no signal could cut it (the cleanup the first started ignores them), so
+    the launcher could only be SIGKILLed. After a cut, the next signal cuts that writing too; the report says the end
+    was not written, the exit status is 128 + n, and the tasks are stopped."""
+    from psflow.launch import run_end
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    seen = _stuck(monkeypatch, run_end)
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    lc.on_interrupt = end.interrupted
+    with pytest.raises(LaunchInterrupted) as raised, lc:
+        end.finished(ps_stats=PS_STATS, train_seconds=1.5, evaluation=None, extra={}, client=None)
+
+    assert seen == {"calls": 2, "cut": 2, "gave_up": 0}, seen
+    assert not (tmp_path / "metrics.json").exists()
+    report = str(raised.value)
+    assert report.startswith("interrupted by SIGINT at global_step "), report  # (no ps task answers here: None)
+    assert f"its end was not written: a signal cut the writing of {tmp_path}'s files twice" in report, report
+    assert raised.value.exit_code == 128 + signal.SIGINT and raised.value.ended is None
+    assert lc.tasks[0].popen.poll() is not None, "every task stopped"
+
+
+def test_a_stuck_run_directory_does_not_keep_an_in_process_run_from_stopping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--in-process``: run_in_process writes the interrupted end after the cut one (its except); it hung as well."""
+    from psflow.cli import train as cli_train
+    from psflow.cluster import ClusterSpec
+    from psflow.launch import in_process, run_status
+    from psflow.launch.lifeline import LaunchInterrupted
+    from psflow.status.final_snapshot import final_snapshot
+    from psflow.train.config import TrainConfig
+
+    final = final_snapshot(phase="finished", ps_stats=PS_STATS, wall_seconds=1.0)
+    stopped = final_snapshot(phase="interrupted", ps_stats=PS_STATS, wall_seconds=1.0,
+                             extra={"interrupted": "SIGINT", "exit_code": 130})
+
+    def ends(config: object, output: str, *, on_end: Callable[..., None], **_: object) -> dict[str, object]:
+        cluster = ClusterSpec({"ps": ["127.0.0.1:1"]})
+        try:
+            on_end(final, cluster)
+        except BaseException:  # as run_in_process: a failed or interrupted run ends with its snapshot too
+            on_end(stopped, cluster)
+            raise
+        return final
+
+    monkeypatch.setattr(in_process, "run_in_process", ends)
+    seen = _stuck(monkeypatch, run_status)
+    with pytest.raises(LaunchInterrupted) as raised:
+        cli_train._in_process(TrainConfig(), str(tmp_path), None)  # type: ignore[arg-type]
+    assert seen == {"calls": 2, "cut": 2, "gave_up": 0}, seen
+    assert not (tmp_path / "metrics.json").exists()
+    assert str(raised.value).startswith("interrupted by SIGINT while the run's end (finished at global_step 42) was "
+                                        "written: a second signal cut the writing"), str(raised.value)
+    assert raised.value.exit_code == 128 + signal.SIGINT
