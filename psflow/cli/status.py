@@ -259,7 +259,8 @@ def render_status(s: dict[str, Any]) -> str:
 
 def _replicas(s: dict[str, Any]) -> list[str]:
     """(--ps-replicas) The run's pushes acknowledged, applied and lost, and per shard its primary, backups
-    (how far behind) and losses; nothing for an unreplicated run (its snapshot has none of them)."""
+    (how far behind), members joining (what is queued for them) and losses; nothing for an unreplicated run (its
+    snapshot has none of them)."""
     lines = []
     if s.get("updates_lost") is not None:
         lines.append(f"replicated shards: pushes acknowledged {_num(s.get('pushes_acknowledged'))} | "
@@ -267,8 +268,11 @@ def _replicas(s: dict[str, Any]) -> list[str]:
     for shard in s.get("shards") or []:
         backups = ", ".join(f"{b['task']} ({_num(b.get('lag_entries'))} entries, {_num(b.get('lag_seconds'), 2)} s behind)"
                             for b in shard.get("backups") or [])
+        joining = "".join(f", joining {j['task']} ({_num(j.get('lag_entries'))} entries queued)"
+                          for j in shard.get("joining") or [])
         lines.append(f"shard {shard['shard']}: primary {shard.get('primary') or 'none'} (epoch {_num(shard.get('epoch'))}), "
-                     f"{'backups ' + backups if backups else 'no backup'}; {_num(shard.get('updates_lost'))} updates lost")
+                     f"{'backups ' + backups if backups else 'no backup'}{joining}; "
+                     f"{_num(shard.get('updates_lost'))} updates lost")
     return lines
 
 

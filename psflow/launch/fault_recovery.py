@@ -45,7 +45,7 @@ from typing import Any
 
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB
 from psflow.launch.chaos import InjectedFault
-from psflow.rpc.api import RpcError
+from psflow.rpc.api import FailedPreconditionError, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.replication import shard_primaries
 
@@ -107,7 +107,9 @@ def poll_reading(channels: list[TaskChannel], *, replicated: bool = False) -> St
     they passed (training runs hundreds of steps a second).
 
     ``replicated``: ``channels`` are every shard member's; each is asked (in parallel) and the shard
-    primaries' answers are read (:func:`~psflow.status.replication.shard_primaries`), never a backup's copy."""
+    primaries' answers are read (:func:`~psflow.status.replication.shard_primaries`), never a backup's copy. A
+    member without its shard's state (rebuilding, deposed) refuses: an answer, its channel kept (replaced at
+    every poll, every few ms, a rebuilding member got a new connection each time)."""
     if replicated:
         return _primaries_reading(channels)
     for ch in channels:
@@ -127,6 +129,8 @@ def _primaries_reading(channels: list[TaskChannel]) -> StepReading | None:
     for ch, call in calls:
         try:
             answers.append(dict(call.result().meta))
+        except FailedPreconditionError:
+            pass  # a member without its shard's state refused (rebuilding, deposed): it answered, its channel works
         except RpcError:
             ch.reconnect()
     return primary_reading(shard_primaries(answers))

@@ -63,7 +63,7 @@ from typing import Any
 from psflow import jsonio, storage
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB
-from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, RpcError
+from psflow.rpc.api import PARAMETER_SERVICE, WORKER_SERVICE, ConnectConfig, FailedPreconditionError, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.rpc.tls import TlsConfig
 from psflow.status.replication import REPLICATION_FIGURES, replication_entry, replication_view, shard_primaries
@@ -294,13 +294,16 @@ class StatusCollector:
 
     def _read_members(self) -> None:
         """Replicated shards: ``Stats`` of every member; per shard, its primary's (a shard none answered for
-        keeps its last numbers)."""
+        keeps its last numbers). A member without the shard's state refuses (it shows as joining in its
+        primary's figures, :mod:`psflow.status.replication`); only a channel whose call got no answer is replaced."""
         channels = {ch.task: ch for ch in [*self._ps.values(), *self._backups.values()]}
         calls = {name: ch.call_async("Stats", {}, timeout=self._timeout) for name, ch in channels.items()}
         answers = []
         for name, call in calls.items():
             try:
                 answers.append(dict(call.result().meta))
+            except FailedPreconditionError:
+                pass  # a member without the shard's state (rebuilding, deposed) refused: up, its channel kept
             except RpcError:
                 channels[name].reconnect()
         for stats in shard_primaries(answers):

@@ -1,12 +1,14 @@
 """Replicated ps shards as a run reports them: which member is each shard's primary, each backup's lag, and
 the acknowledged, applied and lost pushes (issue 28; the shards: :mod:`psflow.cluster.replicas`).
 
-Every ps member (a ``ps`` or ``ps_backup`` task) answers ``Stats`` with a ``replication`` entry: ``shard``,
-``role`` (``primary``, ``backup``, ``joining``, ``deposed``, ``unreplicated``), ``epoch``, ``primary``,
-``backups``, ``lag`` (per backup: entries sent and not acknowledged, and the seconds of the oldest),
-``pushes_applied`` and ``pushes_acknowledged``, and per client process ``acked_by_process`` (every shard's
-count of its acknowledged pushes it reported), ``applied_by_process`` (its pushes the state holds) and
-``counts_exact``. From the replies of whichever members answered:
+A ps member holding its shard's state (the primary, a backup of its view) answers ``Stats`` with a
+``replication`` entry: ``shard``, ``role`` (``primary``, ``backup``, ``unreplicated``), ``epoch``, ``primary``,
+``backups``, ``lag`` (per member the primary sends to, its backups and the members joining it: entries sent and
+not acknowledged, and the seconds of the oldest), ``pushes_applied`` and ``pushes_acknowledged``, and per client
+process ``acked_by_process`` (every shard's count of its acknowledged pushes it reported), ``applied_by_process``
+(its pushes the state holds) and ``counts_exact``. A member without the state (restarted and rebuilding, or
+deposed) refuses ``Stats`` (:mod:`psflow.ps.replication.control_calls`): a member joining shows in its primary's
+``lag``, outside the view. From the replies of whichever members answered:
 
 * :func:`shard_primaries` keeps one reply per shard, its primary's (the member saying ``primary`` at the
   highest epoch; while none does, mid-failover, the member at the highest epoch), so a shard's counters are
@@ -29,7 +31,9 @@ count of its acknowledged pushes it reported), ``applied_by_process`` (its pushe
                            lost push. A worker process that died with its shard may have had its last push
                            acknowledged without any other shard hearing of it: at most one per such process
   ``shards``               per shard: ``primary``, ``epoch``, ``backups`` (each ``task``, ``lag_entries``,
-                           ``lag_seconds``), its own three counters
+                           ``lag_seconds``), ``joining`` (the members rebuilding from the primary, not in its
+                           view yet, likewise: ``lag_entries`` is what is queued for the member behind its
+                           snapshot), its own three counters
 
 Pure: reads nothing, changes nothing; tests feed it recorded replies.
 """
@@ -105,6 +109,7 @@ def replication_view(stats: Sequence[Mapping[str, Any]]) -> dict[str, Any] | Non
             "shard": shard, "primary": entry.get("primary") or reply.get("task"),
             "role": entry.get("role"), "epoch": _int(entry.get("epoch")),
             "backups": [_backup(name, entry) for name in _names(entry.get("backups"))],
+            "joining": [_backup(name, entry) for name in _joining(entry)],
             "pushes_acknowledged": acknowledged, "pushes_applied": applied, "updates_lost": lost,
         })
     if not shards:
@@ -153,6 +158,15 @@ def _backup(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
     if seconds is None and isinstance(entry.get("lag_seconds"), Mapping):
         seconds = entry["lag_seconds"].get(name)
     return {"task": name, "lag_entries": _int(entries), "lag_seconds": _float(seconds)}
+
+
+def _joining(entry: Mapping[str, Any]) -> list[str]:
+    """The members a primary sends to outside its view (its ``lag`` names them: each a Join's sender), in order."""
+    lag = entry.get("lag")
+    if entry.get("role") != "primary" or not isinstance(lag, Mapping):
+        return []
+    view = {*_names(entry.get("backups")), str(entry.get("primary"))}
+    return sorted(str(name) for name in lag if str(name) not in view)
 
 
 def _names(value: Any) -> list[str]:

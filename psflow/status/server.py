@@ -219,8 +219,8 @@ class _Metrics:
 
 def _replication_metrics(s: Mapping[str, Any], gauge: Any) -> Iterator[Any]:
     """Replicated ps shards (where the ps tasks report them, :mod:`psflow.status.replication`): the pushes
-    acknowledged, applied and lost; per shard, its primary (a 1 labelled with the task) and epoch, and each
-    backup's lag in entries and seconds."""
+    acknowledged, applied and lost; per shard, its primary (a 1 labelled with the task) and epoch, each
+    backup's lag in entries and seconds, and the entries queued for each member joining."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     for name, doc in (("pushes_acknowledged", "pushes acknowledged to the workers, all shards"),
@@ -239,6 +239,8 @@ def _replication_metrics(s: Mapping[str, Any], gauge: Any) -> Iterator[Any]:
                                 labels=["shard", "task"])
     seconds = GaugeMetricFamily("psflow_backup_lag_seconds", "age of the oldest entry the backup has not "
                                 "acknowledged", labels=["shard", "task"])
+    joining = GaugeMetricFamily("psflow_joining_queue_entries", "entries queued for a member rebuilding from the "
+                                "shard's primary, not in its view yet", labels=["shard", "task"])
     for shard in shards:
         label = str(shard.get("shard"))
         primary.add_metric([label, str(shard.get("primary"))], 1.0)
@@ -249,7 +251,10 @@ def _replication_metrics(s: Mapping[str, Any], gauge: Any) -> Iterator[Any]:
                 entries.add_metric([label, str(backup["task"])], float(backup["lag_entries"]))
             if isinstance(backup.get("lag_seconds"), (int, float)):
                 seconds.add_metric([label, str(backup["task"])], float(backup["lag_seconds"]))
-    yield from (primary, epoch, entries, seconds)
+        for member in shard.get("joining") or []:
+            if isinstance(member.get("lag_entries"), int):
+                joining.add_metric([label, str(member["task"])], float(member["lag_entries"]))
+    yield from (primary, epoch, entries, seconds, joining)
 
 
 def _newest(points: Any) -> float | None:

@@ -206,7 +206,8 @@ function renderCheckpoints(c) {
 }
 
 // (--ps-replicas) The run's pushes acknowledged, applied and lost, then one line per shard: its primary, backups
-// (how far behind) and losses. None for an unreplicated run (its snapshot has none of them).
+// (how far behind), members joining (rebuilding from the primary: what is queued for them) and losses. None for
+// an unreplicated run (its snapshot has none of them).
 function replicasText(s) {
   const lines = [];
   if (s.updates_lost !== null && s.updates_lost !== undefined) {
@@ -216,8 +217,9 @@ function replicasText(s) {
   for (const sh of s.shards || []) {
     const backups = (sh.backups || []).map((b) =>
       `${b.task} (${fmt(b.lag_entries)} entries, ${fmt(b.lag_seconds, 2)} s behind)`).join(", ");
+    const joining = (sh.joining || []).map((j) => `, joining ${j.task} (${fmt(j.lag_entries)} entries queued)`).join("");
     lines.push(`shard ${sh.shard}: primary ${sh.primary || "none"} (epoch ${fmt(sh.epoch)}), ` +
-      `${backups ? "backups " + backups : "no backup"}; ${fmt(sh.updates_lost)} updates lost`);
+      `${backups ? "backups " + backups : "no backup"}${joining}; ${fmt(sh.updates_lost)} updates lost`);
   }
   return lines;
 }
