@@ -9,6 +9,12 @@ so and why, and the run's end says where its model came from (``metrics.json`` `
 held global_step may be the one lost: :func:`with_step_of` then takes the run's last global_step and examples from
 that final checkpoint (they are the run's: the chief wrote it at the run's last step).
 
+A ps task whose process exited after training (no restart follows: the launcher's watch, which restarts tasks,
+has returned; ``--restart-policy never``, or its restarts spent) is not waited for: :func:`gone_after_training`
+names it from the launcher's own children (with ``--ps-replicas``: a shard whose every member exited), the
+launcher's client connects to the other tasks only (:func:`connect_live`), and the final checkpoint is evaluated
+at once, the line saying which task exited and how, rather than after ``--connect-timeout``.
+
 Guarantee: a finished run whose final checkpoint is complete is evaluated, whichever ps task was lost past it.
 A run without ``--checkpoint-dir``, or whose newest checkpoint is not final, has no copy of the lost state:
 :class:`~psflow.launch.processes.LaunchError` says that training finished and that the model is lost (the run
@@ -26,16 +32,19 @@ from typing import Any, TextIO
 from psflow.checkpoint.manifest import Manifest, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.variables import read_variables
+from psflow.cluster.replicas import BACKUP_JOB, shard_members
 from psflow.data import Batch
 from psflow.errors import CheckpointError
 from psflow.launch.processes import LaunchError
+from psflow.launch.supervisor import describe_exit
 from psflow.rpc.api import RpcError
 from psflow.train.evaluation import ArrayParameters, evaluate, parameters
 
 #: The task that holds global_step in a local run (the ps client's step task: the lowest ps index).
 STEP_TASK = "/job:ps/task:0"
 
-__all__ = ["FinalCheckpoint", "evaluate_final", "lost_after_training", "stats_or_silent", "with_step_of"]
+__all__ = ["FinalCheckpoint", "connect_live", "evaluate_final", "gone_after_training", "lost_after_training",
+           "stats_or_silent", "with_step_of"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,40 @@ class FinalCheckpoint:
     def record(self) -> dict[str, Any]:
         """``metrics.json``'s ``eval_model``: where the evaluated model came from, and why."""
         return {"from": "checkpoint", "path": self.path, "global_step": self.manifest.global_step, "why": self.why}
+
+
+def gone_after_training(lc: Any) -> dict[str, dict[str, Any]]:
+    """(Every driver task exited 0, the launcher's watch returned: nothing restarts a task now) The ps tasks whose
+    newest process exited (``lc``: the run's :class:`~psflow.launch.processes.LocalCluster`), by name, each as its
+    ``Stats`` stand-in ``{"task", "ready": False, "exited": True, "error"}`` (the error: how it exited, not
+    restarted). With ``--ps-replicas``: each shard whose every member exited, under its ps task's name; a shard
+    with a member running is live (its backup holds every acknowledged push). Reads exit codes only (no call)."""
+    newest = {t.name: t for t in lc.tasks}  # started in order: a restart's process comes last
+    code = {name: t.popen.poll() for name, t in newest.items()}
+    replicated = BACKUP_JOB in lc.cluster.jobs
+    gone: dict[str, dict[str, Any]] = {}
+    for k in lc.cluster.task_indices("ps"):
+        members = shard_members(lc.cluster, k) if replicated else (f"/job:ps/task:{k}",)
+        if any(code.get(m) is None for m in members):
+            continue
+        how = ", ".join(f"{m} {describe_exit(int(code[m] or 0))}" for m in members)
+        error = (f"{how} after training and was not restarted" if not replicated else
+                 f"every member of shard {k} exited after training, none restarted ({how})")
+        gone[members[0]] = {"task": members[0], "ready": False, "exited": True, "error": error}
+    return gone
+
+
+def connect_live(client: Any, gone: Mapping[str, Any]) -> None:
+    """The launcher's client's connect after training: every ps task where none is ``gone``
+    (:func:`gone_after_training`); else each live unreplicated task's channel only (a dead one would be waited
+    for the whole connect timeout), nothing with replicated shards (their ``Stats`` are read of each member:
+    :meth:`~psflow.launch.run_end.RunEnd.read_shards`; the model, from the final checkpoint)."""
+    if not gone:
+        client.connect()
+    elif client.router is None:
+        for ch in client.channels.values():
+            if ch.task not in gone:
+                ch.wait_ready()
 
 
 def stats_or_silent(read: Callable[[int], dict[str, Any]], tasks: Iterable[int]) -> list[dict[str, Any]]:
@@ -65,13 +108,14 @@ def stats_or_silent(read: Callable[[int], dict[str, Any]], tasks: Iterable[int])
 
 def lost_after_training(ps_stats: Sequence[Mapping[str, Any]]) -> str | None:
     """Why the live ps tasks no longer hold the run's model (each task whose ``Stats`` say it is not ready:
-    restarted after training, with no chief to restore it; or that did not answer), or None where every task
-    is ready."""
-    lost = [str(s.get("task")) for s in ps_stats if not s.get("ready")]
-    if not lost:
-        return None
-    return (f"{', '.join(lost)} lost {'its' if len(lost) == 1 else 'their'} state after training "
-            "(restarted empty, not restored, or not answering)")
+    restarted after training, with no chief to restore it; or that did not answer; a task that exited and was not
+    restarted, :func:`gone_after_training`, by its own error), or None where every task is ready."""
+    exited = [str(s.get("error")) for s in ps_stats if not s.get("ready") and s.get("exited")]
+    lost = [str(s.get("task")) for s in ps_stats if not s.get("ready") and not s.get("exited")]
+    if lost:
+        exited.append(f"{', '.join(lost)} lost {'its' if len(lost) == 1 else 'their'} state after training "
+                      "(restarted empty, not restored, or not answering)")
+    return "; ".join(exited) or None
 
 
 def evaluate_final(model: Any, client: Any, batch: Batch | None, ps_stats: Sequence[Mapping[str, Any]], *,

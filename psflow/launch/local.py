@@ -19,8 +19,8 @@
        chaos), printing a progress line (global step, examples/s, loss); its
        own client connects only after training, for evaluation;
     4. when every worker has exited 0: pulls the model (from the final
-       checkpoint where a ps task lost its state after training:
-       :mod:`psflow.launch.final_model`), evaluates it on the
+       checkpoint where a ps task lost its state after training, or exited:
+       not waited for, :mod:`psflow.launch.final_model`), evaluates it on the
        eval set (read meanwhile, from step 2 on, by a thread of low CPU
        priority: :mod:`psflow.launch.eval_set`), checks that the newest
        checkpoint (with a checkpoint directory) is the run's final one at its
@@ -69,7 +69,7 @@ from psflow.cluster.replicas import BACKUP_JOB
 from psflow.errors import CheckpointError
 from psflow.launch.eval_set import EvalSet, after_training
 from psflow.launch.exits import wait_for_exit
-from psflow.launch.final_model import evaluate_final, stats_or_silent, with_step_of
+from psflow.launch.final_model import STEP_TASK, connect_live, evaluate_final, gone_after_training, stats_or_silent, with_step_of
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.port_retry import PORT_ATTEMPTS, PortTaken, StartupWatch, taken_port
 from psflow.launch.processes import LaunchError, LocalCluster, TaskHosts, TaskProcess, failure_report
@@ -210,9 +210,11 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
             _watch(lc, client, progress, progress_every, started, driver, checkpoints=checkpoints, bar=bar, end=end,
                    startup=startup)
             train_seconds = time.monotonic() - started
-            client.connect()
+            gone = gone_after_training(lc)  # ps tasks that exited, not restarted: not waited for (final_model)
+            connect_live(client, gone)
             page.set_phase("evaluating")
-            metrics = _finish(config, client, model, train_seconds, output_dir, driver, end=end, eval_set=eval_set)
+            metrics = _finish(config, client, model, train_seconds, output_dir, driver, end=end, eval_set=eval_set,
+                              gone=gone)
             ended = "finished"
             # The end is written. A signal from here on (or during its writing: RunEnd._write) is a LaunchInterrupted
             # carrying that end, raised here once the tasks were asked to end (the last line whole): it stops those
@@ -221,8 +223,9 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
             with lc.signals.deferring():
                 if bar is not None:
                     bar.close(metrics)  # the last line, from the final snapshot: this run's examples/s, the last loss
-                client.shutdown_servers()
-                if replicas:
+                if not gone:  # else the client's would call each task gone; the others are asked below
+                    client.shutdown_servers()
+                if replicas or gone:
                     _shut_down_members(lc)
                 if driver == "client":
                     _shut_down_step_servers(lc)
@@ -370,10 +373,11 @@ def _report_checkpoints(checkpoints: SaveStatusWatcher | None, client: Any, prog
 
 
 def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, output_dir: str,
-            driver: str, *, end: RunEnd, eval_set: EvalSet) -> dict[str, Any]:
+            driver: str, *, end: RunEnd, eval_set: EvalSet, gone: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every driver task exited 0: evaluates the model, then ends the run with its final snapshot (the ps
     tasks' ``Stats`` read after the evaluation, the workers' results, the ledger's last poll), written to
-    metrics.json, status.json and metrics.prom; returns it."""
+    metrics.json, status.json and metrics.prom; returns it. ``gone``: the ps tasks that exited after training
+    (:func:`~psflow.launch.final_model.gone_after_training`), their stand-ins in place of their ``Stats``."""
     results = []
     for i in range(config.cluster.num_workers if driver == "worker" else 1):
         with open(os.path.join(output_dir, f"result-{driver}-{i}.json")) as f:
@@ -382,9 +386,10 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     # The live ps tasks' model, or the final checkpoint's where a ps task lost its state past it (final_model).
     reached = max((int(r["last_step"]) for r in results if r.get("last_step") is not None), default=None)
     evaluation, from_checkpoint = evaluate_final(
-        model, client, eval_batch, _ps_stats(config, client, end, before=True), checkpoint_dir=config.checkpoint.dir,
-        moving_averages=config.report.eval_moving_averages, reached=reached, out=end.out)
-    ps_stats = with_step_of(_ps_stats(config, client, end), from_checkpoint)
+        model, client, eval_batch, _ps_stats(config, client, end, gone, before=True),
+        checkpoint_dir=config.checkpoint.dir, moving_averages=config.report.eval_moving_averages, reached=reached,
+        out=end.out)
+    ps_stats = with_step_of(_ps_stats(config, client, end, gone), from_checkpoint)
     exactly_once_examples(ps_stats)  # raises if no ps task holds global_step
     if config.checkpoint.dir:
         try:
@@ -415,7 +420,7 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     if dynamic:  # admission, rejections, dropped gradients, evictions and memory of each dynamic table
         extra["dynamic_tables"] = dynamic
     final = end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
-                         client=client)
+                         client=client, ledger_gone=STEP_TASK in gone)
     if (line := restore_loss_line(loss)) is not None:
         print(line, file=end.out or sys.stderr, flush=True)
     return final
@@ -429,15 +434,16 @@ def _drivers_restarted(lc: LocalCluster, driver: str) -> int:
     return sum(1 for e in events if e.restarted and any(e.task.startswith(f"/job:{j}/") for j in jobs))
 
 
-def _ps_stats(config: TrainConfig, client: Any, end: RunEnd, *, before: bool = False) -> list[dict[str, Any]]:
-    """Each ps task's ``Stats`` (replicated shards: each shard's primary's, asked of every member). ``before``
-    (the evaluation): a task that does not answer is counted lost (:func:`~psflow.launch.final_model.stats_or_silent`),
-    not raised."""
+def _ps_stats(config: TrainConfig, client: Any, end: RunEnd, gone: dict[str, dict[str, Any]], *,
+              before: bool = False) -> list[dict[str, Any]]:
+    """Each ps task's ``Stats`` (replicated shards: each shard's primary's, asked of every member; a shard none
+    answered for, its stand-in), a task ``gone`` its stand-in (not asked). ``before`` (the evaluation): a task that
+    does not answer is counted lost (:func:`~psflow.launch.final_model.stats_or_silent`), not raised."""
     if BACKUP_JOB in end.lc.cluster.jobs:
-        return end.read_shards(config.cluster.rpc_timeout)
-    if before:
-        return stats_or_silent(client.stats, sorted(client.channels))
-    return [client.stats(i) for i in sorted(client.channels)]
+        return end.read_shards(config.cluster.rpc_timeout, gone)
+    live = [i for i in sorted(client.channels) if client.channels[i].task not in gone]
+    read = stats_or_silent(client.stats, live) if before else [client.stats(i) for i in live]
+    return sorted([*read, *(dict(g) for g in gone.values())], key=lambda s: int(str(s["task"]).rsplit(":", 1)[1]))
 
 
 def check_final_checkpoint(directory: str, global_step: int) -> None:

@@ -17,6 +17,9 @@ are written, so they agree on every figure they share:
 3. *interrupted* (SIGTERM, SIGHUP, SIGINT): :meth:`RunEnd.interrupted` captures,
    stops every task, writes, and returns the report for the user.
 
+With ``--ps-replicas`` each shard is read from its primary, else from a member that answers; a shard none
+answered for is named in ``shards_unread`` and the run's replication totals are then None (:func:`with_unread_shards`).
+
 A snapshot is written once (the first of these wins), its files with signals deferred (a signal while they are
 written is raised once they are: *after the end*, reported as such, the exit status the end's own; a second one cuts
 the writing, a stuck disk's, and the end is then the interrupted one, whose writing the next signal cuts too: then no
@@ -30,19 +33,21 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from psflow.checkpoint.ledger import SaveStatusWatcher
+from psflow.cluster import ClusterSpec
+from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, shard_members
 from psflow.launch.lifeline import LaunchInterrupted, signal_name
 from psflow.launch.run_status import METRICS_JSON, LauncherStatus, write_run_files
 from psflow.launch.supervisor import describe_exit
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.final_snapshot import Resumed, final_snapshot, newest_if_unnamed, step_task_stats
-from psflow.status.replication import ps_members, shard_primaries
+from psflow.status.replication import REPLICATION_FIGURES, ps_members, replication_entry, shard_primaries
 
-__all__ = ["RunEnd", "after_the_end"]
+__all__ = ["RunEnd", "after_the_end", "with_unread_shards"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -78,13 +83,16 @@ class RunEnd:
 
     # ---- the three ways to end -----------------------------------------------------------------
     def finished(self, *, ps_stats: list[dict[str, Any]], train_seconds: float,
-                 evaluation: Mapping[str, Any] | None, extra: Mapping[str, Any], client: Any) -> dict[str, Any]:
+                 evaluation: Mapping[str, Any] | None, extra: Mapping[str, Any], client: Any,
+                 ledger_gone: bool = False) -> dict[str, Any]:
         """A finished run's snapshot, written; returned (the caller prints the last line from it).
+        ``ledger_gone``: the ps task holding the ledger exited (not restarted): the watch's last reading stands,
+        its task not waited for.
 
         Raises:
             OSError: metrics.json could not be written (the other files' failures are console lines).
         """
-        if self.checkpoints is not None:
+        if self.checkpoints is not None and not ledger_gone:
             self._say(self.checkpoints.poll(client, force=True))  # after the final checkpoint
         final = self._snapshot("finished", ps_stats, train_seconds, extra, evaluation)
         failed = self._write(final)
@@ -159,10 +167,11 @@ class RunEnd:
         if resilience is not None:  # a fault that recovered after the chaos thread's last poll counts
             resilience.settle(ps_stats)
         ledger = self.checkpoints.ledger() if self.checkpoints is not None else None
-        return final_snapshot(phase=phase, ps_stats=ps_stats, wall_seconds=seconds, resumed=self.resumed,
-                              checkpoints=ledger, newest=newest_if_unnamed(ledger, self.checkpoint_dir),
-                              events=resilience.metrics() if resilience is not None else None,
-                              evaluation=evaluation, extra={**self.run, **extra})
+        snapshot = final_snapshot(phase=phase, ps_stats=ps_stats, wall_seconds=seconds, resumed=self.resumed,
+                                  checkpoints=ledger, newest=newest_if_unnamed(ledger, self.checkpoint_dir),
+                                  events=resilience.metrics() if resilience is not None else None,
+                                  evaluation=evaluation, extra={**self.run, **extra})
+        return with_unread_shards(snapshot, ps_stats)
 
     def _write(self, final: dict[str, Any]) -> dict[str, str]:
         # No signal cuts the writing (raised once it is written): it is this run's end from the moment snapshot is
@@ -192,7 +201,7 @@ class RunEnd:
         holding global_step, fed to the watcher (its failure lines printed)."""
         channels = self._channels(_READ_TIMEOUT)
         try:
-            stats = _shard_stats(channels, _READ_TIMEOUT, self.lc.cluster.num_ps)
+            stats = _shard_stats(channels, _READ_TIMEOUT, self.lc.cluster)
             head = step_task_stats(stats)
             if self.checkpoints is not None and head is not None:
                 try:
@@ -205,12 +214,15 @@ class RunEnd:
             for ch in channels.values():
                 ch.close()
 
-    def read_shards(self, timeout: float) -> list[dict[str, Any]]:
+    def read_shards(self, timeout: float, gone: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
         """(A finished run with ``--ps-replicas``) each shard's primary's ``Stats``, asked of every member in
-        parallel (``timeout`` s each); a member that does not answer is left out."""
+        parallel (``timeout`` s each): a shard whose primary is silent, from the member that answers (its own
+        role and view: :func:`~psflow.status.replication.shard_primaries`); a shard no member answered for, as
+        an unread stand-in (:func:`_unread`); ``gone``: the shards whose every member exited
+        (:func:`~psflow.launch.final_model.gone_after_training`): their stand-ins say how."""
         channels = self._channels(timeout)
         try:
-            return _shard_stats(channels, timeout, self.lc.cluster.num_ps)
+            return _shard_stats(channels, timeout, self.lc.cluster, gone=gone)
         finally:
             for ch in channels.values():
                 ch.close()
@@ -225,17 +237,54 @@ class RunEnd:
             print(line, file=self.out or sys.stderr, flush=True)
 
 
-def _shard_stats(channels: Mapping[str, TaskChannel], timeout: float, num_ps: int) -> list[dict[str, Any]]:
+def _shard_stats(channels: Mapping[str, TaskChannel], timeout: float, cluster: ClusterSpec, *,
+                 gone: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Each answering member's ``Stats``; with more members than ps tasks (replicated shards), each shard's
-    primary's only (:func:`~psflow.status.replication.shard_primaries`)."""
+    primary's (:func:`~psflow.status.replication.shard_primaries`), then a stand-in for each shard no member
+    answered for (:func:`_unread`): never left out, so the end names it unread (``shards_unread``) rather than
+    summing its figures as 0. ``gone``: stand-ins of shards whose every member exited, by the shard's ps task."""
     calls = {name: ch.call_async("Stats", {}, timeout=timeout) for name, ch in channels.items()}
     stats: list[dict[str, Any]] = []
+    errors: dict[str, str] = {}
     for name, call in calls.items():
         try:
             stats.append(dict(call.result().meta))
         except RpcError as e:
+            errors[name] = str(e)
             log.debug("%s: no Stats for the final snapshot: %s", name, e)
-    return shard_primaries(stats) if len(channels) > num_ps else stats
+    if BACKUP_JOB not in cluster.jobs:
+        return stats
+    primaries = shard_primaries(stats)
+    read = {entry.get("shard") for reply in primaries if (entry := replication_entry(reply)) is not None}
+    return primaries + [_unread(k, shard_members(cluster, k), errors, (gone or {}).get(f"/job:{PS_JOB}/task:{k}"))
+                        for k in cluster.task_indices(PS_JOB) if k not in read]
+
+
+def _unread(shard: int, members: Sequence[str], errors: Mapping[str, str],
+            gone: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The stand-in of replicated ``shard``, none of whose ``members`` answered ``Stats`` with its state
+    (``errors``: each failed call's): named by its ps task, not ready (a finished run's model is then its final
+    checkpoint's: :mod:`psflow.launch.final_model`), ``unread_shard`` its index, ``error`` why (``gone``'s where
+    every member exited, then ``exited``)."""
+    if gone is not None:
+        return {**gone, "unread_shard": shard}
+    why = "; ".join(f"{name}: {errors.get(name, 'no shard state in its answer')}" for name in members)
+    return {"task": f"/job:{PS_JOB}/task:{shard}", "ready": False, "unread_shard": shard,
+            "error": f"no member of shard {shard} answered Stats ({why})"}
+
+
+def with_unread_shards(snapshot: dict[str, Any], ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``snapshot`` where a replicated shard was not read (``ps_stats`` holds its stand-in: no member answered,
+    :func:`_unread`): ``shards_unread`` names each (``shard``, ``task``, ``error``) and the run's replication
+    totals (``pushes_acknowledged``, ``pushes_applied``, ``updates_lost``) are None, not known: summed over the
+    shards read they would count the unread one's as 0, its lost updates included. ``shards`` keeps the shards
+    read. Else ``snapshot`` unchanged."""
+    unread = [{"shard": s["unread_shard"], "task": s.get("task"), "error": s.get("error")}
+              for s in ps_stats if s.get("unread_shard") is not None]
+    if unread:
+        snapshot.update(dict.fromkeys(REPLICATION_FIGURES), shards_unread=unread)
+        snapshot.setdefault("shards", [])
+    return snapshot
 
 
 def after_the_end(signum: int, final: Mapping[str, Any], output_dir: str, stopped: str = "") -> str:
