@@ -1,6 +1,7 @@
 """A signal that reaches ``psflow train`` after its finished run's end was written does not make the run a failure:
 the launcher exits 0 (the finished run's own status), says the signal came after the end, and prints the run's
-summary; metrics.json stays ``finished`` and no task outlives the launcher.
+summary; metrics.json stays ``finished`` and no task outlives the launcher. After a failed run's end, the exit status
+is the failure's (1), its error in the report.
 
 Before, such a SIGTERM made the launcher exit 143 (128 + signum) although metrics.json said ``finished``, so a
 script or scheduler reading the exit status took a finished run for an interrupted one; or, where it landed while the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -39,19 +41,26 @@ def _tasks_of(out: Path) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("point", ["while_written", "after_written", "in_shutdown"])
-def test_a_sigterm_after_a_finished_run_s_end_exits_0_and_says_so(tmp_path: Path, point: str) -> None:
-    out = tmp_path / "run"
-    env = dict(os.environ, PSFLOW_TEST_LATE_SIGNAL=point, PYTHONPATH=os.pathsep.join(
-        [str(HOOK), *filter(None, [os.environ.get("PYTHONPATH")])]))
+def _train(out: Path, point: str, *extra: str, phase: str = "finished") -> subprocess.CompletedProcess[str]:
+    """``psflow train`` (1 ps, 1 worker, 20 steps) signalled at ``point`` of the ``phase`` end; every task gone."""
+    env = dict(os.environ, PSFLOW_TEST_LATE_SIGNAL=point, PSFLOW_TEST_LATE_SIGNAL_PHASE=phase,
+               # the repository first: the hook imports psflow before ``-m`` puts the working directory on the path
+               PYTHONPATH=os.pathsep.join([str(REPO), str(HOOK), *filter(None, [os.environ.get("PYTHONPATH")])]))
     try:
         r = run_bounded([sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124",
                          "--ps", "1", "--workers", "1", "--batch-size", "128", "--max-steps", "20",
-                         "--output", str(out), "--quiet"], timeout=250, env=env, cwd=REPO)
+                         "--output", str(out), "--quiet", *extra], timeout=250, env=env, cwd=REPO)
         wait_until(lambda: not _tasks_of(out), f"every task of {out} gone", 60.0)
     finally:
         for pid in _tasks_of(out):
             os.kill(pid, signal.SIGKILL)
+    return r
+
+
+@pytest.mark.parametrize("point", ["while_written", "after_written", "in_shutdown"])
+def test_a_sigterm_after_a_finished_run_s_end_exits_0_and_says_so(tmp_path: Path, point: str) -> None:
+    out = tmp_path / "run"
+    r = _train(out, point)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["phase"] == "finished" and "interrupted" not in metrics, metrics
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
@@ -60,3 +69,18 @@ def test_a_sigterm_after_a_finished_run_s_end_exits_0_and_says_so(tmp_path: Path
     assert "interrupted by" not in r.stderr, r.stderr[-3000:]
     summary = json.loads(r.stdout)  # the run's summary, as after any finished run
     assert summary["global_step"] == metrics["global_step"] and summary["examples"] == metrics["examples"]
+
+
+def test_a_sigterm_as_a_failed_run_s_end_is_written_exits_with_the_failure_s_status(tmp_path: Path) -> None:
+    """The chief exits at its first checkpoint save (``--fault-point shards_written``): the run fails, and the
+    SIGTERM lands as its end is written. The launcher exited 143 for a run whose metrics.json says failed, exit 1."""
+    out = tmp_path / "run"
+    r = _train(out, "while_written", "--checkpoint-dir", str(tmp_path / "ckpt"), "--save-checkpoints-steps", "5",
+               "--fault-point", "shards_written", phase="failed")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["phase"], metrics["exit_code"]) == ("failed", 1), metrics
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    assert (f"psflow train: SIGTERM arrived after the run had failed at global_step {metrics['global_step']}: "
+            "its end stands") in r.stderr, r.stderr[-3000:]
+    assert "/job:worker/task:0" in r.stderr.split("arrived after the run had failed", 1)[1], r.stderr[-3000:]
+    assert r.stdout == "", r.stdout  # no summary: the run failed

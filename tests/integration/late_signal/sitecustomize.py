@@ -3,7 +3,8 @@ point after its finished run's end was written (for tests/integration/test_signa
 path only where a test puts this directory on PYTHONPATH). ``PSFLOW_TEST_LATE_SIGNAL`` names the point:
 
 * ``while_written``: as the finished run's metrics.json, status.json and metrics.prom have just been written, inside
-  the section that defers signals while they are (``RunEnd._write``): raised once it is left;
+  the section that defers signals while they are (``RunEnd._write``): raised once it is left (a failed run's instead
+  with ``PSFLOW_TEST_LATE_SIGNAL_PHASE=failed``);
 * ``after_written``: as ``RunEnd.finished`` returns (the end written, signals not deferred: raised at once);
 * ``in_shutdown``: as the launcher asks the ps tasks to shut down (the section after the end that defers signals).
 
@@ -34,7 +35,7 @@ if _POINT == "while_written":
 
     def _signalled_write(final: Any, *args: Any, **kwargs: Any) -> Any:
         written = _write(final, *args, **kwargs)
-        if final.get("phase") == "finished":
+        if final.get("phase") == os.environ.get("PSFLOW_TEST_LATE_SIGNAL_PHASE", "finished"):
             _signal_the_launcher()
         return written
 
