@@ -17,6 +17,19 @@ removed under the mutex as any writer's are (an incomplete ``ckpt-*`` of the run
 an older epoch of the run); only a ``.creating-*`` of another run, or of the run's current epoch, stays (hidden,
 an empty directory but its writer file, read by nothing).
 
+Past the mutex (a save of a chief whose lease epoch let it go past a holder stopped inside it, maybe for good) only
+the leftovers of writers certainly gone were removed, so one of a writer nothing here can judge (another host, boot
+or pid namespace; a writer file of an older psflow, a field missing: :func:`writer_unknown`) stayed for ever. It
+now goes there too once the run is past it (:func:`left_behind`): written by another run (the run's lock keeps
+another run's chief from saving into the directory now) or by an older epoch of the saving run, and at least
+:data:`BEHIND_BY` complete checkpoints of its lineage hold a global_step above the step its name was given at (its
+save began there). Its writer crashed, or is a deposed chief (epochs only grow) whose save cannot be made current, as
+above, and whose save has lasted that many of the saver's periods; taken away, its save fails, and on an object store
+a manifest it still puts makes a prefix without its writer file, never named by a pointer that decides, older than
+what rotation keeps. Counted in saves, not in time: no clock of another machine is read. A leftover of this run's
+current epoch or a newer one, or without an epoch, stays; a ``.creating-*`` has no step in its name and stays as said
+above.
+
 ``.creating-<pid>-<ns>`` directories (:func:`remove_creating`): a chief with a lease epoch that went past the
 directory's mutex (:func:`~psflow.checkpoint.lock.directory_mutex`'s ``may_pass``) builds its save's directory
 under that hidden name, writes its writer file into it and renames it to ``ckpt-<step>-<ns>``; one killed in
@@ -38,23 +51,31 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from psflow import storage
 from psflow.checkpoint.holder import boot_id, holder_alive, pid_namespace, pid_start
-from psflow.checkpoint.manifest import WRITER_NAME, read_json
+from psflow.checkpoint.manifest import PREFIX, WRITER_NAME, read_json
 
-__all__ = ["CREATING_PREFIX", "writer_identity", "writer_gone", "remove_creating"]
+__all__ = ["BEHIND_BY", "CREATING_PREFIX", "writer_identity", "writer_gone", "writer_unknown", "left_behind",
+           "remove_creating"]
 
 log = logging.getLogger("psflow.checkpoint")
+
+#: Complete checkpoints of its lineage with a global_step above a leftover's after which its writer's save, if that
+#: writer cannot be judged, is taken as over (:func:`left_behind`).
+BEHIND_BY = 3
 
 #: The prefix of a save's directory being built past the mutex.
 CREATING_PREFIX = ".creating-"
 
 _IDENTITY = ("host", "pid", "pid_start", "boot_id", "pid_ns")
+
+_NAMED_AT = re.compile(rf"^{re.escape(PREFIX)}(\d{{9}})(?:-\d+)?$")  # a save's directory: the step it was named at
 
 
 def writer_identity() -> dict[str, Any]:
@@ -73,6 +94,32 @@ def writer_gone(writer: Mapping[str, Any] | None) -> bool:
     if any(writer.get(k) != here[k] for k in ("host", "boot_id", "pid_ns")):
         return False
     return holder_alive(dict(writer)) is False
+
+
+def writer_unknown(writer: Mapping[str, Any] | None) -> bool:
+    """Whether nothing this process can read tells if the writer a writer file names lives: another host, boot or
+    pid namespace, or a field missing (an older psflow's file). False without a writer file (nothing to judge)."""
+    if writer is None:
+        return False
+    if any(writer.get(k) is None for k in _IDENTITY) or type(writer.get("pid_start")) is not int:
+        return True
+    here = writer_identity()
+    return any(writer.get(k) != here[k] for k in ("host", "boot_id", "pid_ns"))
+
+
+def left_behind(writer: Mapping[str, Any] | None, name: str, run_id: str, epoch: int | None,
+                complete_steps: Iterable[int]) -> bool:
+    """Whether the save directory ``name`` (``ckpt-<step>``, maybe suffixed), its writer file ``writer``, may be
+    removed by a save of run ``run_id`` at lease ``epoch`` past the mutex though its writer cannot be judged (see the
+    module docstring): :func:`writer_unknown`, of another run or an older epoch of this one, and named at a step that
+    at least :data:`BEHIND_BY` of ``complete_steps`` (the global_steps of its lineage's complete checkpoints) are
+    above. False for any other name."""
+    match = _NAMED_AT.match(name)
+    if match is None or writer is None or not writer_unknown(writer):
+        return False
+    if writer.get("run_id") == run_id and not _older_epoch_of(writer, run_id, epoch):
+        return False  # this run's save at this epoch or a newer one: maybe the chief of the lease, saving now
+    return sum(1 for s in complete_steps if s > int(match.group(1))) >= BEHIND_BY
 
 
 def _older_epoch_of(writer: Mapping[str, Any] | None, run_id: str, epoch: int | None) -> bool:

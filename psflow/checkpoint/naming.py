@@ -5,32 +5,49 @@ shards were snapshotted at: training goes on during a save, so the workers' push
 reading of the step and the ps tasks' snapshots made the name older than the content (a 3-worker run's
 ckpt-000000102 held step 121).
 
-A name this process removed as a save's (:func:`retire`: a failed save's own directory, a crashed save's leftover)
-is never given again by :func:`free_name` in this process: a ps task may still be writing its shard of that save
-(its SaveShard past ``--save-timeout``), and its late file would land in the new checkpoint of the same name
-(the final save right after a failed periodic one, at the same global_step), whose manifest's sha256 it does not
-match: a checkpoint that cannot be restored. Without the name, the late write finds no directory (locally) or
-leaves a prefix of shard files alone (an object store), removed by the next save under the mutex
+A name removed as a save's (:func:`retire`: a failed save's own directory, a crashed save's leftover) is never
+given again by :func:`free_name`, by this process nor by any later one (a restarted chief, or the worker process
+the lease moved to): a ps task may still be writing its shard of that save (its SaveShard past
+``--save-timeout``), and its late file would land in the new checkpoint of the same name (the final save right
+after a failed periodic one, at the same global_step), whose manifest's sha256 it does not match: a checkpoint that
+cannot be restored. Without the name, the late write finds no directory (locally) or leaves a prefix of shard files
+alone (an object store), removed by the next save under the mutex
 (:func:`~psflow.checkpoint.rotation.late_shards_only`).
+
+The record survives the process: before a save's directory of a plain name (``ckpt-<step>``, no suffix) is
+removed, :func:`remove_retired` writes a marker ``.retired/ckpt-<step>`` into the checkpoint directory (a small JSON
+file: when, by which process). A marker that cannot be written (a full disk, a store refusing writes) does not keep
+the directory (its space is what a full disk needs back): it is removed, the marker tried once more (the space
+freed), and if that fails too only this process avoids the name (an ERROR line names it). A suffixed name is never
+given twice (its suffix is the nanosecond of its making), so it needs none. Markers are kept for ever: at most one
+per global_step value whose save failed or crashed, a few bytes each; a late write has no time bound psflow could
+state (a store stuck on a put), and a restore of an older checkpoint brings the same steps round again.
+Checkpoints already on disk, without markers, are read as before: the markers only decide the name of a new save.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Collection, Iterable
 
-from psflow import storage
+from psflow import jsonio, storage
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import PREFIX
 
-__all__ = ["checkpoint_name", "free_name", "rename_after_step", "retire"]
+__all__ = ["RETIRED_DIR", "checkpoint_name", "free_name", "remove_retired", "rename_after_step", "retire"]
 
 log = logging.getLogger(__name__)
 
-_RETIRED: dict[str, set[str]] = {}  # checkpoint directory -> the names this process removed there as a save's
+#: The folder of a checkpoint directory holding one marker per plain name removed as a save's (module docstring).
+RETIRED_DIR = ".retired"
+
+_PLAIN = re.compile(rf"^{re.escape(PREFIX)}\d{{9}}$")  # checkpoint_name's, without a suffix
+
+_RETIRED: dict[str, set[str]] = {}  # checkpoint directory -> the names this process retired there (the markers' cache)
 _RETIRED_LOCK = threading.Lock()
 
 
@@ -39,12 +56,46 @@ def _key(directory: str) -> str:
 
 
 def retire(directory: str, names: Iterable[str]) -> None:
-    """Records that this process removed the save directories ``names`` (basenames) of ``directory``: no later
-    save of the process takes one of them (see the module docstring)."""
-    names = list(names)
-    if names:
+    """Records that the save directories ``names`` (basenames) of ``directory`` are removed (called before their
+    removal): no later save, of this process or another, takes one of them (see the module docstring).
+
+    Raises:
+        OSError: a plain name's marker could not be written (this process avoids that name all the same).
+    """
+    known = _retired(directory)
+    for name in dict.fromkeys(names):
+        if name in known:
+            continue
         with _RETIRED_LOCK:
-            _RETIRED.setdefault(_key(directory.rstrip("/") or directory), set()).update(names)
+            _RETIRED.setdefault(_key(directory.rstrip("/") or directory), set()).add(name)
+        _write_marker(directory, name)
+
+
+def _write_marker(directory: str, name: str) -> None:
+    """``.retired/<name>``, for a plain name (a suffixed one is never given twice)."""
+    if _PLAIN.match(name):
+        marker = os.path.join(directory, RETIRED_DIR, name)
+        storage.makedirs(os.path.dirname(marker))
+        storage.write_atomically(marker, jsonio.dumps({"removed": time.time(), "pid": os.getpid()}).encode())
+
+
+def remove_retired(directory: str, path: str) -> None:
+    """Removes the save directory ``path`` of ``directory``, its name retired first (:func:`retire`; see the module
+    docstring for a marker that cannot be written). Never raises for the marker nor the removal (``remove_tree``'s
+    ``ignore_errors``)."""
+    name = os.path.basename(path.rstrip("/"))
+    try:
+        retire(directory, [name])
+        marked = True
+    except OSError:
+        marked = False
+    storage.remove_tree(path, ignore_errors=True)
+    if not marked:
+        try:
+            _write_marker(directory, name)
+        except OSError as e:
+            log.error("checkpoint directory %s: removed %s, but could not record its name in %s (%s): a later "
+                      "process may name a checkpoint %s again", directory, name, RETIRED_DIR, e, name)
 
 
 def _retired(directory: str) -> set[str]:
@@ -61,9 +112,10 @@ def free_name(directory: str, step: int, removed: Collection[str]) -> str:
     """The name a new checkpoint of ``step`` takes in ``directory`` (the caller holds its mutex):
     :func:`checkpoint_name`, with a suffix (``-`` and nanoseconds) if that is in use, was removed by this save
     as a crashed save's leftover (``removed``: an older chief's save may still be writing into it) or by any save
-    of this process (:func:`retire`: a failed save's ps task may still be writing into it)."""
+    of any process (:func:`retire`, its marker: a failed save's ps task may still be writing into it)."""
     name = checkpoint_name(step)
-    if name in removed or name in _retired(directory) or storage.exists(os.path.join(directory, name)):
+    if (name in removed or name in _retired(directory) or storage.exists(os.path.join(directory, name))
+            or storage.exists(os.path.join(directory, RETIRED_DIR, name))):
         return f"{name}-{time.time_ns()}"
     return name
 

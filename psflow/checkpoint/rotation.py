@@ -41,8 +41,11 @@ guarantee is the same, and a checkpoint any pointer file names is never deleted.
 other lineages and without an epoch are left to a save that holds the mutex.
 
 Leftovers past the mutex (:func:`remove_leftovers`, ``held`` False): an incomplete ``ckpt-*`` of this run or
-lineage whose writer is certainly gone, and ``.creating-*`` directories as :mod:`psflow.checkpoint.leftovers`
-says; under the mutex also what :func:`deletable` lists incomplete.
+lineage whose writer is certainly gone, or cannot be judged, is of an older epoch or another run, and the run is past
+it (``BEHIND_BY`` complete checkpoints of the lineage above the step it was named at), and ``.creating-*``
+directories, as :mod:`psflow.checkpoint.leftovers` says; under the mutex also what :func:`deletable` lists incomplete.
+A leftover's name is retired before it is removed (:func:`~psflow.checkpoint.naming.remove_retired`): its writer's
+ps tasks may still write there.
 
 Shards written after their save's directory was removed (:func:`late_shards_only`): a ps task may still write its
 shard when its save's directory goes (the chief's own failed save, a ps task slower than ``--save-timeout``, removed
@@ -64,9 +67,10 @@ import re
 from collections.abc import Collection
 
 from psflow import storage
-from psflow.checkpoint.leftovers import remove_creating, writer_gone
+from psflow.checkpoint.leftovers import left_behind, remove_creating, writer_gone
 from psflow.checkpoint.lock import directory_mutex
 from psflow.checkpoint.manifest import INCREMENT, MANIFEST_NAME, POINTER_NAME, WRITER_NAME, lineage_of, read_json
+from psflow.checkpoint.naming import remove_retired
 from psflow.checkpoint.pointer import checkpoint_dirs, complete_checkpoints, effective_pointer, epoch_files, is_complete
 
 __all__ = ["kept_after", "deletable", "deletable_unheld", "delete_old", "killed_while_created", "late_shards_only",
@@ -137,17 +141,22 @@ def remove_leftovers(directory: str, run_id: str, lineage: str, epoch: int | Non
     if held:
         stale = [p for p in deletable(directory, run_id, lineage, epoch, keep=()) if not is_complete(p)]
     else:
-        stale = [p for p in checkpoint_dirs(directory) if not is_complete(p) and _gone_writer_of(p, run_id, lineage)]
-    for path in stale:
-        storage.remove_tree(path, ignore_errors=True)
+        steps = [m["global_step"] for _, m in complete_checkpoints(directory)
+                 if m.get("lineage") == lineage and type(m.get("global_step")) is int]
+        stale = [p for p in checkpoint_dirs(directory)
+                 if not is_complete(p) and _gone_writer_of(p, run_id, lineage, epoch, steps)]
+    for path in stale:  # its name never given again, even by another process: its writer's ps tasks may still write
+        remove_retired(directory, path)
         removed.add(os.path.basename(path))
     return removed
 
 
-def _gone_writer_of(path: str, run_id: str, lineage: str) -> bool:
+def _gone_writer_of(path: str, run_id: str, lineage: str, epoch: int | None, steps: list[int]) -> bool:
+    """Its writer, of ``run_id`` or ``lineage``, is certainly gone, or cannot be judged and the run is past it
+    (``steps``: the global_steps of the lineage's complete checkpoints; :mod:`psflow.checkpoint.leftovers`)."""
     writer = read_json(os.path.join(path, WRITER_NAME))
     return (writer is not None and (writer.get("run_id") == run_id or writer.get("lineage") == lineage)
-            and writer_gone(writer))
+            and (writer_gone(writer) or left_behind(writer, os.path.basename(path), run_id, epoch, steps)))
 
 
 def delete_old(directory: str, run_id: str, kept: list[str], lineage: str, epoch: int | None) -> None:

@@ -46,7 +46,7 @@ from psflow.checkpoint.manifest import (
     SavedCheckpoint,
     read_manifest,
 )
-from psflow.checkpoint.naming import checkpoint_name, free_name, rename_after_step, retire
+from psflow.checkpoint.naming import checkpoint_name, free_name, remove_retired, rename_after_step, retire
 from psflow.checkpoint.pointer import effective_pointer, is_complete, latest_checkpoint, publish
 from psflow.checkpoint.rotation import delete_old, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
@@ -321,13 +321,12 @@ class CheckpointManager:
             storage.write_atomically(os.path.join(building, WRITER_NAME), body)
             if building != path:
                 storage.rename_dir(building, path)
-        except OSError as e:
-            if building != path:
-                taken = not os.path.lexists(building)  # by a newer epoch's save, under the mutex (leftovers.py)
-                storage.remove_tree(building, ignore_errors=True)
-                if taken:
-                    raise CheckpointFencedError(f"checkpoint {path} not made: its directory {building} was taken by a "
-                                                f"save of a newer epoch than this chief's ({writer.get('epoch')})") from e
+        except OSError as e:  # (a full disk) removed: made here, no shard asked for yet, nothing writes there late
+            taken = building != path and not os.path.lexists(building)  # by a newer epoch's save (leftovers.py)
+            storage.remove_tree(building, ignore_errors=True)
+            if taken:
+                raise CheckpointFencedError(f"checkpoint {path} not made: its directory {building} was taken by a "
+                                            f"save of a newer epoch than this chief's ({writer.get('epoch')})") from e
             raise
         return path
 
@@ -381,7 +380,7 @@ class CheckpointManager:
 
     def _remove_current(self) -> None:
         """Deletes the directory of the save that failed, unless the pointer names it; no later save of this process
-        takes its name (:func:`~psflow.checkpoint.naming.retire`: a ps task may still be writing its shard there).
+        takes its name (:func:`~psflow.checkpoint.naming.remove_retired`: a ps task may still write its shard there).
 
         Under the directory's mutex, so a newer chief's restore that takes this checkpoint over
         (:func:`psflow.checkpoint.adopt.adopt_latest`, the same mutex) either finds it gone or keeps it: a
@@ -396,8 +395,7 @@ class CheckpointManager:
                 pointer = effective_pointer(self.directory)[0] or {}
                 if pointer.get("latest") == os.path.basename(path):
                     return
-                retire(self.directory, [os.path.basename(path)])
-                storage.remove_tree(path, ignore_errors=True)
+                remove_retired(self.directory, path)
             if storage.exists(path):
                 log.error("could not remove the partial checkpoint %s", path)
         except (CheckpointError, OSError) as e:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from two_ps_in_process import SGD, train_a_step, two_ps_cluster
 
+from psflow.checkpoint.naming import RETIRED_DIR
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
 from psflow.checkpoint.variables import read_variables
@@ -38,5 +39,7 @@ def test_a_shard_with_non_finite_values_is_refused_and_the_good_checkpoints_are_
         manager.save(client)
     assert manager.saves_failed == 1
     assert latest_checkpoint(str(ckpt)) == good
-    assert {p.name: p.read_bytes() for p in ckpt.rglob("*") if p.is_file()} == before  # nothing written or deleted
+    # nothing written or deleted but the failed save's name's marker (psflow.checkpoint.naming)
+    assert {p.name: p.read_bytes() for p in ckpt.rglob("*") if p.is_file() and RETIRED_DIR not in p.parts} == before
+    assert [p.name for p in (ckpt / RETIRED_DIR).iterdir()] == ["ckpt-000000002"]
     assert np.isfinite(read_variables(good)["bias"]).all()

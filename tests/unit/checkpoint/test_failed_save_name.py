@@ -22,10 +22,12 @@ import pytest
 from test_pointer_epochs import _cluster
 
 from psflow import storage
-from psflow.checkpoint import lock
+from psflow.checkpoint import lock, naming
+from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import restore
 from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.shards import ShardFiles
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import DeadlineExceededError
@@ -81,15 +83,16 @@ def _ckpts(directory: str) -> list[str]:
     return sorted(n.rstrip("/").rsplit("/", 1)[-1] for n in names if "ckpt-" in n)
 
 
-def _late_write_lands_nowhere(directory: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _late_write_lands_nowhere(directory: str, monkeypatch: pytest.MonkeyPatch, *, restarted: bool = False) -> None:
     client: ParameterClient = _cluster()
     late = _LateChannel(client.channels[1])
     client.channels[1] = late  # type: ignore[assignment]
-    write = storage.write_atomically
+    write, late_paths = storage.write_atomically, []
 
     def held_write(path: str, data: bytes | memoryview, **kw: Any) -> None:
         if threading.current_thread() is late.late:  # the snapshot is taken; its write waits
             assert late.release.wait(60)
+            late_paths.append(path)
         write(path, data, **kw)
 
     monkeypatch.setattr(storage, "write_atomically", held_write)  # (the ps task's SaveShard writes through it)
@@ -97,13 +100,21 @@ def _late_write_lands_nowhere(directory: str, monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(CheckpointError, match="shard-00001-of-00002.safetensors failed"):
         manager.save(client)  # the periodic save: ps task 1 too slow
     assert _ckpts(directory) == [], "the failed save's directory is removed"
+    if restarted:  # the chief's process restarted (crashed, or its lease moved): its memory is gone, the run's lock kept
+        monkeypatch.setattr(naming, "_RETIRED", {})
+        manager = CheckpointManager(directory, run_id="run-a", max_to_keep=3)
     try:
         final = manager.save(client, final=True)  # the same global_step
     finally:
         late.release.set()
         assert late.wrote.wait(60)
     assert latest_checkpoint(directory) == final.path
-    restore(_cluster(), final.path)  # every shard's sha256 the manifest's: the late write landed nowhere in it
+    assert late_paths and not any(p.startswith(f"{final.path}/") for p in late_paths), late_paths
+    manifest = read_manifest(final.path)
+    shards = ShardFiles(final.path, manifest)
+    for shard in manifest.shards:  # each shard's sha256 the manifest's: the late write landed nowhere in it
+        shards.get(shard["file"])
+    restore(_cluster(), final.path)
     name = final.path.rstrip("/").rsplit("/", 1)[-1]
     assert name.startswith("ckpt-000000000-")  # the failed save's name, suffixed
     if storage.is_remote(directory):  # the late put made the old prefix again: shard files alone (rotation.py)
@@ -119,3 +130,30 @@ def test_the_next_save_of_the_step_never_takes_the_failed_saves_name(tmp_path: P
 
 def test_on_an_object_store_too(object_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _late_write_lands_nowhere(f"{object_store}/ckpt", monkeypatch)
+
+
+def test_nor_does_the_save_of_a_restarted_chief_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The save after the failed one is the chief's next process's (the first crashed, or its lease moved to another
+    worker's process): what the first process removed is recorded in the checkpoint directory, not in its memory."""
+    _late_write_lands_nowhere(str(tmp_path), monkeypatch, restarted=True)
+
+
+def test_nor_on_an_object_store(object_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _late_write_lands_nowhere(f"{object_store}/ckpt", monkeypatch, restarted=True)
+
+
+def test_a_save_whose_writer_file_cannot_be_written_leaves_no_directory(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk: the save's directory is made, its writer file is not (no shard asked for yet). Before, the
+    directory stayed (the save's cleanup knows only a directory made whole) and the run's last failed save left it."""
+    write = storage.write_atomically
+
+    def full_disk(path: str, data: bytes | memoryview, **kw: Any) -> None:
+        if path.endswith("writer.json"):
+            raise OSError(28, "No space left on device", path)
+        write(path, data, **kw)
+
+    monkeypatch.setattr(storage, "write_atomically", full_disk)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        CheckpointManager(str(tmp_path), run_id="run-a").save(_cluster())
+    assert _ckpts(str(tmp_path)) == []

@@ -1,0 +1,65 @@
+"""A name removed as a save's is recorded in the checkpoint directory (``.retired/<name>``), so no later process
+takes it (psflow.checkpoint.naming): a restarted chief after a crashed save's leftover was removed, and a marker
+that cannot be written (a full disk) does not keep the leftover."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from psflow import storage
+from psflow.checkpoint import naming
+from psflow.checkpoint.manifest import WRITER_NAME
+from psflow.checkpoint.naming import RETIRED_DIR, checkpoint_name, free_name, retire
+from psflow.checkpoint.rotation import remove_leftovers
+
+
+def _restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new process: nothing of the old one's memory."""
+    monkeypatch.setattr(naming, "_RETIRED", {})
+
+
+def _leftover(directory: Path, step: int) -> Path:
+    """A crashed save's directory of run ``run-a``: its writer file, one shard, no manifest."""
+    path = directory / checkpoint_name(step)
+    path.mkdir()
+    (path / WRITER_NAME).write_text(json.dumps({"run_id": "run-a", "lineage": "run-a", "epoch": None}))
+    (path / "shard-00000-of-00002.safetensors").write_bytes(b"x")
+    return path
+
+
+def test_a_leftover_removed_by_one_process_is_never_named_again_by_the_next(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    _leftover(tmp_path, 7)
+    assert remove_leftovers(str(tmp_path), "run-a", "run-a", None) == {checkpoint_name(7)}
+    assert not (tmp_path / checkpoint_name(7)).exists()
+    _restart(monkeypatch)
+    assert free_name(str(tmp_path), 7, ()).startswith(f"{checkpoint_name(7)}-")
+    assert free_name(str(tmp_path), 8, ()) == checkpoint_name(8)  # only that name
+
+
+def test_a_suffixed_name_needs_no_marker(tmp_path: Path) -> None:
+    retire(str(tmp_path), [f"{checkpoint_name(3)}-1234"])
+    assert not (tmp_path / RETIRED_DIR).exists()
+
+
+def test_on_an_object_store_too(object_store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    directory = f"{object_store}/ckpt"
+    retire(directory, [checkpoint_name(4)])
+    assert storage.exists(os.path.join(directory, RETIRED_DIR, checkpoint_name(4)))
+    _restart(monkeypatch)
+    assert free_name(directory, 4, ()).startswith(f"{checkpoint_name(4)}-")
+
+
+def test_a_marker_not_written_does_not_keep_the_leftover(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk: the leftover's space is what it needs back. The process still avoids the name; the ERROR says a
+    later one may not."""
+    _leftover(tmp_path, 9)
+    (tmp_path / RETIRED_DIR).write_text("a file where the markers' folder goes")  # its markers cannot be written
+    assert remove_leftovers(str(tmp_path), "run-a", "run-a", None) == {checkpoint_name(9)}
+    assert not (tmp_path / checkpoint_name(9)).exists()
+    assert free_name(str(tmp_path), 9, ()).startswith(f"{checkpoint_name(9)}-")
+    assert f"could not record its name in {RETIRED_DIR}" in caplog.text
