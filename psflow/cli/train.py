@@ -151,7 +151,9 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
         # it (a write that hangs, a stuck mount, must not keep the user from stopping the run); not the second of a
         # signal that ended the run (a double Ctrl-C), which is ignored as in every cleanup it starts, unless a
         # writing was cut before (the interrupted end's, to the same stuck directory, hung with no way out).
-        with signals.deferring(second_cuts=signals.received is None or bool(cut)):
+        # The interrupted end a first signal's cleanup writes: the next signal is said and ignored, the one after cuts it.
+        cuts = signals.received is None or bool(cut)
+        with signals.deferring(second_cuts=cuts, repeat_cuts=None if cuts else f"the run's end is written to {output}"):
             try:
                 ending(final, cluster)
             except LaunchInterrupted:

@@ -5,9 +5,11 @@ was): raised at once, or, while the launcher is inside a section that must not b
 watch loop, stopping every task), recorded and raised at the next check. Only the first signal counts: the
 cleanup it starts is never interrupted by a second one. A section that may hang (an ``--in-process``
 checkpoint save) is deferred with ``second_cuts``: there a second signal raises at once, so the user can still
-stop the run. The handler runs on the main thread, when it next runs Python code: the launcher's long waits
-there (a save, the eval set's read, the reader process's next batch) are made of short ones
-(:mod:`psflow.waits`), so that a signal the kernel handed to another thread is raised in time.
+stop the run. A section of the cleanup that may hang (the interrupted end's writing, to a run directory that may
+not answer) is deferred with ``repeat_cuts``: there the next signal is said on stderr and ignored (a double Ctrl-C
+leaves the cleanup whole), and the one after raises at once. The handler runs on the main thread, when it next runs
+Python code: the launcher's long waits there (a save, the eval set's read, the reader process's next batch) are
+made of short ones (:mod:`psflow.waits`), so that a signal the kernel handed to another thread is raised in time.
 
 *After the end.* Once the run's end is written (:attr:`LauncherSignals.ended`: metrics.json and the status files, a
 finished or a failed run's), a signal no longer decides how the run ended: its :class:`LaunchInterrupted` still
@@ -22,6 +24,7 @@ A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so f
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -68,6 +71,15 @@ def end_status(final: Mapping[str, Any]) -> int:
     return code if isinstance(code, int) and not isinstance(code, bool) else 1
 
 
+def _say(line: str) -> None:
+    """``line`` on stderr from a signal handler: written to file descriptor 2 directly, for the handler may run
+    while the main thread is inside a ``print`` to ``sys.stderr`` (a reentrant call to its buffer raises)."""
+    try:
+        os.write(2, (line + "\n").encode(errors="replace"))
+    except OSError:
+        pass  # no stderr to tell: the signal is ignored all the same
+
+
 #: The launcher's notices of ignored stop signals said so far in this process (each once).
 _SAID: set[str] = set()
 
@@ -84,6 +96,7 @@ class LauncherSignals:
         self.received: int | None = None   # the first signal (written by the handler only)
         self._deferred = False
         self._second_cuts = False          # inside a deferred section that a second signal cuts
+        self._repeat_cuts: str | None = None  # inside a cleanup that a third signal cuts: what it is doing
         self._previous: dict[int, Any] = {}  # signal -> the handler install replaced
         self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
         #: The run's end once written whole (set by whoever wrote it: module docstring, *After the end*).
@@ -119,6 +132,10 @@ class LauncherSignals:
         if self.received is not None:
             if self._deferred and self._second_cuts:
                 raise LaunchInterrupted(self.received, ended=self.ended)  # the section hangs: the user insists
+            if self._deferred and self._repeat_cuts is not None:  # a cleanup that may hang: said, and the next cuts
+                _say(f"psflow: {signal_name(signum)} while {self._repeat_cuts}: ignored; another signal stops the "
+                     "launcher without it")
+                self._second_cuts = True  # (restored on leaving the section)
             return  # a cleanup is under way: a second signal must not cut it
         self.received = signum
         if not self._deferred:
@@ -130,15 +147,19 @@ class LauncherSignals:
             raise LaunchInterrupted(self.received, ended=self.ended)
 
     @contextlib.contextmanager
-    def deferring(self, *, check: bool = True, second_cuts: bool = False) -> Iterator[None]:
+    def deferring(self, *, check: bool = True, second_cuts: bool = False,
+                  repeat_cuts: str | None = None) -> Iterator[None]:
         """A section no signal cuts: a signal received inside is raised by :meth:`check` inside, or
         on leaving the outermost such section (with ``check``, unless another exception leaves it).
-        ``second_cuts``: a second signal inside raises the first at once (a section that may hang)."""
+        ``second_cuts``: a second signal inside raises the first at once (a section that may hang).
+        ``repeat_cuts`` (a cleanup that may hang, after the first signal; what it does, ``the run's end is written
+        to DIR``): a signal inside is said on stderr and ignored, the next one raises the first at once."""
         previous, self._deferred = self._deferred, True
         previous_cuts, self._second_cuts = self._second_cuts, second_cuts
+        previous_repeat, self._repeat_cuts = self._repeat_cuts, repeat_cuts
         try:
             yield
         finally:
-            self._deferred, self._second_cuts = previous, previous_cuts
+            self._deferred, self._second_cuts, self._repeat_cuts = previous, previous_cuts, previous_repeat
         if check and not previous:
             self.check()

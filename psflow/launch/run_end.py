@@ -129,10 +129,11 @@ class RunEnd:
             return self._after_the_end(signum, self.snapshot)
         self.capture()  # before the ps tasks go
         self.lc.stop_all()
+        twice = self._cut
         try:
             final = self._end("interrupted", {"interrupted": signal_name(signum), "exit_code": 128 + signum})
-        except LaunchInterrupted:  # its writing cut as well, after a cut one (_write): the directory does not answer
-            return self._not_written(signum)
+        except LaunchInterrupted:  # its writing cut (_write): the directory does not answer
+            return self._not_written(signum, twice)
         lines = [f"interrupted by {signal_name(signum)} at global_step {final['global_step']} after "
                  f"{final['wall_seconds']:.1f} s; every task stopped:"]
         lines += [f"  {t['task']} (pid {t['pid']}) {t['exit']}" for t in final["tasks"]]
@@ -140,12 +141,13 @@ class RunEnd:
         resilience = self.lc.resilience
         return "\n".join(lines) + (resilience.on_failure() if resilience is not None else "")
 
-    def _not_written(self, signum: int) -> str:
-        """The report of an interrupted run whose end could not be written: a signal cut its writing twice."""
+    def _not_written(self, signum: int, twice: bool) -> str:
+        """The report of an interrupted run whose end could not be written: a signal cut its writing (``twice``: a
+        finished or failed end's before)."""
         ps_stats, seconds, _ = self.capture()
         lines = [f"interrupted by {signal_name(signum)} at global_step {(step_task_stats(ps_stats) or {}).get('global_step')}"
                  f" after {seconds:.1f} s; its end was not written: a signal cut the writing of {self.output_dir}'s "
-                 "files twice (does its disk answer?); every task stopped:"]
+                 f"files{' twice' if twice else ''} (does its disk answer?); every task stopped:"]
         lines += [f"  {t.name} (pid {t.pid}) {describe_exit(t.popen.returncode or 0)}" for t in self.lc.tasks]
         return "\n".join(lines)
 
@@ -181,8 +183,12 @@ class RunEnd:
         # its own. Not the second of a signal that ended the run (a double Ctrl-C, interrupted()'s own write): the
         # cleanup a signal starts ignores a second one; but after a cut, the next signal cuts this writing too: the
         # directory did not answer (a stuck mount), and the cleanup's write to it hung with no way to stop the launcher.
+        # And the interrupted end a first signal's cleanup writes (no cut before) to a directory that does not answer:
+        # the next signal is said and ignored (a double Ctrl-C), the one after cuts it (every later one was ignored).
         signals = self.lc.signals
-        with signals.deferring(second_cuts=signals.received is None or self._cut):
+        cuts = signals.received is None or self._cut
+        with signals.deferring(second_cuts=cuts,
+                               repeat_cuts=None if cuts else f"the run's end is written to {self.output_dir}"):
             self.snapshot = final
             try:
                 failed = write_run_files(final, self.output_dir,

@@ -426,3 +426,92 @@ def test_a_stuck_run_directory_does_not_keep_an_in_process_run_from_stopping(
     assert str(raised.value).startswith("interrupted by SIGINT while the run's end (finished at global_step 42) was "
                                         "written: a second signal cut the writing"), str(raised.value)
     assert raised.value.exit_code == 128 + signal.SIGINT
+
+
+def _stuck_in_the_cleanup(monkeypatch: pytest.MonkeyPatch, module: object) -> dict[str, int]:
+    """``module.write_run_files`` hangs at every call (a stuck mount) until a signal's handler raises, or gives up
+    after 5 s and writes; while it hangs, SIGINT reaches it twice, at two of its sleeps (the user, the launcher
+    stopped by the first signal and still there, pressing Ctrl-C again, and again)."""
+    import time
+
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    write = module.write_run_files  # type: ignore[attr-defined]
+    seen = {"calls": 0, "cut": 0, "gave_up": 0}
+
+    def hangs(*args: object, **kwargs: object) -> object:
+        seen["calls"] += 1
+        try:
+            for i in range(100):  # short sleeps: the handler runs between them
+                if i in (10, 20):
+                    signal.raise_signal(signal.SIGINT)
+                time.sleep(0.05)
+        except LaunchInterrupted:
+            seen["cut"] += 1
+            raise
+        seen["gave_up"] += 1
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(module, "write_run_files", hangs)
+    return seen
+
+
+def test_a_stuck_run_directory_does_not_keep_an_interrupted_launcher_from_stopping(
+        lc: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """A SIGTERM mid-run; the interrupted end's writing (the cleanup it started) hangs on a stuck run directory: every
+    later signal was ignored, only SIGKILL stopped the launcher. A signal there is said and ignored (a double Ctrl-C's
+    second leaves the interrupted end whole); the next one cuts the writing: no end, exit 128 + the first's number."""
+    from psflow.launch import run_end
+    from psflow.launch.lifeline import LaunchInterrupted
+
+    seen = _stuck_in_the_cleanup(monkeypatch, run_end)
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    lc.on_interrupt = end.interrupted
+    with pytest.raises(LaunchInterrupted) as raised, lc:
+        signal.raise_signal(signal.SIGTERM)  # the first: ends the run
+
+    assert seen == {"calls": 1, "cut": 1, "gave_up": 0}, seen
+    assert not (tmp_path / "metrics.json").exists()
+    report = str(raised.value)
+    assert report.startswith("interrupted by SIGTERM at global_step "), report
+    assert f"its end was not written: a signal cut the writing of {tmp_path}'s files (does its disk" in report, report
+    assert raised.value.exit_code == 128 + signal.SIGTERM and raised.value.ended is None
+    assert lc.tasks[0].popen.poll() is not None, "every task stopped"
+    said = [line for line in capfd.readouterr().err.splitlines() if "SIGINT" in line]
+    assert said == [f"psflow: SIGINT while the run's end is written to {tmp_path}: ignored; "
+                    "another signal stops the launcher without it"], said
+
+
+def test_a_stuck_run_directory_does_not_keep_an_interrupted_in_process_run_from_stopping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """``--in-process``: the same SIGTERM mid-run, the interrupted end's writing stuck, Ctrl-C twice."""
+    from psflow.cli import train as cli_train
+    from psflow.cluster import ClusterSpec
+    from psflow.launch import in_process, run_status
+    from psflow.launch.lifeline import LaunchInterrupted
+    from psflow.status.final_snapshot import final_snapshot
+    from psflow.train.config import TrainConfig
+
+    stopped = final_snapshot(phase="interrupted", ps_stats=PS_STATS, wall_seconds=1.0,
+                             extra={"interrupted": "SIGTERM", "exit_code": 143})
+
+    def interrupted(config: object, output: str, *, on_end: Callable[..., None], **_: object) -> None:
+        try:
+            signal.raise_signal(signal.SIGTERM)  # the first: ends the run
+        except LaunchInterrupted:
+            on_end(stopped, ClusterSpec({"ps": ["127.0.0.1:1"]}))
+            raise
+
+    monkeypatch.setattr(in_process, "run_in_process", interrupted)
+    seen = _stuck_in_the_cleanup(monkeypatch, run_status)
+    with pytest.raises(LaunchInterrupted) as raised:
+        cli_train._in_process(TrainConfig(), str(tmp_path), None)  # type: ignore[arg-type]
+    assert seen == {"calls": 1, "cut": 1, "gave_up": 0}, seen
+    assert not (tmp_path / "metrics.json").exists()
+    report = str(raised.value)
+    assert report.startswith("interrupted by SIGTERM while the run's end (interrupted at global_step 42) was written: "
+                             "a second signal cut the writing"), report
+    assert raised.value.exit_code == 128 + signal.SIGTERM
+    said = [line for line in capfd.readouterr().err.splitlines() if "SIGINT" in line]
+    assert said == [f"psflow: SIGINT while the run's end is written to {tmp_path}: ignored; "
+                    "another signal stops the launcher without it"], said
