@@ -6,15 +6,17 @@ push: :mod:`psflow.ps.global_step`), and ``--max-steps`` counts those values. So
 leave a run that stops at once after its restore, with a final model of far fewer steps than global_step says
 (a restore of the initial checkpoint: none at all). The final snapshot says it plainly:
 
-* ``metrics.json`` ``restore_loss`` (None where no restore happened within the run: the task holding global_step
-  is at generation 0): ``generation``, ``global_step``, ``restored_step`` (the step of the checkpoint the model was
-  last set back to, where a driver process reports it: an in-graph run's client, which makes every restore of
-  its run; None in a between-graph run, whose chief restores within its session), ``examples_in_model`` (this
-  run's part of the model's exactly-once count), ``examples_pushed`` (what the driver processes' result files
-  report having pushed: a restarted process's count starts at its restart), ``examples_stale_at_most`` (their
-  pushes dropped as stale, each at most one batch: never applied, restore or not, e.g. a sync run's backup
-  worker's), ``examples_discarded`` (at least: see below), ``drivers_restarted`` (the driver processes restarted
-  in the run: workers and chief, or the in-graph client) and ``examples_discarded_complete``;
+* ``metrics.json`` ``restore_loss`` (None where no restore happened within the run: the task holding global_step is
+  at generation 0; where that task exited or restarted empty after training, the ps tasks still ready say it, and
+  with none ready it is not known: None): ``generation``, ``global_step``, ``restored_step`` (the step of the
+  checkpoint the model was last set back to, where a driver process reports it: an in-graph run's client, which
+  makes every restore of its run; None in a between-graph run, whose chief restores within its session),
+  ``examples_in_model`` (this run's part of the model's exactly-once count), ``examples_pushed`` (what the driver
+  processes' result files report having pushed: a restarted process's count starts at its restart),
+  ``examples_stale_at_most`` (their pushes dropped as stale, each at most one batch: never applied, restore or not,
+  e.g. a sync run's backup worker's), ``examples_discarded`` (at least: see below), ``drivers_restarted`` (the
+  driver processes restarted in the run: workers and chief, or the in-graph client) and
+  ``examples_discarded_complete``;
 * one console line at the end (:func:`restore_loss_line`), where anything was discarded or may have been.
 
 ``examples_discarded`` is a lower bound, the larger of two: pushed less stale less in the model (at least 0),
@@ -45,9 +47,11 @@ def restore_loss(ps_stats: Sequence[Mapping[str, Any]], *, examples_pushed: int,
     the pushed examples dropped as stale (their pushes times the batch size), the restores the result files
     report (each ``{"restored_step", "examples_discarded"}``, the latter None where not known; None entries:
     a result without one) and how many times a driver process was restarted; None where the task holding
-    global_step reports no restore within the run (generation 0), or none holds it."""
+    global_step reports no restore within the run (generation 0; where it lost its state after training, the
+    tasks still ready: :func:`_generation`), or none holds it."""
     head = next((s for s in ps_stats if s.get("global_step") is not None), None)
-    if head is None or not int(head.get("generation") or 0):
+    generation = _generation(head, ps_stats) if head is not None else None
+    if head is None or not generation:
         return None
     in_model = max(0, int(head.get("examples") or 0) - examples_at_start)
     reported = [r for r in restores if r is not None]
@@ -55,12 +59,22 @@ def restore_loss(ps_stats: Sequence[Mapping[str, Any]], *, examples_pushed: int,
     # Each restart's earlier life is counted only where the restore after it reported its discard: one restart
     # at most (the in-graph client reports its own restore only; a between-graph worker reports none).
     complete = drivers_restarted == 0 or (drivers_restarted == 1 and len(counted) == 1)
-    return {"generation": int(head["generation"]), "global_step": int(head["global_step"]),
+    return {"generation": generation, "global_step": int(head["global_step"]),
             "restored_step": int(reported[-1]["restored_step"]) if reported else None,
             "examples_in_model": in_model, "examples_pushed": examples_pushed,
             "examples_stale_at_most": examples_stale_at_most,
             "examples_discarded": max(0, examples_pushed - examples_stale_at_most - in_model, sum(counted)),
             "examples_discarded_complete": complete, "drivers_restarted": drivers_restarted}
+
+
+def _generation(head: Mapping[str, Any], ps_stats: Sequence[Mapping[str, Any]]) -> int:
+    """The restore generation of the run's model: the holder of global_step's; where its figures are the final
+    checkpoint's (``global_step_from``: it exited or restarted empty after training, its stand-in or its new
+    process's generation not the run's), that of the ps tasks still ready (a restore sets every task to one
+    generation); 0 where none is (not known: no restore said)."""
+    if head.get("global_step_from") is None:
+        return int(head.get("generation") or 0)
+    return max((int(s.get("generation") or 0) for s in ps_stats if s.get("ready") and s is not head), default=0)
 
 
 def restore_loss_line(loss: Mapping[str, Any] | None) -> str | None:

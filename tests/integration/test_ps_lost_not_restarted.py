@@ -91,3 +91,22 @@ def test_a_replicated_shard_whose_primary_died_is_reported_from_its_backup(tmp_p
         (0, "/job:ps/task:0", "primary"), (1, "/job:ps_backup/task:1", "primary")], metrics["shards"]
     assert metrics["updates_lost"] == 0 and metrics["pushes_applied"] == metrics["pushes_acknowledged"] > 0, metrics
     assert "shards_unread" not in metrics
+
+
+def test_a_restore_within_the_run_is_still_said_when_the_step_holder_is_gone(tmp_path: Path) -> None:
+    """ps task 1 killed mid-run and restarted (the cluster restored from a checkpoint at generation 1), then ps
+    task 0, holding global_step, killed after training: its stand-in has no generation, and the end took that as
+    generation 0: ``restore_loss`` None and no line, as if no restore had set the model back (a real run on
+    2a758c0: 'restore_loss': None, the model's examples 13824 of 15232 pushed). ps task 1 still tells the
+    generation."""
+    r, out = _train(tmp_path, "0", "--restart-policy", "on-failure", "--chaos", "kill:ps:1@step=30",
+                    "--save-checkpoints-steps", "20")
+    metrics = _evaluated_from_the_final_checkpoint(
+        r, out, tmp_path / "ckpt", "/job:ps/task:0 was killed by signal SIGKILL after training and was not restarted")
+    assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:1"], metrics["faults"]
+    loss = metrics["restore_loss"]
+    assert loss is not None and loss["generation"], metrics["ps"]
+    assert (loss["global_step"], loss["examples_in_model"]) == (metrics["global_step"], metrics["examples"])
+    assert loss["examples_discarded"] == loss["examples_pushed"] - loss["examples_in_model"], loss
+    if loss["examples_discarded"]:  # the pushes between the restored checkpoint and the kill (none: no line)
+        assert "a restore within the run set the model back" in r.stderr, r.stderr[-3000:]

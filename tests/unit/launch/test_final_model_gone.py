@@ -51,3 +51,24 @@ def test_a_task_gone_and_one_restarted_empty_are_both_said() -> None:
     why = lost_after_training([{"task": "/job:ps/task:0", "ready": False},
                                {"task": "/job:ps/task:1", "ready": False, "exited": True, "error": "E"}])
     assert why == "E; /job:ps/task:0 lost its state after training (restarted empty, not restored, or not answering)"
+
+
+def test_a_gone_step_holders_stand_in_does_not_read_as_no_restore(tmp_path: Any) -> None:
+    """ps task 0 (holding global_step) exited after a run that restored the cluster at generation 1: its stand-in
+    has no generation, and restore_loss took that as 0 ('no restore within the run': None, no line). Every ps task
+    is restored at one generation, so a task still ready tells it; the model's figures are the final checkpoint's."""
+    from psflow.checkpoint.manifest import Manifest
+    from psflow.launch.final_model import FinalCheckpoint, with_step_of
+    from psflow.launch.restore_loss import restore_loss
+
+    gone = gone_after_training(_lc([_task("ps", 0, -int(signal.SIGKILL)), _task("ps", 1, None)]))
+    final = FinalCheckpoint(str(tmp_path / "ckpt-000000060"), Manifest(global_step=60, variables={}, shards=[],
+                                                                       examples=5120), "why")
+    ps_stats = with_step_of([*gone.values(), {"task": "/job:ps/task:1", "ready": True, "generation": 1}], final)
+    loss = restore_loss(ps_stats, examples_pushed=7680, examples_at_start=0)
+    assert loss is not None, ps_stats
+    assert (loss["generation"], loss["global_step"], loss["examples_in_model"], loss["examples_discarded"]) == (
+        1, 60, 5120, 2560)
+    # no ps task left to tell the generation: not known, and no restore is said (None, as documented)
+    alone = with_step_of([*gone.values()], final)
+    assert restore_loss(alone, examples_pushed=7680, examples_at_start=0) is None
