@@ -259,8 +259,8 @@ def render_status(s: dict[str, Any]) -> str:
 
 def _replicas(s: dict[str, Any]) -> list[str]:
     """(--ps-replicas) The run's pushes acknowledged, applied and lost, and per shard its primary, backups
-    (how far behind), members joining (what is queued for them) and losses; nothing for an unreplicated run (its
-    snapshot has none of them)."""
+    (how far behind), members joining (what is queued for them) and losses, and each shard not read at the end
+    (``shards_unread``); nothing for an unreplicated run (its snapshot has none of them)."""
     lines = []
     if s.get("updates_lost") is not None:
         lines.append(f"replicated shards: pushes acknowledged {_num(s.get('pushes_acknowledged'))} | "
@@ -273,6 +273,9 @@ def _replicas(s: dict[str, Any]) -> list[str]:
         lines.append(f"shard {shard['shard']}: primary {shard.get('primary') or 'none'} (epoch {_num(shard.get('epoch'))}), "
                      f"{'backups ' + backups if backups else 'no backup'}{joining}; "
                      f"{_num(shard.get('updates_lost'))} updates lost")
+    for unread in s.get("shards_unread") or []:  # no member answered at the run's end: the totals are not known
+        lines.append(f"shard {unread.get('shard')}: not read at the run's end ({unread.get('error')}): pushes "
+                     "acknowledged, applied and updates lost not known")
     return lines
 
 

@@ -79,7 +79,7 @@ STATUS_FILE = "status.json"
 #: The figures a run's final snapshot (metrics.json) gives the collector's last snapshot (:meth:`StatusCollector.finish`).
 FINAL_FIGURES = ("global_step", "examples", "resumed_from", "examples_at_start", "examples_this_run", "wall_seconds",
                  "examples_per_sec", "loss", "last_step_loss", "eval", "checkpoints", "faults", "restarts", "hangs",
-                 *REPLICATION_FIGURES, "shards")
+                 *REPLICATION_FIGURES, "shards", "shards_unread")
 _PS_COUNTERS = ("pushes", "pulls", "bytes_in", "bytes_out", "apply_seconds", "rows_pulled", "rows_pushed")
 #: States of a task that is (as far as anyone knows) still running; at the run's end they become its end.
 _RUNNING_STATES = ("up", "starting", "unresponsive", "unknown", "unreachable")

@@ -206,8 +206,8 @@ function renderCheckpoints(c) {
 }
 
 // (--ps-replicas) The run's pushes acknowledged, applied and lost, then one line per shard: its primary, backups
-// (how far behind), members joining (rebuilding from the primary: what is queued for them) and losses. None for
-// an unreplicated run (its snapshot has none of them).
+// (how far behind), members joining (rebuilding from the primary: what is queued for them) and losses, then each
+// shard not read at the run's end (shards_unread). None for an unreplicated run (its snapshot has none of them).
 function replicasText(s) {
   const lines = [];
   if (s.updates_lost !== null && s.updates_lost !== undefined) {
@@ -220,6 +220,10 @@ function replicasText(s) {
     const joining = (sh.joining || []).map((j) => `, joining ${j.task} (${fmt(j.lag_entries)} entries queued)`).join("");
     lines.push(`shard ${sh.shard}: primary ${sh.primary || "none"} (epoch ${fmt(sh.epoch)}), ` +
       `${backups ? "backups " + backups : "no backup"}${joining}; ${fmt(sh.updates_lost)} updates lost`);
+  }
+  for (const u of s.shards_unread || []) {  // no member answered at the run's end: the totals are not known
+    lines.push(`shard ${u.shard}: not read at the run's end (${u.error}): pushes acknowledged, applied and ` +
+      "updates lost not known");
   }
   return lines;
 }
