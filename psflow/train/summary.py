@@ -65,7 +65,8 @@ import numpy as np
 from psflow.data.api import BadRecordError, DataError
 from psflow.data.tfrecord import TFRecordWriter, check_data_crcs, iter_record_chunks, looks_like_tfrecord
 
-__all__ = ["REQUEST_COUNTERS", "ScalarTail", "SummaryWriter", "ps_restarted", "read_scalars", "set_back"]
+__all__ = ["REQUEST_COUNTERS", "ScalarTail", "SummaryWriter", "ps_restarted", "read_scalars", "set_back",
+           "start_written"]
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ class SummaryWriter:
             event.summary.value.add(tag=tag, simple_value=float(value))
         self._append(event)
 
-    def session_start(self, step: int, checkpoint: str | None = None) -> None:
+    def session_start(self, step: int, checkpoint: str | None = None, msg: str | None = None) -> None:
         """Writes a ``SessionLog`` START: training (re)starts from the model state of ``step``.
 
         TensorFlow's chief writes one when its session restores a checkpoint, and TensorBoard then drops the
@@ -125,12 +126,15 @@ class SummaryWriter:
         ``step`` itself: the history of the model restored, its loss and its evaluation (a finished run's
         final one), which the resumed run does not write again (TensorFlow writes it at ``step`` and loses
         them). psflow's own readers (:func:`read_scalars`, :class:`ScalarTail`) skip it: for them the newest
-        write of a step wins, and older steps past it stay.
+        write of a step wins, and older steps past it stay. ``msg`` (the SessionLog's): what the START is of, which
+        :func:`start_written` finds.
         """
         event = self._event(wall_time=time.time(), step=int(step) + 1)
         event.session_log.status = 1  # SessionLog.START
         if checkpoint is not None:
             event.session_log.checkpoint_path = checkpoint
+        if msg is not None:
+            event.session_log.msg = msg
         self.continue_last()  # read after every point written before it, whichever writer wrote them
         self._append(event)
 
@@ -379,3 +383,31 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     newest write wins. Blocking; needs no TensorBoard (see the module's guarantees).
     """
     return ScalarTail(logdir).poll()
+
+
+def start_written(logdir: str, msg: str) -> bool:
+    """Whether an event file in ``logdir`` (its own files, TensorBoard's run) holds a SessionLog START whose ``msg``
+    is ``msg`` (:meth:`SummaryWriter.session_start`). Every write is flushed, so another worker's START is seen once
+    its write returned. A file that cannot be read, or the part of it past damage, counts as holding none (logged)."""
+    try:
+        names = sorted(f for f in os.listdir(logdir) if f.startswith(_EVENTS_PREFIX))
+    except OSError as e:
+        log.warning("summary directory %s: not listed (%s): its STARTs are not known", logdir, e)
+        return False
+    event_type = _event_class()
+    for name in names:
+        path = os.path.join(logdir, name)
+        try:
+            for chunk in iter_record_chunks(path, "none"):
+                for i in range(len(chunk.lengths)):
+                    event = event_type()
+                    s = int(chunk.data_starts[i])
+                    try:
+                        event.ParseFromString(chunk.buf[s : s + int(chunk.lengths[i])])
+                    except Exception:  # protobuf's DecodeError (the checksum was right): not a START of ours
+                        continue
+                    if event.HasField("session_log") and event.session_log.status == 1 and event.session_log.msg == msg:
+                        return True
+        except (BadRecordError, DataError) as e:  # a record being appended, damage, or the file gone since
+            log.info("%s: read up to %s", path, e)
+    return False

@@ -16,7 +16,7 @@ from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import RpcError
 from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer
-from psflow.train.summary import REQUEST_COUNTERS, SummaryWriter, ps_restarted, set_back
+from psflow.train.summary import REQUEST_COUNTERS, SummaryWriter, ps_restarted, set_back, start_written
 
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
@@ -31,6 +31,13 @@ def _global_step_of(checkpoint: str) -> int | None:
         return read_manifest(checkpoint).global_step
     except CheckpointError:  # deleted since (rotation)
         return None
+
+
+def _restore_mark(client: ParameterClient, snapshot: dict[int, dict[str, Any]]) -> str | None:
+    """What the START of the cluster's last restore within the run says (its ``msg``): its generation, ps task 0's
+    (a restore's wall clock in ms: unique); None before any (generation 0: a fresh or resumed cluster), or unknown."""
+    generation = snapshot.get(client.step_task, {}).get("generation")
+    return f"psflow restore at generation {generation}" if isinstance(generation, int) and generation != 0 else None
 
 
 class SummarySaverHook(SessionRunHook):
@@ -48,6 +55,12 @@ class SummarySaverHook(SessionRunHook):
     (:meth:`after_restore`, from :class:`~psflow.train.recovery.ClusterRecovery`), before its next step. Each
     START is at the checkpoint's step, also where global_step went on past the steps lost (the journal's, or ps
     task 0 kept it): TensorBoard then drops the lost steps' points, which described a model no longer trained.
+
+    One START per restore within the run, by the first worker to hold the duties after it, before any point: it
+    names the restore's generation (``msg``), and a worker taking the duties (:meth:`after_create_session`) writes
+    it where the directory holds none (no worker held them as the cluster settled: their holder was the task lost,
+    or its lease lapsed; or this worker joined since), while :meth:`after_restore` writes none where it is there
+    already (a second START would drop the points written since the restore).
     """
 
     def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
@@ -61,16 +74,26 @@ class SummarySaverHook(SessionRunHook):
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         # Also on taking the duties over (LeaderOnlyHook): after the points of the worker that held them till now
         self.writer.continue_last()
+        snapshot = self._snapshot(session.client)  # the first rates' start
+        mark = _restore_mark(session.client, snapshot)
         joined = session.join_result
         if joined is not None and joined.restored is not None and session.global_step == joined.global_step:
             # At the checkpoint's step: a restore within the run goes on past every step value handed out
             # (psflow.train.within_run), and a START at that step dropped none of the lost steps past the checkpoint.
             restored_step = _global_step_of(joined.restored)
-            self.writer.session_start(joined.global_step if restored_step is None else restored_step, joined.restored)
+            self.writer.session_start(joined.global_step if restored_step is None else restored_step, joined.restored,
+                                      mark)
         # At the session's start only: a chief elected later, steps on (LeaderOnlyHook calls this then), restored nothing
         self._start_pending = joined is not None and joined.restore_pending and session.global_step == joined.global_step
         self._timer.mark(session.global_step)
-        self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # the first rates' start
+        self._last, self._last_time = snapshot, time.monotonic()
+        if not self._start_pending and mark is not None and not start_written(self.writer.logdir, mark):
+            # The cluster's last restore has no START: it settled while no worker held the duties (their holder
+            # lost, its lease lapsed), or this worker joined since. Nobody wrote a point since: each holder writes
+            # the START first. The restore read the newest checkpoint (no holder saved one since).
+            log.warning("summary: the restore at generation %s has no SessionLog START (no worker held the chief "
+                        "duties as it settled): writing it", snapshot[session.client.step_task]["generation"])
+            self.after_restore(session, None, None)
 
     def before_run(self, context: RunContext) -> None:
         if self._start_pending:  # the restore its join waited for has ended: the first step trains on its model
@@ -78,8 +101,18 @@ class SummarySaverHook(SessionRunHook):
 
     def after_restore(self, session: MonitoredTrainingSession, checkpoint: str | None, step: int | None) -> None:
         """The cluster was set back to ``checkpoint`` at ``step`` (None: the newest checkpoint's, which the restore
-        read): a START there, before the next step's summaries, whether or not global_step went back."""
+        read): a START there, before the next step's summaries, whether or not global_step went back. Once per
+        restore: the START names the restore's generation (ps task 0's), and none is written where the directory
+        holds that generation's already (a worker taking the duties after the holder that wrote it, which
+        :class:`~psflow.train.leader_hooks.LeaderOnlyHook` tells of a restore it heard of while not holding them:
+        a second START would drop that holder's points since the restore)."""
         self._start_pending = False  # (a chief whose join waited for this restore: this is its START)
+        snapshot = self._snapshot(session.client)  # not the empty tasks': the next rates' start
+        mark = _restore_mark(session.client, snapshot)
+        if mark is not None and start_written(self.writer.logdir, mark):
+            log.info("summary: the restore's SessionLog START (%s) is written already", mark)
+            self._last, self._last_time = snapshot, time.monotonic()
+            return
         if step is None:
             try:
                 checkpoint = latest_checkpoint(session.checkpoint_dir) if session.checkpoint_dir else None
@@ -89,9 +122,9 @@ class SummarySaverHook(SessionRunHook):
             step = _global_step_of(checkpoint) if checkpoint is not None else None
         if step is None:  # rotated away since: the step the restore left is the nearest known
             checkpoint, step = None, session.client.global_step()
-        self.writer.session_start(step, checkpoint)
+        self.writer.session_start(step, checkpoint, mark)
         self._timer.mark(step)
-        self._last, self._last_time = self._snapshot(session.client), time.monotonic()  # not the empty tasks'
+        self._last, self._last_time = snapshot, time.monotonic()
 
     def _snapshot(self, client: ParameterClient) -> dict[int, dict[str, Any]]:
         stats = {}  # each with "read_at": this process's monotonic clock once it was read (ps_restarted)

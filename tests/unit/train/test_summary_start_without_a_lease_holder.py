@@ -1,0 +1,157 @@
+"""A restore within the run whose cluster settled while no worker held the chief lease (the holder that restored was
+lost right after, or its lease lapsed in its own view while the restore ran) was told to every worker's LeaderOnlyHook
+while none led: each passed it over, and the worker that took the lease later wrote no SessionLog START
+(SummarySaverHook.after_create_session wrote one only at its session's start, for its own join's restore). TensorBoard
+then kept the points of the discarded model, past the restored checkpoint's step, beside the restored model's. Seen
+on a real run (tests/integration/test_summary_start_restorer_lost.py).
+
+Rule: one START per restore within the run, by the first worker to hold the duties after it, before any point; it
+names the restore's generation, so a later holder writes none (a second one would drop the points since the restore).
+
+Hooks of workers A, B and C (C joins after the restore: it never heard of it) on a real in-process cluster restored by
+ClusterRecovery, the lease set by the test; read back with TensorBoard's EventAccumulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
+
+from psflow.checkpoint.save import CheckpointManager
+from psflow.coord import Lease
+from psflow.train.hook_api import RunContext, RunValues
+from psflow.train.hooks import SummarySaverHook
+from psflow.train.leader_hooks import LeaderOnlyHook
+from psflow.train.recovery import ClusterRecovery
+from psflow.train.session import MonitoredTrainingSession
+from psflow.train.summary import SummaryWriter
+
+pytestmark = pytest.mark.timeout(60)
+
+_NAMES = ("a", "b", "c")
+
+
+def _lease_of(name: str) -> Lease:
+    return Lease("chief", name, f"{name}#1", 7, 10.0, float("inf"))
+
+
+class _Lease:
+    """The chief lease: held by one candidate, or by none (``holder`` None: in transition)."""
+
+    def __init__(self) -> None:
+        self.holder: str | None = "a"
+
+    def for_(self, name: str) -> Any:
+        state = self
+
+        class _Leadership:
+            candidate = name
+
+            def lease(self) -> Lease | None:
+                return _lease_of(name) if state.holder == name else None
+
+        return _Leadership()
+
+
+class _Run:
+    def __init__(self, tmp_path: Path) -> None:
+        self.client, self.services = two_ps_cluster()
+        self.ckpt = str(tmp_path / "ckpt")
+        with MonitoredTrainingSession(self.client, SGD, is_chief=True):  # the cluster initialized and ready
+            pass
+        self.logdir = tmp_path / "summaries"
+        self.writers = {name: SummaryWriter(str(self.logdir)) for name in _NAMES}
+        self.lease = _Lease()
+        self.hooks = {name: LeaderOnlyHook(SummarySaverHook(self.writers[name], save_steps=1),
+                                           self.lease.for_(name)) for name in _NAMES}
+        self.sessions = {name: SimpleNamespace(client=self.client, join_result=None, global_step=0,
+                                               checkpoint_dir=self.ckpt) for name in _NAMES}
+        self.running = ["a", "b"]  # C starts after the restore
+        for name in self.running:
+            self.hooks[name].after_create_session(self.sessions[name])
+
+    def steps(self, name: str, count: int) -> None:
+        for _ in range(count):
+            train_a_step(self.client)
+            step = self.client.global_step()
+            for other in self.running:  # every worker's hooks run; only the holder's write
+                context = RunContext(session=self.sessions[other], local_step=0)  # type: ignore[arg-type]
+                self.hooks[other].before_run(context)
+                if other == name:
+                    self.hooks[other].after_run(context, RunValues(step=step, loss=0.5, examples=1))
+
+    def save(self) -> None:
+        CheckpointManager(self.ckpt).save(self.client)
+
+    def restore(self, restorer: str) -> None:
+        """ps task 1 lost and back empty; ``restorer`` (its lease) restores; the hooks of every worker running hear
+        of it as the cluster settles, whoever holds the lease then."""
+        restart_ps(self.client, self.services, 1)
+
+        def told(checkpoint: str | None, step: int | None) -> None:
+            for name in self.running:
+                self.hooks[name].after_restore(self.sessions[name], checkpoint, step)
+
+        recovery = ClusterRecovery(self.client, SGD, checkpoint_dir=self.ckpt, leader=lambda: _lease_of(restorer),
+                                   timeout=30.0, generation=self.client.ps_stats().generation, on_restored=told)
+        assert recovery.wait()[0]
+
+    def start(self, name: str) -> None:
+        self.running.append(name)
+        self.hooks[name].after_create_session(self.sessions[name])
+
+    def curve(self) -> list[int]:
+        for writer in self.writers.values():
+            writer.close()
+        accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+        acc = accumulator.EventAccumulator(str(self.logdir))
+        acc.Reload()
+        return [e.step for e in acc.Scalars("train/loss")]
+
+
+@pytest.mark.parametrize("taker", ["a", "b", "c"], ids=["holder_again", "other_worker", "worker_joined_since"])
+def test_a_restore_no_one_held_the_lease_through_gets_its_start_from_the_next_holder(tmp_path: Path,
+                                                                                     taker: str) -> None:
+    run = _Run(tmp_path)
+    run.steps("a", 2)
+    run.save()                 # the checkpoint of step 2
+    run.steps("a", 3)          # 3..5 by A: lost with ps task 1
+    run.lease.holder = None    # A restores, then is lost (or its lease lapses): nobody leads as the cluster settles
+    run.restore("a")
+    run.start("c")             # C starts (a restarted worker): it never heard of the restore
+    run.lease.holder = taker   # the lease taken again
+    run.steps(taker, 2)        # 6, 7: the restored model
+    assert run.curve() == [1, 2, 6, 7]
+
+
+@pytest.mark.parametrize("taker", ["b", "c"], ids=["other_worker", "worker_joined_since"])
+def test_the_start_is_written_once_per_restore(tmp_path: Path, taker: str) -> None:
+    run = _Run(tmp_path)
+    run.steps("a", 2)
+    run.save()
+    run.steps("a", 3)          # 3..5: lost
+    run.restore("a")           # A leads: its START at 3
+    run.steps("a", 2)          # 6, 7 by A: the restored model
+    run.start("c")
+    run.lease.holder = taker   # a worker taking the duties after A writes no second START
+    run.steps(taker, 2)        # 8, 9
+    assert run.curve() == [1, 2, 6, 7, 8, 9]
+
+
+def test_a_later_restore_nobody_led_through_is_marked_too(tmp_path: Path) -> None:
+    run = _Run(tmp_path)
+    run.steps("a", 2)
+    run.save()
+    run.steps("a", 1)          # 3: lost with the first restore
+    run.restore("a")           # A leads: START at 3
+    run.steps("a", 2)          # 4, 5
+    run.save()                 # the checkpoint of step 5
+    run.steps("a", 2)          # 6, 7: lost with the second restore
+    run.lease.holder = None
+    run.restore("a")           # settles with nobody leading
+    run.lease.holder = "b"
+    run.steps("b", 2)          # 8, 9
+    assert run.curve() == [1, 2, 4, 5, 8, 9]
