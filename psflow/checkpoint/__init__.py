@@ -98,7 +98,8 @@ resumed, writes only its older epoch's file, finds the newer one deciding and
 is fenced off. Past the mutex a save still rotates, deleting less: only
 complete checkpoints of its own run and lineage, of its epoch or an older one,
 that no pointer file names (:mod:`psflow.checkpoint.rotation`), and leftovers
-whose writer is certainly gone (:mod:`psflow.checkpoint.leftovers`); the next
+whose writer is certainly gone, or is another run or an older epoch of this one
+that the run is past (:mod:`psflow.checkpoint.leftovers`); the next
 save holding it deletes the rest, shard files a ps task wrote after its save's
 directory was removed included (:func:`~psflow.checkpoint.rotation.late_shards_only`). A
 chief that finds a checkpoint of the last step current marks it final

@@ -75,7 +75,7 @@ CREATING_PREFIX = ".creating-"
 
 _IDENTITY = ("host", "pid", "pid_start", "boot_id", "pid_ns")
 
-_NAMED_AT = re.compile(rf"^{re.escape(PREFIX)}(\d{{9}})(?:-\d+)?$")  # a save's directory: the step it was named at
+_NAMED_AT = re.compile(rf"^{re.escape(PREFIX)}(\d{{9,}})(?:-\d+)?$")  # a save's directory: the step it was named at
 
 
 def writer_identity() -> dict[str, Any]:

@@ -72,7 +72,8 @@ through its own epoch's file ``checkpoint.e<epoch>`` (one writer per file;
 ``checkpoint``: the stopped holder, resumed, cannot replace it. Past the mutex
 it writes no lock file and deletes only what is safe without it: its own run's
 older-epoch checkpoints no pointer file names (:mod:`psflow.checkpoint.rotation`)
-and leftovers of writers certainly gone (:mod:`psflow.checkpoint.leftovers`).
+and leftovers of crashed saves whose writer is certainly gone, or is another run or an older epoch of this
+one that the run is past (:mod:`psflow.checkpoint.leftovers`).
 """
 
 from __future__ import annotations
@@ -215,7 +216,8 @@ def _passed(directory: str, what: str, timeout: float) -> bool:
         _PASSED.add(directory)
         log.warning("%s %s: another process held its lock for %.0f s (stopped inside a save?); going on past it: "
                     "this process writes only its own epoch's pointer file and deletes only its own run's older "
-                    "checkpoints that no pointer names and leftovers of writers that are gone", what, directory, timeout)
+                    "checkpoints that no pointer names, and leftovers of crashed saves whose writer is gone, or is "
+                    "another run or an older epoch of this one that the run is past", what, directory, timeout)
     return False
 
 

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 #: The folder of a checkpoint directory holding one marker per plain name removed as a save's (module docstring).
 RETIRED_DIR = ".retired"
 
-_PLAIN = re.compile(rf"^{re.escape(PREFIX)}\d{{9}}$")  # checkpoint_name's, without a suffix
+_PLAIN = re.compile(rf"^{re.escape(PREFIX)}\d{{9,}}$")  # checkpoint_name's (9 digits or more), without a suffix
 
 _RETIRED: dict[str, set[str]] = {}  # checkpoint directory -> the names this process retired there (the markers' cache)
 _RETIRED_LOCK = threading.Lock()

@@ -135,7 +135,8 @@ def remove_leftovers(directory: str, run_id: str, lineage: str, epoch: int | Non
     """Removes the leftovers of crashed saves for a save of run ``run_id`` at lease ``epoch``; returns the names
     removed. ``held`` (the caller holds the directory's mutex): the directories without a manifest among what
     :func:`deletable` lists. Past it: those of this run or ``lineage`` whose writer is certainly gone
-    (:func:`~psflow.checkpoint.leftovers.writer_gone`). Either way, the ``.creating-*`` directories
+    (:func:`~psflow.checkpoint.leftovers.writer_gone`) or, unjudged, left behind by the run
+    (:func:`~psflow.checkpoint.leftovers.left_behind`). Either way, the ``.creating-*`` directories
     :func:`~psflow.checkpoint.leftovers.remove_creating` may remove."""
     removed = remove_creating(directory, run_id, epoch, held=held)
     if held:

@@ -221,7 +221,7 @@ class CheckpointManager:
         another chief took as the run's final one stays. The manifest is replaced whole (write, fsync,
         rename): a reader sees the old or the new one, both valid. Leftovers of this lineage's crashed saves are
         removed, as a save removes them (a resumed run that ends saving nothing leaves none; past the mutex only
-        those of writers certainly gone). Idempotent.
+        those :func:`~psflow.checkpoint.rotation.remove_leftovers` names). Idempotent.
 
         Raises:
             CheckpointFencedError: the pointer was written by a newer epoch of this run.
@@ -259,7 +259,7 @@ class CheckpointManager:
         writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
                   "writer": client.client_name, **writer_identity()}  # (host, pid: whether it is gone)
         with directory_mutex(self.directory, may_pass=epoch is not None) as held:
-            # Without the mutex (passed by a newer epoch) only the leftovers of writers certainly gone are removed,
+            # Without the mutex (passed by a newer epoch) only leftovers whose writer is gone or left behind go,
             # and the directory gets a name no one else takes (see _create).
             removed = remove_leftovers(self.directory, self.run_id, lineage, epoch, held=held)
             retire(self.directory, removed)

@@ -12,8 +12,10 @@ import pytest
 
 from psflow import storage
 from psflow.checkpoint import naming
+from psflow.checkpoint.leftovers import left_behind
 from psflow.checkpoint.manifest import WRITER_NAME
 from psflow.checkpoint.naming import RETIRED_DIR, checkpoint_name, free_name, retire
+from psflow.checkpoint.pointer import checkpoint_dirs, incomplete_checkpoints, latest_checkpoint, pointer_files
 from psflow.checkpoint.rotation import remove_leftovers
 
 
@@ -63,3 +65,34 @@ def test_a_marker_not_written_does_not_keep_the_leftover(tmp_path: Path, caplog:
     assert not (tmp_path / checkpoint_name(9)).exists()
     assert free_name(str(tmp_path), 9, ()).startswith(f"{checkpoint_name(9)}-")
     assert f"could not record its name in {RETIRED_DIR}" in caplog.text
+
+
+def test_a_step_of_ten_digits_is_retired_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """global_step counts every push (README, Steps): a long run of many workers passes 999,999,999, and
+    checkpoint_name gives ten digits then. Its removed name is marked, and a leftover of it can be left behind."""
+    step = 1_000_000_000
+    _leftover(tmp_path, step)
+    assert remove_leftovers(str(tmp_path), "run-a", "run-a", None) == {checkpoint_name(step)}
+    assert (tmp_path / RETIRED_DIR / checkpoint_name(step)).exists()
+    _restart(monkeypatch)
+    assert free_name(str(tmp_path), step, ()).startswith(f"{checkpoint_name(step)}-")
+    writer = {"run_id": "run-0", "lineage": "run-a", "epoch": 3, "host": "node-x", "pid": 1, "pid_start": 1,
+              "boot_id": "b", "pid_ns": "n"}
+    assert left_behind(writer, f"{checkpoint_name(step)}-123", "run-a", 7, [step + 1, step + 2, step + 3])
+    assert not left_behind(writer, f"{checkpoint_name(step)}-123", "run-a", 7, [step + 1, step + 2, step])
+
+
+def _no_checkpoint_in(directory: str) -> None:
+    retire(directory, [checkpoint_name(5)])
+    assert checkpoint_dirs(directory) == [] and incomplete_checkpoints(directory) == []
+    assert latest_checkpoint(directory) is None and pointer_files(directory) == []
+
+
+def test_markers_are_no_checkpoints(tmp_path: Path) -> None:
+    """``.retired/ckpt-*`` is never listed as a checkpoint, complete or not: a run whose only save failed starts as
+    from a fresh directory."""
+    _no_checkpoint_in(str(tmp_path))
+
+
+def test_markers_are_no_checkpoints_on_an_object_store(object_store: str) -> None:
+    _no_checkpoint_in(f"{object_store}/ckpt")
