@@ -82,7 +82,10 @@ def run_train(args: argparse.Namespace) -> int:
             if e.ended is None or e.ended.get("phase") != "finished":
                 raise  # cli.main reports it: 128 + n, or a failed run's end's status (launcher_signals)
             # The signal arrived after the run had finished (every task stopped): its end stands, and so does what
-            # follows a finished run: its summary on stdout, exit status 0 (a script reads the run's outcome).
+            # follows a finished run: its last line (a cluster run's bar printed it), its summary on stdout, exit
+            # status 0 (a script reads the run's outcome).
+            if args.in_process and not args.quiet:
+                print(final_line(e.ended), file=sys.stderr, flush=True)
             print(f"psflow train: {e}", file=sys.stderr, flush=True)
             metrics = dict(e.ended)
     summary = {k: metrics[k] for k in ("global_step", "examples", "examples_this_run", "wall_seconds",

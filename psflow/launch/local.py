@@ -245,8 +245,9 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
                 end.failed(str(e))
             raise
         finally:
-            if bar is not None:
-                bar.close(None)  # ends the bar of a failed run (no-op after the line above)
+            if bar is not None:  # ends the bar (no-op after the line above): a failed run's, or a finished run's whose
+                # end a signal followed before that line (its last line all the same, from the end written)
+                bar.close(lc.signals.ended if (lc.signals.ended or {}).get("phase") == "finished" else None)
             client.close()
             page.close()
     log.debug("run ended: %s", ended)

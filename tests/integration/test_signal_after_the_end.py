@@ -41,7 +41,8 @@ def _tasks_of(out: Path) -> list[int]:
     return pids
 
 
-def _train(out: Path, point: str, *extra: str, phase: str = "finished") -> subprocess.CompletedProcess[str]:
+def _train(out: Path, point: str, *extra: str, phase: str = "finished",
+           quiet: bool = True) -> subprocess.CompletedProcess[str]:
     """``psflow train`` (1 ps, 1 worker, 20 steps) signalled at ``point`` of the ``phase`` end; every task gone."""
     env = dict(os.environ, PSFLOW_TEST_LATE_SIGNAL=point, PSFLOW_TEST_LATE_SIGNAL_PHASE=phase,
                # the repository first: the hook imports psflow before ``-m`` puts the working directory on the path
@@ -49,7 +50,7 @@ def _train(out: Path, point: str, *extra: str, phase: str = "finished") -> subpr
     try:
         r = run_bounded([sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124",
                          "--ps", "1", "--workers", "1", "--batch-size", "128", "--max-steps", "20",
-                         "--output", str(out), "--quiet", *extra], timeout=250, env=env, cwd=REPO)
+                         "--output", str(out), *(["--quiet"] if quiet else []), *extra], timeout=250, env=env, cwd=REPO)
         wait_until(lambda: not _tasks_of(out), f"every task of {out} gone", 60.0)
     finally:
         for pid in _tasks_of(out):
@@ -69,6 +70,22 @@ def test_a_sigterm_after_a_finished_run_s_end_exits_0_and_says_so(tmp_path: Path
     assert "interrupted by" not in r.stderr, r.stderr[-3000:]
     summary = json.loads(r.stdout)  # the run's summary, as after any finished run
     assert summary["global_step"] == metrics["global_step"] and summary["examples"] == metrics["examples"]
+
+
+@pytest.mark.parametrize("point", ["while_written", "after_written", "in_process_written"])
+def test_a_sigterm_after_a_finished_run_s_end_leaves_its_last_line(tmp_path: Path, point: str) -> None:
+    """Without ``--quiet`` a finished run's last line (``psflow: done: global_step N | ...``) follows its end; a SIGTERM
+    as the end was written, or just after, left it out (the bar closed without it), in a cluster run and in an
+    ``--in-process`` one, whose launcher prints it after the run returns."""
+    out = tmp_path / "run"
+    r = _train(out, point, *(["--in-process"] if point == "in_process_written" else []), quiet=False)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["phase"] == "finished" and r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    done = [line for line in r.stderr.splitlines() if line.startswith("psflow: done: ")]
+    assert len(done) == 1 and done[0].startswith(f"psflow: done: global_step {metrics['global_step']} |"), \
+        r.stderr[-3000:]
+    assert r.stderr.index("psflow: done: ") < r.stderr.index("SIGTERM arrived after the run had finished"), \
+        r.stderr[-3000:]
 
 
 def test_a_sigterm_as_a_failed_run_s_end_is_written_exits_with_the_failure_s_status(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ path only where a test puts this directory on PYTHONPATH). ``PSFLOW_TEST_LATE_SI
   the section that defers signals while they are (``RunEnd._write``): raised once it is left (a failed run's instead
   with ``PSFLOW_TEST_LATE_SIGNAL_PHASE=failed``);
 * ``after_written``: as ``RunEnd.finished`` returns (the end written, signals not deferred: raised at once);
-* ``in_shutdown``: as the launcher asks the ps tasks to shut down (the section after the end that defers signals).
+* ``in_shutdown``: as the launcher asks the ps tasks to shut down (the section after the end that defers signals);
+* ``in_process_written``: (``--in-process``) as the finished run's files have just been written (its ``on_end``, which
+  defers signals while it writes them): raised once they are.
 
 Only the first time; the task processes (which also read this file) are never signalled.
 """
@@ -52,6 +54,19 @@ elif _POINT == "after_written":
         return final
 
     run_end.RunEnd.finished = _signalled_finished  # type: ignore[method-assign]
+
+elif _POINT == "in_process_written":
+    from psflow.launch import run_status
+
+    _write_in_process = run_status.write_run_files
+
+    def _signalled_in_process(final: Any, *args: Any, **kwargs: Any) -> Any:
+        written = _write_in_process(final, *args, **kwargs)
+        if final.get("phase") == "finished":
+            _signal_the_launcher()
+        return written
+
+    run_status.write_run_files = _signalled_in_process
 
 elif _POINT == "in_shutdown":
     from psflow.ps import client
