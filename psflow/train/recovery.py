@@ -88,6 +88,41 @@ __all__ = ["Leadership", "LeaderOnlyHook", "CampaignWhileTrainingHook", "Cluster
 
 log = logging.getLogger("psflow.recovery")
 
+#: Seconds between two lines of a restore that keeps failing (:meth:`ClusterRecovery.wait` retries it at every
+#: poll, up to 4 a second, for as long as its timeout): the first failure is logged, then how many since, at most
+#: this often.
+RESTORE_RETRY_LOG_EVERY = 30.0
+
+
+class _RetryLog:
+    """The lines of one wait's failed restores: the first, then at most one per :data:`RESTORE_RETRY_LOG_EVERY` s
+    counting the failures since the line before, and those no line counted yet when the wait ends (restored after
+    all, or given up)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failures = 0
+        self._told, self._told_at = 0, 0.0
+        self._last: Exception | None = None
+
+    def failed(self, error: Exception) -> None:
+        self.failures, self._last = self.failures + 1, error
+        if self.failures == 1:
+            log.error("%s: restore failed: %s; retrying", self.name, error)
+            self._told, self._told_at = 1, time.monotonic()
+        elif time.monotonic() - self._told_at >= RESTORE_RETRY_LOG_EVERY:
+            self._since("; retrying")
+
+    def ended(self) -> None:
+        if self.failures > self._told:
+            self._since("")
+
+    def _since(self, then: str) -> None:
+        more, now = self.failures - self._told, time.monotonic()
+        log.error("%s: restore failed %d more time%s in %.0f s (%d in all; the last: %s)%s", self.name, more,
+                  "" if more == 1 else "s", now - self._told_at, self.failures, self._last, then)
+        self._told, self._told_at = self.failures, now
+
 
 class RecoveryError(TrainingError, RuntimeError):
     """The cluster was not restored in time; names the tasks not ready (no checkpoint at all:
@@ -158,6 +193,7 @@ class ClusterRecovery:
         """
         started = time.monotonic()
         deadline, wait = started + self.timeout, 0.05
+        failures = _RetryLog(self.client.client_name)
         while True:
             states = self._states()
             generation = self._settled(states)
@@ -174,8 +210,9 @@ class ClusterRecovery:
                     self.restore(lease, states, limit=max(deadline - time.monotonic(), 0.0))
                     continue
                 except (CheckpointError, RpcError) as e:
-                    log.error("%s: restore failed: %s; retrying", self.client.client_name, e)
+                    failures.failed(e)
             if time.monotonic() + wait > deadline:
+                failures.ended()
                 down = [f"/job:ps/task:{t}" for t, s in sorted(states.items()) if s is None or not s.ready]
                 raise RecoveryError(f"{self.client.client_name}: cluster not restored within {self.timeout:.0f} s "
                                     f"(waited {time.monotonic() - started:.1f} s; not ready: {', '.join(down) or 'none'})")
@@ -184,6 +221,7 @@ class ClusterRecovery:
             # ended, and a sync run waits for its slowest worker (a 1.0 s cap cost up to 1 s per restore, most
             # of one in the tests' restores of 1.5-3 s). Each poll is one Stats RPC per ps task.
             wait = min(wait * 2, 0.25)
+        failures.ended()
         self.generation = generation
         if self.on_restored is not None:
             self.on_restored(*self._restore_seen())
