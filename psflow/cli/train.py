@@ -17,6 +17,7 @@ from typing import Any
 from psflow import jsonio
 from psflow.cli.training import config_from_args, faults_from_args
 from psflow.data.infer import schema_yaml
+from psflow.launch.launcher_signals import EndNotWritten
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.status.progress import final_line
 from psflow.status.report import RUN_SUMMARIES
@@ -78,6 +79,9 @@ def run_train(args: argparse.Namespace) -> int:
                 metrics = run_local(config, output, progress=None if args.quiet else sys.stderr,
                                     resilience=resilience_config(args), status=status, verbose=args.verbose,
                                     faults=faults_from_args(args))
+        except EndNotWritten as e:  # training's result still printed; then the error's one line, exit status 1
+            _print_summary(dict(e.final))
+            raise
         except LaunchInterrupted as e:
             if e.ended is None or e.ended.get("phase") != "finished":
                 raise  # cli.main reports it: 128 + n, or a failed run's end's status (launcher_signals)
@@ -88,6 +92,12 @@ def run_train(args: argparse.Namespace) -> int:
                 print(final_line(e.ended), file=sys.stderr, flush=True)
             print(f"psflow train: {e}", file=sys.stderr, flush=True)
             metrics = dict(e.ended)
+    _print_summary(metrics)
+    return 0
+
+
+def _print_summary(metrics: dict[str, Any]) -> None:
+    """A run's result on stdout (its figures as JSON), with the lines of what it skipped or held on stderr."""
     summary = {k: metrics[k] for k in ("global_step", "examples", "examples_this_run", "wall_seconds",
                                        "examples_per_sec")}
     if metrics.get("bad_records_skipped"):
@@ -102,7 +112,6 @@ def run_train(args: argparse.Namespace) -> int:
     if "eval" in metrics:
         summary["eval"] = metrics["eval"]
     print(jsonio.dumps(summary, indent=1))
-    return 0
 
 
 def _in_process_banner(config: TrainConfig, output: str) -> None:
@@ -147,6 +156,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     signals.install()  # main thread only (else a no-op)
 
     cut: list[dict[str, Any]] = []  # the end whose writing a second signal cut
+    unwritten: dict[str, str] = {}  # the end's files that could not be written: file name -> error
 
     def on_end(final: dict[str, Any], cluster: ClusterSpec) -> None:
         # No signal cuts the writing of the end (ending.final is set first: a cut left no metrics.json while the
@@ -156,13 +166,19 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
         # writing was cut before (the interrupted end's, to the same stuck directory, hung with no way out).
         # The interrupted end a first signal's cleanup writes: the next signal is said and ignored, the one after cuts it.
         cuts = signals.received is None or bool(cut)
+        # A file not written (a full disk): no end written; a finished or failed end's metrics.json: the run failed.
         with signals.deferring(second_cuts=cuts, repeat_cuts=None if cuts else f"the run's end is written to {output}"):
             try:
-                ending(final, cluster)
+                unwritten.update(ending(final, cluster))
             except LaunchInterrupted:
                 cut.append(final)
                 raise
-            signals.ended = final  # written whole: a signal from now on leaves the run's exit status (launcher_signals)
+            if not unwritten:
+                signals.ended = final  # written whole: a signal from now on leaves the run's exit status (launcher_signals)
+            elif METRICS_JSON in unwritten and final.get("phase") != "interrupted":
+                signals.unwritten = unwritten[METRICS_JSON]
+        if METRICS_JSON in unwritten and final.get("phase") == "finished":
+            raise EndNotWritten(final, unwritten[METRICS_JSON])
 
     try:
         return run_in_process(config, output, on_end=on_end, faults=faults, signals=signals,
@@ -175,10 +191,12 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
                         f"{os.path.join(output, METRICS_JSON)} and the status files may be missing")
             raise
         if final.get("phase") not in (None, "interrupted"):  # its end was written before the signal: it stands
-            e.report, e.ended = after_the_end(e.signum, final, output), final  # and so does its exit status
+            e.report = after_the_end(e.signum, final, output, unwritten=unwritten)  # (not where a file was not)
+            e.ended = final if not unwritten else None  # and so does its exit status (1 where metrics.json was not)
             raise
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
-                    f"{float(final.get('wall_seconds') or 0.0):.1f} s\nmetrics: {os.path.join(output, METRICS_JSON)}")
+                    f"{float(final.get('wall_seconds') or 0.0):.1f} s\n"
+                    + unwritten.get(METRICS_JSON, f"metrics: {os.path.join(output, METRICS_JSON)}"))
         raise
     finally:
         signals.restore()

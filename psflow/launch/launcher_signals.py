@@ -15,7 +15,10 @@ made of short ones (:mod:`psflow.waits`), so that a signal the kernel handed to 
 finished or a failed run's), a signal no longer decides how the run ended: its :class:`LaunchInterrupted` still
 stops every task, but carries that end, and the launcher's exit status is the end's own (0 finished; a failed run's
 code, 1), not ``128 + n``: a script or a scheduler reading the status reads the run's outcome, which metrics.json
-says too. Only an end written whole counts: a second signal that cuts the writing (``second_cuts``) leaves none.
+says too. Only an end written whole counts: a second signal that cuts the writing (``second_cuts``) leaves none,
+and nor does a file of it that could not be written (a full disk, a read-only or vanished run directory). Where that
+file is metrics.json, of a finished or a failed run's end (:attr:`LauncherSignals.unwritten`), the run failed: exit
+status 1 (:class:`EndNotWritten`), a later signal's too, and its report names the file and the error.
 
 A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so for its tasks
 (:mod:`psflow.launch.stop_signals`). The task side of a stop is :mod:`psflow.launch.lifeline`.
@@ -34,7 +37,17 @@ from typing import Any
 
 from psflow.launch.stop_signals import STOP_SIGNALS, ignored_stop_signals, signal_name, stop_signals_notice
 
-__all__ = ["LaunchInterrupted", "LauncherSignals", "end_status"]
+__all__ = ["EndNotWritten", "LaunchInterrupted", "LauncherSignals", "end_status"]
+
+
+class EndNotWritten(OSError):
+    """A finished run's metrics.json could not be written: the run failed (exit status 1), its training done.
+    ``final``: its end (the snapshot that file would hold: the caller still prints the run's result from it);
+    ``str()``: ``could not write PATH: ERROR``."""
+
+    def __init__(self, final: Mapping[str, Any], message: str) -> None:
+        super().__init__(message)
+        self.final = final
 
 
 class LaunchInterrupted(KeyboardInterrupt):
@@ -43,19 +56,24 @@ class LaunchInterrupted(KeyboardInterrupt):
     Attributes:
         signum: the signal.
         ended: the run's end (its final snapshot) where it was written before the signal arrived, else None.
+        unwritten: where a finished or failed end's metrics.json could not be written before the signal, why.
         exit_code: the launcher's exit status: ``128 + signum``; but the status of the run's end where it was
-            written before the signal (:func:`end_status`: 0 finished, a failed run's code).
+            written before the signal (:func:`end_status`: 0 finished, a failed run's code); 1 where ``unwritten``.
         report: lines for the user (set once the tasks are stopped).
     """
 
-    def __init__(self, signum: int, report: str = "", *, ended: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, signum: int, report: str = "", *, ended: Mapping[str, Any] | None = None,
+                 unwritten: str | None = None) -> None:
         super().__init__(signum)
         self.signum = signum
         self.report = report
         self.ended = ended
+        self.unwritten = unwritten
 
     @property
     def exit_code(self) -> int:
+        if self.unwritten is not None:
+            return 1
         return 128 + self.signum if self.ended is None else end_status(self.ended)
 
     def __str__(self) -> str:
@@ -101,6 +119,8 @@ class LauncherSignals:
         self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
         #: The run's end once written whole (set by whoever wrote it: module docstring, *After the end*).
         self.ended: Mapping[str, Any] | None = None
+        #: Why a finished or failed end's metrics.json could not be written (set by its writer): the run failed.
+        self.unwritten: str | None = None
 
     def install(self) -> bool:
         """Installs the handlers; False (nothing installed) off the main thread. Idempotent.
@@ -131,7 +151,7 @@ class LauncherSignals:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
             if self._deferred and self._second_cuts:
-                raise LaunchInterrupted(self.received, ended=self.ended)  # the section hangs: the user insists
+                raise self._interrupted(self.received)  # the section hangs: the user insists
             if self._deferred and self._repeat_cuts is not None:  # a cleanup that may hang: said, and the next cuts
                 _say(f"psflow: {signal_name(signum)} while {self._repeat_cuts}: ignored; another signal stops the "
                      "launcher without it")
@@ -139,12 +159,15 @@ class LauncherSignals:
             return  # a cleanup is under way: a second signal must not cut it
         self.received = signum
         if not self._deferred:
-            raise LaunchInterrupted(signum, ended=self.ended)
+            raise self._interrupted(signum)
 
     def check(self) -> None:
         """Raises :class:`LaunchInterrupted` if a signal was received; never blocks."""
         if self.received is not None:
-            raise LaunchInterrupted(self.received, ended=self.ended)
+            raise self._interrupted(self.received)
+
+    def _interrupted(self, signum: int) -> LaunchInterrupted:
+        return LaunchInterrupted(signum, ended=self.ended, unwritten=self.unwritten)
 
     @contextlib.contextmanager
     def deferring(self, *, check: bool = True, second_cuts: bool = False,

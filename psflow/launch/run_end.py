@@ -24,8 +24,11 @@ A snapshot is written once (the first of these wins), its files with signals def
 written is raised once they are: *after the end*, reported as such, the exit status the end's own; a second one cuts
 the writing, a stuck disk's, and the end is then the interrupted one, whose writing the next signal cuts too: then no
 end is written, and the report says so); a file that cannot be
-written is said on the console (and, for a finished run, raised), never
-hidden. Not thread-safe: the launcher's main thread calls it.
+written is said on the console (and, for a finished run's metrics.json, raised: :class:`EndNotWritten`, exit 1),
+never hidden. Such an end is not written: it stays the run's end (taken once, not written again), but no signal after
+it says that it stands (:func:`after_the_end` names the files not written), and where its metrics.json is one of them
+(a finished or failed run's) the run failed: exit status 1, a later signal's too (``LauncherSignals.unwritten``).
+Not thread-safe: the launcher's main thread calls it.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any, TextIO
 from psflow.checkpoint.ledger import SaveStatusWatcher
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, shard_members
+from psflow.launch.launcher_signals import EndNotWritten
 from psflow.launch.lifeline import LaunchInterrupted, signal_name
 from psflow.launch.run_status import METRICS_JSON, LauncherStatus, write_run_files
 from psflow.launch.supervisor import describe_exit
@@ -77,7 +81,8 @@ class RunEnd:
         self.checkpoint_dir = checkpoint_dir
         self.run = dict(run or {})
         self.out = out
-        self.snapshot: dict[str, Any] | None = None  # the final snapshot, once written
+        self.snapshot: dict[str, Any] | None = None  # the final snapshot, once written (or its writing failed)
+        self.unwritten: dict[str, str] = {}  # the snapshot's files that could not be written: file name -> error
         self._cut = False  # a signal cut the writing of an end: the run directory may not answer (a stuck mount)
         self._captured: tuple[list[dict[str, Any]], float, set[int]] | None = None  # ps Stats, seconds, running
 
@@ -90,14 +95,14 @@ class RunEnd:
         its task not waited for.
 
         Raises:
-            OSError: metrics.json could not be written (the other files' failures are console lines).
+            EndNotWritten: metrics.json could not be written (the other files' failures are console lines).
         """
         if self.checkpoints is not None and not ledger_gone:
             self._say(self.checkpoints.poll(client, force=True))  # after the final checkpoint
         final = self._snapshot("finished", ps_stats, train_seconds, extra, evaluation)
         failed = self._write(final)
         if METRICS_JSON in failed:
-            raise OSError(failed[METRICS_JSON])
+            raise EndNotWritten(final, failed[METRICS_JSON])
         return final
 
     def capture(self) -> tuple[list[dict[str, Any]], float, set[int]]:
@@ -137,7 +142,7 @@ class RunEnd:
         lines = [f"interrupted by {signal_name(signum)} at global_step {final['global_step']} after "
                  f"{final['wall_seconds']:.1f} s; every task stopped:"]
         lines += [f"  {t['task']} (pid {t['pid']}) {t['exit']}" for t in final["tasks"]]
-        lines.append(f"metrics: {self.output_dir}/{METRICS_JSON}")
+        lines.append(self.unwritten.get(METRICS_JSON, f"metrics: {self.output_dir}/{METRICS_JSON}"))
         resilience = self.lc.resilience
         return "\n".join(lines) + (resilience.on_failure() if resilience is not None else "")
 
@@ -152,7 +157,7 @@ class RunEnd:
         return "\n".join(lines)
 
     def _after_the_end(self, signum: int, final: Mapping[str, Any]) -> str:
-        return after_the_end(signum, final, self.output_dir, "; every task stopped")
+        return after_the_end(signum, final, self.output_dir, "; every task stopped", self.unwritten)
 
     # ---- the snapshot --------------------------------------------------------------------------
     def _end(self, phase: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -196,9 +201,14 @@ class RunEnd:
             except LaunchInterrupted:
                 self.snapshot, self._cut = None, True
                 raise
-            if METRICS_JSON not in failed:  # written: a signal from now on leaves this end's exit status
+            self.unwritten = failed
+            if not failed:  # written whole: a signal from now on leaves this end's exit status
                 signals.ended = final
-        self._say(f"psflow: {line}" for line in failed.values())
+            elif METRICS_JSON in failed and final.get("phase") != "interrupted":  # the run failed: exit 1
+                signals.unwritten = failed[METRICS_JSON]
+        # A finished run's metrics.json: raised (finished), the one line main prints.
+        self._say(f"psflow: {line}" for name, line in failed.items()
+                  if name != METRICS_JSON or final.get("phase") != "finished")
         return failed
 
     def _read_ps(self) -> list[dict[str, Any]]:
@@ -293,14 +303,20 @@ def with_unread_shards(snapshot: dict[str, Any], ps_stats: Sequence[Mapping[str,
     return snapshot
 
 
-def after_the_end(signum: int, final: Mapping[str, Any], output_dir: str, stopped: str = "") -> str:
+def after_the_end(signum: int, final: Mapping[str, Any], output_dir: str, stopped: str = "",
+                  unwritten: Mapping[str, str] | None = None) -> str:
     """The report of ``signum`` that reached the launcher after the run's end ``final`` was written (a cluster run's
     :meth:`RunEnd.interrupted`, an ``--in-process`` run's): that end stands; a failed run's error follows (the
-    signal replaced the failure's exception, so the user reads it nowhere else). ``stopped``: said after it."""
+    signal replaced the failure's exception, so the user reads it nowhere else). ``stopped``: said after it.
+    ``unwritten``: the end's files that could not be written (file name -> error): then it does not stand, and
+    each error is said (metrics.json's in place of its path)."""
     phase = {"interrupted": "been interrupted"}.get(str(final.get("phase")), str(final.get("phase")))
+    stands = "its end was not written whole" if unwritten else "its end stands"
     lines = [f"{signal_name(signum)} arrived after the run had {phase} at global_step {final.get('global_step')}: "
-             f"its end stands{stopped}"]
+             f"{stands}{stopped}"]
     if final.get("error"):
         lines += [f"  {line}" for line in str(final["error"]).splitlines()]
-    lines.append(f"metrics: {output_dir}/{METRICS_JSON}")
+    lines += [f"  {line}" for line in (unwritten or {}).values()]
+    if METRICS_JSON not in (unwritten or {}):
+        lines.append(f"metrics: {output_dir}/{METRICS_JSON}")
     return "\n".join(lines)

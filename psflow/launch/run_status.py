@@ -169,8 +169,9 @@ class InProcessEnding:
         self._config, self._output_dir, self._out = config, output_dir, out
         self.final: Mapping[str, Any] | None = None
 
-    def __call__(self, final: Mapping[str, Any], cluster: ClusterSpec) -> None:
-        """Writes the files; a file that cannot be written is a line on ``out``, never an error."""
+    def __call__(self, final: Mapping[str, Any], cluster: ClusterSpec) -> dict[str, str]:
+        """Writes the files; returns those that could not be written (file name -> error), each a line on ``out``
+        (but a finished run's metrics.json, which its caller raises: psflow.cli.train), never an error here."""
         self.final = final
         config, phase = self._config, str(final.get("phase"))
         run = {"run_dir": os.path.abspath(self._output_dir), "run_id": config.run_id, **mode_fields(config.sync),
@@ -184,8 +185,10 @@ class InProcessEnding:
             failed = write_run_files(final, self._output_dir, collector)
         finally:
             collector.stop()
-        for line in failed.values():
-            print(f"psflow: {line}", file=self._out or sys.stderr, flush=True)
+        for name, line in failed.items():
+            if name != METRICS_JSON or phase != "finished":
+                print(f"psflow: {line}", file=self._out or sys.stderr, flush=True)
+        return failed
 
 
 class ChiefStatusPage:

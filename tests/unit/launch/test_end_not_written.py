@@ -1,0 +1,167 @@
+"""A run's end whose metrics.json cannot be written (a full disk, a read-only or vanished run directory) is not
+written: the run failed (exit status 1, one line naming the file and the OSError), cluster and ``--in-process``
+alike, and a signal after it never says that its end stands (psflow.launch.run_end, launcher_signals).
+
+Before, RunEnd._write kept the snapshot as the run's end whatever its files' fate: a later SIGTERM reported 'its end
+stands' beside no metrics.json, exited 143, the OSError nowhere in the report; and ``--in-process`` set the end as
+written regardless (InProcessEnding never raised): the run exited 0 with no metrics.json. The disk is made full by a
+writer that raises OSError(ENOSPC) for metrics.json (tests run as root: a chmod would not refuse the write).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from psflow.launch.lifeline import LaunchInterrupted
+from psflow.launch.processes import LocalCluster, TaskProcess
+from psflow.launch.run_end import RunEnd
+
+PS_STATS = [{"task": "/job:ps/task:0", "global_step": 42, "pushes_applied": 42}]
+FULL = "No space left on device"
+
+
+@pytest.fixture
+def lc(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster of one ps task (nothing listens on its port) and one running task process (its own group)."""
+    cluster = LocalCluster.create(1, 1, str(tmp_path))
+    log = open(tmp_path / "worker-0.log", "w")
+    popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], process_group=0)
+    cluster.tasks.append(TaskProcess("worker", 0, popen, str(tmp_path / "worker-0.log"), log))
+    try:
+        yield cluster
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write of a metrics.json fails as on a full disk; the other files are written."""
+    from psflow import storage
+
+    write = storage.write_atomically
+
+    def refusing(path: str, *args: object, **kwargs: object) -> None:
+        if path.endswith("metrics.json"):
+            raise OSError(errno.ENOSPC, FULL, path)
+        write(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(storage, "write_atomically", refusing)
+
+
+def _later_signal(lc: LocalCluster, signum: int) -> LaunchInterrupted:
+    """The LaunchInterrupted a signal after the end raises (the launcher's handler's, as check() raises it)."""
+    lc.signals.received = signum
+    with pytest.raises(LaunchInterrupted) as raised:
+        lc.signals.check()
+    return raised.value
+
+
+@pytest.mark.usefixtures("full_disk")
+def test_a_finished_end_not_written_fails_and_a_later_signal_does_not_say_it_stands(
+        lc: LocalCluster, tmp_path: Path) -> None:
+    out = io.StringIO()
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=out)
+    with pytest.raises(OSError) as raised:
+        end.finished(ps_stats=PS_STATS, train_seconds=1.5, evaluation=None, extra={}, client=None)
+    assert f"could not write {tmp_path}/metrics.json" in str(raised.value) and FULL in str(raised.value)
+    assert getattr(raised.value, "final", {}).get("global_step") == 42  # training's result, for the summary
+    assert out.getvalue() == "", "the error's one line is main's (raised), not a second one here"
+    assert not (tmp_path / "metrics.json").exists()
+    assert lc.signals.ended is None, "an end not written is no end a signal leaves standing"
+
+    report = end.interrupted(signal.SIGTERM)
+    assert "its end stands" not in report, report
+    assert report.splitlines()[0] == ("SIGTERM arrived after the run had finished at global_step 42: its end was "
+                                      "not written whole; every task stopped"), report
+    assert any(f"could not write {tmp_path}/metrics.json" in line and FULL in line
+               for line in report.splitlines()), report
+    assert lc.tasks[0].popen.poll() is not None, "the late signal still stops every task"
+    assert not (tmp_path / "metrics.json").exists()
+    assert _later_signal(lc, signal.SIGTERM).exit_code == 1, "the run failed: 1, not 143"
+
+
+@pytest.mark.usefixtures("full_disk")
+def test_a_failed_end_not_written_keeps_exit_status_1_and_names_the_error(lc: LocalCluster, tmp_path: Path) -> None:
+    out = io.StringIO()
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=out)
+    end.failed("/job:worker/task:0 (pid 7) exited with code 1: root cause")
+    assert FULL in out.getvalue() and "metrics.json" in out.getvalue(), out.getvalue()
+    assert lc.signals.ended is None
+
+    report = end.interrupted(signal.SIGINT)
+    assert "its end stands" not in report and FULL in report, report
+    assert "  /job:worker/task:0 (pid 7) exited with code 1: root cause" in report.splitlines(), report
+    assert _later_signal(lc, signal.SIGINT).exit_code == 1
+
+
+@pytest.mark.usefixtures("full_disk")
+def test_an_interrupted_end_not_written_names_the_error_not_the_file(lc: LocalCluster, tmp_path: Path) -> None:
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+    report = end.interrupted(signal.SIGTERM)
+    assert report.startswith("interrupted by SIGTERM at global_step "), report
+    assert f"metrics: {tmp_path}/metrics.json" not in report and FULL in report, report
+    assert _later_signal(lc, signal.SIGTERM).exit_code == 128 + signal.SIGTERM  # the user's stop, as before
+
+
+def _in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, phase: str, *, signalled: bool) -> None:
+    """cli.train's --in-process end (its on_end and InProcessEnding) of a ``phase`` run; ``signalled``: a SIGTERM
+    as it is written."""
+    from psflow.cli import train as cli_train
+    from psflow.cluster import ClusterSpec
+    from psflow.launch import in_process
+    from psflow.status.final_snapshot import final_snapshot
+    from psflow.train.config import TrainConfig
+
+    extra = {"error": "ValueError: boom", "exit_code": 1} if phase == "failed" else {}
+    final = final_snapshot(phase=phase, ps_stats=PS_STATS, wall_seconds=1.0, extra=extra)
+
+    def ends(config: object, output: str, *, on_end: Callable[..., None], **_: object) -> dict[str, object]:
+        on_end(final, ClusterSpec({"ps": ["127.0.0.1:1"]}))
+        return final
+
+    monkeypatch.setattr(in_process, "run_in_process", ends)
+    if signalled:  # SIGTERM (this process's own handler, _in_process's) as the end is written: raised once it is
+        from psflow.launch import run_status
+
+        write = run_status.write_run_files
+
+        def written_signalled(*args: object, **kwargs: object) -> object:
+            signal.raise_signal(signal.SIGTERM)
+            return write(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(run_status, "write_run_files", written_signalled)
+    cli_train._in_process(TrainConfig(), str(tmp_path), None)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("full_disk")
+def test_an_in_process_finished_end_not_written_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(OSError) as raised:
+        _in_process(tmp_path, monkeypatch, "finished", signalled=False)
+    assert f"could not write {tmp_path}/metrics.json" in str(raised.value) and FULL in str(raised.value)
+    assert "metrics.json" not in capsys.readouterr().err, "one line: main's"
+    assert not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.usefixtures("full_disk")
+@pytest.mark.parametrize("phase", ["finished", "failed"])
+def test_an_in_process_end_not_written_then_a_signal_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             phase: str) -> None:
+    with pytest.raises(LaunchInterrupted) as raised:
+        _in_process(tmp_path, monkeypatch, phase, signalled=True)
+    report = str(raised.value)
+    assert report.startswith(f"SIGTERM arrived after the run had {phase} at global_step 42: its end was not written "
+                             "whole"), report
+    assert FULL in report and "its end stands" not in report, report
+    assert raised.value.ended is None and raised.value.exit_code == 1
