@@ -153,8 +153,9 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         # With election, LeaderOnlyHook lets the duties go on after a failed save; without, this does.
         chief_hooks.append(saver if leadership is not None else _FailedSaveTolerant(saver, client.client_name))
     writer = SummaryWriter(config.report.summary_dir) if duties and config.report.summary_dir else None
-    if writer is not None:
-        chief_hooks.append(SummarySaverHook(writer, save_steps=config.report.save_summaries_steps))
+    if writer is not None:  # before the saver: a START owed at taking the duties is at the restored checkpoint's
+        # step, the newest one then; the saver's first call as the holder (its end(): the final checkpoint) saves
+        chief_hooks.insert(0, SummarySaverHook(writer, save_steps=config.report.save_summaries_steps))
     if duties and config.data.eval and (config.report.eval_every_steps or config.report.eval_at_end):
         eval_batch = read_all(list(config.data.eval), config.data.format, **data_options(config))
         source = parameters(client, moving_averages=config.report.eval_moving_averages)

@@ -89,10 +89,13 @@ class SummarySaverHook(SessionRunHook):
         self._last, self._last_time = snapshot, time.monotonic()
         if not self._start_pending and mark is not None and not start_written(self.writer.logdir, mark):
             # The cluster's last restore has no START: it settled while no worker held the duties (their holder
-            # lost, its lease lapsed), or this worker joined since. Nobody wrote a point since: each holder writes
-            # the START first. The restore read the newest checkpoint (no holder saved one since).
+            # lost, its lease lapsed), or this worker joined since (an in-graph client's own restore before its
+            # session: told to the hooks after this). Nobody wrote a point since: each holder writes the START first.
+            # The restore read the newest checkpoint: no holder saved one since (make_session puts this hook before
+            # the checkpoint saver, whose first call as a new holder may save: its end()'s final checkpoint).
             log.warning("summary: the restore at generation %s has no SessionLog START (no worker held the chief "
-                        "duties as it settled): writing it", snapshot[session.client.step_task]["generation"])
+                        "duties as it settled, or it came before this session): writing it",
+                        snapshot[session.client.step_task]["generation"])
             self.after_restore(session, None, None)
 
     def before_run(self, context: RunContext) -> None:

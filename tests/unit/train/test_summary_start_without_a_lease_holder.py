@@ -21,9 +21,12 @@ import pytest
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.save import CheckpointManager
+from psflow.cluster import ClusterSpec
 from psflow.coord import Lease
+from psflow.train.config import TrainConfig
+from psflow.train.duties import make_session
 from psflow.train.hook_api import RunContext, RunValues
-from psflow.train.hooks import SummarySaverHook
+from psflow.train.hooks import CheckpointSaverHook, SummarySaverHook
 from psflow.train.leader_hooks import LeaderOnlyHook
 from psflow.train.recovery import ClusterRecovery
 from psflow.train.session import MonitoredTrainingSession
@@ -155,3 +158,34 @@ def test_a_later_restore_nobody_led_through_is_marked_too(tmp_path: Path) -> Non
     run.lease.holder = "b"
     run.steps("b", 2)          # 8, 9
     assert run.curve() == [1, 2, 4, 5, 8, 9]
+
+
+def test_a_worker_first_holding_the_duties_at_its_end_starts_at_the_restored_step(tmp_path: Path) -> None:
+    """The first worker to hold the duties after the restore takes them at its session's end (it took the lease while
+    it lingered, or its last steps ran before the holder's lease lapsed): its duties' end() calls are its first as the
+    holder. In make_session's order the checkpoint saver's went first: it wrote the final checkpoint, and the START
+    then went to that one's step, past the discarded model's points. It belongs at the restored checkpoint's step."""
+    run = _Run(tmp_path)
+    config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=run.ckpt, summary_dir=str(run.logdir),
+                              save_summaries_steps=1, save_checkpoints_steps=1000)
+    leadership = run.lease.for_("d")
+    leadership.confirmed_lease = leadership.lease
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
+    made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
+                        leadership=leadership)
+    duties = [h for h in made.hooks if isinstance(h, LeaderOnlyHook)]  # in make_session's order
+    assert {type(h.inner) for h in duties} >= {CheckpointSaverHook, SummarySaverHook}
+    session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
+    for hook in duties:
+        hook.after_create_session(session)
+    run.steps("a", 2)
+    run.save()                 # the checkpoint of step 2
+    run.steps("a", 3)          # 3..5 by A: lost with ps task 1
+    run.lease.holder = None
+    run.restore("a")           # A restores, then is lost: nobody leads as the cluster settles
+    run.steps("b", 2)          # 6, 7: the restored model, by workers not holding the duties
+    run.lease.holder = "d"     # taken by D as its session ends
+    session.global_step = run.client.global_step()
+    for hook in duties:
+        hook.end(session)
+    assert run.curve() == [1, 2, 7]
