@@ -97,7 +97,7 @@ RESTORE_RETRY_LOG_EVERY = 30.0
 class _RetryLog:
     """The lines of one wait's failed restores: the first, then at most one per :data:`RESTORE_RETRY_LOG_EVERY` s
     counting the failures since the line before, and those no line counted yet when the wait ends (restored after
-    all, or given up)."""
+    all, back at the worker's own generation, or given up)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -198,6 +198,7 @@ class ClusterRecovery:
             states = self._states()
             generation = self._settled(states)
             if generation is not None and generation == self.generation:
+                failures.ended()  # (every task came back with its state: no restore was needed after all)
                 return False, None
             if generation is not None:
                 break

@@ -6,6 +6,7 @@ no line told yet when the wait gives up."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -17,6 +18,7 @@ from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 from psflow.checkpoint.pointer import CheckpointListingError
 from psflow.checkpoint.save import CheckpointManager
 from psflow.coord import Lease
+from psflow.ps.protocol import StatsReply
 from psflow.train import recovery as recovery_module
 from psflow.train.chief import join_cluster
 from psflow.train.recovery import ClusterRecovery, RecoveryError
@@ -88,6 +90,28 @@ def test_the_failures_before_a_restore_that_worked_are_counted(tmp_path: Path, c
     recovery._checkpoint = fails_three_times  # type: ignore[method-assign]
     with caplog.at_level(logging.INFO, logger="psflow.recovery"):
         assert recovery.wait()[0]
+    lines = _failure_lines(caplog)
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"/job:worker/task:0: restore failed 2 more times in \d+ s \(3 in all; the last: .*\)", lines[1])
+
+
+def test_the_failures_before_the_cluster_came_back_as_it_was_are_counted(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """The wait's third end: every task ready again at this worker's generation (each came back with its state, as a
+    replicated shard's promoted backup does), no restore needed. The failures since the first line are told then too."""
+    recovery, tries = _failing_recovery(tmp_path)
+    recovery.generation = 0  # the generation this worker trains in: the cluster's before the loss
+    real = recovery._states
+
+    def back_as_it_was() -> dict[int, StatsReply | None]:
+        states = real()
+        if len(tries) < 3:
+            return states
+        return {t: dataclasses.replace(s, ready=True) if s is not None else None for t, s in states.items()}
+
+    recovery._states = back_as_it_was  # type: ignore[method-assign]
+    with caplog.at_level(logging.INFO, logger="psflow.recovery"):
+        assert recovery.wait() == (False, None)
     lines = _failure_lines(caplog)
     assert len(lines) == 2, lines
     assert re.fullmatch(r"/job:worker/task:0: restore failed 2 more times in \d+ s \(3 in all; the last: .*\)", lines[1])
