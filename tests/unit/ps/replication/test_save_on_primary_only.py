@@ -16,68 +16,35 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
-from replica_shard import PRIMARY, WORKERS, InProcessShard, Link, backup, layout
+from failed_over_shard import BACKUP, failed_over, numbered_push, routed_client
+from replica_shard import PRIMARY, InProcessShard, layout
 from safetensors.numpy import load, load_file
 
 from psflow.checkpoint.ledger import checkpoint_status
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.save import CheckpointManager
-from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import (
     CheckpointStatusRequest,
     JoinRequest,
-    PushRequest,
     SaveOutcome,
     SaveShardReply,
     SaveShardRequest,
-    WorkerTag,
 )
 from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import Channel, FailedPreconditionError
+from psflow.rpc.api import FailedPreconditionError
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
-
-BACKUP = backup(0)
-
-
-def _push(i: int) -> PushRequest:
-    rows = np.array([i % 20, (i * 7 + 1) % 20], np.int64)
-    return PushRequest([("w/part_0", np.full((2, 4), 0.01 * i, np.float32), rows),
-                        ("b/part_0", np.full(4, 0.01, np.float32), None)],
-                       WorkerTag(WORKERS[0], 1, push_id=i, acked=i - 1), step=True, examples=8)
-
 
 def _save(shard: InProcessShard, member: str) -> SaveShardReply:
     return SaveShardReply.from_frame(shard.call(member, SaveShardRequest.METHOD,
                                                 SaveShardRequest(None, 0, 1).to_frame()))
 
 
-def _failed_over(make_shard: Callable[..., InProcessShard]) -> tuple[InProcessShard, threading.Event]:
-    """ps:0 served 5 pushes, was killed; ps_backup:0 promoted (epoch 2); ps:0 restarted empty, its Join to the
-    new primary held (the returned event lets it go): it is joining, with none of the shard's values."""
-    shard = make_shard(backups=1)
-    shard.start()
-    shard.wait_view()
-    shard.register(layout(SyncConfig()))
-    for i in range(1, 6):
-        shard.push(PRIMARY, _push(i))
-    shard.cut.add(PRIMARY)  # killed
-    assert shard.promote(BACKUP, 1).epoch == 2
-    joined = threading.Event()
-    shard.held_requests[(BACKUP, JoinRequest.METHOD)] = joined
-    shard.add(PRIMARY)  # restarted: a fresh, empty process
-    shard.cut.discard(PRIMARY)
-    shard.start(PRIMARY)
-    shard.wait(lambda: shard.holding > 0, "the restarted ps:0's Join held at the new primary")
-    return shard, joined
-
-
 def test_a_restarted_member_rebuilding_refuses_saveshard_naming_the_primary(
         make_shard: Callable[..., InProcessShard]) -> None:
-    shard, joined = _failed_over(make_shard)
+    shard, joined = failed_over(make_shard)
     assert shard.replicas[PRIMARY].view.view.role == "joining"
     with pytest.raises(FailedPreconditionError, match=r"not the primary of shard 0 \(joining\)"):
         _save(shard, PRIMARY)  # before: an empty shard (global_step 0)
@@ -89,30 +56,18 @@ def test_a_backup_in_the_view_serves_saveshard_from_every_entry_it_acknowledged(
         make_shard: Callable[..., InProcessShard]) -> None:
     """A backup of the view holds every acknowledged push (what bit-for-bit checks of a backup read); only a member
     without the shard's state (joining, deposed) refuses."""
-    shard, joined = _failed_over(make_shard)
+    shard, joined = failed_over(make_shard)
     joined.set()
     shard.wait_view(BACKUP, (PRIMARY,))  # ps:0 rebuilt: a backup holding every acknowledged push
     assert _save(shard, PRIMARY).global_step == _save(shard, BACKUP).global_step == 5
-
-
-def _client(shard: InProcessShard) -> ParameterClient:
-    """The chief's client of a replicated cluster, its members reached in process; it routes shard 0 to ps:0
-    (the route it knew: no call of it failed since the kill, its pushes were done)."""
-    class Client(ParameterClient):
-        def _open_member(self, task: str, address: str) -> Channel:
-            return Link(shard, task)
-
-    client = Client(shard.cluster, layout(SyncConfig()).layout, client_name=WORKERS[0], failover_timeout=0.3)
-    assert client.router is not None and client.channels[0].task == PRIMARY
-    return client
 
 
 def test_a_shard_save_through_the_client_is_answered_by_the_primary(
         make_shard: Callable[..., InProcessShard]) -> None:
     """The chief's SaveShard (psflow/checkpoint/save.py: ``client.call_async``, the first call to that shard
     since the kill) is refused at the restarted ps:0 and resent to ps_backup:0."""
-    shard, joined = _failed_over(make_shard)
-    client = _client(shard)
+    shard, joined = failed_over(make_shard)
+    client = routed_client(shard)
     try:
         reply = SaveShardReply.from_frame(client.call(0, SaveShardRequest(None, 0, 1)))
         assert reply.global_step == 5, reply.global_step  # before: 0, the empty member's
@@ -126,8 +81,8 @@ def test_the_chiefs_save_follows_the_shard_to_its_primary_and_holds_its_values(
         make_shard: Callable[..., InProcessShard], tmp_path: Path) -> None:
     """A whole checkpoint after the failover holds the promoted primary's values (every acknowledged push),
     not an empty shard."""
-    shard, joined = _failed_over(make_shard)
-    client = _client(shard)
+    shard, joined = failed_over(make_shard)
+    client = routed_client(shard)
     try:
         saved = CheckpointManager(str(tmp_path)).save(client)
     finally:
@@ -165,7 +120,7 @@ def test_a_restarted_member_rebuilding_refuses_a_ledger_read_and_the_client_read
     shard.cut.discard(PRIMARY)
     shard.start(PRIMARY)
     shard.wait(lambda: shard.holding > 0, "the restarted ps:0's Join held at the new primary")
-    client = _client(shard)
+    client = routed_client(shard)
     try:
         with pytest.raises(FailedPreconditionError, match=r"not the primary of shard 0 \(joining\)"):
             shard.call(PRIMARY, CheckpointStatusRequest.METHOD, Frame({}))  # before: saved 0, no newest checkpoint
@@ -189,7 +144,7 @@ def test_a_primary_deposed_and_rebuilt_while_its_save_was_written_refuses_that_s
     shard.wait_view()
     shard.register(layout(SyncConfig()))
     for i in range(1, 6):
-        shard.push(PRIMARY, _push(i))
+        shard.push(PRIMARY, numbered_push(i))
     checkpoints = shard.services[PRIMARY]._checkpoints
     snapshot, snapped, written = checkpoints._save_shard, threading.Event(), threading.Event()
 
@@ -213,7 +168,7 @@ def test_a_primary_deposed_and_rebuilt_while_its_save_was_written_refuses_that_s
     assert snapped.wait(10.0)
     shard.cut.add(PRIMARY)  # a client cannot reach it: it promotes the backup
     assert shard.promote(BACKUP, 1).epoch == 2
-    shard.push(BACKUP, _push(6))
+    shard.push(BACKUP, numbered_push(6))
     shard.cut.discard(PRIMARY)
     old = shard.replicas[PRIMARY]
     shard.wait(lambda: old.deposal.by is None and old.view.view.primary == BACKUP,

@@ -17,77 +17,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import numpy as np
 import pytest
-from replica_shard import PRIMARY, WORKERS, InProcessShard, Link, backup, layout
+from failed_over_shard import BACKUP, failed_over, numbered_push, routed_client, trained
+from replica_shard import PRIMARY, InProcessShard
 
 from psflow.optim import OptimizerSpec
-from psflow.ps.client import ParameterClient
-from psflow.ps.protocol import JoinRequest, PushRequest, SetReadyRequest, StatsReply, WorkerTag
-from psflow.ps.sync import SyncConfig
-from psflow.rpc.api import Channel, FailedPreconditionError
+from psflow.ps.protocol import JoinRequest, StatsReply
+from psflow.rpc.api import FailedPreconditionError
 from psflow.rpc.framing import Frame
 from psflow.train.recovery import ClusterRecovery
 from psflow.train.state_loss import lost_tasks, ps_states
 
 pytestmark = pytest.mark.timeout(60)
 
-BACKUP = backup(0)
-
-
-def _push(i: int) -> PushRequest:
-    rows = np.array([i % 20, (i * 7 + 1) % 20], np.int64)
-    return PushRequest([("w/part_0", np.full((2, 4), 0.01 * i, np.float32), rows),
-                        ("b/part_0", np.full(4, 0.01, np.float32), None)],
-                       WorkerTag(WORKERS[0], 1, push_id=i, acked=i - 1), step=True, examples=8)
-
-
 def _stats(shard: InProcessShard, member: str) -> StatsReply:
     return StatsReply.from_frame(shard.call(member, "Stats", Frame({})))
 
 
-def _trained(make_shard: Callable[..., InProcessShard]) -> InProcessShard:
-    """ps:0 primary with ps_backup:0, registered and ready at generation 0, 5 pushes applied (global_step 5)."""
-    shard = make_shard(backups=1)
-    shard.start()
-    shard.wait_view()
-    shard.register(layout(SyncConfig()))
-    shard.call(PRIMARY, SetReadyRequest.METHOD, SetReadyRequest(0).to_frame())
-    for i in range(1, 6):
-        shard.push(PRIMARY, _push(i))
-    return shard
-
-
-def _failed_over(make_shard: Callable[..., InProcessShard]) -> tuple[InProcessShard, threading.Event]:
-    """ps:0 killed after 5 pushes, ps_backup:0 promoted (epoch 2), ps:0 restarted empty, its Join to the new
-    primary held (the returned event lets it go): it is joining, with none of the shard's values."""
-    shard = _trained(make_shard)
-    shard.cut.add(PRIMARY)  # killed
-    assert shard.promote(BACKUP, 1).epoch == 2
-    joined = threading.Event()
-    shard.held_requests[(BACKUP, JoinRequest.METHOD)] = joined
-    shard.add(PRIMARY)  # restarted: a fresh, empty process
-    shard.cut.discard(PRIMARY)
-    shard.start(PRIMARY)
-    shard.wait(lambda: shard.holding > 0, "the restarted ps:0's Join held at the new primary")
-    return shard, joined
-
-
-def _client(shard: InProcessShard) -> ParameterClient:
-    """A client of the replicated cluster, its members reached in process, routing shard 0 to ps:0: the route it
-    knew (no call of it failed since the kill: a lingering worker, the launcher, a chief between two saves)."""
-    class Client(ParameterClient):
-        def _open_member(self, task: str, address: str) -> Channel:
-            return Link(shard, task)
-
-    client = Client(shard.cluster, layout(SyncConfig()).layout, client_name=WORKERS[0], failover_timeout=0.3)
-    assert client.router is not None and client.channels[0].task == PRIMARY
-    return client
-
-
 def test_a_restarted_member_rebuilding_refuses_stats_naming_the_primary(
         make_shard: Callable[..., InProcessShard]) -> None:
-    shard, joined = _failed_over(make_shard)
+    shard, joined = failed_over(make_shard, ready=True)
     try:
         with pytest.raises(FailedPreconditionError, match=r"not the primary of shard 0 \(joining\)"):
             _stats(shard, PRIMARY)  # before: registered False, global_step 0
@@ -101,10 +50,10 @@ def test_a_restarted_member_rebuilding_refuses_stats_naming_the_primary(
 def test_a_deposed_primary_refuses_stats(make_shard: Callable[..., InProcessShard]) -> None:
     """ps:0 cut off, ps_backup:0 promoted over it and pushed to; back, ps:0 learns it was deposed (watch_view) and
     rebuilds (its Join held): deposed, then joining, it never answers its own stale figures (global_step 5)."""
-    shard = _trained(make_shard)
+    shard = trained(make_shard, ready=True)
     shard.cut.add(PRIMARY)
     assert shard.promote(BACKUP, 1).epoch == 2
-    shard.push(BACKUP, _push(6))
+    shard.push(BACKUP, numbered_push(6))
     joined = threading.Event()
     shard.held_requests[(BACKUP, JoinRequest.METHOD)] = joined
     shard.cut.discard(PRIMARY)
@@ -121,8 +70,8 @@ def test_a_deposed_primary_refuses_stats(make_shard: Callable[..., InProcessShar
 def test_a_clients_stats_follow_the_shard_to_its_primary(make_shard: Callable[..., InProcessShard]) -> None:
     """``client.stats()``: the summaries' global_step and examples (psflow/train/summary_hook.py), the launcher's
     progress line (psflow/launch/local.py, 2 s deadline), ``client.global_step()``."""
-    shard, joined = _failed_over(make_shard)
-    client = _client(shard)
+    shard, joined = failed_over(make_shard, ready=True)
+    client = routed_client(shard)
     try:
         stats = client.stats(timeout=2.0)
         assert (stats["global_step"], stats["registered"]) == (5, True), stats  # before: (0, False), ps:0's
@@ -139,8 +88,8 @@ def test_the_state_loss_check_takes_no_rebuilding_member_for_a_lost_shard(
     nothing lost, nothing to restore. Before, shard 0 read as empty: a worker of a run without a checkpoint
     directory stopped with StateLostError ('/job:ps/task:0 restarted with no checkpoint to restore from'), and
     one with a checkpoint waited for its chief to restore every ps task from it (the pushes since, lost)."""
-    shard, joined = _failed_over(make_shard)
-    client = _client(shard)
+    shard, joined = failed_over(make_shard, ready=True)
+    client = routed_client(shard)
     try:
         states = ps_states(client)
         assert lost_tasks(states) == ([], [0]), states  # before: ([0], [])
