@@ -340,11 +340,18 @@ class ShardReplication:
 
     def _become_primary(self, view: View) -> None:
         forwarder = Forwarder(self.shard, self.config.replica_timeout, first_seq=self.applier.applied_seq)
-        self.forwarder = forwarder
         self.carried.promoted()
         for member in view.backups:  # each rebuilds from this one's state
             self.joins.add_sender(forwarder, member)
         forwarder.set_waited(view.backups)
+        # published with its senders: a Join served sooner (the member saw this one primary) had its sender
+        # replaced by a Join-less one it refuses, and its view restored with the member waited for, for good
+        self.forwarder = forwarder
+        if self.deposal.by is not None or self.view.view.role != PRIMARY:  # deposed meanwhile (a sender refused)
+            self.forwarder = None
+            forwarder.fail(self.deposal.message())
+            forwarder.stop()
+            return
         if self.service.run_ledger is not None:  # the workers' Done it holds may say the run is over already
             self.service.run_ledger.announce_if_over()
 

@@ -254,3 +254,50 @@ def test_a_member_joining_a_primary_deposed_meanwhile_joins_the_new_primary(
                limit=20.0)
     shard.push(backup(0), _push(WORKERS[0], 2))
     assert_same_state(shard.services[backup(0)], shard.services[backup(1)])
+
+
+def test_a_join_served_while_the_primary_is_becoming_keeps_its_sender(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """A fresh shard's ps:0 starts its senders to the view's backups (Join-less) while ps_backup:1, which saw it
+    primary with state, Joins it. The Join's sender must stay: a Join-less sender started after it was refused by
+    the member for good ('sent without a Join refused: this member joined it since'), and the view it restored,
+    with the member, made every call wait for it (UNAVAILABLE after replica_timeout, for the rest of the run)."""
+    shard = make_shard(backups=2)
+    primary, member = shard.replicas[PRIMARY], backup(1)
+    add_sender, entered, go = primary.joins.add_sender, threading.Event(), threading.Event()
+
+    def held_add_sender(forwarder, to, incarnation=None, join_id=None):  # type: ignore[no-untyped-def]
+        if to == member and incarnation is None:  # the becoming primary's own sender to the member: held
+            entered.set()
+            go.wait(30.0)
+        return add_sender(forwarder, to, incarnation, join_id)
+
+    primary.joins.add_sender = held_add_sender  # type: ignore[method-assign]
+    settled, view_settled = threading.Event(), primary.view.settled
+
+    def settling():  # type: ignore[no-untyped-def]
+        settled.set()
+        return view_settled()
+
+    primary.view.settled = settling  # type: ignore[method-assign]
+    joins, join = [0, 0], shard.handlers[PRIMARY][JoinRequest.METHOD]
+
+    def counted_join(frame):  # type: ignore[no-untyped-def]
+        joins[0] += 1
+        try:
+            return join(frame)
+        finally:
+            joins[1] += 1
+
+    shard.handlers[PRIMARY][JoinRequest.METHOD] = counted_join
+    shard.start()
+    shard.start(backup(0))
+    shard.wait(entered.is_set, "ps:0 becoming primary, at its sender to the member")
+    shard.start(member)
+    # the member sees ps:0 primary with state and Joins it: served now, or waiting until ps:0 is primary
+    shard.wait(lambda: joins[1] >= 1 or settled.is_set(), "the member's Join served or waiting", limit=20.0)
+    go.set()
+    shard.wait_view(limit=20.0)
+    shard.register(layout(SyncConfig()))
+    shard.push(PRIMARY, _push(WORKERS[0], 1))
+    assert_same_state(shard.services[PRIMARY], shard.services[member])
