@@ -80,6 +80,8 @@ def run_train(args: argparse.Namespace) -> int:
                                     resilience=resilience_config(args), status=status, verbose=args.verbose,
                                     faults=faults_from_args(args))
         except EndNotWritten as e:  # training's result still printed; then the error's one line, exit status 1
+            if args.in_process and not args.quiet:  # its last line (a cluster run's bar printed it)
+                print(final_line(e.final), file=sys.stderr, flush=True)
             _print_summary(dict(e.final))
             raise
         except LaunchInterrupted as e:
@@ -173,9 +175,9 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
             except LaunchInterrupted:
                 cut.append(final)
                 raise
-            if not unwritten:
-                signals.ended = final  # written whole: a signal from now on leaves the run's exit status (launcher_signals)
-            elif METRICS_JSON in unwritten and final.get("phase") != "interrupted":
+            if METRICS_JSON not in unwritten:  # (status.json, metrics.prom not written: said, the end stands)
+                signals.ended = final  # written: a signal from now on leaves the run's exit status (launcher_signals)
+            elif final.get("phase") != "interrupted":
                 signals.unwritten = unwritten[METRICS_JSON]
         if METRICS_JSON in unwritten and final.get("phase") == "finished":
             raise EndNotWritten(final, unwritten[METRICS_JSON])
@@ -191,8 +193,8 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
                         f"{os.path.join(output, METRICS_JSON)} and the status files may be missing")
             raise
         if final.get("phase") not in (None, "interrupted"):  # its end was written before the signal: it stands
-            e.report = after_the_end(e.signum, final, output, unwritten=unwritten)  # (not where a file was not)
-            e.ended = final if not unwritten else None  # and so does its exit status (1 where metrics.json was not)
+            e.report = after_the_end(e.signum, final, output, unwritten=unwritten)  # (not where metrics.json was not)
+            e.ended = final if METRICS_JSON not in unwritten else None  # and its exit status (1 where it was not)
             raise
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
                     f"{float(final.get('wall_seconds') or 0.0):.1f} s\n"

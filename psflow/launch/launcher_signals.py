@@ -15,10 +15,11 @@ made of short ones (:mod:`psflow.waits`), so that a signal the kernel handed to 
 finished or a failed run's), a signal no longer decides how the run ended: its :class:`LaunchInterrupted` still
 stops every task, but carries that end, and the launcher's exit status is the end's own (0 finished; a failed run's
 code, 1), not ``128 + n``: a script or a scheduler reading the status reads the run's outcome, which metrics.json
-says too. Only an end written whole counts: a second signal that cuts the writing (``second_cuts``) leaves none,
-and nor does a file of it that could not be written (a full disk, a read-only or vanished run directory). Where that
-file is metrics.json, of a finished or a failed run's end (:attr:`LauncherSignals.unwritten`), the run failed: exit
-status 1 (:class:`EndNotWritten`), a later signal's too, and its report names the file and the error.
+says too. Only an end written counts: a second signal that cuts the writing (``second_cuts``) leaves none, and nor
+does one whose metrics.json could not be written (a full disk, a read-only or vanished run directory): of a finished
+or a failed run's end (:attr:`LauncherSignals.unwritten`), the run failed: exit status 1 (:class:`EndNotWritten`), a
+later signal's too, and its report names the file and the error. metrics.json is the end: where only status.json or
+metrics.prom could not be written (the live page's file, a scrape file), the end is written.
 
 A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so for its tasks
 (:mod:`psflow.launch.stop_signals`). The task side of a stop is :mod:`psflow.launch.lifeline`.
@@ -117,7 +118,7 @@ class LauncherSignals:
         self._repeat_cuts: str | None = None  # inside a cleanup that a third signal cuts: what it is doing
         self._previous: dict[int, Any] = {}  # signal -> the handler install replaced
         self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
-        #: The run's end once written whole (set by whoever wrote it: module docstring, *After the end*).
+        #: The run's end once written: its metrics.json (set by whoever wrote it: module docstring, *After the end*).
         self.ended: Mapping[str, Any] | None = None
         #: Why a finished or failed end's metrics.json could not be written (set by its writer): the run failed.
         self.unwritten: str | None = None

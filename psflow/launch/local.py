@@ -246,8 +246,9 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
             raise
         finally:
             if bar is not None:  # ends the bar (no-op after the line above): a failed run's, or a finished run's whose
-                # end a signal followed before that line (its last line all the same, from the end written)
-                bar.close(lc.signals.ended if (lc.signals.ended or {}).get("phase") == "finished" else None)
+                # end a signal followed before that line, or whose metrics.json could not be written (EndNotWritten:
+                # the run trained): its last line all the same, from its end (taken once: RunEnd.snapshot)
+                bar.close(end.snapshot if (end.snapshot or {}).get("phase") == "finished" else None)
             client.close()
             page.close()
     log.debug("run ended: %s", ended)

@@ -25,9 +25,11 @@ written is raised once they are: *after the end*, reported as such, the exit sta
 the writing, a stuck disk's, and the end is then the interrupted one, whose writing the next signal cuts too: then no
 end is written, and the report says so); a file that cannot be
 written is said on the console (and, for a finished run's metrics.json, raised: :class:`EndNotWritten`, exit 1),
-never hidden. Such an end is not written: it stays the run's end (taken once, not written again), but no signal after
-it says that it stands (:func:`after_the_end` names the files not written), and where its metrics.json is one of them
-(a finished or failed run's) the run failed: exit status 1, a later signal's too (``LauncherSignals.unwritten``).
+never hidden. metrics.json is the run's end: an end whose metrics.json could not be written is not written: it stays
+the run's end (taken once, not written again), but no signal after it says that it stands (:func:`after_the_end` names
+the file and its error), and a finished or failed run's then failed: exit status 1, a later signal's too
+(``LauncherSignals.unwritten``). Where only metrics.prom (a scrape file: its error said) or status.json (the live
+page's file) could not be, the end is written: a later signal leaves it standing, its exit status the end's own.
 Not thread-safe: the launcher's main thread calls it.
 """
 
@@ -202,9 +204,9 @@ class RunEnd:
                 self.snapshot, self._cut = None, True
                 raise
             self.unwritten = failed
-            if not failed:  # written whole: a signal from now on leaves this end's exit status
-                signals.ended = final
-            elif METRICS_JSON in failed and final.get("phase") != "interrupted":  # the run failed: exit 1
+            if METRICS_JSON not in failed:  # written (status.json, metrics.prom: the live page's and a scrape file,
+                signals.ended = final  # said): a signal from now on leaves this end's exit status
+            elif final.get("phase") != "interrupted":  # a finished or failed end's: the run failed, exit 1
                 signals.unwritten = failed[METRICS_JSON]
         # A finished run's metrics.json: raised (finished), the one line main prints.
         self._say(f"psflow: {line}" for name, line in failed.items()
@@ -308,10 +310,10 @@ def after_the_end(signum: int, final: Mapping[str, Any], output_dir: str, stoppe
     """The report of ``signum`` that reached the launcher after the run's end ``final`` was written (a cluster run's
     :meth:`RunEnd.interrupted`, an ``--in-process`` run's): that end stands; a failed run's error follows (the
     signal replaced the failure's exception, so the user reads it nowhere else). ``stopped``: said after it.
-    ``unwritten``: the end's files that could not be written (file name -> error): then it does not stand, and
-    each error is said (metrics.json's in place of its path)."""
+    ``unwritten``: the end's files that could not be written (file name -> error), each error said; where
+    metrics.json is one, the end does not stand (its error in place of its path)."""
     phase = {"interrupted": "been interrupted"}.get(str(final.get("phase")), str(final.get("phase")))
-    stands = "its end was not written whole" if unwritten else "its end stands"
+    stands = "its end was not written whole" if METRICS_JSON in (unwritten or {}) else "its end stands"
     lines = [f"{signal_name(signum)} arrived after the run had {phase} at global_step {final.get('global_step')}: "
              f"{stands}{stopped}"]
     if final.get("error"):

@@ -165,3 +165,58 @@ def test_an_in_process_end_not_written_then_a_signal_exits_1(tmp_path: Path, mon
                              "whole"), report
     assert FULL in report and "its end stands" not in report, report
     assert raised.value.ended is None and raised.value.exit_code == 1
+
+
+# ---- metrics.json written, a side file (status.json, metrics.prom) not: the end stands (metrics.json IS the end) ----
+PROM_REFUSED = "could not write {dir}/metrics.prom: [Errno 28] No space left on device"
+
+
+def _prom_refused(monkeypatch: pytest.MonkeyPatch, module: object, *, signalled: bool = False) -> None:
+    """``module``'s write_run_files writes metrics.json as usual, then reports metrics.prom not written (a full disk
+    after the first file: the live page's and scrape files are not the run's end); ``signalled``: a SIGTERM first."""
+    from psflow.launch import run_status
+
+    write = run_status.write_run_files
+
+    def refusing(final: object, output_dir: str, collector: object) -> dict[str, str]:
+        if signalled:
+            signal.raise_signal(signal.SIGTERM)
+        failed = write(final, output_dir, None)  # type: ignore[arg-type]
+        return {**failed, "metrics.prom": PROM_REFUSED.format(dir=output_dir)}
+
+    monkeypatch.setattr(module, "write_run_files", refusing)
+
+
+def test_a_finished_end_whose_metrics_json_was_written_stands_after_a_later_signal(
+        lc: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from psflow.launch import run_end
+
+    _prom_refused(monkeypatch, run_end)
+    out = io.StringIO()
+    end = RunEnd(lc, str(tmp_path), started=0.0, out=out)
+    final = end.finished(ps_stats=PS_STATS, train_seconds=1.5, evaluation=None, extra={}, client=None)
+    assert (tmp_path / "metrics.json").exists()
+    assert out.getvalue().splitlines() == ["psflow: " + PROM_REFUSED.format(dir=tmp_path)], out.getvalue()
+    assert lc.signals.ended is final, "metrics.json written: the run's end, whatever the scrape file's fate"
+
+    report = end.interrupted(signal.SIGTERM)
+    assert report.splitlines() == [
+        "SIGTERM arrived after the run had finished at global_step 42: its end stands; every task stopped",
+        "  " + PROM_REFUSED.format(dir=tmp_path), f"metrics: {tmp_path}/metrics.json"], report
+    assert _later_signal(lc, signal.SIGTERM).exit_code == 0, "a finished run: 0, as without the signal"
+
+
+def test_an_in_process_finished_end_whose_metrics_json_was_written_stands_after_a_signal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from psflow.launch import run_status
+
+    _prom_refused(monkeypatch, run_status, signalled=True)
+
+    with pytest.raises(LaunchInterrupted) as raised:
+        _in_process(tmp_path, monkeypatch, "finished", signalled=False)
+    report = str(raised.value)
+    assert report.splitlines() == [
+        "SIGTERM arrived after the run had finished at global_step 42: its end stands",
+        "  " + PROM_REFUSED.format(dir=tmp_path), f"metrics: {tmp_path}/metrics.json"], report
+    assert raised.value.ended is not None and raised.value.exit_code == 0
+    assert (tmp_path / "metrics.json").exists()
