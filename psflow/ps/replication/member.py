@@ -288,16 +288,19 @@ class ShardReplication:
         self._check_shard(request.shard)
         checked = self.view.view  # a member joining here, caught up before the drop, was asked nothing: kept
         refuse_drop(self._status_of, self.task, checked, request.backup)
-        view, changed = self.view.drop_backup(request.expected_epoch, request.backup, checked)
-        forwarder = self.forwarder
-        if changed and forwarder is not None:
-            log.warning("%s: shard %d goes on without %s at epoch %d (%s cannot reach it either)", self.task,
-                        self.shard, request.backup, view.epoch, request.requester)
-            with forwarder.lock:
-                sender = forwarder.senders.pop(request.backup, None)
-            if sender is not None:
-                sender.stop()
-            forwarder.set_waited(view.backups)
+        # after a becoming primary's forwarder is made: one made after the drop waited for the backup it dropped
+        # (the promotion's view), and nothing took its sender out
+        with self.view.becoming:
+            view, changed = self.view.drop_backup(request.expected_epoch, request.backup, checked)
+            forwarder = self.forwarder
+            if changed and forwarder is not None:
+                log.warning("%s: shard %d goes on without %s at epoch %d (%s cannot reach it either)", self.task,
+                            self.shard, request.backup, view.epoch, request.requester)
+                with forwarder.lock:
+                    sender = forwarder.senders.pop(request.backup, None)
+                if sender is not None:
+                    sender.stop()
+                forwarder.set_waited(view.backups)
         return _reply(replace(self.status(), view_changed=changed))
 
     def join(self, frame: Frame) -> Reply:

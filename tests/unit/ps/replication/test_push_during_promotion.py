@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
-from psflow.ps.protocol import PushReply, PushRequest, WorkerTag
+from psflow.ps.protocol import DropBackupRequest, PushReply, PushRequest, ReplicaStatusReply, WorkerTag
 from psflow.ps.replication.view import View
 from psflow.ps.sync import SyncConfig
 
@@ -65,3 +65,46 @@ def test_a_push_arriving_while_the_backup_becomes_primary_is_applied_not_refused
     assert len(outcome) == 1 and isinstance(outcome[0], PushReply), outcome
     stats = member.stats()
     assert stats["pushes_applied"] == 2, stats
+
+
+def test_a_drop_served_while_the_backup_becomes_primary_is_not_undone(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """ps:0 and ps_backup:1 gone: a client promotes ps_backup:0 (epoch 2, backups: ps_backup:1), and another, which
+    read that view from its ReplicaStatus, asks it to drop ps_backup:1 while its forwarder is being made. The drop
+    went to epoch 3 without the member but found no forwarder to take its sender out of; the promotion then set the
+    waited backups from its own view, the member among them: every push waited for it and failed UNAVAILABLE after
+    replica_timeout for as long as it stayed gone (for good where it is not restarted)."""
+    shard = make_shard(backups=2)
+    shard.start()
+    shard.wait_view()
+    shard.register(layout(SyncConfig()))
+    shard.push(PRIMARY, _push(1))
+    shard.cut.update({PRIMARY, backup(1)})  # both gone
+    new = backup(0)
+    member = shard.replicas[new]
+    dropped: list[ReplicaStatusReply | Exception] = []
+
+    def drop() -> None:
+        try:
+            frame = shard.call(new, DropBackupRequest.METHOD, DropBackupRequest(0, 2, backup(1), WORKERS[1]).to_frame())
+            dropped.append(ReplicaStatusReply.from_frame(frame))
+        except Exception as e:  # noqa: BLE001 - recorded, asserted below
+            dropped.append(e)
+
+    dropper = threading.Thread(target=drop, daemon=True)
+    become = member._become_primary
+
+    def becoming(view: View) -> None:  # primary at epoch 2 with ps_backup:1 as its backup; no forwarder yet
+        dropper.start()
+        dropper.join(1.0)  # served at once before the fix; waits for the promotion after it
+        become(view)
+
+    member._become_primary = becoming  # type: ignore[method-assign]
+    assert shard.promote(new, 1).role == "primary"
+    dropper.join(30.0)
+    assert not dropper.is_alive()
+    assert len(dropped) == 1 and isinstance(dropped[0], ReplicaStatusReply) and dropped[0].view_changed, dropped
+    assert (dropped[0].epoch, dropped[0].backups) == (3, ())
+    reply = shard.push(new, _push(2))  # waits for no backup: none is in the view
+    assert reply.accepted
+    assert member.stats()["pushes_applied"] == 2
