@@ -53,6 +53,7 @@ from psflow.rpc.tls import TlsConfig
 from psflow.train.build import data_options, model_record
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.config import TrainConfig
+from psflow.train.deferred_end import DeferredEnd, RaiseDeferred
 from psflow.train.evaluation import evaluate, parameters
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.final_eval import FinalEvalOnce
@@ -163,11 +164,16 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
                               every_steps=config.report.eval_every_steps, writer=writer)
         # With election, two workers finishing together both hold the duties at their end: the final model once.
         chief_hooks.append(FinalEvalOnce(evaluation) if leadership is not None else evaluation)
+    if leadership is not None:
+        chief_hooks = [LeaderOnlyHook(h, leadership) for h in chief_hooks]
+    if writer is not None and config.checkpoint.dir:  # the summary hook, then the saver: a failed summary end()
+        deferred = DeferredEnd(chief_hooks[0])  # is raised after the final checkpoint (psflow.train.deferred_end)
+        chief_hooks[:2] = [deferred, chief_hooks[1], RaiseDeferred(deferred)]
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
         hooks.append(CampaignWhileTrainingHook(leadership))
         if take_over:  # before the duties: a worker resumed after a take-over ended the run saves and evaluates nothing
             hooks.append(TakenOverHook(leadership, config.checkpoint.dir))
-        hooks += [LeaderOnlyHook(h, leadership) for h in chief_hooks]
+        hooks += chief_hooks
         chief_hooks = []
     # Last of all (a session ends its hooks in order, the chief-only ones after the others; without election, a
     # session with duties is the chief's): the final save takes the lock again if it was deleted meanwhile, so a

@@ -13,6 +13,7 @@ ClusterRecovery, the lease set by the test; read back with TensorBoard's EventAc
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,10 +21,13 @@ from typing import Any
 import pytest
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
+from psflow.checkpoint.manifest import read_manifest
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease
 from psflow.train.config import TrainConfig
+from psflow.train.deferred_end import DeferredEnd, RaiseDeferred
 from psflow.train.duties import make_session
 from psflow.train.hook_api import RunContext, RunValues
 from psflow.train.hooks import CheckpointSaverHook, SummarySaverHook
@@ -173,8 +177,9 @@ def test_a_worker_first_holding_the_duties_at_its_end_starts_at_the_restored_ste
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
     made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
                         leadership=leadership)
-    duties = [h for h in made.hooks if isinstance(h, LeaderOnlyHook)]  # in make_session's order
-    assert {type(h.inner) for h in duties} >= {CheckpointSaverHook, SummarySaverHook}
+    duties = [h for h in made.hooks if isinstance(h, LeaderOnlyHook | DeferredEnd | RaiseDeferred)]  # in its order
+    led = [h.inner if isinstance(h, DeferredEnd) else h for h in duties]
+    assert {type(h.inner) for h in led if isinstance(h, LeaderOnlyHook)} >= {CheckpointSaverHook, SummarySaverHook}
     session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
     for hook in duties:
         hook.after_create_session(session)
@@ -189,3 +194,34 @@ def test_a_worker_first_holding_the_duties_at_its_end_starts_at_the_restored_ste
     for hook in duties:
         hook.end(session)
     assert run.curve() == [1, 2, 7]
+
+
+def test_a_summary_end_that_fails_does_not_skip_the_final_checkpoint(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary hook goes first among the duties (the test above), and a session stops at the first end() that
+    raises: a summary write failing at the end (the summary disk full; the checkpoint directory may be elsewhere) then
+    skipped the final checkpoint, which the saver, first before, had written. It is written, then the error raised."""
+    run = _Run(tmp_path)
+    config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=run.ckpt, summary_dir=str(run.logdir),
+                              save_summaries_steps=1000, save_checkpoints_steps=1000)
+    run.lease.holder = "d"
+    leadership = run.lease.for_("d")
+    leadership.confirmed_lease = leadership.lease
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
+    made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
+                        leadership=leadership)
+    session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
+    for hook in made.hooks:
+        hook.after_create_session(session)
+    run.running = []  # the other workers' hooks stay out of it
+    run.steps("d", 3)
+    session.global_step = run.client.global_step()
+
+    def full(writer: SummaryWriter, event: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", writer.path)
+
+    monkeypatch.setattr(SummaryWriter, "_append", full)
+    with pytest.raises(OSError, match="No space left"):
+        made.__exit__(None, None, None)  # every hook's end(), in order, as a session ends
+    latest = latest_checkpoint(run.ckpt)
+    assert latest is not None and read_manifest(latest).global_step == 3
