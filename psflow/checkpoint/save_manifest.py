@@ -3,8 +3,9 @@
 :func:`build_manifest` turns what every ps task said it saved (its shard's file, size, sha256 and partitions;
 a replicated shard's push counts; the snapshot's marks, an increment's base) and the client's layout into
 the manifest :class:`~psflow.checkpoint.save.CheckpointManager` writes last. Every partition of the layout
-must be in a shard, and the task holding global_step dates the checkpoint; otherwise nothing is written
-(the save fails). Writes nothing itself.
+must be in a shard, the task holding global_step dates the checkpoint, and every shard was snapshotted at one
+restore generation (:func:`check_one_generation`); otherwise nothing is written (the save fails). Writes nothing
+itself.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveShardReply
 from psflow.ps.store import partition_key
 
-__all__ = ["build_manifest"]
+__all__ = ["build_manifest", "check_one_generation"]
 
 
 def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
@@ -37,6 +38,27 @@ def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
     return record
 
 
+def check_one_generation(replies: Mapping[int, tuple[str, SaveShardReply]]) -> None:
+    """Every shard of a save was snapshotted at one restore generation (a reply naming none, an older task's, is
+    not compared).
+
+    Each ps task refuses a SaveShard while a restore is in progress there or when one began during its snapshot
+    (:meth:`psflow.ps.restore_gate.RestoreGate.check_save`), but not one that reaches it only after a whole restore
+    within the run (a save given up at ``--save-timeout`` whose calls go on; with in-process ps tasks the shards are
+    saved one after the other): its shard holds the restored checkpoint's state, the shards saved before the restore
+    the model it discarded, and their checkpoint a model that never existed.
+
+    Raises:
+        CheckpointError: the shards' generations differ; names each task and its generation.
+    """
+    saved = {reply.task: reply.generation for _, reply in replies.values() if reply.generation is not None}
+    if len(set(saved.values())) > 1:
+        at = ", ".join(f"{task} at generation {generation}" for task, generation in sorted(saved.items()))
+        raise CheckpointError(f"the checkpoint's shards were snapshotted on both sides of a restore within the run ({at}): "
+                              "they would hold a model that never existed; not written (the checkpoints already saved "
+                              "are kept, and the next save takes the restored state)")
+
+
 def build_manifest(client: ParameterClient, replies: dict[int, tuple[str, SaveShardReply]],
                    optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
                    writer: Mapping[str, Any], final: bool) -> Manifest:
@@ -45,9 +67,10 @@ def build_manifest(client: ParameterClient, replies: dict[int, tuple[str, SaveSh
     Pure: reads only its arguments (the client's layout and cluster, no RPC) and the clock (``created``).
 
     Raises:
-        CheckpointError: a partition of the client's layout is in no shard, or the shard of the task holding
-            global_step dates nothing.
+        CheckpointError: a partition of the client's layout is in no shard, the shard of the task holding
+            global_step dates nothing, or the shards straddle a restore (:func:`check_one_generation`).
     """
+    check_one_generation(replies)
     located = {p["key"]: (file, p) for file, reply in replies.values() for p in reply.partitions}
     variables: dict[str, dict[str, Any]] = {}
     for name, placement in client.layout.items():

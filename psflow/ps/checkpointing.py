@@ -27,7 +27,8 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     newer chief's epoch was seen, and no newer epoch is accepted meanwhile. Refused with FAILED_PRECONDITION
     while a restore is in progress (``BeginRestore`` came, ``SetReady`` not yet) or when one began during the
     snapshot (:meth:`~psflow.ps.restore_gate.RestoreGate.check_save`): the shard would hold part of the restore
-    (not ABORTED: no newer chief fenced the save; the chief counts it as a failed save).
+    (not ABORTED: no newer chief fenced the save; the chief counts it as a failed save). The reply's ``generation``
+    is the task's restore generation of the snapshot: a save whose shards differ there straddled a restore (refused).
     On a replicated shard's primary (:attr:`CheckpointHandlers.push_count` set) the reply's
     ``pushes_applied`` is the count of the pushes the snapshot holds and ``pushes_applied_by`` that of each
     client process (``[[worker, incarnation, n], ...]``): read with it while no push is applied
@@ -283,7 +284,7 @@ class CheckpointHandlers:
         data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
         reply = SaveShardReply(self.task_name, parts, step, positions, examples, len(data),
                                hashlib.sha256(data).hexdigest(), pushes_applied=held.total if held else None,
-                               marks=marks, pushes_applied_by=held.by_process if held else None)
+                               marks=marks, pushes_applied_by=held.by_process if held else None, generation=generation)
         if path is None:
             return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
         try:

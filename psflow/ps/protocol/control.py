@@ -125,9 +125,9 @@ class SaveShardReply:
     """What a shard holds: ``partitions`` (their manifest records), the shard's size and sha256, the
     global_step, the reader positions and the examples pushed with them (on the task holding
     global_step), and the bytes themselves when the caller writes the file (``data``).
-    ``pushes_applied``: a replicated shard's count of the pushes the snapshot holds (None: unreplicated,
-    not sent), ``pushes_applied_by`` each client process's (``[[worker, incarnation, n], ...]``). ``marks``: the
-    snapshot's mark token and epoch (the base of a later increment; None: an older task)."""
+    ``pushes_applied``: a replicated shard's count of the pushes the snapshot holds (None: unreplicated, not sent),
+    ``pushes_applied_by`` each client process's (``[[worker, incarnation, n], ...]``). ``marks``: the snapshot's mark
+    token and epoch (a later increment's base), ``generation``: the restore generation it was taken at (None: an older task)."""
 
     task: str
     partitions: Sequence[Mapping[str, Any]]
@@ -140,11 +140,14 @@ class SaveShardReply:
     pushes_applied: int | None = None
     marks: dict[str, Any] | None = None
     pushes_applied_by: list[list[Any]] | None = None
+    generation: int | None = None
 
     def to_frame(self) -> Frame:
         meta: dict[str, Any] = {
             "task": self.task, "partitions": list(self.partitions), "global_step": self.global_step,
             "positions": dict(self.positions), "examples": self.examples, "bytes": self.size, "sha256": self.sha256}
+        if self.generation is not None:
+            meta["generation"] = self.generation
         if self.pushes_applied is not None:
             meta["pushes_applied"] = self.pushes_applied
         if self.pushes_applied_by is not None:
@@ -165,7 +168,7 @@ class SaveShardReply:
                    string_map(meta, "positions", "client names to reader position JSON") or {},
                    optional_int(meta, "examples", minimum=0) or 0, optional_int(meta, "bytes", minimum=0) or 0, sha,
                    frame.arrays.get(_SHARD), optional_int(meta, "pushes_applied", minimum=0), _marks(meta, "marks"),
-                   applied_by_process(meta.get("pushes_applied_by")))
+                   applied_by_process(meta.get("pushes_applied_by")), optional_int(meta, "generation", minimum=0))
 
 
 # ---- LoadShard --------------------------------------------------------------------------------------------

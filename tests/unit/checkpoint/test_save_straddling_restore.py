@@ -1,0 +1,111 @@
+"""A checkpoint save that straddles a restore within the run: ps task 0's shard snapshotted before the restore (the
+model the restore discards, its higher global_step), ps task 1's after it (the older checkpoint's state).
+
+Each ps task refuses a SaveShard while a restore is in progress there or when one began during its own snapshot
+(:meth:`psflow.ps.restore_gate.RestoreGate.check_save`), but a SaveShard that reaches a task only once the whole
+restore is over (a save given up at ``--save-timeout`` whose thread goes on, a call queued on a busy task) is
+served at the new generation, beside a shard of the old one: the manifest held a model that never existed, dated
+by the discarded model's global_step, and became the newest checkpoint. Each shard reply now names its generation
+and the save fails where they differ (:func:`psflow.checkpoint.save_manifest.build_manifest`). ps services in this
+process (tests/two_ps_in_process.py): task 1's SaveShard runs a whole restore before it is served.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from two_ps_in_process import SGD, train_a_step, two_ps_cluster
+
+from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.save_manifest import check_one_generation
+from psflow.errors import CheckpointError
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import SaveShardReply, SaveShardRequest
+from psflow.ps.service import ParameterService
+from psflow.rpc.api import InvalidRequest, Reply
+from psflow.rpc.framing import Frame
+from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.generation_restore import restore_at_new_generation
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _restore_before_task_1_saves(client: ParameterClient, service: ParameterService,
+                                 restore: Callable[[], None]) -> list[int]:
+    """ps task 1's next SaveShard first runs ``restore`` (the whole of it), then is served; returns the list its
+    SaveShard calls are counted in."""
+    handlers = dict(service.handlers())
+    save_shard, served = handlers["SaveShard"], list[int]()
+
+    def held(frame: Frame) -> Reply:
+        if not served:
+            restore()
+        served.append(1)
+        return save_shard(frame)
+
+    handlers["SaveShard"] = held
+    client.channels[1] = InProcessChannel("/job:ps/task:1", handlers)
+    return served
+
+
+def _checkpoints(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("ckpt-"))
+
+
+def test_a_save_whose_shards_straddle_a_restore_fails_and_the_older_checkpoint_stays_newest(tmp_path: Path) -> None:
+    client, services = two_ps_cluster()
+    client.register(SGD, chief=True)
+    manager = CheckpointManager(str(tmp_path), transport="rpc")
+    older = manager.save(client)  # global_step 0, the initial model
+    initial = client.pull({"weights": None, "bias": None})
+    for _ in range(3):
+        train_a_step(client)
+    generations: list[int] = []
+
+    def restore() -> None:  # the chief (another thread of it) restores the older checkpoint meanwhile
+        states = {t: client.ps_stats(t) for t in client.channels}
+        generations.append(restore_at_new_generation(client, SGD, older.path, None, states, run=None, limit=5.0,
+                                                     step_survived=True).generation)
+
+    served = _restore_before_task_1_saves(client, services[1], restore)
+    with pytest.raises(CheckpointError, match=r"^the checkpoint's shards were snapshotted on both sides of a restore "
+                                              r"within the run \(/job:ps/task:0 at generation 0, /job:ps/task:1 at "
+                                              r"generation (\d+)\): they would hold a model that never existed") as failed:
+        manager.save(client)
+    assert served == [1] and len(generations) == 1 and f"generation {generations[0]})" in str(failed.value)
+    assert (manager.saves_failed, manager.failed_in_a_row) == (1, 1)
+    assert latest_checkpoint(str(tmp_path)) == older.path
+    assert _checkpoints(tmp_path) == [os.path.basename(older.path)]  # the straddling save's directory removed
+    # the cluster holds the older checkpoint's model (global_step went on from 3); the next save is of it whole
+    restored = client.pull({"weights": None, "bias": None})
+    assert all(np.array_equal(restored[name], initial[name]) for name in initial)
+    again = manager.save(client)
+    assert again.global_step == 3 and latest_checkpoint(str(tmp_path)) == again.path and manager.failed_in_a_row == 0
+
+
+def test_each_shard_reply_names_its_generation_and_an_older_tasks_is_not_compared(tmp_path: Path) -> None:
+    client, _ = two_ps_cluster()
+    client.register(SGD, chief=True)
+    saved = CheckpointManager(str(tmp_path), transport="rpc").save(client)
+    states = {t: client.ps_stats(t) for t in client.channels}
+    generation = restore_at_new_generation(client, SGD, saved.path, None, states, run=None, limit=5.0,
+                                           step_survived=True).generation
+    frame = client.call(1, SaveShardRequest(None, 1, 2))
+    reply = SaveShardReply.from_frame(frame)
+    assert reply.generation == generation == frame.meta["generation"]
+    older = replace(reply, generation=None, data=None)  # a task of an older version names none
+    assert "generation" not in older.to_frame().meta and SaveShardReply.from_frame(older.to_frame()).generation is None
+    with pytest.raises(InvalidRequest, match="'generation' must be a non-negative integer"):
+        SaveShardReply.from_frame(Frame({**older.to_frame().meta, "generation": -1}))
+    task_0 = replace(reply, task="/job:ps/task:0")
+    check_one_generation({0: ("shard-0", task_0), 1: ("shard-1", older)})
+    check_one_generation({0: ("shard-0", task_0), 1: ("shard-1", reply)})
+    with pytest.raises(CheckpointError, match=rf"\(/job:ps/task:0 at generation {generation}, /job:ps/task:1 at "
+                                              rf"generation {generation + 1}\)"):
+        check_one_generation({0: ("shard-0", task_0), 1: ("shard-1", replace(reply, generation=generation + 1))})
