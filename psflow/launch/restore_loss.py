@@ -8,7 +8,7 @@ leave a run that stops at once after its restore, with a final model of far fewe
 
 * ``metrics.json`` ``restore_loss`` (None where no restore happened within the run: the task holding global_step is
   at generation 0; where that task exited or restarted empty after training, the ps tasks still ready say it, and
-  with none ready it is not known: None): ``generation``, ``global_step``, ``restored_step`` (the step of the
+  with none ready it is not known: None): ``generation``, ``global_step``, ``checkpoint_step`` (the step of the
   checkpoint the model was last set back to, where a driver process reports it: an in-graph run's client, which
   makes every restore of its run; None in a between-graph run, whose chief restores within its session),
   ``examples_in_model`` (this run's part of the model's exactly-once count), ``examples_pushed`` (what the driver
@@ -45,7 +45,7 @@ def restore_loss(ps_stats: Sequence[Mapping[str, Any]], *, examples_pushed: int,
     """``metrics.json``'s ``restore_loss`` (module docstring), from each ps task's ``Stats`` at the end, what the
     driver processes pushed, the examples of the checkpoint the run resumed (0 for a fresh model), a bound on
     the pushed examples dropped as stale (their pushes times the batch size), the restores the result files
-    report (each ``{"restored_step", "examples_discarded"}``, the latter None where not known; None entries:
+    report (each ``{"checkpoint_step", "examples_discarded"}``, the latter None where not known; None entries:
     a result without one) and how many times a driver process was restarted; None where the task holding
     global_step reports no restore within the run (generation 0; where it lost its state after training, the
     tasks still ready: :func:`_generation`), or none holds it."""
@@ -60,7 +60,7 @@ def restore_loss(ps_stats: Sequence[Mapping[str, Any]], *, examples_pushed: int,
     # at most (the in-graph client reports its own restore only; a between-graph worker reports none).
     complete = drivers_restarted == 0 or (drivers_restarted == 1 and len(counted) == 1)
     return {"generation": generation, "global_step": int(head["global_step"]),
-            "restored_step": int(reported[-1]["restored_step"]) if reported else None,
+            "checkpoint_step": int(reported[-1]["checkpoint_step"]) if reported else None,
             "examples_in_model": in_model, "examples_pushed": examples_pushed,
             "examples_stale_at_most": examples_stale_at_most,
             "examples_discarded": max(0, examples_pushed - examples_stale_at_most - in_model, sum(counted)),
@@ -83,7 +83,7 @@ def restore_loss_line(loss: Mapping[str, Any] | None) -> str | None:
     if loss is None or (complete and not loss["examples_discarded"]):
         return None
     restarted = int(loss.get("drivers_restarted") or 0)
-    step = loss.get("restored_step")
+    step = loss.get("checkpoint_step")
     back = "an older checkpoint" if step is None else f"the checkpoint of global_step {step}"
     held = (f"{loss['examples_in_model']} of the {loss['examples_pushed']} examples this run's workers pushed"
             if not restarted else f"{loss['examples_in_model']} examples of this run")

@@ -295,7 +295,7 @@ class RestoreAtStart:
         """The result file's ``restore`` (:mod:`psflow.launch.restore_loss` reads it): these fields and
         ``examples_discarded``, the examples the model held that the restore set back (None: not known)."""
         discarded = None if self.examples_before is None else max(0, self.examples_before - self.examples_restored)
-        return {"checkpoint": self.checkpoint, "restored_step": self.restored_step,
+        return {"checkpoint": self.checkpoint, "checkpoint_step": self.restored_step,
                 "examples_restored": self.examples_restored, "examples_before": self.examples_before,
                 "examples_discarded": discarded}
 

@@ -56,7 +56,7 @@ def test_a_restarted_in_graph_client_reports_the_restore_s_discard_and_starts_it
     assert restored_step < fault["at_step"], (restored, fault)
 
     loss = metrics["restore_loss"]
-    assert loss is not None and loss["restored_step"] == restored_step, loss
+    assert loss is not None and loss["checkpoint_step"] == restored_step, loss
     # every step value up to the fault was an applied push of BATCH examples; the restore kept restored_step's
     assert loss["examples_discarded"] >= (fault["at_step"] - restored_step) * BATCH, loss
     assert loss["examples_discarded_complete"] is True and loss["drivers_restarted"] == 1, loss

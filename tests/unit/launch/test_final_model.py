@@ -59,7 +59,7 @@ def test_restore_loss_only_after_a_restore_within_the_run() -> None:
                         examples_at_start=0) is None
     loss = restore_loss([_ready(0, global_step=120, examples=1000, generation=1)], examples_pushed=7680,
                         examples_at_start=100)
-    assert loss == {"generation": 1, "global_step": 120, "restored_step": None, "examples_in_model": 900,
+    assert loss == {"generation": 1, "global_step": 120, "checkpoint_step": None, "examples_in_model": 900,
                     "examples_pushed": 7680, "examples_stale_at_most": 0, "examples_discarded": 6780,
                     "examples_discarded_complete": True, "drivers_restarted": 0}
     line = restore_loss_line(loss)

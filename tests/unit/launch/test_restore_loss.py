@@ -15,7 +15,7 @@ from psflow.launch.restore_loss import restore_loss, restore_loss_line
 
 # ps task 0 at the end of that run: 6,400 examples of ckpt-000000200 and the second process's 15,936
 HEAD = [{"task": "/job:ps/task:0", "ready": True, "global_step": 800, "examples": 22336, "generation": 5}]
-OWN = {"checkpoint": "/ckpt/ckpt-000000200", "restored_step": 200, "examples_restored": 6400,
+OWN = {"checkpoint": "/ckpt/ckpt-000000200", "checkpoint_step": 200, "examples_restored": 6400,
        "examples_before": 9664, "examples_discarded": 3264}
 
 
@@ -28,7 +28,7 @@ def _loss(restores: list[Any], restarted: int, pushed: int = 15936) -> dict[str,
 
 def test_a_restarted_client_s_restore_counts_what_it_threw_away() -> None:
     loss = _loss([OWN], 1)
-    assert (loss["examples_discarded"], loss["examples_discarded_complete"], loss["restored_step"]) == (3264, True, 200)
+    assert (loss["examples_discarded"], loss["examples_discarded_complete"], loss["checkpoint_step"]) == (3264, True, 200)
     line = restore_loss_line(loss)
     assert line is not None and "the checkpoint of global_step 200" in line and "at least 3264 discarded" in line
     assert "holds 22336 examples of this run" in line and "more may have been" not in line
@@ -50,7 +50,7 @@ def test_a_restore_whose_discard_is_not_known_says_more_may_have_been_discarded(
 def test_a_run_without_a_restart_is_counted_from_its_pushes_as_before() -> None:
     loss = _loss([None, None], 0, pushed=30000)
     assert (loss["examples_discarded"], loss["examples_discarded_complete"]) == (30000 - 22336, True)
-    assert loss["restored_step"] is None
+    assert loss["checkpoint_step"] is None
     line = restore_loss_line(loss)
     assert line is not None and "back to an older checkpoint" in line and "holds 22336 of the 30000" in line
     assert restore_loss_line({**_loss([None], 0, pushed=22336)}) is None  # nothing discarded, all counted

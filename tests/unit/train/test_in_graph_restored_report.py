@@ -98,7 +98,7 @@ def test_the_client_s_own_restore_is_told_to_the_hooks_and_reported_with_its_dis
     session = _Session(None)
     result = _run(monkeypatch, "/ckpt/ckpt-000000400", None, session)
     assert session.restores == [("/ckpt/ckpt-000000400", 400)]
-    assert result["restore"] == {"checkpoint": "/ckpt/ckpt-000000400", "restored_step": 400,
+    assert result["restore"] == {"checkpoint": "/ckpt/ckpt-000000400", "checkpoint_step": 400,
                                  "examples_restored": 12800, "examples_before": 16000, "examples_discarded": 3200}
 
 
@@ -114,5 +114,5 @@ def test_the_join_s_restore_is_not_told_again_and_its_discard_is_not_known(monke
     session = _Session(str(checkpoint))
     result = _run(monkeypatch, None, str(checkpoint), session)
     assert session.restores == []
-    assert result["restore"] == {"checkpoint": str(checkpoint), "restored_step": 300, "examples_restored": 9600,
+    assert result["restore"] == {"checkpoint": str(checkpoint), "checkpoint_step": 300, "examples_restored": 9600,
                                  "examples_before": None, "examples_discarded": None}
