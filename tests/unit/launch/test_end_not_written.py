@@ -13,35 +13,17 @@ from __future__ import annotations
 import errno
 import io
 import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from psflow.launch.lifeline import LaunchInterrupted
-from psflow.launch.processes import LocalCluster, TaskProcess
+from psflow.launch.processes import LocalCluster
 from psflow.launch.run_end import RunEnd
 
 PS_STATS = [{"task": "/job:ps/task:0", "global_step": 42, "pushes_applied": 42}]
 FULL = "No space left on device"
-
-
-@pytest.fixture
-def lc(tmp_path: Path) -> Iterator[LocalCluster]:
-    """A cluster of one ps task (nothing listens on its port) and one running task process (its own group)."""
-    cluster = LocalCluster.create(1, 1, str(tmp_path))
-    log = open(tmp_path / "worker-0.log", "w")
-    popen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], process_group=0)
-    cluster.tasks.append(TaskProcess("worker", 0, popen, str(tmp_path / "worker-0.log"), log))
-    try:
-        yield cluster
-    finally:
-        if popen.poll() is None:
-            popen.kill()
-        popen.wait(timeout=10)
-        log.close()
 
 
 @pytest.fixture
