@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from psflow.train.hook_api import RunContext, RunValues, SessionRunHook
+from psflow.train.hook_api import SessionRunHook, WrappingHook
 
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
@@ -27,30 +27,12 @@ if TYPE_CHECKING:
 __all__ = ["DeferredEnd", "RaiseDeferred"]
 
 
-class DeferredEnd(SessionRunHook):
+class DeferredEnd(WrappingHook):
     """``inner`` as it is, but the exception its ``end()`` raises is kept for :class:`RaiseDeferred`."""
 
     def __init__(self, inner: SessionRunHook) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.error: Exception | None = None
-
-    def begin(self) -> None:
-        self.inner.begin()
-
-    def after_initialize(self, session: MonitoredTrainingSession) -> None:
-        self.inner.after_initialize(session)
-
-    def after_create_session(self, session: MonitoredTrainingSession) -> None:
-        self.inner.after_create_session(session)
-
-    def after_restore(self, session: MonitoredTrainingSession, checkpoint: str | None, step: int | None) -> None:
-        self.inner.after_restore(session, checkpoint, step)
-
-    def before_run(self, context: RunContext) -> None:
-        self.inner.before_run(context)
-
-    def after_run(self, context: RunContext, values: RunValues) -> None:
-        self.inner.after_run(context, values)
 
     def end(self, session: MonitoredTrainingSession) -> None:
         try:

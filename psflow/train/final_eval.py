@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING
 
 from psflow.ps.protocol import FinalEvalReply, FinalEvalRequest
 from psflow.rpc.api import RpcError
-from psflow.train.hooks import EvalHook, RunContext, RunValues, SessionRunHook
+from psflow.train.hook_api import WrappingHook
+from psflow.train.hooks import EvalHook
 
 if TYPE_CHECKING:
     from psflow.ps.client import ParameterClient
@@ -45,29 +46,16 @@ __all__ = ["FinalEvalOnce"]
 log = logging.getLogger("psflow.worker")
 
 
-class FinalEvalOnce(SessionRunHook):
+class FinalEvalOnce(WrappingHook):
     """Runs ``inner`` (the chief's :class:`~psflow.train.hooks.EvalHook`) as it is, except that its evaluation
     at the session's end is skipped when ps task 0 recorded one of the model at this global_step (asked before
     and after it evaluates), and is recorded there once made (see the module docstring). Blocks for three
     ``FinalEval`` calls at the end."""
 
+    inner: EvalHook
+
     def __init__(self, inner: EvalHook) -> None:
-        self.inner = inner
-
-    def begin(self) -> None:
-        self.inner.begin()
-
-    def after_initialize(self, session: MonitoredTrainingSession) -> None:
-        self.inner.after_initialize(session)
-
-    def after_create_session(self, session: MonitoredTrainingSession) -> None:
-        self.inner.after_create_session(session)
-
-    def before_run(self, context: RunContext) -> None:
-        self.inner.before_run(context)
-
-    def after_run(self, context: RunContext, values: RunValues) -> None:
-        self.inner.after_run(context, values)
+        super().__init__(inner)
 
     def end(self, session: MonitoredTrainingSession) -> None:
         client = session.client

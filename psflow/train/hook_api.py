@@ -53,7 +53,7 @@ from psflow.data import BatchSource
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
 
-__all__ = ["RunContext", "RunValues", "SessionRunHook", "StepTimer"]
+__all__ = ["RunContext", "RunValues", "SessionRunHook", "StepTimer", "WrappingHook"]
 
 
 @dataclass
@@ -135,6 +135,35 @@ class SessionRunHook:
 
     def end(self, session: MonitoredTrainingSession) -> None:
         """Called once when the loop ends without an exception."""
+
+
+class WrappingHook(SessionRunHook):
+    """A hook that runs each call of the hook it wraps (``inner``) as that hook does; a subclass changes the calls
+    it overrides only (e.g. :class:`~psflow.train.final_eval.FinalEvalOnce`'s ``end()``)."""
+
+    def __init__(self, inner: SessionRunHook) -> None:
+        self.inner = inner
+
+    def begin(self) -> None:
+        self.inner.begin()
+
+    def after_initialize(self, session: MonitoredTrainingSession) -> None:
+        self.inner.after_initialize(session)
+
+    def after_create_session(self, session: MonitoredTrainingSession) -> None:
+        self.inner.after_create_session(session)
+
+    def after_restore(self, session: MonitoredTrainingSession, checkpoint: str | None, step: int | None) -> None:
+        self.inner.after_restore(session, checkpoint, step)
+
+    def before_run(self, context: RunContext) -> None:
+        self.inner.before_run(context)
+
+    def after_run(self, context: RunContext, values: RunValues) -> None:
+        self.inner.after_run(context, values)
+
+    def end(self, session: MonitoredTrainingSession) -> None:
+        self.inner.end(session)
 
 
 class StepTimer:
