@@ -27,7 +27,7 @@ from psflow.ps.averages import AVERAGE_SLOT
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import skip_steps
 from psflow.ps.protocol import LoadShardRequest
-from psflow.ps.protocol.control import applied_by_process
+from psflow.ps.protocol.save_shard import applied_by_process
 from psflow.ps.store import partition_key
 from psflow.rpc.api import DeadlineExceededError, FencedOffError, InvalidRequest, RpcError
 

@@ -4,8 +4,8 @@
 a replicated shard's push counts; the snapshot's marks, an increment's base) and the client's layout into
 the manifest :class:`~psflow.checkpoint.save.CheckpointManager` writes last. Every partition of the layout
 must be in a shard, the task holding global_step dates the checkpoint, and every shard was snapshotted at one
-restore generation (:func:`check_one_generation`); otherwise nothing is written (the save fails). Writes nothing
-itself.
+restore generation (:func:`check_one_generation`), by tasks all ready or all not (:func:`check_one_readiness`);
+otherwise nothing is written (the save fails). Writes nothing itself.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveShardReply
 from psflow.ps.store import partition_key
 
-__all__ = ["build_manifest", "check_one_generation"]
+__all__ = ["build_manifest", "check_one_generation", "check_one_readiness"]
 
 
 def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
@@ -59,6 +59,26 @@ def check_one_generation(replies: Mapping[int, tuple[str, SaveShardReply]]) -> N
                               "are kept, and the next save takes the restored state)")
 
 
+def check_one_readiness(replies: Mapping[int, tuple[str, SaveShardReply]]) -> None:
+    """Every shard of a save was snapshotted by a ready task, or every one by a task not ready (the chief's initial
+    save, before it makes the tasks ready); a reply naming none, an older task's, is not compared.
+
+    A restarted ps task that a restore within the run registered (:func:`psflow.train.generation_restore.
+    restore_at_new_generation`, step 1) holds its initial values, not ready, at generation 0 until the restore's
+    ``BeginRestore`` reaches it; where no restore happened before, the other tasks are at generation 0 too
+    (:func:`check_one_generation` passes), and its shard beside theirs would be a model that never existed.
+
+    Raises:
+        CheckpointError: some shards' tasks were ready and some not; names each task and whether it was.
+    """
+    ready = {reply.task: reply.ready for _, reply in replies.values() if reply.ready is not None}
+    if len(set(ready.values())) > 1:
+        at = ", ".join(f"{task} {'ready' if r else 'not ready'}" for task, r in sorted(ready.items()))
+        raise CheckpointError(f"the checkpoint's shards were snapshotted by ready and not ready ps tasks ({at}): a task "
+                              "not ready holds no model yet (restarted, awaiting the restore), so they would hold a "
+                              "model that never existed; not written (the checkpoints already saved are kept)")
+
+
 def build_manifest(client: ParameterClient, replies: dict[int, tuple[str, SaveShardReply]],
                    optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
                    writer: Mapping[str, Any], final: bool) -> Manifest:
@@ -68,9 +88,11 @@ def build_manifest(client: ParameterClient, replies: dict[int, tuple[str, SaveSh
 
     Raises:
         CheckpointError: a partition of the client's layout is in no shard, the shard of the task holding
-            global_step dates nothing, or the shards straddle a restore (:func:`check_one_generation`).
+            global_step dates nothing, or the shards straddle a restore (:func:`check_one_generation`) or mix ready
+            and not ready tasks (:func:`check_one_readiness`).
     """
     check_one_generation(replies)
+    check_one_readiness(replies)
     located = {p["key"]: (file, p) for file, reply in replies.values() for p in reply.partitions}
     variables: dict[str, dict[str, Any]] = {}
     for name, placement in client.layout.items():

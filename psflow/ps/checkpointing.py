@@ -28,7 +28,9 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     while a restore is in progress (``BeginRestore`` came, ``SetReady`` not yet) or when one began during the
     snapshot (:meth:`~psflow.ps.restore_gate.RestoreGate.check_save`): the shard would hold part of the restore
     (not ABORTED: no newer chief fenced the save; the chief counts it as a failed save). The reply's ``generation``
-    is the task's restore generation of the snapshot: a save whose shards differ there straddled a restore (refused).
+    is the task's restore generation of the snapshot: a save whose shards differ there straddled a restore (refused);
+    ``ready`` whether the task was ready: a save of ready and not ready tasks (a restarted one registered by a restore
+    that has not sent its ``BeginRestore`` yet, holding initial values) is refused too.
     On a replicated shard's primary (:attr:`CheckpointHandlers.push_count` set) the reply's
     ``pushes_applied`` is the count of the pushes the snapshot holds and ``pushes_applied_by`` that of each
     client process (``[[worker, incarnation, n], ...]``): read with it while no push is applied
@@ -272,6 +274,7 @@ class CheckpointHandlers:
 
     def _save_shard(self, path: str | None, since: dict[str, Any] | None) -> SaveShardReply:
         counter, generation = self.push_count, self._gate.check_save()  # no shard holding part of a restore
+        ready = self._gate.ready  # not ready: initial values, or those of a restore not begun here yet
         with counter.holding() if counter is not None else contextlib.nullcontext(None) as held:
             step, positions, examples, tensors, parts, marks = self._snapshot(since)
         self._gate.check_save(generation)  # nor one begun during the snapshot
@@ -284,7 +287,8 @@ class CheckpointHandlers:
         data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
         reply = SaveShardReply(self.task_name, parts, step, positions, examples, len(data),
                                hashlib.sha256(data).hexdigest(), pushes_applied=held.total if held else None,
-                               marks=marks, pushes_applied_by=held.by_process if held else None, generation=generation)
+                               marks=marks, pushes_applied_by=held.by_process if held else None, generation=generation,
+                               ready=ready)
         if path is None:
             return dataclasses.replace(reply, data=np.frombuffer(data, dtype=np.uint8))
         try:

@@ -23,8 +23,8 @@ Files:
     * ``lifecycle.py``: every client's calls around it -- ``Stats``,
       ``Leave``, ``Done``, ``FinalEval``, ``SaveNotice`` (and :class:`Ack`).
     * ``control.py``: the chief's and the checkpoints' calls -- ``Fence``,
-      ``SaveShard``, ``LoadShard``, ``SetReady``, ``BeginRestore``,
-      ``ReaderPositions``, ``CheckpointStatus``.
+      ``LoadShard``, ``SetReady``, ``BeginRestore``, ``ReaderPositions``,
+      ``CheckpointStatus``; ``save_shard.py``: a checkpoint save's ``SaveShard``.
     * ``in_graph.py``: the in-graph path's ``RunStep`` (a worker task's call),
       whose gradients travel as a push's (:func:`gradient_arrays`).
     * ``replication.py``: replicated shards (issue 28) -- ``ReplicaStatus``, ``Promote``, ``DropBackup``
@@ -83,8 +83,6 @@ from psflow.ps.protocol.control import (
     ReaderPositionsReply,
     ReaderPositionsRequest,
     SaveOutcome,
-    SaveShardReply,
-    SaveShardRequest,
     SetReadyReply,
     SetReadyRequest,
 )
@@ -137,6 +135,7 @@ from psflow.ps.protocol.replication import (
     ack_pending,
     pending_ack,
 )
+from psflow.ps.protocol.save_shard import SaveShardReply, SaveShardRequest
 
 __all__ = [
     "Ack", "BeginRestoreReply", "BeginRestoreRequest", "CheckpointStatusReply", "CheckpointStatusRequest",

@@ -8,6 +8,11 @@ served at the new generation, beside a shard of the old one: the manifest held a
 by the discarded model's global_step, and became the newest checkpoint. Each shard reply now names its generation
 and the save fails where they differ (:func:`psflow.checkpoint.save_manifest.build_manifest`). ps services in this
 process (tests/two_ps_in_process.py): task 1's SaveShard runs a whole restore before it is served.
+
+The same for a save that reaches a restarted ps task which the restore registered but sent no BeginRestore yet: not
+ready, its initial values, at generation 0 as every task where no restore happened before; the checkpoint held
+the trained weights beside the initial bias, dated step 3. Each reply names its readiness too, and the save fails
+where ready and not ready tasks mix (the initial save's tasks are all not ready).
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from two_ps_in_process import SGD, train_a_step, two_ps_cluster
+from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
-from psflow.checkpoint.save_manifest import check_one_generation
+from psflow.checkpoint.save_manifest import check_one_generation, check_one_readiness
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveShardReply, SaveShardRequest
@@ -31,7 +36,7 @@ from psflow.ps.service import ParameterService
 from psflow.rpc.api import InvalidRequest, Reply
 from psflow.rpc.framing import Frame
 from psflow.rpc.inprocess import InProcessChannel
-from psflow.train.generation_restore import restore_at_new_generation
+from psflow.train.generation_restore import register_as_chief, restore_at_new_generation
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,3 +114,42 @@ def test_each_shard_reply_names_its_generation_and_an_older_tasks_is_not_compare
     with pytest.raises(CheckpointError, match=rf"\(/job:ps/task:0 at generation {generation}, /job:ps/task:1 at "
                                               rf"generation {generation + 1}\)"):
         check_one_generation({0: ("shard-0", task_0), 1: ("shard-1", replace(reply, generation=generation + 1))})
+
+
+def test_a_save_reaching_a_restarted_task_before_its_restore_began_fails(tmp_path: Path) -> None:
+    """ps task 1 died and came back empty; the restorer's Register (step 1 of restore_at_new_generation) created its
+    variables, not ready, but sent no BeginRestore yet: every task is at generation 0 (no earlier restore), so the
+    generations agree, but task 1 holds its initial values beside task 0's trained ones. The save fails on the
+    readiness the replies name (the initial save, every task not ready, is test_initial_save's)."""
+    client, services = two_ps_cluster()
+    client.register(SGD, chief=True)
+    manager = CheckpointManager(str(tmp_path), transport="rpc")
+    older = manager.save(client)
+    for _ in range(3):
+        train_a_step(client)
+    restart_ps(client, services, 1)
+    register_as_chief(client, SGD, None, limit=5.0)
+    assert [s.gate.ready for s in services] == [True, False]
+    assert [s.gate.generation for s in services] == [0, 0]
+    with pytest.raises(CheckpointError, match=r"^the checkpoint's shards were snapshotted by ready and not ready ps "
+                                              r"tasks \(/job:ps/task:0 ready, /job:ps/task:1 not ready\)"):
+        manager.save(client)
+    assert (manager.saves_failed, latest_checkpoint(str(tmp_path))) == (1, older.path)
+    assert _checkpoints(tmp_path) == [os.path.basename(older.path)]
+
+
+def test_each_shard_reply_names_its_readiness_and_an_older_tasks_is_not_compared(tmp_path: Path) -> None:
+    client, services = two_ps_cluster()
+    client.register(SGD, chief=True, defer_ready=True)  # the initial save's cluster: every task not ready
+    frame = client.call(1, SaveShardRequest(None, 1, 2))
+    reply = SaveShardReply.from_frame(frame)
+    assert reply.ready is False and frame.meta["ready"] is False
+    task_0 = replace(reply, task="/job:ps/task:0")
+    check_one_readiness({0: ("shard-0", task_0), 1: ("shard-1", reply)})
+    older = replace(reply, ready=None, data=None)  # a task of an older version names none
+    assert "ready" not in older.to_frame().meta and SaveShardReply.from_frame(older.to_frame()).ready is None
+    with pytest.raises(InvalidRequest, match="'ready' must be true or false, got 1"):
+        SaveShardReply.from_frame(Frame({**older.to_frame().meta, "ready": 1}))
+    check_one_readiness({0: ("shard-0", replace(task_0, ready=True)), 1: ("shard-1", older)})
+    with pytest.raises(CheckpointError, match=r"\(/job:ps/task:0 ready, /job:ps/task:1 not ready\)"):
+        check_one_readiness({0: ("shard-0", replace(task_0, ready=True)), 1: ("shard-1", reply)})

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from failed_over_shard import BACKUP, failed_over, numbered_push, routed_client
+from failed_over_shard import BACKUP, failed_over, numbered_push, routed_client, trained
 from replica_shard import PRIMARY, InProcessShard, layout
 from safetensors.numpy import load, load_file
 
@@ -25,11 +25,13 @@ from psflow.checkpoint.ledger import checkpoint_status
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.save import CheckpointManager
 from psflow.ps.protocol import (
+    BeginRestoreRequest,
     CheckpointStatusRequest,
     JoinRequest,
     SaveOutcome,
     SaveShardReply,
     SaveShardRequest,
+    SetReadyRequest,
 )
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import FailedPreconditionError
@@ -176,3 +178,25 @@ def test_a_primary_deposed_and_rebuilt_while_its_save_was_written_refuses_that_s
     written.set()
     saving.join(30.0)
     assert len(outcome) == 1 and isinstance(outcome[0], FailedPreconditionError), outcome  # before: global_step 5
+
+
+def test_a_backup_and_a_promoted_backup_name_the_primarys_generation_and_readiness(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """A save's shards are compared by restore generation and readiness (psflow/checkpoint/save_manifest.py): a
+    replicated shard's SaveShard answered by a backup of the view, or by the backup promoted after the primary
+    died, names the primary's (BeginRestore and SetReady are replicated), not the generation 0 it started at;
+    else every save after a failover would fail."""
+    shard = trained(make_shard, ready=True)
+    shard.call(PRIMARY, BeginRestoreRequest.METHOD, BeginRestoreRequest(7).to_frame())
+    shard.call(PRIMARY, SetReadyRequest.METHOD, SetReadyRequest("the chief", 7, 5).to_frame())
+    assert [(r.generation, r.ready) for r in (_save(shard, m) for m in (PRIMARY, BACKUP))] == [(7, True)] * 2
+    shard.cut.add(PRIMARY)  # killed
+    assert shard.promote(BACKUP, 1).epoch == 2
+    promoted = _save(shard, BACKUP)
+    assert (promoted.generation, promoted.ready, promoted.global_step) == (7, True, 5)
+    shard.add(PRIMARY)  # restarted empty, rebuilt from the new primary
+    shard.cut.discard(PRIMARY)
+    shard.start(PRIMARY)
+    shard.wait_view(BACKUP, (PRIMARY,))
+    rebuilt = _save(shard, PRIMARY)
+    assert (rebuilt.generation, rebuilt.ready, rebuilt.global_step) == (7, True, 5)
