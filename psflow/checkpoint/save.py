@@ -159,7 +159,7 @@ class CheckpointManager:
 
     def save(self, client: ParameterClient, *, optimizer: Mapping[str, Any] | None = None,
              model: Mapping[str, Any] | None = None, epoch: int | None = None, holder: str = "",
-             final: bool = False) -> SavedCheckpoint:
+             final: bool = False, initial: bool = False) -> SavedCheckpoint:
         """Saves every ps task's variables and slots; see :mod:`psflow.checkpoint` for the order.
 
         Blocks until the checkpoint is complete and the pointer names it. Training may continue meanwhile; each
@@ -174,6 +174,8 @@ class CheckpointManager:
             epoch: the saving chief's lease epoch (fences the save); None: unfenced.
             holder: the lease holder, for the ps tasks' refusal messages.
             final: training ended; recorded in the manifest (:attr:`Manifest.final`).
+            initial: the chief's initial save of the fresh cluster it initialized, before it makes the ps tasks
+                ready; any other save of a task not ready fails (:func:`~psflow.checkpoint.save_manifest.check_all_ready`).
 
         Raises:
             CheckpointFencedError: a newer chief's epoch refused the save (not counted as failed).
@@ -186,15 +188,16 @@ class CheckpointManager:
         # The ps tasks hear that this chief saves: a sync step waiting for it does not time out meanwhile.
         with self._section() if self._section is not None else contextlib.nullcontext(), \
                 notify_save(client, self.directory):
-            return self._save_counted(client, optimizer, model, epoch, holder, final)
+            return self._save_counted(client, optimizer, model, epoch, holder, final, initial)
 
     def _save_counted(self, client: ParameterClient, optimizer: Mapping[str, Any] | None,
-                      model: Mapping[str, Any] | None, epoch: int | None, holder: str, final: bool) -> SavedCheckpoint:
+                      model: Mapping[str, Any] | None, epoch: int | None, holder: str, final: bool,
+                      initial: bool) -> SavedCheckpoint:
         """:meth:`save`, inside its section."""
         self._fence = None if epoch is None else (epoch, holder)
         self._current, self._step = None, None
         try:
-            saved = self._save(client, optimizer, model, epoch, holder, final)
+            saved = self._save(client, optimizer, model, epoch, holder, final, initial)
         except CheckpointFencedError as e:
             self._remove_current()
             log.warning("%s: checkpoint not made current: %s", client.client_name, e)
@@ -250,7 +253,7 @@ class CheckpointManager:
                 retire(self.directory, remove_leftovers(self.directory, self.run_id, manifest.lineage, epoch, held=held))
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
-              epoch: int | None, holder: str, final: bool = False) -> SavedCheckpoint:
+              epoch: int | None, holder: str, final: bool = False, initial: bool = False) -> SavedCheckpoint:
         self._step = step_hint = client.global_step()  # first: a save failing at the lock names its step too
         if self._lock is not None:
             self._lock.acquire(may_pass=epoch is not None)
@@ -272,7 +275,7 @@ class CheckpointManager:
         base = self._increment_base(client, lineage, epoch)
         replies = self._write_shards(client, path, base[1] if base is not None else None)
         self._phase("shards_written")
-        manifest = build_manifest(client, replies, optimizer, model, lineage, writer, final)
+        manifest = build_manifest(client, replies, optimizer, model, lineage, writer, final, initial=initial)
         if base is not None:
             manifest = replace(manifest, kind=INCREMENT, base=os.path.basename(base[0]))
         storage.write_atomically(os.path.join(path, MANIFEST_NAME), manifest.to_json().encode())

@@ -4,8 +4,9 @@
 a replicated shard's push counts; the snapshot's marks, an increment's base) and the client's layout into
 the manifest :class:`~psflow.checkpoint.save.CheckpointManager` writes last. Every partition of the layout
 must be in a shard, the task holding global_step dates the checkpoint, and every shard was snapshotted at one
-restore generation (:func:`check_one_generation`), by tasks all ready or all not (:func:`check_one_readiness`);
-otherwise nothing is written (the save fails). Writes nothing itself.
+restore generation (:func:`check_one_generation`), by tasks all ready or all not (:func:`check_one_readiness`),
+all ready unless it is the chief's initial save (:func:`check_all_ready`); otherwise nothing is written (the save
+fails). Writes nothing itself.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveShardReply
 from psflow.ps.store import partition_key
 
-__all__ = ["build_manifest", "check_one_generation", "check_one_readiness"]
+__all__ = ["build_manifest", "check_all_ready", "check_one_generation", "check_one_readiness"]
 
 
 def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
@@ -79,20 +80,46 @@ def check_one_readiness(replies: Mapping[int, tuple[str, SaveShardReply]]) -> No
                               "model that never existed; not written (the checkpoints already saved are kept)")
 
 
+def check_all_ready(replies: Mapping[int, tuple[str, SaveShardReply]]) -> None:
+    """Every shard of a save that is not the initial one was snapshotted by a ready task (a reply naming no
+    readiness, an older task's, is not compared).
+
+    Only the chief that initialized a fresh cluster saves tasks not ready (its initial save, before it makes them
+    ready). Where every ps task restarted and a restore within the run registered them (:func:`psflow.train.
+    generation_restore.restore_at_new_generation`, step 1) but sent no ``BeginRestore`` yet, every task is not
+    ready at generation 0 with its initial values, as in the initial save (:func:`check_one_generation` and
+    :func:`check_one_readiness` pass): a periodic or final save reaching them then (one given up at
+    ``--save-timeout`` whose thread goes on) would make initial values the newest checkpoint.
+
+    Raises:
+        CheckpointError: some shards' tasks were not ready; names them.
+    """
+    waiting = sorted(reply.task for _, reply in replies.values() if reply.ready is False)
+    if waiting:
+        raise CheckpointError(f"the checkpoint's shards were snapshotted by ps tasks not ready (restarted, not yet "
+                              f"restored): {', '.join(waiting)}: the save is not a model of the run (their initial "
+                              "values); not written (the checkpoints already saved are kept, and the next save "
+                              "takes the restored state)")
+
+
 def build_manifest(client: ParameterClient, replies: dict[int, tuple[str, SaveShardReply]],
                    optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None, lineage: str,
-                   writer: Mapping[str, Any], final: bool) -> Manifest:
-    """The manifest of a save whose shards every ps task wrote (``replies``: task -> its file name and reply).
+                   writer: Mapping[str, Any], final: bool, *, initial: bool = False) -> Manifest:
+    """The manifest of a save whose shards every ps task wrote (``replies``: task -> its file name and reply);
+    ``initial``: the chief's initial save of a fresh cluster, whose tasks are not ready yet.
 
     Pure: reads only its arguments (the client's layout and cluster, no RPC) and the clock (``created``).
 
     Raises:
         CheckpointError: a partition of the client's layout is in no shard, the shard of the task holding
-            global_step dates nothing, or the shards straddle a restore (:func:`check_one_generation`) or mix ready
-            and not ready tasks (:func:`check_one_readiness`).
+            global_step dates nothing, or the shards straddle a restore (:func:`check_one_generation`), mix ready
+            and not ready tasks (:func:`check_one_readiness`) or, but in the initial save, hold a task not ready
+            (:func:`check_all_ready`).
     """
     check_one_generation(replies)
     check_one_readiness(replies)
+    if not initial:
+        check_all_ready(replies)
     located = {p["key"]: (file, p) for file, reply in replies.values() for p in reply.partitions}
     variables: dict[str, dict[str, Any]] = {}
     for name, placement in client.layout.items():

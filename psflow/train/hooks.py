@@ -116,10 +116,10 @@ class CheckpointSaverHook(SessionRunHook):
     def after_initialize(self, session: MonitoredTrainingSession) -> None:
         """Writes the initial checkpoint if the directory has none, before any other worker can push. A failure
         raises as a periodic save's does (the manager counted it) and is not tried again when the session is
-        created: the next period saves."""
+        created: the next period saves. The only save of ps tasks not ready (``initial``): any other fails there."""
         if latest_checkpoint(self.manager.directory) is None:
             try:
-                self._save(session)
+                self._save(session, initial=True)
             except BaseException:
                 self._initial_failed = True
                 raise
@@ -198,10 +198,10 @@ class CheckpointSaverHook(SessionRunHook):
             return False
         return True
 
-    def _save(self, session: MonitoredTrainingSession, *, final: bool = False,
+    def _save(self, session: MonitoredTrainingSession, *, final: bool = False, initial: bool = False,
               client: ParameterClient | None = None) -> None:
         """Saves a checkpoint: bounded by ``--save-timeout`` on a client of its own (:class:`BoundedSaves`), or
-        on ``client`` as it is (already inside a bounded call)."""
+        on ``client`` as it is (already inside a bounded call); ``initial``: :meth:`after_initialize`'s."""
         epoch, holder = None, ""
         if self._fence is not None:
             lease = self._fence()
@@ -210,7 +210,7 @@ class CheckpointSaverHook(SessionRunHook):
                 return
             epoch, holder = lease
         save = functools.partial(self.manager.save, optimizer=self._optimizer, model=self._model,
-                                 epoch=epoch, holder=holder, final=final)
+                                 epoch=epoch, holder=holder, final=final, initial=initial)
         saved = self._bounded.run(session.client, "the checkpoint save", save) if client is None else save(client)
         self.saved.append((saved.path, saved.global_step))
         self._timer.mark(saved.global_step)

@@ -12,7 +12,9 @@ process (tests/two_ps_in_process.py): task 1's SaveShard runs a whole restore be
 The same for a save that reaches a restarted ps task which the restore registered but sent no BeginRestore yet: not
 ready, its initial values, at generation 0 as every task where no restore happened before; the checkpoint held
 the trained weights beside the initial bias, dated step 3. Each reply names its readiness too, and the save fails
-where ready and not ready tasks mix (the initial save's tasks are all not ready).
+where ready and not ready tasks mix (the initial save's tasks are all not ready). And where EVERY ps task restarted
+and was registered so (all not ready at generation 0, initial values: what the chief's initial save sees), any save
+but the initial one (``initial=True``, the saver hook's after_initialize) fails naming the tasks not ready.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
-from psflow.checkpoint.save_manifest import check_one_generation, check_one_readiness
+from psflow.checkpoint.save_manifest import check_all_ready, check_one_generation, check_one_readiness
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveShardReply, SaveShardRequest
@@ -153,3 +155,51 @@ def test_each_shard_reply_names_its_readiness_and_an_older_tasks_is_not_compared
     check_one_readiness({0: ("shard-0", replace(task_0, ready=True)), 1: ("shard-1", older)})
     with pytest.raises(CheckpointError, match=r"\(/job:ps/task:0 ready, /job:ps/task:1 not ready\)"):
         check_one_readiness({0: ("shard-0", replace(task_0, ready=True)), 1: ("shard-1", reply)})
+
+
+def test_a_save_reaching_every_ps_task_restarted_before_its_restore_began_fails(tmp_path: Path) -> None:
+    """Every ps task died and came back empty; the restorer's Register created their variables, not ready, at
+    generation 0, initial values: the replies agree on generation and readiness, as the initial save's do (before
+    SetReady). A save that is not the initial one (a periodic one given up at --save-timeout whose thread wakes
+    now, the final one) took them for a model: initial values, the newest checkpoint. It fails, naming the tasks."""
+    client, services = two_ps_cluster()
+    client.register(SGD, chief=True)
+    manager = CheckpointManager(str(tmp_path), transport="rpc")
+    older = manager.save(client)
+    for _ in range(3):
+        train_a_step(client)
+    restart_ps(client, services, 0)
+    restart_ps(client, services, 1)
+    register_as_chief(client, SGD, None, limit=5.0)
+    assert [(s.gate.ready, s.gate.generation) for s in services] == [(False, 0), (False, 0)]
+    with pytest.raises(CheckpointError, match=r"^the checkpoint's shards were snapshotted by ps tasks not ready "
+                                              r"\(restarted, not yet restored\): /job:ps/task:0, /job:ps/task:1: the "
+                                              r"save is not a model of the run"):
+        manager.save(client)
+    assert (manager.saves_failed, manager.failed_in_a_row, latest_checkpoint(str(tmp_path))) == (1, 1, older.path)
+    assert _checkpoints(tmp_path) == [os.path.basename(older.path)]  # its directory removed
+
+
+def test_only_the_initial_save_takes_ps_tasks_not_ready(tmp_path: Path) -> None:
+    """The chief that initialized a fresh cluster saves before it makes the tasks ready (``initial=True``: the
+    CheckpointSaverHook's after_initialize); the same cluster saved as any other save is refused."""
+    client, _ = two_ps_cluster()
+    client.register(SGD, chief=True, defer_ready=True)  # the initial save's cluster: every task not ready
+    manager = CheckpointManager(str(tmp_path), transport="rpc")
+    with pytest.raises(CheckpointError, match=r"not ready \(restarted, not yet restored\): /job:ps/task:0, "
+                                              r"/job:ps/task:1: the save is not a model of the run"):
+        manager.save(client)
+    assert (manager.saves_failed, _checkpoints(tmp_path)) == (1, [])
+    saved = manager.save(client, initial=True)
+    assert (saved.global_step, latest_checkpoint(str(tmp_path)), manager.failed_in_a_row) == (0, saved.path, 0)
+
+
+def test_a_task_not_ready_is_named_and_an_older_tasks_reply_is_not_compared(tmp_path: Path) -> None:
+    client, _ = two_ps_cluster()
+    client.register(SGD, chief=True, defer_ready=True)
+    reply = SaveShardReply.from_frame(client.call(1, SaveShardRequest(None, 1, 2)))
+    task_0 = replace(reply, task="/job:ps/task:0", ready=True)
+    older = replace(reply, ready=None, data=None)  # a task of an older version names none
+    check_all_ready({0: ("shard-0", task_0), 1: ("shard-1", older)})
+    with pytest.raises(CheckpointError, match=r"not ready \(restarted, not yet restored\): /job:ps/task:1: "):
+        check_all_ready({0: ("shard-0", task_0), 1: ("shard-1", reply)})
