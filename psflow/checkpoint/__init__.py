@@ -37,7 +37,8 @@ that has seen a newer chief's epoch refuses, and the save fails with
        version, each shard's size and sha256, and a replicated shard's count
        of the pushes it holds; none where the shards' restore generations
        or readiness differ: the save straddled a restore or met a task
-       awaiting one), then renames the directory after the
+       awaiting one; nor where a task is not ready, but in the initial save),
+       then renames the directory after the
        global_step the manifest holds (under the directory's ``flock``; the
        workers pushed since the chief read the step it was first named after);
     4. every ps task confirms the chief's epoch (``Fence``);
@@ -173,7 +174,8 @@ Classes and functions, by file:
   :class:`FinalCheckpointError`; ``switch.py`` -- the pointer's compare-and-swap and its undo,
   :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies
-  (refused where they straddle a restore or mix ready and not ready tasks);
+  (refused where they straddle a restore or mix ready and not ready tasks, or, but the initial save, a task is not
+  ready);
   ``save_notice.py`` -- :func:`~psflow.checkpoint.save_notice.notify_save`: the ps tasks hear of a save while it
   lasts (a sync step waiting for the chief does not time out meanwhile); ``bounded_save.py`` --
   :class:`~psflow.checkpoint.bounded_save.BoundedSaves`: the chief's save given up (a failed save) past
