@@ -59,6 +59,7 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     │   ├── FinalCheckpointError (RuntimeError)    [checkpoint.save] the final checkpoint not written
     │   └── WorkerStopped                          [train.worker] asked to stop, left its loop
     ├── LaunchError (RuntimeError)                 [launch.processes] a task of a local cluster failed
+    ├── EndNotWritten (OSError)                    [launch.launcher_signals] a run's metrics.json not written
     ├── ReportError                                [status.report] no summaries to plot
     └── StatusError                                [cli.status] a run's status unreadable
 

@@ -36,12 +36,13 @@ from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any
 
+from psflow.errors import PsflowError
 from psflow.launch.stop_signals import STOP_SIGNALS, ignored_stop_signals, signal_name, stop_signals_notice
 
 __all__ = ["EndNotWritten", "LaunchInterrupted", "LauncherSignals", "end_status"]
 
 
-class EndNotWritten(OSError):
+class EndNotWritten(PsflowError, OSError):
     """A finished run's metrics.json could not be written: the run failed (exit status 1), its training done.
     ``final``: its end (the snapshot that file would hold: the caller still prints the run's result from it);
     ``str()``: ``could not write PATH: ERROR``."""
