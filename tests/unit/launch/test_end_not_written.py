@@ -13,10 +13,11 @@ from __future__ import annotations
 import errno
 import io
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from one_worker_cluster import one_worker_cluster
 
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.processes import LocalCluster
@@ -24,6 +25,12 @@ from psflow.launch.run_end import RunEnd
 
 PS_STATS = [{"task": "/job:ps/task:0", "global_step": 42, "pushes_applied": 42}]
 FULL = "No space left on device"
+
+
+@pytest.fixture
+def lc(tmp_path: Path) -> Iterator[LocalCluster]:
+    with one_worker_cluster(tmp_path) as cluster:
+        yield cluster
 
 
 @pytest.fixture

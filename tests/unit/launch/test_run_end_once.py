@@ -14,15 +14,22 @@ from __future__ import annotations
 import io
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from one_worker_cluster import one_worker_cluster
 
 from psflow.launch.processes import LocalCluster
 from psflow.launch.run_end import RunEnd
 
 PS_STATS = [{"task": "/job:ps/task:0", "global_step": 42, "pushes_applied": 42}]
+
+
+@pytest.fixture
+def lc(tmp_path: Path) -> Iterator[LocalCluster]:
+    with one_worker_cluster(tmp_path) as cluster:
+        yield cluster
 
 
 def metrics(tmp_path: Path) -> dict[str, object]:
