@@ -161,24 +161,15 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     unwritten: dict[str, str] = {}  # the end's files that could not be written: file name -> error
 
     def on_end(final: dict[str, Any], cluster: ClusterSpec) -> None:
-        # No signal cuts the writing of the end (ending.final is set first: a cut left no metrics.json while the
-        # report below said that end stood); one received meanwhile is raised once it is written. A second one cuts
-        # it (a write that hangs, a stuck mount, must not keep the user from stopping the run); not the second of a
-        # signal that ended the run (a double Ctrl-C), which is ignored as in every cleanup it starts, unless a
-        # writing was cut before (the interrupted end's, to the same stuck directory, hung with no way out).
-        # The interrupted end a first signal's cleanup writes: the next signal is said and ignored, the one after cuts it.
-        cuts = signals.received is None or bool(cut)
-        # A file not written (a full disk): no end written; a finished or failed end's metrics.json: the run failed.
-        with signals.deferring(second_cuts=cuts, repeat_cuts=None if cuts else f"the run's end is written to {output}"):
+        # ending.final is set first; a signal cuts the writing as LauncherSignals.writing_end says. A file not
+        # written (a full disk): said; a finished or failed end's metrics.json: the run failed (end_written).
+        with signals.writing_end(output, cut_before=bool(cut)):
             try:
                 unwritten.update(ending(final, cluster))
             except LaunchInterrupted:
                 cut.append(final)
                 raise
-            if METRICS_JSON not in unwritten:  # (status.json, metrics.prom not written: said, the end stands)
-                signals.ended = final  # written: a signal from now on leaves the run's exit status (launcher_signals)
-            elif final.get("phase") != "interrupted":
-                signals.unwritten = unwritten[METRICS_JSON]
+            signals.end_written(final, unwritten.get(METRICS_JSON))
         if METRICS_JSON in unwritten and final.get("phase") == "finished":
             raise EndNotWritten(final, unwritten[METRICS_JSON])
 

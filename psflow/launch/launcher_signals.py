@@ -171,6 +171,25 @@ class LauncherSignals:
     def _interrupted(self, signum: int) -> LaunchInterrupted:
         return LaunchInterrupted(signum, ended=self.ended, unwritten=self.unwritten)
 
+    def writing_end(self, output_dir: str, *, cut_before: bool) -> contextlib.AbstractContextManager[None]:
+        """The section that writes a run's end to ``output_dir`` (the module docstring, *After the end*): a signal
+        received inside is raised once it is written; a second one cuts it (a write that hangs, a stuck mount, must
+        not keep the user from stopping the launcher), but not the second of a signal that ended the run (a double
+        Ctrl-C: the cleanup it starts is whole), unless a writing was cut before (``cut_before``: the directory did
+        not answer); there the next signal is said and ignored, the one after cuts it (``repeat_cuts``)."""
+        cuts = self.received is None or cut_before
+        return self.deferring(second_cuts=cuts,
+                              repeat_cuts=None if cuts else f"the run's end is written to {output_dir}")
+
+    def end_written(self, final: Mapping[str, Any], metrics_error: str | None) -> None:
+        """The end ``final``'s files were written, its metrics.json but where ``metrics_error`` says why not: the
+        end is written (:attr:`ended`: a later signal leaves its exit status), else a finished or failed end's
+        run failed (:attr:`unwritten`: exit status 1); an interrupted end unwritten keeps ``128 + n``."""
+        if metrics_error is None:
+            self.ended = final
+        elif final.get("phase") != "interrupted":
+            self.unwritten = metrics_error
+
     @contextlib.contextmanager
     def deferring(self, *, check: bool = True, second_cuts: bool = False,
                   repeat_cuts: str | None = None) -> Iterator[None]:

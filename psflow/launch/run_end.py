@@ -183,19 +183,10 @@ class RunEnd:
         return with_unread_shards(snapshot, ps_stats)
 
     def _write(self, final: dict[str, Any]) -> dict[str, str]:
-        # No signal cuts the writing (raised once it is written): it is this run's end from the moment snapshot is
-        # set, and interrupted() then writes nothing; cut, it left no metrics.json (or no status.json, metrics.prom)
-        # while the user was told that end stood. A second signal does cut it (a write that hangs, a stuck mount,
-        # must not keep the user from stopping the launcher): not written, it is no end, and interrupted() writes
-        # its own. Not the second of a signal that ended the run (a double Ctrl-C, interrupted()'s own write): the
-        # cleanup a signal starts ignores a second one; but after a cut, the next signal cuts this writing too: the
-        # directory did not answer (a stuck mount), and the cleanup's write to it hung with no way to stop the launcher.
-        # And the interrupted end a first signal's cleanup writes (no cut before) to a directory that does not answer:
-        # the next signal is said and ignored (a double Ctrl-C), the one after cuts it (every later one was ignored).
+        # It is this run's end from the moment snapshot is set, and interrupted() then writes nothing; a signal cuts
+        # the writing as LauncherSignals.writing_end says: cut, it is no end, and interrupted() writes its own.
         signals = self.lc.signals
-        cuts = signals.received is None or self._cut
-        with signals.deferring(second_cuts=cuts,
-                               repeat_cuts=None if cuts else f"the run's end is written to {self.output_dir}"):
+        with signals.writing_end(self.output_dir, cut_before=self._cut):
             self.snapshot = final
             try:
                 failed = write_run_files(final, self.output_dir,
@@ -204,10 +195,7 @@ class RunEnd:
                 self.snapshot, self._cut = None, True
                 raise
             self.unwritten = failed
-            if METRICS_JSON not in failed:  # written (status.json, metrics.prom: the live page's and a scrape file,
-                signals.ended = final  # said): a signal from now on leaves this end's exit status
-            elif final.get("phase") != "interrupted":  # a finished or failed end's: the run failed, exit 1
-                signals.unwritten = failed[METRICS_JSON]
+            signals.end_written(final, failed.get(METRICS_JSON))  # (status.json, metrics.prom alone: said, written)
         # A finished run's metrics.json: raised (finished), the one line main prints.
         self._say(f"psflow: {line}" for name, line in failed.items()
                   if name != METRICS_JSON or final.get("phase") != "finished")
