@@ -106,6 +106,10 @@ def _print_summary(metrics: dict[str, Any]) -> None:
         summary["bad_records_skipped"] = metrics["bad_records_skipped"]
         print(f"psflow: skipped {metrics['bad_records_skipped']} bad records (see the worker logs)", file=sys.stderr)
     for name, table in (metrics.get("dynamic_tables") or {}).items():
+        if table.get("shares_unread"):  # a ps task not read held a share: no total is known (table_totals)
+            shares = "; ".join(f"the share on {u.get('task')} was not read ({u.get('error')})" for u in table["shares_unread"])
+            print(f"psflow: dynamic table {name!r}: totals not known: {shares}", file=sys.stderr)
+            continue
         print(f"psflow: dynamic table {name!r}: {table.get('rows', 0):,} rows ({table.get('memory_bytes', 0) / 2**20:.1f} MiB), "
               f"{table.get('admitted', 0):,} admitted, {table.get('rejected_lookups', 0):,} lookups of ids not admitted "
               f"(read as zeros), {table.get('dropped_gradients', 0):,} gradients dropped, "

@@ -167,16 +167,25 @@ def share_spec(name: str, dim: int, options: Mapping[str, Any], *, optimizer: Op
     return DynamicTableSpec(name=name, dim=dim, optimizer=optimizer, initializer=dict(initializer), **given)
 
 
-def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Each dynamic table's counters summed over its shares, by variable name, from the ps tasks' ``Stats`` replies.
 
-    ``row_limit`` and ``memory_bytes`` are sums too (the whole table's); a task that did not answer is left out.
+    ``row_limit`` and ``memory_bytes`` are sums too (the whole table's). Every dynamic table spans every ps task
+    (:func:`~psflow.placement.hashing.owner_of` spreads its ids over all of them), so a task not read (its
+    stand-in: an ``error`` and no ``dynamic_tables``; exited, not answering, or a replicated shard none of whose
+    members answered) held a share of each table: each table's counters are then None (not known: summed over the
+    shares read they would be short by that share's, as if complete) and ``shares_unread`` names each such task
+    (``task``, ``error``).
     """
-    totals: dict[str, dict[str, int]] = {}
+    totals: dict[str, dict[str, Any]] = {}
+    unread = [{"task": stats.get("task"), "error": stats.get("error")} for stats in ps_stats
+              if "dynamic_tables" not in stats and stats.get("error") is not None]
     for stats in ps_stats:
         for key, counters in (stats.get("dynamic_tables") or {}).items():
             table = totals.setdefault(str(key).rsplit("/part_", 1)[0], {})
             for name, value in counters.items():
                 if isinstance(value, int) and not isinstance(value, bool):
                     table[name] = table.get(name, 0) + value
+    if unread:
+        totals = {name: {**dict.fromkeys(table), "shares_unread": unread} for name, table in totals.items()}
     return totals

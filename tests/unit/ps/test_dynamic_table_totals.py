@@ -1,0 +1,47 @@
+"""A dynamic table's totals over its shares: never a part of them presented as the whole.
+
+Before: :func:`table_totals` skipped a ps task that did not answer (a stand-in: exited after training, killed, or
+a replicated shard none of whose members answered), so ``metrics.json``'s ``dynamic_tables`` and the console's
+``dynamic table 'w': N rows`` line gave one share's rows, evictions and bytes short, as if complete. Every dynamic
+table spans every ps task (ids spread by :func:`~psflow.placement.hashing.owner_of` over all of them), so a task
+not read holds a share of each table: its totals are not known (None), and ``shares_unread`` names the task and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from psflow.cli.train import _print_summary
+from psflow.ps.dynamic import table_totals
+
+
+def _reply(task: int, rows: int) -> dict[str, Any]:
+    return {"task": f"/job:ps/task:{task}", "ready": True, "partitions": {f"w/part_{task}": [rows, 2]},
+            "dynamic_tables": {f"w/part_{task}": {"rows": rows, "evicted_capacity": 1, "memory_bytes": 100}}}
+
+
+def test_every_share_read_sums() -> None:
+    assert table_totals([_reply(0, 3), _reply(1, 4)]) == {"w": {"rows": 7, "evicted_capacity": 2, "memory_bytes": 200}}
+
+
+@pytest.mark.parametrize("stand_in", [
+    {"task": "/job:ps/task:1", "ready": False, "exited": True, "error": "/job:ps/task:1 was killed by SIGKILL"},
+    {"task": "/job:ps/task:1", "ready": False, "error": "UNAVAILABLE: connection refused"},
+    {"task": "/job:ps/task:1", "ready": False, "unread_shard": 1, "error": "no member of shard 1 answered Stats"},
+])
+def test_a_task_not_read_makes_every_tables_totals_not_known(stand_in: dict[str, Any]) -> None:
+    totals = table_totals([_reply(0, 3), stand_in])
+    assert totals == {"w": {"rows": None, "evicted_capacity": None, "memory_bytes": None,
+                            "shares_unread": [{"task": "/job:ps/task:1", "error": stand_in["error"]}]}}
+
+
+def test_the_console_line_says_the_totals_are_not_known(capsys: pytest.CaptureFixture[str]) -> None:
+    metrics = {"global_step": 5, "examples": 10, "examples_this_run": 10, "wall_seconds": 1.0, "examples_per_sec": 10.0,
+               "dynamic_tables": table_totals([_reply(0, 3), {"task": "/job:ps/task:1", "ready": False,
+                                                               "error": "killed"}])}
+    _print_summary(metrics)
+    err = capsys.readouterr().err
+    assert "psflow: dynamic table 'w': totals not known: the share on /job:ps/task:1 was not read (killed)" in err
+    assert "0 rows" not in err
