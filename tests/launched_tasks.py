@@ -5,6 +5,7 @@ directory)."""
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass
 
 from psflow.cluster import ClusterSpec
@@ -18,6 +19,13 @@ class FakeTask:
     index: int
     pid: int
     exit_code: int | None = None
+    popen: subprocess.Popen[bytes] | None = None  # a real process's, where a test lets its exit be found
+
+    def exited(self) -> int | None:
+        """As :meth:`psflow.launch.processes.TaskProcess.exited`: the recorded exit code, else ``popen``'s."""
+        if self.exit_code is not None or self.popen is None:
+            return self.exit_code
+        return self.popen.poll()
 
     @property
     def name(self) -> str:

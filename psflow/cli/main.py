@@ -55,7 +55,7 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     from psflow.cli.status import add_status_parser
-    from psflow.launch.resilience import add_resilience_arguments
+    from psflow.launch.resilience_flags import add_resilience_arguments
 
     parser = CommandParser(prog="psflow", description="Parameter-server training in Python.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -33,7 +33,7 @@ def run_train(args: argparse.Namespace) -> int:
     from psflow.cli.status import status_config
     from psflow.launch.in_process import IN_GRAPH_REFUSED
     from psflow.launch.local import run_local
-    from psflow.launch.resilience import resilience_config
+    from psflow.launch.resilience_flags import resilience_config
     from psflow.launch.task import configure_logging
 
     if not args.train:

@@ -30,9 +30,11 @@ Classes and functions, by file:
 * ``stop_signals.py`` -- the stop signals (SIGTERM, SIGHUP, SIGINT); one inherited ignored (``nohup``) stays so.
 * ``supervisor.py`` -- the restart policy (``never``, ``on-failure``, ``always``, with backoff) and
   :func:`~psflow.launch.supervisor.describe_exit`.
-* ``resilience.py`` -- what the watch loop does about failures: restarts, hang detection, chaos, and its flags.
+* ``resilience.py`` -- what the watch loop does about failures: restarts, hang detection, chaos.
+* ``resilience_flags.py`` -- ``psflow train``'s ``failures`` flags and the config they build.
 * ``health.py`` -- :class:`~psflow.launch.health.HealthMonitor`: pings every task, reports the silent ones.
 * ``chaos.py`` -- ``--chaos``: faults injected on a schedule (:class:`~psflow.launch.chaos.ChaosInjector`).
+* ``chaos_plan.py`` -- a ``--chaos`` spec's grammar, its target, and the checks made before anything starts.
 * ``shard_targets.py`` -- which member a fault on a replicated ps shard hits (``ps:N``: its current primary,
   ``ps-backup:N``: one of its backups), asked of the members when it fires.
 * ``fault_recovery.py`` -- when an injected fault recovered (``recovery_seconds``, ``recovered_at_step``), or why

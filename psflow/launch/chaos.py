@@ -1,35 +1,7 @@
-"""Fault injection for the local launcher: ``--chaos SPEC`` (repeatable).
+"""Fault injection for the local launcher: ``--chaos SPEC`` (repeatable): the schedule.
 
-Grammar (one fault per spec)::
-
-    SPEC   := ACTION ":" TARGET "@step=" N
-    ACTION := "kill"          SIGKILL the task
-            | "stop"          SIGSTOP the task (it hangs; it is not resumed)
-    TARGET := JOB ":" INDEX   e.g. ps:1, worker:0; client:0 (an in-graph run's client)
-            | "chief"         the task holding the chief duties when the fault fires
-            | "ps-backup:" N  (--ps-replicas) one of ps shard N's backups
-
-e.g. ``kill:ps:1@step=200``, ``kill:chief@step=50``, ``stop:worker:1@step=30``.
-
-With replicated ps shards (``--ps-replicas``), ``ps:N`` is shard N's *current* primary and
-``ps-backup:N`` one of its backups, asked of the shard's members when the fault fires
-(:mod:`psflow.launch.shard_targets`; the fault waits while a failover leaves none); without them
-``ps-backup`` is refused, naming the flag. Every target of a round is read before any of its faults is
-signalled, so ``kill:ps:0@step=S,kill:ps-backup:0@step=S`` kills every replica of shard 0 at once.
-
-An in-graph run's client (``/job:client/task:0``) is no task of the cluster,
-yet a fault may name it (``kill:client:0``): it is the run's chief, so
-``chief`` names it too.
-
-``chief`` is whoever holds the chief duties at the moment the fault fires:
-in a run whose workers elect their chief (checkpoints, summaries or
-evaluation: :func:`psflow.train.duties.elects_chief`), the holder of the
-``chief`` lease, asked from the coordination backend (the launcher passes
-``holder``); the fault waits while no worker holds it (a dead holder's lease
-lapses within the lease time). Without election, the configured chief
-(task 0 of job 'chief', else worker 0). The fault records the lease epoch it
-saw (``lease_epoch``), so it can be matched with the victim's
-``elected chief (epoch E)`` log line.
+The grammar, the targets a spec may name and the checks made before anything starts are
+:mod:`psflow.launch.chaos_plan`'s (:class:`ChaosPlan`, re-exported here); this module fires a plan.
 
 Schedule: faults fire in the order of their steps, in *rounds*: the faults
 with the same ``N`` form one round and fire together; the next round waits
@@ -49,7 +21,11 @@ A step jump does not collapse the schedule: killing ps task 0 makes
 global_step jump past its durable bound (up to 1,000 values, see
 :mod:`psflow.ps.global_step`), and without this rule every later ``@step=``
 fault would fire at once. A fault whose task is not running when its round
-fires (being restarted) fires as soon as the task is back. A round that never
+fires (being restarted) fires as soon as the task is back; one whose task
+exited 0 (its work done: never restarted) is dropped, not fired (``not fired:
+/job:worker/task:1 (pid P) exited 0 ...``), so its round completes without it.
+"Running" is the process's own state, not only the exit the watch loop recorded
+(every 50 ms): no fault is sent to a process that already exited. A round that never
 recovers (a task that is not restarted; a replicated shard's member whose
 shard went on recovers with its promoted backup) holds every later fault back: they
 are reported as ``faults_not_fired``. So are the faults still waiting when
@@ -76,158 +52,29 @@ every few ms (5 ms in the launcher), so a fault fires at its step or a little
 later. Every fired fault is recorded (task, pid, signal, the step seen, wall
 time, and the launcher adds when it recovered) for metrics.json.
 
-One process, one fault at a time: two specs of the same round that name the
-same task -- also through ``chief``, counted as the configured chief (worker 0
-when the cluster has no ``chief`` job) -- are refused before anything starts,
-with an error naming both specs (one signal would be lost, or a SIGKILL would
-hit a process just SIGSTOPped); and a ``chief`` fault whose holder another
-fault of its round already hit waits for the next holder. The same task in
-different rounds is allowed: the later fault waits for the earlier one's
-recovery, so it hits the replacement process.
+One process, one fault at a time (:mod:`psflow.launch.chaos_plan` refuses two specs of one round naming
+the same task before anything starts); a ``chief`` fault whose holder another fault of its round already
+hit waits for the next holder.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from psflow.cluster import ClusterError, ClusterSpec
+from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB, ps_replicas
-from psflow.launch.shard_targets import BACKUP_TARGET, SHARD_TARGETS, check_shard_fault, task_of
-from psflow.train.config import ConfigError
+from psflow.launch.chaos_plan import IN_GRAPH_CLIENT, ChaosError, ChaosPlan, DutyHolder, Fault, chief_task
+from psflow.launch.shard_targets import BACKUP_TARGET, SHARD_TARGETS, task_of
 
 __all__ = ["ChaosError", "Fault", "ChaosPlan", "InjectedFault", "ChaosInjector", "DutyHolder", "IN_GRAPH_CLIENT",
            "chief_task"]
 
 log = logging.getLogger("psflow.launch")
-
-_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
-_SPEC = re.compile(r"^(?P<action>[a-z]+):(?P<target>chief|(?P<job>[A-Za-z_][A-Za-z0-9_-]*):(?P<index>\d+))"
-                   r"@step=(?P<step>\d+)$")
-
-
-class ChaosError(ConfigError):
-    """A --chaos spec is malformed or names a task that is not in the cluster."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault to inject: ``action`` on a task once global_step reaches ``step``.
-
-    ``job`` is ``None`` for the chief (resolved against the cluster).
-    """
-
-    spec: str
-    action: str
-    job: str | None
-    index: int | None
-    step: int
-
-    @classmethod
-    def parse(cls, spec: str) -> Fault:
-        """Parses one spec.
-
-        Raises:
-            ChaosError: names the spec and what is wrong, with an example.
-        """
-        text = spec.strip()
-        m = _SPEC.match(text)
-        if m is None:
-            raise ChaosError(f"bad --chaos {spec!r}: expected ACTION:JOB:INDEX@step=N or ACTION:chief@step=N "
-                             f"with ACTION in {{{', '.join(_SIGNALS)}}}, e.g. kill:ps:1@step=200")
-        if m["action"] not in _SIGNALS:
-            raise ChaosError(f"bad --chaos {spec!r}: unknown action {m['action']!r} (known: {', '.join(_SIGNALS)})")
-        step = int(m["step"])
-        if step < 1:
-            raise ChaosError(f"bad --chaos {spec!r}: step must be >= 1")
-        index = int(m["index"]) if m["index"] is not None else None
-        return cls(text, m["action"], m["job"], index, step)
-
-    @property
-    def signal(self) -> signal.Signals:
-        return _SIGNALS[self.action]
-
-
-#: An in-graph run's client as a fault names it (``kill:client:0``): outside the cluster, the run's chief.
-IN_GRAPH_CLIENT = ("client", 0)
-
-
-def chief_task(cluster: ClusterSpec) -> tuple[str, int]:
-    """(job, index) of the chief: task 0 of job 'chief' if there is one, else worker 0 (TF1 convention)."""
-    if "chief" in cluster.jobs:
-        return "chief", min(cluster.task_indices("chief"))
-    return "worker", 0
-
-
-@dataclass(frozen=True)
-class DutyHolder:
-    """The task holding the chief duties now: the ``chief`` lease's holder, with its lease ``epoch``,
-    or (``epoch`` None) the configured chief of a run without election."""
-
-    job: str
-    index: int
-    epoch: int | None = None
-
-
-@dataclass(frozen=True)
-class ChaosPlan:
-    """The faults of one run, in the order given."""
-
-    faults: tuple[Fault, ...] = ()
-
-    @classmethod
-    def parse(cls, specs: Sequence[str]) -> ChaosPlan:
-        """Parses every spec (see the module docstring).
-
-        Raises:
-            ChaosError: the first bad spec.
-        """
-        return cls(tuple(Fault.parse(s) for s in specs))
-
-    def resolve(self, cluster: ClusterSpec, *, client: bool = False) -> list[tuple[Fault, str, int]]:
-        """Each fault with the (job, index) it targets in ``cluster``, in the order given.
-
-        ``client``: the run has an in-graph client, ``("client", 0)``: faults may name it, and it is the chief.
-
-        Raises:
-            ChaosError: a fault names a job or task that is not in the cluster; or two faults of
-                the same step (one round, see the module docstring) name the same task (names both
-                specs and the task).
-        """
-        out = []
-        seen: dict[tuple[int, str, int], Fault] = {}
-        chief = IN_GRAPH_CLIENT if client else chief_task(cluster)
-        replicated = ps_replicas(cluster) > 0
-        for f in self.faults:
-            job, index = chief if f.job is None else (f.job, f.index if f.index is not None else 0)
-            if job == BACKUP_TARGET or (replicated and job in SHARD_TARGETS):  # a shard, not a task
-                wrong = check_shard_fault(f.spec, job, index, cluster)
-                if wrong is not None:
-                    raise ChaosError(wrong)
-            else:
-                try:
-                    if not (client and (job, index) == IN_GRAPH_CLIENT):
-                        cluster.task_address(job, index)
-                except ClusterError as e:
-                    raise ChaosError(f"--chaos {f.spec!r}: {e}") from e
-            other = seen.setdefault((f.step, job, index), f)
-            if other is not f:
-                alias = " (the chief is worker 0 in a cluster without a 'chief' job)" if (other.job is None) != (f.job is None) else ""
-                raise ChaosError(f"--chaos {other.spec!r} and --chaos {f.spec!r} both name /job:{job}/task:{index} at "
-                                 f"step {f.step}{alias}: one process takes one fault at a time; drop one, or give it "
-                                 f"a later step (it then hits the task's replacement, after the first fault recovered)")
-            out.append((f, job, index))
-        return out
-
-    def __bool__(self) -> bool:
-        return bool(self.faults)
-
 
 @dataclass
 class InjectedFault:
@@ -256,7 +103,8 @@ class ChaosInjector:
     def __init__(self, plan: ChaosPlan, cluster: ClusterSpec, find: Callable[[str, int], Any],
                  *, send: Callable[[int, int], None] = os.kill,
                  holder: Callable[[], DutyHolder | None] | None = None, client: bool = False,
-                 member: Callable[[str, int], str | None] | None = None) -> None:
+                 member: Callable[[str, int], str | None] | None = None,
+                 ended: Callable[[str, int], str | None] | None = None) -> None:
         """Prepares the plan for ``cluster`` (with ``client``: and an in-graph client, see :meth:`ChaosPlan.resolve`).
 
         Args:
@@ -271,6 +119,9 @@ class ChaosInjector:
                 that shard hits now (None: none now, the fault waits;
                 :func:`psflow.launch.shard_targets.shard_target`). Not given: ``ps:N`` is ps task N and
                 ``ps-backup:N`` ps_backup task N, the first in member order.
+            ended: (job, index) -> why that task, not running, will not run again (it exited 0: its work done,
+                never restarted), None while it runs or may be restarted. A fault of a round whose task ended is
+                dropped, not fired (:attr:`not_fired` says why), so its round completes. Not given: never.
 
         Raises:
             ChaosError: a fault names a task that is not in the cluster, or two faults of one
@@ -284,6 +135,7 @@ class ChaosInjector:
         self._send = send
         self._holder = holder
         self._member = member if ps_replicas(cluster) > 0 else None
+        self._ended = ended or (lambda job, index: None)
         self.injected: list[InjectedFault] = []
         self._begun = False                    # the first round has fired (some of) its faults
         self._last: list[InjectedFault] = []   # the faults fired by the last round begun
@@ -409,7 +261,8 @@ class ChaosInjector:
             due = self.due_at()
             return due is not None and global_step >= due
         targets, unresolved = self._targets(self._rounds[0])
-        return not (unresolved and not self._last) and any(self._find(job, i) is not None for _, job, i, _ in targets)
+        return not (unresolved and not self._last) and any(
+            self._find(job, i) is not None or self._ended(job, i) is not None for _, job, i, _ in targets)
 
     def poll(self, global_step: int) -> list[InjectedFault]:
         """Fires the faults of the next round whose task is running, once the round is due (see the
@@ -435,6 +288,11 @@ class ChaosInjector:
         for entry, job, index, epoch in targets:
             fault = entry[0]
             task = self._find(job, index)
+            if task is None and (why := self._ended(job, index)) is not None:
+                head.remove(entry)  # it will not come back: dropped, so the round completes without it
+                self.not_fired[fault.spec] = f"{why}, before its round fired at global_step {global_step}"
+                log.warning("chaos: %s not fired: %s", fault.spec, self.not_fired[fault.spec])
+                continue
             if task is None:
                 continue  # not running now (e.g. being restarted): fire when it is back
             head.remove(entry)

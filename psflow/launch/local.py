@@ -67,6 +67,7 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster.replicas import BACKUP_JOB
 from psflow.errors import CheckpointError
+from psflow.launch.chaos_plan import stop_without_liveness
 from psflow.launch.eval_set import EvalSet, after_training
 from psflow.launch.exits import wait_for_exit
 from psflow.launch.final_model import STEP_TASK, connect_live, evaluate_final, gone_after_training, stats_or_silent, with_step_of
@@ -134,6 +135,9 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     train_records = check_inputs(config)
     check_settings(config)  # memory, dynamic tables: refused in one line before any task starts
     config = with_recovery_checkpoints(config, resilience or ResilienceConfig(), output_dir, out=progress or sys.stderr)
+    if resilience is not None and (line := stop_without_liveness(resilience.chaos,
+                                                                 hang_detection=resilience.health is not None)):
+        print(line, file=progress or sys.stderr, flush=True)
     # The run's id; its run directory, then its checkpoint directory, taken before anything is written there or
     # started (another live run's is refused, naming it); released when the run ends, however it ends.
     config, claimed = claim_run(config, output_dir, out=progress or sys.stderr)

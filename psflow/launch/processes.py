@@ -128,6 +128,12 @@ class TaskProcess:
     def pid(self) -> int:
         return self.popen.pid
 
+    def exited(self) -> int | None:
+        """Its exit code: the one :meth:`LocalCluster.poll` recorded, else the process's own (``Popen.poll``, which
+        reaps it: an exit not recorded yet, a zombie, counts), None while it runs. A thread other than the watch
+        loop's (the chaos thread) asks this, not ``exit_code``, before it signals the pid."""
+        return self.exit_code if self.exit_code is not None else self.popen.poll()
+
     def error_record(self) -> dict[str, Any] | None:
         """What the task wrote for an expected error (:func:`psflow.launch.task.expected_failure`: ``message``,
         ``type``, ``port_taken``...), or None: no error file, or not a JSON object."""

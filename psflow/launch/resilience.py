@@ -50,7 +50,6 @@ run's config.json records it.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -67,11 +66,11 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, ps_replicas, shard_of
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
-from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder, InjectedFault, chief_task
+from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosInjector, ChaosPlan, DutyHolder, InjectedFault, chief_task
 from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, final_reading, poll_reading
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.shard_targets import ask_statuses, shard_target
-from psflow.launch.supervisor import RESTART_POLICIES, RestartConfig, Supervisor
+from psflow.launch.supervisor import RestartConfig, Supervisor
 from psflow.rpc.api import PARAMETER_SERVICE, ConnectConfig
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.replication import ps_members
@@ -80,8 +79,7 @@ from psflow.train.config import ConfigError, TrainConfig
 from psflow.train.duties import coordination_config, elects_chief
 from psflow.train.faults import read_task_config
 
-__all__ = ["ResilienceConfig", "Resilience", "add_resilience_arguments", "resilience_config",
-           "with_recovery_checkpoints", "DEFAULT_CHECKPOINT_SUBDIR"]
+__all__ = ["ResilienceConfig", "Resilience", "with_recovery_checkpoints", "DEFAULT_CHECKPOINT_SUBDIR"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -133,12 +131,14 @@ class Resilience:
         self._chief = IN_GRAPH_CLIENT if in_graph else chief_task(lc.cluster)  # the configured chief
         self._replicated = ps_replicas(lc.cluster) > 0  # ps shards with backups: faults name shards
         self.injector = ChaosInjector(config.chaos, lc.cluster, self._find, holder=self._duty_holder,
-                                      client=in_graph, member=self._shard_member) if config.chaos else None
+                                      client=in_graph, member=self._shard_member,
+                                      ended=self._ended) if config.chaos else None
         self.recovery = RecoveryWatch(self._replacement)  # of the faults fired; under self._lock
         self._coordination: CoordinationBackend | None = None  # asks who holds the chief lease (kill:chief)
         self._train_config: TrainConfig | None = None
         self._restarted_at: dict[str, float] = {}  # task -> wall time its current process was started by a restart
         self._gone_on: set[str] = set()  # shard members not restarted whose shard went on (under self._lock)
+        self._stopped: list[Any] = []  # the processes (not pids: one may be reused) a stop fault hit; chaos thread
         self.monitor = None
         if config.health is not None:
             self.monitor = HealthMonitor(lc.cluster, token=lc.token, config=config.health,
@@ -225,9 +225,8 @@ class Resilience:
         run's result would depend on that race. A task a ``stop`` fault hit stays stopped: one of this poll,
         and one of an earlier poll (not held, so not resumed: a begun round fires its other faults later).
         """
-        hung = {f.pid for f in self.injector.injected if f.signal == signal.SIGSTOP.name} if self.injector else set()
-        held = [t for t in list(self.lc.tasks)
-                if t.job in ("worker", "chief", IN_GRAPH_CLIENT[0]) and t.exit_code is None and t.pid not in hung]
+        held = [t for t in list(self.lc.tasks) if t.job in ("worker", "chief", IN_GRAPH_CLIENT[0])
+                and t.exit_code is None and not any(t is s for s in self._stopped)]
         stopped: list[int] = []
         fired: list[InjectedFault] = []
         try:
@@ -238,6 +237,9 @@ class Resilience:
             _wait_stopped(stopped)
             reading = poll_reading(channels, replicated=self._replicated) or reading
             fired = self._fire(reading)
+            tasks = list(self.lc.tasks)  # each process a stop hit: alive now (just signalled), so its pid is its own
+            self._stopped += [t for f in fired if f.signal == signal.SIGSTOP.name
+                              for t in tasks if t.name == f.task and t.pid == f.pid]
         finally:
             keep = {f.pid for f in fired if f.signal == signal.SIGSTOP.name}
             for pid in stopped:
@@ -326,9 +328,19 @@ class Resilience:
         return {t.name for t in list(self.lc.tasks) if t.exit_code is None}
 
     def _find(self, job: str, index: int) -> Any:
-        for t in self.lc.tasks:
-            if t.job == job and t.index == index and t.exit_code is None:
+        """The task's process where it runs (:meth:`~psflow.launch.processes.TaskProcess.exited`: an exit the
+        watch loop has not recorded yet counts, so no fault is sent to a zombie's pid), else None."""
+        for t in list(self.lc.tasks):
+            if t.job == job and t.index == index and t.exited() is None:
                 return t
+        return None
+
+    def _ended(self, job: str, index: int) -> str | None:
+        """(The chaos thread) Why the task will not run again, where its process exited 0 (its work done: a task
+        that exits 0 is never restarted); None otherwise (running, or exited otherwise: restarted or failing)."""
+        for t in list(self.lc.tasks):
+            if t.job == job and t.index == index and t.exited() == 0:
+                return f"{t.name} (pid {t.pid}) exited 0 (its work done; a task that exits 0 is not restarted)"
         return None
 
     def _restart(self, task: Any) -> Any:
@@ -455,38 +467,3 @@ def with_recovery_checkpoints(config: TrainConfig, resilience: ResilienceConfig,
               + (f" (it holds an earlier run's: this run resumes from {os.path.basename(earlier)})" if earlier else ""),
               file=out, flush=True)
     return dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, dir=directory))
-
-
-def add_resilience_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the ``failures`` flags of ``psflow train``."""
-    g = parser.add_argument_group("failures")
-    g.add_argument("--restart-policy", default="never", choices=list(RESTART_POLICIES[:2]),
-                   help="restart a task that dies (on-failure; without --checkpoint-dir, checkpoints then go to "
-                        "OUTPUT/checkpoints, so a dead ps task is restored) or stop the run naming it (never, default; "
-                        "with --ps-replicas a dead shard member is not restarted and the run goes on while its shard "
-                        "has a member running)")
-    g.add_argument("--max-restarts", type=int, default=3, help="restarts allowed per task (3)")
-    g.add_argument("--liveness-timeout", type=float, default=30.0,
-                   help="seconds without an answer to a 1 s ping before a task is killed as hung (30; 0: off)")
-    g.add_argument("--chaos", action="append", default=[], metavar="SPEC",
-                   help="inject a fault: kill:JOB:INDEX@step=N, kill:chief@step=N, stop:JOB:INDEX@step=N (repeatable; "
-                        "an in-graph run's client is client:0, and its chief; with --ps-replicas, ps:N is shard N's "
-                        "current primary and ps-backup:N one of its backups; not with --in-process)")
-    g.add_argument("--ps-replicas", type=int, default=0, metavar="N",
-                   help="backup tasks of every ps shard (0, default: none): a push is acknowledged once every backup "
-                        "has it, and a dead primary's backup takes over with nothing lost (docs/replication.md)")
-
-
-def resilience_config(args: argparse.Namespace) -> ResilienceConfig:
-    """Builds the config from parsed flags.
-
-    Raises:
-        ConfigError: a flag is out of range or a --chaos spec is malformed (names it).
-    """
-    try:
-        chaos = ChaosPlan.parse(args.chaos)
-        health = HealthConfig(unresponsive_after=args.liveness_timeout) if args.liveness_timeout > 0 else None
-        restart = RestartConfig(args.restart_policy, max_restarts=args.max_restarts)
-    except (ChaosError, ValueError) as e:
-        raise ConfigError(str(e)) from e
-    return ResilienceConfig(restart, health, chaos, ps_replicas=getattr(args, "ps_replicas", 0))

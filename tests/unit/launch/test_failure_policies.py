@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 from dataclasses import dataclass
 
@@ -9,6 +10,7 @@ import pytest
 
 from psflow.cluster import ClusterSpec
 from psflow.launch.chaos import ChaosError, ChaosInjector, ChaosPlan, Fault
+from psflow.launch.chaos_plan import stop_without_liveness
 from psflow.launch.supervisor import RestartConfig, Supervisor, decide, describe_exit
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
@@ -206,3 +208,19 @@ def test_the_chief_job_is_not_worker_0_where_there_is_one() -> None:
     injector = _injector(["kill:worker:0@step=100", "kill:chief@step=100"], sent := [], with_chief)
     assert [f.task for f in injector.poll(100)] == ["/job:worker/task:0", "/job:chief/task:0"]
     assert sent == [(42, signal.SIGKILL), (44, signal.SIGKILL)]
+
+
+@pytest.mark.parametrize("spec", ["stop:worker:0@step=30:10s", "stop:worker:0@step=30,5", "kill:ps:1@step=7s"])
+def test_a_spec_with_a_duration_is_refused_saying_a_fault_takes_none(spec: str) -> None:
+    with pytest.raises(ChaosError, match=rf"bad --chaos '{re.escape(spec)}': nothing may follow @step=\d+ .*"
+                                         r"a fault takes no duration"):
+        ChaosPlan.parse([spec])
+
+
+def test_a_stop_without_hang_detection_is_said_at_the_start() -> None:
+    plan = ChaosPlan.parse(["kill:ps:1@step=10", "stop:worker:0@step=30"])
+    assert stop_without_liveness(plan, hang_detection=True) is None
+    assert stop_without_liveness(ChaosPlan.parse(["kill:ps:1@step=10"]), hang_detection=False) is None
+    line = stop_without_liveness(plan, hang_detection=False)
+    assert line is not None and line.startswith("psflow: --chaos stop:worker:0@step=30 with --liveness-timeout 0: ")
+    assert "the run waits until it is resumed (kill -CONT PID)" in line
