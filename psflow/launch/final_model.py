@@ -13,7 +13,9 @@ A ps task whose process exited after training (no restart follows: the launcher'
 has returned; ``--restart-policy never``, or its restarts spent) is not waited for: :func:`gone_after_training`
 names it from the launcher's own children (with ``--ps-replicas``: a shard whose every member exited), the
 launcher's client connects to the other tasks only (:func:`connect_live`), and the final checkpoint is evaluated
-at once, the line saying which task exited and how, rather than after ``--connect-timeout``.
+at once, the line saying which task exited, how and when, rather than after ``--connect-timeout``: after
+training; or before training ended, its restart still in its backoff then (not made: the restarts left are dropped,
+so no report calls it ``restarting``); or, a shard member, during training while its shard went on without it.
 
 Guarantee: a finished run whose final checkpoint is complete is evaluated, whichever ps task was lost past it.
 A run without ``--checkpoint-dir``, or whose newest checkpoint is not final, has no copy of the lost state:
@@ -63,9 +65,17 @@ class FinalCheckpoint:
 def gone_after_training(lc: Any) -> dict[str, dict[str, Any]]:
     """(Every driver task exited 0, the launcher's watch returned: nothing restarts a task now) The ps tasks whose
     newest process exited (``lc``: the run's :class:`~psflow.launch.processes.LocalCluster`), by name, each as its
-    ``Stats`` stand-in ``{"task", "ready": False, "exited": True, "error"}`` (the error: how it exited, not
-    restarted). With ``--ps-replicas``: each shard whose every member exited, under its ps task's name; a shard
-    with a member running is live (its backup holds every acknowledged push). Reads exit codes only (no call)."""
+    ``Stats`` stand-in ``{"task", "ready": False, "exited": True, "error"}``. With ``--ps-replicas``: each shard
+    whose every member exited, under its ps task's name; a shard with a member running is live (its backup holds
+    every acknowledged push). Reads exit codes and the supervisor's events only (no call).
+
+    First ends the restarts still in their backoff (:meth:`~psflow.launch.supervisor.Supervisor.cancel_pending`).
+    The error says when each process exited: ``after training`` (the watch saw no exit of it: no restart was
+    decided), or ``before training ended`` / ``during training`` (the watch saw it: its restart was still in its
+    backoff, and was not made; or, a shard member, its shard went on without it)."""
+    supervisor = getattr(getattr(lc, "resilience", None), "supervisor", None)
+    if supervisor is not None:
+        supervisor.cancel_pending("training ended first")
     newest = {t.name: t for t in lc.tasks}  # started in order: a restart's process comes last
     code = {name: t.popen.poll() for name, t in newest.items()}
     replicated = BACKUP_JOB in lc.cluster.jobs
@@ -74,11 +84,39 @@ def gone_after_training(lc: Any) -> dict[str, dict[str, Any]]:
         members = shard_members(lc.cluster, k) if replicated else (f"/job:ps/task:{k}",)
         if any(code.get(m) is None for m in members):
             continue
-        how = ", ".join(f"{m} {describe_exit(int(code[m] or 0))}" for m in members)
-        error = (f"{how} after training and was not restarted" if not replicated else
-                 f"every member of shard {k} exited after training, none restarted ({how})")
+        seen = {m: _exit_seen(supervisor, newest[m]) for m in members}
+        if not replicated:
+            m = members[0]
+            error = _when(m, describe_exit(int(code[m] or 0)), seen[m], shard=False)
+        elif not any(seen.values()):
+            how = ", ".join(f"{m} {describe_exit(int(code[m] or 0))}" for m in members)
+            error = f"every member of shard {k} exited after training, none restarted ({how})"
+        else:
+            error = f"every member of shard {k} exited, none restarted: " + "; ".join(
+                _when(m, describe_exit(int(code[m] or 0)), seen[m], shard=True) for m in members)
         gone[members[0]] = {"task": members[0], "ready": False, "exited": True, "error": error}
     return gone
+
+
+def _exit_seen(supervisor: Any, task: Any) -> Any:
+    """The supervisor's event of ``task``'s newest process's exit (the watch saw it, before training ended), or
+    None: it exited after the watch returned."""
+    if supervisor is None:
+        return None
+    pid = getattr(task, "pid", None)
+    return next((e for e in reversed(supervisor.events) if e.task == task.name and e.pid == pid), None)
+
+
+def _when(name: str, how: str, event: Any, *, shard: bool) -> str:
+    """One task's clause of :func:`gone_after_training`'s error: how and when it exited, and its restart's fate."""
+    if event is None:
+        return f"{name} {how} after training" + ("" if shard else " and was not restarted")
+    if "; not made: " in event.decision:  # Supervisor.cancel_pending: its restart was in its backoff
+        return (f"{name} {how} before training ended; its restart ({event.decision.split('; not made: ')[0]}) was "
+                "still in its backoff when training ended and was not made")
+    if shard:
+        return f"{name} {how} during training (its shard went on without it)"
+    return f"{name} {how} during training and was not restarted ({event.decision})"
 
 
 def connect_live(client: Any, gone: Mapping[str, Any]) -> None:

@@ -157,8 +157,10 @@ class Resilience:
             self._chaos_thread.start()
 
     def close(self) -> None:
-        """Stops both threads; idempotent."""
+        """Stops both threads and drops the restarts still in their backoff (the tasks are being stopped: none is
+        made, and the end reports none as made or under way: :meth:`Supervisor.cancel_pending`); idempotent."""
         self._closed.set()
+        self.supervisor.cancel_pending("the run's tasks were stopped first")
         if self.monitor is not None:
             self.monitor.stop()
         if self._chaos_thread is not None:

@@ -207,6 +207,17 @@ class Supervisor:
         """Whether a restart of task ``name`` is scheduled and not yet done (safe from another thread)."""
         return any(task.name == name for _, task, _ in list(self._due))
 
+    def cancel_pending(self, why: str) -> list[RestartEvent]:
+        """Drops every restart still in its backoff (the launcher's watch returned: nothing restarts a task now), each
+        event then ``restarted`` False and its ``decision`` ending ``; not made: WHY``, so metrics.json, status.json
+        (the task ``dead``, not ``restarting``) and the end's lines never report a restart that never happened.
+        Returns those events."""
+        cancelled = [event for _, _, event in self._due]
+        self._due.clear()
+        for event in cancelled:
+            event.restarted, event.decision = False, f"{event.decision}; not made: {why}"
+        return cancelled
+
     def restart_due(self) -> list[Any]:
         """Restarts every task whose backoff has passed; returns the new task objects.
 
