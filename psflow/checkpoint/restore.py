@@ -126,12 +126,14 @@ def restore(client: ParameterClient, path: str, *, global_step: int | None = Non
     counts = _push_counts(path, manifest, len(per_task)) if push_counts else {}
     calls: dict[int, LoadShardRequest] = {}
     for task, load in per_task.items():
+        # every task keeps the checkpoint and its own step with the restore's generation (its Stats name them)
+        fields = dict(restored_step=restored_step, generation=generation, restored_from=path,
+                      restored_from_step=manifest.global_step, **counts.get(task, {}))
         if task == client.step_task:  # the restored cluster continues the checkpoint's lineage
-            calls[task] = load.request(restored_step=restored_step, global_step=restored_step,
-                                       positions=manifest.reader_positions, examples=manifest.examples,
-                                       lineage=manifest.lineage or None, generation=generation, **counts.get(task, {}))
+            calls[task] = load.request(global_step=restored_step, positions=manifest.reader_positions,
+                                       examples=manifest.examples, lineage=manifest.lineage or None, **fields)
         else:
-            calls[task] = load.request(restored_step=restored_step, generation=generation, **counts.get(task, {}))
+            calls[task] = load.request(**fields)
     load_shards(client, calls, f"restoring {path}")
     return manifest
 

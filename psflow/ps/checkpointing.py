@@ -59,7 +59,8 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     ``"restored_step": S`` (every task; the task holding global_step reads
     ``global_step`` without it) is the checkpoint's global_step: the moving
     averages belong to it (:class:`psflow.ps.averages.MovingAverages`), and in
-    sync mode a task's count of aggregated steps starts over there.
+    sync mode a task's count of aggregated steps starts over there. ``"restored_from"``, ``"restored_from_step"``:
+    the checkpoint and its own step, kept with the generation for ``Stats`` (:mod:`psflow.ps.restore_gate`).
     ``"pushes_applied": n`` (a replicated shard's checkpoint) sets the shard's count of applied pushes
     to the checkpoint's in a restore within the run (this task got ``BeginRestore``: the run's worker
     processes go on, and so do their counts of acknowledged pushes), so ``updates_lost`` counts exactly
@@ -375,6 +376,7 @@ class CheckpointHandlers:
         if not values_only:  # the averages (and, in sync mode, the step count) belong to the restored step
             self._variables.averages.restored(request.restored_step)
             self._mode.restored_at(request.restored_step)
+            self._gate.loaded(request.restored_from, request.restored_from_step)  # Stats names them
         if positions is not None:
             self._workers.restore(dict(positions), examples)
         if lineage is not None:

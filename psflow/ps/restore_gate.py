@@ -39,6 +39,13 @@ refused while a restore is in progress, or when one began during the save
 other tasks' shards none of it.
 Every admitted push is counted until it is released, so a restore can wait
 for them.
+
+The gate also keeps, with the generation, the checkpoint a restore loaded here and that checkpoint's global_step
+(:meth:`RestoreGate.loaded`, by ``LoadShard``; a warm start is no restore): ``Stats`` names them while the task
+holds that generation (:meth:`RestoreGate.restored_from`), so the chief's summaries (their START) and the
+launcher's ``restore_loss`` read the step the restore went back to, not the newest checkpoint in the directory,
+which a save since may have moved past it. A replicated shard's members carry it in the gate's state
+(:meth:`RestoreGate.replica_state`), so a backup, and one promoted, name the primary's.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class RestoreGate:
         # BeginRestore closed the gate and no SetReady opened it since: a chief's Register creates nothing.
         self._restoring = False
         self._inflight = 0
+        # (generation, checkpoint, its global_step) of the last LoadShard of a restore here
+        self._restored: tuple[int, str | None, int] | None = None
 
     @property
     def ready(self) -> bool:
@@ -188,21 +197,47 @@ class RestoreGate:
             self._restoring = True
             self._generation = generation
 
+    def loaded(self, checkpoint: str | None, step: int | None) -> None:
+        """A ``LoadShard`` of a restore (not a warm start) loaded ``checkpoint``, of global_step ``step`` (None: an
+        older restorer's load, which names neither: nothing kept), at the generation the task holds now."""
+        with self._lock:
+            if step is not None:
+                self._restored = (self._generation, checkpoint, step)
+
+    def restored_from(self) -> tuple[int, str | None, int | None]:
+        """The generation this task holds, and (read with it) the checkpoint its restore loaded here and that
+        checkpoint's global_step; (None, None) for these where none did (a ``BeginRestore`` moved the generation
+        on, its loads not come yet; a task never restored)."""
+        with self._lock:
+            restored = self._restored
+            if restored is None or restored[0] != self._generation:
+                return self._generation, None, None
+            return restored
+
     def drain(self, timeout: float) -> bool:
         """Waits up to ``timeout`` s for the pushes in flight; True if they all finished."""
         with self._lock:
             return self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
 
     def replica_state(self) -> dict[str, object]:
-        """Readiness, generation and whether a restore is in progress (:mod:`psflow.ps.replication`)."""
+        """Readiness, generation, whether a restore is in progress and what the last one loaded
+        (:mod:`psflow.ps.replication`)."""
         with self._lock:
-            return {"ready": self._ready, "generation": self._generation, "restoring": self._restoring}
+            return {"ready": self._ready, "generation": self._generation, "restoring": self._restoring,
+                    "restored": list(self._restored) if self._restored is not None else None}
 
     def load_replica_state(self, state: dict[str, object]) -> None:
         """Sets readiness, generation and the restore in progress to ``state`` (a :meth:`replica_state` of the
         shard's primary)."""
         ready, generation, restoring = state.get("ready"), state.get("generation"), state.get("restoring")
+        restored = state.get("restored")
         with self._lock:
+            if isinstance(restored, list) and len(restored) == 3:  # (absent: an older primary's, kept as it is)
+                gen, checkpoint, step = restored
+                if type(gen) is int and type(step) is int and (checkpoint is None or isinstance(checkpoint, str)):
+                    self._restored = (gen, checkpoint, step)
+            elif restored is None and "restored" in state:
+                self._restored = None
             if isinstance(ready, bool):
                 self._ready = ready
             if isinstance(restoring, bool):

@@ -449,13 +449,14 @@ class ParameterService:
         finished = self.workers.finished()
         # The rate and the step it is the schedule's at, read once: the chief labels its summary with that step.
         counters["learning_rate_step"] = rate_step = self.mode.schedule_step()
+        generation, restored_from, restored_step = self.gate.restored_from()  # read together
         return StatsReply(
             self.task_name, global_step.value if global_step is not None else None,
             global_step.floor if global_step is not None else None, self.variables.init_count,
-            self.variables.registered, self.gate.ready, self.gate.generation, self.mode.config.mode,
+            self.variables.registered, self.gate.ready, generation, self.mode.config.mode,
             tuple(finished) if finished is not None else None,
             self.variables.learning_rate(rate_step), counters,
-            global_step.floor_run if global_step is not None else None)
+            global_step.floor_run if global_step is not None else None, restored_from, restored_step)
 
     def fence_call(self, frame: Frame) -> Reply:
         """The ``Fence`` call: the leader's epoch checked against (and recorded in) this task's fence."""

@@ -106,6 +106,7 @@ from psflow.ps.protocol.lifecycle import (
     SaveNoticeReply,
     SaveNoticeRequest,
     StatsReply,
+    restore_record,
 )
 from psflow.ps.protocol.push import (
     GradPart,
@@ -145,7 +146,7 @@ __all__ = [
     "ReaderPositionsReply", "ReaderPositionsRequest", "RegisterReply", "RegisterRequest", "Request", "RunStepReply",
     "RunStepRequest", "SaveNoticeReply", "SaveNoticeRequest", "SaveOutcome", "SparseArrays",
     "SaveShardReply", "SaveShardRequest", "SetReadyReply", "SetReadyRequest", "StatsReply", "StepTag",
-    "WorkerTag", "gradient_arrays", "gradients_of", "held_push",
+    "WorkerTag", "gradient_arrays", "gradients_of", "held_push", "restore_record",
     "ROLES", "DropBackupRequest", "JoinReply", "JoinRequest", "PartDelta", "PromoteRequest", "ReplicaEntry",
     "ReplicaStatusReply", "ReplicaStatusRequest", "ReplicateReply", "ReplicateRequest",
     "AckedRequest", "PushPullAckLater", "PushPullAckLaterReply", "ack_pending", "pending_ack",

@@ -85,6 +85,9 @@ class LoadShardRequest:
     replicated shard's primary waits that long for its backups to acknowledge the load (a full entry, the
     whole shard) instead of its ``replica_timeout`` (:mod:`psflow.ps.replication.member`). ``generation``: the
     restore's (its ``BeginRestore``'s; 0: a first restore, none begun); None: not sent, not checked.
+    ``restored_from`` and ``restored_from_step``: the checkpoint loaded and its own global_step (the manifest's; a
+    restore within the run sets global_step past it, and ``restored_step`` with it), which the task keeps with its
+    generation and names in ``Stats`` (:class:`~psflow.ps.protocol.StatsReply`); None: not sent.
     """
 
     METHOD: ClassVar[str] = "LoadShard"
@@ -101,6 +104,8 @@ class LoadShardRequest:
     reply_within_ms: int | None = None
     initializers: Mapping[str, Any] | None = None
     generation: int | None = None
+    restored_from: str | None = None
+    restored_from_step: int | None = None
 
     @classmethod
     def build(cls, values: Mapping[str, np.ndarray], slots: Mapping[str, Mapping[str, np.ndarray]],
@@ -167,6 +172,8 @@ class LoadShardRequest:
             meta["initializers"] = dict(self.initializers)
         if self.generation is not None:
             meta["generation"] = self.generation
+        if self.restored_from_step is not None:
+            meta.update(restored_from=self.restored_from, restored_from_step=self.restored_from_step)
         return Frame(meta, dict(self.arrays))
 
     @classmethod
@@ -183,7 +190,8 @@ class LoadShardRequest:
                    optional_int(meta, "pushes_applied", minimum=0),
                    applied_by_process(meta.get("pushes_applied_by")),
                    optional_int(meta, "reply_within_ms", minimum=0), _initializers(meta),
-                   optional_int(meta, "generation", minimum=0))
+                   optional_int(meta, "generation", minimum=0), optional_str(meta, "restored_from", max_length=4096),
+                   optional_int(meta, "restored_from_step", minimum=0))
 
 
 def _initializers(meta: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from psflow.ps.protocol.fields import acked_counts, message, optional_int, optio
 from psflow.rpc.framing import Frame
 
 __all__ = ["Ack", "DoneReply", "DoneRequest", "FinalEvalReply", "FinalEvalRequest", "LeaveRequest", "SaveNoticeReply",
-           "SaveNoticeRequest", "StatsReply"]
+           "SaveNoticeRequest", "StatsReply", "restore_record"]
 
 
 # ---- Stats / Leave / Done --------------------------------------------------------------------------
@@ -25,6 +25,10 @@ class StatsReply:
     ``step_run``: the run whose values ``step_floor`` bounds, as the global_step journal names it (None: none named);
     ``generation``: the restore generation; ``learning_rate``: the run optimizer's rate at the step the
     next update is applied at (None before registration); ``counters``: every other field, by name.
+    ``restored_from`` and ``restored_from_step``: the checkpoint the restore of ``generation`` loaded on this task
+    (``LoadShard``'s, every task's: a restore at start is generation 0's) and that checkpoint's own global_step,
+    which global_step goes on past after a restore within the run; None where none did (yet: a ``BeginRestore``
+    moved the generation on, its loads not come), a warm start (not a restore), or a task too old to say.
     """
 
     task: str
@@ -39,6 +43,8 @@ class StatsReply:
     learning_rate: float | None = None
     counters: Mapping[str, Any] = field(default_factory=dict)
     step_run: str | None = None
+    restored_from: str | None = None
+    restored_from_step: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Every field by its wire name, counters included (what ``Stats`` replies)."""
@@ -46,7 +52,8 @@ class StatsReply:
                 "init_count": self.init_count, "registered": self.registered, "ready": self.ready,
                 "generation": self.generation, "mode": self.mode,
                 "finished": list(self.finished) if self.finished is not None else None,
-                "learning_rate": self.learning_rate, "step_run": self.step_run}
+                "learning_rate": self.learning_rate, "step_run": self.step_run,
+                "restored_from": self.restored_from, "restored_from_step": self.restored_from_step}
 
     def to_frame(self) -> Frame:
         return Frame(self.as_dict())
@@ -56,7 +63,9 @@ class StatsReply:
         meta = dict(frame.meta)
         finished, rate = meta.pop("finished", None), meta.pop("learning_rate", None)
         step_run = optional_str(meta, "step_run", max_length=200)
-        meta.pop("step_run", None)
+        restored = restore_record(meta)  # (None from an older task)
+        for key in ("step_run", "restored_from", "restored_from_step"):
+            meta.pop(key, None)
         if finished is not None and not (isinstance(finished, list) and all(isinstance(w, str) for w in finished)):
             raise refuse("finished", "a list of task names", finished)
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))):
@@ -68,7 +77,21 @@ class StatsReply:
         for key in ("task", "global_step", "step_floor", "init_count", "registered", "ready", "generation", "mode"):
             meta.pop(key, None)
         return cls(reply.task, reply.global_step, reply.step_floor, reply.init_count, reply.registered, reply.ready,
-                   reply.generation, reply.mode, reply.finished, reply.learning_rate, meta, step_run)
+                   reply.generation, reply.mode, reply.finished, reply.learning_rate, meta, step_run,
+                   *(restored or (None, None)))
+
+
+def restore_record(stats: Mapping[str, Any]) -> tuple[str | None, int] | None:
+    """(checkpoint, its global_step) the restore of a ps task's generation loaded there, from its ``Stats`` by wire
+    name (:meth:`StatsReply.as_dict`, e.g. the launcher's figures of every task), or None where the task names none
+    (:class:`StatsReply`'s ``restored_from``; an older task's reply).
+
+    Raises:
+        InvalidRequest: a field of another type (names it).
+    """
+    step = optional_int(stats, "restored_from_step", minimum=0)
+    checkpoint = optional_str(stats, "restored_from", max_length=4096)
+    return None if step is None else (checkpoint, step)
 
 
 @message

@@ -1,0 +1,81 @@
+"""A ps task's ``Stats`` names the checkpoint its restore of the task's generation loaded and that checkpoint's
+global_step (psflow/ps/restore_gate.py, LoadShard in psflow/ps/checkpointing.py).
+
+The chief's summaries write a SessionLog START at the restored checkpoint's step after a restore within the run, and
+the launcher's ``restore_loss`` names it (``checkpoint_step``). Neither could read it from the cluster: the summaries
+took the newest checkpoint in the directory (past the restored one once any holder saved since: the START then
+dropped none of the discarded model's points), and a between-graph run's ``restore_loss`` said null. The restore's
+``LoadShard`` now carries the checkpoint and its step to every task, which keeps them with its generation.
+In-process services, no sockets.
+"""
+
+from __future__ import annotations
+
+import pytest
+from two_ps_in_process import SGD, two_ps_cluster
+
+from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, SetReadyRequest, StatsReply, restore_record
+from psflow.rpc.framing import Frame
+from psflow.train.generation_restore import register_as_chief
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _load(step: int, checkpoint: str, generation: int | None, **fields: object) -> LoadShardRequest:
+    return LoadShardRequest([], restored_step=step, restored_from=checkpoint, restored_from_step=step,
+                            generation=generation, **fields)  # type: ignore[arg-type]
+
+
+def test_stats_names_the_checkpoint_the_restore_of_the_task_s_generation_loaded() -> None:
+    client, _ = two_ps_cluster()
+    for task in (0, 1):
+        assert (client.ps_stats(task).restored_from, client.ps_stats(task).restored_from_step) == (None, None)
+    register_as_chief(client, SGD, None)  # created, not ready: the chief restores first
+    for task in (0, 1):  # a restore at start: generation 0, no BeginRestore
+        client.call(task, _load(40, "/ckpt/ckpt-000000040", 0))
+        client.call(task, SetReadyRequest("the chief"))
+    assert [(s.generation, s.ready, s.restored_from, s.restored_from_step) for s in map(client.ps_stats, (0, 1))] == [
+        (0, True, "/ckpt/ckpt-000000040", 40)] * 2
+    for task in (0, 1):
+        client.call(task, BeginRestoreRequest(7))
+    # the restore of generation 7 has loaded nothing yet: the older restore is not this generation's
+    assert [(s.generation, s.restored_from_step) for s in map(client.ps_stats, (0, 1))] == [(7, None)] * 2
+    for task in (0, 1):
+        client.call(task, _load(30, "/ckpt/ckpt-000000030", 7))
+        client.call(task, SetReadyRequest("the chief", 7, 55))
+    stats = client.ps_stats(0)
+    assert (stats.generation, stats.ready, stats.restored_from, stats.restored_from_step) == (
+        7, True, "/ckpt/ckpt-000000030", 30)
+    assert restore_record(stats.as_dict()) == ("/ckpt/ckpt-000000030", 30)
+
+
+def test_a_warm_start_is_not_a_restore() -> None:
+    client, _ = two_ps_cluster()
+    register_as_chief(client, SGD, None)
+    client.call(1, LoadShardRequest([], values_only=True, restored_from="/other/ckpt-000000900",
+                                    restored_from_step=900, generation=0))
+    assert client.ps_stats(1).restored_from_step is None
+
+
+def test_the_fields_cross_the_wire_and_an_older_reply_lacks_them() -> None:
+    load = _load(30, "s3://bucket/run/ckpt-000000030", 7)
+    back = LoadShardRequest.from_frame(Frame(dict(load.to_frame().meta)))
+    assert (back.restored_from, back.restored_from_step) == ("s3://bucket/run/ckpt-000000030", 30)
+    stats = StatsReply("/job:ps/task:0", 40, 32, generation=7, restored_from="/ckpt/ckpt-000000030",
+                       restored_from_step=30)
+    assert StatsReply.from_frame(stats.to_frame()) == stats
+    older = {k: v for k, v in stats.as_dict().items() if not k.startswith("restored_from")}  # an older ps task's
+    parsed = StatsReply.from_frame(Frame(older))
+    assert (parsed.restored_from, parsed.restored_from_step, parsed.generation) == (None, None, 7)
+    assert restore_record(older) is None and restore_record({}) is None
+    assert "restored_from" not in parsed.counters
+
+
+@pytest.mark.parametrize("meta, field", [
+    ({"parts": [], "restored_from": 3}, "'restored_from' must be a string"),
+    ({"parts": [], "restored_from_step": -1}, "'restored_from_step' must be a non-negative integer"),
+])
+def test_a_malformed_field_is_refused_naming_it(meta: dict[str, object], field: str) -> None:
+    from psflow.rpc.api import InvalidRequest
+    with pytest.raises(InvalidRequest, match=field):
+        LoadShardRequest.from_frame(Frame(meta))
