@@ -53,7 +53,6 @@ from psflow.rpc.tls import TlsConfig
 from psflow.train.build import data_options, model_record
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.config import TrainConfig
-from psflow.train.deferred_end import DeferredEnd, RaiseDeferred
 from psflow.train.evaluation import evaluate, parameters
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.final_eval import FinalEvalOnce
@@ -154,9 +153,9 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         # With election, LeaderOnlyHook lets the duties go on after a failed save; without, this does.
         chief_hooks.append(saver if leadership is not None else _FailedSaveTolerant(saver, client.client_name))
     writer = SummaryWriter(config.report.summary_dir) if duties and config.report.summary_dir else None
-    if writer is not None:  # before the saver: a START owed at taking the duties is at the restored checkpoint's
-        # step, the newest one then; the saver's first call as the holder (its end(): the final checkpoint) saves
-        chief_hooks.insert(0, SummarySaverHook(writer, save_steps=config.report.save_summaries_steps))
+    if writer is not None:  # after the saver: a summary end() that fails (the summary disk full) skips no final
+        # checkpoint; a START owed at taking the duties is at the step the ps tasks restored, whatever the saver saved
+        chief_hooks.append(SummarySaverHook(writer, save_steps=config.report.save_summaries_steps))
     if duties and config.data.eval and (config.report.eval_every_steps or config.report.eval_at_end):
         eval_batch = read_all(list(config.data.eval), config.data.format, **data_options(config))
         source = parameters(client, moving_averages=config.report.eval_moving_averages)
@@ -166,9 +165,6 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         chief_hooks.append(FinalEvalOnce(evaluation) if leadership is not None else evaluation)
     if leadership is not None:
         chief_hooks = [LeaderOnlyHook(h, leadership) for h in chief_hooks]
-    if writer is not None and config.checkpoint.dir:  # the summary hook, then the saver: a failed summary end()
-        deferred = DeferredEnd(chief_hooks[0])  # is raised after the final checkpoint (psflow.train.deferred_end)
-        chief_hooks[:2] = [deferred, chief_hooks[1], RaiseDeferred(deferred)]
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
         hooks.append(CampaignWhileTrainingHook(leadership))
         if take_over:  # before the duties: a worker resumed after a take-over ended the run saves and evaluates nothing

@@ -225,20 +225,26 @@ class ClusterRecovery:
         failures.ended()
         self.generation = generation
         if self.on_restored is not None:
-            self.on_restored(*self._restore_seen())
+            self.on_restored(*self._restore_seen(states))
         self._restored = None
         position = self.client.reader_positions().get(self.client.client_name)
         log.warning("%s: cluster restored (generation %d) after %.1f s; resuming data at the checkpoint's position",
                     self.client.client_name, generation, time.monotonic() - started)
         return True, position if isinstance(position, str) else None
 
-    def _restore_seen(self) -> tuple[str | None, int | None]:
+    def _restore_seen(self, states: dict[int, StatsReply | None]) -> tuple[str | None, int | None]:
         """The checkpoint the cluster was just restored from and its global_step: this worker's restore's; another
-        worker's restore: the newest checkpoint now, which that restore read (a save since, by its lease holder
-        after a step there, is newer: the step then is later, and the summaries' START drops fewer lost steps);
-        (None, None) where none can be read: the cluster is restored all the same, and this worker goes on."""
+        worker's restore: the one the ps tasks name in ``states`` (their ``Stats`` as the cluster settled: what
+        the restore of their generation loaded), not the newest in the directory, which a save since the restore
+        (by its lease holder, after a step there) moved past it: the summaries' START there dropped none of the lost
+        steps' points. ps tasks too old to name it: the newest checkpoint now. (None, None) where none can be read:
+        the cluster is restored all the same, and this worker goes on."""
         if self._restored is not None:
             return self._restored
+        named = [s for _, s in sorted(states.items(), key=lambda item: item[0] != self.client.step_task)
+                 if s is not None and s.restored_from_step is not None]
+        if named:  # ps task 0's first (every task's load named the same checkpoint)
+            return named[0].restored_from, named[0].restored_from_step
         try:  # a directory that cannot be listed now (CheckpointListingError) must not fail a restored worker
             checkpoint = latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
             return (checkpoint, read_manifest(checkpoint).global_step) if checkpoint is not None else (None, None)

@@ -14,6 +14,7 @@ from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import restore_record
 from psflow.rpc.api import RpcError
 from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer
 from psflow.train.summary import REQUEST_COUNTERS, SummaryWriter, ps_restarted, set_back, start_written
@@ -33,11 +34,35 @@ def _global_step_of(checkpoint: str) -> int | None:
         return None
 
 
+def _generation(client: ParameterClient, snapshot: dict[int, dict[str, Any]]) -> int | None:
+    """The cluster's restore generation: ps task 0's; where its ``Stats`` could not be read, the one every other
+    task read is ready at (a restore makes every task ready at its generation); None where not known."""
+    head = snapshot.get(client.step_task)
+    if head is not None:
+        generation = head.get("generation")
+        return generation if isinstance(generation, int) else None
+    ready = {s.get("generation") for s in snapshot.values() if s.get("ready")}
+    generation = ready.pop() if len(ready) == 1 else None
+    return generation if isinstance(generation, int) else None
+
+
 def _restore_mark(client: ParameterClient, snapshot: dict[int, dict[str, Any]]) -> str | None:
-    """What the START of the cluster's last restore within the run says (its ``msg``): its generation, ps task 0's
-    (a restore's wall clock in ms: unique); None before any (generation 0: a fresh or resumed cluster), or unknown."""
-    generation = snapshot.get(client.step_task, {}).get("generation")
-    return f"psflow restore at generation {generation}" if isinstance(generation, int) and generation != 0 else None
+    """What the START of the cluster's last restore within the run says (its ``msg``): its generation (a restore's
+    wall clock in ms: unique); None before any (generation 0: a fresh or resumed cluster), or unknown."""
+    generation = _generation(client, snapshot)
+    return f"psflow restore at generation {generation}" if generation else None
+
+
+def _restored_from(client: ParameterClient, snapshot: dict[int, dict[str, Any]]) -> tuple[str | None, int] | None:
+    """(checkpoint, its global_step) the cluster's last restore loaded, as the ps tasks at its generation name it
+    (each task's ``LoadShard`` told it: :mod:`psflow.ps.restore_gate`), ps task 0 first; None where none does (ps
+    tasks too old to say, or none read)."""
+    generation = _generation(client, snapshot)
+    for _, stats in sorted(snapshot.items(), key=lambda item: item[0] != client.step_task):
+        record = restore_record(stats) if stats.get("generation") == generation else None
+        if record is not None:
+            return record
+    return None
 
 
 class SummarySaverHook(SessionRunHook):
@@ -50,14 +75,19 @@ class SummarySaverHook(SessionRunHook):
     A session that restored a checkpoint when it joined first writes a SessionLog START, as TF's chief does
     (:meth:`~psflow.train.summary.SummaryWriter.session_start`: TensorBoard drops older steps past that one); so does
     a chief whose join left the restore to the lease holder (``JoinResult.restore_pending``: restored None, step 0,
-    the model not restored yet), before its first step, once that restore ended: at the newest checkpoint's step,
-    the one that holder restored; and so does the chief after a restore within its session
+    the model not restored yet), before its first step, once that restore ended: at the step of the checkpoint that
+    holder restored; and so does the chief after a restore within its session
     (:meth:`after_restore`, from :class:`~psflow.train.recovery.ClusterRecovery`), before its next step. Each
     START is at the checkpoint's step, also where global_step went on past the steps lost (the journal's, or ps
     task 0 kept it): TensorBoard then drops the lost steps' points, which described a model no longer trained.
+    The restored checkpoint and its step are the ps tasks' (their ``Stats``: what the restore of their generation
+    loaded), not the newest checkpoint in the directory, which any save since the restore moved past them (a START
+    there dropped none of the lost steps' points): the START's step does not depend on whether the checkpoint saver
+    ran first. Only ps tasks too old to name it leave the newest checkpoint's step, read when the START is written.
 
     One START per restore within the run, by the first worker to hold the duties after it, before any point: it
-    names the restore's generation (``msg``), and a worker taking the duties (:meth:`after_create_session`) writes
+    names the restore's generation (``msg``; ps task 0's, or, where its ``Stats`` cannot be read, the one every other
+    task is ready at), and a worker taking the duties (:meth:`after_create_session`) writes
     it where the directory holds none (no worker held them as the cluster settled: their holder was the task lost,
     or its lease lapsed; or this worker joined since), while :meth:`after_restore` writes none where it is there
     already (a second START would drop the points written since the restore).
@@ -91,11 +121,10 @@ class SummarySaverHook(SessionRunHook):
             # The cluster's last restore has no START: it settled while no worker held the duties (their holder
             # lost, its lease lapsed), or this worker joined since (an in-graph client's own restore before its
             # session: told to the hooks after this). Nobody wrote a point since: each holder writes the START first.
-            # The restore read the newest checkpoint: no holder saved one since (make_session puts this hook before
-            # the checkpoint saver, whose first call as a new holder may save: its end()'s final checkpoint).
+            # Its step is the ps tasks' (what the restore loaded), whatever was saved since.
             log.warning("summary: the restore at generation %s has no SessionLog START (no worker held the chief "
                         "duties as it settled, or it came before this session): writing it",
-                        snapshot[session.client.step_task]["generation"])
+                        _generation(session.client, snapshot))
             self.after_restore(session, None, None)
 
     def before_run(self, context: RunContext) -> None:
@@ -103,9 +132,9 @@ class SummarySaverHook(SessionRunHook):
             self.after_restore(context.session, None, None)
 
     def after_restore(self, session: MonitoredTrainingSession, checkpoint: str | None, step: int | None) -> None:
-        """The cluster was set back to ``checkpoint`` at ``step`` (None: the newest checkpoint's, which the restore
-        read): a START there, before the next step's summaries, whether or not global_step went back. Once per
-        restore: the START names the restore's generation (ps task 0's), and none is written where the directory
+        """The cluster was set back to ``checkpoint`` at ``step`` (None: the one the ps tasks name, which their
+        restore loaded): a START there, before the next step's summaries, whether or not global_step went back.
+        Once per restore: the START names the restore's generation, and none is written where the directory
         holds that generation's already (a worker taking the duties after the holder that wrote it, which
         :class:`~psflow.train.leader_hooks.LeaderOnlyHook` tells of a restore it heard of while not holding them:
         a second START would drop that holder's points since the restore)."""
@@ -117,17 +146,23 @@ class SummarySaverHook(SessionRunHook):
             self._last, self._last_time = snapshot, time.monotonic()
             return
         if step is None:
-            try:
-                checkpoint = latest_checkpoint(session.checkpoint_dir) if session.checkpoint_dir else None
-            except CheckpointError as e:  # not listed now (CheckpointListingError): the START all the same
-                log.warning("summary: the restored checkpoint is not known (%s): SessionLog START at global_step", e)
-                checkpoint = None
-            step = _global_step_of(checkpoint) if checkpoint is not None else None
+            checkpoint, step = _restored_from(session.client, snapshot) or self._newest(session)
         if step is None:  # rotated away since: the step the restore left is the nearest known
             checkpoint, step = None, session.client.global_step()
         self.writer.session_start(step, checkpoint, mark)
         self._timer.mark(step)
         self._last, self._last_time = snapshot, time.monotonic()
+
+    @staticmethod
+    def _newest(session: MonitoredTrainingSession) -> tuple[str | None, int | None]:
+        """The newest checkpoint and its step: the restored one where the ps tasks are too old to name theirs and
+        nothing was saved since the restore; (None, None) where not known."""
+        try:
+            checkpoint = latest_checkpoint(session.checkpoint_dir) if session.checkpoint_dir else None
+        except CheckpointError as e:  # not listed now (CheckpointListingError): the START all the same
+            log.warning("summary: the restored checkpoint is not known (%s): SessionLog START at global_step", e)
+            return None, None
+        return checkpoint, _global_step_of(checkpoint) if checkpoint is not None else None
 
     def _snapshot(self, client: ParameterClient) -> dict[int, dict[str, Any]]:
         stats = {}  # each with "read_at": this process's monotonic clock once it was read (ps_restarted)

@@ -26,8 +26,8 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease
+from psflow.rpc.api import TaskUnavailableError
 from psflow.train.config import TrainConfig
-from psflow.train.deferred_end import DeferredEnd, RaiseDeferred
 from psflow.train.duties import make_session
 from psflow.train.hook_api import RunContext, RunValues
 from psflow.train.hooks import CheckpointSaverHook, SummarySaverHook
@@ -167,8 +167,9 @@ def test_a_later_restore_nobody_led_through_is_marked_too(tmp_path: Path) -> Non
 def test_a_worker_first_holding_the_duties_at_its_end_starts_at_the_restored_step(tmp_path: Path) -> None:
     """The first worker to hold the duties after the restore takes them at its session's end (it took the lease while
     it lingered, or its last steps ran before the holder's lease lapsed): its duties' end() calls are its first as the
-    holder. In make_session's order the checkpoint saver's went first: it wrote the final checkpoint, and the START
-    then went to that one's step, past the discarded model's points. It belongs at the restored checkpoint's step."""
+    holder. In make_session's order the checkpoint saver's goes first: it writes the final checkpoint, and the START,
+    taken from the newest checkpoint, went to that one's step, past the discarded model's points. It belongs at the
+    restored checkpoint's step, which the ps tasks name (the summary hook once went first for it: no longer needed)."""
     run = _Run(tmp_path)
     config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=run.ckpt, summary_dir=str(run.logdir),
                               save_summaries_steps=1, save_checkpoints_steps=1000)
@@ -177,9 +178,9 @@ def test_a_worker_first_holding_the_duties_at_its_end_starts_at_the_restored_ste
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
     made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
                         leadership=leadership)
-    duties = [h for h in made.hooks if isinstance(h, LeaderOnlyHook | DeferredEnd | RaiseDeferred)]  # in its order
-    led = [h.inner if isinstance(h, DeferredEnd) else h for h in duties]
-    assert {type(h.inner) for h in led if isinstance(h, LeaderOnlyHook)} >= {CheckpointSaverHook, SummarySaverHook}
+    duties = [h for h in made.hooks if isinstance(h, LeaderOnlyHook)]  # in its order
+    kinds = [type(h.inner) for h in duties]
+    assert kinds.index(CheckpointSaverHook) < kinds.index(SummarySaverHook)
     session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
     for hook in duties:
         hook.after_create_session(session)
@@ -198,9 +199,9 @@ def test_a_worker_first_holding_the_duties_at_its_end_starts_at_the_restored_ste
 
 def test_a_summary_end_that_fails_does_not_skip_the_final_checkpoint(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """The summary hook goes first among the duties (the test above), and a session stops at the first end() that
-    raises: a summary write failing at the end (the summary disk full; the checkpoint directory may be elsewhere) then
-    skipped the final checkpoint, which the saver, first before, had written. It is written, then the error raised."""
+    """A session stops at the first end() that raises: a summary write failing at the end (the summary disk full; the
+    checkpoint directory may be elsewhere) skipped the final checkpoint while the summary hook went first among the
+    duties. The saver goes first (the test above): the final checkpoint is written, then the error raised."""
     run = _Run(tmp_path)
     config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=run.ckpt, summary_dir=str(run.logdir),
                               save_summaries_steps=1000, save_checkpoints_steps=1000)
@@ -225,3 +226,79 @@ def test_a_summary_end_that_fails_does_not_skip_the_final_checkpoint(tmp_path: P
         made.__exit__(None, None, None)  # every hook's end(), in order, as a session ends
     latest = latest_checkpoint(run.ckpt)
     assert latest is not None and read_manifest(latest).global_step == 3
+
+
+# ---- the restored checkpoint's step, read from the ps tasks ---------------------------------------------------------
+# The START's step was the newest checkpoint's in the directory, taken for the one the restore read: any save between
+# the restore and the START (a holder's periodic or final checkpoint) put it past the discarded points, which stayed.
+# The restore's LoadShard now tells every ps task the checkpoint and its step, and their Stats say it
+# (tests/unit/ps/test_restored_from.py).
+
+def test_the_start_is_at_the_restored_step_though_a_newer_checkpoint_was_saved_since(tmp_path: Path) -> None:
+    run = _Run(tmp_path)
+    run.steps("a", 2)
+    run.save()                 # the checkpoint of step 2
+    run.steps("a", 3)          # 3..5 by A: lost with ps task 1
+    run.lease.holder = None    # A restores, then is lost: nobody leads as the cluster settles
+    run.restore("a")
+    run.steps("b", 2)          # 6, 7: the restored model
+    run.save()                 # the checkpoint of step 7, saved before any worker wrote the restore's START
+    run.lease.holder = "b"
+    run.steps("b", 2)          # 8, 9
+    assert run.curve() == [1, 2, 8, 9]  # before: [1, 2, 3, 4, 5, 8, 9] (the START at 8, after the newer checkpoint)
+
+
+def test_a_worker_that_did_not_restore_hears_the_restored_checkpoint_not_the_newest(tmp_path: Path) -> None:
+    """ClusterRecovery tells the session's hooks (the START, where it holds the duties) which checkpoint the cluster
+    was restored from; a worker that did not restore it took the newest in the directory, a checkpoint its holder
+    saved after the restore (before this worker saw the cluster settled) included."""
+    run = _Run(tmp_path)
+    run.steps("a", 2)
+    run.save()
+    restored = latest_checkpoint(run.ckpt)
+    run.steps("a", 3)
+    heard: list[tuple[str | None, int | None]] = []
+    other = ClusterRecovery(run.client, SGD, checkpoint_dir=run.ckpt, leader=lambda: None, timeout=30.0,
+                            generation=run.client.ps_stats().generation,
+                            on_restored=lambda checkpoint, step: heard.append((checkpoint, step)))
+    run.restore("a")
+    run.steps("a", 2)          # 6, 7 by A
+    run.save()                 # the checkpoint of step 7
+    assert other.wait()[0]
+    assert heard == [(restored, 2)]  # before: the checkpoint of step 7
+
+
+def test_a_start_written_while_ps_task_0_could_not_be_read_names_its_restore(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """ps task 0's Stats unreadable as the holder wrote the restore's START: it named no generation, and the next
+    holder, not finding the restore's START, wrote a second one at the restored step, which dropped every point the
+    first holder wrote since the restore. The generation is every ready task's after a restore: ps task 1 says it."""
+    run = _Run(tmp_path)
+    run.steps("a", 2)
+    run.save()
+    run.steps("a", 3)          # 3..5: lost
+    blocked: set[int] = set()
+    real_stats = run.client.ps_stats
+
+    def ps_stats(task: int | None = None, **kwargs: Any) -> Any:
+        if (run.client.step_task if task is None else task) in blocked:
+            raise TaskUnavailableError("/job:ps/task:0: unreachable (the test)")
+        return real_stats(task, **kwargs)
+
+    monkeypatch.setattr(run.client, "ps_stats", ps_stats)
+    hook = run.hooks["a"]
+    real_after_restore = hook.after_restore
+
+    def after_restore(session: Any, checkpoint: str | None, step: int | None) -> None:
+        blocked.add(0)
+        try:
+            real_after_restore(session, checkpoint, step)
+        finally:
+            blocked.clear()
+
+    monkeypatch.setattr(hook, "after_restore", after_restore)
+    run.restore("a")           # A leads: its START at 3, ps task 0 unreadable meanwhile
+    run.steps("a", 2)          # 6, 7 by A: the restored model
+    run.lease.holder = "b"
+    run.steps("b", 2)          # 8, 9
+    assert run.curve() == [1, 2, 6, 7, 8, 9]  # before: [1, 2, 8, 9] (B's second START dropped 6, 7)
