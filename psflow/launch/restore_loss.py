@@ -9,8 +9,10 @@ leave a run that stops at once after its restore, with a final model of far fewe
 * ``metrics.json`` ``restore_loss`` (None where no restore happened within the run: the task holding global_step is
   at generation 0; where that task exited or restarted empty after training, the ps tasks still ready say it, and
   with none ready it is not known: None): ``generation``, ``global_step``, ``checkpoint_step`` (the step of the
-  checkpoint the model was last set back to, where a driver process reports it: an in-graph run's client, which
-  makes every restore of its run; None in a between-graph run, whose chief restores within its session),
+  checkpoint the model was last set back to: where a driver process reports it, an in-graph run's client, which
+  makes every restore of its run; else as the ps tasks at the run's generation name it, their ``Stats``' record of
+  what that restore loaded (a between-graph run, whose chief restores within its session); None where neither
+  does: ps tasks too old to say),
   ``examples_in_model`` (this run's part of the model's exactly-once count), ``examples_pushed`` (what the driver
   processes' result files report having pushed: a restarted process's count starts at its restart),
   ``examples_stale_at_most`` (their pushes dropped as stale, each at most one batch: never applied, restore or not,
@@ -36,6 +38,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from psflow.ps.protocol import restore_record
+
 __all__ = ["restore_loss", "restore_loss_line"]
 
 
@@ -60,7 +64,8 @@ def restore_loss(ps_stats: Sequence[Mapping[str, Any]], *, examples_pushed: int,
     # at most (the in-graph client reports its own restore only; a between-graph worker reports none).
     complete = drivers_restarted == 0 or (drivers_restarted == 1 and len(counted) == 1)
     return {"generation": generation, "global_step": int(head["global_step"]),
-            "checkpoint_step": int(reported[-1]["checkpoint_step"]) if reported else None,
+            "checkpoint_step": (int(reported[-1]["checkpoint_step"]) if reported
+                                else _checkpoint_step(head, ps_stats, generation)),
             "examples_in_model": in_model, "examples_pushed": examples_pushed,
             "examples_stale_at_most": examples_stale_at_most,
             "examples_discarded": max(0, examples_pushed - examples_stale_at_most - in_model, sum(counted)),
@@ -75,6 +80,18 @@ def _generation(head: Mapping[str, Any], ps_stats: Sequence[Mapping[str, Any]]) 
     if head.get("global_step_from") is None:
         return int(head.get("generation") or 0)
     return max((int(s.get("generation") or 0) for s in ps_stats if s.get("ready") and s is not head), default=0)
+
+
+def _checkpoint_step(head: Mapping[str, Any], ps_stats: Sequence[Mapping[str, Any]], generation: int) -> int | None:
+    """The step of the checkpoint the restore of ``generation`` (the run's: :func:`_generation`) loaded, as the ps
+    tasks at that generation name it (every task's ``LoadShard`` told it), the holder of global_step first unless
+    its figures are a stand-in's (``global_step_from``); None where none names it (ps tasks too old to say)."""
+    tasks = [head] if head.get("global_step_from") is None else []
+    for stats in [*tasks, *(s for s in ps_stats if s is not head)]:
+        record = restore_record(stats) if stats.get("generation") == generation else None
+        if record is not None:
+            return record[1]
+    return None
 
 
 def restore_loss_line(loss: Mapping[str, Any] | None) -> str | None:

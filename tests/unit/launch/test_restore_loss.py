@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from psflow.launch.restore_loss import restore_loss, restore_loss_line
+from psflow.ps.protocol import StatsReply
 
 # ps task 0 at the end of that run: 6,400 examples of ckpt-000000200 and the second process's 15,936
 HEAD = [{"task": "/job:ps/task:0", "ready": True, "global_step": 800, "examples": 22336, "generation": 5}]
@@ -54,3 +55,41 @@ def test_a_run_without_a_restart_is_counted_from_its_pushes_as_before() -> None:
     line = restore_loss_line(loss)
     assert line is not None and "back to an older checkpoint" in line and "holds 22336 of the 30000" in line
     assert restore_loss_line({**_loss([None], 0, pushed=22336)}) is None  # nothing discarded, all counted
+
+
+# ---- a between-graph run: the checkpoint's step from the ps tasks ----------------------------------------------------
+# No driver process reports a restore in a between-graph run (the chief restores within its session), so
+# checkpoint_step was null there and the line said "an older checkpoint". Every ps task's Stats now names the
+# checkpoint its restore of the task's generation loaded, and its step (psflow/ps/restore_gate.py).
+
+def _stats(task: int, examples: int = 0, **fields: Any) -> dict[str, Any]:
+    return StatsReply(f"/job:ps/task:{task}", ready=True, counters={"examples": examples}, **fields).as_dict()
+
+
+def test_a_between_graph_run_s_checkpoint_step_is_the_one_the_ps_tasks_name() -> None:
+    named = {"generation": 5, "restored_from": "/ckpt/ckpt-000000200", "restored_from_step": 200}
+    ps_stats = [_stats(0, global_step=800, examples=22336, **named), _stats(1, **named)]
+    loss = restore_loss(ps_stats, examples_pushed=30000, examples_at_start=0, restores=[None, None])
+    assert loss is not None and loss["checkpoint_step"] == 200
+    line = restore_loss_line(loss)
+    assert line is not None and "back to the checkpoint of global_step 200" in line
+
+
+def test_the_checkpoint_step_of_a_holder_gone_after_training_is_the_ready_tasks() -> None:
+    """ps task 0 exited after training: its figures are the final checkpoint's stand-in (``global_step_from``), its
+    generation not the run's; the tasks still ready name the run's restore."""
+    stand_in = {**_stats(0, global_step=800, examples=22336), "global_step_from": "/ckpt/ckpt-000000800"}
+    ready = _stats(1, generation=5, restored_from="/ckpt/ckpt-000000200", restored_from_step=200)
+    loss = restore_loss([stand_in, ready], examples_pushed=30000, examples_at_start=0)
+    assert loss is not None and (loss["generation"], loss["checkpoint_step"]) == (5, 200)
+
+
+def test_ps_tasks_too_old_to_name_it_leave_it_unknown() -> None:
+    older = {k: v for k, v in _stats(0, global_step=800, examples=22336, generation=5).items()
+             if not k.startswith("restored_from")}
+    loss = restore_loss([older], examples_pushed=30000, examples_at_start=0)
+    assert loss is not None and loss["checkpoint_step"] is None
+    # another generation's (a stale figure) is not this restore's
+    other = _stats(0, global_step=800, examples=22336, generation=5, restored_from_step=100)
+    stale = {**_stats(1, generation=4, restored_from_step=150), "ready": False}
+    assert restore_loss([other, stale], examples_pushed=30000, examples_at_start=0)["checkpoint_step"] == 100  # type: ignore[index]
