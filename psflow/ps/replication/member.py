@@ -350,9 +350,13 @@ class ShardReplication:
         # published with its senders: a Join served sooner (the member saw this one primary) had its sender
         # replaced by a Join-less one it refuses, and its view restored with the member waited for, for good
         self.forwarder = forwarder
-        if self.deposal.by is not None or self.view.view.role != PRIMARY:  # deposed meanwhile (a sender refused)
+        now = self.view.view
+        if self.deposal.by is not None or now.role != PRIMARY:  # deposed meanwhile (a sender refused)
             self.forwarder = None
-            forwarder.fail(self.deposal.message())
+            # deposed and already rebuilt as a backup: no deposal stands, its message would name none
+            forwarder.fail(self.deposal.message() if self.deposal.by is not None else
+                           f"{self.task}: no longer becoming primary of shard {self.shard} at epoch {view.epoch}: "
+                           f"deposed and rebuilt meanwhile ({now.role}; {now.describe()})")
             forwarder.stop()
             return
         if self.service.run_ledger is not None:  # the workers' Done it holds may say the run is over already

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 from replica_shard import PRIMARY, WORKERS, InProcessShard, backup, layout
 
 from psflow.ps.protocol import DropBackupRequest, PushReply, PushRequest, ReplicaStatusReply, WorkerTag
+from psflow.ps.replication import member as member_module
+from psflow.ps.replication.forwarder import Forwarder
 from psflow.ps.replication.view import View
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import PreconditionFailed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -108,3 +112,31 @@ def test_a_drop_served_while_the_backup_becomes_primary_is_not_undone(
     reply = shard.push(new, _push(2))  # waits for no backup: none is in the view
     assert reply.accepted
     assert member.stats()["pushes_applied"] == 2
+
+
+def test_a_member_deposed_and_rebuilt_while_it_became_primary_names_that_in_its_forwarders_failure(
+        make_shard: Callable[..., InProcessShard], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_become_primary`` finds its member no longer primary (deposed meanwhile, and already rebuilt as a backup:
+    no deposal stands): a call that took its forwarder is refused naming what happened and the view it holds,
+    not 'deposed: shard 0's primary is unknown at epoch 0' (the deposal's message with no deposal)."""
+    shard = make_shard()
+    shard.start()
+    shard.wait_view()
+    member = shard.replicas[backup(0)]
+    made: list[Forwarder] = []
+
+    class Recorded(Forwarder):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(member_module, "Forwarder", Recorded)
+    assert member.view.view.role == "backup" and member.deposal.by is None  # as after a rebuild
+    member._become_primary(View(2, member.task, (), "primary"))
+    assert member.forwarder is None and len(made) == 1
+    with pytest.raises(PreconditionFailed) as refused:
+        made[0].wait(1, timeout=1.0)
+    message = str(refused.value)
+    assert "unknown" not in message and "epoch 0" not in message, message
+    assert (f"{member.task}: no longer becoming primary of shard 0 at epoch 2: deposed and rebuilt meanwhile "
+            f"(backup; primary {PRIMARY} at epoch 1)") in message, message
