@@ -28,7 +28,8 @@ Exit status: 0 done; 1 an error (named; a usage error too); ``128 + n`` after si
 ``psflow train`` stops every task on SIGTERM, SIGHUP or SIGINT and reports
 (143, 129, 130; see :mod:`psflow.launch.lifeline`), but one that arrives after the
 run's end was written leaves the run's own status (0 finished, 1 failed:
-:mod:`psflow.launch.launcher_signals`, *After the end*); ``psflow server`` stops
+:mod:`psflow.launch.launcher_signals`, *After the end*), to the process's exit (*To the process's exit*: where
+:func:`main` reads the process's own command line); ``psflow server`` stops
 its task in order on the same signals.
 """
 
@@ -48,6 +49,7 @@ from psflow.cli.train import run_train
 from psflow.cli.training import add_training_arguments
 from psflow.data.infer import add_schema_arguments, run_schema
 from psflow.launch.console import ONE_LINE_ERRORS, quiet_grpc, wants_verbose
+from psflow.launch.launcher_signals import hold_to_exit
 from psflow.launch.lifeline import LaunchInterrupted
 
 __all__ = ["main", "build_parser"]
@@ -93,9 +95,22 @@ def main(argv: list[str] | None = None) -> int:
 
     First, unless ``--verbose``: gRPC's C-core logs off (``GRPC_VERBOSITY=NONE`` in this process's
     environment, before anything imports ``grpc``, so for the tasks it starts too; a value set wins).
+    ``argv`` None (the process's command line: the ``psflow`` script, ``python -m psflow``): ``psflow train``'s run's
+    end, once written, holds its exit status to the process's exit (:func:`~psflow.launch.launcher_signals.hold_to_exit`:
+    a signal after it is said and leaves the status); a caller passing ``argv`` gets its handlers back on return.
     """
     quiet_grpc(os.environ, verbose=wants_verbose(sys.argv[1:] if argv is None else argv))
     args = build_parser().parse_args(argv)
+    release = hold_to_exit() if args.command == "train" else None
+    try:
+        return _run(args)
+    finally:
+        if release is not None and argv is not None:
+            release()
+
+
+def _run(args: argparse.Namespace) -> int:
+    """:func:`main` once its arguments are parsed: the command run, its errors reported; the exit status."""
     from psflow.cli.status import run_status
 
     try:

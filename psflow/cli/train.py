@@ -85,13 +85,16 @@ def run_train(args: argparse.Namespace) -> int:
             _print_summary(dict(e.final))
             raise
         except LaunchInterrupted as e:
-            if e.ended is None or e.ended.get("phase") != "finished":
+            if e.final is None or e.final.get("phase") != "finished":
                 raise  # cli.main reports it: 128 + n, or a failed run's end's status (launcher_signals)
             # The signal arrived after the run had finished (every task stopped): its end stands, and so does what
             # follows a finished run: its last line (a cluster run's bar printed it), its summary on stdout, exit
             # status 0 (a script reads the run's outcome).
             if args.in_process and not args.quiet:
-                print(final_line(e.ended), file=sys.stderr, flush=True)
+                print(final_line(e.final), file=sys.stderr, flush=True)
+            if e.ended is None:  # its metrics.json was not written: failed (exit 1), its result printed as EndNotWritten's
+                _print_summary(dict(e.final))
+                raise
             print(f"psflow train: {e}", file=sys.stderr, flush=True)
             metrics = dict(e.ended)
     _print_summary(metrics)
@@ -190,6 +193,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
         if final.get("phase") not in (None, "interrupted"):  # its end was written before the signal: it stands
             e.report = after_the_end(e.signum, final, output, unwritten=unwritten)  # (not where metrics.json was not)
             e.ended = final if METRICS_JSON not in unwritten else None  # and its exit status (1 where it was not)
+            e.final = final  # (its result printed either way)
             raise
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
                     f"{float(final.get('wall_seconds') or 0.0):.1f} s\n"

@@ -21,6 +21,14 @@ or a failed run's end (:attr:`LauncherSignals.unwritten`), the run failed: exit 
 later signal's too, and its report names the file and the error. metrics.json is the end: where only status.json or
 metrics.prom could not be written (the live page's file, a scrape file), the end is written.
 
+*To the process's exit.* ``psflow train`` puts the handlers back once the run is over (:meth:`LauncherSignals.restore`),
+and a signal from there to the process's exit (a supervisor's SIGTERM at the end of a job) killed it with ``128 + n``
+beside a finished end. In a process whose exit follows the run (:func:`hold_to_exit`: ``psflow train``'s own
+process), :meth:`~LauncherSignals.restore` after an end was written (or its metrics.json refused) puts handlers of
+the end's own in their place: the signal is said on stderr (``psflow: SIGTERM arrived after the run had finished at
+global_step N: its end stands (exit status 0); ...``) and ignored, the exit status the end's; the next one stops the
+process at once with that status (a launcher stuck on its way out can still be stopped).
+
 A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so for its tasks
 (:mod:`psflow.launch.stop_signals`). The task side of a stop is :mod:`psflow.launch.lifeline`.
 """
@@ -32,14 +40,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
 from psflow.errors import PsflowError
 from psflow.launch.stop_signals import STOP_SIGNALS, ignored_stop_signals, signal_name, stop_signals_notice
 
-__all__ = ["EndNotWritten", "LaunchInterrupted", "LauncherSignals", "end_status"]
+__all__ = ["EndNotWritten", "LaunchInterrupted", "LauncherSignals", "end_status", "hold_to_exit"]
 
 
 class EndNotWritten(PsflowError, OSError):
@@ -59,18 +67,21 @@ class LaunchInterrupted(KeyboardInterrupt):
         signum: the signal.
         ended: the run's end (its final snapshot) where it was written before the signal arrived, else None.
         unwritten: where a finished or failed end's metrics.json could not be written before the signal, why.
+        final: the run's end where it was taken and its files' writing done before the signal, written or not
+            (``ended``, or the end ``unwritten`` speaks of: a finished one's result is still printed), else None.
         exit_code: the launcher's exit status: ``128 + signum``; but the status of the run's end where it was
             written before the signal (:func:`end_status`: 0 finished, a failed run's code); 1 where ``unwritten``.
         report: lines for the user (set once the tasks are stopped).
     """
 
     def __init__(self, signum: int, report: str = "", *, ended: Mapping[str, Any] | None = None,
-                 unwritten: str | None = None) -> None:
+                 unwritten: str | None = None, final: Mapping[str, Any] | None = None) -> None:
         super().__init__(signum)
         self.signum = signum
         self.report = report
         self.ended = ended
         self.unwritten = unwritten
+        self.final = final if final is not None else ended
 
     @property
     def exit_code(self) -> int:
@@ -123,6 +134,8 @@ class LauncherSignals:
         self.ended: Mapping[str, Any] | None = None
         #: Why a finished or failed end's metrics.json could not be written (set by its writer): the run failed.
         self.unwritten: str | None = None
+        #: The run's end once its files' writing is done, written or not (:meth:`end_written`).
+        self.final: Mapping[str, Any] | None = None
 
     def install(self) -> bool:
         """Installs the handlers; False (nothing installed) off the main thread. Idempotent.
@@ -145,7 +158,13 @@ class LauncherSignals:
         return True
 
     def restore(self) -> None:
-        """Puts the previous handlers back (main thread); idempotent."""
+        """Puts the previous handlers back (main thread); idempotent. In a process held to its exit
+        (:func:`hold_to_exit`) once the run's end was written (:meth:`end_written`), the end's handlers instead: a
+        signal no longer changes the exit status (module docstring, *To the process's exit*)."""
+        if _HELD.on and self.final is not None and self._previous:
+            _HELD.hold(self._previous, self.final, self.unwritten)
+            self._previous.clear()
+            return
         for sig, previous in self._previous.items():
             signal.signal(sig, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
         self._previous.clear()
@@ -169,7 +188,7 @@ class LauncherSignals:
             raise self._interrupted(self.received)
 
     def _interrupted(self, signum: int) -> LaunchInterrupted:
-        return LaunchInterrupted(signum, ended=self.ended, unwritten=self.unwritten)
+        return LaunchInterrupted(signum, ended=self.ended, unwritten=self.unwritten, final=self.final)
 
     def writing_end(self, output_dir: str, *, cut_before: bool) -> contextlib.AbstractContextManager[None]:
         """The section that writes a run's end to ``output_dir`` (the module docstring, *After the end*): a signal
@@ -185,6 +204,7 @@ class LauncherSignals:
         """The end ``final``'s files were written, its metrics.json but where ``metrics_error`` says why not: the
         end is written (:attr:`ended`: a later signal leaves its exit status), else a finished or failed end's
         run failed (:attr:`unwritten`: exit status 1); an interrupted end unwritten keeps ``128 + n``."""
+        self.final = final
         if metrics_error is None:
             self.ended = final
         elif final.get("phase") != "interrupted":
@@ -207,3 +227,53 @@ class LauncherSignals:
             self._deferred, self._second_cuts, self._repeat_cuts = previous, previous_cuts, previous_repeat
         if check and not previous:
             self.check()
+
+
+class _Held:
+    """The stop signals of a process held to its exit once a run's end was written (:func:`hold_to_exit`)."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.previous: dict[int, Any] = {}  # signal -> its handler before the run (put back by the release)
+        self.line = ""     # what a signal is told: the end and its exit status
+        self.status = 0    # the end's exit status
+        self.said = False  # a signal came: the next one stops the process
+
+    def hold(self, previous: Mapping[int, Any], final: Mapping[str, Any], unwritten: str | None) -> None:
+        """The end's handlers in place of the launcher's (``previous``: the handlers they replaced)."""
+        phase = {"interrupted": "been interrupted"}.get(str(final.get("phase")), str(final.get("phase")))
+        self.status = 1 if unwritten is not None else end_status(final)
+        stands = "its end was not written whole" if unwritten is not None else "its end stands"
+        self.line = (f"arrived after the run had {phase} at global_step {final.get('global_step')}: {stands} "
+                     f"(exit status {self.status}); another signal stops the launcher at once")
+        for sig, handler in previous.items():
+            self.previous.setdefault(sig, handler)
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.said:
+            _say(f"psflow: {signal_name(signum)}: the launcher stops now, exit status {self.status}")
+            with contextlib.suppress(Exception):  # (a print to stdout it interrupted: reentrant)
+                sys.stdout.flush()
+            os._exit(self.status)
+        self.said = True
+        _say(f"psflow: {signal_name(signum)} {self.line}")
+
+    def release(self) -> None:
+        """Puts back the handlers the end's replaced (main thread), and holds no more."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        self.previous.clear()
+        self.on, self.said = False, False
+
+
+_HELD = _Held()
+
+
+def hold_to_exit() -> Callable[[], None]:
+    """From now on, a run's end written in this process holds its exit status to the process's exit: the launcher's
+    :meth:`LauncherSignals.restore` leaves handlers of that end in place (module docstring, *To the process's exit*).
+    For a process whose exit follows the run (``psflow train``'s); returns the release (main thread), which puts
+    back the handlers those replaced: for a caller that goes on (a test calling the CLI in its own process)."""
+    _HELD.on = True
+    return _HELD.release

@@ -425,11 +425,10 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     dynamic = table_totals(ps_stats)
     if dynamic:  # admission, rejections, dropped gradients, evictions and memory of each dynamic table
         extra["dynamic_tables"] = dynamic
-    final = end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
-                         client=client, ledger_gone=STEP_TASK in gone)
-    if (line := restore_loss_line(loss)) is not None:
-        print(line, file=end.out or sys.stderr, flush=True)
-    return final
+    if (line := restore_loss_line(loss)) is not None:  # before the end's writing: a signal there or EndNotWritten
+        print(line, file=end.out or sys.stderr, flush=True)  # (raised on leaving it) would skip the run's report
+    return end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
+                        client=client, ledger_gone=STEP_TASK in gone)
 
 
 def _drivers_restarted(lc: LocalCluster, driver: str) -> int:

@@ -177,6 +177,7 @@ class StatusCollector:
         self._run = {"started": self._started_wall, "phase": "starting", **dict(run or {})}
         self._final: dict[str, Any] | None = None
         self._ended: dict[str, str] = {}  # task -> its state at the run's end, where it was still running
+        self._unwritable = False  # the last write of status.json failed (said once: _write)
         self._lock = threading.Lock()
         self._sample_lock = threading.Lock()
         self._stop = threading.Event()
@@ -465,7 +466,13 @@ class StatusCollector:
                 snapshot = self._snapshot
             storage.write_atomically(path, jsonio.dumps(snapshot).encode(), durable=False)
         except OSError as e:
-            log.debug("status: could not write %s: %s", path, e)
+            if self._unwritable:  # said once while the writes fail (one per sample): the file stays as it was
+                log.debug("status: could not write %s: %s", path, e)
+            else:
+                log.warning("status: could not write %s: %s; it is not updated until a write succeeds", path, e)
+            self._unwritable = True
+        else:
+            self._unwritable = False
 
     # ---- context manager --------------------------------------------------
     def __enter__(self) -> StatusCollector:

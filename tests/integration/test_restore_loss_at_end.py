@@ -11,6 +11,7 @@ restore goes back to it. Asserted on exit status, console lines and metrics.json
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +39,26 @@ def test_the_end_says_what_the_final_model_lost_to_a_restore(tmp_path: Path) -> 
     line = next((ln for ln in r.stderr.splitlines() if "a restore within the run" in ln), None)
     assert line is not None, r.stderr[-3000:]
     assert f"global_step {metrics['global_step']}" in line and f"holds {loss['examples_in_model']} of the" in line
+
+
+@pytest.mark.parametrize("case", ["sigterm_as_written", "metrics_json_unwritable"])
+def test_the_restore_loss_line_survives_a_signal_or_an_unwritten_end(tmp_path: Path, case: str) -> None:
+    """The restore-loss line is the run's report: it was printed after the end's files were written, so a SIGTERM as
+    they were (raised on leaving that section: exit status 0, the end stands) or a metrics.json that could not be
+    written (exit status 1) left it out. ``late_signal/sitecustomize.py`` sends the SIGTERM or fails the write."""
+    out = tmp_path / "run"
+    hook = Path(__file__).parent / "late_signal"
+    env = dict(os.environ, PSFLOW_TEST_LATE_SIGNAL="while_written" if case == "sigterm_as_written" else "",
+               PSFLOW_TEST_METRICS_UNWRITABLE="1" if case == "metrics_json_unwritable" else "0",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    r = run_bounded([sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124",
+                     "--ps", "2", "--workers", "2", "--batch-size", "64", "--max-steps", "120",
+                     "--checkpoint-dir", str(tmp_path / "ckpt"), "--save-checkpoints-steps", "100000",
+                     "--restart-policy", "on-failure", "--chaos", "kill:ps:1@step=60", "--output", str(out),
+                     "--no-status", "--quiet"], timeout=250, cwd=REPO, env=env)
+    assert r.returncode == (0 if case == "sigterm_as_written" else 1), r.stderr[-4000:]
+    lines = [ln for ln in r.stderr.splitlines() if "a restore within the run" in ln]
+    assert len(lines) == 1, r.stderr[-3000:]
 
 
 def test_a_run_without_a_restore_has_no_restore_loss(tmp_path: Path) -> None:

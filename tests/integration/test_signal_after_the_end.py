@@ -41,10 +41,12 @@ def _tasks_of(out: Path) -> list[int]:
     return pids
 
 
-def _train(out: Path, point: str, *extra: str, phase: str = "finished",
-           quiet: bool = True) -> subprocess.CompletedProcess[str]:
-    """``psflow train`` (1 ps, 1 worker, 20 steps) signalled at ``point`` of the ``phase`` end; every task gone."""
+def _train(out: Path, point: str, *extra: str, phase: str = "finished", quiet: bool = True,
+           metrics_unwritable: bool = False) -> subprocess.CompletedProcess[str]:
+    """``psflow train`` (1 ps, 1 worker, 20 steps) signalled at ``point`` of the ``phase`` end; every task gone.
+    ``metrics_unwritable``: its metrics.json cannot be written (a full disk)."""
     env = dict(os.environ, PSFLOW_TEST_LATE_SIGNAL=point, PSFLOW_TEST_LATE_SIGNAL_PHASE=phase,
+               PSFLOW_TEST_METRICS_UNWRITABLE="1" if metrics_unwritable else "0",
                # the repository first: the hook imports psflow before ``-m`` puts the working directory on the path
                PYTHONPATH=os.pathsep.join([str(REPO), str(HOOK), *filter(None, [os.environ.get("PYTHONPATH")])]))
     try:
@@ -101,3 +103,36 @@ def test_a_sigterm_as_a_failed_run_s_end_is_written_exits_with_the_failure_s_sta
             "its end stands") in r.stderr, r.stderr[-3000:]
     assert "/job:worker/task:0" in r.stderr.split("arrived after the run had failed", 1)[1], r.stderr[-3000:]
     assert r.stdout == "", r.stdout  # no summary: the run failed
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["cluster", "in_process"])
+def test_a_sigterm_after_the_handlers_were_put_back_keeps_the_end_s_status(tmp_path: Path, in_process: bool) -> None:
+    """The launcher puts its signal handlers back once the run is over (``LocalCluster.__exit__``, ``--in-process``'s
+    end); a SIGTERM from there to the process's exit (a supervisor's at the end of a job) killed it with 143 (the
+    default action) although metrics.json said finished: a script reading the exit status read a failed run."""
+    out = tmp_path / "run"
+    r = _train(out, "after_restore", *(["--in-process"] if in_process else []))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["phase"] == "finished", metrics
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert (f"psflow: SIGTERM arrived after the run had finished at global_step {metrics['global_step']}: "
+            "its end stands") in r.stderr, r.stderr[-3000:]
+    assert json.loads(r.stdout)["global_step"] == metrics["global_step"]  # the summary, whole
+
+
+@pytest.mark.parametrize("point", ["while_written", "in_process_written"])
+def test_a_sigterm_as_a_finished_end_s_metrics_json_fails_prints_the_run_s_result(tmp_path: Path, point: str) -> None:
+    """A finished run whose metrics.json cannot be written (a full disk) failed: exit status 1, its error said; a
+    SIGTERM as its end was written changes none of that, and the run's last line and summary are printed as without
+    the signal (``EndNotWritten``). ``--in-process`` printed neither, the cluster path no summary."""
+    out = tmp_path / "run"
+    r = _train(out, point, *(["--in-process"] if point == "in_process_written" else []), quiet=False,
+               metrics_unwritable=True)
+    assert not (out / "metrics.json").exists()
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    done = [line for line in r.stderr.splitlines() if line.startswith("psflow: done: global_step 20 |")]
+    assert len(done) == 1, r.stderr[-3000:]
+    assert "SIGTERM arrived after the run had finished at global_step 20: its end was not written whole" \
+        in r.stderr, r.stderr[-3000:]
+    assert f"could not write {out}/metrics.json: [Errno 28] No space left on device" in r.stderr, r.stderr[-3000:]
+    assert json.loads(r.stdout)["global_step"] == 20  # training's own result

@@ -8,7 +8,12 @@ path only where a test puts this directory on PYTHONPATH). ``PSFLOW_TEST_LATE_SI
 * ``after_written``: as ``RunEnd.finished`` returns (the end written, signals not deferred: raised at once);
 * ``in_shutdown``: as the launcher asks the ps tasks to shut down (the section after the end that defers signals);
 * ``in_process_written``: (``--in-process``) as the finished run's files have just been written (its ``on_end``, which
-  defers signals while it writes them): raised once they are.
+  defers signals while it writes them): raised once they are;
+* ``after_restore``: as the launcher's signal handlers were put back after a run's end was written (``LauncherSignals
+  .restore``: ``LocalCluster.__exit__``, or ``--in-process``'s end), before the process exits.
+
+With ``PSFLOW_TEST_METRICS_UNWRITABLE=1`` every write of the launcher's metrics.json fails too, as on a full disk
+(``metrics_unwritable/sitecustomize.py``, run from here: one sitecustomize is imported per process).
 
 Only the first time; the task processes (which also read this file) are never signalled.
 """
@@ -22,6 +27,12 @@ from typing import Any
 
 _POINT = os.environ.get("PSFLOW_TEST_LATE_SIGNAL")
 _sent: list[bool] = []
+
+if os.environ.get("PSFLOW_TEST_METRICS_UNWRITABLE") == "1":
+    import runpy
+
+    runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics_unwritable",
+                                "sitecustomize.py"))
 
 
 def _signal_the_launcher() -> None:
@@ -67,6 +78,18 @@ elif _POINT == "in_process_written":
         return written
 
     run_status.write_run_files = _signalled_in_process
+
+elif _POINT == "after_restore":
+    from psflow.launch import launcher_signals
+
+    _restore = launcher_signals.LauncherSignals.restore
+
+    def _signalled_restore(self: Any) -> None:
+        _restore(self)
+        if self.ended is not None or self.unwritten is not None:  # a run's end was written (or its writing failed)
+            _signal_the_launcher()
+
+    launcher_signals.LauncherSignals.restore = _signalled_restore  # type: ignore[method-assign]
 
 elif _POINT == "in_shutdown":
     from psflow.ps import client
