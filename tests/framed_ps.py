@@ -18,6 +18,7 @@ import numpy as np
 from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
 from psflow.placement import VariablePlacement
+from psflow.ps.protocol import StatsReply
 from psflow.ps.service import ParameterService
 from psflow.rpc.api import ConnectConfig
 from psflow.rpc.framing import Frame, decode, encode
@@ -70,6 +71,11 @@ class FramedPs:
     def global_step(self) -> int:
         gs = self.services[0].global_step
         return gs.value if gs is not None else 0
+
+    def ps_stats(self, task: int | None = None, **kw: Any) -> StatsReply:
+        """ps task ``task``'s ``Stats`` (default: task 0), as ParameterClient.ps_stats (a save asks it before its
+        pointer switch: psflow/checkpoint/publish_checks.py)."""
+        return StatsReply.from_frame(self.channels[self.step_task if task is None else task].call("Stats"))
 
     def call_async(self, task: int, request: Any, **kw: Any) -> Done:
         frame = request.to_frame()

@@ -45,7 +45,11 @@ that has seen a newer chief's epoch refuses, and the save fails with
     5. the chief switches the pointer ``checkpoint`` by atomic rename, as a
        compare-and-swap under the directory's ``flock``: a pointer written by
        a newer epoch of the same run is never replaced (the save fails), and
-       the checkpoint must still be complete;
+       the checkpoint must still be complete; just before, still under the
+       ``flock``, every ps task must stand where its shard was taken: a
+       restore since (its generation moved) or a restart (ready then, not
+       now) fails the save, which would make a model the restore discarded
+       current (:func:`~psflow.checkpoint.publish_checks.check_no_restore_since`);
     6. the fence is checked again: refused (a successor was elected
        meanwhile), the previous pointer is put back if the pointer is still
        this save's (not taken over by the successor's ``mark_final`` or by
@@ -175,7 +179,9 @@ Classes and functions, by file:
   :func:`refuse_newer_epoch` (the pointer's fence, for every writer), :class:`CheckpointFencedError`;
   ``save_manifest.py`` -- :func:`build_manifest`: the manifest a save writes, from the ps tasks' shard replies
   (refused where they straddle a restore or mix ready and not ready tasks, or, but the initial save, a task is not
-  ready);
+  ready); ``publish_checks.py`` -- what a save asks the ps tasks around its pointer switch: the chief's fence
+  (:func:`~psflow.checkpoint.publish_checks.check_fence`) and no restore or restart since its shards were taken
+  (:func:`~psflow.checkpoint.publish_checks.check_no_restore_since`);
   ``save_notice.py`` -- :func:`~psflow.checkpoint.save_notice.notify_save`: the ps tasks hear of a save while it
   lasts (a sync step waiting for the chief does not time out meanwhile); ``bounded_save.py`` --
   :class:`~psflow.checkpoint.bounded_save.BoundedSaves`: the chief's save given up (a failed save) past

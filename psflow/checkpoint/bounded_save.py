@@ -8,11 +8,15 @@ given up: a failed save, counted as any other (:meth:`CheckpointManager.count_fa
 in a row end the run), and the chief trains on, or finishes.
 
 The thread given up is a daemon (it never keeps the process from exiting) and may still end later, once the
-store answers: its checkpoint is then complete and current (a late failure is not counted twice). No newer save
-begins before it ended: the next one first waits for it, for at most ``--save-timeout`` (in sync and ssp mode
-telling the ps tasks, :func:`~psflow.checkpoint.save_notice.notify_save`, as a save does), and is a failed save
-itself if it has not ended. So the abandoned save never writes the pointer after a newer save did, nor uses the
-manager's state (its directory, its fence) while another save does.
+store answers: its checkpoint is then complete and current (a late failure is not counted twice; it is logged).
+No newer save begins before it ended: the next one first waits for it, for at most ``--save-timeout`` (in sync and
+ssp mode telling the ps tasks, :func:`~psflow.checkpoint.save_notice.notify_save`, as a save does), and is a failed
+save itself if it has not ended. So the abandoned save never writes the pointer after a newer save did, nor uses the
+manager's state (its directory, its fence) while another save does. Nor after a restore within the run (or a ps
+task's restart) since its shards were taken: the chief goes on while it runs, and may restore the cluster from an
+older checkpoint meanwhile; the save then fails instead of making the discarded model current, which a later
+restore would load (:func:`~psflow.checkpoint.publish_checks.check_no_restore_since`, asked by every save under the
+directory's mutex just before its pointer switch; its directory removed, logged, not counted again).
 
 The save's calls go on a client of its own (:func:`save_client`: its own connections, and with replicated ps
 shards its own router), never on the training thread's: a given-up save still in a call (a ps task's shard

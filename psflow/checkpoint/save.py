@@ -3,7 +3,8 @@
 The steps, their order, the fence and what a crash at any step leaves are the package's guarantees (see
 :mod:`psflow.checkpoint`): the run lock confirmed, ``writer.json``, every shard (all ps tasks in parallel),
 ``manifest.json`` last, the fence checked, the pointer switched by compare-and-swap under the directory's
-mutex, the fence checked again, then rotation (:mod:`psflow.checkpoint.rotation`). A failed save removes its
+mutex (unless a ps task was restored or restarted since its shard was taken: :mod:`psflow.checkpoint.publish_checks`),
+the fence checked again, then rotation (:mod:`psflow.checkpoint.rotation`). A failed save removes its
 partial directory, is counted in the ledger and raises :class:`~psflow.errors.CheckpointError`; the
 ``max_failed_saves``-th in a row raises :class:`CheckpointSavesFailedError`.
 
@@ -48,6 +49,7 @@ from psflow.checkpoint.manifest import (
 )
 from psflow.checkpoint.naming import checkpoint_name, free_name, remove_retired, rename_after_step, retire
 from psflow.checkpoint.pointer import effective_pointer, is_complete, latest_checkpoint, publish
+from psflow.checkpoint.publish_checks import check_fence, check_no_restore_since
 from psflow.checkpoint.rotation import delete_old, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
 from psflow.checkpoint.save_notice import notify_save
@@ -60,8 +62,8 @@ from psflow.checkpoint.switch import (
 )
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
-from psflow.ps.protocol import CheckpointStatusReply, CheckpointStatusRequest, FenceRequest, SaveOutcome, SaveShardReply, SaveShardRequest
-from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, FencedOffError, RpcError, TaskUnavailableError
+from psflow.ps.protocol import CheckpointStatusReply, CheckpointStatusRequest, SaveOutcome, SaveShardReply, SaveShardRequest
+from psflow.rpc.api import DeadlineExceededError, FencedOffError, RpcError
 
 __all__ = ["CheckpointManager", "CheckpointFencedError", "CheckpointSavesFailedError", "FinalCheckpointError",
            "refuse_newer_epoch"]
@@ -206,6 +208,9 @@ class CheckpointManager:
             self._remove_current()
             if not self.abandoned:  # (one given up already counted: psflow.checkpoint.bounded_save)
                 self.count_failure(client, e)
+            else:
+                log.error("%s: checkpoint of global_step %s into %s, given up at --save-timeout (counted then), failed "
+                          "late: %s", client.client_name, self._step, self.directory, e)
             if isinstance(e, OSError):
                 raise CheckpointError(f"checkpoint of global_step {self._step} into {self.directory} failed: {e}") from e
             raise
@@ -283,14 +288,16 @@ class CheckpointManager:
                                                  may_pass=epoch is not None)
         name = os.path.basename(path)
         self._phase("manifest_written")
-        self._check_fence(client, path)
+        check_fence(client, self._fence, path)
         if epoch is not None:
             self._phase("fence_checked")
-        kept, previous = self._switch_pointer(name, manifest.global_step, lineage, epoch, holder)
+        # (under the mutex, just before the pointer's write: a restore since the shards were taken refuses it)
+        kept, previous = self._switch_pointer(name, manifest.global_step, lineage, epoch, holder,
+                                              functools.partial(check_no_restore_since, client, replies, path))
         if epoch is not None:
             self._phase("pointer_switched")
             try:
-                self._check_fence(client, path, current=True)
+                check_fence(client, self._fence, path, current=True)
             except CheckpointFencedError:
                 self._undo_pointer(name, previous)
                 raise
@@ -404,42 +411,6 @@ class CheckpointManager:
         except (CheckpointError, OSError) as e:
             log.error("could not remove the checkpoint %s of a failed save: %s", path, e)
 
-    def _check_fence(self, client: ParameterClient, path: str, *, current: bool = False) -> None:
-        """Every ps task still accepts this chief's epoch (before and, ``current``, after the pointer named ``path``).
-
-        Raises:
-            CheckpointFencedError: a ps task's fence refused the epoch (ABORTED, one is enough: it holds a newer
-                chief's epoch, so this chief is deposed, whatever the other tasks said); that refusal is the cause.
-            CheckpointError: no fence refused the epoch, but a task refused it otherwise (a replicated shard's
-                deposed member) or could not be asked; the cause is a task that could not be reached, if one could
-                not (the saver hook then waits for the next period), else the first error. The message says
-                whether ``path`` was made current (``current``: it was, and stays so).
-        """
-        if self._fence is None:
-            return
-        epoch, holder = self._fence
-        calls = {t: client.call_async(t, FenceRequest(epoch, holder=holder)) for t in client.channels}
-        refusals: list[str] = []
-        errors: list[RpcError] = []
-        for t, call in calls.items():  # every call collected, even after a refusal
-            try:
-                call.result()
-            except RpcError as e:
-                what = "refused" if isinstance(e, FailedPreconditionError) else "could not be asked"
-                refusals.append(f"/job:ps/task:{t} {what}: {e}")
-                errors.append(e)
-        if not errors:
-            return
-        # only the fence's own refusal (ABORTED): a replicated shard's deposed member refuses too (FAILED_PRECONDITION,
-        # naming its new primary), and no newer chief fenced this one off then
-        fenced = [e for e in errors if isinstance(e, FencedOffError)]
-        if fenced:
-            raise CheckpointFencedError(f"checkpoint {path} not made current: {'; '.join(refusals)}") from fenced[0]
-        unreachable = [e for e in errors if isinstance(e, (TaskUnavailableError, DeadlineExceededError))]
-        outcome = (f"checkpoint {path} is current (complete; kept), but this chief's fence could not be re-checked "
-                   "after the switch" if current else f"checkpoint {path} not made current")
-        raise CheckpointError(f"{outcome}: {'; '.join(refusals)}") from (unreachable or errors)[0]
-
     def _phase(self, phase: str) -> None:
         if self._fault is not None:
             self._fault(phase)
@@ -480,12 +451,12 @@ class CheckpointManager:
             storage.write_atomically(file, data)
         return reply
 
-    def _switch_pointer(self, name: str, step: int, lineage: str, epoch: int | None,
-                        holder: str) -> tuple[list[str], dict[str, Any] | None]:
+    def _switch_pointer(self, name: str, step: int, lineage: str, epoch: int | None, holder: str,
+                        before_publish: Callable[[], None]) -> tuple[list[str], dict[str, Any] | None]:
         """See :func:`~psflow.checkpoint.switch.switch_pointer`; returns (kept, the previous pointer)."""
         return switch_pointer(self.directory, {"latest": name, "global_step": step, "lineage": lineage,
                                                "run_id": self.run_id, "epoch": epoch, "holder": holder},
-                              max_to_keep=self.max_to_keep)
+                              max_to_keep=self.max_to_keep, before_publish=before_publish)
 
     def _undo_pointer(self, name: str, previous: dict[str, Any] | None) -> None:
         """See :func:`~psflow.checkpoint.switch.undo_pointer`."""

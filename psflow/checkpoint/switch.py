@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from psflow import storage
@@ -66,9 +67,13 @@ def refuse_unless_ours(now: dict[str, Any], data: dict[str, Any], pointer: str, 
             f"{data.get('epoch')} is older")
 
 
-def switch_pointer(directory: str, data: dict[str, Any], *, max_to_keep: int) -> tuple[list[str], dict[str, Any] | None]:
+def switch_pointer(directory: str, data: dict[str, Any], *, max_to_keep: int,
+                   before_publish: Callable[[], None] | None = None) -> tuple[list[str], dict[str, Any] | None]:
     """Makes checkpoint ``data["latest"]`` current: compare-and-swap of the pointer (see :mod:`psflow.checkpoint`);
     ``data`` holds the pointer's other fields but ``all``. Returns (kept, the pointer that decided before).
+    ``before_publish``: called under the mutex, after the checks here and just before the pointer is written (a
+    save's :func:`~psflow.checkpoint.publish_checks.check_no_restore_since`); what it raises refuses the switch,
+    nothing written.
 
     With an ``epoch``, past a mutex held too long: published through this epoch's own pointer file, which no
     other chief writes.
@@ -77,6 +82,7 @@ def switch_pointer(directory: str, data: dict[str, Any], *, max_to_keep: int) ->
         CheckpointFencedError: the pointer was written by a newer epoch of this run (read before, found deciding
             after this chief's write, or when the new checkpoint is found deleted: that chief rotated it away).
         CheckpointError: the new checkpoint is no longer complete (and no newer epoch's pointer decides).
+        Whatever ``before_publish`` raised.
     """
     name, epoch = data["latest"], data.get("epoch")
     pointer = os.path.join(directory, POINTER_NAME)
@@ -90,6 +96,8 @@ def switch_pointer(directory: str, data: dict[str, Any], *, max_to_keep: int) ->
             refuse_newer_epoch(effective_pointer(directory)[0] or {}, pointer, run_id=data["run_id"], epoch=epoch,
                                refused=f"checkpoint {name} not made current (deleted by a newer chief's rotation)")
             raise CheckpointError(f"checkpoint {os.path.join(directory, name)} was deleted before it was made current")
+        if before_publish is not None:
+            before_publish()
         kept = kept_after(directory, name, data["lineage"], max_to_keep)
         data = dict(data, all=kept)
         refuse_unless_ours(publish(directory, data, held=held), data, pointer, f"checkpoint {name} not made current")

@@ -1,4 +1,4 @@
-"""A chief's fence check around a save (psflow/checkpoint/save.py, ``CheckpointManager._check_fence``) reads only
+"""A chief's fence check around a save (psflow/checkpoint/publish_checks.py, ``check_fence``) reads only
 the fence's own refusal (ABORTED: ``FencedOffError``) as a newer chief's: any other refusal of its ``Fence`` call is
 a failed save (counted; after the pointer's switch the checkpoint stays current), not "fenced off by a newer chief".
 

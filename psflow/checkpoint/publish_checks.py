@@ -1,0 +1,121 @@
+"""What a save asks the ps tasks around its pointer switch: whether the model its shards hold may become current.
+
+Two checks, both asked of every ps task once the save's manifest is written (steps 4-6 of :mod:`psflow.checkpoint`):
+
+* :func:`check_fence` -- every task still accepts the saving chief's lease epoch, before the switch and again after
+  it (a newer chief elected meanwhile fences the save off: :class:`~psflow.checkpoint.switch.CheckpointFencedError`).
+* :func:`check_no_restore_since` -- no restore within the run reached a task since its shard was taken, and no task
+  ready then restarted since: asked under the directory's mutex, just before the pointer is written
+  (:func:`~psflow.checkpoint.switch.switch_pointer`'s ``before_publish``). A save given up at ``--save-timeout``
+  (:mod:`psflow.checkpoint.bounded_save`) goes on in its thread; where every one of its shards was taken before a
+  restore (one generation, all ready: :func:`~psflow.checkpoint.save_manifest.build_manifest` passes) and its
+  thread publishes after it, its checkpoint holds the model the restore discarded, newer than the restored one,
+  while the cluster trains on from the restored one: a later restore (another ps death) would load the discarded
+  model. Such a save fails instead (its directory removed, counted once: a given-up save was counted already).
+
+Guarantee: a save that passed :func:`check_no_restore_since` published before any restore whose ``BeginRestore``
+reached a task after the check; the check and the pointer's write are one step under the directory's mutex. A
+restorer reads the pointer before it sends its ``BeginRestore`` (:func:`psflow.train.generation_restore.
+restore_at_new_generation`'s caller); a save checked in between is refused all the same where a ps task died: that
+task is unreachable, or restarted and not ready (nothing makes it ready before the restore's ``SetReady``). Not
+covered: a restore that no ps task's death started (a restarted chief's join that finds the run past its
+checkpoint, :func:`psflow.train.chief.join_cluster`) with a save of another live chief checked in that window; with
+a lease that chief's switch is fenced off (the restorer took the pointer over at its newer epoch:
+:func:`~psflow.checkpoint.adopt.adopt_latest`), without one there is no other chief.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from psflow.checkpoint.switch import CheckpointFencedError
+from psflow.errors import CheckpointError
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import FenceRequest, SaveShardReply, StatsReply
+from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, FencedOffError, RpcError, TaskUnavailableError
+
+__all__ = ["check_fence", "check_no_restore_since"]
+
+
+def check_fence(client: ParameterClient, fence: tuple[int, str] | None, path: str, *, current: bool = False) -> None:
+    """Every ps task still accepts the lease ``fence`` (epoch, holder) of the saving chief (None: unfenced, nothing
+    asked), before and, ``current``, after the pointer named ``path``. Blocks for one ``Fence`` call per task, in
+    parallel.
+
+    Raises:
+        CheckpointFencedError: a ps task's fence refused the epoch (ABORTED, one is enough: it holds a newer
+            chief's epoch, so this chief is deposed, whatever the other tasks said); that refusal is the cause.
+        CheckpointError: no fence refused the epoch, but a task refused it otherwise (a replicated shard's
+            deposed member) or could not be asked; the cause is a task that could not be reached, if one could
+            not (the saver hook then waits for the next period), else the first error. The message says
+            whether ``path`` was made current (``current``: it was, and stays so).
+    """
+    if fence is None:
+        return
+    epoch, holder = fence
+    calls = {t: client.call_async(t, FenceRequest(epoch, holder=holder)) for t in client.channels}
+    refusals: list[str] = []
+    errors: list[RpcError] = []
+    for t, call in calls.items():  # every call collected, even after a refusal
+        try:
+            call.result()
+        except RpcError as e:
+            what = "refused" if isinstance(e, FailedPreconditionError) else "could not be asked"
+            refusals.append(f"/job:ps/task:{t} {what}: {e}")
+            errors.append(e)
+    if not errors:
+        return
+    # only the fence's own refusal (ABORTED): a replicated shard's deposed member refuses too (FAILED_PRECONDITION,
+    # naming its new primary), and no newer chief fenced this one off then
+    fenced = [e for e in errors if isinstance(e, FencedOffError)]
+    if fenced:
+        raise CheckpointFencedError(f"checkpoint {path} not made current: {'; '.join(refusals)}") from fenced[0]
+    unreachable = [e for e in errors if isinstance(e, (TaskUnavailableError, DeadlineExceededError))]
+    outcome = (f"checkpoint {path} is current (complete; kept), but this chief's fence could not be re-checked "
+               "after the switch" if current else f"checkpoint {path} not made current")
+    raise CheckpointError(f"{outcome}: {'; '.join(refusals)}") from (unreachable or errors)[0]
+
+
+def _moved(reply: SaveShardReply, now: StatsReply) -> tuple[str, str] | None:
+    """How a task moved since its shard was taken: ("restored", what) where its generation differs, ("restarted",
+    what) where it was ready and is not, at the same generation; None: it did not (a reply naming no generation or
+    readiness, an older task's, is not compared on it)."""
+    state = "" if now.ready else "not ready "
+    if reply.generation is not None and now.generation != reply.generation:
+        return "restored", f"{reply.task} {state}at generation {now.generation}, was {reply.generation}"
+    if reply.ready and not now.ready:
+        return "restarted", f"{reply.task} not ready at generation {now.generation}, was ready"
+    return None
+
+
+def check_no_restore_since(client: ParameterClient, replies: Mapping[int, tuple[str, SaveShardReply]],
+                           path: str) -> None:
+    """No ps task was restored (its generation moved) nor restarted (ready when its shard was taken, not now) since
+    the save's shards were taken (``replies``: task -> its file name and :class:`SaveShardReply`); see the module
+    doc. Asks each task's ``Stats`` (one call each, one after the other). A task made ready since at the same
+    generation (the chief's initial save, given up, then its ``SetReady``) is no restore. Logs nothing: the save
+    that fails logs the error (counted, or a late failure of one given up: :class:`~psflow.checkpoint.save.
+    CheckpointManager`).
+
+    Raises:
+        CheckpointError: a task was restored or restarted since (names each, its generation now and then), or
+            could not be asked (names it: a dead task is one a restore is coming for).
+    """
+    moved: list[tuple[str, str]] = []
+    for task, (_, reply) in sorted(replies.items()):
+        try:
+            now = client.ps_stats(task)
+        except RpcError as e:
+            raise CheckpointError(f"checkpoint {path} not made current: {reply.task} could not be asked whether it was "
+                                  f"restored since the save's shards were taken: {e}") from e
+        found = _moved(reply, now)
+        if found is not None:
+            moved.append(found)
+    if not moved:
+        return
+    how = "restored" if any(why == "restored" for why, _ in moved) else "restarted"
+    discarded = ("it holds the model the restore discarded" if how == "restored" else
+                 "a restore is coming for them, which may have read the pointer already")
+    raise CheckpointError(f"checkpoint {path} not made current: ps tasks were {how} since its shards were taken "
+                          f"({'; '.join(what for _, what in moved)}): {discarded}; its directory is removed (the "
+                          "checkpoints already saved are kept, and the next save takes the restored state)")
