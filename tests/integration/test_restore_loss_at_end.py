@@ -36,9 +36,12 @@ def test_the_end_says_what_the_final_model_lost_to_a_restore(tmp_path: Path) -> 
     assert loss["examples_in_model"] == metrics["examples"]  # a fresh model: all of it this run's
     assert loss["examples_pushed"] == metrics["examples_processed"]
     assert loss["examples_discarded"] == loss["examples_pushed"] - loss["examples_in_model"] > 0
+    # the initial checkpoint's step, as the ps tasks name what their restore loaded (null before in a between-graph run)
+    assert loss["checkpoint_step"] == 0, loss
     line = next((ln for ln in r.stderr.splitlines() if "a restore within the run" in ln), None)
     assert line is not None, r.stderr[-3000:]
     assert f"global_step {metrics['global_step']}" in line and f"holds {loss['examples_in_model']} of the" in line
+    assert "back to the checkpoint of global_step 0:" in line, line
 
 
 @pytest.mark.parametrize("case", ["sigterm_as_written", "metrics_json_unwritable"])
