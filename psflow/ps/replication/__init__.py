@@ -17,6 +17,7 @@ Modules (one concept each):
 * ``control_calls.py``: the primary's LoadShard, SetReady, BeginRestore, Done, FinalEval, ReaderPositions and Leave:
   served, recorded, acknowledged;
 * ``joins.py``: the primary's senders: a member's Join, its start from a snapshot, its entry into the view once caught up;
+* ``join_queue.py``: what queues for a joining member after its snapshot, what each entry weighs, the bound on it;
 * ``applier.py``: a backup's in-order applier (buffers entries that arrive early);
 * ``chunks.py``: an entry bigger than a message (a big shard's full entry) split into chunks and joined again;
 * ``deltas.py``: capture and write of what a change wrote to a partition;

@@ -44,10 +44,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from psflow.ps.protocol import ReplicaEntry, ReplicateReply, ReplicateRequest
 from psflow.ps.replication.chunks import entry_bytes, split
+from psflow.ps.replication.join_queue import JoinQueue, QueueBound
 from psflow.rpc.api import Channel, FencedOffError, PreconditionFailed, RpcError, Unavailable
 
 __all__ = ["BackupSender", "Forwarder", "QueueBound"]
@@ -61,28 +61,6 @@ _BACKOFF, _BACKOFF_MAX = 0.05, 1.0
 #: Seconds a backup's entry waits for a waiting call to send it (:meth:`BackupSender.pump`) before the
 #: sender's thread does (it looks this often).
 _PUMP_GRACE = 0.02
-
-
-@dataclass(frozen=True)
-class QueueBound:
-    """How much may queue for a joining member after its snapshot (its sender's first entry) before it is let go:
-    more than ``entries`` entries, or more bytes of arrays (:func:`~psflow.ps.replication.chunks.entry_bytes`)
-    than ``bytes`` or ``snapshots`` times the snapshot's, whichever is more (a big shard's snapshot travels
-    longer, while pushes queue). A limit on the primary's memory, not on time."""
-
-    entries: int
-    bytes: int
-    snapshots: float = 2.0
-
-    def for_snapshot(self, snapshot_bytes: int) -> QueueBound:
-        """This bound for a sender whose snapshot has ``snapshot_bytes`` bytes of arrays: its bytes fixed."""
-        return QueueBound(self.entries, max(self.bytes, int(self.snapshots * snapshot_bytes)), 0.0)
-
-    def passed(self, entries: int, size: int) -> bool:
-        return entries > self.entries or size > self.bytes
-
-    def __str__(self) -> str:
-        return f"{self.entries:,} entries or {self.bytes:,} bytes after its snapshot"
 
 
 class BackupSender:
@@ -115,12 +93,13 @@ class BackupSender:
         self.member = member
         self._channel, self._request, self._on_ack, self._on_deposed = channel, request, on_ack, on_deposed
         self._rpc_timeout, self._chunk_bytes = rpc_timeout, chunk_bytes
-        self._on_let_go, self._silent_limit, self._clock, self._bound = on_let_go, silent_limit, clock, bound
+        self._on_let_go, self._silent_limit, self._clock = on_let_go, silent_limit, clock
         self._answered_at = clock()  # when this sender started, then when the member last answered (clock)
         self._cond = threading.Condition()
-        self._queue: deque[tuple[ReplicaEntry, float, int]] = deque()  # entry, when queued, its array bytes
-        self._first: int | None = None  # the seq of the first entry queued (a Join's snapshot)
-        self._after_first = [0, 0]  # entries queued after it, and their array bytes (bound)
+        # entry, when queued, its arrays' bytes, what it was counted for in the tally (held_bytes while joining)
+        self._queue: deque[tuple[ReplicaEntry, float, int, int]] = deque()
+        #: The entries after the first one queued (a Join's snapshot), what they hold, the bound and the peaks.
+        self.tally = JoinQueue(bound)
         self._chunks: list[ReplicaEntry] = []  # the chunks of the queue's first entry, when it is split
         self._next_chunk = 0
         self.acked = 0
@@ -141,21 +120,16 @@ class BackupSender:
         after the first entry while it is not :attr:`pumped` (:meth:`Forwarder.record` reports it), else None."""
         with self._cond:
             size = entry_bytes(entry)
-            self._queue.append((entry, time.monotonic(), size))
-            if self._first is None:
-                self._first = entry.seq
-                if self._bound is not None:
-                    self._bound = self._bound.for_snapshot(size)
-            else:
-                self._after_first[0] += 1
-                self._after_first[1] += size
+            weigh = self._on_let_go is not None and not self.pumped and not self._stopped
+            self._queue.append((entry, time.monotonic(), size, self.tally.add(entry, size, weigh)))
             if not self.pumped:
                 self._cond.notify()
-            entries, queued = self._after_first
-            if self._bound is None or self.pumped or self._stopped or not self._bound.passed(entries, queued):
-                return None
-            return (f"{entries:,} entries ({queued:,} bytes) queued after its snapshot and not acknowledged, past the "
-                    f"bound of {self._bound} (it acknowledges slower than this primary records)")
+            return None if self.pumped or self._stopped else self.tally.past_bound()
+
+    def figures(self) -> str:
+        """What queued for this sender's member (:meth:`JoinQueue.figures`): its join's log line."""
+        with self._cond:
+            return self.tally.figures()
 
     def let_go(self, why: str) -> None:
         """Reports ``why`` to ``on_let_go`` (outside any lock)."""
@@ -180,7 +154,7 @@ class BackupSender:
         with self._cond:
             self._stopped = True
             self._queue.clear()
-            self._after_first = [0, 0]
+            self.tally.clear()
             self._cond.notify_all()
 
     def kick(self) -> None:
@@ -231,7 +205,7 @@ class BackupSender:
     def _batch(self) -> tuple[list[ReplicaEntry], int | None]:
         """(under ``_cond``) The entries of the next call, within ``chunk_bytes``; and the seq of the entry it
         ends (a last chunk), else None."""
-        head, _, size = self._queue[0]
+        head, _, size, _ = self._queue[0]
         if size > self._chunk_bytes:  # alone, in chunks
             if not self._chunks or self._chunks[0].seq != head.seq:
                 self._chunks, self._next_chunk = split(head, self._chunk_bytes), 0
@@ -239,7 +213,7 @@ class BackupSender:
             return [self._chunks[self._next_chunk]], head.seq if last else None
         batch: list[ReplicaEntry] = []
         total = 0
-        for entry, _, size in self._queue:
+        for entry, _, size, _ in self._queue:
             total += size
             if len(batch) == _BATCH or total > self._chunk_bytes:
                 break
@@ -280,10 +254,8 @@ class BackupSender:
                     if ends is not None and self.acked < ends:
                         log.info("%s did not apply entry %d after its last chunk: sending it again", self.member, ends)
                 while self._queue and self._queue[0][0].seq <= self.acked:
-                    done, _, size = self._queue.popleft()
-                    if done.seq != self._first:
-                        self._after_first[0] -= 1
-                        self._after_first[1] -= size
+                    done, _, _, held = self._queue.popleft()
+                    self.tally.remove(done.seq, held)
                 if self._chunks and (not self._queue or self._queue[0][0].seq != self._chunks[0].seq):
                     self._chunks = []
             else:

@@ -28,12 +28,15 @@ Guarantees:
 * **A joining member too far behind is let go.** One that answers but applies slower than this primary records
   entries (a slow or starved host, a snapshot it never finishes applying) would make its queue grow with every
   push, as a silent one did: once more than :attr:`Joins.bound` waits for it after its snapshot
-  (:data:`JOIN_QUEUE_BOUND`: 100,000 entries, or 1 GiB of arrays or twice its snapshot's, whichever is more),
+  (:data:`JOIN_QUEUE_BOUND`: 100,000 entries, or 1 GiB or three times its snapshot's bytes, whichever is more;
+  an entry's bytes are what it holds, its arrays and its small state: :mod:`~psflow.ps.replication.join_queue`),
   its sender stops at that entry, its queue is freed, and one warning names the member and the bound; it
   Joins again from a new snapshot (as a silent one, above). So a joining member costs this primary at most
   its snapshot plus the bound. A member that keeps up (applies at least as fast as the primary records)
-  stays under it: what queues is the pushes of the time its snapshot travels (the bound grows with the
-  snapshot), and it shrinks after. One that never keeps up is let go again after each new snapshot. A backup
+  stays under it: what queues is the pushes of the time its snapshot travels and is applied (the bound grows
+  with the snapshot; measured on a Wide & Deep shard at 0.38-0.94 times it, benchmarks/RESULTS.md), and it
+  shrinks after. One that never keeps up is let go again after each new snapshot. Its line when it caught up
+  (INFO) or was let go (the warning) says its snapshot, when it acknowledged it and the most that queued. A backup
   of the view is never let go this way: every call waits for its acknowledgement (and fails UNAVAILABLE after
   ``replica_timeout``; a worker's push is resent with its push number, waiting for the same entry), so what
   queues for it is bounded by the calls waiting (a few per worker: its steps in flight), plus the rare
@@ -52,7 +55,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from psflow.ps.protocol import JoinReply, JoinRequest, ReplicaEntry, ReplicateRequest
-from psflow.ps.replication.forwarder import BackupSender, Forwarder, QueueBound
+from psflow.ps.replication.forwarder import BackupSender, Forwarder
+from psflow.ps.replication.join_queue import QueueBound
 from psflow.ps.replication.view import PRIMARY
 from psflow.rpc.api import InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
@@ -70,11 +74,12 @@ _JOIN_NEAR, _JOIN_HOLD = 64, 1.0
 #: A joining member that answered none of its sender's calls for this many Replicate deadlines loses its sender.
 _SILENT_CALLS = 6
 #: What may queue for a joining member after its snapshot before it is let go (a bound on this primary's memory).
-#: Bytes: 1 GiB holds ~700 of the heaviest pushes measured (W&D's 1.45 MB; benchmarks/RESULTS.md), and twice
-#: the snapshot (a bigger shard's snapshot travels longer) more than what queues while it travels and is applied.
-#: Entries: 100,000 is about 100 s of the fastest pushes (sparse LR, two workers) and caps the objects around
-#: small entries' arrays (a few KB each).
-JOIN_QUEUE_BOUND = QueueBound(entries=100_000, bytes=1 << 30, snapshots=2.0)
+#: Bytes (held: arrays and each entry's state): 1 GiB holds ~700 of the heaviest pushes measured (W&D's 1.45 MB),
+#: and three times the snapshot (a bigger shard's snapshot travels longer) more than what queues while it travels
+#: and is applied: measured on a W&D shard (532 MB snapshot, 2-4 workers, a busy 2-core host), 0.38-0.94 times the
+#: snapshot at its peak (benchmarks/RESULTS.md); twice left a healthy joiner on a faster host with more workers
+#: little room. Entries: 100,000 is about 100 s of the fastest pushes (sparse LR, two workers).
+JOIN_QUEUE_BOUND = QueueBound(entries=100_000, bytes=1 << 30, snapshots=3.0)
 
 
 class Joins:
@@ -157,8 +162,8 @@ class Joins:
                 return
             del forwarder.senders[sender.member]
             sender.stop()
-        log.warning("%s: stopped replicating shard %d to joining member %s: %s; it Joins again (a new snapshot)",
-                    owner.task, owner.shard, sender.member, why)
+        log.warning("%s: stopped replicating shard %d to joining member %s: %s; it Joins again (a new snapshot) "
+                    "(%s)", owner.task, owner.shard, sender.member, why, sender.figures())
 
     def _request(self, member: str, entries: list[ReplicaEntry], incarnation: int | None,
                  join_id: int | None) -> ReplicateRequest:
@@ -173,13 +178,16 @@ class Joins:
             return
         forwarder.notify()
         view = owner.view.view
-        joined, near = [], False
+        joined: list[str] = []
+        figures: list[str] = []
+        near = False
         with forwarder.lock:
             for member, sender in forwarder.senders.items():
                 if member in view.backups or not sender.answered:
                     continue
                 if sender.acked >= forwarder.last_seq:
                     joined.append(member)
+                    figures.append(f"{member} {sender.figures()}")
                 elif forwarder.last_seq - sender.acked <= _JOIN_NEAR:
                     near = True
             if joined and owner.view.view.role == PRIMARY:
@@ -187,8 +195,8 @@ class Joins:
         if joined:
             forwarder.release()
             forwarder.set_waited(view.backups)
-            log.info("%s: %s caught up: shard %d's backups are %s", owner.task, ", ".join(joined), owner.shard,
-                     ", ".join(view.backups))
+            log.info("%s: %s caught up: shard %d's backups are %s (%s)", owner.task, ", ".join(joined), owner.shard,
+                     ", ".join(view.backups), "; ".join(figures))
             owner._record(forwarder, lambda: [])  # tells the members the view (each Replicate carries it)
             forwarder.kick()  # now: no call waits for that entry
         elif near and not forwarder.held and time.monotonic() - self._held_at > 2 * _JOIN_HOLD:
