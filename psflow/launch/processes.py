@@ -306,13 +306,22 @@ class LocalCluster:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        late: LaunchInterrupted | None = None
         try:
             with self.signals.deferring(check=False):  # no signal cuts the cleanup
                 if isinstance(exc, LaunchInterrupted):
                     exc.report = (self.on_interrupt or self.report_interrupt)(exc.signum)
                 self.stop_all()
+                if not isinstance(exc, LaunchInterrupted):  # one that came during the cleanup: raised as one a
+                    try:  # moment earlier (a PortTaken's start is not retried; an end written stands, said)
+                        self.signals.check()
+                    except LaunchInterrupted as e:
+                        late = e
+                        late.report = (self.on_interrupt or self.report_interrupt)(late.signum)
         finally:
             self.signals.restore()
+        if late is not None:
+            raise late from exc
 
 
 def task_env(base: Mapping[str, str], *, token: str, workers: int, cpus: int, verbose: bool) -> dict[str, str]:
