@@ -4,7 +4,8 @@ known, naming that task, never the other shares' sum as the whole (psflow.ps.dyn
 Before: metrics.json's ``dynamic_tables`` and the end's ``dynamic table 'w': N rows ...`` line summed the ps
 tasks read, leaving out the lost task's share (every dynamic table spans every ps task) as if complete. Real
 ``psflow train`` processes; ps task 1 is lost by tests/integration/ps_lost_after_training (SIGKILL by pid, after
-training, not started again), as in test_ps_lost_not_restarted.
+training; not started again, as in test_ps_lost_not_restarted, or started again empty, as in
+test_ps_lost_after_training).
 """
 
 from __future__ import annotations
@@ -20,9 +21,14 @@ from support import A9A, A9A_T, REPO, run_bounded
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-def test_a_ps_task_lost_after_training_leaves_the_tables_totals_not_known(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("restart", "why"), [("0", "after training"), ("1", "restarted empty")],
+                         ids=["exited", "restarted_empty"])
+def test_a_ps_task_lost_after_training_leaves_the_tables_totals_not_known(tmp_path: Path, restart: str,
+                                                                          why: str) -> None:
+    """``restarted_empty``: the task started again empty (nobody restores it) answers Stats with no share; before,
+    its share counted as zero (metrics.json 'weights' rows 63, ps task 0's share, as the whole)."""
     out = tmp_path / "run"
-    env = dict(os.environ, PSFLOW_TEST_LOSE_PS="1", PSFLOW_TEST_LOSE_RESTART="0", PYTHONPATH=os.pathsep.join(
+    env = dict(os.environ, PSFLOW_TEST_LOSE_PS="1", PSFLOW_TEST_LOSE_RESTART=restart, PYTHONPATH=os.pathsep.join(
         [str(Path(__file__).parent / "ps_lost_after_training"), *filter(None, [os.environ.get("PYTHONPATH")])]))
     r = run_bounded([sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--eval", str(A9A_T),
                      "--num-features", "124", "--ps", "2", "--workers", "2", "--batch-size", "128",
@@ -36,5 +42,5 @@ def test_a_ps_task_lost_after_training_leaves_the_tables_totals_not_known(tmp_pa
     for name, table in tables.items():
         assert table["rows"] is None and table["memory_bytes"] is None, (name, table)
         assert [u["task"] for u in table["shares_unread"]] == ["/job:ps/task:1"], table
-        assert "after training" in table["shares_unread"][0]["error"], table
+        assert why in table["shares_unread"][0]["error"], table
         assert f"psflow: dynamic table {name!r}: totals not known: the share on /job:ps/task:1 was not read" in r.stderr

@@ -175,11 +175,12 @@ def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     stand-in: an ``error`` and no ``dynamic_tables``; exited, not answering, or a replicated shard none of whose
     members answered) held a share of each table: each table's counters are then None (not known: summed over the
     shares read they would be short by that share's, as if complete) and ``shares_unread`` names each such task
-    (``task``, ``error``).
+    (``task``, ``error``). So does a task that answered with no share (a ps task killed after training and started
+    again empty, which nobody restores: ``ready`` False, no ``error``): its share is not known, not zero.
     """
     totals: dict[str, dict[str, Any]] = {}
-    unread = [{"task": stats.get("task"), "error": stats.get("error")} for stats in ps_stats
-              if "dynamic_tables" not in stats and stats.get("error") is not None]
+    unread = [{"task": stats.get("task"), "error": _why_unread(stats)} for stats in ps_stats
+              if "dynamic_tables" not in stats]
     for stats in ps_stats:
         for key, counters in (stats.get("dynamic_tables") or {}).items():
             table = totals.setdefault(str(key).rsplit("/part_", 1)[0], {})
@@ -189,3 +190,13 @@ def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     if unread:
         totals = {name: {**dict.fromkeys(table), "shares_unread": unread} for name, table in totals.items()}
     return totals
+
+
+def _why_unread(stats: Mapping[str, Any]) -> str:
+    """Why a ps task's ``Stats`` (or its stand-in) name no share of the dynamic tables (a clause of
+    :func:`table_totals`' ``shares_unread``)."""
+    if stats.get("error") is not None:
+        return str(stats["error"])
+    if not stats.get("ready"):
+        return "not ready, holding no share: restarted empty and not restored"
+    return "its Stats name no share of any dynamic table"

@@ -45,3 +45,18 @@ def test_the_console_line_says_the_totals_are_not_known(capsys: pytest.CaptureFi
     err = capsys.readouterr().err
     assert "psflow: dynamic table 'w': totals not known: the share on /job:ps/task:1 was not read (killed)" in err
     assert "0 rows" not in err
+
+
+def test_a_task_restarted_empty_after_training_makes_every_tables_totals_not_known() -> None:
+    """A ps task killed after training and started again, which nobody restores (no chief is left: the launcher's
+    final_model reads the final checkpoint instead), answers ``Stats`` with no share of any table (ready False, no
+    partitions, no ``error``): its share is not known, not zero. Before, the totals were ps task 0's share alone
+    (a real run with tests/integration/ps_lost_after_training: 'weights' 63 rows of a9a's 123 ids, as the whole)."""
+    from psflow.ps.service import ParameterService
+
+    empty = ParameterService(1, holds_global_step=False).stats_reply().as_dict()
+    assert empty["task"] == "/job:ps/task:1" and not empty["ready"] and "dynamic_tables" not in empty
+    totals = table_totals([_reply(0, 3), empty])
+    assert totals["w"]["rows"] is None and totals["w"]["memory_bytes"] is None, totals
+    (unread,) = totals["w"]["shares_unread"]
+    assert unread["task"] == "/job:ps/task:1" and "not ready" in unread["error"], unread
