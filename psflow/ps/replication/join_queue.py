@@ -41,7 +41,7 @@ __all__ = ["JoinQueue", "QueueBound", "held_bytes", "state_bytes"]
 #: What an array object costs beside its data (numpy's header; an array that owns its data).
 _ARRAY = sys.getsizeof(np.empty(0, np.float32))
 #: What a partition's delta costs beside its arrays: the object, its key, its dict of arrays (two of them).
-_PART = (sys.getsizeof(PartDelta("v/part_0", None, {})) + sys.getsizeof("variable/part_0")
+_PART = (sys.getsizeof(PartDelta("x" * 8, None, {})) + sys.getsizeof("x" * 15)
          + sys.getsizeof({"value": None, "slots": None}))
 #: A joining member's tally walks an entry's state every this many entries, and reuses that weight between: its
 #: shape (what the walk counts) changes only when client processes come or go; the walk costs ~0.1 ms at 32.
