@@ -175,12 +175,13 @@ def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     stand-in: an ``error`` and no ``dynamic_tables``; exited, not answering, or a replicated shard none of whose
     members answered) held a share of each table: each table's counters are then None (not known: summed over the
     shares read they would be short by that share's, as if complete) and ``shares_unread`` names each such task
-    (``task``, ``error``). So does a task that answered with no share (a ps task killed after training and started
-    again empty, which nobody restores: ``ready`` False, no ``error``): its share is not known, not zero.
+    (``task``, ``error``). So does a task that answered not ready with no share (a ps task killed after training
+    and started again empty, which nobody restores; no ``error``): its share is not known, not zero. A ready task
+    with no share held none (a table pinned to another ps task: :mod:`psflow.placement.device_setter`).
     """
     totals: dict[str, dict[str, Any]] = {}
     unread = [{"task": stats.get("task"), "error": _why_unread(stats)} for stats in ps_stats
-              if "dynamic_tables" not in stats]
+              if "dynamic_tables" not in stats and (stats.get("error") is not None or not stats.get("ready"))]
     for stats in ps_stats:
         for key, counters in (stats.get("dynamic_tables") or {}).items():
             table = totals.setdefault(str(key).rsplit("/part_", 1)[0], {})
@@ -193,10 +194,8 @@ def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
 
 
 def _why_unread(stats: Mapping[str, Any]) -> str:
-    """Why a ps task's ``Stats`` (or its stand-in) name no share of the dynamic tables (a clause of
+    """Why a ps task not ready (or its stand-in) names no share of the dynamic tables (a clause of
     :func:`table_totals`' ``shares_unread``)."""
     if stats.get("error") is not None:
         return str(stats["error"])
-    if not stats.get("ready"):
-        return "not ready, holding no share: restarted empty and not restored"
-    return "its Stats name no share of any dynamic table"
+    return "not ready, holding no share: restarted empty and not restored"

@@ -60,3 +60,27 @@ def test_a_task_restarted_empty_after_training_makes_every_tables_totals_not_kno
     assert totals["w"]["rows"] is None and totals["w"]["memory_bytes"] is None, totals
     (unread,) = totals["w"]["shares_unread"]
     assert unread["task"] == "/job:ps/task:1" and "not ready" in unread["error"], unread
+
+
+def test_a_ready_task_holding_no_share_leaves_the_totals_known() -> None:
+    """A dynamic table pinned to one ps task (``variables.device``: device_setter) has no share on the others: a
+    ready task whose Stats name no table held none (two registered services), and the totals are the shares read."""
+    from psflow.optim import OptimizerSpec
+    from psflow.placement import VariableSet, replica_device_setter
+    from psflow.ps.service import ParameterService
+    from psflow.rpc.framing import Frame
+
+    variables = VariableSet(replica_device_setter(2))
+    with variables.device("/job:ps/task:0"):
+        variables.get_variable("emb", (0, 2), dynamic={}, initializer={"name": "zeros"})
+    variables.get_variable("bias", (1,), initializer={"name": "zeros"})
+    meta = {"layout": [p.to_json() for p in variables.placements()],
+            "optimizer": OptimizerSpec("adagrad", {"learning_rate": 0.5}).to_json(), "chief": True}
+    stats = []
+    for task in range(2):
+        service = ParameterService(task, holds_global_step=task == 0)
+        service.register(Frame(meta, {}))
+        stats.append(service.stats_reply().as_dict())
+    assert stats[1]["ready"] and "dynamic_tables" not in stats[1]
+    totals = table_totals(stats)
+    assert totals["emb"]["rows"] == 0 and "shares_unread" not in totals["emb"], totals
