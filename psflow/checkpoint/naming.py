@@ -18,7 +18,8 @@ The record survives the process: before a save's directory of a plain name (``ck
 removed, :func:`remove_retired` writes a marker ``.retired/ckpt-<step>`` into the checkpoint directory (a small JSON
 file: when, by which process). A marker that cannot be written (a full disk, a store refusing writes) does not keep
 the directory (its space is what a full disk needs back): it is removed, the marker tried once more (the space
-freed), and if that fails too only this process avoids the name (an ERROR line names it). A suffixed name is never
+freed), and if that fails too only this process avoids the name (an ERROR line names it), and writes its marker
+at the name's next removal in the process (a late shard's directory of that name, removed by a later save). A suffixed name is never
 given twice (its suffix is the nanosecond of its making), so it needs none. Markers are kept for ever: at most one
 per global_step value whose save failed or crashed, a few bytes each; a late write has no time bound psflow could
 state (a store stuck on a put), and a restore of an older checkpoint brings the same steps round again.
@@ -47,7 +48,8 @@ RETIRED_DIR = ".retired"
 
 _PLAIN = re.compile(rf"^{re.escape(PREFIX)}\d{{9,}}$")  # checkpoint_name's (9 digits or more), without a suffix
 
-_RETIRED: dict[str, set[str]] = {}  # checkpoint directory -> the names this process retired there (the markers' cache)
+_RETIRED: dict[str, set[str]] = {}  # checkpoint directory -> the names this process retired there (avoided by free_name)
+_MARKED: dict[str, set[str]] = {}  # checkpoint directory -> those whose marker this process wrote (or that need none)
 _RETIRED_LOCK = threading.Lock()
 
 
@@ -59,16 +61,22 @@ def retire(directory: str, names: Iterable[str]) -> None:
     """Records that the save directories ``names`` (basenames) of ``directory`` are removed (called before their
     removal): no later save, of this process or another, takes one of them (see the module docstring).
 
+    Each name enters this process's memory first (avoided here whatever happens to its marker), and is marked done
+    only once its marker is written: a name whose marker failed (a full disk) gets it at its next retirement in the
+    process (the same name removed again: a late shard's directory), not skipped as known.
+
     Raises:
         OSError: a plain name's marker could not be written (this process avoids that name all the same).
     """
-    known = _retired(directory)
+    key = _key(directory.rstrip("/") or directory)
     for name in dict.fromkeys(names):
-        if name in known:
-            continue
         with _RETIRED_LOCK:
-            _RETIRED.setdefault(_key(directory.rstrip("/") or directory), set()).add(name)
+            _RETIRED.setdefault(key, set()).add(name)
+            if name in _MARKED.get(key, ()):
+                continue
         _write_marker(directory, name)
+        with _RETIRED_LOCK:
+            _MARKED.setdefault(key, set()).add(name)
 
 
 def _write_marker(directory: str, name: str) -> None:

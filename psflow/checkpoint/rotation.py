@@ -45,7 +45,7 @@ lineage whose writer is certainly gone, or cannot be judged, is of an older epoc
 it (``BEHIND_BY`` complete checkpoints of the lineage above the step it was named at), and ``.creating-*``
 directories, as :mod:`psflow.checkpoint.leftovers` says; under the mutex also what :func:`deletable` lists incomplete.
 A leftover's name is retired before it is removed (:func:`~psflow.checkpoint.naming.remove_retired`): its writer's
-ps tasks may still write there.
+ps tasks may still write there; so is an incomplete directory a rotation under the mutex removes (:func:`delete_old`).
 
 Shards written after their save's directory was removed (:func:`late_shards_only`): a ps task may still write its
 shard when its save's directory goes (the chief's own failed save, a ps task slower than ``--save-timeout``, removed
@@ -161,13 +161,20 @@ def _gone_writer_of(path: str, run_id: str, lineage: str, epoch: int | None, ste
 
 
 def delete_old(directory: str, run_id: str, kept: list[str], lineage: str, epoch: int | None) -> None:
-    """Deletes, under the directory's mutex, what :func:`deletable` lists beside ``kept``. With an ``epoch``,
-    past a mutex held too long: what :func:`deletable_unheld` lists (see the module docstring), each checked
-    again against the pointer files right before its deletion."""
+    """Deletes, under the directory's mutex, what :func:`deletable` lists beside ``kept``; an incomplete one (a save
+    that crashed or is still going on, of an older epoch, since this save's :func:`remove_leftovers`) with its name
+    retired first (:func:`~psflow.checkpoint.naming.remove_retired`), as a leftover's: its ps tasks may still write
+    their shards there, into a restarted chief's new save of that name. A complete one needs none: every shard of
+    it was written before its save read the reply. With an ``epoch``, past a mutex held too long: what
+    :func:`deletable_unheld` lists (see the module docstring; complete only), each checked again against the
+    pointer files right before its deletion."""
     with directory_mutex(directory, may_pass=epoch is not None) as held:
         if held:
             for path in deletable(directory, run_id, lineage, epoch, keep=kept):
-                storage.remove_tree(path, ignore_errors=True)
+                if is_complete(path):
+                    storage.remove_tree(path, ignore_errors=True)
+                else:
+                    remove_retired(directory, path)
             return
         if epoch is None:
             return  # (not reached: directory_mutex raised, a writer without an epoch never goes past it)

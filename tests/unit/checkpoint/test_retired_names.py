@@ -16,7 +16,7 @@ from psflow.checkpoint.leftovers import left_behind
 from psflow.checkpoint.manifest import WRITER_NAME
 from psflow.checkpoint.naming import RETIRED_DIR, checkpoint_name, free_name, retire
 from psflow.checkpoint.pointer import checkpoint_dirs, incomplete_checkpoints, latest_checkpoint, pointer_files
-from psflow.checkpoint.rotation import remove_leftovers
+from psflow.checkpoint.rotation import delete_old, remove_leftovers
 
 
 def _restart(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,3 +96,31 @@ def test_markers_are_no_checkpoints(tmp_path: Path) -> None:
 
 def test_markers_are_no_checkpoints_on_an_object_store(object_store: str) -> None:
     _no_checkpoint_in(f"{object_store}/ckpt")
+
+
+def test_a_marker_not_written_is_written_at_the_names_next_removal_in_the_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """retire() took a name into the process's memory before its marker: a marker write that failed (a full disk)
+    left the name there, and the same name removed again later in the process (a late shard's directory, removed
+    by the next save) skipped the marker for good: a restarted chief took the name while that late write still came."""
+    (tmp_path / RETIRED_DIR).write_text("a file where the markers' folder goes")  # the disk full
+    with pytest.raises(OSError):
+        retire(str(tmp_path), [checkpoint_name(5)])
+    assert free_name(str(tmp_path), 5, ()).startswith(f"{checkpoint_name(5)}-")  # this process avoids it all the same
+    (tmp_path / RETIRED_DIR).unlink()  # space again
+    retire(str(tmp_path), [checkpoint_name(5)])
+    assert (tmp_path / RETIRED_DIR / checkpoint_name(5)).exists()
+    _restart(monkeypatch)
+    assert free_name(str(tmp_path), 5, ()).startswith(f"{checkpoint_name(5)}-")
+
+
+def test_rotation_retires_the_incomplete_directories_it_removes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """delete_old (under the mutex) removes the lineage's incomplete directories beside the old checkpoints: one
+    that appeared during the save (an older epoch's save still writing, a crashed save's) whose ps tasks may still
+    write their shards there. Its name is retired as remove_leftovers' are: a restarted chief never takes it."""
+    _leftover(tmp_path, 11)
+    delete_old(str(tmp_path), "run-a", [], "run-a", None)
+    assert not (tmp_path / checkpoint_name(11)).exists()
+    assert (tmp_path / RETIRED_DIR / checkpoint_name(11)).exists()
+    _restart(monkeypatch)
+    assert free_name(str(tmp_path), 11, ()).startswith(f"{checkpoint_name(11)}-")
