@@ -53,6 +53,7 @@ from psflow.rpc.tls import TlsConfig
 from psflow.train.build import data_options, model_record
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.config import TrainConfig
+from psflow.train.deferred_end import DeferredEnd, RaiseDeferred
 from psflow.train.evaluation import evaluate, parameters
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.final_eval import FinalEvalOnce
@@ -153,8 +154,8 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         # With election, LeaderOnlyHook lets the duties go on after a failed save; without, this does.
         chief_hooks.append(saver if leadership is not None else _FailedSaveTolerant(saver, client.client_name))
     writer = SummaryWriter(config.report.summary_dir) if duties and config.report.summary_dir else None
-    if writer is not None:  # after the saver: a summary end() that fails (the summary disk full) skips no final
-        # checkpoint; a START owed at taking the duties is at the step the ps tasks restored, whatever the saver saved
+    if writer is not None:  # after the saver: a START owed at taking the duties is at the step the ps tasks restored,
+        # whatever the saver saved
         chief_hooks.append(SummarySaverHook(writer, save_steps=config.report.save_summaries_steps))
     if duties and config.data.eval and (config.report.eval_every_steps or config.report.eval_at_end):
         eval_batch = read_all(list(config.data.eval), config.data.format, **data_options(config))
@@ -165,6 +166,9 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         chief_hooks.append(FinalEvalOnce(evaluation) if leadership is not None else evaluation)
     if leadership is not None:
         chief_hooks = [LeaderOnlyHook(h, leadership) for h in chief_hooks]
+    if writer is not None and config.checkpoint.dir:  # the saver, then the summary hook: neither's failed end() skips
+        deferred = [DeferredEnd(h) for h in chief_hooks[:2]]  # the other's (psflow.train.deferred_end)
+        chief_hooks[:2] = [*deferred, RaiseDeferred(*deferred)]
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
         hooks.append(CampaignWhileTrainingHook(leadership))
         if take_over:  # before the duties: a worker resumed after a take-over ended the run saves and evaluates nothing

@@ -23,11 +23,12 @@ from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
-from psflow.checkpoint.save import CheckpointManager
+from psflow.checkpoint.save import CheckpointManager, FinalCheckpointError
 from psflow.cluster import ClusterSpec
 from psflow.coord import Lease
 from psflow.rpc.api import TaskUnavailableError
 from psflow.train.config import TrainConfig
+from psflow.train.deferred_end import DeferredEnd
 from psflow.train.duties import make_session
 from psflow.train.hook_api import RunContext, RunValues
 from psflow.train.hooks import CheckpointSaverHook, SummarySaverHook
@@ -178,7 +179,8 @@ def test_a_worker_first_holding_the_duties_at_its_end_starts_at_the_restored_ste
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
     made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
                         leadership=leadership)
-    duties = [h for h in made.hooks if isinstance(h, LeaderOnlyHook)]  # in its order
+    duties = [h.inner if isinstance(h, DeferredEnd) else h for h in made.hooks]  # in its order
+    duties = [h for h in duties if isinstance(h, LeaderOnlyHook)]
     kinds = [type(h.inner) for h in duties]
     assert kinds.index(CheckpointSaverHook) < kinds.index(SummarySaverHook)
     session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
@@ -302,3 +304,71 @@ def test_a_start_written_while_ps_task_0_could_not_be_read_names_its_restore(tmp
     run.lease.holder = "b"
     run.steps("b", 2)          # 8, 9
     assert run.curve() == [1, 2, 6, 7, 8, 9]  # before: [1, 2, 8, 9] (B's second START dropped 6, 7)
+
+
+def test_a_final_checkpoint_that_fails_does_not_skip_the_summary_s_end(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The saver goes first among the duties, and a session stops at the first end() that raises: a final checkpoint
+    that fails (FinalCheckpointError: neither LeaderOnlyHook's guard nor _FailedSaveTolerant catches it) skipped the
+    summary hook's end(): the START a worker first holding the duties at its end owes (the discarded model's points
+    3..5 stayed, the restored model's last point was not written) and the final point. While the summary hook went
+    first (5c1548f's DeferredEnd) they were written. They are, then the final checkpoint's error raised."""
+    run = _Run(tmp_path)
+    config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=run.ckpt, summary_dir=str(run.logdir),
+                              save_summaries_steps=1, save_checkpoints_steps=1000)
+    leadership = run.lease.for_("d")
+    leadership.confirmed_lease = leadership.lease
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
+    made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
+                        leadership=leadership)
+    session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
+    for hook in made.hooks:
+        hook.after_create_session(session)
+    run.steps("a", 2)
+    run.save()                 # the checkpoint of step 2
+    run.steps("a", 3)          # 3..5 by A: lost with ps task 1
+    run.lease.holder = None
+    run.restore("a")           # A restores, then is lost: nobody leads as the cluster settles
+    run.steps("b", 2)          # 6, 7: the restored model, by workers not holding the duties
+    run.lease.holder = "d"     # taken by D as its session ends
+    session.global_step = run.client.global_step()
+
+    def unwritable(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EIO, "Input/output error", run.ckpt)
+
+    monkeypatch.setattr(CheckpointManager, "save", unwritable)
+    with pytest.raises(FinalCheckpointError, match="Input/output error"):
+        made.__exit__(None, None, None)  # every hook's end(), in order, as a session ends
+    assert run.curve() == [1, 2, 7]  # before: [1, 2, 3, 4, 5] (neither the START at 2 nor the final point)
+
+
+def test_a_final_checkpoint_and_a_summary_end_both_failing_raise_the_checkpoint_s(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Both duties' end() ran; the run fails with the final checkpoint's error (the saver's, first), the summary
+    hook's is logged naming it, not lost."""
+    run = _Run(tmp_path)
+    config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=run.ckpt, summary_dir=str(run.logdir),
+                              save_summaries_steps=1000, save_checkpoints_steps=1000)
+    run.lease.holder = "d"
+    leadership = run.lease.for_("d")
+    leadership.confirmed_lease = leadership.lease
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
+    made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
+                        leadership=leadership)
+    session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
+    for hook in made.hooks:
+        hook.after_create_session(session)
+    run.running = []
+    run.steps("d", 3)
+
+    def full(writer: SummaryWriter, event: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", writer.path)
+
+    def unwritable(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EIO, "Input/output error", run.ckpt)
+
+    monkeypatch.setattr(SummaryWriter, "_append", full)
+    monkeypatch.setattr(CheckpointManager, "save", unwritable)
+    with pytest.raises(FinalCheckpointError, match="Input/output error"):
+        made.__exit__(None, None, None)
+    assert "chief duty SummarySaverHook: its end() failed too" in caplog.text and "No space left" in caplog.text
