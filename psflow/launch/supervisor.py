@@ -210,13 +210,14 @@ class Supervisor:
     def cancel_pending(self, why: str) -> list[RestartEvent]:
         """Drops every restart still in its backoff (the launcher's watch returned: nothing restarts a task now), each
         event then ``restarted`` False and its ``decision`` ending ``; not made: WHY``, so metrics.json, status.json
-        (the task ``dead``, not ``restarting``) and the end's lines never report a restart that never happened.
-        Returns those events."""
-        cancelled = [event for _, _, event in self._due]
+        (the task ``dead``, not ``restarting``, its :attr:`restarts` count the restarts made) and the end's lines
+        never report a restart that never happened. Returns those events."""
+        cancelled = list(self._due)
         self._due.clear()
-        for event in cancelled:
+        for _, task, event in cancelled:
             event.restarted, event.decision = False, f"{event.decision}; not made: {why}"
-        return cancelled
+            self.restarts[task.name] -= 1  # counted when it was scheduled (on_exit)
+        return [event for _, _, event in cancelled]
 
     def restart_due(self) -> list[Any]:
         """Restarts every task whose backoff has passed; returns the new task objects.

@@ -92,3 +92,21 @@ def test_a_restart_in_its_backoff_when_the_run_stops_is_not_reported_under_way()
     resilience.close()
     assert not resilience.supervisor.scheduled("/job:ps/task:0")
     assert resilience.metrics()["restarts"][0]["decision"].endswith("; not made: the run's tasks were stopped first")
+
+
+def test_a_restart_not_made_is_not_counted_in_the_tasks_restarts() -> None:
+    """status.json's task row (and metrics.prom's psflow_task_restarts_total) count the restarts of a task's process
+    (run_status: Supervisor.restarts, counted where a restart is scheduled): one dropped in its backoff was never
+    made, so the task reads dead with 0 restarts, not dead with 1 and no restart in its history."""
+    from launched_tasks import FakeCluster, FakeTask
+
+    from psflow.launch.resilience import Resilience, ResilienceConfig
+    from psflow.launch.run_status import LauncherStatus
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:3"]})
+    dead = FakeTask("ps", 0, 1 << 30, exit_code=KILLED)
+    lc = FakeCluster(cluster, [dead])
+    lc.resilience = Resilience(lc, ResilienceConfig(restart=RestartConfig("on-failure"), health=None))
+    assert lc.resilience.on_exit(dead)
+    lc.resilience.close()
+    row = LauncherStatus._processes(SimpleNamespace(_lc=lc))
+    assert (row["/job:ps/task:0"].state, row["/job:ps/task:0"].restarts) == ("dead", 0), row
