@@ -376,7 +376,7 @@ class CheckpointHandlers:
         if not values_only:  # the averages (and, in sync mode, the step count) belong to the restored step
             self._variables.averages.restored(request.restored_step)
             self._mode.restored_at(request.restored_step)
-            self._gate.loaded(request.restored_from, request.restored_from_step)  # Stats names them
+            self._gate.loaded(request.restored_from, request.restored_from_step, request.generation)  # for Stats
         if positions is not None:
             self._workers.restore(dict(positions), examples)
         if lineage is not None:

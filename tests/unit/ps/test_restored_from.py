@@ -79,3 +79,25 @@ def test_a_malformed_field_is_refused_naming_it(meta: dict[str, object], field: 
     from psflow.rpc.api import InvalidRequest
     with pytest.raises(InvalidRequest, match=field):
         LoadShardRequest.from_frame(Frame(meta))
+
+
+def test_a_restore_begun_during_an_older_load_is_not_named_by_that_load() -> None:
+    """A deposed restorer's LoadShard of generation 7 passes the fence, then BeginRestore 9 (the next restorer's)
+    comes while it loads: the task holds 9 when the load ends, and the record kept with the task's generation named
+    generation 9's restore as the checkpoint of generation 7's, before any of 9's loads came. The record is the
+    load's own generation's: 9 names none until its own load."""
+    client, services = two_ps_cluster()
+    register_as_chief(client, SGD, None)
+    for task in (0, 1):
+        client.call(task, BeginRestoreRequest(7))
+    averages = services[1].variables.averages
+    real = averages.restored
+
+    def begun_meanwhile(step: int | None) -> None:
+        services[1].gate.close(9)  # BeginRestore 9, as the load of generation 7 ends
+        real(step)
+
+    averages.restored = begun_meanwhile  # type: ignore[method-assign]
+    client.call(1, _load(30, "/ckpt/ckpt-000000030", 7))
+    stats = client.ps_stats(1)
+    assert (stats.generation, stats.restored_from, stats.restored_from_step) == (9, None, None)
