@@ -25,8 +25,12 @@ variables for evaluation: whoever reads that file gets the averages.
 ``psflow predict --moving-averages`` scores with the averages of an export
 that holds them (either way); without the flag it scores ``model.safetensors``.
 
-Both files are written atomically (temp file, fsync, rename; one put each in an
-object store). The checkpoint, the export's directory and the data scored may
+Each file is written atomically (temp file, fsync, rename; one put each in an
+object store), model.json last. An export into a directory holding an earlier
+one first removes its model.json (and its moving_averages.safetensors where
+the new export writes none): an export cut short (a full disk, a signal) leaves
+a directory that is refused as no export, never the new variables read with the
+earlier model.json. The checkpoint, the export's directory and the data scored may
 be URLs of an object store (``s3://``, ``gs://``; see :mod:`psflow.storage`):
 export reads a checkpoint there and may write its directory there, and
 predict reads an export and data from there. The model's
@@ -169,7 +173,8 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
     Raises:
         CheckpointError: no complete checkpoint, one that does not say which model wrote it, one whose
             model record holds a NaN or infinite setting (JSON cannot hold it), or (``moving_averages``)
-            one without moving averages.
+            one without moving averages: each before ``out_dir`` is touched.
+        OSError: ``out_dir`` cannot be written (an earlier export there is no longer one: see the module docstring).
     """
     path = _resolve_checkpoint(checkpoint)
     manifest = read_manifest(path)
@@ -178,11 +183,8 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
         raise _no_averages(f"checkpoint {path}")
     variables = read_variables(path, moving_averages=moving_averages)
     record = _model_record(path, manifest, variables)
-    storage.makedirs(out_dir)
-    storage.write_atomically(os.path.join(out_dir, "model.safetensors"), safetensors_save(variables))
-    if averaged and not moving_averages:
-        shadows = read_variables(path, moving_averages=True)
-        storage.write_atomically(os.path.join(out_dir, AVERAGES_FILE), safetensors_save({n: shadows[n] for n in averaged}))
+    beside = averaged and not moving_averages  # the averages go to their own file
+    shadows = read_variables(path, moving_averages=True) if beside else {}
     meta = {
         "format": MODEL_FORMAT,
         "format_version": FORMAT_VERSION,
@@ -196,14 +198,27 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
     }
     if averaged:
         meta["moving_averages"] = {"in_place": moving_averages, "variables": averaged,
-                                   **({} if moving_averages else {"file": AVERAGES_FILE})}
+                                   **({"file": AVERAGES_FILE} if beside else {})}
     meta_path = os.path.join(out_dir, "model.json")
     try:
         text = jsonio.dumps(meta, nonfinite="error", what=meta_path, indent=1)
     except ValueError as e:  # a NaN or infinite setting in the checkpoint's model record
         raise CheckpointError(f"checkpoint {path}: {e}") from e
+    storage.makedirs(out_dir)  # all read and checked: from here on, the directory is written
+    _remove_earlier(meta_path, *(() if beside else (os.path.join(out_dir, AVERAGES_FILE),)))
+    storage.write_atomically(os.path.join(out_dir, "model.safetensors"), safetensors_save(variables))
+    if beside:
+        storage.write_atomically(os.path.join(out_dir, AVERAGES_FILE), safetensors_save({n: shadows[n] for n in averaged}))
     storage.write_atomically(meta_path, text.encode())
     return path
+
+
+def _remove_earlier(*paths: str) -> None:
+    """Removes an earlier export's files ``paths`` where present (model.json first): an export cut short after
+    this leaves no model.json, so the directory is refused as no export, never loaded as a mix of two."""
+    for path in paths:
+        if storage.exists(path):
+            storage.remove(path)
 
 
 def load_model(model_dir: str, *, search_path: str | None = None, moving_averages: bool = False,
