@@ -422,7 +422,7 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
                                                 examples_stale_at_most=extra["stale_dropped"] * config.data.batch_size,
                                                 restores=[r.get("restore") for r in results],
                                                 drivers_restarted=_drivers_restarted(end.lc, driver))
-    dynamic = table_totals(ps_stats)
+    dynamic = table_totals(ps_stats, tables=[v.name for v in model.variables() if v.dynamic is not None])
     if dynamic:  # admission, rejections, dropped gradients, evictions and memory of each dynamic table
         extra["dynamic_tables"] = dynamic
     if (line := restore_loss_line(loss)) is not None:  # before the end's writing: a signal there or EndNotWritten

@@ -167,7 +167,7 @@ def share_spec(name: str, dim: int, options: Mapping[str, Any], *, optimizer: Op
     return DynamicTableSpec(name=name, dim=dim, optimizer=optimizer, initializer=dict(initializer), **given)
 
 
-def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def table_totals(ps_stats: Sequence[Mapping[str, Any]], *, tables: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """Each dynamic table's counters summed over its shares, by variable name, from the ps tasks' ``Stats`` replies.
 
     ``row_limit`` and ``memory_bytes`` are sums too (the whole table's). Every dynamic table spans every ps task
@@ -178,6 +178,11 @@ def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     (``task``, ``error``). So does a task that answered not ready with no share (a ps task killed after training
     and started again empty, which nobody restores; no ``error``): its share is not known, not zero. A ready task
     with no share held none (a table pinned to another ps task: :mod:`psflow.placement.device_setter`).
+
+    ``tables``: the run's dynamic tables (the model's variables with ``dynamic`` options). Where some task is not
+    read, each one no reply names (every task unread: ``--ps 1`` with that task lost; or one pinned to an unread
+    task) is reported too, each :class:`DynamicTableStats` counter None, with ``shares_unread``: never left out.
+    Where every task is read, they add nothing (a declared table every ready task holds no share of is not guessed).
     """
     totals: dict[str, dict[str, Any]] = {}
     unread = [{"task": stats.get("task"), "error": _why_unread(stats)} for stats in ps_stats
@@ -189,6 +194,8 @@ def table_totals(ps_stats: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
                 if isinstance(value, int) and not isinstance(value, bool):
                     table[name] = table.get(name, 0) + value
     if unread:
+        for name in tables:
+            totals.setdefault(name, dict.fromkeys(f.name for f in fields(DynamicTableStats)))
         totals = {name: {**dict.fromkeys(table), "shares_unread": unread} for name, table in totals.items()}
     return totals
 

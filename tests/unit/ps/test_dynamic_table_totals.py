@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from psflow.cli.train import _print_summary
-from psflow.ps.dynamic import table_totals
+from psflow.ps.dynamic import DynamicTableStats, table_totals
 
 
 def _reply(task: int, rows: int) -> dict[str, Any]:
@@ -84,3 +84,37 @@ def test_a_ready_task_holding_no_share_leaves_the_totals_known() -> None:
     assert stats[1]["ready"] and "dynamic_tables" not in stats[1]
     totals = table_totals(stats)
     assert totals["emb"]["rows"] == 0 and "shares_unread" not in totals["emb"], totals
+
+
+_LOST = {"task": "/job:ps/task:0", "ready": False, "exited": True, "error": "/job:ps/task:0 was killed by SIGKILL"}
+
+
+def test_every_task_unread_still_reports_each_table_the_run_declared() -> None:
+    """``--ps 1`` with that task lost after training: no Stats names a share, so the table names come from the run
+    (``tables``). Before, ``dynamic_tables`` was {} (missing from metrics.json, no console line): a silent omission."""
+    totals = table_totals([_LOST], tables=["w", "deep/emb"])
+    counters = {name: None for name in DynamicTableStats.__dataclass_fields__}
+    unread = [{"task": "/job:ps/task:0", "error": _LOST["error"]}]
+    assert totals == {"w": {**counters, "shares_unread": unread}, "deep/emb": {**counters, "shares_unread": unread}}
+
+
+def test_a_declared_table_pinned_to_the_unread_task_is_reported_beside_those_read() -> None:
+    """A table pinned to ps task 0 (lost) has no share on the ready task 1: known only from ``tables``."""
+    reply = {"task": "/job:ps/task:1", "ready": True, "dynamic_tables": {"w/part_1": {"rows": 4, "memory_bytes": 100}}}
+    totals = table_totals([_LOST, reply], tables=["w", "pinned"])
+    assert totals["w"] == {"rows": None, "memory_bytes": None, "shares_unread": [{"task": "/job:ps/task:0",
+                                                                                   "error": _LOST["error"]}]}
+    assert totals["pinned"]["rows"] is None and totals["pinned"]["shares_unread"] == totals["w"]["shares_unread"]
+
+
+def test_declared_tables_every_share_read_are_the_sums_and_nothing_more() -> None:
+    assert table_totals([_reply(0, 3), _reply(1, 4)], tables=["w"]) == table_totals([_reply(0, 3), _reply(1, 4)])
+
+
+def test_the_console_says_each_table_of_a_run_with_every_task_unread(capsys: pytest.CaptureFixture[str]) -> None:
+    metrics = {"global_step": 5, "examples": 10, "examples_this_run": 10, "wall_seconds": 1.0, "examples_per_sec": 10.0,
+               "dynamic_tables": table_totals([_LOST], tables=["w"])}
+    _print_summary(metrics)
+    err = capsys.readouterr().err
+    assert ("psflow: dynamic table 'w': totals not known: the share on /job:ps/task:0 was not read "
+            "(/job:ps/task:0 was killed by SIGKILL)") in err, err
