@@ -40,6 +40,8 @@ class PortTaken(LaunchError):
     again on new ports, or, after the last attempt, reports it as the run's failure.
     """
 
+    starts_again = True  # not the run's failure: LocalCluster.__exit__ lets a signal during its stop end the launch
+
     def __init__(self, message: str, *, task: str, port: int) -> None:
         super().__init__(message)
         self.task = task

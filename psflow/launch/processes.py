@@ -25,13 +25,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, shard_members
 from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
-from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline
+from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, signal_name
 from psflow.launch.ports import free_ports
 from psflow.launch.resilience import Resilience
 from psflow.launch.run_end import RunEnd
@@ -49,6 +49,9 @@ log = logging.getLogger("psflow.launch")
 
 class LaunchError(PsflowError, RuntimeError):
     """A task of a local cluster failed; the message names the root cause."""
+
+    #: The launcher starts the cluster again after it: no failure of the run (a taken port: ``PortTaken``).
+    starts_again: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -313,15 +316,31 @@ class LocalCluster:
                     exc.report = (self.on_interrupt or self.report_interrupt)(exc.signum)
                 self.stop_all()
                 if not isinstance(exc, LaunchInterrupted):  # one that came during the cleanup: raised as one a
-                    try:  # moment earlier (a PortTaken's start is not retried; an end written stands, said)
+                    try:  # moment earlier (a PortTaken's start is not retried; an end written stands, said), but
+                        # after a failure no end was taken for: said, the failure stands (_failure_stands)
                         self.signals.check()
                     except LaunchInterrupted as e:
-                        late = e
-                        late.report = (self.on_interrupt or self.report_interrupt)(late.signum)
+                        if _failure_stands(exc, e):
+                            print(f"psflow: {signal_name(e.signum)} arrived while the tasks of a failed run were "
+                                  "stopped: its failure stands; every task stopped", file=sys.stderr, flush=True)
+                        else:
+                            late = e
+                            late.report = (self.on_interrupt or self.report_interrupt)(late.signum)
         finally:
             self.signals.restore()
         if late is not None:
             raise late from exc
+
+
+def _failure_stands(exc: BaseException | None, interrupt: LaunchInterrupted) -> bool:
+    """Whether ``interrupt`` (a signal that came while the tasks were stopped after ``exc``) leaves ``exc`` to end
+    the launch: the run failed (an error, not a start made again: :attr:`LaunchError.starts_again`) before any end
+    of it was taken (a task not started, the model refused); its error and exit status 1 stand, as without the
+    signal, not ``128 + n``. A failed run's end taken (:meth:`~psflow.launch.run_end.RunEnd.failed`) is the
+    signal's to report: its status, and its error in the report."""
+    if not isinstance(exc, Exception) or interrupt.final is not None:
+        return False
+    return not (isinstance(exc, LaunchError) and exc.starts_again)
 
 
 def task_env(base: Mapping[str, str], *, token: str, workers: int, cpus: int, verbose: bool) -> dict[str, str]:

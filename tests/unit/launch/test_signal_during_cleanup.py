@@ -113,3 +113,21 @@ def test_a_signal_while_a_failed_run_s_tasks_stop_keeps_its_failure(tmp_path: Pa
     assert lines[0].startswith("SIGHUP arrived after the run had failed at global_step "), e.report
     assert "  /job:worker/task:0 (pid 7) exited with code 1: root cause" in lines, e.report  # its error, said once
     assert json.loads((tmp_path / "metrics.json").read_text())["phase"] == "failed"
+
+
+def test_a_signal_while_the_tasks_of_a_run_failed_before_its_end_stop_keeps_the_failure(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A failure no end was taken for (raised in _run_cluster before its watch: a task not started, the model refused
+    # after the tasks started): its error and exit status 1 stand, as before 3334f34; the signal is said, not dropped.
+    before = signal.getsignal(signal.SIGTERM)
+    with cluster_signalling_on_stop(tmp_path, signal.SIGTERM) as lc:
+        end = RunEnd(lc, str(tmp_path), started=0.0, out=io.StringIO())
+        lc.on_interrupt = end.interrupted
+        with pytest.raises(LaunchError) as raised:
+            with lc:
+                raise LaunchError("could not start /job:worker/task:1: [Errno 24] Too many open files")
+        assert lc.tasks[0].popen.poll() is not None
+    assert not isinstance(raised.value, PortTaken) and str(raised.value).startswith("could not start /job:worker/")
+    assert not (tmp_path / "metrics.json").exists(), "no end of it: none written, as without the signal"
+    assert "SIGTERM arrived while the tasks of a failed run were stopped: its failure stands" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before
