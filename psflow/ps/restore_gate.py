@@ -200,11 +200,12 @@ class RestoreGate:
     def loaded(self, checkpoint: str | None, step: int | None, generation: int | None = None) -> None:
         """A ``LoadShard`` of a restore (not a warm start) of ``generation`` (the one :meth:`check_load` let in;
         None: not sent, the one the task holds now) loaded ``checkpoint``, of global_step ``step`` (None: an older
-        restorer's load, which names neither: nothing kept). Kept with that generation: a ``BeginRestore`` that came
-        during the load is not named by it."""
+        restorer's load, which names neither: nothing kept). Kept only where the task still holds that generation: a
+        ``BeginRestore`` that came during the load is not named by it, and the record of that next restore's own
+        load, where it came first, is not replaced by this stale one (only the generation held is ever read)."""
         with self._lock:
-            if step is not None:
-                self._restored = (self._generation if generation is None else generation, checkpoint, step)
+            if step is not None and (generation is None or generation == self._generation):
+                self._restored = (self._generation, checkpoint, step)
 
     def restored_from(self) -> tuple[int, str | None, int | None]:
         """The generation this task holds, and (read with it) the checkpoint its restore loaded here and that

@@ -101,3 +101,26 @@ def test_a_restore_begun_during_an_older_load_is_not_named_by_that_load() -> Non
     client.call(1, _load(30, "/ckpt/ckpt-000000030", 7))
     stats = client.ps_stats(1)
     assert (stats.generation, stats.restored_from, stats.restored_from_step) == (9, None, None)
+
+
+def test_an_older_load_ending_after_the_next_restore_s_load_leaves_that_restore_named() -> None:
+    """A deposed restorer's LoadShard of generation 7 passes the fence; BeginRestore 9 and generation 9's whole load
+    come before it ends. Its end recorded generation 7's checkpoint over generation 9's, so Stats named no restore
+    at generation 9 (a record of another generation is never shown) although 9's load came: a stale load's end
+    keeps no record (only the generation the task holds is ever read)."""
+    client, services = two_ps_cluster()
+    register_as_chief(client, SGD, None)
+    client.call(1, BeginRestoreRequest(7))
+    averages = services[1].variables.averages
+    real = averages.restored
+
+    def next_restore_meanwhile(step: int | None) -> None:
+        averages.restored = real  # type: ignore[method-assign]
+        client.call(1, BeginRestoreRequest(9))
+        client.call(1, _load(40, "/ckpt/ckpt-000000040", 9))
+        real(step)
+
+    averages.restored = next_restore_meanwhile  # type: ignore[method-assign]
+    client.call(1, _load(30, "/ckpt/ckpt-000000030", 7))
+    stats = client.ps_stats(1)
+    assert (stats.generation, stats.restored_from, stats.restored_from_step) == (9, "/ckpt/ckpt-000000040", 40)
