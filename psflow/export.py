@@ -13,7 +13,8 @@ An exported model is a directory::
                                          "rows": n}; its NAME@ids is not listed)
                          "checkpoint": path, "psflow_version": ...,
                          "moving_averages": {"in_place": bool, "variables": [name, ...],
-                                             "file": "moving_averages.safetensors"}}   (only with averages)
+                                             "file": "moving_averages.safetensors"},   (only with averages)
+                         "files": {FILE: {"size": bytes, "sha256": hex}}}   each .safetensors file written
     moving_averages.safetensors   the moving averages of the averaged variables (TensorFlow's
                         ExponentialMovingAverage shadows, psflow.ps.averages), by variable name, when the
                         checkpoint holds them and the export is not --moving-averages
@@ -30,10 +31,19 @@ object store), model.json last. An export into a directory holding an earlier
 one first removes its model.json (and its moving_averages.safetensors where
 the new export writes none): an export cut short (a full disk, a signal) leaves
 a directory that is refused as no export, never the new variables read with the
-earlier model.json. The checkpoint, the export's directory and the data scored may
-be URLs of an object store (``s3://``, ``gs://``; see :mod:`psflow.storage`):
-export reads a checkpoint there and may write its directory there, and
-predict reads an export and data from there. The model's
+earlier model.json. model.json's ``files`` ties the other files to it: the size
+and sha256 of the bytes written. :func:`load_model` checks the bytes it loads
+(one read of each file) and refuses a file that differs, naming it: a reader
+during another export into the directory (``psflow predict`` while ``psflow
+export`` runs), or two exports at once, get one export whole or a refusal,
+never one export's model.json with another's variables or averages; a damaged
+file is refused too. An export written by a psflow before the sums (no
+``files``) still loads, unchecked.
+
+The checkpoint, the export's directory and the data scored may be URLs of an
+object store (``s3://``, ``gs://``; see :mod:`psflow.storage`): export reads a
+checkpoint there and may write its directory there, and predict reads an
+export and data from there. The model's
 name, config and data settings come from the checkpoint's manifest (the chief
 records them with every save). ``psflow predict MODEL DATA`` rebuilds the
 model through the registry (a user's ``package.module:Class`` is imported
@@ -59,20 +69,24 @@ sparse logistic regression only) are still read
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load as safetensors_load
 from safetensors.numpy import save as safetensors_save
 
 from psflow import jsonio, storage
 from psflow.checkpoint.manifest import Manifest, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
-from psflow.checkpoint.variables import DYNAMIC_IDS, averaged_variables, read_safetensors, read_variables
+from psflow.checkpoint.variables import DYNAMIC_IDS, averaged_variables, read_variables
 from psflow.data import FORMATS, Batch, BatchSpec, DataError, Schema, batch_spec, read_all
 from psflow.errors import CheckpointError
 from psflow.models.api import Model, ModelConfig, ModelError
@@ -184,7 +198,10 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
     variables = read_variables(path, moving_averages=moving_averages)
     record = _model_record(path, manifest, variables)
     beside = averaged and not moving_averages  # the averages go to their own file
-    shadows = read_variables(path, moving_averages=True) if beside else {}
+    files = {"model.safetensors": safetensors_save(variables)}
+    if beside:
+        shadows = read_variables(path, moving_averages=True)
+        files[AVERAGES_FILE] = safetensors_save({n: shadows[n] for n in averaged})
     meta = {
         "format": MODEL_FORMAT,
         "format_version": FORMAT_VERSION,
@@ -199,6 +216,7 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
     if averaged:
         meta["moving_averages"] = {"in_place": moving_averages, "variables": averaged,
                                    **({"file": AVERAGES_FILE} if beside else {})}
+    meta["files"] = {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()} for name, data in files.items()}
     meta_path = os.path.join(out_dir, "model.json")
     try:
         text = jsonio.dumps(meta, nonfinite="error", what=meta_path, indent=1)
@@ -206,9 +224,8 @@ def export_model(checkpoint: str, out_dir: str, *, moving_averages: bool = False
         raise CheckpointError(f"checkpoint {path}: {e}") from e
     storage.makedirs(out_dir)  # all read and checked: from here on, the directory is written
     _remove_earlier(meta_path, *(() if beside else (os.path.join(out_dir, AVERAGES_FILE),)))
-    storage.write_atomically(os.path.join(out_dir, "model.safetensors"), safetensors_save(variables))
-    if beside:
-        storage.write_atomically(os.path.join(out_dir, AVERAGES_FILE), safetensors_save({n: shadows[n] for n in averaged}))
+    for name, data in files.items():  # model.safetensors, then the averages
+        storage.write_atomically(os.path.join(out_dir, name), data)
     storage.write_atomically(meta_path, text.encode())
     return path
 
@@ -237,16 +254,20 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
         model: the model the user named (``psflow predict --model``).
         trust_model_module: import whatever module model.json names.
 
+    An export records each file's size and sha256 in model.json; a file read that differs (another export into
+    ``model_dir`` meanwhile, or damage) is refused. An export written before the sums loads unchecked.
+
     Raises:
-        CheckpointError: missing files or not a psflow model (names the file), or
-            (``moving_averages``) an export without moving averages.
+        CheckpointError: missing files or not a psflow model (names the file), a file that is not the one
+            model.json names (names the directory and the file: export again), or (``moving_averages``)
+            an export without moving averages.
         ModelError: the model cannot be rebuilt (unknown name, module not found, a
             module the user did not name), or its variables differ from the exported ones.
     """
     meta_path = os.path.join(model_dir, "model.json")
     try:
         meta = json.loads(storage.read_bytes(meta_path))
-        tensors = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+        raw = storage.read_bytes(os.path.join(model_dir, "model.safetensors"))  # its only read: checked, then loaded
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{model_dir}: not an exported psflow model: {e}") from e
     if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
@@ -255,6 +276,8 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
     problem = _meta_problem(meta)
     if problem is not None:
         raise CheckpointError(f"{meta_path}: {problem}")
+    tensors = _loaded(model_dir, meta, "model.safetensors", raw)
+    del raw  # the tensors are copies: not held while the averages are read
     if "model_config" in meta:
         data = dict(meta.get("data") or {})
         config = _in_data_order(ModelConfig.from_dict(meta["model_config"]), data)
@@ -273,7 +296,7 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
 def _meta_problem(meta: Mapping[str, Any]) -> str | None:
     """What is wrong with the shape of model.json's fields (a hand-edited or foreign file), or None."""
     kinds: dict[str, type | tuple[type, ...]] = {"model": str, "model_config": dict, "data": (dict, type(None)),
-                                                 "moving_averages": (dict, type(None))}
+                                                 "moving_averages": (dict, type(None)), "files": dict}
     for key, kind in kinds.items():
         if key in meta and not isinstance(meta[key], kind):
             return f"field {key!r} is {type(meta[key]).__name__} {meta[key]!r:.60}; not a model.json psflow export wrote"
@@ -283,11 +306,40 @@ def _meta_problem(meta: Mapping[str, Any]) -> str | None:
     averaged = (meta.get("moving_averages") or {}).get("variables", [])
     if not (isinstance(averaged, list) and all(isinstance(name, str) for name in averaged)):
         return f"field 'moving_averages' names variables {averaged!r:.60}; not a model.json psflow export wrote"
+    for name, entry in meta.get("files", {}).items():
+        if not (isinstance(entry, dict) and type(entry.get("size")) is int and entry["size"] >= 0
+                and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])):
+            return f"field 'files' says {name!r} is {entry!r:.100}, not a size and sha256; not a model.json psflow export wrote"
     data = meta.get("data") or {}
     if data.get("format") not in (None, *FORMATS) or not isinstance(data.get("schema"), (dict, type(None))) \
             or not isinstance(data.get("num_features"), (int, type(None))):
         return f"field 'data' is {data!r:.200}: not how psflow reads data; not a model.json psflow export wrote"
     return None
+
+
+_SHA256 = re.compile("[0-9a-f]{64}")
+
+
+def _loaded(model_dir: str, meta: Mapping[str, Any], name: str, data: bytes) -> dict[str, np.ndarray]:
+    """The tensors of the export's file ``name``, whose bytes as read are ``data``, once they are the bytes
+    model.json's ``files`` records (size and sha256; an export written before the sums records none: unchecked).
+
+    Raises:
+        CheckpointError: ``data`` differs from the record (another export wrote the file after this model.json,
+            or it is damaged), or is no safetensors file: names ``model_dir`` and ``name``.
+    """
+    recorded = meta.get("files", {}).get(name)
+    if recorded is not None:
+        digest = hashlib.sha256(data).hexdigest()
+        if len(data) != recorded["size"] or digest != recorded["sha256"]:
+            raise CheckpointError(
+                f"{model_dir}: {name} is not the file its model.json names ({recorded['size']} bytes, sha256 "
+                f"{recorded['sha256'][:16]}...; read {len(data)} bytes, sha256 {digest[:16]}...): written by "
+                "another export meanwhile, or damaged: export again")
+    try:
+        return dict(safetensors_load(data))
+    except SafetensorError as e:
+        raise CheckpointError(f"{model_dir}: {name} is not a safetensors file: {e}") from e
 
 
 def _with_averages(model_dir: str, meta: Mapping[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -297,11 +349,13 @@ def _with_averages(model_dir: str, meta: Mapping[str, Any], tensors: dict[str, n
         raise _no_averages(f"exported model {model_dir}")
     if averages.get("in_place") is True:
         return tensors
-    path = os.path.join(model_dir, str(averages.get("file") or AVERAGES_FILE))
+    file_name = str(averages.get("file") or AVERAGES_FILE)
+    path = os.path.join(model_dir, file_name)
     try:
-        shadows = read_safetensors(path)
-    except (OSError, ValueError) as e:
+        data = storage.read_bytes(path)  # its only read: checked, then loaded
+    except OSError as e:
         raise CheckpointError(f"{path}: cannot read the export's moving averages: {e}") from e
+    shadows = _loaded(model_dir, meta, file_name, data)
     for name in averages["variables"]:
         shadow, value = shadows.get(name), tensors.get(name)
         if shadow is None or value is None or shadow.shape != value.shape or shadow.dtype != value.dtype:
