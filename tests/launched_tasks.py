@@ -5,10 +5,12 @@ directory)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from dataclasses import dataclass
 
 from psflow.cluster import ClusterSpec
+from psflow.launch.exits import exit_status
 
 
 @dataclass
@@ -22,10 +24,14 @@ class FakeTask:
     popen: subprocess.Popen[bytes] | None = None  # a real process's, where a test lets its exit be found
 
     def exited(self) -> int | None:
-        """As :meth:`psflow.launch.processes.TaskProcess.exited`: the recorded exit code, else ``popen``'s."""
+        """As :meth:`psflow.launch.processes.TaskProcess.exited`: the recorded exit code, else ``popen``'s (not reaped)."""
         if self.exit_code is not None or self.popen is None:
             return self.exit_code
-        return self.popen.poll()
+        return exit_status(self.popen)
+
+    def send_signal(self, sig: int) -> None:
+        """As :meth:`psflow.launch.processes.TaskProcess.send_signal`, by pid (a test's own process, or none)."""
+        os.kill(self.pid, sig)
 
     @property
     def name(self) -> str:

@@ -60,7 +60,6 @@ hit waits for the next holder.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -101,7 +100,7 @@ class ChaosInjector:
     docstring); not thread-safe: one thread polls, and records recoveries under the caller's lock."""
 
     def __init__(self, plan: ChaosPlan, cluster: ClusterSpec, find: Callable[[str, int], Any],
-                 *, send: Callable[[int, int], None] = os.kill,
+                 *, send: Callable[[int, int], None] | None = None,
                  holder: Callable[[], DutyHolder | None] | None = None, client: bool = False,
                  member: Callable[[str, int], str | None] | None = None,
                  ended: Callable[[str, int], str | None] | None = None) -> None:
@@ -111,8 +110,10 @@ class ChaosInjector:
             plan: the faults.
             cluster: the cluster they target.
             find: (job, index) -> the task's current process object (with
-                ``name`` and ``pid``) or ``None`` if it is not running.
-            send: how to signal a pid (tests pass a fake).
+                ``name``, ``pid`` and ``send_signal``) or ``None`` if it is not running.
+            send: how to signal a pid (tests pass a fake); None (the launcher): through the process object's
+                ``send_signal(sig)`` (:meth:`~psflow.launch.processes.TaskProcess.send_signal`: never a pid
+                reaped since ``find`` returned it).
             holder: who holds the chief duties now (None: nobody at this moment); asked when
                 a ``chief`` fault is due. Not given: ``chief`` is the configured chief.
             member: (replicated ps shards) ``(job, shard)`` -> the task a ``ps`` or ``ps-backup`` fault on
@@ -297,7 +298,10 @@ class ChaosInjector:
                 continue  # not running now (e.g. being restarted): fire when it is back
             head.remove(entry)
             try:
-                self._send(task.pid, fault.signal)
+                if self._send is None:
+                    task.send_signal(fault.signal)
+                else:
+                    self._send(task.pid, fault.signal)
             except ProcessLookupError:
                 log.warning("chaos: %s: %s (pid %d) already gone", fault.spec, task.name, task.pid)
                 self.not_fired[fault.spec] = f"{task.name} (pid {task.pid}) was already gone at global_step {global_step}"

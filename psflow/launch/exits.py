@@ -6,7 +6,10 @@ average, on every run's end). Linux's ``pidfd_open`` gives a descriptor that tur
 exits; where there is none (another system, an old kernel), the wait is a plain sleep of ``timeout``.
 
 Only processes this launcher started and has not reaped are waited on: an unreaped child's pid cannot be reused,
-so the descriptor always names the task's own process. Nothing is reaped here (``Popen.poll`` does that).
+so the descriptor always names the task's own process. Nothing is reaped here (``Popen.poll`` does that, on the
+watch loop's thread): :func:`exit_status` tells an exit without reaping (the chaos thread asks it), and
+:func:`open_pidfd` gives the descriptor a task's signals from other threads go through (so none reaches a pid
+after its process was reaped, when it may be another process's).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 import time
 from collections.abc import Iterable
 
-__all__ = ["wait_for_exit"]
+__all__ = ["exit_status", "open_pidfd", "wait_for_exit"]
 
 
 def wait_for_exit(processes: Iterable[subprocess.Popen[bytes]], timeout: float) -> bool:
@@ -52,3 +55,35 @@ def wait_for_exit(processes: Iterable[subprocess.Popen[bytes]], timeout: float) 
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def exit_status(popen: subprocess.Popen[bytes]) -> int | None:
+    """The exit status of ``popen``'s process (as ``Popen.returncode``: -N for signal N), None while it runs; never
+    reaps it (``waitid`` with ``WNOWAIT``). Any thread may ask.
+
+    An exit not reaped yet (a zombie) counts, and the zombie stays: its pid is its own until the watch loop reaps it
+    (``Popen.poll``), so no pid freed here can be signalled, by pid, as if it were the task's. Where the system has
+    no ``waitid``, ``Popen.poll`` (which reaps).
+    """
+    if popen.returncode is not None:
+        return popen.returncode
+    if not hasattr(os, "waitid"):
+        return popen.poll()
+    try:
+        info = os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped meanwhile by Popen on another thread: wait() returns the code it recorded
+        return popen.wait()
+    if info is None or info.si_pid == 0:
+        return None
+    return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A process descriptor of ``pid`` (a child not reaped: call it right after starting the process, before any
+    thread can reap it), or None where the system has none. A signal through it
+    (``signal.pidfd_send_signal``) reaches that process or, once it is reaped, fails with ProcessLookupError:
+    never another process given the pid later. The caller closes it."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None

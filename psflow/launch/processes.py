@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TextIO
@@ -31,6 +32,7 @@ from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, shard_members
 from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
+from psflow.launch.exits import exit_status, open_pidfd
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, signal_name
 from psflow.launch.ports import free_ports
 from psflow.launch.resilience import Resilience
@@ -112,7 +114,11 @@ class TaskHosts:
 
 @dataclass
 class TaskProcess:
-    """One started task process."""
+    """One started task process.
+
+    ``pidfd``: its process descriptor (:func:`~psflow.launch.exits.open_pidfd`, opened as it was started, closed
+    when this object is collected), through which :meth:`send_signal` signals it; None where the system has none.
+    """
 
     job: str
     index: int
@@ -122,6 +128,11 @@ class TaskProcess:
     exit_code: int | None = None
     exited_at: float | None = None
     error_path: str | None = None  # where the task writes an expected error's one line (--error-file)
+    pidfd: int | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.pidfd is not None:
+            weakref.finalize(self, os.close, self.pidfd)  # not closed while any thread holds the task to signal it
 
     @property
     def name(self) -> str:
@@ -132,10 +143,27 @@ class TaskProcess:
         return self.popen.pid
 
     def exited(self) -> int | None:
-        """Its exit code: the one :meth:`LocalCluster.poll` recorded, else the process's own (``Popen.poll``, which
-        reaps it: an exit not recorded yet, a zombie, counts), None while it runs. A thread other than the watch
-        loop's (the chaos thread) asks this, not ``exit_code``, before it signals the pid."""
-        return self.exit_code if self.exit_code is not None else self.popen.poll()
+        """Its exit code: the one :meth:`LocalCluster.poll` recorded, else the process's own, None while it runs. An
+        exit not recorded yet (a zombie) counts, and is left for the watch loop to reap and record
+        (:func:`~psflow.launch.exits.exit_status`: never reaped here). A thread other than the watch loop's (the
+        chaos thread) asks this, not ``exit_code``, before it signals the task (:meth:`send_signal`)."""
+        return self.exit_code if self.exit_code is not None else exit_status(self.popen)
+
+    def send_signal(self, sig: int) -> None:
+        """Sends ``sig`` to this task's process, never to another: through :attr:`pidfd`, which names this process
+        alone, so once the watch loop reaped it (its pid free for any process) the signal fails. Any thread may
+        call it. Where there is no descriptor, by pid while ``Popen`` has not reaped it (a reap on the watch
+        loop's thread between that check and the signal is not excluded there).
+
+        Raises:
+            ProcessLookupError: the process was reaped (or is gone).
+        """
+        if self.pidfd is not None:
+            signal.pidfd_send_signal(self.pidfd, sig)
+        elif self.popen.returncode is None:
+            os.kill(self.popen.pid, sig)
+        else:
+            raise ProcessLookupError(f"{self.name} (pid {self.popen.pid}) was reaped (exit status {self.popen.returncode})")
 
     def error_record(self) -> dict[str, Any] | None:
         """What the task wrote for an expected error (:func:`psflow.launch.task.expected_failure`: ``message``,
@@ -248,7 +276,8 @@ class LocalCluster:
         with self.signals.deferring():  # started and recorded, or neither: a signal waits for both
             popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, pass_fds=(self._lifeline.task_fd,), process_group=0)
-            task = TaskProcess(job, index, popen, log_path, log_file, error_path=error_path)
+            # its descriptor now, before any thread can reap it (TaskProcess.send_signal)
+            task = TaskProcess(job, index, popen, log_path, log_file, error_path=error_path, pidfd=open_pidfd(popen.pid))
             self.tasks.append(task)
         log.debug("started %s as pid %d", task.name, popen.pid)
         return task

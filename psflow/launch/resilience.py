@@ -229,14 +229,14 @@ class Resilience:
         """
         held = [t for t in list(self.lc.tasks) if t.job in ("worker", "chief", IN_GRAPH_CLIENT[0])
                 and t.exit_code is None and not any(t is s for s in self._stopped)]
-        stopped: list[int] = []
+        stopped: list[Any] = []  # each signalled through its process (send_signal): none reaped meanwhile, by pid
         fired: list[InjectedFault] = []
         try:
             for t in held:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(t.pid, signal.SIGSTOP)
-                    stopped.append(t.pid)
-            _wait_stopped(stopped)
+                    t.send_signal(signal.SIGSTOP)
+                    stopped.append(t)
+            _wait_stopped([t.pid for t in stopped])
             reading = poll_reading(channels, replicated=self._replicated) or reading
             fired = self._fire(reading)
             tasks = list(self.lc.tasks)  # each process a stop hit: alive now (just signalled), so its pid is its own
@@ -244,10 +244,10 @@ class Resilience:
                               for t in tasks if t.name == f.task and t.pid == f.pid]
         finally:
             keep = {f.pid for f in fired if f.signal == signal.SIGSTOP.name}
-            for pid in stopped:
-                if pid not in keep:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGCONT)
+            for t in stopped:
+                if t.pid not in keep:
+                    with contextlib.suppress(ProcessLookupError):  # a held one a kill fault hit, reaped since
+                        t.send_signal(signal.SIGCONT)
         return reading
 
     def _training_ended(self, reading: StepReading) -> bool:
@@ -384,7 +384,7 @@ class Resilience:
                     self.hang_kills.append(f"{health.report}; killed pid {t.pid} (SIGKILL)")
                 log.error("%s; killing pid %d", health.report, t.pid)
                 try:
-                    os.kill(t.pid, signal.SIGKILL)
+                    t.send_signal(signal.SIGKILL)  # not by pid: the watch loop may have reaped it since the check
                 except ProcessLookupError:
                     pass
 
