@@ -34,7 +34,14 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import FenceRequest, SaveShardReply, StatsReply
 from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, FencedOffError, RpcError, TaskUnavailableError
 
-__all__ = ["check_fence", "check_no_restore_since"]
+__all__ = ["STATS_TIMEOUT", "check_fence", "check_no_restore_since"]
+
+#: Seconds :func:`check_no_restore_since` waits for a ps task's ``Stats`` (a round of calls, all tasks at once). It
+#: runs under the directory's mutex: twice this plus a failover's status round stays well within the mutex's
+#: :data:`~psflow.checkpoint.lock.MUTEX_TIMEOUT` (30 s), past which a waiter with a lease epoch goes on without it
+#: and an object store's lock held from another host is taken over as stale. A task silent that long (stopped, its
+#: host gone) fails the save as an unreachable one: the saver hook waits for its next period.
+STATS_TIMEOUT = 5.0
 
 
 def check_fence(client: ParameterClient, fence: tuple[int, str] | None, path: str, *, current: bool = False) -> None:
@@ -92,25 +99,33 @@ def check_no_restore_since(client: ParameterClient, replies: Mapping[int, tuple[
                            path: str) -> None:
     """No ps task was restored (its generation moved) nor restarted (ready when its shard was taken, not now) since
     the save's shards were taken (``replies``: task -> its file name and :class:`SaveShardReply`); see the module
-    doc. Asks each task's ``Stats`` (one call each, one after the other). A task made ready since at the same
-    generation (the chief's initial save, given up, then its ``SetReady``) is no restore. Logs nothing: the save
-    that fails logs the error (counted, or a late failure of one given up: :class:`~psflow.checkpoint.save.
-    CheckpointManager`).
+    doc. A task made ready since at the same generation (the chief's initial save, given up, then its ``SetReady``)
+    is no restore. Logs nothing: the save that fails logs the error (counted, or a late failure of one given up:
+    :class:`~psflow.checkpoint.save.CheckpointManager`).
+
+    Blocks for at most ``2 * STATS_TIMEOUT`` s and a failover's status round, never the mutex's
+    :data:`~psflow.checkpoint.lock.MUTEX_TIMEOUT` (asked under it: a waiter goes past a holder that long, or takes an
+    object store's lock over): every task's ``Stats`` asked at once with a deadline of :data:`STATS_TIMEOUT` s, not
+    ``--rpc-timeout`` one after another; a replicated shard whose primary did not answer, or refused (deposed,
+    rebuilding), is followed to its primary now (one round of its members' statuses, a backup promoted where the
+    primary is provably gone: :meth:`~psflow.ps.failover.ShardRouter.reroute`) and asked once more, those at once
+    too.
 
     Raises:
         CheckpointError: a task was restored or restarted since (names each, its generation now and then), or
-            could not be asked (names it: a dead task is one a restore is coming for).
+            could not be asked (names it: a dead task is one a restore is coming for; one silent past the deadline
+            is taken as one, the cause a ``DeadlineExceededError``, so the saver hook waits for its next period).
     """
-    moved: list[tuple[str, str]] = []
-    for task, (_, reply) in sorted(replies.items()):
-        try:
-            now = client.ps_stats(task)
-        except RpcError as e:
-            raise CheckpointError(f"checkpoint {path} not made current: {reply.task} could not be asked whether it was "
-                                  f"restored since the save's shards were taken: {e}") from e
-        found = _moved(reply, now)
-        if found is not None:
-            moved.append(found)
+    states, errors = _stats(client, sorted(replies))
+    router = getattr(client, "router", None)
+    if errors and router is not None:
+        again, errors = _stats(client, sorted(router.reroute(errors)), errors)
+        states.update(again)
+    if errors:
+        task, error = min(errors.items())
+        raise CheckpointError(f"checkpoint {path} not made current: {replies[task][1].task} could not be asked whether "
+                              f"it was restored since the save's shards were taken: {error}") from error
+    moved = [found for task, (_, reply) in sorted(replies.items()) if (found := _moved(reply, states[task])) is not None]
     if not moved:
         return
     how = "restored" if any(why == "restored" for why, _ in moved) else "restarted"
@@ -119,3 +134,19 @@ def check_no_restore_since(client: ParameterClient, replies: Mapping[int, tuple[
     raise CheckpointError(f"checkpoint {path} not made current: ps tasks were {how} since its shards were taken "
                           f"({'; '.join(what for _, what in moved)}): {discarded}; its directory is removed (the "
                           "checkpoints already saved are kept, and the next save takes the restored state)")
+
+
+def _stats(client: ParameterClient, tasks: list[int], errors: Mapping[int, RpcError] | None = None,
+           ) -> tuple[dict[int, StatsReply], dict[int, RpcError]]:
+    """``Stats`` of each of ``tasks``, asked at once on the channel its calls go to now (a replicated shard's
+    primary), each within :data:`STATS_TIMEOUT` s: (replies, errors), the errors of ``errors`` not asked again
+    kept."""
+    calls = {t: client.channels[t].call_async("Stats", timeout=STATS_TIMEOUT) for t in tasks}
+    states: dict[int, StatsReply] = {}
+    failed = {t: e for t, e in (errors or {}).items() if t not in calls}
+    for t, call in calls.items():
+        try:
+            states[t] = StatsReply.from_frame(call.result())
+        except RpcError as e:
+            failed[t] = e
+    return states, failed
