@@ -39,7 +39,9 @@ Files (the served side):
 * ``shard_snapshot.py``: :func:`~psflow.ps.shard_snapshot.shard_tensors` (a checkpoint shard's tensors, every
   row, a lazy partition's built ones or the changed ones), the shard's tensor names; ``built_rows.py``: a lazy
   partition in a checkpoint as its built rows (their names, :func:`~psflow.ps.built_rows.whole_rows` reading
-  them as the eager partition, :func:`~psflow.ps.built_rows.load_built` restoring them and keeping it lazy).
+  them as the eager partition, :func:`~psflow.ps.built_rows.load_built` restoring them and keeping it lazy);
+  ``shard_load.py``: a ``LoadShard``'s partitions checked, nothing changed (:func:`~psflow.ps.shard_load.plan_load`),
+  then written (:class:`~psflow.ps.shard_load.LoadPlan`).
 * ``checkpointing.py``: :class:`~psflow.ps.checkpointing.CheckpointHandlers` (a task's shard save/load,
   readiness, restore calls); ``save_ledger.py``: :class:`~psflow.ps.save_ledger.SaveLedger` (the checkpoint
   ledger, ``CheckpointStatus``).

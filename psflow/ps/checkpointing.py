@@ -43,7 +43,11 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     partition is overwritten under its lock. Used by the chief to restore.
     ``"generation": g`` (the restore's) is refused with ABORTED (the restore fence), nothing changed, unless the task
     holds ``g`` and is not ready (:meth:`~psflow.ps.restore_gate.RestoreGate.check_load`): a deposed restorer's
-    late load; a first restore with no ``BeginRestore`` sends 0. Without it the load is not checked.
+    late load; a first restore with no ``BeginRestore`` sends 0. Without it the load is not checked. Asked at
+    the start and again where the load changes the task (:meth:`~psflow.ps.restore_gate.RestoreGate.loading`,
+    which ``BeginRestore`` and ``SetReady`` wait for): a restore begun while the arrays were checked (the
+    partitions: :mod:`psflow.ps.shard_load`) refuses it there, and no load's values, global_step, positions or
+    lineage land after a newer restore's.
     A lazy partition's checkpoint holding only its built rows comes as ``b/<key>`` (its saved local rows,
     sorted; ``v/<key>`` and ``s/<key>/<slot>`` hold those rows), ``i/<key>/<slot>`` (each slot's initial row)
     and ``meta["initializers"][key] = {"initializer", "shape"}``: a lazy partition of the same initial content
@@ -110,7 +114,7 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     promoted backup serves it whole.
 
 Guarantees: a refused ``LoadShard`` (INVALID_ARGUMENT naming the task, the
-partition and the array) changes nothing; ``SaveShard`` never leaves a
+partition and the array; ABORTED, the restore fence) changes nothing; ``SaveShard`` never leaves a
 partial file under its final name.
 """
 
@@ -131,7 +135,6 @@ from safetensors.numpy import save as safetensors_save
 from psflow import storage
 from psflow.coord.api import FencedError
 from psflow.coord.fence import FenceGuard
-from psflow.ps.built_rows import check_built, load_built, warm_built
 from psflow.ps.protocol import (
     BeginRestoreReply,
     BeginRestoreRequest,
@@ -148,6 +151,7 @@ from psflow.ps.protocol import (
 )
 from psflow.ps.restore_gate import RestoreGate
 from psflow.ps.save_ledger import SaveLedger
+from psflow.ps.shard_load import plan_load
 from psflow.ps.shard_snapshot import (
     DYNAMIC_SEPARATOR,
     SLOT_SEPARATOR,
@@ -156,9 +160,7 @@ from psflow.ps.shard_snapshot import (
     shard_tensor_names,
     shard_tensors,
 )
-from psflow.ps.shard_snapshot import saved_slots as _saved_slots
 from psflow.ps.step_clock import StepClock
-from psflow.ps.store import PartitionState, StoreError
 from psflow.ps.update_mode import UpdateMode
 from psflow.ps.variable_store import VariableStore
 from psflow.ps.worker_ledger import WorkerLedger
@@ -315,133 +317,33 @@ class CheckpointHandlers:
 
     # ---- LoadShard ---------------------------------------------------------
     def load_shard(self, frame: Frame) -> Reply:
-        store, global_step = self._variables.partitions, self._clock.global_step
+        global_step = self._clock.global_step
         request = LoadShardRequest.from_frame(frame)
-        self._gate.check_load(request.generation)  # a deposed restorer's late load: refused, nothing changed
-        values_only = request.values_only
-        if values_only and request.has_slots():
-            raise InvalidRequest("a values-only load carries no optimizer slots")
-        plan: list[tuple[PartitionState, np.ndarray, dict[str, np.ndarray]]] = []
-        tables: list[tuple[PartitionState, dict[str, np.ndarray]]] = []
-        plans_built: list[tuple[PartitionState, Any, np.ndarray, dict[str, np.ndarray]]] = []  # saved rows only
-        for key in request.parts:
-            if not isinstance(key, str) or key not in store:
-                raise InvalidRequest(f"unknown variable partition {key!r:.80}")
-            part = store.get(key)
-            if part.table is not None:
-                tables.append((part, self._table_snapshot(request, key, part, values_only)))
-                continue
-            built = request.built(key)
-            if built is not None:  # a warm start's (values only) too: psflow.ps.built_rows.warm_built
-                plans_built.append(self._built(request, key, part, built, values_only))
-                continue
-            value = self._checked(request.value(key), part.value, part.describe)
-            slots = {} if values_only else self._slots(request, key, part)
-            plan.append((part, value, slots))
-        step = request.global_step
+        self._gate.check_load(request.generation)  # a deposed restorer's late load: refused before it is read
+        plan = plan_load(request, self._variables.partitions)  # every array checked, nothing changed
+        step, positions, examples, lineage = request.global_step, request.positions, request.examples, request.lineage
         if step is not None and global_step is None:
             raise InvalidRequest(f"global_step {step!r:.40} cannot be set on this task")
-        positions, examples, lineage = request.positions, request.examples, request.lineage
-        for part, snapshot in tables:
-            assert part.table is not None
-            evicted = part.table.load(snapshot)
-            if evicted:
-                log.warning("%s: %s: %d restored rows beyond its capacity were evicted", self.task_name, part.describe,
-                            evicted)
-        for part, value, slots in plan:
-            with part.lock:
-                if values_only:  # the slots keep their initial values: build them (and every row) first
-                    part.materialize(None)
-                np.copyto(part.value, value)
-                targets = _saved_slots(part)
-                for slot, arr in slots.items():
-                    np.copyto(targets[slot], arr)
-                if values_only and part.average is not None:  # new initial values: the average starts there
-                    np.copyto(part.average, value)
-                if part.marks is not None:  # every row changed (an increment after a restore holds them all)
-                    part.marks.mark(None)
-                if part.lazy is not None:  # value and every saved slot were loaded whole: every row is built
-                    part.lazy.mark(None)
-                    part.lazy = None
-        for part, (rows, record, initial), value, slots in plans_built:
-            with part.lock:
-                if values_only:
-                    warm_built(part, rows, record, value)
-                else:
-                    load_built(part, _saved_slots(part), rows, record, value, slots, initial)
-                if part.marks is not None:
-                    part.marks.mark(None)
-        if step is not None and global_step is not None:
-            global_step.set(step)
-        if not values_only:  # the averages (and, in sync mode, the step count) belong to the restored step
-            self._variables.averages.restored(request.restored_step)
-            self._mode.restored_at(request.restored_step)
-            self._gate.loaded(request.restored_from, request.restored_from_step, request.generation)  # for Stats
-        if positions is not None:
-            self._workers.restore(dict(positions), examples)
-        if lineage is not None:
-            self._saves.set_lineage(lineage, only_if_unset=False)
-        counter = self.push_count
-        if counter is not None and request.pushes_applied is not None and self._gate.generation > 0:
-            counter.restored(request.pushes_applied, request.pushes_applied_by)  # a restore within the run (LoadShard)
-        log.info("%s: loaded %d partitions%s", self.task_name, len(plan) + len(tables) + len(plans_built),
+        # The fence asked again, no BeginRestore or SetReady until the task changed: a restore begun while the
+        # arrays were checked refuses this load (nothing changed), never lets it write over that restore's state.
+        with self._gate.loading(request.generation):
+            plan.write(self.task_name)
+            if step is not None and global_step is not None:
+                global_step.set(step)
+            if not plan.values_only:  # the averages (and, in sync mode, the step count) belong to the restored step
+                self._variables.averages.restored(request.restored_step)
+                self._mode.restored_at(request.restored_step)
+                self._gate.loaded(request.restored_from, request.restored_from_step, request.generation)  # for Stats
+            if positions is not None:
+                self._workers.restore(dict(positions), examples)
+            if lineage is not None:
+                self._saves.set_lineage(lineage, only_if_unset=False)
+            counter = self.push_count
+            if counter is not None and request.pushes_applied is not None and self._gate.generation > 0:
+                counter.restored(request.pushes_applied, request.pushes_applied_by)  # a restore within the run
+        log.info("%s: loaded %d partitions%s", self.task_name, plan.count,
                  f", global_step {step}" if step is not None else "")
-        return _reply(LoadShardReply(len(plan) + len(tables) + len(plans_built)))
-
-    @staticmethod
-    def _built(request: LoadShardRequest, key: str, part: PartitionState, built: Any, values_only: bool
-               ) -> tuple[PartitionState, Any, np.ndarray, dict[str, np.ndarray]]:
-        """A partition sent as its saved rows (:mod:`psflow.ps.built_rows`): checked, nothing changes. Values
-        only (a warm start): its value's rows alone, the slots are not checked (they keep theirs)."""
-        rows, record, initial = built
-        value, slots = request.value(key), request.slots(key)
-        if value is None:
-            raise InvalidRequest(f"{part.describe}: no array sent")
-        targets = {} if values_only else _saved_slots(part)
-        extra = sorted(name for name in slots if name not in targets)
-        if extra:
-            raise InvalidRequest(f"{part.describe}: the checkpoint has slots {extra} this optimizer does not have "
-                                 f"({sorted(targets) or 'none'})")
-        why = check_built(part, targets, rows, record, value, slots, initial)
-        if why is not None:
-            raise InvalidRequest(why)
-        return part, built, value, slots
-
-    @staticmethod
-    def _table_snapshot(request: LoadShardRequest, key: str, part: PartitionState,
-                        values_only: bool) -> dict[str, np.ndarray]:
-        """The snapshot arrays sent for a dynamic table's partition, checked (nothing changes)."""
-        assert part.table is not None
-        if values_only:
-            raise InvalidRequest(f"{part.describe}: a dynamic table is not warm-started (restore a checkpoint instead)")
-        snapshot = request.table(key)
-        try:
-            part.table.check_snapshot(snapshot)
-        except StoreError as e:
-            raise InvalidRequest(str(e)) from e
-        return snapshot
-
-    def _slots(self, request: LoadShardRequest, key: str, part: PartitionState) -> dict[str, np.ndarray]:
-        """The slot arrays of partition ``key`` in ``request``: exactly the partition's slots, checked."""
-        slots = {}
-        have = _saved_slots(part)
-        sent = request.slots(key)
-        for slot, current in have.items():
-            slots[slot] = self._checked(sent.get(slot), current, f"{part.describe} slot {slot!r}")
-        extra = sorted(name for name in sent if name not in have)
-        if extra:
-            raise InvalidRequest(f"{part.describe}: the checkpoint has slots {extra} this optimizer does not have "
-                                 f"({sorted(have) or 'none'})")
-        return slots
-
-    @staticmethod
-    def _checked(arr: np.ndarray | None, current: np.ndarray, what: str) -> np.ndarray:
-        if arr is None:
-            raise InvalidRequest(f"{what}: no array sent")
-        if arr.shape != current.shape or arr.dtype != current.dtype:
-            raise InvalidRequest(f"{what} has shape {current.shape} ({current.dtype}); "
-                                 f"loaded array has {arr.shape} ({arr.dtype})")
-        return arr
+        return _reply(LoadShardReply(plan.count))
 
     # ---- SetReady / ReaderPositions ----------------------------------------
     def set_ready(self, frame: Frame) -> Reply:

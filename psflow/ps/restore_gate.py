@@ -33,7 +33,11 @@ unless the task holds that generation and is not ready: a restore's loads come
 between its ``BeginRestore`` and its ``SetReady`` (a chief's first restore or
 warm start, with no ``BeginRestore``, may send generation 0: the task is not
 ready yet); a deposed restorer's late one would overwrite the newer restore's
-values. A ``LoadShard`` with no generation is not checked. A ``SaveShard`` is
+values. A ``LoadShard`` with no generation is not checked. The fence is asked again where a load changes the task
+(:meth:`RestoreGate.loading`), under a mutex ``BeginRestore`` (:meth:`RestoreGate.close`) and ``SetReady``
+(:meth:`RestoreGate.open`) take too: a load let in before the arrays it sends were checked is refused there, nothing
+changed, if another restore began (or its restore ended) meanwhile, and one changing the task holds them off until it
+is done, so no task holds a mix of two restores' state (pushes never take the mutex). A ``SaveShard`` is
 refused while a restore is in progress, or when one began during the save
 (:meth:`RestoreGate.check_save`): its shard would hold part of the restore, the
 other tasks' shards none of it.
@@ -51,6 +55,8 @@ which a save since may have moved past it. A replicated shard's members carry it
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from psflow.rpc.api import FencedOff, PreconditionFailed
 
@@ -65,6 +71,9 @@ class RestoreGate:
         # Entered as the plain lock (cheap: every push takes it twice); waited on through the condition.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        # Held while a LoadShard changes the task (loading) and by close and open, before _lock: the generation and
+        # readiness a load was let in at hold until it is done. Never taken by a push.
+        self._loads = threading.Lock()
         self._ready = False
         # 0 until a restore after a ps death; pushes naming another one are refused.
         self._generation = 0
@@ -149,6 +158,21 @@ class RestoreGate:
             raise FencedOff(f"LoadShard of generation {generation} refused: {self.task_name} is {state} "
                                      f"({why}); nothing loaded")
 
+    @contextmanager
+    def loading(self, generation: int | None) -> Iterator[None]:
+        """Held while a ``LoadShard`` of ``generation`` changes this task: :meth:`check_load` asked again on entry,
+        and no :meth:`close` (``BeginRestore``) or :meth:`open` (``SetReady``) until it exits, so the generation and
+        readiness the load was let in at hold while it writes. Held only across the changes (memory copies), not
+        the load's reading and checking of its arrays; loads of one task change it one at a time.
+
+        Raises:
+            FencedOff: as :meth:`check_load` (another restore began, or the load's ended, since the load's first
+                ask): nothing changed.
+        """
+        with self._loads:
+            self.check_load(generation)
+            yield
+
     def check_save(self, generation: int | None = None) -> int:
         """Whether a ``SaveShard`` may snapshot this task: asked before the snapshot, and after it with the
         generation the first ask returned. Returns the task's generation.
@@ -182,7 +206,7 @@ class RestoreGate:
         Raises:
             PreconditionFailed: as :meth:`check_open` (FencedOff for a replaced generation; nothing changed).
         """
-        with self._lock:
+        with self._loads, self._lock:  # after a load changing the task (loading)
             self._check_open(generation, client)
             if generation is not None:
                 self._generation = generation
@@ -191,8 +215,9 @@ class RestoreGate:
 
     def close(self, generation: int) -> None:
         """``BeginRestore``: not ready at ``generation``, a restore in progress (:attr:`restoring`) until
-        :meth:`open`; pushes of any other generation are refused from now on."""
-        with self._lock:
+        :meth:`open`; pushes of any other generation are refused from now on. Waits for a load changing the task
+        (:meth:`loading`): every load of an older generation after it is refused."""
+        with self._loads, self._lock:
             self._ready = False
             self._restoring = True
             self._generation = generation

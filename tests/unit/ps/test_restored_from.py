@@ -11,10 +11,21 @@ In-process services, no sockets.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from two_ps_in_process import SGD, two_ps_cluster
 
-from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, SetReadyRequest, StatsReply, restore_record
+from psflow.ps.client import ParameterClient
+from psflow.ps.protocol import (
+    BeginRestoreRequest,
+    LoadShardRequest,
+    Request,
+    SetReadyRequest,
+    StatsReply,
+    restore_record,
+)
+from psflow.ps.service import ParameterService
 from psflow.rpc.framing import Frame
 from psflow.train.generation_restore import register_as_chief
 
@@ -81,24 +92,48 @@ def test_a_malformed_field_is_refused_naming_it(meta: dict[str, object], field: 
         LoadShardRequest.from_frame(Frame(meta))
 
 
+def _during_the_load(client: ParameterClient, service: ParameterService, *requests: Request) -> threading.Thread:
+    """The next LoadShard on ``service`` (ps task 1), as it changes the task, has ``requests`` (a BeginRestore
+    first) sent to it by another thread, and ends once that BeginRestore is in (it waits for the load:
+    RestoreGate.loading). Returns the thread (join it)."""
+    averages, gate = service.variables.averages, service.gate
+    real, real_close, closing = averages.restored, gate.close, threading.Event()
+
+    def close(generation: int) -> None:
+        closing.set()
+        real_close(generation)
+
+    gate.close = close  # type: ignore[method-assign]
+
+    def send() -> None:
+        for request in requests:
+            client.call(1, request)
+
+    thread = threading.Thread(target=send, daemon=True)
+
+    def begun_meanwhile(step: int | None) -> None:
+        averages.restored = real  # type: ignore[method-assign]
+        thread.start()
+        assert closing.wait(30)
+        real(step)
+
+    averages.restored = begun_meanwhile  # type: ignore[method-assign]
+    return thread
+
+
 def test_a_restore_begun_during_an_older_load_is_not_named_by_that_load() -> None:
     """A deposed restorer's LoadShard of generation 7 passes the fence, then BeginRestore 9 (the next restorer's)
-    comes while it loads: the task holds 9 when the load ends, and the record kept with the task's generation named
-    generation 9's restore as the checkpoint of generation 7's, before any of 9's loads came. The record is the
-    load's own generation's: 9 names none until its own load."""
+    comes while it loads: the record kept with the task's generation named generation 9's restore as the
+    checkpoint of generation 7's, before any of 9's loads came. The record is the load's own generation's (and
+    the BeginRestore now waits for the load's changes: test_stale_load_fence.py): 9 names none until its own
+    load."""
     client, services = two_ps_cluster()
     register_as_chief(client, SGD, None)
     for task in (0, 1):
         client.call(task, BeginRestoreRequest(7))
-    averages = services[1].variables.averages
-    real = averages.restored
-
-    def begun_meanwhile(step: int | None) -> None:
-        services[1].gate.close(9)  # BeginRestore 9, as the load of generation 7 ends
-        real(step)
-
-    averages.restored = begun_meanwhile  # type: ignore[method-assign]
+    thread = _during_the_load(client, services[1], BeginRestoreRequest(9))
     client.call(1, _load(30, "/ckpt/ckpt-000000030", 7))
+    thread.join(30)
     stats = client.ps_stats(1)
     assert (stats.generation, stats.restored_from, stats.restored_from_step) == (9, None, None)
 
@@ -106,21 +141,13 @@ def test_a_restore_begun_during_an_older_load_is_not_named_by_that_load() -> Non
 def test_an_older_load_ending_after_the_next_restore_s_load_leaves_that_restore_named() -> None:
     """A deposed restorer's LoadShard of generation 7 passes the fence; BeginRestore 9 and generation 9's whole load
     come before it ends. Its end recorded generation 7's checkpoint over generation 9's, so Stats named no restore
-    at generation 9 (a record of another generation is never shown) although 9's load came: a stale load's end
-    keeps no record (only the generation the task holds is ever read)."""
+    at generation 9 (a record of another generation is never shown) although 9's load came. Now BeginRestore 9
+    waits for the load of 7 to end (test_stale_load_fence.py), then 9's load comes: 9's is named."""
     client, services = two_ps_cluster()
     register_as_chief(client, SGD, None)
     client.call(1, BeginRestoreRequest(7))
-    averages = services[1].variables.averages
-    real = averages.restored
-
-    def next_restore_meanwhile(step: int | None) -> None:
-        averages.restored = real  # type: ignore[method-assign]
-        client.call(1, BeginRestoreRequest(9))
-        client.call(1, _load(40, "/ckpt/ckpt-000000040", 9))
-        real(step)
-
-    averages.restored = next_restore_meanwhile  # type: ignore[method-assign]
+    thread = _during_the_load(client, services[1], BeginRestoreRequest(9), _load(40, "/ckpt/ckpt-000000040", 9))
     client.call(1, _load(30, "/ckpt/ckpt-000000030", 7))
+    thread.join(30)
     stats = client.ps_stats(1)
     assert (stats.generation, stats.restored_from, stats.restored_from_step) == (9, "/ckpt/ckpt-000000040", 40)
