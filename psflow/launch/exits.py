@@ -9,18 +9,21 @@ Only processes this launcher started and has not reaped are waited on: an unreap
 so the descriptor always names the task's own process. Nothing is reaped here (``Popen.poll`` does that, on the
 watch loop's thread): :func:`exit_status` tells an exit without reaping (the chaos thread asks it), and
 :func:`open_pidfd` gives the descriptor a task's signals from other threads go through (so none reaches a pid
-after its process was reaped, when it may be another process's).
+after its process was reaped, when it may be another process's), held in a :class:`ProcessDescriptor`: closed once
+the process is reaped and its exit recorded, a signal never sent through it after that.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterable
 
-__all__ = ["exit_status", "open_pidfd", "wait_for_exit"]
+__all__ = ["ProcessDescriptor", "exit_status", "open_pidfd", "wait_for_exit"]
 
 
 def wait_for_exit(processes: Iterable[subprocess.Popen[bytes]], timeout: float) -> bool:
@@ -82,8 +85,43 @@ def open_pidfd(pid: int) -> int | None:
     """A process descriptor of ``pid`` (a child not reaped: call it right after starting the process, before any
     thread can reap it), or None where the system has none. A signal through it
     (``signal.pidfd_send_signal``) reaches that process or, once it is reaped, fails with ProcessLookupError:
-    never another process given the pid later. The caller closes it."""
+    never another process given the pid later. The caller closes it (:class:`ProcessDescriptor`)."""
     try:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
+
+
+class ProcessDescriptor:
+    """A process descriptor (:func:`open_pidfd`) that signals go through from any thread and that is closed once
+    (by whoever first calls :meth:`close`: the watch loop once it reaped the process and recorded its exit, or the
+    owner's collection). Thread-safe: a signal and the closing are serialized, so no signal goes through the number
+    after it was closed (when it may name another file, another task's descriptor)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+        self._lock = threading.Lock()
+
+    @property
+    def fd(self) -> int | None:
+        """The descriptor's number while open; None once closed."""
+        return self._fd
+
+    def send_signal(self, sig: int) -> bool:
+        """Sends ``sig`` to the process; False (nothing sent) once the descriptor is closed.
+
+        Raises:
+            ProcessLookupError: the process was reaped (the descriptor not closed yet).
+        """
+        with self._lock:
+            if self._fd is None:
+                return False
+            signal.pidfd_send_signal(self._fd, sig)
+            return True
+
+    def close(self) -> None:
+        """Closes the descriptor; idempotent."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)

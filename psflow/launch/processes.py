@@ -32,7 +32,7 @@ from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, shard_members
 from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
-from psflow.launch.exits import exit_status, open_pidfd
+from psflow.launch.exits import ProcessDescriptor, exit_status, open_pidfd
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, signal_name
 from psflow.launch.ports import free_ports
 from psflow.launch.resilience import Resilience
@@ -116,8 +116,11 @@ class TaskHosts:
 class TaskProcess:
     """One started task process.
 
-    ``pidfd``: its process descriptor (:func:`~psflow.launch.exits.open_pidfd`, opened as it was started, closed
-    when this object is collected), through which :meth:`send_signal` signals it; None where the system has none.
+    ``pidfd``: its process descriptor (:func:`~psflow.launch.exits.open_pidfd`, opened as it was started), through
+    which :meth:`send_signal` signals it; None where the system has none, and once closed: by
+    :meth:`close_descriptor` (:meth:`LocalCluster.poll` once it recorded the exit, :meth:`LocalCluster.stop_all`
+    once it reaped every task), else when this object is collected. So a launcher holds one per task process not
+    reaped and recorded yet, however many it started (restarts, chaos drills, tasks kept in lists).
     """
 
     job: str
@@ -129,10 +132,19 @@ class TaskProcess:
     exited_at: float | None = None
     error_path: str | None = None  # where the task writes an expected error's one line (--error-file)
     pidfd: int | None = field(default=None, repr=False)
+    _descriptor: ProcessDescriptor | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.pidfd is not None:
-            weakref.finalize(self, os.close, self.pidfd)  # not closed while any thread holds the task to signal it
+            self._descriptor = ProcessDescriptor(self.pidfd)
+            weakref.finalize(self, self._descriptor.close)  # where close_descriptor never ran (closes once)
+
+    def close_descriptor(self) -> None:
+        """Closes :attr:`pidfd` (idempotent; a signal from another thread then raises ProcessLookupError). Called once
+        the process was reaped: a signal could not reach it any more."""
+        if self._descriptor is not None:
+            self._descriptor.close()
+            self.pidfd = None
 
     @property
     def name(self) -> str:
@@ -158,8 +170,10 @@ class TaskProcess:
         Raises:
             ProcessLookupError: the process was reaped (or is gone).
         """
-        if self.pidfd is not None:
-            signal.pidfd_send_signal(self.pidfd, sig)
+        if self._descriptor is not None:
+            if not self._descriptor.send_signal(sig):  # closed: reaped and recorded
+                raise ProcessLookupError(f"{self.name} (pid {self.popen.pid}) was reaped (exit status "
+                                         f"{self.popen.returncode})")
         elif self.popen.returncode is None:
             os.kill(self.popen.pid, sig)
         else:
@@ -290,6 +304,7 @@ class LocalCluster:
                 code = t.popen.poll()
                 if code is not None:
                     t.exit_code, t.exited_at = code, now
+                    t.close_descriptor()  # reaped: nothing to signal through it
                     newly.append(t)
         return newly
 
@@ -320,8 +335,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 _signal_group(t, signal.SIGKILL)
                 t.popen.wait()
-        for t in self.tasks:
+        for t in self.tasks:  # every one reaped now
             t.log_file.close()
+            t.close_descriptor()
         if self._lifeline is not None:
             self._lifeline.close()
             self._lifeline = None
