@@ -81,7 +81,8 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     so non-chief clients' ``Register`` calls stop answering "not ready".
     ``meta.generation`` (after a restore) must be the generation this task's
     ``BeginRestore`` set (else ABORTED, the restore fence, nothing changed: a deposed
-    restorer's late ``SetReady`` while a newer restore goes on), and
+    restorer's late ``SetReady`` while a newer restore goes on, or after it: asked again with the step's restart,
+    :meth:`~psflow.ps.restore_gate.RestoreGate.opening`), and
     ``meta.global_step`` the step a sync run starts over at (see
     :meth:`psflow.ps.sync.SyncAggregator.reset`). The task holding global_step
     first records its journal's next block (:meth:`~psflow.ps.global_step.GlobalStep.reserve`),
@@ -351,11 +352,13 @@ class CheckpointHandlers:
         if not self._variables.registered:
             raise InvalidRequest(f"{self.task_name}: cannot become ready before the chief registered the variables")
         self._gate.check_open(request.generation, request.client)  # a deposed restorer's: refused, nothing changed
-        if request.generation is not None:  # a restore is complete: in sync mode the step starts over there
-            self._mode.restart(request.global_step)
-        if self._clock.global_step is not None:  # the first push's journal write, done before training
-            self._clock.global_step.reserve()
-        self._gate.open(request.generation, request.client)
+        # Asked again under the restore mutex, with the changes: no BeginRestore since the ask (a newer restore's
+        # whole run, its own SetReady included) has this one's step restart land over that restore's.
+        with self._gate.opening(request.generation, request.client):
+            if request.generation is not None:  # a restore is complete: in sync mode the step starts over there
+                self._mode.restart(request.global_step)
+            if self._clock.global_step is not None:  # the first push's journal write, done before training
+                self._clock.global_step.reserve()
         log.info("%s: ready (initialized by %s, generation %d)", self.task_name, request.client, self._gate.generation)
         return _reply(SetReadyReply())
 

@@ -37,7 +37,9 @@ values. A ``LoadShard`` with no generation is not checked. The fence is asked ag
 (:meth:`RestoreGate.loading`), under a mutex ``BeginRestore`` (:meth:`RestoreGate.close`) and ``SetReady``
 (:meth:`RestoreGate.open`) take too: a load let in before the arrays it sends were checked is refused there, nothing
 changed, if another restore began (or its restore ended) meanwhile, and one changing the task holds them off until it
-is done, so no task holds a mix of two restores' state (pushes never take the mutex). A ``SaveShard`` is
+is done, so no task holds a mix of two restores' state (pushes never take the mutex). ``SetReady``'s own changes (its
+sync step's restart, :meth:`RestoreGate.opening`) are made under it too, the fence asked there: a deposed restorer's
+``SetReady`` let in before a newer restore began changes nothing of it. A ``SaveShard`` is
 refused while a restore is in progress, or when one began during the save
 (:meth:`RestoreGate.check_save`): its shard would hold part of the restore, the
 other tasks' shards none of it.
@@ -206,12 +208,28 @@ class RestoreGate:
         Raises:
             PreconditionFailed: as :meth:`check_open` (FencedOff for a replaced generation; nothing changed).
         """
-        with self._loads, self._lock:  # after a load changing the task (loading)
-            self._check_open(generation, client)
-            if generation is not None:
-                self._generation = generation
-            self._ready = True
-            self._restoring = False
+        with self.opening(generation, client):
+            pass
+
+    @contextmanager
+    def opening(self, generation: int | None, client: str) -> Iterator[None]:
+        """:meth:`open`, with the ``SetReady``'s other changes of the task (its sync step's restart) made inside:
+        :meth:`check_open` asked on entry under the mutex :meth:`loading` and :meth:`close` take, the task opened
+        on exit (not where the block raised), so no ``BeginRestore`` comes between the ask and the changes.
+
+        Raises:
+            PreconditionFailed: as :meth:`check_open` (FencedOff for a replaced generation): nothing changed.
+        """
+        with self._loads:  # after a load changing the task (loading), before a BeginRestore (close)
+            with self._lock:
+                self._check_open(generation, client)
+            yield
+            with self._lock:  # asked with the change too, as ever (a replica state written here meanwhile)
+                self._check_open(generation, client)
+                if generation is not None:
+                    self._generation = generation
+                self._ready = True
+                self._restoring = False
 
     def close(self, generation: int) -> None:
         """``BeginRestore``: not ready at ``generation``, a restore in progress (:attr:`restoring`) until
