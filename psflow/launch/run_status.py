@@ -53,13 +53,15 @@ def write_run_files(final: Mapping[str, Any], output_dir: str, collector: Status
     collector, ``status.json`` (:meth:`StatusCollector.finish`) and ``metrics.prom`` (its last ``/metrics``).
 
     Each file is replaced atomically (a temp file, then a rename). Never raises for a file that cannot
-    be written: returns file name -> the error, for each one that failed (empty: all written).
+    be written (the disk refuses it, or it holds a value JSON cannot: ``TypeError``, ``ValueError``; the file
+    before it stays whole): returns file name -> the error, for each one that failed (empty: all written);
+    status.json's is the collector's WARNING naming the file.
     """
     failed: dict[str, str] = {}
     path = os.path.join(output_dir, METRICS_JSON)
     try:
         storage.write_atomically(path, jsonio.dumps(final, indent=1).encode(), durable=False)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, TypeError) as e:  # the disk's refusal, or a value JSON cannot hold
         failed[METRICS_JSON] = f"could not write {path}: {e}"
     if collector is None:
         return failed
@@ -67,7 +69,7 @@ def write_run_files(final: Mapping[str, Any], output_dir: str, collector: Status
     path = os.path.join(output_dir, METRICS_FILE)
     try:
         storage.write_atomically(path, prometheus_text(collector), durable=False)
-    except OSError as e:
+    except (OSError, ValueError, TypeError) as e:
         failed[METRICS_FILE] = f"could not write {path}: {e}"
     return failed
 

@@ -465,7 +465,7 @@ class StatusCollector:
             with self._lock:
                 snapshot = self._snapshot
             storage.write_atomically(path, jsonio.dumps(snapshot).encode(), durable=False)
-        except OSError as e:
+        except (OSError, ValueError, TypeError) as e:  # a value JSON cannot hold is said as a disk's refusal is
             if self._unwritable:  # said once while the writes fail (one per sample): the file stays as it was
                 log.debug("status: could not write %s: %s", path, e)
             else:
