@@ -27,7 +27,9 @@ beside a finished end. In a process whose exit follows the run (:func:`hold_to_e
 process), :meth:`~LauncherSignals.restore` after an end was written (or its metrics.json refused) puts handlers of
 the end's own in their place: the signal is said on stderr (``psflow: SIGTERM arrived after the run had finished at
 global_step N: its end stands (exit status 0); ...``) and ignored, the exit status the end's; the next one stops the
-process at once with that status (a launcher stuck on its way out can still be stopped).
+process at once with that status (a launcher stuck on its way out can still be stopped). The handlers are swapped
+one signal at a time, each the end's in place of the launcher's (never the default action between); a signal meeting
+the launcher's while they are is the end's too.
 
 A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so for its tasks
 (:mod:`psflow.launch.stop_signals`). The task side of a stop is :mod:`psflow.launch.lifeline`.
@@ -129,6 +131,7 @@ class LauncherSignals:
         self._second_cuts = False          # inside a deferred section that a second signal cuts
         self._repeat_cuts: str | None = None  # inside a cleanup that a third signal cuts: what it is doing
         self._previous: dict[int, Any] = {}  # signal -> the handler install replaced
+        self._held = False  # restore is putting the end's handlers in place: a signal here is the end's
         self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
         #: The run's end once written: its metrics.json (set by whoever wrote it: module docstring, *After the end*).
         self.ended: Mapping[str, Any] | None = None
@@ -148,6 +151,7 @@ class LauncherSignals:
             return False
         if not self._previous:  # (not installed, or restored since)
             self.ignored = ignored_stop_signals()
+            self._held = False
         for sig in STOP_SIGNALS:
             if sig not in self._previous and sig not in self.ignored:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -160,9 +164,12 @@ class LauncherSignals:
     def restore(self) -> None:
         """Puts the previous handlers back (main thread); idempotent. In a process held to its exit
         (:func:`hold_to_exit`) once the run's end was written (:meth:`end_written`), the end's handlers instead: a
-        signal no longer changes the exit status (module docstring, *To the process's exit*)."""
+        signal no longer changes the exit status (module docstring, *To the process's exit*). The handlers are
+        swapped one signal at a time: a signal meeting this one's handler meanwhile is handled as the end's would."""
         if _HELD.on and self.final is not None and self._previous:
-            _HELD.hold(self._previous, self.final, self.unwritten)
+            _HELD.end(self.final, self.unwritten)  # what a signal is told, before any handler is the end's
+            self._held = True
+            _HELD.swap(self._previous)
             self._previous.clear()
             return
         for sig, previous in self._previous.items():
@@ -170,6 +177,9 @@ class LauncherSignals:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._held:  # a signal whose handler restore has not swapped yet: the end's, as one swapped
+            _HELD.handle(signum, frame)
+            return
         if self.received is not None:
             if self._deferred and self._second_cuts:
                 raise self._interrupted(self.received)  # the section hangs: the user insists
@@ -239,18 +249,22 @@ class _Held:
         self.status = 0    # the end's exit status
         self.said = False  # a signal came: the next one stops the process
 
-    def hold(self, previous: Mapping[int, Any], final: Mapping[str, Any], unwritten: str | None) -> None:
-        """The end's handlers in place of the launcher's (``previous``: the handlers they replaced)."""
+    def end(self, final: Mapping[str, Any], unwritten: str | None) -> None:
+        """The end a signal is told of from now on (``unwritten``: why its metrics.json was not written)."""
         phase = {"interrupted": "been interrupted"}.get(str(final.get("phase")), str(final.get("phase")))
         self.status = 1 if unwritten is not None else end_status(final)
         stands = "its end was not written whole" if unwritten is not None else "its end stands"
         self.line = (f"arrived after the run had {phase} at global_step {final.get('global_step')}: {stands} "
                      f"(exit status {self.status}); another signal stops the launcher at once")
+
+    def swap(self, previous: Mapping[int, Any]) -> None:
+        """The end's handlers in place of the launcher's (``previous``: the handlers they replaced), each one
+        installed over the launcher's (signal.signal replaces it: never the default action between)."""
         for sig, handler in previous.items():
             self.previous.setdefault(sig, handler)
-            signal.signal(sig, self._handle)
+            signal.signal(sig, self.handle)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
+    def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.said:
             _say(f"psflow: {signal_name(signum)}: the launcher stops now, exit status {self.status}")
             with contextlib.suppress(Exception):  # (a print to stdout it interrupted: reentrant)
