@@ -13,7 +13,7 @@ The hierarchy (``(ValueError)``: also derives from that built-in class; module i
     ├── ConfigError (ValueError)                   a setting out of range or inconsistent
     │   ├── MissingExtraError (ImportError)        [extras] a feature's pip extra is not installed
     │   ├── RenderError                            [deploy.config] manifests cannot be written
-    │   └── ChaosError                             [launch.chaos] a chaos schedule is malformed
+    │   └── ChaosError                             [launch.chaos_plan] a chaos schedule is malformed
     ├── ClusterError (ValueError)                  [cluster.spec] a cluster spec or TF_CONFIG
     │   ├── UnknownJobError
     │   └── UnknownTaskError

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 from psflow.cluster import ClusterSpec
-from psflow.launch.exits import exit_status
+from psflow.launch.exits import exit_status, stopped
 
 
 @dataclass
@@ -28,6 +29,19 @@ class FakeTask:
         if self.exit_code is not None or self.popen is None:
             return self.exit_code
         return exit_status(self.popen)
+
+    def stopped(self) -> bool:
+        """As :meth:`psflow.launch.processes.TaskProcess.stopped`: ``popen``'s where given (by pid: not reaped), else
+        the state of the test's own process at ``pid`` (True where there is none)."""
+        if self.exit_code is not None:
+            return True
+        if self.popen is not None:
+            return stopped(self.popen)
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        return state in ("T", "t", "Z", "X")
 
     def send_signal(self, sig: int) -> None:
         """As :meth:`psflow.launch.processes.TaskProcess.send_signal`, by pid (a test's own process, or none)."""

@@ -12,7 +12,8 @@ Classes and functions, by file:
   process group, ended by pid), :class:`~psflow.launch.processes.TaskProcess`,
   :class:`~psflow.launch.processes.TaskHosts`, :class:`~psflow.launch.processes.LaunchError`,
   :func:`~psflow.launch.processes.failure_report`.
-* ``exits.py`` -- :func:`~psflow.launch.exits.wait_for_exit`: the watch loop's wait, woken by a task's exit.
+* ``exits.py`` -- :func:`~psflow.launch.exits.wait_for_exit`: the watch loop's wait, woken by a task's exit; a task's
+  :class:`~psflow.launch.exits.ProcessDescriptor`, through which other threads signal it and ask its exit and stop.
 * ``eval_set.py`` -- :class:`~psflow.launch.eval_set.EvalSet`: the eval set, read while the tasks train.
 * ``final_model.py`` -- :func:`~psflow.launch.final_model.evaluate_final`: a finished run evaluates its live ps tasks,
   or its final checkpoint where a ps task lost its state after training.

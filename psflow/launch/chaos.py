@@ -1,7 +1,8 @@
 """Fault injection for the local launcher: ``--chaos SPEC`` (repeatable): the schedule.
 
 The grammar, the targets a spec may name and the checks made before anything starts are
-:mod:`psflow.launch.chaos_plan`'s (:class:`ChaosPlan`, re-exported here); this module fires a plan.
+:mod:`psflow.launch.chaos_plan`'s (:class:`~psflow.launch.chaos_plan.ChaosPlan`; import them from there); this module
+fires a plan.
 
 Schedule: faults fire in the order of their steps, in *rounds*: the faults
 with the same ``N`` form one round and fire together; the next round waits
@@ -67,11 +68,10 @@ from typing import Any
 
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB, ps_replicas
-from psflow.launch.chaos_plan import IN_GRAPH_CLIENT, ChaosError, ChaosPlan, DutyHolder, Fault, chief_task
+from psflow.launch.chaos_plan import ChaosPlan, DutyHolder, Fault
 from psflow.launch.shard_targets import BACKUP_TARGET, SHARD_TARGETS, task_of
 
-__all__ = ["ChaosError", "Fault", "ChaosPlan", "InjectedFault", "ChaosInjector", "DutyHolder", "IN_GRAPH_CLIENT",
-           "chief_task"]
+__all__ = ["InjectedFault", "ChaosInjector"]
 
 log = logging.getLogger("psflow.launch")
 

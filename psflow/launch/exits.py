@@ -7,14 +7,17 @@ exits; where there is none (another system, an old kernel), the wait is a plain 
 
 Only processes this launcher started and has not reaped are waited on: an unreaped child's pid cannot be reused,
 so the descriptor always names the task's own process. Nothing is reaped here (``Popen.poll`` does that, on the
-watch loop's thread): :func:`exit_status` tells an exit without reaping (the chaos thread asks it), and
-:func:`open_pidfd` gives the descriptor a task's signals from other threads go through (so none reaches a pid
-after its process was reaped, when it may be another process's), held in a :class:`ProcessDescriptor`: closed once
-the process is reaped and its exit recorded, a signal never sent through it after that.
+watch loop's thread): :func:`exit_status` tells an exit and :func:`stopped` a stop without reaping (the chaos
+thread asks them), each through the task's :class:`ProcessDescriptor` (opened as the process started: a pidfd,
+closed once the process is reaped and its exit recorded), through which that thread's and the health thread's
+signals go too. So nothing from those threads is asked of, or sent to, a pid after its process was reaped, when
+it may be another process's; only where the system has no process descriptors is a task asked by pid (its own
+while it is not reaped).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -23,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-__all__ = ["ProcessDescriptor", "exit_status", "open_pidfd", "wait_for_exit"]
+__all__ = ["ProcessDescriptor", "exit_status", "stopped", "wait_for_exit"]
 
 
 def wait_for_exit(processes: Iterable[subprocess.Popen[bytes]], timeout: float) -> bool:
@@ -60,20 +63,25 @@ def wait_for_exit(processes: Iterable[subprocess.Popen[bytes]], timeout: float) 
             os.close(fd)
 
 
-def exit_status(popen: subprocess.Popen[bytes]) -> int | None:
+def exit_status(popen: subprocess.Popen[bytes], descriptor: ProcessDescriptor | None = None) -> int | None:
     """The exit status of ``popen``'s process (as ``Popen.returncode``: -N for signal N), None while it runs; never
     reaps it (``waitid`` with ``WNOWAIT``). Any thread may ask.
 
-    An exit not reaped yet (a zombie) counts, and the zombie stays: its pid is its own until the watch loop reaps it
-    (``Popen.poll``), so no pid freed here can be signalled, by pid, as if it were the task's. Where the system has
-    no ``waitid``, ``Popen.poll`` (which reaps).
+    Asked through ``descriptor`` (the process's own, :meth:`ProcessDescriptor.open`) where there is one, so the
+    answer is that process's whatever its number names by then; by pid where there is none (or the kernel has
+    ``pidfd_open`` but not ``waitid(P_PIDFD)``: Linux 5.3), where it is the process's only until it is reaped. An
+    exit not reaped yet (a zombie) counts, and the zombie stays: its pid is its own until the watch loop reaps it
+    (``Popen.poll``). Once reaped (the descriptor closed, or the process no longer its child): the status ``Popen``
+    recorded as it reaped it (``Popen.wait``, which then asks nothing of the number: only ``Popen`` reaps a task,
+    and it records the status before it lets go of its lock). Where the system has no ``waitid``, ``Popen.poll``
+    (which reaps).
     """
     if popen.returncode is not None:
         return popen.returncode
-    if not hasattr(os, "waitid"):
+    if descriptor is None and not hasattr(os, "waitid"):
         return popen.poll()
     try:
-        info = os.waitid(os.P_PID, popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        info = _ask(popen, descriptor, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:  # reaped meanwhile by Popen on another thread: wait() returns the code it recorded
         return popen.wait()
     if info is None or info.si_pid == 0:
@@ -81,26 +89,59 @@ def exit_status(popen: subprocess.Popen[bytes]) -> int | None:
     return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
 
 
-def open_pidfd(pid: int) -> int | None:
-    """A process descriptor of ``pid`` (a child not reaped: call it right after starting the process, before any
-    thread can reap it), or None where the system has none. A signal through it
-    (``signal.pidfd_send_signal``) reaches that process or, once it is reaped, fails with ProcessLookupError:
-    never another process given the pid later. The caller closes it (:class:`ProcessDescriptor`)."""
+def stopped(popen: subprocess.Popen[bytes], descriptor: ProcessDescriptor | None = None) -> bool:
+    """Whether ``popen``'s process no longer runs: stopped (every thread of it: a SIGSTOP took effect), exited, or
+    reaped. Never reaps, and consumes no stop report (``waitid`` with ``WSTOPPED | WEXITED | WNOWAIT``); any thread
+    may ask.
+
+    Asked as :func:`exit_status` asks: through ``descriptor`` where there is one, so a number another process
+    took since is never read; by pid where there is none, the process's own while it is not reaped. True where
+    the system cannot tell (no ``waitid``): not waited for. A stop whose report another waiter consumed
+    (``waitpid`` with ``WUNTRACED``; nothing in psflow does) reads as running until its next stop.
+    """
+    if popen.returncode is not None or (descriptor is None and not hasattr(os, "waitid")):
+        return True
     try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
+        info = _ask(popen, descriptor, os.WEXITED | os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None and info.si_pid != 0
+
+
+def _ask(popen: subprocess.Popen[bytes], descriptor: ProcessDescriptor | None, options: int) -> os.waitid_result | None:
+    """``waitid`` of ``popen``'s process with ``options``: through ``descriptor`` where there is one, else by pid
+    (the system has ``waitid``: the caller checked).
+
+    Raises:
+        ChildProcessError: the process was reaped (or its descriptor closed: reaped and recorded).
+    """
+    if descriptor is not None:
+        return descriptor.waitid(options)
+    return os.waitid(os.P_PID, popen.pid, options)
 
 
 class ProcessDescriptor:
-    """A process descriptor (:func:`open_pidfd`) that signals go through from any thread and that is closed once
-    (by whoever first calls :meth:`close`: the watch loop once it reaped the process and recorded its exit, or the
-    owner's collection). Thread-safe: a signal and the closing are serialized, so no signal goes through the number
-    after it was closed (when it may name another file, another task's descriptor)."""
+    """A process descriptor (a pidfd) of one child process, that signals and exit checks go through from any thread
+    and that is closed once (by whoever first calls :meth:`close`: the watch loop once it reaped the process and
+    recorded its exit, or the owner's collection). It names that process alone: a signal or a ``waitid`` through it
+    reaches that process or, once it is reaped, fails; never another process given the pid later. Thread-safe: a
+    use and the closing are serialized, so nothing goes through the number after it was closed (when it may name
+    another file, another task's descriptor)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, pid: int) -> None:
         self._fd: int | None = fd
+        self._pid = pid
+        self._by_pid = not hasattr(os, "P_PIDFD")  # waitid by pid: no P_PIDFD here (Python, or Linux 5.3)
         self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, pid: int) -> ProcessDescriptor | None:
+        """The descriptor of ``pid``, a child not reaped (open it right after starting the process, before any
+        thread can reap it), or None where the system has none (``pidfd_open``: Linux 5.3+)."""
+        try:
+            return cls(os.pidfd_open(pid), pid)
+        except (AttributeError, OSError):
+            return None
 
     @property
     def fd(self) -> int | None:
@@ -118,6 +159,27 @@ class ProcessDescriptor:
                 return False
             signal.pidfd_send_signal(self._fd, sig)
             return True
+
+    def waitid(self, options: int) -> os.waitid_result | None:
+        """``os.waitid`` of the process with ``options`` (include ``WNOWAIT`` to reap nothing: the watch loop's
+        ``Popen`` reaps), through the descriptor (``P_PIDFD``, Linux 5.4+), so the answer is this process's even
+        where its pid was freed and taken by another. Where the kernel has no ``P_PIDFD`` (5.3), by pid: the
+        process's own only while it is not reaped.
+
+        Raises:
+            ChildProcessError: the process was reaped (or the descriptor closed: reaped and recorded).
+        """
+        with self._lock:
+            if self._fd is None:
+                raise ChildProcessError(f"pid {self._pid} was reaped (its process descriptor is closed)")
+            if not self._by_pid:
+                try:
+                    return os.waitid(os.P_PIDFD, self._fd, options)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    self._by_pid = True  # a kernel with pidfd_open but no waitid(P_PIDFD)
+            return os.waitid(os.P_PID, self._pid, options)
 
     def close(self) -> None:
         """Closes the descriptor; idempotent."""

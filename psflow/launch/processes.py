@@ -32,7 +32,7 @@ from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, shard_members
 from psflow.errors import PsflowError
 from psflow.launch.console import quiet_grpc
-from psflow.launch.exits import ProcessDescriptor, exit_status, open_pidfd
+from psflow.launch.exits import ProcessDescriptor, exit_status, stopped
 from psflow.launch.lifeline import LauncherSignals, LaunchInterrupted, Lifeline, signal_name
 from psflow.launch.ports import free_ports
 from psflow.launch.resilience import Resilience
@@ -116,11 +116,12 @@ class TaskHosts:
 class TaskProcess:
     """One started task process.
 
-    ``pidfd``: its process descriptor (:func:`~psflow.launch.exits.open_pidfd`, opened as it was started), through
-    which :meth:`send_signal` signals it; None where the system has none, and once closed: by
-    :meth:`close_descriptor` (:meth:`LocalCluster.poll` once it recorded the exit, :meth:`LocalCluster.stop_all`
-    once it reaped every task), else when this object is collected. So a launcher holds one per task process not
-    reaped and recorded yet, however many it started (restarts, chaos drills, tasks kept in lists).
+    ``descriptor``: its process descriptor (:meth:`~psflow.launch.exits.ProcessDescriptor.open`, opened as it was
+    started), through which :meth:`send_signal` signals it and :meth:`exited` and :meth:`stopped` ask it; None where
+    the system has none. Closed by :meth:`close_descriptor` (:meth:`LocalCluster.poll` once it recorded the exit,
+    :meth:`LocalCluster.stop_all` once it reaped every task), else when this object is collected. So a launcher
+    holds one per task process not reaped and recorded yet, however many it started (restarts, chaos drills, tasks
+    kept in lists).
     """
 
     job: str
@@ -131,20 +132,22 @@ class TaskProcess:
     exit_code: int | None = None
     exited_at: float | None = None
     error_path: str | None = None  # where the task writes an expected error's one line (--error-file)
-    pidfd: int | None = field(default=None, repr=False)
-    _descriptor: ProcessDescriptor | None = field(default=None, init=False, repr=False, compare=False)
+    descriptor: ProcessDescriptor | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.pidfd is not None:
-            self._descriptor = ProcessDescriptor(self.pidfd)
-            weakref.finalize(self, self._descriptor.close)  # where close_descriptor never ran (closes once)
+        if self.descriptor is not None:
+            weakref.finalize(self, self.descriptor.close)  # where close_descriptor never ran (closes once)
+
+    @property
+    def pidfd(self) -> int | None:
+        """The number of its process descriptor while open; None where there is none, and once closed."""
+        return self.descriptor.fd if self.descriptor is not None else None
 
     def close_descriptor(self) -> None:
-        """Closes :attr:`pidfd` (idempotent; a signal from another thread then raises ProcessLookupError). Called once
-        the process was reaped: a signal could not reach it any more."""
-        if self._descriptor is not None:
-            self._descriptor.close()
-            self.pidfd = None
+        """Closes :attr:`descriptor` (idempotent; a signal from another thread then raises ProcessLookupError).
+        Called once the process was reaped: a signal could not reach it any more."""
+        if self.descriptor is not None:
+            self.descriptor.close()
 
     @property
     def name(self) -> str:
@@ -159,10 +162,16 @@ class TaskProcess:
         exit not recorded yet (a zombie) counts, and is left for the watch loop to reap and record
         (:func:`~psflow.launch.exits.exit_status`: never reaped here). A thread other than the watch loop's (the
         chaos thread) asks this, not ``exit_code``, before it signals the task (:meth:`send_signal`)."""
-        return self.exit_code if self.exit_code is not None else exit_status(self.popen)
+        return self.exit_code if self.exit_code is not None else exit_status(self.popen, self.descriptor)
+
+    def stopped(self) -> bool:
+        """Whether the process no longer runs: stopped (a SIGSTOP took effect on every thread), exited or reaped
+        (:func:`~psflow.launch.exits.stopped`: asked through :attr:`descriptor`, never of a pid another process may
+        have taken since; nothing reaped). Any thread may ask."""
+        return self.exit_code is not None or stopped(self.popen, self.descriptor)
 
     def send_signal(self, sig: int) -> None:
-        """Sends ``sig`` to this task's process, never to another: through :attr:`pidfd`, which names this process
+        """Sends ``sig`` to this task's process, never to another: through :attr:`descriptor`, which names this process
         alone, so once the watch loop reaped it (its pid free for any process) the signal fails. Any thread may
         call it. Where there is no descriptor, by pid while ``Popen`` has not reaped it (a reap on the watch
         loop's thread between that check and the signal is not excluded there).
@@ -170,8 +179,8 @@ class TaskProcess:
         Raises:
             ProcessLookupError: the process was reaped (or is gone).
         """
-        if self._descriptor is not None:
-            if not self._descriptor.send_signal(sig):  # closed: reaped and recorded
+        if self.descriptor is not None:
+            if not self.descriptor.send_signal(sig):  # closed: reaped and recorded
                 raise ProcessLookupError(f"{self.name} (pid {self.popen.pid}) was reaped (exit status "
                                          f"{self.popen.returncode})")
         elif self.popen.returncode is None:
@@ -291,7 +300,8 @@ class LocalCluster:
             popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, pass_fds=(self._lifeline.task_fd,), process_group=0)
             # its descriptor now, before any thread can reap it (TaskProcess.send_signal)
-            task = TaskProcess(job, index, popen, log_path, log_file, error_path=error_path, pidfd=open_pidfd(popen.pid))
+            task = TaskProcess(job, index, popen, log_path, log_file, error_path=error_path,
+                               descriptor=ProcessDescriptor.open(popen.pid))
             self.tasks.append(task)
         log.debug("started %s as pid %d", task.name, popen.pid)
         return task

@@ -66,7 +66,8 @@ from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
 from psflow.cluster.replicas import BACKUP_JOB, PS_JOB, ps_replicas, shard_of
 from psflow.coord import CoordinationBackend, CoordinationError, create_backend
-from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosInjector, ChaosPlan, DutyHolder, InjectedFault, chief_task
+from psflow.launch.chaos import ChaosInjector, InjectedFault
+from psflow.launch.chaos_plan import IN_GRAPH_CLIENT, ChaosPlan, DutyHolder, chief_task
 from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, final_reading, poll_reading
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.shard_targets import ask_statuses, shard_target
@@ -236,7 +237,7 @@ class Resilience:
                 with contextlib.suppress(ProcessLookupError):
                     t.send_signal(signal.SIGSTOP)
                     stopped.append(t)
-            _wait_stopped([t.pid for t in stopped])
+            _wait_stopped(stopped)
             reading = poll_reading(channels, replicated=self._replicated) or reading
             fired = self._fire(reading)
             tasks = list(self.lc.tasks)  # each process a stop hit: alive now (just signalled), so its pid is its own
@@ -378,15 +379,27 @@ class Resilience:
         self.supervisor.restart_due()
 
     def _kill_hung(self, health: TaskHealth) -> None:  # on the monitor's thread
+        """SIGKILLs the unresponsive task's process through its descriptor and records it (``hangs``): as killed, or,
+        where its process had exited or been reaped by then (it may have ended on its own after the check), as
+        gone and not killed, with the status it exited with where it is known."""
         for t in list(self.lc.tasks):
             if t.name == health.task and t.exit_code is None:
+                code, gone = t.exited(), True  # exited, not reaped yet: a signal would reach its zombie only
+                if code is None:
+                    try:
+                        t.send_signal(signal.SIGKILL)  # not by pid: the watch loop may have reaped it since the check
+                        gone = False
+                    except ProcessLookupError:  # reaped since: its status is Popen's record
+                        code = t.exited()
+                if gone:
+                    status = f" (exit status {code})" if code is not None else ""
+                    line = f"{health.report}; pid {t.pid} had already exited{status}: not killed"
+                    log.warning("%s", line)
+                else:
+                    line = f"{health.report}; killed pid {t.pid} (SIGKILL)"
+                    log.error("%s", line)
                 with self._lock:
-                    self.hang_kills.append(f"{health.report}; killed pid {t.pid} (SIGKILL)")
-                log.error("%s; killing pid %d", health.report, t.pid)
-                try:
-                    t.send_signal(signal.SIGKILL)  # not by pid: the watch loop may have reaped it since the check
-                except ProcessLookupError:
-                    pass
+                    self.hang_kills.append(line)
 
     def on_failure(self) -> str:
         """The run failed: writes ``faults.json`` (as :meth:`metrics`) in the run directory and
@@ -428,20 +441,15 @@ def _say_recovered(faults: list[InjectedFault]) -> None:
                     fault.recovered_at_step, fault.recovery_seconds)
 
 
-def _wait_stopped(pids: list[int], *, timeout: float = 1.0) -> None:
-    """Waits until each process is stopped (state T in ``/proc/PID/stat``): a SIGSTOP takes effect when
-    its target next runs, not when ``kill`` returns. Bounded by ``timeout`` s; a process whose state
-    cannot be read (gone, or no /proc) is not waited for."""
+def _wait_stopped(tasks: list[Any], *, timeout: float = 1.0) -> None:
+    """Waits until each task's process is stopped (:meth:`~psflow.launch.processes.TaskProcess.stopped`: every
+    thread of it; or it exited, or was reaped): a SIGSTOP takes effect when its target next runs, not when the
+    signal is sent. Bounded by ``timeout`` s. Each is asked through its process descriptor, never by pid, so a
+    task reaped meanwhile (its pid free for a process psflow did not start) is not waited for and no other
+    process's state is read as its."""
     deadline = time.monotonic() + timeout
-    for pid in pids:
-        while time.monotonic() < deadline:
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                break
-            if state in ("T", "t", "Z", "X"):
-                break
+    for t in tasks:
+        while time.monotonic() < deadline and not t.stopped():
             time.sleep(0.0005)
 
 

@@ -308,7 +308,7 @@ def test_chaos_kills_tasks_on_their_own_hosts_and_the_run_recovers(make_lab: Cal
     """The local launcher's --chaos with every task in its own namespace: it reads global_step at ps task
     0's own address and kills ps task 0 and a worker by pid; both are restarted and restored, and every
     record is read exactly once per epoch."""
-    from psflow.launch.chaos import ChaosPlan
+    from psflow.launch.chaos_plan import ChaosPlan
     from psflow.launch.local import run_local
     from psflow.launch.processes import TaskHosts
     from psflow.launch.resilience import ResilienceConfig

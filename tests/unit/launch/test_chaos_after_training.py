@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import pytest
 
 from psflow.cluster import ClusterSpec
-from psflow.launch.chaos import ChaosInjector, ChaosPlan, DutyHolder
+from psflow.launch.chaos import ChaosInjector
+from psflow.launch.chaos_plan import ChaosPlan, DutyHolder
 
 pytestmark = pytest.mark.timeout(60)
 

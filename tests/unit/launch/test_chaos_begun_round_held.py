@@ -24,7 +24,8 @@ from launched_tasks import FakeCluster, FakeTask
 
 import psflow.launch.resilience as resilience_module
 from psflow.cluster import ClusterSpec
-from psflow.launch.chaos import ChaosInjector, ChaosPlan, DutyHolder
+from psflow.launch.chaos import ChaosInjector
+from psflow.launch.chaos_plan import ChaosPlan, DutyHolder
 from psflow.launch.fault_recovery import StepReading
 from psflow.launch.resilience import Resilience, ResilienceConfig
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 
 from psflow.cluster import ClusterError, ClusterSpec, TaskId
-from psflow.launch.chaos import ChaosInjector, ChaosPlan, DutyHolder
+from psflow.launch.chaos import ChaosInjector
+from psflow.launch.chaos_plan import ChaosPlan, DutyHolder
 from psflow.launch.supervisor import RestartConfig, Supervisor
 from psflow.train.chief import trainer_task, training_view
 

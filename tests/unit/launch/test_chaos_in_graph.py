@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from psflow.cluster import ClusterSpec
-from psflow.launch.chaos import IN_GRAPH_CLIENT, ChaosError, ChaosInjector, ChaosPlan, DutyHolder
+from psflow.launch.chaos import ChaosInjector
+from psflow.launch.chaos_plan import IN_GRAPH_CLIENT, ChaosError, ChaosPlan, DutyHolder
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
 PIDS = {("ps", 0): 40, ("worker", 0): 42, ("worker", 1): 43, IN_GRAPH_CLIENT: 50}

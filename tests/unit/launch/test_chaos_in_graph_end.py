@@ -15,7 +15,7 @@ import pytest
 from launched_tasks import FakeCluster, FakeTask
 
 from psflow.cluster import ClusterSpec
-from psflow.launch.chaos import ChaosPlan
+from psflow.launch.chaos_plan import ChaosPlan
 from psflow.launch.fault_recovery import StepReading
 from psflow.launch.resilience import Resilience, ResilienceConfig
 

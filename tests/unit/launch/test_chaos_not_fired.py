@@ -19,7 +19,8 @@ from launched_tasks import FakeCluster
 from launched_tasks import FakeTask as FakeProcess
 
 from psflow.cluster import ClusterSpec
-from psflow.launch.chaos import ChaosInjector, ChaosPlan
+from psflow.launch.chaos import ChaosInjector
+from psflow.launch.chaos_plan import ChaosPlan
 from psflow.launch.fault_recovery import StepReading, step_reading
 from psflow.launch.resilience import Resilience, ResilienceConfig
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from psflow.cluster import ClusterSpec
-from psflow.launch.chaos import ChaosError, ChaosInjector, ChaosPlan
+from psflow.launch.chaos import ChaosInjector
+from psflow.launch.chaos_plan import ChaosError, ChaosPlan
 from psflow.launch.shard_targets import shard_target
 
 pytestmark = pytest.mark.timeout(60)

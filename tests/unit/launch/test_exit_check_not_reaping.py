@@ -24,8 +24,8 @@ import pytest
 from launched_tasks import FakeCluster
 
 from psflow.cluster import ClusterSpec
-from psflow.launch.chaos import ChaosPlan
-from psflow.launch.exits import open_pidfd
+from psflow.launch.chaos_plan import ChaosPlan
+from psflow.launch.exits import ProcessDescriptor
 from psflow.launch.fault_recovery import StepReading
 from psflow.launch.processes import TaskProcess
 from psflow.launch.resilience import Resilience, ResilienceConfig
@@ -43,7 +43,7 @@ def _state(pid: int) -> str:
 def _task(job: str, index: int, code: str, tmp_path: Path) -> TaskProcess:
     popen = subprocess.Popen([sys.executable, "-c", code])
     log = open(tmp_path / f"{job}-{index}.log", "w")  # noqa: SIM115 (closed by the fixture)
-    return TaskProcess(job, index, popen, log.name, log, pidfd=open_pidfd(popen.pid))
+    return TaskProcess(job, index, popen, log.name, log, descriptor=ProcessDescriptor.open(popen.pid))
 
 
 def _zombie(task: TaskProcess) -> None:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from psflow.cluster import ClusterSpec
-from psflow.launch.chaos import ChaosError, ChaosInjector, ChaosPlan, Fault
-from psflow.launch.chaos_plan import stop_without_liveness
+from psflow.launch.chaos import ChaosInjector
+from psflow.launch.chaos_plan import ChaosError, ChaosPlan, Fault, stop_without_liveness
 from psflow.launch.supervisor import RestartConfig, Supervisor, decide, describe_exit
 
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
