@@ -47,7 +47,10 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     the start and again where the load changes the task (:meth:`~psflow.ps.restore_gate.RestoreGate.loading`,
     which ``BeginRestore`` and ``SetReady`` wait for): a restore begun while the arrays were checked (the
     partitions: :mod:`psflow.ps.shard_load`) refuses it there, and no load's values, global_step, positions or
-    lineage land after a newer restore's.
+    lineage land after a newer restore's. Partitions a chief's ``Register`` created anew meanwhile (a task not
+    ready, no restore in progress: a load at start) are checked again there, and loaded: never the replaced ones.
+    global_step is set first: where its journal cannot record it (a full disk) the load is refused with
+    FAILED_PRECONDITION naming the task, the generation and the file, nothing changed.
     A lazy partition's checkpoint holding only its built rows comes as ``b/<key>`` (its saved local rows,
     sorted; ``v/<key>`` and ``s/<key>/<slot>`` hold those rows), ``i/<key>/<slot>`` (each slot's initial row)
     and ``meta["initializers"][key] = {"initializer", "shape"}``: a lazy partition of the same initial content
@@ -136,6 +139,7 @@ from safetensors.numpy import save as safetensors_save
 from psflow import storage
 from psflow.coord.api import FencedError
 from psflow.coord.fence import FenceGuard
+from psflow.ps.global_step import GlobalStep, StepJournalError
 from psflow.ps.protocol import (
     BeginRestoreReply,
     BeginRestoreRequest,
@@ -165,7 +169,7 @@ from psflow.ps.step_clock import StepClock
 from psflow.ps.update_mode import UpdateMode
 from psflow.ps.variable_store import VariableStore
 from psflow.ps.worker_ledger import WorkerLedger
-from psflow.rpc.api import FencedOff, Handler, InvalidRequest, Reply
+from psflow.rpc.api import FencedOff, Handler, InvalidRequest, PreconditionFailed, Reply
 from psflow.rpc.framing import Frame
 
 __all__ = ["CheckpointHandlers", "HeldPushes", "PushCount", "DYNAMIC_SEPARATOR", "SLOT_SEPARATOR", "shard_tensor_names",
@@ -321,16 +325,19 @@ class CheckpointHandlers:
         global_step = self._clock.global_step
         request = LoadShardRequest.from_frame(frame)
         self._gate.check_load(request.generation)  # a deposed restorer's late load: refused before it is read
-        plan = plan_load(request, self._variables.partitions)  # every array checked, nothing changed
+        store = self._variables.partitions
+        plan = plan_load(request, store)  # every array checked, nothing changed
         step, positions, examples, lineage = request.global_step, request.positions, request.examples, request.lineage
         if step is not None and global_step is None:
             raise InvalidRequest(f"global_step {step!r:.40} cannot be set on this task")
         # The fence asked again, no BeginRestore or SetReady until the task changed: a restore begun while the
         # arrays were checked refuses this load (nothing changed), never lets it write over that restore's state.
         with self._gate.loading(request.generation):
+            if self._variables.partitions is not store:  # a chief's Register created them anew meanwhile (at start)
+                plan = plan_load(request, self._variables.partitions)  # the load goes to the partitions held now
+            if step is not None and global_step is not None:  # first: its journal write is all that can fail
+                self._set_step(global_step, step, request.generation)
             plan.write(self.task_name)
-            if step is not None and global_step is not None:
-                global_step.set(step)
             if not plan.values_only:  # the averages (and, in sync mode, the step count) belong to the restored step
                 self._variables.averages.restored(request.restored_step)
                 self._mode.restored_at(request.restored_step)
@@ -345,6 +352,22 @@ class CheckpointHandlers:
         log.info("%s: loaded %d partitions%s", self.task_name, plan.count,
                  f", global_step {step}" if step is not None else "")
         return _reply(LoadShardReply(plan.count))
+
+    def _set_step(self, global_step: GlobalStep, step: int, generation: int | None) -> None:
+        """global_step set to a load's ``step``, before the load changes anything else.
+
+        Raises:
+            PreconditionFailed: its journal cannot be written (names this task, the generation and the file): the
+                user's disk or directory, not a bug, so one line here and to the restorer, no traceback; nothing
+                loaded.
+        """
+        try:
+            global_step.set(step)
+        except StepJournalError as e:
+            why = (f"{e}; LoadShard{'' if generation is None else f' of generation {generation}'} refused: "
+                   f"{self.task_name} must record global_step {step} there before it holds it; nothing loaded")
+            log.error("%s: %s", self.task_name, why)
+            raise PreconditionFailed(why) from e
 
     # ---- SetReady / ReaderPositions ----------------------------------------
     def set_ready(self, frame: Frame) -> Reply:

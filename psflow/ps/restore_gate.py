@@ -15,7 +15,9 @@ ready: false``): the variables ``LoadShard`` loaded so far stay as they are,
 so the restore's ``SetReady`` never makes the task ready holding initial
 values (:mod:`psflow.ps.variable_store`). A task that is not ready with no
 restore in progress (a chief died while initializing it or restoring it at
-start, which sends no ``BeginRestore``) is initialized again.
+start, which sends no ``BeginRestore``) is initialized again. A chief's ``Register`` asks and creates under the
+restore mutex (:meth:`RestoreGate.creating`, below): a ``BeginRestore`` arriving while it builds the partitions waits
+for them, and then finds the restore's loads landing on them.
 
 A push that carries a generation is refused (FAILED_PRECONDITION, before
 anything is applied) when the task is not ready or holds another generation:
@@ -73,9 +75,11 @@ class RestoreGate:
         # Entered as the plain lock (cheap: every push takes it twice); waited on through the condition.
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        # Held while a LoadShard changes the task (loading) and by close and open, before _lock: the generation and
-        # readiness a load was let in at hold until it is done. Never taken by a push.
+        # Held while a LoadShard changes the task (loading), by close and open, and by a chief's Register that may
+        # create the variables (creating), before _lock: the generation and readiness a load was let in at hold
+        # until it is done. Never taken by a push.
         self._loads = threading.Lock()
+        self._creator: int | None = None  # the thread holding _loads by creating (which it may take again)
         self._ready = False
         # 0 until a restore after a ps death; pushes naming another one are refused.
         self._generation = 0
@@ -129,6 +133,27 @@ class RestoreGate:
         with self._lock:
             self._ready = ready
             self._restoring = self._restoring and not ready
+
+    @contextmanager
+    def creating(self) -> Iterator[None]:
+        """Held while a chief's ``Register`` asks whether it may create the variables here (:attr:`ready`,
+        :attr:`restoring`), creates them and sets the gate (:meth:`initialized`): under the mutex :meth:`loading`,
+        :meth:`opening` and :meth:`close` take, so no ``BeginRestore``, load or ``SetReady`` comes between its ask
+        and its creation (its fresh partitions never replace a restore's loaded ones, nor does it mark the task
+        initialized under a newer restore's feet). A load checked against the partitions it replaced re-checks
+        against the new ones (:mod:`psflow.ps.checkpointing`). Taken again by the thread holding it (a replicated
+        shard's primary takes it before the lock that orders its entries, the service's ``Register`` inside:
+        :mod:`psflow.ps.replication.register_call`), it holds on."""
+        me = threading.get_ident()
+        if self._creator == me:
+            yield
+            return
+        with self._loads:
+            self._creator = me
+            try:
+                yield
+            finally:
+                self._creator = None
 
     def check_open(self, generation: int | None, client: str) -> None:
         """Whether ``client``'s ``SetReady`` of ``generation`` may open the task (:meth:`open`), asked before its

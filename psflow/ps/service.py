@@ -27,7 +27,9 @@ fields below are those messages'):
     with no restore in progress (a chief died while initializing it or
     restoring it at start, which sends no ``BeginRestore``) initializes again; during a restore (``BeginRestore`` until ``SetReady``)
     it creates nothing and replies ``{"created": false, "ready": false}``,
-    so what ``LoadShard`` loaded stays. Idempotent otherwise. On the task holding
+    so what ``LoadShard`` loaded stays. A chief's call asks and creates under the restore mutex
+    (:meth:`~psflow.ps.restore_gate.RestoreGate.creating`): a ``BeginRestore``, load or ``SetReady`` coming
+    while it creates waits for it, never finds its fresh partitions replacing loaded ones. Idempotent otherwise. On the task holding
     global_step a chief's ``step_run`` (its run id) is recorded in the global_step
     journal; a journal that cannot be written refuses the call with FAILED_PRECONDITION
     naming the task and the file (one ERROR line here, no traceback; the variables it
@@ -308,8 +310,11 @@ class ParameterService:
             self.mode.configure(request.sync)
             self.gate.initialized(ready=not request.defer_ready)
 
-        made = self.variables.register(request, ready=lambda: self.gate.ready, restoring=lambda: self.gate.restoring,
-                                       created=created)
+        # A chief's, which may create the variables, asks and creates under the restore mutex: no BeginRestore, load
+        # or SetReady between its ask (not ready, no restore in progress) and its fresh partitions.
+        with self.gate.creating() if request.chief else contextlib.nullcontext():
+            made = self.variables.register(request, ready=lambda: self.gate.ready,
+                                           restoring=lambda: self.gate.restoring, created=created)
         if request.chief and request.run is not None and self.clock.global_step is not None:
             self._claim(self.clock.global_step, request.run, request.client)
         # A new process: its earlier one's save is over; the saving process's own (again) ends nothing (save_hold).

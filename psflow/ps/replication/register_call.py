@@ -4,7 +4,9 @@
   update mode) and the small state (:func:`~psflow.ps.replication.snapshot.registration_entry`): each backup
   creates the same partitions from the same initializers, which are counter-based per element, so they equal
   the primary's bit for bit. A few KB cross the wire where a copy of the whole state (~520 MB for W&D) did.
-  The creation and the entry are made under the forwarder's lock, so no other entry falls between them.
+  The creation and the entry are made under the forwarder's lock, so no other entry falls between them, and
+  under the restore mutex (:meth:`~psflow.ps.restore_gate.RestoreGate.creating`, taken first), so no
+  ``BeginRestore``, load or ``SetReady`` falls between the call's ask of the gate and its creation.
   The call waits for the backups' acknowledgement ``replica_timeout`` plus twice the seconds the creation
   took here (each backup does the same work).
 * A call that creates nothing (a non-chief's, while it waits for the chief or compares its layout; the
@@ -61,7 +63,10 @@ def replicated_register(member: ShardReplication, handler: Handler) -> Handler:
                 changed = _run_end(member) != done or _step_run(member) != run
                 return _state_entry(member, seq) if changed else None
             return registration_entry(seq, member.service, member.dedup, member.counts)
-        seq = forwarder.record(build)
+        # The restore mutex before the entries' lock (a sync step records its entry holding the step's lock, which
+        # SetReady and a load take under the mutex): the service's Register, which takes it too, holds on to it.
+        with member.service.gate.creating():
+            seq = forwarder.record(build)
         forwarder.wait(seq, timeout=forwarder.replica_timeout + 2 * took[0])
         return results[0]
     return call
