@@ -47,8 +47,9 @@ it reads or changes (:class:`CheckpointHandlers` gets the parts, not the service
     the start and again where the load changes the task (:meth:`~psflow.ps.restore_gate.RestoreGate.loading`,
     which ``BeginRestore`` and ``SetReady`` wait for): a restore begun while the arrays were checked (the
     partitions: :mod:`psflow.ps.shard_load`) refuses it there, and no load's values, global_step, positions or
-    lineage land after a newer restore's. Partitions a chief's ``Register`` created anew meanwhile (a task not
-    ready, no restore in progress: a load at start) are checked again there, and loaded: never the replaced ones.
+    lineage land after a newer restore's. A load whose partitions were created anew meanwhile (a chief's
+    ``Register`` on a task not ready with no restore in progress: a load at start; a replicated member rebuilt) is
+    refused there with FAILED_PRECONDITION, nothing changed: it never writes into partitions the task no longer holds.
     global_step is set first: where its journal cannot record it (a full disk) the load is refused with
     FAILED_PRECONDITION naming the task, the generation and the file, nothing changed.
     A lazy partition's checkpoint holding only its built rows comes as ``b/<key>`` (its saved local rows,
@@ -333,8 +334,8 @@ class CheckpointHandlers:
         # The fence asked again, no BeginRestore or SetReady until the task changed: a restore begun while the
         # arrays were checked refuses this load (nothing changed), never lets it write over that restore's state.
         with self._gate.loading(request.generation):
-            if self._variables.partitions is not store:  # a chief's Register created them anew meanwhile (at start)
-                plan = plan_load(request, self._variables.partitions)  # the load goes to the partitions held now
+            if self._variables.partitions is not store:  # created anew meanwhile: the plan's are no longer held
+                self._replaced(request.generation)
             if step is not None and global_step is not None:  # first: its journal write is all that can fail
                 self._set_step(global_step, step, request.generation)
             plan.write(self.task_name)
@@ -352,6 +353,19 @@ class CheckpointHandlers:
         log.info("%s: loaded %d partitions%s", self.task_name, plan.count,
                  f", global_step {step}" if step is not None else "")
         return _reply(LoadShardReply(plan.count))
+
+    def _replaced(self, generation: int | None) -> None:
+        """(Under the restore mutex) the partitions a load checked its arrays against were created anew since (a
+        chief's ``Register`` at start, a task not ready with no restore in progress; a replicated shard's member
+        rebuilt from a new primary): the load is refused before it changes anything.
+
+        Raises:
+            PreconditionFailed: always (names this task and the generation).
+        """
+        raise PreconditionFailed(
+            f"LoadShard{'' if generation is None else f' of generation {generation}'} refused: {self.task_name}'s "
+            "variables were created anew while its arrays were checked (a chief's Register, or this member "
+            "rebuilt its shard from a new primary); nothing loaded")
 
     def _set_step(self, global_step: GlobalStep, step: int, generation: int | None) -> None:
         """global_step set to a load's ``step``, before the load changes anything else.

@@ -140,8 +140,8 @@ class RestoreGate:
         :attr:`restoring`), creates them and sets the gate (:meth:`initialized`): under the mutex :meth:`loading`,
         :meth:`opening` and :meth:`close` take, so no ``BeginRestore``, load or ``SetReady`` comes between its ask
         and its creation (its fresh partitions never replace a restore's loaded ones, nor does it mark the task
-        initialized under a newer restore's feet). A load checked against the partitions it replaced re-checks
-        against the new ones (:mod:`psflow.ps.checkpointing`). Taken again by the thread holding it (a replicated
+        initialized under a newer restore's feet). A load checked against the partitions it replaced is refused
+        (:mod:`psflow.ps.checkpointing`). Taken again by the thread holding it (a replicated
         shard's primary takes it before the lock that orders its entries, the service's ``Register`` inside:
         :mod:`psflow.ps.replication.register_call`), it holds on."""
         me = threading.get_ident()

@@ -9,8 +9,9 @@ then built the partitions from their initializers and set the gate (``initialize
 while it built them, its fresh partitions replaced the loaded ones, and the restore's ``SetReady`` opened the task
 holding initial values beside the checkpoint's global_step (the other tasks holding the checkpoint's). Likewise a
 load at generation 0 (a chief's restore at start, no ``BeginRestore``) checked against the partitions a concurrent
-chief ``Register`` then replaced wrote into partitions the task no longer held, and reported them loaded. In-process
-services, two threads interleaved by events, no sockets, no timed waits.
+chief ``Register`` then replaced wrote into partitions the task no longer held, reported them loaded, and its
+``SetReady`` opened the fresh ones: now it is refused, nothing changed. In-process services, two threads
+interleaved by events, no sockets, no timed waits.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from two_ps_in_process import SGD, two_ps_cluster
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, SetReadyRequest
 from psflow.ps.service import ParameterService
+from psflow.rpc.api import FailedPreconditionError
 from psflow.train.generation_restore import register_as_chief
 
 pytestmark = pytest.mark.timeout(60)
@@ -129,11 +131,10 @@ def test_a_register_creating_while_a_restore_begins_and_loads_leaves_the_restore
     assert np.all(weights == 4.0), weights
 
 
-def test_a_load_at_start_checked_before_a_register_created_anew_lands_on_the_new_partitions() -> None:
+def test_a_load_at_start_checked_before_a_register_created_anew_is_refused_and_changes_nothing() -> None:
     client, services = two_ps_cluster()
     service = services[0]
     register_as_chief(client, SGD, None)
-    initial = _weights(service)
     store = service.variables.partitions
     real = store.get
 
@@ -144,10 +145,16 @@ def test_a_load_at_start_checked_before_a_register_created_anew_lands_on_the_new
         return part
 
     store.get = get  # type: ignore[method-assign]
-    client.call(0, _checkpoint(0))
+    with pytest.raises(FailedPreconditionError, match="LoadShard of generation 0 refused: /job:ps/task:0's "
+                                                      "variables were created anew while its arrays were checked"):
+        client.call(0, _checkpoint(0))
     assert service.variables.partitions is not store  # created anew during the load
+    fresh = _weights(service)
+    assert not np.all(fresh == 4.0)  # the Register's initial values: nothing loaded, in the new partitions or else
+    assert np.all(store.get(_KEY).value != 4.0), "the load went into partitions the task no longer held"
+    stats = client.ps_stats(0)
+    assert (stats.ready, stats.global_step, stats.restored_from) == (False, 0, None)
+    client.call(0, _checkpoint(0))  # the restore again (the Register's chief's own), on the partitions held now
     client.call(0, SetReadyRequest("the chief"))
-    weights = _weights(service)
-    assert not np.array_equal(weights, initial), "the load went into partitions the task no longer held"
-    assert np.all(weights == 4.0), weights
+    assert np.all(_weights(service) == 4.0)
     assert client.ps_stats(0).global_step == 40

@@ -19,6 +19,7 @@ from replica_shard import PRIMARY, InProcessShard, assert_same_state, backup, la
 from psflow.ps.protocol import BeginRestoreRequest, LoadShardRequest, SetReadyRequest, StatsReply
 from psflow.ps.shard_snapshot import saved_slots
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import RpcError
 from psflow.rpc.framing import Frame
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,3 +83,36 @@ def test_a_restore_beginning_while_a_chief_register_creates_loads_onto_its_parti
         for part in shard.services[member].store.partitions():
             assert np.all(part.value == 4.0), (member, part.key)
     assert_same_state(service, shard.services[backup(0)])
+
+
+def test_a_deposed_primary_s_load_checked_before_it_rebuilt_from_the_new_primary_changes_nothing_there(
+        make_shard: Callable[..., InProcessShard]) -> None:
+    """The primary checks a restore's load when another member is promoted over it and it rebuilds from that one
+    (a snapshot: its partitions created anew): the load is refused there, and the rebuilt member holds the new
+    primary's state, not the load's global_step, lineage or restore record beside it."""
+    shard = make_shard(backups=1)
+    shard.start()
+    shard.wait_view()
+    shard.register(dataclasses.replace(layout(SyncConfig()), defer_ready=True))
+    shard.call(PRIMARY, BeginRestoreRequest.METHOD, BeginRestoreRequest(9).to_frame())
+    old, new = shard.services[PRIMARY], shard.services[backup(0)]
+    store = old.variables.partitions
+    real = store.get
+    load = _checkpoint(shard, 9)
+
+    def get(key: str) -> Any:  # the load checks its arrays: the backup is promoted, this one rebuilds from it
+        store.get = real  # type: ignore[method-assign]
+        shard.cut.add(PRIMARY)
+        assert shard.promote(backup(0), 1).epoch == 2
+        shard.cut.discard(PRIMARY)
+        shard.replicas[PRIMARY]._deposed(backup(0), 2)  # as its refused entries tell it (_on_refused)
+        shard.wait_view(backup(0), (PRIMARY,))
+        return real(key)
+
+    store.get = get  # type: ignore[method-assign]
+    with pytest.raises(RpcError):
+        shard.call(PRIMARY, LoadShardRequest.METHOD, load.to_frame())
+    assert old.variables.partitions is not store  # rebuilt from the new primary meanwhile
+    assert_same_state(new, old)
+    assert (old.saves.lineage, old.gate.restored_from()) == (new.saves.lineage, new.gate.restored_from())
+    assert old.global_step is not None and old.global_step.value == 0
