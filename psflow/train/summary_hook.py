@@ -35,13 +35,17 @@ def _global_step_of(checkpoint: str) -> int | None:
 
 
 def _generation(client: ParameterClient, snapshot: dict[int, dict[str, Any]]) -> int | None:
-    """The cluster's restore generation: ps task 0's; where its ``Stats`` could not be read, the one every other
-    task read is ready at (a restore makes every task ready at its generation); None where not known."""
+    """The generation of the cluster's last restore (0: none within the run): ps task 0's where it is ready; where
+    its ``Stats`` could not be read or it is not ready, the one every other task read is ready at (a restore makes
+    every task ready at its generation, ps task 0 last); None where not known.
+
+    A ps task 0 not ready says nothing of it: restarted and not loaded yet (generation 0, as a cluster never
+    restored), or in a restore (the new generation: its ``BeginRestore`` came, its loads and ``SetReady`` not yet)."""
     head = snapshot.get(client.step_task)
-    if head is not None:
+    if head is not None and head.get("ready"):
         generation = head.get("generation")
         return generation if isinstance(generation, int) else None
-    ready = {s.get("generation") for s in snapshot.values() if s.get("ready")}
+    ready = {s.get("generation") for task, s in snapshot.items() if s.get("ready") and task != client.step_task}
     generation = ready.pop() if len(ready) == 1 else None
     return generation if isinstance(generation, int) else None
 
@@ -50,6 +54,10 @@ def _restore_mark(client: ParameterClient, snapshot: dict[int, dict[str, Any]]) 
     """What the START of the cluster's last restore within the run says (its ``msg``): its generation (a restore's
     wall clock in ms: unique); None before any (generation 0: a fresh or resumed cluster), or unknown."""
     generation = _generation(client, snapshot)
+    return _mark_of(generation)
+
+
+def _mark_of(generation: int | None) -> str | None:
     return f"psflow restore at generation {generation}" if generation else None
 
 
@@ -91,6 +99,13 @@ class SummarySaverHook(SessionRunHook):
     it where the directory holds none (no worker held them as the cluster settled: their holder was the task lost,
     or its lease lapsed; or this worker joined since), while :meth:`after_restore` writes none where it is there
     already (a second START would drop the points written since the restore).
+
+    Where the restore generation cannot be told as a worker takes the duties (ps task 0 not ready or not read, and
+    the other tasks not ready at one generation: a restore or a ps task's restart under way), the START owed is not
+    decided then: the hook asks again before each point it writes (and at its end), and writes it once known. The
+    points written meanwhile come before it (steps that completed before the restore: TensorBoard drops those past
+    its step). Its final point is at the session's global_step where ps task 0 is not ready (a restarted ps task 0's
+    global_step is 0).
     """
 
     def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
@@ -100,12 +115,14 @@ class SummarySaverHook(SessionRunHook):
         self._last_time = time.monotonic()
         self._loss = float("nan")
         self._start_pending = False
+        self._start_unchecked = False  # the restore generation was not known as it took the duties: asked again
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         # Also on taking the duties over (LeaderOnlyHook): after the points of the worker that held them till now
         self.writer.continue_last()
         snapshot = self._snapshot(session.client)  # the first rates' start
-        mark = _restore_mark(session.client, snapshot)
+        generation = _generation(session.client, snapshot)
+        mark = _mark_of(generation)
         joined = session.join_result
         if joined is not None and joined.restored is not None and session.global_step == joined.global_step:
             # At the checkpoint's step: a restore within the run goes on past every step value handed out
@@ -117,7 +134,16 @@ class SummarySaverHook(SessionRunHook):
         self._start_pending = joined is not None and joined.restore_pending and session.global_step == joined.global_step
         self._timer.mark(session.global_step)
         self._last, self._last_time = snapshot, time.monotonic()
-        if not self._start_pending and mark is not None and not start_written(self.writer.logdir, mark):
+        self._start_unchecked = not self._start_pending and generation is None
+        if self._start_unchecked:
+            log.info("summary: the restore generation is not known now (a ps task restarted or restored): the "
+                     "SessionLog START it may owe is checked before the next point")
+        elif not self._start_pending:
+            self._owed_start(session, snapshot)
+
+    def _owed_start(self, session: MonitoredTrainingSession, snapshot: dict[int, dict[str, Any]]) -> None:
+        mark = _restore_mark(session.client, snapshot)
+        if mark is not None and not start_written(self.writer.logdir, mark):
             # The cluster's last restore has no START: it settled while no worker held the duties (their holder
             # lost, its lease lapsed), or this worker joined since (an in-graph client's own restore before its
             # session: told to the hooks after this). Nobody wrote a point since: each holder writes the START first.
@@ -126,6 +152,16 @@ class SummarySaverHook(SessionRunHook):
                         "duties as it settled, or it came before this session): writing it",
                         _generation(session.client, snapshot))
             self.after_restore(session, None, None)
+
+    def _check_start(self, session: MonitoredTrainingSession) -> None:
+        """(Before a point) the START owed, where the restore generation was not known as this worker took the
+        duties: written once known; while not, nothing (the point is written: a START owed comes after it)."""
+        if not self._start_unchecked:
+            return
+        snapshot = self._snapshot(session.client)
+        if _generation(session.client, snapshot) is not None:
+            self._start_unchecked = False
+            self._owed_start(session, snapshot)
 
     def before_run(self, context: RunContext) -> None:
         if self._start_pending:  # the restore its join waited for has ended: the first step trains on its model
@@ -138,7 +174,7 @@ class SummarySaverHook(SessionRunHook):
         holds that generation's already (a worker taking the duties after the holder that wrote it, which
         :class:`~psflow.train.leader_hooks.LeaderOnlyHook` tells of a restore it heard of while not holding them:
         a second START would drop that holder's points since the restore)."""
-        self._start_pending = False  # (a chief whose join waited for this restore: this is its START)
+        self._start_pending = self._start_unchecked = False  # (a chief whose join waited for it: this is its START)
         snapshot = self._snapshot(session.client)  # not the empty tasks': the next rates' start
         mark = _restore_mark(session.client, snapshot)
         if mark is not None and start_written(self.writer.logdir, mark):
@@ -176,10 +212,15 @@ class SummarySaverHook(SessionRunHook):
     def after_run(self, context: RunContext, values: RunValues) -> None:
         self._loss = values.loss
         if self._timer.due(values.step):
+            self._check_start(context.session)
             self._write(context.session.client, values.step)
 
     def end(self, session: MonitoredTrainingSession) -> None:
-        step = session.client.global_step()
+        self._check_start(session)
+        head = session.client.stats()
+        # A ps task 0 not ready (restarted: its global_step 0) cannot say: the last step this session knows
+        step = head["global_step"] if head.get("ready") and isinstance(head.get("global_step"), int) else None
+        step = session.global_step if step is None else step
         if step != self._timer.last_step:
             self._write(session.client, step)
         self.writer.flush()
