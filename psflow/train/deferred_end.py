@@ -2,18 +2,21 @@
 :class:`RaiseDeferred`).
 
 A session stops at the first hook ``end()`` that raises. :func:`~psflow.train.duties.make_session` puts the
-checkpoint saver first among the chief duties, then the summary hook: a summary write failing at the end (the
-summary disk full or unwritable; the checkpoint directory may be elsewhere) must not skip the final checkpoint, and
-a final checkpoint that fails (:class:`~psflow.checkpoint.save.FinalCheckpointError`, which neither
-:class:`~psflow.train.leader_hooks.LeaderOnlyHook` nor the configured chief's guard catches) must not skip the
-summary hook's ``end()``: the final point, the flush, and the SessionLog START a worker first holding the duties at
-its end owes a restore nobody led through (without it TensorBoard keeps the discarded model's points). Guarantees:
+checkpoint saver first among the chief duties, then the summary hook, then the evaluation, each deferred: a summary
+write failing at the end (the summary disk full or unwritable; the checkpoint directory may be elsewhere) must not
+skip the final checkpoint, and a final checkpoint that fails (:class:`~psflow.checkpoint.save.FinalCheckpointError`,
+which neither :class:`~psflow.train.leader_hooks.LeaderOnlyHook` nor the configured chief's guard catches) must not
+skip the summary hook's ``end()`` (the final point, the flush, and the SessionLog START a worker first holding the
+duties at its end owes a restore nobody led through: without it TensorBoard keeps the discarded model's points) nor
+the final evaluation's (its metrics logged and written). The release of the run's lock, after them, ends whatever
+raised (:attr:`~psflow.train.hook_api.SessionRunHook.ends_always`). Guarantees:
 
 * :class:`DeferredEnd` runs each call of the hook it wraps as that hook does, and raises what it raises, except
   ``end()``: its exception is kept (whatever ``end()`` does, e.g. a ``LeaderOnlyHook`` taking the duties over first).
 * :class:`RaiseDeferred`, placed after the duties it covers, raises in its own ``end()`` the first exception they
-  kept, in their order (the saver's before the summary hook's); any other is logged as an error naming the hook. The
-  session's hooks after it are skipped, as those after a duty raising in place were; the run fails with it as before.
+  kept, in their order (the saver's before the summary hook's, before the evaluation's); any other is logged as an
+  error naming the hook. The session's hooks after it are skipped, as those after a duty raising in place were (but
+  those that end always: the lock's release); the run fails with it as before.
 """
 
 from __future__ import annotations

@@ -166,9 +166,9 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         chief_hooks.append(FinalEvalOnce(evaluation) if leadership is not None else evaluation)
     if leadership is not None:
         chief_hooks = [LeaderOnlyHook(h, leadership) for h in chief_hooks]
-    if writer is not None and config.checkpoint.dir:  # the saver, then the summary hook: neither's failed end() skips
-        deferred = [DeferredEnd(h) for h in chief_hooks[:2]]  # the other's (psflow.train.deferred_end)
-        chief_hooks[:2] = [*deferred, RaiseDeferred(*deferred)]
+    if len(chief_hooks) > 1:  # the saver, the summary hook, the evaluation: no duty's failed end() skips another's
+        deferred = [DeferredEnd(h) for h in chief_hooks]  # (psflow.train.deferred_end)
+        chief_hooks = [*deferred, RaiseDeferred(*deferred)]
     if leadership is not None:  # it campaigns while it trains, and acts as chief while it holds the lease
         hooks.append(CampaignWhileTrainingHook(leadership))
         if take_over:  # before the duties: a worker resumed after a take-over ended the run saves and evaluates nothing
@@ -177,7 +177,7 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         chief_hooks = []
     # Last of all (a session ends its hooks in order, the chief-only ones after the others; without election, a
     # session with duties is the chief's): the final save takes the lock again if it was deleted meanwhile, so a
-    # lock released before it would be left behind.
+    # lock released before it would be left behind. It ends also after an end() raised (ends_always).
     (hooks if leadership is not None else chief_hooks).extend(release)
     return MonitoredTrainingSession(client, optimizer, is_chief=chief, checkpoint_dir=config.checkpoint.dir,
                                     hooks=hooks, chief_only_hooks=chief_hooks, ready_timeout=config.cluster.connect_timeout,
@@ -443,7 +443,10 @@ class _ReleaseLockAtEnd(SessionRunHook):
     (without a launcher; a launcher's lock is the launcher's to release), waited for at most
     :data:`~psflow.checkpoint.lock_release.RELEASE_TIMEOUT` s: past it the session ends on
     :class:`~psflow.checkpoint.lock_release.LockNotReleasedError`, one line naming the lock file and its URL
-    (a store that stopped answering held ``psflow server`` for ever)."""
+    (a store that stopped answering held ``psflow server`` for ever). Also after an earlier hook's ``end()`` raised
+    (a failed final checkpoint; a take-over: the lock stayed, naming this process, and a later run was refused)."""
+
+    ends_always = True
 
     def __init__(self, lock: CheckpointDirLock, timeout: float = RELEASE_TIMEOUT) -> None:
         self.lock, self.timeout = lock, timeout

@@ -29,8 +29,13 @@ in this order (hooks are called in the order given, for each call):
    ``after_restore(session, checkpoint, step)``, before the next ``before_run``.
 5. ``end(session)`` -- once, when the loop ends normally (data exhausted or a
    stop requested). Checkpoint and summary hooks save their last state here.
+   The session stops at the first ``end()`` that raises: the hooks after it are
+   skipped, except those whose :attr:`~SessionRunHook.ends_always` is set (one
+   releasing what the session took: the run's checkpoint-directory lock), whose
+   ``end()`` still runs; the first exception propagates, a later one is logged.
 
-On an exception (from the step or from a hook) no further hook method runs:
+On an exception (from the step or from a hook) no further hook method runs
+(but, after an ``end()`` that raised, the ``ends_always`` hooks' ``end()``):
 ``end()`` is skipped, so nothing is saved from a failed step, and the
 exception propagates out of the session. A hook that raises in ``begin``,
 ``after_initialize`` or ``after_create_session`` stops the session from
@@ -135,6 +140,9 @@ class SessionRunHook:
 
     def end(self, session: MonitoredTrainingSession) -> None:
         """Called once when the loop ends without an exception."""
+
+    #: Whether ``end()`` runs also after an earlier hook's ``end()`` raised (a release of what the session took).
+    ends_always: bool = False
 
 
 class WrappingHook(SessionRunHook):

@@ -24,8 +24,11 @@ In order:
        (``max_steps`` is :class:`~psflow.train.hooks.StopAtStepHook`'s), the
        loop only reads their decision.
     3. ``__exit__`` without an exception: every hook's ``end(session)``
-       (final checkpoint and summaries). With an exception: no hook runs; the
-       exception propagates.
+       (final checkpoint and summaries), up to the first that raises; after it,
+       only the hooks whose ``ends_always`` is set (the release of the run's
+       checkpoint-directory lock: :mod:`psflow.train.duties`), their errors
+       logged; the first exception propagates. With an exception: no hook runs;
+       the exception propagates.
 
 Chief-only hooks (``chief_only_hooks``) are dropped on non-chief workers, as
 TensorFlow's MonitoredTrainingSession does. Not thread-safe: one session per
@@ -225,5 +228,13 @@ class MonitoredTrainingSession:
         if exc_type is not None:
             log.warning("%s: session ended by %s; hooks' end() skipped", self.client.client_name, exc_type.__name__)
             return
-        for hook in self.hooks:
-            hook.end(self)
+        rest = iter(self.hooks)
+        try:
+            for hook in rest:
+                hook.end(self)
+        finally:  # one raised: the hooks left that end always (a lock's release), that error propagating
+            for hook in (h for h in rest if h.ends_always):
+                try:
+                    hook.end(self)
+                except Exception as e:  # noqa: BLE001 - the first error is the one raised
+                    log.error("%s: %s's end() failed too: %s", self.client.client_name, type(hook).__name__, e)
