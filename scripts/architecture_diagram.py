@@ -123,6 +123,13 @@ def diagram() -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        print(f"usage: python scripts/architecture_diagram.py [OUT.svg] (got {' '.join(argv)}): no options; "
+              "without OUT.svg it writes docs/architecture.svg", file=sys.stderr)
+        return 2
     out = Path(argv[0]) if argv else OUT
     out.write_text(diagram())
     print(f"wrote {out}")
