@@ -4,8 +4,10 @@ Output files are named like TensorFlow's sharded outputs,
 ``<prefix>-00000-of-00004.tfrecord`` (``.tfrecord.gz`` with gzip), next to
 the schema file ``<prefix>.schema.yaml`` that describes exactly what was
 written (:func:`tfrecord_schema`), so that reading the shards with
-``--format tfrecord --schema <prefix>.schema.yaml`` gives the batches that
-reading the text gives, bit for bit:
+``--format tfrecord --schema <prefix>.schema.yaml`` gives the examples that
+reading the text gives, bit for bit, with the same ``num_features`` (Criteo's
+hashed id space; one shard: the same batches too, in the same order; more:
+record ``i`` is in shard ``i % num_shards``, so they are read in another order):
 
 * LIBSVM: :func:`~psflow.data.schema.default_sparse_schema` form (``label``
   float, ``ids`` int64, ``values`` float), the bytes psflow always wrote;
