@@ -8,16 +8,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 from psflow import jsonio
 from psflow.cli.training import config_from_args, faults_from_args
 from psflow.data.infer import schema_yaml
-from psflow.launch.launcher_signals import EndNotWritten
+from psflow.launch.launcher_signals import EndNotWritten, stop_at_once_leaves
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.status.progress import final_line
 from psflow.status.report import RUN_SUMMARIES
@@ -29,11 +31,9 @@ __all__ = ["run_train"]
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from psflow.checkpoint.lock import RunDirLock, new_run_id
+    from psflow.checkpoint.lock import new_run_id
     from psflow.cli.status import status_config
     from psflow.launch.in_process import IN_GRAPH_REFUSED
-    from psflow.launch.local import run_local
-    from psflow.launch.resilience_flags import resilience_config
     from psflow.launch.task import configure_logging
 
     if not args.train:
@@ -67,6 +67,56 @@ def run_train(args: argparse.Namespace) -> int:
     if config.report.summary_dir is None:  # the chief's TensorBoard summaries: a fresh directory per run (psflow report)
         summaries = os.path.abspath(os.path.join(output, RUN_SUMMARIES, run))
         config = dataclasses.replace(config, report=dataclasses.replace(config.report, summary_dir=summaries))
+    printed: list[bool] = []  # the run's summary was printed
+
+    def summary(metrics: dict[str, Any]) -> None:
+        _print_summary(metrics)
+        printed.append(True)
+
+    # A signal stopping this process at once after the run's end (launcher_signals.hold_to_exit) says what it leaves.
+    _leaves_undone(output, config, printed)
+    try:
+        return _train_in(output, run, args, config, status, summary)
+    finally:
+        for name in ("summary", "run lock", "checkpoint lock"):
+            stop_at_once_leaves(name, None)
+
+
+def _leaves_undone(output: str, config: TrainConfig, printed: list[bool]) -> None:
+    """What a stop at once after the end (:func:`~psflow.launch.launcher_signals.stop_at_once_leaves`) would leave:
+    a finished run's summary not printed yet (its figures are in metrics.json, where that was written), and each run
+    lock this process holds still (a file naming it: the next run there takes it over, its process gone; an object
+    store's is not asked from the signal handler)."""
+    from psflow.checkpoint.lock import LOCK_NAME, RUN_LOCK_NAME
+    from psflow.launch.run_status import METRICS_JSON
+
+    def summary(end: Any, written: bool) -> str | None:
+        if printed or end.get("phase") != "finished":
+            return None
+        return "the run's summary" + (f" (its figures are in {os.path.join(output, METRICS_JSON)})" if written else "")
+
+    def lock(path: str) -> Callable[[Any, bool], str | None]:
+        def left(end: Any, written: bool) -> str | None:
+            with open(path, "rb") as f:  # (gone, unreadable: not this process's, nothing said)
+                holder = json.loads(f.read())
+            if holder.get("pid") != os.getpid():
+                return None
+            return f"{path} is left (the next run there takes it over: its process is gone)"
+        return left
+
+    stop_at_once_leaves("summary", summary)
+    stop_at_once_leaves("run lock", lock(os.path.join(output, RUN_LOCK_NAME)))
+    if config.checkpoint.dir and "://" not in config.checkpoint.dir:
+        stop_at_once_leaves("checkpoint lock", lock(os.path.join(config.checkpoint.dir, LOCK_NAME)))
+
+
+def _train_in(output: str, run: str, args: argparse.Namespace, config: TrainConfig, status: Any,
+              summary: Callable[[dict[str, Any]], None]) -> int:
+    """:func:`run_train` in ``output``, held for run ``run`` (its run lock) to the end; prints the summary."""
+    from psflow.checkpoint.lock import RunDirLock
+    from psflow.launch.local import run_local
+    from psflow.launch.resilience_flags import resilience_config
+
     with RunDirLock(output, run):
         _show_inferred_schema(config, output)
         try:
@@ -82,7 +132,7 @@ def run_train(args: argparse.Namespace) -> int:
         except EndNotWritten as e:  # training's result still printed; then the error's one line, exit status 1
             if args.in_process and not args.quiet:  # its last line (a cluster run's bar printed it)
                 print(final_line(e.final), file=sys.stderr, flush=True)
-            _print_summary(dict(e.final))
+            summary(dict(e.final))
             raise
         except LaunchInterrupted as e:
             if e.final is None or e.final.get("phase") != "finished":
@@ -93,11 +143,11 @@ def run_train(args: argparse.Namespace) -> int:
             if args.in_process and not args.quiet:
                 print(final_line(e.final), file=sys.stderr, flush=True)
             if e.ended is None:  # its metrics.json was not written: failed (exit 1), its result printed as EndNotWritten's
-                _print_summary(dict(e.final))
+                summary(dict(e.final))
                 raise
             print(f"psflow train: {e}", file=sys.stderr, flush=True)
             metrics = dict(e.ended)
-    _print_summary(metrics)
+    summary(metrics)
     return 0
 
 
@@ -157,7 +207,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     from psflow.cluster import ClusterSpec
     from psflow.launch.in_process import run_in_process
     from psflow.launch.lifeline import LauncherSignals, signal_name
-    from psflow.launch.run_end import after_the_end
+    from psflow.launch.run_end import after_the_end, interrupted_kept
     from psflow.launch.run_status import METRICS_JSON, InProcessEnding
 
     ending = InProcessEnding(config, output, sys.stderr)
@@ -196,7 +246,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
             e.final = final  # (its result printed either way)
             raise
         e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
-                    f"{float(final.get('wall_seconds') or 0.0):.1f} s\n"
+                    f"{float(final.get('wall_seconds') or 0.0):.1f} s\n{interrupted_kept(final, config.checkpoint.dir)}\n"
                     + unwritten.get(METRICS_JSON, f"metrics: {os.path.join(output, METRICS_JSON)}"))
         raise
     finally:

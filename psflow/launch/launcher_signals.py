@@ -27,9 +27,13 @@ beside a finished end. In a process whose exit follows the run (:func:`hold_to_e
 process), :meth:`~LauncherSignals.restore` after an end was written (or its metrics.json refused) puts handlers of
 the end's own in their place: the signal is said on stderr (``psflow: SIGTERM arrived after the run had finished at
 global_step N: its end stands (exit status 0); ...``) and ignored, the exit status the end's; the next one stops the
-process at once with that status (a launcher stuck on its way out can still be stopped). The handlers are swapped
-one signal at a time, each the end's in place of the launcher's (never the default action between); a signal meeting
-the launcher's while they are is the end's too.
+process at once with that status (a launcher stuck on its way out can still be stopped), its line saying what that
+leaves undone (:func:`stop_at_once_leaves`: ``psflow train``'s summary not printed yet, where metrics.json holds its
+figures; a run lock not released yet, a file naming the process: the next run there takes it over, never refused
+for it). Once the process exits normally (its exit functions), they ignore the signal: Python, finalizing, puts the
+default action back in place of Python's handlers, which killed the process with ``128 + n`` there. The handlers
+are swapped one signal at a time, each the end's in place of the launcher's (never the default action between); a
+signal meeting the launcher's while they are is the end's too.
 
 A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so for its tasks
 (:mod:`psflow.launch.stop_signals`). The task side of a stop is :mod:`psflow.launch.lifeline`.
@@ -37,6 +41,7 @@ A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so f
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -49,7 +54,7 @@ from typing import Any
 from psflow.errors import PsflowError
 from psflow.launch.stop_signals import STOP_SIGNALS, ignored_stop_signals, signal_name, stop_signals_notice
 
-__all__ = ["EndNotWritten", "LaunchInterrupted", "LauncherSignals", "end_status", "hold_to_exit"]
+__all__ = ["EndNotWritten", "LaunchInterrupted", "LauncherSignals", "end_status", "hold_to_exit", "stop_at_once_leaves"]
 
 
 class EndNotWritten(PsflowError, OSError):
@@ -248,11 +253,16 @@ class _Held:
         self.line = ""     # what a signal is told: the end and its exit status
         self.status = 0    # the end's exit status
         self.said = False  # a signal came: the next one stops the process
+        self.final: Mapping[str, Any] = {}  # the end held
+        self.written = True  # its metrics.json was written
+        #: name -> what a stop at once leaves undone, asked then (:func:`stop_at_once_leaves`)
+        self.undone: dict[str, Callable[[Mapping[str, Any], bool], str | None]] = {}
 
     def end(self, final: Mapping[str, Any], unwritten: str | None) -> None:
         """The end a signal is told of from now on (``unwritten``: why its metrics.json was not written)."""
         phase = {"interrupted": "been interrupted"}.get(str(final.get("phase")), str(final.get("phase")))
         self.status = 1 if unwritten is not None else end_status(final)
+        self.final, self.written = final, unwritten is None
         stands = "its end was not written whole" if unwritten is not None else "its end stands"
         self.line = (f"arrived after the run had {phase} at global_step {final.get('global_step')}: {stands} "
                      f"(exit status {self.status}); another signal stops the launcher at once")
@@ -266,22 +276,45 @@ class _Held:
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.said:
-            _say(f"psflow: {signal_name(signum)}: the launcher stops now, exit status {self.status}")
+            undone = "; ".join(self._undone())
+            _say(f"psflow: {signal_name(signum)}: the launcher stops now, exit status {self.status}"
+                 + (f"; not done: {undone}" if undone else ""))
             with contextlib.suppress(Exception):  # (a print to stdout it interrupted: reentrant)
                 sys.stdout.flush()
             os._exit(self.status)
         self.said = True
         _say(f"psflow: {signal_name(signum)} {self.line}")
 
+    def _undone(self) -> list[str]:
+        """What stopping now leaves undone, each part's line (a part that fails to tell: left out, the stop goes on)."""
+        lines = []
+        for check in list(self.undone.values()):
+            with contextlib.suppress(Exception):
+                if (line := check(self.final, self.written)) is not None:
+                    lines.append(line)
+        return lines
+
+    def at_exit(self) -> None:
+        """The end's handlers ignore from here (an exit function: the process exits normally, its status decided):
+        Python, finalizing, puts the default action in place of every Python handler, and a signal then killed the
+        process with ``128 + n`` beside its end; an ignored one it leaves. (Registered when this module is imported,
+        so that it runs after the exit functions of modules imported later.)"""
+        for sig in list(self.previous):
+            with contextlib.suppress(ValueError):  # (off the main thread: nothing to do)
+                if signal.getsignal(sig) == self.handle:
+                    signal.signal(sig, signal.SIG_IGN)
+
     def release(self) -> None:
         """Puts back the handlers the end's replaced (main thread), and holds no more."""
         for sig, handler in self.previous.items():
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         self.previous.clear()
+        self.undone.clear()
         self.on, self.said = False, False
 
 
 _HELD = _Held()
+atexit.register(_HELD.at_exit)
 
 
 def hold_to_exit() -> Callable[[], None]:
@@ -291,3 +324,14 @@ def hold_to_exit() -> Callable[[], None]:
     back the handlers those replaced: for a caller that goes on (a test calling the CLI in its own process)."""
     _HELD.on = True
     return _HELD.release
+
+
+def stop_at_once_leaves(name: str, undone: Callable[[Mapping[str, Any], bool], str | None] | None) -> None:
+    """``name``'s part of what a held process's stop at once (the signal after the one said: :func:`hold_to_exit`)
+    leaves undone, said on its line (``...; not done: PART; PART``): ``undone(end, written)`` (the end held, whether
+    its metrics.json was written) asked then, in the signal handler (the main thread, cut anywhere: quick, no lock
+    taken, no remote call), a line or None where nothing is left; None in place of ``undone`` removes ``name``'s."""
+    if undone is None:
+        _HELD.undone.pop(name, None)
+    else:
+        _HELD.undone[name] = undone

@@ -178,7 +178,7 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
             f.write(task_config_json(config, faults))
         # From here on, however the run ends, its end is one final snapshot (psflow.launch.run_end).
         end = RunEnd(lc, output_dir, started=started, checkpoints=checkpoints, resumed=resumed,
-                     checkpoint_dir=config.checkpoint.dir,
+                     checkpoint_dir=config.checkpoint.dir, says_kept=True,
                      run={**config.sync.reported(), "replication": config.sync.replication}, out=progress or sys.stderr)
         lc.on_interrupt = end.interrupted
         lc.verbose = verbose

@@ -53,7 +53,7 @@ from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.final_snapshot import Resumed, final_snapshot, newest_if_unnamed, step_task_stats
 from psflow.status.replication import REPLICATION_FIGURES, ps_members, replication_entry, shard_primaries
 
-__all__ = ["RunEnd", "after_the_end", "with_unread_shards"]
+__all__ = ["RunEnd", "after_the_end", "interrupted_kept", "with_unread_shards"]
 
 log = logging.getLogger("psflow.launch")
 
@@ -73,12 +73,15 @@ class RunEnd:
         page: the run's status page, whose collector writes status.json and metrics.prom (None: only metrics.json).
         run: fields every snapshot of this run carries (mode, replication).
         out: where console lines go (failed saves seen at the end, files not written).
+        says_kept: an interrupted run's report says what it kept (:func:`interrupted_kept`: ``checkpoint_dir`` is the
+            run's own, None where it has none); off where the caller does not know it.
     """
 
     def __init__(self, lc: Any, output_dir: str, *, started: float, checkpoints: SaveStatusWatcher | None = None,
                  resumed: Resumed | None = None, checkpoint_dir: str | None = None, page: LauncherStatus | None = None,
-                 run: Mapping[str, Any] | None = None, out: TextIO | None = None) -> None:
+                 run: Mapping[str, Any] | None = None, out: TextIO | None = None, says_kept: bool = False) -> None:
         self.lc, self.output_dir, self.started = lc, output_dir, started
+        self.says_kept = says_kept
         self.checkpoints, self.resumed, self.page = checkpoints, resumed, page
         self.checkpoint_dir = checkpoint_dir
         self.run = dict(run or {})
@@ -144,6 +147,8 @@ class RunEnd:
         lines = [f"interrupted by {signal_name(signum)} at global_step {final['global_step']} after "
                  f"{final['wall_seconds']:.1f} s; every task stopped:"]
         lines += [f"  {t['task']} (pid {t['pid']}) {t['exit']}" for t in final["tasks"]]
+        if self.says_kept:
+            lines.append(interrupted_kept(final, self.checkpoint_dir))
         lines.append(self.unwritten.get(METRICS_JSON, f"metrics: {self.output_dir}/{METRICS_JSON}"))
         resilience = self.lc.resilience
         return "\n".join(lines) + (resilience.on_failure() if resilience is not None else "")
@@ -310,3 +315,20 @@ def after_the_end(signum: int, final: Mapping[str, Any], output_dir: str, stoppe
     if METRICS_JSON not in (unwritten or {}):
         lines.append(f"metrics: {output_dir}/{METRICS_JSON}")
     return "\n".join(lines)
+
+
+def interrupted_kept(final: Mapping[str, Any], checkpoint_dir: str | None) -> str:
+    """The line of an interrupted run's report (its end ``final``) saying what it leaves: not finished nor evaluated,
+    and what a run after it starts from: the newest checkpoint in ``checkpoint_dir`` (its ledger's, else the newest
+    there: ``final["checkpoints"]``), none there, or nothing kept (no checkpoint directory)."""
+    saved = final.get("checkpoints")
+    if not checkpoint_dir:
+        kept = "nothing of its training is kept (no --checkpoint-dir)"
+    elif not isinstance(saved, Mapping):  # the ledger was not read (its ps task silent): none is named
+        kept = f"its checkpoints were not read: a run with --checkpoint-dir {checkpoint_dir} resumes from the newest there"
+    elif saved.get("last_saved_path"):
+        kept = (f"the newest checkpoint is {saved['last_saved_path']} (global_step {saved.get('last_saved_step')}): "
+                f"a run with --checkpoint-dir {checkpoint_dir} resumes there")
+    else:
+        kept = f"no checkpoint is in {checkpoint_dir}: a run there starts from the beginning"
+    return f"not finished, not evaluated: {kept}"

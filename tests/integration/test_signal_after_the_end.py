@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from support import A9A, REPO, run_bounded, wait_until
 
+from psflow.checkpoint.holder import holder_alive
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 HOOK = Path(__file__).parent / "late_signal"
@@ -136,3 +138,42 @@ def test_a_sigterm_as_a_finished_end_s_metrics_json_fails_prints_the_run_s_resul
         in r.stderr, r.stderr[-3000:]
     assert f"could not write {out}/metrics.json: [Errno 28] No space left on device" in r.stderr, r.stderr[-3000:]
     assert json.loads(r.stdout)["global_step"] == 20  # training's own result
+
+
+def test_a_stop_at_once_before_the_summary_says_what_it_left_and_the_next_run_takes_the_directory(
+        tmp_path: Path) -> None:
+    """Two SIGTERMs once the launcher's handlers were put back (the end's held to the exit): the second stops the
+    process at once with the end's status, before the run's summary is printed and its run lock released. The line
+    says both (the summary's figures are in metrics.json, written whole before); run.lock is a file naming the dead
+    process (not an flock), and the next ``psflow train`` in the same directory takes it over (refused or waited for
+    by no one). Before, the line said neither: the summary missing from stdout without a word."""
+    out = tmp_path / "run"
+    r = _train(out, "after_restore_twice", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["phase"] == "finished" and metrics["global_step"] == 20, metrics
+    assert r.returncode == 0 and r.stdout == "", (r.returncode, r.stdout, r.stderr[-3000:])
+    last = r.stderr.splitlines()[-1]
+    assert last.startswith("psflow: SIGTERM: the launcher stops now, exit status 0; not done: "), r.stderr[-3000:]
+    assert f"the run's summary (its figures are in {out}/metrics.json)" in last, last
+    for path in (out / "run.lock", tmp_path / "ckpt" / "checkpoint.lock"):
+        assert f"{path} is left (the next run there takes it over: its process is gone)" in last, last
+        assert holder_alive(json.loads(path.read_text())) is False, path  # left, naming the launcher stopped
+    run = json.loads((out / "run.lock").read_text())["run_id"]
+    assert json.loads((tmp_path / "ckpt" / "checkpoint.lock").read_text())["run_id"] == run
+    again = _train(out, "none", "--checkpoint-dir", str(tmp_path / "ckpt"), "--max-steps", "40")  # taken over
+    assert again.returncode == 0, (again.returncode, again.stderr[-3000:])
+    assert json.loads(again.stdout)["global_step"] == 40  # (resumed from the first run's final checkpoint)
+    assert f"run directory {out}: taking over the stale lock of run {run}" in again.stderr, again.stderr[-3000:]
+    assert not (out / "run.lock").exists() and not (tmp_path / "ckpt" / "checkpoint.lock").exists()
+
+
+def test_a_sigterm_as_the_launcher_s_interpreter_finalizes_leaves_the_exit_status_0(tmp_path: Path) -> None:
+    """Python puts the default action back in place of its handlers as it finalizes (after the exit functions, before
+    the modules are cleared): a SIGTERM from there killed the launcher with 143 after a finished run had printed its
+    summary (seen on a real run SIGTERMed as it exited). Now ignored there: the exit status is the run's."""
+    out = tmp_path / "run"
+    r = _train(out, "as_it_exits")
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["phase"] == "finished", metrics
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert json.loads(r.stdout)["global_step"] == metrics["global_step"]

@@ -10,7 +10,11 @@ path only where a test puts this directory on PYTHONPATH). ``PSFLOW_TEST_LATE_SI
 * ``in_process_written``: (``--in-process``) as the finished run's files have just been written (its ``on_end``, which
   defers signals while it writes them): raised once they are;
 * ``after_restore``: as the launcher's signal handlers were put back after a run's end was written (``LauncherSignals
-  .restore``: ``LocalCluster.__exit__``, or ``--in-process``'s end), before the process exits.
+  .restore``: ``LocalCluster.__exit__``, or ``--in-process``'s end), before the process exits;
+* ``after_restore_twice``: there, two SIGTERMs (the second stops the process at once: before the run's summary is
+  printed and its run lock released);
+* ``as_it_exits``: as the interpreter finalizes, its modules cleared (after Python put its default signal actions
+  back): an object of this module's, destroyed then.
 
 With ``PSFLOW_TEST_METRICS_UNWRITABLE=1`` every write of the launcher's metrics.json fails too, as on a full disk
 (``metrics_unwritable/sitecustomize.py``, run from here: one sitecustomize is imported per process).
@@ -23,6 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 _POINT = os.environ.get("PSFLOW_TEST_LATE_SIGNAL")
@@ -35,10 +40,19 @@ if os.environ.get("PSFLOW_TEST_METRICS_UNWRITABLE") == "1":
                                 "sitecustomize.py"))
 
 
-def _signal_the_launcher() -> None:
+def _signal_the_launcher(times: int = 1) -> None:
     if not _sent and "psflow.launch.task" not in " ".join(sys.argv) and "train" in sys.argv:
         _sent.append(True)
         os.kill(os.getpid(), signal.SIGTERM)
+        if times == 2:  # the second once the first was handled (said: two pending at once would be one)
+            from psflow.launch import launcher_signals
+
+            for _ in range(600):
+                if launcher_signals._HELD.said:
+                    break
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10.0)  # (it stops the process meanwhile)
 
 
 if _POINT == "while_written":
@@ -79,7 +93,7 @@ elif _POINT == "in_process_written":
 
     run_status.write_run_files = _signalled_in_process
 
-elif _POINT == "after_restore":
+elif _POINT in ("after_restore", "after_restore_twice"):
     from psflow.launch import launcher_signals
 
     _restore = launcher_signals.LauncherSignals.restore
@@ -87,7 +101,7 @@ elif _POINT == "after_restore":
     def _signalled_restore(self: Any) -> None:
         _restore(self)
         if self.ended is not None or self.unwritten is not None:  # a run's end was written (or its writing failed)
-            _signal_the_launcher()
+            _signal_the_launcher(2 if _POINT == "after_restore_twice" else 1)
 
     launcher_signals.LauncherSignals.restore = _signalled_restore  # type: ignore[method-assign]
 
@@ -101,3 +115,14 @@ elif _POINT == "in_shutdown":
         return _shutdown(self, *args, **kwargs)
 
     client.ParameterClient.shutdown_servers = _signalled_shutdown  # type: ignore[method-assign]
+
+elif _POINT == "as_it_exits":
+
+    class _SignalledAtTheExit:
+        """Sends the launcher its SIGTERM when destroyed: as the interpreter clears this module, at its exit."""
+
+        def __del__(self, kill: Any = os.kill, pid: int = os.getpid(), sig: int = signal.SIGTERM) -> None:
+            kill(pid, sig)  # (the module's globals may be gone by then)
+
+    if "psflow.launch.task" not in " ".join(sys.argv) and "train" in sys.argv:
+        _AT_THE_EXIT = _SignalledAtTheExit()

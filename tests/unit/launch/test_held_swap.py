@@ -64,3 +64,31 @@ def test_a_signal_during_the_swap_to_the_end_s_handlers_is_the_end_s(phase: str,
     assert lines[0] == (f"psflow: SIGINT arrived after the run had {phase} at global_step 20: its end stands (exit "
                         f"status {status}); another signal stops the launcher at once"), r.stderr
     assert lines[-1].startswith(f"psflow: SIGTERM: the launcher stops now, exit status {status}"), r.stderr
+
+
+EXIT_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from psflow.launch.launcher_signals import LauncherSignals, hold_to_exit
+
+    class SignalledAtTheExit:  # destroyed as the interpreter clears its modules: after Python's own handlers went
+        def __del__(self, kill=os.kill, pid=os.getpid(), sig=signal.SIGTERM):
+            kill(pid, sig)
+
+    hold_to_exit()
+    signals = LauncherSignals()
+    signals.install()
+    signals.end_written({"phase": "finished", "global_step": 20}, None)
+    signals.restore()
+    print("exiting", flush=True)
+    kept = SignalledAtTheExit()
+    sys.exit(0)
+""")
+
+
+def test_a_signal_as_the_interpreter_finalizes_leaves_the_end_s_status() -> None:
+    """Python puts the default action back in place of every Python handler as it finalizes (after the exit functions,
+    before the modules are cleared); a SIGTERM from there killed ``psflow train`` with 143 beside a finished run's
+    metrics.json and summary (seen: a real run SIGTERMed as it exited). Now, once an end is held, the exit functions
+    leave the stop signals ignored for that last stretch: the exit status is the one the process exits with."""
+    r = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=50)
+    assert (r.returncode, r.stdout) == (0, "exiting\n"), (r.returncode, r.stdout, r.stderr)

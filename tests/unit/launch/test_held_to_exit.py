@@ -74,3 +74,22 @@ def test_the_release_puts_back_the_handlers_before_the_run() -> None:
     unheld.end_written({"phase": "finished", "global_step": 3}, None)
     unheld.restore()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_the_stop_at_once_says_what_it_leaves_undone() -> None:
+    """``stop_at_once_leaves``: each part asked at the stop, with the end and whether it was written; one that returns
+    None or raises is left out (the stop goes on, its status the end's)."""
+    script = SCRIPT.replace("signals.restore()\n", "signals.restore()\n" + textwrap.dedent("""
+        launcher_signals.stop_at_once_leaves("a", lambda end, written: f"a of step {end['global_step']} {written}")
+        launcher_signals.stop_at_once_leaves("none", lambda end, written: None)
+        launcher_signals.stop_at_once_leaves("raises", lambda end, written: 1 / 0)
+        launcher_signals.stop_at_once_leaves("removed", lambda end, written: "removed")
+        launcher_signals.stop_at_once_leaves("removed", None)
+    """)).replace("from psflow.launch.launcher_signals import", "from psflow.launch import launcher_signals\n"
+                  "from psflow.launch.launcher_signals import")
+    script = (script.replace("PHASE", repr("finished")).replace("CODE", "None").replace("ERROR", "None")
+              .replace("SIGNALS", "2"))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
+    assert r.returncode == 0 and "reached the exit" not in r.stdout, r
+    assert r.stderr.splitlines()[-1] == ("psflow: SIGTERM: the launcher stops now, exit status 0; not done: a of step "
+                                         "20 True"), r.stderr
