@@ -106,7 +106,10 @@ class HealthMonitor:
             token: the cluster token.
             config: timings.
             on_unresponsive: called once per episode with the task and its
-                report line when a task becomes unresponsive.
+                report line when a task becomes unresponsive. It reports the
+                task (says what was done about it): the monitor then logs
+                nothing of it itself, so that one hung task is one line. With
+                none, the monitor logs the report line (WARNING).
             clock: monotonic seconds.
         """
         self.config = config or HealthConfig()
@@ -166,9 +169,10 @@ class HealthMonitor:
                     h.reported, h.report = True, h.describe(now)
                     reports.append(h)
         for h in reports:
-            log.warning("%s", h.report)
             if self._on_unresponsive is not None:
-                self._on_unresponsive(h, h.report)
+                self._on_unresponsive(h, h.report)  # reports it, with what was done (see __init__)
+            else:
+                log.warning("%s", h.report)
         return reports
 
     def unresponsive(self) -> list[str]:

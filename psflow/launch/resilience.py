@@ -379,27 +379,31 @@ class Resilience:
         self.supervisor.restart_due()
 
     def _kill_hung(self, health: TaskHealth) -> None:  # on the monitor's thread
-        """SIGKILLs the unresponsive task's process through its descriptor and records it (``hangs``): as killed, or,
-        where its process had exited or been reaped by then (it may have ended on its own after the check), as
-        gone and not killed, with the status it exited with where it is known."""
-        for t in list(self.lc.tasks):
-            if t.name == health.task and t.exit_code is None:
-                code, gone = t.exited(), True  # exited, not reaped yet: a signal would reach its zombie only
-                if code is None:
-                    try:
-                        t.send_signal(signal.SIGKILL)  # not by pid: the watch loop may have reaped it since the check
-                        gone = False
-                    except ProcessLookupError:  # reaped since: its status is Popen's record
-                        code = t.exited()
-                if gone:
-                    status = f" (exit status {code})" if code is not None else ""
-                    line = f"{health.report}; pid {t.pid} had already exited{status}: not killed"
-                    log.warning("%s", line)
-                else:
-                    line = f"{health.report}; killed pid {t.pid} (SIGKILL)"
-                    log.error("%s", line)
-                with self._lock:
-                    self.hang_kills.append(line)
+        """SIGKILLs the unresponsive task's process through its descriptor and reports it, in one line (the
+        monitor logs nothing of it itself) that ``hangs`` records too: what the check saw and what was done:
+        killed, or, where its process had exited or been reaped by then (it may have ended on its own after the
+        check), gone and not killed, with the status it exited with where it is known."""
+        processes = [t for t in list(self.lc.tasks) if t.name == health.task]  # a restart appends its new one
+        if not processes:  # never started (the monitor watches running tasks only)
+            log.warning("%s", health.report)
+            return
+        task = processes[-1]
+        code, gone = task.exited(), True  # recorded, or exited and not reaped: a signal would reach its zombie only
+        if code is None:
+            try:
+                task.send_signal(signal.SIGKILL)  # not by pid: the watch loop may have reaped it since the check
+                gone = False
+            except ProcessLookupError:  # reaped since: its status is Popen's record
+                code = task.exited()
+        if gone:
+            status = f" (exit status {code})" if code is not None else ""
+            line = f"{health.report}; pid {task.pid} had already exited{status}: not killed"
+            log.warning("%s", line)
+        else:
+            line = f"{health.report}; killed pid {task.pid} (SIGKILL)"
+            log.error("%s", line)
+        with self._lock:
+            self.hang_kills.append(line)
 
     def on_failure(self) -> str:
         """The run failed: writes ``faults.json`` (as :meth:`metrics`) in the run directory and
