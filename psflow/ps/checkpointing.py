@@ -290,7 +290,8 @@ class CheckpointHandlers:
         bad = non_finite(tensors)
         if bad:  # a diverged model: a checkpoint of it would rotate away the good ones (nothing is written)
             held_by = ", ".join(f"{name} holds {n} non-finite value{'s' if n > 1 else ''}" for name, n in bad[:5])
-            raise InvalidRequest(f"{self.task_name}: refused to save the checkpoint shard of global_step {step}: "
+            of = f"the checkpoint shard of global_step {step}" if step is not None else "its checkpoint shard"
+            raise InvalidRequest(f"{self.task_name}: refused to save {of}: "
                                  f"{held_by}{f' (and {len(bad) - 5} more)' if len(bad) > 5 else ''} (NaN or infinite): "
                                  "the model diverged; the checkpoints already saved are kept")
         data = safetensors_save(tensors, metadata={"task": self.task_name, "partitions": json.dumps(parts)})
@@ -304,7 +305,8 @@ class CheckpointHandlers:
             storage.write_atomically(path, data)
         except OSError as e:
             raise InvalidRequest(f"cannot write checkpoint shard {path}: {e}") from e
-        log.info("%s: wrote checkpoint shard %s (%d bytes, step %s)", self.task_name, path, len(data), step)
+        at = f", step {step}" if step is not None else ""  # only the shard holding global_step knows it
+        log.info("%s: wrote checkpoint shard %s (%d bytes%s)", self.task_name, path, len(data), at)
         return reply
 
     def _snapshot(self, since: dict[str, Any] | None
@@ -415,7 +417,8 @@ class CheckpointHandlers:
         global_step = self._clock.global_step
         step = global_step.value if global_step is not None else None
         floor = global_step.floor if global_step is not None else None
-        log.info("%s: restore to generation %d begins (global_step %s)", self.task_name, generation, step)
+        log.info("%s: restore to generation %d begins%s", self.task_name, generation,
+                 f" (global_step {step})" if step is not None else "")  # only the task holding it knows it
         return _reply(BeginRestoreReply(step, floor, registered, drained))
 
     def reader_positions(self, frame: Frame) -> Reply:
