@@ -116,19 +116,23 @@ class Progress:
         rate = (examples - self._last[1]) / max(now - self._last[0], 1e-9)
         self._last = (now, examples)
         if self._bar is not None:
-            self._bar.set_postfix_str(f"global_step {self._step} | loss {self._loss_text()}", refresh=False)
+            self._bar.set_postfix_str(f"{self._step_text()} | loss {self._loss_text()}", refresh=False)
             self._bar.update(self._bar_value(value) - self._bar.n)
             return
         if restore is not None:
-            text = f"psflow: global_step {self._step} | {restore} (no rate for this interval)"
+            text = f"psflow: {self._step_text()} | {restore} (no rate for this interval)"
         elif examples:
-            text = f"psflow: global_step {self._step} | {rate:,.0f} examples/s"
+            text = f"psflow: {self._step_text()} | {rate:,.0f} examples/s"
         else:
-            text = f"psflow: global_step {self._step} | starting"
+            text = f"psflow: {self._step_text()} | starting"
         text += f" | loss {self._loss_text()} | {now - self._started:.1f} s"
         if self.total is not None:
             text += f" | {min(100.0, 100.0 * value / self.total.count):.0f}%{self._eta(now, value, self.total)}"
         self.write(text)
+
+    def _step_text(self) -> str:
+        """``global_step S``; before the chief created it (the step task's Stats say None), that it has none."""
+        return f"global_step {self._step}" if self._step is not None else "no global_step yet"
 
     def _restore(self, examples: int, generation: Any) -> str | None:
         """What a restore did between the last reading and this one (None: nothing): the examples count is the
@@ -166,7 +170,7 @@ class Progress:
                 step, loss = metrics.get("global_step"), _number(metrics.get("loss"))
                 self._step = step if isinstance(step, int) else self._step
                 self._loss = loss if loss is not None else self._loss
-                self._bar.set_postfix_str(f"global_step {self._step} | loss {self._loss_text()}", refresh=False)
+                self._bar.set_postfix_str(f"{self._step_text()} | loss {self._loss_text()}", refresh=False)
                 self._bar.update(self._bar_value(self._value(int(metrics.get("examples") or 0))) - self._bar.n)
             self._bar.close()
         if metrics is not None:

@@ -149,3 +149,16 @@ def test_the_last_line_gives_this_runs_examples_and_rate_and_the_last_steps_loss
                     "examples_per_sec": 31_511.0, "loss": 0.3260, "last_step_loss": 0.3101})
     assert lines(out) == ["psflow: done: global_step 192 | 97,683 examples in 3.1 s | 31,511 examples/s "
                           "| last step's loss 0.3101"]
+
+
+def test_a_reading_before_global_step_exists_says_so_never_none() -> None:
+    """Before the chief created the variables the step task holds no global_step (its Stats say None): the
+    line said ``global_step None | starting``."""
+    out, clock = io.StringIO(), Clock()
+    progress = Progress(out, None, bar=False, clock=clock)
+    clock.now += 1
+    progress.update({"global_step": None, "examples": 0})
+    clock.now += 1
+    progress.update({"global_step": 0, "examples": 0})
+    assert lines(out) == ["psflow: no global_step yet | starting | loss n/a | 1.0 s",
+                          "psflow: global_step 0 | starting | loss n/a | 2.0 s"]
