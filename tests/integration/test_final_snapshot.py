@@ -110,14 +110,27 @@ def test_a_run_with_checkpoints_and_faults_reports_one_snapshot(tmp_path: Path) 
     assert not re.search(r"-[\d,]+ examples/s", r.stderr), r.stderr[-3000:]  # no negative rate across the restore
 
 
+def listed_checkpoints(ckpt: Path) -> list[str]:
+    """The checkpoints the directory's pointer lists (none while it is missing or being replaced)."""
+    try:
+        return list(json.loads((ckpt / "checkpoint").read_text())["all"])
+    except (OSError, ValueError, KeyError):
+        return []
+
+
 def test_a_run_failed_by_max_failed_saves_writes_its_snapshot(tmp_path: Path) -> None:
     """The issue's repro of item 4: ``--max-failed-saves`` ended the run and no metrics.json or metrics.prom was
-    written, though docs/checkpoints.md promises ``checkpoints_failed`` there."""
+    written, though docs/checkpoints.md promises ``checkpoints_failed`` there.
+
+    The directory is made read-only once the pointer lists the initial checkpoint: that save has written its
+    last file then (and is reported to the ledger before the next save starts), so it is counted as saved and
+    every later save fails. (Waiting for :func:`latest_checkpoint` raced it: that is true as soon as
+    ckpt-000000000's manifest is in, before the pointer's switch, and the initial save then failed too.)"""
     ckpt, out = tmp_path / "ckpt", tmp_path / "run"
     ckpt.mkdir()
     with background_run(out, "--epochs", "500", "--batch-size", "32", "--checkpoint-dir", str(ckpt),
                         "--save-checkpoints-steps", "20", "--max-failed-saves", "2") as run:
-        wait_for("the initial checkpoint", lambda: latest_checkpoint(str(ckpt)) is not None, run)
+        wait_for("the initial checkpoint in the pointer", lambda: bool(listed_checkpoints(ckpt)), run)
         with read_only(ckpt):
             _, stderr = run.communicate(timeout=250)
     assert run.returncode == 1, stderr[-3000:]
@@ -129,14 +142,6 @@ def test_a_run_failed_by_max_failed_saves_writes_its_snapshot(tmp_path: Path) ->
     assert "max-failed-saves" in metrics["error"] and metrics["exit_code"] == 1
     assert {t["task"] for t in metrics["tasks"]} == {"/job:ps/task:0", "/job:ps/task:1", "/job:worker/task:0",
                                                      "/job:worker/task:1"}
-
-
-def listed_checkpoints(ckpt: Path) -> list[str]:
-    """The checkpoints the directory's pointer lists (none while it is missing or being replaced)."""
-    try:
-        return list(json.loads((ckpt / "checkpoint").read_text())["all"])
-    except (OSError, ValueError, KeyError):
-        return []
 
 
 def test_an_interrupted_run_writes_its_snapshot(tmp_path: Path) -> None:
