@@ -173,12 +173,15 @@ class SummarySaverHook(SessionRunHook):
         Once per restore: the START names the restore's generation, and none is written where the directory
         holds that generation's already (a worker taking the duties after the holder that wrote it, which
         :class:`~psflow.train.leader_hooks.LeaderOnlyHook` tells of a restore it heard of while not holding them:
-        a second START would drop that holder's points since the restore)."""
+        a second START would drop that holder's points since the restore); this hook's next points then go to a file
+        read after it (:meth:`~psflow.train.summary.SummaryWriter.continue_last`: two workers may hold the duties at
+        once for a while, the lease on a restarted ps task 0 lost and a new one won before the old holder renewed)."""
         self._start_pending = self._start_unchecked = False  # (a chief whose join waited for it: this is its START)
         snapshot = self._snapshot(session.client)  # not the empty tasks': the next rates' start
         mark = _restore_mark(session.client, snapshot)
         if mark is not None and start_written(self.writer.logdir, mark):
             log.info("summary: the restore's SessionLog START (%s) is written already", mark)
+            self.writer.continue_last()  # (another holder's writer may have: the next points are read after it)
             self._last, self._last_time = snapshot, time.monotonic()
             return
         if step is None:
