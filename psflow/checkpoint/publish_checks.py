@@ -26,6 +26,7 @@ a lease that chief's switch is fenced off (the restorer took the pointer over at
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 from psflow.checkpoint.switch import CheckpointFencedError
@@ -34,7 +35,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import FenceRequest, SaveShardReply, StatsReply
 from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, FencedOffError, RpcError, TaskUnavailableError
 
-__all__ = ["STATS_TIMEOUT", "check_fence", "check_no_restore_since"]
+__all__ = ["STATS_TIMEOUT", "UnaskedTasksError", "await_routes", "check_fence", "check_no_restore_since"]
 
 #: Seconds :func:`check_no_restore_since` waits for a ps task's ``Stats`` (a round of calls, all tasks at once). It
 #: runs under the directory's mutex: twice this plus a failover's status round stays well within the mutex's
@@ -42,6 +43,17 @@ __all__ = ["STATS_TIMEOUT", "check_fence", "check_no_restore_since"]
 #: and an object store's lock held from another host is taken over as stale. A task silent that long (stopped, its
 #: host gone) fails the save as an unreachable one: the saver hook waits for its next period.
 STATS_TIMEOUT = 5.0
+
+
+class UnaskedTasksError(CheckpointError):
+    """:func:`check_no_restore_since` could not ask some ps tasks (``errors``: task -> its call's error): nothing
+    was learned of a restore there, so the save was not made current. A dead task is one a restore is coming for;
+    a replicated shard's primary may instead have gone silent just then, its state alive on a backup promoted
+    moments later (:func:`await_routes`)."""
+
+    def __init__(self, message: str, errors: Mapping[int, RpcError]) -> None:
+        super().__init__(message)
+        self.errors = dict(errors)
 
 
 def check_fence(client: ParameterClient, fence: tuple[int, str] | None, path: str, *, current: bool = False) -> None:
@@ -112,9 +124,11 @@ def check_no_restore_since(client: ParameterClient, replies: Mapping[int, tuple[
     too.
 
     Raises:
-        CheckpointError: a task was restored or restarted since (names each, its generation now and then), or
-            could not be asked (names it: a dead task is one a restore is coming for; one silent past the deadline
-            is taken as one, the cause a ``DeadlineExceededError``, so the saver hook waits for its next period).
+        CheckpointError: a task was restored or restarted since (names each, its generation now and then).
+        UnaskedTasksError: a task could not be asked (names it: a dead task is one a restore is coming for; one
+            silent past the deadline is taken as one, the cause a ``DeadlineExceededError``, so the saver hook
+            waits for its next period; the final save, which has none, waits for the shard's failover instead
+            where it is replicated, :func:`await_routes`, and saves again).
     """
     states, errors = _stats(client, sorted(replies))
     router = getattr(client, "router", None)
@@ -123,8 +137,8 @@ def check_no_restore_since(client: ParameterClient, replies: Mapping[int, tuple[
         states.update(again)
     if errors:
         task, error = min(errors.items())
-        raise CheckpointError(f"checkpoint {path} not made current: {replies[task][1].task} could not be asked whether "
-                              f"it was restored since the save's shards were taken: {error}") from error
+        raise UnaskedTasksError(f"checkpoint {path} not made current: {replies[task][1].task} could not be asked "
+                                f"whether it was restored since the save's shards were taken: {error}", errors) from error
     moved = [found for task, (_, reply) in sorted(replies.items()) if (found := _moved(reply, states[task])) is not None]
     if not moved:
         return
@@ -134,6 +148,27 @@ def check_no_restore_since(client: ParameterClient, replies: Mapping[int, tuple[
     raise CheckpointError(f"checkpoint {path} not made current: ps tasks were {how} since its shards were taken "
                           f"({'; '.join(what for _, what in moved)}): {discarded}; its directory is removed (the "
                           "checkpoints already saved are kept, and the next save takes the restored state)")
+
+
+def await_routes(client: ParameterClient, error: UnaskedTasksError, timeout: float) -> bool:
+    """Waits, at most ``timeout`` s, until each replicated shard :func:`check_no_restore_since` could not ask
+    (``error``) routes to a member serving it: its failover done (a backup promoted once the primary is provably
+    gone, :meth:`~psflow.ps.failover.ShardRouter.resolve`) or its primary answering again. Returns True then: a
+    save made now asks the shard's state where it lives. Returns False at once where the cluster is not
+    replicated (no router: an unreachable ps task is gone with its shard's state, a restore is coming for it) or
+    no time is left. Makes no save current itself: a save made after it passes its own checks or fails.
+
+    Raises:
+        TaskUnavailableError: a shard had no member able to serve it within ``timeout`` (names the shard and
+            what each member said).
+    """
+    router = getattr(client, "router", None)
+    if router is None or timeout <= 0:
+        return False
+    deadline = time.monotonic() + timeout
+    for shard, cause in sorted(error.errors.items()):
+        router.resolve(shard, cause, timeout=max(0.0, deadline - time.monotonic()))
+    return True
 
 
 def _stats(client: ParameterClient, tasks: list[int], errors: Mapping[int, RpcError] | None = None,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from psflow.checkpoint.bounded_save import BoundedSaves, SaveAbandonedError
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
+from psflow.checkpoint.publish_checks import UnaskedTasksError, await_routes
 from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, FinalCheckpointError
 from psflow.data import BatchSource
 from psflow.errors import CheckpointError, TrainingError
@@ -153,7 +154,12 @@ class CheckpointSaverHook(SessionRunHook):
         current (this chief's periodic save, or another chief's save at the last step) is marked final (and,
         with election, taken over by this chief's epoch: :meth:`CheckpointManager.mark_final`), not saved again;
         one that is no longer current when marked is saved anew. Without the lease any more, nothing is written
-        (logged: the chief holding it writes it).
+        (logged: the chief holding it writes it). A save whose check at its pointer switch could not ask a
+        replicated shard's primary (gone silent or dying just then: :class:`~psflow.checkpoint.publish_checks.
+        UnaskedTasksError`) is made once more, once that shard's routing settled (its backup promoted, or its
+        primary answering again: :func:`~psflow.checkpoint.publish_checks.await_routes`; waited for at most half
+        the time left of the same ``--save-timeout``, the rest for the second save): the shard's state lives on
+        there, and nothing was restored (the second save's own checks say so, or it fails).
 
         Raises:
             CheckpointFencedError: a newer chief's epoch refused it (that chief writes it; the guards log this).
@@ -164,9 +170,11 @@ class CheckpointSaverHook(SessionRunHook):
             CheckpointSavesFailedError: that was the ``max_failed_saves``-th failed save in a row.
         """
         step: int | None = None
+        deadline = time.monotonic() + session.client.config.save_timeout  # (the bound of the final work below)
         try:
             step = session.client.global_step()
-            self._bounded.run(session.client, "the final checkpoint's save", functools.partial(self._final, session, step))
+            self._bounded.run(session.client, "the final checkpoint's save",
+                              functools.partial(self._final, session, step, deadline))
         except CheckpointFencedError:
             raise
         except (CheckpointError, RpcError, OSError) as e:
@@ -177,10 +185,24 @@ class CheckpointSaverHook(SessionRunHook):
                 return
             raise FinalCheckpointError(message) from e
 
-    def _final(self, session: MonitoredTrainingSession, step: int, client: ParameterClient) -> None:
+    def _final(self, session: MonitoredTrainingSession, step: int, deadline: float, client: ParameterClient) -> None:
         latest = latest_checkpoint(self.manager.directory)
-        if latest is None or _global_step_of(latest) != step or not self._mark_final(latest):
+        if latest is not None and _global_step_of(latest) == step and self._mark_final(latest):
+            return
+        try:
             self._save(session, final=True, client=client)  # (inside the final work's bound already, on its client)
+        except UnaskedTasksError as e:
+            left = (deadline - time.monotonic()) / 2  # (the other half: the save again)
+            try:
+                settled = await_routes(client, e, left)
+            except RpcError as again:
+                raise CheckpointError(f"{e}; the shard's routing did not settle within {left:.1f} s (half of what was "
+                                      f"left of the final save's --save-timeout): {again}") from e
+            if not settled:
+                raise
+            log.warning("%s: the final checkpoint was not made current (%s); the shard's routing settled: saving it "
+                        "again", client.client_name, e)
+            self._save(session, final=True, client=client)
 
     def _mark_final(self, latest: str) -> bool:
         """Marks ``latest`` final under this chief's fence; False if it must be saved anew (no longer current)."""
