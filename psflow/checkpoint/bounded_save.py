@@ -16,7 +16,9 @@ manager's state (its directory, its fence) while another save does. Nor after a 
 task's restart) since its shards were taken: the chief goes on while it runs, and may restore the cluster from an
 older checkpoint meanwhile; the save then fails instead of making the discarded model current, which a later
 restore would load (:func:`~psflow.checkpoint.publish_checks.check_no_restore_since`, asked by every save under the
-directory's mutex just before its pointer switch; its directory removed, logged, not counted again).
+directory's mutex just before its pointer switch; its directory removed, logged, not counted again). Nor is the
+run's lock released before it ended (:func:`given_up_save`, asked by a chief worker's release at its session's end,
+:mod:`psflow.train.duties`): a later run could otherwise take the directory while it may still switch the pointer.
 
 The save's calls go on a client of its own (:func:`save_client`: its own connections, and with replicated ps
 shards its own router), never on the training thread's: a given-up save still in a call (a ps task's shard
@@ -34,6 +36,7 @@ trips it only when the main thread next wakes. A save waited for in one piece le
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -44,9 +47,20 @@ from psflow.ps.client import ParameterClient
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.waits import wait_woken
 
-__all__ = ["BoundedSaves", "SaveAbandonedError", "save_client"]
+__all__ = ["BoundedSaves", "SaveAbandonedError", "given_up_save", "save_client"]
 
 T = TypeVar("T")
+
+#: manager -> the end of its last call given up (set once that call ended)
+_GIVEN_UP: weakref.WeakKeyDictionary[CheckpointManager, threading.Event] = weakref.WeakKeyDictionary()
+
+
+def given_up_save(manager: CheckpointManager) -> threading.Event | None:
+    """The end (set once it ends) of a call with ``manager`` that a :class:`BoundedSaves` gave up and that has not
+    ended yet: it may still write into the directory and make its checkpoint current; None where there is none."""
+    done = _GIVEN_UP.get(manager)
+    return done if done is not None and not done.is_set() else None
+
 
 class SaveAbandonedError(CheckpointError):
     """A checkpoint save did not end within ``--save-timeout`` and was given up (names the save and the flag)."""
@@ -100,6 +114,7 @@ class BoundedSaves:
         threading.Thread(target=work, name="psflow-checkpoint-save", daemon=True).start()
         if not wait_woken(done.wait, timeout):
             self._stuck = (done, what)
+            _GIVEN_UP[self.manager] = done
             self.manager.abandoned = True
             raise self._given_up(client, f"{what} into {self.manager.directory} given up: no end within --save-timeout "
                                          f"({timeout:g} s); the store stopped answering?")

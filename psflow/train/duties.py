@@ -38,7 +38,7 @@ from contextlib import AbstractContextManager
 from typing import TextIO
 
 from psflow.checkpoint.lock import CheckpointDirLock, RunDirLock, cluster_run_id, new_run_id
-from psflow.checkpoint.lock_release import RELEASE_TIMEOUT, BoundedRelease
+from psflow.checkpoint.lock_release import BoundedRelease
 from psflow.checkpoint.manifest import Manifest, read_manifest
 from psflow.checkpoint.pointer import incomplete_checkpoints, latest_checkpoint, pointer_files
 from psflow.checkpoint.save import CheckpointManager
@@ -69,6 +69,7 @@ from psflow.train.hooks import (
     SummarySaverHook,
     WorkerProgressHook,
 )
+from psflow.train.lock_at_end import ReleaseLockAtEnd
 from psflow.train.recovery import CampaignWhileTrainingHook, LeaderOnlyHook, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
@@ -135,13 +136,14 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         lock = checkpoint_dir_lock(config, cluster)
         if duties:  # before joining: a directory another live run holds is refused before anything is restored
             lock.acquire()
-            release.append(_ReleaseLockAtEnd(lock))
         if chief:
             _check_newest_checkpoint(config, client.client_name)
         manager = CheckpointManager(config.checkpoint.dir, max_to_keep=config.checkpoint.max_to_keep,
                                     transport=config.checkpoint.transport, fault=fault_exit(faults.checkpoint_exit),
                                     lock=lock, max_failed_saves=config.checkpoint.max_failed_saves,
                                     full_every=config.checkpoint.full_every, section=save_section)
+        if duties:  # released at the end, not while a save given up at --save-timeout may still publish
+            release.append(ReleaseLockAtEnd(lock, manager=manager))
         fence = None
         if leadership is not None:
             def fence() -> tuple[int, str] | None:
@@ -436,24 +438,6 @@ def _check_newest_checkpoint(config: TrainConfig, name: str) -> None:
     """(The chief, before it restores) raises if the newest checkpoint is another model's; logs its warnings."""
     for warning in _newest_checkpoint_warnings(config):
         log.warning("%s: %s", name, warning)
-
-
-class _ReleaseLockAtEnd(SessionRunHook):
-    """Releases the run's checkpoint-directory lock when the session ends, if this process holds it
-    (without a launcher; a launcher's lock is the launcher's to release), waited for at most
-    :data:`~psflow.checkpoint.lock_release.RELEASE_TIMEOUT` s: past it the session ends on
-    :class:`~psflow.checkpoint.lock_release.LockNotReleasedError`, one line naming the lock file and its URL
-    (a store that stopped answering held ``psflow server`` for ever). Also after an earlier hook's ``end()`` raised
-    (a failed final checkpoint; a take-over: the lock stayed, naming this process, and a later run was refused)."""
-
-    ends_always = True
-
-    def __init__(self, lock: CheckpointDirLock, timeout: float = RELEASE_TIMEOUT) -> None:
-        self.lock, self.timeout = lock, timeout
-
-    def end(self, session: MonitoredTrainingSession) -> None:
-        with BoundedRelease(self.lock, timeout=self.timeout, release=self.lock.release):
-            pass
 
 
 class _FailedSaveTolerant(SessionRunHook):

@@ -89,7 +89,7 @@ def test_a_failed_run_keeps_its_own_error_and_the_lock_left_behind_is_printed(tm
 def test_a_chief_workers_own_release_at_its_sessions_end_is_bounded_too(tmp_path: Path) -> None:
     """``psflow server``'s chief took the lock itself (no launcher) and releases it when its session ends: held up,
     that release kept the process from ever exiting; now its session ends on the one line naming the lock."""
-    from psflow.train.duties import _ReleaseLockAtEnd
+    from psflow.train.lock_at_end import ReleaseLockAtEnd
 
     lock = CheckpointDirLock(str(tmp_path), "run-a")
     lock.acquire()
@@ -98,8 +98,8 @@ def test_a_chief_workers_own_release_at_its_sessions_end_is_bounded_too(tmp_path
     try:
         with pytest.raises(LockNotReleasedError, match=f"could not release the lock {tmp_path / LOCK_NAME} of "
                                                        f"checkpoint directory {tmp_path}: no answer within 0.5 s"):
-            _ReleaseLockAtEnd(lock, timeout=0.5).end(None)  # type: ignore[arg-type]  # (the session is not used)
+            ReleaseLockAtEnd(lock, timeout=0.5).end(None)  # type: ignore[arg-type]  # (the session is not used)
     finally:
         os.close(holder)
     wait_until(lambda: not (tmp_path / LOCK_NAME).exists(), "the abandoned release's end")
-    _ReleaseLockAtEnd(lock).end(None)  # type: ignore[arg-type]  # released already: nothing to do, in time
+    ReleaseLockAtEnd(lock).end(None)  # type: ignore[arg-type]  # released already: nothing to do, in time
