@@ -38,7 +38,9 @@ during another export into the directory (``psflow predict`` while ``psflow
 export`` runs), or two exports at once, get one export whole or a refusal,
 never one export's model.json with another's variables or averages; a damaged
 file is refused too. An export written by a psflow before the sums (no
-``files``) still loads, unchecked.
+``files``) still loads, unchecked. The check is
+:func:`psflow.checkpoint.export_files.checked_tensors`, which a warm start
+from an export (``--warm-start DIR``) makes too.
 
 The checkpoint, the export's directory and the data scored may be URLs of an
 object store (``s3://``, ``gs://``; see :mod:`psflow.storage`): export reads a
@@ -72,18 +74,16 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
-from safetensors import SafetensorError
-from safetensors.numpy import load as safetensors_load
 from safetensors.numpy import save as safetensors_save
 
 from psflow import jsonio, storage
+from psflow.checkpoint.export_files import checked_tensors, files_problem
 from psflow.checkpoint.manifest import Manifest, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.variables import DYNAMIC_IDS, averaged_variables, read_variables
@@ -276,7 +276,7 @@ def load_model(model_dir: str, *, search_path: str | None = None, moving_average
     problem = _meta_problem(meta)
     if problem is not None:
         raise CheckpointError(f"{meta_path}: {problem}")
-    tensors = _loaded(model_dir, meta, "model.safetensors", raw)
+    tensors = checked_tensors(model_dir, meta, "model.safetensors", raw)
     del raw  # the tensors are copies: not held while the averages are read
     if "model_config" in meta:
         data = dict(meta.get("data") or {})
@@ -306,40 +306,15 @@ def _meta_problem(meta: Mapping[str, Any]) -> str | None:
     averaged = (meta.get("moving_averages") or {}).get("variables", [])
     if not (isinstance(averaged, list) and all(isinstance(name, str) for name in averaged)):
         return f"field 'moving_averages' names variables {averaged!r:.60}; not a model.json psflow export wrote"
-    for name, entry in meta.get("files", {}).items():
-        if not (isinstance(entry, dict) and type(entry.get("size")) is int and entry["size"] >= 0
-                and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])):
-            return f"field 'files' says {name!r} is {entry!r:.100}, not a size and sha256; not a model.json psflow export wrote"
+    files = files_problem(meta)
+    if files is not None:
+        return files
     data = meta.get("data") or {}
     if data.get("format") not in (None, *FORMATS) or not isinstance(data.get("schema"), (dict, type(None))) \
             or not isinstance(data.get("num_features"), (int, type(None))):
         return f"field 'data' is {data!r:.200}: not how psflow reads data; not a model.json psflow export wrote"
     return None
 
-
-_SHA256 = re.compile("[0-9a-f]{64}")
-
-
-def _loaded(model_dir: str, meta: Mapping[str, Any], name: str, data: bytes) -> dict[str, np.ndarray]:
-    """The tensors of the export's file ``name``, whose bytes as read are ``data``, once they are the bytes
-    model.json's ``files`` records (size and sha256; an export written before the sums records none: unchecked).
-
-    Raises:
-        CheckpointError: ``data`` differs from the record (another export wrote the file after this model.json,
-            or it is damaged), or is no safetensors file: names ``model_dir`` and ``name``.
-    """
-    recorded = meta.get("files", {}).get(name)
-    if recorded is not None:
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) != recorded["size"] or digest != recorded["sha256"]:
-            raise CheckpointError(
-                f"{model_dir}: {name} is not the file its model.json names ({recorded['size']} bytes, sha256 "
-                f"{recorded['sha256'][:16]}...; read {len(data)} bytes, sha256 {digest[:16]}...): written by "
-                "another export meanwhile, or damaged: export again")
-    try:
-        return dict(safetensors_load(data))
-    except SafetensorError as e:
-        raise CheckpointError(f"{model_dir}: {name} is not a safetensors file: {e}") from e
 
 
 def _with_averages(model_dir: str, meta: Mapping[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -355,7 +330,7 @@ def _with_averages(model_dir: str, meta: Mapping[str, Any], tensors: dict[str, n
         data = storage.read_bytes(path)  # its only read: checked, then loaded
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read the export's moving averages: {e}") from e
-    shadows = _loaded(model_dir, meta, file_name, data)
+    shadows = checked_tensors(model_dir, meta, file_name, data)
     for name in averages["variables"]:
         shadow, value = shadows.get(name), tensors.get(name)
         if shadow is None or value is None or shadow.shape != value.shape or shadow.dtype != value.dtype:

@@ -92,7 +92,10 @@ The ``max_failed_saves``-th failure in a row raises
 a checkpoint is not silently allowed. The final save has no next one: its
 failure ends the run too (:class:`FinalCheckpointError`, raised by the
 chief's :class:`~psflow.train.hooks.CheckpointSaverHook`), so a run never
-ends with an older checkpoint as its newest. A save refused by a newer
+ends with an older checkpoint as its newest; one whose check at the switch
+could not ask a replicated shard's primary is made once more once that
+shard's routing settled (:func:`~psflow.checkpoint.publish_checks.await_routes`),
+within its ``--save-timeout``. A save refused by a newer
 chief's epoch (:class:`CheckpointFencedError`) is not a failure: the newer
 chief saves. A chief stopped inside the directory's ``flock`` (steps 1, 3,
 5-7) holds it while stopped; a chief of a newer lease epoch goes on past it
@@ -181,7 +184,9 @@ Classes and functions, by file:
   (refused where they straddle a restore or mix ready and not ready tasks, or, but the initial save, a task is not
   ready); ``publish_checks.py`` -- what a save asks the ps tasks around its pointer switch: the chief's fence
   (:func:`~psflow.checkpoint.publish_checks.check_fence`) and no restore or restart since its shards were taken
-  (:func:`~psflow.checkpoint.publish_checks.check_no_restore_since`);
+  (:func:`~psflow.checkpoint.publish_checks.check_no_restore_since`; a task it could not ask:
+  :class:`~psflow.checkpoint.publish_checks.UnaskedTasksError`, and the final save's wait for that shard's
+  failover, :func:`~psflow.checkpoint.publish_checks.await_routes`);
   ``save_notice.py`` -- :func:`~psflow.checkpoint.save_notice.notify_save`: the ps tasks hear of a save while it
   lasts (a sync step waiting for the chief does not time out meanwhile); ``bounded_save.py`` --
   :class:`~psflow.checkpoint.bounded_save.BoundedSaves`: the chief's save given up (a failed save) past
@@ -205,7 +210,9 @@ Classes and functions, by file:
   :class:`RestoreRefusedError` (every load refused by the restore fence: another restore began since).
 * ``variables.py`` -- :func:`read_variables`, :func:`averaged_variables`, :data:`DYNAMIC_IDS`,
   :func:`read_safetensors`: variables read whole (export, evaluation).
-* ``warm_start.py`` -- :func:`warm_start`, :func:`read_warm_start`, :func:`load_values`.
+* ``warm_start.py`` -- :func:`warm_start`, :func:`read_warm_start`, :func:`load_values`; ``export_files.py`` --
+  an exported model's files checked against its model.json (size and sha256), for ``psflow predict`` and a warm
+  start from an export (:func:`~psflow.checkpoint.export_files.read_exported_variables`).
 * ``lock.py`` -- one run per directory: :class:`CheckpointDirLock`, :class:`RunDirLock`
   (``run.lock`` of a run directory), :func:`directory_mutex`, the run's id (:func:`new_run_id`,
   :func:`cluster_run_id`); ``holder.py`` -- who holds a lock and whether it is alive (:func:`holder_alive`:

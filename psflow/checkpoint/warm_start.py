@@ -22,6 +22,7 @@ import numpy as np
 
 from psflow import storage
 from psflow.checkpoint.chain import ChainReader
+from psflow.checkpoint.export_files import MODEL_FILE, read_exported_variables
 from psflow.checkpoint.manifest import MANIFEST_NAME, read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.restore import ShardLoad, load_shards
@@ -39,16 +40,25 @@ def read_warm_start(path: str) -> dict[str, np.ndarray]:
 
     ``path`` is a ``.safetensors`` file of whole variables, a directory
     written by ``psflow export``, a checkpoint, or a checkpoint directory (its
-    newest checkpoint); optimizer slots are never read.
+    newest checkpoint); optimizer slots are never read. An export's
+    model.safetensors is read only once its bytes are the file its model.json
+    names (:func:`~psflow.checkpoint.export_files.read_exported_variables`, the
+    check ``psflow predict`` makes): one another export is rewriting meanwhile,
+    or a damaged one, is refused, never trained on.
 
     Raises:
-        CheckpointError: nothing readable at ``path`` (names it).
+        CheckpointError: nothing readable at ``path`` (names it); an export without its model.json (being
+            written), or whose model.safetensors is not the file model.json names (names the directory and the
+            file: export again).
     """
     checkpoint = _checkpoint_at(path)
     if checkpoint is not None:
         return read_variables(checkpoint)
     if storage.isdir(path):
-        path = os.path.join(path, "model.safetensors")
+        try:
+            return read_exported_variables(path)
+        except CheckpointError as e:
+            raise CheckpointError(f"warm start: {e}") from e
     try:
         return read_safetensors(path)
     except Exception as e:  # safetensors raises its own error types
@@ -83,7 +93,7 @@ def _checkpoint_at(path: str) -> str | None:
     Raises:
         CheckpointError: a directory holding no checkpoint, exported model or safetensors file (names it).
     """
-    if not storage.isdir(path) or storage.exists(os.path.join(path, "model.safetensors")):
+    if not storage.isdir(path) or storage.exists(os.path.join(path, MODEL_FILE)):
         return None
     checkpoint = path if storage.exists(os.path.join(path, MANIFEST_NAME)) else latest_checkpoint(path)
     if checkpoint is None:
