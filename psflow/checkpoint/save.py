@@ -177,7 +177,7 @@ class CheckpointManager:
             holder: the lease holder, for the ps tasks' refusal messages.
             final: training ended; recorded in the manifest (:attr:`Manifest.final`).
             initial: the chief's initial save of the fresh cluster it initialized, before it makes the ps tasks
-                ready; any other save of a task not ready fails (:func:`~psflow.checkpoint.save_manifest.check_all_ready`).
+                ready; any other save of a task not ready fails (:func:`~psflow.checkpoint.save_manifest.check_readiness`).
 
         Raises:
             CheckpointFencedError: a newer chief's epoch refused the save (not counted as failed).

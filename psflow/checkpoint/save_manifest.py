@@ -4,9 +4,8 @@
 a replicated shard's push counts; the snapshot's marks, an increment's base) and the client's layout into
 the manifest :class:`~psflow.checkpoint.save.CheckpointManager` writes last. Every partition of the layout
 must be in a shard, the task holding global_step dates the checkpoint, and every shard was snapshotted at one
-restore generation (:func:`check_one_generation`), by tasks all ready or all not (:func:`check_one_readiness`),
-all ready unless it is the chief's initial save (:func:`check_all_ready`); otherwise nothing is written (the save
-fails). Writes nothing itself.
+restore generation (:func:`check_one_generation`), by tasks all ready, or all not ready in the chief's initial
+save only (:func:`check_readiness`); otherwise nothing is written (the save fails). Writes nothing itself.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveShardReply
 from psflow.ps.store import partition_key
 
-__all__ = ["build_manifest", "check_all_ready", "check_one_generation", "check_one_readiness"]
+__all__ = ["build_manifest", "check_one_generation", "check_readiness"]
 
 
 def _shard_record(file: str, reply: SaveShardReply) -> dict[str, Any]:
@@ -60,17 +59,25 @@ def check_one_generation(replies: Mapping[int, tuple[str, SaveShardReply]]) -> N
                               "are kept, and the next save takes the restored state)")
 
 
-def check_one_readiness(replies: Mapping[int, tuple[str, SaveShardReply]]) -> None:
-    """Every shard of a save was snapshotted by a ready task, or every one by a task not ready (the chief's initial
-    save, before it makes the tasks ready); a reply naming none, an older task's, is not compared.
+def check_readiness(replies: Mapping[int, tuple[str, SaveShardReply]], *, initial: bool) -> None:
+    """Every shard of a save was snapshotted by a ready task or, in the chief's initial save only (``initial``:
+    before it makes the tasks ready), every one by a task not ready; a reply naming no readiness, an older
+    task's, is not compared. Two ways a save would otherwise hold a model that never existed:
 
-    A restarted ps task that a restore within the run registered (:func:`psflow.train.generation_restore.
-    restore_at_new_generation`, step 1) holds its initial values, not ready, at generation 0 until the restore's
-    ``BeginRestore`` reaches it; where no restore happened before, the other tasks are at generation 0 too
-    (:func:`check_one_generation` passes), and its shard beside theirs would be a model that never existed.
+    * some tasks ready and some not: a restarted ps task that a restore within the run registered
+      (:func:`psflow.train.generation_restore.restore_at_new_generation`, step 1) holds its initial values, not
+      ready, at generation 0 until the restore's ``BeginRestore`` reaches it; where no restore happened before,
+      the other tasks are at generation 0 too (:func:`check_one_generation` passes), and its shard beside theirs
+      would be a model that never existed;
+    * every task not ready, in a save that is not the initial one: where every ps task restarted and a restore
+      within the run registered them but sent no ``BeginRestore`` yet, every task is not ready at generation 0
+      with its initial values, as in the initial save (:func:`check_one_generation` passes, and they agree): a
+      periodic or final save reaching them then (one given up at ``--save-timeout`` whose thread goes on) would
+      make initial values the newest checkpoint.
 
     Raises:
-        CheckpointError: some shards' tasks were ready and some not; names each task and whether it was.
+        CheckpointError: some shards' tasks were ready and some not (names each task and whether it was), or,
+            but in the initial save, some were not ready (names them).
     """
     ready = {reply.task: reply.ready for _, reply in replies.values() if reply.ready is not None}
     if len(set(ready.values())) > 1:
@@ -78,24 +85,8 @@ def check_one_readiness(replies: Mapping[int, tuple[str, SaveShardReply]]) -> No
         raise CheckpointError(f"the checkpoint's shards were snapshotted by ready and not ready ps tasks ({at}): a task "
                               "not ready holds no model yet (restarted, awaiting the restore), so they would hold a "
                               "model that never existed; not written (the checkpoints already saved are kept)")
-
-
-def check_all_ready(replies: Mapping[int, tuple[str, SaveShardReply]]) -> None:
-    """Every shard of a save that is not the initial one was snapshotted by a ready task (a reply naming no
-    readiness, an older task's, is not compared).
-
-    Only the chief that initialized a fresh cluster saves tasks not ready (its initial save, before it makes them
-    ready). Where every ps task restarted and a restore within the run registered them (:func:`psflow.train.
-    generation_restore.restore_at_new_generation`, step 1) but sent no ``BeginRestore`` yet, every task is not
-    ready at generation 0 with its initial values, as in the initial save (:func:`check_one_generation` and
-    :func:`check_one_readiness` pass): a periodic or final save reaching them then (one given up at
-    ``--save-timeout`` whose thread goes on) would make initial values the newest checkpoint.
-
-    Raises:
-        CheckpointError: some shards' tasks were not ready; names them.
-    """
-    waiting = sorted(reply.task for _, reply in replies.values() if reply.ready is False)
-    if waiting:
+    waiting = sorted(task for task, r in ready.items() if r is False)
+    if waiting and not initial:
         raise CheckpointError(f"the checkpoint's shards were snapshotted by ps tasks not ready (restarted, not yet "
                               f"restored): {', '.join(waiting)}: the save is not a model of the run (their initial "
                               "values); not written (the checkpoints already saved are kept, and the next save "
@@ -113,13 +104,10 @@ def build_manifest(client: ParameterClient, replies: dict[int, tuple[str, SaveSh
     Raises:
         CheckpointError: a partition of the client's layout is in no shard, the shard of the task holding
             global_step dates nothing, or the shards straddle a restore (:func:`check_one_generation`), mix ready
-            and not ready tasks (:func:`check_one_readiness`) or, but in the initial save, hold a task not ready
-            (:func:`check_all_ready`).
+            and not ready tasks or, but in the initial save, hold a task not ready (:func:`check_readiness`).
     """
     check_one_generation(replies)
-    check_one_readiness(replies)
-    if not initial:
-        check_all_ready(replies)
+    check_readiness(replies, initial=initial)
     located = {p["key"]: (file, p) for file, reply in replies.values() for p in reply.partitions}
     variables: dict[str, dict[str, Any]] = {}
     for name, placement in client.layout.items():

@@ -30,7 +30,7 @@ from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager
-from psflow.checkpoint.save_manifest import check_all_ready, check_one_generation, check_one_readiness
+from psflow.checkpoint.save_manifest import check_one_generation, check_readiness
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import SaveShardReply, SaveShardRequest
@@ -147,14 +147,14 @@ def test_each_shard_reply_names_its_readiness_and_an_older_tasks_is_not_compared
     reply = SaveShardReply.from_frame(frame)
     assert reply.ready is False and frame.meta["ready"] is False
     task_0 = replace(reply, task="/job:ps/task:0")
-    check_one_readiness({0: ("shard-0", task_0), 1: ("shard-1", reply)})
+    check_readiness({0: ("shard-0", task_0), 1: ("shard-1", reply)}, initial=True)
     older = replace(reply, ready=None, data=None)  # a task of an older version names none
     assert "ready" not in older.to_frame().meta and SaveShardReply.from_frame(older.to_frame()).ready is None
     with pytest.raises(InvalidRequest, match="'ready' must be true or false, got 1"):
         SaveShardReply.from_frame(Frame({**older.to_frame().meta, "ready": 1}))
-    check_one_readiness({0: ("shard-0", replace(task_0, ready=True)), 1: ("shard-1", older)})
+    check_readiness({0: ("shard-0", replace(task_0, ready=True)), 1: ("shard-1", older)}, initial=False)
     with pytest.raises(CheckpointError, match=r"\(/job:ps/task:0 ready, /job:ps/task:1 not ready\)"):
-        check_one_readiness({0: ("shard-0", replace(task_0, ready=True)), 1: ("shard-1", reply)})
+        check_readiness({0: ("shard-0", replace(task_0, ready=True)), 1: ("shard-1", reply)}, initial=True)
 
 
 def test_a_save_reaching_every_ps_task_restarted_before_its_restore_began_fails(tmp_path: Path) -> None:
@@ -200,6 +200,7 @@ def test_a_task_not_ready_is_named_and_an_older_tasks_reply_is_not_compared(tmp_
     reply = SaveShardReply.from_frame(client.call(1, SaveShardRequest(None, 1, 2)))
     task_0 = replace(reply, task="/job:ps/task:0", ready=True)
     older = replace(reply, ready=None, data=None)  # a task of an older version names none
-    check_all_ready({0: ("shard-0", task_0), 1: ("shard-1", older)})
+    check_readiness({0: ("shard-0", task_0), 1: ("shard-1", older)}, initial=False)
     with pytest.raises(CheckpointError, match=r"not ready \(restarted, not yet restored\): /job:ps/task:1: "):
-        check_all_ready({0: ("shard-0", task_0), 1: ("shard-1", reply)})
+        check_readiness({0: ("shard-0", replace(task_0, ready=None)), 1: ("shard-1", reply)}, initial=False)
+    check_readiness({0: ("shard-0", replace(task_0, ready=False)), 1: ("shard-1", reply)}, initial=True)
