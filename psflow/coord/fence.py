@@ -49,6 +49,7 @@ class FenceGuard:
     def __init__(self, task_name: str) -> None:
         self.task_name = task_name
         self._lock = threading.RLock()
+        # scope -> (token, holder); replaced whole under _lock, never changed in place (export reads it unlocked)
         self._highest: dict[str, tuple[int, str]] = {}
 
     def highest(self, scope: str = DEFAULT_ELECTION) -> int:
@@ -70,12 +71,18 @@ class FenceGuard:
                            f"{scope!r} is fenced at epoch {best} (by {best_holder or 'another writer'})")
                 log.warning("%s", message)  # a deposed leader tried to write: visible in the ps task's log
                 raise FencedError(message)
-            self._highest[scope] = (token, holder)
+            self._highest = {**self._highest, scope: (token, holder)}  # replaced whole: export reads it unlocked
 
     def export(self) -> dict[str, Any]:
-        """Every scope's highest token and its holder (JSON: ``{scope: [token, holder]}``)."""
-        with self._lock:
-            return {scope: [token, holder] for scope, (token, holder) in self._highest.items()}
+        """Every scope's highest token and its holder (JSON: ``{scope: [token, holder]}``), as of one moment.
+
+        Read without the guard's lock (the table is replaced whole, never changed in place), so it never waits
+        for a write :meth:`hold` keeps the guard locked for: a replicated shard's primary reads it while it holds
+        the lock that orders its entries (:mod:`psflow.ps.replication.carried`), and a ``BeginRestore`` holding the
+        guard waits for the restore mutex, which a chief's ``Register`` holds while it waits for that lock
+        (:mod:`psflow.ps.replication.register_call`): waiting here closed that cycle."""
+        highest = self._highest
+        return {scope: [token, holder] for scope, (token, holder) in highest.items()}
 
     def merge(self, state: object) -> None:
         """Takes each scope's token of ``state`` (another guard's :meth:`export`) where it is higher than this
@@ -89,9 +96,11 @@ class FenceGuard:
                 for v in state.values()):
             raise ValueError(f"{self.task_name}: not a fence: {state!r:.80}")
         with self._lock:
+            highest = dict(self._highest)
             for scope, (token, holder) in state.items():
-                if token > self._highest.get(str(scope), (0, ""))[0]:
-                    self._highest[str(scope)] = (token, holder)
+                if token > highest.get(str(scope), (0, ""))[0]:
+                    highest[str(scope)] = (token, holder)
+            self._highest = highest  # replaced whole (see export)
 
     @contextmanager
     def hold(self, token: int, *, scope: str = DEFAULT_ELECTION, holder: str = "") -> Iterator[None]:
