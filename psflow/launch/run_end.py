@@ -144,7 +144,7 @@ class RunEnd:
             final = self._end("interrupted", {"interrupted": signal_name(signum), "exit_code": 128 + signum})
         except LaunchInterrupted:  # its writing cut (_write): the directory does not answer
             return self._not_written(signum, twice)
-        lines = [f"interrupted by {signal_name(signum)} at global_step {final['global_step']} after "
+        lines = [f"interrupted by {signal_name(signum)} {at_global_step(final.get('global_step'))} after "
                  f"{final['wall_seconds']:.1f} s; every task stopped:"]
         lines += [f"  {t['task']} (pid {t['pid']}) {t['exit']}" for t in final["tasks"]]
         if self.says_kept:
@@ -157,7 +157,8 @@ class RunEnd:
         """The report of an interrupted run whose end could not be written: a signal cut its writing (``twice``: a
         finished or failed end's before)."""
         ps_stats, seconds, _ = self.capture()
-        lines = [f"interrupted by {signal_name(signum)} at global_step {(step_task_stats(ps_stats) or {}).get('global_step')}"
+        step = (step_task_stats(ps_stats) or {}).get("global_step")
+        lines = [f"interrupted by {signal_name(signum)} {at_global_step(step)}"
                  f" after {seconds:.1f} s; its end was not written: a signal cut the writing of {self.output_dir}'s "
                  f"files{' twice' if twice else ''} (does its disk answer?); every task stopped:"]
         lines += [f"  {t.name} (pid {t.pid}) {describe_exit(t.popen.returncode or 0)}" for t in self.lc.tasks]
@@ -298,6 +299,12 @@ def with_unread_shards(snapshot: dict[str, Any], ps_stats: Sequence[Mapping[str,
     return snapshot
 
 
+def at_global_step(step: Any) -> str:
+    """``at global_step S`` of a run's report; where none was read (its ps tasks not answering yet, or the variables
+    not created yet: the step task holds none), that none was: a report never says ``global_step None``."""
+    return f"at global_step {step}" if step is not None else "with no global_step read (no ps task had answered one)"
+
+
 def after_the_end(signum: int, final: Mapping[str, Any], output_dir: str, stopped: str = "",
                   unwritten: Mapping[str, str] | None = None) -> str:
     """The report of ``signum`` that reached the launcher after the run's end ``final`` was written (a cluster run's
@@ -307,7 +314,7 @@ def after_the_end(signum: int, final: Mapping[str, Any], output_dir: str, stoppe
     metrics.json is one, the end does not stand (its error in place of its path)."""
     phase = {"interrupted": "been interrupted"}.get(str(final.get("phase")), str(final.get("phase")))
     stands = "its end was not written whole" if METRICS_JSON in (unwritten or {}) else "its end stands"
-    lines = [f"{signal_name(signum)} arrived after the run had {phase} at global_step {final.get('global_step')}: "
+    lines = [f"{signal_name(signum)} arrived after the run had {phase} {at_global_step(final.get('global_step'))}: "
              f"{stands}{stopped}"]
     if final.get("error"):
         lines += [f"  {line}" for line in str(final["error"]).splitlines()]

@@ -66,7 +66,7 @@ def test_a_signal_after_a_failed_run_s_end_keeps_its_failure(lc: LocalCluster, t
     assert metrics(tmp_path) == first, "the failure's end stands: phase, error and exit code"
     assert lc.tasks[0].popen.poll() is not None
     lines = report.splitlines()
-    assert lines[0].startswith("SIGINT arrived after the run had failed at global_step "), report
+    assert lines[0].startswith("SIGINT arrived after the run had failed with no global_step read (no ps task had answered one)"), report
     # LaunchInterrupted replaced the failure's exception: its report is the only place the user reads the error
     assert "  /job:worker/task:0 (pid 7) exited with code 1: root cause" in lines, report
 
@@ -76,13 +76,14 @@ def test_an_interrupted_run_is_written_once_and_reported_once(lc: LocalCluster, 
     report = end.interrupted(signal.SIGTERM)
     first = metrics(tmp_path)
     assert (first["phase"], first["interrupted"], first["exit_code"]) == ("interrupted", "SIGTERM", 143)
-    assert report.startswith("interrupted by SIGTERM at global_step ")
+    assert report.startswith("interrupted by SIGTERM with no global_step read (no ps task had answered one)")
 
     end.failed("the tasks stopped by the interruption, seen as a failure")
     again = end.interrupted(signal.SIGHUP)
 
     assert metrics(tmp_path) == first
-    assert again.startswith("SIGHUP arrived after the run had been interrupted at global_step "), again
+    assert again.startswith("SIGHUP arrived after the run had been interrupted with no global_step read "
+                            "(no ps task had answered one)"), again
 
 
 @pytest.mark.parametrize("phase", ["finished", "failed"])
@@ -165,7 +166,7 @@ def test_a_signal_while_a_failed_run_s_end_is_written_leaves_its_failure_s_exit_
     written = metrics(tmp_path)
     assert (written["phase"], written["exit_code"]) == ("failed", 1), written
     report = str(raised.value)
-    assert report.startswith("SIGTERM arrived after the run had failed at global_step "), report
+    assert report.startswith("SIGTERM arrived after the run had failed with no global_step read (no ps task had answered one)"), report
     assert "  /job:worker/task:0 (pid 7) exited with code 1: root cause" in report.splitlines(), report
     assert raised.value.exit_code == 1
 
@@ -245,7 +246,7 @@ def test_a_second_signal_cuts_a_finished_run_s_end_that_hangs(
     assert seen == {"hung": True, "gave_up": False}, seen
     assert metrics(tmp_path)["phase"] == "interrupted"
     report = str(raised.value)
-    assert report.startswith("interrupted by SIGINT at global_step "), report
+    assert report.startswith("interrupted by SIGINT with no global_step read (no ps task had answered one)"), report
     assert raised.value.exit_code == 128 + signal.SIGINT
 
 
@@ -294,7 +295,7 @@ def test_a_double_signal_leaves_the_interrupted_end_whole(
 
     assert metrics(tmp_path)["phase"] == "interrupted"
     report = str(raised.value)
-    assert report.startswith("interrupted by SIGTERM at global_step "), report
+    assert report.startswith("interrupted by SIGTERM with no global_step read (no ps task had answered one)"), report
 
 
 def test_a_double_signal_leaves_an_in_process_run_s_interrupted_end_whole(
@@ -377,7 +378,7 @@ def test_a_stuck_run_directory_does_not_keep_the_launcher_from_stopping(
     assert seen == {"calls": 2, "cut": 2, "gave_up": 0}, seen
     assert not (tmp_path / "metrics.json").exists()
     report = str(raised.value)
-    assert report.startswith("interrupted by SIGINT at global_step "), report  # (no ps task answers here: None)
+    assert report.startswith("interrupted by SIGINT with no global_step read (no ps task had answered one)"), report
     assert f"its end was not written: a signal cut the writing of {tmp_path}'s files twice" in report, report
     assert raised.value.exit_code == 128 + signal.SIGINT and raised.value.ended is None
     assert lc.tasks[0].popen.poll() is not None, "every task stopped"
@@ -462,7 +463,7 @@ def test_a_stuck_run_directory_does_not_keep_an_interrupted_launcher_from_stoppi
     assert seen == {"calls": 1, "cut": 1, "gave_up": 0}, seen
     assert not (tmp_path / "metrics.json").exists()
     report = str(raised.value)
-    assert report.startswith("interrupted by SIGTERM at global_step "), report
+    assert report.startswith("interrupted by SIGTERM with no global_step read (no ps task had answered one)"), report
     assert f"its end was not written: a signal cut the writing of {tmp_path}'s files (does its disk" in report, report
     assert raised.value.exit_code == 128 + signal.SIGTERM and raised.value.ended is None
     assert lc.tasks[0].popen.poll() is not None, "every task stopped"

@@ -79,7 +79,8 @@ def test_a_signal_while_a_taken_port_s_cluster_stops_ends_the_launch(tmp_path: P
     e = raised.value
     assert (e.signum, e.exit_code) == (sig, 128 + sig), "not PortTaken: the run is not started again"
     assert isinstance(e.__cause__, PortTaken)
-    assert e.report.startswith(f"interrupted by {signal.Signals(sig).name} at global_step "), e.report
+    assert e.report.startswith(f"interrupted by {signal.Signals(sig).name} with no global_step read "
+                               "(no ps task had answered one)"), e.report
     written = json.loads((tmp_path / "metrics.json").read_text())
     assert (written["phase"], written["exit_code"]) == ("interrupted", 128 + sig)
     assert signal.getsignal(sig) == before
@@ -110,7 +111,7 @@ def test_a_signal_while_a_failed_run_s_tasks_stop_keeps_its_failure(tmp_path: Pa
     e = raised.value
     assert e.exit_code == 1 and isinstance(e.__cause__, LaunchError), "the failure's status"
     lines = e.report.splitlines()
-    assert lines[0].startswith("SIGHUP arrived after the run had failed at global_step "), e.report
+    assert lines[0].startswith("SIGHUP arrived after the run had failed with no global_step read (no ps task had answered one)"), e.report
     assert "  /job:worker/task:0 (pid 7) exited with code 1: root cause" in lines, e.report  # its error, said once
     assert json.loads((tmp_path / "metrics.json").read_text())["phase"] == "failed"
 
