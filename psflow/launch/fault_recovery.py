@@ -22,6 +22,13 @@ What does not count as training again:
   (Counting the jump recovered a ps fault at the restore, before any step ran; the next chaos round then
   fired 40 steps after a recovery that had not happened yet.)
 
+* pushes in flight when an (unreplicated) ps task other than the step task died: the step task stays ready
+  at its generation while the cluster waits for the restore its empty replacement needs (for the dead chief's
+  lease to lapse, ``--lease-ttl``, where the chief died too), and those pushes move global_step; a ps fault's
+  baseline is a reading at a generation other than the one read before it fired (the restore's). (A run
+  killing ``ps:1`` and ``chief`` together said ``recovered at global_step 125, 1.72 s after the fault``; the
+  restore came 10 s after it, at global_step 125.)
+
 And what recovers without a step: a replacement with nothing left to train (a worker killed once its data
 had ended, or in the run's last steps) moves no step; it has recovered when it ends its part cleanly
 (exit 0), at the newest step read (its ``recovery_seconds`` then ends at the reading that saw the exit).
@@ -62,6 +69,7 @@ class StepReading:
     ready: bool
     finished: int = 0
     in_view: frozenset[str] | None = None
+    generation: int | None = None  # the step task's restore generation (None: not said)
 
 
 class Replacement(Enum):
@@ -78,8 +86,10 @@ def step_reading(stats: dict[str, Any]) -> StepReading | None:
     step = stats.get("global_step")
     if isinstance(step, bool) or not isinstance(step, int):
         return None
-    finished = stats.get("finished")
-    return StepReading(step, stats.get("ready") is True, len(finished) if isinstance(finished, list) else 0)
+    finished, generation = stats.get("finished"), stats.get("generation")
+    return StepReading(step, stats.get("ready") is True, len(finished) if isinstance(finished, list) else 0,
+                       generation=generation if isinstance(generation, int) and not isinstance(generation, bool)
+                       else None)
 
 
 def primary_reading(primaries: list[dict[str, Any]]) -> StepReading | None:
@@ -155,6 +165,7 @@ class _Watched:
     fired: float             # time.monotonic() when it fired
     baseline: int | None = None
     back: float | None = None  # time.monotonic() of the baseline's reading: its replacement seen back
+    generation: int | None = None  # the step task's generation read last before it fired (None: none read)
 
 
 class RecoveryWatch:
@@ -165,10 +176,11 @@ class RecoveryWatch:
         self._replacement = replacement
         self._watched: list[_Watched] = []
         self._last_step: int | None = None
+        self._generation: int | None = None  # the step task's, as read last
 
     def fired(self, fault: InjectedFault, now: float) -> None:
         """Starts watching ``fault``, fired at ``now`` (``time.monotonic()``)."""
-        self._watched.append(_Watched(fault, now))
+        self._watched.append(_Watched(fault, now, generation=self._generation))
 
     def watching(self) -> int:
         """Faults fired and not recovered yet."""
@@ -179,6 +191,7 @@ class RecoveryWatch:
         each with ``recovered_at_step`` and ``recovery_seconds`` set."""
         if reading is not None:
             self._last_step = reading.step if self._last_step is None else max(self._last_step, reading.step)
+            self._generation = reading.generation if reading.generation is not None else self._generation
         recovered = []
         for watched in list(self._watched):
             state = self._replacement(watched.fault.task, watched.fault.pid)
@@ -187,6 +200,8 @@ class RecoveryWatch:
             elif state not in (Replacement.RUNNING, Replacement.WENT_ON) or reading is None or not reading.ready:
                 continue
             elif state is Replacement.RUNNING and _rejoining(watched.fault.task, reading):
+                continue
+            elif _restore_owed(watched, reading):
                 continue
             elif watched.baseline is None:
                 watched.baseline, watched.back = reading.step, now
@@ -218,6 +233,15 @@ class RecoveryWatch:
         watched.fault.recovered_at_step = step
         watched.fault.recovery_seconds = round(now - watched.fired, 3)
         self._watched.remove(watched)
+
+
+def _restore_owed(watched: _Watched, reading: StepReading) -> bool:
+    """Whether ``watched`` killed an unreplicated ps task and the step task is still at the generation read before
+    the fault: its replacement came back empty, so the cluster trains again only after a restore (a new
+    generation); until then global_step moves only by pushes that were in flight (known where generations are
+    read)."""
+    ps = watched.fault.task.startswith(f"/job:{PS_JOB}/") and reading.in_view is None
+    return ps and watched.generation is not None and reading.generation == watched.generation
 
 
 def _back_in_view(fault: InjectedFault, state: Replacement, reading: StepReading) -> bool:

@@ -184,3 +184,36 @@ def test_the_runs_end_says_why_a_fault_is_not_recovered() -> None:
     assert worker1.why == "/job:worker/task:1 was not running again by the run's end"
     assert ps1.why == "global_step did not advance past 1050 after /job:ps/task:1's replacement started"
     assert [f.to_json()["recovered"] for f in (worker1, ps1)] == [False, False]
+
+
+def test_a_ps_faults_steps_before_the_restore_are_no_recovery() -> None:
+    """ps task 1 killed (with the chief: nobody restores until its lease lapses): the step task, ps task 0, stays
+    ready at its generation and in-flight pushes move global_step from 123 to 125 after ps task 1's replacement
+    started. Before, that was 'recovered at global_step 125, 1.72 s after the fault'; the restore came at 10 s."""
+    ps1 = _fault("/job:ps/task:1", 21, 123)
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    assert watch.observe(StepReading(123, ready=True, generation=5), 99.9) == []
+    watch.fired(ps1, now=100.0)
+    tasks.state["/job:ps/task:1"] = Replacement.RUNNING
+    for now, step in ((100.6, 123), (101.0, 124), (101.7, 125), (105.0, 125)):
+        assert watch.observe(StepReading(step, ready=True, generation=5), now) == []
+    assert watch.observe(StepReading(125, ready=False, generation=9), 110.0) == []   # restoring
+    assert watch.observe(StepReading(125, ready=True, generation=9), 110.1) == []    # restored: the baseline
+    assert watch.observe(StepReading(126, ready=True, generation=9), 110.3) == [ps1]
+    assert (ps1.recovered_at_step, ps1.recovery_seconds) == (126, 10.3)
+
+
+def test_a_worker_fault_is_not_held_to_a_generation() -> None:
+    worker1 = _fault("/job:worker/task:1", 22, 40)
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    assert watch.observe(StepReading(40, ready=True, generation=5), 99.9) == []
+    watch.fired(worker1, now=100.0)
+    tasks.state["/job:worker/task:1"] = Replacement.RUNNING
+    assert watch.observe(StepReading(41, ready=True, generation=5), 100.5) == []
+    assert watch.observe(StepReading(42, ready=True, generation=5), 100.7) == [worker1]
+
+
+def test_step_reading_takes_the_generation() -> None:
+    assert step_reading({"global_step": 7, "ready": True, "generation": 3}) == StepReading(7, True, generation=3)
