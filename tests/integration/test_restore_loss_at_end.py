@@ -78,15 +78,26 @@ def test_a_sync_run_s_stale_pushes_are_not_counted_discarded_by_the_restore(tmp_
     """Sync mode with a backup worker (3 workers, 2 pushes per step): the third push of each step is dropped as
     stale, never in the model, restore or not. Before, ``examples_discarded`` was every pushed example the model
     did not hold, the stale ones included: 13,888 'at least discarded' where the model had held at most 7,936
-    before the restore (each of global_step's steps holds 2 pushes of at most 64 examples)."""
+    before the restore (each of global_step's steps holds 2 pushes of at most 64 examples).
+
+    A stale push is made sure of (``first_push_barrier/sitecustomize.py``): each worker's first push waits until all
+    three have read step 0, so the first step gets three pushes, one stale. Before, the test counted on the three
+    training together: a worker whose process started late on a loaded machine (shown by one delayed 30 s) found the
+    120 steps done by the other two, one push each per step, none stale: ``stale_dropped`` 0."""
     out = tmp_path / "run"
+    barrier = tmp_path / "first_push"
+    barrier.mkdir()
+    hook = Path(__file__).parent / "first_push_barrier"
+    env = dict(os.environ, PSFLOW_TEST_FIRST_PUSH_BARRIER=f"{barrier}:3",
+               PYTHONPATH=os.pathsep.join([str(REPO), str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]))
     r = run_bounded([sys.executable, "-m", "psflow", "train", "--train", str(A9A), "--num-features", "124",
                      "--ps", "2", "--workers", "3", "--batch-size", "64", "--max-steps", "120", "--mode", "sync",
                      "--replicas-to-aggregate", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
                      "--save-checkpoints-steps", "100000", "--restart-policy", "on-failure",
                      "--chaos", "kill:ps:1@step=60", "--output", str(out), "--no-status", "--quiet"],
-                    timeout=250, cwd=REPO)
+                    timeout=250, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
+    assert sorted(p.name for p in barrier.iterdir()) == ["worker-0", "worker-1", "worker-2"]  # each held its first
     metrics = json.loads((out / "metrics.json").read_text())
     loss = metrics["restore_loss"]
     assert loss is not None and metrics["stale_dropped"] > 0, metrics
