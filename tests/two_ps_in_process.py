@@ -5,6 +5,8 @@ No sockets: a "restart" of a ps task is a fresh service behind the same channel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from psflow.cluster import ClusterSpec
@@ -19,24 +21,31 @@ CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})
 SGD = OptimizerSpec("sgd", {"learning_rate": 0.5})
 
 
-def two_ps_cluster() -> tuple[ParameterClient, list[ParameterService]]:
+def two_ps_cluster(*, training_workers: Sequence[str] | None = None) -> tuple[ParameterClient, list[ParameterService]]:
     """``weights`` (8 x 2, random normal, seed 3) on ps task 0 (which holds global_step), ``bias`` (2) on ps task 1;
-    the client is worker 0's, not yet joined."""
+    the client is worker 0's, not yet joined. ``training_workers``: ps task 0 serves ``Done`` and ``FinalEval``
+    for them (:class:`~psflow.ps.run_end.RunLedger`)."""
     vs = VariableSet(replica_device_setter(cluster=CLUSTER))
     vs.get_variable("weights", (8, 2), initializer={"name": "random_normal", "seed": 3})  # ps task 0
     vs.get_variable("bias", (2,))                                                          # ps task 1
-    services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
+    services = [_service(i, training_workers) for i in (0, 1)]
     channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
     client = ParameterClient(CLUSTER, vs.placements(), client_name="/job:worker/task:0", channels=channels)
     return client, services
 
 
-def restart_ps(client: ParameterClient, services: list[ParameterService], index: int) -> ParameterService:
+def restart_ps(client: ParameterClient, services: list[ParameterService], index: int, *,
+               training_workers: Sequence[str] | None = None) -> ParameterService:
     """ps task ``index`` died and came back empty, at the same address; returns its fresh service."""
-    fresh = ParameterService(index, holds_global_step=index == 0)
+    fresh = _service(index, training_workers)
     services[index] = fresh
     client.channels[index] = InProcessChannel(f"/job:ps/task:{index}", fresh.handlers())
     return fresh
+
+
+def _service(index: int, training_workers: Sequence[str] | None) -> ParameterService:
+    return ParameterService(index, holds_global_step=index == 0,
+                            training_workers=training_workers if index == 0 else None)
 
 
 def train_a_step(client: ParameterClient) -> None:

@@ -17,6 +17,10 @@ meanwhile, is then elected and ends its own session, and evaluated the same fina
 3. once this step was evaluated, ps task 0 records it, before the session's end goes on, so before this
    worker gives the lease up.
 
+The step asked and recorded is :func:`~psflow.train.hook_api.end_step`'s: ps task 0's global_step where it is
+ready, else the session's last step (a restarted ps task 0 not loaded yet says 0: the final evaluation was recorded
+at step 0).
+
 A second holder is elected only after the first resigned (its record made) or its lease lapsed: a holder that
 died before its record recorded nothing, and the next holder evaluates. A ps task 0 that cannot be asked does
 not stop the evaluation (logged): the model evaluated twice rather than not at all.
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from psflow.ps.protocol import FinalEvalReply, FinalEvalRequest
 from psflow.rpc.api import RpcError
-from psflow.train.hook_api import WrappingHook
+from psflow.train.hook_api import WrappingHook, end_step
 from psflow.train.hooks import EvalHook
 
 if TYPE_CHECKING:
@@ -59,7 +63,7 @@ class FinalEvalOnce(WrappingHook):
 
     def end(self, session: MonitoredTrainingSession) -> None:
         client = session.client
-        step = client.global_step()
+        step = end_step(session)  # (a restarted ps task 0, not ready, says 0: the session's last step then)
         record = _final_eval(client, FinalEvalRequest(client.client_name, step))
         if record is not None and record.step == step:
             log.info("%s: the final model (global_step %d) was evaluated by %s already: not again",

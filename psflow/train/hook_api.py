@@ -58,7 +58,7 @@ from psflow.data import BatchSource
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
 
-__all__ = ["RunContext", "RunValues", "SessionRunHook", "StepTimer", "WrappingHook"]
+__all__ = ["RunContext", "RunValues", "SessionRunHook", "StepTimer", "WrappingHook", "end_step"]
 
 
 @dataclass
@@ -192,3 +192,16 @@ class StepTimer:
 
     def mark(self, step: int) -> None:
         self.last_time, self.last_step = time.monotonic(), step
+
+
+def end_step(session: MonitoredTrainingSession) -> int:
+    """The global_step a hook's ``end()`` records its last point or evaluation at: ps task 0's where it is ready;
+    where it is not (restarted and not loaded yet: its global_step 0, a restore to follow; or in a restore), the
+    last step this session knows (:attr:`~psflow.train.session.MonitoredTrainingSession.global_step`), never the
+    restarted task's 0.
+
+    Raises:
+        RpcError: ps task 0's ``Stats`` could not be read (as :meth:`~psflow.ps.client.ParameterClient.global_step`).
+    """
+    head = session.client.ps_stats()
+    return head.global_step if head.ready and head.global_step is not None else session.global_step

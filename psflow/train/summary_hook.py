@@ -16,7 +16,7 @@ from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import restore_record
 from psflow.rpc.api import RpcError
-from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer
+from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer, end_step
 from psflow.train.summary import REQUEST_COUNTERS, SummaryWriter, ps_restarted, set_back, start_written
 
 if TYPE_CHECKING:
@@ -220,10 +220,7 @@ class SummarySaverHook(SessionRunHook):
 
     def end(self, session: MonitoredTrainingSession) -> None:
         self._check_start(session)
-        head = session.client.stats()
-        # A ps task 0 not ready (restarted: its global_step 0) cannot say: the last step this session knows
-        step = head["global_step"] if head.get("ready") and isinstance(head.get("global_step"), int) else None
-        step = session.global_step if step is None else step
+        step = end_step(session)  # (a restarted ps task 0, not ready, says 0: the session's last step then)
         if step != self._timer.last_step:
             self._write(session.client, step)
         self.writer.flush()
