@@ -339,6 +339,13 @@ class DirectoryLock:
         self.path = os.path.join(directory, self.lock_name)
         self._took = False
 
+    @property
+    def took(self) -> bool:
+        """Whether this object's :meth:`acquire` wrote the lock file (for this process), not released since; False
+        where the lock it found was this process's already (another ``DirectoryLock`` of the run took it: a
+        launcher running the run's worker in its own process), which is that one's to release."""
+        return self._took
+
     def holder(self) -> dict[str, Any] | None:
         """The lock's content, or None when there is no lock.
 

@@ -1,0 +1,72 @@
+"""A process that exits while the checkpoint save it gave up at --save-timeout still runs releases the run's
+checkpoint-directory lock as it exits: the save ends with it, and nothing is left for a later run to wait on.
+
+Review of fcba9d6 (the release of the lock waits, in a daemon thread, for a save given up at --save-timeout): a
+worker without a launcher (``psflow server``; the lock is its own) whose final save was given up (a store that
+stopped answering) fails with FinalCheckpointError and exits; the daemon thread died with the process, before the
+save ended, and the lock stayed naming a process gone. A later run on this host took it over with a WARNING ('taking
+over the stale lock ... whose process is gone'); one on another host or container (a rerun's new pods) was refused
+until the file was deleted by hand, the case 3f97d23 fixed. The save, a daemon thread too, ends with the process:
+the lock is now released as it exits (one WARNING), unless the save ended first (then released then).
+
+A fresh interpreter (a subprocess: multiprocessing's children skip the exit functions), in-process ps services
+(tests/two_ps_in_process.py), make_session's hooks ended as a session ends them, the manager's save never ending.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from psflow.checkpoint.lock import CheckpointDirLock
+
+pytestmark = pytest.mark.timeout(120)
+
+_TESTS = str(Path(__file__).resolve().parents[2])
+
+_WORKER = """
+import dataclasses, os, sys, threading
+from types import SimpleNamespace
+sys.path.insert(0, sys.argv[2])
+from two_ps_in_process import SGD, train_a_step, two_ps_cluster
+from psflow.checkpoint.save import CheckpointManager, FinalCheckpointError
+from psflow.cluster import ClusterSpec
+from psflow.train.config import TrainConfig
+from psflow.train.duties import make_session
+from psflow.train.session import MonitoredTrainingSession
+
+ckpt = sys.argv[1]
+client, _ = two_ps_cluster()
+with MonitoredTrainingSession(client, SGD, is_chief=True):
+    pass
+client.config = dataclasses.replace(client.config, save_timeout=0.5)
+config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=ckpt, save_checkpoints_steps=1000)
+cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3"]})
+made = make_session(config, cluster, client, SimpleNamespace(initial_values=None), "worker", 0)
+for hook in made.hooks:
+    hook.after_create_session(made)
+train_a_step(client)
+CheckpointManager.save = lambda *args, **kwargs: threading.Event().wait()  # a store that stopped answering
+try:
+    made.__exit__(None, None, None)
+except FinalCheckpointError as e:
+    print("final checkpoint failed:", e, flush=True)
+print("lock kept while the save runs:", os.path.exists(os.path.join(ckpt, "checkpoint.lock")), flush=True)
+sys.exit(1)  # the worker fails on its final checkpoint
+"""
+
+
+def test_the_lock_is_released_as_the_process_exits_with_the_given_up_save(tmp_path: Path) -> None:
+    ckpt = str(tmp_path / "ckpt")
+    done = subprocess.run([sys.executable, "-c", _WORKER, ckpt, _TESTS], capture_output=True, text=True, timeout=100,
+                          cwd=str(tmp_path))
+    assert done.returncode == 1, done.stderr
+    assert "final checkpoint failed:" in done.stdout and "given up" in done.stdout, done.stdout
+    assert "lock kept while the save runs: True" in done.stdout, done.stdout
+    assert not os.path.exists(os.path.join(ckpt, "checkpoint.lock")), done.stderr  # before: left, naming a pid gone
+    assert "exits" in done.stderr and "checkpoint.lock" in done.stderr, done.stderr
+    CheckpointDirLock(ckpt, "the-next-run").acquire()
