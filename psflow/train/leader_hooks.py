@@ -27,8 +27,9 @@ class LeaderOnlyHook(SessionRunHook):
     """Runs ``inner`` only while this worker holds the chief lease (each call, ``before_run`` included).
 
     On gaining the lease, ``inner.after_create_session`` runs first (timers
-    start from the current step). ``inner.after_initialize`` (the configured chief,
-    which initialized a fresh cluster: the initial checkpoint) runs if this worker
+    start from the current step); also on a new lease won since the last call, the one before lost meanwhile (a
+    grant of its own: another worker may have held the duties in between, and its files sort after this one's).
+    ``inner.after_initialize`` (the configured chief, which initialized a fresh cluster: the initial checkpoint) runs if this worker
     holds the lease then (it campaigns before it joins). A checkpoint or RPC failure inside the hook
     (a ps task died, or this chief was deposed and its save fenced off) is
     logged, not raised: the next chief, or the next period, saves again. The
@@ -40,17 +41,18 @@ class LeaderOnlyHook(SessionRunHook):
     def __init__(self, inner: SessionRunHook, leadership: Leadership) -> None:
         self.inner = inner
         self.leadership = leadership
-        self._active = False
+        self._grant: tuple[str, int] | None = None  # (holder, epoch) of the lease held at the last call
 
     def begin(self) -> None:
         self.inner.begin()
 
     def _leading(self, session: Any) -> bool:
-        leading = self.leadership.lease() is not None
-        if leading and not self._active:
-            self._guard(lambda: self.inner.after_create_session(session))
-        self._active = leading
-        return leading
+        lease = self.leadership.lease()
+        grant = None if lease is None else (lease.holder, lease.epoch)  # (a renewal keeps both)
+        if grant is not None and grant != self._grant:  # a take-over: also a lease lost and won again since the
+            self._guard(lambda: self.inner.after_create_session(session))  # last call (another held it meanwhile)
+        self._grant = grant
+        return grant is not None
 
     def after_initialize(self, session: Any) -> None:
         if self.leadership.lease() is not None:
