@@ -149,7 +149,8 @@ class CheckpointManager:
         self._reports, self._process = 0, f"{os.getpid()}.{time.time_ns()}"  # this manager's reports' ids
         self._unsent: list[SaveOutcome] = []  # reports the ledger did not take yet, oldest first
         self._current: str | None = None
-        self._step: int | None = None
+        self._step: int | None = None  # the save under way's, read first (None: not read, or not the run's)
+        self._step_unready = False  # the save under way found ps task 0 not ready (restarted): no step of the run
         self.full_every = full_every
         self._section = section
         self._base: tuple[str, Manifest] | None = None  # the last complete save of this manager (an increment's base)
@@ -197,7 +198,7 @@ class CheckpointManager:
                       initial: bool) -> SavedCheckpoint:
         """:meth:`save`, inside its section."""
         self._fence = None if epoch is None else (epoch, holder)
-        self._current, self._step = None, None
+        self._current, self._step, self._step_unready = None, None, False
         try:
             saved = self._save(client, optimizer, model, epoch, holder, final, initial)
         except CheckpointFencedError as e:
@@ -209,10 +210,10 @@ class CheckpointManager:
             if not self.abandoned:  # (one given up already counted: psflow.checkpoint.bounded_save)
                 self.count_failure(client, e)
             else:
-                log.error("%s: checkpoint of global_step %s into %s, given up at --save-timeout (counted then), failed "
-                          "late: %s", client.client_name, self._step, self.directory, e)
+                log.error("%s: %s into %s, given up at --save-timeout (counted then), failed late: %s",
+                          client.client_name, self._named(), self.directory, e)
             if isinstance(e, OSError):
-                raise CheckpointError(f"checkpoint of global_step {self._step} into {self.directory} failed: {e}") from e
+                raise CheckpointError(f"{self._named()} into {self.directory} failed: {e}") from e
             raise
         self.failed_in_a_row = 0
         self._report(client, SaveOutcome(True, saved.global_step, saved.path, writer=client.client_name))
@@ -259,7 +260,11 @@ class CheckpointManager:
 
     def _save(self, client: ParameterClient, optimizer: Mapping[str, Any] | None, model: Mapping[str, Any] | None,
               epoch: int | None, holder: str, final: bool = False, initial: bool = False) -> SavedCheckpoint:
-        self._step = step_hint = client.global_step()  # first: a save failing at the lock names its step too
+        # First: a save failing at the lock names its step too; none where ps task 0 is not ready (restarted: its
+        # global_step is the initial one, not the run's), but in the initial save, which is at the initial step.
+        stats = client.ps_stats()
+        step_hint = stats.global_step if stats.global_step is not None else client.global_step()  # (raises there)
+        self._step, self._step_unready = (step_hint, False) if stats.ready or initial else (None, True)
         if self._lock is not None:
             self._lock.acquire(may_pass=epoch is not None)
         storage.makedirs(self.directory)
@@ -357,13 +362,19 @@ class CheckpointManager:
             client.call(client.step_task, CheckpointStatusRequest(lineage_if_unset=self.run_id))).lineage
         return lineage or self.run_id
 
+    def _named(self) -> str:
+        """The save under way as its lines name it: by its global_step, where ps task 0 had the run's."""
+        if self._step_unready:
+            return "checkpoint (ps task 0 not ready: no global_step of the run)"
+        return "checkpoint" if self._step is None else f"checkpoint of global_step {self._step}"
+
     def count_failure(self, client: ParameterClient, error: BaseException) -> None:
         self.saves_failed += 1
         self.failed_in_a_row += 1
         self.last_error = f"{type(error).__name__}: {error}"
         limit = self.max_failed_saves
-        log.error("%s: checkpoint of global_step %s into %s FAILED (%d in a row, %d in all%s): %s",
-                  client.client_name, self._step, self.directory, self.failed_in_a_row, self.saves_failed,
+        log.error("%s: %s into %s FAILED (%d in a row, %d in all%s): %s",
+                  client.client_name, self._named(), self.directory, self.failed_in_a_row, self.saves_failed,
                   f"; the run stops after {limit} in a row" if limit else "", self.last_error)
         self._report(client, SaveOutcome(False, self._step, error=self.last_error, writer=client.client_name))
         if limit and self.failed_in_a_row >= limit:
