@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -74,7 +75,7 @@ def run_train(args: argparse.Namespace) -> int:
         printed.append(True)
 
     # A signal stopping this process at once after the run's end (launcher_signals.hold_to_exit) says what it leaves.
-    _leaves_undone(output, config, printed)
+    _leaves_undone(output, config, printed, run)
     try:
         return _train_in(output, run, args, config, status, summary)
     finally:
@@ -82,11 +83,13 @@ def run_train(args: argparse.Namespace) -> int:
             stop_at_once_leaves(name, None)
 
 
-def _leaves_undone(output: str, config: TrainConfig, printed: list[bool]) -> None:
+def _leaves_undone(output: str, config: TrainConfig, printed: list[bool], run: str) -> None:
     """What a stop at once after the end (:func:`~psflow.launch.launcher_signals.stop_at_once_leaves`) would leave:
-    a finished run's summary not printed yet (its figures are in metrics.json, where that was written), and each run
-    lock this process holds still (a file naming it: the next run there takes it over, its process gone; an object
-    store's is not asked from the signal handler)."""
+    a finished run's summary not printed yet (its figures are in metrics.json, where that was written), and each lock
+    this process still holds for run ``run`` (its file names this host, pid namespace, pid and run, as the lock judges
+    its own): a file naming it, which a run from this host takes over, its process gone, and a run from another host
+    never does (:mod:`psflow.checkpoint.lock`: deleted by hand); an object store's is not asked from the handler."""
+    from psflow.checkpoint.holder import pid_namespace
     from psflow.checkpoint.lock import LOCK_NAME, RUN_LOCK_NAME
     from psflow.launch.run_status import METRICS_JSON
 
@@ -99,9 +102,10 @@ def _leaves_undone(output: str, config: TrainConfig, printed: list[bool]) -> Non
         def left(end: Any, written: bool) -> str | None:
             with open(path, "rb") as f:  # (gone, unreadable: not this process's, nothing said)
                 holder = json.loads(f.read())
-            if holder.get("pid") != os.getpid():
+            mine = {"run_id": run, "pid": os.getpid(), "host": socket.gethostname()}
+            if any(holder.get(k) != v for k, v in mine.items()) or holder.get("pid_ns") not in (None, pid_namespace()):
                 return None
-            return f"{path} is left (the next run there takes it over: its process is gone)"
+            return f"{path} is left (a run there from this host takes it over, its process gone; from another host, delete it)"
         return left
 
     stop_at_once_leaves("summary", summary)

@@ -156,7 +156,7 @@ def test_a_stop_at_once_before_the_summary_says_what_it_left_and_the_next_run_ta
     assert last.startswith("psflow: SIGTERM: the launcher stops now, exit status 0; not done: "), r.stderr[-3000:]
     assert f"the run's summary (its figures are in {out}/metrics.json)" in last, last
     for path in (out / "run.lock", tmp_path / "ckpt" / "checkpoint.lock"):
-        assert f"{path} is left (the next run there takes it over: its process is gone)" in last, last
+        assert f"{path} is left (a run there from this host takes it over, its process gone; from another host, delete it)" in last, last
         assert holder_alive(json.loads(path.read_text())) is False, path  # left, naming the launcher stopped
     run = json.loads((out / "run.lock").read_text())["run_id"]
     assert json.loads((tmp_path / "ckpt" / "checkpoint.lock").read_text())["run_id"] == run
