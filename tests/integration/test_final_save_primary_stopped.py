@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from contextlib import suppress
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from stopped_process import wait_stopped
 from support import TOKEN, ClusterHandle
 
 from psflow.checkpoint import save
@@ -72,7 +72,7 @@ def test_the_final_save_is_written_on_the_backup_promoted_after_its_primary_stop
             if not stopped:
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)
-                _wait_stopped(pid)  # (kill returns before the stop lands: on a busy machine ps:0 answered first)
+                wait_stopped(pid)  # (kill returns before the stop lands: on a busy machine ps:0 answered first)
             real(c, replies, path)
 
         monkeypatch.setattr(save, "check_no_restore_since", stopped_at_the_check)
@@ -91,12 +91,3 @@ def test_the_final_save_is_written_on_the_backup_promoted_after_its_primary_stop
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         handle.stop_all()
-
-
-def _wait_stopped(pid: int, limit: float = 60.0) -> None:
-    """Waits until process ``pid`` is stopped (state T in /proc/<pid>/stat)."""
-    deadline = time.monotonic() + limit
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
-        if time.monotonic() > deadline:
-            raise AssertionError(f"process {pid} not stopped within {limit} s of its SIGSTOP")
-        time.sleep(0.01)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from stopped_process import wait_stopped
 from two_ps_client import emb_bias_client
 
 from psflow.checkpoint import save
@@ -54,6 +55,7 @@ def test_a_ps_task_silent_at_the_pointer_switch_fails_the_save_and_never_lets_a_
 
     def silent_task_1(c: Any, replies: Any, path: str) -> None:  # (under the save's mutex)
         os.kill(pid, signal.SIGSTOP)
+        wait_stopped(pid)  # (kill returns before the stop lands: on a busy machine ps:1 answered the check first)
         waiting.start()
         stopped.set()
         real(c, replies, path)
