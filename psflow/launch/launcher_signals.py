@@ -35,6 +35,13 @@ default action back in place of Python's handlers, which killed the process with
 are swapped one signal at a time, each the end's in place of the launcher's (never the default action between); a
 signal meeting the launcher's while they are is the end's too.
 
+*Between two starts.* A cluster started again (a port taken before training: :mod:`psflow.launch.port_retry`) is
+left and the next one entered with the same :class:`LauncherSignals`: the first's leaving parks it
+(:meth:`LauncherSignals.park`: the handlers stay in place, a signal is recorded, not raised), the next one's
+:meth:`~LauncherSignals.install` takes it up and that start raises a signal recorded meanwhile where its end reports
+it (an interrupted run, ``128 + n``, its locks released). Before, the caller's handlers were back in between: a
+SIGTERM there killed the launcher with no report and its run lock left.
+
 A stop signal the launcher inherited ignored (``nohup``) stays ignored, and so for its tasks
 (:mod:`psflow.launch.stop_signals`). The task side of a stop is :mod:`psflow.launch.lifeline`.
 """
@@ -137,6 +144,7 @@ class LauncherSignals:
         self._repeat_cuts: str | None = None  # inside a cleanup that a third signal cuts: what it is doing
         self._previous: dict[int, Any] = {}  # signal -> the handler install replaced
         self._held = False  # restore is putting the end's handlers in place: a signal here is the end's
+        self._parked = False  # between two starts of a cluster (park): a signal waits for the next start
         self.ignored: tuple[int, ...] = ()   # the stop signals install left ignored
         #: The run's end once written: its metrics.json (set by whoever wrote it: module docstring, *After the end*).
         self.ended: Mapping[str, Any] | None = None
@@ -152,6 +160,8 @@ class LauncherSignals:
         for the tasks started from here; the first install in the process that leaves one ignored says so
         on stderr, once (``psflow: SIGHUP is ignored (inherited): stop with SIGTERM or SIGINT``).
         """
+        if self._parked:  # the next start of a cluster: a signal raised from here on (one recorded: at its check)
+            self._parked = self._deferred = False
         if threading.current_thread() is not threading.main_thread():
             return False
         if not self._previous:  # (not installed, or restored since)
@@ -171,6 +181,8 @@ class LauncherSignals:
         (:func:`hold_to_exit`) once the run's end was written (:meth:`end_written`), the end's handlers instead: a
         signal no longer changes the exit status (module docstring, *To the process's exit*). The handlers are
         swapped one signal at a time: a signal meeting this one's handler meanwhile is handled as the end's would."""
+        if self._parked:  # no next start came (the starts ended otherwise): nothing deferred any more
+            self._parked = self._deferred = False
         if _HELD.on and self.final is not None and self._previous:
             _HELD.end(self.final, self.unwritten)  # what a signal is told, before any handler is the end's
             self._held = True
@@ -180,6 +192,13 @@ class LauncherSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, signal.SIG_DFL if previous is None else previous)  # None: set outside Python
         self._previous.clear()
+
+    def park(self) -> None:
+        """Leaves the handlers in place between two starts of a cluster (module docstring, *Between two starts*): a
+        signal from here on is recorded, not raised, until the next :meth:`install`, after which :meth:`check`
+        raises it; :meth:`restore` (no next start) puts the previous handlers back. Main thread."""
+        self._deferred, self._second_cuts, self._repeat_cuts = True, False, None
+        self._parked = True
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self._held:  # a signal whose handler restore has not swapped yet: the end's, as one swapped
@@ -264,7 +283,9 @@ class _Held:
         self.status = 1 if unwritten is not None else end_status(final)
         self.final, self.written = final, unwritten is None
         stands = "its end was not written whole" if unwritten is not None else "its end stands"
-        self.line = (f"arrived after the run had {phase} at global_step {final.get('global_step')}: {stands} "
+        from psflow.launch.run_end import at_global_step  # (run_end imports this module)
+
+        self.line = (f"arrived after the run had {phase} {at_global_step(final.get('global_step'))}: {stands} "
                      f"(exit status {self.status}); another signal stops the launcher at once")
 
     def swap(self, previous: Mapping[int, Any]) -> None:

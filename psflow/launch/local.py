@@ -71,8 +71,9 @@ from psflow.launch.chaos_plan import stop_without_liveness
 from psflow.launch.eval_set import EvalSet, after_training
 from psflow.launch.exits import wait_for_exit
 from psflow.launch.final_model import STEP_TASK, connect_live, evaluate_final, gone_after_training, stats_or_silent, with_step_of
+from psflow.launch.launcher_signals import LauncherSignals
 from psflow.launch.lifeline import LaunchInterrupted
-from psflow.launch.port_retry import PORT_ATTEMPTS, PortTaken, StartupWatch, taken_port
+from psflow.launch.port_retry import PortTaken, StartupWatch, start_until_bound, taken_port
 from psflow.launch.processes import LaunchError, LocalCluster, TaskHosts, TaskProcess, failure_report
 from psflow.launch.resilience import Resilience, ResilienceConfig, with_recovery_checkpoints
 from psflow.launch.restore_loss import restore_loss, restore_loss_line
@@ -147,24 +148,20 @@ def run_local(config: TrainConfig, output_dir: str, *, progress: TextIO | None =
     config_path = os.path.join(output_dir, "config.json")
     started = time.monotonic()
     eval_sets: list[EvalSet] = []  # read once, from the first start on
+    signals = LauncherSignals()  # every start's: between two, its handlers stay (port_retry.start_until_bound)
     start_cluster = functools.partial(
         _run_cluster, config, output_dir, config_path, train_records=train_records, started=started, progress=progress,
         progress_every=progress_every, resilience=resilience, status=status, verbose=verbose, placement=placement,
-        faults=faults, checkpoints=checkpoints, resumed=resumed, eval_sets=eval_sets)
-    with claimed:
-        for _ in range(PORT_ATTEMPTS - 1):
-            try:
-                return start_cluster(retry_ports=True)
-            except PortTaken as e:  # before training started; every task stopped: new ports, every task again
-                print(e.retry_line(), file=progress or sys.stderr, flush=True)
-        return start_cluster(retry_ports=False)  # the last start: a taken port fails the run as any failure does
+        faults=faults, checkpoints=checkpoints, resumed=resumed, eval_sets=eval_sets, signals=signals)
+    with claimed:  # again on new ports where one was taken: a signal between two starts is the run's (port_retry)
+        return start_until_bound(lambda retry: start_cluster(retry_ports=retry), signals, progress or sys.stderr)
 
 
 def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, train_records: int | None,
                  started: float, progress: TextIO | None, progress_every: float,
                  resilience: ResilienceConfig | None, status: StatusConfig | None, verbose: bool,
                  placement: TaskHosts | None, faults: FaultInjection | None, checkpoints: SaveStatusWatcher | None,
-                 resumed: Any, eval_sets: list[EvalSet], retry_ports: bool) -> dict[str, Any]:
+                 resumed: Any, eval_sets: list[EvalSet], signals: LauncherSignals, retry_ports: bool) -> dict[str, Any]:
     """One start of the run's cluster (new ports, every task), to its end; see :func:`run_local`.
 
     Raises:
@@ -173,7 +170,7 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
     """
     replicas = (resilience or ResilienceConfig()).ps_replicas
     with LocalCluster.create(config.cluster.num_ps, config.cluster.num_workers, output_dir, placement=placement,
-                             ps_replicas=replicas) as lc:
+                             ps_replicas=replicas, signals=signals) as lc:
         with open(config_path, "w") as f:
             f.write(task_config_json(config, faults))
         # From here on, however the run ends, its end is one final snapshot (psflow.launch.run_end).
@@ -187,6 +184,7 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
         # Serves the page unless --no-status; writes status.json and metrics.prom at the end either way.
         page = end.page = LauncherStatus(config, lc, output_dir, status or StatusConfig(), progress or sys.stderr)
         startup = StartupWatch(output_dir) if retry_ports else None  # before any task starts
+        lc.signals.check()  # one that came between this start and the one before (port_retry): reported as any
         for i in range(config.cluster.num_ps):
             lc.start_task("ps", i, config_path)
         for j in range(config.cluster.num_ps * replicas):  # the shards' backups (--ps-replicas; none by default)

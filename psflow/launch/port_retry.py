@@ -17,17 +17,27 @@ Before that no push has been applied, so no training state is lost by starting
 again (a checkpoint the chief may have saved holds only the initial values,
 and the new chief restores it as any resumed run does). After it, a taken port
 is a task failure like any other (the restart policy, or the run fails).
+
+Every start of a run uses the run's one :class:`~psflow.launch.launcher_signals.LauncherSignals`
+(:func:`start_until_bound`): between two starts its handlers stay in place, and a SIGTERM, SIGHUP or SIGINT there
+ends the run as one anywhere else does (the next start raises it where its end reports it: metrics.json
+``interrupted``, exit status ``128 + n``, the run's locks released).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable
+from typing import TextIO, TypeVar
 
+from psflow.launch.launcher_signals import LauncherSignals
 from psflow.launch.processes import LaunchError, TaskProcess
 from psflow.server import STEP_JOURNAL_FILE
 
-__all__ = ["PORT_ATTEMPTS", "PortTaken", "StartupWatch", "taken_port"]
+__all__ = ["PORT_ATTEMPTS", "PortTaken", "StartupWatch", "start_until_bound", "taken_port"]
+
+T = TypeVar("T")
 
 #: Starts of the cluster in all (the first one included) when its ports keep being taken.
 PORT_ATTEMPTS = 3
@@ -83,3 +93,23 @@ class StartupWatch:
 
     def training_started(self) -> bool:
         return self._journals() != self._before
+
+
+def start_until_bound(start: Callable[[bool], T], signals: LauncherSignals, out: TextIO) -> T:
+    """``start(retry_ports)`` (one start of the run's cluster, with ``signals``), again after each
+    :class:`PortTaken` (its line on ``out``), at most :data:`PORT_ATTEMPTS` starts, the last with ``retry_ports``
+    False (a taken port then fails the run as any failure does); returns what the start that held returned.
+
+    Between two starts ``signals``' handlers stay in place (the cluster left parks them:
+    :meth:`~psflow.launch.launcher_signals.LauncherSignals.park`): a signal there is raised by the next start, whose
+    end reports it. They are put back once the starts are over, however they end (a finished run's: the end's
+    handlers, :func:`~psflow.launch.launcher_signals.hold_to_exit`)."""
+    try:
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                return start(True)
+            except PortTaken as e:  # before training started; every task stopped: new ports, every task again
+                print(e.retry_line(), file=out, flush=True)
+        return start(False)
+    finally:
+        signals.restore()

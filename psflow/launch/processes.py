@@ -236,8 +236,11 @@ class LocalCluster:
 
     @classmethod
     def create(cls, num_ps: int, num_workers: int, output_dir: str, *,
-               placement: TaskHosts | None = None, ps_replicas: int = 0) -> LocalCluster:
+               placement: TaskHosts | None = None, ps_replicas: int = 0,
+               signals: LauncherSignals | None = None) -> LocalCluster:
         """Picks free ports, writes ``output_dir/cluster.json``; starts nothing.
+
+        ``signals``: the run's, where it starts a cluster again (:mod:`psflow.launch.port_retry`); default a new one.
 
         ``ps_replicas``: N > 0 adds job ``ps_backup`` with ``num_ps * N`` tasks, the shards' backups
         (:mod:`psflow.cluster.replicas`), placed by :meth:`TaskHosts.with_backups`; 0: no such job.
@@ -262,7 +265,9 @@ class LocalCluster:
                     os.remove(path)
         with open(os.path.join(output_dir, "cluster.json"), "w") as f:
             f.write(spec.to_json())
-        return cls(spec, output_dir, secrets.token_hex(16), placement=placement)
+        lc = cls(spec, output_dir, secrets.token_hex(16), placement=placement)
+        lc.signals = signals if signals is not None else lc.signals
+        return lc
 
     def start_task(self, job: str, index: int, config_path: str) -> TaskProcess:
         """Starts ``python -m psflow.launch.task`` for one task."""
@@ -382,7 +387,10 @@ class LocalCluster:
                             late = e
                             late.report = (self.on_interrupt or self.report_interrupt)(late.signum)
         finally:
-            self.signals.restore()
+            if late is None and isinstance(exc, LaunchError) and exc.starts_again:
+                self.signals.park()  # started again (port_retry): a signal before that is the next start's
+            else:
+                self.signals.restore()
         if late is not None:
             raise late from exc
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any, cast
 
-from psflow.launch.port_retry import PortTaken, StartupWatch, taken_port
-from psflow.launch.processes import TaskProcess
+import pytest
+
+from psflow.launch.launcher_signals import LauncherSignals
+from psflow.launch.lifeline import LaunchInterrupted
+from psflow.launch.port_retry import PortTaken, StartupWatch, start_until_bound, taken_port
+from psflow.launch.processes import LocalCluster, TaskProcess
 from psflow.launch.task import expected_failure
 from psflow.rpc.api import ListenError
 from psflow.server import STEP_JOURNAL_FILE
@@ -69,3 +75,50 @@ def test_the_console_line_names_the_port_and_the_task() -> None:
     e = PortTaken("whatever the task said", task="/job:ps/task:0", port=20001)
     assert e.retry_line() == ("port 20001 of /job:ps/task:0 was taken by another process; "
                               "starting the cluster again on new ports")
+
+
+class _SignalledLine(io.StringIO):
+    """The console: as the launcher says it starts again (between two starts), it is sent SIGTERM (this process)."""
+
+    def write(self, text: str) -> int:
+        if "starting the cluster again" in text:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().write(text)
+
+
+def test_a_signal_between_two_starts_is_raised_by_the_next_start_and_the_handlers_put_back(tmp_path: Path) -> None:
+    """Before, leaving the first start's cluster put the caller's handlers back until the next one: the SIGTERM of
+    the line between them took the caller's action (SIG_DFL: the launcher killed, no report, its locks left)."""
+    caller = signal.getsignal(signal.SIGTERM)
+    signals, starts = LauncherSignals(), []
+
+    def start(retry: bool) -> None:
+        with LocalCluster.create(1, 1, str(tmp_path), signals=signals) as lc:
+            starts.append(retry)
+            if len(starts) == 1:
+                raise PortTaken("port 1 is already in use", task="/job:ps/task:0", port=1)
+            lc.signals.check()  # as _run_cluster does before it starts a task
+
+    with pytest.raises(LaunchInterrupted) as raised:
+        start_until_bound(start, signals, _SignalledLine())
+    assert raised.value.signum == signal.SIGTERM and raised.value.exit_code == 143
+    assert starts == [True, True]  # raised by the second start (whose end reports it), not between
+    assert json.loads((tmp_path / "metrics.json").read_text())["phase"] == "interrupted"
+    assert signal.getsignal(signal.SIGTERM) == caller
+
+
+def test_starts_that_end_otherwise_between_two_put_the_handlers_back(tmp_path: Path) -> None:
+    caller = signal.getsignal(signal.SIGTERM)
+    signals, starts = LauncherSignals(), []
+
+    def start(retry: bool) -> None:
+        starts.append(retry)
+        if len(starts) == 1:
+            with LocalCluster.create(1, 1, str(tmp_path), signals=signals):
+                raise PortTaken("port 1 is already in use", task="/job:ps/task:0", port=1)
+        raise OSError("cluster.json: no space left")  # the next start fails before its cluster is entered
+
+    with pytest.raises(OSError, match="no space"):
+        start_until_bound(start, signals, io.StringIO())
+    assert signal.getsignal(signal.SIGTERM) == caller
+    assert signals.received is None and not signals._deferred  # nothing parked left behind
