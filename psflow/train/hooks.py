@@ -25,7 +25,7 @@ from psflow.checkpoint.bounded_save import BoundedSaves, SaveAbandonedError
 from psflow.checkpoint.manifest import read_manifest
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.publish_checks import UnaskedTasksError, await_routes
-from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, FinalCheckpointError
+from psflow.checkpoint.save import CheckpointFencedError, CheckpointManager, CheckpointSavesFailedError, FinalCheckpointError
 from psflow.data import BatchSource
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
@@ -167,7 +167,9 @@ class CheckpointSaverHook(SessionRunHook):
                 next period to save, so the session, the worker and the run fail, naming the directory and the
                 cause, rather than end with an older checkpoint as the newest. Without ``final_must_succeed``
                 (``--max-failed-saves 0``: no failed save fails the run): logged as an error instead.
-            CheckpointSavesFailedError: that was the ``max_failed_saves``-th failed save in a row.
+            CheckpointSavesFailedError: that was the ``max_failed_saves``-th failed save in a row (a first attempt
+                whose check could not ask a replicated shard is counted, but the run ends only if its retry is not
+                made or fails too: the final model lives on the shard's backup).
         """
         step: int | None = None
         deadline = time.monotonic() + session.client.config.save_timeout  # (the bound of the final work below)
@@ -191,13 +193,20 @@ class CheckpointSaverHook(SessionRunHook):
             return
         try:
             self._save(session, final=True, client=client)  # (inside the final work's bound already, on its client)
-        except UnaskedTasksError as e:
+        except (UnaskedTasksError, CheckpointSavesFailedError) as failed:
+            # (that attempt may have been the --max-failed-saves-th failure in a row: the retry, part of the same
+            # final save, still comes first, or the final model the backup holds is lost; a failed retry is the
+            # next failure in a row and raises CheckpointSavesFailedError itself)
+            e = failed if isinstance(failed, UnaskedTasksError) else failed.__cause__
+            if not isinstance(e, UnaskedTasksError):
+                raise
             left = (deadline - time.monotonic()) / 2  # (the other half: the save again)
             try:
                 settled = await_routes(client, e, left)
             except RpcError as again:
-                raise CheckpointError(f"{e}; the shard's routing did not settle within {left:.1f} s (half of what was "
-                                      f"left of the final save's --save-timeout): {again}") from e
+                unsettled = (f"{failed}; the shard's routing did not settle within {left:.1f} s (half of what was left "
+                             f"of the final save's --save-timeout): {again}")
+                raise (CheckpointError(unsettled) if failed is e else CheckpointSavesFailedError(unsettled)) from e
             if not settled:
                 raise
             log.warning("%s: the final checkpoint was not made current (%s); the shard's routing settled: saving it "

@@ -173,3 +173,57 @@ def test_without_replicas_the_final_save_whose_check_could_not_ask_a_task_fails_
     with pytest.raises(FinalCheckpointError, match=r"/job:ps/task:1 could not be asked .*gone \(test\)"):
         _hook(tmp_path / "ckpt").end(SimpleNamespace(client=client))  # type: ignore[arg-type]
     assert checks == [1] and latest_checkpoint(str(tmp_path / "ckpt")) is None
+
+
+@pytest.mark.parametrize("limit, failed_before", [(1, 0), (3, 2)])
+def test_the_retry_comes_before_max_failed_saves(client: ParameterClient, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch, limit: int, failed_before: int) -> None:
+    """The first attempt is the ``--max-failed-saves``-th failure in a row (``--max-failed-saves 1``, or periodic
+    saves failed just before): the final save still waits for the routing and saves once more, rather than end the
+    run (CheckpointSavesFailedError) with the final model lost although the backup holds it. Its directory is gone,
+    counted once; the retry's success resets the count."""
+    shard: InProcessShard = client.shard  # type: ignore[attr-defined]
+    checks = _silent_at_the_check(monkeypatch, shard, {PRIMARY})
+    directory = tmp_path / "ckpt"
+    hook = CheckpointSaverHook(CheckpointManager(str(directory), run_id="run-a", max_failed_saves=limit),
+                               save_steps=100)
+    hook.manager.failed_in_a_row = failed_before
+    hook.end(SimpleNamespace(client=client))  # type: ignore[arg-type]  # before: CheckpointSavesFailedError
+    latest = latest_checkpoint(str(directory))
+    assert latest is not None and len(checks) == 2, (latest, checks)
+    assert read_manifest(latest).final and read_manifest(latest).global_step == 5
+    assert hook.manager.saves_failed == 1 and hook.manager.failed_in_a_row == 0
+    saves = sorted(p.name for p in directory.iterdir() if p.name.startswith("ckpt-"))
+    assert saves == [Path(latest).name], saves  # the first attempt's directory removed, never reused
+
+
+def test_a_retry_that_fails_too_is_the_max_failed_saves_th(client: ParameterClient, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--max-failed-saves 1``, both attempts unable to ask: the run stops as that limit says."""
+    shard: InProcessShard = client.shard  # type: ignore[attr-defined]
+    real = save.check_no_restore_since
+
+    def cut(c: Any, replies: Any, path: str) -> None:
+        shard.cut.add(c.channels[0].task)
+        real(c, replies, path)
+
+    monkeypatch.setattr(save, "check_no_restore_since", cut)
+    hook = CheckpointSaverHook(CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=1),
+                               save_steps=100)
+    with pytest.raises(save.CheckpointSavesFailedError, match=r"2 checkpoint saves in a row .*could not be asked"):
+        hook.end(SimpleNamespace(client=client))  # type: ignore[arg-type]
+    assert hook.manager.saves_failed == 2 and latest_checkpoint(str(tmp_path / "ckpt")) is None
+
+
+def test_at_max_failed_saves_routing_that_never_settles_stops_the_run_as_that_limit_says(
+        client: ParameterClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--max-failed-saves 1``, every replica silent: CheckpointSavesFailedError (the limit's), naming the wait."""
+    shard: InProcessShard = client.shard  # type: ignore[attr-defined]
+    client.config = replace(client.config, save_timeout=8.0)
+    _silent_at_the_check(monkeypatch, shard, {PRIMARY, BACKUP})
+    hook = CheckpointSaverHook(CheckpointManager(str(tmp_path / "ckpt"), run_id="run-a", max_failed_saves=1),
+                               save_steps=100)
+    with pytest.raises(save.CheckpointSavesFailedError,
+                       match=r"--max-failed-saves 1.*could not be asked.*routing did not settle within"):
+        hook.end(SimpleNamespace(client=client))  # type: ignore[arg-type]
+    assert hook.manager.saves_failed == 1 and latest_checkpoint(str(tmp_path / "ckpt")) is None
