@@ -30,7 +30,7 @@ from psflow.data import BatchSource
 from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import DeadlineExceededError, RpcError, TaskUnavailableError
-from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer
+from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer, end_step
 from psflow.train.summary import SummaryWriter
 from psflow.train.summary_hook import SummarySaverHook
 
@@ -397,7 +397,9 @@ def nan_loss_message(worker: str, loss: float, step: int, source: BatchSource | 
 
 
 class EvalHook(SessionRunHook):
-    """Evaluates the current parameters every N global steps and at the end (the model's metrics).
+    """Evaluates the current parameters every N global steps and at the end (the model's metrics), that one at
+    :func:`~psflow.train.hook_api.end_step` (ps task 0's global_step where it is ready, else the session's last step:
+    a restarted ps task 0 not loaded yet says 0), unless the last periodic evaluation was of that step.
 
     Args:
         evaluate: returns the model's metrics of the current parameters
@@ -422,7 +424,7 @@ class EvalHook(SessionRunHook):
             self.report(values.step, self.evaluate())
 
     def end(self, session: MonitoredTrainingSession) -> None:
-        step = session.client.global_step()
+        step = end_step(session)  # (a restarted ps task 0, not ready, says 0: the session's last step then)
         if not self.history or self.history[-1][0] != step:
             self.report(step, self.evaluate())
 

@@ -58,7 +58,7 @@ def _eval_steps(tmp_path: Path, writer: SummaryWriter) -> list[int]:
     return [e.step for e in acc.Scalars("eval/auc")]
 
 
-@pytest.mark.parametrize("once", [True], ids=["FinalEvalOnce"])
+@pytest.mark.parametrize("once", [False, True], ids=["EvalHook", "FinalEvalOnce"])
 def test_the_final_evaluation_beside_a_restarted_ps_task_0_is_at_the_sessions_step(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, once: bool) -> None:
     """Steps 1..5, a periodic evaluation at 4; ps task 0 restarted before the end (before: recorded at step 0)."""
@@ -82,7 +82,7 @@ def test_the_final_evaluation_beside_a_restarted_ps_task_0_is_at_the_sessions_st
     writer.close()
 
 
-@pytest.mark.parametrize("once", [True], ids=["FinalEvalOnce"])
+@pytest.mark.parametrize("once", [False, True], ids=["EvalHook", "FinalEvalOnce"])
 def test_the_final_evaluation_beside_a_restarted_ps_task_0_at_the_last_periodic_step_is_not_made_again(
         tmp_path: Path, once: bool) -> None:
     """The session's last step was evaluated already (periodic, at 4): not again (before: again, at step 0)."""
