@@ -24,10 +24,12 @@ What does not count as training again:
 
 * pushes in flight when an (unreplicated) ps task other than the step task died: the step task stays ready
   at its generation while the cluster waits for the restore its empty replacement needs (for the dead chief's
-  lease to lapse, ``--lease-ttl``, where the chief died too), and those pushes move global_step; a ps fault's
-  baseline is a reading at a generation other than the one read before it fired (the restore's). (A run
-  killing ``ps:1`` and ``chief`` together said ``recovered at global_step 125, 1.72 s after the fault``; the
-  restore came 10 s after it, at global_step 125.)
+  lease to lapse, ``--lease-ttl``, where the chief died too), and those pushes move global_step; while a ps
+  fault is watched and the step task is still at the generation read before it fired, no fault (that one, or
+  the chief's or a worker's fired with it) takes a baseline: only a reading at another generation (the
+  restore's) does. (A run killing ``ps:1`` and ``chief`` together said ``recovered at global_step 125, 1.72 s
+  after the fault`` for the ps task and ``at global_step 105, 2.28 s`` for the chief; the restore came 10 s
+  after them, at global_step 125.) Such a fault left at the run's end says the cluster was not restored.
 
 And what recovers without a step: a replacement with nothing left to train (a worker killed once its data
 had ended, or in the run's last steps) moves no step; it has recovered when it ends its part cleanly
@@ -178,9 +180,12 @@ class RecoveryWatch:
         self._last_step: int | None = None
         self._generation: int | None = None  # the step task's, as read last
 
-    def fired(self, fault: InjectedFault, now: float) -> None:
-        """Starts watching ``fault``, fired at ``now`` (``time.monotonic()``)."""
-        self._watched.append(_Watched(fault, now, generation=self._generation))
+    def fired(self, fault: InjectedFault, now: float, reading: StepReading | None = None) -> None:
+        """Starts watching ``fault``, fired at ``now`` (``time.monotonic()``) on ``reading`` (the chaos thread's
+        fresh one, taken with the trainers held: it may be the first it got, none observed before): its step
+        task's generation, else the one observed last, is the one a ps fault's restore moves on from."""
+        generation = reading.generation if reading is not None and reading.generation is not None else self._generation
+        self._watched.append(_Watched(fault, now, generation=generation))
 
     def watching(self) -> int:
         """Faults fired and not recovered yet."""
@@ -193,6 +198,7 @@ class RecoveryWatch:
             self._last_step = reading.step if self._last_step is None else max(self._last_step, reading.step)
             self._generation = reading.generation if reading.generation is not None else self._generation
         recovered = []
+        owing = self._owing(reading)
         for watched in list(self._watched):
             state = self._replacement(watched.fault.task, watched.fault.pid)
             if state is Replacement.FINISHED and self._last_step is not None:
@@ -201,7 +207,7 @@ class RecoveryWatch:
                 continue
             elif state is Replacement.RUNNING and _rejoining(watched.fault.task, reading):
                 continue
-            elif _restore_owed(watched, reading):
+            elif owing is not None:  # any fault's: the cluster trains again only after that restore
                 continue
             elif watched.baseline is None:
                 watched.baseline, watched.back = reading.step, now
@@ -226,8 +232,15 @@ class RecoveryWatch:
                 self._recover(watched, reading.step, watched.back if watched.back is not None else now)
                 recovered.append(fault)
             else:
-                fault.why = _why(fault, state, reading)
+                owing = self._owing(reading)
+                fault.why = _why(fault, state, reading) if owing is None or reading is None else (
+                    f"the cluster was not restored after {owing.fault.task}'s replacement started (the step task "
+                    f"still at generation {reading.generation}, global_step {reading.step})")
         return recovered
+
+    def _owing(self, reading: StepReading | None) -> _Watched | None:
+        """The first fault watched whose restore ``reading`` shows still owed (:func:`_restore_owed`), or None."""
+        return next((w for w in self._watched if reading is not None and _restore_owed(w, reading)), None)
 
     def _recover(self, watched: _Watched, step: int, now: float) -> None:
         watched.fault.recovered_at_step = step

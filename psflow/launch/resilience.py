@@ -213,7 +213,7 @@ class Resilience:
                 self.injector.training_ended(reading.step)
             fired = self.injector.poll(reading.step)
             for fault in fired:
-                self.recovery.fired(fault, now)
+                self.recovery.fired(fault, now, reading)
         return fired
 
     def _fire_held(self, channels: list[TaskChannel], reading: StepReading) -> StepReading:

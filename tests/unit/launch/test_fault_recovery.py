@@ -217,3 +217,53 @@ def test_a_worker_fault_is_not_held_to_a_generation() -> None:
 
 def test_step_reading_takes_the_generation() -> None:
     assert step_reading({"global_step": 7, "ready": True, "generation": 3}) == StepReading(7, True, generation=3)
+
+
+def test_a_chief_killed_with_a_ps_task_recovers_only_after_the_restore() -> None:
+    """kill:ps:1 and kill:chief in one round: the chief's replacement runs at once and in-flight pushes move
+    global_step while the cluster waits for the dead chief's lease to lapse before it restores ps task 1's empty
+    replacement. Before, the chief's fault said 'recovered at global_step 105, 2.28 s' (the restore came at ~10 s)."""
+    ps1, chief = _fault("/job:ps/task:1", 21, 100), _fault("/job:worker/task:0", 22, 100)
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    assert watch.observe(StepReading(100, ready=True, generation=5), 99.9) == []
+    watch.fired(ps1, now=100.0)
+    watch.fired(chief, now=100.0)
+    tasks.state[ps1.task] = tasks.state[chief.task] = Replacement.RUNNING
+    for now, step in ((100.6, 101), (101.0, 103), (102.3, 105), (105.0, 105)):
+        assert watch.observe(StepReading(step, ready=True, generation=5), now) == []
+    assert watch.observe(StepReading(105, ready=True, generation=9), 110.1) == []    # restored: the baseline
+    assert watch.observe(StepReading(107, ready=True, generation=9), 110.3) == [ps1, chief]
+    assert (chief.recovered_at_step, chief.recovery_seconds) == (107, 10.3)
+
+
+def test_a_ps_fault_never_restored_says_so_at_the_runs_end() -> None:
+    """ps task 1 killed as training ended: nobody restored its empty replacement; pushes in flight moved
+    global_step, so 'did not advance past' was not what happened."""
+    ps1 = _fault("/job:ps/task:1", 21, 200)
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    assert watch.observe(StepReading(200, ready=True, generation=5), 99.9) == []
+    watch.fired(ps1, now=100.0)
+    tasks.state[ps1.task] = Replacement.RUNNING
+    assert watch.settle(StepReading(203, ready=True, generation=5), 110.0) == []
+    assert ps1.why == ("the cluster was not restored after /job:ps/task:1's replacement started "
+                       "(the step task still at generation 5, global_step 203)")
+
+
+def test_a_fault_fired_on_the_first_reading_takes_that_readings_generation() -> None:
+    """The chaos thread's first reading may already be past the fault's step (training outran its connect), and
+    the fault fires on a fresh reading taken with the trainers held: no reading was observed before it. Seen: a
+    run killing ps:1 and chief at step 60, first read at 67, said 'recovered at global_step 68, 2.32 s' (as
+    before a212476); the restore came at 7.5 s, at global_step 68."""
+    ps1, chief = _fault("/job:ps/task:1", 21, 67), _fault("/job:worker/task:0", 22, 67)
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    fired_on = StepReading(67, ready=True, generation=0)
+    watch.fired(ps1, now=100.0, reading=fired_on)
+    watch.fired(chief, now=100.0, reading=fired_on)
+    tasks.state[ps1.task] = tasks.state[chief.task] = Replacement.RUNNING
+    for now, step in ((100.5, 67), (102.3, 68)):
+        assert watch.observe(StepReading(step, ready=True, generation=0), now) == []
+    assert watch.observe(StepReading(68, ready=True, generation=7), 107.6) == []
+    assert watch.observe(StepReading(69, ready=True, generation=7), 107.8) == [ps1, chief]
