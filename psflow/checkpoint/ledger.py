@@ -101,9 +101,9 @@ class SaveStatusWatcher:
         missed = failed - self._seen - len(failures)
         if missed > 0:
             lines.append(f"psflow: {missed} checkpoint saves FAILED (details in the chief's log)")
-        for f in failures:
-            lines.append(f"psflow: checkpoint at global_step {f.get('global_step')} FAILED ({f.get('writer')}): "
-                         f"{f.get('error')}")
+        for f in failures:  # a save whose global_step was not read (its report carries none) says so
+            at = "(no global_step read)" if f.get("global_step") is None else f"at global_step {f.get('global_step')}"
+            lines.append(f"psflow: checkpoint {at} FAILED ({f.get('writer')}): {f.get('error')}")
         self._seen, self._saved = failed, saved
         self._in_a_row = int(status.get("failed_in_a_row") or 0)
         if status.get("last_saved_path"):

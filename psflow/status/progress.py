@@ -202,7 +202,8 @@ class Progress:
 
 def final_line(metrics: Mapping[str, Any]) -> str:
     """``psflow: done: global_step S | N examples in T s | R examples/s | last step's loss L | eval ...``
-    from the run's final snapshot (:mod:`psflow.status.final_snapshot`), never from a reading.
+    from the run's final snapshot (:mod:`psflow.status.final_snapshot`), never from a reading; ``no global_step
+    read`` in place of ``global_step S`` where the snapshot holds none (never ``global_step None``).
 
     N and R are this run's (``examples_this_run``); after a resume the line also says how many
     examples the model holds in all and how many came from the checkpoint it resumed.
@@ -213,7 +214,9 @@ def final_line(metrics: Mapping[str, Any]) -> str:
     wall = float(metrics.get("wall_seconds") or 0.0)
     rate = metrics.get("examples_per_sec")
     rate = float(rate) if isinstance(rate, (int, float)) else this_run / max(wall, 1e-9)
-    text = f"psflow: done: global_step {metrics.get('global_step')} | {this_run:,} examples in {wall:.1f} s"
+    step = metrics.get("global_step")  # None: the final snapshot read none (no ps task answered one)
+    text = (f"psflow: done: {f'global_step {step}' if step is not None else 'no global_step read'} | "
+            f"{this_run:,} examples in {wall:.1f} s")
     resumed = metrics.get("resumed_from")
     if isinstance(resumed, Mapping):
         text += (f" (this run; the model's {examples:,} include {int(resumed.get('examples') or 0):,} "

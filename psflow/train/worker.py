@@ -287,8 +287,8 @@ def run_worker(
     out = WorkerResult(task, progress.local_steps, progress.examples, progress.first_step, progress.step,
                        time.monotonic() - progress.started, reason, progress.stale, progress.bad_records,
                        time.process_time(), time.process_time() - progress.cpu_started)
-    log.info("worker %d: done after %d local steps (%d examples), last global step %s: %s",
-             task_index, progress.local_steps, progress.examples, progress.step, reason)
+    log.info("worker %d: done after %d local steps (%d examples), %s: %s", task_index, progress.local_steps,
+             progress.examples, "no global step read" if progress.step is None else f"last global step {progress.step}", reason)
     if result_path:
         _write_json(result_path, asdict(out))
     return out

@@ -162,3 +162,12 @@ def test_a_reading_before_global_step_exists_says_so_never_none() -> None:
     progress.update({"global_step": 0, "examples": 0})
     assert lines(out) == ["psflow: no global_step yet | starting | loss n/a | 1.0 s",
                           "psflow: global_step 0 | starting | loss n/a | 2.0 s"]
+
+
+def test_the_done_line_of_a_run_with_no_global_step_read_says_so_never_none() -> None:
+    from psflow.status.progress import final_line
+
+    line = final_line({"global_step": None, "examples": 0, "wall_seconds": 2.0})
+    assert line.startswith("psflow: done: no global_step read | 0 examples in 2.0 s"), line
+    assert "None" not in line
+    assert final_line({"global_step": 7, "examples": 0, "wall_seconds": 2.0}).startswith("psflow: done: global_step 7 |")
