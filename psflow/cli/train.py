@@ -211,7 +211,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     from psflow.cluster import ClusterSpec
     from psflow.launch.in_process import run_in_process
     from psflow.launch.lifeline import LauncherSignals, signal_name
-    from psflow.launch.run_end import after_the_end, interrupted_kept
+    from psflow.launch.run_end import after_the_end, at_global_step, interrupted_kept
     from psflow.launch.run_status import METRICS_JSON, InProcessEnding
 
     ending = InProcessEnding(config, output, sys.stderr)
@@ -240,8 +240,8 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
     except LaunchInterrupted as e:
         final = ending.final or {}
         if cut:  # its files may be missing, or some of them
-            e.report = (f"interrupted by {signal_name(e.signum)} while the run's end ({cut[0].get('phase')} at "
-                        f"global_step {cut[0].get('global_step')}) was written: a second signal cut the writing; "
+            e.report = (f"interrupted by {signal_name(e.signum)} while the run's end ({cut[0].get('phase')} "
+                        f"{at_global_step(cut[0].get('global_step'))}) was written: a second signal cut the writing; "
                         f"{os.path.join(output, METRICS_JSON)} and the status files may be missing")
             raise
         if final.get("phase") not in (None, "interrupted"):  # its end was written before the signal: it stands
@@ -249,7 +249,7 @@ def _in_process(config: TrainConfig, output: str, faults: FaultInjection) -> dic
             e.ended = final if METRICS_JSON not in unwritten else None  # and its exit status (1 where it was not)
             e.final = final  # (its result printed either way)
             raise
-        e.report = (f"interrupted by {signal_name(e.signum)} at global_step {final.get('global_step')} after "
+        e.report = (f"interrupted by {signal_name(e.signum)} {at_global_step(final.get('global_step'))} after "
                     f"{float(final.get('wall_seconds') or 0.0):.1f} s\n{interrupted_kept(final, config.checkpoint.dir)}\n"
                     + unwritten.get(METRICS_JSON, f"metrics: {os.path.join(output, METRICS_JSON)}"))
         raise
