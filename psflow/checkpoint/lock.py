@@ -428,8 +428,12 @@ class DirectoryLock:
                 f"({self.run_id}) may not write there ({self.why}); {where}")
 
     def _is_this_process(self, holder: dict[str, Any]) -> bool:
-        return (holder.get("run_id") == self.run_id and holder.get("pid") == os.getpid()
-                and holder.get("host") == socket.gethostname() and holder.get("pid_ns") in (None, pid_namespace()))
+        # Boot and start time too: an earlier process of the run under this pid (another boot: the host's pid
+        # namespace is the same at every boot; a pid reused) is another process, its lock to take over and release.
+        pid = os.getpid()
+        return (holder.get("run_id") == self.run_id and holder.get("pid") == pid
+                and holder.get("host") == socket.gethostname() and holder.get("pid_ns") in (None, pid_namespace())
+                and holder.get("boot_id") in (None, boot_id()) and holder.get("pid_start") in (None, pid_start(pid)))
 
     def release(self) -> bool:
         """Removes the lock if this process holds it for this run; idempotent, never raises.
