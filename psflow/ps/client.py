@@ -71,7 +71,7 @@ from psflow.ps.push_calls import (
     push_requests,
 )
 from psflow.ps.push_numbers import PushNumbers
-from psflow.ps.registration import register_layout
+from psflow.ps.registration import next_attempt, register_layout
 from psflow.ps.report_done import send_done
 from psflow.ps.rows_first import read_rows
 from psflow.ps.sync import SyncConfig
@@ -189,7 +189,7 @@ class ParameterClient:
                 that long (a dead task is waited for, the chief's call's too: its restart answers).
         """
         request = RegisterRequest(tuple(self.layout.values()), optimizer, self.sync, self.client_name, chief,
-                                  defer_ready, self.incarnation)
+                                  defer_ready, self.incarnation, attempt=next_attempt() if chief else None)
         limit = self.config.connect_timeout if ready_timeout is None else ready_timeout
         workers = self.cluster.num_tasks("worker") if "worker" in self.cluster.jobs else 1
         return register_layout(self.channels, self.step_task, request, self.config, limit, call=self.call_async,

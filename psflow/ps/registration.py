@@ -17,10 +17,15 @@ again too: :func:`register_tasks` tells it which tasks its call created the vari
 new process's first (:class:`Registration`), so :mod:`psflow.train.chief` sees a task that restarted empty beside
 ready ones however late it restarted. :func:`ask_until_reachable` asks one other call again the same way (the
 reader positions and global_step a client reads right after it registered).
+
+A chief's call names its ``attempt`` (:func:`next_attempt`, growing within the process; each round of one call
+resends the same): a copy of a round that reaches a task late, once the chief's restore at start loaded it, creates
+nothing there (:meth:`~psflow.ps.restore_gate.RestoreGate.superseded`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -30,7 +35,7 @@ from typing import TypeVar
 from psflow.ps.protocol import RegisterReply, RegisterRequest
 from psflow.rpc.api import Channel, ConnectConfig, PendingReply, RpcError, TaskUnavailableError
 
-__all__ = ["register_layout", "register_tasks", "Registration", "ready_waits", "ask_until_reachable"]
+__all__ = ["register_layout", "register_tasks", "Registration", "ready_waits", "ask_until_reachable", "next_attempt"]
 
 log = logging.getLogger("psflow.ps.client")
 
@@ -39,6 +44,14 @@ log = logging.getLogger("psflow.ps.client")
 _FAST_POLL, _FAST_ASKS = 0.02, 50
 
 _T = TypeVar("_T")
+
+_attempts = itertools.count(1)
+
+
+def next_attempt() -> int:
+    """A chief's next registration call's ``attempt`` (:class:`~psflow.ps.protocol.RegisterRequest`): greater than
+    every one this process handed out before."""
+    return next(_attempts)
 
 
 @dataclass(frozen=True)

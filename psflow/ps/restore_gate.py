@@ -17,7 +17,12 @@ values (:mod:`psflow.ps.variable_store`). A task that is not ready with no
 restore in progress (a chief died while initializing it or restoring it at
 start, which sends no ``BeginRestore``) is initialized again. A chief's ``Register`` asks and creates under the
 restore mutex (:meth:`RestoreGate.creating`, below): a ``BeginRestore`` arriving while it builds the partitions waits
-for them, and then finds the restore's loads landing on them.
+for them, and then finds the restore's loads landing on them. A late copy of a chief's ``Register`` (its call
+resent after a broken connection or a failover while the first copy still waited in the network or the server's
+queue) that reaches the task once a load wrote it since the creation creates nothing either
+(:meth:`RestoreGate.superseded`): the copy is of the call that created the variables (or of an earlier call, or an
+earlier process, of the same client), and creating again would replace the values its chief's restore at start
+(or warm start) loaded with initial ones, which the chief's ``SetReady`` then opened.
 
 A push that carries a generation is refused (FAILED_PRECONDITION, before
 anything is applied) when the task is not ready or holds another generation:
@@ -88,6 +93,10 @@ class RestoreGate:
         self._inflight = 0
         # (generation, checkpoint, its global_step) of the last LoadShard of a restore here
         self._restored: tuple[int, str | None, int] | None = None
+        # (client, incarnation, attempt) of the chief's Register that created the variables last (None: unsaid), and
+        # whether a load wrote the task since that creation (superseded)
+        self._created_by: tuple[str, int, int] | None = None
+        self._loaded_since_created = False
 
     @property
     def ready(self) -> bool:
@@ -127,12 +136,33 @@ class RestoreGate:
             if not self._inflight:
                 self._cond.notify_all()
 
-    def initialized(self, *, ready: bool) -> None:
+    def initialized(self, *, ready: bool, by: tuple[str, int | None, int | None] | None = None) -> None:
         """The chief created the variables here; ``ready``: not deferred to a restore (:meth:`open` later). A
-        restore in progress (a fresh task's variables created for it) goes on unless ``ready``."""
+        restore in progress (a fresh task's variables created for it) goes on unless ``ready``. ``by``: the
+        creating call's (client, incarnation, attempt), which :meth:`superseded` compares later copies with."""
         with self._lock:
             self._ready = ready
             self._restoring = self._restoring and not ready
+            client, incarnation, attempt = by if by is not None else ("", None, None)
+            self._created_by = (client, incarnation, attempt) if incarnation is not None and attempt is not None \
+                else None
+            self._loaded_since_created = False
+
+    def superseded(self, client: str, incarnation: int | None, attempt: int | None) -> str | None:
+        """Why a chief ``Register`` of ``client`` (its process ``incarnation``, its call ``attempt``) that would create
+        the variables anew here (registered, not ready, no restore in progress) must create nothing: a load wrote the
+        task since the creation, which the same client made by this call or a later one (a later call of its
+        process, or a later process). Such a copy is late: creating again would replace the loaded values with
+        initial ones. None: it may create (another client's call, a later call or process of this one, a call that
+        names no attempt, or nothing loaded since the creation: a chief that died while initializing)."""
+        with self._lock:
+            by = self._created_by
+            if (not self._loaded_since_created or by is None or incarnation is None or attempt is None
+                    or client != by[0] or (incarnation, attempt) > by[1:]):
+                return None
+            return (f"a late copy of the Register of {client} (process {incarnation}, call {attempt}) created "
+                    f"nothing on {self.task_name} (generation {self._generation}, not ready): that client's call "
+                    f"{by[2]} (process {by[1]}) created the variables and a load wrote them since, so they stay")
 
     @contextmanager
     def creating(self) -> Iterator[None]:
@@ -199,6 +229,8 @@ class RestoreGate:
         with self._loads:
             self.check_load(generation)
             yield
+            with self._lock:
+                self._loaded_since_created = True  # a late copy of the creating Register creates nothing now
 
     def check_save(self, generation: int | None = None) -> int:
         """Whether a ``SaveShard`` may snapshot this task: asked before the snapshot, and after it with the
@@ -291,15 +323,17 @@ class RestoreGate:
             return self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
 
     def replica_state(self) -> dict[str, object]:
-        """Readiness, generation, whether a restore is in progress and what the last one loaded
-        (:mod:`psflow.ps.replication`)."""
+        """Readiness, generation, whether a restore is in progress, what the last one loaded, and the creating
+        ``Register``'s call with whether a load wrote the task since (:meth:`superseded`; :mod:`psflow.ps.replication`)."""
         with self._lock:
             return {"ready": self._ready, "generation": self._generation, "restoring": self._restoring,
-                    "restored": list(self._restored) if self._restored is not None else None}
+                    "restored": list(self._restored) if self._restored is not None else None,
+                    "created_by": list(self._created_by) if self._created_by is not None else None,
+                    "loaded_since_created": self._loaded_since_created}
 
     def load_replica_state(self, state: dict[str, object]) -> None:
-        """Sets readiness, generation and the restore in progress to ``state`` (a :meth:`replica_state` of the
-        shard's primary)."""
+        """Sets readiness, generation, the restore in progress and the creating call to ``state`` (a
+        :meth:`replica_state` of the shard's primary), so a promoted backup refuses a late ``Register`` copy too."""
         ready, generation, restoring = state.get("ready"), state.get("generation"), state.get("restoring")
         restored = state.get("restored")
         with self._lock:
@@ -315,3 +349,10 @@ class RestoreGate:
                 self._restoring = restoring
             if isinstance(generation, int):
                 self._generation = generation
+            by, loaded = state.get("created_by"), state.get("loaded_since_created")
+            if isinstance(loaded, bool):  # (absent: an older primary's, kept as they are)
+                self._loaded_since_created = loaded
+                self._created_by = None
+                if isinstance(by, list) and len(by) == 3 and isinstance(by[0], str) and type(by[1]) is int \
+                        and type(by[2]) is int:
+                    self._created_by = (by[0], by[1], by[2])

@@ -306,15 +306,18 @@ class ParameterService:
         if self.run_ledger is not None:  # a worker registering after its Done was restarted
             self.run_ledger.joined(request.client)
 
+        by = (request.client, request.incarnation, request.attempt)
+
         def created() -> None:  # inside the registration: before any other call registers
             self.mode.configure(request.sync)
-            self.gate.initialized(ready=not request.defer_ready)
+            self.gate.initialized(ready=not request.defer_ready, by=by)
 
         # A chief's, which may create the variables, asks and creates under the restore mutex: no BeginRestore, load
         # or SetReady between its ask (not ready, no restore in progress) and its fresh partitions.
         with self.gate.creating() if request.chief else contextlib.nullcontext():
             made = self.variables.register(request, ready=lambda: self.gate.ready,
-                                           restoring=lambda: self.gate.restoring, created=created)
+                                           restoring=lambda: self.gate.restoring, created=created,
+                                           superseded=lambda: self.gate.superseded(*by))
         if request.chief and request.run is not None and self.clock.global_step is not None:
             self._claim(self.clock.global_step, request.run, request.client)
         # A new process: its earlier one's save is over; the saving process's own (again) ends nothing (save_hold).

@@ -12,8 +12,9 @@ with no restore in progress (a chief died while initializing it or restoring
 it at start, which sends no ``BeginRestore``) creates the partitions again. While a restore is in
 progress (``BeginRestore`` until ``SetReady``, :attr:`~psflow.ps.restore_gate.RestoreGate.restoring`)
 a chief call creates nothing: what ``LoadShard`` loaded stays, so the restore
-never makes the task ready holding initial values. Registrations are
-serialized; each partition has its own lock for updates and reads.
+never makes the task ready holding initial values. Nor does a late copy of the chief's call that created them
+once a load wrote them (:meth:`~psflow.ps.restore_gate.RestoreGate.superseded`: a resent call's first copy
+served last). Registrations are serialized; each partition has its own lock for updates and reads.
 """
 
 from __future__ import annotations
@@ -73,12 +74,14 @@ class VariableStore:
         return self._optimizer
 
     def register(self, request: RegisterRequest, *, ready: Callable[[], bool], restoring: Callable[[], bool],
-                 created: Callable[[], None]) -> bool:
+                 created: Callable[[], None], superseded: Callable[[], str | None] | None = None) -> bool:
         """A client's ``Register``: True if this call created the partitions.
 
         ``ready`` says whether the task is ready, ``restoring`` whether a restore is in progress (a registered
-        task that is either is never initialized again: its values are trained or being loaded); ``created``
-        runs after a creation, still inside the registration (before any other call registers).
+        task that is either is never initialized again: its values are trained or being loaded); ``superseded``
+        why a chief's call on a registered task that is neither creates nothing all the same (a late copy of the
+        creating call, loaded on since: logged, WARNING), None where it may; ``created`` runs after a creation,
+        still inside the registration (before any other call registers).
 
         Raises:
             InvalidRequest: a variable's spec cannot be built (names it); nothing is created.
@@ -100,6 +103,10 @@ class VariableStore:
                     raise PreconditionFailed(f"{client} uses update mode {request.sync.to_json()}, registered: "
                                              f"{self.sync.to_json()}")
                 if ready() or restoring() or not request.chief:
+                    return False
+                late = superseded() if superseded is not None else None
+                if late is not None:
+                    log.warning("%s", late)
                     return False
             self.partitions = self._create(layout, request.optimizer)
             # Every task applies every step in sync mode: its averages never skip one.

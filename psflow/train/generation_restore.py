@@ -38,7 +38,7 @@ from psflow.coord.api import Lease
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreReply, BeginRestoreRequest, RegisterRequest, SetReadyRequest, StatsReply
-from psflow.ps.registration import Registration, register_tasks
+from psflow.ps.registration import Registration, next_attempt, register_tasks
 from psflow.rpc.api import gather
 from psflow.train.within_run import written_by
 
@@ -62,7 +62,7 @@ def register_as_chief(client: ParameterClient, optimizer: OptimizerSpec, run: st
         TaskUnavailableError: a task stayed unreachable past the limit.
     """
     request = RegisterRequest(tuple(client.layout.values()), optimizer, client.sync, client.client_name, True, True,
-                              client.incarnation, run)
+                              client.incarnation, run, next_attempt())
     return register_tasks(client.channels, client.step_task, request, client.config,
                           client.config.connect_timeout if limit is None else limit, call=client.call_async)
 

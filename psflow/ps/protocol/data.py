@@ -38,7 +38,10 @@ class Request(Protocol):
 class RegisterRequest:
     """A client's layout, optimizer and update mode; only the chief's call initializes. ``incarnation``: the client's
     process (None: not said): its own save holds on through its registration, an earlier process's ends
-    (:mod:`psflow.ps.save_hold`). ``run``: the chief's run id, for global_step's journal (``GlobalStep.claim``)."""
+    (:mod:`psflow.ps.save_hold`). ``run``: the chief's run id, for global_step's journal (``GlobalStep.claim``).
+    ``attempt``: (a chief's) the registration call of that process it belongs to, growing with each call (every
+    resend of one call carries the same): a late copy of a call whose creation was loaded on since creates nothing
+    (:meth:`~psflow.ps.restore_gate.RestoreGate.superseded`)."""
 
     METHOD: ClassVar[str] = "Register"
     layout: tuple[VariablePlacement, ...]
@@ -49,9 +52,11 @@ class RegisterRequest:
     defer_ready: bool = False
     incarnation: int | None = None
     run: str | None = None
+    attempt: int | None = None
 
-    def to_frame(self) -> Frame:  # incarnation and run omitted where None: as before them
-        process = {k: v for k, v in (("incarnation", self.incarnation), ("step_run", self.run)) if v is not None}
+    def to_frame(self) -> Frame:  # incarnation, run and attempt omitted where None: as before them
+        process = {k: v for k, v in (("incarnation", self.incarnation), ("step_run", self.run),
+                                     ("attempt", self.attempt)) if v is not None}
         return Frame({"layout": [p.to_json() for p in self.layout], "optimizer": self.optimizer.to_json(),
                       "sync": self.sync.to_json(), "client": self.client, "chief": self.chief,
                       "defer_ready": self.defer_ready, **process})
@@ -66,7 +71,8 @@ class RegisterRequest:
         except (ValueError, TypeError, KeyError) as e:
             raise InvalidRequest(f"bad layout or optimizer: {e}") from e
         return cls(layout, optimizer, sync, str(meta.get("client", "a client")), flag(meta, "chief"),
-                   flag(meta, "defer_ready"), optional_int(meta, "incarnation", minimum=0), optional_str(meta, "step_run"))
+                   flag(meta, "defer_ready"), optional_int(meta, "incarnation", minimum=0), optional_str(meta, "step_run"),
+                   optional_int(meta, "attempt", minimum=0))
 
 
 @message
