@@ -30,8 +30,8 @@ global_step N: its end stands (exit status 0); ...``) and ignored, the exit stat
 process at once with that status (a launcher stuck on its way out can still be stopped), its line saying what that
 leaves undone (:func:`stop_at_once_leaves`: ``psflow train``'s summary not printed yet, where metrics.json holds its
 figures; a run lock not released yet, a file naming the process: a run there from this host takes it over, from
-another host it is deleted by hand: :mod:`psflow.checkpoint.lock`). Once the process exits normally (its exit
-functions), they ignore the signal: Python, finalizing, puts the default action back in place of Python's
+another host it is deleted by hand: :mod:`psflow.checkpoint.lock`). Once the process exits normally (its
+exit functions), they ignore the signal: Python, finalizing, puts the default action back in place of Python's
 handlers, which killed the process with ``128 + n`` there. The handlers
 are swapped one signal at a time, each the end's in place of the launcher's (never the default action between); a
 signal meeting the launcher's while they are is the end's too.
