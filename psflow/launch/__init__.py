@@ -34,6 +34,8 @@ Classes and functions, by file:
 * ``resilience.py`` -- what the watch loop does about failures: restarts, hang detection, chaos.
 * ``resilience_flags.py`` -- ``psflow train``'s ``failures`` flags and the config they build.
 * ``health.py`` -- :class:`~psflow.launch.health.HealthMonitor`: pings every task, reports the silent ones.
+* ``hang_kill.py`` -- :func:`~psflow.launch.hang_kill.kill_hung`: the process a hang was decided for is killed,
+  never a replacement started since.
 * ``chaos.py`` -- ``--chaos``: faults injected on a schedule (:class:`~psflow.launch.chaos.ChaosInjector`).
 * ``chaos_plan.py`` -- a ``--chaos`` spec's grammar, its target, and the checks made before anything starts.
 * ``shard_targets.py`` -- which member a fault on a replicated ps shard hits (``ps:N``: its current primary,

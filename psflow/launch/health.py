@@ -16,17 +16,28 @@ A task is never reported before it has been unresponsive for
 ``unresponsive_after`` seconds; a task that never answered yet (still
 starting) only after ``start_timeout`` seconds of watching.
 
+Processes, not names: a launcher that restarts tasks names the process it
+watches under each task (``check({name: process})``, or the ``tasks``
+callable of :meth:`HealthMonitor.start` returning that mapping). A silence is
+then one process's: a new process under a name restarts the task's clock (as
+:meth:`HealthMonitor.forget` does), and a report carries the process it was
+decided for (:attr:`TaskHealth.process`), so what is done about it reaches
+that process, never a replacement started after the decision.
+
 Thread-safety: :meth:`HealthMonitor.check` may run on a background thread
 (:meth:`HealthMonitor.start`); :meth:`HealthMonitor.unresponsive` may be read
-from any thread.
+from any thread. The report handed to ``on_unresponsive`` (and returned by
+:meth:`HealthMonitor.check`) is a copy taken as the hang was decided: a
+``forget`` before the callback runs changes neither its line nor its process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from psflow.cluster import ClusterSpec
@@ -84,6 +95,7 @@ class TaskHealth:
     answered: bool = False     # answered at least once
     reported: bool = False     # reported as unresponsive (until it answers again)
     report: str = ""           # the report line, once reported
+    process: object = None     # the process watched under the task, where the check named it (compared by identity)
 
     def silent_for(self, now: float) -> float:
         return now - self.last_ok
@@ -135,11 +147,16 @@ class HealthMonitor:
 
         Tasks left out of ``tasks`` (e.g. finished ones) are neither pinged
         nor reported, and their clock restarts when they are included again.
+        Where ``tasks`` maps each name to the process watched under it, a name
+        whose process is not the one watched before has its clock restarted
+        (a new process is judged from its own start), and a report names the
+        process of this round (:attr:`TaskHealth.process`).
 
         Returns:
-            The tasks that became unresponsive in this round (``report`` holds the line).
+            Copies of the tasks that became unresponsive in this round (``report`` holds the line).
         """
         names = [n for n in self._channels if tasks is None or n in tasks]
+        processes: Mapping[str, object] = tasks if isinstance(tasks, Mapping) else {}
         if tasks is not None:
             for name in set(self._channels) - set(names):
                 self.forget(name)
@@ -155,6 +172,11 @@ class HealthMonitor:
         with self._lock:
             for name, error in results.items():
                 h = self.health[name]
+                process = processes.get(name)
+                if process is not None and process is not h.process:
+                    if h.process is not None:  # another process than the one watched: judged from now
+                        self._restart_clock(h)
+                    h.process = process
                 if error is None:
                     if h.reported:
                         log.warning("%s answers again after %.1f s", name, h.silent_for(now))
@@ -167,7 +189,7 @@ class HealthMonitor:
                                                                                self.config.start_timeout)
                 if not h.reported and h.silent_for(now) >= limit:
                     h.reported, h.report = True, h.describe(now)
-                    reports.append(h)
+                    reports.append(dataclasses.replace(h))  # as decided: a forget before the callback changes it not
         for h in reports:
             if self._on_unresponsive is not None:
                 self._on_unresponsive(h, h.report)  # reports it, with what was done (see __init__)
@@ -199,13 +221,18 @@ class HealthMonitor:
         with self._lock:
             h = self.health.get(task)
             if h is not None:
-                h.last_ok, h.last_error, h.answered, h.reported, h.report = self._clock(), "", False, False, ""
+                self._restart_clock(h)
+
+    def _restart_clock(self, h: TaskHealth) -> None:
+        """(Under the lock) ``h`` as a task never heard from, watched from now."""
+        h.last_ok, h.last_error, h.answered, h.reported, h.report = self._clock(), "", False, False, ""
 
     def start(self, tasks: Callable[[], Collection[str]] | None = None) -> None:
         """Runs :meth:`check` every ``interval`` seconds on a daemon thread until :meth:`stop`.
 
         Args:
-            tasks: called before each round: the tasks to check (default: all).
+            tasks: called before each round: the tasks to check (default: all), or each mapped to its process
+                (see :meth:`check`).
         """
         self._tasks_fn = tasks
         if self._thread is None:

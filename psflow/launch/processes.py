@@ -116,6 +116,9 @@ class TaskHosts:
 class TaskProcess:
     """One started task process.
 
+    ``incarnation``: which start of its task this process is (1: the first, 2: its first restart...;
+    :meth:`LocalCluster.start_task` counts them), named where a report tells it from the processes after it.
+
     ``descriptor``: its process descriptor (:meth:`~psflow.launch.exits.ProcessDescriptor.open`, opened as it was
     started), through which :meth:`send_signal` signals it and :meth:`exited` and :meth:`stopped` ask it; None where
     the system has none. Closed by :meth:`close_descriptor` (:meth:`LocalCluster.poll` once it recorded the exit,
@@ -133,6 +136,7 @@ class TaskProcess:
     exited_at: float | None = None
     error_path: str | None = None  # where the task writes an expected error's one line (--error-file)
     descriptor: ProcessDescriptor | None = field(default=None, repr=False, compare=False)
+    incarnation: int = 1
 
     def __post_init__(self) -> None:
         if self.descriptor is not None:
@@ -233,6 +237,7 @@ class LocalCluster:
     placement: TaskHosts = field(default_factory=TaskHosts)  # each task's address host and command prefix
     # What a signal to the launcher ends the run with (returns the report); default: report_interrupt.
     on_interrupt: Callable[[int], str] | None = field(default=None, repr=False)
+    _starts: dict[tuple[str, int], int] = field(default_factory=dict, repr=False)  # processes started per task
 
     @classmethod
     def create(cls, num_ps: int, num_workers: int, output_dir: str, *,
@@ -270,7 +275,7 @@ class LocalCluster:
         return lc
 
     def start_task(self, job: str, index: int, config_path: str) -> TaskProcess:
-        """Starts ``python -m psflow.launch.task`` for one task."""
+        """Starts ``python -m psflow.launch.task`` for one task (its next :attr:`TaskProcess.incarnation`)."""
         log_path = os.path.join(self.output_dir, "logs", f"{job}-{index}.log")
         log_file = open(log_path, "a")
         env = task_env(os.environ, token=self.token, workers=self.cluster.num_tasks("worker"),
@@ -305,8 +310,9 @@ class LocalCluster:
             popen = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, pass_fds=(self._lifeline.task_fd,), process_group=0)
             # its descriptor now, before any thread can reap it (TaskProcess.send_signal)
+            incarnation = self._starts[(job, index)] = self._starts.get((job, index), 0) + 1
             task = TaskProcess(job, index, popen, log_path, log_file, error_path=error_path,
-                               descriptor=ProcessDescriptor.open(popen.pid))
+                               descriptor=ProcessDescriptor.open(popen.pid), incarnation=incarnation)
             self.tasks.append(task)
         log.debug("started %s as pid %d", task.name, popen.pid)
         return task

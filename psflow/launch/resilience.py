@@ -32,9 +32,10 @@ not fire every later fault at once.
 Hang detection runs on its own thread (:meth:`Resilience.start`, stopped by
 :meth:`Resilience.close`, which ``LocalCluster.stop_all`` calls), so a watch
 loop blocked in a slow RPC does not delay it: every ``health.interval``
-seconds it pings the running tasks, and a task unresponsive for
-``health.unresponsive_after`` seconds is SIGKILLed, so the restart policy (or
-the fail-fast report) then handles it like any death.
+seconds it pings the running tasks' processes, and the process of a task
+unresponsive for ``health.unresponsive_after`` seconds is SIGKILLed (that
+process, never a replacement started since: :mod:`psflow.launch.hang_kill`),
+so the restart policy (or the fail-fast report) then handles it like any death.
 
 The default configuration changes nothing about today's behaviour except
 hang detection: restart policy ``never``, no chaos.
@@ -69,6 +70,7 @@ from psflow.coord import CoordinationBackend, CoordinationError, create_backend
 from psflow.launch.chaos import ChaosInjector, InjectedFault
 from psflow.launch.chaos_plan import IN_GRAPH_CLIENT, ChaosPlan, DutyHolder, chief_task
 from psflow.launch.fault_recovery import RecoveryWatch, Replacement, StepReading, final_reading, poll_reading
+from psflow.launch.hang_kill import kill_hung
 from psflow.launch.health import HealthConfig, HealthMonitor, TaskHealth
 from psflow.launch.shard_targets import ask_statuses, shard_target
 from psflow.launch.supervisor import RestartConfig, Supervisor
@@ -327,8 +329,9 @@ class Resilience:
         # A shard member not restarted while its shard went on: the promoted backup replaced it.
         return Replacement.WENT_ON if name in self._gone_on else Replacement.NONE
 
-    def _running(self) -> set[str]:
-        return {t.name for t in list(self.lc.tasks) if t.exit_code is None}
+    def _running(self) -> dict[str, Any]:
+        """The tasks the monitor watches, each with its process (a hang is one process's: :mod:`~psflow.launch.health`)."""
+        return {t.name: t for t in list(self.lc.tasks) if t.exit_code is None}
 
     def _find(self, job: str, index: int) -> Any:
         """The task's process where it runs (:meth:`~psflow.launch.processes.TaskProcess.exited`: an exit the
@@ -379,29 +382,11 @@ class Resilience:
         self.supervisor.restart_due()
 
     def _kill_hung(self, health: TaskHealth) -> None:  # on the monitor's thread
-        """SIGKILLs the unresponsive task's process through its descriptor and reports it, in one line (the
-        monitor logs nothing of it itself) that ``hangs`` records too: what the check saw and what was done:
-        killed, or, where its process had exited or been reaped by then (it may have ended on its own after the
-        check), gone and not killed, with the status it exited with where it is known."""
-        processes = [t for t in list(self.lc.tasks) if t.name == health.task]  # a restart appends its new one
-        if not processes:  # never started (the monitor watches running tasks only)
-            log.warning("%s", health.report)
-            return
-        task = processes[-1]
-        code, gone = task.exited(), True  # recorded, or exited and not reaped: a signal would reach its zombie only
-        if code is None:
-            try:
-                task.send_signal(signal.SIGKILL)  # not by pid: the watch loop may have reaped it since the check
-                gone = False
-            except ProcessLookupError:  # reaped since: its status is Popen's record
-                code = task.exited()
-        if gone:
-            status = f" (exit status {code})" if code is not None else ""
-            line = f"{health.report}; pid {task.pid} had already exited{status}: not killed"
-            log.warning("%s", line)
-        else:
-            line = f"{health.report}; killed pid {task.pid} (SIGKILL)"
-            log.error("%s", line)
+        """SIGKILLs the process the check saw hang, never another (:func:`~psflow.launch.hang_kill.kill_hung`:
+        through its descriptor; one gone since, or replaced by a restart, is said so, not killed), and reports it
+        in one line (the monitor logs nothing of it itself) that ``hangs`` records too."""
+        line, killed = kill_hung(health, list(self.lc.tasks))
+        log.log(logging.ERROR if killed else logging.WARNING, "%s", line)
         with self._lock:
             self.hang_kills.append(line)
 

@@ -41,9 +41,9 @@ def lc(tmp_path: Path) -> Iterator[LocalCluster]:
     cluster.stop_all(grace=10.0)
 
 
-def _check_until_reported(monitor: HealthMonitor, task: str) -> None:
+def _check_until_reported(monitor: HealthMonitor, task: str, process: TaskProcess | None = None) -> None:
     deadline = time.monotonic() + 30
-    while not monitor.check([task]):
+    while not monitor.check({task: process} if process is not None else [task]):
         assert time.monotonic() < deadline, f"{task} never reported unresponsive"
         time.sleep(0.05)
 
@@ -58,7 +58,7 @@ def test_a_hung_task_that_runs_is_reported_once_with_its_kill(lc: LocalCluster, 
     resilience = Resilience(lc, ResilienceConfig(health=QUICK))
     assert resilience.monitor is not None
     caplog.set_level(logging.INFO, logger="psflow.launch")
-    _check_until_reported(resilience.monitor, task.name)
+    _check_until_reported(resilience.monitor, task.name, task)
     assert task.popen.wait(timeout=30) == -signal.SIGKILL
     lines = _lines_about(caplog, task.name)
     assert len(lines) == 1, lines
@@ -76,7 +76,7 @@ def test_a_hung_task_whose_exit_was_recorded_is_reported_once_as_gone(lc: LocalC
     lc.poll()
     assert task.exit_code == 3
     caplog.set_level(logging.INFO, logger="psflow.launch")
-    _check_until_reported(resilience.monitor, task.name)
+    _check_until_reported(resilience.monitor, task.name, task)
     lines = _lines_about(caplog, task.name)
     assert len(lines) == 1, lines
     assert "unresponsive for" in lines[0] and lines[0].endswith(

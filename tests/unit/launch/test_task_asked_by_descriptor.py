@@ -146,7 +146,8 @@ def test_a_held_round_waits_for_each_trainer_s_stop_through_its_descriptor(
 
 
 def _hung(task: TaskProcess) -> TaskHealth:
-    return TaskHealth(task.name, "127.0.0.1:1", 0.0, report=f"{task.name} at 127.0.0.1:1 unresponsive for 3.0 s")
+    return TaskHealth(task.name, "127.0.0.1:1", 0.0, report=f"{task.name} at 127.0.0.1:1 unresponsive for 3.0 s",
+                      process=task)
 
 
 @pytest.mark.parametrize("reaped", [False, True], ids=["exited", "reaped"])
