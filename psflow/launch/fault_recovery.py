@@ -25,11 +25,13 @@ What does not count as training again:
 * pushes in flight when an (unreplicated) ps task other than the step task died: the step task stays ready
   at its generation while the cluster waits for the restore its empty replacement needs (for the dead chief's
   lease to lapse, ``--lease-ttl``, where the chief died too), and those pushes move global_step; while a ps
-  fault is watched and the step task is still at the generation read before it fired, no fault (that one, or
-  the chief's or a worker's fired with it) takes a baseline: only a reading at another generation (the
-  restore's) does. (A run killing ``ps:1`` and ``chief`` together said ``recovered at global_step 125, 1.72 s
-  after the fault`` for the ps task and ``at global_step 105, 2.28 s`` for the chief; the restore came 10 s
-  after them, at global_step 125.) Such a fault left at the run's end says the cluster was not restored.
+  fault is watched and the step task is still at the generation a ready reading said before it fired, no
+  fault (that one, or the chief's or a worker's fired with it) takes a baseline: only a reading at another
+  generation (the restore's) does. A ps fault fired while the step task was not ready (a resumed run's restore
+  at start, at generation 0, which the fault makes start over at generation 0) is held to no generation.
+  (A run killing ``ps:1`` and ``chief`` together said ``recovered at global_step 125, 1.72 s after the fault``
+  for the ps task and ``at global_step 105, 2.28 s`` for the chief; the restore came 10 s after them, at
+  global_step 125.) Such a fault left at the run's end says the cluster was not restored.
 
 And what recovers without a step: a replacement with nothing left to train (a worker killed once its data
 had ended, or in the run's last steps) moves no step; it has recovered when it ends its part cleanly
@@ -167,7 +169,7 @@ class _Watched:
     fired: float             # time.monotonic() when it fired
     baseline: int | None = None
     back: float | None = None  # time.monotonic() of the baseline's reading: its replacement seen back
-    generation: int | None = None  # the step task's generation read last before it fired (None: none read)
+    generation: int | None = None  # the step task's generation a ready reading said as it fired (None: none read)
 
 
 class RecoveryWatch:
@@ -178,13 +180,17 @@ class RecoveryWatch:
         self._replacement = replacement
         self._watched: list[_Watched] = []
         self._last_step: int | None = None
-        self._generation: int | None = None  # the step task's, as read last
+        self._generation: int | None = None  # the step task's, as a ready reading said last
 
     def fired(self, fault: InjectedFault, now: float, reading: StepReading | None = None) -> None:
         """Starts watching ``fault``, fired at ``now`` (``time.monotonic()``) on ``reading`` (the chaos thread's
         fresh one, taken with the trainers held: it may be the first it got, none observed before): its step
-        task's generation, else the one observed last, is the one a ps fault's restore moves on from."""
-        generation = reading.generation if reading is not None and reading.generation is not None else self._generation
+        task's generation, else (no reading) the one a ready reading said last, is the one a ps fault's restore moves
+        on from. A reading of a step task that is not ready gives none (the old rule: the first ready reading after
+        the replacement runs is the baseline): the cluster is being initialized or restored then, and the fault may
+        make it start that over at the same generation (a restore at start is at generation 0 every time), never
+        at a new one."""
+        generation = self._generation if reading is None else reading.generation if reading.ready else None
         self._watched.append(_Watched(fault, now, generation=generation))
 
     def watching(self) -> int:
@@ -196,7 +202,8 @@ class RecoveryWatch:
         each with ``recovered_at_step`` and ``recovery_seconds`` set."""
         if reading is not None:
             self._last_step = reading.step if self._last_step is None else max(self._last_step, reading.step)
-            self._generation = reading.generation if reading.generation is not None else self._generation
+            if reading.ready and reading.generation is not None:
+                self._generation = reading.generation
         recovered = []
         owing = self._owing(reading)
         for watched in list(self._watched):
@@ -232,11 +239,19 @@ class RecoveryWatch:
                 self._recover(watched, reading.step, watched.back if watched.back is not None else now)
                 recovered.append(fault)
             else:
-                owing = self._owing(reading)
-                fault.why = _why(fault, state, reading) if owing is None or reading is None else (
-                    f"the cluster was not restored after {owing.fault.task}'s replacement started (the step task "
-                    f"still at generation {reading.generation}, global_step {reading.step})")
+                fault.why = self._why_left(fault, state, reading)
         return recovered
+
+    def _why_left(self, fault: InjectedFault, state: Replacement, reading: StepReading | None) -> str:
+        """Why ``fault`` had not recovered by the run's end: :func:`_why`, unless a restore is still owed."""
+        owing = self._owing(reading)
+        if owing is None or reading is None or state is Replacement.NONE:
+            return _why(fault, state, reading)
+        at = f"(the step task still at generation {reading.generation}, global_step {reading.step})"
+        owed = owing.fault.task
+        if self._replacement(owed, owing.fault.pid) is Replacement.NONE:
+            return f"the cluster was not restored: {owed} was not running again by the run's end {at}"
+        return f"the cluster was not restored after {owed}'s replacement started {at}"
 
     def _owing(self, reading: StepReading | None) -> _Watched | None:
         """The first fault watched whose restore ``reading`` shows still owed (:func:`_restore_owed`), or None."""

@@ -267,3 +267,38 @@ def test_a_fault_fired_on_the_first_reading_takes_that_readings_generation() -> 
         assert watch.observe(StepReading(step, ready=True, generation=0), now) == []
     assert watch.observe(StepReading(68, ready=True, generation=7), 107.6) == []
     assert watch.observe(StepReading(69, ready=True, generation=7), 107.8) == [ps1, chief]
+
+
+def test_a_ps_fault_fired_while_the_step_task_was_not_ready_is_not_held_to_that_generation() -> None:
+    """A resumed run: the chief restores the checkpoint at start at generation 0 (no BeginRestore), global_step
+    already the checkpoint's while ps task 0 is not ready, and a fault due by then fires on that reading. ps task 1
+    killed in the middle of that restore is initialized again with the others by the chief's next try, at
+    generation 0 again: no restore at a new generation ever comes, and the cluster trains. Held to generation 0,
+    the fault never recovered and held back every later round."""
+    ps1, worker1 = _fault("/job:ps/task:1", 21, 1200), _fault("/job:worker/task:1", 22, 1200)
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    restoring = StepReading(1200, ready=False, generation=0)
+    assert watch.observe(restoring, 99.9) == []
+    watch.fired(ps1, now=100.0, reading=restoring)
+    watch.fired(worker1, now=100.0, reading=restoring)
+    tasks.state[ps1.task] = tasks.state[worker1.task] = Replacement.RUNNING
+    assert watch.observe(StepReading(1200, ready=False, generation=0), 101.0) == []
+    assert watch.observe(StepReading(1200, ready=True, generation=0), 102.0) == []   # ready: the baseline
+    assert watch.observe(StepReading(1201, ready=True, generation=0), 102.2) == [ps1, worker1]
+
+
+def test_a_ps_fault_whose_replacement_never_started_says_so_not_that_it_started() -> None:
+    """The run ended before ps task 1's replacement ran (its restart still in its backoff): the why names that,
+    for the ps fault and for the worker fault of its round, never 'after ...'s replacement started'."""
+    ps1, worker1 = _fault("/job:ps/task:1", 21, 200), _fault("/job:worker/task:1", 22, 200)
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    assert watch.observe(StepReading(200, ready=True, generation=5), 99.9) == []
+    watch.fired(ps1, now=100.0)
+    watch.fired(worker1, now=100.0)
+    tasks.state[worker1.task] = Replacement.RUNNING
+    assert watch.settle(StepReading(203, ready=True, generation=5), 110.0) == []
+    assert ps1.why == "/job:ps/task:1 was not running again by the run's end"
+    assert worker1.why == ("the cluster was not restored: /job:ps/task:1 was not running again by the run's end "
+                           "(the step task still at generation 5, global_step 203)")
