@@ -19,10 +19,10 @@ start, which sends no ``BeginRestore``) is initialized again. A chief's ``Regist
 restore mutex (:meth:`RestoreGate.creating`, below): a ``BeginRestore`` arriving while it builds the partitions waits
 for them, and then finds the restore's loads landing on them. A late copy of a chief's ``Register`` (its call
 resent after a broken connection or a failover while the first copy still waited in the network or the server's
-queue) that reaches the task once a load wrote it since the creation creates nothing either
-(:meth:`RestoreGate.superseded`): the copy is of the call that created the variables (or of an earlier call, or an
-earlier process, of the same client), and creating again would replace the values its chief's restore at start
-(or warm start) loaded with initial ones, which the chief's ``SetReady`` then opened.
+queue) that reaches the task once a load wrote it since the creation, or once a later call of the same client (a
+later call of its process, or a later process) created the variables, creates nothing either
+(:meth:`RestoreGate.superseded`): creating again would replace the values its chief's restore at start (or warm
+start) loaded with initial ones, which the chief's ``SetReady`` then opened.
 
 A push that carries a generation is refused (FAILED_PRECONDITION, before
 anything is applied) when the task is not ready or holds another generation:
@@ -150,19 +150,23 @@ class RestoreGate:
 
     def superseded(self, client: str, incarnation: int | None, attempt: int | None) -> str | None:
         """Why a chief ``Register`` of ``client`` (its process ``incarnation``, its call ``attempt``) that would create
-        the variables anew here (registered, not ready, no restore in progress) must create nothing: a load wrote the
-        task since the creation, which the same client made by this call or a later one (a later call of its
-        process, or a later process). Such a copy is late: creating again would replace the loaded values with
-        initial ones. None: it may create (another client's call, a later call or process of this one, a call that
-        names no attempt, or nothing loaded since the creation: a chief that died while initializing)."""
+        the variables anew here (registered, not ready, no restore in progress) must create nothing: the same client
+        created them by a later call (a later call of its process, or a later process: this one is over), or by this
+        call and a load wrote the task since. Such a copy is late: creating again would replace the loaded values
+        with initial ones (or, before the newer call's load, make that load's checked arrays refused and this
+        earlier call the creator, after which a late copy of the newer call counted as later). None: it may create
+        (another client's call, a later call or process of this one, a call that names no attempt, or a copy of the
+        creating call with nothing loaded since: a chief that died while initializing)."""
         with self._lock:
             by = self._created_by
-            if (not self._loaded_since_created or by is None or incarnation is None or attempt is None
-                    or client != by[0] or (incarnation, attempt) > by[1:]):
+            if by is None or incarnation is None or attempt is None or client != by[0]:
                 return None
+            if (incarnation, attempt) > by[1:] or ((incarnation, attempt) == by[1:] and not self._loaded_since_created):
+                return None
+            since = " and a load wrote them since" if self._loaded_since_created else " since"
             return (f"a late copy of the Register of {client} (process {incarnation}, call {attempt}) created "
                     f"nothing on {self.task_name} (generation {self._generation}, not ready): that client's call "
-                    f"{by[2]} (process {by[1]}) created the variables and a load wrote them since, so they stay")
+                    f"{by[2]} (process {by[1]}) created the variables{since}, so they stay")
 
     @contextmanager
     def creating(self) -> Iterator[None]:

@@ -13,8 +13,9 @@ it at start, which sends no ``BeginRestore``) creates the partitions again. Whil
 progress (``BeginRestore`` until ``SetReady``, :attr:`~psflow.ps.restore_gate.RestoreGate.restoring`)
 a chief call creates nothing: what ``LoadShard`` loaded stays, so the restore
 never makes the task ready holding initial values. Nor does a late copy of the chief's call that created them
-once a load wrote them (:meth:`~psflow.ps.restore_gate.RestoreGate.superseded`: a resent call's first copy
-served last). Registrations are serialized; each partition has its own lock for updates and reads.
+once a load wrote them, nor one of an earlier call or process of that chief
+(:meth:`~psflow.ps.restore_gate.RestoreGate.superseded`: a resent call's first copy served last). Registrations
+are serialized; each partition has its own lock for updates and reads.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ class VariableStore:
         ``ready`` says whether the task is ready, ``restoring`` whether a restore is in progress (a registered
         task that is either is never initialized again: its values are trained or being loaded); ``superseded``
         why a chief's call on a registered task that is neither creates nothing all the same (a late copy of the
-        creating call, loaded on since: logged, WARNING), None where it may; ``created`` runs after a creation,
-        still inside the registration (before any other call registers).
+        creating call, loaded on since, or of an earlier call of its client: logged, WARNING), None where it may;
+        ``created`` runs after a creation, still inside the registration (before any other call registers).
 
         Raises:
             InvalidRequest: a variable's spec cannot be built (names it); nothing is created.

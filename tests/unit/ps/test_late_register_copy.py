@@ -138,3 +138,34 @@ def test_a_late_copy_creates_nothing_on_a_replicated_primary_nor_on_its_promoted
     assert (stats.ready, stats.global_step) == (False, 40)
     for part in shard.services[backup(0)].store.partitions():
         assert np.all(part.value == 4.0), part.key
+
+
+def test_an_earlier_process_s_late_copy_served_before_the_restarted_chief_s_load_creates_nothing_either() -> None:
+    """A chief that died while restoring at start (its call's first copy still queued at ps task 0), its restarted
+    process registered (created), and that dead process's copy is served before the new one's restore loads: it
+    created the variables anew (the new chief's loads checked meanwhile refused: 'created anew while its arrays were
+    checked', its restore failed) and became the creator, so a late copy of the new process's own call, once its
+    load wrote the task, was 'later' than that creator and created the variables anew over the loaded values."""
+    client, services = two_ps_cluster()
+    service = services[0]
+    handlers = service.handlers()
+    held = _first_copy_held(client, handlers)
+    assert register_as_chief(client, SGD, None).created == {0, 1}
+    client.call(0, _checkpoint())  # the first process's restore at start, then it "died"
+    restarted = ParameterClient(CLUSTER, list(client.layout.values()), client_name=client.client_name,
+                                channels=client.channels)
+    restarted.incarnation = client.incarnation + 1  # the restarted process (time_ns: later)
+    earlier_copy = held.pop()
+    held_again = _first_copy_held(restarted, handlers)
+    assert register_as_chief(restarted, SGD, None).created == {0, 1} and len(held_again) == 1
+    assert service.init_count == 2
+    late = _served(service, earlier_copy)  # the dead process's copy, before the new process's restore loaded
+    assert not late.created and not late.ready
+    assert service.init_count == 2, "created anew by an earlier process's late copy"
+    restarted.call(0, _checkpoint())  # the restarted process's restore at start
+    assert not _served(service, held_again[0]).created  # its own first copy, late
+    for task in (0, 1):
+        restarted.call(task, SetReadyRequest("the chief"))
+    assert service.init_count == 2
+    weights = service.store.get(_KEY).value
+    assert np.all(weights == 4.0), f"ready holding initial values: {weights}"
