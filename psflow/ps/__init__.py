@@ -20,6 +20,7 @@ Files (the served side):
 * ``push_order.py``: :class:`~psflow.ps.push_order.PushOrder` (a worker process's numbered pushes applied in
   the order made, nothing after a gap).
 * ``restore_gate.py``: :class:`~psflow.ps.restore_gate.RestoreGate` (readiness, restore generation).
+* ``ready_read.py``: an evaluation's ``Pull`` (``require_ready``) refused by a task not ready through it.
 * ``update_mode.py``: :class:`~psflow.ps.update_mode.UpdateMode` (async, sync or ssp, by
   :class:`~psflow.ps.sync.SyncConfig`); ``sync.py``: :class:`~psflow.ps.sync.SyncConfig`,
   :class:`~psflow.ps.sync.SyncAggregator` (SyncReplicas semantics; ``sync_sums.py``: a step's sparse sums);

@@ -197,7 +197,7 @@ class ParameterClient:
 
     # ---- data path ---------------------------------------------------------
     def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False,
-             averages: bool = False) -> dict[str, np.ndarray]:
+             averages: bool = False, require_ready: bool = False) -> dict[str, np.ndarray]:
         """Fetches rows (or whole variables) from the ps tasks.
 
         Args:
@@ -209,6 +209,7 @@ class ParameterClient:
                 row reads as zeros.
             averages: read each averaged variable's moving average
                 (:mod:`psflow.ps.averages`) instead of its value (evaluation).
+            require_ready: (evaluation) refused by a ps task not ready through it (:mod:`psflow.ps.ready_read`).
 
         Returns:
             variable name -> array of ``len(ids)`` rows (or the whole variable).
@@ -218,8 +219,8 @@ class ParameterClient:
             RpcError: a ps task refused or failed.
         """
         plan = self._pull_plan(requests)
-        pulls = {t: PullRequest(parts, create, averages, self._step_hint, stack=self._stack)
-                 for t, parts in plan.per_task.items()}
+        pulls = {t: PullRequest(parts, create, averages, self._step_hint, stack=self._stack,
+                                require_ready=require_ready) for t, parts in plan.per_task.items()}
         return self._assemble(plan, {t: PullReply.from_frame(frame) for t, frame in self._calls.gather(pulls).items()})
 
     def _pull_plan(self, requests: Mapping[str, np.ndarray | None]) -> PullPlan:

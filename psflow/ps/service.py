@@ -40,7 +40,8 @@ fields below are those messages'):
     records it as that worker's reader position.
 ``Pull``
     ``meta = {"vars": [[key, rows_array_name | null], ...], "create": bool, "averages": bool}`` -> arrays
-    ``{key: values}`` (``averages``: an averaged partition's moving average instead of its value).
+    ``{key: values}`` (``averages``: an averaged partition's moving average instead of its value; ``require_ready``:
+    an evaluation's, refused unless this task is ready, :mod:`psflow.ps.ready_read`).
     A dynamic table's partition (:mod:`psflow.ps.dynamic`) is read by ids only:
     ids without a row read as zeros; with ``create`` (a training lookup) the
     ids' sightings are counted and admitted ids get rows (possibly evicting
@@ -160,6 +161,7 @@ from psflow.ps.protocol import (
 )
 from psflow.ps.push_apply import PushApplier
 from psflow.ps.push_order import PushOrder
+from psflow.ps.ready_read import ready_read
 from psflow.ps.restore_gate import RestoreGate
 from psflow.ps.run_end import RunLedger
 from psflow.ps.save_ledger import SaveLedger
@@ -343,7 +345,8 @@ class ParameterService:
     def pull(self, frame: Frame) -> Reply:
         request = PullRequest.from_frame(frame)
         self.clock.hear(request.step_hint)
-        step, out = self._read(self._pull_entries(request), create=request.create, averages=request.averages)
+        with ready_read(self.gate, request.require_ready):  # an evaluation's: of a ready task only (ready_read)
+            step, out = self._read(self._pull_entries(request), create=request.create, averages=request.averages)
         return _reply(PullReply(step, out, request.stack))
 
     def push_pull(self, frame: Frame) -> Reply:

@@ -43,6 +43,7 @@ Classes and functions, by file:
   ``within_run.py`` -- every ps task empty: lost within this run (restored past global_step's journal bound) or a new run;
   ``generation_restore.py`` -- a restore within a run at a new generation (the lease holder's, a restarted chief's join).
 * ``evaluation.py`` -- evaluation and prediction of any model, the one implementation every caller uses.
+* ``ready_eval.py`` -- the chief's evaluation of live ps tasks: metrics of one ready model, or not done (a restore).
 * ``summary.py`` -- TensorBoard summaries: written by the chief, read back for reports and the status page.
 * ``in_graph.py`` -- in-graph replication, the worker's side (:class:`~psflow.train.in_graph.StepService`);
   ``in_graph_client.py`` -- the in-graph client that drives every worker task and is the run's chief.

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -54,7 +53,6 @@ from psflow.train.build import data_options, model_record
 from psflow.train.chief import check_restorable, is_chief
 from psflow.train.config import TrainConfig
 from psflow.train.deferred_end import DeferredEnd, RaiseDeferred
-from psflow.train.evaluation import evaluate, parameters
 from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.final_eval import FinalEvalOnce
 from psflow.train.hooks import (
@@ -70,6 +68,7 @@ from psflow.train.hooks import (
     WorkerProgressHook,
 )
 from psflow.train.lock_at_end import ReleaseLockAtEnd
+from psflow.train.ready_eval import ReadyEvaluation
 from psflow.train.recovery import CampaignWhileTrainingHook, LeaderOnlyHook, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
@@ -161,9 +160,9 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
         chief_hooks.append(SummarySaverHook(writer, save_steps=config.report.save_summaries_steps))
     if duties and config.data.eval and (config.report.eval_every_steps or config.report.eval_at_end):
         eval_batch = read_all(list(config.data.eval), config.data.format, **data_options(config))
-        source = parameters(client, moving_averages=config.report.eval_moving_averages)
-        evaluation = EvalHook(functools.partial(evaluate, model, source, eval_batch),
-                              every_steps=config.report.eval_every_steps, writer=writer)
+        # of one ready model, or not done (a ps task being restored: psflow.train.ready_eval)
+        ready = ReadyEvaluation(model, client, eval_batch, moving_averages=config.report.eval_moving_averages)
+        evaluation = EvalHook(ready, every_steps=config.report.eval_every_steps, writer=writer)
         # With election, two workers finishing together both hold the duties at their end: the final model once.
         chief_hooks.append(FinalEvalOnce(evaluation) if leadership is not None else evaluation)
     if leadership is not None:

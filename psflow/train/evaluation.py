@@ -9,9 +9,11 @@ launcher's final evaluation, the in-process fast path, ``psflow export`` /
 * a :class:`~psflow.ps.client.ParameterClient` -- the live ps tasks;
 * :class:`ArrayParameters` -- whole variables in memory (an exported model
   or a checkpoint read back), so scoring needs no cluster;
-* :class:`MovingAverageParameters` -- the moving averages of the variables on
-  the live ps tasks (``--eval-moving-averages``, :mod:`psflow.ps.averages`);
-  :func:`parameters` picks it or the client.
+* :class:`MovingAverageParameters` -- the variables, or their moving averages
+  (``--eval-moving-averages``, :mod:`psflow.ps.averages`), on the live ps tasks,
+  read only from ready ones (a task being restored refuses: :mod:`psflow.ps.ready_read`);
+  :func:`parameters` makes it. :mod:`psflow.train.ready_eval` retries an evaluation
+  a restore interrupted, and says one it could not make.
 
 Order, for each chunk of ``chunk_size`` examples: ``model.prepare``,
 ``model.lookups``, a pull of those rows from the source, ``model.predict``;
@@ -51,26 +53,31 @@ class AveragesSource(Protocol):
     """A source that can read moving averages (a :class:`~psflow.ps.client.ParameterClient`)."""
 
     def pull(self, requests: Mapping[str, np.ndarray | None], *, create: bool = False,
-             averages: bool = False) -> dict[str, np.ndarray]:
-        """As :meth:`ParameterSource.pull`; ``averages``: the moving averages of the averaged variables."""
+             averages: bool = False, require_ready: bool = False) -> dict[str, np.ndarray]:
+        """As :meth:`ParameterSource.pull`; ``averages``: the moving averages of the averaged variables;
+        ``require_ready``: refused by a ps task that is not ready (:mod:`psflow.ps.ready_read`)."""
         ...
 
 
 class MovingAverageParameters:
     """The variables' moving averages on the live ps tasks: an averaged variable reads as its moving average
-    (TensorFlow's shadow variable), any other as its value. Blocking; each pull reads the newest averages."""
+    (TensorFlow's shadow variable), any other as its value. Blocking; each pull reads the newest averages.
+    ``averages`` False: the variables themselves. Every pull requires ready ps tasks: one being restored refuses
+    it (``FailedPreconditionError``, :mod:`psflow.ps.ready_read`), never answers with values of no model."""
 
-    def __init__(self, client: AveragesSource) -> None:
+    def __init__(self, client: AveragesSource, *, averages: bool = True) -> None:
         self.client = client
+        self.averages = averages
 
     def pull(self, requests: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
         """Variable name -> rows of the requested ids (or the whole variable for None), averages where kept."""
-        return self.client.pull(requests, averages=True)
+        return self.client.pull(requests, averages=self.averages, require_ready=True)
 
 
 def parameters(client: AveragesSource, *, moving_averages: bool) -> ParameterSource:
-    """What evaluation reads from a client: its moving averages (``--eval-moving-averages``) or its variables."""
-    return MovingAverageParameters(client) if moving_averages else client
+    """What evaluation reads from a client: its moving averages (``--eval-moving-averages``) or its variables, of
+    ready ps tasks only (:class:`MovingAverageParameters`)."""
+    return MovingAverageParameters(client, averages=moving_averages)
 
 
 class ArrayParameters:

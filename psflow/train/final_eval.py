@@ -70,7 +70,9 @@ class FinalEvalOnce(WrappingHook):
                      client.client_name, step, record.worker)
             return
         if not self.inner.history or self.inner.history[-1][0] != step:  # (else a periodic one evaluated it)
-            metrics = self.inner.evaluate()
+            metrics = self.inner.evaluated(step)
+            if metrics is None:  # not done (logged): nothing recorded, a later holder of the duties may evaluate it
+                return
             record = _final_eval(client, FinalEvalRequest(client.client_name, step))
             if record is not None and record.step == step:  # its successor's, while this one was stalled
                 log.info("%s: the final model (global_step %d) was evaluated by %s while this worker evaluated it "

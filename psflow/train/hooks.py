@@ -31,6 +31,7 @@ from psflow.errors import CheckpointError, TrainingError
 from psflow.ps.client import ParameterClient
 from psflow.rpc.api import DeadlineExceededError, RpcError, TaskUnavailableError
 from psflow.train.hook_api import RunContext, RunValues, SessionRunHook, StepTimer, end_step
+from psflow.train.ready_eval import EvaluationNotDone
 from psflow.train.summary import SummaryWriter
 from psflow.train.summary_hook import SummarySaverHook
 
@@ -153,7 +154,8 @@ class CheckpointSaverHook(SessionRunHook):
         training ended normally (see :class:`SessionRunHook`). A checkpoint already at this step and still
         current (this chief's periodic save, or another chief's save at the last step) is marked final (and,
         with election, taken over by this chief's epoch: :meth:`CheckpointManager.mark_final`), not saved again;
-        one that is no longer current when marked is saved anew. Without the lease any more, nothing is written
+        one that is no longer current when marked is saved anew. The step is :func:`~psflow.train.hook_api.end_step`'s
+        (a restarted ps task 0, not ready, says 0: the session's last step then). Without the lease any more, nothing is written
         (logged: the chief holding it writes it). A save whose check at its pointer switch could not ask a
         replicated shard's primary (gone silent or dying just then: :class:`~psflow.checkpoint.publish_checks.
         UnaskedTasksError`) is made once more, once that shard's routing settled (its backup promoted, or its
@@ -174,7 +176,7 @@ class CheckpointSaverHook(SessionRunHook):
         step: int | None = None
         deadline = time.monotonic() + session.client.config.save_timeout  # (the bound of the final work below)
         try:
-            step = session.client.global_step()
+            step = end_step(session)  # (a restarted ps task 0, not ready, says 0: the session's last step then)
             self._bounded.run(session.client, "the final checkpoint's save",
                               functools.partial(self._final, session, step, deadline))
         except CheckpointFencedError:
@@ -399,7 +401,9 @@ def nan_loss_message(worker: str, loss: float, step: int, source: BatchSource | 
 class EvalHook(SessionRunHook):
     """Evaluates the current parameters every N global steps and at the end (the model's metrics), that one at
     :func:`~psflow.train.hook_api.end_step` (ps task 0's global_step where it is ready, else the session's last step:
-    a restarted ps task 0 not loaded yet says 0), unless the last periodic evaluation was of that step.
+    a restarted ps task 0 not loaded yet says 0), unless the last periodic evaluation was of that step. An
+    evaluation that raises :class:`~psflow.train.ready_eval.EvaluationNotDone` (no ready model read in its time: a ps
+    task being restored) is reported as not done, with the reason, never as a number (:meth:`evaluated`).
 
     Args:
         evaluate: returns the model's metrics of the current parameters
@@ -415,18 +419,37 @@ class EvalHook(SessionRunHook):
         self._timer = StepTimer(None, every_steps or 1 << 62, "eval")  # None: a period never reached, the end only
         self.writer = writer
         self.history: list[tuple[int, dict[str, float]]] = []
+        #: (step, why) of each evaluation not done (:meth:`evaluated`)
+        self.not_done: list[tuple[int, str]] = []
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         self._timer.mark(session.global_step)
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         if self._timer.due(values.step):
-            self.report(values.step, self.evaluate())
+            self.report_made(values.step)
 
     def end(self, session: MonitoredTrainingSession) -> None:
         step = end_step(session)  # (a restarted ps task 0, not ready, says 0: the session's last step then)
         if not self.history or self.history[-1][0] != step:
-            self.report(step, self.evaluate())
+            self.report_made(step)
+
+    def evaluated(self, step: int) -> dict[str, float] | None:
+        """The metrics of an evaluation made now, or None where it was not done
+        (:class:`~psflow.train.ready_eval.EvaluationNotDone`: no ready model read in time): recorded in
+        :attr:`not_done` with the reason, logged (WARNING), no number reported."""
+        try:
+            return self.evaluate()
+        except EvaluationNotDone as e:
+            self.not_done.append((step, str(e)))
+            log.warning("eval step=%d not done, no metrics: %s", step, e)
+            return None
+
+    def report_made(self, step: int) -> None:
+        """Evaluates now and reports the metrics at ``step`` (:meth:`report`), unless it was not done."""
+        metrics = self.evaluated(step)
+        if metrics is not None:
+            self.report(step, metrics)
 
     def report(self, step: int, metrics: dict[str, float]) -> None:
         """Keeps ``metrics`` (the model's at global_step ``step``) in :attr:`history`, logs them, writes them."""

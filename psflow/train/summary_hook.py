@@ -186,8 +186,8 @@ class SummarySaverHook(SessionRunHook):
             return
         if step is None:
             checkpoint, step = _restored_from(session.client, snapshot) or self._newest(session)
-        if step is None:  # rotated away since: the step the restore left is the nearest known
-            checkpoint, step = None, session.client.global_step()
+        if step is None:  # rotated away since: the step the restore left is the nearest known (ps task 0 restarted
+            checkpoint, step = None, end_step(session)  # again, not ready, says 0: the session's last step then)
         self.writer.session_start(step, checkpoint, mark)
         self._timer.mark(step)
         self._last, self._last_time = snapshot, time.monotonic()

@@ -100,7 +100,9 @@ class PullRequest:
     ``shard_epoch``: (a replicated shard) the epoch of the view the client routes by; ``stack``: send the
     rows of several partitions stacked and ask for the reply's values stacked
     (:mod:`~psflow.ps.protocol.stacking`), which pays where the frames are encoded (a carrier), not where
-    they are passed as they are (in-process).
+    they are passed as they are (in-process); ``require_ready``: (an evaluation's read) refused unless the task is
+    ready, and stays so at one generation through the read (:mod:`psflow.ps.ready_read`); sent only where set, so
+    an older task reads as before and an older client's pull is not checked.
     """
 
     METHOD: ClassVar[str] = "Pull"
@@ -110,6 +112,7 @@ class PullRequest:
     step_hint: int | None = None
     shard_epoch: int | None = None
     stack: bool = False
+    require_ready: bool = False
 
     def meta(self, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
         """The pull's meta fields; its rows arrays are added to ``arrays``: stacked into one (each entry
@@ -136,6 +139,8 @@ class PullRequest:
             meta["shard_epoch"] = self.shard_epoch
         if self.stack:
             meta["stack"] = True
+        if self.require_ready:
+            meta["require_ready"] = True
         return meta
 
     def to_frame(self) -> Frame:
@@ -169,7 +174,8 @@ class PullRequest:
             optional_int(meta, "step_hint")  # raises, naming it
         if epoch is not None and (type(epoch) is not int or epoch < 0):
             optional_int(meta, "shard_epoch", minimum=0)  # raises, naming it
-        return cls(parts, meta.get("create") is True, meta.get("averages") is True, hint, epoch, meta.get("stack") is True)
+        return cls(parts, meta.get("create") is True, meta.get("averages") is True, hint, epoch, meta.get("stack") is True,
+                   meta.get("require_ready") is True)
 
 
 @message

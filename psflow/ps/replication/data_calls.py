@@ -61,6 +61,7 @@ from psflow.ps.protocol import (
     PushReply,
     PushRequest,
 )
+from psflow.ps.ready_read import ready_read
 from psflow.ps.replication.deltas import capture, capture_averages, capture_table
 from psflow.ps.replication.view import PRIMARY
 from psflow.ps.staleness import Waited
@@ -167,8 +168,9 @@ class DataCalls:
         forwarder = member._check_primary(request.shard_epoch)
         service = member.service
         service.clock.hear(request.step_hint)
-        wanted = service._pull_entries(request)
-        step, out = service._read(wanted, create=request.create, averages=request.averages)
+        with ready_read(service.gate, request.require_ready):  # an evaluation's: of a ready task only
+            wanted = service._pull_entries(request)
+            step, out = service._read(wanted, create=request.create, averages=request.averages)
         tables = _tables(wanted) if request.create else []
         if tables:  # a training lookup admitted rows: they are state
             forwarder.wait(member._record(forwarder, lambda: [capture_table(part) for part in tables]))

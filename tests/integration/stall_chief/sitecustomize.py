@@ -45,9 +45,9 @@ if _POINT == "after_last_push":
     recovery.ClusterRecovery.linger = _stalled_linger  # type: ignore[method-assign]
 
 elif _POINT == "mid_final_eval":
-    from psflow.train import duties
+    from psflow.train import ready_eval
 
-    _evaluate = duties.evaluate
+    _evaluate = ready_eval.evaluate
     _stalled: list[bool] = []
 
     def _stalled_evaluate(*args: Any, **kwargs: Any) -> Any:
@@ -56,7 +56,7 @@ elif _POINT == "mid_final_eval":
             _stop()
         return _evaluate(*args, **kwargs)
 
-    duties.evaluate = _stalled_evaluate  # type: ignore[assignment]
+    ready_eval.evaluate = _stalled_evaluate  # type: ignore[assignment]
 
 elif _POINT == "in_save_lock":
     from psflow.checkpoint import pointer

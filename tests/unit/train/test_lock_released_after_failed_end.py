@@ -61,7 +61,7 @@ def _ended_with_a_failed_final_checkpoint(tmp_path: Path, monkeypatch: pytest.Mo
     evaluated: list[int] = []
     if evaluation:  # the eval set is not read: the final evaluation is recorded
         monkeypatch.setattr("psflow.train.duties.read_all", lambda *args, **kwargs: None)
-        monkeypatch.setattr("psflow.train.duties.evaluate", lambda *args: evaluated.append(1) or {"loss": 0.5})
+        monkeypatch.setattr("psflow.train.ready_eval.evaluate", lambda *args: evaluated.append(1) or {"loss": 0.5})
     made = make_session(config, _CLUSTER, client, SimpleNamespace(initial_values=None), "worker", 0,
                         leadership=_Leadership() if election else None)  # type: ignore[arg-type]
     assert os.path.exists(os.path.join(ckpt, "checkpoint.lock"))  # taken by the session: no launcher holds it
