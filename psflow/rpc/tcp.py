@@ -27,6 +27,14 @@ pickle; calls are never retried. A connection the server closed while it was
 idle (its idle timeout) is noticed before the next call is sent and opened
 again, as a gRPC channel reconnects. No TLS: use gRPC where the network is not
 trusted.
+
+A call waits for no task to come up, as a gRPC call made without ``wait_for_ready`` does: a call on a channel
+that has not connected yet asks the task's gRPC server for the carrier's port once, and a task that is not there
+(its host refuses the connection) fails the call at once (TaskUnavailableError, "connection refused"), however
+long its deadline. Only :meth:`TcpChannel.wait_ready` waits (``connect_timeout``). A replicated shard's client
+then follows the shard's view at once (:mod:`psflow.ps.failover`): a client opened after the shard's primary
+died (a chief's save client) once waited the call's whole deadline (``--rpc-timeout``, 60 s) for the dead
+primary to come up before it could see the backup promoted.
 """
 
 from __future__ import annotations
@@ -202,7 +210,7 @@ class TcpChannel:
                 raise self._closed_error("connect")
             try:
                 with self._busy:
-                    self._connect(max(0.01, deadline - time.monotonic()))
+                    self._connect(max(0.01, deadline - time.monotonic()), wait=True)
                 return
             except TaskUnavailableError as e:
                 remaining = deadline - time.monotonic()
@@ -211,12 +219,16 @@ class TcpChannel:
                 time.sleep(min(wait, remaining))
                 wait = min(wait * 2, self._config.backoff_max)
 
-    def _connect(self, timeout: float) -> socket.socket:
+    def _connect(self, timeout: float, *, wait: bool = False) -> socket.socket:
+        """The connection, opened if there is none (``timeout`` s at most). ``wait``
+        (:meth:`wait_ready`): a port not known yet is asked once the task's gRPC server is up; else (a call)
+        it is asked at once, and a task not there fails the call now, never after its whole deadline."""
         if self._sock is not None:
             return self._sock
         discovery = self._discovery
         if self._port is None and discovery is not None:
-            discovery.wait_ready(timeout)
+            if wait:
+                discovery.wait_ready(timeout)
             self._moved_to(self._ask_port(discovery, timeout))
         try:
             return self._open(timeout)
