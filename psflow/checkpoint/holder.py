@@ -7,7 +7,9 @@ judges a pid only on its own host, boot and pid namespace; a lock of another hos
 namespace on this one (another container sharing the kernel and, with host networking, the host name) is
 unknown (None), never judged by a pid here. A lock without ``pid_ns`` (an older psflow's) is judged by host
 and boot. Another user's process that /proc hides (mounted ``hidepid``) is alive: it exists (``kill`` says so),
-and its missing /proc entry says nothing. :func:`describe_holder` names the holder in messages.
+and its missing /proc entry says nothing. :func:`is_this_process` says whether a lock names this very process (one
+function for the lock's own release and ``psflow train``'s stop-at-once line). :func:`describe_holder` names the
+holder in messages.
 
 Used by :mod:`psflow.checkpoint.lock` (what a lock records, whether it is stale) and the evaluator
 (:mod:`psflow.launch.evaluator`: whether the run it waits on is still alive).
@@ -19,7 +21,7 @@ import os
 import socket
 from typing import Any
 
-__all__ = ["holder_alive", "describe_holder", "boot_id", "pid_namespace", "pid_start"]
+__all__ = ["holder_alive", "describe_holder", "is_this_process", "boot_id", "pid_namespace", "pid_start"]
 
 
 def boot_id() -> str | None:
@@ -89,6 +91,17 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
         return False  # exited, not yet reaped
     recorded = holder.get("pid_start")
     return not (type(recorded) is int and start != recorded)  # else the pid was reused
+
+
+def is_this_process(holder: dict[str, Any], run_id: str) -> bool:
+    """Whether the lock content ``holder`` names this process, for run ``run_id``: its run id, pid and host, and
+    its pid namespace, boot and the pid's start time where recorded (a lock without them, an older psflow's, is
+    judged without). An earlier process of the run under this pid (after a reboot: the host's pid namespace is the
+    same at every boot; or a pid reused) is another process, not this one. Reads /proc only (no store)."""
+    pid = os.getpid()
+    return (holder.get("run_id") == run_id and holder.get("pid") == pid
+            and holder.get("host") == socket.gethostname() and holder.get("pid_ns") in (None, pid_namespace())
+            and holder.get("boot_id") in (None, boot_id()) and holder.get("pid_start") in (None, pid_start(pid)))
 
 
 def describe_holder(holder: dict[str, Any]) -> str:

@@ -93,7 +93,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Self
 
 from psflow import jsonio, storage
-from psflow.checkpoint.holder import boot_id, describe_holder, holder_alive, pid_namespace, pid_start
+from psflow.checkpoint.holder import boot_id, describe_holder, holder_alive, is_this_process, pid_namespace, pid_start
 from psflow.errors import CheckpointError, PsflowError
 
 __all__ = [
@@ -407,7 +407,7 @@ class DirectoryLock:
                 self._write()
                 log.info("run %s: holds %s %s (pid %d)", self.run_id, self.what, self.directory, os.getpid())
                 return
-            if self._is_this_process(holder):
+            if is_this_process(holder, self.run_id):
                 return
             alive = holder_alive(holder)
             if holder["run_id"] == self.run_id:
@@ -427,14 +427,6 @@ class DirectoryLock:
                 f"{self.what} {self.directory} is in use by {describe_holder(holder)}: this run "
                 f"({self.run_id}) may not write there ({self.why}); {where}")
 
-    def _is_this_process(self, holder: dict[str, Any]) -> bool:
-        # Boot and start time too: an earlier process of the run under this pid (another boot: the host's pid
-        # namespace is the same at every boot; a pid reused) is another process, its lock to take over and release.
-        pid = os.getpid()
-        return (holder.get("run_id") == self.run_id and holder.get("pid") == pid
-                and holder.get("host") == socket.gethostname() and holder.get("pid_ns") in (None, pid_namespace())
-                and holder.get("boot_id") in (None, boot_id()) and holder.get("pid_start") in (None, pid_start(pid)))
-
     def release(self) -> bool:
         """Removes the lock if this process holds it for this run; idempotent, never raises.
 
@@ -446,7 +438,7 @@ class DirectoryLock:
             # Goes past a mutex held too long: only this process's own lock file is removed.
             with directory_mutex(self.directory, what=self.what, error=self.error, may_pass=True):
                 holder = self.holder()
-                if holder is None or not self._is_this_process(holder):
+                if holder is None or not is_this_process(holder, self.run_id):
                     return False
                 storage.remove(self.path)
         except (OSError, CheckpointError, DirectoryLockError) as e:

@@ -10,7 +10,6 @@ import dataclasses
 import functools
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -86,10 +85,11 @@ def run_train(args: argparse.Namespace) -> int:
 def _leaves_undone(output: str, config: TrainConfig, printed: list[bool], run: str) -> None:
     """What a stop at once after the end (:func:`~psflow.launch.launcher_signals.stop_at_once_leaves`) would leave:
     a finished run's summary not printed yet (its figures are in metrics.json, where that was written), and each lock
-    this process still holds for run ``run`` (its file names this host, pid namespace, pid and run, as the lock judges
-    its own): a file naming it, which a run from this host takes over, its process gone, and a run from another host
-    never does (:mod:`psflow.checkpoint.lock`: deleted by hand); an object store's is not asked from the handler."""
-    from psflow.checkpoint.holder import pid_namespace
+    this process still holds for run ``run`` (its file names this process and run as the lock judges its own:
+    :func:`~psflow.checkpoint.holder.is_this_process`; an earlier process of the run under this pid is not this one):
+    a file naming it, which a run from this host takes over, its process gone, and a run from another host never
+    does (:mod:`psflow.checkpoint.lock`: deleted by hand); an object store's is not asked from the handler."""
+    from psflow.checkpoint.holder import is_this_process
     from psflow.checkpoint.lock import LOCK_NAME, RUN_LOCK_NAME
     from psflow.launch.run_status import METRICS_JSON
 
@@ -102,8 +102,7 @@ def _leaves_undone(output: str, config: TrainConfig, printed: list[bool], run: s
         def left(end: Any, written: bool) -> str | None:
             with open(path, "rb") as f:  # (gone, unreadable: not this process's, nothing said)
                 holder = json.loads(f.read())
-            mine = {"run_id": run, "pid": os.getpid(), "host": socket.gethostname()}
-            if any(holder.get(k) != v for k, v in mine.items()) or holder.get("pid_ns") not in (None, pid_namespace()):
+            if not is_this_process(holder, run):
                 return None
             return f"{path} is left (a run there from this host takes it over, its process gone; from another host, delete it)"
         return left

@@ -5,6 +5,10 @@ the lock again where it was deleted meanwhile), and it ends also after an earlie
 (:attr:`~psflow.train.hook_api.SessionRunHook.ends_always`), but never before a checkpoint save given up at
 ``--save-timeout`` (:mod:`psflow.checkpoint.bounded_save`) ended, or the process exits: that save may still make its
 checkpoint current while the process lives.
+
+The release held for such a save runs on a thread started as the session ends (:class:`_ReleaseAfterSave`), never on
+one started by the exit function: Python 3.12 refuses to start a thread during interpreter shutdown ("can't create
+new thread at interpreter shutdown"), and the lock stayed. The exit function only wakes that thread and waits for it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ __all__ = ["ReleaseLockAtEnd"]
 
 log = logging.getLogger("psflow.worker")
 
+#: Seconds between the held release's looks at whether the process exits (while it waits for the given-up save).
+EXIT_LOOK_EVERY = 0.1
+
 
 class ReleaseLockAtEnd(SessionRunHook):
     """Releases the run's checkpoint-directory lock when the session ends, if ``lock`` took it
@@ -37,10 +44,10 @@ class ReleaseLockAtEnd(SessionRunHook):
     (a store that stopped answering held ``psflow server`` for ever). Also after an earlier hook's ``end()`` raised
     (a failed final checkpoint; a take-over: the lock stayed, naming this process, and a later run was refused).
     Where a save of ``manager`` given up at ``--save-timeout`` still runs (:func:`~psflow.checkpoint.bounded_save.
-    given_up_save`; it may still make its checkpoint current), the lock is released once it ended, in a daemon thread,
-    or as the process exits, if first (an exit function: the save, a daemon thread too, ends with the process; a
-    process ended by a signal or ``os._exit`` runs none and leaves the lock naming a process gone, as a crash does:
-    see :mod:`psflow.checkpoint.lock`)."""
+    given_up_save`; it may still make its checkpoint current), the lock is released once it ended, or as the process
+    exits, if first (:class:`_ReleaseAfterSave`: the save, a daemon thread, ends with the process; a process ended by a
+    signal or ``os._exit`` runs no exit function and leaves the lock naming a process gone, as a crash does: see
+    :mod:`psflow.checkpoint.lock`)."""
 
     ends_always = True
 
@@ -55,24 +62,47 @@ class ReleaseLockAtEnd(SessionRunHook):
         if running is not None:  # it may still make its checkpoint current: a later run must not hold the directory
             log.warning("%s: a checkpoint save given up at --save-timeout still runs: the lock %s is released once it "
                         "ends", session.client.client_name, self.lock.path)
-            atexit.register(self._release_at_exit)  # (the daemon thread below dies with the process: not it)
-            threading.Thread(target=self._release_after, args=(running,), name="psflow-lock-release-after-save",
-                             daemon=True).start()
+            _ReleaseAfterSave(self.lock, running, self.timeout).start()
             return
         with BoundedRelease(self.lock, timeout=self.timeout, release=self.lock.release):
             pass
 
-    def _release_after(self, running: threading.Event) -> None:
-        running.wait()
-        atexit.unregister(self._release_at_exit)
-        self.lock.release()
 
-    def _release_at_exit(self) -> None:
-        """(An exit function) The process exits with the given-up save still running: the save, a daemon thread,
-        ends with it, so the lock goes now; left, it named a process gone, refused to a run on another host until
-        deleted by hand. At most ``timeout`` s (a store that stopped answering): the exit is not held for ever."""
-        log.warning("the process exits while a checkpoint save given up at --save-timeout still runs (it ends with "
-                    "the process): releasing the lock %s", self.lock.path)
-        release = threading.Thread(target=self.lock.release, name="psflow-lock-release-at-exit", daemon=True)
-        release.start()
-        release.join(self.timeout)
+class _ReleaseAfterSave:
+    """The release of ``lock`` held for a given-up save (``save_ended``: set once it ended), on a daemon thread started
+    by :meth:`start`: it releases once the save ended, unless the process exits first: then :meth:`_at_exit` (an exit
+    function, registered by :meth:`start` and unregistered once the lock is released) wakes it and waits at most
+    ``timeout`` s for its release (a store that stopped answering does not hold the exit for ever). The save, a daemon
+    thread, ends with the process; left, the lock named a process gone, refused to a run on another host until deleted
+    by hand. The exit function starts no thread (refused during interpreter shutdown from Python 3.12 on)."""
+
+    def __init__(self, lock: CheckpointDirLock, save_ended: threading.Event, timeout: float) -> None:
+        self.lock, self.save_ended, self.timeout = lock, save_ended, timeout
+        self.exiting, self.released = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._run, name="psflow-lock-release-after-save", daemon=True)
+
+    def start(self) -> None:
+        atexit.register(self._at_exit)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.save_ended.wait(EXIT_LOOK_EVERY) and not self.exiting.is_set():
+            pass
+        try:
+            self.lock.release()
+        finally:
+            self.released.set()
+            if not self.exiting.is_set():  # (no exit function left to run for a lock released)
+                atexit.unregister(self._at_exit)
+
+    def _at_exit(self) -> None:
+        if self.released.is_set():
+            return
+        if not self.save_ended.is_set():
+            log.warning("the process exits while a checkpoint save given up at --save-timeout still runs (it ends "
+                        "with the process): releasing the lock %s", self.lock.path)
+        self.exiting.set()
+        if not self.released.wait(self.timeout):
+            log.warning("could not release the lock %s as the process exits: no answer within %g s (the store "
+                        "stopped answering?); a later run on this host takes it over, from another host delete it",
+                        self.lock.path, self.timeout)

@@ -1,6 +1,7 @@
 """What ``psflow train``'s stop at once after its end (the signal after the one said) says of the run locks it leaves
 (``cli/train.py`` ``_leaves_undone``, asked from the signal handler): a lock is named only where its file names this
-process and this run (host, pid namespace, pid, run id: as :mod:`psflow.checkpoint.lock` judges one its own), and the
+process and this run (host, pid namespace, pid, run id, and boot and start time: judged by
+:func:`psflow.checkpoint.holder.is_this_process`, as :mod:`psflow.checkpoint.lock` judges one its own), and the
 line says who takes it over: a run from this host (its process is seen gone there); from another host it is never
 judged stale (:mod:`psflow.checkpoint.lock`): deleted by hand. Before, the line said 'the next run there takes it
 over' of a shared directory's lock that a run from another host or container is refused by, and named a lock of
@@ -53,5 +54,20 @@ def test_a_lock_naming_this_pid_on_another_host_or_for_another_run_is_not_said(s
         path = said.out / "run.lock"
         holder = json.loads(path.read_text())
         holder[field] = "elsewhere"  # the same pid number, another host's (namespace's) process or another run
+        path.write_text(json.dumps(holder))
+        assert said.lines() == []
+
+
+@pytest.mark.parametrize("field", ["boot_id", "pid_start"])
+def test_a_lock_of_an_earlier_process_under_this_pid_is_not_said(said: types.SimpleNamespace, field: str) -> None:
+    """This run, host, pid namespace and pid, but another boot or process start time: an earlier process of the
+    run given this pid (after a reboot, or a pid reused), whose lock is not this process's to name (as
+    :mod:`psflow.checkpoint.lock` judges it: taken over, not kept as its own). Before, d2302fb's check compared run
+    id, pid, host and pid namespace only, and named it."""
+    with CheckpointDirLock(str(said.ck), RUN):
+        path = said.ck / "checkpoint.lock"
+        holder = json.loads(path.read_text())
+        assert holder[field] is not None  # (recorded: /proc answers here)
+        holder[field] = "6d0c3a2e-0000-4000-8000-000000000000" if field == "boot_id" else holder[field] - 1
         path.write_text(json.dumps(holder))
         assert said.lines() == []
