@@ -19,7 +19,8 @@ signalled, so ``kill:ps:0@step=S,kill:ps-backup:0@step=S`` kills every replica o
 
 An in-graph run's client (``/job:client/task:0``) is no task of the cluster,
 yet a fault may name it (``kill:client:0``): it is the run's chief, so
-``chief`` names it too.
+``chief`` names it too. A ``stop`` of it is refused: it has no hang detection
+(it serves no liveness check), so nothing would end the stop.
 
 ``chief`` is whoever holds the chief duties at the moment the fault fires:
 in a run whose workers elect their chief (checkpoints, summaries or
@@ -153,7 +154,7 @@ class ChaosPlan:
         ``client``: the run has an in-graph client, ``("client", 0)``: faults may name it, and it is the chief.
 
         Raises:
-            ChaosError: a fault names a job or task that is not in the cluster; or two faults of
+            ChaosError: a fault names a job or task that is not in the cluster, or stops an in-graph client; or two faults of
                 the same step (one round, see the module docstring) name the same task (names both
                 specs and the task).
         """
@@ -168,6 +169,10 @@ class ChaosPlan:
                 if wrong is not None:
                     raise ChaosError(wrong)
             else:
+                if client and (job, index) == IN_GRAPH_CLIENT and f.action == "stop":
+                    raise ChaosError(f"--chaos {f.spec!r}: an in-graph run's client (/job:client/task:0) has no hang "
+                                     "detection (it serves no liveness check), so a stopped client would hold the "
+                                     "run for good; use kill:client:0")
                 try:
                     if not (client and (job, index) == IN_GRAPH_CLIENT):
                         cluster.task_address(job, index)

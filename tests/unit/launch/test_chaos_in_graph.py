@@ -55,3 +55,14 @@ def test_kill_client_and_kill_chief_hit_the_clients_process() -> None:
         fault.recovered_at_step = 12
     assert injector.poll(21) == [] and [f.task for f in injector.poll(22)] == ["/job:client/task:0"]
     assert sent[-1] == (50, signal.SIGKILL)
+
+
+def test_a_stop_of_the_client_is_refused_naming_why() -> None:
+    # The client is outside the cluster's hang detection (it serves no Ping): a stopped client was never killed, the
+    # run sat at its step forever (seen: in-graph, --liveness-timeout 3, global_step 40, 0 examples/s).
+    for spec in ("stop:client:0@step=5", "stop:chief@step=5"):
+        with pytest.raises(ChaosError, match=rf"{spec}.*no hang detection.*kill:client:0"):
+            ChaosPlan.parse([spec]).resolve(CLUSTER, client=True)
+    # A stop of a worker of the same run still resolves; the client's kill too.
+    assert [e[1:] for e in ChaosPlan.parse(["stop:worker:1@step=5", "kill:client:0@step=5"]).resolve(
+        CLUSTER, client=True)] == [("worker", 1), ("client", 0)]
