@@ -53,7 +53,9 @@ A ps task that died is restarted empty by the supervisor. Then, in order:
    twice relative to the model state, none skipped. This includes workers
    that had already finished their data: in asynchronous mode a finished
    worker does not exit but resigns the chief lease and waits for the others
-   (:meth:`ClusterRecovery.linger`), so a later restore can rewind it too.
+   (:meth:`ClusterRecovery.linger`), so a later restore can rewind it too. A ps task lost once every worker
+   finished and the others' sessions ended (the holder's final checkpoint written, its ``Done`` sent: nobody is
+   left to restore it) ends the lingering worker's wait instead: it leaves, its data done (logged).
 
 global_step never goes back: after a restore it continues from the value
 surviving ps task 0 held; if ps task 0 itself died, from the bound its
@@ -296,6 +298,7 @@ class ClusterRecovery:
         client = self.client
         last_step, last_move = None, time.monotonic()
         fast_until = last_move + first_for
+        unsettled: float | None = None  # since when every worker finished with a ps task lost, the holder ending
         while True:
             try:
                 stats: StatsReply | None = client.ps_stats()
@@ -322,11 +325,49 @@ class ClusterRecovery:
                     return False, None
                 time.sleep(first_poll if time.monotonic() < fast_until else poll)
                 continue
+            if done and self._ended_without_a_restore(stats):
+                return False, None
+            if done and self._holder_ending(stats, since=unsettled):
+                unsettled = unsettled if unsettled is not None else time.monotonic()
+                time.sleep(poll)
+                continue
             if self.needed():
                 restored, position = self.wait()
                 if restored:
                     return True, position
             time.sleep(first_poll if time.monotonic() < fast_until else poll)
+
+    def _holder_ending(self, stats: StatsReply | None, *, since: float | None) -> bool:
+        """(Every worker finished; the run did not end without a restore) whether to poll again rather than wait for
+        a restore: this worker holds no lease, the ps tasks are not settled at a new generation, and another worker's
+        session has not ended yet (the holder in its final save or evaluation, whose ``Done`` tells this one the
+        run ended), for at most ``timeout`` s since ``since``; then :meth:`wait` as before."""
+        if stats is None or self.leader() is not None or (since is not None and time.monotonic() - since > self.timeout):
+            return False
+        return self._settled(self._states()) is None
+
+    def _ended_without_a_restore(self, stats: StatsReply | None) -> bool:
+        """(Every worker finished its data; the cluster is not settled at this worker's generation) whether the run
+        ended with no restore to wait for: this worker holds no lease (it cannot restore), a ps task is not ready
+        or unreachable (lost after the last push; restarted empty or not) and none is settled at a new generation, and
+        every other worker's session ended normally (its ``Done`` on ps task 0: :mod:`psflow.ps.run_end`), the
+        holder's after writing the final checkpoint. Nobody is left to restore the lost task; a restore would rewind
+        no one whose data is not done, and the final model is the final checkpoint (a launcher evaluates it there).
+        Logged (WARNING) when it is so; False otherwise, and this worker waits for the restore as before."""
+        if stats is None or self.leader() is not None:
+            return False
+        run_end = stats.counters.get("run_end")
+        done = set(run_end.get("workers_done") or ()) if isinstance(run_end, dict) else set()
+        if not set(stats.finished or ()) - {self.client.client_name} <= done:
+            return False
+        states = self._states()
+        if self._settled(states) is not None:  # restored meanwhile (at a new generation): wait() rewinds this one
+            return False
+        lost = [f"/job:ps/task:{t}" for t, s in sorted(states.items()) if s is None or not s.ready]
+        log.warning("%s: every worker finished and the others' sessions ended (the final checkpoint written); %s "
+                    "was lost after the last step and nobody is left to restore it: leaving (this worker's data is "
+                    "done; the final model is the final checkpoint)", self.client.client_name, ", ".join(lost))
+        return True
 
     def _checkpoint(self, lease: Lease | None) -> str | None:
         """The checkpoint a restore reads: the newest one, taken over with ``lease``'s epoch when there is a lease
