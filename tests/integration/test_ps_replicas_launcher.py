@@ -96,6 +96,15 @@ def test_a_killed_primary_counts_as_recovered_only_with_its_replacement_back_in_
                 "--chaos", f"kill:ps:0@step={step}", "--no-status", "--output", str(out), timeout=200)
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
+    assert len(metrics["shards"]) == 1 and not metrics.get("shards_unread"), (metrics, r.stderr[-3000:])
+    if not metrics["faults"]:
+        # Due 16 steps before the end: where no chaos poll read the step and the shard's primary in that time (a
+        # loaded machine; each poll's calls have 1 s), training ended first and the fault was not fired, by design
+        # (psflow.launch.chaos: a fault after training's end is dropped), and said so. Nothing to recover then.
+        assert metrics["faults_not_fired"] == 1, metrics
+        assert f"chaos:   kill:ps:0@step={step}: not fired: training ended at step " in r.stderr, r.stderr[-3000:]
+        assert leftover_processes(str(out)) == []
+        return
     [fault], [shard] = metrics["faults"], metrics["shards"]
     assert fault["task"] == "/job:ps/task:0" and metrics["updates_lost"] == 0, (fault, shard)
     back = "/job:ps/task:0" in [b["task"] for b in shard["backups"]]
