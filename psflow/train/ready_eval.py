@@ -4,10 +4,12 @@ A ps task restarted empty, or halfway through a restore, holds no model of the r
 values (AUC, loss) are of a model that never existed. So :class:`ReadyEvaluation`, the chief's evaluation
 (:class:`~psflow.train.hooks.EvalHook`), for each attempt:
 
-1. reads every ps task's readiness, generation and initializations (``Stats``): one not ready waits;
+1. reads the readiness, generation and initializations (``Stats``) of every ps task holding a partition of a
+   variable, and of the one holding global_step (a task holding none is not part of the model): one not ready
+   waits;
 2. evaluates with pulls that require a ready task (:mod:`psflow.ps.ready_read`): a task not ready, or restored
    during its read, refuses (FAILED_PRECONDITION);
-3. reads every task's state again: any change (a restore that began and ended between two pulls, a task restarted
+3. reads those tasks' states again: any change (a restore that began and ended between two pulls, a task restarted
    and restored) drops the metrics.
 
 A dropped attempt is made again from the start (earlier chunks read the model before the restore), every
@@ -59,9 +61,12 @@ class ReadyEvaluation:
         self.attempts = 0
 
     def _states(self) -> dict[str, tuple[bool, int, int]]:
-        """Each ps task's (ready, generation, init_count), by task name."""
+        """(ready, generation, init_count) of each ps task the model is read from (one holding a partition of a
+        variable) and of the one holding global_step, by task name. A task holding none (``--ps`` above the
+        variables) is not asked: restarted or gone, the model is whole; a restore goes to every task, so one made
+        during the reads still changes these tasks' generation."""
         out = {}
-        for index in sorted(self.client.channels):
+        for index in _read_from(self.client):
             stats = self.client.ps_stats(index)
             out[stats.task] = (stats.ready, stats.generation, stats.init_count)
         return out
@@ -100,6 +105,12 @@ class ReadyEvaluation:
         changed = [f"{task} went from {_said(before[task])} to {_said(state)}"
                    for task, state in after.items() if before.get(task) != state]
         return "; ".join(changed) + " during the evaluation" if changed else metrics
+
+
+def _read_from(client: Any) -> list[int]:
+    """The ps tasks holding a partition of a variable (``client.layout``), and ``client.step_task``, sorted."""
+    holders = {part.task for placement in client.layout.values() for part in placement.partitions}
+    return sorted(holders | {client.step_task})
 
 
 def _said(state: tuple[bool, int, int]) -> str:
