@@ -27,6 +27,7 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -148,6 +149,7 @@ class CheckpointManager:
         self.abandoned = False  # the save under way was given up (and counted) by its caller's bounded wait
         self._reports, self._process = 0, f"{os.getpid()}.{time.time_ns()}"  # this manager's reports' ids
         self._unsent: list[SaveOutcome] = []  # reports the ledger did not take yet, oldest first
+        self._sending = threading.Lock()  # the save's thread and send_unsent (the training thread's hook) both send
         self._current: str | None = None
         self._step: int | None = None  # the save under way's, read first (None: not read, or not the run's)
         self._step_unready = False  # the save under way found ps task 0 not ready (restarted): no step of the run
@@ -387,9 +389,24 @@ class CheckpointManager:
         """Counts a save in the cluster's ledger, after the reports not delivered before (in order; the newest
         32 kept): one sent while the task holding the ledger was down (logged) is sent with the next. Each
         report has its own id, so one resent (after a failover, or counted but not answered) is counted once."""
-        self._reports += 1
-        self._unsent = [*self._unsent[-31:], replace(outcome, report_id=f"{client.client_name}/{self._process}/"
-                                                                        f"{self._reports}")]
+        with self._sending:
+            self._reports += 1
+            self._unsent = [*self._unsent[-31:], replace(outcome, report_id=f"{client.client_name}/{self._process}/"
+                                                                            f"{self._reports}")]
+            self._send(client)
+
+    def send_unsent(self, client: ParameterClient) -> None:
+        """Sends the reports the ledger did not take (its task was down), if any: a chief whose duties moved to
+        another worker meanwhile saves no more, so its next save would never send them (the ledger then counted one
+        checkpoint fewer than were saved). Called by :class:`psflow.train.unsent_reports.SendUnsentReports` on every
+        worker that may hold the duties; never raises (a report not taken stays for the next try)."""
+        if self._unsent and self._sending.acquire(blocking=False):  # (a save reporting now sends them itself)
+            try:
+                self._send(client)
+            finally:
+                self._sending.release()
+
+    def _send(self, client: ParameterClient) -> None:
         while self._unsent:
             try:
                 client.call(client.step_task, CheckpointStatusRequest(outcome=self._unsent[0]), timeout=5.0)

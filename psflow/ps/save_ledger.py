@@ -3,7 +3,8 @@
 row ``--max-failed-saves`` reads, the newest saved step and path, the newest failures.
 
 Guarantees: thread-safe; a report carrying an id (:attr:`~psflow.ps.protocol.SaveOutcome.report_id`) that was
-counted already (one of the newest 64: a resend after a failover) is not counted again. Kept in memory, and,
+counted already (one of the newest 64: a resend after a failover) is not counted again; a late report of a save
+older than the newest counted is counted, and leaves the newest checkpoint and the failure streak as they are. Kept in memory, and,
 with a ``file`` (``psflow train``'s ps task 0: ``RUN_DIR/state/ps-0/`` :data:`SAVE_LEDGER_FILE`), written there
 after every report, so that the task restarted by the launcher goes on with the same counts, newest checkpoint
 and failed-save streak (the lineage is not kept: the restore sets it). Without one a restarted task starts from
@@ -95,8 +96,9 @@ class SaveLedger:
                 del self.reports[:-self._REPORTS]
             if outcome.saved:
                 self.saved += 1
-                self.failed_in_a_row = 0
-                self.last_saved_step, self.last_saved_path = outcome.global_step, outcome.path
+                if not self._older(outcome.global_step):  # (a late report of an earlier chief: counted only)
+                    self.failed_in_a_row = 0
+                    self.last_saved_step, self.last_saved_path = outcome.global_step, outcome.path
             else:
                 self.failed += 1
                 self.failed_in_a_row += 1
@@ -104,6 +106,11 @@ class SaveLedger:
                                       "writer": outcome.writer, "time": time.time()})
                 del self.failures[:-self._KEEP]
             self._keep()
+
+    def _older(self, step: int | None) -> bool:
+        """Whether a save at ``step`` is older than the newest counted (its report came late: sent again by a chief
+        whose duties moved on meanwhile); it does not take the newest checkpoint's place."""
+        return step is not None and self.last_saved_step is not None and step < self.last_saved_step
 
     def status(self) -> CheckpointStatusReply:
         with self._lock:

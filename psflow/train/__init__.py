@@ -34,6 +34,8 @@ Classes and functions, by file:
 * ``duties.py`` -- a worker's session and hooks built from a TrainConfig; who takes the run and
   checkpoint locks when; ``deferred_end.py`` -- a chief duty's failed end() raised after every duty ran;
   ``lock_at_end.py`` -- the release of the checkpoint lock a session's duties took, once no save given up still runs.
+  ``unsent_reports.py`` -- the checkpoint reports the ledger missed, sent by their worker whether or not it still
+  holds the duties.
 * ``chief.py`` -- who the chief is, and how a client joins the cluster (initialize, restore, warm start).
 * ``recovery.py`` -- an elected chief (:class:`~psflow.train.recovery.Leadership`) and restores after a ps
   task died (:class:`~psflow.train.recovery.ClusterRecovery`); ``leader_hooks.py`` -- the chief duties' hooks

@@ -73,6 +73,7 @@ from psflow.train.recovery import CampaignWhileTrainingHook, LeaderOnlyHook, Lea
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.summary import SummaryWriter
 from psflow.train.taken_over import TakenOverHook
+from psflow.train.unsent_reports import SendUnsentReports
 
 __all__ = ["make_session", "elects_chief", "coordination_config", "resume_position", "resume_from_positions",
            "resharded_epoch", "epochs_completed", "fault_exit", "run_id",
@@ -141,6 +142,8 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
                                     transport=config.checkpoint.transport, fault=fault_exit(faults.checkpoint_exit),
                                     lock=lock, max_failed_saves=config.checkpoint.max_failed_saves,
                                     full_every=config.checkpoint.full_every, section=save_section)
+        if leadership is not None:  # its reports the ledger missed, sent also once the duties moved on
+            release.append(SendUnsentReports(manager))
         if duties:  # released at the end, not while a save given up at --save-timeout may still publish
             release.append(ReleaseLockAtEnd(lock, manager=manager))
         fence = None
