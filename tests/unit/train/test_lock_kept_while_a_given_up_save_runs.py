@@ -25,6 +25,7 @@ import pytest
 from two_ps_in_process import SGD, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.lock import CheckpointDirLock, CheckpointLockedError
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager, FinalCheckpointError
 from psflow.cluster import ClusterSpec
 from psflow.train.config import TrainConfig
@@ -49,7 +50,6 @@ def test_the_lock_is_kept_until_the_given_up_final_save_ended(tmp_path: Path, mo
     client, _ = two_ps_cluster()
     with MonitoredTrainingSession(client, SGD, is_chief=True):  # the cluster initialized and ready
         pass
-    client.config = dataclasses.replace(client.config, save_timeout=0.5)
     ckpt = str(tmp_path / "ckpt")
     config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=ckpt, save_checkpoints_steps=1000,
                               summary_dir=str(tmp_path / "summaries"), max_failed_saves=max_failed_saves)
@@ -58,6 +58,8 @@ def test_the_lock_is_kept_until_the_given_up_final_save_ended(tmp_path: Path, mo
     assert os.path.exists(lock_file)  # taken by the session: no launcher holds it
     for hook in made.hooks:
         hook.after_create_session(made)
+    assert latest_checkpoint(ckpt) is not None  # the initial checkpoint written: only the final save is given up
+    client.config = dataclasses.replace(client.config, save_timeout=0.5)  # (after it: under load it took over 0.5 s)
     train_a_step(client)
     let_go, ended = threading.Event(), threading.Event()
 

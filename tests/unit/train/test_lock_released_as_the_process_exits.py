@@ -40,6 +40,7 @@ import atexit, dataclasses, os, sys, threading, time
 from types import SimpleNamespace
 sys.path.insert(0, sys.argv[2])
 from two_ps_in_process import SGD, train_a_step, two_ps_cluster
+from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager, FinalCheckpointError
 from psflow.cluster import ClusterSpec
 from psflow.train.config import TrainConfig
@@ -50,12 +51,14 @@ ckpt = sys.argv[1]
 client, _ = two_ps_cluster()
 with MonitoredTrainingSession(client, SGD, is_chief=True):
     pass
-client.config = dataclasses.replace(client.config, save_timeout=0.5)
 config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=ckpt, save_checkpoints_steps=1000)
 cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3"]})
 made = make_session(config, cluster, client, SimpleNamespace(initial_values=None), "worker", 0)
 for hook in made.hooks:
     hook.after_create_session(made)
+print("initial checkpoint written:", latest_checkpoint(ckpt) is not None, flush=True)
+client.config = dataclasses.replace(client.config, save_timeout=0.5)  # (after the initial save: under load it took
+# over 0.5 s, was given up too, and the lock was held for it, not for the final save)
 train_a_step(client)
 let_go = threading.Event()
 CheckpointManager.save = lambda *args, **kwargs: let_go.wait()  # a store that stopped answering
@@ -86,6 +89,7 @@ def test_the_lock_is_released_as_the_process_exits_with_the_given_up_save(tmp_pa
     done = subprocess.run([sys.executable, "-c", _WORKER, ckpt, _TESTS, case], capture_output=True, text=True,
                           timeout=100, cwd=str(tmp_path))
     assert done.returncode == 1, done.stderr
+    assert "initial checkpoint written: True" in done.stdout, done.stdout + done.stderr  # (only the final save given up)
     assert "final checkpoint failed:" in done.stdout and "given up" in done.stdout, done.stdout
     assert "lock kept while the save runs: True" in done.stdout, done.stdout
     assert not os.path.exists(os.path.join(ckpt, "checkpoint.lock")), done.stderr  # before: left, naming a pid gone
