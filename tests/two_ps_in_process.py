@@ -1,11 +1,13 @@
 """Two ps tasks as services in this process, behind in-process channels, with one chief client: the shared set-up
 of the state-loss and restore unit tests (tests/unit/train/test_state_loss.py, test_restore_vs_fenced_save.py).
-No sockets: a "restart" of a ps task is a fresh service behind the same channel.
+No sockets: a "restart" of a ps task is a fresh service behind the same channel. :class:`SumModel` and
+:class:`OneExample`: a model whose one metric is the sum of both variables, for the evaluation tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,3 +55,35 @@ def train_a_step(client: ParameterClient) -> None:
     generation = client.ps_stats().generation
     client.push({"weights": DenseGradient(np.ones((8, 2), np.float32)), "bias": DenseGradient(np.ones(2, np.float32))},
                 generation=generation)
+
+
+class SumModel:
+    """Reads ``weights`` and ``bias`` whole; its metric ``auc`` is their sum (what a read of a known model gives is
+    known); ``on_predict`` runs inside each read's use (a test's interleaving point)."""
+
+    def __init__(self) -> None:
+        self.on_predict: list[Any] = []
+
+    def prepare(self, batch: Any) -> Any:
+        return batch
+
+    def lookups(self, batch: Any) -> dict[str, np.ndarray | None]:
+        return {"weights": None, "bias": None}
+
+    def predict(self, batch: Any, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.on_predict:
+            self.on_predict.pop(0)()
+        return {"score": np.array([float(values["weights"].sum() + values["bias"].sum())])}
+
+    def metrics(self, labels: np.ndarray, outputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+        return {"auc": float(outputs["score"][0]), "examples": 1.0}
+
+
+class OneExample:
+    """An evaluation batch of one example."""
+
+    num_examples = 1
+    labels = np.zeros(1, np.float32)
+
+    def slice(self, start: int, stop: int) -> OneExample:
+        return self

@@ -15,12 +15,10 @@ Real in-process ps services: ``weights`` on ps task 0, ``bias`` on ps task 1, no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import pytest
-from two_ps_in_process import SGD, train_a_step
+from two_ps_in_process import SGD, OneExample, SumModel, train_a_step
 
 from psflow.cluster import ClusterSpec
 from psflow.placement import VariableSet, replica_device_setter
@@ -37,33 +35,6 @@ pytestmark = pytest.mark.timeout(60)
 CLUSTER = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]})
 
 
-class SumModel:
-    """Reads both variables whole; its metric ``auc`` is their sum; ``on_predict`` runs inside the read's use."""
-
-    def __init__(self) -> None:
-        self.on_predict: list[Any] = []
-
-    def prepare(self, batch: Any) -> Any:
-        return batch
-
-    def lookups(self, batch: Any) -> dict[str, np.ndarray | None]:
-        return {"weights": None, "bias": None}
-
-    def predict(self, batch: Any, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.on_predict:
-            self.on_predict.pop(0)()
-        return {"score": np.array([float(values["weights"].sum() + values["bias"].sum())])}
-
-    def metrics(self, labels: np.ndarray, outputs: Mapping[str, np.ndarray]) -> dict[str, float]:
-        return {"auc": float(outputs["score"][0]), "examples": 1.0}
-
-
-class OneExample:
-    num_examples = 1
-    labels = np.zeros(1, np.float32)
-
-    def slice(self, start: int, stop: int) -> OneExample:
-        return self
 
 
 class Gone:

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import pytest
-from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
+from two_ps_in_process import SGD, OneExample, SumModel, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import BeginRestoreRequest, FinalEvalReply, FinalEvalRequest, PullRequest, SetReadyRequest
@@ -36,33 +34,6 @@ pytestmark = pytest.mark.timeout(60)
 WORKERS = ["/job:worker/task:0"]
 
 
-class SumModel:
-    """Reads both variables whole; its metric ``auc`` is their sum; ``on_predict`` runs inside each read's use."""
-
-    def __init__(self) -> None:
-        self.on_predict: list[Any] = []
-
-    def prepare(self, batch: Any) -> Any:
-        return batch
-
-    def lookups(self, batch: Any) -> dict[str, np.ndarray | None]:
-        return {"weights": None, "bias": None}
-
-    def predict(self, batch: Any, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if self.on_predict:
-            self.on_predict.pop(0)()
-        return {"score": np.array([float(values["weights"].sum() + values["bias"].sum())])}
-
-    def metrics(self, labels: np.ndarray, outputs: Mapping[str, np.ndarray]) -> dict[str, float]:
-        return {"auc": float(outputs["score"][0]), "examples": 1.0}
-
-
-class OneExample:
-    num_examples = 1
-    labels = np.zeros(1, np.float32)
-
-    def slice(self, start: int, stop: int) -> OneExample:
-        return self
 
 
 def _trained(steps: int = 3) -> tuple[ParameterClient, list[Any], float]:

@@ -15,18 +15,15 @@ TensorBoard's own EventAccumulator (purge of orphaned data on, its default)."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from summary_holders import lease_of, loss_steps, summary_holders
 from two_ps_in_process import SGD, train_a_step, two_ps_cluster
 
 from psflow.coord import Lease
 from psflow.train.hook_api import RunContext, RunValues
-from psflow.train.hooks import SummarySaverHook
-from psflow.train.leader_hooks import LeaderOnlyHook
 from psflow.train.session import MonitoredTrainingSession
-from psflow.train.summary import SummaryWriter
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,7 +35,7 @@ class _Lease:
         self.holder = "a"
 
     def for_(self, name: str) -> Any:
-        lease = Lease("chief", name, f"{name}#1", 7, 10.0, float("inf"))
+        lease = lease_of(name)
         state = self
 
         class _Leadership:
@@ -50,27 +47,16 @@ class _Lease:
         return _Leadership()
 
 
-def _loss_curve(logdir: Path) -> list[int]:
-    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-    acc = accumulator.EventAccumulator(str(logdir))
-    acc.Reload()
-    return [e.step for e in acc.Scalars("train/loss")]
-
-
 @pytest.mark.parametrize("first", ["a", "b"], ids=["a_sorts_first", "b_sorts_first"])
 def test_tensorboard_reads_the_workers_files_in_the_order_they_were_written(tmp_path: Path, first: str) -> None:
     client, _ = two_ps_cluster()
     with MonitoredTrainingSession(client, SGD, is_chief=True):  # the cluster initialized and ready
         pass
     logdir = tmp_path / "summaries"
-    writers = {name: SummaryWriter(str(logdir)) for name in ("a", "b")}
+    lease = _Lease()
+    writers, hooks, sessions = summary_holders(client, logdir, ("a", "b"), lease.for_)
     for name, writer in writers.items():  # as two processes' writers made in the same second: pids decide
         writer.path = str(logdir / f"events.out.tfevents.1700000000.host.{'1' if name == first else '2'}.0")
-    lease = _Lease()
-    hooks = {name: LeaderOnlyHook(SummarySaverHook(writers[name], save_steps=1), lease.for_(name))  # type: ignore[arg-type]
-             for name in ("a", "b")}
-    sessions = {name: SimpleNamespace(client=client, join_result=None, global_step=0, checkpoint_dir=None)
-                for name in ("a", "b")}
     for name in ("a", "b"):
         hooks[name].after_create_session(sessions[name])
 
@@ -95,4 +81,4 @@ def test_tensorboard_reads_the_workers_files_in_the_order_they_were_written(tmp_
     for writer in writers.values():
         writer.close()
 
-    assert _loss_curve(logdir) == [1, 2, 6, 7, 8, 9]
+    assert loss_steps(logdir) == [1, 2, 6, 7, 8, 9]

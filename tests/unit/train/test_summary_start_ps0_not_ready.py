@@ -23,29 +23,22 @@ the test, the real SummarySaverHook behind LeaderOnlyHook; read back with Tensor
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from summary_holders import lease_of, loss_steps, summary_holders
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.save import CheckpointManager
 from psflow.coord import Lease
 from psflow.train import generation_restore
 from psflow.train.hook_api import RunContext, RunValues
-from psflow.train.hooks import SummarySaverHook
-from psflow.train.leader_hooks import LeaderOnlyHook
 from psflow.train.recovery import ClusterRecovery
 from psflow.train.session import MonitoredTrainingSession
-from psflow.train.summary import SummaryWriter
 
 pytestmark = pytest.mark.timeout(60)
 
 _NAMES = ("a", "b", "d", "e")
-
-
-def _lease_of(name: str) -> Lease:
-    return Lease("chief", name, f"{name}#1", 7, 10.0, float("inf"))
 
 
 class _Run:
@@ -59,11 +52,8 @@ class _Run:
         self.logdir = tmp_path / "summaries"
         self.holder: str | None = "a"
         self.generation = 0  # the one the workers train at
-        self.writers = {name: SummaryWriter(str(self.logdir)) for name in _NAMES}
-        self.hooks = {name: LeaderOnlyHook(SummarySaverHook(self.writers[name], save_steps=1),
-                                           self._leadership(name)) for name in _NAMES}
-        self.sessions = {name: SimpleNamespace(client=self.client, join_result=None, global_step=0,
-                                               checkpoint_dir=self.ckpt) for name in _NAMES}
+        self.writers, self.hooks, self.sessions = summary_holders(self.client, self.logdir, _NAMES, self._leadership,
+                                                                  checkpoint_dir=self.ckpt)
         for name in _NAMES:
             self.hooks[name].after_create_session(self.sessions[name])
 
@@ -74,7 +64,7 @@ class _Run:
             candidate = name
 
             def lease(self) -> Lease | None:
-                return _lease_of(name) if run.holder == name else None
+                return lease_of(name) if run.holder == name else None
 
         return _Leadership()
 
@@ -104,7 +94,7 @@ class _Run:
             for name in told_to:
                 self.hooks[name].after_restore(self.sessions[name], checkpoint, step)
 
-        recovery = ClusterRecovery(self.client, SGD, checkpoint_dir=self.ckpt, leader=lambda: _lease_of(restorer),
+        recovery = ClusterRecovery(self.client, SGD, checkpoint_dir=self.ckpt, leader=lambda: lease_of(restorer),
                                    timeout=30.0, generation=self.generation, on_restored=told)
         assert recovery.wait()[0]
         self.generation = self.client.ps_stats().generation
@@ -112,10 +102,7 @@ class _Run:
     def curve(self) -> list[int]:
         for writer in self.writers.values():
             writer.flush()
-        accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-        acc = accumulator.EventAccumulator(str(self.logdir))
-        acc.Reload()
-        return [e.step for e in acc.Scalars("train/loss")]
+        return loss_steps(self.logdir)
 
     def close(self) -> None:
         for writer in self.writers.values():

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from summary_holders import lease_of, loss_steps, summary_holders, worker_session
 from two_ps_in_process import SGD, restart_ps, train_a_step, two_ps_cluster
 
 from psflow.checkpoint.manifest import read_manifest
@@ -42,10 +43,6 @@ pytestmark = pytest.mark.timeout(60)
 _NAMES = ("a", "b", "c")
 
 
-def _lease_of(name: str) -> Lease:
-    return Lease("chief", name, f"{name}#1", 7, 10.0, float("inf"))
-
-
 class _Lease:
     """The chief lease: held by one candidate, or by none (``holder`` None: in transition)."""
 
@@ -59,7 +56,7 @@ class _Lease:
             candidate = name
 
             def lease(self) -> Lease | None:
-                return _lease_of(name) if state.holder == name else None
+                return lease_of(name) if state.holder == name else None
 
         return _Leadership()
 
@@ -71,12 +68,9 @@ class _Run:
         with MonitoredTrainingSession(self.client, SGD, is_chief=True):  # the cluster initialized and ready
             pass
         self.logdir = tmp_path / "summaries"
-        self.writers = {name: SummaryWriter(str(self.logdir)) for name in _NAMES}
         self.lease = _Lease()
-        self.hooks = {name: LeaderOnlyHook(SummarySaverHook(self.writers[name], save_steps=1),
-                                           self.lease.for_(name)) for name in _NAMES}
-        self.sessions = {name: SimpleNamespace(client=self.client, join_result=None, global_step=0,
-                                               checkpoint_dir=self.ckpt) for name in _NAMES}
+        self.writers, self.hooks, self.sessions = summary_holders(self.client, self.logdir, _NAMES, self.lease.for_,
+                                                                  checkpoint_dir=self.ckpt)
         self.running = ["a", "b"]  # C starts after the restore
         for name in self.running:
             self.hooks[name].after_create_session(self.sessions[name])
@@ -103,7 +97,7 @@ class _Run:
             for name in self.running:
                 self.hooks[name].after_restore(self.sessions[name], checkpoint, step)
 
-        recovery = ClusterRecovery(self.client, SGD, checkpoint_dir=self.ckpt, leader=lambda: _lease_of(restorer),
+        recovery = ClusterRecovery(self.client, SGD, checkpoint_dir=self.ckpt, leader=lambda: lease_of(restorer),
                                    timeout=30.0, generation=self.client.ps_stats().generation, on_restored=told)
         assert recovery.wait()[0]
 
@@ -114,10 +108,7 @@ class _Run:
     def curve(self) -> list[int]:
         for writer in self.writers.values():
             writer.close()
-        accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
-        acc = accumulator.EventAccumulator(str(self.logdir))
-        acc.Reload()
-        return [e.step for e in acc.Scalars("train/loss")]
+        return loss_steps(self.logdir)
 
 
 @pytest.mark.parametrize("taker", ["a", "b", "c"], ids=["holder_again", "other_worker", "worker_joined_since"])
@@ -183,7 +174,7 @@ def test_a_worker_first_holding_the_duties_at_its_end_starts_at_the_restored_ste
     duties = [h for h in duties if isinstance(h, LeaderOnlyHook)]
     kinds = [type(h.inner) for h in duties]
     assert kinds.index(CheckpointSaverHook) < kinds.index(SummarySaverHook)
-    session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
+    session = worker_session(run.client, run.ckpt)
     for hook in duties:
         hook.after_create_session(session)
     run.steps("a", 2)
@@ -213,7 +204,7 @@ def test_a_summary_end_that_fails_does_not_skip_the_final_checkpoint(tmp_path: P
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
     made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
                         leadership=leadership)
-    session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
+    session = worker_session(run.client, run.ckpt)
     for hook in made.hooks:
         hook.after_create_session(session)
     run.running = []  # the other workers' hooks stay out of it
@@ -321,7 +312,7 @@ def test_a_final_checkpoint_that_fails_does_not_skip_the_summary_s_end(tmp_path:
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
     made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
                         leadership=leadership)
-    session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
+    session = worker_session(run.client, run.ckpt)
     for hook in made.hooks:
         hook.after_create_session(session)
     run.steps("a", 2)
@@ -355,7 +346,7 @@ def test_a_final_checkpoint_and_a_summary_end_both_failing_raise_the_checkpoint_
     cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3", "127.0.0.1:4"]})
     made = make_session(config, cluster, run.client, SimpleNamespace(initial_values=None), "worker", 1,
                         leadership=leadership)
-    session = SimpleNamespace(client=run.client, join_result=None, global_step=0, checkpoint_dir=run.ckpt)
+    session = worker_session(run.client, run.ckpt)
     for hook in made.hooks:
         hook.after_create_session(session)
     run.running = []
