@@ -9,7 +9,7 @@ launcher's final evaluation, the in-process fast path, ``psflow export`` /
 * a :class:`~psflow.ps.client.ParameterClient` -- the live ps tasks;
 * :class:`ArrayParameters` -- whole variables in memory (an exported model
   or a checkpoint read back), so scoring needs no cluster;
-* :class:`MovingAverageParameters` -- the variables, or their moving averages
+* :class:`LiveParameters` -- the variables, or their moving averages
   (``--eval-moving-averages``, :mod:`psflow.ps.averages`), on the live ps tasks,
   read only from ready ones (a task being restored refuses: :mod:`psflow.ps.ready_read`);
   :func:`parameters` makes it. :mod:`psflow.train.ready_eval` retries an evaluation
@@ -34,7 +34,7 @@ from psflow.checkpoint.variables import DYNAMIC_IDS
 from psflow.data import Batch
 from psflow.models.api import Lookups, Model, ModelError
 
-__all__ = ["ParameterSource", "ArrayParameters", "MovingAverageParameters", "parameters", "predict", "evaluate",
+__all__ = ["ParameterSource", "ArrayParameters", "LiveParameters", "parameters", "predict", "evaluate",
            "DEFAULT_CHUNK"]
 
 #: Examples per chunk: large enough that the per-call cost vanishes, small enough to bound memory.
@@ -59,11 +59,11 @@ class AveragesSource(Protocol):
         ...
 
 
-class MovingAverageParameters:
-    """The variables' moving averages on the live ps tasks: an averaged variable reads as its moving average
-    (TensorFlow's shadow variable), any other as its value. Blocking; each pull reads the newest averages.
-    ``averages`` False: the variables themselves. Every pull requires ready ps tasks: one being restored refuses
-    it (``FailedPreconditionError``, :mod:`psflow.ps.ready_read`), never answers with values of no model."""
+class LiveParameters:
+    """The variables on the live ps tasks, read only from ready ones: every pull requires ready ps tasks, and one
+    being restored refuses it (``FailedPreconditionError``, :mod:`psflow.ps.ready_read`), never answers with values
+    of no model. ``averages``: an averaged variable reads as its moving average (TensorFlow's shadow variable), any
+    other as its value. Blocking; each pull reads the newest values."""
 
     def __init__(self, client: AveragesSource, *, averages: bool = True) -> None:
         self.client = client
@@ -76,8 +76,8 @@ class MovingAverageParameters:
 
 def parameters(client: AveragesSource, *, moving_averages: bool) -> ParameterSource:
     """What evaluation reads from a client: its moving averages (``--eval-moving-averages``) or its variables, of
-    ready ps tasks only (:class:`MovingAverageParameters`)."""
-    return MovingAverageParameters(client, averages=moving_averages)
+    ready ps tasks only (:class:`LiveParameters`)."""
+    return LiveParameters(client, averages=moving_averages)
 
 
 class ArrayParameters:
