@@ -145,11 +145,9 @@ def k8s_name(job: str) -> str:
 
 
 def has_flag(args: Sequence[str], flag: str) -> bool:
-    """Whether ``args`` give ``flag``: ``--flag VALUE``, ``--flag=VALUE`` or an abbreviation of it, as argparse
-    reads them (``psflow k8s render`` has checked them with ``psflow server``'s parser, which refuses an
-    ambiguous abbreviation)."""
-    return any(len(given) > 2 and flag.startswith(given) for given in (arg.partition("=")[0] for arg in args
-                                                                        if arg.startswith("--")))
+    """Whether ``args`` give ``flag``: ``--flag VALUE`` or ``--flag=VALUE`` (``psflow k8s render`` has checked them
+    with ``psflow server``'s parser, which matches flags whole: :class:`~psflow.cli.parser.CommandParser`)."""
+    return any(arg.partition("=")[0] == flag for arg in args if arg.startswith("--"))
 
 
 def _check(pattern: re.Pattern[str], value: str, flag: str, rule: str, *, max_len: int = 63) -> None:

@@ -51,7 +51,7 @@ def wants_verbose(argv: Sequence[str]) -> bool:
     args = list(argv)
     if "--" in args:
         args = args[: args.index("--")]
-    return any(len(arg) >= 6 and "--verbose".startswith(arg) for arg in args)  # argparse takes "--verb" too
+    return "--verbose" in args  # flags are matched whole (psflow.cli.parser.CommandParser)
 
 
 def expected_in_task(error: BaseException) -> bool:

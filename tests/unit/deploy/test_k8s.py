@@ -347,7 +347,8 @@ def _evaluator_container(config: RenderConfig) -> dict[str, Any]:
     (("--eval", "e"), True),
     (("--eval=e",), True),
     (("--eval", "e", "--summary-dir", "/var/lib/psflow/checkpoints/summaries"), False),  # writes eval/ there
-    (("--eval", "e", "--summary=s"), False),  # an abbreviation, as argparse takes it
+    (("--eval", "e", "--summary-dir=s"), False),
+    (("--eval", "e", "--summary=s"), True),  # not the flag: render refuses it (flags are matched whole)
 ])
 def test_the_evaluator_may_write_the_claim_only_for_summaries(train_args: tuple[str, ...], read_only: bool) -> None:
     container = _evaluator_container(RenderConfig(name="demo", image="i", train_args=train_args, evaluator=True))
@@ -422,6 +423,8 @@ def _one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--namespace", "Team A"], "--namespace 'Team A'"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--worker-memory", "4 GB"], "--worker-memory '4 GB'"),
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--epocs", "3"], "after --: unrecognized arguments: --epocs"),
+    ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--train", "t", "--summary=s"],
+     "after --: unrecognized arguments: --summary=s"),  # flags are matched whole
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--task", "1"], "after --: --task: the manifests set it"),
     # Checked as psflow train checks them (issue 30, item 4), before anything is written.
     ({"ps": ["a:1"], "worker": ["b:1"]}, ["--", "--train", "/data/t", "--epochs", "-3"],
