@@ -65,7 +65,8 @@ Files (the calling side):
   ``registration.py``: :func:`~psflow.ps.registration.register_layout` and the wait for the chief.
 * ``failover.py``: (replicated shards) :class:`~psflow.ps.failover.ShardRouter`, routing each shard to its
   current primary and resending a push that failed over; ``primary_choice.py``: its rule
-  (:func:`~psflow.ps.primary_choice.decide`); ``control_routes.py``: a router of its own for a worker's calls
+  (:func:`~psflow.ps.primary_choice.decide`); ``member_evidence.py``: what proves a member gone to it
+  (:class:`~psflow.ps.member_evidence.MemberEvidence`); ``control_routes.py``: a router of its own for a worker's calls
   off its training thread (:class:`~psflow.ps.control_routes.ControlRouter`: the chief election's promotion
   of shard 0's backup, the new chief's fence); ``push_numbers.py``: each push call's ``push_id`` and each
   shard's ``acked`` (:class:`~psflow.ps.push_numbers.PushNumbers`); ``report_done.py``: ``Done``'s retry loop

@@ -26,16 +26,13 @@ and :func:`~psflow.ps.primary_choice.decide` reads the answers:
    gone too, is dropped from the view (``DropBackup``: the primary never drops one on its own, so a
    partition never makes two primaries); it joins again when it returns.
 
-*Provably gone* (:meth:`ShardRouter.gone`): the member answered its status, but not as the primary
-holding the variables (restarted empty, a backup, deposed), and again so when asked once more after its
-backup answered (a round's answers come in parallel: one may predate another); or its host refused the
-connection after this client had reached it once (nothing listens there: the process died); or it
-answered *nothing*, no status and no call, for ``failover_timeout`` seconds (``--ps-failover-timeout``,
-default 10 s), counted from the first call left unanswered (idle time between calls is no silence). A
-status call that misses its 2 s deadline, a push that waits for its sync step, a process stalled for a few
-seconds on a busy machine: none of these promote a backup. A refusal by a member this client never reached
-proves nothing (a channel may keep the refusal of a connection tried before the task listened: a worker
-starting beside its ps tasks once promoted a backup that way, the primary alive).
+*Provably gone*: the member answered its status, but not as the primary holding the variables (restarted
+empty, a backup, deposed), and again so when asked once more after its backup answered (a round's answers
+come in parallel: one may predate another); or :class:`~psflow.ps.member_evidence.MemberEvidence` says it is
+gone (:meth:`ShardRouter.gone`: its host refused the connection after this client had reached it once, or
+it answered *nothing* for ``failover_timeout`` seconds, ``--ps-failover-timeout``, default 10 s). A status
+call that misses its 2 s deadline, a push that waits for its sync step, a process stalled for a few seconds
+on a busy machine: none of these promote a backup.
 
 :meth:`resolve` returns True when the route changed (a new primary, epoch or view: the caller resends
 the same request, whose ``push_id`` makes the new primary apply a push at most once) and False when it
@@ -59,6 +56,7 @@ from concurrent import futures
 
 from psflow.cluster import ClusterSpec
 from psflow.cluster.replicas import member_address, shard_members
+from psflow.ps.member_evidence import MemberEvidence, refused
 from psflow.ps.primary_choice import Decision, decide
 from psflow.ps.protocol.replication import DropBackupRequest, PromoteRequest, ReplicaStatusReply, ReplicaStatusRequest
 from psflow.rpc.api import (
@@ -122,11 +120,7 @@ class ShardRouter:
                              if wait_timeout is None else wait_timeout)
         self._clock = clock
         self._config = config
-        # Per member: when it last answered anything; since when it has answered nothing (the first call left
-        # unanswered after that); whether it refused a connection after it had answered (its process is gone).
-        self._answered: dict[str, float] = {}
-        self._silent_since: dict[str, float] = {}
-        self._refused: set[str] = set()
+        self._evidence = MemberEvidence(self.failover_timeout, clock)
         self._in_doubt: dict[int, tuple[str, str]] = {}  # shard -> (target, error): a Promote/DropBackup, reply lost
         self._backoff = (config.backoff_initial, min(1.0, config.backoff_max))
         self._open = open_member
@@ -167,7 +161,7 @@ class ShardRouter:
         """Member ``task``'s process answered this client through another service at its address (shard 0's
         coordination service): from now on a refused connection proves it gone (:meth:`gone`), as after a
         status it answered."""
-        self._answered.setdefault(task, self._clock())
+        self._evidence.reached(task)
 
     def epoch(self, shard: int) -> int | None:
         """The epoch shard ``shard``'s requests are routed by (None before the first status)."""
@@ -219,34 +213,14 @@ class ShardRouter:
         return True
 
     def _heard(self, task: str) -> None:
-        """``task`` answered (a reply, or a refusal its process gave): it is not gone."""
-        self._answered[task] = self._clock()
-        self._silent_since.pop(task, None)
-        self._refused.discard(task)
+        self._evidence.heard(task)
 
     def _unanswered(self, task: str, sent: float, error: RpcError) -> None:
-        """A call to ``task`` sent at ``sent`` failed: unanswered (unreachable, late), or answered (refused)."""
-        if not isinstance(error, TaskUnavailableError | DeadlineExceededError):
-            self._heard(task)  # its process refused the call: it is there
-            return
-        answered = self._answered.get(task)
-        if answered is not None and sent < answered:
-            return  # it answered after this call was sent
-        self._silent_since.setdefault(task, sent)
-        # A refused connection proves the process gone only once this client had reached it: a channel may hold
-        # the refusal of a connection tried before the task listened (a worker starting beside its ps tasks).
-        if answered is not None and refused(error):
-            self._refused.add(task)
+        self._evidence.unanswered(task, sent, error)
 
     def gone(self, task: str) -> str | None:
-        """Why member ``task`` counts as gone (a refused connection after it had answered, or nothing answered
-        for ``failover_timeout`` s), or None: it answered, or is only slow so far."""
-        if task in self._refused:
-            return "refused the connection"
-        since = self._silent_since.get(task)
-        if since is not None and self._clock() - since >= self.failover_timeout:
-            return f"answered nothing for {self._clock() - since:.1f} s"
-        return None
+        """Why member ``task`` counts as gone, or None (:meth:`~psflow.ps.member_evidence.MemberEvidence.gone`)."""
+        return self._evidence.gone(task)
 
     def resolve(self, shard: int, error: RpcError | None = None, *, timeout: float | None = None) -> bool:
         """Finds shard ``shard``'s primary (promoting a backup, or dropping an unreachable one, where
@@ -372,7 +346,7 @@ class ShardRouter:
         replies, errors = _collect(calls)
         final: RpcError | None = None  # the first error that is final, raised once no shard is left to resend
         try:
-            if self._silent_since and not errors:  # a member that was silent answered: its silence is over
+            if self._evidence.any_silent and not errors:  # a member that was silent answered: its silence is over
                 self._heard_from(replies, errors, sent)
             deadline = time.monotonic() + (self.wait_timeout if wait is None else wait)
             while errors:
@@ -475,12 +449,6 @@ def _collect(calls: Mapping[int, PendingReply]) -> tuple[dict[int, Frame], dict[
         except RpcError as e:
             errors[shard] = e
     return replies, errors
-
-
-def refused(error: RpcError) -> bool:
-    """Whether ``error`` says the task's host refused the connection: nothing listens at its address, so
-    its process is gone (gRPC's and the tcp carrier's words for ECONNREFUSED)."""
-    return isinstance(error, TaskUnavailableError) and "connection refused" in str(error).lower()
 
 
 def _said(status: ReplicaStatusReply | None) -> str:

@@ -1,0 +1,89 @@
+"""What one client knows of a replicated shard's members' liveness: who answered, who fell silent, who refused.
+
+:class:`~psflow.ps.failover.ShardRouter` promotes a backup over a primary (or drops a backup) only once that member
+is *provably gone*; :class:`MemberEvidence` keeps the evidence and says (:meth:`MemberEvidence.gone`) whether it
+proves that:
+
+* the member refused the connection after this client had reached it once (nothing listens at its address: the
+  process died). A refusal by a member this client never reached proves nothing (a channel may keep the refusal of
+  a connection tried before the task listened: a worker starting beside its ps tasks once promoted a backup that
+  way, the primary alive);
+* or it answered *nothing*, no status and no call, for ``failover_timeout`` seconds, counted from the first call
+  left unanswered after its latest answer (idle time between calls is no silence).
+
+Guarantees: an answer of any kind (a reply, or an error its process gave, e.g. FAILED_PRECONDITION) clears the
+member's silence and refusal at once; a call sent before the member's latest answer never starts a silence (an
+answer may overtake a late reply); nothing here ever sends a call or sleeps.
+
+Not thread-safe by itself: its router's (one thread, or :func:`~psflow.ps.failover.resolve_all`'s distinct shards,
+whose members are distinct).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from psflow.rpc.api import DeadlineExceededError, RpcError, TaskUnavailableError
+
+__all__ = ["MemberEvidence", "refused"]
+
+
+class MemberEvidence:
+    """One client's record of which shard members answered, fell silent or refused; see the module docstring."""
+
+    def __init__(self, failover_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """``failover_timeout``: seconds of silence that prove a member gone; ``clock``: what silences are measured by."""
+        self.failover_timeout = failover_timeout
+        self._clock = clock
+        # Per member: when it last answered anything; since when it has answered nothing (the first call left
+        # unanswered after that); whether it refused a connection after it had answered (its process is gone).
+        self._answered: dict[str, float] = {}
+        self._silent_since: dict[str, float] = {}
+        self._refused: set[str] = set()
+
+    @property
+    def any_silent(self) -> bool:
+        """Whether some member's silence is being counted (an answer from it would end it)."""
+        return bool(self._silent_since)
+
+    def reached(self, task: str) -> None:
+        """Member ``task``'s process answered this client through another service at its address: from now on a
+        refused connection proves it gone, as after a status it answered."""
+        self._answered.setdefault(task, self._clock())
+
+    def heard(self, task: str) -> None:
+        """``task`` answered (a reply, or a refusal its process gave): it is not gone."""
+        self._answered[task] = self._clock()
+        self._silent_since.pop(task, None)
+        self._refused.discard(task)
+
+    def unanswered(self, task: str, sent: float, error: RpcError) -> None:
+        """A call to ``task`` sent at ``sent`` failed: unanswered (unreachable, late), or answered (refused)."""
+        if not isinstance(error, TaskUnavailableError | DeadlineExceededError):
+            self.heard(task)  # its process refused the call: it is there
+            return
+        answered = self._answered.get(task)
+        if answered is not None and sent < answered:
+            return  # it answered after this call was sent
+        self._silent_since.setdefault(task, sent)
+        # A refused connection proves the process gone only once this client had reached it: a channel may hold
+        # the refusal of a connection tried before the task listened (a worker starting beside its ps tasks).
+        if answered is not None and refused(error):
+            self._refused.add(task)
+
+    def gone(self, task: str) -> str | None:
+        """Why member ``task`` counts as gone (a refused connection after it had answered, or nothing answered
+        for ``failover_timeout`` s), or None: it answered, or is only slow so far."""
+        if task in self._refused:
+            return "refused the connection"
+        since = self._silent_since.get(task)
+        if since is not None and self._clock() - since >= self.failover_timeout:
+            return f"answered nothing for {self._clock() - since:.1f} s"
+        return None
+
+
+def refused(error: RpcError) -> bool:
+    """Whether ``error`` says the task's host refused the connection: nothing listens at its address, so
+    its process is gone (gRPC's and the tcp carrier's words for ECONNREFUSED)."""
+    return isinstance(error, TaskUnavailableError) and "connection refused" in str(error).lower()
