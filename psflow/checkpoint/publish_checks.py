@@ -13,13 +13,20 @@ Two checks, both asked of every ps task once the save's manifest is written (ste
   while the cluster trains on from the restored one: a later restore (another ps death) would load the discarded
   model. Such a save fails instead (its directory removed, counted once: a given-up save was counted already).
 
-Guarantee: a save that passed :func:`check_no_restore_since` published before any restore whose ``BeginRestore``
+And one the saving process asks itself, under the same mutex, just before: :class:`PublishGate` -- its manager's
+publishing is still open. A process that exits while a save given up at ``--save-timeout`` still runs closes it
+before it releases the run's lock (:mod:`psflow.train.lock_at_end`): the save's thread, a daemon, lives on until the
+interpreter's end, and another run may hold the directory by then; its model would be replaced by this late save.
+
+Guarantees: a save that passed :func:`check_no_restore_since` published before any restore whose ``BeginRestore``
 reached a task after the check; the check and the pointer's write are one step under the directory's mutex. A
 restorer reads the pointer before it sends its ``BeginRestore`` (:func:`psflow.train.generation_restore.
 restore_at_new_generation`'s caller); a save checked in between is refused all the same where a ps task died: that
-task is unreachable, or restarted and not ready (nothing makes it ready before the restore's ``SetReady``). Not
-covered: a restore that no ps task's death started (a restarted chief's join that finds the run past its
-checkpoint, :func:`psflow.train.chief.join_cluster`) with a save of another live chief checked in that window; with
+task is unreachable, or restarted and not ready (nothing makes it ready before the restore's ``SetReady``). A save
+not past :meth:`PublishGate.check` when the run's lock was released after :meth:`PublishGate.close` (the release
+takes the same mutex) never publishes: one that passed it published while this run held the directory.
+Not covered: a restore that no ps task's death started (a restarted chief's join that finds the run past
+its checkpoint, :func:`psflow.train.chief.join_cluster`) with a save of another live chief checked in that window; with
 a lease that chief's switch is fenced off (the restorer took the pointer over at its newer epoch:
 :func:`~psflow.checkpoint.adopt.adopt_latest`), without one there is no other chief.
 """
@@ -27,7 +34,7 @@ a lease that chief's switch is fenced off (the restorer took the pointer over at
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from psflow.checkpoint.switch import CheckpointFencedError
 from psflow.errors import CheckpointError
@@ -35,7 +42,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import FenceRequest, SaveShardReply, StatsReply
 from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, FencedOffError, RpcError, TaskUnavailableError
 
-__all__ = ["STATS_TIMEOUT", "UnaskedTasksError", "await_routes", "check_fence", "check_no_restore_since"]
+__all__ = ["STATS_TIMEOUT", "PublishGate", "UnaskedTasksError", "await_routes", "check_fence", "check_no_restore_since"]
 
 #: Seconds :func:`check_no_restore_since` waits for a ps task's ``Stats`` (a round of calls, all tasks at once). It
 #: runs under the directory's mutex: twice this plus a failover's status round stays well within the mutex's
@@ -54,6 +61,36 @@ class UnaskedTasksError(CheckpointError):
     def __init__(self, message: str, errors: Mapping[int, RpcError]) -> None:
         super().__init__(message)
         self.errors = dict(errors)
+
+
+class PublishGate:
+    """Whether a manager's saves may still make a checkpoint current: open until :meth:`close`. Thread-safe (closed
+    on the exiting thread, read on a save's)."""
+
+    def __init__(self) -> None:
+        self._closed: str | None = None
+
+    def close(self, why: str) -> None:
+        """No save checked after this makes its checkpoint current (``why``: said in the refusal). Blocks for
+        nothing (an exit function: no thread, no mutex). Call it before the run's lock is released: the release
+        takes the directory's mutex, under which :meth:`check` is asked, so a save not checked before the release
+        is refused after it."""
+        self._closed = why
+
+    def check(self, path: str) -> None:
+        """Raises :class:`~psflow.errors.CheckpointError` (names ``path`` and why) once :meth:`close` was called."""
+        if self._closed is not None:
+            raise CheckpointError(f"checkpoint {path} not made current: {self._closed}")
+
+    def guard(self, path: str, then: Callable[[], None]) -> Callable[[], None]:
+        """A save's ``before_publish`` for checkpoint ``path`` (asked under the directory's mutex): :meth:`check`,
+        then ``then`` (:func:`check_no_restore_since`). What either raises refuses the switch."""
+
+        def before_publish() -> None:
+            self.check(path)
+            then()
+
+        return before_publish
 
 
 def check_fence(client: ParameterClient, fence: tuple[int, str] | None, path: str, *, current: bool = False) -> None:

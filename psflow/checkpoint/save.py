@@ -50,7 +50,7 @@ from psflow.checkpoint.manifest import (
 )
 from psflow.checkpoint.naming import checkpoint_name, free_name, remove_retired, rename_after_step, retire
 from psflow.checkpoint.pointer import effective_pointer, is_complete, latest_checkpoint, publish
-from psflow.checkpoint.publish_checks import check_fence, check_no_restore_since
+from psflow.checkpoint.publish_checks import PublishGate, check_fence, check_no_restore_since
 from psflow.checkpoint.rotation import delete_old, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
 from psflow.checkpoint.save_notice import notify_save
@@ -147,6 +147,7 @@ class CheckpointManager:
         self.failed_in_a_row = 0
         self.last_error: str | None = None
         self.abandoned = False  # the save under way was given up (and counted) by its caller's bounded wait
+        self.publishing = PublishGate()  # closed as the process exits with a save given up (psflow.train.lock_at_end)
         self._reports, self._process = 0, f"{os.getpid()}.{time.time_ns()}"  # this manager's reports' ids
         self._unsent: list[SaveOutcome] = []  # reports the ledger did not take yet, oldest first
         self._sending = threading.Lock()  # the save's thread and send_unsent (the training thread's hook) both send
@@ -298,9 +299,10 @@ class CheckpointManager:
         check_fence(client, self._fence, path)
         if epoch is not None:
             self._phase("fence_checked")
-        # (under the mutex, just before the pointer's write: a restore since the shards were taken refuses it)
-        kept, previous = self._switch_pointer(name, manifest.global_step, lineage, epoch, holder,
-                                              functools.partial(check_no_restore_since, client, replies, path))
+        # (under the mutex, just before the pointer's write: this process exiting with the save given up, or a
+        # restore since the shards were taken, refuses it)
+        before_publish = self.publishing.guard(path, functools.partial(check_no_restore_since, client, replies, path))
+        kept, previous = self._switch_pointer(name, manifest.global_step, lineage, epoch, holder, before_publish)
         if epoch is not None:
             self._phase("pointer_switched")
             try:

@@ -4,7 +4,10 @@ launcher's to release). :func:`~psflow.train.duties.make_session` puts it after 
 the lock again where it was deleted meanwhile), and it ends also after an earlier ``end()`` raised
 (:attr:`~psflow.train.hook_api.SessionRunHook.ends_always`), but never before a checkpoint save given up at
 ``--save-timeout`` (:mod:`psflow.checkpoint.bounded_save`) ended, or the process exits: that save may still make its
-checkpoint current while the process lives.
+checkpoint current while the process lives. Released as the process exits, the save's publishing is closed first
+(:class:`~psflow.checkpoint.publish_checks.PublishGate`): its thread, a daemon, lives on until the interpreter's end,
+and a save that had not switched the pointer when the lock was released never does (another run may hold the
+directory by then, its model replaced by this run's late save).
 
 The release held for such a save runs on a thread started as the session ends (:class:`_ReleaseAfterSave`), never on
 one started by the exit function: Python 3.12 refuses to start a thread during interpreter shutdown ("can't create
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 from psflow.checkpoint.bounded_save import given_up_save
 from psflow.checkpoint.lock import CheckpointDirLock
 from psflow.checkpoint.lock_release import RELEASE_TIMEOUT, BoundedRelease
+from psflow.checkpoint.publish_checks import PublishGate
 from psflow.checkpoint.save import CheckpointManager
 from psflow.train.hook_api import SessionRunHook
 
@@ -58,11 +62,13 @@ class ReleaseLockAtEnd(SessionRunHook):
     def end(self, session: MonitoredTrainingSession) -> None:
         if not self.lock.took:  # found this process's (a launcher running this worker in its own process: its end
             return  # comes after this session's, its final evaluation and metrics.json still to write)
-        running = given_up_save(self.manager) if self.manager is not None else None
-        if running is not None:  # it may still make its checkpoint current: a later run must not hold the directory
+        manager = self.manager
+        running = given_up_save(manager) if manager is not None else None
+        # it may still make its checkpoint current: a later run must not hold the directory
+        if manager is not None and running is not None:
             log.warning("%s: a checkpoint save given up at --save-timeout still runs: the lock %s is released once it "
                         "ends", session.client.client_name, self.lock.path)
-            _ReleaseAfterSave(self.lock, running, self.timeout).start()
+            _ReleaseAfterSave(self.lock, running, self.timeout, manager.publishing).start()
             return
         with BoundedRelease(self.lock, timeout=self.timeout, release=self.lock.release):
             pass
@@ -74,10 +80,14 @@ class _ReleaseAfterSave:
     function, registered by :meth:`start` and unregistered once the lock is released) wakes it and waits at most
     ``timeout`` s for its release (a store that stopped answering does not hold the exit for ever). The save, a daemon
     thread, ends with the process; left, the lock named a process gone, refused to a run on another host until deleted
-    by hand. The exit function starts no thread (refused during interpreter shutdown from Python 3.12 on)."""
+    by hand. The exit function starts no thread (refused during interpreter shutdown from Python 3.12 on). Before it
+    wakes the release, it closes ``publishing`` (the save's manager's): the save lives on until the interpreter's end,
+    and once the lock is released another run may take the directory; a save not past its publish check by then is
+    refused (under the directory's mutex, which the release takes too: :mod:`psflow.checkpoint.publish_checks`)."""
 
-    def __init__(self, lock: CheckpointDirLock, save_ended: threading.Event, timeout: float) -> None:
-        self.lock, self.save_ended, self.timeout = lock, save_ended, timeout
+    def __init__(self, lock: CheckpointDirLock, save_ended: threading.Event, timeout: float,
+                 publishing: PublishGate) -> None:
+        self.lock, self.save_ended, self.timeout, self.publishing = lock, save_ended, timeout, publishing
         self.exiting, self.released = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._run, name="psflow-lock-release-after-save", daemon=True)
 
@@ -101,6 +111,9 @@ class _ReleaseAfterSave:
         if not self.save_ended.is_set():
             log.warning("the process exits while a checkpoint save given up at --save-timeout still runs (it ends "
                         "with the process): releasing the lock %s", self.lock.path)
+        # before the release: once it is done another run may hold the directory, and the save lives on till the end
+        self.publishing.close(f"the process exits, its run's lock {self.lock.path} released (another run may hold "
+                              "the directory), while this save given up at --save-timeout still ran")
         self.exiting.set()
         if not self.released.wait(self.timeout):
             log.warning("could not release the lock %s as the process exits: no answer within %g s (the store "
