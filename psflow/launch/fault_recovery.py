@@ -67,13 +67,16 @@ __all__ = ["StepReading", "Replacement", "RecoveryWatch", "final_reading", "poll
 class StepReading:
     """global_step as the step task answered it, whether that task was ready (restored, serving), and
     how many workers it counted as finished with their data (``Leave``); ``in_view``: the ps shard members
-    in their shard's view (each shard's primary and its backups; None: not a replicated cluster's reading)."""
+    in their shard's view (each shard's primary and its backups; None: not a replicated cluster's reading);
+    ``answered``: the ps members whose own ``Stats`` answered the poll that read it (:func:`poll_reading`; a
+    refusal is an answer), each one's report that it serves, never another's."""
 
     step: int
     ready: bool
     finished: int = 0
     in_view: frozenset[str] | None = None
     generation: int | None = None  # the step task's restore generation (None: not said)
+    answered: frozenset[str] = frozenset()
 
 
 class Replacement(Enum):
@@ -123,23 +126,28 @@ def poll_reading(channels: list[TaskChannel], *, replicated: bool = False) -> St
     ``replicated``: ``channels`` are every shard member's; each is asked (in parallel) and the shard
     primaries' answers are read (:func:`~psflow.status.replication.shard_primaries`), never a backup's copy. A
     member without its shard's state (rebuilding, deposed) refuses: an answer, its channel kept (replaced at
-    every poll, every few ms, a rebuilding member got a new connection each time)."""
+    every poll, every few ms, a rebuilding member got a new connection each time).
+
+    The reading's ``answered``: the members whose own call answered (the tasks asked up to the one holding
+    global_step; replicated, every member that answered or refused)."""
     if replicated:
         return _primaries_reading(channels)
+    answered: set[str] = set()
     for ch in channels:
         try:
             reading = step_reading(dict(ch.call("Stats").meta))
         except RpcError:
             ch.reconnect()
             continue
+        answered.add(ch.task)
         if reading is not None:
-            return reading
+            return replace(reading, answered=frozenset(answered))
     return None
 
 
 def _primaries_reading(channels: list[TaskChannel]) -> StepReading | None:
     calls = [(ch, ch.call_async("Stats", {})) for ch in channels]
-    answers = []
+    answers, answered = [], set()
     for ch, call in calls:
         try:
             answers.append(dict(call.result().meta))
@@ -147,7 +155,10 @@ def _primaries_reading(channels: list[TaskChannel]) -> StepReading | None:
             pass  # a member without its shard's state refused (rebuilding, deposed): it answered, its channel works
         except RpcError:
             ch.reconnect()
-    return primary_reading(shard_primaries(answers))
+            continue
+        answered.add(ch.task)
+    reading = primary_reading(shard_primaries(answers))
+    return replace(reading, answered=frozenset(answered)) if reading is not None else None
 
 
 def final_reading(ps_stats: list[dict[str, Any]], *, replicated: bool) -> StepReading | None:

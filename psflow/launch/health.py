@@ -22,7 +22,10 @@ callable of :meth:`HealthMonitor.start` returning that mapping). A silence is
 then one process's: a new process under a name restarts the task's clock (as
 :meth:`HealthMonitor.forget` does), and a report carries the process it was
 decided for (:attr:`TaskHealth.process`), so what is done about it reaches
-that process, never a replacement started after the decision.
+that process, never a replacement started after the decision. Being up is
+one process's too: :meth:`HealthMonitor.mark_up` names the process that
+reported, and a report of a predecessor never makes its replacement, still
+starting, one judged after ``unresponsive_after``.
 
 Thread-safety: :meth:`HealthMonitor.check` may run on a background thread
 (:meth:`HealthMonitor.start`); :meth:`HealthMonitor.unresponsive` may be read
@@ -203,18 +206,24 @@ class HealthMonitor:
         with self._lock:
             return [h.describe(now) for h in self.health.values() if h.reported]
 
-    def mark_up(self, tasks: Collection[str]) -> None:
-        """Records that ``tasks`` are known to be serving (e.g. training advanced), as an answered ping would.
+    def mark_up(self, reports: Mapping[str, object]) -> None:
+        """Records that each task of ``reports`` is serving (e.g. its ``Stats`` answered), as an answered ping
+        would: ``reports`` maps the task to the process that answered (compared by identity, as :meth:`check`'s).
 
-        A task that has never answered is judged only after ``start_timeout``;
-        one known to be up is judged after ``unresponsive_after``.
+        A task that has never answered is judged only after ``start_timeout``; one known to be up is judged after
+        ``unresponsive_after``. Up belongs to a process: a report of another process than the one watched under
+        the name (a predecessor's, read before its replacement was watched; or a replacement's not watched yet)
+        is ignored, so a process still starting is never judged as one that served. Where no process is watched
+        yet, the reporting one becomes the watched one (a check naming another then judges that one from its
+        own start).
         """
         now = self._clock()
         with self._lock:
-            for name in tasks:
+            for name, process in reports.items():
                 h = self.health.get(name)
-                if h is not None and not h.answered:
-                    h.last_ok, h.answered = now, True
+                if h is None or h.answered or (h.process is not None and h.process is not process):
+                    continue
+                h.process, h.last_ok, h.answered = process, now, True
 
     def forget(self, task: str) -> None:
         """Restarts the clock of ``task`` (e.g. after the launcher restarted it)."""

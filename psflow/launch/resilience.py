@@ -27,7 +27,9 @@ none, unless it was a replicated shard's member whose shard went on (the
 promoted backup replaced it). That recovery is also what lets the next round
 of faults fire (their spacing is counted from the step it was seen at; see
 :mod:`psflow.launch.chaos`), so a step jump after a restore of ps task 0 does
-not fire every later fault at once.
+not fire every later fault at once. Its polls tell the health monitor which ps
+members are up: each whose own ``Stats`` answered, as the process that ran under
+its name when it was asked (:meth:`~psflow.launch.health.HealthMonitor.mark_up`).
 
 Hang detection runs on its own thread (:meth:`Resilience.start`, stopped by
 :meth:`Resilience.close`, which ``LocalCluster.stop_all`` calls), so a watch
@@ -177,11 +179,12 @@ class Resilience:
         try:
             while (self.injector is not None and (self.injector.pending() or self.recovery.watching())
                    and not self._closed.wait(_CHAOS_POLL)):
+                asked = self._running()  # the process under each name when asked: the one an answer is of
                 reading = poll_reading(channels, replicated=self._replicated)
                 if reading is None:
                     continue
-                if reading.step > 0 and self.monitor is not None:  # training advanced: every ps task is serving
-                    self.monitor.mark_up([ch.task for ch in channels])
+                if self.monitor is not None:  # each member whose own Stats answered serves: that process is up
+                    self.monitor.mark_up({name: asked[name] for name in reading.answered if name in asked})
                 self._observe(self._act(channels, reading), time.monotonic())
         finally:
             for ch in channels:

@@ -64,7 +64,7 @@ def test_a_task_restarted_between_the_hang_and_the_kill_keeps_its_replacement(
     resilience = Resilience(lc, ResilienceConfig(restart=RestartConfig(policy="on-failure", backoff_initial=0.0),
                                                  health=health))
     assert resilience.monitor is not None
-    resilience.monitor.mark_up([WORKER])
+    resilience.monitor.mark_up({WORKER: a})
     decided, restarted = threading.Event(), threading.Event()
     kill_hung = resilience._kill_hung
 
