@@ -18,7 +18,8 @@ Classes and functions, by file:
 * ``final_model.py`` -- :func:`~psflow.launch.final_model.evaluate_final`: a finished run evaluates its live ps tasks,
   or its final checkpoint where a ps task lost its state after training.
 * ``restore_loss.py`` -- :func:`~psflow.launch.restore_loss.restore_loss`: what a restore within a run took from
-  its final model (``metrics.json`` ``restore_loss``, a line at the end).
+  its final model (``metrics.json`` ``restore_loss``, a line at the end); ``idle_ps.py`` -- the lines naming the ps
+  tasks that hold none of the model's variables (at the start) and those of them restarted (at the end).
 * ``in_process.py`` -- :func:`~psflow.launch.in_process.run_in_process`: the fast path with no RPC.
 * ``task.py`` -- the entry point of one task process (:func:`~psflow.launch.task.run_task`: a ps task
   serves, a worker trains), its logging and its one-line errors.

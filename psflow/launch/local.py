@@ -71,6 +71,7 @@ from psflow.launch.chaos_plan import stop_without_liveness
 from psflow.launch.eval_set import EvalSet, after_training
 from psflow.launch.exits import wait_for_exit
 from psflow.launch.final_model import STEP_TASK, connect_live, evaluate_final, gone_after_training, stats_or_silent, with_step_of
+from psflow.launch.idle_ps import idle_line, readmitted_lines
 from psflow.launch.launcher_signals import LauncherSignals
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.port_retry import PortTaken, StartupWatch, start_until_bound, taken_port
@@ -204,6 +205,8 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
             connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout,
             save_timeout=config.cluster.save_timeout, token=lc.token),
             failover_timeout=config.cluster.ps_failover_timeout)
+        if (idle := idle_line(client, sync=config.sync.mode == "sync")) is not None:  # psflow.launch.idle_ps
+            print(idle, file=end.out, flush=True)
         ended = "failed"
         bar = None if progress is None else Progress(progress, progress_total(
             max_steps=config.data.max_steps, epochs=config.data.epochs, records=train_records), started=started)
@@ -425,6 +428,9 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
         extra["dynamic_tables"] = dynamic
     if (line := restore_loss_line(loss)) is not None:  # before the end's writing: a signal there or EndNotWritten
         print(line, file=end.out or sys.stderr, flush=True)  # (raised on leaving it) would skip the run's report
+    events = [e.to_json() for e in end.lc.resilience.supervisor.events] if end.lc.resilience is not None else []
+    for line in readmitted_lines(client, events, sync=config.sync.mode == "sync", restored=loss is not None):
+        print(line, file=end.out or sys.stderr, flush=True)
     return end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
                         client=client, ledger_gone=STEP_TASK in gone)
 

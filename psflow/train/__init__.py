@@ -43,7 +43,8 @@ Classes and functions, by file:
   campaign (:class:`~psflow.train.leadership.Leadership`, exported by ``recovery.py``); ``state_loss.py`` -- a ps task that lost
   its variables with no checkpoint to restore them from stops the run (:class:`~psflow.train.state_loss.StateLostError`);
   ``within_run.py`` -- every ps task empty: lost within this run (restored past global_step's journal bound) or a new run;
-  ``generation_restore.py`` -- a restore within a run at a new generation (the lease holder's, a restarted chief's join).
+  ``generation_restore.py`` -- a restore within a run at a new generation (the lease holder's, a restarted chief's join);
+  ``idle_tasks.py`` -- a ps task that holds nothing, restarted, made ready at the cluster's generation (no restore).
 * ``evaluation.py`` -- evaluation and prediction of any model, the one implementation every caller uses.
 * ``ready_eval.py`` -- the chief's evaluation of live ps tasks: metrics of one ready model, or not done (a restore).
 * ``summary.py`` -- TensorBoard summaries: written by the chief, read back for reports and the status page.

@@ -127,7 +127,7 @@ from psflow.ps.protocol import SetReadyRequest
 from psflow.ps.registration import Registration, ask_until_reachable
 from psflow.rpc.api import FailedPreconditionError, FencedOffError
 from psflow.train.generation_restore import register_as_chief, restore_at_new_generation
-from psflow.train.state_loss import StateLostError, check_state_kept, ps_states, state_lost_message
+from psflow.train.state_loss import StateLostError, check_state_kept, idle_tasks, ps_states, state_lost_message
 from psflow.train.within_run import lost_within_run
 
 __all__ = ["chief_task", "is_chief", "JoinResult", "join_cluster", "check_restorable", "training_view", "trainer_task"]
@@ -277,8 +277,8 @@ def join_cluster(
         start_values = initial_values() if initial_values is not None and latest is None else {}
         # Every task stays not ready until all are initialized (ps task 0 made ready last).
         registration = _register(client, optimizer, run)
-        if registration.new and registration.kept and latest is None:  # a task restarted empty after the check
-            raise StateLostError(state_lost_message(client, sorted(registration.new), sorted(registration.kept),
+        if (new := registration.new - idle_tasks(client)) and registration.kept and latest is None:  # restarted empty since
+            raise StateLostError(state_lost_message(client, sorted(new), sorted(registration.kept),
                                                     checkpoint_dir=checkpoint_dir))
         created = client.step_task in registration.created
         if pending := sorted(set(client.channels) - registration.created - registration.kept):

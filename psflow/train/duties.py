@@ -67,6 +67,7 @@ from psflow.train.hooks import (
     SummarySaverHook,
     WorkerProgressHook,
 )
+from psflow.train.idle_tasks import ReadmitIdleTasks
 from psflow.train.lock_at_end import ReleaseLockAtEnd
 from psflow.train.ready_eval import ReadyEvaluation
 from psflow.train.recovery import CampaignWhileTrainingHook, LeaderOnlyHook, Leadership
@@ -132,6 +133,9 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     chief_hooks: list[SessionRunHook] = []
     release: list[SessionRunHook] = []
     optimizer = config.optimizer_spec()
+    if leadership is not None:  # before the saver: a ps task holding nothing, restarted, is made ready (no restore)
+        chief_hooks.append(ReadmitIdleTasks(client, optimizer, leadership.confirmed_lease, run=run_id(config, cluster),
+                                            timeout=config.cluster.connect_timeout))
     if config.checkpoint.dir:
         lock = checkpoint_dir_lock(config, cluster)
         if duties:  # before joining: a directory another live run holds is refused before anything is restored

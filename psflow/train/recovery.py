@@ -57,6 +57,14 @@ A ps task that died is restarted empty by the supervisor. Then, in order:
    finished and the others' sessions ended (the holder's final checkpoint written, its ``Done`` sent: nobody is
    left to restore it) ends the lingering worker's wait instead: it leaves, its data done (logged).
 
+A ps task that held nothing (:func:`~psflow.train.state_loss.idle_tasks`: by the placement, not the task holding
+global_step, no partition of any variable; none in a sync, replicated or dynamic-table run) lost nothing when it
+died, and no task is restored for it: the lease holder registers the layout there (creating nothing) and makes it
+ready at the generation every other task is at (:func:`psflow.train.idle_tasks.readmit`), from :meth:`ClusterRecovery.wait`
+(a call to it failed: a worker's ``Leave``) or from its :class:`~psflow.train.idle_tasks.ReadmitIdleTasks` hook
+(no training call goes to it; saves fail until it is ready). The workers waiting resume at their own reader
+positions: nothing trained twice, none skipped, global_step and every other task's generation unchanged.
+
 global_step never goes back: after a restore it continues from the value
 surviving ps task 0 held; if ps task 0 itself died, from the bound its
 journal recorded (``--state-dir``, :class:`psflow.ps.global_step.StepJournal`:
@@ -82,6 +90,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import StatsReply
 from psflow.rpc.api import RpcError
 from psflow.train.generation_restore import restore_at_new_generation
+from psflow.train.idle_tasks import idle_down, readmit, tasks_named
 from psflow.train.leader_hooks import CampaignWhileTrainingHook, LeaderOnlyHook
 from psflow.train.leadership import Leadership
 from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
@@ -124,6 +133,12 @@ class _RetryLog:
         log.error("%s: restore failed %d more time%s in %.0f s (%d in all; the last: %s)%s", self.name, more,
                   "" if more == 1 else "s", now - self._told_at, self.failures, self._last, then)
         self._told, self._told_at = self.failures, now
+
+
+def _step_of(states: dict[int, StatsReply | None], step_task: int) -> int | None:
+    """global_step as the task holding it said in ``states`` (None: it did not)."""
+    state = states.get(step_task)
+    return state.global_step if state is not None else None
 
 
 class RecoveryError(TrainingError, RuntimeError):
@@ -196,19 +211,28 @@ class ClusterRecovery:
         started = time.monotonic()
         deadline, wait = started + self.timeout, 0.05
         failures = _RetryLog(self.client.client_name)
+        readmitting: set[int] = set()  # idle tasks (psflow.train.idle_tasks) seen not ready in this wait
         while True:
             states = self._states()
             generation = self._settled(states)
             if generation is not None and generation == self.generation:
                 failures.ended()  # (every task came back with its state: no restore was needed after all)
-                return False, None
+                return self._resumed_in_place(readmitting, started) if readmitting else (False, None)
             if generation is not None:
                 break
-            empty, kept = lost_tasks(states)
-            if empty and not self.checkpoint_dir:  # no checkpoint can exist: every worker stops at once
-                raise StateLostError(state_lost_message(self.client, empty, kept, checkpoint_dir=None))
-            lease = self.leader()
-            if lease is not None and all(s is not None for s in states.values()) and generation is None:
+            if idle := idle_down(self.client, states, self.generation):  # lost nothing: made ready, nothing restored
+                readmitting |= idle
+                if (lease := self.leader()) is not None and all(states[t] is not None for t in idle):
+                    try:
+                        readmit(self.client, self.optimizer, idle, generation=self.generation or 0, lease=lease,
+                                global_step=_step_of(states, self.client.step_task), run=self.run,
+                                limit=max(deadline - time.monotonic(), 0.0))
+                        continue
+                    except (CheckpointError, RpcError) as e:
+                        failures.failed(e)
+            elif (empty := lost_tasks(states))[0] and not self.checkpoint_dir:  # no checkpoint can exist: all stop
+                raise StateLostError(state_lost_message(self.client, empty[0], empty[1], checkpoint_dir=None))
+            elif (lease := self.leader()) is not None and all(s is not None for s in states.values()):
                 try:
                     self.restore(lease, states, limit=max(deadline - time.monotonic(), 0.0))
                     continue
@@ -232,6 +256,16 @@ class ClusterRecovery:
         position = self.client.reader_positions().get(self.client.client_name)
         log.warning("%s: cluster restored (generation %d) after %.1f s; resuming data at the checkpoint's position",
                     self.client.client_name, generation, time.monotonic() - started)
+        return True, position if isinstance(position, str) else None
+
+    def _resumed_in_place(self, tasks: set[int], started: float) -> tuple[bool, str | None]:
+        """(The cluster settled at this worker's generation again after idle ``tasks`` were made ready) ``(True,
+        position)``: this worker re-opens its data at its own reader position on the task holding global_step (the
+        one its last applied push recorded): nothing trained twice, nothing skipped, no checkpoint read."""
+        position = self.client.reader_positions().get(self.client.client_name)
+        log.warning("%s: %s restarted holding no variables and is ready again at generation %s after %.1f s: nothing "
+                    "was restored; resuming data where it was", self.client.client_name, tasks_named(tasks),
+                    self.generation, time.monotonic() - started)
         return True, position if isinstance(position, str) else None
 
     def _restore_seen(self, states: dict[int, StatsReply | None]) -> tuple[str | None, int | None]:

@@ -20,6 +20,10 @@ happened. It never does:
   is no checkpoint; every other worker raises it at once, without waiting for
   the chief, when the run has no checkpoint directory at all.
 
+A ps task that held nothing (:func:`idle_tasks`: by the placement, not by its reply) lost nothing when it restarted
+empty: it is never counted as a loss here, and the chief makes it ready again with no restore
+(:mod:`psflow.train.idle_tasks`).
+
 The error's message is one line naming the empty tasks, their variables, the
 tasks that hold trained ones, and what to do. A task process that raises it
 exits with :data:`psflow.launch.supervisor.STATE_LOST_EXIT_CODE`, which no
@@ -44,7 +48,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import StatsReply
 from psflow.rpc.api import RpcError
 
-__all__ = ["StateLostError", "ps_states", "lost_tasks", "check_state_kept", "state_lost_message"]
+__all__ = ["StateLostError", "ps_states", "idle_tasks", "lost_tasks", "check_state_kept", "state_lost_message"]
 
 #: Most variable names a message lists for one task.
 _NAMES_SHOWN = 4
@@ -80,6 +84,18 @@ def ps_states(client: ParameterClient, *, timeout: float = 2.0) -> dict[int, Sta
     return out
 
 
+def idle_tasks(client: ParameterClient) -> frozenset[int]:
+    """The ps tasks that hold nothing a checkpoint restores onto them, by the placement ``client`` registered: not
+    the task holding global_step, no partition of any variable; none in a replicated, a synchronous or a
+    dynamic-table run (:mod:`psflow.train.idle_tasks`). Such a task restarted empty lost nothing."""
+    if client.router is not None or client.sync.mode == "sync":
+        return frozenset()
+    if any(placed.var.dynamic is not None for placed in client.layout.values()):
+        return frozenset()
+    holding = {part.task for placed in client.layout.values() for part in placed.partitions}
+    return frozenset(t for t in client.channels if t != client.step_task and t not in holding)
+
+
 def lost_tasks(states: Mapping[int, StatsReply | None]) -> tuple[list[int], list[int]]:
     """``(empty, kept)``: the tasks that answered without variables, and those that hold them."""
     empty = sorted(t for t, s in states.items() if s is not None and not s.registered)
@@ -98,7 +114,7 @@ def check_state_kept(client: ParameterClient, states: Mapping[int, StatsReply | 
     Raises:
         StateLostError: names the empty tasks and the ready ones.
     """
-    empty, _ = lost_tasks(states)
+    empty = [t for t in lost_tasks(states)[0] if t not in idle_tasks(client)]  # one holding nothing lost nothing
     ready = sorted(t for t, s in states.items() if s is not None and s.registered and s.ready)
     if empty and ready:
         raise StateLostError(state_lost_message(client, empty, ready, checkpoint_dir=checkpoint_dir))

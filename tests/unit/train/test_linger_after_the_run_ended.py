@@ -15,8 +15,11 @@ from typing import Any
 
 import pytest
 
+from psflow.cluster import ClusterSpec
 from psflow.optim import OptimizerSpec
+from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.protocol import StatsReply
+from psflow.ps.sync import SyncConfig
 from psflow.train.recovery import ClusterRecovery, RecoveryError
 
 _ME, _OTHER = "/job:worker/task:1", "/job:worker/task:0"
@@ -28,8 +31,17 @@ def _ps(task: int, *, ready: bool = True, generation: int = 0, done: tuple[str, 
                       **(step if task == 0 else {}))
 
 
+def _layout() -> dict[str, Any]:
+    """weights on ps task 0, bias on ps task 1: the lost task held variables (not idle: psflow.train.idle_tasks)."""
+    vs = VariableSet(replica_device_setter(cluster=ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"]})))
+    vs.get_variable("weights", (8, 2))
+    vs.get_variable("bias", (2,))
+    return {p.var.name: p for p in vs.placements()}
+
+
 class _Client:
     client_name, step_task = _ME, 0
+    router, sync, channels, layout = None, SyncConfig(), {0: None, 1: None}, _layout()
 
     def __init__(self, rounds: list[dict[int, StatsReply | None]]) -> None:
         self.rounds, self.asked = rounds, 0

@@ -1,0 +1,44 @@
+"""What a local run says of its ps tasks that hold none of the model's variables (:mod:`psflow.train.idle_tasks`).
+
+With more ps tasks than the placement uses (``--ps 4`` for the two variables of ``logistic``) some hold nothing:
+the launcher says so once the model is built (:func:`idle_line`: they only cost processes), and at the end which of
+them were restarted (:func:`readmitted_lines`): such a task lost nothing, and the chief made it ready again at the
+cluster's generation without a restore (nothing was restored, where the run's ``restore_loss`` says no restore
+happened within the run; another task's loss may have caused one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from psflow.ps.client import ParameterClient
+from psflow.train.idle_tasks import tasks_named
+from psflow.train.state_loss import idle_tasks
+
+__all__ = ["idle_line", "readmitted_lines"]
+
+
+def idle_line(client: ParameterClient, *, sync: bool) -> str | None:
+    """The line naming the ps tasks ``client``'s placement leaves idle (None: none does; a sync run's tasks all
+    take part in each step, a replicated or dynamic-table run's too)."""
+    idle = set() if sync else idle_tasks(client)
+    if not idle:
+        return None
+    return (f"psflow: --ps {len(client.channels)} for {len(client.layout)} variable(s): {tasks_named(idle)} hold none "
+            f"of them (idle: fewer ps tasks would do; one restarted comes back without a restore)")
+
+
+def readmitted_lines(client: ParameterClient, restarts: Iterable[Mapping[str, Any]], *, sync: bool,
+                     restored: bool) -> list[str]:
+    """One line per idle ps task restarted in the run (``restarts``: the supervisor's events, as metrics.json's
+    ``restarts``); ``restored``: a restore within the run happened (``restore_loss`` is not None)."""
+    idle = set() if sync else {f"/job:ps/task:{t}" for t in idle_tasks(client)}
+    counts: dict[str, int] = {}
+    for event in restarts:
+        if event.get("restarted") and event.get("task") in idle:
+            counts[event["task"]] = counts.get(event["task"], 0) + 1
+    then = ("it lost nothing and was made ready again" if restored else
+            "it lost nothing and was made ready again; nothing was restored")
+    return [f"psflow: {task} restarted {n} time{'s' if n > 1 else ''} holding no variables: {then}"
+            for task, n in sorted(counts.items())]

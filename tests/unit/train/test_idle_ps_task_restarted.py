@@ -1,0 +1,160 @@
+"""A restarted ps task that held nothing is brought back without a restore: the trained model stays.
+
+Seen in a real run (psflow train --ps 4 --workers 1 --model logistic --restart-policy on-failure
+--chaos kill:ps:3@step=30): ps tasks 2-3 hold none of the model's two variables; ps task 3 killed and restarted
+empty made the chief restore the newest checkpoint onto EVERY task (the launcher's recovery checkpoint dir: the
+step-0 one), 'the final model holds 0 of the 4480 examples', exit 0. A task holding nothing lost nothing: the chief
+registers it (creating nothing) and makes it ready at the cluster's generation (:mod:`psflow.train.idle_tasks`),
+and every worker resumes where it was.
+
+Real in-process ps services: ``weights`` on ps task 0, ``bias`` on ps task 1, nothing on ps tasks 2 and 3.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from two_ps_in_process import SGD
+
+from psflow.checkpoint.save import CheckpointManager
+from psflow.cluster import ClusterSpec
+from psflow.coord import Lease
+from psflow.gradients import DenseGradient
+from psflow.placement import VariableSet, replica_device_setter
+from psflow.ps.client import ParameterClient
+from psflow.ps.service import ParameterService
+from psflow.ps.sync import SyncConfig
+from psflow.rpc.inprocess import InProcessChannel
+from psflow.train.chief import join_cluster
+from psflow.train.idle_tasks import ReadmitIdleTasks, idle_tasks
+from psflow.train.recovery import ClusterRecovery
+
+pytestmark = pytest.mark.timeout(60)
+
+CLUSTER = ClusterSpec({"ps": [f"127.0.0.1:{i + 1}" for i in range(4)]})
+
+
+def _lease() -> Lease:
+    return Lease("chief", "/job:worker/task:0", "/job:worker/task:0#1", 7, 10.0, time.monotonic() + 10.0)
+
+
+def _client(services: list[ParameterService], name: str = "/job:worker/task:0", *,
+            sync: SyncConfig | None = None, dynamic: bool = False) -> ParameterClient:
+    vs = VariableSet(replica_device_setter(cluster=CLUSTER))
+    vs.get_variable("weights", (8, 2), initializer={"name": "random_normal", "seed": 3})  # ps task 0
+    vs.get_variable("bias", (2,))                                                          # ps task 1
+    if dynamic:
+        vs.get_variable("table", (0, 2), dynamic={})
+    channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
+    return ParameterClient(CLUSTER, vs.placements(), client_name=name, channels=channels, sync=sync)
+
+
+def _services() -> list[ParameterService]:
+    return [ParameterService(i, holds_global_step=i == 0) for i in range(4)]
+
+
+def _push(client: ParameterClient, position: str) -> None:
+    client.push({"weights": DenseGradient(np.ones((8, 2), np.float32)), "bias": DenseGradient(np.ones(2, np.float32))},
+                examples=10, position=position, generation=client.ps_stats().generation)
+
+
+def _trained(tmp_path: Path) -> tuple[list[ParameterService], ParameterClient, dict[str, np.ndarray]]:
+    """A cluster initialized with its step-0 checkpoint written, then trained 3 steps past it."""
+    services = _services()
+    client = _client(services)
+    join_cluster(client, SGD, chief=True, checkpoint_dir=str(tmp_path))
+    CheckpointManager(str(tmp_path), run_id="run-a").save(client)
+    for n in range(3):
+        _push(client, f'{{"record": {n + 1}}}')
+    return services, client, client.pull({"weights": None, "bias": None})
+
+
+def _restart(client: ParameterClient, services: list[ParameterService], index: int) -> None:
+    services[index] = ParameterService(index, holds_global_step=index == 0)
+    client.channels[index] = InProcessChannel(f"/job:ps/task:{index}", services[index].handlers())
+
+
+def test_idle_tasks_come_from_the_placement() -> None:
+    services = _services()
+    assert idle_tasks(_client(services)) == {2, 3}
+    assert idle_tasks(_client(services, sync=SyncConfig(mode="sync", replicas_to_aggregate=1))) == set()
+    assert idle_tasks(_client(services, dynamic=True)) == set()
+
+
+def test_the_chief_readmits_a_restarted_task_that_held_nothing_without_a_restore(tmp_path: Path) -> None:
+    services, client, trained = _trained(tmp_path)
+    _restart(client, services, 3)
+    assert client.ps_stats(3).ready is False
+    recovery = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=_lease, timeout=10.0, run="run-a")
+    assert recovery.needed()
+    restored, position = recovery.wait()
+    assert (restored, position) == (True, '{"record": 3}')  # resumes where it was: nothing trained twice
+    assert recovery.restores == 0 and recovery.generation == 0
+    states = [client.ps_stats(t) for t in range(4)]
+    assert [(s.ready, s.generation) for s in states] == [(True, 0)] * 4
+    assert states[0].global_step == 3 and states[0].counters["examples"] == 30
+    now = client.pull({"weights": None, "bias": None})
+    np.testing.assert_array_equal(now["weights"], trained["weights"])
+    np.testing.assert_array_equal(now["bias"], trained["bias"])
+    _push(client, '{"record": 4}')  # training goes on at the same generation
+    assert client.ps_stats().global_step == 4
+
+
+def test_a_worker_that_is_not_the_chief_waits_and_resumes_where_it_was(tmp_path: Path) -> None:
+    services, client, _ = _trained(tmp_path)
+    other = _client(services, "/job:worker/task:1")
+    other.register(SGD)
+    _restart(client, services, 2)
+    other.channels[2] = client.channels[2]
+    waiting = ClusterRecovery(other, SGD, checkpoint_dir=str(tmp_path), leader=lambda: None, timeout=10.0)
+    assert waiting.needed()
+    result: list[tuple[bool, str | None]] = []
+    thread = threading.Thread(target=lambda: result.append(waiting.wait()))
+    thread.start()
+    chief = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=_lease, timeout=10.0, run="run-a")
+    assert chief.wait()[0] is True
+    thread.join(15.0)
+    assert result == [(True, None)]  # its own position: it pushed nothing yet
+    assert waiting.generation == 0 and client.ps_stats().global_step == 3
+
+
+def test_a_restarted_task_holding_a_partition_still_restores_every_task(tmp_path: Path) -> None:
+    services, client, _ = _trained(tmp_path)
+    _restart(client, services, 1)  # held bias
+    recovery = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=_lease, timeout=10.0, run="run-a")
+    assert recovery.wait()[0] is True
+    assert recovery.restores == 1 and recovery.generation != 0
+
+
+@pytest.mark.parametrize("with_checkpoint", [False, True])
+def test_a_chief_restarted_beside_it_keeps_the_model_and_its_hook_readmits_it(tmp_path: Path,
+                                                                              with_checkpoint: bool) -> None:
+    """A chief's join beside the restarted task: no StateLostError (it lost nothing), no restore; the lease
+    holder's :class:`ReadmitIdleTasks` (before the saver) makes it ready at the cluster's generation."""
+    services, client, trained = _trained(tmp_path)
+    _restart(client, services, 3)
+    chief = _client(services)
+    join = join_cluster(chief, SGD, chief=True, checkpoint_dir=str(tmp_path) if with_checkpoint else None)
+    assert join.restored is None and join.generation == 0 and join.global_step == 3
+    assert chief.ps_stats(3).ready is False
+    hook = ReadmitIdleTasks(chief, SGD, _lease, run="run-a", timeout=5.0)
+    assert hook.check() is True
+    assert [(s.ready, s.generation) for s in (chief.ps_stats(t) for t in range(4))] == [(True, 0)] * 4
+    np.testing.assert_array_equal(chief.pull({"weights": None})["weights"], trained["weights"])
+    if with_checkpoint:  # saves succeed again
+        assert CheckpointManager(str(tmp_path), run_id="run-a").save(chief).global_step == 3
+
+
+def test_the_hook_asks_only_the_idle_tasks_while_they_are_ready(tmp_path: Path) -> None:
+    services, client, _ = _trained(tmp_path)
+    hook = ReadmitIdleTasks(client, SGD, _lease, run="run-a", timeout=5.0)
+    assert hook.idle == {2, 3} and hook.check() is True
+    _restart(client, services, 2)
+    assert hook.check() is True and client.ps_stats(2).ready is True
+    assert ReadmitIdleTasks(client, SGD, lambda: None, run="run-a", timeout=5.0).check() is True
+    _restart(client, services, 3)
+    assert ReadmitIdleTasks(client, SGD, lambda: None, run="run-a", timeout=5.0).check() is False  # no lease: waits
