@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
+from psflow import storage
 from psflow.checkpoint.save import CheckpointManager
 from psflow.checkpoint.save_notice import notify_save
 from psflow.errors import CheckpointError
@@ -47,7 +48,7 @@ from psflow.ps.client import ParameterClient
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.waits import wait_woken
 
-__all__ = ["BoundedSaves", "SaveAbandonedError", "given_up_save", "save_client"]
+__all__ = ["BoundedSaves", "SaveAbandonedError", "close_given_up", "given_up_save", "save_client"]
 
 T = TypeVar("T")
 
@@ -60,6 +61,21 @@ def given_up_save(manager: CheckpointManager) -> threading.Event | None:
     ended yet: it may still write into the directory and make its checkpoint current; None where there is none."""
     done = _GIVEN_UP.get(manager)
     return done if done is not None and not done.is_set() else None
+
+
+def close_given_up(directory: str, why: str) -> int:
+    """Closes the publishing (:class:`~psflow.checkpoint.publish_checks.PublishGate`) of every manager of this
+    process into ``directory`` whose given-up call still runs, before the run's lock of ``directory`` is released
+    (:class:`~psflow.checkpoint.lock_release.BoundedRelease`: a launcher running its worker in its own process,
+    ``--in-process``, whose session left the release to it): such a save not past its gate when the lock is
+    released never makes its checkpoint current nor takes the lock again (``why``: said in its refusal). Blocks
+    for nothing. Returns how many were closed."""
+    where = storage.absolute(directory)
+    running = [m for m, done in list(_GIVEN_UP.items())
+               if not done.is_set() and storage.absolute(m.directory) == where]
+    for manager in running:
+        manager.publishing.close(why)
+    return len(running)
 
 
 class SaveAbandonedError(CheckpointError):

@@ -88,7 +88,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, ClassVar, Self
 
@@ -379,12 +379,13 @@ class DirectoryLock:
             raise self.error(f"cannot write the lock file {self.path}: {e}") from e
         self._took = True
 
-    def acquire(self, *, may_pass: bool = False) -> None:
+    def acquire(self, *, may_pass: bool = False, check: Callable[[], object] | None = None) -> None:
         """Makes sure this run holds the directory; see the module docstring for the cases.
 
         ``may_pass``: a chief with a lease epoch, which goes on past a mutex held too long
         (:func:`directory_mutex`); it then only reads: another live run's lock is refused, anything else is left
-        as it is.
+        as it is. ``check``: asked under the mutex before anything is read or written; what it raises refuses
+        (a save's :class:`~psflow.checkpoint.publish_checks.PublishGate`, closed before a release at exit).
 
         Blocks for a few file operations (at most :data:`MUTEX_TIMEOUT` s behind another process).
         This lock *took* the directory if one of its acquisitions wrote the lock file for this
@@ -394,12 +395,15 @@ class DirectoryLock:
         Raises:
             locked_error: another live run (or one on another host) holds it (names it).
             error: the directory or the lock file cannot be written.
+            Whatever ``check`` raised.
         """
         try:
             storage.makedirs(self.directory)
         except OSError as e:
             raise self.error(f"cannot create {self.what} {self.directory}: {e}") from e
         with directory_mutex(self.directory, what=self.what, error=self.error, may_pass=may_pass) as held:
+            if check is not None:
+                check()
             holder = self.holder()
             if not held and (holder is None or holder["run_id"] == self.run_id or holder_alive(holder) is False):
                 return  # nothing written without the mutex

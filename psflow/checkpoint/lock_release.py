@@ -13,6 +13,14 @@ never keeps the process from exiting. A chief worker that took the lock itself (
 stop it) releases it at its session's end the same way (:mod:`psflow.train.duties`): past the bound, its session
 ends on that line.
 
+A checkpoint lock's release first closes the publishing of this process's saves into its directory that were given
+up at ``--save-timeout`` and still run (:func:`~psflow.checkpoint.bounded_save.close_given_up`; an ``--in-process``
+launcher's worker saves in the launcher's process, and its session leaves the release to the launcher): one not
+past its publish check when the lock is released never makes its checkpoint current, nor takes the lock again
+(the check and the release take the directory's mutex), so the next run's directory never gets this run's late
+checkpoint. Guaranteed for a release of a lock this object took, on any storage; a release past a mutex held over
+:data:`~psflow.checkpoint.lock.MUTEX_TIMEOUT` s (a save stopped inside it) guarantees nothing more than that mutex.
+
 The lock left behind names a process that is gone: a later run on this host takes it over at once, one on
 another host is refused until it is deleted (see :mod:`psflow.checkpoint.lock`).
 """
@@ -25,7 +33,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TextIO
 
-from psflow.checkpoint.lock import MUTEX_TIMEOUT, DirectoryLock
+from psflow.checkpoint.bounded_save import close_given_up
+from psflow.checkpoint.lock import MUTEX_TIMEOUT, CheckpointDirLock, DirectoryLock
 from psflow.errors import CheckpointError
 
 __all__ = ["NOTICE_AFTER", "RELEASE_TIMEOUT", "BoundedRelease", "LockNotReleasedError"]
@@ -63,6 +72,9 @@ class BoundedRelease:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         done = threading.Event()
+        if isinstance(self.lock, CheckpointDirLock) and self.lock.took:  # (released below: no late save publishes)
+            close_given_up(self.lock.directory, f"the run's lock {self.lock.path} was released (another run may hold "
+                                                "the directory) while this save given up at --save-timeout still ran")
 
         def release() -> None:
             try:

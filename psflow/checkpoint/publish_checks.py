@@ -77,10 +77,13 @@ class PublishGate:
         is refused after it."""
         self._closed = why
 
-    def check(self, path: str) -> None:
-        """Raises :class:`~psflow.errors.CheckpointError` (names ``path`` and why) once :meth:`close` was called."""
+    def check(self, path: str, refused: str = "not made current") -> None:
+        """Raises :class:`~psflow.errors.CheckpointError` (names ``path``, ``refused`` and why) once :meth:`close`
+        was called. Also asked as a save takes the run's lock (:meth:`~psflow.checkpoint.lock.DirectoryLock.
+        acquire`'s ``check``, under the same mutex): a save not begun when the lock was released at exit never
+        takes it again (its lock file would name the process gone a moment later)."""
         if self._closed is not None:
-            raise CheckpointError(f"checkpoint {path} not made current: {self._closed}")
+            raise CheckpointError(f"checkpoint {path} {refused}: {self._closed}")
 
     def guard(self, path: str, then: Callable[[], None]) -> Callable[[], None]:
         """A save's ``before_publish`` for checkpoint ``path`` (asked under the directory's mutex): :meth:`check`,

@@ -268,8 +268,9 @@ class CheckpointManager:
         stats = client.ps_stats()
         step_hint = stats.global_step if stats.global_step is not None else client.global_step()  # (raises there)
         self._step, self._step_unready = (step_hint, False) if stats.ready or initial else (None, True)
-        if self._lock is not None:
-            self._lock.acquire(may_pass=epoch is not None)
+        if self._lock is not None:  # (not again once released at exit: the gate, asked under the mutex)
+            self._lock.acquire(may_pass=epoch is not None,
+                               check=functools.partial(self.publishing.check, self.directory, "save not begun"))
         storage.makedirs(self.directory)
         lineage = self._lineage(client)
         writer = {"run_id": self.run_id, "lineage": lineage, "epoch": epoch, "holder": holder,
