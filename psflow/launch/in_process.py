@@ -47,6 +47,7 @@ from psflow.train.faults import NO_FAULTS, FaultInjection
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
 from psflow.train.worker import load_eval, run_worker
+from psflow.train.worker_result import eval_not_done
 
 __all__ = ["IN_GRAPH_REFUSED", "mode_fields", "run_in_process"]
 
@@ -184,7 +185,8 @@ def _run_claimed(config: TrainConfig, asked: SyncSettings, output_dir: str,
         source = parameters(client, moving_averages=config.report.eval_moving_averages)
         evaluation = evaluate(model, source, eval_batch) if eval_batch is not None else None
         final = run.snapshot("finished", rate_seconds=result.wall_seconds, evaluation=evaluation,
-                             extra={"examples_processed": result.examples, "workers": [asdict(result)]})
+                             extra={"examples_processed": result.examples, "workers": [asdict(result)],
+                                    "eval_not_done": eval_not_done([asdict(result)])})
     except BaseException as e:  # a failed or interrupted run ends with its snapshot too
         try:
             on_end(run.ended_by(e), cluster)

@@ -94,6 +94,7 @@ from psflow.train.duties import claim_run
 from psflow.train.faults import FaultInjection, task_config_json
 from psflow.train.inputs import check_inputs
 from psflow.train.preflight import check_settings
+from psflow.train.worker_result import eval_not_done
 
 __all__ = ["run_local", "exactly_once_examples", "check_final_checkpoint"]
 
@@ -413,6 +414,7 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
         "stale_dropped": sum(int(r.get("stale_dropped", 0)) for r in results),
         "bad_records_skipped": sum(int(r.get("bad_records_skipped", 0)) for r in results),
         "workers" if driver == "worker" else "client": results,
+        "eval_not_done": eval_not_done(results),  # the chief duties' evaluations not done (psflow.train.worker_result)
     }
     if from_checkpoint is not None:
         extra["eval_model"] = from_checkpoint.record()

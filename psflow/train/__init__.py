@@ -18,6 +18,8 @@ Classes and functions, by file:
   (``--steps-in-flight`` 3 to 8), results returned as their replies arrive.
 * ``clipping.py`` -- gradient clipping by global norm.
 * ``worker.py`` -- :func:`~psflow.train.worker.run_worker`: the between-graph training loop of one worker;
+  ``worker_result.py`` -- what it (or the in-graph client) reports when it finishes, the evaluations its duties did
+  not do among it (:class:`~psflow.train.worker_result.WorkerResult`, metrics.json's ``eval_not_done``);
   ``final_duties.py`` -- a worker's chief duties once its data ended: hand them on, or (the last to finish)
   hold the lease so its session writes the final checkpoint; ``take_over.py`` -- a finished worker takes the duties
   back when no worker that trains is left (the chief killed for good: :class:`~psflow.train.take_over.TakeOver`);

@@ -70,7 +70,7 @@ class FinalEvalOnce(WrappingHook):
                      client.client_name, step, record.worker)
             return
         if not self.inner.history or self.inner.history[-1][0] != step:  # (else a periodic one evaluated it)
-            metrics = self.inner.evaluated(step)
+            metrics = self.inner.evaluated(step, final=True)
             if metrics is None:  # not done (logged): nothing recorded, a later holder of the duties may evaluate it
                 return
             record = _final_eval(client, FinalEvalRequest(client.client_name, step))

@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psflow.checkpoint.bounded_save import BoundedSaves, SaveAbandonedError
 from psflow.checkpoint.manifest import read_manifest
@@ -52,6 +52,7 @@ __all__ = [
     "NanLossError",
     "nan_loss_message",
     "EvalHook",
+    "NotDone",
     "format_metrics",
 ]
 
@@ -398,12 +399,32 @@ def nan_loss_message(worker: str, loss: float, step: int, source: BatchSource | 
             "there or in the batches before it, or lower --learning-rate (or the rates of --learning-rate-schedule)")
 
 
+class NotDone(NamedTuple):
+    """An evaluation not done (:attr:`EvalHook.not_done`): at global_step ``step``, the session's end's (``final``)
+    or a periodic one, and why (the :class:`~psflow.train.ready_eval.EvaluationNotDone`'s words, or ``failed: `` and
+    the error that ended it)."""
+
+    step: int
+    final: bool
+    why: str
+
+
 class EvalHook(SessionRunHook):
     """Evaluates the current parameters every N global steps and at the end (the model's metrics), that one at
     :func:`~psflow.train.hook_api.end_step` (ps task 0's global_step where it is ready, else the session's last step:
     a restarted ps task 0 not loaded yet says 0), unless the last periodic evaluation was of that step. An
     evaluation that raises :class:`~psflow.train.ready_eval.EvaluationNotDone` (no ready model read in its time: a ps
-    task being restored) is reported as not done, with the reason, never as a number (:meth:`evaluated`).
+    task being restored) is reported as not done, with the reason, never as a number (:meth:`evaluated`); one that
+    fails (an ``RpcError``: a ps task unreachable) raises, as before. Both are kept in :attr:`not_done` (a worker's
+    result file and metrics.json's ``eval_not_done`` list them: :mod:`psflow.train.worker_result`).
+
+    A periodic evaluation is tried once per period: one not done or failed is tried again at the next period's
+    step, not at the next step. A try beside a ps task being restored waits up to
+    :data:`~psflow.train.ready_eval.WAIT_SECONDS`, and the restore it awaits is mostly this chief's own, made once
+    the evaluation returns: a try at every step cost every step that wait (a worker whose ps task was restarting lost
+    up to 5 s a step) and put that restore off. The next period, not a backoff: a backoff would be a second clock
+    beside the period the user chose, whose steps are where the points are expected. The evaluation at the end is
+    made whatever the periodic ones did (its wait for a restore as before).
 
     Args:
         evaluate: returns the model's metrics of the current parameters
@@ -419,35 +440,40 @@ class EvalHook(SessionRunHook):
         self._timer = StepTimer(None, every_steps or 1 << 62, "eval")  # None: a period never reached, the end only
         self.writer = writer
         self.history: list[tuple[int, dict[str, float]]] = []
-        #: (step, why) of each evaluation not done (:meth:`evaluated`)
-        self.not_done: list[tuple[int, str]] = []
+        #: each evaluation not done or failed, in order (:meth:`evaluated`)
+        self.not_done: list[NotDone] = []
 
     def after_create_session(self, session: MonitoredTrainingSession) -> None:
         self._timer.mark(session.global_step)
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         if self._timer.due(values.step):
+            self._timer.mark(values.step)  # this period's try, done or not (the class docstring)
             self.report_made(values.step)
 
     def end(self, session: MonitoredTrainingSession) -> None:
         step = end_step(session)  # (a restarted ps task 0, not ready, says 0: the session's last step then)
         if not self.history or self.history[-1][0] != step:
-            self.report_made(step)
+            self.report_made(step, final=True)
 
-    def evaluated(self, step: int) -> dict[str, float] | None:
-        """The metrics of an evaluation made now, or None where it was not done
+    def evaluated(self, step: int, *, final: bool = False) -> dict[str, float] | None:
+        """The metrics of an evaluation made now (at the session's end: ``final``), or None where it was not done
         (:class:`~psflow.train.ready_eval.EvaluationNotDone`: no ready model read in time): recorded in
-        :attr:`not_done` with the reason, logged (WARNING), no number reported."""
+        :attr:`not_done` with the reason, logged (WARNING), no number reported. One that fails (``RpcError``) is
+        recorded there too, then raises."""
         try:
             return self.evaluate()
         except EvaluationNotDone as e:
-            self.not_done.append((step, str(e)))
+            self.not_done.append(NotDone(step, final, str(e)))
             log.warning("eval step=%d not done, no metrics: %s", step, e)
             return None
+        except RpcError as e:
+            self.not_done.append(NotDone(step, final, f"failed: {e}"))
+            raise
 
-    def report_made(self, step: int) -> None:
+    def report_made(self, step: int, *, final: bool = False) -> None:
         """Evaluates now and reports the metrics at ``step`` (:meth:`report`), unless it was not done."""
-        metrics = self.evaluated(step)
+        metrics = self.evaluated(step, final=final)
         if metrics is not None:
             self.report(step, metrics)
 

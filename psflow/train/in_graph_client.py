@@ -98,6 +98,7 @@ from psflow.train.session import MonitoredTrainingSession
 from psflow.train.state_loss import ps_states
 from psflow.train.step import LazyMetrics
 from psflow.train.within_run import lost_within_run
+from psflow.train.worker_result import evaluations_not_done
 
 __all__ = ["CLIENT_NAME", "InGraphDriver", "InGraphStepResult", "RestoreAtStart", "run_in_graph_client"]
 
@@ -402,9 +403,10 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
                         tls: TlsConfig | None = None, faults: FaultInjection = NO_FAULTS) -> dict[str, Any]:
     """The in-graph client: reads all the data and drives every worker until it ends (module docstring).
 
-    Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds", "restored", "restore"}`` of this
-    process (``restored``: the checkpoint it restored at start, itself or by its session's join, or None;
-    ``restore``: :meth:`RestoreAtStart.record` of that restore, or None). A restore of its own, before its
+    Blocks for the whole run. Returns ``{"steps", "examples", "wall_seconds", "restored", "restore",
+    "eval_not_done"}`` of this process (``restored``: the checkpoint it restored at start, itself or by its session's
+    join, or None; ``restore``: :meth:`RestoreAtStart.record` of that restore, or None; ``eval_not_done``: its
+    evaluations not done, :mod:`psflow.train.worker_result`). A restore of its own, before its
     session, is reported to the session's hooks (``after_restore``) before the first step: the summaries'
     SessionLog START at the checkpoint's step, as a between-graph chief's restore within its session writes. Its
     channels (to every worker's StepService and every ps task) use ``tls`` (``None``: plain text).
@@ -454,4 +456,5 @@ def run_in_graph_client(config: TrainConfig, cluster: ClusterSpec, *, token: str
             s.close()
         client.close()
     return {"steps": driver.steps, "examples": driver.examples, "wall_seconds": time.monotonic() - started,
-            "restored": restored, "restore": restore.record() if restore is not None else None}
+            "restored": restored, "restore": restore.record() if restore is not None else None,
+            "eval_not_done": evaluations_not_done(monitored)}

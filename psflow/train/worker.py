@@ -87,6 +87,7 @@ from psflow.train.recovery import ClusterRecovery, Leadership
 from psflow.train.session import MonitoredTrainingSession
 from psflow.train.step import StepResult, TrainStep
 from psflow.train.take_over import TakeOver
+from psflow.train.worker_result import WorkerResult, evaluations_not_done
 
 __all__ = ["connect_client", "run_worker", "WorkerResult", "WorkerStopped", "StopSource", "load_eval"]
 
@@ -111,23 +112,6 @@ def _check_stop(stop: StopSource | None, task: str, where: str) -> None:
     why = stop.requested() if stop is not None else None
     if why is not None:
         raise WorkerStopped(f"{task}: stopped {where} ({why})")
-
-
-@dataclass
-class WorkerResult:
-    """What a worker reports when it finishes."""
-
-    task: str
-    local_steps: int
-    examples: int
-    first_step: int | None
-    last_step: int | None
-    wall_seconds: float
-    stop_reason: str
-    stale_dropped: int = 0
-    bad_records_skipped: int = 0
-    cpu_seconds: float = 0.0          # CPU time of the worker process (all its threads)
-    train_cpu_seconds: float = 0.0    # the part of it spent after start-up (connect, training, leave)
 
 
 def connect_client(config: TrainConfig, cluster: ClusterSpec, variables: VariableSet, client_name: str,
@@ -286,7 +270,7 @@ def run_worker(
         client.close()
     out = WorkerResult(task, progress.local_steps, progress.examples, progress.first_step, progress.step,
                        time.monotonic() - progress.started, reason, progress.stale, progress.bad_records,
-                       time.process_time(), time.process_time() - progress.cpu_started)
+                       time.process_time(), time.process_time() - progress.cpu_started, evaluations_not_done(session))
     log.info("worker %d: done after %d local steps (%d examples), %s: %s", task_index, progress.local_steps,
              progress.examples, "no global step read" if progress.step is None else f"last global step {progress.step}", reason)
     if result_path:

@@ -98,6 +98,7 @@ def test_the_client_checkpoints_writes_the_chiefs_summaries_and_reports_the_last
     metrics = json.loads((out / "metrics.json").read_text())
     # Async: one step per worker's slice, every record once.
     assert metrics["global_step"] == 2 * 509 and metrics["ps"][0]["examples"] == A9A_RECORDS, metrics
+    assert metrics["eval_not_done"] == [] == metrics["client"][0]["eval_not_done"], metrics  # every evaluation made
     # Checkpoints at the cadence asked, the last one final, at the last step, after every record.
     pointer = json.loads((out / "ckpt" / "checkpoint").read_text())
     # ckpt-0 is kept as the full checkpoint the five newest (increments: --full-checkpoint-every 10) build on.

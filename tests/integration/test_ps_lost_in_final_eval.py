@@ -52,3 +52,7 @@ def test_a_ps_task_lost_in_the_final_evaluation_ends_the_run_finished_with_the_t
     # The loss is said: the task's restart, no worker's; the model evaluated from the checkpoint, and why.
     assert [x["task"] for x in metrics["restarts"]] == ["/job:ps/task:1"], metrics["restarts"]
     assert "/job:ps/task:1" in metrics["eval_model"]["why"], metrics["eval_model"]
+    # The chief's own final evaluation, tried beside the lost task, is listed as not made (psflow.train.worker_result).
+    listed = [(e["step"], e["final"], e["task"]) for e in metrics["eval_not_done"]]
+    assert listed == [(manifest.global_step, True, "/job:worker/task:0")], metrics["eval_not_done"]
+    assert "/job:ps/task:1" in metrics["eval_not_done"][0]["why"], metrics["eval_not_done"]

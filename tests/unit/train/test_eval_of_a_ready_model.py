@@ -139,7 +139,8 @@ def test_the_final_evaluation_beside_a_task_being_restored_reports_no_number(
     with caplog.at_level(logging.INFO, logger="psflow"):
         hook.end(session)  # type: ignore[arg-type]
     assert inner.history == []
-    assert [s for s, _ in inner.not_done] == [step] and "/job:ps/task:1 is not ready" in inner.not_done[0][1]
+    assert [(n.step, n.final) for n in inner.not_done] == [(step, True)], inner.not_done
+    assert "/job:ps/task:1 is not ready" in inner.not_done[0].why, inner.not_done
     assert f"eval step={step} not done, no metrics" in caplog.text and "auc=" not in caplog.text, caplog.text
     if once:  # not recorded as evaluated: a later holder of the duties may evaluate the model
         record = FinalEvalReply.from_frame(client.call(client.step_task, FinalEvalRequest(client.client_name, step)))

@@ -62,6 +62,7 @@ class FakeMonitored:
 
     def __init__(self, calls: Calls) -> None:
         self.calls = calls
+        self.hooks: list[Any] = []  # (no evaluation hook: its result's eval_not_done is [])
 
     def __enter__(self) -> FakeMonitored:
         return self

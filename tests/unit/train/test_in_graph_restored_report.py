@@ -48,6 +48,7 @@ class _Session:
     def __init__(self, joined: str | None) -> None:
         self.join_result = JoinResult(True, joined, 500, None, {}, generation=7)
         self.restores: list[tuple[str | None, int | None]] = []
+        self.hooks: list[Any] = []  # (no evaluation hook: the result's eval_not_done is [])
 
     def restored(self, checkpoint: str | None, step: int | None) -> None:
         self.restores.append((checkpoint, step))
