@@ -30,9 +30,10 @@ and :func:`~psflow.ps.primary_choice.decide` reads the answers:
 empty, a backup, deposed), and again so when asked once more after its backup answered (a round's answers
 come in parallel: one may predate another); or :class:`~psflow.ps.member_evidence.MemberEvidence` says it is
 gone (:meth:`ShardRouter.gone`: its host refused the connection after this client had reached it once, or
-it answered *nothing* for ``failover_timeout`` seconds, ``--ps-failover-timeout``, default 10 s). A status
-call that misses its 2 s deadline, a push that waits for its sync step, a process stalled for a few seconds
-on a busy machine: none of these promote a backup.
+it answered *nothing* for ``failover_timeout`` seconds, ``--ps-failover-timeout``, default 10 s; a member
+that never answered this client is not up yet, and gone only after ``start_timeout``, the client's
+``connect_timeout``). A status call that misses its 2 s deadline, a push that waits for its sync step, a
+process stalled for a few seconds on a busy machine, a ps task slow to start: none of these promote a backup.
 
 :meth:`resolve` returns True when the route changed (a new primary, epoch or view: the caller resends
 the same request, whose ``push_id`` makes the new primary apply a push at most once) and False when it
@@ -88,7 +89,7 @@ class ShardRouter:
     def __init__(self, cluster: ClusterSpec, open_member: Callable[[str, str], Channel], *, client_name: str,
                  config: ConnectConfig | None = None, failover_timeout: float | None = None,
                  status_timeout: float | None = None, wait_timeout: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 start_timeout: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         """Opens the channels to the shards' first primaries (``open_member``; the others when first asked).
 
         Args:
@@ -102,7 +103,10 @@ class ShardRouter:
             status_timeout: deadline of one ``ReplicaStatus`` call, seconds (default 2 s, at most
                 ``config.rpc_timeout``).
             wait_timeout: seconds :meth:`resolve` tries before it gives up (default
-                ``config.connect_timeout``, and at least ``failover_timeout`` plus two status rounds).
+                ``config.connect_timeout``, and at least ``failover_timeout`` or ``start_timeout``, whichever is
+                longer, plus two status rounds).
+            start_timeout: seconds a member that never answered this client must have answered nothing before it
+                counts as gone (default ``config.connect_timeout``: it is starting, not silent).
             clock: the clock silences are measured by (tests move it by hand).
 
         Raises:
@@ -116,11 +120,12 @@ class ShardRouter:
         if not self.failover_timeout > 0:
             raise ValueError(f"{client_name}: the ps failover timeout must be > 0 s, got {self.failover_timeout}")
         self.status_timeout = min(2.0, config.rpc_timeout) if status_timeout is None else status_timeout
-        self.wait_timeout = (max(config.connect_timeout, self.failover_timeout + 2 * self.status_timeout)
-                             if wait_timeout is None else wait_timeout)
+        self.start_timeout = config.connect_timeout if start_timeout is None else start_timeout
+        proof = max(self.failover_timeout, self.start_timeout) + 2 * self.status_timeout
+        self.wait_timeout = max(config.connect_timeout, proof) if wait_timeout is None else wait_timeout
         self._clock = clock
         self._config = config
-        self._evidence = MemberEvidence(self.failover_timeout, clock)
+        self._evidence = MemberEvidence(self.failover_timeout, self.start_timeout, clock)
         self._in_doubt: dict[int, tuple[str, str]] = {}  # shard -> (target, error): a Promote/DropBackup, reply lost
         self._backoff = (config.backoff_initial, min(1.0, config.backoff_max))
         self._open = open_member
@@ -148,14 +153,18 @@ class ShardRouter:
         (:class:`~psflow.ps.control_routes.ControlRouter`)."""
         return ShardRouter(self.cluster, self._open, client_name=client_name, config=self._config,
                            failover_timeout=self.failover_timeout, status_timeout=self.status_timeout,
-                           wait_timeout=self.wait_timeout, clock=self._clock)
+                           wait_timeout=self.wait_timeout, start_timeout=self.start_timeout, clock=self._clock)
 
     def start_at(self, other: ShardRouter) -> None:
-        """Routes each shard where ``other`` routes it now (a twin taking over another router's view, e.g. a save's
-        client beginning at the data client's primaries rather than at each shard's first member)."""
+        """Routes each shard where ``other`` routes it now, and starts from ``other``'s evidence of who is gone
+        (a twin taking over another router's view, e.g. a save's client beginning at the data client's primaries
+        rather than at each shard's first member: a refusal by a primary the data client reached proves it gone
+        at once, rather than after another client's promotion or ``failover_timeout``). Call it on ``other``'s
+        thread."""
         for shard, route in dict(other.routes).items():
             self.routes[shard] = route
             self.channels[shard] = self._channel(route[0])
+        self._evidence.inherit(other._evidence)
 
     def reached(self, task: str) -> None:
         """Member ``task``'s process answered this client through another service at its address (shard 0's
@@ -348,6 +357,8 @@ class ShardRouter:
         try:
             if self._evidence.any_silent and not errors:  # a member that was silent answered: its silence is over
                 self._heard_from(replies, errors, sent)
+            elif not errors:  # (a member's first answer: from now on its silence is one, not a start)
+                self._evidence.first_answers(self.routes[shard][0] for shard in replies)
             deadline = time.monotonic() + (self.wait_timeout if wait is None else wait)
             while errors:
                 self._heard_from(replies, errors, sent)

@@ -9,11 +9,19 @@ proves that:
   a connection tried before the task listened: a worker starting beside its ps tasks once promoted a backup that
   way, the primary alive);
 * or it answered *nothing*, no status and no call, for ``failover_timeout`` seconds, counted from the first call
-  left unanswered after its latest answer (idle time between calls is no silence).
+  left unanswered after its latest answer (idle time between calls is no silence);
+* or, a member that never answered this client (nor anything it inherited, :meth:`MemberEvidence.inherit`): it is
+  *not yet up*, not silent, and counts as gone only after ``start_timeout`` seconds without an answer (the client's
+  ``connect_timeout``, which covers a slow start of a whole cluster), counted from the first call left unanswered.
+  Silence before a member's first answer never counts against ``failover_timeout``: beside CPU hogs ps tasks took
+  11.5-12 s to serve, and the launcher, asking from its start, promoted ps:0's backup over a primary that had just
+  taken the fresh shard (``--ps-failover-timeout`` 10 s).
 
 Guarantees: an answer of any kind (a reply, or an error its process gave, e.g. FAILED_PRECONDITION) clears the
 member's silence and refusal at once; a call sent before the member's latest answer never starts a silence (an
-answer may overtake a late reply); nothing here ever sends a call or sleeps.
+answer may overtake a late reply); nothing here ever sends a call or sleeps. A router started at another's view
+(a save's client beginning where the data client routes) inherits that one's evidence: a member the data client
+reached is reached for it too, so a refusal of its dead process is proof at once.
 
 Not thread-safe by itself: its router's (one thread, or :func:`~psflow.ps.failover.resolve_all`'s distinct shards,
 whose members are distinct).
@@ -22,7 +30,7 @@ whose members are distinct).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from psflow.rpc.api import DeadlineExceededError, RpcError, TaskUnavailableError
 
@@ -32,9 +40,12 @@ __all__ = ["MemberEvidence", "refused"]
 class MemberEvidence:
     """One client's record of which shard members answered, fell silent or refused; see the module docstring."""
 
-    def __init__(self, failover_timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
-        """``failover_timeout``: seconds of silence that prove a member gone; ``clock``: what silences are measured by."""
+    def __init__(self, failover_timeout: float, start_timeout: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``failover_timeout``: seconds of silence that prove a member that had answered gone; ``start_timeout``:
+        those that prove one that never answered gone; ``clock``: what silences are measured by."""
         self.failover_timeout = failover_timeout
+        self.start_timeout = start_timeout
         self._clock = clock
         # Per member: when it last answered anything; since when it has answered nothing (the first call left
         # unanswered after that); whether it refused a connection after it had answered (its process is gone).
@@ -49,8 +60,41 @@ class MemberEvidence:
 
     def reached(self, task: str) -> None:
         """Member ``task``'s process answered this client through another service at its address: from now on a
-        refused connection proves it gone, as after a status it answered."""
-        self._answered.setdefault(task, self._clock())
+        refused connection proves it gone, as after a status it answered. A silence counted before its first
+        answer ends here (it was not up yet)."""
+        if task not in self._answered:
+            self._answered[task] = self._clock()
+            self._silent_since.pop(task, None)
+
+    def first_answers(self, tasks: Iterable[str]) -> None:
+        """Each of ``tasks`` answered a call just now: recorded where it is the member's first answer (the calls a
+        client makes while nothing is silent are not recorded one by one: only a first answer changes what proves
+        a member gone)."""
+        for task in tasks:
+            if task not in self._answered:
+                self.reached(task)
+
+    def inherit(self, other: MemberEvidence) -> None:
+        """Starts from what ``other`` (another client's router's evidence, e.g. the data client's) knows: per member,
+        the record of whichever of the two heard it last (when it answered, the silence counted since, a refusal held
+        as proof); of a member neither ever heard, the earlier start of its silence."""
+        for task in other._answered.keys() | other._silent_since.keys():
+            mine, theirs = self._answered.get(task), other._answered.get(task)
+            if theirs is None:
+                if mine is None and (since := other._silent_since.get(task)) is not None:
+                    self._silent_since[task] = min(since, self._silent_since.get(task, since))
+                continue
+            if mine is not None and mine > theirs:
+                continue  # this one heard it later: its own record stands
+            self._answered[task] = theirs
+            if (since := other._silent_since.get(task)) is not None:
+                self._silent_since[task] = since
+            else:
+                self._silent_since.pop(task, None)
+            if task in other._refused:
+                self._refused.add(task)
+            else:
+                self._refused.discard(task)
 
     def heard(self, task: str) -> None:
         """``task`` answered (a reply, or a refusal its process gave): it is not gone."""
@@ -73,14 +117,18 @@ class MemberEvidence:
             self._refused.add(task)
 
     def gone(self, task: str) -> str | None:
-        """Why member ``task`` counts as gone (a refused connection after it had answered, or nothing answered
-        for ``failover_timeout`` s), or None: it answered, or is only slow so far."""
+        """Why member ``task`` counts as gone (a refused connection after it had answered, nothing answered for
+        ``failover_timeout`` s, or never an answer for ``start_timeout`` s), or None: it answered, or is only slow
+        (or not up) so far."""
         if task in self._refused:
             return "refused the connection"
         since = self._silent_since.get(task)
-        if since is not None and self._clock() - since >= self.failover_timeout:
-            return f"answered nothing for {self._clock() - since:.1f} s"
-        return None
+        if since is None:
+            return None
+        silent = self._clock() - since
+        if task not in self._answered:
+            return f"never answered in {silent:.1f} s" if silent >= self.start_timeout else None
+        return f"answered nothing for {silent:.1f} s" if silent >= self.failover_timeout else None
 
 
 def refused(error: RpcError) -> bool:

@@ -81,3 +81,39 @@ def test_a_save_client_opened_after_the_primary_died_goes_to_the_promoted_backup
         assert timed_out == []
     finally:
         chief.close()
+
+
+def test_a_save_client_made_before_anybody_promoted_the_backup_takes_the_dead_primarys_refusal_as_proof(
+        replicated: _Shard, caplog: pytest.LogCaptureFixture) -> None:
+    # The data client had reached ps:0; ps:0 died and no client promoted its backup yet. The save's router used to
+    # start with no record of the members the data client reached: the dead primary's refused connection was no
+    # proof to it, so it waited for the data client's promotion or --ps-failover-timeout (10 s; here 20 s, its
+    # promotion then logged 'answered nothing for 20.0 s').
+    shard = replicated
+    shard.start(PRIMARY)
+    shard.start(BACKUP)
+    shard.wait_view(PRIMARY, BACKUP)
+    register = _layout(shard.cluster)
+    shard.channels[PRIMARY].call(RegisterRequest.METHOD, register.to_frame().meta, timeout=30)
+    config = ConnectConfig(token=TOKEN, rpc_timeout=30.0, connect_timeout=30.0, transport="tcp")
+    chief = ParameterClient(shard.cluster, list(register.layout), client_name=WORKER, config=config,
+                            failover_timeout=20.0)
+    try:
+        chief.connect()
+        assert chief.stats(0)["global_step"] == 0  # the data client reached ps:0
+        shard.procs[PRIMARY].kill()  # SIGKILL, by pid
+        shard.procs[PRIMARY].wait(timeout=30)
+
+        caplog.set_level(logging.INFO, logger="psflow")
+        own = save_client(chief)
+        try:
+            assert own is not chief and own.router is not None and own.router.routes[0][0] == PRIMARY
+            assert own.stats(0)["global_step"] == 0  # answered by the backup this save's client promoted
+            assert own.router.routes[0] == (BACKUP, 2)
+        finally:
+            own.close()
+        promoting = [r.getMessage() for r in caplog.records if "promoting /job:ps_backup/task:0" in r.getMessage()]
+        assert len(promoting) == 1 and "/job:ps/task:0: refused the connection" in promoting[0], promoting
+        assert chief.router is not None and chief.router.routes[0][0] == PRIMARY  # (the data client made no call)
+    finally:
+        chief.close()

@@ -227,10 +227,13 @@ def test_the_election_gets_a_backup_promoted_when_shard_0s_primary_dies_and_no_d
 def test_the_election_promotes_nothing_while_the_primary_only_is_slow_to_answer(leases: Leases) -> None:
     """The same checks as the data path's: a primary that answers nothing is gone only after the failover
     timeout (0.3 s of the router's clock, moved by hand: the test does not race a real 0.3 s against a
-    0.15 s campaign); until then the campaign is not answered and no backup is promoted."""
+    0.15 s campaign); until then the campaign is not answered and no backup is promoted. (The primary answered
+    first: one that never answered is not up yet, gone only after the start timeout, tests/unit/ps/
+    test_failover_evidence.py.)"""
     now = [1000.0]
     backend = leases.backend(promotes=True, clock=lambda: now[0])
     try:
+        backend.resign(backend.campaign("w0", timeout=5.0))  # the primary answered
         leases.shard.cut.add(PRIMARY)
         with pytest.raises(CampaignTimeoutError):
             backend.campaign("w0", timeout=0.5)
