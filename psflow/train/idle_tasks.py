@@ -40,9 +40,13 @@ from psflow.train.state_loss import idle_tasks, ps_states
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
 
-__all__ = ["idle_tasks", "idle_down", "readmit", "tasks_named", "ReadmitIdleTasks"]
+__all__ = ["ASK_TIMEOUT", "idle_tasks", "idle_down", "readmit", "tasks_named", "ReadmitIdleTasks"]
 
 log = logging.getLogger("psflow.recovery")
+
+#: Seconds :class:`ReadmitIdleTasks` waits for an idle task's ``Stats``: a stopped task's silence holds the chief's
+#: step loop that long, once a period (a dead one refuses the connection at once).
+ASK_TIMEOUT = 0.5
 
 
 def tasks_named(tasks: Iterable[int]) -> str:
@@ -89,8 +93,9 @@ class ReadmitIdleTasks(SessionRunHook):
     idle task restarted empty and :func:`readmit`\\ s it: its training never calls such a task, so no step fails to
     tell it, while every save does (a shard of every task) until the task is ready again.
 
-    After a step, at most every ``every`` s: one ``Stats`` call to each idle task (none where there is none);
-    where one is not ready or unreachable, every task's, and the readmission once it answers. At the session's
+    After a step, at most every ``every`` s: one ``Stats`` call to each idle task (none where there is none; at most
+    :data:`ASK_TIMEOUT` s, the most a silent one holds the step loop); where one answers not ready (restarted), every
+    task's, and the readmission. At the session's
     end (before the final save) it waits for such a task, at most ``timeout`` s, and readmits it. Never raises: a
     failed readmission is logged and asked again at the next period."""
 
@@ -113,12 +118,13 @@ class ReadmitIdleTasks(SessionRunHook):
 
     def check(self) -> bool:
         """Readmits an idle task found restarted; True where every idle task is ready (now), False otherwise."""
-        calls = {t: self.client.channels[t].call_async("Stats", timeout=2.0) for t in self.idle}
+        calls = {t: self.client.channels[t].call_async("Stats", timeout=ASK_TIMEOUT) for t in self.idle}
         try:
-            if all(StatsReply.from_frame(call.result()).ready for call in calls.values()):
-                return True
-        except RpcError:
-            pass
+            ready = [StatsReply.from_frame(call.result()).ready for call in calls.values()]
+        except RpcError:  # down, or silent (stopped): nothing to readmit until it answers; asked again next period
+            return False
+        if all(ready):
+            return True
         states = ps_states(self.client)
         step = states.get(self.client.step_task)
         down = idle_down(self.client, states, step.generation if step is not None and step.ready else None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
+from psflow.rpc.api import TaskUnavailableError
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
 from psflow.train.idle_tasks import ReadmitIdleTasks, idle_tasks
@@ -112,9 +114,19 @@ def test_a_worker_that_is_not_the_chief_waits_and_resumes_where_it_was(tmp_path:
     other.channels[2] = client.channels[2]
     waiting = ClusterRecovery(other, SGD, checkpoint_dir=str(tmp_path), leader=lambda: None, timeout=10.0)
     assert waiting.needed()
+    polled, states = threading.Event(), waiting._states
+
+    def first_poll() -> Any:  # the chief readmits once this worker saw the task not ready in its wait
+        try:
+            return states()
+        finally:
+            polled.set()
+
+    waiting._states = first_poll  # type: ignore[method-assign]
     result: list[tuple[bool, str | None]] = []
     thread = threading.Thread(target=lambda: result.append(waiting.wait()))
     thread.start()
+    assert polled.wait(15.0)
     chief = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=_lease, timeout=10.0, run="run-a")
     assert chief.wait()[0] is True
     thread.join(15.0)
@@ -158,3 +170,28 @@ def test_the_hook_asks_only_the_idle_tasks_while_they_are_ready(tmp_path: Path) 
     assert ReadmitIdleTasks(client, SGD, lambda: None, run="run-a", timeout=5.0).check() is True
     _restart(client, services, 3)
     assert ReadmitIdleTasks(client, SGD, lambda: None, run="run-a", timeout=5.0).check() is False  # no lease: waits
+
+
+class _Gone:
+    """The channel of a ps task whose process is gone (or silent): every call fails as a carrier's does."""
+
+    task = "/job:ps/task:3"
+
+    def call_async(self, *args: object, **kwargs: object) -> _Gone:
+        return self  # a carrier's pending call: its error comes with the result
+
+    def result(self) -> object:
+        raise TaskUnavailableError(f"{self.task}: connection refused")
+
+    def call(self, *args: object, **kwargs: object) -> object:
+        return self.result()
+
+
+def test_the_hook_waits_while_an_idle_task_is_unreachable(tmp_path: Path) -> None:
+    services, client, trained = _trained(tmp_path)
+    client.channels[3] = _Gone()  # type: ignore[assignment]
+    assert ReadmitIdleTasks(client, SGD, _lease, run="run-a", timeout=5.0).check() is False
+    assert [client.ps_stats(t).generation for t in range(3)] == [0, 0, 0]
+    _restart(client, services, 3)  # back, empty: made ready at the next period
+    assert ReadmitIdleTasks(client, SGD, _lease, run="run-a", timeout=5.0).check() is True
+    np.testing.assert_array_equal(client.pull({"weights": None})["weights"], trained["weights"])
