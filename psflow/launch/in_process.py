@@ -37,6 +37,7 @@ from psflow.launch.log_format import LineFormatter
 from psflow.ps.client import ParameterClient
 from psflow.ps.dynamic import table_totals
 from psflow.ps.service import ParameterService
+from psflow.rpc.api import ConnectConfig
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.status.final_snapshot import Resumed, final_snapshot, newest_if_unnamed, resumed_from
 from psflow.train.build import build_model
@@ -165,7 +166,9 @@ def _run_claimed(config: TrainConfig, asked: SyncSettings, output_dir: str,
     services = [ParameterService(i, holds_global_step=i == 0) for i in range(config.cluster.num_ps)]
     channels = {i: InProcessChannel(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
     model, variables = build_model(config, cluster)
-    client = ParameterClient(cluster, variables.placements(), client_name="/job:worker/task:0",
+    timeouts = ConnectConfig(connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout,
+                             save_timeout=config.cluster.save_timeout)  # (--save-timeout bounds the saves here too)
+    client = ParameterClient(cluster, variables.placements(), client_name="/job:worker/task:0", config=timeouts,
                              sync=config.sync_config(), channels=channels)
     resumed = resumed_from(config.checkpoint.dir)  # what the worker's session restores: the examples before this run
     os.makedirs(os.path.join(output_dir, "logs"), exist_ok=True)

@@ -35,14 +35,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 def _late_final_save(tmp: str) -> dict[str, Any]:
     import psflow.launch.in_process as in_process
     from psflow.checkpoint.save import CheckpointManager
-    from psflow.rpc.api import ConnectConfig
-
-    real_client = in_process.ParameterClient
-
-    def client(*args: Any, **kwargs: Any) -> Any:  # (its client takes no --save-timeout: 600 s, see the report)
-        return real_client(*args, config=ConnectConfig(save_timeout=5.0), **kwargs)
-
-    in_process.ParameterClient = client  # type: ignore[assignment,misc]
 
     ckpt = os.path.join(tmp, "ckpt")
     held, let_go, ended = threading.Event(), threading.Event(), threading.Event()
