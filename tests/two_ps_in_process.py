@@ -2,6 +2,7 @@
 of the state-loss and restore unit tests (tests/unit/train/test_state_loss.py, test_restore_vs_fenced_save.py).
 No sockets: a "restart" of a ps task is a fresh service behind the same channel. :class:`SumModel` and
 :class:`OneExample`: a model whose one metric is the sum of both variables, for the evaluation tests.
+:func:`chief_duties`: the chief's session hooks over them (the lock-at-exit tests' child processes).
 """
 
 from __future__ import annotations
@@ -48,6 +49,29 @@ def restart_ps(client: ParameterClient, services: list[ParameterService], index:
 def _service(index: int, training_workers: Sequence[str] | None) -> ParameterService:
     return ParameterService(index, holds_global_step=index == 0,
                             training_workers=training_workers if index == 0 else None)
+
+
+def chief_duties(checkpoint_dir: str) -> tuple[ParameterClient, Any]:
+    """:func:`two_ps_cluster` initialized by a chief, then :func:`psflow.train.duties.make_session`'s session for
+    worker 0 with checkpoints in ``checkpoint_dir`` (saved every 1,000 steps: only the initial and final ones), its
+    hooks' ``after_create_session`` run (the initial checkpoint written, the run's lock taken). Returns the client
+    and the session (its ``__exit__`` ends the hooks: the final save, the lock's release)."""
+    from types import SimpleNamespace
+
+    from psflow.train.config import TrainConfig
+    from psflow.train.duties import make_session
+    from psflow.train.session import MonitoredTrainingSession
+
+    client, _ = two_ps_cluster()
+    with MonitoredTrainingSession(client, SGD, is_chief=True):
+        pass
+    config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=checkpoint_dir,
+                              save_checkpoints_steps=1000)
+    cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3"]})
+    made = make_session(config, cluster, client, SimpleNamespace(initial_values=None), "worker", 0)
+    for hook in made.hooks:
+        hook.after_create_session(made)
+    return client, made
 
 
 def train_a_step(client: ParameterClient) -> None:

@@ -32,15 +32,10 @@ _TESTS = str(Path(__file__).resolve().parents[2])
 
 _WORKER = """
 import atexit, dataclasses, os, sys, threading
-from types import SimpleNamespace
 sys.path.insert(0, sys.argv[2])
-from two_ps_in_process import SGD, train_a_step, two_ps_cluster
+from two_ps_in_process import chief_duties, train_a_step
 from psflow.checkpoint.pointer import latest_checkpoint
 from psflow.checkpoint.save import CheckpointManager, FinalCheckpointError
-from psflow.cluster import ClusterSpec
-from psflow.train.config import TrainConfig
-from psflow.train.duties import make_session
-from psflow.train.session import MonitoredTrainingSession
 
 ckpt = sys.argv[1]
 lock_file = os.path.join(ckpt, "checkpoint.lock")
@@ -73,14 +68,7 @@ atexit.register(at_the_end)
 armed = False
 real_save = CheckpointManager.save
 CheckpointManager._phase, CheckpointManager.save = phase, save
-client, _ = two_ps_cluster()
-with MonitoredTrainingSession(client, SGD, is_chief=True):
-    pass
-config = TrainConfig.flat(train=("unused",), num_features=8, checkpoint_dir=ckpt, save_checkpoints_steps=1000)
-cluster = ClusterSpec({"ps": ["127.0.0.1:1", "127.0.0.1:2"], "worker": ["127.0.0.1:3"]})
-made = make_session(config, cluster, client, SimpleNamespace(initial_values=None), "worker", 0)
-for hook in made.hooks:
-    hook.after_create_session(made)
+client, made = chief_duties(ckpt)
 print("initial checkpoint:", latest_checkpoint(ckpt), flush=True)
 client.config = dataclasses.replace(client.config, save_timeout=0.5)  # (after the initial save)
 train_a_step(client)
