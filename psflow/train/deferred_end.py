@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from psflow.train.hook_api import SessionRunHook, WrappingHook
+from psflow.train.hook_api import SessionRunHook, WrappingHook, duty_of
 
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
@@ -62,7 +62,6 @@ class RaiseDeferred(SessionRunHook):
                 errors.append((hook, hook.error))
                 hook.error = None
         for hook, error in errors[1:]:
-            duty = getattr(hook.inner, "inner", hook.inner)  # a LeaderOnlyHook's or the guard's duty
-            log.error("chief duty %s: its end() failed too: %s", type(duty).__name__, error)
+            log.error("chief duty %s: its end() failed too: %s", duty_of(hook), error)
         if errors:
             raise errors[0][1]

@@ -51,14 +51,14 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from psflow.data import BatchSource
 
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
 
-__all__ = ["RunContext", "RunValues", "SessionRunHook", "StepTimer", "WrappingHook", "end_step"]
+__all__ = ["RunContext", "RunValues", "SessionRunHook", "StepTimer", "WrappingHook", "duty_of", "end_step"]
 
 
 @dataclass
@@ -116,7 +116,11 @@ class RunValues:
 
 
 class SessionRunHook:
-    """Base class: every method does nothing. See the module docstring for the order."""
+    """Base class: every method does nothing. See the module docstring for the order. ``duty``: what the hook does
+    for the run, in a line that says it was skipped (a chief duty's: :class:`~psflow.train.leader_hooks.LeaderOnlyHook`);
+    empty: the class's name."""
+
+    duty: ClassVar[str] = ""
 
     def begin(self) -> None:
         """Called once before the session joins the cluster."""
@@ -143,6 +147,15 @@ class SessionRunHook:
 
     #: Whether ``end()`` runs also after an earlier hook's ``end()`` raised (a release of what the session took).
     ends_always: bool = False
+
+
+def duty_of(hook: SessionRunHook) -> str:
+    """What ``hook`` does for the run (its :attr:`SessionRunHook.duty`), looked for through
+    the hooks that wrap it (``inner``: :class:`~psflow.train.final_eval.FinalEvalOnce`, ...); the innermost hook's
+    class name where none says."""
+    while not hook.duty and isinstance(getattr(hook, "inner", None), SessionRunHook):
+        hook = hook.inner  # type: ignore[attr-defined]
+    return hook.duty or type(hook).__name__
 
 
 class WrappingHook(SessionRunHook):

@@ -90,6 +90,8 @@ class CheckpointSaverHook(SessionRunHook):
     training; the initial one: they wait for it), for at most ``--save-timeout`` (:mod:`psflow.checkpoint.bounded_save`).
     """
 
+    duty = "checkpoint save"
+
     def __init__(self, manager: CheckpointManager, *, save_secs: float | None = None, save_steps: int | None = None,
                  optimizer: Mapping[str, Any] | None = None, model: Mapping[str, Any] | None = None,
                  fence: Callable[[], tuple[int, str] | None] | None = None, final_must_succeed: bool = True) -> None:
@@ -433,6 +435,8 @@ class EvalHook(SessionRunHook):
         every_steps: period in global steps; None: only at the end.
         writer: where ``eval/<metric>`` summaries go (optional).
     """
+
+    duty = "evaluation"
 
     def __init__(self, evaluate: Callable[[], dict[str, float]], *, every_steps: int | None,
                  writer: SummaryWriter | None = None) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from psflow.errors import CheckpointError
 from psflow.rpc.api import RpcError
+from psflow.train.hook_api import duty_of
 from psflow.train.hooks import RunContext, RunValues, SessionRunHook
 
 if TYPE_CHECKING:
@@ -50,38 +51,39 @@ class LeaderOnlyHook(SessionRunHook):
         lease = self.leadership.lease()
         grant = None if lease is None else (lease.holder, lease.epoch)  # (a renewal keeps both)
         if grant is not None and grant != self._grant:  # a take-over: also a lease lost and won again since the
-            self._guard(lambda: self.inner.after_create_session(session))  # last call (another held it meanwhile)
+            self._guard(lambda: self.inner.after_create_session(session), "taking the duties")  # last call
+            # (another held it meanwhile)
         self._grant = grant
         return grant is not None
 
     def after_initialize(self, session: Any) -> None:
         if self.leadership.lease() is not None:
-            self._guard(lambda: self.inner.after_initialize(session))
+            self._guard(lambda: self.inner.after_initialize(session), "after initializing the cluster")
 
     def after_create_session(self, session: Any) -> None:
         self._leading(session)
 
     def after_restore(self, session: Any, checkpoint: str | None, step: int | None) -> None:
         if self._leading(session):  # SummarySaverHook's START after a restore within the run
-            self._guard(lambda: self.inner.after_restore(session, checkpoint, step))
+            self._guard(lambda: self.inner.after_restore(session, checkpoint, step), "after a restore")
 
     def before_run(self, context: RunContext) -> None:
         if self._leading(context.session):  # e.g. SummarySaverHook's START after a restore its join waited for
-            self._guard(lambda: self.inner.before_run(context))
+            self._guard(lambda: self.inner.before_run(context), "before a step")
 
     def after_run(self, context: RunContext, values: RunValues) -> None:
         if self._leading(context.session):
-            self._guard(lambda: self.inner.after_run(context, values))
+            self._guard(lambda: self.inner.after_run(context, values), f"after step {values.step}")
 
     def end(self, session: Any) -> None:
         if self._leading(session):
-            self._guard(lambda: self.inner.end(session))
+            self._guard(lambda: self.inner.end(session), "at the end")
 
-    def _guard(self, call: Callable[[], None]) -> None:
+    def _guard(self, call: Callable[[], None], when: str) -> None:
         try:
             call()
         except (CheckpointError, RpcError) as e:
-            log.error("%s: chief duty %s skipped: %s", self.leadership.candidate, type(self.inner).__name__, e)
+            log.error("%s: chief duty %s skipped %s: %s", self.leadership.candidate, duty_of(self.inner), when, e)
 
 
 class CampaignWhileTrainingHook(SessionRunHook):

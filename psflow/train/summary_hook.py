@@ -108,6 +108,8 @@ class SummarySaverHook(SessionRunHook):
     global_step is 0).
     """
 
+    duty = "summaries"
+
     def __init__(self, writer: SummaryWriter, *, save_steps: int = 100) -> None:
         self.writer = writer
         self._timer = StepTimer(None, save_steps, "summary saver")

@@ -362,4 +362,4 @@ def test_a_final_checkpoint_and_a_summary_end_both_failing_raise_the_checkpoint_
     monkeypatch.setattr(CheckpointManager, "save", unwritable)
     with pytest.raises(FinalCheckpointError, match="Input/output error"):
         made.__exit__(None, None, None)
-    assert "chief duty SummarySaverHook: its end() failed too" in caplog.text and "No space left" in caplog.text
+    assert "chief duty summaries: its end() failed too" in caplog.text and "No space left" in caplog.text
