@@ -89,6 +89,8 @@ class InjectedFault:
     recovered_at_step: int | None = None
     lease_epoch: int | None = None           # a ``chief`` fault: the epoch of the lease its task held
     why: str | None = None                   # not recovered by the run's end: why (set by the launcher then)
+    how: str | None = None                   # recovered otherwise than by a restart or restore (an idle ps task's
+                                             # readmission: psflow.launch.fault_recovery.READMITTED)
 
     def to_json(self) -> dict[str, Any]:
         """Its fields, and ``recovered``: whether ``recovered_at_step`` is set."""
@@ -166,7 +168,8 @@ class ChaosInjector:
         for spec in self._specs:
             if spec in fired:
                 f = fired[spec]
-                outcome = (f"recovered at global_step {f.recovered_at_step}" if f.recovered_at_step is not None
+                how = f" ({f.how})" if f.how is not None else ""
+                outcome = (f"recovered at global_step {f.recovered_at_step}{how}" if f.recovered_at_step is not None
                            else f"not recovered: {f.why}" if f.why is not None else "not recovered yet")
                 lines.append(f"chaos:   {spec}: fired: {f.signal} to {f.task} (pid {f.pid}) at global_step "
                              f"{f.at_step}; {outcome}")

@@ -44,6 +44,14 @@ member's replacement back in its shard's view then has recovered, the shard havi
 recovered: ``recovered`` false in metrics.json, with ``why`` (e.g. ``/job:ps/task:0's replacement had not
 rejoined its ps shard's view by the run's end``: the shard ended the run one backup short).
 
+A ps task that holds nothing (:mod:`psflow.train.idle_tasks`: none of the model's variables) lost nothing when it
+was killed: the chief makes its replacement ready at the generation the cluster trains in (*readmitted*), and no
+restore comes. Its fault recovered once the replacement's own ``Stats`` says it is ready at the generation read
+before the fault (:attr:`StepReading.ready_members`: the chaos thread asks each watched ps task's ``Stats``, the
+run's end every ps task's), at that reading's global_step, with ``how`` ``readmitted, nothing restored``; until
+then a restore is taken as owed, as for any ps task (no other fault recovers on the pushes in flight). A killed
+task ready at another generation was restored, never readmitted.
+
 Not thread-safe: the caller serializes (the chaos thread and the run's end take the launcher's lock).
 """
 
@@ -60,7 +68,10 @@ from psflow.rpc.api import FailedPreconditionError, RpcError
 from psflow.rpc.grpc_client import TaskChannel
 from psflow.status.replication import shard_primaries
 
-__all__ = ["StepReading", "Replacement", "RecoveryWatch", "final_reading", "poll_reading", "primary_reading", "step_reading"]
+#: A fault's ``how`` where an idle ps task's replacement was made ready at the cluster's generation.
+READMITTED = "readmitted, nothing restored"
+
+__all__ = ["READMITTED", "StepReading", "Replacement", "RecoveryWatch", "final_reading", "poll_reading", "primary_reading", "step_reading"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,9 @@ class StepReading:
     how many workers it counted as finished with their data (``Leave``); ``in_view``: the ps shard members
     in their shard's view (each shard's primary and its backups; None: not a replicated cluster's reading);
     ``answered``: the ps members whose own ``Stats`` answered the poll that read it (:func:`poll_reading`; a
-    refusal is an answer), each one's report that it serves, never another's."""
+    refusal is an answer), each one's report that it serves, never another's; ``ready_members``: (task,
+    generation) of each unreplicated ps task whose own ``Stats`` in that poll said it is ready at that
+    generation (the tasks asked: see :func:`poll_reading`; every ps task at the run's end)."""
 
     step: int
     ready: bool
@@ -77,6 +90,7 @@ class StepReading:
     in_view: frozenset[str] | None = None
     generation: int | None = None  # the step task's restore generation (None: not said)
     answered: frozenset[str] = frozenset()
+    ready_members: frozenset[tuple[str, int]] = frozenset()
 
 
 class Replacement(Enum):
@@ -116,7 +130,8 @@ def primary_reading(primaries: list[dict[str, Any]]) -> StepReading | None:
     return None
 
 
-def poll_reading(channels: list[TaskChannel], *, replicated: bool = False) -> StepReading | None:
+def poll_reading(channels: list[TaskChannel], *, replicated: bool = False,
+                 also: frozenset[str] = frozenset()) -> StepReading | None:
     """global_step (and whether its task is ready) from the first ps task that answers holding it (None if
     none does). A channel whose call failed reconnects (:meth:`TaskChannel.reconnect`): a failed gRPC
     channel backs off its reconnects (up to its ``backoff_max``, 2 s), and the ps tasks are not listening
@@ -128,21 +143,41 @@ def poll_reading(channels: list[TaskChannel], *, replicated: bool = False) -> St
     member without its shard's state (rebuilding, deposed) refuses: an answer, its channel kept (replaced at
     every poll, every few ms, a rebuilding member got a new connection each time).
 
+    ``also`` (unreplicated): the ps tasks asked as well after the one holding global_step (those whose faults are
+    watched: :meth:`RecoveryWatch.ps_tasks`), for ``ready_members``.
+
     The reading's ``answered``: the members whose own call answered (the tasks asked up to the one holding
-    global_step; replicated, every member that answered or refused)."""
+    global_step, and ``also``; replicated, every member that answered or refused)."""
     if replicated:
         return _primaries_reading(channels)
     answered: set[str] = set()
+    ready: set[tuple[str, int]] = set()
+    found: StepReading | None = None
     for ch in channels:
+        if found is not None and ch.task not in also:
+            continue
         try:
-            reading = step_reading(dict(ch.call("Stats").meta))
+            stats = dict(ch.call("Stats").meta)
         except RpcError:
             ch.reconnect()
             continue
         answered.add(ch.task)
-        if reading is not None:
-            return replace(reading, answered=frozenset(answered))
-    return None
+        ready |= _ready_at(ch.task, stats)
+        if found is None and (reading := step_reading(stats)) is not None:
+            found = reading
+            if not also:
+                break
+    if found is None:
+        return None
+    return replace(found, answered=frozenset(answered), ready_members=frozenset(ready))
+
+
+def _ready_at(task: str, stats: Mapping[str, Any]) -> set[tuple[str, int]]:
+    """``{(task, generation)}`` where ``stats`` (``task``'s own) says it is ready at that generation, else empty."""
+    generation = stats.get("generation", 0)
+    if stats.get("ready") is not True or isinstance(generation, bool) or not isinstance(generation, int):
+        return set()
+    return {(task, generation)}
 
 
 def _primaries_reading(channels: list[TaskChannel]) -> StepReading | None:
@@ -165,7 +200,9 @@ def final_reading(ps_stats: list[dict[str, Any]], *, replicated: bool) -> StepRe
     """The reading of the run's final snapshot's ``Stats`` (``replicated``: the shard primaries', views included)."""
     if replicated:
         return primary_reading(shard_primaries(ps_stats))
-    return next((r for r in map(step_reading, ps_stats) if r is not None), None)
+    reading = next((r for r in map(step_reading, ps_stats) if r is not None), None)
+    ready = {pair for stats in ps_stats if isinstance(task := stats.get("task"), str) for pair in _ready_at(task, stats)}
+    return replace(reading, ready_members=frozenset(ready)) if reading is not None else None
 
 
 def _rejoining(task: str, reading: StepReading) -> bool:
@@ -208,6 +245,10 @@ class RecoveryWatch:
         """Faults fired and not recovered yet."""
         return len(self._watched)
 
+    def ps_tasks(self) -> frozenset[str]:
+        """The ps tasks of the faults watched (the chaos thread asks their ``Stats`` too: a readmission)."""
+        return frozenset(w.fault.task for w in self._watched if w.fault.task.startswith(f"/job:{PS_JOB}/"))
+
     def observe(self, reading: StepReading | None, now: float) -> list[InjectedFault]:
         """One reading of the chaos thread (None: no ps task answered); returns the faults it recovered,
         each with ``recovered_at_step`` and ``recovery_seconds`` set."""
@@ -225,6 +266,9 @@ class RecoveryWatch:
                 continue
             elif state is Replacement.RUNNING and _rejoining(watched.fault.task, reading):
                 continue
+            elif state is Replacement.RUNNING and _readmitted(watched, reading):
+                watched.fault.how = READMITTED
+                self._recover(watched, reading.step, now)
             elif owing is not None:  # any fault's: the cluster trains again only after that restore
                 continue
             elif watched.baseline is None:
@@ -278,9 +322,21 @@ def _restore_owed(watched: _Watched, reading: StepReading) -> bool:
     """Whether ``watched`` killed an unreplicated ps task and the step task is still at the generation read before
     the fault: its replacement came back empty, so the cluster trains again only after a restore (a new
     generation); until then global_step moves only by pushes that were in flight (known where generations are
-    read)."""
+    read), unless the task was readmitted (:func:`_readmitted`: it held nothing, and no restore comes)."""
     ps = watched.fault.task.startswith(f"/job:{PS_JOB}/") and reading.in_view is None
-    return ps and watched.generation is not None and reading.generation == watched.generation
+    held = ps and watched.generation is not None and reading.generation == watched.generation
+    return held and not _readmitted(watched, reading)
+
+
+def _readmitted(watched: _Watched, reading: StepReading) -> bool:
+    """Whether ``watched`` killed an unreplicated ps task now ready (its own ``Stats``) at the generation the step
+    task was at before the fault and still is: an idle task made ready again without a restore (module docstring).
+    The caller checks that the replacement runs (a reading of the killed process never says ready here: it was
+    ready at that generation, but it is dead before any reading the fault is observed with)."""
+    ps = watched.fault.task.startswith(f"/job:{PS_JOB}/") and reading.in_view is None
+    at = watched.generation
+    return (ps and at is not None and reading.ready and reading.generation == at
+            and (watched.fault.task, at) in reading.ready_members)
 
 
 def _back_in_view(fault: InjectedFault, state: Replacement, reading: StepReading) -> bool:

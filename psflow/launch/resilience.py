@@ -180,7 +180,9 @@ class Resilience:
             while (self.injector is not None and (self.injector.pending() or self.recovery.watching())
                    and not self._closed.wait(_CHAOS_POLL)):
                 asked = self._running()  # the process under each name when asked: the one an answer is of
-                reading = poll_reading(channels, replicated=self._replicated)
+                with self._lock:  # a killed ps task's own Stats: readmitted (psflow.launch.fault_recovery)
+                    watched = self.recovery.ps_tasks()
+                reading = poll_reading(channels, replicated=self._replicated, also=watched)
                 if reading is None:
                     continue
                 if self.monitor is not None:  # each member whose own Stats answered serves: that process is up

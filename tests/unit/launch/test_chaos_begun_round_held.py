@@ -63,7 +63,7 @@ def _run_loop(monkeypatch: pytest.MonkeyPatch, resilience: Resilience, steps: Ca
     read: list[int] = []
     monkeypatch.setattr(resilience_module, "ps_members", lambda cluster: [])
     monkeypatch.setattr(resilience_module, "poll_reading",
-                        lambda channels, replicated=False: read.append(steps(len(read))) or StepReading(read[-1], True))
+                        lambda channels, replicated=False, also=frozenset(): read.append(steps(len(read))) or StepReading(read[-1], True))
     resilience.start()
     return read
 
