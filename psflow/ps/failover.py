@@ -32,8 +32,9 @@ come in parallel: one may predate another); or :class:`~psflow.ps.member_evidenc
 gone (:meth:`ShardRouter.gone`: its host refused the connection after this client had reached it once, or
 it answered *nothing* for ``failover_timeout`` seconds, ``--ps-failover-timeout``, default 10 s; a member
 that never answered this client is not up yet, and gone only after ``start_timeout``, the client's
-``connect_timeout``). A status call that misses its 2 s deadline, a push that waits for its sync step, a
-process stalled for a few seconds on a busy machine, a ps task slow to start: none of these promote a backup.
+``connect_timeout``, unless a backup holding the variables names it its primary: ``failover_timeout`` from
+then). A status call that misses its 2 s deadline, a push that waits for its sync step, a process stalled for
+a few seconds on a busy machine, a ps task slow to start: none of these promote a backup.
 
 :meth:`resolve` returns True when the route changed (a new primary, epoch or view: the caller resends
 the same request, whose ``push_id`` makes the new primary apply a push at most once) and False when it
@@ -149,11 +150,14 @@ class ShardRouter:
 
     def twin(self, client_name: str) -> ShardRouter:
         """A router of its own over the same cluster, channel opener and timeouts (its own channels, routes and
-        evidence of who is gone), for calls made off the thread that uses this one
-        (:class:`~psflow.ps.control_routes.ControlRouter`)."""
-        return ShardRouter(self.cluster, self._open, client_name=client_name, config=self._config,
+        evidence of who is gone, starting from a copy of this one's: a member this router reached is reached for
+        the twin too, so its refused connection is proof to the twin's first call), for calls made off the thread
+        that uses this one (:class:`~psflow.ps.control_routes.ControlRouter`). Call it on this router's thread."""
+        twin = ShardRouter(self.cluster, self._open, client_name=client_name, config=self._config,
                            failover_timeout=self.failover_timeout, status_timeout=self.status_timeout,
                            wait_timeout=self.wait_timeout, start_timeout=self.start_timeout, clock=self._clock)
+        twin._evidence.inherit(self._evidence)
+        return twin
 
     def start_at(self, other: ShardRouter) -> None:
         """Routes each shard where ``other`` routes it now, and starts from ``other``'s evidence of who is gone
@@ -190,6 +194,9 @@ class ShardRouter:
             except RpcError as e:
                 out[task] = None
                 self._unanswered(task, sent, e)
+        for task, s in out.items():  # a backup holding the variables under a primary: that one was up (named())
+            if s is not None and s.has_state and s.role == "backup" and s.primary and out.get(s.primary, s) is None:
+                self._evidence.named(s.primary, sent, task)
         self._last_statuses[shard] = out
         return out
 

@@ -15,7 +15,14 @@ proves that:
   ``connect_timeout``, which covers a slow start of a whole cluster), counted from the first call left unanswered.
   Silence before a member's first answer never counts against ``failover_timeout``: beside CPU hogs ps tasks took
   11.5-12 s to serve, and the launcher, asking from its start, promoted ps:0's backup over a primary that had just
-  taken the fresh shard (``--ps-failover-timeout`` 10 s).
+  taken the fresh shard (``--ps-failover-timeout`` 10 s);
+* unless a backup holding the shard's variables names it its primary (:meth:`MemberEvidence.named`): then it was
+  up (a backup holds the variables only once its primary started the shard, or a view, and sent them), and its
+  silence counts against ``failover_timeout`` from the first call left unanswered once this client saw that. A
+  worker restarted after its shard's primary died (nobody promoted yet) waits ``failover_timeout``, not
+  ``start_timeout``; a primary slow to start is still not promoted over: no backup holds anything under it before
+  it started the shard. (Not a primary's backups: a fresh shard's primary lists every member it waited for, up or
+  not.)
 
 Guarantees: an answer of any kind (a reply, or an error its process gave, e.g. FAILED_PRECONDITION) clears the
 member's silence and refusal at once; a call sent before the member's latest answer never starts a silence (an
@@ -52,6 +59,8 @@ class MemberEvidence:
         self._answered: dict[str, float] = {}
         self._silent_since: dict[str, float] = {}
         self._refused: set[str] = set()
+        # Per member that never answered: since when it is known to have been up, and who said so (named()).
+        self._named: dict[str, tuple[float, str]] = {}
 
     @property
     def any_silent(self) -> bool:
@@ -74,6 +83,13 @@ class MemberEvidence:
             if task not in self._answered:
                 self.reached(task)
 
+    def named(self, task: str, at: float, by: str) -> None:
+        """Member ``by``'s status, asked at ``at``, says it is a backup holding the shard's variables under primary
+        ``task``: ``task`` was up. Where it never answered this client, its silence counts against ``failover_timeout``
+        from the first call left unanswered at or after ``at`` (the earliest such naming kept)."""
+        if task not in self._answered and task not in self._named:
+            self._named[task] = (at, by)
+
     def inherit(self, other: MemberEvidence) -> None:
         """Starts from what ``other`` (another client's router's evidence, e.g. the data client's) knows: per member,
         the record of whichever of the two heard it last (when it answered, the silence counted since, a refusal held
@@ -95,6 +111,10 @@ class MemberEvidence:
                 self._refused.add(task)
             else:
                 self._refused.discard(task)
+        for task, (at, by) in other._named.items():
+            mine_named = self._named.get(task)
+            if task not in self._answered and (mine_named is None or at < mine_named[0]):
+                self._named[task] = (at, by)
 
     def heard(self, task: str) -> None:
         """``task`` answered (a reply, or a refusal its process gave): it is not gone."""
@@ -127,6 +147,10 @@ class MemberEvidence:
             return None
         silent = self._clock() - since
         if task not in self._answered:
+            if (named := self._named.get(task)) is not None:
+                up = self._clock() - max(since, named[0])
+                if up >= self.failover_timeout:
+                    return f"answered nothing for {up:.1f} s since {named[1]}'s view named it (it never answered here)"
             return f"never answered in {silent:.1f} s" if silent >= self.start_timeout else None
         return f"answered nothing for {silent:.1f} s" if silent >= self.failover_timeout else None
 
