@@ -91,9 +91,13 @@ def test_two_steps_in_flight_lose_and_repeat_nothing_when_a_primary_dies(tmp_pat
     primary killed mid-run, the push it held (or never got, or never had acknowledged) is resent to the promoted
     backup and applied once."""
     out = tmp_path / "run"
-    metrics = metrics_of(out, train(out, "--ps-replicas", "1", "--restart-policy", "on-failure",
-                                    "--steps-in-flight", in_flight, "--chaos", "kill:ps:0@step=700", epochs=2))
-    assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], metrics["faults"]
+    r = train(out, "--ps-replicas", "1", "--restart-policy", "on-failure", "--steps-in-flight", in_flight,
+              "--chaos", "kill:ps:0@step=700", epochs=2)
+    metrics = metrics_of(out, r)
+    # (Once, beside other helpers' suites at load ~6, the kill was not fired in ~1,300 steps after its step; not
+    # seen again in 7 runs beside 2-4 CPU hogs: the chaos lines say why if it comes back.)
+    chaos = [line for line in r.stderr.splitlines() if "chaos" in line]
+    assert [f["task"] for f in metrics["faults"]] == ["/job:ps/task:0"], (metrics["faults"], chaos)
     assert metrics["updates_lost"] == 0, metrics
     assert metrics["pushes_applied"] == metrics["pushes_acknowledged"] > 0, metrics
     assert metrics["examples"] == 2 * A9A_RECORDS == metrics["ps"][0]["examples"], metrics["ps"]
