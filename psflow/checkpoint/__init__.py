@@ -9,7 +9,7 @@ On disk (``checkpoint_dir``)::
     ckpt-000000120/
         writer.json                        written first: run id, lineage, epoch of the writer
         shard-00000-of-00002.safetensors   ps task 0's partitions and optimizer slots
-        shard-00001-of-00002.safetensors   ps task 1's
+        shard-00001-of-00002.safetensors   ps task 1's (none of a ps task holding nothing: shard_files.py)
         manifest.json                      written last (see :class:`Manifest`)
 
 *Lineage*: the model state a checkpoint belongs to. A freshly initialized
@@ -191,7 +191,9 @@ Classes and functions, by file:
   lasts (a sync step waiting for the chief does not time out meanwhile); ``bounded_save.py`` --
   :class:`~psflow.checkpoint.bounded_save.BoundedSaves`: the chief's save given up (a failed save) past
   ``--save-timeout``, the store stuck; ``daemon_calls.py`` -- :func:`~psflow.checkpoint.daemon_calls.in_daemon_threads`:
-  a save's shard writes side by side, none of them waited for at the process's exit.
+  a save's shard writes side by side, none of them waited for at the process's exit; ``shard_files.py`` --
+  :func:`~psflow.checkpoint.shard_files.shard_files`: the ps tasks a save asks for a shard (not one holding
+  nothing, :func:`~psflow.ps.idle.idle_tasks`: it may be down, having lost nothing) and their files' names.
 * ``naming.py`` -- a checkpoint's directory name, the global_step it holds (:func:`rename_after_step`).
 * ``rotation.py`` -- what a save keeps and deletes (:func:`kept_after`, :func:`deletable`; past the mutex
   :func:`~psflow.checkpoint.rotation.deletable_unheld`); ``leftovers.py`` -- whether a save's writer is

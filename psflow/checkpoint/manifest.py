@@ -49,7 +49,8 @@ class Manifest:
         global_step: the step of the snapshot (read on the task holding it).
         variables: name -> ``{"shape", "dtype", "trainable", "partitions": [{"index", "task",
             "row_start", "row_stop", "shard", "slots"}]}``.
-        shards: ``[{"file", "task", "bytes", "sha256"}]``, in ps task order; a replicated shard's also
+        shards: ``[{"file", "task", "bytes", "sha256"}]``, in ps task order, none of a task holding nothing
+            (:mod:`psflow.checkpoint.shard_files`; a checkpoint of an older psflow has one); a replicated shard's also
             ``"pushes_applied"``, the count of the pushes it holds (restored with it within a run: see
             :func:`psflow.checkpoint.restore.restore`).
         reader_positions: worker task -> ReaderPosition JSON.

@@ -1,6 +1,7 @@
 """What a save asks the ps tasks around its pointer switch: whether the model its shards hold may become current.
 
-Two checks, both asked of every ps task once the save's manifest is written (steps 4-6 of :mod:`psflow.checkpoint`):
+Two checks, asked of the ps tasks once the save's manifest is written (steps 4-6 of :mod:`psflow.checkpoint`); a task
+holding nothing wrote no shard (:mod:`psflow.checkpoint.shard_files`), and only its fence's refusal counts:
 
 * :func:`check_fence` -- every task still accepts the saving chief's lease epoch, before the switch and again after
   it (a newer chief elected meanwhile fences the save off: :class:`~psflow.checkpoint.switch.CheckpointFencedError`).
@@ -39,10 +40,12 @@ from collections.abc import Callable, Mapping
 from psflow.checkpoint.switch import CheckpointFencedError
 from psflow.errors import CheckpointError
 from psflow.ps.client import ParameterClient
+from psflow.ps.idle import idle_tasks
 from psflow.ps.protocol import FenceRequest, SaveShardReply, StatsReply
 from psflow.rpc.api import DeadlineExceededError, FailedPreconditionError, FencedOffError, RpcError, TaskUnavailableError
 
-__all__ = ["STATS_TIMEOUT", "PublishGate", "UnaskedTasksError", "await_routes", "check_fence", "check_no_restore_since"]
+__all__ = ["IDLE_FENCE_TIMEOUT", "STATS_TIMEOUT", "PublishGate", "UnaskedTasksError", "await_routes", "check_fence",
+           "check_no_restore_since"]
 
 #: Seconds :func:`check_no_restore_since` waits for a ps task's ``Stats`` (a round of calls, all tasks at once). It
 #: runs under the directory's mutex: twice this plus a failover's status round stays well within the mutex's
@@ -50,6 +53,11 @@ __all__ = ["STATS_TIMEOUT", "PublishGate", "UnaskedTasksError", "await_routes", 
 #: and an object store's lock held from another host is taken over as stale. A task silent that long (stopped, its
 #: host gone) fails the save as an unreachable one: the saver hook waits for its next period.
 STATS_TIMEOUT = 5.0
+
+
+#: Seconds :func:`check_fence` waits for a ps task holding nothing (:func:`~psflow.ps.idle.idle_tasks`), twice a save:
+#: a stopped one's silence delays each save that long (then it is not waited for; a dead one refuses at once).
+IDLE_FENCE_TIMEOUT = 1.0
 
 
 class UnaskedTasksError(CheckpointError):
@@ -99,7 +107,9 @@ class PublishGate:
 def check_fence(client: ParameterClient, fence: tuple[int, str] | None, path: str, *, current: bool = False) -> None:
     """Every ps task still accepts the lease ``fence`` (epoch, holder) of the saving chief (None: unfenced, nothing
     asked), before and, ``current``, after the pointer named ``path``. Blocks for one ``Fence`` call per task, in
-    parallel.
+    parallel. A task holding nothing (:func:`~psflow.ps.idle.idle_tasks`: it wrote no shard) is waited for at most
+    :data:`IDLE_FENCE_TIMEOUT` s, and only its fence's refusal counts: it may be down or restarting, having lost nothing
+    (a newer chief fences every task at once, those holding the model among them: they refuse the save too).
 
     Raises:
         CheckpointFencedError: a ps task's fence refused the epoch (ABORTED, one is enough: it holds a newer
@@ -112,13 +122,17 @@ def check_fence(client: ParameterClient, fence: tuple[int, str] | None, path: st
     if fence is None:
         return
     epoch, holder = fence
-    calls = {t: client.call_async(t, FenceRequest(epoch, holder=holder)) for t in client.channels}
+    idle = idle_tasks(client)  # (no shard of theirs in the save: only their fence's refusal counts)
+    calls = {t: client.call_async(t, FenceRequest(epoch, holder=holder), timeout=IDLE_FENCE_TIMEOUT if t in idle else None)
+             for t in client.channels}
     refusals: list[str] = []
     errors: list[RpcError] = []
     for t, call in calls.items():  # every call collected, even after a refusal
         try:
             call.result()
         except RpcError as e:
+            if t in idle and not isinstance(e, FencedOffError):  # down, or restarted and refusing: it holds nothing
+                continue
             what = "refused" if isinstance(e, FailedPreconditionError) else "could not be asked"
             refusals.append(f"/job:ps/task:{t} {what}: {e}")
             errors.append(e)

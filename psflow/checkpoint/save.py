@@ -54,6 +54,7 @@ from psflow.checkpoint.publish_checks import PublishGate, check_fence, check_no_
 from psflow.checkpoint.rotation import delete_old, remove_leftovers
 from psflow.checkpoint.save_manifest import build_manifest
 from psflow.checkpoint.save_notice import notify_save
+from psflow.checkpoint.shard_files import shard_files
 from psflow.checkpoint.switch import (
     CheckpointFencedError,
     refuse_newer_epoch,
@@ -356,7 +357,8 @@ class CheckpointManager:
         if base is None or self._increments + 1 >= self.full_every:
             return None
         path, manifest = base
-        if (manifest.lineage != lineage or len(manifest.shards) != len(client.channels) or not is_complete(path)
+        files = {file for _, file in shard_files(client).values()}
+        if (manifest.lineage != lineage or {s["file"] for s in manifest.shards} != files or not is_complete(path)
                 or os.path.dirname(path) != self.directory or (manifest.run or {}).get("epoch") != epoch):
             return None
         return base
@@ -447,22 +449,23 @@ class CheckpointManager:
             self._fault(phase)
 
     def _write_shards(self, client: ParameterClient, path: str, base: Manifest | None = None) -> dict[int, tuple[str, SaveShardReply]]:
-        """Every ps task's shard: task -> (its file name, what it holds); ``base``: an increment's base (each task saves the
-        rows changed since its shard of it). SaveShard's deadline: ``save_timeout``; each shard in a daemon thread (rpc:
-        its write stuck in the store never holds the process's exit, :mod:`psflow.checkpoint.daemon_calls`)."""
-        tasks, timeout = sorted(client.channels), client.config.save_timeout
-        files = {t: f"shard-{n:05d}-of-{len(tasks):05d}.safetensors" for n, t in enumerate(tasks)}
+        """Every ps task's shard but an idle one's (it holds nothing, and may be down: :func:`shard_files`): task ->
+        (its file name, what it holds); ``base``: an increment's base (each task saves the rows changed since its shard
+        of it). SaveShard's deadline: ``save_timeout``; each shard in a daemon thread (rpc: its write stuck in the store
+        never holds the process's exit, :mod:`psflow.checkpoint.daemon_calls`)."""
+        files, timeout, total = shard_files(client), client.config.save_timeout, len(client.channels)
         epoch, holder = self._fence if self._fence is not None else (None, "")
+        marks = {s["file"]: s.get("marks") for s in base.shards} if base is not None else {}
         calls = {}
-        for n, t in enumerate(tasks):
-            target = os.path.join(storage.absolute(path), files[t]) if self.transport == "local" else None
-            since = base.shards[n].get("marks") if base is not None else None
-            calls[t] = client.call_async(t, SaveShardRequest(target, n, len(tasks), epoch, holder,
+        for t, (n, file) in files.items():
+            target = os.path.join(storage.absolute(path), file) if self.transport == "local" else None
+            since = marks.get(file)
+            calls[t] = client.call_async(t, SaveShardRequest(target, n, total, epoch, holder,
                                                              since if isinstance(since, dict) else None), timeout=timeout)
-        pending = in_daemon_threads({t: functools.partial(self._finish_shard, c, os.path.join(path, files[t]), timeout)
+        pending = in_daemon_threads({t: functools.partial(self._finish_shard, c, os.path.join(path, files[t][1]), timeout)
                                      for t, c in calls.items()}, name="psflow-shard-write")
         futures.wait(pending.values())  # every shard's write ended, a failed one's too, before the save goes on
-        replies = {t: (files[t], fut.result()) for t, fut in pending.items()}
+        replies = {t: (files[t][1], fut.result()) for t, fut in pending.items()}
         storage.sync_dir(path)  # (an object store: nothing to do)
         return replies
 

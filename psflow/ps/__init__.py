@@ -72,6 +72,7 @@ Files (the calling side):
   shard's ``acked`` (:class:`~psflow.ps.push_numbers.PushNumbers`); ``report_done.py``: ``Done``'s retry loop
   (:func:`~psflow.ps.report_done.send_done`).
 * ``fencing.py``: :class:`~psflow.ps.fencing.FencedWriter` (the leader checks its epoch on every task).
+* ``idle.py``: :func:`~psflow.ps.idle.idle_tasks` (the ps tasks that hold nothing, by the placement).
 
 Guarantees (docs/architecture.md, DESIGN.md): a push increments global_step once and returns the value
 after its own increment; a client whose layout differs from the registered one is refused

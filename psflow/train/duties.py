@@ -134,8 +134,7 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     release: list[SessionRunHook] = []
     optimizer = config.optimizer_spec()
     if leadership is not None:  # before the saver: a ps task holding nothing, restarted, is made ready (no restore)
-        chief_hooks.append(ReadmitIdleTasks(client, optimizer, leadership.confirmed_lease, run=run_id(config, cluster),
-                                            timeout=config.cluster.connect_timeout))
+        chief_hooks.append(ReadmitIdleTasks(client, optimizer, leadership.confirmed_lease, run=run_id(config, cluster)))
     if config.checkpoint.dir:
         lock = checkpoint_dir_lock(config, cluster)
         if duties:  # before joining: a directory another live run holds is refused before anything is restored

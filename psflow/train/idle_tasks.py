@@ -91,18 +91,18 @@ def idle_down(client: ParameterClient, states: Mapping[int, StatsReply | None], 
 class ReadmitIdleTasks(SessionRunHook):
     """(The lease holder's, inside :class:`~psflow.train.leader_hooks.LeaderOnlyHook`, before the saver) finds an
     idle task restarted empty and :func:`readmit`\\ s it: its training never calls such a task, so no step fails to
-    tell it, while every save does (a shard of every task) until the task is ready again.
+    tell it (a save asks it for nothing but its fence: :mod:`psflow.checkpoint.shard_files`).
 
     After a step, at most every ``every`` s: one ``Stats`` call to each idle task (none where there is none; at most
     :data:`ASK_TIMEOUT` s, the most a silent one holds the step loop); where one answers not ready (restarted), every
-    task's, and the readmission. At the session's
-    end (before the final save) it waits for such a task, at most ``timeout`` s, and readmits it. Never raises: a
-    failed readmission is logged and asked again at the next period."""
+    task's, and the readmission. At the session's end (before the final save) it checks once more, waiting for
+    nothing: an idle task gone for good (its restarts spent, stopped) does not hold the final save.
+    Never raises: a failed readmission is logged and asked again at the next period."""
 
     def __init__(self, client: ParameterClient, optimizer: OptimizerSpec, lease: Callable[[], Lease | None], *,
-                 run: str | None, timeout: float, every: float = 1.0) -> None:
+                 run: str | None, every: float = 1.0) -> None:
         self.client, self.optimizer, self.lease, self.run = client, optimizer, lease, run
-        self.timeout, self.every = timeout, every
+        self.every = every
         self.idle = idle_tasks(client)
         self._last = float("-inf")
 
@@ -112,9 +112,8 @@ class ReadmitIdleTasks(SessionRunHook):
             self.check()
 
     def end(self, session: MonitoredTrainingSession) -> None:
-        deadline = time.monotonic() + self.timeout
-        while self.idle and not self.check() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        if self.idle:  # once, not waited for: the final save needs no idle task (psflow.checkpoint.shard_files)
+            self.check()
 
     def check(self) -> bool:
         """Readmits an idle task found restarted; True where every idle task is ready (now), False otherwise."""

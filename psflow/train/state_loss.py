@@ -45,6 +45,7 @@ from collections.abc import Mapping
 
 from psflow.errors import TrainingError
 from psflow.ps.client import ParameterClient
+from psflow.ps.idle import idle_tasks
 from psflow.ps.protocol import StatsReply
 from psflow.rpc.api import RpcError
 
@@ -82,18 +83,6 @@ def ps_states(client: ParameterClient, *, timeout: float = 2.0) -> dict[int, Sta
             except RpcError:
                 pass
     return out
-
-
-def idle_tasks(client: ParameterClient) -> frozenset[int]:
-    """The ps tasks that hold nothing a checkpoint restores onto them, by the placement ``client`` registered: not
-    the task holding global_step, no partition of any variable; none in a replicated, a synchronous or a
-    dynamic-table run (:mod:`psflow.train.idle_tasks`). Such a task restarted empty lost nothing."""
-    if client.router is not None or client.sync.mode == "sync":
-        return frozenset()
-    if any(placed.var.dynamic is not None for placed in client.layout.values()):
-        return frozenset()
-    holding = {part.task for placed in client.layout.values() for part in placed.partitions}
-    return frozenset(t for t in client.channels if t != client.step_task and t not in holding)
 
 
 def lost_tasks(states: Mapping[int, StatsReply | None]) -> tuple[list[int], list[int]]:

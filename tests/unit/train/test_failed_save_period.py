@@ -48,9 +48,10 @@ class _Killable(InProcessChannel):
 
 
 def _cluster() -> tuple[list[ParameterService], dict[int, _Killable], Any]:
-    """Two in-process ps services holding one variable, initialized; their channels and placements."""
+    """Two in-process ps services, each holding a variable, initialized; their channels and placements."""
     variables = VariableSet(replica_device_setter(cluster=CLUSTER))
     variables.get_variable("w", (4, 2))
+    variables.get_variable("b", (2,))  # on ps task 1: one holding nothing is asked for no shard (shard_files.py)
     services = [ParameterService(i, holds_global_step=i == 0) for i in (0, 1)]
     channels = {i: _Killable(f"/job:ps/task:{i}", s.handlers()) for i, s in enumerate(services)}
     placements = variables.placements()

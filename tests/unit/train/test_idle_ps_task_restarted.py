@@ -153,7 +153,7 @@ def test_a_chief_restarted_beside_it_keeps_the_model_and_its_hook_readmits_it(tm
     join = join_cluster(chief, SGD, chief=True, checkpoint_dir=str(tmp_path) if with_checkpoint else None)
     assert join.restored is None and join.generation == 0 and join.global_step == 3
     assert chief.ps_stats(3).ready is False
-    hook = ReadmitIdleTasks(chief, SGD, _lease, run="run-a", timeout=5.0)
+    hook = ReadmitIdleTasks(chief, SGD, _lease, run="run-a")
     assert hook.check() is True
     assert [(s.ready, s.generation) for s in (chief.ps_stats(t) for t in range(4))] == [(True, 0)] * 4
     np.testing.assert_array_equal(chief.pull({"weights": None})["weights"], trained["weights"])
@@ -163,13 +163,13 @@ def test_a_chief_restarted_beside_it_keeps_the_model_and_its_hook_readmits_it(tm
 
 def test_the_hook_asks_only_the_idle_tasks_while_they_are_ready(tmp_path: Path) -> None:
     services, client, _ = _trained(tmp_path)
-    hook = ReadmitIdleTasks(client, SGD, _lease, run="run-a", timeout=5.0)
+    hook = ReadmitIdleTasks(client, SGD, _lease, run="run-a")
     assert hook.idle == {2, 3} and hook.check() is True
     _restart(client, services, 2)
     assert hook.check() is True and client.ps_stats(2).ready is True
-    assert ReadmitIdleTasks(client, SGD, lambda: None, run="run-a", timeout=5.0).check() is True
+    assert ReadmitIdleTasks(client, SGD, lambda: None, run="run-a").check() is True
     _restart(client, services, 3)
-    assert ReadmitIdleTasks(client, SGD, lambda: None, run="run-a", timeout=5.0).check() is False  # no lease: waits
+    assert ReadmitIdleTasks(client, SGD, lambda: None, run="run-a").check() is False  # no lease: waits
 
 
 class _Gone:
@@ -190,8 +190,55 @@ class _Gone:
 def test_the_hook_waits_while_an_idle_task_is_unreachable(tmp_path: Path) -> None:
     services, client, trained = _trained(tmp_path)
     client.channels[3] = _Gone()  # type: ignore[assignment]
-    assert ReadmitIdleTasks(client, SGD, _lease, run="run-a", timeout=5.0).check() is False
+    assert ReadmitIdleTasks(client, SGD, _lease, run="run-a").check() is False
     assert [client.ps_stats(t).generation for t in range(3)] == [0, 0, 0]
     _restart(client, services, 3)  # back, empty: made ready at the next period
-    assert ReadmitIdleTasks(client, SGD, _lease, run="run-a", timeout=5.0).check() is True
+    assert ReadmitIdleTasks(client, SGD, _lease, run="run-a").check() is True
     np.testing.assert_array_equal(client.pull({"weights": None})["weights"], trained["weights"])
+
+
+def test_a_restore_while_an_idle_task_is_also_down_waits_for_it_and_saves_need_it_not(tmp_path: Path) -> None:
+    """ps task 1 (bias) restarted empty while idle ps task 3 is down: no save needs task 3 (its shard holds nothing:
+    psflow.checkpoint.shard_files), and the restore, which reaches every task, begins once task 3 answers again
+    (the supervisor restarts it); every task ends ready at the restore's generation, the model the checkpoint's."""
+    services, client, _ = _trained(tmp_path)
+    manager = CheckpointManager(str(tmp_path), run_id="run-a", max_failed_saves=1)
+    saved = client.pull({"weights": None, "bias": None})
+    assert manager.save(client).global_step == 3
+    client.channels[3] = _Gone()  # type: ignore[assignment]
+    assert manager.save(client).global_step == 3  # task 3 down: the save needs nothing of it
+    _restart(client, services, 1)  # held bias: a restore is needed
+    recovery = ClusterRecovery(client, SGD, checkpoint_dir=str(tmp_path), leader=_lease, timeout=20.0, run="run-a")
+    result: list[tuple[bool, str | None]] = []
+    thread = threading.Thread(target=lambda: result.append(recovery.wait()))
+    thread.start()
+    time.sleep(0.5)
+    assert not result and recovery.restores == 0  # waiting for task 3 to answer
+    _restart(client, services, 3)
+    thread.join(20.0)
+    assert result and result[0][0] is True and recovery.restores == 1
+    states = [client.ps_stats(t) for t in range(4)]
+    assert {(s.ready, s.generation) for s in states} == {(True, recovery.generation)}
+    now = client.pull({"weights": None, "bias": None})
+    np.testing.assert_array_equal(now["weights"], saved["weights"])
+    np.testing.assert_array_equal(now["bias"], saved["bias"])
+    lease = _lease()  # the restore took the pointer over at its epoch
+    assert manager.save(client, epoch=lease.epoch, holder=lease.holder).global_step == 3
+
+
+def test_the_hooks_end_asks_a_gone_idle_task_once_and_waits_not(tmp_path: Path) -> None:
+    """Before the final save: the save needs no idle task (psflow.checkpoint.shard_files), so the end does not wait
+    for one gone for good (restarts spent, stopped): one check, then the final save goes ahead (it used to wait up
+    to --connect-timeout, asking again and again, then the final save failed on it all the same)."""
+    services, client, _ = _trained(tmp_path)
+    asked: list[object] = []
+
+    class _Counted(_Gone):
+        def call_async(self, *args: object, **kwargs: object) -> _Gone:
+            asked.append(args)
+            return self
+
+    client.channels[3] = _Counted()  # type: ignore[assignment]
+    ReadmitIdleTasks(client, SGD, _lease, run="run-a").end(None)  # type: ignore[arg-type]
+    assert len(asked) == 1
+    assert CheckpointManager(str(tmp_path), run_id="run-a", max_failed_saves=1).save(client, final=True).global_step == 3
