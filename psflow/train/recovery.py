@@ -90,7 +90,7 @@ from psflow.ps.client import ParameterClient
 from psflow.ps.protocol import StatsReply
 from psflow.rpc.api import RpcError
 from psflow.train.generation_restore import restore_at_new_generation
-from psflow.train.idle_tasks import idle_down, readmit, tasks_named
+from psflow.train.idle_tasks import idle_down, idle_tasks, readmit, tasks_named
 from psflow.train.leader_hooks import CampaignWhileTrainingHook, LeaderOnlyHook
 from psflow.train.leadership import Leadership
 from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
@@ -189,12 +189,21 @@ class ClusterRecovery:
             return None
         return gens.pop()
 
-    def needed(self) -> bool:
-        """After a data-path error: is (or was) the cluster being restored?"""
-        return self.generation is None or self._settled(self._states()) != self.generation
+    def needed(self, *, since: float | None = None) -> bool:
+        """After a data-path error: is (or was) the cluster being restored? ``since``: when the failed call began;
+        an idle task restarted since (and maybe readmitted already: :meth:`wait`) says yes too."""
+        states = self._states()
+        settled = self._settled(states)
+        return (self.generation is None or settled != self.generation
+                or bool(self._restarted_since(states, since, time.monotonic())))
 
-    def wait(self) -> tuple[bool, str | None]:
+    def wait(self, *, since: float | None = None) -> tuple[bool, str | None]:
         """Blocks until every ps task is ready at one generation (restoring it if this worker is chief).
+
+        ``since``: when (``time.monotonic()``) the failed call began. Where the cluster is settled at this worker's
+        generation at the first poll already, an idle task whose ``Stats`` say its process started after that
+        (:meth:`_restarted_since`: a worker's ``Leave`` failed on it, and it was restarted and readmitted before
+        this poll) was readmitted, not a failure of the caller's own: ``(True, position)`` as below.
 
         Returns:
             ``(restored, position)``: whether the cluster was restored (a new
@@ -214,9 +223,11 @@ class ClusterRecovery:
         readmitting: set[int] = set()  # idle tasks (psflow.train.idle_tasks) seen not ready in this wait
         while True:
             states = self._states()
+            answered = time.monotonic()
             generation = self._settled(states)
             if generation is not None and generation == self.generation:
                 failures.ended()  # (every task came back with its state: no restore was needed after all)
+                readmitting |= self._restarted_since(states, since, answered)
                 return self._resumed_in_place(readmitting, started) if readmitting else (False, None)
             if generation is not None:
                 break
@@ -257,6 +268,21 @@ class ClusterRecovery:
         log.warning("%s: cluster restored (generation %d) after %.1f s; resuming data at the checkpoint's position",
                     self.client.client_name, generation, time.monotonic() - started)
         return True, position if isinstance(position, str) else None
+
+    def _restarted_since(self, states: dict[int, StatsReply | None], since: float | None, answered: float) -> set[int]:
+        """The idle tasks (:func:`~psflow.train.idle_tasks.idle_tasks`) of ``states`` (their answers all in by
+        ``answered``) whose process started after ``since``: its ``uptime`` shorter than the time from ``since`` to
+        ``answered`` (durations, whatever the hosts' clocks say). A process started after ``since`` always is; one
+        started before it only within the reply's latency before it (taken as restarted: the caller then resumes
+        where it was rather than fail). Empty where ``since`` is None."""
+        if since is None:
+            return set()
+        out = set()
+        for task in idle_tasks(self.client):
+            uptime = (s := states.get(task)) is not None and s.counters.get("uptime")
+            if isinstance(uptime, (int, float)) and not isinstance(uptime, bool) and uptime < answered - since:
+                out.add(task)
+        return out
 
     def _resumed_in_place(self, tasks: set[int], started: float) -> tuple[bool, str | None]:
         """(The cluster settled at this worker's generation again after idle ``tasks`` were made ready) ``(True,

@@ -221,11 +221,13 @@ def run_worker(
             duties = TakeOver(leadership, client, task_index, lease_ttl=config.chief.lease_ttl,
                               checkpoint_dir=config.checkpoint.dir) if take_over and leadership is not None else None
             while True:
+                left: float | None = None  # when its Leave began: a failure there may be an idle task's restart
                 try:
                     reason = _train(session, model, data, resume, task_index, progress, stop,
                                     generation=recovery.generation, faults=faults, steps_in_flight=steps_in_flight)
                     if leadership is not None:  # its data ended: it takes no new lease (a holder must run steps)
                         leadership.stop_campaigning()
+                    left = time.monotonic()
                     client.leave()  # sync/ssp: the others stop waiting for this worker
                     if not linger or leadership is None:
                         break
@@ -237,12 +239,13 @@ def run_worker(
                 except RpcError as e:
                     if stop is not None and stop.requested() is not None:  # the stop closed the channels
                         raise WorkerStopped(f"{task}: stopped ({stop.requested()}): {e}") from e
-                    if leadership is None or not recovery.needed():
+                    if leadership is None or not recovery.needed(since=left):
                         raise
-                    log.warning("worker %d: a ps task failed; waiting for the chief to restore the cluster", task_index)
+                    log.warning("worker %d: a ps task failed (%s); waiting for the chief to restore the cluster",
+                                task_index, e)
                     if not leadership.campaigning():  # no step yet (a chief restarted beside an empty ps task 1:
                         leadership.start()  # its join restored nothing); else nobody may take the lease to restore
-                    restored, text = recovery.wait()
+                    restored, text = recovery.wait(since=left)  # an idle task restarted since: readmitted
                     if not restored:
                         raise
                 if not restored:
