@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -39,6 +39,7 @@ from psflow.data import Batch
 from psflow.errors import CheckpointError
 from psflow.launch.processes import LaunchError
 from psflow.launch.supervisor import describe_exit
+from psflow.ps.idle import idle_tasks
 from psflow.rpc.api import RpcError
 from psflow.train.evaluation import ArrayParameters, evaluate, parameters
 
@@ -144,16 +145,26 @@ def stats_or_silent(read: Callable[[int], dict[str, Any]], tasks: Iterable[int])
     return stats
 
 
-def lost_after_training(ps_stats: Sequence[Mapping[str, Any]]) -> str | None:
+def lost_after_training(ps_stats: Sequence[Mapping[str, Any]], *, idle: Collection[int] = ()) -> str | None:
     """Why the live ps tasks no longer hold the run's model (each task whose ``Stats`` say it is not ready:
     restarted after training, with no chief to restore it; or that did not answer; a task that exited and was not
-    restarted, :func:`gone_after_training`, by its own error), or None where every task is ready."""
-    exited = [str(s.get("error")) for s in ps_stats if not s.get("ready") and s.get("exited")]
-    lost = [str(s.get("task")) for s in ps_stats if not s.get("ready") and not s.get("exited")]
+    restarted, :func:`gone_after_training`, by its own error), or None where every task is ready. ``idle``: the ps
+    tasks holding none of the variables (:func:`psflow.ps.idle.idle_tasks`), which lose nothing of the model, ready
+    or not."""
+    held = [s for s in ps_stats if _task_index(s) not in idle]
+    exited = [str(s.get("error")) for s in held if not s.get("ready") and s.get("exited")]
+    lost = [str(s.get("task")) for s in held if not s.get("ready") and not s.get("exited")]
     if lost:
         exited.append(f"{', '.join(lost)} lost {'its' if len(lost) == 1 else 'their'} state after training "
                       "(restarted empty, not restored, or not answering)")
     return "; ".join(exited) or None
+
+
+def _task_index(stats: Mapping[str, Any]) -> int | None:
+    """``/job:ps/task:N``'s N (a ``Stats`` entry's ``task``); None where it names none."""
+    task = str(stats.get("task", ""))
+    head, _, index = task.rpartition("/task:")
+    return int(index) if head == "/job:ps" and index.isdigit() else None
 
 
 def evaluate_final(model: Any, client: Any, batch: Batch | None, ps_stats: Sequence[Mapping[str, Any]], *,
@@ -166,7 +177,7 @@ def evaluate_final(model: Any, client: Any, batch: Batch | None, ps_stats: Seque
     Raises:
         LaunchError: a ps task lost its state (or a pull failed) and no final checkpoint holds the model.
     """
-    why = lost_after_training(ps_stats)
+    why = lost_after_training(ps_stats, idle=idle_tasks(client))
     if why is None:
         if batch is None:
             return None, None

@@ -95,3 +95,17 @@ def test_a_final_checkpoint_older_than_the_runs_last_step_is_not_taken_for_the_r
         final_checkpoint(str(tmp_path), "X", reached=160)
     assert final_checkpoint(str(tmp_path), "X", reached=100).manifest.global_step == 100  # nothing trained since
     assert final_checkpoint(str(tmp_path), "X").manifest.global_step == 100  # the last step not known (in-graph)
+
+
+def test_an_idle_task_not_ready_or_gone_after_training_lost_nothing() -> None:
+    """A ps task holding none of the variables (idle: :func:`psflow.ps.idle.idle_tasks`) restarted or exited after
+    training held nothing of the model: the live tasks still hold all of it (R_A1's review of 12ab6bf: the launcher
+    said '/job:ps/task:3 lost its state after training' and read the final checkpoint instead)."""
+    stats = [_ready(0, global_step=60), _ready(1),
+             {"task": "/job:ps/task:2", "ready": False, "exited": True, "error": "/job:ps/task:2 exited 1"},
+             {"task": "/job:ps/task:3", "ready": False, "error": "unavailable"}]
+    assert lost_after_training(stats, idle=frozenset({2, 3})) is None
+    assert lost_after_training(stats, idle=frozenset({3})) == "/job:ps/task:2 exited 1"
+    assert lost_after_training([*stats[:1], {"task": "/job:ps/task:1", "ready": False}, *stats[2:]],
+                               idle=frozenset({2, 3})) == ("/job:ps/task:1 lost its state after training (restarted "
+                                                           "empty, not restored, or not answering)")
