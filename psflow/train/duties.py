@@ -135,6 +135,8 @@ def make_session(config: TrainConfig, cluster: ClusterSpec, client: ParameterCli
     optimizer = config.optimizer_spec()
     if leadership is not None:  # before the saver: a ps task holding nothing, restarted, is made ready (no restore)
         chief_hooks.append(ReadmitIdleTasks(client, optimizer, leadership.confirmed_lease, run=run_id(config, cluster)))
+    elif job == "client":  # the in-graph client: the run's only chief, no lease (its readmission unfenced)
+        chief_hooks.append(ReadmitIdleTasks(client, optimizer, None, run=run_id(config, cluster)))
     if config.checkpoint.dir:
         lock = checkpoint_dir_lock(config, cluster)
         if duties:  # before joining: a directory another live run holds is refused before anything is restored

@@ -97,9 +97,12 @@ class ReadmitIdleTasks(SessionRunHook):
     :data:`ASK_TIMEOUT` s, the most a silent one holds the step loop); where one answers not ready (restarted), every
     task's, and the readmission. At the session's end (before the final save) it checks once more, waiting for
     nothing: an idle task gone for good (its restarts spent, stopped) does not hold the final save.
-    Never raises: a failed readmission is logged and asked again at the next period."""
+    Never raises: a failed readmission is logged and asked again at the next period.
 
-    def __init__(self, client: ParameterClient, optimizer: OptimizerSpec, lease: Callable[[], Lease | None], *,
+    ``lease``: the lease held now (None: not held, nothing readmitted); ``lease=None`` itself: the run's only chief
+    (the in-graph client, no election), whose readmission is unfenced, as its restores are."""
+
+    def __init__(self, client: ParameterClient, optimizer: OptimizerSpec, lease: Callable[[], Lease | None] | None, *,
                  run: str | None, every: float = 1.0) -> None:
         self.client, self.optimizer, self.lease, self.run = client, optimizer, lease, run
         self.every = every
@@ -127,8 +130,8 @@ class ReadmitIdleTasks(SessionRunHook):
         states = ps_states(self.client)
         step = states.get(self.client.step_task)
         down = idle_down(self.client, states, step.generation if step is not None and step.ready else None)
-        lease = self.lease()
-        if not down or lease is None or any(states[t] is None for t in down):
+        lease = self.lease() if self.lease is not None else None
+        if not down or (self.lease is not None and lease is None) or any(states[t] is None for t in down):
             return False
         try:
             readmit(self.client, self.optimizer, down, generation=step.generation if step is not None else 0,

@@ -63,6 +63,9 @@ Failures:
       the client exits with that error, one line naming the task (a worker
       whose pull failed refuses the step with FAILED_PRECONDITION and logs one
       line); restarted, it restores every ps task from the newest checkpoint, as in 2.
+    * A ps task that holds nothing dies (:mod:`psflow.train.idle_tasks`: no push or pull reaches it): the
+      client's :class:`~psflow.train.idle_tasks.ReadmitIdleTasks` hook, unfenced (the client holds no lease),
+      makes its replacement ready at the cluster's generation; nothing is restored and training goes on.
 """
 
 from __future__ import annotations
