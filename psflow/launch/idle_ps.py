@@ -10,18 +10,23 @@ happened within the run; another task's loss may have caused one).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 from psflow.ps.client import ParameterClient
 from psflow.train.idle_tasks import tasks_named
 from psflow.train.state_loss import idle_tasks
 
-__all__ = ["idle_line", "readmitted_lines"]
+__all__ = ["announce_idle", "idle_line", "idle_names", "readmitted_lines"]
+
+
+def idle_names(client: ParameterClient, *, sync: bool) -> frozenset[str]:
+    """The names of the ps tasks ``client``'s placement leaves idle (none: a sync run's tasks all take part in each
+    step, a replicated or dynamic-table run's too)."""
+    return frozenset() if sync else frozenset(f"/job:ps/task:{t}" for t in idle_tasks(client))
 
 
 def idle_line(client: ParameterClient, *, sync: bool) -> str | None:
-    """The line naming the ps tasks ``client``'s placement leaves idle (None: none does; a sync run's tasks all
-    take part in each step, a replicated or dynamic-table run's too)."""
+    """The line naming the ps tasks ``client``'s placement leaves idle (None: none does, :func:`idle_names`)."""
     idle = set() if sync else idle_tasks(client)
     if not idle:
         return None
@@ -29,11 +34,21 @@ def idle_line(client: ParameterClient, *, sync: bool) -> str | None:
             f"of them (idle: fewer ps tasks would do; one restarted comes back without a restore)")
 
 
+def announce_idle(client: ParameterClient, *, sync: bool, out: TextIO | None, resilience: Any) -> None:
+    """Once the model's placement is known: prints :func:`idle_line` (to ``out``, else stdout) where a task is idle,
+    and tells ``resilience`` (:class:`~psflow.launch.resilience.Resilience`, or None) which tasks hold nothing: one
+    that is not restarted stops the run, saying so (:meth:`~psflow.launch.supervisor.Supervisor.on_exit`)."""
+    if (line := idle_line(client, sync=sync)) is not None:
+        print(line, file=out, flush=True)
+    if resilience is not None:
+        resilience.idle_ps = idle_names(client, sync=sync)
+
+
 def readmitted_lines(client: ParameterClient, restarts: Iterable[Mapping[str, Any]], *, sync: bool,
                      restored: bool) -> list[str]:
     """One line per idle ps task restarted in the run (``restarts``: the supervisor's events, as metrics.json's
     ``restarts``); ``restored``: a restore within the run happened (``restore_loss`` is not None)."""
-    idle = set() if sync else {f"/job:ps/task:{t}" for t in idle_tasks(client)}
+    idle = idle_names(client, sync=sync)
     counts: dict[str, int] = {}
     for event in restarts:
         if event.get("restarted") and event.get("task") in idle:

@@ -71,7 +71,7 @@ from psflow.launch.chaos_plan import stop_without_liveness
 from psflow.launch.eval_set import EvalSet, after_training
 from psflow.launch.exits import wait_for_exit
 from psflow.launch.final_model import STEP_TASK, connect_live, evaluate_final, gone_after_training, stats_or_silent, with_step_of
-from psflow.launch.idle_ps import idle_line, readmitted_lines
+from psflow.launch.idle_ps import announce_idle, readmitted_lines
 from psflow.launch.launcher_signals import LauncherSignals
 from psflow.launch.lifeline import LaunchInterrupted
 from psflow.launch.port_retry import PortTaken, StartupWatch, start_until_bound, taken_port
@@ -206,8 +206,7 @@ def _run_cluster(config: TrainConfig, output_dir: str, config_path: str, *, trai
             connect_timeout=config.cluster.connect_timeout, rpc_timeout=config.cluster.rpc_timeout,
             save_timeout=config.cluster.save_timeout, token=lc.token),
             failover_timeout=config.cluster.ps_failover_timeout)
-        if (idle := idle_line(client, sync=config.sync.mode == "sync")) is not None:  # psflow.launch.idle_ps
-            print(idle, file=end.out, flush=True)
+        announce_idle(client, sync=config.sync.mode == "sync", out=end.out, resilience=lc.resilience)
         ended = "failed"
         bar = None if progress is None else Progress(progress, progress_total(
             max_steps=config.data.max_steps, epochs=config.data.epochs, records=train_records), started=started)

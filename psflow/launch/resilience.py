@@ -135,6 +135,8 @@ class Resilience:
         self.supervisor = Supervisor(config.restart, self._restart)
         self._chief = IN_GRAPH_CLIENT if in_graph else chief_task(lc.cluster)  # the configured chief
         self._replicated = ps_replicas(lc.cluster) > 0  # ps shards with backups: faults name shards
+        # The ps tasks holding none of the variables (psflow.launch.idle_ps), set once the placement is known
+        self.idle_ps: frozenset[str] = frozenset()
         self.injector = ChaosInjector(config.chaos, lc.cluster, self._find, holder=self._duty_holder,
                                       client=in_graph, member=self._shard_member,
                                       ended=self._ended) if config.chaos else None
@@ -371,7 +373,8 @@ class Resilience:
         live = None
         if self._replicated and task.job in (PS_JOB, BACKUP_JOB):
             live = functools.partial(self.lc.shard_running, shard_of(task.job, task.index, self.lc.cluster))
-        decision = self.supervisor.on_exit(task, task.exit_code, refuse=refuse, shard_live=live)
+        decision = self.supervisor.on_exit(task, task.exit_code, refuse=refuse, shard_live=live,
+                                           holds_nothing=task.name in self.idle_ps)
         if decision.goes_on:
             with self._lock:
                 self._gone_on.add(task.name)

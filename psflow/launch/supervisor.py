@@ -169,13 +169,15 @@ class Supervisor:
         self.events: list[RestartEvent] = []
 
     def on_exit(self, task: Any, exit_code: int, *, refuse: str | None = None,
-                shard_live: Callable[[], tuple[int, Sequence[str]]] | None = None) -> Decision:
+                shard_live: Callable[[], tuple[int, Sequence[str]]] | None = None,
+                holds_nothing: bool = False) -> Decision:
         """Logs the death of ``task`` and decides; schedules a restart if allowed. A ps task that is
         not restarted lost its variables: the reason says so (and what would have restored them).
         ``refuse``: the policy would restart it, but the run must stop; the reason says why.
         ``shard_live``: (a member of a replicated ps shard) returns its shard and the shard's other members still
         running, called only where it is not restarted; with any, it is no loss: the decision ``goes_on`` and
-        says with whom."""
+        says with whom. ``holds_nothing``: a ps task the placement gives no variable (idle: lost none, still one the
+        run stops without)."""
         count = self.restarts.get(task.name, 0)
         decision = decide(self.config, exit_code, count)
         if decision.restart and refuse is not None:
@@ -187,9 +189,16 @@ class Supervisor:
                 decision = Decision(False, 0.0, f"{decision.reason}; ps shard {shard} goes on with {', '.join(live)} "
                                     f"(not restarted{hint})", goes_on=True)
         if not decision.restart and not decision.goes_on and exit_code != 0 and getattr(task, "job", None) in (PS_JOB, BACKUP_JOB):
-            hint = " (--restart-policy on-failure restores them from a checkpoint)" if self.config.policy == "never" else ""
-            decision = dataclasses.replace(decision, reason=f"{decision.reason}; the variables it held are lost, so "
-                                           f"the run stops{hint}")
+            if holds_nothing:
+                hint = " (--restart-policy on-failure restarts it; nothing is restored)" if self.config.policy == "never" \
+                    else ""
+                reason = (f"{decision.reason}; it held none of the variables (idle), but a ps task of the cluster is "
+                          f"gone, so the run stops{hint}")
+            else:
+                hint = " (--restart-policy on-failure restores them from a checkpoint)" if self.config.policy == "never" \
+                    else ""
+                reason = f"{decision.reason}; the variables it held are lost, so the run stops{hint}"
+            decision = dataclasses.replace(decision, reason=reason)
         event = RestartEvent(task.name, task.pid, describe_exit(exit_code), decision.reason, decision.restart)
         self.events.append(event)
         level = logging.WARNING if exit_code != 0 else logging.INFO

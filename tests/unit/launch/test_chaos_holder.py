@@ -91,6 +91,17 @@ def test_a_ps_task_that_is_not_restarted_says_its_variables_are_lost() -> None:
         "gave up after 0 restart(s) (--max-restarts 0); the variables it held are lost, so the run stops"
 
 
+def test_an_idle_ps_task_not_restarted_says_it_held_nothing() -> None:
+    """A ps task holding none of the variables (idle) lost none: the run stops all the same (a task of the cluster
+    is gone), saying so, not 'the variables it held are lost' (the review of 12ab6bf)."""
+    supervisor = Supervisor(RestartConfig("never"), restart=lambda task: task)
+    idle = supervisor.on_exit(FakeTask("/job:ps/task:3", 44, job="ps"), -signal.SIGKILL, holds_nothing=True)
+    assert idle.reason == ("restart policy is 'never'; it held none of the variables (idle), but a ps task of the "
+                           "cluster is gone, so the run stops (--restart-policy on-failure restarts it; nothing is "
+                           "restored)")
+    assert not idle.restart and not idle.goes_on
+
+
 def test_a_replicated_shard_member_not_restarted_goes_on_while_its_shard_has_a_live_member() -> None:
     supervisor = Supervisor(RestartConfig("never"), restart=lambda task: task)
     primary = supervisor.on_exit(FakeTask("/job:ps/task:0", 40, job="ps"), -signal.SIGKILL,
