@@ -45,15 +45,20 @@ def announce_idle(client: ParameterClient, *, sync: bool, out: TextIO | None, re
 
 
 def readmitted_lines(client: ParameterClient, restarts: Iterable[Mapping[str, Any]], *, sync: bool,
-                     restored: bool) -> list[str]:
+                     restored: bool, ps_stats: Iterable[Mapping[str, Any]]) -> list[str]:
     """One line per idle ps task restarted in the run (``restarts``: the supervisor's events, as metrics.json's
-    ``restarts``); ``restored``: a restore within the run happened (``restore_loss`` is not None)."""
+    ``restarts``); ``restored``: a restore within the run happened (``restore_loss`` is not None); ``ps_stats``: each
+    ps task's ``Stats`` at the end (``task``, ``ready``): a task not ready then is not said to be made ready."""
     idle = idle_names(client, sync=sync)
+    ready = {str(s.get("task")) for s in ps_stats if s.get("ready")}
     counts: dict[str, int] = {}
     for event in restarts:
         if event.get("restarted") and event.get("task") in idle:
             counts[event["task"]] = counts.get(event["task"], 0) + 1
-    then = ("it lost nothing and was made ready again" if restored else
-            "it lost nothing and was made ready again; nothing was restored")
-    return [f"psflow: {task} restarted {n} time{'s' if n > 1 else ''} holding no variables: {then}"
-            for task, n in sorted(counts.items())]
+    lines = []
+    for task, n in sorted(counts.items()):
+        then = ("it lost nothing and was made ready again" if task in ready else
+                "it lost nothing (not ready again by the run's end: the model is whole without it)")
+        lines.append(f"psflow: {task} restarted {n} time{'s' if n > 1 else ''} holding no variables: {then}"
+                     + ("" if restored else "; nothing was restored"))
+    return lines

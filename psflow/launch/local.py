@@ -430,7 +430,8 @@ def _finish(config: TrainConfig, client: Any, model: Any, train_seconds: float, 
     if (line := restore_loss_line(loss)) is not None:  # before the end's writing: a signal there or EndNotWritten
         print(line, file=end.out or sys.stderr, flush=True)  # (raised on leaving it) would skip the run's report
     events = [e.to_json() for e in end.lc.resilience.supervisor.events] if end.lc.resilience is not None else []
-    for line in readmitted_lines(client, events, sync=config.sync.mode == "sync", restored=loss is not None):
+    for line in readmitted_lines(client, events, sync=config.sync.mode == "sync", restored=loss is not None,
+                                 ps_stats=ps_stats):
         print(line, file=end.out or sys.stderr, flush=True)
     return end.finished(ps_stats=ps_stats, train_seconds=train_seconds, evaluation=evaluation, extra=extra,
                         client=client, ledger_gone=STEP_TASK in gone)

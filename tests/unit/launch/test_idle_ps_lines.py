@@ -29,9 +29,22 @@ def test_the_start_names_the_idle_tasks() -> None:
 def test_the_end_names_the_idle_tasks_restarted() -> None:
     events = [{"task": "/job:ps/task:3", "restarted": True}, {"task": "/job:ps/task:3", "restarted": True},
               {"task": "/job:ps/task:1", "restarted": True}, {"task": "/job:ps/task:2", "restarted": False}]
-    assert readmitted_lines(_client(4), events, sync=False, restored=False) == [
+    ready = [{"task": f"/job:ps/task:{i}", "ready": True} for i in range(4)]
+    assert readmitted_lines(_client(4), events, sync=False, restored=False, ps_stats=ready) == [
         "psflow: /job:ps/task:3 restarted 2 times holding no variables: it lost nothing and was made ready again; "
         "nothing was restored"]
-    assert readmitted_lines(_client(4), events[:1], sync=False, restored=True) == [  # another task's loss restored
+    assert readmitted_lines(_client(4), events[:1], sync=False, restored=True, ps_stats=ready) == [  # another
+        # task's loss restored
         "psflow: /job:ps/task:3 restarted 1 time holding no variables: it lost nothing and was made ready again"]
-    assert readmitted_lines(_client(4), events, sync=True, restored=False) == []
+    assert readmitted_lines(_client(4), events, sync=True, restored=False, ps_stats=ready) == []
+
+
+def test_an_idle_task_restarted_and_not_ready_at_the_end_is_not_said_made_ready() -> None:
+    """(R_A2's note) The end said 'made ready again' of every idle task restarted: an in-graph run whose client
+    never readmitted it said so beside a task not ready."""
+    events = [{"task": "/job:ps/task:3", "restarted": True}]
+    down = [*({"task": f"/job:ps/task:{i}", "ready": True} for i in range(3)),
+            {"task": "/job:ps/task:3", "ready": False, "error": "unavailable"}]
+    assert readmitted_lines(_client(4), events, sync=False, restored=False, ps_stats=down) == [
+        "psflow: /job:ps/task:3 restarted 1 time holding no variables: it lost nothing (not ready again by the run's "
+        "end: the model is whole without it); nothing was restored"]
