@@ -249,7 +249,9 @@ class ParameterService:
             variables=self.variables, clock=self.clock, workers=self.workers, gate=self.gate, mode=self.mode,
             fence=self.fence, saves=self.saves, checkpoint_root=checkpoint_root, confine=confine_shards)
         self._on_shutdown, self._extra_stats = on_shutdown, extra_stats
-        self.started = time.time()
+        # Its age, as ``Stats`` ``uptime``: monotonic, so a duration other processes compare with theirs (a worker's
+        # restart check: psflow.train.recovery, psflow.train.summary), whatever this host's wall clock does.
+        self.started = time.monotonic()
 
     def handlers(self) -> dict[str, Handler]:
         """Method name -> handler, for a carrier's server (:func:`psflow.rpc.registry.serve`)."""
@@ -444,7 +446,7 @@ class ParameterService:
             examples=self.workers.examples,
             partitions={p.key: list(p.value.shape) for p in store.partitions()},
             parameter_bytes=store.parameter_bytes(),
-            uptime=time.time() - self.started,
+            uptime=time.monotonic() - self.started,
             cpu_seconds=time.process_time(),  # of the whole ps process
             cpu_seconds_since_init=self.variables.cpu_seconds_since_init(),
         )

@@ -69,3 +69,19 @@ def test_a_failed_call_is_still_the_workers_own_failure_where_no_task_was_restar
     waiting = ClusterRecovery(other, SGD, checkpoint_dir=str(tmp_path), leader=lambda: None, timeout=10.0)
     assert waiting.needed(since=began) is False
     assert waiting.wait(since=began) == (False, None)
+
+
+def test_a_wall_clock_step_on_the_ps_host_does_not_make_a_task_that_ran_on_look_restarted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``uptime`` is a duration compared with the worker's monotonic interval: a ps host's wall clock stepped back
+    (NTP, a VM resumed) made it ``time.time() - started``, an hour short: task 3, running on, looked restarted
+    since the call, and the worker took its own failure for a readmission."""
+    services, client, _ = _trained(tmp_path)
+    other, began = _left_on_a_dead_idle_task(services)
+    other.channels[3] = client.channels[3]  # the same process as before the call
+    stepped = time.time() - 3600.0
+    monkeypatch.setattr(time, "time", lambda: stepped)  # the wall clock set back an hour
+    waiting = ClusterRecovery(other, SGD, checkpoint_dir=str(tmp_path), leader=lambda: None, timeout=10.0)
+    assert services[3].stats_reply().counters["uptime"] >= 0.0
+    assert waiting.needed(since=began) is False
+    assert waiting.wait(since=began) == (False, None)
