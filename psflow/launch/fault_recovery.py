@@ -47,10 +47,10 @@ rejoined its ps shard's view by the run's end``: the shard ended the run one bac
 A ps task that holds nothing (:mod:`psflow.train.idle_tasks`: none of the model's variables) lost nothing when it
 was killed: the chief makes its replacement ready at the generation the cluster trains in (*readmitted*), and no
 restore comes. Its fault recovered once the replacement's own ``Stats`` says it is ready at the generation read
-before the fault (:attr:`StepReading.ready_members`: the chaos thread asks each watched ps task's ``Stats``, the
-run's end every ps task's), at that reading's global_step, with ``how`` ``readmitted, nothing restored``; until
-then a restore is taken as owed, as for any ps task (no other fault recovers on the pushes in flight). A killed
-task ready at another generation was restored, never readmitted.
+before the fault (:attr:`StepReading.ready_members`: the chaos thread asks each watched ps task's ``Stats`` once
+a replacement runs, the run's end every ps task's), at that reading's global_step, with ``how`` ``readmitted, nothing
+restored``; until then a restore is taken as owed, as for any ps task (no other fault recovers on the pushes in
+flight). A killed task ready at another generation was restored, never readmitted.
 
 Not thread-safe: the caller serializes (the chaos thread and the run's end take the launcher's lock).
 """
@@ -246,8 +246,11 @@ class RecoveryWatch:
         return len(self._watched)
 
     def ps_tasks(self) -> frozenset[str]:
-        """The ps tasks of the faults watched (the chaos thread asks their ``Stats`` too: a readmission)."""
-        return frozenset(w.fault.task for w in self._watched if w.fault.task.startswith(f"/job:{PS_JOB}/"))
+        """The ps tasks of the faults watched whose replacement runs (the chaos thread asks their ``Stats`` too: a
+        readmission). Not before: only a replacement is readmitted, and a ``stop`` fault's process, stopped until hang
+        detection kills it (never with ``--liveness-timeout 0``), would hold every poll for the call's timeout."""
+        return frozenset(w.fault.task for w in self._watched if w.fault.task.startswith(f"/job:{PS_JOB}/")
+                         and self._replacement(w.fault.task, w.fault.pid) is Replacement.RUNNING)
 
     def observe(self, reading: StepReading | None, now: float) -> list[InjectedFault]:
         """One reading of the chaos thread (None: no ps task answered); returns the faults it recovered,

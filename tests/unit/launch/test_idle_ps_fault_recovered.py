@@ -41,8 +41,9 @@ def test_an_idle_task_readmitted_at_the_clusters_generation_recovered() -> None:
     watch = RecoveryWatch(tasks)
     watch.fired(ps3, now=100.0, reading=_at5(30, PS0))
     watch.fired(worker1, now=100.0, reading=_at5(30, PS0))
-    assert watch.ps_tasks() == frozenset({PS3})  # the chaos thread asks its Stats too
+    assert watch.ps_tasks() == frozenset()  # no replacement runs yet: nothing to ask
     tasks.state[PS3] = tasks.state[worker1.task] = Replacement.RUNNING
+    assert watch.ps_tasks() == frozenset({PS3})  # the chaos thread asks its Stats too
     assert watch.observe(_at5(31, PS0), 101.0) == []  # ps 3 restarted, not ready: training goes on at generation 5
     assert watch.observe(_at5(33, PS0), 101.5) == []
     assert watch.observe(_at5(35, PS0, PS3), 102.0) == [ps3]  # readmitted at generation 5: recovered; the baseline
@@ -123,3 +124,23 @@ def test_a_poll_asks_the_watched_ps_tasks_too_and_names_those_ready() -> None:
     ps3.meta = None  # down: not named, not answered
     reading = poll_reading([ps0, ps1, ps3], also=frozenset({PS3}))  # type: ignore[list-item]
     assert reading is not None and reading.ready_members == frozenset({(PS0, 5)}) and reading.answered == {PS0}
+
+
+def test_a_stopped_ps_task_is_not_asked_until_a_replacement_runs() -> None:
+    """``stop:ps:3`` SIGSTOPs task 3, and nothing replaces it until hang detection kills it (``--liveness-timeout``,
+    30 s by default; never with 0): its ``Stats`` waited out the chaos channel's rpc_timeout (1 s) at every poll
+    (every 5 ms otherwise), so a later fault fired up to a second late (a thousand steps on a small data set).
+    Only a running replacement can be readmitted: the stopped process is not asked."""
+    ps3 = InjectedFault("stop:ps:3", PS3, 31, "SIGSTOP", 30)
+    tasks = _Tasks()
+    watch = RecoveryWatch(tasks)
+    watch.fired(ps3, now=100.0, reading=_at5(30, PS0))
+    ps0 = _Channel(PS0, {"task": PS0, "global_step": 40, "ready": True, "generation": 5})
+    stopped = _Channel(PS3, None)
+    reading = poll_reading([ps0, stopped], also=watch.ps_tasks())  # type: ignore[list-item]
+    assert reading is not None and reading.step == 40 and stopped.calls == 0
+    tasks.state[PS3] = Replacement.RUNNING  # hang detection killed it; its replacement started
+    stopped.meta = {"task": PS3, "ready": True, "generation": 5}
+    reading = poll_reading([ps0, stopped], also=watch.ps_tasks())  # type: ignore[list-item]
+    assert reading is not None and stopped.calls == 1 and (PS3, 5) in reading.ready_members
+    assert watch.observe(reading, 131.0) == [ps3] and ps3.how == "readmitted, nothing restored"
