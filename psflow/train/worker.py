@@ -229,6 +229,7 @@ def run_worker(
                         leadership.stop_campaigning()
                     left = time.monotonic()
                     client.leave()  # sync/ssp: the others stop waiting for this worker
+                    left = None  # (left: a later error is not the Leave's)
                     if not linger or leadership is None:
                         break
                     _check_stop(stop, task, f"after its data ended ({reason})")
