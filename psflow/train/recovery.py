@@ -62,7 +62,7 @@ global_step, no partition of any variable; none in a sync, replicated or dynamic
 died, and no task is restored for it: the lease holder registers the layout there (creating nothing) and makes it
 ready at the generation every other task is at (:func:`psflow.train.idle_tasks.readmit`), from :meth:`ClusterRecovery.wait`
 (a call to it failed: a worker's ``Leave``) or from its :class:`~psflow.train.idle_tasks.ReadmitIdleTasks` hook
-(no training call goes to it; saves fail until it is ready). The workers waiting resume at their own reader
+(no training call goes to it, nor a save: :mod:`psflow.checkpoint.shard_files`). The workers waiting resume at their own reader
 positions: nothing trained twice, none skipped, global_step and every other task's generation unchanged.
 
 global_step never goes back: after a restore it continues from the value
