@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from psflow.ps.client import ParameterClient
+from psflow.ps.idle import idle_tasks
 from psflow.train.idle_tasks import tasks_named
-from psflow.train.state_loss import idle_tasks
 
 __all__ = ["announce_idle", "idle_line", "idle_names", "readmitted_lines"]
 

@@ -1,7 +1,7 @@
 """ps tasks that hold nothing, and how one restarted (empty, as it was) is brought back without a restore.
 
 With more ps tasks than the model has variables (``--ps 4`` for the two variables of ``logistic``) some tasks hold
-nothing: :func:`idle_tasks` names them from the layout the chief registered (the placement), never from a reply
+nothing: :func:`~psflow.ps.idle.idle_tasks` names them from the layout the chief registered (the placement), never from a reply
 (a task restarted empty answers "no partitions" whatever it held before). A task holds something, so is never idle,
 when it is
 
@@ -31,16 +31,17 @@ from typing import TYPE_CHECKING
 from psflow.coord.api import Lease
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
+from psflow.ps.idle import idle_tasks
 from psflow.ps.protocol import BeginRestoreRequest, SetReadyRequest, StatsReply
 from psflow.rpc.api import RpcError
 from psflow.train.generation_restore import register_as_chief
 from psflow.train.hook_api import RunContext, RunValues, SessionRunHook
-from psflow.train.state_loss import idle_tasks, ps_states
+from psflow.train.state_loss import ps_states
 
 if TYPE_CHECKING:
     from psflow.train.session import MonitoredTrainingSession
 
-__all__ = ["ASK_TIMEOUT", "idle_tasks", "idle_down", "readmit", "tasks_named", "ReadmitIdleTasks"]
+__all__ = ["ASK_TIMEOUT", "idle_down", "readmit", "tasks_named", "ReadmitIdleTasks"]
 
 log = logging.getLogger("psflow.recovery")
 

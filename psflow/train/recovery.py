@@ -57,7 +57,7 @@ A ps task that died is restarted empty by the supervisor. Then, in order:
    finished and the others' sessions ended (the holder's final checkpoint written, its ``Done`` sent: nobody is
    left to restore it) ends the lingering worker's wait instead: it leaves, its data done (logged).
 
-A ps task that held nothing (:func:`~psflow.train.state_loss.idle_tasks`: by the placement, not the task holding
+A ps task that held nothing (:func:`~psflow.ps.idle.idle_tasks`: by the placement, not the task holding
 global_step, no partition of any variable; none in a sync, replicated or dynamic-table run) lost nothing when it
 died, and no task is restored for it: the lease holder registers the layout there (creating nothing) and makes it
 ready at the generation every other task is at (:func:`psflow.train.idle_tasks.readmit`), from :meth:`ClusterRecovery.wait`
@@ -87,10 +87,11 @@ from psflow.coord.api import Lease
 from psflow.errors import CheckpointError, TrainingError
 from psflow.optim import OptimizerSpec
 from psflow.ps.client import ParameterClient
+from psflow.ps.idle import idle_tasks
 from psflow.ps.protocol import StatsReply
 from psflow.rpc.api import RpcError
 from psflow.train.generation_restore import restore_at_new_generation
-from psflow.train.idle_tasks import idle_down, idle_tasks, readmit, tasks_named
+from psflow.train.idle_tasks import idle_down, readmit, tasks_named
 from psflow.train.leader_hooks import CampaignWhileTrainingHook, LeaderOnlyHook
 from psflow.train.leadership import Leadership
 from psflow.train.state_loss import StateLostError, lost_tasks, ps_states, state_lost_message
@@ -270,7 +271,7 @@ class ClusterRecovery:
         return True, position if isinstance(position, str) else None
 
     def _restarted_since(self, states: dict[int, StatsReply | None], since: float | None, answered: float) -> set[int]:
-        """The idle tasks (:func:`~psflow.train.idle_tasks.idle_tasks`) of ``states`` (their answers all in by
+        """The idle tasks (:func:`~psflow.ps.idle.idle_tasks`) of ``states`` (their answers all in by
         ``answered``) whose process started after ``since``: its ``uptime`` shorter than the time from ``since`` to
         ``answered`` (durations, whatever the hosts' clocks say). A process started after ``since`` always is; one
         started before it only within the reply's latency before it (taken as restarted: the caller then resumes

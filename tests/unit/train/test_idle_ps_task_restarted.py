@@ -27,12 +27,13 @@ from psflow.coord import Lease
 from psflow.gradients import DenseGradient
 from psflow.placement import VariableSet, replica_device_setter
 from psflow.ps.client import ParameterClient
+from psflow.ps.idle import idle_tasks
 from psflow.ps.service import ParameterService
 from psflow.ps.sync import SyncConfig
 from psflow.rpc.api import TaskUnavailableError
 from psflow.rpc.inprocess import InProcessChannel
 from psflow.train.chief import join_cluster
-from psflow.train.idle_tasks import ReadmitIdleTasks, idle_tasks
+from psflow.train.idle_tasks import ReadmitIdleTasks
 from psflow.train.recovery import ClusterRecovery
 
 pytestmark = pytest.mark.timeout(60)
